@@ -1,0 +1,24 @@
+"""prefixkv: a KV-cache block manager with automatic prefix caching.
+
+The core (this package's top level) is pure Python and imports neither torch nor triton;
+the kernels live in ``prefixkv.kernels`` (optional extra ``prefixkv[kernels]``).
+"""
+
+from .baselines import Allocator, ContiguousAllocator, PagedAllocator
+from .errors import (
+    ConfigError, ExtraKeysError, InvariantError, PrefixKVError, RequestError, TokenError,
+)
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from .extra_keys import ExtraKeys, MultiModalInput
+from .manager import KVCacheManager
+from .results import Admission, BlockCopy, Fork
+from .stats import PrefixCacheStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Admission", "Allocator", "AllBlocksCleared", "BlockCopy", "BlockRemoved", "BlockStored",
+    "ConfigError", "ContiguousAllocator", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
+    "InvariantError", "KVCacheManager", "MultiModalInput", "PagedAllocator",
+    "PrefixCacheStats", "PrefixKVError", "RequestError", "TokenError",
+]

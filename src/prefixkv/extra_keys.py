@@ -1,0 +1,112 @@
+"""Extra keys: everything besides the token ids that changes a block's KV.
+
+Each kind is encoded with its own one-byte tag and a length, so a LoRA name can never be
+read as a cache salt and no two different key sets encode to the same bytes::
+
+    b"L" len:u32 utf8(lora)   b"S" len:u32 utf8(cache_salt)
+    b"M" len:u32 hash_bytes start:u64 length:u64      (one per multimodal input)
+
+LoRA and salt apply to every block of a request; a multimodal input applies only to the
+blocks whose token range overlaps its placeholder range ``[offset, offset + length)``, so
+a shared text prefix before an image is still shared.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from .errors import ExtraKeysError
+
+_U32 = struct.Struct("<I")
+_U64x2 = struct.Struct("<QQ")
+
+
+@dataclass(frozen=True, slots=True)
+class MultiModalInput:
+    """One multimodal input: the content hash of its data and the placeholder token range
+    ``[offset, offset + length)`` it occupies in the prompt."""
+
+    hash: str | bytes
+    offset: int
+    length: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.hash, (str, bytes)) or len(self.hash) == 0:
+            raise ExtraKeysError(
+                f"MultiModalInput.hash must be a non-empty str or bytes, got {self.hash!r}"
+            )
+        for name in ("offset", "length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ExtraKeysError(f"MultiModalInput.{name} must be an int, got {value!r}")
+        if self.offset < 0 or self.length <= 0:
+            raise ExtraKeysError(
+                f"MultiModalInput needs offset >= 0 and length > 0, "
+                f"got offset={self.offset}, length={self.length}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ExtraKeys:
+    """The request's keys besides its tokens. Two requests share cached blocks only when
+    these are equal for the blocks concerned.
+
+    ``lora``: adapter name (None for the base model). ``cache_salt``: tenant namespace;
+    requests with different salts never share a block. ``mm``: multimodal inputs.
+    Raises ExtraKeysError on construction when a field has the wrong type or is empty.
+    """
+
+    lora: str | None = None
+    cache_salt: str | None = None
+    mm: tuple[MultiModalInput, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("lora", "cache_salt"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or value == ""):
+                raise ExtraKeysError(f"ExtraKeys.{name} must be None or a non-empty str, got {value!r}")
+        if not isinstance(self.mm, tuple) or not all(isinstance(m, MultiModalInput) for m in self.mm):
+            raise ExtraKeysError(f"ExtraKeys.mm must be a tuple of MultiModalInput, got {self.mm!r}")
+
+    def base_bytes(self) -> bytes:
+        """The tagged encoding of the keys that apply to every block (LoRA, salt)."""
+        out = b""
+        if self.lora is not None:
+            raw = self.lora.encode()
+            out += b"L" + _U32.pack(len(raw)) + raw
+        if self.cache_salt is not None:
+            raw = self.cache_salt.encode()
+            out += b"S" + _U32.pack(len(raw)) + raw
+        return out
+
+    def block_bytes(self, num_blocks: int, block_size: int) -> list[bytes]:
+        """The encoding for each of the first ``num_blocks`` blocks: base keys plus the
+        multimodal inputs overlapping that block's token range."""
+        base = self.base_bytes()
+        out = [base] * num_blocks
+        for m in self.mm:
+            raw = m.hash.encode() if isinstance(m.hash, str) else m.hash
+            tagged = b"M" + _U32.pack(len(raw)) + raw + _U64x2.pack(m.offset, m.length)
+            first = m.offset // block_size
+            last = min((m.offset + m.length - 1) // block_size, num_blocks - 1)
+            for i in range(first, last + 1):
+                out[i] += tagged
+        return out
+
+
+def check_extra(extra: object, num_tokens: int) -> ExtraKeys | None:
+    """Validate ``extra`` against a prompt of ``num_tokens`` tokens; returns it typed.
+    Raises ExtraKeysError when it is not ExtraKeys/None or a multimodal range runs past
+    the prompt."""
+    if extra is None:
+        return None
+    if not isinstance(extra, ExtraKeys):
+        raise ExtraKeysError(f"extra must be prefixkv.ExtraKeys or None, got {type(extra).__name__}")
+    for m in extra.mm:
+        if m.offset + m.length > num_tokens:
+            raise ExtraKeysError(
+                f"multimodal input [{m.offset}, {m.offset + m.length}) runs past the "
+                f"prompt of {num_tokens} tokens"
+            )
+    return extra

@@ -1,0 +1,102 @@
+"""The hash chain that names full blocks, and the canonical token encoding.
+
+    root        = H(seed)
+    id(block 0) = H(root          || tokens[0:bs]       || extra_0)
+    id(block i) = H(id(block i-1) || tokens[i*bs:(i+1)*bs] || extra_i)
+
+Token ids are encoded once per prompt as uint32 little-endian; the parent digest and the
+token chunk have fixed lengths, so the tagged extra bytes that follow are unambiguous.
+The hash only nominates a block: the pool confirms a hit against the stored content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from array import array
+from collections.abc import Callable, Sequence
+
+import xxhash
+
+from .errors import ConfigError, TokenError
+
+HashFn = Callable[[bytes], bytes]
+
+_TYPECODE = "I" if array("I").itemsize == 4 else "L"
+_SWAP = sys.byteorder != "little"
+
+
+def encode_tokens(token_ids: Sequence[int], vocab_size: int | None = None) -> array:
+    """Encode token ids as a uint32 array (the canonical form, also kept as the request's
+    token store). Raises TokenError for an id outside [0, 2**32) or >= ``vocab_size``,
+    or a non-integer."""
+    try:
+        arr = array(_TYPECODE, token_ids)
+    except (OverflowError, TypeError) as exc:
+        raise TokenError(f"token ids must be ints in [0, 2**32): {exc}") from None
+    if vocab_size is not None and arr and max(arr) >= vocab_size:
+        raise TokenError(f"token id {max(arr)} is >= vocab_size {vocab_size}")
+    return arr
+
+
+def token_bytes(arr: array) -> bytes:
+    """The little-endian bytes of an encoded token array."""
+    if _SWAP:  # pragma: no cover - big-endian hosts only
+        arr = array(_TYPECODE, arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def make_hash_fn(mode: str | HashFn, seed: int | bytes | None) -> tuple[HashFn, bytes]:
+    """Return ``(digest, root)`` for a hash mode.
+
+    ``"xxhash"``: xxh3-128, fast. With ``seed=None`` the seed is drawn at random per
+    manager, so block ids cannot be predicted (and collisions cannot be prepared) from
+    outside. ``"sha256"``: slower, cryptographic; ``seed=None`` means a fixed seed, so the
+    ids are the same in every process and machine (for events, routers, shared stores).
+    A callable ``bytes -> bytes`` is taken as is (tests use a deliberately colliding one).
+    Raises ConfigError for an unknown mode or a seed that is not int/bytes/None.
+    """
+    if seed is not None and not isinstance(seed, (int, bytes)) or isinstance(seed, bool):
+        raise ConfigError(f"seed must be an int, bytes or None, got {seed!r}")
+    if isinstance(seed, int):
+        if seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {seed}")
+        seed = seed.to_bytes((seed.bit_length() + 8) // 8, "little")
+    if mode == "xxhash":
+        fn: HashFn = xxhash.xxh3_128_digest
+        seed_bytes = os.urandom(16) if seed is None else seed
+    elif mode == "sha256":
+        fn = _sha256
+        seed_bytes = b"prefixkv" if seed is None else seed
+    elif callable(mode):
+        fn = mode
+        seed_bytes = b"" if seed is None else seed
+    else:
+        raise ConfigError(f"hash_mode must be 'xxhash', 'sha256' or a callable, got {mode!r}")
+    return fn, fn(b"prefixkv-root" + seed_bytes)
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def chain(
+    fn: HashFn, parent: bytes, data: bytes, first: int, count: int, step: int,
+    extras: Sequence[bytes],
+) -> tuple[list[bytes], list[bytes]]:
+    """Hash ``count`` full blocks of ``data`` starting at block ``first`` after ``parent``.
+    ``step`` is the block's size in bytes; ``extras[i]`` is block i's extra encoding.
+    Returns ``(hashes, chunks)``: each block's digest and its token bytes."""
+    hashes: list[bytes] = []
+    chunks: list[bytes] = []
+    h = parent
+    off = first * step
+    for i in range(first, first + count):
+        chunk = data[off:off + step]
+        h = fn(h + chunk + extras[i])
+        hashes.append(h)
+        chunks.append(chunk)
+        off += step
+    return hashes, chunks

@@ -1,0 +1,236 @@
+"""Triton paged prefix-prefill attention: one kernel for prefill, chunked prefill and decode.
+
+Grid: ``(total_q // BLOCK_Q + batch, num_kv_heads)``; a program finds its request by
+searching ``cu_seqlens_q`` on the device, so the grid comes from tensor shapes only.
+A tile holds ``BLOCK_Q`` query positions x the ``GROUP_P2`` query heads of one KV head
+(GQA packing: the group's heads share every K/V load). Keys are read through the block
+table one slot at a time, so any block_size works.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .tiling import TileConfig, choose_tiles
+from .validation import check_attention
+
+__all__ = ["paged_prefill_attention_triton"]
+
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _tanh(x):
+    # 1 - 2 / (e^(2x) + 1): saturates to exactly +-1, never NaN.
+    return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
+def _attend_tile(
+    acc, l_i, m_i, q, pos, d, d_ok, start_n, phase_hi,
+    k_base, v_base, bt_row, stride_bc, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+    qk_scale, softcap_log2, window_left, window_right,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    col = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
+    if MASKED:
+        col_ok = col < phase_hi  # [BLOCK_N]; never load past the phase (or kv_len)
+        blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc, mask=col_ok, other=0)
+    else:
+        col_ok = col >= 0
+        blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc)
+    # int64 before the multiply: block * stride passes 2^31 in large caches.
+    k_off = blk.to(tl.int64) * stride_kb + (col % BLOCK_SIZE) * stride_ks  # [BLOCK_N]
+    v_off = blk.to(tl.int64) * stride_vb + (col % BLOCK_SIZE) * stride_vs  # [BLOCK_N]
+    if MASKED or HEAD_DIM != DIM_P2:
+        k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd,
+                    mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # [DIM_P2, BLOCK_N]
+        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd,
+                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DIM_P2]
+    else:
+        k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd)
+        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd)
+    s = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N] fp32
+    if SOFTCAP:
+        s = softcap_log2 * _tanh(s * qk_scale)  # qk_scale = softmax_scale / softcap here
+    else:
+        s = s * qk_scale  # qk_scale = softmax_scale * log2(e): scores in the exp2 domain
+    if MASKED:
+        allowed = col_ok[None, :]  # broadcast to [BLOCK_M, BLOCK_N] below
+        if HAS_RIGHT:
+            allowed = allowed & (col[None, :] <= pos[:, None] + window_right)
+        if HAS_LEFT:
+            allowed = allowed & (col[None, :] >= pos[:, None] - window_left)
+        s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # empty rows so far: no -inf - -inf
+    alpha = tl.exp2(m_i - m_safe)  # [BLOCK_M]
+    p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _paged_prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_q_ptr, seqused_k_ptr, out_ptr, lse_ptr,
+    stride_qt, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_bt, stride_bc, stride_ot, stride_oh, stride_od, stride_lh, stride_lt,
+    qk_scale, softcap_log2, window_left, window_right, batch,
+    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BATCH_P2: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+    RETURN_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_P2
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    # Find this program's request: request r owns tiles [cu_q[r] // BLOCK_Q + r, ...).
+    r = tl.arange(0, BATCH_P2)  # [BATCH_P2]
+    cu = tl.load(cu_q_ptr + r, mask=r < batch, other=0)
+    first_tile = tl.where(r < batch, cu // BLOCK_Q + r, pid + 1)  # [BATCH_P2]
+    req = tl.sum((first_tile <= pid).to(tl.int32), 0) - 1
+    q_start = tl.load(cu_q_ptr + req)
+    q_len = tl.load(cu_q_ptr + req + 1) - q_start
+    tile = pid - (q_start // BLOCK_Q + req)
+    if tile * BLOCK_Q < q_len:
+        kv_len = tl.load(seqused_k_ptr + req)
+        # | cached prefix: kv_len - q_len | new tokens: q_len |; query i sits at key pos prefix + i
+        prefix = kv_len - q_len
+        m = tl.arange(0, BLOCK_M)  # [BLOCK_M] tile rows = (query position, head of the group)
+        qi = tile * BLOCK_Q + m // GROUP_P2  # [BLOCK_M] query index within the request
+        g = m % GROUP_P2
+        row_ok = (qi < q_len) & (g < GROUP)
+        head = kvh * GROUP + g  # [BLOCK_M] query head
+        pos = prefix + qi  # [BLOCK_M] key position of each row's query
+        d = tl.arange(0, DIM_P2)
+        d_ok = d < HEAD_DIM
+        tok = (q_start + qi).to(tl.int64)
+        q_off = tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :] * stride_qd
+        q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_M, DIM_P2]
+
+        # Key range of the tile's real rows, and its part that every row attends without a mask.
+        p_lo = prefix + tile * BLOCK_Q
+        p_hi = prefix + tl.minimum(tile * BLOCK_Q + BLOCK_Q, q_len) - 1
+        kv_lo = 0
+        kv_hi = kv_len
+        full_lo = 0
+        full_hi = kv_len
+        if HAS_RIGHT:
+            kv_hi = tl.minimum(kv_len, p_hi + window_right + 1)
+            full_hi = tl.minimum(kv_hi, p_lo + window_right + 1)
+        if HAS_LEFT:
+            kv_lo = tl.maximum(0, p_lo - window_left)
+            full_lo = tl.maximum(kv_lo, p_hi - window_left)
+        full_lo = tl.minimum(full_lo, tl.maximum(kv_hi, kv_lo))
+        full_hi = full_lo + (tl.maximum(full_hi - full_lo, 0) // BLOCK_N) * BLOCK_N
+
+        acc = tl.zeros([BLOCK_M, DIM_P2], dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        k_base = k_cache_ptr + kvh.to(tl.int64) * stride_kh
+        v_base = v_cache_ptr + kvh.to(tl.int64) * stride_vh
+        bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
+        # Phase 1: left edge of a sliding window, masked.
+        for start_n in range(kv_lo, full_lo, BLOCK_N):
+            acc, l_i, m_i = _attend_tile(
+                acc, l_i, m_i, q, pos, d, d_ok, start_n, full_lo, k_base, v_base, bt_row, stride_bc,
+                stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+                qk_scale, softcap_log2, window_left, window_right,
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
+        # Phase 2: cached prefix (and any keys all rows see), full tiles without a mask.
+        for start_n in range(full_lo, full_hi, BLOCK_N):
+            acc, l_i, m_i = _attend_tile(
+                acc, l_i, m_i, q, pos, d, d_ok, start_n, full_hi, k_base, v_base, bt_row, stride_bc,
+                stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+                qk_scale, softcap_log2, window_left, window_right,
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
+        # Phase 3: new tokens on the diagonal, causal (bottom-right aligned), masked.
+        for start_n in range(full_hi, kv_hi, BLOCK_N):
+            acc, l_i, m_i = _attend_tile(
+                acc, l_i, m_i, q, pos, d, d_ok, start_n, kv_hi, k_base, v_base, bt_row, stride_bc,
+                stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+                qk_scale, softcap_log2, window_left, window_right,
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
+
+        # Rows that attended nothing: output 0, LSE -inf.
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        o = acc / l_safe[:, None]  # [BLOCK_M, DIM_P2]
+        o_off = tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
+        tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        if RETURN_LSE:
+            lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+            tl.store(lse_ptr + head * stride_lh + tok * stride_lt, lse, mask=row_ok)
+
+
+def paged_prefill_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqused_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    window_size: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    config: TileConfig | None = None,
+):
+    """Triton path of :func:`prefixkv.kernels.paged_prefill_attention` (same contract).
+
+    ``config`` overrides the tile heuristic (tests use it to reach every phase).
+    """
+    shape = check_attention(
+        q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, out=out,
+    )
+    if out is None:
+        out = torch.empty_like(q)
+    cu_seqlens_q, seqused_k = cu_seqlens_q.contiguous(), seqused_k.contiguous()
+    lse = None
+    if return_lse:
+        lse = torch.empty((shape.num_heads, shape.total_q), dtype=torch.float32, device=q.device)
+    if shape.total_q == 0 or shape.batch == 0:
+        return (out, lse) if return_lse else out
+    group = shape.group
+    group_p2 = triton.next_power_of_2(group)
+    if config is None:
+        config = choose_tiles(group=group, head_dim=shape.head_dim, max_seqlen_q=max_seqlen_q,
+                              on_gpu=q.is_cuda)
+    block_m = max(config.block_m, group_p2)
+    block_q = block_m // group_p2
+    if shape.softcap > 0:
+        qk_scale, softcap_log2 = shape.softmax_scale / shape.softcap, shape.softcap * _LOG2E
+    else:
+        qk_scale, softcap_log2 = shape.softmax_scale * _LOG2E, 0.0
+    lse_arg = lse if lse is not None else out  # never written when RETURN_LSE is off
+    lse_strides = lse.stride() if lse is not None else (0, 0)
+    grid = (shape.total_q // block_q + shape.batch, shape.num_kv_heads)
+    _paged_prefill_kernel[grid](
+        q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, out, lse_arg,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(),
+        *out.stride(), *lse_strides,
+        qk_scale, softcap_log2, shape.window_left, shape.window_right, shape.batch,
+        GROUP=group, GROUP_P2=group_p2, HEAD_DIM=shape.head_dim,
+        DIM_P2=max(16, triton.next_power_of_2(shape.head_dim)), BLOCK_SIZE=shape.block_size,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BATCH_P2=triton.next_power_of_2(shape.batch),
+        HAS_LEFT=shape.window_left >= 0, HAS_RIGHT=shape.window_right >= 0,
+        SOFTCAP=shape.softcap > 0, RETURN_LSE=return_lse,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return (out, lse) if return_lse else out

@@ -1,0 +1,40 @@
+"""Errors raised by the kernels package for caller mistakes.
+
+Every error is a ``ValueError`` subclass raised before any tensor is written, and its
+message carries the offending numbers and the valid choices.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "KernelInputError",
+    "ShapeError",
+    "DtypeError",
+    "DeviceError",
+    "UnsupportedError",
+    "BackendError",
+]
+
+
+class KernelInputError(ValueError):
+    """Base class of every caller mistake detected by :mod:`prefixkv.kernels`."""
+
+
+class ShapeError(KernelInputError):
+    """A tensor has the wrong rank, size or an unusable stride."""
+
+
+class DtypeError(KernelInputError):
+    """A tensor has a dtype the kernel does not accept, or dtypes disagree."""
+
+
+class DeviceError(KernelInputError):
+    """Tensors of one call live on different devices."""
+
+
+class UnsupportedError(KernelInputError):
+    """A scalar option is out of range (head_dim, window, softcap, scale, ...)."""
+
+
+class BackendError(KernelInputError):
+    """An unknown backend was named, or the named backend cannot run these tensors."""

@@ -1,0 +1,103 @@
+"""Pure-torch reference of the kernels: the test oracle and the CPU fallback.
+
+Same signatures and the same argument checks as the Triton path. Attention is computed
+per request in fp32 on a gathered contiguous copy of its keys and values, so it is slow
+and reads lengths on the host; it is written to be obviously right, not fast.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .validation import check_attention, check_write_kv
+
+__all__ = ["write_kv_cache_reference", "paged_prefill_attention_reference"]
+
+
+def write_kv_cache_reference(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Reference of :func:`prefixkv.kernels.write_kv_cache` (same contract)."""
+    check_write_kv(key, value, k_cache, v_cache, slot_mapping)
+    block_size = k_cache.shape[1]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].to(torch.int64)
+    blocks, offsets = slots // block_size, slots % block_size
+    k_cache[blocks, offsets] = key[keep]
+    v_cache[blocks, offsets] = value[keep]
+
+
+def _mask(q_len: int, kv_len: int, left: int, right: int, device: torch.device) -> torch.Tensor:
+    """``[q_len, kv_len]`` bool, True where query i may attend key j.
+
+    Geometry of one request (bottom-right alignment)::
+
+        keys     | cached prefix (kv_len - q_len) | new tokens (q_len) |
+        query i  sits at key position  pos(i) = kv_len - q_len + i
+
+    and attends keys j with ``pos(i) - left <= j <= pos(i) + right`` (-1: no bound).
+    """
+    pos = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
+    j = torch.arange(kv_len, device=device)[None, :]
+    allowed = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
+    if right >= 0:
+        allowed &= j <= pos + right
+    if left >= 0:
+        allowed &= j >= pos - left
+    return allowed
+
+
+def paged_prefill_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqused_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    window_size: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
+    """Reference of :func:`prefixkv.kernels.paged_prefill_attention` (same contract)."""
+    shape = check_attention(
+        q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, out=out,
+    )
+    if out is None:
+        out = torch.empty_like(q)
+    lse = torch.full((shape.num_heads, shape.total_q), float("-inf"), dtype=torch.float32, device=q.device)
+    bs, group = shape.block_size, shape.group
+    starts = cu_seqlens_q.tolist()
+    kv_lens = seqused_k.tolist()
+    for i in range(shape.batch):
+        q_lo, q_hi, kv_len = starts[i], starts[i + 1], kv_lens[i]
+        q_len = q_hi - q_lo
+        if q_len <= 0:
+            continue
+        n_blk = -(-kv_len // bs)
+        blocks = block_table[i, :n_blk].to(torch.int64)
+        # [kv_len, num_kv_heads, head_dim] -> [num_heads, kv_len, head_dim]
+        k = k_cache[blocks].flatten(0, 1)[:kv_len].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        v = v_cache[blocks].flatten(0, 1)[:kv_len].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        qi = q[q_lo:q_hi].float().transpose(0, 1)  # [num_heads, q_len, head_dim]
+        s = qi @ k.transpose(1, 2) * shape.softmax_scale  # [num_heads, q_len, kv_len]
+        if shape.softcap > 0:
+            s = shape.softcap * torch.tanh(s / shape.softcap)
+        allowed = _mask(q_len, kv_len, shape.window_left, shape.window_right, q.device)
+        s = s.masked_fill(~allowed, float("-inf"))
+        row_lse = torch.logsumexp(s, dim=-1)  # [num_heads, q_len]; -inf where nothing is allowed
+        safe = torch.where(torch.isfinite(row_lse), row_lse, torch.zeros_like(row_lse))
+        p = torch.exp(s - safe[..., None])  # exactly 0 on masked keys, even in empty rows
+        out[q_lo:q_hi] = (p @ v).transpose(0, 1).to(out.dtype)
+        lse[:, q_lo:q_hi] = row_lse
+    return (out, lse) if return_lse else out

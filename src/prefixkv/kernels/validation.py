@@ -1,0 +1,186 @@
+"""Argument checks shared by every backend, so that all of them reject the same calls.
+
+Only shapes, dtypes, devices and Python scalars are inspected: nothing here reads a
+tensor's values, so the checks never synchronise with the device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .errors import DeviceError, DtypeError, ShapeError, UnsupportedError
+
+__all__ = ["AttentionShape", "check_write_kv", "check_attention", "CACHE_DTYPES", "MAX_HEAD_DIM"]
+
+CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+INDEX_DTYPE = torch.int32
+SLOT_DTYPES = (torch.int32, torch.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionShape:
+    """The sizes of one validated attention call, with its options normalised."""
+
+    total_q: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_blocks: int
+    block_size: int
+    batch: int
+    max_blocks: int
+    softmax_scale: float
+    window_left: int  # -1: unbounded
+    window_right: int  # -1: unbounded (0 when causal)
+    softcap: float  # 0.0: off
+
+    @property
+    def group(self) -> int:
+        """Query heads sharing one KV head (1: MHA, num_heads: MQA)."""
+        return self.num_heads // self.num_kv_heads
+
+
+def _same_device(name: str, t: torch.Tensor, device: torch.device) -> None:
+    if t.device != device:
+        raise DeviceError(f"{name} is on {t.device}, expected {device} like the others")
+
+
+def _check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    if k_cache.dim() != 4:
+        raise ShapeError(
+            "k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
+            f"got {k_cache.dim()} dims {tuple(k_cache.shape)}"
+        )
+    if v_cache.shape != k_cache.shape:
+        raise ShapeError(f"v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}")
+    if k_cache.dtype not in CACHE_DTYPES or v_cache.dtype != k_cache.dtype:
+        raise DtypeError(
+            f"k_cache/v_cache dtypes {k_cache.dtype}/{v_cache.dtype}; both must be one of {CACHE_DTYPES}"
+        )
+    head_dim = k_cache.shape[3]
+    if head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM:
+        raise UnsupportedError(f"head_dim {head_dim} must be a multiple of 8 in [8, {MAX_HEAD_DIM}]")
+    if k_cache.shape[1] < 1 or k_cache.shape[2] < 1:
+        raise ShapeError(f"block_size and num_kv_heads must be >= 1, got cache shape {tuple(k_cache.shape)}")
+    _same_device("v_cache", v_cache, k_cache.device)
+
+
+def check_write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Validate a ``write_kv_cache`` call; see :func:`prefixkv.kernels.write_kv_cache`."""
+    _check_caches(k_cache, v_cache)
+    _, _, num_kv_heads, head_dim = k_cache.shape
+    for name, t in (("key", key), ("value", value)):
+        if t.dim() != 3 or tuple(t.shape[1:]) != (num_kv_heads, head_dim):
+            raise ShapeError(
+                f"{name} must be [num_tokens, {num_kv_heads}, {head_dim}] to match the cache, "
+                f"got {tuple(t.shape)}"
+            )
+        if t.dtype != k_cache.dtype:
+            raise DtypeError(f"{name} dtype {t.dtype} != cache dtype {k_cache.dtype}")
+        _same_device(name, t, k_cache.device)
+    if value.shape[0] != key.shape[0]:
+        raise ShapeError(f"key has {key.shape[0]} tokens, value has {value.shape[0]}")
+    if slot_mapping.dim() != 1 or slot_mapping.shape[0] != key.shape[0]:
+        raise ShapeError(f"slot_mapping must be [{key.shape[0]}], got {tuple(slot_mapping.shape)}")
+    if slot_mapping.dtype not in SLOT_DTYPES:
+        raise DtypeError(f"slot_mapping dtype {slot_mapping.dtype}; expected one of {SLOT_DTYPES}")
+    _same_device("slot_mapping", slot_mapping, k_cache.device)
+
+
+def _window(window_size, causal: bool) -> tuple[int, int]:
+    if window_size is None:
+        left, right = -1, -1
+    else:
+        ok = (
+            isinstance(window_size, (tuple, list))
+            and len(window_size) == 2
+            and all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)
+        )
+        if not ok or min(window_size) < -1:
+            raise UnsupportedError(
+                f"window_size must be None or a pair (left, right) of ints >= -1 (-1: unbounded), "
+                f"got {window_size!r}"
+            )
+        left, right = window_size
+    if causal:
+        if right > 0:
+            raise UnsupportedError(f"causal=True allows window right -1 or 0, got {right}")
+        right = 0
+    return left, right
+
+
+def check_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqused_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    softmax_scale: float | None,
+    causal: bool,
+    window_size,
+    softcap: float,
+    out: torch.Tensor | None,
+) -> AttentionShape:
+    """Validate a ``paged_prefill_attention`` call and return its sizes and options."""
+    _check_caches(k_cache, v_cache)
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    if q.dim() != 3 or q.shape[2] != head_dim:
+        raise ShapeError(f"q must be [total_q, num_heads, {head_dim}], got {tuple(q.shape)}")
+    num_heads = q.shape[1]
+    if num_heads < 1 or num_heads % num_kv_heads:
+        raise ShapeError(f"num_heads {num_heads} must be a positive multiple of num_kv_heads {num_kv_heads}")
+    if q.dtype != k_cache.dtype:
+        raise DtypeError(f"q dtype {q.dtype} != cache dtype {k_cache.dtype}")
+    device = q.device
+    _same_device("k_cache", k_cache, device)
+    if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
+        raise ShapeError(f"cu_seqlens_q must be [batch + 1], got {tuple(cu_seqlens_q.shape)}")
+    batch = cu_seqlens_q.shape[0] - 1
+    if seqused_k.dim() != 1 or seqused_k.shape[0] != batch:
+        raise ShapeError(f"seqused_k must be [{batch}] (batch from cu_seqlens_q), got {tuple(seqused_k.shape)}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ShapeError(f"block_table must be [{batch}, max_blocks], got {tuple(block_table.shape)}")
+    for name, t in (("block_table", block_table), ("cu_seqlens_q", cu_seqlens_q), ("seqused_k", seqused_k)):
+        if t.dtype != INDEX_DTYPE:
+            raise DtypeError(f"{name} dtype {t.dtype}; expected {INDEX_DTYPE}")
+        _same_device(name, t, device)
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise UnsupportedError(f"{name} must be a Python int >= 0, got {n!r}")
+    if max_seqlen_k > block_table.shape[1] * block_size:
+        raise ShapeError(
+            f"max_seqlen_k {max_seqlen_k} > block_table capacity "
+            f"{block_table.shape[1]} blocks x {block_size} slots"
+        )
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    if not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise UnsupportedError(f"softmax_scale must be a finite float > 0, got {softmax_scale!r}")
+    if not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap >= 0):
+        raise UnsupportedError(f"softcap must be a finite float >= 0 (0: off), got {softcap!r}")
+    left, right = _window(window_size, causal)
+    if out is not None:
+        if out.shape != q.shape:
+            raise ShapeError(f"out shape {tuple(out.shape)} != q shape {tuple(q.shape)}")
+        if out.dtype != q.dtype:
+            raise DtypeError(f"out dtype {out.dtype} != q dtype {q.dtype}")
+        _same_device("out", out, device)
+    return AttentionShape(
+        total_q=q.shape[0], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        num_blocks=num_blocks, block_size=block_size, batch=batch, max_blocks=block_table.shape[1],
+        softmax_scale=float(softmax_scale), window_left=left, window_right=right, softcap=float(softcap),
+    )

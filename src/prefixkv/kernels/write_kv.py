@@ -1,0 +1,62 @@
+"""Triton kernel that scatters new tokens' K/V into the paged cache, and its launcher."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .validation import check_write_kv
+
+__all__ = ["write_kv_cache_triton"]
+
+
+@triton.jit
+def _write_kv_kernel(
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    stride_kt, stride_kh, stride_kd,
+    stride_vt, stride_vh, stride_vd,
+    stride_cb, stride_cs, stride_ch, stride_cd,
+    stride_db, stride_ds, stride_dh, stride_dd,
+    block_size,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEADS_P2: tl.constexpr, DIM_P2: tl.constexpr,
+):
+    # One program per token: the whole [num_kv_heads, head_dim] row of K and of V.
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    if slot >= 0:  # slot -1: padding token, nothing to write
+        block = slot // block_size
+        offset = slot % block_size
+        h = tl.arange(0, HEADS_P2)[:, None]  # [HEADS_P2, 1]
+        d = tl.arange(0, DIM_P2)[None, :]  # [1, DIM_P2]
+        mask = (h < NUM_HEADS) & (d < HEAD_DIM)  # [HEADS_P2, DIM_P2]
+        k = tl.load(key_ptr + token * stride_kt + h * stride_kh + d * stride_kd, mask=mask)
+        v = tl.load(value_ptr + token * stride_vt + h * stride_vh + d * stride_vd, mask=mask)
+        # int64 throughout: block * stride_cb passes 2^31 in caches of more than 2^31 elements.
+        k_dst = k_cache_ptr + block * stride_cb + offset * stride_cs + h * stride_ch + d * stride_cd
+        v_dst = v_cache_ptr + block * stride_db + offset * stride_ds + h * stride_dh + d * stride_dd
+        tl.store(k_dst, k, mask=mask)
+        tl.store(v_dst, v, mask=mask)
+
+
+def write_kv_cache_triton(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Triton path of :func:`prefixkv.kernels.write_kv_cache` (same contract)."""
+    check_write_kv(key, value, k_cache, v_cache, slot_mapping)
+    num_tokens = key.shape[0]
+    if num_tokens == 0:
+        return
+    _, block_size, num_heads, head_dim = k_cache.shape
+    _write_kv_kernel[(num_tokens,)](
+        key, value, k_cache, v_cache, slot_mapping,
+        *key.stride(), *value.stride(), *k_cache.stride(), *v_cache.stride(),
+        block_size,
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim,
+        HEADS_P2=triton.next_power_of_2(num_heads), DIM_P2=triton.next_power_of_2(head_dim),
+    )

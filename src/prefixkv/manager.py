@@ -1,0 +1,318 @@
+"""The request-level manager: what an engine's scheduler calls.
+
+A request's token positions and its blocks::
+
+    | cached prefix (hits) | new, scheduled now | known, not yet scheduled |
+    0               num_cached_tokens     num_scheduled              len(tokens)
+
+Blocks cover ``[0, num_scheduled)``. Every block that is full within ``num_scheduled`` has
+its content recorded and is indexed (findable) from the step it is scheduled in: the
+engine writes a step's K/V before it reads any, so a request admitted in the same step
+may share it. The partial last block is never shared and never cached.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Hashable, Sequence
+
+from .errors import PrefixKVError, RequestError, TokenError, check_positive
+from .events import BlockStored, Event
+from .extra_keys import ExtraKeys, check_extra
+from .hashing import HashFn, chain, encode_tokens, make_hash_fn, token_bytes
+from .pool import BlockPool
+from .request import Request
+from .results import Admission, BlockCopy, Fork
+from .stats import PrefixCacheStats
+
+_NONE: tuple[int, ...] = ()
+
+
+class KVCacheManager:
+    """Paged KV blocks for many requests, with automatic prefix caching.
+
+    Args:
+        num_blocks: physical blocks in the pool (> 0).
+        block_size: token slots per block (> 0; 16 is usual).
+        hash_mode: ``"xxhash"`` (default; xxh3-128, random seed per manager unless
+            ``seed`` is given) or ``"sha256"`` (ids stable across processes), or a
+            callable ``bytes -> bytes``. Either way a hit is confirmed against content.
+        seed: chain seed (int >= 0 or bytes).
+        enable_caching: False gives plain paged allocation (no hashing, no reuse).
+        enable_events: record BlockStored/BlockRemoved/AllBlocksCleared for ``take_events``.
+        vocab_size: when given, token ids >= vocab_size are rejected (costs a max() per call).
+
+    Raises:
+        ConfigError: a size is not a positive int.
+    """
+
+    def __init__(
+        self, num_blocks: int, block_size: int = 16, *, hash_mode: str | HashFn = "xxhash",
+        seed: int | bytes | None = None, enable_caching: bool = True,
+        enable_events: bool = False, vocab_size: int | None = None,
+    ) -> None:
+        check_positive("num_blocks", num_blocks)
+        check_positive("block_size", block_size)
+        if vocab_size is not None:
+            check_positive("vocab_size", vocab_size)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.vocab_size = vocab_size
+        self._hash, self._root = make_hash_fn(hash_mode, seed)
+        self._events: list[Event] | None = [] if enable_events else None
+        self._pool = BlockPool(num_blocks, self._events)
+        self._requests: dict[Hashable, Request] = {}
+        self._stats = PrefixCacheStats()
+        self._taken = PrefixCacheStats()
+
+    # ---- admission -------------------------------------------------------------------
+
+    def add_request(
+        self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
+        extra: ExtraKeys | None = None, num_new_tokens: int | None = None,
+    ) -> Admission | None:
+        """Admit a request: find its longest cached prefix, take references on those
+        blocks, allocate blocks for the tokens scheduled now and index the full ones.
+
+        ``num_new_tokens`` limits how many tokens after the cached prefix are scheduled
+        now (chunked prefill; the rest follow through ``extend``); default: all of them.
+        At least one prompt token is always scheduled, even on a full hit.
+
+        Returns the Admission, or None when the pool is short of blocks; then nothing
+        has changed (no references, no stats) and the engine may wait or preempt.
+        Raises RequestError (id in use or unhashable), TokenError (empty prompt, bad
+        ids), ExtraKeysError, PrefixKVError (``num_new_tokens`` < 1).
+        """
+        self._check_new_id(request_id)
+        tokens = encode_tokens(prompt_token_ids, self.vocab_size)
+        n = len(tokens)
+        if n == 0:
+            raise TokenError("the prompt is empty: at least one token is needed")
+        extra = check_extra(extra, n)
+        if num_new_tokens is not None:
+            _check_count("num_new_tokens", num_new_tokens, 1, None)
+        bs = self.block_size
+        req = Request(request_id, tokens, extra, bs)
+        hits = []
+        if self.enable_caching:
+            req.hashes, chunks = chain(
+                self._hash, self._root, token_bytes(tokens), 0, n // bs, 4 * bs, req.extras)
+            hits = self._pool.lookup(req.hashes, chunks, req.extras, (n - 1) // bs)
+        num_cached = len(hits) * bs
+        todo = n - num_cached
+        if num_new_tokens is not None:
+            todo = min(todo, num_new_tokens)
+        need = -(-(num_cached + todo) // bs) - len(hits)
+        if need > self._pool.num_free - sum(1 for b in hits if b.ref_cnt == 0):
+            return None
+        self._pool.touch(hits)
+        req.blocks = hits + self._pool.take(need)
+        req.num_scheduled = num_cached
+        self._advance(req, num_cached + todo)
+        self._requests[request_id] = req
+        self._stats = PrefixCacheStats(
+            self._stats.requests + 1, self._stats.queries + n, self._stats.hits + num_cached)
+        return Admission(request_id, tuple(b.block_id for b in req.blocks), num_cached, todo)
+
+    def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
+        """Tokens of this prompt that an admission now would find cached. Changes nothing
+        (no references, no stats, no LRU update). Raises as ``add_request`` for bad input."""
+        tokens = encode_tokens(prompt_token_ids, self.vocab_size)
+        if not tokens:
+            raise TokenError("the prompt is empty: at least one token is needed")
+        if not self.enable_caching:
+            return 0
+        req = Request(None, tokens, check_extra(extra, len(tokens)), self.block_size)
+        bs = self.block_size
+        hashes, chunks = chain(self._hash, self._root, token_bytes(tokens), 0,
+                               len(tokens) // bs, 4 * bs, req.extras)
+        return len(self._pool.lookup(hashes, chunks, req.extras, (len(tokens) - 1) // bs)) * bs
+
+    # ---- growth ----------------------------------------------------------------------
+
+    def extend(self, request_id: Hashable, num_new_tokens: int) -> tuple[int, ...] | None:
+        """Schedule the next ``num_new_tokens`` known tokens (the next prefill chunk).
+        Returns the ids of blocks added, or None on shortage (nothing changed).
+        Raises RequestError (unknown id), PrefixKVError (count outside 1..unscheduled)."""
+        req = self._get(request_id)
+        _check_count("num_new_tokens", num_new_tokens, 1, len(req.tokens) - req.num_scheduled)
+        return self._grow(req, req.num_scheduled + num_new_tokens)
+
+    def append_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> tuple[int, ...] | None:
+        """Append sampled tokens and schedule them (decode; several for speculative or
+        multi-token steps). Blocks that become full are cached.
+        Returns the ids of blocks added (usually empty), or None on shortage (nothing
+        changed). Raises RequestError (unknown id, or prefill not fully scheduled),
+        TokenError (bad ids)."""
+        req = self._get(request_id)
+        if req.num_scheduled != len(req.tokens):
+            raise RequestError(
+                f"request {request_id!r} has {len(req.tokens) - req.num_scheduled} prompt "
+                f"tokens not yet scheduled: call extend() before append_tokens()")
+        new = encode_tokens(token_ids, self.vocab_size)
+        total = req.num_scheduled + len(new)
+        bs = self.block_size
+        if total <= len(req.blocks) * bs and total // bs == req.num_scheduled // bs:
+            req.tokens.extend(new)  # fast path: no new block, no block becomes full
+            req.num_scheduled = total
+            return _NONE
+        return self._grow(req, total, new)
+
+    def _grow(self, req: Request, total: int, new_tokens: array | None = None) -> tuple[int, ...] | None:
+        """Cover ``[0, total)`` with blocks (None on shortage, before any change)."""
+        need = -(-total // self.block_size) - len(req.blocks)
+        if need > self._pool.num_free:
+            return None
+        if new_tokens is not None:
+            req.tokens.extend(new_tokens)
+        new = self._pool.take(need) if need > 0 else []
+        req.blocks += new
+        self._advance(req, total)
+        return tuple(b.block_id for b in new)
+
+    def _advance(self, req: Request, total: int) -> None:
+        """Move ``num_scheduled`` to ``total`` and record every block that became full."""
+        bs = self.block_size
+        first, last = req.num_scheduled // bs, total // bs
+        req.num_scheduled = total
+        if not self.enable_caching:
+            return
+        pool, blocks, hashes, events = self._pool, req.blocks, req.hashes, self._events
+        for j in range(first, last):
+            chunk = token_bytes(req.tokens[j * bs:(j + 1) * bs])
+            extra = req.extra_of(j)
+            parent = hashes[j - 1] if j else self._root
+            if j == len(hashes):
+                hashes.append(self._hash(parent + chunk + extra))
+            indexed = pool.fill(blocks[j], hashes[j], blocks[j - 1].cid if j else 0, chunk, extra)
+            if indexed and events is not None:
+                events.append(BlockStored(hashes[j], hashes[j - 1] if j else None,
+                                          tuple(req.tokens[j * bs:(j + 1) * bs]),
+                                          blocks[j].block_id, req.extra))
+
+    # ---- forks, free, preemption -------------------------------------------------------
+
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> Fork | None:
+        """Create ``child_id`` sharing the parent's full blocks (parallel sampling, beam
+        search). The parent's partial last block is copied on write: the child gets a new
+        block and the result's ``copies`` says which block to copy into it.
+        Returns None when that block cannot be had (nothing changed). Raises RequestError
+        (unknown parent, child id in use, parent's prefill not fully scheduled)."""
+        parent = self._get(parent_id)
+        self._check_new_id(child_id)
+        if parent.num_scheduled != len(parent.tokens):
+            raise RequestError(f"cannot fork {parent_id!r} before its prefill is fully scheduled")
+        full = parent.num_scheduled // self.block_size
+        partial = len(parent.blocks) - full
+        if partial > self._pool.num_free:
+            return None
+        child = parent.copy(child_id)
+        shared = parent.blocks[:full]
+        self._pool.touch(shared)
+        child.blocks = shared + self._pool.take(partial)
+        copies = tuple(BlockCopy(s.block_id, d.block_id)
+                       for s, d in zip(parent.blocks[full:], child.blocks[full:]))
+        self._requests[child_id] = child
+        return Fork(child_id, tuple(b.block_id for b in child.blocks), copies)
+
+    def free(self, request_id: Hashable) -> None:
+        """Release a finished or aborted request's blocks, tail of the chain first (so of
+        these, the block ending the longest prefix is evicted first). Cached blocks keep
+        their content and stay findable until evicted. Raises RequestError for an unknown
+        or already freed id."""
+        req = self._get(request_id)
+        del self._requests[request_id]
+        self._pool.release(reversed(req.blocks))
+
+    def preempt(self, request_id: Hashable) -> tuple[int, ...]:
+        """Free a running request and return all its known token ids (prompt and
+        generated), to pass to ``add_request`` when it is re-admitted; it will hit
+        whatever is still cached. Raises RequestError for an unknown id."""
+        tokens = tuple(self._get(request_id).tokens)
+        self.free(request_id)
+        return tokens
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop all cached content, only when no block is in use. Returns whether it did."""
+        return self._pool.reset()
+
+    # ---- queries ---------------------------------------------------------------------
+
+    def get_block_ids(self, request_id: Hashable) -> tuple[int, ...]:
+        """The request's block ids in token order. Raises RequestError for an unknown id."""
+        return tuple(b.block_id for b in self._get(request_id).blocks)
+
+    def num_scheduled_tokens(self, request_id: Hashable) -> int:
+        """Tokens of the request that have slots (computed or scheduled)."""
+        return self._get(request_id).num_scheduled
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._pool.num_free
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self._pool.num_cached
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by live requests (0.0 to 1.0)."""
+        return 1.0 - self._pool.num_free / self.num_blocks
+
+    def free_block_order(self) -> list[int]:
+        """Free block ids in the order they will be reused (empty ones, then LRU)."""
+        return self._pool.free_order()
+
+    @property
+    def stats(self) -> PrefixCacheStats:
+        """Cumulative prefix-cache statistics since creation."""
+        return self._stats
+
+    def take_stats(self) -> PrefixCacheStats:
+        """Statistics since the previous ``take_stats`` (get-and-reset)."""
+        s, t = self._stats, self._taken
+        self._taken = s
+        return PrefixCacheStats(s.requests - t.requests, s.queries - t.queries, s.hits - t.hits)
+
+    def take_events(self) -> list[Event]:
+        """Events since the previous call, oldest first (empty unless ``enable_events``)."""
+        if not self._events:
+            return []
+        out = self._events[:]
+        self._events.clear()
+        return out
+
+    def check_invariants(self) -> None:
+        """Verify every count and link (pool, free queue, index, refcounts against the
+        live requests, each request's blocks against its tokens). Raises InvariantError."""
+        refs: dict[int, int] = {}
+        for req in self._requests.values():
+            req.check(self.block_size, self.enable_caching)
+            for b in req.blocks:
+                refs[b.block_id] = refs.get(b.block_id, 0) + 1
+        self._pool.check_invariants(refs)
+
+    # ---- helpers ---------------------------------------------------------------------
+
+    def _get(self, request_id: Hashable) -> Request:
+        try:
+            return self._requests[request_id]
+        except (KeyError, TypeError):
+            raise RequestError(f"unknown request {request_id!r} (never admitted, or already "
+                               f"freed; {len(self._requests)} live)") from None
+
+    def _check_new_id(self, request_id: Hashable) -> None:
+        try:
+            taken = request_id in self._requests
+        except TypeError:
+            raise RequestError(f"request id must be hashable, got {type(request_id).__name__}") from None
+        if taken:
+            raise RequestError(f"request {request_id!r} is already live")
+
+
+def _check_count(name: str, value: object, low: int, high: int | None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (
+            high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise PrefixKVError(f"{name} must be an int in {bound}, got {value!r}")

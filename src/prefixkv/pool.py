@@ -1,0 +1,183 @@
+"""The block pool: every physical block, the free queue, and the identity index.
+
+The free queue has two tiers, reused in this order:
+
+    empty tier  : free blocks holding no reusable content (a stack: last freed, first used)
+    cached tier : free blocks still in the index, LRU first (FreeBlockQueue)
+
+so no cached block is evicted while an empty one is free. Eviction (``_evict``) is the one
+step that removes a block's identity from the index; it happens only when ``take`` needs a
+block and the empty tier is exhausted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from .block import Block
+from .errors import InvariantError
+from .events import AllBlocksCleared, BlockRemoved, Event
+from .free_queue import FreeBlockQueue
+
+
+class BlockPool:
+    """``num_blocks`` blocks, created once. Not thread-safe: one scheduler thread owns it."""
+
+    def __init__(self, num_blocks: int, events: list[Event] | None = None) -> None:
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._empty = self.blocks[::-1]  # pop from the end: block 0 is used first
+        self._cached = FreeBlockQueue()
+        self._index: dict[bytes, Block] = {}
+        self._next_cid = 1
+        self._events = events
+
+    @property
+    def num_free(self) -> int:
+        return len(self._empty) + len(self._cached)
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks in the index (in use or free)."""
+        return len(self._index)
+
+    def free_order(self) -> list[int]:
+        """Free block ids in the order ``take`` would hand them out."""
+        return [b.block_id for b in reversed(self._empty)] + [b.block_id for b in self._cached]
+
+    def lookup(
+        self, hashes: Sequence[bytes], chunks: Sequence[bytes], extras: Sequence[bytes], limit: int
+    ) -> list[Block]:
+        """The longest run of cached blocks matching blocks ``0..limit-1``, stopping at the
+        first miss. A candidate found by hash counts only if its parent content, tokens and
+        extra keys equal the request's: a hash collision costs a miss, never wrong KV."""
+        index = self._index
+        hits: list[Block] = []
+        parent_cid = 0
+        for i in range(limit):
+            b = index.get(hashes[i])
+            if b is None or b.parent_cid != parent_cid or b.tokens != chunks[i] or b.extra != extras[i]:
+                break
+            hits.append(b)
+            parent_cid = b.cid
+        return hits
+
+    def touch(self, blocks: Iterable[Block]) -> None:
+        """Take a reference on cache hits; a free one leaves the free queue."""
+        cached = self._cached
+        for b in blocks:
+            if b.ref_cnt == 0:
+                cached.remove(b)
+            b.ref_cnt += 1
+
+    def take(self, n: int) -> list[Block]:
+        """Hand out ``n`` free blocks with refcount 1, empty ones first, then the least
+        recently used cached ones (evicted here). The caller checks ``n <= num_free``."""
+        empty = self._empty
+        k = min(n, len(empty))
+        taken = empty[len(empty) - k:]
+        del empty[len(empty) - k:]
+        taken.reverse()
+        for _ in range(n - k):
+            b = self._cached.popleft()
+            self._evict(b)
+            taken.append(b)
+        for b in taken:
+            b.ref_cnt = 1
+        return taken
+
+    def _evict(self, block: Block) -> None:
+        """The eviction step: drop ``block``'s identity from the index and its content."""
+        assert block.hash is not None and self._index.get(block.hash) is block, block
+        del self._index[block.hash]
+        if self._events is not None:
+            self._events.append(BlockRemoved(block.hash, block.block_id))
+        block.clear_content()
+
+    def fill(self, block: Block, h: bytes, parent_cid: int, tokens: bytes, extra: bytes) -> bool:
+        """Record the content of a block that just became full, and index it under ``h``
+        unless ``h`` is taken. Returns True when the block was indexed (findable).
+
+        A taken ``h`` with equal content means a duplicate (two blocks computed the same
+        KV): the block shares the indexed one's content id so its children stay findable.
+        A taken ``h`` with other content is a hash collision: the block is not indexed."""
+        assert block.cid == 0 and block.ref_cnt > 0, block
+        existing = self._index.get(h)
+        if existing is not None and (
+            existing.parent_cid == parent_cid and existing.tokens == tokens and existing.extra == extra
+        ):
+            block.cid = existing.cid
+        else:
+            block.cid = self._next_cid
+            self._next_cid += 1
+        block.parent_cid = parent_cid
+        block.tokens = tokens
+        block.extra = extra
+        if existing is None:
+            block.hash = h
+            self._index[h] = block
+            return True
+        return False
+
+    def release(self, blocks: Iterable[Block]) -> None:
+        """Drop one reference on each block, in the order given. A block reaching 0 joins
+        the free queue: cached ones as most recently used (so of blocks released together
+        the first given is evicted first), the rest into the empty tier."""
+        for b in blocks:
+            assert b.ref_cnt > 0, b
+            b.ref_cnt -= 1
+            if b.ref_cnt == 0:
+                if b.hash is not None:
+                    self._cached.append(b)
+                else:
+                    b.clear_content()
+                    self._empty.append(b)
+
+    def reset(self) -> bool:
+        """Drop all cached content if no block is in use; returns whether it did."""
+        if self.num_free != len(self.blocks):
+            return False
+        for b in self.blocks:
+            b.prev = b.next = None
+            b.clear_content()
+        self._cached = FreeBlockQueue()
+        self._index.clear()
+        self._empty = self.blocks[::-1]
+        if self._events is not None:
+            self._events.append(AllBlocksCleared())
+        return True
+
+    def check_invariants(self, expected_refs: dict[int, int]) -> None:
+        """Verify counts and links against ``expected_refs`` (block id -> number of live
+        requests holding it). Raises InvariantError with the numbers."""
+        seen: set[int] = set()
+        for b in self._empty:
+            _require(b.block_id not in seen, f"block {b.block_id} twice in the free queue")
+            _require(b.ref_cnt == 0 and b.hash is None and b.cid == 0, f"bad empty-tier block {b!r}")
+            _require(b.prev is None and b.next is None, f"empty-tier block {b.block_id} is linked")
+            seen.add(b.block_id)
+        count = 0
+        prev = self._cached._head
+        for b in self._cached:
+            _require(b.prev is prev, f"broken prev link at block {b.block_id}")
+            _require(b.block_id not in seen, f"block {b.block_id} twice in the free queue")
+            _require(b.ref_cnt == 0 and b.hash is not None, f"bad cached-tier block {b!r}")
+            seen.add(b.block_id)
+            prev = b
+            count += 1
+        _require(count == len(self._cached), f"cached tier length {len(self._cached)} != {count} linked")
+        for b in self.blocks:
+            want = expected_refs.get(b.block_id, 0)
+            _require(b.ref_cnt == want, f"block {b.block_id} ref_cnt {b.ref_cnt}, held by {want} requests")
+            _require((b.ref_cnt == 0) == (b.block_id in seen), f"block {b.block_id}: ref_cnt "
+                     f"{b.ref_cnt} but {'in' if b.block_id in seen else 'not in'} the free queue")
+            if b.hash is not None:
+                _require(self._index.get(b.hash) is b, f"block {b.block_id} has a hash not indexed to it")
+            if b.ref_cnt > 0 and b.hash is None and b.cid == 0:
+                _require(b.tokens == b"", f"block {b.block_id} has tokens but no content id")
+        _require(all(b.hash == h for h, b in self._index.items()), "index entry under a foreign hash")
+        _require(len(seen) == self.num_free, f"free queue holds {len(seen)} != num_free {self.num_free}")
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise InvariantError(message)

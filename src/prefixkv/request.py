@@ -1,0 +1,74 @@
+"""Per-request state kept by the manager (never the engine's own object)."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Hashable
+
+from .block import Block
+from .errors import InvariantError
+from .extra_keys import ExtraKeys
+from .hashing import token_bytes
+
+
+class Request:
+    """``tokens``: every known token id (prompt, then generated), uint32.
+    ``blocks``: blocks covering ``[0, num_scheduled)``. ``hashes``: chain hashes of full
+    blocks, at least those full within ``num_scheduled`` (the prompt's are computed at
+    admission). ``extras``: each prompt block's extra-key encoding; blocks past the
+    prompt use ``base``."""
+
+    __slots__ = ("request_id", "tokens", "extra", "base", "extras", "blocks", "hashes",
+                 "num_scheduled")
+
+    def __init__(self, request_id: Hashable, tokens: array, extra: ExtraKeys | None,
+                 block_size: int) -> None:
+        self.request_id = request_id
+        self.tokens = tokens
+        self.extra = extra
+        num_prompt_blocks = -(-len(tokens) // block_size)
+        if extra is None:
+            self.base = b""
+            self.extras = [b""] * num_prompt_blocks
+        else:
+            self.base = extra.base_bytes()
+            self.extras = extra.block_bytes(num_prompt_blocks, block_size)
+        self.blocks: list[Block] = []
+        self.hashes: list[bytes] = []
+        self.num_scheduled = 0
+
+    def extra_of(self, j: int) -> bytes:
+        return self.extras[j] if j < len(self.extras) else self.base
+
+    def copy(self, request_id: Hashable) -> Request:
+        """A child with the same tokens, keys and hashes; blocks are set by the caller."""
+        child = Request.__new__(Request)
+        child.request_id = request_id
+        child.tokens = array(self.tokens.typecode, self.tokens)
+        child.extra, child.base, child.extras = self.extra, self.base, self.extras
+        child.blocks = []
+        child.hashes = list(self.hashes)
+        child.num_scheduled = self.num_scheduled
+        return child
+
+    def check(self, block_size: int, caching: bool) -> None:
+        """Raise InvariantError unless the blocks match this request's tokens."""
+        want = -(-self.num_scheduled // block_size)
+        if len(self.blocks) != want or self.num_scheduled > len(self.tokens):
+            raise InvariantError(
+                f"request {self.request_id!r}: {len(self.blocks)} blocks for "
+                f"{self.num_scheduled} scheduled tokens (want {want}), {len(self.tokens)} known")
+        if not caching:
+            return
+        for j in range(self.num_scheduled // block_size):
+            b = self.blocks[j]
+            chunk = token_bytes(self.tokens[j * block_size:(j + 1) * block_size])
+            if b.tokens != chunk or b.extra != self.extra_of(j) or b.cid == 0:
+                raise InvariantError(
+                    f"request {self.request_id!r} block {j} (id {b.block_id}) does not hold "
+                    f"the request's tokens")
+            parent_cid = self.blocks[j - 1].cid if j else 0
+            if b.parent_cid != parent_cid:
+                raise InvariantError(
+                    f"request {self.request_id!r} block {j}: parent content {b.parent_cid} "
+                    f"!= {parent_cid}")
