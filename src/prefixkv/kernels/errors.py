@@ -13,6 +13,7 @@ __all__ = [
     "DeviceError",
     "UnsupportedError",
     "BackendError",
+    "BatchError",
 ]
 
 
@@ -38,3 +39,7 @@ class UnsupportedError(KernelInputError):
 
 class BackendError(KernelInputError):
     """An unknown backend was named, or the named backend cannot run these tensors."""
+
+
+class BatchError(KernelInputError):
+    """Per-request block ids and lengths that cannot describe a batch (see ``batch.py``)."""

@@ -1,0 +1,49 @@
+"""The model-runner half of prefixkv: paged KV-cache writes and prefix-prefill attention.
+
+Needs the ``kernels`` extra (torch; triton for the GPU path). Importing this package
+imports torch but neither Triton nor any device: the backend is chosen per call (Triton
+for CUDA tensors, the pure-torch reference elsewhere). Layout: ``docs/kv_layout.md``.
+"""
+
+from .batch import (
+    PagedBatch,
+    build_block_table,
+    build_cu_seqlens_q,
+    build_paged_batch,
+    build_seqused_k,
+    build_slot_mapping,
+)
+from .dispatch import BACKENDS, paged_prefill_attention, resolve_backend, use_backend, write_kv_cache
+from .errors import (
+    BackendError,
+    BatchError,
+    DeviceError,
+    DtypeError,
+    KernelInputError,
+    ShapeError,
+    UnsupportedError,
+)
+from .reference import paged_prefill_attention_reference, write_kv_cache_reference
+
+__all__ = [
+    "BACKENDS",
+    "BackendError",
+    "BatchError",
+    "DeviceError",
+    "DtypeError",
+    "KernelInputError",
+    "PagedBatch",
+    "ShapeError",
+    "UnsupportedError",
+    "build_block_table",
+    "build_cu_seqlens_q",
+    "build_paged_batch",
+    "build_seqused_k",
+    "build_slot_mapping",
+    "paged_prefill_attention",
+    "paged_prefill_attention_reference",
+    "resolve_backend",
+    "use_backend",
+    "write_kv_cache",
+    "write_kv_cache_reference",
+]

@@ -1,0 +1,161 @@
+"""Public entry points: pick the Triton kernels for CUDA tensors, the torch reference elsewhere.
+
+The choice is made per call from the tensors' device; nothing is probed at import time
+and Triton is imported only when the Triton path is first taken. Tests force a backend
+with ``backend=`` or :func:`use_backend` (the Triton path runs on CPU tensors only under
+``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+import torch
+
+from .errors import BackendError
+from .reference import paged_prefill_attention_reference, write_kv_cache_reference
+
+__all__ = ["BACKENDS", "write_kv_cache", "paged_prefill_attention", "use_backend", "resolve_backend"]
+
+BACKENDS = ("auto", "triton", "torch")
+_default_backend: contextvars.ContextVar[str] = contextvars.ContextVar("prefixkv_kernels_backend", default="auto")
+
+
+def _check_name(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise BackendError(f"backend {backend!r} is not one of {BACKENDS}")
+    return backend
+
+
+@contextlib.contextmanager
+def use_backend(backend: str) -> Iterator[None]:
+    """Within the ``with`` block, calls without ``backend=`` use ``backend``.
+
+    Raises:
+        BackendError: ``backend`` is not one of ``BACKENDS``.
+    """
+    token = _default_backend.set(_check_name(backend))
+    try:
+        yield
+    finally:
+        _default_backend.reset(token)
+
+
+def resolve_backend(backend: str | None, device: torch.device) -> str:
+    """The backend (``"triton"`` or ``"torch"``) a call on ``device`` takes.
+
+    ``None`` means the innermost :func:`use_backend`, else ``"auto"``: Triton on CUDA
+    tensors, the torch reference elsewhere.
+
+    Raises:
+        BackendError: unknown name, or ``"triton"`` on CPU tensors without
+            ``TRITON_INTERPRET=1`` (Triton cannot compile for the CPU).
+    """
+    name = _check_name(_default_backend.get() if backend is None else backend)
+    if name == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if name == "triton" and device.type != "cuda":
+        from .tiling import interpreting
+
+        if not interpreting():
+            raise BackendError(
+                f"backend 'triton' needs CUDA tensors (got {device}) or TRITON_INTERPRET=1 set before "
+                "triton is imported; use backend='torch' on this device"
+            )
+    return name
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> None:
+    """Write each new token's K and V into its cache slot, in place.
+
+    Args:
+        key, value: ``[num_tokens, num_kv_heads, head_dim]``, the cache's dtype.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]`` (NHD),
+            fp16, bf16 or fp32.
+        slot_mapping: ``[num_tokens]`` int64 (or int32); token t goes to block
+            ``slot // block_size``, row ``slot % block_size``; ``-1`` skips the token
+            (padding). Slots must be below ``num_blocks * block_size`` (not checked on
+            the device) and distinct, or the last writer wins in no defined order.
+        backend: ``"auto"``, ``"triton"`` or ``"torch"``; see :func:`resolve_backend`.
+
+    Raises:
+        ShapeError, DtypeError, DeviceError, UnsupportedError: bad tensors, before any write.
+        BackendError: see :func:`resolve_backend`.
+    """
+    if resolve_backend(backend, k_cache.device) == "triton":
+        from .write_kv import write_kv_cache_triton
+
+        return write_kv_cache_triton(key, value, k_cache, v_cache, slot_mapping)
+    return write_kv_cache_reference(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqused_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    window_size: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    backend: str | None = None,
+):
+    """Attention of a varlen batch of new tokens over their paged, cached prefix and themselves.
+
+    Request i owns query rows ``cu_seqlens_q[i]:cu_seqlens_q[i+1]`` (``q_len`` tokens) and
+    ``seqused_k[i]`` keys, already in the cache: ``| cached prefix | new tokens |``. Query
+    t of the request sits at key position ``seqused_k[i] - q_len + t`` (bottom-right
+    alignment); decode is ``q_len = 1``, chunked prefill any ``q_len <= seqused_k[i]``.
+
+    Args:
+        q: ``[total_q, num_heads, head_dim]``; ``num_heads`` a multiple of ``num_kv_heads``.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, q's dtype.
+        block_table: ``[batch, max_blocks]`` int32; row i lists request i's block ids in
+            order; entries past ``ceil(seqused_k[i] / block_size)`` are never read.
+        cu_seqlens_q: ``[batch + 1]`` int32, non-decreasing from 0 to ``total_q``.
+        seqused_k: ``[batch]`` int32, keys per request (cached prefix + new tokens).
+        max_seqlen_q, max_seqlen_k: host ints bounding ``q_len`` and ``seqused_k``; they
+            size the tiles and are never checked against the device values.
+        softmax_scale: default ``head_dim ** -0.5``.
+        causal: mask keys after each query's own position.
+        window_size: ``None`` or ``(left, right)`` as in FlashAttention: query at position
+            p attends keys ``p - left .. p + right``; ``-1`` is unbounded; with ``causal``
+            right must be -1 or 0.
+        softcap: if > 0, scores become ``softcap * tanh(scores / softcap)`` (after scaling).
+        out: optional ``[total_q, num_heads, head_dim]`` tensor of q's dtype to write into.
+        return_lse: also return the natural-log LSE, ``[num_heads, total_q]`` fp32.
+        backend: ``"auto"``, ``"triton"`` or ``"torch"``; see :func:`resolve_backend`.
+
+    Returns:
+        ``out``, or ``(out, lse)`` with ``return_lse``. A query row that attends no key
+        (e.g. ``q_len > seqused_k``) gets zeros and LSE ``-inf``, never NaN.
+
+    Raises:
+        ShapeError, DtypeError, DeviceError, UnsupportedError: bad arguments, before any write.
+        BackendError: see :func:`resolve_backend`.
+    """
+    args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    kwargs = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                  softcap=softcap, out=out, return_lse=return_lse)
+    if resolve_backend(backend, q.device) == "triton":
+        from .attention import paged_prefill_attention_triton
+
+        return paged_prefill_attention_triton(*args, **kwargs)
+    return paged_prefill_attention_reference(*args, **kwargs)
