@@ -1,0 +1,54 @@
+"""Kernel tests: run the Triton path in its CPU interpreter when no GPU is present.
+
+TRITON_INTERPRET must be set before any ``@triton.jit`` function is defined, i.e. before
+``prefixkv.kernels.attention`` / ``write_kv`` are imported; this conftest runs first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the kernels extra (torch) is not installed")
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+if importlib.util.find_spec("prefixkv") is None:  # running from a checkout without `pip install -e`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+# The interpreter computes with numpy, which torch does not pull in.
+CAN_INTERPRET = HAS_TRITON and importlib.util.find_spec("numpy") is not None
+
+
+def triton_skip_reason() -> str | None:
+    """Why the Triton path cannot run here, or None when it can."""
+    if not HAS_TRITON:
+        return "triton is not installed"
+    if not HAS_CUDA and not CAN_INTERPRET:
+        return "no CUDA and numpy is missing, so the Triton interpreter cannot run"
+    if not HAS_CUDA and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return "no CUDA and TRITON_INTERPRET is off"
+    return None
+
+
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    """Every device present: the CPU (interpreter) and CUDA when there is one."""
+    return request.param
+
+
+@pytest.fixture
+def needs_triton() -> None:
+    reason = triton_skip_reason()
+    if reason:
+        pytest.skip(reason)
