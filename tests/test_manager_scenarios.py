@@ -1,0 +1,174 @@
+"""Deterministic scenarios: exact block ids and the exact free-queue order after each step.
+
+block_size is 4 throughout; ``free_block_order()`` lists free blocks in reuse order
+(empty ones first, then cached ones least recently used first).
+"""
+
+from prefixkv import (
+    Admission, AllBlocksCleared, BlockCopy, BlockRemoved, BlockStored, ExtraKeys, Fork,
+    KVCacheManager, PrefixCacheStats,
+)
+
+SYS = [11, 12, 13, 14, 15, 16, 17, 18]  # two full blocks
+
+
+def manager(num_blocks: int, **kw) -> KVCacheManager:
+    return KVCacheManager(num_blocks, 4, seed=0, **kw)
+
+
+def test_shared_system_prompt():
+    m = manager(10)
+    assert m.add_request("a", SYS + [100, 101, 102]) == Admission("a", (0, 1, 2), 0, 11)
+    assert m.free_block_order() == [3, 4, 5, 6, 7, 8, 9]
+    assert m.add_request("b", SYS + [200, 201]) == Admission("b", (0, 1, 3), 8, 2)
+    assert m.free_block_order() == [4, 5, 6, 7, 8, 9]
+    m.free("a")  # tail first: 2 (partial, no content) to the empty tier; 1 and 0 still held
+    assert m.free_block_order() == [2, 4, 5, 6, 7, 8, 9]
+    m.free("b")
+    assert m.free_block_order() == [3, 2, 4, 5, 6, 7, 8, 9, 1, 0]
+    assert m.add_request("c", SYS + [300]) == Admission("c", (0, 1, 3), 8, 1)
+    assert m.free_block_order() == [2, 4, 5, 6, 7, 8, 9]
+    assert m.stats == PrefixCacheStats(requests=3, queries=11 + 10 + 9, hits=16)
+    m.check_invariants()
+
+
+def test_multi_turn_chat_hits_history_including_decoded_blocks():
+    m = manager(8)
+    turn1 = [1, 2, 3, 4, 5, 6]
+    assert m.add_request("t1", turn1) == Admission("t1", (0, 1), 0, 6)
+    for tok in (7, 8):  # block 1 becomes full with the second decoded token
+        assert m.append_tokens("t1", [tok]) == ()
+    assert m.append_tokens("t1", [9]) == (2,)
+    assert m.num_cached_blocks == 2
+    m.free("t1")
+    assert m.free_block_order() == [2, 3, 4, 5, 6, 7, 1, 0]
+    turn2 = [1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 21, 22, 23]
+    assert m.add_request("t2", turn2) == Admission("t2", (0, 1, 2, 3), 8, 5)
+    assert m.free_block_order() == [4, 5, 6, 7]
+    m.check_invariants()
+
+
+def test_eviction_under_pressure_takes_the_tail_of_the_lru_chain_first():
+    m = manager(4, enable_events=True)
+    a = [1, 2, 3, 4, 5, 6, 7, 8]
+    assert m.add_request("a", a) == Admission("a", (0, 1), 0, 8)
+    m.free("a")
+    assert m.free_block_order() == [2, 3, 1, 0]
+    stored = m.take_events()
+    assert [type(e) for e in stored] == [BlockStored, BlockStored]
+    assert stored[0].parent_block_hash is None and stored[1].parent_block_hash == stored[0].block_hash
+    assert stored[1].token_ids == (5, 6, 7, 8) and stored[1].block_id == 1
+
+    b = list(range(50, 62))
+    assert m.add_request("b", b) == Admission("b", (2, 3, 1), 0, 12)
+    events = m.take_events()
+    assert events[0] == BlockRemoved(stored[1].block_hash, 1)
+    assert m.free_block_order() == [0]
+    assert m.lookup(a) == 4
+
+    before = (m.free_block_order(), m.stats)
+    assert m.add_request("c", a) is None  # needs 1 block beyond the hit; only the hit is free
+    assert (m.free_block_order(), m.stats) == before
+
+    m.free("b")
+    assert m.free_block_order() == [0, 1, 3, 2]
+    assert m.add_request("c", a) == Admission("c", (0, 1), 4, 4)  # evicts b's tail block 1
+    assert m.free_block_order() == [3, 2]
+    m.check_invariants()
+
+
+def test_empty_blocks_are_used_before_any_cached_block_is_evicted():
+    m = manager(6)
+    m.add_request("a", [1, 2, 3, 4, 5])  # blocks 0 (full), 1 (partial)
+    m.free("a")
+    assert m.free_block_order() == [1, 2, 3, 4, 5, 0]
+    assert m.add_request("b", list(range(100, 117))) == Admission("b", (1, 2, 3, 4, 5), 0, 17)
+    assert m.lookup([1, 2, 3, 4, 9]) == 4  # block 0 survived
+    m.check_invariants()
+
+
+def test_fork_copies_the_partial_last_block_and_children_diverge():
+    m = manager(8)
+    m.add_request("p", [1, 2, 3, 4, 5, 6])
+    assert m.fork("p", "c") == Fork("c", (0, 2), (BlockCopy(1, 2),))
+    assert m.free_block_order() == [3, 4, 5, 6, 7]
+    assert m.append_tokens("p", [7, 8]) == ()
+    assert m.append_tokens("c", [70, 80]) == ()
+    assert m.lookup([1, 2, 3, 4, 5, 6, 7, 8, 0]) == 8
+    assert m.lookup([1, 2, 3, 4, 5, 6, 70, 80, 0]) == 8
+    assert m.fork("p", "d") == Fork("d", (0, 1), ())  # no partial block: nothing to copy
+    for rid in ("p", "c", "d"):
+        m.free(rid)
+    assert m.free_block_order() == [3, 4, 5, 6, 7, 2, 1, 0]
+    m.check_invariants()
+
+
+def test_preempt_and_readmit_hits_what_is_still_cached():
+    m = manager(6)
+    m.add_request("r", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    for tok in (10, 11, 12):
+        m.append_tokens("r", [tok])
+    tokens = m.preempt("r")
+    assert tokens == tuple(range(1, 13))
+    assert m.free_block_order() == [3, 4, 5, 2, 1, 0]
+    # three full blocks are cached, but one token must be computed: the last block is
+    # recomputed into a fresh block (a shared block is never written again)
+    assert m.add_request("r", tokens) == Admission("r", (0, 1, 3), 8, 4)
+    assert m.free_block_order() == [4, 5, 2]
+    m.free("r")
+    assert m.free_block_order() == [3, 4, 5, 2, 1, 0]  # duplicate block 3 is not indexed
+    m.check_invariants()
+
+
+def test_salts_isolate_tenants():
+    m = manager(16)
+    prompt = SYS + [1]
+    m.add_request("a", prompt, extra=ExtraKeys(cache_salt="tenant-1"))
+    assert m.add_request("b", prompt, extra=ExtraKeys(cache_salt="tenant-2")).num_cached_tokens == 0
+    assert m.add_request("c", prompt).num_cached_tokens == 0
+    assert m.add_request("d", prompt, extra=ExtraKeys(cache_salt="tenant-1")).num_cached_tokens == 8
+    assert m.add_request("e", prompt, extra=ExtraKeys(lora="tenant-1")).num_cached_tokens == 0
+
+
+def test_chunked_prefill_caches_only_scheduled_blocks():
+    m = manager(8)
+    prompt = list(range(1, 15))  # 14 tokens
+    assert m.add_request("a", prompt, num_new_tokens=5) == Admission("a", (0, 1), 0, 5)
+    assert m.lookup(prompt) == 4  # block 1 is not full within the scheduled tokens
+    assert m.extend("a", 6) == (2,)
+    assert m.lookup(prompt) == 8
+    assert m.extend("a", 3) == (3,)
+    assert m.lookup(prompt) == 12
+    m.check_invariants()
+
+
+def test_reset_only_when_nothing_is_in_use():
+    m = manager(4, enable_events=True)
+    m.add_request("a", [1, 2, 3, 4, 5])
+    assert m.reset_prefix_cache() is False
+    m.free("a")
+    m.take_events()
+    assert m.reset_prefix_cache() is True
+    assert m.take_events() == [AllBlocksCleared()]
+    assert m.free_block_order() == [0, 1, 2, 3] and m.num_cached_blocks == 0
+    assert m.lookup([1, 2, 3, 4, 5]) == 0
+    m.check_invariants()
+
+
+def test_take_stats_is_get_and_reset_and_usage_counts_held_blocks():
+    m = manager(4)
+    m.add_request("a", [1, 2, 3, 4, 5])
+    m.add_request("b", [1, 2, 3, 4, 6])
+    assert m.take_stats() == PrefixCacheStats(2, 10, 4)
+    assert m.take_stats() == PrefixCacheStats(0, 0, 0)
+    assert m.stats.hit_rate == 0.4
+    assert m.usage == 0.75
+
+
+def test_paged_baseline_never_reuses():
+    from prefixkv import PagedAllocator
+    m = PagedAllocator(4, 4)
+    m.add_request("a", [1, 2, 3, 4, 5])
+    m.free("a")
+    assert m.free_block_order() == [0, 1, 2, 3]
+    assert m.add_request("b", [1, 2, 3, 4, 5]) == Admission("b", (0, 1), 0, 5)

@@ -1,0 +1,184 @@
+"""Hypothesis drives the manager against a plain model and a simulated KV store.
+
+The simulated store plays the engine: into each scheduled slot it writes what the real
+K/V there depends on (the request's extra keys and every token up to that position),
+applies fork copies, and after every step checks that every live request's blocks hold
+exactly that request's tokens, so a hit that served wrong KV, or a block reused while
+still held, is caught at the step it happens.
+"""
+
+import hashlib
+
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import (
+    Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule,
+)
+
+from prefixkv import ExtraKeys, KVCacheManager
+
+BS = 4
+NUM_BLOCKS = 14
+# Prefixes that share a first block, and one whose second block repeats another's second
+# block after a different first block (only the parent tells them apart).
+PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], [9, 9, 9, 9, 5, 6, 7, 8]]
+
+prompts = st.builds(
+    lambda pre, cut, tail: PREFIXES[pre][:cut] + tail,
+    st.integers(0, len(PREFIXES) - 1), st.integers(0, 8), st.lists(st.integers(0, 12), max_size=9),
+).filter(bool)
+salts = st.sampled_from([None, ExtraKeys(cache_salt="a"), ExtraKeys(lora="a")])
+
+
+class ManagerMachine(RuleBasedStateMachine):
+    hash_mode: object = "xxhash"
+    live = Bundle("live")
+
+    @initialize()
+    def setup(self):
+        self.m = KVCacheManager(NUM_BLOCKS, BS, hash_mode=self.hash_mode, seed=1)
+        self.kv = [[None] * BS for _ in range(NUM_BLOCKS)]
+        self.tokens: dict[str, list[int]] = {}     # model: known tokens per live request
+        self.scheduled: dict[str, int] = {}
+        self.extra: dict[str, ExtraKeys | None] = {}
+        self.preempted: list[tuple[list[int], ExtraKeys | None]] = []
+        self.next_id = 0
+
+    def _write(self, rid, start, stop):
+        blocks = self.m.get_block_ids(rid)
+        for pos in range(start, stop):
+            self.kv[blocks[pos // BS]][pos % BS] = self._kv_of(rid, pos)
+
+    def _kv_of(self, rid, pos):
+        return self.extra[rid], tuple(self.tokens[rid][:pos + 1])
+
+    def _snapshot(self):
+        return (self.m.free_block_order(), self.m.stats, self.m.num_cached_blocks)
+
+    def _new_id(self):
+        self.next_id += 1
+        return f"r{self.next_id}"
+
+    def _admit(self, prompt, extra, chunk):
+        rid = self._new_id()
+        before = self._snapshot()
+        adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
+        if adm is None:
+            assert self._snapshot() == before
+            return None
+        assert adm.num_cached_tokens % BS == 0 and adm.num_cached_tokens < len(prompt)
+        assert len(adm.block_ids) == -(-(adm.num_cached_tokens + adm.num_new_tokens) // BS)
+        self.tokens[rid] = list(prompt)
+        self.extra[rid] = extra
+        self.scheduled[rid] = adm.num_cached_tokens + adm.num_new_tokens
+        self._write(rid, adm.num_cached_tokens, self.scheduled[rid])
+        return rid
+
+    @rule(target=live, prompt=prompts, extra=salts, chunk=st.none() | st.integers(1, 6))
+    def add(self, prompt, extra, chunk):
+        return self._admit(prompt, extra, chunk) or self._dead()
+
+    @precondition(lambda self: self.preempted)
+    @rule(target=live)
+    def readmit(self):
+        prompt, extra = self.preempted.pop(0)
+        return self._admit(prompt, extra, None) or self._dead()
+
+    def _dead(self):
+        return multiple()
+
+    @rule(rid=live, n=st.integers(1, 6))
+    def extend(self, rid, n):
+        if rid not in self.tokens or self.scheduled[rid] == len(self.tokens[rid]):
+            return
+        n = min(n, len(self.tokens[rid]) - self.scheduled[rid])
+        before = self._snapshot()
+        got = self.m.extend(rid, n)
+        if got is None:
+            assert self._snapshot() == before
+            return
+        start = self.scheduled[rid]
+        self.scheduled[rid] += n
+        self._write(rid, start, start + n)
+
+    @rule(rid=live, toks=st.lists(st.integers(0, 12), min_size=1, max_size=5))
+    def append(self, rid, toks):
+        if rid not in self.tokens or self.scheduled[rid] != len(self.tokens[rid]):
+            return
+        before = self._snapshot()
+        if self.m.append_tokens(rid, toks) is None:
+            assert self._snapshot() == before
+            return
+        start = self.scheduled[rid]
+        self.tokens[rid] += toks
+        self.scheduled[rid] += len(toks)
+        self._write(rid, start, self.scheduled[rid])
+
+    @rule(target=live, parent=live)
+    def fork(self, parent):
+        if parent not in self.tokens or self.scheduled[parent] != len(self.tokens[parent]):
+            return self._dead()
+        child = self._new_id()
+        got = self.m.fork(parent, child)
+        if got is None:
+            return self._dead()
+        for c in got.copies:
+            self.kv[c.dst] = list(self.kv[c.src])
+        self.tokens[child] = list(self.tokens[parent])
+        self.extra[child] = self.extra[parent]
+        self.scheduled[child] = self.scheduled[parent]
+        return child
+
+    @rule(rid=consumes(live))
+    def free(self, rid):
+        if rid in self.tokens:
+            self.m.free(rid)
+            del self.tokens[rid], self.scheduled[rid], self.extra[rid]
+
+    @rule(rid=consumes(live))
+    def preempt(self, rid):
+        if rid in self.tokens:
+            assert list(self.m.preempt(rid)) == self.tokens[rid]
+            self.preempted.append((self.tokens.pop(rid), self.extra.pop(rid)))
+            del self.scheduled[rid]
+
+    @rule()
+    def reset(self):
+        assert self.m.reset_prefix_cache() == (not self.tokens)
+        if not self.tokens:
+            assert self.m.num_cached_blocks == 0
+
+    @invariant()
+    def consistent(self):
+        self.m.check_invariants()
+
+    @invariant()
+    def blocks_hold_each_requests_tokens(self):
+        for rid in self.tokens:
+            blocks = self.m.get_block_ids(rid)
+            assert len(blocks) == -(-self.scheduled[rid] // BS)
+            for pos in range(self.scheduled[rid]):
+                assert self.kv[blocks[pos // BS]][pos % BS] == self._kv_of(rid, pos), (rid, pos)
+        in_use = NUM_BLOCKS - self.m.num_free_blocks
+        assert (in_use == 0) == (not self.tokens)
+
+
+class CollidingManagerMachine(ManagerMachine):
+    """Every hash falls into one of four buckets: the index is full of collisions."""
+
+    hash_mode = staticmethod(lambda data: bytes([hashlib.sha256(data).digest()[0] % 4]))
+
+
+class ParentBlindManagerMachine(ManagerMachine):
+    """The hash ignores the parent digest (its first 16 bytes): equal blocks after
+    different prefixes collide, the crafted collision that only the parent check stops."""
+
+    hash_mode = staticmethod(lambda data: hashlib.sha256(data[16:]).digest()[:16])
+
+
+SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestManagerMachine = ManagerMachine.TestCase
+TestManagerMachine.settings = SETTINGS
+TestCollidingManagerMachine = CollidingManagerMachine.TestCase
+TestCollidingManagerMachine.settings = SETTINGS
+TestParentBlindManagerMachine = ParentBlindManagerMachine.TestCase
+TestParentBlindManagerMachine.settings = SETTINGS
