@@ -1,0 +1,73 @@
+"""Every documented Raises of paged_prefill_attention, on both backends, before any write."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prefixkv.kernels import DeviceError, DtypeError, ShapeError, UnsupportedError, paged_prefill_attention
+
+from .conftest import triton_skip_reason
+from .cases import make_case
+
+BACKENDS = [
+    "torch",
+    pytest.param("triton", marks=pytest.mark.skipif(triton_skip_reason() is not None,
+                                                    reason=str(triton_skip_reason()))),
+]
+
+
+def _case():
+    return make_case([2, 1], [5, 3], num_kv_heads=2, group=2, head_dim=16, block_size=4)
+
+
+def _replace(args, index, value):
+    args = list(args)
+    args[index] = value
+    return args
+
+
+# (error, message fragment, how to break the call: (args, kwargs) -> (args, kwargs))
+BAD_CALLS = {
+    "q rank": (ShapeError, "q must be", lambda a, k: (_replace(a, 0, a[0][0]), k)),
+    "q head_dim": (ShapeError, "q must be", lambda a, k: (_replace(a, 0, a[0][..., :8]), k)),
+    "heads not a multiple": (ShapeError, "multiple of num_kv_heads 2", lambda a, k: (_replace(a, 0, a[0][:, :3]), k)),
+    "cache rank": (ShapeError, "k_cache must be", lambda a, k: (_replace(a, 1, a[1][0]), k)),
+    "v_cache shape": (ShapeError, "v_cache shape", lambda a, k: (_replace(a, 2, a[2][:1]), k)),
+    "cu_seqlens rank": (ShapeError, "cu_seqlens_q must be", lambda a, k: (_replace(a, 4, a[4][None]), k)),
+    "seqused_k size": (ShapeError, r"seqused_k must be \[2\]", lambda a, k: (_replace(a, 5, a[5][:1]), k)),
+    "block_table rows": (ShapeError, r"block_table must be \[2,", lambda a, k: (_replace(a, 3, a[3][:1]), k)),
+    "max_seqlen_k capacity": (ShapeError, "block_table capacity", lambda a, k: (_replace(a, 7, 1000), k)),
+    "out shape": (ShapeError, "out shape", lambda a, k: (a, {**k, "out": torch.empty(3, 4, 8)})),
+    "q dtype": (DtypeError, "q dtype", lambda a, k: (_replace(a, 0, a[0].half()), k)),
+    "cache dtype": (DtypeError, "k_cache/v_cache dtypes", lambda a, k: (_replace(a, 2, a[2].double()), k)),
+    "int64 block table": (DtypeError, "block_table dtype", lambda a, k: (_replace(a, 3, a[3].long()), k)),
+    "int64 seqused": (DtypeError, "seqused_k dtype", lambda a, k: (_replace(a, 5, a[5].long()), k)),
+    "out dtype": (DtypeError, "out dtype", lambda a, k: (a, {**k, "out": torch.empty(3, 4, 16).half()})),
+    "device": (DeviceError, "meta", lambda a, k: (_replace(a, 3, a[3].to("meta")), k)),
+    "head_dim 12": (UnsupportedError, "head_dim 12", lambda a, k: (
+        [a[0][..., :12], a[1][..., :12], a[2][..., :12], *a[3:]], k)),
+    "max_seqlen_q": (UnsupportedError, "max_seqlen_q", lambda a, k: (_replace(a, 6, 2.0), k)),
+    "window shape": (UnsupportedError, "window_size", lambda a, k: (a, {**k, "window_size": 8})),
+    "window value": (UnsupportedError, "window_size", lambda a, k: (a, {**k, "window_size": (-2, 0)})),
+    "causal right": (UnsupportedError, "right -1 or 0", lambda a, k: (a, {**k, "window_size": (4, 2)})),
+    "softcap": (UnsupportedError, "softcap", lambda a, k: (a, {**k, "softcap": -1.0})),
+    "scale": (UnsupportedError, "softmax_scale", lambda a, k: (a, {**k, "softmax_scale": 0.0})),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", BAD_CALLS)
+def test_bad_call_raises_before_writing(backend, name):
+    error, match, breaker = BAD_CALLS[name]
+    case = _case()
+    out = torch.full_like(case.q, 5.0)
+    args, kwargs = breaker(list(case.args), {"out": out})
+    with pytest.raises(error, match=match):
+        paged_prefill_attention(*args, backend=backend, **kwargs)
+    assert (out == 5.0).all()
+
+
+def test_errors_are_value_errors():
+    for error, _, _ in BAD_CALLS.values():
+        assert issubclass(error, ValueError)
