@@ -1,0 +1,116 @@
+"""Every documented ``Raises:``: a typed ValueError subclass, and no state change."""
+
+import pytest
+
+from prefixkv import (
+    ConfigError, ContiguousAllocator, ExtraKeys, ExtraKeysError, KVCacheManager,
+    MultiModalInput, PrefixKVError, RequestError, TokenError,
+)
+
+
+@pytest.fixture
+def m():
+    m = KVCacheManager(8, 4, seed=0, vocab_size=100)
+    m.add_request("live", [1, 2, 3, 4, 5])
+    return m
+
+
+def state(m):
+    return (m.free_block_order(), m.stats, m.num_cached_blocks,
+            {r: m.get_block_ids(r) for r in ("live",) if _live(m, r)})
+
+
+def _live(m, rid):
+    try:
+        m.get_block_ids(rid)
+        return True
+    except RequestError:
+        return False
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(num_blocks=0), dict(num_blocks=-1), dict(num_blocks=2.0), dict(num_blocks=True),
+    dict(block_size=0), dict(block_size="16"), dict(vocab_size=0),
+    dict(hash_mode="md5"), dict(seed=-1), dict(seed="abc"), dict(seed=1.5),
+])
+def test_bad_config(kwargs):
+    args = dict(num_blocks=8, block_size=4) | kwargs
+    with pytest.raises(ConfigError):
+        KVCacheManager(**args)
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda m: m.add_request("x", []), TokenError),
+    (lambda m: m.add_request("x", [1, -1]), TokenError),
+    (lambda m: m.add_request("x", [1, 2**32]), TokenError),
+    (lambda m: m.add_request("x", [1, 100]), TokenError),   # >= vocab_size
+    (lambda m: m.add_request("x", [1, 2.5]), TokenError),
+    (lambda m: m.add_request("x", ["a"]), TokenError),
+    (lambda m: m.add_request("live", [1]), RequestError),
+    (lambda m: m.add_request(["unhashable"], [1]), RequestError),
+    (lambda m: m.add_request("x", [1], extra={"cache_salt": "a"}), ExtraKeysError),
+    (lambda m: m.add_request("x", [1, 2], extra=ExtraKeys(mm=(MultiModalInput("h", 1, 5),))),
+     ExtraKeysError),
+    (lambda m: m.add_request("x", [1], num_new_tokens=0), PrefixKVError),
+    (lambda m: m.lookup([]), TokenError),
+    (lambda m: m.append_tokens("nope", [1]), RequestError),
+    (lambda m: m.append_tokens("live", [1, 1000]), TokenError),
+    (lambda m: m.extend("live", 1), PrefixKVError),         # nothing left to schedule
+    (lambda m: m.extend("nope", 1), RequestError),
+    (lambda m: m.fork("nope", "c"), RequestError),
+    (lambda m: m.fork("live", "live"), RequestError),
+    (lambda m: m.free("nope"), RequestError),
+    (lambda m: m.preempt("nope"), RequestError),
+    (lambda m: m.get_block_ids("nope"), RequestError),
+])
+def test_bad_calls_raise_typed_errors_before_any_change(m, call, error):
+    before = state(m)
+    with pytest.raises(error) as info:
+        call(m)
+    assert isinstance(info.value, ValueError)
+    assert state(m) == before
+    m.check_invariants()
+
+
+def test_double_free(m):
+    m.free("live")
+    with pytest.raises(RequestError, match="already freed"):
+        m.free("live")
+    m.check_invariants()
+
+
+def test_append_before_prefill_is_scheduled_and_fork_then():
+    m = KVCacheManager(8, 4, seed=0)
+    m.add_request("r", list(range(10)), num_new_tokens=3)
+    with pytest.raises(RequestError, match="extend"):
+        m.append_tokens("r", [1])
+    with pytest.raises(RequestError, match="prefill"):
+        m.fork("r", "c")
+    with pytest.raises(PrefixKVError, match=r"\[1, 7\]"):
+        m.extend("r", 8)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ExtraKeys(lora=""), lambda: ExtraKeys(cache_salt=3), lambda: ExtraKeys(mm=[]),
+    lambda: ExtraKeys(mm=("h",)), lambda: MultiModalInput("", 0, 1),
+    lambda: MultiModalInput("h", -1, 1), lambda: MultiModalInput("h", 0, 0),
+    lambda: MultiModalInput(5, 0, 1), lambda: MultiModalInput("h", 0.0, 1),
+])
+def test_malformed_extra_keys(make):
+    with pytest.raises(ExtraKeysError):
+        make()
+
+
+def test_contiguous_allocator_errors():
+    with pytest.raises(ConfigError):
+        ContiguousAllocator(8, 4, max_model_len=0)
+    a = ContiguousAllocator(8, 4, max_model_len=8)
+    with pytest.raises(TokenError):
+        a.add_request("x", list(range(9)))
+    a.add_request("x", list(range(8)))
+    with pytest.raises(TokenError, match="max_model_len"):
+        a.append_tokens("x", [1])
+    with pytest.raises(RequestError):
+        a.add_request("x", [1])
+    with pytest.raises(RequestError):
+        a.free("y")

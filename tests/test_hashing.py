@@ -1,0 +1,85 @@
+"""The hash chain, its encodings, and why a collision can never serve wrong KV."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from prefixkv import ExtraKeys, KVCacheManager, MultiModalInput
+from prefixkv.hashing import encode_tokens, make_hash_fn, token_bytes
+
+
+def test_token_encoding_is_uint32_little_endian():
+    assert token_bytes(encode_tokens([1, 256, 2**32 - 1])) == bytes.fromhex("01000000" "00010000" "ffffffff")
+
+
+def test_extra_keys_are_tagged_so_kinds_never_alias():
+    assert ExtraKeys(lora="x").base_bytes() != ExtraKeys(cache_salt="x").base_bytes()
+    assert ExtraKeys(lora="ab").base_bytes() != ExtraKeys(lora="a", cache_salt="b").base_bytes()
+    mm = ExtraKeys(mm=(MultiModalInput("img", 5, 6),)).block_bytes(4, 4)
+    assert mm[0] == b"" and mm[1] == mm[2] != b"" and mm[3] == b""  # tokens 5..10: blocks 1, 2
+
+
+def test_multimodal_input_changes_only_the_blocks_it_covers():
+    m = KVCacheManager(16, 4, seed=0)
+    prompt = list(range(1, 14))
+    m.add_request("a", prompt, extra=ExtraKeys(mm=(MultiModalInput("cat", 8, 4),)))
+    assert m.lookup(prompt) == 8  # the text before the image is shared
+    assert m.lookup(prompt, extra=ExtraKeys(mm=(MultiModalInput("dog", 8, 4),))) == 8
+    assert m.lookup(prompt, extra=ExtraKeys(mm=(MultiModalInput("cat", 8, 4),))) == 12
+
+
+SHA_SCRIPT = """
+from prefixkv import KVCacheManager
+m = KVCacheManager(8, 4, hash_mode="sha256", enable_events=True)
+m.add_request("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+print(",".join(e.block_hash.hex() for e in m.take_events()))
+"""
+
+
+def test_sha256_ids_are_the_same_in_every_process():
+    runs = [subprocess.run([sys.executable, "-c", SHA_SCRIPT], capture_output=True, text=True,
+                           check=True, env=os.environ | {"PYTHONHASHSEED": str(i)}).stdout
+            for i in (1, 2)]
+    assert runs[0] == runs[1] and len(runs[0].split(",")) == 2
+
+
+def test_xxhash_default_seed_is_random_per_manager_but_seed_makes_it_reproducible():
+    assert make_hash_fn("xxhash", None)[1] != make_hash_fn("xxhash", None)[1]
+    assert make_hash_fn("xxhash", 7)[1] == make_hash_fn("xxhash", 7)[1]
+    assert len(make_hash_fn("xxhash", 7)[1]) == 16 and len(make_hash_fn("sha256", None)[1]) == 32
+
+
+def constant_hash(data: bytes) -> bytes:
+    return b"\x00" * 16
+
+
+def test_a_colliding_hash_costs_misses_never_wrong_kv():
+    m = KVCacheManager(16, 4, hash_mode=constant_hash)
+    a = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    m.add_request("a", a)          # block 0 takes the only hash; block 1 collides
+    assert m.num_cached_blocks == 1
+    assert m.add_request("b", [1, 2, 3, 4, 50, 51, 52, 53, 9]).num_cached_tokens == 4
+    assert m.add_request("c", [7, 7, 7, 7, 5, 6, 7, 8, 9]).num_cached_tokens == 0
+    assert m.add_request("d", [1, 2, 3, 4], extra=ExtraKeys(cache_salt="s")).num_cached_tokens == 0
+    m.check_invariants()
+
+
+def test_duplicate_blocks_keep_their_children_findable():
+    m = KVCacheManager(16, 4, seed=0)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]       # exactly two blocks: block 1 is recomputed
+    m.add_request("a", prompt)
+    m.add_request("b", prompt)              # b's block 1 duplicates a's
+    m.append_tokens("b", [9, 10, 11, 12])   # a child of the duplicate
+    m.free("a")
+    m.free("b")
+    assert m.lookup(prompt + [9, 10, 11, 12, 13]) == 12
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("mode", ["xxhash", "sha256"])
+def test_both_modes_hit(mode):
+    m = KVCacheManager(8, 4, hash_mode=mode)
+    m.add_request("a", [1, 2, 3, 4, 5])
+    assert m.lookup([1, 2, 3, 4, 6]) == 4
