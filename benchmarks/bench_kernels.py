@@ -1,0 +1,236 @@
+"""Kernel benchmark: paged prefix-prefill attention TFLOP/s and decode bandwidth.
+
+Needs a CUDA GPU. It first measures the device's own ceilings (dense bf16 matmul TFLOP/s
+and device-to-device copy GB/s), then times:
+
+* the SPEC section 4 shape: 8 requests x (8192 cached + 2048 new), 32 q / 8 kv heads,
+  head_dim 128, bf16, block_size 16, against our torch reference and dense SDPA;
+* a sweep over cached prefix 0..32k and q_len 1..8k;
+* decode: 64 requests x 8k context, q_len 1, as GB/s of K/V read against the copy GB/s.
+
+Results go to ``benchmarks/results/kernels-<device>.json`` and ``.md`` with the device,
+git commit, versions and shapes. ``--smoke`` runs tiny shapes through the Triton
+interpreter on a CPU, only to prove the script works (no timings worth reading).
+
+FLOPs count only the (query, key) pairs attended: with bottom-right causal alignment,
+query i of a request with ``kv_len`` keys and ``q_len`` queries sees
+``kv_len - q_len + i + 1`` keys; each pair costs ``4 * head_dim`` FLOPs per query head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true", help="tiny shapes through the Triton interpreter (CPU ok)")
+    p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--no-sweep", action="store_true", help="skip the prefix x q_len sweep")
+    return p.parse_args(argv)
+
+
+def attended_pairs(q_len: int, kv_len: int) -> int:
+    """(query, key) pairs of one request under bottom-right causal masking."""
+    prefix = kv_len - q_len
+    return q_len * prefix + q_len * (q_len + 1) // 2
+
+
+def git_commit() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src/prefixkv/kernels"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return rev + ("-dirty" if dirty else "") if rev else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def make_problem(torch, kernels, *, batch, prefix, q_len, heads, kv_heads, head_dim, block_size, dtype, device):
+    """Random paged problem: every request has ``prefix`` cached + ``q_len`` new tokens."""
+    kv_len = prefix + q_len
+    n_blk = -(-kv_len // block_size)
+    perm = torch.randperm(batch * n_blk).tolist()  # scattered blocks, as after real churn
+    ids = [perm[i * n_blk:(i + 1) * n_blk] for i in range(batch)]
+    shape = (batch * n_blk, block_size, kv_heads, head_dim)
+    k_cache = torch.randn(shape, dtype=dtype, device=device)
+    v_cache = torch.randn(shape, dtype=dtype, device=device)
+    step = kernels.build_paged_batch(ids, [prefix] * batch, [q_len] * batch, block_size, device=device)
+    q = torch.randn(batch * q_len, heads, head_dim, dtype=dtype, device=device)
+    args = (q, k_cache, v_cache, step.block_table, step.cu_seqlens_q, step.seqused_k,
+            step.max_seqlen_q, step.max_seqlen_k)
+    return args, ids
+
+
+def dense_sdpa(torch, args, ids, *, batch, q_len, kv_len, heads, kv_heads):
+    """A closure running torch SDPA on contiguous copies (the best non-paged baseline)."""
+    from torch.nn.attention.bias import causal_lower_right
+    import torch.nn.functional as F
+
+    q, k_cache, v_cache, block_table = args[:4]
+    blocks = torch.tensor(ids, device=q.device)
+    k = k_cache[blocks].flatten(1, 2)[:, :kv_len].repeat_interleave(heads // kv_heads, 2).transpose(1, 2)
+    v = v_cache[blocks].flatten(1, 2)[:, :kv_len].repeat_interleave(heads // kv_heads, 2).transpose(1, 2)
+    qd = q.view(batch, q_len, heads, -1).transpose(1, 2)
+    mask = causal_lower_right(q_len, kv_len)
+    return lambda: F.scaled_dot_product_attention(qd, k, v, attn_mask=mask)
+
+
+class Timer:
+    """Median milliseconds of a call: CUDA events via triton's do_bench, or wall clock."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+
+    def __call__(self, fn) -> float:
+        if self.cuda:
+            from triton.testing import do_bench
+
+            return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+
+def device_ceilings(torch, timer):
+    """Measured dense bf16 matmul TFLOP/s and copy GB/s (read + write) of this GPU."""
+    n = 8192
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    ms = timer(lambda: a @ b)
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = timer(lambda: dst.copy_(src))
+    return {"matmul_bf16_tflops": 2 * n**3 / ms / 1e9, "copy_gbps": 2 * src.numel() / copy_ms / 1e6}
+
+
+def run_case(torch, kernels, timer, cfg, *, reference, sdpa):
+    """Time one prefill shape; returns a result row."""
+    args, ids = make_problem(torch, kernels, **cfg)
+    kv_len = cfg["prefix"] + cfg["q_len"]
+    flops = 4 * cfg["heads"] * cfg["head_dim"] * cfg["batch"] * attended_pairs(cfg["q_len"], kv_len)
+    out = torch.empty_like(args[0])
+    fn = lambda: kernels.paged_prefill_attention(*args, out=out, backend="triton")  # noqa: E731
+    row = {k: v for k, v in cfg.items() if k not in ("dtype", "device")}
+    row["dtype"] = str(cfg["dtype"]).replace("torch.", "")
+    row["tflop"] = flops / 1e12
+    row["triton_ms"] = timer(fn)
+    row["triton_tflops"] = flops / row["triton_ms"] / 1e9
+    if reference:
+        want = kernels.paged_prefill_attention_reference(*args)
+        row["max_abs_err_vs_reference"] = err = float((out.float() - want.float()).abs().max())
+        if not err < 5e-2:
+            print(f"WARNING: Triton output differs from the reference by {err} on {row}", file=sys.stderr)
+        row["reference_ms"] = timer(lambda: kernels.paged_prefill_attention_reference(*args))
+    dense_gb = 2 * cfg["batch"] * kv_len * cfg["heads"] * cfg["head_dim"] * args[0].element_size() / 1e9
+    if sdpa and dense_gb > 16:
+        row["sdpa_dense_error"] = f"skipped: dense K/V copies would take {dense_gb:.0f} GB"
+    elif sdpa:
+        try:
+            row["sdpa_dense_ms"] = timer(dense_sdpa(torch, args, ids, batch=cfg["batch"], q_len=cfg["q_len"],
+                                                    kv_len=kv_len, heads=cfg["heads"], kv_heads=cfg["kv_heads"]))
+        except (RuntimeError, ImportError) as exc:  # no lower-right mask support on this build
+            row["sdpa_dense_error"] = str(exc)[:200]
+    return row
+
+
+def run_decode(torch, kernels, timer, cfg):
+    """Decode: GB/s of K/V actually read (each request's kv_len tokens, all kv heads)."""
+    args, _ = make_problem(torch, kernels, **cfg)
+    out = torch.empty_like(args[0])
+    ms = timer(lambda: kernels.paged_prefill_attention(*args, out=out, backend="triton"))
+    elem = args[1].element_size()
+    kv_bytes = 2 * cfg["batch"] * (cfg["prefix"] + 1) * cfg["kv_heads"] * cfg["head_dim"] * elem
+    return {"batch": cfg["batch"], "context": cfg["prefix"] + 1, "kv_heads": cfg["kv_heads"], "heads": cfg["heads"],
+            "head_dim": cfg["head_dim"], "block_size": cfg["block_size"], "ms": ms, "kv_gb": kv_bytes / 1e9,
+            "gbps": kv_bytes / ms / 1e6}
+
+
+def shapes(smoke: bool, device: str, torch):
+    """The SPEC shape, sweep and decode configs (tiny ones for --smoke)."""
+    if smoke:
+        base = dict(heads=4, kv_heads=2, head_dim=64, block_size=16, dtype=torch.float16, device=device)
+        return (dict(batch=2, prefix=40, q_len=24, **base),
+                [dict(batch=1, prefix=p, q_len=q, **base) for p in (0, 33) for q in (1, 17)],
+                dict(batch=3, prefix=50, q_len=1, **base))
+    base = dict(heads=32, kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16, device=device)
+    sweep = [dict(batch=max(1, min(64, 8192 // q)), prefix=p, q_len=q, **base)
+             for p in (0, 1024, 4096, 16384, 32768) for q in (1, 16, 128, 1024, 8192)]
+    return dict(batch=8, prefix=8192, q_len=2048, **base), sweep, dict(batch=64, prefix=8191, q_len=1, **base)
+
+
+def write_results(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jpath, mpath = out_dir / f"kernels-{name}.json", out_dir / f"kernels-{name}.md"
+    jpath.write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"# Kernel benchmark on {result['device']}", "",
+             f"commit `{result['commit']}`, torch {result['torch']}, triton {result['triton']}", ""]
+    if result["smoke"]:
+        lines += ["Smoke run: tiny shapes, possibly through the Triton interpreter; the timings mean nothing.", ""]
+    for key, val in result.get("ceilings", {}).items():
+        lines.append(f"- {key}: {val:.1f}")
+    s = result["spec_shape"]
+    lines += ["", "## SPEC shape", "", f"{s['batch']} x ({s['prefix']} cached + {s['q_len']} new), "
+              f"{s['heads']}/{s['kv_heads']} heads, d {s['head_dim']}, {s['dtype']}, block {s['block_size']}: "
+              f"**{s['triton_tflops']:.1f} TFLOP/s** ({s['triton_ms']:.3f} ms, {s['tflop']:.3f} TFLOP)"]
+    if result.get("sweep"):
+        lines += ["", "## Sweep", "", "| batch | prefix | q_len | ms | TFLOP/s | SDPA dense ms |", "|---|---|---|---|---|---|"]
+        for r in result["sweep"]:
+            lines.append(f"| {r['batch']} | {r['prefix']} | {r['q_len']} | {r['triton_ms']:.3f} | "
+                         f"{r['triton_tflops']:.1f} | {r.get('sdpa_dense_ms', float('nan')):.3f} |")
+    d = result["decode"]
+    lines += ["", "## Decode", "", f"{d['batch']} x {d['context']} context: {d['gbps']:.0f} GB/s "
+              f"({d['ms']:.3f} ms for {d['kv_gb']:.2f} GB of K/V)", ""]
+    mpath.write_text("\n".join(lines))
+    return jpath, mpath
+
+
+def main(argv=None) -> int:
+    opts = parse_args(argv)
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if not cuda and not opts.smoke:
+        print("bench_kernels: needs a CUDA GPU (none found). Use --smoke for a tiny CPU run through the "
+              "Triton interpreter that only checks the script works.", file=sys.stderr)
+        return 2
+    if not cuda:
+        os.environ["TRITON_INTERPRET"] = "1"  # before prefixkv.kernels pulls in any @triton.jit
+    sys.path.insert(0, str(ROOT / "src"))
+    import triton
+
+    import prefixkv.kernels as kernels
+
+    device = "cuda" if cuda else "cpu"
+    timer = Timer(cuda)
+    spec, sweep, decode = shapes(opts.smoke, device, torch)
+    name = torch.cuda.get_device_name() if cuda else f"cpu-interpreter ({platform.machine()})"
+    result = {"device": name, "commit": git_commit(), "torch": torch.__version__, "triton": triton.__version__,
+              "smoke": opts.smoke, "ceilings": device_ceilings(torch, timer) if cuda else {}}
+    result["spec_shape"] = run_case(torch, kernels, timer, spec, reference=True, sdpa=cuda)
+    if cuda:
+        result["spec_shape"]["fraction_of_matmul_peak"] = (
+            result["spec_shape"]["triton_tflops"] / result["ceilings"]["matmul_bf16_tflops"])
+    result["sweep"] = [] if opts.no_sweep else [
+        run_case(torch, kernels, timer, cfg, reference=opts.smoke, sdpa=cuda) for cfg in sweep]
+    result["decode"] = run_decode(torch, kernels, timer, decode)
+    if cuda:
+        result["decode"]["fraction_of_copy_bw"] = result["decode"]["gbps"] / result["ceilings"]["copy_gbps"]
+    slug = "smoke" if opts.smoke else "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+    jpath, mpath = write_results(result, opts.out_dir, slug)
+    print(mpath.read_text())
+    print(f"wrote {jpath} and {mpath}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
