@@ -37,6 +37,45 @@ class FreeBlockQueue:
         self._tail.prev = block
         self._len += 1
 
+    def extend(self, blocks: list[Block]) -> None:
+        """Append ``blocks`` in order, each as the new most recently used."""
+        last = self._tail.prev
+        assert last is not None
+        for b in blocks:
+            assert b.prev is None and b.next is None, b
+            last.next = b
+            b.prev = last
+            last = b
+        last.next = self._tail
+        self._tail.prev = last
+        self._len += len(blocks)
+
+    def popleft_n(self, n: int) -> list[Block]:
+        """Unlink and return the ``n`` least recently used blocks (``n <= len``)."""
+        out = []
+        node = self._head.next
+        for _ in range(n):
+            assert node is not None and node is not self._tail, "pop from an empty free queue"
+            out.append(node)
+            nxt = node.next
+            node.prev = node.next = None
+            node = nxt
+        assert node is not None
+        self._head.next = node
+        node.prev = self._head
+        self._len -= n
+        return out
+
+    def remove_all(self, blocks: list[Block]) -> None:
+        """Unlink each of ``blocks``, which must all be in the queue."""
+        for b in blocks:
+            prev, nxt = b.prev, b.next
+            assert prev is not None and nxt is not None, b
+            prev.next = nxt
+            nxt.prev = prev
+            b.prev = b.next = None
+        self._len -= len(blocks)
+
     def remove(self, block: Block) -> None:
         """Unlink ``block``, which must be in the queue."""
         prev, nxt = block.prev, block.next

@@ -82,20 +82,18 @@ def _sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def chain(
-    fn: HashFn, parent: bytes, data: bytes, first: int, count: int, step: int,
-    extras: Sequence[bytes],
-) -> tuple[list[bytes], list[bytes]]:
-    """Hash ``count`` full blocks of ``data`` starting at block ``first`` after ``parent``.
-    ``step`` is the block's size in bytes; ``extras[i]`` is block i's extra encoding.
+def chain(fn: HashFn, parent: bytes, data: bytes, extras: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """Hash ``len(extras)`` consecutive full blocks whose token bytes are ``data``, the
+    first one's parent being ``parent``; ``extras[i]`` is block i's extra-key encoding.
     Returns ``(hashes, chunks)``: each block's digest and its token bytes."""
     hashes: list[bytes] = []
     chunks: list[bytes] = []
+    step = len(data) // len(extras) if extras else 0
     h = parent
-    off = first * step
-    for i in range(first, first + count):
+    off = 0
+    for extra in extras:
         chunk = data[off:off + step]
-        h = fn(h + chunk + extras[i])
+        h = fn(h + chunk + extra) if extra else fn(h + chunk)
         hashes.append(h)
         chunks.append(chunk)
         off += step

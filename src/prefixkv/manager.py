@@ -14,18 +14,21 @@ may share it. The partial last block is never shared and never cached.
 from __future__ import annotations
 
 from array import array
+from operator import attrgetter
 from collections.abc import Hashable, Sequence
 
 from .errors import PrefixKVError, RequestError, TokenError, check_positive
 from .events import BlockStored, Event
 from .extra_keys import ExtraKeys, check_extra
 from .hashing import HashFn, chain, encode_tokens, make_hash_fn, token_bytes
+from .block import Block
 from .pool import BlockPool
 from .request import Request
 from .results import Admission, BlockCopy, Fork
 from .stats import PrefixCacheStats
 
 _NONE: tuple[int, ...] = ()
+_ID = attrgetter("block_id")
 
 
 class KVCacheManager:
@@ -94,10 +97,12 @@ class KVCacheManager:
             _check_count("num_new_tokens", num_new_tokens, 1, None)
         bs = self.block_size
         req = Request(request_id, tokens, extra, bs)
-        hits = []
+        hits: list[Block] = []
+        chunks: list[bytes] = []
         if self.enable_caching:
+            full = n // bs
             req.hashes, chunks = chain(
-                self._hash, self._root, token_bytes(tokens), 0, n // bs, 4 * bs, req.extras)
+                self._hash, self._root, token_bytes(tokens)[:4 * bs * full], req.extras[:full])
             hits = self._pool.lookup(req.hashes, chunks, req.extras, (n - 1) // bs)
         num_cached = len(hits) * bs
         todo = n - num_cached
@@ -109,11 +114,11 @@ class KVCacheManager:
         self._pool.touch(hits)
         req.blocks = hits + self._pool.take(need)
         req.num_scheduled = num_cached
-        self._advance(req, num_cached + todo)
+        self._advance(req, num_cached + todo, chunks)
         self._requests[request_id] = req
         self._stats = PrefixCacheStats(
             self._stats.requests + 1, self._stats.queries + n, self._stats.hits + num_cached)
-        return Admission(request_id, tuple(b.block_id for b in req.blocks), num_cached, todo)
+        return Admission(request_id, tuple(map(_ID, req.blocks)), num_cached, todo)
 
     def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
         """Tokens of this prompt that an admission now would find cached. Changes nothing
@@ -123,11 +128,12 @@ class KVCacheManager:
             raise TokenError("the prompt is empty: at least one token is needed")
         if not self.enable_caching:
             return 0
-        req = Request(None, tokens, check_extra(extra, len(tokens)), self.block_size)
         bs = self.block_size
-        hashes, chunks = chain(self._hash, self._root, token_bytes(tokens), 0,
-                               len(tokens) // bs, 4 * bs, req.extras)
-        return len(self._pool.lookup(hashes, chunks, req.extras, (len(tokens) - 1) // bs)) * bs
+        req = Request(None, tokens, check_extra(extra, len(tokens)), bs)
+        limit = (len(tokens) - 1) // bs
+        hashes, chunks = chain(self._hash, self._root, token_bytes(tokens[:limit * bs]),
+                               req.extras[:limit])
+        return len(self._pool.lookup(hashes, chunks, req.extras, limit)) * bs
 
     # ---- growth ----------------------------------------------------------------------
 
@@ -169,27 +175,34 @@ class KVCacheManager:
         new = self._pool.take(need) if need > 0 else []
         req.blocks += new
         self._advance(req, total)
-        return tuple(b.block_id for b in new)
+        return tuple(map(_ID, new))
 
-    def _advance(self, req: Request, total: int) -> None:
-        """Move ``num_scheduled`` to ``total`` and record every block that became full."""
+    def _advance(self, req: Request, total: int, chunks: list[bytes] | None = None) -> None:
+        """Move ``num_scheduled`` to ``total`` and record every block that became full.
+        ``chunks``: the prompt's full-block token bytes, when the caller has them."""
         bs = self.block_size
         first, last = req.num_scheduled // bs, total // bs
         req.num_scheduled = total
-        if not self.enable_caching:
+        if not self.enable_caching or first == last:
             return
-        pool, blocks, hashes, events = self._pool, req.blocks, req.hashes, self._events
-        for j in range(first, last):
-            chunk = token_bytes(req.tokens[j * bs:(j + 1) * bs])
-            extra = req.extra_of(j)
-            parent = hashes[j - 1] if j else self._root
-            if j == len(hashes):
-                hashes.append(self._hash(parent + chunk + extra))
-            indexed = pool.fill(blocks[j], hashes[j], blocks[j - 1].cid if j else 0, chunk, extra)
-            if indexed and events is not None:
-                events.append(BlockStored(hashes[j], hashes[j - 1] if j else None,
-                                          tuple(req.tokens[j * bs:(j + 1) * bs]),
-                                          blocks[j].block_id, req.extra))
+        extras = req.extras_for(first, last)
+        if chunks is not None:
+            hashes, chunks = req.hashes[first:last], chunks[first:last]
+        elif last <= len(req.hashes):  # a later prefill chunk: hashed at admission
+            data = token_bytes(req.tokens[first * bs:last * bs])
+            hashes = req.hashes[first:last]
+            chunks = [data[i * 4 * bs:(i + 1) * 4 * bs] for i in range(last - first)]
+        else:  # decode: the blocks after the last hashed one
+            assert first == len(req.hashes), (first, len(req.hashes))
+            parent = req.hashes[-1] if first else self._root
+            hashes, chunks = chain(self._hash, parent, token_bytes(req.tokens[first * bs:last * bs]), extras)
+            req.hashes += hashes
+        stored = self._pool.fill(req.blocks, first, hashes, chunks, extras)
+        if self._events is not None:
+            for j in stored:
+                self._events.append(BlockStored(
+                    req.hashes[j], req.hashes[j - 1] if j else None,
+                    tuple(req.tokens[j * bs:(j + 1) * bs]), req.blocks[j].block_id, req.extra))
 
     # ---- forks, free, preemption -------------------------------------------------------
 
@@ -214,7 +227,7 @@ class KVCacheManager:
         copies = tuple(BlockCopy(s.block_id, d.block_id)
                        for s, d in zip(parent.blocks[full:], child.blocks[full:]))
         self._requests[child_id] = child
-        return Fork(child_id, tuple(b.block_id for b in child.blocks), copies)
+        return Fork(child_id, tuple(map(_ID, child.blocks)), copies)
 
     def free(self, request_id: Hashable) -> None:
         """Release a finished or aborted request's blocks, tail of the chain first (so of
@@ -241,7 +254,7 @@ class KVCacheManager:
 
     def get_block_ids(self, request_id: Hashable) -> tuple[int, ...]:
         """The request's block ids in token order. Raises RequestError for an unknown id."""
-        return tuple(b.block_id for b in self._get(request_id).blocks)
+        return tuple(map(_ID, self._get(request_id).blocks))
 
     def num_scheduled_tokens(self, request_id: Hashable) -> int:
         """Tokens of the request that have slots (computed or scheduled)."""

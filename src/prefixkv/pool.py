@@ -61,76 +61,94 @@ class BlockPool:
             parent_cid = b.cid
         return hits
 
-    def touch(self, blocks: Iterable[Block]) -> None:
+    def touch(self, blocks: list[Block]) -> None:
         """Take a reference on cache hits; a free one leaves the free queue."""
-        cached = self._cached
+        self._cached.remove_all([b for b in blocks if b.ref_cnt == 0])
         for b in blocks:
-            if b.ref_cnt == 0:
-                cached.remove(b)
             b.ref_cnt += 1
 
     def take(self, n: int) -> list[Block]:
         """Hand out ``n`` free blocks with refcount 1, empty ones first, then the least
-        recently used cached ones (evicted here). The caller checks ``n <= num_free``."""
+        recently used cached ones (evicted). The caller checks ``n <= num_free``."""
         empty = self._empty
         k = min(n, len(empty))
         taken = empty[len(empty) - k:]
         del empty[len(empty) - k:]
         taken.reverse()
-        for _ in range(n - k):
-            b = self._cached.popleft()
-            self._evict(b)
-            taken.append(b)
+        if n > k:
+            taken += self._evict(n - k)
         for b in taken:
             b.ref_cnt = 1
         return taken
 
-    def _evict(self, block: Block) -> None:
-        """The eviction step: drop ``block``'s identity from the index and its content."""
-        assert block.hash is not None and self._index.get(block.hash) is block, block
-        del self._index[block.hash]
-        if self._events is not None:
-            self._events.append(BlockRemoved(block.hash, block.block_id))
-        block.clear_content()
+    def _evict(self, n: int) -> list[Block]:
+        """The eviction step, the only place an identity leaves the index: take the ``n``
+        least recently used cached free blocks and drop their identity and content."""
+        index, events = self._index, self._events
+        blocks = self._cached.popleft_n(n)
+        for b in blocks:
+            assert b.hash is not None and index.get(b.hash) is b, b
+            del index[b.hash]
+            if events is not None:
+                events.append(BlockRemoved(b.hash, b.block_id))
+            b.hash = None
+            b.cid = b.parent_cid = 0
+            b.tokens = b.extra = b""
+        return blocks
 
-    def fill(self, block: Block, h: bytes, parent_cid: int, tokens: bytes, extra: bytes) -> bool:
-        """Record the content of a block that just became full, and index it under ``h``
-        unless ``h`` is taken. Returns True when the block was indexed (findable).
+    def fill(self, blocks: list[Block], first: int, hashes: Sequence[bytes],
+             chunks: Sequence[bytes], extras: Sequence[bytes]) -> list[int]:
+        """Record the content of ``blocks[first:first + len(hashes)]``, which just became
+        full (their parents are the blocks before them), and index each under its hash
+        unless the hash is taken. Returns the positions that were indexed (findable).
 
-        A taken ``h`` with equal content means a duplicate (two blocks computed the same
-        KV): the block shares the indexed one's content id so its children stay findable.
-        A taken ``h`` with other content is a hash collision: the block is not indexed."""
-        assert block.cid == 0 and block.ref_cnt > 0, block
-        existing = self._index.get(h)
-        if existing is not None and (
-            existing.parent_cid == parent_cid and existing.tokens == tokens and existing.extra == extra
-        ):
-            block.cid = existing.cid
-        else:
-            block.cid = self._next_cid
-            self._next_cid += 1
-        block.parent_cid = parent_cid
-        block.tokens = tokens
-        block.extra = extra
-        if existing is None:
-            block.hash = h
-            self._index[h] = block
-            return True
-        return False
+        A taken hash with equal content means a duplicate (two blocks computed the same
+        KV): the block shares the indexed one's content id, so its children stay
+        findable. A taken hash with other content is a collision: not indexed."""
+        index = self._index
+        cid = self._next_cid
+        parent_cid = blocks[first - 1].cid if first else 0
+        stored = []
+        for i, h in enumerate(hashes):
+            b = blocks[first + i]
+            chunk, extra = chunks[i], extras[i]
+            assert b.cid == 0 and b.ref_cnt > 0, b
+            existing = index.get(h)
+            if existing is None:
+                b.cid = cid
+                cid += 1
+                b.hash = h
+                index[h] = b
+                stored.append(first + i)
+            elif existing.parent_cid == parent_cid and existing.tokens == chunk and existing.extra == extra:
+                b.cid = existing.cid
+            else:
+                b.cid = cid
+                cid += 1
+            b.parent_cid = parent_cid
+            b.tokens = chunk
+            b.extra = extra
+            parent_cid = b.cid
+        self._next_cid = cid
+        return stored
 
     def release(self, blocks: Iterable[Block]) -> None:
         """Drop one reference on each block, in the order given. A block reaching 0 joins
-        the free queue: cached ones as most recently used (so of blocks released together
-        the first given is evicted first), the rest into the empty tier."""
+        the free queue: cached ones as most recently used, in the order given (so of
+        blocks released together the first given is evicted first), the rest into the
+        empty tier."""
+        to_cache = []
+        empty = self._empty
         for b in blocks:
             assert b.ref_cnt > 0, b
             b.ref_cnt -= 1
             if b.ref_cnt == 0:
                 if b.hash is not None:
-                    self._cached.append(b)
+                    to_cache.append(b)
                 else:
                     b.clear_content()
-                    self._empty.append(b)
+                    empty.append(b)
+        self._cached.extend(to_cache)
 
     def reset(self) -> bool:
         """Drop all cached content if no block is in use; returns whether it did."""

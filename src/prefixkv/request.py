@@ -40,6 +40,11 @@ class Request:
     def extra_of(self, j: int) -> bytes:
         return self.extras[j] if j < len(self.extras) else self.base
 
+    def extras_for(self, first: int, last: int) -> list[bytes]:
+        """Extra-key encodings of blocks ``first..last-1``."""
+        out = self.extras[first:last]
+        return out + [self.base] * (last - first - len(out))
+
     def copy(self, request_id: Hashable) -> Request:
         """A child with the same tokens, keys and hashes; blocks are set by the caller."""
         child = Request.__new__(Request)

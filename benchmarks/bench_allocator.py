@@ -1,0 +1,140 @@
+"""The allocator's own cost (SPEC §4): µs per admission, µs per decoded token, ns per
+hashed token, for pools of 10k and 1M blocks, at 0% and 100% prefix hit rate.
+
+    python benchmarks/bench_allocator.py [--quick] [--out benchmarks/results]
+
+Each figure is the median over repeats of a steady-state loop (admit, then free, so the
+pool keeps evicting on misses). Budgets: 2k-token admission <= 100 µs, 32k <= 1.5 ms,
+decode <= 1 µs/token, flat in pool size.
+"""
+
+from __future__ import annotations
+
+import argparse
+from array import array
+import json
+import platform
+import random
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from prefixkv import KVCacheManager, PagedAllocator
+from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
+
+BS = 16
+BUDGET_US = {2048: 100.0, 32768: 1500.0}
+
+
+def prompts(rng, n_tokens, count):
+    """``count`` random prompts of 16-bit token ids (fast to make)."""
+    return [list(array("H", rng.randbytes(2 * n_tokens))) for _ in range(count)]
+
+
+def admit_us(m, prompts):
+    """Median µs of add_request over ``prompts`` (each freed right after, so a pool in
+    steady state: on misses every admission evicts what the previous ones cached)."""
+    samples = []
+    for i, p in enumerate(prompts):
+        t0 = time.perf_counter_ns()
+        adm = m.add_request(i, p)
+        samples.append(time.perf_counter_ns() - t0)
+        assert adm is not None
+        m.free(i)
+    return statistics.median(samples) / 1e3
+
+
+def decode_us_per_token(m, n_tokens, rng):
+    m.add_request("d", [rng.randrange(32000) for _ in range(100)])
+    toks = [[rng.randrange(32000)] for _ in range(n_tokens)]
+    t0 = time.perf_counter_ns()
+    for t in toks:
+        m.append_tokens("d", t)
+    dt = time.perf_counter_ns() - t0
+    m.free("d")
+    return dt / n_tokens / 1e3
+
+
+def hash_ns_per_token(n_tokens, mode, rng):
+    fn, root = make_hash_fn(mode, 0)
+    [prompt] = prompts(rng, n_tokens, 1)
+    t0 = time.perf_counter_ns()
+    for _ in range(20):
+        data = token_bytes(encode_tokens(prompt))
+        chain(fn, root, data, [b""] * (n_tokens // BS))
+    return (time.perf_counter_ns() - t0) / 20 / n_tokens
+
+
+def run(pool_sizes, quick):
+    rng = random.Random(0)
+    rows = []
+    for num_blocks in pool_sizes:
+        t0 = time.perf_counter()
+        managers = {
+            "prefixkv xxhash": KVCacheManager(num_blocks, BS, seed=0),
+            "prefixkv sha256": KVCacheManager(num_blocks, BS, hash_mode="sha256"),
+            "paged, no caching": PagedAllocator(num_blocks, BS),
+        }
+        build_s = time.perf_counter() - t0
+        for name, m in managers.items():
+            for n in (2048, 32768):
+                count = (40 if quick else 200) * 2048 // n
+                miss = admit_us(m, prompts(rng, n, count))
+                hit = admit_us(m, prompts(rng, n, 1) * count)
+                rows.append(dict(pool_blocks=num_blocks, allocator=name, prompt_tokens=n,
+                                 miss_us=round(miss, 1), hit_us=round(hit, 1),
+                                 budget_us=BUDGET_US[n]))
+            rows.append(dict(pool_blocks=num_blocks, allocator=name, prompt_tokens=0,
+                             decode_us_per_token=round(decode_us_per_token(
+                                 m, 20000 if quick else 100000, rng), 3)))
+        print(f"pool {num_blocks}: built in {build_s:.2f} s", flush=True)
+    hashing = {mode: round(hash_ns_per_token(32768, mode, rng), 1) for mode in ("xxhash", "sha256")}
+    return rows, hashing
+
+
+def markdown(rows, hashing, meta):
+    lines = [f"# Allocator cost ({meta['machine']}, Python {meta['python']}, commit {meta['commit']})",
+             "", f"Command: `{meta['command']}`", "",
+             "| pool blocks | allocator | prompt | admit, 0% hit (µs) | admit, 100% hit (µs) | budget (µs) |",
+             "|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        if r["prompt_tokens"]:
+            lines.append(f"| {r['pool_blocks']:,} | {r['allocator']} | {r['prompt_tokens']:,} | "
+                         f"{r['miss_us']} | {r['hit_us']} | {r['budget_us']:g} |")
+    lines += ["", "| pool blocks | allocator | decode (µs/token, budget 1) |", "|---:|---|---:|"]
+    for r in rows:
+        if not r["prompt_tokens"]:
+            lines.append(f"| {r['pool_blocks']:,} | {r['allocator']} | {r['decode_us_per_token']} |")
+    lines += ["", "Hashing (encode + chain, 32k tokens): "
+              + ", ".join(f"{k} {v} ns/token" for k, v in hashing.items()), ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer repeats, 10k-block pool only")
+    ap.add_argument("--out", default="benchmarks/results", help="folder for allocator-cpu.{json,md}")
+    args = ap.parse_args()
+    pools = [10_000] if args.quick else [10_000, 1_000_000]
+    rows, hashing = run(pools, args.quick)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    meta = dict(machine=f"{platform.processor() or platform.machine()}, {_cores()} cores",
+                python=platform.python_version(), commit=commit,
+                command="python benchmarks/bench_allocator.py" + (" --quick" if args.quick else ""))
+    md = markdown(rows, hashing, meta)
+    print(md)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "allocator-cpu.json").write_text(json.dumps(dict(meta=meta, rows=rows, hashing_ns_per_token=hashing), indent=1))
+    (out / "allocator-cpu.md").write_text(md)
+
+
+def _cores() -> int:
+    import os
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+if __name__ == "__main__":
+    main()
