@@ -32,7 +32,11 @@ def encode_tokens(token_ids: Sequence[int], vocab_size: int | None = None) -> ar
     token store). Raises TokenError for an id outside [0, 2**32) or >= ``vocab_size``,
     or a non-integer."""
     try:
-        arr = array(_TYPECODE, token_ids)
+        if isinstance(token_ids, list):
+            arr = array(_TYPECODE)
+            arr.fromlist(token_ids)  # faster than array(typecode, list)
+        else:
+            arr = array(_TYPECODE, token_ids)
     except (OverflowError, TypeError) as exc:
         raise TokenError(f"token ids must be ints in [0, 2**32): {exc}") from None
     if vocab_size is not None and arr and max(arr) >= vocab_size:
@@ -86,15 +90,13 @@ def chain(fn: HashFn, parent: bytes, data: bytes, extras: Sequence[bytes]) -> tu
     """Hash ``len(extras)`` consecutive full blocks whose token bytes are ``data``, the
     first one's parent being ``parent``; ``extras[i]`` is block i's extra-key encoding.
     Returns ``(hashes, chunks)``: each block's digest and its token bytes."""
-    hashes: list[bytes] = []
-    chunks: list[bytes] = []
-    step = len(data) // len(extras) if extras else 0
+    if not extras:
+        return [], []
+    step = len(data) // len(extras)
+    chunks = [data[o:o + step] for o in range(0, len(data), step)]
     h = parent
-    off = 0
-    for extra in extras:
-        chunk = data[off:off + step]
-        h = fn(h + chunk + extra) if extra else fn(h + chunk)
-        hashes.append(h)
-        chunks.append(chunk)
-        off += step
+    if any(extras):
+        hashes = [h := fn(h + c + e) for c, e in zip(chunks, extras)]
+    else:  # the common case, kept free of per-block concatenation with b""
+        hashes = [h := fn(h + c) for c in chunks]
     return hashes, chunks

@@ -109,9 +109,10 @@ class KVCacheManager:
         if num_new_tokens is not None:
             todo = min(todo, num_new_tokens)
         need = -(-(num_cached + todo) // bs) - len(hits)
-        if need > self._pool.num_free - sum(1 for b in hits if b.ref_cnt == 0):
+        free_hits = [b for b in hits if b.ref_cnt == 0]
+        if need > self._pool.num_free - len(free_hits):
             return None
-        self._pool.touch(hits)
+        self._pool.touch(hits, free_hits)
         req.blocks = hits + self._pool.take(need)
         req.num_scheduled = num_cached
         self._advance(req, num_cached + todo, chunks)
@@ -222,7 +223,7 @@ class KVCacheManager:
             return None
         child = parent.copy(child_id)
         shared = parent.blocks[:full]
-        self._pool.touch(shared)
+        self._pool.touch(shared, [])  # held by the parent: none is free
         child.blocks = shared + self._pool.take(partial)
         copies = tuple(BlockCopy(s.block_id, d.block_id)
                        for s, d in zip(parent.blocks[full:], child.blocks[full:]))

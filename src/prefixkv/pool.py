@@ -61,9 +61,10 @@ class BlockPool:
             parent_cid = b.cid
         return hits
 
-    def touch(self, blocks: list[Block]) -> None:
-        """Take a reference on cache hits; a free one leaves the free queue."""
-        self._cached.remove_all([b for b in blocks if b.ref_cnt == 0])
+    def touch(self, blocks: list[Block], free: list[Block]) -> None:
+        """Take a reference on cache hits; ``free``, those of them with no reference
+        (the caller has them at hand), leave the free queue."""
+        self._cached.remove_all(free)
         for b in blocks:
             b.ref_cnt += 1
 
