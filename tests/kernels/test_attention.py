@@ -15,6 +15,7 @@ from prefixkv.kernels import paged_prefill_attention, paged_prefill_attention_re
 from prefixkv.kernels.tiling import TileConfig
 
 from .cases import make_case, tolerance
+from .conftest import PRIMARY_DEVICE
 
 pytestmark = pytest.mark.usefixtures("needs_triton")
 
@@ -138,5 +139,6 @@ def test_random_batches(data, batch, block_size, group, window, softcap):
     q_lens = [data.draw(st.integers(0, 24)) for _ in range(batch)]
     kv_lens = [q + data.draw(st.sampled_from([0, 1, 17, 54, 97])) for q in q_lens]
     seed = data.draw(st.integers(0, 2**16))
-    case = make_case(q_lens, kv_lens, num_kv_heads=1, group=group, block_size=block_size, seed=seed)
+    case = make_case(q_lens, kv_lens, num_kv_heads=1, group=group, block_size=block_size, seed=seed,
+                     device=PRIMARY_DEVICE)
     check(case, torch.float32, window_size=window, softcap=softcap)

@@ -8,6 +8,7 @@ import torch
 from prefixkv.kernels import BackendError, paged_prefill_attention, resolve_backend, use_backend
 
 from .cases import make_case
+from .conftest import PRIMARY_DEVICE
 
 
 def test_auto_picks_the_reference_on_cpu_and_triton_on_cuda():
@@ -17,11 +18,12 @@ def test_auto_picks_the_reference_on_cpu_and_triton_on_cuda():
 
 
 def test_use_backend_sets_the_default_and_restores_it(needs_triton):
+    device = torch.device(PRIMARY_DEVICE)
     with use_backend("triton"):
-        assert resolve_backend(None, torch.device("cpu")) == "triton"
+        assert resolve_backend(None, device) == "triton"
         with use_backend("torch"):
-            assert resolve_backend(None, torch.device("cpu")) == "torch"
-        assert resolve_backend("torch", torch.device("cpu")) == "torch"  # explicit wins
+            assert resolve_backend(None, device) == "torch"
+        assert resolve_backend("torch", device) == "torch"  # explicit wins
     assert resolve_backend(None, torch.device("cpu")) == "torch"
 
 
@@ -32,7 +34,7 @@ def test_forced_triton_runs_the_kernel(needs_triton, monkeypatch):
     real = attention.paged_prefill_attention_triton
     monkeypatch.setattr(attention, "paged_prefill_attention_triton",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
-    case = make_case([2], [9], head_dim=16, block_size=4)
+    case = make_case([2], [9], head_dim=16, block_size=4, device=PRIMARY_DEVICE)
     with use_backend("triton"):
         paged_prefill_attention(*case.args)
     assert calls == [1]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import HAS_CUDA, triton_skip_reason
+from .conftest import PRIMARY_DEVICE, triton_skip_reason
 
 SCRIPT = textwrap.dedent(
     """
@@ -56,9 +56,8 @@ SCRIPT = textwrap.dedent(
 def test_cache_over_two_to_the_31_elements():
     src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    device = "cuda" if HAS_CUDA else "cpu"
-    if not HAS_CUDA:
+    if PRIMARY_DEVICE == "cpu":
         env["TRITON_INTERPRET"] = "1"
-    run = subprocess.run([sys.executable, "-c", SCRIPT, device], env=env, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-c", SCRIPT, PRIMARY_DEVICE], env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr

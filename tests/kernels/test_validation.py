@@ -7,7 +7,7 @@ import torch
 
 from prefixkv.kernels import DeviceError, DtypeError, ShapeError, UnsupportedError, paged_prefill_attention
 
-from .conftest import triton_skip_reason
+from .conftest import PRIMARY_DEVICE, triton_skip_reason
 from .cases import make_case
 
 BACKENDS = [
@@ -18,7 +18,8 @@ BACKENDS = [
 
 
 def _case():
-    return make_case([2, 1], [5, 3], num_kv_heads=2, group=2, head_dim=16, block_size=4)
+    return make_case([2, 1], [5, 3], num_kv_heads=2, group=2, head_dim=16, block_size=4,
+                     device=PRIMARY_DEVICE)
 
 
 def _replace(args, index, value):
@@ -38,12 +39,12 @@ BAD_CALLS = {
     "seqused_k size": (ShapeError, r"seqused_k must be \[2\]", lambda a, k: (_replace(a, 5, a[5][:1]), k)),
     "block_table rows": (ShapeError, r"block_table must be \[2,", lambda a, k: (_replace(a, 3, a[3][:1]), k)),
     "max_seqlen_k capacity": (ShapeError, "block_table capacity", lambda a, k: (_replace(a, 7, 1000), k)),
-    "out shape": (ShapeError, "out shape", lambda a, k: (a, {**k, "out": torch.empty(3, 4, 8)})),
+    "out shape": (ShapeError, "out shape", lambda a, k: (a, {**k, "out": torch.empty(3, 4, 8, device=a[0].device)})),
     "q dtype": (DtypeError, "q dtype", lambda a, k: (_replace(a, 0, a[0].half()), k)),
     "cache dtype": (DtypeError, "k_cache/v_cache dtypes", lambda a, k: (_replace(a, 2, a[2].double()), k)),
     "int64 block table": (DtypeError, "block_table dtype", lambda a, k: (_replace(a, 3, a[3].long()), k)),
     "int64 seqused": (DtypeError, "seqused_k dtype", lambda a, k: (_replace(a, 5, a[5].long()), k)),
-    "out dtype": (DtypeError, "out dtype", lambda a, k: (a, {**k, "out": torch.empty(3, 4, 16).half()})),
+    "out dtype": (DtypeError, "out dtype", lambda a, k: (a, {**k, "out": torch.empty(3, 4, 16, device=a[0].device).half()})),
     "device": (DeviceError, "meta", lambda a, k: (_replace(a, 3, a[3].to("meta")), k)),
     "head_dim 12": (UnsupportedError, "head_dim 12", lambda a, k: (
         [a[0][..., :12], a[1][..., :12], a[2][..., :12], *a[3:]], k)),

@@ -7,6 +7,8 @@ import torch
 
 from prefixkv.kernels import DtypeError, ShapeError, write_kv_cache, write_kv_cache_reference
 
+from .conftest import PRIMARY_DEVICE
+
 
 SENTINEL = 7.0
 
@@ -55,11 +57,11 @@ def test_triton_write_of_no_tokens_is_a_no_op(needs_triton, device):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_write_rejects_bad_arguments_before_writing(needs_triton, backend):
-    k_cache, v_cache = _caches(2, 4, 2, 8, torch.float32, "cpu")
-    key = torch.randn(3, 2, 8)
-    slots = torch.tensor([0, 1, 2])
+    k_cache, v_cache = _caches(2, 4, 2, 8, torch.float32, PRIMARY_DEVICE)
+    key = torch.randn(3, 2, 8, device=PRIMARY_DEVICE)
+    slots = torch.tensor([0, 1, 2], device=PRIMARY_DEVICE)
     with pytest.raises(ShapeError, match=r"\[num_tokens, 2, 8\]"):
-        write_kv_cache(torch.randn(3, 1, 8), key, k_cache, v_cache, slots, backend=backend)
+        write_kv_cache(key[:, :1], key, k_cache, v_cache, slots, backend=backend)
     with pytest.raises(ShapeError, match="slot_mapping"):
         write_kv_cache(key, key, k_cache, v_cache, slots[:2], backend=backend)
     with pytest.raises(ShapeError, match="value has 2"):
