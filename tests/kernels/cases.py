@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from prefixkv.kernels import build_block_table, build_cu_seqlens_q
+from prefixkv.kernels import build_block_table, build_cu_seqlens_q, paged_prefill_attention_reference
 
 
 @dataclass
@@ -92,3 +92,14 @@ def tolerance(dtype: torch.dtype) -> dict:
         torch.float16: dict(atol=5e-3, rtol=1e-2),
         torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
     }[dtype]
+
+
+def check(case, dtype, config=None, **options):
+    """Run both backends on ``case`` and compare outputs and LSE."""
+    from prefixkv.kernels.attention import paged_prefill_attention_triton  # imports triton
+
+    got, got_lse = paged_prefill_attention_triton(*case.args, return_lse=True, config=config, **options)
+    want, want_lse = paged_prefill_attention_reference(*case.args, return_lse=True, **options)
+    assert not got.isnan().any(), "NaN in the output: a masked or unused key leaked"
+    torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
+    torch.testing.assert_close(got_lse, want_lse, **tolerance(dtype))

@@ -14,21 +14,10 @@ from hypothesis import strategies as st
 from prefixkv.kernels import paged_prefill_attention, paged_prefill_attention_reference
 from prefixkv.kernels.tiling import TileConfig
 
-from .cases import make_case, tolerance
+from .cases import check, make_case, tolerance
 from .conftest import PRIMARY_DEVICE
 
 pytestmark = pytest.mark.usefixtures("needs_triton")
-
-
-def check(case, dtype, config=None, **options):
-    """Run both backends on ``case`` and compare outputs and LSE."""
-    from prefixkv.kernels.attention import paged_prefill_attention_triton
-
-    got, got_lse = paged_prefill_attention_triton(*case.args, return_lse=True, config=config, **options)
-    want, want_lse = paged_prefill_attention_reference(*case.args, return_lse=True, **options)
-    assert not got.isnan().any(), "NaN in the output: a masked or unused key leaked"
-    torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
-    torch.testing.assert_close(got_lse, want_lse, **tolerance(dtype))
 
 
 # (q_lens, kv_lens): decode, prefill without prefix, prefix prefill, odd lengths, mixed batches
