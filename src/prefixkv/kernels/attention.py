@@ -227,7 +227,7 @@ def paged_prefill_attention_triton(
         qk_scale, softcap_log2, shape.window_left, shape.window_right, shape.batch,
         GROUP=group, GROUP_P2=group_p2, HEAD_DIM=shape.head_dim,
         DIM_P2=max(16, triton.next_power_of_2(shape.head_dim)), BLOCK_SIZE=shape.block_size,
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BATCH_P2=triton.next_power_of_2(shape.batch),
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BATCH_P2=max(16, triton.next_power_of_2(shape.batch)),
         HAS_LEFT=shape.window_left >= 0, HAS_RIGHT=shape.window_right >= 0,
         SOFTCAP=shape.softcap > 0, RETURN_LSE=return_lse,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
