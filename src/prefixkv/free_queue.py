@@ -42,7 +42,6 @@ class FreeBlockQueue:
         last = self._tail.prev
         assert last is not None
         for b in blocks:
-            assert b.prev is None and b.next is None, b
             last.next = b
             b.prev = last
             last = b
@@ -52,10 +51,10 @@ class FreeBlockQueue:
 
     def popleft_n(self, n: int) -> list[Block]:
         """Unlink and return the ``n`` least recently used blocks (``n <= len``)."""
+        assert 0 <= n <= self._len, (n, self._len)
         out = []
         node = self._head.next
         for _ in range(n):
-            assert node is not None and node is not self._tail, "pop from an empty free queue"
             out.append(node)
             nxt = node.next
             node.prev = node.next = None
@@ -70,9 +69,8 @@ class FreeBlockQueue:
         """Unlink each of ``blocks``, which must all be in the queue."""
         for b in blocks:
             prev, nxt = b.prev, b.next
-            assert prev is not None and nxt is not None, b
-            prev.next = nxt
-            nxt.prev = prev
+            prev.next = nxt  # type: ignore[union-attr]
+            nxt.prev = prev  # type: ignore[union-attr]
             b.prev = b.next = None
         self._len -= len(blocks)
 
