@@ -114,3 +114,12 @@ def test_contiguous_allocator_errors():
         a.add_request("x", [1])
     with pytest.raises(RequestError):
         a.free("y")
+
+
+@pytest.mark.parametrize("bad", [[-1], [2**32], [1.5], ["x"]])
+def test_single_token_decode_path_rejects_bad_ids_without_change(bad):
+    m = KVCacheManager(4, 4, seed=0)   # no vocab_size: the one-token fast path
+    m.add_request("a", [1, 2, 3, 4, 5])
+    with pytest.raises(TokenError):
+        m.append_tokens("a", bad)
+    assert m.num_scheduled_tokens("a") == 5 and m.preempt("a") == (1, 2, 3, 4, 5)

@@ -153,14 +153,22 @@ class KVCacheManager:
         changed). Raises RequestError (unknown id, or prefill not fully scheduled),
         TokenError (bad ids)."""
         req = self._get(request_id)
-        if req.num_scheduled != len(req.tokens):
+        n, bs = req.num_scheduled, self.block_size
+        if n != len(req.tokens):
             raise RequestError(
-                f"request {request_id!r} has {len(req.tokens) - req.num_scheduled} prompt "
+                f"request {request_id!r} has {len(req.tokens) - n} prompt "
                 f"tokens not yet scheduled: call extend() before append_tokens()")
+        if len(token_ids) == 1 and 0 < n % bs < bs - 1 and self.vocab_size is None:
+            # the hot path: one token into a block that has room and does not fill
+            try:
+                req.tokens.append(token_ids[0])  # validates the range, atomically
+            except (OverflowError, TypeError) as exc:
+                raise TokenError(f"token ids must be ints in [0, 2**32): {exc}") from None
+            req.num_scheduled = n + 1
+            return _NONE
         new = encode_tokens(token_ids, self.vocab_size)
-        total = req.num_scheduled + len(new)
-        bs = self.block_size
-        if total <= len(req.blocks) * bs and total // bs == req.num_scheduled // bs:
+        total = n + len(new)
+        if total <= len(req.blocks) * bs and total // bs == n // bs:
             req.tokens.extend(new)  # fast path: no new block, no block becomes full
             req.num_scheduled = total
             return _NONE
