@@ -35,3 +35,13 @@ def check_positive(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{name} must be a positive int, got {value!r}")
     return value
+
+
+def check_count(name: str, value: object, low: int, high: int | None) -> int:
+    """Return ``value`` if it is an int in ``[low, high]`` (``high`` None: unbounded);
+    raise PrefixKVError naming the valid range otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (
+            high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise PrefixKVError(f"{name} must be an int in {bound}, got {value!r}")
+    return value

@@ -14,18 +14,18 @@ may share it. The partial last block is never shared and never cached.
 from __future__ import annotations
 
 from array import array
-from operator import attrgetter
 from collections.abc import Hashable, Sequence
+from operator import attrgetter
 
-from .errors import PrefixKVError, RequestError, TokenError, check_positive
+from .block import Block
+from .errors import RequestError, TokenError, check_count, check_positive
 from .events import BlockStored, Event
 from .extra_keys import ExtraKeys, check_extra
-from .hashing import HashFn, chain, encode_tokens, make_hash_fn, token_bytes
-from .block import Block
+from .hashing import HashFn, encode_tokens, make_hash_fn
 from .pool import BlockPool
 from .request import Request
 from .results import Admission, BlockCopy, Fork
-from .stats import PrefixCacheStats
+from .stats import PrefixCacheStats, StatsCounter
 
 _NONE: tuple[int, ...] = ()
 _ID = attrgetter("block_id")
@@ -66,8 +66,7 @@ class KVCacheManager:
         self._events: list[Event] | None = [] if enable_events else None
         self._pool = BlockPool(num_blocks, self._events)
         self._requests: dict[Hashable, Request] = {}
-        self._stats = PrefixCacheStats()
-        self._taken = PrefixCacheStats()
+        self._stats = StatsCounter()
 
     # ---- admission -------------------------------------------------------------------
 
@@ -94,16 +93,13 @@ class KVCacheManager:
             raise TokenError("the prompt is empty: at least one token is needed")
         extra = check_extra(extra, n)
         if num_new_tokens is not None:
-            _check_count("num_new_tokens", num_new_tokens, 1, None)
+            check_count("num_new_tokens", num_new_tokens, 1, None)
         bs = self.block_size
         req = Request(request_id, tokens, extra, bs)
         hits: list[Block] = []
-        chunks: list[bytes] = []
         if self.enable_caching:
-            full = n // bs
-            req.hashes, chunks = chain(
-                self._hash, self._root, token_bytes(tokens)[:4 * bs * full], req.extras[:full])
-            hits = self._pool.lookup(req.hashes, chunks, req.extras, (n - 1) // bs)
+            req.hash_through(self._hash, self._root, n // bs)
+            hits = self._pool.lookup(req.hashes, req.chunks, req.extras, (n - 1) // bs)
         num_cached = len(hits) * bs
         todo = n - num_cached
         if num_new_tokens is not None:
@@ -115,10 +111,9 @@ class KVCacheManager:
         self._pool.touch(hits, free_hits)
         req.blocks = hits + self._pool.take(need)
         req.num_scheduled = num_cached
-        self._advance(req, num_cached + todo, chunks)
+        self._advance(req, num_cached + todo)
         self._requests[request_id] = req
-        self._stats = PrefixCacheStats(
-            self._stats.requests + 1, self._stats.queries + n, self._stats.hits + num_cached)
+        self._stats.record(n, num_cached)
         return Admission(request_id, tuple(map(_ID, req.blocks)), num_cached, todo)
 
     def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
@@ -132,9 +127,8 @@ class KVCacheManager:
         bs = self.block_size
         req = Request(None, tokens, check_extra(extra, len(tokens)), bs)
         limit = (len(tokens) - 1) // bs
-        hashes, chunks = chain(self._hash, self._root, token_bytes(tokens[:limit * bs]),
-                               req.extras[:limit])
-        return len(self._pool.lookup(hashes, chunks, req.extras, limit)) * bs
+        req.hash_through(self._hash, self._root, limit)
+        return len(self._pool.lookup(req.hashes, req.chunks, req.extras, limit)) * bs
 
     # ---- growth ----------------------------------------------------------------------
 
@@ -143,7 +137,7 @@ class KVCacheManager:
         Returns the ids of blocks added, or None on shortage (nothing changed).
         Raises RequestError (unknown id), PrefixKVError (count outside 1..unscheduled)."""
         req = self._get(request_id)
-        _check_count("num_new_tokens", num_new_tokens, 1, len(req.tokens) - req.num_scheduled)
+        check_count("num_new_tokens", num_new_tokens, 1, len(req.tokens) - req.num_scheduled)
         return self._grow(req, req.num_scheduled + num_new_tokens)
 
     def append_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> tuple[int, ...] | None:
@@ -186,27 +180,16 @@ class KVCacheManager:
         self._advance(req, total)
         return tuple(map(_ID, new))
 
-    def _advance(self, req: Request, total: int, chunks: list[bytes] | None = None) -> None:
-        """Move ``num_scheduled`` to ``total`` and record every block that became full.
-        ``chunks``: the prompt's full-block token bytes, when the caller has them."""
+    def _advance(self, req: Request, total: int) -> None:
+        """Move ``num_scheduled`` to ``total`` and record every block that became full."""
         bs = self.block_size
         first, last = req.num_scheduled // bs, total // bs
         req.num_scheduled = total
         if not self.enable_caching or first == last:
             return
-        extras = req.extras_for(first, last)
-        if chunks is not None:
-            hashes, chunks = req.hashes[first:last], chunks[first:last]
-        elif last <= len(req.hashes):  # a later prefill chunk: hashed at admission
-            data = token_bytes(req.tokens[first * bs:last * bs])
-            hashes = req.hashes[first:last]
-            chunks = [data[i * 4 * bs:(i + 1) * 4 * bs] for i in range(last - first)]
-        else:  # decode: the blocks after the last hashed one
-            assert first == len(req.hashes), (first, len(req.hashes))
-            parent = req.hashes[-1] if first else self._root
-            hashes, chunks = chain(self._hash, parent, token_bytes(req.tokens[first * bs:last * bs]), extras)
-            req.hashes += hashes
-        stored = self._pool.fill(req.blocks, first, hashes, chunks, extras)
+        req.hash_through(self._hash, self._root, last)  # decode: the newly full blocks
+        stored = self._pool.fill(req.blocks, first, req.hashes[first:last],
+                                 req.chunks[first:last], req.extras_for(first, last))
         if self._events is not None:
             for j in stored:
                 self._events.append(BlockStored(
@@ -289,13 +272,11 @@ class KVCacheManager:
     @property
     def stats(self) -> PrefixCacheStats:
         """Cumulative prefix-cache statistics since creation."""
-        return self._stats
+        return self._stats.total
 
     def take_stats(self) -> PrefixCacheStats:
         """Statistics since the previous ``take_stats`` (get-and-reset)."""
-        s, t = self._stats, self._taken
-        self._taken = s
-        return PrefixCacheStats(s.requests - t.requests, s.queries - t.queries, s.hits - t.hits)
+        return self._stats.take()
 
     def take_events(self) -> list[Event]:
         """Events since the previous call, oldest first (empty unless ``enable_events``)."""
@@ -332,9 +313,3 @@ class KVCacheManager:
         if taken:
             raise RequestError(f"request {request_id!r} is already live")
 
-
-def _check_count(name: str, value: object, low: int, high: int | None) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low or (
-            high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise PrefixKVError(f"{name} must be an int in {bound}, got {value!r}")

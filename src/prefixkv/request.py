@@ -8,24 +8,25 @@ from collections.abc import Hashable
 from .block import Block
 from .errors import InvariantError
 from .extra_keys import ExtraKeys
-from .hashing import token_bytes
+from .hashing import HashFn, chain, token_bytes
 
 
 class Request:
     """``tokens``: every known token id (prompt, then generated), uint32.
-    ``blocks``: blocks covering ``[0, num_scheduled)``. ``hashes``: chain hashes of full
-    blocks, at least those full within ``num_scheduled`` (the prompt's are computed at
-    admission). ``extras``: each prompt block's extra-key encoding; blocks past the
-    prompt use ``base``."""
+    ``blocks``: blocks covering ``[0, num_scheduled)``. ``hashes``/``chunks``: chain hash
+    and token bytes of full blocks, at least those full within ``num_scheduled`` (the
+    prompt's are computed at admission). ``extras``: each prompt block's extra-key
+    encoding; blocks past the prompt use ``base``."""
 
-    __slots__ = ("request_id", "tokens", "extra", "base", "extras", "blocks", "hashes",
-                 "num_scheduled")
+    __slots__ = ("request_id", "tokens", "extra", "block_size", "base", "extras", "blocks",
+                 "hashes", "chunks", "num_scheduled")
 
     def __init__(self, request_id: Hashable, tokens: array, extra: ExtraKeys | None,
                  block_size: int) -> None:
         self.request_id = request_id
         self.tokens = tokens
         self.extra = extra
+        self.block_size = block_size
         num_prompt_blocks = -(-len(tokens) // block_size)
         if extra is None:
             self.base = b""
@@ -35,7 +36,20 @@ class Request:
             self.extras = extra.block_bytes(num_prompt_blocks, block_size)
         self.blocks: list[Block] = []
         self.hashes: list[bytes] = []
+        self.chunks: list[bytes] = []
         self.num_scheduled = 0
+
+    def hash_through(self, fn: HashFn, root: bytes, last: int) -> None:
+        """Extend ``hashes`` and ``chunks`` to cover full blocks ``0..last-1``."""
+        first = len(self.hashes)
+        if first >= last:
+            return
+        bs = self.block_size
+        hashes, chunks = chain(fn, self.hashes[-1] if first else root,
+                               token_bytes(self.tokens[first * bs:last * bs]),
+                               self.extras_for(first, last))
+        self.hashes += hashes
+        self.chunks += chunks
 
     def extra_of(self, j: int) -> bytes:
         return self.extras[j] if j < len(self.extras) else self.base
@@ -51,8 +65,10 @@ class Request:
         child.request_id = request_id
         child.tokens = array(self.tokens.typecode, self.tokens)
         child.extra, child.base, child.extras = self.extra, self.base, self.extras
+        child.block_size = self.block_size
         child.blocks = []
         child.hashes = list(self.hashes)
+        child.chunks = list(self.chunks)
         child.num_scheduled = self.num_scheduled
         return child
 

@@ -23,3 +23,23 @@ class PrefixCacheStats:
         return PrefixCacheStats(
             self.requests + other.requests, self.queries + other.queries, self.hits + other.hits
         )
+
+
+class StatsCounter:
+    """Cumulative counts, with a get-and-reset view for per-step metrics."""
+
+    __slots__ = ("total", "_taken")
+
+    def __init__(self) -> None:
+        self.total = PrefixCacheStats()
+        self._taken = PrefixCacheStats()
+
+    def record(self, queries: int, hits: int) -> None:
+        t = self.total
+        self.total = PrefixCacheStats(t.requests + 1, t.queries + queries, t.hits + hits)
+
+    def take(self) -> PrefixCacheStats:
+        """Counts since the previous ``take``."""
+        s, t = self.total, self._taken
+        self._taken = s
+        return PrefixCacheStats(s.requests - t.requests, s.queries - t.queries, s.hits - t.hits)
