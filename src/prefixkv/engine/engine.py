@@ -1,0 +1,212 @@
+"""The engine loop: schedule, run the model, sample, fork, finish, record.
+
+One ``step()``::
+
+    schedule (allocate / preempt)  ->  copy forked blocks  ->  forward pass
+    ->  sample where a sequence's known tokens are all computed  ->  fork n > 1 samples
+    after their first token  ->  free finished sequences  ->  drain stats and events
+
+Generated blocks are cached by the allocator as ``append_tokens`` fills them; the engine
+only has to append every sampled token.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Hashable, Sequence as Seq
+
+import torch
+
+from prefixkv.baselines import Allocator
+from prefixkv.extra_keys import ExtraKeys
+from prefixkv.manager import KVCacheManager
+
+from .model import LlamaConfig, TinyLlama
+from .outputs import GenerateResult, RequestMetrics, RequestOutput, SampleOutput, StepRecord
+from .runner import ModelRunner, SeqBatchEntry
+from .scheduler import Scheduler
+from .sequence import SamplingParams, Sequence, Status
+
+
+class Engine:
+    """Continuous batching of requests over ``runner`` with blocks from ``allocator``.
+
+    Args:
+        runner: owns the model and a cache of at least ``allocator.num_blocks`` blocks of
+            ``allocator.block_size`` slots.
+        allocator: ``KVCacheManager`` (caching on or off) or any ``prefixkv.Allocator``.
+        max_num_seqs: running sequences at most. max_num_batched_tokens: token budget of
+            a step. chunked_prefill: split prompts over steps (needs ``extend``).
+        max_model_len: a sequence stops at this many tokens (default: the model's
+            ``max_position``, or the allocator's ``max_model_len`` if smaller).
+
+    Raises ValueError when runner and allocator disagree on block size or count.
+    """
+
+    def __init__(self, runner: ModelRunner, allocator: Allocator, *, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 2048, chunked_prefill: bool = False,
+                 max_model_len: int | None = None) -> None:
+        if allocator.block_size != runner.block_size or allocator.num_blocks > runner.num_blocks:
+            raise ValueError(
+                f"allocator has {allocator.num_blocks} blocks of {allocator.block_size}; the "
+                f"runner's cache has {runner.num_blocks} blocks of {runner.block_size}")
+        self.runner = runner
+        self.allocator = allocator
+        self.scheduler = Scheduler(allocator, max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens,
+                                   chunked_prefill=chunked_prefill)
+        limits = [runner.model.cfg.max_position, max_model_len, getattr(allocator, "max_model_len", None)]
+        self.max_model_len = min(x for x in limits if x is not None)
+        self._groups: dict[Hashable, list[Sequence]] = {}
+        self._finished: list[RequestOutput] = []
+        self._ids = itertools.count()
+        self._steps = 0
+
+    def add_request(self, prompt_token_ids: Seq[int], params: SamplingParams | None = None, *,
+                    request_id: Hashable | None = None, extra: ExtraKeys | None = None) -> Hashable:
+        """Queue a request; returns its id (a fresh int unless given). Its sequences are
+        ``(request_id, sample_index)`` in the allocator. Raises ValueError for an empty
+        prompt, one of ``max_model_len`` tokens or more, or an id in use."""
+        params = params or SamplingParams()
+        rid = next(self._ids) if request_id is None else request_id
+        if rid in self._groups:
+            raise ValueError(f"request {rid!r} is already in the engine")
+        prompt = [int(t) for t in prompt_token_ids]
+        if not 0 < len(prompt) < self.max_model_len:
+            raise ValueError(f"prompt of {len(prompt)} tokens; need 1..{self.max_model_len - 1}")
+        seq = Sequence(rid, 0, prompt, params, extra, time.perf_counter())
+        self._groups[rid] = [seq]
+        self.scheduler.waiting.append(seq)
+        return rid
+
+    def has_unfinished(self) -> bool:
+        return bool(self._groups)
+
+    def take_finished(self) -> list[RequestOutput]:
+        """Requests finished since the previous call, in finishing order."""
+        out, self._finished = self._finished, []
+        return out
+
+    def step(self) -> StepRecord:
+        """Run one scheduling + forward + sampling step; see the module docstring."""
+        t0 = time.perf_counter()
+        sched, alloc = self.scheduler, self.allocator
+        batch, preempted = sched.schedule()
+        self.runner.copy_blocks(sched.take_copies())
+        num_prefill = num_decode = forks = 0
+        if batch:
+            logits = self.runner.execute([
+                SeqBatchEntry(alloc.get_block_ids(s.seq.seq_id), s.num_computed, s.new_token_ids)
+                for s in batch])
+            now = time.perf_counter()
+            for item, row in zip(batch, logits):
+                seq, n = item.seq, len(item.new_token_ids)
+                seq.num_computed += n
+                if item.is_prefill:
+                    num_prefill += n
+                    seq.num_prefill_computed += n
+                else:
+                    num_decode += n
+                if seq.first_scheduled is None:
+                    seq.first_scheduled = t0
+                if seq.num_computed < seq.num_known:
+                    continue  # mid-prefill chunk: no token to sample yet
+                seq.output.append(seq.sample(row))
+                if seq.first_token is None:
+                    seq.first_token = now
+                group = self._groups[seq.request_id]
+                new = self._fork_children(seq, row) if seq.params.n > len(group) else []
+                forks += sum(c.status is Status.RUNNING for c in new)
+                for s in [seq, *new]:
+                    reason = s.finish_check(self.max_model_len)
+                    if reason is not None:
+                        self._finish(s, reason, now)
+        self._steps += 1
+        take_stats = getattr(alloc, "take_stats", None)
+        take_events = getattr(alloc, "take_events", None)
+        return StepRecord(
+            step=self._steps, num_seqs=len(batch), num_prefill_tokens=num_prefill,
+            num_decode_tokens=num_decode, preempted=tuple(preempted), forks=forks,
+            num_free_blocks=alloc.num_free_blocks,
+            usage=1.0 - alloc.num_free_blocks / alloc.num_blocks,
+            stats=take_stats() if take_stats else None,
+            events=tuple(take_events()) if take_events else (),
+            seconds=time.perf_counter() - t0)
+
+    def _fork_children(self, parent: Sequence, logits: torch.Tensor) -> list[Sequence]:
+        """Samples 1..n-1 of ``parent``'s request, each with its own first token drawn
+        from the parent's first logits, sharing its blocks through ``fork``."""
+        group = self._groups[parent.request_id]
+        children = []
+        for i in range(len(group), parent.params.n):
+            child = Sequence(parent.request_id, i, parent.prompt, parent.params, parent.extra,
+                             parent.arrival)
+            child.first_scheduled, child.first_token = parent.first_scheduled, parent.first_token
+            child.num_cached_tokens = parent.num_cached_tokens
+            child.output.append(child.sample(logits))
+            group.append(child)
+            self.scheduler.fork(parent, child)
+            children.append(child)
+        return children
+
+    def _finish(self, seq: Sequence, reason: str, now: float) -> None:
+        self.scheduler.finish(seq)
+        seq.finish_reason, seq.finished = reason, now
+        group = self._groups[seq.request_id]
+        if len(group) == seq.params.n and all(s.status is Status.FINISHED for s in group):
+            del self._groups[seq.request_id]
+            self._finished.append(_request_output(group))
+
+    def generate(self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
+                 *, extra: ExtraKeys | Seq[ExtraKeys | None] | None = None,
+                 on_step: Callable[[StepRecord], None] | None = None) -> GenerateResult:
+        """Run ``prompts`` (token id lists) to completion, together with anything already
+        queued; ``params``/``extra`` are one for all or one per prompt. ``on_step`` sees
+        every StepRecord (tests call ``check_invariants()`` there). Returns the outputs
+        of these prompts in order, every step taken and the wall time."""
+        t0 = time.perf_counter()
+        k = len(prompts)
+        ps = list(params) if isinstance(params, (list, tuple)) else [params] * k
+        xs = list(extra) if isinstance(extra, (list, tuple)) else [extra] * k
+        if len(ps) != k or len(xs) != k:
+            raise ValueError(f"{k} prompts but {len(ps)} params and {len(xs)} extra keys")
+        ids = [self.add_request(p, sp, extra=x) for p, sp, x in zip(prompts, ps, xs)]
+        steps, done = [], {}
+        while self.has_unfinished():
+            rec = self.step()
+            steps.append(rec)
+            if on_step is not None:
+                on_step(rec)
+            for out in self.take_finished():
+                done[out.request_id] = out
+        return GenerateResult(tuple(done[i] for i in ids), tuple(steps), time.perf_counter() - t0)
+
+
+def _request_output(group: list[Sequence]) -> RequestOutput:
+    head = group[0]
+    metrics = RequestMetrics(
+        num_prompt_tokens=len(head.prompt), num_cached_tokens=head.num_cached_tokens or 0,
+        num_prefill_tokens=sum(s.num_prefill_computed for s in group),
+        num_preemptions=sum(s.num_preemptions for s in group),
+        ttft=head.first_token - head.arrival, prefill_time=head.first_token - head.first_scheduled,
+        e2e=max(s.finished for s in group) - head.arrival)
+    samples = tuple(SampleOutput(s.index, tuple(s.output), s.finish_reason) for s in group)
+    return RequestOutput(head.request_id, tuple(head.prompt), samples, metrics)
+
+
+def build_engine(config: LlamaConfig | None = None, *, num_blocks: int = 256, block_size: int = 16,
+                 enable_caching: bool = True, allocator: Allocator | None = None,
+                 device: torch.device | str = "cpu", backend: str | None = None,
+                 enable_events: bool = False, **engine_kwargs) -> Engine:
+    """A TinyLlama engine in one call: model from ``config`` (defaults), a runner with
+    ``num_blocks`` x ``block_size`` caches on ``device``, and ``allocator`` or a fresh
+    ``KVCacheManager(num_blocks, block_size, enable_caching=...)``. ``engine_kwargs`` go
+    to ``Engine``."""
+    config = config or LlamaConfig()
+    if allocator is None:
+        allocator = KVCacheManager(num_blocks, block_size, enable_caching=enable_caching,
+                                   enable_events=enable_events, vocab_size=config.vocab_size)
+    runner = ModelRunner(TinyLlama(config), allocator.num_blocks, allocator.block_size,
+                         device=device, backend=backend)
+    return Engine(runner, allocator, **engine_kwargs)

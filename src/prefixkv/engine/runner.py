@@ -1,0 +1,118 @@
+"""The model runner: owns the paged K/V caches and runs one forward pass per step.
+
+Per sequence in a step it receives plain ints from the scheduler (block ids, tokens
+already in the cache, the new tokens) and lays them out as::
+
+    | cached: num_computed tokens (read from blocks) | new tokens (computed now) |
+    position:  0 ..................... num_computed-1 | num_computed .. +len(new)-1
+
+Each layer first writes every new token's K/V of the whole batch into its slot
+(``write_kv_cache``), then attends (``paged_prefill_attention``). Writing the whole
+batch before any read is what lets a request admitted in a step hit blocks that another
+request of the same step is computing (the manager indexes blocks when scheduled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from prefixkv.kernels import build_paged_batch, paged_prefill_attention, write_kv_cache
+from prefixkv.results import BlockCopy
+
+from .model import TinyLlama
+
+
+@dataclass(frozen=True, slots=True)
+class SeqBatchEntry:
+    """One sequence's share of a step: its blocks (in token order), how many of its
+    tokens are already in the cache, and the token ids computed now (at least one)."""
+
+    block_ids: Sequence[int]
+    num_computed: int
+    new_token_ids: Sequence[int]
+
+
+class ModelRunner:
+    """Runs ``model`` over paged caches of ``num_blocks`` blocks of ``block_size`` slots.
+
+    ``k_caches[l], v_caches[l]``: ``[num_blocks, block_size, num_kv_heads, head_dim]`` in the
+    model's dtype, on ``device``; their content before a slot is written is garbage (NaN
+    when ``poison=True``, to prove unwritten slots are never read).
+    The attention backend follows ``prefixkv.kernels``: Triton on CUDA tensors, the torch
+    reference on the CPU (or whatever ``backend`` names).
+    """
+
+    def __init__(self, model: TinyLlama, num_blocks: int, block_size: int, *,
+                 device: torch.device | str = "cpu", backend: str | None = None,
+                 poison: bool = False) -> None:
+        cfg = model.cfg
+        self.model = model.to(device)
+        self.device = torch.device(device)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.backend = backend
+        shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        fill = float("nan") if poison else 0.0
+        self.k_cache = torch.full(shape, fill, dtype=cfg.dtype, device=self.device)
+        self.v_cache = torch.full(shape, fill, dtype=cfg.dtype, device=self.device)
+        self.num_forward_tokens = 0
+
+    @property
+    def k_caches(self) -> list[torch.Tensor]:
+        """Per-layer views ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+        return list(self.k_cache.unbind(0))
+
+    @property
+    def v_caches(self) -> list[torch.Tensor]:
+        return list(self.v_cache.unbind(0))
+
+    def copy_blocks(self, copies: Sequence[BlockCopy]) -> None:
+        """Copy every slot of each ``src`` block into ``dst``, in all layers (the
+        copy-on-write that ``fork`` asks for). Sources are read before any write."""
+        if not copies:
+            return
+        src = torch.tensor([c.src for c in copies], dtype=torch.int64, device=self.device)
+        dst = torch.tensor([c.dst for c in copies], dtype=torch.int64, device=self.device)
+        self.k_cache[:, dst] = self.k_cache[:, src]
+        self.v_cache[:, dst] = self.v_cache[:, src]
+
+    @torch.inference_mode()
+    def execute(self, batch: Sequence[SeqBatchEntry],
+                copies: Sequence[BlockCopy] = ()) -> torch.Tensor:
+        """Make ``copies``, compute the new tokens of every entry, and return the logits
+        after each entry's last new token: ``[len(batch), vocab_size]`` fp32.
+
+        Raises prefixkv.kernels.BatchError when an entry's tokens do not fit its blocks,
+        ValueError for an empty batch or an entry without new tokens.
+        """
+        if not batch:
+            raise ValueError("execute() needs at least one sequence")
+        self.copy_blocks(copies)
+        num_new = [len(e.new_token_ids) for e in batch]
+        if min(num_new) < 1:
+            raise ValueError(f"every entry needs at least one new token, got counts {num_new}")
+        num_computed = [e.num_computed for e in batch]
+        meta = build_paged_batch([list(e.block_ids) for e in batch], num_computed, num_new,
+                                 self.block_size, device=self.device)
+        ids = [t for e in batch for t in e.new_token_ids]
+        positions = [p for e in batch for p in range(e.num_computed, e.num_computed + len(e.new_token_ids))]
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        k_caches, v_caches = self.k_caches, self.v_caches
+
+        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            # q: [total_new, num_heads, head_dim]; k, v: [total_new, num_kv_heads, head_dim]
+            write_kv_cache(k.contiguous(), v.contiguous(), k_caches[layer], v_caches[layer],
+                           meta.slot_mapping, backend=self.backend)
+            return paged_prefill_attention(
+                q.contiguous(), k_caches[layer], v_caches[layer], meta.block_table,
+                meta.cu_seqlens_q, meta.seqused_k, meta.max_seqlen_q, meta.max_seqlen_k,
+                causal=True, backend=self.backend)
+
+        hidden = self.model(input_ids, pos, attn)  # [total_new, hidden_size]
+        last = torch.tensor(num_new, device=self.device).cumsum(0) - 1  # [batch]
+        self.num_forward_tokens += len(ids)
+        return self.model.logits(hidden[last])
