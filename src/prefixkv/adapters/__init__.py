@@ -1,0 +1,4 @@
+"""Adapters that map other engines' KV-cache-manager calls onto prefixkv (pure Python).
+
+``prefixkv.adapters.vllm``: vLLM v1 ``KVCacheManager``-shaped methods.
+"""
