@@ -1,0 +1,37 @@
+"""The engine through the Triton kernels: under the Triton interpreter on the CPU (CI
+runs the suite with TRITON_INTERPRET=1), and on a CUDA device when one is present."""
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the example engine needs torch")
+
+from prefixkv.engine import LlamaConfig, SamplingParams, build_engine  # noqa: E402
+
+SMALL = LlamaConfig(vocab_size=128, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                    head_dim=32, intermediate_size=64, seed=7)
+PROMPTS = [list(range(1, 12)), list(range(1, 10)) + [40, 41, 42, 43], [5] * 17]
+PARAMS = SamplingParams(max_tokens=12, n=2, temperature=1.0, seed=1)
+
+
+def outputs(num_blocks, **kw):
+    engine = build_engine(SMALL, num_blocks=num_blocks, block_size=8, **kw)
+    result = engine.generate(PROMPTS, PARAMS, on_step=lambda r: engine.allocator.check_invariants())
+    return [[s.token_ids for s in o.samples] for o in result.outputs], result
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1 set before triton is imported")
+def test_triton_interpreter_matches_torch_reference():
+    pytest.importorskip("triton", reason="triton is not installed")
+    want, _ = outputs(64, backend="torch")
+    got, result = outputs(10, backend="triton")  # small pool: preemption and forks too
+    assert result.num_preemptions > 0
+    assert got == want
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_caching_on_and_off_agree():
+    on, res = outputs(10, device="cuda", enable_caching=True)
+    off, _ = outputs(10, device="cuda", enable_caching=False)
+    assert on == off and res.stats.hits > 0
