@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="the example engine needs torch")
 from prefixkv import BlockRemoved, BlockStored, ContiguousAllocator, KVCacheManager, PagedAllocator  # noqa: E402
 from prefixkv.engine import SamplingParams, run_chat, synthetic_conversations  # noqa: E402
 
-from .conftest import CONFIG, checker, dense_greedy  # noqa: E402
+from .helpers import CONFIG, checker, dense_greedy, make_engine, model  # noqa: E402,F401
 
 
 def prompts_with(prefix, n, suffix_len, seed=0):

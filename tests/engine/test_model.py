@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch", reason="the example engine needs torch")
 from prefixkv.engine import LlamaConfig, ModelRunner, SeqBatchEntry, TinyLlama, dense_causal_attention  # noqa: E402
 from prefixkv.results import BlockCopy  # noqa: E402
 
-from .conftest import CONFIG  # noqa: E402
+from .helpers import CONFIG, model  # noqa: E402,F401
 
 
 def dense_logits(model, tokens):

@@ -1,4 +1,6 @@
-"""Shared pieces of the engine tests. The whole folder needs torch."""
+"""Shared pieces of the engine tests (fixtures are imported by name). Needs torch: every
+test module calls importorskip before importing this, so that the folder skips cleanly
+(a conftest.py raising Skipped would break `pytest tests/engine` at startup)."""
 
 import pytest
 
