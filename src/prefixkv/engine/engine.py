@@ -99,8 +99,9 @@ class Engine:
             logits = self.runner.execute([
                 SeqBatchEntry(alloc.get_block_ids(s.seq.seq_id), s.num_computed, s.new_token_ids)
                 for s in batch])
+            greedy = logits.argmax(dim=-1).tolist()  # one host sync for the whole batch
             now = time.perf_counter()
-            for item, row in zip(batch, logits):
+            for item, row, top in zip(batch, logits, greedy):
                 seq, n = item.seq, len(item.new_token_ids)
                 seq.num_computed += n
                 if item.is_prefill:
@@ -112,7 +113,7 @@ class Engine:
                     seq.first_scheduled = t0
                 if seq.num_computed < seq.num_known:
                     continue  # mid-prefill chunk: no token to sample yet
-                seq.output.append(seq.sample(row))
+                seq.output.append(top if seq.generator is None else seq.sample(row))
                 if seq.first_token is None:
                     seq.first_token = now
                 group = self._groups[seq.request_id]
