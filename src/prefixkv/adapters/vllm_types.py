@@ -1,0 +1,74 @@
+"""The vLLM-shaped result, stats and event types handed back by
+``prefixkv.adapters.vllm.VllmKVCacheManager`` (plain data, pure Python)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BlockIds:
+    """Blocks handed back by ``allocate_slots`` (the newly allocated ones, like vLLM's
+    ``KVCacheBlocks``): ``block_ids`` in token order."""
+
+    block_ids: tuple[int, ...] = ()
+
+    def get_block_ids(self) -> tuple[list[int]]:
+        """vLLM's shape: one list per KV-cache group (prefixkv has one group)."""
+        return (list(self.block_ids),)
+
+
+@dataclass(frozen=True, slots=True)
+class ComputedBlocks:
+    """What ``get_computed_blocks`` found: ``num_tokens`` cached prompt tokens. It names
+    no block ids (difference 1 in the module docstring)."""
+
+    num_tokens: int = 0
+
+    def get_block_ids(self) -> tuple[list[int]]:
+        return ([],)
+
+
+@dataclass(slots=True)
+class VllmPrefixCacheStats:
+    """vLLM's prefix-cache stats fields: first admissions and, apart, re-admissions of
+    preempted requests; ``reset`` when the cache was reset since the previous take."""
+
+    reset: bool = False
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class VllmBlockStored:
+    """Consecutive blocks of one chain became cached: ``block_hashes[i]`` holds
+    ``token_ids[i*block_size:(i+1)*block_size]``; the first one's parent is
+    ``parent_block_hash`` (None at the start of a sequence)."""
+
+    block_hashes: list[bytes]
+    parent_block_hash: bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = "GPU"
+    lora_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VllmBlockRemoved:
+    """Blocks evicted from the cache."""
+
+    block_hashes: list[bytes]
+    medium: str | None = "GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class VllmAllBlocksCleared:
+    """The whole prefix cache was reset."""
+
+
+VllmEvent = VllmBlockStored | VllmBlockRemoved | VllmAllBlocksCleared
