@@ -123,3 +123,11 @@ def test_single_token_decode_path_rejects_bad_ids_without_change(bad):
     with pytest.raises(TokenError):
         m.append_tokens("a", bad)
     assert m.num_scheduled_tokens("a") == 5 and m.preempt("a") == (1, 2, 3, 4, 5)
+
+
+@pytest.mark.parametrize("count", [-1, 6, 2.0])
+def test_free_with_a_computed_count_out_of_range(m, count):
+    before = state(m)
+    with pytest.raises(RequestError, match=r"\[0, 5\]"):
+        m.free("live", num_computed_tokens=count)
+    assert state(m) == before

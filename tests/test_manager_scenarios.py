@@ -172,3 +172,17 @@ def test_paged_baseline_never_reuses():
     m.free("a")
     assert m.free_block_order() == [0, 1, 2, 3]
     assert m.add_request("b", [1, 2, 3, 4, 5]) == Admission("b", (0, 1), 0, 5)
+
+
+def test_a_request_dropped_before_its_step_ran_leaves_nothing_findable():
+    m = manager(8, enable_events=True)
+    prompt = list(range(1, 11))               # blocks 0, 1 full; 2 partial
+    m.add_request("warm", prompt[:4] + [99])  # block 0 computed by an earlier request
+    m.free("warm")
+    m.take_events()
+    assert m.add_request("a", prompt) == Admission("a", (0, 1, 2), 4, 6)
+    m.free("a", num_computed_tokens=4)        # its step never ran
+    assert [type(e) for e in m.take_events()] == [BlockRemoved]
+    assert m.lookup(prompt) == 4              # the hit block computed earlier stays
+    assert m.free_block_order() == [1, 2, 3, 4, 5, 6, 7, 0]
+    m.check_invariants()

@@ -41,9 +41,11 @@ class ManagerMachine(RuleBasedStateMachine):
         self.scheduled: dict[str, int] = {}
         self.extra: dict[str, ExtraKeys | None] = {}
         self.preempted: list[tuple[list[int], ExtraKeys | None]] = []
+        self.last = None
         self.next_id = 0
 
     def _write(self, rid, start, stop):
+        self.last = (rid, start, stop)  # what the step just scheduled
         blocks = self.m.get_block_ids(rid)
         for pos in range(start, stop):
             self.kv[blocks[pos // BS]][pos % BS] = self._kv_of(rid, pos)
@@ -121,6 +123,7 @@ class ManagerMachine(RuleBasedStateMachine):
         got = self.m.fork(parent, child)
         if got is None:
             return self._dead()
+        self.last = None
         for c in got.copies:
             self.kv[c.dst] = list(self.kv[c.src])
         self.tokens[child] = list(self.tokens[parent])
@@ -128,14 +131,29 @@ class ManagerMachine(RuleBasedStateMachine):
         self.scheduled[child] = self.scheduled[parent]
         return child
 
+    @precondition(lambda self: self.last is not None and self.last[0] in self.tokens)
+    @rule()
+    def abort_before_step_ran(self):
+        """The request just scheduled is dropped before its step ran: what it scheduled
+        was never computed, so no later request may hit it."""
+        rid, start, stop = self.last
+        blocks = self.m.get_block_ids(rid)
+        for pos in range(start, stop):
+            self.kv[blocks[pos // BS]][pos % BS] = "never computed"
+        self.m.free(rid, num_computed_tokens=start)
+        del self.tokens[rid], self.scheduled[rid], self.extra[rid]
+        self.last = None
+
     @rule(rid=consumes(live))
     def free(self, rid):
+        self.last = None
         if rid in self.tokens:
             self.m.free(rid)
             del self.tokens[rid], self.scheduled[rid], self.extra[rid]
 
     @rule(rid=consumes(live))
     def preempt(self, rid):
+        self.last = None
         if rid in self.tokens:
             assert list(self.m.preempt(rid)) == self.tokens[rid]
             self.preempted.append((self.tokens.pop(rid), self.extra.pop(rid)))
@@ -143,6 +161,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @rule()
     def reset(self):
+        self.last = None
         assert self.m.reset_prefix_cache() == (not self.tokens)
         if not self.tokens:
             assert self.m.num_cached_blocks == 0

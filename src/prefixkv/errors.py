@@ -39,9 +39,10 @@ def check_positive(name: str, value: object) -> int:
 
 def check_count(name: str, value: object, low: int, high: int | None) -> int:
     """Return ``value`` if it is an int in ``[low, high]`` (``high`` None: unbounded);
-    raise PrefixKVError naming the valid range otherwise."""
+    raise RequestError naming the valid range otherwise (a count the request's state does
+    not allow)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < low or (
             high is not None and value > high):
         bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise PrefixKVError(f"{name} must be an int in {bound}, got {value!r}")
+        raise RequestError(f"{name} must be an int in {bound}, got {value!r}")
     return value

@@ -110,7 +110,7 @@ class KVCacheManager:
             return None
         self._pool.touch(hits, free_hits)
         req.blocks = hits + self._pool.take(need)
-        req.num_scheduled = num_cached
+        req.num_cached = req.num_scheduled = num_cached
         self._advance(req, num_cached + todo)
         self._requests[request_id] = req
         self._stats.record(n, num_cached)
@@ -221,21 +221,34 @@ class KVCacheManager:
         self._requests[child_id] = child
         return Fork(child_id, tuple(map(_ID, child.blocks)), copies)
 
-    def free(self, request_id: Hashable) -> None:
-        """Release a finished or aborted request's blocks, tail of the chain first (so of
-        these, the block ending the longest prefix is evicted first). Cached blocks keep
-        their content and stay findable until evicted. Raises RequestError for an unknown
-        or already freed id."""
+    def free(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> None:
+        """Release a finished, aborted or preempted request's blocks, tail of the chain
+        first (so of these, the block ending the longest prefix is evicted first). Cached
+        blocks keep their content and stay findable until evicted.
+
+        ``num_computed_tokens``: pass it when the request is dropped before all its
+        scheduled tokens were computed (aborted before its step ran): full blocks past it
+        are made unfindable, so no later request hits KV that was never written. Default:
+        every scheduled token was computed. (Requests that hit those blocks in the same
+        step must not run without them either.)
+        Raises RequestError for an unknown or already freed id, or a count outside
+        ``[0, num_scheduled_tokens]``.
+        """
         req = self._get(request_id)
+        if num_computed_tokens is not None:
+            check_count("num_computed_tokens", num_computed_tokens, 0, req.num_scheduled)
+            bs = self.block_size
+            first = max(num_computed_tokens, req.num_cached) // bs
+            self._pool.uncache(req.blocks[first:req.num_scheduled // bs])
         del self._requests[request_id]
         self._pool.release(reversed(req.blocks))
 
-    def preempt(self, request_id: Hashable) -> tuple[int, ...]:
-        """Free a running request and return all its known token ids (prompt and
-        generated), to pass to ``add_request`` when it is re-admitted; it will hit
-        whatever is still cached. Raises RequestError for an unknown id."""
+    def preempt(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> tuple[int, ...]:
+        """Free a running request (as ``free``, same ``num_computed_tokens``) and return
+        all its known token ids (prompt and generated), to pass to ``add_request`` when it
+        is re-admitted; it will hit whatever is still cached. Raises as ``free``."""
         tokens = tuple(self._get(request_id).tokens)
-        self.free(request_id)
+        self.free(request_id, num_computed_tokens=num_computed_tokens)
         return tokens
 
     def reset_prefix_cache(self) -> bool:

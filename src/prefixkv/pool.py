@@ -5,9 +5,9 @@ The free queue has two tiers, reused in this order:
     empty tier  : free blocks holding no reusable content (a stack: last freed, first used)
     cached tier : free blocks still in the index, LRU first (FreeBlockQueue)
 
-so no cached block is evicted while an empty one is free. Eviction (``_evict``) is the one
-step that removes a block's identity from the index; it happens only when ``take`` needs a
-block and the empty tier is exhausted.
+so no cached block is evicted while an empty one is free. Eviction (``_evict``) happens only
+when ``take`` needs a block and the empty tier is exhausted; ``_forget`` is the one place
+an identity leaves the index (eviction, or blocks whose KV was never computed).
 """
 
 from __future__ import annotations
@@ -83,18 +83,28 @@ class BlockPool:
         return taken
 
     def _evict(self, n: int) -> list[Block]:
-        """The eviction step, the only place an identity leaves the index: take the ``n``
-        least recently used cached free blocks and drop their identity and content."""
-        index, events = self._index, self._events
+        """The eviction step: take the ``n`` least recently used cached free blocks, drop
+        their identity (``_forget``) and their content."""
         blocks = self._cached.popleft_n(n)
+        self._forget(blocks)
         for b in blocks:
-            del index[b.hash]  # type: ignore[arg-type]  # cached-tier blocks are indexed
-            if events is not None:
-                events.append(BlockRemoved(b.hash, b.block_id))
-            b.hash = None
             b.cid = b.parent_cid = 0
             b.tokens = b.extra = b""
         return blocks
+
+    def uncache(self, blocks: list[Block]) -> None:
+        """Make held ``blocks`` unfindable (their KV was never computed: the request was
+        dropped before its step ran). They keep their references."""
+        self._forget([b for b in blocks if b.hash is not None])
+
+    def _forget(self, blocks: list[Block]) -> None:
+        """The only place an identity leaves the index."""
+        index, events = self._index, self._events
+        for b in blocks:
+            del index[b.hash]  # type: ignore[arg-type]  # callers pass indexed blocks
+            if events is not None:
+                events.append(BlockRemoved(b.hash, b.block_id))  # type: ignore[arg-type]
+            b.hash = None
 
     def fill(self, blocks: list[Block], first: int, hashes: Sequence[bytes],
              chunks: Sequence[bytes], extras: Sequence[bytes]) -> list[int]:

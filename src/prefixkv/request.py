@@ -19,7 +19,7 @@ class Request:
     encoding; blocks past the prompt use ``base``."""
 
     __slots__ = ("request_id", "tokens", "extra", "block_size", "base", "extras", "blocks",
-                 "hashes", "chunks", "num_scheduled")
+                 "hashes", "chunks", "num_cached", "num_scheduled")
 
     def __init__(self, request_id: Hashable, tokens: array, extra: ExtraKeys | None,
                  block_size: int) -> None:
@@ -37,6 +37,7 @@ class Request:
         self.blocks: list[Block] = []
         self.hashes: list[bytes] = []
         self.chunks: list[bytes] = []
+        self.num_cached = 0  # tokens of the prefix computed by others (hits, fork parent)
         self.num_scheduled = 0
 
     def hash_through(self, fn: HashFn, root: bytes, last: int) -> None:
@@ -70,6 +71,7 @@ class Request:
         child.hashes = list(self.hashes)
         child.chunks = list(self.chunks)
         child.num_scheduled = self.num_scheduled
+        child.num_cached = self.num_scheduled - self.num_scheduled % self.block_size
         return child
 
     def check(self, block_size: int, caching: bool) -> None:
