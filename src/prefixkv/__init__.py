@@ -4,7 +4,8 @@ The core (this package's top level) is pure Python and imports neither torch nor
 the kernels live in ``prefixkv.kernels`` (optional extra ``prefixkv[kernels]``).
 """
 
-from .baselines import Allocator, ContiguousAllocator, PagedAllocator
+from .allocator import Allocator
+from .baselines import ContiguousAllocator, PagedAllocator
 from .errors import (
     ConfigError, ExtraKeysError, InvariantError, PrefixKVError, RequestError, TokenError,
 )

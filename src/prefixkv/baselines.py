@@ -9,31 +9,15 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Hashable, Sequence
-from typing import Protocol
+from dataclasses import dataclass
 
-from .errors import RequestError, TokenError, check_positive
+from .errors import RequestError, TokenError, check_count, check_positive
+from .events import Event
 from .extra_keys import ExtraKeys, check_extra
 from .hashing import encode_tokens
 from .manager import KVCacheManager
 from .results import Admission, BlockCopy, Fork
-
-
-class Allocator(Protocol):
-    """What the benchmarks and the example engine need from any allocator."""
-
-    num_blocks: int
-    block_size: int
-
-    def add_request(self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
-                    extra: ExtraKeys | None = None,
-                    num_new_tokens: int | None = None) -> Admission | None: ...
-    def append_tokens(self, request_id: Hashable,
-                      token_ids: Sequence[int]) -> tuple[int, ...] | None: ...
-    def fork(self, parent_id: Hashable, child_id: Hashable) -> Fork | None: ...
-    def free(self, request_id: Hashable) -> None: ...
-    def get_block_ids(self, request_id: Hashable) -> tuple[int, ...]: ...
-    @property
-    def num_free_blocks(self) -> int: ...
+from .stats import PrefixCacheStats, StatsCounter
 
 
 class PagedAllocator(KVCacheManager):
@@ -46,8 +30,11 @@ class PagedAllocator(KVCacheManager):
 class ContiguousAllocator:
     """Reserve ``ceil(max_model_len / block_size)`` contiguous blocks per request.
 
+    The block ids reported for a request are those of its reservation that hold
+    scheduled tokens. Nothing is ever shared: ``lookup`` finds nothing, hits are 0.
     Raises ConfigError for bad sizes; TokenError for a prompt longer than max_model_len or
-    a request growing past it; RequestError for unknown or duplicate ids.
+    a request growing past it, and for bad token ids; RequestError for unknown, duplicate
+    or unhashable ids and counts out of range.
     """
 
     def __init__(self, num_blocks: int, block_size: int = 16, *, max_model_len: int) -> None:
@@ -60,58 +47,86 @@ class ContiguousAllocator:
         self.span = -(-max_model_len // block_size)
         self._starts = [0]            # free ranges, sorted by start
         self._lengths = [num_blocks]
-        self._live: dict[Hashable, list[int]] = {}  # id -> [start, num_tokens]
+        self._live: dict[Hashable, _Reservation] = {}
+        self._stats = StatsCounter()
 
     def add_request(self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
                     extra: ExtraKeys | None = None,
                     num_new_tokens: int | None = None) -> Admission | None:
-        if request_id in self._live:
-            raise RequestError(f"request {request_id!r} is already live")
-        n = len(encode_tokens(prompt_token_ids))
+        self._check_new_id(request_id)
+        tokens = encode_tokens(prompt_token_ids)
+        n = len(tokens)
         check_extra(extra, n)
         if not 0 < n <= self.max_model_len:
             raise TokenError(f"prompt of {n} tokens; need 1..max_model_len={self.max_model_len}")
+        todo = n if num_new_tokens is None else min(n, check_count("num_new_tokens", num_new_tokens, 1, None))
         start = self._reserve()
         if start is None:
             return None
-        self._live[request_id] = [start, n]
-        return Admission(request_id, self.get_block_ids(request_id), 0, n)
+        self._live[request_id] = _Reservation(start, list(tokens), todo)
+        self._stats.record(n, 0)
+        return Admission(request_id, self.get_block_ids(request_id), 0, todo)
+
+    def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
+        if not encode_tokens(prompt_token_ids):
+            raise TokenError("the prompt is empty: at least one token is needed")
+        return 0
+
+    def extend(self, request_id: Hashable, num_new_tokens: int) -> tuple[int, ...]:
+        r = self._entry(request_id)
+        check_count("num_new_tokens", num_new_tokens, 1, len(r.tokens) - r.scheduled)
+        return self._advance(r, r.scheduled + num_new_tokens)
 
     def append_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> tuple[int, ...]:
-        entry = self._entry(request_id)
-        total = entry[1] + len(encode_tokens(token_ids))
+        r = self._entry(request_id)
+        if r.scheduled != len(r.tokens):
+            raise RequestError(f"request {request_id!r}: call extend() before append_tokens()")
+        new = encode_tokens(token_ids)
+        total = len(r.tokens) + len(new)
         if total > self.max_model_len:
             raise TokenError(f"request {request_id!r} would reach {total} > max_model_len "
                              f"{self.max_model_len} tokens")
-        entry[1] = total
-        return ()
+        r.tokens += new
+        return self._advance(r, total)
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> Fork | None:
-        start, n = self._entry(parent_id)
-        if child_id in self._live:
-            raise RequestError(f"request {child_id!r} is already live")
+        r = self._entry(parent_id)
+        self._check_new_id(child_id)
         dst = self._reserve()
         if dst is None:
             return None
-        self._live[child_id] = [dst, n]
-        used = -(-n // self.block_size)
-        copies = tuple(BlockCopy(start + i, dst + i) for i in range(used))
+        self._live[child_id] = _Reservation(dst, list(r.tokens), r.scheduled)
+        used = -(-r.scheduled // self.block_size)
+        copies = tuple(BlockCopy(r.start + i, dst + i) for i in range(used))
         return Fork(child_id, self.get_block_ids(child_id), copies)
 
-    def free(self, request_id: Hashable) -> None:
-        start, _ = self._entry(request_id)
+    def free(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> None:
+        r = self._entry(request_id)
+        if num_computed_tokens is not None:
+            check_count("num_computed_tokens", num_computed_tokens, 0, r.scheduled)
         del self._live[request_id]
-        i = bisect.bisect(self._starts, start)
-        self._starts.insert(i, start)
+        i = bisect.bisect(self._starts, r.start)
+        self._starts.insert(i, r.start)
         self._lengths.insert(i, self.span)
         for j in (i, i - 1):  # merge with the right neighbour, then the left
             if 0 <= j < len(self._starts) - 1 and self._starts[j] + self._lengths[j] == self._starts[j + 1]:
                 self._lengths[j] += self._lengths.pop(j + 1)
                 del self._starts[j + 1]
 
+    def preempt(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> tuple[int, ...]:
+        tokens = tuple(self._entry(request_id).tokens)
+        self.free(request_id, num_computed_tokens=num_computed_tokens)
+        return tokens
+
     def get_block_ids(self, request_id: Hashable) -> tuple[int, ...]:
-        start, n = self._entry(request_id)
-        return tuple(range(start, start + -(-n // self.block_size)))
+        r = self._entry(request_id)
+        return tuple(range(r.start, r.start + -(-r.scheduled // self.block_size)))
+
+    def num_tokens(self, request_id: Hashable) -> int:
+        return len(self._entry(request_id).tokens)
+
+    def num_scheduled_tokens(self, request_id: Hashable) -> int:
+        return self._entry(request_id).scheduled
 
     def reserved_tokens(self, request_id: Hashable) -> int:
         """Slots reserved for the request (``span * block_size``), used or not."""
@@ -121,6 +136,25 @@ class ContiguousAllocator:
     @property
     def num_free_blocks(self) -> int:
         return sum(self._lengths)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def take_stats(self) -> PrefixCacheStats:
+        return self._stats.take()
+
+    def take_events(self) -> list[Event]:
+        return []
+
+    def reset_prefix_cache(self) -> bool:
+        return not self._live
+
+    def _advance(self, r: _Reservation, total: int) -> tuple[int, ...]:
+        bs = self.block_size
+        old = -(-r.scheduled // bs)
+        r.scheduled = total
+        return tuple(range(r.start + old, r.start + -(-total // bs)))
 
     def _reserve(self) -> int | None:
         for i, length in enumerate(self._lengths):
@@ -134,8 +168,23 @@ class ContiguousAllocator:
                 return start
         return None
 
-    def _entry(self, request_id: Hashable) -> list[int]:
+    def _check_new_id(self, request_id: Hashable) -> None:
+        try:
+            taken = request_id in self._live
+        except TypeError:
+            raise RequestError(f"request id must be hashable, got {type(request_id).__name__}") from None
+        if taken:
+            raise RequestError(f"request {request_id!r} is already live")
+
+    def _entry(self, request_id: Hashable) -> _Reservation:
         try:
             return self._live[request_id]
         except (KeyError, TypeError):
             raise RequestError(f"unknown request {request_id!r}") from None
+
+
+@dataclass(slots=True)
+class _Reservation:
+    start: int
+    tokens: list[int]
+    scheduled: int

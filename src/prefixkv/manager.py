@@ -261,6 +261,10 @@ class KVCacheManager:
         """The request's block ids in token order. Raises RequestError for an unknown id."""
         return tuple(map(_ID, self._get(request_id).blocks))
 
+    def num_tokens(self, request_id: Hashable) -> int:
+        """Known tokens of the request (prompt and appended), scheduled or not."""
+        return len(self._get(request_id).tokens)
+
     def num_scheduled_tokens(self, request_id: Hashable) -> int:
         """Tokens of the request that have slots (computed or scheduled)."""
         return self._get(request_id).num_scheduled

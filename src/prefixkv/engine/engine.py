@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Sequence as Seq
 
 import torch
 
-from prefixkv.baselines import Allocator
+from prefixkv.allocator import Allocator
 from prefixkv.extra_keys import ExtraKeys
 from prefixkv.manager import KVCacheManager
 
@@ -124,15 +124,11 @@ class Engine:
                     if reason is not None:
                         self._finish(s, reason, now)
         self._steps += 1
-        take_stats = getattr(alloc, "take_stats", None)
-        take_events = getattr(alloc, "take_events", None)
         return StepRecord(
             step=self._steps, num_seqs=len(batch), num_prefill_tokens=num_prefill,
             num_decode_tokens=num_decode, preempted=tuple(preempted), forks=forks,
             num_free_blocks=alloc.num_free_blocks,
-            usage=1.0 - alloc.num_free_blocks / alloc.num_blocks,
-            stats=take_stats() if take_stats else None,
-            events=tuple(take_events()) if take_events else (),
+            usage=alloc.usage, stats=alloc.take_stats(), events=tuple(alloc.take_events()),
             seconds=time.perf_counter() - t0)
 
     def _fork_children(self, parent: Sequence, logits: torch.Tensor) -> list[Sequence]:

@@ -62,7 +62,7 @@ class StepRecord:
     ``num_prefill_tokens`` / ``num_decode_tokens``: tokens computed in the forward pass
     (prefill chunks, re-admissions after preemption and fork fallbacks count as prefill).
     ``preempted``: sequence ids preempted while scheduling. ``forks``: children forked.
-    ``stats``: the allocator's ``take_stats()`` (None if it has none); ``events``: its
+    ``stats``: the allocator's ``take_stats()``; ``events``: its
     ``take_events()``; ``usage``: fraction of blocks in use after scheduling.
     """
 
@@ -74,7 +74,7 @@ class StepRecord:
     forks: int
     num_free_blocks: int
     usage: float
-    stats: PrefixCacheStats | None
+    stats: PrefixCacheStats
     events: tuple[Event, ...]
     seconds: float
 
@@ -101,9 +101,8 @@ class GenerateResult:
 
     @property
     def stats(self) -> PrefixCacheStats:
-        """Prefix-cache stats summed over the steps (zeros if the allocator has none)."""
+        """Prefix-cache stats summed over the steps."""
         total = PrefixCacheStats()
         for s in self.steps:
-            if s.stats is not None:
-                total = total + s.stats
+            total = total + s.stats
         return total

@@ -20,7 +20,7 @@ import collections
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from prefixkv.baselines import Allocator
+from prefixkv.allocator import Allocator
 from prefixkv.results import BlockCopy
 
 from .sequence import Sequence, Status
@@ -39,14 +39,11 @@ class Scheduled:
 class Scheduler:
     """Waiting/running queues and the allocator calls that move sequences between them.
 
-    Raises ValueError when ``chunked_prefill`` is asked of an allocator without ``extend``.
+    Raises ValueError when a limit is below 1.
     """
 
     def __init__(self, allocator: Allocator, *, max_num_seqs: int, max_num_batched_tokens: int,
                  chunked_prefill: bool) -> None:
-        if chunked_prefill and not hasattr(allocator, "extend"):
-            raise ValueError(f"chunked_prefill needs an allocator with extend(); "
-                             f"{type(allocator).__name__} has none")
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"max_num_seqs ({max_num_seqs}) and max_num_batched_tokens "
                              f"({max_num_batched_tokens}) must be >= 1")
@@ -110,8 +107,7 @@ class Scheduler:
         if self.chunked_prefill:
             adm = alloc.add_request(seq.seq_id, tokens, extra=seq.extra, num_new_tokens=budget)
         else:
-            lookup = getattr(alloc, "lookup", None)
-            uncached = len(tokens) - (lookup(tokens, extra=seq.extra) if lookup else 0)
+            uncached = len(tokens) - alloc.lookup(tokens, extra=seq.extra)
             if others and uncached > budget:
                 return None  # alone in a step, a prompt may exceed the budget
             adm = alloc.add_request(seq.seq_id, tokens, extra=seq.extra)
@@ -157,12 +153,8 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         """Release a running sequence's blocks and queue it first for re-admission."""
-        preempt = getattr(self.allocator, "preempt", None)
-        if preempt is not None:
-            known = preempt(seq.seq_id)
-            assert list(known) == seq.tokens[:len(known)], (seq.seq_id, len(known))
-        else:
-            self.allocator.free(seq.seq_id)
+        known = self.allocator.preempt(seq.seq_id)
+        assert list(known) == seq.tokens[:len(known)], (seq.seq_id, len(known))
         self.running.remove(seq)
         self._copies.pop(seq.seq_id, None)
         seq.status = Status.WAITING

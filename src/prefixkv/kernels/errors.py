@@ -6,6 +6,8 @@ message carries the offending numbers and the valid choices.
 
 from __future__ import annotations
 
+from ..errors import PrefixKVError
+
 __all__ = [
     "KernelInputError",
     "ShapeError",
@@ -17,8 +19,10 @@ __all__ = [
 ]
 
 
-class KernelInputError(ValueError):
-    """Base class of every caller mistake detected by :mod:`prefixkv.kernels`."""
+class KernelInputError(PrefixKVError):
+    """Base class of every caller mistake detected by :mod:`prefixkv.kernels`; a
+    ``PrefixKVError`` (and so a ``ValueError``) like the core's, so one ``except`` catches
+    every caller mistake of the library."""
 
 
 class ShapeError(KernelInputError):
