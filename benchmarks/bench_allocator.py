@@ -70,19 +70,20 @@ def hash_ns_per_token(n_tokens, mode, rng):
 def run(pool_sizes, quick):
     rng = random.Random(0)
     rows = []
+    makers = {
+        "prefixkv xxhash": lambda nb: KVCacheManager(nb, BS, seed=0),
+        "prefixkv sha256": lambda nb: KVCacheManager(nb, BS, hash_mode="sha256"),
+        "paged, no caching": lambda nb: PagedAllocator(nb, BS),
+    }
     for num_blocks in pool_sizes:
-        t0 = time.perf_counter()
-        managers = {
-            "prefixkv xxhash": KVCacheManager(num_blocks, BS, seed=0),
-            "prefixkv sha256": KVCacheManager(num_blocks, BS, hash_mode="sha256"),
-            "paged, no caching": PagedAllocator(num_blocks, BS),
-        }
-        build_s = time.perf_counter() - t0
-        # Engines freeze the long-lived heap after start-up (vLLM does), so the cyclic GC
-        # does not walk a million Block objects during scheduling; so do we.
-        gc.collect()
-        gc.freeze()
-        for name, m in managers.items():
+        for name, make in makers.items():
+            t0 = time.perf_counter()
+            m = make(num_blocks)
+            build_s = time.perf_counter() - t0
+            # Engines freeze the long-lived heap after start-up (vLLM does), so the cyclic
+            # GC does not walk a million Block objects during scheduling; so do we.
+            gc.collect()
+            gc.freeze()
             for n in (2048, 32768):
                 count = (40 if quick else 200) * 2048 // n
                 miss = admit_us(m, prompts(rng, n, count))
@@ -93,7 +94,10 @@ def run(pool_sizes, quick):
             rows.append(dict(pool_blocks=num_blocks, allocator=name, prompt_tokens=0,
                              decode_us_per_token=round(decode_us_per_token(
                                  m, 20000 if quick else 100000, rng), 3)))
-        print(f"pool {num_blocks}: built in {build_s:.2f} s", flush=True)
+            print(f"pool {num_blocks}, {name}: built in {build_s:.2f} s", flush=True)
+            del m
+            gc.unfreeze()
+            gc.collect()
     hashing = {mode: round(hash_ns_per_token(32768, mode, rng), 1) for mode in ("xxhash", "sha256")}
     return rows, hashing
 
