@@ -11,7 +11,9 @@ import bisect
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from .errors import RequestError, TokenError, check_count, check_positive
+from .errors import (
+    RequestError, TokenError, check_count, check_new_request, check_positive, live_request,
+)
 from .events import Event
 from .extra_keys import ExtraKeys, check_extra
 from .hashing import encode_tokens
@@ -169,18 +171,10 @@ class ContiguousAllocator:
         return None
 
     def _check_new_id(self, request_id: Hashable) -> None:
-        try:
-            taken = request_id in self._live
-        except TypeError:
-            raise RequestError(f"request id must be hashable, got {type(request_id).__name__}") from None
-        if taken:
-            raise RequestError(f"request {request_id!r} is already live")
+        check_new_request(self._live, request_id)
 
     def _entry(self, request_id: Hashable) -> _Reservation:
-        try:
-            return self._live[request_id]
-        except (KeyError, TypeError):
-            raise RequestError(f"unknown request {request_id!r}") from None
+        return live_request(self._live, request_id)
 
 
 @dataclass(slots=True)

@@ -3,6 +3,11 @@ state changes; expected shortage is a ``None`` result, never an exception."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class PrefixKVError(ValueError):
     """Base of every caller-mistake error raised by prefixkv."""
@@ -46,3 +51,22 @@ def check_count(name: str, value: object, low: int, high: int | None) -> int:
         bound = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise RequestError(f"{name} must be an int in {bound}, got {value!r}")
     return value
+
+
+def live_request(live: Mapping[Hashable, T], request_id: Hashable) -> T:
+    """``live[request_id]``; RequestError for an unknown (never admitted or freed) id."""
+    try:
+        return live[request_id]
+    except (KeyError, TypeError):
+        raise RequestError(f"unknown request {request_id!r} (never admitted, or already "
+                           f"freed; {len(live)} live)") from None
+
+
+def check_new_request(live: Mapping[Hashable, object], request_id: Hashable) -> None:
+    """RequestError unless ``request_id`` is hashable and not live."""
+    try:
+        taken = request_id in live
+    except TypeError:
+        raise RequestError(f"request id must be hashable, got {type(request_id).__name__}") from None
+    if taken:
+        raise RequestError(f"request {request_id!r} is already live")

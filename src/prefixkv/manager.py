@@ -18,7 +18,9 @@ from collections.abc import Hashable, Sequence
 from operator import attrgetter
 
 from .block import Block
-from .errors import RequestError, TokenError, check_count, check_positive
+from .errors import (
+    RequestError, TokenError, check_count, check_new_request, check_positive, live_request,
+)
 from .events import BlockStored, Event
 from .extra_keys import ExtraKeys, check_extra
 from .hashing import HashFn, encode_tokens, make_hash_fn
@@ -316,17 +318,7 @@ class KVCacheManager:
     # ---- helpers ---------------------------------------------------------------------
 
     def _get(self, request_id: Hashable) -> Request:
-        try:
-            return self._requests[request_id]
-        except (KeyError, TypeError):
-            raise RequestError(f"unknown request {request_id!r} (never admitted, or already "
-                               f"freed; {len(self._requests)} live)") from None
+        return live_request(self._requests, request_id)
 
     def _check_new_id(self, request_id: Hashable) -> None:
-        try:
-            taken = request_id in self._requests
-        except TypeError:
-            raise RequestError(f"request id must be hashable, got {type(request_id).__name__}") from None
-        if taken:
-            raise RequestError(f"request {request_id!r} is already live")
-
+        check_new_request(self._requests, request_id)
