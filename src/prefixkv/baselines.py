@@ -80,6 +80,8 @@ class ContiguousAllocator:
         return self._advance(r, r.scheduled + num_new_tokens)
 
     def append_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> tuple[int, ...]:
+        """As ``KVCacheManager.append_tokens``, but never None: the request's span was
+        reserved at admission. Raises TokenError when it would grow past max_model_len."""
         r = self._entry(request_id)
         if r.scheduled != len(r.tokens):
             raise RequestError(f"request {request_id!r}: call extend() before append_tokens()")
@@ -92,6 +94,8 @@ class ContiguousAllocator:
         return self._advance(r, total)
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> Fork | None:
+        """Reserve a span for ``child_id`` and ask for a copy of every parent block that
+        holds scheduled tokens (nothing is shared). None when no span is free."""
         r = self._entry(parent_id)
         self._check_new_id(child_id)
         dst = self._reserve()

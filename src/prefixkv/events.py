@@ -36,3 +36,4 @@ class AllBlocksCleared:
 
 
 Event = BlockStored | BlockRemoved | AllBlocksCleared
+"""Any of the three events ``take_events()`` returns."""

@@ -273,10 +273,13 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks no live request holds (empty ones and cached ones that may be evicted);
+        an admission or growth needing more than this returns None."""
         return self._pool.num_free
 
     @property
     def num_cached_blocks(self) -> int:
+        """Blocks findable by a lookup (indexed), whether in use or free."""
         return self._pool.num_cached
 
     @property

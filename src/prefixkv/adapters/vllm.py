@@ -105,6 +105,7 @@ class VllmKVCacheManager:
 
     @property
     def block_size(self) -> int:
+        """The wrapped manager's tokens per block."""
         return self.manager.block_size
 
     @property

@@ -26,6 +26,7 @@ class ComputedBlocks:
     num_tokens: int = 0
 
     def get_block_ids(self) -> tuple[list[int]]:
+        """Always ``([],)``: the hit's block ids are known only after ``allocate_slots``."""
         return ([],)
 
 
@@ -72,3 +73,4 @@ class VllmAllBlocksCleared:
 
 
 VllmEvent = VllmBlockStored | VllmBlockRemoved | VllmAllBlocksCleared
+"""Any of the three events ``VllmKVCacheManager.take_events()`` returns."""

@@ -28,6 +28,7 @@ class ChatResult:
 
     @property
     def num_prefill_tokens(self) -> int:
+        """Tokens computed by prefills over all turns (what prefix caching saves)."""
         return sum(t.num_prefill_tokens for t in self.turns)
 
 

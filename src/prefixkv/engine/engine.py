@@ -81,6 +81,7 @@ class Engine:
         return rid
 
     def has_unfinished(self) -> bool:
+        """Whether any request is still waiting or running (``step`` has work)."""
         return bool(self._groups)
 
     def take_finished(self) -> list[RequestOutput]:

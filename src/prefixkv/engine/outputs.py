@@ -89,14 +89,17 @@ class GenerateResult:
 
     @property
     def num_prefill_tokens(self) -> int:
+        """Prefill tokens computed over all steps (recomputation included)."""
         return sum(s.num_prefill_tokens for s in self.steps)
 
     @property
     def num_decode_tokens(self) -> int:
+        """Decode tokens computed over all steps."""
         return sum(s.num_decode_tokens for s in self.steps)
 
     @property
     def num_preemptions(self) -> int:
+        """Sequences preempted over all steps (one sequence may count several times)."""
         return sum(len(s.preempted) for s in self.steps)
 
     @property

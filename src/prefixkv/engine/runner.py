@@ -67,6 +67,7 @@ class ModelRunner:
 
     @property
     def v_caches(self) -> list[torch.Tensor]:
+        """Per-layer views ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
         return list(self.v_cache.unbind(0))
 
     def copy_blocks(self, copies: Sequence[BlockCopy]) -> None:

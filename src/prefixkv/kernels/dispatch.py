@@ -20,6 +20,8 @@ from .reference import paged_prefill_attention_reference, write_kv_cache_referen
 __all__ = ["BACKENDS", "write_kv_cache", "paged_prefill_attention", "use_backend", "resolve_backend"]
 
 BACKENDS = ("auto", "triton", "torch")
+"""Names accepted by ``backend=`` and :func:`use_backend`: ``"auto"`` (Triton on CUDA
+tensors, the torch reference elsewhere), ``"triton"``, ``"torch"``."""
 _default_backend: contextvars.ContextVar[str] = contextvars.ContextVar("prefixkv_kernels_backend", default="auto")
 
 

@@ -1,0 +1,252 @@
+"""Generate docs/api.md from the docstrings of prefixkv's public surface.
+
+    python docs/make_api.py > docs/api.md
+
+Documents every name in ``prefixkv.__all__``, ``prefixkv.kernels.__all__``,
+``prefixkv.engine.__all__`` and ``prefixkv.adapters.vllm.__all__``: classes (signature,
+bases, docstring, dataclass fields, public methods and properties defined in the class),
+functions (signature, docstring) and constants (value, and the string literal written right
+after their assignment, which serves as their docstring). Standard library only; the
+kernels and the engine need torch to be imported. ``tests/test_api_doc.py`` checks that
+docs/api.md is current and that nothing public is undocumented.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import pathlib
+import re
+import sys
+
+PACKAGES = ("prefixkv", "prefixkv.kernels", "prefixkv.engine", "prefixkv.adapters.vllm")
+COMMAND = "python docs/make_api.py > docs/api.md"
+
+# Protocol members implemented by the baselines keep KVCacheManager's contract.
+CONTRACT_SOURCE = ("prefixkv.allocator", "Allocator", "prefixkv.manager", "KVCacheManager")
+
+_QUALIFIED = re.compile(r"\bprefixkv(?:\.[a-z_]\w*)*\.(?=[A-Z])")  # prefixkv.events.BlockStored
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _clean(text: str) -> str:
+    """Shorten prefixkv's qualified class names; drop memory addresses (stable output)."""
+    return _ADDRESS.sub("", _QUALIFIED.sub("", text))
+
+
+def public_names(package: str) -> list[str]:
+    """The names a package exports (its ``__all__``), or its public classes."""
+    mod = importlib.import_module(package)
+    names = getattr(mod, "__all__", None)
+    if names is None:
+        names = [n for n, v in vars(mod).items()
+                 if not n.startswith("_") and inspect.isclass(v) and v.__module__.startswith(package)]
+    return list(names)
+
+
+def attribute_docstring(package: str, name: str) -> str | None:
+    """The string literal right after ``name = ...`` in the package's module, else in the
+    first prefixkv module (by name) that assigns it."""
+    root = package.split(".")[0]
+    others = sorted(m for m in sys.modules if m.startswith(root + ".") and m != package)
+    for mod_name in [package, *others]:
+        try:
+            source = inspect.getsource(sys.modules[mod_name])
+        except (OSError, TypeError):
+            continue
+        body = ast.parse(source).body
+        for stmt, nxt in zip(body, body[1:]):
+            targets = (stmt.targets if isinstance(stmt, ast.Assign)
+                       else [stmt.target] if isinstance(stmt, ast.AnnAssign) else [])
+            if (any(isinstance(t, ast.Name) and t.id == name for t in targets)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                return inspect.cleandoc(nxt.value.value)
+    return None
+
+
+def _contract_doc(cls: type, name: str) -> str | None:
+    """For a member of the Allocator protocol, KVCacheManager's docstring of it."""
+    proto_mod, proto, ref_mod, ref = CONTRACT_SOURCE
+    protocol = getattr(importlib.import_module(proto_mod), proto)
+    reference = getattr(importlib.import_module(ref_mod), ref)
+    members = {n for n in vars(protocol) if not n.startswith("_")}
+    if cls is reference or name not in members or not members <= set(dir(cls)):
+        return None
+    return f"Same contract as ``{ref}.{name}``." if inspect.getdoc(getattr(reference, name)) else None
+
+
+def member_doc(cls: type, name: str, obj: object) -> str | None:
+    """The docstring of a class member: its own, else the protocol contract it implements."""
+    target = obj.fget if isinstance(obj, property) else getattr(obj, "__func__", obj)
+    doc = target.__doc__
+    return inspect.cleandoc(doc) if doc and doc.strip() else _contract_doc(cls, name)
+
+
+def public_members(cls: type) -> list[tuple[str, object]]:
+    """Public methods and properties defined in ``cls`` itself, in definition order."""
+    out = []
+    for name, obj in vars(cls).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(obj, (property, staticmethod, classmethod)) or inspect.isfunction(obj):
+            out.append((name, obj))
+    return out
+
+
+class _Written(str):
+    """An annotation kept as written in the source (repr without quotes)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _signature(obj: object) -> str | None:
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+
+    def written(a: object) -> object:
+        return _Written(a) if isinstance(a, str) else a
+
+    params = [p.replace(annotation=written(p.annotation)) for p in sig.parameters.values()]
+    sig = sig.replace(parameters=params, return_annotation=written(sig.return_annotation))
+    return _clean(str(sig))
+
+
+def _is_protocol(cls: type) -> bool:
+    return bool(getattr(cls, "_is_protocol", False))
+
+
+def render_doc(doc: str | None) -> list[str]:
+    """Docstring text as Markdown: prose as is, indented runs (argument lists, diagrams)
+    fenced as text so their layout survives."""
+    if not doc:
+        return ["*(no docstring)*", ""]
+    out: list[str] = []
+    run: list[str] = []
+
+    def flush() -> None:
+        while run and not run[-1].strip():
+            run.pop()
+        if run:
+            indent = min(len(s) - len(s.lstrip()) for s in run if s.strip())
+            if out and out[-1]:
+                out.append("")
+            out.extend(["```text", *(s[indent:] for s in run), "```", ""])
+        run.clear()
+
+    for line in doc.splitlines():
+        if line.startswith((" ", "\t")) or (run and not line.strip()):
+            run.append(line.rstrip())
+            continue
+        flush()
+        out.append(line[:-2] + ":" if line.endswith("::") else line)
+    flush()
+    return [*out, ""]
+
+
+def render_class(qual: str, cls: type) -> list[str]:
+    bases = [b.__name__ for b in cls.__bases__ if b not in (object,) and b.__name__ not in ("Generic",)]
+    head = f"### class `{qual}`" + (f" ({', '.join(bases)})" if bases else "")
+    lines = [head, ""]
+    sig = None if _is_protocol(cls) or issubclass(cls, BaseException) else _signature(cls)
+    if sig is not None:
+        sig = sig.removesuffix(" -> None")
+        lines += ["```", f"{cls.__name__}{sig}", "```", ""]
+    lines += render_doc(inspect.getdoc(cls) if cls.__doc__ else None)
+    if dataclasses.is_dataclass(cls):
+        fields = dataclasses.fields(cls)
+        if fields:
+            lines += ["Fields:", ""]
+            for f in fields:
+                default = ""
+                if f.default is not dataclasses.MISSING:
+                    default = f" = {_clean(repr(f.default))}"
+                elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                    default = " = (factory)"
+                ftype = f.type if isinstance(f.type, str) else _clean(inspect.formatannotation(f.type))
+                lines.append(f"- `{f.name}: {ftype}{default}`")
+            lines.append("")
+    for name, obj in public_members(cls):
+        if isinstance(obj, property):
+            lines += [f"#### property `{cls.__name__}.{name}`", ""]
+            ret = inspect.signature(obj.fget).return_annotation if obj.fget else None
+            if ret not in (None, inspect.Signature.empty):
+                lines += [f"Type: `{_clean(str(ret))}`", ""]
+        else:
+            func = getattr(obj, "__func__", obj)
+            lines += [f"#### `{cls.__name__}.{name}`", "", "```",
+                      f"{name}{_signature(func)}", "```", ""]
+        lines += render_doc(member_doc(cls, name, obj))
+    return lines
+
+
+def render_function(qual: str, func: object) -> list[str]:
+    name = qual.rsplit(".", 1)[-1]
+    return [f"### function `{qual}`", "", "```", f"{name}{_signature(func)}", "```", "",
+            *render_doc(inspect.getdoc(func) if getattr(func, "__doc__", None) else None)]
+
+
+def render_constant(package: str, qual: str, value: object) -> list[str]:
+    name = qual.rsplit(".", 1)[-1]
+    return [f"### `{qual}`", "", "```", f"{name} = {_clean(repr(value))}", "```", "",
+            *render_doc(attribute_docstring(package, name))]
+
+
+def documentation(package: str, name: str, value: object) -> str | None:
+    """The docstring that documents ``package.name`` (None or empty: undocumented)."""
+    if inspect.isclass(value) or inspect.isfunction(value):
+        return value.__doc__
+    return attribute_docstring(package, name)
+
+
+def undocumented() -> list[str]:
+    """Public names, and public methods and properties of public classes, without a
+    docstring (or the protocol contract they implement)."""
+    missing = []
+    for package in PACKAGES:
+        mod = importlib.import_module(package)
+        for name in public_names(package):
+            value = getattr(mod, name)
+            doc = documentation(package, name, value)
+            if not doc or not doc.strip():
+                missing.append(f"{package}.{name}")
+            if inspect.isclass(value):
+                for member, obj in public_members(value):
+                    if not member_doc(value, member, obj):
+                        missing.append(f"{package}.{name}.{member}")
+    return missing
+
+
+def generate() -> str:
+    """The whole of docs/api.md."""
+    lines = ["# API reference", "",
+             f"Generated from the docstrings by `{COMMAND}`; do not edit by hand. "
+             "How the calls fit together: [integration.md](integration.md).", ""]
+    for package in PACKAGES:
+        lines.append(f"- [`{package}`](#{package.replace('.', '')})")
+    lines.append("")
+    for package in PACKAGES:
+        mod = importlib.import_module(package)
+        lines += [f"## {package}", ""]
+        lines += render_doc(inspect.getdoc(mod) if mod.__doc__ else None)
+        for name in public_names(package):
+            value = getattr(mod, name)
+            qual = f"{package}.{name}"
+            if inspect.isclass(value):
+                lines += render_class(qual, value)
+            elif inspect.isfunction(value):
+                lines += render_function(qual, value)
+            else:
+                lines += render_constant(package, qual, value)
+    while lines and not lines[-1]:
+        lines.pop()
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(generate())
