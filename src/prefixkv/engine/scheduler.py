@@ -10,8 +10,8 @@ Each step, under a token budget::
        prefix up and allocates atomically; on None admission stops for this step
        (running sequences are never preempted to admit new ones: that would thrash).
 
-Optional allocator methods are used when present: ``extend`` (chunked prefill),
-``lookup`` (budget check before admission), ``preempt`` (else ``free``).
+Every call is part of the ``prefixkv.Allocator`` protocol, including ``extend`` (chunked
+prefill), ``lookup`` (budget check before admission) and ``preempt``.
 """
 
 from __future__ import annotations
