@@ -1,0 +1,8 @@
+"""``prefixkv bench``: prefix caching against naive allocation, on synthetic workloads or
+a JSONL trace, with capacity planning and (where torch is installed) an end-to-end run.
+
+Modules, one noun each: ``workloads`` (seeded request lists), ``trace`` (JSONL format and
+parser), ``replay`` (scheduler + accounting), ``capacity`` (what fits, pool sweeps),
+``suite`` (a whole run), ``report`` / ``plots`` (outputs), ``progress``, ``e2e``.
+Nothing here imports torch at import time.
+"""

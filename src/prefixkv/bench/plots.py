@@ -1,0 +1,86 @@
+"""PNG plots of a bench report (matplotlib, the ``bench`` extra; imported lazily)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+COLORS = {"contiguous": "#b0b0b0", "paged": "#6a8caf", "prefixkv": "#d1603d"}
+
+
+def write_plots(data: dict[str, Any], out: Path) -> list[str]:
+    """Draw the plots into ``out`` and return their file names.
+    Raises ImportError when matplotlib is not installed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [_capacity(plt, data, out), _allocators(plt, data, out)]
+    e2e = data.get("e2e")
+    if e2e and "turns" in e2e:
+        names.append(_e2e(plt, e2e, out))
+    return names
+
+
+def _capacity(plt: Any, data: dict[str, Any], out: Path) -> str:
+    """Hit rate and prefill saved against the paged baseline, as the pool grows."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for wl in data["workloads"]:
+        x = [p["pool_blocks"] for p in wl["sweep"]]
+        left.plot(x, [100 * p["prefixkv"]["hit_rate"] for p in wl["sweep"]], "o-", label=wl["name"])
+        right.plot(x, [100 * p["saved_vs_paged"] for p in wl["sweep"]], "o-", label=wl["name"])
+    for ax, title in ((left, "prefix-cache hit rate"),
+                      (right, "prefill compute saved vs paged, no cache")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"pool size (blocks of {data['config']['block_size']} tokens)")
+        ax.set_ylabel("%")
+        ax.set_ylim(0, 100)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _save(plt, fig, out, "capacity.png")
+
+
+def _allocators(plt: Any, data: dict[str, Any], out: Path) -> str:
+    """Per workload and allocator: prefill tokens computed, and requests that fit."""
+    wls = data["workloads"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    allocators = list(wls[0]["results"]) if wls else []
+    width = 0.8 / max(len(allocators), 1)
+    for k, name in enumerate(allocators):
+        xs = [i + (k - (len(allocators) - 1) / 2) * width for i in range(len(wls))]
+        computed = [wl["results"][name].get("prefill_computed", 0) for wl in wls]
+        left.bar(xs, computed, width, label=name, color=COLORS.get(name))
+        right.bar(xs, [wl["results"][name]["fit"] for wl in wls], width, label=name,
+                  color=COLORS.get(name))
+    for ax, title in ((left, "prefill tokens computed (log)"),
+                      (right, "requests resident at once in the pool")):
+        ax.set_xticks(range(len(wls)), [wl["name"] for wl in wls])
+        ax.set_title(title)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend()
+    left.set_yscale("log")
+    return _save(plt, fig, out, "allocators.png")
+
+
+def _e2e(plt: Any, e2e: dict[str, Any], out: Path) -> str:
+    """Time to first token per turn, with and without the cache."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    turns = [t["turn"] for t in e2e["turns"]]
+    ax.plot(turns, [t["ttft_ms_nocache"] for t in e2e["turns"]], "o-", label="no cache",
+            color=COLORS["paged"])
+    ax.plot(turns, [t["ttft_ms_cache"] for t in e2e["turns"]], "o-", label="prefixkv",
+            color=COLORS["prefixkv"])
+    ax.set_xlabel("turn")
+    ax.set_ylabel("time to first token (ms)")
+    ax.set_title(f"end to end, {e2e['device']}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(plt, fig, out, "e2e_ttft.png")
+
+
+def _save(plt: Any, fig: Any, out: Path, name: str) -> str:
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return name

@@ -1,0 +1,196 @@
+"""Drive any ``Allocator`` through a workload with a simple scheduler, and count.
+
+One scheduler step::
+
+    admit   : eligible waiting requests in arrival order, while the pool and the batch
+              limit allow; the first one that does not fit waits (no overtaking) and is
+              tried again only after some request has released its blocks
+    decode  : every running request appends its next output token (append_tokens); on
+              shortage the most recently admitted request is preempted (freed, re-queued
+              at the head with its tokens so far as the prompt: a recompute)
+    sample  : blocks held, and reserved-but-unused slots
+    finish  : requests that appended their last output token are freed
+
+Accounting: a prompt token is *saved* when the admission found it cached
+(``num_cached_tokens``) and *computed* otherwise, recomputes after preemption included.
+Fragmentation is the time average of reserved-but-unused slots / reserved slots, where a
+request reserves ``reserved_tokens(rid)`` slots when the allocator has that method (the
+contiguous baseline), else one block_size per block it holds. Only the allocator calls
+are timed (``time.perf_counter_ns``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass
+from time import perf_counter_ns
+
+from ..allocator import Allocator
+from .workloads import BenchRequest, Workload
+
+MAX_RUNNING = 64
+
+
+class BenchError(RuntimeError):
+    """The workload cannot run in this pool (a request larger than the pool)."""
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """Counts of one replay; every field is a plain number (see the module docstring)."""
+
+    workload: str
+    allocator: str
+    pool_blocks: int
+    block_size: int
+    requests: int = 0
+    admissions: int = 0
+    preemptions: int = 0
+    prefill_computed: int = 0
+    prefill_saved: int = 0
+    decoded_tokens: int = 0
+    peak_blocks: int = 0
+    max_running: int = 0
+    steps: int = 0
+    unused_slot_steps: int = 0
+    reserved_slot_steps: int = 0
+    admit_ns: int = 0
+    decode_ns: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Saved / (saved + computed) prompt tokens; 0.0 when nothing was admitted."""
+        total = self.prefill_saved + self.prefill_computed
+        return self.prefill_saved / total if total else 0.0
+
+    @property
+    def fragmentation(self) -> float:
+        return self.unused_slot_steps / self.reserved_slot_steps if self.reserved_slot_steps else 0.0
+
+    @property
+    def us_per_admission(self) -> float:
+        return self.admit_ns / self.admissions / 1e3 if self.admissions else 0.0
+
+    @property
+    def us_per_decoded_token(self) -> float:
+        return self.decode_ns / self.decoded_tokens / 1e3 if self.decoded_tokens else 0.0
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        out: dict[str, float | int | str] = asdict(self)
+        for name in ("hit_rate", "fragmentation", "us_per_admission", "us_per_decoded_token"):
+            out[name] = getattr(self, name)
+        return out
+
+
+class _Running:
+    __slots__ = ("req", "tokens", "pos", "reserved")
+
+    def __init__(self, req: BenchRequest, tokens: int, reserved: int) -> None:
+        self.req = req
+        self.tokens = tokens    # slots holding KV: prompt + output appended so far
+        self.pos = 0            # next output token to append
+        self.reserved = reserved
+
+
+def replay(alloc: Allocator, workload: Workload, name: str, *,
+           max_running: int = MAX_RUNNING) -> ReplayResult:
+    """Run ``workload`` through ``alloc`` (fresh, empty) to the end and return the counts.
+
+    Raises BenchError when a request cannot run even alone in the pool. Does not check
+    the allocator's invariants and does not free anything it did not admit.
+    """
+    bs = alloc.block_size
+    res = ReplayResult(workload.name, name, alloc.num_blocks, bs, requests=len(workload.requests))
+    reserved_of = getattr(alloc, "reserved_tokens", None)
+    waiting: deque[BenchRequest] = deque(workload.requests)
+    running: dict[str, _Running] = {}   # in admission order
+    finished: set[str] = set()
+    unused = 0                          # reserved-but-unused slots of running requests
+    blocked = False                     # an admission failed and nothing was freed since
+
+    def admit(req: BenchRequest) -> bool:
+        nonlocal unused
+        t0 = perf_counter_ns()
+        adm = alloc.add_request(req.rid, req.prompt, extra=req.extra)
+        res.admit_ns += perf_counter_ns() - t0
+        if adm is None:
+            return False
+        reserved = reserved_of(req.rid) if reserved_of else len(adm.block_ids) * bs
+        running[req.rid] = _Running(req, len(req.prompt), reserved)
+        unused += reserved - len(req.prompt)
+        res.admissions += 1
+        res.prefill_saved += adm.num_cached_tokens
+        res.prefill_computed += adm.num_new_tokens
+        return True
+
+    def release(rid: str) -> _Running:
+        nonlocal unused, blocked
+        blocked = False
+        st = running.pop(rid)
+        alloc.free(rid)
+        unused -= st.reserved - st.tokens
+        return st
+
+    while waiting or running:
+        res.steps += 1
+        for req in list(waiting) if not blocked else ():
+            if req.after is not None and req.after not in finished:
+                continue
+            if len(running) >= max_running:
+                break
+            if not admit(req):
+                blocked = True
+                break
+            waiting.remove(req)
+        if not running:
+            _stuck(waiting, finished, alloc)
+        res.max_running = max(res.max_running, len(running))
+        for rid in list(running):
+            st = running.get(rid)
+            while st is not None:
+                t0 = perf_counter_ns()
+                added = alloc.append_tokens(rid, st.req.output[st.pos:st.pos + 1])
+                res.decode_ns += perf_counter_ns() - t0
+                if added is not None:
+                    st.pos += 1
+                    st.tokens += 1
+                    res.decoded_tokens += 1
+                    if added and not reserved_of:
+                        st.reserved += len(added) * bs
+                        unused += len(added) * bs
+                    unused -= 1
+                    break
+                victim = next(reversed(running))
+                if len(running) == 1:
+                    raise BenchError(f"request {rid!r} needs more than the whole pool of "
+                                     f"{alloc.num_blocks} blocks of {bs} tokens")
+                _requeue(waiting, release(victim))
+                res.preemptions += 1
+                if victim == rid:
+                    st = None
+        held = alloc.num_blocks - alloc.num_free_blocks
+        res.peak_blocks = max(res.peak_blocks, held)
+        res.reserved_slot_steps += held * bs
+        res.unused_slot_steps += unused
+        for rid in [r for r, st in running.items() if st.pos == len(st.req.output)]:
+            release(rid)
+            finished.add(rid)
+    return res
+
+
+def _requeue(waiting: deque[BenchRequest], st: _Running) -> None:
+    """Put a preempted request back at the head: what it decoded joins its prompt."""
+    r = st.req
+    waiting.appendleft(BenchRequest(r.rid, r.prompt + r.output[:st.pos], r.output[st.pos:],
+                                    r.extra, r.after))
+
+
+def _stuck(waiting: deque[BenchRequest], finished: set[str], alloc: Allocator) -> None:
+    """Nothing runs: the first eligible request does not fit even in an empty pool."""
+    for req in waiting:
+        if req.after is None or req.after in finished:
+            raise BenchError(
+                f"request {req.rid!r} ({len(req.prompt)} prompt tokens) does not fit in an "
+                f"empty pool of {alloc.num_blocks} blocks of {alloc.block_size} tokens")
+    raise BenchError(f"{len(waiting)} requests wait for requests that never finish "
+                     f"(first: {waiting[0].rid!r} after {waiting[0].after!r})")

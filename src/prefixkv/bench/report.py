@@ -1,0 +1,119 @@
+"""The bench's outputs: a terminal table, ``report.md``, ``report.json`` and the plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .plots import write_plots
+
+COLUMNS = ("workload", "allocator", "prefill computed", "prefill saved", "hit rate",
+           "peak blocks", "fit in pool", "frag", "us/admit", "us/token")
+
+
+def rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
+    """One row of formatted cells per (workload, allocator), in COLUMNS order."""
+    out = []
+    for wl in data["workloads"]:
+        for name, r in wl["results"].items():
+            fit = f"{r['fit']}" + ("+" if r["fit"] == wl["requests"] else "")
+            if "error" in r:
+                out.append((wl["name"], name, "pool too small", "", "", "", fit, "", "", ""))
+                continue
+            out.append((wl["name"], name, f"{r['prefill_computed']:,}", f"{r['prefill_saved']:,}",
+                        f"{r['hit_rate']:.1%}", f"{r['peak_blocks']:,}", fit,
+                        f"{r['fragmentation']:.1%}", f"{r['us_per_admission']:.1f}",
+                        f"{r['us_per_decoded_token']:.2f}"))
+    return out
+
+
+def table(header: tuple[str, ...], body: list[tuple[str, ...]], markdown: bool = False) -> str:
+    """Aligned columns (text left, numbers right); a pipe table when ``markdown``."""
+    widths = [max(len(c) for c in col) for col in zip(header, *body)]
+    numeric = [i > 1 for i in range(len(header))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric)]
+        return "| " + " | ".join(parts) + " |" if markdown else "  ".join(parts)
+
+    rule = ("|" + "|".join(("-" * (w + 1) + ":") if num else ("-" * (w + 2))
+                           for w, num in zip(widths, numeric)) + "|"
+            if markdown else "  ".join("-" * w for w in widths))
+    return "\n".join([line(header), rule] + [line(r) for r in body])
+
+
+def e2e_rows(e2e: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Per turn: prefill ms and TTFT ms without and with the cache, tokens cached."""
+    return [(str(t["turn"]), f"{t['prompt_tokens']}", f"{t['cached_tokens']}",
+             f"{t['prefill_ms_nocache']:.1f}", f"{t['prefill_ms_cache']:.1f}",
+             f"{t['ttft_ms_nocache']:.1f}", f"{t['ttft_ms_cache']:.1f}") for t in e2e["turns"]]
+
+
+E2E_COLUMNS = ("turn", "prompt", "cached", "prefill ms (no cache)", "prefill ms (cache)",
+               "TTFT ms (no cache)", "TTFT ms (cache)")
+
+
+def terminal(data: dict[str, Any]) -> str:
+    """The summary printed at the end of a run."""
+    parts = [table(COLUMNS, rows(data))]
+    e2e = data.get("e2e")
+    if e2e and "turns" in e2e:
+        parts.append(f"end to end ({e2e['device']}, {e2e['model']}):")
+        parts.append(table(E2E_COLUMNS, e2e_rows(e2e)))
+        parts.append(f"generated tokens identical with and without the cache: "
+                     f"{'yes' if e2e['identical'] else 'NO'}")
+    elif e2e:
+        parts.append(f"end to end skipped: {e2e['skipped']}")
+    parts.append(f"wall time {data['wall_s']:.1f} s")
+    return "\n\n".join(parts)
+
+
+def markdown(data: dict[str, Any], plots: list[str]) -> str:
+    """The markdown report: machine, settings, the table, sweeps, e2e, plots."""
+    m, c = data["machine"], data["config"]
+    out = ["# prefixkv bench", "",
+           f"Machine: {m['platform']}, {m['cpu_cores']} CPU cores, Python {m['python']}, "
+           f"prefixkv {m['prefixkv']}. Wall time {data['wall_s']:.1f} s.", "",
+           f"Settings: scale {c['scale']}, block size {c['block_size']}, seed {c['seed']}, "
+           f"pool {c['pool_blocks'] or 'per workload'}.", "",
+           "Prefill counts prompt tokens (recomputes after preemption included); *fit in pool*: "
+           "requests resident at once, each with its whole output, before the first that does "
+           "not fit (`+`: all of them); *frag*: reserved-but-unused slots / reserved slots, "
+           "averaged over steps; contiguous reserves the workload's longest request.", "",
+           table(COLUMNS, rows(data), markdown=True), ""]
+    for wl in data["workloads"]:
+        out += [f"## {wl['name']}", "",
+                f"{wl['description']}: {wl['requests']} requests, {wl['prompt_tokens']:,} "
+                f"prompt tokens, pool {wl['pool_blocks']:,} blocks of {wl['block_size']}.", ""]
+        sweep = [(f"{p['pool_blocks']:,}", f"{p['prefixkv']['hit_rate']:.1%}",
+                  f"{p['prefixkv']['prefill_computed']:,}", f"{p['paged']['prefill_computed']:,}",
+                  f"{p['saved_vs_paged']:.1%}") for p in wl["sweep"]]
+        out += [table(("pool blocks", "hit rate", "prefill prefixkv", "prefill paged",
+                       "saved vs paged"), sweep, markdown=True), ""]
+    e2e = data.get("e2e")
+    if e2e and "turns" in e2e:
+        out += ["## End to end", "", f"{e2e['model']} on {e2e['device']}. Generated tokens "
+                f"identical with and without the cache: **{'yes' if e2e['identical'] else 'NO'}**.",
+                "", table(E2E_COLUMNS, e2e_rows(e2e), markdown=True), ""]
+    elif e2e:
+        out += ["## End to end", "", f"Skipped: {e2e['skipped']}.", ""]
+    out += [f"![{p}]({p})" for p in plots]
+    return "\n".join(out) + "\n"
+
+
+def write_all(data: dict[str, Any], out: Path, plots: bool = True) -> list[str]:
+    """Write report.json, the plots (when asked and matplotlib is there) and report.md
+    into ``out`` (created). Returns notes for the user (e.g. plots skipped)."""
+    out.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    names: list[str] = []
+    if plots:
+        try:
+            names = write_plots(data, out)
+        except ImportError:
+            notes.append("matplotlib is not installed (pip install 'prefixkv[bench]'): "
+                         "no plots, markdown and JSON only")
+    (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out / "report.md").write_text(markdown(data, names))
+    return notes

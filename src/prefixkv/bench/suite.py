@@ -1,0 +1,106 @@
+"""The whole ``prefixkv bench`` run: workloads x allocators, capacity, sweep, e2e, report."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from .. import __version__
+from .capacity import (
+    ALLOCATORS, default_pool_blocks, make_allocator, requests_that_fit, sweep, sweep_sizes,
+)
+from .progress import Progress
+from .replay import BenchError, replay
+from .trace import load_trace
+from .workloads import BUILTIN, Workload, builtin
+
+
+@dataclass
+class BenchConfig:
+    """What to run; the CLI flags, one field each (see ``prefixkv bench --help``)."""
+
+    workloads: tuple[str, ...] = BUILTIN
+    trace: Path | None = None
+    scale: float = 1.0
+    pool_blocks: int | None = None
+    block_size: int = 16
+    seed: int = 0
+    e2e: bool = True
+    plots: bool = True
+    out: Path = field(default_factory=lambda: Path("prefixkv-bench"))
+    progress: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["trace"] = str(self.trace) if self.trace else None
+        d["out"] = str(self.out)
+        d["workloads"] = list(self.workloads)
+        return d
+
+
+def machine() -> dict[str, Any]:
+    """A description of this machine, for the report."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count()
+    return {"platform": platform.platform(), "processor": platform.machine(),
+            "cpu_cores": cores, "python": sys.version.split()[0], "prefixkv": __version__}
+
+
+def load_workloads(cfg: BenchConfig) -> list[Workload]:
+    """The configured workloads, built (or parsed) in order. Raises TraceError."""
+    return [load_trace(cfg.trace, cfg.seed) if name == "trace" else
+            builtin(name, cfg.scale, cfg.seed) for name in cfg.workloads]
+
+
+def pool_of(wl: Workload, cfg: BenchConfig) -> int:
+    """The pool in blocks for ``wl``: ``--pool-blocks`` or the workload's own."""
+    return cfg.pool_blocks or default_pool_blocks(wl, cfg.block_size)
+
+
+def run_workload(wl: Workload, cfg: BenchConfig, progress: Progress) -> dict[str, Any]:
+    """Replay one workload with every allocator, count what fits, sweep the pool size."""
+    bs = cfg.block_size
+    pool = pool_of(wl, cfg)
+    max_len = wl.max_tokens()
+    results: dict[str, dict[str, Any]] = {}
+    for name in ALLOCATORS:
+        progress.tick(f"{wl.name} {name}")
+        try:
+            res = replay(make_allocator(name, pool, bs, max_len), wl, name).to_dict()
+        except BenchError as exc:
+            res = {"error": str(exc)}
+        res["fit"] = requests_that_fit(make_allocator(name, pool, bs, max_len), wl.requests)
+        results[name] = res
+    points = sweep(wl, bs, sweep_sizes(wl, bs, pool), progress.tick)
+    return {"name": wl.name, "description": wl.description, "requests": len(wl.requests),
+            "prompt_tokens": wl.total_prompt_tokens(), "pool_blocks": pool, "block_size": bs,
+            "max_model_len": max_len, "results": results,
+            "sweep": [p.to_dict() for p in points]}
+
+
+def run_bench(cfg: BenchConfig, stream: TextIO | None = None) -> dict[str, Any]:
+    """Run everything ``cfg`` asks for and return the report data (plain JSON types).
+    Writes nothing; ``report.write_all`` does. Raises TraceError, BenchError."""
+    t0 = time.perf_counter()
+    workloads = load_workloads(cfg)
+    replays = sum(len(ALLOCATORS) + 2 * len(sweep_sizes(wl, cfg.block_size, pool_of(wl, cfg)))
+                  for wl in workloads)
+    progress = Progress(replays + int(cfg.e2e), cfg.progress, stream)
+    data: dict[str, Any] = {"machine": machine(), "config": cfg.to_dict(), "workloads": []}
+    for wl in workloads:
+        data["workloads"].append(run_workload(wl, cfg, progress))
+    if cfg.e2e:
+        progress.tick("end to end (model + kernels)")
+        from .e2e import run_e2e  # torch stays out of this module's imports
+        data["e2e"] = run_e2e(cfg.seed)
+    progress.close()
+    data["wall_s"] = time.perf_counter() - t0
+    return data
+

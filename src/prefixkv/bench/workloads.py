@@ -1,0 +1,125 @@
+"""Seeded synthetic workloads: lists of requests in arrival order, nothing downloaded.
+
+A workload is the input of a replay (``replay.py``): each ``BenchRequest`` arrives in
+list order, is admitted when the scheduler can fit it, decodes its ``output`` one token
+per step and finishes. A request with ``after`` set becomes eligible only once that
+request has finished (the next turn of a chat session waits for the previous answer),
+so chat sessions interleave: turn 1 of every session, then turn 2 of every session, ...
+
+Token ids are drawn from ``random.Random(seed)``; the same seed and scale give the same
+requests, token for token.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from ..extra_keys import ExtraKeys
+
+VOCAB = 32000
+BUILTIN = ("system-prompt", "chat", "document", "pressure")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRequest:
+    """One request of a workload: the full prompt (history included), the tokens it will
+    decode (at least one), its extra keys, and the id it must wait for, if any."""
+
+    rid: str
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+    extra: ExtraKeys | None = None
+    after: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A named request list and the pool it is meant to run in (``pool_tokens`` slots,
+    divided by the block size at replay time)."""
+
+    name: str
+    description: str
+    requests: tuple[BenchRequest, ...]
+    pool_tokens: int
+
+    def max_tokens(self) -> int:
+        """Prompt + output length of the longest request."""
+        return max(len(r.prompt) + len(r.output) for r in self.requests)
+
+    def total_prompt_tokens(self) -> int:
+        return sum(len(r.prompt) for r in self.requests)
+
+
+def _count(base: int, scale: float) -> int:
+    return max(1, round(base * scale))
+
+
+def _tokens(rng: random.Random, n: int) -> tuple[int, ...]:
+    return tuple(rng.choices(range(VOCAB), k=n))
+
+
+def system_prompt(scale: float = 1.0, seed: int = 0) -> Workload:
+    """A 2048-token system prompt shared by every request, each with its own question."""
+    rng = random.Random(f"system-prompt/{seed}")
+    system = _tokens(rng, 2048)
+    reqs = tuple(
+        BenchRequest(f"sp{i}", system + _tokens(rng, rng.randint(32, 256)),
+                     _tokens(rng, rng.randint(16, 128)))
+        for i in range(_count(200, scale)))
+    return Workload("system-prompt", "2048-token shared system prompt + unique user suffixes "
+                    "(32-256 tokens), 16-128 output tokens", reqs, 65536)
+
+
+def chat(scale: float = 1.0, seed: int = 0, turns: int = 6) -> Workload:
+    """Multi-turn sessions behind a 512-token shared system prompt; every turn re-sends
+    the whole history (previous prompt + answer) plus a new user message."""
+    rng = random.Random(f"chat/{seed}")
+    system = _tokens(rng, 512)
+    sessions = _count(24, scale)
+    history = [system] * sessions
+    reqs = []
+    for turn in range(turns):
+        for s in range(sessions):
+            prompt = history[s] + _tokens(rng, rng.randint(32, 256))
+            output = _tokens(rng, rng.randint(32, 192))
+            after = f"chat{s}.{turn - 1}" if turn else None
+            reqs.append(BenchRequest(f"chat{s}.{turn}", prompt, output, after=after))
+            history[s] = prompt + output
+    return Workload("chat", f"{sessions} sessions x {turns} turns, 512-token shared system "
+                    "prompt, history re-sent each turn, sessions interleaved", tuple(reqs), 65536)
+
+
+def document(scale: float = 1.0, seed: int = 0) -> Workload:
+    """One 32768-token document followed by 100 different questions."""
+    rng = random.Random(f"document/{seed}")
+    doc = _tokens(rng, 32768)
+    reqs = tuple(
+        BenchRequest(f"doc{i}", doc + _tokens(rng, rng.randint(16, 64)),
+                     _tokens(rng, rng.randint(16, 96)))
+        for i in range(_count(100, scale)))
+    return Workload("document", f"one 32768-token document asked {len(reqs)} questions",
+                    reqs, 65536)
+
+
+def pressure(scale: float = 1.0, seed: int = 0) -> Workload:
+    """48 distinct 1024-token prefixes, picked with a skewed (Zipf-like) popularity, in a
+    pool of 8192 slots: the working set is six times the pool, so eviction never stops."""
+    rng = random.Random(f"pressure/{seed}")
+    prefixes = [_tokens(rng, 1024) for _ in range(48)]
+    weights = [1.0 / (k + 1) for k in range(len(prefixes))]
+    reqs = tuple(
+        BenchRequest(f"pr{i}", rng.choices(prefixes, weights)[0] + _tokens(rng, rng.randint(16, 128)),
+                     _tokens(rng, rng.randint(16, 64)))
+        for i in range(_count(400, scale)))
+    return Workload("pressure", "48 skewed 1024-token prefixes + 16-128 token suffixes in an "
+                    "8192-slot pool (constant eviction)", reqs, 8192)
+
+
+def builtin(name: str, scale: float = 1.0, seed: int = 0) -> Workload:
+    """The built-in workload ``name`` (one of ``BUILTIN``). Raises ValueError otherwise."""
+    makers = {"system-prompt": system_prompt, "chat": chat, "document": document,
+              "pressure": pressure}
+    if name not in makers:
+        raise ValueError(f"unknown workload {name!r}; choose from {', '.join(BUILTIN)}")
+    return makers[name](scale, seed)
