@@ -119,16 +119,15 @@ class BlockPool:
         cid = self._next_cid
         parent_cid = blocks[first - 1].cid if first else 0
         stored = []
-        for i, h in enumerate(hashes):
-            b = blocks[first + i]
-            chunk, extra = chunks[i], extras[i]
+        pos = first
+        for b, h, chunk, extra in zip(blocks[first:first + len(hashes)], hashes, chunks, extras):
             existing = index.get(h)
             if existing is None:
                 b.cid = cid
                 cid += 1
                 b.hash = h
                 index[h] = b
-                stored.append(first + i)
+                stored.append(pos)
             elif existing.parent_cid == parent_cid and existing.tokens == chunk and existing.extra == extra:
                 b.cid = existing.cid
             else:
@@ -138,6 +137,7 @@ class BlockPool:
             b.tokens = chunk
             b.extra = extra
             parent_cid = b.cid
+            pos += 1
         self._next_cid = cid
         return stored
 
