@@ -11,6 +11,8 @@ class Block:
 
     ``ref_cnt``: how many live requests hold it. ``cid``: content id, 0 while the block is
     not full; blocks with equal content (parent content, tokens, extra keys) share a cid.
+    ``parent_cid``, ``tokens``, ``extra``: that content; meaningless while ``cid`` is 0
+    (not cleared on reuse: the next fill overwrites them).
     ``hash``: the chain hash under which the block is in the pool's index, or None.
     ``prev``/``next``: links of the free queue's cached tier (intrusive list).
     """
@@ -28,9 +30,6 @@ class Block:
     def clear_content(self) -> None:
         self.hash = None
         self.cid = 0
-        self.parent_cid = 0
-        self.tokens = b""
-        self.extra = b""
 
     def __repr__(self) -> str:
         h = self.hash.hex()[:8] if self.hash else None

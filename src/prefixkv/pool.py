@@ -88,8 +88,7 @@ class BlockPool:
         blocks = self._cached.popleft_n(n)
         self._forget(blocks)
         for b in blocks:
-            b.cid = b.parent_cid = 0
-            b.tokens = b.extra = b""
+            b.cid = 0
         return blocks
 
     def uncache(self, blocks: list[Block]) -> None:
@@ -198,8 +197,6 @@ class BlockPool:
                      f"{b.ref_cnt} but {'in' if b.block_id in seen else 'not in'} the free queue")
             if b.hash is not None:
                 _require(self._index.get(b.hash) is b, f"block {b.block_id} has a hash not indexed to it")
-            if b.ref_cnt > 0 and b.hash is None and b.cid == 0:
-                _require(b.tokens == b"", f"block {b.block_id} has tokens but no content id")
         _require(all(b.hash == h for h, b in self._index.items()), "index entry under a foreign hash")
         _require(len(seen) == self.num_free, f"free queue holds {len(seen)} != num_free {self.num_free}")
 
