@@ -2,6 +2,10 @@
 
 The core (this package's top level) is pure Python and imports neither torch nor triton;
 the kernels live in ``prefixkv.kernels`` (optional extra ``prefixkv[kernels]``).
+
+The public API is what ``__all__`` lists here and in ``prefixkv.kernels``,
+``prefixkv.engine`` and ``prefixkv.adapters.vllm``; the modules behind them (``pool``,
+``block``, ``free_queue``, ``hashing``, ``request``, ...) are implementation and may change.
 """
 
 from .allocator import Allocator
