@@ -85,8 +85,8 @@ class KVCacheManager:
 
         Returns the Admission, or None when the pool is short of blocks; then nothing
         has changed (no references, no stats) and the engine may wait or preempt.
-        Raises RequestError (id in use or unhashable), TokenError (empty prompt, bad
-        ids), ExtraKeysError, PrefixKVError (``num_new_tokens`` < 1).
+        Raises RequestError (id in use or unhashable, ``num_new_tokens`` < 1), TokenError
+        (empty prompt, bad ids), ExtraKeysError.
         """
         self._check_new_id(request_id)
         tokens = encode_tokens(prompt_token_ids, self.vocab_size)
@@ -137,7 +137,7 @@ class KVCacheManager:
     def extend(self, request_id: Hashable, num_new_tokens: int) -> tuple[int, ...] | None:
         """Schedule the next ``num_new_tokens`` known tokens (the next prefill chunk).
         Returns the ids of blocks added, or None on shortage (nothing changed).
-        Raises RequestError (unknown id), PrefixKVError (count outside 1..unscheduled)."""
+        Raises RequestError (unknown id, or a count outside 1..unscheduled tokens)."""
         req = self._get(request_id)
         check_count("num_new_tokens", num_new_tokens, 1, len(req.tokens) - req.num_scheduled)
         return self._grow(req, req.num_scheduled + num_new_tokens)
