@@ -4,7 +4,7 @@ import pytest
 
 from prefixkv import (
     ConfigError, ContiguousAllocator, ExtraKeys, ExtraKeysError, KVCacheManager,
-    MultiModalInput, PrefixKVError, RequestError, TokenError,
+    MultiModalInput, RequestError, TokenError,
 )
 
 
@@ -51,11 +51,11 @@ def test_bad_config(kwargs):
     (lambda m: m.add_request("x", [1], extra={"cache_salt": "a"}), ExtraKeysError),
     (lambda m: m.add_request("x", [1, 2], extra=ExtraKeys(mm=(MultiModalInput("h", 1, 5),))),
      ExtraKeysError),
-    (lambda m: m.add_request("x", [1], num_new_tokens=0), PrefixKVError),
+    (lambda m: m.add_request("x", [1], num_new_tokens=0), RequestError),
     (lambda m: m.lookup([]), TokenError),
     (lambda m: m.append_tokens("nope", [1]), RequestError),
     (lambda m: m.append_tokens("live", [1, 1000]), TokenError),
-    (lambda m: m.extend("live", 1), PrefixKVError),         # nothing left to schedule
+    (lambda m: m.extend("live", 1), RequestError),          # nothing left to schedule
     (lambda m: m.extend("nope", 1), RequestError),
     (lambda m: m.fork("nope", "c"), RequestError),
     (lambda m: m.fork("live", "live"), RequestError),
@@ -86,7 +86,7 @@ def test_append_before_prefill_is_scheduled_and_fork_then():
         m.append_tokens("r", [1])
     with pytest.raises(RequestError, match="prefill"):
         m.fork("r", "c")
-    with pytest.raises(PrefixKVError, match=r"\[1, 7\]"):
+    with pytest.raises(RequestError, match=r"\[1, 7\]"):
         m.extend("r", 8)
 
 
