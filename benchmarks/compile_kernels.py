@@ -1,0 +1,260 @@
+"""Compile the Triton kernels ahead of time for NVIDIA Hopper (sm_90) on a machine without a GPU.
+
+The interpreter (``TRITON_INTERPRET=1``) that runs our tests on a CPU never lowers a kernel
+to PTX, so it cannot see GPU-only failures: an unsupported op, a ``tl.dot`` type mismatch,
+too much shared memory, register spills. Triton's compiler needs no device when it is given
+a target: Python -> TTIR -> TTGIR -> LLVM IR -> PTX, then the ``ptxas`` bundled in the
+wheel makes the cubin. No CUDA driver is loaded.
+
+Each config is launched through our real launcher with ``meta`` tensors of the right
+shapes, dtypes and strides; a stub in place of the ``@triton.jit`` object records the
+arguments, which are then specialised exactly as a launch would (Triton's own binder:
+pointer and int alignment to 16, ints equal to 1 as constants) and compiled for
+``GPUTarget("cuda", 90, 32)``. Registers and spills come from the ``ptxas -v`` log of that
+compile; shared memory is Triton's own allocation (the dynamic shared memory of a launch).
+
+``TRITON_INTERPRET`` must be off when Triton is imported (it swaps every ``@triton.jit``
+function, Triton's own ``tl.sum`` included, for an interpreter object), so ``main`` clears
+it first and the test suite, which sets it, runs this script in a subprocess.
+
+Usage: ``python benchmarks/compile_kernels.py [--only NAME ...] [--out-dir DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SM90 = ("cuda", 90, 32)
+# Hopper limits (CUDA C Programming Guide, compute capability 9.0).
+MAX_REGS_PER_THREAD = 255
+REGS_PER_SM = 65536
+SMEM_PER_SM = 228 * 1024
+SMEM_PER_BLOCK = 227 * 1024
+SMEM_RESERVED_PER_BLOCK = 1024
+MAX_WARPS_PER_SM = 64
+MAX_BLOCKS_PER_SM = 32
+
+SPEC = dict(kind="attn", heads=32, kv_heads=8, head_dim=128, block_size=16, dtype="bfloat16",
+            batch=8, q_len=2048, prefix=8192)
+DECODE = dict(SPEC, batch=64, q_len=1, prefix=8191)
+CONFIGS = {
+    "prefill-spec": SPEC,
+    "decode": DECODE,
+    "prefill-fp16": dict(SPEC, dtype="float16"),
+    "decode-fp16": dict(DECODE, dtype="float16"),
+    "prefill-fp32": dict(SPEC, dtype="float32"),
+    **{f"prefill-d{d}": dict(SPEC, head_dim=d) for d in (64, 80, 96, 256)},
+    **{f"decode-d{d}": dict(DECODE, head_dim=d) for d in (64, 80, 96, 256)},
+    "prefill-group1": dict(SPEC, kv_heads=32),
+    "prefill-group8": dict(SPEC, kv_heads=4),
+    "decode-group1": dict(DECODE, kv_heads=32),
+    "decode-group8": dict(DECODE, kv_heads=4),
+    "prefill-softcap": dict(SPEC, softcap=50.0),
+    "prefill-window": dict(SPEC, window_size=(4095, 0)),
+    "prefill-lse": dict(SPEC, return_lse=True),
+    "prefill-all-switches": dict(SPEC, softcap=50.0, window_size=(4095, 0), return_lse=True),
+    "prefill-d256-all-switches": dict(SPEC, head_dim=256, softcap=50.0, window_size=(4095, 0), return_lse=True),
+    "decode-all-switches": dict(DECODE, softcap=50.0, window_size=(4095, 0), return_lse=True),
+    "prefill-noncausal-block5": dict(SPEC, block_size=5, causal=False),
+    "write_kv": dict(kind="write_kv", kv_heads=8, head_dim=128, block_size=16, dtype="bfloat16", tokens=2048),
+    "write_kv-d80-fp16": dict(kind="write_kv", kv_heads=8, head_dim=80, block_size=16, dtype="float16", tokens=2048),
+    "write_kv-d256-h1": dict(kind="write_kv", kv_heads=1, head_dim=256, block_size=16, dtype="bfloat16", tokens=64),
+}
+
+
+def load_compiled_modules():
+    """The ``attention`` and ``write_kv`` modules, whose kernels must be ``JITFunction``s.
+
+    Raises:
+        RuntimeError: the interpreter is on. ``TRITON_INTERPRET=1`` at import turns every
+            ``@triton.jit`` function, Triton's own ``tl.sum`` included, into interpreter
+            objects that cannot be lowered, so compile in a process started without it
+            (``main`` clears it before importing Triton; the test runs this script).
+    """
+    sys.path.insert(0, str(ROOT / "src"))
+    from triton import knobs
+
+    if knobs.runtime.interpret:
+        raise RuntimeError("TRITON_INTERPRET is on in this process: run benchmarks/compile_kernels.py "
+                           "in a process without it to compile for a GPU target")
+    from prefixkv.kernels import attention, write_kv
+
+    return {"attention": attention, "write_kv": write_kv}
+
+
+class _Recorder:
+    """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](*args, **kwargs)`` is recorded."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.grid, self.args, self.kwargs = grid, args, kwargs
+
+        return launch
+
+
+def record_launch(mods, cfg: dict):
+    """Run our launcher on ``meta`` tensors; return (jit kernel, grid, args, kwargs)."""
+    import torch
+
+    dt = getattr(torch, cfg["dtype"])
+    meta = dict(device="meta")
+    kvh, d, bs = cfg["kv_heads"], cfg["head_dim"], cfg["block_size"]
+    if cfg["kind"] == "write_kv":
+        mod, attr = mods["write_kv"], "_write_kv_kernel"
+        n = cfg["tokens"]
+        cache = torch.empty(-(-n // bs) + 1, bs, kvh, d, dtype=dt, **meta)
+        args = (torch.empty(n, kvh, d, dtype=dt, **meta), torch.empty(n, kvh, d, dtype=dt, **meta),
+                cache, torch.empty_like(cache), torch.empty(n, dtype=torch.int64, **meta))
+        call, kwargs = mod.write_kv_cache_triton, {}
+    else:
+        mod, attr = mods["attention"], "_paged_prefill_kernel"
+        from prefixkv.kernels.tiling import choose_tiles
+
+        b, q_len, kv_len = cfg["batch"], cfg["q_len"], cfg["prefix"] + cfg["q_len"]
+        n_blk = -(-kv_len // bs)
+        cache = torch.empty(b * n_blk, bs, kvh, d, dtype=dt, **meta)
+        args = (torch.empty(b * q_len, cfg["heads"], d, dtype=dt, **meta), cache, torch.empty_like(cache),
+                torch.empty(b, n_blk, dtype=torch.int32, **meta), torch.empty(b + 1, dtype=torch.int32, **meta),
+                torch.empty(b, dtype=torch.int32, **meta), q_len, kv_len)
+        tiles = choose_tiles(group=cfg["heads"] // kvh, head_dim=d, max_seqlen_q=q_len, on_gpu=True)
+        kwargs = dict(config=tiles, causal=cfg.get("causal", True), window_size=cfg.get("window_size"),
+                      softcap=cfg.get("softcap", 0.0), return_lse=cfg.get("return_lse", False))
+        call = mod.paged_prefill_attention_triton
+    jit_fn, rec = getattr(mod, attr), _Recorder()
+    setattr(mod, attr, rec)
+    try:
+        call(*args, **kwargs)
+    finally:
+        setattr(mod, attr, jit_fn)
+    return jit_fn, rec.grid, rec.args, rec.kwargs
+
+
+def compile_launch(jit_fn, args, kwargs, target_tuple=SM90):
+    """Specialise a recorded launch as ``JITFunction.run`` would and compile it; no device."""
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget(*target_tuple)
+    backend = make_backend(target)
+    kwargs = dict(kwargs, debug=False)
+    binder = create_function_from_signature(jit_fn.signature, jit_fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = jit_fn._pack_args(backend, kwargs, bound, specialization, options)
+    log = io.StringIO()
+    with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
+        knobs.nvidia.dump_ptxas_log = True  # printed only when ptxas runs ...
+        knobs.compilation.always_compile = True  # ... so never take a cached cubin
+        kernel = triton.compile(ASTSource(jit_fn, signature, constexprs, attrs), target=target,
+                                options=options.__dict__)
+    return kernel, log.getvalue()
+
+
+def parse_ptxas(log: str) -> dict:
+    """Registers, spill bytes and stack frame from a ``ptxas -v`` log."""
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    if not regs or not spill:
+        raise RuntimeError(f"no resource usage in the ptxas log:\n{log[-2000:]}")
+    stack, stores, loads = map(int, spill.groups())
+    return {"n_regs": int(regs.group(1)), "n_spills": stores + loads, "spill_stores": stores,
+            "spill_loads": loads, "stack_frame": stack}
+
+
+def occupancy(n_regs: int, num_warps: int, shared: int) -> int:
+    """Resident blocks per SM allowed by registers, shared memory and warp slots (estimate).
+
+    Registers are allocated per warp in units of 256; each block also reserves 1 KiB of
+    shared memory. The CUDA occupancy calculator's rules for compute capability 9.0.
+    """
+    per_warp = -(-n_regs * 32 // 256) * 256
+    by_regs = (REGS_PER_SM // per_warp) // num_warps
+    by_smem = SMEM_PER_SM // (shared + SMEM_RESERVED_PER_BLOCK)
+    return min(by_regs, by_smem, MAX_WARPS_PER_SM // num_warps, MAX_BLOCKS_PER_SM)
+
+
+def compile_config(name: str, mods=None) -> dict:
+    """Compile one entry of :data:`CONFIGS` for sm_90; a result row (``ok`` False on error)."""
+    import triton
+
+    cfg = CONFIGS[name]
+    mods = mods or load_compiled_modules()
+    row = {"name": name, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()},
+           "target": "sm_90", "triton": triton.__version__}
+    start = time.perf_counter()
+    try:
+        jit_fn, grid, args, kwargs = record_launch(mods, cfg)
+        row.update(grid=list(grid), num_warps=kwargs.get("num_warps", 4), num_stages=kwargs.get("num_stages", 3))
+        row["constexprs"] = {k: v for k, v in kwargs.items() if k.isupper() and k != "DOT_PRECISION"}
+        kernel, log = compile_launch(jit_fn, args, kwargs)
+        md = kernel.metadata
+        row.update(parse_ptxas(log), ok=True, shared=md.shared, num_warps=md.num_warps, num_stages=md.num_stages)
+        row["blocks_per_sm"] = occupancy(row["n_regs"], md.num_warps, md.shared)
+        row["fits"] = row["n_regs"] <= MAX_REGS_PER_THREAD and md.shared <= SMEM_PER_BLOCK
+    except Exception as exc:  # noqa: BLE001  a failed compile is a result, reported per config
+        row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[-1500:]}")
+    row["compile_s"] = round(time.perf_counter() - start, 2)
+    return row
+
+
+def markdown(rows: list[dict], triton_version: str) -> str:
+    lines = [f"# Ahead-of-time compile for sm_90 (H100), triton {triton_version}", "",
+             "Compiled on a CPU-only machine (no CUDA driver) by `benchmarks/compile_kernels.py`. "
+             "Registers and spills: `ptxas -v` of each compile; smem: Triton's shared-memory "
+             "allocation per block; blocks/SM: occupancy estimate from those figures and the "
+             "Hopper limits (65536 regs/SM, 228 KiB smem/SM, 227 KiB per block, 64 warps/SM).", "",
+             "| config | ok | BLOCK_M x BLOCK_N | warps | stages | regs | spills (B) | smem (B) | blocks/SM | s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r.get("constexprs", {})
+        tile = f"{c['BLOCK_M']} x {c['BLOCK_N']}" if "BLOCK_M" in c else "-"
+        if r["ok"]:
+            lines.append(f"| {r['name']} | ok | {tile} | {r['num_warps']} | {r['num_stages']} | {r['n_regs']} | "
+                         f"{r['n_spills']} | {r['shared']} | {r['blocks_per_sm']} | {r['compile_s']} |")
+        else:
+            lines.append(f"| {r['name']} | **error** | {tile} | {r.get('num_warps', '-')} | "
+                         f"{r.get('num_stages', '-')} | - | - | - | - | {r['compile_s']} |")
+    errors = [r for r in rows if not r["ok"]]
+    if errors:
+        lines += ["", "## Errors", ""] + [f"- `{r['name']}`: `{r['error'][:600]}`" for r in errors]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", nargs="*", choices=sorted(CONFIGS), help="compile only these configs")
+    p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    opts = p.parse_args(argv)
+    os.environ.pop("TRITON_INTERPRET", None)  # before Triton is imported; see the module docstring
+    import triton
+
+    mods = load_compiled_modules()
+    rows = []
+    for name in opts.only or CONFIGS:
+        rows.append(compile_config(name, mods))
+        r = rows[-1]
+        print(f"{name}: " + (f"ok regs={r['n_regs']} spills={r['n_spills']} smem={r['shared']} "
+                             f"warps={r['num_warps']} stages={r['num_stages']}" if r["ok"] else r["error"][:300]),
+              file=sys.stderr)
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"target": "sm_90", "triton": triton.__version__, "configs": rows}
+    (opts.out_dir / "kernels-sm90-compile.json").write_text(json.dumps(result, indent=2) + "\n")
+    md = markdown(rows, triton.__version__)
+    (opts.out_dir / "kernels-sm90-compile.md").write_text(md)
+    print(md)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
