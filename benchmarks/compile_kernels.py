@@ -52,8 +52,10 @@ CONFIGS = {
     "prefill-fp16": dict(SPEC, dtype="float16"),
     "decode-fp16": dict(DECODE, dtype="float16"),
     "prefill-fp32": dict(SPEC, dtype="float32"),
+    "decode-fp32": dict(DECODE, dtype="float32"),
     **{f"prefill-d{d}": dict(SPEC, head_dim=d) for d in (64, 80, 96, 256)},
     **{f"decode-d{d}": dict(DECODE, head_dim=d) for d in (64, 80, 96, 256)},
+    "prefill-d256-q8": dict(SPEC, head_dim=256, q_len=8),
     "prefill-group1": dict(SPEC, kv_heads=32),
     "prefill-group8": dict(SPEC, kv_heads=4),
     "decode-group1": dict(DECODE, kv_heads=32),
@@ -125,7 +127,8 @@ def record_launch(mods, cfg: dict):
         args = (torch.empty(b * q_len, cfg["heads"], d, dtype=dt, **meta), cache, torch.empty_like(cache),
                 torch.empty(b, n_blk, dtype=torch.int32, **meta), torch.empty(b + 1, dtype=torch.int32, **meta),
                 torch.empty(b, dtype=torch.int32, **meta), q_len, kv_len)
-        tiles = choose_tiles(group=cfg["heads"] // kvh, head_dim=d, max_seqlen_q=q_len, on_gpu=True)
+        tiles = choose_tiles(group=cfg["heads"] // kvh, head_dim=d, max_seqlen_q=q_len, on_gpu=True,
+                             elem_bytes=args[0].element_size())
         kwargs = dict(config=tiles, causal=cfg.get("causal", True), window_size=cfg.get("window_size"),
                       softcap=cfg.get("softcap", 0.0), return_lse=cfg.get("return_lse", False))
         call = mod.paged_prefill_attention_triton

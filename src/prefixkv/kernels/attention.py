@@ -210,7 +210,7 @@ def paged_prefill_attention_triton(
     group_p2 = triton.next_power_of_2(group)
     if config is None:
         config = choose_tiles(group=group, head_dim=shape.head_dim, max_seqlen_q=max_seqlen_q,
-                              on_gpu=q.is_cuda)
+                              on_gpu=q.is_cuda, elem_bytes=q.element_size())
     block_m = max(config.block_m, group_p2)
     block_q = block_m // group_p2
     if shape.softcap > 0:
