@@ -1,23 +1,19 @@
 """Compile the Triton kernels ahead of time for NVIDIA Hopper (sm_90) on a machine without a GPU.
 
-The interpreter (``TRITON_INTERPRET=1``) that runs our tests on a CPU never lowers a kernel
-to PTX, so it cannot see GPU-only failures: an unsupported op, a ``tl.dot`` type mismatch,
-too much shared memory, register spills. Triton's compiler needs no device when it is given
-a target: Python -> TTIR -> TTGIR -> LLVM IR -> PTX, then the ``ptxas`` bundled in the
-wheel makes the cubin. No CUDA driver is loaded.
+The interpreter that runs our tests on a CPU never lowers a kernel, so it misses GPU-only
+failures (unsupported ops, ``tl.dot`` type mismatches, too much shared memory, spills).
+Triton compiles for a given target without a device or driver: TTIR -> TTGIR -> LLVM ->
+PTX, then the ``ptxas`` in the wheel makes the cubin.
 
-Each config is launched through our real launcher with ``meta`` tensors of the right
-shapes, dtypes and strides; a stub in place of the ``@triton.jit`` object records the
-arguments, which are then specialised exactly as a launch would (Triton's own binder:
-pointer and int alignment to 16, ints equal to 1 as constants) and compiled for
-``GPUTarget("cuda", 90, 32)``. Registers and spills come from the ``ptxas -v`` log of that
-compile; shared memory is Triton's own allocation (the dynamic shared memory of a launch).
+Each config runs our real launcher on ``meta`` tensors; a stub in place of the
+``@triton.jit`` object records the arguments, which Triton's own binder then specialises
+as a launch would (16-byte alignment, ints equal to 1 as constants) before compiling for
+``GPUTarget("cuda", 90, 32)``. Registers and spills: the ``ptxas -v`` log of that compile;
+shared memory: Triton's allocation (a launch's dynamic shared memory).
 
-``TRITON_INTERPRET`` must be off when Triton is imported (it swaps every ``@triton.jit``
-function, Triton's own ``tl.sum`` included, for an interpreter object), so ``main`` clears
-it first and the test suite, which sets it, runs this script in a subprocess.
-
-Usage: ``python benchmarks/compile_kernels.py [--only NAME ...] [--out-dir DIR]``.
+``TRITON_INTERPRET`` must be off when Triton is imported (it turns every ``@triton.jit``
+function, ``tl.sum`` included, into an interpreter object), so ``main`` clears it and the
+test suite, which sets it, runs this script in a subprocess.
 """
 
 from __future__ import annotations
@@ -35,13 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SM90 = ("cuda", 90, 32)
 # Hopper limits (CUDA C Programming Guide, compute capability 9.0).
-MAX_REGS_PER_THREAD = 255
-REGS_PER_SM = 65536
-SMEM_PER_SM = 228 * 1024
-SMEM_PER_BLOCK = 227 * 1024
-SMEM_RESERVED_PER_BLOCK = 1024
-MAX_WARPS_PER_SM = 64
-MAX_BLOCKS_PER_SM = 32
+MAX_REGS_PER_THREAD, REGS_PER_SM, MAX_WARPS_PER_SM, MAX_BLOCKS_PER_SM = 255, 65536, 64, 32
+SMEM_PER_SM, SMEM_PER_BLOCK, SMEM_RESERVED_PER_BLOCK = 228 * 1024, 227 * 1024, 1024
 
 SPEC = dict(kind="attn", heads=32, kv_heads=8, head_dim=128, block_size=16, dtype="bfloat16",
             batch=8, q_len=2048, prefix=8192)
@@ -49,17 +40,12 @@ DECODE = dict(SPEC, batch=64, q_len=1, prefix=8191)
 CONFIGS = {
     "prefill-spec": SPEC,
     "decode": DECODE,
-    "prefill-fp16": dict(SPEC, dtype="float16"),
-    "decode-fp16": dict(DECODE, dtype="float16"),
-    "prefill-fp32": dict(SPEC, dtype="float32"),
-    "decode-fp32": dict(DECODE, dtype="float32"),
+    **{f"{n}-{dt}": dict(c, dtype=f"float{dt[2:]}") for dt in ("fp16", "fp32") for n, c in
+       (("prefill", SPEC), ("decode", DECODE))},
     **{f"prefill-d{d}": dict(SPEC, head_dim=d) for d in (64, 80, 96, 256)},
     **{f"decode-d{d}": dict(DECODE, head_dim=d) for d in (64, 80, 96, 256)},
     "prefill-d256-q8": dict(SPEC, head_dim=256, q_len=8),
-    "prefill-group1": dict(SPEC, kv_heads=32),
-    "prefill-group8": dict(SPEC, kv_heads=4),
-    "decode-group1": dict(DECODE, kv_heads=32),
-    "decode-group8": dict(DECODE, kv_heads=4),
+    **{f"{n}-group{g}": dict(c, kv_heads=32 // g) for n, c in (("prefill", SPEC), ("decode", DECODE)) for g in (1, 8)},
     "prefill-softcap": dict(SPEC, softcap=50.0),
     "prefill-window": dict(SPEC, window_size=(4095, 0)),
     "prefill-lse": dict(SPEC, return_lse=True),
@@ -74,14 +60,7 @@ CONFIGS = {
 
 
 def load_compiled_modules():
-    """The ``attention`` and ``write_kv`` modules, whose kernels must be ``JITFunction``s.
-
-    Raises:
-        RuntimeError: the interpreter is on. ``TRITON_INTERPRET=1`` at import turns every
-            ``@triton.jit`` function, Triton's own ``tl.sum`` included, into interpreter
-            objects that cannot be lowered, so compile in a process started without it
-            (``main`` clears it before importing Triton; the test runs this script).
-    """
+    """The ``attention`` and ``write_kv`` modules; raises RuntimeError if the interpreter is on."""
     sys.path.insert(0, str(ROOT / "src"))
     from triton import knobs
 
@@ -176,25 +155,18 @@ def parse_ptxas(log: str) -> dict:
 
 
 def occupancy(n_regs: int, num_warps: int, shared: int) -> int:
-    """Resident blocks per SM allowed by registers, shared memory and warp slots (estimate).
-
-    Registers are allocated per warp in units of 256; each block also reserves 1 KiB of
-    shared memory. The CUDA occupancy calculator's rules for compute capability 9.0.
-    """
+    """Resident blocks per SM (estimate, occupancy-calculator rules for cc 9.0): registers
+    go per warp in units of 256, each block also reserves 1 KiB of shared memory."""
     per_warp = -(-n_regs * 32 // 256) * 256
     by_regs = (REGS_PER_SM // per_warp) // num_warps
     by_smem = SMEM_PER_SM // (shared + SMEM_RESERVED_PER_BLOCK)
     return min(by_regs, by_smem, MAX_WARPS_PER_SM // num_warps, MAX_BLOCKS_PER_SM)
 
 
-def compile_config(name: str, mods=None) -> dict:
+def compile_config(name: str, mods: dict) -> dict:
     """Compile one entry of :data:`CONFIGS` for sm_90; a result row (``ok`` False on error)."""
-    import triton
-
     cfg = CONFIGS[name]
-    mods = mods or load_compiled_modules()
-    row = {"name": name, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()},
-           "target": "sm_90", "triton": triton.__version__}
+    row = {"name": name, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()}}
     start = time.perf_counter()
     try:
         jit_fn, grid, args, kwargs = record_launch(mods, cfg)
@@ -204,34 +176,45 @@ def compile_config(name: str, mods=None) -> dict:
         md = kernel.metadata
         row.update(parse_ptxas(log), ok=True, shared=md.shared, num_warps=md.num_warps, num_stages=md.num_stages)
         row["blocks_per_sm"] = occupancy(row["n_regs"], md.num_warps, md.shared)
-        row["fits"] = row["n_regs"] <= MAX_REGS_PER_THREAD and md.shared <= SMEM_PER_BLOCK
+        ptx = kernel.asm["ptx"]
+        row["mma"] = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "none"
     except Exception as exc:  # noqa: BLE001  a failed compile is a result, reported per config
         row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[-1500:]}")
     row["compile_s"] = round(time.perf_counter() - start, 2)
     return row
 
 
-def markdown(rows: list[dict], triton_version: str) -> str:
-    lines = [f"# Ahead-of-time compile for sm_90 (H100), triton {triton_version}", "",
+def flags(r: dict) -> list[str]:
+    """Red flags of one compiled row, against the Hopper limits."""
+    out = [f"{r['n_spills']} B of register spills"] if r["n_spills"] else []
+    out += [f"{r['n_regs']} registers, the 255 cap"] if r["n_regs"] >= MAX_REGS_PER_THREAD else []
+    out += [f"{r['shared']} B smem, over the {SMEM_PER_BLOCK} B a block may use"] if r["shared"] > SMEM_PER_BLOCK else []
+    warps = r["blocks_per_sm"] * r["num_warps"]
+    out += [f"{warps} resident warps/SM ({warps / MAX_WARPS_PER_SM:.1%} occupancy)"] if warps < 8 else []
+    return out
+
+
+def markdown(result: dict, reading: str = "") -> str:
+    """The report; ``reading`` (a hand-written ``## Reading`` section) is kept across runs."""
+    rows = result["configs"]
+    lines = [f"# Ahead-of-time compile for sm_90 (H100): triton {result['triton']}, {result['ptxas']}", "",
              "Compiled on a CPU-only machine (no CUDA driver) by `benchmarks/compile_kernels.py`. "
              "Registers and spills: `ptxas -v` of each compile; smem: Triton's shared-memory "
              "allocation per block; blocks/SM: occupancy estimate from those figures and the "
              "Hopper limits (65536 regs/SM, 228 KiB smem/SM, 227 KiB per block, 64 warps/SM).", "",
-             "| config | ok | BLOCK_M x BLOCK_N | warps | stages | regs | spills (B) | smem (B) | blocks/SM | s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| config | ok | BLOCK_M x BLOCK_N | warps | stages | regs | spills (B) | smem (B) | blocks/SM "
+             "| warps/SM | mma | compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r.get("constexprs", {})
         tile = f"{c['BLOCK_M']} x {c['BLOCK_N']}" if "BLOCK_M" in c else "-"
-        if r["ok"]:
-            lines.append(f"| {r['name']} | ok | {tile} | {r['num_warps']} | {r['num_stages']} | {r['n_regs']} | "
-                         f"{r['n_spills']} | {r['shared']} | {r['blocks_per_sm']} | {r['compile_s']} |")
-        else:
-            lines.append(f"| {r['name']} | **error** | {tile} | {r.get('num_warps', '-')} | "
-                         f"{r.get('num_stages', '-')} | - | - | - | - | {r['compile_s']} |")
-    errors = [r for r in rows if not r["ok"]]
-    if errors:
-        lines += ["", "## Errors", ""] + [f"- `{r['name']}`: `{r['error'][:600]}`" for r in errors]
-    return "\n".join(lines) + "\n"
+        cells = ([r["n_regs"], r["n_spills"], r["shared"], r["blocks_per_sm"], r["blocks_per_sm"] * r["num_warps"],
+                  r["mma"]] if r["ok"] else ["-"] * 6)
+        lines.append(f"| {r['name']} | {'ok' if r['ok'] else '**error**'} | {tile} | {r.get('num_warps', '-')} | "
+                     f"{r.get('num_stages', '-')} | " + " | ".join(map(str, cells)) + f" | {r['compile_s']} |")
+    lines += ["", "## Flags (computed)", ""]
+    lines += [f"- `{r['name']}`: " + "; ".join(flags(r)) for r in rows if r["ok"] and flags(r)] or ["- none"]
+    lines += [f"- `{r['name']}`: **error** `{r['error'][:600]}`" for r in rows if not r["ok"]]
+    return "\n".join(lines) + "\n" + (f"\n{reading.strip()}\n" if reading else "")
 
 
 def main(argv=None) -> int:
@@ -241,20 +224,21 @@ def main(argv=None) -> int:
     opts = p.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)  # before Triton is imported; see the module docstring
     import triton
+    from triton.backends.nvidia.compiler import get_ptxas
 
-    mods = load_compiled_modules()
-    rows = []
+    mods, rows = load_compiled_modules(), []
     for name in opts.only or CONFIGS:
-        rows.append(compile_config(name, mods))
-        r = rows[-1]
-        print(f"{name}: " + (f"ok regs={r['n_regs']} spills={r['n_spills']} smem={r['shared']} "
-                             f"warps={r['num_warps']} stages={r['num_stages']}" if r["ok"] else r["error"][:300]),
-              file=sys.stderr)
+        rows.append(r := compile_config(name, mods))
+        print(f"{name}: " + (f"ok regs={r['n_regs']} spills={r['n_spills']} smem={r['shared']}"
+                             if r["ok"] else r["error"][:300]), file=sys.stderr)
     opts.out_dir.mkdir(parents=True, exist_ok=True)
-    result = {"target": "sm_90", "triton": triton.__version__, "configs": rows}
+    ptxas = get_ptxas(90)
+    result = {"target": "sm_90", "triton": triton.__version__, "ptxas": f"{Path(ptxas.path).name} {ptxas.version}",
+              "configs": rows}
     (opts.out_dir / "kernels-sm90-compile.json").write_text(json.dumps(result, indent=2) + "\n")
-    md = markdown(rows, triton.__version__)
-    (opts.out_dir / "kernels-sm90-compile.md").write_text(md)
+    md_path = opts.out_dir / "kernels-sm90-compile.md"
+    old = md_path.read_text() if md_path.exists() else ""
+    md_path.write_text(md := markdown(result, old[old.find("## Reading"):] if "## Reading" in old else ""))
     print(md)
     return 0 if all(r["ok"] for r in rows) else 1
 
