@@ -106,7 +106,7 @@ class BlockPool:
             b.hash = None
 
     def fill(self, blocks: list[Block], first: int, hashes: Sequence[bytes],
-             chunks: Sequence[bytes], extras: Sequence[bytes]) -> list[int]:
+             chunks: Sequence[bytes], extras: Sequence[bytes]) -> Sequence[int]:
         """Record the content of ``blocks[first:first + len(hashes)]``, which just became
         full (their parents are the blocks before them), and index each under its hash
         unless the hash is taken. Returns the positions that were indexed (findable).
@@ -117,9 +117,25 @@ class BlockPool:
         index = self._index
         cid = self._next_cid
         parent_cid = blocks[first - 1].cid if first else 0
+        run = blocks[first:first + len(hashes)]
+        if index.keys().isdisjoint(hashes):  # the common case: every hash is new ...
+            size = len(index)
+            index.update(zip(hashes, run))
+            if len(index) == size + len(run):  # ... and no two of them are equal
+                for b, h, chunk, extra in zip(run, hashes, chunks, extras):
+                    b.hash = h
+                    b.parent_cid = parent_cid
+                    b.cid = parent_cid = cid
+                    cid += 1
+                    b.tokens = chunk
+                    b.extra = extra
+                self._next_cid = cid
+                return range(first, first + len(run))
+            for h in hashes:  # a collision inside the run: undo, take the careful path
+                index.pop(h, None)
         stored = []
         pos = first
-        for b, h, chunk, extra in zip(blocks[first:first + len(hashes)], hashes, chunks, extras):
+        for b, h, chunk, extra in zip(run, hashes, chunks, extras):
             existing = index.get(h)
             if existing is None:
                 b.cid = cid
