@@ -92,7 +92,7 @@ class Scheduler:
     def _grow(self, seq: Sequence, budget: int) -> Scheduled | None:
         if seq.num_known > seq.num_computed:  # the next prefill chunk
             n = min(seq.num_known - seq.num_computed, budget)
-            if self.allocator.extend(seq.seq_id, n) is None:  # type: ignore[attr-defined]
+            if self.allocator.extend(seq.seq_id, n) is None:
                 return None
             return Scheduled(seq, seq.num_computed, seq.tokens[seq.num_computed:seq.num_computed + n], True)
         new = [seq.output[-1]]  # the pending token sampled last step
