@@ -83,3 +83,13 @@ def test_both_modes_hit(mode):
     m = KVCacheManager(8, 4, hash_mode=mode)
     m.add_request("a", [1, 2, 3, 4, 5])
     assert m.lookup([1, 2, 3, 4, 6]) == 4
+
+
+def test_stored_events_carry_the_keys_of_their_own_block():
+    m = KVCacheManager(16, 4, seed=0, enable_events=True)
+    img = MultiModalInput("cat", 4, 4)
+    m.add_request("a", list(range(1, 14)), extra=ExtraKeys(lora="ad", mm=(img,)))
+    extras = [e.extra for e in m.take_events()]
+    assert extras == [ExtraKeys(lora="ad"), ExtraKeys(lora="ad", mm=(img,)), ExtraKeys(lora="ad")]
+    m.add_request("b", [7] * 5, extra=ExtraKeys(mm=(MultiModalInput("x", 4, 1),)))
+    assert [e.extra for e in m.take_events()] == [None]

@@ -13,7 +13,9 @@ from .extra_keys import ExtraKeys
 @dataclass(frozen=True, slots=True)
 class BlockStored:
     """A full block became findable under ``block_hash``. ``parent_block_hash`` is None
-    for a request's first block. ``token_ids`` are the block's block_size tokens."""
+    for a request's first block. ``token_ids`` are the block's block_size tokens.
+    ``extra``: the extra keys that entered this block's hash (LoRA, salt and only the
+    multimodal inputs overlapping the block), None when there are none."""
 
     block_hash: bytes
     parent_block_hash: bytes | None

@@ -80,6 +80,14 @@ class ExtraKeys:
             out += b"S" + _U32.pack(len(raw)) + raw
         return out
 
+    def for_range(self, start: int, end: int) -> ExtraKeys | None:
+        """The keys that enter the hash of the block of tokens ``[start, end)``: LoRA, salt
+        and the multimodal inputs overlapping it; None when there are none."""
+        mm = tuple(m for m in self.mm if m.offset < end and m.offset + m.length > start)
+        if self.lora is None and self.cache_salt is None and not mm:
+            return None
+        return self if mm == self.mm else ExtraKeys(self.lora, self.cache_salt, mm)
+
     def block_bytes(self, num_blocks: int, block_size: int) -> list[bytes]:
         """The encoding for each of the first ``num_blocks`` blocks: base keys plus the
         multimodal inputs overlapping that block's token range."""

@@ -194,9 +194,10 @@ class KVCacheManager:
                                  req.chunks[first:last], req.extras_for(first, last))
         if self._events is not None:
             for j in stored:
+                start, end = j * bs, (j + 1) * bs
                 self._events.append(BlockStored(
-                    req.hashes[j], req.hashes[j - 1] if j else None,
-                    tuple(req.tokens[j * bs:(j + 1) * bs]), req.blocks[j].block_id, req.extra))
+                    req.hashes[j], req.hashes[j - 1] if j else None, tuple(req.tokens[start:end]),
+                    req.blocks[j].block_id, req.extra.for_range(start, end) if req.extra else None))
 
     # ---- forks, free, preemption -------------------------------------------------------
 
