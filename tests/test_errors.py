@@ -31,7 +31,8 @@ def _live(m, rid):
 @pytest.mark.parametrize("kwargs", [
     dict(num_blocks=0), dict(num_blocks=-1), dict(num_blocks=2.0), dict(num_blocks=True),
     dict(block_size=0), dict(block_size="16"), dict(vocab_size=0),
-    dict(hash_mode="md5"), dict(seed=-1), dict(seed="abc"), dict(seed=1.5),
+    dict(hash_mode="md5"), dict(hash_mode=lambda data: 7), dict(hash_mode=lambda data: b""),
+    dict(seed=-1), dict(seed="abc"), dict(seed=1.5),
 ])
 def test_bad_config(kwargs):
     args = dict(num_blocks=8, block_size=4) | kwargs
