@@ -6,7 +6,8 @@ and device-to-device copy GB/s), then times:
 * the SPEC section 4 shape: 8 requests x (8192 cached + 2048 new), 32 q / 8 kv heads,
   head_dim 128, bf16, block_size 16, against our torch reference and dense SDPA;
 * a sweep over cached prefix 0..32k and q_len 1..8k;
-* decode: 64 requests x 8k context, q_len 1, as GB/s of K/V read against the copy GB/s.
+* decode: 64 requests x 8k context, q_len 1, as GB/s of K/V read against the copy GB/s;
+* split-KV decode: 1 and 4 requests x 32k context, with the heuristic's splits and unsplit.
 
 Results go to ``benchmarks/results/kernels-<device>.json`` and ``.md`` with the device,
 git commit, versions and shapes. ``--smoke`` runs tiny shapes through the Triton
@@ -20,6 +21,7 @@ query i of a request with ``kv_len`` keys and ``q_len`` queries sees
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -143,11 +145,21 @@ def run_case(torch, kernels, timer, cfg, *, reference, sdpa):
     return row
 
 
-def run_decode(torch, kernels, timer, cfg):
-    """Decode: GB/s of K/V actually read (each request's kv_len tokens, all kv heads)."""
+def run_decode(torch, kernels, timer, cfg, num_splits=None):
+    """Decode: GB/s of K/V actually read (each request's kv_len tokens, all kv heads).
+    ``num_splits`` forces the split-KV count (1: unsplit); None leaves it to the heuristic."""
     args, _ = make_problem(torch, kernels, **cfg)
     out = torch.empty_like(args[0])
-    ms = timer(lambda: kernels.paged_prefill_attention(*args, out=out, backend="triton"))
+    call = lambda: kernels.paged_prefill_attention(*args, out=out, backend="triton")  # noqa: E731
+    if num_splits is not None:
+        from prefixkv.kernels.attention import paged_prefill_attention_triton
+        from prefixkv.kernels.tiling import choose_tiles
+
+        tiles = choose_tiles(group=cfg["heads"] // cfg["kv_heads"], head_dim=cfg["head_dim"], max_seqlen_q=1,
+                             on_gpu=args[0].is_cuda, elem_bytes=args[0].element_size())
+        config = dataclasses.replace(tiles, num_splits=num_splits)
+        call = lambda: paged_prefill_attention_triton(*args, out=out, config=config)  # noqa: E731
+    ms = timer(call)
     elem = args[1].element_size()
     kv_bytes = 2 * cfg["batch"] * (cfg["prefix"] + 1) * cfg["kv_heads"] * cfg["head_dim"] * elem
     return {"batch": cfg["batch"], "context": cfg["prefix"] + 1, "kv_heads": cfg["kv_heads"], "heads": cfg["heads"],
@@ -166,6 +178,15 @@ def shapes(smoke: bool, device: str, torch):
     sweep = [dict(batch=max(1, min(64, 8192 // q)), prefix=p, q_len=q, **base)
              for p in (0, 1024, 4096, 16384, 32768) for q in (1, 16, 128, 1024, 8192)]
     return dict(batch=8, prefix=8192, q_len=2048, **base), sweep, dict(batch=64, prefix=8191, q_len=1, **base)
+
+
+def split_shapes(smoke: bool, device: str, torch):
+    """Long-context decode with few requests: the heuristic splits the keys (SM count 132: 17, 5)."""
+    if smoke:
+        return [dict(batch=1, prefix=599, q_len=1, heads=4, kv_heads=2, head_dim=64, block_size=16,
+                     dtype=torch.float16, device=device)]
+    return [dict(batch=b, prefix=32767, q_len=1, heads=32, kv_heads=8, head_dim=128, block_size=16,
+                 dtype=torch.bfloat16, device=device) for b in (1, 4)]
 
 
 def write_results(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
@@ -190,6 +211,13 @@ def write_results(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
     d = result["decode"]
     lines += ["", "## Decode", "", f"{d['batch']} x {d['context']} context: {d['gbps']:.0f} GB/s "
               f"({d['ms']:.3f} ms for {d['kv_gb']:.2f} GB of K/V)", ""]
+    if result.get("split_decode"):
+        lines += ["## Split-KV decode", "", "| batch | context | split ms | GB/s | unsplit ms | GB/s |", "|---|---|---|---|---|---|"]
+        for r in result["split_decode"]:
+            u = r["unsplit"]
+            lines.append(f"| {r['batch']} | {r['context']} | {r['ms']:.3f} | {r['gbps']:.0f} | {u['ms']:.3f} | "
+                         f"{u['gbps']:.0f} |")
+        lines.append("")
     mpath.write_text("\n".join(lines))
     return jpath, mpath
 
@@ -225,6 +253,8 @@ def main(argv=None) -> int:
     result["decode"] = run_decode(torch, kernels, timer, decode)
     if cuda:
         result["decode"]["fraction_of_copy_bw"] = result["decode"]["gbps"] / result["ceilings"]["copy_gbps"]
+    result["split_decode"] = [dict(run_decode(torch, kernels, timer, cfg), unsplit=run_decode(
+        torch, kernels, timer, cfg, num_splits=1)) for cfg in split_shapes(opts.smoke, device, torch)]
     slug = "smoke" if opts.smoke else "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
     jpath, mpath = write_results(result, opts.out_dir, slug)
     print(mpath.read_text())

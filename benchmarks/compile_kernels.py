@@ -53,6 +53,13 @@ CONFIGS = {
     "prefill-d256-all-switches": dict(SPEC, head_dim=256, softcap=50.0, window_size=(4095, 0), return_lse=True),
     "decode-all-switches": dict(DECODE, softcap=50.0, window_size=(4095, 0), return_lse=True),
     "prefill-noncausal-block5": dict(SPEC, block_size=5, causal=False),
+    # Split-KV decode (the heuristic picks 17 and 5 splits); "-combine": the merge kernel.
+    "decode-split-32k": (SPLIT := dict(SPEC, batch=1, q_len=1, prefix=32767)),
+    "decode-split-32k-combine": dict(SPLIT, kernel="combine"),
+    "decode-split-32k-b4": dict(SPLIT, batch=4),
+    "decode-split-32k-all-switches": dict(SPLIT, softcap=50.0, window_size=(4095, 0), return_lse=True),
+    "decode-split-32k-lse-combine": dict(SPLIT, return_lse=True, kernel="combine"),
+    "decode-split-32k-d256-fp16": dict(SPLIT, head_dim=256, dtype="float16"),
     "write_kv": dict(kind="write_kv", kv_heads=8, head_dim=128, block_size=16, dtype="bfloat16", tokens=2048),
     "write_kv-d80-fp16": dict(kind="write_kv", kv_heads=8, head_dim=80, block_size=16, dtype="float16", tokens=2048),
     "write_kv-d256-h1": dict(kind="write_kv", kv_heads=1, head_dim=256, block_size=16, dtype="bfloat16", tokens=64),
@@ -67,9 +74,9 @@ def load_compiled_modules():
     if knobs.runtime.interpret:
         raise RuntimeError("TRITON_INTERPRET is on in this process: run benchmarks/compile_kernels.py "
                            "in a process without it to compile for a GPU target")
-    from prefixkv.kernels import attention, write_kv
+    from prefixkv.kernels import attention, split_kv, write_kv
 
-    return {"attention": attention, "write_kv": write_kv}
+    return {"attention": attention, "split_kv": split_kv, "write_kv": write_kv}
 
 
 class _Recorder:
@@ -83,7 +90,8 @@ class _Recorder:
 
 
 def record_launch(mods, cfg: dict):
-    """Run our launcher on ``meta`` tensors; return (jit kernel, grid, args, kwargs)."""
+    """Run our launcher on ``meta`` tensors; return (jit kernel, grid, args, kwargs) of the
+    attention kernel, or with ``kernel="combine"`` of the split-KV merge that follows it."""
     import torch
 
     dt = getattr(torch, cfg["dtype"])
@@ -111,13 +119,21 @@ def record_launch(mods, cfg: dict):
         kwargs = dict(config=tiles, causal=cfg.get("causal", True), window_size=cfg.get("window_size"),
                       softcap=cfg.get("softcap", 0.0), return_lse=cfg.get("return_lse", False))
         call = mod.paged_prefill_attention_triton
-    jit_fn, rec = getattr(mod, attr), _Recorder()
-    setattr(mod, attr, rec)
+    stubs = [(mod, attr)] + ([(mods["split_kv"], "_combine_splits_kernel")] if cfg["kind"] == "attn" else [])
+    saved = {name: getattr(m, name) for m, name in stubs}
+    recs = {name: _Recorder() for _, name in stubs}
+    for m, name in stubs:
+        setattr(m, name, recs[name])
     try:
         call(*args, **kwargs)
     finally:
-        setattr(mod, attr, jit_fn)
-    return jit_fn, rec.grid, rec.args, rec.kwargs
+        for m, name in stubs:
+            setattr(m, name, saved[name])
+    if cfg.get("kernel") == "combine":
+        attr = "_combine_splits_kernel"
+        if not hasattr(recs[attr], "grid"):
+            raise RuntimeError("the heuristic chose no split for this config, so there is no combine launch")
+    return saved[attr], recs[attr].grid, recs[attr].args, recs[attr].kwargs
 
 
 def compile_launch(jit_fn, args, kwargs, target_tuple=SM90):
@@ -207,6 +223,7 @@ def markdown(result: dict, reading: str = "") -> str:
     for r in rows:
         c = r.get("constexprs", {})
         tile = f"{c['BLOCK_M']} x {c['BLOCK_N']}" if "BLOCK_M" in c else "-"
+        tile += f" ({c['NUM_SPLITS']} splits)" if c.get("NUM_SPLITS", 1) > 1 else ""
         cells = ([r["n_regs"], r["n_spills"], r["shared"], r["blocks_per_sm"], r["blocks_per_sm"] * r["num_warps"],
                   r["mma"]] if r["ok"] else ["-"] * 6)
         lines.append(f"| {r['name']} | {'ok' if r['ok'] else '**error**'} | {tile} | {r.get('num_warps', '-')} | "

@@ -34,4 +34,5 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
     assert {"device", "commit", "torch", "triton", "spec_shape", "sweep", "decode"} <= result.keys()
     assert result["spec_shape"]["max_abs_err_vs_reference"] < 1e-2
     assert len(result["sweep"]) == 4 and result["decode"]["gbps"] > 0
-    assert "## SPEC shape" in (tmp_path / "kernels-smoke.md").read_text()
+    assert [r["unsplit"]["gbps"] > 0 for r in result["split_decode"]] == [True]
+    assert {"## SPEC shape", "## Split-KV decode"} <= set((tmp_path / "kernels-smoke.md").read_text().splitlines())

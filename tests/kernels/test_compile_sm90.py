@@ -20,8 +20,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "compile_kernels.py"
-# The SPEC section 4 prefill shape, decode, and the head_dim 256 tile that once spilled.
-CONFIGS = ("prefill-spec", "decode", "prefill-d256")
+# The SPEC section 4 prefill shape, decode, the head_dim 256 tile that once spilled, and
+# split-KV decode (1 x 32k: the attention kernel with 17 splits, then the combine kernel).
+CONFIGS = ("prefill-spec", "decode", "prefill-d256", "decode-split-32k", "decode-split-32k-combine")
 
 
 def _skip_reason() -> str | None:
@@ -62,3 +63,11 @@ def test_prefill_tile_is_the_spec_one(compiled):
     row = compiled["prefill-spec"]
     assert (row["constexprs"]["BLOCK_M"], row["constexprs"]["BLOCK_N"], row["num_warps"]) == (128, 64, 8)
     assert compiled["decode"]["constexprs"]["BLOCK_M"] == 16
+    assert row["constexprs"]["NUM_SPLITS"] == compiled["decode"]["constexprs"]["NUM_SPLITS"] == 1
+
+
+def test_long_decode_is_split(compiled):
+    """1 x 32k decode with 8 KV heads: 8 programs, so the heuristic adds a split axis."""
+    row = compiled["decode-split-32k"]
+    assert row["constexprs"]["NUM_SPLITS"] == 17 and row["grid"][2] == 17
+    assert compiled["decode-split-32k-combine"]["grid"] == [1, 32]

@@ -1,7 +1,9 @@
 """Triton paged prefix-prefill attention: one kernel for prefill, chunked prefill and decode.
 
-Grid: ``(total_q // BLOCK_Q + batch, num_kv_heads)``; a program finds its request by
-searching ``cu_seqlens_q`` on the device, so the grid comes from tensor shapes only.
+Grid: ``(total_q // BLOCK_Q + batch, num_kv_heads, num_splits)``; a program finds its
+request by searching ``cu_seqlens_q`` on the device, so the grid comes from tensor shapes
+only. With ``num_splits > 1`` (few programs: long-context decode) each program attends one
+slice of its keys and a second kernel merges the slices (``split_kv``).
 A tile holds ``BLOCK_Q`` query positions x the ``GROUP_P2`` query heads of one KV head
 (GQA packing: the group's heads share every K/V load). Keys are read through the block
 table one slot at a time, so any block_size works.
@@ -15,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .tiling import TileConfig, choose_tiles
+from .split_kv import _split_phases, combine_splits, split_workspaces
+from .tiling import TileConfig, choose_num_splits, choose_tiles, sm_count
 from .validation import check_attention
 
 __all__ = ["paged_prefill_attention_triton"]
@@ -84,12 +87,12 @@ def _paged_prefill_kernel(
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
-    stride_bt, stride_bc, stride_ot, stride_oh, stride_od, stride_lh, stride_lt,
+    stride_bt, stride_bc, stride_ot, stride_oh, stride_od, stride_lh, stride_lt, stride_os, stride_ls,
     qk_scale, softcap_log2, window_left, window_right, batch,
     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BATCH_P2: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    RETURN_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    RETURN_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr, NUM_SPLITS: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_P2
     pid = tl.program_id(0)
@@ -133,6 +136,15 @@ def _paged_prefill_kernel(
             full_lo = tl.maximum(kv_lo, p_hi - window_left)
         full_lo = tl.minimum(full_lo, tl.maximum(kv_hi, kv_lo))
         full_hi = full_lo + (tl.maximum(full_hi - full_lo, 0) // BLOCK_N) * BLOCK_N
+        # Phase i covers keys [pi_lo, pi_hi); a split keeps its slice of each.
+        p1_lo, p1_hi, p2_lo, p2_hi, p3_lo, p3_hi = kv_lo, full_lo, full_lo, full_hi, full_hi, kv_hi
+        if NUM_SPLITS > 1:
+            split = tl.program_id(2)
+            p1_lo, p1_hi, p2_lo, p2_hi, p3_lo, p3_hi = _split_phases(
+                kv_lo, full_lo, full_hi, kv_hi, split, NUM_SPLITS, BLOCK_N)
+            # out / lse are the fp32 workspaces here: this split's partial output and LSE.
+            out_ptr += split.to(tl.int64) * stride_os
+            lse_ptr += split.to(tl.int64) * stride_ls
 
         acc = tl.zeros([BLOCK_M, DIM_P2], dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -141,28 +153,28 @@ def _paged_prefill_kernel(
         v_base = v_cache_ptr + kvh.to(tl.int64) * stride_vh
         bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
         # Phase 1: left edge of a sliding window, masked.
-        for start_n in range(kv_lo, full_lo, BLOCK_N):
+        for start_n in range(p1_lo, p1_hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
-                acc, l_i, m_i, q, pos, d, d_ok, start_n, full_lo, k_base, v_base, bt_row, stride_bc,
+                acc, l_i, m_i, q, pos, d, d_ok, start_n, p1_hi, k_base, v_base, bt_row, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
         # Phase 2: cached prefix (and any keys all rows see), full tiles without a mask.
-        for start_n in range(full_lo, full_hi, BLOCK_N):
+        for start_n in range(p2_lo, p2_hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
-                acc, l_i, m_i, q, pos, d, d_ok, start_n, full_hi, k_base, v_base, bt_row, stride_bc,
+                acc, l_i, m_i, q, pos, d, d_ok, start_n, p2_hi, k_base, v_base, bt_row, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
         # Phase 3: new tokens on the diagonal, causal (bottom-right aligned), masked.
-        for start_n in range(full_hi, kv_hi, BLOCK_N):
+        for start_n in range(p3_lo, p3_hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
-                acc, l_i, m_i, q, pos, d, d_ok, start_n, kv_hi, k_base, v_base, bt_row, stride_bc,
+                acc, l_i, m_i, q, pos, d, d_ok, start_n, p3_hi, k_base, v_base, bt_row, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
 
-        # Rows that attended nothing: output 0, LSE -inf.
+        # Rows (or splits) that attended nothing: output 0, LSE -inf.
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         o = acc / l_safe[:, None]  # [BLOCK_M, DIM_P2]
         o_off = tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
@@ -192,7 +204,8 @@ def paged_prefill_attention_triton(
 ):
     """Triton path of :func:`prefixkv.kernels.paged_prefill_attention` (same contract).
 
-    ``config`` overrides the tile heuristic (tests use it to reach every phase).
+    ``config`` overrides the tile heuristic (tests use it to reach every phase);
+    ``config.num_splits`` (None: :func:`choose_num_splits`) forces the number of key splits.
     """
     shape = check_attention(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
@@ -217,20 +230,31 @@ def paged_prefill_attention_triton(
         qk_scale, softcap_log2 = shape.softmax_scale / shape.softcap, shape.softcap * _LOG2E
     else:
         qk_scale, softcap_log2 = shape.softmax_scale * _LOG2E, 0.0
-    lse_arg = lse if lse is not None else out  # never written when RETURN_LSE is off
-    lse_strides = lse.stride() if lse is not None else (0, 0)
-    grid = (shape.total_q // block_q + shape.batch, shape.num_kv_heads)
+    num_splits = config.num_splits or choose_num_splits(  # None: the heuristic's count
+        batch=shape.batch, num_kv_heads=shape.num_kv_heads, max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k, num_sms=sm_count(q.device))
+    if num_splits > 1:
+        o_arg, lse_arg = split_workspaces(num_splits, shape.total_q, shape.num_heads, shape.head_dim, q.device)
+        split_strides = (o_arg.stride(0), lse_arg.stride(0))
+        o_strides, lse_strides = o_arg.stride()[1:], lse_arg.stride()[1:]
+    else:
+        o_arg, lse_arg = out, (lse if lse is not None else out)  # lse: never written when RETURN_LSE is off
+        split_strides, o_strides = (0, 0), out.stride()
+        lse_strides = lse.stride() if lse is not None else (0, 0)
+    grid = (shape.total_q // block_q + shape.batch, shape.num_kv_heads, num_splits)
     _paged_prefill_kernel[grid](
-        q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, out, lse_arg,
+        q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, o_arg, lse_arg,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(),
-        *out.stride(), *lse_strides,
+        *o_strides, *lse_strides, *split_strides,
         qk_scale, softcap_log2, shape.window_left, shape.window_right, shape.batch,
         GROUP=group, GROUP_P2=group_p2, HEAD_DIM=shape.head_dim,
         DIM_P2=max(16, triton.next_power_of_2(shape.head_dim)), BLOCK_SIZE=shape.block_size,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BATCH_P2=max(16, triton.next_power_of_2(shape.batch)),
         HAS_LEFT=shape.window_left >= 0, HAS_RIGHT=shape.window_right >= 0,
-        SOFTCAP=shape.softcap > 0, RETURN_LSE=return_lse,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+        SOFTCAP=shape.softcap > 0, RETURN_LSE=return_lse or num_splits > 1,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None, NUM_SPLITS=num_splits,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    if num_splits > 1:
+        combine_splits(o_arg, lse_arg, out, lse)
     return (out, lse) if return_lse else out

@@ -7,12 +7,18 @@ which cannot autotune over several configs, runs the same code path.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
 import triton
 
-__all__ = ["TileConfig", "choose_tiles", "interpreting"]
+__all__ = ["TileConfig", "choose_num_splits", "choose_tiles", "interpreting", "sm_count"]
+
+DEFAULT_SM_COUNT = 132  # H100 SXM: the split heuristic's SM count for non-CUDA tensors
+MAX_SPLITS = 64
+MIN_KEYS_PER_SPLIT = 256  # a split below this spends more on its partial than it saves
+MAX_SPLIT_Q = 16  # splits only for decode-like calls (speculative decode included)
 
 
 def interpreting() -> bool:
@@ -26,18 +32,53 @@ class TileConfig:
 
     ``block_m`` rows of a tile are ``block_m // group_p2`` query positions times the
     ``group_p2`` (padded) query heads that share one KV head; ``block_n`` keys per step.
+    ``num_splits`` key slices per tile (split-KV); None lets :func:`choose_num_splits` pick.
     """
 
     block_m: int
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
+    num_splits: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
             n = getattr(self, name)
             if n < 16 or n & (n - 1):
                 raise ValueError(f"{name} must be a power of two >= 16, got {n}")
+        if self.num_splits is not None and not 1 <= self.num_splits <= 1024:
+            raise ValueError(f"num_splits must be None or in 1..1024, got {self.num_splits}")
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device) -> int:
+    """SMs of a CUDA ``device`` (asked once per device, then cached); ``DEFAULT_SM_COUNT``
+    for any other device, so the interpreter and ``meta`` tensors take the H100 choice."""
+    if getattr(device, "type", None) != "cuda":
+        return DEFAULT_SM_COUNT
+    import torch
+
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def choose_num_splits(*, batch: int, num_kv_heads: int, max_seqlen_q: int, max_seqlen_k: int, num_sms: int) -> int:
+    """Key splits per tile (1: no split-KV), from launch shapes only: never reads a tensor.
+
+    Decode-like calls (``max_seqlen_q <= MAX_SPLIT_Q``) whose ``batch * num_kv_heads``
+    programs leave SMs idle get enough splits to give every SM a program, as long as each
+    split keeps ``MIN_KEYS_PER_SPLIT`` keys; prefill and large batches keep one split.
+    """
+    programs = batch * num_kv_heads
+    if max_seqlen_q > MAX_SPLIT_Q or programs == 0 or programs >= num_sms:
+        return 1
+    splits = min(-(-num_sms // programs), max_seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
+    return max(1, splits)
 
 
 def choose_tiles(
