@@ -1,61 +1,109 @@
-"""The JSONL trace format and every error it reports (line number and field)."""
+"""The JSONL trace format: what parses, and every error naming its line and field."""
+
+from __future__ import annotations
 
 import json
 
 import pytest
 
+from prefixkv import ExtraKeys
 from prefixkv.bench.trace import TraceError, load_trace, parse_trace
 
 
-def lines(*objs):
-    return [json.dumps(o) if not isinstance(o, str) else o for o in objs]
+def _lines(*objs) -> list[str]:
+    return [o if isinstance(o, str) else json.dumps(o) for o in objs]
 
 
-def test_tokens_segments_and_continues():
-    wl = parse_trace(lines(
-        {"id": "a", "segments": [{"share": "sys", "len": 20}, {"len": 5}], "output_len": 3},
-        {"id": "b", "segments": [{"share": "sys", "len": 20}, {"len": 5}], "output": [7, 8]},
+def test_token_ids_and_lengths_with_sharing():
+    wl = parse_trace(_lines(
+        {"id": "a", "segments": [{"share": "sys", "len": 32}, {"len": 5}], "output_len": 3},
         "",
-        {"id": "c", "continues": "a", "prompt": [1, 2], "output_len": 1, "cache_salt": "t"},
-    ))
-    a, b, c = wl.requests
-    assert len(a.prompt) == 25 and a.prompt[:20] == b.prompt[:20] and a.prompt[20:] != b.prompt[20:]
-    assert len(a.output) == 3 and b.output == (7, 8)
-    assert c.prompt == a.prompt + a.output + (1, 2) and c.after == "a"
-    assert c.extra.cache_salt == "t" and a.extra is None
+        {"id": 7, "segments": [{"share": "sys", "len": 32}, {"len": 4}], "output": [1, 2]},
+        {"id": "c", "continues": "a", "prompt": [9, 9], "output_len": 1, "lora": "x",
+         "cache_salt": "t1"},
+        {"id": "d", "segments": [{"share": "sys", "len": 16}], "output_len": 1},
+    ), seed=1)
+    a, b, c, d = wl.requests
+    assert [r.rid for r in wl.requests] == ["a", "7", "c", "d"]
+    assert len(a.prompt) == 37 and len(a.output) == 3
+    assert a.prompt[:32] == b.prompt[:32] and a.prompt[32:] != b.prompt[32:36]
+    assert d.prompt == a.prompt[:16]
+    assert b.output == (1, 2)
+    assert c.prompt == a.prompt + a.output + (9, 9) and c.after == "a"
+    assert c.extra == ExtraKeys(lora="x", cache_salt="t1") and a.extra is None
+    assert wl.requests == parse_trace(_lines(
+        {"id": "a", "segments": [{"share": "sys", "len": 32}, {"len": 5}], "output_len": 3},
+        {"id": 7, "segments": [{"share": "sys", "len": 32}, {"len": 4}], "output": [1, 2]},
+        {"id": "c", "continues": "a", "prompt": [9, 9], "output_len": 1, "lora": "x",
+         "cache_salt": "t1"},
+        {"id": "d", "segments": [{"share": "sys", "len": 16}], "output_len": 1},
+    ), seed=1).requests  # seeded: the same trace and seed give the same tokens
 
 
-def test_the_same_seed_gives_the_same_tokens():
-    trace = lines({"id": 1, "segments": [{"len": 9}], "output_len": 2})
-    assert parse_trace(trace, seed=3) == parse_trace(trace, seed=3)
-    assert parse_trace(trace, seed=3) != parse_trace(trace, seed=4)
+def test_continues_with_empty_prompt_is_the_history():
+    wl = parse_trace(_lines({"id": 1, "prompt": [1], "output": [2]},
+                            {"id": 2, "continues": 1, "prompt": [], "output": [3]}))
+    assert wl.requests[1].prompt == (1, 2)
 
 
-@pytest.mark.parametrize("bad, line, field", [
-    ("{not json", 2, None),
-    ("[1, 2]", 2, None),
-    ({"id": "x", "prompt": [1], "output_len": 1, "colour": 1}, 2, "colour"),
-    ({"id": "a", "prompt": [1], "output_len": 1}, 2, "id"),            # duplicate
-    ({"id": "x", "continues": "zz", "prompt": [1], "output_len": 1}, 2, "continues"),
-    ({"id": "x", "prompt": [1], "segments": [{"len": 1}], "output_len": 1}, 2, "prompt"),
-    ({"id": "x", "output_len": 1}, 2, "prompt"),
-    ({"id": "x", "prompt": [1, -1], "output_len": 1}, 2, "prompt"),
-    ({"id": "x", "prompt": [], "output_len": 1}, 2, "prompt"),
-    ({"id": "x", "prompt": [1], "output_len": 0}, 2, "output_len"),
-    ({"id": "x", "segments": [{"len": 0}], "output_len": 1}, 2, "segments[0].len"),
-    ({"id": "x", "prompt": [1], "output_len": 1, "cache_salt": ""}, 2, "cache_salt"),
-    ({"id": 1.5, "prompt": [1], "output_len": 1}, 2, "id"),
-])
-def test_malformed_lines_name_the_line_and_field(bad, line, field):
-    good = {"id": "a", "prompt": [1, 2], "output_len": 1}
+OK = {"id": "x", "prompt": [1, 2], "output_len": 2}
+ERRORS = [
+    ("{not json", None, "not valid JSON"),
+    ("[1, 2]", None, "expected a JSON object, got list"),
+    ({**OK, "colour": 1}, "colour", "unknown field"),
+    ({"prompt": [1], "output_len": 1}, "id", "missing"),
+    ({**OK, "id": True}, "id", "non-empty string or an int"),
+    ({**OK, "id": ""}, "id", "non-empty string or an int"),
+    ({**OK, "id": "first"}, "id", "duplicate id 'first'"),
+    ({**OK, "continues": "nobody"}, "continues", "not the id of an earlier line"),
+    ({**OK, "segments": [{"len": 1}]}, "prompt", "exactly one of 'prompt' and 'segments'"),
+    ({"id": "x", "output_len": 1}, "prompt", "exactly one of 'prompt' and 'segments'"),
+    ({**OK, "prompt": "1 2"}, "prompt", "must be a list of token ids, got str"),
+    ({**OK, "prompt": []}, "prompt", "must not be empty"),
+    ({**OK, "prompt": [1, -1]}, "prompt", "item 1 is -1"),
+    ({**OK, "prompt": [1.5]}, "prompt", "item 0 is 1.5"),
+    ({**OK, "prompt": [True]}, "prompt", "item 0 is True"),
+    ({**OK, "prompt": [2**32]}, "prompt", "token ids are ints in"),
+    ({"id": "x", "segments": [], "output_len": 1}, "segments", "non-empty list"),
+    ({"id": "x", "segments": {"len": 1}, "output_len": 1}, "segments", "non-empty list"),
+    ({"id": "x", "segments": [3], "output_len": 1}, "segments", "item 0 is 3"),
+    ({"id": "x", "segments": [{"share": "s"}], "output_len": 1}, "segments", "item 0"),
+    ({"id": "x", "segments": [{"len": 1, "n": 2}], "output_len": 1}, "segments", "item 0"),
+    ({"id": "x", "segments": [{"len": 0}], "output_len": 1}, "segments[0].len", "int >= 1"),
+    ({"id": "x", "segments": [{"len": 1}, {"len": 1, "share": 5}], "output_len": 1},
+     "segments[1].share", "non-empty string"),
+    ({"id": "x", "prompt": [1]}, "output", "exactly one of 'output' and 'output_len'"),
+    ({**OK, "output": [1]}, "output", "exactly one of 'output' and 'output_len'"),
+    ({"id": "x", "prompt": [1], "output": []}, "output", "must not be empty"),
+    ({**OK, "output_len": 0}, "output_len", "must be an int >= 1, got 0"),
+    ({**OK, "output_len": "3"}, "output_len", "must be an int >= 1, got '3'"),
+    ({**OK, "lora": ""}, "lora", "non-empty string"),
+    ({**OK, "cache_salt": 3}, "cache_salt", "non-empty string"),
+]
+
+
+@pytest.mark.parametrize("bad,field,message", ERRORS)
+def test_every_error_names_line_and_field(bad, field, message):
+    lines = _lines({"id": "first", "prompt": [5], "output_len": 1}, "   ", bad)
     with pytest.raises(TraceError) as info:
-        parse_trace(lines(good, bad))
-    assert info.value.line == line and info.value.field == field
-    assert f"line {line}" in str(info.value)
+        parse_trace(lines, source="t.jsonl")
+    err = info.value
+    assert (err.line, err.field) == (3, field)
+    assert message in str(err)
+    assert str(err).startswith("t.jsonl line 3" + (f", field {field!r}" if field else ""))
+    assert isinstance(err, ValueError)
 
 
-def test_empty_and_unreadable_traces(tmp_path):
-    with pytest.raises(TraceError, match="no request"):
+def test_empty_trace():
+    with pytest.raises(TraceError, match="no request") as info:
         parse_trace(["", "  "])
-    with pytest.raises(TraceError, match="cannot read"):
+    assert info.value.line is None
+
+
+def test_load_trace_file(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps(OK) + "\n")
+    wl = load_trace(path)
+    assert wl.name == "mine" and len(wl.requests) == 1
+    with pytest.raises(TraceError, match="cannot read the trace"):
         load_trace(tmp_path / "missing.jsonl")
