@@ -1,69 +1,85 @@
 """End to end through the example engine (``prefixkv.engine``): the same multi-turn chat
-with and without prefix caching, timed per turn, and the check that the generated tokens
-are identical. Needs torch; on a GPU the Triton kernels run, elsewhere the torch reference.
+run twice on the tiny random-weight Llama, with prefix caching off and on, to measure
+time to first token and prefill time per turn and to check that greedy decoding yields
+the same tokens either way (the cached KV is exact, not approximate).
+
+Needs torch; this module imports it (through the engine) only inside ``run_e2e``.
+Attention runs through ``prefixkv.kernels``: Triton on a GPU, the torch reference on
+the CPU.
 """
 
 from __future__ import annotations
 
 import random
-from statistics import fmean
+from dataclasses import dataclass
+from statistics import mean, median
 from typing import Any
 
-CONVERSATIONS = 4
-TURNS = 4
-SYSTEM_TOKENS = 512
-MESSAGE_TOKENS = 48
-REPLY_TOKENS = 16
+
+@dataclass(frozen=True)
+class E2EConfig:
+    """Sizes of the end-to-end chat: kept small so that it runs in seconds on 2 CPU cores."""
+
+    conversations: int = 4
+    turns: int = 4
+    system_tokens: int = 512
+    message_tokens: int = 64
+    max_tokens: int = 16
+    repeats: int = 5
+    num_blocks: int = 512
+    block_size: int = 16
 
 
-def run_e2e(seed: int = 0) -> dict[str, Any]:
-    """Run the chat twice (cache off, then on) and return per-turn figures:
-    ``turns[t]`` has ``prompt_tokens``/``cached_tokens`` (summed over the turn's
-    requests), mean ``prefill_ms_*`` and ``ttft_ms_*``; ``identical`` compares every reply.
-    Returns ``{"skipped": reason}`` when torch is missing."""
+def run_e2e(seed: int = 0, cfg: E2EConfig | None = None) -> dict[str, Any]:
+    """Run the chat without and with the cache, ``cfg.repeats`` times each on fresh
+    engines; return per-turn timings (ms, the median over repeats of the mean over the
+    turn's requests), token counts, and ``identical`` (every run's greedy replies equal). Returns ``{"skipped": why}``
+    when torch or the engine cannot be imported. Raises whatever the engine raises."""
+    cfg = cfg or E2EConfig()
     try:
         import torch
-    except ImportError:
-        return {"skipped": "torch is not installed (pip install 'prefixkv[kernels]')"}
-    from ..engine import LlamaConfig, SamplingParams, build_engine, run_chat, synthetic_conversations
+        from ..engine import LlamaConfig, SamplingParams, build_engine, run_chat, synthetic_conversations
+    except ImportError as exc:
+        return {"skipped": f"needs torch and prefixkv.engine ({exc})"}
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = LlamaConfig(seed=seed)
+    params = SamplingParams(max_tokens=cfg.max_tokens)
+    rng = random.Random(f"e2e/{seed}")
+    system = [rng.randrange(1, model.vocab_size) for _ in range(cfg.system_tokens)]
+    convs = synthetic_conversations(cfg.conversations, cfg.turns, cfg.message_tokens,
+                                    vocab_size=model.vocab_size, seed=seed)
 
-    on_gpu = torch.cuda.is_available()
-    device = "cuda" if on_gpu else "cpu"
-    cfg = LlamaConfig(num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
-                      seed=seed, dtype=torch.bfloat16 if on_gpu else torch.float32)
-    rng = random.Random(seed)
-    system = [rng.randrange(1, cfg.vocab_size) for _ in range(SYSTEM_TOKENS)]
-    convs = synthetic_conversations(CONVERSATIONS, TURNS, MESSAGE_TOKENS,
-                                    vocab_size=cfg.vocab_size, seed=seed)
-    params = SamplingParams(max_tokens=REPLY_TOKENS)
-    runs = {}
-    for caching in (False, True):
-        engine = build_engine(cfg, num_blocks=512, block_size=16, enable_caching=caching,
-                              device=device)
-        engine.generate([system[:32]], SamplingParams(max_tokens=2))  # warm-up (compiles)
-        engine.allocator.reset_prefix_cache()
-        runs[caching] = run_chat(engine, convs, params, system_prompt=system)
+    def engine(caching: bool):
+        return build_engine(model, num_blocks=cfg.num_blocks, block_size=cfg.block_size,
+                            enable_caching=caching, device=device)
+
+    engine(False).generate([system[:64]], params)  # warm-up: first-call costs, not measured
+    runs = {False: [], True: []}
+    for _ in range(cfg.repeats):  # alternate, so drift on a shared machine hits both
+        for caching in (False, True):
+            runs[caching].append(run_chat(engine(caching), convs, params, system_prompt=system))
+
+    def ms(caching: bool, t: int, metric: str) -> float:
+        return 1e3 * median(mean(getattr(o.metrics, metric) for o in run.turns[t].outputs)
+                            for run in runs[caching])
+
     turns = []
-    for t, (off, on) in enumerate(zip(runs[False].turns, runs[True].turns)):
-        m_off = [o.metrics for o in off.outputs]
-        m_on = [o.metrics for o in on.outputs]
+    for t, (off, on) in enumerate(zip(runs[False][0].turns, runs[True][0].turns)):
         turns.append({
             "turn": t + 1,
-            "prompt_tokens": sum(m.num_prompt_tokens for m in m_on),
-            "cached_tokens": sum(m.num_cached_tokens for m in m_on),
-            "prefill_ms_nocache": 1e3 * fmean(m.prefill_time for m in m_off),
-            "prefill_ms_cache": 1e3 * fmean(m.prefill_time for m in m_on),
-            "ttft_ms_nocache": 1e3 * fmean(m.ttft for m in m_off),
-            "ttft_ms_cache": 1e3 * fmean(m.ttft for m in m_on),
+            "prompt_tokens": sum(o.metrics.num_prompt_tokens for o in on.outputs),
+            "cached_tokens": sum(o.metrics.num_cached_tokens for o in on.outputs),
+            "prefill_tokens_nocache": off.num_prefill_tokens,
+            "prefill_tokens_cache": on.num_prefill_tokens,
+            "prefill_ms_nocache": ms(False, t, "prefill_time"),
+            "prefill_ms_cache": ms(True, t, "prefill_time"),
+            "ttft_ms_nocache": ms(False, t, "ttft"),
+            "ttft_ms_cache": ms(True, t, "ttft"),
         })
-    return {
-        "device": torch.cuda.get_device_name() if on_gpu else "cpu (torch reference attention)",
-        "model": f"TinyLlama {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
-                 f"{cfg.num_heads}/{cfg.num_kv_heads} heads, random weights",
-        "workload": f"{CONVERSATIONS} chats x {TURNS} turns, {SYSTEM_TOKENS}-token system "
-                    f"prompt, {MESSAGE_TOKENS}-token messages, {REPLY_TOKENS}-token replies",
-        "identical": runs[False].replies == runs[True].replies,
-        "prefill_tokens_nocache": runs[False].num_prefill_tokens,
-        "prefill_tokens_cache": runs[True].num_prefill_tokens,
-        "turns": turns,
-    }
+    replies = [run.replies for run in runs[False] + runs[True]]
+    name = (f"tiny Llama ({model.num_layers} layers, hidden {model.hidden_size}, random "
+            f"weights), {cfg.conversations} chats x {cfg.turns} turns, {cfg.system_tokens}-token "
+            f"system prompt, {cfg.message_tokens}-token messages, {cfg.max_tokens} tokens/reply")
+    backend = "Triton kernels" if device == "cuda" else "torch reference attention"
+    return {"device": f"{device}, {backend}", "model": name, "config": cfg.__dict__,
+            "identical": all(r == replies[0] for r in replies), "turns": turns}
