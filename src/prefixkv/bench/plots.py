@@ -71,6 +71,7 @@ def _e2e(plt: Any, e2e: dict[str, Any], out: Path) -> str:
             color=COLORS["paged"])
     ax.plot(turns, [t["ttft_ms_cache"] for t in e2e["turns"]], "o-", label="prefixkv",
             color=COLORS["prefixkv"])
+    ax.set_xticks(turns)
     ax.set_xlabel("turn")
     ax.set_ylabel("time to first token (ms)")
     ax.set_title(f"end to end, {e2e['device']}")

@@ -28,10 +28,12 @@ def rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
     return out
 
 
-def table(header: tuple[str, ...], body: list[tuple[str, ...]], markdown: bool = False) -> str:
-    """Aligned columns (text left, numbers right); a pipe table when ``markdown``."""
+def table(header: tuple[str, ...], body: list[tuple[str, ...]], markdown: bool = False,
+          text_columns: int = 2) -> str:
+    """Aligned columns (the first ``text_columns`` left, numbers right); a pipe table
+    when ``markdown``."""
     widths = [max(len(c) for c in col) for col in zip(header, *body)]
-    numeric = [i > 1 for i in range(len(header))]
+    numeric = [i >= text_columns for i in range(len(header))]
 
     def line(cells: tuple[str, ...]) -> str:
         parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric)]
@@ -60,7 +62,7 @@ def terminal(data: dict[str, Any]) -> str:
     e2e = data.get("e2e")
     if e2e and "turns" in e2e:
         parts.append(f"end to end ({e2e['device']}, {e2e['model']}):")
-        parts.append(table(E2E_COLUMNS, e2e_rows(e2e)))
+        parts.append(table(E2E_COLUMNS, e2e_rows(e2e), text_columns=0))
         parts.append(f"generated tokens identical with and without the cache: "
                      f"{'yes' if e2e['identical'] else 'NO'}")
     elif e2e:
@@ -90,12 +92,12 @@ def markdown(data: dict[str, Any], plots: list[str]) -> str:
                   f"{p['prefixkv']['prefill_computed']:,}", f"{p['paged']['prefill_computed']:,}",
                   f"{p['saved_vs_paged']:.1%}") for p in wl["sweep"]]
         out += [table(("pool blocks", "hit rate", "prefill prefixkv", "prefill paged",
-                       "saved vs paged"), sweep, markdown=True), ""]
+                       "saved vs paged"), sweep, markdown=True, text_columns=0), ""]
     e2e = data.get("e2e")
     if e2e and "turns" in e2e:
         out += ["## End to end", "", f"{e2e['model']} on {e2e['device']}. Generated tokens "
                 f"identical with and without the cache: **{'yes' if e2e['identical'] else 'NO'}**.",
-                "", table(E2E_COLUMNS, e2e_rows(e2e), markdown=True), ""]
+                "", table(E2E_COLUMNS, e2e_rows(e2e), markdown=True, text_columns=0), ""]
     elif e2e:
         out += ["## End to end", "", f"Skipped: {e2e['skipped']}.", ""]
     out += [f"![{p}]({p})" for p in plots]
