@@ -95,3 +95,6 @@ def test_python_dash_m_and_no_torch_at_import():
     res = subprocess.run([sys.executable, "-m", "prefixkv", "bench", "--help"],
                          capture_output=True, text=True, check=True)
     assert "--pool-blocks" in res.stdout
+    res = subprocess.run([sys.executable, "-m", "prefixkv", "--version"],
+                         capture_output=True, text=True, check=True)
+    assert res.stdout.startswith("prefixkv ")

@@ -54,6 +54,7 @@ ERRORS = [
     ({"prompt": [1], "output_len": 1}, "id", "missing"),
     ({**OK, "id": True}, "id", "non-empty string or an int"),
     ({**OK, "id": ""}, "id", "non-empty string or an int"),
+    ({**OK, "id": 1.5}, "id", "non-empty string or an int"),
     ({**OK, "id": "first"}, "id", "duplicate id 'first'"),
     ({**OK, "continues": "nobody"}, "continues", "not the id of an earlier line"),
     ({**OK, "segments": [{"len": 1}]}, "prompt", "exactly one of 'prompt' and 'segments'"),
