@@ -5,7 +5,7 @@ hashed token, for pools of 10k and 1M blocks, at 0% and 100% prefix hit rate.
 
 Each figure is the median over many admissions of a steady-state loop (admit, then free, so the
 pool keeps evicting on misses). Budgets: 2k-token admission <= 100 µs, 32k <= 1.5 ms,
-decode <= 1 µs/token, flat in pool size.
+decode <= 1 µs/token, flat in pool size (the pool sizes are measured in alternating rounds).
 """
 
 from __future__ import annotations
@@ -33,36 +33,33 @@ def prompts(rng, n_tokens, count):
     return [list(array("H", rng.randbytes(2 * n_tokens))) for _ in range(count)]
 
 
-def admit_us(m, prompts, rounds):
-    """µs of add_request over ``prompts`` (each freed right after, so a pool in steady
-    state: on misses every admission evicts what the previous ones cached), measured in
-    ``rounds`` rounds: returns (median of all samples, best round's median). This shared
-    2-core VM drifts by up to 2x between seconds; the best round shows the code's cost,
-    the overall median what a noisy neighbour leaves of it."""
-    per_round = []
-    for r in range(rounds):
-        samples = []
-        for i, p in enumerate(prompts[r::rounds]):
-            t0 = time.perf_counter_ns()
-            adm = m.add_request(i, p)
-            samples.append(time.perf_counter_ns() - t0)
-            assert adm is not None
-            m.free(i)
-        per_round.append(samples)
-    every = [x for samples in per_round for x in samples]
-    best = min(statistics.median(samples) for samples in per_round)
-    return statistics.median(every) / 1e3, best / 1e3
+def admit_round(m, prompts):
+    """ns of each add_request over ``prompts``, each freed right after (a pool in steady
+    state: on misses every admission evicts what the previous ones cached)."""
+    samples = []
+    for i, p in enumerate(prompts):
+        t0 = time.perf_counter_ns()
+        adm = m.add_request(i, p)
+        samples.append(time.perf_counter_ns() - t0)
+        assert adm is not None
+        m.free(i)
+    return samples
 
 
-def decode_us_per_token(m, n_tokens, rng):
-    m.add_request("d", [rng.randrange(32000) for _ in range(100)])
-    toks = [[rng.randrange(32000)] for _ in range(n_tokens)]
+def summary(rounds):
+    """(median of all samples, best round's median), in µs. This shared 2-core VM drifts
+    by up to 2x between seconds: the best round shows the code's cost, the overall median
+    what a noisy neighbour leaves of it."""
+    every = [x for samples in rounds for x in samples]
+    return statistics.median(every) / 1e3, min(statistics.median(r) for r in rounds) / 1e3
+
+
+def decode_ns(m, rid, tokens):
+    """Total ns of appending ``tokens`` one at a time to request ``rid``."""
     t0 = time.perf_counter_ns()
-    for t in toks:
-        m.append_tokens("d", t)
-    dt = time.perf_counter_ns() - t0
-    m.free("d")
-    return dt / n_tokens / 1e3
+    for t in tokens:
+        m.append_tokens(rid, t)
+    return time.perf_counter_ns() - t0
 
 
 def hash_ns_per_token(n_tokens, mode, rng):
@@ -76,6 +73,8 @@ def hash_ns_per_token(n_tokens, mode, rng):
 
 
 def run(pool_sizes, quick):
+    """Every pool size of one allocator kind is alive at once and measured in alternating
+    rounds, so drift of the machine cannot pass for an effect of the pool size."""
     rng = random.Random(0)
     rows = []
     makers = {
@@ -83,37 +82,51 @@ def run(pool_sizes, quick):
         "prefixkv sha256": lambda nb: KVCacheManager(nb, BS, hash_mode="sha256"),
         "paged, no caching": lambda nb: PagedAllocator(nb, BS),
     }
+    rounds = 2 if quick else 5
     # Warm-up, not reported: the first seconds of a process run up to 1.7x slower here
     # (fresh heap pages are faulted in), which a long-running engine never sees.
     warm = makers["prefixkv xxhash"](10_000)
     for n in (2048, 32768):
-        admit_us(warm, prompts(rng, n, (40 if quick else 400) * 2048 // n), 1)
+        admit_round(warm, prompts(rng, n, (40 if quick else 400) * 2048 // n))
     del warm
-    for num_blocks in pool_sizes:
-        for name, make in makers.items():
-            t0 = time.perf_counter()
-            m = make(num_blocks)
-            build_s = time.perf_counter() - t0
-            # Engines freeze the long-lived heap after start-up (vLLM does), so the cyclic
-            # GC does not walk a million Block objects during scheduling; so do we.
-            gc.collect()
-            gc.freeze()
-            for n in (2048, 32768):
-                count = (40 if quick else 400) * 2048 // n
-                rounds = 2 if quick else 5
-                miss, miss_best = admit_us(m, prompts(rng, n, count), rounds)
-                hit, hit_best = admit_us(m, prompts(rng, n, 1) * count, rounds)
-                rows.append(dict(pool_blocks=num_blocks, allocator=name, prompt_tokens=n,
-                                 miss_us=round(miss, 1), miss_best_us=round(miss_best, 1),
-                                 hit_us=round(hit, 1), hit_best_us=round(hit_best, 1),
+    for name, make in makers.items():
+        t0 = time.perf_counter()
+        pools = {nb: make(nb) for nb in pool_sizes}
+        print(f"{name}: pools built in {time.perf_counter() - t0:.2f} s", flush=True)
+        # Engines freeze the long-lived heap after start-up (vLLM does), so the cyclic
+        # GC does not walk a million Block objects during scheduling; so do we.
+        gc.collect()
+        gc.freeze()
+        for n in (2048, 32768):
+            count = (40 if quick else 400) * 2048 // n // rounds
+            miss = {nb: [] for nb in pools}
+            hit = {nb: [] for nb in pools}
+            for _ in range(rounds):
+                for nb, m in pools.items():
+                    miss[nb].append(admit_round(m, prompts(rng, n, count)))
+                    hit[nb].append(admit_round(m, prompts(rng, n, 1) * count))
+            for nb in pools:
+                (mu, mb), (hu, hb) = summary(miss[nb]), summary(hit[nb])
+                rows.append(dict(pool_blocks=nb, allocator=name, prompt_tokens=n,
+                                 miss_us=round(mu, 1), miss_best_us=round(mb, 1),
+                                 hit_us=round(hu, 1), hit_best_us=round(hb, 1),
                                  budget_us=BUDGET_US[n]))
-            rows.append(dict(pool_blocks=num_blocks, allocator=name, prompt_tokens=0,
-                             decode_us_per_token=round(decode_us_per_token(
-                                 m, 20000 if quick else 100000, rng), 3)))
-            print(f"pool {num_blocks}, {name}: built in {build_s:.2f} s", flush=True)
-            del m
-            gc.unfreeze()
-            gc.collect()
+        per_round = (20000 if quick else 100000) // rounds
+        spent = {nb: 0 for nb in pools}
+        for nb, m in pools.items():
+            m.add_request("d", [rng.randrange(32000) for _ in range(100)])
+        for _ in range(rounds):
+            for nb, m in pools.items():
+                spent[nb] += decode_ns(m, "d", [[rng.randrange(32000)] for _ in range(per_round)])
+        for nb, m in pools.items():
+            m.free("d")
+            rows.append(dict(pool_blocks=nb, allocator=name, prompt_tokens=0,
+                             decode_us_per_token=round(spent[nb] / (per_round * rounds) / 1e3, 3)))
+        del pools
+        gc.unfreeze()
+        gc.collect()
+    order = {name: i for i, name in enumerate(makers)}
+    rows.sort(key=lambda r: (r["pool_blocks"], order[r["allocator"]], r["prompt_tokens"] == 0))
     hashing = {mode: round(hash_ns_per_token(32768, mode, rng), 1) for mode in ("xxhash", "sha256")}
     return rows, hashing
 
