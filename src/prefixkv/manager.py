@@ -322,7 +322,10 @@ class KVCacheManager:
     # ---- helpers ---------------------------------------------------------------------
 
     def _get(self, request_id: Hashable) -> Request:
-        return live_request(self._requests, request_id)
+        try:  # every call goes through here, decode included: one dict access when live
+            return self._requests[request_id]
+        except (KeyError, TypeError):
+            return live_request(self._requests, request_id)  # raises RequestError
 
     def _check_new_id(self, request_id: Hashable) -> None:
         check_new_request(self._requests, request_id)

@@ -8,10 +8,10 @@ from collections.abc import Hashable
 from .block import Block
 from .errors import InvariantError
 from .extra_keys import ExtraKeys
-from .hashing import HashFn, chain, token_bytes
+from .hashing import HashFn, chain, encode_tokens, token_bytes
 
 
-_ROOM = array("I", bytes(4 * 64)) if array("I").itemsize == 4 else array("L", bytes(8 * 64))
+_ROOM = encode_tokens([0] * 64)  # the canonical token array type, 64 slots
 
 
 class Request:
