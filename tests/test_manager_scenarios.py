@@ -165,6 +165,24 @@ def test_take_stats_is_get_and_reset_and_usage_counts_held_blocks():
     assert m.usage == 0.75
 
 
+def test_resumed_admissions_count_as_preempted_not_as_new_traffic():
+    m = manager(8)
+    m.add_request("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert m.take_stats() == PrefixCacheStats(1, 9, 0)
+    tokens = m.preempt("a")
+    assert m.add_request("a", tokens, resumed=True).num_cached_tokens == 8
+    m.add_request("b", [1, 2, 3, 4, 7])
+    assert m.take_stats() == PrefixCacheStats(1, 5, 4, preempted_requests=1, preempted_queries=9,
+                                              preempted_hits=8)
+    assert m.stats == PrefixCacheStats(2, 14, 4, 1, 9, 8) and m.stats.hit_rate == 4 / 14
+    m.check_invariants()
+
+
+def test_stats_add_and_subtract_field_by_field():
+    a, b = PrefixCacheStats(1, 2, 3, 4, 5, 6), PrefixCacheStats(6, 5, 4, 3, 2, 1)
+    assert a + b == PrefixCacheStats(7, 7, 7, 7, 7, 7) and (a + b) - b == a
+
+
 def test_paged_baseline_never_reuses():
     from prefixkv import PagedAllocator
     m = PagedAllocator(4, 4)

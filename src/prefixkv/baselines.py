@@ -54,7 +54,8 @@ class ContiguousAllocator:
 
     def add_request(self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
                     extra: ExtraKeys | None = None,
-                    num_new_tokens: int | None = None) -> Admission | None:
+                    num_new_tokens: int | None = None,
+                    resumed: bool = False) -> Admission | None:
         self._check_new_id(request_id)
         tokens = encode_tokens(prompt_token_ids)
         n = len(tokens)
@@ -66,7 +67,7 @@ class ContiguousAllocator:
         if start is None:
             return None
         self._live[request_id] = _Reservation(start, list(tokens), todo)
-        self._stats.record(n, 0)
+        self._stats.record(n, 0, resumed)
         return Admission(request_id, self.get_block_ids(request_id), 0, todo)
 
     def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:

@@ -21,7 +21,7 @@ from .block import Block
 from .errors import (
     RequestError, TokenError, check_count, check_new_request, check_positive, live_request,
 )
-from .events import BlockStored, Event
+from .events import Event
 from .extra_keys import ExtraKeys, check_extra
 from .hashing import HashFn, encode_tokens, make_hash_fn
 from .pool import BlockPool
@@ -74,14 +74,16 @@ class KVCacheManager:
 
     def add_request(
         self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
-        extra: ExtraKeys | None = None, num_new_tokens: int | None = None,
+        extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
     ) -> Admission | None:
         """Admit a request: find its longest cached prefix, take references on those
         blocks, allocate blocks for the tokens scheduled now and index the full ones.
 
         ``num_new_tokens`` limits how many tokens after the cached prefix are scheduled
         now (chunked prefill; the rest follow through ``extend``); default: all of them.
-        At least one prompt token is always scheduled, even on a full hit.
+        At least one prompt token is always scheduled, even on a full hit. ``resumed``:
+        this re-admits a preempted request (its tokens from ``preempt``); the stats count
+        it in the ``preempted_*`` fields rather than as new traffic.
 
         Returns the Admission, or None when the pool is short of blocks; then nothing
         has changed (no references, no stats) and the engine may wait or preempt.
@@ -89,48 +91,42 @@ class KVCacheManager:
         (empty prompt, bad ids), ExtraKeysError.
         """
         self._check_new_id(request_id)
-        tokens = encode_tokens(prompt_token_ids, self.vocab_size)
-        n = len(tokens)
-        if n == 0:
-            raise TokenError("the prompt is empty: at least one token is needed")
-        extra = check_extra(extra, n)
         if num_new_tokens is not None:
             check_count("num_new_tokens", num_new_tokens, 1, None)
-        bs = self.block_size
-        req = Request(request_id, tokens, extra, bs)
-        hits: list[Block] = []
-        if self.enable_caching:
-            req.hash_through(self._hash, self._root, n // bs)
-            hits = self._pool.lookup(req.hashes, req.chunks, req.extras, (n - 1) // bs)
+        req, hits = self._find(request_id, prompt_token_ids, extra)
+        n, bs = len(req.tokens), self.block_size
         num_cached = len(hits) * bs
         todo = n - num_cached
         if num_new_tokens is not None:
             todo = min(todo, num_new_tokens)
-        need = -(-(num_cached + todo) // bs) - len(hits)
-        free_hits = [b for b in hits if b.ref_cnt == 0]
-        if need > self._pool.num_free - len(free_hits):
+        blocks = self._pool.acquire(hits, -(-(num_cached + todo) // bs) - len(hits))
+        if blocks is None:
             return None
-        self._pool.touch(hits, free_hits)
-        req.blocks = hits + self._pool.take(need)
+        req.blocks = blocks
         req.num_cached = req.num_scheduled = num_cached
         self._advance(req, num_cached + todo)
         self._requests[request_id] = req
-        self._stats.record(n, num_cached)
+        self._stats.record(n, num_cached, resumed)
         return Admission(request_id, tuple(map(_ID, req.blocks)), num_cached, todo)
 
     def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
         """Tokens of this prompt that an admission now would find cached. Changes nothing
         (no references, no stats, no LRU update). Raises as ``add_request`` for bad input."""
+        return len(self._find(None, prompt_token_ids, extra)[1]) * self.block_size
+
+    def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
+              extra: ExtraKeys | None) -> tuple[Request, list[Block]]:
+        """Check and encode a prompt, hash its full blocks and find its cached prefix
+        (at most all blocks but the one holding the last token). No side effects."""
         tokens = encode_tokens(prompt_token_ids, self.vocab_size)
-        if not tokens:
+        n, bs = len(tokens), self.block_size
+        if n == 0:
             raise TokenError("the prompt is empty: at least one token is needed")
+        req = Request(request_id, tokens, check_extra(extra, n), bs)
         if not self.enable_caching:
-            return 0
-        bs = self.block_size
-        req = Request(None, tokens, check_extra(extra, len(tokens)), bs)
-        limit = (len(tokens) - 1) // bs
-        req.hash_through(self._hash, self._root, limit)
-        return len(self._pool.lookup(req.hashes, req.chunks, req.extras, limit)) * bs
+            return req, []
+        req.hash_through(self._hash, self._root, n // bs)
+        return req, self._pool.lookup(req.hashes, req.chunks, req.extras, (n - 1) // bs)
 
     # ---- growth ----------------------------------------------------------------------
 
@@ -193,11 +189,7 @@ class KVCacheManager:
         stored = self._pool.fill(req.blocks, first, req.hashes[first:last],
                                  req.chunks[first:last], req.extras_for(first, last))
         if self._events is not None:
-            for j in stored:
-                start, end = j * bs, (j + 1) * bs
-                self._events.append(BlockStored(
-                    req.hashes[j], req.hashes[j - 1] if j else None, tuple(req.tokens[start:end]),
-                    req.blocks[j].block_id, req.extra.for_range(start, end) if req.extra else None))
+            self._events += map(req.block_stored, stored)
 
     # ---- forks, free, preemption -------------------------------------------------------
 
@@ -212,13 +204,11 @@ class KVCacheManager:
         if parent.num_scheduled != len(parent.tokens):
             raise RequestError(f"cannot fork {parent_id!r} before its prefill is fully scheduled")
         full = parent.num_scheduled // self.block_size
-        partial = len(parent.blocks) - full
-        if partial > self._pool.num_free:
+        blocks = self._pool.acquire(parent.blocks[:full], len(parent.blocks) - full)
+        if blocks is None:
             return None
         child = parent.copy(child_id)
-        shared = parent.blocks[:full]
-        self._pool.touch(shared, [])  # held by the parent: none is free
-        child.blocks = shared + self._pool.take(partial)
+        child.blocks = blocks
         copies = tuple(BlockCopy(s.block_id, d.block_id)
                        for s, d in zip(parent.blocks[full:], child.blocks[full:]))
         self._requests[child_id] = child
@@ -248,8 +238,9 @@ class KVCacheManager:
 
     def preempt(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> tuple[int, ...]:
         """Free a running request (as ``free``, same ``num_computed_tokens``) and return
-        all its known token ids (prompt and generated), to pass to ``add_request`` when it
-        is re-admitted; it will hit whatever is still cached. Raises as ``free``."""
+        all its known token ids (prompt and generated), to pass to ``add_request(...,
+        resumed=True)`` when it is re-admitted; it will hit whatever is still cached.
+        Raises as ``free``."""
         tokens = tuple(self._get(request_id).tokens)
         self.free(request_id, num_computed_tokens=num_computed_tokens)
         return tokens

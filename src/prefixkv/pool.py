@@ -61,12 +61,17 @@ class BlockPool:
             parent_cid = b.cid
         return hits
 
-    def touch(self, blocks: list[Block], free: list[Block]) -> None:
-        """Take a reference on cache hits; ``free``, those of them with no reference
-        (the caller has them at hand), leave the free queue."""
-        self._cached.remove_all(free)
-        for b in blocks:
+    def acquire(self, hits: list[Block], n: int) -> list[Block] | None:
+        """Take a reference on the cached ``hits`` and on ``n`` new blocks from ``take``,
+        all or nothing: None, with nothing changed, when the free queue cannot give ``n``
+        blocks beside those of the hits that sit in it (unreferenced cache hits)."""
+        free_hits = [b for b in hits if b.ref_cnt == 0]
+        if n > self.num_free - len(free_hits):
+            return None
+        self._cached.remove_all(free_hits)
+        for b in hits:
             b.ref_cnt += 1
+        return hits + self.take(n) if n else hits[:]
 
     def take(self, n: int) -> list[Block]:
         """Hand out ``n`` free blocks with refcount 1, empty ones first, then the least

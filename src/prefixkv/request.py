@@ -7,6 +7,7 @@ from collections.abc import Hashable
 
 from .block import Block
 from .errors import InvariantError
+from .events import BlockStored
 from .extra_keys import ExtraKeys
 from .hashing import HashFn, chain, encode_tokens, token_bytes
 
@@ -68,6 +69,13 @@ class Request:
         """Extra-key encodings of blocks ``first..last-1``."""
         out = self.extras[first:last]
         return out + [self.base] * (last - first - len(out))
+
+    def block_stored(self, j: int) -> BlockStored:
+        """The event for full block ``j`` becoming findable."""
+        start, end = j * self.block_size, (j + 1) * self.block_size
+        return BlockStored(self.hashes[j], self.hashes[j - 1] if j else None,
+                           tuple(self.tokens[start:end]), self.blocks[j].block_id,
+                           self.extra.for_range(start, end) if self.extra else None)
 
     def copy(self, request_id: Hashable) -> Request:
         """A child with the same tokens, keys and hashes; blocks are set by the caller."""

@@ -2,44 +2,57 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 
 @dataclass(frozen=True, slots=True)
 class PrefixCacheStats:
-    """Counts over admissions: ``requests`` admitted, prompt tokens ``queries``-ed and
-    ``hits`` (prompt tokens served from the cache)."""
+    """Counts over admissions. New requests: ``requests`` admitted, prompt tokens
+    ``queries``-ed and ``hits`` (prompt tokens served from the cache). Re-admissions of
+    preempted requests (``add_request(..., resumed=True)``) count apart, in the
+    ``preempted_*`` fields, so that recomputation after preemption does not make the hit
+    rate look better than the traffic deserves (vLLM splits them the same way)."""
 
     requests: int = 0
     queries: int = 0
     hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
 
     @property
     def hit_rate(self) -> float:
-        """hits / queries; 0.0 when nothing was queried."""
+        """hits / queries of new requests; 0.0 when nothing was queried."""
         return self.hits / self.queries if self.queries else 0.0
 
     def __add__(self, other: PrefixCacheStats) -> PrefixCacheStats:
-        return PrefixCacheStats(
-            self.requests + other.requests, self.queries + other.queries, self.hits + other.hits
-        )
+        return PrefixCacheStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    def __sub__(self, other: PrefixCacheStats) -> PrefixCacheStats:
+        return PrefixCacheStats(*(a - b for a, b in zip(astuple(self), astuple(other))))
 
 
 class StatsCounter:
     """Cumulative counts, with a get-and-reset view for per-step metrics."""
 
-    __slots__ = ("total", "_taken")
+    __slots__ = ("_counts", "_taken")
 
     def __init__(self) -> None:
-        self.total = PrefixCacheStats()
+        self._counts = [0] * 6  # PrefixCacheStats' fields, in order
         self._taken = PrefixCacheStats()
 
-    def record(self, queries: int, hits: int) -> None:
-        t = self.total
-        self.total = PrefixCacheStats(t.requests + 1, t.queries + queries, t.hits + hits)
+    def record(self, queries: int, hits: int, resumed: bool = False) -> None:
+        c, k = self._counts, 3 if resumed else 0
+        c[k] += 1
+        c[k + 1] += queries
+        c[k + 2] += hits
+
+    @property
+    def total(self) -> PrefixCacheStats:
+        return PrefixCacheStats(*self._counts)
 
     def take(self) -> PrefixCacheStats:
         """Counts since the previous ``take``."""
         s, t = self.total, self._taken
         self._taken = s
-        return PrefixCacheStats(s.requests - t.requests, s.queries - t.queries, s.hits - t.hits)
+        return s - t

@@ -82,6 +82,8 @@ def test_preemption_in_a_tiny_pool(make_engine):
         assert tiny.num_preemptions > 0
         assert tokens(tiny) == tokens(ref)
         assert sum(o.metrics.num_preemptions for o in tiny.outputs) == tiny.num_preemptions
+        # each preemption is followed by one re-admission, counted apart from new traffic
+        assert (tiny.stats.requests, tiny.stats.preempted_requests) == (4, tiny.num_preemptions)
 
 
 def test_eviction_when_the_pool_is_smaller_than_the_working_set(make_engine):

@@ -100,7 +100,6 @@ class VllmKVCacheManager:
         self.log_stats = log_stats
         self.empty_kv_cache_blocks = BlockIds()
         self._known: dict[Hashable, int] = {}  # request id -> tokens the manager holds
-        self._preempted = VllmPrefixCacheStats()
         self._reset = False
 
     @property
@@ -162,7 +161,8 @@ class VllmKVCacheManager:
             raise PrefixKVError(f"request {rid!r} is not allocated but has "
                                 f"{request.num_computed_tokens} computed tokens")
         adm = self.manager.add_request(rid, tokens, extra=extra_keys_of(request),
-                                       num_new_tokens=num_new_tokens)
+                                       num_new_tokens=num_new_tokens,
+                                       resumed=getattr(request, "num_preemptions", 0) > 0)
         if adm is None:
             return None
         if adm.num_cached_tokens != expected_hit:
@@ -171,11 +171,6 @@ class VllmKVCacheManager:
                 f"request {rid!r}: the cache now holds {adm.num_cached_tokens} of its tokens, "
                 f"not the {expected_hit} get_computed_blocks reported; call it again")
         self._known[rid] = len(tokens)
-        if getattr(request, "num_preemptions", 0) > 0:
-            p = self._preempted
-            p.preempted_requests += 1
-            p.preempted_queries += len(tokens)
-            p.preempted_hits += adm.num_cached_tokens
         return BlockIds(adm.block_ids[adm.num_cached_tokens // self.block_size:])
 
     def free(self, request: VllmRequest) -> None:
@@ -194,13 +189,11 @@ class VllmKVCacheManager:
         """Stats since the previous call (get-and-reset), or None without ``log_stats``."""
         if not self.log_stats:
             return None
-        taken = self.manager.take_stats()
-        p, self._preempted = self._preempted, VllmPrefixCacheStats()
+        t = self.manager.take_stats()
         out = VllmPrefixCacheStats(
-            reset=self._reset, requests=taken.requests - p.preempted_requests,
-            queries=taken.queries - p.preempted_queries, hits=taken.hits - p.preempted_hits,
-            preempted_requests=p.preempted_requests, preempted_queries=p.preempted_queries,
-            preempted_hits=p.preempted_hits)
+            reset=self._reset, requests=t.requests, queries=t.queries, hits=t.hits,
+            preempted_requests=t.preempted_requests, preempted_queries=t.preempted_queries,
+            preempted_hits=t.preempted_hits)
         self._reset = False
         return out
 

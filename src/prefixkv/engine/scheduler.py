@@ -103,14 +103,15 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, budget: int, others: bool) -> Scheduled | None:
         alloc = self.allocator
-        tokens = seq.tokens
+        tokens, resumed = seq.tokens, seq.num_preemptions > 0
         if self.chunked_prefill:
-            adm = alloc.add_request(seq.seq_id, tokens, extra=seq.extra, num_new_tokens=budget)
+            adm = alloc.add_request(seq.seq_id, tokens, extra=seq.extra, num_new_tokens=budget,
+                                    resumed=resumed)
         else:
             uncached = len(tokens) - alloc.lookup(tokens, extra=seq.extra)
             if others and uncached > budget:
                 return None  # alone in a step, a prompt may exceed the budget
-            adm = alloc.add_request(seq.seq_id, tokens, extra=seq.extra)
+            adm = alloc.add_request(seq.seq_id, tokens, extra=seq.extra, resumed=resumed)
         if adm is None:
             if not self.running:
                 raise RuntimeError(
