@@ -10,7 +10,9 @@ and device-to-device copy GB/s), then times:
 * split-KV decode: 1 and 4 requests x 32k context, with the heuristic's splits and unsplit.
 
 Results go to ``benchmarks/results/kernels-<device>.json`` and ``.md`` with the device,
-git commit, versions and shapes. ``--smoke`` runs tiny shapes through the Triton
+git commit, versions and shapes. ``--tune`` instead times TileConfig candidates for the
+SPEC shape, decode and split decode (``benchmarks/tune_kernels.py``) and writes
+``tune-<device>.json`` and ``.md``. ``--smoke`` runs tiny shapes through the Triton
 interpreter on a CPU, only to prove the script works (no timings worth reading).
 
 FLOPs count only the (query, key) pairs attended: with bottom-right causal alignment,
@@ -38,6 +40,12 @@ def parse_args(argv):
     p.add_argument("--smoke", action="store_true", help="tiny shapes through the Triton interpreter (CPU ok)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--no-sweep", action="store_true", help="skip the prefix x q_len sweep")
+    p.add_argument("--tune", action="store_true", help="time TileConfig candidates instead (tune_kernels.py)")
+    p.add_argument("--tune-budget-s", type=float, default=330.0, help="wall-clock budget of the whole tune")
+    p.add_argument("--tune-shapes", nargs="+", choices=("prefill", "decode", "split_decode"),
+                   help="tune only these shapes")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="processes compiling tune candidates ahead (default: up to 8 on CUDA, 0 on CPU)")
     return p.parse_args(argv)
 
 
@@ -48,13 +56,15 @@ def attended_pairs(q_len: int, kv_len: int) -> int:
 
 
 def git_commit() -> str:
+    """HEAD (with -dirty when the kernels changed), else $PREFIXKV_COMMIT (a copy without .git)."""
+    fallback = os.environ.get("PREFIXKV_COMMIT", "unknown")
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "src/prefixkv/kernels"], cwd=ROOT,
                                capture_output=True, text=True).stdout.strip()
-        return rev + ("-dirty" if dirty else "") if rev else "unknown"
+        return rev + ("-dirty" if dirty else "") if rev else fallback
     except OSError:
-        return "unknown"
+        return fallback
 
 
 def make_problem(torch, kernels, *, batch, prefix, q_len, heads, kv_heads, head_dim, block_size, dtype, device):
@@ -90,14 +100,14 @@ def dense_sdpa(torch, args, ids, *, batch, q_len, kv_len, heads, kv_heads):
 class Timer:
     """Median milliseconds of a call: CUDA events via triton's do_bench, or wall clock."""
 
-    def __init__(self, cuda: bool):
-        self.cuda = cuda
+    def __init__(self, cuda: bool, warmup: int = 25, rep: int = 100):
+        self.cuda, self.warmup, self.rep = cuda, warmup, rep  # do_bench's milliseconds
 
     def __call__(self, fn) -> float:
         if self.cuda:
             from triton.testing import do_bench
 
-            return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+            return float(do_bench(fn, warmup=self.warmup, rep=self.rep, return_mode="median"))
         start = time.perf_counter()
         fn()
         return (time.perf_counter() - start) * 1e3
@@ -242,8 +252,11 @@ def main(argv=None) -> int:
     timer = Timer(cuda)
     spec, sweep, decode = shapes(opts.smoke, device, torch)
     name = torch.cuda.get_device_name() if cuda else f"cpu-interpreter ({platform.machine()})"
-    result = {"device": name, "commit": git_commit(), "torch": torch.__version__, "triton": triton.__version__,
-              "smoke": opts.smoke, "ceilings": device_ceilings(torch, timer) if cuda else {}}
+    slug = "smoke" if opts.smoke else "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+    meta = {"device": name, "commit": git_commit(), "torch": torch.__version__, "triton": triton.__version__}
+    if opts.tune:
+        return tune(opts, torch, kernels, cuda, meta, slug)
+    result = dict(meta, smoke=opts.smoke, ceilings=device_ceilings(torch, timer) if cuda else {})
     result["spec_shape"] = run_case(torch, kernels, timer, spec, reference=True, sdpa=cuda)
     if cuda:
         result["spec_shape"]["fraction_of_matmul_peak"] = (
@@ -255,8 +268,20 @@ def main(argv=None) -> int:
         result["decode"]["fraction_of_copy_bw"] = result["decode"]["gbps"] / result["ceilings"]["copy_gbps"]
     result["split_decode"] = [dict(run_decode(torch, kernels, timer, cfg), unsplit=run_decode(
         torch, kernels, timer, cfg, num_splits=1)) for cfg in split_shapes(opts.smoke, device, torch)]
-    slug = "smoke" if opts.smoke else "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
     jpath, mpath = write_results(result, opts.out_dir, slug)
+    print(mpath.read_text())
+    print(f"wrote {jpath} and {mpath}")
+    return 0
+
+
+def tune(opts, torch, kernels, cuda: bool, meta: dict, slug: str) -> int:
+    """``--tune``: benchmarks/tune_kernels.py over the SPEC shape, decode and split decode."""
+    import tune_kernels
+
+    jobs = opts.jobs if opts.jobs is not None else (min(8, max(1, (os.cpu_count() or 2) - 2)) if cuda else 0)
+    result = tune_kernels.run_tune(torch, kernels, cuda=cuda, smoke=opts.smoke, budget_s=opts.tune_budget_s,
+                                   jobs=jobs, only=opts.tune_shapes, meta=meta)
+    jpath, mpath = tune_kernels.write_tune(result, opts.out_dir, slug)
     print(mpath.read_text())
     print(f"wrote {jpath} and {mpath}")
     return 0

@@ -1,16 +1,17 @@
-"""benchmarks/bench_kernels.py runs: refuses without CUDA, and its --smoke mode works."""
+"""benchmarks/bench_kernels.py (and its --tune, tune_kernels.py) and gpu_session.sh: refusals and smoke runs."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import HAS_CUDA, triton_skip_reason
+from .conftest import HAS_CUDA, torch, triton_skip_reason
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_kernels.py"
 
@@ -36,3 +37,99 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
     assert len(result["sweep"]) == 4 and result["decode"]["gbps"] > 0
     assert [r["unsplit"]["gbps"] > 0 for r in result["split_decode"]] == [True]
     assert {"## SPEC shape", "## Split-KV decode"} <= set((tmp_path / "kernels-smoke.md").read_text().splitlines())
+
+
+@pytest.mark.skipif(triton_skip_reason() is not None, reason=str(triton_skip_reason()))
+def test_smoke_tune_compiles_ahead_and_checks_every_candidate(tmp_path):
+    run = _run("--smoke", "--tune", "--jobs", "2", "--out-dir", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    result = json.loads((tmp_path / "tune-smoke.json").read_text())
+    assert {"device", "commit", "torch", "triton", "budget_s", "elapsed_s"} <= result.keys()
+    assert result["precompile"]["finished"] == result["precompile"]["tasks"] == 8
+    assert [s["name"] for s in result["shapes"]] == ["prefill", "decode", "split_decode"]
+    for shape in result["shapes"]:
+        rows = shape["rows"]
+        assert 2 <= len(rows) <= 3 and rows[0]["is_heuristic"] and shape["heuristic_matches_default"]
+        assert all(r["ok"] and r["max_abs_diff"] <= shape["tolerance"] for r in rows)
+        assert sorted(shape["ranking"]) == list(range(len(rows))) and "best" in shape
+    assert {"## prefill", "## decode", "## split_decode"} <= set((tmp_path / "tune-smoke.md").read_text().splitlines())
+    assert "[tune" in run.stdout  # progress lines
+
+
+def _tune_module():
+    sys.path.insert(0, str(SCRIPT.parent))
+    import tune_kernels
+
+    return tune_kernels
+
+
+def test_candidate_grid_starts_at_the_heuristic_and_widens():
+    from prefixkv.kernels.tiling import TileConfig
+
+    tune = _tune_module()
+    prefill, decode, split = tune.tune_shapes(False, "cuda", torch)
+    heur = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, num_splits=1)
+    grid = tune.candidate_grid(heur, prefill.axes, prefill.max_distance, group_p2=4)
+    assert grid[0] == heur and len(grid) == len(set(grid)) == 45
+    distance = [sum(getattr(c, f) != getattr(heur, f) for f in tune.FIELDS) for c in grid]
+    assert distance == sorted(distance) and distance[1] == 1
+    assert not [c for c in grid if c.block_m == 256 and c.num_warps == 4]  # over the register cap
+    heur = TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=3, num_splits=17)
+    grid = tune.candidate_grid(heur, split.axes, split.max_distance, group_p2=4)
+    assert {c.num_splits for c in grid} == {8, 17, 34, 68}
+    assert max(sum(getattr(c, f) != getattr(heur, f) for f in tune.FIELDS) for c in grid) == 2
+    # block_m below the group's rows is raised to them by the launcher: one candidate, not two
+    small = TileConfig(block_m=16, block_n=32)
+    assert tune.candidate_grid(small, {"block_m": (16, 32)}, 1, group_p2=32) == [small]
+    assert len(tune.candidate_grid(heur, decode.axes, 2, limit=3)) == 3
+
+
+def test_a_fast_wrong_or_failed_config_never_ranks():
+    tune = _tune_module()
+    cfg = dict(block_m=64, block_n=64, num_warps=4, num_stages=2, num_splits=1)
+    rows = [dict(cfg, is_heuristic=True, ok=True, ms=2.0, confirm_ms=2.0, max_abs_diff=0.0),
+            dict(cfg, block_n=32, is_heuristic=False, ok=False, max_abs_diff=float("nan")),
+            dict(cfg, block_n=128, is_heuristic=False, ok=False, ms=0.5, max_abs_diff=0.3),
+            dict(cfg, num_warps=8, is_heuristic=False, error="OutOfResources: shared memory"),
+            dict(cfg, num_stages=3, is_heuristic=False, ok=True, ms=1.0, confirm_ms=1.6, max_abs_diff=1e-4),
+            dict(cfg, num_stages=4, is_heuristic=False, skipped="time budget")]
+    result = tune.rank({"rows": rows})
+    assert result["ranking"] == [4, 0] and result["best"]["num_stages"] == 3
+    assert result["speedup_vs_heuristic"] == pytest.approx(2.0 / 1.6)
+    assert result["counts"] == {"candidates": 6, "timed": 2, "wrong": 2, "failed": 1, "skipped": 1}
+
+
+SESSION = SCRIPT.parent / "gpu_session.sh"
+
+
+def _session(*args: str, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SESSION), *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OUT": str(out), "PYTHON": sys.executable})
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+def test_gpu_session_script_parses_and_rejects_unknown_steps(tmp_path):
+    assert subprocess.run(["bash", "-n", str(SESSION)]).returncode == 0
+    run = _session("benchmark", out=tmp_path)
+    assert run.returncode == 2 and "unknown argument 'benchmark'" in run.stderr
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the refusal is for machines without CUDA")
+def test_gpu_session_refuses_without_cuda(tmp_path):
+    run = _session(out=tmp_path)
+    assert run.returncode == 2 and "no CUDA device" in run.stdout  # the script tees stderr into its log
+    assert "no CUDA device" in (tmp_path / "gpu-session.log").read_text()
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU machine the session itself runs the real steps")
+@pytest.mark.skipif(shutil.which("timeout") is None or triton_skip_reason() is not None,
+                    reason=f"needs coreutils timeout and the Triton path ({triton_skip_reason()})")
+def test_gpu_session_smoke_runs_every_step_into_out(tmp_path):
+    run = _session("--smoke", out=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {"gpu-session.log", "kernels-smoke.json", "kernels-smoke.md", "tune-smoke.json", "tune-smoke.md"}
+    log = (tmp_path / "gpu-session.log").read_text()
+    for step in ("env", "tests", "bench", "tune"):
+        assert f"=== {step} (limit" in log and f"\n{step}: rc 0," in log
+    assert "7 passed" in log  # tests/kernels/test_tiling.py, the smoke's test step

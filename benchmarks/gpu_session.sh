@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The whole GPU session in one command (benchmarks/README.md): run from any directory as
+#
+#   bash benchmarks/gpu_session.sh [--smoke] [env] [tests] [bench] [tune]
+#
+# Steps (all four when none is named), each under its own `timeout` so that one slow step
+# cannot eat the others, all inside one session deadline that fits the device tool's
+# 10-minute command:
+#   env    nvidia-smi (queries only), Python/torch/triton versions, CPU count
+#   tests  python3 -m pytest tests/kernels on CUDA: TRITON_INTERPRET unset, so conftest
+#          runs the compiled kernels (bf16 included); pytest-xdist/-timeout when present
+#   bench  benchmarks/bench_kernels.py: SPEC shape, sweep, decode, split decode
+#   tune   benchmarks/bench_kernels.py --tune, its budget cut to the time that is left
+# Everything goes to $OUT (unset: benchmarks/results): gpu-session.log (all output) and
+# the kernels-<device>.json/.md and tune-<device>.json/.md of the two scripts, 5 files.
+# --smoke runs the same steps on tiny shapes (the interpreter without a GPU; tests: only
+# tests/kernels/test_tiling.py) to check the script itself.
+#
+# Environment: OUT, PYTHON (python3), SESSION_S (570: the deadline for all steps),
+# TESTS_S (200), BENCH_S (170), TUNE_S (400): caps per step, TEST_JOBS (8: xdist
+# workers), TUNE_JOBS (compile processes of the tune), PREFIXKV_COMMIT (the commit to
+# record when the copy has no .git).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 2
+SMOKE=0
+STEPS=()
+for arg in "$@"; do
+    case $arg in
+        --smoke) SMOKE=1 ;;
+        env | tests | bench | tune) STEPS+=("$arg") ;;
+        -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
+        *) echo "gpu_session.sh: unknown argument '$arg' (steps: env tests bench tune; --smoke)" >&2; exit 2 ;;
+    esac
+done
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(env tests bench tune)
+
+PY=${PYTHON:-python3}
+OUT=${OUT:-$ROOT/benchmarks/results}
+mkdir -p "$OUT" || exit 2
+LOG=$OUT/gpu-session.log
+exec > >(tee -a "$LOG") 2>&1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+START=$SECONDS
+DEADLINE=$((START + ${SESSION_S:-570}))
+SMOKE_FLAG=()
+[ "$SMOKE" = 1 ] && SMOKE_FLAG=(--smoke)
+SUMMARY=()
+FAILED=0
+
+if [ "$SMOKE" = 0 ] && ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+    echo "gpu_session.sh: no CUDA device visible to $PY; use --smoke for the CPU check" >&2
+    exit 2
+fi
+
+step_env() {
+    if command -v nvidia-smi > /dev/null; then
+        nvidia-smi
+        nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu \
+            --format=csv
+    else
+        echo "nvidia-smi: not found"
+    fi
+    "$PY" - << 'EOF'
+import os, platform, sys
+import torch, triton
+print(f"python {platform.python_version()} ({sys.executable}), torch {torch.__version__}, triton {triton.__version__}")
+print(f"cuda: {torch.cuda.is_available()}", torch.cuda.get_device_name() if torch.cuda.is_available() else "")
+print(f"cpus {os.cpu_count()}, TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')!r}")
+EOF
+    echo "commit: $(git rev-parse HEAD 2> /dev/null || echo "${PREFIXKV_COMMIT:-unknown (no .git; set PREFIXKV_COMMIT)}")"
+}
+
+step_tests() {
+    local args=(-q -rs -p no:cacheprovider --durations=15)
+    if [ "$SMOKE" = 1 ]; then
+        "$PY" -m pytest "${args[@]}" tests/kernels/test_tiling.py
+        return
+    fi
+    "$PY" -c "import xdist" 2> /dev/null && args+=(-n "${TEST_JOBS:-8}")
+    "$PY" -c "import pytest_timeout" 2> /dev/null && args+=(--timeout 150)
+    # Unset: conftest then runs every Triton test on CUDA tensors through compiled kernels.
+    env -u TRITON_INTERPRET "$PY" -m pytest "${args[@]}" tests/kernels
+}
+
+step_bench() {
+    local extra=()
+    [ "$SMOKE" = 1 ] && extra=(--no-sweep)
+    "$PY" benchmarks/bench_kernels.py "${SMOKE_FLAG[@]}" "${extra[@]}" --out-dir "$OUT"
+}
+
+step_tune() {
+    local limit=$1 jobs=()
+    [ -n "${TUNE_JOBS:-}" ] && jobs=(--jobs "$TUNE_JOBS")
+    # The tune stops itself inside its budget; the margin covers start-up and writing.
+    "$PY" benchmarks/bench_kernels.py --tune "${SMOKE_FLAG[@]}" "${jobs[@]}" \
+        --tune-budget-s $((limit > 90 ? limit - 40 : limit / 2)) --out-dir "$OUT"
+}
+
+run_step() {
+    local name=$1 cap=$2 left=$((DEADLINE - SECONDS - 10))
+    local limit=$((cap < left ? cap : left)) t0=$SECONDS rc
+    echo
+    echo "=== $name (limit ${limit}s, $((SECONDS - START))s into the session) ==="
+    if [ "$limit" -lt 30 ]; then
+        echo "SKIPPED: only ${left}s left before the session deadline"
+        SUMMARY+=("$name: skipped (no time left)")
+        return
+    fi
+    # SIGINT first: pytest then still prints its summary; KILL 20 s later.
+    timeout -s INT -k 20 "$limit" bash -c "$(declare -f "step_$name"); $(declare -p PY OUT SMOKE SMOKE_FLAG); step_$name $limit"
+    rc=$?
+    [ "$rc" -ne 0 ] && FAILED=1
+    [ "$rc" -eq 124 ] && echo "TIMEOUT: $name passed its ${limit}s"
+    SUMMARY+=("$name: rc $rc, $((SECONDS - t0))s")
+}
+
+for step in "${STEPS[@]}"; do
+    case $step in
+        env) run_step env 60 ;;
+        tests) run_step tests "${TESTS_S:-200}" ;;
+        bench) run_step bench "${BENCH_S:-170}" ;;
+        tune) run_step tune "${TUNE_S:-400}" ;;
+    esac
+done
+
+echo
+echo "=== summary ($((SECONDS - START))s) ==="
+printf '%s\n' "${SUMMARY[@]}"
+echo "files in $OUT:"
+ls -l "$OUT"
+exit "$FAILED"
