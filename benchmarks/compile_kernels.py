@@ -9,7 +9,13 @@ Each config runs our real launcher on ``meta`` tensors; a stub in place of the
 ``@triton.jit`` object records the arguments, which Triton's own binder then specialises
 as a launch would (16-byte alignment, ints equal to 1 as constants) before compiling for
 ``GPUTarget("cuda", 90, 32)``. Registers and spills: the ``ptxas -v`` log of that compile;
-shared memory: Triton's allocation (a launch's dynamic shared memory).
+shared memory: Triton's allocation (a launch's dynamic shared memory). Whether the K/V tile
+loads are software-pipelined: the TTGIR of each compile (:func:`loop_loads`).
+
+Runs unchanged on triton 3.6 through 3.9 (``benchmarks/results/kernels-triton-compat.md``):
+``GPUTarget``, ``ASTSource``, ``make_backend``, ``create_function_from_signature``,
+``JITFunction._pack_args``, ``knobs.nvidia.dump_ptxas_log`` and ``get_ptxas`` have the same
+place and signature in all four. ``--out-name`` keeps one run per version apart.
 
 ``TRITON_INTERPRET`` must be off when Triton is imported (it turns every ``@triton.jit``
 function, ``tl.sum`` included, into an interpreter object), so ``main`` clears it and the
@@ -170,6 +176,34 @@ def parse_ptxas(log: str) -> dict:
             "spill_loads": loads, "stack_frame": stack}
 
 
+_TILE = r"tensor<\d+x\d+x"  # a 2-D (tile) operand; block-table and q loads are 1-D or outside loops
+_LOOP_LOADS = {"async": re.compile(r"ttg\.async_copy_global_to_local .*: " + _TILE),
+               "tma": re.compile(r"ttng\.async_tma_copy_global_to_local"),
+               "sync": re.compile(r"= tt\.load .*: " + _TILE)}
+
+
+def loop_loads(ttgir: str) -> dict:
+    """2-D loads inside ``scf.for`` bodies of the TTGIR, by kind.
+
+    Triton's software pipeliner turns a loop's ``tt.load`` of a ``tl.dot`` operand into
+    ``ttg.async_copy_global_to_local`` (``cp.async``) issued in an earlier iteration, or
+    into a TMA copy; a load it leaves alone stays ``tt.load`` (issued and awaited in its
+    own iteration). Regions open on a line ending in ``{`` and close on one starting
+    with ``}``, so a stack of open regions tells whether a line is inside a loop.
+    """
+    counts, regions = dict.fromkeys(_LOOP_LOADS, 0), []
+    for line in ttgir.splitlines():
+        text = line.strip()
+        if text.startswith("}") and regions:
+            regions.pop()
+        if "for" in regions:
+            for kind, pattern in _LOOP_LOADS.items():
+                counts[kind] += bool(pattern.search(text))
+        if text.endswith("{"):
+            regions.append("for" if "scf.for" in text else "other")
+    return counts
+
+
 def occupancy(n_regs: int, num_warps: int, shared: int) -> int:
     """Resident blocks per SM (estimate, occupancy-calculator rules for cc 9.0): registers
     go per warp in units of 256, each block also reserves 1 KiB of shared memory."""
@@ -194,6 +228,8 @@ def compile_config(name: str, mods: dict) -> dict:
         row["blocks_per_sm"] = occupancy(row["n_regs"], md.num_warps, md.shared)
         ptx = kernel.asm["ptx"]
         row["mma"] = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "none"
+        row["loop_loads"] = loads = loop_loads(kernel.asm["ttgir"])
+        row["pipelined"] = (loads["async"] + loads["tma"] > 0 and loads["sync"] == 0) if any(loads.values()) else None
     except Exception as exc:  # noqa: BLE001  a failed compile is a result, reported per config
         row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[-1500:]}")
     row["compile_s"] = round(time.perf_counter() - start, 2)
@@ -205,9 +241,18 @@ def flags(r: dict) -> list[str]:
     out = [f"{r['n_spills']} B of register spills"] if r["n_spills"] else []
     out += [f"{r['n_regs']} registers, the 255 cap"] if r["n_regs"] >= MAX_REGS_PER_THREAD else []
     out += [f"{r['shared']} B smem, over the {SMEM_PER_BLOCK} B a block may use"] if r["shared"] > SMEM_PER_BLOCK else []
+    out += [f"{r['loop_loads']['sync']} tile loads in loops not pipelined"] if r.get("pipelined") is False else []
     warps = r["blocks_per_sm"] * r["num_warps"]
     out += [f"{warps} resident warps/SM ({warps / MAX_WARPS_PER_SM:.1%} occupancy)"] if warps < 8 else []
     return out
+
+
+def pipelining(r: dict) -> str:
+    """The ``pipelined loads`` cell: yes/no and the 2-D loads in loops by kind, ``-`` without any."""
+    if r.get("pipelined") is None:
+        return "-"
+    kinds = ", ".join(f"{n} {kind}" for kind, n in r["loop_loads"].items() if n)
+    return f"{'yes' if r['pipelined'] else 'no'} ({kinds})"
 
 
 def markdown(result: dict, reading: str = "") -> str:
@@ -219,13 +264,13 @@ def markdown(result: dict, reading: str = "") -> str:
              "allocation per block; blocks/SM: occupancy estimate from those figures and the "
              "Hopper limits (65536 regs/SM, 228 KiB smem/SM, 227 KiB per block, 64 warps/SM).", "",
              "| config | ok | BLOCK_M x BLOCK_N | warps | stages | regs | spills (B) | smem (B) | blocks/SM "
-             "| warps/SM | mma | compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| warps/SM | mma | pipelined loads | compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r.get("constexprs", {})
         tile = f"{c['BLOCK_M']} x {c['BLOCK_N']}" if "BLOCK_M" in c else "-"
         tile += f" ({c['NUM_SPLITS']} splits)" if c.get("NUM_SPLITS", 1) > 1 else ""
         cells = ([r["n_regs"], r["n_spills"], r["shared"], r["blocks_per_sm"], r["blocks_per_sm"] * r["num_warps"],
-                  r["mma"]] if r["ok"] else ["-"] * 6)
+                  r["mma"], pipelining(r)] if r["ok"] else ["-"] * 7)
         lines.append(f"| {r['name']} | {'ok' if r['ok'] else '**error**'} | {tile} | {r.get('num_warps', '-')} | "
                      f"{r.get('num_stages', '-')} | " + " | ".join(map(str, cells)) + f" | {r['compile_s']} |")
     lines += ["", "## Flags (computed)", ""]
@@ -238,6 +283,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", nargs="*", choices=sorted(CONFIGS), help="compile only these configs")
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--out-name", default="kernels-sm90-compile",
+                   help="file name of the report without suffix (.json and .md are written)")
     opts = p.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)  # before Triton is imported; see the module docstring
     import triton
@@ -252,8 +299,8 @@ def main(argv=None) -> int:
     ptxas = get_ptxas(90)
     result = {"target": "sm_90", "triton": triton.__version__, "ptxas": f"{Path(ptxas.path).name} {ptxas.version}",
               "configs": rows}
-    (opts.out_dir / "kernels-sm90-compile.json").write_text(json.dumps(result, indent=2) + "\n")
-    md_path = opts.out_dir / "kernels-sm90-compile.md"
+    (opts.out_dir / f"{opts.out_name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    md_path = opts.out_dir / f"{opts.out_name}.md"
     old = md_path.read_text() if md_path.exists() else ""
     md_path.write_text(md := markdown(result, old[old.find("## Reading"):] if "## Reading" in old else ""))
     print(md)

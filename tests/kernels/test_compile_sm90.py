@@ -1,4 +1,4 @@
-"""The attention kernel compiles for Hopper (sm_90) without spilling, checked without a GPU.
+"""The kernels compile for Hopper (sm_90) without a GPU: no spills, pipelined K/V loads.
 
 The interpreter never lowers a kernel, so these compile it ahead of time with Triton's
 bundled ``ptxas`` (``benchmarks/compile_kernels.py``). They run the script in a child
@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,40 @@ def test_prefill_tile_is_the_spec_one(compiled):
     assert (row["constexprs"]["BLOCK_M"], row["constexprs"]["BLOCK_N"], row["num_warps"]) == (128, 64, 8)
     assert compiled["decode"]["constexprs"]["BLOCK_M"] == 16
     assert row["constexprs"]["NUM_SPLITS"] == compiled["decode"]["constexprs"]["NUM_SPLITS"] == 1
+
+
+@pytest.mark.parametrize("name", ("prefill-spec", "decode", "prefill-d256", "decode-split-32k"))
+def test_kv_loads_are_pipelined(compiled, name):
+    """Every K and V tile load of the three phase loops became an async copy (cp.async)."""
+    row = compiled[name]
+    assert row["pipelined"], f"{name}: tile loads in loops {row['loop_loads']}"
+    assert row["loop_loads"]["async"] + row["loop_loads"]["tma"] == 6
+
+
+def test_prefill_dots_are_wgmma(compiled):
+    assert compiled["prefill-spec"]["mma"] == compiled["prefill-d256"]["mma"] == "wgmma"
+
+
+def test_loop_loads_counts_tile_loads_inside_loops_only():
+    ttgir = """
+    tt.func public @k() {
+      %q = tt.load %qp : tensor<128x64x!tt.ptr<bf16>, #blocked> loc(#loc1)
+      %r = scf.for %i = %c0 to %n step %c64 iter_args(%a = %z) -> (tensor<128x64xf32, #mma>) {
+        %b = ttg.async_copy_global_to_local %p, %buf mask %m : tensor<64x!tt.ptr<i32>, #b1> -> <64xi32> loc(#l)
+        %k = ttg.async_copy_global_to_local %p, %buf mask %m : tensor<128x64x!tt.ptr<bf16>, #b1> -> <128x64xbf16> loc(#l)
+        %s = "tt.reduce"(%a) <{axis = 1 : i32}> ({
+        ^bb0(%x: f32, %y: f32):
+          tt.reduce.return %x : f32 loc(#l)
+        }) : (tensor<128x64xf32, #mma>) -> tensor<128xf32> loc(#l)
+        %v = tt.load %vp : tensor<64x128x!tt.ptr<bf16>, #blocked> loc(#loc2)
+        scf.yield %a : tensor<128x64xf32, #mma> loc(#l)
+      } loc(#l)
+      %o = tt.load %op : tensor<128x64x!tt.ptr<bf16>, #blocked> loc(#loc3)
+      tt.return loc(#l)
+    } loc(#l)
+    """
+    loop_loads = runpy.run_path(str(SCRIPT))["loop_loads"]  # the script, not run as __main__
+    assert loop_loads(ttgir) == {"async": 1, "tma": 0, "sync": 1}
 
 
 def test_long_decode_is_split(compiled):

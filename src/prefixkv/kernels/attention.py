@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .interpreter import backport_scalar_index
 from .split_kv import _split_phases, combine_splits, split_workspaces
 from .tiling import TileConfig, choose_num_splits, choose_tiles, sm_count
 from .validation import check_attention
@@ -242,6 +243,7 @@ def paged_prefill_attention_triton(
         split_strides, o_strides = (0, 0), out.stride()
         lse_strides = lse.stride() if lse is not None else (0, 0)
     grid = (shape.total_q // block_q + shape.batch, shape.num_kv_heads, num_splits)
+    backport_scalar_index()  # the phase loops' bounds are loaded: triton 3.6's interpreter needs it
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, o_arg, lse_arg,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(),
