@@ -58,7 +58,7 @@ def summary(rounds):
 def fill_to_capacity(m, rng):
     """Admit and free distinct 32k-token prompts until every block holds cached content
     (a no-op for allocators that cache nothing)."""
-    if not isinstance(m, KVCacheManager):
+    if not getattr(m, "enable_caching", False):
         return
     i = 0
     while m.num_cached_blocks < m.num_blocks:
