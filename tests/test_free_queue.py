@@ -1,5 +1,5 @@
-from prefixkv.block import Block
-from prefixkv.free_queue import FreeBlockQueue
+from prefixkv.core.block import Block
+from prefixkv.core.free_queue import FreeBlockQueue
 
 
 def ids(q):

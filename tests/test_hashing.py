@@ -55,11 +55,15 @@ def constant_hash(data: bytes) -> bytes:
     return b"\x00" * 16
 
 
-def test_a_colliding_hash_costs_misses_never_wrong_kv():
-    m = KVCacheManager(16, 4, hash_mode=constant_hash)
+def test_a_colliding_hash_never_serves_wrong_kv_nor_costs_a_hit():
+    """Hits are found by content: a hash that collides on everything changes nothing
+    but the events, which then announce one hash per content (a consumer counts them)."""
+    m = KVCacheManager(16, 4, hash_mode=constant_hash, enable_events=True)
     a = [1, 2, 3, 4, 5, 6, 7, 8, 9]
-    m.add_request("a", a)          # block 0 takes the only hash; block 1 collides
-    assert m.num_cached_blocks == 1
+    m.add_request("a", a)          # both blocks carry the one hash there is
+    assert m.num_cached_blocks == 2
+    assert [e.block_hash for e in m.take_events()] == [b"\x00" * 16] * 2
+    assert m.lookup(a) == 8
     assert m.add_request("b", [1, 2, 3, 4, 50, 51, 52, 53, 9]).num_cached_tokens == 4
     assert m.add_request("c", [7, 7, 7, 7, 5, 6, 7, 8, 9]).num_cached_tokens == 0
     assert m.add_request("d", [1, 2, 3, 4], extra=ExtraKeys(cache_salt="s")).num_cached_tokens == 0

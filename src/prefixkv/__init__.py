@@ -4,8 +4,10 @@ The core (this package's top level) is pure Python and imports neither torch nor
 the kernels live in ``prefixkv.kernels`` (optional extra ``prefixkv[kernels]``).
 
 The public API is what ``__all__`` lists here and in ``prefixkv.kernels``,
-``prefixkv.engine`` and ``prefixkv.adapters.vllm``; the modules behind them (``pool``,
-``block``, ``free_queue``, ``hashing``, ``request``, ...) are implementation and may change.
+``prefixkv.engine`` and ``prefixkv.adapters.vllm``; the modules behind them (``core``,
+``index``, ``hashing``, ...) are implementation and may change. The benchmark baselines
+(``ContiguousAllocator``, ``PagedAllocator``) are importable here and from
+``prefixkv.baselines`` but are not part of the API.
 """
 
 from .allocator import Allocator
@@ -15,15 +17,15 @@ from .errors import (
 )
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .extra_keys import ExtraKeys, MultiModalInput
-from .manager import KVCacheManager
-from .results import Admission, BlockCopy, Fork
+from .core.manager import KVCacheManager
+from .results import Admission, BlockCopy, DecodeStep, Fork, KVOp
 from .stats import PrefixCacheStats
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Admission", "Allocator", "AllBlocksCleared", "BlockCopy", "BlockRemoved", "BlockStored",
-    "ConfigError", "ContiguousAllocator", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
-    "InvariantError", "KVCacheManager", "MultiModalInput", "PagedAllocator",
-    "PrefixCacheStats", "PrefixKVError", "RequestError", "TokenError",
+    "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
+    "InvariantError", "KVCacheManager", "KVOp", "MultiModalInput", "PrefixCacheStats",
+    "PrefixKVError", "RequestError", "TokenError",
 ]

@@ -17,13 +17,15 @@ from .errors import (
 from .events import Event
 from .extra_keys import ExtraKeys, check_extra
 from .hashing import encode_tokens
-from .manager import KVCacheManager
-from .results import Admission, BlockCopy, Fork
+from .core.block import blocks_for
+from .core.manager import KVCacheManager
+from .results import Admission, BlockCopy, Fork, KVOp
 from .stats import PrefixCacheStats, StatsCounter
 
 
 class PagedAllocator(KVCacheManager):
-    """Paged allocation without prefix caching: ``KVCacheManager(enable_caching=False)``."""
+    """Paged allocation without prefix caching: the manager with an index that never
+    finds anything (``KVCacheManager(enable_caching=False)``)."""
 
     def __init__(self, num_blocks: int, block_size: int = 16, *, vocab_size: int | None = None) -> None:
         super().__init__(num_blocks, block_size, enable_caching=False, vocab_size=vocab_size)
@@ -46,11 +48,12 @@ class ContiguousAllocator:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.span = -(-max_model_len // block_size)
+        self.span = blocks_for(max_model_len, block_size)
         self._starts = [0]            # free ranges, sorted by start
         self._lengths = [num_blocks]
         self._live: dict[Hashable, _Reservation] = {}
         self._stats = StatsCounter()
+        self._kv_ops: list[KVOp] = []
 
     def add_request(self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
                     extra: ExtraKeys | None = None,
@@ -103,8 +106,9 @@ class ContiguousAllocator:
         if dst is None:
             return None
         self._live[child_id] = _Reservation(dst, list(r.tokens), r.scheduled)
-        used = -(-r.scheduled // self.block_size)
+        used = blocks_for(r.scheduled, self.block_size)
         copies = tuple(BlockCopy(r.start + i, dst + i) for i in range(used))
+        self._kv_ops += copies
         return Fork(child_id, self.get_block_ids(child_id), copies)
 
     def free(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> None:
@@ -127,7 +131,7 @@ class ContiguousAllocator:
 
     def get_block_ids(self, request_id: Hashable) -> tuple[int, ...]:
         r = self._entry(request_id)
-        return tuple(range(r.start, r.start + -(-r.scheduled // self.block_size)))
+        return tuple(range(r.start, r.start + blocks_for(r.scheduled, self.block_size)))
 
     def num_tokens(self, request_id: Hashable) -> int:
         return len(self._entry(request_id).tokens)
@@ -154,14 +158,18 @@ class ContiguousAllocator:
     def take_events(self) -> list[Event]:
         return []
 
+    def take_kv_ops(self) -> list[KVOp]:
+        out, self._kv_ops = self._kv_ops, []
+        return out
+
     def reset_prefix_cache(self) -> bool:
         return not self._live
 
     def _advance(self, r: _Reservation, total: int) -> tuple[int, ...]:
         bs = self.block_size
-        old = -(-r.scheduled // bs)
+        old = blocks_for(r.scheduled, bs)
         r.scheduled = total
-        return tuple(range(r.start + old, r.start + -(-total // bs)))
+        return tuple(range(r.start + old, r.start + blocks_for(total, bs)))
 
     def _reserve(self) -> int | None:
         for i, length in enumerate(self._lengths):

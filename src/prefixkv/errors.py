@@ -42,6 +42,14 @@ def check_positive(name: str, value: object) -> int:
     return value
 
 
+def check_flag(name: str, value: object, error: type[PrefixKVError]) -> bool:
+    """Return ``value`` if it is a bool; raise ``error`` otherwise (``"no"`` is truthy,
+    so a string or an int where a flag belongs is a mistake, never a guess)."""
+    if type(value) is not bool:
+        raise error(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def check_count(name: str, value: object, low: int, high: int | None) -> int:
     """Return ``value`` if it is an int in ``[low, high]`` (``high`` None: unbounded);
     raise RequestError naming the valid range otherwise (a count the request's state does

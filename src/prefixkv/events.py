@@ -1,6 +1,19 @@
-"""Cache events an engine drains each step (``KVCacheManager.take_events()``), shaped for
-KV-aware routers: a router that mirrors BlockStored/BlockRemoved knows which chain hashes
-this instance holds. Use ``hash_mode="sha256"`` for ids that are stable across processes.
+"""Cache events, and the sinks the index writes them to.
+
+A consumer that mirrors the events knows which blocks this manager can serve: a chain
+hash is announced by one ``BlockStored`` when its content first becomes findable and
+withdrawn by one ``BlockRemoved`` when the last block holding it is evicted (or was never
+computed), so "every hash stored and not removed" predicts ``lookup`` exactly. (Under a
+hash collision, which the built-in modes make negligible, two contents share a hash: a
+consumer that counts stores and removals per hash stays exact.) Use
+``hash_mode="sha256"`` for ids that are stable across processes.
+
+Sinks: ``NullSink`` records nothing (events off); ``EventLog`` keeps events until the
+engine drains them with ``take_events()``, bounded by ``max_events``. When a consumer
+falls behind and the log overflows, the pending events are dropped and counted
+(``dropped``), and the next drain starts with ``AllBlocksCleared`` followed by one
+``BlockStored`` per block findable at that moment: mirroring it resynchronises the
+consumer exactly, whatever it missed.
 """
 
 from __future__ import annotations
@@ -9,33 +22,111 @@ from dataclasses import dataclass
 
 from .extra_keys import ExtraKeys
 
+DEVICE = "GPU"
+"""The medium of blocks in the device pool (vLLM's event field spells it "GPU")."""
+
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
     """A full block became findable under ``block_hash``. ``parent_block_hash`` is None
     for a request's first block. ``token_ids`` are the block's block_size tokens.
-    ``extra``: the extra keys that entered this block's hash (LoRA, salt and only the
-    multimodal inputs overlapping the block), None when there are none."""
+    ``block_id``: the block that holds it. ``extra``: the extra keys that entered this
+    block's hash (LoRA, salt and only the multimodal inputs overlapping the block), None
+    when there are none. ``medium``: where the block lives ("GPU": the device pool)."""
 
     block_hash: bytes
     parent_block_hash: bytes | None
     token_ids: tuple[int, ...]
     block_id: int
     extra: ExtraKeys | None
+    medium: str = DEVICE
 
 
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
-    """The block stored under ``block_hash`` was evicted; its id may now hold other KV."""
+    """No block of ``medium`` holds the content stored under ``block_hash`` any more
+    (evicted, or never computed); ``block_id`` is the last one that held it."""
 
     block_hash: bytes
     block_id: int
+    medium: str = DEVICE
 
 
 @dataclass(frozen=True, slots=True)
 class AllBlocksCleared:
-    """``reset_prefix_cache()`` dropped every cached block."""
+    """Every block was dropped (``reset_prefix_cache()``), or the log overflowed and the
+    ``BlockStored`` events that follow restate everything findable."""
 
 
 Event = BlockStored | BlockRemoved | AllBlocksCleared
 """Any of the three events ``take_events()`` returns."""
+
+
+class NullSink:
+    """Records nothing: the sink of a manager without events."""
+
+    __slots__ = ()
+    active = False
+    dropped = 0
+
+    def append(self, event: Event) -> None:
+        pass
+
+    def extend(self, events: list[Event]) -> None:
+        pass
+
+    def take(self) -> list[Event] | None:
+        return []
+
+    def clear(self) -> None:
+        pass
+
+
+class EventLog:
+    """Events kept in order until taken, at most ``max_events`` of them.
+
+    ``take()`` returns the events since the last take, or None when some were dropped
+    since (the caller then restates the index, see the module docstring). ``dropped``
+    counts every event dropped since creation.
+    """
+
+    __slots__ = ("max_events", "dropped", "_events", "_lost")
+    active = True
+
+    def __init__(self, max_events: int) -> None:
+        self.max_events = max_events
+        self.dropped = 0
+        self._events: list[Event] = []
+        self._lost = False
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def append(self, event: Event) -> None:
+        self._events.append(event)
+        if len(self._events) > self.max_events:
+            self._overflow()
+
+    def extend(self, events: list[Event]) -> None:
+        self._events += events
+        if len(self._events) > self.max_events:
+            self._overflow()
+
+    def _overflow(self) -> None:
+        self.dropped += len(self._events)
+        self._events.clear()
+        self._lost = True
+
+    def clear(self) -> None:
+        """Drop what is pending (an ``AllBlocksCleared`` supersedes it)."""
+        self._events.clear()
+        self._lost = False
+
+    def take(self) -> list[Event] | None:
+        if self._lost:
+            self._lost = False
+            self._events.clear()
+            return None
+        out = self._events
+        self._events = []
+        return out

@@ -27,21 +27,72 @@ _TYPECODE = "I" if array("I").itemsize == 4 else "L"
 _SWAP = sys.byteorder != "little"
 
 
+_ONE_BYTE = frozenset("bBc")
+_NOT_TOKENS = (str, bytes, bytearray, dict, set, frozenset)
+
+
 def encode_tokens(token_ids: Sequence[int], vocab_size: int | None = None) -> array:
-    """Encode token ids as a uint32 array (the canonical form, also kept as the request's
-    token store). Raises TokenError for an id outside [0, 2**32) or >= ``vocab_size``,
-    or a non-integer."""
+    """Encode token ids as a new uint32 array (the canonical form, also kept as the
+    request's token store). Accepts a list or tuple of ints, an ``array`` of integers,
+    any buffer of integers (a uint32 buffer is taken without re-encoding), or another
+    iterable of ints. Raises TokenError for an id outside [0, 2**32) or >= ``vocab_size``,
+    a non-integer or bool, or a container that is not a sequence of token ids (str,
+    bytes, bytearray, dict, set, None, a bare int, a buffer of bytes)."""
+    t = type(token_ids)
     try:
-        if isinstance(token_ids, list):
+        if t is list:
             arr = array(_TYPECODE)
             arr.fromlist(token_ids)  # faster than array(typecode, list)
-        else:
+            _no_bools(token_ids, arr)
+        elif t is array:
+            if token_ids.typecode in "fdu" or token_ids.typecode == "w":
+                raise TypeError(f"an array of typecode {token_ids.typecode!r}")
+            arr = token_ids[:] if token_ids.typecode == _TYPECODE else array(_TYPECODE, token_ids)
+        elif t is tuple:
             arr = array(_TYPECODE, token_ids)
-    except (OverflowError, TypeError) as exc:
+            _no_bools(token_ids, arr)
+        elif isinstance(token_ids, _NOT_TOKENS) or token_ids is None or isinstance(token_ids, int):
+            raise TypeError(f"a {t.__name__} is not a sequence of token ids")
+        else:
+            arr = _from_other(token_ids)
+    except (OverflowError, TypeError, ValueError) as exc:
         raise TokenError(f"token ids must be ints in [0, 2**32): {exc}") from None
     if vocab_size is not None and arr and max(arr) >= vocab_size:
         raise TokenError(f"token id {max(arr)} is >= vocab_size {vocab_size}")
     return arr
+
+
+def _from_other(token_ids: object) -> array:
+    try:
+        view = memoryview(token_ids)  # type: ignore[arg-type]
+    except TypeError:
+        seq = list(token_ids)  # type: ignore[call-overload]
+        arr = array(_TYPECODE)
+        arr.fromlist(seq)
+        _no_bools(seq, arr)
+        return arr
+    fmt = view.format.lstrip("@=<>!")
+    if view.ndim != 1 or fmt not in "bBhHiIlLqQnN" or fmt in _ONE_BYTE:
+        raise TypeError(f"a buffer of format {view.format!r} and {view.ndim} dimensions "
+                        f"(token ids are a 1-d buffer of integers of 2 bytes or more)")
+    little = view.format[:1] == "<" or (not _SWAP and view.format[:1] in "@=IL")
+    if fmt in "IL" and view.itemsize == 4 and little and view.c_contiguous:
+        arr = array(_TYPECODE)
+        arr.frombytes(view.cast("B"))
+        return arr
+    return array(_TYPECODE, view.tolist())
+
+
+def _no_bools(items: Sequence[object], arr: array) -> None:
+    """Raise TypeError if ``items`` holds a bool. Only a 0 or 1 can be one: their 4-byte
+    patterns are searched in the encoded bytes (fast), and only those positions checked."""
+    data = arr.tobytes()
+    for pattern in (b"\x00\x00\x00\x00", b"\x01\x00\x00\x00"):
+        pos = data.find(pattern)
+        while pos >= 0:
+            if pos % 4 == 0 and type(items[pos // 4]) is bool:
+                raise TypeError(f"token id {items[pos // 4]!r} at position {pos // 4} is a bool")
+            pos = data.find(pattern, pos + 1)
 
 
 def token_bytes(arr: array) -> bytes:

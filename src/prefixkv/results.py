@@ -1,26 +1,71 @@
-"""Small frozen result types of plain ints handed back to the engine."""
+"""Small frozen result types of plain ints handed back to the engine, and the KV
+operations it runs for the manager."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True, slots=True)
 class Admission:
     """A request admitted by ``add_request``.
 
-    ``block_ids``: the request's blocks in order (cached prefix first).
+    ``block_ids``: the request's blocks in order (cached prefix first), built when first
+    read. ``group_block_ids``: the same, per layer group (one group today).
     ``num_cached_tokens``: prompt tokens whose KV is already in those blocks (a multiple
     of block_size, and always < the prompt length). ``num_new_tokens``: tokens scheduled
     now, whose KV the engine computes in this step (positions ``num_cached_tokens`` to
     ``num_cached_tokens + num_new_tokens - 1``).
     """
 
-    request_id: Hashable
-    block_ids: tuple[int, ...]
-    num_cached_tokens: int
-    num_new_tokens: int
+    __slots__ = ("request_id", "num_cached_tokens", "num_new_tokens", "_blocks", "_ids")
+
+    def __init__(self, request_id: Hashable, block_ids: Sequence[int], num_cached_tokens: int,
+                 num_new_tokens: int) -> None:
+        self.request_id = request_id
+        self.num_cached_tokens = num_cached_tokens
+        self.num_new_tokens = num_new_tokens
+        self._blocks: list | None = None
+        self._ids: tuple[int, ...] | None = tuple(block_ids)
+
+    @classmethod
+    def of(cls, request_id: Hashable, blocks: list, num_cached_tokens: int,
+           num_new_tokens: int) -> Admission:
+        """An admission over the manager's blocks; their ids are read on demand."""
+        adm = cls.__new__(cls)
+        adm.request_id = request_id
+        adm.num_cached_tokens = num_cached_tokens
+        adm.num_new_tokens = num_new_tokens
+        adm._blocks = blocks[:]
+        adm._ids = None
+        return adm
+
+    @property
+    def block_ids(self) -> tuple[int, ...]:
+        """The request's block ids in token order (cached prefix first)."""
+        if self._ids is None:
+            self._ids = tuple([b.block_id for b in self._blocks])  # type: ignore[union-attr]
+            self._blocks = None
+        return self._ids
+
+    @property
+    def group_block_ids(self) -> tuple[tuple[int, ...], ...]:
+        """``block_ids`` per layer group, in group order (one group today)."""
+        return (self.block_ids,)
+
+    def _astuple(self) -> tuple:
+        return (self.request_id, self.block_ids, self.num_cached_tokens, self.num_new_tokens)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Admission) and self._astuple() == other._astuple()
+
+    def __hash__(self) -> int:
+        return hash(self._astuple())
+
+    def __repr__(self) -> str:
+        return (f"Admission(request_id={self.request_id!r}, block_ids={self.block_ids}, "
+                f"num_cached_tokens={self.num_cached_tokens}, "
+                f"num_new_tokens={self.num_new_tokens})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +77,11 @@ class BlockCopy:
     dst: int
 
 
+KVOp = BlockCopy
+"""A KV operation the engine runs before the next forward pass (``take_kv_ops()``).
+Today only copies; a host tier adds loads and offloads to the same stream."""
+
+
 @dataclass(frozen=True, slots=True)
 class Fork:
     """A child created by ``fork``: its blocks, and the copies the engine must make
@@ -40,3 +90,13 @@ class Fork:
     request_id: Hashable
     block_ids: tuple[int, ...]
     copies: tuple[BlockCopy, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeStep:
+    """What ``append_step`` did. ``grown``: ``(request_id, new block ids)`` for each
+    request that took a new block. ``short``: requests that needed a block and could not
+    get one; they are unchanged (their token was not appended)."""
+
+    grown: tuple[tuple[Hashable, tuple[int, ...]], ...]
+    short: tuple[Hashable, ...]

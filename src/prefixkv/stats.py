@@ -35,21 +35,28 @@ class PrefixCacheStats:
 class StatsCounter:
     """Cumulative counts, with a get-and-reset view for per-step metrics."""
 
-    __slots__ = ("_counts", "_taken")
+    __slots__ = ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
+                 "preempted_hits", "_taken")
 
     def __init__(self) -> None:
-        self._counts = [0] * 6  # PrefixCacheStats' fields, in order
+        self.requests = self.queries = self.hits = 0
+        self.preempted_requests = self.preempted_queries = self.preempted_hits = 0
         self._taken = PrefixCacheStats()
 
     def record(self, queries: int, hits: int, resumed: bool = False) -> None:
-        c, k = self._counts, 3 if resumed else 0
-        c[k] += 1
-        c[k + 1] += queries
-        c[k + 2] += hits
+        if resumed:
+            self.preempted_requests += 1
+            self.preempted_queries += queries
+            self.preempted_hits += hits
+        else:
+            self.requests += 1
+            self.queries += queries
+            self.hits += hits
 
     @property
     def total(self) -> PrefixCacheStats:
-        return PrefixCacheStats(*self._counts)
+        return PrefixCacheStats(self.requests, self.queries, self.hits, self.preempted_requests,
+                                self.preempted_queries, self.preempted_hits)
 
     def take(self) -> PrefixCacheStats:
         """Counts since the previous ``take``."""

@@ -50,7 +50,7 @@ from typing import Any, Protocol
 from prefixkv.errors import PrefixKVError, RequestError
 from prefixkv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from prefixkv.extra_keys import ExtraKeys, MultiModalInput
-from prefixkv.manager import KVCacheManager
+from prefixkv.core.manager import KVCacheManager
 
 from .vllm_types import (
     BlockIds, ComputedBlocks, VllmAllBlocksCleared, VllmBlockRemoved, VllmBlockStored, VllmEvent,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..allocator import Allocator
 from ..baselines import ContiguousAllocator, PagedAllocator
-from ..manager import KVCacheManager
+from ..core.manager import KVCacheManager
 from .replay import ReplayResult, replay
 from .workloads import BenchRequest, Workload
 

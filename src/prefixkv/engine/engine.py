@@ -20,7 +20,7 @@ import torch
 
 from prefixkv.allocator import Allocator
 from prefixkv.extra_keys import ExtraKeys
-from prefixkv.manager import KVCacheManager
+from prefixkv.core.manager import KVCacheManager
 
 from .model import LlamaConfig, TinyLlama
 from .outputs import GenerateResult, RequestMetrics, RequestOutput, SampleOutput, StepRecord

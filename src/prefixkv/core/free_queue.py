@@ -3,8 +3,11 @@
     head <-> b_lru <-> ... <-> b_mru <-> tail        (head/tail are sentinels)
 
 O(1) append at the tail, pop at the head and removal from the middle (a cache hit takes a
-free block back). The queue only keeps order; the order in which blocks are appended is
-the pool's eviction policy.
+free block back). The links live in the blocks themselves: a ``collections.deque`` cannot
+remove from the middle in O(1), and an ``OrderedDict`` would keep a second hash table of
+every free block beside the index, paying a dict operation on every release and hit.
+The queue only keeps order; the order in which blocks are appended is the pool's
+eviction policy.
 """
 
 from __future__ import annotations
@@ -90,6 +93,10 @@ class FreeBlockQueue:
         self.remove(block)
         return block
 
+    def contains(self, block: Block) -> bool:
+        """Whether ``block`` is linked into this queue (blocks are in at most one)."""
+        return block.prev is not None
+
     def __iter__(self) -> Iterator[Block]:
         node = self._head.next
         while node is not self._tail:
@@ -97,5 +104,15 @@ class FreeBlockQueue:
             yield node
             node = node.next
 
-    def contains(self, block: Block) -> bool:
-        return block.prev is not None
+    def broken_link(self) -> str | None:
+        """A description of the first inconsistent link or count, None when sound."""
+        prev, count = self._head, 0
+        for b in self:
+            if b.prev is not prev:
+                return f"broken prev link at block {b.block_id}"
+            prev, count = b, count + 1
+        if self._tail.prev is not prev:
+            return "tail sentinel does not point at the last block"
+        if count != self._len:
+            return f"cached tier length {self._len} != {count} linked"
+        return None

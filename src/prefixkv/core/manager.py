@@ -1,132 +1,58 @@
 """The request-level manager: what an engine's scheduler calls.
 
-A request's token positions and its blocks::
-
-    | cached prefix (hits) | new, scheduled now | known, not yet scheduled |
-    0               num_cached_tokens     num_scheduled              len(tokens)
-
-Blocks cover ``[0, num_scheduled)``. Every block that is full within ``num_scheduled`` has
-its content recorded and is indexed (findable) from the step it is scheduled in: the
-engine writes a step's K/V before it reads any, so a request admitted in the same step
-may share it. The partial last block is never shared and never cached.
+Blocks cover ``[0, num_scheduled)`` (and reserved slots past it). Every block that is full
+within ``num_scheduled`` has its content recorded and is findable from the step it is
+scheduled in: the engine writes a step's K/V before it reads any, so a request admitted in
+the same step may share it. The partial last block is never shared and never cached.
+Every call checks its input and computes what can fail (encoding, hashing) before it
+changes anything; a shortage returns None with nothing changed.
 """
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Hashable, Sequence
 from operator import attrgetter
 
-from .block import Block
-from .errors import (
-    RequestError, TokenError, check_count, check_new_request, check_positive, live_request,
-)
-from .events import Event
-from .extra_keys import ExtraKeys, check_extra
-from .hashing import HashFn, encode_tokens, make_hash_fn
-from .pool import BlockPool
+from ..errors import RequestError, check_count, check_new_request, live_request
+from ..events import AllBlocksCleared, Event
+from ..extra_keys import ExtraKeys
+from ..results import Admission, BlockCopy, DecodeStep, Fork, KVOp
+from ..stats import PrefixCacheStats
+from .admission import Admitter
+from .block import blocks_for
 from .request import Request
-from .results import Admission, BlockCopy, Fork
-from .stats import PrefixCacheStats, StatsCounter
 
 _NONE: tuple[int, ...] = ()
 _ID = attrgetter("block_id")
 
 
-class KVCacheManager:
+class KVCacheManager(Admitter):
     """Paged KV blocks for many requests, with automatic prefix caching.
 
     Args:
         num_blocks: physical blocks in the pool (> 0).
         block_size: token slots per block (> 0; 16 is usual).
-        hash_mode: ``"xxhash"`` (default; xxh3-128, random seed per manager unless
-            ``seed`` is given) or ``"sha256"`` (ids stable across processes), or a
-            callable ``bytes -> bytes``. Either way a hit is confirmed against content.
+        hash_mode: the chain hash, the blocks' identity outside the process (events,
+            routers, stores): ``"xxhash"`` (default; xxh3-128, random seed per manager
+            unless ``seed`` is given), ``"sha256"`` (ids stable across processes) or a
+            callable ``bytes -> bytes``. Hits never depend on it: a hit is found and
+            verified by the block's content.
         seed: chain seed (int >= 0 or bytes).
-        enable_caching: False gives plain paged allocation (no hashing, no reuse).
+        enable_caching: False gives plain paged allocation (an index that never finds).
         enable_events: record BlockStored/BlockRemoved/AllBlocksCleared for ``take_events``.
+        max_events: the event log's bound (see ``take_events``).
         vocab_size: when given, token ids >= vocab_size are rejected (costs a max() per call).
 
     Raises:
-        ConfigError: a size is not a positive int.
+        ConfigError: a size is not a positive int, a flag not a bool, a bad hash mode/seed.
     """
 
-    def __init__(
-        self, num_blocks: int, block_size: int = 16, *, hash_mode: str | HashFn = "xxhash",
-        seed: int | bytes | None = None, enable_caching: bool = True,
-        enable_events: bool = False, vocab_size: int | None = None,
-    ) -> None:
-        check_positive("num_blocks", num_blocks)
-        check_positive("block_size", block_size)
-        if vocab_size is not None:
-            check_positive("vocab_size", vocab_size)
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.enable_caching = enable_caching
-        self.vocab_size = vocab_size
-        self._hash, self._root = make_hash_fn(hash_mode, seed)
-        self._events: list[Event] | None = [] if enable_events else None
-        self._pool = BlockPool(num_blocks, self._events)
-        self._requests: dict[Hashable, Request] = {}
-        self._stats = StatsCounter()
-
-    # ---- admission -------------------------------------------------------------------
-
-    def add_request(
-        self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
-        extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
-    ) -> Admission | None:
-        """Admit a request: find its longest cached prefix, take references on those
-        blocks, allocate blocks for the tokens scheduled now and index the full ones.
-
-        ``num_new_tokens`` limits how many tokens after the cached prefix are scheduled
-        now (chunked prefill; the rest follow through ``extend``); default: all of them.
-        At least one prompt token is always scheduled, even on a full hit. ``resumed``:
-        this re-admits a preempted request (its tokens from ``preempt``); the stats count
-        it in the ``preempted_*`` fields rather than as new traffic.
-
-        Returns the Admission, or None when the pool is short of blocks; then nothing
-        has changed (no references, no stats) and the engine may wait or preempt.
-        Raises RequestError (id in use or unhashable, ``num_new_tokens`` < 1), TokenError
-        (empty prompt, bad ids), ExtraKeysError.
-        """
-        self._check_new_id(request_id)
-        if num_new_tokens is not None:
-            check_count("num_new_tokens", num_new_tokens, 1, None)
-        req, hits = self._find(request_id, prompt_token_ids, extra)
-        n, bs = len(req.tokens), self.block_size
-        num_cached = len(hits) * bs
-        todo = n - num_cached
-        if num_new_tokens is not None:
-            todo = min(todo, num_new_tokens)
-        blocks = self._pool.acquire(hits, -(-(num_cached + todo) // bs) - len(hits))
-        if blocks is None:
-            return None
-        req.blocks = blocks
-        req.num_cached = req.num_scheduled = num_cached
-        self._advance(req, num_cached + todo)
-        self._requests[request_id] = req
-        self._stats.record(n, num_cached, resumed)
-        return Admission(request_id, tuple(map(_ID, req.blocks)), num_cached, todo)
+    # ---- admission (the rest lives in Admitter) ----------------------------------------
 
     def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
         """Tokens of this prompt that an admission now would find cached. Changes nothing
         (no references, no stats, no LRU update). Raises as ``add_request`` for bad input."""
-        return len(self._find(None, prompt_token_ids, extra)[1]) * self.block_size
-
-    def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
-              extra: ExtraKeys | None) -> tuple[Request, list[Block]]:
-        """Check and encode a prompt, hash its full blocks and find its cached prefix
-        (at most all blocks but the one holding the last token). No side effects."""
-        tokens = encode_tokens(prompt_token_ids, self.vocab_size)
-        n, bs = len(tokens), self.block_size
-        if n == 0:
-            raise TokenError("the prompt is empty: at least one token is needed")
-        req = Request(request_id, tokens, check_extra(extra, n), bs)
-        if not self.enable_caching:
-            return req, []
-        req.hash_through(self._hash, self._root, n // bs)
-        return req, self._pool.lookup(req.hashes, req.chunks, req.extras, (n - 1) // bs)
+        return len(self._find(None, prompt_token_ids, extra, True)[1]) * self.block_size
 
     # ---- growth ----------------------------------------------------------------------
 
@@ -143,74 +69,92 @@ class KVCacheManager:
         multi-token steps). Blocks that become full are cached.
         Returns the ids of blocks added (usually empty), or None on shortage (nothing
         changed). Raises RequestError (unknown id, or prefill not fully scheduled),
-        TokenError (bad ids)."""
+        TokenError (bad ids or container)."""
         req = self._get(request_id)
         n, bs = req.num_scheduled, self.block_size
         if n != len(req.tokens):
             raise RequestError(
                 f"request {request_id!r} has {len(req.tokens) - n} prompt "
                 f"tokens not yet scheduled: call extend() before append_tokens()")
-        if len(token_ids) == 1 and 0 < n % bs < bs - 1 and self.vocab_size is None:
+        if type(token_ids) is list and len(token_ids) == 1 and 0 < n % bs < bs - 1 \
+                and self.vocab_size is None and type(token_ids[0]) is int:
             # the hot path: one token into a block that has room and does not fill
             try:
                 req.tokens.append(token_ids[0])  # validates the range, atomically
-            except (OverflowError, TypeError) as exc:
-                raise TokenError(f"token ids must be ints in [0, 2**32): {exc}") from None
+            except OverflowError:
+                self._encode(token_ids)  # raises the TokenError
             req.num_scheduled = n + 1
             return _NONE
-        new = encode_tokens(token_ids, self.vocab_size)
+        new = self._encode(token_ids)
         total = n + len(new)
         if total <= len(req.blocks) * bs and total // bs == n // bs:
-            req.tokens.extend(new)  # fast path: no new block, no block becomes full
+            req.tokens.extend(new)  # no new block, no block becomes full
             req.num_scheduled = total
             return _NONE
         return self._grow(req, total, new)
 
-    def _grow(self, req: Request, total: int, new_tokens: array | None = None) -> tuple[int, ...] | None:
-        """Cover ``[0, total)`` with blocks (None on shortage, before any change)."""
-        need = -(-total // self.block_size) - len(req.blocks)
+    def append_step(self, request_ids: Sequence[Hashable], token_ids: Sequence[int]) -> DecodeStep:
+        """One decode step: append ``token_ids[i]`` to ``request_ids[i]`` for every
+        running request, in one call. Each request is handled as ``append_tokens`` with
+        one token; requests that need a new block and cannot get one (in the order
+        given, earlier ones first) are left unchanged and listed in ``short``.
+        Raises (before any change) RequestError (unknown or repeated id, lengths differ,
+        prefill not fully scheduled), TokenError (bad ids)."""
+        reqs = self._step_requests(request_ids, token_ids)
+        new = self._encode(token_ids)
+        bs = self.block_size
+        grown: list[tuple[Hashable, tuple[int, ...]]] = []
+        short: list[Hashable] = []
+        for i, req in enumerate(reqs):
+            n = req.num_scheduled
+            if n % bs and n % bs != bs - 1:  # room in the last block, which does not fill
+                req.tokens.append(new[i])
+                req.num_scheduled = n + 1
+                continue
+            got = self._grow(req, n + 1, new[i:i + 1])
+            if got is None:
+                short.append(req.request_id)
+            elif got:
+                grown.append((req.request_id, got))
+        return DecodeStep(tuple(grown), tuple(short))
+
+    def reserve(self, request_id: Hashable, num_slots: int) -> tuple[int, ...] | None:
+        """Make the blocks cover ``num_slots`` positions past the scheduled tokens, whose
+        tokens are not known yet (speculative lookahead; a step scheduled before its
+        sampled token arrives). Appending those tokens later needs no new block.
+        Returns the ids of blocks added, or None on shortage (nothing changed).
+        Raises RequestError (unknown id, ``num_slots`` < 0)."""
+        req = self._get(request_id)
+        check_count("num_slots", num_slots, 0, None)
+        need = blocks_for(req.num_scheduled + num_slots, self.block_size) - len(req.blocks)
         if need > self._pool.num_free:
             return None
-        if new_tokens is not None:
-            req.tokens.extend(new_tokens)
         new = self._pool.take(need) if need > 0 else []
         req.blocks += new
-        self._advance(req, total)
+        req.num_reserved = max(req.num_reserved, req.num_scheduled + num_slots)
         return tuple(map(_ID, new))
-
-    def _advance(self, req: Request, total: int) -> None:
-        """Move ``num_scheduled`` to ``total`` and record every block that became full."""
-        bs = self.block_size
-        first, last = req.num_scheduled // bs, total // bs
-        req.num_scheduled = total
-        if not self.enable_caching or first == last:
-            return
-        req.hash_through(self._hash, self._root, last)  # decode: the newly full blocks
-        stored = self._pool.fill(req.blocks, first, req.hashes[first:last],
-                                 req.chunks[first:last], req.extras_for(first, last))
-        if self._events is not None:
-            self._events += map(req.block_stored, stored)
 
     # ---- forks, free, preemption -------------------------------------------------------
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> Fork | None:
         """Create ``child_id`` sharing the parent's full blocks (parallel sampling, beam
         search). The parent's partial last block is copied on write: the child gets a new
-        block and the result's ``copies`` says which block to copy into it.
+        block, and the copy is in ``copies`` and in ``take_kv_ops()``.
         Returns None when that block cannot be had (nothing changed). Raises RequestError
         (unknown parent, child id in use, parent's prefill not fully scheduled)."""
         parent = self._get(parent_id)
-        self._check_new_id(child_id)
+        check_new_request(self._requests, child_id)
         if parent.num_scheduled != len(parent.tokens):
             raise RequestError(f"cannot fork {parent_id!r} before its prefill is fully scheduled")
         full = parent.num_scheduled // self.block_size
-        blocks = self._pool.acquire(parent.blocks[:full], len(parent.blocks) - full)
-        if blocks is None:
+        shared = parent.blocks[:full]
+        if not self._pool.can_acquire(shared, len(parent.blocks) - full):
             return None
-        child = parent.copy(child_id)
-        child.blocks = blocks
+        child = parent.fork(child_id, self.block_size)
+        child.blocks = self._pool.acquire(shared, len(parent.blocks) - full)
         copies = tuple(BlockCopy(s.block_id, d.block_id)
                        for s, d in zip(parent.blocks[full:], child.blocks[full:]))
+        self._kv_ops += copies
         self._requests[child_id] = child
         return Fork(child_id, tuple(map(_ID, child.blocks)), copies)
 
@@ -232,7 +176,7 @@ class KVCacheManager:
             check_count("num_computed_tokens", num_computed_tokens, 0, req.num_scheduled)
             bs = self.block_size
             first = max(num_computed_tokens, req.num_cached) // bs
-            self._pool.uncache(req.blocks[first:req.num_scheduled // bs])
+            self._index.uncache(req.blocks[first:req.num_scheduled // bs])
         del self._requests[request_id]
         self._pool.release(reversed(req.blocks))
 
@@ -247,7 +191,11 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         """Drop all cached content, only when no block is in use. Returns whether it did."""
-        return self._pool.reset()
+        if not self._pool.reset():
+            return False
+        self._events.clear()
+        self._events.append(AllBlocksCleared())
+        return True
 
     # ---- queries ---------------------------------------------------------------------
 
@@ -271,8 +219,8 @@ class KVCacheManager:
 
     @property
     def num_cached_blocks(self) -> int:
-        """Blocks findable by a lookup (indexed), whether in use or free."""
-        return self._pool.num_cached
+        """Distinct block contents findable by a lookup, whether in use or free."""
+        return len(self._index)
 
     @property
     def usage(self) -> float:
@@ -292,23 +240,38 @@ class KVCacheManager:
         """Statistics since the previous ``take_stats`` (get-and-reset)."""
         return self._stats.take()
 
+    @property
+    def events_dropped(self) -> int:
+        """Events dropped because the log overflowed before it was drained."""
+        return self._events.dropped
+
     def take_events(self) -> list[Event]:
-        """Events since the previous call, oldest first (empty unless ``enable_events``)."""
-        if not self._events:
-            return []
-        out = self._events[:]
-        self._events.clear()
+        """Events since the previous call, oldest first (empty unless ``enable_events``).
+        At most ``max_events`` are kept between calls: past that, the pending ones are
+        dropped (counted in ``events_dropped``) and this call returns ``AllBlocksCleared``
+        followed by one ``BlockStored`` per content findable now, so a consumer that
+        mirrors the stream is exact again."""
+        out = self._events.take()
+        if out is None:
+            return [AllBlocksCleared(), *self._index.snapshot()]
+        return out
+
+    def take_kv_ops(self) -> list[KVOp]:
+        """The block copies the engine must run before the next forward pass, oldest
+        first (today: fork copy-on-write, the same as ``Fork.copies``); drain once a step."""
+        out, self._kv_ops = self._kv_ops, []
         return out
 
     def check_invariants(self) -> None:
         """Verify every count and link (pool, free queue, index, refcounts against the
         live requests, each request's blocks against its tokens). Raises InvariantError."""
         refs: dict[int, int] = {}
+        bs = self.block_size
         for req in self._requests.values():
-            req.check(self.block_size, self.enable_caching)
+            self._require(req.check(bs) or self._index.check_request(req, bs))
             for b in req.blocks:
                 refs[b.block_id] = refs.get(b.block_id, 0) + 1
-        self._pool.check_invariants(refs)
+        self._require(self._pool.check(refs))
 
     # ---- helpers ---------------------------------------------------------------------
 
@@ -318,5 +281,3 @@ class KVCacheManager:
         except (KeyError, TypeError):
             return live_request(self._requests, request_id)  # raises RequestError
 
-    def _check_new_id(self, request_id: Hashable) -> None:
-        check_new_request(self._requests, request_id)

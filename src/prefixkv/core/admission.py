@@ -1,0 +1,181 @@
+"""The manager's parts and its admission path (``KVCacheManager`` extends this class).
+
+Admission in one pass over the prompt: encode it once, slice, probe and verify each full
+block in one dict access (``Index.match``), stop at the first miss; then, before any
+change, check the pool can serve it and compute what the new full blocks need (chain
+hashes only if someone consumes them); then take references and record.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Hashable, Sequence
+
+from ..errors import (
+    ConfigError, InvariantError, RequestError, TokenError, check_count, check_flag,
+    check_new_request, check_positive,
+)
+from ..events import EventLog, NullSink
+from ..extra_keys import ExtraKeys, check_extra
+from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
+from ..index import ContentIndex, Hasher, NoIndex
+from ..results import Admission, KVOp
+from ..stats import StatsCounter
+from .block import Block, blocks_for
+from .pool import BlockPool
+from .request import Request, RequestKeys
+
+
+class Admitter:
+    """Construction and ``add_request``; see ``KVCacheManager`` for the arguments."""
+
+    def __init__(
+        self, num_blocks: int, block_size: int = 16, *, hash_mode: str | HashFn = "xxhash",
+        seed: int | bytes | None = None, enable_caching: bool = True,
+        enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
+    ) -> None:
+        check_positive("num_blocks", num_blocks)
+        check_positive("block_size", block_size)
+        check_flag("enable_caching", enable_caching, ConfigError)
+        check_flag("enable_events", enable_events, ConfigError)
+        check_positive("max_events", max_events)
+        if vocab_size is not None:
+            check_positive("vocab_size", vocab_size)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.vocab_size = vocab_size
+        fn, root = make_hash_fn(hash_mode, seed)
+        self._events = EventLog(max_events) if enable_events else NullSink()
+        self._index = (ContentIndex(Hasher(fn, root, callable(hash_mode)), self._events, block_size)
+                       if enable_caching else NoIndex())
+        self._pool = BlockPool(num_blocks, self._index)
+        self._requests: dict[Hashable, Request] = {}
+        self._stats = StatsCounter()
+        self._kv_ops: list[KVOp] = []
+
+    def add_request(
+        self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
+        extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
+        read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
+    ) -> Admission | None:
+        """Admit a request: find its longest cached prefix, take references on those
+        blocks, allocate blocks for the tokens scheduled now and record the full ones.
+
+        ``num_new_tokens`` limits how many tokens after the cached prefix are scheduled
+        now (chunked prefill; the rest follow through ``extend``); default: all of them.
+        At least one prompt token is always scheduled, even on a full hit. ``resumed``:
+        this re-admits a preempted request (its tokens from ``preempt``); the stats count
+        it in the ``preempted_*`` fields rather than as new traffic. ``read_cache=False``:
+        use no cached block (prompt logprobs, pooling: every position is computed); the
+        blocks it computes are still cached for others. ``num_lookahead_tokens``: slots
+        reserved past the scheduled tokens (see ``reserve``). ``require_full_fit``: admit
+        only if blocks for the whole prompt and the lookahead are free now, even when
+        ``num_new_tokens`` schedules less (nothing beyond what is scheduled is held).
+
+        Returns the Admission, or None when the pool is short of blocks; then nothing
+        has changed (no references, no stats) and the engine may wait or preempt.
+        Raises RequestError (id in use or unhashable, a count or flag out of range),
+        TokenError (empty prompt, bad ids or container), ExtraKeysError, ConfigError (a
+        hash_mode callable failed).
+        """
+        check_new_request(self._requests, request_id)
+        if num_new_tokens is not None:
+            check_count("num_new_tokens", num_new_tokens, 1, None)
+        check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
+        check_flag("resumed", resumed, RequestError)
+        check_flag("require_full_fit", require_full_fit, RequestError)
+        req, hits = self._find(request_id, prompt_token_ids, extra,
+                               check_flag("read_cache", read_cache, RequestError))
+        n, bs = len(req.tokens), self.block_size
+        num_cached = len(hits) * bs
+        todo = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
+        total = num_cached + todo
+        pool = self._pool
+        need = blocks_for(total + num_lookahead_tokens, bs) - len(hits)
+        fit = blocks_for(n + num_lookahead_tokens, bs) - len(hits) if require_full_fit else need
+        if not pool.can_acquire(hits, max(need, fit)):
+            return None
+        first, last = len(hits), total // bs
+        prepared = (self._index.prepare(req, first, last, hits[-1] if hits else None)
+                    if last > first else None)
+        req.blocks = pool.acquire(hits, need)
+        req.num_cached = num_cached
+        req.num_scheduled = total
+        req.num_reserved = total + num_lookahead_tokens
+        if prepared is not None:
+            self._index.store(req, first, prepared)
+        req.prompt_bytes = None
+        req.grow_room()
+        self._requests[request_id] = req
+        self._stats.record(n, num_cached, resumed)
+        return Admission.of(request_id, req.blocks, num_cached, todo)
+
+    def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
+              extra: ExtraKeys | None, read_cache: bool) -> tuple[Request, list[Block]]:
+        """Check and encode a prompt and find its cached prefix (at most all blocks but
+        the one holding the last token). No side effects."""
+        tokens = self._encode(prompt_token_ids)
+        n, bs = len(tokens), self.block_size
+        if n == 0:
+            raise TokenError("the prompt is empty: at least one token is needed")
+        keys = RequestKeys(check_extra(extra, n), blocks_for(n, bs), bs)
+        req = Request(request_id, tokens, keys)
+        req.prompt_bytes = data = token_bytes(tokens)
+        if not read_cache:
+            return req, []
+        return req, self._index.match(data, 4 * bs, keys.base, keys.mm, (n - 1) // bs)
+
+    def _encode(self, token_ids: Sequence[int]) -> array:
+        return encode_tokens(token_ids, self.vocab_size)
+
+    def _step_requests(self, request_ids: Sequence[Hashable],
+                       token_ids: Sequence[int]) -> list[Request]:
+        """The live requests of a decode step, checked: known, distinct, prefill done."""
+        try:
+            same = len(request_ids) == len(token_ids)
+        except TypeError:
+            raise RequestError("request_ids and token_ids must be sequences") from None
+        if not same:
+            raise RequestError(f"{len(request_ids)} request ids but {len(token_ids)} tokens")
+        live = self._requests
+        try:
+            reqs = [live[r] for r in request_ids]
+        except (KeyError, TypeError):
+            reqs = [self._get(r) for r in request_ids]  # type: ignore[attr-defined]
+        if len({id(r) for r in reqs}) != len(reqs):
+            raise RequestError("a request id appears twice in one step")
+        for r in reqs:
+            if r.num_scheduled != len(r.tokens):
+                raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "
+                                   f"scheduled: call extend() first")
+        return reqs
+
+    def _grow(self, req: Request, total: int, new_tokens: array | None = None) -> tuple[int, ...] | None:
+        """Append ``new_tokens`` and cover ``[0, total)`` with blocks, recording the
+        blocks that became full; None on shortage, before any change."""
+        bs = self.block_size
+        need = blocks_for(total, bs) - len(req.blocks)
+        if need > self._pool.num_free:
+            return None
+        n, first, last = len(req.tokens), req.num_scheduled // bs, total // bs
+        if new_tokens is not None:
+            req.tokens.extend(new_tokens)
+        try:
+            prepared = (self._index.prepare(req, first, last, req.blocks[first - 1] if first else None)
+                        if first < last else None)
+        except ConfigError:
+            del req.tokens[n:]
+            raise
+        new = self._pool.take(need) if need > 0 else []
+        req.blocks += new
+        req.num_scheduled = total
+        req.num_reserved = max(req.num_reserved, total)
+        if prepared is not None:
+            self._index.store(req, first, prepared)
+        return tuple(b.block_id for b in new)
+
+    @staticmethod
+    def _require(problem: str | None) -> None:
+        if problem:
+            raise InvariantError(problem)

@@ -1,0 +1,134 @@
+"""The block pool: every physical block, reference counts and the free queue.
+
+The free queue has two tiers, reused in this order:
+
+    empty tier  : free blocks holding no reusable content (a stack: last freed, first used)
+    cached tier : free blocks whose content the index can find, LRU first (FreeBlockQueue)
+
+so no cached block is evicted while an empty one is free. Eviction (``_evict``) happens
+only when ``take`` needs a block and the empty tier is exhausted; it is the one step that
+removes content from the index (``uncache`` does it for KV that was never computed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .block import Block
+from .free_queue import FreeBlockQueue
+
+
+class BlockPool:
+    """``num_blocks`` blocks, created once, and the ``index`` that finds their content.
+    Not thread-safe: one scheduler thread owns it."""
+
+    def __init__(self, num_blocks: int, index) -> None:
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.index = index
+        self._empty = self.blocks[::-1]  # pop from the end: block 0 is used first
+        self._cached = FreeBlockQueue()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._empty) + len(self._cached)
+
+    def free_order(self) -> list[int]:
+        """Free block ids in the order ``take`` would hand them out."""
+        return [b.block_id for b in reversed(self._empty)] + [b.block_id for b in self._cached]
+
+    def can_acquire(self, hits: list[Block], n: int) -> bool:
+        """Whether ``acquire(hits, n)`` would succeed: the free queue can give ``n``
+        blocks beside those of the hits that sit in it (unreferenced cache hits)."""
+        return n + sum(1 for b in hits if not b.ref_cnt) <= self.num_free
+
+    def acquire(self, hits: list[Block], n: int) -> list[Block]:
+        """Take a reference on the cached ``hits`` and on ``n`` new blocks from ``take``.
+        The caller checked ``can_acquire``."""
+        cached = self._cached
+        for b in hits:
+            if not b.ref_cnt:
+                cached.remove(b)
+            b.ref_cnt += 1
+        return hits + self.take(n) if n else hits[:]
+
+    def take(self, n: int) -> list[Block]:
+        """Hand out ``n`` free blocks with refcount 1, empty ones first, then the least
+        recently used cached ones (evicted). The caller checks ``n <= num_free``."""
+        empty = self._empty
+        k = min(n, len(empty))
+        taken = empty[len(empty) - k:]
+        del empty[len(empty) - k:]
+        taken.reverse()
+        if n > k:
+            taken += self._evict(n - k)
+        for b in taken:
+            b.ref_cnt = 1
+        return taken
+
+    def _evict(self, n: int) -> list[Block]:
+        """The eviction step: take the ``n`` least recently used cached free blocks and
+        drop their content from the index."""
+        blocks = self._cached.popleft_n(n)
+        self.index.drop(blocks)
+        return blocks
+
+    def release(self, blocks: Iterable[Block]) -> None:
+        """Drop one reference on each block, in the order given. A block reaching 0 joins
+        the free queue: cached ones as most recently used, in the order given (so of
+        blocks released together the first given is evicted first), the rest into the
+        empty tier. A spare copy of a cached content goes empty, and the block holding
+        that content, if free, takes the spare's place in the LRU order."""
+        to_cache = []
+        empty = self._empty
+        for b in blocks:
+            b.ref_cnt -= 1
+            if b.ref_cnt == 0:
+                if b.key is None:
+                    empty.append(b)
+                elif not b.twin:
+                    to_cache.append(b)
+                else:
+                    primary = self.index.release_spare(b)
+                    empty.append(b)
+                    if primary is not None and primary.prev is not None:
+                        self._cached.remove(primary)
+                        to_cache.append(primary)
+        self._cached.extend(to_cache)
+
+    def reset(self) -> bool:
+        """Drop all cached content if no block is in use; returns whether it did."""
+        if self.num_free != len(self.blocks):
+            return False
+        for b in self.blocks:
+            b.prev = b.next = None
+            b.clear_content()
+        self._cached = FreeBlockQueue()
+        self.index.clear()
+        self._empty = self.blocks[::-1]
+        return True
+
+    def check(self, expected_refs: dict[int, int]) -> str | None:
+        """The first inconsistency of counts and links against ``expected_refs`` (block
+        id -> number of live requests holding it), None when sound. Cheap when sound:
+        messages are built only for what is wrong."""
+        seen: set[int] = set()
+        for b in self._empty:
+            if b.block_id in seen or b.ref_cnt or b.key is not None or b.prev is not None:
+                return f"bad or repeated empty-tier block {b!r}"
+            seen.add(b.block_id)
+        for b in self._cached:
+            if b.block_id in seen or b.ref_cnt or b.key is None or b.twin:
+                return f"bad or repeated cached-tier block {b!r}"
+            seen.add(b.block_id)
+        broken = self._cached.broken_link()
+        if broken:
+            return broken
+        get = expected_refs.get
+        for b in self.blocks:
+            if b.ref_cnt != get(b.block_id, 0) or (b.ref_cnt == 0) != (b.block_id in seen):
+                return (f"block {b.block_id}: ref_cnt {b.ref_cnt}, held by "
+                        f"{get(b.block_id, 0)} requests, {'in' if b.block_id in seen else 'not in'}"
+                        f" the free queue")
+        if len(seen) != self.num_free:
+            return f"free queue holds {len(seen)} != num_free {self.num_free}"
+        return self.index.check(self.blocks)

@@ -1,0 +1,49 @@
+"""An index that never finds anything: plain paged allocation, no hashing, no reuse."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..core.block import Block
+from ..events import Event
+
+
+class NoIndex:
+    """Satisfies ``Index``; every block stays without content and goes back empty."""
+
+    hashing = False
+
+    def __len__(self) -> int:
+        return 0
+
+    def match(self, data: bytes, step: int, base: bytes, mm: Sequence[bytes] | None,
+              limit: int) -> list[Block]:
+        return []
+
+    def prepare(self, req: object, first: int, last: int, parent: object) -> None:
+        return None
+
+    def store(self, req: object, first: int, prepared: object) -> None:
+        pass
+
+    def drop(self, blocks: Sequence[Block]) -> None:
+        pass
+
+    def uncache(self, blocks: Sequence[Block]) -> None:
+        pass
+
+    def release_spare(self, block: Block) -> Block | None:
+        return None
+
+    def snapshot(self) -> list[Event]:
+        return []
+
+    def clear(self) -> None:
+        pass
+
+    def check(self, blocks: Sequence[Block]) -> str | None:
+        held = next((b for b in blocks if b.key is not None), None)
+        return None if held is None else f"block {held.block_id} has content without an index"
+
+    def check_request(self, req: object, block_size: int) -> str | None:
+        return None

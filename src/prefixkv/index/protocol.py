@@ -1,0 +1,58 @@
+"""What the manager and the pool ask of an index."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from ..core.block import Block
+from ..core.request import Request
+from ..events import Event
+
+
+class Index(Protocol):
+    hashing: bool
+    """Whether ``prepare`` computes chain hashes (someone needs them: events, tiers)."""
+
+    def __len__(self) -> int:
+        """Distinct contents findable."""
+
+    def match(self, data: bytes, step: int, base: bytes, mm: Sequence[bytes] | None,
+              limit: int) -> list[Block]:
+        """The blocks holding the longest findable run of full blocks ``0..limit-1`` of
+        ``data`` (token bytes, ``step`` bytes a block), stopping at the first miss.
+        ``base``: extra-key bytes of every block; ``mm``: per-block extra-key bytes that
+        replace ``base`` where given. Changes nothing."""
+
+    def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> object:
+        """Everything needed to record full blocks ``first..last-1`` of ``req``, the
+        first one's parent being ``parent`` (None for block 0) (token
+        chunks, extra keys and, when ``hashing``, chain hashes). Changes nothing; raises
+        ConfigError if a hash_mode callable fails, so nothing is half done."""
+
+    def store(self, req: Request, first: int, prepared: object) -> None:
+        """Record the content of ``req.blocks[first:...]`` from ``prepare`` and make it
+        findable; a content already held by another block makes this block a spare."""
+
+    def drop(self, blocks: Sequence[Block]) -> None:
+        """Remove each block's identity (the eviction step, or KV never computed)."""
+
+    def uncache(self, blocks: Sequence[Block]) -> None:
+        """Make held ``blocks`` unfindable: their KV was never computed."""
+
+    def release_spare(self, block: Block) -> Block | None:
+        """Forget a spare whose last reference went; returns the block now holding that
+        content if it sits free (its recency is refreshed by the caller)."""
+
+    def snapshot(self) -> list[Event]:
+        """One BlockStored per findable content, parents before children."""
+
+    def clear(self) -> None:
+        """Forget every content (the caller ensures no block is held)."""
+
+    def check(self, blocks: Sequence[Block]) -> str | None:
+        """The first inconsistency between the index and ``blocks``, None when sound."""
+
+    def check_request(self, req: Request, block_size: int) -> str | None:
+        """The first full scheduled block of ``req`` not holding the request's own
+        content, None when sound."""
