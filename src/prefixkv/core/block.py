@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-Key = tuple  # (parent content id, token bytes, extra-key bytes): a block's content
+Key = bytes | tuple  # the index key: token bytes, or (parent id, token bytes, extra bytes)
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -17,9 +17,11 @@ class Block:
     """One physical KV block.
 
     ``ref_cnt``: how many live requests hold it.
-    ``key``: its content ``(parent content id, token bytes, extra-key bytes)`` once full
-    and recorded, None while it holds no reusable content (partial, never computed, or
-    reused). ``content_id``: a per-process id of that content, shared by every block that
+    ``key``: the index key of its content once full and recorded (see ``ContentIndex``),
+    None while it holds no reusable content (partial, never computed, or reused); while
+    it is None, the content fields are stale and meaningless (not cleared: the next fill
+    overwrites them). The content: ``parent_cid`` (the parent's content id, 0 for a first
+    block), the token bytes (in the key) and ``extra`` (extra-key bytes). ``content_id``: a per-process id of that content, shared by every block that
     holds equal content (its children's keys name it); 0 without content.
     ``twin``: another block held the same content first; this one is a spare copy that is
     findable only if that one goes (see ``ContentIndex``).
@@ -32,6 +34,8 @@ class Block:
     block_id: int
     ref_cnt: int = 0
     key: Key | None = None
+    parent_cid: int = 0
+    extra: bytes = b""
     content_id: int = 0
     twin: bool = False
     hash: bytes | None = None
@@ -41,10 +45,7 @@ class Block:
 
     def clear_content(self) -> None:
         self.key = None
-        self.content_id = 0
         self.twin = False
-        self.hash = None
-        self.event = None
 
     def __repr__(self) -> str:
         return (f"Block(id={self.block_id}, ref={self.ref_cnt}, content={self.content_id}"

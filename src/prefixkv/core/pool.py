@@ -39,16 +39,21 @@ class BlockPool:
     def can_acquire(self, hits: list[Block], n: int) -> bool:
         """Whether ``acquire(hits, n)`` would succeed: the free queue can give ``n``
         blocks beside those of the hits that sit in it (unreferenced cache hits)."""
-        return n + sum(1 for b in hits if not b.ref_cnt) <= self.num_free
+        return n + [b.ref_cnt for b in hits].count(0) <= self.num_free
 
     def acquire(self, hits: list[Block], n: int) -> list[Block]:
         """Take a reference on the cached ``hits`` and on ``n`` new blocks from ``take``.
         The caller checked ``can_acquire``."""
-        cached = self._cached
+        unlinked = 0
         for b in hits:
-            if not b.ref_cnt:
-                cached.remove(b)
+            if not b.ref_cnt:  # a free cache hit leaves the cached tier (inlined unlink)
+                prev, nxt = b.prev, b.next
+                prev.next = nxt  # type: ignore[union-attr]
+                nxt.prev = prev  # type: ignore[union-attr]
+                b.prev = b.next = None
+                unlinked += 1
             b.ref_cnt += 1
+        self._cached.forget(unlinked)
         return hits + self.take(n) if n else hits[:]
 
     def take(self, n: int) -> list[Block]:

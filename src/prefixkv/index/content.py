@@ -1,11 +1,14 @@
 """The prefix cache's index: full blocks found by their content.
 
-A block's key is its content: ``(parent content id, token bytes, extra-key bytes)``.
-Content ids are handed out per process, one per distinct content (blocks holding equal
-content share one), so a key names a whole prefix exactly: a probe that finds a key has
-found the same parent, the same tokens and the same extra keys. A hit is one dict probe
-(Python's own string hashing, keyed per process) and no call into the chain hash; a
-collision of chain hashes, accidental or crafted, cannot make a hit.
+A block's content is ``(parent content id, token bytes, extra-key bytes)``. Content ids
+are handed out per process, one per distinct content (blocks holding equal content share
+one), so the triple names a whole prefix exactly. The index is keyed by the token bytes
+alone (``by_chunk``: a bytes key hashes and compares far faster than a tuple), and the
+entry found is verified against the parent id and extra bytes: a hit is one dict probe
+and two comparisons, with no call into the chain hash, so a collision of chain hashes,
+accidental or crafted, cannot make a hit. The rare content whose token bytes are already
+taken by another content (the same block of text after a different prefix or with
+other extra keys) is keyed by the whole triple in ``by_key``, probed only on a mismatch.
 
 The chain hash is the identity outside the process (events, tiers, stores). It is
 computed only for blocks newly stored, and only when someone needs it (``hashing``):
@@ -64,8 +67,9 @@ class ContentIndex:
     written to ``sink``, only when ``sink.active`` (or a tier asks, ``hashing=True``)."""
 
     def __init__(self, hasher: Hasher, sink, block_size: int, *, hashing: bool = False) -> None:
-        self._map: dict[Key, Block] = {}
-        self._twins: dict[Key, list[Block]] = {}
+        self._by_chunk: dict[bytes, Block] = {}
+        self._by_key: dict[tuple, Block] = {}
+        self._twins: dict[int, list[Block]] = {}  # content id -> held spares
         self._next_id = 1
         self._hasher = hasher
         self._sink = sink
@@ -73,29 +77,33 @@ class ContentIndex:
         self.hashing = hashing or sink.active
 
     def __len__(self) -> int:
-        return len(self._map)
+        return len(self._by_chunk) + len(self._by_key)
 
     def match(self, data: bytes, step: int, base: bytes, mm: Sequence[bytes] | None,
               limit: int) -> list[Block]:
-        get = self._map.get
+        get = self._by_chunk.get
         hits: list[Block] = []
         cid = o = 0
-        if mm is None:  # the common case: the same extra bytes on every block
+        if mm is None and not self._by_key:  # the common case, kept lean
             for _ in range(limit):
-                b = get((cid, data[o:o + step], base))
-                if b is None:
+                b = get(data[o:o + step])
+                if b is None or b.parent_cid != cid or b.extra != base:
                     break
                 hits.append(b)
                 cid = b.content_id
                 o += step
-        else:
-            for i in range(limit):
-                b = get((cid, data[o:o + step], mm[i] if i < len(mm) else base))
+            return hits
+        for i in range(limit):
+            chunk = data[o:o + step]
+            extra = base if mm is None or i >= len(mm) else mm[i]
+            b = get(chunk)
+            if b is None or b.parent_cid != cid or b.extra != extra:
+                b = self._by_key.get((cid, chunk, extra))
                 if b is None:
                     break
-                hits.append(b)
-                cid = b.content_id
-                o += step
+            hits.append(b)
+            cid = b.content_id
+            o += step
         return hits
 
     def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> tuple:
@@ -116,40 +124,66 @@ class ContentIndex:
 
     def store(self, req: Request, first: int, prepared: tuple) -> None:
         chunks, extras, hashes = prepared
-        index, blocks = self._map, req.blocks
+        setdefault = self._by_chunk.setdefault
+        blocks = req.blocks
         cid = blocks[first - 1].content_id if first else 0
-        j = first
-        for chunk, extra in zip(chunks, extras):
-            b = blocks[j]
-            key = (cid, chunk, extra)
-            held = index.get(key)
-            b.key = key
-            if held is None:
-                cid = b.content_id = self._next_id
-                self._next_id += 1
-                index[key] = b
-                if hashes is not None:
-                    self._announce(req, b, j, hashes[j - first])
-            else:
-                cid = b.content_id = held.content_id
-                b.twin = True
-                b.hash, b.event = held.hash, held.event
-                self._twins.setdefault(key, []).append(b)
-            j += 1
+        nid = self._next_id
+        for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras):
+            b.parent_cid = cid
+            b.extra = extra
+            held = setdefault(chunk, b)
+            if held is b:  # a new content, keyed by its tokens (the common case)
+                b.key = chunk
+                b.content_id = cid = nid
+                nid += 1
+                continue
+            if held.parent_cid != cid or held.extra != extra:  # the tokens' key is taken
+                b.key = key = (cid, chunk, extra)
+                held = self._by_key.setdefault(key, b)
+                if held is b:
+                    b.content_id = cid = nid
+                    nid += 1
+                    continue
+            cid = self._add_twin(b, held)
+        self._next_id = nid
+        if hashes is not None:
+            self._announce(req, first, hashes)
 
-    def _announce(self, req: Request, b: Block, j: int, h: bytes) -> None:
-        bs = self._bs
-        parent = req.blocks[j - 1].hash if j else None
-        b.hash = h
-        b.event = ev = BlockStored(h, parent, tuple(req.tokens[j * bs:(j + 1) * bs]),
-                                   b.block_id, req.keys.for_event(j, bs))
-        if self._sink.active:
-            self._sink.append(ev)
+    def _add_twin(self, b: Block, held: Block) -> int:
+        """Equal content is already held by ``held``: ``b`` becomes its spare."""
+        b.key = held.key
+        b.content_id = held.content_id
+        b.twin = True
+        b.hash, b.event = held.hash, held.event
+        self._twins.setdefault(held.content_id, []).append(b)
+        return held.content_id
+
+    def _announce(self, req: Request, first: int, hashes: list[bytes]) -> None:
+        """Give the blocks just stored their chain hash; announce the new contents."""
+        bs, blocks, tokens = self._bs, req.blocks, req.tokens
+        parent = blocks[first - 1].hash if first else None
+        for j in range(first, first + len(hashes)):
+            b = blocks[j]
+            h = hashes[j - first]
+            if not b.twin:
+                b.hash = h
+                b.event = ev = BlockStored(h, parent, tuple(tokens[j * bs:(j + 1) * bs]),
+                                           b.block_id, req.keys.for_event(j, bs))
+                self._sink.append(ev)
+            parent = h
 
     def drop(self, blocks: Sequence[Block]) -> None:
-        for b in blocks:
-            self._unindex(b)
-            b.clear_content()
+        """The eviction step for free cached blocks (each the index's entry for its key):
+        a held twin takes over the content, or the content goes (and is announced gone)."""
+        if self._twins or self._sink.active or self._by_key:
+            for b in blocks:
+                self._unindex(b)
+                b.key = None
+            return
+        by_chunk = self._by_chunk
+        for b in blocks:  # the common case, kept to one dict operation a block
+            del by_chunk[b.key]  # type: ignore[arg-type]
+            b.key = None
 
     def uncache(self, blocks: Sequence[Block]) -> None:
         """Make held ``blocks`` unfindable: their KV was never computed. A block that
@@ -163,67 +197,82 @@ class ContentIndex:
             if b.ref_cnt > 1:
                 b.twin = True
             else:
-                b.clear_content()
+                b.key = None
+                b.twin = False
+
+    def _home(self, key: bytes | tuple) -> dict:
+        return self._by_chunk if type(key) is bytes else self._by_key
 
     def _unindex(self, b: Block) -> None:
         """Take ``b`` out of the index: unlist a twin; replace a primary by a held twin,
         or remove its key (and announce it) when it was the last block holding it."""
-        key, twins = b.key, self._twins
+        twins = self._twins
         if b.twin:
-            listed = twins.get(key)  # type: ignore[arg-type]
+            listed = twins.get(b.content_id)
             if listed is not None and b in listed:
                 self._unlist(b)
-        elif twins and key in twins:
-            heir = self._unlist(twins[key][-1])  # type: ignore[index]
+            return
+        home = self._home(b.key)  # type: ignore[arg-type]
+        if home.get(b.key) is not b:  # type: ignore[arg-type]
+            return
+        if b.content_id in twins:
+            heir = self._unlist(twins[b.content_id][-1])
             heir.twin = False
-            self._map[key] = heir  # type: ignore[index]
-        elif self._map.get(key) is b:  # type: ignore[arg-type]
-            del self._map[key]  # type: ignore[arg-type]
-            if self._sink.active:
-                self._sink.append(BlockRemoved(b.hash, b.block_id))  # type: ignore[arg-type]
+            home[b.key] = heir  # type: ignore[index]
+            return
+        del home[b.key]  # type: ignore[arg-type]
+        if self._sink.active:
+            self._sink.append(BlockRemoved(b.hash, b.block_id))  # type: ignore[arg-type]
 
     def _unlist(self, b: Block) -> Block:
-        listed = self._twins[b.key]  # type: ignore[index]
+        listed = self._twins[b.content_id]
         listed.remove(b)
         if not listed:
-            del self._twins[b.key]  # type: ignore[arg-type]
+            del self._twins[b.content_id]
         return b
 
     def release_spare(self, block: Block) -> Block | None:
-        primary = self._map.get(block.key)  # type: ignore[arg-type]
-        self.drop((block,))
+        primary = self._home(block.key).get(block.key)  # type: ignore[arg-type]
+        self._unindex(block)
+        block.key = None
+        block.twin = False
         return primary if primary is not None and primary.ref_cnt == 0 else None
 
     def snapshot(self) -> list[Event]:
-        events = [b.event if b.event.block_id == b.block_id else replace(b.event, block_id=b.block_id)
-                  for b in self._map.values() if b.event is not None]
-        return events  # type: ignore[return-value]
+        primaries = sorted([*self._by_chunk.values(), *self._by_key.values()],
+                           key=lambda b: b.content_id)  # parents were stored first
+        return [b.event if b.event.block_id == b.block_id else replace(b.event, block_id=b.block_id)
+                for b in primaries if b.event is not None]
 
     def clear(self) -> None:
-        self._map.clear()
+        self._by_chunk.clear()
+        self._by_key.clear()
         self._twins.clear()
 
     def check(self, blocks: Sequence[Block]) -> str | None:
-        index = self._map
-        for key, b in index.items():
-            if b.key is not key and b.key != key or b.twin or not b.content_id:
-                return f"index entry {key[0]}/{len(key[1])}B maps to {b!r} holding other content"
-            if self.hashing and b.hash is None:
-                return f"block {b.block_id} is indexed without its chain hash"
-        listed_ids = set()
-        for key, listed in self._twins.items():
+        primaries: dict[int, Block] = {}
+        for home in (self._by_chunk, self._by_key):
+            for key, b in home.items():
+                chunk = key if home is self._by_chunk else key[1]
+                if b.key != key or b.twin or _chunk(b) != chunk or not b.content_id:
+                    return f"index entry for {b!r} does not match its content"
+                if home is self._by_key and key != (b.parent_cid, chunk, b.extra):
+                    return f"index entry for {b!r} is keyed by another content"
+                if self.hashing and b.hash is None:
+                    return f"block {b.block_id} is indexed without its chain hash"
+                primaries[b.content_id] = b
+        for cid, listed in self._twins.items():
             for t in listed:
-                listed_ids.add(t.block_id)
-                if t.key != key or not t.twin or t.ref_cnt == 0 or key not in index:
+                p = primaries.get(cid)
+                if p is None or not t.twin or not t.ref_cnt or t.key != p.key or \
+                        t.parent_cid != p.parent_cid or t.extra != p.extra or t.content_id != cid:
                     return f"twin {t!r} is not a held spare of an indexed content"
-                if t.content_id != index[key].content_id:
-                    return f"twin {t!r} and primary {index[key]!r} differ in content id"
         for b in blocks:
             if b.key is None:
                 continue
-            if not b.twin and index.get(b.key) is not b:
+            if not b.twin and self._home(b.key).get(b.key) is not b:
                 return f"block {b.block_id} has content but is neither indexed nor a twin"
-            if b.twin and b.ref_cnt == 0:
+            if b.twin and not b.ref_cnt:
                 return f"spare block {b.block_id} is free but keeps its content"
         return None
 
@@ -234,8 +283,13 @@ class ContentIndex:
         for j, extra in enumerate(keys):
             b = req.blocks[j]
             chunk = token_bytes(req.tokens[j * block_size:(j + 1) * block_size])
-            if b.key != (cid, chunk, extra):
+            if b.key is None or (b.parent_cid, _chunk(b), b.extra) != (cid, chunk, extra):
                 return (f"request {req.request_id!r} block {j} (id {b.block_id}) does not hold "
                         f"the request's content")
             cid = b.content_id
         return None
+
+
+def _chunk(b: Block) -> bytes:
+    """The token bytes of a block with content (its key, or the key's middle)."""
+    return b.key if type(b.key) is bytes else b.key[1]  # type: ignore[index,return-value]
