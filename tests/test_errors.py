@@ -33,6 +33,7 @@ def _live(m, rid):
     dict(block_size=0), dict(block_size="16"), dict(vocab_size=0),
     dict(hash_mode="md5"), dict(hash_mode=lambda data: 7), dict(hash_mode=lambda data: b""),
     dict(seed=-1), dict(seed="abc"), dict(seed=1.5),
+    dict(enable_caching="no"), dict(enable_events=1), dict(max_events=0),
 ])
 def test_bad_config(kwargs):
     args = dict(num_blocks=8, block_size=4) | kwargs
@@ -63,6 +64,32 @@ def test_bad_config(kwargs):
     (lambda m: m.free("nope"), RequestError),
     (lambda m: m.preempt("nope"), RequestError),
     (lambda m: m.get_block_ids("nope"), RequestError),
+    # containers and flags that are not what they seem (read as packed bytes, or truthy)
+    (lambda m: m.add_request("x", b"abcd"), TokenError),
+    (lambda m: m.add_request("x", bytearray(b"abcd")), TokenError),
+    (lambda m: m.add_request("x", memoryview(b"abcd")), TokenError),
+    (lambda m: m.add_request("x", {1: 2}), TokenError),
+    (lambda m: m.add_request("x", {1, 2}), TokenError),
+    (lambda m: m.add_request("x", "12"), TokenError),
+    (lambda m: m.add_request("x", None), TokenError),
+    (lambda m: m.add_request("x", 7), TokenError),
+    (lambda m: m.add_request("x", [True, 2]), TokenError),
+    (lambda m: m.add_request("x", (1, False)), TokenError),
+    (lambda m: m.add_request("x", [1], resumed="no"), RequestError),
+    (lambda m: m.add_request("x", [1], read_cache="no"), RequestError),
+    (lambda m: m.add_request("x", [1], require_full_fit=1), RequestError),
+    (lambda m: m.add_request("x", [1], num_lookahead_tokens=-1), RequestError),
+    (lambda m: m.append_tokens("live", None), TokenError),
+    (lambda m: m.append_tokens("live", 5), TokenError),
+    (lambda m: m.append_tokens("live", [True]), TokenError),
+    (lambda m: m.append_tokens("live", b"a"), TokenError),
+    (lambda m: m.append_step(["live"], [1, 2]), RequestError),
+    (lambda m: m.append_step(["live", "live"], [1, 2]), RequestError),
+    (lambda m: m.append_step(["live", "nope"], [1, 2]), RequestError),
+    (lambda m: m.append_step(["live"], [1000]), TokenError),
+    (lambda m: m.append_step("live", [1]), RequestError),
+    (lambda m: m.reserve("live", -1), RequestError),
+    (lambda m: m.reserve("nope", 1), RequestError),
 ])
 def test_bad_calls_raise_typed_errors_before_any_change(m, call, error):
     before = state(m)
@@ -132,3 +159,26 @@ def test_free_with_a_computed_count_out_of_range(m, count):
     with pytest.raises(RequestError, match=r"\[0, 5\]"):
         m.free("live", num_computed_tokens=count)
     assert state(m) == before
+
+
+def test_generators_are_token_ids_everywhere(m):
+    assert m.add_request("g", (t for t in [1, 2, 3])).num_new_tokens == 3
+    assert m.append_tokens("g", (t for t in [4])) == ()
+    assert m.num_tokens("g") == 4
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("field", ["lora", "cache_salt"])
+def test_a_lone_surrogate_is_refused_at_construction(field):
+    with pytest.raises(ExtraKeysError, match="UTF-8"):
+        ExtraKeys(**{field: "tenant\udc00"})
+    with pytest.raises(ExtraKeysError, match="UTF-8"):
+        MultiModalInput("img\ud800", 0, 1)
+
+
+def test_lora_id_needs_a_name_and_is_not_hashed():
+    with pytest.raises(ExtraKeysError):
+        ExtraKeys(lora_id=3)
+    with pytest.raises(ExtraKeysError):
+        ExtraKeys(lora="a", lora_id=True)
+    assert ExtraKeys(lora="a", lora_id=3).base_bytes() == ExtraKeys(lora="a").base_bytes()

@@ -5,8 +5,8 @@ block_size is 4 throughout; ``free_block_order()`` lists free blocks in reuse or
 """
 
 from prefixkv import (
-    Admission, AllBlocksCleared, BlockCopy, BlockRemoved, BlockStored, ExtraKeys, Fork,
-    KVCacheManager, PrefixCacheStats,
+    Admission, AllBlocksCleared, BlockCopy, BlockRemoved, BlockStored, DecodeStep, ExtraKeys,
+    Fork, KVCacheManager, PrefixCacheStats,
 )
 
 SYS = [11, 12, 13, 14, 15, 16, 17, 18]  # two full blocks
@@ -116,7 +116,7 @@ def test_preempt_and_readmit_hits_what_is_still_cached():
     assert m.add_request("r", tokens) == Admission("r", (0, 1, 3), 8, 4)
     assert m.free_block_order() == [4, 5, 2]
     m.free("r")
-    assert m.free_block_order() == [3, 4, 5, 2, 1, 0]  # duplicate block 3 is not indexed
+    assert m.free_block_order() == [3, 4, 5, 2, 1, 0]  # 3 was a spare copy of 2: empty
     m.check_invariants()
 
 
@@ -205,3 +205,62 @@ def test_a_request_dropped_before_its_step_ran_leaves_nothing_findable():
     assert m.lookup(prompt) == 4              # the hit block computed earlier stays
     assert m.free_block_order() == [1, 2, 3, 4, 5, 6, 7, 0]
     m.check_invariants()
+
+
+def test_append_step_appends_one_token_per_request_and_reports_growth_and_shortage():
+    m = manager(5)
+    m.add_request("a", [1, 2, 3])            # block 0, 3 tokens
+    m.add_request("b", [5, 6, 7, 8])         # block 1 full
+    m.add_request("c", [9, 9])               # block 2
+    assert m.append_step(["a", "b", "c"], [4, 9, 9]) == DecodeStep(grown=(("b", (3,)),), short=())
+    assert m.lookup([1, 2, 3, 4, 0]) == 4    # a's block filled and cached
+    assert m.append_step(["a", "c"], [10, 9]) == DecodeStep(grown=(("a", (4,)),), short=())
+    assert m.lookup([9, 9, 9, 9, 0]) == 4    # c filled block 2 in the same step
+    assert m.num_free_blocks == 0
+    assert m.append_step(["b", "a"], [7, 7]) == DecodeStep(grown=(), short=())
+    assert m.append_step(["c", "b"], [5, 8]) == DecodeStep(grown=(), short=("c",))  # c needs a block
+    assert m.num_tokens("c") == 4 and m.num_tokens("b") == 7   # c unchanged, b advanced
+    m.check_invariants()
+
+
+def test_reserve_and_lookahead_give_slots_before_their_tokens_are_known():
+    m = manager(6)
+    adm = m.add_request("a", [1, 2, 3, 4, 5, 6, 7, 8], num_lookahead_tokens=1)
+    assert adm.block_ids == (0, 1, 2)          # position 8 already has a slot
+    assert m.append_tokens("a", [9]) == ()     # its token arrives: no new block
+    assert m.reserve("a", 4) == (3,)           # positions 9..12
+    assert m.reserve("a", 2) == ()
+    assert m.append_tokens("a", [10, 11, 12]) == ()
+    assert m.lookup(list(range(1, 13)) + [0]) == 12
+    m.check_invariants()
+    assert m.reserve("a", 100) is None and m.get_block_ids("a") == (0, 1, 2, 3)
+    m.free("a")
+    assert sorted(m.free_block_order()) == list(range(6))
+    m.check_invariants()
+
+
+def test_require_full_fit_gates_a_chunked_admission_on_the_whole_prompt():
+    m = manager(3)
+    prompt = list(range(1, 14))                # 13 tokens: 4 blocks
+    assert m.add_request("a", prompt, num_new_tokens=4, require_full_fit=True) is None
+    assert m.free_block_order() == [0, 1, 2]
+    assert m.add_request("a", prompt, num_new_tokens=4) == Admission("a", (0,), 0, 4)
+
+
+def test_read_cache_false_computes_everything_and_still_caches():
+    m = manager(8)
+    m.add_request("a", SYS + [1])
+    adm = m.add_request("b", SYS + [2], read_cache=False)
+    assert adm.num_cached_tokens == 0 and adm.block_ids == (3, 4, 5)
+    m.free("a")
+    m.free("b")
+    assert m.lookup(SYS + [3]) == 8
+    m.check_invariants()
+
+
+def test_fork_copies_reach_the_kv_op_stream_once():
+    m = manager(8)
+    m.add_request("p", [1, 2, 3, 4, 5, 6])
+    fork = m.fork("p", "c")
+    assert m.take_kv_ops() == list(fork.copies) == [BlockCopy(1, 2)]
+    assert m.take_kv_ops() == []

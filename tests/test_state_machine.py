@@ -9,6 +9,9 @@ still held, is caught at the step it happens.
 
 import hashlib
 
+from prefixkv import AllBlocksCleared, BlockStored
+from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
+
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import (
     Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule,
@@ -33,9 +36,15 @@ class ManagerMachine(RuleBasedStateMachine):
     hash_mode: object = "xxhash"
     live = Bundle("live")
 
+    exact_hash = True  # False: a colliding hash, events can only over-predict
+
     @initialize()
     def setup(self):
-        self.m = KVCacheManager(NUM_BLOCKS, BS, hash_mode=self.hash_mode, seed=1)
+        self.m = KVCacheManager(NUM_BLOCKS, BS, hash_mode=self.hash_mode, seed=1,
+                                enable_events=True, max_events=25)
+        self.hash_fn, self.root = make_hash_fn(self.hash_mode, 1)
+        self.mirror: dict[bytes, int] = {}   # a router's view: stores - removals per hash
+        self.reserved: dict[str, int] = {}
         self.kv = [[None] * BS for _ in range(NUM_BLOCKS)]
         self.tokens: dict[str, list[int]] = {}     # model: known tokens per live request
         self.scheduled: dict[str, int] = {}
@@ -72,6 +81,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.tokens[rid] = list(prompt)
         self.extra[rid] = extra
         self.scheduled[rid] = adm.num_cached_tokens + adm.num_new_tokens
+        self.reserved[rid] = self.scheduled[rid]
         self._write(rid, adm.num_cached_tokens, self.scheduled[rid])
         return rid
 
@@ -100,6 +110,7 @@ class ManagerMachine(RuleBasedStateMachine):
             return
         start = self.scheduled[rid]
         self.scheduled[rid] += n
+        self.reserved[rid] = max(self.reserved[rid], self.scheduled[rid])
         self._write(rid, start, start + n)
 
     @rule(rid=live, toks=st.lists(st.integers(0, 12), min_size=1, max_size=5))
@@ -113,6 +124,7 @@ class ManagerMachine(RuleBasedStateMachine):
         start = self.scheduled[rid]
         self.tokens[rid] += toks
         self.scheduled[rid] += len(toks)
+        self.reserved[rid] = max(self.reserved[rid], self.scheduled[rid])
         self._write(rid, start, self.scheduled[rid])
 
     @rule(target=live, parent=live)
@@ -129,7 +141,37 @@ class ManagerMachine(RuleBasedStateMachine):
         self.tokens[child] = list(self.tokens[parent])
         self.extra[child] = self.extra[parent]
         self.scheduled[child] = self.scheduled[parent]
+        self.reserved[child] = self.reserved[parent]
         return child
+
+    @rule(data=st.data())
+    def step(self, data):
+        """One decode step for every live request whose prefill is done, in one call."""
+        rids = [r for r in self.tokens if self.scheduled[r] == len(self.tokens[r])]
+        toks = [data.draw(st.integers(0, 12)) for _ in rids]
+        before = {r: self.m.get_block_ids(r) for r in rids}
+        got = self.m.append_step(rids, toks)
+        assert {r for r, _ in got.grown} | set(got.short) <= set(rids)
+        for rid, tok in zip(rids, toks):
+            if rid in got.short:
+                assert self.m.get_block_ids(rid) == before[rid]
+                continue
+            assert self.m.get_block_ids(rid)[:len(before[rid])] == before[rid]
+            self.tokens[rid].append(tok)
+            self.scheduled[rid] += 1
+            self.reserved[rid] = max(self.reserved[rid], self.scheduled[rid])
+            self._write(rid, self.scheduled[rid] - 1, self.scheduled[rid])
+        self.last = None
+
+    @rule(rid=live, n=st.integers(0, 6))
+    def reserve(self, rid, n):
+        if rid not in self.tokens:
+            return
+        before = self._snapshot()
+        if self.m.reserve(rid, n) is None:
+            assert self._snapshot() == before
+            return
+        self.reserved[rid] = max(self.reserved[rid], self.scheduled[rid] + n)
 
     @precondition(lambda self: self.last is not None and self.last[0] in self.tokens)
     @rule()
@@ -141,7 +183,7 @@ class ManagerMachine(RuleBasedStateMachine):
         for pos in range(start, stop):
             self.kv[blocks[pos // BS]][pos % BS] = "never computed"
         self.m.free(rid, num_computed_tokens=start)
-        del self.tokens[rid], self.scheduled[rid], self.extra[rid]
+        del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.reserved[rid]
         self.last = None
 
     @rule(rid=consumes(live))
@@ -149,7 +191,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.last = None
         if rid in self.tokens:
             self.m.free(rid)
-            del self.tokens[rid], self.scheduled[rid], self.extra[rid]
+            del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.reserved[rid]
 
     @rule(rid=consumes(live))
     def preempt(self, rid):
@@ -157,7 +199,7 @@ class ManagerMachine(RuleBasedStateMachine):
         if rid in self.tokens:
             assert list(self.m.preempt(rid)) == self.tokens[rid]
             self.preempted.append((self.tokens.pop(rid), self.extra.pop(rid)))
-            del self.scheduled[rid]
+            del self.scheduled[rid], self.reserved[rid]
 
     @rule()
     def reset(self):
@@ -174,17 +216,53 @@ class ManagerMachine(RuleBasedStateMachine):
     def blocks_hold_each_requests_tokens(self):
         for rid in self.tokens:
             blocks = self.m.get_block_ids(rid)
-            assert len(blocks) == -(-self.scheduled[rid] // BS)
+            assert len(blocks) == -(-max(self.scheduled[rid], self.reserved[rid]) // BS)
             for pos in range(self.scheduled[rid]):
                 assert self.kv[blocks[pos // BS]][pos % BS] == self._kv_of(rid, pos), (rid, pos)
         in_use = NUM_BLOCKS - self.m.num_free_blocks
         assert (in_use == 0) == (not self.tokens)
 
 
+    @invariant()
+    def every_live_full_block_is_findable(self):
+        """Content that some block holds is findable, even when its first holder went."""
+        for rid, tokens in self.tokens.items():
+            full = self.scheduled[rid] // BS * BS
+            assert self.m.lookup(tokens[:full] + [0], extra=self.extra[rid]) == full, rid
+
+    @invariant()
+    def events_predict_lookup(self):
+        """A consumer that mirrors the event stream knows what ``lookup`` finds."""
+        for ev in self.m.take_events():
+            if isinstance(ev, AllBlocksCleared):
+                self.mirror.clear()
+            elif isinstance(ev, BlockStored):
+                self.mirror[ev.block_hash] = self.mirror.get(ev.block_hash, 0) + 1
+            else:
+                self.mirror[ev.block_hash] -= 1
+                assert self.mirror[ev.block_hash] >= 0
+                if not self.mirror[ev.block_hash]:
+                    del self.mirror[ev.block_hash]
+        candidates = [(p + [0], None) for p in PREFIXES]
+        candidates += [(t + [0], self.extra[r]) for r, t in self.tokens.items()]
+        candidates += [(t + [0], e) for t, e in self.preempted]
+        for prompt, extra in candidates:
+            n = (len(prompt) - 1) // BS
+            base = extra.base_bytes() if extra else b""
+            hashes, _ = chain(self.hash_fn, self.root,
+                              token_bytes(encode_tokens(prompt[:n * BS])), [base] * n)
+            k = 0
+            while k < n and hashes[k] in self.mirror:
+                k += 1
+            found = self.m.lookup(prompt, extra=extra)
+            assert (k * BS == found) if self.exact_hash else (k * BS >= found), (prompt, k, found)
+
+
 class CollidingManagerMachine(ManagerMachine):
     """Every hash falls into one of four buckets: the index is full of collisions."""
 
     hash_mode = staticmethod(lambda data: bytes([hashlib.sha256(data).digest()[0] % 4]))
+    exact_hash = False
 
 
 class ParentBlindManagerMachine(ManagerMachine):
@@ -192,6 +270,7 @@ class ParentBlindManagerMachine(ManagerMachine):
     different prefixes collide, the crafted collision that only the parent check stops."""
 
     hash_mode = staticmethod(lambda data: hashlib.sha256(data[16:]).digest()[:16])
+    exact_hash = False
 
 
 SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)

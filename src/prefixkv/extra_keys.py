@@ -36,6 +36,8 @@ class MultiModalInput:
             raise ExtraKeysError(
                 f"MultiModalInput.hash must be a non-empty str or bytes, got {self.hash!r}"
             )
+        if isinstance(self.hash, str):
+            _utf8("MultiModalInput.hash", self.hash)
         for name in ("offset", "length"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -52,20 +54,30 @@ class ExtraKeys:
     """The request's keys besides its tokens. Two requests share cached blocks only when
     these are equal for the blocks concerned.
 
-    ``lora``: adapter name (None for the base model). ``cache_salt``: tenant namespace;
-    requests with different salts never share a block. ``mm``: multimodal inputs.
-    Raises ExtraKeysError on construction when a field has the wrong type or is empty.
+    ``lora``: adapter name (None for the base model); it is what enters the hash.
+    ``cache_salt``: tenant namespace; requests with different salts never share a block.
+    ``mm``: multimodal inputs. ``lora_id``: the engine's integer id of the adapter, carried
+    into events (vLLM's ``lora_id`` field) but not hashed: the name is the identity.
+    Raises ExtraKeysError on construction when a field has the wrong type, is empty, or
+    is a str that cannot be encoded as UTF-8 (a lone surrogate).
     """
 
     lora: str | None = None
     cache_salt: str | None = None
     mm: tuple[MultiModalInput, ...] = ()
+    lora_id: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("lora", "cache_salt"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or value == ""):
                 raise ExtraKeysError(f"ExtraKeys.{name} must be None or a non-empty str, got {value!r}")
+            if value is not None:
+                _utf8(f"ExtraKeys.{name}", value)
+        if self.lora_id is not None and (type(self.lora_id) is not int or self.lora_id < 0):
+            raise ExtraKeysError(f"ExtraKeys.lora_id must be None or an int >= 0, got {self.lora_id!r}")
+        if self.lora_id is not None and self.lora is None:
+            raise ExtraKeysError("ExtraKeys.lora_id needs the adapter's name in ExtraKeys.lora")
         if not isinstance(self.mm, tuple) or not all(isinstance(m, MultiModalInput) for m in self.mm):
             raise ExtraKeysError(f"ExtraKeys.mm must be a tuple of MultiModalInput, got {self.mm!r}")
 
@@ -86,7 +98,7 @@ class ExtraKeys:
         mm = tuple(m for m in self.mm if m.offset < end and m.offset + m.length > start)
         if self.lora is None and self.cache_salt is None and not mm:
             return None
-        return self if mm == self.mm else ExtraKeys(self.lora, self.cache_salt, mm)
+        return self if mm == self.mm else ExtraKeys(self.lora, self.cache_salt, mm, self.lora_id)
 
     def block_bytes(self, num_blocks: int, block_size: int) -> list[bytes]:
         """The encoding for each of the first ``num_blocks`` blocks: base keys plus the
@@ -101,6 +113,13 @@ class ExtraKeys:
             for i in range(first, last + 1):
                 out[i] += tagged
         return out
+
+
+def _utf8(name: str, value: str) -> None:
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise ExtraKeysError(f"{name} cannot be encoded as UTF-8: {exc.reason} at {exc.start}") from None
 
 
 def check_extra(extra: object, num_tokens: int) -> ExtraKeys | None:
