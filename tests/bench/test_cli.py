@@ -33,7 +33,7 @@ def test_no_command_prints_help(capsys):
 @pytest.mark.parametrize("argv,message", [
     (["--workload", "trace"], "--workload trace needs --trace FILE"),
     (["--workload", "chat", "--trace", "x.jsonl"], "--trace replays a trace"),
-    (["--scale", "0"], "must be > 0"),
+    (["--scale", "0"], "must be a finite number > 0"),
     (["--pool-blocks", "0"], "must be >= 1"),
     (["--workload", "nope"], "invalid choice"),
 ])
@@ -41,7 +41,8 @@ def test_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
         main(["bench", *argv])
     assert info.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
 
 
 def test_smoke_run_writes_reports(tmp_path, capsys):
@@ -81,7 +82,7 @@ def test_trace_run_and_trace_error(tmp_path, capsys):
 def test_missing_matplotlib_still_writes_md_and_json(tmp_path, monkeypatch):
     data = json.loads('{"machine": {"platform": "p", "cpu_cores": 2, "python": "3", '
                       '"prefixkv": "0"}, "config": {"scale": 1, "block_size": 16, "seed": 0, '
-                      '"pool_blocks": null}, "workloads": [], "wall_s": 0.5}')
+                      '"pool_blocks": null}, "workloads": [], "wall_s": 0.5, "prefill_cost": "m"}')
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     notes = write_all(data, tmp_path)
     assert any("matplotlib is not installed" in n for n in notes)

@@ -116,6 +116,23 @@ def pressure(scale: float = 1.0, seed: int = 0) -> Workload:
                     "8192-slot pool (constant eviction)", reqs, 8192)
 
 
+_SIZES = {  # requests (chat: sessions) at scale 1, and the most tokens each can hold
+    "system-prompt": (200, 2048 + 256 + 128),
+    "chat": (24, sum(512 + 256 * (t + 1) + 192 * t + 192 for t in range(6))),
+    "document": (100, 32768 + 64 + 96),
+    "pressure": (400, 1024 + 128 + 64),
+}
+
+
+def token_bound(name: str, scale: float = 1.0) -> tuple[int, int]:
+    """``(bound, each)``: at most ``bound`` tokens (prompts + outputs) in
+    ``builtin(name, scale)``, known without building it, and the most tokens one request
+    (a chat: one session) can add. ``scale`` must be finite. Raises KeyError for a name
+    not in ``BUILTIN``."""
+    count, each = _SIZES[name]
+    return _count(count, scale) * each, each
+
+
 def builtin(name: str, scale: float = 1.0, seed: int = 0) -> Workload:
     """The built-in workload ``name`` (one of ``BUILTIN``). Raises ValueError otherwise."""
     makers = {"system-prompt": system_prompt, "chat": chat, "document": document,
