@@ -50,6 +50,7 @@ def test_smoke_run_writes_reports(tmp_path, capsys):
     assert main(["bench", "--scale", "0.02", "--no-e2e", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "prefixkv" in text and "wall time" in text and "hit rate" in text
+    assert "alloc/saved" in text and "ESTIMATE for Llama-3-8B-like" in text
     assert {p.name for p in out.iterdir()} == {"report.md", "report.json", "capacity.png",
                                                "allocators.png"}
     data = json.loads((out / "report.json").read_text())
@@ -58,6 +59,8 @@ def test_smoke_run_writes_reports(tmp_path, capsys):
     for wl in data["workloads"]:
         assert set(wl["results"]) == {"contiguous", "paged", "prefixkv"}
         assert wl["results"]["paged"]["prefill_saved"] == 0
+        assert wl["results"]["paged"]["alloc_share"] is None
+        assert 0 < wl["results"]["prefixkv"]["alloc_share"] < 1
         assert wl["sweep"]
     md = (out / "report.md").read_text()
     assert "| system-prompt" in md and "![capacity.png](capacity.png)" in md

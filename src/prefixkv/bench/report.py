@@ -29,7 +29,7 @@ def rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
                         f"{r['hit_rate']:.1%}", f"{r['peak_blocks']:,}", fit,
                         f"{r['fragmentation']:.1%}", f"{r['us_per_admission']:.1f}",
                         f"{r['us_per_decoded_token']:.2f}",
-                        "" if share is None else f"{share:.3%}"))
+                        "-" if share is None else f"{share:.3%}"))
     return out
 
 

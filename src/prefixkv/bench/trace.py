@@ -39,7 +39,7 @@ from typing import TextIO
 from ..extra_keys import ExtraKeys
 from . import limits
 from .errors import BenchError, shorten
-from .workloads import VOCAB, BenchRequest, Workload
+from .workloads import TOKEN_IDS, BenchRequest, Workload
 
 FIELDS = ("id", "prompt", "segments", "output", "output_len", "continues", "lora", "cache_salt")
 POOL_TOKENS = 65536
@@ -122,7 +122,7 @@ def parse_trace(lines: Iterable[str], *, seed: int = 0, source: str = "trace") -
         _check_caps(size, total, fail)
         tokens = prompt if prompt is not None else _draw(segments, rng, shared)
         if output is None:
-            output = tuple(rng.choices(range(VOCAB), k=obj["output_len"]))
+            output = tuple(rng.choices(TOKEN_IDS, k=obj["output_len"]))
         req = BenchRequest(rid, history + tokens, output, _extra(obj, fail), after)
         done[rid] = req
         reqs.append(req)
@@ -216,11 +216,11 @@ def _draw(segments: list[tuple[int, str | None]], rng: random.Random,
     out: list[int] = []
     for n, name in segments:
         if name is None:
-            out += rng.choices(range(VOCAB), k=n)
+            out += rng.choices(TOKEN_IDS, k=n)
             continue
         stream = shared.setdefault(name, [])
         if len(stream) < n:
-            stream += rng.choices(range(VOCAB), k=n - len(stream))
+            stream += rng.choices(TOKEN_IDS, k=n - len(stream))
         out += stream[:n]
     return tuple(out)
 
