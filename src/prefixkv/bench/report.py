@@ -71,10 +71,10 @@ E2E_COLUMNS = ("turn", "prompt", "cached", "TTFT CPU ms (no cache)", "TTFT CPU m
 
 def e2e_note(e2e: dict[str, Any]) -> str:
     """How the end-to-end times were taken."""
-    return (f"TTFT: from a turn's start until every chat of it has its first token; best of "
-            f"{e2e['config']['repeats']} runs alternating without and with the cache; CPU ms "
-            f"is the process's CPU time (what load on a shared machine cannot inflate much), "
-            f"wall ms what a user would wait on an idle machine")
+    return (f"TTFT: from a turn's start until every chat of it has its first token, best of "
+            f"{e2e['config']['repeats']} runs alternating without and with the cache; CPU ms: "
+            f"the process's CPU time, which other work on the machine hardly changes; wall "
+            f"ms: elapsed time, which such work inflates")
 
 
 def terminal(data: dict[str, Any]) -> str:
