@@ -4,6 +4,7 @@ of an old report and new files."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -88,3 +89,31 @@ def test_every_file_the_report_writes_is_known(tmp_path):
          "ttft_wall_ms_nocache": 1.0, "ttft_wall_ms_cache": 1.0}]}
     report.write_all(data, tmp_path)
     assert set(_names(tmp_path)) == set(report.FILES)
+
+
+def test_a_symlink_is_refused(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(BenchError, match="is a symbolic link"):
+        ReportDir(tmp_path / "link")
+
+
+def test_a_failed_rename_puts_the_old_report_back(tmp_path, monkeypatch):
+    out = tmp_path / "res"
+    out.mkdir()
+    (out / "report.md").write_text("old")
+    rd = ReportDir(out)
+    (rd.staging / "report.md").write_text("new")
+    real_rename = os.rename
+    calls = []
+
+    def rename(src, dst):
+        calls.append(src)
+        if len(calls) == 2:  # staging -> out
+            raise OSError("disk gone")
+        real_rename(src, dst)
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(OSError, match="disk gone"):
+        rd.publish()
+    rd.discard()
+    assert (out / "report.md").read_text() == "old" and _names(tmp_path) == ["res"]

@@ -58,3 +58,8 @@ def test_token_bound_holds(name):
         bound, each = token_bound(name, scale)
         assert tokens <= bound and bound <= 2 * tokens
         assert max(len(r.prompt) + len(r.output) for r in wl.requests) <= each
+
+
+def test_token_bound_of_an_unknown_workload():
+    with pytest.raises(KeyError):
+        token_bound("zipf")

@@ -24,9 +24,10 @@ from .report import FILES
 class ReportDir:
     """Checks ``path`` and creates the staging folder; ``staging`` is where to write.
 
-    ``path`` must be absent, or a folder holding only files a report writes (``FILES``),
-    so that replacing it deletes nothing else. Raises BenchError, before any work, when it
-    is a file, holds other files, or the folder or its staging sibling cannot be created.
+    ``path`` must be absent, or a folder (not a symbolic link) holding only files a report
+    writes (``FILES``), so that replacing it deletes nothing else. Raises BenchError,
+    before any work, when it is a file or a link, holds other files, or the folder or its
+    staging sibling cannot be created.
     """
 
     def __init__(self, path: Path) -> None:
@@ -69,6 +70,8 @@ class ReportDir:
 
 
 def _check(path: Path, during: bool = False) -> None:
+    if path.is_symlink():
+        raise BenchError(f"--out {path} is a symbolic link; give the folder it points to")
     if not path.exists():
         return
     if not path.is_dir():
