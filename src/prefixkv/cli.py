@@ -7,32 +7,48 @@ end-to-end run and its plots.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from . import __version__
+from .bench.limits import MAX_POOL_FLAG
 
 WORKLOADS = ("all", "system-prompt", "chat", "document", "pressure", "trace")
+INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT, as shells report it)."""
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (with where to look), not the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"at most {high:,}, got {value:,}")
+        return value
+    return parse
 
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="prefixkv", description="prefixkv: a KV-cache block manager with automatic "
         "prefix caching. Run `prefixkv bench` to see what the cache buys.")
     parser.add_argument("--version", action="version", version=f"prefixkv {__version__}")
@@ -54,10 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--scale", type=_positive_float, default=1.0,
                        help="multiplier on the number of requests, sessions and questions of "
                        "the built-in workloads (prompt lengths stay)")
-    bench.add_argument("--pool-blocks", type=_positive_int, metavar="N",
+    bench.add_argument("--pool-blocks", type=_int_in(1, MAX_POOL_FLAG), metavar="N",
                        help="KV pool size in blocks for every workload (default: each "
                        "workload's own); the capacity sweep spans 1/16x to 2x of it")
-    bench.add_argument("--block-size", type=_positive_int, default=16, metavar="N",
+    bench.add_argument("--block-size", type=_int_in(1), default=16, metavar="N",
                        help="token slots per KV block")
     bench.add_argument("--seed", type=int, default=0,
                        help="seed of the synthetic token ids (same seed, same requests)")
@@ -66,27 +82,35 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-plots", dest="plots", action="store_false",
                        help="write no PNG plots, only report.md and report.json")
     bench.add_argument("--out", type=Path, default=Path("prefixkv-bench"), metavar="DIR",
-                       help="folder for report.md, report.json and the plots (created)")
+                       help="folder for report.md, report.json and the plots: created, or "
+                       "replaced as a whole when the run succeeds (it must hold nothing else)")
     bench.add_argument("--progress", action="store_true", default=None,
                        help="draw the progress bar on stderr even when it is not a terminal")
+    bench.set_defaults(command_parser=bench)  # its usage errors name `prefixkv bench`
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 2 usage or input error)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "bench":
-        return _bench(parser, args)
-    parser.print_help()
-    return 2
+    """Run the command line; returns the exit status (0 ok, 2 usage or input error,
+    130 interrupted by Ctrl-C). Errors are one line on stderr."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command == "bench":
+            return _bench(args.command_parser, args)
+        parser.print_help()
+        return 2
+    except KeyboardInterrupt:
+        print("prefixkv bench: interrupted" if argv is None or "bench" in argv else
+              "prefixkv: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from .bench.replay import BenchError
-    from .bench.report import terminal, write_all
+    from .bench import report
+    from .bench.errors import BenchError
+    from .bench.outdir import ReportDir
     from .bench.suite import BenchConfig, run_bench
-    from .bench.trace import TraceError
     from .bench.workloads import BUILTIN
 
     workload = args.workload or ("trace" if args.trace else "all")
@@ -99,12 +123,17 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                       seed=args.seed, e2e=args.e2e, plots=args.plots, out=args.out,
                       progress=args.progress)
     try:
-        data = run_bench(cfg)
-    except (TraceError, BenchError) as exc:
+        out = ReportDir(cfg.out)
+        try:
+            data = run_bench(cfg)
+            notes = report.write_all(data, out.staging, cfg.plots)
+            out.publish()
+        finally:
+            out.discard()
+    except BenchError as exc:
         print(f"prefixkv bench: error: {exc}", file=sys.stderr)
         return 2
-    notes = write_all(data, cfg.out, cfg.plots)
-    print(terminal(data))
+    print(report.terminal(data))
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"\nreport: {cfg.out / 'report.md'} (+ report.json"

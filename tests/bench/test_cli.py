@@ -33,7 +33,7 @@ def test_no_command_prints_help(capsys):
 @pytest.mark.parametrize("argv,message", [
     (["--workload", "trace"], "--workload trace needs --trace FILE"),
     (["--workload", "chat", "--trace", "x.jsonl"], "--trace replays a trace"),
-    (["--scale", "0"], "must be > 0"),
+    (["--scale", "0"], "must be a finite number > 0"),
     (["--pool-blocks", "0"], "must be >= 1"),
     (["--workload", "nope"], "invalid choice"),
 ])
@@ -41,7 +41,8 @@ def test_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
         main(["bench", *argv])
     assert info.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
 
 
 def test_smoke_run_writes_reports(tmp_path, capsys):
@@ -49,6 +50,7 @@ def test_smoke_run_writes_reports(tmp_path, capsys):
     assert main(["bench", "--scale", "0.02", "--no-e2e", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "prefixkv" in text and "wall time" in text and "hit rate" in text
+    assert "alloc/saved" in text and "ESTIMATE for Llama-3-8B-like" in text
     assert {p.name for p in out.iterdir()} == {"report.md", "report.json", "capacity.png",
                                                "allocators.png"}
     data = json.loads((out / "report.json").read_text())
@@ -57,6 +59,8 @@ def test_smoke_run_writes_reports(tmp_path, capsys):
     for wl in data["workloads"]:
         assert set(wl["results"]) == {"contiguous", "paged", "prefixkv"}
         assert wl["results"]["paged"]["prefill_saved"] == 0
+        assert wl["results"]["paged"]["alloc_share"] is None
+        assert 0 < wl["results"]["prefixkv"]["alloc_share"] < 1
         assert wl["sweep"]
     md = (out / "report.md").read_text()
     assert "| system-prompt" in md and "![capacity.png](capacity.png)" in md
@@ -81,7 +85,7 @@ def test_trace_run_and_trace_error(tmp_path, capsys):
 def test_missing_matplotlib_still_writes_md_and_json(tmp_path, monkeypatch):
     data = json.loads('{"machine": {"platform": "p", "cpu_cores": 2, "python": "3", '
                       '"prefixkv": "0"}, "config": {"scale": 1, "block_size": 16, "seed": 0, '
-                      '"pool_blocks": null}, "workloads": [], "wall_s": 0.5}')
+                      '"pool_blocks": null}, "workloads": [], "wall_s": 0.5, "prefill_cost": "m"}')
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     notes = write_all(data, tmp_path)
     assert any("matplotlib is not installed" in n for n in notes)

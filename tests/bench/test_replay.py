@@ -93,6 +93,7 @@ def test_chat_turn_waits_for_previous_turn():
     res = replay(alloc, _workload(first, second), "prefixkv")
     assert [a.request_id for a in alloc.admissions] == ["t0", "t1"]
     assert alloc.admissions[1].num_cached_tokens == 12  # 13 prompt+output tokens: 3 full blocks
+    assert res.prefill_saved_pairs == 12 * 13 // 2  # query i attends to keys 0..i
     assert res.steps == 6  # five decode steps for t0, then one for t1
     assert res.max_running == 1
 

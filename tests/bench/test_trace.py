@@ -7,6 +7,7 @@ import json
 import pytest
 
 from prefixkv import ExtraKeys
+from prefixkv.bench import limits
 from prefixkv.bench.trace import TraceError, load_trace, parse_trace
 
 
@@ -108,3 +109,60 @@ def test_load_trace_file(tmp_path):
     assert wl.name == "mine" and len(wl.requests) == 1
     with pytest.raises(TraceError, match="cannot read the trace"):
         load_trace(tmp_path / "missing.jsonl")
+
+
+def test_line_separators_inside_strings_and_a_bom(tmp_path):
+    # JSONL splits on "\n" only: U+2028/U+2029/U+0085 are legal raw characters in a JSON
+    # string, and a UTF-8 byte-order mark may open the file.
+    path = tmp_path / "t.jsonl"
+    salt = "a\u2028b\u2029c\x85d\x0ce"
+    line = json.dumps({**OK, "cache_salt": salt}, ensure_ascii=False)
+    path.write_bytes(b"\xef\xbb\xbf" + (line + "\r\n" + json.dumps({**OK, "id": "y"})).encode())
+    wl = load_trace(path)
+    assert [r.rid for r in wl.requests] == ["x", "y"]
+    assert wl.requests[0].extra == ExtraKeys(cache_salt=salt)
+
+
+def test_unreadable_traces(tmp_path, monkeypatch):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(json.dumps(OK).encode() + b"\n\xff\xfe\n")
+    with pytest.raises(TraceError, match="cannot read the trace: not UTF-8"):
+        load_trace(path)
+    monkeypatch.setattr(limits, "MAX_LINE_CHARS", 50)
+    path.write_text(json.dumps(OK) + "\n" + json.dumps({**OK, "id": "y" * 6}) + "\n")
+    with pytest.raises(TraceError, match="line 2: longer than 50 characters") as info:
+        load_trace(path)  # 51 characters
+    assert info.value.line == 2
+    path.write_text(json.dumps({**OK, "id": "y" * 5}) + "\r\n")  # 50 characters + "\r\n"
+    assert load_trace(path).requests[0].rid == "y" * 5
+
+
+def test_token_caps_count_the_history(monkeypatch):
+    monkeypatch.setattr(limits, "MAX_REQUEST_TOKENS", 10)
+    monkeypatch.setattr(limits, "MAX_TRACE_TOKENS", 25)
+    turn = {"id": 0, "prompt": [1, 2, 3], "output_len": 2}             # 5 tokens
+    nxt = {"id": 1, "continues": 0, "prompt": [4], "output_len": 2}     # 5 + 1 + 2 = 8
+    wl = parse_trace(_lines(turn, nxt, {**nxt, "id": 2}))               # 5 + 8 + 8 = 21
+    assert [len(r.prompt) + len(r.output) for r in wl.requests] == [5, 8, 8]
+    with pytest.raises(TraceError, match=r"line 3: 11 tokens \(prompt with its history, and "
+                       r"output\), over the cap of 10 tokens per request"):
+        parse_trace(_lines(turn, nxt, {**nxt, "id": 2, "continues": 1}))
+    with pytest.raises(TraceError, match="line 4: the trace reaches 29 tokens.*over the cap of "
+                       "25 tokens for the whole trace"):
+        parse_trace(_lines(turn, nxt, {**nxt, "id": 2}, {**nxt, "id": 3}))
+    with pytest.raises(TraceError, match=r"line 1: 12 tokens"):
+        parse_trace(_lines({"id": 0, "segments": [{"len": 5}, {"len": 5, "share": "s"}],
+                            "output_len": 2}))
+
+
+def test_json_that_python_refuses():
+    with pytest.raises(TraceError, match="line 1: nested too deeply"):
+        parse_trace(["[" * 100_000])
+    with pytest.raises(TraceError, match="line 1: not valid JSON"):
+        parse_trace(['{"id": 1' + "0" * 5000 + "}"])
+
+
+def test_values_in_messages_are_shortened():
+    with pytest.raises(TraceError) as info:
+        parse_trace(_lines({**OK, "output_len": "z" * 10_000}))
+    assert len(str(info.value)) < 200 and "zzz... (10,002 characters)" in str(info.value)

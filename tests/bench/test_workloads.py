@@ -7,7 +7,7 @@ import io
 import pytest
 
 from prefixkv.bench.progress import Progress
-from prefixkv.bench.workloads import BUILTIN, builtin
+from prefixkv.bench.workloads import BUILTIN, builtin, token_bound
 
 
 @pytest.mark.parametrize("name", BUILTIN)
@@ -48,3 +48,18 @@ def test_progress_draws_only_when_enabled():
     p.close()
     text = loud.getvalue()
     assert "0/2" in text and "first" in text and "2/2" in text and text.endswith("\n")
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_token_bound_holds(name):
+    for scale in (0.05, 0.3):
+        wl = builtin(name, scale, seed=2)
+        tokens = sum(len(r.prompt) + len(r.output) for r in wl.requests)
+        bound, each = token_bound(name, scale)
+        assert tokens <= bound and bound <= 2 * tokens
+        assert max(len(r.prompt) + len(r.output) for r in wl.requests) <= each
+
+
+def test_token_bound_of_an_unknown_workload():
+    with pytest.raises(KeyError):
+        token_bound("zipf")

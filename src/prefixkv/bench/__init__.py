@@ -2,7 +2,9 @@
 a JSONL trace, with capacity planning and (where torch is installed) an end-to-end run.
 
 Modules, one noun each: ``workloads`` (seeded request lists), ``trace`` (JSONL format and
-parser), ``replay`` (scheduler + accounting), ``capacity`` (what fits, pool sweeps),
-``suite`` (a whole run), ``report`` / ``plots`` (outputs), ``progress``, ``e2e``.
+parser), ``limits`` (caps on tokens and pools), ``errors``, ``replay`` (scheduler +
+accounting), ``capacity`` (what fits, pool sweeps), ``cost`` (estimated prefill time of
+the saved tokens), ``suite`` (a whole run), ``report`` / ``plots`` (outputs), ``outdir``
+(the output folder, replaced whole), ``progress``, ``e2e``.
 Nothing here imports torch at import time.
 """

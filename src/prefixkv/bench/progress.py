@@ -23,6 +23,7 @@ class Progress:
         self.done = 0
         self.width = width
         self.start = time.monotonic()
+        self._open = False      # a bar is drawn and its line not ended
 
     def tick(self, label: str) -> None:
         if self.enabled:
@@ -33,6 +34,12 @@ class Progress:
         if self.enabled:
             self.done = self.total
             self._draw("done")
+            self.end_line()
+
+    def end_line(self) -> None:
+        """End the bar's line where it stands (a run that stops early)."""
+        if self._open:
+            self._open = False
             self.stream.write("\n")
             self.stream.flush()
 
@@ -41,5 +48,6 @@ class Progress:
         bar = "#" * filled + "." * (self.width - filled)
         line = (f"\r[{bar}] {self.done}/{self.total} {time.monotonic() - self.start:5.1f}s "
                 f"{label[:48]}")
+        self._open = True
         self.stream.write(line.ljust(90))
         self.stream.flush()

@@ -13,6 +13,8 @@ One scheduler step::
 
 Accounting: a prompt token is *saved* when the admission found it cached
 (``num_cached_tokens``) and *computed* otherwise, recomputes after preemption included.
+For the attention its prefill would have cost, ``prefill_saved_pairs`` counts the causal
+(query, key) pairs of the saved tokens: c(c+1)/2 for c tokens cached from position 0.
 Fragmentation is the time average of reserved-but-unused slots / reserved slots, where a
 request reserves ``reserved_tokens(rid)`` slots when the allocator has that method (the
 contiguous baseline), else one block_size per block it holds. Only the allocator calls
@@ -26,13 +28,12 @@ from dataclasses import asdict, dataclass
 from time import perf_counter_ns
 
 from ..allocator import Allocator
+from .errors import BenchError
 from .workloads import BenchRequest, Workload
 
+__all__ = ["MAX_RUNNING", "BenchError", "ReplayResult", "replay"]
+
 MAX_RUNNING = 64
-
-
-class BenchError(RuntimeError):
-    """The workload cannot run in this pool (a request larger than the pool)."""
 
 
 @dataclass(slots=True)
@@ -48,6 +49,7 @@ class ReplayResult:
     preemptions: int = 0
     prefill_computed: int = 0
     prefill_saved: int = 0
+    prefill_saved_pairs: int = 0
     decoded_tokens: int = 0
     peak_blocks: int = 0
     max_running: int = 0
@@ -120,6 +122,7 @@ def replay(alloc: Allocator, workload: Workload, name: str, *,
         unused += reserved - len(req.prompt)
         res.admissions += 1
         res.prefill_saved += adm.num_cached_tokens
+        res.prefill_saved_pairs += adm.num_cached_tokens * (adm.num_cached_tokens + 1) // 2
         res.prefill_computed += adm.num_new_tokens
         return True
 

@@ -6,10 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .plots import write_plots
+from .plots import PLOTS, write_plots
+
+FILES = ("report.md", "report.json", *PLOTS)
+"""Every file name ``write_all`` may write (nothing else belongs in a report folder)."""
 
 COLUMNS = ("workload", "allocator", "prefill computed", "prefill saved", "hit rate",
-           "peak blocks", "fit in pool", "frag", "us/admit", "us/token")
+           "peak blocks", "fit in pool", "frag", "us/admit", "us/token", "alloc/saved")
 
 
 def rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
@@ -19,13 +22,22 @@ def rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
         for name, r in wl["results"].items():
             fit = f"{r['fit']}" + ("+" if r["fit"] == wl["requests"] else "")
             if "error" in r:
-                out.append((wl["name"], name, "pool too small", "", "", "", fit, "", "", ""))
+                out.append((wl["name"], name, "pool too small", "", "", "", fit, "", "", "", ""))
                 continue
+            share = r.get("alloc_share")
             out.append((wl["name"], name, f"{r['prefill_computed']:,}", f"{r['prefill_saved']:,}",
                         f"{r['hit_rate']:.1%}", f"{r['peak_blocks']:,}", fit,
                         f"{r['fragmentation']:.1%}", f"{r['us_per_admission']:.1f}",
-                        f"{r['us_per_decoded_token']:.2f}"))
+                        f"{r['us_per_decoded_token']:.2f}",
+                        "-" if share is None else f"{share:.3%}"))
     return out
+
+
+def share_note(data: dict[str, Any]) -> str:
+    """What the alloc/saved column means, with the model and throughput it assumes."""
+    return (f"alloc/saved: the allocator's own time (admissions + decode appends) as a share "
+            f"of the prefill time it saved, an ESTIMATE for {data['prefill_cost']} (no model "
+            f"ran; the allocator ran here, on this CPU)")
 
 
 def table(header: tuple[str, ...], body: list[tuple[str, ...]], markdown: bool = False,
@@ -46,23 +58,33 @@ def table(header: tuple[str, ...], body: list[tuple[str, ...]], markdown: bool =
 
 
 def e2e_rows(e2e: dict[str, Any]) -> list[tuple[str, ...]]:
-    """Per turn: prefill ms and TTFT ms without and with the cache, tokens cached."""
+    """Per turn: tokens cached, TTFT in CPU ms and in wall ms without and with the cache."""
     return [(str(t["turn"]), f"{t['prompt_tokens']}", f"{t['cached_tokens']}",
-             f"{t['prefill_ms_nocache']:.1f}", f"{t['prefill_ms_cache']:.1f}",
-             f"{t['ttft_ms_nocache']:.1f}", f"{t['ttft_ms_cache']:.1f}") for t in e2e["turns"]]
+             f"{t['ttft_cpu_ms_nocache']:.1f}", f"{t['ttft_cpu_ms_cache']:.1f}",
+             f"{t['ttft_wall_ms_nocache']:.1f}", f"{t['ttft_wall_ms_cache']:.1f}")
+            for t in e2e["turns"]]
 
 
-E2E_COLUMNS = ("turn", "prompt", "cached", "prefill ms (no cache)", "prefill ms (cache)",
-               "TTFT ms (no cache)", "TTFT ms (cache)")
+E2E_COLUMNS = ("turn", "prompt", "cached", "TTFT CPU ms (no cache)", "TTFT CPU ms (cache)",
+               "TTFT wall ms (no cache)", "TTFT wall ms (cache)")
+
+
+def e2e_note(e2e: dict[str, Any]) -> str:
+    """How the end-to-end times were taken."""
+    return (f"TTFT: from a turn's start until every chat of it has its first token, best of "
+            f"{e2e['config']['repeats']} runs alternating without and with the cache; CPU ms: "
+            f"the process's CPU time, which other work on the machine hardly changes; wall "
+            f"ms: elapsed time, which such work inflates")
 
 
 def terminal(data: dict[str, Any]) -> str:
     """The summary printed at the end of a run."""
-    parts = [table(COLUMNS, rows(data))]
+    parts = [table(COLUMNS, rows(data)), share_note(data)]
     e2e = data.get("e2e")
     if e2e and "turns" in e2e:
         parts.append(f"end to end ({e2e['device']}, {e2e['model']}):")
         parts.append(table(E2E_COLUMNS, e2e_rows(e2e), text_columns=0))
+        parts.append(e2e_note(e2e))
         parts.append(f"generated tokens identical with and without the cache: "
                      f"{'yes' if e2e['identical'] else 'NO'}")
     elif e2e:
@@ -82,7 +104,8 @@ def markdown(data: dict[str, Any], plots: list[str]) -> str:
            "Prefill counts prompt tokens (recomputes after preemption included); *fit in pool*: "
            "requests resident at once, each with its whole output, before the first that does "
            "not fit (`+`: all of them); *frag*: reserved-but-unused slots / reserved slots, "
-           "averaged over steps; contiguous reserves the workload's longest request.", "",
+           "averaged over steps; contiguous reserves the workload's longest request; "
+           f"{share_note(data)}.", "",
            table(COLUMNS, rows(data), markdown=True), ""]
     for wl in data["workloads"]:
         out += [f"## {wl['name']}", "",
@@ -97,7 +120,8 @@ def markdown(data: dict[str, Any], plots: list[str]) -> str:
     if e2e and "turns" in e2e:
         out += ["## End to end", "", f"{e2e['model']} on {e2e['device']}. Generated tokens "
                 f"identical with and without the cache: **{'yes' if e2e['identical'] else 'NO'}**.",
-                "", table(E2E_COLUMNS, e2e_rows(e2e), markdown=True, text_columns=0), ""]
+                "", table(E2E_COLUMNS, e2e_rows(e2e), markdown=True, text_columns=0), "",
+                f"{e2e_note(e2e)}.", ""]
     elif e2e:
         out += ["## End to end", "", f"Skipped: {e2e['skipped']}.", ""]
     out += [f"![{p}]({p})" for p in plots]

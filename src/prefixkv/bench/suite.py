@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import sys
@@ -14,10 +15,13 @@ from .. import __version__
 from .capacity import (
     ALLOCATORS, default_pool_blocks, make_allocator, requests_that_fit, sweep, sweep_sizes,
 )
+from . import limits
+from .cost import PrefillCost, allocator_share
+from .errors import BenchError
 from .progress import Progress
-from .replay import BenchError, replay
+from .replay import replay
 from .trace import load_trace
-from .workloads import BUILTIN, Workload, builtin
+from .workloads import BUILTIN, Workload, builtin, token_bound
 
 
 @dataclass
@@ -53,6 +57,38 @@ def machine() -> dict[str, Any]:
             "cpu_cores": cores, "python": sys.version.split()[0], "prefixkv": __version__}
 
 
+def check_config(cfg: BenchConfig) -> None:
+    """Refuse, before any work, what would not fit the caps of ``limits``: a scale that is
+    not a finite number > 0 or makes a built-in workload too big, a ``pool_blocks`` over
+    ``MAX_POOL_FLAG``. Raises BenchError."""
+    if not (math.isfinite(cfg.scale) and cfg.scale > 0):
+        raise BenchError(f"--scale must be a finite number > 0, got {cfg.scale}")
+    if cfg.pool_blocks is not None and not 1 <= cfg.pool_blocks <= limits.MAX_POOL_FLAG:
+        raise BenchError(f"--pool-blocks must be 1..{limits.MAX_POOL_FLAG:,}, got {cfg.pool_blocks:,}")
+    cap = limits.MAX_TRACE_TOKENS
+    for name in cfg.workloads:
+        if name == "trace":
+            continue
+        bound, each = token_bound(name, cfg.scale)
+        if bound > cap:
+            at_scale_1 = token_bound(name, 1.0)[0] // each   # requests (chat: sessions)
+            most = (cap // each) / at_scale_1
+            raise BenchError(f"--scale {cfg.scale:g}: the {name} workload would hold up to "
+                             f"{bound:,} tokens, over the cap of {cap:,} "
+                             f"(limits.MAX_TRACE_TOKENS); it fits up to --scale {most:.3g}")
+
+
+def check_pools(workloads: list[Workload], cfg: BenchConfig) -> None:
+    """Refuse a workload whose pools (its own, or the sweep's largest) exceed
+    ``MAX_POOL_BLOCKS``, before any of them is created. Raises BenchError."""
+    for wl in workloads:
+        top = max(sweep_sizes(wl, cfg.block_size, pool_of(wl, cfg)))
+        if top > limits.MAX_POOL_BLOCKS:
+            raise BenchError(f"{wl.name}: pools up to {top:,} blocks, over the cap of "
+                             f"{limits.MAX_POOL_BLOCKS:,} (limits.MAX_POOL_BLOCKS): use a larger "
+                             f"--block-size, a smaller --pool-blocks or shorter requests")
+
+
 def load_workloads(cfg: BenchConfig) -> list[Workload]:
     """The configured workloads, built (or parsed) in order. Raises TraceError."""
     return [load_trace(cfg.trace, cfg.seed) if name == "trace" else
@@ -64,8 +100,10 @@ def pool_of(wl: Workload, cfg: BenchConfig) -> int:
     return cfg.pool_blocks or default_pool_blocks(wl, cfg.block_size)
 
 
-def run_workload(wl: Workload, cfg: BenchConfig, progress: Progress) -> dict[str, Any]:
-    """Replay one workload with every allocator, count what fits, sweep the pool size."""
+def run_workload(wl: Workload, cfg: BenchConfig, progress: Progress,
+                 cost: PrefillCost = PrefillCost()) -> dict[str, Any]:
+    """Replay one workload with every allocator, count what fits, sweep the pool size;
+    each result's ``alloc_share`` sets its allocator time against ``cost``."""
     bs = cfg.block_size
     pool = pool_of(wl, cfg)
     max_len = wl.max_tokens()
@@ -74,6 +112,7 @@ def run_workload(wl: Workload, cfg: BenchConfig, progress: Progress) -> dict[str
         progress.tick(f"{wl.name} {name}")
         try:
             res = replay(make_allocator(name, pool, bs, max_len), wl, name).to_dict()
+            res["alloc_share"] = allocator_share(res, cost)
         except BenchError as exc:
             res = {"error": str(exc)}
         res["fit"] = requests_that_fit(make_allocator(name, pool, bs, max_len), wl.requests)
@@ -87,19 +126,28 @@ def run_workload(wl: Workload, cfg: BenchConfig, progress: Progress) -> dict[str
 
 def run_bench(cfg: BenchConfig, stream: TextIO | None = None) -> dict[str, Any]:
     """Run everything ``cfg`` asks for and return the report data (plain JSON types).
-    Writes nothing; ``report.write_all`` does. Raises TraceError, BenchError."""
+    Writes nothing; ``report.write_all`` does. Raises BenchError (TraceError is one),
+    before any replay for what ``check_config`` and ``check_pools`` refuse."""
     t0 = time.perf_counter()
+    check_config(cfg)
     workloads = load_workloads(cfg)
+    check_pools(workloads, cfg)
     replays = sum(len(ALLOCATORS) + 2 * len(sweep_sizes(wl, cfg.block_size, pool_of(wl, cfg)))
                   for wl in workloads)
     progress = Progress(replays + int(cfg.e2e), cfg.progress, stream)
-    data: dict[str, Any] = {"machine": machine(), "config": cfg.to_dict(), "workloads": []}
-    for wl in workloads:
-        data["workloads"].append(run_workload(wl, cfg, progress))
-    if cfg.e2e:
-        progress.tick("end to end (model + kernels)")
-        from .e2e import run_e2e  # torch stays out of this module's imports
-        data["e2e"] = run_e2e(cfg.seed)
+    cost = PrefillCost()
+    data: dict[str, Any] = {"machine": machine(), "config": cfg.to_dict(), "workloads": [],
+                            "prefill_cost": cost.describe()}
+    try:
+        for wl in workloads:
+            data["workloads"].append(run_workload(wl, cfg, progress, cost))
+        if cfg.e2e:
+            progress.tick("end to end (model + kernels)")
+            from .e2e import run_e2e  # torch stays out of this module's imports
+            data["e2e"] = run_e2e(cfg.seed)
+    except BaseException:
+        progress.end_line()  # an error message must not share the bar's line
+        raise
     progress.close()
     data["wall_s"] = time.perf_counter() - t0
     return data

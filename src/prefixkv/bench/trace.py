@@ -19,24 +19,33 @@ name, so equal names with equal lengths give equal tokens. Example::
     {"id": "b", "continues": "a", "segments": [{"len": 50}], "output_len": 60}
     {"id": "c", "prompt": [1, 2, 3, 4], "output": [5, 6]}
 
+Lines are separated by ``\n`` only (``\r\n`` works too): U+2028 and its kin are legal
+inside JSON strings. A UTF-8 byte-order mark may open the file. The caps of ``limits``
+(tokens per request, tokens per trace with every continued prompt counted whole,
+characters per line) are checked line by line before that line's tokens are drawn.
+
 Malformed input raises TraceError naming the line number and the field.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TextIO
 
 from ..extra_keys import ExtraKeys
-from .workloads import VOCAB, BenchRequest, Workload
+from . import limits
+from .errors import BenchError, shorten
+from .workloads import TOKEN_IDS, BenchRequest, Workload
 
 FIELDS = ("id", "prompt", "segments", "output", "output_len", "continues", "lora", "cache_salt")
 POOL_TOKENS = 65536
 
 
-class TraceError(ValueError):
+class TraceError(BenchError):
     """A malformed trace. ``line`` is the 1-based line number (None for the whole file),
     ``field`` the offending field (None when the line itself is wrong)."""
 
@@ -50,21 +59,40 @@ class TraceError(ValueError):
 
 
 def load_trace(path: str | Path, seed: int = 0) -> Workload:
-    """Parse the JSONL file at ``path``. Raises TraceError (also for an unreadable file)."""
+    """Parse the JSONL file at ``path``, streamed line by line. Raises TraceError (also
+    for an unreadable file, one that is not UTF-8, or a line over ``MAX_LINE_CHARS``)."""
+    source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceError(f"cannot read the trace: {exc}", source=str(path)) from None
-    return parse_trace(text.splitlines(), seed=seed, source=str(path))
+        with open(path, encoding="utf-8-sig") as f:
+            return parse_trace(_read_lines(f, source), seed=seed, source=source)
+    except OSError as exc:
+        raise TraceError(f"cannot read the trace: {exc.strerror or exc}", source=source) from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"cannot read the trace: not UTF-8 ({exc.reason})", source=source) from None
+
+
+def _read_lines(f: TextIO, source: str) -> Iterator[str]:
+    """The file's lines (universal newlines: split on \\n, \\r\\n, \\r only), each read
+    with a bound so that one endless line cannot fill the memory."""
+    cap = limits.MAX_LINE_CHARS
+    for lineno in itertools.count(1):
+        line = f.readline(cap + 1)
+        if not line:
+            return
+        if len(line.rstrip("\n")) > cap:
+            raise TraceError(f"longer than {cap:,} characters (limits.MAX_LINE_CHARS)", lineno,
+                             source=source)
+        yield line
 
 
 def parse_trace(lines: Iterable[str], *, seed: int = 0, source: str = "trace") -> Workload:
     """Build the workload of a trace's lines (see the module docstring). Raises TraceError
-    for the first malformed line, or for a trace with no request."""
+    for the first malformed line or the first over a cap, or for a trace with no request."""
     rng = random.Random(f"trace/{seed}")
     shared: dict[str, list[int]] = {}
     done: dict[str, BenchRequest] = {}
     reqs: list[BenchRequest] = []
+    total = 0
     for lineno, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
@@ -72,34 +100,29 @@ def parse_trace(lines: Iterable[str], *, seed: int = 0, source: str = "trace") -
         def fail(message: str, field: str | None = None) -> TraceError:
             return TraceError(message, lineno, field, source)
 
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise fail(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-        if not isinstance(obj, dict):
-            raise fail(f"expected a JSON object, got {type(obj).__name__}")
-        for key in obj:
-            if key not in FIELDS:
-                raise fail(f"unknown field; known fields: {', '.join(FIELDS)}", key)
+        obj = _json_object(raw, fail)
         rid = _rid(obj, "id", fail)
         if rid in done:
-            raise fail(f"duplicate id {rid!r}", "id")
+            raise fail(f"duplicate id {shorten(rid)}", "id")
         history: tuple[int, ...] = ()
         after = None
         if "continues" in obj:
             after = _rid(obj, "continues", fail)
             if after not in done:
-                raise fail(f"{after!r} is not the id of an earlier line", "continues")
+                raise fail(f"{shorten(after)} is not the id of an earlier line", "continues")
             history = done[after].prompt + done[after].output
         own = _one_of(obj, "prompt", "segments", fail)
-        if own == "prompt":
-            tokens = _token_list(obj, "prompt", fail, allow_empty=after is not None)
-        else:
-            tokens = _segments(obj["segments"], rng, shared, fail)
-        if _one_of(obj, "output", "output_len", fail) == "output":
-            output = _token_list(obj, "output", fail, allow_empty=False)
-        else:
-            output = tuple(rng.choices(range(VOCAB), k=_positive(obj["output_len"], "output_len", fail)))
+        prompt = _token_list(obj, "prompt", fail, allow_empty=after is not None) if own == "prompt" else None
+        segments = _segments(obj["segments"], fail) if own == "segments" else []
+        given = _one_of(obj, "output", "output_len", fail) == "output"
+        output = _token_list(obj, "output", fail, allow_empty=False) if given else None
+        size = len(history) + (len(prompt) if prompt is not None else sum(n for n, _ in segments))
+        size += len(output) if output is not None else _positive(obj["output_len"], "output_len", fail)
+        total += size
+        _check_caps(size, total, fail)
+        tokens = prompt if prompt is not None else _draw(segments, rng, shared)
+        if output is None:
+            output = tuple(rng.choices(TOKEN_IDS, k=obj["output_len"]))
         req = BenchRequest(rid, history + tokens, output, _extra(obj, fail), after)
         done[rid] = req
         reqs.append(req)
@@ -109,12 +132,40 @@ def parse_trace(lines: Iterable[str], *, seed: int = 0, source: str = "trace") -
                     tuple(reqs), POOL_TOKENS)
 
 
+def _json_object(raw: str, fail) -> dict:
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise fail(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise fail("nested too deeply to parse") from None
+    except ValueError as exc:  # e.g. an int of more digits than Python converts
+        raise fail(f"not valid JSON ({str(exc).split(';')[0]})") from None
+    if not isinstance(obj, dict):
+        raise fail(f"expected a JSON object, got {type(obj).__name__}")
+    for key in obj:
+        if key not in FIELDS:
+            raise fail(f"unknown field; known fields: {', '.join(FIELDS)}",
+                       key if len(key) <= 40 else key[:40] + "...")
+    return obj
+
+
+def _check_caps(size: int, total: int, fail) -> None:
+    if size > limits.MAX_REQUEST_TOKENS:
+        raise fail(f"{size:,} tokens (prompt with its history, and output), over the cap of "
+                   f"{limits.MAX_REQUEST_TOKENS:,} tokens per request")
+    if total > limits.MAX_TRACE_TOKENS:
+        raise fail(f"the trace reaches {total:,} tokens (prompts with their history, and "
+                   f"outputs), over the cap of {limits.MAX_TRACE_TOKENS:,} tokens for the whole "
+                   f"trace: replay fewer lines or shorter chains of 'continues'")
+
+
 def _rid(obj: dict, field: str, fail) -> str:
     value = obj.get(field)
     if field not in obj:
         raise fail("missing; every line needs an id", field)
     if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
-        raise fail(f"must be a non-empty string or an int, got {value!r}", field)
+        raise fail(f"must be a non-empty string or an int, got {shorten(value)}", field)
     return str(value)
 
 
@@ -126,7 +177,7 @@ def _one_of(obj: dict, a: str, b: str, fail) -> str:
 
 def _positive(value: object, field: str, fail) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise fail(f"must be an int >= 1, got {value!r}", field)
+        raise fail(f"must be an int >= 1, got {shorten(value)}", field)
     return value
 
 
@@ -138,28 +189,38 @@ def _token_list(obj: dict, field: str, fail, *, allow_empty: bool) -> tuple[int,
         raise fail("must not be empty", field)
     for i, t in enumerate(value):
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**32:
-            raise fail(f"item {i} is {t!r}; token ids are ints in [0, 2**32)", field)
+            raise fail(f"item {i} is {shorten(t)}; token ids are ints in [0, 2**32)", field)
     return tuple(value)
 
 
-def _segments(value: object, rng: random.Random, shared: dict[str, list[int]], fail) -> tuple[int, ...]:
+def _segments(value: object, fail) -> list[tuple[int, str | None]]:
+    """The segments' (length, shared stream name or None), checked, nothing drawn yet."""
     if not isinstance(value, list) or not value:
         raise fail("must be a non-empty list of {\"len\": n, \"share\": name} objects", "segments")
-    out: list[int] = []
+    out = []
     for i, seg in enumerate(value):
         if not isinstance(seg, dict) or "len" not in seg or set(seg) - {"len", "share"}:
-            raise fail(f"item {i} is {seg!r}; expected {{\"len\": n}} with an optional "
+            raise fail(f"item {i} is {shorten(seg)}; expected {{\"len\": n}} with an optional "
                        f"\"share\": name", "segments")
         n = _positive(seg["len"], f"segments[{i}].len", fail)
         name = seg.get("share")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise fail(f"must be a non-empty string, got {shorten(name)}", f"segments[{i}].share")
+        out.append((n, name))
+    return out
+
+
+def _draw(segments: list[tuple[int, str | None]], rng: random.Random,
+          shared: dict[str, list[int]]) -> tuple[int, ...]:
+    """The segments' tokens: unique draws, or the first n of the named shared stream."""
+    out: list[int] = []
+    for n, name in segments:
         if name is None:
-            out += rng.choices(range(VOCAB), k=n)
+            out += rng.choices(TOKEN_IDS, k=n)
             continue
-        if not isinstance(name, str) or not name:
-            raise fail(f"must be a non-empty string, got {name!r}", f"segments[{i}].share")
         stream = shared.setdefault(name, [])
         if len(stream) < n:
-            stream += rng.choices(range(VOCAB), k=n - len(stream))
+            stream += rng.choices(TOKEN_IDS, k=n - len(stream))
         out += stream[:n]
     return tuple(out)
 
@@ -170,6 +231,6 @@ def _extra(obj: dict, fail) -> ExtraKeys | None:
         if field in obj:
             value = obj[field]
             if not isinstance(value, str) or not value:
-                raise fail(f"must be a non-empty string, got {value!r}", field)
+                raise fail(f"must be a non-empty string, got {shorten(value)}", field)
             keys[field] = value
     return ExtraKeys(**keys) if keys else None

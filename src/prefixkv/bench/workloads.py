@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from ..extra_keys import ExtraKeys
 
 VOCAB = 32000
+TOKEN_IDS = tuple(range(VOCAB))
+"""Every token id, each one int object: drawing from it (``rng.choices(TOKEN_IDS, k=n)``,
+the same draws as from ``range(VOCAB)``) shares these objects, so a drawn token costs 8
+bytes (a pointer) instead of a new int's 36."""
 BUILTIN = ("system-prompt", "chat", "document", "pressure")
 
 
@@ -56,7 +60,7 @@ def _count(base: int, scale: float) -> int:
 
 
 def _tokens(rng: random.Random, n: int) -> tuple[int, ...]:
-    return tuple(rng.choices(range(VOCAB), k=n))
+    return tuple(rng.choices(TOKEN_IDS, k=n))
 
 
 def system_prompt(scale: float = 1.0, seed: int = 0) -> Workload:
@@ -114,6 +118,23 @@ def pressure(scale: float = 1.0, seed: int = 0) -> Workload:
         for i in range(_count(400, scale)))
     return Workload("pressure", "48 skewed 1024-token prefixes + 16-128 token suffixes in an "
                     "8192-slot pool (constant eviction)", reqs, 8192)
+
+
+_SIZES = {  # requests (chat: sessions) at scale 1, and the most tokens each can hold
+    "system-prompt": (200, 2048 + 256 + 128),
+    "chat": (24, sum(512 + 256 * (t + 1) + 192 * t + 192 for t in range(6))),
+    "document": (100, 32768 + 64 + 96),
+    "pressure": (400, 1024 + 128 + 64),
+}
+
+
+def token_bound(name: str, scale: float = 1.0) -> tuple[int, int]:
+    """``(bound, each)``: at most ``bound`` tokens (prompts + outputs) in
+    ``builtin(name, scale)``, known without building it, and the most tokens one request
+    (a chat: one session) can add. ``scale`` must be finite. Raises KeyError for a name
+    not in ``BUILTIN``."""
+    count, each = _SIZES[name]
+    return _count(count, scale) * each, each
 
 
 def builtin(name: str, scale: float = 1.0, seed: int = 0) -> Workload:

@@ -1,0 +1,17 @@
+"""The bench's one error type for input it cannot run: the CLI prints its message as one
+line and exits 2."""
+
+from __future__ import annotations
+
+
+class BenchError(ValueError):
+    """The bench cannot run as asked: a request larger than the pool, a workload or pool
+    over the caps of ``limits``, an output folder that cannot take the report. The
+    message is one line and says what to change."""
+
+
+def shorten(value: object, width: int = 60) -> str:
+    """``repr(value)``, cut to about ``width`` characters (with the full length) so that
+    an error message about a huge value stays one short line."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[:width - 10]}... ({len(text):,} characters)"
