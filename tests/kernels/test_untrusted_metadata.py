@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixkv.kernels import MetadataError, paged_prefill_attention, write_kv_cache
 
@@ -225,3 +227,25 @@ def test_checked_attention_reads_only_the_blocks_in_use(backend):
     got = paged_prefill_attention(call.q, call.k_cache, call.v_cache, padded, call.cu_seqlens_q,
                                   _int32([4, 5]), 3, CAPACITY, backend=backend, checked=True)
     assert not got.isnan().any()
+
+
+@pytest.mark.skipif(triton_skip_reason() is not None, reason=str(triton_skip_reason()))
+@settings(max_examples=20, deadline=None)
+@given(
+    cu=st.lists(st.integers(-3, 9), min_size=3, max_size=3),
+    seqused=st.lists(st.integers(-3, 12), min_size=2, max_size=2),
+    ids=st.lists(st.integers(-3, NUM_BLOCKS + 2), min_size=4, max_size=4),
+    splits=st.sampled_from([None, 3]),
+)
+def test_any_metadata_stays_inside_and_backends_agree(cu, seqused, ids, splits):
+    from prefixkv.kernels.attention import paged_prefill_attention_triton
+    from prefixkv.kernels.tiling import TileConfig
+
+    call = Call()
+    call.block_table.copy_(_int32(ids).view(2, 2))  # in place: the framing columns stay around it
+    meta = (call.block_table, _int32(cu), _int32(seqused))
+    args = (call.q, call.k_cache, call.v_cache, *meta, 3, CAPACITY)
+    config = TileConfig(16, 16, num_splits=splits) if splits else None
+    got = paged_prefill_attention_triton(*args, out=call.out, return_lse=True, config=config)
+    assert call.framed_out_untouched() and not got[0].isnan().any()
+    _same(got, paged_prefill_attention(*args, return_lse=True, backend="torch"))
