@@ -145,14 +145,14 @@ def test_seqused_k_past_the_row_capacity_is_clamped_to_it(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_block_ids_outside_the_cache_are_clamped_into_it(backend):
+def test_block_ids_outside_the_cache_read_the_last_block(backend):
     call = Call()
     bad = call.block_table.clone()
     bad[0, 0], bad[1, 1] = -3, NUM_BLOCKS
     got = [t.clone() for t in call.run(backend, block_table=bad)]
     assert not got[0].isnan().any(), "read a block outside the cache"
     clamped = call.block_table.clone()
-    clamped[0, 0], clamped[1, 1] = 0, NUM_BLOCKS - 1
+    clamped[0, 0], clamped[1, 1] = NUM_BLOCKS - 1, NUM_BLOCKS - 1
     _same(got, call.run(backend, block_table=clamped))
     assert call.framed_out_untouched()
 

@@ -2,9 +2,10 @@
 
 Grid: ``(total_q // BLOCK_Q + batch + 2, num_kv_heads, num_splits)``; a program finds its
 request by searching ``cu_seqlens_q`` on the device, so the grid comes from tensor shapes
-only. Metadata values are never trusted: the kernel clamps ``cu_seqlens_q``, ``seqused_k``
-and block ids into the tensors it was given (docs/kv_layout.md, "Untrusted metadata"). With ``num_splits > 1`` (few programs: long-context decode) each program attends one
+only. With ``num_splits > 1`` (few programs: long-context decode) each program attends one
 slice of its keys and a second kernel merges the slices (``split_kv``).
+Metadata values are never trusted: ``cu_seqlens_q``, ``seqused_k`` and block ids are
+clamped into the tensors given, in registers (docs/kv_layout.md, "Untrusted metadata").
 A tile holds ``BLOCK_Q`` query positions x the ``GROUP_P2`` query heads of one KV head
 (GQA packing: the group's heads share every K/V load). Keys are read through the block
 table one slot at a time, so any block_size works.
@@ -57,10 +58,12 @@ def _attend_tile(
     else:
         col_ok = col >= 0
         blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc)
-    blk = tl.minimum(tl.maximum(blk, 0), last_block)  # a bad id reads a wrong block, never outside
+    # A bad id reads a wrong block, never outside the cache: as uint32 a negative id is
+    # above last_block, so one unsigned min clamps both ends (to the last block).
+    blk = tl.minimum(blk.to(tl.uint32), last_block).to(tl.int64)
     # int64 before the multiply: block * stride passes 2^31 in large caches.
-    k_off = blk.to(tl.int64) * stride_kb + (col % BLOCK_SIZE) * stride_ks  # [BLOCK_N]
-    v_off = blk.to(tl.int64) * stride_vb + (col % BLOCK_SIZE) * stride_vs  # [BLOCK_N]
+    k_off = blk * stride_kb + (col % BLOCK_SIZE) * stride_ks  # [BLOCK_N]
+    v_off = blk * stride_vb + (col % BLOCK_SIZE) * stride_vs  # [BLOCK_N]
     if MASKED or HEAD_DIM != DIM_P2:
         k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd,
                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # [DIM_P2, BLOCK_N]

@@ -155,8 +155,8 @@ def paged_prefill_attention(
         k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, q's dtype.
         block_table: ``[batch, max_blocks]`` int32; row i lists request i's block ids in
             order; entries past ``ceil(seqused_k[i] / block_size)`` are never read. An
-            id outside ``[0, num_blocks)`` is clamped into it (a wrong block is read,
-            never memory outside the cache).
+            id outside ``[0, num_blocks)`` reads block ``num_blocks - 1`` instead (a
+            wrong block, never memory outside the cache).
         cu_seqlens_q: ``[batch + 1]`` int32, non-decreasing from 0 to ``total_q``.
             Otherwise each entry is clamped to ``[0, total_q]`` and raised to the
             largest entry before it; rows of q no request then owns get zeros and LSE

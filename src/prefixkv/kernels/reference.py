@@ -1,7 +1,7 @@
 """Pure-torch reference of the kernels: the test oracle and the CPU fallback.
 
 Same signatures, the same argument checks and the same answer to untrusted metadata as
-the Triton path (clamped lengths and block ids, skipped slots, zero rows outside
+the Triton path (clamped lengths, bad block ids read as the last block, skipped slots, zero rows outside
 ``cu_seqlens_q``; docs/kv_layout.md). Attention is computed per request in fp32 on a
 gathered contiguous copy of its keys and values, so it is slow and reads lengths on the
 host; it is written to be obviously right, not fast.
@@ -109,7 +109,9 @@ def paged_prefill_attention_reference(
         if q_len <= 0:
             continue
         n_blk = -(-kv_len // bs)
-        blocks = block_table[i, :n_blk].to(torch.int64).clamp(0, shape.num_blocks - 1)
+        blocks = block_table[i, :n_blk].to(torch.int64)
+        last = shape.num_blocks - 1
+        blocks = torch.where((blocks < 0) | (blocks > last), last, blocks)  # as the kernel: the last block
         # [kv_len, num_kv_heads, head_dim] -> [num_heads, kv_len, head_dim]
         k = k_cache[blocks].flatten(0, 1)[:kv_len].float().repeat_interleave(group, dim=1).transpose(0, 1)
         v = v_cache[blocks].flatten(0, 1)[:kv_len].float().repeat_interleave(group, dim=1).transpose(0, 1)
