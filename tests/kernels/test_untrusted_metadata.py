@@ -198,10 +198,12 @@ def test_rows_of_an_empty_batch_are_zero(backend):
 CHECKED = {
     "seqused_k over capacity": ("seqused_k", [7, 9], r"request 1: seqused_k\[1\] = 9 outside \[0, 8\]"),
     "negative seqused_k": ("seqused_k", [-1, 5], r"request 0: seqused_k\[0\] = -1"),
-    "negative block id": ("block_table", [[2, 4], [-1, 5]], r"request 1: block_table\[1, 0\] = -1 outside \[0, 6\)"),
+    "negative block id": ("block_table", [[2, 4], [-1, 5]],
+                          r"request 1: block_table\[1, 0\] = -1 outside \[0, 6\)"),
     "block id past the cache": ("block_table", [[2, 6], [1, 5]], r"request 0: block_table\[0, 1\] = 6"),
     "first cu_seqlens_q": ("cu_seqlens_q", [1, 3, 5], r"cu_seqlens_q\[0\] = 1, must be 0"),
-    "decreasing cu_seqlens_q": ("cu_seqlens_q", [0, 4, 3], r"request 1: cu_seqlens_q\[2\] = 3 < cu_seqlens_q\[1\] = 4"),
+    "decreasing cu_seqlens_q": ("cu_seqlens_q", [0, 4, 3],
+                                r"request 1: cu_seqlens_q\[2\] = 3 < cu_seqlens_q\[1\] = 4"),
     "last cu_seqlens_q": ("cu_seqlens_q", [0, 3, 4], r"cu_seqlens_q\[2\] = 4, must be total_q = 5"),
 }
 

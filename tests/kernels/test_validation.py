@@ -36,6 +36,14 @@ def _replace(args, index, value):
     return args
 
 
+def _option(name, value):
+    return lambda a, k: (a, {**k, name: value})
+
+
+def _argument(index, change):
+    return lambda a, k: (_replace(a, index, change(a[index])), k)
+
+
 # (error, message fragment, how to break the call: (args, kwargs) -> (args, kwargs))
 BAD_CALLS = {
     "q rank": (ShapeError, "q must be", lambda a, k: (_replace(a, 0, a[0][0]), k)),
@@ -63,21 +71,21 @@ BAD_CALLS = {
     "softcap": (UnsupportedError, "softcap", lambda a, k: (a, {**k, "softcap": -1.0})),
     "scale": (UnsupportedError, "softmax_scale", lambda a, k: (a, {**k, "softmax_scale": 0.0})),
     # flags and scalars of the wrong type: truthy strings and bools must not pass as options
-    "causal str": (UnsupportedError, "causal must be True or False, got 'no'", lambda a, k: (a, {**k, "causal": "no"})),
-    "causal int": (UnsupportedError, "causal must be True or False", lambda a, k: (a, {**k, "causal": 1})),
-    "return_lse str": (UnsupportedError, "return_lse must be", lambda a, k: (a, {**k, "return_lse": "yes"})),
-    "checked None": (UnsupportedError, "checked must be", lambda a, k: (a, {**k, "checked": None})),
-    "scale bool": (UnsupportedError, "softmax_scale .* got True", lambda a, k: (a, {**k, "softmax_scale": True})),
-    "scale str": (UnsupportedError, "softmax_scale", lambda a, k: (a, {**k, "softmax_scale": "0.1"})),
-    "softcap bool": (UnsupportedError, "softcap .* got True", lambda a, k: (a, {**k, "softcap": True})),
-    "window floats": (UnsupportedError, "window_size", lambda a, k: (a, {**k, "window_size": (4.0, 0)})),
-    "window bools": (UnsupportedError, "window_size", lambda a, k: (a, {**k, "window_size": (True, 0)})),
-    "window str": (UnsupportedError, "window_size", lambda a, k: (a, {**k, "window_size": "4,0"})),
+    "causal str": (UnsupportedError, "causal must be True or False, got 'no'", _option("causal", "no")),
+    "causal int": (UnsupportedError, "causal must be True or False", _option("causal", 1)),
+    "return_lse str": (UnsupportedError, "return_lse must be", _option("return_lse", "yes")),
+    "checked None": (UnsupportedError, "checked must be", _option("checked", None)),
+    "scale bool": (UnsupportedError, "softmax_scale .* got True", _option("softmax_scale", True)),
+    "scale str": (UnsupportedError, "softmax_scale", _option("softmax_scale", "0.1")),
+    "softcap bool": (UnsupportedError, "softcap .* got True", _option("softcap", True)),
+    "window floats": (UnsupportedError, "window_size", _option("window_size", (4.0, 0))),
+    "window bools": (UnsupportedError, "window_size", _option("window_size", (True, 0))),
+    "window str": (UnsupportedError, "window_size", _option("window_size", "4,0")),
     # non-tensors
-    "q list": (ArgumentTypeError, "q must be a torch.Tensor, got list", lambda a, k: (_replace(a, 0, a[0].tolist()), k)),
-    "block_table list": (ArgumentTypeError, "block_table must be a torch.Tensor", lambda a, k: (_replace(a, 3, a[3].tolist()), k)),
-    "seqused_k tuple": (ArgumentTypeError, "seqused_k must be", lambda a, k: (_replace(a, 5, (5, 3)), k)),
-    "out list": (ArgumentTypeError, "out must be", lambda a, k: (a, {**k, "out": [[0.0]]})),
+    "q list": (ArgumentTypeError, "q must be a torch.Tensor, got list", _argument(0, lambda t: t.tolist())),
+    "block_table list": (ArgumentTypeError, "block_table must be a torch", _argument(3, lambda t: t.tolist())),
+    "seqused_k tuple": (ArgumentTypeError, "seqused_k must be", _argument(5, lambda t: (5, 3))),
+    "out list": (ArgumentTypeError, "out must be", _option("out", [[0.0]])),
 }
 
 

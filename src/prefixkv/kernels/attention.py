@@ -19,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .interpreter import backport_scalar_index
 from .checked import check_attention_values
+from .interpreter import backport_scalar_index
 from .split_kv import _split_phases, combine_splits, split_workspaces
 from .tiling import TileConfig, choose_num_splits, choose_tiles, sm_count
 from .validation import check_attention
@@ -45,7 +45,8 @@ def _max(a, b):
 @triton.jit
 def _attend_tile(
     acc, l_i, m_i, q, pos, d, d_ok, start_n, phase_hi,
-    k_base, v_base, bt_row, last_block, stride_bc, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+    k_base, v_base, bt_row, last_block,
+    stride_bc, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
     qk_scale, softcap_log2, window_left, window_right,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
