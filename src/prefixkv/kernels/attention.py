@@ -1,9 +1,11 @@
 """Triton paged prefix-prefill attention: one kernel for prefill, chunked prefill and decode.
 
-Grid: ``(total_q // BLOCK_Q + batch, num_kv_heads, num_splits)``; a program finds its
+Grid: ``(total_q // BLOCK_Q + batch + 2, num_kv_heads, num_splits)``; a program finds its
 request by searching ``cu_seqlens_q`` on the device, so the grid comes from tensor shapes
 only. With ``num_splits > 1`` (few programs: long-context decode) each program attends one
 slice of its keys and a second kernel merges the slices (``split_kv``).
+Metadata values are never trusted: ``cu_seqlens_q``, ``seqused_k`` and block ids are
+clamped into the tensors given, in registers (docs/kv_layout.md, "Untrusted metadata").
 A tile holds ``BLOCK_Q`` query positions x the ``GROUP_P2`` query heads of one KV head
 (GQA packing: the group's heads share every K/V load). Keys are read through the block
 table one slot at a time, so any block_size works.
@@ -17,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .checked import check_attention_values
 from .interpreter import backport_scalar_index
 from .split_kv import _split_phases, combine_splits, split_workspaces
 from .tiling import TileConfig, choose_num_splits, choose_tiles, sm_count
@@ -35,9 +38,15 @@ def _tanh(x):
 
 
 @triton.jit
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
 def _attend_tile(
     acc, l_i, m_i, q, pos, d, d_ok, start_n, phase_hi,
-    k_base, v_base, bt_row, stride_bc, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+    k_base, v_base, bt_row, last_block,
+    stride_bc, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
     qk_scale, softcap_log2, window_left, window_right,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
@@ -50,9 +59,12 @@ def _attend_tile(
     else:
         col_ok = col >= 0
         blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc)
+    # A bad id reads a wrong block, never outside the cache: as uint32 a negative id is
+    # above last_block, so one unsigned min clamps both ends (to the last block).
+    blk = tl.minimum(blk.to(tl.uint32), last_block).to(tl.int64)
     # int64 before the multiply: block * stride passes 2^31 in large caches.
-    k_off = blk.to(tl.int64) * stride_kb + (col % BLOCK_SIZE) * stride_ks  # [BLOCK_N]
-    v_off = blk.to(tl.int64) * stride_vb + (col % BLOCK_SIZE) * stride_vs  # [BLOCK_N]
+    k_off = blk * stride_kb + (col % BLOCK_SIZE) * stride_ks  # [BLOCK_N]
+    v_off = blk * stride_vb + (col % BLOCK_SIZE) * stride_vs  # [BLOCK_N]
     if MASKED or HEAD_DIM != DIM_P2:
         k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd,
                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # [DIM_P2, BLOCK_N]
@@ -89,7 +101,7 @@ def _paged_prefill_kernel(
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_bt, stride_bc, stride_ot, stride_oh, stride_od, stride_lh, stride_lt, stride_os, stride_ls,
-    qk_scale, softcap_log2, window_left, window_right, batch,
+    qk_scale, softcap_log2, window_left, window_right, batch, total_q, kv_capacity, last_block,
     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BATCH_P2: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -98,16 +110,23 @@ def _paged_prefill_kernel(
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_P2
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
-    # Find this program's request: request r owns tiles [cu_q[r] // BLOCK_Q + r, ...).
-    r = tl.arange(0, BATCH_P2)  # [BATCH_P2]
-    cu = tl.load(cu_q_ptr + r, mask=r < batch, other=0)
-    first_tile = tl.where(r < batch, cu // BLOCK_Q + r, pid + 1)  # [BATCH_P2]
-    req = tl.sum((first_tile <= pid).to(tl.int32), 0) - 1
-    q_start = tl.load(cu_q_ptr + req)
-    q_len = tl.load(cu_q_ptr + req + 1) - q_start
-    tile = pid - (q_start // BLOCK_Q + req)
+    # q's rows in batch + 2 segments: | before cu_q[0] | request 0 | ... | request batch-1 | after |
+    # Segment s starts at bound[s]: cu_q[s-1] clamped to [0, total_q] and made non-decreasing,
+    # so the segments tile q's rows whatever cu_q holds; the two outer ones attend no key.
+    s = tl.arange(0, BATCH_P2)  # [BATCH_P2], BATCH_P2 >= batch + 3
+    bound = tl.load(cu_q_ptr + s - 1, mask=(s >= 1) & (s <= batch + 1), other=0)
+    bound = tl.where(s > batch + 1, total_q, tl.minimum(tl.maximum(bound, 0), total_q))
+    bound = tl.associative_scan(bound, 0, _max)
+    # Find this program's segment: segment s owns tiles [bound[s] // BLOCK_Q + s, ...).
+    first_tile = tl.where(s < batch + 2, bound // BLOCK_Q + s, pid + 1)  # [BATCH_P2]
+    seg = tl.sum((first_tile <= pid).to(tl.int32), 0) - 1
+    q_start = tl.sum(tl.where(s == seg, bound, 0), 0)
+    q_len = tl.sum(tl.where(s == seg + 1, bound, 0), 0) - q_start
+    req = tl.minimum(tl.maximum(seg - 1, 0), tl.maximum(batch - 1, 0))
+    tile = pid - (q_start // BLOCK_Q + seg)
     if tile * BLOCK_Q < q_len:
-        kv_len = tl.load(seqused_k_ptr + req)
+        kv_len = tl.load(seqused_k_ptr + req, mask=(seg >= 1) & (seg <= batch), other=0)
+        kv_len = tl.minimum(tl.maximum(kv_len, 0), kv_capacity)  # never past the block-table row
         # | cached prefix: kv_len - q_len | new tokens: q_len |; query i sits at key pos prefix + i
         prefix = kv_len - q_len
         m = tl.arange(0, BLOCK_M)  # [BLOCK_M] tile rows = (query position, head of the group)
@@ -156,21 +175,21 @@ def _paged_prefill_kernel(
         # Phase 1: left edge of a sliding window, masked.
         for start_n in range(p1_lo, p1_hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
-                acc, l_i, m_i, q, pos, d, d_ok, start_n, p1_hi, k_base, v_base, bt_row, stride_bc,
+                acc, l_i, m_i, q, pos, d, d_ok, start_n, p1_hi, k_base, v_base, bt_row, last_block, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
         # Phase 2: cached prefix (and any keys all rows see), full tiles without a mask.
         for start_n in range(p2_lo, p2_hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
-                acc, l_i, m_i, q, pos, d, d_ok, start_n, p2_hi, k_base, v_base, bt_row, stride_bc,
+                acc, l_i, m_i, q, pos, d, d_ok, start_n, p2_hi, k_base, v_base, bt_row, last_block, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
         # Phase 3: new tokens on the diagonal, causal (bottom-right aligned), masked.
         for start_n in range(p3_lo, p3_hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
-                acc, l_i, m_i, q, pos, d, d_ok, start_n, p3_hi, k_base, v_base, bt_row, stride_bc,
+                acc, l_i, m_i, q, pos, d, d_ok, start_n, p3_hi, k_base, v_base, bt_row, last_block, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
@@ -202,6 +221,7 @@ def paged_prefill_attention_triton(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     config: TileConfig | None = None,
+    checked: bool = False,
 ):
     """Triton path of :func:`prefixkv.kernels.paged_prefill_attention` (same contract).
 
@@ -211,14 +231,18 @@ def paged_prefill_attention_triton(
     shape = check_attention(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, out=out,
+        return_lse=return_lse, checked=checked,
     )
+    if checked:
+        check_attention_values(block_table, cu_seqlens_q, seqused_k, shape.total_q, shape.num_blocks,
+                               shape.block_size)
     if out is None:
         out = torch.empty_like(q)
     cu_seqlens_q, seqused_k = cu_seqlens_q.contiguous(), seqused_k.contiguous()
     lse = None
     if return_lse:
         lse = torch.empty((shape.num_heads, shape.total_q), dtype=torch.float32, device=q.device)
-    if shape.total_q == 0 or shape.batch == 0:
+    if shape.total_q == 0:
         return (out, lse) if return_lse else out
     group = shape.group
     group_p2 = triton.next_power_of_2(group)
@@ -242,16 +266,17 @@ def paged_prefill_attention_triton(
         o_arg, lse_arg = out, (lse if lse is not None else out)  # lse: never written when RETURN_LSE is off
         split_strides, o_strides = (0, 0), out.stride()
         lse_strides = lse.stride() if lse is not None else (0, 0)
-    grid = (shape.total_q // block_q + shape.batch, shape.num_kv_heads, num_splits)
+    grid = (shape.total_q // block_q + shape.batch + 2, shape.num_kv_heads, num_splits)
     backport_scalar_index()  # the phase loops' bounds are loaded: triton 3.6's interpreter needs it
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, o_arg, lse_arg,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(),
         *o_strides, *lse_strides, *split_strides,
         qk_scale, softcap_log2, shape.window_left, shape.window_right, shape.batch,
+        shape.total_q, shape.max_blocks * shape.block_size, shape.num_blocks - 1,
         GROUP=group, GROUP_P2=group_p2, HEAD_DIM=shape.head_dim,
         DIM_P2=max(16, triton.next_power_of_2(shape.head_dim)), BLOCK_SIZE=shape.block_size,
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BATCH_P2=max(16, triton.next_power_of_2(shape.batch)),
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BATCH_P2=max(16, triton.next_power_of_2(shape.batch + 3)),
         HAS_LEFT=shape.window_left >= 0, HAS_RIGHT=shape.window_right >= 0,
         SOFTCAP=shape.softcap > 0, RETURN_LSE=return_lse or num_splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None, NUM_SPLITS=num_splits,

@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .checked import check_slot_values
 from .validation import check_write_kv
 
 __all__ = ["write_kv_cache_triton"]
@@ -13,19 +14,20 @@ __all__ = ["write_kv_cache_triton"]
 
 @triton.jit
 def _write_kv_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, stride_slot,
     stride_kt, stride_kh, stride_kd,
     stride_vt, stride_vh, stride_vd,
     stride_cb, stride_cs, stride_ch, stride_cd,
     stride_db, stride_ds, stride_dh, stride_dd,
-    block_size,
+    block_size, num_slots,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEADS_P2: tl.constexpr, DIM_P2: tl.constexpr,
 ):
     # One program per token: the whole [num_kv_heads, head_dim] row of K and of V.
     token = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_ptr + token).to(tl.int64)
-    if slot >= 0:  # slot -1: padding token, nothing to write
+    slot = tl.load(slot_ptr + token * stride_slot).to(tl.int64)
+    # -1: a padding token; any other slot outside the cache is skipped too (checked mode names it).
+    if (slot >= 0) & (slot < num_slots):
         block = slot // block_size
         offset = slot % block_size
         h = tl.arange(0, HEADS_P2)[:, None]  # [HEADS_P2, 1]
@@ -46,17 +48,21 @@ def write_kv_cache_triton(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    checked: bool = False,
 ) -> None:
     """Triton path of :func:`prefixkv.kernels.write_kv_cache` (same contract)."""
-    check_write_kv(key, value, k_cache, v_cache, slot_mapping)
+    check_write_kv(key, value, k_cache, v_cache, slot_mapping, checked=checked)
+    num_blocks, block_size, num_heads, head_dim = k_cache.shape
+    if checked:
+        check_slot_values(slot_mapping, num_blocks, block_size)
     num_tokens = key.shape[0]
     if num_tokens == 0:
         return
-    _, block_size, num_heads, head_dim = k_cache.shape
     _write_kv_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping,
+        key, value, k_cache, v_cache, slot_mapping, slot_mapping.stride(0),
         *key.stride(), *value.stride(), *k_cache.stride(), *v_cache.stride(),
-        block_size,
+        block_size, num_blocks * block_size,
         NUM_HEADS=num_heads, HEAD_DIM=head_dim,
         HEADS_P2=triton.next_power_of_2(num_heads), DIM_P2=triton.next_power_of_2(head_dim),
     )
