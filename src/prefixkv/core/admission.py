@@ -21,6 +21,7 @@ from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
 from ..index import ContentIndex, Hasher, NoIndex
 from ..results import Admission, KVOp
 from ..stats import StatsCounter
+from ..tiers import HostSlot, HostTier
 from .block import Block, blocks_for
 from .pool import BlockPool
 from .request import Request, RequestKeys
@@ -33,6 +34,7 @@ class Admitter:
         self, num_blocks: int, block_size: int = 16, *, hash_mode: str | HashFn = "xxhash",
         seed: int | bytes | None = None, enable_caching: bool = True,
         enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
+        host_blocks: int = 0,
     ) -> None:
         check_positive("num_blocks", num_blocks)
         check_positive("block_size", block_size)
@@ -41,13 +43,19 @@ class Admitter:
         check_positive("max_events", max_events)
         if vocab_size is not None:
             check_positive("vocab_size", vocab_size)
+        if host_blocks:
+            check_positive("host_blocks", host_blocks)
+        elif host_blocks != 0 or type(host_blocks) is not int:
+            raise ConfigError(f"host_blocks must be an int >= 0, got {host_blocks!r}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.vocab_size = vocab_size
         fn, root = make_hash_fn(hash_mode, seed)
         self._events = EventLog(max_events) if enable_events else NullSink()
-        self._index = (ContentIndex(Hasher(fn, root, callable(hash_mode)), self._events, block_size)
+        self._host = HostTier(host_blocks, self._events) if host_blocks and enable_caching else None
+        self._index = (ContentIndex(Hasher(fn, root, callable(hash_mode)), self._events, block_size,
+                                    lower=self._host)
                        if enable_caching else NoIndex())
         self._pool = BlockPool(num_blocks, self._index)
         self._requests: dict[Hashable, Request] = {}
@@ -92,14 +100,16 @@ class Admitter:
         todo = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
         total = num_cached + todo
         pool = self._pool
-        need = blocks_for(total + num_lookahead_tokens, bs) - len(hits)
-        fit = blocks_for(n + num_lookahead_tokens, bs) - len(hits) if require_full_fit else need
-        if not pool.can_acquire(hits, max(need, fit)):
+        loads = [h for h in hits if type(h) is HostSlot] if self._host is not None else ()
+        held = [h for h in hits if type(h) is not HostSlot] if loads else hits
+        need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
+        fit = blocks_for(n + num_lookahead_tokens, bs) - len(held) if require_full_fit else need
+        if not pool.can_acquire(held, max(need, fit)):
             return None
         first, last = len(hits), total // bs
         prepared = (self._index.prepare(req, first, last, hits[-1] if hits else None)
                     if last > first else None)
-        req.blocks = pool.acquire(hits, need)
+        req.blocks = pool.acquire(hits, need) if not loads else self._acquire_loading(hits, held, need)
         req.num_cached = num_cached
         req.num_scheduled = total
         req.num_reserved = total + num_lookahead_tokens
@@ -108,8 +118,27 @@ class Admitter:
         req.prompt_bytes = None
         req.grow_room()
         self._requests[request_id] = req
-        self._stats.record(n, num_cached, resumed)
+        self._stats.record(n, num_cached, resumed, len(loads) * bs)
         return Admission.of(request_id, req.blocks, num_cached, todo)
+
+    def _acquire_loading(self, hits: list[Block], held: list[Block], need: int) -> list[Block]:
+        """``acquire`` when some hits are host slots: pin them, take fresh device blocks
+        for them (the evictions this causes may offload, never into a pinned slot), record
+        their content and state the loads."""
+        host, index = self._host, self._index
+        slots = [h for h in hits if type(h) is HostSlot]
+        host.hold(slots)  # type: ignore[union-attr]
+        fresh = iter(self._pool.acquire(held, need)[len(held):])
+        blocks = []
+        for h in hits:
+            if type(h) is HostSlot:
+                b = next(fresh)
+                index.adopt(b, h)  # type: ignore[attr-defined]
+                host.load(h, b)  # type: ignore[union-attr]
+                h = b
+            blocks.append(h)
+        blocks.extend(fresh)
+        return blocks
 
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
               extra: ExtraKeys | None, read_cache: bool) -> tuple[Request, list[Block]]:

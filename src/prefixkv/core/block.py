@@ -28,6 +28,8 @@ class Block:
     ``hash``: the chain hash (the identity outside the process), computed only when a
     consumer needs it (events, tiers), else None.
     ``event``: the BlockStored that announced this content, when events are recorded.
+    ``step``: the manager's step in which the content was recorded (its KV is computed by
+    that step's forward pass, so it may be copied elsewhere only in a later step).
     ``prev``/``next``: links of the free queue's cached tier (intrusive list).
     """
 
@@ -40,6 +42,7 @@ class Block:
     twin: bool = False
     hash: bytes | None = None
     event: object = None
+    step: int = 0
     prev: Block | None = None
     next: Block | None = None
 

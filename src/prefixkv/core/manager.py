@@ -193,6 +193,8 @@ class KVCacheManager(Admitter):
         """Drop all cached content, only when no block is in use. Returns whether it did."""
         if not self._pool.reset():
             return False
+        if self._host is not None:
+            self._host.clear()
         self._events.clear()
         self._events.append(AllBlocksCleared())
         return True
@@ -253,13 +255,28 @@ class KVCacheManager(Admitter):
         mirrors the stream is exact again."""
         out = self._events.take()
         if out is None:
-            return [AllBlocksCleared(), *self._index.snapshot()]
+            host = self._host.snapshot() if self._host is not None else []
+            return [AllBlocksCleared(), *self._index.snapshot(), *host]
         return out
 
     def take_kv_ops(self) -> list[KVOp]:
-        """The block copies the engine must run before the next forward pass, oldest
-        first (today: fork copy-on-write, the same as ``Fork.copies``); drain once a step."""
-        out, self._kv_ops = self._kv_ops, []
+        """The step's plan: the copies the engine must run, in this order, after this
+        step's scheduling calls and before its forward pass: every ``BlockOffload``
+        (device blocks evicted now, whose KV the forward pass would overwrite), then every
+        ``BlockLoad`` (host hits into fresh device blocks), then every ``BlockCopy`` (fork
+        copy-on-write, the same as ``Fork.copies``). Call it exactly once a step: it also
+        ends the step (content recorded before it counts as computed after it, and host
+        slots pinned by the plan are released)."""
+        out: list[KVOp] = []
+        host = self._host
+        if host is not None:
+            out += host.offloads
+            out += host.loads
+            host.offloads, host.loads = [], []
+            host.end_step()
+        out += self._kv_ops
+        self._kv_ops = []
+        self._index.step += 1
         return out
 
     def check_invariants(self) -> None:
@@ -272,6 +289,8 @@ class KVCacheManager(Admitter):
             for b in req.blocks:
                 refs[b.block_id] = refs.get(b.block_id, 0) + 1
         self._require(self._pool.check(refs))
+        if self._host is not None:
+            self._require(self._host.check())
 
     # ---- helpers ---------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from dataclasses import replace
 from ..core.block import Block, Key
 from ..core.request import Request
 from ..errors import ConfigError
-from ..events import BlockRemoved, BlockStored, Event
+from ..events import DEVICE, BlockRemoved, BlockStored, Event
 from ..hashing import token_bytes
 
 HashFn = Callable[[bytes], bytes]
@@ -64,9 +64,10 @@ class Hasher:
 
 class ContentIndex:
     """Satisfies ``Index``. ``hasher``/``sink``: chain hashes are computed, and events
-    written to ``sink``, only when ``sink.active`` (or a tier asks, ``hashing=True``)."""
+    written to ``sink``, only when ``sink.active``. ``lower``: the tier that keeps
+    evicted content and continues a chain past the device's misses (``HostTier``)."""
 
-    def __init__(self, hasher: Hasher, sink, block_size: int, *, hashing: bool = False) -> None:
+    def __init__(self, hasher: Hasher, sink, block_size: int, *, lower=None) -> None:
         self._by_chunk: dict[bytes, Block] = {}
         self._by_key: dict[tuple, Block] = {}
         self._twins: dict[int, list[Block]] = {}  # content id -> held spares
@@ -74,7 +75,9 @@ class ContentIndex:
         self._hasher = hasher
         self._sink = sink
         self._bs = block_size
-        self.hashing = hashing or sink.active
+        self._lower = lower  # the tier that keeps evicted content (HostTier), or None
+        self.hashing = sink.active
+        self.step = 0  # the manager's step: content recorded now is computed this step
 
     def __len__(self) -> int:
         return len(self._by_chunk) + len(self._by_key)
@@ -84,7 +87,7 @@ class ContentIndex:
         get = self._by_chunk.get
         hits: list[Block] = []
         cid = o = 0
-        if mm is None and not self._by_key:  # the common case, kept lean
+        if mm is None and not self._by_key and self._lower is None:  # the common case
             for _ in range(limit):
                 b = get(data[o:o + step])
                 if b is None or b.parent_cid != cid or b.extra != base:
@@ -99,8 +102,12 @@ class ContentIndex:
             b = get(chunk)
             if b is None or b.parent_cid != cid or b.extra != extra:
                 b = self._by_key.get((cid, chunk, extra))
-                if b is None:
-                    break
+                if b is None:  # the device misses: the chain may go on in the tier below
+                    if self._lower is None:
+                        break
+                    b = self._lower.find(cid, chunk, extra)
+                    if b is None:
+                        break
             hits.append(b)
             cid = b.content_id
             o += step
@@ -146,8 +153,28 @@ class ContentIndex:
                     continue
             cid = self._add_twin(b, held)
         self._next_id = nid
+        if self._lower is not None:
+            for b in blocks[first:first + len(chunks)]:
+                b.step = self.step
         if hashes is not None:
             self._announce(req, first, hashes)
+
+    def adopt(self, block: Block, slot: Block) -> None:
+        """Record in the fresh device ``block`` the content of host ``slot`` (whose copy
+        is stated by the tier): the same content id, so the chain goes on below it."""
+        parent_cid, chunk, extra = slot.key  # type: ignore[misc]
+        held = self._by_chunk.setdefault(chunk, block)
+        if held is block:
+            block.key = chunk
+        else:
+            block.key = key = (parent_cid, chunk, extra)
+            self._by_key[key] = block
+        block.parent_cid, block.extra = parent_cid, extra
+        block.content_id, block.hash, block.step = slot.content_id, slot.hash, self.step
+        block.event = None
+        if slot.event is not None:
+            block.event = replace(slot.event, block_id=block.block_id, medium=DEVICE)  # type: ignore[arg-type]
+            self._sink.append(block.event)
 
     def _add_twin(self, b: Block, held: Block) -> int:
         """Equal content is already held by ``held``: ``b`` becomes its spare."""
@@ -175,9 +202,9 @@ class ContentIndex:
     def drop(self, blocks: Sequence[Block]) -> None:
         """The eviction step for free cached blocks (each the index's entry for its key):
         a held twin takes over the content, or the content goes (and is announced gone)."""
-        if self._twins or self._sink.active or self._by_key:
+        if self._twins or self._sink.active or self._by_key or self._lower is not None:
             for b in blocks:
-                self._unindex(b)
+                self._unindex(b, evicting=True)
                 b.key = None
             return
         by_chunk = self._by_chunk
@@ -203,9 +230,10 @@ class ContentIndex:
     def _home(self, key: bytes | tuple) -> dict:
         return self._by_chunk if type(key) is bytes else self._by_key
 
-    def _unindex(self, b: Block) -> None:
+    def _unindex(self, b: Block, evicting: bool = False) -> None:
         """Take ``b`` out of the index: unlist a twin; replace a primary by a held twin,
-        or remove its key (and announce it) when it was the last block holding it."""
+        or remove its key (and announce it) when it was the last block holding it; an
+        evicted content computed in an earlier step goes down to the tier below."""
         twins = self._twins
         if b.twin:
             listed = twins.get(b.content_id)
@@ -223,6 +251,8 @@ class ContentIndex:
         del home[b.key]  # type: ignore[arg-type]
         if self._sink.active:
             self._sink.append(BlockRemoved(b.hash, b.block_id))  # type: ignore[arg-type]
+        if evicting and self._lower is not None and b.step < self.step:
+            self._lower.demote(b, _chunk(b))
 
     def _unlist(self, b: Block) -> Block:
         listed = self._twins[b.content_id]

@@ -12,6 +12,7 @@ class NoIndex:
     """Satisfies ``Index``; every block stays without content and goes back empty."""
 
     hashing = False
+    step = 0
 
     def __len__(self) -> int:
         return 0

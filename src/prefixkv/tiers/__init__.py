@@ -1,0 +1,6 @@
+"""Tiers below the device pool: where a block's content goes when the pool evicts it,
+and where admission looks after the device misses. ``HostTier``: host memory (L2)."""
+
+from .host import HostSlot, HostTier
+
+__all__ = ["HostSlot", "HostTier"]
