@@ -9,7 +9,7 @@ still held, is caught at the step it happens.
 
 import hashlib
 
-from prefixkv import AllBlocksCleared, BlockStored
+from prefixkv import AllBlocksCleared, BlockCopy, BlockLoad, BlockOffload, BlockStored
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
 
 from hypothesis import settings, strategies as st
@@ -37,15 +37,18 @@ class ManagerMachine(RuleBasedStateMachine):
     live = Bundle("live")
 
     exact_hash = True  # False: a colliding hash, events can only over-predict
+    host_blocks = 0
+    num_blocks = NUM_BLOCKS
 
     @initialize()
     def setup(self):
-        self.m = KVCacheManager(NUM_BLOCKS, BS, hash_mode=self.hash_mode, seed=1,
-                                enable_events=True, max_events=25)
+        self.m = KVCacheManager(self.num_blocks, BS, hash_mode=self.hash_mode, seed=1,
+                                enable_events=True, max_events=25, host_blocks=self.host_blocks)
+        self.host_kv = [[None] * BS for _ in range(self.host_blocks)]
         self.hash_fn, self.root = make_hash_fn(self.hash_mode, 1)
         self.mirror: dict[bytes, int] = {}   # a router's view: stores - removals per hash
         self.reserved: dict[str, int] = {}
-        self.kv = [[None] * BS for _ in range(NUM_BLOCKS)]
+        self.kv = [[None] * BS for _ in range(self.num_blocks)]
         self.tokens: dict[str, list[int]] = {}     # model: known tokens per live request
         self.scheduled: dict[str, int] = {}
         self.extra: dict[str, ExtraKeys | None] = {}
@@ -53,7 +56,22 @@ class ManagerMachine(RuleBasedStateMachine):
         self.last = None
         self.next_id = 0
 
+    def _run_plan(self):
+        """The engine's part of a step, before its forward pass: the manager's plan, in
+        order (offloads, loads, copies)."""
+        ops = self.m.take_kv_ops()
+        kinds = [type(op) for op in ops]
+        assert kinds == sorted(kinds, key=[BlockOffload, BlockLoad, BlockCopy].index), kinds
+        for op in ops:
+            if isinstance(op, BlockOffload):
+                self.host_kv[op.dst] = list(self.kv[op.src])
+            elif isinstance(op, BlockLoad):
+                self.kv[op.dst] = list(self.host_kv[op.src])
+            else:
+                self.kv[op.dst] = list(self.kv[op.src])
+
     def _write(self, rid, start, stop):
+        self._run_plan()
         self.last = (rid, start, stop)  # what the step just scheduled
         blocks = self.m.get_block_ids(rid)
         for pos in range(start, stop):
@@ -74,7 +92,7 @@ class ManagerMachine(RuleBasedStateMachine):
         before = self._snapshot()
         adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
         if adm is None:
-            assert self._snapshot() == before
+            assert self._snapshot() == before and self.m.take_kv_ops() == []
             return None
         assert adm.num_cached_tokens % BS == 0 and adm.num_cached_tokens < len(prompt)
         assert len(adm.block_ids) == -(-(adm.num_cached_tokens + adm.num_new_tokens) // BS)
@@ -88,6 +106,11 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule(target=live, prompt=prompts, extra=salts, chunk=st.none() | st.integers(1, 6))
     def add(self, prompt, extra, chunk):
         return self._admit(prompt, extra, chunk) or self._dead()
+
+    @rule(target=live, pre=st.integers(0, len(PREFIXES) - 1), tail=st.integers(0, 12))
+    def add_known_prefix(self, pre, tail):
+        """A prompt whose two full blocks were likely seen before (cached, or evicted)."""
+        return self._admit(PREFIXES[pre] + [tail], None, None) or self._dead()
 
     @precondition(lambda self: self.preempted)
     @rule(target=live)
@@ -136,8 +159,7 @@ class ManagerMachine(RuleBasedStateMachine):
         if got is None:
             return self._dead()
         self.last = None
-        for c in got.copies:
-            self.kv[c.dst] = list(self.kv[c.src])
+        self._run_plan()
         self.tokens[child] = list(self.tokens[parent])
         self.extra[child] = self.extra[parent]
         self.scheduled[child] = self.scheduled[parent]
@@ -151,6 +173,7 @@ class ManagerMachine(RuleBasedStateMachine):
         toks = [data.draw(st.integers(0, 12)) for _ in rids]
         before = {r: self.m.get_block_ids(r) for r in rids}
         got = self.m.append_step(rids, toks)
+        self._run_plan()
         assert {r for r, _ in got.grown} | set(got.short) <= set(rids)
         for rid, tok in zip(rids, toks):
             if rid in got.short:
@@ -160,7 +183,8 @@ class ManagerMachine(RuleBasedStateMachine):
             self.tokens[rid].append(tok)
             self.scheduled[rid] += 1
             self.reserved[rid] = max(self.reserved[rid], self.scheduled[rid])
-            self._write(rid, self.scheduled[rid] - 1, self.scheduled[rid])
+            self.kv[self.m.get_block_ids(rid)[(self.scheduled[rid] - 1) // BS]][
+                (self.scheduled[rid] - 1) % BS] = self._kv_of(rid, self.scheduled[rid] - 1)
         self.last = None
 
     @rule(rid=live, n=st.integers(0, 6))
@@ -168,7 +192,9 @@ class ManagerMachine(RuleBasedStateMachine):
         if rid not in self.tokens:
             return
         before = self._snapshot()
-        if self.m.reserve(rid, n) is None:
+        got = self.m.reserve(rid, n)
+        self._run_plan()
+        if got is None:
             assert self._snapshot() == before
             return
         self.reserved[rid] = max(self.reserved[rid], self.scheduled[rid] + n)
@@ -219,7 +245,7 @@ class ManagerMachine(RuleBasedStateMachine):
             assert len(blocks) == -(-max(self.scheduled[rid], self.reserved[rid]) // BS)
             for pos in range(self.scheduled[rid]):
                 assert self.kv[blocks[pos // BS]][pos % BS] == self._kv_of(rid, pos), (rid, pos)
-        in_use = NUM_BLOCKS - self.m.num_free_blocks
+        in_use = self.num_blocks - self.m.num_free_blocks
         assert (in_use == 0) == (not self.tokens)
 
 
@@ -273,6 +299,14 @@ class ParentBlindManagerMachine(ManagerMachine):
     exact_hash = False
 
 
+class HostTierManagerMachine(ManagerMachine):
+    """With a host tier of 6 slots: evictions offload, admissions load; the simulated
+    store runs each step's plan before the step's writes."""
+
+    host_blocks = 6
+    num_blocks = 7
+
+
 SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestManagerMachine = ManagerMachine.TestCase
 TestManagerMachine.settings = SETTINGS
@@ -280,3 +314,5 @@ TestCollidingManagerMachine = CollidingManagerMachine.TestCase
 TestCollidingManagerMachine.settings = SETTINGS
 TestParentBlindManagerMachine = ParentBlindManagerMachine.TestCase
 TestParentBlindManagerMachine.settings = SETTINGS
+TestHostTierManagerMachine = HostTierManagerMachine.TestCase
+TestHostTierManagerMachine.settings = SETTINGS

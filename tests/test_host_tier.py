@@ -1,0 +1,120 @@
+"""The host tier (L2): exact slots, plans and counts. block_size 4, seed 0."""
+
+import pytest
+
+from prefixkv import (
+    Admission, BlockLoad, BlockOffload, BlockRemoved, BlockStored, ConfigError, KVCacheManager,
+    PrefixCacheStats,
+)
+
+A = [1, 2, 3, 4, 5, 6, 7, 8, 9]      # two full blocks + 1
+B = list(range(20, 29))
+
+
+def manager(num_blocks=3, host_blocks=4, **kw):
+    return KVCacheManager(num_blocks, 4, seed=0, host_blocks=host_blocks, **kw)
+
+
+def test_eviction_offloads_and_a_later_admission_loads():
+    m = manager()
+    assert m.add_request("a", A) == Admission("a", (0, 1, 2), 0, 9)
+    assert m.take_kv_ops() == []                     # step 1 ends: a's KV is computed
+    m.free("a")
+    assert m.add_request("b", B) == Admission("b", (2, 1, 0), 0, 9)  # evicts 1, then 0
+    assert m.take_kv_ops() == [BlockOffload(1, 0), BlockOffload(0, 1)]
+    m.free("b")
+    assert m.free_block_order() == [0, 1, 2]         # b's partial block, then LRU
+    adm = m.add_request("c", A[:8] + [0])            # both blocks of A come from the host
+    assert adm == Admission("c", (0, 1, 2), 8, 1)
+    # b's full blocks 1, 2 were evicted (tail first) and offloaded, then A loaded
+    assert m.take_kv_ops() == [BlockOffload(1, 2), BlockOffload(2, 3),
+                               BlockLoad(1, 0), BlockLoad(0, 1)]
+    assert m.stats == PrefixCacheStats(requests=3, queries=27, hits=8, host_hits=8)
+    m.check_invariants()
+
+
+def test_content_recorded_this_step_is_never_offloaded():
+    m = manager()
+    m.add_request("a", A)
+    m.free("a")                                      # no take_kv_ops: still step 1
+    m.add_request("b", B)                            # evicts a's blocks, never computed yet
+    assert m.take_kv_ops() == []
+    assert m.lookup(A) == 0
+    m.check_invariants()
+
+
+def test_a_slot_being_loaded_is_pinned_against_offloads_of_the_same_plan():
+    m = manager(num_blocks=3, host_blocks=2)
+    m.add_request("a", A)
+    m.take_kv_ops()
+    m.free("a")
+    m.add_request("b", B)
+    assert m.take_kv_ops() == [BlockOffload(1, 0), BlockOffload(0, 1)]  # host full: A
+    m.free("b")
+    m.add_request("c", A[:8] + [0])                  # loads from slots 0, 1: pinned, so
+    ops = m.take_kv_ops()                            # b's evicted blocks cannot go there
+    assert [op for op in ops if isinstance(op, BlockOffload)] == []
+    assert [op for op in ops if isinstance(op, BlockLoad)] == [BlockLoad(1, 0), BlockLoad(0, 1)]
+    m.check_invariants()
+
+
+def test_host_hits_continue_after_device_hits_and_lookup_counts_both():
+    m = manager(num_blocks=4)
+    m.add_request("a", A)
+    m.take_kv_ops()
+    m.free("a")
+    assert m.free_block_order() == [2, 3, 1, 0]
+    m.add_request("x", [7] * 9)                     # 3 blocks: 2, 3, then evicts a's block 1
+    assert m.take_kv_ops() == [BlockOffload(1, 0)]
+    assert m.lookup(A) == 8                         # block 0 on device, block 1 on host
+    m.free("x")
+    adm = m.add_request("c", A)
+    assert adm == Admission("c", (0, 1, 3), 8, 1)   # x's partial block 1, then evicts 3
+    assert m.take_kv_ops() == [BlockOffload(3, 1), BlockLoad(0, 1)]
+    m.check_invariants()
+
+
+def test_events_carry_the_medium():
+    m = manager(enable_events=True)
+    m.add_request("a", A)
+    m.take_kv_ops()
+    m.free("a")
+    stored = m.take_events()
+    m.add_request("b", B)
+    m.take_kv_ops()
+    events = m.take_events()
+    cpu = [e for e in events if getattr(e, "medium", None) == "CPU"]
+    assert {e.block_hash for e in cpu} == {e.block_hash for e in stored}
+    assert all(isinstance(e, BlockStored) for e in cpu)
+    gpu_removed = [e for e in events if isinstance(e, BlockRemoved) and e.medium == "GPU"]
+    assert len(gpu_removed) == 2
+
+
+def test_reset_clears_the_host_too():
+    m = manager()
+    m.add_request("a", A)
+    m.take_kv_ops()
+    m.free("a")
+    m.add_request("b", B)
+    m.take_kv_ops()
+    m.free("b")
+    assert m.reset_prefix_cache() is True
+    assert m.lookup(A) == 0 and m.lookup(B) == 0
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "4"])
+def test_bad_host_blocks(bad):
+    with pytest.raises(ConfigError):
+        KVCacheManager(4, 4, host_blocks=bad)
+
+
+def test_no_host_tier_keeps_todays_behaviour():
+    m = KVCacheManager(3, 4, seed=0)
+    m.add_request("a", A)
+    m.take_kv_ops()
+    m.free("a")
+    m.add_request("b", B)
+    assert m.take_kv_ops() == []
+    m.free("b")
+    assert m.lookup(A) == 0
