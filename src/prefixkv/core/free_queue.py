@@ -7,7 +7,9 @@ free block back). The links live in the blocks themselves: a ``collections.deque
 remove from the middle in O(1), and an ``OrderedDict`` would keep a second hash table of
 every free block beside the index, paying a dict operation on every release and hit.
 The queue only keeps order; the order in which blocks are appended is the pool's
-eviction policy.
+eviction policy. A block's links mean something only while it is in the queue: the bulk
+operations (``popleft_n``, and the pool's inlined unlink of cache hits) leave them stale
+rather than spend two writes a block clearing them.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class FreeBlockQueue:
     def append(self, block: Block) -> None:
         """Insert ``block`` as the most recently used. It must not be in the queue."""
         last = self._tail.prev
-        assert last is not None and block.prev is None and block.next is None, block
+        assert last is not None
         last.next = block
         block.prev = last
         block.next = self._tail
@@ -59,9 +61,7 @@ class FreeBlockQueue:
         node = self._head.next
         for _ in range(n):
             out.append(node)
-            nxt = node.next
-            node.prev = node.next = None
-            node = nxt
+            node = node.next
         assert node is not None
         self._head.next = node
         node.prev = self._head
@@ -99,7 +99,8 @@ class FreeBlockQueue:
         return block
 
     def contains(self, block: Block) -> bool:
-        """Whether ``block`` is linked into this queue (blocks are in at most one)."""
+        """Whether ``block`` is linked into this queue, for blocks that left it through
+        ``remove`` or ``popleft`` (which clear its links)."""
         return block.prev is not None
 
     def __iter__(self) -> Iterator[Block]:

@@ -102,21 +102,41 @@ class KVCacheManager(Admitter):
         prefill not fully scheduled), TokenError (bad ids)."""
         reqs = self._step_requests(request_ids, token_ids)
         new = self._encode(token_ids)
-        bs = self.block_size
+        bs, pool, index = self.block_size, self._pool, self._index
+        last = bs - 1
+        fills = self._prepare_fills(reqs, new) if index.hash_may_fail else None
         grown: list[tuple[Hashable, tuple[int, ...]]] = []
         short: list[Hashable] = []
-        for i, req in enumerate(reqs):
+        for req, t in zip(reqs, new):
             n = req.num_scheduled
-            if n % bs and n % bs != bs - 1:  # room in the last block, which does not fill
-                req.tokens.append(new[i])
+            r = n % bs
+            if r != last and (r or n < len(req.blocks) * bs):  # room that does not fill
+                req.tokens.append(t)
                 req.num_scheduled = n + 1
                 continue
-            got = self._grow(req, n + 1, new[i:i + 1])
-            if got is None:
-                short.append(req.request_id)
-            elif got:
-                grown.append((req.request_id, got))
+            if not r and n >= len(req.blocks) * bs:  # the token opens a new block
+                if not pool.num_free:
+                    short.append(req.request_id)
+                    continue
+                b = pool.take(1)[0]
+                req.blocks.append(b)
+                grown.append((req.request_id, (b.block_id,)))
+            if r == last:  # the token fills its block: record the content
+                prepared = fills[id(req)] if fills is not None else index.prepare_next(req, t)
+                req.tokens.append(t)
+                req.num_scheduled = n + 1
+                index.store(req, n // bs, prepared)
+            else:
+                req.tokens.append(t)
+                req.num_scheduled = n + 1
         return DecodeStep(tuple(grown), tuple(short))
+
+    def _prepare_fills(self, reqs: list[Request], new) -> dict[int, object]:
+        """What the blocks filled by this step need (their hashes), computed before any
+        change: a ``hash_mode`` callable may fail, and the step must then change nothing."""
+        last = self.block_size - 1
+        return {id(r): self._index.prepare_next(r, t)
+                for r, t in zip(reqs, new) if r.num_scheduled % self.block_size == last}
 
     def reserve(self, request_id: Hashable, num_slots: int) -> tuple[int, ...] | None:
         """Make the blocks cover ``num_slots`` positions past the scheduled tokens, whose

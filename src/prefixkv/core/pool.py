@@ -39,7 +39,8 @@ class BlockPool:
     def can_acquire(self, hits: list[Block], n: int) -> bool:
         """Whether ``acquire(hits, n)`` would succeed: the free queue can give ``n``
         blocks beside those of the hits that sit in it (unreferenced cache hits)."""
-        return n + [b.ref_cnt for b in hits].count(0) <= self.num_free
+        free = self.num_free
+        return n + len(hits) <= free or n + [b.ref_cnt for b in hits].count(0) <= free
 
     def acquire(self, hits: list[Block], n: int) -> list[Block]:
         """Take a reference on the cached ``hits`` and on ``n`` new blocks from ``take``.
@@ -47,10 +48,9 @@ class BlockPool:
         unlinked = 0
         for b in hits:
             if not b.ref_cnt:  # a free cache hit leaves the cached tier (inlined unlink)
-                prev, nxt = b.prev, b.next
-                prev.next = nxt  # type: ignore[union-attr]
+                prev, nxt = b.prev, b.next  # (b's own links go stale: never read again
+                prev.next = nxt  # type: ignore[union-attr]  # until it is linked anew)
                 nxt.prev = prev  # type: ignore[union-attr]
-                b.prev = b.next = None
                 unlinked += 1
             b.ref_cnt += 1
         self._cached.forget(unlinked)
@@ -95,7 +95,7 @@ class BlockPool:
                 else:
                     primary = self.index.release_spare(b)
                     empty.append(b)
-                    if primary is not None and primary.prev is not None:
+                    if primary is not None:  # free, so in the cached tier
                         self._cached.remove(primary)
                         to_cache.append(primary)
         self._cached.extend(to_cache)
@@ -118,7 +118,7 @@ class BlockPool:
         messages are built only for what is wrong."""
         seen: set[int] = set()
         for b in self._empty:
-            if b.block_id in seen or b.ref_cnt or b.key is not None or b.prev is not None:
+            if b.block_id in seen or b.ref_cnt or b.key is not None:
                 return f"bad or repeated empty-tier block {b!r}"
             seen.add(b.block_id)
         for b in self._cached:

@@ -52,11 +52,11 @@ class RequestKeys:
 
 class Request:
     """``tokens``: every known token id (prompt, then generated), uint32; ``keys``: its
-    RequestKeys; ``blocks``: its block table. ``prompt_bytes``: the prompt's token bytes
-    while admission runs (then None)."""
+    RequestKeys; ``blocks``: its block table. ``prompt_chunks``: the token bytes of each
+    full prompt block while admission runs (then None)."""
 
     __slots__ = ("request_id", "tokens", "keys", "blocks", "num_cached", "num_scheduled",
-                 "num_reserved", "prompt_bytes")
+                 "num_reserved", "prompt_chunks")
 
     def __init__(self, request_id: Hashable, tokens: array, keys: RequestKeys) -> None:
         self.request_id = request_id
@@ -66,7 +66,7 @@ class Request:
         self.num_cached = 0  # tokens of the prefix computed by others (hits, fork parent)
         self.num_scheduled = 0
         self.num_reserved = 0  # slots covered by blocks; >= num_scheduled when reserved
-        self.prompt_bytes: bytes | None = None
+        self.prompt_chunks: list[bytes] | None = None
 
     def grow_room(self) -> None:
         """Grow the token array once, while admission is paying for the prompt anyway:

@@ -26,6 +26,7 @@ announce a hash once (first block) and withdraw it once (last block).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -33,9 +34,10 @@ from ..core.block import Block, Key
 from ..core.request import Request
 from ..errors import ConfigError
 from ..events import DEVICE, BlockRemoved, BlockStored, Event
-from ..hashing import token_bytes
+from ..hashing import block_chunks, token_bytes
 
 HashFn = Callable[[bytes], bytes]
+_U32 = struct.Struct("<I")
 
 
 class Hasher:
@@ -82,22 +84,18 @@ class ContentIndex:
     def __len__(self) -> int:
         return len(self._by_chunk) + len(self._by_key)
 
-    def match(self, data: bytes, step: int, base: bytes, mm: Sequence[bytes] | None,
-              limit: int) -> list[Block]:
-        get = self._by_chunk.get
+    def match(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> list[Block]:
         hits: list[Block] = []
-        cid = o = 0
+        cid = 0
         if mm is None and not self._by_key and self._lower is None:  # the common case
-            for _ in range(limit):
-                b = get(data[o:o + step])
+            for b in map(self._by_chunk.get, chunks):  # the probes run in C
                 if b is None or b.parent_cid != cid or b.extra != base:
                     break
                 hits.append(b)
                 cid = b.content_id
-                o += step
             return hits
-        for i in range(limit):
-            chunk = data[o:o + step]
+        get = self._by_chunk.get
+        for i, chunk in enumerate(chunks):
             extra = base if mm is None or i >= len(mm) else mm[i]
             b = get(chunk)
             if b is None or b.parent_cid != cid or b.extra != extra:
@@ -110,23 +108,38 @@ class ContentIndex:
                         break
             hits.append(b)
             cid = b.content_id
-            o += step
         return hits
 
     def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> tuple:
-        bs4 = self._bs * 4
-        data = req.prompt_bytes
-        if data is None or len(data) < last * bs4:
-            data = token_bytes(req.tokens[first * self._bs:last * self._bs])
-            off = 0
+        known = req.prompt_chunks
+        if known is not None and last <= len(known):
+            chunks = known[first:last]
         else:
-            off = first * bs4
-        chunks = [data[o:o + bs4] for o in range(off, off + (last - first) * bs4, bs4)]
+            bs = self._bs
+            chunks = block_chunks(token_bytes(req.tokens[first * bs:last * bs]), 4 * bs,
+                                  last - first)
         extras = req.keys.of_blocks(first, last)
         hashes = None
         if self.hashing:
             root = parent.hash if parent is not None else self._hasher.root
             hashes = self._hasher.chain(root, chunks, extras)  # type: ignore[arg-type]
+        return chunks, extras, hashes
+
+    @property
+    def hash_may_fail(self) -> bool:
+        """Whether ``prepare`` may raise (hashes are computed by a caller's callable)."""
+        return self.hashing and self._hasher.checked
+
+    def prepare_next(self, req: Request, token: int) -> tuple:
+        """``prepare`` for the block that ``token``, appended next, fills."""
+        bs, n = self._bs, req.num_scheduled
+        j = n // bs
+        chunks = [token_bytes(req.tokens[j * bs:n]) + _U32.pack(token)]
+        extras = req.keys.of_blocks(j, j + 1)
+        hashes = None
+        if self.hashing:
+            parent = req.blocks[j - 1].hash if j else self._hasher.root
+            hashes = self._hasher.chain(parent, chunks, extras)  # type: ignore[arg-type]
         return chunks, extras, hashes
 
     def store(self, req: Request, first: int, prepared: tuple) -> None:

@@ -12,16 +12,19 @@ class NoIndex:
     """Satisfies ``Index``; every block stays without content and goes back empty."""
 
     hashing = False
+    hash_may_fail = False
     step = 0
 
     def __len__(self) -> int:
         return 0
 
-    def match(self, data: bytes, step: int, base: bytes, mm: Sequence[bytes] | None,
-              limit: int) -> list[Block]:
+    def match(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> list[Block]:
         return []
 
     def prepare(self, req: object, first: int, last: int, parent: object) -> None:
+        return None
+
+    def prepare_next(self, req: object, token: int) -> None:
         return None
 
     def store(self, req: object, first: int, prepared: object) -> None:

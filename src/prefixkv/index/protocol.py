@@ -17,18 +17,24 @@ class Index(Protocol):
     def __len__(self) -> int:
         """Distinct contents findable."""
 
-    def match(self, data: bytes, step: int, base: bytes, mm: Sequence[bytes] | None,
-              limit: int) -> list[Block]:
-        """The blocks holding the longest findable run of full blocks ``0..limit-1`` of
-        ``data`` (token bytes, ``step`` bytes a block), stopping at the first miss.
-        ``base``: extra-key bytes of every block; ``mm``: per-block extra-key bytes that
-        replace ``base`` where given. Changes nothing."""
+    def match(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> list[Block]:
+        """The blocks holding the longest findable run of the full blocks whose token
+        bytes are ``chunks``, from the first, stopping at the first miss. ``base``:
+        extra-key bytes of every block; ``mm``: per-block extra-key bytes that replace
+        ``base`` where given. Changes nothing."""
 
     def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> object:
         """Everything needed to record full blocks ``first..last-1`` of ``req``, the
         first one's parent being ``parent`` (None for block 0) (token
         chunks, extra keys and, when ``hashing``, chain hashes). Changes nothing; raises
         ConfigError if a hash_mode callable fails, so nothing is half done."""
+
+    hash_may_fail: bool
+    """Whether ``prepare`` may raise (a caller's hash callable): batch calls then prepare
+    every block before changing anything."""
+
+    def prepare_next(self, req: Request, token: int) -> object:
+        """``prepare`` for the one block that ``token``, appended next, fills."""
 
     def store(self, req: Request, first: int, prepared: object) -> None:
         """Record the content of ``req.blocks[first:...]`` from ``prepare`` and make it
