@@ -102,8 +102,8 @@ class Admitter:
                                check_flag("read_cache", read_cache, RequestError))
         n, bs = len(req.tokens), self.block_size
         num_cached = len(hits) * bs
-        todo = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
-        total = num_cached + todo
+        num_new = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
+        total = num_cached + num_new
         pool = self._pool
         loads = [h for h in hits if type(h) is HostSlot] if self._host is not None else ()
         held = [h for h in hits if type(h) is not HostSlot] if loads else hits
@@ -124,7 +124,7 @@ class Admitter:
         req.grow_room()
         self._requests[request_id] = req
         self._stats.record(n, num_cached, resumed, len(loads) * bs)
-        return Admission.of(request_id, req.blocks, num_cached, todo)
+        return Admission.of(request_id, req.blocks, num_cached, num_new)
 
     def _acquire_loading(self, hits: list[Block], held: list[Block], need: int) -> list[Block]:
         """``acquire`` when some hits are host slots: pin them, take fresh device blocks

@@ -22,7 +22,7 @@ from .admission import Admitter
 from .block import blocks_for
 from .request import Request
 
-_NONE: tuple[int, ...] = ()
+_NO_BLOCKS: tuple[int, ...] = ()
 _ID = attrgetter("block_id")
 
 
@@ -84,13 +84,13 @@ class KVCacheManager(Admitter):
             except OverflowError:
                 self._encode(token_ids)  # raises the TokenError
             req.num_scheduled = n + 1
-            return _NONE
+            return _NO_BLOCKS
         new = self._encode(token_ids)
         total = n + len(new)
         if total <= len(req.blocks) * bs and total // bs == n // bs:
             req.tokens.extend(new)  # no new block, no block becomes full
             req.num_scheduled = total
-            return _NONE
+            return _NO_BLOCKS
         return self._grow(req, total, new)
 
     def append_step(self, request_ids: Sequence[Hashable], token_ids: Sequence[int]) -> DecodeStep:
