@@ -95,11 +95,13 @@ class Admitter:
         check_new_request(self._requests, request_id)
         if num_new_tokens is not None:
             check_count("num_new_tokens", num_new_tokens, 1, None)
-        check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
-        check_flag("resumed", resumed, RequestError)
-        check_flag("require_full_fit", require_full_fit, RequestError)
-        req, hits = self._find(request_id, prompt_token_ids, extra,
-                               check_flag("read_cache", read_cache, RequestError))
+        if num_lookahead_tokens:
+            check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
+        if resumed.__class__ is not bool or read_cache is not True or require_full_fit is not False:
+            for name, flag in (("resumed", resumed), ("read_cache", read_cache),
+                               ("require_full_fit", require_full_fit)):
+                check_flag(name, flag, RequestError)
+        req, hits = self._find(request_id, prompt_token_ids, extra, read_cache)
         n, bs = len(req.tokens), self.block_size
         num_cached = len(hits) * bs
         num_new = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)

@@ -69,11 +69,14 @@ class Request:
         self.prompt_chunks: list[bytes] | None = None
 
     def grow_room(self) -> None:
-        """Grow the token array once, while admission is paying for the prompt anyway:
-        array over-allocates on growth and keeps the room when shrunk, so the first
-        decoded tokens do not copy a long prompt (~50 µs for 32k tokens here)."""
+        """Grow a long prompt's token array once, while admission is paying for the
+        prompt anyway: array over-allocates on growth and keeps the room when shrunk, so
+        the first decoded tokens do not copy a long prompt (~50 µs for 32k tokens here;
+        below 4k tokens the copy costs about what this does)."""
         tokens = self.tokens
         n = len(tokens)
+        if n < 4096:
+            return
         tokens.extend(_ROOM)
         del tokens[n:]
 
