@@ -20,6 +20,7 @@ BS = 16
 @dataclass
 class Lora:
     lora_name: str
+    lora_int_id: int | None = None
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Req:
     cache_salt: str | None = None
     lora_request: Lora | None = None
     mm_features: list[MM] = field(default_factory=list)
+    skip_reading_prefix_cache: bool = False
 
 
 def make(num_blocks=16, **kw):
@@ -255,3 +257,167 @@ def test_adapter_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None; "
             "import prefixkv.adapters.vllm")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _live_hashes(events):
+    """Hashes stored and not removed since the last clear: what a router mirrors."""
+    live: set = set()
+    for e in events:
+        if isinstance(e, VllmAllBlocksCleared):
+            live.clear()
+        elif isinstance(e, VllmBlockStored):
+            live.update(e.block_hashes)
+        else:
+            live.difference_update(e.block_hashes)
+    return live
+
+
+def test_item5_hit_changed_withdraws_the_blocks_it_scheduled():
+    """The cache changes between get_computed_blocks and allocate_slots: the adapter
+    raises, and the full blocks it had scheduled (KV never computed) are not findable
+    and are announced removed."""
+    kv, mgr = make(8)
+    prompt = list(range(1, 65))
+    a = Req("a", prompt[:40])
+    admit(kv, a)
+    kv.free(a)
+    b = Req("b", prompt)
+    blocks, hit = kv.get_computed_blocks(b)
+    assert hit == 32
+    assert kv.reset_prefix_cache()
+    events = kv.take_events()
+    with pytest.raises(RequestError, match="not the 32"):
+        kv.allocate_slots(b, 32, hit, blocks)  # the core now hits 0 and schedules 0..31
+    events += kv.take_events()
+    assert mgr.lookup(prompt) == 0 and kv.get_computed_blocks(Req("c", prompt))[1] == 0
+    assert _live_hashes(events) == set()
+    assert mgr.num_free_blocks == 8 and kv.get_block_ids("b") == ([],)
+    mgr.check_invariants()
+
+
+def test_item6_async_scheduling_reserves_slots_for_unknown_tokens():
+    """vLLM schedules the next step before the sampled token is known: the slot of
+    position 32 must exist when allocate_slots(req, 1) returns."""
+    kv, mgr = make(8)
+    a = Req("a", list(range(1, 33)))
+    admit(kv, a)                       # num_computed_tokens = 32 (optimistic)
+    new = kv.allocate_slots(a, 1)      # position 32, token not known yet
+    assert new == BlockIds((2,)) and kv.get_block_ids("a") == ([0, 1, 2],)
+    assert mgr.num_tokens("a") == 32
+    mgr.check_invariants()
+    a.num_computed_tokens = 33
+    a.all_token_ids.append(500)        # position 32's token arrives
+    assert kv.allocate_slots(a, 1) == BlockIds(())  # 32 appended, 33 reserved: same block
+    assert (mgr.num_tokens("a"), mgr.num_scheduled_tokens("a")) == (33, 33)
+    mgr.check_invariants()
+    for t in range(15):                # fill block 2 up to position 47
+        a.num_computed_tokens += 1
+        a.all_token_ids.append(600 + t)
+        assert kv.allocate_slots(a, 1) is not None
+        mgr.check_invariants()
+    assert kv.get_block_ids("a") == ([0, 1, 2, 3],)  # position 48 reserved in block 3
+    b = Req("b", a.all_token_ids[:48] + [1])
+    assert kv.get_computed_blocks(b)[1] == 48  # block 2, filled by decoding, is cached
+
+
+def test_item6_short_pool_changes_nothing():
+    kv, mgr = make(2)
+    a = Req("a", list(range(1, 33)))
+    admit(kv, a)
+    assert kv.allocate_slots(a, 1) is None
+    assert kv.get_block_ids("a") == ([0, 1],) and mgr.num_scheduled_tokens("a") == 32
+    mgr.check_invariants()
+
+
+def test_item7_lookahead_slots_for_speculative_decoding():
+    kv, mgr = make(16)
+    a = Req("a", list(range(1, 21)))
+    blocks, hit = kv.get_computed_blocks(a)
+    new = kv.allocate_slots(a, 20, hit, blocks, num_lookahead_tokens=20)
+    assert new == BlockIds((0, 1, 2))   # 40 slots
+    a.num_computed_tokens = 20
+    a.all_token_ids.append(100)         # the sampled token; 3 draft tokens proposed
+    assert kv.allocate_slots(a, 1 + 3, num_lookahead_tokens=20) == BlockIds((3,))  # 20+4+20 slots
+    assert (mgr.num_tokens("a"), mgr.num_scheduled_tokens("a")) == (21, 21)  # drafts not cached
+    mgr.check_invariants()
+    a.all_token_ids += [101, 102]       # one draft accepted, plus the bonus token
+    a.num_computed_tokens = 22
+    assert kv.allocate_slots(a, 1, num_lookahead_tokens=20) == BlockIds(())
+    assert mgr.num_scheduled_tokens("a") == 23
+    mgr.check_invariants()
+
+
+def test_item7_full_sequence_must_fit_gates_admission():
+    kv, mgr = make(4)
+    a = Req("a", list(range(1, 66)))    # 5 blocks, the pool has 4
+    blocks, hit = kv.get_computed_blocks(a)
+    assert kv.allocate_slots(a, 16, hit, blocks, full_sequence_must_fit=True) is None
+    assert mgr.num_free_blocks == 4 and kv.make_prefix_cache_stats().requests == 0
+    assert kv.allocate_slots(a, 16, hit, blocks) == BlockIds((0,))  # first chunk fits
+    a.num_computed_tokens = 16
+    assert kv.allocate_slots(a, 16, full_sequence_must_fit=True) is None  # running, too
+    assert mgr.num_scheduled_tokens("a") == 16
+    mgr.check_invariants()
+
+
+def test_item7_skip_reading_prefix_cache():
+    """Prompt-logprobs and pooling requests compute every position: no hit is used and
+    their lookup is not counted, but what they compute is cached for others."""
+    kv, mgr = make(16)
+    prompt = list(range(1, 41))
+    admit(kv, Req("a", prompt))
+    kv.make_prefix_cache_stats()
+    p = Req("p", prompt, skip_reading_prefix_cache=True)
+    new, hit = admit(kv, p)
+    assert hit == 0 and new == BlockIds((3, 4, 5))
+    s = kv.make_prefix_cache_stats()
+    assert (s.requests, s.queries, s.hits) == (0, 0, 0)
+    kv.free(Req("a", []))
+    kv.free(p)
+    assert kv.get_computed_blocks(Req("q", prompt))[1] == 32
+    mgr.check_invariants()
+
+
+def test_item7_unimplemented_arguments_are_rejected_before_any_change():
+    kv, mgr = make()
+    a = Req("a", list(range(1, 41)))
+    for kw in ({"reserved_blocks": 1}, {"num_external_computed_tokens": 16},
+               {"num_encoder_tokens": 4}, {"delay_cache_blocks": True}, {"use_eagle": True}):
+        with pytest.raises(PrefixKVError, match=next(iter(kw))):
+            kv.allocate_slots(a, 40, **kw)
+    for kw in ({"num_lookahead_tokens": -1}, {"full_sequence_must_fit": 1},
+               {"has_scheduled_reqs": "no"}):
+        with pytest.raises(PrefixKVError):
+            kv.allocate_slots(a, 40, **kw)
+    with pytest.raises(PrefixKVError, match="num_new_tokens"):
+        kv.allocate_slots(a, 0)
+    assert kv.allocate_slots(a, 40, has_scheduled_reqs=False) is not None  # no watermark
+    assert mgr.num_free_blocks == 13
+    mgr.check_invariants()
+
+
+def test_item7_events_carry_lora_id_and_the_core_medium(monkeypatch):
+    kv, mgr = make(8)
+    admit(kv, Req("a", list(range(1, 40)), lora_request=Lora("ad", 7)))
+    (stored,) = kv.take_events()
+    assert (stored.lora_name, stored.lora_id, stored.medium) == ("ad", 7, "GPU")
+    from prefixkv.events import BlockRemoved, BlockStored
+    cpu = [BlockStored(b"h1", None, tuple(range(16)), 3, None, medium="CPU"),
+           BlockRemoved(b"h0", 4, medium="CPU")]
+    monkeypatch.setattr(mgr, "take_events", lambda: cpu)
+    stored, removed = kv.take_events()
+    assert (stored.medium, removed.medium) == ("CPU", "CPU")
+
+
+def test_free_withdraws_blocks_scheduled_but_not_computed():
+    """A request allocated in this step and preempted before the step runs (vLLM's
+    priority preemption): num_computed_tokens still counts only what was computed, so the
+    block its allocation completed is withdrawn."""
+    kv, mgr = make(8)
+    a = Req("a", list(range(1, 32)))
+    admit(kv, a)
+    a.all_token_ids.append(77)
+    assert kv.allocate_slots(a, 1) is not None  # completes block 1 (position 31)
+    kv.free(a)                                   # num_computed_tokens is still 31
+    assert mgr.lookup(a.all_token_ids + [1]) == 16
+    mgr.check_invariants()
