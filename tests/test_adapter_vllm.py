@@ -114,6 +114,8 @@ def test_difference_1_hit_changed_between_lookup_and_allocate_raises_and_release
     with pytest.raises(RequestError, match="not the 32"):
         kv.allocate_slots(b, 8, hit, blocks)
     assert mgr.num_free_blocks == 16 and kv.get_block_ids("b") == ([],)
+    s = kv.make_prefix_cache_stats()
+    assert (s.requests, s.queries, s.hits) == (1, 40, 0)  # a only
     mgr.check_invariants()
 
 
@@ -157,6 +159,14 @@ def test_difference_4_events_in_vllm_shape():
     kv.free(Req("b", []))
     assert kv.reset_prefix_cache()
     assert isinstance(kv.take_events()[-1], VllmAllBlocksCleared)
+    kv, mgr = make(8)
+    prompt = list(range(1, 40))
+    admit(kv, Req("c", prompt))
+    assert len(kv.take_events()[0].block_hashes) == 2
+    new, _ = admit(kv, Req("dup", prompt, skip_reading_prefix_cache=True))
+    assert new == BlockIds((3, 4, 5))  # a duplicate of c's content
+    assert kv.take_events() == []  # vLLM would announce the same hashes again
+    mgr.check_invariants()
 
 
 def test_difference_5_free_and_get_block_ids_accept_unknown_ids():
@@ -167,20 +177,35 @@ def test_difference_5_free_and_get_block_ids_accept_unknown_ids():
         mgr.free("never")
 
 
-def test_difference_6_unsupported_calls_raise_before_any_change():
+def test_difference_9_unsupported_arguments_raise_before_any_change():
     kv, mgr = make()
     a = Req("a", list(range(1, 41)))
-    for kw in ({"num_lookahead_tokens": 2}, {"num_external_computed_tokens": 16},
-               {"num_encoder_tokens": 4}, {"delay_cache_blocks": True}):
-        with pytest.raises(PrefixKVError, match="not supported"):
+    for kw in ({"reserved_blocks": 1}, {"num_external_computed_tokens": 16},
+               {"num_encoder_tokens": 4}, {"delay_cache_blocks": True}, {"use_eagle": True}):
+        with pytest.raises(PrefixKVError, match=f"not supported by prefixkv: {next(iter(kw))}"):
             kv.allocate_slots(a, 40, **kw)
     with pytest.raises(PrefixKVError, match="computed tokens"):
         kv.allocate_slots(Req("c", [1, 2], num_computed_tokens=1), 1)
+    assert mgr.num_free_blocks == 16 and kv.get_block_ids("a") == ([],)
+    assert not hasattr(kv, "get_num_common_prefix_blocks")
+    mgr.check_invariants()
+
+
+def test_growth_past_known_tokens_while_the_prompt_is_partly_unscheduled():
+    """One call schedules the rest of the prompt, the new known tokens and reserves the
+    unknown ones, or nothing at all."""
+    kv, mgr = make(4)
+    a = Req("a", list(range(1, 41)))
     admit(kv, a, num_new=10)
     a.all_token_ids.append(5)
-    with pytest.raises(PrefixKVError, match="unscheduled"):
-        kv.allocate_slots(a, 31)
-    assert mgr.num_scheduled_tokens("a") == 10
+    assert kv.allocate_slots(a, 32, num_lookahead_tokens=30) is None  # 72 slots: 5 blocks
+    a.all_token_ids.append(-1)
+    with pytest.raises(PrefixKVError):
+        kv.allocate_slots(a, 32)      # a bad token: nothing scheduled
+    assert (mgr.num_tokens("a"), mgr.num_scheduled_tokens("a")) == (40, 10)
+    a.all_token_ids[-1] = 6
+    assert kv.allocate_slots(a, 33) == BlockIds((1, 2))  # 42 known + 1 reserved
+    assert (mgr.num_tokens("a"), mgr.num_scheduled_tokens("a")) == (42, 42)
     mgr.check_invariants()
 
 
@@ -333,16 +358,17 @@ def test_item7_lookahead_slots_for_speculative_decoding():
     kv, mgr = make(16)
     a = Req("a", list(range(1, 21)))
     blocks, hit = kv.get_computed_blocks(a)
-    new = kv.allocate_slots(a, 20, hit, blocks, num_lookahead_tokens=20)
-    assert new == BlockIds((0, 1, 2))   # 40 slots
+    new = kv.allocate_slots(a, 20, hit, blocks, num_lookahead_tokens=28)
+    assert new == BlockIds((0, 1, 2))   # 48 slots
+    mgr.check_invariants()
     a.num_computed_tokens = 20
     a.all_token_ids.append(100)         # the sampled token; 3 draft tokens proposed
-    assert kv.allocate_slots(a, 1 + 3, num_lookahead_tokens=20) == BlockIds((3,))  # 20+4+20 slots
+    assert kv.allocate_slots(a, 1 + 3, num_lookahead_tokens=28) == BlockIds((3,))  # 20+4+28
     assert (mgr.num_tokens("a"), mgr.num_scheduled_tokens("a")) == (21, 21)  # drafts not cached
     mgr.check_invariants()
     a.all_token_ids += [101, 102]       # one draft accepted, plus the bonus token
     a.num_computed_tokens = 22
-    assert kv.allocate_slots(a, 1, num_lookahead_tokens=20) == BlockIds(())
+    assert kv.allocate_slots(a, 1, num_lookahead_tokens=28) == BlockIds(())
     assert mgr.num_scheduled_tokens("a") == 23
     mgr.check_invariants()
 
@@ -409,7 +435,7 @@ def test_item7_events_carry_lora_id_and_the_core_medium(monkeypatch):
     assert (stored.medium, removed.medium) == ("CPU", "CPU")
 
 
-def test_free_withdraws_blocks_scheduled_but_not_computed():
+def test_difference_6_free_withdraws_blocks_scheduled_but_not_computed():
     """A request allocated in this step and preempted before the step runs (vLLM's
     priority preemption): num_computed_tokens still counts only what was computed, so the
     block its allocation completed is withdrawn."""
@@ -420,4 +446,23 @@ def test_free_withdraws_blocks_scheduled_but_not_computed():
     assert kv.allocate_slots(a, 1) is not None  # completes block 1 (position 31)
     kv.free(a)                                   # num_computed_tokens is still 31
     assert mgr.lookup(a.all_token_ids + [1]) == 16
+    mgr.check_invariants()
+
+
+def test_difference_7_full_sequence_must_fit_counts_the_lookahead():
+    """4 free blocks, a 64-token prompt scheduled 16 at a time with 16 lookahead slots:
+    vLLM admits (64 tokens fit; 32 slots now), prefixkv asks for 80 slots."""
+    kv, mgr = make(4)
+    a = Req("a", list(range(1, 65)))
+    blocks, hit = kv.get_computed_blocks(a)
+    assert kv.allocate_slots(a, 16, hit, blocks, num_lookahead_tokens=16,
+                             full_sequence_must_fit=True) is None
+    assert kv.allocate_slots(a, 16, hit, blocks, full_sequence_must_fit=True) == BlockIds((0,))
+    mgr.check_invariants()
+
+
+def test_difference_8_get_computed_blocks_returns_two_values():
+    kv, mgr = make()
+    admit(kv, Req("a", list(range(1, 41))))
+    assert kv.get_computed_blocks(Req("b", list(range(1, 41)))) == (ComputedBlocks(32), 32)
     mgr.check_invariants()
