@@ -4,63 +4,17 @@ difference listed in the module docstring of prefixkv.adapters.vllm."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
 
 import pytest
+from vllm_fakes import MM, Lora, Pos, Req, admit, live_hashes, make
 
-from prefixkv import ExtraKeys, KVCacheManager, PrefixKVError, RequestError
+from prefixkv import ExtraKeys, PrefixKVError, RequestError, TokenError
 from prefixkv.adapters.vllm import (
     BlockIds, ComputedBlocks, VllmAllBlocksCleared, VllmBlockRemoved, VllmBlockStored,
     VllmKVCacheManager, extra_keys_of,
 )
 
 BS = 16
-
-
-@dataclass
-class Lora:
-    lora_name: str
-    lora_int_id: int | None = None
-
-
-@dataclass
-class Pos:
-    offset: int
-    length: int
-
-
-@dataclass
-class MM:
-    identifier: str
-    mm_position: Pos
-
-
-@dataclass
-class Req:
-    """The fields of vLLM's Request that the adapter reads."""
-
-    request_id: str
-    all_token_ids: list[int]
-    num_computed_tokens: int = 0
-    num_preemptions: int = 0
-    cache_salt: str | None = None
-    lora_request: Lora | None = None
-    mm_features: list[MM] = field(default_factory=list)
-    skip_reading_prefix_cache: bool = False
-
-
-def make(num_blocks=16, **kw):
-    mgr = KVCacheManager(num_blocks, BS, enable_events=True, **kw)
-    return VllmKVCacheManager(mgr), mgr
-
-
-def admit(kv, req, num_new=None):
-    blocks, hit = kv.get_computed_blocks(req)
-    n = len(req.all_token_ids) - hit if num_new is None else num_new
-    new = kv.allocate_slots(req, n, hit, blocks)
-    if new is not None:
-        req.num_computed_tokens = hit + n  # what vLLM's scheduler does after the step
-    return new, hit
 
 
 def test_admission_returns_only_new_blocks_and_ids_in_vllm_shape():
@@ -152,11 +106,12 @@ def test_difference_4_events_in_vllm_shape():
     assert stored.parent_block_hash is None and stored.token_ids == list(range(1, 49))
     assert (stored.block_size, stored.lora_name, stored.lora_id, stored.medium) == (16, "ad", None, "GPU")
     kv.free(a)
-    admit(kv, Req("b", [300 + i for i in range(40)]))  # 3 blocks: evicts cached ones
+    b = Req("b", [300 + i for i in range(40)])
+    admit(kv, b)  # 3 blocks: evicts cached ones
     events = kv.take_events()
     removed = [e for e in events if isinstance(e, VllmBlockRemoved)]
     assert removed and all(h in stored.block_hashes for e in removed for h in e.block_hashes)
-    kv.free(Req("b", []))
+    kv.free(b)
     assert kv.reset_prefix_cache()
     assert isinstance(kv.take_events()[-1], VllmAllBlocksCleared)
     kv, mgr = make(8)
@@ -284,19 +239,6 @@ def test_adapter_imports_without_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def _live_hashes(events):
-    """Hashes stored and not removed since the last clear: what a router mirrors."""
-    live: set = set()
-    for e in events:
-        if isinstance(e, VllmAllBlocksCleared):
-            live.clear()
-        elif isinstance(e, VllmBlockStored):
-            live.update(e.block_hashes)
-        else:
-            live.difference_update(e.block_hashes)
-    return live
-
-
 def test_item5_hit_changed_withdraws_the_blocks_it_scheduled():
     """The cache changes between get_computed_blocks and allocate_slots: the adapter
     raises, and the full blocks it had scheduled (KV never computed) are not findable
@@ -315,7 +257,7 @@ def test_item5_hit_changed_withdraws_the_blocks_it_scheduled():
         kv.allocate_slots(b, 32, hit, blocks)  # the core now hits 0 and schedules 0..31
     events += kv.take_events()
     assert mgr.lookup(prompt) == 0 and kv.get_computed_blocks(Req("c", prompt))[1] == 0
-    assert _live_hashes(events) == set()
+    assert live_hashes(events) == set()
     assert mgr.num_free_blocks == 8 and kv.get_block_ids("b") == ([],)
     mgr.check_invariants()
 
@@ -391,16 +333,18 @@ def test_item7_skip_reading_prefix_cache():
     their lookup is not counted, but what they compute is cached for others."""
     kv, mgr = make(16)
     prompt = list(range(1, 41))
-    admit(kv, Req("a", prompt))
+    a = Req("a", prompt)
+    admit(kv, a)
     kv.make_prefix_cache_stats()
     p = Req("p", prompt, skip_reading_prefix_cache=True)
     new, hit = admit(kv, p)
     assert hit == 0 and new == BlockIds((3, 4, 5))
     s = kv.make_prefix_cache_stats()
     assert (s.requests, s.queries, s.hits) == (0, 0, 0)
-    kv.free(Req("a", []))
+    kv.free(a)
     kv.free(p)
     assert kv.get_computed_blocks(Req("q", prompt))[1] == 32
+    assert mgr.free_block_order()[-2:] == [1, 0]  # a's chain; p's twins are evicted first
     mgr.check_invariants()
 
 
@@ -465,4 +409,16 @@ def test_difference_8_get_computed_blocks_returns_two_values():
     kv, mgr = make()
     admit(kv, Req("a", list(range(1, 41))))
     assert kv.get_computed_blocks(Req("b", list(range(1, 41)))) == (ComputedBlocks(32), 32)
+    mgr.check_invariants()
+
+
+def test_difference_10_token_ids_outside_uint32_are_rejected():
+    """vLLM's own tests use -1 as a placeholder token; prefixkv has one canonical token
+    encoding and rejects ids outside it, before any change."""
+    kv, mgr = make()
+    with pytest.raises(TokenError):
+        kv.get_computed_blocks(Req("a", [5, -1, 7]))
+    with pytest.raises(TokenError):
+        kv.allocate_slots(Req("a", [5, -1, 7]), 3)
+    assert kv.get_block_ids("a") == ([],) and mgr.num_free_blocks == 16
     mgr.check_invariants()

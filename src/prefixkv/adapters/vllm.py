@@ -8,61 +8,51 @@ A vLLM-style scheduler calls, per step::
     m.free(req); m.get_block_ids(req_id); m.usage
     m.make_prefix_cache_stats(); m.take_events(); m.reset_prefix_cache()
 
-Positions and tokens: ``allocate_slots`` makes the request's blocks cover positions
-``[0, num_computed_tokens + num_new_tokens + num_lookahead_tokens)`` (for a request not
-yet admitted, ``num_new_computed_tokens`` is its cache hit and ``num_computed_tokens`` is
-0). The positions whose tokens are in ``all_token_ids`` are scheduled in the manager and
-cached as their blocks fill; the others (the token a step still in flight will sample,
-under asynchronous scheduling; draft tokens; lookahead) get reserved slots, and their
-tokens are appended when a later call finds them in ``all_token_ids``. What the adapter
-reads from a request: see ``prefixkv.adapters.vllm_request``.
+``allocate_slots`` makes the blocks cover positions ``[0, num_computed_tokens +
+num_new_tokens + num_lookahead_tokens)`` (for a request not yet admitted,
+``num_new_computed_tokens`` is its hit and ``num_computed_tokens`` is 0). Positions whose
+tokens are in ``all_token_ids`` are scheduled and cached as their blocks fill; the others
+(the token a step still in flight will sample, under asynchronous scheduling; drafts;
+lookahead) get reserved slots, and their tokens are appended when a later call finds
+them in ``all_token_ids``. ``full_sequence_must_fit`` allocates only if blocks for all
+known tokens and the lookahead are free now; ``has_scheduled_reqs`` only switches vLLM's
+watermark, which prefixkv does not have (as vLLM with ``watermark=0``). A request's
+``skip_reading_prefix_cache`` (prompt logprobs, pooling) makes it use no hit. What is
+read from a request: ``prefixkv.adapters.vllm_request``.
 
-Arguments of ``allocate_slots`` (vLLM's, in vLLM's order): ``num_lookahead_tokens``
-(reserved slots, see ``KVCacheManager.reserve``), ``full_sequence_must_fit`` (allocate
-only if blocks for all known tokens and the lookahead are free now) and
-``has_scheduled_reqs`` (accepted: it only switches vLLM's watermark, and prefixkv has no
-watermark, as vLLM with its default ``watermark=0``) are implemented. A request's
-``skip_reading_prefix_cache`` (prompt logprobs, pooling) makes it use no cache hit.
+Differences from vLLM's own manager, all listed here. Each is asserted by a
+``test_difference_<n>_*`` test in tests/test_adapter_vllm.py, and where a replayed vLLM
+scenario meets it, in tests/test_vllm_conformance.py:
 
-Differences from vLLM's own manager, all listed here; each one is asserted by a
-``test_difference_<n>_*`` test in tests/test_adapter_vllm.py:
-
-1. Atomic lookup + allocate. prefixkv finds the hit and takes its blocks in one call,
-   so ``get_computed_blocks`` is advisory: it returns the hit length and a
-   ``ComputedBlocks`` holding no block ids (read them with ``get_block_ids`` after
-   ``allocate_slots``). ``allocate_slots`` repeats the lookup; if the cache changed in
-   between so that the hit differs from ``num_new_computed_tokens``, it releases what it
-   took, withdraws the blocks it scheduled (never computed: not findable, announced by
-   ``BlockRemoved``), leaves the stats unchanged and raises RequestError. Blocks evicted
-   to make room stay evicted.
-2. Block ids are plain ints; one KV-cache group, no null block: block 0 is a real block
-   and all ``num_blocks`` count for ``usage`` (vLLM's ids in the same scenario are ours
-   + 1). The vLLM shapes are kept at the boundary: ``get_block_ids`` returns ``([ids],)``
-   and results offer ``get_block_ids()``.
-3. Stats count successful admissions only: a request whose ``allocate_slots`` returned
-   None is not counted. Re-admissions (``num_preemptions > 0``) go to the
-   ``preempted_*`` fields and requests that skip reading the cache are not counted, as in
-   vLLM.
-4. Events: consecutive stores of one chain become one ``VllmBlockStored``, as vLLM emits
-   them, but a content is announced once: a block whose content is already findable (a
-   request that skips reading the cache computes a duplicate) is not announced again.
-   Hashes are bytes (``hash_mode="sha256"`` makes them stable across processes);
-   ``lora_id`` comes from ``ExtraKeys.lora_id`` (``lora_request.lora_int_id``) and
-   ``medium`` from the core's event; cache salts and multimodal keys are not carried,
-   nor vLLM's group and spec fields (one group).
+1. Atomic lookup + allocate: ``get_computed_blocks`` is advisory (its ``ComputedBlocks``
+names no block ids; read them with ``get_block_ids`` after ``allocate_slots``), and
+``allocate_slots`` repeats the lookup, also when vLLM would skip it. If the hit is not
+``num_new_computed_tokens``, it releases what it took, withdraws the blocks it
+scheduled (not findable, announced by ``BlockRemoved``), leaves the stats unchanged
+and raises RequestError; blocks evicted to make room stay evicted.
+2. Block ids are plain ints; one KV-cache group, no null block: block 0 is real and all
+``num_blocks`` count for ``usage`` (vLLM's ids are ours + 1). ``get_block_ids``
+returns ``([ids],)`` and results offer ``get_block_ids()``, as in vLLM.
+3. Stats count successful admissions only (a None from ``allocate_slots`` is not
+counted); re-admissions (``num_preemptions > 0``) go to ``preempted_*`` and requests
+that skip reading the cache are not counted, as in vLLM.
+4. Events: a content is announced once, so a duplicate block (computed by a request that
+skips reading the cache) is not announced again. Hashes are bytes (use
+``hash_mode="sha256"`` for ids stable across processes); cache salts, multimodal keys
+and vLLM's group and spec fields are not carried (see ``to_vllm_events``).
 5. ``free`` and ``get_block_ids`` accept unknown ids (no-op / ``([],)``) as vLLM does;
-   prefixkv's own ``free`` raises RequestError for them.
-6. ``free`` withdraws the full blocks past the request's ``num_computed_tokens`` (a
-   request preempted in the step that scheduled them): vLLM keeps them findable.
-7. ``full_sequence_must_fit`` counts the lookahead slots as well as the known tokens
-   (vLLM counts the tokens only, and the lookahead only for the blocks allocated now).
-8. ``get_computed_blocks`` returns the two-value form; vLLM's newest adds a
-   ``shared_prefix_boundary``, which is 0 without sparse-retention layer groups.
-9. Not supported, rejected with PrefixKVError before any change:
-   ``num_external_computed_tokens`` (KV connectors), ``delay_cache_blocks``,
-   ``num_encoder_tokens``, ``reserved_blocks`` other than their defaults, and any other
-   keyword. Not offered: ``get_num_common_prefix_blocks``, EAGLE's shortened hits,
-   hybrid (several group) layouts.
+prefixkv's own ``free`` raises RequestError for them.
+6. ``free`` withdraws the full blocks past the request's ``num_computed_tokens`` (e.g.
+a request preempted in the step that scheduled them); vLLM keeps them findable.
+7. ``full_sequence_must_fit`` counts the lookahead slots too (vLLM: the tokens only).
+8. ``get_computed_blocks`` returns two values; vLLM's newest adds a third,
+``shared_prefix_boundary``, which is 0 without sparse-retention layer groups.
+9. Rejected with PrefixKVError before any change: ``num_external_computed_tokens`` (KV
+connectors), ``delay_cache_blocks``, ``num_encoder_tokens``, ``reserved_blocks``
+other than their defaults, and unknown keywords. Not offered:
+``get_num_common_prefix_blocks``, EAGLE's shortened hits, several layer groups.
+10. Token ids must be ints in ``[0, 2**32)`` (below ``vocab_size`` if set): TokenError
+otherwise (vLLM hashes any int).
 """
 
 from __future__ import annotations
