@@ -7,6 +7,7 @@ import random
 
 import pytest
 from vllm_fakes import MM, Lora, Pos, Req, admit, live_hashes, make
+from vllm_sim import Sim
 
 from prefixkv import ExtraKeys, PrefixKVError, RequestError, TokenError
 from prefixkv.adapters.vllm import (
@@ -422,3 +423,21 @@ def test_difference_10_token_ids_outside_uint32_are_rejected():
         kv.allocate_slots(Req("a", [5, -1, 7]), 3)
     assert kv.get_block_ids("a") == ([],) and mgr.num_free_blocks == 16
     mgr.check_invariants()
+
+
+@pytest.mark.parametrize("seed, asynchronous, drafts, lookahead", [
+    (0, False, 0, 0), (1, False, 3, 3), (2, True, 0, 0), (3, True, 0, 2), (4, False, 2, 0)])
+def test_engine_loop_never_reads_kv_it_did_not_write(seed, asynchronous, drafts, lookahead):
+    """A vLLM-like engine (tests/vllm_sim.py) over a small pool: chunked prefill, shared
+    prefixes, speculative or asynchronous decoding, preemption. Every hit reads exactly
+    the tokens it stands for, no step writes a shared block, invariants hold each step."""
+    sim = Sim(seed, num_blocks=24, asynchronous=asynchronous, drafts=drafts,
+              lookahead=lookahead)
+    rng = random.Random(seed)
+    shared = [rng.randrange(1, 50) for _ in range(10)]
+    for i in range(12):
+        prompt = shared[:rng.randrange(11)] + [rng.randrange(1, 50) for _ in range(rng.randrange(1, 15))]
+        sim.add(Req(f"r{i}", prompt), num_outputs=rng.randrange(1, 20))
+    sim.run()
+    assert sim.mgr.num_free_blocks == 24 and sim.preemptions > 0 and sim.hits > 0
+    assert sim.rejected > 0 or not drafts
