@@ -75,9 +75,10 @@ def test_difference_1_hit_changed_between_lookup_and_allocate_raises_and_release
 
 
 def test_difference_2_block_zero_is_real_and_usage_counts_every_block():
-    kv, _ = make(4)
+    kv, mgr = make(4)
     new, _ = admit(kv, Req("a", [1, 2, 3]))
     assert new.block_ids == (0,) and kv.usage == 0.25
+    mgr.check_invariants()
 
 
 def test_difference_3_stats_count_admissions_and_split_preempted():
@@ -96,6 +97,7 @@ def test_difference_3_stats_count_admissions_and_split_preempted():
     assert kv.reset_prefix_cache()
     assert kv.make_prefix_cache_stats().reset and not kv.make_prefix_cache_stats().reset
     assert VllmKVCacheManager(mgr, log_stats=False).make_prefix_cache_stats() is None
+    mgr.check_invariants()
 
 
 def test_difference_4_events_in_vllm_shape():
@@ -131,6 +133,7 @@ def test_difference_5_free_and_get_block_ids_accept_unknown_ids():
     assert kv.get_block_ids("never") == ([],)
     with pytest.raises(RequestError):
         mgr.free("never")
+    mgr.check_invariants()
 
 
 def test_difference_9_unsupported_arguments_raise_before_any_change():
@@ -188,6 +191,7 @@ def test_extra_keys_from_salt_lora_and_multimodal():
     admit(kv, Req("p", list(range(1, 41)), cache_salt="t1"))
     assert kv.get_computed_blocks(Req("q", list(range(1, 41)), cache_salt="t2"))[1] == 0
     assert kv.get_computed_blocks(Req("q", list(range(1, 41)), cache_salt="t1"))[1] == 32
+    kv.manager.check_invariants()
 
 
 def test_vllm_style_scheduler_loop_with_preemption():
@@ -378,6 +382,7 @@ def test_item7_events_carry_lora_id_and_the_core_medium(monkeypatch):
     monkeypatch.setattr(mgr, "take_events", lambda: cpu)
     stored, removed = kv.take_events()
     assert (stored.medium, removed.medium) == ("CPU", "CPU")
+    mgr.check_invariants()
 
 
 def test_difference_6_free_withdraws_blocks_scheduled_but_not_computed():
