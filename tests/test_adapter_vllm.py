@@ -9,7 +9,7 @@ import pytest
 from vllm_fakes import MM, Lora, Pos, Req, admit, live_hashes, make
 from vllm_sim import Sim
 
-from prefixkv import ExtraKeys, PrefixKVError, RequestError, TokenError
+from prefixkv import ExtraKeys, ExtraKeysError, PrefixKVError, RequestError, TokenError
 from prefixkv.adapters.vllm import (
     BlockIds, ComputedBlocks, VllmAllBlocksCleared, VllmBlockRemoved, VllmBlockStored,
     VllmKVCacheManager, extra_keys_of,
@@ -446,3 +446,31 @@ def test_engine_loop_never_reads_kv_it_did_not_write(seed, asynchronous, drafts,
     sim.run()
     assert sim.mgr.num_free_blocks == 24 and sim.preemptions > 0 and sim.hits > 0
     assert sim.rejected > 0 or not drafts
+
+
+def test_malformed_requests_raise_before_any_change():
+    kv, mgr = make()
+    a = Req("a", list(range(1, 21)))
+    admit(kv, a)
+    a.all_token_ids.append(9)
+    for bad in ({"num_lookahead_tokens": 0.0}, {"num_new_tokens": True}):
+        with pytest.raises(RequestError):
+            kv.allocate_slots(a, **{"num_new_tokens": 1, **bad})
+    a.num_computed_tokens = -1
+    with pytest.raises(RequestError, match="num_computed_tokens"):
+        kv.allocate_slots(a, 1)
+    with pytest.raises(RequestError, match="num_computed_tokens"):
+        kv.free(a)
+    a.num_computed_tokens = 20
+    del a.all_token_ids[5:]
+    with pytest.raises(RequestError, match="fewer than the 20"):
+        kv.allocate_slots(a, 1)
+    assert kv.get_block_ids("a") == ([0, 1],) and mgr.num_scheduled_tokens("a") == 20
+    with pytest.raises(RequestError, match="skip_reading_prefix_cache"):
+        kv.get_computed_blocks(Req("b", [1, 2], skip_reading_prefix_cache="yes"))
+    with pytest.raises(ExtraKeysError):
+        kv.allocate_slots(Req("b", [1, 2], mm_features=[MM("img", Pos(-1, 2))]), 2)
+    with pytest.raises(RequestError, match="num_new_computed_tokens"):
+        kv.allocate_slots(Req("b", [1] * 40, skip_reading_prefix_cache=True), 8, 32)
+    assert kv.get_block_ids("b") == ([],) and mgr.num_free_blocks == 14
+    mgr.check_invariants()

@@ -130,21 +130,27 @@ class VllmKVCacheManager:
         for a request not yet admitted, after its ``num_new_computed_tokens`` cache hit),
         plus ``num_lookahead_tokens`` reserved ones (see the module docstring).
         Returns the newly allocated blocks, or None on shortage (nothing changed).
-        Raises PrefixKVError for unsupported arguments (difference 9), RequestError for
-        counts or flags out of range and when the hit changed since
-        ``get_computed_blocks`` (difference 1), and as ``KVCacheManager`` for bad tokens."""
-        given = {"num_external_computed_tokens": num_external_computed_tokens,
-                 "delay_cache_blocks": delay_cache_blocks, "num_encoder_tokens": num_encoder_tokens,
-                 "reserved_blocks": reserved_blocks}
-        bad = [f"{k}={given[k]!r} ({why})" for k, default, why in _REJECTED if given[k] != default]
-        if unknown or bad:
+        Raises (before any change) PrefixKVError for unsupported arguments (difference
+        9); RequestError for counts or flags out of range (``num_computed_tokens``
+        included), a running request with fewer ``all_token_ids`` than the manager holds,
+        and, after undoing itself, when the hit changed since ``get_computed_blocks``
+        (difference 1); TokenError, ExtraKeysError as ``KVCacheManager.add_request``."""
+        if (unknown or num_external_computed_tokens or delay_cache_blocks or num_encoder_tokens
+                or reserved_blocks):
+            given = {"num_external_computed_tokens": num_external_computed_tokens,
+                     "delay_cache_blocks": delay_cache_blocks,
+                     "num_encoder_tokens": num_encoder_tokens, "reserved_blocks": reserved_blocks}
+            bad = [f"{k}={given[k]!r} ({why})" for k, default, why in _REJECTED if given[k] != default]
             raise PrefixKVError(
                 "allocate_slots: not supported by prefixkv: "
                 + ", ".join(bad + [f"{k}={v!r} (unknown argument)" for k, v in unknown.items()]))
-        check_count("num_new_tokens", num_new_tokens, 1, None)
-        check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
-        check_flag("full_sequence_must_fit", full_sequence_must_fit, RequestError)
-        check_flag("has_scheduled_reqs", has_scheduled_reqs, RequestError)
+        if (type(num_new_tokens) is not int or num_new_tokens < 1
+                or type(num_lookahead_tokens) is not int or num_lookahead_tokens):
+            check_count("num_new_tokens", num_new_tokens, 1, None)
+            check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
+        if full_sequence_must_fit is not False or has_scheduled_reqs is not True:
+            check_flag("full_sequence_must_fit", full_sequence_must_fit, RequestError)
+            check_flag("has_scheduled_reqs", has_scheduled_reqs, RequestError)
         nblocks = self._held(request.request_id)
         if nblocks is None:
             return self._admit(request, num_new_tokens, num_new_computed_tokens,
@@ -186,7 +192,10 @@ class VllmKVCacheManager:
         #   0       scheduled                  known                                      slots
         mgr, rid, bs = self.manager, request.request_id, self.block_size
         tokens = request.all_token_ids
-        target = check_count("num_computed_tokens", request.num_computed_tokens, 0, None) + num_new_tokens
+        computed = request.num_computed_tokens
+        if type(computed) is not int or computed < 0:
+            check_count("num_computed_tokens", computed, 0, None)
+        target = computed + num_new_tokens
         held, scheduled = mgr.num_tokens(rid), mgr.num_scheduled_tokens(rid)
         if len(tokens) < held:
             raise RequestError(f"request {rid!r} has {len(tokens)} tokens, fewer than the "
