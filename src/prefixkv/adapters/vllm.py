@@ -2,56 +2,71 @@
 
 A vLLM-style scheduler calls, per step::
 
-    blocks, n_hit = m.get_computed_blocks(req)                       # waiting request
-    new = m.allocate_slots(req, n_new, n_hit, blocks)                 # None: stop admitting
-    new = m.allocate_slots(req, n_new)                                # running: None -> preempt
+    blocks, n_hit = m.get_computed_blocks(req)                    # waiting request
+    new = m.allocate_slots(req, n_new, n_hit, blocks)              # None: stop admitting
+    new = m.allocate_slots(req, n_new, num_lookahead_tokens=k)     # running: None -> preempt
     m.free(req); m.get_block_ids(req_id); m.usage
     m.make_prefix_cache_stats(); m.take_events(); m.reset_prefix_cache()
 
-Requests are read, never kept or changed: ``request_id``, ``all_token_ids`` (prompt then
-outputs, the sampled token included), ``num_computed_tokens``, and optionally
-``cache_salt``, ``lora_request.lora_name``, ``mm_features`` (``identifier`` and
-``mm_position.offset/.length``), ``num_preemptions``; or ``extra_keys`` (an ExtraKeys).
+``allocate_slots`` makes the blocks cover positions ``[0, num_computed_tokens +
+num_new_tokens + num_lookahead_tokens)`` (for a request not yet admitted,
+``num_new_computed_tokens`` is its hit and ``num_computed_tokens`` is 0). Positions whose
+tokens are in ``all_token_ids`` are scheduled and cached as their blocks fill; the others
+(the token a step still in flight will sample, under asynchronous scheduling; drafts;
+lookahead) get reserved slots, and their tokens are appended when a later call finds
+them in ``all_token_ids``. ``full_sequence_must_fit`` allocates only if blocks for all
+known tokens and the lookahead are free now; ``has_scheduled_reqs`` only switches vLLM's
+watermark, which prefixkv does not have (as vLLM with ``watermark=0``). A request's
+``skip_reading_prefix_cache`` (prompt logprobs, pooling) makes it use no hit. What is
+read from a request: ``prefixkv.adapters.vllm_request``.
 
-Semantic differences from vLLM (each one has a test in tests/test_adapter_vllm.py):
+Differences from vLLM's own manager, all listed here. Each is asserted by a
+``test_difference_<n>_*`` test in tests/test_adapter_vllm.py, and where a replayed vLLM
+scenario meets it, in tests/test_vllm_conformance.py:
 
-1. Atomic lookup + allocate. prefixkv finds the hit and takes its blocks in one call
-   (``add_request``), so ``get_computed_blocks`` is advisory: it returns the hit length
-   and a ``ComputedBlocks`` holding no block ids (they are known only after
-   ``allocate_slots``; read them with ``get_block_ids``). ``allocate_slots`` repeats the
-   lookup; if the cache changed in between so that the hit differs from the
-   ``num_new_computed_tokens`` passed in, it releases what it took and raises
-   RequestError (a shorter hit would otherwise make the runner skip uncached KV).
-2. Block ids are plain ints; prefixkv has one KV-cache group and no null block: block
-   0 is a real block, all ``num_blocks`` count for ``usage``. The vLLM shapes are kept at
-   the boundary: ``get_block_ids`` returns ``([ids],)`` and results offer
-   ``get_block_ids()``.
-3. Stats count successful admissions only: a request whose ``allocate_slots`` returned
-   None is not counted (vLLM counts the lookup). A re-admission of a request with
-   ``num_preemptions > 0`` goes to the ``preempted_*`` fields, as in vLLM.
-4. Events are converted from prefixkv's one-block ``BlockStored`` to vLLM's shape:
-   consecutive stores of one chain become one ``VllmBlockStored`` with several hashes;
-   hashes are bytes (``hash_mode="sha256"`` makes them stable across processes);
-   ``lora_id`` is always None (names only), ``medium`` is ``"GPU"``, and cache salts
-   and multimodal keys are not carried (vLLM's optional ``extra_keys`` field).
+1. Atomic lookup + allocate: ``get_computed_blocks`` is advisory (its ``ComputedBlocks``
+names no block ids; read them with ``get_block_ids`` after ``allocate_slots``), and
+``allocate_slots`` repeats the lookup, also when vLLM would skip it. If the hit is not
+``num_new_computed_tokens``, it releases what it took, withdraws the blocks it
+scheduled (not findable, announced by ``BlockRemoved``), leaves the stats unchanged
+and raises RequestError; blocks evicted to make room stay evicted.
+2. Block ids are plain ints; one KV-cache group, no null block: block 0 is real and all
+``num_blocks`` count for ``usage`` (vLLM's ids are ours + 1). ``get_block_ids``
+returns ``([ids],)`` and results offer ``get_block_ids()``, as in vLLM.
+3. Stats count successful admissions only (a None from ``allocate_slots`` is not
+counted); re-admissions (``num_preemptions > 0``) go to ``preempted_*`` and requests
+that skip reading the cache are not counted, as in vLLM.
+4. Events: a content is announced once, so a duplicate block (computed by a request that
+skips reading the cache) is not announced again. Hashes are bytes (use
+``hash_mode="sha256"`` for ids stable across processes); cache salts, multimodal keys
+and vLLM's group and spec fields are not carried (see ``to_vllm_events``).
 5. ``free`` and ``get_block_ids`` accept unknown ids (no-op / ``([],)``) as vLLM does;
-   prefixkv's own ``free`` raises RequestError for them.
-6. Not supported, rejected with PrefixKVError before any change: lookahead slots
-   (speculative decoding), external (connector) tokens, encoder tokens, delayed
-   caching, and a running request asked to grow past its known tokens while part of its
-   prompt is still unscheduled. ``get_num_common_prefix_blocks`` is not offered.
+prefixkv's own ``free`` raises RequestError for them.
+6. ``free`` withdraws the full blocks past the request's ``num_computed_tokens`` (e.g.
+a request preempted in the step that scheduled them); vLLM keeps them findable.
+7. ``full_sequence_must_fit`` counts the lookahead slots too (vLLM: the tokens only).
+8. ``get_computed_blocks`` returns two values; vLLM's newest adds a third,
+``shared_prefix_boundary``, which is 0 without sparse-retention layer groups.
+9. Rejected with PrefixKVError before any change: ``num_external_computed_tokens`` (KV
+connectors), ``delay_cache_blocks``, ``num_encoder_tokens``, ``reserved_blocks``
+other than their defaults, and unknown keywords. Not offered:
+``get_num_common_prefix_blocks``, EAGLE's shortened hits, several layer groups.
+10. Token ids must be ints in ``[0, 2**32)`` (below ``vocab_size`` if set): TokenError
+otherwise (vLLM hashes any int).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import Any, Protocol
+from collections.abc import Hashable
+from typing import Any
 
-from prefixkv.errors import PrefixKVError, RequestError
-from prefixkv.events import AllBlocksCleared, BlockRemoved, BlockStored
-from prefixkv.extra_keys import ExtraKeys, MultiModalInput
 from prefixkv.core.manager import KVCacheManager
+from prefixkv.errors import PrefixKVError, RequestError, check_count, check_flag
+from prefixkv.hashing import encode_tokens
+from prefixkv.stats import PrefixCacheStats
 
+from .vllm_events import to_vllm_events
+from .vllm_request import VllmRequest, extra_keys_of, reads_cache
 from .vllm_types import (
     BlockIds, ComputedBlocks, VllmAllBlocksCleared, VllmBlockRemoved, VllmBlockStored, VllmEvent,
     VllmPrefixCacheStats,
@@ -60,30 +75,13 @@ from .vllm_types import (
 __all__ = [
     "BlockIds", "ComputedBlocks", "VllmAllBlocksCleared", "VllmBlockRemoved", "VllmBlockStored",
     "VllmEvent", "VllmKVCacheManager", "VllmPrefixCacheStats", "VllmRequest", "extra_keys_of",
+    "to_vllm_events",
 ]
 
-
-class VllmRequest(Protocol):
-    """The attributes of a vLLM ``Request`` the adapter reads (others are optional)."""
-
-    request_id: Hashable
-    all_token_ids: Sequence[int]
-    num_computed_tokens: int
-
-
-def extra_keys_of(request: Any) -> ExtraKeys | None:
-    """The request's ExtraKeys: its ``extra_keys`` if set, else built from ``cache_salt``,
-    ``lora_request.lora_name`` and ``mm_features``. Raises ExtraKeysError when malformed."""
-    given = getattr(request, "extra_keys", None)
-    if given is not None:
-        return given
-    lora = getattr(getattr(request, "lora_request", None), "lora_name", None)
-    salt = getattr(request, "cache_salt", None)
-    mm = tuple(MultiModalInput(f.identifier, f.mm_position.offset, f.mm_position.length)
-               for f in getattr(request, "mm_features", None) or ())
-    if lora is None and salt is None and not mm:
-        return None
-    return ExtraKeys(lora=lora, cache_salt=salt, mm=mm)
+_REJECTED = (("num_external_computed_tokens", 0, "KV connectors"),
+             ("delay_cache_blocks", False, "delayed caching"),
+             ("num_encoder_tokens", 0, "encoder-decoder models"),
+             ("reserved_blocks", 0, "a reserved-block gate"))
 
 
 class VllmKVCacheManager:
@@ -91,15 +89,15 @@ class VllmKVCacheManager:
 
     ``log_stats``: ``make_prefix_cache_stats`` returns None when False, as in vLLM.
     Create ``manager`` with ``enable_events=True`` for ``take_events`` to see anything.
-    The adapter must see every call for the requests it serves (it tracks how many of
-    each request's tokens the manager knows).
+    The adapter must see every call for the requests it serves.
     """
 
     def __init__(self, manager: KVCacheManager, *, log_stats: bool = True) -> None:
         self.manager = manager
         self.log_stats = log_stats
         self.empty_kv_cache_blocks = BlockIds()
-        self._known: dict[Hashable, int] = {}  # request id -> tokens the manager holds
+        self._blocks: dict[Hashable, int] = {}  # live request id -> blocks it holds
+        self._uncounted = PrefixCacheStats()  # recorded by the core, not counted by vLLM
         self._reset = False
 
     @property
@@ -114,7 +112,10 @@ class VllmKVCacheManager:
 
     def get_computed_blocks(self, request: VllmRequest) -> tuple[ComputedBlocks, int]:
         """The cached prefix a new (or preempted) request would reuse now: at most
-        ``len(all_token_ids) - 1`` tokens, a multiple of block_size. Changes nothing."""
+        ``len(all_token_ids) - 1`` tokens, a multiple of block_size; 0 for a request
+        that skips reading the cache. Changes nothing. Raises as ``KVCacheManager.lookup``."""
+        if not reads_cache(request):
+            return ComputedBlocks(0), 0
         n = self.manager.lookup(request.all_token_ids, extra=extra_keys_of(request))
         return ComputedBlocks(n), n
 
@@ -123,65 +124,119 @@ class VllmKVCacheManager:
                        new_computed_blocks: ComputedBlocks | None = None,
                        num_lookahead_tokens: int = 0, num_external_computed_tokens: int = 0,
                        delay_cache_blocks: bool = False, num_encoder_tokens: int = 0,
-                       **_ignored: Any) -> BlockIds | None:
-        """Slots for ``num_new_tokens`` tokens after the request's computed ones (and,
-        for a request not yet admitted, after its ``num_new_computed_tokens`` cache hit).
+                       full_sequence_must_fit: bool = False, reserved_blocks: int = 0,
+                       has_scheduled_reqs: bool = True, **unknown: Any) -> BlockIds | None:
+        """Slots for ``num_new_tokens`` positions after the request's computed ones (and,
+        for a request not yet admitted, after its ``num_new_computed_tokens`` cache hit),
+        plus ``num_lookahead_tokens`` reserved ones (see the module docstring).
         Returns the newly allocated blocks, or None on shortage (nothing changed).
-        Raises PrefixKVError for unsupported arguments, RequestError when the hit
-        changed since ``get_computed_blocks`` (nothing changed but the stats), and as
-        ``KVCacheManager`` for bad tokens or counts."""
-        if num_lookahead_tokens or num_external_computed_tokens or num_encoder_tokens or delay_cache_blocks:
+        Raises (before any change) PrefixKVError for unsupported arguments (difference
+        9); RequestError for counts or flags out of range (``num_computed_tokens``
+        included), a running request with fewer ``all_token_ids`` than the manager holds,
+        and, after undoing itself, when the hit changed since ``get_computed_blocks``
+        (difference 1); TokenError, ExtraKeysError as ``KVCacheManager.add_request``."""
+        if (unknown or num_external_computed_tokens or delay_cache_blocks or num_encoder_tokens
+                or reserved_blocks):
+            given = {"num_external_computed_tokens": num_external_computed_tokens,
+                     "delay_cache_blocks": delay_cache_blocks,
+                     "num_encoder_tokens": num_encoder_tokens, "reserved_blocks": reserved_blocks}
+            bad = [f"{k}={given[k]!r} ({why})" for k, default, why in _REJECTED if given[k] != default]
             raise PrefixKVError(
-                "lookahead, external, encoder tokens and delayed caching are not supported "
-                f"(got {num_lookahead_tokens}, {num_external_computed_tokens}, "
-                f"{num_encoder_tokens}, {delay_cache_blocks})")
-        rid, tokens = request.request_id, request.all_token_ids
-        if rid not in self._known:
-            return self._admit(request, num_new_tokens, num_new_computed_tokens)
-        known = self._known[rid]
-        target = request.num_computed_tokens + num_new_tokens
-        scheduled = self.manager.num_scheduled_tokens(rid)
-        if target <= known:
-            if target <= scheduled:
-                return self.empty_kv_cache_blocks
-            new = self.manager.extend(rid, target - scheduled)
-        elif scheduled < known:
-            raise PrefixKVError(
-                f"request {rid!r}: {known - scheduled} prompt tokens are unscheduled, so it "
-                f"cannot grow to {target} tokens past its {known} known ones in one call")
-        else:
-            new = self.manager.append_tokens(rid, tokens[known:target])
-            if new is not None:
-                self._known[rid] = target
-        return None if new is None else BlockIds(new)
+                "allocate_slots: not supported by prefixkv: "
+                + ", ".join(bad + [f"{k}={v!r} (unknown argument)" for k, v in unknown.items()]))
+        if (type(num_new_tokens) is not int or num_new_tokens < 1
+                or type(num_lookahead_tokens) is not int or num_lookahead_tokens):
+            check_count("num_new_tokens", num_new_tokens, 1, None)
+            check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
+        if full_sequence_must_fit is not False or has_scheduled_reqs is not True:
+            check_flag("full_sequence_must_fit", full_sequence_must_fit, RequestError)
+            check_flag("has_scheduled_reqs", has_scheduled_reqs, RequestError)
+        nblocks = self._held(request.request_id)
+        if nblocks is None:
+            return self._admit(request, num_new_tokens, num_new_computed_tokens,
+                               num_lookahead_tokens, full_sequence_must_fit)
+        return self._grow(request, nblocks, num_new_tokens, num_lookahead_tokens,
+                          full_sequence_must_fit)
 
-    def _admit(self, request: VllmRequest, num_new_tokens: int, expected_hit: int) -> BlockIds | None:
-        rid, tokens = request.request_id, request.all_token_ids
+    def _admit(self, request: VllmRequest, num_new_tokens: int, expected_hit: int,
+               lookahead: int, full_fit: bool) -> BlockIds | None:
+        rid, tokens, mgr = request.request_id, request.all_token_ids, self.manager
         if request.num_computed_tokens:
             raise PrefixKVError(f"request {rid!r} is not allocated but has "
                                 f"{request.num_computed_tokens} computed tokens")
-        adm = self.manager.add_request(rid, tokens, extra=extra_keys_of(request),
-                                       num_new_tokens=num_new_tokens,
-                                       resumed=getattr(request, "num_preemptions", 0) > 0)
+        read = reads_cache(request)
+        check_count("num_new_computed_tokens", expected_hit, 0, None if read else 0)
+        resumed = getattr(request, "num_preemptions", 0) > 0
+        past = max(0, expected_hit + num_new_tokens - len(tokens))  # positions past the prompt
+        adm = mgr.add_request(rid, tokens, extra=extra_keys_of(request),
+                              num_new_tokens=num_new_tokens, resumed=resumed, read_cache=read,
+                              num_lookahead_tokens=lookahead + past, require_full_fit=full_fit)
         if adm is None:
             return None
-        if adm.num_cached_tokens != expected_hit:
-            self.manager.free(rid)
+        hit = adm.num_cached_tokens
+        if hit != expected_hit or not read:
+            self._uncounted += (PrefixCacheStats(0, 0, 0, 1, len(tokens), hit) if resumed
+                                else PrefixCacheStats(1, len(tokens), hit))
+        if hit != expected_hit:
+            mgr.free(rid, num_computed_tokens=hit)  # what it scheduled was never computed
             raise RequestError(
-                f"request {rid!r}: the cache now holds {adm.num_cached_tokens} of its tokens, "
-                f"not the {expected_hit} get_computed_blocks reported; call it again")
-        self._known[rid] = len(tokens)
-        return BlockIds(adm.block_ids[adm.num_cached_tokens // self.block_size:])
+                f"request {rid!r}: the cache now holds {hit} of its tokens, not the "
+                f"{expected_hit} get_computed_blocks reported; call it again")
+        ids = adm.block_ids
+        self._blocks[rid] = len(ids)
+        return BlockIds(ids[hit // self.block_size:])
+
+    def _grow(self, request: VllmRequest, nblocks: int, num_new_tokens: int, lookahead: int,
+              full_fit: bool) -> BlockIds | None:
+        #   | scheduled | known, to schedule now | reserved: tokens not known yet + lookahead |
+        #   0       scheduled                  known                                      slots
+        mgr, rid, bs = self.manager, request.request_id, self.block_size
+        tokens = request.all_token_ids
+        computed = request.num_computed_tokens
+        if type(computed) is not int or computed < 0:
+            check_count("num_computed_tokens", computed, 0, None)
+        target = computed + num_new_tokens
+        held, scheduled = mgr.num_tokens(rid), mgr.num_scheduled_tokens(rid)
+        if len(tokens) < held:
+            raise RequestError(f"request {rid!r} has {len(tokens)} tokens, fewer than the "
+                               f"{held} the manager holds")
+        known, slots = min(target, len(tokens)), target + lookahead
+        need = -(-slots // bs) - nblocks  # growth takes fresh blocks only: exact
+        if full_fit:
+            need = max(need, -(-(len(tokens) + lookahead) // bs) - nblocks)
+        if need > mgr.num_free_blocks:
+            return None
+        new: tuple[int, ...] = ()
+        if known > held:
+            fresh = tokens[held:known]
+            if scheduled < held:  # the rest of the prompt first
+                encode_tokens(fresh, mgr.vocab_size)  # a TokenError before any change
+                new = _taken(mgr.extend(rid, held - scheduled))
+            new += _taken(mgr.append_tokens(rid, fresh))
+            scheduled = known
+        elif known > scheduled:
+            new = _taken(mgr.extend(rid, known - scheduled))
+            scheduled = known
+        if slots > scheduled:
+            new += _taken(mgr.reserve(rid, slots - scheduled))
+        self._blocks[rid] = nblocks + len(new)
+        return BlockIds(new) if new else self.empty_kv_cache_blocks
 
     def free(self, request: VllmRequest) -> None:
-        """Release the request's blocks (tail first); a request holding none is a no-op."""
+        """Release the request's blocks (tail first), withdrawing the full blocks past
+        its ``num_computed_tokens`` (difference 6); a request holding none is a no-op.
+        Raises RequestError when ``num_computed_tokens`` is not an int >= 0."""
         rid = request.request_id
-        if self._known.pop(rid, None) is not None:
-            self.manager.free(rid)
+        if self._held(rid) is None:
+            return
+        computed = check_count("num_computed_tokens", request.num_computed_tokens, 0, None)
+        scheduled = self.manager.num_scheduled_tokens(rid)
+        del self._blocks[rid]
+        self.manager.free(rid, num_computed_tokens=min(computed, scheduled))
 
     def get_block_ids(self, request_id: Hashable) -> tuple[list[int]]:
         """``([block ids in token order],)``; ``([],)`` for a request holding no blocks."""
-        if request_id not in self._known:
+        if self._held(request_id) is None:
             return ([],)
         return (list(self.manager.get_block_ids(request_id)),)
 
@@ -189,12 +244,12 @@ class VllmKVCacheManager:
         """Stats since the previous call (get-and-reset), or None without ``log_stats``."""
         if not self.log_stats:
             return None
-        t = self.manager.take_stats()
+        t = self.manager.take_stats() - self._uncounted
         out = VllmPrefixCacheStats(
             reset=self._reset, requests=t.requests, queries=t.queries, hits=t.hits,
             preempted_requests=t.preempted_requests, preempted_queries=t.preempted_queries,
             preempted_hits=t.preempted_hits)
-        self._reset = False
+        self._reset, self._uncounted = False, PrefixCacheStats()
         return out
 
     def reset_prefix_cache(self) -> bool:
@@ -204,22 +259,18 @@ class VllmKVCacheManager:
         return done
 
     def take_events(self) -> list[VllmEvent]:
-        """The manager's events since the previous call, in vLLM's shape, oldest first."""
-        out: list[VllmEvent] = []
-        bs = self.block_size
-        for e in self.manager.take_events():
-            if isinstance(e, BlockStored):
-                last = out[-1] if out else None
-                lora = e.extra.lora if e.extra is not None else None
-                if (isinstance(last, VllmBlockStored) and e.parent_block_hash == last.block_hashes[-1]
-                        and last.lora_name == lora):
-                    last.block_hashes.append(e.block_hash)
-                    last.token_ids.extend(e.token_ids)
-                else:
-                    out.append(VllmBlockStored([e.block_hash], e.parent_block_hash,
-                                               list(e.token_ids), bs, lora_name=lora))
-            elif isinstance(e, BlockRemoved):
-                out.append(VllmBlockRemoved([e.block_hash]))
-            elif isinstance(e, AllBlocksCleared):
-                out.append(VllmAllBlocksCleared())
-        return out
+        """The manager's events since the previous call in vLLM's shapes, oldest first
+        (see ``to_vllm_events``)."""
+        return to_vllm_events(self.manager.take_events(), self.block_size)
+
+    def _held(self, request_id: Hashable) -> int | None:
+        """Blocks the request holds; None when it is not live (or not hashable)."""
+        try:
+            return self._blocks.get(request_id)
+        except TypeError:
+            return None
+
+
+def _taken(new: tuple[int, ...] | None) -> tuple[int, ...]:
+    assert new is not None, "growth was short of blocks after the pool was checked"
+    return new

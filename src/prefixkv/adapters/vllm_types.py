@@ -48,23 +48,26 @@ class VllmPrefixCacheStats:
 class VllmBlockStored:
     """Consecutive blocks of one chain became cached: ``block_hashes[i]`` holds
     ``token_ids[i*block_size:(i+1)*block_size]``; the first one's parent is
-    ``parent_block_hash`` (None at the start of a sequence)."""
+    ``parent_block_hash`` (None at the start of a sequence). ``lora_name`` and
+    ``lora_id``: the request's LoRA adapter (None without one); ``medium``: where the
+    blocks live ("GPU": the device pool)."""
 
     block_hashes: list[bytes]
     parent_block_hash: bytes | None
     token_ids: list[int]
     block_size: int
-    lora_id: int | None = None
-    medium: str | None = "GPU"
-    lora_name: str | None = None
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
 
 
 @dataclass(frozen=True, slots=True)
 class VllmBlockRemoved:
-    """Blocks evicted from the cache."""
+    """Blocks no longer findable (evicted, or withdrawn because their KV was never
+    computed), on ``medium``."""
 
     block_hashes: list[bytes]
-    medium: str | None = "GPU"
+    medium: str | None
 
 
 @dataclass(frozen=True, slots=True)
