@@ -38,10 +38,10 @@ class Plan:
 
     pools: tuple[int, ...] = (10_000, 1_000_000)
     modes: tuple[str, ...] = ("xxhash", "sha256")
-    rounds: int = 10
-    admits_2k: int = 150
-    admits_32k: int = 16
-    decode_tokens: int = 20_000
+    rounds: int = 20
+    admits_2k: int = 200
+    admits_32k: int = 20
+    decode_tokens: int = 32_000
     step_requests: int = 64
     workloads: tuple[str, ...] = ("system-prompt", "chat", "document", "pressure")
     scale: float = 1.0
@@ -134,13 +134,15 @@ def measure(pair, rounds: int, command) -> dict[str, list[dict]]:
 
 def row(section: str, pool: int, mode: str, name: str, unit: str, old: list[float],
         new: list[float], **extra) -> dict:
-    """A report row: round values (ns) of both sides summarised in µs, and the ratios."""
+    """A report row: round values (ns) of both sides summarised in µs, and the ratios old/new
+    of the medians, of the best rounds, and the median of each round's own ratio."""
     med = {k: statistics.median(v) / 1e3 for k, v in (("old", old), ("new", new))}
     best = {k: min(v) / 1e3 for k, v in (("old", old), ("new", new))}
     return dict(section=section, pool_blocks=pool, mode=mode, row=name, unit=unit,
                 old_us=round(med["old"], 3), old_best_us=round(best["old"], 3),
                 new_us=round(med["new"], 3), new_best_us=round(best["new"], 3),
                 ratio=round(med["old"] / med["new"], 2), ratio_best=round(best["old"] / best["new"], 2),
+                ratio_paired=round(statistics.median(o / n for o, n in zip(old, new)), 2),
                 old_rounds_ns=[round(x) for x in old], new_rounds_ns=[round(x) for x in new], **extra)
 
 
@@ -165,7 +167,7 @@ def micro_rows(pair, plan: Plan, pool: int, mode: str, log) -> list[dict]:
     return rows
 
 
-COUNTS = ("admissions", "preemptions", "decoded_tokens", "cached_tokens", "steps")
+COUNTS = ("admissions", "preemptions", "decoded_tokens", "prompt_tokens", "cached_tokens", "steps")
 
 
 def workload_rows(pair, plan: Plan, pool: int, log) -> list[dict]:

@@ -57,7 +57,18 @@ def markdown(rows: list[dict], meta: dict) -> str:
                          f"{r['old_us']:g} ({r['old_best_us']:g}) | {r['new_us']:g} ({r['new_best_us']:g}) "
                          f"| {r['ratio']:.2f} ({r['ratio_best']:.2f}) | {mark} |")
         lines.append("")
-    return "\n".join(lines)
+    lines += ["What the workloads did (all rounds; the new side's counts, the same on both sides "
+              "unless a row says otherwise):", "",
+              "| pool blocks | workload | admissions | preemptions | decoded tokens | prompt tokens hit "
+              "| running per step |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if r["section"] == "workload" and r["row"].endswith(": admit"):
+            c = r["counts"]["new"]
+            lines.append(f"| {r['pool_blocks']:,} | {r['row'][:-len(': admit')]} | {c['admissions']:,} "
+                         f"| {c['preemptions']:,} | {c['decoded_tokens']:,} "
+                         f"| {c['cached_tokens'] / max(c['prompt_tokens'], 1):.0%} "
+                         f"| {c['decoded_tokens'] / max(c['steps'], 1):.1f} |")
+    return "\n".join(lines + [""])
 
 
 def main_against(rev: str, quick: bool, out: Path, command: str) -> None:

@@ -35,7 +35,8 @@ class _Req:
 
 def replay(m, requests: list[dict], max_running: int) -> dict:
     """Run ``requests`` (dicts with rid, prompt, output, after: as ``BenchRequest``) through
-    manager ``m`` to the end. Returns counts and the ns spent in add_request
+    manager ``m`` to the end. Returns counts (prompt tokens admitted, recomputes included,
+and those found cached) and the ns spent in add_request
     (``admit_ns``), in the decode calls (``decode_ns``) and in free/preempt (``free_ns``).
     Raises RuntimeError when a request cannot run even alone, or a decode call finds no
     room after the room step made it."""
@@ -44,7 +45,7 @@ def replay(m, requests: list[dict], max_running: int) -> dict:
     waiting = deque(_Req(r["rid"], r["prompt"], r["output"], r.get("after")) for r in requests)
     running: dict[str, _Req] = {}  # admission order
     finished: set[str] = set()
-    out = dict(admissions=0, preemptions=0, decoded_tokens=0, cached_tokens=0, steps=0,
+    out = dict(admissions=0, preemptions=0, decoded_tokens=0, prompt_tokens=0, cached_tokens=0, steps=0,
                admit_ns=0, decode_ns=0, free_ns=0,
                decode_call="append_step" if step_call else "append_tokens")
     blocked = False
@@ -64,6 +65,7 @@ def replay(m, requests: list[dict], max_running: int) -> dict:
             waiting.remove(req)
             running[req.rid] = req
             out["admissions"] += 1
+            out["prompt_tokens"] += len(req.prompt)
             out["cached_tokens"] += adm.num_cached_tokens
         if not running:
             raise RuntimeError(f"{len(waiting)} requests wait and none fits an empty pool "

@@ -36,17 +36,19 @@ def test_rows_of_both_sides_replay_the_same_work():
     for r in rows:
         assert len(r["old_rounds_ns"]) == len(r["new_rounds_ns"]) == 2
         assert min(r["old_rounds_ns"] + r["new_rounds_ns"]) > 0
-        assert r["ratio"] == round(r["old_us"] / r["new_us"], 2)
+        assert r["ratio"] == pytest.approx(r["old_us"] / r["new_us"], abs=0.01)
+        assert r["ratio_paired"] > 0
         assert r["old_best_us"] <= r["old_us"] and r["new_best_us"] <= r["new_us"]
     for r in work:
         assert r["same_counts"] and r["counts"]["old"] == r["counts"]["new"]
         assert r["counts"]["new"]["admissions"] >= r["counts"]["new"]["preemptions"] > -1
         assert r["counts"]["new"]["decoded_tokens"] > 0
+        assert r["counts"]["new"]["prompt_tokens"] >= r["counts"]["new"]["cached_tokens"]
     pressure = [r for r in work if r["row"] == "pressure: admit"][0]
     assert pressure["counts"]["new"]["cached_tokens"] > 0
     md = markdown(rows, dict(old_commit="A", new_commit="B", machine="m", python="3", command="c",
                              elapsed_s=1, plan=dict(rounds=2)))
-    assert md.count("\n| 5,000 |") == len(rows)
+    assert md.count("\n| 5,000 |") == len(rows) + 4  # and one line of counts per workload
     assert "| 2x met |" in md or "| 2x NOT met |" in md
 
 
