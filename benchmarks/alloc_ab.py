@@ -70,8 +70,11 @@ class Worker:
     def call(self, cmd: dict | str) -> dict:
         """Send a command (a dict, or one already JSON-encoded) and return the reply.
         Raises RuntimeError when the worker reports an error or has died."""
-        self.proc.stdin.write((cmd if isinstance(cmd, str) else json.dumps(cmd)) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write((cmd if isinstance(cmd, str) else json.dumps(cmd)) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise RuntimeError(f"{self.label} worker exited ({self.proc.wait()})") from None
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"{self.label} worker exited ({self.proc.wait()})")
@@ -172,13 +175,14 @@ COUNTS = ("admissions", "preemptions", "decoded_tokens", "prompt_tokens", "cache
 
 def workload_rows(pair, plan: Plan, pool: int, log) -> list[dict]:
     """Each workload replayed in ``pool`` with requests held so that exactly its designed
-    room (``pool_tokens / 16`` blocks) is free; round r replays the workload of seed r."""
+    room (``pool_tokens / 16`` blocks) is free; round r replays the workload of seed r.
+    Raises ValueError (before any command) when that room is larger than ``pool``."""
     rows = []
-    sized = sorted(plan.workloads, key=lambda n: -builtin(n, 0.0).pool_tokens)
-    for name in sized:
-        room = builtin(name, 0.0).pool_tokens // BS
-        if room > pool:
-            raise ValueError(f"workload {name} needs {room} free blocks, the pool has {pool}")
+    rooms = {name: builtin(name, 0.0).pool_tokens // BS for name in plan.workloads}
+    if max(rooms.values()) > pool:
+        raise ValueError(f"workloads need up to {max(rooms.values())} free blocks ({rooms}); "
+                         f"the pool has {pool}")
+    for name, room in sorted(rooms.items(), key=lambda kv: -kv[1]):
         for w in pair:
             w.call(dict(cmd="hold", free=room))
         got = measure(pair, plan.rounds, lambda r: dict(

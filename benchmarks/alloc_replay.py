@@ -39,7 +39,7 @@ def replay(m, requests: list[dict], max_running: int) -> dict:
 and those found cached) and the ns spent in add_request
     (``admit_ns``), in the decode calls (``decode_ns``) and in free/preempt (``free_ns``).
     Raises RuntimeError when a request cannot run even alone, or a decode call finds no
-    room after the room step made it."""
+    room after the room step made it; then the requests it admitted stay admitted."""
     bs = m.block_size
     step_call = getattr(m, "append_step", None)
     waiting = deque(_Req(r["rid"], r["prompt"], r["output"], r.get("after")) for r in requests)

@@ -13,7 +13,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 SRC = BENCH.parent / "src"
 sys.path.insert(0, str(BENCH))
 
-from alloc_ab import Plan, Worker, compare  # noqa: E402
+from alloc_ab import Plan, Worker, compare, workload_rows  # noqa: E402
 from alloc_ab_report import markdown  # noqa: E402
 
 TINY = Plan(pools=(5000,), rounds=2, admits_2k=3, admits_32k=2, decode_tokens=256,
@@ -65,9 +65,21 @@ def test_worker_reports_errors_and_keeps_serving():
         with pytest.raises(RuntimeError, match="outgrew the pool"):
             w.call(dict(cmd="replay", max_running=4, requests=[
                 dict(rid="a", prompt=list(range(600)), output=list(range(100)), after=None)]))
+        with pytest.raises(RuntimeError, match="none fits an empty pool"):
+            w.call(dict(cmd="replay", max_running=4, requests=[
+                dict(rid="b", prompt=list(range(1000)), output=[1], after=None)]))
+        assert w.call(dict(cmd="release")) == dict(free=260)  # "a" still holds its 40 blocks
     finally:
         w.close()
     assert w.proc.returncode == 0
+
+
+def test_a_dead_worker_is_an_error():
+    w = Worker("old", SRC)
+    w.proc.kill()
+    w.proc.wait()
+    with pytest.raises(RuntimeError, match="old worker exited"):
+        w.call(dict(cmd="hello"))
 
 
 def test_worker_refuses_a_tree_it_did_not_import(tmp_path):
@@ -82,3 +94,8 @@ def test_against_needs_a_commit(tmp_path):
     assert run.returncode != 0 and "no-such-rev" in run.stderr
     assert "unknown revision 'no-such-rev'" in run.stderr.splitlines()[-1]
     assert not list(tmp_path.iterdir())
+
+
+def test_workloads_need_their_room_in_the_pool():
+    with pytest.raises(ValueError, match="need up to 4096 free blocks.*the pool has 4000"):
+        workload_rows([], TINY, 4000, print)
