@@ -2,6 +2,11 @@
 hashed token, for pools of 10k and 1M blocks, at 0% and 100% prefix hit rate.
 
     python benchmarks/bench_allocator.py [--quick] [--out benchmarks/results]
+    python benchmarks/bench_allocator.py --against REV [--quick] [--out benchmarks/results]
+
+``--against REV`` times an older commit and this tree side by side in one run, in
+alternating rounds, and writes per-row ratios to ``allocator-ab.{md,json}`` (see
+``alloc_ab.py``). Either way the prefixkv measured is this tree's ``src``.
 
 Each figure is the median over many admissions of a steady-state loop (admit, then free, so the
 pool keeps evicting on misses). Every pool is first filled to capacity with cached blocks, as a
@@ -19,8 +24,11 @@ import platform
 import random
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this tree's prefixkv
 
 from prefixkv import KVCacheManager, PagedAllocator
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
@@ -175,7 +183,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repeats, 10k-block pool only")
     ap.add_argument("--out", default="benchmarks/results", help="folder for allocator-cpu.{json,md}")
+    ap.add_argument("--against", metavar="REV", help="compare with commit REV side by side "
+                    "(writes allocator-ab.{json,md}; --quick: 10k-block pool, 2 rounds)")
     args = ap.parse_args()
+    if args.against:
+        from alloc_ab_report import main_against
+        main_against(args.against, args.quick, Path(args.out), "python " + " ".join(
+            ["benchmarks/bench_allocator.py", *sys.argv[1:]]))
+        return
     pools = [10_000] if args.quick else [10_000, 1_000_000]
     rows, hashing = run(pools, args.quick)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,

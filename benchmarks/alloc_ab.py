@@ -1,0 +1,223 @@
+"""Side-by-side allocator timing of an older commit and the working tree, in one run
+(``bench_allocator.py --against REV``).
+
+The older commit is checked out with ``git worktree add --detach`` into a temporary
+folder; two long-lived workers (``alloc_worker.py`` from this tree, the same Python) import
+prefixkv from ``<old>/src`` and ``<this tree>/src``. Every row is measured in rounds that
+alternate between the sides in ABBA order (old, new, new, old, ...), so a drift of the
+machine within a row weighs on both alike; both sides get the same seeds and, for the
+workloads, the same requests (built here, with this tree's ``prefixkv.bench.workloads``).
+A row reports per side the median and the best of its round values, and the ratio
+old/new of each (above 1: the working tree is faster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefixkv.bench.workloads import builtin
+
+HERE = Path(__file__).resolve().parent
+TREE = HERE.parent
+WORKER = HERE / "alloc_worker.py"
+BS = 16
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much to measure: pools, hash modes, rounds per row (even: ABBA pairs), samples
+    per round, and the workloads (at ``scale``) replayed in each pool."""
+
+    pools: tuple[int, ...] = (10_000, 1_000_000)
+    modes: tuple[str, ...] = ("xxhash", "sha256")
+    rounds: int = 20
+    admits_2k: int = 200
+    admits_32k: int = 20
+    decode_tokens: int = 32_000
+    step_requests: int = 64
+    workloads: tuple[str, ...] = ("system-prompt", "chat", "document", "pressure")
+    scale: float = 1.0
+    max_running: int = 64
+
+
+QUICK = Plan(pools=(10_000,), rounds=2, admits_2k=40, admits_32k=4, decode_tokens=4000, scale=0.25)
+
+
+class Worker:
+    """A worker process importing prefixkv from ``src``; ``call`` sends one command."""
+
+    def __init__(self, label: str, src: Path) -> None:
+        self.label = label
+        env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0"}
+        self.proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env, cwd=HERE)
+        try:
+            self.info = self.call(dict(cmd="hello"))
+            if not Path(self.info["prefixkv"]).resolve().is_relative_to(src.resolve()):
+                raise RuntimeError(f"{label} worker imported {self.info['prefixkv']}, not from {src}")
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, cmd: dict | str) -> dict:
+        """Send a command (a dict, or one already JSON-encoded) and return the reply.
+        Raises RuntimeError when the worker reports an error or has died."""
+        try:
+            self.proc.stdin.write((cmd if isinstance(cmd, str) else json.dumps(cmd)) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise RuntimeError(f"{self.label} worker exited ({self.proc.wait()})") from None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.label} worker exited ({self.proc.wait()})")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"{self.label} worker failed:\n{reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write('{"cmd": "quit"}\n')
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+@contextmanager
+def workers(old_src: Path, new_src: Path):
+    """Start the two workers; stop them on the way out."""
+    pair = []
+    try:
+        pair.append(Worker("old", old_src))
+        pair.append(Worker("new", new_src))
+        yield pair
+    finally:
+        for w in pair:
+            w.close()
+
+
+@contextmanager
+def worktree(rev: str):
+    """A detached worktree of ``rev`` in a temporary folder; yields (path, short commit).
+    Raises SystemExit (code 2) when ``rev`` names no commit."""
+    try:
+        commit = _git("rev-parse", "--short", "--verify", "--end-of-options", f"{rev}^{{commit}}")
+    except subprocess.CalledProcessError:
+        raise SystemExit(f"bench_allocator: unknown revision {rev!r}") from None
+    with tempfile.TemporaryDirectory(prefix="prefixkv-ab-") as tmp:
+        path = Path(tmp) / commit
+        _git("worktree", "add", "--detach", str(path), commit)
+        try:
+            yield path, commit
+        finally:
+            _git("worktree", "remove", "--force", str(path))
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=TREE, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def measure(pair, rounds: int, command) -> dict[str, list[dict]]:
+    """Replies of ``command(r)`` for rounds r = 0..rounds-1, old and new in ABBA order."""
+    replies: dict[str, list[dict]] = {"old": [], "new": []}
+    for r in range(rounds):
+        line = json.dumps(command(r))
+        for w in (pair if r % 2 == 0 else pair[::-1]):
+            replies[w.label].append(w.call(line))
+    return replies
+
+
+def row(section: str, pool: int, mode: str, name: str, unit: str, old: list[float],
+        new: list[float], **extra) -> dict:
+    """A report row: round values (ns) of both sides summarised in µs, and the ratios old/new
+    of the medians, of the best rounds, and the median of each round's own ratio."""
+    med = {k: statistics.median(v) / 1e3 for k, v in (("old", old), ("new", new))}
+    best = {k: min(v) / 1e3 for k, v in (("old", old), ("new", new))}
+    return dict(section=section, pool_blocks=pool, mode=mode, row=name, unit=unit,
+                old_us=round(med["old"], 3), old_best_us=round(best["old"], 3),
+                new_us=round(med["new"], 3), new_best_us=round(best["new"], 3),
+                ratio=round(med["old"] / med["new"], 2), ratio_best=round(best["old"] / best["new"], 2),
+                ratio_paired=round(statistics.median(o / n for o, n in zip(old, new)), 2),
+                old_rounds_ns=[round(x) for x in old], new_rounds_ns=[round(x) for x in new], **extra)
+
+
+def micro_rows(pair, plan: Plan, pool: int, mode: str, log) -> list[dict]:
+    """Admissions (2k/32k, 0%/100% hit) and decode (one request; a batch per step)."""
+    rows = []
+    for tokens, count in ((2048, plan.admits_2k), (32768, plan.admits_32k)):
+        for hit in (False, True):
+            name = f"admit {tokens // 1024}k, {100 if hit else 0}% hit"
+            got = measure(pair, plan.rounds, lambda r: dict(
+                cmd="admit", tokens=tokens, hit=hit, count=count, seed=f"{pool}/{mode}/{name}/{r}"))
+            rows.append(log(row("micro", pool, mode, name, "µs/admission",
+                                [g["ns"] for g in got["old"]], [g["ns"] for g in got["new"]])))
+    for requests, per_step in ((1, False), (plan.step_requests, True)):
+        name = f"decode, {requests} running, " + ("per step" if per_step else "per request")
+        got = measure(pair, plan.rounds, lambda r: dict(
+            cmd="decode", requests=requests, steps=plan.decode_tokens // requests,
+            per_step=per_step, seed=f"{pool}/{mode}/{name}/{r}"))
+        rows.append(log(row("micro", pool, mode, name, "µs/token",
+                            [g["ns"] for g in got["old"]], [g["ns"] for g in got["new"]],
+                            old_call=got["old"][0]["call"], new_call=got["new"][0]["call"])))
+    return rows
+
+
+COUNTS = ("admissions", "preemptions", "decoded_tokens", "prompt_tokens", "cached_tokens", "steps")
+
+
+def workload_rows(pair, plan: Plan, pool: int, log) -> list[dict]:
+    """Each workload replayed in ``pool`` with requests held so that exactly its designed
+    room (``pool_tokens / 16`` blocks) is free; round r replays the workload of seed r.
+    Raises ValueError (before any command) when that room is larger than ``pool``."""
+    rows = []
+    rooms = {name: builtin(name, 0.0).pool_tokens // BS for name in plan.workloads}
+    if max(rooms.values()) > pool:
+        raise ValueError(f"workloads need up to {max(rooms.values())} free blocks ({rooms}); "
+                         f"the pool has {pool}")
+    for name, room in sorted(rooms.items(), key=lambda kv: -kv[1]):
+        for w in pair:
+            w.call(dict(cmd="hold", free=room))
+        got = measure(pair, plan.rounds, lambda r: dict(
+            cmd="replay", max_running=plan.max_running,
+            requests=[dict(rid=q.rid, prompt=q.prompt, output=q.output, after=q.after)
+                      for q in builtin(name, plan.scale, seed=r).requests]))
+        same = all([o[k] for k in COUNTS] == [n[k] for k in COUNTS]
+                   for o, n in zip(got["old"], got["new"]))
+        counts = {side: {k: sum(g[k] for g in got[side]) for k in COUNTS} for side in got}
+        for what, unit, num, den in (("admit", "µs/admission", "admit_ns", "admissions"),
+                                     ("decode", "µs/token", "decode_ns", "decoded_tokens"),
+                                     ("free", "µs/request", "free_ns", "admissions")):
+            per = {side: [g[num] / g[den] for g in got[side]] for side in got}
+            extra = dict(same_counts=same, counts=counts)
+            if what == "decode":
+                extra.update(old_call=got["old"][0]["decode_call"], new_call=got["new"][0]["decode_call"])
+            rows.append(log(row("workload", pool, "xxhash", f"{name}: {what}", unit,
+                                per["old"], per["new"], **extra)))
+    for w in pair:
+        w.call(dict(cmd="release"))
+    return rows
+
+
+def compare(old_src: Path, new_src: Path, plan: Plan, log=lambda r: r) -> tuple[list[dict], dict]:
+    """Every row of ``plan`` for the prefixkv in ``old_src`` against ``new_src``. Returns the
+    rows and the workers' hello replies. ``log`` sees each row as it is finished."""
+    rows = []
+    with workers(old_src, new_src) as pair:
+        for pool in plan.pools:
+            for mode in plan.modes:
+                for w in pair:
+                    w.call(dict(cmd="setup", pool=pool, mode=mode))
+                rows += micro_rows(pair, plan, pool, mode, log)
+                if mode == "xxhash" and plan.workloads:
+                    rows += workload_rows(pair, plan, pool, log)
+                for w in pair:
+                    w.call(dict(cmd="drop"))
+        return rows, {w.label: w.info for w in pair}

@@ -1,0 +1,100 @@
+"""The report of ``bench_allocator.py --against REV``: runs ``alloc_ab.compare`` on a
+worktree of REV and this tree, and writes ``allocator-ab.{md,json}``."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from alloc_ab import QUICK, TREE, Plan, _git, compare, worktree
+
+GOALS = {  # the speed issue's goals (old/new, medians) against ae75256, by row
+    ("micro", "xxhash", "admit 2k, 100% hit"): 2.0, ("micro", "xxhash", "admit 32k, 100% hit"): 2.0,
+    ("micro", "xxhash", "admit 2k, 0% hit"): 1.3, ("micro", "xxhash", "admit 32k, 0% hit"): 1.3,
+    ("micro", "xxhash", "decode, 64 running, per step"): 1.5,
+    ("workload", "xxhash", "system-prompt: admit"): 2.0, ("workload", "xxhash", "chat: admit"): 2.0,
+    ("workload", "xxhash", "document: admit"): 2.0, ("workload", "xxhash", "pressure: admit"): 1.3,
+}
+
+
+def goal(r: dict) -> float | None:
+    """The issue's goal for row ``r``; every sha256 row: no slower (1.0)."""
+    if r["mode"] == "sha256":
+        return 1.0
+    return GOALS.get((r["section"], r["mode"], r["row"]))
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    old, new = meta["old_commit"], meta["new_commit"]
+    lines = [f"# Allocator A/B: {old} against {new} ({meta['machine']}, Python {meta['python']})",
+             "", f"Command: `{meta['command']}` ({meta['elapsed_s']} s)", "",
+             f"Both sides ran in one run as two worker processes, {meta['plan']['rounds']} rounds "
+             "per row in ABBA order (old, new, new, old, ...). µs: median of the round values "
+             "(best round in brackets); a round value is the median of its admissions, or the "
+             "mean per decoded token / per request. Ratio = old / new (above 1: the new code is "
+             "faster), of the medians (of the best rounds); paired: the median of each round's "
+             "own ratio, which a burst of load on the machine moves least. Pools are filled to "
+             "capacity with "
+             "cached blocks first (every miss evicts); workloads replay in the big pool with "
+             "requests held so that exactly their designed room is free (4096 blocks; pressure "
+             "512), one seed per round, the same requests on both sides, timing allocator calls "
+             "only. Goal: the speed issue's target ratio against ae75256.", ""]
+    for section, head in (("micro", "Micro"), ("workload", "Workloads (xxhash)")):
+        lines += [f"## {head}", "",
+                  f"| pool blocks | hash | row | unit | {old} | {new} | old/new | paired | goal |",
+                  "|---:|---|---|---|---:|---:|---:|---:|---|"]
+        for r in (r for r in rows if r["section"] == section):
+            name = r["row"]
+            if r.get("old_call") and r["old_call"] != r["new_call"]:
+                name += f" ({r['old_call']} vs {r['new_call']})"
+            if r.get("same_counts") is False:
+                name += " (sides replayed different counts)"
+            g = goal(r)
+            mark = "" if g is None else f"{g:g}x {'met' if r['ratio'] >= g else 'NOT met'}"
+            lines.append(f"| {r['pool_blocks']:,} | {r['mode']} | {name} | {r['unit']} | "
+                         f"{r['old_us']:g} ({r['old_best_us']:g}) | {r['new_us']:g} ({r['new_best_us']:g}) "
+                         f"| {r['ratio']:.2f} ({r['ratio_best']:.2f}) | {r['ratio_paired']:.2f} | {mark} |")
+        lines.append("")
+    lines += ["What the workloads did (all rounds; the new side's counts, the same on both sides "
+              "unless a row says otherwise):", "",
+              "| pool blocks | workload | admissions | preemptions | decoded tokens | prompt tokens hit "
+              "| running per step |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if r["section"] == "workload" and r["row"].endswith(": admit"):
+            c = r["counts"]["new"]
+            lines.append(f"| {r['pool_blocks']:,} | {r['row'][:-len(': admit')]} | {c['admissions']:,} "
+                         f"| {c['preemptions']:,} | {c['decoded_tokens']:,} "
+                         f"| {c['cached_tokens'] / max(c['prompt_tokens'], 1):.0%} "
+                         f"| {c['decoded_tokens'] / max(c['steps'], 1):.1f} |")
+    return "\n".join(lines + [""])
+
+
+def main_against(rev: str, quick: bool, out: Path, command: str) -> None:
+    """Compare ``rev`` with this tree, print each row as it finishes, write the report."""
+    plan = QUICK if quick else Plan()
+    dirty = _git("status", "--porcelain", "--", "src")
+    new_commit = _git("rev-parse", "--short", "HEAD") + (" + uncommitted src" if dirty else "")
+    t0 = time.perf_counter()
+    with worktree(rev) as (path, old_commit):
+        print(f"old: {old_commit} ({path}), new: {new_commit} ({TREE})", flush=True)
+        rows, sides = compare(path / "src", TREE / "src", plan, log=_print_row)
+    meta = dict(machine=f"{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores",
+                python=platform.python_version(), old_commit=old_commit, new_commit=new_commit,
+                command=command, elapsed_s=round(time.perf_counter() - t0),
+                plan=asdict(plan), sides=sides)
+    md = markdown(rows, meta)
+    print(md)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "allocator-ab.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    (out / "allocator-ab.md").write_text(md)
+
+
+def _print_row(r: dict) -> dict:
+    print(f"{r['pool_blocks']:>9,} {r['mode']:6} {r['row']:38} old {r['old_us']:>9.3f} "
+          f"new {r['new_us']:>9.3f} {r['unit']:12} ratio {r['ratio']:.2f} ({r['ratio_best']:.2f})",
+          flush=True)
+    return r

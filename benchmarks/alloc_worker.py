@@ -1,0 +1,174 @@
+"""One side of an A/B allocator benchmark (``bench_allocator.py --against``): a long-lived
+process that imports whichever prefixkv is first on its PYTHONPATH and times it.
+
+Protocol: one JSON object per line on stdin, one JSON reply per line on stdout (an
+``{"error": ...}`` reply when a command failed; the worker keeps serving). Only the
+public API that every compared version has is used: ``KVCacheManager(num_blocks,
+block_size, seed=, hash_mode=)``, ``add_request``, ``append_tokens``, ``free``,
+``preempt``, ``num_free_blocks``, ``num_cached_blocks``, and ``append_step`` where the
+version has it. Commands (``cmd``):
+
+    hello                         -> prefixkv's file, whether it has append_step
+    setup  pool, mode             -> a fresh manager filled to capacity with cached blocks
+    admit  tokens, hit, count, seed -> median ns of ``count`` admissions, each freed after
+    decode requests, steps, per_step, seed -> ns per decoded token and the call used
+    hold   free                   -> admit and keep requests until exactly ``free`` blocks are free
+    release                       -> free what ``hold`` kept
+    replay requests, max_running  -> counts and ns of a continuous-batching replay
+    drop                          -> forget the manager
+
+Prompts of ``admit``/``decode``/``hold`` are drawn from ``random.Random(seed)``, so two
+workers given the same seed see the same tokens.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+import traceback
+from array import array
+
+from alloc_replay import replay
+
+BS = 16
+
+
+def prompt(rng: random.Random, n: int) -> list[int]:
+    """``n`` random 16-bit token ids as a list of ints."""
+    return list(array("H", rng.randbytes(2 * n)))
+
+
+class Side:
+    """The manager under test and the requests ``hold`` keeps alive."""
+
+    def __init__(self) -> None:
+        self.m = None
+        self.held: list[tuple[str, int]] = []
+
+    def hello(self) -> dict:
+        import prefixkv
+        from prefixkv import KVCacheManager
+        return dict(prefixkv=prefixkv.__file__, append_step=hasattr(KVCacheManager, "append_step"),
+                    python=sys.version.split()[0])
+
+    def setup(self, pool: int, mode: str) -> dict:
+        """Build a pool and admit/free distinct prompts (32k tokens, or the pool) until every block holds
+        cached content (each later miss evicts); then freeze the GC, as engines do."""
+        from prefixkv import KVCacheManager
+        self.drop()
+        t0 = time.perf_counter()
+        m = self.m = KVCacheManager(pool, BS, seed=0, hash_mode=mode)
+        rng = random.Random(f"fill/{pool}")
+        i = 0
+        n = min(pool, 2048) * BS
+        while m.num_cached_blocks < m.num_blocks:
+            if m.add_request(("fill", i), prompt(rng, n)) is None:
+                raise RuntimeError("fill found no room")
+            m.free(("fill", i))
+            i += 1
+        gc.collect()
+        gc.freeze()
+        return dict(build_s=round(time.perf_counter() - t0, 2), cached=m.num_cached_blocks)
+
+    def admit(self, tokens: int, hit: bool, count: int, seed: str) -> dict:
+        """Median ns of ``count`` admissions (each freed right after): distinct prompts, or
+        one prompt ``count`` times (after the first, all but its last block hit)."""
+        rng = random.Random(seed)
+        prompts = [prompt(rng, tokens)] * count if hit else [prompt(rng, tokens) for _ in range(count)]
+        m, samples = self.m, []
+        for i, p in enumerate(prompts):
+            t0 = time.perf_counter_ns()
+            adm = m.add_request(i, p)
+            samples.append(time.perf_counter_ns() - t0)
+            if adm is None:
+                raise RuntimeError(f"admission {i} of {tokens} tokens found no room")
+            m.free(i)
+        return dict(ns=statistics.median(samples[1:] if hit else samples))
+
+    def decode(self, requests: int, steps: int, per_step: bool, seed: str) -> dict:
+        """ns per token of ``steps`` decode steps of ``requests`` running requests (100-token
+        prompts, freed after): one ``append_step`` per step when ``per_step`` and the version
+        has it, else one ``append_tokens`` per request and token."""
+        rng = random.Random(seed)
+        m = self.m
+        ids = [("d", k) for k in range(requests)]
+        for rid in ids:
+            if m.add_request(rid, prompt(rng, 100)) is None:
+                raise RuntimeError("no room for the decode requests")
+        step_call = per_step and hasattr(m, "append_step")
+        tokens = [prompt(rng, requests) for _ in range(steps)]
+        if step_call:
+            t0 = time.perf_counter_ns()
+            for toks in tokens:
+                if m.append_step(ids, toks).short:
+                    raise RuntimeError("append_step found no room")
+        else:
+            one = [[[t] for t in toks] for toks in tokens]
+            t0 = time.perf_counter_ns()
+            for toks in one:
+                for rid, t in zip(ids, toks):
+                    if m.append_tokens(rid, t) is None:
+                        raise RuntimeError("append_tokens found no room")
+        ns = time.perf_counter_ns() - t0
+        for rid in ids:
+            m.free(rid)
+        return dict(ns=ns / (requests * steps), call="append_step" if step_call else "append_tokens")
+
+    def hold(self, free: int) -> dict:
+        """Admit distinct prompts (kept) until exactly ``free`` blocks are free: the pool
+        keeps its size and its index, while a workload gets the room it was designed for."""
+        m = self.m
+        rng = random.Random(f"hold/{m.num_blocks}/{len(self.held)}")
+        while m.num_free_blocks > free:
+            rid = ("hold", len(self.held))
+            n = min(m.num_free_blocks - free, 2048) * BS
+            if m.add_request(rid, prompt(rng, n)) is None:
+                raise RuntimeError("hold found no room")
+            self.held.append(rid)
+        if m.num_free_blocks != free:
+            raise RuntimeError(f"hold: {m.num_free_blocks} blocks free, not {free}")
+        return dict(held=m.num_blocks - m.num_free_blocks)
+
+    def release(self) -> dict:
+        for rid in self.held:
+            self.m.free(rid)
+        self.held = []
+        return dict(free=self.m.num_free_blocks)
+
+    def replay(self, requests: list[dict], max_running: int) -> dict:
+        return replay(self.m, requests, max_running)
+
+    def drop(self) -> dict:
+        self.m, self.held = None, []
+        gc.unfreeze()
+        gc.collect()
+        return {}
+
+
+COMMANDS = ("hello", "setup", "admit", "decode", "hold", "release", "replay", "drop")
+
+
+def serve(lines, out) -> None:
+    """Answer each command line of ``lines`` on ``out`` until ``quit`` or end of input."""
+    side = Side()
+    for line in lines:
+        cmd = json.loads(line)
+        name = cmd.pop("cmd")
+        if name == "quit":
+            break
+        try:
+            if name not in COMMANDS:
+                raise ValueError(f"unknown command {name!r}; one of {', '.join(COMMANDS)}")
+            reply = getattr(side, name)(**cmd)
+        except Exception:  # reported to the parent, which stops the run
+            reply = dict(error=traceback.format_exc())
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    serve(sys.stdin, sys.stdout)

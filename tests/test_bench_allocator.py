@@ -1,0 +1,101 @@
+"""benchmarks/bench_allocator.py --against: the worker protocol, the A/B rows and the
+report, on a tiny plan with the working tree on both sides (no timings are checked)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+SRC = BENCH.parent / "src"
+sys.path.insert(0, str(BENCH))
+
+from alloc_ab import Plan, Worker, compare, workload_rows  # noqa: E402
+from alloc_ab_report import markdown  # noqa: E402
+
+TINY = Plan(pools=(5000,), rounds=2, admits_2k=3, admits_32k=2, decode_tokens=256,
+            step_requests=8, scale=0.02)
+
+
+def test_rows_of_both_sides_replay_the_same_work():
+    rows, sides = compare(SRC, SRC, TINY)
+    assert {s["prefixkv"] for s in sides.values()} == {str(SRC / "prefixkv" / "__init__.py")}
+    micro = [r for r in rows if r["section"] == "micro"]
+    assert [(r["mode"], r["row"]) for r in micro] == [
+        (mode, name) for mode in ("xxhash", "sha256") for name in (
+            "admit 2k, 0% hit", "admit 2k, 100% hit", "admit 32k, 0% hit", "admit 32k, 100% hit",
+            "decode, 1 running, per request", "decode, 8 running, per step")]
+    assert [r["new_call"] for r in micro if r["row"].startswith("decode")] == [
+        "append_tokens", "append_step"] * 2
+    work = [r for r in rows if r["section"] == "workload"]
+    assert [r["row"] for r in work] == [f"{w}: {what}" for w in ("system-prompt", "chat", "document", "pressure")
+                                        for what in ("admit", "decode", "free")]
+    for r in rows:
+        assert len(r["old_rounds_ns"]) == len(r["new_rounds_ns"]) == 2
+        assert min(r["old_rounds_ns"] + r["new_rounds_ns"]) > 0
+        assert r["ratio"] == pytest.approx(r["old_us"] / r["new_us"], abs=0.01)
+        assert r["ratio_paired"] > 0
+        assert r["old_best_us"] <= r["old_us"] and r["new_best_us"] <= r["new_us"]
+    for r in work:
+        assert r["same_counts"] and r["counts"]["old"] == r["counts"]["new"]
+        assert r["counts"]["new"]["admissions"] >= r["counts"]["new"]["preemptions"] > -1
+        assert r["counts"]["new"]["decoded_tokens"] > 0
+        assert r["counts"]["new"]["prompt_tokens"] >= r["counts"]["new"]["cached_tokens"]
+    pressure = [r for r in work if r["row"] == "pressure: admit"][0]
+    assert pressure["counts"]["new"]["cached_tokens"] > 0
+    md = markdown(rows, dict(old_commit="A", new_commit="B", machine="m", python="3", command="c",
+                             elapsed_s=1, plan=dict(rounds=2)))
+    assert md.count("\n| 5,000 |") == len(rows) + 4  # and one line of counts per workload
+    assert "| 2x met |" in md or "| 2x NOT met |" in md
+
+
+def test_worker_reports_errors_and_keeps_serving():
+    w = Worker("new", SRC)
+    try:
+        assert w.info["append_step"] is True
+        with pytest.raises(RuntimeError, match="unknown command 'nope'"):
+            w.call(dict(cmd="nope"))
+        with pytest.raises(RuntimeError, match="TypeError"):
+            w.call(dict(cmd="setup", pool=100))
+        assert w.call(dict(cmd="setup", pool=300, mode="xxhash"))["cached"] == 300
+        assert w.call(dict(cmd="hold", free=40)) == dict(held=260)
+        with pytest.raises(RuntimeError, match="outgrew the pool"):
+            w.call(dict(cmd="replay", max_running=4, requests=[
+                dict(rid="a", prompt=list(range(600)), output=list(range(100)), after=None)]))
+        with pytest.raises(RuntimeError, match="none fits an empty pool"):
+            w.call(dict(cmd="replay", max_running=4, requests=[
+                dict(rid="b", prompt=list(range(1000)), output=[1], after=None)]))
+        assert w.call(dict(cmd="release")) == dict(free=260)  # "a" still holds its 40 blocks
+    finally:
+        w.close()
+    assert w.proc.returncode == 0
+
+
+def test_a_dead_worker_is_an_error():
+    w = Worker("old", SRC)
+    w.proc.kill()
+    w.proc.wait()
+    with pytest.raises(RuntimeError, match="old worker exited"):
+        w.call(dict(cmd="hello"))
+
+
+def test_worker_refuses_a_tree_it_did_not_import(tmp_path):
+    (tmp_path / "prefixkv").mkdir()
+    with pytest.raises(RuntimeError, match="worker (imported|failed)"):
+        Worker("old", tmp_path)
+
+
+def test_against_needs_a_commit(tmp_path):
+    run = subprocess.run([sys.executable, str(BENCH / "bench_allocator.py"), "--against", "no-such-rev",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "no-such-rev" in run.stderr
+    assert "unknown revision 'no-such-rev'" in run.stderr.splitlines()[-1]
+    assert not list(tmp_path.iterdir())
+
+
+def test_workloads_need_their_room_in_the_pool():
+    with pytest.raises(ValueError, match="need up to 4096 free blocks.*the pool has 4000"):
+        workload_rows([], TINY, 4000, print)
