@@ -170,25 +170,39 @@ class Admitter:
     def _step_requests(self, request_ids: Sequence[Hashable],
                        token_ids: Sequence[int]) -> list[Request]:
         """The live requests of a decode step, checked: known, distinct, prefill done."""
+        live = self._requests
         try:
-            same = len(request_ids) == len(token_ids)
-        except TypeError:
-            raise RequestError("request_ids and token_ids must be sequences") from None
-        if not same:
-            raise RequestError(f"{len(request_ids)} request ids but {len(token_ids)} tokens")
-        if isinstance(request_ids, (str, bytes)):
-            raise RequestError("request_ids must be a sequence of ids, not a str or bytes")
-        try:
-            reqs = list(map(self._requests.__getitem__, request_ids))
+            k = len(request_ids)
+            if k <= 16:  # a plain loop costs less than the C-level passes below
+                reqs = []
+                for r in request_ids:
+                    req = live[r]
+                    if req.num_scheduled != len(req.tokens):
+                        raise KeyError(r)
+                    reqs.append(req)
+                prefilled = True
+            else:
+                reqs = list(map(live.__getitem__, request_ids))
+                # num_scheduled <= len(tokens) always: equal sums mean every prefill is done
+                prefilled = sum(map(_SCHEDULED, reqs)) == sum(map(len, map(_TOKENS, reqs)))
+            same = k == len(token_ids)
         except (KeyError, TypeError):
+            if isinstance(request_ids, (str, bytes)) or not hasattr(request_ids, "__len__") \
+                    or not hasattr(token_ids, "__len__"):
+                raise RequestError("request_ids and token_ids must be sequences") from None
             reqs = [self._get(r) for r in request_ids]  # type: ignore[attr-defined]
-        if len(set(request_ids)) != len(reqs):
+            prefilled = False
+            same = len(reqs) == len(token_ids)
+        if not same or isinstance(request_ids, (str, bytes)):
+            raise RequestError(f"{len(reqs)} request ids but {len(token_ids)} tokens, or ids "
+                               f"given as a str")
+        if len(reqs) > 1 and len(set(request_ids)) != len(reqs):
             raise RequestError("a request id appears twice in one step")
-        # num_scheduled <= len(tokens) always, so equal sums mean every prefill is done
-        if sum(map(_SCHEDULED, reqs)) != sum(map(len, map(_TOKENS, reqs))):
-            r = next(r for r in reqs if r.num_scheduled != len(r.tokens))
-            raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "
-                               f"scheduled: call extend() first")
+        if not prefilled:
+            r = next((r for r in reqs if r.num_scheduled != len(r.tokens)), None)
+            if r is not None:
+                raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "
+                                   f"scheduled: call extend() first")
         return reqs
 
     def _grow(self, req: Request, total: int, new_tokens: array | None = None) -> tuple[int, ...] | None:

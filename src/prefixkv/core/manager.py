@@ -23,6 +23,7 @@ from .block import blocks_for
 from .request import Request
 
 _NO_BLOCKS: tuple[int, ...] = ()
+_NOTHING_GREW = DecodeStep((), ())
 _ID = attrgetter("block_id")
 
 
@@ -129,6 +130,8 @@ class KVCacheManager(Admitter):
             else:
                 req.tokens.append(t)
                 req.num_scheduled = n + 1
+        if not grown and not short:
+            return _NOTHING_GREW
         return DecodeStep(tuple(grown), tuple(short))
 
     def _prepare_fills(self, reqs: list[Request], new) -> dict[int, object]:

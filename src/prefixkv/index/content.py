@@ -79,6 +79,7 @@ class ContentIndex:
         self._bs = block_size
         self._lower = lower  # the tier that keeps evicted content (HostTier), or None
         self.hashing = sink.active
+        self.hash_may_fail = self.hashing and hasher.checked  # a caller's hash callable
         self.step = 0  # the manager's step: content recorded now is computed this step
 
     def __len__(self) -> int:
@@ -125,10 +126,6 @@ class ContentIndex:
             hashes = self._hasher.chain(root, chunks, extras)  # type: ignore[arg-type]
         return chunks, extras, hashes
 
-    @property
-    def hash_may_fail(self) -> bool:
-        """Whether ``prepare`` may raise (hashes are computed by a caller's callable)."""
-        return self.hashing and self._hasher.checked
 
     def prepare_next(self, req: Request, token: int) -> tuple:
         """``prepare`` for the block that ``token``, appended next, fills."""
