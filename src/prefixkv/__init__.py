@@ -15,6 +15,7 @@ from .errors import (
 )
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .extra_keys import ExtraKeys, MultiModalInput
+from .hashing import block_hashes
 from .manager import KVCacheManager
 from .results import Admission, BlockCopy, Fork
 from .stats import PrefixCacheStats
@@ -25,5 +26,5 @@ __all__ = [
     "Admission", "Allocator", "AllBlocksCleared", "BlockCopy", "BlockRemoved", "BlockStored",
     "ConfigError", "ContiguousAllocator", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
     "InvariantError", "KVCacheManager", "MultiModalInput", "PagedAllocator",
-    "PrefixCacheStats", "PrefixKVError", "RequestError", "TokenError",
+    "PrefixCacheStats", "PrefixKVError", "RequestError", "TokenError", "block_hashes",
 ]

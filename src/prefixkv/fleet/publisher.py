@@ -1,0 +1,210 @@
+"""Publish a manager's events over ZeroMQ the way vLLM does, without ever blocking the
+scheduler (extra ``prefixkv[events]``: pyzmq + msgpack).
+
+    engine step ──publish(events)──> bounded queue ──thread──> PUB  (topic, seq, payload)
+                 (mirror of held hashes)                   └──> replay buffer ──> ROUTER
+
+``publish`` only updates a set of held hashes and puts the list on a bounded queue;
+when the queue is full the batch is dropped and counted, and the thread discards what
+is still queued and sends a *snapshot* instead (``AllBlocksCleared`` then one ``BlockStored`` per medium holding every
+held hash, parent nil, no tokens, as vLLM's own snapshots look), so a consumer that
+applies the stream in order is exact again. The thread numbers batches 0, 1, 2, ...,
+keeps the last ``buffer_steps`` for replay and answers replay requests on the ROUTER
+socket; when idle for ``heartbeat`` seconds it sends an empty batch, so that a router can
+tell a quiet replica from a dead one.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+from ..events import AllBlocksCleared, BlockRemoved, BlockStored
+from .wire import WireError, check_options, pack, to_wire_events, wire_hash
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+class EventPublisher:
+    """PUB socket bound at ``endpoint`` (``tcp://127.0.0.1:*`` picks a free port; the
+    bound address is ``self.endpoint``), ROUTER at ``replay_endpoint`` when given.
+
+    Args:
+        block_size: the manager's block size (sent in every BlockStored).
+        topic: first frame of each message ("kv-events" is what vLLM's example uses).
+        hash_format: "int" (vLLM's default, low 64 bits) or "bytes" (whole digest).
+        dp_rank: data-parallel rank written in every batch.
+        buffer_steps: batches kept for replay (> 0).
+        max_queue: batches waiting for the thread before ``publish`` drops (> 0).
+        heartbeat: seconds of silence before an empty batch is sent (None: never).
+
+    Raises WireError for an option out of range (before any socket is opened).
+    """
+
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:*", replay_endpoint: str | None = None,
+                 *, block_size: int, topic: str = "kv-events", hash_format: str = "int",
+                 dp_rank: int = 0, buffer_steps: int = 10_000, max_queue: int = 1024,
+                 heartbeat: float | None = 1.0, hwm: int = 100_000) -> None:
+        check_options(block_size, hash_format, dp_rank)
+        for name, value in (("buffer_steps", buffer_steps), ("max_queue", max_queue)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise WireError(f"{name} must be an int >= 1, got {value!r}")
+        if heartbeat is not None and not heartbeat > 0:
+            raise WireError(f"heartbeat must be > 0 seconds or None, got {heartbeat!r}")
+        import zmq
+
+        self.block_size, self.hash_format, self.dp_rank = block_size, hash_format, dp_rank
+        self.topic = topic.encode()
+        self.heartbeat = heartbeat
+        self.dropped_batches = 0
+        self.published_batches = 0
+        self.snapshots = 0
+        self._queue: queue.Queue[list | None] = queue.Queue(maxsize=max_queue)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._held: dict[str, set[bytes]] = {}  # medium -> digests held (the mirror)
+        self._lock = threading.Lock()
+        self._resync = False
+        self._ctx = zmq.Context.instance()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.set_hwm(hwm)
+        self._pub.bind(endpoint)
+        self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._replay = None
+        self.replay_endpoint: str | None = None
+        if replay_endpoint is not None:
+            self._replay = self._ctx.socket(zmq.ROUTER)
+            self._replay.bind(replay_endpoint)
+            self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._seq = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="prefixkv-events", daemon=True)
+        self._thread.start()
+
+    # ---- caller side (the scheduler's thread) --------------------------------------------
+
+    def publish(self, events: Sequence[object]) -> bool:
+        """Queue one step's events (``mgr.take_events()``); never blocks. An empty list is
+        not sent. Returns False when the queue was full and the batch was dropped (counted
+        in ``dropped_batches``; a snapshot follows). Raises WireError if closed."""
+        if self._closed:
+            raise WireError("publish() after close()")
+        if not events:
+            return True
+        with self._lock:
+            self._mirror(events)
+            try:
+                self._queue.put_nowait(list(events))
+            except queue.Full:
+                self.dropped_batches += 1
+                self._resync = True
+                return False
+        return True
+
+    def _mirror(self, events: Sequence[object]) -> None:
+        held = self._held
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                held.setdefault(getattr(ev, "medium", "GPU"), set()).add(ev.block_hash)
+            elif isinstance(ev, BlockRemoved):
+                held.get(getattr(ev, "medium", "GPU"), set()).discard(ev.block_hash)
+            elif isinstance(ev, AllBlocksCleared):
+                held.clear()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Send what is queued (up to ``timeout`` seconds), stop the thread, close the
+        sockets. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self._queue.put(None, timeout=0.05)
+                break
+            except queue.Full:
+                continue
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        self._pub.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)
+
+    def __enter__(self) -> EventPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        last_sent = time.monotonic()
+        while True:
+            if self._replay is not None:
+                while self._replay.poll(0):
+                    self._serve_replay()
+            try:
+                item = self._queue.get(timeout=0.02)
+            except queue.Empty:
+                if self.heartbeat is not None and time.monotonic() - last_sent >= self.heartbeat:
+                    self._send(pack([time.time(), [], self.dp_rank]))
+                    last_sent = time.monotonic()
+                continue
+            if item is None:
+                return
+            if self._resync:  # the snapshot covers this item and all queued ones
+                payload, stop = self._snapshot()
+                self._send(payload)
+                if stop:
+                    return
+            else:
+                self._send(pack([time.time(), to_wire_events(item, self.block_size,
+                                                              self.hash_format), self.dp_rank]))
+            last_sent = time.monotonic()
+
+    def _snapshot(self) -> tuple[bytes, bool]:
+        """The held hashes as ``[AllBlocksCleared, BlockStored per medium]``, and whether
+        ``close`` was asked for. Under the lock, the queue is emptied (its batches are in
+        the mirror, which the snapshot states), so nothing older follows the snapshot."""
+        stop = False
+        with self._lock:
+            self._resync = False
+            while True:
+                try:
+                    stop = self._queue.get_nowait() is None or stop
+                except queue.Empty:
+                    break
+            held = {m: sorted(s) for m, s in self._held.items() if s}
+        events: list[dict] = [{"type": "AllBlocksCleared"}]
+        for medium, digests in held.items():
+            events.append({
+                "type": "BlockStored",
+                "block_hashes": [wire_hash(d, self.hash_format) for d in digests],
+                "parent_block_hash": None, "token_ids": [], "block_size": self.block_size,
+                "lora_id": None, "medium": medium, "lora_name": None, "group_idx": 0,
+            })
+        self.snapshots += 1
+        return pack([time.time(), events, self.dp_rank]), stop
+
+    def _send(self, payload: bytes) -> None:
+        seq = self._seq
+        self._seq += 1
+        self._buffer.append((seq, payload))
+        self.published_batches += 1  # before sending: a reader who got it sees the count
+        self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
+
+    def _serve_replay(self) -> None:
+        """Request ``[id, b"", start_seq:8 BE]`` (REQ) or ``[id, start_seq]`` (DEALER);
+        reply every buffered ``(seq, payload)`` with seq >= start_seq, then ``(-1, b"")``."""
+        frames = self._replay.recv_multipart()  # type: ignore[union-attr]
+        if len(frames) not in (2, 3) or len(frames[-1]) != 8 or (
+                len(frames) == 3 and frames[1] != b""):
+            return  # not a request we understand: vLLM ignores these too
+        head = tuple(frames[:-1])
+        start = int.from_bytes(frames[-1], "big")
+        for seq, payload in list(self._buffer):
+            if seq >= start:
+                self._replay.send_multipart((*head, seq.to_bytes(8, "big"), payload))  # type: ignore[union-attr]
+        self._replay.send_multipart((*head, END_SEQ, b""))  # type: ignore[union-attr]
