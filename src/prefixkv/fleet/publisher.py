@@ -68,15 +68,12 @@ class EventPublisher:
         self._lock = threading.Lock()
         self._resync = False
         self._ctx = zmq.Context.instance()
-        self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.set_hwm(hwm)
-        self._pub.bind(endpoint)
+        self._pub = _bound(self._ctx.socket(zmq.PUB), endpoint, hwm)
         self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self._replay = None
         self.replay_endpoint: str | None = None
         if replay_endpoint is not None:
-            self._replay = self._ctx.socket(zmq.ROUTER)
-            self._replay.bind(replay_endpoint)
+            self._replay = _bound(self._ctx.socket(zmq.ROUTER), replay_endpoint, hwm)
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self._seq = 0
         self._closed = False
@@ -208,3 +205,21 @@ class EventPublisher:
             if seq >= start:
                 self._replay.send_multipart((*head, seq.to_bytes(8, "big"), payload))  # type: ignore[union-attr]
         self._replay.send_multipart((*head, END_SEQ, b""))  # type: ignore[union-attr]
+
+
+def _bound(sock, endpoint: str, hwm: int, wait: float = 2.0):  # type: ignore[no-untyped-def]
+    """``sock`` bound to ``endpoint``. A restarted replica rebinds its old port, which
+    ZeroMQ releases asynchronously after close: retry for up to ``wait`` seconds."""
+    import zmq
+
+    sock.set_hwm(hwm)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            sock.bind(endpoint)
+            return sock
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                sock.close(linger=0)
+                raise
+            time.sleep(0.05)

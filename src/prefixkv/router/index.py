@@ -95,6 +95,8 @@ def _runs(holders: dict, hashes: Sequence[Hash], active: set[str],
     """Leading run of ``hashes`` held by each replica of ``active`` (on ``medium``, or any
     medium when None); replicas with a run of 0 are left out."""
     out: dict[str, int] = {}
+    if not hashes:
+        return out
     for i, h in enumerate(hashes):
         by_replica = holders.get(h)
         if by_replica is None:

@@ -6,8 +6,8 @@ Policy "prefix" (the default), for a prompt of ``n`` full blocks:
    hash mode, seed, extra keys) and convert to the wire form (``hash_format``).
 2. Candidates: replicas heard from within ``stale_after`` seconds (all of them when none
    is), and among those only replicas whose in-flight count is below the *bounded-load*
-   cap ``balance * (in_flight_total + 1) / num_candidates`` (at least the least loaded
-   one always is).
+   cap ``ceil(balance * (in_flight_total + 1) / num_candidates)`` (the least loaded one
+   always is).
 3. Score = ``(gpu_run + cpu_weight * (run - gpu_run)) / n - load_weight * load / (mean
    load + 1)``, where ``run`` is the replica's leading run of held blocks; the highest
    wins, ties go to the least loaded, then in rotation.
@@ -17,6 +17,7 @@ Policy "prefix" (the default), for a prompt of ``n`` full blocks:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -159,7 +160,7 @@ class Router:
     def _by_prefix(self, candidates: list[str], hashes: list) -> tuple[str, int]:
         load = self.in_flight
         total = sum(load[r] for r in candidates)
-        cap = self.balance * (total + 1) / len(candidates)
+        cap = math.ceil(self.balance * (total + 1) / len(candidates))
         allowed = [r for r in candidates if load[r] + 1 <= cap] or [self._least_loaded(candidates)]
         runs = self.index.prefix_runs(hashes, allowed) if hashes else {}
         n, mean = max(1, len(hashes)), total / len(candidates)

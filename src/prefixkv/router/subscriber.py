@@ -5,8 +5,9 @@ REQ client would: ``[b"", start_seq]``). For each message ``(topic, seq, payload
 
 - the first message ever: if ``seq > 0`` ask replay from 0 (history before we joined);
 - ``seq == last + 1``: apply;
-- ``seq <= last``: the replica restarted (its numbering starts again at 0): forget what
-  it held, then treat it as a first message;
+- ``seq <= last``, or any message after the SUB socket lost its connection (a restarted
+  replica numbers from 0 again, and may pass ``last`` before we reconnect): forget what
+  the replica held and rebuild it from its replay buffer, as for a first message;
 - ``seq > last + 1``: a gap; replay ``last + 1 ..``. If the replay does not start at
   ``last + 1`` (the buffer no longer has it) or times out, the gap cannot be filled:
   forget the replica (the index may only under-, never over-state what it holds) and
@@ -41,6 +42,8 @@ class Subscriber:
         self._ctx = zmq.Context.instance()
         self._poller = zmq.Poller()
         self._sub: dict[object, str] = {}
+        self._monitors: dict[object, str] = {}
+        self._reconnected: set[str] = set()
         self._replay: dict[str, object] = {}
         for replica, (pub, replay) in endpoints.items():
             router.forget(replica)  # also checks the name
@@ -49,6 +52,9 @@ class Subscriber:
             sub.connect(pub)
             self._sub[sub] = replica
             self._poller.register(sub, zmq.POLLIN)
+            monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._monitors[monitor] = replica
+            self._poller.register(monitor, zmq.POLLIN)
             if replay is not None:
                 dealer = self._ctx.socket(zmq.DEALER)
                 dealer.connect(replay)
@@ -69,6 +75,9 @@ class Subscriber:
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)  # type: ignore[attr-defined]
                 except zmq.Again:
+                    continue
+                if sock in self._monitors:  # the connection dropped: restart or not, unknown
+                    self._reconnected.add(self._monitors[sock])
                     continue
                 if len(frames) == 3:
                     with self.lock:
@@ -91,17 +100,20 @@ class Subscriber:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(2.0)
-        for sock in [*self._sub, *self._replay.values()]:
+        for sub in self._sub:
+            sub.disable_monitor()  # type: ignore[attr-defined]
+        for sock in [*self._monitors, *self._sub, *self._replay.values()]:
             sock.close(linger=0)  # type: ignore[attr-defined]
 
     # ---- sequence handling ---------------------------------------------------------------
 
     def _on_message(self, replica: str, seq: int, payload: bytes) -> None:
         last = self.last_seq.get(replica)
-        if last is not None and seq <= last:
+        if last is not None and (seq <= last or replica in self._reconnected):
             self.restarts += 1
             self.router.forget(replica)
             last = None
+        self._reconnected.discard(replica)
         if last is None and seq > 0 or last is not None and seq > last + 1:
             start = 0 if last is None else last + 1
             if self._fill(replica, start, seq):
