@@ -60,7 +60,7 @@ class Router:
     def __init__(self, replicas: Sequence[str], *, block_size: int, hash_mode: str = "sha256",
                  seed: int | bytes | None = None, hash_format: str = "int",
                  index: BlockIndex | None = None, policy: str = "prefix",
-                 load_weight: float = 0.5, balance: float = 1.25, cpu_weight: float = 0.5,
+                 load_weight: float = 1.0, balance: float = 1.25, cpu_weight: float = 0.5,
                  stale_after: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         names = list(replicas)
