@@ -48,6 +48,7 @@ class InProcessIndex:
         self._gpu_only = True  # no other medium seen: gpu_run == run, one pass suffices
 
     def store(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
+        """See ``BlockIndex.store``."""
         holders, keys = self._holders, self._keys.setdefault(replica, set())
         if medium != GPU:
             self._gpu_only = False
@@ -57,6 +58,7 @@ class InProcessIndex:
         keys.update(hashes)
 
     def remove(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
+        """See ``BlockIndex.remove``."""
         holders, keys = self._holders, self._keys.get(replica)
         for h in hashes:
             by_replica = holders.get(h)
@@ -71,6 +73,7 @@ class InProcessIndex:
                     del holders[h]
 
     def clear(self, replica: str) -> None:
+        """See ``BlockIndex.clear``."""
         holders = self._holders
         for h in self._keys.pop(replica, ()):
             by_replica = holders[h]
@@ -80,6 +83,7 @@ class InProcessIndex:
 
     def prefix_runs(self, hashes: Sequence[Hash], replicas: Iterable[str]
                     ) -> dict[str, tuple[int, int]]:
+        """See ``BlockIndex.prefix_runs``."""
         runs = _runs(self._holders, hashes, set(replicas), None)
         if self._gpu_only:
             return {r: (n, n) for r, n in runs.items()}
@@ -87,6 +91,7 @@ class InProcessIndex:
         return {r: (n, gpu.get(r, 0)) for r, n in runs.items()}
 
     def num_blocks(self, replica: str) -> int:
+        """See ``BlockIndex.num_blocks``."""
         return sum(len(self._holders[h][replica]) for h in self._keys.get(replica, ()))
 
 

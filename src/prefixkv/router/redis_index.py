@@ -44,12 +44,15 @@ class RedisIndex:
         pipe.execute()
 
     def store(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
+        """See ``BlockIndex.store``."""
         self._members(replica, hashes, medium, "sadd")
 
     def remove(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
+        """See ``BlockIndex.remove``."""
         self._members(replica, hashes, medium, "srem")
 
     def clear(self, replica: str) -> None:
+        """See ``BlockIndex.clear``."""
         rkey = f"{self.ns}:r:{replica}"
         held = self.client.smembers(rkey)  # type: ignore[attr-defined]
         pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
@@ -62,6 +65,7 @@ class RedisIndex:
 
     def prefix_runs(self, hashes: Sequence[Hash], replicas: Iterable[str]
                     ) -> dict[str, tuple[int, int]]:
+        """See ``BlockIndex.prefix_runs``."""
         if not hashes:
             return {}
         pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
@@ -82,4 +86,5 @@ class RedisIndex:
         return {r: (n, gpu.get(r, 0)) for r, n in runs.items()}
 
     def num_blocks(self, replica: str) -> int:
+        """See ``BlockIndex.num_blocks``."""
         return int(self.client.scard(f"{self.ns}:r:{replica}"))  # type: ignore[attr-defined]
