@@ -127,3 +127,21 @@ def test_errors():
         router.forget("z")
     with pytest.raises(RouterError, match="no request in flight"):
         router.finish("a")
+
+
+def test_two_routers_share_a_redis_index(redis_server):
+    """One router instance applies the events, another routes from the same index."""
+    redis = pytest.importorskip("redis")
+    from prefixkv.router.redis_index import RedisIndex
+
+    other_client = redis.Redis(unix_socket_path=redis_server.socket_file)
+    writer = Router(["a", "b"], block_size=BS, index=RedisIndex(redis_server, "shared"))
+    reader = Router(["a", "b"], block_size=BS, index=RedisIndex(other_client, "shared"))
+    mgr = KVCacheManager(64, BS, hash_mode="sha256", enable_events=True)
+    prompt = list(range(1, 30))
+    mgr.add_request("x", prompt)
+    feed(writer, "b", mgr)
+    assert reader.cached_tokens(prompt) == {"a": 0, "b": 28}
+    assert reader.route(prompt).replica == "b"
+    writer.forget("b")
+    assert reader.cached_tokens(prompt)["b"] == 0
