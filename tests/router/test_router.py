@@ -145,3 +145,13 @@ def test_two_routers_share_a_redis_index(redis_server):
     assert reader.route(prompt).replica == "b"
     writer.forget("b")
     assert reader.cached_tokens(prompt)["b"] == 0
+
+
+def test_route_rejects_a_bad_prompt_before_counting_it():
+    from prefixkv.errors import ExtraKeysError, TokenError
+    router = Router(["a"], block_size=BS)
+    with pytest.raises(TokenError):
+        router.route([-1] * 8)
+    with pytest.raises(ExtraKeysError):
+        router.route([1] * 8, extra="salt")
+    assert router.in_flight == {"a": 0} and router.routed == {"a": 0}

@@ -121,3 +121,26 @@ def test_bad_payload_is_counted_and_skipped(fleet):
     step(pub, mgr, "a", P[0])
     wait_for(sub, 2)
     assert sub.bad_batches == 1 and router.cached_tokens(P[0])["r"] == 12
+
+
+def test_heartbeats_keep_a_replica_live_and_silence_takes_it_out():
+    pub = EventPublisher(block_size=BS, heartbeat=0.05)
+    router = Router(["r", "quiet"], block_size=BS, stale_after=0.5)
+    sub = Subscriber(router, {"r": (pub.endpoint, None)})
+    try:
+        deadline = time.monotonic() + 3
+        while router.live() != ["r"] and time.monotonic() < deadline:
+            sub.poll(0.1)
+        assert router.live() == ["r"]            # "quiet" never spoke
+        assert {router.route([1] * 8).replica for _ in range(4)} == {"r"}
+        for _ in range(4):
+            router.finish("r")
+        pub.close()
+        deadline = time.monotonic() + 3
+        while router.live() and time.monotonic() < deadline:
+            sub.poll(0.1)
+        assert router.live() == []               # r went silent too: route to everyone
+        assert {router.route([1] * 8).replica for _ in range(4)} == {"r", "quiet"}
+    finally:
+        sub.close()
+        pub.close()

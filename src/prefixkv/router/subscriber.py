@@ -128,6 +128,8 @@ class Subscriber:
         dealer = self._replay.get(replica)
         if dealer is None:
             return False
+        while dealer.poll(0):  # type: ignore[attr-defined]
+            dealer.recv_multipart()  # type: ignore[attr-defined]  # late replies of a timed-out replay
         dealer.send_multipart((b"", start.to_bytes(8, "big")))  # type: ignore[attr-defined]
         expect, whole = start, True
         while dealer.poll(self.replay_timeout_ms):  # type: ignore[attr-defined]
