@@ -127,6 +127,9 @@ def test_errors():
     with pytest.raises(WireError, match="hash_format"):
         EventPublisher(block_size=4, hash_format="hex")
     pub = EventPublisher(block_size=4)
+    with pytest.raises(WireError, match="not a prefixkv event"):
+        pub.publish(["BlockStored"])
+    assert pub.published_batches == 0 and pub.dropped_batches == 0
     pub.close()
     pub.close()
     with pytest.raises(WireError, match="after close"):

@@ -144,3 +144,9 @@ def test_heartbeats_keep_a_replica_live_and_silence_takes_it_out():
     finally:
         sub.close()
         pub.close()
+
+
+def test_unknown_replica():
+    from prefixkv.router import RouterError
+    with pytest.raises(RouterError, match="unknown replica"):
+        Subscriber(Router(["r"], block_size=BS), {"z": ("tcp://127.0.0.1:1", None)})

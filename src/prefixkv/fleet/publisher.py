@@ -26,6 +26,7 @@ from ..events import AllBlocksCleared, BlockRemoved, BlockStored
 from .wire import WireError, check_options, pack, to_wire_events, wire_hash
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
+_EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
 
 
 class EventPublisher:
@@ -85,11 +86,15 @@ class EventPublisher:
     def publish(self, events: Sequence[object]) -> bool:
         """Queue one step's events (``mgr.take_events()``); never blocks. An empty list is
         not sent. Returns False when the queue was full and the batch was dropped (counted
-        in ``dropped_batches``; a snapshot follows). Raises WireError if closed."""
+        in ``dropped_batches``; a snapshot follows). Raises WireError if closed or if an
+        item is not a BlockStored/BlockRemoved/AllBlocksCleared (nothing is queued then)."""
         if self._closed:
             raise WireError("publish() after close()")
         if not events:
             return True
+        for ev in events:
+            if not isinstance(ev, _EVENTS):
+                raise WireError(f"not a prefixkv event: {type(ev).__name__}")
         with self._lock:
             self._mirror(events)
             try:

@@ -29,7 +29,8 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 class Subscriber:
     """``endpoints``: replica -> ``(pub_endpoint, replay_endpoint or None)``.
-    ``topic``: subscription prefix ("" takes everything). ``replay_timeout``: seconds."""
+    ``topic``: subscription prefix ("" takes everything). ``replay_timeout``: seconds.
+    Raises RouterError for a replica the router does not know (before any socket)."""
 
     def __init__(self, router: Router, endpoints: Mapping[str, tuple[str, str | None]], *,
                  topic: str = "kv-events", replay_timeout: float = 1.0) -> None:
@@ -45,8 +46,9 @@ class Subscriber:
         self._monitors: dict[object, str] = {}
         self._reconnected: set[str] = set()
         self._replay: dict[str, object] = {}
+        for replica in endpoints:
+            router.forget(replica)  # RouterError for an unknown name; starts it empty
         for replica, (pub, replay) in endpoints.items():
-            router.forget(replica)  # also checks the name
             sub = self._ctx.socket(zmq.SUB)
             sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
             sub.connect(pub)
