@@ -117,7 +117,7 @@ class EventPublisher:
 
     def close(self, timeout: float = 2.0) -> None:
         """Send what is queued (up to ``timeout`` seconds), stop the thread, close the
-        sockets. Idempotent."""
+        sockets (left to the daemon thread if it has not stopped by then). Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -129,6 +129,8 @@ class EventPublisher:
             except queue.Full:
                 continue
         self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            return  # sockets belong to the thread (ZeroMQ sockets are not thread-safe)
         self._pub.close(linger=0)
         if self._replay is not None:
             self._replay.close(linger=0)
