@@ -21,7 +21,7 @@ def sub_to(ctx, pub):
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
     sub.connect(pub.endpoint)
-    time.sleep(0.2)  # PUB drops messages sent before a subscription arrives
+    time.sleep(0.5)  # PUB drops messages sent before a subscription arrives
     return sub
 
 

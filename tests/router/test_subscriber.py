@@ -48,7 +48,7 @@ P = [list(range(100 * i + 1, 100 * i + 13)) for i in range(6)]  # 3 blocks each
 def fleet():
     pub, mgr, router = make()
     sub = Subscriber(router, {"r": (pub.endpoint, pub.replay_endpoint)})
-    time.sleep(0.2)
+    time.sleep(0.5)  # PUB drops messages sent before a subscription arrives
     yield pub, mgr, router, sub
     sub.close()
     pub.close()
@@ -70,7 +70,7 @@ def test_live_then_gap_filled_by_replay(fleet):
 def test_gap_past_the_buffer_forgets_the_replica():
     pub, mgr, router = make(buffer_steps=1)
     sub = Subscriber(router, {"r": (pub.endpoint, pub.replay_endpoint)})
-    time.sleep(0.2)
+    time.sleep(0.5)  # PUB drops messages sent before a subscription arrives
     try:
         step(pub, mgr, "a", P[0])
         wait_for(sub, 1)
@@ -91,9 +91,9 @@ def test_late_joiner_replays_history_and_restart_is_detected():
     pub, mgr, router = make()
     step(pub, mgr, "a", P[0])
     step(pub, mgr, "b", P[1])
-    time.sleep(0.2)
+    time.sleep(0.5)  # a and b are sent before anyone subscribes
     sub = Subscriber(router, {"r": (pub.endpoint, pub.replay_endpoint)})
-    time.sleep(0.2)
+    time.sleep(0.5)  # PUB drops messages sent before a subscription arrives
     try:
         step(pub, mgr, "c", P[2])
         wait_for(sub, 1)                 # seq 2 first: replay 0..1
