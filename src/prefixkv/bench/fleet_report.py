@@ -1,5 +1,6 @@
 """``prefixkv bench --replicas ... --route ...``: the fleet simulation swept over N and
 routing policies, written as fleet.md, fleet.json and fleet.png (matplotlib, optional).
+The events travel through the wire format, so this needs ``prefixkv[events]`` (msgpack).
 
 Each row compares with the single-replica run of the same workload: ``kept`` is the
 fleet hit rate as a fraction of it (the goal: >= 0.90 for "prefix" at N = 8, with
