@@ -15,7 +15,8 @@ replies every routed run must reproduce token for token.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -87,10 +88,9 @@ def run_fleet(policy: str, convs, system, args) -> dict:
     results.bind("tcp://127.0.0.1:*")
     endpoint = results.getsockopt_string(zmq.LAST_ENDPOINT)
     names = [f"r{i}" for i in range(args.replicas)]
-    procs = [mp.get_context("spawn").Process(target=replica, args=(n, endpoint, args.num_blocks,
-                                                                   args.max_tokens)) for n in names]
-    for p in procs:
-        p.start()
+    # plain processes with their settings on the command line: nothing is pickled
+    procs = [subprocess.Popen([sys.executable, __file__, "--serve-replica", n, endpoint,
+                               str(args.num_blocks), str(args.max_tokens)]) for n in names]
     info = {}
     while len(info) < len(names):
         msg = msgpack.unpackb(results.recv())
@@ -122,7 +122,7 @@ def run_fleet(policy: str, convs, system, args) -> dict:
     for sock in inboxes.values():
         sock.send(msgpack.packb({"stop": True}))
     for p in procs:
-        p.join(10)
+        p.wait(10)
     sub.close()
     results.close(linger=0)
     queries, hits = sum(q for q, _ in counts), sum(h for _, h in counts)
@@ -146,6 +146,12 @@ def run_single(convs, system, args, caching: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     from prefixkv.engine import LlamaConfig, synthetic_conversations
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--serve-replica"]:  # a replica process started by run_fleet
+        name, results, num_blocks, max_tokens = argv[1:5]
+        replica(name, results, int(num_blocks), int(max_tokens))
+        return
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replicas", type=int, default=3)
