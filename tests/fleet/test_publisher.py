@@ -134,3 +134,39 @@ def test_errors():
     pub.close()
     with pytest.raises(WireError, match="after close"):
         pub.publish([])
+
+
+def test_msgpack_replay_requests_get_batches_or_a_snapshot(ctx):
+    with EventPublisher(replay_endpoint="tcp://127.0.0.1:*", block_size=4,
+                        heartbeat=None, buffer_steps=2) as pub:
+        sub = sub_to(ctx, pub)
+        mgr = KVCacheManager(64, 4, hash_mode="sha256", enable_events=True)
+        for i in range(3):
+            mgr.add_request(i, list(range(10 * i + 1, 10 * i + 10)))
+            pub.publish(mgr.take_events())
+        live = [recv(sub) for _ in range(3)]
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(pub.replay_endpoint)
+
+        def ask(**request):
+            dealer.send_multipart([b"", msgpack.packb(request)])
+            frames = recv(dealer)
+            assert frames[0] == b""
+            return msgpack.unpackb(frames[1])
+
+        first = ask(start_seq=0)  # no epoch yet: a snapshot, and the epoch to use
+        assert list(first) == ["publisher_epoch", "next_seq", "replayed_batches", "snapshot"]
+        assert first["publisher_epoch"] == pub.replay.epoch and first["next_seq"] == 3
+        _, events, _ = decode_batch(first["snapshot"])
+        assert isinstance(events[0], Cleared) and len(events[1].hashes) == 6
+        epoch = first["publisher_epoch"]
+        again = ask(publisher_epoch=epoch, start_seq=1)
+        assert again == {"publisher_epoch": epoch, "next_seq": 3,
+                         "replayed_batches": [[1, live[1][2]], [2, live[2][2]]]}
+        assert "snapshot" in ask(publisher_epoch=epoch, start_seq=0)   # past the buffer
+        assert "snapshot" in ask(publisher_epoch=epoch, start_seq=2, force_snapshot=True)
+        assert ask(publisher_epoch=epoch, start_seq=3)["replayed_batches"] == []
+        dealer.send_multipart([b"", b"not msgpack \xc1"])  # ignored; the socket still works
+        assert ask(publisher_epoch=epoch, start_seq=2)["replayed_batches"] == [[2, live[2][2]]]
+        dealer.close(linger=0)
+        sub.close(linger=0)

@@ -19,13 +19,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 
 from ..events import AllBlocksCleared, BlockRemoved, BlockStored
+from .replay import END_SEQ, ReplayBuffer  # noqa: F401  (END_SEQ: re-exported)
 from .wire import WireError, check_options, pack, to_wire_events, wire_hash
 
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
 
 
@@ -64,7 +63,7 @@ class EventPublisher:
         self.published_batches = 0
         self.snapshots = 0
         self._queue: queue.Queue[list | None] = queue.Queue(maxsize=max_queue)
-        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self.replay = ReplayBuffer(buffer_steps)
         self._held: dict[str, set[bytes]] = {}  # medium -> digests held (the mirror)
         self._lock = threading.Lock()
         self._resync = False
@@ -76,7 +75,6 @@ class EventPublisher:
         if replay_endpoint is not None:
             self._replay = _bound(self._ctx.socket(zmq.ROUTER), replay_endpoint, hwm)
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._seq = 0
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="prefixkv-events", daemon=True)
         self._thread.start()
@@ -148,7 +146,7 @@ class EventPublisher:
         while True:
             if self._replay is not None:
                 while self._replay.poll(0):
-                    self._serve_replay()
+                    self.replay.serve(self._replay, self._snapshot)
             try:
                 item = self._queue.get(timeout=0.02)
             except queue.Empty:
@@ -159,8 +157,8 @@ class EventPublisher:
             if item is None:
                 return
             if self._resync:  # the snapshot covers this item and all queued ones
-                payload, stop = self._snapshot()
-                self._send(payload)
+                stop = self._drain()
+                self._send(self._snapshot())
                 if stop:
                     return
             else:
@@ -168,10 +166,9 @@ class EventPublisher:
                                                               self.hash_format), self.dp_rank]))
             last_sent = time.monotonic()
 
-    def _snapshot(self) -> tuple[bytes, bool]:
-        """The held hashes as ``[AllBlocksCleared, BlockStored per medium]``, and whether
-        ``close`` was asked for. Under the lock, the queue is emptied (its batches are in
-        the mirror, which the snapshot states), so nothing older follows the snapshot."""
+    def _drain(self) -> bool:
+        """After a drop: empty the queue (its batches are in the mirror, which the next
+        snapshot states, so nothing older follows it); returns whether close() was asked."""
         stop = False
         with self._lock:
             self._resync = False
@@ -179,7 +176,13 @@ class EventPublisher:
                 try:
                     stop = self._queue.get_nowait() is None or stop
                 except queue.Empty:
-                    break
+                    return stop
+
+    def _snapshot(self) -> bytes:
+        """A batch stating every held hash: ``AllBlocksCleared``, then one ``BlockStored``
+        per medium (parent nil, no tokens), as vLLM's snapshots look. It may include
+        batches still queued; they re-apply on top harmlessly, in order."""
+        with self._lock:
             held = {m: sorted(s) for m, s in self._held.items() if s}
         events: list[dict] = [{"type": "AllBlocksCleared"}]
         for medium, digests in held.items():
@@ -190,28 +193,12 @@ class EventPublisher:
                 "lora_id": None, "medium": medium, "lora_name": None, "group_idx": 0,
             })
         self.snapshots += 1
-        return pack([time.time(), events, self.dp_rank]), stop
+        return pack([time.time(), events, self.dp_rank])
 
     def _send(self, payload: bytes) -> None:
-        seq = self._seq
-        self._seq += 1
-        self._buffer.append((seq, payload))
+        seq = self.replay.add(payload)
         self.published_batches += 1  # before sending: a reader who got it sees the count
         self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
-
-    def _serve_replay(self) -> None:
-        """Request ``[id, b"", start_seq:8 BE]`` (REQ) or ``[id, start_seq]`` (DEALER);
-        reply every buffered ``(seq, payload)`` with seq >= start_seq, then ``(-1, b"")``."""
-        frames = self._replay.recv_multipart()  # type: ignore[union-attr]
-        if len(frames) not in (2, 3) or len(frames[-1]) != 8 or (
-                len(frames) == 3 and frames[1] != b""):
-            return  # not a request we understand: vLLM ignores these too
-        head = tuple(frames[:-1])
-        start = int.from_bytes(frames[-1], "big")
-        for seq, payload in list(self._buffer):
-            if seq >= start:
-                self._replay.send_multipart((*head, seq.to_bytes(8, "big"), payload))  # type: ignore[union-attr]
-        self._replay.send_multipart((*head, END_SEQ, b""))  # type: ignore[union-attr]
 
 
 def _bound(sock, endpoint: str, hwm: int, wait: float = 2.0):  # type: ignore[no-untyped-def]
