@@ -1,17 +1,22 @@
 """Feed a Router from N replicas' ZeroMQ event streams (extra ``prefixkv[events]``).
 
-Per replica a SUB socket (live stream) and a DEALER socket (replay requests, spoken as a
-REQ client would: ``[b"", start_seq]``). For each message ``(topic, seq, payload)``:
+Per replica a SUB socket (the live stream), a ReplayClient on its replay socket, and the
+last sequence number applied. For each message ``(topic, seq, payload)``:
 
-- the first message ever: if ``seq > 0`` ask replay from 0 (history before we joined);
 - ``seq == last + 1``: apply;
-- ``seq <= last``, or any message after the SUB socket lost its connection (a restarted
-  replica numbers from 0 again, and may pass ``last`` before we reconnect): forget what
-  the replica held and rebuild it from its replay buffer, as for a first message;
-- ``seq > last + 1``: a gap; replay ``last + 1 ..``. If the replay does not start at
-  ``last + 1`` (the buffer no longer has it) or times out, the gap cannot be filled:
-  forget the replica (the index may only under-, never over-state what it holds) and
-  go on from ``seq``.
+- ``seq`` at or below what a replay already applied: a duplicate, skipped;
+- anything else (first contact, a gap, a smaller ``seq``, or any message after the SUB
+  socket lost its connection, which a restarted replica needs): catch up.
+
+Catching up asks the replica for ``last + 1 ..`` with the epoch it announced before
+(vLLM 0.33's msgpack replay request). The answer is the missed batches (applied,
+``gaps_filled``) or, on first contact, after a restart (a new epoch: ``restarts``) or
+past the buffer, a snapshot of everything it holds (the replica is rebuilt from it,
+``snapshots``). A publisher that does not answer this form (older vLLM) is asked by the
+8-byte request from then on: missed batches are applied if the buffer still has them
+all; otherwise, and on a smaller ``seq`` (a restart), the replica is forgotten
+(``resyncs``, ``restarts``): the index may understate what a replica holds, never
+overstate it.
 
 Batches that fail to decode are counted in ``bad_batches`` and skipped.
 """
@@ -22,9 +27,8 @@ import threading
 from collections.abc import Mapping
 
 from .decode import DecodeError, decode_batch
+from .replay_client import ReplayClient
 from .router import Router
-
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
 class Subscriber:
@@ -39,13 +43,16 @@ class Subscriber:
         self.router = router
         self.replay_timeout_ms = int(replay_timeout * 1000)
         self.last_seq: dict[str, int] = {}
-        self.gaps_filled = self.resyncs = self.restarts = self.bad_batches = 0
+        self.gaps_filled = self.snapshots = self.resyncs = self.restarts = self.bad_batches = 0
+        self._epoch: dict[str, str] = {}
+        self._skip_through: dict[str, int] = {}  # live duplicates of replayed batches
+        self._legacy: set[str] = set()  # replicas that answer only the 8-byte request
         self._ctx = zmq.Context.instance()
         self._poller = zmq.Poller()
         self._sub: dict[object, str] = {}
         self._monitors: dict[object, str] = {}
         self._reconnected: set[str] = set()
-        self._replay: dict[str, object] = {}
+        self._replay: dict[str, ReplayClient] = {}
         for replica in endpoints:
             router.forget(replica)  # RouterError for an unknown name; starts it empty
         for replica, (pub, replay) in endpoints.items():
@@ -58,9 +65,7 @@ class Subscriber:
             self._monitors[monitor] = replica
             self._poller.register(monitor, zmq.POLLIN)
             if replay is not None:
-                dealer = self._ctx.socket(zmq.DEALER)
-                dealer.connect(replay)
-                self._replay[replica] = dealer
+                self._replay[replica] = ReplayClient(self._ctx, replay, self.replay_timeout_ms)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lock = threading.Lock()  # held while the index changes (thread mode)
@@ -104,54 +109,71 @@ class Subscriber:
             self._thread.join(2.0)
         for sub in self._sub:
             sub.disable_monitor()  # type: ignore[attr-defined]
-        for sock in [*self._monitors, *self._sub, *self._replay.values()]:
+        for sock in [*self._monitors, *self._sub]:
             sock.close(linger=0)  # type: ignore[attr-defined]
+        for client in self._replay.values():
+            client.close()
 
     # ---- sequence handling ---------------------------------------------------------------
 
     def _on_message(self, replica: str, seq: int, payload: bytes) -> None:
         last = self.last_seq.get(replica)
-        if last is not None and (seq <= last or replica in self._reconnected):
+        reconnected = replica in self._reconnected
+        self._reconnected.discard(replica)
+        if last is not None and not reconnected:
+            if seq == last + 1:
+                self._apply(replica, seq, payload)
+                return
+            if seq <= self._skip_through.get(replica, -1):
+                return
+        if replica not in self._legacy and self._catch_up(replica, last):
+            if seq > self.last_seq[replica]:  # the answer predates this message
+                self._apply(replica, seq, payload)
+            return
+        if last is not None and (seq <= last or reconnected):
             self.restarts += 1
             self.router.forget(replica)
             last = None
-        self._reconnected.discard(replica)
         if last is None and seq > 0 or last is not None and seq > last + 1:
-            start = 0 if last is None else last + 1
-            if self._fill(replica, start, seq):
-                self.gaps_filled += 1
-            else:
+            client = self._replay.get(replica)
+            batches = client.stream(0 if last is None else last + 1, seq) if client else None
+            if batches is None:
                 self.resyncs += 1
                 self.router.forget(replica)
+            else:
+                self.gaps_filled += 1
+                for s, p in batches:
+                    self._apply(replica, s, p)
         self._apply(replica, seq, payload)
 
-    def _fill(self, replica: str, start: int, until: int) -> bool:
-        """Replay ``start .. until-1`` and apply it; False when that range is not whole."""
-        dealer = self._replay.get(replica)
-        if dealer is None:
+    def _catch_up(self, replica: str, last: int | None) -> bool:
+        """Bring ``replica`` up to date by the msgpack replay request; False (and the
+        replica is marked legacy) when it does not answer in that form."""
+        client = self._replay.get(replica)
+        epoch = self._epoch.get(replica)
+        reply = client.ask(epoch, 0 if last is None else last + 1) if client else None
+        if reply is None:
+            self._legacy.add(replica)
             return False
-        while dealer.poll(0):  # type: ignore[attr-defined]
-            dealer.recv_multipart()  # type: ignore[attr-defined]  # late replies of a timed-out replay
-        dealer.send_multipart((b"", start.to_bytes(8, "big")))  # type: ignore[attr-defined]
-        expect, whole = start, True
-        while dealer.poll(self.replay_timeout_ms):  # type: ignore[attr-defined]
-            frames = dealer.recv_multipart()  # type: ignore[attr-defined]
-            seq_bytes, payload = frames[-2], frames[-1]
-            if seq_bytes == END_SEQ:
-                return whole and expect >= until
-            seq = int.from_bytes(seq_bytes, "big")
-            if seq >= until:
-                continue
-            if seq != expect:
-                whole = False
-                continue
-            if whole:
-                self._apply(replica, seq, payload)
-                expect += 1
-        return False
+        if epoch is not None and reply.get("publisher_epoch") != epoch:
+            self.restarts += 1
+        self._epoch[replica] = reply.get("publisher_epoch")  # type: ignore[assignment]
+        if reply.get("snapshot") is not None:
+            self.snapshots += 1
+            self.router.forget(replica)
+            self._decode_apply(replica, reply["snapshot"])
+        else:
+            self.gaps_filled += 1
+            for _, p in reply.get("replayed_batches", ()):
+                self._decode_apply(replica, p)
+        self.last_seq[replica] = self._skip_through[replica] = reply["next_seq"] - 1
+        return True
 
     def _apply(self, replica: str, seq: int, payload: bytes) -> None:
         self.last_seq[replica] = seq
+        self._decode_apply(replica, payload)
+
+    def _decode_apply(self, replica: str, payload: bytes) -> None:
         try:
             _, events, _ = decode_batch(payload)
         except DecodeError:
