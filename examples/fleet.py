@@ -101,7 +101,9 @@ def run_fleet(policy: str, convs, system, args) -> dict:
     inboxes = {n: ctx.socket(zmq.PUSH) for n in names}
     for n, sock in inboxes.items():
         sock.connect(info[n]["requests"])
-    time.sleep(0.5)  # subscriptions reach the publishers
+    deadline = time.monotonic() + 10  # every replica heard (its first heartbeat) first
+    while len(router.live()) < len(names) and time.monotonic() < deadline:
+        time.sleep(0.05)
     histories = [list(system) for _ in convs]
     replies: list[list] = [[] for _ in convs]
     where = {}
