@@ -38,11 +38,11 @@ class CacheMetrics:
         names, labels = ("model_name", "engine"), (model_name, engine)
         kw = {"labelnames": names, "registry": self.registry}
         self.queries = Counter("vllm:prefix_cache_queries",
-                               "Prefix cache queries, in terms of number of queried tokens.", **kw)
+                               "Prompt tokens looked up in the prefix cache (new requests).", **kw)
         self.hits = Counter("vllm:prefix_cache_hits",
-                            "Prefix cache hits, in terms of number of cached tokens.", **kw)
+                            "Prompt tokens found in the prefix cache (new requests).", **kw)
         self.usage = Gauge("vllm:kv_cache_usage_perc",
-                           "KV-cache usage. 1 means 100 percent usage.", **kw)
+                           "Fraction of KV-cache blocks in use, 0 to 1.", **kw)
         self.evictions = Counter("prefixkv:block_evictions", "Cached blocks evicted.", **kw)
         self.dropped = Counter("prefixkv:kv_events_dropped",
                                "KV-event batches dropped by a full publisher queue.", **kw)
