@@ -1,16 +1,13 @@
 """Prometheus metrics of one manager, under the names vLLM's dashboards plot (extra
 ``prefixkv[metrics]``: prometheus_client).
 
-==========================================  =======  ===========================================
-exposed name                                type     meaning
-==========================================  =======  ===========================================
-``vllm:prefix_cache_queries_total``         counter  prompt tokens looked up (new requests)
-``vllm:prefix_cache_hits_total``            counter  of those, tokens served from the cache
-``vllm:kv_cache_usage_perc``                gauge    fraction of blocks in use, 0..1 (1 = full)
-``prefixkv:block_evictions_total``          counter  cached blocks evicted (``BlockRemoved``)
-``prefixkv:kv_events_dropped_total``        counter  event batches the publisher dropped
-``prefixkv:prefix_cache_hits_by_source_total``  counter  hit tokens by medium ("GPU"; "CPU"...)
-==========================================  =======  ===========================================
+- ``vllm:prefix_cache_queries_total`` (counter): prompt tokens looked up (new requests)
+- ``vllm:prefix_cache_hits_total`` (counter): of those, tokens served from the cache
+- ``vllm:kv_cache_usage_perc`` (gauge): fraction of blocks in use, 0..1 (1 = full)
+- ``prefixkv:block_evictions_total`` (counter): cached blocks evicted (``BlockRemoved``)
+- ``prefixkv:kv_events_dropped_total`` (counter): event batches the publisher dropped
+- ``prefixkv:prefix_cache_hits_by_source_total`` (counter, label ``source``): hit tokens
+  by the medium that served them ("GPU"; "CPU" once a host tier exists)
 
 Every series carries vLLM's labels ``model_name`` and ``engine``. The hit rate a
 dashboard shows is ``rate(hits) / rate(queries)``. Re-admissions after preemption are
