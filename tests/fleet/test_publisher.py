@@ -7,7 +7,8 @@ import pytest
 import zmq
 
 from prefixkv import BlockStored, KVCacheManager
-from prefixkv.fleet.publisher import END_SEQ, EventPublisher
+from prefixkv.fleet.publisher import EventPublisher
+from prefixkv.fleet.replay import END_SEQ
 from prefixkv.fleet.wire import WireError
 from prefixkv.router import Cleared, Stored, decode_batch
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 
 from ..events import AllBlocksCleared, BlockRemoved, BlockStored
-from .replay import END_SEQ, ReplayBuffer  # noqa: F401  (END_SEQ: re-exported)
+from .replay import ReplayBuffer
 from .wire import WireError, check_options, pack, to_wire_events, wire_hash
 
 _EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
