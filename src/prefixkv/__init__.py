@@ -17,6 +17,7 @@ from .errors import (
 )
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .extra_keys import ExtraKeys, MultiModalInput
+from .hashing import block_hashes
 from .core.manager import KVCacheManager
 from .results import Admission, BlockCopy, BlockLoad, BlockOffload, DecodeStep, Fork, KVOp
 from .stats import PrefixCacheStats
@@ -28,5 +29,5 @@ __all__ = [
     "BlockRemoved", "BlockStored",
     "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
     "InvariantError", "KVCacheManager", "KVOp", "MultiModalInput", "PrefixCacheStats",
-    "PrefixKVError", "RequestError", "TokenError",
+    "PrefixKVError", "RequestError", "TokenError", "block_hashes",
 ]

@@ -86,8 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
                        "replaced as a whole when the run succeeds (it must hold nothing else)")
     bench.add_argument("--progress", action="store_true", default=None,
                        help="draw the progress bar on stderr even when it is not a terminal")
+    bench.add_argument("--replicas", type=_int_list, metavar="N[,N...]",
+                       help="simulate a fleet of N replicas behind the router instead (e.g. "
+                       "1,2,4,8,16; system-prompt and chat unless --workload names one); "
+                       "writes fleet.md, fleet.json, fleet.png")
+    bench.add_argument("--route", choices=("all", "round-robin", "least-loaded", "prefix"),
+                       default="all", help="routing policy of the fleet simulation")
     bench.set_defaults(command_parser=bench)  # its usage errors name `prefixkv bench`
     return parser
+
+
+def _int_list(text: str) -> list[int]:
+    parse = _int_in(1, 1024)
+    return [parse(part) for part in text.split(",")]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,6 +124,18 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .bench.suite import BenchConfig, run_bench
     from .bench.workloads import BUILTIN
 
+    if args.replicas:
+        from .bench.fleet_report import DEFAULT_WORKLOADS, run_fleet, table, write_fleet
+        routes = ("round-robin", "least-loaded", "prefix") if args.route == "all" else (args.route,)
+        names = DEFAULT_WORKLOADS if args.workload in (None, "all") else (args.workload,)
+        if "trace" in names:
+            parser.error("--replicas runs the built-in workloads, not a trace")
+        data = run_fleet(args.replicas, routes, names, scale=args.scale, seed=args.seed,
+                         block_size=args.block_size, pool_blocks=args.pool_blocks)
+        for note in write_fleet(data, args.out, args.plots):
+            print(f"note: {note}", file=sys.stderr)
+        print(table(data) + f"\n\nreport: {args.out / 'fleet.md'}")
+        return 0
     workload = args.workload or ("trace" if args.trace else "all")
     if workload == "trace" and args.trace is None:
         parser.error("--workload trace needs --trace FILE")

@@ -22,6 +22,7 @@ from functools import lru_cache
 import xxhash
 
 from .errors import ConfigError, TokenError
+from .extra_keys import check_extra
 
 HashFn = Callable[[bytes], bytes]
 
@@ -175,3 +176,43 @@ def chain(fn: HashFn, parent: bytes, data: bytes, extras: Sequence[bytes]) -> tu
     else:  # the common case, kept free of per-block concatenation with b""
         hashes = [h := fn(h + c) for c in chunks]
     return hashes, chunks
+
+
+def block_hashes(
+    token_ids: Sequence[int], block_size: int, *, hash_mode: str | HashFn = "sha256",
+    seed: int | bytes | None = None, extra: object = None,
+) -> list[bytes]:
+    """The chain hashes of the full blocks of ``token_ids``, exactly as a
+    ``KVCacheManager(block_size=block_size, hash_mode=hash_mode, seed=seed)`` names them
+    in its ``BlockStored`` events, so that a router can score a prompt it has never seen.
+
+    The chain, for ``n = len(token_ids) // block_size`` full blocks (a partial last block
+    has no hash)::
+
+        seed_bytes  = seed as bytes: an int as little-endian in (bit_length + 8) // 8
+                      bytes (0 -> b"\\x00"), bytes as given; None -> b"prefixkv" (sha256)
+        root        = H(b"prefixkv-root" + seed_bytes)     # never sent: block 0's parent
+        hash[0]     = H(root      + tokens[0:bs] as uint32 LE + extra_bytes[0])
+        hash[i]     = H(hash[i-1] + tokens[i*bs:(i+1)*bs] as uint32 LE + extra_bytes[i])
+
+    ``H`` is sha256 (32-byte digests) or xxh3-128 (16 bytes); ``extra_bytes[i]`` is the
+    tagged encoding of ``extra`` for block i (``ExtraKeys.block_bytes``: LoRA, salt, and
+    the multimodal inputs overlapping the block; empty when ``extra`` is None).
+
+    Returns one digest per full block (an empty list for fewer than ``block_size``
+    tokens). Raises ConfigError for a ``block_size`` < 1, an unknown ``hash_mode``, a bad
+    seed, or ``hash_mode="xxhash"`` without a seed (a manager draws a random one then,
+    which no one outside can reproduce); TokenError for ids outside [0, 2**32);
+    ExtraKeysError for malformed ``extra`` or a multimodal range past the prompt.
+    """
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ConfigError(f"block_size must be an int >= 1, got {block_size!r}")
+    if hash_mode == "xxhash" and seed is None:
+        raise ConfigError("hash_mode='xxhash' needs the manager's seed: without one each "
+                          "manager draws a random seed that cannot be reproduced")
+    fn, root = make_hash_fn(hash_mode, seed)
+    arr = encode_tokens(token_ids)
+    keys = check_extra(extra, len(arr))
+    n = len(arr) // block_size
+    extras = keys.block_bytes(n, block_size) if keys is not None else [b""] * n
+    return chain(fn, root, token_bytes(arr[:n * block_size]), extras)[0]

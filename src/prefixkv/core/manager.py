@@ -218,7 +218,6 @@ class KVCacheManager(Admitter):
             return False
         if self._host is not None:
             self._host.clear()
-        self._events.clear()
         self._events.append(AllBlocksCleared())
         return True
 

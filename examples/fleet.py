@@ -1,0 +1,188 @@
+"""Three example-engine processes behind prefixkv's router, for real, on loopback.
+
+Each replica process runs the example engine (a tiny random-weight Llama on the CPU)
+with a KVCacheManager (sha256 hashes), publishes its KV events in vLLM's wire format
+(ZeroMQ PUB + replay ROUTER), serves Prometheus metrics on ``/metrics``, and takes
+requests on a ZeroMQ PULL socket (msgpack; no pickle on any wire). The router process
+subscribes to the three event streams and routes a multi-turn chat: every turn re-sends
+the conversation so far. The same chat runs with ``prefix`` and ``round-robin``
+routing (fresh replicas each time), and once on a single engine without a cache, whose
+replies every routed run must reproduce token for token.
+
+    python examples/fleet.py [--conversations 5] [--turns 4] [--replicas 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+import urllib.request
+
+import msgpack
+import zmq
+
+BLOCK_SIZE = 16
+
+
+def replica(name: str, results: str, num_blocks: int, max_tokens: int) -> None:
+    """A replica process: engine + event publisher + /metrics + request socket."""
+    from prometheus_client import start_http_server
+
+    from prefixkv import KVCacheManager
+    from prefixkv.engine import LlamaConfig, SamplingParams, build_engine
+    from prefixkv.fleet.metrics import CacheMetrics
+    from prefixkv.fleet.publisher import EventPublisher
+
+    config = LlamaConfig(num_layers=2)
+    mgr = KVCacheManager(num_blocks, BLOCK_SIZE, hash_mode="sha256", enable_events=True,
+                         vocab_size=config.vocab_size)
+    engine = build_engine(config, allocator=mgr)
+    metrics = CacheMetrics(model_name="tiny-llama", engine=name)
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+    ctx = zmq.Context.instance()
+    inbox = ctx.socket(zmq.PULL)
+    inbox.bind("tcp://127.0.0.1:*")
+    outbox = ctx.socket(zmq.PUSH)
+    outbox.connect(results)
+    params = SamplingParams(max_tokens=max_tokens)
+    with EventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", block_size=BLOCK_SIZE) as pub:
+        outbox.send(msgpack.packb({"hello": name, "requests": inbox.getsockopt_string(zmq.LAST_ENDPOINT),
+                                   "events": pub.endpoint, "replay": pub.replay_endpoint,
+                                   "metrics": f"http://127.0.0.1:{server.server_port}/metrics"}))
+        while True:
+            while inbox.poll(0 if engine.has_unfinished() else 20):
+                msg = msgpack.unpackb(inbox.recv())
+                if msg.get("stop"):
+                    server.shutdown()
+                    return
+                engine.add_request(msg["prompt"], params, request_id=msg["id"])
+            if not engine.has_unfinished():
+                continue
+            rec = engine.step()
+            pub.publish(rec.events)
+            metrics.observe(rec.stats, rec.usage, rec.events, dropped_batches=pub.dropped_batches)
+            for out in engine.take_finished():
+                outbox.send(msgpack.packb({"id": out.request_id, "tokens": list(out.token_ids)}))
+
+
+def scrape(url: str) -> tuple[float, float]:
+    """(queries, hits) from one replica's /metrics."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    values = {}
+    for line in text.splitlines():
+        for key in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+            if line.startswith(key + "{"):
+                values[key] = float(line.rsplit(" ", 1)[1])
+    return values["vllm:prefix_cache_queries_total"], values["vllm:prefix_cache_hits_total"]
+
+
+def run_fleet(policy: str, convs, system, args) -> dict:
+    """Start the replicas, route the chat, return replies, per-replica counts, hit rate."""
+    from prefixkv.router import Router
+    from prefixkv.router.subscriber import Subscriber
+
+    ctx = zmq.Context.instance()
+    results = ctx.socket(zmq.PULL)
+    results.bind("tcp://127.0.0.1:*")
+    endpoint = results.getsockopt_string(zmq.LAST_ENDPOINT)
+    names = [f"r{i}" for i in range(args.replicas)]
+    # plain processes with their settings on the command line: nothing is pickled
+    procs = [subprocess.Popen([sys.executable, __file__, "--serve-replica", n, endpoint,
+                               str(args.num_blocks), str(args.max_tokens)]) for n in names]
+    info = {}
+    while len(info) < len(names):
+        msg = msgpack.unpackb(results.recv())
+        info[msg["hello"]] = msg
+    router = Router(names, block_size=BLOCK_SIZE, policy=policy, stale_after=5.0)
+    sub = Subscriber(router, {n: (info[n]["events"], info[n]["replay"]) for n in names})
+    sub.start()
+    inboxes = {n: ctx.socket(zmq.PUSH) for n in names}
+    for n, sock in inboxes.items():
+        sock.connect(info[n]["requests"])
+    deadline = time.monotonic() + 10  # every replica heard (its first heartbeat) first
+    while len(router.live()) < len(names) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    histories = [list(system) for _ in convs]
+    replies: list[list] = [[] for _ in convs]
+    where = {}
+    for t in range(args.turns):
+        for c, conv in enumerate(convs):
+            histories[c] += conv[t]
+            with sub.lock:
+                where[c] = router.route(histories[c]).replica
+            inboxes[where[c]].send(msgpack.packb({"id": c, "prompt": histories[c]}))
+        for _ in convs:
+            msg = msgpack.unpackb(results.recv())
+            with sub.lock:
+                router.finish(where[msg["id"]])
+            replies[msg["id"]].append(msg["tokens"])
+            histories[msg["id"]] += msg["tokens"]
+        time.sleep(0.3)  # the turn's events reach the router before the next turn
+    counts = [scrape(info[n]["metrics"]) for n in names]
+    for sock in inboxes.values():
+        sock.send(msgpack.packb({"stop": True}))
+    for p in procs:
+        p.wait(10)
+    sub.close()
+    results.close(linger=0)
+    queries, hits = sum(q for q, _ in counts), sum(h for _, h in counts)
+    return {"replies": replies, "routed": [router.routed[n] for n in names],
+            "hit_rate": hits / queries, "gaps": sub.gaps_filled, "resyncs": sub.resyncs}
+
+
+def run_single(convs, system, args, caching: bool) -> dict:
+    """The same chat on one in-process engine (the reference)."""
+    from prefixkv import KVCacheManager
+    from prefixkv.engine import LlamaConfig, SamplingParams, build_engine, run_chat
+
+    config = LlamaConfig(num_layers=2)
+    mgr = KVCacheManager(args.num_blocks, BLOCK_SIZE, hash_mode="sha256",
+                         enable_caching=caching, vocab_size=config.vocab_size)
+    chat = run_chat(build_engine(config, allocator=mgr), convs,
+                    SamplingParams(max_tokens=args.max_tokens), system_prompt=system)
+    return {"replies": [[list(r) for r in conv] for conv in chat.replies],
+            "hit_rate": mgr.stats.hit_rate}
+
+
+def main(argv: list[str] | None = None) -> None:
+    from prefixkv.engine import LlamaConfig, synthetic_conversations
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--serve-replica"]:  # a replica process started by run_fleet
+        name, results, num_blocks, max_tokens = argv[1:5]
+        replica(name, results, int(num_blocks), int(max_tokens))
+        return
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--conversations", type=int, default=5)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--message-len", type=int, default=24)
+    ap.add_argument("--system-len", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--num-blocks", type=int, default=256)
+    args = ap.parse_args(argv)
+    vocab = LlamaConfig().vocab_size
+    system = [1 + (i * 7919) % (vocab - 1) for i in range(args.system_len)]
+    convs = synthetic_conversations(args.conversations, args.turns, args.message_len,
+                                    vocab_size=vocab, seed=0)
+    reference = run_single(convs, system, args, caching=False)
+    single = run_single(convs, system, args, caching=True)
+    print(f"{args.conversations} conversations x {args.turns} turns, system prompt "
+          f"{args.system_len} tokens, {args.replicas} replica processes")
+    print(f"one engine, cache on : hit rate {single['hit_rate']:.1%}")
+    ok = single["replies"] == reference["replies"]
+    for policy in ("prefix", "round-robin"):
+        res = run_fleet(policy, convs, system, args)
+        same = res["replies"] == reference["replies"]
+        ok = ok and same
+        print(f"fleet, {policy:<11}: hit rate {res['hit_rate']:.1%} (from /metrics), "
+              f"requests per replica {res['routed']}, replies identical to no-cache run: {same}")
+    if not ok:
+        raise SystemExit("replies differ from the no-cache run")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""Publish a manager's events over ZeroMQ the way vLLM does, without ever blocking the
+scheduler (extra ``prefixkv[events]``: pyzmq + msgpack).
+
+    engine step ──publish(events)──> bounded queue ──thread──> PUB  (topic, seq, payload)
+                 (mirror of held hashes)                   └──> replay buffer ──> ROUTER
+
+``publish`` only updates a set of held hashes and puts the list on a bounded queue;
+when the queue is full the batch is dropped and counted, and the thread discards what
+is still queued and sends a *snapshot* instead (``AllBlocksCleared`` then one ``BlockStored`` per medium holding every
+held hash, parent nil, no tokens, as vLLM's own snapshots look), so a consumer that
+applies the stream in order is exact again. The thread numbers batches 0, 1, 2, ...,
+keeps the last ``buffer_steps`` for replay and answers replay requests on the ROUTER
+socket; when idle for ``heartbeat`` seconds it sends an empty batch, so that a router can
+tell a quiet replica from a dead one.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Sequence
+
+from ..events import AllBlocksCleared, BlockRemoved, BlockStored
+from .replay import ReplayBuffer
+from .wire import WireError, check_options, pack, to_wire_events, wire_hash
+
+_EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
+
+
+class EventPublisher:
+    """PUB socket bound at ``endpoint`` (``tcp://127.0.0.1:*`` picks a free port; the
+    bound address is ``self.endpoint``), ROUTER at ``replay_endpoint`` when given.
+
+    Args:
+        block_size: the manager's block size (sent in every BlockStored).
+        topic: first frame of each message ("kv-events" is what vLLM's example uses).
+        hash_format: "int" (vLLM's default, low 64 bits) or "bytes" (whole digest).
+        dp_rank: data-parallel rank written in every batch.
+        buffer_steps: batches kept for replay (> 0).
+        max_queue: batches waiting for the thread before ``publish`` drops (> 0).
+        heartbeat: seconds of silence before an empty batch is sent (None: never).
+
+    Raises WireError for an option out of range (before any socket is opened).
+    """
+
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:*", replay_endpoint: str | None = None,
+                 *, block_size: int, topic: str = "kv-events", hash_format: str = "int",
+                 dp_rank: int = 0, buffer_steps: int = 10_000, max_queue: int = 1024,
+                 heartbeat: float | None = 1.0, hwm: int = 100_000) -> None:
+        check_options(block_size, hash_format, dp_rank)
+        for name, value in (("buffer_steps", buffer_steps), ("max_queue", max_queue)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise WireError(f"{name} must be an int >= 1, got {value!r}")
+        if heartbeat is not None and not heartbeat > 0:
+            raise WireError(f"heartbeat must be > 0 seconds or None, got {heartbeat!r}")
+        import zmq
+
+        self.block_size, self.hash_format, self.dp_rank = block_size, hash_format, dp_rank
+        self.topic = topic.encode()
+        self.heartbeat = heartbeat
+        self.dropped_batches = 0
+        self.published_batches = 0
+        self.snapshots = 0
+        self._queue: queue.Queue[list | None] = queue.Queue(maxsize=max_queue)
+        self.replay = ReplayBuffer(buffer_steps)
+        self._held: dict[str, set[bytes]] = {}  # medium -> digests held (the mirror)
+        self._lock = threading.Lock()
+        self._resync = False
+        self._ctx = zmq.Context.instance()
+        self._pub = _bound(self._ctx.socket(zmq.PUB), endpoint, hwm)
+        self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._replay = None
+        self.replay_endpoint: str | None = None
+        if replay_endpoint is not None:
+            self._replay = _bound(self._ctx.socket(zmq.ROUTER), replay_endpoint, hwm)
+            self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="prefixkv-events", daemon=True)
+        self._thread.start()
+
+    # ---- caller side (the scheduler's thread) --------------------------------------------
+
+    def publish(self, events: Sequence[object]) -> bool:
+        """Queue one step's events (``mgr.take_events()``); never blocks. An empty list is
+        not sent. Returns False when the queue was full and the batch was dropped (counted
+        in ``dropped_batches``; a snapshot follows). Raises WireError if closed or if an
+        item is not a BlockStored/BlockRemoved/AllBlocksCleared (nothing is queued then)."""
+        if self._closed:
+            raise WireError("publish() after close()")
+        if not events:
+            return True
+        for ev in events:
+            if not isinstance(ev, _EVENTS):
+                raise WireError(f"not a prefixkv event: {type(ev).__name__}")
+        with self._lock:
+            self._mirror(events)
+            try:
+                self._queue.put_nowait(list(events))
+            except queue.Full:
+                self.dropped_batches += 1
+                self._resync = True
+                return False
+        return True
+
+    def _mirror(self, events: Sequence[object]) -> None:
+        held = self._held
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                held.setdefault(getattr(ev, "medium", "GPU"), set()).add(ev.block_hash)
+            elif isinstance(ev, BlockRemoved):
+                held.get(getattr(ev, "medium", "GPU"), set()).discard(ev.block_hash)
+            elif isinstance(ev, AllBlocksCleared):
+                held.clear()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Send what is queued (up to ``timeout`` seconds), stop the thread, close the
+        sockets (left to the daemon thread if it has not stopped by then). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self._queue.put(None, timeout=0.05)
+                break
+            except queue.Full:
+                continue
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            return  # sockets belong to the thread (ZeroMQ sockets are not thread-safe)
+        self._pub.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)
+
+    def __enter__(self) -> EventPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        last_sent = time.monotonic()
+        while True:
+            if self._replay is not None:
+                while self._replay.poll(0):
+                    self.replay.serve(self._replay, self._snapshot)
+            try:
+                item = self._queue.get(timeout=0.02)
+            except queue.Empty:
+                if self.heartbeat is not None and time.monotonic() - last_sent >= self.heartbeat:
+                    self._send(pack([time.time(), [], self.dp_rank]))
+                    last_sent = time.monotonic()
+                continue
+            if item is None:
+                return
+            if self._resync:  # the snapshot covers this item and all queued ones
+                stop = self._drain()
+                self._send(self._snapshot())
+                if stop:
+                    return
+            else:
+                self._send(pack([time.time(), to_wire_events(item, self.block_size,
+                                                              self.hash_format), self.dp_rank]))
+            last_sent = time.monotonic()
+
+    def _drain(self) -> bool:
+        """After a drop: empty the queue (its batches are in the mirror, which the next
+        snapshot states, so nothing older follows it); returns whether close() was asked."""
+        stop = False
+        with self._lock:
+            self._resync = False
+            while True:
+                try:
+                    stop = self._queue.get_nowait() is None or stop
+                except queue.Empty:
+                    return stop
+
+    def _snapshot(self) -> bytes:
+        """A batch stating every held hash: ``AllBlocksCleared``, then one ``BlockStored``
+        per medium (parent nil, no tokens), as vLLM's snapshots look. It may include
+        batches still queued; they re-apply on top harmlessly, in order."""
+        with self._lock:
+            held = {m: sorted(s) for m, s in self._held.items() if s}
+        events: list[dict] = [{"type": "AllBlocksCleared"}]
+        for medium, digests in held.items():
+            events.append({
+                "type": "BlockStored",
+                "block_hashes": [wire_hash(d, self.hash_format) for d in digests],
+                "parent_block_hash": None, "token_ids": [], "block_size": self.block_size,
+                "lora_id": None, "medium": medium, "lora_name": None, "group_idx": 0,
+            })
+        self.snapshots += 1
+        return pack([time.time(), events, self.dp_rank])
+
+    def _send(self, payload: bytes) -> None:
+        seq = self.replay.add(payload)
+        self.published_batches += 1  # before sending: a reader who got it sees the count
+        self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
+
+
+def _bound(sock, endpoint: str, hwm: int, wait: float = 2.0):  # type: ignore[no-untyped-def]
+    """``sock`` bound to ``endpoint``. A restarted replica rebinds its old port, which
+    ZeroMQ releases asynchronously after close: retry for up to ``wait`` seconds."""
+    import zmq
+
+    sock.set_hwm(hwm)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            sock.bind(endpoint)
+            return sock
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                sock.close(linger=0)
+                raise
+            time.sleep(0.05)

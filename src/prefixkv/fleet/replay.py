@@ -1,0 +1,85 @@
+"""A publisher's memory of what it sent: the last ``maxlen`` batches by sequence number,
+served on a ROUTER socket in both request forms of vLLM 0.33 (see docs/events.md).
+
+- 8-byte request ``k`` (big-endian): every kept ``[seq, payload]`` with ``seq >= k``,
+  one message each, then the end mark ``[-1 as 8 bytes, b""]``.
+- msgpack map ``{"publisher_epoch"?, "start_seq"?, "force_snapshot"?}``: one msgpack map
+  ``{"publisher_epoch", "next_seq", "replayed_batches": [[seq, payload], ...]}`` when the
+  kept batches cover ``start_seq .. next_seq - 1`` of this epoch, else
+  ``{"publisher_epoch", "next_seq", "replayed_batches": [], "snapshot": payload}`` where
+  the snapshot batch states everything the replica holds.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from collections.abc import Callable
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+class ReplayBuffer:
+    """Numbers batches 0, 1, 2, ... and keeps the last ``maxlen``. ``epoch``: a random
+    id of this publisher's life (a restart gets a new one)."""
+
+    def __init__(self, maxlen: int) -> None:
+        self.epoch = uuid.uuid4().hex
+        self.next_seq = 0
+        self._kept: deque[tuple[int, bytes]] = deque(maxlen=maxlen)
+
+    def add(self, payload: bytes) -> int:
+        """Keep ``payload`` under the next sequence number; returns that number."""
+        seq = self.next_seq
+        self.next_seq += 1
+        self._kept.append((seq, payload))
+        return seq
+
+    def since(self, start: int) -> list[tuple[int, bytes]]:
+        """Kept batches with ``seq >= start``, oldest first."""
+        return [(s, p) for s, p in self._kept if s >= start]
+
+    def serve(self, sock: object, snapshot: Callable[[], bytes]) -> None:
+        """Answer one request waiting on ROUTER ``sock`` (REQ framing ``[id, b"", body]``
+        or DEALER ``[id, body]``); requests of another shape are ignored, as vLLM does."""
+        from .wire import pack
+
+        frames = sock.recv_multipart()  # type: ignore[attr-defined]
+        if len(frames) not in (2, 3) or len(frames) == 3 and frames[1] != b"":
+            return
+        head, body = tuple(frames[:-1]), frames[-1]
+        if len(body) == 8:
+            for seq, payload in self.since(int.from_bytes(body, "big")):
+                sock.send_multipart((*head, seq.to_bytes(8, "big"), payload))  # type: ignore[attr-defined]
+            sock.send_multipart((*head, END_SEQ, b""))  # type: ignore[attr-defined]
+            return
+        request = _request(body)
+        if request is not None:
+            sock.send_multipart((*head, pack(self._answer(*request, snapshot))))  # type: ignore[attr-defined]
+
+    def _answer(self, epoch: object, start: int, force: bool,
+                snapshot: Callable[[], bytes]) -> dict[str, object]:
+        batches = self.since(start)
+        whole = (not force and epoch == self.epoch and 0 <= start <= self.next_seq
+                 and len(batches) == self.next_seq - start)
+        out: dict[str, object] = {"publisher_epoch": self.epoch, "next_seq": self.next_seq,
+                                  "replayed_batches": [[s, p] for s, p in batches] if whole else []}
+        if not whole:
+            out["snapshot"] = snapshot()
+        return out
+
+
+def _request(body: bytes) -> tuple[object, int, bool] | None:
+    """``(epoch, start_seq, force_snapshot)`` of a msgpack replay request, else None."""
+    import msgpack
+
+    try:
+        req = msgpack.unpackb(body, raw=False)
+    except Exception:  # msgpack raises several unrelated types
+        return None
+    if not isinstance(req, dict):
+        return None
+    start, force = req.get("start_seq", 0), req.get("force_snapshot", False)
+    if not isinstance(start, int) or not isinstance(force, bool):
+        return None
+    return req.get("publisher_epoch"), start, force

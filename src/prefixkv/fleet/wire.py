@@ -1,0 +1,149 @@
+"""vLLM's KV-event wire format (vLLM 0.33), written from docs/events.md.
+
+One engine step's events become one ``KVEventBatch``, a msgpack array
+``[ts: float64, events: array, data_parallel_rank: int]``. Each event is a msgpack map
+whose first key is ``"type"`` (``"BlockStored"``, ``"BlockRemoved"``,
+``"AllBlocksCleared"``), then vLLM's field names in vLLM's order. Fields that vLLM
+declares without a default are always present (nil when unknown); fields with a default
+are omitted when they hold it. Consecutive stored blocks of one chain travel as one
+``BlockStored`` (vLLM's events carry runs of blocks), consecutive removals as one
+``BlockRemoved``.
+
+Block hashes: ``"int"`` (vLLM's default) sends the low 64 bits of our digest, i.e. its
+last 8 bytes read big-endian, as a msgpack unsigned int; ``"bytes"`` sends the whole
+digest (16 bytes for xxhash, 32 for sha256) as msgpack bin.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..errors import PrefixKVError
+from ..events import AllBlocksCleared, BlockRemoved, BlockStored
+
+VLLM_VERSION = "0.33"
+HASH_FORMATS = ("int", "bytes")
+MEDIUM_GPU = "GPU"
+
+_MASK64 = (1 << 64) - 1
+
+
+class WireError(PrefixKVError):
+    """A wire option out of range (hash format, block size, rank) or an object that is
+    not one of the core's events."""
+
+
+def wire_hash(digest: bytes, hash_format: str = "int") -> int | bytes:
+    """Our digest as it goes on the wire: its last 8 bytes as a big-endian uint64
+    (``"int"``), or the digest itself (``"bytes"``)."""
+    return int.from_bytes(digest, "big") & _MASK64 if hash_format == "int" else digest
+
+
+def check_options(block_size: object, hash_format: object, dp_rank: object) -> None:
+    """Raise WireError unless ``block_size`` >= 1, ``hash_format`` in HASH_FORMATS and
+    ``dp_rank`` >= 0 (all ints)."""
+    for name, value, low in (("block_size", block_size, 1), ("dp_rank", dp_rank, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise WireError(f"{name} must be an int >= {low}, got {value!r}")
+    if hash_format not in HASH_FORMATS:
+        raise WireError(f"hash_format must be one of {HASH_FORMATS}, got {hash_format!r}")
+
+
+def _medium(ev: object) -> str:
+    return getattr(ev, "medium", MEDIUM_GPU)  # the core adds ``medium`` later
+
+
+def _extra_entry(ev: BlockStored) -> tuple[str, ...] | None:
+    """This block's extra keys for vLLM's ``extra_keys``: LoRA name, the multimodal
+    hashes overlapping the block (bytes as hex), cache salt; None when there are none."""
+    x = ev.extra
+    if x is None:
+        return None
+    out = [x.lora] if x.lora is not None else []
+    out += [m.hash if isinstance(m.hash, str) else m.hash.hex() for m in x.mm]
+    if x.cache_salt is not None:
+        out.append(x.cache_salt)
+    return tuple(out)
+
+
+def _lora(ev: BlockStored) -> tuple[int | None, str | None]:
+    x = ev.extra
+    return (getattr(x, "lora_id", None), x.lora) if x is not None else (None, None)
+
+
+def _stored(run: list[BlockStored], block_size: int, fmt: str) -> dict[str, Any]:
+    first = run[0]
+    lora_id, lora_name = _lora(first)
+    parent = first.parent_block_hash
+    tokens: list[int] = []
+    for ev in run:
+        tokens += ev.token_ids
+    return {
+        "type": "BlockStored",
+        "block_hashes": [wire_hash(ev.block_hash, fmt) for ev in run],
+        "parent_block_hash": None if parent is None else wire_hash(parent, fmt),
+        "token_ids": tokens,
+        "block_size": block_size,
+        "lora_id": lora_id,
+        "medium": _medium(first),
+        "lora_name": lora_name,
+        "extra_keys": [_extra_entry(ev) for ev in run],
+        "group_idx": 0,
+        "kv_cache_spec_kind": "full_attention",
+    }
+
+
+def _continues(run: list, ev: object) -> bool:
+    """Whether ``ev`` extends ``run`` into one wire event."""
+    last = run[-1]
+    if type(ev) is not type(last) or _medium(ev) != _medium(last):
+        return False
+    if isinstance(ev, BlockStored):
+        return ev.parent_block_hash == last.block_hash and _lora(ev) == _lora(last)
+    return True
+
+
+def to_wire_events(events: Iterable[object], block_size: int,
+                   hash_format: str = "int") -> list[dict[str, Any]]:
+    """The wire maps of one step's core events, in order, runs grouped (see module doc).
+    Raises WireError for an object that is not BlockStored/BlockRemoved/AllBlocksCleared."""
+    runs: list[list] = []
+    for ev in events:
+        if not isinstance(ev, (BlockStored, BlockRemoved, AllBlocksCleared)):
+            raise WireError(f"not a prefixkv event: {type(ev).__name__}")
+        if runs and not isinstance(ev, AllBlocksCleared) and _continues(runs[-1], ev):
+            runs[-1].append(ev)
+        else:
+            runs.append([ev])
+    out: list[dict[str, Any]] = []
+    for run in runs:
+        first = run[0]
+        if isinstance(first, BlockStored):
+            out.append(_stored(run, block_size, hash_format))
+        elif isinstance(first, BlockRemoved):
+            out.append({"type": "BlockRemoved",
+                        "block_hashes": [wire_hash(ev.block_hash, hash_format) for ev in run],
+                        "medium": _medium(first), "group_idx": 0})
+        else:
+            out.append({"type": "AllBlocksCleared"})
+    return out
+
+
+def encode_batch(events: Sequence[object], *, block_size: int, hash_format: str = "int",
+                 dp_rank: int = 0, ts: float | None = None) -> bytes:
+    """One step's events as a msgpack ``KVEventBatch`` payload (the third frame of a
+    published message). ``ts``: seconds since the epoch (default: now).
+    Raises WireError (bad option or event)."""
+    check_options(block_size, hash_format, dp_rank)
+    return pack([time.time() if ts is None else float(ts),
+                 to_wire_events(events, block_size, hash_format), dp_rank])
+
+
+def pack(obj: object) -> bytes:
+    """msgpack with str as str, bytes as bin, floats as float64 (msgpack imported here:
+    it is the ``events`` extra)."""
+    import msgpack
+
+    return msgpack.packb(obj, use_bin_type=True)

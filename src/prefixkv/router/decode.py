@@ -1,0 +1,83 @@
+"""Decode a vLLM ``KVEventBatch`` payload, as docs/events.md describes it, into the few
+facts a router needs. Accepts vLLM 0.33's map-encoded events and the positional
+(array) events of older vLLM releases in the same batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import PrefixKVError
+
+Hash = int | bytes
+
+
+class DecodeError(PrefixKVError):
+    """A payload that is not a KVEventBatch (wrong shape, unknown event tag, bad field)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """``hashes`` became findable on ``medium``; ``parent`` precedes ``hashes[0]``."""
+
+    hashes: tuple[Hash, ...]
+    parent: Hash | None
+    medium: str
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    """``hashes`` were evicted from ``medium``."""
+
+    hashes: tuple[Hash, ...]
+    medium: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cleared:
+    """Everything the replica held is gone."""
+
+
+RouterEvent = Stored | Removed | Cleared
+
+# Positional layout of the pre-0.2x array encoding: tag first, then the fields in order.
+_ARRAY_FIELDS = {
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size",
+                    "lora_id", "medium"),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}
+
+
+def decode_batch(payload: bytes) -> tuple[float, list[RouterEvent], int | None]:
+    """``(ts, events, data_parallel_rank)`` of one payload (rank None when omitted).
+    Raises DecodeError for anything that is not a KVEventBatch."""
+    import msgpack
+
+    try:
+        batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise DecodeError(f"not msgpack: {exc}") from None
+    if not isinstance(batch, list) or len(batch) not in (2, 3) or not isinstance(
+            batch[1], list) or not isinstance(batch[0], (int, float)):
+        raise DecodeError(f"a KVEventBatch is [ts, events, dp_rank?], got {str(batch)[:80]}")
+    return float(batch[0]), [_event(e) for e in batch[1]], batch[2] if len(batch) == 3 else None
+
+
+def _event(raw: object) -> RouterEvent:
+    if isinstance(raw, list) and raw and raw[0] in _ARRAY_FIELDS:
+        raw = {"type": raw[0], **dict(zip(_ARRAY_FIELDS[raw[0]], raw[1:]))}
+    if not isinstance(raw, dict):
+        raise DecodeError(f"an event is a map or a tagged array, got {str(raw)[:80]}")
+    tag = raw.get("type")
+    if tag == "AllBlocksCleared":
+        return Cleared()
+    if tag not in ("BlockStored", "BlockRemoved"):
+        raise DecodeError(f"unknown event type {tag!r}")
+    hashes = raw.get("block_hashes")
+    if not isinstance(hashes, list) or not all(isinstance(h, (int, bytes)) for h in hashes):
+        raise DecodeError(f"{tag}.block_hashes must be a list of ints or bytes")
+    medium = raw.get("medium") or "GPU"  # nil: vLLM releases before media existed
+    if tag == "BlockRemoved":
+        return Removed(tuple(hashes), medium)
+    return Stored(tuple(hashes), raw.get("parent_block_hash"), medium)

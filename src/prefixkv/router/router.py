@@ -1,0 +1,180 @@
+"""The router: keeps the index from replicas' events and picks a replica per request.
+
+Policy "prefix" (the default), for a prompt of ``n`` full blocks:
+
+1. Hash the prompt as the replicas' managers do (``block_hashes``, same block size,
+   hash mode, seed, extra keys) and convert to the wire form (``hash_format``).
+2. Candidates: replicas heard from within ``stale_after`` seconds (all of them when none
+   is), and among those only replicas whose in-flight count is below the *bounded-load*
+   cap ``ceil(balance * (in_flight_total + 1) / num_candidates)`` (the least loaded one
+   always is).
+3. Score = ``(gpu_run + cpu_weight * (run - gpu_run)) / n - load_weight * load / (mean
+   load + 1)``, where ``run`` is the replica's leading run of held blocks; the highest
+   wins, ties go to the least loaded, then in rotation.
+
+"round-robin" and "least-loaded" ignore the index (baselines for the simulation).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from ..errors import PrefixKVError
+from ..hashing import block_hashes
+from .decode import Cleared, Removed, RouterEvent, Stored
+from .index import BlockIndex, InProcessIndex
+
+POLICIES = ("prefix", "round-robin", "least-loaded")
+_MASK64 = (1 << 64) - 1
+
+
+class RouterError(PrefixKVError):
+    """A router option out of range, an unknown replica, or ``finish`` without a request."""
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The replica picked and how many prompt tokens it is predicted to hold."""
+
+    replica: str
+    cached_tokens: int
+
+
+class Router:
+    """Args:
+        replicas: replica names (non-empty, distinct).
+        block_size, hash_mode, seed: the replicas' manager settings (``block_hashes``).
+        hash_format: how the replicas' publishers send hashes, "int" or "bytes".
+        index: a BlockIndex (default: a new InProcessIndex).
+        policy: one of POLICIES.
+        load_weight, balance, cpu_weight: see the module doc (balance >= 1).
+        stale_after: seconds without a batch after which a replica is silent (None: never).
+        clock: seconds, monotonic (tests pass a fake one).
+
+    Raises RouterError (bad option) or ConfigError (bad hashing settings) at construction.
+    """
+
+    def __init__(self, replicas: Sequence[str], *, block_size: int, hash_mode: str = "sha256",
+                 seed: int | bytes | None = None, hash_format: str = "int",
+                 index: BlockIndex | None = None, policy: str = "prefix",
+                 load_weight: float = 1.0, balance: float = 1.25, cpu_weight: float = 0.5,
+                 stale_after: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        names = list(replicas)
+        if not names or len(set(names)) != len(names) or not all(isinstance(r, str) for r in names):
+            raise RouterError(f"replicas must be distinct names, at least one: {names!r}")
+        if policy not in POLICIES:
+            raise RouterError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if hash_format not in ("int", "bytes"):
+            raise RouterError(f"hash_format must be 'int' or 'bytes', got {hash_format!r}")
+        if not balance >= 1 or load_weight < 0 or not 0 <= cpu_weight <= 1:
+            raise RouterError(f"need balance >= 1, load_weight >= 0, 0 <= cpu_weight <= 1; got "
+                              f"{balance}, {load_weight}, {cpu_weight}")
+        block_hashes([], block_size, hash_mode=hash_mode, seed=seed)  # ConfigError early
+        self.replicas = tuple(names)
+        self.block_size, self.hash_mode, self.seed = block_size, hash_mode, seed
+        self.hash_format, self.policy = hash_format, policy
+        self.index: BlockIndex = InProcessIndex() if index is None else index
+        self.load_weight, self.balance, self.cpu_weight = load_weight, balance, cpu_weight
+        self.stale_after, self.clock = stale_after, clock
+        self.in_flight = dict.fromkeys(names, 0)
+        self.routed = dict.fromkeys(names, 0)
+        self.last_heard: dict[str, float] = {}
+        self._turn = 0
+
+    # ---- what replicas say ---------------------------------------------------------------
+
+    def apply(self, replica: str, events: Iterable[RouterEvent]) -> None:
+        """Apply one batch's decoded events from ``replica``, in order, and mark it heard."""
+        self._known(replica)
+        index = self.index
+        for ev in events:
+            if isinstance(ev, Stored):
+                index.store(replica, ev.hashes, ev.medium)
+            elif isinstance(ev, Removed):
+                index.remove(replica, ev.hashes, ev.medium)
+            elif isinstance(ev, Cleared):
+                index.clear(replica)
+        self.last_heard[replica] = self.clock()
+
+    def forget(self, replica: str) -> None:
+        """Drop what the index says ``replica`` holds (a restart, an unrecoverable gap)."""
+        self._known(replica)
+        self.index.clear(replica)
+
+    def live(self) -> list[str]:
+        """Replicas heard from within ``stale_after`` (every replica when None)."""
+        if self.stale_after is None:
+            return list(self.replicas)
+        now = self.clock()
+        return [r for r in self.replicas
+                if now - self.last_heard.get(r, float("-inf")) <= self.stale_after]
+
+    # ---- picking -------------------------------------------------------------------------
+
+    def prompt_hashes(self, token_ids: Sequence[int], extra: object = None) -> list[int | bytes]:
+        """The prompt's full-block hashes in wire form (what the index is keyed by)."""
+        digests = block_hashes(token_ids, self.block_size, hash_mode=self.hash_mode,
+                               seed=self.seed, extra=extra)
+        if self.hash_format == "bytes":
+            return digests  # type: ignore[return-value]
+        return [int.from_bytes(d, "big") & _MASK64 for d in digests]
+
+    def cached_tokens(self, token_ids: Sequence[int], extra: object = None) -> dict[str, int]:
+        """Predicted cached prompt tokens per replica (any medium), from the index."""
+        runs = self.index.prefix_runs(self.prompt_hashes(token_ids, extra), self.replicas)
+        return {r: runs.get(r, (0, 0))[0] * self.block_size for r in self.replicas}
+
+    def route(self, token_ids: Sequence[int], extra: object = None) -> Choice:
+        """Pick a replica for a prompt and count it in flight there (``finish`` ends it).
+        Raises what ``block_hashes`` raises for a bad prompt or extra keys."""
+        candidates = self.live() or list(self.replicas)
+        load = self.in_flight
+        if self.policy == "round-robin":
+            pick, run = candidates[self._turn % len(candidates)], 0
+        elif self.policy == "least-loaded":
+            pick, run = self._least_loaded(candidates), 0
+        else:
+            pick, run = self._by_prefix(candidates, self.prompt_hashes(token_ids, extra))
+        self._turn += 1
+        load[pick] += 1
+        self.routed[pick] += 1
+        return Choice(pick, run * self.block_size)
+
+    def finish(self, replica: str) -> None:
+        """A request routed to ``replica`` has finished. Raises RouterError if none is in
+        flight there."""
+        self._known(replica)
+        if self.in_flight[replica] == 0:
+            raise RouterError(f"finish({replica!r}) with no request in flight there")
+        self.in_flight[replica] -= 1
+
+    def _least_loaded(self, candidates: list[str]) -> str:
+        n = len(candidates)
+        order = [candidates[(self._turn + i) % n] for i in range(n)]  # rotate the ties
+        return min(order, key=self.in_flight.__getitem__)
+
+    def _by_prefix(self, candidates: list[str], hashes: list) -> tuple[str, int]:
+        load = self.in_flight
+        total = sum(load[r] for r in candidates)
+        cap = math.ceil(self.balance * (total + 1) / len(candidates))
+        allowed = [r for r in candidates if load[r] + 1 <= cap] or [self._least_loaded(candidates)]
+        runs = self.index.prefix_runs(hashes, allowed) if hashes else {}
+        n, mean = max(1, len(hashes)), total / len(candidates)
+        best, best_key = allowed[0], None
+        k = len(allowed)
+        for i in range(k):
+            r = allowed[(self._turn + i) % k]
+            run, gpu = runs.get(r, (0, 0))
+            score = (gpu + self.cpu_weight * (run - gpu)) / n - self.load_weight * load[r] / (mean + 1)
+            key = (score, -load[r])
+            if best_key is None or key > best_key:
+                best, best_key = r, key
+        return best, runs.get(best, (0, 0))[0]
+
+    def _known(self, replica: str) -> None:
+        if replica not in self.in_flight:
+            raise RouterError(f"unknown replica {replica!r}; known: {list(self.replicas)}")

@@ -1,0 +1,58 @@
+"""The fleet simulation and its report."""
+
+import json
+
+import pytest
+
+from prefixkv.bench.fleet_report import run_fleet, table, write_fleet
+from prefixkv.bench.replicas import simulate
+from prefixkv.bench.workloads import builtin
+
+
+@pytest.fixture(scope="module")
+def chat():
+    return builtin("chat", scale=0.5)
+
+
+def test_one_replica_matches_every_policy(chat):
+    runs = [simulate(chat, 1, route) for route in ("round-robin", "least-loaded", "prefix")]
+    assert len({(r.hits, r.queries, r.prefill_computed) for r in runs}) == 1
+    assert runs[0].routed == [len(chat.requests)] and runs[0].imbalance == 1.0
+
+
+def test_prefix_routing_keeps_the_hit_rate_round_robin_loses(chat):
+    single = simulate(chat, 1, "prefix").hit_rate
+    rr = simulate(chat, 4, "round-robin")
+    px = simulate(chat, 4, "prefix")
+    assert px.hit_rate >= 0.9 * single > rr.hit_rate
+    assert px.imbalance <= 1.25 and sum(px.routed) == len(chat.requests)
+    assert px.prefill_computed < rr.prefill_computed
+
+
+def test_every_request_is_served_once(chat):
+    res = simulate(chat, 3, "least-loaded", pool_blocks=600)  # small pools: preemption
+    assert sum(res.routed) == len(chat.requests)
+    assert res.queries == sum(len(r.prompt) for r in chat.requests)
+
+
+def test_errors(chat):
+    with pytest.raises(ValueError, match="route"):
+        simulate(chat, 2, "random")
+    with pytest.raises(ValueError, match="replicas >= 1"):
+        simulate(chat, 0, "prefix")
+    with pytest.raises(ValueError, match="rate > 0"):
+        simulate(chat, 2, "prefix", rate=0)
+    with pytest.raises(ValueError, match="does not fit alone"):
+        simulate(chat, 2, "prefix", pool_blocks=4)
+
+
+def test_report_files(tmp_path):
+    data = run_fleet([1, 2], ["round-robin", "prefix"], ["system-prompt"], scale=0.1)
+    assert [(r["replicas"], r["route"]) for r in data["rows"]] == [
+        (1, "round-robin"), (1, "prefix"), (2, "round-robin"), (2, "prefix")]
+    assert data["rows"][1]["kept"] == 1.0
+    notes = write_fleet(data, tmp_path)
+    assert json.loads((tmp_path / "fleet.json").read_text())["rows"][0]["workload"] == "system-prompt"
+    md = (tmp_path / "fleet.md").read_text()
+    assert table(data) in md
+    assert notes or (tmp_path / "fleet.png").stat().st_size > 0

@@ -1,0 +1,173 @@
+"""The publisher on real ZeroMQ sockets over loopback: numbering, replay, drops."""
+
+import time
+
+import msgpack
+import pytest
+import zmq
+
+from prefixkv import BlockStored, KVCacheManager
+from prefixkv.fleet.publisher import EventPublisher
+from prefixkv.fleet.replay import END_SEQ
+from prefixkv.fleet.wire import WireError
+from prefixkv.router import Cleared, Stored, decode_batch
+
+
+@pytest.fixture
+def ctx():
+    return zmq.Context.instance()
+
+
+def sub_to(ctx, pub):
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+    sub.connect(pub.endpoint)
+    time.sleep(0.5)  # PUB drops messages sent before a subscription arrives
+    return sub
+
+
+def recv(sock, timeout=2000):
+    assert sock.poll(timeout), "nothing received"
+    return sock.recv_multipart()
+
+
+def stepped_manager():
+    m = KVCacheManager(64, 4, hash_mode="sha256", enable_events=True)
+    for i in range(3):
+        m.add_request(i, list(range(10 * i + 1, 10 * i + 10)))
+        yield m.take_events()
+
+
+def test_frames_numbering_and_payload(ctx):
+    with EventPublisher(block_size=4, heartbeat=None) as pub:
+        sub = sub_to(ctx, pub)
+        for events in stepped_manager():
+            assert pub.publish(events)
+        got = [recv(sub) for _ in range(3)]
+        assert [f[0] for f in got] == [b"kv-events"] * 3
+        assert [f[1] for f in got] == [i.to_bytes(8, "big") for i in range(3)]
+        for _, _, payload in got:
+            _, events, rank = decode_batch(payload)
+            assert rank == 0 and isinstance(events[0], Stored)
+        assert pub.publish([]) and pub.published_batches == 3
+        sub.close(linger=0)
+
+
+@pytest.mark.parametrize("kind", [zmq.REQ, zmq.DEALER])
+def test_replay_since_k(ctx, kind):
+    with EventPublisher(replay_endpoint="tcp://127.0.0.1:*", block_size=4,
+                        heartbeat=None, buffer_steps=2) as pub:
+        sub = sub_to(ctx, pub)
+        for events in stepped_manager():
+            pub.publish(events)
+        live = [recv(sub) for _ in range(3)]
+        req = ctx.socket(kind)
+        req.connect(pub.replay_endpoint)
+        head = [] if kind == zmq.REQ else [b""]
+        req.send_multipart([*head, (0).to_bytes(8, "big")])
+        replies = []
+        while True:
+            frames = recv(req)
+            replies.append(frames[-2:])
+            if frames[-2] == END_SEQ or kind == zmq.REQ:
+                break
+        if kind == zmq.DEALER:  # the buffer keeps the last 2 batches, then the end mark
+            assert [int.from_bytes(s, "big", signed=True) for s, _ in replies] == [1, 2, -1]
+            assert [p for _, p in replies[:2]] == [f[2] for f in live[1:]]
+            assert replies[-1][1] == b""
+        else:  # a REQ socket takes the first reply only (vLLM's example subscriber too)
+            assert replies[0] == [(1).to_bytes(8, "big"), live[1][2]]
+        req.close(linger=0)
+        sub.close(linger=0)
+
+
+def test_dropped_batch_is_counted_and_followed_by_a_snapshot(ctx):
+    pub = EventPublisher(block_size=4, heartbeat=None, max_queue=1)
+    sub = sub_to(ctx, pub)
+    m = KVCacheManager(256, 4, hash_mode="sha256", enable_events=True)
+    results, truth = [], set()
+    for i in range(200):  # faster than the thread sends: the queue of 1 overflows
+        if i >= 100:
+            m.free(i - 100)  # later admissions evict: removals get dropped too
+        m.add_request(i, list(range(1000 * i + 1, 1000 * i + 9)))
+        events = m.take_events()
+        for ev in events:
+            h = int.from_bytes(ev.block_hash[-8:], "big")
+            truth.add(h) if isinstance(ev, BlockStored) else truth.discard(h)
+        results.append(pub.publish(events))
+    assert pub.dropped_batches == results.count(False) > 0
+    pub.close()
+    held: set = set()
+    while sub.poll(500):
+        _, _, payload = sub.recv_multipart()
+        for ev in decode_batch(payload)[1]:
+            if isinstance(ev, Cleared):
+                held.clear()
+            elif isinstance(ev, Stored):
+                held.update(ev.hashes)
+    assert held == truth and pub.snapshots >= 1  # exact, although batches were dropped
+    sub.close(linger=0)
+
+
+def test_heartbeat_sends_empty_batches(ctx):
+    with EventPublisher(block_size=4, heartbeat=0.05) as pub:
+        sub = sub_to(ctx, pub)
+        frames = recv(sub)
+        ts, events, rank = msgpack.unpackb(frames[2])
+        assert events == [] and rank == 0
+        sub.close(linger=0)
+
+
+def test_errors():
+    with pytest.raises(WireError, match="buffer_steps"):
+        EventPublisher(block_size=4, buffer_steps=0)
+    with pytest.raises(WireError, match="max_queue"):
+        EventPublisher(block_size=4, max_queue=0)
+    with pytest.raises(WireError, match="heartbeat"):
+        EventPublisher(block_size=4, heartbeat=0)
+    with pytest.raises(WireError, match="hash_format"):
+        EventPublisher(block_size=4, hash_format="hex")
+    pub = EventPublisher(block_size=4)
+    with pytest.raises(WireError, match="not a prefixkv event"):
+        pub.publish(["BlockStored"])
+    assert pub.published_batches == 0 and pub.dropped_batches == 0
+    pub.close()
+    pub.close()
+    with pytest.raises(WireError, match="after close"):
+        pub.publish([])
+
+
+def test_msgpack_replay_requests_get_batches_or_a_snapshot(ctx):
+    with EventPublisher(replay_endpoint="tcp://127.0.0.1:*", block_size=4,
+                        heartbeat=None, buffer_steps=2) as pub:
+        sub = sub_to(ctx, pub)
+        mgr = KVCacheManager(64, 4, hash_mode="sha256", enable_events=True)
+        for i in range(3):
+            mgr.add_request(i, list(range(10 * i + 1, 10 * i + 10)))
+            pub.publish(mgr.take_events())
+        live = [recv(sub) for _ in range(3)]
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(pub.replay_endpoint)
+
+        def ask(**request):
+            dealer.send_multipart([b"", msgpack.packb(request)])
+            frames = recv(dealer)
+            assert frames[0] == b""
+            return msgpack.unpackb(frames[1])
+
+        first = ask(start_seq=0)  # no epoch yet: a snapshot, and the epoch to use
+        assert list(first) == ["publisher_epoch", "next_seq", "replayed_batches", "snapshot"]
+        assert first["publisher_epoch"] == pub.replay.epoch and first["next_seq"] == 3
+        _, events, _ = decode_batch(first["snapshot"])
+        assert isinstance(events[0], Cleared) and len(events[1].hashes) == 6
+        epoch = first["publisher_epoch"]
+        again = ask(publisher_epoch=epoch, start_seq=1)
+        assert again == {"publisher_epoch": epoch, "next_seq": 3,
+                         "replayed_batches": [[1, live[1][2]], [2, live[2][2]]]}
+        assert "snapshot" in ask(publisher_epoch=epoch, start_seq=0)   # past the buffer
+        assert "snapshot" in ask(publisher_epoch=epoch, start_seq=2, force_snapshot=True)
+        assert ask(publisher_epoch=epoch, start_seq=3)["replayed_batches"] == []
+        dealer.send_multipart([b"", b"not msgpack \xc1"])  # ignored; the socket still works
+        assert ask(publisher_epoch=epoch, start_seq=2)["replayed_batches"] == [[2, live[2][2]]]
+        dealer.close(linger=0)
+        sub.close(linger=0)

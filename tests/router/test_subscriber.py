@@ -1,0 +1,194 @@
+"""The subscriber on real publishers over loopback: gaps, lost history, restarts."""
+
+import time
+
+import pytest
+
+from prefixkv import KVCacheManager
+from prefixkv.fleet.publisher import EventPublisher
+from prefixkv.fleet.replay import END_SEQ, ReplayBuffer
+from prefixkv.router import Router
+from prefixkv.router.subscriber import Subscriber
+
+BS = 4
+
+
+def make(buffer_steps=100, endpoint="tcp://127.0.0.1:*", replay="tcp://127.0.0.1:*",
+         heartbeat=None):
+    pub = EventPublisher(endpoint, replay, block_size=BS, heartbeat=heartbeat,
+                         buffer_steps=buffer_steps)
+    mgr = KVCacheManager(256, BS, hash_mode="sha256", enable_events=True)
+    router = Router(["r"], block_size=BS)
+    return pub, mgr, router
+
+
+def connect(pub, router):
+    sub = Subscriber(router, {"r": (pub.endpoint, pub.replay_endpoint)})
+    time.sleep(0.5)  # PUB drops messages sent before a subscription arrives
+    return sub
+
+
+def step(pub, mgr, rid, prompt):
+    mgr.add_request(rid, prompt)
+    pub.publish(mgr.take_events())
+
+
+def wait_for(sub, n):
+    """Receive ``n`` live messages (time out after 3 s)."""
+    got, deadline = 0, time.monotonic() + 3
+    while got < n and time.monotonic() < deadline:
+        got += sub.poll(0.1)
+    assert got == n
+
+
+def discard(sub, n):
+    (sock,) = sub._sub
+    for _ in range(n):
+        assert sock.poll(2000)
+        sock.recv_multipart()
+
+
+P = [list(range(100 * i + 1, 100 * i + 13)) for i in range(6)]  # 3 blocks each
+
+
+@pytest.fixture
+def fleet():
+    pub, mgr, router = make()
+    sub = connect(pub, router)
+    yield pub, mgr, router, sub
+    sub.close()
+    pub.close()
+
+
+def test_live_then_gap_filled_by_replay(fleet):
+    pub, mgr, router, sub = fleet
+    step(pub, mgr, "a", P[0])
+    wait_for(sub, 1)
+    step(pub, mgr, "b", P[1])
+    step(pub, mgr, "c", P[2])
+    discard(sub, 2)                      # lost on the way: seq 1 and 2
+    step(pub, mgr, "d", P[3])
+    wait_for(sub, 1)                     # seq 3 arrives: replay 1..2 first
+    assert sub.gaps_filled == 1 and sub.resyncs == 0 and sub.last_seq["r"] == 3
+    assert sub.snapshots == 1  # the first contact
+    assert all(router.cached_tokens(p)["r"] == 12 for p in P[:4])
+
+
+class LegacyReplay(ReplayBuffer):
+    """A publisher of an older vLLM: it reads any request body as an 8-byte start."""
+
+    def serve(self, sock, snapshot):
+        frames = sock.recv_multipart()
+        head, start = frames[:-1], int.from_bytes(frames[-1], "big")
+        for seq, payload in self.since(start):
+            sock.send_multipart((*head, seq.to_bytes(8, "big"), payload))
+        sock.send_multipart((*head, END_SEQ, b""))
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_gap_past_the_buffer(legacy):
+    pub, mgr, router = make(buffer_steps=1)
+    if legacy:
+        pub.replay = LegacyReplay(1)
+    sub = connect(pub, router)
+    try:
+        step(pub, mgr, "a", P[0])
+        wait_for(sub, 1)
+        for i in (1, 2):
+            step(pub, mgr, str(i), P[i])
+        discard(sub, 2)
+        step(pub, mgr, "d", P[3])
+        wait_for(sub, 1)
+        cached = [router.cached_tokens(p)["r"] for p in P[:4]]
+        if legacy:  # forgotten: what the index kept is true, only incomplete
+            assert sub.resyncs == 1 and cached == [0, 0, 0, 12]
+        else:       # rebuilt from a snapshot: exact
+            assert sub.snapshots == 2 and sub.resyncs == 0 and cached == [12] * 4
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_legacy_publisher_gaps_and_restart_by_sequence_numbers():
+    pub, mgr, router = make()
+    pub.replay = LegacyReplay(100)
+    sub = connect(pub, router)
+    try:
+        step(pub, mgr, "a", P[0])
+        wait_for(sub, 1)
+        step(pub, mgr, "b", P[1])
+        discard(sub, 1)
+        step(pub, mgr, "c", P[2])
+        wait_for(sub, 1)
+        assert sub.gaps_filled == 1 and [router.cached_tokens(p)["r"] for p in P[:3]] == [12] * 3
+        sub._on_message("r", 0, pub.replay.since(0)[0][1])  # numbering starts again: a restart
+        assert sub.restarts == 1 and [router.cached_tokens(p)["r"] for p in P[:3]] == [12, 0, 0]
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_late_joiner_replays_history_and_restart_is_detected():
+    pub, mgr, router = make()
+    step(pub, mgr, "a", P[0])
+    step(pub, mgr, "b", P[1])
+    time.sleep(0.5)  # a and b are sent before anyone subscribes
+    sub = connect(pub, router)
+    try:
+        step(pub, mgr, "c", P[2])
+        wait_for(sub, 1)                 # seq 2 first: replay 0..1
+        assert [router.cached_tokens(p)["r"] for p in P[:3]] == [12, 12, 12]
+        endpoints = pub.endpoint, pub.replay_endpoint
+        pub.close()                      # the replica restarts, empty, on the same ports
+        pub, mgr, _ = make(endpoint=endpoints[0], replay=endpoints[1], heartbeat=0.05)
+        deadline = time.monotonic() + 5  # heartbeats flow once the SUB has reconnected
+        while sub.restarts == 0 and time.monotonic() < deadline:
+            sub.poll(0.1)
+        assert sub.restarts == 1 and sub.resyncs == 0  # rebuilt from the replay buffer
+        step(pub, mgr, "e", P[4])
+        deadline = time.monotonic() + 3
+        while router.cached_tokens(P[4])["r"] == 0 and time.monotonic() < deadline:
+            sub.poll(0.1)
+        assert [router.cached_tokens(p)["r"] for p in P[:5]] == [0, 0, 0, 0, 12]
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_bad_payload_is_counted_and_skipped(fleet):
+    pub, mgr, router, sub = fleet
+    step(pub, mgr, "a", P[0])
+    wait_for(sub, 1)
+    pub._send(b"\xc1")  # not msgpack; the next batch still applies
+    step(pub, mgr, "b", P[1])
+    wait_for(sub, 2)
+    assert sub.bad_batches == 1 and router.cached_tokens(P[1])["r"] == 12
+
+
+def test_heartbeats_keep_a_replica_live_and_silence_takes_it_out():
+    pub = EventPublisher(block_size=BS, heartbeat=0.05)
+    router = Router(["r", "quiet"], block_size=BS, stale_after=0.5)
+    sub = Subscriber(router, {"r": (pub.endpoint, None)})
+    try:
+        deadline = time.monotonic() + 3
+        while router.live() != ["r"] and time.monotonic() < deadline:
+            sub.poll(0.1)
+        assert router.live() == ["r"]            # "quiet" never spoke
+        assert {router.route([1] * 8).replica for _ in range(4)} == {"r"}
+        for _ in range(4):
+            router.finish("r")
+        pub.close()
+        deadline = time.monotonic() + 3
+        while router.live() and time.monotonic() < deadline:
+            sub.poll(0.1)
+        assert router.live() == []               # r went silent too: route to everyone
+        assert {router.route([1] * 8).replica for _ in range(4)} == {"r", "quiet"}
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_unknown_replica():
+    from prefixkv.router import RouterError
+    with pytest.raises(RouterError, match="unknown replica"):
+        Subscriber(Router(["r"], block_size=BS), {"z": ("tcp://127.0.0.1:1", None)})
