@@ -121,9 +121,10 @@ class TransferPlan:
             event.record(stream)
         return event
 
-    def _runs(self, host_ids: torch.Tensor) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
-        """The order that sorts ``host_ids``, and its runs of consecutive slots as
-        ``(first position, end position, first slot)``."""
+    def _runs(self, host_ids: torch.Tensor, device_ids: torch.Tensor
+              ) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
+        """The device ids in the order that sorts ``host_ids`` (on the device), and the
+        runs of consecutive slots in that order as ``(first position, end, first slot)``."""
         slots, order = host_ids.to(torch.int64).sort()
         values = slots.tolist()
         runs, start = [], 0
@@ -131,28 +132,24 @@ class TransferPlan:
             if i == len(values) or values[i] != values[i - 1] + 1:
                 runs.append((start, i, values[start]))
                 start = i
-        return order, runs
+        return device_ids.to(torch.int64)[order].to(self.device, non_blocking=True), runs
 
     def offload(self, device_ids: torch.Tensor, host_ids: torch.Tensor) -> None:
-        if not host_ids.numel():
-            return
-        order, runs = self._runs(host_ids)
-        src = device_ids.to(torch.int64)[order].to(self.device, non_blocking=True)
-        for dev, host in zip(self.devs, self.hosts):
-            staged = dev.index_select(0, src)  # [n, ...] contiguous, in slot order
-            for a, b, slot in runs:
-                host[slot:slot + b - a].copy_(staged[a:b], non_blocking=True)
+        if host_ids.numel():
+            src, runs = self._runs(host_ids, device_ids)
+            for dev, host in zip(self.devs, self.hosts):
+                staged = dev.index_select(0, src)  # [n, ...] contiguous, in slot order
+                for a, b, slot in runs:
+                    host[slot:slot + b - a].copy_(staged[a:b], non_blocking=True)
 
     def load(self, host_ids: torch.Tensor, device_ids: torch.Tensor) -> None:
-        if not host_ids.numel():
-            return
-        order, runs = self._runs(host_ids)
-        dst = device_ids.to(torch.int64)[order].to(self.device, non_blocking=True)
-        for dev, host in zip(self.devs, self.hosts):
-            staged = torch.empty((len(dst), *dev.shape[1:]), dtype=dev.dtype, device=self.device)
-            for a, b, slot in runs:
-                staged[a:b].copy_(host[slot:slot + b - a], non_blocking=True)
-            dev.index_copy_(0, dst, staged)
+        if host_ids.numel():
+            dst, runs = self._runs(host_ids, device_ids)
+            for dev, host in zip(self.devs, self.hosts):
+                staged = torch.empty((len(dst), *dev.shape[1:]), dtype=dev.dtype, device=self.device)
+                for a, b, slot in runs:
+                    staged[a:b].copy_(host[slot:slot + b - a], non_blocking=True)
+                dev.index_copy_(0, dst, staged)
 
     def copy(self, src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
         if not src_ids.numel():
