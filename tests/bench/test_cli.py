@@ -12,7 +12,7 @@ from prefixkv.bench.report import write_all
 from prefixkv.cli import main
 
 FLAGS = ("--workload", "--trace", "--scale", "--pool-blocks", "--block-size", "--seed",
-         "--no-e2e", "--no-plots", "--out", "--progress")
+         "--no-e2e", "--no-host-tiers", "--no-plots", "--out", "--progress")
 
 
 def test_bench_help_explains_every_flag(capsys):
@@ -52,8 +52,10 @@ def test_smoke_run_writes_reports(tmp_path, capsys):
     assert "prefixkv" in text and "wall time" in text and "hit rate" in text
     assert "alloc/saved" in text and "ESTIMATE for Llama-3-8B-like" in text
     assert {p.name for p in out.iterdir()} == {"report.md", "report.json", "capacity.png",
-                                               "allocators.png"}
+                                               "allocators.png", "host_tier.png"}
+    assert "from host" in text and "est. prefill ms/req" in text
     data = json.loads((out / "report.json").read_text())
+    assert [s["name"] for s in data["host_tiers"]] == ["chat", "document", "pressure"]
     assert [w["name"] for w in data["workloads"]] == ["system-prompt", "chat", "document",
                                                       "pressure"]
     for wl in data["workloads"]:

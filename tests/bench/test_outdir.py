@@ -23,7 +23,7 @@ def _names(path):
 def test_a_new_run_replaces_every_file_of_the_old_report(tmp_path, capsys):
     out = tmp_path / "res"
     assert main(["bench", *SMALL, "--out", str(out)]) == 0
-    assert _names(out) == ["allocators.png", "capacity.png", "report.json", "report.md"]
+    assert _names(out) == ["allocators.png", "capacity.png", "host_tier.png", "report.json", "report.md"]
     assert main(["bench", *SMALL, "--no-plots", "--seed", "3", "--out", str(out)]) == 0
     assert _names(out) == ["report.json", "report.md"]  # no old plot beside the new report
     assert json.loads((out / "report.json").read_text())["config"]["seed"] == 3

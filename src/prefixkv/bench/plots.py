@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 COLORS = {"contiguous": "#b0b0b0", "paged": "#6a8caf", "prefixkv": "#d1603d"}
-PLOTS = ("capacity.png", "allocators.png", "e2e_ttft.png")
+PLOTS = ("capacity.png", "allocators.png", "e2e_ttft.png", "host_tier.png")
 """Every file name ``write_plots`` may write."""
 
 
@@ -21,6 +21,8 @@ def write_plots(data: dict[str, Any], out: Path) -> list[str]:
     e2e = data.get("e2e")
     if e2e and "turns" in e2e:
         names.append(_e2e(plt, e2e, out))
+    if data.get("host_tiers"):
+        names.append(_host_tier(plt, data, out))
     return names
 
 
@@ -80,6 +82,28 @@ def _e2e(plt: Any, e2e: dict[str, Any], out: Path) -> str:
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(plt, fig, out, "e2e_ttft.png")
+
+
+def _host_tier(plt: Any, data: dict[str, Any], out: Path) -> str:
+    """Hit rate (and its host share) against the host tier size, per workload."""
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    for s in data["host_tiers"]:
+        x = [p["factor"] for p in s["points"]]
+        line = ax.plot(x, [100 * p["hit_rate"] for p in s["points"]], "o-",
+                       label=f"{s['name']} ({s['pool_blocks']:,} device blocks)")[0]
+        ax.plot(x, [100 * p["host_hit_rate"] for p in s["points"]], "o--", color=line.get_color(),
+                alpha=0.6, label=f"{s['name']}: from host")
+    ax.set_xscale("symlog", linthresh=1, base=2)
+    ax.set_xticks([p["factor"] for p in data["host_tiers"][0]["points"]])
+    ax.set_xticklabels([f"{p['factor']}x" for p in data["host_tiers"][0]["points"]])
+    ax.minorticks_off()
+    ax.set_xlabel("host tier size (multiples of the device pool)")
+    ax.set_ylabel("% of prompt tokens")
+    ax.set_ylim(0, 100)
+    ax.set_title("prefix-cache hit rate with a host tier")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    return _save(plt, fig, out, "host_tier.png")
 
 
 def _save(plt: Any, fig: Any, out: Path, name: str) -> str:

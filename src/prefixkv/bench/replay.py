@@ -8,13 +8,17 @@ One scheduler step::
     decode  : every running request appends its next output token (append_tokens); on
               shortage the most recently admitted request is preempted (freed, re-queued
               at the head with its tokens so far as the prompt: a recompute)
+    plan    : the allocator's per-step plan (``take_kv_ops``), counted: blocks offloaded
+              to its host tier and loaded back (what an engine runs before the forward pass)
     sample  : blocks held, and reserved-but-unused slots
     finish  : requests that appended their last output token are freed
 
 Accounting: a prompt token is *saved* when the admission found it cached
 (``num_cached_tokens``) and *computed* otherwise, recomputes after preemption included.
 For the attention its prefill would have cost, ``prefill_saved_pairs`` counts the causal
-(query, key) pairs of the saved tokens: c(c+1)/2 for c tokens cached from position 0.
+(query, key) pairs of the saved tokens: c(c+1)/2 for c tokens cached from position 0;
+``prefill_computed_pairs`` those of the computed ones, n(n+1)/2 - c(c+1)/2 for a prompt
+of n. ``loaded_blocks`` x block_size of the saved tokens came from the host tier.
 Fragmentation is the time average of reserved-but-unused slots / reserved slots, where a
 request reserves ``reserved_tokens(rid)`` slots when the allocator has that method (the
 contiguous baseline), else one block_size per block it holds. Only the allocator calls
@@ -28,6 +32,7 @@ from dataclasses import asdict, dataclass
 from time import perf_counter_ns
 
 from ..allocator import Allocator
+from ..results import BlockLoad, BlockOffload
 from .errors import BenchError
 from .workloads import BenchRequest, Workload
 
@@ -50,6 +55,9 @@ class ReplayResult:
     prefill_computed: int = 0
     prefill_saved: int = 0
     prefill_saved_pairs: int = 0
+    prefill_computed_pairs: int = 0
+    offloaded_blocks: int = 0
+    loaded_blocks: int = 0
     decoded_tokens: int = 0
     peak_blocks: int = 0
     max_running: int = 0
@@ -124,6 +132,8 @@ def replay(alloc: Allocator, workload: Workload, name: str, *,
         res.prefill_saved += adm.num_cached_tokens
         res.prefill_saved_pairs += adm.num_cached_tokens * (adm.num_cached_tokens + 1) // 2
         res.prefill_computed += adm.num_new_tokens
+        n = adm.num_cached_tokens + adm.num_new_tokens
+        res.prefill_computed_pairs += n * (n + 1) // 2 - adm.num_cached_tokens * (adm.num_cached_tokens + 1) // 2
         return True
 
     def release(rid: str) -> _Running:
@@ -171,6 +181,9 @@ def replay(alloc: Allocator, workload: Workload, name: str, *,
                 res.preemptions += 1
                 if victim == rid:
                     st = None
+        for op in alloc.take_kv_ops():
+            res.offloaded_blocks += type(op) is BlockOffload
+            res.loaded_blocks += type(op) is BlockLoad
         held = alloc.num_blocks - alloc.num_free_blocks
         res.peak_blocks = max(res.peak_blocks, held)
         res.reserved_slot_steps += held * bs

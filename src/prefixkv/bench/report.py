@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .hosttier import HOST_COLUMNS, host_note, host_rows
 from .plots import PLOTS, write_plots
 
 FILES = ("report.md", "report.json", *PLOTS)
@@ -77,9 +78,35 @@ def e2e_note(e2e: dict[str, Any]) -> str:
             f"ms: elapsed time, which such work inflates")
 
 
+E2E_HOST_COLUMNS = ("setup", "prefill computed", "cached", "TTFT CPU ms")
+
+
+def e2e_host_rows(e2e: dict[str, Any]) -> list[tuple[str, ...]]:
+    return [(r["setup"], f"{r['prefill_tokens']:,}", f"{r['cached_tokens']:,}",
+             f"{r['ttft_cpu_ms']:.1f}") for r in e2e["rows"]]
+
+
+def host_parts(data: dict[str, Any], markdown: bool = False) -> list[str]:
+    """The host-tier table, its note and the end-to-end run with a host tier, if run."""
+    if "host_tiers" not in data:
+        return []
+    parts = [table(HOST_COLUMNS, host_rows(data["host_tiers"]), markdown=markdown),
+             host_note(data) + ("." if markdown else "")]
+    e2e = data.get("e2e_host")
+    if e2e and "rows" in e2e:
+        parts += [f"end to end with a host tier ({e2e['model']}); mean TTFT per request, CPU "
+                  f"time, best of {e2e['config']['repeats']}:",
+                  table(E2E_HOST_COLUMNS, e2e_host_rows(e2e), markdown=markdown, text_columns=1),
+                  f"generated tokens identical in the three runs: "
+                  f"{'yes' if e2e['identical'] else 'NO'}"]
+    elif e2e:
+        parts.append(f"end to end with a host tier skipped: {e2e['skipped']}")
+    return parts
+
+
 def terminal(data: dict[str, Any]) -> str:
     """The summary printed at the end of a run."""
-    parts = [table(COLUMNS, rows(data)), share_note(data)]
+    parts = [table(COLUMNS, rows(data)), share_note(data), *host_parts(data)]
     e2e = data.get("e2e")
     if e2e and "turns" in e2e:
         parts.append(f"end to end ({e2e['device']}, {e2e['model']}):")
@@ -116,6 +143,10 @@ def markdown(data: dict[str, Any], plots: list[str]) -> str:
                   f"{p['saved_vs_paged']:.1%}") for p in wl["sweep"]]
         out += [table(("pool blocks", "hit rate", "prefill prefixkv", "prefill paged",
                        "saved vs paged"), sweep, markdown=True, text_columns=0), ""]
+    if "host_tiers" in data:
+        out += ["## Host tier (L2)", ""]
+        for part in host_parts(data, markdown=True):
+            out += [part, ""]
     e2e = data.get("e2e")
     if e2e and "turns" in e2e:
         out += ["## End to end", "", f"{e2e['model']} on {e2e['device']}. Generated tokens "

@@ -1,4 +1,5 @@
-"""The whole ``prefixkv bench`` run: workloads x allocators, capacity, sweep, e2e, report."""
+"""The whole ``prefixkv bench`` run: workloads x allocators, capacity, sweep, host tiers,
+e2e, report."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from .capacity import (
 from . import limits
 from .cost import PrefillCost, allocator_share
 from .errors import BenchError
+from .hosttier import HOST_FACTORS, HOST_WORKLOADS, TransferCost, host_tier_sweep
 from .progress import Progress
 from .replay import replay
 from .trace import load_trace
@@ -35,6 +37,7 @@ class BenchConfig:
     block_size: int = 16
     seed: int = 0
     e2e: bool = True
+    host_tiers: bool = True
     plots: bool = True
     out: Path = field(default_factory=lambda: Path("prefixkv-bench"))
     progress: bool | None = None
@@ -134,17 +137,28 @@ def run_bench(cfg: BenchConfig, stream: TextIO | None = None) -> dict[str, Any]:
     check_pools(workloads, cfg)
     replays = sum(len(ALLOCATORS) + 2 * len(sweep_sizes(wl, cfg.block_size, pool_of(wl, cfg)))
                   for wl in workloads)
-    progress = Progress(replays + int(cfg.e2e), cfg.progress, stream)
+    tiered = [wl for wl in workloads if cfg.host_tiers and wl.name in HOST_WORKLOADS]
+    replays += len(HOST_FACTORS) * len(tiered)
+    progress = Progress(replays + int(cfg.e2e) * (1 + bool(tiered)), cfg.progress, stream)
     cost = PrefillCost()
     data: dict[str, Any] = {"machine": machine(), "config": cfg.to_dict(), "workloads": [],
                             "prefill_cost": cost.describe()}
     try:
         for wl in workloads:
             data["workloads"].append(run_workload(wl, cfg, progress, cost))
+        if tiered:
+            transfer = TransferCost(cost)
+            data["host_transfer"] = transfer.describe(cfg.block_size)
+            data["host_tiers"] = [host_tier_sweep(wl, cfg.block_size, transfer, progress.tick)
+                                  for wl in tiered]
         if cfg.e2e:
             progress.tick("end to end (model + kernels)")
             from .e2e import run_e2e  # torch stays out of this module's imports
             data["e2e"] = run_e2e(cfg.seed)
+            if tiered:
+                progress.tick("end to end with a host tier")
+                from .e2e_host import run_e2e_host
+                data["e2e_host"] = run_e2e_host(cfg.seed)
     except BaseException:
         progress.end_line()  # an error message must not share the bar's line
         raise

@@ -2,9 +2,13 @@
 
 One ``step()``::
 
-    schedule (allocate / preempt)  ->  copy forked blocks  ->  forward pass
-    ->  sample where a sequence's known tokens are all computed  ->  fork n > 1 samples
-    after their first token  ->  free finished sequences  ->  drain stats and events
+    schedule (allocate / preempt)  ->  run the allocator's plan (take_kv_ops: offloads
+    to the host tier, loads from it, fork copies)  ->  forward pass  ->  sample where a
+    sequence's known tokens are all computed  ->  fork n > 1 samples after their first
+    token  ->  free finished sequences  ->  drain stats and events
+
+Forks and frees after the forward pass are the next step's scheduling: their copies and
+evictions are in the next step's plan.
 
 Generated blocks are cached by the allocator as ``append_tokens`` fills them; the engine
 only has to append every sampled token.
@@ -21,6 +25,7 @@ import torch
 from prefixkv.allocator import Allocator
 from prefixkv.extra_keys import ExtraKeys
 from prefixkv.core.manager import KVCacheManager
+from prefixkv.results import BlockCopy
 
 from .model import LlamaConfig, TinyLlama
 from .outputs import GenerateResult, RequestMetrics, RequestOutput, SampleOutput, StepRecord
@@ -34,7 +39,8 @@ class Engine:
 
     Args:
         runner: owns the model and a cache of at least ``allocator.num_blocks`` blocks of
-            ``allocator.block_size`` slots.
+            ``allocator.block_size`` slots, and host caches of as many slots as the
+            allocator's host tier (``ModelRunner(host_blocks=...)``).
         allocator: ``KVCacheManager`` (caching on or off) or any ``prefixkv.Allocator``.
         max_num_seqs: running sequences at most. max_num_batched_tokens: token budget of
             a step. chunked_prefill: split prompts over steps (needs ``extend``).
@@ -94,7 +100,12 @@ class Engine:
         t0 = time.perf_counter()
         sched, alloc = self.scheduler, self.allocator
         batch, preempted = sched.schedule()
-        self.runner.copy_blocks(sched.take_copies())
+        # A fork's copy stays in the allocator's plan when its child is freed before the
+        # plan runs, and its target may be a load target of the same plan by then (loads
+        # run before copies): run only the copies still owed to live children.
+        owed = set(sched.take_copies())
+        self.runner.run_kv_ops([op for op in alloc.take_kv_ops()
+                                if type(op) is not BlockCopy or op in owed])
         num_prefill = num_decode = forks = 0
         if batch:
             logits = self.runner.execute([
@@ -196,15 +207,16 @@ def _request_output(group: list[Sequence]) -> RequestOutput:
 def build_engine(config: LlamaConfig | None = None, *, num_blocks: int = 256, block_size: int = 16,
                  enable_caching: bool = True, allocator: Allocator | None = None,
                  device: torch.device | str = "cpu", backend: str | None = None,
-                 enable_events: bool = False, **engine_kwargs) -> Engine:
+                 enable_events: bool = False, host_blocks: int = 0, **engine_kwargs) -> Engine:
     """A TinyLlama engine in one call: model from ``config`` (defaults), a runner with
-    ``num_blocks`` x ``block_size`` caches on ``device``, and ``allocator`` or a fresh
-    ``KVCacheManager(num_blocks, block_size, enable_caching=...)``. ``engine_kwargs`` go
-    to ``Engine``."""
+    ``num_blocks`` x ``block_size`` caches on ``device`` and ``host_blocks`` host slots,
+    and ``allocator`` or a fresh ``KVCacheManager(num_blocks, block_size,
+    enable_caching=..., host_blocks=...)``. ``engine_kwargs`` go to ``Engine``."""
     config = config or LlamaConfig()
     if allocator is None:
         allocator = KVCacheManager(num_blocks, block_size, enable_caching=enable_caching,
-                                   enable_events=enable_events, vocab_size=config.vocab_size)
+                                   enable_events=enable_events, vocab_size=config.vocab_size,
+                                   host_blocks=host_blocks)
     runner = ModelRunner(TinyLlama(config), allocator.num_blocks, allocator.block_size,
-                         device=device, backend=backend)
+                         device=device, backend=backend, host_blocks=host_blocks)
     return Engine(runner, allocator, **engine_kwargs)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from prefixkv.kernels import build_paged_batch, paged_prefill_attention, write_kv_cache
-from prefixkv.results import BlockCopy
+from prefixkv.kernels import alloc_host_cache, build_paged_batch, paged_prefill_attention, run_kv_ops, write_kv_cache
+from prefixkv.results import BlockCopy, KVOp
 
 from .model import TinyLlama
 
@@ -43,11 +43,14 @@ class ModelRunner:
     when ``poison=True``, to prove unwritten slots are never read).
     The attention backend follows ``prefixkv.kernels``: Triton on CUDA tensors, the torch
     reference on the CPU (or whatever ``backend`` names).
+    ``host_blocks``: slots of the host caches ``k_host, v_host`` (``[host_blocks, num_layers,
+    block_size, num_kv_heads, head_dim]`` on the CPU, pinned on CUDA) for an allocator with
+    a host tier of that many blocks; 0: none (zero-slot host caches).
     """
 
     def __init__(self, model: TinyLlama, num_blocks: int, block_size: int, *,
                  device: torch.device | str = "cpu", backend: str | None = None,
-                 poison: bool = False) -> None:
+                 poison: bool = False, host_blocks: int = 0) -> None:
         cfg = model.cfg
         self.model = model.to(device)
         self.device = torch.device(device)
@@ -58,6 +61,11 @@ class ModelRunner:
         fill = float("nan") if poison else 0.0
         self.k_cache = torch.full(shape, fill, dtype=cfg.dtype, device=self.device)
         self.v_cache = torch.full(shape, fill, dtype=cfg.dtype, device=self.device)
+        self.host_blocks = host_blocks
+        # zero slots without a host tier: any host op is then refused as out of range
+        self.k_host, self.v_host = (
+            alloc_host_cache(c, host_blocks, block_dim=1).fill_(fill) if host_blocks else
+            torch.empty((0, *c.shape[:1], *c.shape[2:]), dtype=c.dtype) for c in (self.k_cache, self.v_cache))
         self.num_forward_tokens = 0
 
     @property
@@ -79,6 +87,16 @@ class ModelRunner:
         dst = torch.tensor([c.dst for c in copies], dtype=torch.int64, device=self.device)
         self.k_cache[:, dst] = self.k_cache[:, src]
         self.v_cache[:, dst] = self.v_cache[:, src]
+
+    def run_kv_ops(self, ops: Sequence[KVOp]) -> None:
+        """Run a step's plan from the allocator's ``take_kv_ops()`` (offloads, loads,
+        copies, all layers) and make the next forward pass wait for it (on CUDA the copies
+        run on a side stream; the CPU waits for nothing).
+        Raises prefixkv.kernels.BlockIdError when an op names a block or host slot outside
+        these caches (a plan with host ops needs ``host_blocks``), before any copy."""
+        event = run_kv_ops(ops, [self.k_cache, self.v_cache], [self.k_host, self.v_host], block_dim=1)
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
 
     @torch.inference_mode()
     def execute(self, batch: Sequence[SeqBatchEntry],

@@ -1,4 +1,5 @@
-"""The model-runner half of prefixkv: paged KV-cache writes and prefix-prefill attention.
+"""The model-runner half of prefixkv: paged KV-cache writes, prefix-prefill attention, and
+block transfers between device and host caches (the manager's per-step plan).
 
 Needs the ``kernels`` extra (torch; triton for the GPU path). Importing this package
 imports torch but neither Triton nor any device: the backend is chosen per call (Triton
@@ -18,6 +19,7 @@ from .errors import (
     ArgumentTypeError,
     BackendError,
     BatchError,
+    BlockIdError,
     DeviceError,
     DtypeError,
     KernelInputError,
@@ -26,12 +28,14 @@ from .errors import (
     UnsupportedError,
 )
 from .reference import paged_prefill_attention_reference, write_kv_cache_reference
+from .transfer import alloc_host_cache, copy_blocks, load_blocks, offload_blocks, run_kv_ops, transfer_stream
 
 __all__ = [
     "ArgumentTypeError",
     "BACKENDS",
     "BackendError",
     "BatchError",
+    "BlockIdError",
     "DeviceError",
     "DtypeError",
     "KernelInputError",
@@ -39,14 +43,20 @@ __all__ = [
     "PagedBatch",
     "ShapeError",
     "UnsupportedError",
+    "alloc_host_cache",
     "build_block_table",
     "build_cu_seqlens_q",
     "build_paged_batch",
     "build_seqused_k",
     "build_slot_mapping",
+    "copy_blocks",
+    "load_blocks",
+    "offload_blocks",
     "paged_prefill_attention",
     "paged_prefill_attention_reference",
     "resolve_backend",
+    "run_kv_ops",
+    "transfer_stream",
     "use_backend",
     "write_kv_cache",
     "write_kv_cache_reference",

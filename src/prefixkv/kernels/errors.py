@@ -20,6 +20,7 @@ __all__ = [
     "BatchError",
     "MetadataError",
     "ArgumentTypeError",
+    "BlockIdError",
 ]
 
 
@@ -63,3 +64,9 @@ class MetadataError(KernelInputError):
 class ArgumentTypeError(KernelInputError, TypeError):
     """An argument is not of an accepted Python type (a list where a tensor is expected,
     a device that is neither a ``torch.device`` nor a str); also a ``TypeError``."""
+
+
+class BlockIdError(KernelInputError):
+    """A block transfer (``transfer.py``) names a block or host slot outside its cache, or
+    the same destination twice. Transfer ids live on the CPU, so this is checked on every
+    call without waiting for the device."""

@@ -1,0 +1,227 @@
+"""Block transfers between device and host caches: exact copies against a per-op
+simulation, every documented error raised before anything is written."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from prefixkv.kernels import (  # noqa: E402
+    ArgumentTypeError, BlockIdError, DeviceError, DtypeError, ShapeError, UnsupportedError,
+    alloc_host_cache, copy_blocks, load_blocks, offload_blocks, run_kv_ops,
+)
+from prefixkv.results import BlockCopy, BlockLoad, BlockOffload  # noqa: E402
+
+LAYERS, BLOCKS, BS, HEADS, DIM = 3, 9, 5, 2, 8
+
+
+def ids(*values):
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def stacked(seed=0, blocks=BLOCKS, dtype=torch.float32):
+    """K and V caches with layers stacked: [LAYERS, blocks, BS, HEADS, DIM] (block_dim 1)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(LAYERS, blocks, BS, HEADS, DIM, generator=g).to(dtype) for _ in range(2)]
+
+
+def hosts(devs, slots=7, block_dim=1):
+    return [alloc_host_cache(d, slots, block_dim=block_dim).normal_() for d in devs]
+
+
+def simulate(ops, devs, hs, block_dim=1):
+    """The plan one op at a time, in the documented order, on clones."""
+    devs = [d.clone().movedim(block_dim, 0) for d in devs]
+    hs = [h.clone() for h in hs]
+    for kind in (BlockOffload, BlockLoad, BlockCopy):
+        group = [op for op in ops if type(op) is kind]
+        for d, h in zip(devs, hs):
+            if kind is BlockCopy:
+                src = d[[op.src for op in group]].clone()
+                for op, s in zip(group, src):
+                    d[op.dst] = s
+            for op in group:
+                if kind is BlockOffload:
+                    h[op.dst] = d[op.src]
+                elif kind is BlockLoad:
+                    d[op.dst] = h[op.src]
+    return [d.movedim(0, block_dim) for d in devs], hs
+
+
+def test_alloc_host_cache_is_slot_major_and_zeroed():
+    dev = stacked()[0]
+    h = alloc_host_cache(dev, 4, block_dim=1)
+    assert h.shape == (4, LAYERS, BS, HEADS, DIM) and h.dtype == dev.dtype
+    assert h.device.type == "cpu" and h.is_contiguous() and not h.is_pinned()
+    assert h.abs().sum() == 0
+    assert alloc_host_cache(dev[0], 2).shape == (2, BS, HEADS, DIM)
+
+
+@pytest.mark.parametrize("block_dim", [0, 1])
+def test_offload_then_load_round_trips_every_layer(block_dim):
+    devs = stacked(1)
+    if block_dim == 0:
+        devs = [d.movedim(1, 0).contiguous() for d in devs]
+    hs = hosts(devs, block_dim=block_dim)
+    want_devs, want_hosts = simulate([BlockOffload(4, 2), BlockOffload(0, 3), BlockOffload(7, 6)],
+                                     devs, hs, block_dim)
+    assert offload_blocks(devs, hs, ids(4, 0, 7), ids(2, 3, 6), block_dim=block_dim) is None
+    for got, want in zip(hs, want_hosts):
+        assert torch.equal(got, want)
+    before = [d.clone() for d in devs]
+    load_blocks(hs, devs, ids(6, 2, 3), ids(1, 8, 5), block_dim=block_dim)
+    pick = (lambda t, i: t.select(block_dim, i))
+    for d, b in zip(devs, before):
+        assert torch.equal(pick(d, 1), pick(b, 7)) and torch.equal(pick(d, 8), pick(b, 4))
+        assert torch.equal(pick(d, 5), pick(b, 0))
+        for untouched in (0, 2, 3, 4, 6, 7):
+            assert torch.equal(pick(d, untouched), pick(b, untouched))
+
+
+def test_a_plan_runs_offloads_then_loads_then_copies():
+    """Slot 2 is written by an offload and read by a load of the same plan; block 3 is
+    offloaded then overwritten by a load; block 5 is a copy's source and a load's target."""
+    devs = stacked(2)
+    hs = hosts(devs)
+    ops = [BlockCopy(5, 6), BlockLoad(2, 5), BlockOffload(3, 2), BlockLoad(0, 3),
+           BlockOffload(1, 4), BlockCopy(0, 1)]
+    want_devs, want_hosts = simulate(ops, devs, hs)
+    assert run_kv_ops(ops, devs, hs, block_dim=1) is None
+    for got, want in zip(devs + hs, want_devs + want_hosts):
+        assert torch.equal(got, want)
+
+
+def test_copies_read_every_source_before_writing():
+    devs = stacked(3)
+    before = [d.clone() for d in devs]
+    copy_blocks(devs, ids(1, 2), ids(2, 3), block_dim=1)      # 2 is a source and a destination
+    for d, b in zip(devs, before):
+        assert torch.equal(d[:, 2], b[:, 1]) and torch.equal(d[:, 3], b[:, 2])
+
+
+def test_empty_plans_and_groups_do_nothing():
+    devs = stacked(4)
+    hs = hosts(devs)
+    before = [t.clone() for t in devs + hs]
+    assert run_kv_ops([], devs, hs, block_dim=1) is None
+    assert run_kv_ops([BlockCopy(0, 0)], devs, block_dim=1) is None   # a plan of forks needs no host
+    offload_blocks(devs, hs, ids(), ids(), block_dim=1)
+    assert all(torch.equal(a, b) for a, b in zip(devs + hs, before))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_random_plans_match_the_simulation(data):
+    devs = stacked(data.draw(st.integers(0, 9)), dtype=torch.bfloat16)
+    hs = hosts(devs, slots=6)
+    n_off = data.draw(st.integers(0, 5))
+    off_dst = data.draw(st.permutations(range(6)))[:n_off]
+    load_dst = data.draw(st.permutations(range(BLOCKS)))[:data.draw(st.integers(0, 5))]
+    copy_dst = data.draw(st.permutations(range(BLOCKS)))[:data.draw(st.integers(0, 3))]
+    block = st.integers(0, BLOCKS - 1)
+    ops = ([BlockOffload(data.draw(block), d) for d in off_dst]
+           + [BlockLoad(data.draw(st.integers(0, 5)), d) for d in load_dst]
+           + [BlockCopy(data.draw(block), d) for d in copy_dst])
+    ops = data.draw(st.permutations(ops))
+    want_devs, want_hosts = simulate(ops, devs, hs)
+    run_kv_ops(ops, devs, hs, block_dim=1)
+    for got, want in zip(devs + hs, want_devs + want_hosts):
+        assert torch.equal(got, want)
+
+
+# ---- errors, raised before anything is written --------------------------------------
+
+def unchanged_after(exc, call, devs, hs):
+    before = [t.clone() for t in devs + hs]
+    with pytest.raises(exc):
+        call()
+    assert all(torch.equal(a, b) for a, b in zip(devs + hs, before))
+
+
+def test_bad_ids_raise_block_id_error_before_any_copy():
+    devs = stacked(5)
+    hs = hosts(devs)
+    for ops in ([BlockOffload(0, 1), BlockLoad(1, BLOCKS)],          # device id too large
+                [BlockOffload(0, 1), BlockCopy(-1, 2)],              # negative
+                [BlockOffload(0, 7)],                                # slot outside 7 slots
+                [BlockOffload(0, 1), BlockOffload(2, 1)],            # one slot written twice
+                [BlockLoad(0, 3), BlockLoad(1, 3)],                  # one block written twice
+                [BlockCopy(0, 3), BlockCopy(1, 3)]):
+        unchanged_after(BlockIdError, lambda: run_kv_ops(ops, devs, hs, block_dim=1), devs, hs)
+    unchanged_after(BlockIdError, lambda: load_blocks(hs, devs, ids(9), ids(0), block_dim=1), devs, hs)
+
+
+def test_bad_id_tensors():
+    devs = stacked()
+    hs = hosts(devs)
+    with pytest.raises(ArgumentTypeError):
+        offload_blocks(devs, hs, [0], ids(0), block_dim=1)
+    with pytest.raises(ShapeError):
+        offload_blocks(devs, hs, ids(0, 1).view(1, 2), ids(0, 1).view(1, 2), block_dim=1)
+    with pytest.raises(ShapeError):
+        offload_blocks(devs, hs, ids(0, 1), ids(0), block_dim=1)
+    with pytest.raises(DtypeError):
+        offload_blocks(devs, hs, ids(0).float(), ids(0), block_dim=1)
+    with pytest.raises(DeviceError):
+        offload_blocks(devs, hs, ids(0).to("meta"), ids(0), block_dim=1)
+
+
+def test_bad_cache_lists():
+    devs = stacked()
+    hs = hosts(devs)
+    with pytest.raises(ArgumentTypeError):
+        offload_blocks(devs[0], hs, ids(0), ids(0), block_dim=1)      # a tensor, not a list
+    with pytest.raises(ArgumentTypeError):
+        run_kv_ops(["copy 0 1"], devs, hs, block_dim=1)
+    with pytest.raises(ShapeError):
+        offload_blocks([], [], ids(0), ids(0))
+    with pytest.raises(ShapeError):
+        offload_blocks(devs, hs[:1], ids(0), ids(0), block_dim=1)
+    with pytest.raises(ShapeError):
+        run_kv_ops([BlockLoad(0, 0)], devs, None, block_dim=1)
+    with pytest.raises(ShapeError):                                    # host not slot-major
+        offload_blocks(devs, [torch.zeros(LAYERS, 7, BS, HEADS, DIM)] * 2, ids(0), ids(0), block_dim=1)
+    with pytest.raises(ShapeError):
+        offload_blocks(devs, [h.transpose(1, 2).contiguous().transpose(1, 2) for h in hs],
+                       ids(0), ids(0), block_dim=1)
+    with pytest.raises(ShapeError):                                    # block counts differ
+        offload_blocks([devs[0], stacked(blocks=4)[0]], hs, ids(0), ids(0), block_dim=1)
+
+
+def test_bad_dtypes_devices_and_options():
+    devs = stacked()
+    hs = hosts(devs)
+    with pytest.raises(DtypeError):
+        offload_blocks(devs, [h.half() for h in hs], ids(0), ids(0), block_dim=1)
+    with pytest.raises(DtypeError):
+        alloc_host_cache(torch.zeros(2, 3, dtype=torch.int32), 2)
+    with pytest.raises(DeviceError):
+        offload_blocks(devs, [h.to("meta") for h in hs], ids(0), ids(0), block_dim=1)
+    with pytest.raises(DeviceError):
+        offload_blocks([devs[0], devs[1].to("meta")], hs, ids(0), ids(0), block_dim=1)
+    with pytest.raises(UnsupportedError):
+        offload_blocks(devs, hs, ids(0), ids(0), block_dim=5)
+    with pytest.raises(UnsupportedError):
+        alloc_host_cache(devs[0], 0)
+    with pytest.raises(UnsupportedError):
+        alloc_host_cache(devs[0], 2, block_dim=True)
+    with pytest.raises(ArgumentTypeError):
+        alloc_host_cache("cache", 2)
+    with pytest.raises(UnsupportedError):
+        offload_blocks(devs, hs, ids(0), ids(0), block_dim=1, stream=object())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: pinned host "
+                    "caches, the side stream and its event")
+def test_cuda_plan_returns_an_event_and_matches_the_simulation():
+    devs = [d.cuda() for d in stacked(6)]
+    hs = hosts(devs)
+    assert all(h.is_pinned() for h in hs)
+    ops = [BlockOffload(3, 2), BlockOffload(4, 3), BlockLoad(2, 6), BlockCopy(0, 1)]
+    want_devs, want_hosts = simulate(ops, [d.cpu() for d in devs], hs)
+    ev = run_kv_ops(ops, devs, hs, block_dim=1)
+    torch.cuda.current_stream().wait_event(ev)
+    ev.synchronize()
+    for got, want in zip([d.cpu() for d in devs] + hs, want_devs + want_hosts):
+        assert torch.equal(got, want)
