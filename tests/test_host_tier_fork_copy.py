@@ -1,17 +1,13 @@
-"""Core problem found while wiring the host tier into the engine (reported to the lead,
-who owns the core): a fork's copy stays in the plan after its child is freed, and by the
-time the plan is taken its target block can be a load target of the same plan. Copies
-run after loads, so the copy overwrites the loaded KV. block_size 4, seed 0."""
-
-import pytest
+"""A fork's copy and the blocks it names, when its child or its parent goes before the
+plan is taken (found wiring the host tier into the engine): a copy into a freed child's
+block is dropped (its block may be a load target of the same plan, and copies run after
+loads); a copy's source is held by the plan. block_size 4, seed 0."""
 
 from prefixkv import BlockCopy, BlockLoad, KVCacheManager
 
 A = [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
-@pytest.mark.xfail(strict=True, reason="core: take_kv_ops keeps the copy of a freed fork "
-                   "child; its target is reused as a load target of the same plan")
 def test_a_freed_childs_copy_never_targets_a_block_loaded_in_the_same_plan():
     m = KVCacheManager(5, 4, seed=0, host_blocks=8)
     m.add_request("a", A)
@@ -31,3 +27,18 @@ def test_a_freed_childs_copy_never_targets_a_block_loaded_in_the_same_plan():
     assert BlockLoad(1, 4) in ops
     loaded = {op.dst for op in ops if type(op) is BlockLoad}
     assert not [op for op in ops if type(op) is BlockCopy and op.dst in loaded]
+
+
+def test_a_freed_parents_partial_block_stays_held_until_the_plan_is_taken():
+    m = KVCacheManager(4, 4, seed=0)
+    m.add_request("p", [1, 2, 3, 4, 5, 6])          # blocks 0 (full), 1 (partial)
+    assert m.fork("p", "c").copies == (BlockCopy(1, 2),)
+    m.free("p")                                     # 1 is still the copy's source
+    assert 1 not in m.free_block_order()
+    m.check_invariants()
+    assert m.free_block_order() == [3]
+    assert m.add_request("x", [7] * 5) is None      # 1 cannot be handed out yet
+    assert m.take_kv_ops() == [BlockCopy(1, 2)]
+    assert m.free_block_order() == [1, 3]
+    assert m.add_request("x", [7] * 5).block_ids == (1, 3)
+    m.check_invariants()

@@ -92,6 +92,7 @@ def test_fork_copies_the_partial_last_block_and_children_diverge():
     m.add_request("p", [1, 2, 3, 4, 5, 6])
     assert m.fork("p", "c") == Fork("c", (0, 2), (BlockCopy(1, 2),))
     assert m.free_block_order() == [3, 4, 5, 6, 7]
+    assert m.take_kv_ops() == [BlockCopy(1, 2)]      # the engine copies before the next step
     assert m.append_tokens("p", [7, 8]) == ()
     assert m.append_tokens("c", [70, 80]) == ()
     assert m.lookup([1, 2, 3, 4, 5, 6, 7, 8, 0]) == 8

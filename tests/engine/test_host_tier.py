@@ -127,14 +127,3 @@ def test_a_runner_without_host_caches_refuses_host_ops(model):
     with pytest.raises(BlockIdError):
         runner.run_kv_ops([BlockCopy(0, 1), BlockOffload(2, 0)])
     assert torch.equal(runner.k_cache, before)
-
-
-def test_a_copy_no_longer_owed_to_a_live_child_is_not_run(model):
-    """The engine runs only the fork copies the scheduler still owes (see
-    tests/test_host_tier_fork_copy.py: the allocator may keep a freed child's copy)."""
-    engine, alloc, rec = host_engine(model, 8, 16)
-    stale = BlockCopy(0, 5)
-    real = alloc.take_kv_ops
-    alloc.take_kv_ops = lambda: real() + [stale]
-    engine.generate([list(range(1, 21))], SamplingParams(max_tokens=3))
-    assert len(rec.plans) == 3 and rec.count(BlockCopy) == 0

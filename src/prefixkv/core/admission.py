@@ -66,6 +66,7 @@ class Admitter:
         self._requests: dict[Hashable, Request] = {}
         self._stats = StatsCounter()
         self._kv_ops: list[KVOp] = []
+        self._plan_refs: list[Block] = []  # sources of pending copies, held by the plan
 
     def add_request(
         self, request_id: Hashable, prompt_token_ids: Sequence[int], *,

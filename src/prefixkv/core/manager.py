@@ -178,6 +178,9 @@ class KVCacheManager(Admitter):
         copies = tuple(BlockCopy(s.block_id, d.block_id)
                        for s, d in zip(parent.blocks[full:], child.blocks[full:]))
         self._kv_ops += copies
+        for s in parent.blocks[full:]:  # the plan holds each copy's source until it is
+            s.ref_cnt += 1              # taken, even if the parent goes first
+            self._plan_refs.append(s)
         self._requests[child_id] = child
         return Fork(child_id, tuple(map(_ID, child.blocks)), copies)
 
@@ -201,6 +204,9 @@ class KVCacheManager(Admitter):
             first = max(num_computed_tokens, req.num_cached) // bs
             self._index.uncache(req.blocks[first:req.num_scheduled // bs])
         del self._requests[request_id]
+        if self._kv_ops:  # a copy into a block going back to the pool must not run
+            mine = {b.block_id for b in req.blocks}
+            self._kv_ops = [op for op in self._kv_ops if op.dst not in mine]
         self._pool.release(reversed(req.blocks))
 
     def preempt(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> tuple[int, ...]:
@@ -286,9 +292,10 @@ class KVCacheManager(Admitter):
         step's scheduling calls and before its forward pass: every ``BlockOffload``
         (device blocks evicted now, whose KV the forward pass would overwrite), then every
         ``BlockLoad`` (host hits into fresh device blocks), then every ``BlockCopy`` (fork
-        copy-on-write, the same as ``Fork.copies``). Call it exactly once a step: it also
-        ends the step (content recorded before it counts as computed after it, and host
-        slots pinned by the plan are released)."""
+        copy-on-write, the same as ``Fork.copies``; a copy into a block whose request
+        was freed meanwhile is dropped, and a copy's source is held until the plan is
+        taken). Call it exactly once a step: it also ends the step (content recorded
+        before it counts as computed after it, and what the plan pinned is released)."""
         out: list[KVOp] = []
         host = self._host
         if host is not None:
@@ -298,6 +305,9 @@ class KVCacheManager(Admitter):
             host.end_step()
         out += self._kv_ops
         self._kv_ops = []
+        if self._plan_refs:
+            self._pool.release(self._plan_refs)
+            self._plan_refs = []
         self._index.step += 1
         return out
 
@@ -310,6 +320,8 @@ class KVCacheManager(Admitter):
             self._require(req.check(bs) or self._index.check_request(req, bs))
             for b in req.blocks:
                 refs[b.block_id] = refs.get(b.block_id, 0) + 1
+        for b in self._plan_refs:
+            refs[b.block_id] = refs.get(b.block_id, 0) + 1
         self._require(self._pool.check(refs))
         if self._host is not None:
             self._require(self._host.check())

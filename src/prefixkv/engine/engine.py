@@ -25,7 +25,6 @@ import torch
 from prefixkv.allocator import Allocator
 from prefixkv.extra_keys import ExtraKeys
 from prefixkv.core.manager import KVCacheManager
-from prefixkv.results import BlockCopy
 
 from .model import LlamaConfig, TinyLlama
 from .outputs import GenerateResult, RequestMetrics, RequestOutput, SampleOutput, StepRecord
@@ -100,12 +99,10 @@ class Engine:
         t0 = time.perf_counter()
         sched, alloc = self.scheduler, self.allocator
         batch, preempted = sched.schedule()
-        # A fork's copy stays in the allocator's plan when its child is freed before the
-        # plan runs, and its target may be a load target of the same plan by then (loads
-        # run before copies): run only the copies still owed to live children.
-        owed = set(sched.take_copies())
-        self.runner.run_kv_ops([op for op in alloc.take_kv_ops()
-                                if type(op) is not BlockCopy or op in owed])
+        # The allocator's plan: offloads, loads, then fork copies (a copy into a freed
+        # child's block is already dropped from it).
+        sched.take_copies()
+        self.runner.run_kv_ops(alloc.take_kv_ops())
         num_prefill = num_decode = forks = 0
         if batch:
             logits = self.runner.execute([
