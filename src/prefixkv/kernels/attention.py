@@ -11,13 +11,12 @@ table one slot at a time, so any block_size works.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from .interpreter import backport_scalar_index
+from .fp8 import is_fp8, unit_scale
 from .split_kv import _split_phases, combine_splits, split_workspaces
 from .tiling import TileConfig, choose_num_splits, choose_tiles, sm_count
 from .validation import check_attention
@@ -61,6 +60,9 @@ def _attend_tile(
     else:
         k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd)
         v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd)
+    # fp8 caches: widen to q's dtype in registers; their scales are folded into qk_scale and the output.
+    k = k.to(q.dtype)
+    v = v.to(q.dtype)
     s = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N] fp32
     if SOFTCAP:
         s = softcap_log2 * _tanh(s * qk_scale)  # qk_scale = softmax_scale / softcap here
@@ -82,27 +84,34 @@ def _attend_tile(
     return acc, l_i, m_new
 
 
-@triton.jit
+# Ints that change from call to call are not specialised (Triton would otherwise compile a
+# variant for the value 1 and for multiples of 16): the batch, the split count, the block
+# table's width and the strides that follow total_q (the LSE and the split workspaces).
+@triton.jit(do_not_specialize=["stride_bt", "stride_lh", "stride_os", "stride_ls", "batch", "num_splits"])
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_q_ptr, seqused_k_ptr, out_ptr, lse_ptr,
+    sinks_ptr, k_scale_ptr, v_scale_ptr,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_bt, stride_bc, stride_ot, stride_oh, stride_od, stride_lh, stride_lt, stride_os, stride_ls,
-    qk_scale, softcap_log2, window_left, window_right, batch,
+    stride_ksc, stride_vsc, qk_scale, softcap_log2, window_left, window_right, batch, num_splits,
     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BATCH_P2: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    RETURN_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    KV_FP8: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_P2
+    SEARCH: tl.constexpr = 64  # cu_seqlens_q entries read per step of the request search
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
-    # Find this program's request: request r owns tiles [cu_q[r] // BLOCK_Q + r, ...).
-    r = tl.arange(0, BATCH_P2)  # [BATCH_P2]
-    cu = tl.load(cu_q_ptr + r, mask=r < batch, other=0)
-    first_tile = tl.where(r < batch, cu // BLOCK_Q + r, pid + 1)  # [BATCH_P2]
-    req = tl.sum((first_tile <= pid).to(tl.int32), 0) - 1
+    # Find this program's request: request r owns tiles [cu_q[r] // BLOCK_Q + r, ...), so it is
+    # the number of requests whose first tile is <= pid, minus one; batch is a runtime int.
+    req = pid * 0 - 1
+    for r0 in range(0, batch, SEARCH):
+        r = r0 + tl.arange(0, SEARCH)  # [SEARCH]
+        cu = tl.load(cu_q_ptr + r, mask=r < batch, other=0)
+        req += tl.sum(((cu // BLOCK_Q + r <= pid) & (r < batch)).to(tl.int32), 0)
     q_start = tl.load(cu_q_ptr + req)
     q_len = tl.load(cu_q_ptr + req + 1) - q_start
     tile = pid - (q_start // BLOCK_Q + req)
@@ -139,10 +148,11 @@ def _paged_prefill_kernel(
         full_hi = full_lo + (tl.maximum(full_hi - full_lo, 0) // BLOCK_N) * BLOCK_N
         # Phase i covers keys [pi_lo, pi_hi); a split keeps its slice of each.
         p1_lo, p1_hi, p2_lo, p2_hi, p3_lo, p3_hi = kv_lo, full_lo, full_lo, full_hi, full_hi, kv_hi
-        if NUM_SPLITS > 1:
+        split = 0
+        if SPLIT:
             split = tl.program_id(2)
             p1_lo, p1_hi, p2_lo, p2_hi, p3_lo, p3_hi = _split_phases(
-                kv_lo, full_lo, full_hi, kv_hi, split, NUM_SPLITS, BLOCK_N)
+                kv_lo, full_lo, full_hi, kv_hi, split, num_splits, BLOCK_N)
             # out / lse are the fp32 workspaces here: this split's partial output and LSE.
             out_ptr += split.to(tl.int64) * stride_os
             lse_ptr += split.to(tl.int64) * stride_ls
@@ -150,6 +160,14 @@ def _paged_prefill_kernel(
         acc = tl.zeros([BLOCK_M, DIM_P2], dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        if HAS_SINKS:
+            # The sink is a key of score sinks[head] (exp2 domain: * log2 e) and no value; it
+            # starts the running max and sum, in split 0 only so the merge counts it once.
+            sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634  # [BLOCK_M]
+            m_i = tl.where(split == 0, sink, m_i)
+            l_i = tl.where(split == 0, 1.0, l_i)
+        if KV_FP8:
+            qk_scale = qk_scale * tl.load(k_scale_ptr + kvh * stride_ksc)
         k_base = k_cache_ptr + kvh.to(tl.int64) * stride_kh
         v_base = v_cache_ptr + kvh.to(tl.int64) * stride_vh
         bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
@@ -177,7 +195,10 @@ def _paged_prefill_kernel(
 
         # Rows (or splits) that attended nothing: output 0, LSE -inf.
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        o = acc / l_safe[:, None]  # [BLOCK_M, DIM_P2]
+        inv_l = 1.0 / l_safe  # [BLOCK_M]
+        if KV_FP8:
+            inv_l = inv_l * tl.load(v_scale_ptr + kvh * stride_vsc)
+        o = acc * inv_l[:, None]  # [BLOCK_M, DIM_P2]
         o_off = tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
         if RETURN_LSE:
@@ -201,16 +222,23 @@ def paged_prefill_attention_triton(
     softcap: float = 0.0,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     config: TileConfig | None = None,
 ):
     """Triton path of :func:`prefixkv.kernels.paged_prefill_attention` (same contract).
 
     ``config`` overrides the tile heuristic (tests use it to reach every phase);
     ``config.num_splits`` (None: :func:`choose_num_splits`) forces the number of key splits.
+    The launch reads no tensor value on the host (no synchronisation); its compiled variant
+    depends only on the model's shapes and options, ``max_seqlen_q`` (tile size) and
+    whether keys are split (see :mod:`prefixkv.kernels.warmup`).
     """
     shape = check_attention(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, out=out,
+        sinks=sinks, k_scale=k_scale, v_scale=v_scale,
     )
     if out is None:
         out = torch.empty_like(q)
@@ -227,13 +255,15 @@ def paged_prefill_attention_triton(
                               on_gpu=q.is_cuda, elem_bytes=q.element_size())
     block_m = max(config.block_m, group_p2)
     block_q = block_m // group_p2
+    kv_fp8 = is_fp8(k_cache.dtype)
+    k_scale_arg, v_scale_arg = (unit_scale(q.device) if t is None else t for t in (k_scale, v_scale))
     if shape.softcap > 0:
         qk_scale, softcap_log2 = shape.softmax_scale / shape.softcap, shape.softcap * _LOG2E
     else:
         qk_scale, softcap_log2 = shape.softmax_scale * _LOG2E, 0.0
     num_splits = config.num_splits or choose_num_splits(  # None: the heuristic's count
         batch=shape.batch, num_kv_heads=shape.num_kv_heads, max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k, num_sms=sm_count(q.device))
+        max_seqlen_k=max_seqlen_k, num_sms=sm_count(q.device), block_q=block_q, ctas_per_sm=config.ctas_per_sm)
     if num_splits > 1:
         o_arg, lse_arg = split_workspaces(num_splits, shape.total_q, shape.num_heads, shape.head_dim, q.device)
         split_strides = (o_arg.stride(0), lse_arg.stride(0))
@@ -246,15 +276,18 @@ def paged_prefill_attention_triton(
     backport_scalar_index()  # the phase loops' bounds are loaded: triton 3.6's interpreter needs it
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, o_arg, lse_arg,
+        q if sinks is None else sinks, k_scale_arg, v_scale_arg,  # q: a pointer never read
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(),
         *o_strides, *lse_strides, *split_strides,
-        qk_scale, softcap_log2, shape.window_left, shape.window_right, shape.batch,
+        *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale_arg, v_scale_arg)), qk_scale, softcap_log2, shape.window_left, shape.window_right,
+        shape.batch, num_splits,
         GROUP=group, GROUP_P2=group_p2, HEAD_DIM=shape.head_dim,
         DIM_P2=max(16, triton.next_power_of_2(shape.head_dim)), BLOCK_SIZE=shape.block_size,
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BATCH_P2=max(16, triton.next_power_of_2(shape.batch)),
+        BLOCK_M=block_m, BLOCK_N=config.block_n,
         HAS_LEFT=shape.window_left >= 0, HAS_RIGHT=shape.window_right >= 0,
-        SOFTCAP=shape.softcap > 0, RETURN_LSE=return_lse or num_splits > 1,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None, NUM_SPLITS=num_splits,
+        SOFTCAP=shape.softcap > 0, HAS_SINKS=sinks is not None, KV_FP8=kv_fp8,
+        RETURN_LSE=return_lse or num_splits > 1,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None, SPLIT=num_splits > 1,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if num_splits > 1:

@@ -33,6 +33,8 @@ class TileConfig:
     ``block_m`` rows of a tile are ``block_m // group_p2`` query positions times the
     ``group_p2`` (padded) query heads that share one KV head; ``block_n`` keys per step.
     ``num_splits`` key slices per tile (split-KV); None lets :func:`choose_num_splits` pick.
+    ``ctas_per_sm``: programs of this config resident on one SM at once (registers and
+    shared memory from the sm_90 compile report), which the split heuristic fills.
     """
 
     block_m: int
@@ -40,6 +42,7 @@ class TileConfig:
     num_warps: int = 4
     num_stages: int = 2
     num_splits: int | None = None
+    ctas_per_sm: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -48,6 +51,8 @@ class TileConfig:
                 raise ValueError(f"{name} must be a power of two >= 16, got {n}")
         if self.num_splits is not None and not 1 <= self.num_splits <= 1024:
             raise ValueError(f"num_splits must be None or in 1..1024, got {self.num_splits}")
+        if self.ctas_per_sm < 1:
+            raise ValueError(f"ctas_per_sm must be >= 1, got {self.ctas_per_sm}")
 
 
 @functools.cache
@@ -67,17 +72,24 @@ def sm_count(device) -> int:
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def choose_num_splits(*, batch: int, num_kv_heads: int, max_seqlen_q: int, max_seqlen_k: int, num_sms: int) -> int:
+def choose_num_splits(
+    *, batch: int, num_kv_heads: int, max_seqlen_q: int, max_seqlen_k: int, num_sms: int,
+    block_q: int = 1, ctas_per_sm: int = 1,
+) -> int:
     """Key splits per tile (1: no split-KV), from launch shapes only: never reads a tensor.
 
-    Decode-like calls (``max_seqlen_q <= MAX_SPLIT_Q``) whose ``batch * num_kv_heads``
-    programs leave SMs idle get enough splits to give every SM a program, as long as each
-    split keeps ``MIN_KEYS_PER_SPLIT`` keys; prefill and large batches keep one split.
+    The main grid has ``batch * num_kv_heads * ceil(max_seqlen_q / block_q)`` programs at
+    most (a request of ``q_len > block_q`` query positions, as when speculative decoding
+    verifies several tokens, has several tiles). While they fill fewer than the
+    ``num_sms * ctas_per_sm`` slots the GPU can run at once, each tile's keys are split so
+    that the splits fill them, as long as a split keeps ``MIN_KEYS_PER_SPLIT`` keys (and
+    at most ``MAX_SPLITS``). Prefill (``max_seqlen_q > MAX_SPLIT_Q``) never splits.
     """
-    programs = batch * num_kv_heads
-    if max_seqlen_q > MAX_SPLIT_Q or programs == 0 or programs >= num_sms:
+    programs = batch * num_kv_heads * -(-max(1, max_seqlen_q) // max(1, block_q))
+    slots = num_sms * ctas_per_sm
+    if max_seqlen_q > MAX_SPLIT_Q or programs == 0 or programs >= slots:
         return 1
-    splits = min(-(-num_sms // programs), max_seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
+    splits = min(-(-slots // programs), max_seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
     return max(1, splits)
 
 
