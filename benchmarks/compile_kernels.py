@@ -63,6 +63,13 @@ CONFIGS = {
     "decode-split-32k-all-switches": dict(SPLIT, softcap=50.0, window_size=(4095, 0), return_lse=True),
     "decode-split-32k-lse-combine": dict(SPLIT, return_lse=True, kernel="combine"),
     "decode-split-32k-d256-fp16": dict(SPLIT, head_dim=256, dtype="float16"),
+    # fp8 caches (q and output bf16), per-KV-head scales; attention sinks.
+    **{f"{n}-fp8-{f}": dict(c, cache_dtype=f"float8_{f}", scales="head") for n, c in
+       (("prefill", SPEC), ("decode", DECODE)) for f in ("e4m3fn", "e5m2")},
+    "prefill-sinks": dict(SPEC, sinks=True),
+    "decode-split-32k-sinks-fp8": dict(SPLIT, sinks=True, cache_dtype="float8_e4m3fn", scales="tensor"),
+    "write_kv-fp8-e4m3fn": dict(kind="write_kv", kv_heads=8, head_dim=128, block_size=16, dtype="bfloat16",
+                                cache_dtype="float8_e4m3fn", scales="head", tokens=2048),
     "write_kv": dict(kind="write_kv", kv_heads=8, head_dim=128, block_size=16, dtype="bfloat16", tokens=2048),
     "write_kv-d80-fp16": dict(kind="write_kv", kv_heads=8, head_dim=80, block_size=16, dtype="float16", tokens=2048),
     "write_kv-d256-h1": dict(kind="write_kv", kv_heads=1, head_dim=256, block_size=16, dtype="bfloat16", tokens=64),
@@ -98,29 +105,38 @@ def record_launch(mods, cfg: dict):
     import torch
 
     dt = getattr(torch, cfg["dtype"])
+    cdt = getattr(torch, cfg.get("cache_dtype", cfg["dtype"]))
     meta = dict(device="meta")
     kvh, d, bs = cfg["kv_heads"], cfg["head_dim"], cfg["block_size"]
+    extra = {}
+    if "scales" in cfg:
+        n_scales = kvh if cfg["scales"] == "head" else 1
+        extra = dict(k_scale=torch.empty(n_scales, **meta), v_scale=torch.empty(n_scales, **meta))
+    if cfg.get("sinks"):
+        extra["sinks"] = torch.empty(cfg["heads"], **meta)
     if cfg["kind"] == "write_kv":
         mod, attr = mods["write_kv"], "_write_kv_kernel"
         n = cfg["tokens"]
-        cache = torch.empty(-(-n // bs) + 1, bs, kvh, d, dtype=dt, **meta)
+        cache = torch.empty(-(-n // bs) + 1, bs, kvh, d, dtype=cdt, **meta)
         args = (torch.empty(n, kvh, d, dtype=dt, **meta), torch.empty(n, kvh, d, dtype=dt, **meta),
                 cache, torch.empty_like(cache), torch.empty(n, dtype=torch.int64, **meta))
-        call, kwargs = mod.write_kv_cache_triton, {}
+        call, kwargs = mod.write_kv_cache_triton, extra
     else:
         mod, attr = mods["attention"], "_paged_prefill_kernel"
         from prefixkv.kernels.tiling import choose_tiles
 
         b, q_len, kv_len = cfg["batch"], cfg["q_len"], cfg["prefix"] + cfg["q_len"]
         n_blk = -(-kv_len // bs)
-        cache = torch.empty(b * n_blk, bs, kvh, d, dtype=dt, **meta)
+        cache = torch.empty(b * n_blk, bs, kvh, d, dtype=cdt, **meta)
         args = (torch.empty(b * q_len, cfg["heads"], d, dtype=dt, **meta), cache, torch.empty_like(cache),
                 torch.empty(b, n_blk, dtype=torch.int32, **meta), torch.empty(b + 1, dtype=torch.int32, **meta),
                 torch.empty(b, dtype=torch.int32, **meta), q_len, kv_len)
+        window = cfg.get("window_size") is not None and cfg["window_size"][0] >= 0
         tiles = choose_tiles(group=cfg["heads"] // kvh, head_dim=d, max_seqlen_q=q_len, on_gpu=True,
-                             elem_bytes=args[0].element_size())
+                             elem_bytes=args[0].element_size(), window=window,
+                             return_lse=cfg.get("return_lse", False))
         kwargs = dict(config=tiles, causal=cfg.get("causal", True), window_size=cfg.get("window_size"),
-                      softcap=cfg.get("softcap", 0.0), return_lse=cfg.get("return_lse", False))
+                      softcap=cfg.get("softcap", 0.0), return_lse=cfg.get("return_lse", False), **extra)
         call = mod.paged_prefill_attention_triton
     stubs = [(mod, attr)] + ([(mods["split_kv"], "_combine_splits_kernel")] if cfg["kind"] == "attn" else [])
     saved = {name: getattr(m, name) for m, name in stubs}
@@ -222,7 +238,7 @@ def markdown(result: dict, reading: str = "") -> str:
     for r in rows:
         c = r.get("constexprs", {})
         tile = f"{c['BLOCK_M']} x {c['BLOCK_N']}" if "BLOCK_M" in c else "-"
-        tile += f" ({c['NUM_SPLITS']} splits)" if c.get("NUM_SPLITS", 1) > 1 else ""
+        tile += f" ({r['grid'][2]} splits)" if c.get("SPLIT") else ""
         cells = ([r["n_regs"], r["n_spills"], r["shared"], r["blocks_per_sm"], r["blocks_per_sm"] * r["num_warps"],
                   r["mma"], pipelining(r)] if r["ok"] else ["-"] * 7)
         lines.append(f"| {r['name']} | {'ok' if r['ok'] else '**error**'} | {tile} | {r.get('num_warps', '-')} | "

@@ -18,6 +18,7 @@ import triton.language as tl
 from .interpreter import backport_scalar_index
 from .fp8 import is_fp8, unit_scale
 from .split_kv import _split_phases, combine_splits, split_workspaces
+from . import tiling
 from .tiling import TileConfig, choose_num_splits, choose_tiles, sm_count
 from .validation import check_attention
 
@@ -66,8 +67,11 @@ def _attend_tile(
     s = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N] fp32
     if SOFTCAP:
         s = softcap_log2 * _tanh(s * qk_scale)  # qk_scale = softmax_scale / softcap here
+        s_scale = 1.0
     else:
-        s = s * qk_scale  # qk_scale = softmax_scale * log2(e): scores in the exp2 domain
+        # qk_scale = softmax_scale * log2(e) (> 0): scores in the exp2 domain are s * qk_scale,
+        # applied inside the max and as one FMA in the exp2 argument below.
+        s_scale = qk_scale
     if MASKED:
         allowed = col_ok[None, :]  # broadcast to [BLOCK_M, BLOCK_N] below
         if HAS_RIGHT:
@@ -75,10 +79,10 @@ def _attend_tile(
         if HAS_LEFT:
             allowed = allowed & (col[None, :] >= pos[:, None] - window_left)
         s = tl.where(allowed, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
+    m_new = tl.maximum(m_i, tl.max(s, 1) * s_scale)  # [BLOCK_M]
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # empty rows so far: no -inf - -inf
     alpha = tl.exp2(m_i - m_safe)  # [BLOCK_M]
-    p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
+    p = tl.exp2(s * s_scale - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
@@ -195,10 +199,9 @@ def _paged_prefill_kernel(
 
         # Rows (or splits) that attended nothing: output 0, LSE -inf.
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        inv_l = 1.0 / l_safe  # [BLOCK_M]
         if KV_FP8:
-            inv_l = inv_l * tl.load(v_scale_ptr + kvh * stride_vsc)
-        o = acc * inv_l[:, None]  # [BLOCK_M, DIM_P2]
+            acc = acc * tl.load(v_scale_ptr + kvh * stride_vsc)
+        o = acc / l_safe[:, None]  # [BLOCK_M, DIM_P2]
         o_off = tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
         if RETURN_LSE:
@@ -252,7 +255,8 @@ def paged_prefill_attention_triton(
     group_p2 = triton.next_power_of_2(group)
     if config is None:
         config = choose_tiles(group=group, head_dim=shape.head_dim, max_seqlen_q=max_seqlen_q,
-                              on_gpu=q.is_cuda, elem_bytes=q.element_size())
+                              on_gpu=tiling.gpu_tiles(q.device), elem_bytes=q.element_size(),
+                              window=shape.window_left >= 0, return_lse=return_lse)
     block_m = max(config.block_m, group_p2)
     block_q = block_m // group_p2
     kv_fp8 = is_fp8(k_cache.dtype)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import triton
 
-__all__ = ["TileConfig", "choose_num_splits", "choose_tiles", "interpreting", "sm_count"]
+__all__ = ["TileConfig", "choose_num_splits", "choose_tiles", "gpu_tiles", "interpreting", "sm_count"]
 
 DEFAULT_SM_COUNT = 132  # H100 SXM: the split heuristic's SM count for non-CUDA tensors
 MAX_SPLITS = 64
@@ -21,9 +21,21 @@ MIN_KEYS_PER_SPLIT = 256  # a split below this spends more on its partial than i
 MAX_SPLIT_Q = 16  # splits only for decode-like calls (speculative decode included)
 
 
+# Programs of a short (decode) tile resident per SM, by (block_m, head_dim rounded up to
+# 64/128/256): the lowest blocks/SM of the sm_90 compile report over bf16, fp16 and fp8
+# caches (benchmarks/results/kernels-sm90-compile.md; a test keeps this table at or below
+# the committed report). Tiles not listed count 1.
+CTAS_PER_SM = {(16, 64): 6, (16, 128): 2, (16, 256): 2, (32, 256): 2}
+
+
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def gpu_tiles(device) -> bool:
+    """Whether launches on ``device`` take the GPU's tiles (CUDA) or the interpreter's."""
+    return getattr(device, "type", None) == "cuda"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +106,8 @@ def choose_num_splits(
 
 
 def choose_tiles(
-    *, group: int, head_dim: int, max_seqlen_q: int, on_gpu: bool, elem_bytes: int = 2
+    *, group: int, head_dim: int, max_seqlen_q: int, on_gpu: bool, elem_bytes: int = 2,
+    window: bool = False, return_lse: bool = False,
 ) -> TileConfig:
     """Pick tile sizes for a call.
 
@@ -102,7 +115,8 @@ def choose_tiles(
     but no more rows than ``max_seqlen_q`` needs (decode uses a short tile). Starting
     points for the tuning that an H100 run will do; the interpreter prefers few, mid-size
     tiles because its cost is per program and per step. ``elem_bytes`` is the size of one
-    q/cache element (4: fp32).
+    q/cache element (4: fp32); ``window`` (a sliding window) and ``return_lse`` (or
+    split-KV) need registers that the widest tile does not have.
 
     Register figures below are ``ptxas -v`` for sm_90 with triton 3.9
     (``benchmarks/results/kernels-sm90-compile.md``).
@@ -118,8 +132,15 @@ def choose_tiles(
     big = head_dim <= 128
     cap = 128 if big else 64
     block_m = max(group_p2, min(cap, max(16, rows_needed)))
-    block_n = 64 if big else 32
+    # 128-key tiles for the 128-row tile of head_dim <= 128: the same MMA work in half the
+    # loop passes, 1.3x fewer SASS instructions per key (252 registers, no spills). A left
+    # window edge or the LSE output pushes that tile over 255 registers (spills), so those
+    # keep 64 keys, as do short (decode) tiles.
+    wide = block_m >= 128 and not window and not return_lse
+    block_n = (128 if wide else 64) if big else 32
     # 8 warps once the fp32 accumulator [block_m, head_dim] passes 64 registers a thread
     # on 4 warps: 64 x 256 on 4 warps used 255 registers and spilled, on 8 warps 187.
     num_warps = 8 if block_m >= 128 or (block_m >= 64 and not big) else 4
-    return TileConfig(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=3 if big else 2)
+    ctas = CTAS_PER_SM.get((block_m, 64 if head_dim <= 64 else 128 if big else 256), 1)
+    return TileConfig(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=3 if big else 2,
+                      ctas_per_sm=ctas)
