@@ -44,15 +44,27 @@ def _attend_tile(
     SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     col = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
-    if MASKED:
-        col_ok = col < phase_hi  # [BLOCK_N]; never load past the phase (or kv_len)
-        blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc, mask=col_ok, other=0)
+    col_ok = col < phase_hi if MASKED else col >= 0  # [BLOCK_N]; never load past the phase (or kv_len)
+    if (not HAS_LEFT) and BLOCK_N % BLOCK_SIZE == 0:
+        # Tiles start on multiples of BLOCK_N here, so a tile is whole blocks: one block id per
+        # block, [NB] -> [NB, BLOCK_SIZE] -> [BLOCK_N], instead of one per key.
+        NB: tl.constexpr = BLOCK_N // BLOCK_SIZE
+        b = start_n // BLOCK_SIZE + tl.arange(0, NB)  # [NB]
+        if MASKED:
+            blk_b = tl.load(bt_row + b * stride_bc, mask=b * BLOCK_SIZE < phase_hi, other=0)
+        else:
+            blk_b = tl.load(bt_row + b * stride_bc)
+        slot = tl.arange(0, BLOCK_SIZE)[None, :]  # [1, BLOCK_SIZE]
+        k_off = tl.reshape(blk_b.to(tl.int64)[:, None] * stride_kb + slot * stride_ks, [BLOCK_N])
+        v_off = tl.reshape(blk_b.to(tl.int64)[:, None] * stride_vb + slot * stride_vs, [BLOCK_N])
     else:
-        col_ok = col >= 0
-        blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc)
-    # int64 before the multiply: block * stride passes 2^31 in large caches.
-    k_off = blk.to(tl.int64) * stride_kb + (col % BLOCK_SIZE) * stride_ks  # [BLOCK_N]
-    v_off = blk.to(tl.int64) * stride_vb + (col % BLOCK_SIZE) * stride_vs  # [BLOCK_N]
+        if MASKED:
+            blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc, mask=col_ok, other=0)
+        else:
+            blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc)
+        # int64 before the multiply: block * stride passes 2^31 in large caches.
+        k_off = blk.to(tl.int64) * stride_kb + (col % BLOCK_SIZE) * stride_ks  # [BLOCK_N]
+        v_off = blk.to(tl.int64) * stride_vb + (col % BLOCK_SIZE) * stride_vs  # [BLOCK_N]
     if MASKED or HEAD_DIM != DIM_P2:
         k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd,
                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # [DIM_P2, BLOCK_N]
