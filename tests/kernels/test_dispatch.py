@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefixkv.kernels import BackendError, paged_prefill_attention, resolve_backend, use_backend
+from prefixkv.kernels import (
+    ArgumentTypeError,
+    BackendError,
+    DeviceError,
+    paged_prefill_attention,
+    resolve_backend,
+    use_backend,
+)
 
 from .cases import make_case
 from .conftest import PRIMARY_DEVICE
@@ -45,6 +52,20 @@ def test_unknown_backend_raises():
         resolve_backend("cuda", torch.device("cpu"))
     with pytest.raises(BackendError, match="'tpu'"):
         with use_backend("tpu"):
+            pass
+
+
+def test_device_may_be_named_and_anything_else_is_a_typed_error():
+    assert resolve_backend(None, "cpu") == "torch"
+    assert resolve_backend("auto", "cuda:0") == "triton"
+    with pytest.raises(ArgumentTypeError, match="device must be a torch.device or a str, got NoneType"):
+        resolve_backend(None, None)
+    with pytest.raises(ArgumentTypeError, match="got int"):
+        resolve_backend("torch", 0)
+    with pytest.raises(DeviceError, match="'gpu0'"):
+        resolve_backend(None, "gpu0")
+    with pytest.raises(BackendError, match="None is not one of"):
+        with use_backend(None):
             pass
 
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefixkv.kernels import DeviceError, DtypeError, ShapeError, UnsupportedError, paged_prefill_attention
+from prefixkv.kernels import (
+    ArgumentTypeError,
+    DeviceError,
+    DtypeError,
+    ShapeError,
+    UnsupportedError,
+    paged_prefill_attention,
+    write_kv_cache,
+)
 
 from .conftest import PRIMARY_DEVICE, triton_skip_reason
 from .cases import make_case
@@ -26,6 +34,14 @@ def _replace(args, index, value):
     args = list(args)
     args[index] = value
     return args
+
+
+def _option(name, value):
+    return lambda a, k: (a, {**k, name: value})
+
+
+def _argument(index, change):
+    return lambda a, k: (_replace(a, index, change(a[index])), k)
 
 
 # (error, message fragment, how to break the call: (args, kwargs) -> (args, kwargs))
@@ -54,6 +70,22 @@ BAD_CALLS = {
     "causal right": (UnsupportedError, "right -1 or 0", lambda a, k: (a, {**k, "window_size": (4, 2)})),
     "softcap": (UnsupportedError, "softcap", lambda a, k: (a, {**k, "softcap": -1.0})),
     "scale": (UnsupportedError, "softmax_scale", lambda a, k: (a, {**k, "softmax_scale": 0.0})),
+    # flags and scalars of the wrong type: truthy strings and bools must not pass as options
+    "causal str": (UnsupportedError, "causal must be True or False, got 'no'", _option("causal", "no")),
+    "causal int": (UnsupportedError, "causal must be True or False", _option("causal", 1)),
+    "return_lse str": (UnsupportedError, "return_lse must be", _option("return_lse", "yes")),
+    "checked None": (UnsupportedError, "checked must be", _option("checked", None)),
+    "scale bool": (UnsupportedError, "softmax_scale .* got True", _option("softmax_scale", True)),
+    "scale str": (UnsupportedError, "softmax_scale", _option("softmax_scale", "0.1")),
+    "softcap bool": (UnsupportedError, "softcap .* got True", _option("softcap", True)),
+    "window floats": (UnsupportedError, "window_size", _option("window_size", (4.0, 0))),
+    "window bools": (UnsupportedError, "window_size", _option("window_size", (True, 0))),
+    "window str": (UnsupportedError, "window_size", _option("window_size", "4,0")),
+    # non-tensors
+    "q list": (ArgumentTypeError, "q must be a torch.Tensor, got list", _argument(0, lambda t: t.tolist())),
+    "block_table list": (ArgumentTypeError, "block_table must be a torch", _argument(3, lambda t: t.tolist())),
+    "seqused_k tuple": (ArgumentTypeError, "seqused_k must be", _argument(5, lambda t: (5, 3))),
+    "out list": (ArgumentTypeError, "out must be", _option("out", [[0.0]])),
 }
 
 
@@ -72,3 +104,20 @@ def test_bad_call_raises_before_writing(backend, name):
 def test_errors_are_value_errors():
     for error, _, _ in BAD_CALLS.values():
         assert issubclass(error, ValueError)
+    assert issubclass(ArgumentTypeError, TypeError)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_rejects_non_tensors_and_non_bool_checked(backend):
+    cache = torch.zeros(2, 4, 1, 8, device=PRIMARY_DEVICE)
+    key = torch.ones(2, 1, 8, device=PRIMARY_DEVICE)
+    slots = torch.tensor([0, 1], device=PRIMARY_DEVICE)
+    with pytest.raises(ArgumentTypeError, match="key must be a torch.Tensor"):
+        write_kv_cache(key.tolist(), key, cache, cache, slots, backend=backend)
+    with pytest.raises(ArgumentTypeError, match="slot_mapping must be"):
+        write_kv_cache(key, key, cache, cache, [0, 1], backend=backend)
+    with pytest.raises(ArgumentTypeError, match="k_cache must be"):
+        write_kv_cache(key, key, None, cache, slots, backend=backend)
+    with pytest.raises(UnsupportedError, match="checked must be True or False"):
+        write_kv_cache(key, key, cache, cache, slots, backend=backend, checked="no")
+    assert not cache.any()

@@ -15,23 +15,27 @@ from .batch import (
 )
 from .dispatch import BACKENDS, paged_prefill_attention, resolve_backend, use_backend, write_kv_cache
 from .errors import (
+    ArgumentTypeError,
     BackendError,
     BatchError,
     DeviceError,
     DtypeError,
     KernelInputError,
+    MetadataError,
     ShapeError,
     UnsupportedError,
 )
 from .reference import paged_prefill_attention_reference, write_kv_cache_reference
 
 __all__ = [
+    "ArgumentTypeError",
     "BACKENDS",
     "BackendError",
     "BatchError",
     "DeviceError",
     "DtypeError",
     "KernelInputError",
+    "MetadataError",
     "PagedBatch",
     "ShapeError",
     "UnsupportedError",

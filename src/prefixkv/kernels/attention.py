@@ -1,9 +1,11 @@
 """Triton paged prefix-prefill attention: one kernel for prefill, chunked prefill and decode.
 
-Grid: ``(total_q // BLOCK_Q + batch, num_kv_heads, num_splits)``; a program finds its
+Grid: ``(total_q // BLOCK_Q + batch + 2, num_kv_heads, num_splits)``; a program finds its
 request by searching ``cu_seqlens_q`` on the device, so the grid comes from tensor shapes
 only. With ``num_splits > 1`` (few programs: long-context decode) each program attends one
 slice of its keys and a second kernel merges the slices (``split_kv``).
+Metadata values are never trusted: ``cu_seqlens_q``, ``seqused_k`` and block ids are
+clamped into the tensors given, in registers (docs/kv_layout.md, "Untrusted metadata").
 A tile holds ``BLOCK_Q`` query positions x the ``GROUP_P2`` query heads of one KV head
 (GQA packing: the group's heads share every K/V load). Keys are read through the block
 table one slot at a time, so any block_size works.
@@ -15,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .checked import check_attention_values
 from .interpreter import backport_scalar_index
 from .fp8 import is_fp8, unit_scale
 from .split_kv import _split_phases, combine_splits, split_workspaces
@@ -35,9 +38,15 @@ def _tanh(x):
 
 
 @triton.jit
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
 def _attend_tile(
     acc, l_i, m_i, q, pos, d, d_ok, start_n, phase_hi,
-    k_base, v_base, bt_row, stride_bc, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+    k_base, v_base, bt_row, last_block,
+    stride_bc, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
     qk_scale, softcap_log2, window_left, window_right,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
@@ -54,17 +63,21 @@ def _attend_tile(
             blk_b = tl.load(bt_row + b * stride_bc, mask=b * BLOCK_SIZE < phase_hi, other=0)
         else:
             blk_b = tl.load(bt_row + b * stride_bc)
+        blk_b = tl.minimum(blk_b.to(tl.uint32), last_block).to(tl.int64)[:, None]  # [NB, 1], clamped as below
         slot = tl.arange(0, BLOCK_SIZE)[None, :]  # [1, BLOCK_SIZE]
-        k_off = tl.reshape(blk_b.to(tl.int64)[:, None] * stride_kb + slot * stride_ks, [BLOCK_N])
-        v_off = tl.reshape(blk_b.to(tl.int64)[:, None] * stride_vb + slot * stride_vs, [BLOCK_N])
+        k_off = tl.reshape(blk_b * stride_kb + slot * stride_ks, [BLOCK_N])
+        v_off = tl.reshape(blk_b * stride_vb + slot * stride_vs, [BLOCK_N])
     else:
         if MASKED:
             blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc, mask=col_ok, other=0)
         else:
             blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc)
+        # A bad id reads a wrong block, never outside the cache: as uint32 a negative id is
+        # above last_block, so one unsigned min clamps both ends (to the last block).
+        blk = tl.minimum(blk.to(tl.uint32), last_block).to(tl.int64)
         # int64 before the multiply: block * stride passes 2^31 in large caches.
-        k_off = blk.to(tl.int64) * stride_kb + (col % BLOCK_SIZE) * stride_ks  # [BLOCK_N]
-        v_off = blk.to(tl.int64) * stride_vb + (col % BLOCK_SIZE) * stride_vs  # [BLOCK_N]
+        k_off = blk * stride_kb + (col % BLOCK_SIZE) * stride_ks  # [BLOCK_N]
+        v_off = blk * stride_vb + (col % BLOCK_SIZE) * stride_vs  # [BLOCK_N]
     if MASKED or HEAD_DIM != DIM_P2:
         k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd,
                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # [DIM_P2, BLOCK_N]
@@ -101,9 +114,11 @@ def _attend_tile(
 
 
 # Ints that change from call to call are not specialised (Triton would otherwise compile a
-# variant for the value 1 and for multiples of 16): the batch, the split count, the block
-# table's width and the strides that follow total_q (the LSE and the split workspaces).
-@triton.jit(do_not_specialize=["stride_bt", "stride_lh", "stride_os", "stride_ls", "batch", "num_splits"])
+# variant for the value 1 and for multiples of 16): the batch, the split count, total_q,
+# the block table's width (stride_bt, kv_capacity), the strides that follow total_q (the
+# LSE and the split workspaces) and the cache's size (last_block: warm-up uses a small one).
+@triton.jit(do_not_specialize=["stride_bt", "stride_lh", "stride_os", "stride_ls", "batch", "num_splits",
+                               "total_q", "kv_capacity", "last_block"])
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_q_ptr, seqused_k_ptr, out_ptr, lse_ptr,
     sinks_ptr, k_scale_ptr, v_scale_ptr,
@@ -111,7 +126,8 @@ def _paged_prefill_kernel(
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_bt, stride_bc, stride_ot, stride_oh, stride_od, stride_lh, stride_lt, stride_os, stride_ls,
-    stride_ksc, stride_vsc, qk_scale, softcap_log2, window_left, window_right, batch, num_splits,
+    stride_ksc, stride_vsc, qk_scale, softcap_log2, window_left, window_right,
+    batch, num_splits, total_q, kv_capacity, last_block,
     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
@@ -121,18 +137,34 @@ def _paged_prefill_kernel(
     SEARCH: tl.constexpr = 64  # cu_seqlens_q entries read per step of the request search
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
-    # Find this program's request: request r owns tiles [cu_q[r] // BLOCK_Q + r, ...), so it is
-    # the number of requests whose first tile is <= pid, minus one; batch is a runtime int.
-    req = pid * 0 - 1
-    for r0 in range(0, batch, SEARCH):
-        r = r0 + tl.arange(0, SEARCH)  # [SEARCH]
-        cu = tl.load(cu_q_ptr + r, mask=r < batch, other=0)
-        req += tl.sum(((cu // BLOCK_Q + r <= pid) & (r < batch)).to(tl.int32), 0)
-    q_start = tl.load(cu_q_ptr + req)
-    q_len = tl.load(cu_q_ptr + req + 1) - q_start
-    tile = pid - (q_start // BLOCK_Q + req)
+    # q's rows in batch + 2 segments: | before cu_q[0] | request 0 | ... | request batch-1 | after |
+    # Segment s starts at bound[s]: cu_q[s-1] clamped to [0, total_q] and made non-decreasing,
+    # so the segments tile q's rows whatever cu_q holds; the two outer ones attend no key.
+    # Segment s owns tiles [bound[s] // BLOCK_Q + s, ...): this program's segment is the last
+    # one whose first tile is <= pid. batch is a runtime int: the scan reads SEARCH entries a
+    # step, carrying the running max; q_start / q_end are the bounds either side of pid.
+    seg = pid * 0 - 1
+    run = pid * 0  # largest bound so far
+    q_start = pid * 0
+    q_end = pid * 0 + total_q
+    for s0 in range(0, batch + 3, SEARCH):
+        s = s0 + tl.arange(0, SEARCH)  # [SEARCH]
+        live = s < batch + 3  # bound[batch + 2] = total_q ends the last segment
+        bound = tl.load(cu_q_ptr + s - 1, mask=(s >= 1) & (s <= batch + 1), other=0)
+        bound = tl.where(s > batch + 1, total_q, tl.minimum(tl.maximum(bound, 0), total_q))
+        bound = tl.maximum(tl.associative_scan(bound, 0, _max), run)
+        run = tl.max(tl.where(live, bound, 0), 0)
+        first_tile = tl.where(s < batch + 2, bound // BLOCK_Q + s, pid + 1)  # [SEARCH]
+        before = live & (first_tile <= pid)
+        seg += tl.sum(before.to(tl.int32), 0)
+        q_start = tl.maximum(q_start, tl.max(tl.where(before, bound, 0), 0))
+        q_end = tl.minimum(q_end, tl.min(tl.where(live & ~before, bound, total_q), 0))
+    q_len = q_end - q_start
+    req = tl.minimum(tl.maximum(seg - 1, 0), tl.maximum(batch - 1, 0))
+    tile = pid - (q_start // BLOCK_Q + seg)
     if tile * BLOCK_Q < q_len:
-        kv_len = tl.load(seqused_k_ptr + req)
+        kv_len = tl.load(seqused_k_ptr + req, mask=(seg >= 1) & (seg <= batch), other=0)
+        kv_len = tl.minimum(tl.maximum(kv_len, 0), kv_capacity)  # never past the block-table row
         # | cached prefix: kv_len - q_len | new tokens: q_len |; query i sits at key pos prefix + i
         prefix = kv_len - q_len
         m = tl.arange(0, BLOCK_M)  # [BLOCK_M] tile rows = (query position, head of the group)
@@ -179,9 +211,11 @@ def _paged_prefill_kernel(
         if HAS_SINKS:
             # The sink is a key of score sinks[head] (exp2 domain: * log2 e) and no value; it
             # starts the running max and sum, in split 0 only so the merge counts it once.
+            # Rows no request owns (the outer segments) get none: zeros and LSE -inf as without.
             sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634  # [BLOCK_M]
-            m_i = tl.where(split == 0, sink, m_i)
-            l_i = tl.where(split == 0, 1.0, l_i)
+            owned = (split == 0) & (seg >= 1) & (seg <= batch)
+            m_i = tl.where(owned, sink, m_i)
+            l_i = tl.where(owned, 1.0, l_i)
         if KV_FP8:
             qk_scale = qk_scale * tl.load(k_scale_ptr + kvh * stride_ksc)
         k_base = k_cache_ptr + kvh.to(tl.int64) * stride_kh
@@ -190,21 +224,21 @@ def _paged_prefill_kernel(
         # Phase 1: left edge of a sliding window, masked.
         for start_n in range(p1_lo, p1_hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
-                acc, l_i, m_i, q, pos, d, d_ok, start_n, p1_hi, k_base, v_base, bt_row, stride_bc,
+                acc, l_i, m_i, q, pos, d, d_ok, start_n, p1_hi, k_base, v_base, bt_row, last_block, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
         # Phase 2: cached prefix (and any keys all rows see), full tiles without a mask.
         for start_n in range(p2_lo, p2_hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
-                acc, l_i, m_i, q, pos, d, d_ok, start_n, p2_hi, k_base, v_base, bt_row, stride_bc,
+                acc, l_i, m_i, q, pos, d, d_ok, start_n, p2_hi, k_base, v_base, bt_row, last_block, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
         # Phase 3: new tokens on the diagonal, causal (bottom-right aligned), masked.
         for start_n in range(p3_lo, p3_hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
-                acc, l_i, m_i, q, pos, d, d_ok, start_n, p3_hi, k_base, v_base, bt_row, stride_bc,
+                acc, l_i, m_i, q, pos, d, d_ok, start_n, p3_hi, k_base, v_base, bt_row, last_block, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
@@ -241,6 +275,7 @@ def paged_prefill_attention_triton(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     config: TileConfig | None = None,
+    checked: bool = False,
 ):
     """Triton path of :func:`prefixkv.kernels.paged_prefill_attention` (same contract).
 
@@ -253,15 +288,18 @@ def paged_prefill_attention_triton(
     shape = check_attention(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, out=out,
-        sinks=sinks, k_scale=k_scale, v_scale=v_scale,
+        return_lse=return_lse, checked=checked, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
     )
+    if checked:
+        check_attention_values(block_table, cu_seqlens_q, seqused_k, shape.total_q, shape.num_blocks,
+                               shape.block_size)
     if out is None:
         out = torch.empty_like(q)
     cu_seqlens_q, seqused_k = cu_seqlens_q.contiguous(), seqused_k.contiguous()
     lse = None
     if return_lse:
         lse = torch.empty((shape.num_heads, shape.total_q), dtype=torch.float32, device=q.device)
-    if shape.total_q == 0 or shape.batch == 0:
+    if shape.total_q == 0:
         return (out, lse) if return_lse else out
     group = shape.group
     group_p2 = triton.next_power_of_2(group)
@@ -288,15 +326,16 @@ def paged_prefill_attention_triton(
         o_arg, lse_arg = out, (lse if lse is not None else out)  # lse: never written when RETURN_LSE is off
         split_strides, o_strides = (0, 0), out.stride()
         lse_strides = lse.stride() if lse is not None else (0, 0)
-    grid = (shape.total_q // block_q + shape.batch, shape.num_kv_heads, num_splits)
+    grid = (shape.total_q // block_q + shape.batch + 2, shape.num_kv_heads, num_splits)
     backport_scalar_index()  # the phase loops' bounds are loaded: triton 3.6's interpreter needs it
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, o_arg, lse_arg,
         q if sinks is None else sinks, k_scale_arg, v_scale_arg,  # q: a pointer never read
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(),
         *o_strides, *lse_strides, *split_strides,
-        *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale_arg, v_scale_arg)), qk_scale, softcap_log2, shape.window_left, shape.window_right,
-        shape.batch, num_splits,
+        *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale_arg, v_scale_arg)),
+        qk_scale, softcap_log2, shape.window_left, shape.window_right,
+        shape.batch, num_splits, shape.total_q, shape.max_blocks * shape.block_size, shape.num_blocks - 1,
         GROUP=group, GROUP_P2=group_p2, HEAD_DIM=shape.head_dim,
         DIM_P2=max(16, triton.next_power_of_2(shape.head_dim)), BLOCK_SIZE=shape.block_size,
         BLOCK_M=block_m, BLOCK_N=config.block_n,

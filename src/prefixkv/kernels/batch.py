@@ -30,12 +30,24 @@ __all__ = [
 _INT32_MAX = 2**31 - 1
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _sequence(name: str, values) -> list:
+    """``values`` as a list; a sequence is required (a one-shot iterator would be read
+    once by one builder and found empty by the next)."""
+    if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
+        raise BatchError(f"{name} must be a sequence (list, tuple, range), got {type(values).__name__}")
+    return list(values)
+
+
 def _counts(name: str, values: Sequence[int], batch: int | None = None) -> list[int]:
-    values = list(values)
+    values = _sequence(name, values)
     if batch is not None and len(values) != batch:
         raise BatchError(f"{name} has {len(values)} entries, expected one per request ({batch})")
     for v in values:
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= _INT32_MAX:
+        if not _is_int(v) or not 0 <= v <= _INT32_MAX:
             raise BatchError(f"{name} entries must be ints in [0, {_INT32_MAX}], got {v!r}")
     return values
 
@@ -54,11 +66,14 @@ def build_block_table(
     ``pad_id`` only has to be a valid int32.
 
     Raises:
-        BatchError: a block id or ``pad_id`` outside [0, 2^31 - 1], or a row longer than
+        BatchError: ``block_ids`` or a row of it not a sequence, a block id or ``pad_id``
+            outside [0, 2^31 - 1], ``max_blocks`` not an int >= 1, or a row longer than
             ``max_blocks``.
     """
-    rows = [_counts(f"block_ids[{i}]", ids) for i, ids in enumerate(block_ids)]
+    rows = [_counts(f"block_ids[{i}]", ids) for i, ids in enumerate(_sequence("block_ids", block_ids))]
     _counts("pad_id", [pad_id])
+    if max_blocks is not None and (not _is_int(max_blocks) or max_blocks < 1):
+        raise BatchError(f"max_blocks must be None or an int >= 1, got {max_blocks!r}")
     longest = max((len(r) for r in rows), default=0)
     width = max(longest, 1) if max_blocks is None else max_blocks
     if longest > width:
@@ -73,7 +88,8 @@ def build_cu_seqlens_q(num_new: Sequence[int], *, device: torch.device | str | N
     """``[batch + 1]`` int32 prefix sums of the new-token counts, from 0.
 
     Raises:
-        BatchError: a negative or non-int count, or a total above 2^31 - 1.
+        BatchError: ``num_new`` not a sequence, a negative or non-int count, or a total
+            above 2^31 - 1.
     """
     counts = _counts("num_new", num_new)
     cu = torch.zeros(len(counts) + 1, dtype=torch.int64)
@@ -89,7 +105,8 @@ def build_seqused_k(
     """``[batch]`` int32 keys per request: cached prefix plus new tokens.
 
     Raises:
-        BatchError: mismatched lengths, negative counts, or a sum above 2^31 - 1.
+        BatchError: an argument not a sequence, mismatched lengths, negative or non-int
+            counts, or a sum above 2^31 - 1.
     """
     new = _counts("num_new", num_new)
     done = _counts("num_computed", num_computed, len(new))
@@ -115,13 +132,14 @@ def build_slot_mapping(
     real tokens (``pad_to``) are ``-1``, which :func:`write_kv_cache` skips.
 
     Raises:
-        BatchError: mismatched lengths, ``block_size < 1``, a request whose tokens do
-            not fit in its blocks, or ``pad_to`` below the number of new tokens.
+        BatchError: an argument not a sequence (rows included), mismatched lengths,
+            ``block_size`` not an int >= 1, a request whose tokens do not fit in its
+            blocks, or ``pad_to`` not an int at least the number of new tokens.
     """
     table = build_block_table(block_ids)
     new = _counts("num_new", num_new, table.shape[0])
     done = _counts("num_computed", num_computed, table.shape[0])
-    if not isinstance(block_size, int) or block_size < 1:
+    if not _is_int(block_size) or block_size < 1:
         raise BatchError(f"block_size must be an int >= 1, got {block_size!r}")
     for i, (ids, a, b) in enumerate(zip(block_ids, done, new)):
         if a + b > len(ids) * block_size:
@@ -131,8 +149,8 @@ def build_slot_mapping(
             )
     total = sum(new)
     size = total if pad_to is None else pad_to
-    if size < total:
-        raise BatchError(f"pad_to {pad_to} < {total} new tokens")
+    if not _is_int(size) or size < total:
+        raise BatchError(f"pad_to must be None or an int >= {total} (the new tokens), got {pad_to!r}")
     slots = torch.full((size,), -1, dtype=torch.int64)
     if total:
         new_t = torch.tensor(new, dtype=torch.int64)

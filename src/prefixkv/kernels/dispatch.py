@@ -14,8 +14,9 @@ from collections.abc import Iterator
 
 import torch
 
-from .errors import BackendError
+from .errors import ArgumentTypeError, BackendError, DeviceError
 from .reference import paged_prefill_attention_reference, write_kv_cache_reference
+from .validation import check_tensors
 
 __all__ = ["BACKENDS", "write_kv_cache", "paged_prefill_attention", "use_backend", "resolve_backend"]
 
@@ -26,7 +27,7 @@ _default_backend: contextvars.ContextVar[str] = contextvars.ContextVar("prefixkv
 
 
 def _check_name(backend: str) -> str:
-    if backend not in BACKENDS:
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise BackendError(f"backend {backend!r} is not one of {BACKENDS}")
     return backend
 
@@ -45,16 +46,30 @@ def use_backend(backend: str) -> Iterator[None]:
         _default_backend.reset(token)
 
 
-def resolve_backend(backend: str | None, device: torch.device) -> str:
+def _device(device: torch.device | str) -> torch.device:
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise ArgumentTypeError(f"device must be a torch.device or a str, got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise DeviceError(f"device {device!r} is not a device torch knows: {e}") from None
+
+
+def resolve_backend(backend: str | None, device: torch.device | str) -> str:
     """The backend (``"triton"`` or ``"torch"``) a call on ``device`` takes.
 
     ``None`` means the innermost :func:`use_backend`, else ``"auto"``: Triton on CUDA
-    tensors, the torch reference elsewhere.
+    tensors, the torch reference elsewhere. ``device`` is a ``torch.device`` or its name.
 
     Raises:
         BackendError: unknown name, or ``"triton"`` on CPU tensors without
             ``TRITON_INTERPRET=1`` (Triton cannot compile for the CPU).
+        ArgumentTypeError: ``device`` is neither a ``torch.device`` nor a str.
+        DeviceError: ``device`` is a str torch cannot parse.
     """
+    device = _device(device)
     name = _check_name(_default_backend.get() if backend is None else backend)
     if name == "auto":
         return "triton" if device.type == "cuda" else "torch"
@@ -79,6 +94,7 @@ def write_kv_cache(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     backend: str | None = None,
+    checked: bool = False,
 ) -> None:
     """Write each new token's K and V into its cache slot, in place.
 
@@ -93,19 +109,26 @@ def write_kv_cache(
             :mod:`prefixkv.kernels.fp8` for the error bound.
         slot_mapping: ``[num_tokens]`` int64 (or int32); token t goes to block
             ``slot // block_size``, row ``slot % block_size``; ``-1`` skips the token
-            (padding). Slots must be below ``num_blocks * block_size`` (not checked on
-            the device) and distinct, or the last writer wins in no defined order.
+            (padding), and so does any slot outside ``[0, num_blocks * block_size)``
+            (named by ``checked=True``). Slots should be distinct, or the last writer
+            wins in no defined order.
         backend: ``"auto"``, ``"triton"`` or ``"torch"``; see :func:`resolve_backend`.
+        checked: read ``slot_mapping`` on the host (a device synchronisation) and raise
+            on a slot outside ``[-1, num_blocks * block_size)``, before any write.
 
     Raises:
         ShapeError, DtypeError, DeviceError, UnsupportedError: bad tensors, before any write.
+        ArgumentTypeError: a tensor argument is not a ``torch.Tensor``.
+        MetadataError: ``checked=True`` and a slot is out of range, before any write.
         BackendError: see :func:`resolve_backend`.
     """
+    check_tensors(k_cache=k_cache)
+    args = (key, value, k_cache, v_cache, slot_mapping)
     if resolve_backend(backend, k_cache.device) == "triton":
         from .write_kv import write_kv_cache_triton
 
-        return write_kv_cache_triton(key, value, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
-    return write_kv_cache_reference(key, value, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+        return write_kv_cache_triton(*args, k_scale=k_scale, v_scale=v_scale, checked=checked)
+    return write_kv_cache_reference(*args, k_scale=k_scale, v_scale=v_scale, checked=checked)
 
 
 def paged_prefill_attention(
@@ -128,6 +151,7 @@ def paged_prefill_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     backend: str | None = None,
+    checked: bool = False,
 ):
     """Attention of a varlen batch of new tokens over their paged, cached prefix and themselves.
 
@@ -141,9 +165,15 @@ def paged_prefill_attention(
         k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, q's dtype,
             or fp8 (``float8_e4m3fn``/``float8_e5m2``) with q fp16 or bf16.
         block_table: ``[batch, max_blocks]`` int32; row i lists request i's block ids in
-            order; entries past ``ceil(seqused_k[i] / block_size)`` are never read.
+            order; entries past ``ceil(seqused_k[i] / block_size)`` are never read. An
+            id outside ``[0, num_blocks)`` reads block ``num_blocks - 1`` instead (a
+            wrong block, never memory outside the cache).
         cu_seqlens_q: ``[batch + 1]`` int32, non-decreasing from 0 to ``total_q``.
-        seqused_k: ``[batch]`` int32, keys per request (cached prefix + new tokens).
+            Otherwise each entry is clamped to ``[0, total_q]`` and raised to the
+            largest entry before it; rows of q no request then owns get zeros and LSE
+            ``-inf``.
+        seqused_k: ``[batch]`` int32, keys per request (cached prefix + new tokens),
+            clamped to ``[0, max_blocks * block_size]``.
         max_seqlen_q, max_seqlen_k: host ints bounding ``q_len`` and ``seqused_k``; they
             size the tiles and are never checked against the device values.
         softmax_scale: default ``head_dim ** -0.5``.
@@ -160,6 +190,8 @@ def paged_prefill_attention(
         k_scale, v_scale: fp8 caches only, as in :func:`write_kv_cache`: K and V are
             read as ``cache * scale`` (None: 1).
         backend: ``"auto"``, ``"triton"`` or ``"torch"``; see :func:`resolve_backend`.
+        checked: read ``block_table``, ``cu_seqlens_q`` and ``seqused_k`` on the host (a
+            device synchronisation, not for CUDA graphs) and raise instead of clamping.
 
     Returns:
         ``out``, or ``(out, lse)`` with ``return_lse``. A query row that attends no key
@@ -167,12 +199,17 @@ def paged_prefill_attention(
         never NaN.
 
     Raises:
-        ShapeError, DtypeError, DeviceError, UnsupportedError: bad arguments, before any write.
+        ShapeError, DtypeError, DeviceError, UnsupportedError: bad arguments (also a flag
+            that is not a bool, a float option that is a bool), before any write.
+        ArgumentTypeError: a tensor argument is not a ``torch.Tensor``.
+        MetadataError: ``checked=True`` and a metadata value is out of range (see
+            ``checked``), naming the request and the value, before any write.
         BackendError: see :func:`resolve_backend`.
     """
+    check_tensors(q=q)
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k)
     kwargs = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-                  out=out, return_lse=return_lse, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
+                  out=out, return_lse=return_lse, sinks=sinks, k_scale=k_scale, v_scale=v_scale, checked=checked)
     if resolve_backend(backend, q.device) == "triton":
         from .attention import paged_prefill_attention_triton
 

@@ -1,7 +1,9 @@
 """Errors raised by the kernels package for caller mistakes.
 
 Every error is a ``ValueError`` subclass raised before any tensor is written, and its
-message carries the offending numbers and the valid choices.
+message carries the offending numbers and the valid choices. All but ``MetadataError``
+come from shapes, dtypes, devices and Python values, so raising them never reads a
+tensor; ``MetadataError`` comes only from checked mode (``checked=True``), which does.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ __all__ = [
     "UnsupportedError",
     "BackendError",
     "BatchError",
+    "MetadataError",
+    "ArgumentTypeError",
 ]
 
 
@@ -38,7 +42,8 @@ class DeviceError(KernelInputError):
 
 
 class UnsupportedError(KernelInputError):
-    """A scalar option is out of range (head_dim, window, softcap, scale, ...)."""
+    """A scalar option is out of range or of the wrong type (head_dim, window, softcap,
+    scale, a flag that is not a bool, ...)."""
 
 
 class BackendError(KernelInputError):
@@ -47,3 +52,14 @@ class BackendError(KernelInputError):
 
 class BatchError(KernelInputError):
     """Per-request block ids and lengths that cannot describe a batch (see ``batch.py``)."""
+
+
+class MetadataError(KernelInputError):
+    """Checked mode only: a value inside a metadata tensor (a slot, a block id, a length,
+    a ``cu_seqlens_q`` entry) lies outside what the other tensors allow. The message names
+    the request (or token) and the value."""
+
+
+class ArgumentTypeError(KernelInputError, TypeError):
+    """An argument is not of an accepted Python type (a list where a tensor is expected,
+    a device that is neither a ``torch.device`` nor a str); also a ``TypeError``."""

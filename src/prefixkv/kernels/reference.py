@@ -1,14 +1,17 @@
 """Pure-torch reference of the kernels: the test oracle and the CPU fallback.
 
-Same signatures and the same argument checks as the Triton path. Attention is computed
-per request in fp32 on a gathered contiguous copy of its keys and values, so it is slow
-and reads lengths on the host; it is written to be obviously right, not fast.
+Same signatures, the same argument checks and the same answer to untrusted metadata as
+the Triton path (clamped lengths, bad block ids read as the last block, skipped slots, zero rows outside
+``cu_seqlens_q``; docs/kv_layout.md). Attention is computed per request in fp32 on a
+gathered contiguous copy of its keys and values, so it is slow and reads lengths on the
+host; it is written to be obviously right, not fast.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .checked import check_attention_values, check_slot_values
 from .fp8 import dequantize, quantize
 from .validation import check_attention, check_write_kv
 
@@ -24,11 +27,14 @@ def write_kv_cache_reference(
     *,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    checked: bool = False,
 ) -> None:
     """Reference of :func:`prefixkv.kernels.write_kv_cache` (same contract)."""
-    check_write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    block_size = k_cache.shape[1]
-    keep = slot_mapping >= 0
+    check_write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale, checked=checked)
+    num_blocks, block_size = k_cache.shape[:2]
+    if checked:
+        check_slot_values(slot_mapping, num_blocks, block_size)
+    keep = (slot_mapping >= 0) & (slot_mapping < num_blocks * block_size)
     slots = slot_mapping[keep].to(torch.int64)
     blocks, offsets = slots // block_size, slots % block_size
     k_cache[blocks, offsets] = quantize(key[keep], k_scale, k_cache.dtype)
@@ -55,6 +61,16 @@ def _mask(q_len: int, kv_len: int, left: int, right: int, device: torch.device) 
     return allowed
 
 
+def _row_bounds(cu_seqlens_q: list[int], total_q: int) -> list[int]:
+    """``cu_seqlens_q`` as the kernel reads it: each entry clamped to ``[0, total_q]``,
+    then raised to the largest entry before it, so requests own disjoint rows of q."""
+    bounds, top = [], 0
+    for c in cu_seqlens_q:
+        top = max(top, min(max(c, 0), total_q))
+        bounds.append(top)
+    return bounds
+
+
 def paged_prefill_attention_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -71,6 +87,7 @@ def paged_prefill_attention_reference(
     softcap: float = 0.0,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    checked: bool = False,
     sinks: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
@@ -84,14 +101,19 @@ def paged_prefill_attention_reference(
     shape = check_attention(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, out=out,
-        sinks=sinks, k_scale=k_scale, v_scale=v_scale,
+        return_lse=return_lse, checked=checked, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
     )
+    bs, group = shape.block_size, shape.group
+    if checked:
+        check_attention_values(block_table, cu_seqlens_q, seqused_k, shape.total_q, shape.num_blocks, bs)
     if out is None:
         out = torch.empty_like(q)
     lse = torch.full((shape.num_heads, shape.total_q), float("-inf"), dtype=torch.float32, device=q.device)
-    bs, group = shape.block_size, shape.group
-    starts = cu_seqlens_q.tolist()
-    kv_lens = seqused_k.tolist()
+    starts = _row_bounds(cu_seqlens_q.tolist(), shape.total_q)
+    out[: starts[0]] = 0  # rows no request owns
+    out[starts[-1]:] = 0
+    capacity = shape.max_blocks * bs
+    kv_lens = [min(max(n, 0), capacity) for n in seqused_k.tolist()]
     for i in range(shape.batch):
         q_lo, q_hi, kv_len = starts[i], starts[i + 1], kv_lens[i]
         q_len = q_hi - q_lo
@@ -99,9 +121,13 @@ def paged_prefill_attention_reference(
             continue
         n_blk = -(-kv_len // bs)
         blocks = block_table[i, :n_blk].to(torch.int64)
+        last = shape.num_blocks - 1
+        blocks = torch.where((blocks < 0) | (blocks > last), last, blocks)  # as the kernel: the last block
         # [kv_len, num_kv_heads, head_dim] -> [num_heads, kv_len, head_dim]
-        k = dequantize(k_cache[blocks].flatten(0, 1)[:kv_len], k_scale).repeat_interleave(group, dim=1).transpose(0, 1)
-        v = dequantize(v_cache[blocks].flatten(0, 1)[:kv_len], v_scale).repeat_interleave(group, dim=1).transpose(0, 1)
+        k = dequantize(k_cache[blocks].flatten(0, 1)[:kv_len], k_scale)  # fp32, scales applied
+        v = dequantize(v_cache[blocks].flatten(0, 1)[:kv_len], v_scale)
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1)
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
         qi = q[q_lo:q_hi].float().transpose(0, 1)  # [num_heads, q_len, head_dim]
         s = qi @ k.transpose(1, 2) * shape.softmax_scale  # [num_heads, q_len, kv_len]
         if shape.softcap > 0:

@@ -1,7 +1,8 @@
 """Argument checks shared by every backend, so that all of them reject the same calls.
 
 Only shapes, dtypes, devices and Python scalars are inspected: nothing here reads a
-tensor's values, so the checks never synchronise with the device.
+tensor's values, so the checks never synchronise with the device (checked mode, which
+does, lives in ``checked.py``).
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import DeviceError, DtypeError, ShapeError, UnsupportedError
+from .errors import ArgumentTypeError, DeviceError, DtypeError, ShapeError, UnsupportedError
 from .fp8 import FP8_DTYPES, QUERY_DTYPES, check_scale, is_fp8
 
-__all__ = ["AttentionShape", "check_write_kv", "check_attention", "check_sinks", "CACHE_DTYPES", "MAX_HEAD_DIM"]
+__all__ = [
+    "AttentionShape", "check_write_kv", "check_attention", "check_sinks", "check_tensors", "check_flags",
+    "CACHE_DTYPES", "MAX_HEAD_DIM",
+]
 
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, *FP8_DTYPES)
 MAX_HEAD_DIM = 256
@@ -43,6 +47,33 @@ class AttentionShape:
     def group(self) -> int:
         """Query heads sharing one KV head (1: MHA, num_heads: MQA)."""
         return self.num_heads // self.num_kv_heads
+
+
+def check_tensors(**tensors) -> None:
+    """Each keyword argument is a ``torch.Tensor``.
+
+    Raises:
+        ArgumentTypeError: naming the first that is not.
+    """
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_flags(**flags) -> None:
+    """Each keyword argument is a ``bool`` (not merely truthy: ``causal="no"`` is a mistake).
+
+    Raises:
+        UnsupportedError: naming the first that is not.
+    """
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise UnsupportedError(f"{name} must be True or False, got {value!r}")
+
+
+def _real(value) -> bool:
+    """An int or float that is not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _same_device(name: str, t: torch.Tensor, device: torch.device) -> None:
@@ -87,8 +118,12 @@ def check_write_kv(
     slot_mapping: torch.Tensor,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    *,
+    checked: bool = False,
 ) -> None:
     """Validate a ``write_kv_cache`` call; see :func:`prefixkv.kernels.write_kv_cache`."""
+    check_tensors(key=key, value=value, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    check_flags(checked=checked)
     _check_caches(k_cache, v_cache)
     _, _, num_kv_heads, head_dim = k_cache.shape
     for name, t in (("key", key), ("value", value)):
@@ -147,11 +182,18 @@ def check_attention(
     window_size,
     softcap: float,
     out: torch.Tensor | None,
+    return_lse: bool = False,
+    checked: bool = False,
     sinks: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
 ) -> AttentionShape:
     """Validate a ``paged_prefill_attention`` call and return its sizes and options."""
+    check_tensors(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                  cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k)
+    if out is not None:
+        check_tensors(out=out)
+    check_flags(causal=causal, return_lse=return_lse, checked=checked)
     _check_caches(k_cache, v_cache)
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     if q.dim() != 3 or q.shape[2] != head_dim:
@@ -183,9 +225,9 @@ def check_attention(
         )
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
-    if not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale) and softmax_scale > 0):
+    if not (_real(softmax_scale) and math.isfinite(softmax_scale) and softmax_scale > 0):
         raise UnsupportedError(f"softmax_scale must be a finite float > 0, got {softmax_scale!r}")
-    if not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap >= 0):
+    if not (_real(softcap) and math.isfinite(softcap) and softcap >= 0):
         raise UnsupportedError(f"softcap must be a finite float >= 0 (0: off), got {softcap!r}")
     left, right = _window(window_size, causal)
     if out is not None:

@@ -6,27 +6,29 @@ import torch
 import triton
 import triton.language as tl
 
+from .checked import check_slot_values
 from .fp8 import is_fp8, unit_scale
 from .validation import check_write_kv
 
 __all__ = ["write_kv_cache_triton"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])  # the cache's size: warm-up uses a small one
 def _write_kv_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, stride_slot, k_scale_ptr, v_scale_ptr,
     stride_kt, stride_kh, stride_kd,
     stride_vt, stride_vh, stride_vd,
     stride_cb, stride_cs, stride_ch, stride_cd,
     stride_db, stride_ds, stride_dh, stride_dd,
-    stride_ksc, stride_vsc, block_size,
+    stride_ksc, stride_vsc, block_size, num_slots,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEADS_P2: tl.constexpr, DIM_P2: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
     # One program per token: the whole [num_kv_heads, head_dim] row of K and of V.
     token = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_ptr + token).to(tl.int64)
-    if slot >= 0:  # slot -1: padding token, nothing to write
+    slot = tl.load(slot_ptr + token * stride_slot).to(tl.int64)
+    # -1: a padding token; any other slot outside the cache is skipped too (checked mode names it).
+    if (slot >= 0) & (slot < num_slots):
         block = slot // block_size
         offset = slot % block_size
         h = tl.arange(0, HEADS_P2)[:, None]  # [HEADS_P2, 1]
@@ -57,18 +59,21 @@ def write_kv_cache_triton(
     *,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    checked: bool = False,
 ) -> None:
     """Triton path of :func:`prefixkv.kernels.write_kv_cache` (same contract)."""
-    check_write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    check_write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale, checked=checked)
+    num_blocks, block_size, num_heads, head_dim = k_cache.shape
+    if checked:
+        check_slot_values(slot_mapping, num_blocks, block_size)
     num_tokens = key.shape[0]
     if num_tokens == 0:
         return
-    _, block_size, num_heads, head_dim = k_cache.shape
     k_scale, v_scale = (unit_scale(key.device) if t is None else t for t in (k_scale, v_scale))
     _write_kv_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale,
+        key, value, k_cache, v_cache, slot_mapping, slot_mapping.stride(0), k_scale, v_scale,
         *key.stride(), *value.stride(), *k_cache.stride(), *v_cache.stride(),
-        *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale, v_scale)), block_size,
+        *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale, v_scale)), block_size, num_blocks * block_size,
         NUM_HEADS=num_heads, HEAD_DIM=head_dim,
         HEADS_P2=triton.next_power_of_2(num_heads), DIM_P2=triton.next_power_of_2(head_dim),
         FP8_MAX=float(torch.finfo(k_cache.dtype).max) if is_fp8(k_cache.dtype) else 0.0,
