@@ -154,3 +154,15 @@ def test_kernel_benchmarks_import_only_the_shared_helpers():
             assert not imported & set(scripts), f"helper {name} imports a benchmark"
     defined = [p.stem for p in scripts.values() if "prefix=8192, q_len=2048" in p.read_text()]
     assert defined == ["kernel_problems"]
+
+
+def test_fp8_capacity_doubles_blocks_and_replays_pressure(tmp_path):
+    run = _run("--scale", "0.1", "--out-dir", str(tmp_path), script=SCRIPT.parent / "fp8_capacity.py")
+    assert run.returncode == 0, run.stderr
+    result = json.loads((tmp_path / "fp8-capacity.json").read_text())
+    cap = result["capacity"]
+    assert cap["bfloat16"]["blocks_per_gib"] == 512 and cap["float8_e4m3fn"]["blocks_per_gib"] == 1024
+    runs = result["pressure"]["runs"]
+    assert runs["float8_e4m3fn"]["pool_blocks"] == 2 * runs["bfloat16"]["pool_blocks"]
+    assert runs["float8_e4m3fn"]["hit_rate"] >= runs["bfloat16"]["hit_rate"]
+    assert "## Blocks per GiB" in (tmp_path / "fp8-capacity.md").read_text()
