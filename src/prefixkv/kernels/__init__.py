@@ -25,20 +25,25 @@ from .errors import (
     ShapeError,
     UnsupportedError,
 )
+from .fp8 import FP8_DTYPES
 from .reference import paged_prefill_attention_reference, write_kv_cache_reference
+from .variants import AttentionSpec, attention_variants, warmup
 
 __all__ = [
     "ArgumentTypeError",
+    "AttentionSpec",
     "BACKENDS",
     "BackendError",
     "BatchError",
     "DeviceError",
     "DtypeError",
+    "FP8_DTYPES",
     "KernelInputError",
     "MetadataError",
     "PagedBatch",
     "ShapeError",
     "UnsupportedError",
+    "attention_variants",
     "build_block_table",
     "build_cu_seqlens_q",
     "build_paged_batch",
@@ -48,6 +53,7 @@ __all__ = [
     "paged_prefill_attention_reference",
     "resolve_backend",
     "use_backend",
+    "warmup",
     "write_kv_cache",
     "write_kv_cache_reference",
 ]

@@ -283,7 +283,7 @@ def paged_prefill_attention_triton(
     ``config.num_splits`` (None: :func:`choose_num_splits`) forces the number of key splits.
     The launch reads no tensor value on the host (no synchronisation); its compiled variant
     depends only on the model's shapes and options, ``max_seqlen_q`` (tile size) and
-    whether keys are split (see :mod:`prefixkv.kernels.warmup`).
+    whether keys are split (see :mod:`prefixkv.kernels`).
     """
     shape = check_attention(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,

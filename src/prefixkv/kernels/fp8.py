@@ -24,6 +24,7 @@ from .errors import DeviceError, DtypeError, ShapeError, UnsupportedError
 __all__ = ["FP8_DTYPES", "RELATIVE_ERROR", "check_scale", "dequantize", "is_fp8", "quantize", "unit_scale"]
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+"""The fp8 cache dtypes: a cache of either takes ``k_scale`` / ``v_scale`` and fp16/bf16 queries."""
 RELATIVE_ERROR = {torch.float8_e4m3fn: 2.0**-4, torch.float8_e5m2: 2.0**-3}
 """Largest relative rounding error of one normal element (half an ulp)."""
 QUERY_DTYPES = (torch.float16, torch.bfloat16)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefixkv.kernels.warmup import AttentionSpec, attention_variants, warmup
+from prefixkv.kernels import AttentionSpec, attention_variants, warmup
 
 from .conftest import PRIMARY_DEVICE
 
@@ -37,7 +37,7 @@ CHILD = textwrap.dedent("""
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
     from prefixkv.kernels import attention, split_kv, tiling, write_kv
-    from prefixkv.kernels.warmup import AttentionSpec, warmup
+    from prefixkv.kernels import AttentionSpec, warmup
 
     backend = make_backend(GPUTarget("cuda", 90, 32))
     keys = []

@@ -27,6 +27,7 @@ HAS_SINKS, KV_FP8
 
 The batch size no longer appears in any constexpr: the kernel finds each program's
 request by scanning ``cu_seqlens_q`` in steps of 64 entries up to the runtime ``batch``.
+Triton is imported only when a function here runs (like the rest of the package).
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ from dataclasses import dataclass
 
 import torch
 
-from . import tiling
-from .tiling import MAX_SPLIT_Q, MIN_KEYS_PER_SPLIT, TileConfig, choose_tiles
 
 __all__ = ["AttentionSpec", "attention_variants", "warmup"]
 
@@ -68,13 +67,16 @@ class AttentionSpec:
     return_lse: bool = False
 
 
-def attention_variants(spec: AttentionSpec, on_gpu: bool) -> list[tuple[tuple | None, TileConfig]]:
-    """Every (window, TileConfig with its num_splits: 1 or 2) a call of ``spec`` can compile.
+def attention_variants(spec: AttentionSpec, on_gpu: bool) -> list:
+    """Every ``(window, TileConfig)`` a call of ``spec`` can compile (``num_splits`` 1 or 2).
 
-    One tile per distinct :func:`choose_tiles` pick over ``max_seqlen_q`` = 1, 2, 4, ...
+    One tile per distinct ``choose_tiles`` pick over ``max_seqlen_q`` = 1, 2, 4, ...
     up to ``max_num_batched_tokens``; tiles of decode-like calls also come split (any
     count compiles the same variant), when ``max_model_len`` leaves two splits room.
+    ``on_gpu``: the tiles of CUDA launches (else the interpreter's).
     """
+    from .tiling import MAX_SPLIT_Q, MIN_KEYS_PER_SPLIT, choose_tiles
+
     group = spec.num_heads // spec.num_kv_heads
     elem = torch.empty(0, dtype=spec.dtype).element_size()
     q_bound = max(1, min(spec.max_num_batched_tokens, spec.max_model_len))
@@ -111,6 +113,7 @@ def warmup(spec: AttentionSpec, device: torch.device | str) -> int:
     Raises:
         KernelInputError: ``spec`` describes calls the kernels reject (same checks).
     """
+    from . import tiling
     from .attention import paged_prefill_attention_triton
     from .write_kv import write_kv_cache_triton
 
