@@ -42,7 +42,8 @@ def attended_pairs(q_len: int, kv_len: int) -> int:
 
 def prefill_flops(cfg: dict) -> int:
     """FLOPs of one call on a ``make_problem`` shape: ``4 * head_dim`` per attended pair and head."""
-    return 4 * cfg["heads"] * cfg["head_dim"] * cfg["batch"] * attended_pairs(cfg["q_len"], cfg["prefix"] + cfg["q_len"])
+    pairs = attended_pairs(cfg["q_len"], cfg["prefix"] + cfg["q_len"])
+    return 4 * cfg["heads"] * cfg["head_dim"] * cfg["batch"] * pairs
 
 
 def git_commit() -> str:
