@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefixkv.kernels.tiling import TileConfig, choose_tiles
+from prefixkv.kernels.tiling import TileConfig, choose_tiles, per_block_ids, version_at_least
 
 from .cases import check, make_case
 from .conftest import PRIMARY_DEVICE
@@ -60,3 +60,14 @@ def test_ctas_per_sm_never_exceeds_the_committed_compile_report():
         assert tile.ctas_per_sm <= r["blocks_per_sm"], (r["name"], tile, r["blocks_per_sm"])
         checked += tile.ctas_per_sm > 1
     assert checked >= 5
+
+
+def test_per_block_ids_only_for_whole_block_tiles_on_triton_3_8_and_later():
+    import triton
+
+    new = version_at_least(triton.__version__, (3, 8))
+    assert per_block_ids(False, 64, 16) is new and per_block_ids(False, 128, 128) is new
+    assert not per_block_ids(True, 64, 16)  # a left window: tiles start anywhere
+    assert not per_block_ids(False, 64, 5) and not per_block_ids(False, 64, 128)
+    assert version_at_least("3.8.0+git1234", (3, 8)) and version_at_least("4.0.0", (3, 8))
+    assert not version_at_least("3.7.1", (3, 8)) and not version_at_least("dev", (3, 8))

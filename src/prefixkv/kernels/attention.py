@@ -22,7 +22,7 @@ from .interpreter import backport_scalar_index
 from .fp8 import is_fp8, unit_scale
 from .split_kv import _split_phases, combine_splits, split_workspaces
 from . import tiling
-from .tiling import TileConfig, choose_num_splits, choose_tiles, sm_count
+from .tiling import TileConfig, choose_num_splits, choose_tiles, per_block_ids, sm_count
 from .validation import check_attention
 
 __all__ = ["paged_prefill_attention_triton"]
@@ -50,13 +50,14 @@ def _attend_tile(
     qk_scale, softcap_log2, window_left, window_right,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, PER_BLOCK_IDS: tl.constexpr,
 ):
     col = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
     col_ok = col < phase_hi if MASKED else col >= 0  # [BLOCK_N]; never load past the phase (or kv_len)
-    if (not HAS_LEFT) and BLOCK_N % BLOCK_SIZE == 0:
-        # Tiles start on multiples of BLOCK_N here, so a tile is whole blocks: one block id per
-        # block, [NB] -> [NB, BLOCK_SIZE] -> [BLOCK_N], instead of one per key.
+    if PER_BLOCK_IDS:
+        # No left window and BLOCK_N % BLOCK_SIZE == 0: tiles start on multiples of BLOCK_N,
+        # so a tile is whole blocks: one block id per block, [NB] -> [NB, BLOCK_SIZE] ->
+        # [BLOCK_N], instead of one per key.
         NB: tl.constexpr = BLOCK_N // BLOCK_SIZE
         b = start_n // BLOCK_SIZE + tl.arange(0, NB)  # [NB]
         if MASKED:
@@ -132,6 +133,7 @@ def _paged_prefill_kernel(
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     KV_FP8: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+    PER_BLOCK_IDS: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_P2
     SEARCH: tl.constexpr = 64  # cu_seqlens_q entries read per step of the request search
@@ -227,21 +229,24 @@ def _paged_prefill_kernel(
                 acc, l_i, m_i, q, pos, d, d_ok, start_n, p1_hi, k_base, v_base, bt_row, last_block, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION,
+                PER_BLOCK_IDS)
         # Phase 2: cached prefix (and any keys all rows see), full tiles without a mask.
         for start_n in range(p2_lo, p2_hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
                 acc, l_i, m_i, q, pos, d, d_ok, start_n, p2_hi, k_base, v_base, bt_row, last_block, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION,
+                PER_BLOCK_IDS)
         # Phase 3: new tokens on the diagonal, causal (bottom-right aligned), masked.
         for start_n in range(p3_lo, p3_hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
                 acc, l_i, m_i, q, pos, d, d_ok, start_n, p3_hi, k_base, v_base, bt_row, last_block, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION,
+                PER_BLOCK_IDS)
 
         # Rows (or splits) that attended nothing: output 0, LSE -inf.
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -343,6 +348,7 @@ def paged_prefill_attention_triton(
         SOFTCAP=shape.softcap > 0, HAS_SINKS=sinks is not None, KV_FP8=kv_fp8,
         RETURN_LSE=return_lse or num_splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None, SPLIT=num_splits > 1,
+        PER_BLOCK_IDS=per_block_ids(shape.window_left >= 0, config.block_n, shape.block_size),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if num_splits > 1:

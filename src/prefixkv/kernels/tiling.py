@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass
 
 import triton
 
-__all__ = ["TileConfig", "choose_num_splits", "choose_tiles", "gpu_tiles", "interpreting", "sm_count"]
+__all__ = ["TileConfig", "choose_num_splits", "choose_tiles", "gpu_tiles", "interpreting", "per_block_ids", "sm_count"]
 
 DEFAULT_SM_COUNT = 132  # H100 SXM: the split heuristic's SM count for non-CUDA tensors
 MAX_SPLITS = 64
@@ -26,6 +27,27 @@ MAX_SPLIT_Q = 16  # splits only for decode-like calls (speculative decode includ
 # caches (benchmarks/results/kernels-sm90-compile.md; a test keeps this table at or below
 # the committed report). Tiles not listed count 1.
 CTAS_PER_SM = {(16, 64): 5, (16, 128): 3, (16, 256): 3, (32, 256): 2}
+
+
+PER_BLOCK_IDS_FROM = (3, 8)  # first triton that still pipelines K/V loads behind per-block ids
+
+
+@functools.cache
+def version_at_least(version: str, minimum: tuple[int, int]) -> bool:
+    """``"3.8.0"`` (or ``"3.8.0+git..."``) is at least ``(3, 8)``; an unreadable version is not."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return match is not None and tuple(map(int, match.groups())) >= minimum
+
+
+def per_block_ids(left_window: bool, block_n: int, block_size: int) -> bool:
+    """Whether the kernel loads one block id per block of a key tile rather than per key.
+
+    Only when tiles are whole blocks (no left window, so tiles start on multiples of
+    ``block_n``, and ``block_n % block_size == 0``) and on triton >= 3.8: on 3.6 and 3.7
+    the reshape of the ids into keys stops the software pipeliner (the K/V loads become
+    synchronous: 1342 SASS instructions per decode tile instead of 454; sm_90 compile).
+    """
+    return not left_window and block_n % block_size == 0 and version_at_least(triton.__version__, PER_BLOCK_IDS_FROM)
 
 
 def interpreting() -> bool:
