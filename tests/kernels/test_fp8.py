@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from prefixkv.kernels import (
+    ArgumentTypeError,
+    DeviceError,
     DtypeError,
     ShapeError,
     UnsupportedError,
@@ -141,7 +143,9 @@ def test_attention_on_fp8_cache(dtype, per_head, config):
     (dict(k_scale=torch.ones(3)), ShapeError),
     (dict(v_scale=torch.ones(2, dtype=torch.float64)), DtypeError),
     (dict(k_scale=torch.ones(2), cache_dtype=torch.float16), UnsupportedError),
-], ids=["shape", "dtype", "not-fp8"])
+    (dict(v_scale=torch.ones(2, device="meta")), DeviceError),
+    (dict(k_scale=0.5), ArgumentTypeError),
+], ids=["shape", "dtype", "not-fp8", "device", "not-a-tensor"])
 def test_bad_fp8_arguments_are_rejected(kwargs, error):
     cache_dtype, q_dtype = kwargs.pop("cache_dtype", torch.float8_e4m3fn), kwargs.pop("q_dtype", torch.float16)
     case = make_case([2], [5], num_kv_heads=2, group=1, device="cpu")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefixkv.kernels import DeviceError, DtypeError, ShapeError, paged_prefill_attention_reference
+from prefixkv.kernels import ArgumentTypeError, DeviceError, DtypeError, ShapeError, paged_prefill_attention_reference
 from prefixkv.kernels.tiling import TileConfig
 
 from .cases import check, make_case
@@ -59,7 +59,8 @@ def test_kernel_large_sinks_dominate_and_small_ones_vanish():
     (torch.zeros(4, 1), ShapeError),
     (torch.zeros(4, dtype=torch.float16), DtypeError),
     (torch.zeros(4, device="meta"), DeviceError),
-], ids=["heads", "rank", "dtype", "device"])
+    ([0.0] * 4, ArgumentTypeError),
+], ids=["heads", "rank", "dtype", "device", "list"])
 def test_bad_sinks_are_rejected(sinks, error):
     case = make_case([2], [5], num_kv_heads=2, group=2, device="cpu")
     with pytest.raises(error, match="sinks"):

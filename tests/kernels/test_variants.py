@@ -137,3 +137,13 @@ def test_warmup_launches_each_variant_here():
                          max_num_seqs=4, max_num_batched_tokens=64, max_model_len=1024,
                          cache_dtype=torch.float8_e5m2, kv_scales="tensor", sinks=True, windows=(None, (31, 0)))
     assert warmup(spec, PRIMARY_DEVICE) == 1 + len(attention_variants(spec, on_gpu=PRIMARY_DEVICE == "cuda"))
+
+
+@pytest.mark.usefixtures("needs_triton")
+def test_warmup_rejects_a_spec_the_kernels_reject():
+    from prefixkv.kernels import ShapeError
+
+    spec = AttentionSpec(num_heads=6, num_kv_heads=4, head_dim=32, block_size=16, dtype=torch.float16,
+                         max_num_seqs=4, max_num_batched_tokens=64, max_model_len=1024)
+    with pytest.raises(ShapeError, match="multiple of num_kv_heads"):
+        warmup(spec, PRIMARY_DEVICE)

@@ -19,7 +19,7 @@ import functools
 
 import torch
 
-from .errors import DeviceError, DtypeError, ShapeError, UnsupportedError
+from .errors import ArgumentTypeError, DeviceError, DtypeError, ShapeError, UnsupportedError
 
 __all__ = ["FP8_DTYPES", "RELATIVE_ERROR", "check_scale", "dequantize", "is_fp8", "quantize", "unit_scale"]
 
@@ -42,12 +42,15 @@ def check_scale(name: str, scale: torch.Tensor | None, cache: torch.Tensor) -> N
     cache's device; only an fp8 cache takes one.
 
     Raises:
+        ArgumentTypeError: a scale that is not a ``torch.Tensor``.
         UnsupportedError: a scale for a cache that is not fp8.
         ShapeError, DtypeError: wrong shape or dtype.
         DeviceError: on another device than the cache.
     """
     if scale is None:
         return
+    if not isinstance(scale, torch.Tensor):
+        raise ArgumentTypeError(f"{name} must be None or a torch.Tensor, got {type(scale).__name__}")
     if not is_fp8(cache.dtype):
         raise UnsupportedError(f"{name} applies to fp8 caches only ({FP8_DTYPES}); this cache is {cache.dtype}")
     num_kv_heads = cache.shape[2]

@@ -250,10 +250,12 @@ def check_sinks(sinks: torch.Tensor | None, q: torch.Tensor) -> None:
     """Validate attention sinks: None, or an fp32 ``[num_heads]`` tensor on q's device.
 
     Raises:
+        ArgumentTypeError: not a ``torch.Tensor``.
         ShapeError, DtypeError, DeviceError: wrong shape, dtype or device.
     """
     if sinks is None:
         return
+    check_tensors(sinks=sinks)
     if sinks.dim() != 1 or sinks.shape[0] != q.shape[1]:
         raise ShapeError(f"sinks must be [num_heads] = [{q.shape[1]}], got {tuple(sinks.shape)}")
     if sinks.dtype != torch.float32:
