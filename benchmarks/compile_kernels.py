@@ -29,6 +29,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -192,6 +193,7 @@ def compile_config(name: str, mods: dict) -> dict:
         row.update(parse_ptxas(log), ok=True, shared=md.shared, num_warps=md.num_warps, num_stages=md.num_stages)
         row["blocks_per_sm"] = occupancy(row["n_regs"], md.num_warps, md.shared)
         ptx = kernel.asm["ptx"]
+        row["ptx_fp8_cvt"] = sorted(set(re.findall(r"cvt\.[a-z0-9.]*(?:e4m3|e5m2)[a-z0-9.]*", ptx)))  # fp8 casts
         row["mma"] = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "none"
         row["loop_loads"] = loads = loop_loads(kernel.asm["ttgir"])
         row["pipelined"] = (loads["async"] + loads["tma"] > 0 and loads["sync"] == 0) if any(loads.values()) else None

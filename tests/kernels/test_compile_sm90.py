@@ -20,9 +20,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "compile_kernels.py"
-# The SPEC section 4 prefill shape, decode, the head_dim 256 tile that once spilled, and
-# split-KV decode (1 x 32k: the attention kernel with 17 splits, then the combine kernel).
-CONFIGS = ("prefill-spec", "decode", "prefill-d256", "decode-split-32k", "decode-split-32k-combine")
+# The SPEC section 4 prefill shape, decode, the head_dim 256 tile that once spilled,
+# split-KV decode (1 x 32k: the attention kernel with 33 splits, then the combine kernel),
+# and the fp8 paths (the interpreter runs them too, but only a compile shows the lowering).
+CONFIGS = ("prefill-spec", "decode", "prefill-d256", "decode-split-32k", "decode-split-32k-combine",
+           "prefill-fp8-e4m3fn", "decode-split-32k-sinks-fp8", "write_kv-fp8-e4m3fn")
 
 
 BASELINE = ROOT / "benchmarks" / "results" / "kernels-sm90-compile.json"
@@ -88,6 +90,13 @@ def test_kv_loads_are_pipelined(compiled, name):
 
 def test_prefill_dots_are_wgmma(compiled):
     assert compiled["prefill-spec"]["mma"] == compiled["prefill-d256"]["mma"] == "wgmma"
+    assert compiled["prefill-fp8-e4m3fn"]["mma"] == "wgmma"  # fp8 K/V widened to bf16 in registers
+
+
+def test_fp8_paths_lower_and_stay_pipelined(compiled):
+    for name in ("prefill-fp8-e4m3fn", "decode-split-32k-sinks-fp8"):
+        assert compiled[name]["pipelined"], (name, compiled[name]["loop_loads"])
+    assert "cvt.rn.satfinite.e4m3x2.f32" in compiled["write_kv-fp8-e4m3fn"]["ptx_fp8_cvt"]
 
 
 def test_loop_loads_counts_tile_loads_inside_loops_only():
