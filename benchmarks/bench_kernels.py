@@ -10,10 +10,9 @@ and device-to-device copy GB/s), then times:
 * split-KV decode: 1 and 4 requests x 32k context, with the heuristic's splits and unsplit.
 
 Results go to ``benchmarks/results/kernels-<device>.json`` and ``.md`` with the device,
-git commit, versions and shapes. ``--tune`` instead times TileConfig candidates for the
-SPEC shape, decode and split decode (``benchmarks/tune_kernels.py``) and writes
-``tune-<device>.json`` and ``.md``. ``--smoke`` runs tiny shapes through the Triton
-interpreter on a CPU, only to prove the script works (no timings worth reading).
+git commit, versions and shapes. ``--smoke`` runs tiny shapes through the Triton
+interpreter on a CPU, only to prove the script works (no timings worth reading). Tile
+tuning is ``tune_kernels.py``; the shapes and timer live in ``kernel_problems.py``.
 
 FLOPs count only the (query, key) pairs attended: with bottom-right causal alignment,
 query i of a request with ``kv_len`` keys and ``q_len`` queries sees
@@ -25,14 +24,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import platform
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from kernel_problems import (ROOT, SMOKE, SPEC_DECODE, SPEC_PREFILL, SPLIT_DECODE, Timer, make_problem,
+                             open_session, prefill_flops, with_device)
 
 
 def parse_args(argv):
@@ -40,47 +36,7 @@ def parse_args(argv):
     p.add_argument("--smoke", action="store_true", help="tiny shapes through the Triton interpreter (CPU ok)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--no-sweep", action="store_true", help="skip the prefix x q_len sweep")
-    p.add_argument("--tune", action="store_true", help="time TileConfig candidates instead (tune_kernels.py)")
-    p.add_argument("--tune-budget-s", type=float, default=330.0, help="wall-clock budget of the whole tune")
-    p.add_argument("--tune-shapes", nargs="+", choices=("prefill", "decode", "split_decode"),
-                   help="tune only these shapes")
-    p.add_argument("--jobs", type=int, default=None,
-                   help="processes compiling tune candidates ahead (default: up to 8 on CUDA, 0 on CPU)")
     return p.parse_args(argv)
-
-
-def attended_pairs(q_len: int, kv_len: int) -> int:
-    """(query, key) pairs of one request under bottom-right causal masking."""
-    prefix = kv_len - q_len
-    return q_len * prefix + q_len * (q_len + 1) // 2
-
-
-def git_commit() -> str:
-    """HEAD (with -dirty when the kernels changed), else $PREFIXKV_COMMIT (a copy without .git)."""
-    fallback = os.environ.get("PREFIXKV_COMMIT", "unknown")
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src/prefixkv/kernels"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-        return rev + ("-dirty" if dirty else "") if rev else fallback
-    except OSError:
-        return fallback
-
-
-def make_problem(torch, kernels, *, batch, prefix, q_len, heads, kv_heads, head_dim, block_size, dtype, device):
-    """Random paged problem: every request has ``prefix`` cached + ``q_len`` new tokens."""
-    kv_len = prefix + q_len
-    n_blk = -(-kv_len // block_size)
-    perm = torch.randperm(batch * n_blk).tolist()  # scattered blocks, as after real churn
-    ids = [perm[i * n_blk:(i + 1) * n_blk] for i in range(batch)]
-    shape = (batch * n_blk, block_size, kv_heads, head_dim)
-    k_cache = torch.randn(shape, dtype=dtype, device=device)
-    v_cache = torch.randn(shape, dtype=dtype, device=device)
-    step = kernels.build_paged_batch(ids, [prefix] * batch, [q_len] * batch, block_size, device=device)
-    q = torch.randn(batch * q_len, heads, head_dim, dtype=dtype, device=device)
-    args = (q, k_cache, v_cache, step.block_table, step.cu_seqlens_q, step.seqused_k,
-            step.max_seqlen_q, step.max_seqlen_k)
-    return args, ids
 
 
 def dense_sdpa(torch, args, ids, *, batch, q_len, kv_len, heads, kv_heads):
@@ -95,22 +51,6 @@ def dense_sdpa(torch, args, ids, *, batch, q_len, kv_len, heads, kv_heads):
     qd = q.view(batch, q_len, heads, -1).transpose(1, 2)
     mask = causal_lower_right(q_len, kv_len)
     return lambda: F.scaled_dot_product_attention(qd, k, v, attn_mask=mask)
-
-
-class Timer:
-    """Median milliseconds of a call: CUDA events via triton's do_bench, or wall clock."""
-
-    def __init__(self, cuda: bool, warmup: int = 25, rep: int = 100):
-        self.cuda, self.warmup, self.rep = cuda, warmup, rep  # do_bench's milliseconds
-
-    def __call__(self, fn) -> float:
-        if self.cuda:
-            from triton.testing import do_bench
-
-            return float(do_bench(fn, warmup=self.warmup, rep=self.rep, return_mode="median"))
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
 
 
 def device_ceilings(torch, timer):
@@ -129,7 +69,7 @@ def run_case(torch, kernels, timer, cfg, *, reference, sdpa):
     """Time one prefill shape; returns a result row."""
     args, ids = make_problem(torch, kernels, **cfg)
     kv_len = cfg["prefix"] + cfg["q_len"]
-    flops = 4 * cfg["heads"] * cfg["head_dim"] * cfg["batch"] * attended_pairs(cfg["q_len"], kv_len)
+    flops = prefill_flops(cfg)
     out = torch.empty_like(args[0])
     fn = lambda: kernels.paged_prefill_attention(*args, out=out, backend="triton")  # noqa: E731
     row = {k: v for k, v in cfg.items() if k not in ("dtype", "device")}
@@ -180,23 +120,21 @@ def run_decode(torch, kernels, timer, cfg, num_splits=None):
 def shapes(smoke: bool, device: str, torch):
     """The SPEC shape, sweep and decode configs (tiny ones for --smoke)."""
     if smoke:
-        base = dict(heads=4, kv_heads=2, head_dim=64, block_size=16, dtype=torch.float16, device=device)
+        base = with_device(SMOKE, device, torch)
         return (dict(batch=2, prefix=40, q_len=24, **base),
                 [dict(batch=1, prefix=p, q_len=q, **base) for p in (0, 33) for q in (1, 17)],
                 dict(batch=3, prefix=50, q_len=1, **base))
-    base = dict(heads=32, kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16, device=device)
-    sweep = [dict(batch=max(1, min(64, 8192 // q)), prefix=p, q_len=q, **base)
+    spec, decode = with_device(SPEC_PREFILL, device, torch), with_device(SPEC_DECODE, device, torch)
+    sweep = [dict(spec, batch=max(1, min(64, 8192 // q)), prefix=p, q_len=q)
              for p in (0, 1024, 4096, 16384, 32768) for q in (1, 16, 128, 1024, 8192)]
-    return dict(batch=8, prefix=8192, q_len=2048, **base), sweep, dict(batch=64, prefix=8191, q_len=1, **base)
+    return spec, sweep, decode
 
 
 def split_shapes(smoke: bool, device: str, torch):
     """Long-context decode with few requests: the heuristic splits the keys (SM count 132: 17, 5)."""
     if smoke:
-        return [dict(batch=1, prefix=599, q_len=1, heads=4, kv_heads=2, head_dim=64, block_size=16,
-                     dtype=torch.float16, device=device)]
-    return [dict(batch=b, prefix=32767, q_len=1, heads=32, kv_heads=8, head_dim=128, block_size=16,
-                 dtype=torch.bfloat16, device=device) for b in (1, 4)]
+        return [dict(batch=1, prefix=599, q_len=1, **with_device(SMOKE, device, torch))]
+    return [dict(with_device(SPLIT_DECODE, device, torch), batch=b) for b in (1, 4)]
 
 
 def write_results(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
@@ -234,28 +172,13 @@ def write_results(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
 
 def main(argv=None) -> int:
     opts = parse_args(argv)
-    import torch
-
-    cuda = torch.cuda.is_available()
-    if not cuda and not opts.smoke:
-        print("bench_kernels: needs a CUDA GPU (none found). Use --smoke for a tiny CPU run through the "
-              "Triton interpreter that only checks the script works.", file=sys.stderr)
+    session = open_session("bench_kernels", opts.smoke)
+    if session is None:
         return 2
-    if not cuda:
-        os.environ["TRITON_INTERPRET"] = "1"  # before prefixkv.kernels pulls in any @triton.jit
-    sys.path.insert(0, str(ROOT / "src"))
-    import triton
-
-    import prefixkv.kernels as kernels
-
+    torch, kernels, cuda, meta, slug = session
     device = "cuda" if cuda else "cpu"
     timer = Timer(cuda)
     spec, sweep, decode = shapes(opts.smoke, device, torch)
-    name = torch.cuda.get_device_name() if cuda else f"cpu-interpreter ({platform.machine()})"
-    slug = "smoke" if opts.smoke else "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
-    meta = {"device": name, "commit": git_commit(), "torch": torch.__version__, "triton": triton.__version__}
-    if opts.tune:
-        return tune(opts, torch, kernels, cuda, meta, slug)
     result = dict(meta, smoke=opts.smoke, ceilings=device_ceilings(torch, timer) if cuda else {})
     result["spec_shape"] = run_case(torch, kernels, timer, spec, reference=True, sdpa=cuda)
     if cuda:
@@ -269,19 +192,6 @@ def main(argv=None) -> int:
     result["split_decode"] = [dict(run_decode(torch, kernels, timer, cfg), unsplit=run_decode(
         torch, kernels, timer, cfg, num_splits=1)) for cfg in split_shapes(opts.smoke, device, torch)]
     jpath, mpath = write_results(result, opts.out_dir, slug)
-    print(mpath.read_text())
-    print(f"wrote {jpath} and {mpath}")
-    return 0
-
-
-def tune(opts, torch, kernels, cuda: bool, meta: dict, slug: str) -> int:
-    """``--tune``: benchmarks/tune_kernels.py over the SPEC shape, decode and split decode."""
-    import tune_kernels
-
-    jobs = opts.jobs if opts.jobs is not None else (min(8, max(1, (os.cpu_count() or 2) - 2)) if cuda else 0)
-    result = tune_kernels.run_tune(torch, kernels, cuda=cuda, smoke=opts.smoke, budget_s=opts.tune_budget_s,
-                                   jobs=jobs, only=opts.tune_shapes, meta=meta)
-    jpath, mpath = tune_kernels.write_tune(result, opts.out_dir, slug)
     print(mpath.read_text())
     print(f"wrote {jpath} and {mpath}")
     return 0

@@ -34,15 +34,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SM90 = ("cuda", 90, 32)
-# Hopper limits (CUDA C Programming Guide, compute capability 9.0).
-MAX_REGS_PER_THREAD, REGS_PER_SM, MAX_WARPS_PER_SM, MAX_BLOCKS_PER_SM = 255, 65536, 64, 32
-SMEM_PER_SM, SMEM_PER_BLOCK, SMEM_RESERVED_PER_BLOCK = 228 * 1024, 227 * 1024, 1024
+from kernel_problems import ROOT, SPEC_DECODE, SPEC_PREFILL, SPLIT_DECODE
+from kernel_static import (MAX_REGS_PER_THREAD, MAX_WARPS_PER_SM, SMEM_PER_BLOCK, loop_loads, occupancy,
+                           parse_ptxas, static_report)
 
-SPEC = dict(kind="attn", heads=32, kv_heads=8, head_dim=128, block_size=16, dtype="bfloat16",
-            batch=8, q_len=2048, prefix=8192)
-DECODE = dict(SPEC, batch=64, q_len=1, prefix=8191)
+SM90 = ("cuda", 90, 32)
+SPEC = dict(SPEC_PREFILL, kind="attn")
+DECODE = dict(SPEC_DECODE, kind="attn")
 CONFIGS = {
     "prefill-spec": SPEC,
     "decode": DECODE,
@@ -60,12 +58,19 @@ CONFIGS = {
     "decode-all-switches": dict(DECODE, softcap=50.0, window_size=(4095, 0), return_lse=True),
     "prefill-noncausal-block5": dict(SPEC, block_size=5, causal=False),
     # Split-KV decode (the heuristic picks 17 and 5 splits); "-combine": the merge kernel.
-    "decode-split-32k": (SPLIT := dict(SPEC, batch=1, q_len=1, prefix=32767)),
+    "decode-split-32k": (SPLIT := dict(SPLIT_DECODE, kind="attn")),
     "decode-split-32k-combine": dict(SPLIT, kernel="combine"),
     "decode-split-32k-b4": dict(SPLIT, batch=4),
     "decode-split-32k-all-switches": dict(SPLIT, softcap=50.0, window_size=(4095, 0), return_lse=True),
     "decode-split-32k-lse-combine": dict(SPLIT, return_lse=True, kernel="combine"),
     "decode-split-32k-d256-fp16": dict(SPLIT, head_dim=256, dtype="float16"),
+    # fp8 caches (q and output bf16), per-KV-head scales; attention sinks.
+    **{f"{n}-fp8-{f}": dict(c, cache_dtype=f"float8_{f}", scales="head") for n, c in
+       (("prefill", SPEC), ("decode", DECODE)) for f in ("e4m3fn", "e5m2")},
+    "prefill-sinks": dict(SPEC, sinks=True),
+    "decode-split-32k-sinks-fp8": dict(SPLIT, sinks=True, cache_dtype="float8_e4m3fn", scales="tensor"),
+    "write_kv-fp8-e4m3fn": dict(kind="write_kv", kv_heads=8, head_dim=128, block_size=16, dtype="bfloat16",
+                                cache_dtype="float8_e4m3fn", scales="head", tokens=2048),
     "write_kv": dict(kind="write_kv", kv_heads=8, head_dim=128, block_size=16, dtype="bfloat16", tokens=2048),
     "write_kv-d80-fp16": dict(kind="write_kv", kv_heads=8, head_dim=80, block_size=16, dtype="float16", tokens=2048),
     "write_kv-d256-h1": dict(kind="write_kv", kv_heads=1, head_dim=256, block_size=16, dtype="bfloat16", tokens=64),
@@ -101,29 +106,38 @@ def record_launch(mods, cfg: dict):
     import torch
 
     dt = getattr(torch, cfg["dtype"])
+    cdt = getattr(torch, cfg.get("cache_dtype", cfg["dtype"]))
     meta = dict(device="meta")
     kvh, d, bs = cfg["kv_heads"], cfg["head_dim"], cfg["block_size"]
+    extra = {}
+    if "scales" in cfg:
+        n_scales = kvh if cfg["scales"] == "head" else 1
+        extra = dict(k_scale=torch.empty(n_scales, **meta), v_scale=torch.empty(n_scales, **meta))
+    if cfg.get("sinks"):
+        extra["sinks"] = torch.empty(cfg["heads"], **meta)
     if cfg["kind"] == "write_kv":
         mod, attr = mods["write_kv"], "_write_kv_kernel"
         n = cfg["tokens"]
-        cache = torch.empty(-(-n // bs) + 1, bs, kvh, d, dtype=dt, **meta)
+        cache = torch.empty(-(-n // bs) + 1, bs, kvh, d, dtype=cdt, **meta)
         args = (torch.empty(n, kvh, d, dtype=dt, **meta), torch.empty(n, kvh, d, dtype=dt, **meta),
                 cache, torch.empty_like(cache), torch.empty(n, dtype=torch.int64, **meta))
-        call, kwargs = mod.write_kv_cache_triton, {}
+        call, kwargs = mod.write_kv_cache_triton, extra
     else:
         mod, attr = mods["attention"], "_paged_prefill_kernel"
         from prefixkv.kernels.tiling import choose_tiles
 
         b, q_len, kv_len = cfg["batch"], cfg["q_len"], cfg["prefix"] + cfg["q_len"]
         n_blk = -(-kv_len // bs)
-        cache = torch.empty(b * n_blk, bs, kvh, d, dtype=dt, **meta)
+        cache = torch.empty(b * n_blk, bs, kvh, d, dtype=cdt, **meta)
         args = (torch.empty(b * q_len, cfg["heads"], d, dtype=dt, **meta), cache, torch.empty_like(cache),
                 torch.empty(b, n_blk, dtype=torch.int32, **meta), torch.empty(b + 1, dtype=torch.int32, **meta),
                 torch.empty(b, dtype=torch.int32, **meta), q_len, kv_len)
+        window = cfg.get("window_size") is not None and cfg["window_size"][0] >= 0
         tiles = choose_tiles(group=cfg["heads"] // kvh, head_dim=d, max_seqlen_q=q_len, on_gpu=True,
-                             elem_bytes=args[0].element_size())
+                             elem_bytes=args[0].element_size(), window=window,
+                             return_lse=cfg.get("return_lse", False))
         kwargs = dict(config=tiles, causal=cfg.get("causal", True), window_size=cfg.get("window_size"),
-                      softcap=cfg.get("softcap", 0.0), return_lse=cfg.get("return_lse", False))
+                      softcap=cfg.get("softcap", 0.0), return_lse=cfg.get("return_lse", False), **extra)
         call = mod.paged_prefill_attention_triton
     stubs = [(mod, attr)] + ([(mods["split_kv"], "_combine_splits_kernel")] if cfg["kind"] == "attn" else [])
     saved = {name: getattr(m, name) for m, name in stubs}
@@ -165,54 +179,6 @@ def compile_launch(jit_fn, args, kwargs, target_tuple=SM90):
     return kernel, log.getvalue()
 
 
-def parse_ptxas(log: str) -> dict:
-    """Registers, spill bytes and stack frame from a ``ptxas -v`` log."""
-    regs = re.search(r"Used (\d+) registers", log)
-    spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    if not regs or not spill:
-        raise RuntimeError(f"no resource usage in the ptxas log:\n{log[-2000:]}")
-    stack, stores, loads = map(int, spill.groups())
-    return {"n_regs": int(regs.group(1)), "n_spills": stores + loads, "spill_stores": stores,
-            "spill_loads": loads, "stack_frame": stack}
-
-
-_TILE = r"tensor<\d+x\d+x"  # a 2-D (tile) operand; block-table and q loads are 1-D or outside loops
-_LOOP_LOADS = {"async": re.compile(r"ttg\.async_copy_global_to_local .*: " + _TILE),
-               "tma": re.compile(r"ttng\.async_tma_copy_global_to_local"),
-               "sync": re.compile(r"= tt\.load .*: " + _TILE)}
-
-
-def loop_loads(ttgir: str) -> dict:
-    """2-D loads inside ``scf.for`` bodies of the TTGIR, by kind.
-
-    Triton's software pipeliner turns a loop's ``tt.load`` of a ``tl.dot`` operand into
-    ``ttg.async_copy_global_to_local`` (``cp.async``) issued in an earlier iteration, or
-    into a TMA copy; a load it leaves alone stays ``tt.load`` (issued and awaited in its
-    own iteration). Regions open on a line ending in ``{`` and close on one starting
-    with ``}``, so a stack of open regions tells whether a line is inside a loop.
-    """
-    counts, regions = dict.fromkeys(_LOOP_LOADS, 0), []
-    for line in ttgir.splitlines():
-        text = line.strip()
-        if text.startswith("}") and regions:
-            regions.pop()
-        if "for" in regions:
-            for kind, pattern in _LOOP_LOADS.items():
-                counts[kind] += bool(pattern.search(text))
-        if text.endswith("{"):
-            regions.append("for" if "scf.for" in text else "other")
-    return counts
-
-
-def occupancy(n_regs: int, num_warps: int, shared: int) -> int:
-    """Resident blocks per SM (estimate, occupancy-calculator rules for cc 9.0): registers
-    go per warp in units of 256, each block also reserves 1 KiB of shared memory."""
-    per_warp = -(-n_regs * 32 // 256) * 256
-    by_regs = (REGS_PER_SM // per_warp) // num_warps
-    by_smem = SMEM_PER_SM // (shared + SMEM_RESERVED_PER_BLOCK)
-    return min(by_regs, by_smem, MAX_WARPS_PER_SM // num_warps, MAX_BLOCKS_PER_SM)
-
-
 def compile_config(name: str, mods: dict) -> dict:
     """Compile one entry of :data:`CONFIGS` for sm_90; a result row (``ok`` False on error)."""
     cfg = CONFIGS[name]
@@ -227,9 +193,15 @@ def compile_config(name: str, mods: dict) -> dict:
         row.update(parse_ptxas(log), ok=True, shared=md.shared, num_warps=md.num_warps, num_stages=md.num_stages)
         row["blocks_per_sm"] = occupancy(row["n_regs"], md.num_warps, md.shared)
         ptx = kernel.asm["ptx"]
+        row["ptx_fp8_cvt"] = sorted(set(re.findall(r"cvt\.[a-z0-9.]*(?:e4m3|e5m2)[a-z0-9.]*", ptx)))  # fp8 casts
         row["mma"] = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "none"
         row["loop_loads"] = loads = loop_loads(kernel.asm["ttgir"])
         row["pipelined"] = (loads["async"] + loads["tma"] > 0 and loads["sync"] == 0) if any(loads.values()) else None
+        c = row["constexprs"]
+        if "BLOCK_N" in c and cfg.get("kernel") != "combine":  # the attention kernel's key loops
+            row["sass"] = static_report(kernel.asm["cubin"], kernel.asm["ttgir"], Path(jit_fn.fn.__code__.co_filename),
+                                        block_m=c["BLOCK_M"], block_n=c["BLOCK_N"], dim=c["DIM_P2"],
+                                        num_warps=md.num_warps, mma=row["mma"])
     except Exception as exc:  # noqa: BLE001  a failed compile is a result, reported per config
         row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[-1500:]}")
     row["compile_s"] = round(time.perf_counter() - start, 2)
@@ -268,11 +240,29 @@ def markdown(result: dict, reading: str = "") -> str:
     for r in rows:
         c = r.get("constexprs", {})
         tile = f"{c['BLOCK_M']} x {c['BLOCK_N']}" if "BLOCK_M" in c else "-"
-        tile += f" ({c['NUM_SPLITS']} splits)" if c.get("NUM_SPLITS", 1) > 1 else ""
+        tile += f" ({r['grid'][2]} splits)" if c.get("SPLIT") else ""
         cells = ([r["n_regs"], r["n_spills"], r["shared"], r["blocks_per_sm"], r["blocks_per_sm"] * r["num_warps"],
                   r["mma"], pipelining(r)] if r["ok"] else ["-"] * 7)
         lines.append(f"| {r['name']} | {'ok' if r['ok'] else '**error**'} | {tile} | {r.get('num_warps', '-')} | "
                      f"{r.get('num_stages', '-')} | " + " | ".join(map(str, cells)) + f" | {r['compile_s']} |")
+    lines += ["", "## Key loops in the SASS (per CTA, per key tile)", "",
+              "Instructions of one pass of each phase loop of the attention kernel (`nvdisasm` of the cubin; "
+              "phase 2: cached prefix, no mask; phase 3: diagonal, masked; phase 1: left window edge, masked), "
+              "scaled to 64 keys; MMA and MUFU.EX2 per warp per tile; K/V ring: shared-memory buffers of "
+              "the cp.async pipeline. Clocks per tile on one H100 SM: MMA (FLOPs / 4096 per clock for "
+              "wgmma, 2048 assumed for mma.sync), issue (instructions x warps / 4 schedulers), exp2 "
+              "(MUFU.EX2 x warps x 32 / 16 per clock); the bound is the largest, and % of peak is the "
+              "wgmma clocks over it (the 989 TFLOP/s this loop could reach if memory and latency never "
+              "stalled it).", "",
+              "| config | loop | instr/tile | instr/64 keys | mma | ex2 | K/V ring | clocks mma / issue / ex2 "
+              "| bound | % of H100 peak |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for loop, t in (r.get("sass") or {}).get("loops", {}).items():
+            clk = t["clocks"]
+            lines.append(f"| {r['name']} | {loop}{' (masked)' if t['masked'] else ''} | {t['instructions']} | "
+                         f"{t['per_64_keys']} | {t['mma']} | {t['ex2']} | {r['sass']['kv_ring']} | "
+                         f"{clk['mma']:.0f} / {clk['issue']:.0f} / {clk['ex2']:.0f} | {t['bound']} | "
+                         f"{100 * t['peak_fraction']:.1f} |")
     lines += ["", "## Flags (computed)", ""]
     lines += [f"- `{r['name']}`: " + "; ".join(flags(r)) for r in rows if r["ok"] and flags(r)] or ["- none"]
     lines += [f"- `{r['name']}`: **error** `{r['error'][:600]}`" for r in rows if not r["ok"]]

@@ -10,7 +10,7 @@
 #   tests  python3 -m pytest tests/kernels on CUDA: TRITON_INTERPRET unset, so conftest
 #          runs the compiled kernels (bf16 included); pytest-xdist/-timeout when present
 #   bench  benchmarks/bench_kernels.py: SPEC shape, sweep, decode, split decode
-#   tune   benchmarks/bench_kernels.py --tune, its budget cut to the time that is left
+#   tune   benchmarks/tune_kernels.py, its budget cut to the time that is left
 # Everything goes to $OUT (unset: benchmarks/results): gpu-session.log (all output) and
 # the kernels-<device>.json/.md and tune-<device>.json/.md of the two scripts, 5 files.
 # --smoke runs the same steps on tiny shapes (the interpreter without a GPU; tests: only
@@ -94,8 +94,8 @@ step_tune() {
     local limit=$1 jobs=()
     [ -n "${TUNE_JOBS:-}" ] && jobs=(--jobs "$TUNE_JOBS")
     # The tune stops itself inside its budget; the margin covers start-up and writing.
-    "$PY" benchmarks/bench_kernels.py --tune "${SMOKE_FLAG[@]}" "${jobs[@]}" \
-        --tune-budget-s $((limit > 90 ? limit - 40 : limit / 2)) --out-dir "$OUT"
+    "$PY" benchmarks/tune_kernels.py "${SMOKE_FLAG[@]}" "${jobs[@]}" \
+        --budget-s $((limit > 90 ? limit - 40 : limit / 2)) --out-dir "$OUT"
 }
 
 run_step() {

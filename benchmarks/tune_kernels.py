@@ -1,6 +1,6 @@
 """Tile tuning of the attention kernel: time TileConfig candidates per shape on a GPU.
 
-Run through ``python benchmarks/bench_kernels.py --tune`` (CUDA), or ``--smoke --tune``:
+Run ``python benchmarks/tune_kernels.py`` (CUDA), or ``--smoke``:
 tiny shapes and 2-3 candidates through the Triton interpreter on a CPU, which only
 proves the script works. Shapes: the SPEC section 4 prefill (8 x (8192 cached + 2048
 new), 32 q / 8 kv heads, head_dim 128, bf16, block_size 16), decode (64 x 8k, q_len 1)
@@ -29,15 +29,19 @@ the heuristic and the ``CONFIRM`` best are then timed again, longer, and ranked 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import itertools
 import json
 import math
 import multiprocessing
+import os
+import sys
 import time
 from pathlib import Path
 
-from bench_kernels import Timer, attended_pairs, make_problem
+from kernel_problems import (ROOT, SMOKE, SPEC_DECODE, SPEC_PREFILL, SPLIT_DECODE, Timer, make_problem,
+                             open_session, prefill_flops, with_device)
 
 FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "num_splits")
 POOL_SHARE = 0.45
@@ -67,20 +71,19 @@ class TuneShape:
 
 def tune_shapes(smoke: bool, device: str, torch) -> list[TuneShape]:
     if smoke:
-        base = dict(heads=4, kv_heads=2, head_dim=64, block_size=16, dtype=torch.float16, device=device)
+        base = with_device(SMOKE, device, torch)
         return [TuneShape("prefill", "tflops", dict(batch=2, prefix=40, q_len=24, **base),
                           dict(block_m=(16, 32), block_n=(16, 32)), 1, limit=3),
                 TuneShape("decode", "gbps", dict(batch=3, prefix=50, q_len=1, **base),
                           dict(block_n=(16, 64)), 1, limit=3),
                 TuneShape("split_decode", "gbps", dict(batch=1, prefix=599, q_len=1, **base),
                           dict(num_splits=splits_around), 1, limit=2)]
-    base = dict(heads=32, kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16, device=device)
     tiles = dict(block_n=(32, 64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
-    return [TuneShape("prefill", "tflops", dict(batch=8, prefix=8192, q_len=2048, **base),
+    return [TuneShape("prefill", "tflops", with_device(SPEC_PREFILL, device, torch),
                       dict(block_m=(64, 128, 256), **tiles), max_distance=4),
-            TuneShape("decode", "gbps", dict(batch=64, prefix=8191, q_len=1, **base),
+            TuneShape("decode", "gbps", with_device(SPEC_DECODE, device, torch),
                       dict(block_m=(16, 32, 64), **tiles, num_splits=splits_around), max_distance=2),
-            TuneShape("split_decode", "gbps", dict(batch=1, prefix=32767, q_len=1, **base),
+            TuneShape("split_decode", "gbps", with_device(SPLIT_DECODE, device, torch),
                       dict(block_m=(16, 32), **tiles, num_splits=splits_around), max_distance=2)]
 
 
@@ -201,7 +204,7 @@ def tune_shape(torch, kernels, shape: TuneShape, heuristic, candidates: list, *,
     args, _ = make_problem(torch, kernels, **c)
     kv_len = c["prefix"] + c["q_len"]
     if shape.metric == "tflops":
-        work = 4 * c["heads"] * c["head_dim"] * c["batch"] * attended_pairs(c["q_len"], kv_len) / 1e12
+        work = prefill_flops(c) / 1e12
     else:
         work = 2 * c["batch"] * kv_len * c["kv_heads"] * c["head_dim"] * args[1].element_size() / 1e9
     result = {"name": shape.name, "metric": shape.metric,
@@ -374,3 +377,29 @@ def write_tune(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
 
 def _cfg_text(fields: dict) -> str:
     return "TileConfig(" + ", ".join(f"{f}={fields[f]}" for f in FIELDS) + ")"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true", help="tiny shapes through the Triton interpreter (CPU ok)")
+    p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--budget-s", type=float, default=330.0, help="wall-clock budget of the whole tune")
+    p.add_argument("--shapes", nargs="+", choices=("prefill", "decode", "split_decode"), help="tune only these")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="processes compiling candidates ahead (default: up to 8 on CUDA, 0 on CPU)")
+    opts = p.parse_args(argv)
+    session = open_session("tune_kernels", opts.smoke)
+    if session is None:
+        return 2
+    torch, kernels, cuda, meta, slug = session
+    jobs = opts.jobs if opts.jobs is not None else (min(8, max(1, (os.cpu_count() or 2) - 2)) if cuda else 0)
+    result = run_tune(torch, kernels, cuda=cuda, smoke=opts.smoke, budget_s=opts.budget_s, jobs=jobs,
+                      only=opts.shapes, meta=meta)
+    jpath, mpath = write_tune(result, opts.out_dir, slug)
+    print(mpath.read_text())
+    print(f"wrote {jpath} and {mpath}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""benchmarks/bench_kernels.py (and its --tune, tune_kernels.py) and gpu_session.sh: refusals and smoke runs."""
+"""benchmarks/bench_kernels.py, tune_kernels.py and gpu_session.sh: refusals and smoke runs."""
 
 from __future__ import annotations
 
@@ -16,15 +16,19 @@ from .conftest import HAS_CUDA, torch, triton_skip_reason
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_kernels.py"
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300,
+TUNE = SCRIPT.parent / "tune_kernels.py"
+
+
+def _run(*args: str, script: Path = SCRIPT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300,
                           env={**os.environ})
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="refusal is for machines without CUDA")
 def test_refuses_without_cuda():
-    run = _run()
-    assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+    for script in (SCRIPT, TUNE):
+        run = _run(script=script)
+        assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
 
 
 @pytest.mark.skipif(triton_skip_reason() is not None, reason=str(triton_skip_reason()))
@@ -41,7 +45,7 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
 
 @pytest.mark.skipif(triton_skip_reason() is not None, reason=str(triton_skip_reason()))
 def test_smoke_tune_compiles_ahead_and_checks_every_candidate(tmp_path):
-    run = _run("--smoke", "--tune", "--jobs", "2", "--out-dir", str(tmp_path))
+    run = _run("--smoke", "--jobs", "2", "--out-dir", str(tmp_path), script=TUNE)
     assert run.returncode == 0, run.stderr
     result = json.loads((tmp_path / "tune-smoke.json").read_text())
     assert {"device", "commit", "torch", "triton", "budget_s", "elapsed_s"} <= result.keys()
@@ -132,4 +136,34 @@ def test_gpu_session_smoke_runs_every_step_into_out(tmp_path):
     log = (tmp_path / "gpu-session.log").read_text()
     for step in ("env", "tests", "bench", "tune"):
         assert f"=== {step} (limit" in log and f"\n{step}: rc 0," in log
-    assert "7 passed" in log  # tests/kernels/test_tiling.py, the smoke's test step
+    assert "9 passed" in log  # tests/kernels/test_tiling.py, the smoke's test step
+
+
+def test_kernel_benchmarks_import_only_the_shared_helpers():
+    """Two benchmarks never import each other; the SPEC shape is defined once (kernel_problems)."""
+    import ast
+
+    scripts = {p.stem: p for p in SCRIPT.parent.glob("*.py")}
+    helpers = {"kernel_problems", "kernel_static"}
+    for name, path in scripts.items():
+        tree = ast.parse(path.read_text())
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not (imported & set(scripts)) - helpers, f"{name} imports {imported & set(scripts)}"
+        if name in helpers:
+            assert not imported & set(scripts), f"helper {name} imports a benchmark"
+    defined = [p.stem for p in scripts.values() if "prefix=8192, q_len=2048" in p.read_text()]
+    assert defined == ["kernel_problems"]
+
+
+def test_fp8_capacity_doubles_blocks_and_replays_pressure(tmp_path):
+    run = _run("--scale", "0.1", "--out-dir", str(tmp_path), script=SCRIPT.parent / "fp8_capacity.py")
+    assert run.returncode == 0, run.stderr
+    result = json.loads((tmp_path / "fp8-capacity.json").read_text())
+    cap = result["capacity"]
+    assert cap["bfloat16"]["blocks_per_gib"] == 512 and cap["float8_e4m3fn"]["blocks_per_gib"] == 1024
+    runs = result["pressure"]["runs"]
+    assert runs["float8_e4m3fn"]["pool_blocks"] == 2 * runs["bfloat16"]["pool_blocks"]
+    # A small sample need not gain (the committed full-scale run does: 44.6% -> 57.2%).
+    assert all(0.0 < r["hit_rate"] < 1.0 and r["requests"] == result["pressure"]["requests"] for r in runs.values())
+    assert "## Blocks per GiB" in (tmp_path / "fp8-capacity.md").read_text()

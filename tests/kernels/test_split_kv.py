@@ -104,3 +104,23 @@ def test_heuristic_choices():
 def test_tile_config_rejects_bad_split_counts(num_splits):
     with pytest.raises(ValueError, match="num_splits"):
         TileConfig(16, 16, num_splits=num_splits)
+
+
+def test_heuristic_fills_every_resident_cta_and_counts_query_tiles():
+    pick = dict(num_sms=132, max_seqlen_k=32768)
+    # 2 CTAs of the decode tile fit per SM: 264 slots for 8 programs -> 33 splits.
+    assert choose_num_splits(batch=1, num_kv_heads=8, max_seqlen_q=1, ctas_per_sm=2, **pick) == 33
+    # Speculative decoding verifies 8 tokens per request; a tile holds 4 query positions (16
+    # rows / a group of 4), so each request has 2 tiles: 64 programs -> 5 splits, not 9.
+    assert choose_num_splits(batch=4, num_kv_heads=8, max_seqlen_q=8, block_q=4, ctas_per_sm=2, **pick) == 5
+    assert choose_num_splits(batch=4, num_kv_heads=8, max_seqlen_q=8, block_q=8, ctas_per_sm=2, **pick) == 9
+    # Enough programs for every slot: no split.
+    assert choose_num_splits(batch=33, num_kv_heads=8, max_seqlen_q=1, ctas_per_sm=1, **pick) == 1
+    assert choose_num_splits(batch=17, num_kv_heads=8, max_seqlen_q=1, ctas_per_sm=2, **pick) == 2
+
+
+def test_launcher_splits_with_several_query_tiles_per_request():
+    """q_len > BLOCK_Q with splits: every tile of the request gets its own key slices."""
+    case = make_case([7, 5], [300, 260], num_kv_heads=1, group=4, head_dim=32, block_size=16,
+                     device=PRIMARY_DEVICE, seed=13)
+    check(case, torch.float32, config=TileConfig(16, 32, num_splits=3))  # BLOCK_Q = 4: 2 tiles per request

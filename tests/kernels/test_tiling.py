@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefixkv.kernels.tiling import TileConfig, choose_tiles
+from prefixkv.kernels.tiling import TileConfig, choose_tiles, per_block_ids, version_at_least
 
 from .cases import check, make_case
 from .conftest import PRIMARY_DEVICE
@@ -14,7 +14,10 @@ from .conftest import PRIMARY_DEVICE
 def test_decode_uses_short_tiles_and_prefill_long_ones():
     assert choose_tiles(group=1, head_dim=128, max_seqlen_q=1, on_gpu=True).block_m == 16
     assert choose_tiles(group=4, head_dim=128, max_seqlen_q=1, on_gpu=True).block_m == 16
-    assert choose_tiles(group=4, head_dim=128, max_seqlen_q=2048, on_gpu=True) == TileConfig(128, 64, 8, 3)
+    assert choose_tiles(group=4, head_dim=128, max_seqlen_q=2048, on_gpu=True) == TileConfig(128, 128, 8, 3)
+    # A sliding window or the LSE output keep 64 keys (128 spills there).
+    assert choose_tiles(group=4, head_dim=128, max_seqlen_q=2048, on_gpu=True, window=True).block_n == 64
+    assert choose_tiles(group=4, head_dim=128, max_seqlen_q=2048, on_gpu=True, return_lse=True).block_n == 64
     assert choose_tiles(group=4, head_dim=256, max_seqlen_q=2048, on_gpu=True).block_m == 64
     # The group's heads always fit in one tile, even past the usual cap.
     assert choose_tiles(group=32, head_dim=64, max_seqlen_q=1, on_gpu=False).block_m == 32
@@ -37,3 +40,34 @@ def test_gpu_tiles_are_correct(needs_triton, head_dim, group, q_lens, kv_lens):
     case = make_case(q_lens, kv_lens, num_kv_heads=1, group=group, head_dim=head_dim, block_size=16,
                      device=PRIMARY_DEVICE, seed=head_dim)
     check(case, torch.float32, config=config, window_size=(40, 0))
+
+
+def test_ctas_per_sm_never_exceeds_the_committed_compile_report():
+    """The split heuristic's CTAs per SM are at most the occupancy the sm_90 compile measured."""
+    import json
+    from pathlib import Path
+
+    report = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "kernels-sm90-compile.json"
+    rows = [r for r in json.loads(report.read_text())["configs"]
+            if r["ok"] and r["kind"] == "attn" and r.get("kernel") != "combine"]
+    checked = 0
+    for r in rows:
+        window = r.get("window_size") is not None and r["window_size"][0] >= 0
+        elem = 4 if r["dtype"] == "float32" else 2
+        tile = choose_tiles(group=r["heads"] // r["kv_heads"], head_dim=r["head_dim"], max_seqlen_q=r["q_len"],
+                            on_gpu=True, elem_bytes=elem, window=window, return_lse=r.get("return_lse", False))
+        assert tile.block_m == r["constexprs"]["BLOCK_M"], r["name"]
+        assert tile.ctas_per_sm <= r["blocks_per_sm"], (r["name"], tile, r["blocks_per_sm"])
+        checked += tile.ctas_per_sm > 1
+    assert checked >= 5
+
+
+def test_per_block_ids_only_for_whole_block_tiles_on_triton_3_8_and_later():
+    import triton
+
+    new = version_at_least(triton.__version__, (3, 8))
+    assert per_block_ids(False, 64, 16) is new and per_block_ids(False, 128, 128) is new
+    assert not per_block_ids(True, 64, 16)  # a left window: tiles start anywhere
+    assert not per_block_ids(False, 64, 5) and not per_block_ids(False, 64, 128)
+    assert version_at_least("3.8.0+git1234", (3, 8)) and version_at_least("4.0.0", (3, 8))
+    assert not version_at_least("3.7.1", (3, 8)) and not version_at_least("dev", (3, 8))

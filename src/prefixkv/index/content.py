@@ -88,23 +88,25 @@ class ContentIndex:
     def match(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> list[Block]:
         hits: list[Block] = []
         cid = 0
-        if mm is None and not self._by_key and self._lower is None:  # the common case
-            for b in map(self._by_chunk.get, chunks):  # the probes run in C
+        if mm is None and not self._by_key:  # the common case: probes mapped in C
+            for b in map(self._by_chunk.get, chunks):
                 if b is None or b.parent_cid != cid or b.extra != base:
                     break
                 hits.append(b)
                 cid = b.content_id
-            return hits
-        get = self._by_chunk.get
-        for i, chunk in enumerate(chunks):
+            if self._lower is None or len(hits) == len(chunks):
+                return hits
+        get, lower = self._by_chunk.get, self._lower
+        for i in range(len(hits), len(chunks)):
+            chunk = chunks[i]
             extra = base if mm is None or i >= len(mm) else mm[i]
             b = get(chunk)
             if b is None or b.parent_cid != cid or b.extra != extra:
                 b = self._by_key.get((cid, chunk, extra))
                 if b is None:  # the device misses: the chain may go on in the tier below
-                    if self._lower is None:
+                    if lower is None:
                         break
-                    b = self._lower.find(cid, chunk, extra)
+                    b = lower.find(cid, chunk, extra)
                     if b is None:
                         break
             hits.append(b)

@@ -27,23 +27,28 @@ from .errors import (
     ShapeError,
     UnsupportedError,
 )
+from .fp8 import FP8_DTYPES
 from .reference import paged_prefill_attention_reference, write_kv_cache_reference
 from .transfer import alloc_host_cache, copy_blocks, load_blocks, offload_blocks, run_kv_ops, transfer_stream
+from .variants import AttentionSpec, attention_variants, warmup
 
 __all__ = [
     "ArgumentTypeError",
+    "AttentionSpec",
     "BACKENDS",
     "BackendError",
     "BatchError",
     "BlockIdError",
     "DeviceError",
     "DtypeError",
+    "FP8_DTYPES",
     "KernelInputError",
     "MetadataError",
     "PagedBatch",
     "ShapeError",
     "UnsupportedError",
     "alloc_host_cache",
+    "attention_variants",
     "build_block_table",
     "build_cu_seqlens_q",
     "build_paged_batch",
@@ -58,6 +63,7 @@ __all__ = [
     "run_kv_ops",
     "transfer_stream",
     "use_backend",
+    "warmup",
     "write_kv_cache",
     "write_kv_cache_reference",
 ]

@@ -13,16 +13,17 @@ table one slot at a time, so any block_size works.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
+from . import tiling
+from .attend import _attend_tile, _max
 from .checked import check_attention_values
+from .fp8 import is_fp8, unit_scale
 from .interpreter import backport_scalar_index
 from .split_kv import _split_phases, combine_splits, split_workspaces
-from .tiling import TileConfig, choose_num_splits, choose_tiles, sm_count
+from .tiling import TileConfig, choose_num_splits, choose_tiles, per_block_ids, sm_count
 from .validation import check_attention
 
 __all__ = ["paged_prefill_attention_triton"]
@@ -31,97 +32,54 @@ _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 
 
-@triton.jit
-def _tanh(x):
-    # 1 - 2 / (e^(2x) + 1): saturates to exactly +-1, never NaN.
-    return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
-
-
-@triton.jit
-def _max(a, b):
-    return tl.maximum(a, b)
-
-
-@triton.jit
-def _attend_tile(
-    acc, l_i, m_i, q, pos, d, d_ok, start_n, phase_hi,
-    k_base, v_base, bt_row, last_block,
-    stride_bc, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-    qk_scale, softcap_log2, window_left, window_right,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
-    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    col = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
-    if MASKED:
-        col_ok = col < phase_hi  # [BLOCK_N]; never load past the phase (or kv_len)
-        blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc, mask=col_ok, other=0)
-    else:
-        col_ok = col >= 0
-        blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc)
-    # A bad id reads a wrong block, never outside the cache: as uint32 a negative id is
-    # above last_block, so one unsigned min clamps both ends (to the last block).
-    blk = tl.minimum(blk.to(tl.uint32), last_block).to(tl.int64)
-    # int64 before the multiply: block * stride passes 2^31 in large caches.
-    k_off = blk * stride_kb + (col % BLOCK_SIZE) * stride_ks  # [BLOCK_N]
-    v_off = blk * stride_vb + (col % BLOCK_SIZE) * stride_vs  # [BLOCK_N]
-    if MASKED or HEAD_DIM != DIM_P2:
-        k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd,
-                    mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # [DIM_P2, BLOCK_N]
-        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd,
-                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DIM_P2]
-    else:
-        k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd)
-        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd)
-    s = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N] fp32
-    if SOFTCAP:
-        s = softcap_log2 * _tanh(s * qk_scale)  # qk_scale = softmax_scale / softcap here
-    else:
-        s = s * qk_scale  # qk_scale = softmax_scale * log2(e): scores in the exp2 domain
-    if MASKED:
-        allowed = col_ok[None, :]  # broadcast to [BLOCK_M, BLOCK_N] below
-        if HAS_RIGHT:
-            allowed = allowed & (col[None, :] <= pos[:, None] + window_right)
-        if HAS_LEFT:
-            allowed = allowed & (col[None, :] >= pos[:, None] - window_left)
-        s = tl.where(allowed, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # empty rows so far: no -inf - -inf
-    alpha = tl.exp2(m_i - m_safe)  # [BLOCK_M]
-    p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, l_i, m_new
-
-
-@triton.jit
+# Ints that change from call to call are not specialised (Triton would otherwise compile a
+# variant for the value 1 and for multiples of 16): the batch, the split count, total_q,
+# the block table's width (stride_bt, kv_capacity), the strides that follow total_q (the
+# LSE and the split workspaces) and the cache's size (last_block: warm-up uses a small one).
+@triton.jit(do_not_specialize=["stride_bt", "stride_lh", "stride_os", "stride_ls", "batch", "num_splits",
+                               "total_q", "kv_capacity", "last_block"])
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_q_ptr, seqused_k_ptr, out_ptr, lse_ptr,
+    sinks_ptr, k_scale_ptr, v_scale_ptr,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_bt, stride_bc, stride_ot, stride_oh, stride_od, stride_lh, stride_lt, stride_os, stride_ls,
-    qk_scale, softcap_log2, window_left, window_right, batch, total_q, kv_capacity, last_block,
+    stride_ksc, stride_vsc, qk_scale, softcap_log2, window_left, window_right,
+    batch, num_splits, total_q, kv_capacity, last_block,
     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BATCH_P2: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    RETURN_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    KV_FP8: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+    PER_BLOCK_IDS: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_P2
+    SEARCH: tl.constexpr = 64  # cu_seqlens_q entries read per step of the request search
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     # q's rows in batch + 2 segments: | before cu_q[0] | request 0 | ... | request batch-1 | after |
     # Segment s starts at bound[s]: cu_q[s-1] clamped to [0, total_q] and made non-decreasing,
     # so the segments tile q's rows whatever cu_q holds; the two outer ones attend no key.
-    s = tl.arange(0, BATCH_P2)  # [BATCH_P2], BATCH_P2 >= batch + 3
-    bound = tl.load(cu_q_ptr + s - 1, mask=(s >= 1) & (s <= batch + 1), other=0)
-    bound = tl.where(s > batch + 1, total_q, tl.minimum(tl.maximum(bound, 0), total_q))
-    bound = tl.associative_scan(bound, 0, _max)
-    # Find this program's segment: segment s owns tiles [bound[s] // BLOCK_Q + s, ...).
-    first_tile = tl.where(s < batch + 2, bound // BLOCK_Q + s, pid + 1)  # [BATCH_P2]
-    seg = tl.sum((first_tile <= pid).to(tl.int32), 0) - 1
-    q_start = tl.sum(tl.where(s == seg, bound, 0), 0)
-    q_len = tl.sum(tl.where(s == seg + 1, bound, 0), 0) - q_start
+    # Segment s owns tiles [bound[s] // BLOCK_Q + s, ...): this program's segment is the last
+    # one whose first tile is <= pid. batch is a runtime int: the scan reads SEARCH entries a
+    # step, carrying the running max; q_start / q_end are the bounds either side of pid.
+    seg = pid * 0 - 1
+    run = pid * 0  # largest bound so far
+    q_start = pid * 0
+    q_end = pid * 0 + total_q
+    for s0 in range(0, batch + 3, SEARCH):
+        s = s0 + tl.arange(0, SEARCH)  # [SEARCH]
+        live = s < batch + 3  # bound[batch + 2] = total_q ends the last segment
+        bound = tl.load(cu_q_ptr + s - 1, mask=(s >= 1) & (s <= batch + 1), other=0)
+        bound = tl.where(s > batch + 1, total_q, tl.minimum(tl.maximum(bound, 0), total_q))
+        bound = tl.maximum(tl.associative_scan(bound, 0, _max), run)
+        run = tl.max(tl.where(live, bound, 0), 0)
+        first_tile = tl.where(s < batch + 2, bound // BLOCK_Q + s, pid + 1)  # [SEARCH]
+        before = live & (first_tile <= pid)
+        seg += tl.sum(before.to(tl.int32), 0)
+        q_start = tl.maximum(q_start, tl.max(tl.where(before, bound, 0), 0))
+        q_end = tl.minimum(q_end, tl.min(tl.where(live & ~before, bound, total_q), 0))
+    q_len = q_end - q_start
     req = tl.minimum(tl.maximum(seg - 1, 0), tl.maximum(batch - 1, 0))
     tile = pid - (q_start // BLOCK_Q + seg)
     if tile * BLOCK_Q < q_len:
@@ -158,10 +116,11 @@ def _paged_prefill_kernel(
         full_hi = full_lo + (tl.maximum(full_hi - full_lo, 0) // BLOCK_N) * BLOCK_N
         # Phase i covers keys [pi_lo, pi_hi); a split keeps its slice of each.
         p1_lo, p1_hi, p2_lo, p2_hi, p3_lo, p3_hi = kv_lo, full_lo, full_lo, full_hi, full_hi, kv_hi
-        if NUM_SPLITS > 1:
+        split = 0
+        if SPLIT:
             split = tl.program_id(2)
             p1_lo, p1_hi, p2_lo, p2_hi, p3_lo, p3_hi = _split_phases(
-                kv_lo, full_lo, full_hi, kv_hi, split, NUM_SPLITS, BLOCK_N)
+                kv_lo, full_lo, full_hi, kv_hi, split, num_splits, BLOCK_N)
             # out / lse are the fp32 workspaces here: this split's partial output and LSE.
             out_ptr += split.to(tl.int64) * stride_os
             lse_ptr += split.to(tl.int64) * stride_ls
@@ -169,6 +128,16 @@ def _paged_prefill_kernel(
         acc = tl.zeros([BLOCK_M, DIM_P2], dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        if HAS_SINKS:
+            # The sink is a key of score sinks[head] (exp2 domain: * log2 e) and no value; it
+            # starts the running max and sum, in split 0 only so the merge counts it once.
+            # Rows no request owns (the outer segments) get none: zeros and LSE -inf as without.
+            sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634  # [BLOCK_M]
+            owned = (split == 0) & (seg >= 1) & (seg <= batch)
+            m_i = tl.where(owned, sink, m_i)
+            l_i = tl.where(owned, 1.0, l_i)
+        if KV_FP8:
+            qk_scale = qk_scale * tl.load(k_scale_ptr + kvh * stride_ksc)
         k_base = k_cache_ptr + kvh.to(tl.int64) * stride_kh
         v_base = v_cache_ptr + kvh.to(tl.int64) * stride_vh
         bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
@@ -178,24 +147,29 @@ def _paged_prefill_kernel(
                 acc, l_i, m_i, q, pos, d, d_ok, start_n, p1_hi, k_base, v_base, bt_row, last_block, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION,
+                PER_BLOCK_IDS)
         # Phase 2: cached prefix (and any keys all rows see), full tiles without a mask.
         for start_n in range(p2_lo, p2_hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
                 acc, l_i, m_i, q, pos, d, d_ok, start_n, p2_hi, k_base, v_base, bt_row, last_block, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION,
+                PER_BLOCK_IDS)
         # Phase 3: new tokens on the diagonal, causal (bottom-right aligned), masked.
         for start_n in range(p3_lo, p3_hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(
                 acc, l_i, m_i, q, pos, d, d_ok, start_n, p3_hi, k_base, v_base, bt_row, last_block, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION,
+                PER_BLOCK_IDS)
 
         # Rows (or splits) that attended nothing: output 0, LSE -inf.
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        if KV_FP8:
+            acc = acc * tl.load(v_scale_ptr + kvh * stride_vsc)
         o = acc / l_safe[:, None]  # [BLOCK_M, DIM_P2]
         o_off = tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -220,6 +194,9 @@ def paged_prefill_attention_triton(
     softcap: float = 0.0,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     config: TileConfig | None = None,
     checked: bool = False,
 ):
@@ -227,11 +204,14 @@ def paged_prefill_attention_triton(
 
     ``config`` overrides the tile heuristic (tests use it to reach every phase);
     ``config.num_splits`` (None: :func:`choose_num_splits`) forces the number of key splits.
+    The launch reads no tensor value on the host (no synchronisation); its compiled variant
+    depends only on the model's shapes and options, ``max_seqlen_q`` (tile size) and
+    whether keys are split (see :mod:`prefixkv.kernels`).
     """
     shape = check_attention(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, out=out,
-        return_lse=return_lse, checked=checked,
+        return_lse=return_lse, checked=checked, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
     )
     if checked:
         check_attention_values(block_table, cu_seqlens_q, seqused_k, shape.total_q, shape.num_blocks,
@@ -248,16 +228,19 @@ def paged_prefill_attention_triton(
     group_p2 = triton.next_power_of_2(group)
     if config is None:
         config = choose_tiles(group=group, head_dim=shape.head_dim, max_seqlen_q=max_seqlen_q,
-                              on_gpu=q.is_cuda, elem_bytes=q.element_size())
+                              on_gpu=tiling.gpu_tiles(q.device), elem_bytes=q.element_size(),
+                              window=shape.window_left >= 0, return_lse=return_lse)
     block_m = max(config.block_m, group_p2)
     block_q = block_m // group_p2
+    kv_fp8 = is_fp8(k_cache.dtype)
+    k_scale_arg, v_scale_arg = (unit_scale(q.device) if t is None else t for t in (k_scale, v_scale))
     if shape.softcap > 0:
         qk_scale, softcap_log2 = shape.softmax_scale / shape.softcap, shape.softcap * _LOG2E
     else:
         qk_scale, softcap_log2 = shape.softmax_scale * _LOG2E, 0.0
     num_splits = config.num_splits or choose_num_splits(  # None: the heuristic's count
         batch=shape.batch, num_kv_heads=shape.num_kv_heads, max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k, num_sms=sm_count(q.device))
+        max_seqlen_k=max_seqlen_k, num_sms=sm_count(q.device), block_q=block_q, ctas_per_sm=config.ctas_per_sm)
     if num_splits > 1:
         o_arg, lse_arg = split_workspaces(num_splits, shape.total_q, shape.num_heads, shape.head_dim, q.device)
         split_strides = (o_arg.stride(0), lse_arg.stride(0))
@@ -270,16 +253,20 @@ def paged_prefill_attention_triton(
     backport_scalar_index()  # the phase loops' bounds are loaded: triton 3.6's interpreter needs it
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, o_arg, lse_arg,
+        q if sinks is None else sinks, k_scale_arg, v_scale_arg,  # q: a pointer never read
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(),
         *o_strides, *lse_strides, *split_strides,
-        qk_scale, softcap_log2, shape.window_left, shape.window_right, shape.batch,
-        shape.total_q, shape.max_blocks * shape.block_size, shape.num_blocks - 1,
+        *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale_arg, v_scale_arg)),
+        qk_scale, softcap_log2, shape.window_left, shape.window_right,
+        shape.batch, num_splits, shape.total_q, shape.max_blocks * shape.block_size, shape.num_blocks - 1,
         GROUP=group, GROUP_P2=group_p2, HEAD_DIM=shape.head_dim,
         DIM_P2=max(16, triton.next_power_of_2(shape.head_dim)), BLOCK_SIZE=shape.block_size,
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BATCH_P2=max(16, triton.next_power_of_2(shape.batch + 3)),
+        BLOCK_M=block_m, BLOCK_N=config.block_n,
         HAS_LEFT=shape.window_left >= 0, HAS_RIGHT=shape.window_right >= 0,
-        SOFTCAP=shape.softcap > 0, RETURN_LSE=return_lse or num_splits > 1,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None, NUM_SPLITS=num_splits,
+        SOFTCAP=shape.softcap > 0, HAS_SINKS=sinks is not None, KV_FP8=kv_fp8,
+        RETURN_LSE=return_lse or num_splits > 1,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None, SPLIT=num_splits > 1,
+        PER_BLOCK_IDS=per_block_ids(shape.window_left >= 0, config.block_n, shape.block_size),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if num_splits > 1:

@@ -91,15 +91,22 @@ def write_kv_cache(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     backend: str | None = None,
     checked: bool = False,
 ) -> None:
     """Write each new token's K and V into its cache slot, in place.
 
     Args:
-        key, value: ``[num_tokens, num_kv_heads, head_dim]``, the cache's dtype.
+        key, value: ``[num_tokens, num_kv_heads, head_dim]``, the cache's dtype (an fp8
+            cache takes fp16, bf16 or fp32 and quantises them).
         k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]`` (NHD),
-            fp16, bf16 or fp32.
+            fp16, bf16, fp32, ``float8_e4m3fn`` or ``float8_e5m2``.
+        k_scale, v_scale: fp8 caches only: fp32 ``[]``/``[1]`` (per tensor) or
+            ``[num_kv_heads]``; the cache stores ``x / scale`` rounded to nearest and
+            saturated to the format's largest finite value (None: scale 1). See
+            :mod:`prefixkv.kernels.fp8` for the error bound.
         slot_mapping: ``[num_tokens]`` int64 (or int32); token t goes to block
             ``slot // block_size``, row ``slot % block_size``; ``-1`` skips the token
             (padding), and so does any slot outside ``[0, num_blocks * block_size)``
@@ -120,8 +127,8 @@ def write_kv_cache(
     if resolve_backend(backend, k_cache.device) == "triton":
         from .write_kv import write_kv_cache_triton
 
-        return write_kv_cache_triton(*args, checked=checked)
-    return write_kv_cache_reference(*args, checked=checked)
+        return write_kv_cache_triton(*args, k_scale=k_scale, v_scale=v_scale, checked=checked)
+    return write_kv_cache_reference(*args, k_scale=k_scale, v_scale=v_scale, checked=checked)
 
 
 def paged_prefill_attention(
@@ -140,6 +147,9 @@ def paged_prefill_attention(
     softcap: float = 0.0,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     backend: str | None = None,
     checked: bool = False,
 ):
@@ -152,7 +162,8 @@ def paged_prefill_attention(
 
     Args:
         q: ``[total_q, num_heads, head_dim]``; ``num_heads`` a multiple of ``num_kv_heads``.
-        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, q's dtype.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, q's dtype,
+            or fp8 (``float8_e4m3fn``/``float8_e5m2``) with q fp16 or bf16.
         block_table: ``[batch, max_blocks]`` int32; row i lists request i's block ids in
             order; entries past ``ceil(seqused_k[i] / block_size)`` are never read. An
             id outside ``[0, num_blocks)`` reads block ``num_blocks - 1`` instead (a
@@ -173,13 +184,19 @@ def paged_prefill_attention(
         softcap: if > 0, scores become ``softcap * tanh(scores / softcap)`` (after scaling).
         out: optional ``[total_q, num_heads, head_dim]`` tensor of q's dtype to write into.
         return_lse: also return the natural-log LSE, ``[num_heads, total_q]`` fp32.
+        sinks: optional fp32 ``[num_heads]`` attention sinks (as in gpt-oss): one more
+            logit per head in every row's softmax denominator, with no value; the LSE
+            includes it.
+        k_scale, v_scale: fp8 caches only, as in :func:`write_kv_cache`: K and V are
+            read as ``cache * scale`` (None: 1).
         backend: ``"auto"``, ``"triton"`` or ``"torch"``; see :func:`resolve_backend`.
         checked: read ``block_table``, ``cu_seqlens_q`` and ``seqused_k`` on the host (a
             device synchronisation, not for CUDA graphs) and raise instead of clamping.
 
     Returns:
         ``out``, or ``(out, lse)`` with ``return_lse``. A query row that attends no key
-        (e.g. ``q_len > seqused_k``) gets zeros and LSE ``-inf``, never NaN.
+        (e.g. ``q_len > seqused_k``) gets zeros and LSE ``-inf`` (with sinks: its sink),
+        never NaN.
 
     Raises:
         ShapeError, DtypeError, DeviceError, UnsupportedError: bad arguments (also a flag
@@ -191,8 +208,8 @@ def paged_prefill_attention(
     """
     check_tensors(q=q)
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k)
-    kwargs = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                  softcap=softcap, out=out, return_lse=return_lse, checked=checked)
+    kwargs = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                  out=out, return_lse=return_lse, sinks=sinks, k_scale=k_scale, v_scale=v_scale, checked=checked)
     if resolve_backend(backend, q.device) == "triton":
         from .attention import paged_prefill_attention_triton
 

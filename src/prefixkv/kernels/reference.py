@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .checked import check_attention_values, check_slot_values
+from .fp8 import dequantize, quantize
 from .validation import check_attention, check_write_kv
 
 __all__ = ["write_kv_cache_reference", "paged_prefill_attention_reference"]
@@ -24,18 +25,20 @@ def write_kv_cache_reference(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     checked: bool = False,
 ) -> None:
     """Reference of :func:`prefixkv.kernels.write_kv_cache` (same contract)."""
-    check_write_kv(key, value, k_cache, v_cache, slot_mapping, checked=checked)
+    check_write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale, checked=checked)
     num_blocks, block_size = k_cache.shape[:2]
     if checked:
         check_slot_values(slot_mapping, num_blocks, block_size)
     keep = (slot_mapping >= 0) & (slot_mapping < num_blocks * block_size)
     slots = slot_mapping[keep].to(torch.int64)
     blocks, offsets = slots // block_size, slots % block_size
-    k_cache[blocks, offsets] = key[keep]
-    v_cache[blocks, offsets] = value[keep]
+    k_cache[blocks, offsets] = quantize(key[keep], k_scale, k_cache.dtype)
+    v_cache[blocks, offsets] = quantize(value[keep], v_scale, v_cache.dtype)
 
 
 def _mask(q_len: int, kv_len: int, left: int, right: int, device: torch.device) -> torch.Tensor:
@@ -85,12 +88,20 @@ def paged_prefill_attention_reference(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     checked: bool = False,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ):
-    """Reference of :func:`prefixkv.kernels.paged_prefill_attention` (same contract)."""
+    """Reference of :func:`prefixkv.kernels.paged_prefill_attention` (same contract).
+
+    A sink is one more logit per head in each row's softmax, with no value: the row's
+    scores get a last column ``sinks[head]``, the softmax runs over all columns, and the
+    sink's column is dropped before multiplying by V.
+    """
     shape = check_attention(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, out=out,
-        return_lse=return_lse, checked=checked,
+        return_lse=return_lse, checked=checked, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
     )
     bs, group = shape.block_size, shape.group
     if checked:
@@ -113,17 +124,21 @@ def paged_prefill_attention_reference(
         last = shape.num_blocks - 1
         blocks = torch.where((blocks < 0) | (blocks > last), last, blocks)  # as the kernel: the last block
         # [kv_len, num_kv_heads, head_dim] -> [num_heads, kv_len, head_dim]
-        k = k_cache[blocks].flatten(0, 1)[:kv_len].float().repeat_interleave(group, dim=1).transpose(0, 1)
-        v = v_cache[blocks].flatten(0, 1)[:kv_len].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        k = dequantize(k_cache[blocks].flatten(0, 1)[:kv_len], k_scale)  # fp32, scales applied
+        v = dequantize(v_cache[blocks].flatten(0, 1)[:kv_len], v_scale)
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1)
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
         qi = q[q_lo:q_hi].float().transpose(0, 1)  # [num_heads, q_len, head_dim]
         s = qi @ k.transpose(1, 2) * shape.softmax_scale  # [num_heads, q_len, kv_len]
         if shape.softcap > 0:
             s = shape.softcap * torch.tanh(s / shape.softcap)
         allowed = _mask(q_len, kv_len, shape.window_left, shape.window_right, q.device)
         s = s.masked_fill(~allowed, float("-inf"))
+        if sinks is not None:  # [num_heads, q_len, kv_len + 1]: the sink is the last column
+            s = torch.cat([s, sinks.float()[:, None, None].expand(-1, q_len, 1)], dim=-1)
         row_lse = torch.logsumexp(s, dim=-1)  # [num_heads, q_len]; -inf where nothing is allowed
         safe = torch.where(torch.isfinite(row_lse), row_lse, torch.zeros_like(row_lse))
-        p = torch.exp(s - safe[..., None])  # exactly 0 on masked keys, even in empty rows
+        p = torch.exp(s - safe[..., None])[..., :kv_len]  # exactly 0 on masked keys, even in empty rows
         out[q_lo:q_hi] = (p @ v).transpose(0, 1).to(out.dtype)
         lse[:, q_lo:q_hi] = row_lse
     return (out, lse) if return_lse else out

@@ -14,11 +14,13 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["combine_splits", "split_workspaces"]
+from .tiling import MAX_SPLITS
+
+__all__ = ["combine_splits", "split_workspaces", "splits_p2"]
 
 
 @triton.jit
-def _split_phases(kv_lo, full_lo, full_hi, kv_hi, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+def _split_phases(kv_lo, full_lo, full_hi, kv_hi, split, num_splits, BLOCK_N: tl.constexpr):
     """The three phase ranges of the main kernel cut down to split ``split``'s key slice.
 
     Slice edges lie on ``full_lo + j * BLOCK_N`` so the unmasked phase keeps whole tiles:
@@ -27,7 +29,7 @@ def _split_phases(kv_lo, full_lo, full_hi, kv_hi, split, NUM_SPLITS: tl.constexp
     """
     j0 = (full_lo - kv_lo + BLOCK_N - 1) // BLOCK_N  # tiles left of full_lo (all terms >= 0)
     j1 = (tl.maximum(kv_hi - full_lo, 0) + BLOCK_N - 1) // BLOCK_N  # tiles from full_lo on
-    per = (j0 + j1 + NUM_SPLITS - 1) // NUM_SPLITS
+    per = (j0 + j1 + num_splits - 1) // num_splits
     lo = full_lo + (split * per - j0) * BLOCK_N
     hi = lo + per * BLOCK_N
     return (tl.maximum(kv_lo, lo), tl.minimum(full_lo, hi),
@@ -35,18 +37,18 @@ def _split_phases(kv_lo, full_lo, full_hi, kv_hi, split, NUM_SPLITS: tl.constexp
             tl.maximum(full_hi, lo), tl.minimum(kv_hi, hi))
 
 
-@triton.jit
+# num_splits and the strides that follow total_q change from call to call: not specialised.
+@triton.jit(do_not_specialize=["stride_ps", "stride_qs", "stride_qh", "stride_lh", "num_splits"])
 def _combine_splits_kernel(
     part_ptr, part_lse_ptr, out_ptr, lse_ptr,
     stride_ps, stride_pt, stride_ph, stride_pd, stride_qs, stride_qh, stride_qt,
-    stride_ot, stride_oh, stride_od, stride_lh, stride_lt,
-    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
-    RETURN_LSE: tl.constexpr,
+    stride_ot, stride_oh, stride_od, stride_lh, stride_lt, num_splits,
+    SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr, RETURN_LSE: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     s = tl.arange(0, SPLITS_P2)  # [SPLITS_P2]
-    s_ok = s < NUM_SPLITS
+    s_ok = s < num_splits
     d = tl.arange(0, DIM_P2)  # [DIM_P2]
     d_ok = d < HEAD_DIM
     lse_s = tl.load(part_lse_ptr + s.to(tl.int64) * stride_qs + head * stride_qh + tok * stride_qt,
@@ -66,6 +68,12 @@ def _combine_splits_kernel(
         tl.store(lse_ptr + head * stride_lh + tok * stride_lt, lse)
 
 
+def splits_p2(num_splits: int) -> int:
+    """Rows of the merge's split tile: ``MAX_SPLITS`` for every count the heuristic picks (one
+    compiled variant), the next power of two for a larger forced count."""
+    return max(MAX_SPLITS, triton.next_power_of_2(num_splits))
+
+
 def split_workspaces(num_splits: int, total_q: int, num_heads: int, head_dim: int, device):
     """fp32 partial outputs ``[num_splits, total_q, num_heads, head_dim]`` and their LSE
     ``[num_splits, num_heads, total_q]``; every entry of a real row is written by the main
@@ -82,7 +90,7 @@ def combine_splits(part: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor
     lse_arg = lse if lse is not None else part_lse  # never written when RETURN_LSE is off
     _combine_splits_kernel[(total_q, num_heads)](
         part, part_lse, out, lse_arg, *part.stride(), *part_lse.stride(), *out.stride(),
-        *(lse.stride() if lse is not None else (0, 0)),
-        NUM_SPLITS=num_splits, SPLITS_P2=max(2, triton.next_power_of_2(num_splits)), HEAD_DIM=head_dim,
+        *(lse.stride() if lse is not None else (0, 0)), num_splits,
+        SPLITS_P2=splits_p2(num_splits), HEAD_DIM=head_dim,
         DIM_P2=max(16, triton.next_power_of_2(head_dim)), RETURN_LSE=lse is not None,
     )

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass
 
 import triton
 
-__all__ = ["TileConfig", "choose_num_splits", "choose_tiles", "interpreting", "sm_count"]
+__all__ = ["TileConfig", "choose_num_splits", "choose_tiles", "gpu_tiles", "interpreting", "per_block_ids", "sm_count"]
 
 DEFAULT_SM_COUNT = 132  # H100 SXM: the split heuristic's SM count for non-CUDA tensors
 MAX_SPLITS = 64
@@ -21,9 +22,43 @@ MIN_KEYS_PER_SPLIT = 256  # a split below this spends more on its partial than i
 MAX_SPLIT_Q = 16  # splits only for decode-like calls (speculative decode included)
 
 
+# Programs of a short (decode) tile resident per SM, by (block_m, head_dim rounded up to
+# 64/128/256): the lowest blocks/SM of the sm_90 compile reports over bf16, fp16 and fp8
+# caches and triton 3.6 and 3.9 (benchmarks/results/kernels-sm90-compile*.md; fp8 decode
+# on 3.6 holds 2). A test keeps this table at or below the committed report. Tiles not
+# listed count 1.
+CTAS_PER_SM = {(16, 64): 5, (16, 128): 2, (16, 256): 3, (32, 256): 2}
+
+
+PER_BLOCK_IDS_FROM = (3, 8)  # first triton that still pipelines K/V loads behind per-block ids
+
+
+@functools.cache
+def version_at_least(version: str, minimum: tuple[int, int]) -> bool:
+    """``"3.8.0"`` (or ``"3.8.0+git..."``) is at least ``(3, 8)``; an unreadable version is not."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return match is not None and tuple(map(int, match.groups())) >= minimum
+
+
+def per_block_ids(left_window: bool, block_n: int, block_size: int) -> bool:
+    """Whether the kernel loads one block id per block of a key tile rather than per key.
+
+    Only when tiles are whole blocks (no left window, so tiles start on multiples of
+    ``block_n``, and ``block_n % block_size == 0``) and on triton >= 3.8: on 3.6 and 3.7
+    the reshape of the ids into keys stops the software pipeliner (the K/V loads become
+    synchronous: 1342 SASS instructions per decode tile instead of 454; sm_90 compile).
+    """
+    return not left_window and block_n % block_size == 0 and version_at_least(triton.__version__, PER_BLOCK_IDS_FROM)
+
+
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def gpu_tiles(device) -> bool:
+    """Whether launches on ``device`` take the GPU's tiles (CUDA) or the interpreter's."""
+    return getattr(device, "type", None) == "cuda"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +68,8 @@ class TileConfig:
     ``block_m`` rows of a tile are ``block_m // group_p2`` query positions times the
     ``group_p2`` (padded) query heads that share one KV head; ``block_n`` keys per step.
     ``num_splits`` key slices per tile (split-KV); None lets :func:`choose_num_splits` pick.
+    ``ctas_per_sm``: programs of this config resident on one SM at once (registers and
+    shared memory from the sm_90 compile report), which the split heuristic fills.
     """
 
     block_m: int
@@ -40,6 +77,7 @@ class TileConfig:
     num_warps: int = 4
     num_stages: int = 2
     num_splits: int | None = None
+    ctas_per_sm: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -48,6 +86,8 @@ class TileConfig:
                 raise ValueError(f"{name} must be a power of two >= 16, got {n}")
         if self.num_splits is not None and not 1 <= self.num_splits <= 1024:
             raise ValueError(f"num_splits must be None or in 1..1024, got {self.num_splits}")
+        if self.ctas_per_sm < 1:
+            raise ValueError(f"ctas_per_sm must be >= 1, got {self.ctas_per_sm}")
 
 
 @functools.cache
@@ -67,22 +107,30 @@ def sm_count(device) -> int:
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def choose_num_splits(*, batch: int, num_kv_heads: int, max_seqlen_q: int, max_seqlen_k: int, num_sms: int) -> int:
+def choose_num_splits(
+    *, batch: int, num_kv_heads: int, max_seqlen_q: int, max_seqlen_k: int, num_sms: int,
+    block_q: int = 1, ctas_per_sm: int = 1,
+) -> int:
     """Key splits per tile (1: no split-KV), from launch shapes only: never reads a tensor.
 
-    Decode-like calls (``max_seqlen_q <= MAX_SPLIT_Q``) whose ``batch * num_kv_heads``
-    programs leave SMs idle get enough splits to give every SM a program, as long as each
-    split keeps ``MIN_KEYS_PER_SPLIT`` keys; prefill and large batches keep one split.
+    The main grid has ``batch * num_kv_heads * ceil(max_seqlen_q / block_q)`` programs at
+    most (a request of ``q_len > block_q`` query positions, as when speculative decoding
+    verifies several tokens, has several tiles). While they fill fewer than the
+    ``num_sms * ctas_per_sm`` slots the GPU can run at once, each tile's keys are split so
+    that the splits fill them, as long as a split keeps ``MIN_KEYS_PER_SPLIT`` keys (and
+    at most ``MAX_SPLITS``). Prefill (``max_seqlen_q > MAX_SPLIT_Q``) never splits.
     """
-    programs = batch * num_kv_heads
-    if max_seqlen_q > MAX_SPLIT_Q or programs == 0 or programs >= num_sms:
+    programs = batch * num_kv_heads * -(-max(1, max_seqlen_q) // max(1, block_q))
+    slots = num_sms * ctas_per_sm
+    if max_seqlen_q > MAX_SPLIT_Q or programs == 0 or programs >= slots:
         return 1
-    splits = min(-(-num_sms // programs), max_seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
+    splits = min(-(-slots // programs), max_seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
     return max(1, splits)
 
 
 def choose_tiles(
-    *, group: int, head_dim: int, max_seqlen_q: int, on_gpu: bool, elem_bytes: int = 2
+    *, group: int, head_dim: int, max_seqlen_q: int, on_gpu: bool, elem_bytes: int = 2,
+    window: bool = False, return_lse: bool = False,
 ) -> TileConfig:
     """Pick tile sizes for a call.
 
@@ -90,7 +138,8 @@ def choose_tiles(
     but no more rows than ``max_seqlen_q`` needs (decode uses a short tile). Starting
     points for the tuning that an H100 run will do; the interpreter prefers few, mid-size
     tiles because its cost is per program and per step. ``elem_bytes`` is the size of one
-    q/cache element (4: fp32).
+    q/cache element (4: fp32); ``window`` (a sliding window) and ``return_lse`` (or
+    split-KV) need registers that the widest tile does not have.
 
     Register figures below are ``ptxas -v`` for sm_90 with triton 3.9
     (``benchmarks/results/kernels-sm90-compile.md``).
@@ -106,8 +155,15 @@ def choose_tiles(
     big = head_dim <= 128
     cap = 128 if big else 64
     block_m = max(group_p2, min(cap, max(16, rows_needed)))
-    block_n = 64 if big else 32
+    # 128-key tiles for the 128-row tile of head_dim <= 128: the same MMA work in half the
+    # loop passes, 1.3x fewer SASS instructions per key (252 registers, no spills). A left
+    # window edge or the LSE output pushes that tile over 255 registers (spills), so those
+    # keep 64 keys, as do short (decode) tiles.
+    wide = block_m >= 128 and not window and not return_lse
+    block_n = (128 if wide else 64) if big else 32
     # 8 warps once the fp32 accumulator [block_m, head_dim] passes 64 registers a thread
     # on 4 warps: 64 x 256 on 4 warps used 255 registers and spilled, on 8 warps 187.
     num_warps = 8 if block_m >= 128 or (block_m >= 64 and not big) else 4
-    return TileConfig(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=3 if big else 2)
+    ctas = CTAS_PER_SM.get((block_m, 64 if head_dim <= 64 else 128 if big else 256), 1)
+    return TileConfig(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=3 if big else 2,
+                      ctas_per_sm=ctas)

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 import torch
 
 from .errors import ArgumentTypeError, DeviceError, DtypeError, ShapeError, UnsupportedError
+from .fp8 import FP8_DTYPES, QUERY_DTYPES, check_scale, is_fp8
 
 __all__ = [
-    "AttentionShape", "check_write_kv", "check_attention", "check_tensors", "check_flags",
+    "AttentionShape", "check_write_kv", "check_attention", "check_sinks", "check_tensors", "check_flags",
     "CACHE_DTYPES", "MAX_HEAD_DIM",
 ]
 
-CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, *FP8_DTYPES)
 MAX_HEAD_DIM = 256
 INDEX_DTYPE = torch.int32
 SLOT_DTYPES = (torch.int32, torch.int64)
@@ -100,12 +101,23 @@ def _check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     _same_device("v_cache", v_cache, k_cache.device)
 
 
+def _check_input_dtype(name: str, t: torch.Tensor, cache_dtype: torch.dtype, fp8_inputs: tuple) -> None:
+    """Inputs match the cache's dtype; an fp8 cache takes any of ``fp8_inputs`` instead."""
+    if is_fp8(cache_dtype):
+        if t.dtype not in fp8_inputs:
+            raise DtypeError(f"{name} dtype {t.dtype}: an fp8 cache takes {name} in one of {fp8_inputs}")
+    elif t.dtype != cache_dtype:
+        raise DtypeError(f"{name} dtype {t.dtype} != cache dtype {cache_dtype}")
+
+
 def check_write_kv(
     key: torch.Tensor,
     value: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     *,
     checked: bool = False,
 ) -> None:
@@ -120,8 +132,7 @@ def check_write_kv(
                 f"{name} must be [num_tokens, {num_kv_heads}, {head_dim}] to match the cache, "
                 f"got {tuple(t.shape)}"
             )
-        if t.dtype != k_cache.dtype:
-            raise DtypeError(f"{name} dtype {t.dtype} != cache dtype {k_cache.dtype}")
+        _check_input_dtype(name, t, k_cache.dtype, (*QUERY_DTYPES, torch.float32))
         _same_device(name, t, k_cache.device)
     if value.shape[0] != key.shape[0]:
         raise ShapeError(f"key has {key.shape[0]} tokens, value has {value.shape[0]}")
@@ -130,6 +141,8 @@ def check_write_kv(
     if slot_mapping.dtype not in SLOT_DTYPES:
         raise DtypeError(f"slot_mapping dtype {slot_mapping.dtype}; expected one of {SLOT_DTYPES}")
     _same_device("slot_mapping", slot_mapping, k_cache.device)
+    check_scale("k_scale", k_scale, k_cache)
+    check_scale("v_scale", v_scale, v_cache)
 
 
 def _window(window_size, causal: bool) -> tuple[int, int]:
@@ -171,6 +184,9 @@ def check_attention(
     out: torch.Tensor | None,
     return_lse: bool = False,
     checked: bool = False,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> AttentionShape:
     """Validate a ``paged_prefill_attention`` call and return its sizes and options."""
     check_tensors(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
@@ -185,8 +201,7 @@ def check_attention(
     num_heads = q.shape[1]
     if num_heads < 1 or num_heads % num_kv_heads:
         raise ShapeError(f"num_heads {num_heads} must be a positive multiple of num_kv_heads {num_kv_heads}")
-    if q.dtype != k_cache.dtype:
-        raise DtypeError(f"q dtype {q.dtype} != cache dtype {k_cache.dtype}")
+    _check_input_dtype("q", q, k_cache.dtype, QUERY_DTYPES)
     device = q.device
     _same_device("k_cache", k_cache, device)
     if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
@@ -221,8 +236,28 @@ def check_attention(
         if out.dtype != q.dtype:
             raise DtypeError(f"out dtype {out.dtype} != q dtype {q.dtype}")
         _same_device("out", out, device)
+    check_sinks(sinks, q)
+    check_scale("k_scale", k_scale, k_cache)
+    check_scale("v_scale", v_scale, v_cache)
     return AttentionShape(
         total_q=q.shape[0], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
         num_blocks=num_blocks, block_size=block_size, batch=batch, max_blocks=block_table.shape[1],
         softmax_scale=float(softmax_scale), window_left=left, window_right=right, softcap=float(softcap),
     )
+
+
+def check_sinks(sinks: torch.Tensor | None, q: torch.Tensor) -> None:
+    """Validate attention sinks: None, or an fp32 ``[num_heads]`` tensor on q's device.
+
+    Raises:
+        ArgumentTypeError: not a ``torch.Tensor``.
+        ShapeError, DtypeError, DeviceError: wrong shape, dtype or device.
+    """
+    if sinks is None:
+        return
+    check_tensors(sinks=sinks)
+    if sinks.dim() != 1 or sinks.shape[0] != q.shape[1]:
+        raise ShapeError(f"sinks must be [num_heads] = [{q.shape[1]}], got {tuple(sinks.shape)}")
+    if sinks.dtype != torch.float32:
+        raise DtypeError(f"sinks dtype {sinks.dtype}; expected torch.float32")
+    _same_device("sinks", sinks, q.device)

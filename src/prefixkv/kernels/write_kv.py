@@ -7,21 +7,22 @@ import triton
 import triton.language as tl
 
 from .checked import check_slot_values
+from .fp8 import is_fp8, unit_scale
 from .validation import check_write_kv
 
 __all__ = ["write_kv_cache_triton"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])  # the cache's size: warm-up uses a small one
 def _write_kv_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, stride_slot,
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, stride_slot, k_scale_ptr, v_scale_ptr,
     stride_kt, stride_kh, stride_kd,
     stride_vt, stride_vh, stride_vd,
     stride_cb, stride_cs, stride_ch, stride_cd,
     stride_db, stride_ds, stride_dh, stride_dd,
-    block_size, num_slots,
+    stride_ksc, stride_vsc, block_size, num_slots,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEADS_P2: tl.constexpr, DIM_P2: tl.constexpr,
+    HEADS_P2: tl.constexpr, DIM_P2: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
     # One program per token: the whole [num_kv_heads, head_dim] row of K and of V.
     token = tl.program_id(0).to(tl.int64)
@@ -35,6 +36,13 @@ def _write_kv_kernel(
         mask = (h < NUM_HEADS) & (d < HEAD_DIM)  # [HEADS_P2, DIM_P2]
         k = tl.load(key_ptr + token * stride_kt + h * stride_kh + d * stride_kd, mask=mask)
         v = tl.load(value_ptr + token * stride_vt + h * stride_vh + d * stride_vd, mask=mask)
+        if FP8_MAX > 0:  # fp8 cache: divide by the head's scale, saturate, round to nearest
+            k_s = tl.load(k_scale_ptr + h * stride_ksc, mask=h < NUM_HEADS, other=1.0)  # [HEADS_P2, 1]
+            v_s = tl.load(v_scale_ptr + h * stride_vsc, mask=h < NUM_HEADS, other=1.0)
+            k = tl.clamp(k.to(tl.float32) / k_s, -FP8_MAX, FP8_MAX)
+            v = tl.clamp(v.to(tl.float32) / v_s, -FP8_MAX, FP8_MAX)
+        k = k.to(k_cache_ptr.dtype.element_ty, fp_downcast_rounding="rtne" if FP8_MAX > 0 else None)
+        v = v.to(v_cache_ptr.dtype.element_ty, fp_downcast_rounding="rtne" if FP8_MAX > 0 else None)
         # int64 throughout: block * stride_cb passes 2^31 in caches of more than 2^31 elements.
         k_dst = k_cache_ptr + block * stride_cb + offset * stride_cs + h * stride_ch + d * stride_cd
         v_dst = v_cache_ptr + block * stride_db + offset * stride_ds + h * stride_dh + d * stride_dd
@@ -49,20 +57,24 @@ def write_kv_cache_triton(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     checked: bool = False,
 ) -> None:
     """Triton path of :func:`prefixkv.kernels.write_kv_cache` (same contract)."""
-    check_write_kv(key, value, k_cache, v_cache, slot_mapping, checked=checked)
+    check_write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale, checked=checked)
     num_blocks, block_size, num_heads, head_dim = k_cache.shape
     if checked:
         check_slot_values(slot_mapping, num_blocks, block_size)
     num_tokens = key.shape[0]
     if num_tokens == 0:
         return
+    k_scale, v_scale = (unit_scale(key.device) if t is None else t for t in (k_scale, v_scale))
     _write_kv_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping, slot_mapping.stride(0),
+        key, value, k_cache, v_cache, slot_mapping, slot_mapping.stride(0), k_scale, v_scale,
         *key.stride(), *value.stride(), *k_cache.stride(), *v_cache.stride(),
-        block_size, num_blocks * block_size,
+        *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale, v_scale)), block_size, num_blocks * block_size,
         NUM_HEADS=num_heads, HEAD_DIM=head_dim,
         HEADS_P2=triton.next_power_of_2(num_heads), DIM_P2=triton.next_power_of_2(head_dim),
+        FP8_MAX=float(torch.finfo(k_cache.dtype).max) if is_fp8(k_cache.dtype) else 0.0,
     )

@@ -1,0 +1,136 @@
+"""Compile, before serving, every kernel variant an engine's calls can hit.
+
+Triton compiles one binary per distinct set of ``tl.constexpr`` values and per
+specialisation of the other integer arguments (equal to 1, multiple of 16). A variant
+first met on the request path costs seconds of JIT. The attention launch keeps the ones
+that follow runtime data few and bounded:
+
+==================== =============================== =====================================
+value                depends on                      kept bounded by
+==================== =============================== =====================================
+BLOCK_M, BLOCK_N,    ``max_seqlen_q`` (tile height)  ``choose_tiles``: at most 4 tiles
+warps, stages                                        (16/32/64/128 rows), one per power of
+                                                     two of ``max_seqlen_q * group``
+SPLIT                split-KV or not                 a bool; the split count is a runtime
+                                                     int, not a constexpr
+RETURN_LSE           ``return_lse`` or SPLIT         a bool
+SPLITS_P2 (merge)    split count                     fixed at ``MAX_SPLITS`` (64)
+batch, num_splits,   per call                        not specialised (``do_not_specialize``)
+block table width,
+LSE / workspace
+strides
+GROUP, HEAD_DIM,     the model and cache             fixed for an engine: in
+BLOCK_SIZE, dtypes,                                  :class:`AttentionSpec`
+SOFTCAP, HAS_LEFT,
+HAS_SINKS, KV_FP8
+==================== =============================== =====================================
+
+The batch size no longer appears in any constexpr: the kernel finds each program's
+request by scanning ``cu_seqlens_q`` in steps of 64 entries up to the runtime ``batch``.
+Triton is imported only when a function here runs (like the rest of the package).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+
+__all__ = ["AttentionSpec", "attention_variants", "warmup"]
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionSpec:
+    """What an engine holds fixed across its attention and cache-write calls.
+
+    ``windows``: the ``window_size`` of each kind of layer (None: full attention), e.g.
+    ``(None, (127, 0))`` for a model alternating full and sliding-window layers.
+    ``kv_scales``: for fp8 caches, ``"tensor"`` or ``"head"`` scales (None: none given).
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    cache_dtype: torch.dtype | None = None  # None: dtype
+    windows: tuple = (None,)
+    causal: bool = True
+    softcap: float = 0.0
+    sinks: bool = False
+    kv_scales: str | None = None
+    return_lse: bool = False
+
+
+def attention_variants(spec: AttentionSpec, on_gpu: bool) -> list:
+    """Every ``(window, TileConfig)`` a call of ``spec`` can compile (``num_splits`` 1 or 2).
+
+    One tile per distinct ``choose_tiles`` pick over ``max_seqlen_q`` = 1, 2, 4, ...
+    up to ``max_num_batched_tokens``; tiles of decode-like calls also come split (any
+    count compiles the same variant), when ``max_model_len`` leaves two splits room.
+    ``on_gpu``: the tiles of CUDA launches (else the interpreter's).
+    """
+    from .tiling import MAX_SPLIT_Q, MIN_KEYS_PER_SPLIT, choose_tiles
+
+    group = spec.num_heads // spec.num_kv_heads
+    elem = torch.empty(0, dtype=spec.dtype).element_size()
+    q_bound = max(1, min(spec.max_num_batched_tokens, spec.max_model_len))
+    may_split = spec.max_model_len >= 2 * MIN_KEYS_PER_SPLIT
+    out = []
+    for window in spec.windows:
+        left = window is not None and window[0] >= 0
+        q = 1
+        while True:
+            tile = choose_tiles(group=group, head_dim=spec.head_dim, max_seqlen_q=q, on_gpu=on_gpu,
+                                elem_bytes=elem, window=left, return_lse=spec.return_lse)
+            for splits in (1, 2) if may_split and q <= MAX_SPLIT_Q else (1,):
+                variant = (window, dataclasses.replace(tile, num_splits=splits))
+                if variant not in out:
+                    out.append(variant)
+            if q >= q_bound:
+                break
+            q = min(2 * q, q_bound)
+    return out
+
+
+def _scales(spec: AttentionSpec, device) -> dict:
+    if spec.kv_scales is None:
+        return {}
+    n = spec.num_kv_heads if spec.kv_scales == "head" else 1
+    return {"k_scale": torch.ones(n, device=device), "v_scale": torch.ones(n, device=device)}
+
+
+def warmup(spec: AttentionSpec, device: torch.device | str) -> int:
+    """Launch each variant of :func:`attention_variants` and the cache write once, on a
+    one-token problem, so Triton compiles (and caches) them before serving; returns the
+    number of launches. Writes nothing but its own scratch tensors.
+
+    Raises:
+        KernelInputError: ``spec`` describes calls the kernels reject (same checks).
+    """
+    from . import tiling
+    from .attention import paged_prefill_attention_triton
+    from .write_kv import write_kv_cache_triton
+
+    device = torch.device(device)
+    cache_dtype = spec.cache_dtype or spec.dtype
+    cache = torch.zeros(1, spec.block_size, spec.num_kv_heads, spec.head_dim, device=device).to(cache_dtype)
+    key = torch.zeros(1, spec.num_kv_heads, spec.head_dim, dtype=spec.dtype, device=device)
+    scales = _scales(spec, device)
+    write_kv_cache_triton(key, key, cache, cache.clone(), torch.zeros(1, dtype=torch.int64, device=device), **scales)
+    q = torch.zeros(1, spec.num_heads, spec.head_dim, dtype=spec.dtype, device=device)
+    table = torch.zeros(1, 1, dtype=torch.int32, device=device)
+    cu = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    used = torch.ones(1, dtype=torch.int32, device=device)
+    sinks = torch.zeros(spec.num_heads, device=device) if spec.sinks else None
+    variants = attention_variants(spec, tiling.gpu_tiles(device))
+    for window, config in variants:
+        paged_prefill_attention_triton(q, cache, cache, table, cu, used, 1, 1, causal=spec.causal,
+                                       window_size=window, softcap=spec.softcap, return_lse=spec.return_lse,
+                                       sinks=sinks, config=config, **scales)
+    return 1 + len(variants)

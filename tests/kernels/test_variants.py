@@ -1,0 +1,149 @@
+"""warmup(): after it, no batch size or length compiles a new kernel variant.
+
+Triton's JIT caches a compiled kernel under the specialisation its binder computes from a
+launch's arguments (constexpr values, ints equal to 1 or divisible by 16, pointer
+alignment) and its options (warps, stages). The test runs, in a child process without
+the interpreter, ``warmup`` and then a sweep of batch sizes and lengths on ``meta``
+tensors, with each ``@triton.jit`` kernel replaced by a recorder that asks that same
+binder for the key it would compile under (for sm_90, no device needed). Every key of the
+sweep must be one of warmup's. ``meta`` tensors have no values, so the same run also
+shows that a launch reads nothing from the device (no host synchronisation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from prefixkv.kernels import AttentionSpec, attention_variants, warmup
+
+from .conftest import PRIMARY_DEVICE
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = textwrap.dedent("""
+    import json, sys
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+    from prefixkv.kernels import attention, split_kv, tiling, write_kv
+    from prefixkv.kernels import AttentionSpec, warmup
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    keys = []
+
+    class Recorder:
+        def __init__(self, fn):
+            self.fn, self.binder = fn, create_function_from_signature(fn.signature, fn.params, backend)
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                _, specialization, options = self.binder(*args, **dict(kwargs, debug=False))
+                keys.append(repr((self.fn.__name__, specialization, options)))
+            return launch
+
+    for mod, name in ((attention, "_paged_prefill_kernel"), (split_kv, "_combine_splits_kernel"),
+                      (write_kv, "_write_kv_kernel")):
+        setattr(mod, name, Recorder(getattr(mod, name)))
+    tiling.gpu_tiles = lambda device: True  # meta tensors take the GPU's tiles and split rule
+
+    report = {}
+    for label, extra in (("bf16", {}), ("fp8-sinks-window", dict(
+            cache_dtype=torch.float8_e4m3fn, kv_scales="head", sinks=True, windows=(None, (4095, 0))))):
+        spec = AttentionSpec(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,
+                             max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=32768, **extra)
+        keys.clear()
+        launches = warmup(spec, "meta")
+        warm = set(keys)
+        keys.clear()
+        meta = dict(device="meta")
+        cache_dtype = spec.cache_dtype or spec.dtype
+        scales = {} if spec.kv_scales is None else dict(k_scale=torch.empty(8, **meta), v_scale=torch.empty(8, **meta))
+        sinks = torch.empty(32, **meta) if spec.sinks else None
+        calls = 0
+        for batch in (1, 2, 3, 7, 16, 17, 64, 100, 255, 256):
+            for q_len in (1, 2, 3, 5, 16, 17, 100, 1000, 8192):
+                if batch * q_len > spec.max_num_batched_tokens:
+                    continue
+                for prefix in (0, 1, 511, 4000, 32767 - q_len):
+                    kv_len = prefix + q_len
+                    if kv_len > spec.max_model_len or prefix < 0:
+                        continue
+                    width = -(-kv_len // 16) + batch % 3  # the block table's width varies too
+                    cache = torch.empty(batch * width, 16, 8, 128, dtype=cache_dtype, **meta)
+                    q = torch.empty(batch * q_len, 32, 128, dtype=spec.dtype, **meta)
+                    for window in spec.windows:
+                        attention.paged_prefill_attention_triton(
+                            q, cache, cache, torch.empty(batch, width, dtype=torch.int32, **meta),
+                            torch.empty(batch + 1, dtype=torch.int32, **meta),
+                            torch.empty(batch, dtype=torch.int32, **meta), q_len, kv_len,
+                            window_size=window, sinks=sinks, **scales)
+                        calls += 1
+                    key = torch.empty(batch * q_len, 8, 128, dtype=spec.dtype, **meta)
+                    write_kv.write_kv_cache_triton(key, key, cache, cache,
+                                                   torch.empty(batch * q_len, dtype=torch.int64, **meta), **scales)
+        report[label] = dict(launches=launches, warm=len(warm), calls=calls, sweep=len(set(keys)),
+                             missing=sorted(set(keys) - warm)[:3])
+    json.dump(report, sys.stdout)
+""")
+
+
+def _compiler_skip() -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    from triton.backends import backends
+
+    return None if "nvidia" in backends else "this triton build has no NVIDIA backend"
+
+
+@pytest.mark.skipif(_compiler_skip() is not None, reason=str(_compiler_skip()))
+def test_after_warmup_no_batch_size_or_length_compiles():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    for label, r in report.items():
+        assert r["calls"] > 200 and r["sweep"] >= 2, (label, r)
+        assert r["missing"] == [], f"{label}: variants compiled after warm-up: {r['missing']}"
+        assert r["warm"] <= r["launches"] + 1, (label, r)  # one key per warm-up launch (+ the merge)
+
+
+def test_variants_are_bounded_and_split_only_for_decode():
+    spec = AttentionSpec(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,
+                         max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=32768)
+    variants = attention_variants(spec, on_gpu=True)
+    tiles = {(c.block_m, c.block_n) for _, c in variants}
+    assert tiles == {(16, 64), (32, 64), (64, 64), (128, 128)}
+    assert {c.block_m for _, c in variants if c.num_splits > 1} == {16, 32, 64}  # q_len <= 16 only
+    short = dataclasses.replace(spec, max_model_len=300)  # too short to split
+    assert all(c.num_splits == 1 for _, c in attention_variants(short, on_gpu=True))
+
+
+@pytest.mark.usefixtures("needs_triton")
+def test_warmup_launches_each_variant_here():
+    """On the interpreter the launches really run (tiles of the CPU path), fp8 and sinks included."""
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float16,
+                         max_num_seqs=4, max_num_batched_tokens=64, max_model_len=1024,
+                         cache_dtype=torch.float8_e5m2, kv_scales="tensor", sinks=True, windows=(None, (31, 0)))
+    assert warmup(spec, PRIMARY_DEVICE) == 1 + len(attention_variants(spec, on_gpu=PRIMARY_DEVICE == "cuda"))
+
+
+@pytest.mark.usefixtures("needs_triton")
+def test_warmup_rejects_a_spec_the_kernels_reject():
+    from prefixkv.kernels import ShapeError
+
+    spec = AttentionSpec(num_heads=6, num_kv_heads=4, head_dim=32, block_size=16, dtype=torch.float16,
+                         max_num_seqs=4, max_num_batched_tokens=64, max_model_len=1024)
+    with pytest.raises(ShapeError, match="multiple of num_kv_heads"):
+        warmup(spec, PRIMARY_DEVICE)
