@@ -147,20 +147,27 @@ class ContentIndex:
         blocks = req.blocks
         cid = blocks[first - 1].content_id if first else 0
         nid = self._next_id
+        by_key, lower = self._by_key, self._lower
         for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras):
             b.parent_cid = cid
             b.extra = extra
             held = setdefault(chunk, b)
+            if held is b and by_key:  # one content, one entry: it may be held under its
+                other = by_key.get((cid, chunk, extra))  # triple (its tokens' key freed since)
+                if other is not None:
+                    del self._by_chunk[chunk]
+                    cid = self._add_twin(b, other)
+                    continue
             if held is b:  # a new content, keyed by its tokens (the common case)
                 b.key = chunk
-                b.content_id = cid = nid
+                b.content_id = cid = nid if lower is None else self._lower_id(cid, chunk, extra, nid)
                 nid += 1
                 continue
             if held.parent_cid != cid or held.extra != extra:  # the tokens' key is taken
                 b.key = key = (cid, chunk, extra)
-                held = self._by_key.setdefault(key, b)
+                held = by_key.setdefault(key, b)
                 if held is b:
-                    b.content_id = cid = nid
+                    b.content_id = cid = nid if lower is None else self._lower_id(cid, chunk, extra, nid)
                     nid += 1
                     continue
             cid = self._add_twin(b, held)
@@ -170,6 +177,12 @@ class ContentIndex:
                 b.step = self.step
         if hashes is not None:
             self._announce(req, first, hashes)
+
+    def _lower_id(self, parent_cid: int, chunk: bytes, extra: bytes, nid: int) -> int:
+        """One content, one id: content recomputed on the device while a host slot keeps
+        it takes the slot's id, so the slot's children stay findable below it."""
+        slot = self._lower.find(parent_cid, chunk, extra)  # type: ignore[union-attr]
+        return nid if slot is None else slot.content_id
 
     def adopt(self, block: Block, slot: Block) -> None:
         """Record in the fresh device ``block`` the content of host ``slot`` (whose copy
