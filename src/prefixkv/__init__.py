@@ -18,7 +18,9 @@ from .errors import (
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .extra_keys import ExtraKeys, MultiModalInput
 from .core.manager import KVCacheManager
-from .results import Admission, BlockCopy, BlockLoad, BlockOffload, DecodeStep, Fork, KVOp
+from .results import (
+    Admission, BlockCopy, BlockLoad, BlockOffload, DecodeStep, Fork, KVOp, StoreFetched, StorePut,
+)
 from .stats import PrefixCacheStats
 
 __version__ = "0.1.0"
@@ -28,5 +30,5 @@ __all__ = [
     "BlockRemoved", "BlockStored",
     "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
     "InvariantError", "KVCacheManager", "KVOp", "MultiModalInput", "PrefixCacheStats",
-    "PrefixKVError", "RequestError", "TokenError",
+    "PrefixKVError", "RequestError", "StoreFetched", "StorePut", "TokenError",
 ]
