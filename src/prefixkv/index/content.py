@@ -79,6 +79,7 @@ class ContentIndex:
         self._bs = block_size
         self._lower = lower  # the tier that keeps evicted content (HostTier), or None
         self.hashing = sink.active
+        self.fresh: list[tuple] | None = None  # with a shared store: contents recorded
         self.step = 0  # the manager's step: content recorded now is computed this step
 
     def __len__(self) -> int:
@@ -171,6 +172,23 @@ class ContentIndex:
                 b.step = self.step
         if hashes is not None:
             self._announce(req, first, hashes)
+            if self.fresh is not None:
+                self._note_fresh(req, first, len(hashes))
+
+    def _note_fresh(self, req: Request, first: int, count: int) -> None:
+        """Remember the contents first recorded now, for the shared store's writes:
+        ``(block, content id, parent hash, token bytes, extra keys)``."""
+        blocks = req.blocks
+        parent = blocks[first - 1].hash if first else self._hasher.root
+        for b in blocks[first:first + count]:
+            if not b.twin:
+                self.fresh.append((b, b.content_id, parent, _chunk(b), req.keys.extra))  # type: ignore[union-attr]
+            parent = b.hash
+
+    def new_id(self) -> int:
+        """A new content id (for content that comes from outside: the shared store)."""
+        self._next_id += 1
+        return self._next_id - 1
 
     def adopt(self, block: Block, slot: Block) -> None:
         """Record in the fresh device ``block`` the content of host ``slot`` (whose copy
