@@ -6,6 +6,7 @@ socket in a temporary folder (no TCP port, nothing written to disk: no RDB, no A
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ class LocalRedis:
                       "--save", "", "--appendonly", "no", "--dir", self._dir,
                       "--maxmemory", str(maxmemory), "--maxmemory-policy", policy]
         self._proc: subprocess.Popen | None = None
+        atexit.register(self.close)  # never outlive the process that started it
         self.start()
 
     def start(self) -> None:
