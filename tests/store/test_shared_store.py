@@ -186,3 +186,35 @@ def test_bad_store_arguments(backend, layout):
     for bad in (("", "f32", 8), ("m", "", 8), ("m", "f32", 0), ("m", "f32", True)):
         with pytest.raises(ConfigError):
             StoreLayout(*bad)
+
+
+def test_key_prefix_names_a_tenants_keys(backend, shared):
+    m = manager(shared)
+    puts = computed(m, backend, "a", A, extra=ExtraKeys(cache_salt="t7"))
+    prefix = shared.key_prefix(4, "sha256", cache_salt="t7")
+    assert all(p.key.startswith(prefix) for p in puts)
+    assert shared.key_prefix(4, "sha256") != prefix
+    with pytest.raises(ConfigError):
+        shared.key_prefix(4, "xxhash")
+
+
+def test_an_acl_user_limited_to_prefixkv_keys_and_three_commands_suffices(redis_url, layout):
+    """The recipe in docs/security.md, on a real server."""
+    import redis
+    from prefixkv.store import RedisStore
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "fleet", "on", ">s3cret", "~prefixkv:*",
+                          "resetchannels", "-@all", "+get", "+set", "+exists")
+    if not redis_url.startswith("unix://"):
+        pytest.skip("the URL is not a Unix socket; the recipe is tested on the local server")
+    path = redis_url[len("unix://"):]
+    user = RedisStore(f"unix://fleet:s3cret@{path}")
+    shared = SharedStore(user, layout)
+    computed(manager(shared), user, "a", A)
+    assert manager(shared).lookup(A) == 12
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        user.put([(b"elsewhere", b"v")])
+    intruder = SharedStore(RedisStore(f"unix://fleet:wrong@{path}"), layout)
+    m = manager(intruder)
+    assert m.lookup(A) == 0 and m.stats.store_errors == 1
+    admin.execute_command("ACL", "DELUSER", "fleet")

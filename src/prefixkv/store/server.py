@@ -40,6 +40,8 @@ class LocalRedis:
         self.start()
 
     def start(self) -> None:
+        """Start the server (again, empty, after ``stop``); no-op while it runs.
+        Raises RuntimeError if it is not listening within 10 s."""
         if self._proc is not None:
             return
         self._proc = subprocess.Popen([self._binary, *self._args], stdout=subprocess.DEVNULL,
@@ -47,7 +49,7 @@ class LocalRedis:
         deadline = time.monotonic() + 10
         while not os.path.exists(self.socket):
             if self._proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
+                self.close()
                 raise RuntimeError(f"redis-server ({self._binary}) did not start")
             time.sleep(0.01)
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from ..errors import ConfigError
 from ..extra_keys import ExtraKeys
+from ..hashing import make_hash_fn
 from ..results import StorePut
 from .protocol import StoreBackend
 from .record import StoreLayout, block_head, decode_value
@@ -52,6 +53,15 @@ class SharedStore:
             raise ConfigError(f"retry_after must be a finite number >= 0, got {retry_after!r}")
         self.backend, self.layout = backend, layout
         self.max_fetch, self.retry_after = max_fetch, float(retry_after)
+
+    def key_prefix(self, block_size: int, hash_mode: str = "sha256", seed: int | bytes | None = None,
+                   cache_salt: str | None = None) -> bytes:
+        """``b"prefixkv:<namespace>:"``: the keys of managers with this block size, hash
+        mode and seed, for requests with ``cache_salt`` (an ACL key pattern per tenant).
+        Raises ConfigError as ``bind`` and for a bad hash mode or seed."""
+        _, root = make_hash_fn(hash_mode, seed)
+        extra = ExtraKeys(cache_salt=cache_salt) if cache_salt is not None else None
+        return self.bind(hash_mode, seed, root, block_size, None).prefix(extra)
 
     def bind(self, hash_mode: object, seed: object, root: bytes, block_size: int, stats) -> StoreLink:
         """The link a manager uses. Raises ConfigError unless the chain hashes are the
