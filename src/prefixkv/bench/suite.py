@@ -1,4 +1,5 @@
-"""The whole ``prefixkv bench`` run: workloads x allocators, capacity, sweep, e2e, report."""
+"""The whole ``prefixkv bench`` run: workloads x allocators, capacity, sweep, replicas
+sharing a store, e2e, report."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from . import limits
 from .cost import PrefillCost, allocator_share
 from .errors import BenchError
 from .progress import Progress
+from .replicas import REPLICA_WORKLOADS, run_replicas
 from .replay import replay
 from .trace import load_trace
 from .workloads import BUILTIN, Workload, builtin, token_bound
@@ -35,6 +37,7 @@ class BenchConfig:
     block_size: int = 16
     seed: int = 0
     e2e: bool = True
+    replicas: bool = True
     plots: bool = True
     out: Path = field(default_factory=lambda: Path("prefixkv-bench"))
     progress: bool | None = None
@@ -134,13 +137,16 @@ def run_bench(cfg: BenchConfig, stream: TextIO | None = None) -> dict[str, Any]:
     check_pools(workloads, cfg)
     replays = sum(len(ALLOCATORS) + 2 * len(sweep_sizes(wl, cfg.block_size, pool_of(wl, cfg)))
                   for wl in workloads)
-    progress = Progress(replays + int(cfg.e2e), cfg.progress, stream)
+    shared = [wl for wl in workloads if cfg.replicas and wl.name in REPLICA_WORKLOADS]
+    progress = Progress(replays + 2 * len(shared) + int(cfg.e2e), cfg.progress, stream)
     cost = PrefillCost()
     data: dict[str, Any] = {"machine": machine(), "config": cfg.to_dict(), "workloads": [],
                             "prefill_cost": cost.describe()}
     try:
         for wl in workloads:
             data["workloads"].append(run_workload(wl, cfg, progress, cost))
+        if shared:
+            data["replicas"] = run_replicas(shared, cfg.block_size, cfg.seed, progress.tick)
         if cfg.e2e:
             progress.tick("end to end (model + kernels)")
             from .e2e import run_e2e  # torch stays out of this module's imports
