@@ -95,7 +95,7 @@ class BlockLoad:
     dst: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class StorePut:
     """Write device block ``src`` to the shared store, before the next forward pass
     (its KV was computed by an earlier step's): read its KV bytes (all layers, the
@@ -105,6 +105,9 @@ class StorePut:
     src: int
     key: bytes
     head: bytes
+
+    def __repr__(self) -> str:
+        return f"StorePut(src={self.src}, key={self.key!r}, head=<{len(self.head)} bytes>)"
 
 
 @dataclass(frozen=True, slots=True, repr=False)

@@ -57,7 +57,9 @@ class KVCacheManager(Admitter):
 
     def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
         """Tokens of this prompt that an admission now would find cached. Changes nothing
-        (no references, no stats, no LRU update). Raises as ``add_request`` for bad input."""
+        (no references, no stats, no LRU update; with a store, it asks the store, one
+        round trip, and counts a failure in ``store_errors``). Raises as ``add_request``
+        for bad input."""
         return len(self._find(None, prompt_token_ids, extra, True)[1]) * self.block_size
 
     # ---- growth ----------------------------------------------------------------------

@@ -95,6 +95,8 @@ class StoreLink:
         salt = extra.cache_salt if extra is not None else None
         p = self._prefixes.get(salt)
         if p is None:
+            if len(self._prefixes) >= 4096:  # one entry per salt seen: keep it bounded
+                self._prefixes.clear()
             tag = b"-" if salt is None else b"S" + salt.encode()
             ns = hashlib.sha256(b"prefixkv-ns\0" + self._scope + b"\0" + tag).hexdigest()[:24]
             p = self._prefixes[salt] = f"prefixkv:{ns}:".encode()
