@@ -218,3 +218,10 @@ def test_an_acl_user_limited_to_prefixkv_keys_and_three_commands_suffices(redis_
     m = manager(intruder)
     assert m.lookup(A) == 0 and m.stats.store_errors == 1
     admin.execute_command("ACL", "DELUSER", "fleet")
+
+
+def test_xxhash_with_one_seed_shares_across_managers(backend, shared):
+    m1 = manager(shared, hash_mode="xxhash", seed=11)
+    computed(m1, backend, "a", A)
+    assert manager(shared, hash_mode="xxhash", seed=11).lookup(A) == 12
+    assert manager(shared, hash_mode="xxhash", seed=12).lookup(A) == 0
