@@ -149,20 +149,27 @@ class ContentIndex:
         blocks = req.blocks
         cid = blocks[first - 1].content_id if first else 0
         nid = self._next_id
+        lower = self._lower
         for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras):
             b.parent_cid = cid
             b.extra = extra
             held = setdefault(chunk, b)
+            if held is b and self._by_key:  # the content may be held under its triple
+                other = self._by_key.get((cid, chunk, extra))
+                if other is not None:  # (its tokens' key was freed since): b is its twin
+                    del self._by_chunk[chunk]
+                    cid = self._add_twin(b, other)
+                    continue
             if held is b:  # a new content, keyed by its tokens (the common case)
                 b.key = chunk
-                b.content_id = cid = nid
+                b.content_id = cid = nid if lower is None else self._lower_id(cid, chunk, extra, nid)
                 nid += 1
                 continue
             if held.parent_cid != cid or held.extra != extra:  # the tokens' key is taken
                 b.key = key = (cid, chunk, extra)
                 held = self._by_key.setdefault(key, b)
                 if held is b:
-                    b.content_id = cid = nid
+                    b.content_id = cid = nid if lower is None else self._lower_id(cid, chunk, extra, nid)
                     nid += 1
                     continue
             cid = self._add_twin(b, held)
@@ -189,6 +196,13 @@ class ContentIndex:
         """A new content id (for content that comes from outside: the shared store)."""
         self._next_id += 1
         return self._next_id - 1
+
+    def _lower_id(self, parent_cid: int, chunk: bytes, extra: bytes, nid: int) -> int:
+        """The content id of this content in the tier below (recomputed on the device while
+        a slot keeps it: one content, one id, so the slot's children stay findable under
+        the device block), else ``nid``."""
+        slot = self._lower.find(parent_cid, chunk, extra)  # type: ignore[union-attr]
+        return nid if slot is None else slot.content_id
 
     def adopt(self, block: Block, slot: Block) -> None:
         """Record in the fresh device ``block`` the content of host ``slot`` (whose copy
