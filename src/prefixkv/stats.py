@@ -13,7 +13,9 @@ class PrefixCacheStats:
     ``preempted_*`` fields, so that recomputation after preemption does not make the hit
     rate look better than the traffic deserves (vLLM splits them the same way).
     ``host_hits``: the part of ``hits`` served from the host tier (loaded), the rest from
-    device blocks (vLLM's ``hits_by_source``)."""
+    device blocks (vLLM's ``hits_by_source``). ``store_hits``: the part of ``hits``
+    served from the shared store (fetched, then loaded). ``store_errors``: store calls
+    that failed (down, slow, refused): each cost misses, never a request."""
 
     requests: int = 0
     queries: int = 0
@@ -22,6 +24,8 @@ class PrefixCacheStats:
     preempted_queries: int = 0
     preempted_hits: int = 0
     host_hits: int = 0
+    store_hits: int = 0
+    store_errors: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -39,15 +43,16 @@ class StatsCounter:
     """Cumulative counts, with a get-and-reset view for per-step metrics."""
 
     __slots__ = ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
-                 "preempted_hits", "host_hits", "_taken")
+                 "preempted_hits", "host_hits", "store_hits", "store_errors", "_taken")
 
     def __init__(self) -> None:
         self.requests = self.queries = self.hits = 0
         self.preempted_requests = self.preempted_queries = self.preempted_hits = 0
-        self.host_hits = 0
+        self.host_hits = self.store_hits = self.store_errors = 0
         self._taken = PrefixCacheStats()
 
-    def record(self, queries: int, hits: int, resumed: bool = False, host_hits: int = 0) -> None:
+    def record(self, queries: int, hits: int, resumed: bool = False, host_hits: int = 0,
+               store_hits: int = 0) -> None:
         if resumed:
             self.preempted_requests += 1
             self.preempted_queries += queries
@@ -57,11 +62,13 @@ class StatsCounter:
             self.queries += queries
             self.hits += hits
             self.host_hits += host_hits
+            self.store_hits += store_hits
 
     @property
     def total(self) -> PrefixCacheStats:
         return PrefixCacheStats(self.requests, self.queries, self.hits, self.preempted_requests,
-                                self.preempted_queries, self.preempted_hits, self.host_hits)
+                                self.preempted_queries, self.preempted_hits, self.host_hits,
+                                self.store_hits, self.store_errors)
 
     def take(self) -> PrefixCacheStats:
         """Counts since the previous ``take``."""

@@ -12,7 +12,7 @@ from prefixkv.bench.report import write_all
 from prefixkv.cli import main
 
 FLAGS = ("--workload", "--trace", "--scale", "--pool-blocks", "--block-size", "--seed",
-         "--no-e2e", "--no-host-tiers", "--no-plots", "--out", "--progress")
+         "--no-e2e", "--no-host-tiers", "--no-store-replicas", "--no-plots", "--out", "--progress")
 
 
 def test_bench_help_explains_every_flag(capsys):

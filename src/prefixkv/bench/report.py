@@ -8,6 +8,7 @@ from typing import Any
 
 from .hosttier import HOST_COLUMNS, host_note, host_rows
 from .plots import PLOTS, write_plots
+from .store_replicas import REPLICA_COLUMNS, replica_note, replica_rows
 
 FILES = ("report.md", "report.json", *PLOTS)
 """Every file name ``write_all`` may write (nothing else belongs in a report folder)."""
@@ -104,9 +105,20 @@ def host_parts(data: dict[str, Any], markdown: bool = False) -> list[str]:
     return parts
 
 
+def replica_parts(data: dict[str, Any], markdown: bool = False) -> list[str]:
+    """The replicas table and its note, if the scenario ran."""
+    rep = data.get("replicas")
+    if rep is None:
+        return []
+    if "skipped" in rep:
+        return [f"replicas sharing a store skipped: {rep['skipped']}"]
+    return [table(REPLICA_COLUMNS, replica_rows(rep), markdown=markdown, text_columns=2),
+            replica_note(rep) + ("." if markdown else "")]
+
+
 def terminal(data: dict[str, Any]) -> str:
     """The summary printed at the end of a run."""
-    parts = [table(COLUMNS, rows(data)), share_note(data), *host_parts(data)]
+    parts = [table(COLUMNS, rows(data)), share_note(data), *host_parts(data), *replica_parts(data)]
     e2e = data.get("e2e")
     if e2e and "turns" in e2e:
         parts.append(f"end to end ({e2e['device']}, {e2e['model']}):")
@@ -146,6 +158,10 @@ def markdown(data: dict[str, Any], plots: list[str]) -> str:
     if "host_tiers" in data:
         out += ["## Host tier (L2)", ""]
         for part in host_parts(data, markdown=True):
+            out += [part, ""]
+    if "replicas" in data:
+        out += ["## Replicas sharing a store (L3)", ""]
+        for part in replica_parts(data, markdown=True):
             out += [part, ""]
     e2e = data.get("e2e")
     if e2e and "turns" in e2e:

@@ -1,5 +1,5 @@
 """The whole ``prefixkv bench`` run: workloads x allocators, capacity, sweep, host tiers,
-e2e, report."""
+replicas sharing a store, e2e, report."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from .cost import PrefillCost, allocator_share
 from .errors import BenchError
 from .hosttier import HOST_FACTORS, HOST_WORKLOADS, TransferCost, host_tier_sweep
 from .progress import Progress
+from .store_replicas import REPLICA_WORKLOADS, run_replicas
 from .replay import replay
 from .trace import load_trace
 from .workloads import BUILTIN, Workload, builtin, token_bound
@@ -38,6 +39,7 @@ class BenchConfig:
     seed: int = 0
     e2e: bool = True
     host_tiers: bool = True
+    store_replicas: bool = True
     plots: bool = True
     out: Path = field(default_factory=lambda: Path("prefixkv-bench"))
     progress: bool | None = None
@@ -139,7 +141,9 @@ def run_bench(cfg: BenchConfig, stream: TextIO | None = None) -> dict[str, Any]:
                   for wl in workloads)
     tiered = [wl for wl in workloads if cfg.host_tiers and wl.name in HOST_WORKLOADS]
     replays += len(HOST_FACTORS) * len(tiered)
-    progress = Progress(replays + int(cfg.e2e) * (1 + bool(tiered)), cfg.progress, stream)
+    shared = [wl for wl in workloads if cfg.store_replicas and wl.name in REPLICA_WORKLOADS]
+    progress = Progress(replays + 2 * len(shared) + int(cfg.e2e) * (1 + bool(tiered)), cfg.progress,
+                        stream)
     cost = PrefillCost()
     data: dict[str, Any] = {"machine": machine(), "config": cfg.to_dict(), "workloads": [],
                             "prefill_cost": cost.describe()}
@@ -151,6 +155,8 @@ def run_bench(cfg: BenchConfig, stream: TextIO | None = None) -> dict[str, Any]:
             data["host_transfer"] = transfer.describe(cfg.block_size)
             data["host_tiers"] = [host_tier_sweep(wl, cfg.block_size, transfer, progress.tick)
                                   for wl in tiered]
+        if shared:
+            data["replicas"] = run_replicas(shared, cfg.block_size, cfg.seed, progress.tick)
         if cfg.e2e:
             progress.tick("end to end (model + kernels)")
             from .e2e import run_e2e  # torch stays out of this module's imports

@@ -16,12 +16,13 @@ from ..errors import (
     ConfigError, InvariantError, RequestError, TokenError, check_count, check_flag,
     check_new_request, check_positive,
 )
-from ..events import EventLog, NullSink
+from ..events import BlockStored, EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import HashFn, block_chunks, encode_tokens, make_hash_fn, token_bytes
 from ..index import ContentIndex, Hasher, NoIndex
 from ..results import Admission, KVOp
 from ..stats import StatsCounter
+from ..store.shared import Fetched, SharedStore
 from ..tiers import HostSlot, HostTier
 from .block import Block, blocks_for
 from .pool import BlockPool
@@ -39,7 +40,7 @@ class Admitter:
         self, num_blocks: int, block_size: int = 16, *, hash_mode: str | HashFn = "xxhash",
         seed: int | bytes | None = None, enable_caching: bool = True,
         enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
-        host_blocks: int = 0,
+        host_blocks: int = 0, store: SharedStore | None = None,
     ) -> None:
         check_positive("num_blocks", num_blocks)
         check_positive("block_size", block_size)
@@ -52,6 +53,11 @@ class Admitter:
             check_positive("host_blocks", host_blocks)
         elif host_blocks != 0 or type(host_blocks) is not int:
             raise ConfigError(f"host_blocks must be an int >= 0, got {host_blocks!r}")
+        if store is not None and not (isinstance(store, SharedStore) and enable_caching
+                                      and host_blocks):
+            raise ConfigError(f"store must be a SharedStore, with enable_caching=True and "
+                              f"host_blocks > 0 (store hits land in host slots), got "
+                              f"{store!r}, enable_caching={enable_caching}, host_blocks={host_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -59,14 +65,19 @@ class Admitter:
         fn, root = make_hash_fn(hash_mode, seed)
         self._events = EventLog(max_events) if enable_events else NullSink()
         self._host = HostTier(host_blocks, self._events) if host_blocks and enable_caching else None
-        self._index = (ContentIndex(Hasher(fn, root, callable(hash_mode)), self._events, block_size,
-                                    lower=self._host)
+        self._hasher = Hasher(fn, root, callable(hash_mode))
+        self._index = (ContentIndex(self._hasher, self._events, block_size, lower=self._host)
                        if enable_caching else NoIndex())
         self._pool = BlockPool(num_blocks, self._index)
         self._requests: dict[Hashable, Request] = {}
         self._stats = StatsCounter()
         self._kv_ops: list[KVOp] = []
         self._plan_refs: list[Block] = []  # sources of pending copies, held by the plan
+        self._store = store.bind(hash_mode, seed, root, block_size, self._stats) if store is not None else None
+        self._computing: list[tuple] = []  # contents recorded last step: written to the store next
+        if self._store is not None:  # the store's keys are chain hashes: every block needs its own
+            self._index.hashing = True  # type: ignore[union-attr]
+            self._index.fresh = []  # type: ignore[union-attr]
 
     def add_request(
         self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
@@ -108,8 +119,8 @@ class Admitter:
         num_new = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
         total = num_cached + num_new
         pool = self._pool
-        loads = [h for h in hits if type(h) is HostSlot] if self._host is not None else ()
-        held = [h for h in hits if type(h) is not HostSlot] if loads else hits
+        loads = [h for h in hits if type(h) is not Block] if self._host is not None else ()
+        held = [h for h in hits if type(h) is Block] if loads else hits
         need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
         fit = blocks_for(n + num_lookahead_tokens, bs) - len(held) if require_full_fit else need
         if not pool.can_acquire(held, max(need, fit)):
@@ -117,7 +128,8 @@ class Admitter:
         first, last = len(hits), total // bs
         prepared = (self._index.prepare(req, first, last, hits[-1] if hits else None)
                     if last > first else None)
-        req.blocks = pool.acquire(hits, need) if not loads else self._acquire_loading(hits, held, need)
+        fetched = sum(type(h) is Fetched for h in loads) if self._store is not None else 0
+        req.blocks = pool.acquire(hits, need) if not loads else self._acquire_loading(req, hits, held, need)
         req.num_cached = num_cached
         req.num_scheduled = total
         req.num_reserved = total + num_lookahead_tokens
@@ -126,16 +138,19 @@ class Admitter:
         req.prompt_chunks = None
         req.grow_room()
         self._requests[request_id] = req
-        self._stats.record(n, num_cached, resumed, len(loads) * bs)
+        self._stats.record(n, num_cached, resumed, (len(loads) - fetched) * bs, fetched * bs)
         return Admission.of(request_id, req.blocks, num_cached, num_new)
 
-    def _acquire_loading(self, hits: list[Block], held: list[Block], need: int) -> list[Block]:
-        """``acquire`` when some hits are host slots: pin them, take fresh device blocks
-        for them (the evictions this causes may offload, never into a pinned slot), record
-        their content and state the loads."""
+    def _acquire_loading(self, req: Request, hits: list, held: list[Block], need: int) -> list[Block]:
+        """``acquire`` when some hits are host slots or fetched from the store: pin the
+        slots, put the fetched blocks in slots (pinned), take fresh device blocks for them
+        (the evictions this causes may offload, never into a pinned slot), record their
+        content and state the loads."""
         host, index = self._host, self._index
         slots = [h for h in hits if type(h) is HostSlot]
         host.hold(slots)  # type: ignore[union-attr]
+        if type(hits[-1]) is Fetched:  # fetched blocks end the hits
+            self._fill(req, hits)
         fresh = iter(self._pool.acquire(held, need)[len(held):])
         blocks = []
         for h in hits:
@@ -147,6 +162,29 @@ class Admitter:
             blocks.append(h)
         blocks.extend(fresh)
         return blocks
+
+    def _fill(self, req: Request, hits: list) -> None:
+        """Replace the Fetched among ``hits`` by host slots holding them."""
+        bs, host, cid, parent = self.block_size, self._host, 0, None
+        for j, h in enumerate(hits):
+            if type(h) is Fetched:
+                ev = (BlockStored(h.hash, parent, tuple(req.tokens[j * bs:(j + 1) * bs]), 0,
+                                  req.keys.for_event(j, bs)) if self._events.active else None)
+                h = hits[j] = host.fill(cid, h, self._index.new_id(), ev)  # type: ignore[union-attr]
+            cid, parent = h.content_id, h.hash
+
+    def _fetch(self, req: Request, hits: list[Block], chunks: list[bytes], limit: int) -> list[Fetched]:
+        """The blocks after ``hits`` that the shared store holds and that pass the content
+        check, as many as host slots can take (one round trip). Changes nothing here."""
+        first, link = len(hits), self._store
+        last = min(limit, first + link.max_fetch, first + self._host.room(hits))  # type: ignore[union-attr]
+        if last <= first:
+            return []
+        extras = req.keys.of_blocks(first, last)
+        parent = hits[-1].hash if hits else self._hasher.root
+        hashes = self._hasher.chain(parent, chunks[first:last], extras)  # type: ignore[arg-type]
+        payloads = link.fetch(parent, hashes, chunks[first:last], extras, req.keys.extra)  # type: ignore[union-attr]
+        return [Fetched(*f) for f in zip(hashes, chunks[first:last], extras, payloads)]
 
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
               extra: ExtraKeys | None, read_cache: bool) -> tuple[Request, list[Block]]:
@@ -162,8 +200,11 @@ class Admitter:
         if not read_cache:
             return req, []
         limit = (n - 1) // bs
-        return req, self._index.match(chunks if limit == len(chunks) else chunks[:limit],
-                                      keys.base, keys.mm)
+        hits = self._index.match(chunks if limit == len(chunks) else chunks[:limit],
+                                 keys.base, keys.mm)
+        if self._store is not None and len(hits) < limit:
+            hits += self._fetch(req, hits, chunks, limit)
+        return req, hits
 
     def _encode(self, token_ids: Sequence[int]) -> array:
         return encode_tokens(token_ids, self.vocab_size)

@@ -43,16 +43,24 @@ class KVCacheManager(Admitter):
         enable_events: record BlockStored/BlockRemoved/AllBlocksCleared for ``take_events``.
         max_events: the event log's bound (see ``take_events``).
         vocab_size: when given, token ids >= vocab_size are rejected (costs a max() per call).
+        host_blocks: slots of the host tier (L2); 0: none.
+        store: a ``prefixkv.store.SharedStore`` (L3) shared with other processes:
+            admissions continue a chain past the device and host into it, and the plan
+            writes computed blocks to it. Needs ``host_blocks > 0`` and ``hash_mode``
+            ``"sha256"`` or ``"xxhash"`` with a ``seed`` (ids equal in every process).
 
     Raises:
-        ConfigError: a size is not a positive int, a flag not a bool, a bad hash mode/seed.
+        ConfigError: a size is not a positive int, a flag not a bool, a bad hash mode/seed,
+            a store without host slots or without a hash mode every process shares.
     """
 
     # ---- admission (the rest lives in Admitter) ----------------------------------------
 
     def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
         """Tokens of this prompt that an admission now would find cached. Changes nothing
-        (no references, no stats, no LRU update). Raises as ``add_request`` for bad input."""
+        (no references, no stats, no LRU update; with a store, it asks the store, one
+        round trip, and counts a failure in ``store_errors``). Raises as ``add_request``
+        for bad input."""
         return len(self._find(None, prompt_token_ids, extra, True)[1]) * self.block_size
 
     # ---- growth ----------------------------------------------------------------------
@@ -291,6 +299,8 @@ class KVCacheManager(Admitter):
         """The step's plan: the copies the engine must run, in this order, after this
         step's scheduling calls and before its forward pass: every ``BlockOffload``
         (device blocks evicted now, whose KV the forward pass would overwrite), then every
+        ``StorePut`` (blocks computed by an earlier step, to write to the shared store),
+        every ``StoreFetched`` (blocks from the store into host slots), every
         ``BlockLoad`` (host hits into fresh device blocks), then every ``BlockCopy`` (fork
         copy-on-write, the same as ``Fork.copies``; a copy into a block whose request
         was freed meanwhile is dropped, and a copy's source is held until the plan is
@@ -300,6 +310,10 @@ class KVCacheManager(Admitter):
         host = self._host
         if host is not None:
             out += host.offloads
+            if self._store is not None:
+                out += self._store_puts()
+                out += host.fetches
+                host.fetches = []
             out += host.loads
             host.offloads, host.loads = [], []
             host.end_step()
@@ -327,6 +341,16 @@ class KVCacheManager(Admitter):
             self._require(self._host.check())
 
     # ---- helpers ---------------------------------------------------------------------
+
+    def _store_puts(self) -> list[KVOp]:
+        """Writes of the contents recorded in the previous step (their forward pass has
+        run since), those still held as recorded: not evicted, not made unfindable."""
+        put = self._store.put  # type: ignore[union-attr]
+        ops: list[KVOp] = [put(b.block_id, b.hash, parent, chunk, b.extra, keys)
+                           for b, cid, parent, chunk, keys in self._computing
+                           if b.key is not None and not b.twin and b.content_id == cid]
+        self._computing, self._index.fresh = self._index.fresh, []  # type: ignore[union-attr]
+        return ops
 
     def _get(self, request_id: Hashable) -> Request:
         try:  # every call goes through here, decode included: one dict access when live

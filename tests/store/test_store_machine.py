@@ -1,0 +1,212 @@
+"""Two managers, each with its own simulated engine (device and host KV), share one real
+Redis store. Hypothesis drives admissions, prefill chunks, decode steps, frees, aborts
+before a step ran, and corruption of stored values; after every step every live
+request's blocks must hold exactly that request's KV, so a store hit that served wrong
+KV (another prefix, another salt, a block never computed, a corrupted value) is caught
+at the step it happens. A block's KV bytes are a 16-byte digest of what it holds."""
+
+import hashlib
+import uuid
+
+import pytest
+
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from prefixkv import (
+    BlockCopy, BlockLoad, BlockOffload, ExtraKeys, KVCacheManager, StoreFetched, StorePut,
+)
+from prefixkv.store import RedisStore, SharedStore, StoreLayout, encode_value
+
+BS = 4
+ORDER = [BlockOffload, StorePut, StoreFetched, BlockLoad, BlockCopy]
+PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1, 2, 3, 4, 9, 9, 9, 9],
+            [9, 9, 9, 9, 5, 6, 7, 8]]
+prompts = st.builds(
+    lambda pre, cut, tail: PREFIXES[pre][:cut] + tail,
+    st.integers(0, len(PREFIXES) - 1), st.integers(0, 12), st.lists(st.integers(0, 5), max_size=6),
+).filter(bool)
+salts = st.sampled_from([None, ExtraKeys(cache_salt="a"), ExtraKeys(lora="a")])
+side = st.integers(0, 1)
+
+URL = []  # the session's server (conftest), set for the machine by the fixture below
+
+
+@pytest.fixture(autouse=True)
+def _server(redis_url):
+    URL[:] = [redis_url]
+
+
+class Engine:
+    """One process: a manager and the KV it would hold (device blocks, host slots)."""
+
+    def __init__(self, shared, num_blocks, host_blocks):
+        self.m = KVCacheManager(num_blocks, BS, hash_mode="sha256", host_blocks=host_blocks,
+                                store=shared)
+        self.kv = [[None] * BS for _ in range(num_blocks)]
+        self.host = [None] * host_blocks
+        self.tokens, self.scheduled, self.extra = {}, {}, {}
+
+
+class SharedStoreMachine(RuleBasedStateMachine):
+
+    @initialize()
+    def setup(self):
+        self.backend = RedisStore(URL[0])
+        shared = SharedStore(self.backend, StoreLayout(uuid.uuid4().hex, "sim", 16))
+        self.engines = [Engine(shared, 6, 4), Engine(shared, 5, 3)]
+        self.meaning: dict[bytes, tuple] = {}          # KV bytes -> what they stand for
+        self.keys: list[bytes] = []
+        self.seen: list[tuple] = []                    # (engine, prompt, extra) admitted
+        self.next_id = 0
+        self.last = None
+
+    def _bytes(self, kv):
+        digest = hashlib.blake2b(repr(kv).encode(), digest_size=16).digest()
+        self.meaning[digest] = tuple(kv)
+        return digest
+
+    def _run_plan(self, e):
+        ops = e.m.take_kv_ops()
+        kinds = [type(op) for op in ops]
+        assert kinds == sorted(kinds, key=ORDER.index), kinds
+        for op in ops:
+            if isinstance(op, BlockOffload):
+                e.host[op.dst] = list(e.kv[op.src])
+            elif isinstance(op, StorePut):
+                self.backend.put([(op.key, encode_value(op.head, self._bytes(e.kv[op.src])))])
+                self.keys.append(op.key)
+            elif isinstance(op, StoreFetched):
+                e.host[op.dst] = list(self.meaning[op.payload])
+            elif isinstance(op, BlockLoad):
+                e.kv[op.dst] = list(e.host[op.src])
+            else:
+                e.kv[op.dst] = list(e.kv[op.src])
+
+    def _kv_of(self, e, rid, pos):
+        return e.extra[rid], tuple(e.tokens[rid][:pos + 1])
+
+    def _write(self, e, rid, start, stop):
+        self._run_plan(e)
+        blocks = e.m.get_block_ids(rid)
+        for pos in range(start, stop):
+            e.kv[blocks[pos // BS]][pos % BS] = self._kv_of(e, rid, pos)
+
+    @rule(i=side, prompt=prompts, extra=salts, chunk=st.none() | st.integers(1, 6))
+    def add(self, i, prompt, extra, chunk):
+        e = self.engines[i]
+        self.next_id += 1
+        rid = f"r{self.next_id}"
+        adm = e.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
+        self.last = None
+        if adm is None:
+            return
+        e.tokens[rid], e.extra[rid] = list(prompt), extra
+        self.seen.append((i, list(prompt), extra))
+        e.scheduled[rid] = adm.num_cached_tokens + adm.num_new_tokens
+        self._write(e, rid, adm.num_cached_tokens, e.scheduled[rid])
+        self.last = (i, rid, adm.num_cached_tokens, e.scheduled[rid])
+
+    @precondition(lambda self: bool(self.seen))
+    @rule(data=st.data(), tail=st.lists(st.integers(0, 5), max_size=3))
+    def elsewhere(self, data, tail):
+        """The other engine admits a prompt one engine saw (and maybe computed)."""
+        i, prompt, extra = data.draw(st.sampled_from(self.seen))
+        self.add(1 - i, prompt + tail, extra, None)
+
+    @rule(i=side, data=st.data())
+    def extend(self, i, data):
+        e = self.engines[i]
+        todo = [r for r in e.tokens if e.scheduled[r] < len(e.tokens[r])]
+        self.last = None
+        if not todo:
+            return
+        rid = data.draw(st.sampled_from(todo))
+        n = data.draw(st.integers(1, len(e.tokens[rid]) - e.scheduled[rid]))
+        if e.m.extend(rid, n) is None:
+            return
+        start = e.scheduled[rid]
+        e.scheduled[rid] += n
+        self._write(e, rid, start, e.scheduled[rid])
+        self.last = (i, rid, start, e.scheduled[rid])
+
+    @rule(i=side, data=st.data())
+    def step(self, i, data):
+        e = self.engines[i]
+        rids = [r for r in e.tokens if e.scheduled[r] == len(e.tokens[r])]
+        toks = [data.draw(st.integers(0, 5)) for _ in rids]
+        got = e.m.append_step(rids, toks)
+        self._run_plan(e)
+        self.last = None
+        for rid, tok in zip(rids, toks):
+            if rid in got.short:
+                continue
+            e.tokens[rid].append(tok)
+            pos = e.scheduled[rid]
+            e.scheduled[rid] += 1
+            e.kv[e.m.get_block_ids(rid)[pos // BS]][pos % BS] = self._kv_of(e, rid, pos)
+
+    @rule(i=side, data=st.data())
+    def free(self, i, data):
+        e = self.engines[i]
+        self.last = None
+        if e.tokens:
+            rid = data.draw(st.sampled_from(sorted(e.tokens)))
+            e.m.free(rid)
+            del e.tokens[rid], e.scheduled[rid], e.extra[rid]
+
+    @precondition(lambda self: self.last is not None)
+    @rule()
+    def abort_before_step_ran(self):
+        """What the last call scheduled was never computed: it must never be written to
+        the store, nor served from it."""
+        i, rid, start, stop = self.last
+        e = self.engines[i]
+        blocks = e.m.get_block_ids(rid)
+        for pos in range(start, stop):
+            e.kv[blocks[pos // BS]][pos % BS] = "never computed"
+        e.m.free(rid, num_computed_tokens=start)
+        del e.tokens[rid], e.scheduled[rid], e.extra[rid]
+        self.last = None
+
+    @precondition(lambda self: bool(self.keys))
+    @rule(data=st.data())
+    def corrupt(self, data):
+        """Flip a byte of a stored value's payload (its checksum no longer matches)."""
+        key = data.draw(st.sampled_from(self.keys))
+        value = self.backend.get([key])[0]
+        if value is not None:
+            self.backend.put([(key, value[:-1] + bytes([value[-1] ^ 1]))])
+
+    @invariant()
+    def blocks_hold_each_requests_kv(self):
+        for e in self.engines:
+            e.m.check_invariants()
+            for rid in e.tokens:
+                blocks = e.m.get_block_ids(rid)
+                for pos in range(e.scheduled[rid]):
+                    assert e.kv[blocks[pos // BS]][pos % BS] == self._kv_of(e, rid, pos), (rid, pos)
+            assert e.m.stats.store_errors == 0
+
+    def teardown(self):
+        if hasattr(self, "backend"):
+            self.backend.close()
+
+
+TestSharedStoreMachine = SharedStoreMachine.TestCase
+TestSharedStoreMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_stores_serve_hits_in_the_machine():
+    """The machine is not vacuous: a prompt computed by one engine is served to the
+    other from the store."""
+    m = SharedStoreMachine()
+    m.setup()
+    m.add(0, PREFIXES[0] + [1], None, None)
+    m._run_plan(m.engines[0])                       # two steps: computed, then written
+    m._run_plan(m.engines[0])
+    m.add(1, PREFIXES[0] + [2], None, None)
+    assert m.engines[1].m.stats.store_hits == 12           # three blocks, three host slots
+    m.blocks_hold_each_requests_kv()
+    m.teardown()
+

@@ -1,0 +1,67 @@
+"""The engine's side of the store ops on torch caches, and the two-process example."""
+
+import pathlib
+import runpy
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the engine side of the store needs torch")
+
+from prefixkv import BlockLoad, ConfigError, StoreFetched, StorePut  # noqa: E402
+from prefixkv.store.torch_io import (  # noqa: E402
+    block_payload, kv_block_bytes, run_store_ops, write_payload,
+)
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "examples" / "shared_store.py"
+L, N, BS, H, D = 2, 5, 4, 2, 8
+
+
+class Collect:
+    """A writer that keeps what it is given (the real one is tested in test_shared_store)."""
+
+    def __init__(self):
+        self.items = []
+
+    def put(self, op, payload):
+        self.items.append((op, payload))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_payload_goes_from_a_device_block_to_a_host_slot_bit_exact(dtype):
+    k = torch.randn(L, N, BS, H, D).to(dtype)
+    v = torch.randn(L, N, BS, H, D).to(dtype)
+    assert kv_block_bytes(k, v) == 2 * L * BS * H * D * k.element_size()
+    payload = block_payload(k, v, 3)
+    assert len(payload) == kv_block_bytes(k, v)
+    k_host = torch.zeros(3, L, BS, H, D, dtype=dtype)
+    v_host = torch.zeros_like(k_host)
+    write_payload(k_host, v_host, 1, payload)
+    assert torch.equal(k_host[1], k[:, 3]) and torch.equal(v_host[1], v[:, 3])
+    assert not k_host[0].any() and not k_host[2].any()
+    with pytest.raises(ConfigError):
+        write_payload(k_host, v_host, 0, payload[:-2])
+
+
+def test_run_store_ops_runs_puts_and_fetches_and_returns_the_rest():
+    k = torch.randn(L, N, BS, H, D)
+    v = torch.randn(L, N, BS, H, D)
+    k_host = torch.zeros(2, L, BS, H, D)
+    v_host = torch.zeros_like(k_host)
+    fetched = block_payload(k, v, 4)
+    writer = Collect()
+    put = StorePut(2, b"key", b"head")
+    rest = run_store_ops([put, StoreFetched(0, fetched), BlockLoad(0, 1)],
+                         k, v, k_host, v_host, writer)
+    assert rest == [BlockLoad(0, 1)]
+    assert writer.items == [(put, block_payload(k, v, 2))]
+    assert torch.equal(k_host[0], k[:, 4]) and torch.equal(v_host[0], v[:, 4])
+
+
+def test_two_processes_share_a_document_through_the_store(capsys):
+    """Process B loads the document process A computed, computes only its question, and
+    generates the tokens of a run without any cache (three Python processes)."""
+    main = runpy.run_path(str(SCRIPT))["main"]
+    assert main(["--doc-len", "100", "--max-tokens", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "process       B: cached   96 tokens (from the store   96), computed    9" in out
+    assert "equal the no-cache run's: yes" in out
