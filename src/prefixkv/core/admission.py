@@ -152,14 +152,16 @@ class Admitter:
         if type(hits[-1]) is Fetched:  # fetched blocks end the hits
             self._fill(req, hits)
         fresh = iter(self._pool.acquire(held, need)[len(held):])
-        blocks = []
+        blocks, loaded, into = [], [], []
         for h in hits:
             if type(h) is HostSlot:
                 b = next(fresh)
                 index.adopt(b, h)  # type: ignore[attr-defined]
-                host.load(h, b)  # type: ignore[union-attr]
+                loaded.append(h)
+                into.append(b)
                 h = b
             blocks.append(h)
+        host.load(loaded, into)  # type: ignore[union-attr]
         blocks.extend(fresh)
         return blocks
 

@@ -97,17 +97,18 @@ class ContentIndex:
                 cid = b.content_id
             if self._lower is None or len(hits) == len(chunks):
                 return hits
-        get, lower = self._by_chunk.get, self._lower
+        get, by_key, lower = self._by_chunk.get, self._by_key, self._lower
+        below = lower.find if lower is not None else None
         for i in range(len(hits), len(chunks)):
             chunk = chunks[i]
             extra = base if mm is None or i >= len(mm) else mm[i]
             b = get(chunk)
             if b is None or b.parent_cid != cid or b.extra != extra:
-                b = self._by_key.get((cid, chunk, extra))
+                b = by_key.get((cid, chunk, extra)) if by_key else None
                 if b is None:  # the device misses: the chain may go on in the tier below
-                    if lower is None:
+                    if below is None:
                         break
-                    b = lower.find(cid, chunk, extra)
+                    b = below(cid, chunk, extra)
                     if b is None:
                         break
             hits.append(b)
@@ -245,12 +246,21 @@ class ContentIndex:
     def drop(self, blocks: Sequence[Block]) -> None:
         """The eviction step for free cached blocks (each the index's entry for its key):
         a held twin takes over the content, or the content goes (and is announced gone)."""
-        if self._twins or self._sink.active or self._by_key or self._lower is not None:
+        if self._twins or self._sink.active or self._by_key:
             for b in blocks:
                 self._unindex(b, evicting=True)
                 b.key = None
             return
-        by_chunk = self._by_chunk
+        by_chunk, lower = self._by_chunk, self._lower
+        if lower is not None:  # each evicted content computed before this step goes down
+            step, demote = self.step, lower.demote
+            for b in blocks:
+                chunk = b.key
+                del by_chunk[chunk]  # type: ignore[arg-type]
+                b.key = None
+                if b.step < step:
+                    demote(b, chunk)
+            return
         for b in blocks:  # the common case, kept to one dict operation a block
             del by_chunk[b.key]  # type: ignore[arg-type]
             b.key = None

@@ -21,7 +21,9 @@ from dataclasses import replace
 from ..core.block import Block
 from ..core.free_queue import FreeBlockQueue
 from ..events import BlockRemoved, BlockStored
-from ..results import BlockLoad, BlockOffload, StoreFetched
+from ..results import BlockLoad, BlockOffload, pair_maker, StoreFetched
+
+_offload, _load = pair_maker(BlockOffload), pair_maker(BlockLoad)
 
 HOST = "CPU"
 """The medium of host slots in events (vLLM's spelling)."""
@@ -63,9 +65,10 @@ class HostTier:
         key = (b.parent_cid, chunk, b.extra)
         held = self._map.get(key)
         if held is not None:
-            if held.prev is not None:  # cached, not pinned: refresh
-                self._cached.remove(held)
-                self._cached.append(held)
+            if held.prev is not None:  # cached, not pinned: refresh (move to the MRU end)
+                cached = self._cached
+                cached.remove(held)
+                cached.append(held)
             return
         slot = self._take()
         if slot is None:
@@ -75,7 +78,7 @@ class HostTier:
         slot.event = None
         self._map[key] = slot
         self._pin(slot)
-        self.offloads.append(BlockOffload(b.block_id, slot.block_id))
+        self.offloads.append(_offload(b.block_id, slot.block_id))
         self.num_offloaded += 1
         if self._sink.active and b.event is not None:
             slot.event = replace(b.event, block_id=slot.block_id, medium=HOST)  # type: ignore[arg-type]
@@ -104,17 +107,23 @@ class HostTier:
             self._sink.append(slot.event)
         return slot
 
-    def load(self, slot: HostSlot, device: Block) -> None:
-        """State the copy of ``slot`` into the fresh device block ``device`` (pinned
-        until the plan is drained). The caller pinned ``slot`` with ``hold``."""
-        self.loads.append(BlockLoad(slot.block_id, device.block_id))
-        self.num_loaded += 1
+    def load(self, slots: list[HostSlot], devices: list[Block]) -> None:
+        """State the copy of each of ``slots`` into the fresh device block beside it in
+        ``devices`` (the slots stay pinned until the plan is drained; the caller pinned
+        them with ``hold``)."""
+        self.loads += map(_load, [s.block_id for s in slots], [d.block_id for d in devices])
+        self.num_loaded += len(slots)
 
     def hold(self, slots: list[HostSlot]) -> None:
         """Pin ``slots`` (they are about to be loaded), so that no offload stated while
         the device makes room for them can take them."""
+        cached, pinned = self._cached, self._pinned
         for s in slots:
-            self._pin(s)
+            if not s.ref_cnt:
+                if s.prev is not None:
+                    cached.remove(s)
+                pinned.append(s)
+            s.ref_cnt += 1
 
     def _pin(self, slot: HostSlot) -> None:
         if slot.ref_cnt == 0:
@@ -125,10 +134,11 @@ class HostTier:
 
     def end_step(self) -> None:
         """The plan was handed to the engine: unpin, most recently used last."""
-        for slot in self._pinned:
+        pinned = self._pinned
+        for slot in pinned:
             slot.ref_cnt = 0
-            self._cached.append(slot)
-        self._pinned.clear()
+        self._cached.extend(pinned)
+        self._pinned = []
 
     def _take(self) -> HostSlot | None:
         if self._empty:
