@@ -1,0 +1,67 @@
+"""Per-request state of a hybrid manager: one block table per group.
+
+    | cached prefix (hits) | scheduled, computed by the engine | known, not scheduled |
+    0                num_cached                       num_scheduled          len(tokens)
+
+Each group's table covers ``[0, num_scheduled)``; entry j is the block holding positions
+``j*bs .. (j+1)*bs - 1`` in that group, or None where the group released it (no query of
+the request reads it any more): a prefix of the table, ``cut[g]`` entries long, in
+groups whose spec releases. ``nodes[j]`` is the prefix id of full block j (every full
+scheduled block has one); the request holds a reference on the last.
+``step_start``: where the last scheduled step began (its queries sit at and after it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from array import array
+
+from ..core.block import Block, blocks_for
+from ..core.request import RequestKeys
+from ..hashing import token_bytes
+from .prefixes import Prefix
+from .spec import GroupSpec
+
+
+class GroupRequest:
+    __slots__ = ("request_id", "tokens", "keys", "tables", "cut", "nodes", "num_cached",
+                 "num_scheduled", "step_start")
+
+    def __init__(self, request_id: Hashable, tokens: array, keys: RequestKeys, num_groups: int) -> None:
+        self.request_id = request_id
+        self.tokens = tokens
+        self.keys = keys
+        self.tables: list[list[Block | None]] = [[] for _ in range(num_groups)]
+        self.cut = [0] * num_groups
+        self.nodes: list[Prefix] = []
+        self.num_cached = 0
+        self.num_scheduled = 0
+        self.step_start = 0
+
+    def check(self, specs: Sequence[GroupSpec], block_size: int) -> str | None:
+        """The first way the tables disagree with the tokens and the specs, None when
+        sound."""
+        bs, rid = block_size, self.request_id
+        want = blocks_for(self.num_scheduled, bs)
+        if len(self.nodes) != self.num_scheduled // bs or self.num_scheduled > len(self.tokens):
+            return (f"request {rid!r}: {len(self.nodes)} prefix ids for {self.num_scheduled} "
+                    f"scheduled of {len(self.tokens)} tokens")
+        parent = 0
+        for j, node in enumerate(self.nodes):
+            chunk = token_bytes(self.tokens[j * bs:(j + 1) * bs])
+            if node.key != (parent, chunk, self.keys.of_blocks(j, j + 1)[0]):
+                return f"request {rid!r}: prefix id of block {j} does not hold its content"
+            parent = node.pid
+        for g, (spec, table) in enumerate(zip(specs, self.tables)):
+            cut = self.cut[g]
+            if len(table) != want or any(b is None for b in table[cut:]) or \
+                    any(b is not None for b in table[:cut]):
+                return f"request {rid!r} group {g}: table {table} for {want} blocks, cut {cut}"
+            if cut > spec.num_unread(self.step_start, bs):
+                return (f"request {rid!r} group {g}: {cut} blocks released, but a query at "
+                        f"{self.step_start} still reads block {spec.num_unread(self.step_start, bs)}")
+            for j in range(cut, len(self.nodes)):
+                b = table[j]
+                if b is not None and b.key is not None and b.key is not self.nodes[j]:
+                    return f"request {rid!r} group {g}: block {j} holds another prefix"
+        return None
