@@ -1,0 +1,79 @@
+"""The hit rule against brute force over every candidate length, and the specs' policy."""
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from prefixkv import ConfigError
+from prefixkv.groups import GroupSpec, chunked_local, full_attention, longest_hit, sliding_window
+
+specs = st.one_of(
+    st.just(full_attention()),
+    st.integers(1, 13).map(sliding_window),
+    st.integers(1, 13).map(chunked_local),
+)
+
+
+def brute_force(groups, bs, limit, cached):
+    """The largest k every group accepts, trying every k (the definition)."""
+    def accepts(g, k):
+        lo = 0 if not groups[g].releases else groups[g].first_needed(k * bs) // bs
+        return all(cached[g][j] for j in range(lo, k))
+    return max(k for k in range(limit + 1) if all(accepts(g, k) for g in range(len(groups))))
+
+
+@settings(max_examples=400, deadline=None)
+@given(groups=st.lists(specs, min_size=1, max_size=4), bs=st.integers(1, 5),
+       data=st.data())
+def test_longest_hit_equals_brute_force_and_probes_each_block_once(groups, bs, data):
+    limit = data.draw(st.integers(0, 12))
+    cached = [data.draw(st.lists(st.booleans(), min_size=limit, max_size=limit)) for _ in groups]
+    probes = []
+
+    def probe(g, j):
+        assert 0 <= j < limit
+        probes.append((g, j))
+        return cached[g][j]
+
+    assert longest_hit(groups, bs, limit, probe) == brute_force(groups, bs, limit, cached)
+    assert len(probes) == len(set(probes))
+
+
+def test_a_window_needs_only_its_blocks_and_a_miss_inside_it_drops_the_hit_below_the_miss():
+    bs = 4
+    w = [sliding_window(8)]  # a query at 4k reads 4k-7 .. 4k: blocks k-2, k-1
+    # blocks 0..5 of which 0, 1 and 3 are gone: k=6 needs blocks 4, 5 (cached)
+    assert longest_hit(w, bs, 6, lambda g, j: j not in (0, 1, 3)) == 6
+    # 4 gone: k in 5..6 need it; k=4 needs blocks 2, 3 (3 gone); k in 2..3 need 1 (gone)
+    assert longest_hit(w, bs, 6, lambda g, j: j not in (4, 3, 1)) == 1
+    assert longest_hit(w, bs, 6, lambda g, j: j != 4) == 4
+    # with a full-attention group, every block from 0 counts
+    both = [full_attention(), sliding_window(8)]
+    assert longest_hit(both, bs, 6, lambda g, j: g == 1 or j < 5) == 5
+    assert longest_hit(both, bs, 6, lambda g, j: g == 0 or j != 3) == 6  # 3 is out of reach
+    assert longest_hit(both, bs, 6, lambda g, j: g == 0 or j != 4) == 4
+
+
+def test_chunked_local_needs_the_blocks_of_the_current_chunk_only():
+    c = [chunked_local(8)]  # bs 4: chunks are blocks (0, 1), (2, 3), ...
+    assert longest_hit(c, 4, 5, lambda g, j: j == 4) == 5      # k=5: chunk from block 4
+    assert longest_hit(c, 4, 5, lambda g, j: j != 4) == 4      # k=4 starts a chunk: nothing
+    assert longest_hit(c, 4, 3, lambda g, j: False) == 2
+
+
+def test_first_needed_matches_the_kernels_window():
+    # window_size (W - 1, 0): a query at p reads p - (W - 1) .. p
+    spec = sliding_window(5)
+    assert spec.window_size == (4, 0) and spec.first_needed(10) == 6 and spec.first_needed(2) == 0
+    assert spec.num_unread(10, 4) == 1 and spec.num_unread(12, 4) == 2
+    assert full_attention().window_size is None and full_attention().first_needed(99) == 0
+    assert chunked_local(6).first_needed(13) == 12
+
+
+@pytest.mark.parametrize("make", [
+    lambda: GroupSpec("local"), lambda: GroupSpec("full_attention", 4),
+    lambda: sliding_window(0), lambda: chunked_local(-1), lambda: sliding_window(True),
+    lambda: chunked_local(3).window_size,
+])
+def test_bad_specs_raise_config_error(make):
+    with pytest.raises(ConfigError):
+        make()
