@@ -26,8 +26,11 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 
 FULL = "full_attention"
+"""The kind of a full-attention group."""
 SLIDING = "sliding_window"
+"""The kind of a sliding-window group."""
 CHUNKED = "chunked_local_attention"
+"""The kind of a chunked local attention group."""
 KINDS = (FULL, SLIDING, CHUNKED)
 
 
