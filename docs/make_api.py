@@ -5,8 +5,9 @@
 Documents every name in ``prefixkv.__all__``, ``prefixkv.kernels.__all__``,
 ``prefixkv.engine.__all__``, ``prefixkv.adapters.vllm.__all__`` and
 ``prefixkv.groups.__all__``: classes (signature, bases, docstring, dataclass fields,
-public methods and properties defined in the class), functions (signature, docstring) and constants (value, and the string literal written right
-after their assignment, which serves as their docstring). Standard library only; the
+public methods and properties defined in the class), functions (signature, docstring)
+and constants (value, and the string literal written right after their assignment,
+which serves as their docstring). Standard library only; the
 kernels and the engine need torch to be imported. ``tests/test_api_doc.py`` checks that
 docs/api.md is current and that nothing public is undocumented.
 """
