@@ -77,3 +77,13 @@ def test_first_needed_matches_the_kernels_window():
 def test_bad_specs_raise_config_error(make):
     with pytest.raises(ConfigError):
         make()
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=specs, bs=st.integers(1, 6), cut=st.integers(0, 8))
+def test_release_at_is_the_first_position_past_which_a_block_is_unread(spec, bs, cut):
+    at = spec.release_at(cut, bs)
+    if not spec.releases:
+        assert all(spec.num_unread(p, bs) == 0 for p in range(200))
+        return
+    assert spec.num_unread(at, bs) > cut and spec.num_unread(at - 1, bs) <= cut

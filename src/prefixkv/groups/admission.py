@@ -72,6 +72,7 @@ class GroupAdmitter:
         self._released = [0] * len(specs)
         self._hit_blocks = [0] * len(specs)
         self._kv_ops: list[GroupBlockCopy] = []
+        self._nothing: tuple[tuple[int, ...], ...] = ((),) * len(specs)
 
     @property
     def null_block_id(self) -> int | None:
@@ -122,6 +123,7 @@ class GroupAdmitter:
             req.tables[g] = [None] * cuts[g] + h + new  # type: ignore[operator]
             req.cut[g] = cuts[g]
             self._hit_blocks[g] += len(h)
+        req.plan_release(self.groups, bs)
         req.nodes = nodes
         self._table.hold(nodes[-1] if nodes else None)
         req.num_cached = req.step_start = num_cached

@@ -55,10 +55,22 @@ class HybridKVCacheManager(GroupAdmitter):
         added, per group, or None on shortage (nothing changed). Raises RequestError
         (unknown id, prefill not fully scheduled), TokenError (bad ids or container)."""
         req = self._get(request_id)
-        if req.num_scheduled != len(req.tokens):
+        n, bs = req.num_scheduled, self.block_size
+        if n != len(req.tokens):
             raise RequestError(
-                f"request {request_id!r} has {len(req.tokens) - req.num_scheduled} prompt "
+                f"request {request_id!r} has {len(req.tokens) - n} prompt "
                 f"tokens not yet scheduled: call extend() before append_tokens()")
+        if type(token_ids) is list and len(token_ids) == 1 and 0 < n % bs < bs - 1 \
+                and n < req.next_release and self.vocab_size is None and type(token_ids[0]) is int:
+            # the hot path: one token into a block that has room and does not fill, and no
+            # window moves past a block
+            try:
+                req.tokens.append(token_ids[0])  # validates the range, atomically
+            except OverflowError:
+                self._step_encode(token_ids)  # raises the TokenError
+            req.num_scheduled = n + 1
+            req.step_start = n
+            return self._nothing
         new = self._step_encode(token_ids)
         return self._grow(req, req.num_scheduled + len(new), new)
 
@@ -91,6 +103,7 @@ class HybridKVCacheManager(GroupAdmitter):
             added.append(tuple(b.block_id for b in new))
         req.num_scheduled = total
         req.step_start = start
+        req.plan_release(self.groups, bs)
         if prepared is not None:
             self._record(req, first, prepared)
         return tuple(added)
@@ -137,6 +150,7 @@ class HybridKVCacheManager(GroupAdmitter):
             copies += [GroupBlockCopy(a.block_id, b.block_id, g)  # type: ignore[union-attr]
                        for a, b in zip(table[full:], new)]
         child.cut = parent.cut[:]
+        child.next_release = parent.next_release
         child.nodes = parent.nodes[:]
         self._table.hold(child.nodes[-1] if child.nodes else None)
         child.num_scheduled, child.step_start = parent.num_scheduled, parent.step_start
@@ -177,7 +191,8 @@ class HybridKVCacheManager(GroupAdmitter):
             return False
         if self._null is not None:
             self._pool.release([self._null])
-        assert self._pool.reset()
+        cleared = self._pool.reset()
+        assert cleared, "no request is live, yet a block is held"
         if self._null is not None:
             self._null = self._pool.take(1)[0]
         self._events.clear()

@@ -9,6 +9,7 @@ the request reads it any more): a prefix of the table, ``cut[g]`` entries long, 
 groups whose spec releases. ``nodes[j]`` is the prefix id of full block j (every full
 scheduled block has one); the request holds a reference on the last.
 ``step_start``: where the last scheduled step began (its queries sit at and after it).
+``next_release``: the first step start at which some group releases a block.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .spec import GroupSpec
 
 class GroupRequest:
     __slots__ = ("request_id", "tokens", "keys", "tables", "cut", "nodes", "num_cached",
-                 "num_scheduled", "step_start")
+                 "num_scheduled", "step_start", "next_release")
 
     def __init__(self, request_id: Hashable, tokens: array, keys: RequestKeys, num_groups: int) -> None:
         self.request_id = request_id
@@ -37,6 +38,11 @@ class GroupRequest:
         self.num_cached = 0
         self.num_scheduled = 0
         self.step_start = 0
+        self.next_release = 0
+
+    def plan_release(self, specs: Sequence[GroupSpec], block_size: int) -> None:
+        """Set ``next_release`` from the groups' cuts."""
+        self.next_release = min(s.release_at(c, block_size) for s, c in zip(specs, self.cut))
 
     def check(self, specs: Sequence[GroupSpec], block_size: int) -> str | None:
         """The first way the tables disagree with the tokens and the specs, None when

@@ -21,6 +21,7 @@ The sliding window is the kernels' ``window_size=(W - 1, 0)`` (``window_size``).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from ..errors import ConfigError
@@ -67,6 +68,16 @@ class GroupSpec:
     def num_unread(self, pos: int, block_size: int) -> int:
         """Leading blocks that no query at ``pos`` or later reads."""
         return self.first_needed(pos) // block_size
+
+    def release_at(self, cut: int, block_size: int) -> int:
+        """The first position from which no query reads block ``cut`` (the smallest ``p``
+        with ``num_unread(p, block_size) > cut``); ``sys.maxsize`` for full attention."""
+        edge = (cut + 1) * block_size  # first_needed(p) must reach it
+        if self.kind == SLIDING:
+            return edge + self.tokens - 1
+        if self.kind == CHUNKED:
+            return -(-edge // self.tokens) * self.tokens
+        return sys.maxsize
 
     @property
     def window_size(self) -> tuple[int, int] | None:
