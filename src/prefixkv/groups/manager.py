@@ -78,10 +78,13 @@ class HybridKVCacheManager(GroupAdmitter):
         """Release what the step starting at ``num_scheduled`` no longer reads, append
         ``new_tokens`` and cover ``[0, total)`` in every group; None on shortage."""
         bs, start = self.block_size, req.num_scheduled
-        going = [t[req.cut[g]:spec.num_unread(start, bs)]
-                 for g, (spec, t) in enumerate(zip(self.groups, req.tables))]
+        going = None
+        freed = 0
+        if start >= req.next_release:
+            going = [t[req.cut[g]:spec.num_unread(start, bs)]
+                     for g, (spec, t) in enumerate(zip(self.groups, req.tables))]
+            freed = sum(b.ref_cnt == 1 for part in going for b in part)  # type: ignore[union-attr]
         per_group = blocks_for(total, bs) - len(req.tables[0])
-        freed = sum(b.ref_cnt == 1 for part in going for b in part)  # type: ignore[union-attr]
         if per_group * len(self.groups) > self._pool.num_free + freed:
             return None
         n, first, last = len(req.tokens), start // bs, total // bs
@@ -93,17 +96,20 @@ class HybridKVCacheManager(GroupAdmitter):
         except ConfigError:
             del req.tokens[n:]
             raise
-        self._release(req, going)
-        fresh = self._pool.take(per_group * len(self.groups)) if per_group > 0 else []
-        added = []
-        for g, table in enumerate(req.tables):
-            new = fresh[g * per_group:(g + 1) * per_group]
-            self._index.own(g, new)
-            table += new
-            added.append(tuple(b.block_id for b in new))
+        if going is not None:
+            self._release(req, going)
+            req.plan_release(self.groups, bs)
+        added = self._nothing
+        if per_group > 0:
+            fresh = self._pool.take(per_group * len(self.groups))
+            added = []  # type: ignore[assignment]
+            for g, table in enumerate(req.tables):
+                new = fresh[g * per_group:(g + 1) * per_group]
+                self._index.own(g, new)
+                table += new
+                added.append(tuple([b.block_id for b in new]))  # type: ignore[attr-defined]
         req.num_scheduled = total
         req.step_start = start
-        req.plan_release(self.groups, bs)
         if prepared is not None:
             self._record(req, first, prepared)
         return tuple(added)
@@ -163,7 +169,9 @@ class HybridKVCacheManager(GroupAdmitter):
         """Release a request's blocks in every group, the block ending the longest prefix
         first; cached ones stay findable in their group until evicted.
         ``num_computed_tokens``: as ``KVCacheManager.free`` (full blocks past it were
-        never computed and become unfindable). Raises RequestError for an unknown or
+        never computed and become unfindable); blocks a window already released are not
+        reached, so pass at least the start of the last step scheduled (what an engine
+        dropping a request before that step ran knows). Raises RequestError for an unknown or
         freed id, or a count outside ``[0, num_scheduled_tokens]``."""
         req = self._get(request_id)
         if num_computed_tokens is not None:
