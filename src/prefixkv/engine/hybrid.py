@@ -78,7 +78,7 @@ class HybridModelRunner:
         metas = [build_paged_batch([list(e.group_block_ids[g]) for e in batch], num_computed,
                                    num_new, self.block_size) for g in range(len(self.groups))]
         ids = torch.tensor([t for e in batch for t in e.new_token_ids], dtype=torch.int64)
-        pos = torch.tensor([p for e in batch for p in range(e.num_computed, e.num_computed + len(e.new_token_ids))],
+        pos = torch.tensor([e.num_computed + i for e in batch for i in range(len(e.new_token_ids))],
                            dtype=torch.int64)
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -182,8 +182,8 @@ class GroupAdmitter:
         events = ([req.keys.for_event(j, self.block_size) for j in range(first, last)]
                   if self._index.hashing else None)
         for g, table in enumerate(req.tables):
-            self._index.store(g, table[first:last], nodes, first, req.tokens, events,  # type: ignore[arg-type]
-                              self.block_size)
+            part = table[first:last]
+            self._index.store(g, part, nodes, first, req.tokens, events, self.block_size)  # type: ignore[arg-type]
         self._table.hold(nodes[-1])
         self._table.unhold(old)
         req.nodes += nodes

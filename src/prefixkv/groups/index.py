@@ -64,9 +64,10 @@ class GroupIndex:
             if sink.active:
                 j = first + i
                 parent = node.parent.hash if node.parent is not None else None
+                ids = tuple(tokens[j * block_size:(j + 1) * block_size])
                 b.event = ev = GroupBlockStored(
-                    node.hash, parent, tuple(tokens[j * block_size:(j + 1) * block_size]),  # type: ignore[arg-type]
-                    b.block_id, extras[i], group_idx=g, spec_kind=spec.kind, spec_tokens=spec.tokens)
+                    node.hash, parent, ids, b.block_id, extras[i],  # type: ignore[arg-type]
+                    group_idx=g, spec_kind=spec.kind, spec_tokens=spec.tokens)
                 sink.append(ev)
 
     def drop(self, blocks: Sequence[Block]) -> None:
@@ -88,8 +89,9 @@ class GroupIndex:
         b.key = None
         if self._sink.active:
             spec = self.specs[g]
-            self._sink.append(GroupBlockRemoved(node.hash, b.block_id, group_idx=g,  # type: ignore[arg-type]
-                                                spec_kind=spec.kind, spec_tokens=spec.tokens))
+            self._sink.append(GroupBlockRemoved(
+                node.hash, b.block_id, group_idx=g,  # type: ignore[arg-type]
+                spec_kind=spec.kind, spec_tokens=spec.tokens))
         self.table.unhold(node)
 
     def release_spare(self, block: Block) -> Block | None:

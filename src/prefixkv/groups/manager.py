@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from ..core.block import Block, blocks_for
-from ..errors import ConfigError, InvariantError, RequestError, check_count, check_new_request, live_request
+from ..errors import (
+    ConfigError, InvariantError, RequestError, check_count, check_new_request, live_request,
+)
 from ..events import AllBlocksCleared, Event
 from ..stats import PrefixCacheStats
 from .admission import GroupAdmitter
-from .request import GroupRequest
+from .request import GroupRequest, tail_first
 from .results import GroupBlockCopy, GroupFork, GroupStats
 
 Growth = tuple[tuple[int, ...], ...]
@@ -97,7 +99,9 @@ class HybridKVCacheManager(GroupAdmitter):
             del req.tokens[n:]
             raise
         if going is not None:
-            self._release(req, going)
+            for g, part in enumerate(going):
+                self._released[g] += len(part)
+            self._pool.release(req.release(going))  # type: ignore[arg-type]
             req.plan_release(self.groups, bs)
         added = self._nothing
         if per_group > 0:
@@ -113,20 +117,6 @@ class HybridKVCacheManager(GroupAdmitter):
         if prepared is not None:
             self._record(req, first, prepared)
         return tuple(added)
-
-    def _release(self, req: GroupRequest, going: list[list[Block | None]]) -> None:
-        """Give back each group's blocks in ``going`` (the next ones after its cut), the
-        block ending the longest prefix first; their entries become the null block."""
-        out: list[tuple[int, Block]] = []
-        for g, part in enumerate(going):
-            if part:
-                cut = req.cut[g]
-                out += zip(range(cut, cut + len(part)), part)  # type: ignore[arg-type]
-                req.tables[g][cut:cut + len(part)] = [None] * len(part)
-                req.cut[g] = cut + len(part)
-                self._released[g] += len(part)
-        if out:
-            self._pool.release(_tail_first(out))
 
     # ---- forks, free, preemption -------------------------------------------------------
 
@@ -181,11 +171,12 @@ class HybridKVCacheManager(GroupAdmitter):
             for t in req.tables:
                 self._index.uncache([b for b in t[first:req.num_scheduled // bs] if b is not None])
         del self._requests[request_id]
-        self._pool.release(_tail_first([(j, b) for t in req.tables for j, b in enumerate(t)
-                                        if b is not None]))
+        self._pool.release(tail_first([(j, b) for t in req.tables for j, b in enumerate(t)
+                                       if b is not None]))
         self._table.unhold(req.nodes[-1] if req.nodes else None)
 
-    def preempt(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> tuple[int, ...]:
+    def preempt(self, request_id: Hashable, *,
+                num_computed_tokens: int | None = None) -> tuple[int, ...]:
         """Free a running request (as ``free``) and return all its known token ids, for
         ``add_request(..., resumed=True)``. Raises as ``free``."""
         tokens = tuple(self._get(request_id).tokens)
@@ -310,10 +301,3 @@ class HybridKVCacheManager(GroupAdmitter):
         except (KeyError, TypeError):
             return live_request(self._requests, request_id)
 
-
-def _tail_first(placed: list[tuple[int, Block]]) -> list[Block]:
-    """Blocks given with their positions, the highest position first (groups in order
-    among equals): of blocks released together, the one ending the longest prefix is
-    evicted first."""
-    placed.sort(key=lambda p: -p[0])
-    return [b for _, b in placed]

@@ -40,6 +40,18 @@ class GroupRequest:
         self.step_start = 0
         self.next_release = 0
 
+    def release(self, going: Sequence[Sequence[Block]]) -> list[Block]:
+        """Replace each group's blocks in ``going`` (the next ones after its cut) by None
+        and return them in release order (``tail_first``)."""
+        out: list[tuple[int, Block]] = []
+        for g, part in enumerate(going):
+            if part:
+                cut = self.cut[g]
+                out += zip(range(cut, cut + len(part)), part)
+                self.tables[g][cut:cut + len(part)] = [None] * len(part)
+                self.cut[g] = cut + len(part)
+        return tail_first(out)
+
     def plan_release(self, specs: Sequence[GroupSpec], block_size: int) -> None:
         """Set ``next_release`` from the groups' cuts."""
         self.next_release = min(s.release_at(c, block_size) for s, c in zip(specs, self.cut))
@@ -71,3 +83,11 @@ class GroupRequest:
                 if b is not None and b.key is not None and b.key is not self.nodes[j]:
                     return f"request {rid!r} group {g}: block {j} holds another prefix"
         return None
+
+
+def tail_first(placed: list[tuple[int, Block]]) -> list[Block]:
+    """Blocks given with their positions, the highest position first (groups in order
+    among equals): of blocks released together, the one ending the longest prefix is
+    evicted first."""
+    placed.sort(key=lambda p: -p[0])
+    return [b for _, b in placed]
