@@ -93,14 +93,6 @@ class PrefixTable:
             del self._nodes[node.key]
             node = node.parent
 
-    def sweep(self, nodes: Sequence[Prefix]) -> None:
-        """Remove those of ``nodes`` (found or created by ``extend``) that nothing refers
-        to, deepest first, so that no node outlives its last reference."""
-        for node in reversed(nodes):
-            if node.refs == 0 and self._nodes.get(node.key) is node:
-                node.refs = 1
-                self.unhold(node)
-
     def clear(self) -> None:
         self._nodes.clear()
 
