@@ -261,3 +261,17 @@ def test_a_failing_hash_callable_changes_nothing():
         m.append_tokens("a", [7, 8, 9])
     assert m.num_tokens("a") == 6 and m.get_block_ids("a") == ((1, 2), (3, 4))
     m.check_invariants()
+
+
+def test_multimodal_inputs_and_salts_enter_every_groups_keys():
+    from prefixkv import MultiModalInput
+    m = manager([FULL, SW8], 32)
+    prompt = list(range(1, 22))                       # 21 tokens: 5 full blocks
+    img = lambda h: ExtraKeys(mm=(MultiModalInput(h, 9, 4),))  # noqa: E731 (positions 9..12)
+    m.add_request("a", prompt, extra=img("cat"))
+    m.free("a")
+    assert m.lookup(prompt, extra=img("cat")) == 20
+    # another image: blocks 2 and 3 (8..15) differ, and so does every block after them
+    assert m.lookup(prompt, extra=img("dog")) == 8
+    assert m.lookup(prompt, extra=ExtraKeys(cache_salt="t")) == 0
+    m.check_invariants()
