@@ -87,3 +87,36 @@ def test_release_at_is_the_first_position_past_which_a_block_is_unread(spec, bs,
         assert all(spec.num_unread(p, bs) == 0 for p in range(200))
         return
     assert spec.num_unread(at, bs) > cut and spec.num_unread(at - 1, bs) <= cut
+
+
+def vllm_sliding_hit(window, bs, cached):
+    """vLLM's sliding-window hit, as its SlidingWindowManager documents it (written here
+    from that description): scanning from the right, the hit ends at the top of the first
+    run of ceil((W - 1) / bs) consecutive cached blocks; without such a run, the run of
+    cached blocks from block 0 is the hit."""
+    need = -(-(window - 1) // bs)
+    run = 0
+    for i in range(len(cached) - 1, -1, -1):
+        run = run + 1 if cached[i] else 0
+        if run >= need:
+            return i + run
+    lead = 0
+    while lead < len(cached) and cached[lead]:
+        lead += 1
+    return lead
+
+
+@settings(max_examples=400, deadline=None)
+@given(window=st.integers(2, 20), bs=st.integers(1, 6), data=st.data())
+def test_a_sliding_group_hits_as_vllm_defines_it(window, bs, data):
+    cached = data.draw(st.lists(st.booleans(), max_size=14))
+    got = longest_hit([sliding_window(window)], bs, len(cached), lambda g, j: cached[j])
+    assert got == vllm_sliding_hit(window, bs, cached)
+
+
+def test_vllm_documented_examples():
+    # find_longest_cache_hit's docstring: block size 4, window 8 -> [NULL, NULL, b7, b8]
+    assert sliding_window(8).num_unread(4 * 4, 4) == 2
+    # remove_skipped_blocks: blocks below (num_computed - W + 1) // bs are dropped
+    for computed in range(40):
+        assert sliding_window(8).num_unread(computed, 4) == max(0, computed - 8 + 1) // 4
