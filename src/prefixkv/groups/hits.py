@@ -1,0 +1,57 @@
+"""The hit rule of a hybrid model: the longest prefix every group can serve.
+
+A candidate hit of ``k`` blocks (the request computes from position ``k*bs`` on) is
+accepted by a group when it holds, cached, every block its future queries read:
+
+    full attention : blocks 0 .. k-1
+    other groups   : blocks spec.num_unread(k*bs, bs) .. k-1  (the window or chunk at k*bs)
+
+The hit is the largest ``k <= limit`` that every group accepts. Rule (one pass downward,
+no fixed-point iteration): start from ``k`` = the shortest full-attention run; for each
+other group scan its blocks from ``k - 1`` down to the first one it needs. A miss at block
+``j`` rejects ``k`` and every ``k'`` in ``(j, k]`` too, because ``num_unread`` never
+decreases, so each ``k'`` there still needs block ``j``: the candidate drops straight to
+``k = j`` and the groups are checked again. Blocks a group already showed cached below the
+candidate are remembered, so every block of every group is probed at most once:
+``O(limit)`` probes per group, whatever the windows. tests/test_groups_hits.py checks the
+rule against brute force over every ``k``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from .spec import GroupSpec
+
+
+def longest_hit(specs: Sequence[GroupSpec], block_size: int, limit: int,
+                cached: Callable[[int, int], bool]) -> int:
+    """The largest ``k`` in ``[0, limit]`` that every group accepts (module docstring).
+    ``cached(g, j)``: whether block ``j`` of the prefix is cached in group ``g`` (called
+    at most once per ``(g, j)``, only for ``j < limit``)."""
+    k = limit
+    for g, spec in enumerate(specs):
+        if not spec.releases:
+            run = 0
+            while run < k and cached(g, run):
+                run += 1
+            k = run
+    windowed = [g for g, s in enumerate(specs) if s.releases]
+    low = {g: k for g in windowed}  # blocks low[g] .. k-1 are known cached in g
+    settled = False
+    while not settled:
+        settled = True
+        for g in windowed:
+            need = specs[g].num_unread(k * block_size, block_size)
+            j = min(low[g], k) - 1
+            while j >= need and cached(g, j):
+                j -= 1
+            if j >= need:  # a miss at j: no candidate above j can be served by g
+                k = j
+                for h in windowed:
+                    low[h] = min(low[h], k)
+                low[g] = k
+                settled = False
+                break
+            low[g] = min(low[g], max(need, 0))
+    return k

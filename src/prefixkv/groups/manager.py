@@ -1,0 +1,303 @@
+"""The hybrid manager: layer groups (full attention, sliding window, chunked local) with a
+block table each, over one shared pool and one prefix-id table.
+
+As a request advances, every windowed group releases the leading blocks that no query at
+or after the step's first position reads (``GroupSpec.num_unread``): the block goes back to
+the pool (cached, findable in its group, if it is full and indexed) and the table entry
+becomes the null block. Calls check their input and compute what can fail before any
+change; a shortage returns None with nothing changed (blocks a call would release count
+as free for it, and stay held when it returns None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from ..core.block import Block, blocks_for
+from ..errors import (
+    ConfigError, InvariantError, RequestError, check_count, check_new_request, live_request,
+)
+from ..events import AllBlocksCleared, Event
+from ..stats import PrefixCacheStats
+from .admission import GroupAdmitter
+from .request import GroupRequest, tail_first
+from .results import GroupBlockCopy, GroupFork, GroupStats
+
+Growth = tuple[tuple[int, ...], ...]
+
+
+class HybridKVCacheManager(GroupAdmitter):
+    """Paged KV blocks for a model whose layers form attention groups, with automatic
+    prefix caching per group.
+
+    Args:
+        groups: one ``GroupSpec`` per group of layers (``full_attention()``,
+            ``sliding_window(W)``, ``chunked_local(C)``), in the engine's group order.
+        num_blocks, block_size, hash_mode, seed, enable_events, max_events, vocab_size:
+            as ``KVCacheManager``. One block is reserved as ``null_block_id`` when some
+            group releases blocks. No host tier.
+
+    Raises:
+        ConfigError: no groups or not GroupSpecs, a size not a positive int, a flag not a
+            bool, a bad hash mode/seed, no block left beside the null block.
+    """
+
+    # ---- growth ----------------------------------------------------------------------
+
+    def extend(self, request_id: Hashable, num_new_tokens: int) -> Growth | None:
+        """Schedule the next ``num_new_tokens`` known tokens (the next prefill chunk).
+        Returns the ids of blocks added, per group, or None on shortage (nothing
+        changed). Raises RequestError (unknown id, a count outside 1..unscheduled)."""
+        req = self._get(request_id)
+        check_count("num_new_tokens", num_new_tokens, 1, len(req.tokens) - req.num_scheduled)
+        return self._grow(req, req.num_scheduled + num_new_tokens, None)
+
+    def append_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> Growth | None:
+        """Append sampled tokens and schedule them (decode). Returns the ids of blocks
+        added, per group, or None on shortage (nothing changed). Raises RequestError
+        (unknown id, prefill not fully scheduled), TokenError (bad ids or container)."""
+        req = self._get(request_id)
+        n, bs = req.num_scheduled, self.block_size
+        if n != len(req.tokens):
+            raise RequestError(
+                f"request {request_id!r} has {len(req.tokens) - n} prompt "
+                f"tokens not yet scheduled: call extend() before append_tokens()")
+        if type(token_ids) is list and len(token_ids) == 1 and 0 < n % bs < bs - 1 \
+                and n < req.next_release and self.vocab_size is None and type(token_ids[0]) is int:
+            # the hot path: one token into a block that has room and does not fill, and no
+            # window moves past a block
+            try:
+                req.tokens.append(token_ids[0])  # validates the range, atomically
+            except OverflowError:
+                self._step_encode(token_ids)  # raises the TokenError
+            req.num_scheduled = n + 1
+            req.step_start = n
+            return self._nothing
+        new = self._step_encode(token_ids)
+        return self._grow(req, req.num_scheduled + len(new), new)
+
+    def _grow(self, req: GroupRequest, total: int, new_tokens) -> Growth | None:
+        """Release what the step starting at ``num_scheduled`` no longer reads, append
+        ``new_tokens`` and cover ``[0, total)`` in every group; None on shortage."""
+        bs, start = self.block_size, req.num_scheduled
+        going = None
+        freed = 0
+        if start >= req.next_release:
+            going = [t[req.cut[g]:spec.num_unread(start, bs)]
+                     for g, (spec, t) in enumerate(zip(self.groups, req.tables))]
+            freed = sum(b.ref_cnt == 1 for part in going for b in part)  # type: ignore[union-attr]
+        per_group = blocks_for(total, bs) - len(req.tables[0])
+        if per_group * len(self.groups) > self._pool.num_free + freed:
+            return None
+        n, first, last = len(req.tokens), start // bs, total // bs
+        if new_tokens is not None:
+            req.tokens.extend(new_tokens)
+        try:
+            prepared = (self._prepare(req, first, last, req.nodes[-1] if req.nodes else None)
+                        if first < last else None)
+        except ConfigError:
+            del req.tokens[n:]
+            raise
+        if going is not None:
+            for g, part in enumerate(going):
+                self._released[g] += len(part)
+            self._pool.release(req.release(going))  # type: ignore[arg-type]
+            req.plan_release(self.groups, bs)
+        added = self._nothing
+        if per_group > 0:
+            fresh = self._pool.take(per_group * len(self.groups))
+            added = []  # type: ignore[assignment]
+            for g, table in enumerate(req.tables):
+                new = fresh[g * per_group:(g + 1) * per_group]
+                self._index.own(g, new)
+                table += new
+                added.append(tuple([b.block_id for b in new]))  # type: ignore[attr-defined]
+        req.num_scheduled = total
+        req.step_start = start
+        if prepared is not None:
+            self._record(req, first, prepared)
+        return tuple(added)
+
+    # ---- forks, free, preemption -------------------------------------------------------
+
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> GroupFork | None:
+        """Create ``child_id`` sharing the parent's full blocks in every group (and its
+        released entries); each group's partial last block is copied on write (the
+        copies are in the result and in ``take_kv_ops()``). Returns None when those
+        blocks cannot be had (nothing changed). Raises RequestError (unknown parent, child
+        id in use, parent's prefill not fully scheduled)."""
+        parent = self._get(parent_id)
+        check_new_request(self._requests, child_id)
+        if parent.num_scheduled != len(parent.tokens):
+            raise RequestError(f"cannot fork {parent_id!r} before its prefill is fully scheduled")
+        full = parent.num_scheduled // self.block_size
+        shared = [[b for b in t[:full] if b is not None] for t in parent.tables]
+        held: list[Block] = [b for s in shared for b in s]  # type: ignore[misc]
+        per_group = len(parent.tables[0]) - full
+        if not self._pool.can_acquire(held, per_group * len(self.groups)):
+            return None
+        fresh = self._pool.acquire(held, per_group * len(self.groups))[len(held):]
+        child = GroupRequest(child_id, parent.tokens[:], parent.keys, len(self.groups))
+        copies = []
+        for g, (table, s) in enumerate(zip(parent.tables, shared)):
+            new = fresh[g * per_group:(g + 1) * per_group]
+            self._index.own(g, new)
+            child.tables[g] = table[:parent.cut[g]] + s + new  # type: ignore[operator]
+            copies += [GroupBlockCopy(a.block_id, b.block_id, g)  # type: ignore[union-attr]
+                       for a, b in zip(table[full:], new)]
+        child.cut = parent.cut[:]
+        child.next_release = parent.next_release
+        child.nodes = parent.nodes[:]
+        self._table.hold(child.nodes[-1] if child.nodes else None)
+        child.num_scheduled, child.step_start = parent.num_scheduled, parent.step_start
+        child.num_cached = full * self.block_size
+        self._kv_ops += copies
+        self._requests[child_id] = child
+        return GroupFork(child_id, tuple(map(tuple, self._ids(child))), tuple(copies))
+
+    def free(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> None:
+        """Release a request's blocks in every group, the block ending the longest prefix
+        first; cached ones stay findable in their group until evicted.
+        ``num_computed_tokens``: as ``KVCacheManager.free`` (full blocks past it were
+        never computed and become unfindable); blocks a window already released are not
+        reached, so pass at least the start of the last step scheduled (what an engine
+        dropping a request before that step ran knows). Raises RequestError for an unknown or
+        freed id, or a count outside ``[0, num_scheduled_tokens]``."""
+        req = self._get(request_id)
+        if num_computed_tokens is not None:
+            check_count("num_computed_tokens", num_computed_tokens, 0, req.num_scheduled)
+            bs = self.block_size
+            first = max(num_computed_tokens, req.num_cached) // bs
+            for t in req.tables:
+                self._index.uncache([b for b in t[first:req.num_scheduled // bs] if b is not None])
+        del self._requests[request_id]
+        self._pool.release(tail_first([(j, b) for t in req.tables for j, b in enumerate(t)
+                                       if b is not None]))
+        self._table.unhold(req.nodes[-1] if req.nodes else None)
+
+    def preempt(self, request_id: Hashable, *,
+                num_computed_tokens: int | None = None) -> tuple[int, ...]:
+        """Free a running request (as ``free``) and return all its known token ids, for
+        ``add_request(..., resumed=True)``. Raises as ``free``."""
+        tokens = tuple(self._get(request_id).tokens)
+        self.free(request_id, num_computed_tokens=num_computed_tokens)
+        return tokens
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop all cached content in every group, only when no request holds a block.
+        Returns whether it did."""
+        if self._requests:
+            return False
+        if self._null is not None:
+            self._pool.release([self._null])
+        cleared = self._pool.reset()
+        assert cleared, "no request is live, yet a block is held"
+        if self._null is not None:
+            self._null = self._pool.take(1)[0]
+        self._events.clear()
+        self._events.append(AllBlocksCleared())
+        return True
+
+    # ---- queries ---------------------------------------------------------------------
+
+    def get_block_ids(self, request_id: Hashable) -> tuple[tuple[int, ...], ...]:
+        """The request's block ids per group, in token order (``null_block_id`` where a
+        windowed group released the block). Raises RequestError for an unknown id."""
+        return tuple(map(tuple, self._ids(self._get(request_id))))
+
+    def num_tokens(self, request_id: Hashable) -> int:
+        """Known tokens of the request (prompt and appended), scheduled or not."""
+        return len(self._get(request_id).tokens)
+
+    def num_scheduled_tokens(self, request_id: Hashable) -> int:
+        """Tokens of the request that have slots (computed or scheduled)."""
+        return self._get(request_id).num_scheduled
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no live request holds (the null block is held)."""
+        return self._pool.num_free
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Findable contents, summed over the groups."""
+        return len(self._index)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the usable blocks (all but the null block) held by live requests."""
+        usable = self.num_blocks - (self._null is not None)
+        return 1.0 - self._pool.num_free / usable
+
+    def free_block_order(self) -> list[int]:
+        """Free block ids in the order they will be reused (empty ones, then LRU)."""
+        return self._pool.free_order()
+
+    @property
+    def stats(self) -> PrefixCacheStats:
+        """Cumulative prefix-cache statistics (a hit counts the tokens every group served)."""
+        return self._stats.total
+
+    def take_stats(self) -> PrefixCacheStats:
+        """Statistics since the previous ``take_stats`` (get-and-reset)."""
+        return self._stats.take()
+
+    def group_stats(self) -> tuple[GroupStats, ...]:
+        """Per group: blocks held and cached now, blocks released and hit blocks taken."""
+        held = [set() for _ in self.groups]
+        for req in self._requests.values():
+            for g, t in enumerate(req.tables):
+                held[g].update(b.block_id for b in t if b is not None)
+        return tuple(GroupStats(g, s.kind, s.tokens, len(held[g]), len(self._index.entries[g]),
+                                self._released[g], self._hit_blocks[g])
+                     for g, s in enumerate(self.groups))
+
+    @property
+    def events_dropped(self) -> int:
+        """Events dropped because the log overflowed before it was drained."""
+        return self._events.dropped
+
+    def take_events(self) -> list[Event]:
+        """Events since the previous call (``GroupBlockStored`` / ``GroupBlockRemoved``,
+        ``AllBlocksCleared``), as ``KVCacheManager.take_events``: after an overflow,
+        ``AllBlocksCleared`` and one ``GroupBlockStored`` per findable content."""
+        out = self._events.take()
+        return [AllBlocksCleared(), *self._index.snapshot()] if out is None else out
+
+    def take_kv_ops(self) -> list[GroupBlockCopy]:
+        """The fork copies since the previous call (run them before the next forward
+        pass, in this order); call it once a step."""
+        out, self._kv_ops = self._kv_ops, []
+        return out
+
+    def check_invariants(self) -> None:
+        """Verify every count and link: the pool and free queue, each group's index, the
+        prefix-id table and its references, refcounts against the live requests, each
+        request's tables against its tokens and its windows. Raises InvariantError."""
+        refs: dict[int, int] = {}
+        if self._null is not None:
+            refs[self._null.block_id] = 1
+        node_refs = self._index.node_refs()
+        for req in self._requests.values():
+            self._require(req.check(self.groups, self.block_size))
+            for t in req.tables:
+                for b in t:
+                    if b is not None:
+                        refs[b.block_id] = refs.get(b.block_id, 0) + 1
+            if req.nodes:
+                pid = req.nodes[-1].pid
+                node_refs[pid] = node_refs.get(pid, 0) + 1
+        self._require(self._pool.check(refs))
+        self._require(self._table.check(node_refs))
+
+    @staticmethod
+    def _require(problem: str | None) -> None:
+        if problem:
+            raise InvariantError(problem)
+
+    def _get(self, request_id: Hashable) -> GroupRequest:
+        try:
+            return self._requests[request_id]
+        except (KeyError, TypeError):
+            return live_request(self._requests, request_id)
+

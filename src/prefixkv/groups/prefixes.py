@@ -1,0 +1,111 @@
+"""Prefix ids: one id per distinct prefix content, shared by every group.
+
+A block's KV in any layer depends on the whole prefix up to it, so its identity is the
+prefix: ``(parent prefix id, token bytes, extra-key bytes)``, verified exactly (no hash is
+trusted). The core's ``ContentIndex`` finds block j through block j-1 of the same index,
+which a sliding-window group no longer holds once j-1 left the window; here the prefix ids
+live in one table beside the groups, so a group's block is found by its prefix id alone,
+whatever the group holds before it.
+
+A node lives while something refers to it: each block indexed under it (in any group),
+each child node, and each live request whose last recorded block it is (so a request's
+later blocks always extend a live chain). The last reference dropped removes the node and
+drops one reference on its parent. Ids are never reused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class Prefix:
+    """A node: ``pid`` (its id, > 0), ``parent`` (None for a first block), ``key`` (the
+    table key: parent pid, token bytes, extra bytes), ``refs``, ``hash`` (the chain hash,
+    when events are recorded, else None)."""
+
+    __slots__ = ("pid", "parent", "key", "refs", "hash")
+
+    def __init__(self, pid: int, parent: Prefix | None, key: tuple, hash: bytes | None) -> None:
+        self.pid, self.parent, self.key, self.refs, self.hash = pid, parent, key, 0, hash
+
+    def __repr__(self) -> str:
+        return f"Prefix(pid={self.pid}, refs={self.refs})"
+
+
+class PrefixTable:
+    """Every live prefix node, keyed by content."""
+
+    __slots__ = ("_nodes", "_next")
+
+    def __init__(self) -> None:
+        self._nodes: dict[tuple, Prefix] = {}
+        self._next = 1
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def walk(self, data: bytes, step: int, extras: Sequence[bytes], limit: int) -> list[Prefix]:
+        """The nodes of blocks ``0..`` of ``data`` (``step`` bytes a block, ``extras[j]``
+        the extra bytes of block j), up to ``limit`` blocks or the first unknown one.
+        Changes nothing."""
+        get = self._nodes.get
+        out: list[Prefix] = []
+        pid = 0
+        for j in range(limit):
+            node = get((pid, data[j * step:(j + 1) * step], extras[j]))
+            if node is None:
+                break
+            out.append(node)
+            pid = node.pid
+        return out
+
+    def extend(self, parent: Prefix | None, chunks: Sequence[bytes], extras: Sequence[bytes],
+               hashes: Sequence[bytes] | None) -> list[Prefix]:
+        """The nodes of the blocks after ``parent`` holding ``chunks``: found, or created
+        (with ``hashes[i]`` as chain hash). A created node refers to its parent."""
+        nodes = self._nodes
+        out = []
+        for i, (chunk, extra) in enumerate(zip(chunks, extras)):
+            key = (parent.pid if parent is not None else 0, chunk, extra)
+            node = nodes.get(key)
+            if node is None:
+                node = Prefix(self._next, parent, key, hashes[i] if hashes is not None else None)
+                self._next += 1
+                nodes[key] = node
+                if parent is not None:
+                    parent.refs += 1
+            out.append(node)
+            parent = node
+        return out
+
+    def hold(self, node: Prefix | None) -> None:
+        """Take a reference on ``node`` (None: nothing)."""
+        if node is not None:
+            node.refs += 1
+
+    def unhold(self, node: Prefix | None) -> None:
+        """Drop a reference; a node left with none goes, and so may its ancestors."""
+        while node is not None:
+            node.refs -= 1
+            assert node.refs >= 0, node
+            if node.refs:
+                return
+            del self._nodes[node.key]
+            node = node.parent
+
+    def clear(self) -> None:
+        self._nodes.clear()
+
+    def check(self, refs: dict[int, int]) -> str | None:
+        """The first node whose count differs from ``refs`` (pid -> references held by
+        blocks and requests, children added here), None when sound."""
+        want = dict(refs)
+        for node in self._nodes.values():
+            if node.parent is not None:
+                if self._nodes.get(node.parent.key) is not node.parent:
+                    return f"{node!r} has a parent that is not in the table"
+                want[node.parent.pid] = want.get(node.parent.pid, 0) + 1
+        for node in self._nodes.values():
+            if node.refs != want.get(node.pid, 0) or not node.refs:
+                return f"{node!r}: {want.get(node.pid, 0)} references found"
+        return None

@@ -1,0 +1,93 @@
+"""Per-request state of a hybrid manager: one block table per group.
+
+    | cached prefix (hits) | scheduled, computed by the engine | known, not scheduled |
+    0                num_cached                       num_scheduled          len(tokens)
+
+Each group's table covers ``[0, num_scheduled)``; entry j is the block holding positions
+``j*bs .. (j+1)*bs - 1`` in that group, or None where the group released it (no query of
+the request reads it any more): a prefix of the table, ``cut[g]`` entries long, in
+groups whose spec releases. ``nodes[j]`` is the prefix id of full block j (every full
+scheduled block has one); the request holds a reference on the last.
+``step_start``: where the last scheduled step began (its queries sit at and after it).
+``next_release``: the first step start at which some group releases a block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from array import array
+
+from ..core.block import Block, blocks_for
+from ..core.request import RequestKeys
+from ..hashing import token_bytes
+from .prefixes import Prefix
+from .spec import GroupSpec
+
+
+class GroupRequest:
+    __slots__ = ("request_id", "tokens", "keys", "tables", "cut", "nodes", "num_cached",
+                 "num_scheduled", "step_start", "next_release")
+
+    def __init__(self, request_id: Hashable, tokens: array, keys: RequestKeys, num_groups: int) -> None:
+        self.request_id = request_id
+        self.tokens = tokens
+        self.keys = keys
+        self.tables: list[list[Block | None]] = [[] for _ in range(num_groups)]
+        self.cut = [0] * num_groups
+        self.nodes: list[Prefix] = []
+        self.num_cached = 0
+        self.num_scheduled = 0
+        self.step_start = 0
+        self.next_release = 0
+
+    def release(self, going: Sequence[Sequence[Block]]) -> list[Block]:
+        """Replace each group's blocks in ``going`` (the next ones after its cut) by None
+        and return them in release order (``tail_first``)."""
+        out: list[tuple[int, Block]] = []
+        for g, part in enumerate(going):
+            if part:
+                cut = self.cut[g]
+                out += zip(range(cut, cut + len(part)), part)
+                self.tables[g][cut:cut + len(part)] = [None] * len(part)
+                self.cut[g] = cut + len(part)
+        return tail_first(out)
+
+    def plan_release(self, specs: Sequence[GroupSpec], block_size: int) -> None:
+        """Set ``next_release`` from the groups' cuts."""
+        self.next_release = min(s.release_at(c, block_size) for s, c in zip(specs, self.cut))
+
+    def check(self, specs: Sequence[GroupSpec], block_size: int) -> str | None:
+        """The first way the tables disagree with the tokens and the specs, None when
+        sound."""
+        bs, rid = block_size, self.request_id
+        want = blocks_for(self.num_scheduled, bs)
+        if len(self.nodes) != self.num_scheduled // bs or self.num_scheduled > len(self.tokens):
+            return (f"request {rid!r}: {len(self.nodes)} prefix ids for {self.num_scheduled} "
+                    f"scheduled of {len(self.tokens)} tokens")
+        parent = 0
+        for j, node in enumerate(self.nodes):
+            chunk = token_bytes(self.tokens[j * bs:(j + 1) * bs])
+            if node.key != (parent, chunk, self.keys.of_blocks(j, j + 1)[0]):
+                return f"request {rid!r}: prefix id of block {j} does not hold its content"
+            parent = node.pid
+        for g, (spec, table) in enumerate(zip(specs, self.tables)):
+            cut = self.cut[g]
+            if len(table) != want or any(b is None for b in table[cut:]) or \
+                    any(b is not None for b in table[:cut]):
+                return f"request {rid!r} group {g}: table {table} for {want} blocks, cut {cut}"
+            if cut > spec.num_unread(self.step_start, bs):
+                return (f"request {rid!r} group {g}: {cut} blocks released, but a query at "
+                        f"{self.step_start} still reads block {spec.num_unread(self.step_start, bs)}")
+            for j in range(cut, len(self.nodes)):
+                b = table[j]
+                if b is not None and b.key is not None and b.key is not self.nodes[j]:
+                    return f"request {rid!r} group {g}: block {j} holds another prefix"
+        return None
+
+
+def tail_first(placed: list[tuple[int, Block]]) -> list[Block]:
+    """Blocks given with their positions, the highest position first (groups in order
+    among equals): of blocks released together, the one ending the longest prefix is
+    evicted first."""
+    placed.sort(key=lambda p: -p[0])
+    return [b for _, b in placed]

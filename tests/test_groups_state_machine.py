@@ -1,0 +1,263 @@
+"""Hypothesis drives the hybrid manager against a plain model and a simulated KV store.
+
+The simulated store plays the engine: into each scheduled slot of each group it writes
+what the real K/V there depends on (the group, the request's extra keys and every token
+up to that position), applies fork copies, and after every step checks, per group, that
+every position a query of the request may still read (from the window of the step's
+first query on) is held and holds exactly that; released entries are the null block,
+which is never written, and lie wholly below that window. A consumer mirrors the events
+per ``(group, hash)``; brute force over every hit length on that mirror must equal
+``lookup``.
+"""
+
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import (
+    Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule,
+)
+
+from prefixkv import AllBlocksCleared, BlockRemoved, BlockStored, ExtraKeys
+from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, sliding_window
+from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
+
+BS = 4
+PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4], [1, 2, 3, 4, 9, 9, 9, 9],
+            [9, 9, 9, 9, 5, 6, 7, 8, 5, 6, 7, 8]]
+
+prompts = st.builds(
+    lambda pre, cut, tail: PREFIXES[pre][:cut] + tail,
+    st.integers(0, len(PREFIXES) - 1), st.integers(0, 12), st.lists(st.integers(0, 9), max_size=14),
+).filter(bool)
+salts = st.sampled_from([None, ExtraKeys(cache_salt="a")])
+
+
+class HybridMachine(RuleBasedStateMachine):
+    groups = (full_attention(), sliding_window(6), chunked_local(8))
+    num_blocks = 28
+    live = Bundle("live")
+
+    @initialize()
+    def setup(self):
+        self.m = HybridKVCacheManager(self.groups, self.num_blocks, BS, hash_mode="sha256", seed=1,
+                                      enable_events=True, max_events=40)
+        self.hash_fn, self.root = make_hash_fn("sha256", 1)
+        self.null = self.m.null_block_id
+        self.kv = [[None] * BS for _ in range(self.num_blocks)]
+        self.mirror: dict[tuple[int, bytes], int] = {}
+        self.tokens: dict[str, list[int]] = {}
+        self.scheduled: dict[str, int] = {}
+        self.start: dict[str, int] = {}  # first position of the request's last step
+        self.extra: dict[str, ExtraKeys | None] = {}
+        self.preempted: list[tuple[list[int], ExtraKeys | None]] = []
+        self.last = None
+        self.next_id = 0
+
+    # ---- the engine's side -------------------------------------------------------
+
+    def _run_copies(self):
+        for op in self.m.take_kv_ops():
+            assert self.null not in (op.src, op.dst)
+            self.kv[op.dst] = list(self.kv[op.src])
+
+    def _kv_of(self, g, rid, pos):
+        return g, self.extra[rid], tuple(self.tokens[rid][:pos + 1])
+
+    def _write(self, rid, start, stop):
+        self._run_copies()
+        self.last = (rid, start, stop)
+        self.start[rid] = start
+        for g, ids in enumerate(self.m.get_block_ids(rid)):
+            for pos in range(start, stop):
+                assert ids[pos // BS] != self.null, (g, pos)
+                self.kv[ids[pos // BS]][pos % BS] = self._kv_of(g, rid, pos)
+
+    def _snapshot(self, rid=None):
+        return (self.m.free_block_order(), self.m.stats, self.m.num_cached_blocks,
+                self.m.get_block_ids(rid) if rid is not None else None)
+
+    def _new_id(self):
+        self.next_id += 1
+        return f"r{self.next_id}"
+
+    def _forget(self, rid):
+        del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.start[rid]
+
+    # ---- rules -------------------------------------------------------------------
+
+    def _admit(self, prompt, extra, chunk):
+        rid = self._new_id()
+        before = self._snapshot()
+        adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
+        if adm is None:
+            assert self._snapshot() == before and self.m.take_kv_ops() == []
+            return multiple()
+        assert adm.num_cached_tokens % BS == 0 and adm.num_cached_tokens < len(prompt)
+        assert adm.group_block_ids == self.m.get_block_ids(rid)
+        self.tokens[rid] = list(prompt)
+        self.extra[rid] = extra
+        self.scheduled[rid] = adm.num_cached_tokens + adm.num_new_tokens
+        self._write(rid, adm.num_cached_tokens, self.scheduled[rid])
+        return rid
+
+    @rule(target=live, prompt=prompts, extra=salts, chunk=st.none() | st.integers(1, 7))
+    def add(self, prompt, extra, chunk):
+        return self._admit(prompt, extra, chunk)
+
+    @rule(target=live, pre=st.integers(0, len(PREFIXES) - 1), tail=st.integers(0, 9))
+    def add_known_prefix(self, pre, tail):
+        return self._admit(PREFIXES[pre] + [tail], None, None)
+
+    @precondition(lambda self: self.preempted)
+    @rule(target=live)
+    def readmit(self):
+        prompt, extra = self.preempted.pop(0)
+        return self._admit(prompt, extra, None)
+
+    @rule(rid=live, n=st.integers(1, 7))
+    def extend(self, rid, n):
+        if rid not in self.tokens or self.scheduled[rid] == len(self.tokens[rid]):
+            return
+        n = min(n, len(self.tokens[rid]) - self.scheduled[rid])
+        before = self._snapshot(rid)
+        if self.m.extend(rid, n) is None:
+            assert self._snapshot(rid) == before
+            return
+        self.scheduled[rid] += n
+        self._write(rid, self.scheduled[rid] - n, self.scheduled[rid])
+
+    @rule(rid=live, toks=st.lists(st.integers(0, 9), min_size=1, max_size=5))
+    def append(self, rid, toks):
+        if rid not in self.tokens or self.scheduled[rid] != len(self.tokens[rid]):
+            return
+        before = self._snapshot(rid)
+        if self.m.append_tokens(rid, toks) is None:
+            assert self._snapshot(rid) == before
+            return
+        self.tokens[rid] += toks
+        self.scheduled[rid] += len(toks)
+        self._write(rid, self.scheduled[rid] - len(toks), self.scheduled[rid])
+
+    @rule(target=live, parent=live)
+    def fork(self, parent):
+        if parent not in self.tokens or self.scheduled[parent] != len(self.tokens[parent]):
+            return multiple()
+        child = self._new_id()
+        got = self.m.fork(parent, child)
+        if got is None:
+            return multiple()
+        self.last = None
+        self._run_copies()
+        assert got.group_block_ids == self.m.get_block_ids(child)
+        self.tokens[child] = list(self.tokens[parent])
+        self.extra[child] = self.extra[parent]
+        self.scheduled[child] = self.scheduled[parent]
+        self.start[child] = self.start[parent]
+        return child
+
+    @precondition(lambda self: self.last is not None and self.last[0] in self.tokens)
+    @rule()
+    def abort_before_step_ran(self):
+        rid, start, stop = self.last
+        for ids in self.m.get_block_ids(rid):
+            for pos in range(start, stop):
+                self.kv[ids[pos // BS]][pos % BS] = "never computed"
+        self.m.free(rid, num_computed_tokens=start)
+        self._forget(rid)
+        self.last = None
+
+    @rule(rid=consumes(live))
+    def free(self, rid):
+        self.last = None
+        if rid in self.tokens:
+            self.m.free(rid)
+            self._forget(rid)
+
+    @rule(rid=consumes(live))
+    def preempt(self, rid):
+        self.last = None
+        if rid in self.tokens:
+            assert list(self.m.preempt(rid)) == self.tokens[rid]
+            self.preempted.append((self.tokens[rid], self.extra[rid]))
+            self._forget(rid)
+
+    @rule()
+    def reset(self):
+        self.last = None
+        assert self.m.reset_prefix_cache() == (not self.tokens)
+        if not self.tokens:
+            assert self.m.num_cached_blocks == 0
+
+    # ---- invariants --------------------------------------------------------------
+
+    @invariant()
+    def consistent(self):
+        self.m.check_invariants()
+
+    @invariant()
+    def no_group_reads_kv_it_does_not_hold(self):
+        for rid in self.tokens:
+            for g, (spec, ids) in enumerate(zip(self.groups, self.m.get_block_ids(rid))):
+                assert len(ids) == -(-self.scheduled[rid] // BS)
+                reach = spec.first_needed(self.start[rid])
+                for j, b in enumerate(ids):
+                    if b == self.null:
+                        assert spec.releases and (j + 1) * BS <= reach, (rid, g, j)
+                for pos in range(reach, self.scheduled[rid]):
+                    b = ids[pos // BS]
+                    assert self.kv[b][pos % BS] == self._kv_of(g, rid, pos), (rid, g, pos)
+        assert all(v is None for v in self.kv[self.null]) if self.null is not None else True
+        if not self.tokens:
+            reserved = 0 if self.null is None else 1
+            assert self.m.num_free_blocks == self.num_blocks - reserved
+
+    @invariant()
+    def events_predict_lookup(self):
+        for ev in self.m.take_events():
+            if isinstance(ev, AllBlocksCleared):
+                self.mirror.clear()
+            elif isinstance(ev, BlockStored):
+                key = (ev.group_idx, ev.block_hash)
+                self.mirror[key] = self.mirror.get(key, 0) + 1
+                assert self.mirror[key] == 1
+            else:
+                assert isinstance(ev, BlockRemoved)
+                del self.mirror[(ev.group_idx, ev.block_hash)]
+        candidates = [(p + [0], None) for p in PREFIXES]
+        candidates += [(t + [0], self.extra[r]) for r, t in self.tokens.items()]
+        candidates += [(t + [0], e) for t, e in self.preempted]
+        for prompt, extra in candidates:
+            limit = (len(prompt) - 1) // BS
+            base = extra.base_bytes() if extra else b""
+            hashes, _ = chain(self.hash_fn, self.root,
+                              token_bytes(encode_tokens(prompt[:limit * BS])), [base] * limit)
+            cached = [[(g, h) in self.mirror for h in hashes] for g in range(len(self.groups))]
+            assert self.m.lookup(prompt, extra=extra) == BS * brute_force(self.groups, limit, cached)
+
+
+def brute_force(groups, limit, cached):
+    def accepts(g, k):
+        lo = groups[g].first_needed(k * BS) // BS
+        return all(cached[g][lo:k])
+    return max(k for k in range(limit + 1) if all(accepts(g, k) for g in range(len(groups))))
+
+
+class SlidingOnlyMachine(HybridMachine):
+    """A model of sliding-window layers only (Mistral-like): no group holds block 0."""
+
+    groups = (sliding_window(5),)
+    num_blocks = 12
+
+
+class TwoWindowsMachine(HybridMachine):
+    """Two windows and a full group in a small pool: constant eviction."""
+
+    groups = (sliding_window(4), full_attention(), sliding_window(9))
+    num_blocks = 16
+
+
+SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestHybridMachine = HybridMachine.TestCase
+TestHybridMachine.settings = SETTINGS
+TestSlidingOnlyMachine = SlidingOnlyMachine.TestCase
+TestSlidingOnlyMachine.settings = SETTINGS
+TestTwoWindowsMachine = TwoWindowsMachine.TestCase
+TestTwoWindowsMachine.settings = SETTINGS
