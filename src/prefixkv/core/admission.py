@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Hashable, Sequence
-from operator import attrgetter
 
 from ..errors import (
     ConfigError, InvariantError, RequestError, TokenError, check_count, check_flag,
@@ -27,10 +26,6 @@ from ..tiers import HostSlot, HostTier
 from .block import Block, blocks_for
 from .pool import BlockPool
 from .request import Request, RequestKeys
-
-
-_SCHEDULED = attrgetter("num_scheduled")
-_TOKENS = attrgetter("tokens")
 
 
 class Admitter:
@@ -210,68 +205,6 @@ class Admitter:
 
     def _encode(self, token_ids: Sequence[int]) -> array:
         return encode_tokens(token_ids, self.vocab_size)
-
-    def _step_requests(self, request_ids: Sequence[Hashable],
-                       token_ids: Sequence[int]) -> list[Request]:
-        """The live requests of a decode step, checked: known, distinct, prefill done."""
-        live = self._requests
-        try:
-            k = len(request_ids)
-            if k <= 16:  # a plain loop costs less than the C-level passes below
-                reqs = []
-                for r in request_ids:
-                    req = live[r]
-                    if req.num_scheduled != len(req.tokens):
-                        raise KeyError(r)
-                    reqs.append(req)
-                prefilled = True
-            else:
-                reqs = list(map(live.__getitem__, request_ids))
-                # num_scheduled <= len(tokens) always: equal sums mean every prefill is done
-                prefilled = sum(map(_SCHEDULED, reqs)) == sum(map(len, map(_TOKENS, reqs)))
-            same = k == len(token_ids)
-        except (KeyError, TypeError):
-            if isinstance(request_ids, (str, bytes)) or not hasattr(request_ids, "__len__") \
-                    or not hasattr(token_ids, "__len__"):
-                raise RequestError("request_ids and token_ids must be sequences") from None
-            reqs = [self._get(r) for r in request_ids]  # type: ignore[attr-defined]
-            prefilled = False
-            same = len(reqs) == len(token_ids)
-        if not same or isinstance(request_ids, (str, bytes)):
-            raise RequestError(f"{len(reqs)} request ids but {len(token_ids)} tokens, or ids "
-                               f"given as a str")
-        if len(reqs) > 1 and len(set(request_ids)) != len(reqs):
-            raise RequestError("a request id appears twice in one step")
-        if not prefilled:
-            r = next((r for r in reqs if r.num_scheduled != len(r.tokens)), None)
-            if r is not None:
-                raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "
-                                   f"scheduled: call extend() first")
-        return reqs
-
-    def _grow(self, req: Request, total: int, new_tokens: array | None = None) -> tuple[int, ...] | None:
-        """Append ``new_tokens`` and cover ``[0, total)`` with blocks, recording the
-        blocks that became full; None on shortage, before any change."""
-        bs = self.block_size
-        need = blocks_for(total, bs) - len(req.blocks)
-        if need > self._pool.num_free:
-            return None
-        n, first, last = len(req.tokens), req.num_scheduled // bs, total // bs
-        if new_tokens is not None:
-            req.tokens.extend(new_tokens)
-        try:
-            prepared = (self._index.prepare(req, first, last, req.blocks[first - 1] if first else None)
-                        if first < last else None)
-        except ConfigError:
-            del req.tokens[n:]
-            raise
-        new = self._pool.take(need) if need > 0 else []
-        req.blocks += new
-        req.num_scheduled = total
-        req.num_reserved = max(req.num_reserved, total)
-        if prepared is not None:
-            self._index.store(req, first, prepared)
-        return tuple(b.block_id for b in new)
 
     @staticmethod
     def _require(problem: str | None) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from array import array
 from collections.abc import Hashable
 
-from ..errors import InvariantError
 from ..extra_keys import ExtraKeys
 from ..hashing import encode_tokens
 from .block import Block, blocks_for

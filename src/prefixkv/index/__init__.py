@@ -5,7 +5,8 @@
 allocation, ``enable_caching=False``).
 """
 
-from .content import ContentIndex, Hasher
+from .content import ContentIndex
+from .hasher import Hasher
 from .none import NoIndex
 from .protocol import Index
 

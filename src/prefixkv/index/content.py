@@ -27,41 +27,17 @@ announce a hash once (first block) and withdraw it once (last block).
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
-from ..core.block import Block, Key
+from ..core.block import Block
 from ..core.request import Request
-from ..errors import ConfigError
 from ..events import DEVICE, BlockRemoved, BlockStored, Event
 from ..hashing import block_chunks, token_bytes
+from .content_check import check_index, check_request, chunk_of as _chunk
+from .hasher import Hasher
 
-HashFn = Callable[[bytes], bytes]
 _U32 = struct.Struct("<I")
-
-
-class Hasher:
-    """The chain hash: ``fn`` and the chain's ``root``. ``checked``: results of ``fn``
-    are verified (a caller's callable); the built-in modes are trusted."""
-
-    __slots__ = ("fn", "root", "checked")
-
-    def __init__(self, fn: HashFn, root: bytes, checked: bool) -> None:
-        self.fn, self.root, self.checked = fn, root, checked
-
-    def chain(self, parent: bytes, chunks: Sequence[bytes], extras: Sequence[bytes]) -> list[bytes]:
-        fn, out, h = self.fn, [], parent
-        try:
-            for c, e in zip(chunks, extras):
-                h = fn(h + c + e)
-                if self.checked and (type(h) is not bytes or not h):
-                    raise ConfigError(f"the hash_mode callable returned {h!r}, not non-empty bytes")
-                out.append(h)
-        except ConfigError:
-            raise
-        except Exception as exc:
-            raise ConfigError(f"the hash_mode callable raised {exc!r}") from exc
-        return out
 
 
 class ContentIndex:
@@ -333,46 +309,8 @@ class ContentIndex:
         self._twins.clear()
 
     def check(self, blocks: Sequence[Block]) -> str | None:
-        primaries: dict[int, Block] = {}
-        for home in (self._by_chunk, self._by_key):
-            for key, b in home.items():
-                chunk = key if home is self._by_chunk else key[1]
-                if b.key != key or b.twin or _chunk(b) != chunk or not b.content_id:
-                    return f"index entry for {b!r} does not match its content"
-                if home is self._by_key and key != (b.parent_cid, chunk, b.extra):
-                    return f"index entry for {b!r} is keyed by another content"
-                if self.hashing and b.hash is None:
-                    return f"block {b.block_id} is indexed without its chain hash"
-                primaries[b.content_id] = b
-        for cid, listed in self._twins.items():
-            for t in listed:
-                p = primaries.get(cid)
-                if p is None or not t.twin or not t.ref_cnt or t.key != p.key or \
-                        t.parent_cid != p.parent_cid or t.extra != p.extra or t.content_id != cid:
-                    return f"twin {t!r} is not a held spare of an indexed content"
-        for b in blocks:
-            if b.key is None:
-                continue
-            if not b.twin and self._home(b.key).get(b.key) is not b:
-                return f"block {b.block_id} has content but is neither indexed nor a twin"
-            if b.twin and not b.ref_cnt:
-                return f"spare block {b.block_id} is free but keeps its content"
-        return None
+        return check_index(self._by_chunk, self._by_key, self._twins, self.hashing, blocks)
 
     def check_request(self, req: Request, block_size: int) -> str | None:
         """The first full scheduled block of ``req`` whose content is not its own."""
-        keys = req.keys.of_blocks(0, req.num_scheduled // block_size)
-        cid = 0
-        for j, extra in enumerate(keys):
-            b = req.blocks[j]
-            chunk = token_bytes(req.tokens[j * block_size:(j + 1) * block_size])
-            if b.key is None or (b.parent_cid, _chunk(b), b.extra) != (cid, chunk, extra):
-                return (f"request {req.request_id!r} block {j} (id {b.block_id}) does not hold "
-                        f"the request's content")
-            cid = b.content_id
-        return None
-
-
-def _chunk(b: Block) -> bytes:
-    """The token bytes of a block with content (its key, or the key's middle)."""
-    return b.key if type(b.key) is bytes else b.key[1]  # type: ignore[index,return-value]
+        return check_request(req, block_size)

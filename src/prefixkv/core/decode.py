@@ -1,0 +1,191 @@
+"""The growth of running requests: prefill chunks, decoded tokens (one request, or a
+whole decode step in one call) and slots reserved before their tokens are known.
+``KVCacheManager`` extends this class; construction and admission are in ``Admitter``.
+
+    | cached prefix | scheduled, computed | new (this call) | reserved, token unknown |
+    0          num_cached          num_scheduled                          num_reserved
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Hashable, Sequence
+from operator import attrgetter
+
+from ..errors import ConfigError, RequestError, check_count
+from ..results import DecodeStep
+from .admission import Admitter
+from .block import blocks_for
+from .request import Request
+
+_NO_BLOCKS: tuple[int, ...] = ()
+_NOTHING_GREW = DecodeStep((), ())
+_ID = attrgetter("block_id")
+_SCHEDULED = attrgetter("num_scheduled")
+_TOKENS = attrgetter("tokens")
+
+
+class Decoder(Admitter):
+    """``extend``, ``append_tokens``, ``append_step``, ``reserve``; see ``KVCacheManager``."""
+
+    def extend(self, request_id: Hashable, num_new_tokens: int) -> tuple[int, ...] | None:
+        """Schedule the next ``num_new_tokens`` known tokens (the next prefill chunk).
+        Returns the ids of blocks added, or None on shortage (nothing changed).
+        Raises RequestError (unknown id, or a count outside 1..unscheduled tokens)."""
+        req = self._get(request_id)
+        check_count("num_new_tokens", num_new_tokens, 1, len(req.tokens) - req.num_scheduled)
+        return self._grow(req, req.num_scheduled + num_new_tokens)
+
+    def append_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> tuple[int, ...] | None:
+        """Append sampled tokens and schedule them (decode; several for speculative or
+        multi-token steps). Blocks that become full are cached.
+        Returns the ids of blocks added (usually empty), or None on shortage (nothing
+        changed). Raises RequestError (unknown id, or prefill not fully scheduled),
+        TokenError (bad ids or container)."""
+        req = self._get(request_id)
+        n, bs = req.num_scheduled, self.block_size
+        if n != len(req.tokens):
+            raise RequestError(
+                f"request {request_id!r} has {len(req.tokens) - n} prompt "
+                f"tokens not yet scheduled: call extend() before append_tokens()")
+        if type(token_ids) is list and len(token_ids) == 1 and 0 < n % bs < bs - 1 \
+                and self.vocab_size is None and type(token_ids[0]) is int:
+            # the hot path: one token into a block that has room and does not fill
+            try:
+                req.tokens.append(token_ids[0])  # validates the range, atomically
+            except OverflowError:
+                self._encode(token_ids)  # raises the TokenError
+            req.num_scheduled = n + 1
+            return _NO_BLOCKS
+        new = self._encode(token_ids)
+        total = n + len(new)
+        if total <= len(req.blocks) * bs and total // bs == n // bs:
+            req.tokens.extend(new)  # no new block, no block becomes full
+            req.num_scheduled = total
+            return _NO_BLOCKS
+        return self._grow(req, total, new)
+
+    def append_step(self, request_ids: Sequence[Hashable], token_ids: Sequence[int]) -> DecodeStep:
+        """One decode step: append ``token_ids[i]`` to ``request_ids[i]`` for every
+        running request, in one call. Each request is handled as ``append_tokens`` with
+        one token; requests that need a new block and cannot get one (in the order
+        given, earlier ones first) are left unchanged and listed in ``short``.
+        Raises (before any change) RequestError (unknown or repeated id, lengths differ,
+        prefill not fully scheduled), TokenError (bad ids)."""
+        reqs = self._step_requests(request_ids, token_ids)
+        new = self._encode(token_ids)
+        bs, pool, index = self.block_size, self._pool, self._index
+        last = bs - 1
+        fills = self._prepare_fills(reqs, new) if index.hash_may_fail else None
+        grown: list[tuple[Hashable, tuple[int, ...]]] = []
+        short: list[Hashable] = []
+        for req, t in zip(reqs, new):
+            n = req.num_scheduled
+            r = n % bs
+            if r != last and (r or n < len(req.blocks) * bs):  # room that does not fill
+                req.tokens.append(t)
+                req.num_scheduled = n + 1
+                continue
+            if not r and n >= len(req.blocks) * bs:  # the token opens a new block
+                if not pool.num_free:
+                    short.append(req.request_id)
+                    continue
+                b = pool.take(1)[0]
+                req.blocks.append(b)
+                grown.append((req.request_id, (b.block_id,)))
+            if r == last:  # the token fills its block: record the content
+                prepared = fills[id(req)] if fills is not None else index.prepare_next(req, t)
+                req.tokens.append(t)
+                req.num_scheduled = n + 1
+                index.store(req, n // bs, prepared)
+            else:
+                req.tokens.append(t)
+                req.num_scheduled = n + 1
+        if not grown and not short:
+            return _NOTHING_GREW
+        return DecodeStep(tuple(grown), tuple(short))
+
+    def _prepare_fills(self, reqs: list[Request], new) -> dict[int, object]:
+        """What the blocks filled by this step need (their hashes), computed before any
+        change: a ``hash_mode`` callable may fail, and the step must then change nothing."""
+        last = self.block_size - 1
+        return {id(r): self._index.prepare_next(r, t)
+                for r, t in zip(reqs, new) if r.num_scheduled % self.block_size == last}
+
+    def reserve(self, request_id: Hashable, num_slots: int) -> tuple[int, ...] | None:
+        """Make the blocks cover ``num_slots`` positions past the scheduled tokens, whose
+        tokens are not known yet (speculative lookahead; a step scheduled before its
+        sampled token arrives). Appending those tokens later needs no new block.
+        Returns the ids of blocks added, or None on shortage (nothing changed).
+        Raises RequestError (unknown id, ``num_slots`` < 0)."""
+        req = self._get(request_id)
+        check_count("num_slots", num_slots, 0, None)
+        need = blocks_for(req.num_scheduled + num_slots, self.block_size) - len(req.blocks)
+        if need > self._pool.num_free:
+            return None
+        new = self._pool.take(need) if need > 0 else []
+        req.blocks += new
+        req.num_reserved = max(req.num_reserved, req.num_scheduled + num_slots)
+        return tuple(map(_ID, new))
+
+    def _step_requests(self, request_ids: Sequence[Hashable],
+                       token_ids: Sequence[int]) -> list[Request]:
+        """The live requests of a decode step, checked: known, distinct, prefill done."""
+        live = self._requests
+        try:
+            k = len(request_ids)
+            if k <= 16:  # a plain loop costs less than the C-level passes below
+                reqs = []
+                for r in request_ids:
+                    req = live[r]
+                    if req.num_scheduled != len(req.tokens):
+                        raise KeyError(r)
+                    reqs.append(req)
+                prefilled = True
+            else:
+                reqs = list(map(live.__getitem__, request_ids))
+                # num_scheduled <= len(tokens) always: equal sums mean every prefill is done
+                prefilled = sum(map(_SCHEDULED, reqs)) == sum(map(len, map(_TOKENS, reqs)))
+            same = k == len(token_ids)
+        except (KeyError, TypeError):
+            if isinstance(request_ids, (str, bytes)) or not hasattr(request_ids, "__len__") \
+                    or not hasattr(token_ids, "__len__"):
+                raise RequestError("request_ids and token_ids must be sequences") from None
+            reqs = [self._get(r) for r in request_ids]  # type: ignore[attr-defined]
+            prefilled = False
+            same = len(reqs) == len(token_ids)
+        if not same or isinstance(request_ids, (str, bytes)):
+            raise RequestError(f"{len(reqs)} request ids but {len(token_ids)} tokens, or ids "
+                               f"given as a str")
+        if len(reqs) > 1 and len(set(request_ids)) != len(reqs):
+            raise RequestError("a request id appears twice in one step")
+        if not prefilled:
+            r = next((r for r in reqs if r.num_scheduled != len(r.tokens)), None)
+            if r is not None:
+                raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "
+                                   f"scheduled: call extend() first")
+        return reqs
+
+    def _grow(self, req: Request, total: int, new_tokens: array | None = None) -> tuple[int, ...] | None:
+        """Append ``new_tokens`` and cover ``[0, total)`` with blocks, recording the
+        blocks that became full; None on shortage, before any change."""
+        bs = self.block_size
+        need = blocks_for(total, bs) - len(req.blocks)
+        if need > self._pool.num_free:
+            return None
+        n, first, last = len(req.tokens), req.num_scheduled // bs, total // bs
+        if new_tokens is not None:
+            req.tokens.extend(new_tokens)
+        try:
+            prepared = (self._index.prepare(req, first, last, req.blocks[first - 1] if first else None)
+                        if first < last else None)
+        except ConfigError:
+            del req.tokens[n:]
+            raise
+        new = self._pool.take(need) if need > 0 else []
+        req.blocks += new
+        req.num_scheduled = total
+        req.num_reserved = max(req.num_reserved, total)
+        if prepared is not None:
+            self._index.store(req, first, prepared)
+        return tuple(b.block_id for b in new)

@@ -1,0 +1,58 @@
+"""``ContentIndex.check`` and ``check_request``: what ``check_invariants()`` verifies of the
+index and of each live request's blocks. Builds messages only for what is wrong."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..core.block import Block
+from ..core.request import Request
+from ..hashing import token_bytes
+
+
+def chunk_of(b: Block) -> bytes:
+    """The token bytes of a block with content (its key, or the key's middle)."""
+    return b.key if type(b.key) is bytes else b.key[1]  # type: ignore[index,return-value]
+
+
+def check_index(by_chunk: dict, by_key: dict, twins: dict, hashing: bool,
+                blocks: Sequence[Block]) -> str | None:
+    """The first inconsistency between a ContentIndex's maps and ``blocks``, None when sound."""
+    primaries: dict[int, Block] = {}
+    for home in (by_chunk, by_key):
+        for key, b in home.items():
+            chunk = key if home is by_chunk else key[1]
+            if b.key != key or b.twin or chunk_of(b) != chunk or not b.content_id:
+                return f"index entry for {b!r} does not match its content"
+            if home is by_key and key != (b.parent_cid, chunk, b.extra):
+                return f"index entry for {b!r} is keyed by another content"
+            if hashing and b.hash is None:
+                return f"block {b.block_id} is indexed without its chain hash"
+            primaries[b.content_id] = b
+    for cid, listed in twins.items():
+        for t in listed:
+            p = primaries.get(cid)
+            if p is None or not t.twin or not t.ref_cnt or t.key != p.key or \
+                    t.parent_cid != p.parent_cid or t.extra != p.extra or t.content_id != cid:
+                return f"twin {t!r} is not a held spare of an indexed content"
+    for b in blocks:
+        if b.key is None:
+            continue
+        if not b.twin and (by_chunk if type(b.key) is bytes else by_key).get(b.key) is not b:
+            return f"block {b.block_id} has content but is neither indexed nor a twin"
+        if b.twin and not b.ref_cnt:
+            return f"spare block {b.block_id} is free but keeps its content"
+    return None
+
+def check_request(req: Request, block_size: int) -> str | None:
+    """The first full scheduled block of ``req`` whose content is not its own."""
+    keys = req.keys.of_blocks(0, req.num_scheduled // block_size)
+    cid = 0
+    for j, extra in enumerate(keys):
+        b = req.blocks[j]
+        chunk = token_bytes(req.tokens[j * block_size:(j + 1) * block_size])
+        if b.key is None or (b.parent_cid, chunk_of(b), b.extra) != (cid, chunk, extra):
+            return (f"request {req.request_id!r} block {j} (id {b.block_id}) does not hold "
+                    f"the request's content")
+        cid = b.content_id
+    return None
