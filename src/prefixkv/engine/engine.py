@@ -30,7 +30,7 @@ from .model import LlamaConfig, TinyLlama
 from .outputs import GenerateResult, RequestMetrics, RequestOutput, SampleOutput, StepRecord
 from .runner import ModelRunner, SeqBatchEntry
 from .scheduler import Scheduler
-from .sequence import SamplingParams, Sequence, Status
+from .sequence import SamplingParams, SampleSeq, Status
 
 
 class Engine:
@@ -63,7 +63,7 @@ class Engine:
                                    chunked_prefill=chunked_prefill)
         limits = [runner.model.cfg.max_position, max_model_len, getattr(allocator, "max_model_len", None)]
         self.max_model_len = min(x for x in limits if x is not None)
-        self._groups: dict[Hashable, list[Sequence]] = {}
+        self._groups: dict[Hashable, list[SampleSeq]] = {}
         self._finished: list[RequestOutput] = []
         self._ids = itertools.count()
         self._steps = 0
@@ -80,7 +80,7 @@ class Engine:
         prompt = [int(t) for t in prompt_token_ids]
         if not 0 < len(prompt) < self.max_model_len:
             raise ValueError(f"prompt of {len(prompt)} tokens; need 1..{self.max_model_len - 1}")
-        seq = Sequence(rid, 0, prompt, params, extra, time.perf_counter())
+        seq = SampleSeq(rid, 0, prompt, params, extra, time.perf_counter())
         self._groups[rid] = [seq]
         self.scheduler.waiting.append(seq)
         return rid
@@ -140,13 +140,13 @@ class Engine:
             usage=alloc.usage, stats=alloc.take_stats(), events=tuple(alloc.take_events()),
             seconds=time.perf_counter() - t0)
 
-    def _fork_children(self, parent: Sequence, logits: torch.Tensor) -> list[Sequence]:
+    def _fork_children(self, parent: SampleSeq, logits: torch.Tensor) -> list[SampleSeq]:
         """Samples 1..n-1 of ``parent``'s request, each with its own first token drawn
         from the parent's first logits, sharing its blocks through ``fork``."""
         group = self._groups[parent.request_id]
         children = []
         for i in range(len(group), parent.params.n):
-            child = Sequence(parent.request_id, i, parent.prompt, parent.params, parent.extra,
+            child = SampleSeq(parent.request_id, i, parent.prompt, parent.params, parent.extra,
                              parent.arrival)
             child.first_scheduled, child.first_token = parent.first_scheduled, parent.first_token
             child.num_cached_tokens = parent.num_cached_tokens
@@ -156,7 +156,7 @@ class Engine:
             children.append(child)
         return children
 
-    def _finish(self, seq: Sequence, reason: str, now: float) -> None:
+    def _finish(self, seq: SampleSeq, reason: str, now: float) -> None:
         self.scheduler.finish(seq)
         seq.finish_reason, seq.finished = reason, now
         group = self._groups[seq.request_id]
@@ -189,7 +189,7 @@ class Engine:
         return GenerateResult(tuple(done[i] for i in ids), tuple(steps), time.perf_counter() - t0)
 
 
-def _request_output(group: list[Sequence]) -> RequestOutput:
+def _request_output(group: list[SampleSeq]) -> RequestOutput:
     head = group[0]
     metrics = RequestMetrics(
         num_prompt_tokens=len(head.prompt), num_cached_tokens=head.num_cached_tokens or 0,

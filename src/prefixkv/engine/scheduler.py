@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from prefixkv.allocator import Allocator
 from prefixkv.results import BlockCopy
 
-from .sequence import Sequence, Status
+from .sequence import SampleSeq, Status
 
 
 @dataclass(frozen=True, slots=True)
 class Scheduled:
     """A sequence's work this step: ``new_token_ids`` at positions ``num_computed ..``."""
 
-    seq: Sequence
+    seq: SampleSeq
     num_computed: int
     new_token_ids: list[int]
     is_prefill: bool
@@ -51,8 +51,8 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked_prefill = chunked_prefill
-        self.waiting: collections.deque[Sequence] = collections.deque()
-        self.running: list[Sequence] = []  # admission order: running[-1] is preempted first
+        self.waiting: collections.deque[SampleSeq] = collections.deque()
+        self.running: list[SampleSeq] = []  # admission order: running[-1] is preempted first
         self._copies: dict[Hashable, tuple[BlockCopy, ...]] = {}
         self._admissions = 0
 
@@ -89,7 +89,7 @@ class Scheduler:
             budget -= len(item.new_token_ids)
         return out, preempted
 
-    def _grow(self, seq: Sequence, budget: int) -> Scheduled | None:
+    def _grow(self, seq: SampleSeq, budget: int) -> Scheduled | None:
         if seq.num_known > seq.num_computed:  # the next prefill chunk
             n = min(seq.num_known - seq.num_computed, budget)
             if self.allocator.extend(seq.seq_id, n) is None:
@@ -101,7 +101,7 @@ class Scheduler:
         seq.num_known += 1
         return Scheduled(seq, seq.num_computed, new, False)
 
-    def _admit(self, seq: Sequence, budget: int, others: bool) -> Scheduled | None:
+    def _admit(self, seq: SampleSeq, budget: int, others: bool) -> Scheduled | None:
         alloc = self.allocator
         tokens, resumed = seq.tokens, seq.num_preemptions > 0
         if self.chunked_prefill:
@@ -126,13 +126,13 @@ class Scheduler:
         end = adm.num_cached_tokens + adm.num_new_tokens
         return Scheduled(seq, adm.num_cached_tokens, tokens[adm.num_cached_tokens:end], True)
 
-    def _start(self, seq: Sequence) -> None:
+    def _start(self, seq: SampleSeq) -> None:
         seq.status = Status.RUNNING
         seq.admitted = self._admissions
         self._admissions += 1
         self.running.append(seq)
 
-    def fork(self, parent: Sequence, child: Sequence) -> bool:
+    def fork(self, parent: SampleSeq, child: SampleSeq) -> bool:
         """Make ``child`` (its first token already sampled) share ``parent``'s KV. When
         the allocator is short, the child waits at the front of the queue instead and
         will be admitted with its own tokens (hitting the parent's cached blocks)."""
@@ -152,7 +152,7 @@ class Scheduler:
         self._copies.clear()
         return out
 
-    def preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: SampleSeq) -> None:
         """Release a running sequence's blocks and queue it first for re-admission."""
         known = self.allocator.preempt(seq.seq_id)
         assert list(known) == seq.tokens[:len(known)], (seq.seq_id, len(known))
@@ -163,7 +163,7 @@ class Scheduler:
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def finish(self, seq: Sequence) -> None:
+    def finish(self, seq: SampleSeq) -> None:
         """Free a finished sequence (running, or waiting after a fork fallback)."""
         if seq.status is Status.RUNNING:
             self.allocator.free(seq.seq_id)

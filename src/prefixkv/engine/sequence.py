@@ -52,7 +52,7 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-class Sequence:
+class SampleSeq:
     """One sample of a request, as the engine tracks it (the allocator keeps its own
     copy of the tokens; the engine's is the truth when it re-admits after preemption)."""
 
