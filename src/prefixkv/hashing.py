@@ -6,7 +6,8 @@
 
 Token ids are encoded once per prompt as uint32 little-endian; the parent digest and the
 token chunk have fixed lengths, so the tagged extra bytes that follow are unambiguous.
-The hash only nominates a block: the pool confirms a hit against the stored content.
+The hash names blocks outside the process (events, routers, stores); inside, the index
+finds blocks by their content (``prefixkv.index.content``).
 """
 
 from __future__ import annotations
