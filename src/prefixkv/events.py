@@ -72,9 +72,6 @@ class NullSink:
     def append(self, event: Event) -> None:
         pass
 
-    def extend(self, events: list[Event]) -> None:
-        pass
-
     def take(self) -> list[Event] | None:
         return []
 
@@ -107,20 +104,15 @@ class EventLog:
         if len(self._events) > self.max_events:
             self._overflow()
 
-    def extend(self, events: list[Event]) -> None:
-        self._events += events
-        if len(self._events) > self.max_events:
-            self._overflow()
+    def clear(self) -> None:
+        """Drop what is pending (an ``AllBlocksCleared`` that follows supersedes it)."""
+        self._events.clear()
+        self._lost = False
 
     def _overflow(self) -> None:
         self.dropped += len(self._events)
         self._events.clear()
         self._lost = True
-
-    def clear(self) -> None:
-        """Drop what is pending (an ``AllBlocksCleared`` supersedes it)."""
-        self._events.clear()
-        self._lost = False
 
     def take(self) -> list[Event] | None:
         if self._lost:

@@ -171,12 +171,17 @@ def chain(fn: HashFn, parent: bytes, data: bytes, extras: Sequence[bytes]) -> tu
         return [], []
     step = len(data) // len(extras)
     chunks = [data[o:o + step] for o in range(0, len(data), step)]
+    return chain_hashes(fn, parent, chunks, extras), chunks
+
+
+def chain_hashes(fn: HashFn, parent: bytes, chunks: Sequence[bytes],
+                 extras: Sequence[bytes]) -> list[bytes]:
+    """The digests of consecutive full blocks (token bytes ``chunks``, extra-key bytes
+    ``extras``), the first one's parent being ``parent``: the one definition of the chain."""
     h = parent
     if any(extras):
-        hashes = [h := fn(h + c + e) for c, e in zip(chunks, extras)]
-    else:  # the common case, kept free of per-block concatenation with b""
-        hashes = [h := fn(h + c) for c in chunks]
-    return hashes, chunks
+        return [h := fn(h + c + e) for c, e in zip(chunks, extras)]
+    return [h := fn(h + c) for c in chunks]  # the common case: no concatenation with b""
 
 
 def block_hashes(

@@ -93,14 +93,15 @@ class Decoder(Admitter):
                 b = pool.take(1)[0]
                 req.blocks.append(b)
                 grown.append((req.request_id, (b.block_id,)))
-            if r == last:  # the token fills its block: record the content
-                prepared = fills[id(req)] if fills is not None else index.prepare_next(req, t)
+            if r != last:
                 req.tokens.append(t)
                 req.num_scheduled = n + 1
-                index.store(req, n // bs, prepared)
-            else:
-                req.tokens.append(t)
-                req.num_scheduled = n + 1
+                continue
+            # the token fills its block: record the content
+            prepared = fills[id(req)] if fills is not None else index.prepare_next(req, t)
+            req.tokens.append(t)
+            req.num_scheduled = n + 1
+            index.store(req, n // bs, prepared)
         if not grown and not short:
             return _NOTHING_GREW
         return DecodeStep(tuple(grown), tuple(short))
@@ -131,9 +132,16 @@ class Decoder(Admitter):
     def _step_requests(self, request_ids: Sequence[Hashable],
                        token_ids: Sequence[int]) -> list[Request]:
         """The live requests of a decode step, checked: known, distinct, prefill done."""
-        live = self._requests
         try:
             k = len(request_ids)
+            same = k == len(token_ids) and not isinstance(request_ids, (str, bytes))
+        except TypeError:
+            raise RequestError("request_ids and token_ids must be sequences") from None
+        if not same:
+            raise RequestError(f"{k} request ids for {len(token_ids)} tokens (ids must be a "
+                               f"sequence, not a str)")
+        live = self._requests
+        try:
             if k <= 16:  # a plain loop costs less than the C-level passes below
                 reqs = []
                 for r in request_ids:
@@ -141,29 +149,18 @@ class Decoder(Admitter):
                     if req.num_scheduled != len(req.tokens):
                         raise KeyError(r)
                     reqs.append(req)
-                prefilled = True
             else:
                 reqs = list(map(live.__getitem__, request_ids))
                 # num_scheduled <= len(tokens) always: equal sums mean every prefill is done
-                prefilled = sum(map(_SCHEDULED, reqs)) == sum(map(len, map(_TOKENS, reqs)))
-            same = k == len(token_ids)
-        except (KeyError, TypeError):
-            if isinstance(request_ids, (str, bytes)) or not hasattr(request_ids, "__len__") \
-                    or not hasattr(token_ids, "__len__"):
-                raise RequestError("request_ids and token_ids must be sequences") from None
+                if sum(map(_SCHEDULED, reqs)) != sum(map(len, map(_TOKENS, reqs))):
+                    raise KeyError(None)
+        except (KeyError, TypeError):  # an unknown id, or a prefill not fully scheduled
             reqs = [self._get(r) for r in request_ids]  # type: ignore[attr-defined]
-            prefilled = False
-            same = len(reqs) == len(token_ids)
-        if not same or isinstance(request_ids, (str, bytes)):
-            raise RequestError(f"{len(reqs)} request ids but {len(token_ids)} tokens, or ids "
-                               f"given as a str")
-        if len(reqs) > 1 and len(set(request_ids)) != len(reqs):
+            r = next(r for r in reqs if r.num_scheduled != len(r.tokens))
+            raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "
+                               f"scheduled: call extend() first") from None
+        if k > 1 and len(set(request_ids)) != k:
             raise RequestError("a request id appears twice in one step")
-        if not prefilled:
-            r = next((r for r in reqs if r.num_scheduled != len(r.tokens)), None)
-            if r is not None:
-                raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "
-                                   f"scheduled: call extend() first")
         return reqs
 
     def _grow(self, req: Request, total: int, new_tokens: array | None = None) -> tuple[int, ...] | None:
@@ -185,7 +182,6 @@ class Decoder(Admitter):
         new = self._pool.take(need) if need > 0 else []
         req.blocks += new
         req.num_scheduled = total
-        req.num_reserved = max(req.num_reserved, total)
         if prepared is not None:
             self._index.store(req, first, prepared)
         return tuple(b.block_id for b in new)

@@ -99,25 +99,21 @@ class ContentIndex:
             bs = self._bs
             chunks = block_chunks(token_bytes(req.tokens[first * bs:last * bs]), 4 * bs,
                                   last - first)
-        extras = req.keys.of_blocks(first, last)
-        hashes = None
-        if self.hashing:
-            root = parent.hash if parent is not None else self._hasher.root
-            hashes = self._hasher.chain(root, chunks, extras)  # type: ignore[arg-type]
-        return chunks, extras, hashes
-
+        return self._hashed(parent, chunks, req.keys.of_blocks(first, last))
 
     def prepare_next(self, req: Request, token: int) -> tuple:
         """``prepare`` for the block that ``token``, appended next, fills."""
         bs, n = self._bs, req.num_scheduled
         j = n // bs
         chunks = [token_bytes(req.tokens[j * bs:n]) + _U32.pack(token)]
-        extras = req.keys.of_blocks(j, j + 1)
-        hashes = None
-        if self.hashing:
-            parent = req.blocks[j - 1].hash if j else self._hasher.root
-            hashes = self._hasher.chain(parent, chunks, extras)  # type: ignore[arg-type]
-        return chunks, extras, hashes
+        return self._hashed(req.blocks[j - 1] if j else None, chunks, req.keys.of_blocks(j, j + 1))
+
+    def _hashed(self, parent: Block | None, chunks: list[bytes], extras: list[bytes]) -> tuple:
+        """``(chunks, extras, chain hashes or None)``: hashes only when consumed."""
+        if not self.hashing:
+            return chunks, extras, None
+        root = parent.hash if parent is not None else self._hasher.root
+        return chunks, extras, self._hasher.chain(root, chunks, extras)  # type: ignore[arg-type]
 
     def store(self, req: Request, first: int, prepared: tuple) -> None:
         chunks, extras, hashes = prepared
@@ -126,33 +122,35 @@ class ContentIndex:
         cid = blocks[first - 1].content_id if first else 0
         nid = self._next_id
         by_key, lower = self._by_key, self._lower
+        step = self.step
         for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras):
             b.parent_cid = cid
             b.extra = extra
+            b.step = step
             held = setdefault(chunk, b)
-            if held is b and by_key:  # one content, one entry: it may be held under its
-                other = by_key.get((cid, chunk, extra))  # triple (its tokens' key freed since)
-                if other is not None:
+            if held is b:  # keyed by its tokens (the common case), unless one content, one
+                held = by_key.get((cid, chunk, extra)) if by_key else None  # entry: it may be
+                if held is not None:  # held under its triple (its tokens' key freed since)
                     del self._by_chunk[chunk]
-                    cid = self._add_twin(b, other)
-                    continue
-            if held is b:  # a new content, keyed by its tokens (the common case)
-                b.key = chunk
-                b.content_id = cid = nid if lower is None else self._lower_id(cid, chunk, extra, nid)
-                nid += 1
-                continue
-            if held.parent_cid != cid or held.extra != extra:  # the tokens' key is taken
+                else:
+                    b.key = chunk
+            elif held.parent_cid != cid or held.extra != extra:  # the tokens' key is taken
                 b.key = key = (cid, chunk, extra)
                 held = by_key.setdefault(key, b)
                 if held is b:
-                    b.content_id = cid = nid if lower is None else self._lower_id(cid, chunk, extra, nid)
-                    nid += 1
-                    continue
-            cid = self._add_twin(b, held)
+                    held = None
+            if held is not None:  # equal content is held: b is its spare
+                cid = self._add_twin(b, held)
+                continue
+            # a new content; one content, one id: recomputed while a host slot keeps it,
+            # it takes the slot's id, so the slot's children stay findable below it
+            slot = lower.find(cid, chunk, extra) if lower is not None else None
+            if slot is None:
+                b.content_id = cid = nid
+                nid += 1
+            else:
+                b.content_id = cid = slot.content_id
         self._next_id = nid
-        if self._lower is not None:
-            for b in blocks[first:first + len(chunks)]:
-                b.step = self.step
         if hashes is not None:
             self._announce(req, first, hashes)
             if self.fresh is not None:
@@ -172,12 +170,6 @@ class ContentIndex:
         """A new content id (for content that comes from outside: the shared store)."""
         self._next_id += 1
         return self._next_id - 1
-
-    def _lower_id(self, parent_cid: int, chunk: bytes, extra: bytes, nid: int) -> int:
-        """One content, one id: content recomputed on the device while a host slot keeps
-        it takes the slot's id, so the slot's children stay findable below it."""
-        slot = self._lower.find(parent_cid, chunk, extra)  # type: ignore[union-attr]
-        return nid if slot is None else slot.content_id
 
     def adopt(self, block: Block, slot: Block) -> None:
         """Record in the fresh device ``block`` the content of host ``slot`` (whose copy

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from ..errors import ConfigError
-
-HashFn = Callable[[bytes], bytes]
+from ..hashing import HashFn, chain_hashes
 
 
 class Hasher:
@@ -19,15 +18,19 @@ class Hasher:
         self.fn, self.root, self.checked = fn, root, checked
 
     def chain(self, parent: bytes, chunks: Sequence[bytes], extras: Sequence[bytes]) -> list[bytes]:
-        fn, out, h = self.fn, [], parent
+        """``chain_hashes`` with this hash; a caller's callable that raises or returns
+        anything but non-empty bytes raises ConfigError."""
+        if not self.checked:
+            return chain_hashes(self.fn, parent, chunks, extras)
         try:
-            for c, e in zip(chunks, extras):
-                h = fn(h + c + e)
-                if self.checked and (type(h) is not bytes or not h):
-                    raise ConfigError(f"the hash_mode callable returned {h!r}, not non-empty bytes")
-                out.append(h)
+            return chain_hashes(self._checked, parent, chunks, extras)
         except ConfigError:
             raise
         except Exception as exc:
             raise ConfigError(f"the hash_mode callable raised {exc!r}") from exc
-        return out
+
+    def _checked(self, data: bytes) -> bytes:
+        h = self.fn(data)
+        if type(h) is not bytes or not h:
+            raise ConfigError(f"the hash_mode callable returned {h!r}, not non-empty bytes")
+        return h
