@@ -140,24 +140,27 @@ class Admitter:
         """``acquire`` when some hits are host slots or fetched from the store: pin the
         slots, put the fetched blocks in slots (pinned), take fresh device blocks for them
         (the evictions this causes may offload, never into a pinned slot), record their
-        content and state the loads."""
-        host, index = self._host, self._index
-        slots = [h for h in hits if type(h) is HostSlot]
-        host.hold(slots)  # type: ignore[union-attr]
+        content and state the loads: each of these once for all the admission's slots."""
+        host = self._host
+        first = hits[:len(held)] == held  # the device hits come first (the common case)
+        slots = hits[len(held):] if first else [h for h in hits if type(h) is not Block]
         if type(hits[-1]) is Fetched:  # fetched blocks end the hits
+            host.hold([h for h in slots if type(h) is HostSlot])  # type: ignore[union-attr]
             self._fill(req, hits)
-        fresh = iter(self._pool.acquire(held, need)[len(held):])
-        blocks, loaded, into = [], [], []
-        for h in hits:
-            if type(h) is HostSlot:
-                b = next(fresh)
-                index.adopt(b, h)  # type: ignore[attr-defined]
-                loaded.append(h)
-                into.append(b)
-                h = b
-            blocks.append(h)
-        host.load(loaded, into)  # type: ignore[union-attr]
-        blocks.extend(fresh)
+            slots = hits[len(held):] if first else [h for h in hits if type(h) is not Block]
+        else:
+            host.hold(slots)  # type: ignore[union-attr]
+        taken = self._pool.acquire(held, need)  # held, then the fresh blocks
+        if first:  # the fresh blocks follow the device hits, in the order of the slots
+            blocks = taken
+            into = taken[len(held):len(hits)]
+        else:  # a device hit after host hits: the fresh blocks go where the slots were
+            fresh = iter(taken[len(held):])
+            blocks = [h if type(h) is Block else next(fresh) for h in hits]
+            into = [b for b, h in zip(blocks, hits) if h is not b]
+            blocks += fresh
+        self._index.adopt(into, slots)  # type: ignore[attr-defined]
+        host.load(slots, into)  # type: ignore[union-attr]
         return blocks
 
     def _fill(self, req: Request, hits: list) -> None:
