@@ -7,11 +7,16 @@ the pool (cached, findable in its group, if it is full and indexed) and the tabl
 becomes the null block. Calls check their input and compute what can fail before any
 change; a shortage returns None with nothing changed (blocks a call would release count
 as free for it, and stay held when it returns None).
+
+The class is built in three layers, one noun each: ``GroupAdmitter`` (construction,
+``add_request``, ``lookup``; admission.py), ``GroupDecoder`` (``extend``,
+``append_tokens``, ``append_step``, ``reserve``; decode.py), and here forks, frees,
+preemption, reset and the queries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 
 from ..core.block import Block
 from ..errors import RequestError, check_count, check_new_request
@@ -42,9 +47,9 @@ class HybridKVCacheManager(GroupDecoder):
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> GroupFork | None:
         """Create ``child_id`` sharing the parent's full blocks in every group (and its
-        released entries); each group's partial last block is copied on write (the
-        copies are in the result and in ``take_kv_ops()``). Returns None when those
-        blocks cannot be had (nothing changed). Raises RequestError (unknown parent, child
+        released entries); each group's partial last block (and any reserved block) is
+        copied on write (the copies are in the result and in ``take_kv_ops()``). Returns
+        None when those blocks cannot be had (nothing changed). Raises RequestError (unknown parent, child
         id in use, parent's prefill not fully scheduled)."""
         parent = self._get(parent_id)
         check_new_request(self._requests, child_id)

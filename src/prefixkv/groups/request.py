@@ -4,10 +4,10 @@
     0                num_cached                       num_scheduled          len(tokens)
 
 Each group's table covers ``[0, max(num_scheduled, num_reserved))`` (``num_reserved``:
-slots reserved past the scheduled tokens, whose tokens are not known yet); entry j is the block holding positions
-``j*bs .. (j+1)*bs - 1`` in that group, or None where the group released it (no query of
-the request reads it any more): a prefix of the table, ``cut[g]`` entries long, in
-groups whose spec releases. ``nodes[j]`` is the prefix id of full block j (every full
+slots reserved past the scheduled tokens, whose tokens are not known yet); entry j is
+the block holding positions ``j*bs .. (j+1)*bs - 1`` in that group, or None where the
+group released it (no query of the request reads it any more): a prefix of the table,
+``cut[g]`` entries long, in groups whose spec releases. ``nodes[j]`` is the prefix id of full block j (every full
 scheduled block has one); the request holds a reference on the last.
 ``step_start``: where the last scheduled step began (its queries sit at and after it).
 ``next_release``: the first step start at which some group releases a block.
