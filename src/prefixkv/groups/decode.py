@@ -2,8 +2,8 @@
 request, or a whole decode step in one call) and slots reserved before their tokens are
 known. ``HybridKVCacheManager`` extends this class; admission is in ``GroupAdmitter``.
 
-    | released (null) | cached prefix | scheduled | new (this call) | reserved, token unknown |
-    0            cut[g]*bs      num_cached   num_scheduled                        num_reserved
+    | released (null) | held: hits, computed, scheduled | new (this call) | reserved |
+    0            cut[g] * bs                      num_scheduled            total   num_reserved
 
 Every group's table covers ``[0, max(num_scheduled, num_reserved))``. A step that starts at
 ``s`` first releases, in each windowed group, the leading blocks no query at or after ``s``
