@@ -226,6 +226,8 @@ def test_mismatched_runner_and_allocator_are_refused(model):
         build_engine(CFG, groups=groups, allocator=hybrid)
     with pytest.raises(ValueError, match="no host tier"):
         build_engine(CFG, groups=groups, host_blocks=4)
+    with pytest.raises(ValueError, match="layer_groups needs groups"):
+        build_engine(CFG, layer_groups=layers)
 
 
 def test_uncached_manager_never_hits():

@@ -59,7 +59,8 @@ def build_engine(config: LlamaConfig | None = None, *, num_blocks: int = 256, bl
     when ``enable_caching`` is False) and a ``HybridModelRunner`` whose layer ``l``
     belongs to group ``layer_groups[l]`` (default ``l % len(groups)``); a
     ``HybridKVCacheManager`` given as ``allocator`` brings its own groups.
-    Raises ValueError for ``groups`` beside an allocator, or a host tier with groups.
+    Raises ValueError for ``groups`` beside an allocator, a host tier with groups, or
+    ``layer_groups`` without groups.
     """
     config = config or LlamaConfig()
     if groups is not None and allocator is not None:
@@ -83,6 +84,8 @@ def build_engine(config: LlamaConfig | None = None, *, num_blocks: int = 256, bl
                                    allocator.block_size, device=device, backend=backend,
                                    poison=False)
         return Engine(runner, allocator, **engine_kwargs)  # type: ignore[arg-type]
+    if layer_groups is not None:
+        raise ValueError("layer_groups needs groups (or a HybridKVCacheManager as allocator)")
     runner = ModelRunner(model, allocator.num_blocks, allocator.block_size, device=device,
                          backend=backend, host_blocks=host_blocks)
     return Engine(runner, allocator, **engine_kwargs)
