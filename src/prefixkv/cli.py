@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "requests resident and hit rates of a hybrid model's per-group tables "
                        "against full-length tables for every layer): gemma3-like, "
                        "gpt-oss-like, or none to skip it; default (and --groups alone): both, "
-                       "about 2 s of CPU")
+                       "about 2 s of CPU. Blocks of 16 and its own pools, whatever --block-size "
+                       "and --pool-blocks say; --seed applies")
     bench.add_argument("--no-plots", dest="plots", action="store_false",
                        help="write no PNG plots, only report.md and report.json")
     bench.add_argument("--out", type=Path, default=Path("prefixkv-bench"), metavar="DIR",

@@ -6,6 +6,7 @@ few tokens. Greedy tokens equal the model run densely without any cache, and equ
 run with caching off; hits happen (cached tokens), windows release blocks (null entries
 in running tables), every cache starts as NaN and the null block is never written."""
 
+import os
 import random
 
 import pytest
@@ -237,3 +238,33 @@ def test_uncached_manager_never_hits():
     assert m.lookup(SHARED) == 0 and m.add_request("b", SHARED).num_cached_tokens == 0
     with pytest.raises(ValueError):
         m.lookup([])
+
+
+@pytest.mark.parametrize("seed", range(int(os.environ.get("PREFIXKV_HYBRID_SEEDS", 6))))
+def test_random_mixes_pools_and_budgets_match_dense(model, seed):
+    """Seeded random setups, edges included: windows shorter than a block or not a
+    multiple of it, chunks of one block, pools just large enough, chunked prefill with odd
+    budgets, prompts sharing prefixes of any length; greedy tokens equal the dense run.
+    PREFIXKV_HYBRID_SEEDS=60 runs more seeds."""
+    rng = random.Random(seed)
+    window = rng.choice([2, 3, 5, 7, 10, 13])
+    chunk = rng.choice([4, 8, 12])
+    groups = rng.choice([(sliding_window(window), full_attention()),
+                         (chunked_local(chunk), full_attention()),
+                         (full_attention(), sliding_window(window), chunked_local(chunk))])
+    layers = tuple(rng.randrange(len(groups)) for _ in range(CFG.num_layers))
+    base = [rng.randrange(1, CFG.vocab_size) for _ in range(rng.randrange(4, 30))]
+    prompts = [base[:rng.randrange(1, len(base) + 1)] + prompts_with([], 1, rng.randrange(1, 9), seed + i)[0]
+               for i in range(rng.randrange(2, 5))]
+    max_tokens = rng.randrange(4, 14)
+    longest = max(map(len, prompts)) + max_tokens
+    num_blocks = len(groups) * -(-longest // BS) + 1 + rng.randrange(0, 30)
+    kw = {}
+    if rng.random() < 0.5:
+        kw = dict(chunked_prefill=True, max_num_batched_tokens=rng.randrange(3, 12))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(MIXES, "random", (groups, layers))
+        run = Run(model, "random", num_blocks=num_blocks, **kw)
+        result = run.generate(prompts, SamplingParams(max_tokens=max_tokens))
+        want = [dense_greedy(model, "random", p, max_tokens) for p in prompts]
+    assert [o.token_ids for o in result.outputs] == want, (groups, layers, num_blocks, kw)
