@@ -24,6 +24,7 @@ import torch
 
 from prefixkv.allocator import Allocator
 from prefixkv.extra_keys import ExtraKeys
+from prefixkv.groups import HybridKVCacheManager
 
 from .outputs import GenerateResult, RequestMetrics, RequestOutput, SampleOutput, StepRecord
 from .runner import Runner, SeqBatchEntry
@@ -51,8 +52,8 @@ class Engine:
     the layer groups (one has groups, the other none or others).
     """
 
-    def __init__(self, runner: Runner, allocator: Allocator, *, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 2048, chunked_prefill: bool = False,
+    def __init__(self, runner: Runner, allocator: Allocator | HybridKVCacheManager, *,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, chunked_prefill: bool = False,
                  max_model_len: int | None = None) -> None:
         if allocator.block_size != runner.block_size or allocator.num_blocks > runner.num_blocks:
             raise ValueError(
