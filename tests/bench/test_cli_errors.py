@@ -77,6 +77,8 @@ def test_bad_trace(lines, message, tmp_path, capsys):
     (["--pool-blocks", "99999999999"], "argument --pool-blocks: at most 524,288, got 99,999,999,999"),
     (["--block-size", "0"], "argument --block-size: must be >= 1, got 0"),
     (["--workload", "trace"], "--workload trace needs --trace FILE"),
+    (["--groups", "gemma3"], "argument --groups: unknown layer mix 'gemma3'"),
+    (["--groups", "x" * 10_000], "argument --groups: unknown layer mix 'xxxxxxxx"),
 ])
 def test_bad_flags_fail_before_any_work(argv, message, tmp_path, capsys, monkeypatch):
     _no_run(monkeypatch)
