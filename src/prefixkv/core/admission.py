@@ -121,7 +121,7 @@ class Admitter:
             pool.claimed(claimed)
         loads = [h for h in hits if type(h) is not Block] if self._host is not None else ()
         held = [h for h in hits if type(h) is Block] if loads else hits
-        need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
+        need = -(-(total + num_lookahead_tokens) // bs) - len(held)  # blocks_for, inlined
         fit = blocks_for(n + num_lookahead_tokens, bs) - len(held) if require_full_fit else need
         if not (max(need, fit) <= pool.num_free if claimed is not None
                 else pool.can_acquire(held, max(need, fit))):
@@ -149,7 +149,8 @@ class Admitter:
         if prepared is not None:
             self._index.store(req, first, prepared)
         req.prompt_chunks = None
-        req.grow_room()
+        if n >= 4096:
+            req.grow_room()
         self._requests[request_id] = req
         self._stats.record(n, num_cached, resumed, (len(loads) - fetched) * bs, fetched * bs)
         return Admission.of(request_id, req.blocks, num_cached, num_new)
@@ -211,7 +212,7 @@ class Admitter:
         n, bs = len(tokens), self.block_size
         if n == 0:
             raise TokenError("the prompt is empty: at least one token is needed")
-        keys = RequestKeys(check_extra(extra, n), blocks_for(n, bs), bs)
+        keys = RequestKeys.of(check_extra(extra, n), -(-n // bs), bs)
         req = Request(request_id, tokens, keys)
         req.prompt_chunks = chunks = block_chunks(token_bytes(tokens), 4 * bs, n // bs)
         if not read_cache:

@@ -38,6 +38,7 @@ from .content_check import check_index, check_request, chunk_of as _chunk
 from .hasher import Hasher
 
 _U32 = struct.Struct("<I")
+_NO_PARENT = Block(-1)  # the parent of a first block in ``claim``: never given a child
 
 
 class ContentIndex:
@@ -101,12 +102,13 @@ class ContentIndex:
         if mm is not None or self._by_key or self._lower is not None:
             return None
         hits: list[Block] = []
+        append = hits.append
         cid = unlinked = 0
         get = self._by_chunk.get
-        b = None
+        b = _NO_PARENT
         for chunk in chunks:
             # the parent's last child first: a verified guess saves hashing the chunk
-            b = b.child if b is not None else None
+            b = b.child
             if b is None or b.key != chunk or b.parent_cid != cid or b.extra != base or b.twin:
                 b = get(chunk)
                 if b is None or b.parent_cid != cid or b.extra != base:
@@ -117,7 +119,7 @@ class ContentIndex:
                 nxt.prev = prev  # type: ignore[union-attr]
                 unlinked += 1
             b.ref_cnt += 1
-            hits.append(b)
+            append(b)
             cid = b.content_id
         return hits, unlinked
 
@@ -181,9 +183,6 @@ class ContentIndex:
         step = self.step
         parent = blocks[first - 1] if first else None
         for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras):
-            if parent is not None:
-                parent.child = b
-            parent = b
             b.parent_cid = cid
             b.extra = extra
             b.step = step
@@ -201,7 +200,11 @@ class ContentIndex:
                     held = None
             if held is not None:  # equal content is held: b is its spare
                 cid = self._add_twin(b, held)
+                parent = held
                 continue
+            if parent is not None:  # the guess ``claim`` tries first after the parent
+                parent.child = b
+            parent = b
             # a new content; one content, one id: recomputed while a host slot keeps it,
             # it takes the slot's id, so the slot's children stay findable below it
             slot = lower.find(cid, chunk, extra) if lower is not None else None
