@@ -7,6 +7,7 @@ block_size is 4 throughout; free orders as in test_manager_scenarios.py.
 import pytest
 
 from prefixkv import Admission, ConfigError, DecodeStep, KVCacheManager, RequestError
+from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
 
 A = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]  # three full blocks
 
@@ -95,9 +96,13 @@ def test_decoded_tokens_fill_blocks_findable_by_later_prompts_and_twins_stay_spa
     m.check_invariants()
 
 
-def test_append_step_over_many_requests_refuses_one_still_prefilling():
-    m = manager(64)
-    ids = [f"r{i}" for i in range(20)]
+@pytest.mark.parametrize("make", [
+    lambda: manager(64),
+    lambda: HybridKVCacheManager([full_attention(), sliding_window(8)], 200, 4, seed=0),
+], ids=["core", "hybrid"])  # the hybrid manager borrows the core's step checks
+def test_append_step_over_many_requests_refuses_one_still_prefilling(make):
+    m = make()
+    ids = [f"r{i}" for i in range(20)]  # more than the short-loop cutoff (16)
     for rid in ids:
         m.add_request(rid, [7, 8, 9])
     m.add_request("long", list(range(100, 120)), num_new_tokens=8)

@@ -159,3 +159,4 @@ def test_reserve_typed_errors():
     with pytest.raises(RequestError):
         m.reserve(["x"], 1)
     assert m.get_block_ids("a") == ((1,), (2,))
+

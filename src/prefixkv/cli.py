@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -129,9 +131,28 @@ def _int_list(text: str) -> list[int]:
     return [parse(part) for part in text.split(",")]
 
 
+_SIGNALS: list[int] = []  # SIGINTs received while ``main`` runs
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    _SIGNALS.append(signum)
+    raise KeyboardInterrupt
+
+
+def _check_interrupt() -> None:
+    """Raise KeyboardInterrupt if Ctrl-C came, even if the exception it raised was lost
+    (Python drops exceptions raised while a finalizer runs): nothing is published then."""
+    if _SIGNALS:
+        raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 2 usage or input error,
     130 interrupted by Ctrl-C). Errors are one line on stderr."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGINT, _on_sigint)
+    _SIGNALS.clear()
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -143,6 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("prefixkv bench: interrupted" if argv is None or "bench" in argv else
               "prefixkv: interrupted", file=sys.stderr)
         return INTERRUPTED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -162,6 +186,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error("--groups is a section of the report, not of the --replicas run")
         data = run_fleet(args.replicas, routes, names, scale=args.scale, seed=args.seed,
                          block_size=args.block_size, pool_blocks=args.pool_blocks)
+        _check_interrupt()
         for note in write_fleet(data, args.out, args.plots):
             print(f"note: {note}", file=sys.stderr)
         print(table(data) + f"\n\nreport: {args.out / 'fleet.md'}")
@@ -182,6 +207,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         try:
             data = run_bench(cfg)
             notes = report.write_all(data, out.staging, cfg.plots)
+            _check_interrupt()
             out.publish()
         finally:
             out.discard()

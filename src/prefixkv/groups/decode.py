@@ -33,6 +33,7 @@ class GroupDecoder(GroupAdmitter):
     # equal); they read only ``_requests``, ``_get`` and the requests' ``tokens`` and
     # ``num_scheduled``, which a GroupRequest has too
     _step_requests = Decoder._step_requests
+    _num_prefilling = 1  # no count of prefilling requests is kept here: always check
 
     def extend(self, request_id: Hashable, num_new_tokens: int) -> Growth | None:
         """Schedule the next ``num_new_tokens`` known tokens (the next prefill chunk).
