@@ -46,6 +46,7 @@ class Plan:
     workloads: tuple[str, ...] = ("system-prompt", "chat", "document", "pressure")
     scale: float = 1.0
     max_running: int = 64
+    clock: str = "wall"  # or "cpu": each worker thread's CPU time (see alloc_worker)
 
 
 QUICK = Plan(pools=(10_000,), rounds=2, admits_2k=40, admits_32k=4, decode_tokens=4000, scale=0.25)
@@ -54,9 +55,10 @@ QUICK = Plan(pools=(10_000,), rounds=2, admits_2k=40, admits_32k=4, decode_token
 class Worker:
     """A worker process importing prefixkv from ``src``; ``call`` sends one command."""
 
-    def __init__(self, label: str, src: Path) -> None:
+    def __init__(self, label: str, src: Path, clock: str = "wall") -> None:
         self.label = label
-        env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0"}
+        env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0",
+               "PREFIXKV_BENCH_CLOCK": clock}
         self.proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, cwd=HERE)
         try:
@@ -91,12 +93,12 @@ class Worker:
 
 
 @contextmanager
-def workers(old_src: Path, new_src: Path):
+def workers(old_src: Path, new_src: Path, clock: str = "wall"):
     """Start the two workers; stop them on the way out."""
     pair = []
     try:
-        pair.append(Worker("old", old_src))
-        pair.append(Worker("new", new_src))
+        pair.append(Worker("old", old_src, clock))
+        pair.append(Worker("new", new_src, clock))
         yield pair
     finally:
         for w in pair:
@@ -210,7 +212,7 @@ def compare(old_src: Path, new_src: Path, plan: Plan, log=lambda r: r) -> tuple[
     """Every row of ``plan`` for the prefixkv in ``old_src`` against ``new_src``. Returns the
     rows and the workers' hello replies. ``log`` sees each row as it is finished."""
     rows = []
-    with workers(old_src, new_src) as pair:
+    with workers(old_src, new_src, plan.clock) as pair:
         for pool in plan.pools:
             for mode in plan.modes:
                 for w in pair:

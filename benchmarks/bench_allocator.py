@@ -185,11 +185,13 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results", help="folder for allocator-cpu.{json,md}")
     ap.add_argument("--against", metavar="REV", help="compare with commit REV side by side "
                     "(writes allocator-ab.{json,md}; --quick: 10k-block pool, 2 rounds)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="with --against: "
+                    "time allocator calls in wall time or in each worker's CPU time")
     args = ap.parse_args()
     if args.against:
         from alloc_ab_report import main_against
         main_against(args.against, args.quick, Path(args.out), "python " + " ".join(
-            ["benchmarks/bench_allocator.py", *sys.argv[1:]]))
+            ["benchmarks/bench_allocator.py", *sys.argv[1:]]), args.clock)
         return
     pools = [10_000] if args.quick else [10_000, 1_000_000]
     rows, hashing = run(pools, args.quick)

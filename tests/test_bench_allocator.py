@@ -23,6 +23,7 @@ TINY = Plan(pools=(5000,), rounds=2, admits_2k=3, admits_32k=2, decode_tokens=25
 def test_rows_of_both_sides_replay_the_same_work():
     rows, sides = compare(SRC, SRC, TINY)
     assert {s["prefixkv"] for s in sides.values()} == {str(SRC / "prefixkv" / "__init__.py")}
+    assert {s["clock"] for s in sides.values()} == {"wall"}
     micro = [r for r in rows if r["section"] == "micro"]
     assert [(r["mode"], r["row"]) for r in micro] == [
         (mode, name) for mode in ("xxhash", "sha256") for name in (
@@ -50,6 +51,17 @@ def test_rows_of_both_sides_replay_the_same_work():
                              elapsed_s=1, plan=dict(rounds=2)))
     assert md.count("\n| 5,000 |") == len(rows) + 4  # and one line of counts per workload
     assert "| 2x met |" in md or "| 2x NOT met |" in md
+
+
+def test_the_cpu_clock_times_each_worker_thread():
+    rows, sides = compare(SRC, SRC, Plan(pools=(5000,), modes=("xxhash",), rounds=2, admits_2k=3,
+                                         admits_32k=2, decode_tokens=256, step_requests=8,
+                                         workloads=(), clock="cpu"))
+    assert {s["clock"] for s in sides.values()} == {"cpu"}
+    assert all(min(r["old_rounds_ns"] + r["new_rounds_ns"]) > 0 for r in rows)
+    md = markdown(rows, dict(old_commit="A", new_commit="B", machine="m", python="3", command="c",
+                             elapsed_s=1, plan=dict(rounds=2, clock="cpu")))
+    assert "Clock: each worker thread's CPU time" in md
 
 
 def test_worker_reports_errors_and_keeps_serving():

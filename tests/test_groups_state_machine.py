@@ -45,6 +45,7 @@ class HybridMachine(RuleBasedStateMachine):
         self.mirror: dict[tuple[int, bytes], int] = {}
         self.tokens: dict[str, list[int]] = {}
         self.scheduled: dict[str, int] = {}
+        self.reserved: dict[str, int] = {}  # slots the tables cover past the tokens
         self.start: dict[str, int] = {}  # first position of the request's last step
         self.extra: dict[str, ExtraKeys | None] = {}
         self.preempted: list[tuple[list[int], ExtraKeys | None]] = []
@@ -80,6 +81,7 @@ class HybridMachine(RuleBasedStateMachine):
 
     def _forget(self, rid):
         del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.start[rid]
+        del self.reserved[rid]
 
     # ---- rules -------------------------------------------------------------------
 
@@ -95,6 +97,7 @@ class HybridMachine(RuleBasedStateMachine):
         self.tokens[rid] = list(prompt)
         self.extra[rid] = extra
         self.scheduled[rid] = adm.num_cached_tokens + adm.num_new_tokens
+        self.reserved[rid] = 0
         self._write(rid, adm.num_cached_tokens, self.scheduled[rid])
         return rid
 
@@ -136,6 +139,42 @@ class HybridMachine(RuleBasedStateMachine):
         self.scheduled[rid] += len(toks)
         self._write(rid, self.scheduled[rid] - len(toks), self.scheduled[rid])
 
+    @rule(data=st.data())
+    def step(self, data):
+        running = sorted(r for r in self.tokens if self.scheduled[r] == len(self.tokens[r]))
+        if not running:
+            return
+        rids = data.draw(st.lists(st.sampled_from(running), min_size=1, unique=True))
+        toks = data.draw(st.lists(st.integers(0, 9), min_size=len(rids), max_size=len(rids)))
+        before = {r: self.m.get_block_ids(r) for r in rids}
+        got = self.m.append_step(rids, toks)
+        self.last = None
+        grown = dict(got.grown)
+        assert set(grown) <= set(rids) and set(got.short) <= set(rids) - set(grown)
+        for r, t in zip(rids, toks):
+            ids = self.m.get_block_ids(r)
+            if r in got.short:
+                assert ids == before[r]
+                continue
+            added = grown.get(r, ((),) * len(self.groups))
+            assert all(i[len(i) - len(a):] == a for i, a in zip(ids, added))
+            self.tokens[r].append(t)
+            self.scheduled[r] += 1
+            self._write(r, self.scheduled[r] - 1, self.scheduled[r])
+        self.last = None
+
+    @rule(rid=live, n=st.integers(0, 9))
+    def reserve(self, rid, n):
+        if rid not in self.tokens:
+            return
+        before = self._snapshot(rid)
+        got = self.m.reserve(rid, n)
+        if got is None:
+            assert self._snapshot(rid) == before
+            return
+        self.reserved[rid] = max(self.reserved[rid], self.scheduled[rid] + n)
+        assert all(i[len(i) - len(a):] == a for i, a in zip(self.m.get_block_ids(rid), got))
+
     @rule(target=live, parent=live)
     def fork(self, parent):
         if parent not in self.tokens or self.scheduled[parent] != len(self.tokens[parent]):
@@ -150,6 +189,7 @@ class HybridMachine(RuleBasedStateMachine):
         self.tokens[child] = list(self.tokens[parent])
         self.extra[child] = self.extra[parent]
         self.scheduled[child] = self.scheduled[parent]
+        self.reserved[child] = self.reserved[parent]
         self.start[child] = self.start[parent]
         return child
 
@@ -196,7 +236,7 @@ class HybridMachine(RuleBasedStateMachine):
     def no_group_reads_kv_it_does_not_hold(self):
         for rid in self.tokens:
             for g, (spec, ids) in enumerate(zip(self.groups, self.m.get_block_ids(rid))):
-                assert len(ids) == -(-self.scheduled[rid] // BS)
+                assert len(ids) == -(-max(self.scheduled[rid], self.reserved[rid]) // BS)
                 reach = spec.first_needed(self.start[rid])
                 for j, b in enumerate(ids):
                     if b == self.null:

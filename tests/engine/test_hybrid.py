@@ -12,7 +12,9 @@ pytest.importorskip("torch", reason="the example engine needs torch (pip install
 import torch  # noqa: E402
 
 from prefixkv.engine import LlamaConfig, TinyLlama  # noqa: E402
-from prefixkv.engine.hybrid import HybridEntry, HybridModelRunner, dense_windowed_attention  # noqa: E402
+from prefixkv.engine import SeqBatchEntry  # noqa: E402
+from prefixkv.engine.hybrid import HybridModelRunner, dense_group_attention  # noqa: E402
+from prefixkv.errors import ConfigError  # noqa: E402
 from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, sliding_window  # noqa: E402
 
 CFG = LlamaConfig(vocab_size=97, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
@@ -36,7 +38,7 @@ def run(num_blocks, prompts, max_new, fork_at=None):
     running: list[str] = []
     preemptions = 0
     while waiting or running:
-        entries: dict[str, HybridEntry] = {}
+        entries: dict[str, SeqBatchEntry] = {}
         for rid in running:  # decode: the last sampled token
             while m.append_tokens(rid, [tokens[rid][-1]]) is None:
                 others = [r for r in running if r != rid]
@@ -48,7 +50,7 @@ def run(num_blocks, prompts, max_new, fork_at=None):
                 entries.pop(victim, None)
                 waiting.appendleft((victim, True))
             n = len(tokens[rid])
-            entries[rid] = HybridEntry(m.get_block_ids(rid), n - 1, [tokens[rid][-1]])
+            entries[rid] = SeqBatchEntry(m.get_block_ids(rid), n - 1, [tokens[rid][-1]])
         while waiting:
             rid, resumed = waiting[0]
             # a re-admitted request computes its last sampled token with the prefill
@@ -57,7 +59,7 @@ def run(num_blocks, prompts, max_new, fork_at=None):
                 break
             waiting.popleft()
             running.append(rid)
-            entries[rid] = HybridEntry(adm.group_block_ids, adm.num_cached_tokens,
+            entries[rid] = SeqBatchEntry(adm.group_block_ids, adm.num_cached_tokens,
                                        tokens[rid][adm.num_cached_tokens:])
         order = [r for r in running if r in entries]
         logits = runner.execute([entries[r] for r in order], m.take_kv_ops())
@@ -84,10 +86,10 @@ def run(num_blocks, prompts, max_new, fork_at=None):
 def dense_check(tokens, prompts, forced):
     """Every generated token is the dense model's greedy choice (forced ones: + 1)."""
     model = TinyLlama(CFG)
-    windows = [GROUPS[g].window_size for g in LAYER_GROUPS]
+    specs = [GROUPS[g] for g in LAYER_GROUPS]
     for rid, seq in tokens.items():
         ids = torch.tensor(seq, dtype=torch.int64)
-        hidden = model(ids, torch.arange(len(seq)), dense_windowed_attention([0, len(seq)], windows))
+        hidden = model(ids, torch.arange(len(seq)), dense_group_attention([0, len(seq)], specs))
         greedy = model.logits(hidden).argmax(-1).tolist()
         for t in range(len(prompts[rid]), len(seq)):
             want = greedy[t - 1] if forced.get(rid) != t else (greedy[t - 1] + 1) % CFG.vocab_size
@@ -112,9 +114,20 @@ def test_tokens_match_the_uncached_model_under_pool_pressure_with_preemption():
     dense_check(tokens, prompts, forced)
 
 
-def test_runner_rejects_bad_layer_groups_and_chunked_groups():
+def test_runner_rejects_bad_layer_groups_and_chunks_off_the_blocks():
     model = TinyLlama(CFG)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="layer_groups"):
         HybridModelRunner(model, GROUPS, (0, 1), 8, BS)
-    with pytest.raises(ValueError):
-        HybridModelRunner(model, (full_attention(), chunked_local(8)), (0, 1, 0, 1), 8, BS)
+    with pytest.raises(ConfigError, match="multiple of block_size 4"):
+        HybridModelRunner(model, (full_attention(), chunked_local(6)), (0, 1, 0, 1), 8, BS)
+    HybridModelRunner(model, (full_attention(), chunked_local(8)), (0, 1, 0, 1), 8, BS)
+
+
+def test_local_chunks_split_the_new_tokens_at_chunk_edges():
+    from prefixkv.engine.hybrid import local_chunks
+    # block size 2, chunk 8: sequence A computes positions 6..12 (7 new tokens after 6
+    # cached), B computes position 9 only (decode)
+    ids, comp, new = local_chunks([[10, 11, 12, 13, 14, 15, 16], [20, 21, 22, 23, 24]],
+                                  [6, 9], [7, 1], chunk=8, block_size=2)
+    assert ids == [[10, 11, 12, 13], [14, 15, 16], [24]]
+    assert (comp, new) == ([6, 0, 1], [2, 5, 1])

@@ -70,3 +70,22 @@ def test_vllm_structs_decode_and_reencode_byte_for_byte(hash_format):
     assert first.extra_keys == [("ad", "img"), ("ad",)] and first.group_idx == 0
     assert batch.data_parallel_rank == 1 and batch.ts == 3.25
     assert msgspec.msgpack.encode(batch) == payload
+
+
+@pytest.mark.parametrize("hash_format", ["int", "bytes"])
+def test_vllm_structs_read_a_hybrid_managers_groups_byte_for_byte(hash_format):
+    from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, sliding_window
+
+    mgr = HybridKVCacheManager([full_attention(), sliding_window(6), chunked_local(8)], 16, 4,
+                               hash_mode="sha256", enable_events=True)
+    mgr.add_request("a", list(range(1, 11)))
+    mgr.free("a")
+    mgr.add_request("b", list(range(20, 33)))  # evicts some of a's blocks
+    payload = encode_batch(mgr.take_events(), block_size=4, hash_format=hash_format, ts=1.0)
+    batch = msgspec.msgpack.Decoder(type=KVEventBatch).decode(payload)
+    stored = [(e.group_idx, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window)
+              for e in batch.events if isinstance(e, BlockStored)]
+    assert stored[:3] == [(0, "full_attention", None), (1, "sliding_window", 6),
+                          (2, "chunked_local_attention", None)]
+    assert {e.group_idx for e in batch.events if isinstance(e, BlockRemoved)} == {0, 1, 2}
+    assert msgspec.msgpack.encode(batch) == payload

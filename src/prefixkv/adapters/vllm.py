@@ -50,7 +50,9 @@ a request preempted in the step that scheduled them); vLLM keeps them findable.
 9. Rejected with PrefixKVError before any change: ``num_external_computed_tokens`` (KV
 connectors), ``delay_cache_blocks``, ``num_encoder_tokens``, ``reserved_blocks``
 other than their defaults, and unknown keywords. Not offered:
-``get_num_common_prefix_blocks``, EAGLE's shortened hits, several layer groups.
+``get_num_common_prefix_blocks``, EAGLE's shortened hits, several layer groups (use
+``prefixkv.groups.HybridKVCacheManager``, whose conformance with vLLM's hybrid
+coordinator and its differences are in tests/test_vllm_conformance_groups.py).
 10. Token ids must be ints in ``[0, 2**32)`` (below ``vocab_size`` if set): TokenError
 otherwise (vLLM hashes any int).
 """

@@ -5,6 +5,7 @@ Modules, one noun each: ``workloads`` (seeded request lists), ``trace`` (JSONL f
 parser), ``limits`` (caps on tokens and pools), ``errors``, ``replay`` (scheduler +
 accounting), ``capacity`` (what fits, pool sweeps), ``cost`` (estimated prefill time of
 the saved tokens), ``suite`` (a whole run), ``report`` / ``plots`` (outputs), ``outdir``
-(the output folder, replaced whole), ``progress``, ``e2e``.
+(the output folder, replaced whole), ``progress``, ``e2e``, ``layer_groups`` (what
+per-group tables buy a hybrid model).
 Nothing here imports torch at import time.
 """

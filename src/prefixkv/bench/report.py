@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .hosttier import HOST_COLUMNS, host_note, host_rows
+from .layer_groups import GROUP_COLUMNS, group_note, group_rows
 from .plots import PLOTS, write_plots
 from .store_replicas import REPLICA_COLUMNS, replica_note, replica_rows
 
@@ -116,9 +117,18 @@ def replica_parts(data: dict[str, Any], markdown: bool = False) -> list[str]:
             replica_note(rep) + ("." if markdown else "")]
 
 
+def group_parts(data: dict[str, Any], markdown: bool = False) -> list[str]:
+    """The layer-groups table and its note, if that section ran."""
+    if "groups" not in data:
+        return []
+    return [table(GROUP_COLUMNS, group_rows(data["groups"]), markdown=markdown),
+            group_note(data["groups"]) + ("." if markdown else "")]
+
+
 def terminal(data: dict[str, Any]) -> str:
     """The summary printed at the end of a run."""
-    parts = [table(COLUMNS, rows(data)), share_note(data), *host_parts(data), *replica_parts(data)]
+    parts = [table(COLUMNS, rows(data)), share_note(data), *host_parts(data), *replica_parts(data),
+             *group_parts(data)]
     e2e = data.get("e2e")
     if e2e and "turns" in e2e:
         parts.append(f"end to end ({e2e['device']}, {e2e['model']}):")
@@ -162,6 +172,10 @@ def markdown(data: dict[str, Any], plots: list[str]) -> str:
     if "replicas" in data:
         out += ["## Replicas sharing a store (L3)", ""]
         for part in replica_parts(data, markdown=True):
+            out += [part, ""]
+    if "groups" in data:
+        out += ["## Layer groups (hybrid models)", ""]
+        for part in group_parts(data, markdown=True):
             out += [part, ""]
     e2e = data.get("e2e")
     if e2e and "turns" in e2e:

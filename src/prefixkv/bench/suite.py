@@ -1,5 +1,5 @@
 """The whole ``prefixkv bench`` run: workloads x allocators, capacity, sweep, host tiers,
-replicas sharing a store, e2e, report."""
+replicas sharing a store, layer groups, e2e, report."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from . import limits
 from .cost import PrefillCost, allocator_share
 from .errors import BenchError
 from .hosttier import HOST_FACTORS, HOST_WORKLOADS, TransferCost, host_tier_sweep
+from .layer_groups import MIXES, run_groups
 from .progress import Progress
 from .store_replicas import REPLICA_WORKLOADS, run_replicas
 from .replay import replay
@@ -40,6 +41,7 @@ class BenchConfig:
     e2e: bool = True
     host_tiers: bool = True
     store_replicas: bool = True
+    groups: tuple[str, ...] = tuple(MIXES)
     plots: bool = True
     out: Path = field(default_factory=lambda: Path("prefixkv-bench"))
     progress: bool | None = None
@@ -49,6 +51,7 @@ class BenchConfig:
         d["trace"] = str(self.trace) if self.trace else None
         d["out"] = str(self.out)
         d["workloads"] = list(self.workloads)
+        d["groups"] = list(self.groups)
         return d
 
 
@@ -65,9 +68,13 @@ def machine() -> dict[str, Any]:
 def check_config(cfg: BenchConfig) -> None:
     """Refuse, before any work, what would not fit the caps of ``limits``: a scale that is
     not a finite number > 0 or makes a built-in workload too big, a ``pool_blocks`` over
-    ``MAX_POOL_FLAG``. Raises BenchError."""
+    ``MAX_POOL_FLAG``; and a layer mix not in ``layer_groups.MIXES``. Raises BenchError."""
     if not (math.isfinite(cfg.scale) and cfg.scale > 0):
         raise BenchError(f"--scale must be a finite number > 0, got {cfg.scale}")
+    unknown = [name for name in cfg.groups if name not in MIXES]
+    if unknown:
+        raise BenchError(f"--groups: unknown layer mix {unknown[0]!r}; choose from "
+                         f"{', '.join(MIXES)} or none")
     if cfg.pool_blocks is not None and not 1 <= cfg.pool_blocks <= limits.MAX_POOL_FLAG:
         raise BenchError(f"--pool-blocks must be 1..{limits.MAX_POOL_FLAG:,}, got {cfg.pool_blocks:,}")
     cap = limits.MAX_TRACE_TOKENS
@@ -142,8 +149,8 @@ def run_bench(cfg: BenchConfig, stream: TextIO | None = None) -> dict[str, Any]:
     tiered = [wl for wl in workloads if cfg.host_tiers and wl.name in HOST_WORKLOADS]
     replays += len(HOST_FACTORS) * len(tiered)
     shared = [wl for wl in workloads if cfg.store_replicas and wl.name in REPLICA_WORKLOADS]
-    progress = Progress(replays + 2 * len(shared) + int(cfg.e2e) * (1 + bool(tiered)), cfg.progress,
-                        stream)
+    progress = Progress(replays + 2 * len(shared) + 2 * len(cfg.groups)
+                        + int(cfg.e2e) * (1 + bool(tiered)), cfg.progress, stream)
     cost = PrefillCost()
     data: dict[str, Any] = {"machine": machine(), "config": cfg.to_dict(), "workloads": [],
                             "prefill_cost": cost.describe()}
@@ -157,6 +164,8 @@ def run_bench(cfg: BenchConfig, stream: TextIO | None = None) -> dict[str, Any]:
                                   for wl in tiered]
         if shared:
             data["replicas"] = run_replicas(shared, cfg.block_size, cfg.seed, progress.tick)
+        if cfg.groups:
+            data["groups"] = run_groups(cfg.groups, cfg.seed, progress.tick)
         if cfg.e2e:
             progress.tick("end to end (model + kernels)")
             from .e2e import run_e2e  # torch stays out of this module's imports

@@ -1,9 +1,11 @@
 """The manager's parts and its admission path (``KVCacheManager`` extends this class).
 
-Admission in one pass over the prompt: encode it once, slice, probe and verify each full
-block in one dict access (``Index.match``), stop at the first miss; then, before any
-change, check the pool can serve it and compute what the new full blocks need (chain
-hashes only if someone consumes them); then take references and record.
+Admission in one pass over the prompt: encode it once, slice it into block chunks, then
+find, verify and take a reference on each cached block in the same loop, stopping at the
+first miss (``Index.claim``; ``match`` then ``acquire`` where the index cannot do it in
+one pass); then check the pool can serve the rest and compute what the new full blocks
+need (chain hashes only if someone consumes them), undoing the references exactly if not;
+then take new blocks and record.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class Admitter:
                        if enable_caching else NoIndex())
         self._pool = BlockPool(num_blocks, self._index)
         self._requests: dict[Hashable, Request] = {}
+        self._num_prefilling = 0  # live requests with prompt tokens not yet scheduled
         self._stats = StatsCounter()
         self._kv_ops: list[KVOp] = []
         self._plan_refs: list[Block] = []  # sources of pending copies, held by the plan
@@ -108,30 +111,46 @@ class Admitter:
             for name, flag in (("resumed", resumed), ("read_cache", read_cache),
                                ("require_full_fit", require_full_fit)):
                 check_flag(name, flag, RequestError)
-        req, hits = self._find(request_id, prompt_token_ids, extra, read_cache)
+        req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache, True)
         n, bs = len(req.tokens), self.block_size
         num_cached = len(hits) * bs
         num_new = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
         total = num_cached + num_new
         pool = self._pool
+        if claimed is not None:  # the hits hold their references already (one pass)
+            pool.claimed(claimed)
         loads = [h for h in hits if type(h) is not Block] if self._host is not None else ()
         held = [h for h in hits if type(h) is Block] if loads else hits
-        need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
+        need = -(-(total + num_lookahead_tokens) // bs) - len(held)  # blocks_for, inlined
         fit = blocks_for(n + num_lookahead_tokens, bs) - len(held) if require_full_fit else need
-        if not pool.can_acquire(held, max(need, fit)):
+        if not (max(need, fit) <= pool.num_free if claimed is not None
+                else pool.can_acquire(held, max(need, fit))):
+            if claimed is not None:
+                pool.unclaim(hits, claimed)
             return None
         first, last = len(hits), total // bs
-        prepared = (self._index.prepare(req, first, last, hits[-1] if hits else None)
-                    if last > first else None)
+        try:
+            prepared = (self._index.prepare(req, first, last, hits[-1] if hits else None)
+                        if last > first else None)
+        except BaseException:
+            if claimed is not None:
+                pool.unclaim(hits, claimed)
+            raise
         fetched = sum(type(h) is Fetched for h in loads) if self._store is not None else 0
-        req.blocks = pool.acquire(hits, need) if not loads else self._acquire_loading(req, hits, held, need)
+        if claimed is not None:
+            req.blocks = hits + pool.take(need) if need else hits
+        else:
+            req.blocks = pool.acquire(hits, need) if not loads else self._acquire_loading(req, hits, held, need)
         req.num_cached = num_cached
         req.num_scheduled = total
         req.num_reserved = total + num_lookahead_tokens
+        if total < n:
+            self._num_prefilling += 1
         if prepared is not None:
             self._index.store(req, first, prepared)
         req.prompt_chunks = None
-        req.grow_room()
+        if n >= 4096:
+            req.grow_room()
         self._requests[request_id] = req
         self._stats.record(n, num_cached, resumed, (len(loads) - fetched) * bs, fetched * bs)
         return Admission.of(request_id, req.blocks, num_cached, num_new)
@@ -187,24 +206,29 @@ class Admitter:
         return [Fetched(*f) for f in zip(hashes, chunks[first:last], extras, payloads)]
 
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
-              extra: ExtraKeys | None, read_cache: bool) -> tuple[Request, list[Block]]:
+              extra: ExtraKeys | None, read_cache: bool, claim: bool) -> tuple[Request, list, int | None]:
         """Check and encode a prompt and find its cached prefix (at most all blocks but
-        the one holding the last token). No side effects."""
+        the one holding the last token): the request, the hits and, when ``claim`` and
+        the index claimed them (took their references), how many left the cached tier;
+        else None, and no side effects."""
         tokens = self._encode(prompt_token_ids)
         n, bs = len(tokens), self.block_size
         if n == 0:
             raise TokenError("the prompt is empty: at least one token is needed")
-        keys = RequestKeys(check_extra(extra, n), blocks_for(n, bs), bs)
+        keys = RequestKeys.of(check_extra(extra, n), -(-n // bs), bs)
         req = Request(request_id, tokens, keys)
         req.prompt_chunks = chunks = block_chunks(token_bytes(tokens), 4 * bs, n // bs)
         if not read_cache:
-            return req, []
+            return req, [], None
         limit = (n - 1) // bs
-        hits = self._index.match(chunks if limit == len(chunks) else chunks[:limit],
-                                 keys.base, keys.mm)
+        probe = chunks if limit == len(chunks) else chunks[:limit]
+        claimed = self._index.claim(probe, keys.base, keys.mm) if claim else None
+        if claimed is not None:
+            return req, claimed[0], claimed[1]
+        hits = self._index.match(probe, keys.base, keys.mm)
         if self._store is not None and len(hits) < limit:
             hits += self._fetch(req, hits, chunks, limit)
-        return req, hits
+        return req, hits, None
 
     def _encode(self, token_ids: Sequence[int]) -> array:
         return encode_tokens(token_ids, self.vocab_size)

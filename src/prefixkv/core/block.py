@@ -30,6 +30,8 @@ class Block:
     ``event``: the BlockStored that announced this content, when events are recorded.
     ``step``: the manager's step in which the content was recorded (its KV is computed by
     that step's forward pass, so it may be copied elsewhere only in a later step).
+    ``child``: the block last recorded with this block's content as its parent: a
+    guess the index tries before a dict probe, verified like any hit (may be stale).
     ``prev``/``next``: links of the free queue's cached tier (intrusive list).
     """
 
@@ -43,6 +45,7 @@ class Block:
     hash: bytes | None = None
     event: object = None
     step: int = 0
+    child: Block | None = None
     prev: Block | None = None
     next: Block | None = None
 

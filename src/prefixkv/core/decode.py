@@ -63,7 +63,26 @@ class Decoder(Admitter):
             req.tokens.extend(new)  # no new block, no block becomes full
             req.num_scheduled = total
             return _NO_BLOCKS
+        if total == n + 1 and not self._index.hash_may_fail:  # one token at a block edge
+            return self._append_at_edge(req, new[0])
         return self._grow(req, total, new)
+
+    def _append_at_edge(self, req: Request, token: int) -> tuple[int, ...] | None:
+        """Append one token that opens a block (which the pool must give) or fills one
+        (which is recorded), as ``append_step`` does for each request."""
+        n, bs = req.num_scheduled, self.block_size
+        added = _NO_BLOCKS
+        if not n % bs and n >= len(req.blocks) * bs:
+            if not self._pool.num_free:
+                return None
+            b = self._pool.take_one()
+            req.blocks.append(b)
+            added = (b.block_id,)
+        req.tokens.append(token)
+        req.num_scheduled = n + 1
+        if n % bs == bs - 1:
+            self._index.store_filled(req, n // bs)
+        return added
 
     def append_step(self, request_ids: Sequence[Hashable], token_ids: Sequence[int]) -> DecodeStep:
         """One decode step: append ``token_ids[i]`` to ``request_ids[i]`` for every
@@ -90,7 +109,7 @@ class Decoder(Admitter):
                 if not pool.num_free:
                     short.append(req.request_id)
                     continue
-                b = pool.take(1)[0]
+                b = pool.take_one()
                 req.blocks.append(b)
                 grown.append((req.request_id, (b.block_id,)))
             if r != last:
@@ -98,10 +117,12 @@ class Decoder(Admitter):
                 req.num_scheduled = n + 1
                 continue
             # the token fills its block: record the content
-            prepared = fills[id(req)] if fills is not None else index.prepare_next(req, t)
             req.tokens.append(t)
             req.num_scheduled = n + 1
-            index.store(req, n // bs, prepared)
+            if fills is None:
+                index.store_filled(req, n // bs)
+            else:  # prepared before any change: a hash_mode callable may fail
+                index.store(req, n // bs, fills[id(req)])
         if not grown and not short:
             return _NOTHING_GREW
         return DecodeStep(tuple(grown), tuple(short))
@@ -151,15 +172,17 @@ class Decoder(Admitter):
                     reqs.append(req)
             else:
                 reqs = list(map(live.__getitem__, request_ids))
-                # num_scheduled <= len(tokens) always: equal sums mean every prefill is done
-                if sum(map(_SCHEDULED, reqs)) != sum(map(len, map(_TOKENS, reqs))):
+                # num_scheduled <= len(tokens) always: equal sums mean every prefill is
+                # done (checked only while some live request is still prefilling)
+                if self._num_prefilling and (sum(map(_SCHEDULED, reqs))
+                                             != sum(map(len, map(_TOKENS, reqs)))):
                     raise KeyError(None)
         except (KeyError, TypeError):  # an unknown id, or a prefill not fully scheduled
             reqs = [self._get(r) for r in request_ids]  # type: ignore[attr-defined]
             r = next(r for r in reqs if r.num_scheduled != len(r.tokens))
             raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "
                                f"scheduled: call extend() first") from None
-        if k > 1 and len(set(request_ids)) != k:
+        if k > 1 and len(set(reqs)) != k:  # Requests hash by identity: cheaper than ids
             raise RequestError("a request id appears twice in one step")
         return reqs
 
@@ -181,6 +204,8 @@ class Decoder(Admitter):
             raise
         new = self._pool.take(need) if need > 0 else []
         req.blocks += new
+        if req.num_scheduled < n == total:  # the prefill's last chunk
+            self._num_prefilling -= 1
         req.num_scheduled = total
         if prepared is not None:
             self._index.store(req, first, prepared)

@@ -58,7 +58,7 @@ class KVCacheManager(Decoder):
         (no references, no stats, no LRU update; with a store, it asks the store, one
         round trip, and counts a failure in ``store_errors``). Raises as ``add_request``
         for bad input."""
-        return len(self._find(None, prompt_token_ids, extra, True)[1]) * self.block_size
+        return len(self._find(None, prompt_token_ids, extra, True, False)[1]) * self.block_size
 
     # ---- forks, free, preemption -------------------------------------------------------
 
@@ -107,6 +107,8 @@ class KVCacheManager(Decoder):
             first = max(num_computed_tokens, req.num_cached) // bs
             self._index.uncache(req.blocks[first:req.num_scheduled // bs])
         del self._requests[request_id]
+        if req.num_scheduled < len(req.tokens):
+            self._num_prefilling -= 1
         if self._kv_ops:  # a copy into a block going back to the pool must not run
             mine = {b.block_id for b in req.blocks}
             self._kv_ops = [op for op in self._kv_ops if op.dst not in mine]
@@ -225,6 +227,9 @@ class KVCacheManager(Decoder):
         live requests, each request's blocks against its tokens). Raises InvariantError."""
         refs: dict[int, int] = {}
         bs = self.block_size
+        prefilling = sum(r.num_scheduled < len(r.tokens) for r in self._requests.values())
+        self._require(None if prefilling == self._num_prefilling else
+                      f"{prefilling} requests are prefilling, counted {self._num_prefilling}")
         for req in self._requests.values():
             self._require(req.check(bs) or self._index.check_request(req, bs))
             for b in req.blocks:

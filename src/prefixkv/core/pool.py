@@ -56,6 +56,22 @@ class BlockPool:
         self._cached.forget(unlinked)
         return hits + self.take(n) if n else hits[:]
 
+    def claimed(self, unlinked: int) -> None:
+        """Account for ``unlinked`` cache hits that ``Index.claim`` took out of the cached
+        tier."""
+        self._cached.forget(unlinked)
+
+    def unclaim(self, hits: list[Block], unlinked: int) -> None:
+        """Undo ``Index.claim`` and ``claimed`` exactly: drop the references and relink
+        the hits that left the cached tier where they were. In reverse order, each
+        block's stale links name its neighbours as they were when it left."""
+        self._cached.forget(-unlinked)
+        for b in reversed(hits):
+            b.ref_cnt -= 1
+            if not b.ref_cnt:
+                b.prev.next = b  # type: ignore[union-attr]
+                b.next.prev = b  # type: ignore[union-attr]
+
     def take(self, n: int) -> list[Block]:
         """Hand out ``n`` free blocks with refcount 1, empty ones first, then the least
         recently used cached ones (evicted). The caller checks ``n <= num_free``."""
@@ -69,6 +85,16 @@ class BlockPool:
         for b in taken:
             b.ref_cnt = 1
         return taken
+
+    def take_one(self) -> Block:
+        """``take(1)[0]``, without the lists (a decoded token opening a block)."""
+        if self._empty:
+            b = self._empty.pop()
+        else:
+            b = self._cached.popleft()
+            self.index.drop((b,))
+        b.ref_cnt = 1
+        return b
 
     def _evict(self, n: int) -> list[Block]:
         """The eviction step: take the ``n`` least recently used cached free blocks and

@@ -35,6 +35,14 @@ class RequestKeys:
         self.mm = (extra.block_bytes(num_prompt_blocks, block_size)
                    if extra is not None and extra.mm else None)
 
+    @classmethod
+    def of(cls, extra: ExtraKeys | None, num_prompt_blocks: int, block_size: int) -> RequestKeys:
+        """``RequestKeys(...)``, shared by every request without extra keys (it is
+        immutable and then depends on nothing)."""
+        if extra is None:
+            return _PLAIN
+        return cls(extra, num_prompt_blocks, block_size)
+
     def of_blocks(self, first: int, last: int) -> list[bytes]:
         """Extra-key bytes of blocks ``first..last-1``."""
         mm = self.mm
@@ -47,6 +55,9 @@ class RequestKeys:
         """The ExtraKeys that entered block j's hash (only its own multimodal inputs)."""
         return None if self.extra is None else self.extra.for_range(j * block_size,
                                                                     (j + 1) * block_size)
+
+
+_PLAIN = RequestKeys(None, 0, 1)
 
 
 class Request:
@@ -71,11 +82,9 @@ class Request:
         """Grow a long prompt's token array once, while admission is paying for the
         prompt anyway: array over-allocates on growth and keeps the room when shrunk, so
         the first decoded tokens do not copy a long prompt (~50 µs for 32k tokens here;
-        below 4k tokens the copy costs about what this does)."""
+        below 4k tokens the copy costs about what this does, so callers skip it)."""
         tokens = self.tokens
         n = len(tokens)
-        if n < 4096:
-            return
         tokens.extend(_ROOM)
         del tokens[n:]
 

@@ -13,17 +13,23 @@ Typical use::
     engine = build_engine(LlamaConfig(num_layers=2), num_blocks=128, block_size=16)
     result = engine.generate([[1, 2, 3], [1, 2, 4]], SamplingParams(max_tokens=8))
     result.outputs[0].token_ids, result.num_prefill_tokens, result.stats.hit_rate
+
+A hybrid model (sliding-window or chunked local layers beside full attention) runs in
+the same ``Engine``: ``build_engine(config, groups=[full_attention(), sliding_window(32)],
+layer_groups=[1, 1, 0, ...])`` pairs a ``HybridKVCacheManager`` with a
+``HybridModelRunner`` (``prefixkv.engine.hybrid``).
 """
 
 from .chat import ChatResult, run_chat, synthetic_conversations
-from .engine import Engine, build_engine
+from .build import UncachedHybridManager, build_engine
+from .engine import Engine
 from .model import LlamaConfig, TinyLlama, dense_causal_attention
 from .outputs import GenerateResult, RequestMetrics, RequestOutput, SampleOutput, StepRecord
-from .runner import ModelRunner, SeqBatchEntry
+from .runner import ModelRunner, Runner, SeqBatchEntry
 from .sequence import SamplingParams
 
 __all__ = [
     "ChatResult", "Engine", "GenerateResult", "LlamaConfig", "ModelRunner", "RequestMetrics",
-    "RequestOutput", "SampleOutput", "SamplingParams", "SeqBatchEntry", "StepRecord",
-    "TinyLlama", "build_engine", "dense_causal_attention", "run_chat", "synthetic_conversations",
+    "RequestOutput", "Runner", "SampleOutput", "SamplingParams", "SeqBatchEntry", "StepRecord",
+    "TinyLlama", "UncachedHybridManager", "build_engine", "dense_causal_attention", "run_chat", "synthetic_conversations",
 ]

@@ -24,11 +24,10 @@ import torch
 
 from prefixkv.allocator import Allocator
 from prefixkv.extra_keys import ExtraKeys
-from prefixkv.core.manager import KVCacheManager
+from prefixkv.groups import HybridKVCacheManager
 
-from .model import LlamaConfig, TinyLlama
 from .outputs import GenerateResult, RequestMetrics, RequestOutput, SampleOutput, StepRecord
-from .runner import ModelRunner, SeqBatchEntry
+from .runner import Runner, SeqBatchEntry
 from .scheduler import Scheduler
 from .sequence import SamplingParams, SampleSeq, Status
 
@@ -39,23 +38,30 @@ class Engine:
     Args:
         runner: owns the model and a cache of at least ``allocator.num_blocks`` blocks of
             ``allocator.block_size`` slots, and host caches of as many slots as the
-            allocator's host tier (``ModelRunner(host_blocks=...)``).
-        allocator: ``KVCacheManager`` (caching on or off) or any ``prefixkv.Allocator``.
+            allocator's host tier (``ModelRunner(host_blocks=...)``); for a
+            ``HybridKVCacheManager``, a ``HybridModelRunner`` with the same groups.
+        allocator: ``KVCacheManager`` (caching on or off), any ``prefixkv.Allocator``, or
+            a ``HybridKVCacheManager``: the engine hands its block ids (one table, or one
+            per group) to the runner as they are, and calls nothing group-specific.
         max_num_seqs: running sequences at most. max_num_batched_tokens: token budget of
             a step. chunked_prefill: split prompts over steps (needs ``extend``).
         max_model_len: a sequence stops at this many tokens (default: the model's
             ``max_position``, or the allocator's ``max_model_len`` if smaller).
 
-    Raises ValueError when runner and allocator disagree on block size or count.
+    Raises ValueError when runner and allocator disagree on block size or count, or on
+    the layer groups (one has groups, the other none or others).
     """
 
-    def __init__(self, runner: ModelRunner, allocator: Allocator, *, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 2048, chunked_prefill: bool = False,
+    def __init__(self, runner: Runner, allocator: Allocator | HybridKVCacheManager, *,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, chunked_prefill: bool = False,
                  max_model_len: int | None = None) -> None:
         if allocator.block_size != runner.block_size or allocator.num_blocks > runner.num_blocks:
             raise ValueError(
                 f"allocator has {allocator.num_blocks} blocks of {allocator.block_size}; the "
                 f"runner's cache has {runner.num_blocks} blocks of {runner.block_size}")
+        groups = (getattr(allocator, "groups", None), getattr(runner, "groups", None))
+        if groups[0] != groups[1]:
+            raise ValueError(f"allocator has layer groups {groups[0]}, the runner {groups[1]}")
         self.runner = runner
         self.allocator = allocator
         self.scheduler = Scheduler(allocator, max_num_seqs=max_num_seqs,
@@ -199,21 +205,3 @@ def _request_output(group: list[SampleSeq]) -> RequestOutput:
         e2e=max(s.finished for s in group) - head.arrival)
     samples = tuple(SampleOutput(s.index, tuple(s.output), s.finish_reason) for s in group)
     return RequestOutput(head.request_id, tuple(head.prompt), samples, metrics)
-
-
-def build_engine(config: LlamaConfig | None = None, *, num_blocks: int = 256, block_size: int = 16,
-                 enable_caching: bool = True, allocator: Allocator | None = None,
-                 device: torch.device | str = "cpu", backend: str | None = None,
-                 enable_events: bool = False, host_blocks: int = 0, **engine_kwargs) -> Engine:
-    """A TinyLlama engine in one call: model from ``config`` (defaults), a runner with
-    ``num_blocks`` x ``block_size`` caches on ``device`` and ``host_blocks`` host slots,
-    and ``allocator`` or a fresh ``KVCacheManager(num_blocks, block_size,
-    enable_caching=..., host_blocks=...)``. ``engine_kwargs`` go to ``Engine``."""
-    config = config or LlamaConfig()
-    if allocator is None:
-        allocator = KVCacheManager(num_blocks, block_size, enable_caching=enable_caching,
-                                   enable_events=enable_events, vocab_size=config.vocab_size,
-                                   host_blocks=host_blocks)
-    runner = ModelRunner(TinyLlama(config), allocator.num_blocks, allocator.block_size,
-                         device=device, backend=backend, host_blocks=host_blocks)
-    return Engine(runner, allocator, **engine_kwargs)

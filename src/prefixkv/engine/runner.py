@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -27,12 +28,30 @@ from .model import TinyLlama
 
 @dataclass(frozen=True, slots=True)
 class SeqBatchEntry:
-    """One sequence's share of a step: its blocks (in token order), how many of its
-    tokens are already in the cache, and the token ids computed now (at least one)."""
+    """One sequence's share of a step: its blocks as the allocator's ``get_block_ids``
+    gives them (ids in token order; for a ``HybridKVCacheManager``, one such sequence per
+    group), how many of its tokens are already in the cache, and the token ids computed
+    now (at least one). The engine never looks inside ``block_ids``."""
 
-    block_ids: Sequence[int]
+    block_ids: Sequence[int] | Sequence[Sequence[int]]
     num_computed: int
     new_token_ids: Sequence[int]
+
+
+class Runner(Protocol):
+    """What ``Engine`` needs of a model runner: ``ModelRunner`` (block ids of one table,
+    for ``KVCacheManager`` and the baselines) or ``prefixkv.engine.hybrid.HybridModelRunner``
+    (a table per group, for ``HybridKVCacheManager``)."""
+
+    model: TinyLlama
+    num_blocks: int
+    block_size: int
+
+    def run_kv_ops(self, ops: Sequence) -> None:
+        """Run the allocator's ``take_kv_ops()`` plan before the next forward pass."""
+
+    def execute(self, batch: Sequence[SeqBatchEntry]) -> torch.Tensor:
+        """Compute the entries' new tokens; the logits after each entry's last one."""
 
 
 class ModelRunner:

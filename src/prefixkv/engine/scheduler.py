@@ -11,7 +11,9 @@ Each step, under a token budget::
        (running sequences are never preempted to admit new ones: that would thrash).
 
 Every call is part of the ``prefixkv.Allocator`` protocol, including ``extend`` (chunked
-prefill), ``lookup`` (budget check before admission) and ``preempt``.
+prefill), ``lookup`` (budget check before admission) and ``preempt``; a
+``HybridKVCacheManager`` takes the same calls (only its block ids, which the scheduler
+never reads, come one table per group).
 """
 
 from __future__ import annotations

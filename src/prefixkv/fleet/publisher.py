@@ -6,9 +6,10 @@ scheduler (extra ``prefixkv[events]``: pyzmq + msgpack).
 
 ``publish`` only updates a set of held hashes and puts the list on a bounded queue;
 when the queue is full the batch is dropped and counted, and the thread discards what
-is still queued and sends a *snapshot* instead (``AllBlocksCleared`` then one ``BlockStored`` per medium holding every
-held hash, parent nil, no tokens, as vLLM's own snapshots look), so a consumer that
-applies the stream in order is exact again. The thread numbers batches 0, 1, 2, ...,
+is still queued and sends a *snapshot* instead (``AllBlocksCleared`` then one
+``BlockStored`` per medium and layer group holding every held hash, parent nil, no
+tokens, as vLLM's own snapshots look), so a consumer that applies the stream in order
+is exact again. The thread numbers batches 0, 1, 2, ...,
 keeps the last ``buffer_steps`` for replay and answers replay requests on the ROUTER
 socket; when idle for ``heartbeat`` seconds it sends an empty batch, so that a router can
 tell a quiet replica from a dead one.
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 
 from ..events import AllBlocksCleared, BlockRemoved, BlockStored
 from .replay import ReplayBuffer
-from .wire import WireError, check_options, pack, to_wire_events, wire_hash
+from .wire import WireError, check_options, group_fields, group_of, pack, to_wire_events, wire_hash
 
 _EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
 
@@ -64,7 +65,9 @@ class EventPublisher:
         self.snapshots = 0
         self._queue: queue.Queue[list | None] = queue.Queue(maxsize=max_queue)
         self.replay = ReplayBuffer(buffer_steps)
-        self._held: dict[str, set[bytes]] = {}  # medium -> digests held (the mirror)
+        # (medium, group) -> digests held (the mirror); a hybrid manager announces one
+        # hash once per group that caches it, and withdraws it per group
+        self._held: dict[tuple[str, tuple], set[bytes]] = {}
         self._lock = threading.Lock()
         self._resync = False
         self._ctx = zmq.Context.instance()
@@ -107,9 +110,9 @@ class EventPublisher:
         held = self._held
         for ev in events:
             if isinstance(ev, BlockStored):
-                held.setdefault(getattr(ev, "medium", "GPU"), set()).add(ev.block_hash)
+                held.setdefault((ev.medium, group_of(ev)), set()).add(ev.block_hash)
             elif isinstance(ev, BlockRemoved):
-                held.get(getattr(ev, "medium", "GPU"), set()).discard(ev.block_hash)
+                held.get((ev.medium, group_of(ev)), set()).discard(ev.block_hash)
             elif isinstance(ev, AllBlocksCleared):
                 held.clear()
 
@@ -180,17 +183,18 @@ class EventPublisher:
 
     def _snapshot(self) -> bytes:
         """A batch stating every held hash: ``AllBlocksCleared``, then one ``BlockStored``
-        per medium (parent nil, no tokens), as vLLM's snapshots look. It may include
+        per medium and group (parent nil, no tokens, the group's fields), as vLLM's
+        snapshots look. It may include
         batches still queued; they re-apply on top harmlessly, in order."""
         with self._lock:
             held = {m: sorted(s) for m, s in self._held.items() if s}
         events: list[dict] = [{"type": "AllBlocksCleared"}]
-        for medium, digests in held.items():
+        for (medium, group), digests in held.items():
             events.append({
                 "type": "BlockStored",
                 "block_hashes": [wire_hash(d, self.hash_format) for d in digests],
                 "parent_block_hash": None, "token_ids": [], "block_size": self.block_size,
-                "lora_id": None, "medium": medium, "lora_name": None, "group_idx": 0,
+                "lora_id": None, "medium": medium, "lora_name": None, **group_fields(group),
             })
         self.snapshots += 1
         return pack([time.time(), events, self.dp_rank])

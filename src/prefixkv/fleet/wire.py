@@ -7,7 +7,13 @@ whose first key is ``"type"`` (``"BlockStored"``, ``"BlockRemoved"``,
 declares without a default are always present (nil when unknown); fields with a default
 are omitted when they hold it. Consecutive stored blocks of one chain travel as one
 ``BlockStored`` (vLLM's events carry runs of blocks), consecutive removals as one
-``BlockRemoved``.
+``BlockRemoved``, never across media or layer groups.
+
+Layer groups (vLLM's hybrid KV cache): every ``BlockStored`` names its group
+(``group_idx``) and the group's spec (``kv_cache_spec_kind``, and for a sliding window
+``kv_cache_spec_sliding_window`` = W, omitted otherwise); every ``BlockRemoved`` names
+its group. The core's events (one group) are group 0, ``"full_attention"``; a hybrid
+manager's ``GroupBlockStored``/``GroupBlockRemoved`` carry their own group and spec.
 
 Block hashes: ``"int"`` (vLLM's default) sends the low 64 bits of our digest, i.e. its
 last 8 bytes read big-endian, as a msgpack unsigned int; ``"bytes"`` sends the whole
@@ -26,6 +32,10 @@ from ..events import AllBlocksCleared, BlockRemoved, BlockStored
 VLLM_VERSION = "0.33"
 HASH_FORMATS = ("int", "bytes")
 MEDIUM_GPU = "GPU"
+FULL_KIND = "full_attention"
+"""vLLM's ``kv_cache_spec_kind`` of a full-attention group (``KVCacheSpecKind``)."""
+SLIDING_KIND = "sliding_window"
+"""... of a sliding-window group, the only kind that sends its window."""
 
 _MASK64 = (1 << 64) - 1
 
@@ -53,6 +63,24 @@ def check_options(block_size: object, hash_format: object, dp_rank: object) -> N
 
 def _medium(ev: object) -> str:
     return getattr(ev, "medium", MEDIUM_GPU)  # the core adds ``medium`` later
+
+
+def group_of(ev: object) -> tuple[int, str, int | None]:
+    """``(group_idx, kv_cache_spec_kind, sliding window or None)`` of a core event (group
+    0, full attention) or a hybrid manager's group event."""
+    kind = getattr(ev, "spec_kind", FULL_KIND)
+    return (getattr(ev, "group_idx", 0), kind,
+            getattr(ev, "spec_tokens", None) if kind == SLIDING_KIND else None)
+
+
+def group_fields(group: tuple[int, str | None, int | None]) -> dict[str, Any]:
+    """The group keys of a ``BlockStored`` map, in vLLM's order (the window only when
+    there is one: vLLM omits fields that hold their default, nil)."""
+    idx, kind, window = group
+    out: dict[str, Any] = {"group_idx": idx, "kv_cache_spec_kind": kind}
+    if window is not None:
+        out["kv_cache_spec_sliding_window"] = window
+    return out
 
 
 def _extra_entry(ev: BlockStored) -> tuple[str, ...] | None:
@@ -90,15 +118,15 @@ def _stored(run: list[BlockStored], block_size: int, fmt: str) -> dict[str, Any]
         "medium": _medium(first),
         "lora_name": lora_name,
         "extra_keys": [_extra_entry(ev) for ev in run],
-        "group_idx": 0,
-        "kv_cache_spec_kind": "full_attention",
+        **group_fields(group_of(first)),
     }
 
 
 def _continues(run: list, ev: object) -> bool:
     """Whether ``ev`` extends ``run`` into one wire event."""
     last = run[-1]
-    if type(ev) is not type(last) or _medium(ev) != _medium(last):
+    if type(ev) is not type(last) or _medium(ev) != _medium(last) \
+            or group_of(ev) != group_of(last):
         return False
     if isinstance(ev, BlockStored):
         return ev.parent_block_hash == last.block_hash and _lora(ev) == _lora(last)
@@ -125,7 +153,7 @@ def to_wire_events(events: Iterable[object], block_size: int,
         elif isinstance(first, BlockRemoved):
             out.append({"type": "BlockRemoved",
                         "block_hashes": [wire_hash(ev.block_hash, hash_format) for ev in run],
-                        "medium": _medium(first), "group_idx": 0})
+                        "medium": _medium(first), "group_idx": group_of(first)[0]})
         else:
             out.append({"type": "AllBlocksCleared"})
     return out

@@ -6,11 +6,11 @@ group can serve (``prefixkv.groups.hits``). Pure Python, like the core."""
 from .events import GroupBlockRemoved, GroupBlockStored
 from .hits import longest_hit
 from .manager import HybridKVCacheManager
-from .results import GroupAdmission, GroupBlockCopy, GroupFork, GroupStats
+from .results import GroupAdmission, GroupBlockCopy, GroupDecodeStep, GroupFork, GroupStats
 from .spec import CHUNKED, FULL, SLIDING, GroupSpec, chunked_local, full_attention, sliding_window
 
 __all__ = [
     "CHUNKED", "FULL", "GroupAdmission", "GroupBlockCopy", "GroupBlockRemoved", "GroupBlockStored",
-    "GroupFork", "GroupSpec", "GroupStats", "HybridKVCacheManager", "SLIDING", "chunked_local",
-    "full_attention", "longest_hit", "sliding_window",
+    "GroupDecodeStep", "GroupFork", "GroupSpec", "GroupStats", "HybridKVCacheManager", "SLIDING",
+    "chunked_local", "full_attention", "longest_hit", "sliding_window",
 ]

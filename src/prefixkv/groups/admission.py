@@ -17,8 +17,8 @@ from ..core.block import Block, blocks_for
 from ..core.pool import BlockPool
 from ..core.request import RequestKeys
 from ..errors import (
-    ConfigError, RequestError, TokenError, check_count, check_flag, check_new_request,
-    check_positive,
+    ConfigError, InvariantError, RequestError, TokenError, check_count, check_flag,
+    check_new_request, check_positive, live_request,
 )
 from ..events import EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
@@ -194,3 +194,14 @@ class GroupAdmitter:
 
     def _step_encode(self, token_ids: Sequence[int]) -> array:
         return encode_tokens(token_ids, self.vocab_size)
+
+    def _get(self, request_id: Hashable) -> GroupRequest:
+        try:
+            return self._requests[request_id]
+        except (KeyError, TypeError):
+            return live_request(self._requests, request_id)
+
+    @staticmethod
+    def _require(problem: str | None) -> None:
+        if problem:
+            raise InvariantError(problem)

@@ -7,26 +7,27 @@ the pool (cached, findable in its group, if it is full and indexed) and the tabl
 becomes the null block. Calls check their input and compute what can fail before any
 change; a shortage returns None with nothing changed (blocks a call would release count
 as free for it, and stay held when it returns None).
+
+The class is built in three layers, one noun each: ``GroupAdmitter`` (construction,
+``add_request``, ``lookup``; admission.py), ``GroupDecoder`` (``extend``,
+``append_tokens``, ``append_step``, ``reserve``; decode.py), and here forks, frees,
+preemption, reset and the queries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 
-from ..core.block import Block, blocks_for
-from ..errors import (
-    ConfigError, InvariantError, RequestError, check_count, check_new_request, live_request,
-)
+from ..core.block import Block
+from ..errors import RequestError, check_count, check_new_request
 from ..events import AllBlocksCleared, Event
 from ..stats import PrefixCacheStats
-from .admission import GroupAdmitter
+from .decode import GroupDecoder
 from .request import GroupRequest, tail_first
 from .results import GroupBlockCopy, GroupFork, GroupStats
 
-Growth = tuple[tuple[int, ...], ...]
 
-
-class HybridKVCacheManager(GroupAdmitter):
+class HybridKVCacheManager(GroupDecoder):
     """Paged KV blocks for a model whose layers form attention groups, with automatic
     prefix caching per group.
 
@@ -42,89 +43,13 @@ class HybridKVCacheManager(GroupAdmitter):
             bool, a bad hash mode/seed, no block left beside the null block.
     """
 
-    # ---- growth ----------------------------------------------------------------------
-
-    def extend(self, request_id: Hashable, num_new_tokens: int) -> Growth | None:
-        """Schedule the next ``num_new_tokens`` known tokens (the next prefill chunk).
-        Returns the ids of blocks added, per group, or None on shortage (nothing
-        changed). Raises RequestError (unknown id, a count outside 1..unscheduled)."""
-        req = self._get(request_id)
-        check_count("num_new_tokens", num_new_tokens, 1, len(req.tokens) - req.num_scheduled)
-        return self._grow(req, req.num_scheduled + num_new_tokens, None)
-
-    def append_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> Growth | None:
-        """Append sampled tokens and schedule them (decode). Returns the ids of blocks
-        added, per group, or None on shortage (nothing changed). Raises RequestError
-        (unknown id, prefill not fully scheduled), TokenError (bad ids or container)."""
-        req = self._get(request_id)
-        n, bs = req.num_scheduled, self.block_size
-        if n != len(req.tokens):
-            raise RequestError(
-                f"request {request_id!r} has {len(req.tokens) - n} prompt "
-                f"tokens not yet scheduled: call extend() before append_tokens()")
-        if type(token_ids) is list and len(token_ids) == 1 and 0 < n % bs < bs - 1 \
-                and n < req.next_release and self.vocab_size is None and type(token_ids[0]) is int:
-            # the hot path: one token into a block that has room and does not fill, and no
-            # window moves past a block
-            try:
-                req.tokens.append(token_ids[0])  # validates the range, atomically
-            except OverflowError:
-                self._step_encode(token_ids)  # raises the TokenError
-            req.num_scheduled = n + 1
-            req.step_start = n
-            return self._nothing
-        new = self._step_encode(token_ids)
-        return self._grow(req, req.num_scheduled + len(new), new)
-
-    def _grow(self, req: GroupRequest, total: int, new_tokens) -> Growth | None:
-        """Release what the step starting at ``num_scheduled`` no longer reads, append
-        ``new_tokens`` and cover ``[0, total)`` in every group; None on shortage."""
-        bs, start = self.block_size, req.num_scheduled
-        going = None
-        freed = 0
-        if start >= req.next_release:
-            going = [t[req.cut[g]:spec.num_unread(start, bs)]
-                     for g, (spec, t) in enumerate(zip(self.groups, req.tables))]
-            freed = sum(b.ref_cnt == 1 for part in going for b in part)  # type: ignore[union-attr]
-        per_group = blocks_for(total, bs) - len(req.tables[0])
-        if per_group * len(self.groups) > self._pool.num_free + freed:
-            return None
-        n, first, last = len(req.tokens), start // bs, total // bs
-        if new_tokens is not None:
-            req.tokens.extend(new_tokens)
-        try:
-            prepared = (self._prepare(req, first, last, req.nodes[-1] if req.nodes else None)
-                        if first < last else None)
-        except ConfigError:
-            del req.tokens[n:]
-            raise
-        if going is not None:
-            for g, part in enumerate(going):
-                self._released[g] += len(part)
-            self._pool.release(req.release(going))  # type: ignore[arg-type]
-            req.plan_release(self.groups, bs)
-        added = self._nothing
-        if per_group > 0:
-            fresh = self._pool.take(per_group * len(self.groups))
-            added = []  # type: ignore[assignment]
-            for g, table in enumerate(req.tables):
-                new = fresh[g * per_group:(g + 1) * per_group]
-                self._index.own(g, new)
-                table += new
-                added.append(tuple([b.block_id for b in new]))  # type: ignore[attr-defined]
-        req.num_scheduled = total
-        req.step_start = start
-        if prepared is not None:
-            self._record(req, first, prepared)
-        return tuple(added)
-
     # ---- forks, free, preemption -------------------------------------------------------
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> GroupFork | None:
         """Create ``child_id`` sharing the parent's full blocks in every group (and its
-        released entries); each group's partial last block is copied on write (the
-        copies are in the result and in ``take_kv_ops()``). Returns None when those
-        blocks cannot be had (nothing changed). Raises RequestError (unknown parent, child
+        released entries); each group's partial last block (and any reserved block) is
+        copied on write (the copies are in the result and in ``take_kv_ops()``). Returns
+        None when those blocks cannot be had (nothing changed). Raises RequestError (unknown parent, child
         id in use, parent's prefill not fully scheduled)."""
         parent = self._get(parent_id)
         check_new_request(self._requests, child_id)
@@ -146,6 +71,7 @@ class HybridKVCacheManager(GroupAdmitter):
             copies += [GroupBlockCopy(a.block_id, b.block_id, g)  # type: ignore[union-attr]
                        for a, b in zip(table[full:], new)]
         child.cut = parent.cut[:]
+        child.num_reserved = parent.num_reserved
         child.next_release = parent.next_release
         child.nodes = parent.nodes[:]
         self._table.hold(child.nodes[-1] if child.nodes else None)
@@ -289,15 +215,3 @@ class HybridKVCacheManager(GroupAdmitter):
                 node_refs[pid] = node_refs.get(pid, 0) + 1
         self._require(self._pool.check(refs))
         self._require(self._table.check(node_refs))
-
-    @staticmethod
-    def _require(problem: str | None) -> None:
-        if problem:
-            raise InvariantError(problem)
-
-    def _get(self, request_id: Hashable) -> GroupRequest:
-        try:
-            return self._requests[request_id]
-        except (KeyError, TypeError):
-            return live_request(self._requests, request_id)
-

@@ -3,10 +3,11 @@
     | cached prefix (hits) | scheduled, computed by the engine | known, not scheduled |
     0                num_cached                       num_scheduled          len(tokens)
 
-Each group's table covers ``[0, num_scheduled)``; entry j is the block holding positions
-``j*bs .. (j+1)*bs - 1`` in that group, or None where the group released it (no query of
-the request reads it any more): a prefix of the table, ``cut[g]`` entries long, in
-groups whose spec releases. ``nodes[j]`` is the prefix id of full block j (every full
+Each group's table covers ``[0, max(num_scheduled, num_reserved))`` (``num_reserved``:
+slots reserved past the scheduled tokens, whose tokens are not known yet); entry j is
+the block holding positions ``j*bs .. (j+1)*bs - 1`` in that group, or None where the
+group released it (no query of the request reads it any more): a prefix of the table,
+``cut[g]`` entries long, in groups whose spec releases. ``nodes[j]`` is the prefix id of full block j (every full
 scheduled block has one); the request holds a reference on the last.
 ``step_start``: where the last scheduled step began (its queries sit at and after it).
 ``next_release``: the first step start at which some group releases a block.
@@ -26,7 +27,7 @@ from .spec import GroupSpec
 
 class GroupRequest:
     __slots__ = ("request_id", "tokens", "keys", "tables", "cut", "nodes", "num_cached",
-                 "num_scheduled", "step_start", "next_release")
+                 "num_scheduled", "num_reserved", "step_start", "next_release")
 
     def __init__(self, request_id: Hashable, tokens: array, keys: RequestKeys, num_groups: int) -> None:
         self.request_id = request_id
@@ -37,6 +38,7 @@ class GroupRequest:
         self.nodes: list[Prefix] = []
         self.num_cached = 0
         self.num_scheduled = 0
+        self.num_reserved = 0
         self.step_start = 0
         self.next_release = 0
 
@@ -60,7 +62,7 @@ class GroupRequest:
         """The first way the tables disagree with the tokens and the specs, None when
         sound."""
         bs, rid = block_size, self.request_id
-        want = blocks_for(self.num_scheduled, bs)
+        want = blocks_for(max(self.num_scheduled, self.num_reserved), bs)
         if len(self.nodes) != self.num_scheduled // bs or self.num_scheduled > len(self.tokens):
             return (f"request {rid!r}: {len(self.nodes)} prefix ids for {self.num_scheduled} "
                     f"scheduled of {len(self.tokens)} tokens")

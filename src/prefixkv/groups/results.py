@@ -52,6 +52,17 @@ class GroupFork:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupDecodeStep:
+    """What ``append_step`` did. ``grown``: ``(request_id, new block ids per group)``
+    for each request that took new blocks. ``short``: requests that needed blocks and
+    could not get them; they are unchanged (their token was not appended, their windows
+    did not move)."""
+
+    grown: tuple[tuple[Hashable, tuple[tuple[int, ...], ...]], ...]
+    short: tuple[Hashable, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class GroupStats:
     """One group's counts: ``blocks_held`` by live requests now, ``blocks_cached``
     (findable contents now), and since creation ``blocks_released`` (left every window

@@ -38,6 +38,7 @@ from .content_check import check_index, check_request, chunk_of as _chunk
 from .hasher import Hasher
 
 _U32 = struct.Struct("<I")
+_NO_PARENT = Block(-1)  # the parent of a first block in ``claim``: never given a child
 
 
 class ContentIndex:
@@ -93,6 +94,37 @@ class ContentIndex:
             cid = b.content_id
         return hits
 
+    def claim(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> tuple[list[Block], int] | None:
+        """``match`` that also takes a reference on each block found, in the same pass
+        (a block with no reference leaves the pool's cached tier: its links are unlinked
+        in place and left stale). Returns the hits and how many of them left the cached
+        tier, for ``BlockPool.claimed`` (``BlockPool.unclaim`` undoes it); None, with nothing
+        done, when the run cannot be found in one probe a block (per-block extra keys,
+        the triple-keyed overflow in use, or a tier below): then use ``match``."""
+        if mm is not None or self._by_key or self._lower is not None:
+            return None
+        hits: list[Block] = []
+        append = hits.append
+        cid = unlinked = 0
+        get = self._by_chunk.get
+        b = _NO_PARENT
+        for chunk in chunks:
+            # the parent's last child first: a verified guess saves hashing the chunk
+            b = b.child
+            if b is None or b.key != chunk or b.parent_cid != cid or b.extra != base or b.twin:
+                b = get(chunk)
+                if b is None or b.parent_cid != cid or b.extra != base:
+                    break
+            if not b.ref_cnt:
+                prev, nxt = b.prev, b.next
+                prev.next = nxt  # type: ignore[union-attr]
+                nxt.prev = prev  # type: ignore[union-attr]
+                unlinked += 1
+            b.ref_cnt += 1
+            append(b)
+            cid = b.content_id
+        return hits, unlinked
+
     def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> tuple:
         known = req.prompt_chunks
         if known is not None and last <= len(known):
@@ -110,6 +142,32 @@ class ContentIndex:
         chunks = [token_bytes(req.tokens[j * bs:n]) + _U32.pack(token)]
         return self._hashed(req.blocks[j - 1] if j else None, chunks, req.keys.of_blocks(j, j + 1))
 
+    def store_filled(self, req: Request, j: int) -> None:
+        """Record block ``j`` of ``req``, which the last token appended filled (decode).
+        In the common case (a new content, no hashes wanted, no overflow keys, no tier
+        below) one dict operation; else ``prepare`` and ``store``."""
+        bs = self._bs
+        chunk = req.tokens[j * bs:(j + 1) * bs].tobytes()
+        mm = req.keys.mm
+        extra = req.keys.base if mm is None or j >= len(mm) else mm[j]
+        if self.hashing or self._by_key or self._lower is not None:
+            self.store(req, j, self._hashed(req.blocks[j - 1] if j else None, [chunk], [extra]))
+            return
+        b = req.blocks[j]
+        held = self._by_chunk.setdefault(chunk, b)
+        if held is not b:  # equal tokens are held already: the general path decides
+            self.store(req, j, ([chunk], [extra], None))
+            return
+        parent = req.blocks[j - 1] if j else None
+        if parent is not None:
+            parent.child = b
+            b.parent_cid = parent.content_id
+        else:
+            b.parent_cid = 0
+        b.extra, b.step, b.key = extra, self.step, chunk
+        b.content_id = self._next_id
+        self._next_id += 1
+
     def _hashed(self, parent: Block | None, chunks: list[bytes], extras: list[bytes]) -> tuple:
         """``(chunks, extras, chain hashes or None)``: hashes only when consumed."""
         if not self.hashing:
@@ -125,6 +183,7 @@ class ContentIndex:
         nid = self._next_id
         by_key, lower = self._by_key, self._lower
         step = self.step
+        parent = blocks[first - 1] if first else None
         for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras):
             b.parent_cid = cid
             b.extra = extra
@@ -143,7 +202,11 @@ class ContentIndex:
                     held = None
             if held is not None:  # equal content is held: b is its spare
                 cid = self._add_twin(b, held)
+                parent = held
                 continue
+            if parent is not None:  # the guess ``claim`` tries first after the parent
+                parent.child = b
+            parent = b
             # a new content; one content, one id: recomputed while a host slot keeps it,
             # it takes the slot's id, so the slot's children stay findable below it
             slot = lower.find(cid, chunk, extra) if lower is not None else None

@@ -21,6 +21,9 @@ class NoIndex:
     def match(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> list[Block]:
         return []
 
+    def claim(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> tuple[list[Block], int]:
+        return [], 0
+
     def prepare(self, req: object, first: int, last: int, parent: object) -> None:
         return None
 
@@ -28,6 +31,9 @@ class NoIndex:
         return None
 
     def store(self, req: object, first: int, prepared: object) -> None:
+        pass
+
+    def store_filled(self, req: object, j: int) -> None:
         pass
 
     def drop(self, blocks: Sequence[Block]) -> None:

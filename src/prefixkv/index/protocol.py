@@ -23,6 +23,13 @@ class Index(Protocol):
         extra-key bytes of every block; ``mm``: per-block extra-key bytes that replace
         ``base`` where given. Changes nothing."""
 
+    def claim(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> tuple[list[Block], int] | None:
+        """``match`` that takes a reference on each hit in the same pass (a hit with no
+        reference leaves the pool's cached tier, unlinked in place): the hits and how
+        many left the cached tier, which the caller hands to ``BlockPool.claimed``, or
+        to ``BlockPool.unclaim`` to undo it exactly. None, with nothing done, when this
+        index cannot do it in one pass for these keys (then ``match``)."""
+
     def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> object:
         """Everything needed to record full blocks ``first..last-1`` of ``req``, the
         first one's parent being ``parent`` (None for block 0) (token
@@ -39,6 +46,10 @@ class Index(Protocol):
     def store(self, req: Request, first: int, prepared: object) -> None:
         """Record the content of ``req.blocks[first:...]`` from ``prepare`` and make it
         findable; a content already held by another block makes this block a spare."""
+
+    def store_filled(self, req: Request, j: int) -> None:
+        """``prepare`` and ``store`` of block ``j``, which the token just appended to
+        ``req`` filled (decode). Only when ``hash_may_fail`` is False."""
 
     def drop(self, blocks: Sequence[Block]) -> None:
         """Remove each block's identity (the eviction step, or KV never computed)."""

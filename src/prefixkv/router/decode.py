@@ -18,19 +18,27 @@ class DecodeError(PrefixKVError):
 
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """``hashes`` became findable on ``medium``; ``parent`` precedes ``hashes[0]``."""
+    """``hashes`` became findable on ``medium``; ``parent`` precedes ``hashes[0]``.
+    ``group``: the layer group (vLLM's ``group_idx``; None when the event has none),
+    ``kind`` its ``kv_cache_spec_kind`` and ``window`` its sliding window, None when
+    absent."""
 
     hashes: tuple[Hash, ...]
     parent: Hash | None
     medium: str
+    group: int | None = None
+    kind: str | None = None
+    window: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Removed:
-    """``hashes`` were evicted from ``medium``."""
+    """``hashes`` were evicted from ``medium`` in layer group ``group`` (None: the event
+    names none)."""
 
     hashes: tuple[Hash, ...]
     medium: str
+    group: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +48,13 @@ class Cleared:
 
 RouterEvent = Stored | Removed | Cleared
 
-# Positional layout of the pre-0.2x array encoding: tag first, then the fields in order.
+# Positional layout of the pre-0.2x array encoding: tag first, then the fields in the
+# structs' declaration order (fields added later come last; trailing defaults omitted).
 _ARRAY_FIELDS = {
     "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size",
-                    "lora_id", "medium"),
-    "BlockRemoved": ("block_hashes", "medium"),
+                    "lora_id", "medium", "lora_name", "extra_keys", "group_idx",
+                    "kv_cache_spec_kind", "kv_cache_spec_sliding_window"),
+    "BlockRemoved": ("block_hashes", "medium", "group_idx"),
     "AllBlocksCleared": (),
 }
 
@@ -78,6 +88,17 @@ def _event(raw: object) -> RouterEvent:
     if not isinstance(hashes, list) or not all(isinstance(h, (int, bytes)) for h in hashes):
         raise DecodeError(f"{tag}.block_hashes must be a list of ints or bytes")
     medium = raw.get("medium") or "GPU"  # nil: vLLM releases before media existed
+    group = _optional(raw, tag, "group_idx", int)
     if tag == "BlockRemoved":
-        return Removed(tuple(hashes), medium)
-    return Stored(tuple(hashes), raw.get("parent_block_hash"), medium)
+        return Removed(tuple(hashes), medium, group)
+    return Stored(tuple(hashes), raw.get("parent_block_hash"), medium, group,
+                  _optional(raw, tag, "kv_cache_spec_kind", str),
+                  _optional(raw, tag, "kv_cache_spec_sliding_window", int))
+
+
+def _optional(raw: dict, tag: str, key: str, kind: type) -> object:
+    """``raw[key]``, None when absent or nil; DecodeError when of another type."""
+    value = raw.get(key)
+    if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        raise DecodeError(f"{tag}.{key} must be {kind.__name__} or nil, got {value!r}")
+    return value

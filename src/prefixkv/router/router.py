@@ -13,6 +13,19 @@ Policy "prefix" (the default), for a prompt of ``n`` full blocks:
    wins, ties go to the least loaded, then in rotation.
 
 "round-robin" and "least-loaded" ignore the index (baselines for the simulation).
+
+Layer groups (hybrid models): a replica whose manager has several attention groups
+announces each full block once per group that caches it (``group_idx``). The index
+mirrors one group per replica, so that no block counts twice: its *scored group*, the
+first group the replica announces as full attention (``kv_cache_spec_kind`` absent or
+``"full_attention"``; in practice the lowest) since it was last cleared. Stores and
+removals of its other groups are not indexed (a removal that names no group is). The
+scored group's run is an upper bound of the replica's hit: a windowed group needs only
+the blocks inside its window, which every group computed and cached together, but may
+have evicted one of them since, and the manager then serves less (it checks every
+group; the router only predicts). A model without a full-attention group is scored by
+no group: its replicas score 0 (its hits need the window rule, which the index does not
+apply).
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ from .decode import Cleared, Removed, RouterEvent, Stored
 from .index import BlockIndex, InProcessIndex
 
 POLICIES = ("prefix", "round-robin", "least-loaded")
+FULL_KIND = "full_attention"
 _MASK64 = (1 << 64) - 1
 
 
@@ -83,27 +97,43 @@ class Router:
         self.in_flight = dict.fromkeys(names, 0)
         self.routed = dict.fromkeys(names, 0)
         self.last_heard: dict[str, float] = {}
+        self._scored: dict[str, int | None] = {}
         self._turn = 0
 
     # ---- what replicas say ---------------------------------------------------------------
 
     def apply(self, replica: str, events: Iterable[RouterEvent]) -> None:
-        """Apply one batch's decoded events from ``replica``, in order, and mark it heard."""
+        """Apply one batch's decoded events from ``replica``, in order, and mark it heard.
+        Only the replica's scored group is indexed (module doc)."""
         self._known(replica)
-        index = self.index
+        index, scored = self.index, self._scored
         for ev in events:
             if isinstance(ev, Stored):
-                index.store(replica, ev.hashes, ev.medium)
+                if replica not in scored and ev.kind in (None, FULL_KIND):
+                    scored[replica] = ev.group
+                if replica in scored and ev.group == scored[replica]:
+                    index.store(replica, ev.hashes, ev.medium)
             elif isinstance(ev, Removed):
-                index.remove(replica, ev.hashes, ev.medium)
+                # a removal that names no group is applied: it can only understate
+                if ev.group is None or ev.group == scored.get(replica, ev.group):
+                    index.remove(replica, ev.hashes, ev.medium)
             elif isinstance(ev, Cleared):
                 index.clear(replica)
+                scored.pop(replica, None)
         self.last_heard[replica] = self.clock()
+
+    def scored_group(self, replica: str) -> int | None:
+        """The layer group whose blocks the index mirrors for ``replica`` (module doc);
+        None before it announced one or when its events name no group. Raises
+        RouterError for an unknown replica."""
+        self._known(replica)
+        return self._scored.get(replica)
 
     def forget(self, replica: str) -> None:
         """Drop what the index says ``replica`` holds (a restart, an unrecoverable gap)."""
         self._known(replica)
         self.index.clear(replica)
+        self._scored.pop(replica, None)
 
     def live(self) -> list[str]:
         """Replicas heard from within ``stale_after`` (every replica when None)."""

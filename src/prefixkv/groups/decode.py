@@ -1,0 +1,184 @@
+"""The growth of a hybrid manager's running requests: prefill chunks, decoded tokens (one
+request, or a whole decode step in one call) and slots reserved before their tokens are
+known. ``HybridKVCacheManager`` extends this class; admission is in ``GroupAdmitter``.
+
+    | released (null) | held: hits, computed, scheduled | new (this call) | reserved |
+    0            cut[g] * bs                      num_scheduled            total   num_reserved
+
+Every group's table covers ``[0, max(num_scheduled, num_reserved))``. A step that starts at
+``s`` first releases, in each windowed group, the leading blocks no query at or after ``s``
+reads; blocks it releases count as free for the step's own allocation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from ..core.block import blocks_for
+from ..core.decode import Decoder
+from ..errors import ConfigError, RequestError, check_count
+from .admission import GroupAdmitter
+from .request import GroupRequest
+from .results import GroupDecodeStep
+
+Growth = tuple[tuple[int, ...], ...]
+"""Block ids added, one tuple per group, in group order."""
+
+
+class GroupDecoder(GroupAdmitter):
+    """``extend``, ``append_tokens``, ``append_step``, ``reserve``; see
+    ``HybridKVCacheManager``."""
+
+    # the core's checks of a step's requests (known, distinct, prefill done, lengths
+    # equal); they read only ``_requests``, ``_get`` and the requests' ``tokens`` and
+    # ``num_scheduled``, which a GroupRequest has too
+    _step_requests = Decoder._step_requests
+    _num_prefilling = 1  # no count of prefilling requests is kept here: always check
+
+    def extend(self, request_id: Hashable, num_new_tokens: int) -> Growth | None:
+        """Schedule the next ``num_new_tokens`` known tokens (the next prefill chunk).
+        Returns the ids of blocks added, per group, or None on shortage (nothing
+        changed). Raises RequestError (unknown id, a count outside 1..unscheduled)."""
+        req = self._get(request_id)
+        check_count("num_new_tokens", num_new_tokens, 1, len(req.tokens) - req.num_scheduled)
+        return self._grow(req, req.num_scheduled + num_new_tokens, None)
+
+    def append_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> Growth | None:
+        """Append sampled tokens and schedule them (decode). Returns the ids of blocks
+        added, per group, or None on shortage (nothing changed). Raises RequestError
+        (unknown id, prefill not fully scheduled), TokenError (bad ids or container)."""
+        req = self._get(request_id)
+        n = req.num_scheduled
+        if n != len(req.tokens):
+            raise RequestError(
+                f"request {request_id!r} has {len(req.tokens) - n} prompt "
+                f"tokens not yet scheduled: call extend() before append_tokens()")
+        if type(token_ids) is list and len(token_ids) == 1 and self._roomy(req) \
+                and self.vocab_size is None and type(token_ids[0]) is int:
+            # the hot path: one token into a block that has room and does not fill, and no
+            # window moves past a block
+            try:
+                req.tokens.append(token_ids[0])  # validates the range, atomically
+            except OverflowError:
+                self._step_encode(token_ids)  # raises the TokenError
+            req.num_scheduled = n + 1
+            req.step_start = n
+            return self._nothing
+        new = self._step_encode(token_ids)
+        return self._grow(req, req.num_scheduled + len(new), new)
+
+    def append_step(self, request_ids: Sequence[Hashable],
+                    token_ids: Sequence[int]) -> GroupDecodeStep:
+        """One decode step: append ``token_ids[i]`` to ``request_ids[i]`` for every
+        running request, in one call. Each request is handled as ``append_tokens`` with
+        one token (windows release first); requests that need new blocks and cannot get
+        them (in the order given, earlier ones first) are left unchanged and listed in
+        ``short``. Raises (before any change) RequestError (unknown or repeated id,
+        lengths differ, prefill not fully scheduled), TokenError (bad ids), ConfigError
+        (a hash_mode callable failed on a block this step fills)."""
+        reqs = self._step_requests(request_ids, token_ids)
+        new = self._step_encode(token_ids)
+        fills = self._prepare_fills(reqs, new)
+        grown: list[tuple[Hashable, Growth]] = []
+        short: list[Hashable] = []
+        for i, req in enumerate(reqs):
+            n = req.num_scheduled
+            if self._roomy(req):
+                req.tokens.append(new[i])
+                req.num_scheduled = n + 1
+                req.step_start = n
+                continue
+            added = self._grow(req, n + 1, new[i:i + 1], fills.get(id(req)))
+            if added is None:
+                short.append(req.request_id)
+            elif any(added):
+                grown.append((req.request_id, added))
+        return GroupDecodeStep(tuple(grown), tuple(short))
+
+    def reserve(self, request_id: Hashable, num_slots: int) -> Growth | None:
+        """Make every group's table cover ``num_slots`` positions past the scheduled
+        tokens, whose tokens are not known yet (speculative lookahead; a step scheduled
+        before its sampled token arrives). Appending those tokens later needs no new
+        block. Releases nothing (windows move when tokens are scheduled). Returns the ids
+        of blocks added, per group, or None on shortage (nothing changed). Raises
+        RequestError (unknown id, ``num_slots`` < 0)."""
+        req = self._get(request_id)
+        check_count("num_slots", num_slots, 0, None)
+        covered = req.num_scheduled + num_slots
+        per_group = blocks_for(covered, self.block_size) - len(req.tables[0])
+        if per_group * len(self.groups) > self._pool.num_free:
+            return None
+        added = self._take(req, per_group) if per_group > 0 else self._nothing
+        req.num_reserved = max(req.num_reserved, covered)
+        return added
+
+    def _roomy(self, req: GroupRequest) -> bool:
+        """Whether one more token at ``num_scheduled`` lands in a block the tables have,
+        fills no block and moves no window past a block (it then only appends)."""
+        n, bs = req.num_scheduled, self.block_size
+        return n % bs != bs - 1 and n < req.next_release and (
+            n % bs != 0 or n < len(req.tables[0]) * bs)
+
+    def _prepare_fills(self, reqs: list[GroupRequest], new) -> dict[int, tuple]:
+        """What the blocks filled by this step need (chunks, extras, hashes), computed
+        before any change: a ``hash_mode`` callable may fail, and the step must then
+        change nothing."""
+        bs, out = self.block_size, {}
+        for req, t in zip(reqs, new):
+            n = req.num_scheduled
+            if n % bs == bs - 1:
+                req.tokens.append(t)
+                try:
+                    out[id(req)] = self._prepare(req, n // bs, n // bs + 1,
+                                                 req.nodes[-1] if req.nodes else None)
+                finally:
+                    del req.tokens[n:]
+        return out
+
+    def _grow(self, req: GroupRequest, total: int, new_tokens,
+              prepared: tuple | None = None) -> Growth | None:
+        """Release what the step starting at ``num_scheduled`` no longer reads, append
+        ``new_tokens`` and cover ``[0, total)`` in every group; None on shortage (nothing
+        changed). ``prepared``: the full blocks' data when the caller computed it."""
+        bs, start = self.block_size, req.num_scheduled
+        going = None
+        freed = 0
+        if start >= req.next_release:
+            going = [t[req.cut[g]:spec.num_unread(start, bs)]
+                     for g, (spec, t) in enumerate(zip(self.groups, req.tables))]
+            freed = sum(b.ref_cnt == 1 for part in going for b in part)  # type: ignore[union-attr]
+        per_group = blocks_for(total, bs) - len(req.tables[0])
+        if per_group * len(self.groups) > self._pool.num_free + freed:
+            return None
+        n, first, last = len(req.tokens), start // bs, total // bs
+        if new_tokens is not None:
+            req.tokens.extend(new_tokens)
+        if prepared is None and first < last:
+            try:
+                prepared = self._prepare(req, first, last, req.nodes[-1] if req.nodes else None)
+            except ConfigError:
+                del req.tokens[n:]
+                raise
+        if going is not None:
+            for g, part in enumerate(going):
+                self._released[g] += len(part)
+            self._pool.release(req.release(going))  # type: ignore[arg-type]
+            req.plan_release(self.groups, bs)
+        added = self._take(req, per_group) if per_group > 0 else self._nothing
+        req.num_scheduled = total
+        req.step_start = start
+        if prepared is not None:
+            self._record(req, first, prepared)
+        return added
+
+    def _take(self, req: GroupRequest, per_group: int) -> Growth:
+        """Append ``per_group`` free blocks to each group's table (the caller checked
+        they are there); their ids, per group."""
+        fresh = self._pool.take(per_group * len(self.groups))
+        added = []
+        for g, table in enumerate(req.tables):
+            new = fresh[g * per_group:(g + 1) * per_group]
+            self._index.own(g, new)
+            table += new
+            added.append(tuple([b.block_id for b in new]))
+        return tuple(added)

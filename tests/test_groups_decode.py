@@ -1,0 +1,162 @@
+"""The hybrid manager's decode step and reserved slots (prefixkv.groups.decode): exact
+block ids per group, the exact free-queue order, shortage, typed errors before any change.
+
+block_size is 4; block 0 is the null block (a sliding window of 8 releases blocks).
+"""
+
+import pytest
+
+from prefixkv import ConfigError, RequestError, TokenError
+from prefixkv.groups import (
+    GroupBlockCopy, GroupDecodeStep, HybridKVCacheManager, chunked_local, full_attention,
+    sliding_window,
+)
+
+FULL, SW8 = full_attention(), sliding_window(8)  # a query at p reads p-7 .. p
+NOTHING = GroupDecodeStep((), ())
+
+
+def manager(num_blocks=12, groups=(FULL, SW8), **kw):
+    return HybridKVCacheManager(list(groups), num_blocks, 4, seed=0, **kw)
+
+
+def test_append_step_appends_one_token_each_releases_windows_and_reports_growth():
+    m = manager()
+    m.add_request("a", list(range(1, 8)))               # 7 tokens: blocks 0, 1
+    m.add_request("b", list(range(50, 53)))             # 3 tokens: block 0
+    assert (m.get_block_ids("a"), m.get_block_ids("b")) == (((1, 2), (3, 4)), ((5,), (6,)))
+    assert m.free_block_order() == [7, 8, 9, 10, 11]
+    assert m.append_step(["a", "b"], [8, 53]) == NOTHING  # both fill their last block
+    assert m.num_cached_blocks == 6
+    # b at 4 and a at 8 open a block in each group, in the order given
+    assert m.append_step(["b", "a"], [54, 9]) == GroupDecodeStep(
+        (("b", ((7,), (8,))), ("a", ((9,), (10,)))), ())
+    assert m.free_block_order() == [11]
+    assert m.append_step(["a"], [10]) == m.append_step(["a"], [11]) == NOTHING
+    # a's query at 11 reads 4..11: group 1's block 0 goes back, cached
+    assert m.append_step(["a"], [12]) == NOTHING
+    assert m.get_block_ids("a") == ((1, 2, 9), (0, 4, 10))
+    assert m.free_block_order() == [11, 3]
+    # a at 12 needs a block per group: 11, then 3 (its own released block, evicted)
+    assert m.append_step(["a", "b"], [13, 55]) == GroupDecodeStep((("a", ((11,), (3,))),), ())
+    assert m.get_block_ids("a") == ((1, 2, 9, 11), (0, 4, 10, 3))
+    assert m.num_tokens("a") == 13 and m.num_tokens("b") == 6
+    assert [s.blocks_released for s in m.group_stats()] == [0, 1]
+    m.check_invariants()
+
+
+def test_append_step_leaves_short_requests_unchanged_and_serves_the_others():
+    m = manager(num_blocks=9)
+    m.add_request("a", [1, 2, 3, 4])                    # block 0 full: needs block 1 next
+    m.add_request("b", [5, 6, 7, 8, 9, 10])             # room in block 1
+    m.add_request("c", [11, 12, 13, 14])
+    assert [m.get_block_ids(r) for r in "abc"] == [((1,), (2,)), ((3, 4), (5, 6)), ((7,), (8,))]
+    assert m.free_block_order() == []
+    before = (m.get_block_ids("a"), m.get_block_ids("c"), m.num_cached_blocks)
+    assert m.append_step(["a", "b", "c"], [1, 2, 3]) == GroupDecodeStep((), ("a", "c"))
+    assert (m.get_block_ids("a"), m.get_block_ids("c"), m.num_cached_blocks) == before
+    assert (m.num_tokens("a"), m.num_tokens("b"), m.num_tokens("c")) == (4, 7, 4)
+    assert m.append_step(["b"], [3]) == NOTHING          # b at 7 fills its block 1
+    assert m.append_step(["b"], [4]) == GroupDecodeStep((), ("b",))  # at 8: no block
+    m.free("c")                                         # c's full block 0: 7, 8, cached
+    assert m.free_block_order() == [7, 8]
+    # the first in the list gets the blocks (evicting c's); the second is short
+    assert m.append_step(["a", "b"], [1, 4]) == GroupDecodeStep((("a", ((7,), (8,))),), ("b",))
+    assert m.num_cached_blocks == 2 + 4                 # a's and b's full blocks
+    m.check_invariants()
+
+
+def test_append_step_typed_errors_change_nothing():
+    m = manager()
+    m.add_request("a", [1, 2, 3])
+    m.add_request("p", [1, 2, 3, 4, 5, 6], num_new_tokens=2)  # prefill not done
+    before = (m.free_block_order(), m.get_block_ids("a"), m.num_tokens("a"), m.stats)
+    bad = [
+        (RequestError, lambda: m.append_step(["a", "zz"], [1, 2])),      # unknown
+        (RequestError, lambda: m.append_step(["a", "a"], [1, 2])),       # repeated
+        (RequestError, lambda: m.append_step(["a"], [1, 2])),            # lengths
+        (RequestError, lambda: m.append_step("a", [1])),                 # a str of ids
+        (RequestError, lambda: m.append_step(["a", "p"], [1, 2])),       # prefill
+        (RequestError, lambda: m.append_step(None, [1])),
+        (TokenError, lambda: m.append_step(["a"], [-1])),
+        (TokenError, lambda: m.append_step(["a"], [2**32])),
+        (TokenError, lambda: m.append_step(["a"], ["x"])),
+    ]
+    for error, call in bad:
+        with pytest.raises(error):
+            call()
+    assert (m.free_block_order(), m.get_block_ids("a"), m.num_tokens("a"), m.stats) == before
+    assert m.append_step([], []) == NOTHING
+    m.check_invariants()
+
+
+def test_append_step_with_a_failing_hash_callable_changes_no_request():
+    calls = []
+
+    def fn(data):
+        calls.append(data)
+        if len(calls) > 3:
+            raise RuntimeError("boom")
+        return b"h" * 16
+
+    m = HybridKVCacheManager([FULL, SW8], 16, 4, hash_mode=fn, enable_events=True)
+    m.add_request("a", [1, 2, 3])                       # fills nothing: no hash yet
+    m.add_request("b", [1, 2, 3, 4, 5, 6, 7])           # one full block: hashed
+    assert len(calls) == 2                              # the root, b's block 0
+    events = m.take_events()
+    with pytest.raises(ConfigError):                    # a's fill hashes, b's fails
+        m.append_step(["a", "b"], [4, 8])
+    assert (m.num_tokens("a"), m.num_tokens("b")) == (3, 7)
+    assert m.get_block_ids("a") == ((1,), (2,)) and m.take_events() == []
+    assert len(events) == 2
+    m.check_invariants()
+
+
+def test_reserve_covers_slots_in_every_group_and_appending_into_them_takes_no_block():
+    m = manager()
+    m.add_request("a", list(range(1, 7)))               # 6 tokens: blocks 0, 1
+    assert m.reserve("a", 2) == ((), ())                # positions 6, 7: block 1 has room
+    assert m.reserve("a", 5) == ((5,), (6,))            # positions up to 10: block 2
+    assert m.reserve("a", 3) == ((), ()) and m.reserve("a", 0) == ((), ())
+    assert m.get_block_ids("a") == ((1, 2, 5), (3, 4, 6))
+    assert m.reserve("a", 100) is None                  # nothing changed
+    assert m.get_block_ids("a") == ((1, 2, 5), (3, 4, 6))
+    assert m.free_block_order() == [7, 8, 9, 10, 11]
+    for t in range(7, 12):                              # positions 6..10: no new block
+        assert m.append_tokens("a", [t]) == ((), ())
+    assert m.append_step(["a"], [12]) == NOTHING        # position 11 fills block 2
+    # the window moved at 11 (reads 4..11): block 0 of group 1 went back
+    assert m.get_block_ids("a") == ((1, 2, 5), (0, 4, 6))
+    # position 12 opens block 3: empty blocks first, the released one stays cached
+    assert m.append_step(["a"], [13]) == GroupDecodeStep((("a", ((7,), (8,))),), ())
+    assert m.free_block_order() == [9, 10, 11, 3]
+    m.check_invariants()
+
+
+def test_reserved_blocks_are_copied_by_fork_and_released_by_free():
+    m = manager(num_blocks=16)
+    m.add_request("a", list(range(1, 6)))               # 5 tokens: blocks 0, 1
+    assert m.reserve("a", 4) == ((5,), (6,))            # positions 5..8: block 2
+    fork = m.fork("a", "c")
+    assert fork.group_block_ids == ((1, 7, 8), (3, 9, 10))
+    assert fork.copies == (GroupBlockCopy(2, 7, 0), GroupBlockCopy(5, 8, 0),
+                           GroupBlockCopy(4, 9, 1), GroupBlockCopy(6, 10, 1))
+    assert m.append_tokens("c", [6, 7, 8, 9]) == ((), ())
+    m.free("a")
+    # a's reserved blocks (5, 6) and partial ones (2, 4) never got content: reused first
+    assert m.free_block_order()[:6] == [4, 2, 6, 5, 11, 12]
+    m.check_invariants()
+
+
+def test_reserve_typed_errors():
+    m = manager(groups=(FULL, chunked_local(8)))
+    m.add_request("a", [1, 2, 3])
+    for bad in (-1, 1.5, True, None):
+        with pytest.raises(RequestError):
+            m.reserve("a", bad)
+    with pytest.raises(RequestError):
+        m.reserve("zz", 1)
+    with pytest.raises(RequestError):
+        m.reserve(["x"], 1)
+    assert m.get_block_ids("a") == ((1,), (2,))
+
