@@ -119,7 +119,7 @@ class Admitter:
         pool = self._pool
         if claimed is not None:  # the hits hold their references already (one pass)
             pool.claimed(claimed)
-        loads = [h for h in hits if type(h) is not Block] if self._host is not None else ()
+        loads = [h for h in hits if type(h) is not Block] if self._host is not None and claimed is None else ()
         held = [h for h in hits if type(h) is Block] if loads else hits
         need = -(-(total + num_lookahead_tokens) // bs) - len(held)  # blocks_for, inlined
         fit = blocks_for(n + num_lookahead_tokens, bs) - len(held) if require_full_fit else need
@@ -222,9 +222,14 @@ class Admitter:
             return req, [], None
         limit = (n - 1) // bs
         probe = chunks if limit == len(chunks) else chunks[:limit]
-        claimed = self._index.claim(probe, keys.base, keys.mm) if claim else None
+        claimed = self._index.claim(probe, keys.base, keys.mm) if claim and self._store is None else None
         if claimed is not None:
-            return req, claimed[0], claimed[1]
+            hits, host = claimed[0], self._host
+            if host is None or len(hits) == limit or host.find(
+                    hits[-1].content_id if hits else 0, probe[len(hits)], keys.base) is None:
+                return req, hits, claimed[1]
+            self._pool.claimed(claimed[1])  # the host tier goes on where the device missed:
+            self._pool.unclaim(hits, claimed[1])  # undone exactly, the two tiers are walked
         hits = self._index.match(probe, keys.base, keys.mm)
         if self._store is not None and len(hits) < limit:
             hits += self._fetch(req, hits, chunks, limit)

@@ -99,9 +99,10 @@ class ContentIndex:
         (a block with no reference leaves the pool's cached tier: its links are unlinked
         in place and left stale). Returns the hits and how many of them left the cached
         tier, for ``BlockPool.claimed`` (``BlockPool.unclaim`` undoes it); None, with nothing
-        done, when the run cannot be found in one probe a block (per-block extra keys,
-        the triple-keyed overflow in use, or a tier below): then use ``match``."""
-        if mm is not None or self._by_key or self._lower is not None:
+        done, when the run cannot be found in one probe a block (per-block extra keys, the
+        triple-keyed overflow in use): then use ``match``. With a tier below, the run is
+        the device's alone: the caller checks whether the tier goes on after it."""
+        if mm is not None or self._by_key:
             return None
         hits: list[Block] = []
         append = hits.append
