@@ -8,6 +8,7 @@ Admissions of a ``--tokens``-token prompt (default 2048, block size 16), each fo
 ``take_kv_ops`` (timed apart: the plan's cost) and ``free``, in three steady states:
 
     device hit   : no host tier, a big pool: every block but the last hits on the device
+                   (and the same with a host tier: what the tier costs a device hit)
     device miss  : no host tier, a pool of one request, two prompts alternating:
                    every admission misses and evicts the other prompt's blocks
     host hit     : the same small pool with a host tier of 8x: every admission finds its
@@ -83,6 +84,8 @@ def admission_setups(tokens: int, rng: random.Random) -> dict[str, tuple[KVCache
     p, q = prompt(rng, tokens), prompt(rng, tokens)
     return {
         "device hit": (KVCacheManager(4 * blocks, BS, seed=0), [p]),
+        "device hit, with a host tier": (KVCacheManager(4 * blocks, BS, seed=0,
+                                                        host_blocks=8 * small), [p]),
         "device miss": (KVCacheManager(small, BS, seed=0), [p, q]),
         "host hit": (KVCacheManager(small, BS, seed=0, host_blocks=8 * small), [p, q]),
     }
@@ -174,7 +177,7 @@ def report(rows: dict[str, tuple[float, float]], tokens: int, rounds: int, per_r
              f"{platform.platform()}, Python {platform.python_version()}; median over {rounds} "
              f"rounds x {per_round} admissions (best round's median in brackets).", "",
              "| admission | us | with its plan (take_kv_ops), us |", "|---|---:|---:|"]
-    for k in ("device hit", "device miss", "host hit"):
+    for k in ("device hit", "device miss", "host hit", "device hit, with a host tier"):
         v, w = rows[k], rows[k + " + plan"]
         lines.append(f"| {k} | {v[0]:.1f} ({v[1]:.1f}) | {w[0]:.1f} ({w[1]:.1f}) |")
     lines += ["", "Goal (issue 10, item 7): host hit within 1.3x of device-only admission of "
