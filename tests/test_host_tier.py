@@ -1,5 +1,7 @@
 """The host tier (L2): exact slots, plans and counts. block_size 4, seed 0."""
 
+import random
+
 import pytest
 
 from prefixkv import (
@@ -118,3 +120,47 @@ def test_no_host_tier_keeps_todays_behaviour():
     assert m.take_kv_ops() == []
     m.free("b")
     assert m.lookup(A) == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_simulated_store_under_pressure_holds_every_requests_own_kv(seed):
+    """Events off (the index's fast paths: evictions demote in batches, admissions adopt
+    and load their slots in batches): random admissions of shared prefixes under
+    pressure, the plan run on a simulated store every step (offloads, then loads), then
+    the step's writes; every live request's blocks hold exactly its own tokens' KV and
+    the invariants hold after every step."""
+    rng = random.Random(seed)
+    bs, num_blocks, slots = 4, 12, 10
+    m = KVCacheManager(num_blocks, bs, seed=0, host_blocks=slots)
+    kv, host = [None] * num_blocks * bs, [None] * slots * bs
+    prefixes = [[rng.randrange(50) for _ in range(3 * bs)] for _ in range(5)]
+    live: dict[str, list[int]] = {}
+    writes = []
+    for step in range(300):
+        for op in m.take_kv_ops():  # the plan: offloads (all first), then loads
+            src, dst = op.src * bs, op.dst * bs
+            if isinstance(op, BlockOffload):
+                host[dst:dst + bs] = kv[src:src + bs]
+            else:
+                assert isinstance(op, BlockLoad)
+                kv[dst:dst + bs] = host[src:src + bs]
+        for rid, start in writes:  # the forward pass writes what the step scheduled
+            ids, toks = m.get_block_ids(rid), live[rid]
+            for pos in range(start, len(toks)):
+                kv[ids[pos // bs] * bs + pos % bs] = tuple(toks[:pos + 1])
+        writes = []
+        for rid, toks in live.items():
+            ids = m.get_block_ids(rid)
+            assert [kv[ids[p // bs] * bs + p % bs] for p in range(len(toks))] == \
+                [tuple(toks[:p + 1]) for p in range(len(toks))], (seed, step, rid)
+        m.check_invariants()
+        if live and (rng.random() < 0.5 or m.num_free_blocks < 4):
+            del live[(rid := rng.choice(sorted(live)))]
+            m.free(rid)
+        prompt = rng.choice(prefixes)[:rng.randrange(4, 13)] + [rng.randrange(50)
+                                                                 for _ in range(rng.randrange(1, 6))]
+        adm = m.add_request(f"r{step}", prompt)
+        if adm is not None:
+            live[adm.request_id] = prompt
+            writes.append((adm.request_id, adm.num_cached_tokens))
+    assert m.stats.host_hits > 200 and m.stats.hits > m.stats.host_hits

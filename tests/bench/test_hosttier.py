@@ -61,3 +61,21 @@ def test_report_section_and_opting_out():
     cfg.host_tiers = False
     data = suite.run_bench(cfg)
     assert "host_tiers" not in data and "from host" not in terminal(data)
+
+
+def test_the_bounds_close_the_sweep_and_split_off_readmissions():
+    wl = pressure(scale=0.25)
+    sweep = host_tier_sweep(wl, 16)
+    never, whole = sweep["bounds"]["host never evicts"], sweep["bounds"]["device holds all"]
+    every = sum(-(-(len(r.prompt) + len(r.output)) // 16) for r in wl.requests)
+    assert never["pool_blocks"] == sweep["pool_blocks"] and never["host_blocks"] == every
+    assert whole["host_blocks"] == 0 and whole["replay"]["preemptions"] == 0
+    assert whole["readmitted_tokens"] == 0 and whole["first_hit_rate"] == whole["hit_rate"]
+    # no tier size beats a tier that never evicts; first admissions hit at most what a
+    # pool holding everything hits (a first admission finds only what others computed)
+    for p in sweep["points"]:
+        assert p["hit_rate"] <= never["hit_rate"]
+        assert p["first_hit_rate"] <= whole["first_hit_rate"] + 1e-12
+    assert never["first_hit_rate"] == pytest.approx(whole["first_hit_rate"])
+    assert never["replay"]["preemptions"] > 0 and never["readmitted_saved"] > 0
+    assert "bound: host never evicts" in [r[1] for r in hosttier.host_rows([sweep])]

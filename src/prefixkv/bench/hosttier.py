@@ -11,6 +11,15 @@ the forward pass). Nothing here runs a model or a GPU: the time is an estimate.
 Device pools: the pressure workload runs in its own pool (a sixth of its working set);
 chat and document run in an eighth of theirs (never below one request), because their
 own pools hold the whole working set and a host tier would have nothing to keep.
+
+What bounds the hit rate: the replay counts a preempted request's re-admission (its
+prompt and the tokens decoded so far, nearly all still cached) as an admission like any
+other, so the hit rate mixes first admissions with re-admissions. Each point also gives
+the first admissions' hit rate alone, and two bounds close the sweep: a host tier that
+never evicts (as many slots as the workload has blocks; the same device pool, so the
+same preemptions) and a device pool that holds the whole workload (no eviction, no
+preemption, no tier). A first admission can hit only blocks some earlier request
+computed; its first-time prefixes and fresh suffixes are misses under any cache.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.manager import KVCacheManager
+from ..core.block import blocks_for
 from .capacity import blocks_needed, default_pool_blocks
 from .cost import PrefillCost
 from .replay import replay
@@ -86,31 +96,85 @@ def tier_point(result: dict[str, Any], host_blocks: int, block_size: int,
     }
 
 
+class FirstAdmissions:
+    """A manager seen by ``replay`` that splits the tokens its admissions saved and
+    computed into first admissions and re-admissions (an id admitted before: preempted)."""
+
+    def __init__(self, manager: KVCacheManager) -> None:
+        self.manager = manager
+        self.seen: set = set()
+        self.first = [0, 0]  # saved, computed
+        self.again = [0, 0]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.manager, name)
+
+    def add_request(self, rid: Any, prompt: Any, **kw: Any) -> Any:
+        adm = self.manager.add_request(rid, prompt, **kw)
+        if adm is not None:
+            counts = self.again if rid in self.seen else self.first
+            self.seen.add(rid)
+            counts[0] += adm.num_cached_tokens
+            counts[1] += adm.num_new_tokens
+        return adm
+
+    def split(self) -> dict[str, Any]:
+        (fs, fc), (rs, rc) = self.first, self.again
+        return {"first_hit_rate": fs / (fs + fc) if fs + fc else 0.0,
+                "readmitted_tokens": rs + rc, "readmitted_saved": rs}
+
+
+def sweep_point(wl: Workload, pool: int, host_blocks: int, block_size: int,
+                transfer: TransferCost) -> dict[str, Any]:
+    """One replay of ``wl`` in a device pool of ``pool`` blocks with ``host_blocks`` slots."""
+    alloc = FirstAdmissions(KVCacheManager(pool, block_size, seed=0, host_blocks=host_blocks))
+    result = replay(alloc, wl, "prefixkv").to_dict()  # type: ignore[arg-type]
+    return {**tier_point(result, host_blocks, block_size, transfer), **alloc.split()}
+
+
 def host_tier_sweep(wl: Workload, block_size: int, transfer: TransferCost = TransferCost(),
                     tick: Callable[[str], None] = lambda label: None) -> dict[str, Any]:
-    """Replay ``wl`` with prefixkv in its sweep device pool, for each of HOST_FACTORS."""
+    """Replay ``wl`` with prefixkv in its sweep device pool, for each of HOST_FACTORS, then
+    the two bounds (``bounds``: "host never evicts", "device holds all"; see the module
+    docstring)."""
     pool = device_pool(wl, block_size)
     points = []
     for factor in HOST_FACTORS:
         tick(f"{wl.name} host tier {factor}x")
-        alloc = KVCacheManager(pool, block_size, seed=0, host_blocks=factor * pool)
-        result = replay(alloc, wl, "prefixkv").to_dict()
-        points.append({"factor": factor, **tier_point(result, factor * pool, block_size, transfer)})
-    return {"name": wl.name, "pool_blocks": pool, "block_size": block_size, "points": points}
+        points.append({"factor": factor,
+                       **sweep_point(wl, pool, factor * pool, block_size, transfer)})
+    every = sum(blocks_for(len(r.prompt) + len(r.output), block_size) for r in wl.requests)
+    tick(f"{wl.name} bounds")
+    bounds = {"host never evicts": {"pool_blocks": pool,
+                                    **sweep_point(wl, pool, every, block_size, transfer)},
+              "device holds all": {"pool_blocks": max(every, pool),
+                                   **sweep_point(wl, max(every, pool), 0, block_size, transfer)}}
+    return {"name": wl.name, "pool_blocks": pool, "block_size": block_size, "points": points,
+            "bounds": bounds}
 
 
-HOST_COLUMNS = ("workload", "host tier", "hit rate", "from device", "from host",
-                "prefill computed", "offloads/req", "loads/req", "GiB moved", "est. prefill ms/req")
+HOST_COLUMNS = ("workload", "host tier", "hit rate", "first admissions", "from device",
+                "from host", "prefill computed", "offloads/req", "loads/req", "GiB moved",
+                "est. prefill ms/req")
+
+
+def _cells(name: str, label: str, p: dict[str, Any]) -> tuple[str, ...]:
+    return (name, label, f"{p['hit_rate']:.1%}", f"{p['first_hit_rate']:.1%}",
+            f"{p['device_hit_rate']:.1%}", f"{p['host_hit_rate']:.1%}",
+            f"{p['prefill_computed']:,}", f"{p['offloads_per_request']:.1f}",
+            f"{p['loads_per_request']:.1f}", f"{p['bytes_moved'] / 2**30:,.1f}",
+            f"{p['est_prefill_ms_per_request']:.1f}")
 
 
 def host_rows(sweeps: list[dict[str, Any]]) -> list[tuple[str, ...]]:
-    """One row of formatted cells per (workload, tier size), in HOST_COLUMNS order."""
-    return [(s["name"], f"{p['factor']}x ({p['host_blocks']:,})", f"{p['hit_rate']:.1%}",
-             f"{p['device_hit_rate']:.1%}", f"{p['host_hit_rate']:.1%}",
-             f"{p['prefill_computed']:,}", f"{p['offloads_per_request']:.1f}",
-             f"{p['loads_per_request']:.1f}", f"{p['bytes_moved'] / 2**30:,.1f}",
-             f"{p['est_prefill_ms_per_request']:.1f}")
-            for s in sweeps for p in s["points"]]
+    """One row of formatted cells per (workload, tier size), then the workload's bounds,
+    in HOST_COLUMNS order."""
+    rows = []
+    for s in sweeps:
+        rows += [_cells(s["name"], f"{p['factor']}x ({p['host_blocks']:,})", p) for p in s["points"]]
+        for label, b in s.get("bounds", {}).items():
+            rows.append(_cells(s["name"], f"bound: {label}", b))
+    return rows
 
 
 def host_note(data: dict[str, Any]) -> str:
@@ -119,4 +183,6 @@ def host_note(data: dict[str, Any]) -> str:
     return (f"host tier: prefixkv with host slots of 0/1/4/16x the device pool ({pools}); "
             f"est. prefill ms/req is an ESTIMATE for {data['host_transfer']}: the prefill "
             f"FLOPs of the computed tokens plus every offload and load, per admitted request "
-            f"(no queueing, no decode)")
+            f"(no queueing, no decode); first admissions: the hit rate without re-admissions "
+            f"of preempted requests; bound rows: a host tier that never evicts (same device "
+            f"pool) and a device pool holding the whole workload (no tier, no preemption)")

@@ -93,6 +93,10 @@ def _host_tier(plt: Any, data: dict[str, Any], out: Path) -> str:
                        label=f"{s['name']} ({s['pool_blocks']:,} device blocks)")[0]
         ax.plot(x, [100 * p["host_hit_rate"] for p in s["points"]], "o--", color=line.get_color(),
                 alpha=0.6, label=f"{s['name']}: from host")
+        bound = s.get("bounds", {}).get("host never evicts")
+        if bound is not None:
+            ax.axhline(100 * bound["hit_rate"], color=line.get_color(), linestyle=":", alpha=0.8,
+                       label=f"{s['name']}: bound (host never evicts)")
     ax.set_xscale("symlog", linthresh=1, base=2)
     ax.set_xticks([p["factor"] for p in data["host_tiers"][0]["points"]])
     ax.set_xticklabels([f"{p['factor']}x" for p in data["host_tiers"][0]["points"]])

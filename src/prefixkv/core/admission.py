@@ -119,7 +119,7 @@ class Admitter:
         pool = self._pool
         if claimed is not None:  # the hits hold their references already (one pass)
             pool.claimed(claimed)
-        loads = [h for h in hits if type(h) is not Block] if self._host is not None else ()
+        loads = [h for h in hits if type(h) is not Block] if self._host is not None and claimed is None else ()
         held = [h for h in hits if type(h) is Block] if loads else hits
         need = -(-(total + num_lookahead_tokens) // bs) - len(held)  # blocks_for, inlined
         fit = blocks_for(n + num_lookahead_tokens, bs) - len(held) if require_full_fit else need
@@ -159,24 +159,27 @@ class Admitter:
         """``acquire`` when some hits are host slots or fetched from the store: pin the
         slots, put the fetched blocks in slots (pinned), take fresh device blocks for them
         (the evictions this causes may offload, never into a pinned slot), record their
-        content and state the loads."""
-        host, index = self._host, self._index
-        slots = [h for h in hits if type(h) is HostSlot]
-        host.hold(slots)  # type: ignore[union-attr]
+        content and state the loads: each of these once for all the admission's slots."""
+        host = self._host
+        first = hits[:len(held)] == held  # the device hits come first (the common case)
+        slots = hits[len(held):] if first else [h for h in hits if type(h) is not Block]
         if type(hits[-1]) is Fetched:  # fetched blocks end the hits
+            host.hold([h for h in slots if type(h) is HostSlot])  # type: ignore[union-attr]
             self._fill(req, hits)
-        fresh = iter(self._pool.acquire(held, need)[len(held):])
-        blocks, loaded, into = [], [], []
-        for h in hits:
-            if type(h) is HostSlot:
-                b = next(fresh)
-                index.adopt(b, h)  # type: ignore[attr-defined]
-                loaded.append(h)
-                into.append(b)
-                h = b
-            blocks.append(h)
-        host.load(loaded, into)  # type: ignore[union-attr]
-        blocks.extend(fresh)
+            slots = hits[len(held):] if first else [h for h in hits if type(h) is not Block]
+        else:
+            host.hold(slots)  # type: ignore[union-attr]
+        taken = self._pool.acquire(held, need)  # held, then the fresh blocks
+        if first:  # the fresh blocks follow the device hits, in the order of the slots
+            blocks = taken
+            into = taken[len(held):len(hits)]
+        else:  # a device hit after host hits: the fresh blocks go where the slots were
+            fresh = iter(taken[len(held):])
+            blocks = [h if type(h) is Block else next(fresh) for h in hits]
+            into = [b for b, h in zip(blocks, hits) if h is not b]
+            blocks += fresh
+        self._index.adopt(into, slots)  # type: ignore[attr-defined]
+        host.load(slots, into)  # type: ignore[union-attr]
         return blocks
 
     def _fill(self, req: Request, hits: list) -> None:
@@ -219,9 +222,14 @@ class Admitter:
             return req, [], None
         limit = (n - 1) // bs
         probe = chunks if limit == len(chunks) else chunks[:limit]
-        claimed = self._index.claim(probe, keys.base, keys.mm) if claim else None
+        claimed = self._index.claim(probe, keys.base, keys.mm) if claim and self._store is None else None
         if claimed is not None:
-            return req, claimed[0], claimed[1]
+            hits, host = claimed[0], self._host
+            if host is None or len(hits) == limit or host.find(
+                    hits[-1].content_id if hits else 0, probe[len(hits)], keys.base) is None:
+                return req, hits, claimed[1]
+            self._pool.claimed(claimed[1])  # the host tier goes on where the device missed:
+            self._pool.unclaim(hits, claimed[1])  # undone exactly, the two tiers are walked
         hits = self._index.match(probe, keys.base, keys.mm)
         if self._store is not None and len(hits) < limit:
             hits += self._fetch(req, hits, chunks, limit)

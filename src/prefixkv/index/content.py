@@ -75,6 +75,8 @@ class ContentIndex:
             if self._lower is None or len(hits) == len(chunks):
                 return hits
         get, by_key, lower = self._by_chunk.get, self._by_key, self._lower
+        if mm is None and not by_key and lower is not None and not lower.by_key:
+            return lower.walk(hits, chunks, cid, base, get)  # the common case, in the tier
         below = lower.find if lower is not None else None
         for i in range(len(hits), len(chunks)):
             chunk = chunks[i]
@@ -97,9 +99,10 @@ class ContentIndex:
         (a block with no reference leaves the pool's cached tier: its links are unlinked
         in place and left stale). Returns the hits and how many of them left the cached
         tier, for ``BlockPool.claimed`` (``BlockPool.unclaim`` undoes it); None, with nothing
-        done, when the run cannot be found in one probe a block (per-block extra keys,
-        the triple-keyed overflow in use, or a tier below): then use ``match``."""
-        if mm is not None or self._by_key or self._lower is not None:
+        done, when the run cannot be found in one probe a block (per-block extra keys, the
+        triple-keyed overflow in use): then use ``match``. With a tier below, the run is
+        the device's alone: the caller checks whether the tier goes on after it."""
+        if mm is not None or self._by_key:
             return None
         hits: list[Block] = []
         append = hits.append
@@ -234,22 +237,28 @@ class ContentIndex:
         self._next_id += 1
         return self._next_id - 1
 
-    def adopt(self, block: Block, slot: Block) -> None:
-        """Record in the fresh device ``block`` the content of host ``slot`` (whose copy
-        is stated by the tier): the same content id, so the chain goes on below it."""
-        parent_cid, chunk, extra = slot.key  # type: ignore[misc]
-        held = self._by_chunk.setdefault(chunk, block)
-        if held is block:
-            block.key = chunk
-        else:
-            block.key = key = (parent_cid, chunk, extra)
-            self._by_key[key] = block
-        block.parent_cid, block.extra = parent_cid, extra
-        block.content_id, block.hash, block.step = slot.content_id, slot.hash, self.step
-        block.event = None
-        if slot.event is not None:
-            block.event = replace(slot.event, block_id=block.block_id, medium=DEVICE)  # type: ignore[arg-type]
-            self._sink.append(block.event)
+    def adopt(self, blocks: Sequence[Block], slots: Sequence[Block]) -> None:
+        """Record in each fresh device block of ``blocks`` the content of the host slot
+        beside it in ``slots`` (whose copies the tier states): the same content ids, so
+        the chain goes on below them. The device holds none of these contents."""
+        setdefault, by_key, step = self._by_chunk.setdefault, self._by_key, self.step
+        sink = self._sink if self._sink.active else None
+        for b, s in zip(blocks, slots):
+            key = s.key
+            chunk = key if type(key) is bytes else key[1]  # type: ignore[index]
+            b.parent_cid, b.extra = s.parent_cid, s.extra
+            if setdefault(chunk, b) is b:
+                b.key = chunk
+            else:  # the token bytes are another content's key: keyed by the triple
+                b.key = key = (s.parent_cid, chunk, s.extra)
+                by_key[key] = b
+            b.content_id, b.hash, b.step = s.content_id, s.hash, step
+            ev = s.event if sink is not None else None
+            if ev is None:
+                b.event = None
+            else:
+                b.event = ev = replace(ev, block_id=b.block_id, medium=DEVICE)  # type: ignore[arg-type]
+                sink.append(ev)  # type: ignore[union-attr]
 
     def _add_twin(self, b: Block, held: Block) -> int:
         """Equal content is already held by ``held``: ``b`` becomes its spare."""
@@ -282,16 +291,9 @@ class ContentIndex:
                 self._unindex(b, evicting=True)
                 b.key = None
             return
-        by_chunk, lower = self._by_chunk, self._lower
-        if lower is not None:  # each evicted content computed before this step goes down
-            step, demote = self.step, lower.demote
-            for b in blocks:
-                chunk = b.key
-                del by_chunk[chunk]  # type: ignore[arg-type]
-                b.key = None
-                if b.step < step:
-                    demote(b, chunk)
-            return
+        by_chunk = self._by_chunk
+        if self._lower is not None:  # each evicted content computed before this step goes down
+            self._lower.demote(blocks, self.step)
         for b in blocks:  # the common case, kept to one dict operation a block
             del by_chunk[b.key]  # type: ignore[arg-type]
             b.key = None
@@ -335,8 +337,8 @@ class ContentIndex:
         del home[b.key]  # type: ignore[arg-type]
         if self._sink.active:
             self._sink.append(BlockRemoved(b.hash, b.block_id))  # type: ignore[arg-type]
-        if evicting and self._lower is not None and b.step < self.step:
-            self._lower.demote(b, _chunk(b))
+        if evicting and self._lower is not None:
+            self._lower.demote((b,), self.step)
 
     def _unlist(self, b: Block) -> Block:
         listed = self._twins[b.content_id]

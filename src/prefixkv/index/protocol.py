@@ -28,7 +28,8 @@ class Index(Protocol):
         reference leaves the pool's cached tier, unlinked in place): the hits and how
         many left the cached tier, which the caller hands to ``BlockPool.claimed``, or
         to ``BlockPool.unclaim`` to undo it exactly. None, with nothing done, when this
-        index cannot do it in one pass for these keys (then ``match``)."""
+        index cannot do it in one pass for these keys (then ``match``). With a tier below,
+        the hits are the device's only; the caller checks whether the tier continues them."""
 
     def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> object:
         """Everything needed to record full blocks ``first..last-1`` of ``req``, the

@@ -9,9 +9,12 @@ The tier never moves bytes: it states copies, which the manager hands to the eng
 copy stated for it is pending (it is the source of a load or the target of an offload),
 so no later offload in the same plan overwrites it; ``end_step()`` unpins them when the
 plan is drained. Like the device index, a slot is found by its content (parent content
-id, token bytes, extra bytes) and content ids are the manager's, so a chain can pass from
-device blocks to host slots and back. Free slots: an empty stack, then the cached slots in
-LRU order (the same two tiers as the pool).
+id, token bytes, extra bytes), keyed by its token bytes and verified against the parent
+id and extra bytes (a content whose token bytes another slot's content has is keyed by
+the whole triple); content ids are the manager's, so a chain can pass from device
+blocks to host slots and back. Free slots: an empty stack, then the cached slots in LRU
+order (the same two tiers as the pool). The calls take an admission's or an eviction's
+blocks at once: one Python loop a batch, no call a block.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from dataclasses import replace
 from ..core.block import Block
 from ..core.free_queue import FreeBlockQueue
 from ..events import BlockRemoved, BlockStored
-from ..results import BlockLoad, BlockOffload, pair_maker, StoreFetched
+from ..results import BlockLoad, BlockOffload, pair_maker, pairs_maker, StoreFetched
 
-_offload, _load = pair_maker(BlockOffload), pair_maker(BlockLoad)
+_offload, _loads = pair_maker(BlockOffload), pairs_maker(BlockLoad)
 
 HOST = "CPU"
 """The medium of host slots in events (vLLM's spelling)."""
@@ -31,19 +34,24 @@ HOST = "CPU"
 
 class HostSlot(Block):
     """A host slot: a Block whose ``block_id`` is the slot index and whose ``ref_cnt``
-    counts pending copies (pins). ``key`` is the full content triple."""
+    counts pending copies (pins). ``key``: the token bytes, or the content triple when
+    another slot's content is keyed by those bytes (as in the device index). A slot with
+    content is cached (in the LRU, ``ref_cnt`` 0) or pinned (``ref_cnt`` > 0)."""
 
     __slots__ = ()
 
 
 class HostTier:
-    """``num_slots`` host slots. ``sink``: where CPU-medium events go."""
+    """``num_slots`` host slots. ``sink``: where CPU-medium events go.
+    ``by_chunk``/``by_key``: the slots with content, by token bytes and (the rest) by
+    content triple; read by the device index's chain walk."""
 
     def __init__(self, num_slots: int, sink) -> None:
         self.slots = [HostSlot(i) for i in range(num_slots)]
         self._empty = self.slots[::-1]
         self._cached = FreeBlockQueue()
-        self._map: dict[tuple, HostSlot] = {}
+        self.by_chunk: dict[bytes, HostSlot] = {}
+        self.by_key: dict[tuple, HostSlot] = {}
         self._sink = sink
         self._pinned: list[HostSlot] = []
         self.offloads: list[BlockOffload] = []
@@ -52,37 +60,88 @@ class HostTier:
         self.num_offloaded = self.num_loaded = 0
 
     def __len__(self) -> int:
-        return len(self._map)
+        return len(self.by_chunk) + len(self.by_key)
 
     def find(self, parent_cid: int, chunk: bytes, extra: bytes) -> HostSlot | None:
         """The slot holding this content, if any. Changes nothing."""
-        return self._map.get((parent_cid, chunk, extra))
+        s = self.by_chunk.get(chunk)
+        if s is not None and s.parent_cid == parent_cid and s.extra == extra:
+            return s
+        return self.by_key.get((parent_cid, chunk, extra)) if self.by_key else None
 
-    def demote(self, b: Block, chunk: bytes) -> None:
-        """``b``'s content is leaving the device (its block is evicted for reuse): keep
-        it in a slot, stating the offload copy, unless a slot holds it already (then it
-        becomes the most recently used) or every slot is pinned (then it is lost)."""
-        key = (b.parent_cid, chunk, b.extra)
-        held = self._map.get(key)
-        if held is not None:
-            if held.prev is not None:  # cached, not pinned: refresh (move to the MRU end)
-                cached = self._cached
-                cached.remove(held)
-                cached.append(held)
-            return
-        slot = self._take()
-        if slot is None:
-            return
-        slot.key, slot.parent_cid, slot.extra = key, b.parent_cid, b.extra
-        slot.content_id, slot.hash = b.content_id, b.hash
-        slot.event = None
-        self._map[key] = slot
-        self._pin(slot)
-        self.offloads.append(_offload(b.block_id, slot.block_id))
-        self.num_offloaded += 1
-        if self._sink.active and b.event is not None:
-            slot.event = replace(b.event, block_id=slot.block_id, medium=HOST)  # type: ignore[arg-type]
-            self._sink.append(slot.event)
+    def walk(self, hits: list, chunks: list[bytes], cid: int, extra: bytes, device) -> list:
+        """``ContentIndex.match`` past the device's first miss, when no content is keyed
+        by its triple on either side and every block's extra bytes are ``extra``: append
+        to ``hits`` (ending in content ``cid``) the blocks of ``chunks[len(hits):]``
+        found on the device (``device``: its map's ``get``) or else in a slot, until both
+        miss. The probes of both maps are mapped in C, lazily. Returns ``hits``."""
+        rest = chunks[len(hits):]
+        for b, s in zip(map(device, rest), map(self.by_chunk.get, rest)):
+            if b is None or b.parent_cid != cid or b.extra != extra:
+                if s is None or s.parent_cid != cid or s.extra != extra:
+                    break
+                b = s
+            hits.append(b)
+            cid = b.content_id
+        return hits
+
+    def demote(self, blocks: list[Block], step: int) -> None:
+        """The content of ``blocks`` (full blocks with content, keyed by their token
+        bytes or triple) is leaving the device: their blocks are evicted for reuse. Of
+        those recorded before ``step`` (computed by an earlier forward pass; the rest were
+        never computed), keep each in a slot, stating the offload copy, unless a slot
+        holds it already (then it becomes the most recently used) or every slot is pinned
+        (then it is lost). The slots taken are pinned until the plan is drained."""
+        by_chunk, by_key, cached, empty = self.by_chunk, self.by_key, self._cached, self._empty
+        get, setdefault, pinned, offloads = by_chunk.get, by_chunk.setdefault, self._pinned, self.offloads
+        active = self._sink.active
+        # refreshed slots are unlinked here and appended, in order, at the end (or before
+        # a slot must be taken from them): the order that moving each at once would give
+        refreshed: list[HostSlot] = []
+        for b in blocks:
+            if b.step >= step:
+                continue
+            key = b.key
+            chunk = key if type(key) is bytes else key[1]  # type: ignore[index]
+            parent_cid, extra = b.parent_cid, b.extra
+            s = get(chunk)
+            if s is None or s.parent_cid != parent_cid or s.extra != extra:
+                s = by_key.get((parent_cid, chunk, extra)) if by_key else None
+            if s is not None:
+                if not s.ref_cnt:  # cached, not pinned: refresh
+                    prev, nxt = s.prev, s.next
+                    prev.next = nxt  # type: ignore[union-attr]
+                    nxt.prev = prev  # type: ignore[union-attr]
+                    refreshed.append(s)
+                continue
+            if empty:
+                s = empty.pop()
+            else:
+                if refreshed and len(cached) == len(refreshed):  # only refreshed ones left
+                    cached.forget(len(refreshed))
+                    cached.extend(refreshed)
+                    refreshed = []
+                s = self._take_cached(len(refreshed))
+                if s is None:  # every slot is pinned: the content is lost
+                    continue
+            if setdefault(chunk, s) is s:  # (as _keep, inlined)
+                s.key = chunk
+            else:
+                s.key = key = (parent_cid, chunk, extra)
+                by_key[key] = s
+            s.parent_cid, s.extra, s.content_id, s.hash = parent_cid, extra, b.content_id, b.hash
+            s.ref_cnt = 1
+            pinned.append(s)
+            offloads.append(_offload(b.block_id, s.block_id))
+            self.num_offloaded += 1
+            if active and b.event is not None:
+                s.event = replace(b.event, block_id=s.block_id, medium=HOST)  # type: ignore[arg-type]
+                self._sink.append(s.event)
+            else:
+                s.event = None
+        if refreshed:
+            cached.forget(len(refreshed))
+            cached.extend(refreshed)
 
     def room(self, hits: list) -> int:
         """How many slots ``fill`` can take once ``hold`` pinned the slots among ``hits``
@@ -96,11 +155,9 @@ class HostTier:
         caller checked ``room``."""
         slot = self._take()
         assert slot is not None, "fill without room"
-        slot.key = key = (parent_cid, fetched.chunk, fetched.extra)
-        slot.parent_cid, slot.extra = parent_cid, fetched.extra
-        slot.content_id, slot.hash, slot.event = content_id, fetched.hash, None
-        self._map[key] = slot
-        self._pin(slot)
+        self._keep(slot, parent_cid, fetched.chunk, fetched.extra, content_id, fetched.hash)
+        slot.ref_cnt = 1
+        self._pinned.append(slot)
         self.fetches.append(StoreFetched(slot.block_id, fetched.payload))
         if event is not None:
             slot.event = replace(event, block_id=slot.block_id, medium=HOST)
@@ -111,26 +168,22 @@ class HostTier:
         """State the copy of each of ``slots`` into the fresh device block beside it in
         ``devices`` (the slots stay pinned until the plan is drained; the caller pinned
         them with ``hold``)."""
-        self.loads += map(_load, [s.block_id for s in slots], [d.block_id for d in devices])
+        self.loads += _loads([s.block_id for s in slots], [d.block_id for d in devices])
         self.num_loaded += len(slots)
 
     def hold(self, slots: list[HostSlot]) -> None:
         """Pin ``slots`` (they are about to be loaded), so that no offload stated while
         the device makes room for them can take them."""
-        cached, pinned = self._cached, self._pinned
+        pinned, unlinked = self._pinned, 0
         for s in slots:
-            if not s.ref_cnt:
-                if s.prev is not None:
-                    cached.remove(s)
+            if not s.ref_cnt:  # cached: leaves the LRU (inlined unlink; links go stale)
+                prev, nxt = s.prev, s.next
+                prev.next = nxt  # type: ignore[union-attr]
+                nxt.prev = prev  # type: ignore[union-attr]
+                unlinked += 1
                 pinned.append(s)
             s.ref_cnt += 1
-
-    def _pin(self, slot: HostSlot) -> None:
-        if slot.ref_cnt == 0:
-            if slot.prev is not None:
-                self._cached.remove(slot)
-            self._pinned.append(slot)
-        slot.ref_cnt += 1
+        self._cached.forget(unlinked)
 
     def end_step(self) -> None:
         """The plan was handed to the engine: unpin, most recently used last."""
@@ -140,13 +193,30 @@ class HostTier:
         self._cached.extend(pinned)
         self._pinned = []
 
+    def _keep(self, s: HostSlot, parent_cid: int, chunk: bytes, extra: bytes,
+              content_id: int, block_hash: bytes | None) -> None:
+        """Record a content (held by no slot) in the free slot ``s``."""
+        held = self.by_chunk.setdefault(chunk, s)
+        if held is s:
+            s.key = chunk
+        else:
+            s.key = key = (parent_cid, chunk, extra)
+            self.by_key[key] = s
+        s.parent_cid, s.extra, s.content_id, s.hash, s.event = (
+            parent_cid, extra, content_id, block_hash, None)
+
     def _take(self) -> HostSlot | None:
-        if self._empty:
-            return self._empty.pop()
-        if not len(self._cached):
+        """A free slot: an empty one, else the least recently used cached one."""
+        return self._empty.pop() if self._empty else self._take_cached(0)
+
+    def _take_cached(self, keep: int) -> HostSlot | None:
+        """The least recently used cached slot, its content dropped, but none of the last
+        ``keep`` (unlinked by ``demote``, not yet counted out); None when there is none."""
+        if len(self._cached) <= keep:
             return None
         slot = self._cached.popleft()
-        del self._map[slot.key]  # type: ignore[arg-type]
+        key = slot.key
+        del (self.by_chunk if type(key) is bytes else self.by_key)[key]  # type: ignore[index]
         if self._sink.active and slot.event is not None:
             self._sink.append(BlockRemoved(slot.hash, slot.block_id, HOST))  # type: ignore[arg-type]
         slot.key = None
@@ -156,32 +226,42 @@ class HostTier:
         """Forget every slot's content (reset_prefix_cache)."""
         for s in self.slots:
             s.key, s.prev, s.next, s.ref_cnt = None, None, None, 0
-        self._map.clear()
+        self.by_chunk.clear()
+        self.by_key.clear()
         self._pinned.clear()
         self._cached = FreeBlockQueue()
         self._empty = self.slots[::-1]
 
     def snapshot(self) -> list[BlockStored]:
-        return [s.event for s in sorted(self._map.values(), key=lambda s: s.content_id)
-                if s.event is not None]
+        slots = [*self.by_chunk.values(), *self.by_key.values()]
+        return [s.event for s in sorted(slots, key=lambda s: s.content_id) if s.event is not None]
+
+    def _holds(self, s: HostSlot) -> bool:
+        key = s.key
+        if type(key) is bytes:
+            return self.by_chunk.get(key) is s
+        return key is not None and key == (s.parent_cid, key[1], s.extra) and self.by_key.get(key) is s
 
     def check(self) -> str | None:
-        """The first inconsistency of slots, map, pins and LRU links, None when sound."""
+        """The first inconsistency of slots, maps, pins and LRU links, None when sound."""
         seen = set()
         for s in self._empty:
-            if s.key is not None or s.ref_cnt or s.prev is not None:
+            if s.key is not None or s.ref_cnt:
                 return f"bad empty host slot {s!r}"
             seen.add(s.block_id)
         for s in self._cached:
-            if s.key is None or s.ref_cnt or self._map.get(s.key) is not s:
+            if s.ref_cnt or not self._holds(s):
                 return f"bad cached host slot {s!r}"
             seen.add(s.block_id)
         for s in self._pinned:
-            if not s.ref_cnt or self._map.get(s.key) is not s or s.prev is not None:  # type: ignore[arg-type]
+            if not s.ref_cnt or not self._holds(s) or s.block_id in seen:
                 return f"bad pinned host slot {s!r}"
             seen.add(s.block_id)
         if len(seen) != len(self.slots):
             return f"host slots accounted {len(seen)} != {len(self.slots)}"
-        if len(self._map) != len(self.slots) - len(self._empty):
-            return f"host map holds {len(self._map)} for {len(self.slots) - len(self._empty)} slots"
+        if len(self) != len(self.slots) - len(self._empty):
+            return f"host maps hold {len(self)} for {len(self.slots) - len(self._empty)} slots"
+        for key, s in self.by_key.items():
+            if self.find(s.parent_cid, key[1], s.extra) is not s:
+                return f"host slot {s!r} is keyed by its triple but not found by it"
         return self._cached.broken_link()

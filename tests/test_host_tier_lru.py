@@ -1,0 +1,124 @@
+"""HostTier against a plain model of its slots: the batch calls (``demote`` of a whole
+eviction, ``hold`` of a whole admission) must give exactly what one block at a time
+gives: the same slots offloaded into, the same LRU order, the same pins, the same finds.
+
+The model is the tier's contract written the slow way: a demoted content a slot holds
+moves to the most recently used end at once; a new one takes an empty slot, else the
+least recently used cached one, else it is lost; content recorded in the current step is
+skipped; pinned slots are never taken; ``end_step`` appends the pinned slots, in pinning
+order, as the most recently used.
+"""
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from prefixkv.core.block import Block
+from prefixkv.events import NullSink
+from prefixkv.tiers import HostTier
+
+SLOTS = 4
+# (parent content id, token bytes, extra bytes): contents 0, 3 and 5 share token bytes
+# (only the parent or the extra bytes tell them apart), so some are keyed by the triple
+CONTENTS = [(0, b"aa", b""), (1, b"bb", b""), (1, b"cc", b""), (2, b"aa", b""),
+            (2, b"dd", b""), (0, b"aa", b"x"), (3, b"ee", b""), (4, b"ff", b"")]
+
+
+class Model:
+    def __init__(self) -> None:
+        self.empty = list(range(SLOTS))[::-1]
+        self.lru: list[int] = []
+        self.pinned: list[int] = []
+        self.slot_of: dict[int, int] = {}   # content index -> slot
+        self.content_of: dict[int, int] = {}
+
+    def demote(self, batch: list[tuple[int, int, bool]]) -> list[tuple[int, int]]:
+        offloads = []
+        for content, block_id, computed in batch:
+            if not computed:
+                continue
+            s = self.slot_of.get(content)
+            if s is not None:
+                if s not in self.pinned:
+                    self.lru.remove(s)
+                    self.lru.append(s)
+                continue
+            if self.empty:
+                s = self.empty.pop()
+            elif self.lru:
+                s = self.lru.pop(0)
+                del self.slot_of[self.content_of.pop(s)]
+            else:
+                continue
+            self.slot_of[content], self.content_of[s] = s, content
+            self.pinned.append(s)
+            offloads.append((block_id, s))
+        return offloads
+
+    def hold(self, contents: list[int]) -> None:
+        for c in contents:
+            s = self.slot_of[c]
+            if s not in self.pinned:
+                self.lru.remove(s)
+                self.pinned.append(s)
+
+    def end_step(self) -> None:
+        self.lru += self.pinned
+        self.pinned = []
+
+
+class HostTierMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tier = HostTier(SLOTS, NullSink())
+        self.model = Model()
+        self.step = 1
+        self.next_block = 0
+
+    def _block(self, content: int, computed: bool, triple: bool) -> Block:
+        parent, chunk, extra = CONTENTS[content]
+        b = Block(self.next_block)
+        self.next_block += 1
+        b.key = (parent, chunk, extra) if triple else chunk  # the device's key, either kind
+        b.parent_cid, b.extra, b.content_id = parent, extra, 100 + content
+        b.step = self.step if not computed else self.step - 1
+        return b
+
+    @rule(batch=st.lists(st.tuples(st.integers(0, len(CONTENTS) - 1), st.booleans(),
+                                   st.booleans()), max_size=6, unique_by=lambda t: t[0]))
+    def demote(self, batch):
+        blocks = [self._block(c, computed, triple) for c, computed, triple in batch]
+        before = len(self.tier.offloads)
+        self.tier.demote(blocks, self.step)
+        got = [(op.src, op.dst) for op in self.tier.offloads[before:]]
+        want = self.model.demote([(c, b.block_id, computed)
+                                  for (c, computed, _), b in zip(batch, blocks)])
+        assert got == want
+
+    @rule(data=st.data())
+    def hold(self, data):
+        held = sorted(self.model.slot_of)
+        if not held:
+            return
+        contents = data.draw(st.lists(st.sampled_from(held), max_size=4, unique=True))
+        self.tier.hold([self.tier.find(*CONTENTS[c]) for c in contents])
+        self.model.hold(contents)
+
+    @rule()
+    def end_step(self):
+        self.tier.end_step()
+        self.model.end_step()
+        self.tier.offloads = []
+        self.step += 1
+
+    @invariant()
+    def same_slots_order_and_pins(self):
+        assert self.tier.check() is None
+        assert [s.block_id for s in self.tier._cached] == self.model.lru
+        assert [s.block_id for s in self.tier._pinned] == self.model.pinned
+        for c, content in enumerate(CONTENTS):
+            s = self.tier.find(*content)
+            assert (s.block_id if s is not None else None) == self.model.slot_of.get(c)
+            assert s is None or s.content_id == 100 + c
+
+
+TestHostTierMachine = HostTierMachine.TestCase
