@@ -102,12 +102,15 @@ def test_decoded_tokens_fill_blocks_findable_by_later_prompts_and_twins_stay_spa
 ], ids=["core", "hybrid"])  # the hybrid manager borrows the core's step checks
 def test_append_step_over_many_requests_refuses_one_still_prefilling(make):
     m = make()
-    ids = [f"r{i}" for i in range(20)]  # more than the short-loop cutoff (16)
+    ids = [f"r{i}" for i in range(20)]
     for rid in ids:
         m.add_request(rid, [7, 8, 9])
     m.add_request("long", list(range(100, 120)), num_new_tokens=8)
-    with pytest.raises(RequestError, match="not yet scheduled"):
-        m.append_step(ids + ["long"], [1] * 21)
+    for step_ids in (ids + ["long"], ["r0", "long"]):
+        with pytest.raises(RequestError, match="not yet scheduled"):
+            m.append_step(step_ids, [1] * len(step_ids))
+    with pytest.raises(RequestError, match="not live|unknown"):
+        m.append_step(["r0", "nobody"], [1, 1])
     assert m.num_scheduled_tokens("r0") == 3
     m.extend("long", 12)  # its prefill is done: the step may include it
     step = m.append_step(ids + ["long"], [1] * 21)

@@ -161,22 +161,13 @@ class Decoder(Admitter):
         if not same:
             raise RequestError(f"{k} request ids for {len(token_ids)} tokens (ids must be a "
                                f"sequence, not a str)")
-        live = self._requests
         try:
-            if k <= 16:  # a plain loop costs less than the C-level passes below
-                reqs = []
-                for r in request_ids:
-                    req = live[r]
-                    if req.num_scheduled != len(req.tokens):
-                        raise KeyError(r)
-                    reqs.append(req)
-            else:
-                reqs = list(map(live.__getitem__, request_ids))
-                # num_scheduled <= len(tokens) always: equal sums mean every prefill is
-                # done (checked only while some live request is still prefilling)
-                if self._num_prefilling and (sum(map(_SCHEDULED, reqs))
-                                             != sum(map(len, map(_TOKENS, reqs)))):
-                    raise KeyError(None)
+            reqs = list(map(self._requests.__getitem__, request_ids))
+            # num_scheduled <= len(tokens) always: equal sums mean every prefill is done
+            # (checked only while some live request is still prefilling)
+            if self._num_prefilling and (sum(map(_SCHEDULED, reqs))
+                                         != sum(map(len, map(_TOKENS, reqs)))):
+                raise KeyError(None)
         except (KeyError, TypeError):  # an unknown id, or a prefill not fully scheduled
             reqs = [self._get(r) for r in request_ids]  # type: ignore[attr-defined]
             r = next(r for r in reqs if r.num_scheduled != len(r.tokens))
