@@ -22,7 +22,8 @@ def test_transfer_cost_of_a_llama_8b_block():
 def test_tier_point_splits_hits_by_source_and_adds_transfers():
     t = TransferCost(PrefillCost(tflops=1e-3), pcie_gbs=1.0)   # 1 GFLOP/s, 1 GB/s
     r = {"prefill_saved": 64, "prefill_computed": 36, "prefill_computed_pairs": 100,
-         "loaded_blocks": 2, "offloaded_blocks": 3, "admissions": 4, "hit_rate": 0.64}
+         "loaded_blocks": 2, "offloaded_blocks": 3, "admissions": 6, "requests": 4,
+         "hit_rate": 0.64}  # two re-admissions: the averages are per request, not admission
     p = tier_point(r, 10, 16, t)
     assert (p["device_hit_rate"], p["host_hit_rate"]) == (0.32, 0.32)
     assert p["bytes_moved"] == 5 * t.block_bytes(16)

@@ -3,7 +3,7 @@ device pool, on the workloads where eviction happens, with what the plans move.
 
 Per tier size: the hit rate by source (device blocks, host slots), the prefill computed,
 blocks offloaded and loaded per request, the bytes those copies move for a stated model
-shape, and an estimated prefill time per admitted request on a stated GPU: the prefill
+shape, and an estimated prefill time per request on a stated GPU: the prefill
 FLOPs of the computed tokens at a stated throughput plus every offload and load at a
 stated PCIe bandwidth (counted serially, as ``kernels.run_kv_ops`` queues them before
 the forward pass). Nothing here runs a model or a GPU: the time is an estimate.
@@ -79,7 +79,8 @@ def tier_point(result: dict[str, Any], host_blocks: int, block_size: int,
     host_tokens = result["loaded_blocks"] * block_size
     queried = result["prefill_saved"] + result["prefill_computed"]
     moved = (result["offloaded_blocks"] + result["loaded_blocks"]) * transfer.block_bytes(block_size)
-    admissions = max(result["admissions"], 1)
+    requests = max(result["requests"], 1)  # not admissions: a re-admission after
+    # preemption adds its cost to its request instead of diluting the average
     compute_s = transfer.model.seconds(result["prefill_computed"], result["prefill_computed_pairs"])
     return {
         "host_blocks": host_blocks,
@@ -87,11 +88,11 @@ def tier_point(result: dict[str, Any], host_blocks: int, block_size: int,
         "device_hit_rate": (result["prefill_saved"] - host_tokens) / queried if queried else 0.0,
         "host_hit_rate": host_tokens / queried if queried else 0.0,
         "prefill_computed": result["prefill_computed"],
-        "offloads_per_request": result["offloaded_blocks"] / admissions,
-        "loads_per_request": result["loaded_blocks"] / admissions,
+        "offloads_per_request": result["offloaded_blocks"] / requests,
+        "loads_per_request": result["loaded_blocks"] / requests,
         "bytes_moved": moved,
-        "est_prefill_ms_per_request": 1e3 * (compute_s + transfer.seconds(moved)) / admissions,
-        "est_transfer_ms_per_request": 1e3 * transfer.seconds(moved) / admissions,
+        "est_prefill_ms_per_request": 1e3 * (compute_s + transfer.seconds(moved)) / requests,
+        "est_transfer_ms_per_request": 1e3 * transfer.seconds(moved) / requests,
         "replay": result,
     }
 
@@ -182,7 +183,8 @@ def host_note(data: dict[str, Any]) -> str:
     pools = ", ".join(f"{s['name']} {s['pool_blocks']:,} blocks" for s in data["host_tiers"])
     return (f"host tier: prefixkv with host slots of 0/1/4/16x the device pool ({pools}); "
             f"est. prefill ms/req is an ESTIMATE for {data['host_transfer']}: the prefill "
-            f"FLOPs of the computed tokens plus every offload and load, per admitted request "
-            f"(no queueing, no decode); first admissions: the hit rate without re-admissions "
+            f"FLOPs of the computed tokens plus every offload and load, per request of the "
+            f"workload (a re-admission after preemption counts toward its request; no "
+            f"queueing, no decode); first admissions: the hit rate without re-admissions "
             f"of preempted requests; bound rows: a host tier that never evicts (same device "
             f"pool) and a device pool holding the whole workload (no tier, no preemption)")
