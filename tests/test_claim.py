@@ -118,3 +118,14 @@ def test_append_step_over_many_requests_refuses_one_still_prefilling(make):
     with pytest.raises(RequestError, match="twice"):
         m.append_step(ids + ["r0"], [1] * 21)
     m.check_invariants()
+
+
+def test_an_admission_read_later_still_shows_the_blocks_it_was_given():
+    m = manager(8)
+    adm = m.add_request("a", [1, 2, 3, 4, 5])  # blocks 0, 1; its ids are read on demand
+    assert m.append_step(["a"], [6]) == DecodeStep((), ())
+    assert m.append_tokens("a", [7, 8, 9]) == (2,)
+    assert m.reserve("a", 8) == (3, 4)
+    assert adm.block_ids == (0, 1) and m.get_block_ids("a") == (0, 1, 2, 3, 4)
+    m.free("a")
+    assert adm == Admission("a", (0, 1), 0, 5)

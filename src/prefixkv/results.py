@@ -20,7 +20,7 @@ class Admission:
     ``num_cached_tokens + num_new_tokens - 1``).
     """
 
-    __slots__ = ("request_id", "num_cached_tokens", "num_new_tokens", "_blocks", "_ids")
+    __slots__ = ("request_id", "num_cached_tokens", "num_new_tokens", "_blocks", "_n", "_ids")
 
     def __init__(self, request_id: Hashable, block_ids: Sequence[int], num_cached_tokens: int,
                  num_new_tokens: int) -> None:
@@ -33,12 +33,15 @@ class Admission:
     @classmethod
     def of(cls, request_id: Hashable, blocks: list, num_cached_tokens: int,
            num_new_tokens: int) -> Admission:
-        """An admission over the manager's blocks; their ids are read on demand."""
+        """An admission over the first ``len(blocks)`` of the request's block list, whose
+        ids are read on demand: the manager only appends to that list, so its first
+        entries stay what they are now (no copy is made)."""
         adm = cls.__new__(cls)
         adm.request_id = request_id
         adm.num_cached_tokens = num_cached_tokens
         adm.num_new_tokens = num_new_tokens
-        adm._blocks = blocks[:]
+        adm._blocks = blocks
+        adm._n = len(blocks)
         adm._ids = None
         return adm
 
@@ -46,7 +49,7 @@ class Admission:
     def block_ids(self) -> tuple[int, ...]:
         """The request's block ids in token order (cached prefix first)."""
         if self._ids is None:
-            self._ids = tuple([b.block_id for b in self._blocks])  # type: ignore[union-attr]
+            self._ids = tuple([b.block_id for b in self._blocks[:self._n]])  # type: ignore[index]
             self._blocks = None
         return self._ids
 

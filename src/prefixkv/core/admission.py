@@ -19,7 +19,7 @@ from ..errors import (
 )
 from ..events import BlockStored, EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
-from ..hashing import HashFn, block_chunks, encode_tokens, make_hash_fn, token_bytes
+from ..hashing import HashFn, block_chunks, encode_tokens, make_hash_fn, token_buffer
 from ..index import ContentIndex, Hasher, NoIndex
 from ..results import Admission, KVOp
 from ..stats import StatsCounter
@@ -137,8 +137,10 @@ class Admitter:
                 pool.unclaim(hits, claimed)
             raise
         fetched = sum(type(h) is Fetched for h in loads) if self._store is not None else 0
-        if claimed is not None:
-            req.blocks = hits + pool.take(need) if need else hits
+        if claimed is not None:  # ``hits`` is the claim's own list
+            if need:
+                hits += pool.take(need) if need > 1 else (pool.take_one(),)
+            req.blocks = hits
         else:
             req.blocks = pool.acquire(hits, need) if not loads else self._acquire_loading(req, hits, held, need)
         req.num_cached = num_cached
@@ -211,13 +213,13 @@ class Admitter:
         the one holding the last token): the request, the hits and, when ``claim`` and
         the index claimed them (took their references), how many left the cached tier;
         else None, and no side effects."""
-        tokens = self._encode(prompt_token_ids)
+        tokens = encode_tokens(prompt_token_ids, self.vocab_size)
         n, bs = len(tokens), self.block_size
         if n == 0:
             raise TokenError("the prompt is empty: at least one token is needed")
         keys = RequestKeys.of(check_extra(extra, n), -(-n // bs), bs)
         req = Request(request_id, tokens, keys)
-        req.prompt_chunks = chunks = block_chunks(token_bytes(tokens), 4 * bs, n // bs)
+        req.prompt_chunks = chunks = block_chunks(token_buffer(tokens), 4 * bs, n // bs)
         if not read_cache:
             return req, [], None
         limit = (n - 1) // bs
