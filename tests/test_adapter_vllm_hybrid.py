@@ -158,3 +158,210 @@ def test_engine_loop_reads_only_kv_it_wrote(groups, seed, asynchronous, drafts, 
     sim.run()
     assert sim.mgr.usage == 0.0 and sim.preemptions > 0 and sim.hits > 0
     assert sum(s.blocks_released for s in sim.mgr.group_stats()) > 0
+
+
+def test_a_step_that_fits_only_through_its_own_release_is_allocated():
+    # vLLM removes the skipped blocks before it counts the free ones; so does the
+    # adapter's count (net of the release): 3 usable blocks, the request holds them all
+    kv, mgr = make([sliding_window(2)], 4, bs=2)
+    a = Req("a", [1, 2, 3, 4, 5, 6])
+    assert admit(kv, a)[0].get_block_ids() == ([1, 2, 3],)
+    assert mgr.num_free_blocks == 0
+    assert decode(kv, a, 7).get_block_ids() == ([2],)  # at 6: reads 5, 6; blocks 0, 1 go
+    assert kv.get_block_ids("a") == ([0, 0, 3, 2],) and mgr.num_free_blocks == 1
+    mgr.check_invariants()
+
+
+# ---- the one-group adapter's semantics, per group ----------------------------------
+
+
+def state(kv, mgr, *ids):
+    return mgr.free_block_order(), [kv.get_block_ids(i) for i in ids], mgr.stats
+
+
+def test_hit_changed_between_lookup_and_allocate_raises_and_releases():
+    kv, mgr = hybrid()
+    r1 = Req("1", COMMON + [3] * 5)
+    blocks, hit = kv.get_computed_blocks(r1)
+    assert hit == 0
+    admit(kv, Req("0", COMMON + [3] * 7))
+    kv.make_prefix_cache_stats()
+    with pytest.raises(RequestError, match="48 of its tokens, not the 0"):
+        kv.allocate_slots(r1, 53, hit, blocks)
+    assert kv.get_block_ids("1") == ([], [], []) and mgr.num_free_blocks == 8
+    assert kv.make_prefix_cache_stats().requests == 0
+    assert admit(kv, r1)[1] == 48  # asked again, it hits
+    mgr.check_invariants()
+
+
+def test_shortage_returns_none_and_changes_nothing():
+    kv, mgr = make([full_attention(), sliding_window(32)], 9)
+    a = Req("a", COMMON + [3])
+    admit(kv, a)  # 4 blocks per group: all 8 usable
+    b = Req("b", COMMON + [4])
+    before = state(kv, mgr, "a", "b")
+    blocks, hit = kv.get_computed_blocks(b)
+    assert hit == 48 and kv.allocate_slots(b, 1, hit, blocks) is None
+    assert state(kv, mgr, "a", "b") == before and kv.make_prefix_cache_stats().requests == 1
+    a.all_token_ids += [5] * 16  # a decode step of 16 tokens needs a block per group
+    assert kv.allocate_slots(a, 16) is None
+    assert state(kv, mgr, "a", "b") == before
+    kv.free(a)  # a's partial blocks, without content, go to the head of the free queue
+    assert admit(kv, b)[0].get_block_ids() == ([8], [4])
+    mgr.check_invariants()
+
+
+def test_lookahead_is_reserved_in_every_group_and_filled_later():
+    kv, mgr = make([full_attention(), chunked_local(32)], 21)
+    a = Req("a", COMMON[:30])
+    new, _ = admit(kv, a, num_lookahead_tokens=3)  # positions 0..32: 3 blocks a group
+    assert new.get_block_ids() == ([1, 2, 3], [4, 5, 6])
+    assert decode(kv, a, 7, 8) == kv.empty_kv_cache_blocks  # 30, 31 land in reserved slots
+    assert decode(kv, a, 9).get_block_ids() == ([], [])     # 32 too; nothing released yet
+    assert decode(kv, a, 10).get_block_ids() == ([], [])    # at 33: the chunk at 32 starts
+    assert kv.get_block_ids("a") == ([1, 2, 3], [0, 0, 6])
+    mgr.check_invariants()
+
+
+def test_free_and_get_block_ids_accept_unknown_ids_and_stats_and_reset():
+    kv, mgr = hybrid()
+    kv.free(Req("nobody", [1]))
+    assert kv.get_block_ids("nobody") == ([], [], []) and kv.get_block_ids(["x"]) == ([], [], [])
+    a = Req("a", COMMON + [3])
+    admit(kv, a)
+    assert kv.reset_prefix_cache() is False
+    kv.free(a)
+    kv.free(a)  # a second free is a no-op, as in vLLM
+    assert kv.reset_prefix_cache() is True
+    stats = kv.make_prefix_cache_stats()
+    assert stats.reset and (stats.requests, stats.queries, stats.hits) == (1, 49, 0)
+    assert admit(kv, Req("b", COMMON + [3]))[1] == 0  # the cache was dropped
+    quiet, _ = make([full_attention(), sliding_window(16)], 8, log_stats=False)
+    assert quiet.make_prefix_cache_stats() is None
+    mgr.check_invariants()
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"bogus": 1}, PrefixKVError, "bogus=1 \\(unknown argument\\)"),
+    ({"num_external_computed_tokens": 16}, PrefixKVError, "KV connectors"),
+    ({"delay_cache_blocks": True}, PrefixKVError, "delayed caching"),
+    ({"num_encoder_tokens": 4}, PrefixKVError, "encoder-decoder"),
+    ({"reserved_blocks": 2}, PrefixKVError, "reserved-block"),
+    ({"num_new_tokens": 0}, RequestError, "num_new_tokens"),
+    ({"num_lookahead_tokens": -1}, RequestError, "num_lookahead_tokens"),
+    ({"full_sequence_must_fit": 1}, RequestError, "full_sequence_must_fit"),
+    ({"num_new_computed_tokens": -16}, RequestError, "num_new_computed_tokens"),
+])
+def test_bad_arguments_raise_before_any_change(kwargs, error, match):
+    kv, mgr = hybrid()
+    a = Req("a", COMMON + [3])
+    admit(kv, a)
+    a.all_token_ids.append(4)
+    b = Req("b", COMMON + [3] * 2)
+    before = state(kv, mgr, "a", "b")
+    for req in (a, b):  # running and waiting
+        if req is a and "num_new_computed_tokens" in kwargs:
+            continue  # read at admission only
+        with pytest.raises(error, match=match):
+            kv.allocate_slots(req, **{"num_new_tokens": 1, **kwargs})
+        assert state(kv, mgr, "a", "b") == before
+    mgr.check_invariants()
+
+
+def test_bad_tokens_and_counts_raise_before_any_change():
+    kv, mgr = hybrid()
+    a = Req("a", COMMON + [3])
+    admit(kv, a)
+    before = state(kv, mgr, "a")
+    with pytest.raises(TokenError):
+        kv.get_computed_blocks(Req("b", [5, -1, 7]))
+    with pytest.raises(TokenError):
+        kv.allocate_slots(Req("b", [5, -1, 7]), 3)
+    a.all_token_ids.append(2**32)
+    with pytest.raises(TokenError):
+        kv.allocate_slots(a, 1)
+    a.all_token_ids[-1] = 7
+    a.num_computed_tokens = -1
+    with pytest.raises(RequestError, match="num_computed_tokens"):
+        kv.allocate_slots(a, 1)
+    with pytest.raises(RequestError, match="num_computed_tokens"):
+        kv.free(a)
+    with pytest.raises(PrefixKVError, match="not allocated but has"):
+        kv.allocate_slots(Req("c", [1, 2, 3], num_computed_tokens=2), 1)
+    assert state(kv, mgr, "a") == before
+    mgr.check_invariants()
+
+
+# ---- the differences of the module docstring ----------------------------------------
+
+
+def test_difference_1_block_zero_is_the_null_block_only_when_a_group_releases():
+    kv, mgr = make([full_attention(), full_attention()], 4)
+    assert admit(kv, Req("a", [1, 2, 3]))[0].get_block_ids() == ([0], [1])
+    assert kv.usage == 0.5  # every block counts
+    kv, mgr = make([full_attention(), sliding_window(16)], 5)
+    assert admit(kv, Req("a", [1, 2, 3]))[0].get_block_ids() == ([1], [2])
+    assert mgr.null_block_id == 0 and kv.usage == 0.5  # of 4 usable blocks
+
+
+def test_difference_2_windows_move_only_when_known_tokens_are_scheduled():
+    kv, mgr = make([full_attention(), sliding_window(4)], 9, bs=2)
+    a = Req("a", list(range(1, 8)))  # 4 blocks a group: all 8 usable
+    admit(kv, a)
+    # at 7 the window would release blocks 0, 1; the step needs 2 new blocks a group
+    # (4), the release returns 2: short, so nothing moves (vLLM releases all the same)
+    a.all_token_ids += [8, 9, 10, 11, 12]
+    assert kv.allocate_slots(a, 5) is None
+    assert kv.get_block_ids("a") == ([1, 2, 3, 4], [5, 6, 7, 8])
+    del a.all_token_ids[7:]
+    # asynchronous scheduling: the token at 7 is scheduled before it is known, so the
+    # call only reserves and releases nothing (vLLM: blocks 0, 1 at 7)
+    assert kv.allocate_slots(a, 1) == kv.empty_kv_cache_blocks
+    assert kv.get_block_ids("a") == ([1, 2, 3, 4], [5, 6, 7, 8])
+    # the next call, with the token at 7 known, schedules it and releases from 7 on
+    a.num_computed_tokens = 8
+    a.all_token_ids.append(8)
+    assert kv.allocate_slots(a, 1).get_block_ids() == ([6], [5])  # SW block 1 freed first
+    assert kv.get_block_ids("a") == ([1, 2, 3, 4, 6], [0, 0, 7, 8, 5])
+    mgr.check_invariants()
+
+
+def test_difference_3_full_sequence_must_fit_counts_every_group_whole():
+    kv, mgr = make([full_attention(), sliding_window(2)], 9, bs=2)
+    a = Req("a", list(range(1, 10)))  # 5 blocks a group for the whole prompt
+    blocks, hit = kv.get_computed_blocks(a)
+    assert kv.allocate_slots(a, 2, hit, blocks, full_sequence_must_fit=True) is None
+    assert mgr.num_free_blocks == 8
+    assert kv.allocate_slots(a, 2, hit, blocks).get_block_ids() == ([1], [2])
+    mgr.check_invariants()
+
+
+def test_difference_4_tokens_added_before_the_prompt_is_scheduled_raise():
+    kv, mgr = hybrid()
+    a = Req("a", COMMON + [3])
+    admit(kv, a, 20)  # a chunk of the prompt
+    a.all_token_ids.append(9)
+    before = state(kv, mgr, "a")
+    with pytest.raises(RequestError, match="before its prompt was fully scheduled"):
+        kv.allocate_slots(a, 40)
+    assert state(kv, mgr, "a") == before
+    del a.all_token_ids[-1]
+    assert kv.allocate_slots(a, 29).get_block_ids() == ([7, 8], [9, 10], [11, 12])
+    mgr.check_invariants()
+
+
+def test_difference_5_events_once_per_group_without_the_group_index():
+    kv, mgr = make([full_attention(), sliding_window(32), chunked_local(64)], 16)
+    admit(kv, Req("a", COMMON[:BS] + [1]))
+    events = kv.take_events()
+    assert [type(e) for e in events] == [VllmBlockStored] * 3
+    assert len({e.block_hashes[0] for e in events}) == 1
+    admit(kv, Req("b", COMMON[BS:2 * BS] + [1]))
+    assert [(type(e), e.group_idx) for e in mgr.take_events()] == [
+        (GroupBlockStored, 0), (GroupBlockStored, 1), (GroupBlockStored, 2)]
+
+
+def test_results_name_block_ids_per_group():
+    ids = GroupBlockIds(((1, 2), (0, 3)))
+    assert ids.get_block_ids() == ([1, 2], [0, 3])
+    assert ComputedBlocks(32, 2).get_block_ids() == ([], [])

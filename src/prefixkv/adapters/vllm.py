@@ -50,9 +50,9 @@ a request preempted in the step that scheduled them); vLLM keeps them findable.
 9. Rejected with PrefixKVError before any change: ``num_external_computed_tokens`` (KV
 connectors), ``delay_cache_blocks``, ``num_encoder_tokens``, ``reserved_blocks``
 other than their defaults, and unknown keywords. Not offered:
-``get_num_common_prefix_blocks``, EAGLE's shortened hits, several layer groups (use
-``prefixkv.groups.HybridKVCacheManager``, whose conformance with vLLM's hybrid
-coordinator and its differences are in tests/test_vllm_conformance_groups.py).
+``get_num_common_prefix_blocks``, EAGLE's shortened hits. Several layer groups:
+``prefixkv.adapters.vllm_hybrid.VllmHybridKVCacheManager`` (the same calls over a
+``prefixkv.groups.HybridKVCacheManager``, with its own differences listed there).
 10. Token ids must be ints in ``[0, 2**32)`` (below ``vocab_size`` if set): TokenError
 otherwise (vLLM hashes any int).
 """
@@ -103,7 +103,8 @@ class VllmKVCacheManager:
 
     @property
     def usage(self) -> float:
-        """Fraction of all ``num_blocks`` held by live requests (no null block)."""
+        """Fraction of the wrapped manager's usable blocks held by live requests (all
+        ``num_blocks`` here: there is no null block)."""
         return self.manager.usage
 
     def get_computed_blocks(self, request: VllmRequest) -> tuple[ComputedBlocks, int]:
