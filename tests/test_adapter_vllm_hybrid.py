@@ -241,6 +241,21 @@ def test_free_and_get_block_ids_accept_unknown_ids_and_stats_and_reset():
     mgr.check_invariants()
 
 
+def test_free_withdraws_blocks_scheduled_but_not_computed_in_every_group():
+    # the one-group adapter's difference 6: a request preempted in the step that
+    # scheduled its prompt computed none of it, so no group may serve it
+    kv, mgr = hybrid()
+    a = Req("a", COMMON + [3])
+    blocks, hit = kv.get_computed_blocks(a)
+    kv.allocate_slots(a, 49, hit, blocks)
+    kv.free(a)  # num_computed_tokens is still 0
+    assert kv.get_computed_blocks(Req("b", COMMON + [3]))[1] == 0
+    admit(kv, Req("c", COMMON + [3]))
+    kv.free(Req("c", COMMON + [3], num_computed_tokens=49))
+    assert kv.get_computed_blocks(Req("d", COMMON + [4]))[1] == 48
+    mgr.check_invariants()
+
+
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"bogus": 1}, PrefixKVError, "bogus=1 \\(unknown argument\\)"),
     ({"num_external_computed_tokens": 16}, PrefixKVError, "KV connectors"),
