@@ -21,10 +21,12 @@ attention only there is no null block and block 0 is real (vLLM's ids are ours +
 2. A window moves when ``allocate_slots`` schedules known tokens, at the first one of
 them: a call that returns None, or that only reserves slots for tokens not known yet
 (asynchronous scheduling, lookahead), releases nothing, and a release lags until the
-next call that schedules tokens. vLLM releases at ``num_computed_tokens`` in every call,
-also one that then returns None.
+next call that schedules tokens. vLLM releases in every call, at the tokens processed
+so far (``num_computed_tokens``, less those of steps in flight in its newest versions),
+also in one that then returns None for lack of blocks.
 3. ``full_sequence_must_fit`` asks for every group's blocks of the whole sequence and
-the lookahead, windows not deducted (a conservative gate).
+the lookahead, windows not deducted (a conservative gate; vLLM counts what each group
+would allocate).
 4. A running request whose ``all_token_ids`` grew before its prompt was fully scheduled
 raises RequestError before any change (the one-group adapter appends them; here their
 step would start past queries of the same step that still read the window).
