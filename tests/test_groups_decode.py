@@ -160,3 +160,38 @@ def test_reserve_typed_errors():
         m.reserve(["x"], 1)
     assert m.get_block_ids("a") == ((1,), (2,))
 
+
+
+def test_admission_reserves_lookahead_in_every_group_and_can_require_a_full_fit():
+    m = manager()                                       # 11 usable blocks
+    adm = m.add_request("a", list(range(1, 7)), num_lookahead_tokens=3)  # covers 0..8
+    assert adm.group_block_ids == ((1, 2, 3), (4, 5, 6))
+    assert m.append_tokens("a", [7, 8, 9]) == ((), ())  # into the reserved slots
+    m.check_invariants()
+    # the whole prompt (5 blocks a group) does not fit in the 5 free blocks: None
+    prompt = list(range(20, 39))
+    assert m.add_request("b", prompt, num_new_tokens=4, require_full_fit=True) is None
+    assert m.free_block_order() == [7, 8, 9, 10, 11] and m.stats.requests == 1
+    assert m.add_request("b", prompt, num_new_tokens=4).group_block_ids == ((7,), (8,))
+    m.check_invariants()
+
+
+def test_num_blocks_to_allocate_is_net_of_the_steps_release():
+    m = manager(num_blocks=9)
+    m.add_request("a", list(range(1, 17)))              # 16 tokens: 4 blocks a group
+    assert m.num_free_blocks == 0
+    assert m.num_blocks_to_allocate("a", 16) == 0
+    # a step at 16 reads 9..16: blocks 0, 1 of the window go back, 2 new blocks a group
+    assert m.num_blocks_to_allocate("a", 17) == 2 - 2
+    assert m.num_blocks_to_allocate("a", 21) == 4 - 2
+    assert m.append_tokens("a", [17]) == ((6,), (5,))   # fits through its own release
+    for bad in (-1, 1.5):
+        with pytest.raises(RequestError, match="num_slots"):
+            m.num_blocks_to_allocate("a", bad)
+    with pytest.raises(RequestError):
+        m.num_blocks_to_allocate("nobody", 4)
+    with pytest.raises(RequestError, match="num_lookahead_tokens"):
+        m.add_request("b", [1, 2], num_lookahead_tokens=-1)
+    with pytest.raises(RequestError, match="require_full_fit"):
+        m.add_request("b", [1, 2], require_full_fit=1)
+    m.check_invariants()

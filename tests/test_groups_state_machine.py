@@ -85,10 +85,11 @@ class HybridMachine(RuleBasedStateMachine):
 
     # ---- rules -------------------------------------------------------------------
 
-    def _admit(self, prompt, extra, chunk):
+    def _admit(self, prompt, extra, chunk, lookahead=0, full_fit=False):
         rid = self._new_id()
         before = self._snapshot()
-        adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
+        adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk,
+                                 num_lookahead_tokens=lookahead, require_full_fit=full_fit)
         if adm is None:
             assert self._snapshot() == before and self.m.take_kv_ops() == []
             return multiple()
@@ -97,13 +98,14 @@ class HybridMachine(RuleBasedStateMachine):
         self.tokens[rid] = list(prompt)
         self.extra[rid] = extra
         self.scheduled[rid] = adm.num_cached_tokens + adm.num_new_tokens
-        self.reserved[rid] = 0
+        self.reserved[rid] = self.scheduled[rid] + lookahead
         self._write(rid, adm.num_cached_tokens, self.scheduled[rid])
         return rid
 
-    @rule(target=live, prompt=prompts, extra=salts, chunk=st.none() | st.integers(1, 7))
-    def add(self, prompt, extra, chunk):
-        return self._admit(prompt, extra, chunk)
+    @rule(target=live, prompt=prompts, extra=salts, chunk=st.none() | st.integers(1, 7),
+          lookahead=st.integers(0, 5), full_fit=st.booleans())
+    def add(self, prompt, extra, chunk, lookahead, full_fit):
+        return self._admit(prompt, extra, chunk, lookahead, full_fit)
 
     @rule(target=live, pre=st.integers(0, len(PREFIXES) - 1), tail=st.integers(0, 9))
     def add_known_prefix(self, pre, tail):

@@ -40,9 +40,8 @@ asserted by a ``test_difference_<n>_*`` test here:
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
+from vllm_fakes import hidden
 
 from prefixkv.groups import (
     GroupAdmission, HybridKVCacheManager, chunked_local, full_attention, longest_hit,
@@ -55,21 +54,6 @@ COMMON = [i for i in range(3) for _ in range(BS)]  # three full blocks
 
 def manager(groups, num_blocks, bs=BS, **kw):
     return HybridKVCacheManager(groups, num_blocks, bs, hash_mode="sha256", **kw)
-
-
-@contextmanager
-def hidden(m, prompt, *where):
-    """``(group, block)`` entries of ``prompt``'s cached blocks made unfindable for the
-    duration (vLLM's test pops them from its hash map, then puts them back)."""
-    nodes = m._find(None, prompt, None, True)[1]
-    entries = m._index.entries
-    kept = [(g, nodes[j].pid, entries[g].pop(nodes[j].pid)) for g, j in where]
-    try:
-        yield
-    finally:
-        for g, pid, block in kept:
-            entries[g][pid] = block
-        m.check_invariants()
 
 
 def test_hybrid_model_block_ids_hits_and_partial_hits():

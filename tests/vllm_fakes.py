@@ -1,8 +1,9 @@
 """Stand-ins for the vLLM objects the adapter reads, and the calls of a vLLM scheduler,
-shared by tests/test_adapter_vllm.py and tests/test_vllm_conformance.py."""
+shared by the adapter and conformance tests."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from prefixkv import KVCacheManager
@@ -69,3 +70,18 @@ def live_hashes(events) -> set:
         else:
             live.difference_update(e.block_hashes)
     return live
+
+
+@contextmanager
+def hidden(m, prompt, *where):
+    """``(group, block)`` entries of ``prompt``'s cached blocks made unfindable for the
+    duration (vLLM's test pops them from its hash map, then puts them back)."""
+    nodes = m._find(None, prompt, None, True)[1]
+    entries = m._index.entries
+    kept = [(g, nodes[j].pid, entries[g].pop(nodes[j].pid)) for g, j in where]
+    try:
+        yield
+    finally:
+        for g, pid, block in kept:
+            entries[g][pid] = block
+        m.check_invariants()

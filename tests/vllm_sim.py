@@ -7,9 +7,12 @@ running request on shortage, as vLLM's scheduler does. ``num_computed_tokens`` a
 when a step is scheduled and falls back by the rejected drafts, as in vLLM.
 
 The runner writes, for every scheduled position, the token whose KV the slot now holds
-(``slot = block_id * block_size + offset``). ``check_hits`` verifies that every cache hit
-reads exactly the tokens of the request that hit it, and ``write`` that a block another
-live request holds is written only with that request's own tokens (same-step sharing).
+(``slot = block_id * block_size + offset``), in every layer group. ``check_reads``
+verifies that every key a scheduled step's queries read (a cache hit included; in a
+windowed group only the window's) holds exactly the request's own token, and ``write``
+that a block another live request holds is written only with that request's own tokens
+(same-step sharing). ``groups``: run a ``VllmHybridKVCacheManager`` over these layer
+groups instead of the one-group adapter.
 """
 
 from __future__ import annotations
@@ -18,12 +21,29 @@ import random
 
 from vllm_fakes import Req, make
 
+from prefixkv.adapters.vllm_hybrid import VllmHybridKVCacheManager
+from prefixkv.groups import CHUNKED, SLIDING, HybridKVCacheManager, full_attention
+
+
+def reads_from(spec, pos: int) -> int:
+    """The first key a query at ``pos`` reads (the attention's definition, apart from
+    ``GroupSpec.first_needed``, which the oracle must not share)."""
+    if spec.kind == SLIDING:
+        return max(0, pos - spec.tokens + 1)
+    return pos - pos % spec.tokens if spec.kind == CHUNKED else 0
+
 
 class Sim:
     def __init__(self, seed: int, *, num_blocks: int, block_size: int = 4, asynchronous: bool,
-                 drafts: int, lookahead: int, chunk: int = 7) -> None:
+                 drafts: int, lookahead: int, chunk: int = 7, groups=None) -> None:
         self.rng = random.Random(seed)
-        self.kv, self.mgr = make(num_blocks, block_size)
+        if groups is None:
+            self.kv, self.mgr = make(num_blocks, block_size)
+            self.specs, self.null = [full_attention()], None
+        else:
+            self.mgr = HybridKVCacheManager(groups, num_blocks, block_size, enable_events=True)
+            self.kv = VllmHybridKVCacheManager(self.mgr)
+            self.specs, self.null = list(groups), self.mgr.null_block_id
         self.bs, self.asynchronous, self.drafts, self.lookahead = block_size, asynchronous, drafts, lookahead
         self.chunk = chunk
         self.slots: dict[int, int] = {}  # slot -> token whose KV it holds
@@ -89,7 +109,9 @@ class Sim:
         self.pending.clear()
         for r, start, n in scheduled:
             self.write(r, start, n)
-        self.check_hits(admitted)
+        for r, start, n in scheduled:
+            self.check_reads(r, start, n)
+        self.hits += sum(hit for _, hit in admitted)
         for r, start, n in scheduled:
             self.sample(r, start + n)
         for r in [r for r in self.running if len(r.all_token_ids) >= self.goal[r.request_id]]:
@@ -99,24 +121,29 @@ class Sim:
         self.mgr.check_invariants()
 
     def write(self, r: Req, start: int, n: int) -> None:
-        table = self.kv.get_block_ids(r.request_id)[0]
         others = {b: (o, j) for o in self.running if o is not r
-                  for j, b in enumerate(self.kv.get_block_ids(o.request_id)[0])}
+                  for t in self.kv.get_block_ids(o.request_id)
+                  for j, b in enumerate(t) if b != self.null}
         tokens = list(r.all_token_ids) + self.spec[r.request_id]
-        for p in range(start, start + n):
-            block = table[p // self.bs]
-            if block in others:  # shared in the step that computes it: the same tokens
-                o, j = others[block]
-                assert j == p // self.bs and o.all_token_ids[p] == tokens[p], \
-                    f"{r.request_id} writes block {block} that {o.request_id} reads"
-            self.slots[block * self.bs + p % self.bs] = tokens[p]
+        for table in self.kv.get_block_ids(r.request_id):
+            for p in range(start, start + n):
+                block = table[p // self.bs]
+                assert block != self.null, f"{r.request_id} writes position {p} into the null block"
+                if block in others:  # shared in the step that computes it: the same tokens
+                    o, j = others[block]
+                    assert j == p // self.bs and o.all_token_ids[p] == tokens[p], \
+                        f"{r.request_id} writes block {block} that {o.request_id} reads"
+                self.slots[block * self.bs + p % self.bs] = tokens[p]
 
-    def check_hits(self, admitted: list[tuple[Req, int]]) -> None:
-        for r, hit in admitted:
-            table = self.kv.get_block_ids(r.request_id)[0]
-            held = [self.slots.get(table[p // self.bs] * self.bs + p % self.bs) for p in range(hit)]
-            assert held == list(r.all_token_ids[:hit]), f"{r.request_id} hit KV of other tokens"
-            self.hits += hit
+    def check_reads(self, r: Req, start: int, n: int) -> None:
+        """Every key the step's queries (positions ``start .. start+n-1``) read, in every
+        group, holds the request's token: a hit's, a computed one's, or this step's."""
+        tokens = list(r.all_token_ids) + self.spec[r.request_id]
+        for spec, table in zip(self.specs, self.kv.get_block_ids(r.request_id)):
+            first = reads_from(spec, start)
+            held = [self.slots.get(table[p // self.bs] * self.bs + p % self.bs)
+                    for p in range(first, start + n)]
+            assert held == tokens[first:start + n], f"{r.request_id} reads KV of other tokens"
 
     def sample(self, r: Req, end: int) -> None:
         """After the step ran: a token is sampled when the step reached the last

@@ -50,9 +50,9 @@ a request preempted in the step that scheduled them); vLLM keeps them findable.
 9. Rejected with PrefixKVError before any change: ``num_external_computed_tokens`` (KV
 connectors), ``delay_cache_blocks``, ``num_encoder_tokens``, ``reserved_blocks``
 other than their defaults, and unknown keywords. Not offered:
-``get_num_common_prefix_blocks``, EAGLE's shortened hits, several layer groups (use
-``prefixkv.groups.HybridKVCacheManager``, whose conformance with vLLM's hybrid
-coordinator and its differences are in tests/test_vllm_conformance_groups.py).
+``get_num_common_prefix_blocks``, EAGLE's shortened hits. Several layer groups:
+``prefixkv.adapters.vllm_hybrid.VllmHybridKVCacheManager`` (the same calls over a
+``prefixkv.groups.HybridKVCacheManager``, with its own differences listed there).
 10. Token ids must be ints in ``[0, 2**32)`` (below ``vocab_size`` if set): TokenError
 otherwise (vLLM hashes any int).
 """
@@ -68,7 +68,7 @@ from prefixkv.hashing import encode_tokens
 from prefixkv.stats import PrefixCacheStats
 
 from .vllm_events import to_vllm_events
-from .vllm_request import VllmRequest, extra_keys_of, reads_cache
+from .vllm_request import VllmRequest, extra_keys_of, reads_cache, reject_unsupported
 from .vllm_types import (
     BlockIds, ComputedBlocks, VllmAllBlocksCleared, VllmBlockRemoved, VllmBlockStored, VllmEvent,
     VllmPrefixCacheStats,
@@ -79,12 +79,6 @@ __all__ = [
     "VllmEvent", "VllmKVCacheManager", "VllmPrefixCacheStats", "VllmRequest", "extra_keys_of",
     "to_vllm_events",
 ]
-
-_REJECTED = (("num_external_computed_tokens", 0, "KV connectors"),
-             ("delay_cache_blocks", False, "delayed caching"),
-             ("num_encoder_tokens", 0, "encoder-decoder models"),
-             ("reserved_blocks", 0, "a reserved-block gate"))
-
 
 class VllmKVCacheManager:
     """vLLM v1 ``KVCacheManager`` methods over ``manager`` (see the module docstring).
@@ -97,7 +91,7 @@ class VllmKVCacheManager:
     def __init__(self, manager: KVCacheManager, *, log_stats: bool = True) -> None:
         self.manager = manager
         self.log_stats = log_stats
-        self.empty_kv_cache_blocks = BlockIds()
+        self.empty_kv_cache_blocks = self._wrap(self._none)
         self._blocks: dict[Hashable, int] = {}  # live request id -> blocks it holds
         self._uncounted = PrefixCacheStats()  # recorded by the core, not counted by vLLM
         self._reset = False
@@ -109,7 +103,8 @@ class VllmKVCacheManager:
 
     @property
     def usage(self) -> float:
-        """Fraction of all ``num_blocks`` held by live requests (no null block)."""
+        """Fraction of the wrapped manager's usable blocks held by live requests (all
+        ``num_blocks`` here: there is no null block)."""
         return self.manager.usage
 
     def get_computed_blocks(self, request: VllmRequest) -> tuple[ComputedBlocks, int]:
@@ -117,9 +112,9 @@ class VllmKVCacheManager:
         ``len(all_token_ids) - 1`` tokens, a multiple of block_size; 0 for a request
         that skips reading the cache. Changes nothing. Raises as ``KVCacheManager.lookup``."""
         if not reads_cache(request):
-            return ComputedBlocks(0), 0
+            return ComputedBlocks(0, len(self._none)), 0
         n = self.manager.lookup(request.all_token_ids, extra=extra_keys_of(request))
-        return ComputedBlocks(n), n
+        return ComputedBlocks(n, len(self._none)), n
 
     def allocate_slots(self, request: VllmRequest, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
@@ -139,13 +134,9 @@ class VllmKVCacheManager:
         (difference 1); TokenError, ExtraKeysError as ``KVCacheManager.add_request``."""
         if (unknown or num_external_computed_tokens or delay_cache_blocks or num_encoder_tokens
                 or reserved_blocks):
-            given = {"num_external_computed_tokens": num_external_computed_tokens,
-                     "delay_cache_blocks": delay_cache_blocks,
-                     "num_encoder_tokens": num_encoder_tokens, "reserved_blocks": reserved_blocks}
-            bad = [f"{k}={given[k]!r} ({why})" for k, default, why in _REJECTED if given[k] != default]
-            raise PrefixKVError(
-                "allocate_slots: not supported by prefixkv: "
-                + ", ".join(bad + [f"{k}={v!r} (unknown argument)" for k, v in unknown.items()]))
+            reject_unsupported(unknown, num_external_computed_tokens=num_external_computed_tokens,
+                               delay_cache_blocks=delay_cache_blocks,
+                               num_encoder_tokens=num_encoder_tokens, reserved_blocks=reserved_blocks)
         if (type(num_new_tokens) is not int or num_new_tokens < 1
                 or type(num_lookahead_tokens) is not int or num_lookahead_tokens):
             check_count("num_new_tokens", num_new_tokens, 1, None)
@@ -184,9 +175,9 @@ class VllmKVCacheManager:
             raise RequestError(
                 f"request {rid!r}: the cache now holds {hit} of its tokens, not the "
                 f"{expected_hit} get_computed_blocks reported; call it again")
-        ids = adm.block_ids
-        self._blocks[rid] = len(ids)
-        return BlockIds(ids[hit // self.block_size:])
+        ids = self._per_group(adm)
+        self._blocks[rid] = len(ids[0])
+        return self._wrap(tuple(t[hit // self.block_size:] for t in ids))
 
     def _grow(self, request: VllmRequest, nblocks: int, num_new_tokens: int, lookahead: int,
               full_fit: bool) -> BlockIds | None:
@@ -203,26 +194,53 @@ class VllmKVCacheManager:
             raise RequestError(f"request {rid!r} has {len(tokens)} tokens, fewer than the "
                                f"{held} the manager holds")
         known, slots = min(target, len(tokens)), target + lookahead
-        need = -(-slots // bs) - nblocks  # growth takes fresh blocks only: exact
+        if known > held and scheduled < held:  # the rest of the prompt first
+            self._check_mid_prefill(rid)
+        need = self._need(rid, slots, nblocks, known > scheduled)
         if full_fit:
-            need = max(need, -(-(len(tokens) + lookahead) // bs) - nblocks)
+            need = max(need, self._need(rid, len(tokens) + lookahead, nblocks, False))
         if need > mgr.num_free_blocks:
             return None
-        new: tuple[int, ...] = ()
+        new = self._none
         if known > held:
             fresh = tokens[held:known]
-            if scheduled < held:  # the rest of the prompt first
+            if scheduled < held:
                 encode_tokens(fresh, mgr.vocab_size)  # a TokenError before any change
-                new = _taken(mgr.extend(rid, held - scheduled))
-            new += _taken(mgr.append_tokens(rid, fresh))
+                new = self._taken(mgr.extend(rid, held - scheduled))
+            new = _cat(new, self._taken(mgr.append_tokens(rid, fresh)))
             scheduled = known
         elif known > scheduled:
-            new = _taken(mgr.extend(rid, known - scheduled))
+            new = self._taken(mgr.extend(rid, known - scheduled))
             scheduled = known
         if slots > scheduled:
-            new += _taken(mgr.reserve(rid, slots - scheduled))
-        self._blocks[rid] = nblocks + len(new)
-        return BlockIds(new) if new else self.empty_kv_cache_blocks
+            new = _cat(new, self._taken(mgr.reserve(rid, slots - scheduled)))
+        self._blocks[rid] = nblocks + len(new[0])
+        return self._wrap(new) if new[0] else self.empty_kv_cache_blocks
+
+    # ---- the shape of one group; VllmHybridKVCacheManager has one per layer group -----
+
+    _none: tuple[tuple[int, ...], ...] = ((),)
+
+    def _per_group(self, adm: Any) -> tuple[tuple[int, ...], ...]:
+        return (adm.block_ids,)
+
+    def _ids_of(self, rid: Hashable) -> tuple[tuple[int, ...], ...]:
+        return (self.manager.get_block_ids(rid),)
+
+    def _wrap(self, ids: tuple[tuple[int, ...], ...]) -> Any:
+        return BlockIds(ids[0])
+
+    def _taken(self, new: Any) -> tuple[tuple[int, ...], ...]:
+        assert new is not None, "growth was short of blocks after the pool was checked"
+        return (new,)
+
+    def _need(self, rid: Hashable, slots: int, nblocks: int, schedules: bool) -> int:
+        """Free blocks that covering ``slots`` positions takes (growth takes fresh
+        blocks only: exact)."""
+        return -(-slots // self.block_size) - nblocks
+
+    def _check_mid_prefill(self, rid: Hashable) -> None:
+        """Tokens may be appended before the prompt is fully scheduled."""
 
     def free(self, request: VllmRequest) -> None:
         """Release the request's blocks (tail first), withdrawing the full blocks past
@@ -236,11 +254,11 @@ class VllmKVCacheManager:
         del self._blocks[rid]
         self.manager.free(rid, num_computed_tokens=min(computed, scheduled))
 
-    def get_block_ids(self, request_id: Hashable) -> tuple[list[int]]:
+    def get_block_ids(self, request_id: Hashable) -> tuple[list[int], ...]:
         """``([block ids in token order],)``; ``([],)`` for a request holding no blocks."""
         if self._held(request_id) is None:
-            return ([],)
-        return (list(self.manager.get_block_ids(request_id)),)
+            return tuple([] for _ in self._none)
+        return tuple(map(list, self._ids_of(request_id)))
 
     def make_prefix_cache_stats(self) -> VllmPrefixCacheStats | None:
         """Stats since the previous call (get-and-reset), or None without ``log_stats``."""
@@ -273,6 +291,6 @@ class VllmKVCacheManager:
             return None
 
 
-def _taken(new: tuple[int, ...] | None) -> tuple[int, ...]:
-    assert new is not None, "growth was short of blocks after the pool was checked"
-    return new
+def _cat(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """Block ids per group, ``b``'s after ``a``'s."""
+    return tuple(x + y for x, y in zip(a, b))

@@ -14,10 +14,15 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
-from prefixkv.errors import RequestError, check_flag
+from prefixkv.errors import PrefixKVError, RequestError, check_flag
 from prefixkv.extra_keys import ExtraKeys, MultiModalInput
 
-__all__ = ["VllmRequest", "extra_keys_of", "reads_cache"]
+__all__ = ["VllmRequest", "extra_keys_of", "reads_cache", "reject_unsupported"]
+
+_REJECTED = (("num_external_computed_tokens", 0, "KV connectors"),
+             ("delay_cache_blocks", False, "delayed caching"),
+             ("num_encoder_tokens", 0, "encoder-decoder models"),
+             ("reserved_blocks", 0, "a reserved-block gate"))
 
 
 class VllmRequest(Protocol):
@@ -53,3 +58,13 @@ def reads_cache(request: Any) -> bool:
     RequestError when the attribute is set to something other than a bool."""
     skip = getattr(request, "skip_reading_prefix_cache", False)
     return not check_flag("skip_reading_prefix_cache", skip, RequestError)
+
+
+def reject_unsupported(unknown: dict[str, Any], **given: Any) -> None:
+    """Raise PrefixKVError naming the ``allocate_slots`` arguments in ``given`` that
+    differ from vLLM's defaults (features prefixkv does not offer) and every keyword in
+    ``unknown``; return when there are none."""
+    bad = [f"{k}={given[k]!r} ({why})" for k, default, why in _REJECTED if given[k] != default]
+    bad += [f"{k}={v!r} (unknown argument)" for k, v in unknown.items()]
+    if bad:
+        raise PrefixKVError("allocate_slots: not supported by prefixkv: " + ", ".join(bad))

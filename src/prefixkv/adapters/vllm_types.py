@@ -19,15 +19,29 @@ class BlockIds:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupBlockIds:
+    """Blocks handed back by ``VllmHybridKVCacheManager.allocate_slots``: the newly
+    allocated ones, ``block_ids[g]`` in token order for layer group ``g``."""
+
+    block_ids: tuple[tuple[int, ...], ...]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        """vLLM's shape: one list per KV-cache group, in group order."""
+        return tuple(map(list, self.block_ids))
+
+
+@dataclass(frozen=True, slots=True)
 class ComputedBlocks:
     """What ``get_computed_blocks`` found: ``num_tokens`` cached prompt tokens. It names
     no block ids (difference 1 in the module docstring)."""
 
     num_tokens: int = 0
+    num_groups: int = 1
 
-    def get_block_ids(self) -> tuple[list[int]]:
-        """Always ``([],)``: the hit's block ids are known only after ``allocate_slots``."""
-        return ([],)
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        """An empty list per group (``([],)`` for one group): the hit's block ids are
+        known only after ``allocate_slots``."""
+        return tuple([] for _ in range(self.num_groups))
 
 
 @dataclass(slots=True)

@@ -85,12 +85,14 @@ class GroupAdmitter:
     def add_request(
         self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
         extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
-        read_cache: bool = True,
+        read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
     ) -> GroupAdmission | None:
         """Admit a request: find the longest cached prefix every group can serve, take
         references on the blocks each group needs of it, allocate every group's blocks
         for the tokens scheduled now and record the full ones. Arguments as
-        ``KVCacheManager.add_request``.
+        ``KVCacheManager.add_request`` (``num_lookahead_tokens`` slots are reserved in
+        every group; ``require_full_fit`` asks for every group's blocks of the whole
+        prompt and the lookahead, windows not deducted).
 
         Returns the GroupAdmission, or None when the pool is short of blocks (nothing
         changed). Raises RequestError (id in use or unhashable, a count or flag out of
@@ -100,7 +102,9 @@ class GroupAdmitter:
         check_new_request(self._requests, request_id)
         if num_new_tokens is not None:
             check_count("num_new_tokens", num_new_tokens, 1, None)
+        check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
         check_flag("resumed", resumed, RequestError)
+        check_flag("require_full_fit", require_full_fit, RequestError)
         req, nodes = self._find(request_id, prompt_token_ids, extra,
                                 check_flag("read_cache", read_cache, RequestError))
         n, bs, k = len(req.tokens), self.block_size, len(nodes)
@@ -111,8 +115,9 @@ class GroupAdmitter:
         find = self._index.find
         hits = [[find(g, nodes[j]) for j in range(cuts[g], k)] for g in range(len(self.groups))]
         held: list[Block] = [b for h in hits for b in h]  # type: ignore[misc]
-        per_group = blocks_for(total, bs) - k
-        if not self._pool.can_acquire(held, per_group * len(self.groups)):
+        per_group = blocks_for(total + num_lookahead_tokens, bs) - k
+        fit = blocks_for(n + num_lookahead_tokens, bs) - k if require_full_fit else per_group
+        if not self._pool.can_acquire(held, max(per_group, fit) * len(self.groups)):
             return None
         last = total // bs
         prepared = self._prepare(req, k, last, nodes[-1] if nodes else None) if last > k else None
@@ -128,6 +133,7 @@ class GroupAdmitter:
         self._table.hold(nodes[-1] if nodes else None)
         req.num_cached = req.step_start = num_cached
         req.num_scheduled = total
+        req.num_reserved = total + num_lookahead_tokens
         if prepared is not None:
             self._record(req, k, prepared)
         self._requests[request_id] = req

@@ -26,7 +26,8 @@ Growth = tuple[tuple[int, ...], ...]
 
 
 class GroupDecoder(GroupAdmitter):
-    """``extend``, ``append_tokens``, ``append_step``, ``reserve``; see
+    """``extend``, ``append_tokens``, ``append_step``, ``reserve``,
+    ``num_blocks_to_allocate``; see
     ``HybridKVCacheManager``."""
 
     # the core's checks of a step's requests (known, distinct, prefill done, lengths
@@ -112,6 +113,27 @@ class GroupDecoder(GroupAdmitter):
         req.num_reserved = max(req.num_reserved, covered)
         return added
 
+    def num_blocks_to_allocate(self, request_id: Hashable, num_slots: int) -> int:
+        """Free blocks that a step scheduling known tokens from ``num_scheduled_tokens``
+        on (``extend`` / ``append_tokens``), then covering ``num_slots`` positions in all
+        (``reserve``), takes from the pool, net of the blocks its window release returns
+        (0 when it needs none). Changes nothing. Raises RequestError (unknown id,
+        ``num_slots`` < 0)."""
+        req = self._get(request_id)
+        check_count("num_slots", num_slots, 0, None)
+        per_group = blocks_for(num_slots, self.block_size) - len(req.tables[0])
+        return max(0, per_group * len(self.groups) - self._going(req)[1])
+
+    def _going(self, req: GroupRequest) -> tuple[list | None, int]:
+        """The blocks each group releases when a step starts at ``num_scheduled`` (None
+        when none does), and how many of them return to the pool (held by no other)."""
+        start, bs = req.num_scheduled, self.block_size
+        if start < req.next_release:
+            return None, 0
+        going = [t[req.cut[g]:spec.num_unread(start, bs)]
+                 for g, (spec, t) in enumerate(zip(self.groups, req.tables))]
+        return going, sum(b.ref_cnt == 1 for part in going for b in part)  # type: ignore[union-attr]
+
     def _roomy(self, req: GroupRequest) -> bool:
         """Whether one more token at ``num_scheduled`` lands in a block the tables have,
         fills no block and moves no window past a block (it then only appends)."""
@@ -141,12 +163,7 @@ class GroupDecoder(GroupAdmitter):
         ``new_tokens`` and cover ``[0, total)`` in every group; None on shortage (nothing
         changed). ``prepared``: the full blocks' data when the caller computed it."""
         bs, start = self.block_size, req.num_scheduled
-        going = None
-        freed = 0
-        if start >= req.next_release:
-            going = [t[req.cut[g]:spec.num_unread(start, bs)]
-                     for g, (spec, t) in enumerate(zip(self.groups, req.tables))]
-            freed = sum(b.ref_cnt == 1 for part in going for b in part)  # type: ignore[union-attr]
+        going, freed = self._going(req)
         per_group = blocks_for(total, bs) - len(req.tables[0])
         if per_group * len(self.groups) > self._pool.num_free + freed:
             return None
