@@ -91,10 +91,12 @@ class ManagerMachine(RuleBasedStateMachine):
     def _admit(self, prompt, extra, chunk):
         rid = self._new_id()
         before = self._snapshot()
+        predicted = self.m.lookup(prompt, extra=extra)  # match; admission claims in one pass
         adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
         if adm is None:
             assert self._snapshot() == before and self.m.take_kv_ops() == []
             return None
+        assert adm.num_cached_tokens == predicted, (adm.num_cached_tokens, predicted)
         assert adm.num_cached_tokens % BS == 0 and adm.num_cached_tokens < len(prompt)
         assert len(adm.block_ids) == -(-(adm.num_cached_tokens + adm.num_new_tokens) // BS)
         self.tokens[rid] = list(prompt)
