@@ -121,7 +121,7 @@ class Admitter:
             pool.claimed(claimed)
         loads = [h for h in hits if type(h) is not Block] if self._host is not None and claimed is None else ()
         held = [h for h in hits if type(h) is Block] if loads else hits
-        need = -(-(total + num_lookahead_tokens) // bs) - len(held)  # blocks_for, inlined
+        need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
         fit = blocks_for(n + num_lookahead_tokens, bs) - len(held) if require_full_fit else need
         if not (max(need, fit) <= pool.num_free if claimed is not None
                 else pool.can_acquire(held, max(need, fit))):
@@ -164,12 +164,12 @@ class Admitter:
         content and state the loads: each of these once for all the admission's slots."""
         host = self._host
         first = hits[:len(held)] == held  # the device hits come first (the common case)
-        slots = hits[len(held):] if first else [h for h in hits if type(h) is not Block]
-        if type(hits[-1]) is Fetched:  # fetched blocks end the hits
-            host.hold([h for h in slots if type(h) is HostSlot])  # type: ignore[union-attr]
+        fetched = type(hits[-1]) is Fetched  # fetched blocks end the hits
+        if fetched:  # pin the slots found, then put the fetched blocks in (pinned) slots
+            host.hold([h for h in hits if type(h) is HostSlot])  # type: ignore[union-attr]
             self._fill(req, hits)
-            slots = hits[len(held):] if first else [h for h in hits if type(h) is not Block]
-        else:
+        slots = hits[len(held):] if first else [h for h in hits if type(h) is not Block]
+        if not fetched:
             host.hold(slots)  # type: ignore[union-attr]
         taken = self._pool.acquire(held, need)  # held, then the fresh blocks
         if first:  # the fresh blocks follow the device hits, in the order of the slots

@@ -67,9 +67,11 @@ class Decoder(Admitter):
             return self._append_at_edge(req, new[0])
         return self._grow(req, total, new)
 
-    def _append_at_edge(self, req: Request, token: int) -> tuple[int, ...] | None:
-        """Append one token that opens a block (which the pool must give) or fills one
-        (which is recorded), as ``append_step`` does for each request."""
+    def _append_at_edge(self, req: Request, token: int, prepared: object = None) -> tuple[int, ...] | None:
+        """Append one token that opens a block (which the pool must give: None when it
+        cannot, nothing changed) or fills one (recorded: from ``prepared``, made before
+        any change when a hash_mode callable may fail, else here). Returns the ids of
+        the blocks added."""
         n, bs = req.num_scheduled, self.block_size
         added = _NO_BLOCKS
         if not n % bs and n >= len(req.blocks) * bs:
@@ -81,7 +83,10 @@ class Decoder(Admitter):
         req.tokens.append(token)
         req.num_scheduled = n + 1
         if n % bs == bs - 1:
-            self._index.store_filled(req, n // bs)
+            if prepared is None:
+                self._index.store_filled(req, n // bs)
+            else:
+                self._index.store(req, n // bs, prepared)
         return added
 
     def append_step(self, request_ids: Sequence[Hashable], token_ids: Sequence[int]) -> DecodeStep:
@@ -93,9 +98,10 @@ class Decoder(Admitter):
         prefill not fully scheduled), TokenError (bad ids)."""
         reqs = self._step_requests(request_ids, token_ids)
         new = self._encode(token_ids)
-        bs, pool, index = self.block_size, self._pool, self._index
+        bs = self.block_size
         last = bs - 1
-        fills = self._prepare_fills(reqs, new) if index.hash_may_fail else None
+        fills = self._prepare_fills(reqs, new) if self._index.hash_may_fail else {}
+        edge = self._append_at_edge
         grown: list[tuple[Hashable, tuple[int, ...]]] = []
         short: list[Hashable] = []
         for req, t in zip(reqs, new):
@@ -105,24 +111,11 @@ class Decoder(Admitter):
                 req.tokens.append(t)
                 req.num_scheduled = n + 1
                 continue
-            if not r and n >= len(req.blocks) * bs:  # the token opens a new block
-                if not pool.num_free:
-                    short.append(req.request_id)
-                    continue
-                b = pool.take_one()
-                req.blocks.append(b)
-                grown.append((req.request_id, (b.block_id,)))
-            if r != last:
-                req.tokens.append(t)
-                req.num_scheduled = n + 1
-                continue
-            # the token fills its block: record the content
-            req.tokens.append(t)
-            req.num_scheduled = n + 1
-            if fills is None:
-                index.store_filled(req, n // bs)
-            else:  # prepared before any change: a hash_mode callable may fail
-                index.store(req, n // bs, fills[id(req)])
+            added = edge(req, t, fills.get(id(req)) if fills else None)  # 1 token in 16
+            if added is None:
+                short.append(req.request_id)
+            elif added:
+                grown.append((req.request_id, added))
         if not grown and not short:
             return _NOTHING_GREW
         return DecodeStep(tuple(grown), tuple(short))
