@@ -32,6 +32,8 @@ class Block:
     that step's forward pass, so it may be copied elsewhere only in a later step).
     ``child``: the block last recorded with this block's content as its parent: a
     guess the index tries before a dict probe, verified like any hit (may be stale).
+    ``chained``: the index finds this block only as its parent's ``child``, not in its
+    dicts (see ``ContentIndex``).
     ``prev``/``next``: links of the free queue's cached tier (intrusive list).
     """
 
@@ -46,12 +48,14 @@ class Block:
     event: object = None
     step: int = 0
     child: Block | None = None
+    chained: bool = False
     prev: Block | None = None
     next: Block | None = None
 
     def clear_content(self) -> None:
         self.key = None
         self.twin = False
+        self.chained = False
 
     def __repr__(self) -> str:
         return (f"Block(id={self.block_id}, ref={self.ref_cnt}, content={self.content_id}"
