@@ -10,6 +10,12 @@ accidental or crafted, cannot make a hit. The rare content whose token bytes are
 taken by another content (the same block of text after a different prefix or with
 other extra keys) is keyed by the whole triple in ``by_key``, probed only on a mismatch.
 
+Most contents are in neither dict: a new content under a parent whose content has no
+other child is *chained*, found only as the parent's ``child`` (tried before any probe and
+verified the same way), so storing and evicting a chain's blocks touches no dict. A
+displaced chained sibling, a first block, a content with spares and its children are
+keyed. With a tier below nothing is chained (its walk probes the dicts).
+
 The chain hash is the identity outside the process (events, tiers, stores). It is
 computed only for blocks newly stored, and only when someone needs it (``hashing``):
 
