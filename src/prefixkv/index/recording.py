@@ -66,15 +66,26 @@ class ContentRecorder:
         extra = req.keys.base if mm is None or j >= len(mm) else mm[j]
         parent = req.blocks[j - 1] if j else None
         if (self.hashing or self._by_key or self._lower is not None or parent is None
-                or not self._may_chain(parent)):
+                or parent.key is None or parent.twin
+                or (self._twins and parent.content_id in self._twins)):  # see _may_chain
             self.store(req, j, self._hashed(parent, [chunk], [extra]))
             return
         cid = parent.content_id
-        if self._held(parent, cid, chunk, extra) is not None:  # equal content: a spare
+        c = parent.child
+        if c is not None and c.parent_cid == cid and c.key is not None:  # a child of its
+            if c.key == chunk and c.extra == extra:  # content: equal content is held
+                self.store(req, j, ([chunk], [extra], None))
+                return
+            if c.chained:  # displaced: keyed in the dicts
+                self._enter(c)
+        c = self._by_chunk.get(chunk)
+        if c is not None and c.parent_cid == cid and c.extra == extra:  # held, keyed
             self.store(req, j, ([chunk], [extra], None))
             return
         b = req.blocks[j]
-        self._chain(parent, b, chunk)
+        parent.child = b
+        b.key, b.chained = chunk, True
+        self._num_chained += 1
         b.parent_cid, b.extra, b.step = cid, extra, self.step
         b.content_id = self._next_id
         self._next_id += 1
