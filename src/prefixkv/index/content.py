@@ -96,7 +96,7 @@ class ContentIndex(ContentRecorder):
             if mm is not None:
                 extra = mm[i] if i < len(mm) else base
             c = b.child
-            if c is None or c.key != chunk or c.parent_cid != cid or c.extra != extra or c.twin:
+            if c.key != chunk or c.parent_cid != cid or c.extra != extra or c.twin:
                 c = get(chunk)
                 if c is None or c.parent_cid != cid or c.extra != extra:
                     c = by_key.get((cid, chunk, extra)) if by_key else None
@@ -125,16 +125,17 @@ class ContentIndex(ContentRecorder):
         for chunk in chunks:
             # the parent's last child first: a verified guess saves hashing the chunk
             b = b.child
-            if b is None or b.key != chunk or b.parent_cid != cid or b.extra != base or b.twin:
+            if b.key != chunk or b.parent_cid != cid or b.extra != base or b.twin:
                 b = get(chunk)
                 if b is None or b.parent_cid != cid or b.extra != base:
                     break
-            if not b.ref_cnt:
+            r = b.ref_cnt
+            if not r:
                 prev, nxt = b.prev, b.next
                 prev.next = nxt  # type: ignore[union-attr]
                 nxt.prev = prev  # type: ignore[union-attr]
                 unlinked += 1
-            b.ref_cnt += 1
+            b.ref_cnt = r + 1
             append(b)
             cid = b.content_id
         return hits, unlinked

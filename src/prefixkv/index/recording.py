@@ -10,7 +10,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..core.block import Block
+from ..core.block import NO_CHILD, Block
 from ..core.request import Request
 from ..events import DEVICE, BlockStored
 from ..hashing import block_chunks, token_bytes
@@ -72,7 +72,7 @@ class ContentRecorder:
             return
         cid = parent.content_id
         c = parent.child
-        if c is not None and c.parent_cid == cid and c.key is not None:  # a child of its
+        if c.parent_cid == cid and c.key is not None:  # a child of its
             if c.key == chunk and c.extra == extra:  # content: equal content is held
                 self.store(req, j, ([chunk], [extra], None))
                 return
@@ -101,9 +101,8 @@ class ContentRecorder:
     def _held(self, parent: Block | None, cid: int, chunk: bytes, extra: bytes) -> Block | None:
         """The block found for content ``(cid, chunk, extra)``, if one holds it: the
         parent's chained child, or a dict entry. Changes nothing."""
-        c = parent.child if parent is not None else None
-        if c is not None and c.key == chunk and c.parent_cid == cid and c.extra == extra \
-                and not c.twin:
+        c = parent.child if parent is not None else NO_CHILD
+        if c.key == chunk and c.parent_cid == cid and c.extra == extra and not c.twin:
             return c
         c = self._by_chunk.get(chunk)
         if c is not None and c.parent_cid == cid and c.extra == extra:
@@ -115,7 +114,7 @@ class ContentRecorder:
         child, found through that link alone; a chained child it displaces goes into the
         dicts (``_enter``)."""
         c = parent.child
-        if c is not None and c.chained and c.parent_cid == parent.content_id:
+        if c.chained and c.parent_cid == parent.content_id:
             self._enter(c)
         parent.child = b
         b.key = chunk
@@ -237,7 +236,7 @@ class ContentRecorder:
         """Equal content is already held by ``held``: ``b`` becomes its spare. A content
         with spares is keyed in the dicts, and so are its children (see ``_may_chain``)."""
         c = held.child
-        if c is not None and c.chained and c.parent_cid == held.content_id:
+        if c.chained and c.parent_cid == held.content_id:
             self._enter(c)
         if held.chained:
             self._enter(held)
