@@ -305,6 +305,13 @@ class ParentBlindManagerMachine(ManagerMachine):
     exact_hash = False
 
 
+class FastPathManagerMachine(ManagerMachine):
+    """No events and no tier: the index's fast paths (chained blocks stored and evicted
+    without dict writes, decode blocks recorded by ``store_filled``, evictions in batches)."""
+
+    events = False
+
+
 class HostTierManagerMachine(ManagerMachine):
     """With a host tier of 6 slots: evictions offload, admissions load; the simulated
     store runs each step's plan before the step's writes."""
@@ -327,6 +334,8 @@ TestCollidingManagerMachine = CollidingManagerMachine.TestCase
 TestCollidingManagerMachine.settings = SETTINGS
 TestParentBlindManagerMachine = ParentBlindManagerMachine.TestCase
 TestParentBlindManagerMachine.settings = SETTINGS
+TestFastPathManagerMachine = FastPathManagerMachine.TestCase
+TestFastPathManagerMachine.settings = SETTINGS
 TestHostTierManagerMachine = HostTierManagerMachine.TestCase
 TestHostTierManagerMachine.settings = SETTINGS
 TestHostTierFastPathManagerMachine = HostTierFastPathManagerMachine.TestCase

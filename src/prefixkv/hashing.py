@@ -47,7 +47,8 @@ def encode_tokens(token_ids: Sequence[int], vocab_size: int | None = None) -> ar
         if t is list:
             arr = array(_TYPECODE)
             arr.fromlist(token_ids)  # faster than array(typecode, list)
-            _no_bools(token_ids, arr)
+            if arr and (type(token_ids[0]) is bool or type(token_ids[-1]) is bool):
+                raise TypeError("token ids are bools, not ints")  # (as _no_bools, inlined)
         elif t is array:
             if token_ids.typecode in "fdu" or token_ids.typecode == "w":
                 raise TypeError(f"an array of typecode {token_ids.typecode!r}")

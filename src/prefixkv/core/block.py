@@ -12,6 +12,19 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+class _NoChild:
+    """The ``child`` of a block without one: fails every check a guess must pass."""
+
+    __slots__ = ()
+    key = None
+    chained = twin = False
+    parent_cid = content_id = -1
+    extra = None
+
+
+NO_CHILD = _NoChild()
+
+
 @dataclass(slots=True, eq=False)
 class Block:
     """One physical KV block.
@@ -31,7 +44,10 @@ class Block:
     ``step``: the manager's step in which the content was recorded (its KV is computed by
     that step's forward pass, so it may be copied elsewhere only in a later step).
     ``child``: the block last recorded with this block's content as its parent: a
-    guess the index tries before a dict probe, verified like any hit (may be stale).
+    guess the index tries before a dict probe, verified like any hit (may be stale);
+    ``NO_CHILD`` (which fails every check) until one is.
+    ``chained``: the index finds this block only as its parent's ``child``, not in its
+    dicts (see ``ContentIndex``).
     ``prev``/``next``: links of the free queue's cached tier (intrusive list).
     """
 
@@ -45,13 +61,15 @@ class Block:
     hash: bytes | None = None
     event: object = None
     step: int = 0
-    child: Block | None = None
+    child: Block | _NoChild = NO_CHILD
+    chained: bool = False
     prev: Block | None = None
     next: Block | None = None
 
     def clear_content(self) -> None:
         self.key = None
         self.twin = False
+        self.chained = False
 
     def __repr__(self) -> str:
         return (f"Block(id={self.block_id}, ref={self.ref_cnt}, content={self.content_id}"

@@ -20,6 +20,7 @@ from .request import Request
 
 _NO_BLOCKS: tuple[int, ...] = ()
 _NOTHING_GREW = DecodeStep((), ())
+_NO_FILLS: dict[int, object] = {}  # a step with no hash_mode callable prepares nothing (never written)
 _ID = attrgetter("block_id")
 _SCHEDULED = attrgetter("num_scheduled")
 _TOKENS = attrgetter("tokens")
@@ -100,7 +101,7 @@ class Decoder(Admitter):
         new = self._encode(token_ids)
         bs = self.block_size
         last = bs - 1
-        fills = self._prepare_fills(reqs, new) if self._index.hash_may_fail else {}
+        fills = self._prepare_fills(reqs, new) if self._index.hash_may_fail else _NO_FILLS
         edge = self._append_at_edge
         grown: list[tuple[Hashable, tuple[int, ...]]] = []
         short: list[Hashable] = []

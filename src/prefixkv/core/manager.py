@@ -189,7 +189,7 @@ class KVCacheManager(Decoder):
         out = self._events.take()
         if out is None:
             host = self._host.snapshot() if self._host is not None else []
-            return [AllBlocksCleared(), *self._index.snapshot(), *host]
+            return [AllBlocksCleared(), *self._index.snapshot(self._pool.blocks), *host]
         return out
 
     def take_kv_ops(self) -> list[KVOp]:

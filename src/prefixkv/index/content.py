@@ -10,6 +10,12 @@ accidental or crafted, cannot make a hit. The rare content whose token bytes are
 taken by another content (the same block of text after a different prefix or with
 other extra keys) is keyed by the whole triple in ``by_key``, probed only on a mismatch.
 
+Most contents are in neither dict: a new content under a parent whose content has no
+other child is *chained*, found only as the parent's ``child`` (tried before any probe and
+verified the same way), so storing and evicting a chain's blocks touches no dict. A
+displaced chained sibling, a first block, a content with spares and its children are
+keyed. With a tier below nothing is chained (its walk probes the dicts).
+
 The chain hash is the identity outside the process (events, tiers, stores). It is
 computed only for blocks newly stored, and only when someone needs it (``hashing``):
 
@@ -44,9 +50,11 @@ class ContentIndex(ContentRecorder):
     evicted content and continues a chain past the device's misses (``HostTier``)."""
 
     def __len__(self) -> int:
-        return len(self._by_chunk) + len(self._by_key)
+        return len(self._by_chunk) + len(self._by_key) + self._num_chained
 
     def match(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> list[Block]:
+        if self._lower is None:
+            return self._walk(chunks, base, mm)
         hits: list[Block] = []
         cid = 0
         if mm is None and not self._by_key:  # the common case: probes mapped in C
@@ -77,6 +85,28 @@ class ContentIndex(ContentRecorder):
             cid = b.content_id
         return hits
 
+    def _walk(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> list[Block]:
+        """``match`` without a tier below: each block is its parent's chained child or
+        in the dicts, so the guess is tried first, as ``claim`` does."""
+        hits: list[Block] = []
+        append = hits.append
+        get, by_key = self._by_chunk.get, self._by_key
+        cid, extra, b = 0, base, _NO_PARENT
+        for i, chunk in enumerate(chunks):
+            if mm is not None:
+                extra = mm[i] if i < len(mm) else base
+            c = b.child
+            if c.key != chunk or c.parent_cid != cid or c.extra != extra or c.twin:
+                c = get(chunk)
+                if c is None or c.parent_cid != cid or c.extra != extra:
+                    c = by_key.get((cid, chunk, extra)) if by_key else None
+                    if c is None:
+                        break
+            append(c)
+            cid = c.content_id
+            b = c
+        return hits
+
     def claim(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> tuple[list[Block], int] | None:
         """``match`` that also takes a reference on each block found, in the same pass
         (a block with no reference leaves the pool's cached tier: its links are unlinked
@@ -95,16 +125,17 @@ class ContentIndex(ContentRecorder):
         for chunk in chunks:
             # the parent's last child first: a verified guess saves hashing the chunk
             b = b.child
-            if b is None or b.key != chunk or b.parent_cid != cid or b.extra != base or b.twin:
+            if b.key != chunk or b.parent_cid != cid or b.extra != base or b.twin:
                 b = get(chunk)
                 if b is None or b.parent_cid != cid or b.extra != base:
                     break
-            if not b.ref_cnt:
+            r = b.ref_cnt
+            if not r:
                 prev, nxt = b.prev, b.next
                 prev.next = nxt  # type: ignore[union-attr]
                 nxt.prev = prev  # type: ignore[union-attr]
                 unlinked += 1
-            b.ref_cnt += 1
+            b.ref_cnt = r + 1
             append(b)
             cid = b.content_id
         return hits, unlinked
@@ -120,9 +151,15 @@ class ContentIndex(ContentRecorder):
         by_chunk = self._by_chunk
         if self._lower is not None:  # each evicted content computed before this step goes down
             self._lower.demote(blocks, self.step)
-        for b in blocks:  # the common case, kept to one dict operation a block
-            del by_chunk[b.key]  # type: ignore[arg-type]
+        chained = 0
+        for b in blocks:  # the common case: a chained block leaves no dict entry
+            if b.chained:
+                b.chained = False
+                chained += 1
+            else:
+                del by_chunk[b.key]  # type: ignore[arg-type]
             b.key = None
+        self._num_chained -= chained
 
     def uncache(self, blocks: Sequence[Block]) -> None:
         """Make held ``blocks`` unfindable: their KV was never computed. A block that
@@ -153,14 +190,18 @@ class ContentIndex(ContentRecorder):
                 self._unlist(b)
             return
         home = self._home(b.key)  # type: ignore[arg-type]
-        if home.get(b.key) is not b:  # type: ignore[arg-type]
+        if b.chained:  # found through its parent alone (so no spare is held)
+            b.chained = False
+            self._num_chained -= 1
+        elif home.get(b.key) is not b:  # type: ignore[arg-type]
             return
-        if b.content_id in twins:
+        elif b.content_id in twins:
             heir = self._unlist(twins[b.content_id][-1])
             heir.twin = False
             home[b.key] = heir  # type: ignore[index]
             return
-        del home[b.key]  # type: ignore[arg-type]
+        else:
+            del home[b.key]  # type: ignore[arg-type]
         if self._sink.active:
             self._sink.append(BlockRemoved(b.hash, b.block_id))  # type: ignore[arg-type]
         if evicting and self._lower is not None:
@@ -180,8 +221,8 @@ class ContentIndex(ContentRecorder):
         block.twin = False
         return primary if primary is not None and primary.ref_cnt == 0 else None
 
-    def snapshot(self) -> list[Event]:
-        primaries = sorted([*self._by_chunk.values(), *self._by_key.values()],
+    def snapshot(self, blocks: Sequence[Block]) -> list[Event]:
+        primaries = sorted([b for b in blocks if b.key is not None and not b.twin],
                            key=lambda b: b.content_id)  # parents were stored first
         return [b.event if b.event.block_id == b.block_id else replace(b.event, block_id=b.block_id)
                 for b in primaries if b.event is not None]
@@ -190,9 +231,11 @@ class ContentIndex(ContentRecorder):
         self._by_chunk.clear()
         self._by_key.clear()
         self._twins.clear()
+        self._num_chained = 0
 
     def check(self, blocks: Sequence[Block]) -> str | None:
-        return check_index(self._by_chunk, self._by_key, self._twins, self.hashing, blocks)
+        return check_index(self._by_chunk, self._by_key, self._twins, self.hashing, blocks,
+                           self._num_chained)
 
     def check_request(self, req: Request, block_size: int) -> str | None:
         """The first full scheduled block of ``req`` whose content is not its own."""

@@ -16,32 +16,55 @@ def chunk_of(b: Block) -> bytes:
 
 
 def check_index(by_chunk: dict, by_key: dict, twins: dict, hashing: bool,
-                blocks: Sequence[Block]) -> str | None:
+                blocks: Sequence[Block], num_chained: int) -> str | None:
     """The first inconsistency between a ContentIndex's maps and ``blocks``, None when sound."""
-    primaries: dict[int, Block] = {}
+    keyed: dict[int, Block] = {}  # content id -> the block keyed in the dicts for it
     for home in (by_chunk, by_key):
         for key, b in home.items():
             chunk = key if home is by_chunk else key[1]
-            if b.key != key or b.twin or chunk_of(b) != chunk or not b.content_id:
+            if b.key != key or b.twin or b.chained or chunk_of(b) != chunk or not b.content_id:
                 return f"index entry for {b!r} does not match its content"
             if home is by_key and key != (b.parent_cid, chunk, b.extra):
                 return f"index entry for {b!r} is keyed by another content"
             if hashing and b.hash is None:
                 return f"block {b.block_id} is indexed without its chain hash"
-            primaries[b.content_id] = b
+            keyed[b.content_id] = b
     for cid, listed in twins.items():
         for t in listed:
-            p = primaries.get(cid)
+            p = keyed.get(cid)
             if p is None or not t.twin or not t.ref_cnt or t.key != p.key or \
                     t.parent_cid != p.parent_cid or t.extra != p.extra or t.content_id != cid:
                 return f"twin {t!r} is not a held spare of an indexed content"
+    found: dict[int, Block] = {}  # content id -> the block found for it (keyed or chained)
+    contents: set[tuple] = set()
+    chained = []
     for b in blocks:
         if b.key is None:
+            if b.chained:
+                return f"block {b.block_id} is chained without content"
             continue
-        if not b.twin and (by_chunk if type(b.key) is bytes else by_key).get(b.key) is not b:
+        if b.twin:
+            if not b.ref_cnt:
+                return f"spare block {b.block_id} is free but keeps its content"
+            continue
+        if b.chained:
+            if type(b.key) is not bytes or b.content_id in twins or b.parent_cid in twins or \
+                    by_chunk.get(b.key) is b:
+                return f"chained block {b.block_id} is keyed, or its content or parent has spares"
+            chained.append(b)
+        elif (by_chunk if type(b.key) is bytes else by_key).get(b.key) is not b:
             return f"block {b.block_id} has content but is neither indexed nor a twin"
-        if b.twin and not b.ref_cnt:
-            return f"spare block {b.block_id} is free but keeps its content"
+        content = (b.parent_cid, chunk_of(b), b.extra)
+        if content in contents or b.content_id in found:
+            return f"block {b.block_id} holds a content that another block is found for"
+        contents.add(content)
+        found[b.content_id] = b
+    if len(chained) != num_chained:
+        return f"{len(chained)} chained blocks, the index counts {num_chained}"
+    for b in chained:  # found through the block found for its parent's content, if any
+        p = found.get(b.parent_cid)
+        if p is not None and p.child is not b:
+            return f"chained block {b.block_id} is not its parent's child"
     return None
 
 def check_request(req: Request, block_size: int) -> str | None:

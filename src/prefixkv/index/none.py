@@ -45,7 +45,7 @@ class NoIndex:
     def release_spare(self, block: Block) -> Block | None:
         return None
 
-    def snapshot(self) -> list[Event]:
+    def snapshot(self, blocks: Sequence[Block]) -> list[Event]:
         return []
 
     def clear(self) -> None:

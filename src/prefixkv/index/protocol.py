@@ -62,8 +62,9 @@ class Index(Protocol):
         """Forget a spare whose last reference went; returns the block now holding that
         content if it sits free (its recency is refreshed by the caller)."""
 
-    def snapshot(self) -> list[Event]:
-        """One BlockStored per findable content, parents before children."""
+    def snapshot(self, blocks: Sequence[Block]) -> list[Event]:
+        """One BlockStored per content that a block of ``blocks`` (the pool's) holds, spares
+        aside, parents before children."""
 
     def clear(self) -> None:
         """Forget every content (the caller ensures no block is held)."""

@@ -10,7 +10,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..core.block import Block
+from ..core.block import NO_CHILD, Block
 from ..core.request import Request
 from ..events import DEVICE, BlockStored
 from ..hashing import block_chunks, token_bytes
@@ -27,6 +27,7 @@ class ContentRecorder:
         self._by_chunk: dict[bytes, Block] = {}
         self._by_key: dict[tuple, Block] = {}
         self._twins: dict[int, list[Block]] = {}  # content id -> held spares
+        self._num_chained = 0  # blocks found through their parent's ``child`` alone
         self._next_id = 1
         self._hasher = hasher
         self._sink = sink
@@ -56,29 +57,75 @@ class ContentRecorder:
 
     def store_filled(self, req: Request, j: int) -> None:
         """Record block ``j`` of ``req``, which the last token appended filled (decode).
-        In the common case (a new content, no hashes wanted, no overflow keys, no tier
-        below) one dict operation; else ``prepare`` and ``store``."""
+        In the common case (a new content under a parent that may take it as its chained
+        child, no hashes wanted, no overflow keys, no tier below) one probe and no dict
+        write; else ``store``."""
         bs = self._bs
         chunk = req.tokens[j * bs:(j + 1) * bs].tobytes()
         mm = req.keys.mm
         extra = req.keys.base if mm is None or j >= len(mm) else mm[j]
-        if self.hashing or self._by_key or self._lower is not None:
-            self.store(req, j, self._hashed(req.blocks[j - 1] if j else None, [chunk], [extra]))
+        parent = req.blocks[j - 1] if j else None
+        if (self.hashing or self._by_key or self._lower is not None or parent is None
+                or parent.key is None or parent.twin
+                or (self._twins and parent.content_id in self._twins)):  # see _may_chain
+            self.store(req, j, self._hashed(parent, [chunk], [extra]))
             return
-        b = req.blocks[j]
-        held = self._by_chunk.setdefault(chunk, b)
-        if held is not b:  # equal tokens are held already: the general path decides
+        cid = parent.content_id
+        c = parent.child
+        if c.parent_cid == cid and c.key is not None:  # a child of its
+            if c.key == chunk and c.extra == extra:  # content: equal content is held
+                self.store(req, j, ([chunk], [extra], None))
+                return
+            if c.chained:  # displaced: keyed in the dicts
+                self._enter(c)
+        c = self._by_chunk.get(chunk)
+        if c is not None and c.parent_cid == cid and c.extra == extra:  # held, keyed
             self.store(req, j, ([chunk], [extra], None))
             return
-        parent = req.blocks[j - 1] if j else None
-        if parent is not None:
-            parent.child = b
-            b.parent_cid = parent.content_id
-        else:
-            b.parent_cid = 0
-        b.extra, b.step, b.key = extra, self.step, chunk
+        b = req.blocks[j]
+        parent.child = b
+        b.key, b.chained = chunk, True
+        self._num_chained += 1
+        b.parent_cid, b.extra, b.step = cid, extra, self.step
         b.content_id = self._next_id
         self._next_id += 1
+
+    def _may_chain(self, parent: Block) -> bool:
+        """Whether a new content under ``parent`` may be found through ``parent.child``
+        alone: ``parent`` is the block found for its content (not a spare, not emptied),
+        no spare of that content is held (their children are keyed in the dicts, where a
+        spare's request finds them), and no tier below (whose walk probes the dicts)."""
+        return (self._lower is None and parent.key is not None and not parent.twin
+                and not (self._twins and parent.content_id in self._twins))
+
+    def _held(self, parent: Block | None, cid: int, chunk: bytes, extra: bytes) -> Block | None:
+        """The block found for content ``(cid, chunk, extra)``, if one holds it: the
+        parent's chained child, or a dict entry. Changes nothing."""
+        c = parent.child if parent is not None else NO_CHILD
+        if c.key == chunk and c.parent_cid == cid and c.extra == extra and not c.twin:
+            return c
+        c = self._by_chunk.get(chunk)
+        if c is not None and c.parent_cid == cid and c.extra == extra:
+            return c
+        return self._by_key.get((cid, chunk, extra)) if self._by_key else None
+
+    def _chain(self, parent: Block, b: Block, chunk: bytes) -> None:
+        """Record ``b`` (new content ``chunk`` under ``parent``) as ``parent``'s chained
+        child, found through that link alone; a chained child it displaces goes into the
+        dicts (``_enter``)."""
+        c = parent.child
+        if c.chained and c.parent_cid == parent.content_id:
+            self._enter(c)
+        parent.child = b
+        b.key = chunk
+        b.chained = True
+        self._num_chained += 1
+
+    def _enter(self, b: Block) -> None:
+        """Key chained block ``b`` in the dicts: by its token bytes, or by its triple when
+        those are another content's key."""
+        self._num_chained -= 1
+        self._key(b, b.key)  # type: ignore[arg-type]
 
     def _hashed(self, parent: Block | None, chunks: list[bytes], extras: list[bytes]) -> tuple:
         """``(chunks, extras, chain hashes or None)``: hashes only when consumed."""
@@ -89,35 +136,38 @@ class ContentRecorder:
 
     def store(self, req: Request, first: int, prepared: tuple) -> None:
         chunks, extras, hashes = prepared
-        setdefault = self._by_chunk.setdefault
         blocks = req.blocks
-        cid = blocks[first - 1].content_id if first else 0
-        nid = self._next_id
-        by_key, lower = self._by_key, self._lower
-        step = self.step
         parent = blocks[first - 1] if first else None
+        cid = parent.content_id if parent is not None else 0
+        nid = fresh = self._next_id  # ids from ``fresh`` on are minted by this call
+        chained = 0
+        lower, step = self._lower, self.step
         for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras):
             b.parent_cid = cid
             b.extra = extra
             b.step = step
-            held = setdefault(chunk, b)
-            if held is b:  # keyed by its tokens (the common case), unless one content, one
-                held = by_key.get((cid, chunk, extra)) if by_key else None  # entry: it may be
-                if held is not None:  # held under its triple (its tokens' key freed since)
-                    del self._by_chunk[chunk]
-                else:
+            if cid >= fresh:  # the parent's content is new: nothing is held under it yet
+                if lower is None:  # and its child slot is stale: b is its chained child
+                    parent.child = b  # type: ignore[union-attr]
                     b.key = chunk
-            elif held.parent_cid != cid or held.extra != extra:  # the tokens' key is taken
-                b.key = key = (cid, chunk, extra)
-                held = by_key.setdefault(key, b)
-                if held is b:
-                    held = None
-            if held is not None:  # equal content is held: b is its spare
-                cid = self._add_twin(b, held)
-                parent = held
-                continue
-            if parent is not None:  # the guess ``claim`` tries first after the parent
-                parent.child = b
+                    b.chained = True
+                    chained += 1
+                    b.content_id = cid = nid
+                    nid += 1
+                    parent = b
+                    continue
+            else:
+                held = self._held(parent, cid, chunk, extra)
+                if held is not None:  # equal content is held: b is its spare
+                    cid = self._add_twin(b, held)
+                    parent = held
+                    continue
+            if parent is not None and self._may_chain(parent):
+                self._chain(parent, b, chunk)
+            else:
+                self._key(b, chunk)
+                if parent is not None:  # the guess ``claim`` tries first after the parent
+                    parent.child = b
             parent = b
             # a new content; one content, one id: recomputed while a host slot keeps it,
             # it takes the slot's id, so the slot's children stay findable below it
@@ -127,11 +177,22 @@ class ContentRecorder:
                 nid += 1
             else:
                 b.content_id = cid = slot.content_id
+        self._num_chained += chained
         self._next_id = nid
         if hashes is not None:
             self._announce(req, first, hashes)
             if self.fresh is not None:
                 self._note_fresh(req, first, len(hashes))
+
+    def _key(self, b: Block, chunk: bytes) -> None:
+        """Key new content ``b`` in the dicts (by its token bytes, or by its triple when
+        those are another content's key)."""
+        b.chained = False
+        if self._by_chunk.setdefault(chunk, b) is b:
+            b.key = chunk
+        else:
+            b.key = key = (b.parent_cid, chunk, b.extra)
+            self._by_key[key] = b
 
     def _note_fresh(self, req: Request, first: int, count: int) -> None:
         """Remember the contents first recorded now, for the shared store's writes:
@@ -172,7 +233,13 @@ class ContentRecorder:
                 sink.append(ev)  # type: ignore[union-attr]
 
     def _add_twin(self, b: Block, held: Block) -> int:
-        """Equal content is already held by ``held``: ``b`` becomes its spare."""
+        """Equal content is already held by ``held``: ``b`` becomes its spare. A content
+        with spares is keyed in the dicts, and so are its children (see ``_may_chain``)."""
+        c = held.child
+        if c.chained and c.parent_cid == held.content_id:
+            self._enter(c)
+        if held.chained:
+            self._enter(held)
         b.key = held.key
         b.content_id = held.content_id
         b.twin = True

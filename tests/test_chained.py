@@ -1,0 +1,131 @@
+"""Chained blocks: a new content recorded only as its parent's ``child`` (no dict entry),
+and every case where a content must be keyed in the dicts instead: a first block, a
+sibling displaced by a newer one, a content with spares and its children. Each case runs
+with events off (the index's fast paths: ``store_filled``, batch eviction) and on.
+
+block_size is 4 throughout. The first test looks at the index's dicts to show the
+mechanism; the rest judge by hits, exact ids and ``check_invariants``.
+"""
+
+import pytest
+
+from prefixkv import Admission, KVCacheManager
+
+A = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]  # three full blocks
+
+EVENTS = pytest.mark.parametrize("events", [False, True], ids=["fast", "events"])
+
+
+def manager(num_blocks: int, events: bool) -> KVCacheManager:
+    return KVCacheManager(num_blocks, 4, seed=0, enable_events=events)
+
+
+@EVENTS
+def test_a_prompt_keys_its_first_block_only_and_eviction_deletes_no_entry(events):
+    m = manager(10, events)
+    prompt = list(range(100, 132))  # 8 full blocks
+    assert m.add_request("a", prompt + [7]) == Admission("a", tuple(range(9)), 0, 33)
+    index = m._index
+    assert (len(index._by_chunk), index._num_chained, m.num_cached_blocks) == (1, 7, 8)
+    m.free("a")
+    assert m.lookup(prompt + [7]) == 32
+    # a new prompt of 9 blocks evicts 8 cached ones (the least recently used first)
+    assert m.add_request("b", list(range(200, 236)) + [7]) is not None
+    assert len(index._by_chunk) + index._num_chained == m.num_cached_blocks == 9
+    assert m.lookup(prompt + [7]) == 0
+    m.check_invariants()
+    if events:
+        assert len([e for e in m.take_events() if type(e).__name__ == "BlockRemoved"]) == 8
+
+
+@EVENTS
+def test_a_sibling_displaced_by_a_newer_one_is_keyed_and_both_stay_found(events):
+    m = manager(12, events)
+    m.add_request("a", A + [13])
+    m.free("a")
+    b = A[:8] + [20, 21, 22, 23, 24]
+    assert m.add_request("b", b) == Admission("b", (0, 1, 3, 4), 8, 5)  # 3: a's partial
+    m.check_invariants()
+    m.free("b")
+    assert m.lookup(A + [13]) == 12 and m.lookup(b) == 12
+    c = A[:8] + [30, 31, 32, 33, 34]  # a third branch: b's block is displaced in turn
+    assert m.add_request("c", c) == Admission("c", (0, 1, 4, 5), 8, 5)
+    m.free("c")
+    assert [m.lookup(p) for p in (A + [13], b, c)] == [12, 12, 12]
+    m.check_invariants()
+
+
+@EVENTS
+def test_forks_decoding_equal_tokens_make_a_spare_of_the_chained_block(events):
+    m = manager(8, events)
+    m.add_request("a", [1, 2, 3, 4, 5, 6])
+    f = m.fork("a", "c")
+    assert f is not None and f.block_ids == (0, 2)
+    assert m.append_tokens("a", [7, 8]) == () and m.append_tokens("c", [7, 8]) == ()
+    # block 1 (a's) was recorded first; c's block 2 holds equal content: it is a spare
+    assert m.get_block_ids("a") == (0, 1) and m.get_block_ids("c") == (0, 2)
+    m.check_invariants()
+    assert m.num_cached_blocks == 2
+    assert m.append_tokens("c", [9, 10, 11, 12, 13]) == (3, 4)  # 3: a child of the spare
+    m.check_invariants()
+    m.free("a")
+    m.check_invariants()
+    assert m.lookup(list(range(1, 14))) == 12  # found below the spare's content
+    m.free("c")
+    assert m.lookup(list(range(1, 14))) == 12 and m.num_cached_blocks == 3
+    m.check_invariants()
+
+
+@EVENTS
+def test_a_decode_block_equal_to_a_keyed_sibling_becomes_its_spare(events):
+    m = manager(10, events)
+    m.add_request("a", [1, 2, 3, 4, 5, 6])
+    m.fork("a", "c1")
+    m.fork("a", "c2")
+    m.append_tokens("a", [7, 8])      # chained under block 0
+    m.append_tokens("c1", [9, 10])    # displaces a's block: it is keyed now
+    before = m.num_cached_blocks
+    m.append_tokens("c2", [7, 8])     # equal to a's block, found by the dict probe
+    assert m.num_cached_blocks == before == 3
+    m.check_invariants()
+    for r in ("a", "c1", "c2"):
+        m.free(r)
+    assert m.lookup([1, 2, 3, 4, 5, 6, 7, 8, 0]) == 8
+    assert m.lookup([1, 2, 3, 4, 5, 6, 9, 10, 0]) == 8
+    m.check_invariants()
+
+
+@EVENTS
+def test_one_append_step_fills_equal_and_different_blocks_under_one_parent(events):
+    m = manager(12, events)
+    m.add_request("a", [1, 2, 3, 4, 5, 6, 7])
+    for c in ("b", "c", "d"):
+        m.fork("a", c)
+    got = m.append_step(["a", "b", "c", "d"], [8, 9, 8, 9])
+    assert sorted(got.grown) == [] and got.short == ()
+    m.check_invariants()
+    assert m.num_cached_blocks == 3  # block 0, and one content for each of 8 and 9
+    for r in "abcd":
+        m.free(r)
+    assert m.lookup([1, 2, 3, 4, 5, 6, 7, 8, 0]) == 8
+    assert m.lookup([1, 2, 3, 4, 5, 6, 7, 9, 0]) == 8
+    m.check_invariants()
+
+
+@EVENTS
+def test_a_block_aligned_resend_keys_the_content_and_its_children_while_a_spare_is_held(events):
+    m = manager(12, events)
+    m.add_request("a", A)
+    m.free("a")
+    # the last block is always computed: it becomes a spare of the cached (chained) one
+    assert m.add_request("b", A) == Admission("b", (0, 1, 3), 8, 4)
+    m.check_invariants()
+    assert m.append_tokens("b", [13, 14, 15, 16]) == (4,)  # block 3 filled: under the spare
+    m.check_invariants()
+    assert m.lookup(A + [13, 14, 15, 16, 0]) == 16
+    m.free("b")
+    m.check_invariants()
+    assert m.lookup(A + [13, 14, 15, 16, 0]) == 16
+    # with the spare gone, a new child of the content is chained again
+    assert m.add_request("c", A + [40, 41, 42, 43, 0]) == Admission("c", (0, 1, 2, 3, 5), 12, 5)
+    m.check_invariants()
