@@ -47,12 +47,13 @@ import time
 from array import array
 from pathlib import Path
 
-from prefixkv import BlockLoad, KVCacheManager
+from prefixkv import KVCacheManager
 
-try:  # (not in older versions: --against)
+try:  # versions whose plans held one BlockLoad a loaded block (--against): their floor
+    from prefixkv import BlockLoad
     from prefixkv.results import pairs_maker
 except ImportError:
-    pairs_maker = None
+    BlockLoad = pairs_maker = None
 
 BS = 16
 HERE = Path(__file__).resolve().parent

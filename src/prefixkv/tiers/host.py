@@ -2,7 +2,7 @@
 device pool one copy away.
 
     device pool  --evict (write-back)-->  host slot      BlockOffload(device, slot)
-    host slot    --admission hit------->  fresh block    BlockLoad(slot, device)
+    host slot    --admission hit------->  fresh block    BlockLoads(slots, devices)
 
 The tier never moves bytes: it states copies, which the manager hands to the engine with
 ``take_kv_ops()`` once a step, before that step's forward pass. A slot is *pinned* while a
@@ -24,9 +24,9 @@ from dataclasses import replace
 from ..core.block import Block
 from ..core.free_queue import FreeBlockQueue
 from ..events import BlockRemoved, BlockStored
-from ..results import BlockLoad, BlockOffload, pair_maker, pairs_maker, StoreFetched
+from ..results import BlockLoads, BlockOffload, pair_maker, StoreFetched
 
-_offload, _loads = pair_maker(BlockOffload), pairs_maker(BlockLoad)
+_offload = pair_maker(BlockOffload)
 
 HOST = "CPU"
 """The medium of host slots in events (vLLM's spelling)."""
@@ -55,7 +55,8 @@ class HostTier:
         self._sink = sink
         self._pinned: list[HostSlot] = []
         self.offloads: list[BlockOffload] = []
-        self.loads: list[BlockLoad] = []
+        self.load_src: list[int] = []  # the step's loads: slot ids, device block ids
+        self.load_dst: list[int] = []
         self.fetches: list[StoreFetched] = []
         self.num_offloaded = self.num_loaded = 0
 
@@ -167,9 +168,18 @@ class HostTier:
     def load(self, slots: list[HostSlot], devices: list[Block]) -> None:
         """State the copy of each of ``slots`` into the fresh device block beside it in
         ``devices`` (the slots stay pinned until the plan is drained; the caller pinned
-        them with ``hold``)."""
-        self.loads += _loads([s.block_id for s in slots], [d.block_id for d in devices])
+        them with ``hold``): their ids join the step's one ``BlockLoads``."""
+        self.load_src += [s.block_id for s in slots]
+        self.load_dst += [d.block_id for d in devices]
         self.num_loaded += len(slots)
+
+    def take_loads(self) -> list[BlockLoads]:
+        """The step's loads as one op (none when there are none), and forget them."""
+        if not self.load_src:
+            return []
+        op = BlockLoads(tuple(self.load_src), tuple(self.load_dst))
+        self.load_src, self.load_dst = [], []
+        return [op]
 
     def hold(self, slots: list[HostSlot]) -> None:
         """Pin ``slots`` (they are about to be loaded), so that no offload stated while
