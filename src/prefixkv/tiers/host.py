@@ -103,43 +103,45 @@ class HostTier:
             if b.step >= step:
                 continue
             key = b.key
-            chunk = key if type(key) is bytes else key[1]  # type: ignore[index]
-            parent_cid, extra = b.parent_cid, b.extra
-            s = get(chunk)
-            if s is None or s.parent_cid != parent_cid or s.extra != extra:
-                s = by_key.get((parent_cid, chunk, extra)) if by_key else None
-            if s is not None:
-                if not s.ref_cnt:  # cached, not pinned: refresh
-                    prev, nxt = s.prev, s.next
-                    prev.next = nxt  # type: ignore[union-attr]
-                    nxt.prev = prev  # type: ignore[union-attr]
-                    refreshed.append(s)
-                continue
-            if empty:
-                s = empty.pop()
-            else:
-                if refreshed and len(cached) == len(refreshed):  # only refreshed ones left
-                    cached.forget(len(refreshed))
-                    cached.extend(refreshed)
-                    refreshed = []
-                s = self._take_cached(len(refreshed))
-                if s is None:  # every slot is pinned: the content is lost
+            s = get(key)  # the common case: one probe (a triple key finds None here)
+            if s is None or s.parent_cid != b.parent_cid or s.extra != b.extra:
+                chunk = key if type(key) is bytes else key[1]  # type: ignore[index]
+                parent_cid, extra = b.parent_cid, b.extra
+                s = get(chunk) if chunk is not key else None
+                if s is None or s.parent_cid != parent_cid or s.extra != extra:
+                    s = by_key.get((parent_cid, chunk, extra)) if by_key else None
+                if s is None:  # no slot holds it: take one, state the offload
+                    if empty:
+                        s = empty.pop()
+                    else:
+                        if refreshed and len(cached) == len(refreshed):  # only refreshed ones left
+                            cached.forget(len(refreshed))
+                            cached.extend(refreshed)
+                            refreshed = []
+                        s = self._take_cached(len(refreshed))
+                        if s is None:  # every slot is pinned: the content is lost
+                            continue
+                    if setdefault(chunk, s) is s:  # (as _keep, inlined)
+                        s.key = chunk
+                    else:
+                        s.key = key = (parent_cid, chunk, extra)
+                        by_key[key] = s
+                    s.parent_cid, s.extra, s.content_id, s.hash = parent_cid, extra, b.content_id, b.hash
+                    s.ref_cnt = 1
+                    pinned.append(s)
+                    offloads.append(_offload(b.block_id, s.block_id))
+                    self.num_offloaded += 1
+                    if active and b.event is not None:
+                        s.event = replace(b.event, block_id=s.block_id, medium=HOST)  # type: ignore[arg-type]
+                        self._sink.append(s.event)
+                    else:
+                        s.event = None
                     continue
-            if setdefault(chunk, s) is s:  # (as _keep, inlined)
-                s.key = chunk
-            else:
-                s.key = key = (parent_cid, chunk, extra)
-                by_key[key] = s
-            s.parent_cid, s.extra, s.content_id, s.hash = parent_cid, extra, b.content_id, b.hash
-            s.ref_cnt = 1
-            pinned.append(s)
-            offloads.append(_offload(b.block_id, s.block_id))
-            self.num_offloaded += 1
-            if active and b.event is not None:
-                s.event = replace(b.event, block_id=s.block_id, medium=HOST)  # type: ignore[arg-type]
-                self._sink.append(s.event)
-            else:
-                s.event = None
+            if not s.ref_cnt:  # held in a cached slot, not pinned: refresh
+                prev, nxt = s.prev, s.next
+                prev.next = nxt  # type: ignore[union-attr]
+                nxt.prev = prev  # type: ignore[union-attr]
+                refreshed.append(s)
         if refreshed:
             cached.forget(len(refreshed))
             cached.extend(refreshed)
@@ -184,16 +186,19 @@ class HostTier:
     def hold(self, slots: list[HostSlot]) -> None:
         """Pin ``slots`` (they are about to be loaded), so that no offload stated while
         the device makes room for them can take them."""
-        pinned, unlinked = self._pinned, 0
+        pinned = self._pinned
+        before = len(pinned)
+        pin = pinned.append
         for s in slots:
-            if not s.ref_cnt:  # cached: leaves the LRU (inlined unlink; links go stale)
+            if s.ref_cnt:
+                s.ref_cnt += 1
+            else:  # cached: leaves the LRU (inlined unlink; links go stale)
                 prev, nxt = s.prev, s.next
                 prev.next = nxt  # type: ignore[union-attr]
                 nxt.prev = prev  # type: ignore[union-attr]
-                unlinked += 1
-                pinned.append(s)
-            s.ref_cnt += 1
-        self._cached.forget(unlinked)
+                s.ref_cnt = 1
+                pin(s)
+        self._cached.forget(len(pinned) - before)
 
     def end_step(self) -> None:
         """The plan was handed to the engine: unpin, most recently used last."""
