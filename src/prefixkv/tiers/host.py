@@ -126,13 +126,15 @@ class HostTier:
                     else:
                         s.key = key = (parent_cid, chunk, extra)
                         by_key[key] = s
-                    s.parent_cid, s.extra, s.content_id, s.hash = parent_cid, extra, b.content_id, b.hash
+                    s.parent_cid, s.extra = parent_cid, extra
+                    s.content_id, s.hash = b.content_id, b.hash
                     s.ref_cnt = 1
                     pinned.append(s)
                     offloads.append(_offload(b.block_id, s.block_id))
                     self.num_offloaded += 1
                     if active and b.event is not None:
-                        s.event = replace(b.event, block_id=s.block_id, medium=HOST)  # type: ignore[arg-type]
+                        s.event = replace(b.event, block_id=s.block_id,  # type: ignore[arg-type]
+                                          medium=HOST)
                         self._sink.append(s.event)
                     else:
                         s.event = None
