@@ -47,12 +47,7 @@ import time
 from array import array
 from pathlib import Path
 
-from prefixkv import BlockLoad, KVCacheManager
-
-try:  # (not in older versions: --against)
-    from prefixkv.results import pairs_maker
-except ImportError:
-    pairs_maker = None
+from prefixkv import KVCacheManager
 
 BS = 16
 HERE = Path(__file__).resolve().parent
@@ -146,14 +141,6 @@ def one_round(tokens: int, per_round: int, steps: int, seed: int = 0) -> dict[st
             adm, plan = admissions(m, ps, per_round)
             out[name] = [ns / 1e3 for ns in adm]
             out[name + " + plan"] = [(a + p) / 1e3 for a, p in zip(adm, plan)]
-        if pairs_maker is not None:  # the floor under a host hit: its BlockLoad objects
-            make, n = pairs_maker(BlockLoad), len(setups["host hit"][1][0]) // BS - 1
-            srcs, dsts = list(range(n)), list(range(n, 2 * n))
-            out["BlockLoad ops alone"] = []
-            for _ in range(per_round):
-                t0 = time.perf_counter_ns()
-                make(srcs, dsts)
-                out["BlockLoad ops alone"].append((time.perf_counter_ns() - t0) / 1e3)
         for name, ns in decode_paired(rng, steps).items():
             # means of 16-step windows (one growth step each): a stall spoils one window
             out["decode " + name] = [sum(ns[i:i + 16]) / 16e3 for i in range(0, len(ns) - 15, 16)]
@@ -182,12 +169,6 @@ def report(rows: dict[str, tuple[float, float]], tokens: int, rounds: int, per_r
         lines.append(f"| {k} | {v[0]:.1f} ({v[1]:.1f}) | {w[0]:.1f} ({w[1]:.1f}) |")
     lines += ["", "Goal (issue 10, item 7): host hit within 1.3x of device-only admission of "
               "the same length.", ""]
-    if "BlockLoad ops alone" in rows:
-        v = rows["BlockLoad ops alone"]
-        lines += [f"Of a host hit, the {tokens // BS - 1} BlockLoad objects alone (the plan's "
-                  f"ops, built in one batch) take {v[0]:.1f} us ({v[1]:.1f}): a device miss "
-                  f"plus these is {(rows['device miss'][0] + v[0]) / rows['device miss'][0]:.2f}x "
-                  f"the miss, {(rows['device miss'][0] + v[0]) / rows['device hit'][0]:.2f}x the hit.", ""]
     for other in ("device hit", "device miss"):
         lines.append(f"- host hit / {other}: {ratio('host hit', other)}; with plans: "
                      f"{ratio('host hit + plan', other + ' + plan')}")

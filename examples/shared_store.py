@@ -28,7 +28,7 @@ def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
     runner and host slots; answer ``prompt`` greedily; write what it computed."""
     import torch
 
-    from prefixkv import BlockLoad, BlockOffload, KVCacheManager
+    from prefixkv import BlockLoads, BlockOffload, KVCacheManager
     from prefixkv.engine import LlamaConfig, ModelRunner, TinyLlama
     from prefixkv.engine.runner import SeqBatchEntry
     from prefixkv.store import RedisStore, SharedStore, StoreLayout, StoreWriter
@@ -52,9 +52,10 @@ def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
     def run_plan() -> None:
         for op in run_store_ops(mgr.take_kv_ops(), runner.k_cache, runner.v_cache,
                                 k_host, v_host, writer):
-            if isinstance(op, BlockLoad):
-                runner.k_cache[:, op.dst] = k_host[op.src]
-                runner.v_cache[:, op.dst] = v_host[op.src]
+            if isinstance(op, BlockLoads):  # slots [n, L, ...] into blocks [L, n, ...]
+                src, dst = list(op.src), list(op.dst)  # (a tuple index would mean axes)
+                runner.k_cache[:, dst] = k_host[src].transpose(0, 1)
+                runner.v_cache[:, dst] = v_host[src].transpose(0, 1)
             elif isinstance(op, BlockOffload):
                 k_host[op.dst] = runner.k_cache[:, op.src]
                 v_host[op.dst] = runner.v_cache[:, op.src]

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from prefixkv import (
-    Admission, BlockLoad, BlockOffload, BlockRemoved, BlockStored, ConfigError, KVCacheManager,
+    Admission, BlockLoads, BlockOffload, BlockRemoved, BlockStored, ConfigError, KVCacheManager,
     PrefixCacheStats,
 )
 
@@ -30,7 +30,7 @@ def test_eviction_offloads_and_a_later_admission_loads():
     assert adm == Admission("c", (0, 1, 2), 8, 1)
     # b's full blocks 1, 2 were evicted (tail first) and offloaded, then A loaded
     assert m.take_kv_ops() == [BlockOffload(1, 2), BlockOffload(2, 3),
-                               BlockLoad(1, 0), BlockLoad(0, 1)]
+                               BlockLoads((1, 0), (0, 1))]   # slot 1 -> block 0, 0 -> 1
     assert m.stats == PrefixCacheStats(requests=3, queries=27, hits=8, host_hits=8)
     m.check_invariants()
 
@@ -56,7 +56,7 @@ def test_a_slot_being_loaded_is_pinned_against_offloads_of_the_same_plan():
     m.add_request("c", A[:8] + [0])                  # loads from slots 0, 1: pinned, so
     ops = m.take_kv_ops()                            # b's evicted blocks cannot go there
     assert [op for op in ops if isinstance(op, BlockOffload)] == []
-    assert [op for op in ops if isinstance(op, BlockLoad)] == [BlockLoad(1, 0), BlockLoad(0, 1)]
+    assert [op for op in ops if isinstance(op, BlockLoads)] == [BlockLoads((1, 0), (0, 1))]
     m.check_invariants()
 
 
@@ -72,7 +72,7 @@ def test_host_hits_continue_after_device_hits_and_lookup_counts_both():
     m.free("x")
     adm = m.add_request("c", A)
     assert adm == Admission("c", (0, 1, 3), 8, 1)   # x's partial block 1, then evicts 3
-    assert m.take_kv_ops() == [BlockOffload(3, 1), BlockLoad(0, 1)]
+    assert m.take_kv_ops() == [BlockOffload(3, 1), BlockLoads((0,), (1,))]
     m.check_invariants()
 
 
@@ -138,12 +138,13 @@ def test_a_simulated_store_under_pressure_holds_every_requests_own_kv(seed):
     writes = []
     for step in range(300):
         for op in m.take_kv_ops():  # the plan: offloads (all first), then loads
-            src, dst = op.src * bs, op.dst * bs
             if isinstance(op, BlockOffload):
+                src, dst = op.src * bs, op.dst * bs
                 host[dst:dst + bs] = kv[src:src + bs]
             else:
-                assert isinstance(op, BlockLoad)
-                kv[dst:dst + bs] = host[src:src + bs]
+                assert isinstance(op, BlockLoads) and len(op.src) == len(op.dst) > 0
+                for src, dst in zip(op.src, op.dst):
+                    kv[dst * bs:(dst + 1) * bs] = host[src * bs:(src + 1) * bs]
         for rid, start in writes:  # the forward pass writes what the step scheduled
             ids, toks = m.get_block_ids(rid), live[rid]
             for pos in range(start, len(toks)):

@@ -3,7 +3,7 @@ plan is taken (found wiring the host tier into the engine): a copy into a freed 
 block is dropped (its block may be a load target of the same plan, and copies run after
 loads); a copy's source is held by the plan. block_size 4, seed 0."""
 
-from prefixkv import BlockCopy, BlockLoad, KVCacheManager
+from prefixkv import BlockCopy, BlockLoads, KVCacheManager
 
 A = [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
@@ -24,8 +24,9 @@ def test_a_freed_childs_copy_never_targets_a_block_loaded_in_the_same_plan():
     adm = m.add_request("d", A)                     # A's blocks load into fresh blocks
     assert adm.num_cached_tokens == 8 and adm.block_ids[0] == 4
     ops = m.take_kv_ops()
-    assert BlockLoad(1, 4) in ops
-    loaded = {op.dst for op in ops if type(op) is BlockLoad}
+    loads = [op for op in ops if type(op) is BlockLoads]
+    assert len(loads) == 1 and (1, 4) in zip(loads[0].src, loads[0].dst)
+    loaded = set(loads[0].dst)
     assert not [op for op in ops if type(op) is BlockCopy and op.dst in loaded]
 
 

@@ -9,7 +9,7 @@ still held, is caught at the step it happens.
 
 import hashlib
 
-from prefixkv import AllBlocksCleared, BlockCopy, BlockLoad, BlockOffload, BlockStored
+from prefixkv import AllBlocksCleared, BlockCopy, BlockLoads, BlockOffload, BlockStored
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
 
 from hypothesis import settings, strategies as st
@@ -62,12 +62,15 @@ class ManagerMachine(RuleBasedStateMachine):
         order (offloads, loads, copies)."""
         ops = self.m.take_kv_ops()
         kinds = [type(op) for op in ops]
-        assert kinds == sorted(kinds, key=[BlockOffload, BlockLoad, BlockCopy].index), kinds
+        assert kinds == sorted(kinds, key=[BlockOffload, BlockLoads, BlockCopy].index), kinds
+        assert kinds.count(BlockLoads) <= 1, kinds  # a step's loads are one op
         for op in ops:
             if isinstance(op, BlockOffload):
                 self.host_kv[op.dst] = list(self.kv[op.src])
-            elif isinstance(op, BlockLoad):
-                self.kv[op.dst] = list(self.host_kv[op.src])
+            elif isinstance(op, BlockLoads):
+                assert len(op.src) == len(op.dst) > 0, op
+                for src, dst in zip(op.src, op.dst):
+                    self.kv[dst] = list(self.host_kv[src])
             else:
                 self.kv[op.dst] = list(self.kv[op.src])
 

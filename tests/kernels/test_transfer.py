@@ -11,7 +11,7 @@ from prefixkv.kernels import (  # noqa: E402
     ArgumentTypeError, BlockIdError, DeviceError, DtypeError, ShapeError, UnsupportedError,
     alloc_host_cache, copy_blocks, load_blocks, offload_blocks, run_kv_ops,
 )
-from prefixkv.results import BlockCopy, BlockLoad, BlockOffload  # noqa: E402
+from prefixkv.results import BlockCopy, BlockLoads, BlockOffload  # noqa: E402
 
 LAYERS, BLOCKS, BS, HEADS, DIM = 3, 9, 5, 2, 8
 
@@ -34,8 +34,10 @@ def simulate(ops, devs, hs, block_dim=1):
     """The plan one op at a time, in the documented order, on clones."""
     devs = [d.clone().movedim(block_dim, 0) for d in devs]
     hs = [h.clone() for h in hs]
-    for kind in (BlockOffload, BlockLoad, BlockCopy):
+    for kind in (BlockOffload, BlockLoads, BlockCopy):
         group = [op for op in ops if type(op) is kind]
+        if kind is BlockLoads:  # one (src, dst) pair at a time, in order
+            group = [BlockLoads(s, d) for op in group for s, d in zip(op.src, op.dst)]
         for d, h in zip(devs, hs):
             if kind is BlockCopy:
                 src = d[[op.src for op in group]].clone()
@@ -44,7 +46,7 @@ def simulate(ops, devs, hs, block_dim=1):
             for op in group:
                 if kind is BlockOffload:
                     h[op.dst] = d[op.src]
-                elif kind is BlockLoad:
+                elif kind is BlockLoads:
                     d[op.dst] = h[op.src]
     return [d.movedim(0, block_dim) for d in devs], hs
 
@@ -84,7 +86,7 @@ def test_a_plan_runs_offloads_then_loads_then_copies():
     offloaded then overwritten by a load; block 5 is a copy's source and a load's target."""
     devs = stacked(2)
     hs = hosts(devs)
-    ops = [BlockCopy(5, 6), BlockLoad(2, 5), BlockOffload(3, 2), BlockLoad(0, 3),
+    ops = [BlockCopy(5, 6), BlockLoads((2, 0), (5, 3)), BlockOffload(3, 2),
            BlockOffload(1, 4), BlockCopy(0, 1)]
     want_devs, want_hosts = simulate(ops, devs, hs)
     assert run_kv_ops(ops, devs, hs, block_dim=1) is None
@@ -121,8 +123,11 @@ def test_random_plans_match_the_simulation(data):
     copy_dst = data.draw(st.permutations(range(BLOCKS)))[:data.draw(st.integers(0, 3))]
     block = st.integers(0, BLOCKS - 1)
     ops = ([BlockOffload(data.draw(block), d) for d in off_dst]
-           + [BlockLoad(data.draw(st.integers(0, 5)), d) for d in load_dst]
            + [BlockCopy(data.draw(block), d) for d in copy_dst])
+    cut = data.draw(st.integers(0, len(load_dst)))  # the loads in up to two ops
+    load_src = [data.draw(st.integers(0, 5)) for _ in load_dst]
+    ops += [BlockLoads(tuple(load_src[a:b]), tuple(load_dst[a:b]))
+            for a, b in ((0, cut), (cut, len(load_dst))) if b > a]
     ops = data.draw(st.permutations(ops))
     want_devs, want_hosts = simulate(ops, devs, hs)
     run_kv_ops(ops, devs, hs, block_dim=1)
@@ -142,14 +147,17 @@ def unchanged_after(exc, call, devs, hs):
 def test_bad_ids_raise_block_id_error_before_any_copy():
     devs = stacked(5)
     hs = hosts(devs)
-    for ops in ([BlockOffload(0, 1), BlockLoad(1, BLOCKS)],          # device id too large
+    for ops in ([BlockOffload(0, 1), BlockLoads((1,), (BLOCKS,))],   # device id too large
                 [BlockOffload(0, 1), BlockCopy(-1, 2)],              # negative
                 [BlockOffload(0, 7)],                                # slot outside 7 slots
                 [BlockOffload(0, 1), BlockOffload(2, 1)],            # one slot written twice
-                [BlockLoad(0, 3), BlockLoad(1, 3)],                  # one block written twice
+                [BlockLoads((0, 1), (3, 3))],                        # one block written twice
+                [BlockLoads((0,), (3,)), BlockLoads((1,), (3,))],    # (also across two ops)
                 [BlockCopy(0, 3), BlockCopy(1, 3)]):
         unchanged_after(BlockIdError, lambda: run_kv_ops(ops, devs, hs, block_dim=1), devs, hs)
     unchanged_after(BlockIdError, lambda: load_blocks(hs, devs, ids(9), ids(0), block_dim=1), devs, hs)
+    unchanged_after(ShapeError, lambda: run_kv_ops([BlockOffload(0, 1), BlockLoads((0, 1), (2,))],
+                                                   devs, hs, block_dim=1), devs, hs)
 
 
 def test_bad_id_tensors():
@@ -179,7 +187,7 @@ def test_bad_cache_lists():
     with pytest.raises(ShapeError):
         offload_blocks(devs, hs[:1], ids(0), ids(0), block_dim=1)
     with pytest.raises(ShapeError):
-        run_kv_ops([BlockLoad(0, 0)], devs, None, block_dim=1)
+        run_kv_ops([BlockLoads((0,), (0,))], devs, None, block_dim=1)
     with pytest.raises(ShapeError):                                    # host not slot-major
         offload_blocks(devs, [torch.zeros(LAYERS, 7, BS, HEADS, DIM)] * 2, ids(0), ids(0), block_dim=1)
     with pytest.raises(ShapeError):
@@ -218,7 +226,7 @@ def test_cuda_plan_returns_an_event_and_matches_the_simulation():
     devs = [d.cuda() for d in stacked(6)]
     hs = hosts(devs)
     assert all(h.is_pinned() for h in hs)
-    ops = [BlockOffload(3, 2), BlockOffload(4, 3), BlockLoad(2, 6), BlockCopy(0, 1)]
+    ops = [BlockOffload(3, 2), BlockOffload(4, 3), BlockLoads((2,), (6,)), BlockCopy(0, 1)]
     want_devs, want_hosts = simulate(ops, [d.cpu() for d in devs], hs)
     ev = run_kv_ops(ops, devs, hs, block_dim=1)
     torch.cuda.current_stream().wait_event(ev)

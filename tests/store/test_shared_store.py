@@ -5,7 +5,7 @@ fail the content check are misses; salts isolate; configuration errors. block_si
 import pytest
 
 from prefixkv import (
-    BlockLoad, BlockStored, ConfigError, ExtraKeys, KVCacheManager, StoreFetched, StorePut,
+    BlockLoads, BlockStored, ConfigError, ExtraKeys, KVCacheManager, StoreFetched, StorePut,
 )
 from prefixkv.store import SharedStore, StoreLayout, StoreWriter, decode_value, encode_value
 from prefixkv.store.record import block_head
@@ -46,7 +46,7 @@ def test_a_second_manager_loads_what_the_first_computed(backend, shared):
     assert (adm.block_ids, adm.num_cached_tokens, adm.num_new_tokens) == ((0, 1, 2, 3), 12, 1)
     assert m2.take_kv_ops() == [
         StoreFetched(0, payload(0)), StoreFetched(1, payload(1)), StoreFetched(2, payload(2)),
-        BlockLoad(0, 0), BlockLoad(1, 1), BlockLoad(2, 2)]
+        BlockLoads((0, 1, 2), (0, 1, 2))]
     assert (m2.stats.hits, m2.stats.store_hits, m2.stats.host_hits) == (12, 12, 0)
     assert m2.take_kv_ops() == []                    # loaded content is not written back
     m2.check_invariants()
@@ -77,7 +77,8 @@ def test_a_hit_continues_from_device_to_store(backend, shared):
     adm = m2.add_request("b", A)
     assert adm.num_cached_tokens == 12 and adm.block_ids[0] == 0
     ops = m2.take_kv_ops()
-    assert [type(op) for op in ops] == [StorePut, StoreFetched, StoreFetched, BlockLoad, BlockLoad]
+    assert [type(op) for op in ops] == [StorePut, StoreFetched, StoreFetched, BlockLoads]
+    assert len(ops[3].src) == 2
     assert [op.payload for op in ops[1:3]] == [payload(1), payload(2)]  # m1's blocks 1, 2
     assert m2.stats.store_hits == 8
 

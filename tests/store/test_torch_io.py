@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the engine side of the store needs torch")
 
-from prefixkv import BlockLoad, ConfigError, StoreFetched, StorePut  # noqa: E402
+from prefixkv import BlockLoads, ConfigError, StoreFetched, StorePut  # noqa: E402
 from prefixkv.store.torch_io import (  # noqa: E402
     block_payload, kv_block_bytes, run_store_ops, write_payload,
 )
@@ -50,9 +50,9 @@ def test_run_store_ops_runs_puts_and_fetches_and_returns_the_rest():
     fetched = block_payload(k, v, 4)
     writer = Collect()
     put = StorePut(2, b"key", b"head")
-    rest = run_store_ops([put, StoreFetched(0, fetched), BlockLoad(0, 1)],
+    rest = run_store_ops([put, StoreFetched(0, fetched), BlockLoads((0,), (1,))],
                          k, v, k_host, v_host, writer)
-    assert rest == [BlockLoad(0, 1)]
+    assert rest == [BlockLoads((0,), (1,))]
     assert writer.items == [(put, block_payload(k, v, 2))]
     assert torch.equal(k_host[0], k[:, 4]) and torch.equal(v_host[0], v[:, 4])
 

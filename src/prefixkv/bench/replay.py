@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from time import perf_counter_ns
 
 from ..allocator import Allocator
-from ..results import BlockLoad, BlockOffload
+from ..results import BlockLoads, BlockOffload
 from .errors import BenchError
 from .workloads import BenchRequest, Workload
 
@@ -183,7 +183,7 @@ def replay(alloc: Allocator, workload: Workload, name: str, *,
                     st = None
         for op in alloc.take_kv_ops():
             res.offloaded_blocks += type(op) is BlockOffload
-            res.loaded_blocks += type(op) is BlockLoad
+            res.loaded_blocks += len(op.src) if type(op) is BlockLoads else 0
         held = alloc.num_blocks - alloc.num_free_blocks
         res.peak_blocks = max(res.peak_blocks, held)
         res.reserved_slot_steps += held * bs

@@ -119,8 +119,7 @@ class Admitter:
         pool = self._pool
         if claimed is not None:  # the hits hold their references already (one pass)
             pool.claimed(claimed)
-        loads = [h for h in hits if type(h) is not Block] if self._host is not None and claimed is None else ()
-        held = [h for h in hits if type(h) is Block] if loads else hits
+        loads, held = self._split(hits) if self._host is not None and claimed is None else ((), hits)
         need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
         fit = blocks_for(n + num_lookahead_tokens, bs) - len(held) if require_full_fit else need
         if not (max(need, fit) <= pool.num_free if claimed is not None
@@ -156,6 +155,18 @@ class Admitter:
         self._requests[request_id] = req
         self._stats.record(n, num_cached, resumed, (len(loads) - fetched) * bs, fetched * bs)
         return Admission.of(request_id, req.blocks, num_cached, num_new)
+
+    @staticmethod
+    def _split(hits: list) -> tuple[list, list]:
+        """The hits that are not device blocks (host slots, fetched blocks: to load), and
+        the device blocks; in the common case (the device blocks first), two slices."""
+        kinds = list(map(type, hits))
+        n = kinds.count(Block)
+        if n == len(hits):
+            return [], hits
+        if kinds[:n].count(Block) == n:
+            return hits[n:], hits[:n]
+        return [h for h in hits if type(h) is not Block], [h for h in hits if type(h) is Block]
 
     def _acquire_loading(self, req: Request, hits: list, held: list[Block], need: int) -> list[Block]:
         """``acquire`` when some hits are host slots or fetched from the store: pin the

@@ -197,11 +197,11 @@ class KVCacheManager(Decoder):
         step's scheduling calls and before its forward pass: every ``BlockOffload``
         (device blocks evicted now, whose KV the forward pass would overwrite), then every
         ``StorePut`` (blocks computed by an earlier step, to write to the shared store),
-        every ``StoreFetched`` (blocks from the store into host slots), every
-        ``BlockLoad`` (host hits into fresh device blocks), then every ``BlockCopy`` (fork
-        copy-on-write, the same as ``Fork.copies``; a copy into a block whose request
-        was freed meanwhile is dropped, and a copy's source is held until the plan is
-        taken). Call it exactly once a step: it also ends the step (content recorded
+        every ``StoreFetched`` (blocks from the store into host slots), one ``BlockLoads``
+        (all the step's host hits into fresh device blocks), then every ``BlockCopy``
+        (fork copy-on-write, the same as ``Fork.copies``; a copy into a block whose
+        request was freed meanwhile is dropped, and a copy's source is held until the
+        plan is taken). Call it exactly once a step: it also ends the step (content recorded
         before it counts as computed after it, and what the plan pinned is released)."""
         out: list[KVOp] = []
         host = self._host
@@ -211,8 +211,8 @@ class KVCacheManager(Decoder):
                 out += self._store_puts()
                 out += host.fetches
                 host.fetches = []
-            out += host.loads
-            host.offloads, host.loads = [], []
+            out += host.take_loads()
+            host.offloads = []
             host.end_step()
         out += self._kv_ops
         self._kv_ops = []

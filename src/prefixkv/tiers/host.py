@@ -2,7 +2,7 @@
 device pool one copy away.
 
     device pool  --evict (write-back)-->  host slot      BlockOffload(device, slot)
-    host slot    --admission hit------->  fresh block    BlockLoad(slot, device)
+    host slot    --admission hit------->  fresh block    BlockLoads(slots, devices)
 
 The tier never moves bytes: it states copies, which the manager hands to the engine with
 ``take_kv_ops()`` once a step, before that step's forward pass. A slot is *pinned* while a
@@ -24,9 +24,9 @@ from dataclasses import replace
 from ..core.block import Block
 from ..core.free_queue import FreeBlockQueue
 from ..events import BlockRemoved, BlockStored
-from ..results import BlockLoad, BlockOffload, pair_maker, pairs_maker, StoreFetched
+from ..results import BlockLoads, BlockOffload, pair_maker, StoreFetched
 
-_offload, _loads = pair_maker(BlockOffload), pairs_maker(BlockLoad)
+_offload = pair_maker(BlockOffload)
 
 HOST = "CPU"
 """The medium of host slots in events (vLLM's spelling)."""
@@ -55,7 +55,8 @@ class HostTier:
         self._sink = sink
         self._pinned: list[HostSlot] = []
         self.offloads: list[BlockOffload] = []
-        self.loads: list[BlockLoad] = []
+        self.load_src: list[int] = []  # the step's loads: slot ids, device block ids
+        self.load_dst: list[int] = []
         self.fetches: list[StoreFetched] = []
         self.num_offloaded = self.num_loaded = 0
 
@@ -102,43 +103,47 @@ class HostTier:
             if b.step >= step:
                 continue
             key = b.key
-            chunk = key if type(key) is bytes else key[1]  # type: ignore[index]
-            parent_cid, extra = b.parent_cid, b.extra
-            s = get(chunk)
-            if s is None or s.parent_cid != parent_cid or s.extra != extra:
-                s = by_key.get((parent_cid, chunk, extra)) if by_key else None
-            if s is not None:
-                if not s.ref_cnt:  # cached, not pinned: refresh
-                    prev, nxt = s.prev, s.next
-                    prev.next = nxt  # type: ignore[union-attr]
-                    nxt.prev = prev  # type: ignore[union-attr]
-                    refreshed.append(s)
-                continue
-            if empty:
-                s = empty.pop()
-            else:
-                if refreshed and len(cached) == len(refreshed):  # only refreshed ones left
-                    cached.forget(len(refreshed))
-                    cached.extend(refreshed)
-                    refreshed = []
-                s = self._take_cached(len(refreshed))
-                if s is None:  # every slot is pinned: the content is lost
+            s = get(key)  # the common case: one probe (a triple key finds None here)
+            if s is None or s.parent_cid != b.parent_cid or s.extra != b.extra:
+                chunk = key if type(key) is bytes else key[1]  # type: ignore[index]
+                parent_cid, extra = b.parent_cid, b.extra
+                s = get(chunk) if chunk is not key else None
+                if s is None or s.parent_cid != parent_cid or s.extra != extra:
+                    s = by_key.get((parent_cid, chunk, extra)) if by_key else None
+                if s is None:  # no slot holds it: take one, state the offload
+                    if empty:
+                        s = empty.pop()
+                    else:
+                        if refreshed and len(cached) == len(refreshed):  # only refreshed ones left
+                            cached.forget(len(refreshed))
+                            cached.extend(refreshed)
+                            refreshed = []
+                        s = self._take_cached(len(refreshed))
+                        if s is None:  # every slot is pinned: the content is lost
+                            continue
+                    if setdefault(chunk, s) is s:  # (as _keep, inlined)
+                        s.key = chunk
+                    else:
+                        s.key = key = (parent_cid, chunk, extra)
+                        by_key[key] = s
+                    s.parent_cid, s.extra = parent_cid, extra
+                    s.content_id, s.hash = b.content_id, b.hash
+                    s.ref_cnt = 1
+                    pinned.append(s)
+                    offloads.append(_offload(b.block_id, s.block_id))
+                    self.num_offloaded += 1
+                    if active and b.event is not None:
+                        s.event = replace(b.event, block_id=s.block_id,  # type: ignore[arg-type]
+                                          medium=HOST)
+                        self._sink.append(s.event)
+                    else:
+                        s.event = None
                     continue
-            if setdefault(chunk, s) is s:  # (as _keep, inlined)
-                s.key = chunk
-            else:
-                s.key = key = (parent_cid, chunk, extra)
-                by_key[key] = s
-            s.parent_cid, s.extra, s.content_id, s.hash = parent_cid, extra, b.content_id, b.hash
-            s.ref_cnt = 1
-            pinned.append(s)
-            offloads.append(_offload(b.block_id, s.block_id))
-            self.num_offloaded += 1
-            if active and b.event is not None:
-                s.event = replace(b.event, block_id=s.block_id, medium=HOST)  # type: ignore[arg-type]
-                self._sink.append(s.event)
-            else:
-                s.event = None
+            if not s.ref_cnt:  # held in a cached slot, not pinned: refresh
+                prev, nxt = s.prev, s.next
+                prev.next = nxt  # type: ignore[union-attr]
+                nxt.prev = prev  # type: ignore[union-attr]
+                refreshed.append(s)
         if refreshed:
             cached.forget(len(refreshed))
             cached.extend(refreshed)
@@ -167,23 +172,35 @@ class HostTier:
     def load(self, slots: list[HostSlot], devices: list[Block]) -> None:
         """State the copy of each of ``slots`` into the fresh device block beside it in
         ``devices`` (the slots stay pinned until the plan is drained; the caller pinned
-        them with ``hold``)."""
-        self.loads += _loads([s.block_id for s in slots], [d.block_id for d in devices])
+        them with ``hold``): their ids join the step's one ``BlockLoads``."""
+        self.load_src += [s.block_id for s in slots]
+        self.load_dst += [d.block_id for d in devices]
         self.num_loaded += len(slots)
+
+    def take_loads(self) -> list[BlockLoads]:
+        """The step's loads as one op (none when there are none), and forget them."""
+        if not self.load_src:
+            return []
+        op = BlockLoads(tuple(self.load_src), tuple(self.load_dst))
+        self.load_src, self.load_dst = [], []
+        return [op]
 
     def hold(self, slots: list[HostSlot]) -> None:
         """Pin ``slots`` (they are about to be loaded), so that no offload stated while
         the device makes room for them can take them."""
-        pinned, unlinked = self._pinned, 0
+        pinned = self._pinned
+        before = len(pinned)
+        pin = pinned.append
         for s in slots:
-            if not s.ref_cnt:  # cached: leaves the LRU (inlined unlink; links go stale)
+            if s.ref_cnt:
+                s.ref_cnt += 1
+            else:  # cached: leaves the LRU (inlined unlink; links go stale)
                 prev, nxt = s.prev, s.next
                 prev.next = nxt  # type: ignore[union-attr]
                 nxt.prev = prev  # type: ignore[union-attr]
-                unlinked += 1
-                pinned.append(s)
-            s.ref_cnt += 1
-        self._cached.forget(unlinked)
+                s.ref_cnt = 1
+                pin(s)
+        self._cached.forget(len(pinned) - before)
 
     def end_step(self) -> None:
         """The plan was handed to the engine: unpin, most recently used last."""
