@@ -161,6 +161,18 @@ class ContentIndex(ContentRecorder):
             b.key = None
         self._num_chained -= chained
 
+    def drop_one(self, b: Block) -> None:
+        """``drop((b,))``: in the common case, without the tuple and the loop."""
+        if self._twins or self._sink.active or self._by_key or self._lower is not None:
+            self.drop((b,))
+        elif b.chained:
+            b.chained = False
+            self._num_chained -= 1
+            b.key = None
+        else:
+            del self._by_chunk[b.key]  # type: ignore[arg-type]
+            b.key = None
+
     def uncache(self, blocks: Sequence[Block]) -> None:
         """Make held ``blocks`` unfindable: their KV was never computed. A block that
         another request holds too (it hit the block in the same step) keeps its content
