@@ -89,7 +89,6 @@ class ContentIndex(ContentRecorder):
         """``match`` without a tier below: each block is its parent's chained child or
         in the dicts, so the guess is tried first, as ``claim`` does."""
         hits: list[Block] = []
-        append = hits.append
         get, by_key = self._by_chunk.get, self._by_key
         cid, extra, b = 0, base, _NO_PARENT
         for i, chunk in enumerate(chunks):
@@ -102,7 +101,7 @@ class ContentIndex(ContentRecorder):
                     c = by_key.get((cid, chunk, extra)) if by_key else None
                     if c is None:
                         break
-            append(c)
+            hits.append(c)  # (not an alias: 3.11 specializes list.append called as a method)
             cid = c.content_id
             b = c
         return hits
@@ -118,7 +117,6 @@ class ContentIndex(ContentRecorder):
         if mm is not None or self._by_key:
             return None
         hits: list[Block] = []
-        append = hits.append
         cid = unlinked = 0
         get = self._by_chunk.get
         b = _NO_PARENT
@@ -136,7 +134,7 @@ class ContentIndex(ContentRecorder):
                 nxt.prev = prev  # type: ignore[union-attr]
                 unlinked += 1
             b.ref_cnt = r + 1
-            append(b)
+            hits.append(b)
             cid = b.content_id
         return hits, unlinked
 
