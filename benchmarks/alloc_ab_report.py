@@ -35,11 +35,20 @@ def goal(r: dict) -> float | None:
     return GOALS.get((r["section"], r["mode"], r["row"]))
 
 
+def _cost(meta: dict) -> str:
+    """What reading the clock cost each side (subtracted from every interval it timed)."""
+    costs = [meta.get("sides", {}).get(k, {}).get("clock_cost_ns") for k in ("old", "new")]
+    if None in costs:
+        return ""
+    return (f"; reading it costs {costs[0]} / {costs[1]} ns a pair (old / new worker), "
+            f"subtracted from every interval timed")
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     old, new = meta["old_commit"], meta["new_commit"]
     lines = [f"# Allocator A/B: {old} against {new} ({meta['machine']}, Python {meta['python']})",
              "", f"Command: `{meta['command']}` ({meta['elapsed_s']} s)", "",
-             f"Clock: {_CLOCKS[meta['plan'].get('clock', 'wall')]}.", "",
+             f"Clock: {_CLOCKS[meta['plan'].get('clock', 'wall')]}{_cost(meta)}.", "",
              f"Both sides ran in one run as two worker processes, {meta['plan']['rounds']} rounds "
              "per row in ABBA order (old, new, new, old, ...). µs: median of the round values "
              "(best round in brackets); a round value is the median of its admissions, or the "

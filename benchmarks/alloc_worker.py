@@ -20,7 +20,8 @@ version has it. Commands (``cmd``):
 Prompts of ``admit``/``decode``/``hold`` are drawn from ``random.Random(seed)``, so two
 workers given the same seed see the same tokens. Times are wall-clock ns, or this
 thread's CPU ns when the environment sets ``PREFIXKV_BENCH_CLOCK=cpu`` (what a busy
-machine's other processes move least: their time slices are not counted).
+machine's other processes move least: their time slices are not counted); the cost of
+reading the clock (``CLOCK_COST``, measured at start) is subtracted from each interval.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import time
 import traceback
 from array import array
 
-from alloc_replay import CLOCK, replay
+from alloc_replay import CLOCK, CLOCK_COST, replay
 
 BS = 16
 
@@ -71,7 +72,7 @@ class Side:
         from prefixkv import KVCacheManager
         warm_up(KVCacheManager)
         return dict(prefixkv=prefixkv.__file__, append_step=hasattr(KVCacheManager, "append_step"),
-                    clock="cpu" if CLOCK is time.thread_time_ns else "wall",
+                    clock="cpu" if CLOCK is time.thread_time_ns else "wall", clock_cost_ns=CLOCK_COST,
                     python=sys.version.split()[0])
 
     def setup(self, pool: int, mode: str) -> dict:
@@ -102,7 +103,7 @@ class Side:
         for i, p in enumerate(prompts):
             t0 = CLOCK()
             adm = m.add_request(i, p)
-            samples.append(CLOCK() - t0)
+            samples.append(CLOCK() - t0 - CLOCK_COST)
             if adm is None:
                 raise RuntimeError(f"admission {i} of {tokens} tokens found no room")
             m.free(i)
@@ -132,7 +133,7 @@ class Side:
                 for rid, t in zip(ids, toks):
                     if m.append_tokens(rid, t) is None:
                         raise RuntimeError("append_tokens found no room")
-        ns = CLOCK() - t0
+        ns = CLOCK() - t0 - CLOCK_COST
         for rid in ids:
             m.free(rid)
         return dict(ns=ns / (requests * steps), call="append_step" if step_call else "append_tokens")

@@ -13,6 +13,7 @@ from collections.abc import Hashable, Sequence
 from operator import attrgetter
 
 from ..errors import ConfigError, RequestError, check_count
+from ..hashing import encode_tokens
 from ..results import DecodeStep
 from .admission import Admitter
 from .block import blocks_for
@@ -76,9 +77,9 @@ class Decoder(Admitter):
         n, bs = req.num_scheduled, self.block_size
         added = _NO_BLOCKS
         if not n % bs and n >= len(req.blocks) * bs:
-            if not self._pool.num_free:
-                return None
             b = self._pool.take_one()
+            if b is None:
+                return None
             req.blocks.append(b)
             added = (b.block_id,)
         req.tokens.append(token)
@@ -98,7 +99,7 @@ class Decoder(Admitter):
         Raises (before any change) RequestError (unknown or repeated id, lengths differ,
         prefill not fully scheduled), TokenError (bad ids)."""
         reqs = self._step_requests(request_ids, token_ids)
-        new = self._encode(token_ids)
+        new = encode_tokens(token_ids, self.vocab_size)
         bs = self.block_size
         last = bs - 1
         fills = self._prepare_fills(reqs, new) if self._index.hash_may_fail else _NO_FILLS

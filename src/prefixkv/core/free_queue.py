@@ -91,11 +91,17 @@ class FreeBlockQueue:
         block.prev = block.next = None
         self._len -= 1
 
-    def popleft(self) -> Block:
-        """Unlink and return the least recently used block. The queue must not be empty."""
-        block = self._head.next
-        assert block is not None and block is not self._tail, "pop from an empty free queue"
-        self.remove(block)
+    def popleft(self) -> Block | None:
+        """Unlink and return the least recently used block; None when the queue is empty."""
+        head = self._head
+        block = head.next
+        if block is self._tail:
+            return None
+        nxt = block.next  # type: ignore[union-attr]
+        head.next = nxt
+        nxt.prev = head  # type: ignore[union-attr]
+        block.prev = block.next = None  # type: ignore[union-attr]
+        self._len -= 1
         return block
 
     def contains(self, block: Block) -> bool:

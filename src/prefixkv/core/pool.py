@@ -86,13 +86,16 @@ class BlockPool:
             b.ref_cnt = 1
         return taken
 
-    def take_one(self) -> Block:
-        """``take(1)[0]``, without the lists (a decoded token opening a block)."""
+    def take_one(self) -> Block | None:
+        """``take(1)[0]`` without the lists (a decoded token opening a block); None,
+        with nothing changed, when no block is free."""
         if self._empty:
             b = self._empty.pop()
         else:
             b = self._cached.popleft()
-            self.index.drop((b,))
+            if b is None:
+                return None
+            self.index.drop_one(b)
         b.ref_cnt = 1
         return b
 

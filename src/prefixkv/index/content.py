@@ -89,7 +89,6 @@ class ContentIndex(ContentRecorder):
         """``match`` without a tier below: each block is its parent's chained child or
         in the dicts, so the guess is tried first, as ``claim`` does."""
         hits: list[Block] = []
-        append = hits.append
         get, by_key = self._by_chunk.get, self._by_key
         cid, extra, b = 0, base, _NO_PARENT
         for i, chunk in enumerate(chunks):
@@ -102,7 +101,7 @@ class ContentIndex(ContentRecorder):
                     c = by_key.get((cid, chunk, extra)) if by_key else None
                     if c is None:
                         break
-            append(c)
+            hits.append(c)  # (not an alias: 3.11 specializes list.append called as a method)
             cid = c.content_id
             b = c
         return hits
@@ -118,7 +117,6 @@ class ContentIndex(ContentRecorder):
         if mm is not None or self._by_key:
             return None
         hits: list[Block] = []
-        append = hits.append
         cid = unlinked = 0
         get = self._by_chunk.get
         b = _NO_PARENT
@@ -136,7 +134,7 @@ class ContentIndex(ContentRecorder):
                 nxt.prev = prev  # type: ignore[union-attr]
                 unlinked += 1
             b.ref_cnt = r + 1
-            append(b)
+            hits.append(b)
             cid = b.content_id
         return hits, unlinked
 
@@ -160,6 +158,18 @@ class ContentIndex(ContentRecorder):
                 del by_chunk[b.key]  # type: ignore[arg-type]
             b.key = None
         self._num_chained -= chained
+
+    def drop_one(self, b: Block) -> None:
+        """``drop((b,))``: in the common case, without the tuple and the loop."""
+        if self._twins or self._sink.active or self._by_key or self._lower is not None:
+            self.drop((b,))
+        elif b.chained:
+            b.chained = False
+            self._num_chained -= 1
+            b.key = None
+        else:
+            del self._by_chunk[b.key]  # type: ignore[arg-type]
+            b.key = None
 
     def uncache(self, blocks: Sequence[Block]) -> None:
         """Make held ``blocks`` unfindable: their KV was never computed. A block that

@@ -39,6 +39,9 @@ class NoIndex:
     def drop(self, blocks: Sequence[Block]) -> None:
         pass
 
+    def drop_one(self, block: Block) -> None:
+        pass
+
     def uncache(self, blocks: Sequence[Block]) -> None:
         pass
 

@@ -55,6 +55,9 @@ class Index(Protocol):
     def drop(self, blocks: Sequence[Block]) -> None:
         """Remove each block's identity (the eviction step, or KV never computed)."""
 
+    def drop_one(self, block: Block) -> None:
+        """``drop((block,))``."""
+
     def uncache(self, blocks: Sequence[Block]) -> None:
         """Make held ``blocks`` unfindable: their KV was never computed."""
 
