@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from prefixkv.bench.workloads import builtin
@@ -39,6 +39,7 @@ class Plan:
     pools: tuple[int, ...] = (10_000, 1_000_000)
     modes: tuple[str, ...] = ("xxhash", "sha256")
     rounds: int = 20
+    sessions: int = 1  # fresh worker pairs the rounds are split over (see ``compare``)
     admits_2k: int = 200
     admits_32k: int = 20
     decode_tokens: int = 32_000
@@ -151,31 +152,35 @@ def row(section: str, pool: int, mode: str, name: str, unit: str, old: list[floa
                 old_rounds_ns=[round(x) for x in old], new_rounds_ns=[round(x) for x in new], **extra)
 
 
-def micro_rows(pair, plan: Plan, pool: int, mode: str, log) -> list[dict]:
+def micro_rows(pair, plan: Plan, pool: int, mode: str, log, first: int = 0) -> list[dict]:
     """Admissions (2k/32k, 0%/100% hit) and decode (one request; a batch per step)."""
     rows = []
     for tokens, count in ((2048, plan.admits_2k), (32768, plan.admits_32k)):
         for hit in (False, True):
             name = f"admit {tokens // 1024}k, {100 if hit else 0}% hit"
             got = measure(pair, plan.rounds, lambda r: dict(
-                cmd="admit", tokens=tokens, hit=hit, count=count, seed=f"{pool}/{mode}/{name}/{r}"))
+                cmd="admit", tokens=tokens, hit=hit, count=count,
+                seed=f"{pool}/{mode}/{name}/{first + r}"))
             rows.append(log(row("micro", pool, mode, name, "µs/admission",
                                 [g["ns"] for g in got["old"]], [g["ns"] for g in got["new"]])))
     for requests, per_step in ((1, False), (plan.step_requests, True)):
         name = f"decode, {requests} running, " + ("per step" if per_step else "per request")
         got = measure(pair, plan.rounds, lambda r: dict(
             cmd="decode", requests=requests, steps=plan.decode_tokens // requests,
-            per_step=per_step, seed=f"{pool}/{mode}/{name}/{r}"))
+            per_step=per_step, seed=f"{pool}/{mode}/{name}/{first + r}"))
         rows.append(log(row("micro", pool, mode, name, "µs/token",
                             [g["ns"] for g in got["old"]], [g["ns"] for g in got["new"]],
                             old_call=got["old"][0]["call"], new_call=got["new"][0]["call"])))
     return rows
 
 
+_SUMMARY = ("old_us", "old_best_us", "new_us", "new_best_us", "ratio", "ratio_best",
+            "ratio_paired", "old_rounds_ns", "new_rounds_ns")
+
 COUNTS = ("admissions", "preemptions", "decoded_tokens", "prompt_tokens", "cached_tokens", "steps")
 
 
-def workload_rows(pair, plan: Plan, pool: int, log) -> list[dict]:
+def workload_rows(pair, plan: Plan, pool: int, log, first: int = 0) -> list[dict]:
     """Each workload replayed in ``pool`` with requests held so that exactly its designed
     room (``pool_tokens / 16`` blocks) is free; round r replays the workload of seed r.
     Raises ValueError (before any command) when that room is larger than ``pool``."""
@@ -190,7 +195,7 @@ def workload_rows(pair, plan: Plan, pool: int, log) -> list[dict]:
         got = measure(pair, plan.rounds, lambda r: dict(
             cmd="replay", max_running=plan.max_running,
             requests=[dict(rid=q.rid, prompt=q.prompt, output=q.output, after=q.after)
-                      for q in builtin(name, plan.scale, seed=r).requests]))
+                      for q in builtin(name, plan.scale, seed=first + r).requests]))
         same = all([o[k] for k in COUNTS] == [n[k] for k in COUNTS]
                    for o, n in zip(got["old"], got["new"]))
         counts = {side: {k: sum(g[k] for g in got[side]) for k in COUNTS} for side in got}
@@ -210,16 +215,55 @@ def workload_rows(pair, plan: Plan, pool: int, log) -> list[dict]:
 
 def compare(old_src: Path, new_src: Path, plan: Plan, log=lambda r: r) -> tuple[list[dict], dict]:
     """Every row of ``plan`` for the prefixkv in ``old_src`` against ``new_src``. Returns the
-    rows and the workers' hello replies. ``log`` sees each row as it is finished."""
+    rows and the workers' hello replies. ``log`` sees each row as it is finished.
+
+    The rounds are split over ``plan.sessions`` pairs of fresh worker processes, whose
+    round values are pooled: one process's heap and cache layout can make a row 1.4x
+    slower for its whole life on this VM (seen: a 32k-token hit at 650 µs in one process,
+    460 µs in the next, same code and seeds), which pairing within a process cannot
+    cancel."""
+    per = plan.rounds // plan.sessions
+    if per < 2 or per % 2 or per * plan.sessions != plan.rounds:
+        raise ValueError(f"{plan.rounds} rounds do not split into {plan.sessions} sessions "
+                         f"of an even number (>= 2) each")
+    merged: dict[tuple, dict] = {}
+    for s in range(plan.sessions):
+        last = s == plan.sessions - 1
+        rows, sides = _session(old_src, new_src, replace(plan, rounds=per), s * per,
+                               log if last else (lambda r: r), merged)
+    return rows, sides
+
+
+def _session(old_src: Path, new_src: Path, plan: Plan, first: int, log, merged: dict) -> tuple[list[dict], dict]:
+    """One pair of workers for ``plan.rounds`` rounds (seeds from round ``first``); each
+    row's round values are added to those of the same row in ``merged``."""
     rows = []
     with workers(old_src, new_src, plan.clock) as pair:
         for pool in plan.pools:
             for mode in plan.modes:
                 for w in pair:
                     w.call(dict(cmd="setup", pool=pool, mode=mode))
-                rows += micro_rows(pair, plan, pool, mode, log)
+                got = micro_rows(pair, plan, pool, mode, lambda r: r, first)
                 if mode == "xxhash" and plan.workloads:
-                    rows += workload_rows(pair, plan, pool, log)
+                    got += workload_rows(pair, plan, pool, lambda r: r, first)
+                rows += [log(_merge(merged, r)) for r in got]
                 for w in pair:
                     w.call(dict(cmd="drop"))
         return rows, {w.label: w.info for w in pair}
+
+
+def _merge(merged: dict, r: dict) -> dict:
+    """``r`` with the round values of the same row from earlier sessions, re-summarised."""
+    key = (r["section"], r["pool_blocks"], r["mode"], r["row"])
+    prev = merged.get(key)
+    if prev is not None:
+        extra = {k: v for k, v in r.items() if k not in _SUMMARY}
+        if "same_counts" in r:
+            extra["same_counts"] = r["same_counts"] and prev["same_counts"]
+            extra["counts"] = {side: {k: prev["counts"][side][k] + r["counts"][side][k]
+                                      for k in r["counts"][side]} for side in r["counts"]}
+        r = row(r["section"], r["pool_blocks"], r["mode"], r["row"], r["unit"],
+                prev["old_rounds_ns"] + r["old_rounds_ns"], prev["new_rounds_ns"] + r["new_rounds_ns"],
+                **{k: v for k, v in extra.items() if k not in ("section", "pool_blocks", "mode", "row", "unit")})
+    merged[key] = r
+    return r

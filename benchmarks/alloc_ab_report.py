@@ -49,8 +49,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"# Allocator A/B: {old} against {new} ({meta['machine']}, Python {meta['python']})",
              "", f"Command: `{meta['command']}` ({meta['elapsed_s']} s)", "",
              f"Clock: {_CLOCKS[meta['plan'].get('clock', 'wall')]}{_cost(meta)}.", "",
-             f"Both sides ran in one run as two worker processes, {meta['plan']['rounds']} rounds "
-             "per row in ABBA order (old, new, new, old, ...). µs: median of the round values "
+             f"Both sides ran in one run, {meta['plan']['rounds']} rounds per row in ABBA order "
+             f"(old, new, new, old, ...), split over {meta['plan'].get('sessions', 1)} pairs of "
+             "fresh worker processes (one process's heap layout can slow a row for its whole "
+             "life). µs: median of the round values "
              "(best round in brackets); a round value is the median of its admissions, or the "
              "mean per decoded token / per request. Ratio = old / new (above 1: the new code is "
              "faster), of the medians (of the best rounds); paired: the median of each round's "
@@ -94,7 +96,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
 
 def main_against(rev: str, quick: bool, out: Path, command: str, clock: str = "wall") -> None:
     """Compare ``rev`` with this tree, print each row as it finishes, write the report."""
-    plan = replace(QUICK if quick else Plan(), clock=clock)
+    plan = replace(QUICK if quick else Plan(rounds=24, sessions=4), clock=clock)
     dirty = _git("status", "--porcelain", "--", "src")
     new_commit = _git("rev-parse", "--short", "HEAD") + (" + uncommitted src" if dirty else "")
     t0 = time.perf_counter()

@@ -64,6 +64,25 @@ def test_the_cpu_clock_times_each_worker_thread():
     assert "Clock: each worker thread's CPU time" in md
 
 
+def test_rounds_split_over_fresh_worker_pairs_are_pooled():
+    plan = Plan(pools=(5000,), modes=("xxhash",), rounds=4, sessions=2, admits_2k=3, admits_32k=2,
+                decode_tokens=256, step_requests=8, workloads=("pressure",), scale=0.02)
+    rows, _ = compare(SRC, SRC, plan)
+    one, _ = compare(SRC, SRC, Plan(pools=(5000,), modes=("xxhash",), rounds=2, admits_2k=3,
+                                    admits_32k=2, decode_tokens=256, step_requests=8,
+                                    workloads=("pressure",), scale=0.02))
+    assert [r["row"] for r in rows] == [r["row"] for r in one]
+    for r in rows:
+        assert len(r["old_rounds_ns"]) == len(r["new_rounds_ns"]) == 4
+        assert r["ratio"] == pytest.approx(r["old_us"] / r["new_us"], abs=0.01)
+    admit = [r for r in rows if r["row"] == "pressure: admit"][0]
+    first = [r for r in one if r["row"] == "pressure: admit"][0]  # seeds 0-1 of the 4
+    assert admit["same_counts"]
+    assert admit["counts"]["new"]["admissions"] > first["counts"]["new"]["admissions"]
+    with pytest.raises(ValueError):
+        compare(SRC, SRC, Plan(pools=(5000,), rounds=6, sessions=2))  # 3 a session: not even
+
+
 def test_worker_reports_errors_and_keeps_serving():
     w = Worker("new", SRC)
     try:
