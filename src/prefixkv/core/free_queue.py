@@ -20,17 +20,17 @@ from .block import Block
 
 
 class FreeBlockQueue:
-    __slots__ = ("_head", "_tail", "_len")
+    __slots__ = ("_head", "_tail", "size")
 
     def __init__(self) -> None:
         self._head = Block(-1)
         self._tail = Block(-1)
         self._head.next = self._tail
         self._tail.prev = self._head
-        self._len = 0
+        self.size = 0
 
     def __len__(self) -> int:
-        return self._len
+        return self.size  # (``size`` is read directly on hot paths: no Python call)
 
     def append(self, block: Block) -> None:
         """Insert ``block`` as the most recently used. It must not be in the queue."""
@@ -40,7 +40,7 @@ class FreeBlockQueue:
         block.prev = last
         block.next = self._tail
         self._tail.prev = block
-        self._len += 1
+        self.size += 1
 
     def extend(self, blocks: list[Block]) -> None:
         """Append ``blocks`` in order, each as the new most recently used."""
@@ -52,11 +52,11 @@ class FreeBlockQueue:
             last = b
         last.next = self._tail
         self._tail.prev = last
-        self._len += len(blocks)
+        self.size += len(blocks)
 
     def popleft_n(self, n: int) -> list[Block]:
         """Unlink and return the ``n`` least recently used blocks (``n <= len``)."""
-        assert 0 <= n <= self._len, (n, self._len)
+        assert 0 <= n <= self.size, (n, self.size)
         out = []
         node = self._head.next
         for _ in range(n):
@@ -65,7 +65,7 @@ class FreeBlockQueue:
         assert node is not None
         self._head.next = node
         node.prev = self._head
-        self._len -= n
+        self.size -= n
         return out
 
     def remove_all(self, blocks: list[Block]) -> None:
@@ -75,12 +75,12 @@ class FreeBlockQueue:
             prev.next = nxt  # type: ignore[union-attr]
             nxt.prev = prev  # type: ignore[union-attr]
             b.prev = b.next = None
-        self._len -= len(blocks)
+        self.size -= len(blocks)
 
     def forget(self, n: int) -> None:
         """Account for ``n`` blocks the caller unlinked itself (a hot loop that inlines
         ``remove``)."""
-        self._len -= n
+        self.size -= n
 
     def remove(self, block: Block) -> None:
         """Unlink ``block``, which must be in the queue."""
@@ -89,7 +89,7 @@ class FreeBlockQueue:
         prev.next = nxt
         nxt.prev = prev
         block.prev = block.next = None
-        self._len -= 1
+        self.size -= 1
 
     def popleft(self) -> Block | None:
         """Unlink and return the least recently used block; None when the queue is empty."""
@@ -101,7 +101,7 @@ class FreeBlockQueue:
         head.next = nxt
         nxt.prev = head  # type: ignore[union-attr]
         block.prev = block.next = None  # type: ignore[union-attr]
-        self._len -= 1
+        self.size -= 1
         return block
 
     def contains(self, block: Block) -> bool:
@@ -125,6 +125,6 @@ class FreeBlockQueue:
             prev, count = b, count + 1
         if self._tail.prev is not prev:
             return "tail sentinel does not point at the last block"
-        if count != self._len:
-            return f"cached tier length {self._len} != {count} linked"
+        if count != self.size:
+            return f"cached tier length {self.size} != {count} linked"
         return None

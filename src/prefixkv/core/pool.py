@@ -30,7 +30,7 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._empty) + len(self._cached)
+        return len(self._empty) + self._cached.size
 
     def free_order(self) -> list[int]:
         """Free block ids in the order ``take`` would hand them out."""
@@ -59,7 +59,7 @@ class BlockPool:
     def claimed(self, unlinked: int) -> None:
         """Account for ``unlinked`` cache hits that ``Index.claim`` took out of the cached
         tier."""
-        self._cached.forget(unlinked)
+        self._cached.size -= unlinked  # (forget, inlined)
 
     def unclaim(self, hits: list[Block], unlinked: int) -> None:
         """Undo ``Index.claim`` and ``claimed`` exactly: drop the references and relink

@@ -40,7 +40,7 @@ class RequestKeys:
         """``RequestKeys(...)``, shared by every request without extra keys (it is
         immutable and then depends on nothing)."""
         if extra is None:
-            return _PLAIN
+            return PLAIN_KEYS
         return cls(extra, num_prompt_blocks, block_size)
 
     def of_blocks(self, first: int, last: int) -> list[bytes]:
@@ -57,7 +57,7 @@ class RequestKeys:
                                                                     (j + 1) * block_size)
 
 
-_PLAIN = RequestKeys(None, 0, 1)
+PLAIN_KEYS = RequestKeys(None, 0, 1)
 
 
 class Request:

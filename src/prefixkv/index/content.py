@@ -123,7 +123,8 @@ class ContentIndex(ContentRecorder):
         for chunk in chunks:
             # the parent's last child first: a verified guess saves hashing the chunk
             b = b.child
-            if b.key != chunk or b.parent_cid != cid or b.extra != base or b.twin:
+            if b.key != chunk or b.parent_cid != cid or (b.extra is not base and b.extra != base) \
+                    or b.twin:  # (extra is nearly always the same object: ``is`` first)
                 b = get(chunk)
                 if b is None or b.parent_cid != cid or b.extra != base:
                     break
