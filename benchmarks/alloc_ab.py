@@ -63,6 +63,10 @@ class Worker:
         self.proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, cwd=HERE)
         try:
+            # Both workers on one CPU (they never run at once): on this VM the two vCPUs'
+            # speed drifts apart for seconds at a time, and a worker moved to the slower
+            # one ran whole rounds 1.5x slower while the other did not.
+            os.sched_setaffinity(self.proc.pid, {min(os.sched_getaffinity(0))})
             self.info = self.call(dict(cmd="hello"))
             if not Path(self.info["prefixkv"]).resolve().is_relative_to(src.resolve()):
                 raise RuntimeError(f"{label} worker imported {self.info['prefixkv']}, not from {src}")
