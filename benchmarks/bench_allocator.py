@@ -10,7 +10,7 @@ alternating rounds, and writes per-row ratios to ``allocator-ab.{md,json}`` (see
 
 Each figure is the median over many admissions of a steady-state loop (admit, then free, so the
 pool keeps evicting on misses). Every pool is first filled to capacity with cached blocks, as a
-long-running server's is: each miss then evicts, and the index holds ``num_blocks`` entries. Budgets: 2k-token admission <= 100 µs, 32k <= 1.5 ms,
+long-running server's is: each miss then evicts, and the index holds ``num_blocks`` contents. Budgets: 2k-token admission <= 100 µs, 32k <= 1.5 ms,
 decode <= 1 µs/token, flat in pool size (the pool sizes are measured in alternating rounds).
 """
 
@@ -160,7 +160,7 @@ def markdown(rows, hashing, meta):
              "", f"Command: `{meta['command']}`", "",
              "Admission µs: median of all samples (best round's median in brackets). Every pool "
              "is filled to capacity with cached blocks first (the index holds num_blocks "
-             "entries and each miss evicts). The GC is frozen after that, as engines do. This shared 2-core VM drifts by "
+             "contents and each miss evicts). The GC is frozen after that, as engines do. This shared 2-core VM drifts by "
              "up to ~1.7x within minutes; the hashing line at the end gauges its speed during "
              "the run (xxhash measured 14-25 ns/token here on different runs).", "",
              "| pool blocks | allocator | prompt | admit, 0% hit (µs) | admit, 100% hit (µs) | budget (µs) |",

@@ -61,7 +61,8 @@ def test_forks_decoding_equal_tokens_make_a_spare_of_the_chained_block(events):
     m.add_request("a", [1, 2, 3, 4, 5, 6])
     f = m.fork("a", "c")
     assert f is not None and f.block_ids == (0, 2)
-    assert m.append_tokens("a", [7, 8]) == () and m.append_tokens("c", [7, 8]) == ()
+    for t in (7, 8):  # one token a call: the decode path (store_filled)
+        assert m.append_tokens("a", [t]) == () and m.append_tokens("c", [t]) == ()
     # block 1 (a's) was recorded first; c's block 2 holds equal content: it is a spare
     assert m.get_block_ids("a") == (0, 1) and m.get_block_ids("c") == (0, 2)
     m.check_invariants()
@@ -82,10 +83,12 @@ def test_a_decode_block_equal_to_a_keyed_sibling_becomes_its_spare(events):
     m.add_request("a", [1, 2, 3, 4, 5, 6])
     m.fork("a", "c1")
     m.fork("a", "c2")
-    m.append_tokens("a", [7, 8])      # chained under block 0
-    m.append_tokens("c1", [9, 10])    # displaces a's block: it is keyed now
-    before = m.num_cached_blocks
-    m.append_tokens("c2", [7, 8])     # equal to a's block, found by the dict probe
+    for r, toks in (("a", [7, 8]), ("c1", [9, 10]), ("c2", [7, 8])):
+        for t in toks:  # one token a call: the decode path (store_filled)
+            m.append_tokens(r, [t])
+        if r == "c1":   # a's block (chained under block 0) is displaced: keyed now
+            before = m.num_cached_blocks
+    # c2's block equals a's, found by the dict probe
     assert m.num_cached_blocks == before == 3
     m.check_invariants()
     for r in ("a", "c1", "c2"):

@@ -165,3 +165,38 @@ def test_a_simulated_store_under_pressure_holds_every_requests_own_kv(seed):
             live[adm.request_id] = prompt
             writes.append((adm.request_id, adm.num_cached_tokens))
     assert m.stats.host_hits > 200 and m.stats.hits > m.stats.host_hits
+
+
+def test_a_decoded_block_that_a_slot_keeps_takes_the_slots_id_so_its_host_children_stay_found():
+    m = manager(num_blocks=4, host_blocks=6)
+    a = list(range(1, 14))                           # blocks A0, A1, A2 + 1 token
+    m.add_request("a", a)
+    m.take_kv_ops()
+    m.free("a")
+    m.add_request("b", list(range(20, 33)))          # evicts A2, A1, A0: all offloaded
+    assert len([op for op in m.take_kv_ops() if isinstance(op, BlockOffload)]) == 3
+    m.free("b")
+    assert m.add_request("d", [1, 2, 3, 4, 5, 6, 7]).num_cached_tokens == 4  # A0 loads
+    m.take_kv_ops()
+    assert m.append_tokens("d", [8]) == ()           # fills A1 again, on the device
+    m.check_invariants()
+    # A2 waits in a slot under A1's content id: found only if the new block took that id
+    assert m.lookup(a) == 12
+    m.free("d")
+    m.check_invariants()
+
+
+def test_forks_with_a_tier_decoding_equal_tokens_keep_one_block_found():
+    m = manager(num_blocks=8, host_blocks=4)
+    m.add_request("a", [1, 2, 3, 4, 5, 6])
+    m.fork("a", "c")
+    for t in (7, 8):                                 # one token a call: the decode path
+        m.append_tokens("a", [t])
+        m.append_tokens("c", [t])                    # equal content: c's block is a spare
+    m.check_invariants()
+    assert m.num_cached_blocks == 2
+    m.free("a")
+    m.check_invariants()
+    m.free("c")
+    assert m.lookup([1, 2, 3, 4, 5, 6, 7, 8, 0]) == 8
+    m.check_invariants()

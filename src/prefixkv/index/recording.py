@@ -59,12 +59,15 @@ class ContentRecorder:
         """Record block ``j`` of ``req``, which the last token appended filled (decode).
         In the common case (a new content under a parent that may take it as its chained
         child, no hashes wanted, no overflow keys, no tier below) one probe and no dict
-        write; else ``store``."""
+        write; with a tier below, one dict write; else ``store``."""
         bs = self._bs
         chunk = req.tokens[j * bs:(j + 1) * bs].tobytes()
         mm = req.keys.mm
         extra = req.keys.base if mm is None or j >= len(mm) else mm[j]
         parent = req.blocks[j - 1] if j else None
+        if self._lower is not None and not (self.hashing or self._by_key):
+            self._store_filled_keyed(req, j, chunk, extra, parent)
+            return
         if (self.hashing or self._by_key or self._lower is not None or parent is None
                 or parent.key is None or parent.twin
                 or (self._twins and parent.content_id in self._twins)):  # see _may_chain
@@ -89,6 +92,25 @@ class ContentRecorder:
         b.parent_cid, b.extra, b.step = cid, extra, self.step
         b.content_id = self._next_id
         self._next_id += 1
+
+    def _store_filled_keyed(self, req: Request, j: int, chunk: bytes, extra: bytes,
+                            parent: Block | None) -> None:
+        """``store_filled`` with a tier below, where nothing is chained: one dict write,
+        and the content id of the host slot that keeps this content, if one does."""
+        b = req.blocks[j]
+        if self._by_chunk.setdefault(chunk, b) is not b:  # equal tokens are held: store decides
+            self.store(req, j, ([chunk], [extra], None))
+            return
+        cid = parent.content_id if parent is not None else 0
+        if parent is not None:
+            parent.child = b
+        b.parent_cid, b.extra, b.step, b.key = cid, extra, self.step, chunk
+        slot = self._lower.find(cid, chunk, extra)  # type: ignore[union-attr]
+        if slot is None:
+            b.content_id = self._next_id
+            self._next_id += 1
+        else:
+            b.content_id = slot.content_id
 
     def _may_chain(self, parent: Block) -> bool:
         """Whether a new content under ``parent`` may be found through ``parent.child``
