@@ -132,3 +132,22 @@ def test_a_block_aligned_resend_keys_the_content_and_its_children_while_a_spare_
     # with the spare gone, a new child of the content is chained again
     assert m.add_request("c", A + [40, 41, 42, 43, 0]) == Admission("c", (0, 1, 2, 3, 5), 12, 5)
     m.check_invariants()
+
+
+@EVENTS
+def test_a_decode_block_equal_to_a_content_keyed_by_its_triple_becomes_its_spare(events):
+    m = manager(12, events)
+    for rid, prompt in (("y", [1, 2, 3, 4, 0]),                 # [1,2,3,4] first: keyed
+                        ("x", [5, 6, 7, 8, 1, 2, 3, 4, 0]),     # chained under [5,6,7,8]
+                        ("z", [5, 6, 7, 8, 9, 9, 9, 9, 0])):    # displaces it: by its triple
+        m.add_request(rid, prompt)
+        m.free(rid)
+    assert m._index._by_key  # the second [1,2,3,4] is keyed by (parent, tokens, extra)
+    m.add_request("d", [5, 6, 7, 8, 1, 2, 3])
+    before = m.num_cached_blocks
+    assert m.append_tokens("d", [4]) == ()  # fills x's content again: a spare, not a copy
+    assert m.num_cached_blocks == before
+    m.check_invariants()
+    m.free("d")
+    assert m.lookup([5, 6, 7, 8, 1, 2, 3, 4, 0]) == 8
+    m.check_invariants()

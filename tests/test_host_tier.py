@@ -200,3 +200,25 @@ def test_forks_with_a_tier_decoding_equal_tokens_keep_one_block_found():
     m.free("c")
     assert m.lookup([1, 2, 3, 4, 5, 6, 7, 8, 0]) == 8
     m.check_invariants()
+
+
+def test_with_a_tier_a_decode_block_equal_to_a_content_keyed_by_its_triple_becomes_its_spare():
+    m = manager(num_blocks=6, host_blocks=4)
+    for rid, prompt in (("y", [1, 2, 3, 4, 0]),              # [1,2,3,4] keyed by its tokens
+                        ("x", [5, 6, 7, 8, 1, 2, 3, 4, 0])):  # so x's is keyed by its triple
+        m.add_request(rid, prompt)
+        m.take_kv_ops()
+        m.free(rid)
+    need = m.num_free_blocks - 2                          # evicts y's block only (LRU first)
+    m.add_request("f", list(range(100, 100 + 4 * (need - 1) + 1)))
+    m.take_kv_ops()
+    m.free("f")
+    assert m.lookup([5, 6, 7, 8, 1, 2, 3, 4, 0]) == 8 and m.lookup([1, 2, 3, 4, 0]) == 4  # (host)
+    m.add_request("d", [5, 6, 7, 8, 1, 2, 3])
+    m.take_kv_ops()
+    before = m.num_cached_blocks
+    assert m.append_tokens("d", [4]) == ()               # x's content again: a spare
+    assert m.num_cached_blocks == before
+    m.check_invariants()
+    m.free("d")
+    m.check_invariants()

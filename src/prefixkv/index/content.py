@@ -111,14 +111,13 @@ class ContentIndex(ContentRecorder):
         (a block with no reference leaves the pool's cached tier: its links are unlinked
         in place and left stale). Returns the hits and how many of them left the cached
         tier, for ``BlockPool.claimed`` (``BlockPool.unclaim`` undoes it); None, with nothing
-        done, when the run cannot be found in one probe a block (per-block extra keys, the
-        triple-keyed overflow in use): then use ``match``. With a tier below, the run is
+        done, with per-block extra keys: then use ``match``. With a tier below, the run is
         the device's alone: the caller checks whether the tier goes on after it."""
-        if mm is not None or self._by_key:
+        if mm is not None:
             return None
         hits: list[Block] = []
         cid = unlinked = 0
-        get = self._by_chunk.get
+        get, by_key = self._by_chunk.get, self._by_key
         b = _NO_PARENT
         for chunk in chunks:
             # the parent's last child first: a verified guess saves hashing the chunk
@@ -127,7 +126,9 @@ class ContentIndex(ContentRecorder):
                     or b.twin:  # (extra is nearly always the same object: ``is`` first)
                 b = get(chunk)
                 if b is None or b.parent_cid != cid or b.extra != base:
-                    break
+                    b = by_key.get((cid, chunk, base)) if by_key else None
+                    if b is None:
+                        break
             r = b.ref_cnt
             if not r:
                 prev, nxt = b.prev, b.next
@@ -142,12 +143,12 @@ class ContentIndex(ContentRecorder):
     def drop(self, blocks: Sequence[Block]) -> None:
         """The eviction step for free cached blocks (each the index's entry for its key):
         a held twin takes over the content, or the content goes (and is announced gone)."""
-        if self._twins or self._sink.active or self._by_key:
+        if self._twins or self._sink.active:
             for b in blocks:
                 self._unindex(b, evicting=True)
                 b.key = None
             return
-        by_chunk = self._by_chunk
+        by_chunk, by_key = self._by_chunk, self._by_key
         if self._lower is not None:  # each evicted content computed before this step goes down
             self._lower.demote(blocks, self.step)
         chained = 0
@@ -156,20 +157,20 @@ class ContentIndex(ContentRecorder):
                 b.chained = False
                 chained += 1
             else:
-                del by_chunk[b.key]  # type: ignore[arg-type]
+                del (by_chunk if type(b.key) is bytes else by_key)[b.key]  # type: ignore[index]
             b.key = None
         self._num_chained -= chained
 
     def drop_one(self, b: Block) -> None:
         """``drop((b,))``: in the common case, without the tuple and the loop."""
-        if self._twins or self._sink.active or self._by_key or self._lower is not None:
+        if self._twins or self._sink.active or self._lower is not None:
             self.drop((b,))
         elif b.chained:
             b.chained = False
             self._num_chained -= 1
             b.key = None
         else:
-            del self._by_chunk[b.key]  # type: ignore[arg-type]
+            del self._home(b.key)[b.key]  # type: ignore[arg-type]
             b.key = None
 
     def uncache(self, blocks: Sequence[Block]) -> None:

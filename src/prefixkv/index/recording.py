@@ -58,17 +58,17 @@ class ContentRecorder:
     def store_filled(self, req: Request, j: int) -> None:
         """Record block ``j`` of ``req``, which the last token appended filled (decode).
         In the common case (a new content under a parent that may take it as its chained
-        child, no hashes wanted, no overflow keys, no tier below) one probe and no dict
-        write; with a tier below, one dict write; else ``store``."""
+        child, no hashes wanted, no tier below) one probe and no dict write; with a tier
+        below, one dict write; else ``store``."""
         bs = self._bs
         chunk = req.tokens[j * bs:(j + 1) * bs].tobytes()
         mm = req.keys.mm
         extra = req.keys.base if mm is None or j >= len(mm) else mm[j]
         parent = req.blocks[j - 1] if j else None
-        if self._lower is not None and not (self.hashing or self._by_key):
+        if self._lower is not None and not self.hashing:
             self._store_filled_keyed(req, j, chunk, extra, parent)
             return
-        if (self.hashing or self._by_key or self._lower is not None or parent is None
+        if (self.hashing or self._lower is not None or parent is None
                 or parent.key is None or parent.twin
                 or (self._twins and parent.content_id in self._twins)):  # see _may_chain
             self.store(req, j, self._hashed(parent, [chunk], [extra]))
@@ -82,7 +82,8 @@ class ContentRecorder:
             if c.chained:  # displaced: keyed in the dicts
                 self._enter(c)
         c = self._by_chunk.get(chunk)
-        if c is not None and c.parent_cid == cid and c.extra == extra:  # held, keyed
+        if (c is not None and c.parent_cid == cid and c.extra == extra) or (
+                self._by_key and (cid, chunk, extra) in self._by_key):  # held, keyed
             self.store(req, j, ([chunk], [extra], None))
             return
         b = req.blocks[j]
@@ -98,10 +99,11 @@ class ContentRecorder:
         """``store_filled`` with a tier below, where nothing is chained: one dict write,
         and the content id of the host slot that keeps this content, if one does."""
         b = req.blocks[j]
-        if self._by_chunk.setdefault(chunk, b) is not b:  # equal tokens are held: store decides
-            self.store(req, j, ([chunk], [extra], None))
-            return
         cid = parent.content_id if parent is not None else 0
+        if (self._by_key and (cid, chunk, extra) in self._by_key) or \
+                self._by_chunk.setdefault(chunk, b) is not b:  # held, or its tokens taken:
+            self.store(req, j, ([chunk], [extra], None))  # ``store`` decides
+            return
         if parent is not None:
             parent.child = b
         b.parent_cid, b.extra, b.step, b.key = cid, extra, self.step, chunk
