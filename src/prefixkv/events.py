@@ -72,6 +72,9 @@ class NullSink:
     def append(self, event: Event) -> None:
         pass
 
+    def extend(self, events: list[Event]) -> None:
+        pass
+
     def take(self) -> list[Event] | None:
         return []
 
@@ -101,6 +104,12 @@ class EventLog:
 
     def append(self, event: Event) -> None:
         self._events.append(event)
+        if len(self._events) > self.max_events:
+            self._overflow()
+
+    def extend(self, events: list[Event]) -> None:
+        """``append`` each of ``events``, in order, in one call."""
+        self._events += events
         if len(self._events) > self.max_events:
             self._overflow()
 

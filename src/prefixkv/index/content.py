@@ -143,23 +143,33 @@ class ContentIndex(ContentRecorder):
     def drop(self, blocks: Sequence[Block]) -> None:
         """The eviction step for free cached blocks (each the index's entry for its key):
         a held twin takes over the content, or the content goes (and is announced gone)."""
-        if self._twins or self._sink.active:
+        twins, sink, lower = self._twins, self._sink, self._lower
+        if lower is not None and (twins or sink.active):  # per block: events in tier order
             for b in blocks:
                 self._unindex(b, evicting=True)
                 b.key = None
             return
         by_chunk, by_key = self._by_chunk, self._by_key
-        if self._lower is not None:  # each evicted content computed before this step goes down
-            self._lower.demote(blocks, self.step)
+        if lower is not None:  # each evicted content computed before this step goes down
+            lower.demote(blocks, self.step)
+        removed: list[Event] | None = [] if sink.active else None
         chained = 0
         for b in blocks:  # the common case: a chained block leaves no dict entry
             if b.chained:
                 b.chained = False
                 chained += 1
+            elif twins and b.content_id in twins:  # a held spare takes over: nothing goes
+                self._unindex(b, evicting=True)
+                b.key = None
+                continue
             else:
                 del (by_chunk if type(b.key) is bytes else by_key)[b.key]  # type: ignore[index]
+            if removed is not None:
+                removed.append(BlockRemoved(b.hash, b.block_id))  # type: ignore[arg-type]
             b.key = None
         self._num_chained -= chained
+        if removed:
+            sink.extend(removed)
 
     def drop_one(self, b: Block) -> None:
         """``drop((b,))``: in the common case, without the tuple and the loop."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from functools import lru_cache
 from dataclasses import replace
 
 from ..core.block import NO_CHILD, Block
@@ -273,14 +274,22 @@ class ContentRecorder:
 
     def _announce(self, req: Request, first: int, hashes: list[bytes]) -> None:
         """Give the blocks just stored their chain hash; announce the new contents."""
-        bs, blocks, tokens = self._bs, req.blocks, req.tokens
+        bs, blocks, keys = self._bs, req.blocks, req.keys
+        unpack = _token_ids(bs)
         parent = blocks[first - 1].hash if first else None
-        for j in range(first, first + len(hashes)):
+        out = []
+        for j, h in enumerate(hashes, first):
             b = blocks[j]
-            h = hashes[j - first]
             if not b.twin:
                 b.hash = h
-                b.event = ev = BlockStored(h, parent, tuple(tokens[j * bs:(j + 1) * bs]),
-                                           b.block_id, req.keys.for_event(j, bs))
-                self._sink.append(ev)
+                b.event = ev = BlockStored(h, parent, unpack(_chunk(b)), b.block_id,
+                                           None if keys.extra is None else keys.for_event(j, bs))
+                out.append(ev)
             parent = h
+        self._sink.extend(out)
+
+
+@lru_cache(maxsize=8)
+def _token_ids(block_size: int):
+    """The token ids of a block's little-endian uint32 bytes, as a tuple (in C)."""
+    return struct.Struct(f"<{block_size}I").unpack
