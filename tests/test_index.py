@@ -156,3 +156,22 @@ def test_salted_prompts_mirror_exactly():
     mirror.drain()
     assert mirror.predict([1, 2, 3, 4, 5], salt) == m.lookup([1, 2, 3, 4, 5], extra=salt) == 4
     assert mirror.predict([1, 2, 3, 4, 5]) == m.lookup([1, 2, 3, 4, 5]) == 0
+
+
+def test_the_fast_event_builders_make_the_same_frozen_events():
+    import dataclasses
+
+    from prefixkv.events import BlockRemoved, BlockStored, removed_event, stored_event
+    from prefixkv.extra_keys import ExtraKeys
+    extra = ExtraKeys(cache_salt="s")
+    for args in ((b"h" * 16, None, (1, 2, 3, 4), 7, None), (b"h" * 16, b"p" * 16, (5,), 0, extra),
+                 (b"h", b"p", (), 3, None, "CPU")):
+        fast, slow = stored_event(*args), BlockStored(*args)
+        assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            fast.block_id = 1  # type: ignore[misc]
+    for args in ((b"h" * 16, 3), (b"h", 0, "CPU")):
+        fast, slow = removed_event(*args), BlockRemoved(*args)
+        assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            fast.block_hash = b""  # type: ignore[misc]

@@ -58,6 +58,42 @@ class AllBlocksCleared:
     ``BlockStored`` events that follow restate everything findable."""
 
 
+def _setters(cls: type, fields: tuple[str, ...]):
+    return tuple(cls.__dict__[f].__set__ for f in fields)  # the slots' member descriptors
+
+
+_STORED = _setters(BlockStored, ("block_hash", "parent_block_hash", "token_ids", "block_id",
+                                 "extra", "medium"))
+_REMOVED = _setters(BlockRemoved, ("block_hash", "block_id", "medium"))
+_new = object.__new__
+
+
+def stored_event(block_hash: bytes, parent: bytes | None, token_ids: tuple[int, ...],
+                 block_id: int, extra: ExtraKeys | None, medium: str = DEVICE) -> BlockStored:
+    """``BlockStored(...)``, the same (equal, hashing alike) object, built ~2x faster: a
+    frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; this
+    writes the slots directly. For the index's hot paths (one event a stored block)."""
+    ev = _new(BlockStored)
+    a, b, c, d, e, f = _STORED
+    a(ev, block_hash)
+    b(ev, parent)
+    c(ev, token_ids)
+    d(ev, block_id)
+    e(ev, extra)
+    f(ev, medium)
+    return ev
+
+
+def removed_event(block_hash: bytes, block_id: int, medium: str = DEVICE) -> BlockRemoved:
+    """``BlockRemoved(...)``, built as ``stored_event`` builds its event."""
+    ev = _new(BlockRemoved)
+    a, b, c = _REMOVED
+    a(ev, block_hash)
+    b(ev, block_id)
+    c(ev, medium)
+    return ev
+
+
 Event = BlockStored | BlockRemoved | AllBlocksCleared
 """Any of the three events ``take_events()`` returns."""
 

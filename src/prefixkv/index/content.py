@@ -37,7 +37,7 @@ from dataclasses import replace
 
 from ..core.block import Block
 from ..core.request import Request
-from ..events import BlockRemoved, Event
+from ..events import BlockRemoved, Event, removed_event
 from .content_check import check_index, check_request
 from .recording import ContentRecorder
 
@@ -165,7 +165,7 @@ class ContentIndex(ContentRecorder):
             else:
                 del (by_chunk if type(b.key) is bytes else by_key)[b.key]  # type: ignore[index]
             if removed is not None:
-                removed.append(BlockRemoved(b.hash, b.block_id))  # type: ignore[arg-type]
+                removed.append(removed_event(b.hash, b.block_id))  # type: ignore[arg-type]
             b.key = None
         self._num_chained -= chained
         if removed:

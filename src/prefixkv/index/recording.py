@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from ..core.block import NO_CHILD, Block
 from ..core.request import Request
-from ..events import DEVICE, BlockStored
+from ..events import DEVICE, stored_event
 from ..hashing import block_chunks, token_bytes
 from .content_check import chunk_of as _chunk
 from .hasher import Hasher
@@ -282,8 +282,8 @@ class ContentRecorder:
             b = blocks[j]
             if not b.twin:
                 b.hash = h
-                b.event = ev = BlockStored(h, parent, unpack(_chunk(b)), b.block_id,
-                                           None if keys.extra is None else keys.for_event(j, bs))
+                b.event = ev = stored_event(h, parent, unpack(_chunk(b)), b.block_id,
+                                            None if keys.extra is None else keys.for_event(j, bs))
                 out.append(ev)
             parent = h
         self._sink.extend(out)
