@@ -19,8 +19,8 @@ import prefixkv
 PKG = pathlib.Path(prefixkv.__file__).parent
 TYPES = {"errors", "extra_keys", "hashing", "events", "results", "stats", "allocator"}
 CORE_LOW = {"core.block", "core.free_queue", "core.request"}
-INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.none", "index.hasher",
-         "index.content_check"}
+INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.announce", "index.none",
+         "index.hasher", "index.content_check"}
 TIERS = {"tiers", "tiers.host"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer"}
 CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.manager"}
