@@ -242,7 +242,8 @@ class Admitter:
                     hits[-1].content_id if hits else 0, probe[len(hits)], keys.base) is None:
                 return req, hits, claimed[1]
             self._pool.claimed(claimed[1])  # the host tier goes on where the device missed:
-            self._pool.unclaim(hits, claimed[1])  # undone exactly, the two tiers are walked
+            self._pool.unclaim(hits, claimed[1])  # undone exactly; the walk goes on from the
+            return req, self._index.match(probe, keys.base, None, start=hits), None  # device's run
         hits = self._index.match(probe, keys.base, keys.mm)
         if self._store is not None and len(hits) < limit:
             hits += self._fetch(req, hits, chunks, limit)

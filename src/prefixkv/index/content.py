@@ -52,12 +52,13 @@ class ContentIndex(ContentRecorder):
     def __len__(self) -> int:
         return len(self._by_chunk) + len(self._by_key) + self._num_chained
 
-    def match(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> list[Block]:
+    def match(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None, *,
+              start: list[Block] | None = None) -> list[Block]:
         if self._lower is None:
             return self._walk(chunks, base, mm)
-        hits: list[Block] = []
-        cid = 0
-        if mm is None and not self._by_key:  # the common case: probes mapped in C
+        hits: list[Block] = list(start) if start else []
+        cid = hits[-1].content_id if hits else 0
+        if start is None and mm is None and not self._by_key:  # probes mapped in C
             for b in map(self._by_chunk.get, chunks):
                 if b is None or b.parent_cid != cid or b.extra != base:
                     break

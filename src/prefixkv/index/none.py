@@ -18,7 +18,8 @@ class NoIndex:
     def __len__(self) -> int:
         return 0
 
-    def match(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> list[Block]:
+    def match(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None, *,
+              start: list[Block] | None = None) -> list[Block]:
         return []
 
     def claim(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> tuple[list[Block], int]:

@@ -17,11 +17,13 @@ class Index(Protocol):
     def __len__(self) -> int:
         """Distinct contents findable."""
 
-    def match(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> list[Block]:
+    def match(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None, *,
+              start: list[Block] | None = None) -> list[Block]:
         """The blocks holding the longest findable run of the full blocks whose token
         bytes are ``chunks``, from the first, stopping at the first miss. ``base``:
         extra-key bytes of every block; ``mm``: per-block extra-key bytes that replace
-        ``base`` where given. Changes nothing."""
+        ``base`` where given. ``start``: the device's run as ``claim`` found it (then
+        undone), from which a tier below continues the walk. Changes nothing."""
 
     def claim(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> tuple[list[Block], int] | None:
         """``match`` that takes a reference on each hit in the same pass (a hit with no
