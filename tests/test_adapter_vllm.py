@@ -438,11 +438,7 @@ def test_engine_loop_never_reads_kv_it_did_not_write(seed, asynchronous, drafts,
     the tokens it stands for, no step writes a shared block, invariants hold each step."""
     sim = Sim(seed, num_blocks=24, asynchronous=asynchronous, drafts=drafts,
               lookahead=lookahead)
-    rng = random.Random(seed)
-    shared = [rng.randrange(1, 50) for _ in range(10)]
-    for i in range(12):
-        prompt = shared[:rng.randrange(11)] + [rng.randrange(1, 50) for _ in range(rng.randrange(1, 15))]
-        sim.add(Req(f"r{i}", prompt), num_outputs=rng.randrange(1, 20))
+    sim.add_shared_prefix_requests(random.Random(seed), 10, 20)
     sim.run()
     assert sim.mgr.num_free_blocks == 24 and sim.preemptions > 0 and sim.hits > 0
     assert sim.rejected > 0 or not drafts

@@ -150,11 +150,7 @@ def test_engine_loop_reads_only_kv_it_wrote(groups, seed, asynchronous, drafts, 
     reads in every group (hits included, windows only) holds the request's own token."""
     sim = Sim(seed, num_blocks=24 * len(groups), asynchronous=asynchronous, drafts=drafts,
               lookahead=lookahead, groups=groups)
-    rng = random.Random(seed)
-    shared = [rng.randrange(1, 50) for _ in range(12)]
-    for i in range(12):
-        prompt = shared[:rng.randrange(13)] + [rng.randrange(1, 50) for _ in range(rng.randrange(1, 15))]
-        sim.add(Req(f"r{i}", prompt), num_outputs=rng.randrange(1, 25))
+    sim.add_shared_prefix_requests(random.Random(seed), 12, 25)
     sim.run()
     assert sim.mgr.usage == 0.0 and sim.preemptions > 0 and sim.hits > 0
     assert sum(s.blocks_released for s in sim.mgr.group_stats()) > 0

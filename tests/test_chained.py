@@ -151,3 +151,19 @@ def test_a_decode_block_equal_to_a_content_keyed_by_its_triple_becomes_its_spare
     m.free("d")
     assert m.lookup([5, 6, 7, 8, 1, 2, 3, 4, 0]) == 8
     m.check_invariants()
+
+
+@EVENTS
+def test_a_block_filled_under_a_content_with_a_held_spare_is_keyed(events):
+    m = manager(12, events)
+    m.add_request("a", A)
+    m.free("a")
+    assert m.add_request("c", A + [13]).num_cached_tokens == 12  # holds the primary of A's
+    assert m.add_request("b", A).num_cached_tokens == 8           # last block; b its spare
+    for t in (14, 15, 16):  # one token a call: c fills a block under the primary
+        m.append_tokens("c", [t])
+    m.check_invariants()  # keyed, not chained: b's request finds it by probing
+    m.free("b")
+    m.free("c")
+    assert m.lookup(A + [13, 14, 15, 16, 0]) == 16
+    m.check_invariants()

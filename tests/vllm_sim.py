@@ -58,6 +58,15 @@ class Sim:
         self.waiting.append(req)
         self.goal[req.request_id] = len(req.all_token_ids) + num_outputs
 
+    def add_shared_prefix_requests(self, rng: random.Random, shared_len: int, max_outputs: int) -> None:
+        """12 requests, each a random-length piece of one random prefix of ``shared_len``
+        tokens and 1-14 tokens of its own, generating 1 to ``max_outputs`` - 1 tokens."""
+        shared = [rng.randrange(1, 50) for _ in range(shared_len)]
+        for i in range(12):
+            prompt = shared[:rng.randrange(shared_len + 1)] + [
+                rng.randrange(1, 50) for _ in range(rng.randrange(1, 15))]
+            self.add(Req(f"r{i}", prompt), num_outputs=rng.randrange(1, max_outputs))
+
     def _positions(self, r: Req) -> int:
         """Positions whose token is known or will be known when the step runs."""
         return len(r.all_token_ids) + (r.request_id in self.pending)

@@ -58,18 +58,18 @@ class ContentIndex(ContentRecorder):
             return self._walk(chunks, base, mm)
         hits: list[Block] = list(start) if start else []
         cid = hits[-1].content_id if hits else 0
-        if start is None and mm is None and not self._by_key:  # probes mapped in C
-            for b in map(self._by_chunk.get, chunks):
+        get, by_key, lower = self._by_chunk.get, self._by_key, self._lower
+        if start is None and mm is None and not by_key:  # the device's run, probes in C
+            for b in map(get, chunks):
                 if b is None or b.parent_cid != cid or b.extra != base:
                     break
                 hits.append(b)
                 cid = b.content_id
-            if self._lower is None or len(hits) == len(chunks):
+            if len(hits) == len(chunks):
                 return hits
-        get, by_key, lower = self._by_chunk.get, self._by_key, self._lower
-        if mm is None and not by_key and lower is not None and not lower.by_key:
+        if mm is None and not by_key and not lower.by_key:
             return lower.walk(hits, chunks, cid, base, get)  # the common case, in the tier
-        below = lower.find if lower is not None else None
+        below = lower.find
         for i in range(len(hits), len(chunks)):
             chunk = chunks[i]
             extra = base if mm is None or i >= len(mm) else mm[i]
@@ -77,8 +77,6 @@ class ContentIndex(ContentRecorder):
             if b is None or b.parent_cid != cid or b.extra != extra:
                 b = by_key.get((cid, chunk, extra)) if by_key else None
                 if b is None:  # the device misses: the chain may go on in the tier below
-                    if below is None:
-                        break
                     b = below(cid, chunk, extra)
                     if b is None:
                         break
