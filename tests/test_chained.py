@@ -1,7 +1,10 @@
 """Chained blocks: a new content recorded only as its parent's ``child`` (no dict entry),
 and every case where a content must be keyed in the dicts instead: a first block, a
 sibling displaced by a newer one, a content with spares and its children. Each case runs
-with events off (the index's fast paths: ``store_filled``, batch eviction) and on.
+with events off (the index's fast paths: ``store_filled``, batch eviction) and on. With a
+host tier below: blocks loaded from slots are chained too, and a chained block whose
+parent's content leaves the device is keyed, since the walk may reach that content in a
+slot.
 
 block_size is 4 throughout. The first test looks at the index's dicts to show the
 mechanism; the rest judge by hits, exact ids and ``check_invariants``.
@@ -9,7 +12,7 @@ mechanism; the rest judge by hits, exact ids and ``check_invariants``.
 
 import pytest
 
-from prefixkv import Admission, KVCacheManager
+from prefixkv import Admission, BlockLoads, KVCacheManager
 
 A = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]  # three full blocks
 
@@ -166,4 +169,61 @@ def test_a_block_filled_under_a_content_with_a_held_spare_is_keyed(events):
     m.free("b")
     m.free("c")
     assert m.lookup(A + [13, 14, 15, 16, 0]) == 16
+    m.check_invariants()
+
+
+def tiered(num_blocks: int, events: bool, host_blocks: int = 8) -> KVCacheManager:
+    return KVCacheManager(num_blocks, 4, seed=0, enable_events=events, host_blocks=host_blocks)
+
+
+@EVENTS
+def test_with_a_tier_new_and_loaded_blocks_are_chained(events):
+    m = tiered(4, events)
+    index = m._index
+    assert m.add_request("a", A + [13]) == Admission("a", (0, 1, 2, 3), 0, 13)
+    assert (len(index._by_chunk), index._num_chained) == (1, 2)  # as without a tier
+    m.take_kv_ops()
+    m.free("a")
+    b = list(range(40, 53))
+    m.add_request("b", b)  # evicts a's three blocks: offloaded
+    assert len(m.take_kv_ops()) == 3
+    m.free("b")
+    adm = m.add_request("c", A + [13])  # all three from the host, into fresh blocks
+    assert (adm.num_cached_tokens, m.stats.host_hits) == (12, 12)
+    # b's blocks went to the host; c's first block is keyed, the two loaded after it chained
+    assert (len(index._by_chunk), index._num_chained) == (1, 2)
+    m.check_invariants()
+    m.take_kv_ops()
+    m.append_tokens("c", [14, 15, 16])  # fills a block under a loaded one: chained too
+    assert index._num_chained == 3
+    m.free("c")
+    assert m.lookup(A + [13, 14, 15, 16, 0]) == 16 and m.lookup(b) == 12
+    m.check_invariants()
+
+
+@EVENTS
+def test_with_a_tier_a_chained_block_whose_parent_content_leaves_the_device_is_keyed(events):
+    m = tiered(8, events)
+    a8 = A[:8]
+    m.add_request("a", a8 + [9])
+    m.take_kv_ops()
+    m.free("a")
+    m.add_request("f", list(range(100, 132)))  # a's two blocks go to host slots
+    assert len(m.take_kv_ops()) == 2
+    m.free("f")
+    # r1: block 0 from the host; block 1 (its last, never probed) is computed again and
+    # takes the id of the slot that keeps it. r2 hits both in the same step and chains
+    # two new blocks under them.
+    assert m.add_request("r1", a8).num_cached_tokens == 4
+    r = a8 + list(range(10, 18)) + [18]
+    assert m.add_request("r2", r).num_cached_tokens == 8
+    m.free("r1", num_computed_tokens=4)  # r1's block 1 was never computed: unfindable
+    m.check_invariants()  # r2's next block was chained under it: now keyed
+    m.take_kv_ops()
+    m.free("r2")
+    # the walk: block 0 on the device, block 1 in its slot, then r2's blocks on the
+    # device: the keyed one, and the one chained under it (tried as its child)
+    assert m.lookup(r) == 16
+    assert m.add_request("r3", r) == Admission("r3", (0, 1, 7, 6, 5), 16, 1)
+    assert m.take_kv_ops()[-1] == BlockLoads((0,), (1,))  # only block 1 is loaded
     m.check_invariants()

@@ -191,7 +191,7 @@ class Admitter:
             blocks = [h if type(h) is Block else next(fresh) for h in hits]
             into = [b for b, h in zip(blocks, hits) if h is not b]
             blocks += fresh
-        self._index.adopt(into, slots)  # type: ignore[attr-defined]
+        self._index.adopt(into, slots, held[-1] if first and held else None, first)  # type: ignore[attr-defined]
         host.load(slots, into)  # type: ignore[union-attr]
         return blocks
 

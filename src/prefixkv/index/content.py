@@ -14,7 +14,10 @@ Most contents are in neither dict: a new content under a parent whose content ha
 other child is *chained*, found only as the parent's ``child`` (tried before any probe and
 verified the same way), so storing and evicting a chain's blocks touches no dict. A
 displaced chained sibling, a first block, a content with spares and its children are
-keyed. With a tier below nothing is chained (its walk probes the dicts).
+keyed. With a tier below, blocks loaded from its slots are chained the same way, and the
+walk past the device's run tries a device block's child before probing; a chained block
+whose parent's content leaves the device while it stays (``uncache``) is keyed, since the
+walk may reach that content in a slot.
 
 The chain hash is the identity outside the process (events, tiers, stores). It is
 computed only for blocks newly stored, and only when someone needs it (``hashing``):
@@ -56,32 +59,34 @@ class ContentIndex(ContentRecorder):
               start: list[Block] | None = None) -> list[Block]:
         if self._lower is None:
             return self._walk(chunks, base, mm)
-        hits: list[Block] = list(start) if start else []
+        if start is not None:  # the device's run, claimed already
+            hits: list[Block] = list(start)
+        else:
+            hits = self._walk(chunks, base, None) if mm is None else []
+        if len(hits) == len(chunks):
+            return hits
+        lower = self._lower
         cid = hits[-1].content_id if hits else 0
-        get, by_key, lower = self._by_chunk.get, self._by_key, self._lower
-        if start is None and mm is None and not by_key:  # the device's run, probes in C
-            for b in map(get, chunks):
-                if b is None or b.parent_cid != cid or b.extra != base:
-                    break
-                hits.append(b)
-                cid = b.content_id
-            if len(hits) == len(chunks):
-                return hits
+        b = hits[-1] if hits else _NO_PARENT
+        get, by_key = self._by_chunk.get, self._by_key
         if mm is None and not by_key and not lower.by_key:
-            return lower.walk(hits, chunks, cid, base, get)  # the common case, in the tier
+            return lower.walk(hits, chunks, cid, base, get, b)  # the common case, in the tier
         below = lower.find
         for i in range(len(hits), len(chunks)):
             chunk = chunks[i]
             extra = base if mm is None or i >= len(mm) else mm[i]
-            b = get(chunk)
-            if b is None or b.parent_cid != cid or b.extra != extra:
-                b = by_key.get((cid, chunk, extra)) if by_key else None
-                if b is None:  # the device misses: the chain may go on in the tier below
-                    b = below(cid, chunk, extra)
-                    if b is None:
-                        break
-            hits.append(b)
-            cid = b.content_id
+            c = b.child  # a device block's chained child first, as ``_walk``
+            if c.key != chunk or c.parent_cid != cid or c.extra != extra or c.twin:
+                c = get(chunk)
+                if c is None or c.parent_cid != cid or c.extra != extra:
+                    c = by_key.get((cid, chunk, extra)) if by_key else None
+                    if c is None:  # the device misses: the chain may go on in the tier below
+                        c = below(cid, chunk, extra)
+                        if c is None:
+                            break
+            hits.append(c)
+            cid = c.content_id
+            b = c
         return hits
 
     def _walk(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> list[Block]:
@@ -149,7 +154,11 @@ class ContentIndex(ContentRecorder):
                 b.key = None
             return
         by_chunk, by_key = self._by_chunk, self._by_key
-        if lower is not None:  # each evicted content computed before this step goes down
+        # Each evicted content computed before this step goes down to the tier. No chained
+        # child stays behind cut off from its parent's content: a child's use is its
+        # parent's use and a request releases its tail first, so the pool evicts children
+        # first (``check`` verifies it when a tier is below).
+        if lower is not None:
             lower.demote(blocks, self.step)
         removed: list[Event] | None = [] if sink.active else None
         chained = 0
@@ -223,6 +232,10 @@ class ContentIndex(ContentRecorder):
             return
         else:
             del home[b.key]  # type: ignore[arg-type]
+        if self._lower is not None:  # the content goes: a chained child is keyed (see drop)
+            c = b.child
+            if c.chained and c.parent_cid == b.content_id:
+                self._enter(c)
         if self._sink.active:
             self._sink.append(BlockRemoved(b.hash, b.block_id))  # type: ignore[arg-type]
         if evicting and self._lower is not None:
@@ -256,7 +269,7 @@ class ContentIndex(ContentRecorder):
 
     def check(self, blocks: Sequence[Block]) -> str | None:
         return check_index(self._by_chunk, self._by_key, self._twins, self.hashing, blocks,
-                           self._num_chained)
+                           self._num_chained, self._lower is not None)
 
     def check_request(self, req: Request, block_size: int) -> str | None:
         """The first full scheduled block of ``req`` whose content is not its own."""

@@ -16,8 +16,10 @@ def chunk_of(b: Block) -> bytes:
 
 
 def check_index(by_chunk: dict, by_key: dict, twins: dict, hashing: bool,
-                blocks: Sequence[Block], num_chained: int) -> str | None:
-    """The first inconsistency between a ContentIndex's maps and ``blocks``, None when sound."""
+                blocks: Sequence[Block], num_chained: int, tiered: bool) -> str | None:
+    """The first inconsistency between a ContentIndex's maps and ``blocks``, None when sound.
+    ``tiered``: a tier is below, whose walk may reach any content: no chained block may be
+    cut off from its parent's content (without a tier such a block is merely unfindable)."""
     keyed: dict[int, Block] = {}  # content id -> the block keyed in the dicts for it
     for home in (by_chunk, by_key):
         for key, b in home.items():
@@ -63,6 +65,8 @@ def check_index(by_chunk: dict, by_key: dict, twins: dict, hashing: bool,
         return f"{len(chained)} chained blocks, the index counts {num_chained}"
     for b in chained:  # found through the block found for its parent's content, if any
         p = found.get(b.parent_cid)
+        if p is None and tiered:
+            return f"chained block {b.block_id} is cut off from its parent's content"
         if p is not None and p.child is not b:
             return f"chained block {b.block_id} is not its parent's child"
     return None

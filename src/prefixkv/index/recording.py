@@ -7,9 +7,12 @@ finding (``match``, ``claim``), eviction and checks in ``content.py``.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
+from dataclasses import replace
 
 from ..core.block import NO_CHILD, Block
 from ..core.request import Request
+from ..events import DEVICE
 from ..hashing import block_chunks, token_bytes
 from .announce import Announcer
 from .hasher import Hasher
@@ -55,8 +58,8 @@ class ContentRecorder(Announcer):
     def store_filled(self, req: Request, j: int) -> None:
         """Record block ``j`` of ``req``, which the last token appended filled (decode).
         In the common case (a new content under a parent that may take it as its chained
-        child, no hashes wanted, no tier below) one probe and no dict write; with a tier
-        below, one dict write; else ``store``."""
+        child, no hashes wanted) one probe and no dict write (with a tier below, a probe
+        of its map too: a slot that keeps this content lends its id); else ``store``."""
         bs = self._bs
         chunk = req.tokens[j * bs:(j + 1) * bs].tobytes()
         mm = req.keys.mm
@@ -64,9 +67,6 @@ class ContentRecorder(Announcer):
         parent = req.blocks[j - 1] if j else None
         if self.hashing or parent is None:
             self.store(req, j, self._hashed(parent, [chunk], [extra]))
-            return
-        if self._lower is not None:
-            self._store_filled_keyed(req, j, chunk, extra, parent)
             return
         cid = parent.content_id
         # ``_may_chain``, ``_held`` and ``_chain`` inlined (one block in 16 tokens: the
@@ -88,22 +88,8 @@ class ContentRecorder(Announcer):
         b.key, b.chained = chunk, True
         self._num_chained += 1
         b.parent_cid, b.extra, b.step = cid, extra, self.step
-        b.content_id = self._next_id
-        self._next_id += 1
-
-    def _store_filled_keyed(self, req: Request, j: int, chunk: bytes, extra: bytes,
-                            parent: Block) -> None:
-        """``store_filled`` with a tier below, where nothing is chained: one dict write,
-        and the content id of the host slot that keeps this content, if one does."""
-        b = req.blocks[j]
-        cid = parent.content_id
-        if (self._by_key and (cid, chunk, extra) in self._by_key) or \
-                self._by_chunk.setdefault(chunk, b) is not b:  # held, or its tokens taken:
-            self.store(req, j, ([chunk], [extra], None))  # ``store`` decides
-            return
-        parent.child = b
-        b.parent_cid, b.extra, b.step, b.key = cid, extra, self.step, chunk
-        slot = self._lower.find(cid, chunk, extra)  # type: ignore[union-attr]
+        # one content, one id: a host slot that keeps this content lends its id
+        slot = self._lower.find(cid, chunk, extra) if self._lower is not None else None
         if slot is None:
             b.content_id = self._next_id
             self._next_id += 1
@@ -114,8 +100,8 @@ class ContentRecorder(Announcer):
         """Whether a new content under ``parent`` may be found through ``parent.child``
         alone: ``parent`` is the block found for its content (not a spare, not emptied),
         no spare of that content is held (their children are keyed in the dicts, where a
-        spare's request finds them), and no tier below (whose walk probes the dicts)."""
-        return (self._lower is None and parent.key is not None and not parent.twin
+        spare's request finds them)."""
+        return (parent.key is not None and not parent.twin
                 and not (self._twins and parent.content_id in self._twins))
 
     def _held(self, parent: Block | None, cid: int, chunk: bytes, extra: bytes) -> Block | None:
@@ -159,16 +145,15 @@ class ContentRecorder(Announcer):
             b.parent_cid = cid
             b.extra = extra
             b.step = step
-            if cid >= fresh:  # the parent's content is new: nothing is held under it yet
-                if lower is None:  # and its child slot is stale: b is its chained child
-                    parent.child = b  # type: ignore[union-attr]
-                    b.key = chunk
-                    b.chained = True
-                    chained += 1
-                    b.content_id = cid = nid
-                    nid += 1
-                    parent = b
-                    continue
+            if cid >= fresh:  # the parent's content is new: nothing is held under it yet (no
+                parent.child = b  # slot either) and its child is stale: b is its chained child
+                b.key = chunk
+                b.chained = True
+                chained += 1
+                b.content_id = cid = nid
+                nid += 1
+                parent = b
+                continue
             else:
                 held = self._held(parent, cid, chunk, extra)
                 if held is not None:  # equal content is held: b is its spare
@@ -196,6 +181,45 @@ class ContentRecorder(Announcer):
             self._announce(req, first, hashes)
             if self.fresh is not None:
                 self._note_fresh(req, first, len(hashes))
+
+    def adopt(self, blocks: Sequence[Block], slots: Sequence[Block], parent: Block | None,
+              run: bool) -> None:
+        """Record in each fresh device block of ``blocks`` the content of the host slot
+        beside it in ``slots`` (whose copies the tier states): the same content ids, so
+        the chain goes on below them. The device holds none of these contents. ``run``:
+        ``blocks`` follow ``parent`` (None: from the first block on) in one request, so
+        each is chained under the one before (``parent`` may refuse, as in ``store``);
+        else each is keyed."""
+        step = self.step
+        sink = self._sink if self._sink.active else None
+        chained = 0
+        prev = parent
+        for b, s in zip(blocks, slots):
+            key = s.key
+            chunk = key if type(key) is bytes else key[1]  # type: ignore[index]
+            b.parent_cid, b.extra = s.parent_cid, s.extra
+            b.content_id, b.hash, b.step = s.content_id, s.hash, step
+            if not run:
+                self._key(b, chunk)
+            elif prev is not parent:  # under the block adopted before: nothing is chained
+                prev.child = b  # type: ignore[union-attr]  # under that content on the device
+                b.key = chunk
+                b.chained = True
+                chained += 1
+            elif prev is not None and self._may_chain(prev):
+                self._chain(prev, b, chunk)
+            else:
+                self._key(b, chunk)
+                if prev is not None:
+                    prev.child = b
+            prev = b
+            ev = s.event if sink is not None else None
+            if ev is None:
+                b.event = None
+            else:
+                b.event = ev = replace(ev, block_id=b.block_id, medium=DEVICE)  # type: ignore[arg-type]
+                sink.append(ev)  # type: ignore[union-attr]
+        self._num_chained += chained
 
     def _key(self, b: Block, chunk: bytes) -> None:
         """Key new content ``b`` in the dicts (by its token bytes, or by its triple when

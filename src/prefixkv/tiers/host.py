@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..core.block import Block
+from ..core.block import NO_CHILD, Block
 from ..core.free_queue import FreeBlockQueue
 from ..events import BlockRemoved, BlockStored
 from ..results import BlockLoads, BlockOffload, pair_maker, StoreFetched
@@ -70,20 +70,32 @@ class HostTier:
             return s
         return self.by_key.get((parent_cid, chunk, extra)) if self.by_key else None
 
-    def walk(self, hits: list, chunks: list[bytes], cid: int, extra: bytes, device) -> list:
+    def walk(self, hits: list, chunks: list[bytes], cid: int, extra: bytes, device,
+             prev: Block) -> list:
         """``ContentIndex.match`` past the device's first miss, when no content is keyed
         by its triple on either side and every block's extra bytes are ``extra``: append
-        to ``hits`` (ending in content ``cid``) the blocks of ``chunks[len(hits):]``
-        found on the device (``device``: its map's ``get``) or else in a slot, until both
-        miss. The probes of both maps are mapped in C, lazily. Returns ``hits``."""
+        to ``hits`` (ending in ``prev``, content ``cid``) the blocks of
+        ``chunks[len(hits):]`` found on the device (a device block's chained child, else
+        ``device``: its map's ``get``) or else in a slot, until both miss. The probes of
+        the tier's map are mapped in C, lazily. Returns ``hits``."""
         rest = chunks[len(hits):]
-        for b, s in zip(map(device, rest), map(self.by_chunk.get, rest)):
-            if b is None or b.parent_cid != cid or b.extra != extra:
-                if s is None or s.parent_cid != cid or s.extra != extra:
+        none = NO_CHILD
+        g = prev.child  # the guess: a device block's chained child (after a slot, none:
+        for chunk, c, s in zip(rest, map(device, rest), map(self.by_chunk.get, rest)):
+            if c is None or c.parent_cid != cid or c.extra != extra:  # content a slot
+                if g is not none and g.parent_cid == cid and g.key == chunk and \
+                        g.extra == extra and not g.twin:  # serves has no device block)
+                    c = g
+                elif s is None or s.parent_cid != cid or s.extra != extra:
                     break
-                b = s
-            hits.append(b)
-            cid = b.content_id
+                else:
+                    hits.append(s)
+                    cid = s.content_id
+                    g = none
+                    continue
+            hits.append(c)
+            cid = c.content_id
+            g = c.child
         return hits
 
     def demote(self, blocks: list[Block], step: int) -> None:
