@@ -7,6 +7,7 @@ finding (``match``, ``claim``), eviction and checks in ``content.py``.
 from __future__ import annotations
 
 import struct
+from itertools import islice
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -191,35 +192,41 @@ class ContentRecorder(Announcer):
         each is chained under the one before (``parent`` may refuse, as in ``store``);
         else each is keyed."""
         step = self.step
-        sink = self._sink if self._sink.active else None
-        chained = 0
         prev = parent
-        for b, s in zip(blocks, slots):
+        for i, (b, s) in enumerate(zip(blocks, slots)):
+            if run and i:  # the common case: under the block adopted before, where nothing
+                break  # is chained on the device (the rest of the run, below)
             key = s.key
             chunk = key if type(key) is bytes else key[1]  # type: ignore[index]
             b.parent_cid, b.extra = s.parent_cid, s.extra
-            b.content_id, b.hash, b.step = s.content_id, s.hash, step
-            if not run:
-                self._key(b, chunk)
-            elif prev is not parent:  # under the block adopted before: nothing is chained
-                prev.child = b  # type: ignore[union-attr]  # under that content on the device
-                b.key = chunk
-                b.chained = True
-                chained += 1
-            elif prev is not None and self._may_chain(prev):
+            b.content_id, b.hash, b.step, b.event = s.content_id, s.hash, step, None
+            if run and prev is not None and self._may_chain(prev):
                 self._chain(prev, b, chunk)
             else:
                 self._key(b, chunk)
-                if prev is not None:
+                if run and prev is not None:
                     prev.child = b
             prev = b
-            ev = s.event if sink is not None else None
-            if ev is None:
+        if run and len(blocks) > 1:
+            for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None)):
+                key = s.key
+                b.key = key if type(key) is bytes else key[1]  # type: ignore[index]
+                b.chained = True
+                b.parent_cid = s.parent_cid
+                b.extra = s.extra
+                b.content_id = s.content_id
+                b.hash = s.hash
+                b.step = step
                 b.event = None
-            else:
-                b.event = ev = replace(ev, block_id=b.block_id, medium=DEVICE)  # type: ignore[arg-type]
-                sink.append(ev)  # type: ignore[union-attr]
-        self._num_chained += chained
+                prev.child = b  # type: ignore[union-attr]
+                prev = b
+            self._num_chained += len(blocks) - 1
+        if self._sink.active:  # each announced again, on the device
+            sink = self._sink
+            for b, s in zip(blocks, slots):
+                if s.event is not None:
+                    b.event = replace(s.event, block_id=b.block_id, medium=DEVICE)  # type: ignore[arg-type]
+                    sink.append(b.event)
 
     def _key(self, b: Block, chunk: bytes) -> None:
         """Key new content ``b`` in the dicts (by its token bytes, or by its triple when
