@@ -69,10 +69,18 @@ class ContentIndex(ContentRecorder):
         cid = hits[-1].content_id if hits else 0
         b = hits[-1] if hits else _NO_PARENT
         get, by_key = self._by_chunk.get, self._by_key
-        if mm is None and not by_key and not lower.by_key:
-            return lower.walk(hits, chunks, cid, base, get, b)  # the common case, in the tier
+        if mm is None and not by_key and not lower.by_key:  # the common case, in the tier
+            return lower.walk(hits, chunks, cid, base, get if self.cut else None, b)
         below = lower.find
         for i in range(len(hits), len(chunks)):
+            if type(b) is not Block and not self.cut:  # past a slot: slots only (``cut``)
+                c = below(cid, chunks[i], base if mm is None or i >= len(mm) else mm[i])
+                if c is None:
+                    break
+                hits.append(c)
+                cid = c.content_id
+                b = c
+                continue
             chunk = chunks[i]
             extra = base if mm is None or i >= len(mm) else mm[i]
             c = b.child  # a device block's chained child first, as ``_walk``
@@ -199,6 +207,8 @@ class ContentIndex(ContentRecorder):
         for b in blocks:
             if b.key is None:
                 continue
+            if self._lower is not None:
+                self.cut += 1
             self._unindex(b)
             if b.ref_cnt > 1:
                 b.twin = True
@@ -262,6 +272,7 @@ class ContentIndex(ContentRecorder):
                 for b in primaries if b.event is not None]
 
     def clear(self) -> None:
+        self.cut = 0
         self._by_chunk.clear()
         self._by_key.clear()
         self._twins.clear()
@@ -269,7 +280,7 @@ class ContentIndex(ContentRecorder):
 
     def check(self, blocks: Sequence[Block]) -> str | None:
         return check_index(self._by_chunk, self._by_key, self._twins, self.hashing, blocks,
-                           self._num_chained, self._lower is not None)
+                           self._num_chained, self._lower is not None, not self.cut)
 
     def check_request(self, req: Request, block_size: int) -> str | None:
         """The first full scheduled block of ``req`` whose content is not its own."""

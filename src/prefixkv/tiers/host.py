@@ -76,8 +76,16 @@ class HostTier:
         by its triple on either side and every block's extra bytes are ``extra``: append
         to ``hits`` (ending in ``prev``, content ``cid``) the blocks of
         ``chunks[len(hits):]`` found on the device (a device block's chained child, else
-        ``device``: its map's ``get``) or else in a slot, until both miss. The probes of
-        the tier's map are mapped in C, lazily. Returns ``hits``."""
+        ``device``: its map's ``get``) or else in a slot, until both miss; ``device`` None:
+        the device holds no child of a content it lacks, so past its first miss only slots
+        can go on. The probes of the maps are mapped in C, lazily. Returns ``hits``."""
+        if device is None:
+            for s in map(self.by_chunk.get, chunks[len(hits):]):
+                if s is None or s.parent_cid != cid or s.extra != extra:
+                    break
+                hits.append(s)
+                cid = s.content_id
+            return hits
         rest = chunks[len(hits):]
         none = NO_CHILD
         g = prev.child  # the guess: a device block's chained child (after a slot, none:
