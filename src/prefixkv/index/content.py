@@ -203,15 +203,16 @@ class ContentIndex(ContentRecorder):
         """Make held ``blocks`` unfindable: their KV was never computed. A block that
         another request holds too (it hit the block in the same step) keeps its content
         id, as a spare that is never found, so that request's later blocks still key
-        under the right parent; the rest lose their content."""
+        under the right parent; the rest lose their content. (A request that hit such a
+        block must be dropped too, before its step runs: its KV would be read unwritten.)"""
         for b in blocks:
             if b.key is None:
                 continue
-            if self._lower is not None:
-                self.cut += 1
             self._unindex(b)
             if b.ref_cnt > 1:
                 b.twin = True
+                if self._lower is not None:  # its other holders' blocks are cut off (``cut``)
+                    self.cut += 1
             else:
                 b.key = None
                 b.twin = False
