@@ -222,12 +222,16 @@ class ContentRecorder(Announcer):
                 b.parent_cid = s.parent_cid
                 b.extra = s.extra
                 b.content_id = s.content_id
-                b.hash = s.hash
                 b.step = step
-                b.event = None
                 prev.child = b  # type: ignore[union-attr]
                 prev = b
             self._num_chained += len(blocks) - 1
+            # hashes and events exist only when hashes are consumed (``hashing``, fixed for
+            # the index's life): else every block's are None already
+            if self.hashing:
+                for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None)):
+                    b.hash = s.hash
+                    b.event = None  # (announced again below when events are on)
         if self._sink.active:  # each announced again, on the device
             sink = self._sink
             for b, s in zip(blocks, slots):

@@ -208,9 +208,7 @@ class HostTier:
     def hold(self, slots: list[HostSlot]) -> None:
         """Pin ``slots`` (they are about to be loaded), so that no offload stated while
         the device makes room for them can take them."""
-        pinned = self._pinned
-        before = len(pinned)
-        pin = pinned.append
+        fresh = 0
         for s in slots:
             if s.ref_cnt:
                 s.ref_cnt += 1
@@ -219,8 +217,9 @@ class HostTier:
                 prev.next = nxt  # type: ignore[union-attr]
                 nxt.prev = prev  # type: ignore[union-attr]
                 s.ref_cnt = 1
-                pin(s)
-        self._cached.forget(len(pinned) - before)
+                fresh += 1
+        self._pinned += slots if fresh == len(slots) else [s for s in slots if s.ref_cnt == 1]
+        self._cached.forget(fresh)
 
     def end_step(self) -> None:
         """The plan was handed to the engine: unpin, most recently used last."""
