@@ -1,6 +1,9 @@
 """The allocator's own cost (SPEC §4): µs per admission, µs per decoded token, ns per
 hashed token, for pools of 10k and 1M blocks, at 0% and 100% prefix hit rate; the
-default xxhash mode also with KV events on (events taken after each admission, untimed).
+default xxhash mode also with KV events on (events taken after each admission, untimed)
+and with a host tier as large as the pool (each miss's evictions offload; the plan is
+taken after each admission and each decoded block, untimed). Admissions whose prefix
+comes from the host tier are measured by ``bench_host_tier.py``.
 
     python benchmarks/bench_allocator.py [--quick] [--out benchmarks/results]
     python benchmarks/bench_allocator.py --against REV [--quick] [--out benchmarks/results]
@@ -48,12 +51,15 @@ def admit_round(m, prompts):
     state: on misses every admission evicts what the previous ones cached)."""
     samples = []
     take = getattr(m, "take_events", None)
+    plan = getattr(m, "take_kv_ops", None)
     for i, p in enumerate(prompts):
         t0 = time.perf_counter_ns()
         adm = m.add_request(i, p)
         samples.append(time.perf_counter_ns() - t0)
         assert adm is not None
-        m.free(i)
+        if plan is not None:
+            plan()  # the step's plan, before its forward pass (untimed; with a host tier it
+        m.free(i)  # holds the offloads of the blocks this admission evicted)
         if take is not None:
             take()  # what an engine publishing KV events does each step (untimed)
     return samples
@@ -76,17 +82,26 @@ def fill_to_capacity(m, rng):
     while m.num_cached_blocks < m.num_blocks:
         [p] = prompts(rng, 32768, 1)
         m.add_request(("fill", i), p)
+        m.take_kv_ops()
         m.free(("fill", i))
         m.take_events()
         i += 1
 
 
 def decode_ns(m, rid, tokens):
-    """Total ns of appending ``tokens`` one at a time to request ``rid``."""
-    t0 = time.perf_counter_ns()
-    for t in tokens:
-        m.append_tokens(rid, t)
-    return time.perf_counter_ns() - t0
+    """Total ns of appending ``tokens`` one at a time to request ``rid``; the plan is taken
+    after each block's worth (untimed: with a host tier, what each new block's eviction
+    offloads)."""
+    plan = getattr(m, "take_kv_ops", None)
+    total = 0
+    for i in range(0, len(tokens), BS):
+        t0 = time.perf_counter_ns()
+        for t in tokens[i:i + BS]:
+            m.append_tokens(rid, t)
+        total += time.perf_counter_ns() - t0
+        if plan is not None:
+            plan()
+    return total
 
 
 def hash_ns_per_token(n_tokens, mode, rng):
@@ -109,6 +124,7 @@ def run(pool_sizes, quick):
         "prefixkv sha256": lambda nb: KVCacheManager(nb, BS, hash_mode="sha256"),
         "prefixkv xxhash, events on": lambda nb: KVCacheManager(nb, BS, seed=0, enable_events=True,
                                                                 max_events=1 << 20),
+        "prefixkv xxhash, host tier 1x": lambda nb: KVCacheManager(nb, BS, seed=0, host_blocks=nb),
         "paged, no caching": lambda nb: PagedAllocator(nb, BS),
     }
     rounds = 2 if quick else 5
