@@ -121,9 +121,8 @@ class HostTier:
         by_chunk, by_key, cached, sink = self.by_chunk, self.by_key, self._cached, self._sink
         get, empty, pin = by_chunk.get, self._empty, self._pinned.append
         src, dst = self.offload_src, self.offload_dst
-        before = len(src)
         active = sink.active  # (without events no slot ever has one: nothing to clear)
-        head, tail = cached.ends()
+        head = tail = None  # the LRU's ends, once an empty slot is lacking
         taken = 0  # cached slots unlinked from the head (inlined _take_cached), counted once
         # refreshed slots are unlinked here and appended, in order, at the end (or before
         # a slot must be taken from them): the order that moving each at once would give
@@ -146,7 +145,9 @@ class HostTier:
                     if empty:
                         s = empty.pop()
                     else:  # the least recently used cached slot, its content dropped
-                        s = head.next
+                        if head is None:
+                            head, tail = cached.ends()
+                        s = head.next  # type: ignore[union-attr]
                         if s is tail:
                             if not refreshed:  # every slot is pinned: the content is lost
                                 continue
@@ -186,14 +187,16 @@ class HostTier:
                 prev.next = nxt  # type: ignore[union-attr]
                 nxt.prev = prev  # type: ignore[union-attr]
                 refreshed.append(s)
-        cached.forget(taken)
+        if taken:
+            cached.forget(taken)
         if refreshed:
             cached.forget(len(refreshed))
             cached.extend(refreshed)
-        self.num_offloaded += len(src) - before
 
     def take_offloads(self) -> list[BlockOffloads]:
-        """The step's offloads as one op (none when there are none), and forget them."""
+        """The step's offloads as one op (none when there are none), and forget them
+        (counted in ``num_offloaded`` now)."""
+        self.num_offloaded += len(self.offload_src)
         ops = _batch(BlockOffloads, self.offload_src, self.offload_dst)
         self.offload_src, self.offload_dst = [], []
         return ops
