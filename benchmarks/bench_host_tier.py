@@ -5,7 +5,8 @@ admission of the same length, and decode with and without the tier.
     python benchmarks/bench_host_tier.py --against REV [--quick]
 
 Admissions of a ``--tokens``-token prompt (default 2048, block size 16), each followed by
-``take_kv_ops`` (timed apart: the plan's cost) and ``free``, in three steady states:
+``take_kv_ops`` (timed apart: the plan's cost) and ``free``, in four steady states (each
+manager warmed up by 10 admissions first, which fills the host tier):
 
     device hit   : no host tier, a big pool: every block but the last hits on the device
                    (and the same with a host tier: what the tier costs a device hit)
@@ -14,6 +15,10 @@ Admissions of a ``--tokens``-token prompt (default 2048, block size 16), each fo
     host hit     : the same small pool with a host tier of 8x: every admission finds its
                    prompt in host slots, takes fresh blocks (evicting the other prompt's,
                    which the tier already holds) and states one load per block
+    device miss, with a host tier : the same small pool and tier, a fresh prompt each
+                   admission: it misses on both tiers, and each of its evictions offloads
+                   the previous prompt's block into the least recently used host slot
+                   (dropping that slot's content): the offload path of eviction
 
 "Device-only admission of the same length" (issue 10, item 7) is either of the first two:
 the same prompt in a manager without a tier hits (if its pool kept it) or misses (if it
@@ -57,13 +62,29 @@ def prompt(rng: random.Random, n: int) -> list[int]:
     return list(array("H", rng.randbytes(2 * n)))
 
 
-def admissions(m: KVCacheManager, prompts: list[list[int]], count: int) -> tuple[list[int], list[int]]:
-    """ns of ``count`` add_request calls cycling through ``prompts``, and ns of the
+class Prompts:
+    """The prompts of a row's admissions, in turn: ``fixed`` in rotation, or a fresh
+    random prompt each (``fixed`` empty); ``made``: every prompt handed out."""
+
+    def __init__(self, fixed: list[list[int]], rng: random.Random, tokens: int) -> None:
+        self.fixed, self.rng, self.tokens = fixed, rng, tokens
+        self.made: list[list[int]] = []
+
+    def next(self) -> list[int]:
+        fixed = self.fixed
+        p = fixed[len(self.made) % len(fixed)] if fixed else prompt(self.rng, self.tokens)
+        self.made.append(p)
+        return p
+
+
+def admissions(m: KVCacheManager, prompts: Prompts, count: int) -> tuple[list[int], list[int]]:
+    """ns of ``count`` add_request calls of the next ``prompts``, and ns of the
     ``take_kv_ops`` right after each; each request is freed after (untimed)."""
     adm, plan = [], []
     for i in range(count):
+        p = prompts.next()
         t0 = time.perf_counter_ns()
-        a = m.add_request(i, prompts[i % len(prompts)])
+        a = m.add_request(i, p)
         t1 = time.perf_counter_ns()
         m.take_kv_ops()
         plan.append(time.perf_counter_ns() - t1)
@@ -73,16 +94,21 @@ def admissions(m: KVCacheManager, prompts: list[list[int]], count: int) -> tuple
     return adm, plan
 
 
-def admission_setups(tokens: int, rng: random.Random) -> dict[str, tuple[KVCacheManager, list]]:
+def admission_setups(tokens: int, rng: random.Random) -> dict[str, tuple[KVCacheManager, Prompts]]:
     blocks = -(-tokens // BS)
     small = blocks  # one request: each admission evicts all of the other prompt
     p, q = prompt(rng, tokens), prompt(rng, tokens)
+    fresh = random.Random(rng.random())  # (its own generator: the other rows' prompts stay)
     return {
-        "device hit": (KVCacheManager(4 * blocks, BS, seed=0), [p]),
+        "device hit": (KVCacheManager(4 * blocks, BS, seed=0), Prompts([p], rng, tokens)),
         "device hit, with a host tier": (KVCacheManager(4 * blocks, BS, seed=0,
-                                                        host_blocks=8 * small), [p]),
-        "device miss": (KVCacheManager(small, BS, seed=0), [p, q]),
-        "host hit": (KVCacheManager(small, BS, seed=0, host_blocks=8 * small), [p, q]),
+                                                        host_blocks=8 * small),
+                                         Prompts([p], rng, tokens)),
+        "device miss": (KVCacheManager(small, BS, seed=0), Prompts([p, q], rng, tokens)),
+        "host hit": (KVCacheManager(small, BS, seed=0, host_blocks=8 * small),
+                     Prompts([p, q], rng, tokens)),
+        "device miss, with a host tier": (KVCacheManager(small, BS, seed=0, host_blocks=8 * small),
+                                          Prompts([], fresh, tokens)),
     }
 
 
@@ -132,8 +158,8 @@ def one_round(tokens: int, per_round: int, steps: int, seed: int = 0) -> dict[st
     """Every row once: admission and plan µs per call, decode µs per token (lists)."""
     rng = random.Random(seed)
     setups = admission_setups(tokens, rng)
-    for m, ps in setups.values():  # warm up: caches filled, the host tier holding both prompts
-        admissions(m, ps, 4)
+    for m, ps in setups.values():  # warm up: caches filled, the host tier full (after 9)
+        admissions(m, ps, 10)
     out: dict[str, list[float]] = {}
     gc.disable()
     try:
@@ -148,6 +174,9 @@ def one_round(tokens: int, per_round: int, steps: int, seed: int = 0) -> dict[st
         gc.enable()
     host_stats = setups["host hit"][0].stats
     assert host_stats.host_hits == host_stats.hits > 0, host_stats
+    m, ps = setups["device miss, with a host tier"]
+    assert m.stats.hits == 0, m.stats  # every admission missed on both tiers, and
+    assert m.lookup(ps.made[-2]) == tokens - BS, ps.made[-2]  # the evicted prompt went down
     return out
 
 
@@ -164,7 +193,8 @@ def report(rows: dict[str, tuple[float, float]], tokens: int, rounds: int, per_r
              f"{platform.platform()}, Python {platform.python_version()}; median over {rounds} "
              f"rounds x {per_round} admissions (best round's median in brackets).", "",
              "| admission | us | with its plan (take_kv_ops), us |", "|---|---:|---:|"]
-    for k in ("device hit", "device miss", "host hit", "device hit, with a host tier"):
+    for k in ("device hit", "device miss", "host hit", "device hit, with a host tier",
+              "device miss, with a host tier"):
         v, w = rows[k], rows[k + " + plan"]
         lines.append(f"| {k} | {v[0]:.1f} ({v[1]:.1f}) | {w[0]:.1f} ({w[1]:.1f}) |")
     lines += ["", "Goal (issue 10, item 7): host hit within 1.3x of device-only admission of "

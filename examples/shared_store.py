@@ -28,7 +28,7 @@ def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
     runner and host slots; answer ``prompt`` greedily; write what it computed."""
     import torch
 
-    from prefixkv import BlockLoads, BlockOffload, KVCacheManager
+    from prefixkv import BlockLoads, BlockOffloads, KVCacheManager
     from prefixkv.engine import LlamaConfig, ModelRunner, TinyLlama
     from prefixkv.engine.runner import SeqBatchEntry
     from prefixkv.store import RedisStore, SharedStore, StoreLayout, StoreWriter
@@ -56,9 +56,10 @@ def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
                 src, dst = list(op.src), list(op.dst)  # (a tuple index would mean axes)
                 runner.k_cache[:, dst] = k_host[src].transpose(0, 1)
                 runner.v_cache[:, dst] = v_host[src].transpose(0, 1)
-            elif isinstance(op, BlockOffload):
-                k_host[op.dst] = runner.k_cache[:, op.src]
-                v_host[op.dst] = runner.v_cache[:, op.src]
+            elif isinstance(op, BlockOffloads):  # blocks [L, n, ...] into slots [n, L, ...]
+                src, dst = list(op.src), list(op.dst)
+                k_host[dst] = runner.k_cache[:, src].transpose(0, 1)
+                v_host[dst] = runner.v_cache[:, src].transpose(0, 1)
             else:
                 runner.copy_blocks([op])
 

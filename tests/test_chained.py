@@ -12,7 +12,7 @@ mechanism; the rest judge by hits, exact ids and ``check_invariants``.
 
 import pytest
 
-from prefixkv import Admission, BlockLoads, KVCacheManager
+from prefixkv import Admission, BlockLoads, BlockOffloads, KVCacheManager
 
 A = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]  # three full blocks
 
@@ -185,8 +185,8 @@ def test_with_a_tier_new_and_loaded_blocks_are_chained(events):
     m.take_kv_ops()
     m.free("a")
     b = list(range(40, 53))
-    m.add_request("b", b)  # evicts a's three blocks: offloaded
-    assert len(m.take_kv_ops()) == 3
+    m.add_request("b", b)  # evicts a's three blocks (tail first): offloaded
+    assert m.take_kv_ops() == [BlockOffloads((2, 1, 0), (0, 1, 2))]
     m.free("b")
     adm = m.add_request("c", A + [13])  # all three from the host, into fresh blocks
     assert (adm.num_cached_tokens, m.stats.host_hits) == (12, 12)
@@ -209,7 +209,7 @@ def test_with_a_tier_a_chained_block_whose_parent_content_leaves_the_device_is_k
     m.take_kv_ops()
     m.free("a")
     m.add_request("f", list(range(100, 132)))  # a's two blocks go to host slots
-    assert len(m.take_kv_ops()) == 2
+    assert m.take_kv_ops() == [BlockOffloads((1, 0), (0, 1))]
     m.free("f")
     # r1: block 0 from the host; block 1 (its last, never probed) is computed again and
     # takes the id of the slot that keeps it. r2 hits both in the same step and chains

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from prefixkv import (
-    Admission, BlockLoads, BlockOffload, BlockRemoved, BlockStored, ConfigError, KVCacheManager,
+    Admission, BlockLoads, BlockOffloads, BlockRemoved, BlockStored, ConfigError, KVCacheManager,
     PrefixCacheStats,
 )
 
@@ -23,14 +23,14 @@ def test_eviction_offloads_and_a_later_admission_loads():
     assert m.take_kv_ops() == []                     # step 1 ends: a's KV is computed
     m.free("a")
     assert m.add_request("b", B) == Admission("b", (2, 1, 0), 0, 9)  # evicts 1, then 0
-    assert m.take_kv_ops() == [BlockOffload(1, 0), BlockOffload(0, 1)]
+    assert m.take_kv_ops() == [BlockOffloads((1, 0), (0, 1))]  # block 1 -> slot 0, 0 -> 1
     m.free("b")
     assert m.free_block_order() == [0, 1, 2]         # b's partial block, then LRU
     adm = m.add_request("c", A[:8] + [0])            # both blocks of A come from the host
     assert adm == Admission("c", (0, 1, 2), 8, 1)
     # b's full blocks 1, 2 were evicted (tail first) and offloaded, then A loaded
-    assert m.take_kv_ops() == [BlockOffload(1, 2), BlockOffload(2, 3),
-                               BlockLoads((1, 0), (0, 1))]   # slot 1 -> block 0, 0 -> 1
+    assert m.take_kv_ops() == [BlockOffloads((1, 2), (2, 3)),   # block 1 -> slot 2, 2 -> 3
+                               BlockLoads((1, 0), (0, 1))]      # slot 1 -> block 0, 0 -> 1
     assert m.stats == PrefixCacheStats(requests=3, queries=27, hits=8, host_hits=8)
     m.check_invariants()
 
@@ -51,11 +51,11 @@ def test_a_slot_being_loaded_is_pinned_against_offloads_of_the_same_plan():
     m.take_kv_ops()
     m.free("a")
     m.add_request("b", B)
-    assert m.take_kv_ops() == [BlockOffload(1, 0), BlockOffload(0, 1)]  # host full: A
+    assert m.take_kv_ops() == [BlockOffloads((1, 0), (0, 1))]  # host full: A
     m.free("b")
     m.add_request("c", A[:8] + [0])                  # loads from slots 0, 1: pinned, so
     ops = m.take_kv_ops()                            # b's evicted blocks cannot go there
-    assert [op for op in ops if isinstance(op, BlockOffload)] == []
+    assert [op for op in ops if isinstance(op, BlockOffloads)] == []
     assert [op for op in ops if isinstance(op, BlockLoads)] == [BlockLoads((1, 0), (0, 1))]
     m.check_invariants()
 
@@ -67,12 +67,12 @@ def test_host_hits_continue_after_device_hits_and_lookup_counts_both():
     m.free("a")
     assert m.free_block_order() == [2, 3, 1, 0]
     m.add_request("x", [7] * 9)                     # 3 blocks: 2, 3, then evicts a's block 1
-    assert m.take_kv_ops() == [BlockOffload(1, 0)]
+    assert m.take_kv_ops() == [BlockOffloads((1,), (0,))]
     assert m.lookup(A) == 8                         # block 0 on device, block 1 on host
     m.free("x")
     adm = m.add_request("c", A)
     assert adm == Admission("c", (0, 1, 3), 8, 1)   # x's partial block 1, then evicts 3
-    assert m.take_kv_ops() == [BlockOffload(3, 1), BlockLoads((0,), (1,))]
+    assert m.take_kv_ops() == [BlockOffloads((3,), (1,)), BlockLoads((0,), (1,))]
     m.check_invariants()
 
 
@@ -138,11 +138,12 @@ def test_a_simulated_store_under_pressure_holds_every_requests_own_kv(seed):
     writes = []
     for step in range(300):
         for op in m.take_kv_ops():  # the plan: offloads (all first), then loads
-            if isinstance(op, BlockOffload):
-                src, dst = op.src * bs, op.dst * bs
-                host[dst:dst + bs] = kv[src:src + bs]
+            assert len(op.src) == len(op.dst) > 0
+            if isinstance(op, BlockOffloads):
+                for src, dst in zip(op.src, op.dst):
+                    host[dst * bs:(dst + 1) * bs] = kv[src * bs:(src + 1) * bs]
             else:
-                assert isinstance(op, BlockLoads) and len(op.src) == len(op.dst) > 0
+                assert isinstance(op, BlockLoads)
                 for src, dst in zip(op.src, op.dst):
                     kv[dst * bs:(dst + 1) * bs] = host[src * bs:(src + 1) * bs]
         for rid, start in writes:  # the forward pass writes what the step scheduled
@@ -174,7 +175,7 @@ def test_a_decoded_block_that_a_slot_keeps_takes_the_slots_id_so_its_host_childr
     m.take_kv_ops()
     m.free("a")
     m.add_request("b", list(range(20, 33)))          # evicts A2, A1, A0: all offloaded
-    assert len([op for op in m.take_kv_ops() if isinstance(op, BlockOffload)]) == 3
+    assert [len(op.src) for op in m.take_kv_ops() if isinstance(op, BlockOffloads)] == [3]
     m.free("b")
     assert m.add_request("d", [1, 2, 3, 4, 5, 6, 7]).num_cached_tokens == 4  # A0 loads
     m.take_kv_ops()

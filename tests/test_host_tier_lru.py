@@ -6,14 +6,17 @@ The model is the tier's contract written the slow way: a demoted content a slot 
 moves to the most recently used end at once; a new one takes an empty slot, else the
 least recently used cached one, else it is lost; content recorded in the current step is
 skipped; pinned slots are never taken; ``end_step`` appends the pinned slots, in pinning
-order, as the most recently used.
+order, as the most recently used. Events: a slot that gets a content announced on the
+device announces it (medium "CPU"); a slot whose announced content is dropped withdraws it
+first.
 """
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from prefixkv import BlockOffloads, BlockRemoved, BlockStored
 from prefixkv.core.block import Block
-from prefixkv.events import NullSink
+from prefixkv.events import EventLog
 from prefixkv.tiers import HostTier
 
 SLOTS = 4
@@ -21,6 +24,7 @@ SLOTS = 4
 # (only the parent or the extra bytes tell them apart), so some are keyed by the triple
 CONTENTS = [(0, b"aa", b""), (1, b"bb", b""), (1, b"cc", b""), (2, b"aa", b""),
             (2, b"dd", b""), (0, b"aa", b"x"), (3, b"ee", b""), (4, b"ff", b"")]
+HASH = [bytes([c]) * 4 for c in range(len(CONTENTS))]  # each content's chain hash
 
 
 class Model:
@@ -30,10 +34,12 @@ class Model:
         self.pinned: list[int] = []
         self.slot_of: dict[int, int] = {}   # content index -> slot
         self.content_of: dict[int, int] = {}
+        self.announced: set[int] = set()     # slots whose content has an event
+        self.events: list = []
 
-    def demote(self, batch: list[tuple[int, int, bool]]) -> list[tuple[int, int]]:
+    def demote(self, batch: list[tuple[int, int, bool, bool]]) -> list[tuple[int, int]]:
         offloads = []
-        for content, block_id, computed in batch:
+        for content, block_id, computed, announced in batch:
             if not computed:
                 continue
             s = self.slot_of.get(content)
@@ -46,9 +52,16 @@ class Model:
                 s = self.empty.pop()
             elif self.lru:
                 s = self.lru.pop(0)
-                del self.slot_of[self.content_of.pop(s)]
+                dropped = self.content_of.pop(s)
+                del self.slot_of[dropped]
+                if s in self.announced:
+                    self.events.append(BlockRemoved(HASH[dropped], s, "CPU"))
             else:
                 continue
+            self.announced.discard(s)
+            if announced:
+                self.announced.add(s)
+                self.events.append(BlockStored(HASH[content], None, (), s, None, "CPU"))
             self.slot_of[content], self.content_of[s] = s, content
             self.pinned.append(s)
             offloads.append((block_id, s))
@@ -69,30 +82,37 @@ class Model:
 class HostTierMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.tier = HostTier(SLOTS, NullSink())
+        self.tier = HostTier(SLOTS, EventLog(10_000))
         self.model = Model()
         self.step = 1
         self.next_block = 0
+        self.offloads: list[tuple[int, int]] = []  # the step's, over its demote calls
 
-    def _block(self, content: int, computed: bool, triple: bool) -> Block:
+    def _block(self, content: int, computed: bool, triple: bool, announced: bool) -> Block:
         parent, chunk, extra = CONTENTS[content]
         b = Block(self.next_block)
         self.next_block += 1
         b.key = (parent, chunk, extra) if triple else chunk  # the device's key, either kind
         b.parent_cid, b.extra, b.content_id = parent, extra, 100 + content
         b.step = self.step if not computed else self.step - 1
+        b.hash = HASH[content]
+        b.event = BlockStored(b.hash, None, (), b.block_id, None) if announced else None
         return b
 
     @rule(batch=st.lists(st.tuples(st.integers(0, len(CONTENTS) - 1), st.booleans(),
-                                   st.booleans()), max_size=6, unique_by=lambda t: t[0]))
+                                   st.booleans(), st.booleans()),
+                         max_size=6, unique_by=lambda t: t[0]))
     def demote(self, batch):
-        blocks = [self._block(c, computed, triple) for c, computed, triple in batch]
-        before = len(self.tier.offloads)
+        blocks = [self._block(*args) for args in batch]
+        before = len(self.tier.offload_src)
         self.tier.demote(blocks, self.step)
-        got = [(op.src, op.dst) for op in self.tier.offloads[before:]]
-        want = self.model.demote([(c, b.block_id, computed)
-                                  for (c, computed, _), b in zip(batch, blocks)])
+        got = list(zip(self.tier.offload_src[before:], self.tier.offload_dst[before:]))
+        want = self.model.demote([(c, b.block_id, computed, announced)
+                                  for (c, computed, _, announced), b in zip(batch, blocks)])
         assert got == want
+        assert self.tier._sink.take() == self.model.events
+        self.model.events = []
+        self.offloads += got
 
     @rule(data=st.data())
     def hold(self, data):
@@ -107,7 +127,9 @@ class HostTierMachine(RuleBasedStateMachine):
     def end_step(self):
         self.tier.end_step()
         self.model.end_step()
-        self.tier.offloads = []
+        assert self.tier.take_offloads() == ([BlockOffloads(*map(tuple, zip(*self.offloads)))]
+                                             if self.offloads else [])
+        self.offloads = []
         self.step += 1
 
     @invariant()

@@ -9,7 +9,7 @@ still held, is caught at the step it happens.
 
 import hashlib
 
-from prefixkv import AllBlocksCleared, BlockCopy, BlockLoads, BlockOffload, BlockStored
+from prefixkv import AllBlocksCleared, BlockCopy, BlockLoads, BlockOffloads, BlockStored
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
 
 from hypothesis import settings, strategies as st
@@ -62,11 +62,14 @@ class ManagerMachine(RuleBasedStateMachine):
         order (offloads, loads, copies)."""
         ops = self.m.take_kv_ops()
         kinds = [type(op) for op in ops]
-        assert kinds == sorted(kinds, key=[BlockOffload, BlockLoads, BlockCopy].index), kinds
+        assert kinds == sorted(kinds, key=[BlockOffloads, BlockLoads, BlockCopy].index), kinds
+        assert kinds.count(BlockOffloads) <= 1, kinds  # a step's offloads are one op
         assert kinds.count(BlockLoads) <= 1, kinds  # a step's loads are one op
         for op in ops:
-            if isinstance(op, BlockOffload):
-                self.host_kv[op.dst] = list(self.kv[op.src])
+            if isinstance(op, BlockOffloads):
+                assert len(op.src) == len(op.dst) > 0, op
+                for src, dst in zip(op.src, op.dst):
+                    self.host_kv[dst] = list(self.kv[src])
             elif isinstance(op, BlockLoads):
                 assert len(op.src) == len(op.dst) > 0, op
                 for src, dst in zip(op.src, op.dst):

@@ -20,14 +20,14 @@ from .extra_keys import ExtraKeys, MultiModalInput
 from .hashing import block_hashes
 from .core.manager import KVCacheManager
 from .results import (
-    Admission, BlockCopy, BlockLoads, BlockOffload, DecodeStep, Fork, KVOp, StoreFetched, StorePut,
+    Admission, BlockCopy, BlockLoads, BlockOffloads, DecodeStep, Fork, KVOp, StoreFetched, StorePut,
 )
 from .stats import PrefixCacheStats
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Admission", "Allocator", "AllBlocksCleared", "BlockCopy", "BlockLoads", "BlockOffload",
+    "Admission", "Allocator", "AllBlocksCleared", "BlockCopy", "BlockLoads", "BlockOffloads",
     "BlockRemoved", "BlockStored",
     "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
     "InvariantError", "KVCacheManager", "KVOp", "MultiModalInput", "PrefixCacheStats",

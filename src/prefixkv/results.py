@@ -3,7 +3,7 @@ operations it runs for the manager."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 
@@ -81,12 +81,16 @@ class BlockCopy:
 
 
 @dataclass(frozen=True, slots=True)
-class BlockOffload:
-    """Copy device block ``src`` into host slot ``dst`` before the next forward pass
-    (which may overwrite ``src``: the pool just handed it to another request)."""
+class BlockOffloads:
+    """Copy device block ``src[i]`` into host slot ``dst[i]``, for each i in order, before
+    the next forward pass (which may overwrite each ``src``: the pool just handed it to
+    another request): every offload of a step in one op (the content of evicted blocks,
+    kept in host memory). ``src`` and ``dst`` are equally long (at least 1). One op for the
+    step, not one per block: an eviction of n blocks adds n ints to each list, not n
+    objects."""
 
-    src: int
-    dst: int
+    src: tuple[int, ...]
+    dst: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,22 +133,9 @@ class StoreFetched:
         return f"StoreFetched(dst={self.dst}, payload=<{len(self.payload)} bytes>)"
 
 
-def pair_maker(cls: type) -> Callable[[int, int], object]:
-    """A fast constructor of a frozen ``(src, dst)`` op for hot loops: sets the two slots
-    directly (a frozen dataclass's ``__init__`` costs ~2x more), same object, same value."""
-    new, set_src, set_dst = object.__new__, cls.__dict__["src"].__set__, cls.__dict__["dst"].__set__
-
-    def make(src: int, dst: int) -> object:
-        op = new(cls)
-        set_src(op, src)
-        set_dst(op, dst)
-        return op
-    return make
-
-
-KVOp = BlockOffload | StorePut | StoreFetched | BlockLoads | BlockCopy
+KVOp = BlockOffloads | StorePut | StoreFetched | BlockLoads | BlockCopy
 """A KV operation the engine runs before the next forward pass (``take_kv_ops()``), in
-the order given: every offload, every store write, every store fetch, the loads, then
+the order given: the offloads, every store write, every store fetch, the loads, then
 every copy."""
 
 

@@ -11,7 +11,7 @@ from prefixkv.kernels import (  # noqa: E402
     ArgumentTypeError, BlockIdError, DeviceError, DtypeError, ShapeError, UnsupportedError,
     alloc_host_cache, copy_blocks, load_blocks, offload_blocks, run_kv_ops,
 )
-from prefixkv.results import BlockCopy, BlockLoads, BlockOffload  # noqa: E402
+from prefixkv.results import BlockCopy, BlockLoads, BlockOffloads  # noqa: E402
 
 LAYERS, BLOCKS, BS, HEADS, DIM = 3, 9, 5, 2, 8
 
@@ -34,20 +34,22 @@ def simulate(ops, devs, hs, block_dim=1):
     """The plan one op at a time, in the documented order, on clones."""
     devs = [d.clone().movedim(block_dim, 0) for d in devs]
     hs = [h.clone() for h in hs]
-    for kind in (BlockOffload, BlockLoads, BlockCopy):
+    for kind in (BlockOffloads, BlockLoads, BlockCopy):
         group = [op for op in ops if type(op) is kind]
-        if kind is BlockLoads:  # one (src, dst) pair at a time, in order
-            group = [BlockLoads(s, d) for op in group for s, d in zip(op.src, op.dst)]
+        if kind is BlockCopy:
+            pairs = [(op.src, op.dst) for op in group]
+        else:  # one (src, dst) pair at a time, in order
+            pairs = [(s, t) for op in group for s, t in zip(op.src, op.dst)]
         for d, h in zip(devs, hs):
             if kind is BlockCopy:
-                src = d[[op.src for op in group]].clone()
-                for op, s in zip(group, src):
-                    d[op.dst] = s
-            for op in group:
-                if kind is BlockOffload:
-                    h[op.dst] = d[op.src]
+                src = d[[s for s, _ in pairs]].clone()
+                for (_, t), v in zip(pairs, src):
+                    d[t] = v
+            for s, t in pairs:
+                if kind is BlockOffloads:
+                    h[t] = d[s]
                 elif kind is BlockLoads:
-                    d[op.dst] = h[op.src]
+                    d[t] = h[s]
     return [d.movedim(0, block_dim) for d in devs], hs
 
 
@@ -66,8 +68,7 @@ def test_offload_then_load_round_trips_every_layer(block_dim):
     if block_dim == 0:
         devs = [d.movedim(1, 0).contiguous() for d in devs]
     hs = hosts(devs, block_dim=block_dim)
-    want_devs, want_hosts = simulate([BlockOffload(4, 2), BlockOffload(0, 3), BlockOffload(7, 6)],
-                                     devs, hs, block_dim)
+    want_devs, want_hosts = simulate([BlockOffloads((4, 0, 7), (2, 3, 6))], devs, hs, block_dim)
     assert offload_blocks(devs, hs, ids(4, 0, 7), ids(2, 3, 6), block_dim=block_dim) is None
     for got, want in zip(hs, want_hosts):
         assert torch.equal(got, want)
@@ -86,8 +87,8 @@ def test_a_plan_runs_offloads_then_loads_then_copies():
     offloaded then overwritten by a load; block 5 is a copy's source and a load's target."""
     devs = stacked(2)
     hs = hosts(devs)
-    ops = [BlockCopy(5, 6), BlockLoads((2, 0), (5, 3)), BlockOffload(3, 2),
-           BlockOffload(1, 4), BlockCopy(0, 1)]
+    ops = [BlockCopy(5, 6), BlockLoads((2, 0), (5, 3)), BlockOffloads((3, 1), (2, 4)),
+           BlockCopy(0, 1)]
     want_devs, want_hosts = simulate(ops, devs, hs)
     assert run_kv_ops(ops, devs, hs, block_dim=1) is None
     for got, want in zip(devs + hs, want_devs + want_hosts):
@@ -122,12 +123,13 @@ def test_random_plans_match_the_simulation(data):
     load_dst = data.draw(st.permutations(range(BLOCKS)))[:data.draw(st.integers(0, 5))]
     copy_dst = data.draw(st.permutations(range(BLOCKS)))[:data.draw(st.integers(0, 3))]
     block = st.integers(0, BLOCKS - 1)
-    ops = ([BlockOffload(data.draw(block), d) for d in off_dst]
-           + [BlockCopy(data.draw(block), d) for d in copy_dst])
-    cut = data.draw(st.integers(0, len(load_dst)))  # the loads in up to two ops
+    ops = [BlockCopy(data.draw(block), d) for d in copy_dst]
+    off_src = [data.draw(block) for _ in off_dst]
     load_src = [data.draw(st.integers(0, 5)) for _ in load_dst]
-    ops += [BlockLoads(tuple(load_src[a:b]), tuple(load_dst[a:b]))
-            for a, b in ((0, cut), (cut, len(load_dst))) if b > a]
+    for kind, srcs, dsts in ((BlockOffloads, off_src, off_dst), (BlockLoads, load_src, load_dst)):
+        cut = data.draw(st.integers(0, len(dsts)))  # in up to two ops
+        ops += [kind(tuple(srcs[a:b]), tuple(dsts[a:b]))
+                for a, b in ((0, cut), (cut, len(dsts))) if b > a]
     ops = data.draw(st.permutations(ops))
     want_devs, want_hosts = simulate(ops, devs, hs)
     run_kv_ops(ops, devs, hs, block_dim=1)
@@ -147,17 +149,20 @@ def unchanged_after(exc, call, devs, hs):
 def test_bad_ids_raise_block_id_error_before_any_copy():
     devs = stacked(5)
     hs = hosts(devs)
-    for ops in ([BlockOffload(0, 1), BlockLoads((1,), (BLOCKS,))],   # device id too large
-                [BlockOffload(0, 1), BlockCopy(-1, 2)],              # negative
-                [BlockOffload(0, 7)],                                # slot outside 7 slots
-                [BlockOffload(0, 1), BlockOffload(2, 1)],            # one slot written twice
-                [BlockLoads((0, 1), (3, 3))],                        # one block written twice
-                [BlockLoads((0,), (3,)), BlockLoads((1,), (3,))],    # (also across two ops)
+    for ops in ([BlockOffloads((0,), (1,)), BlockLoads((1,), (BLOCKS,))],   # device id too large
+                [BlockOffloads((0,), (1,)), BlockCopy(-1, 2)],              # negative
+                [BlockOffloads((0,), (7,))],                                # slot outside 7 slots
+                [BlockOffloads((BLOCKS,), (1,))],                           # block outside
+                [BlockOffloads((0, 2), (1, 1))],                            # one slot written twice
+                [BlockOffloads((0,), (1,)), BlockOffloads((2,), (1,))],     # (also across two ops)
+                [BlockLoads((0, 1), (3, 3))],                               # one block written twice
+                [BlockLoads((0,), (3,)), BlockLoads((1,), (3,))],           # (also across two ops)
                 [BlockCopy(0, 3), BlockCopy(1, 3)]):
         unchanged_after(BlockIdError, lambda: run_kv_ops(ops, devs, hs, block_dim=1), devs, hs)
     unchanged_after(BlockIdError, lambda: load_blocks(hs, devs, ids(9), ids(0), block_dim=1), devs, hs)
-    unchanged_after(ShapeError, lambda: run_kv_ops([BlockOffload(0, 1), BlockLoads((0, 1), (2,))],
-                                                   devs, hs, block_dim=1), devs, hs)
+    for ops in ([BlockOffloads((0,), (1,)), BlockLoads((0, 1), (2,))],  # unequal lengths
+                [BlockOffloads((0, 1), (2,)), BlockLoads((0,), (1,))]):
+        unchanged_after(ShapeError, lambda: run_kv_ops(ops, devs, hs, block_dim=1), devs, hs)
 
 
 def test_bad_id_tensors():
@@ -188,6 +193,8 @@ def test_bad_cache_lists():
         offload_blocks(devs, hs[:1], ids(0), ids(0), block_dim=1)
     with pytest.raises(ShapeError):
         run_kv_ops([BlockLoads((0,), (0,))], devs, None, block_dim=1)
+    with pytest.raises(ShapeError):
+        run_kv_ops([BlockOffloads((0,), (0,))], devs, None, block_dim=1)
     with pytest.raises(ShapeError):                                    # host not slot-major
         offload_blocks(devs, [torch.zeros(LAYERS, 7, BS, HEADS, DIM)] * 2, ids(0), ids(0), block_dim=1)
     with pytest.raises(ShapeError):
@@ -226,7 +233,7 @@ def test_cuda_plan_returns_an_event_and_matches_the_simulation():
     devs = [d.cuda() for d in stacked(6)]
     hs = hosts(devs)
     assert all(h.is_pinned() for h in hs)
-    ops = [BlockOffload(3, 2), BlockOffload(4, 3), BlockLoads((2,), (6,)), BlockCopy(0, 1)]
+    ops = [BlockOffloads((3, 4), (2, 3)), BlockLoads((2,), (6,)), BlockCopy(0, 1)]
     want_devs, want_hosts = simulate(ops, [d.cpu() for d in devs], hs)
     ev = run_kv_ops(ops, devs, hs, block_dim=1)
     torch.cuda.current_stream().wait_event(ev)

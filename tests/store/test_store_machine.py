@@ -14,12 +14,12 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from prefixkv import (
-    BlockCopy, BlockLoads, BlockOffload, ExtraKeys, KVCacheManager, StoreFetched, StorePut,
+    BlockCopy, BlockLoads, BlockOffloads, ExtraKeys, KVCacheManager, StoreFetched, StorePut,
 )
 from prefixkv.store import RedisStore, SharedStore, StoreLayout, encode_value
 
 BS = 4
-ORDER = [BlockOffload, StorePut, StoreFetched, BlockLoads, BlockCopy]
+ORDER = [BlockOffloads, StorePut, StoreFetched, BlockLoads, BlockCopy]
 PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1, 2, 3, 4, 9, 9, 9, 9],
             [9, 9, 9, 9, 5, 6, 7, 8]]
 prompts = st.builds(
@@ -70,10 +70,13 @@ class SharedStoreMachine(RuleBasedStateMachine):
         ops = e.m.take_kv_ops()
         kinds = [type(op) for op in ops]
         assert kinds == sorted(kinds, key=ORDER.index), kinds
+        assert kinds.count(BlockOffloads) <= 1, kinds  # a step's offloads are one op
         assert kinds.count(BlockLoads) <= 1, kinds  # a step's loads are one op
         for op in ops:
-            if isinstance(op, BlockOffload):
-                e.host[op.dst] = list(e.kv[op.src])
+            if isinstance(op, BlockOffloads):
+                assert len(op.src) == len(op.dst) > 0, op
+                for src, dst in zip(op.src, op.dst):
+                    e.host[dst] = list(e.kv[src])
             elif isinstance(op, StorePut):
                 self.backend.put([(op.key, encode_value(op.head, self._bytes(e.kv[op.src])))])
                 self.keys.append(op.key)

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from time import perf_counter_ns
 
 from ..allocator import Allocator
-from ..results import BlockLoads, BlockOffload
+from ..results import BlockLoads, BlockOffloads
 from .errors import BenchError
 from .workloads import BenchRequest, Workload
 
@@ -182,7 +182,7 @@ def replay(alloc: Allocator, workload: Workload, name: str, *,
                 if victim == rid:
                     st = None
         for op in alloc.take_kv_ops():
-            res.offloaded_blocks += type(op) is BlockOffload
+            res.offloaded_blocks += len(op.src) if type(op) is BlockOffloads else 0
             res.loaded_blocks += len(op.src) if type(op) is BlockLoads else 0
         held = alloc.num_blocks - alloc.num_free_blocks
         res.peak_blocks = max(res.peak_blocks, held)

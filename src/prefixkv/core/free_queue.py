@@ -77,6 +77,12 @@ class FreeBlockQueue:
             b.prev = b.next = None
         self.size -= len(blocks)
 
+    def ends(self) -> tuple[Block, Block]:
+        """The head and tail sentinels, for a hot loop that inlines ``popleft`` (the least
+        recently used block is ``head.next`` unless that is ``tail``; it unlinks it from
+        the head and counts what it took with ``forget``)."""
+        return self._head, self._tail
+
     def forget(self, n: int) -> None:
         """Account for ``n`` blocks the caller unlinked itself (a hot loop that inlines
         ``remove``)."""

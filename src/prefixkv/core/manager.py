@@ -194,25 +194,25 @@ class KVCacheManager(Decoder):
 
     def take_kv_ops(self) -> list[KVOp]:
         """The step's plan: the copies the engine must run, in this order, after this
-        step's scheduling calls and before its forward pass: every ``BlockOffload``
-        (device blocks evicted now, whose KV the forward pass would overwrite), then every
-        ``StorePut`` (blocks computed by an earlier step, to write to the shared store),
-        every ``StoreFetched`` (blocks from the store into host slots), one ``BlockLoads``
-        (all the step's host hits into fresh device blocks), then every ``BlockCopy``
-        (fork copy-on-write, the same as ``Fork.copies``; a copy into a block whose
-        request was freed meanwhile is dropped, and a copy's source is held until the
-        plan is taken). Call it exactly once a step: it also ends the step (content recorded
-        before it counts as computed after it, and what the plan pinned is released)."""
+        step's scheduling calls and before its forward pass: one ``BlockOffloads`` (all the
+        device blocks evicted now whose KV the forward pass would overwrite, into host
+        slots), then every ``StorePut`` (blocks computed by an earlier step, to write to
+        the shared store), every ``StoreFetched`` (blocks from the store into host
+        slots), one ``BlockLoads`` (all the step's host hits into fresh device blocks),
+        then every ``BlockCopy`` (fork copy-on-write, the same as ``Fork.copies``; a copy
+        into a block whose request was freed meanwhile is dropped, and a copy's source is
+        held until the plan is taken). Call it exactly once a step: it also ends the step
+        (content recorded before it counts as computed after it, and what the plan pinned
+        is released)."""
         out: list[KVOp] = []
         host = self._host
         if host is not None:
-            out += host.offloads
+            out += host.take_offloads()
             if self._store is not None:
                 out += self._store_puts()
                 out += host.fetches
                 host.fetches = []
             out += host.take_loads()
-            host.offloads = []
             host.end_step()
         out += self._kv_ops
         self._kv_ops = []

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..results import BlockCopy, BlockLoads, BlockOffload
+from ..results import BlockCopy, BlockLoads, BlockOffloads
 from .errors import ArgumentTypeError, ShapeError, UnsupportedError
 from .transfer_plan import TransferPlan, check_caches, slot_shape, transfer_stream
 
@@ -100,43 +100,44 @@ def copy_blocks(device_caches: Sequence[torch.Tensor], src_ids: torch.Tensor, ds
     return plan.run(lambda: plan.copy(src_ids, dst_ids))
 
 
-def run_kv_ops(ops: Sequence[BlockOffload | BlockLoads | BlockCopy], device_caches: Sequence[torch.Tensor],
+def run_kv_ops(ops: Sequence[BlockOffloads | BlockLoads | BlockCopy], device_caches: Sequence[torch.Tensor],
                host_caches: Sequence[torch.Tensor] | None = None, *, block_dim: int = 0,
                stream: torch.cuda.Stream | None = None) -> torch.cuda.Event | None:
-    """Run a plan from ``take_kv_ops()``: every offload, then every load (the ids of all
-    the ``BlockLoads``, in order), then every copy, one transfer per kind over all caches.
-    ``host_caches``: needed when the plan has offloads or loads. Returns the event after
-    the last copy (CUDA), or None (CPU, or an empty plan). Raises as the three calls,
-    before any copy; also ArgumentTypeError for an op of another type, ShapeError for host
-    ops without ``host_caches`` or a ``BlockLoads`` whose ``src`` and ``dst`` differ in
-    length."""
-    src: dict[type, list[int]] = {BlockOffload: [], BlockLoads: [], BlockCopy: []}
-    dst: dict[type, list[int]] = {BlockOffload: [], BlockLoads: [], BlockCopy: []}
+    """Run a plan from ``take_kv_ops()``: every offload (the ids of all the
+    ``BlockOffloads``, in order), then every load (likewise of all the ``BlockLoads``),
+    then every copy, one transfer per kind over all caches. ``host_caches``: needed when
+    the plan has offloads or loads. Returns the event after the last copy (CUDA), or None
+    (CPU, or an empty plan). Raises as the three calls, before any copy; also
+    ArgumentTypeError for an op of another type, ShapeError for host ops without
+    ``host_caches`` or a ``BlockOffloads`` or ``BlockLoads`` whose ``src`` and ``dst``
+    differ in length."""
+    src: dict[type, list[int]] = {BlockOffloads: [], BlockLoads: [], BlockCopy: []}
+    dst: dict[type, list[int]] = {BlockOffloads: [], BlockLoads: [], BlockCopy: []}
     for op in ops:
         kind = type(op)
         if kind not in src:
-            raise ArgumentTypeError(f"ops must be BlockOffload, BlockLoads or BlockCopy, got {op!r}")
-        if kind is BlockLoads:
-            if len(op.src) != len(op.dst):
-                raise ShapeError(f"a BlockLoads with {len(op.src)} sources and {len(op.dst)} "
-                                 f"destinations")
-            src[kind] += op.src
-            dst[kind] += op.dst
-        else:
+            raise ArgumentTypeError(f"ops must be BlockOffloads, BlockLoads or BlockCopy, got {op!r}")
+        if kind is BlockCopy:
             src[kind].append(op.src)
             dst[kind].append(op.dst)
+        else:  # BlockOffloads, BlockLoads: id lists
+            if len(op.src) != len(op.dst):
+                raise ShapeError(f"a {kind.__name__} with {len(op.src)} sources and "
+                                 f"{len(op.dst)} destinations")
+            src[kind] += op.src
+            dst[kind] += op.dst
     if not ops:
         return None
-    if host_caches is None and (src[BlockOffload] or src[BlockLoads]):
+    if host_caches is None and (src[BlockOffloads] or src[BlockLoads]):
         raise ShapeError("the plan moves blocks to or from the host but no host_caches were given")
     plan = TransferPlan(device_caches, host_caches, block_dim, stream)
     ids = {kind: (_ids(src[kind]), _ids(dst[kind])) for kind in src}
-    plan.check_ids(*ids[BlockOffload], plan.num_blocks, plan.num_slots, "offload src", "offload dst")
+    plan.check_ids(*ids[BlockOffloads], plan.num_blocks, plan.num_slots, "offload src", "offload dst")
     plan.check_ids(*ids[BlockLoads], plan.num_slots, plan.num_blocks, "load src", "load dst")
     plan.check_ids(*ids[BlockCopy], plan.num_blocks, plan.num_blocks, "copy src", "copy dst")
 
     def work() -> None:
-        plan.offload(*ids[BlockOffload])
+        plan.offload(*ids[BlockOffloads])
         plan.load(*ids[BlockLoads])
         plan.copy(*ids[BlockCopy])
 

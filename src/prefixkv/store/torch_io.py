@@ -52,7 +52,7 @@ def run_store_ops(ops: Sequence[KVOp], k_cache: torch.Tensor, v_cache: torch.Ten
                   k_host: torch.Tensor, v_host: torch.Tensor, writer: StoreWriter,
                   block_dim: int = 1) -> list[KVOp]:
     """Run a plan's store ops and return the others, in order, for the engine's copies
-    (``BlockOffload``, ``BlockLoads``, ``BlockCopy``). Call it first: a ``StorePut`` reads
+    (``BlockOffloads``, ``BlockLoads``, ``BlockCopy``). Call it first: a ``StorePut`` reads
     a device block that a later load or copy of the plan may overwrite, and a
     ``StoreFetched`` writes a host slot that a later load reads; no offload of the plan
     writes a fetched slot (it is pinned). Raises ConfigError as ``write_payload``."""

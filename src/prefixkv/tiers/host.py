@@ -1,7 +1,7 @@
 """The host-memory tier (L2): slots of host memory that keep content evicted from the
 device pool one copy away.
 
-    device pool  --evict (write-back)-->  host slot      BlockOffload(device, slot)
+    device pool  --evict (write-back)-->  host slot      BlockOffloads(devices, slots)
     host slot    --admission hit------->  fresh block    BlockLoads(slots, devices)
 
 The tier never moves bytes: it states copies, which the manager hands to the engine with
@@ -24,12 +24,15 @@ from dataclasses import replace
 from ..core.block import NO_CHILD, Block
 from ..core.free_queue import FreeBlockQueue
 from ..events import BlockRemoved, BlockStored
-from ..results import BlockLoads, BlockOffload, pair_maker, StoreFetched
-
-_offload = pair_maker(BlockOffload)
+from ..results import BlockLoads, BlockOffloads, StoreFetched
 
 HOST = "CPU"
 """The medium of host slots in events (vLLM's spelling)."""
+
+
+def _batch(kind: type, src: list[int], dst: list[int]) -> list:
+    """``[kind(src, dst)]`` with the ids as tuples, or ``[]`` when there are none."""
+    return [kind(tuple(src), tuple(dst))] if src else []
 
 
 class HostSlot(Block):
@@ -54,7 +57,8 @@ class HostTier:
         self.by_key: dict[tuple, HostSlot] = {}
         self._sink = sink
         self._pinned: list[HostSlot] = []
-        self.offloads: list[BlockOffload] = []
+        self.offload_src: list[int] = []  # the step's offloads: device block ids, slot ids
+        self.offload_dst: list[int] = []
         self.load_src: list[int] = []  # the step's loads: slot ids, device block ids
         self.load_dst: list[int] = []
         self.fetches: list[StoreFetched] = []
@@ -110,38 +114,56 @@ class HostTier:
         """The content of ``blocks`` (full blocks with content, keyed by their token
         bytes or triple) is leaving the device: their blocks are evicted for reuse. Of
         those recorded before ``step`` (computed by an earlier forward pass; the rest were
-        never computed), keep each in a slot, stating the offload copy, unless a slot
-        holds it already (then it becomes the most recently used) or every slot is pinned
-        (then it is lost). The slots taken are pinned until the plan is drained."""
-        by_chunk, by_key, cached, empty = self.by_chunk, self.by_key, self._cached, self._empty
-        get, setdefault, pinned, offloads = by_chunk.get, by_chunk.setdefault, self._pinned, self.offloads
-        active = self._sink.active
+        never computed), keep each in a slot, stating the offload copy (its two ids join
+        the step's one ``BlockOffloads``), unless a slot holds it already (then it becomes
+        the most recently used) or every slot is pinned (then it is lost). The slots taken
+        are pinned until the plan is drained."""
+        by_chunk, by_key, cached, sink = self.by_chunk, self.by_key, self._cached, self._sink
+        get, empty, pin = by_chunk.get, self._empty, self._pinned.append
+        src, dst = self.offload_src, self.offload_dst
+        active = sink.active  # (without events no slot ever has one: nothing to clear)
+        head = tail = None  # the LRU's ends, once an empty slot is lacking
+        taken = 0  # cached slots unlinked from the head (inlined _take_cached), counted once
         # refreshed slots are unlinked here and appended, in order, at the end (or before
         # a slot must be taken from them): the order that moving each at once would give
         refreshed: list[HostSlot] = []
         for b in blocks:
             if b.step >= step:
                 continue
-            key = b.key
+            key, parent_cid, extra = b.key, b.parent_cid, b.extra
             s = get(key)  # the common case: one probe (a triple key finds None here)
-            if s is None or s.parent_cid != b.parent_cid or s.extra != b.extra:
-                chunk = key if type(key) is bytes else key[1]  # type: ignore[index]
-                parent_cid, extra = b.parent_cid, b.extra
-                s = get(chunk) if chunk is not key else None
-                if s is None or s.parent_cid != parent_cid or s.extra != extra:
+            if s is None or s.parent_cid != parent_cid or s.extra != extra:
+                if type(key) is bytes:
+                    chunk = key  # (probed already)
                     s = by_key.get((parent_cid, chunk, extra)) if by_key else None
+                else:
+                    chunk = key[1]  # type: ignore[index]
+                    s = get(chunk)
+                    if s is None or s.parent_cid != parent_cid or s.extra != extra:
+                        s = by_key.get((parent_cid, chunk, extra)) if by_key else None
                 if s is None:  # no slot holds it: take one, state the offload
                     if empty:
                         s = empty.pop()
-                    else:
-                        if refreshed and len(cached) == len(refreshed):  # only refreshed ones left
-                            cached.forget(len(refreshed))
+                    else:  # the least recently used cached slot, its content dropped
+                        if head is None:
+                            head, tail = cached.ends()
+                        s = head.next  # type: ignore[union-attr]
+                        if s is tail:
+                            if not refreshed:  # every slot is pinned: the content is lost
+                                continue
+                            cached.forget(len(refreshed))  # only refreshed ones left
                             cached.extend(refreshed)
                             refreshed = []
-                        s = self._take_cached(len(refreshed))
-                        if s is None:  # every slot is pinned: the content is lost
-                            continue
-                    if setdefault(chunk, s) is s:  # (as _keep, inlined)
+                            s = head.next
+                        nxt = s.next
+                        head.next = nxt  # type: ignore[union-attr]
+                        nxt.prev = head  # type: ignore[union-attr]
+                        taken += 1
+                        old = s.key
+                        del (by_chunk if type(old) is bytes else by_key)[old]  # type: ignore[index]
+                        if active and s.event is not None:
+                            sink.append(BlockRemoved(s.hash, s.block_id, HOST))  # type: ignore[arg-type]
+                    if by_chunk.setdefault(chunk, s) is s:  # (as _keep, inlined)
                         s.key = chunk
                     else:
                         s.key = key = (parent_cid, chunk, extra)
@@ -149,24 +171,35 @@ class HostTier:
                     s.parent_cid, s.extra = parent_cid, extra
                     s.content_id, s.hash = b.content_id, b.hash
                     s.ref_cnt = 1
-                    pinned.append(s)
-                    offloads.append(_offload(b.block_id, s.block_id))
-                    self.num_offloaded += 1
-                    if active and b.event is not None:
-                        s.event = replace(b.event, block_id=s.block_id,  # type: ignore[arg-type]
-                                          medium=HOST)
-                        self._sink.append(s.event)
-                    else:
-                        s.event = None
+                    pin(s)
+                    src.append(b.block_id)
+                    dst.append(s.block_id)
+                    if active:
+                        if b.event is not None:
+                            s.event = replace(b.event, block_id=s.block_id,  # type: ignore[arg-type]
+                                              medium=HOST)
+                            sink.append(s.event)
+                        else:
+                            s.event = None
                     continue
             if not s.ref_cnt:  # held in a cached slot, not pinned: refresh
                 prev, nxt = s.prev, s.next
                 prev.next = nxt  # type: ignore[union-attr]
                 nxt.prev = prev  # type: ignore[union-attr]
                 refreshed.append(s)
+        if taken:
+            cached.forget(taken)
         if refreshed:
             cached.forget(len(refreshed))
             cached.extend(refreshed)
+
+    def take_offloads(self) -> list[BlockOffloads]:
+        """The step's offloads as one op (none when there are none), and forget them
+        (counted in ``num_offloaded`` now)."""
+        self.num_offloaded += len(self.offload_src)
+        ops = _batch(BlockOffloads, self.offload_src, self.offload_dst)
+        self.offload_src, self.offload_dst = [], []
+        return ops
 
     def room(self, hits: list) -> int:
         """How many slots ``fill`` can take once ``hold`` pinned the slots among ``hits``
@@ -199,11 +232,9 @@ class HostTier:
 
     def take_loads(self) -> list[BlockLoads]:
         """The step's loads as one op (none when there are none), and forget them."""
-        if not self.load_src:
-            return []
-        op = BlockLoads(tuple(self.load_src), tuple(self.load_dst))
+        ops = _batch(BlockLoads, self.load_src, self.load_dst)
         self.load_src, self.load_dst = [], []
-        return [op]
+        return ops
 
     def hold(self, slots: list[HostSlot]) -> None:
         """Pin ``slots`` (they are about to be loaded), so that no offload stated while
@@ -243,14 +274,14 @@ class HostTier:
 
     def _take(self) -> HostSlot | None:
         """A free slot: an empty one, else the least recently used cached one."""
-        return self._empty.pop() if self._empty else self._take_cached(0)
+        return self._empty.pop() if self._empty else self._take_cached()
 
-    def _take_cached(self, keep: int) -> HostSlot | None:
-        """The least recently used cached slot, its content dropped, but none of the last
-        ``keep`` (unlinked by ``demote``, not yet counted out); None when there is none."""
-        if len(self._cached) <= keep:
-            return None
+    def _take_cached(self) -> HostSlot | None:
+        """The least recently used cached slot, its content dropped; None when there is
+        none (``demote`` inlines it)."""
         slot = self._cached.popleft()
+        if slot is None:
+            return None
         key = slot.key
         del (self.by_chunk if type(key) is bytes else self.by_key)[key]  # type: ignore[index]
         if self._sink.active and slot.event is not None:
