@@ -25,6 +25,7 @@ from ..core.block import NO_CHILD, Block
 from ..core.free_queue import FreeBlockQueue
 from ..events import BlockRemoved, BlockStored
 from ..results import BlockLoads, BlockOffloads, StoreFetched
+from .host_check import check_tier
 
 HOST = "CPU"
 """The medium of host slots in events (vLLM's spelling)."""
@@ -303,32 +304,6 @@ class HostTier:
         slots = [*self.by_chunk.values(), *self.by_key.values()]
         return [s.event for s in sorted(slots, key=lambda s: s.content_id) if s.event is not None]
 
-    def _holds(self, s: HostSlot) -> bool:
-        key = s.key
-        if type(key) is bytes:
-            return self.by_chunk.get(key) is s
-        return key is not None and key == (s.parent_cid, key[1], s.extra) and self.by_key.get(key) is s
-
     def check(self) -> str | None:
         """The first inconsistency of slots, maps, pins and LRU links, None when sound."""
-        seen = set()
-        for s in self._empty:
-            if s.key is not None or s.ref_cnt:
-                return f"bad empty host slot {s!r}"
-            seen.add(s.block_id)
-        for s in self._cached:
-            if s.ref_cnt or not self._holds(s):
-                return f"bad cached host slot {s!r}"
-            seen.add(s.block_id)
-        for s in self._pinned:
-            if not s.ref_cnt or not self._holds(s) or s.block_id in seen:
-                return f"bad pinned host slot {s!r}"
-            seen.add(s.block_id)
-        if len(seen) != len(self.slots):
-            return f"host slots accounted {len(seen)} != {len(self.slots)}"
-        if len(self) != len(self.slots) - len(self._empty):
-            return f"host maps hold {len(self)} for {len(self.slots) - len(self._empty)} slots"
-        for key, s in self.by_key.items():
-            if self.find(s.parent_cid, key[1], s.extra) is not s:
-                return f"host slot {s!r} is keyed by its triple but not found by it"
-        return self._cached.broken_link()
+        return check_tier(self)
