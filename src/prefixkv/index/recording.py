@@ -1,15 +1,16 @@
 """The recording half of ``ContentIndex``: its state, and how the content of blocks that
-became full is recorded (``prepare``, ``store``, ``store_filled``): chained or keyed,
-spares for equal content. Hashes, events and adopted contents are in ``announce.py``;
-finding (``match``, ``claim``), eviction and checks in ``content.py``.
+became full is recorded (``prepare``, ``store``, ``store_filled``) or came from the tier
+below (``adopt``): chained or keyed, spares for equal content. Hashes, events and store
+writes are in ``announce.py``; finding (``match``, ``claim``), eviction and checks in
+``content.py``.
 """
 
 from __future__ import annotations
 
 import struct
-from itertools import islice
 from collections.abc import Sequence
 from dataclasses import replace
+from itertools import islice
 
 from ..core.block import NO_CHILD, Block
 from ..core.request import Request
