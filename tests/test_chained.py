@@ -213,7 +213,9 @@ def test_with_a_tier_a_chained_block_whose_parent_content_leaves_the_device_is_k
     m.free("f")
     # r1: block 0 from the host; block 1 (its last, never probed) is computed again and
     # takes the id of the slot that keeps it. r2 hits both in the same step and chains
-    # two new blocks under them.
+    # two new blocks under them. Then r1 is dropped before its step ran, and r2 is not:
+    # an engine breaking the contract of ``free(num_computed_tokens=...)`` (r2 reads KV
+    # never written). The index must stay exact and consistent all the same.
     assert m.add_request("r1", a8).num_cached_tokens == 4
     r = a8 + list(range(10, 18)) + [18]
     assert m.add_request("r2", r).num_cached_tokens == 8

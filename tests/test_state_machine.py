@@ -221,6 +221,30 @@ class ManagerMachine(RuleBasedStateMachine):
         del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.reserved[rid]
         self.last = None
 
+    @precondition(lambda self: self.last is not None and self.last[0] in self.tokens)
+    @rule(tail=st.integers(0, 12))
+    def abort_with_a_request_that_hit_it(self, tail):
+        """Another request hits the blocks just scheduled before their step ran; then both
+        are dropped (the first one's blocks are never computed, so the second one must not
+        run either), the first while the second still holds its blocks: those keep their
+        content id as spares while the second one's own blocks go too."""
+        rid, start, stop = self.last
+        full = stop // BS * BS
+        if full <= start or rid not in self.tokens:
+            return
+        other = self._new_id()
+        adm = self.m.add_request(other, self.tokens[rid][:full] + [tail], extra=self.extra[rid])
+        blocks = self.m.get_block_ids(rid)
+        for pos in range(start, stop):
+            self.kv[blocks[pos // BS]][pos % BS] = "never computed"
+        self.m.free(rid, num_computed_tokens=start)
+        if adm is not None:
+            assert adm.num_cached_tokens == full, adm
+            self.m.free(other, num_computed_tokens=0)
+        self._run_plan()  # what the second admission evicted is still offloaded
+        del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.reserved[rid]
+        self.last = None
+
     @rule(rid=consumes(live))
     def free(self, rid):
         self.last = None

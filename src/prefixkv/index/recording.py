@@ -40,11 +40,13 @@ class ContentRecorder(Announcer):
         self.hash_may_fail = self.hashing and hasher.checked  # a caller's hash callable
         self.step = 0  # the manager's step: content recorded now is computed this step
         # With a tier below: how many contents ``uncache`` took off the device while other
-        # requests held them (and may record children under them). While 0, every block
-        # found on the device has its parent's content there too (eviction takes children
-        # first: a child's use is its parent's use, and requests release their tail first;
-        # an uncached block's own children are uncached with it), so a walk that left the
-        # device for a slot never comes back. ``check`` verifies it.
+        # requests held them. While 0, every block found on the device has its parent's
+        # content there too (eviction takes children first: a child's use is its parent's
+        # use, and requests release their tail first; an uncached block's own children are
+        # uncached with it), so a walk that left the device for a slot never comes back;
+        # ``check`` verifies it. Those other holders must be dropped too (they hit KV never
+        # written), which leaves nothing cut off; an engine that lets them run would, and
+        # from then on the walk probes the device at every step.
         self.cut = 0
 
     def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> tuple:
