@@ -3,6 +3,8 @@
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixkv import (
     Admission, BlockLoads, BlockOffloads, BlockRemoved, BlockStored, ConfigError, KVCacheManager,
@@ -223,3 +225,42 @@ def test_with_a_tier_a_decode_block_equal_to_a_content_keyed_by_its_triple_becom
     m.check_invariants()
     m.free("d")
     m.check_invariants()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), host_blocks=st.sampled_from([1, 4, 16, 64]))
+def test_a_tier_changes_nothing_on_the_device_and_only_adds_hits(seed, host_blocks):
+    """The same requests through a manager with a tier and one without: a host hit takes
+    fresh blocks exactly as a miss does and fills them with the same content, so every
+    admission gets the same block ids (or None in both), decode the same results and the
+    pool the same free order; the tier only turns recomputed tokens into cached ones."""
+    rng = random.Random(seed)
+    plain = manager(num_blocks=24, host_blocks=0)
+    tiered = manager(num_blocks=24, host_blocks=host_blocks)
+    prefixes = [[rng.randrange(8) for _ in range(rng.randrange(4, 20))] for _ in range(6)]
+    live = []
+    for i in range(150):
+        op = rng.random()
+        if op < 0.5 or not live:
+            prompt = rng.choice(prefixes) + [rng.randrange(8) for _ in range(rng.randrange(10))]
+            a, b = plain.add_request(i, prompt), tiered.add_request(i, prompt)
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a.block_ids == b.block_ids
+                assert b.num_cached_tokens >= a.num_cached_tokens
+                assert a.num_cached_tokens + a.num_new_tokens == b.num_cached_tokens + b.num_new_tokens
+                live.append(i)
+        elif op < 0.75:
+            rid = rng.choice(live)
+            tokens = [rng.randrange(8) for _ in range(rng.randrange(1, 6))]
+            assert plain.append_tokens(rid, tokens) == tiered.append_tokens(rid, tokens)
+        else:
+            rid = live.pop(rng.randrange(len(live)))
+            plain.free(rid)
+            tiered.free(rid)
+        plain.take_kv_ops()
+        tiered.take_kv_ops()
+        assert plain.free_block_order() == tiered.free_block_order()
+    plain.check_invariants()
+    tiered.check_invariants()
+    assert tiered.stats.hits >= plain.stats.hits
