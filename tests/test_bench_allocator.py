@@ -130,3 +130,18 @@ def test_against_needs_a_commit(tmp_path):
 def test_workloads_need_their_room_in_the_pool():
     with pytest.raises(ValueError, match="need up to 4096 free blocks.*the pool has 4000"):
         workload_rows([], TINY, 4000, print)
+
+
+def test_bench_tier_pools_runs_both_pools_and_writes_its_report(tmp_path):
+    """benchmarks/bench_tier_pools.py on the smallest pool it takes, one round: every row
+    for both pools, in the report and the JSON (no timings are checked)."""
+    done = subprocess.run([sys.executable, str(BENCH / "bench_tier_pools.py"), "--pools", "4096",
+                           "--rounds", "1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "tier-pools-cpu.md").read_text()
+    for row in ("2k miss", "2k hit", "32k miss", "32k hit", "decode"):
+        assert f"| 4,096 | {row} |" in text
+    bad = subprocess.run([sys.executable, str(BENCH / "bench_tier_pools.py"), "--pools", "512"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "4096" in bad.stderr
