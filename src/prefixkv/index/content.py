@@ -74,9 +74,13 @@ class ContentIndex(ContentRecorder):
         below = lower.find
         for i in range(len(hits), len(chunks)):
             if type(b) is not Block and not self.cut:  # past a slot: slots only (``cut``)
-                c = below(cid, chunks[i], base if mm is None or i >= len(mm) else mm[i])
-                if c is None:
-                    break
+                chunk = chunks[i]  # the slot's chained child first (found only so)
+                extra = base if mm is None or i >= len(mm) else mm[i]
+                c = b.child
+                if c.key != chunk or c.parent_cid != cid or c.extra != extra:
+                    c = below(cid, chunk, extra)
+                    if c is None:
+                        break
                 hits.append(c)
                 cid = c.content_id
                 b = c
@@ -213,6 +217,7 @@ class ContentIndex(ContentRecorder):
                 b.twin = True
                 if self._lower is not None:  # its other holders' blocks are cut off (``cut``)
                     self.cut += 1
+                    self._lower.stop_chaining()
             else:
                 b.key = None
                 b.twin = False

@@ -106,6 +106,7 @@ class ContentRecorder(Announcer):
             self._next_id += 1
         else:
             b.content_id = slot.content_id
+            self._lower.on_device(slot)  # type: ignore[union-attr]
 
     def _may_chain(self, parent: Block) -> bool:
         """Whether a new content under ``parent`` may be found through ``parent.child``
@@ -186,6 +187,7 @@ class ContentRecorder(Announcer):
                 nid += 1
             else:
                 b.content_id = cid = slot.content_id
+                lower.on_device(slot)  # its chained child must be found by ``find`` now
         self._num_chained += chained
         self._next_id = nid
         if hashes is not None:

@@ -40,7 +40,9 @@ class HostSlot(Block):
     """A host slot: a Block whose ``block_id`` is the slot index and whose ``ref_cnt``
     counts pending copies (pins). ``key``: the token bytes, or the content triple when
     another slot's content is keyed by those bytes (as in the device index). A slot with
-    content is cached (in the LRU, ``ref_cnt`` 0) or pinned (``ref_cnt`` > 0)."""
+    content is cached (in the LRU, ``ref_cnt`` 0) or pinned (``ref_cnt`` > 0).
+    ``chained``: found only as the ``child`` of the slot holding its parent's content
+    (offloaded with it in one batch), in no map; its key is its token bytes."""
 
     __slots__ = ()
 
@@ -64,12 +66,16 @@ class HostTier:
         self.load_dst: list[int] = []
         self.fetches: list[StoreFetched] = []
         self.num_offloaded = self.num_loaded = 0
+        self.num_chained = 0  # slots found only as their parent slot's child
+        self.chaining = True  # False once the device cut a chain (``stop_chaining``)
 
     def __len__(self) -> int:
-        return len(self.by_chunk) + len(self.by_key)
+        return len(self.by_chunk) + len(self.by_key) + self.num_chained
 
     def find(self, parent_cid: int, chunk: bytes, extra: bytes) -> HostSlot | None:
-        """The slot holding this content, if any. Changes nothing."""
+        """The slot holding this content, if any, when its parent's content is on the
+        device or in no slot (a chained slot is found through its parent slot only: see
+        ``on_device``). Changes nothing."""
         s = self.by_chunk.get(chunk)
         if s is not None and s.parent_cid == parent_cid and s.extra == extra:
             return s
@@ -83,28 +89,34 @@ class HostTier:
         ``chunks[len(hits):]`` found on the device (a device block's chained child, else
         ``device``: its map's ``get``) or else in a slot, until both miss; ``device`` None:
         the device holds no child of a content it lacks, so past its first miss only slots
-        can go on. The probes of the maps are mapped in C, lazily. Returns ``hits``."""
+        can go on. A slot's ``child`` is tried before a probe (a chained slot is found
+        only so). Returns ``hits``."""
         if device is None:
-            for s in map(self.by_chunk.get, chunks[len(hits):]):
-                if s is None or s.parent_cid != cid or s.extra != extra:
-                    break
+            get, g = self.by_chunk.get, NO_CHILD  # (a device block's child is no slot)
+            for chunk in chunks[len(hits):]:
+                s = g
+                if s.key != chunk or s.parent_cid != cid or s.extra != extra:
+                    s = get(chunk)
+                    if s is None or s.parent_cid != cid or s.extra != extra:
+                        break
                 hits.append(s)
                 cid = s.content_id
+                g = s.child
             return hits
         rest = chunks[len(hits):]
         none = NO_CHILD
-        g = prev.child  # the guess: a device block's chained child (after a slot, none:
+        g = prev.child  # the guess: the previous hit's chained child (a device block's
         for chunk, c, s in zip(rest, map(device, rest), map(self.by_chunk.get, rest)):
-            if c is None or c.parent_cid != cid or c.extra != extra:  # content a slot
+            if c is None or c.parent_cid != cid or c.extra != extra:  # or a slot's)
                 if g is not none and g.parent_cid == cid and g.key == chunk and \
-                        g.extra == extra and not g.twin:  # serves has no device block)
+                        g.extra == extra and not g.twin:
                     c = g
                 elif s is None or s.parent_cid != cid or s.extra != extra:
                     break
                 else:
                     hits.append(s)
                     cid = s.content_id
-                    g = none
+                    g = s.child
                     continue
             hits.append(c)
             cid = c.content_id
@@ -118,7 +130,9 @@ class HostTier:
         never computed), keep each in a slot, stating the offload copy (its two ids join
         the step's one ``BlockOffloads``), unless a slot holds it already (then it becomes
         the most recently used) or every slot is pinned (then it is lost). The slots taken
-        are pinned until the plan is drained."""
+        are pinned until the plan is drained. A new slot is keyed one block late: when the
+        next block offloaded is its parent and takes a new slot too (the pool evicts a
+        request's tail first), it is chained, as that slot's child, in no map."""
         by_chunk, by_key, cached, sink = self.by_chunk, self.by_key, self._cached, self._sink
         get, empty, pin = by_chunk.get, self._empty, self._pinned.append
         src, dst = self.offload_src, self.offload_dst
@@ -128,6 +142,8 @@ class HostTier:
         # refreshed slots are unlinked here and appended, in order, at the end (or before
         # a slot must be taken from them): the order that moving each at once would give
         refreshed: list[HostSlot] = []
+        pend = None  # the last new slot, not keyed yet: chained if its parent comes next
+        chaining, chained = self.chaining, 0
         for b in blocks:
             if b.step >= step:
                 continue
@@ -151,6 +167,9 @@ class HostTier:
                         s = head.next  # type: ignore[union-attr]
                         if s is tail:
                             if not refreshed:  # every slot is pinned: the content is lost
+                                if pend is not None:
+                                    self._enter(pend)
+                                    pend = None
                                 continue
                             cached.forget(len(refreshed))  # only refreshed ones left
                             cached.extend(refreshed)
@@ -160,16 +179,19 @@ class HostTier:
                         head.next = nxt  # type: ignore[union-attr]
                         nxt.prev = head  # type: ignore[union-attr]
                         taken += 1
-                        old = s.key
-                        del (by_chunk if type(old) is bytes else by_key)[old]  # type: ignore[index]
-                        if active and s.event is not None:
-                            sink.append(BlockRemoved(s.hash, s.block_id, HOST))  # type: ignore[arg-type]
-                    if by_chunk.setdefault(chunk, s) is s:  # (as _keep, inlined)
-                        s.key = chunk
-                    else:
-                        s.key = key = (parent_cid, chunk, extra)
-                        by_key[key] = s
-                    s.parent_cid, s.extra = parent_cid, extra
+                        chained += self._drop(s)
+                    if pend is not None:
+                        if chaining and pend.parent_cid == b.content_id:
+                            s.child = pend  # (the run's head, its last block, is keyed)
+                            pend.chained = True
+                            chained += 1
+                        else:
+                            k = pend.key  # (as _enter, inlined)
+                            if by_chunk.setdefault(k, pend) is not pend:  # type: ignore[arg-type]
+                                pend.key = k = (pend.parent_cid, k, pend.extra)
+                                by_key[k] = pend
+                    pend = s
+                    s.key, s.parent_cid, s.extra = chunk, parent_cid, extra
                     s.content_id, s.hash = b.content_id, b.hash
                     s.ref_cnt = 1
                     pin(s)
@@ -183,11 +205,17 @@ class HostTier:
                         else:
                             s.event = None
                     continue
+            if pend is not None:  # held in a slot already: the run ends
+                self._enter(pend)
+                pend = None
             if not s.ref_cnt:  # held in a cached slot, not pinned: refresh
                 prev, nxt = s.prev, s.next
                 prev.next = nxt  # type: ignore[union-attr]
                 nxt.prev = prev  # type: ignore[union-attr]
                 refreshed.append(s)
+        if pend is not None:
+            self._enter(pend)
+        self.num_chained += chained
         if taken:
             cached.forget(taken)
         if refreshed:
@@ -242,6 +270,9 @@ class HostTier:
         the device makes room for them can take them."""
         fresh = 0
         for s in slots:
+            c = s.child  # (``on_device``, inlined: their contents go up to the device)
+            if s.chained or (c.chained and c.parent_cid == s.content_id):
+                self.on_device(s)
             if s.ref_cnt:
                 s.ref_cnt += 1
             else:  # cached: leaves the LRU (inlined unlink; links go stale)
@@ -252,6 +283,31 @@ class HostTier:
                 fresh += 1
         self._pinned += slots if fresh == len(slots) else [s for s in slots if s.ref_cnt == 1]
         self._cached.forget(fresh)
+
+    def on_device(self, s: HostSlot) -> None:
+        """Slot ``s``'s content is on the device now (loaded, or recomputed under the
+        slot's id): key it and its chained child, so that ``find`` (which probes only
+        the maps) finds every slot whose parent's content is on the device."""
+        if s.chained:
+            s.chained = False
+            self.num_chained -= 1
+            self._enter(s)
+        c = s.child
+        if c.chained and c.parent_cid == s.content_id and c.key is not None:
+            c.chained = False  # type: ignore[union-attr]
+            self.num_chained -= 1
+            self._enter(c)  # type: ignore[arg-type]
+
+    def stop_chaining(self) -> None:
+        """Key every chained slot and chain no more (the device holds a block cut off
+        from its parent's content, see ``ContentIndex.cut``: content may then come up to
+        the device under a parent whose slot was never loaded)."""
+        self.chaining = False
+        for s in self.slots:
+            if s.chained:
+                s.chained = False
+                self._enter(s)
+        self.num_chained = 0
 
     def end_step(self) -> None:
         """The plan was handed to the engine: unpin, most recently used last."""
@@ -273,6 +329,32 @@ class HostTier:
         s.parent_cid, s.extra, s.content_id, s.hash, s.event = (
             parent_cid, extra, content_id, block_hash, None)
 
+    def _enter(self, s: HostSlot) -> None:
+        """Key slot ``s`` (its key: its token bytes) in the maps: by those bytes, or by
+        its triple when they are another slot's key."""
+        chunk = s.key
+        if self.by_chunk.setdefault(chunk, s) is not s:  # type: ignore[arg-type]
+            s.key = key = (s.parent_cid, chunk, s.extra)
+            self.by_key[key] = s
+
+    def _drop(self, s: HostSlot) -> int:
+        """Drop slot ``s``'s content (taken for reuse), announced gone: unkey it, or
+        unchain it; key its chained child. Returns the change of ``num_chained``."""
+        key, c, n = s.key, s.child, 0
+        if s.chained:
+            s.chained = False
+            n = -1
+        else:
+            del (self.by_chunk if type(key) is bytes else self.by_key)[key]  # type: ignore[index]
+        if c.chained and c.parent_cid == s.content_id and c.key is not None:
+            c.chained = False  # type: ignore[union-attr]
+            n -= 1
+            self._enter(c)  # type: ignore[arg-type]
+        if self._sink.active and s.event is not None:
+            self._sink.append(BlockRemoved(s.hash, s.block_id, HOST))  # type: ignore[arg-type]
+        s.key = None
+        return n
+
     def _take(self) -> HostSlot | None:
         """A free slot: an empty one, else the least recently used cached one."""
         return self._empty.pop() if self._empty else self._take_cached()
@@ -283,17 +365,15 @@ class HostTier:
         slot = self._cached.popleft()
         if slot is None:
             return None
-        key = slot.key
-        del (self.by_chunk if type(key) is bytes else self.by_key)[key]  # type: ignore[index]
-        if self._sink.active and slot.event is not None:
-            self._sink.append(BlockRemoved(slot.hash, slot.block_id, HOST))  # type: ignore[arg-type]
-        slot.key = None
+        self.num_chained += self._drop(slot)  # type: ignore[arg-type]
         return slot  # type: ignore[return-value]
 
     def clear(self) -> None:
         """Forget every slot's content (reset_prefix_cache)."""
         for s in self.slots:
-            s.key, s.prev, s.next, s.ref_cnt = None, None, None, 0
+            s.key, s.prev, s.next, s.ref_cnt, s.chained = None, None, None, 0, False
+        self.num_chained = 0
+        self.chaining = True  # (the device's index was cleared too: nothing is cut)
         self.by_chunk.clear()
         self.by_key.clear()
         self._pinned.clear()
@@ -301,7 +381,7 @@ class HostTier:
         self._empty = self.slots[::-1]
 
     def snapshot(self) -> list[BlockStored]:
-        slots = [*self.by_chunk.values(), *self.by_key.values()]
+        slots = [s for s in self.slots if s.key is not None]
         return [s.event for s in sorted(slots, key=lambda s: s.content_id) if s.event is not None]
 
     def check(self) -> str | None:

@@ -5,21 +5,45 @@ from __future__ import annotations
 
 
 def _holds(tier, s) -> bool:
-    """Whether slot ``s`` is the entry of its key in the tier's maps."""
+    """Whether slot ``s`` is the entry of its key in the tier's maps or, chained, in
+    none of them (its key: its token bytes)."""
     key = s.key
     if type(key) is bytes:
-        return tier.by_chunk.get(key) is s
-    return key is not None and key == (s.parent_cid, key[1], s.extra) and tier.by_key.get(key) is s
+        return (tier.by_chunk.get(key) is s) != s.chained
+    return (key is not None and not s.chained and key == (s.parent_cid, key[1], s.extra)
+            and tier.by_key.get(key) is s)
+
+
+def _check_chains(tier) -> str | None:
+    """Each chained slot is the child of the slot holding its parent's content; the
+    chained count; no two slots hold one content."""
+    parents = {(s.child.block_id, s.content_id) for s in tier.slots  # (children may be
+               if s.key is not None and s.child.key is not None}  # stale: verified below)
+    contents, chained = set(), 0
+    for s in tier.slots:
+        if s.key is None:
+            continue
+        content = (s.parent_cid, s.key if type(s.key) is bytes else s.key[1], s.extra)
+        if content in contents:
+            return f"two host slots hold the content of {s!r}"
+        contents.add(content)
+        if s.chained:
+            chained += 1
+            if (s.block_id, s.parent_cid) not in parents:
+                return f"chained host slot {s!r} is not its parent slot's child"
+    if chained != tier.num_chained:
+        return f"host chained count {tier.num_chained} != {chained}"
+    return None
 
 
 def check_tier(tier) -> str | None:
     """The first inconsistency of ``tier``'s slots, maps, pins and LRU links, None when
     sound: every slot is empty (no content, no pin), cached (in the LRU, unpinned) or
-    pinned, exactly once; the maps hold exactly the cached and pinned slots; a slot
-    keyed by its triple is the one ``find`` returns."""
+    pinned, exactly once; the maps hold exactly the cached and pinned slots that are not
+    chained; a slot keyed by its triple is the one ``find`` returns; chains (above)."""
     seen = set()
     for s in tier._empty:
-        if s.key is not None or s.ref_cnt:
+        if s.key is not None or s.ref_cnt or s.chained:
             return f"bad empty host slot {s!r}"
         seen.add(s.block_id)
     for s in tier._cached:
@@ -37,4 +61,4 @@ def check_tier(tier) -> str | None:
     for key, s in tier.by_key.items():
         if tier.find(s.parent_cid, key[1], s.extra) is not s:
             return f"host slot {s!r} is keyed by its triple but not found by it"
-    return tier._cached.broken_link()
+    return _check_chains(tier) or tier._cached.broken_link()

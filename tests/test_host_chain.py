@@ -1,0 +1,104 @@
+"""The chained host index: a run of slots offloaded together (children first) keys only
+its head; each other slot is found only as its parent slot's ``child``. block_size 4."""
+
+from prefixkv import BlockOffloads, KVCacheManager
+from prefixkv.core.block import Block
+from prefixkv.events import EventLog
+from prefixkv.tiers import HostTier
+
+A = list(range(1, 14))   # blocks A0, A1, A2 + 1 token
+B = list(range(20, 33))  # three other blocks + 1
+
+
+def chained_a(host_blocks=6):
+    """A manager whose tier holds A0, A1, A2, offloaded in one batch (A2 first)."""
+    m = KVCacheManager(4, 4, seed=0, host_blocks=host_blocks)
+    m.add_request("a", A)
+    m.take_kv_ops()
+    m.free("a")
+    m.add_request("b", B)  # evicts A2, A1, A0 (tail first): one demote call
+    assert [len(op.src) for op in m.take_kv_ops() if isinstance(op, BlockOffloads)] == [3]
+    m.free("b")
+    return m, m._host
+
+
+def chunk(tokens):
+    return bytes(KVCacheManager(1, 4)._encode(tokens))
+
+
+def slots_of(tier, tokens):
+    """The slots holding the full blocks of ``tokens`` (found by the walk)."""
+    hits = []
+    tier.walk(hits, [chunk(tokens[i:i + 4]) for i in range(0, len(tokens) - 3, 4)], 0, b"",
+              None, Block(-1))
+    return hits
+
+
+def test_a_chained_runs_head_alone_is_keyed_and_the_walk_finds_the_rest():
+    m, tier = chained_a()
+    s0, s1, s2 = slots_of(tier, A[:12])
+    assert list(tier.by_chunk.values()) == [s0] and not tier.by_key
+    assert (s1.chained, s2.chained, s0.chained) == (True, True, False)
+    assert s0.child is s1 and s1.child is s2
+    assert len(tier) == 3 and tier.num_chained == 2
+    assert tier.find(s0.content_id, chunk(A[4:8]), b"") is None  # a probe misses it
+    assert m.lookup(A) == 12                                      # the walk does not
+    m.check_invariants()
+
+
+def test_a_loaded_slot_is_keyed_and_keys_its_chained_child():
+    m, tier = chained_a()
+    s0, s1, s2 = slots_of(tier, A[:12])
+    assert m.add_request("d", A[:7]).num_cached_tokens == 4  # A0 loads (hold)
+    assert tier.find(s0.content_id, chunk(A[4:8]), b"") is s1   # A0's content is on the
+    assert (s1.chained, s2.chained, tier.num_chained) == (False, True, 1)  # device now
+    m.check_invariants()
+    m.take_kv_ops()
+    assert m.lookup(A) == 12
+    m.free("d")
+    m.check_invariants()
+
+
+def test_a_recompute_that_takes_a_chained_slots_id_keys_its_child():
+    m, tier = chained_a()
+    s0, s1, s2 = slots_of(tier, A[:12])
+    m.add_request("d", A, read_cache=False)  # recomputes A0, A1, A2 on the device
+    d = m._requests["d"].blocks
+    assert [b.content_id for b in d[:3]] == [s0.content_id, s1.content_id, s2.content_id]
+    assert not s1.chained and not s2.chained  # (B's run, evicted for d, is chained now)
+    assert tier.find(s1.content_id, chunk(A[8:12]), b"") is s2
+    m.check_invariants()
+    m.take_kv_ops()
+    m.free("d")
+    assert m.add_request("e", B).num_cached_tokens == 12  # B loads; it evicts A's blocks,
+    assert [op for op in m.take_kv_ops() if isinstance(op, BlockOffloads)] == []  # whose
+    assert len(tier) == 6  # slots are refreshed: no second slot for one content
+    m.check_invariants()
+
+
+def test_evicting_a_parent_slot_keys_its_chained_child():
+    tier = HostTier(3, EventLog(0))
+    blocks = []
+    for i, c in enumerate([b"a0", b"a1", b"a2"]):
+        b = Block(i, key=c, parent_cid=i, content_id=i + 1)
+        blocks.append(b)
+    tier.demote(blocks[::-1], 1)
+    tier.end_step()
+    s2, s1, s0 = tier._cached  # the LRU order: children first
+    assert (s1.chained, s2.chained) == (True, True) and s0.child is s1
+    tier._cached.remove(s1)  # (no eviction makes a chained slot outlive its parent's slot:
+    tier._cached.append(s1)  # the order is forced here, the rule holds anyway)
+    tier.demote([Block(7, key=b"x", parent_cid=0, content_id=10),
+                 Block(8, key=b"y", parent_cid=0, content_id=11)], 2)  # take s2, then s0
+    assert tier.check() is None
+    assert (s1.chained, tier.num_chained) == (False, 0) and tier.find(1, b"a1", b"") is s1
+
+
+def test_a_run_ends_at_a_block_whose_slot_is_refreshed():
+    tier = HostTier(4, EventLog(0))
+    a0, a1 = Block(0, key=b"a0", parent_cid=0, content_id=1), Block(1, key=b"a1", parent_cid=1, content_id=2)
+    tier.demote([a0], 1)
+    tier.end_step()
+    tier.demote([a1, a0], 2)  # a0's slot is refreshed: a1's new slot is keyed, not chained
+    assert tier.num_chained == 0 and tier.find(1, b"a1", b"") is not None
+    assert tier.check() is None
