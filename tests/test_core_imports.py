@@ -21,7 +21,7 @@ TYPES = {"errors", "extra_keys", "hashing", "events", "results", "stats", "alloc
 CORE_LOW = {"core.block", "core.free_queue", "core.request"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.announce", "index.none",
          "index.hasher", "index.content_check"}
-TIERS = {"tiers", "tiers.host", "tiers.host_check"}
+TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer"}
 CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.manager"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.prefixes", "groups.index", "groups.events",

@@ -1,0 +1,137 @@
+"""The host tier's index of its slots (``HostTier`` is one): a slot is found by its
+content (parent content id, token bytes, extra bytes), keyed by its token bytes and
+verified against the parent id and extra bytes (a content whose token bytes another
+slot's content has is keyed by the whole triple), or *chained*: found only as the
+``child`` of the slot holding its parent's content, in no map (as the device index's
+chained blocks). A run of slots offloaded together, children first, keys only its head.
+The rule that keeps ``find`` (a probe of the maps) exact where it is used: every slot
+whose parent's content is on the device is keyed (``on_device``)."""
+
+from __future__ import annotations
+
+from ..core.block import NO_CHILD, Block
+from ..events import BlockRemoved
+
+HOST = "CPU"
+"""The medium of host slots in events (vLLM's spelling)."""
+
+
+class HostSlot(Block):
+    """A host slot: a Block whose ``block_id`` is the slot index and whose ``ref_cnt``
+    counts pending copies (pins). ``key``: the token bytes, or the content triple when
+    another slot's content is keyed by those bytes (as in the device index). A slot with
+    content is cached (in the LRU, ``ref_cnt`` 0) or pinned (``ref_cnt`` > 0).
+    ``chained``: found only as the ``child`` of the slot holding its parent's content
+    (offloaded with it in one batch), in no map; its key is its token bytes."""
+
+    __slots__ = ()
+
+
+class SlotIndex:
+    """The maps and chains of ``HostTier``'s slots (its ``slots``, ``by_chunk``,
+    ``by_key``, ``num_chained``, ``chaining`` and ``_sink``)."""
+
+    def __len__(self) -> int:
+        return len(self.by_chunk) + len(self.by_key) + self.num_chained
+
+    def find(self, parent_cid: int, chunk: bytes, extra: bytes) -> HostSlot | None:
+        """The slot holding this content, if any, when its parent's content is on the
+        device or in no slot (a chained slot is found through its parent slot only: see
+        ``on_device``). Changes nothing."""
+        s = self.by_chunk.get(chunk)
+        if s is not None and s.parent_cid == parent_cid and s.extra == extra:
+            return s
+        return self.by_key.get((parent_cid, chunk, extra)) if self.by_key else None
+
+    def walk(self, hits: list, chunks: list[bytes], cid: int, extra: bytes, device,
+             prev: Block) -> list:
+        """``ContentIndex.match`` past the device's first miss, when no content is keyed
+        by its triple on either side and every block's extra bytes are ``extra``: append
+        to ``hits`` (ending in ``prev``, content ``cid``) the blocks of
+        ``chunks[len(hits):]`` found on the device (a device block's chained child, else
+        ``device``: its map's ``get``) or else in a slot, until both miss; ``device`` None:
+        the device holds no child of a content it lacks, so past its first miss only slots
+        can go on. A slot's ``child`` is tried before a probe (a chained slot is found
+        only so). Returns ``hits``."""
+        if device is None:
+            get, g = self.by_chunk.get, NO_CHILD  # (a device block's child is no slot)
+            for chunk in chunks[len(hits):]:
+                s = g
+                if s.key != chunk or s.parent_cid != cid or s.extra != extra:
+                    s = get(chunk)
+                    if s is None or s.parent_cid != cid or s.extra != extra:
+                        break
+                hits.append(s)
+                cid = s.content_id
+                g = s.child
+            return hits
+        rest = chunks[len(hits):]
+        none = NO_CHILD
+        g = prev.child  # the guess: the previous hit's chained child (a device block's
+        for chunk, c, s in zip(rest, map(device, rest), map(self.by_chunk.get, rest)):
+            if c is None or c.parent_cid != cid or c.extra != extra:  # or a slot's)
+                if g is not none and g.parent_cid == cid and g.key == chunk and \
+                        g.extra == extra and not g.twin:
+                    c = g
+                elif s is None or s.parent_cid != cid or s.extra != extra:
+                    break
+                else:
+                    hits.append(s)
+                    cid = s.content_id
+                    g = s.child
+                    continue
+            hits.append(c)
+            cid = c.content_id
+            g = c.child
+        return hits
+
+    def on_device(self, s: HostSlot) -> None:
+        """Slot ``s``'s content is on the device now (loaded, or recomputed under the
+        slot's id): key it and its chained child, so that ``find`` (which probes only
+        the maps) finds every slot whose parent's content is on the device."""
+        if s.chained:
+            s.chained = False
+            self.num_chained -= 1
+            self._enter(s)
+        c = s.child
+        if c.chained and c.parent_cid == s.content_id and c.key is not None:
+            c.chained = False  # type: ignore[union-attr]
+            self.num_chained -= 1
+            self._enter(c)  # type: ignore[arg-type]
+
+    def stop_chaining(self) -> None:
+        """Key every chained slot and chain no more (the device holds a block cut off
+        from its parent's content, see ``ContentIndex.cut``: content may then come up to
+        the device under a parent whose slot was never loaded)."""
+        self.chaining = False
+        for s in self.slots:
+            if s.chained:
+                s.chained = False
+                self._enter(s)
+        self.num_chained = 0
+
+    def _enter(self, s: HostSlot) -> None:
+        """Key slot ``s`` (its key: its token bytes) in the maps: by those bytes, or by
+        its triple when they are another slot's key."""
+        chunk = s.key
+        if self.by_chunk.setdefault(chunk, s) is not s:  # type: ignore[arg-type]
+            s.key = key = (s.parent_cid, chunk, s.extra)
+            self.by_key[key] = s
+
+    def _drop(self, s: HostSlot) -> int:
+        """Drop slot ``s``'s content (taken for reuse), announced gone: unkey it, or
+        unchain it; key its chained child. Returns the change of ``num_chained``."""
+        key, c, n = s.key, s.child, 0
+        if s.chained:
+            s.chained = False
+            n = -1
+        else:
+            del (self.by_chunk if type(key) is bytes else self.by_key)[key]  # type: ignore[index]
+        if c.chained and c.parent_cid == s.content_id and c.key is not None:
+            c.chained = False  # type: ignore[union-attr]
+            n -= 1
+            self._enter(c)  # type: ignore[arg-type]
+        if self._sink.active and s.event is not None:
+            self._sink.append(BlockRemoved(s.hash, s.block_id, HOST))  # type: ignore[arg-type]
+        s.key = None
+        return n
