@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from ..core.block import Block
 from ..core.free_queue import FreeBlockQueue
-from ..events import BlockStored
+from ..events import BlockRemoved, BlockStored
 from ..results import BlockLoads, BlockOffloads, StoreFetched
 from .host_check import check_tier
 from .host_index import HOST, HostSlot, SlotIndex
@@ -113,7 +113,18 @@ class HostTier(SlotIndex):
                         head.next = nxt  # type: ignore[union-attr]
                         nxt.prev = head  # type: ignore[union-attr]
                         taken += 1
-                        chained += self._drop(s)
+                        old, c = s.key, s.child  # (as _drop, inlined)
+                        if s.chained:
+                            s.chained = False
+                            chained -= 1
+                        else:
+                            del (by_chunk if type(old) is bytes else by_key)[old]  # type: ignore[index]
+                        if c.chained and c.parent_cid == s.content_id:
+                            c.chained = False  # type: ignore[union-attr]
+                            chained -= 1
+                            self._enter(c)  # type: ignore[arg-type]
+                        if active and s.event is not None:
+                            sink.append(BlockRemoved(s.hash, s.block_id, HOST))  # type: ignore[arg-type]
                     if pend is not None:
                         if chaining and pend.parent_cid == b.content_id:
                             s.child = pend  # (the run's head, its last block, is keyed)
