@@ -1,9 +1,10 @@
 """The chained host index: a run of slots offloaded together (children first) keys only
 its head; each other slot is found only as its parent slot's ``child``. block_size 4."""
 
-from prefixkv import BlockOffloads, KVCacheManager
+from prefixkv import BlockOffloads, BlockStored, KVCacheManager
 from prefixkv.core.block import Block
 from prefixkv.events import EventLog
+from prefixkv.store.shared import Fetched
 from prefixkv.tiers import HostTier
 
 A = list(range(1, 14))   # blocks A0, A1, A2 + 1 token
@@ -102,3 +103,43 @@ def test_a_run_ends_at_a_block_whose_slot_is_refreshed():
     tier.demote([a1, a0], 2)  # a0's slot is refreshed: a1's new slot is keyed, not chained
     assert tier.num_chained == 0 and tier.find(1, b"a1", b"") is not None
     assert tier.check() is None
+
+
+def run_of_three(tier, events=False):
+    """Offload contents 1 <- 2 <- 3 (a0, a1, a2) in one batch, children first; their slots."""
+    blocks = [Block(i, key=c, parent_cid=i, content_id=i + 1,
+                    event=BlockStored(bytes([i]) * 4, None, (), i, None) if events else None)
+              for i, c in enumerate([b"a0", b"a1", b"a2"])]
+    tier.demote(blocks[::-1], 1)
+    return [tier.find(0, b"a0", b"")] + slots_below(tier)
+
+
+def slots_below(tier):
+    s0 = tier.find(0, b"a0", b"")
+    return [s0.child, s0.child.child]
+
+
+def test_a_run_cut_short_by_pinned_slots_keys_its_last_slot():
+    tier = HostTier(2, EventLog(0))
+    blocks = [Block(i, key=c, parent_cid=i, content_id=i + 1) for i, c in enumerate([b"a0", b"a1", b"a2"])]
+    tier.demote(blocks[::-1], 1)  # a2, a1 take both slots (pinned); a0 is lost
+    assert tier.check() is None and tier.num_chained == 1
+    assert tier.find(1, b"a1", b"") is not None  # the run's last slot is keyed
+
+
+def test_a_slot_taken_for_a_fetched_block_drops_its_chain_link():
+    tier = HostTier(3, EventLog(0))
+    s0, s1, s2 = run_of_three(tier)
+    tier.end_step()
+    tier._cached.remove(s1)  # (forced order, as above: s2, s0, s1)
+    tier._cached.append(s1)
+    tier.fill(0, Fetched(b"h" * 4, b"x", b"", b"kv"), 10, None)  # takes s2 (chained)
+    tier.fill(0, Fetched(b"i" * 4, b"y", b"", b"kv"), 11, None)  # takes s0: keys s1
+    assert tier.check() is None and tier.num_chained == 0 and tier.find(1, b"a1", b"") is s1
+
+
+def test_the_snapshot_announces_chained_slots_too():
+    tier = HostTier(3, EventLog(100))
+    run_of_three(tier, events=True)
+    assert tier.num_chained == 2
+    assert [e.block_hash for e in tier.snapshot()] == [bytes([i]) * 4 for i in range(3)]
