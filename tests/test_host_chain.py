@@ -1,7 +1,7 @@
 """The chained host index: a run of slots offloaded together (children first) keys only
 its head; each other slot is found only as its parent slot's ``child``. block_size 4."""
 
-from prefixkv import BlockOffloads, BlockStored, KVCacheManager
+from prefixkv import BlockOffloads, BlockStored, ExtraKeys, KVCacheManager
 from prefixkv.core.block import Block
 from prefixkv.events import EventLog
 from prefixkv.store.shared import Fetched
@@ -143,3 +143,18 @@ def test_the_snapshot_announces_chained_slots_too():
     run_of_three(tier, events=True)
     assert tier.num_chained == 2
     assert [e.block_hash for e in tier.snapshot()] == [bytes([i]) * 4 for i in range(3)]
+
+
+def test_a_lookup_with_triple_keys_on_the_device_walks_a_slots_chained_child():
+    m = KVCacheManager(8, 4, seed=0, host_blocks=8)
+    m.add_request("s", [1, 2, 3, 4, 9], extra=ExtraKeys(cache_salt="a"))
+    m.add_request("u", [1, 2, 3, 4, 9])  # the same token bytes: keyed by its triple
+    assert m._index._by_key  # (so ``match`` takes its general loop, not the host walk)
+    m.add_request("a", A)
+    m.take_kv_ops()
+    m.free("a")
+    m.add_request("b", B)  # evicts A2, A1 (A0 is u's block): A2 chained under A1's slot
+    m.free("b")
+    assert m._host.num_chained == 1
+    assert m.lookup(A) == 12
+    m.check_invariants()

@@ -101,10 +101,7 @@ class HostTier(SlotIndex):
                         s = head.next  # type: ignore[union-attr]
                         if s is tail:
                             if not refreshed:  # every slot is pinned: the content is lost
-                                if pend is not None:
-                                    self._enter(pend)
-                                    pend = None
-                                continue
+                                continue  # (a slot pending stays so: its parent is lost)
                             cached.forget(len(refreshed))  # only refreshed ones left
                             cached.extend(refreshed)
                             refreshed = []

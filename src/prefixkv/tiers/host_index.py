@@ -31,6 +31,13 @@ class SlotIndex:
     """The maps and chains of ``HostTier``'s slots (its ``slots``, ``by_chunk``,
     ``by_key``, ``num_chained``, ``chaining`` and ``_sink``)."""
 
+    slots: list[HostSlot]
+    by_chunk: dict[bytes, HostSlot]
+    by_key: dict[tuple, HostSlot]
+    num_chained: int
+    chaining: bool
+    _sink: object
+
     def __len__(self) -> int:
         return len(self.by_chunk) + len(self.by_key) + self.num_chained
 
