@@ -41,7 +41,7 @@ from dataclasses import replace
 from ..core.block import Block
 from ..core.request import Request
 from ..events import BlockRemoved, Event, removed_event
-from .content_check import check_index, check_request
+from .content_check import check_lower_chains, check_index, check_request
 from .recording import ContentRecorder
 
 _NO_PARENT = Block(-1)  # the parent of a first block in ``claim``: never given a child
@@ -286,7 +286,8 @@ class ContentIndex(ContentRecorder):
 
     def check(self, blocks: Sequence[Block]) -> str | None:
         return check_index(self._by_chunk, self._by_key, self._twins, self.hashing, blocks,
-                           self._num_chained, self._lower is not None, not self.cut)
+                           self._num_chained, self._lower is not None, not self.cut) or (
+            check_lower_chains(self._lower, blocks) if self._lower is not None else None)
 
     def check_request(self, req: Request, block_size: int) -> str | None:
         """The first full scheduled block of ``req`` whose content is not its own."""

@@ -89,3 +89,15 @@ def check_request(req: Request, block_size: int) -> str | None:
                     f"the request's content")
         cid = b.content_id
     return None
+
+
+def check_lower_chains(lower, blocks: Sequence[Block]) -> str | None:
+    """The tier's one rule that keeps its probes exact: no slot is chained (found only
+    through its parent slot) while its parent's content is on the device."""
+    if not lower.num_chained:
+        return None
+    on_device = {b.content_id for b in blocks if b.key is not None}
+    for s in lower.slots:
+        if s.chained and s.parent_cid in on_device:
+            return f"host slot {s!r} is chained but its parent's content is on the device"
+    return None
