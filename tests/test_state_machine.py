@@ -357,6 +357,14 @@ class HostTierFastPathManagerMachine(HostTierManagerMachine):
     events = False
 
 
+class HostTierChainManagerMachine(HostTierFastPathManagerMachine):
+    """A tier twice the pool and longer runs: runs of offloads chained in the tier are
+    loaded, recomputed and dropped again (``check_invariants``: no slot stays chained
+    once its parent's content is back on the device)."""
+
+    host_blocks = 12
+
+
 SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestManagerMachine = ManagerMachine.TestCase
 TestManagerMachine.settings = SETTINGS
@@ -370,3 +378,6 @@ TestHostTierManagerMachine = HostTierManagerMachine.TestCase
 TestHostTierManagerMachine.settings = SETTINGS
 TestHostTierFastPathManagerMachine = HostTierFastPathManagerMachine.TestCase
 TestHostTierFastPathManagerMachine.settings = SETTINGS
+TestHostTierChainManagerMachine = HostTierChainManagerMachine.TestCase
+TestHostTierChainManagerMachine.settings = settings(max_examples=100, stateful_step_count=100,
+                                                    deadline=None)
