@@ -73,29 +73,19 @@ class ContentIndex(ContentRecorder):
             return lower.walk(hits, chunks, cid, base, get if self.cut else None, b)
         below = lower.find
         for i in range(len(hits), len(chunks)):
-            if type(b) is not Block and not self.cut:  # past a slot: slots only (``cut``)
-                chunk = chunks[i]  # the slot's chained child first (found only so)
-                extra = base if mm is None or i >= len(mm) else mm[i]
-                c = b.child
-                if c.key != chunk or c.parent_cid != cid or c.extra != extra:
+            chunk = chunks[i]
+            extra = base if mm is None or i >= len(mm) else mm[i]
+            c = b.child  # the chained child first (a slot's chained child is found only so)
+            if c.key != chunk or c.parent_cid != cid or c.extra != extra or c.twin:
+                c = None
+                if type(b) is Block or self.cut:  # past a slot only slots go on (``cut``)
+                    c = get(chunk)
+                    if c is None or c.parent_cid != cid or c.extra != extra:
+                        c = by_key.get((cid, chunk, extra)) if by_key else None
+                if c is None:  # the device misses: the chain may go on in the tier below
                     c = below(cid, chunk, extra)
                     if c is None:
                         break
-                hits.append(c)
-                cid = c.content_id
-                b = c
-                continue
-            chunk = chunks[i]
-            extra = base if mm is None or i >= len(mm) else mm[i]
-            c = b.child  # a device block's chained child first, as ``_walk``
-            if c.key != chunk or c.parent_cid != cid or c.extra != extra or c.twin:
-                c = get(chunk)
-                if c is None or c.parent_cid != cid or c.extra != extra:
-                    c = by_key.get((cid, chunk, extra)) if by_key else None
-                    if c is None:  # the device misses: the chain may go on in the tier below
-                        c = below(cid, chunk, extra)
-                        if c is None:
-                            break
             hits.append(c)
             cid = c.content_id
             b = c

@@ -205,9 +205,8 @@ class ContentRecorder(Announcer):
         else each is keyed."""
         step = self.step
         prev = parent
-        for i, (b, s) in enumerate(zip(blocks, slots)):
-            if run and i:  # the common case: under the block adopted before, where nothing
-                break  # is chained on the device (the rest of the run, below)
+        first = 1 if run else len(blocks)  # recorded as ``store`` records them; the rest of
+        for b, s in zip(islice(blocks, first), islice(slots, first)):  # a run: chained below
             key = s.key
             chunk = key if type(key) is bytes else key[1]  # type: ignore[index]
             b.parent_cid, b.extra = s.parent_cid, s.extra

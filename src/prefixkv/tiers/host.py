@@ -184,7 +184,9 @@ class HostTier(SlotIndex):
         caller checked ``room``."""
         slot = self._take()
         assert slot is not None, "fill without room"
-        self._keep(slot, parent_cid, fetched.chunk, fetched.extra, content_id, fetched.hash)
+        slot.key, slot.parent_cid, slot.extra = fetched.chunk, parent_cid, fetched.extra
+        slot.content_id, slot.hash, slot.event = content_id, fetched.hash, None
+        self._enter(slot)
         slot.ref_cnt = 1
         self._pinned.append(slot)
         self.fetches.append(StoreFetched(slot.block_id, fetched.payload))
@@ -234,18 +236,6 @@ class HostTier(SlotIndex):
         self._cached.extend(pinned)
         self._pinned = []
 
-    def _keep(self, s: HostSlot, parent_cid: int, chunk: bytes, extra: bytes,
-              content_id: int, block_hash: bytes | None) -> None:
-        """Record a content (held by no slot) in the free slot ``s``."""
-        held = self.by_chunk.setdefault(chunk, s)
-        if held is s:
-            s.key = chunk
-        else:
-            s.key = key = (parent_cid, chunk, extra)
-            self.by_key[key] = s
-        s.parent_cid, s.extra, s.content_id, s.hash, s.event = (
-            parent_cid, extra, content_id, block_hash, None)
-
     def _take(self) -> HostSlot | None:
         """A free slot: an empty one, else the least recently used cached one."""
         return self._empty.pop() if self._empty else self._take_cached()
@@ -256,7 +246,7 @@ class HostTier(SlotIndex):
         slot = self._cached.popleft()
         if slot is None:
             return None
-        self.num_chained += self._drop(slot)  # type: ignore[arg-type]
+        self._drop(slot)  # type: ignore[arg-type]
         return slot  # type: ignore[return-value]
 
     def clear(self) -> None:

@@ -100,11 +100,7 @@ class SlotIndex:
             s.chained = False
             self.num_chained -= 1
             self._enter(s)
-        c = s.child
-        if c.chained and c.parent_cid == s.content_id and c.key is not None:
-            c.chained = False  # type: ignore[union-attr]
-            self.num_chained -= 1
-            self._enter(c)  # type: ignore[arg-type]
+        self._key_child(s)
 
     def stop_chaining(self) -> None:
         """Key every chained slot and chain no more (the device holds a block cut off
@@ -125,20 +121,24 @@ class SlotIndex:
             s.key = key = (s.parent_cid, chunk, s.extra)
             self.by_key[key] = s
 
-    def _drop(self, s: HostSlot) -> int:
-        """Drop slot ``s``'s content (taken for reuse), announced gone: unkey it, or
-        unchain it; key its chained child. Returns the change of ``num_chained``."""
-        key, c, n = s.key, s.child, 0
-        if s.chained:
-            s.chained = False
-            n = -1
-        else:
-            del (self.by_chunk if type(key) is bytes else self.by_key)[key]  # type: ignore[index]
+    def _key_child(self, s: HostSlot) -> None:
+        """Key ``s``'s chained child, if it has one (it is about to be found by a probe)."""
+        c = s.child
         if c.chained and c.parent_cid == s.content_id and c.key is not None:
             c.chained = False  # type: ignore[union-attr]
-            n -= 1
+            self.num_chained -= 1
             self._enter(c)  # type: ignore[arg-type]
+
+    def _drop(self, s: HostSlot) -> None:
+        """Drop slot ``s``'s content (taken for reuse), announced gone: unkey it, or
+        unchain it; key its chained child."""
+        if s.chained:
+            s.chained = False
+            self.num_chained -= 1
+        else:
+            key = s.key
+            del (self.by_chunk if type(key) is bytes else self.by_key)[key]  # type: ignore[index]
+        self._key_child(s)
         if self._sink.active and s.event is not None:
             self._sink.append(BlockRemoved(s.hash, s.block_id, HOST))  # type: ignore[arg-type]
         s.key = None
-        return n
