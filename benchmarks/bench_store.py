@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
             shared = SharedStore(backend, StoreLayout(f"bench-{size}-{time.time_ns()}", "x", size),
                                  max_fetch=BLOCKS)
             fill(shared, backend, bytes(size))
-            us = best(lambda: admit_us(shared))
+            us = best(lambda shared=shared: admit_us(shared))
             mib = BLOCKS * size / 2**20
             print(f"  store, hit, {size // 1024:4d} KiB/block:    {us:9.0f}  "
                   f"({mib:.1f} MiB fetched and checked, {mib / (us / 1e6):,.0f} MiB/s)")

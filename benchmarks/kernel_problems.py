@@ -30,7 +30,8 @@ SMOKE = dict(heads=4, kv_heads=2, head_dim=64, block_size=16, dtype="float16")  
 def with_device(shape: dict, device: str, torch) -> dict:
     """``shape`` with its dtype name turned into a torch dtype and a ``device``: the
     keywords of :func:`make_problem`."""
-    return dict(shape, dtype=getattr(torch, shape["dtype"]) if isinstance(shape["dtype"], str) else shape["dtype"],
+    return dict(shape, dtype=getattr(torch, shape["dtype"]) if isinstance(shape["dtype"], str)
+                else shape["dtype"],
                 device=device)
 
 
@@ -50,7 +51,8 @@ def git_commit() -> str:
     """HEAD (with -dirty when the kernels changed), else $PREFIXKV_COMMIT (a copy without .git)."""
     fallback = os.environ.get("PREFIXKV_COMMIT", "unknown")
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "src/prefixkv/kernels"], cwd=ROOT,
                                capture_output=True, text=True).stdout.strip()
         return rev + ("-dirty" if dirty else "") if rev else fallback
@@ -58,7 +60,8 @@ def git_commit() -> str:
         return fallback
 
 
-def make_problem(torch, kernels, *, batch, prefix, q_len, heads, kv_heads, head_dim, block_size, dtype, device):
+def make_problem(torch, kernels, *, batch, prefix, q_len, heads, kv_heads, head_dim, block_size, dtype,
+                 device):
     """Random paged problem: every request has ``prefix`` cached + ``q_len`` new tokens.
     Returns (the positional arguments of ``paged_prefill_attention``, block ids per request)."""
     kv_len = prefix + q_len

@@ -19,9 +19,9 @@ import ast
 import dataclasses
 import importlib
 import inspect
-import pathlib
 import re
 import sys
+from itertools import pairwise
 
 PACKAGES = ("prefixkv", "prefixkv.kernels", "prefixkv.engine", "prefixkv.adapters.vllm",
             "prefixkv.adapters.vllm_hybrid", "prefixkv.router", "prefixkv.store", "prefixkv.groups")
@@ -60,7 +60,7 @@ def attribute_docstring(package: str, name: str) -> str | None:
         except (OSError, TypeError):
             continue
         body = ast.parse(source).body
-        for stmt, nxt in zip(body, body[1:]):
+        for stmt, nxt in pairwise(body):
             targets = (stmt.targets if isinstance(stmt, ast.Assign)
                        else [stmt.target] if isinstance(stmt, ast.AnnAssign) else [])
             if (any(isinstance(t, ast.Name) and t.id == name for t in targets)

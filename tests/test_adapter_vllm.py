@@ -6,14 +6,19 @@ from __future__ import annotations
 import random
 
 import pytest
-from vllm_fakes import MM, Lora, Pos, Req, admit, live_hashes, make
-from vllm_sim import Sim
 
 from prefixkv import ExtraKeys, ExtraKeysError, PrefixKVError, RequestError, TokenError
 from prefixkv.adapters.vllm import (
-    BlockIds, ComputedBlocks, VllmAllBlocksCleared, VllmBlockRemoved, VllmBlockStored,
-    VllmKVCacheManager, extra_keys_of,
+    BlockIds,
+    ComputedBlocks,
+    VllmAllBlocksCleared,
+    VllmBlockRemoved,
+    VllmBlockStored,
+    VllmKVCacheManager,
+    extra_keys_of,
 )
+from vllm_fakes import MM, Lora, Pos, Req, admit, live_hashes, make
+from vllm_sim import Sim
 
 BS = 16
 

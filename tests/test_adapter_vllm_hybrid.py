@@ -8,15 +8,19 @@ from __future__ import annotations
 import random
 
 import pytest
-from vllm_fakes import Req, admit, hidden
-from vllm_sim import Sim
 
 from prefixkv import PrefixKVError, RequestError, TokenError
 from prefixkv.adapters.vllm import ComputedBlocks, VllmBlockStored
 from prefixkv.adapters.vllm_hybrid import GroupBlockIds, VllmHybridKVCacheManager
 from prefixkv.groups import (
-    GroupBlockStored, HybridKVCacheManager, chunked_local, full_attention, sliding_window,
+    GroupBlockStored,
+    HybridKVCacheManager,
+    chunked_local,
+    full_attention,
+    sliding_window,
 )
+from vllm_fakes import Req, admit, hidden
+from vllm_sim import Sim
 
 BS = 16
 COMMON = [i for i in range(3) for _ in range(BS)]  # three full blocks

@@ -3,8 +3,14 @@
 import pytest
 
 from prefixkv import (
-    ConfigError, ContiguousAllocator, ExtraKeys, ExtraKeysError, KVCacheManager,
-    MultiModalInput, RequestError, TokenError,
+    ConfigError,
+    ContiguousAllocator,
+    ExtraKeys,
+    ExtraKeysError,
+    KVCacheManager,
+    MultiModalInput,
+    RequestError,
+    TokenError,
 )
 
 

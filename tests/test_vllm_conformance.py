@@ -8,19 +8,19 @@ ids, difference 2: vLLM's pool has a null block 0, so ``vllm(...)`` maps vLLM's 
 ours by subtracting one). Not replayed, because the adapter does not offer them
 (difference 9): hybrid layouts (sliding window, Mamba, several groups, different block
 sizes, retention intervals; the sliding-window, chunked-local and hybrid scenarios are
-replayed on ``HybridKVCacheManager`` in test_vllm_conformance_groups.py), EAGLE's shortened hits, KV connectors, reports of reused
-blocks, and the scenarios that drive vLLM's block pool or hash map directly (the same
-rules are tested on prefixkv's own parts in test_manager_scenarios.py and
-test_index.py).
+replayed on ``HybridKVCacheManager`` in test_vllm_conformance_groups.py), EAGLE's shortened
+hits, KV connectors, reports of reused blocks, and the scenarios that drive vLLM's block
+pool or hash map directly (the same rules are tested on prefixkv's own parts in
+test_manager_scenarios.py and test_index.py).
 """
 
 from __future__ import annotations
 
 import pytest
-from vllm_fakes import MM, Lora, Pos, Req, admit, live_hashes, make
 
 from prefixkv import RequestError, TokenError
 from prefixkv.adapters.vllm import BlockIds, VllmBlockRemoved, VllmBlockStored
+from vllm_fakes import MM, Lora, Pos, Req, admit, live_hashes, make
 
 BS = 16
 COMMON = [i for i in range(3) for _ in range(BS)]  # three full blocks of repeated ids

@@ -41,12 +41,16 @@ asserted by a ``test_difference_<n>_*`` test here:
 from __future__ import annotations
 
 import pytest
-from vllm_fakes import hidden
 
 from prefixkv.groups import (
-    GroupAdmission, HybridKVCacheManager, chunked_local, full_attention, longest_hit,
+    GroupAdmission,
+    HybridKVCacheManager,
+    chunked_local,
+    full_attention,
+    longest_hit,
     sliding_window,
 )
+from vllm_fakes import hidden
 
 BS = 16
 COMMON = [i for i in range(3) for _ in range(BS)]  # three full blocks
@@ -127,7 +131,7 @@ def vllm_cases_hit(spec, bs, cases, tail=0):
     out = []
     for cached in cases:
         limit = (len(cached) * bs + tail) // bs
-        rule = longest_hit([spec], bs, limit, lambda g, j: cached[j])
+        rule = longest_hit([spec], bs, limit, lambda g, j, cached=cached: cached[j])
         prompt = list(range(1, len(cached) * bs + tail + 2))  # max_length = n - 1
         m = manager([spec], len(cached) + 3, bs)
         m.add_request("a", prompt[:len(cached) * bs] + [0])

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import random
 
-from vllm_fakes import Req, make
-
 from prefixkv.adapters.vllm_hybrid import VllmHybridKVCacheManager
 from prefixkv.groups import CHUNKED, SLIDING, HybridKVCacheManager, full_attention
+from vllm_fakes import Req, make
 
 
 def reads_from(spec, pos: int) -> int:
@@ -148,7 +147,7 @@ class Sim:
         """Every key the step's queries (positions ``start .. start+n-1``) read, in every
         group, holds the request's token: a hit's, a computed one's, or this step's."""
         tokens = list(r.all_token_ids) + self.spec[r.request_id]
-        for spec, table in zip(self.specs, self.kv.get_block_ids(r.request_id)):
+        for spec, table in zip(self.specs, self.kv.get_block_ids(r.request_id), strict=True):
             first = reads_from(spec, start)
             held = [self.slots.get(table[p // self.bs] * self.bs + p % self.bs)
                     for p in range(first, start + n)]

@@ -11,16 +11,30 @@ The public API is what ``__all__`` lists here and in ``prefixkv.kernels``,
 """
 
 from .allocator import Allocator
-from .baselines import ContiguousAllocator, PagedAllocator
+from .baselines import ContiguousAllocator as ContiguousAllocator
+from .baselines import PagedAllocator as PagedAllocator
+from .core.manager import KVCacheManager
 from .errors import (
-    ConfigError, ExtraKeysError, InvariantError, PrefixKVError, RequestError, TokenError,
+    ConfigError,
+    ExtraKeysError,
+    InvariantError,
+    PrefixKVError,
+    RequestError,
+    TokenError,
 )
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .extra_keys import ExtraKeys, MultiModalInput
 from .hashing import block_hashes
-from .core.manager import KVCacheManager
 from .results import (
-    Admission, BlockCopy, BlockLoads, BlockOffloads, DecodeStep, Fork, KVOp, StoreFetched, StorePut,
+    Admission,
+    BlockCopy,
+    BlockLoads,
+    BlockOffloads,
+    DecodeStep,
+    Fork,
+    KVOp,
+    StoreFetched,
+    StorePut,
 )
 from .stats import PrefixCacheStats
 

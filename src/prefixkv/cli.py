@@ -198,7 +198,8 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--trace replays a trace: drop --workload {workload} or use --workload trace")
     cfg = BenchConfig(workloads=BUILTIN if workload == "all" else (workload,), trace=args.trace,
                       scale=args.scale, pool_blocks=args.pool_blocks, block_size=args.block_size,
-                      seed=args.seed, e2e=args.e2e, host_tiers=args.host_tiers, store_replicas=args.store_replicas,
+                      seed=args.seed, e2e=args.e2e, host_tiers=args.host_tiers,
+                      store_replicas=args.store_replicas,
                       groups=tuple(MIXES) if args.groups is None else args.groups,
                       plots=args.plots, out=args.out,
                       progress=args.progress)

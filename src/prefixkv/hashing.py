@@ -40,8 +40,9 @@ def encode_tokens(token_ids: Sequence[int], vocab_size: int | None = None) -> ar
     request's token store). Accepts a list or tuple of ints, an ``array`` of integers,
     any buffer of integers (a uint32 buffer is taken without re-encoding), or another
     iterable of ints. Raises TokenError for an id outside [0, 2**32) or >= ``vocab_size``,
-    a non-integer (a bool first or last id; see ``_no_bools``), or a container that is not a sequence of token ids (str,
-    bytes, bytearray, dict, set, None, a bare int, a buffer of bytes)."""
+    a non-integer (a bool first or last id; see ``_no_bools``), or a container that is not
+    a sequence of token ids (str, bytes, bytearray, dict, set, None, a bare int, a buffer
+    of bytes)."""
     t = type(token_ids)
     try:
         if t is list:
@@ -187,7 +188,7 @@ def chain_hashes(fn: HashFn, parent: bytes, chunks: Sequence[bytes],
     ``extras``), the first one's parent being ``parent``: the one definition of the chain."""
     h = parent
     if any(extras):
-        return [h := fn(h + c + e) for c, e in zip(chunks, extras)]
+        return [h := fn(h + c + e) for c, e in zip(chunks, extras, strict=True)]
     return [h := fn(h + c) for c in chunks]  # the common case: no concatenation with b""
 
 

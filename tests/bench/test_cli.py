@@ -115,7 +115,8 @@ def test_trace_run_and_trace_error(tmp_path, capsys):
     assert main(["bench", "--trace", str(trace), "--no-e2e", "--no-plots", "--out", str(out),
                  "--block-size", "8"]) == 0
     data = json.loads((out / "report.json").read_text())
-    assert data["workloads"][0]["results"]["prefixkv"]["prefill_saved"] == 64  # 71 tokens of turn 1: 8 full blocks
+    # 71 tokens of turn 1: 8 full blocks
+    assert data["workloads"][0]["results"]["prefixkv"]["prefill_saved"] == 64
     assert not list(out.glob("*.png"))
     trace.write_text('{"id": 1, "prompt": [1], "output_len": -1}\n')
     assert main(["bench", "--trace", str(trace), "--out", str(out)]) == 2

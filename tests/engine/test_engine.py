@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="the example engine needs torch")
 from prefixkv import BlockRemoved, BlockStored, ContiguousAllocator, KVCacheManager, PagedAllocator  # noqa: E402
 from prefixkv.engine import SamplingParams, run_chat, synthetic_conversations  # noqa: E402
 
-from .helpers import CONFIG, checker, dense_greedy, make_engine, model  # noqa: E402,F401
+from .helpers import CONFIG, checker, dense_greedy  # noqa: E402
 
 
 def prompts_with(prefix, n, suffix_len, seed=0):
@@ -123,7 +123,8 @@ def test_fork_children_equal_their_prompt_run_alone(make_engine, prompt_len):
         assert sum(r.forks for r in result.steps) == 2
         assert out.metrics.num_prefill_tokens == prompt_len  # children reuse the parent's
         for s in out.samples:
-            alone = run(make_engine, [prompt], SamplingParams(max_tokens=20, temperature=1.0, seed=11 + s.index))
+            alone = run(make_engine, [prompt],
+                        SamplingParams(max_tokens=20, temperature=1.0, seed=11 + s.index))
             assert s.token_ids == alone.outputs[0].token_ids
 
 

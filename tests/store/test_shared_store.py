@@ -5,7 +5,13 @@ fail the content check are misses; salts isolate; configuration errors. block_si
 import pytest
 
 from prefixkv import (
-    BlockLoads, BlockStored, ConfigError, ExtraKeys, KVCacheManager, StoreFetched, StorePut,
+    BlockLoads,
+    BlockStored,
+    ConfigError,
+    ExtraKeys,
+    KVCacheManager,
+    StoreFetched,
+    StorePut,
 )
 from prefixkv.store import SharedStore, StoreLayout, StoreWriter, decode_value, encode_value
 from prefixkv.store.record import block_head
@@ -202,6 +208,7 @@ def test_key_prefix_names_a_tenants_keys(backend, shared):
 def test_an_acl_user_limited_to_prefixkv_keys_and_three_commands_suffices(redis_url, layout):
     """The recipe in docs/security.md, on a real server."""
     import redis
+
     from prefixkv.store import RedisStore
     admin = redis.Redis.from_url(redis_url)
     admin.execute_command("ACL", "SETUSER", "fleet", "on", ">s3cret", "~prefixkv:*",

@@ -70,7 +70,12 @@ from prefixkv.stats import PrefixCacheStats
 from .vllm_events import to_vllm_events
 from .vllm_request import VllmRequest, extra_keys_of, reads_cache, reject_unsupported
 from .vllm_types import (
-    BlockIds, ComputedBlocks, VllmAllBlocksCleared, VllmBlockRemoved, VllmBlockStored, VllmEvent,
+    BlockIds,
+    ComputedBlocks,
+    VllmAllBlocksCleared,
+    VllmBlockRemoved,
+    VllmBlockStored,
+    VllmEvent,
     VllmPrefixCacheStats,
 )
 
@@ -183,7 +188,7 @@ class VllmKVCacheManager:
               full_fit: bool) -> BlockIds | None:
         #   | scheduled | known, to schedule now | reserved: tokens not known yet + lookahead |
         #   0       scheduled                  known                                      slots
-        mgr, rid, bs = self.manager, request.request_id, self.block_size
+        mgr, rid = self.manager, request.request_id
         tokens = request.all_token_ids
         computed = request.num_computed_tokens
         if type(computed) is not int or computed < 0:
@@ -293,4 +298,4 @@ class VllmKVCacheManager:
 
 def _cat(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
     """Block ids per group, ``b``'s after ``a``'s."""
-    return tuple(x + y for x, y in zip(a, b))
+    return tuple(x + y for x, y in zip(a, b, strict=True))

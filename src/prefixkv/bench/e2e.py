@@ -61,6 +61,7 @@ def run_e2e(seed: int = 0, cfg: E2EConfig | None = None) -> dict[str, Any]:
     cfg = cfg or E2EConfig()
     try:
         import torch
+
         from ..engine import LlamaConfig, SamplingParams, build_engine, run_chat, synthetic_conversations
     except ImportError as exc:
         return {"skipped": f"needs torch and prefixkv.engine ({exc})"}
@@ -100,7 +101,7 @@ def run_e2e(seed: int = 0, cfg: E2EConfig | None = None) -> dict[str, Any]:
         return 1e3 * min(clocks[clock][t] for _, clocks in runs[caching])
 
     turns = []
-    for t, (off, on) in enumerate(zip(runs[False][0][0].turns, runs[True][0][0].turns)):
+    for t, (off, on) in enumerate(zip(runs[False][0][0].turns, runs[True][0][0].turns, strict=True)):
         turns.append({
             "turn": t + 1,
             "prompt_tokens": sum(o.metrics.num_prompt_tokens for o in on.outputs),

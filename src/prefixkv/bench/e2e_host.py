@@ -39,6 +39,7 @@ def run_e2e_host(seed: int = 0, cfg: E2EHostConfig | None = None) -> dict[str, A
     cfg = cfg or E2EHostConfig()
     try:
         import torch
+
         from ..engine import LlamaConfig, SamplingParams, build_engine
     except ImportError as exc:
         return {"skipped": f"needs torch and prefixkv.engine ({exc})"}

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.manager import KVCacheManager
 from ..core.block import blocks_for
+from ..core.manager import KVCacheManager
 from .capacity import blocks_needed, default_pool_blocks
 from .cost import PrefillCost
 from .replay import replay

@@ -133,7 +133,8 @@ def replay(alloc: Allocator, workload: Workload, name: str, *,
         res.prefill_saved_pairs += adm.num_cached_tokens * (adm.num_cached_tokens + 1) // 2
         res.prefill_computed += adm.num_new_tokens
         n = adm.num_cached_tokens + adm.num_new_tokens
-        res.prefill_computed_pairs += n * (n + 1) // 2 - adm.num_cached_tokens * (adm.num_cached_tokens + 1) // 2
+        cached = adm.num_cached_tokens
+        res.prefill_computed_pairs += n * (n + 1) // 2 - cached * (cached + 1) // 2
         return True
 
     def release(rid: str) -> _Running:

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
-from ..fleet.wire import encode_batch
 from ..core.manager import KVCacheManager
+from ..fleet.wire import encode_batch
 from ..router import Router, decode_batch
 from .workloads import BenchRequest, Workload
 

@@ -47,15 +47,15 @@ def table(header: tuple[str, ...], body: list[tuple[str, ...]], markdown: bool =
           text_columns: int = 2) -> str:
     """Aligned columns (the first ``text_columns`` left, numbers right); a pipe table
     when ``markdown``."""
-    widths = [max(len(c) for c in col) for col in zip(header, *body)]
+    widths = [max(len(c) for c in col) for col in zip(header, *body, strict=True)]
     numeric = [i >= text_columns for i in range(len(header))]
 
     def line(cells: tuple[str, ...]) -> str:
-        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric)]
+        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric, strict=True)]
         return "| " + " | ".join(parts) + " |" if markdown else "  ".join(parts)
 
     rule = ("|" + "|".join(("-" * (w + 1) + ":") if num else ("-" * (w + 2))
-                           for w, num in zip(widths, numeric)) + "|"
+                           for w, num in zip(widths, numeric, strict=True)) + "|"
             if markdown else "  ".join("-" * w for w in widths))
     return "\n".join([line(header), rule] + [line(r) for r in body])
 

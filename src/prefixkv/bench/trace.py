@@ -97,7 +97,7 @@ def parse_trace(lines: Iterable[str], *, seed: int = 0, source: str = "trace") -
         if not raw.strip():
             continue
 
-        def fail(message: str, field: str | None = None) -> TraceError:
+        def fail(message: str, field: str | None = None, lineno: int = lineno) -> TraceError:
             return TraceError(message, lineno, field, source)
 
         obj = _json_object(raw, fail)

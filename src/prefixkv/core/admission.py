@@ -14,8 +14,14 @@ from array import array
 from collections.abc import Hashable, Sequence
 
 from ..errors import (
-    ConfigError, InvariantError, RequestError, TokenError, check_count, check_flag,
-    check_new_request, check_positive,
+    ConfigError,
+    InvariantError,
+    RequestError,
+    TokenError,
+    check_count,
+    check_flag,
+    check_new_request,
+    check_positive,
 )
 from ..events import BlockStored, EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
@@ -71,7 +77,8 @@ class Admitter:
         self._stats = StatsCounter()
         self._kv_ops: list[KVOp] = []
         self._plan_refs: list[Block] = []  # sources of pending copies, held by the plan
-        self._store = store.bind(hash_mode, seed, root, block_size, self._stats) if store is not None else None
+        self._store = (store.bind(hash_mode, seed, root, block_size, self._stats)
+                       if store is not None else None)
         self._computing: list[tuple] = []  # contents recorded last step: written to the store next
         if self._store is not None:  # the store's keys are chain hashes: every block needs its own
             self._index.hashing = True  # type: ignore[union-attr]
@@ -141,7 +148,8 @@ class Admitter:
                 hits += pool.take(need) if need > 1 else (pool.take_one(),)
             req.blocks = hits
         else:
-            req.blocks = pool.acquire(hits, need) if not loads else self._acquire_loading(req, hits, held, need)
+            req.blocks = (pool.acquire(hits, need) if not loads
+                          else self._acquire_loading(req, hits, held, need))
         req.num_cached = num_cached
         req.num_scheduled = total
         req.num_reserved = total + num_lookahead_tokens
@@ -189,7 +197,7 @@ class Admitter:
         else:  # a device hit after host hits: the fresh blocks go where the slots were
             fresh = iter(taken[len(held):])
             blocks = [h if type(h) is Block else next(fresh) for h in hits]
-            into = [b for b, h in zip(blocks, hits) if h is not b]
+            into = [b for b, h in zip(blocks, hits, strict=True) if h is not b]
             blocks += fresh
         self._index.adopt(into, slots, held[-1] if first and held else None, first)  # type: ignore[attr-defined]
         host.load(slots, into)  # type: ignore[union-attr]
@@ -216,7 +224,8 @@ class Admitter:
         parent = hits[-1].hash if hits else self._hasher.root
         hashes = self._hasher.chain(parent, chunks[first:last], extras)  # type: ignore[arg-type]
         payloads = link.fetch(parent, hashes, chunks[first:last], extras, req.keys.extra)  # type: ignore[union-attr]
-        return [Fetched(*f) for f in zip(hashes, chunks[first:last], extras, payloads)]
+        # ``payloads`` ends at the first block that failed the content check: cut there
+        return [Fetched(*f) for f in zip(hashes, chunks[first:last], extras, payloads, strict=False)]
 
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
               extra: ExtraKeys | None, read_cache: bool, claim: bool) -> tuple[Request, list, int | None]:

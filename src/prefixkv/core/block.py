@@ -34,8 +34,9 @@ class Block:
     None while it holds no reusable content (partial, never computed, or reused); while
     it is None, the content fields are stale and meaningless (not cleared: the next fill
     overwrites them). The content: ``parent_cid`` (the parent's content id, 0 for a first
-    block), the token bytes (in the key) and ``extra`` (extra-key bytes). ``content_id``: a per-process id of that content, shared by every block that
-    holds equal content (its children's keys name it); 0 without content.
+    block), the token bytes (in the key) and ``extra`` (extra-key bytes). ``content_id``:
+    a per-process id of that content, shared by every block that holds equal content (its
+    children's keys name it); 0 without content.
     ``twin``: another block held the same content first; this one is a spare copy that is
     findable only if that one goes (see ``ContentIndex``).
     ``hash``: the chain hash (the identity outside the process), computed only when a

@@ -106,7 +106,7 @@ class Decoder(Admitter):
         edge = self._append_at_edge
         grown: list[tuple[Hashable, tuple[int, ...]]] = []
         short: list[Hashable] = []
-        for req, t in zip(reqs, new):
+        for req, t in zip(reqs, new, strict=True):
             n = req.num_scheduled
             r = n % bs
             if r != last and (r or n < len(req.blocks) * bs):  # room that does not fill
@@ -127,7 +127,7 @@ class Decoder(Admitter):
         change: a ``hash_mode`` callable may fail, and the step must then change nothing."""
         last = self.block_size - 1
         return {id(r): self._index.prepare_next(r, t)
-                for r, t in zip(reqs, new) if r.num_scheduled % self.block_size == last}
+                for r, t in zip(reqs, new, strict=True) if r.num_scheduled % self.block_size == last}
 
     def reserve(self, request_id: Hashable, num_slots: int) -> tuple[int, ...] | None:
         """Make the blocks cover ``num_slots`` positions past the scheduled tokens, whose

@@ -79,7 +79,7 @@ class KVCacheManager(Decoder):
         child = parent.fork(child_id, self.block_size)
         child.blocks = self._pool.acquire(shared, len(parent.blocks) - full)
         copies = tuple(BlockCopy(s.block_id, d.block_id)
-                       for s, d in zip(parent.blocks[full:], child.blocks[full:]))
+                       for s, d in zip(parent.blocks[full:], child.blocks[full:], strict=True))
         self._kv_ops += copies
         for s in parent.blocks[full:]:  # the plan holds each copy's source until it is
             s.ref_cnt += 1              # taken, even if the parent goes first

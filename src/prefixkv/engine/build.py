@@ -79,7 +79,7 @@ def build_engine(config: LlamaConfig | None = None, *, num_blocks: int = 256, bl
     if isinstance(allocator, HybridKVCacheManager):
         specs = allocator.groups
         layers = layer_groups if layer_groups is not None else [
-            l % len(specs) for l in range(config.num_layers)]
+            layer % len(specs) for layer in range(config.num_layers)]
         runner = HybridModelRunner(model, specs, layers, allocator.num_blocks,
                                    allocator.block_size, device=device, backend=backend,
                                    poison=False)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Hashable, Sequence as Seq
+from collections.abc import Callable, Hashable
+from collections.abc import Sequence as Seq
 
 import torch
 
@@ -29,7 +30,7 @@ from prefixkv.groups import HybridKVCacheManager
 from .outputs import GenerateResult, RequestMetrics, RequestOutput, SampleOutput, StepRecord
 from .runner import Runner, SeqBatchEntry
 from .scheduler import Scheduler
-from .sequence import SamplingParams, SampleSeq, Status
+from .sequence import SampleSeq, SamplingParams, Status
 
 
 class Engine:
@@ -116,7 +117,7 @@ class Engine:
                 for s in batch])
             greedy = logits.argmax(dim=-1).tolist()  # one host sync for the whole batch
             now = time.perf_counter()
-            for item, row, top in zip(batch, logits, greedy):
+            for item, row, top in zip(batch, logits, greedy, strict=True):
                 seq, n = item.seq, len(item.new_token_ids)
                 seq.num_computed += n
                 if item.is_prefill:
@@ -183,7 +184,7 @@ class Engine:
         xs = list(extra) if isinstance(extra, (list, tuple)) else [extra] * k
         if len(ps) != k or len(xs) != k:
             raise ValueError(f"{k} prompts but {len(ps)} params and {len(xs)} extra keys")
-        ids = [self.add_request(p, sp, extra=x) for p, sp, x in zip(prompts, ps, xs)]
+        ids = [self.add_request(p, sp, extra=x) for p, sp, x in zip(prompts, ps, xs, strict=True)]
         steps, done = [], {}
         while self.has_unfinished():
             rec = self.step()

@@ -22,6 +22,7 @@ each layer without any cache. Needs torch; imported as ``prefixkv.engine.hybrid`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -29,7 +30,11 @@ from torch import nn
 from prefixkv.errors import ConfigError
 from prefixkv.groups import CHUNKED, GroupBlockCopy, GroupSpec
 from prefixkv.kernels import (
-    ArgumentTypeError, BlockIdError, PagedBatch, build_paged_batch, paged_prefill_attention,
+    ArgumentTypeError,
+    BlockIdError,
+    PagedBatch,
+    build_paged_batch,
+    paged_prefill_attention,
     write_kv_cache,
 )
 
@@ -75,7 +80,7 @@ class HybridModelRunner:
     def copy_blocks(self, copies: Sequence[GroupBlockCopy]) -> None:
         """Copy each ``src`` block into ``dst`` in the layers of its group."""
         for c in copies:
-            layers = [l for l, g in enumerate(self.layer_groups) if g == c.group_idx]
+            layers = [layer for layer, g in enumerate(self.layer_groups) if g == c.group_idx]
             self.k_cache[layers, c.dst] = self.k_cache[layers, c.src]
             self.v_cache[layers, c.dst] = self.v_cache[layers, c.src]
 
@@ -156,7 +161,7 @@ def local_chunks(block_ids: Sequence[Sequence[int]], num_computed: Sequence[int]
     not move) and their slots are the real ones. Returns (block ids, num_computed,
     num_new) per virtual sequence."""
     ids, comp, new = [], [], []
-    for blocks, start, n in zip(block_ids, num_computed, num_new):
+    for blocks, start, n in zip(block_ids, num_computed, num_new, strict=True):
         p, end = start, start + n
         while p < end:
             first = p - p % chunk
@@ -177,7 +182,7 @@ def dense_group_attention(cu_seqlens: list[int], layer_specs: Sequence[GroupSpec
         group = q.shape[1] // k.shape[1]
         out = torch.empty_like(q)
         spec = layer_specs[layer]
-        for lo, hi in zip(cu_seqlens[:-1], cu_seqlens[1:]):
+        for lo, hi in pairwise(cu_seqlens):
             n = hi - lo
             first = torch.tensor([spec.first_needed(p) for p in range(n)], device=q.device)
             j = torch.arange(n, device=q.device)[None, :]

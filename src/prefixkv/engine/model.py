@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -155,7 +156,7 @@ def dense_causal_attention(cu_seqlens: list[int]) -> AttentionFn:
     def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         group = q.shape[1] // k.shape[1]
         out = torch.empty_like(q)
-        for lo, hi in zip(cu_seqlens[:-1], cu_seqlens[1:]):
+        for lo, hi in pairwise(cu_seqlens):
             qi = q[lo:hi].transpose(0, 1).float()  # [heads, len, head_dim]
             ki = k[lo:hi].repeat_interleave(group, 1).transpose(0, 1).float()
             vi = v[lo:hi].repeat_interleave(group, 1).transpose(0, 1).float()

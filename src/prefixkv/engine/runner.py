@@ -20,7 +20,13 @@ from typing import Protocol
 
 import torch
 
-from prefixkv.kernels import alloc_host_cache, build_paged_batch, paged_prefill_attention, run_kv_ops, write_kv_cache
+from prefixkv.kernels import (
+    alloc_host_cache,
+    build_paged_batch,
+    paged_prefill_attention,
+    run_kv_ops,
+    write_kv_cache,
+)
 from prefixkv.results import BlockCopy, KVOp
 
 from .model import TinyLlama

@@ -17,8 +17,15 @@ from ..core.block import Block, blocks_for
 from ..core.pool import BlockPool
 from ..core.request import RequestKeys
 from ..errors import (
-    ConfigError, InvariantError, RequestError, TokenError, check_count, check_flag,
-    check_new_request, check_positive, live_request,
+    ConfigError,
+    InvariantError,
+    RequestError,
+    TokenError,
+    check_count,
+    check_flag,
+    check_new_request,
+    check_positive,
+    live_request,
 )
 from ..events import EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra

@@ -131,7 +131,7 @@ class GroupDecoder(GroupAdmitter):
         if start < req.next_release:
             return None, 0
         going = [t[req.cut[g]:spec.num_unread(start, bs)]
-                 for g, (spec, t) in enumerate(zip(self.groups, req.tables))]
+                 for g, (spec, t) in enumerate(zip(self.groups, req.tables, strict=True))]
         return going, sum(b.ref_cnt == 1 for part in going for b in part)  # type: ignore[union-attr]
 
     def _roomy(self, req: GroupRequest) -> bool:
@@ -146,7 +146,7 @@ class GroupDecoder(GroupAdmitter):
         before any change: a ``hash_mode`` callable may fail, and the step must then
         change nothing."""
         bs, out = self.block_size, {}
-        for req, t in zip(reqs, new):
+        for req, t in zip(reqs, new, strict=True):
             n = req.num_scheduled
             if n % bs == bs - 1:
                 req.tokens.append(t)

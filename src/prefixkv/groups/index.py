@@ -54,7 +54,7 @@ class GroupIndex:
         """Record that ``blocks`` (group ``g``'s blocks ``first..``) hold ``nodes``;
         ``tokens``/``extras[i]`` (ExtraKeys or None) are for the events."""
         entries, sink, spec = self.entries[g], self._sink, self.specs[g]
-        for i, (b, node) in enumerate(zip(blocks, nodes)):
+        for i, (b, node) in enumerate(zip(blocks, nodes, strict=True)):
             if node.pid in entries:
                 continue  # the group holds this prefix already: b stays without content
             entries[node.pid] = b

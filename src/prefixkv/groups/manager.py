@@ -64,12 +64,12 @@ class HybridKVCacheManager(GroupDecoder):
         fresh = self._pool.acquire(held, per_group * len(self.groups))[len(held):]
         child = GroupRequest(child_id, parent.tokens[:], parent.keys, len(self.groups))
         copies = []
-        for g, (table, s) in enumerate(zip(parent.tables, shared)):
+        for g, (table, s) in enumerate(zip(parent.tables, shared, strict=True)):
             new = fresh[g * per_group:(g + 1) * per_group]
             self._index.own(g, new)
             child.tables[g] = table[:parent.cut[g]] + s + new  # type: ignore[operator]
             copies += [GroupBlockCopy(a.block_id, b.block_id, g)  # type: ignore[union-attr]
-                       for a, b in zip(table[full:], new)]
+                       for a, b in zip(table[full:], new, strict=True)]
         child.cut = parent.cut[:]
         child.num_reserved = parent.num_reserved
         child.next_release = parent.next_release

@@ -65,7 +65,7 @@ class PrefixTable:
         (with ``hashes[i]`` as chain hash). A created node refers to its parent."""
         nodes = self._nodes
         out = []
-        for i, (chunk, extra) in enumerate(zip(chunks, extras)):
+        for i, (chunk, extra) in enumerate(zip(chunks, extras, strict=True)):
             key = (parent.pid if parent is not None else 0, chunk, extra)
             node = nodes.get(key)
             if node is None:

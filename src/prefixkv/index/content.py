@@ -41,7 +41,7 @@ from dataclasses import replace
 from ..core.block import Block
 from ..core.request import Request
 from ..events import BlockRemoved, Event, removed_event
-from .content_check import check_lower_chains, check_index, check_request
+from .content_check import check_index, check_lower_chains, check_request
 from .recording import ContentRecorder
 
 _NO_PARENT = Block(-1)  # the parent of a first block in ``claim``: never given a child
@@ -112,7 +112,8 @@ class ContentIndex(ContentRecorder):
             b = c
         return hits
 
-    def claim(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> tuple[list[Block], int] | None:
+    def claim(self, chunks: Sequence[bytes], base: bytes,
+              mm: Sequence[bytes] | None) -> tuple[list[Block], int] | None:
         """``match`` that also takes a reference on each block found, in the same pass
         (a block with no reference leaves the pool's cached tier: its links are unlinked
         in place and left stale). Returns the hits and how many of them left the cached

@@ -25,7 +25,8 @@ class Index(Protocol):
         ``base`` where given. ``start``: the device's run as ``claim`` found it (then
         undone), from which a tier below continues the walk. Changes nothing."""
 
-    def claim(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> tuple[list[Block], int] | None:
+    def claim(self, chunks: Sequence[bytes], base: bytes,
+              mm: Sequence[bytes] | None) -> tuple[list[Block], int] | None:
         """``match`` that takes a reference on each hit in the same pass (a hit with no
         reference leaves the pool's cached tier, unlinked in place): the hits and how
         many left the cached tier, which the caller hands to ``BlockPool.claimed``, or

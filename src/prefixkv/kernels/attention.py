@@ -240,9 +240,11 @@ def paged_prefill_attention_triton(
         qk_scale, softcap_log2 = shape.softmax_scale * _LOG2E, 0.0
     num_splits = config.num_splits or choose_num_splits(  # None: the heuristic's count
         batch=shape.batch, num_kv_heads=shape.num_kv_heads, max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k, num_sms=sm_count(q.device), block_q=block_q, ctas_per_sm=config.ctas_per_sm)
+        max_seqlen_k=max_seqlen_k, num_sms=sm_count(q.device), block_q=block_q,
+        ctas_per_sm=config.ctas_per_sm)
     if num_splits > 1:
-        o_arg, lse_arg = split_workspaces(num_splits, shape.total_q, shape.num_heads, shape.head_dim, q.device)
+        o_arg, lse_arg = split_workspaces(num_splits, shape.total_q, shape.num_heads, shape.head_dim,
+                                          q.device)
         split_strides = (o_arg.stride(0), lse_arg.stride(0))
         o_strides, lse_strides = o_arg.stride()[1:], lse_arg.stride()[1:]
     else:

@@ -110,7 +110,7 @@ def build_seqused_k(
     """
     new = _counts("num_new", num_new)
     done = _counts("num_computed", num_computed, len(new))
-    lens = [a + b for a, b in zip(done, new)]
+    lens = [a + b for a, b in zip(done, new, strict=True)]
     _counts("seqused_k", lens)
     t = torch.tensor(lens, dtype=torch.int32)
     return t.to(device) if device is not None else t
@@ -141,7 +141,7 @@ def build_slot_mapping(
     done = _counts("num_computed", num_computed, table.shape[0])
     if not _is_int(block_size) or block_size < 1:
         raise BatchError(f"block_size must be an int >= 1, got {block_size!r}")
-    for i, (ids, a, b) in enumerate(zip(block_ids, done, new)):
+    for i, (ids, a, b) in enumerate(zip(block_ids, done, new, strict=True)):
         if a + b > len(ids) * block_size:
             raise BatchError(
                 f"request {i}: {a} cached + {b} new tokens need {-(-(a + b) // block_size)} blocks "

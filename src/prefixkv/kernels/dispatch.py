@@ -23,7 +23,8 @@ __all__ = ["BACKENDS", "write_kv_cache", "paged_prefill_attention", "use_backend
 BACKENDS = ("auto", "triton", "torch")
 """Names accepted by ``backend=`` and :func:`use_backend`: ``"auto"`` (Triton on CUDA
 tensors, the torch reference elsewhere), ``"triton"``, ``"torch"``."""
-_default_backend: contextvars.ContextVar[str] = contextvars.ContextVar("prefixkv_kernels_backend", default="auto")
+_default_backend: contextvars.ContextVar[str] = contextvars.ContextVar("prefixkv_kernels_backend",
+                                                                       default="auto")
 
 
 def _check_name(backend: str) -> str:
@@ -209,7 +210,8 @@ def paged_prefill_attention(
     check_tensors(q=q)
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k)
     kwargs = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-                  out=out, return_lse=return_lse, sinks=sinks, k_scale=k_scale, v_scale=v_scale, checked=checked)
+                  out=out, return_lse=return_lse, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
+                  checked=checked)
     if resolve_backend(backend, q.device) == "triton":
         from .attention import paged_prefill_attention_triton
 

@@ -83,7 +83,8 @@ def split_workspaces(num_splits: int, total_q: int, num_heads: int, head_dim: in
     return part, part_lse
 
 
-def combine_splits(part: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+def combine_splits(part: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor | None) -> None:
     """Merge the splits into ``out`` ``[total_q, num_heads, head_dim]`` (its dtype) and,
     when given, ``lse`` ``[num_heads, total_q]`` fp32. Grid: one program per (token, head)."""
     num_splits, total_q, num_heads, head_dim = part.shape

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import triton
 
-__all__ = ["TileConfig", "choose_num_splits", "choose_tiles", "gpu_tiles", "interpreting", "per_block_ids", "sm_count"]
+__all__ = ["TileConfig", "choose_num_splits", "choose_tiles", "gpu_tiles", "interpreting", "per_block_ids",
+           "sm_count"]
 
 DEFAULT_SM_COUNT = 132  # H100 SXM: the split heuristic's SM count for non-CUDA tensors
 MAX_SPLITS = 64
@@ -48,7 +49,8 @@ def per_block_ids(left_window: bool, block_n: int, block_size: int) -> bool:
     the reshape of the ids into keys stops the software pipeliner (the K/V loads become
     synchronous: 1342 SASS instructions per decode tile instead of 454; sm_90 compile).
     """
-    return not left_window and block_n % block_size == 0 and version_at_least(triton.__version__, PER_BLOCK_IDS_FROM)
+    return (not left_window and block_n % block_size == 0
+            and version_at_least(triton.__version__, PER_BLOCK_IDS_FROM))
 
 
 def interpreting() -> bool:

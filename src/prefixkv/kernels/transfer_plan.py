@@ -72,7 +72,7 @@ class TransferPlan:
             if len(host_caches) != len(device_caches):
                 raise ShapeError(f"{len(device_caches)} device caches but {len(host_caches)} host caches")
             self.num_slots = host_caches[0].shape[0]
-            for d, h in zip(device_caches, host_caches):
+            for d, h in zip(device_caches, host_caches, strict=True):
                 want = (self.num_slots, *slot_shape(d, block_dim))
                 if tuple(h.shape) != want:
                     raise ShapeError(f"host cache shape {tuple(h.shape)}, expected {want} "
@@ -137,7 +137,7 @@ class TransferPlan:
     def offload(self, device_ids: torch.Tensor, host_ids: torch.Tensor) -> None:
         if host_ids.numel():
             src, runs = self._runs(host_ids, device_ids)
-            for dev, host in zip(self.devs, self.hosts):
+            for dev, host in zip(self.devs, self.hosts, strict=True):
                 staged = dev.index_select(0, src)  # [n, ...] contiguous, in slot order
                 for a, b, slot in runs:
                     host[slot:slot + b - a].copy_(staged[a:b], non_blocking=True)
@@ -145,7 +145,7 @@ class TransferPlan:
     def load(self, host_ids: torch.Tensor, device_ids: torch.Tensor) -> None:
         if host_ids.numel():
             dst, runs = self._runs(host_ids, device_ids)
-            for dev, host in zip(self.devs, self.hosts):
+            for dev, host in zip(self.devs, self.hosts, strict=True):
                 staged = torch.empty((len(dst), *dev.shape[1:]), dtype=dev.dtype, device=self.device)
                 for a, b, slot in runs:
                     staged[a:b].copy_(host[slot:slot + b - a], non_blocking=True)

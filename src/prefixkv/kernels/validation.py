@@ -208,7 +208,8 @@ def check_attention(
         raise ShapeError(f"cu_seqlens_q must be [batch + 1], got {tuple(cu_seqlens_q.shape)}")
     batch = cu_seqlens_q.shape[0] - 1
     if seqused_k.dim() != 1 or seqused_k.shape[0] != batch:
-        raise ShapeError(f"seqused_k must be [{batch}] (batch from cu_seqlens_q), got {tuple(seqused_k.shape)}")
+        raise ShapeError(f"seqused_k must be [{batch}] (batch from cu_seqlens_q), got "
+                         f"{tuple(seqused_k.shape)}")
     if block_table.dim() != 2 or block_table.shape[0] != batch:
         raise ShapeError(f"block_table must be [{batch}, max_blocks], got {tuple(block_table.shape)}")
     for name, t in (("block_table", block_table), ("cu_seqlens_q", cu_seqlens_q), ("seqused_k", seqused_k)):

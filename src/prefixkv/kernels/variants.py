@@ -37,7 +37,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 __all__ = ["AttentionSpec", "attention_variants", "warmup"]
 
 
@@ -122,7 +121,8 @@ def warmup(spec: AttentionSpec, device: torch.device | str) -> int:
     cache = torch.zeros(1, spec.block_size, spec.num_kv_heads, spec.head_dim, device=device).to(cache_dtype)
     key = torch.zeros(1, spec.num_kv_heads, spec.head_dim, dtype=spec.dtype, device=device)
     scales = _scales(spec, device)
-    write_kv_cache_triton(key, key, cache, cache.clone(), torch.zeros(1, dtype=torch.int64, device=device), **scales)
+    write_kv_cache_triton(key, key, cache, cache.clone(), torch.zeros(1, dtype=torch.int64, device=device),
+                          **scales)
     q = torch.zeros(1, spec.num_heads, spec.head_dim, dtype=spec.dtype, device=device)
     table = torch.zeros(1, 1, dtype=torch.int32, device=device)
     cu = torch.tensor([0, 1], dtype=torch.int32, device=device)

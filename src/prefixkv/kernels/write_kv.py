@@ -73,7 +73,8 @@ def write_kv_cache_triton(
     _write_kv_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping, slot_mapping.stride(0), k_scale, v_scale,
         *key.stride(), *value.stride(), *k_cache.stride(), *v_cache.stride(),
-        *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale, v_scale)), block_size, num_blocks * block_size,
+        *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale, v_scale)), block_size,
+        num_blocks * block_size,
         NUM_HEADS=num_heads, HEAD_DIM=head_dim,
         HEADS_P2=triton.next_power_of_2(num_heads), DIM_P2=triton.next_power_of_2(head_dim),
         FP8_MAX=float(torch.finfo(k_cache.dtype).max) if is_fp8(k_cache.dtype) else 0.0,

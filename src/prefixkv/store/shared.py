@@ -118,7 +118,7 @@ class StoreLink:
             self._failed()
             return []
         out = []
-        for value, h, chunk, e in zip(values, hashes, chunks, extras):
+        for value, h, chunk, e in zip(values, hashes, chunks, extras, strict=True):
             payload = decode_value(value, block_head(self._digest, self._bs, parent, chunk, e),
                                    self._payload)
             if payload is None:

@@ -75,7 +75,7 @@ class SlotIndex:
         rest = chunks[len(hits):]
         none = NO_CHILD
         g = prev.child  # the guess: the previous hit's chained child (a device block's
-        for chunk, c, s in zip(rest, map(device, rest), map(self.by_chunk.get, rest)):
+        for chunk, c, s in zip(rest, map(device, rest), map(self.by_chunk.get, rest), strict=True):
             if c is None or c.parent_cid != cid or c.extra != extra:  # or a slot's)
                 if g is not none and g.parent_cid == cid and g.key == chunk and \
                         g.extra == extra and not g.twin:
