@@ -18,6 +18,7 @@ consumer exactly, whatever it missed.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .extra_keys import ExtraKeys
@@ -58,7 +59,7 @@ class AllBlocksCleared:
     ``BlockStored`` events that follow restate everything findable."""
 
 
-def _setters(cls: type, fields: tuple[str, ...]):
+def _setters(cls: type, fields: tuple[str, ...]) -> tuple[Callable[[object, object], None], ...]:
     return tuple(cls.__dict__[f].__set__ for f in fields)  # the slots' member descriptors
 
 
@@ -108,7 +109,7 @@ class NullSink:
     def append(self, event: Event) -> None:
         pass
 
-    def extend(self, events: list[Event]) -> None:
+    def extend(self, events: Sequence[Event]) -> None:
         pass
 
     def take(self) -> list[Event] | None:
@@ -143,7 +144,7 @@ class EventLog:
         if len(self._events) > self.max_events:
             self._overflow()
 
-    def extend(self, events: list[Event]) -> None:
+    def extend(self, events: Sequence[Event]) -> None:
         """``append`` each of ``events``, in order, in one call."""
         self._events += events
         if len(self._events) > self.max_events:
@@ -167,3 +168,7 @@ class EventLog:
         out = self._events
         self._events = []
         return out
+
+
+EventSink = NullSink | EventLog
+"""Where a manager's parts record events: a log, or nothing when events are off."""

@@ -22,12 +22,14 @@ from ..errors import (
     check_flag,
     check_new_request,
     check_positive,
+    live_request,
 )
 from ..events import BlockStored, EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import HashFn, block_chunks, encode_tokens, make_hash_fn, token_buffer
 from ..index import ContentIndex, Hasher, NoIndex
-from ..results import Admission, KVOp
+from ..index.announce import Fresh
+from ..results import Admission, BlockCopy
 from ..stats import StatsCounter
 from ..store.shared import Fetched, SharedStore
 from ..tiers import HostSlot, HostTier
@@ -75,14 +77,16 @@ class Admitter:
         self._requests: dict[Hashable, Request] = {}
         self._num_prefilling = 0  # live requests with prompt tokens not yet scheduled
         self._stats = StatsCounter()
-        self._kv_ops: list[KVOp] = []
+        self._kv_ops: list[BlockCopy] = []  # fork copies not yet taken
         self._plan_refs: list[Block] = []  # sources of pending copies, held by the plan
         self._store = (store.bind(hash_mode, seed, root, block_size, self._stats)
                        if store is not None else None)
-        self._computing: list[tuple] = []  # contents recorded last step: written to the store next
+        self._computing: list[Fresh] = []  # contents recorded last step: written to the store next
         if self._store is not None:  # the store's keys are chain hashes: every block needs its own
-            self._index.hashing = True  # type: ignore[union-attr]
-            self._index.fresh = []  # type: ignore[union-attr]
+            index = self._index
+            assert isinstance(index, ContentIndex)  # (a store needs caching: checked above)
+            index.hashing = True
+            index.fresh = []
 
     def add_request(
         self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
@@ -142,10 +146,14 @@ class Admitter:
             if claimed is not None:
                 pool.unclaim(hits, claimed)
             raise
-        fetched = sum(type(h) is Fetched for h in loads) if self._store is not None else 0
+        fetched = sum(isinstance(h, Fetched) for h in loads) if self._store is not None else 0
         if claimed is not None:  # ``hits`` is the claim's own list
-            if need:
-                hits += pool.take(need) if need > 1 else (pool.take_one(),)
+            if need > 1:
+                hits += pool.take(need)
+            elif need:
+                b = pool.take_one()
+                assert b is not None, "a free block was counted above"
+                hits.append(b)
             req.blocks = hits
         else:
             req.blocks = (pool.acquire(hits, need) if not loads
@@ -165,7 +173,7 @@ class Admitter:
         return Admission.of(request_id, req.blocks, num_cached, num_new)
 
     @staticmethod
-    def _split(hits: list) -> tuple[list, list]:
+    def _split(hits: list[Block]) -> tuple[list[Block], list[Block]]:
         """The hits that are not device blocks (host slots, fetched blocks: to load), and
         the device blocks; in the common case (the device blocks first), two slices."""
         kinds = list(map(type, hits))
@@ -176,20 +184,21 @@ class Admitter:
             return hits[n:], hits[:n]
         return [h for h in hits if type(h) is not Block], [h for h in hits if type(h) is Block]
 
-    def _acquire_loading(self, req: Request, hits: list, held: list[Block], need: int) -> list[Block]:
+    def _acquire_loading(self, req: Request, hits: list[Block], held: list[Block], need: int) -> list[Block]:
         """``acquire`` when some hits are host slots or fetched from the store: pin the
         slots, put the fetched blocks in slots (pinned), take fresh device blocks for them
         (the evictions this causes may offload, never into a pinned slot), record their
         content and state the loads: each of these once for all the admission's slots."""
-        host = self._host
+        host, index = self._host, self._index
+        assert host is not None and isinstance(index, ContentIndex), "loads need a host tier"
         first = hits[:len(held)] == held  # the device hits come first (the common case)
-        fetched = type(hits[-1]) is Fetched  # fetched blocks end the hits
+        fetched = isinstance(hits[-1], Fetched)  # fetched blocks end the hits
         if fetched:  # pin the slots found, then put the fetched blocks in (pinned) slots
-            host.hold([h for h in hits if type(h) is HostSlot])  # type: ignore[union-attr]
+            host.hold([h for h in hits if type(h) is HostSlot])
             self._fill(req, hits)
         slots = hits[len(held):] if first else [h for h in hits if type(h) is not Block]
         if not fetched:
-            host.hold(slots)  # type: ignore[union-attr]
+            host.hold(slots)
         taken = self._pool.acquire(held, need)  # held, then the fresh blocks
         if first:  # the fresh blocks follow the device hits, in the order of the slots
             blocks = taken
@@ -199,36 +208,41 @@ class Admitter:
             blocks = [h if type(h) is Block else next(fresh) for h in hits]
             into = [b for b, h in zip(blocks, hits, strict=True) if h is not b]
             blocks += fresh
-        self._index.adopt(into, slots, held[-1] if first and held else None, first)  # type: ignore[attr-defined]
-        host.load(slots, into)  # type: ignore[union-attr]
+        index.adopt(into, slots, held[-1] if first and held else None, first)
+        host.load(slots, into)
         return blocks
 
-    def _fill(self, req: Request, hits: list) -> None:
+    def _fill(self, req: Request, hits: list[Block]) -> None:
         """Replace the Fetched among ``hits`` by host slots holding them."""
-        bs, host, cid, parent = self.block_size, self._host, 0, None
+        bs, host, index = self.block_size, self._host, self._index
+        assert host is not None and isinstance(index, ContentIndex), "a store needs a host tier"
+        cid, parent = 0, None
         for j, h in enumerate(hits):
-            if type(h) is Fetched:
-                ev = (BlockStored(h.hash, parent, tuple(req.tokens[j * bs:(j + 1) * bs]), 0,
+            got: Block | Fetched = h  # (the store's hits ride in ``hits`` as Fetched: see _find)
+            if isinstance(got, Fetched):
+                ev = (BlockStored(got.hash, parent, tuple(req.tokens[j * bs:(j + 1) * bs]), 0,
                                   req.keys.for_event(j, bs)) if self._events.active else None)
-                h = hits[j] = host.fill(cid, h, self._index.new_id(), ev)  # type: ignore[union-attr]
+                h = hits[j] = host.fill(cid, got, index.new_id(), ev)
             cid, parent = h.content_id, h.hash
 
     def _fetch(self, req: Request, hits: list[Block], chunks: list[bytes], limit: int) -> list[Fetched]:
         """The blocks after ``hits`` that the shared store holds and that pass the content
         check, as many as host slots can take (one round trip). Changes nothing here."""
-        first, link = len(hits), self._store
-        last = min(limit, first + link.max_fetch, first + self._host.room(hits))  # type: ignore[union-attr]
+        first, link, host = len(hits), self._store, self._host
+        assert link is not None and host is not None, "a store needs a host tier"
+        last = min(limit, first + link.max_fetch, first + host.room(hits))
         if last <= first:
             return []
         extras = req.keys.of_blocks(first, last)
         parent = hits[-1].hash if hits else self._hasher.root
-        hashes = self._hasher.chain(parent, chunks[first:last], extras)  # type: ignore[arg-type]
-        payloads = link.fetch(parent, hashes, chunks[first:last], extras, req.keys.extra)  # type: ignore[union-attr]
+        assert parent is not None, "with a store, every recorded block has its chain hash"
+        hashes = self._hasher.chain(parent, chunks[first:last], extras)
+        payloads = link.fetch(parent, hashes, chunks[first:last], extras, req.keys.extra)
         # ``payloads`` ends at the first block that failed the content check: cut there
         return [Fetched(*f) for f in zip(hashes, chunks[first:last], extras, payloads, strict=False)]
 
-    def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
-              extra: ExtraKeys | None, read_cache: bool, claim: bool) -> tuple[Request, list, int | None]:
+    def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int], extra: ExtraKeys | None,
+              read_cache: bool, claim: bool) -> tuple[Request, list[Block], int | None]:
         """Check and encode a prompt and find its cached prefix (at most all blocks but
         the one holding the last token): the request, the hits and, when ``claim`` and
         the index claimed them (took their references), how many left the cached tier;
@@ -255,10 +269,18 @@ class Admitter:
             return req, self._index.match(probe, keys.base, None, start=hits), None  # device's run
         hits = self._index.match(probe, keys.base, keys.mm)
         if self._store is not None and len(hits) < limit:
-            hits += self._fetch(req, hits, chunks, limit)
+            # The store's hits ride at the end of the list as ``Fetched`` (only ``.hash`` is
+            # read of them, as of a block) until ``_fill`` puts them in host slots.
+            hits += self._fetch(req, hits, chunks, limit)  # type: ignore[arg-type]
         return req, hits, None
 
-    def _encode(self, token_ids: Sequence[int]) -> array:
+    def _get(self, request_id: Hashable) -> Request:
+        try:  # every call goes through here, decode included: one dict access when live
+            return self._requests[request_id]
+        except (KeyError, TypeError):
+            return live_request(self._requests, request_id)  # raises RequestError
+
+    def _encode(self, token_ids: Sequence[int]) -> array[int]:
         return encode_tokens(token_ids, self.vocab_size)
 
     @staticmethod

@@ -14,6 +14,7 @@ from operator import attrgetter
 
 from ..errors import ConfigError, RequestError, check_count
 from ..hashing import encode_tokens
+from ..index.announce import Prepared
 from ..results import DecodeStep
 from .admission import Admitter
 from .block import blocks_for
@@ -21,7 +22,7 @@ from .request import Request
 
 _NO_BLOCKS: tuple[int, ...] = ()
 _NOTHING_GREW = DecodeStep((), ())
-_NO_FILLS: dict[int, object] = {}  # a step with no hash_mode callable prepares nothing (never written)
+_NO_FILLS: dict[int, Prepared | None] = {}  # no hash_mode callable: nothing prepared (never written)
 _ID = attrgetter("block_id")
 _SCHEDULED = attrgetter("num_scheduled")
 _TOKENS = attrgetter("tokens")
@@ -69,7 +70,8 @@ class Decoder(Admitter):
             return self._append_at_edge(req, new[0])
         return self._grow(req, total, new)
 
-    def _append_at_edge(self, req: Request, token: int, prepared: object = None) -> tuple[int, ...] | None:
+    def _append_at_edge(self, req: Request, token: int,
+                        prepared: Prepared | None = None) -> tuple[int, ...] | None:
         """Append one token that opens a block (which the pool must give: None when it
         cannot, nothing changed) or fills one (recorded: from ``prepared``, made before
         any change when a hash_mode callable may fail, else here). Returns the ids of
@@ -122,7 +124,7 @@ class Decoder(Admitter):
             return _NOTHING_GREW
         return DecodeStep(tuple(grown), tuple(short))
 
-    def _prepare_fills(self, reqs: list[Request], new) -> dict[int, object]:
+    def _prepare_fills(self, reqs: list[Request], new: Sequence[int]) -> dict[int, Prepared | None]:
         """What the blocks filled by this step need (their hashes), computed before any
         change: a ``hash_mode`` callable may fail, and the step must then change nothing."""
         last = self.block_size - 1
@@ -164,7 +166,7 @@ class Decoder(Admitter):
                                          != sum(map(len, map(_TOKENS, reqs)))):
                 raise KeyError(None)
         except (KeyError, TypeError):  # an unknown id, or a prefill not fully scheduled
-            reqs = [self._get(r) for r in request_ids]  # type: ignore[attr-defined]
+            reqs = [self._get(r) for r in request_ids]
             r = next(r for r in reqs if r.num_scheduled != len(r.tokens))
             raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "
                                f"scheduled: call extend() first") from None
@@ -172,7 +174,7 @@ class Decoder(Admitter):
             raise RequestError("a request id appears twice in one step")
         return reqs
 
-    def _grow(self, req: Request, total: int, new_tokens: array | None = None) -> tuple[int, ...] | None:
+    def _grow(self, req: Request, total: int, new_tokens: array[int] | None = None) -> tuple[int, ...] | None:
         """Append ``new_tokens`` and cover ``[0, total)`` with blocks, recording the
         blocks that became full; None on shortage, before any change."""
         bs = self.block_size

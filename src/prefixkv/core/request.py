@@ -68,7 +68,7 @@ class Request:
     __slots__ = ("request_id", "tokens", "keys", "blocks", "num_cached", "num_scheduled",
                  "num_reserved", "prompt_chunks")
 
-    def __init__(self, request_id: Hashable, tokens: array, keys: RequestKeys) -> None:
+    def __init__(self, request_id: Hashable, tokens: array[int], keys: RequestKeys) -> None:
         self.request_id = request_id
         self.tokens = tokens
         self.keys = keys

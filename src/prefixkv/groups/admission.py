@@ -205,7 +205,7 @@ class GroupAdmitter:
         null = self.null_block_id
         return [[null if b is None else b.block_id for b in t] for t in req.tables]  # type: ignore[misc]
 
-    def _step_encode(self, token_ids: Sequence[int]) -> array:
+    def _step_encode(self, token_ids: Sequence[int]) -> array[int]:
         return encode_tokens(token_ids, self.vocab_size)
 
     def _get(self, request_id: Hashable) -> GroupRequest:

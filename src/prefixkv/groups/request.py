@@ -29,7 +29,7 @@ class GroupRequest:
     __slots__ = ("request_id", "tokens", "keys", "tables", "cut", "nodes", "num_cached",
                  "num_scheduled", "num_reserved", "step_start", "next_release")
 
-    def __init__(self, request_id: Hashable, tokens: array, keys: RequestKeys, num_groups: int) -> None:
+    def __init__(self, request_id: Hashable, tokens: array[int], keys: RequestKeys, num_groups: int) -> None:
         self.request_id = request_id
         self.tokens = tokens
         self.keys = keys

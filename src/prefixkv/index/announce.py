@@ -6,32 +6,53 @@ It reads the recorder's state (set by ``ContentRecorder.__init__``).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from functools import lru_cache
 
 from ..core.block import Block
 from ..core.request import Request
-from ..events import stored_event
+from ..events import BlockStored, EventSink, stored_event
+from ..extra_keys import ExtraKeys
 from .content_check import chunk_of as _chunk
+from .hasher import Hasher
+
+Prepared = tuple[list[bytes], list[bytes], list[bytes] | None]
+"""What ``prepare`` hands to ``store``: each block's token bytes, extra-key bytes and
+chain hash (None when no one consumes hashes)."""
+
+Fresh = tuple[Block, int, bytes, bytes, ExtraKeys | None]
+"""A content first recorded this step, for the shared store's write: ``(block, content id,
+parent hash, token bytes, the request's extra keys)``."""
 
 
 class Announcer:
-    """Hashes, events and store writes for ``ContentRecorder``."""
+    """Hashes, events and store writes for ``ContentRecorder``, whose state it reads."""
 
-    def _hashed(self, parent: Block | None, chunks: list[bytes], extras: list[bytes]) -> tuple:
+    hashing: bool
+    fresh: list[Fresh] | None
+    _hasher: Hasher
+    _sink: EventSink
+    _bs: int
+    _next_id: int
+
+    def _hashed(self, parent: Block | None, chunks: list[bytes], extras: list[bytes]) -> Prepared:
         """``(chunks, extras, chain hashes or None)``: hashes only when consumed."""
         if not self.hashing:
             return chunks, extras, None
-        root = parent.hash if parent is not None else self._hasher.root
-        return chunks, extras, self._hasher.chain(root, chunks, extras)  # type: ignore[arg-type]
+        root = self._hasher.root if parent is None else parent.hash
+        assert root is not None, "while hashing, every recorded block has its chain hash"
+        return chunks, extras, self._hasher.chain(root, chunks, extras)
 
     def _note_fresh(self, req: Request, first: int, count: int) -> None:
         """Remember the contents first recorded now, for the shared store's writes:
         ``(block, content id, parent hash, token bytes, extra keys)``."""
-        blocks = req.blocks
+        blocks, fresh = req.blocks, self.fresh
+        assert fresh is not None, "contents are noted only for a shared store"
         parent = blocks[first - 1].hash if first else self._hasher.root
         for b in blocks[first:first + count]:
+            assert parent is not None, "with a shared store, every recorded block has its chain hash"
             if not b.twin:
-                self.fresh.append((b, b.content_id, parent, _chunk(b), req.keys.extra))  # type: ignore[union-attr]
+                fresh.append((b, b.content_id, parent, _chunk(b), req.keys.extra))
             parent = b.hash
 
     def new_id(self) -> int:
@@ -44,7 +65,7 @@ class Announcer:
         bs, blocks, keys = self._bs, req.blocks, req.keys
         unpack = _token_ids(bs)
         parent = blocks[first - 1].hash if first else None
-        out = []
+        out: list[BlockStored] = []
         for j, h in enumerate(hashes, first):
             b = blocks[j]
             if not b.twin:
@@ -57,6 +78,6 @@ class Announcer:
 
 
 @lru_cache(maxsize=8)
-def _token_ids(block_size: int):
+def _token_ids(block_size: int) -> Callable[[bytes], tuple[int, ...]]:
     """The token ids of a block's little-endian uint32 bytes, as a tuple (in C)."""
     return struct.Struct(f"<{block_size}I").unpack

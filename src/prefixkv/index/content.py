@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..core.block import Block
+from ..core.block import Block, Key
 from ..core.request import Request
 from ..events import BlockRemoved, Event, removed_event
 from .content_check import check_index, check_lower_chains, check_request
@@ -72,6 +72,7 @@ class ContentIndex(ContentRecorder):
         if mm is None and not by_key and not lower.by_key:  # the common case, in the tier
             return lower.walk(hits, chunks, cid, base, get if self.cut else None, b)
         below = lower.find
+        c: Block | None
         for i in range(len(hits), len(chunks)):
             chunk = chunks[i]
             extra = base if mm is None or i >= len(mm) else mm[i]
@@ -97,6 +98,7 @@ class ContentIndex(ContentRecorder):
         hits: list[Block] = []
         get, by_key = self._by_chunk.get, self._by_key
         cid, extra, b = 0, base, _NO_PARENT
+        c: Block | None
         for i, chunk in enumerate(chunks):
             if mm is not None:
                 extra = mm[i] if i < len(mm) else base
@@ -125,6 +127,7 @@ class ContentIndex(ContentRecorder):
         hits: list[Block] = []
         cid = unlinked = 0
         get, by_key = self._by_chunk.get, self._by_key
+        b: Block | None
         b = _NO_PARENT
         for chunk in chunks:
             # the parent's last child first: a verified guess saves hashing the chunk
@@ -139,8 +142,8 @@ class ContentIndex(ContentRecorder):
             r = b.ref_cnt
             if not r:
                 prev, nxt = b.prev, b.next
-                prev.next = nxt  # type: ignore[union-attr]
-                nxt.prev = prev  # type: ignore[union-attr]
+                prev.next = nxt
+                nxt.prev = prev
                 unlinked += 1
             b.ref_cnt = r + 1
             hits.append(b)
@@ -174,9 +177,15 @@ class ContentIndex(ContentRecorder):
                 b.key = None
                 continue
             else:
-                del (by_chunk if type(b.key) is bytes else by_key)[b.key]  # type: ignore[index]
+                key = b.key
+                if isinstance(key, bytes):
+                    del by_chunk[key]
+                else:
+                    assert key is not None, f"{b!r} is indexed without a key"
+                    del by_key[key]
             if removed is not None:
-                removed.append(removed_event(b.hash, b.block_id))  # type: ignore[arg-type]
+                assert b.hash is not None, "with events on, every recorded block has its hash"
+                removed.append(removed_event(b.hash, b.block_id))
             b.key = None
         self._num_chained -= chained
         if removed:
@@ -191,7 +200,7 @@ class ContentIndex(ContentRecorder):
             self._num_chained -= 1
             b.key = None
         else:
-            del self._home(b.key)[b.key]  # type: ignore[arg-type]
+            self._unkey(b.key)
             b.key = None
 
     def uncache(self, blocks: Sequence[Block]) -> None:
@@ -213,8 +222,27 @@ class ContentIndex(ContentRecorder):
                 b.key = None
                 b.twin = False
 
-    def _home(self, key: bytes | tuple) -> dict:
-        return self._by_chunk if type(key) is bytes else self._by_key
+    def _found(self, key: Key | None) -> Block | None:
+        """The block the dicts hold under ``key`` (token bytes or a content triple)."""
+        if isinstance(key, bytes):
+            return self._by_chunk.get(key)
+        return None if key is None else self._by_key.get(key)
+
+    def _put(self, key: Key | None, b: Block) -> None:
+        """Hold ``b`` under ``key`` in the dicts."""
+        if isinstance(key, bytes):
+            self._by_chunk[key] = b
+        else:
+            assert key is not None, f"{b!r} has no key to be held under"
+            self._by_key[key] = b
+
+    def _unkey(self, key: Key | None) -> None:
+        """Delete the dicts' entry under ``key`` (there is one)."""
+        if isinstance(key, bytes):
+            del self._by_chunk[key]
+        else:
+            assert key is not None, "a key to delete"
+            del self._by_key[key]
 
     def _unindex(self, b: Block, evicting: bool = False) -> None:
         """Take ``b`` out of the index: unlist a twin; replace a primary by a held twin,
@@ -226,25 +254,25 @@ class ContentIndex(ContentRecorder):
             if listed is not None and b in listed:
                 self._unlist(b)
             return
-        home = self._home(b.key)  # type: ignore[arg-type]
         if b.chained:  # found through its parent alone (so no spare is held)
             b.chained = False
             self._num_chained -= 1
-        elif home.get(b.key) is not b:  # type: ignore[arg-type]
+        elif self._found(b.key) is not b:
             return
         elif b.content_id in twins:
             heir = self._unlist(twins[b.content_id][-1])
             heir.twin = False
-            home[b.key] = heir  # type: ignore[index]
+            self._put(b.key, heir)
             return
         else:
-            del home[b.key]  # type: ignore[arg-type]
+            self._unkey(b.key)
         if self._lower is not None:  # the content goes: a chained child is keyed (see drop)
             c = b.child
             if c.chained and c.parent_cid == b.content_id:
                 self._enter(c)
         if self._sink.active:
-            self._sink.append(BlockRemoved(b.hash, b.block_id))  # type: ignore[arg-type]
+            assert b.hash is not None, "with events on, every recorded block has its hash"
+            self._sink.append(BlockRemoved(b.hash, b.block_id))
         if evicting and self._lower is not None:
             self._lower.demote((b,), self.step)
 
@@ -256,7 +284,7 @@ class ContentIndex(ContentRecorder):
         return b
 
     def release_spare(self, block: Block) -> Block | None:
-        primary = self._home(block.key).get(block.key)  # type: ignore[arg-type]
+        primary = self._found(block.key)
         self._unindex(block)
         block.key = None
         block.twin = False

@@ -11,13 +11,18 @@ import struct
 from collections.abc import Sequence
 from dataclasses import replace
 from itertools import islice
+from typing import TYPE_CHECKING
 
-from ..core.block import NO_CHILD, Block
+from ..core.block import NO_CHILD, Block, ContentKey, key_chunk
 from ..core.request import Request
 from ..events import DEVICE
 from ..hashing import block_chunks, token_bytes
-from .announce import Announcer
+from .announce import Announcer, Prepared
 from .hasher import Hasher
+
+if TYPE_CHECKING:
+    from ..events import EventSink
+    from ..tiers.host import HostTier
 
 _U32 = struct.Struct("<I")
 
@@ -25,9 +30,10 @@ _U32 = struct.Struct("<I")
 class ContentRecorder(Announcer):
     """``ContentIndex``'s state and its recording calls (see ``ContentIndex``)."""
 
-    def __init__(self, hasher: Hasher, sink, block_size: int, *, lower=None) -> None:
+    def __init__(self, hasher: Hasher, sink: EventSink, block_size: int, *,
+                 lower: HostTier | None = None) -> None:
         self._by_chunk: dict[bytes, Block] = {}
-        self._by_key: dict[tuple, Block] = {}
+        self._by_key: dict[ContentKey, Block] = {}
         self._twins: dict[int, list[Block]] = {}  # content id -> held spares
         self._num_chained = 0  # blocks found through their parent's ``child`` alone
         self._next_id = 1
@@ -36,7 +42,7 @@ class ContentRecorder(Announcer):
         self._bs = block_size
         self._lower = lower  # the tier that keeps evicted content (HostTier), or None
         self.hashing = sink.active
-        self.fresh: list[tuple] | None = None  # with a shared store: contents recorded
+        self.fresh = None  # with a shared store: contents recorded
         self.hash_may_fail = self.hashing and hasher.checked  # a caller's hash callable
         self.step = 0  # the manager's step: content recorded now is computed this step
         # With a tier below: how many contents ``uncache`` took off the device while other
@@ -49,7 +55,7 @@ class ContentRecorder(Announcer):
         # from then on the walk probes the device at every step.
         self.cut = 0
 
-    def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> tuple:
+    def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> Prepared:
         known = req.prompt_chunks
         if known is not None and last <= len(known):
             chunks = known[first:last]
@@ -59,7 +65,7 @@ class ContentRecorder(Announcer):
                                   last - first)
         return self._hashed(parent, chunks, req.keys.of_blocks(first, last))
 
-    def prepare_next(self, req: Request, token: int) -> tuple:
+    def prepare_next(self, req: Request, token: int) -> Prepared:
         """``prepare`` for the block that ``token``, appended next, fills."""
         bs, n = self._bs, req.num_scheduled
         j = n // bs
@@ -122,9 +128,9 @@ class ContentRecorder(Announcer):
         c = parent.child if parent is not None else NO_CHILD
         if c.key == chunk and c.parent_cid == cid and c.extra == extra and not c.twin:
             return c
-        c = self._by_chunk.get(chunk)
-        if c is not None and c.parent_cid == cid and c.extra == extra:
-            return c
+        keyed = self._by_chunk.get(chunk)
+        if keyed is not None and keyed.parent_cid == cid and keyed.extra == extra:
+            return keyed
         return self._by_key.get((cid, chunk, extra)) if self._by_key else None
 
     def _chain(self, parent: Block, b: Block, chunk: bytes) -> None:
@@ -143,9 +149,10 @@ class ContentRecorder(Announcer):
         """Key chained block ``b`` in the dicts: by its token bytes, or by its triple when
         those are another content's key."""
         self._num_chained -= 1
-        self._key(b, b.key)  # type: ignore[arg-type]
+        self._key(b, key_chunk(b.key))
 
-    def store(self, req: Request, first: int, prepared: tuple) -> None:
+    def store(self, req: Request, first: int, prepared: Prepared | None) -> None:
+        assert prepared is not None, "this index prepares every block it stores"
         chunks, extras, hashes = prepared
         blocks = req.blocks
         parent = blocks[first - 1] if first else None
@@ -158,6 +165,7 @@ class ContentRecorder(Announcer):
             b.extra = extra
             b.step = step
             if cid >= fresh:  # the parent's content is new: nothing is held under it yet (no
+                assert parent is not None  # (a fresh id is a parent's recorded in this call)
                 parent.child = b  # slot either) and its child is stale: b is its chained child
                 b.key = chunk
                 b.chained = True
@@ -186,6 +194,7 @@ class ContentRecorder(Announcer):
                 b.content_id = cid = nid
                 nid += 1
             else:
+                assert lower is not None  # (a slot was found in it)
                 b.content_id = cid = slot.content_id
                 lower.on_device(slot)  # its chained child must be found by ``find`` now
         self._num_chained += chained
@@ -207,8 +216,7 @@ class ContentRecorder(Announcer):
         prev = parent
         first = 1 if run else len(blocks)  # recorded as ``store`` records them; the rest of
         for b, s in zip(islice(blocks, first), islice(slots, first), strict=True):  # a run: chained below
-            key = s.key
-            chunk = key if type(key) is bytes else key[1]  # type: ignore[index]
+            chunk = key_chunk(s.key)
             b.parent_cid, b.extra = s.parent_cid, s.extra
             b.content_id, b.hash, b.step, b.event = s.content_id, s.hash, step, None
             if run and prev is not None and self._may_chain(prev):
@@ -220,8 +228,7 @@ class ContentRecorder(Announcer):
             prev = b
         if run and len(blocks) > 1:
             for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None), strict=True):
-                key = s.key
-                b.key = key if type(key) is bytes else key[1]  # type: ignore[index]
+                b.key = key_chunk(s.key)
                 b.chained = True
                 b.parent_cid = s.parent_cid
                 b.extra = s.extra
