@@ -232,7 +232,7 @@ class VllmKVCacheManager:
     def _ids_of(self, rid: Hashable) -> tuple[tuple[int, ...], ...]:
         return (self.manager.get_block_ids(rid),)
 
-    def _wrap(self, ids: tuple[tuple[int, ...], ...]) -> Any:
+    def _wrap(self, ids: tuple[tuple[int, ...], ...]) -> BlockIds:
         return BlockIds(ids[0])
 
     def _taken(self, new: Any) -> tuple[tuple[int, ...], ...]:

@@ -59,26 +59,29 @@ class VllmHybridKVCacheManager(VllmKVCacheManager):
 
     def __init__(self, manager: HybridKVCacheManager, *, log_stats: bool = True) -> None:
         self._none: Ids = ((),) * len(manager.groups)
+        self._hybrid = manager  # (``manager``, typed as what it is here)
         super().__init__(manager, log_stats=log_stats)  # type: ignore[arg-type]
 
-    def _per_group(self, adm: GroupAdmission) -> Ids:  # type: ignore[override]
+    def _per_group(self, adm: GroupAdmission) -> Ids:
         return adm.group_block_ids
 
     def _ids_of(self, rid: Hashable) -> Ids:
-        return self.manager.get_block_ids(rid)  # type: ignore[return-value]
+        return self._hybrid.get_block_ids(rid)
 
-    def _wrap(self, ids: Ids) -> GroupBlockIds:
+    # vLLM reads both result types through ``get_block_ids``: one list per group
+    def _wrap(self, ids: Ids) -> GroupBlockIds:  # type: ignore[override]
         return GroupBlockIds(ids)
 
     def _taken(self, new: Any) -> Ids:
         assert new is not None, "growth was short of blocks after the pool was checked"
-        return new
+        ids: Ids = new  # (the hybrid manager's growth: ids per group)
+        return ids
 
     def _need(self, rid: Hashable, slots: int, nblocks: int, schedules: bool) -> int:
         """Free blocks the growth takes: net of what its window release returns when
         it schedules known tokens (difference 2), every group's table otherwise."""
         if schedules:
-            return self.manager.num_blocks_to_allocate(rid, slots)  # type: ignore[attr-defined]
+            return self._hybrid.num_blocks_to_allocate(rid, slots)
         return max(0, -(-slots // self.block_size) - nblocks) * len(self._none)
 
     def _check_mid_prefill(self, rid: Hashable) -> None:

@@ -38,7 +38,7 @@ def extra_keys_of(request: Any) -> ExtraKeys | None:
     ``cache_salt``, ``lora_request`` (``lora_name`` enters the hash, ``lora_int_id`` is
     carried into events as ``lora_id``) and ``mm_features``; None when it has none.
     Raises ExtraKeysError when one is malformed."""
-    given = getattr(request, "extra_keys", None)
+    given: ExtraKeys | None = getattr(request, "extra_keys", None)
     if given is not None:
         return given
     lora = getattr(request, "lora_request", None)

@@ -18,14 +18,12 @@ from ..index.announce import Prepared
 from ..results import DecodeStep
 from .admission import Admitter
 from .block import blocks_for
-from .request import Request
+from .request import Request, step_requests
 
 _NO_BLOCKS: tuple[int, ...] = ()
 _NOTHING_GREW = DecodeStep((), ())
 _NO_FILLS: dict[int, Prepared | None] = {}  # no hash_mode callable: nothing prepared (never written)
 _ID = attrgetter("block_id")
-_SCHEDULED = attrgetter("num_scheduled")
-_TOKENS = attrgetter("tokens")
 
 
 class Decoder(Admitter):
@@ -150,29 +148,7 @@ class Decoder(Admitter):
     def _step_requests(self, request_ids: Sequence[Hashable],
                        token_ids: Sequence[int]) -> list[Request]:
         """The live requests of a decode step, checked: known, distinct, prefill done."""
-        try:
-            k = len(request_ids)
-            same = k == len(token_ids) and not isinstance(request_ids, (str, bytes))
-        except TypeError:
-            raise RequestError("request_ids and token_ids must be sequences") from None
-        if not same:
-            raise RequestError(f"{k} request ids for {len(token_ids)} tokens (ids must be a "
-                               f"sequence, not a str)")
-        try:
-            reqs = list(map(self._requests.__getitem__, request_ids))
-            # num_scheduled <= len(tokens) always: equal sums mean every prefill is done
-            # (checked only while some live request is still prefilling)
-            if self._num_prefilling and (sum(map(_SCHEDULED, reqs))
-                                         != sum(map(len, map(_TOKENS, reqs)))):
-                raise KeyError(None)
-        except (KeyError, TypeError):  # an unknown id, or a prefill not fully scheduled
-            reqs = [self._get(r) for r in request_ids]
-            r = next(r for r in reqs if r.num_scheduled != len(r.tokens))
-            raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "
-                               f"scheduled: call extend() first") from None
-        if k > 1 and len(set(reqs)) != k:  # Requests hash by identity: cheaper than ids
-            raise RequestError("a request id appears twice in one step")
-        return reqs
+        return step_requests(self._requests, self._get, self._num_prefilling, request_ids, token_ids)
 
     def _grow(self, req: Request, total: int, new_tokens: array[int] | None = None) -> tuple[int, ...] | None:
         """Append ``new_tokens`` and cover ``[0, total)`` with blocks, recording the

@@ -12,21 +12,29 @@ removes content from the index (``uncache`` does it for KV that was never comput
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from .block import UNLINKED, Block
 from .free_queue import FreeBlockQueue
 
-if TYPE_CHECKING:
-    from ..index.protocol import Index
+
+class PoolIndex(Protocol):
+    """What the pool asks of an index: the eviction step, spares, reset and checks
+    (``index.Index`` and the groups' ``GroupIndex`` both satisfy it)."""
+
+    def drop(self, blocks: Sequence[Block]) -> None: ...
+    def drop_one(self, block: Block) -> None: ...
+    def release_spare(self, block: Block) -> Block | None: ...
+    def clear(self) -> None: ...
+    def check(self, blocks: Sequence[Block]) -> str | None: ...
 
 
 class BlockPool:
     """``num_blocks`` blocks, created once, and the ``index`` that finds their content.
     Not thread-safe: one scheduler thread owns it."""
 
-    def __init__(self, num_blocks: int, index: Index) -> None:
+    def __init__(self, num_blocks: int, index: PoolIndex) -> None:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.index = index
         self._empty = self.blocks[::-1]  # pop from the end: block 0 is used first

@@ -17,9 +17,13 @@ not counted (vLLM counts them apart too); they are in the manager's ``preempted_
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from ..events import BlockRemoved
 from ..stats import PrefixCacheStats
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 
 class CacheMetrics:
@@ -27,28 +31,32 @@ class CacheMetrics:
     engines in one process do not collide; pass ``prometheus_client.REGISTRY`` to use
     the global one). Call ``observe`` once per engine step."""
 
-    def __init__(self, registry: object = None, *, model_name: str = "prefixkv",
+    def __init__(self, registry: CollectorRegistry | None = None, *, model_name: str = "prefixkv",
                  engine: str = "0") -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
-        self.registry = CollectorRegistry() if registry is None else registry
+        self.registry = reg = CollectorRegistry() if registry is None else registry
         names, labels = ("model_name", "engine"), (model_name, engine)
-        kw = {"labelnames": names, "registry": self.registry}
         self.queries = Counter("vllm:prefix_cache_queries",
-                               "Prompt tokens looked up in the prefix cache (new requests).", **kw)
+                               "Prompt tokens looked up in the prefix cache (new requests).",
+                               labelnames=names, registry=reg)
         self.hits = Counter("vllm:prefix_cache_hits",
-                            "Prompt tokens found in the prefix cache (new requests).", **kw)
+                            "Prompt tokens found in the prefix cache (new requests).",
+                            labelnames=names, registry=reg)
         self.usage = Gauge("vllm:kv_cache_usage_perc",
-                           "Fraction of KV-cache blocks in use, 0 to 1.", **kw)
-        self.evictions = Counter("prefixkv:block_evictions", "Cached blocks evicted.", **kw)
+                           "Fraction of KV-cache blocks in use, 0 to 1.", labelnames=names, registry=reg)
+        self.evictions = Counter("prefixkv:block_evictions", "Cached blocks evicted.",
+                                 labelnames=names, registry=reg)
         self.dropped = Counter("prefixkv:kv_events_dropped",
-                               "KV-event batches dropped by a full publisher queue.", **kw)
+                               "KV-event batches dropped by a full publisher queue.",
+                               labelnames=names, registry=reg)
         self._by_source = Counter("prefixkv:prefix_cache_hits_by_source",
                                   "Prefix cache hit tokens by the medium that served them.",
-                                  labelnames=(*names, "source"), registry=self.registry)
+                                  labelnames=(*names, "source"), registry=reg)
         self._labels = labels
-        self._series = [m.labels(*labels) for m in
-                        (self.queries, self.hits, self.usage, self.evictions, self.dropped)]
+        self._counters = [m.labels(*labels) for m in (self.queries, self.hits, self.evictions,
+                                                      self.dropped)]
+        self._usage = self.usage.labels(*labels)
         self._dropped_seen = 0
 
     def observe(self, stats: PrefixCacheStats, usage: float, events: Iterable[object] = (),
@@ -58,10 +66,10 @@ class CacheMetrics:
         manager's ``usage`` now, the step's events (evictions are counted from them),
         the publisher's cumulative ``dropped_batches``, and hit tokens per medium
         (default: all hits from "GPU", the only medium before tiers exist)."""
-        queries, hits, usage_g, evictions, dropped = self._series
+        queries, hits, evictions, dropped = self._counters
         queries.inc(stats.queries)
         hits.inc(stats.hits)
-        usage_g.set(usage)
+        self._usage.set(usage)
         evictions.inc(sum(isinstance(e, BlockRemoved) for e in events))
         if dropped_batches is not None and dropped_batches > self._dropped_seen:
             dropped.inc(dropped_batches - self._dropped_seen)

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from ..events import AllBlocksCleared, BlockRemoved, BlockStored
+from ..events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .replay import ReplayBuffer
 from .wire import WireError, check_options, group_fields, group_of, pack, to_wire_events, wire_hash
 
@@ -63,14 +63,14 @@ class EventPublisher:
         self.dropped_batches = 0
         self.published_batches = 0
         self.snapshots = 0
-        self._queue: queue.Queue[list | None] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[list[Event] | None] = queue.Queue(maxsize=max_queue)
         self.replay = ReplayBuffer(buffer_steps)
         # (medium, group) -> digests held (the mirror); a hybrid manager announces one
         # hash once per group that caches it, and withdraws it per group
-        self._held: dict[tuple[str, tuple], set[bytes]] = {}
+        self._held: dict[tuple[str, tuple[int, str, int | None]], set[bytes]] = {}
         self._lock = threading.Lock()
         self._resync = False
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pub = _bound(self._ctx.socket(zmq.PUB), endpoint, hwm)
         self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self._replay = None
@@ -93,13 +93,15 @@ class EventPublisher:
             raise WireError("publish() after close()")
         if not events:
             return True
+        checked: list[Event] = []
         for ev in events:
             if not isinstance(ev, _EVENTS):
                 raise WireError(f"not a prefixkv event: {type(ev).__name__}")
+            checked.append(ev)
         with self._lock:
-            self._mirror(events)
+            self._mirror(checked)
             try:
-                self._queue.put_nowait(list(events))
+                self._queue.put_nowait(checked)
             except queue.Full:
                 self.dropped_batches += 1
                 self._resync = True
@@ -188,7 +190,7 @@ class EventPublisher:
         batches still queued; they re-apply on top harmlessly, in order."""
         with self._lock:
             held = {m: sorted(s) for m, s in self._held.items() if s}
-        events: list[dict] = [{"type": "AllBlocksCleared"}]
+        events: list[dict[str, object]] = [{"type": "AllBlocksCleared"}]
         for (medium, group), digests in held.items():
             events.append({
                 "type": "BlockStored",

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import PrefixKVError
-from ..events import AllBlocksCleared, BlockRemoved, BlockStored
+from ..events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 
 VLLM_VERSION = "0.33"
 HASH_FORMATS = ("int", "bytes")
@@ -122,13 +122,13 @@ def _stored(run: list[BlockStored], block_size: int, fmt: str) -> dict[str, Any]
     }
 
 
-def _continues(run: list, ev: object) -> bool:
+def _continues(run: list[Event], ev: Event) -> bool:
     """Whether ``ev`` extends ``run`` into one wire event."""
     last = run[-1]
     if type(ev) is not type(last) or _medium(ev) != _medium(last) \
             or group_of(ev) != group_of(last):
         return False
-    if isinstance(ev, BlockStored):
+    if isinstance(ev, BlockStored) and isinstance(last, BlockStored):
         return ev.parent_block_hash == last.block_hash and _lora(ev) == _lora(last)
     return True
 
@@ -137,7 +137,7 @@ def to_wire_events(events: Iterable[object], block_size: int,
                    hash_format: str = "int") -> list[dict[str, Any]]:
     """The wire maps of one step's core events, in order, runs grouped (see module doc).
     Raises WireError for an object that is not BlockStored/BlockRemoved/AllBlocksCleared."""
-    runs: list[list] = []
+    runs: list[list[Event]] = []
     for ev in events:
         if not isinstance(ev, (BlockStored, BlockRemoved, AllBlocksCleared)):
             raise WireError(f"not a prefixkv event: {type(ev).__name__}")
@@ -148,11 +148,13 @@ def to_wire_events(events: Iterable[object], block_size: int,
     out: list[dict[str, Any]] = []
     for run in runs:
         first = run[0]
-        if isinstance(first, BlockStored):
-            out.append(_stored(run, block_size, hash_format))
+        if isinstance(first, BlockStored):  # (a run holds events of one type)
+            out.append(_stored([ev for ev in run if isinstance(ev, BlockStored)], block_size,
+                               hash_format))
         elif isinstance(first, BlockRemoved):
             out.append({"type": "BlockRemoved",
-                        "block_hashes": [wire_hash(ev.block_hash, hash_format) for ev in run],
+                        "block_hashes": [wire_hash(ev.block_hash, hash_format) for ev in run
+                                         if isinstance(ev, BlockRemoved)],
                         "medium": _medium(first), "group_idx": group_of(first)[0]})
         else:
             out.append({"type": "AllBlocksCleared"})
@@ -174,4 +176,5 @@ def pack(obj: object) -> bytes:
     it is the ``events`` extra)."""
     import msgpack
 
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed

@@ -31,6 +31,7 @@ from ..events import EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
 from ..index import Hasher
+from ..index.announce import Prepared
 from ..stats import StatsCounter
 from .hits import longest_hit
 from .index import GroupIndex
@@ -171,7 +172,7 @@ class GroupAdmitter:
         k = longest_hit(self.groups, bs, len(nodes), lambda g, j: find(g, nodes[j]) is not None)
         return req, nodes[:k]
 
-    def _prepare(self, req: GroupRequest, first: int, last: int, parent: Prefix | None) -> tuple:
+    def _prepare(self, req: GroupRequest, first: int, last: int, parent: Prefix | None) -> Prepared:
         """Token chunks, extra bytes and (when events are on) chain hashes of full blocks
         ``first..last-1``. Changes nothing; raises ConfigError if a hash_mode callable
         fails."""
@@ -182,10 +183,11 @@ class GroupAdmitter:
         hashes = None
         if self._index.hashing:
             root = parent.hash if parent is not None else self._hasher.root
-            hashes = self._hasher.chain(root, chunks, extras)  # type: ignore[arg-type]
+            assert root is not None, "while hashing, every prefix has its chain hash"
+            hashes = self._hasher.chain(root, chunks, extras)
         return chunks, extras, hashes
 
-    def _record(self, req: GroupRequest, first: int, prepared: tuple) -> None:
+    def _record(self, req: GroupRequest, first: int, prepared: Prepared) -> None:
         """Give full blocks ``first..`` their prefix ids and index them in every group;
         move the request's hold to its new last block."""
         chunks, extras, hashes = prepared

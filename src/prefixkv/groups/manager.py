@@ -170,7 +170,7 @@ class HybridKVCacheManager(GroupDecoder):
 
     def group_stats(self) -> tuple[GroupStats, ...]:
         """Per group: blocks held and cached now, blocks released and hit blocks taken."""
-        held = [set() for _ in self.groups]
+        held: list[set[int]] = [set() for _ in self.groups]
         for req in self._requests.values():
             for g, t in enumerate(req.tables):
                 held[g].update(b.block_id for b in t if b is not None)

@@ -82,7 +82,7 @@ class GroupRequest:
                         f"{self.step_start} still reads block {spec.num_unread(self.step_start, bs)}")
             for j in range(cut, len(self.nodes)):
                 b = table[j]
-                if b is not None and b.key is not None and b.key is not self.nodes[j]:
+                if b is not None and b.key is not None and b.key is not self.nodes[j].key:
                     return f"request {rid!r} group {g}: block {j} holds another prefix"
         return None
 

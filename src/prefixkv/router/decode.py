@@ -6,8 +6,11 @@ facts a router needs. Accepts vLLM 0.33's map-encoded events and the positional
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..errors import PrefixKVError
+
+_T = TypeVar("_T")
 
 Hash = int | bytes
 
@@ -97,9 +100,11 @@ def _event(raw: object) -> RouterEvent:
                   _optional(raw, tag, "kv_cache_spec_sliding_window", int))
 
 
-def _optional(raw: dict, tag: str, key: str, kind: type) -> object:
+def _optional(raw: dict[str, object], tag: str, key: str, kind: type[_T]) -> _T | None:
     """``raw[key]``, None when absent or nil; DecodeError when of another type."""
     value = raw.get(key)
-    if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+    if value is None:
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool):
         raise DecodeError(f"{tag}.{key} must be {kind.__name__} or nil, got {value!r}")
     return value

@@ -95,7 +95,7 @@ class InProcessIndex:
         return sum(len(self._holders[h][replica]) for h in self._keys.get(replica, ()))
 
 
-def _runs(holders: dict, hashes: Sequence[Hash], active: set[str],
+def _runs(holders: dict[Hash, dict[str, set[str]]], hashes: Sequence[Hash], active: set[str],
           medium: str | None) -> dict[str, int]:
     """Leading run of ``hashes`` held by each replica of ``active`` (on ``medium``, or any
     medium when None); replicas with a run of 0 are left out."""

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from ..errors import PrefixKVError
 from ..hashing import block_hashes
 from .decode import Cleared, Removed, RouterEvent, Stored
-from .index import BlockIndex, InProcessIndex
+from .index import BlockIndex, Hash, InProcessIndex
 
 POLICIES = ("prefix", "round-robin", "least-loaded")
 FULL_KIND = "full_attention"
@@ -187,7 +187,7 @@ class Router:
         order = [candidates[(self._turn + i) % n] for i in range(n)]  # rotate the ties
         return min(order, key=self.in_flight.__getitem__)
 
-    def _by_prefix(self, candidates: list[str], hashes: list) -> tuple[str, int]:
+    def _by_prefix(self, candidates: list[str], hashes: list[Hash]) -> tuple[str, int]:
         load = self.in_flight
         total = sum(load[r] for r in candidates)
         cap = math.ceil(self.balance * (total + 1) / len(candidates))

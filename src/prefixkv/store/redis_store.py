@@ -32,11 +32,12 @@ class RedisStore:
             raise ConfigError(f"ttl must be a positive int (seconds), got {ttl!r}")
         import redis
         from redis.backoff import NoBackoff
+        from redis.cluster import RedisCluster
         from redis.retry import Retry
 
         options = dict(socket_timeout=timeout, socket_connect_timeout=timeout)
+        self.client: redis.Redis | RedisCluster
         if cluster:
-            from redis.cluster import RedisCluster
             self.client = RedisCluster.from_url(url, **options)
         else:
             self.client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
@@ -44,7 +45,7 @@ class RedisStore:
 
     def held(self, keys: Sequence[bytes]) -> int:
         """``StoreBackend.held``: pipelined EXISTS. Raises redis-py's errors."""
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]  # redis-py: untyped
         for k in keys:
             pipe.exists(k)
         n = 0
@@ -56,15 +57,16 @@ class RedisStore:
 
     def get(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """``StoreBackend.get``: pipelined GET. Raises redis-py's errors."""
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]  # redis-py: untyped
         for k in keys:
             pipe.get(k)
-        return pipe.execute()
+        values: list[bytes | None] = pipe.execute()
+        return values
 
     def put(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         """``StoreBackend.put``: pipelined SET with EX ttl. Raises redis-py's errors (an
         OOM error when the server is full under ``noeviction``)."""
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]  # redis-py: untyped
         for k, v in items:
             pipe.set(k, v, ex=self.ttl)
         pipe.execute()

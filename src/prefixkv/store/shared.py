@@ -23,6 +23,7 @@ from ..errors import ConfigError
 from ..extra_keys import ExtraKeys
 from ..hashing import make_hash_fn
 from ..results import StorePut
+from ..stats import StatsCounter
 from .protocol import StoreBackend
 from .record import StoreLayout, block_head, decode_value
 
@@ -63,23 +64,25 @@ class SharedStore:
         extra = ExtraKeys(cache_salt=cache_salt) if cache_salt is not None else None
         return self.bind(hash_mode, seed, root, block_size, None).prefix(extra)
 
-    def bind(self, hash_mode: object, seed: object, root: bytes, block_size: int, stats) -> StoreLink:
+    def bind(self, hash_mode: object, seed: object, root: bytes, block_size: int,
+             stats: StatsCounter | None) -> StoreLink:
         """The link a manager uses. Raises ConfigError unless the chain hashes are the
         same in every process: ``hash_mode="sha256"``, or ``"xxhash"`` with a seed."""
         if hash_mode == "xxhash" and seed is None:
             raise ConfigError("a shared store needs block hashes that are equal in every "
                               "process: use hash_mode='sha256' or give xxhash a seed")
-        if hash_mode not in ("xxhash", "sha256"):
+        if hash_mode != "xxhash" and hash_mode != "sha256":
             raise ConfigError(f"a shared store needs hash_mode 'sha256' or 'xxhash' with a "
                               f"seed (a name every process agrees on), got {hash_mode!r}")
-        return StoreLink(self, hash_mode.encode(), root, block_size, stats)  # type: ignore[union-attr]
+        return StoreLink(self, hash_mode.encode(), root, block_size, stats)
 
 
 class StoreLink:
     """A SharedStore bound to one manager's hash mode, root and block size. ``stats``
     has a ``store_errors`` count that failures increment."""
 
-    def __init__(self, store: SharedStore, mode: bytes, root: bytes, block_size: int, stats) -> None:
+    def __init__(self, store: SharedStore, mode: bytes, root: bytes, block_size: int,
+                 stats: StatsCounter | None) -> None:
         self._store, self._stats = store, stats
         self._backend = store.backend
         self._digest = store.layout.digest()
@@ -135,5 +138,6 @@ class StoreLink:
                         block_head(self._digest, self._bs, parent, chunk, extra))
 
     def _failed(self) -> None:
-        self._stats.store_errors += 1
+        if self._stats is not None:  # (None: a link made only for ``prefix``)
+            self._stats.store_errors += 1
         self._quiet_until = time.monotonic() + self._store.retry_after
