@@ -1,6 +1,7 @@
 # Two entry points, each installs what it needs into .venv:
 #   make bench   the main job: prefix caching against naive allocation
-#   make test    the whole test suite (kernels under TRITON_INTERPRET=1 on a CPU)
+#   make test    lint, then the whole test suite (kernels under TRITON_INTERPRET=1 on a CPU)
+#   make lint    ruff (rules in pyproject.toml) and mypy --strict on src/prefixkv
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -17,10 +18,15 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 install: $(VENV)/.installed
 
-test: install
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+# Any nonzero pytest status fails the target, 5 (no tests collected) included.
+test: lint
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
 
 bench: install
 	$(BIN)/prefixkv bench
 
-.PHONY: install test bench
+.PHONY: install lint test bench

@@ -62,6 +62,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
+from prefixkv.core.block import blocks_for
 from prefixkv.core.manager import KVCacheManager
 from prefixkv.errors import PrefixKVError, RequestError, check_count, check_flag
 from prefixkv.hashing import encode_tokens
@@ -242,7 +243,7 @@ class VllmKVCacheManager:
     def _need(self, rid: Hashable, slots: int, nblocks: int, schedules: bool) -> int:
         """Free blocks that covering ``slots`` positions takes (growth takes fresh
         blocks only: exact)."""
-        return -(-slots // self.block_size) - nblocks
+        return blocks_for(slots, self.block_size) - nblocks
 
     def _check_mid_prefill(self, rid: Hashable) -> None:
         """Tokens may be appended before the prompt is fully scheduled."""

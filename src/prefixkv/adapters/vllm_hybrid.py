@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
+from prefixkv.core.block import blocks_for
 from prefixkv.errors import RequestError
 from prefixkv.groups import GroupAdmission, HybridKVCacheManager
 
@@ -82,7 +83,7 @@ class VllmHybridKVCacheManager(VllmKVCacheManager):
         it schedules known tokens (difference 2), every group's table otherwise."""
         if schedules:
             return self._hybrid.num_blocks_to_allocate(rid, slots)
-        return max(0, -(-slots // self.block_size) - nblocks) * len(self._none)
+        return max(0, blocks_for(slots, self.block_size) - nblocks) * len(self._none)
 
     def _check_mid_prefill(self, rid: Hashable) -> None:
         raise RequestError(f"request {rid!r}: its tokens grew before its prompt was fully "

@@ -19,7 +19,8 @@ def key_chunk(key: Key | None) -> bytes:
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
-    """How many blocks ``num_tokens`` token slots take (ceiling division)."""
+    """How many blocks ``num_tokens`` token slots take: the one ceiling division of the
+    package (also where the units are not blocks: chunks of a chunked-attention group)."""
     return -(-num_tokens // block_size)
 
 

@@ -27,6 +27,7 @@ from itertools import pairwise
 import torch
 from torch import nn
 
+from prefixkv.core.block import blocks_for
 from prefixkv.errors import ConfigError
 from prefixkv.groups import CHUNKED, GroupBlockCopy, GroupSpec
 from prefixkv.kernels import (
@@ -166,7 +167,7 @@ def local_chunks(block_ids: Sequence[Sequence[int]], num_computed: Sequence[int]
         while p < end:
             first = p - p % chunk
             stop = min(end, first + chunk)
-            ids.append(blocks[first // block_size:-(-stop // block_size)])
+            ids.append(blocks[first // block_size:blocks_for(stop, block_size)])
             comp.append(p - first)
             new.append(stop - p)
             p = stop

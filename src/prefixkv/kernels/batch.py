@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.block import blocks_for
 from .errors import BatchError
 
 __all__ = [
@@ -144,7 +145,7 @@ def build_slot_mapping(
     for i, (ids, a, b) in enumerate(zip(block_ids, done, new, strict=True)):
         if a + b > len(ids) * block_size:
             raise BatchError(
-                f"request {i}: {a} cached + {b} new tokens need {-(-(a + b) // block_size)} blocks "
+                f"request {i}: {a} cached + {b} new tokens need {blocks_for(a + b, block_size)} blocks "
                 f"of {block_size}, it has {len(ids)}"
             )
     total = sum(new)
