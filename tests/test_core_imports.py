@@ -14,13 +14,15 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 import prefixkv
 
 PKG = pathlib.Path(prefixkv.__file__).parent
 TYPES = {"errors", "extra_keys", "hashing", "events", "results", "stats", "allocator"}
 CORE_LOW = {"core.block", "core.free_queue", "core.request"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.announce", "index.none",
-         "index.hasher", "index.content_check"}
+         "index.hasher", "index.content_check", "index.lower"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer"}
 CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.manager"}
@@ -157,3 +159,22 @@ def test_router_imports_only_the_cores_types():
                 seen.add(node.module)
                 assert node.module in allowed, (path.name, node.module)
     assert "hashing" in seen
+
+
+@pytest.mark.parametrize("package", ["prefixkv.kernels", "prefixkv.engine"])
+def test_kernels_without_torch_say_which_extra_to_install(package):
+    """Without torch, the torch-side packages raise ExtraNotInstalledError (an ImportError)
+    naming ``pip install 'prefixkv[kernels]'``, not a bare ModuleNotFoundError."""
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "from prefixkv.errors import ExtraNotInstalledError\n"
+        "try:\n"
+        f"    import {package}\n"
+        "except ExtraNotInstalledError as exc:\n"
+        "    assert isinstance(exc, ImportError) and exc.name == 'torch', exc\n"
+        "    print(exc.extra, '|', exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == (f"kernels | {package} needs torch, which is not installed: "
+                                  "pip install 'prefixkv[kernels]'"), out.stderr

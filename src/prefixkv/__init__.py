@@ -17,6 +17,7 @@ from .core.manager import KVCacheManager
 from .errors import (
     ConfigError,
     ExtraKeysError,
+    ExtraNotInstalledError,
     InvariantError,
     PrefixKVError,
     RequestError,
@@ -43,7 +44,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Admission", "Allocator", "AllBlocksCleared", "BlockCopy", "BlockLoads", "BlockOffloads",
     "BlockRemoved", "BlockStored",
-    "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
+    "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "ExtraNotInstalledError",
+    "Fork",
     "InvariantError", "KVCacheManager", "KVOp", "MultiModalInput", "PrefixCacheStats",
     "PrefixKVError", "RequestError", "StoreFetched", "StorePut", "TokenError", "block_hashes",
 ]

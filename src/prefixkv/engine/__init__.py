@@ -20,6 +20,14 @@ layer_groups=[1, 1, 0, ...])`` pairs a ``HybridKVCacheManager`` with a
 ``HybridModelRunner`` (``prefixkv.engine.hybrid``).
 """
 
+try:  # the kernels extra: say which install is missing, not a bare ModuleNotFoundError
+    import torch  # noqa: F401
+except ImportError as exc:
+    from ..errors import ExtraNotInstalledError
+
+    raise ExtraNotInstalledError("prefixkv.engine", "kernels", "torch") from exc
+
+
 from .build import UncachedHybridManager, build_engine
 from .chat import ChatResult, run_chat, synthetic_conversations
 from .engine import Engine

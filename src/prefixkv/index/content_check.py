@@ -11,7 +11,7 @@ from ..core.request import Request
 from ..hashing import token_bytes
 
 if TYPE_CHECKING:
-    from ..tiers.host import HostTier
+    from .lower import LowerTier
 
 
 def chunk_of(b: Block) -> bytes:
@@ -97,7 +97,7 @@ def check_request(req: Request, block_size: int) -> str | None:
     return None
 
 
-def check_lower_chains(lower: HostTier, blocks: Sequence[Block]) -> str | None:
+def check_lower_chains(lower: LowerTier, blocks: Sequence[Block]) -> str | None:
     """The tier's one rule that keeps its probes exact: no slot is chained (found only
     through its parent slot) while its parent's content is on the device."""
     if not lower.num_chained:

@@ -22,7 +22,7 @@ from .hasher import Hasher
 
 if TYPE_CHECKING:
     from ..events import EventSink
-    from ..tiers.host import HostTier
+    from .lower import LowerTier
 
 _U32 = struct.Struct("<I")
 
@@ -31,7 +31,7 @@ class ContentRecorder(Announcer):
     """``ContentIndex``'s state and its recording calls (see ``ContentIndex``)."""
 
     def __init__(self, hasher: Hasher, sink: EventSink, block_size: int, *,
-                 lower: HostTier | None = None) -> None:
+                 lower: LowerTier | None = None) -> None:
         self._by_chunk: dict[bytes, Block] = {}
         self._by_key: dict[ContentKey, Block] = {}
         self._twins: dict[int, list[Block]] = {}  # content id -> held spares

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 from ..core.block import UNLINKED, Block
 from ..core.free_queue import FreeBlockQueue
@@ -31,10 +31,20 @@ from ..results import BlockLoads, BlockOffloads, StoreFetched
 from .host_check import check_tier
 from .host_index import HOST, HostSlot, SlotIndex
 
-if TYPE_CHECKING:
-    from ..store.shared import Fetched
-
 _Op = TypeVar("_Op", BlockOffloads, BlockLoads)
+
+
+class Fetched(Protocol):
+    """What ``fill`` reads of a block the shared store found (``store.shared.Fetched``)."""
+
+    @property
+    def hash(self) -> bytes: ...
+    @property
+    def chunk(self) -> bytes: ...
+    @property
+    def extra(self) -> bytes: ...
+    @property
+    def payload(self) -> bytes: ...
 
 
 def _batch(kind: type[_Op], src: list[int], dst: list[int]) -> list[_Op]:
