@@ -30,5 +30,6 @@ def test_authors_and_classifiers():
     classifiers = meta["classifiers"]
     assert "Typing :: Typed" in classifiers
     assert not [c for c in classifiers if c.startswith("License ::")]
-    pythons = {c.rsplit(" ", 1)[-1] for c in classifiers if c.startswith("Programming Language :: Python :: 3.")}
+    pythons = {c.rsplit(" ", 1)[-1] for c in classifiers
+               if c.startswith("Programming Language :: Python :: 3.")}
     assert min(pythons, key=lambda v: tuple(map(int, v.split(".")))) == meta["requires-python"].lstrip(">=")
