@@ -195,7 +195,8 @@ def write_results(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
               f"{s['block_size']}: "
               f"**{s['triton_tflops']:.1f} TFLOP/s** ({s['triton_ms']:.3f} ms, {s['tflop']:.3f} TFLOP)"]
     if "sdpa_dense_ms" in s:
-        lines += ["", f"- torch SDPA, contiguous K/V, lower-right causal mask (same work): {s['sdpa_dense_ms']:.3f} ms"]
+        lines += ["", "- torch SDPA, contiguous K/V, lower-right causal mask (same work): "
+                  f"{s['sdpa_dense_ms']:.3f} ms"]
     if "sdpa_flash_ms" in s:
         lines += [f"- torch flash SDPA, contiguous K/V, no mask (every pair attended, counted as such): "
                   f"{s['sdpa_flash_ms']:.3f} ms, {s['sdpa_flash_tflops']:.1f} TFLOP/s"]
