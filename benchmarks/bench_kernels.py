@@ -3,7 +3,7 @@
 Needs a CUDA GPU. It first measures the device's own ceilings (dense bf16 matmul TFLOP/s
 and device-to-device copy GB/s), then times:
 
-* the SPEC section 4 shape: 8 requests x (8192 cached + 2048 new), 32 q / 8 kv heads,
+* the SPEC shape (the kernel goal's): 8 requests x (8192 cached + 2048 new), 32 q / 8 kv heads,
   head_dim 128, bf16, block_size 16, against our torch reference and dense SDPA;
 * a sweep over cached prefix 0..32k and q_len 1..8k;
 * decode: 64 requests x 8k context, q_len 1, as GB/s of K/V read against the copy GB/s;

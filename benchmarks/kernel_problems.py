@@ -3,7 +3,7 @@
 Imports no other benchmark. The shapes are plain dicts of ints and a dtype name, so the
 compile script can use them without a device:
 
-* ``SPEC_PREFILL``: SPEC section 4, 8 requests x (8192 cached + 2048 new), 32 query / 8 KV
+* ``SPEC_PREFILL``: the kernel goal's shape, 8 requests x (8192 cached + 2048 new), 32 query / 8 KV
   heads, head_dim 128, bf16, block_size 16 (2.47 TFLOP per call);
 * ``SPEC_DECODE``: 64 requests x 8k context, q_len 1;
 * ``SPLIT_DECODE``: 1 request x 32k context, q_len 1 (the split-KV case).

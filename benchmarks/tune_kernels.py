@@ -2,7 +2,7 @@
 
 Run ``python benchmarks/tune_kernels.py`` (CUDA), or ``--smoke``:
 tiny shapes and 2-3 candidates through the Triton interpreter on a CPU, which only
-proves the script works. Shapes: the SPEC section 4 prefill (8 x (8192 cached + 2048
+proves the script works. Shapes: the SPEC prefill (8 x (8192 cached + 2048
 new), 32 q / 8 kv heads, head_dim 128, bf16, block_size 16), decode (64 x 8k, q_len 1)
 and split-KV decode (1 x 32k).
 

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "compile_kernels.py"
-# The SPEC section 4 prefill shape, decode, the head_dim 256 tile that once spilled,
+# The SPEC prefill shape (benchmarks/README.md), decode, the head_dim 256 tile that once spilled,
 # split-KV decode (1 x 32k: the attention kernel with 33 splits, then the combine kernel),
 # and the fp8 paths (the interpreter runs them too, but only a compile shows the lowering).
 CONFIGS = ("prefill-spec", "decode", "prefill-d256", "decode-split-32k", "decode-split-32k-combine",

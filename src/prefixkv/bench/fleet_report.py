@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .plots import layered
 from .replicas import simulate
 from .workloads import builtin
 
@@ -80,16 +81,18 @@ def _plot(data: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(2, len(names), figsize=(5 * len(names), 7), squeeze=False)
     for col, name in enumerate(names):
         rows = [r for r in data["rows"] if r["workload"] == name]
-        for route in sorted({r["route"] for r in rows}):
+        for k, route in enumerate(sorted({r["route"] for r in rows})):
             pts = sorted((r["replicas"], r["kept"], r["imbalance"]) for r in rows
                          if r["route"] == route)
             ns = [p[0] for p in pts]
-            axes[0][col].plot(ns, [p[1] for p in pts], marker="o", label=route)
-            axes[1][col].plot(ns, [p[2] for p in pts], marker="o", label=route)
+            axes[0][col].plot(ns, [p[1] for p in pts], label=route, **layered(k))
+            axes[1][col].plot(ns, [p[2] for p in pts], label=route, **layered(k))
         axes[0][col].set_title(f"{name}: hit rate kept vs 1 replica")
-        axes[0][col].axhline(0.9, color="grey", lw=0.8, ls="--")
+        axes[0][col].set_ylabel("hit rate / hit rate of 1 replica")
+        axes[0][col].axhline(0.9, color="grey", lw=0.8, ls="--", label="goal: at least 0.9")
         axes[1][col].set_title(f"{name}: load imbalance (max/mean)")
-        axes[1][col].axhline(1.25, color="grey", lw=0.8, ls="--")
+        axes[1][col].set_ylabel("requests of the busiest replica / mean")
+        axes[1][col].axhline(1.25, color="grey", lw=0.8, ls="--", label="goal: at most 1.25")
         for ax in (axes[0][col], axes[1][col]):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("replicas")

@@ -15,6 +15,10 @@ One scheduler step::
 
 Accounting: a prompt token is *saved* when the admission found it cached
 (``num_cached_tokens``) and *computed* otherwise, recomputes after preemption included.
+The hit rate is that of first admissions: a preempted request's re-admission (its
+prompt and the tokens decoded so far, nearly all still cached) is counted apart
+(``readmitted_saved``/``readmitted_computed``), else preemption, which a larger pool
+avoids, would raise the hit rate of a smaller pool above it.
 For the attention its prefill would have cost, ``prefill_saved_pairs`` counts the causal
 (query, key) pairs of the saved tokens: c(c+1)/2 for c tokens cached from position 0;
 ``prefill_computed_pairs`` those of the computed ones, n(n+1)/2 - c(c+1)/2 for a prompt
@@ -54,6 +58,8 @@ class ReplayResult:
     preemptions: int = 0
     prefill_computed: int = 0
     prefill_saved: int = 0
+    readmitted_saved: int = 0  # (of prefill_saved and prefill_computed: re-admissions')
+    readmitted_computed: int = 0
     prefill_saved_pairs: int = 0
     prefill_computed_pairs: int = 0
     offloaded_blocks: int = 0
@@ -69,9 +75,22 @@ class ReplayResult:
 
     @property
     def hit_rate(self) -> float:
-        """Saved / (saved + computed) prompt tokens; 0.0 when nothing was admitted."""
-        total = self.prefill_saved + self.prefill_computed
-        return self.prefill_saved / total if total else 0.0
+        """Saved / (saved + computed) prompt tokens of first admissions (re-admissions
+        after preemption apart); 0.0 when nothing was admitted."""
+        saved = self.prefill_saved - self.readmitted_saved
+        total = saved + self.prefill_computed - self.readmitted_computed
+        return saved / total if total else 0.0
+
+    @property
+    def readmitted_tokens(self) -> int:
+        """Prompt tokens of re-admissions after preemption (saved and computed)."""
+        return self.readmitted_saved + self.readmitted_computed
+
+    @property
+    def readmitted_hit_rate(self) -> float:
+        """Saved / prompt tokens of re-admissions; 0.0 when there were none."""
+        total = self.readmitted_tokens
+        return self.readmitted_saved / total if total else 0.0
 
     @property
     def fragmentation(self) -> float:
@@ -87,7 +106,8 @@ class ReplayResult:
 
     def to_dict(self) -> dict[str, float | int | str]:
         out: dict[str, float | int | str] = asdict(self)
-        for name in ("hit_rate", "fragmentation", "us_per_admission", "us_per_decoded_token"):
+        for name in ("hit_rate", "readmitted_tokens", "readmitted_hit_rate", "fragmentation",
+                     "us_per_admission", "us_per_decoded_token"):
             out[name] = getattr(self, name)
         return out
 
@@ -115,6 +135,7 @@ def replay(alloc: Allocator, workload: Workload, name: str, *,
     waiting: deque[BenchRequest] = deque(workload.requests)
     running: dict[str, _Running] = {}   # in admission order
     finished: set[str] = set()
+    admitted: set[str] = set()          # ids admitted once: a later admission is a re-admission
     unused = 0                          # reserved-but-unused slots of running requests
     blocked = False                     # an admission failed and nothing was freed since
 
@@ -132,6 +153,10 @@ def replay(alloc: Allocator, workload: Workload, name: str, *,
         res.prefill_saved += adm.num_cached_tokens
         res.prefill_saved_pairs += adm.num_cached_tokens * (adm.num_cached_tokens + 1) // 2
         res.prefill_computed += adm.num_new_tokens
+        if req.rid in admitted:
+            res.readmitted_saved += adm.num_cached_tokens
+            res.readmitted_computed += adm.num_new_tokens
+        admitted.add(req.rid)
         n = adm.num_cached_tokens + adm.num_new_tokens
         cached = adm.num_cached_tokens
         res.prefill_computed_pairs += n * (n + 1) // 2 - cached * (cached + 1) // 2

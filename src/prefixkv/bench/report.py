@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .hosttier import HOST_COLUMNS, host_note, host_rows
+from .hosttier import HOST_COLUMNS, host_note, host_rows, readmitted_cell
 from .layer_groups import GROUP_COLUMNS, group_note, group_rows
 from .plots import PLOTS, write_plots
 from .store_replicas import REPLICA_COLUMNS, replica_note, replica_rows
@@ -15,7 +15,8 @@ FILES = ("report.md", "report.json", *PLOTS)
 """Every file name ``write_all`` may write (nothing else belongs in a report folder)."""
 
 COLUMNS = ("workload", "allocator", "prefill computed", "prefill saved", "hit rate",
-           "peak blocks", "fit in pool", "frag", "us/admit", "us/token", "alloc/saved")
+           "re-admitted tok (hit)", "peak blocks", "fit in pool", "frag", "us/admit", "us/token",
+           "alloc/saved")
 
 
 def rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
@@ -25,11 +26,13 @@ def rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
         for name, r in wl["results"].items():
             fit = f"{r['fit']}" + ("+" if r["fit"] == wl["requests"] else "")
             if "error" in r:
-                out.append((wl["name"], name, "pool too small", "", "", "", fit, "", "", "", ""))
+                out.append((wl["name"], name, "pool too small", "", "", "", "", fit, "", "", "", ""))
                 continue
             share = r.get("alloc_share")
             out.append((wl["name"], name, f"{r['prefill_computed']:,}", f"{r['prefill_saved']:,}",
-                        f"{r['hit_rate']:.1%}", f"{r['peak_blocks']:,}", fit,
+                        f"{r['hit_rate']:.1%}",
+                        readmitted_cell(r["readmitted_tokens"], r["readmitted_hit_rate"]),
+                        f"{r['peak_blocks']:,}", fit,
                         f"{r['fragmentation']:.1%}", f"{r['us_per_admission']:.1f}",
                         f"{r['us_per_decoded_token']:.2f}",
                         "-" if share is None else f"{share:.3%}"))
@@ -150,7 +153,10 @@ def markdown(data: dict[str, Any], plots: list[str]) -> str:
            f"prefixkv {m['prefixkv']}. Wall time {data['wall_s']:.1f} s.", "",
            f"Settings: scale {c['scale']}, block size {c['block_size']}, seed {c['seed']}, "
            f"pool {c['pool_blocks'] or 'per workload'}.", "",
-           "Prefill counts prompt tokens (recomputes after preemption included); *fit in pool*: "
+           "Prefill counts prompt tokens (recomputes after preemption included); *hit rate*: "
+           "saved / prompt tokens of first admissions; *re-admitted tok (hit)*: prompt tokens "
+           "of preempted requests admitted again, and their hit rate (apart: a pool that "
+           "preempts more would otherwise hit more); *fit in pool*: "
            "requests resident at once, each with its whole output, before the first that does "
            "not fit (`+`: all of them); *frag*: reserved-but-unused slots / reserved slots, "
            "averaged over steps; contiguous reserves the workload's longest request; "
@@ -161,10 +167,12 @@ def markdown(data: dict[str, Any], plots: list[str]) -> str:
                 f"{wl['description']}: {wl['requests']} requests, {wl['prompt_tokens']:,} "
                 f"prompt tokens, pool {wl['pool_blocks']:,} blocks of {wl['block_size']}.", ""]
         sweep = [(f"{p['pool_blocks']:,}", f"{p['prefixkv']['hit_rate']:.1%}",
+                  readmitted_cell(p["prefixkv"]["readmitted_tokens"],
+                                  p["prefixkv"]["readmitted_hit_rate"]),
                   f"{p['prefixkv']['prefill_computed']:,}", f"{p['paged']['prefill_computed']:,}",
                   f"{p['saved_vs_paged']:.1%}") for p in wl["sweep"]]
-        out += [table(("pool blocks", "hit rate", "prefill prefixkv", "prefill paged",
-                       "saved vs paged"), sweep, markdown=True, text_columns=0), ""]
+        out += [table(("pool blocks", "hit rate", "re-admitted tok (hit)", "prefill prefixkv",
+                       "prefill paged", "saved vs paged"), sweep, markdown=True, text_columns=0), ""]
     if "host_tiers" in data:
         out += ["## Host tier (L2)", ""]
         for part in host_parts(data, markdown=True):
