@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass
 from time import perf_counter_ns
+from typing import Any
 
 from ..allocator import Allocator
 from ..results import BlockLoads, BlockOffloads
@@ -104,8 +105,9 @@ class ReplayResult:
     def us_per_decoded_token(self) -> float:
         return self.decode_ns / self.decoded_tokens / 1e3 if self.decoded_tokens else 0.0
 
-    def to_dict(self) -> dict[str, float | int | str]:
-        out: dict[str, float | int | str] = asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        """The counts and the derived rates (JSON values)."""
+        out: dict[str, Any] = asdict(self)
         for name in ("hit_rate", "readmitted_tokens", "readmitted_hit_rate", "fragmentation",
                      "us_per_admission", "us_per_decoded_token"):
             out[name] = getattr(self, name)

@@ -61,18 +61,18 @@ class _Replica:
         self.name = name
         self.mgr = KVCacheManager(num_blocks, block_size, hash_mode="sha256", enable_events=True)
         self.waiting: deque[BenchRequest] = deque()
-        self.running: dict[str, list] = {}  # rid -> [request, tokens decoded]
+        self.running: dict[str, tuple[BenchRequest, int]] = {}  # rid -> (request, tokens decoded)
         self.preempted: set[str] = set()  # re-admissions count apart in the stats
 
 
 def simulate(workload: Workload, replicas: int, route: str, *, block_size: int = 16,
              pool_blocks: int | None = None, rate: float = 0.5, max_running: int = 64,
-             **router_options: float) -> FleetResult:
+             load_weight: float = 1.0, balance: float = 1.25) -> FleetResult:
     """Run ``workload`` through ``replicas`` simulated replicas routed by ``route`` (one
     of POLICIES). ``pool_blocks``: each replica's pool (default: the workload's pool).
-    ``rate``: new requests per replica per step. ``router_options``: Router keywords
-    (load_weight, balance, ...). Raises ValueError for an unknown route,
-    ``replicas`` < 1, ``rate`` <= 0, or a request that cannot run alone in a pool."""
+    ``rate``: new requests per replica per step. ``load_weight``, ``balance``: the
+    Router's. Raises ValueError for an unknown route, ``replicas`` < 1, ``rate`` <= 0, or
+    a request that cannot run alone in a pool."""
     if route not in POLICIES or replicas < 1 or not rate > 0:
         raise ValueError(f"need route in {POLICIES}, replicas >= 1, rate > 0; got "
                          f"{route!r}, {replicas}, {rate}")
@@ -80,7 +80,7 @@ def simulate(workload: Workload, replicas: int, route: str, *, block_size: int =
     fleet = [_Replica(f"r{i}", num_blocks, block_size) for i in range(replicas)]
     by_name = {r.name: r for r in fleet}
     router = Router([r.name for r in fleet], block_size=block_size, policy=route,
-                    **router_options)
+                    load_weight=load_weight, balance=balance)
     res = FleetResult(workload.name, replicas, route)
     pending = deque(workload.requests)
     finished: set[str] = set()
@@ -125,7 +125,7 @@ def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
                                  f"{mgr.num_blocks} blocks")
             break
         rep.waiting.popleft()
-        rep.running[req.rid] = [req, 0]
+        rep.running[req.rid] = (req, 0)
         res.prefill_computed += adm.num_new_tokens
     done = []
     for rid in list(rep.running):
@@ -144,8 +144,8 @@ def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
             if victim == rid:
                 break
         else:
-            state[1] = pos + 1
-            if state[1] == len(req.output):
+            rep.running[rid] = (req, pos + 1)  # (an update keeps the admission order)
+            if pos + 1 == len(req.output):
                 del rep.running[rid]
                 mgr.free(rid)
                 done.append(rid)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ COLUMNS = ("workload", "allocator", "prefill computed", "prefill saved", "hit ra
 
 def rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
     """One row of formatted cells per (workload, allocator), in COLUMNS order."""
-    out = []
+    out: list[tuple[str, ...]] = []
     for wl in data["workloads"]:
         for name, r in wl["results"].items():
             fit = f"{r['fit']}" + ("+" if r["fit"] == wl["requests"] else "")
@@ -46,7 +47,7 @@ def share_note(data: dict[str, Any]) -> str:
             f"ran; the allocator ran here, on this CPU)")
 
 
-def table(header: tuple[str, ...], body: list[tuple[str, ...]], markdown: bool = False,
+def table(header: tuple[str, ...], body: Sequence[tuple[str, ...]], markdown: bool = False,
           text_columns: int = 2) -> str:
     """Aligned columns (the first ``text_columns`` left, numbers right); a pipe table
     when ``markdown``."""

@@ -20,7 +20,7 @@ import os
 import random
 from collections.abc import Callable
 from time import perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.manager import KVCacheManager
 from ..results import StorePut
@@ -28,6 +28,9 @@ from .capacity import default_pool_blocks
 from .cost import PrefillCost
 from .errors import BenchError
 from .workloads import Workload
+
+if TYPE_CHECKING:
+    from ..store import SharedStore, StoreBackend
 
 REPLICAS = 4
 """Managers sharing one store."""
@@ -71,7 +74,8 @@ def run_replicas(workloads: list[Workload], block_size: int, seed: int = 0,
             "model_block_bytes": per_block, "workloads": out}
 
 
-def replica_run(wl: Workload, block_size: int, pool: int, shared, backend,
+def replica_run(wl: Workload, block_size: int, pool: int, shared: SharedStore | None,
+                backend: StoreBackend,
                 seed: int = 0) -> dict[str, Any]:
     """One setup: the workload dealt over REPLICAS fresh managers sharing ``shared``
     (None: no store), the replica of each request drawn from ``seed``.
@@ -107,7 +111,7 @@ def replica_run(wl: Workload, block_size: int, pool: int, shared, backend,
             "admit_us_per_request": admit_ns / 1e3 / max(total.requests, 1)}
 
 
-def _step(m: KVCacheManager, backend) -> int:
+def _step(m: KVCacheManager, backend: StoreBackend) -> int:
     """Take the step's plan and write its StorePuts (stand-in payloads); the count."""
     from ..store import encode_value
     items = [(op.key, encode_value(op.head, bytes(STAND_IN)))

@@ -62,6 +62,7 @@ class BenchConfig:
 
 def machine() -> dict[str, Any]:
     """A description of this machine, for the report."""
+    cores: int | None
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
@@ -108,8 +109,15 @@ def check_pools(workloads: list[Workload], cfg: BenchConfig) -> None:
 
 def load_workloads(cfg: BenchConfig) -> list[Workload]:
     """The configured workloads, built (or parsed) in order. Raises TraceError."""
-    return [load_trace(cfg.trace, cfg.seed) if name == "trace" else
-            builtin(name, cfg.scale, cfg.seed) for name in cfg.workloads]
+    out = []
+    for name in cfg.workloads:
+        if name == "trace":
+            if cfg.trace is None:
+                raise BenchError("the trace workload needs a trace file (--trace FILE)")
+            out.append(load_trace(cfg.trace, cfg.seed))
+        else:
+            out.append(builtin(name, cfg.scale, cfg.seed))
+    return out
 
 
 def pool_of(wl: Workload, cfg: BenchConfig) -> int:

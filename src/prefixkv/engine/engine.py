@@ -180,8 +180,8 @@ class Engine:
         of these prompts in order, every step taken and the wall time."""
         t0 = time.perf_counter()
         k = len(prompts)
-        ps = list(params) if isinstance(params, (list, tuple)) else [params] * k
-        xs = list(extra) if isinstance(extra, (list, tuple)) else [extra] * k
+        ps = [params] * k if params is None or isinstance(params, SamplingParams) else list(params)
+        xs = [extra] * k if extra is None or isinstance(extra, ExtraKeys) else list(extra)
         if len(ps) != k or len(xs) != k:
             raise ValueError(f"{k} prompts but {len(ps)} params and {len(xs)} extra keys")
         ids = [self.add_request(p, sp, extra=x) for p, sp, x in zip(prompts, ps, xs, strict=True)]
@@ -198,11 +198,17 @@ class Engine:
 
 def _request_output(group: list[SampleSeq]) -> RequestOutput:
     head = group[0]
+    first_token, first_scheduled = head.first_token, head.first_scheduled
+    finished = [s.finished for s in group]
+    reasons = [s.finish_reason for s in group]
+    assert first_token is not None and first_scheduled is not None, "a finished request ran"
+    assert None not in finished and None not in reasons, "every sample of the group finished"
     metrics = RequestMetrics(
         num_prompt_tokens=len(head.prompt), num_cached_tokens=head.num_cached_tokens or 0,
         num_prefill_tokens=sum(s.num_prefill_computed for s in group),
         num_preemptions=sum(s.num_preemptions for s in group),
-        ttft=head.first_token - head.arrival, prefill_time=head.first_token - head.first_scheduled,
-        e2e=max(s.finished for s in group) - head.arrival)
-    samples = tuple(SampleOutput(s.index, tuple(s.output), s.finish_reason) for s in group)
+        ttft=first_token - head.arrival, prefill_time=first_token - first_scheduled,
+        e2e=max(f for f in finished if f is not None) - head.arrival)
+    samples = tuple(SampleOutput(s.index, tuple(s.output), r)
+                    for s, r in zip(group, reasons, strict=True) if r is not None)
     return RequestOutput(head.request_id, tuple(head.prompt), samples, metrics)

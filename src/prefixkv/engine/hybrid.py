@@ -38,9 +38,10 @@ from prefixkv.kernels import (
     paged_prefill_attention,
     write_kv_cache,
 )
+from prefixkv.results import KVOp
 
 from .model import AttentionFn, TinyLlama
-from .runner import SeqBatchEntry
+from .runner import SeqBatchEntry, group_tables
 
 
 class HybridModelRunner:
@@ -85,10 +86,11 @@ class HybridModelRunner:
             self.k_cache[layers, c.dst] = self.k_cache[layers, c.src]
             self.v_cache[layers, c.dst] = self.v_cache[layers, c.src]
 
-    def run_kv_ops(self, ops: Sequence[GroupBlockCopy]) -> None:
+    def run_kv_ops(self, ops: Sequence[KVOp | GroupBlockCopy]) -> None:
         """Run a step's plan from the hybrid manager's ``take_kv_ops()`` (fork copies, in
         order). Raises ArgumentTypeError for an op that is not a GroupBlockCopy and
         BlockIdError for a block or group outside these caches, before any copy."""
+        copies: list[GroupBlockCopy] = []
         for op in ops:
             if type(op) is not GroupBlockCopy:
                 raise ArgumentTypeError(f"a hybrid runner's ops are GroupBlockCopy, got {op!r}")
@@ -96,7 +98,8 @@ class HybridModelRunner:
                     and 0 <= op.group_idx < len(self.groups)):
                 raise BlockIdError(f"{op!r} is outside {self.num_blocks} blocks and "
                                    f"{len(self.groups)} groups")
-        self.copy_blocks(ops)
+            copies.append(op)
+        self.copy_blocks(copies)
 
     @torch.inference_mode()
     def execute(self, batch: Sequence[SeqBatchEntry],
@@ -115,7 +118,8 @@ class HybridModelRunner:
                              f"got counts {num_new} and {[len(e.block_ids) for e in batch]}")
         self.copy_blocks(copies)
         num_computed = [e.num_computed for e in batch]
-        metas = [self._group_batch(spec, [e.block_ids[g] for e in batch], num_computed, num_new)
+        tables = [group_tables(e.block_ids) for e in batch]
+        metas = [self._group_batch(spec, [t[g] for t in tables], num_computed, num_new)
                  for g, spec in enumerate(self.groups)]
         dev = self.device
         ids = torch.tensor([t for e in batch for t in e.new_token_ids], dtype=torch.int64, device=dev)
@@ -128,10 +132,11 @@ class HybridModelRunner:
             k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
             write_kv_cache(k.contiguous(), v.contiguous(), k_cache, v_cache, meta.slot_mapping,
                            backend=self.backend)
-            return paged_prefill_attention(
+            out: torch.Tensor = paged_prefill_attention(
                 q.contiguous(), k_cache, v_cache, meta.block_table, meta.cu_seqlens_q,
                 meta.seqused_k, meta.max_seqlen_q, meta.max_seqlen_k, causal=True,
                 window_size=self.windows[layer], backend=self.backend)
+            return out
 
         hidden = self.model(ids, pos, attn)  # [total_new, hidden_size]
         last = torch.tensor(num_new, device=dev).cumsum(0) - 1  # [batch]

@@ -36,9 +36,12 @@ _LN2 = 0.6931471805599453
 # variant for the value 1 and for multiples of 16): the batch, the split count, total_q,
 # the block table's width (stride_bt, kv_capacity), the strides that follow total_q (the
 # LSE and the split workspaces) and the cache's size (last_block: warm-up uses a small one).
-@triton.jit(do_not_specialize=["stride_bt", "stride_lh", "stride_os", "stride_ls", "batch", "num_splits",
-                               "total_q", "kv_capacity", "last_block"])
-def _paged_prefill_kernel(
+_NOT_SPECIALISED = ["stride_bt", "stride_lh", "stride_os", "stride_ls", "batch", "num_splits",
+                    "total_q", "kv_capacity", "last_block"]
+
+
+@triton.jit(do_not_specialize=_NOT_SPECIALISED)  # type: ignore[untyped-decorator]  # Triton JIT
+def _paged_prefill_kernel(  # type: ignore[no-untyped-def]  # Triton JIT
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_q_ptr, seqused_k_ptr, out_ptr, lse_ptr,
     sinks_ptr, k_scale_ptr, v_scale_ptr,
     stride_qt, stride_qh, stride_qd,
@@ -199,7 +202,7 @@ def paged_prefill_attention_triton(
     v_scale: torch.Tensor | None = None,
     config: TileConfig | None = None,
     checked: bool = False,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Triton path of :func:`prefixkv.kernels.paged_prefill_attention` (same contract).
 
     ``config`` overrides the tile heuristic (tests use it to reach every phase);
@@ -223,7 +226,7 @@ def paged_prefill_attention_triton(
     if return_lse:
         lse = torch.empty((shape.num_heads, shape.total_q), dtype=torch.float32, device=q.device)
     if shape.total_q == 0:
-        return (out, lse) if return_lse else out
+        return out if lse is None else (out, lse)
     group = shape.group
     group_p2 = triton.next_power_of_2(group)
     if config is None:
@@ -273,4 +276,4 @@ def paged_prefill_attention_triton(
     )
     if num_splits > 1:
         combine_splits(o_arg, lse_arg, out, lse)
-    return (out, lse) if return_lse else out
+    return out if lse is None else (out, lse)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -31,11 +32,11 @@ __all__ = [
 _INT32_MAX = 2**31 - 1
 
 
-def _is_int(v) -> bool:
+def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _sequence(name: str, values) -> list:
+def _sequence(name: str, values: object) -> list[Any]:
     """``values`` as a list; a sequence is required (a one-shot iterator would be read
     once by one builder and found empty by the next)."""
     if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):

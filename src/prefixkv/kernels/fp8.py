@@ -71,7 +71,7 @@ def unit_scale(device: torch.device) -> torch.Tensor:
     return torch.ones(1, dtype=torch.float32, device=device)
 
 
-def _per_head(scale: torch.Tensor | None, num_kv_heads: int, device) -> torch.Tensor:
+def _per_head(scale: torch.Tensor | None, num_kv_heads: int, device: torch.device) -> torch.Tensor:
     """``[num_kv_heads, 1]`` fp32 scales (1 where ``scale`` is None)."""
     if scale is None:
         return torch.ones(num_kv_heads, 1, device=device)

@@ -92,7 +92,7 @@ def paged_prefill_attention_reference(
     sinks: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Reference of :func:`prefixkv.kernels.paged_prefill_attention` (same contract).
 
     A sink is one more logit per head in each row's softmax, with no value: the row's

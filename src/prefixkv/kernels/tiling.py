@@ -11,8 +11,12 @@ import functools
 import os
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import triton
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["TileConfig", "choose_num_splits", "choose_tiles", "gpu_tiles", "interpreting", "per_block_ids",
            "sm_count"]
@@ -58,7 +62,7 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def gpu_tiles(device) -> bool:
+def gpu_tiles(device: torch.device | str) -> bool:
     """Whether launches on ``device`` take the GPU's tiles (CUDA) or the interpreter's."""
     return getattr(device, "type", None) == "cuda"
 
@@ -99,7 +103,7 @@ def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def sm_count(device) -> int:
+def sm_count(device: torch.device | str) -> int:
     """SMs of a CUDA ``device`` (asked once per device, then cached); ``DEFAULT_SM_COUNT``
     for any other device, so the interpreter and ``meta`` tensors take the H100 choice."""
     if getattr(device, "type", None) != "cuda":
@@ -126,7 +130,7 @@ def choose_num_splits(
     slots = num_sms * ctas_per_sm
     if max_seqlen_q > MAX_SPLIT_Q or programs == 0 or programs >= slots:
         return 1
-    splits = min(triton.cdiv(slots, programs), max_seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
+    splits: int = min(triton.cdiv(slots, programs), max_seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
     return max(1, splits)
 
 

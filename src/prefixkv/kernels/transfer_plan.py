@@ -12,6 +12,8 @@ A run is a stretch of consecutive slot ids: contiguous in a slot-major host cach
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 
 from .errors import ArgumentTypeError, BlockIdError, DeviceError, DtypeError, ShapeError, UnsupportedError
@@ -29,7 +31,7 @@ def transfer_stream(device: torch.device | str) -> torch.cuda.Stream:
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if device not in _STREAMS:
-        _STREAMS[device] = torch.cuda.Stream(device)
+        _STREAMS[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # torch: untyped
     return _STREAMS[device]
 
 
@@ -37,7 +39,7 @@ def slot_shape(cache: torch.Tensor, block_dim: int) -> tuple[int, ...]:
     return tuple(s for d, s in enumerate(cache.shape) if d != block_dim)
 
 
-def check_caches(name: str, caches, block_dim: int) -> None:
+def check_caches(name: str, caches: object, block_dim: int) -> None:
     if not isinstance(caches, (list, tuple)) or not all(isinstance(c, torch.Tensor) for c in caches):
         raise ArgumentTypeError(f"{name} must be a list or tuple of torch.Tensor, got {caches!r:.80}")
     if not caches:
@@ -55,7 +57,8 @@ class TransferPlan:
     """Checked caches of one call, and the copies over them. Raises as ``offload_blocks``
     (``transfer.py``) for the caches; ``check_ids`` for the ids."""
 
-    def __init__(self, device_caches, host_caches, block_dim: int, stream) -> None:
+    def __init__(self, device_caches: Sequence[torch.Tensor], host_caches: Sequence[torch.Tensor] | None,
+                 block_dim: int, stream: torch.cuda.Stream | None) -> None:
         check_caches("device_caches", device_caches, block_dim)
         dev = device_caches[0]
         self.device = dev.device
@@ -106,10 +109,10 @@ class TransferPlan:
                 raise BlockIdError(f"{name} holds {int(bad)}, outside [0, {count})")
         if src.shape != dst.shape:
             raise ShapeError(f"{src_name} has {src.numel()} ids, {dst_name} has {dst.numel()}")
-        if dst.unique().numel() != dst.numel():
+        if dst.unique().numel() != dst.numel():  # type: ignore[no-untyped-call]  # torch: untyped
             raise BlockIdError(f"{dst_name} names a destination twice: {dst.tolist()}")
 
-    def run(self, work) -> torch.cuda.Event | None:
+    def run(self, work: Callable[[], None]) -> torch.cuda.Event | None:
         if self.device.type != "cuda":
             work()
             return None
@@ -117,7 +120,7 @@ class TransferPlan:
         stream.wait_stream(torch.cuda.current_stream(self.device))  # the forward passes queued so far
         with torch.cuda.stream(stream):
             work()
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch: untyped
             event.record(stream)
         return event
 

@@ -13,8 +13,9 @@ from .validation import check_write_kv
 __all__ = ["write_kv_cache_triton"]
 
 
-@triton.jit(do_not_specialize=["num_slots"])  # the cache's size: warm-up uses a small one
-def _write_kv_kernel(
+# num_slots (the cache's size) is not specialised: warm-up uses a small cache
+@triton.jit(do_not_specialize=["num_slots"])  # type: ignore[untyped-decorator]  # Triton JIT
+def _write_kv_kernel(  # type: ignore[no-untyped-def]  # Triton JIT
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, stride_slot, k_scale_ptr, v_scale_ptr,
     stride_kt, stride_kh, stride_kd,
     stride_vt, stride_vh, stride_vd,
