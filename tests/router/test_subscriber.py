@@ -75,14 +75,15 @@ def test_live_then_gap_filled_by_replay(fleet):
 
 
 class LegacyReplay(ReplayBuffer):
-    """A publisher of an older vLLM: it reads any request body as an 8-byte start."""
+    """A vLLM publisher's replay (0.33): it reads any request body as an 8-byte start and
+    answers in vLLM's frames (tests/fleet/test_vllm_interop.py runs vLLM's own)."""
 
-    def serve(self, sock, snapshot):
+    def serve(self, sock, snapshot, topic=b""):
         frames = sock.recv_multipart()
         head, start = frames[:-1], int.from_bytes(frames[-1], "big")
         for seq, payload in self.since(start):
-            sock.send_multipart((*head, seq.to_bytes(8, "big"), payload))
-        sock.send_multipart((*head, END_SEQ, b""))
+            sock.send_multipart((*head, topic, seq.to_bytes(8, "big"), payload))
+        sock.send_multipart((*head, b"", END_SEQ, b""))
 
 
 @pytest.mark.parametrize("legacy", [False, True])

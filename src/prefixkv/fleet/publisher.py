@@ -149,7 +149,7 @@ class EventPublisher:
         while True:
             if self._replay is not None:
                 while self._replay.poll(0):
-                    self.replay.serve(self._replay, self._snapshot)
+                    self.replay.serve(self._replay, self._snapshot, self.topic)
             try:
                 item = self._queue.get(timeout=0.02)
             except queue.Empty:
