@@ -244,7 +244,7 @@ class Subscriber:
             self.gaps_filled += len(got) > 1
             return
         self._forget(replica)
-        if got is None or got[0][0] > last:  # no answer, or its buffer lost ours: unknown
+        if got is None or got and got[0][0] > last:  # no answer, or its buffer lost ours
             self.resyncs += 1
             return
         self.restarts += 1  # it has nothing at `last`, or something else there
