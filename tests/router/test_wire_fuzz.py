@@ -192,5 +192,5 @@ def test_the_fuzzed_subscriber_counted_what_it_skipped(wire):
     wire.pub.send_multipart((TOPIC, b"\x00"))
     assert wire.good_batch_applied()
     health = wire.sub.health()
-    assert health["bad_batches"] == before + 3
-    assert health["alive"] and health["errors"] == 0
+    assert health["counters"]["bad_batches"] == before + 3
+    assert health["alive"] and health["counters"]["errors"] == 0

@@ -138,11 +138,12 @@ class Subscriber:
         return self._thread is not None and self._thread.is_alive()
 
     def health(self) -> dict[str, Any]:
-        """The counters (``COUNTERS``), ``last_error``, ``alive``, and per replica
-        (``replicas``): ``connected``, ``last_seq`` (None: not following), ``protocol``
-        ("prefixkv" or "vllm": which replay form it answers; None before it was asked),
-        and ``block_size_mismatches`` (the router's count, see ``Router.apply``)."""
-        out: dict[str, Any] = {name: getattr(self, name) for name in COUNTERS}
+        """``counters`` (name -> count, the names of ``COUNTERS``), ``last_error``,
+        ``alive``, and per replica (``replicas``): ``connected``, ``last_seq`` (None: not
+        following), ``protocol`` ("prefixkv" or "vllm": which replay form it answers;
+        None before it was asked), and ``block_size_mismatches`` (the router's count, see
+        ``Router.apply``)."""
+        out: dict[str, Any] = {"counters": {name: getattr(self, name) for name in COUNTERS}}
         out.update(last_error=self.last_error, alive=self.alive, replicas={
             r: {"connected": self.connected[r], "last_seq": self.last_seq.get(r),
                 "protocol": "vllm" if r in self._legacy else
