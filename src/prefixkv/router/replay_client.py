@@ -62,8 +62,9 @@ class ReplayClient:
         if not self.sock.poll(self.timeout_ms):
             return None
         frames = self.sock.recv_multipart()
-        if len(frames) != 2:
-            self._drain(self.timeout_ms)
+        if len(frames) != 2:  # a vLLM publisher read the map as a start: its end mark
+            if _replayed(frames)[0] != END_SEQ:
+                self._drain(self.timeout_ms)
             return None
         try:
             reply = msgpack.unpackb(frames[1], raw=False)
