@@ -41,13 +41,13 @@ class CacheMetrics:
     engines in one process do not collide; pass ``prometheus_client.REGISTRY`` to use
     the global one). Call ``observe`` once per engine step."""
 
-    def __init__(self, registry: object = None, *, model_name: str = "prefixkv",
+    def __init__(self, registry: Any = None, *, model_name: str = "prefixkv",
                  engine: str = "0") -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
-        self.registry = CollectorRegistry() if registry is None else registry
+        self.registry: Any = CollectorRegistry() if registry is None else registry
         names, labels = ("model_name", "engine"), (model_name, engine)
-        kw = {"labelnames": names, "registry": self.registry}
+        kw: dict[str, Any] = {"labelnames": names, "registry": self.registry}
         self.queries = Counter("vllm:prefix_cache_queries",
                                "Prompt tokens looked up in the prefix cache (new requests).", **kw)
         self.hits = Counter("vllm:prefix_cache_hits",
@@ -61,7 +61,7 @@ class CacheMetrics:
                                   "Prefix cache hit tokens by the medium that served them.",
                                   labelnames=(*names, "source"), registry=self.registry)
         self._labels = labels
-        self._series = [m.labels(*labels) for m in
+        self._series: list[Any] = [m.labels(*labels) for m in
                         (self.queries, self.hits, self.usage, self.evictions, self.dropped)]
         self._dropped_seen = 0
 
@@ -148,4 +148,4 @@ class HealthMetrics:
         """The text a ``/metrics`` endpoint serves."""
         from prometheus_client import generate_latest
 
-        return generate_latest(self.registry)  # type: ignore[no-any-return]
+        return generate_latest(self.registry)

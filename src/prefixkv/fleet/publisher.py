@@ -77,7 +77,7 @@ class EventPublisher:
         self._starts: dict[bytes, int] = {}  # held hash -> its block's first token
         self._lock = threading.Lock()
         self._resync = False
-        self._ctx = zmq.Context.instance()
+        self._ctx: Any = zmq.Context.instance()
         self._pub = _bound(self._ctx.socket(zmq.PUB), endpoint, hwm)
         self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self._replay = None
@@ -244,7 +244,7 @@ class EventPublisher:
         batches still queued; they re-apply on top harmlessly, in order."""
         with self._lock:
             held = {m: sorted(s) for m, s in self._held.items() if s}
-        events: list[dict] = [{"type": "AllBlocksCleared"}]
+        events: list[dict[str, Any]] = [{"type": "AllBlocksCleared"}]
         for (medium, group), digests in held.items():
             events.append({
                 "type": "BlockStored",

@@ -153,7 +153,7 @@ def block_starts(events: Iterable[object], block_size: int,
     return out
 
 
-def _continues(run: list, ev: object) -> bool:
+def _continues(run: list[Any], ev: Any) -> bool:
     """Whether ``ev`` extends ``run`` into one wire event."""
     last = run[-1]
     if type(ev) is not type(last) or _medium(ev) != _medium(last) \
@@ -210,6 +210,7 @@ def encode_batch(events: Sequence[object], *, block_size: int, hash_format: str 
 def pack(obj: object) -> bytes:
     """msgpack with str as str, bytes as bin, floats as float64 (msgpack imported here:
     it is the ``events`` extra)."""
-    import msgpack
+    import msgpack  # type: ignore[import-untyped]
 
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed

@@ -76,7 +76,7 @@ class Subscriber:
         self._legacy: set[str] = set()  # replicas that answer only the 8-byte request
         self._last_payload: dict[str, bytes] = {}  # what a vLLM publisher is verified by
         self._unverified: set[str] = set()  # disconnected since their last message
-        self._ctx = zmq.Context.instance()
+        self._ctx: Any = zmq.Context.instance()
         self._poller = zmq.Poller()
         self._sub: dict[Any, str] = {}
         self._monitors: dict[Any, str] = {}
@@ -309,7 +309,7 @@ class Subscriber:
     def _forget(self, replica: str) -> None:
         self.router.forget(replica)
         for state in (self.last_seq, self._skip_through, self._last_payload):
-            state.pop(replica, None)  # type: ignore[attr-defined]
+            state.pop(replica, None)
 
     def _apply(self, replica: str, seq: int, payload: bytes) -> None:
         self.last_seq[replica] = seq
