@@ -228,6 +228,7 @@ def test_a_failing_send_is_counted_and_the_thread_goes_on(ctx):
         sub.close(linger=0)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_dead_sender_thread_makes_publish_return_false():
     pub = EventPublisher(block_size=4, heartbeat=None)
 
