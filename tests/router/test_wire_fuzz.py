@@ -79,7 +79,20 @@ def mutated(draw):
     return msgpack.packb(batch)
 
 
-payloads = (values.map(msgpack.packb) | mutated() | st.binary(max_size=48))
+@st.composite
+def swapped(draw):
+    """``valid_batch()`` with one field of one event holding any value."""
+    batch = valid_batch()
+    events = batch[1]
+    i = draw(st.integers(0, len(events) - 1))
+    ev = events[i]
+    key = draw(st.sampled_from(list(ev) if isinstance(ev, dict) else range(len(ev))))
+    ev[key] = draw(values)
+    batch[1] = [ev]
+    return msgpack.packb(batch)
+
+
+payloads = (values.map(msgpack.packb) | mutated() | swapped() | st.binary(max_size=48))
 
 
 def test_the_issue_examples_are_decode_errors():

@@ -1,40 +1,20 @@
 """Feed a Router from N replicas' ZeroMQ event streams (extra ``prefixkv[events]``).
 
 Per replica a SUB socket (the live stream), a monitor of that socket, a ReplayClient on
-its replay socket, and the last sequence number applied. For each message
-``(topic, seq, payload)``:
+its replay socket, and the last sequence number applied. A message ``seq == last + 1``
+is applied; a duplicate of what a replay applied is skipped; anything else (first
+contact, a gap, a smaller ``seq``) is caught up: by prefixkv's map request (missed
+batches, or a snapshot on first contact, after a restart, past the buffer), or, for a
+publisher that does not answer it (vLLM's), by the 8-byte request, forgetting the
+replica when its buffer lost batches or it restarted. After a disconnect the replica is
+verified as soon as it is connected again: a new epoch, or a vLLM publisher whose
+buffer does not hold the very batch applied last (a batch carries its timestamp, so a
+new life never repeats one), is a restart. The index may understate what a replica
+holds, never overstate it. docs/router.md tabulates each case and its counter.
 
-- ``seq == last + 1``: apply;
-- ``seq`` at or below what a prefixkv replay already applied: a duplicate, skipped;
-- anything else (first contact, a gap, a smaller ``seq``): catch up.
-
-Catching up asks the replica for ``last + 1 ..`` with the epoch it announced before
-(prefixkv's msgpack replay request). The answer is the missed batches (applied,
-``gaps_filled``) or, on first contact, after a restart (a new epoch: ``restarts``) or
-past the buffer, a snapshot of everything it holds (the replica is rebuilt from it,
-``snapshots``). A publisher that does not answer this form (vLLM's) is asked by the
-8-byte request from then on: missed batches are applied if the buffer still has them
-all; otherwise, and on a smaller ``seq`` (a restart), the replica is forgotten
-(``resyncs``, ``restarts``): the index may understate what a replica holds, never
-overstate it.
-
-Disconnects. The monitor reports when the SUB socket loses its publisher
-(``disconnects``) and when ZeroMQ has connected it again. A replica that was
-disconnected is verified as soon as it is back, or at its next message, whichever comes
-first, so that a publisher restarted without heartbeats (vLLM's default) is caught
-without waiting for its next batch. A prefixkv publisher is asked with its epoch (as
-above). A vLLM publisher is asked for its batches from ``last`` on: if the first is the
-very batch applied last (same bytes: a batch carries its timestamp, so a new life never
-repeats one), it is the same publisher and the rest is applied; otherwise it restarted
-(``restarts``): the replica is forgotten and rebuilt from the publisher's buffer when
-that holds every batch from 0 (else ``resyncs``). No answer: forgotten (``resyncs``).
-
-Nothing from the wire stops the thread: every frame, payload and replay answer is
-checked. Payloads that fail to decode (and live messages of another shape) are
-counted in ``bad_batches`` and skipped; malformed replay answers in ``bad_replies``
-(the subscriber then asks for a snapshot, and forgets the replica if that fails too);
-anything else raised while handling a message is counted in ``errors`` (the last one in
-``last_error``, logged) and the thread goes on. ``health()`` reports all of it.
+Nothing from the wire stops the thread: frames, payloads and replay answers are
+checked (``bad_batches``, ``bad_replies``); anything else raised while handling a
+message is counted in ``errors`` (``last_error``, logged). ``health()`` reports it all.
 """
 
 from __future__ import annotations
