@@ -149,3 +149,32 @@ def test_a_malformed_replay_answer_counts_and_falls_back(bad, forced_too):
     finally:
         sub.close()
         pub.close()
+
+
+def test_a_stream_without_end_does_not_hold_the_client():
+    import threading
+
+    from prefixkv.router.replay_client import STREAM_TIMEOUTS, ReplayClient
+
+    ctx = zmq.Context.instance()
+    server = ctx.socket(zmq.ROUTER)
+    server.bind("tcp://127.0.0.1:*")
+    client = ReplayClient(ctx, server.getsockopt_string(zmq.LAST_ENDPOINT), 50)
+    stop = threading.Event()
+
+    def flood():  # answers forever, never the end mark
+        ident, _, _ = server.recv_multipart()
+        while not stop.is_set():
+            server.send_multipart((ident, b"", b"t", (0).to_bytes(8, "big"), b"p"))
+            time.sleep(0.001)
+    t = threading.Thread(target=flood)
+    t.start()
+    try:
+        began = time.monotonic()
+        assert client.stream(0) is None
+        assert time.monotonic() - began < STREAM_TIMEOUTS * 0.05 + 1
+    finally:
+        stop.set()
+        t.join()
+        client.close()
+        server.close(linger=0)

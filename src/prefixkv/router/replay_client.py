@@ -10,12 +10,15 @@ raises ReplayError (the subscriber counts it and falls back), never anything els
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PrefixKVError
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
+STREAM_TIMEOUTS = 10
+"""How many reply timeouts one streamed replay may take in all."""
 
 
 class ReplayError(PrefixKVError):
@@ -75,11 +78,14 @@ class ReplayClient:
     def stream(self, start: int, until: int | None = None) -> list[tuple[int, bytes]] | None:
         """Batches ``start .. until - 1`` (``until`` None: every batch from ``start`` on)
         by the 8-byte request; None unless all of them came, consecutive (the buffer
-        lost some, no end mark in time, or a message of another shape)."""
+        lost some, no end mark in time, or a message of another shape). The whole reply
+        must come within ``STREAM_TIMEOUTS`` timeouts: a publisher that streams without
+        end cannot hold the subscriber."""
         self._drain()
         self.sock.send_multipart((b"", start.to_bytes(8, "big")))
         got: list[tuple[int, bytes]] = []
-        while self.sock.poll(self.timeout_ms):
+        deadline = time.monotonic() + STREAM_TIMEOUTS * self.timeout_ms / 1000
+        while time.monotonic() < deadline and self.sock.poll(self.timeout_ms):
             frames = self.sock.recv_multipart()
             seq_bytes, payload = _replayed(frames)
             if seq_bytes is None:
