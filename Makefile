@@ -1,6 +1,7 @@
 # Two entry points, each installs what it needs into .venv:
 #   make bench   the main job: prefix caching against naive allocation
-#   make test    lint, then the whole test suite (kernels under TRITON_INTERPRET=1 on a CPU)
+#   make test    lint, then the whole test suite (kernels under TRITON_INTERPRET=1 on a CPU),
+#                vLLM 0.33.0's own scheduler tests on vLLM's manager and on prefixkv's included
 #   make lint    ruff (rules in pyproject.toml) and mypy --strict on src/prefixkv
 PY ?= python3
 VENV := .venv
@@ -22,11 +23,23 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# vLLM's release files, fetched once (tests/engines/fetch.py): the wheel and the sdist's
+# tests/. The wheel goes in --no-deps, with the pure-Python modules its scheduler needs.
+ENGINES := .cache/engines
+VLLM_VERSION := 0.33.0
+$(VENV)/.vllm-installed: $(VENV)/.installed tests/engines/fetch.py tests/engines/vllm-requirements.txt
+	$(BIN)/python tests/engines/fetch.py vllm
+	$(BIN)/pip install -q --no-deps $(ENGINES)/vllm-$(VLLM_VERSION)-cp38-abi3-manylinux_2_28_x86_64.whl
+	$(BIN)/pip install -q -r tests/engines/vllm-requirements.txt
+	touch $@
+
+install-vllm: $(VENV)/.vllm-installed
+
 # Any nonzero pytest status fails the target, 5 (no tests collected) included.
-test: lint
+test: lint install-vllm
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
 
 bench: install
 	$(BIN)/prefixkv bench
 
-.PHONY: install lint test bench
+.PHONY: install install-vllm lint test bench
