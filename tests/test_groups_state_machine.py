@@ -10,6 +10,7 @@ per ``(group, hash)``; brute force over every hit length on that mirror must equ
 ``lookup``.
 """
 
+from fork_chain import fork_chain_step
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import (
     Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule,
@@ -65,6 +66,10 @@ class HybridMachine(RuleBasedStateMachine):
     def _write(self, rid, start, stop):
         self._run_copies()
         self.last = (rid, start, stop)
+        self._forward(rid, start, stop)
+
+    def _forward(self, rid, start, stop):
+        """The forward pass writes positions ``start..stop-1`` of ``rid`` in every group."""
         self.start[rid] = start
         for g, ids in enumerate(self.m.get_block_ids(rid)):
             for pos in range(start, stop):
@@ -194,6 +199,17 @@ class HybridMachine(RuleBasedStateMachine):
         self.reserved[child] = self.reserved[parent]
         self.start[child] = self.start[parent]
         return child
+
+    @rule(target=live, parent=live, depth=st.integers(1, 3), gone=st.sets(st.integers(0, 3)),
+          toks=st.lists(st.integers(0, 9), max_size=4), prompt=st.none() | prompts)
+    def fork_chain(self, parent, depth, gone, toks, prompt):
+        """One step, no copy run until its end: fork ``parent`` into a chain of ``depth``
+        children, each forked from the one before (a fork of a fork); append ``toks[i]``
+        to member i (the parent is member 0); free the members in ``gone`` (pruned before
+        the step ran); admit ``prompt`` (it may take a freed block); then run the copies
+        and the forward pass."""
+        return fork_chain_step(self, parent, depth, gone, toks, prompt,
+                               (self.tokens, self.extra, self.scheduled, self.reserved, self.start), self._run_copies)
 
     @precondition(lambda self: self.last is not None and self.last[0] in self.tokens)
     @rule()

@@ -12,6 +12,7 @@ import hashlib
 from prefixkv import AllBlocksCleared, BlockCopy, BlockLoads, BlockOffloads, BlockStored
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
 
+from fork_chain import fork_chain_step
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import (
     Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule,
@@ -80,6 +81,10 @@ class ManagerMachine(RuleBasedStateMachine):
     def _write(self, rid, start, stop):
         self._run_plan()
         self.last = (rid, start, stop)  # what the step just scheduled
+        self._forward(rid, start, stop)
+
+    def _forward(self, rid, start, stop):
+        """The forward pass writes positions ``start..stop-1`` of ``rid``."""
         blocks = self.m.get_block_ids(rid)
         for pos in range(start, stop):
             self.kv[blocks[pos // BS]][pos % BS] = self._kv_of(rid, pos)
@@ -130,6 +135,9 @@ class ManagerMachine(RuleBasedStateMachine):
     def _dead(self):
         return multiple()
 
+    def _forget(self, rid):
+        del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.reserved[rid]
+
     @rule(rid=live, n=st.integers(1, 6))
     def extend(self, rid, n):
         if rid not in self.tokens or self.scheduled[rid] == len(self.tokens[rid]):
@@ -174,6 +182,18 @@ class ManagerMachine(RuleBasedStateMachine):
         self.scheduled[child] = self.scheduled[parent]
         self.reserved[child] = self.reserved[parent]
         return child
+
+    @rule(target=live, parent=live, depth=st.integers(1, 3), gone=st.sets(st.integers(0, 3)),
+          toks=st.lists(st.integers(0, 12), max_size=4), prompt=st.none() | prompts)
+    def fork_chain(self, parent, depth, gone, toks, prompt):
+        """One step, no plan run until its end: fork ``parent`` into a chain of ``depth``
+        children, each forked from the one before (a fork of a fork; the plan owes the
+        copies in order); append ``toks[i]`` to member i of the chain (the parent is
+        member 0); free the members in ``gone`` (beams pruned before the step ran: freed
+        with the tokens computed before it); admit ``prompt`` (it may take a freed block,
+        evict and offload, or load a host hit); then run the plan and the forward pass."""
+        return fork_chain_step(self, parent, depth, gone, toks, prompt,
+                               (self.tokens, self.extra, self.scheduled, self.reserved), self._run_plan)
 
     @rule(data=st.data())
     def step(self, data):

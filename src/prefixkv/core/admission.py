@@ -21,11 +21,12 @@ from ..events import BlockStored, EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import HashFn, block_chunks, encode_tokens, make_hash_fn, token_buffer
 from ..index import ContentIndex, Hasher, NoIndex
-from ..results import Admission, KVOp
+from ..results import Admission
 from ..stats import StatsCounter
 from ..store.shared import Fetched, SharedStore
 from ..tiers import HostSlot, HostTier
 from .block import Block, blocks_for
+from .copies import CopyPlan
 from .pool import BlockPool
 from .request import PLAIN_KEYS, Request, RequestKeys
 
@@ -69,8 +70,7 @@ class Admitter:
         self._requests: dict[Hashable, Request] = {}
         self._num_prefilling = 0  # live requests with prompt tokens not yet scheduled
         self._stats = StatsCounter()
-        self._kv_ops: list[KVOp] = []
-        self._plan_refs: list[Block] = []  # sources of pending copies, held by the plan
+        self._copies = CopyPlan()  # the step's fork copies (a closed set: see copies.py)
         self._store = store.bind(hash_mode, seed, root, block_size, self._stats) if store is not None else None
         self._computing: list[tuple] = []  # contents recorded last step: written to the store next
         if self._store is not None:  # the store's keys are chain hashes: every block needs its own

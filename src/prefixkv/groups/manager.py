@@ -192,7 +192,10 @@ class HybridKVCacheManager(GroupDecoder):
 
     def take_kv_ops(self) -> list[GroupBlockCopy]:
         """The fork copies since the previous call (run them before the next forward
-        pass, in this order); call it once a step."""
+        pass, in this order); call it once a step. Every copy stated is kept, even when
+        its child or parent is freed first: no host tier, so nothing of the plan runs
+        before the copies, a block freed and handed out again in the step is written
+        after its copy, and a chain (a fork of a fork) runs in order."""
         out, self._kv_ops = self._kv_ops, []
         return out
 
