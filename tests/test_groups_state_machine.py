@@ -208,8 +208,8 @@ class HybridMachine(RuleBasedStateMachine):
         to member i (the parent is member 0); free the members in ``gone`` (pruned before
         the step ran); admit ``prompt`` (it may take a freed block); then run the copies
         and the forward pass."""
-        return fork_chain_step(self, parent, depth, gone, toks, prompt,
-                               (self.tokens, self.extra, self.scheduled, self.reserved, self.start), self._run_copies)
+        models = (self.tokens, self.extra, self.scheduled, self.reserved, self.start)
+        return fork_chain_step(self, parent, depth, gone, toks, prompt, models, self._run_copies)
 
     @precondition(lambda self: self.last is not None and self.last[0] in self.tokens)
     @rule()
