@@ -13,7 +13,7 @@ The public API is what ``__all__`` lists here and in ``prefixkv.kernels``,
 from .allocator import Allocator
 from .baselines import ContiguousAllocator, PagedAllocator
 from .errors import (
-    ConfigError, ExtraKeysError, InvariantError, PrefixKVError, RequestError, TokenError,
+    MAX_BLOCKS, ConfigError, ExtraKeysError, InvariantError, PrefixKVError, RequestError, TokenError,
 )
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .extra_keys import ExtraKeys, MultiModalInput
@@ -30,6 +30,6 @@ __all__ = [
     "Admission", "Allocator", "AllBlocksCleared", "BlockCopy", "BlockLoads", "BlockOffloads",
     "BlockRemoved", "BlockStored",
     "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
-    "InvariantError", "KVCacheManager", "KVOp", "MultiModalInput", "PrefixCacheStats",
+    "InvariantError", "KVCacheManager", "KVOp", "MAX_BLOCKS", "MultiModalInput", "PrefixCacheStats",
     "PrefixKVError", "RequestError", "StoreFetched", "StorePut", "TokenError", "block_hashes",
 ]

@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Hashable, Sequence
 
 from ..errors import (
-    ConfigError, InvariantError, RequestError, TokenError, check_count, check_flag,
+    MAX_BLOCKS, ConfigError, InvariantError, RequestError, TokenError, check_count, check_flag,
     check_new_request, check_positive,
 )
 from ..events import BlockStored, EventLog, NullSink
@@ -40,7 +40,7 @@ class Admitter:
         enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
         host_blocks: int = 0, store: SharedStore | None = None,
     ) -> None:
-        check_positive("num_blocks", num_blocks)
+        check_positive("num_blocks", num_blocks, MAX_BLOCKS)
         check_positive("block_size", block_size)
         check_flag("enable_caching", enable_caching, ConfigError)
         check_flag("enable_events", enable_events, ConfigError)
@@ -48,7 +48,7 @@ class Admitter:
         if vocab_size is not None:
             check_positive("vocab_size", vocab_size)
         if host_blocks:
-            check_positive("host_blocks", host_blocks)
+            check_positive("host_blocks", host_blocks, MAX_BLOCKS)
         elif host_blocks != 0 or type(host_blocks) is not int:
             raise ConfigError(f"host_blocks must be an int >= 0, got {host_blocks!r}")
         if store is not None and not (isinstance(store, SharedStore) and enable_caching

@@ -28,7 +28,8 @@ class KVCacheManager(Decoder):
     """Paged KV blocks for many requests, with automatic prefix caching.
 
     Args:
-        num_blocks: physical blocks in the pool (> 0).
+        num_blocks: physical blocks in the pool (1 to ``MAX_BLOCKS``, 2**24: each is an
+            object built now).
         block_size: token slots per block (> 0; 16 is usual).
         hash_mode: the chain hash, the blocks' identity outside the process (events,
             routers, stores): ``"xxhash"`` (default; xxh3-128, random seed per manager
@@ -40,14 +41,15 @@ class KVCacheManager(Decoder):
         enable_events: record BlockStored/BlockRemoved/AllBlocksCleared for ``take_events``.
         max_events: the event log's bound (see ``take_events``).
         vocab_size: when given, token ids >= vocab_size are rejected (costs a max() per call).
-        host_blocks: slots of the host tier (L2); 0: none.
+        host_blocks: slots of the host tier (L2; at most ``MAX_BLOCKS``); 0: none.
         store: a ``prefixkv.store.SharedStore`` (L3) shared with other processes:
             admissions continue a chain past the device and host into it, and the plan
             writes computed blocks to it. Needs ``host_blocks > 0`` and ``hash_mode``
             ``"sha256"`` or ``"xxhash"`` with a ``seed`` (ids equal in every process).
 
     Raises:
-        ConfigError: a size is not a positive int, a flag not a bool, a bad hash mode/seed,
+        ConfigError: a size is not a positive int (or ``num_blocks`` or ``host_blocks``
+            is past ``MAX_BLOCKS``), a flag not a bool, a bad hash mode/seed,
             a store without host slots or without a hash mode every process shares.
     """
 
@@ -256,6 +258,6 @@ class KVCacheManager(Decoder):
     def _get(self, request_id: Hashable) -> Request:
         try:  # every call goes through here, decode included: one dict access when live
             return self._requests[request_id]
-        except (KeyError, TypeError):
+        except Exception:  # unknown, unhashable, or a __hash__ that raises
             return live_request(self._requests, request_id)  # raises RequestError
 

@@ -17,7 +17,7 @@ from ..core.block import Block, blocks_for
 from ..core.pool import BlockPool
 from ..core.request import RequestKeys
 from ..errors import (
-    ConfigError, InvariantError, RequestError, TokenError, check_count, check_flag,
+    MAX_BLOCKS, ConfigError, InvariantError, RequestError, TokenError, check_count, check_flag,
     check_new_request, check_positive, live_request,
 )
 from ..events import EventLog, NullSink
@@ -47,7 +47,7 @@ class GroupAdmitter:
             raise ConfigError(f"groups must be a sequence of GroupSpec, got {groups!r}") from None
         if not specs or not all(isinstance(s, GroupSpec) for s in specs):
             raise ConfigError(f"groups must be a non-empty sequence of GroupSpec, got {groups!r}")
-        check_positive("num_blocks", num_blocks)
+        check_positive("num_blocks", num_blocks, MAX_BLOCKS)
         check_positive("block_size", block_size)
         check_flag("enable_events", enable_events, ConfigError)
         check_positive("max_events", max_events)
@@ -204,7 +204,7 @@ class GroupAdmitter:
     def _get(self, request_id: Hashable) -> GroupRequest:
         try:
             return self._requests[request_id]
-        except (KeyError, TypeError):
+        except Exception:  # unknown, unhashable, or a __hash__ that raises
             return live_request(self._requests, request_id)
 
     @staticmethod

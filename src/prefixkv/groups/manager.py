@@ -39,8 +39,9 @@ class HybridKVCacheManager(GroupDecoder):
             group releases blocks. No host tier.
 
     Raises:
-        ConfigError: no groups or not GroupSpecs, a size not a positive int, a flag not a
-            bool, a bad hash mode/seed, no block left beside the null block.
+        ConfigError: no groups or not GroupSpecs, a size not a positive int (or
+            ``num_blocks`` past ``MAX_BLOCKS``), a flag not a bool, a bad hash mode/seed,
+            no block left beside the null block.
     """
 
     # ---- forks, free, preemption -------------------------------------------------------
