@@ -13,7 +13,8 @@ The public API is what ``__all__`` lists here and in ``prefixkv.kernels``,
 from .allocator import Allocator
 from .baselines import ContiguousAllocator, PagedAllocator
 from .errors import (
-    MAX_BLOCKS, ConfigError, ExtraKeysError, InvariantError, PrefixKVError, RequestError, TokenError,
+    MAX_BLOCKS, ConfigError, ExtraKeysError, InvariantError, PrefixKVError, PromptTooLongError,
+    RequestError, TokenError,
 )
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .extra_keys import ExtraKeys, MultiModalInput
@@ -31,5 +32,6 @@ __all__ = [
     "BlockRemoved", "BlockStored",
     "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
     "InvariantError", "KVCacheManager", "KVOp", "MAX_BLOCKS", "MultiModalInput", "PrefixCacheStats",
-    "PrefixKVError", "RequestError", "StoreFetched", "StorePut", "TokenError", "block_hashes",
+    "PrefixKVError", "PromptTooLongError", "RequestError", "StoreFetched", "StorePut", "TokenError",
+    "block_hashes",
 ]

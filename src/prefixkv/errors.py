@@ -30,6 +30,25 @@ class RequestError(PrefixKVError):
     request's state does not allow (e.g. appending before its prefill is scheduled)."""
 
 
+class PromptTooLongError(PrefixKVError):
+    """A request the pool can never hold: an admission with these arguments needs at
+    least ``needed`` blocks for its ``num_tokens`` tokens, more than the ``capacity``
+    usable blocks, even with every other block free and every block of it cached. Unlike
+    a shortage (a ``None`` result, which waiting or preempting cures), waiting would never
+    help: reject the request, or give it a larger pool. (vLLM refuses such prompts up
+    front: past ``max_model_len``, which it checks fits the KV cache at startup.)"""
+
+    def __init__(self, num_tokens: int, needed: int, capacity: int, detail: str = "") -> None:
+        self.num_tokens, self.needed, self.capacity, self._detail = (num_tokens, needed,
+                                                                     capacity, detail)
+        super().__init__(f"a request of {num_tokens:,} tokens needs at least {needed:,} "
+                         f"blocks, and the pool has {capacity:,}{detail}: it can never be "
+                         f"admitted")
+
+    def __reduce__(self) -> tuple[type[PromptTooLongError], tuple[int, int, int, str]]:
+        return (type(self), (self.num_tokens, self.needed, self.capacity, self._detail))
+
+
 class InvariantError(AssertionError):
     """Raised by ``check_invariants()`` when internal bookkeeping is inconsistent.
     This is a bug in prefixkv, never a caller mistake."""

@@ -60,7 +60,7 @@ class KVCacheManager(Decoder):
         (no references, no stats, no LRU update; with a store, it asks the store, one
         round trip, and counts a failure in ``store_errors``). Raises as ``add_request``
         for bad input."""
-        return len(self._find(None, prompt_token_ids, extra, True, False)[1]) * self.block_size
+        return len(self._find(None, prompt_token_ids, extra, True, None)[1]) * self.block_size
 
     # ---- forks, free, preemption -------------------------------------------------------
 
