@@ -139,3 +139,15 @@ def test_the_hybrid_manager_keeps_a_chains_copies_in_order():
     m.free("b")
     m.check_invariants()
     assert m.take_kv_ops() == [GroupBlockCopy(0, 1, 0), GroupBlockCopy(1, 2, 0)]
+
+
+def test_a_hybrid_reset_drops_the_copies_no_request_needs_any_more():
+    m = HybridKVCacheManager([full_attention()], 4, 2, seed=0)
+    m.add_request("a", [0])
+    m.take_kv_ops()
+    m.fork("a", "b")
+    m.free("a")
+    m.free("b")
+    assert m.reset_prefix_cache()
+    assert m.take_kv_ops() == []
+    m.check_invariants()

@@ -111,10 +111,12 @@ class HybridKVCacheManager(GroupDecoder):
         return tokens
 
     def reset_prefix_cache(self) -> bool:
-        """Drop all cached content in every group, only when no request holds a block.
-        Returns whether it did."""
+        """Drop all cached content in every group, only when no request holds a block
+        (and the pending copies, whose blocks no request holds then). Returns whether it
+        did."""
         if self._requests:
             return False
+        self._kv_ops.clear()  # every pending copy writes a block that no request holds
         if self._null is not None:
             self._pool.release([self._null])
         cleared = self._pool.reset()
