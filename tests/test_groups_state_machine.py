@@ -16,8 +16,9 @@ from hypothesis.stateful import (
     Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule,
 )
 
-from prefixkv import AllBlocksCleared, BlockRemoved, BlockStored, ExtraKeys
+from prefixkv import AllBlocksCleared, BlockRemoved, BlockStored, ExtraKeys, PromptTooLongError
 from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, sliding_window
+from prefixkv.groups.fit import least_blocks
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
 
 BS = 4
@@ -93,8 +94,14 @@ class HybridMachine(RuleBasedStateMachine):
     def _admit(self, prompt, extra, chunk, lookahead=0, full_fit=False):
         rid = self._new_id()
         before = self._snapshot()
-        adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk,
-                                 num_lookahead_tokens=lookahead, require_full_fit=full_fit)
+        try:
+            adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk,
+                                     num_lookahead_tokens=lookahead, require_full_fit=full_fit)
+        except PromptTooLongError:  # whatever the cache holds, it needs more than the pool
+            usable = self.num_blocks - (self.null is not None)
+            assert least_blocks(self.groups, BS, len(prompt), chunk, lookahead, full_fit,
+                                0) > usable
+            adm = None
         if adm is None:
             assert self._snapshot() == before and self.m.take_kv_ops() == []
             return multiple()

@@ -18,7 +18,7 @@ from hypothesis.stateful import (
     Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule,
 )
 
-from prefixkv import ExtraKeys, KVCacheManager
+from prefixkv import ExtraKeys, KVCacheManager, PromptTooLongError
 
 BS = 4
 NUM_BLOCKS = 14
@@ -103,7 +103,11 @@ class ManagerMachine(RuleBasedStateMachine):
         rid = self._new_id()
         before = self._snapshot()
         predicted = self.m.lookup(prompt, extra=extra)  # match; admission claims in one pass
-        adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
+        try:
+            adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
+        except PromptTooLongError:  # a re-admission grown past the pool: it never fits
+            assert -(-len(prompt) // BS) > self.num_blocks
+            adm = None
         if adm is None:
             assert self._snapshot() == before and self.m.take_kv_ops() == []
             return None
