@@ -54,7 +54,7 @@ def schedule_fork_chain(machine, parent, depth, gone, toks, prompt, models):
             machine._forget(rid)
     if prompt is not None:
         rid = machine._new_id()
-        adm = m.add_request(rid, prompt)
+        adm = machine._add(rid, prompt)
         if adm is not None:
             machine.tokens[rid], machine.extra[rid] = list(prompt), None
             machine.scheduled[rid] = machine.reserved[rid] = len(prompt)

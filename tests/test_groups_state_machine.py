@@ -85,6 +85,20 @@ class HybridMachine(RuleBasedStateMachine):
         self.next_id += 1
         return f"r{self.next_id}"
 
+    def _add(self, rid, prompt, extra=None, num_new_tokens=None, num_lookahead_tokens=0,
+             require_full_fit=False):
+        """``add_request``; None also for a PromptTooLongError, which must need more
+        blocks than the pool has whatever the cache holds (``least_blocks``)."""
+        try:
+            return self.m.add_request(rid, prompt, extra=extra, num_new_tokens=num_new_tokens,
+                                      num_lookahead_tokens=num_lookahead_tokens,
+                                      require_full_fit=require_full_fit)
+        except PromptTooLongError:
+            usable = self.num_blocks - (self.null is not None)
+            assert least_blocks(self.groups, BS, len(prompt), num_new_tokens,
+                                num_lookahead_tokens, require_full_fit, 0) > usable
+            return None
+
     def _forget(self, rid):
         del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.start[rid]
         del self.reserved[rid]
@@ -94,14 +108,8 @@ class HybridMachine(RuleBasedStateMachine):
     def _admit(self, prompt, extra, chunk, lookahead=0, full_fit=False):
         rid = self._new_id()
         before = self._snapshot()
-        try:
-            adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk,
-                                     num_lookahead_tokens=lookahead, require_full_fit=full_fit)
-        except PromptTooLongError:  # whatever the cache holds, it needs more than the pool
-            usable = self.num_blocks - (self.null is not None)
-            assert least_blocks(self.groups, BS, len(prompt), chunk, lookahead, full_fit,
-                                0) > usable
-            adm = None
+        adm = self._add(rid, prompt, extra=extra, num_new_tokens=chunk,
+                        num_lookahead_tokens=lookahead, require_full_fit=full_fit)
         if adm is None:
             assert self._snapshot() == before and self.m.take_kv_ops() == []
             return multiple()

@@ -103,11 +103,7 @@ class ManagerMachine(RuleBasedStateMachine):
         rid = self._new_id()
         before = self._snapshot()
         predicted = self.m.lookup(prompt, extra=extra)  # match; admission claims in one pass
-        try:
-            adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
-        except PromptTooLongError:  # a re-admission grown past the pool: it never fits
-            assert -(-len(prompt) // BS) > self.num_blocks
-            adm = None
+        adm = self._add(rid, prompt, extra=extra, num_new_tokens=chunk)
         if adm is None:
             assert self._snapshot() == before and self.m.take_kv_ops() == []
             return None
@@ -138,6 +134,15 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _dead(self):
         return multiple()
+
+    def _add(self, rid, prompt, **kw):
+        """``add_request``; None also for a PromptTooLongError (a re-admission grown past
+        the pool), which must need more blocks than the pool has."""
+        try:
+            return self.m.add_request(rid, prompt, **kw)
+        except PromptTooLongError:
+            assert -(-len(prompt) // BS) > self.num_blocks
+            return None
 
     def _forget(self, rid):
         del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.reserved[rid]
@@ -257,7 +262,7 @@ class ManagerMachine(RuleBasedStateMachine):
         if full <= start or rid not in self.tokens:
             return
         other = self._new_id()
-        adm = self.m.add_request(other, self.tokens[rid][:full] + [tail], extra=self.extra[rid])
+        adm = self._add(other, self.tokens[rid][:full] + [tail], extra=self.extra[rid])
         blocks = self.m.get_block_ids(rid)
         for pos in range(start, stop):
             self.kv[blocks[pos // BS]][pos % BS] = "never computed"
