@@ -15,11 +15,13 @@ from .baselines import ContiguousAllocator as ContiguousAllocator
 from .baselines import PagedAllocator as PagedAllocator
 from .core.manager import KVCacheManager
 from .errors import (
+    MAX_BLOCKS,
     ConfigError,
     ExtraKeysError,
     ExtraNotInstalledError,
     InvariantError,
     PrefixKVError,
+    PromptTooLongError,
     RequestError,
     TokenError,
 )
@@ -45,7 +47,7 @@ __all__ = [
     "Admission", "Allocator", "AllBlocksCleared", "BlockCopy", "BlockLoads", "BlockOffloads",
     "BlockRemoved", "BlockStored",
     "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "ExtraNotInstalledError",
-    "Fork",
-    "InvariantError", "KVCacheManager", "KVOp", "MultiModalInput", "PrefixCacheStats",
-    "PrefixKVError", "RequestError", "StoreFetched", "StorePut", "TokenError", "block_hashes",
+    "Fork", "InvariantError", "KVCacheManager", "KVOp", "MAX_BLOCKS", "MultiModalInput",
+    "PrefixCacheStats", "PrefixKVError", "PromptTooLongError", "RequestError", "StoreFetched",
+    "StorePut", "TokenError", "block_hashes",
 ]

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
+from ..errors import ExtraKeysError
 from ..extra_keys import ExtraKeys
 from . import limits
 from .errors import BenchError, shorten
@@ -236,6 +237,10 @@ def _extra(obj: dict[str, object], fail: _Fail) -> ExtraKeys | None:
             value = obj[field]
             if not isinstance(value, str) or not value:
                 raise fail(f"must be a non-empty string, got {shorten(value)}", field)
+            try:  # ExtraKeys' own checks, field by field (a lone surrogate is no UTF-8)
+                ExtraKeys(lora=value) if field == "lora" else ExtraKeys(cache_salt=value)
+            except ExtraKeysError as exc:
+                raise fail(str(exc), field) from None
             keys[field] = value
     if not keys:
         return None

@@ -146,7 +146,7 @@ def step_requests(live: Mapping[Hashable, _R], get: Callable[[Hashable], _R], pr
         # (checked only while some live request is still prefilling)
         if prefilling and (sum(map(_SCHEDULED, reqs)) != sum(map(len, map(_TOKENS, reqs)))):
             raise KeyError(None)
-    except (KeyError, TypeError):  # an unknown id, or a prefill not fully scheduled
+    except Exception:  # an unknown or unhashable id, or a prefill not fully scheduled
         reqs = [get(r) for r in request_ids]
         r = next(r for r in reqs if r.num_scheduled != len(r.tokens))
         raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "

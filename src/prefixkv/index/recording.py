@@ -247,7 +247,7 @@ class ContentRecorder(Announcer):
             sink = self._sink
             for b, s in zip(blocks, slots, strict=True):
                 if s.event is not None:
-                    b.event = replace(s.event, block_id=b.block_id, medium=DEVICE)  # type: ignore[arg-type]
+                    b.event = replace(s.event, block_id=b.block_id, medium=DEVICE)
                     sink.append(b.event)
 
     def _key(self, b: Block, chunk: bytes) -> None:

@@ -45,7 +45,7 @@ class RedisStore:
 
     def held(self, keys: Sequence[bytes]) -> int:
         """``StoreBackend.held``: pipelined EXISTS. Raises redis-py's errors."""
-        pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]  # redis-py: untyped
+        pipe = self.client.pipeline(transaction=False)
         for k in keys:
             pipe.exists(k)
         n = 0
@@ -57,7 +57,7 @@ class RedisStore:
 
     def get(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """``StoreBackend.get``: pipelined GET. Raises redis-py's errors."""
-        pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]  # redis-py: untyped
+        pipe = self.client.pipeline(transaction=False)
         for k in keys:
             pipe.get(k)
         values: list[bytes | None] = pipe.execute()
@@ -66,7 +66,7 @@ class RedisStore:
     def put(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         """``StoreBackend.put``: pipelined SET with EX ttl. Raises redis-py's errors (an
         OOM error when the server is full under ``noeviction``)."""
-        pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]  # redis-py: untyped
+        pipe = self.client.pipeline(transaction=False)
         for k, v in items:
             pipe.set(k, v, ex=self.ttl)
         pipe.execute()

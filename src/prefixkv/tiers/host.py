@@ -26,6 +26,7 @@ from typing import Protocol, TypeVar
 
 from ..core.block import UNLINKED, Block
 from ..core.free_queue import FreeBlockQueue
+from ..errors import MAX_BLOCKS, check_positive
 from ..events import BlockRemoved, BlockStored, EventSink
 from ..results import BlockLoads, BlockOffloads, StoreFetched
 from .host_check import check_tier
@@ -55,9 +56,11 @@ def _batch(kind: type[_Op], src: list[int], dst: list[int]) -> list[_Op]:
 class HostTier(SlotIndex):
     """``num_slots`` host slots. ``sink``: where CPU-medium events go.
     ``by_chunk``/``by_key``: the slots with content, by token bytes and (the rest) by
-    content triple; read by the device index's chain walk."""
+    content triple; read by the device index's chain walk. Raises ConfigError unless
+    ``num_slots`` is an int in ``[1, MAX_BLOCKS]``."""
 
     def __init__(self, num_slots: int, sink: EventSink) -> None:
+        check_positive("num_slots", num_slots, MAX_BLOCKS)
         self.slots = [HostSlot(i) for i in range(num_slots)]
         self._empty = self.slots[::-1]
         self._cached = FreeBlockQueue()
