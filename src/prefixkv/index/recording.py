@@ -106,13 +106,14 @@ class ContentRecorder(Announcer):
         self._num_chained += 1
         b.parent_cid, b.extra, b.step = cid, extra, self.step
         # one content, one id: a host slot that keeps this content lends its id
-        slot = self._lower.find(cid, chunk, extra) if self._lower is not None else None
-        if slot is None:
+        lower = self._lower
+        slot = lower.find(cid, chunk, extra) if lower is not None else None
+        if slot is None or lower is None:
             b.content_id = self._next_id
             self._next_id += 1
         else:
             b.content_id = slot.content_id
-            self._lower.on_device(slot)  # type: ignore[union-attr]
+            lower.on_device(slot)
 
     def _may_chain(self, parent: Block) -> bool:
         """Whether a new content under ``parent`` may be found through ``parent.child``
@@ -234,7 +235,8 @@ class ContentRecorder(Announcer):
                 b.extra = s.extra
                 b.content_id = s.content_id
                 b.step = step
-                prev.child = b  # type: ignore[union-attr]
+                assert prev is not None  # (the run's first block was recorded above)
+                prev.child = b
                 prev = b
             self._num_chained += len(blocks) - 1
             # hashes and events exist only when hashes are consumed (``hashing``, fixed for
