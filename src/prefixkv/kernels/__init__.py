@@ -25,6 +25,7 @@ from .errors import (
     KernelInputError,
     MetadataError,
     ShapeError,
+    TensorValueError,
     UnsupportedError,
 )
 from .fp8 import FP8_DTYPES
@@ -46,6 +47,7 @@ __all__ = [
     "MetadataError",
     "PagedBatch",
     "ShapeError",
+    "TensorValueError",
     "UnsupportedError",
     "alloc_host_cache",
     "attention_variants",

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from . import tiling
 from .attend import _attend_tile, _max
-from .checked import check_attention_values
+from .checked import check_attention_values, check_scale_sink_values
 from .fp8 import is_fp8, unit_scale
 from .interpreter import backport_scalar_index
 from .split_kv import _split_phases, combine_splits, split_workspaces
@@ -45,7 +45,7 @@ def _paged_prefill_kernel(
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_bt, stride_bc, stride_ot, stride_oh, stride_od, stride_lh, stride_lt, stride_os, stride_ls,
-    stride_ksc, stride_vsc, qk_scale, softcap_log2, window_left, window_right,
+    stride_sink, stride_ksc, stride_vsc, qk_scale, softcap_log2, window_left, window_right,
     batch, num_splits, total_q, kv_capacity, last_block,
     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -132,12 +132,22 @@ def _paged_prefill_kernel(
             # The sink is a key of score sinks[head] (exp2 domain: * log2 e) and no value; it
             # starts the running max and sum, in split 0 only so the merge counts it once.
             # Rows no request owns (the outer segments) get none: zeros and LSE -inf as without.
-            sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634  # [BLOCK_M]
+            # A NaN sink is no sink (-inf); a +inf sink takes the whole softmax: such rows
+            # ("sunk") run with a neutral start (max 0, sum 1) and end as output 0, LSE +inf.
+            sink = tl.load(sinks_ptr + head * stride_sink, mask=row_ok, other=0.0)  # [BLOCK_M]
+            sink = tl.where(sink == sink, sink, float("-inf"))
             owned = (split == 0) & (seg >= 1) & (seg <= batch)
-            m_i = tl.where(owned, sink, m_i)
+            sunk = owned & (sink == float("inf"))
+            m_i = tl.where(owned, tl.where(sunk, 0.0, sink * 1.4426950408889634), m_i)
             l_i = tl.where(owned, 1.0, l_i)
         if KV_FP8:
-            qk_scale = qk_scale * tl.load(k_scale_ptr + kvh * stride_ksc)
+            # A K scale that is not a finite number > 0 acts as 0 (docs/kv_layout.md): every
+            # score is q . (cache * 0), computed as (q * 0) . cache so the masks' -inf never
+            # meets a zero scale.
+            k_s = tl.load(k_scale_ptr + kvh * stride_ksc)
+            k_ok = (k_s > 0.0) & (k_s < float("inf"))
+            qk_scale = tl.where(k_ok, qk_scale * k_s, qk_scale)
+            q = tl.where(k_ok, q, 0.0).to(q.dtype)
         k_base = k_cache_ptr + kvh.to(tl.int64) * stride_kh
         v_base = v_cache_ptr + kvh.to(tl.int64) * stride_vh
         bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
@@ -169,12 +179,17 @@ def _paged_prefill_kernel(
         # Rows (or splits) that attended nothing: output 0, LSE -inf.
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         if KV_FP8:
-            acc = acc * tl.load(v_scale_ptr + kvh * stride_vsc)
+            v_s = tl.load(v_scale_ptr + kvh * stride_vsc)
+            acc = acc * tl.where((v_s > 0.0) & (v_s < float("inf")), v_s, 0.0)  # as K's: invalid acts as 0
         o = acc / l_safe[:, None]  # [BLOCK_M, DIM_P2]
+        if HAS_SINKS:
+            o = tl.where(sunk[:, None], 0.0, o)
         o_off = tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
         if RETURN_LSE:
             lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+            if HAS_SINKS:
+                lse = tl.where(sunk, float("inf"), lse)
             tl.store(lse_ptr + head * stride_lh + tok * stride_lt, lse, mask=row_ok)
 
 
@@ -216,6 +231,7 @@ def paged_prefill_attention_triton(
     if checked:
         check_attention_values(block_table, cu_seqlens_q, seqused_k, shape.total_q, shape.num_blocks,
                                shape.block_size)
+        check_scale_sink_values(k_scale, v_scale, sinks)
     if out is None:
         out = torch.empty_like(q)
     cu_seqlens_q, seqused_k = cu_seqlens_q.contiguous(), seqused_k.contiguous()
@@ -255,7 +271,7 @@ def paged_prefill_attention_triton(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, o_arg, lse_arg,
         q if sinks is None else sinks, k_scale_arg, v_scale_arg,  # q: a pointer never read
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(),
-        *o_strides, *lse_strides, *split_strides,
+        *o_strides, *lse_strides, *split_strides, 0 if sinks is None else sinks.stride(0),
         *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale_arg, v_scale_arg)),
         qk_scale, softcap_log2, shape.window_left, shape.window_right,
         shape.batch, num_splits, shape.total_q, shape.max_blocks * shape.block_size, shape.num_blocks - 1,

@@ -55,7 +55,8 @@ def _combine_splits_kernel(
                     mask=s_ok, other=float("-inf"))  # [SPLITS_P2], natural log
     m = tl.max(lse_s, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # no split saw a key: all weights 0
-    w = tl.exp(lse_s - m_safe)  # [SPLITS_P2]
+    # A +inf LSE (a +inf sink, split 0) takes the row: its split weighs 1, not exp(inf - inf).
+    w = tl.where(lse_s == float("inf"), 1.0, tl.exp(lse_s - m_safe))  # [SPLITS_P2]
     total = tl.sum(w, 0)
     total_safe = tl.where(total == 0.0, 1.0, total)
     p_off = s.to(tl.int64)[:, None] * stride_ps + tok * stride_pt + head * stride_ph + d[None, :] * stride_pd
