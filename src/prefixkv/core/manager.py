@@ -16,10 +16,11 @@ from operator import attrgetter
 from ..errors import RequestError, check_count, check_new_request, live_request
 from ..events import AllBlocksCleared, Event
 from ..extra_keys import ExtraKeys
-from ..results import BlockCopy, Fork, KVOp
+from ..results import BlockCopy, Fork, KVOp, SharedPrefix
 from ..stats import PrefixCacheStats
 from .decode import Decoder
 from .request import Request
+from .sharing import shared_prefixes
 
 _ID = attrgetter("block_id")
 
@@ -137,6 +138,16 @@ class KVCacheManager(Decoder):
     def get_block_ids(self, request_id: Hashable) -> tuple[int, ...]:
         """The request's block ids in token order. Raises RequestError for an unknown id."""
         return tuple(map(_ID, self._get(request_id).blocks))
+
+    def shared_prefixes(self, request_ids: Sequence[Hashable]) -> list[SharedPrefix]:
+        """Which of these requests hold the same first blocks (a shared system prompt, one
+        document asked many questions, forks): for each group, the positions of its
+        members in ``request_ids`` and how many leading blocks all of them share, for
+        cascade attention (``prefixkv.kernels.build_cascade_batch``). Plain ints; changes
+        nothing. Shared blocks are full, but the engine may compute one of them in this
+        very step: the kernel side keeps only blocks before each member's new tokens.
+        Raises RequestError for an unknown id (before looking at any)."""
+        return shared_prefixes([self._get(rid).blocks for rid in request_ids])  # Blocks: identity
 
     def num_tokens(self, request_id: Hashable) -> int:
         """Known tokens of the request (prompt and appended), scheduled or not."""

@@ -14,6 +14,7 @@ from .batch import (
     build_seqused_k,
     build_slot_mapping,
 )
+from .cascade import CascadeBatch, build_cascade_batch, cascade_attention, merge_attention
 from .dispatch import BACKENDS, paged_prefill_attention, resolve_backend, use_backend, write_kv_cache
 from .errors import (
     ArgumentTypeError,
@@ -40,6 +41,7 @@ __all__ = [
     "BackendError",
     "BatchError",
     "BlockIdError",
+    "CascadeBatch",
     "DeviceError",
     "DtypeError",
     "FP8_DTYPES",
@@ -52,12 +54,15 @@ __all__ = [
     "alloc_host_cache",
     "attention_variants",
     "build_block_table",
+    "build_cascade_batch",
     "build_cu_seqlens_q",
     "build_paged_batch",
     "build_seqused_k",
     "build_slot_mapping",
+    "cascade_attention",
     "copy_blocks",
     "load_blocks",
+    "merge_attention",
     "offload_blocks",
     "paged_prefill_attention",
     "paged_prefill_attention_reference",

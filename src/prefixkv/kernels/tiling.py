@@ -158,9 +158,13 @@ def choose_tiles(
     # 128-key tiles for the 128-row tile of head_dim <= 128: the same MMA work in half the
     # loop passes, 1.3x fewer SASS instructions per key (252 registers, no spills). A left
     # window edge or the LSE output pushes that tile over 255 registers (spills), so those
-    # keep 64 keys, as do short (decode) tiles.
+    # keep 64 keys. Short (decode) tiles take 128 keys too: on an H100 (triton 3.6) decode
+    # of 64 x 8k keys ran 1.18x and split decode of 1 x 32k 1.41x faster than with 64
+    # (benchmarks/results/tune-nvidia-h100-80gb-hbm3.md); sm_90 compile on 3.9: 147
+    # registers, no spills. (The tune's 256-row prefill tile, 1.29x on 3.6, spills 1588 B
+    # on 3.9, so prefill keeps 128 rows.)
     wide = block_m >= 128 and not window and not return_lse
-    block_n = (128 if wide else 64) if big else 32
+    block_n = (128 if wide or block_m <= 16 else 64) if big else 32
     # 8 warps once the fp32 accumulator [block_m, head_dim] passes 64 registers a thread
     # on 4 warps: 64 x 256 on 4 warps used 255 registers and spilled, on 8 warps 187.
     num_warps = 8 if block_m >= 128 or (block_m >= 64 and not big) else 4
