@@ -31,6 +31,7 @@ from .errors import (
 )
 from .fp8 import FP8_DTYPES
 from .reference import paged_prefill_attention_reference, write_kv_cache_reference
+from .workspace import SplitWorkspace, alloc_split_workspace
 from .transfer import alloc_host_cache, copy_blocks, load_blocks, offload_blocks, run_kv_ops, transfer_stream
 from .variants import AttentionSpec, attention_variants, warmup
 
@@ -49,9 +50,11 @@ __all__ = [
     "MetadataError",
     "PagedBatch",
     "ShapeError",
+    "SplitWorkspace",
     "TensorValueError",
     "UnsupportedError",
     "alloc_host_cache",
+    "alloc_split_workspace",
     "attention_variants",
     "build_block_table",
     "build_cascade_batch",

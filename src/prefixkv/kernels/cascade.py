@@ -32,6 +32,7 @@ from ..results import SharedPrefix
 from .batch import build_block_table, build_cu_seqlens_q
 from .dispatch import paged_prefill_attention, resolve_backend
 from .errors import BatchError, ShapeError
+from .workspace import SplitWorkspace
 
 __all__ = ["CascadeBatch", "build_cascade_batch", "cascade_attention", "merge_attention"]
 
@@ -204,8 +205,9 @@ def cascade_attention(
             from .split_kv import combine_splits
 
             merged, merged_lse = torch.empty_like(pre), torch.empty_like(pre_lse)
-            combine_splits(torch.stack([own.float(), pre.float()]), torch.stack([own_lse, pre_lse]), merged,
-                           merged_lse)
+            both = SplitWorkspace(torch.stack([own.float(), pre.float()]), torch.stack([own_lse, pre_lse]),
+                                  torch.arange(rows.numel(), dtype=torch.int32, device=q.device), 1, 1)
+            combine_splits(both, merged, merged_lse)  # the two passes as two splits of each row
         else:
             merged, merged_lse = merge_attention(own, own_lse, pre, pre_lse)
         out.index_copy_(0, rows, merged.to(out.dtype))

@@ -11,12 +11,16 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from .errors import ArgumentTypeError, BackendError, DeviceError
 from .reference import paged_prefill_attention_reference, write_kv_cache_reference
 from .validation import check_tensors
+
+if TYPE_CHECKING:
+    from .workspace import SplitWorkspace
 
 __all__ = ["BACKENDS", "write_kv_cache", "paged_prefill_attention", "use_backend", "resolve_backend"]
 
@@ -156,6 +160,7 @@ def paged_prefill_attention(
     v_scale: torch.Tensor | None = None,
     backend: str | None = None,
     checked: bool = False,
+    split_workspace: SplitWorkspace | None = None,
 ):
     """Attention of a varlen batch of new tokens over their paged, cached prefix and themselves.
 
@@ -197,6 +202,12 @@ def paged_prefill_attention(
             acts as 0 (a K scale of 0 makes that KV head's scores 0, a V scale of 0 its
             output 0).
         backend: ``"auto"``, ``"triton"`` or ``"torch"``; see :func:`resolve_backend`.
+        split_workspace: a :class:`SplitWorkspace` from :func:`alloc_split_workspace`,
+            made once: the Triton launch then has a fixed grid (its split count, whatever
+            ``max_seqlen_k``) and allocates nothing for split-KV, so a CUDA graph can
+            capture it; and in any batch, prefills included, each request of at most
+            ``split_q`` new tokens splits its keys by its own length (a long decode beside
+            a prefill). The torch path checks it and computes without splits.
         checked: read ``block_table``, ``cu_seqlens_q``, ``seqused_k``, the scales and
             the sinks on the host (a device synchronisation, not for CUDA graphs) and raise
             instead of clamping (a zero scale and a ``-inf`` sink stay allowed).
@@ -219,7 +230,8 @@ def paged_prefill_attention(
     check_tensors(q=q)
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k)
     kwargs = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-                  out=out, return_lse=return_lse, sinks=sinks, k_scale=k_scale, v_scale=v_scale, checked=checked)
+                  out=out, return_lse=return_lse, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
+                  checked=checked, split_workspace=split_workspace)
     if resolve_backend(backend, q.device) == "triton":
         from .attention import paged_prefill_attention_triton
 

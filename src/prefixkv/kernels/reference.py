@@ -13,7 +13,7 @@ import torch
 
 from .checked import check_attention_values, check_scale_sink_values, check_slot_values
 from .fp8 import dequantize, quantize
-from .validation import check_attention, check_write_kv
+from .validation import check_attention, check_split_workspace, check_write_kv
 
 __all__ = ["write_kv_cache_reference", "paged_prefill_attention_reference"]
 
@@ -92,8 +92,10 @@ def paged_prefill_attention_reference(
     sinks: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    split_workspace: object = None,
 ):
-    """Reference of :func:`prefixkv.kernels.paged_prefill_attention` (same contract).
+    """Reference of :func:`prefixkv.kernels.paged_prefill_attention` (same contract; a
+    ``split_workspace`` is checked and not used: nothing is split here).
 
     A sink is one more logit per head in each row's softmax, with no value: the row's
     scores get a last column ``sinks[head]``, the softmax runs over all columns, and the
@@ -106,6 +108,8 @@ def paged_prefill_attention_reference(
         return_lse=return_lse, checked=checked, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
     )
     bs, group = shape.block_size, shape.group
+    if split_workspace is not None:
+        check_split_workspace(split_workspace, shape, q.device)
     if checked:
         check_attention_values(block_table, cu_seqlens_q, seqused_k, shape.total_q, shape.num_blocks, bs)
         check_scale_sink_values(k_scale, v_scale, sinks)
