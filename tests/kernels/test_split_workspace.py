@@ -101,3 +101,19 @@ def test_cuda_graph_captures_one_launch_and_replays_other_lengths():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, paged_prefill_attention_reference(*args), **tolerance(torch.float32))
+
+
+@needs_triton
+def test_rows_no_request_owns_never_take_a_request_s_workspace_row():
+    """q has a row past cu_seqlens_q[-1] (untrusted metadata): it is nobody's, attends no key
+    and gets 0, and it must not land in the last request's workspace row (it did: the
+    trailing segment took request batch - 1's row and its token)."""
+    case = make_case([1, 1], [200, 90], num_kv_heads=2, group=2, head_dim=16, block_size=16,
+                     device=PRIMARY_DEVICE, seed=5)
+    case.q = torch.cat([case.q, torch.randn(1, 4, 16, device=PRIMARY_DEVICE)])  # row 2: nobody's
+    ws = alloc_split_workspace(3, 2, 4, 16, PRIMARY_DEVICE, min_keys=32)
+    got = paged_prefill_attention(*case.args, split_workspace=ws, backend="triton")
+    want = paged_prefill_attention_reference(*case.args)
+    assert (got[2] == 0).all() and (want[2] == 0).all()
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
+    assert ws.row_tok.tolist() == [0, 1]

@@ -126,7 +126,7 @@ def _paged_prefill_kernel(
             # to the workspace; any other tile runs whole in split 0 (the other splits of
             # it return at once, below).
             split = tl.program_id(2)
-            splits_here = q_len <= split_q
+            splits_here = (q_len <= split_q) & (seg >= 1) & (seg <= batch)  # rows no request owns: whole
             n_split = tl.minimum(tl.maximum((kv_hi - kv_lo) // split_keys, 1), num_splits)
             n_split = tl.where(splits_here, n_split, 1)
             p1_lo, p1_hi, p2_lo, p2_hi, p3_lo, p3_hi = _split_phases(
