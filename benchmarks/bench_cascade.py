@@ -58,7 +58,8 @@ def run(workload: Workload) -> dict:
             if adm is None:
                 break
             req = waiting.pop(0)
-            running[req.rid] = [adm.num_cached_tokens, len(req.prompt) - adm.num_cached_tokens, len(req.output), req]
+            cached = adm.num_cached_tokens
+            running[req.rid] = [cached, len(req.prompt) - cached, len(req.output), req]
         rids = list(running)
         computed = [running[r][0] for r in rids]
         new = [running[r][1] for r in rids]
@@ -92,14 +93,16 @@ def run(workload: Workload) -> dict:
             "grouped_request_steps": grouped,
             "plain_bytes_per_step": plain * BYTES_PER_KEY / steps,
             "cascade_bytes_per_step": cascade * BYTES_PER_KEY / steps, "ratio": plain / cascade,
-            "decode_steps": decode[0], "decode_plain_bytes_per_step": decode[1] * BYTES_PER_KEY / max(1, decode[0]),
+            "decode_steps": decode[0],
+            "decode_plain_bytes_per_step": decode[1] * BYTES_PER_KEY / max(1, decode[0]),
             "decode_cascade_bytes_per_step": decode[2] * BYTES_PER_KEY / max(1, decode[0]),
             "decode_ratio": decode[1] / decode[2] if decode[2] else 1.0}
 
 
 def markdown(rows: list[dict], scale: float) -> str:
     lines = ["# Cascade attention: KV bytes read per step (counted, not timed)", "",
-             f"`python benchmarks/bench_cascade.py --scale {scale}`. " + __doc__.split("\n\n")[2].replace("\n", " "),
+             f"`python benchmarks/bench_cascade.py --scale {scale}`. "
+             + __doc__.split("\n\n")[2].replace("\n", " "),
              "", "All steps, and the steps that decode only (no prefill in the batch).", "",
              "| workload | requests | steps | request-steps in a group | MB/step plain | MB/step cascade | "
              "plain / cascade | decode-only steps | MB/step plain | MB/step cascade | plain / cascade |",
@@ -107,7 +110,8 @@ def markdown(rows: list[dict], scale: float) -> str:
     for r in rows:
         lines.append(f"| {r['workload']} | {r['requests']} | {r['steps']} | {r['grouped_request_steps']} | "
                      f"{r['plain_bytes_per_step'] / 1e6:.1f} | {r['cascade_bytes_per_step'] / 1e6:.1f} | "
-                     f"{r['ratio']:.2f}x | {r['decode_steps']} | {r['decode_plain_bytes_per_step'] / 1e6:.1f} | "
+                     f"{r['ratio']:.2f}x | {r['decode_steps']} | "
+                     f"{r['decode_plain_bytes_per_step'] / 1e6:.1f} | "
                      f"{r['decode_cascade_bytes_per_step'] / 1e6:.1f} | {r['decode_ratio']:.2f}x |")
     return "\n".join(lines) + "\n"
 
@@ -122,7 +126,8 @@ def main() -> None:
     print(md)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "cascade-cpu.json").write_text(json.dumps({"scale": args.scale, "rows": rows}, indent=2) + "\n")
+        data = {"scale": args.scale, "rows": rows}
+        (args.out / "cascade-cpu.json").write_text(json.dumps(data, indent=2) + "\n")
         (args.out / "cascade-cpu.md").write_text(md)
 
 

@@ -261,17 +261,18 @@ def test_fp8_caches_move_bit_for_bit(dtype):
     devs = [random_bytes((LAYERS, BLOCKS, BS, HEADS, DIM)) for _ in range(2)]
     hs = [random_bytes((7, LAYERS, BS, HEADS, DIM)) for _ in range(2)]
     assert alloc_host_cache(devs[0], 7, block_dim=1).dtype == dtype
-    for ops in ([BlockOffloads((0,), (3,)), BlockLoads((1,), (2,))],
-                [BlockCopy(5, 6), BlockLoads((2, 0), (5, 3)), BlockOffloads((3, 1), (2, 4)), BlockCopy(0, 1)]):
+    plans = ([BlockOffloads((0,), (3,)), BlockLoads((1,), (2,))],
+             [BlockCopy(5, 6), BlockLoads((2, 0), (5, 3)), BlockOffloads((3, 1), (2, 4)), BlockCopy(0, 1)])
+    for ops in plans:
         want_devs, want_hosts = simulate(ops, [bits(d) for d in devs], [bits(h) for h in hs])
         run_kv_ops(ops, devs, hs, block_dim=1)
-        for got, want in zip(devs + hs, want_devs + want_hosts):
+        for got, want in zip(devs + hs, want_devs + want_hosts, strict=True):
             assert torch.equal(bits(got), want)
     before = [bits(t).clone() for t in devs + hs]
     offload_blocks(devs, hs, ids(4, 8), ids(0, 1), block_dim=1)
     load_blocks(hs, devs, ids(5), ids(7), block_dim=1)
     copy_blocks(devs, ids(2), ids(1), block_dim=1)
-    for d, h, d0, h0 in zip(devs, hs, before[:2], before[2:]):
+    for d, h, d0, h0 in zip(devs, hs, before[:2], before[2:], strict=True):
         assert torch.equal(bits(h)[[0, 1]], d0[:, [4, 8]].movedim(1, 0))
         assert torch.equal(bits(d)[:, 7], h0[5]) and torch.equal(bits(d)[:, 1], d0[:, 2])
 
@@ -285,5 +286,5 @@ def test_strided_device_caches_of_two_byte_dtypes():
     ops = [BlockOffloads((1, 2), (0, 3)), BlockLoads((0,), (5,)), BlockCopy(3, 4)]
     want_devs, want_hosts = simulate(ops, devs, hs, block_dim=0)
     run_kv_ops(ops, devs, hs)
-    for got, want in zip(devs + hs, want_devs + want_hosts):
+    for got, want in zip(devs + hs, want_devs + want_hosts, strict=True):
         assert torch.equal(got, want)

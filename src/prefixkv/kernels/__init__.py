@@ -31,9 +31,9 @@ from .errors import (
 )
 from .fp8 import FP8_DTYPES
 from .reference import paged_prefill_attention_reference, write_kv_cache_reference
-from .workspace import SplitWorkspace, alloc_split_workspace
 from .transfer import alloc_host_cache, copy_blocks, load_blocks, offload_blocks, run_kv_ops, transfer_stream
 from .variants import AttentionSpec, attention_variants, warmup
+from .workspace import SplitWorkspace, alloc_split_workspace
 
 __all__ = [
     "ArgumentTypeError",

@@ -59,8 +59,9 @@ def alloc_split_workspace(num_splits: int, max_batch: int, num_heads: int, head_
     Raises:
         UnsupportedError: a count that is not an int >= 1 (``num_splits`` at most 1024).
     """
-    counts = (("num_splits", num_splits, 1024), ("max_batch", max_batch, None), ("num_heads", num_heads, None),
-              ("head_dim", head_dim, None), ("split_q", split_q, None), ("min_keys", min_keys, None))
+    counts = (("num_splits", num_splits, 1024), ("max_batch", max_batch, None),
+              ("num_heads", num_heads, None), ("head_dim", head_dim, None), ("split_q", split_q, None),
+              ("min_keys", min_keys, None))
     for name, n, top in counts:
         if type(n) is not int or n < 1 or (top is not None and n > top):
             raise UnsupportedError(f"{name} must be an int in [1, {top or 'inf'}], got {n!r}")
