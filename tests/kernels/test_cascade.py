@@ -84,9 +84,9 @@ def test_cascade_matches_one_pass_over_all_keys(backend, options, drop_e):
     groups, ids, computed, new, q, k_cache, v_cache = _batch(seed=3)
     if drop_e:
         groups = [SharedPrefix(3, (0, 1, 3))]
-    if options.get("sinks"):
-        options = dict(sinks=torch.tensor([0.5, -1.0, 2.0, 0.0], device=PRIMARY_DEVICE))
     device = PRIMARY_DEVICE if backend == "triton" else "cpu"
+    if options.get("sinks"):
+        options = dict(sinks=torch.tensor([0.5, -1.0, 2.0, 0.0], device=device))
     args = _args(ids, computed, new, q, k_cache, v_cache, torch.float32, device)
     cascade = build_cascade_batch(groups, ids, computed, new, BS, device=device)
     got, got_lse = cascade_attention(*args, cascade, return_lse=True, backend=backend, **options)
