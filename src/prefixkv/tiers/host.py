@@ -52,7 +52,8 @@ class HostTier(SlotIndex):
         self.offload_dst: list[int] = []
         self.load_src: list[int] = []  # the step's loads: slot ids, device block ids
         self.load_dst: list[int] = []
-        self.fetches: list[StoreFetched] = []
+        self.fetches: list[StoreFetched] = []  # the step's payloads to write (no attached memory)
+        self.landing: dict[int, HostSlot] = {}  # slots a store fetch writes into, by id
         self.num_offloaded = self.num_loaded = 0
         self.num_chained = 0  # slots found only as their parent slot's child
         self.chaining = True  # False once the device cut a chain (``stop_chaining``)
@@ -172,28 +173,43 @@ class HostTier(SlotIndex):
         self.offload_src, self.offload_dst = [], []
         return ops
 
-    def room(self, hits: list) -> int:
-        """How many slots ``fill`` can take once ``hold`` pinned the slots among ``hits``
-        (empty slots, and cached ones not among them). Changes nothing."""
-        return len(self._empty) + len(self._cached) - sum(
-            1 for h in hits if type(h) is HostSlot and not h.ref_cnt)
+    def reserve(self, n: int) -> list[HostSlot]:
+        """Up to ``n`` free slots for a store fetch to write into (empty ones first, then
+        the least recently used cached ones, their content dropped): each is *landing*
+        (no content, in no map, pinned across steps, named by no op) until ``land`` or
+        ``unreserve``. Pinned slots are never taken, so fewer may be returned."""
+        out: list[HostSlot] = []
+        landing = self.landing
+        while len(out) < n:
+            s = self._take()
+            if s is None:
+                break
+            s.ref_cnt = 1
+            landing[s.block_id] = s
+            out.append(s)
+        return out
 
-    def fill(self, parent_cid: int, fetched, content_id: int, event: BlockStored | None) -> HostSlot:
-        """Keep a block fetched from the shared store (``Fetched``) in a slot, pinned,
-        stating the write of its payload; ``event`` (any block id) announces it. The
-        caller checked ``room``."""
-        slot = self._take()
-        assert slot is not None, "fill without room"
-        slot.key, slot.parent_cid, slot.extra = fetched.chunk, parent_cid, fetched.extra
-        slot.content_id, slot.hash, slot.event = content_id, fetched.hash, None
+    def land(self, slot: HostSlot, parent_cid: int, chunk: bytes, extra: bytes,
+             content_id: int, block_hash: bytes, event: BlockStored | None) -> None:
+        """Landing ``slot`` holds this checked content now: key it, and pin it until the
+        plan is drained (a ``StoreFetched`` writing it may be pending, which no offload of
+        the same plan may precede). ``event`` (any block id) announces it. The caller
+        made sure no slot holds that content already."""
+        del self.landing[slot.block_id]
+        slot.key, slot.parent_cid, slot.extra = chunk, parent_cid, extra
+        slot.content_id, slot.hash, slot.event = content_id, block_hash, None
         self._enter(slot)
-        slot.ref_cnt = 1
-        self._pinned.append(slot)
-        self.fetches.append(StoreFetched(slot.block_id, fetched.payload))
+        self._pinned.append(slot)  # (ref_cnt is 1 already)
         if event is not None:
             slot.event = replace(event, block_id=slot.block_id, medium=HOST)
             self._sink.append(slot.event)
-        return slot
+
+    def unreserve(self, slots: list[HostSlot]) -> None:
+        """Landing ``slots`` that got nothing: empty again."""
+        for s in slots:
+            del self.landing[s.block_id]
+            s.ref_cnt = 0
+            self._empty.append(s)
 
     def load(self, slots: list[HostSlot], devices: list[Block]) -> None:
         """State the copy of each of ``slots`` into the fresh device block beside it in
@@ -258,6 +274,7 @@ class HostTier(SlotIndex):
         self.by_chunk.clear()
         self.by_key.clear()
         self._pinned.clear()
+        assert not self.landing, "clear while a store fetch writes into host slots"
         self._cached = FreeBlockQueue()
         self._empty = self.slots[::-1]
 
