@@ -126,8 +126,9 @@ class StoreFetched:
     and checked) into host slot ``dst``, before the loads of the same plan (one of them
     copies ``dst`` into a device block). Stated only when the engine did not attach its
     host slots' memory (``KVCacheManager.attach_host_memory``): with it, a fetch reads
-    straight into the slot and no op is needed. ``payload`` is a read-only view of a
-    buffer the fetch owns, valid until the op is run."""
+    straight into the slot and no op is needed. ``payload`` is a read-only view of the
+    manager's staging memory for that slot: run the plan before the next scheduling call
+    (a later fetch may write there)."""
 
     dst: int
     payload: bytes | memoryview

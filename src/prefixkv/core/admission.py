@@ -17,7 +17,7 @@ from ..errors import (
     ConfigError, InvariantError, RequestError, TokenError, check_count, check_flag,
     check_new_request, check_positive,
 )
-from ..events import BlockStored, EventLog, NullSink
+from ..events import EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import HashFn, block_chunks, encode_tokens, make_hash_fn, token_buffer
 from ..index import ContentIndex, Hasher, NoIndex
@@ -120,8 +120,8 @@ class Admitter:
                                ("require_full_fit", require_full_fit)):
                 check_flag(name, flag, RequestError)
         fetch = self._waits.take(request_id) if self._waits is not None else None
-        if fetch.__class__ is StoreWait:
-            return fetch  # type: ignore[return-value]
+        if isinstance(fetch, StoreWait):
+            return fetch
         req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache, True)
         n, bs = len(req.tokens), self.block_size
         if fetch is None and self._waits is not None and read_cache and len(hits) < (n - 1) // bs:
@@ -156,7 +156,8 @@ class Admitter:
                 hits += pool.take(need) if need > 1 else (pool.take_one(),)
             req.blocks = hits
         else:
-            req.blocks = pool.acquire(hits, need) if not loads else self._acquire_loading(req, hits, held, need)
+            req.blocks = (pool.acquire(hits, need) if not loads
+                          else self._acquire_loading(req, hits, held, need))
         req.num_cached = num_cached
         req.num_scheduled = total
         req.num_reserved = total + num_lookahead_tokens

@@ -20,6 +20,7 @@ is freed. The request's next admission then finds those slots like any host hit.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from ..results import StoreFetched, StoreWait
 from ..store.fetch import Fetch
 from ..store.link import StoreLink
 from ..tiers import HostSlot, HostTier
+from .request import Request
 
 GRACE = 0.05
 """Seconds past a fetch's deadline before ``poll`` gives up on it (its threads return by
@@ -47,6 +49,7 @@ class StoreWaits:
         self.in_flight = 0  # fetches submitted and not landed
         self.reserved = 0  # their slots (landing in the host tier)
         self.memory: list[list[memoryview]] | None = None  # host slots' bytes, when attached
+        self._stage: list[list[memoryview]] | None = None  # else: payloads land here
 
     def attach(self, buffers: Sequence[Sequence[memoryview]]) -> None:
         """Fetches read straight into these buffers: ``buffers[slot]``, writable byte
@@ -65,7 +68,19 @@ class StoreWaits:
             views.append(vs)
         self.memory = views
 
-    def start(self, req: Any, hits: list, chunks: Sequence[bytes], limit: int) -> StoreWait | None:
+    def _staging(self) -> list[list[memoryview]]:  # (slots of ``attach``'s shape)
+        """Buffers of the manager's own, one per host slot, for payloads that the plan's
+        ``StoreFetched`` ops then copy (without ``attach``): anonymous memory, mapped
+        once, whose pages are touched only as fetches write them. A slot's buffer is
+        reused only once the slot is reserved again, in a later step than the plan that
+        named it."""
+        if self._stage is None:
+            size = self.link.payload
+            area: memoryview = memoryview(mmap.mmap(-1, size * len(self.host.slots)))
+            self._stage = [[area[i * size:(i + 1) * size]] for i in range(len(self.host.slots))]
+        return self._stage
+
+    def start(self, req: Request, hits: list[Any], chunks: Sequence[bytes], limit: int) -> StoreWait | None:
         """Start fetching the blocks after ``hits`` (at most ``limit`` blocks in all) for
         request ``req``, when the store is worth asking and slots can be reserved; the
         answer to give, or None (then nothing changed)."""
@@ -81,11 +96,11 @@ class StoreWaits:
         slots = host.reserve(n)
         if not slots:
             return None
-        memory = self.memory
+        memory = self.memory if self.memory is not None else self._staging()
         f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
                   chunks[first:first + len(slots)], req.keys.of_blocks(first, first + len(slots)),
-                  slots, [memory[s.block_id] for s in slots] if memory is not None else None,
-                  now + link.store.timeout)
+                  slots, [memory[s.block_id] for s in slots], now + link.store.timeout,
+                  self.memory is None)
         self.waiting[req.request_id] = f
         self.in_flight += 1
         self.reserved += len(slots)
@@ -132,9 +147,12 @@ class StoreWaits:
     def _land(self, f: Fetch) -> None:
         """Key the run of ``f`` that still continues the request's chain in its slots;
         free the other slots."""
-        host, index, req, bs = self.host, self.index, f.req, self.block_size
+        host, index, bs = self.host, self.index, self.block_size
+        req: Request = f.req
         end = f.first + f.run
-        hits = index.match(req.prompt_chunks[:end], req.keys.base, req.keys.mm) if f.run else []
+        chunks = req.prompt_chunks  # (kept: the request was never admitted under this object)
+        assert chunks is not None, "a fetch of a request without its chunks"
+        hits = index.match(chunks[:end], req.keys.base, req.keys.mm) if f.run else []
         start = len(hits) if len(hits) >= f.first else end  # (shorter: the prefix left)
         parent_cid = hits[-1].content_id if hits else 0
         parent = hits[-1].hash if hits else None
@@ -145,8 +163,8 @@ class StoreWaits:
             ev = (BlockStored(f.hashes[i], parent, tuple(req.tokens[j * bs:(j + 1) * bs]), 0,
                               req.keys.for_event(j, bs)) if active else None)
             host.land(f.slots[i], parent_cid, f.chunks[i], f.extras[i], cid, f.hashes[i], ev)
-            if f.payloads:
-                host.fetches.append(StoreFetched(f.slots[i].block_id, f.payloads[i].toreadonly()))
+            if f.staged:
+                host.fetches.append(StoreFetched(f.slots[i].block_id, f.buffers[i][0].toreadonly()))
             f.cids.add(cid)
             parent_cid, parent = cid, f.hashes[i]
         host.unreserve(f.slots[:start - f.first] + f.slots[end - f.first:])

@@ -19,10 +19,12 @@ from __future__ import annotations
 import struct
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import xxhash
 
+from .protocol import StoreBackend
 from .record import block_head
 
 _TAIL = struct.Struct("<Q16s")
@@ -35,23 +37,25 @@ that fails the content check (wrong length, head or checksum); the key or the ca
 class Fetch:
     """A fetch of blocks ``first .. first + len(slots) - 1`` of request ``request_id``
     (``req``: its Request) into host ``slots``, whose payload buffers are ``buffers``
-    (None: staging buffers the fetch allocates). ``parent``: the chain hash before block
+    (``staged``: the manager's own, the payloads then copied by ``StoreFetched``
+    ops). ``parent``: the chain hash before block
     ``first``; ``chunks``/``extras``: the blocks' token and extra-key bytes. ``deadline``:
     the ``time.monotonic()`` instant by which it ends, whatever the store does.
     Results: ``run`` (blocks from ``first`` that passed the check), ``stop`` (the state
     of the block that ended the run, ``OK`` if none did), ``failed`` (an error of the whole
-    call), ``hashes``, ``payloads`` (staging views), ``nbytes``/``seconds`` (measured)."""
+    call), ``hashes``, ``nbytes``/``seconds`` (measured)."""
 
     __slots__ = ("request_id", "req", "first", "parent", "chunks", "extras", "slots",
-                 "buffers", "deadline", "started", "ended", "expired", "cids", "hashes",
-                 "keys", "heads", "payloads", "states", "run", "stop", "failed", "nbytes",
+                 "buffers", "staged", "deadline", "started", "ended", "expired", "cids",
+                 "hashes", "keys", "heads", "states", "run", "stop", "failed", "nbytes",
                  "seconds", "_left", "_lock")
 
-    def __init__(self, request_id: Hashable, req: object, first: int, parent: bytes,
-                 chunks: Sequence[bytes], extras: Sequence[bytes], slots: list,
-                 buffers: list | None, deadline: float) -> None:
+    def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
+                 chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
+                 buffers: list[list[memoryview]], deadline: float, staged: bool) -> None:
         self.request_id, self.req, self.first, self.parent = request_id, req, first, parent
         self.chunks, self.extras, self.slots, self.buffers = chunks, extras, slots, buffers
+        self.staged = staged
         self.deadline, self.started = deadline, time.monotonic()
         self.ended = self.expired = False  # landed; past its deadline (the request went on)
         self.cids: set[int] = set()  # content ids landed (store hits at the re-admission)
@@ -59,28 +63,24 @@ class Fetch:
         self.hashes: list[bytes] = []
         self.keys: list[bytes] = []
         self.heads: list[bytes] = []
-        self.payloads: list[memoryview] = []
         self.states: list[int] = []
-        self.run, self.stop, self.failed = 0, OK, None
+        self.run, self.stop = 0, OK
+        self.failed: Exception | None = None
         self.nbytes, self.seconds = 0, 0.0
         self._left = 0
         self._lock = threading.Lock()
 
 
-def prepare(f: Fetch, chain, digest: bytes, block_size: int, prefix: bytes,
+def prepare(f: Fetch, chain: Callable[..., list[bytes]], digest: bytes, block_size: int, prefix: bytes,
             payload_len: int, parts: int) -> list[tuple[int, int]]:
-    """The fetcher's first step: chain hashes, keys, heads and (without host memory)
-    staging buffers; returns the parts ``(start, stop)`` to read, at most ``parts``."""
+    """The fetcher's first step: chain hashes, keys and heads; returns the parts
+    ``(start, stop)`` to read, at most ``parts``."""
     n = len(f.slots)
     f.hashes = hashes = chain(f.parent, f.chunks, f.extras)
     f.keys = [prefix + h.hex().encode() for h in hashes]
     parents = [f.parent, *hashes[:-1]]
     f.heads = [block_head(digest, block_size, p, c, e)
-               for p, c, e in zip(parents, f.chunks, f.extras)]
-    if f.buffers is None:
-        staging = memoryview(bytearray(n * payload_len))
-        f.payloads = [staging[i * payload_len:(i + 1) * payload_len] for i in range(n)]
-        f.buffers = [[v] for v in f.payloads]
+               for p, c, e in zip(parents, f.chunks, f.extras, strict=True)]
     f.states = [FAILED] * n
     size = -(-n // max(1, min(parts, n)))
     bounds = [(a, min(a + size, n)) for a in range(0, n, size)]
@@ -88,14 +88,14 @@ def prepare(f: Fetch, chain, digest: bytes, block_size: int, prefix: bytes,
     return bounds
 
 
-def read_part(f: Fetch, backend, start: int, stop: int, payload_len: int) -> bool:
+def read_part(f: Fetch, backend: StoreBackend, start: int, stop: int, payload_len: int) -> bool:
     """Read and check blocks ``start .. stop - 1``; True when this was the fetch's last
     part (the caller then queues it as done). Never raises: a failed call fails its
     blocks and is kept in ``failed``."""
     heads = f.heads[start:stop]
     fronts = [bytearray(len(h) + _TAIL.size) for h in heads]
-    bufs = [[memoryview(front), *f.buffers[i]]  # type: ignore[index]
-            for front, i in zip(fronts, range(start, stop))]
+    bufs = [[memoryview(front), *f.buffers[i]]
+            for front, i in zip(fronts, range(start, stop), strict=True)]
     try:
         outcomes = backend.read_into(f.keys[start:stop], bufs, f.deadline)
         if len(outcomes) != stop - start:
@@ -104,9 +104,9 @@ def read_part(f: Fetch, backend, start: int, stop: int, payload_len: int) -> boo
         f.failed = exc
         outcomes = [exc] * (stop - start)
     states = f.states
-    for i, outcome, head, front in zip(range(start, stop), outcomes, heads, fronts):
+    for i, outcome, head, front in zip(range(start, stop), outcomes, heads, fronts, strict=True):
         if outcome is True:
-            states[i] = OK if _checked(front, head, f.buffers[i], payload_len) else REJECTED  # type: ignore[index]
+            states[i] = OK if _checked(front, head, f.buffers[i], payload_len) else REJECTED
         elif outcome is None:
             states[i] = ABSENT
         elif isinstance(outcome, int):
@@ -143,4 +143,4 @@ def _checked(front: bytearray, head: bytes, payload: Sequence[memoryview], paylo
     h = xxhash.xxh3_128()
     for view in payload:
         h.update(view)
-    return h.digest() == checksum
+    return bool(h.digest() == checksum)

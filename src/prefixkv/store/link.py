@@ -31,7 +31,7 @@ class StoreLink:
     landed (the manager's thread)."""
 
     def __init__(self, store: SharedStore, mode: bytes, root: bytes, block_size: int,
-                 stats: Any, chain: Callable | None) -> None:
+                 stats: Any, chain: Callable[..., list[bytes]] | None) -> None:
         self.store, self.stats, self.chain = store, stats, chain
         self.backend = store.backend
         self.digest = store.layout.digest()
@@ -87,11 +87,11 @@ class StoreLink:
 
     def _run(self, f: Fetch, prefix: bytes) -> None:
         try:
+            assert self.chain is not None, "a link bound without a chain hash fetches nothing"
             parts = prepare(f, self.chain, self.digest, self.block_size, prefix, self.payload,
                             self.store.connections)
         except Exception as exc:  # (a caller's hash callable): the fetch fails, counted
             f.failed, f.states, f._left = exc, [FAILED] * len(f.slots), 1
-            parts = []
             self._last(f)
             return
         ex = self.store.executor

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .protocol import ReadOutcome
-from .resp import Resp, RespError, pack
+from .resp import Address, Resp, RespError, pack
 
 
 class RedisStore:
@@ -52,16 +52,16 @@ class RedisStore:
         else:
             self.client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
         self.ttl, self.cluster = ttl, cluster
-        parts = parse_url(url)
+        parts = parse_url(url)  # type: ignore[no-untyped-call]
         secure = parts.get("connection_class") is SSLConnection
         self._auth = dict(username=parts.get("username"), password=parts.get("password"),
                           db=int(parts.get("db") or 0),
                           tls=(tls or ssl.create_default_context()) if secure else None)
-        self._home = (("unix", parts["path"]) if "path" in parts
+        self._home: Address = (("unix", parts["path"]) if "path" in parts
                       else ("tcp", parts.get("host", "localhost"), int(parts.get("port", 6379))))
-        self._idle: dict[tuple, list[Resp]] = {}
+        self._idle: dict[Address, list[Resp]] = {}
         self._lock = threading.Lock()
-        self._slots: list[tuple] | None = None  # cluster: the node of each of 16384 slots
+        self._slots: list[Address] | None = None  # cluster: the node of each of 16384 slots
 
     def held(self, keys: Sequence[bytes]) -> int:
         """``StoreBackend.held``: pipelined EXISTS. Raises redis-py's errors."""
@@ -103,10 +103,11 @@ class RedisStore:
         for conn, idx in sent:
             pos = 0
             try:
-                for pos, i in enumerate(idx):
+                for i in idx:
                     views = buffers[i]
                     out[i] = r = conn.bulk_into(views, sum([v.nbytes for v in views]), deadline)
                     answered = True
+                    pos += 1
                     if isinstance(r, RespError) and str(r).startswith(("MOVED", "ASK")):
                         self._slots = None  # resharded: read the map again next time
                 self._give(conn)
@@ -136,7 +137,7 @@ class RedisStore:
             self._slots = None  # a node went away: read the map again next time
         return exc
 
-    def _take(self, node: tuple, deadline: float) -> Resp:
+    def _take(self, node: Address, deadline: float) -> Resp:
         with self._lock:
             idle = self._idle.get(node)
             if idle:
@@ -149,18 +150,18 @@ class RedisStore:
         with self._lock:
             self._idle.setdefault(conn.address, []).append(conn)
 
-    def _groups(self, keys: Sequence[bytes], deadline: float) -> dict[tuple, list[int]]:
+    def _groups(self, keys: Sequence[bytes], deadline: float) -> dict[Address, list[int]]:
         """The keys' indices by the node that serves them."""
         if not self.cluster:
             return {self._home: list(range(len(keys)))}
         from redis.crc import key_slot
         slots = self._slots or self._read_slots(deadline)
-        groups: dict[tuple, list[int]] = {}
+        groups: dict[Address, list[int]] = {}
         for i, k in enumerate(keys):
             groups.setdefault(slots[key_slot(k)], []).append(i)
         return groups
 
-    def _read_slots(self, deadline: float) -> list[tuple]:
+    def _read_slots(self, deadline: float) -> list[Address]:
         """The cluster's slot map (CLUSTER SLOTS), from the first node that answers."""
         nodes = [self._home, *sorted({n for n in self._slots or () if n is not None})]
         failure: Exception = ConnectionError("no cluster node answered")
@@ -174,7 +175,7 @@ class RedisStore:
                 failure = exc
                 continue
             if isinstance(ranges, list):
-                slots: list[tuple] = [self._home] * 16384
+                slots: list[Address] = [self._home] * 16384
                 for lo, hi, master, *_ in ranges:
                     host = master[0].decode() or self._home[1]
                     slots[lo:hi + 1] = [("tcp", host, int(master[1]))] * (hi - lo + 1)

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 from .protocol import ReadOutcome
 
+Address = tuple[str, ...] | tuple[str, str, int]
+"""``("unix", path)`` or ``("tcp", host, port)``."""
 _CHUNK = 1 << 16  # the read buffer; larger payload reads go straight into their views
 
 
@@ -40,7 +42,7 @@ class Resp:
     SELECT. Opened on ``open``; raises OSError (TimeoutError past a deadline),
     ConnectionError when the server closes, RespError when AUTH or SELECT is refused."""
 
-    def __init__(self, address: tuple, *, tls: ssl.SSLContext | None = None,
+    def __init__(self, address: Address, *, tls: ssl.SSLContext | None = None,
                  username: str | None = None, password: str | None = None, db: int = 0) -> None:
         self.address, self.tls = address, tls
         self.username, self.password, self.db = username, password, db
@@ -61,7 +63,7 @@ class Resp:
                 sock.close()
                 raise
         else:
-            sock = socket.create_connection(self.address[1:], timeout=left)
+            sock = socket.create_connection((self.address[1], int(self.address[2])), timeout=left)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock = self.tls.wrap_socket(sock, server_hostname=self.address[1])

@@ -25,8 +25,8 @@ from .record import StoreLayout
 
 
 def _check_number(name: str, value: object, low: float, strict: bool) -> None:
-    ok = type(value) in (int, float) and value < float("inf") and (
-        value > low if strict else value >= low)  # type: ignore[operator]
+    ok = isinstance(value, (int, float)) and type(value) is not bool and \
+        value < float("inf") and (value > low if strict else value >= low)
     if not ok:
         raise ConfigError(f"{name} must be a finite number {'>' if strict else '>='} {low}, got {value!r}")
 
@@ -89,7 +89,7 @@ class SharedStore:
         if hash_mode not in ("xxhash", "sha256"):
             raise ConfigError(f"a shared store needs hash_mode 'sha256' or 'xxhash' with a "
                               f"seed (a name every process agrees on), got {hash_mode!r}")
-        return StoreLink(self, hash_mode.encode(), root, block_size, stats, chain)  # type: ignore[union-attr]
+        return StoreLink(self, hash_mode.encode(), root, block_size, stats, chain)
 
     def close(self) -> None:
         """Stop the fetch threads once the fetches under way end (a later fetch starts

@@ -40,7 +40,8 @@ def check_tier(tier) -> str | None:
     """The first inconsistency of ``tier``'s slots, maps, pins and LRU links, None when
     sound: every slot is empty (no content, no pin), cached (in the LRU, unpinned),
     pinned, or landing (reserved for a store fetch, no content, one pin), exactly once;
-    the maps hold exactly the cached and pinned slots that are not chained; a slot keyed by its triple is the one ``find`` returns; chains (above)."""
+    the maps hold exactly the cached and pinned slots that are not chained; a slot
+    keyed by its triple is the one ``find`` returns; chains (above)."""
     seen = set()
     for s in tier._empty:
         if s.key is not None or s.ref_cnt or s.chained:
