@@ -134,9 +134,9 @@ def test_a_slot_taken_for_a_fetched_block_drops_its_chain_link():
     tier._cached.append(s1)
     landing = tier.reserve(2)  # takes s2 (chained), then s0: keys s1
     assert landing == [s2, s0] and tier.check() is None
-    tier.land(s2, 0, b"x", b"", 10, b"h" * 4, None)
-    tier.land(s0, 0, b"y", b"", 11, b"i" * 4, None)
+    tier.land([s2, s0], 0, [b"x", b"y"], [b"", b""], [10, 11], [b"h" * 4, b"i" * 4], None)
     assert tier.check() is None and tier.num_chained == 0 and tier.find(1, b"a1", b"") is s1
+    assert tier.find(0, b"x", b"") is s2 and s2.child is s0  # a landed run, keyed
 
 
 def test_the_snapshot_announces_chained_slots_too():

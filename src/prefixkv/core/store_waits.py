@@ -145,26 +145,34 @@ class StoreWaits:
         return out
 
     def _land(self, f: Fetch) -> None:
-        """Key the run of ``f`` that still continues the request's chain in its slots;
+        """Land the run of ``f`` that still continues the request's chain in its slots;
         free the other slots."""
-        host, index, bs = self.host, self.index, self.block_size
         req: Request = f.req
-        end = f.first + f.run
         chunks = req.prompt_chunks  # (kept: the request was never admitted under this object)
         assert chunks is not None, "a fetch of a request without its chunks"
-        hits = index.match(chunks[:end], req.keys.base, req.keys.mm) if f.run else []
-        start = len(hits) if len(hits) >= f.first else end  # (shorter: the prefix left)
-        parent_cid = hits[-1].content_id if hits else 0
-        parent = hits[-1].hash if hits else None
-        active = self.events.active
-        for j in range(start, end):
-            i = j - f.first
-            cid = index.new_id()
-            ev = (BlockStored(f.hashes[i], parent, tuple(req.tokens[j * bs:(j + 1) * bs]), 0,
-                              req.keys.for_event(j, bs)) if active else None)
-            host.land(f.slots[i], parent_cid, f.chunks[i], f.extras[i], cid, f.hashes[i], ev)
+        first, end, index = f.first, f.first + f.run, self.index
+        # what the device and host hold now, up to the first fetched block: that block's
+        # content may have come meanwhile (then land only past what is there now), or
+        # the prefix before it may have left (then the run continues nothing)
+        hits = index.match(chunks[:first + 1], req.keys.base, req.keys.mm) if f.run else []
+        if len(hits) > first:
+            hits = index.match(chunks[:end], req.keys.base, req.keys.mm)
+        start = len(hits) if len(hits) >= first else end
+        slots = f.slots
+        if start < end:
+            lo, hi, bs = start - first, end - first, self.block_size
+            cids = f.cids = index.new_ids(hi - lo)
+            events = None
+            if self.events.active:
+                parents = [hits[-1].hash if hits else None, *f.hashes[lo:hi - 1]]
+                events = [BlockStored(f.hashes[i], p, tuple(req.tokens[j * bs:(j + 1) * bs]), 0,
+                                      req.keys.for_event(j, bs))
+                          for i, j, p in zip(range(lo, hi), range(start, end), parents, strict=True)]
+            self.host.land(slots[lo:hi], hits[-1].content_id if hits else 0, f.chunks[lo:hi],
+                           f.extras[lo:hi], cids, f.hashes[lo:hi], events)
             if f.staged:
-                host.fetches.append(StoreFetched(f.slots[i].block_id, f.buffers[i][0].toreadonly()))
-            f.cids.add(cid)
-            parent_cid, parent = cid, f.hashes[i]
-        host.unreserve(f.slots[:start - f.first] + f.slots[end - f.first:])
+                self.host.fetches += [StoreFetched(s.block_id, f.buffers[i][0].toreadonly())
+                                      for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]
+            self.host.unreserve(slots[:lo] + slots[hi:])
+        else:
+            self.host.unreserve(slots)

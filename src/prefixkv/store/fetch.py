@@ -29,6 +29,11 @@ from .record import block_head
 
 _TAIL = struct.Struct("<Q16s")
 
+YIELD_EVERY = 8
+"""Values a fetcher thread handles between two releases of the GIL (``time.sleep(0)``):
+the scheduler's thread, which needs the GIL for its calls, then waits for at most that
+much Python work instead of the interpreter's switch interval (5 ms)."""
+
 OK, ABSENT, REJECTED, FAILED = range(4)
 """A block's state after its read: checked and served; the store holds no value; a value
 that fails the content check (wrong length, head or checksum); the key or the call failed."""
@@ -58,7 +63,7 @@ class Fetch:
         self.staged = staged
         self.deadline, self.started = deadline, time.monotonic()
         self.ended = self.expired = False  # landed; past its deadline (the request went on)
-        self.cids: set[int] = set()  # content ids landed (store hits at the re-admission)
+        self.cids: range = range(0)  # content ids landed (store hits at the re-admission)
         # ---- written by the fetcher threads ----
         self.hashes: list[bytes] = []
         self.keys: list[bytes] = []
@@ -82,6 +87,7 @@ def prepare(f: Fetch, chain: Callable[..., list[bytes]], digest: bytes, block_si
     f.heads = [block_head(digest, block_size, p, c, e)
                for p, c, e in zip(parents, f.chunks, f.extras, strict=True)]
     f.states = [FAILED] * n
+    time.sleep(0)  # (as YIELD_EVERY: the hashing above was Python work)
     size = -(-n // max(1, min(parts, n)))
     bounds = [(a, min(a + size, n)) for a in range(0, n, size)]
     f._left = len(bounds)
@@ -115,6 +121,8 @@ def read_part(f: Fetch, backend: StoreBackend, start: int, stop: int, payload_le
             states[i] = FAILED
         if states[i] != OK:
             break  # the run ends here: what follows in this part is not checked
+        if not (i - start + 1) % YIELD_EVERY:
+            time.sleep(0)
     with f._lock:
         f._left -= 1
         return f._left == 0

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import ssl
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ..errors import ConfigError
+from .fetch import YIELD_EVERY
 from .protocol import ReadOutcome
 from .resp import Address, Resp, RespError, pack
 
@@ -108,6 +110,8 @@ class RedisStore:
                     out[i] = r = conn.bulk_into(views, sum([v.nbytes for v in views]), deadline)
                     answered = True
                     pos += 1
+                    if not pos % YIELD_EVERY:
+                        time.sleep(0)  # let the scheduler's thread have the GIL
                     if isinstance(r, RespError) and str(r).startswith(("MOVED", "ASK")):
                         self._slots = None  # resharded: read the map again next time
                 self._give(conn)

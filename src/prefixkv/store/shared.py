@@ -66,7 +66,10 @@ class SharedStore:
     def executor(self) -> Any:
         """What runs the fetches (a thread pool, made on first use)."""
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(self.connections, thread_name_prefix="prefixkv-fetch")
+            ex = ThreadPoolExecutor(self.connections, thread_name_prefix="prefixkv-fetch")
+            for _ in range(self.connections):  # start the threads now, not in a fetch's
+                ex.submit(int)                 # submit on the scheduler's thread
+            self._executor = ex
         return self._executor
 
     def key_prefix(self, block_size: int, hash_mode: str = "sha256", seed: int | bytes | None = None,
@@ -89,7 +92,10 @@ class SharedStore:
         if hash_mode not in ("xxhash", "sha256"):
             raise ConfigError(f"a shared store needs hash_mode 'sha256' or 'xxhash' with a "
                               f"seed (a name every process agrees on), got {hash_mode!r}")
-        return StoreLink(self, hash_mode.encode(), root, block_size, stats, chain)
+        link = StoreLink(self, hash_mode.encode(), root, block_size, stats, chain)
+        if chain is not None:
+            self.executor  # noqa: B018 (its threads start with the manager, not a fetch)
+        return link
 
     def close(self) -> None:
         """Stop the fetch threads once the fetches under way end (a later fetch starts

@@ -20,6 +20,7 @@ blocks at once: one Python loop a batch, no call a block.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from ..core.block import Block
@@ -178,31 +179,49 @@ class HostTier(SlotIndex):
         the least recently used cached ones, their content dropped): each is *landing*
         (no content, in no map, pinned across steps, named by no op) until ``land`` or
         ``unreserve``. Pinned slots are never taken, so fewer may be returned."""
-        out: list[HostSlot] = []
-        landing = self.landing
+        empty = self._empty
+        k = min(n, len(empty))
+        out = empty[len(empty) - k:][::-1]  # (the order ``_take`` would give)
+        del empty[len(empty) - k:]
         while len(out) < n:
-            s = self._take()
+            s = self._take_cached()
             if s is None:
                 break
+            out.append(s)
+        landing = self.landing
+        for s in out:
             s.ref_cnt = 1
             landing[s.block_id] = s
-            out.append(s)
         return out
 
-    def land(self, slot: HostSlot, parent_cid: int, chunk: bytes, extra: bytes,
-             content_id: int, block_hash: bytes, event: BlockStored | None) -> None:
-        """Landing ``slot`` holds this checked content now: key it, and pin it until the
-        plan is drained (a ``StoreFetched`` writing it may be pending, which no offload of
-        the same plan may precede). ``event`` (any block id) announces it. The caller
-        made sure no slot holds that content already."""
-        del self.landing[slot.block_id]
-        slot.key, slot.parent_cid, slot.extra = chunk, parent_cid, extra
-        slot.content_id, slot.hash, slot.event = content_id, block_hash, None
-        self._enter(slot)
-        self._pinned.append(slot)  # (ref_cnt is 1 already)
-        if event is not None:
-            slot.event = replace(event, block_id=slot.block_id, medium=HOST)
-            self._sink.append(slot.event)
+    def land(self, slots: list[HostSlot], parent_cid: int, chunks: Sequence[bytes],
+             extras: Sequence[bytes], cids: Sequence[int], hashes: Sequence[bytes],
+             events: Sequence[BlockStored] | None) -> None:
+        """Landing ``slots`` hold a checked run now: slot i the content (parent: slot
+        i - 1's, or ``parent_cid`` for the first; ``chunks[i]``, ``extras[i]``), content id
+        ``cids[i]``, chain hash ``hashes[i]``, announced by ``events[i]`` (any block id;
+        None: no events), each keyed (not chained: the admission that loads them would
+        key them as they go up, which costs more than keying them now) and each its
+        predecessor's ``child`` (the walk's guess). All are pinned until the plan is
+        drained (a ``StoreFetched`` writing them may be pending, which no offload of the
+        same plan may precede). The caller made sure no slot holds the first content
+        already (the others' parents are new)."""
+        landing, by_chunk, by_key, prev = self.landing, self.by_chunk, self.by_key, None
+        for s, chunk, extra, cid, h in zip(slots, chunks, extras, cids, hashes, strict=True):
+            del landing[s.block_id]
+            s.parent_cid, s.extra, s.content_id, s.hash, s.event = parent_cid, extra, cid, h, None
+            if by_chunk.setdefault(chunk, s) is s:  # (as _enter, inlined)
+                s.key = chunk
+            else:
+                s.key = key = (parent_cid, chunk, extra)
+                by_key[key] = s
+            if prev is not None:
+                prev.child = s
+            parent_cid, prev = cid, s
+        self._pinned += slots  # (ref_cnt is 1 already)
+        for s, ev in zip(slots, events or (), strict=False):
+            s.event = replace(ev, block_id=s.block_id, medium=HOST)
+            self._sink.append(s.event)
 
     def unreserve(self, slots: list[HostSlot]) -> None:
         """Landing ``slots`` that got nothing: empty again."""
