@@ -68,6 +68,20 @@ class RedisStore:
         self._lock = threading.Lock()
         self._slots: list[Address] | None = None  # cluster: the node of each of 16384 slots
 
+    @classmethod
+    def from_sentinel(cls, sentinels: Sequence[tuple[str, int]], service: str, *, db: int = 0,
+                      password: str | None = None, **kw: Any) -> RedisStore:
+        """A store on the master that Redis Sentinel names for ``service``, asked of the
+        first of ``sentinels`` (``(host, port)``) that answers; ``kw`` as the
+        constructor's. The address is resolved now: after a failover, make a new one.
+        Raises redis-py's MasterNotFoundError when no sentinel knows the service."""
+        from redis.sentinel import Sentinel
+
+        host, port = Sentinel(list(sentinels), socket_timeout=kw.get("timeout", 0.25)
+                              ).discover_master(service)
+        auth = f":{password}@" if password is not None else ""
+        return cls(f"redis://{auth}{host}:{port}/{db}", **kw)
+
     def held(self, keys: Sequence[bytes]) -> int:
         """``StoreBackend.held``: pipelined EXISTS. Raises redis-py's errors."""
         pipe = self.client.pipeline(transaction=False)
