@@ -86,7 +86,7 @@ class StoreWaits:
         answer to give, or None (then nothing changed)."""
         link, host = self.link, self.host
         first = len(hits)
-        n = min(limit - first, link.max_fetch, len(host._empty) + len(host._cached))
+        n = min(limit - first, link.max_fetch, host.num_free)
         now = link.store.clock()
         if n <= 0 or not link.worth(n, now):
             return None

@@ -174,6 +174,11 @@ class HostTier(SlotIndex):
         self.offload_src, self.offload_dst = [], []
         return ops
 
+    @property
+    def num_free(self) -> int:
+        """Slots ``reserve`` could take now (empty, or cached and not pinned)."""
+        return len(self._empty) + len(self._cached)
+
     def reserve(self, n: int) -> list[HostSlot]:
         """Up to ``n`` free slots for a store fetch to write into (empty ones first, then
         the least recently used cached ones, their content dropped): each is *landing*
