@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from prefixkv import ConfigError, KVCacheManager, StoreWait
+from prefixkv import ConfigError, KVCacheManager, RequestError, StoreWait
 from prefixkv.store import FetchCost, SharedStore
 
 from .conftest import always
-from .test_shared_store import A, admit, computed
+from .test_shared_store import A, computed
 
 
 class Manual:
@@ -43,7 +43,7 @@ def test_a_wait_answers_the_same_until_polled_and_holds_nothing(backend, layout)
     m, ex, _ = setup(backend, layout)
     assert m.add_request("b", A) == StoreWait("b", 3)
     assert m.num_free_blocks == 8 and m.stats.requests == 0
-    with pytest.raises(Exception):
+    with pytest.raises(RequestError):
         m.get_block_ids("b")                         # not live
     ex.run()
     assert m.add_request("b", A) == StoreWait("b", 3)   # ended, but not polled yet
@@ -72,7 +72,7 @@ def test_a_fetch_whose_request_left_lands_as_cached_content(backend, layout):
     m, ex, _ = setup(backend, layout)
     m.add_request("b", A)
     m.free("b")                                      # it left while waiting
-    with pytest.raises(Exception):
+    with pytest.raises(RequestError):
         m.free("b")
     ex.run()
     assert m.poll_store() == []                      # nobody to tell

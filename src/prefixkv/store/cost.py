@@ -9,8 +9,9 @@ fitted through them (slope: 1 / bandwidth, intercept: latency) when their sizes 
 else the latency alone (what the same bytes took, at the bandwidth known). A store that
 slows down (or fails, which measures its time and no bytes) stops being asked for hits
 it cannot deliver in time; one that was judged too slow is asked again once its figures
-are ``STALE`` seconds old, so a recovery is seen. The prefill side is a linear estimate: attention's cost grows with the prefix,
-so long prefixes cost more to compute than this says (the rule errs towards computing).
+are ``STALE`` seconds old, so a recovery is seen. The prefill side is a linear
+estimate: attention's cost grows with the prefix, so long prefixes cost more to compute
+than this says (the rule errs towards computing).
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ class FetchCost:
     def worth(self, num_blocks: int, block_bytes: int, block_size: int, now: float) -> bool:
         """Whether fetching ``num_blocks`` blocks beats computing their tokens, or the
         figures are stale (then the fetch measures them again)."""
-        return (self.fetch_seconds(num_blocks * block_bytes) < self.compute_seconds(num_blocks * block_size)
-                or now - self.measured_at > STALE)
+        fetch = self.fetch_seconds(num_blocks * block_bytes)
+        return fetch < self.compute_seconds(num_blocks * block_size) or now - self.measured_at > STALE
 
     def observe(self, nbytes: int, seconds: float, now: float) -> None:
         """A fetch moved ``nbytes`` (0: a miss or a failure) in ``seconds``."""

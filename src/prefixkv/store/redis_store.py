@@ -77,8 +77,9 @@ class RedisStore:
         Raises redis-py's MasterNotFoundError when no sentinel knows the service."""
         from redis.sentinel import Sentinel
 
-        host, port = Sentinel(list(sentinels), socket_timeout=kw.get("timeout", 0.25)
-                              ).discover_master(service)
+        sentinel = Sentinel(list(sentinels),  # type: ignore[no-untyped-call]
+                            socket_timeout=kw.get("timeout", 0.25))
+        host, port = sentinel.discover_master(service)  # type: ignore[no-untyped-call]
         auth = f":{password}@" if password is not None else ""
         return cls(f"redis://{auth}{host}:{port}/{db}", **kw)
 
