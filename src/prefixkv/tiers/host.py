@@ -188,11 +188,8 @@ class HostTier(SlotIndex):
         k = min(n, len(empty))
         out = empty[len(empty) - k:][::-1]  # (the order ``_take`` would give)
         del empty[len(empty) - k:]
-        while len(out) < n:
-            s = self._take_cached()
-            if s is None:
-                break
-            out.append(s)
+        if len(out) < n and len(self._cached):
+            self._take_lru(out, n - len(out))
         landing = self.landing
         for s in out:
             s.ref_cnt = 1
@@ -227,6 +224,35 @@ class HostTier(SlotIndex):
         for s, ev in zip(slots, events or (), strict=False):
             s.event = replace(ev, block_id=s.block_id, medium=HOST)
             self._sink.append(s.event)
+
+    def _take_lru(self, out: list[HostSlot], n: int) -> None:
+        """Append to ``out`` up to ``n`` least recently used cached slots, their content
+        dropped (``_take_cached`` n times, inlined as ``demote`` does: a fetch of a long
+        prefix into a full tier drops as many contents)."""
+        head, tail = self._cached.ends()
+        by_chunk, by_key, sink = self.by_chunk, self.by_key, self._sink
+        active, s, taken, unchained = sink.active, head.next, 0, 0  # type: ignore[attr-defined]
+        while taken < n and s is not tail:
+            old, c = s.key, s.child  # (as _drop, inlined)
+            if s.chained:
+                s.chained = False
+                unchained += 1
+            else:
+                del (by_chunk if type(old) is bytes else by_key)[old]  # type: ignore[index]
+            if c.chained and c.parent_cid == s.content_id:
+                c.chained = False  # type: ignore[union-attr]
+                unchained += 1
+                self._enter(c)  # type: ignore[arg-type]
+            if active and s.event is not None:
+                sink.append(BlockRemoved(s.hash, s.block_id, HOST))  # type: ignore[attr-defined]
+            s.key = None
+            out.append(s)  # type: ignore[arg-type]
+            taken += 1
+            s = s.next  # type: ignore[union-attr]
+        head.next = s
+        s.prev = head  # type: ignore[union-attr]
+        self._cached.forget(taken)
+        self.num_chained -= unchained
 
     def unreserve(self, slots: list[HostSlot]) -> None:
         """Landing ``slots`` that got nothing: empty again."""
