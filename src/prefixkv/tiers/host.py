@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from ..core.block import Block
 from ..core.free_queue import FreeBlockQueue
@@ -231,26 +232,30 @@ class HostTier(SlotIndex):
         prefix into a full tier drops as many contents)."""
         head, tail = self._cached.ends()
         by_chunk, by_key, sink = self.by_chunk, self.by_key, self._sink
-        active, s, taken, unchained = sink.active, head.next, 0, 0  # type: ignore[attr-defined]
+        active: bool = sink.active  # type: ignore[attr-defined]
+        s: Any = head.next  # (a HostSlot until ``tail``; the links are typed as Blocks)
+        taken = unchained = 0
         while taken < n and s is not tail:
             old, c = s.key, s.child  # (as _drop, inlined)
             if s.chained:
                 s.chained = False
                 unchained += 1
+            elif type(old) is bytes:
+                del by_chunk[old]
             else:
-                del (by_chunk if type(old) is bytes else by_key)[old]  # type: ignore[index]
+                del by_key[old]
             if c.chained and c.parent_cid == s.content_id:
-                c.chained = False  # type: ignore[union-attr]
+                c.chained = False
                 unchained += 1
-                self._enter(c)  # type: ignore[arg-type]
+                self._enter(c)
             if active and s.event is not None:
                 sink.append(BlockRemoved(s.hash, s.block_id, HOST))  # type: ignore[attr-defined]
             s.key = None
-            out.append(s)  # type: ignore[arg-type]
+            out.append(s)
             taken += 1
-            s = s.next  # type: ignore[union-attr]
+            s = s.next
         head.next = s
-        s.prev = head  # type: ignore[union-attr]
+        s.prev = head
         self._cached.forget(taken)
         self.num_chained -= unchained
 
