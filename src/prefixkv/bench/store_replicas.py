@@ -27,6 +27,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from ..core.manager import KVCacheManager
+from ..errors import PromptTooLongError
 from ..results import StorePut, StoreWait
 from .capacity import default_pool_blocks
 from .cost import PrefillCost
@@ -117,7 +118,10 @@ def replica_run(wl: Workload, block_size: int, pool: int, shared: Any, backend: 
     for req in wl.requests:
         m = mgrs[pick.randrange(REPLICAS)]
         t = perf_counter_ns()
-        adm = m.add_request(req.rid, req.prompt, extra=req.extra)
+        try:
+            adm = m.add_request(req.rid, req.prompt, extra=req.extra)
+        except PromptTooLongError:
+            adm = None
         admit_ns += perf_counter_ns() - t
         while isinstance(adm, StoreWait):  # the replica's other work (a step) runs here
             time.sleep(0.001)
