@@ -22,7 +22,7 @@ from .hashing import block_hashes
 from .core.manager import KVCacheManager
 from .results import (
     Admission, BlockCopy, BlockLoads, BlockOffloads, DecodeStep, Fork, KVOp, SharedPrefix, StoreFetched,
-    StorePut,
+    StorePut, StoreWait,
 )
 from .stats import PrefixCacheStats
 
@@ -34,5 +34,5 @@ __all__ = [
     "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
     "InvariantError", "KVCacheManager", "KVOp", "MAX_BLOCKS", "MultiModalInput", "PrefixCacheStats",
     "PrefixKVError", "PromptTooLongError", "RequestError", "SharedPrefix", "StoreFetched", "StorePut",
-    "TokenError", "block_hashes",
+    "StoreWait", "TokenError", "block_hashes",
 ]
