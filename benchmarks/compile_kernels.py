@@ -218,7 +218,8 @@ def compile_config(name: str, mods: dict) -> dict:
             row["sass"] = static_report(kernel.asm["cubin"], kernel.asm["ttgir"],
                                         Path(jit_fn.fn.__code__.co_filename),
                                         block_m=c["BLOCK_M"], block_n=c["BLOCK_N"], dim=c["DIM_P2"],
-                                        num_warps=md.num_warps, mma=row["mma"])
+                                        num_warps=md.num_warps, mma=row["mma"],
+                                        ctas_per_sm=max(1, row["blocks_per_sm"]))
     except Exception as exc:  # noqa: BLE001  a failed compile is a result, reported per config
         row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[-1500:]}")
     row["compile_s"] = round(time.perf_counter() - start, 2)
@@ -229,10 +230,10 @@ def flags(r: dict) -> list[str]:
     """Red flags of one compiled row, against the Hopper limits."""
     out = [f"{r['n_spills']} B of register spills"] if r["n_spills"] else []
     out += [f"{r['n_regs']} registers, the 255 cap"] if r["n_regs"] >= MAX_REGS_PER_THREAD else []
-    if r["shared"] > SMEM_PER_BLOCK:
-        out.append(f"{r['shared']} B smem, over the {SMEM_PER_BLOCK} B a block may use")
-    if r.get("pipelined") is False:
-        out.append(f"{r['loop_loads']['sync']} tile loads in loops not pipelined")
+    out += [f"{r['shared']} B smem, over the {SMEM_PER_BLOCK} B a block may "
+            "use"] if r["shared"] > SMEM_PER_BLOCK else []
+    out += [f"{r['loop_loads']['sync']} tile loads in loops not "
+            "pipelined"] if r.get("pipelined") is False else []
     warps = r["blocks_per_sm"] * r["num_warps"]
     out += [f"{warps} resident warps/SM ({warps / MAX_WARPS_PER_SM:.1%} occupancy)"] if warps < 8 else []
     return out
@@ -266,8 +267,8 @@ def markdown(result: dict, reading: str = "") -> str:
                   r["mma"], pipelining(r)] if r["ok"] else ["-"] * 7)
         lines.append(f"| {r['name']} | {'ok' if r['ok'] else '**error**'} | {tile} | "
                      f"{r.get('num_warps', '-')} | "
-                     f"{r.get('num_stages', '-')} | " + " | ".join(map(str, cells))
-                     + f" | {r['compile_s']} |")
+                     f"{r.get('num_stages', '-')} | " + " | ".join(map(str,
+                                                                       cells)) + f" | {r['compile_s']} |")
     lines += ["", "## Key loops in the SASS (per CTA, per key tile)", "",
               "Instructions of one pass of each phase loop of the attention kernel (`nvdisasm` of the cubin; "
               "phase 2: cached prefix, no mask; phase 3: diagonal, masked; phase 1: left window edge, "
@@ -277,18 +278,26 @@ def markdown(result: dict, reading: str = "") -> str:
               "wgmma, 2048 assumed for mma.sync), issue (instructions x warps / 4 schedulers), exp2 "
               "(MUFU.EX2 x warps x 32 / 16 per clock); the bound is the largest, and % of peak is the "
               "wgmma clocks over it (the 989 TFLOP/s this loop could reach if memory and latency never "
-              "stalled it).", "",
+              "stalled it): the *overlap* model, which assumes the units always overlap. The "
+              "*serial* model (`benchmarks/kernel_timing.py`) replays the loop body and adds what "
+              "the SASS serialises: issue stops at `WARPGROUP.DEPBAR` until the wgmma groups are "
+              "done, an instruction waits for the MUFU/HMMA results it reads, and with c CTAs per SM "
+              "their waits overlap (clocks = max(one CTA's period / c, busiest unit)). Waits: "
+              "`WARPGROUP.DEPBAR` / `BAR.SYNC` per pass. Memory is left out of both.", "",
               "| config | loop | instr/tile | instr/64 keys | mma | ex2 | K/V ring | clocks mma / issue / "
               "ex2 "
-              "| bound | % of H100 peak |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "| waits | overlap: bound, % peak | serial: clocks | serial: bound | serial: % peak |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for loop, t in (r.get("sass") or {}).get("loops", {}).items():
-            clk = t["clocks"]
-            lines.append(f"| {r['name']} | {loop}{' (masked)' if t['masked'] else ''} | "
-                         f"{t['instructions']} | {t['per_64_keys']} | {t['mma']} | {t['ex2']} | "
-                         f"{r['sass']['kv_ring']} | "
-                         f"{clk['mma']:.0f} / {clk['issue']:.0f} / {clk['ex2']:.0f} | {t['bound']} | "
-                         f"{100 * t['peak_fraction']:.1f} |")
+            clk, ser = t["clocks"], t["serial"]
+            lines.append(f"| {r['name']} | {loop}{' (masked)' if t['masked'] else ''} | {t['instructions']} "
+                         "| "
+                         f"{t['per_64_keys']} | {t['mma']} | {t['ex2']} | {r['sass']['kv_ring']} | "
+                         f"{clk['mma']:.0f} / {clk['issue']:.0f} / {clk['ex2']:.0f} | "
+                         f"{ser['waits']['group_wait']} / {ser['waits']['bar_sync']} | {t['bound']}, "
+                         f"{100 * t['peak_fraction']:.1f} | {ser['clocks']:.0f} | {ser['bound']} | "
+                         f"{100 * ser['peak_fraction']:.1f} |")
     lines += ["", "## Flags (computed)", ""]
     lines += [f"- `{r['name']}`: " + "; ".join(flags(r)) for r in rows if r["ok"] and flags(r)] or ["- none"]
     lines += [f"- `{r['name']}`: **error** `{r['error'][:600]}`" for r in rows if not r["ok"]]

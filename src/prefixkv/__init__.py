@@ -36,8 +36,10 @@ from .results import (
     DecodeStep,
     Fork,
     KVOp,
+    SharedPrefix,
     StoreFetched,
     StorePut,
+    StoreWait,
 )
 from .stats import PrefixCacheStats
 
@@ -48,6 +50,6 @@ __all__ = [
     "BlockRemoved", "BlockStored",
     "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "ExtraNotInstalledError",
     "Fork", "InvariantError", "KVCacheManager", "KVOp", "MAX_BLOCKS", "MultiModalInput",
-    "PrefixCacheStats", "PrefixKVError", "PromptTooLongError", "RequestError", "StoreFetched",
-    "StorePut", "TokenError", "block_hashes",
+    "PrefixCacheStats", "PrefixKVError", "PromptTooLongError", "RequestError", "SharedPrefix",
+    "StoreFetched", "StorePut", "StoreWait", "TokenError", "block_hashes",
 ]

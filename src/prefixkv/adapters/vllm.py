@@ -73,6 +73,7 @@ from prefixkv.core.block import blocks_for
 from prefixkv.core.manager import KVCacheManager
 from prefixkv.errors import PrefixKVError, RequestError, check_count, check_flag
 from prefixkv.hashing import encode_tokens
+from prefixkv.results import StoreWait
 from prefixkv.stats import PrefixCacheStats
 
 from .vllm_events import to_vllm_events
@@ -180,6 +181,7 @@ class VllmKVCacheManager:
                               num_lookahead_tokens=lookahead + past, require_full_fit=full_fit)
         if adm is None:
             return None
+        assert not isinstance(adm, StoreWait), "the vLLM adapter's manager has no shared store"
         hit = adm.num_cached_tokens
         if hit != expected_hit or not read:
             self._uncounted += (PrefixCacheStats(0, 0, 0, 1, len(tokens), hit) if resumed

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from ..core.manager import KVCacheManager
 from ..errors import PromptTooLongError
 from ..fleet.wire import encode_batch
+from ..results import StoreWait
 from ..router import Router, decode_batch
 from .workloads import BenchRequest, Workload
 
@@ -123,6 +124,7 @@ def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
                                   resumed=req.rid in rep.preempted)
         except PromptTooLongError:
             adm = None  # never fits: the error below, as when it does not fit alone
+        assert not isinstance(adm, StoreWait), "the fleet's replicas have no shared store"
         if adm is None:
             if not rep.running:
                 raise ValueError(f"request {req.rid!r} does not fit alone in a pool of "

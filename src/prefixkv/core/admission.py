@@ -24,21 +24,20 @@ from ..errors import (
     check_flag,
     check_new_request,
     check_positive,
-    live_request,
 )
-from ..events import BlockStored, EventLog, NullSink
+from ..events import EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import HashFn, block_chunks, encode_tokens, make_hash_fn, token_buffer
 from ..index import ContentIndex, Hasher, NoIndex
-from ..index.announce import Fresh
-from ..results import Admission
+from ..results import Admission, StoreWait
 from ..stats import StatsCounter
-from ..store.shared import Fetched, SharedStore
-from ..tiers import HostSlot, HostTier
+from ..store.shared import SharedStore
+from ..tiers import HostTier
 from .block import Block, blocks_for
 from .copies import CopyPlan
 from .pool import BlockPool
 from .request import PLAIN_KEYS, Request, RequestKeys
+from .store_waits import StoreWaits
 
 
 class Admitter:
@@ -81,22 +80,25 @@ class Admitter:
         self._num_prefilling = 0  # live requests with prompt tokens not yet scheduled
         self._stats = StatsCounter()
         self._copies = CopyPlan()  # the step's fork copies (a closed set: see copies.py)
-        self._store = (store.bind(hash_mode, seed, root, block_size, self._stats)
-                       if store is not None else None)
-        self._computing: list[Fresh] = []  # contents recorded last step: written to the store next
-        if self._store is not None:  # the store's keys are chain hashes: every block needs its own
-            index = self._index
-            assert isinstance(index, ContentIndex)  # (a store needs caching: checked above)
-            index.hashing = True
-            index.fresh = []
+        self._store = self._waits = None
+        self._computing: list[tuple] = []  # contents recorded last step: written to the store next
+        if store is not None:  # the store's keys are chain hashes: every block needs its own
+            self._store = store.bind(hash_mode, seed, root, block_size, self._stats, self._hasher.chain)
+            self._waits = StoreWaits(self._store, self._host, self._index, self._events,  # type: ignore[arg-type]
+                                     block_size, root)
+            self._index.hashing = True
+            self._index.fresh = []  # type: ignore[union-attr]
 
     def add_request(
         self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
         extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
         read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
-    ) -> Admission | None:
+    ) -> Admission | StoreWait | None:
         """Admit a request: find its longest cached prefix, take references on those
         blocks, allocate blocks for the tokens scheduled now and record the full ones.
+        With a shared store, a prefix that continues past the device and host into the
+        store (when fetching beats computing) is not waited for: the answer is a
+        ``StoreWait`` (see there and ``poll_store``).
 
         ``num_new_tokens`` limits how many tokens after the cached prefix are scheduled
         now (chunked prefill; the rest follow through ``extend``); default: all of them.
@@ -109,8 +111,9 @@ class Admitter:
         only if blocks for the whole prompt and the lookahead are free now, even when
         ``num_new_tokens`` schedules less (nothing beyond what is scheduled is held).
 
-        Returns the Admission, or None when the pool is short of blocks; then nothing
-        has changed (no references, no stats) and the engine may wait or preempt.
+        Returns the Admission, ``StoreWait``, or None when the pool is short of blocks;
+        then nothing has changed (no references, no stats) and the engine may wait or
+        preempt (a fetch that ended stays landed: the next call finds it).
         Raises PromptTooLongError when it can never fit (its prompt, or this call's blocks
         with the lookahead, need more blocks than the pool has), RequestError (id in use
         or unhashable, a count or flag out of range), TokenError (empty prompt, bad ids or
@@ -125,9 +128,16 @@ class Admitter:
             for name, flag in (("resumed", resumed), ("read_cache", read_cache),
                                ("require_full_fit", require_full_fit)):
                 check_flag(name, flag, RequestError)
+        fetch = self._waits.take(request_id) if self._waits is not None else None
+        if isinstance(fetch, StoreWait):
+            return fetch
         req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache,
                                         (num_new_tokens, num_lookahead_tokens, require_full_fit))
         n, bs = len(req.tokens), self.block_size
+        if fetch is None and self._waits is not None and read_cache and len(hits) < (n - 1) // bs:
+            wait = self._waits.start(req, hits, req.prompt_chunks, (n - 1) // bs)  # type: ignore[arg-type]
+            if wait is not None:
+                return wait
         num_cached = len(hits) * bs
         num_new = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
         total = num_cached + num_new
@@ -135,7 +145,7 @@ class Admitter:
         if claimed is not None:  # the hits hold their references already (one pass)
             pool.claimed(claimed)
         loads, held = self._split(hits) if self._host is not None and claimed is None else ((), hits)
-        need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
+        need = -(-(total + num_lookahead_tokens) // bs) - len(held)  # (blocks_for, inlined)
         fit = blocks_for(n + num_lookahead_tokens, bs) - len(held) if require_full_fit else need
         if not (max(need, fit) <= pool.num_free if claimed is not None
                 else pool.can_acquire(held, max(need, fit))):
@@ -150,14 +160,10 @@ class Admitter:
             if claimed is not None:
                 pool.unclaim(hits, claimed)
             raise
-        fetched = sum(isinstance(h, Fetched) for h in loads) if self._store is not None else 0
+        fetched = sum(h.content_id in fetch.cids for h in loads) if fetch else 0
         if claimed is not None:  # ``hits`` is the claim's own list
-            if need > 1:
-                hits += pool.take(need)
-            elif need:
-                b = pool.take_one()
-                assert b is not None, "a free block was counted above"
-                hits.append(b)
+            if need:
+                hits += pool.take(need) if need > 1 else (pool.take_one(),)
             req.blocks = hits
         else:
             req.blocks = (pool.acquire(hits, need) if not loads
@@ -173,11 +179,13 @@ class Admitter:
         if n >= 4096:
             req.grow_room()
         self._requests[request_id] = req
+        if fetch is not None:  # the wait is over
+            self._waits.cancel(request_id)  # type: ignore[union-attr]
         self._stats.record(n, num_cached, resumed, (len(loads) - fetched) * bs, fetched * bs)
         return Admission.of(request_id, req.blocks, num_cached, num_new)
 
     @staticmethod
-    def _split(hits: list[Block]) -> tuple[list[Block], list[Block]]:
+    def _split(hits: list) -> tuple[list, list]:
         """The hits that are not device blocks (host slots, fetched blocks: to load), and
         the device blocks; in the common case (the device blocks first), two slices."""
         kinds = list(map(type, hits))
@@ -188,21 +196,15 @@ class Admitter:
             return hits[n:], hits[:n]
         return [h for h in hits if type(h) is not Block], [h for h in hits if type(h) is Block]
 
-    def _acquire_loading(self, req: Request, hits: list[Block], held: list[Block], need: int) -> list[Block]:
-        """``acquire`` when some hits are host slots or fetched from the store: pin the
-        slots, put the fetched blocks in slots (pinned), take fresh device blocks for them
+    def _acquire_loading(self, req: Request, hits: list, held: list[Block], need: int) -> list[Block]:
+        """``acquire`` when some hits are host slots: pin the slots, take fresh device
+        blocks for them
         (the evictions this causes may offload, never into a pinned slot), record their
         content and state the loads: each of these once for all the admission's slots."""
-        host, index = self._host, self._index
-        assert host is not None and isinstance(index, ContentIndex), "loads need a host tier"
+        host = self._host
         first = hits[:len(held)] == held  # the device hits come first (the common case)
-        fetched = isinstance(hits[-1], Fetched)  # fetched blocks end the hits
-        if fetched:  # pin the slots found, then put the fetched blocks in (pinned) slots
-            host.hold([h for h in hits if type(h) is HostSlot])
-            self._fill(req, hits)
         slots = hits[len(held):] if first else [h for h in hits if type(h) is not Block]
-        if not fetched:
-            host.hold(slots)
+        host.hold(slots)  # type: ignore[union-attr]
         taken = self._pool.acquire(held, need)  # held, then the fresh blocks
         if first:  # the fresh blocks follow the device hits, in the order of the slots
             blocks = taken
@@ -212,42 +214,13 @@ class Admitter:
             blocks = [h if type(h) is Block else next(fresh) for h in hits]
             into = [b for b, h in zip(blocks, hits, strict=True) if h is not b]
             blocks += fresh
-        index.adopt(into, slots, held[-1] if first and held else None, first)
-        host.load(slots, into)
+        self._index.adopt(into, slots, held[-1] if first and held else None, first)  # type: ignore[attr-defined]
+        host.load(slots, into)  # type: ignore[union-attr]
         return blocks
-
-    def _fill(self, req: Request, hits: list[Block]) -> None:
-        """Replace the Fetched among ``hits`` by host slots holding them."""
-        bs, host, index = self.block_size, self._host, self._index
-        assert host is not None and isinstance(index, ContentIndex), "a store needs a host tier"
-        cid, parent = 0, None
-        for j, h in enumerate(hits):
-            got: Block | Fetched = h  # (the store's hits ride in ``hits`` as Fetched: see _find)
-            if isinstance(got, Fetched):
-                ev = (BlockStored(got.hash, parent, tuple(req.tokens[j * bs:(j + 1) * bs]), 0,
-                                  req.keys.for_event(j, bs)) if self._events.active else None)
-                h = hits[j] = host.fill(cid, got, index.new_id(), ev)
-            cid, parent = h.content_id, h.hash
-
-    def _fetch(self, req: Request, hits: list[Block], chunks: list[bytes], limit: int) -> list[Fetched]:
-        """The blocks after ``hits`` that the shared store holds and that pass the content
-        check, as many as host slots can take (one round trip). Changes nothing here."""
-        first, link, host = len(hits), self._store, self._host
-        assert link is not None and host is not None, "a store needs a host tier"
-        last = min(limit, first + link.max_fetch, first + host.room(hits))
-        if last <= first:
-            return []
-        extras = req.keys.of_blocks(first, last)
-        parent = hits[-1].hash if hits else self._hasher.root
-        assert parent is not None, "with a store, every recorded block has its chain hash"
-        hashes = self._hasher.chain(parent, chunks[first:last], extras)
-        payloads = link.fetch(parent, hashes, chunks[first:last], extras, req.keys.extra)
-        # ``payloads`` ends at the first block that failed the content check: cut there
-        return [Fetched(*f) for f in zip(hashes, chunks[first:last], extras, payloads, strict=False)]
 
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
               extra: ExtraKeys | None, read_cache: bool,
-              admit: tuple[int | None, int, bool] | None) -> tuple[Request, list[Block], int | None]:
+              admit: tuple[int | None, int, bool] | None) -> tuple[Request, list, int | None]:
         """Check and encode a prompt and find its cached prefix (at most all blocks but
         the one holding the last token): the request, the hits and, when ``admit`` and
         the index claimed them (took their references), how many left the cached tier;
@@ -260,7 +233,7 @@ class Admitter:
             raise TokenError("the prompt is empty: at least one token is needed")
         if admit is not None and n + admit[1] > self.num_blocks * bs:  # else it fits
             self._check_fits(n, *admit)
-        keys = PLAIN_KEYS if extra is None else RequestKeys.of(check_extra(extra, n), blocks_for(n, bs), bs)
+        keys = PLAIN_KEYS if extra is None else RequestKeys.of(check_extra(extra, n), -(-n // bs), bs)
         req = Request(request_id, tokens, keys)
         req.prompt_chunks = chunks = block_chunks(token_buffer(tokens), 4 * bs, n // bs)
         if not read_cache:
@@ -277,18 +250,7 @@ class Admitter:
             self._pool.claimed(claimed[1])  # the host tier goes on where the device missed:
             self._pool.unclaim(hits, claimed[1])  # undone exactly; the walk goes on from the
             return req, self._index.match(probe, keys.base, None, start=hits), None  # device's run
-        hits = self._index.match(probe, keys.base, keys.mm)
-        if self._store is not None and len(hits) < limit:
-            # The store's hits ride at the end of the list as ``Fetched`` (only ``.hash`` is
-            # read of them, as of a block) until ``_fill`` puts them in host slots.
-            hits += self._fetch(req, hits, chunks, limit)  # type: ignore[arg-type]
-        return req, hits, None
-
-    def _get(self, request_id: Hashable) -> Request:
-        try:  # every call goes through here, decode included: one dict access when live
-            return self._requests[request_id]
-        except Exception:  # unknown, unhashable, or a __hash__ that raises
-            return live_request(self._requests, request_id)  # raises RequestError
+        return req, self._index.match(probe, keys.base, keys.mm), None
 
     def _check_fits(self, n: int, num_new: int | None, lookahead: int, full_fit: bool) -> None:
         """PromptTooLongError if an admission of ``n`` tokens with these arguments can
@@ -303,7 +265,7 @@ class Admitter:
             raise PromptTooLongError(n, need, self.num_blocks, "" if need == blocks_for(n, bs)
                                      else f" (with {lookahead} lookahead slots)")
 
-    def _encode(self, token_ids: Sequence[int]) -> array[int]:
+    def _encode(self, token_ids: Sequence[int]) -> array:
         return encode_tokens(token_ids, self.vocab_size)
 
     @staticmethod

@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from operator import attrgetter
 
-from ..errors import RequestError, check_count, check_new_request
+from ..errors import ConfigError, RequestError, check_count, check_new_request, live_request
 from ..events import AllBlocksCleared, Event
 from ..extra_keys import ExtraKeys
-from ..index import ContentIndex
-from ..results import Fork, KVOp
+from ..results import Fork, KVOp, SharedPrefix
 from ..stats import PrefixCacheStats
 from .decode import Decoder
+from .request import Request
+from .sharing import shared_prefixes
 
 _ID = attrgetter("block_id")
 
@@ -56,11 +57,33 @@ class KVCacheManager(Decoder):
     # ---- admission (Admitter), growth (Decoder) -----------------------------------------
 
     def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
-        """Tokens of this prompt that an admission now would find cached. Changes nothing
-        (no references, no stats, no LRU update; with a store, it asks the store, one
-        round trip, and counts a failure in ``store_errors``). Raises as ``add_request``
-        for bad input."""
+        """Tokens of this prompt that an admission now would find cached on the device
+        and in host slots. Changes nothing (no references, no stats, no LRU update) and
+        never asks the shared store. Raises as ``add_request`` for bad input."""
         return len(self._find(None, prompt_token_ids, extra, True, None)[1]) * self.block_size
+
+    # ---- the shared store's fetches -------------------------------------------------------
+
+    def poll_store(self) -> list[Hashable]:
+        """Land the store fetches that ended since the last call, and return the ids of
+        the waiting requests (``StoreWait``) whose wait is over: their next
+        ``add_request`` admits them with what arrived (checked) as host hits, or computes
+        what did not (the fetch failed, found nothing, or passed ``SharedStore.timeout``).
+        Call it once a step, before admitting (it never waits; without a store it
+        returns [])."""
+        return self._waits.poll() if self._waits is not None else []
+
+    def attach_host_memory(self, buffers: Sequence[Sequence[memoryview]]) -> None:
+        """Let store fetches read straight into the host slots: ``buffers[slot]`` are
+        writable byte views of that slot's memory (e.g. its K and V), in payload order,
+        ``StoreLayout.block_bytes`` in all (``prefixkv.store.torch_io.host_slot_views``
+        makes them from torch caches). Then no ``StoreFetched`` op is stated. Without it,
+        payloads arrive in buffers of their own and ``StoreFetched`` copies them.
+        Raises ConfigError without a store, or for buffers that do not fit (nothing
+        changes)."""
+        if self._waits is None:
+            raise ConfigError("attach_host_memory needs a manager with a shared store")
+        self._waits.attach(buffers)
 
     # ---- forks, free, preemption -------------------------------------------------------
 
@@ -95,10 +118,13 @@ class KVCacheManager(Decoder):
         scheduled tokens were computed (aborted before its step ran): full blocks past it
         are made unfindable, so no later request hits KV that was never written. Default:
         every scheduled token was computed. (Requests that hit those blocks in the same
-        step must not run without them either.)
+        step must not run without them either.) A request that waits on the store
+        (``StoreWait``) holds nothing: its wait is forgotten (its fetch still lands).
         Raises RequestError for an unknown or already freed id, or a count outside
         ``[0, num_scheduled_tokens]``.
         """
+        if self._waits is not None and self._waits.cancel(request_id):
+            return  # it waited on the store, holding nothing
         req = self._get(request_id)
         if num_computed_tokens is not None:
             check_count("num_computed_tokens", num_computed_tokens, 0, req.num_scheduled)
@@ -125,8 +151,9 @@ class KVCacheManager(Decoder):
         return tokens
 
     def reset_prefix_cache(self) -> bool:
-        """Drop all cached content, only when no block is in use. Returns whether it did."""
-        if not self._pool.reset():
+        """Drop all cached content, only when no block is in use and no store fetch is
+        under way. Returns whether it did."""
+        if self._waits is not None and self._waits.in_flight or not self._pool.reset():
             return False
         if self._host is not None:
             self._host.clear()
@@ -138,6 +165,16 @@ class KVCacheManager(Decoder):
     def get_block_ids(self, request_id: Hashable) -> tuple[int, ...]:
         """The request's block ids in token order. Raises RequestError for an unknown id."""
         return tuple(map(_ID, self._get(request_id).blocks))
+
+    def shared_prefixes(self, request_ids: Sequence[Hashable]) -> list[SharedPrefix]:
+        """Which of these requests hold the same first blocks (a shared system prompt, one
+        document asked many questions, forks): for each group, the positions of its
+        members in ``request_ids`` and how many leading blocks all of them share, for
+        cascade attention (``prefixkv.kernels.build_cascade_batch``). Plain ints; changes
+        nothing. Shared blocks are full, but the engine may compute one of them in this
+        very step: the kernel side keeps only blocks before each member's new tokens.
+        Raises RequestError for an unknown id (before looking at any)."""
+        return shared_prefixes([self._get(rid).blocks for rid in request_ids])  # Blocks: identity
 
     def num_tokens(self, request_id: Hashable) -> int:
         """Known tokens of the request (prompt and appended), scheduled or not."""
@@ -242,21 +279,26 @@ class KVCacheManager(Decoder):
                                          self._host.load_dst if self._host is not None else ()))
         if self._host is not None:
             self._require(self._host.check())
+        if self._waits is not None:
+            landing = len(self._host.landing)  # type: ignore[union-attr]
+            self._require(None if landing == self._waits.reserved else
+                          f"{landing} host slots are landing, fetches reserved {self._waits.reserved}")
 
     # ---- helpers ---------------------------------------------------------------------
 
     def _store_puts(self) -> list[KVOp]:
         """Writes of the contents recorded in the previous step (their forward pass has
         run since), those still held as recorded: not evicted, not made unfindable."""
-        store, index = self._store, self._index
-        assert store is not None and isinstance(index, ContentIndex), "puts need a store"
-        ops: list[KVOp] = []
-        for b, cid, parent, chunk, keys in self._computing:
-            if b.key is not None and not b.twin and b.content_id == cid:
-                assert b.hash is not None, "with a store, every recorded block has its chain hash"
-                ops.append(store.put(b.block_id, b.hash, parent, chunk, b.extra, keys))
-        assert index.fresh is not None, "a store's index notes fresh contents"
-        self._computing, index.fresh = index.fresh, []
+        put = self._store.put  # type: ignore[union-attr]
+        ops: list[KVOp] = [put(b.block_id, b.hash, parent, chunk, b.extra, keys)
+                           for b, cid, parent, chunk, keys in self._computing
+                           if b.key is not None and not b.twin and b.content_id == cid]
+        self._computing, self._index.fresh = self._index.fresh, []  # type: ignore[union-attr]
         return ops
 
+    def _get(self, request_id: Hashable) -> Request:
+        try:  # every call goes through here, decode included: one dict access when live
+            return self._requests[request_id]
+        except Exception:  # unknown, unhashable, or a __hash__ that raises
+            return live_request(self._requests, request_id)  # raises RequestError
 

@@ -11,28 +11,27 @@ import functools
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import triton
 
-if TYPE_CHECKING:
-    import torch
+from .workspace import MIN_KEYS_PER_SPLIT
 
 __all__ = ["TileConfig", "choose_num_splits", "choose_tiles", "gpu_tiles", "interpreting", "per_block_ids",
            "sm_count"]
 
 DEFAULT_SM_COUNT = 132  # H100 SXM: the split heuristic's SM count for non-CUDA tensors
 MAX_SPLITS = 64
-MIN_KEYS_PER_SPLIT = 256  # a split below this spends more on its partial than it saves
 MAX_SPLIT_Q = 16  # splits only for decode-like calls (speculative decode included)
 
 
 # Programs of a short (decode) tile resident per SM, by (block_m, head_dim rounded up to
 # 64/128/256): the lowest blocks/SM of the sm_90 compile reports over bf16, fp16 and fp8
 # caches and triton 3.6 and 3.9 (benchmarks/results/kernels-sm90-compile*.md; fp8 decode
-# on 3.6 holds 2). A test keeps this table at or below the committed report. Tiles not
-# listed count 1.
-CTAS_PER_SM = {(16, 64): 5, (16, 128): 2, (16, 256): 3, (32, 256): 2}
+# on 3.6 holds 2). The 16 x 128 decode tiles (head_dim 64, 128): 4 and 3 on 3.9, 4 and 2
+# on 3.6 (a compile of those configs with triton 3.6.0 on 2026-11-26; the committed 3.6
+# report predates the 128-key tile). A test keeps this table at or below the committed
+# report. Tiles not listed count 1.
+CTAS_PER_SM = {(16, 64): 4, (16, 128): 2, (16, 256): 3, (32, 256): 2}
 
 
 PER_BLOCK_IDS_FROM = (3, 8)  # first triton that still pipelines K/V loads behind per-block ids
@@ -53,8 +52,8 @@ def per_block_ids(left_window: bool, block_n: int, block_size: int) -> bool:
     the reshape of the ids into keys stops the software pipeliner (the K/V loads become
     synchronous: 1342 SASS instructions per decode tile instead of 454; sm_90 compile).
     """
-    return (not left_window and block_n % block_size == 0
-            and version_at_least(triton.__version__, PER_BLOCK_IDS_FROM))
+    return not left_window and block_n % block_size == 0 and version_at_least(triton.__version__,
+                                                                              PER_BLOCK_IDS_FROM)
 
 
 def interpreting() -> bool:
@@ -62,7 +61,7 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def gpu_tiles(device: torch.device | str) -> bool:
+def gpu_tiles(device) -> bool:
     """Whether launches on ``device`` take the GPU's tiles (CUDA) or the interpreter's."""
     return getattr(device, "type", None) == "cuda"
 
@@ -103,7 +102,7 @@ def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def sm_count(device: torch.device | str) -> int:
+def sm_count(device) -> int:
     """SMs of a CUDA ``device`` (asked once per device, then cached); ``DEFAULT_SM_COUNT``
     for any other device, so the interpreter and ``meta`` tensors take the H100 choice."""
     if getattr(device, "type", None) != "cuda":
@@ -126,11 +125,11 @@ def choose_num_splits(
     that the splits fill them, as long as a split keeps ``MIN_KEYS_PER_SPLIT`` keys (and
     at most ``MAX_SPLITS``). Prefill (``max_seqlen_q > MAX_SPLIT_Q``) never splits.
     """
-    programs = batch * num_kv_heads * triton.cdiv(max(1, max_seqlen_q), max(1, block_q))
+    programs = batch * num_kv_heads * -(-max(1, max_seqlen_q) // max(1, block_q))
     slots = num_sms * ctas_per_sm
     if max_seqlen_q > MAX_SPLIT_Q or programs == 0 or programs >= slots:
         return 1
-    splits: int = min(triton.cdiv(slots, programs), max_seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
+    splits = min(-(-slots // programs), max_seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
     return max(1, splits)
 
 
@@ -164,9 +163,14 @@ def choose_tiles(
     # 128-key tiles for the 128-row tile of head_dim <= 128: the same MMA work in half the
     # loop passes, 1.3x fewer SASS instructions per key (252 registers, no spills). A left
     # window edge or the LSE output pushes that tile over 255 registers (spills), so those
-    # keep 64 keys, as do short (decode) tiles.
+    # keep 64 keys. Short (decode) tiles take 128 keys too: the fastest decode tile of the
+    # H100 tune (triton 3.6, 64 x 8k keys: 1.179x the 16 x 64 tile; 16 x 64 with 2 stages
+    # 1.173x) and of split decode (1 x 32k, with 34 splits: 1.411x the 17-split 16 x 64;
+    # 64 keys with 34 splits 1.384x), benchmarks/results/tune-nvidia-h100-80gb-hbm3.md;
+    # sm_90 compile on 3.9: 147 registers, no spills. (The tune's 256-row prefill tile,
+    # 1.285x on 3.6, spills 1588 B on 3.9, so prefill keeps 128 rows.)
     wide = block_m >= 128 and not window and not return_lse
-    block_n = (128 if wide else 64) if big else 32
+    block_n = (128 if wide or block_m <= 16 else 64) if big else 32
     # 8 warps once the fp32 accumulator [block_m, head_dim] passes 64 registers a thread
     # on 4 warps: 64 x 256 on 4 warps used 255 registers and spilled, on 8 warps 187.
     num_warps = 8 if block_m >= 128 or (block_m >= 64 and not big) else 4

@@ -3,35 +3,27 @@ messages only for what is wrong."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
-from ..core.block import Block, key_chunk
-
-if TYPE_CHECKING:
-    from .host import HostTier
-
-
-def _holds(tier: HostTier, s: Block) -> bool:
+def _holds(tier, s) -> bool:
     """Whether slot ``s`` is the entry of its key in the tier's maps or, chained, in
     none of them (its key: its token bytes)."""
     key = s.key
-    if isinstance(key, bytes):
+    if type(key) is bytes:
         return (tier.by_chunk.get(key) is s) != s.chained
     return (key is not None and not s.chained and key == (s.parent_cid, key[1], s.extra)
             and tier.by_key.get(key) is s)
 
 
-def _check_chains(tier: HostTier) -> str | None:
+def _check_chains(tier) -> str | None:
     """Each chained slot is the child of the slot holding its parent's content; the
     chained count; no two slots hold one content."""
     parents = {(s.child.block_id, s.content_id) for s in tier.slots  # (children may be
                if s.key is not None and s.child.key is not None}  # stale: verified below)
-    contents: set[tuple[int, bytes, bytes]] = set()
-    chained = 0
+    contents, chained = set(), 0
     for s in tier.slots:
         if s.key is None:
             continue
-        content = (s.parent_cid, key_chunk(s.key), s.extra)
+        content = (s.parent_cid, s.key if type(s.key) is bytes else s.key[1], s.extra)
         if content in contents:
             return f"two host slots hold the content of {s!r}"
         contents.add(content)
@@ -44,12 +36,13 @@ def _check_chains(tier: HostTier) -> str | None:
     return None
 
 
-def check_tier(tier: HostTier) -> str | None:
+def check_tier(tier) -> str | None:
     """The first inconsistency of ``tier``'s slots, maps, pins and LRU links, None when
-    sound: every slot is empty (no content, no pin), cached (in the LRU, unpinned) or
-    pinned, exactly once; the maps hold exactly the cached and pinned slots that are not
-    chained; a slot keyed by its triple is the one ``find`` returns; chains (above)."""
-    seen: set[int] = set()
+    sound: every slot is empty (no content, no pin), cached (in the LRU, unpinned),
+    pinned, or landing (reserved for a store fetch, no content, one pin), exactly once;
+    the maps hold exactly the cached and pinned slots that are not chained; a slot
+    keyed by its triple is the one ``find`` returns; chains (above)."""
+    seen = set()
     for s in tier._empty:
         if s.key is not None or s.ref_cnt or s.chained:
             return f"bad empty host slot {s!r}"
@@ -62,10 +55,15 @@ def check_tier(tier: HostTier) -> str | None:
         if not s.ref_cnt or not _holds(tier, s) or s.block_id in seen:
             return f"bad pinned host slot {s!r}"
         seen.add(s.block_id)
+    for i, s in tier.landing.items():
+        if s.key is not None or s.ref_cnt != 1 or s.chained or s.block_id != i or i in seen:
+            return f"bad landing host slot {s!r}"
+        seen.add(i)
     if len(seen) != len(tier.slots):
         return f"host slots accounted {len(seen)} != {len(tier.slots)}"
-    if len(tier) != len(tier.slots) - len(tier._empty):
-        return f"host maps hold {len(tier)} for {len(tier.slots) - len(tier._empty)} slots"
+    held = len(tier.slots) - len(tier._empty) - len(tier.landing)
+    if len(tier) != held:
+        return f"host maps hold {len(tier)} for {held} slots"
     for key, s in tier.by_key.items():
         if tier.find(s.parent_cid, key[1], s.extra) is not s:
             return f"host slot {s!r} is keyed by its triple but not found by it"
