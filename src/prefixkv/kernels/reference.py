@@ -93,7 +93,7 @@ def paged_prefill_attention_reference(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     split_workspace: object = None,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Reference of :func:`prefixkv.kernels.paged_prefill_attention` (same contract; a
     ``split_workspace`` is checked and not used: nothing is split here).
 

@@ -11,13 +11,17 @@ import functools
 import os
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import triton
 
+if TYPE_CHECKING:
+    import torch
+
 from .workspace import MIN_KEYS_PER_SPLIT
 
-__all__ = ["TileConfig", "choose_num_splits", "choose_tiles", "gpu_tiles", "interpreting", "per_block_ids",
-           "sm_count"]
+__all__ = ["MIN_KEYS_PER_SPLIT", "TileConfig", "choose_num_splits", "choose_tiles", "gpu_tiles",
+           "interpreting", "per_block_ids", "sm_count"]
 
 DEFAULT_SM_COUNT = 132  # H100 SXM: the split heuristic's SM count for non-CUDA tensors
 MAX_SPLITS = 64
@@ -61,7 +65,7 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def gpu_tiles(device) -> bool:
+def gpu_tiles(device: torch.device | str) -> bool:
     """Whether launches on ``device`` take the GPU's tiles (CUDA) or the interpreter's."""
     return getattr(device, "type", None) == "cuda"
 
@@ -102,7 +106,7 @@ def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def sm_count(device) -> int:
+def sm_count(device: torch.device | str) -> int:
     """SMs of a CUDA ``device`` (asked once per device, then cached); ``DEFAULT_SM_COUNT``
     for any other device, so the interpreter and ``meta`` tensors take the H100 choice."""
     if getattr(device, "type", None) != "cuda":
