@@ -20,7 +20,7 @@ PKG = pathlib.Path(prefixkv.__file__).parent
 TYPES = {"errors", "extra_keys", "hashing", "events", "results", "stats", "allocator"}
 CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "core.sharing"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.announce", "index.none",
-         "index.hasher", "index.content_check"}
+         "index.hasher", "index.content_check", "index.lower"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
          "store.fetch", "store.link"}

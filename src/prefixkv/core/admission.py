@@ -147,7 +147,7 @@ class Admitter:
         if claimed is not None:  # the hits hold their references already (one pass)
             pool.claimed(claimed)
         loads, held = self._split(hits) if self._host is not None and claimed is None else ((), hits)
-        need = -(-(total + num_lookahead_tokens) // bs) - len(held)  # (blocks_for, inlined)
+        need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
         fit = blocks_for(n + num_lookahead_tokens, bs) - len(held) if require_full_fit else need
         if not (max(need, fit) <= pool.num_free if claimed is not None
                 else pool.can_acquire(held, max(need, fit))):
@@ -240,7 +240,7 @@ class Admitter:
             raise TokenError("the prompt is empty: at least one token is needed")
         if admit is not None and n + admit[1] > self.num_blocks * bs:  # else it fits
             self._check_fits(n, *admit)
-        keys = PLAIN_KEYS if extra is None else RequestKeys.of(check_extra(extra, n), -(-n // bs), bs)
+        keys = PLAIN_KEYS if extra is None else RequestKeys.of(check_extra(extra, n), blocks_for(n, bs), bs)
         req = Request(request_id, tokens, keys)
         req.prompt_chunks = chunks = block_chunks(token_buffer(tokens), 4 * bs, n // bs)
         if not read_cache:

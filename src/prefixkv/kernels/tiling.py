@@ -129,11 +129,11 @@ def choose_num_splits(
     that the splits fill them, as long as a split keeps ``MIN_KEYS_PER_SPLIT`` keys (and
     at most ``MAX_SPLITS``). Prefill (``max_seqlen_q > MAX_SPLIT_Q``) never splits.
     """
-    programs = batch * num_kv_heads * -(-max(1, max_seqlen_q) // max(1, block_q))
+    programs = batch * num_kv_heads * triton.cdiv(max(1, max_seqlen_q), max(1, block_q))
     slots = num_sms * ctas_per_sm
     if max_seqlen_q > MAX_SPLIT_Q or programs == 0 or programs >= slots:
         return 1
-    splits = min(-(-slots // programs), max_seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
+    splits: int = min(triton.cdiv(slots, programs), max_seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
     return max(1, splits)
 
 
