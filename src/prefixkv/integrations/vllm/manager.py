@@ -337,17 +337,18 @@ class KVCacheManager:
         return blocks
 
     def _free_popped(self, blocks: Iterable[KVCacheBlock]) -> None:
-        done = set()
+        """Free the requests whose popped blocks these are (all checked before any change)."""
+        entries = {}
         for b in blocks:
             entry = self._popped.get(id(b))
             if entry is None:
-                raise RequestError(f"block {b.block_id} was not handed out by pop_blocks_for_free")
-            if entry[0] in done:
-                continue
-            done.add(entry[0])
-            for x in entry[2]:
+                raise RequestError(f"block {b.block_id} was not handed out by pop_blocks_for_free "
+                                   f"(or was given back already)")
+            entries[entry[0]] = entry
+        for key, computed, popped in entries.values():
+            for x in popped:
                 del self._popped[id(x)]
-            self.core.free(entry[0], num_computed_tokens=entry[1])
+            self.core.free(key, num_computed_tokens=computed)
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
