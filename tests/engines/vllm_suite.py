@@ -8,8 +8,8 @@ The harness (used by tests/engines/test_vllm_suite.py, so by ``make test``):
   pure-Python modules vLLM's scheduler-side code and these tests import, pinned);
 - two pytest processes, side by side, run ``FILES`` from vLLM's test tree with two
   plugins from this folder: ``vllm_cpu`` (the stand-ins, all listed there) and
-  ``vllm_swap`` (the manager: one process runs each test as ``[...-vllm]`` on vLLM's
-  own manager, the other as ``[...-prefixkv]`` on prefixkv's scheduler plugin); their
+  ``vllm_swap`` (the manager: one process runs each test as ``[vllm-...]`` on vLLM's
+  own manager, the other as ``[prefixkv-...]`` on prefixkv's scheduler plugin); their
   output goes to ``.cache/engines/vllm-suite-<group>-<manager>.log``;
 - ``compare`` pairs the two runs of each test.
 
@@ -114,7 +114,8 @@ def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
     return out
 
 
-_ID = re.compile(r"^(?P<base>.*)\[(?P<params>.*?)-?(?P<manager>vllm|prefixkv)\]$")
+# pytest puts the manager parameter first: test[vllm], test[vllm-<the test's own ids>].
+_ID = re.compile(r"^(?P<base>[^\[]*)\[(?P<manager>vllm|prefixkv)(?:-(?P<params>.*))?\]$")
 
 
 def outcomes(junit: pathlib.Path) -> dict[tuple[str, str], str]:

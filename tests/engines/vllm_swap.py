@@ -2,8 +2,9 @@
 
 Loaded as a pytest plugin (``-p vllm_swap``, with tests/engines and src on ``sys.path``)
 in the runs of vLLM's test files (tests/engines/vllm_suite.py). Each test function gets
-one more parameter, ``kv_manager`` (``vllm`` or ``prefixkv``), so its pytest id ends in
-``-vllm]`` / ``-prefixkv]`` (``[vllm]`` / ``[prefixkv]`` when it had none).
+one more parameter, ``kv_manager`` (``vllm`` or ``prefixkv``), which pytest puts first
+in its id: ``[vllm-...]`` / ``[prefixkv-...]`` (``[vllm]`` / ``[prefixkv]`` when it had
+none).
 
 With ``prefixkv``, the test's module and vLLM's test helpers (``HELPERS``: the
 ``create_scheduler`` modules of tests/v1/core and tests/v1/kv_connector/unit) see
