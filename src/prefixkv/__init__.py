@@ -14,14 +14,16 @@ may change. The benchmark baselines
 from .allocator import Allocator
 from .baselines import ContiguousAllocator, PagedAllocator
 from .errors import (
-    ConfigError, ExtraKeysError, InvariantError, PrefixKVError, RequestError, TokenError,
+    MAX_BLOCKS, ConfigError, ExtraKeysError, InvariantError, PrefixKVError, PromptTooLongError,
+    RequestError, TokenError,
 )
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .extra_keys import ExtraKeys, MultiModalInput
 from .hashing import block_hashes
 from .core.manager import KVCacheManager
 from .results import (
-    Admission, BlockCopy, BlockLoads, BlockOffloads, DecodeStep, Fork, KVOp, StoreFetched, StorePut,
+    Admission, BlockCopy, BlockLoads, BlockOffloads, DecodeStep, Fork, KVOp, SharedPrefix, StoreFetched,
+    StorePut, StoreWait,
 )
 from .stats import PrefixCacheStats
 
@@ -31,6 +33,7 @@ __all__ = [
     "Admission", "Allocator", "AllBlocksCleared", "BlockCopy", "BlockLoads", "BlockOffloads",
     "BlockRemoved", "BlockStored",
     "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
-    "InvariantError", "KVCacheManager", "KVOp", "MultiModalInput", "PrefixCacheStats",
-    "PrefixKVError", "RequestError", "StoreFetched", "StorePut", "TokenError", "block_hashes",
+    "InvariantError", "KVCacheManager", "KVOp", "MAX_BLOCKS", "MultiModalInput", "PrefixCacheStats",
+    "PrefixKVError", "PromptTooLongError", "RequestError", "SharedPrefix", "StoreFetched", "StorePut",
+    "StoreWait", "TokenError", "block_hashes",
 ]

@@ -141,3 +141,9 @@ def test_delayed_caching_caches_when_the_load_lands():
 def test_encoder_tokens_are_refused():
     with pytest.raises(UnsupportedByPrefixKV, match="encoder"):
         manager().allocate_slots(request("r", [1, 2, 3]), 3, num_encoder_tokens=4)
+
+
+def test_a_request_the_pool_can_never_hold_gets_vllms_none():
+    m = manager()  # 10 usable blocks of 16
+    assert m.allocate_slots(request("big", list(range(200))), 200) is None
+    assert m.block_pool.get_num_free_blocks() == 10 and m.get_block_ids("big") == ([],)

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 
 from ..fleet.wire import encode_batch
 from ..core.manager import KVCacheManager
+from ..errors import PromptTooLongError
+from ..results import StoreWait
 from ..router import Router, decode_batch
 from .workloads import BenchRequest, Workload
 
@@ -117,8 +119,12 @@ def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
     mgr = rep.mgr
     while rep.waiting and len(rep.running) < max_running:
         req = rep.waiting[0]
-        adm = mgr.add_request(req.rid, req.prompt, extra=req.extra,
-                              resumed=req.rid in rep.preempted)
+        try:
+            adm = mgr.add_request(req.rid, req.prompt, extra=req.extra,
+                                  resumed=req.rid in rep.preempted)
+        except PromptTooLongError:
+            adm = None  # never fits: the error below, as when it does not fit alone
+        assert not isinstance(adm, StoreWait), "the fleet's replicas have no shared store"
         if adm is None:
             if not rep.running:
                 raise ValueError(f"request {req.rid!r} does not fit alone in a pool of "

@@ -13,14 +13,15 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from operator import attrgetter
 
-from ..errors import RequestError, check_count, check_new_request, live_request
+from ..errors import ConfigError, RequestError, check_count, check_new_request, live_request
 from ..events import AllBlocksCleared, Event
 from ..extra_keys import ExtraKeys
-from ..results import BlockCopy, Fork, KVOp
+from ..results import Fork, KVOp, SharedPrefix
 from ..stats import PrefixCacheStats
 from .block import Block
 from .decode import Decoder
 from .request import Request
+from .sharing import shared_prefixes
 
 _ID = attrgetter("block_id")
 
@@ -29,7 +30,8 @@ class KVCacheManager(Decoder):
     """Paged KV blocks for many requests, with automatic prefix caching.
 
     Args:
-        num_blocks: physical blocks in the pool (> 0).
+        num_blocks: physical blocks in the pool (1 to ``MAX_BLOCKS``, 2**24: each is an
+            object built now).
         block_size: token slots per block (> 0; 16 is usual).
         hash_mode: the chain hash, the blocks' identity outside the process (events,
             routers, stores): ``"xxhash"`` (default; xxh3-128, random seed per manager
@@ -41,32 +43,55 @@ class KVCacheManager(Decoder):
         enable_events: record BlockStored/BlockRemoved/AllBlocksCleared for ``take_events``.
         max_events: the event log's bound (see ``take_events``).
         vocab_size: when given, token ids >= vocab_size are rejected (costs a max() per call).
-        host_blocks: slots of the host tier (L2); 0: none.
+        host_blocks: slots of the host tier (L2; at most ``MAX_BLOCKS``); 0: none.
         store: a ``prefixkv.store.SharedStore`` (L3) shared with other processes:
             admissions continue a chain past the device and host into it, and the plan
             writes computed blocks to it. Needs ``host_blocks > 0`` and ``hash_mode``
             ``"sha256"`` or ``"xxhash"`` with a ``seed`` (ids equal in every process).
 
     Raises:
-        ConfigError: a size is not a positive int, a flag not a bool, a bad hash mode/seed,
+        ConfigError: a size is not a positive int (or ``num_blocks`` or ``host_blocks``
+            is past ``MAX_BLOCKS``), a flag not a bool, a bad hash mode/seed,
             a store without host slots or without a hash mode every process shares.
     """
 
     # ---- admission (Admitter), growth (Decoder) -----------------------------------------
 
     def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
-        """Tokens of this prompt that an admission now would find cached. Changes nothing
-        (no references, no stats, no LRU update; with a store, it asks the store, one
-        round trip, and counts a failure in ``store_errors``). Raises as ``add_request``
-        for bad input."""
-        return len(self._find(None, prompt_token_ids, extra, True, False)[1]) * self.block_size
+        """Tokens of this prompt that an admission now would find cached on the device
+        and in host slots. Changes nothing (no references, no stats, no LRU update) and
+        never asks the shared store. Raises as ``add_request`` for bad input."""
+        return len(self._find(None, prompt_token_ids, extra, True, None)[1]) * self.block_size
+
+    # ---- the shared store's fetches -------------------------------------------------------
+
+    def poll_store(self) -> list[Hashable]:
+        """Land the store fetches that ended since the last call, and return the ids of
+        the waiting requests (``StoreWait``) whose wait is over: their next
+        ``add_request`` admits them with what arrived (checked) as host hits, or computes
+        what did not (the fetch failed, found nothing, or passed ``SharedStore.timeout``).
+        Call it once a step, before admitting (it never waits; without a store it
+        returns [])."""
+        return self._waits.poll() if self._waits is not None else []
+
+    def attach_host_memory(self, buffers: Sequence[Sequence[memoryview]]) -> None:
+        """Let store fetches read straight into the host slots: ``buffers[slot]`` are
+        writable byte views of that slot's memory (e.g. its K and V), in payload order,
+        ``StoreLayout.block_bytes`` in all (``prefixkv.store.torch_io.host_slot_views``
+        makes them from torch caches). Then no ``StoreFetched`` op is stated. Without it,
+        payloads arrive in buffers of their own and ``StoreFetched`` copies them.
+        Raises ConfigError without a store, or for buffers that do not fit (nothing
+        changes)."""
+        if self._waits is None:
+            raise ConfigError("attach_host_memory needs a manager with a shared store")
+        self._waits.attach(buffers)
 
     def lookup_block_ids(self, prompt_token_ids: Sequence[int], *,
                          extra: ExtraKeys | None = None) -> tuple[int, ...]:
         """The device blocks of the prefix ``lookup`` finds, in token order (it stops at
         the first block that is not in the device pool: host tier, store). Changes
         nothing. Raises as ``add_request`` for bad input."""
-        hits = self._find(None, prompt_token_ids, extra, True, False)[1]
+        hits = self._find(None, prompt_token_ids, extra, True, None)[1]
         out = []
         for b in hits:
             if type(b) is not Block:
@@ -79,7 +104,9 @@ class KVCacheManager(Decoder):
     def fork(self, parent_id: Hashable, child_id: Hashable) -> Fork | None:
         """Create ``child_id`` sharing the parent's full blocks (parallel sampling, beam
         search). The parent's partial last block is copied on write: the child gets a new
-        block, and the copy is in ``copies`` and in ``take_kv_ops()``.
+        block, and the copy is in ``copies`` and in ``take_kv_ops()``. The copy runs
+        before this step's forward pass: fork once the parent's scheduled tokens were
+        computed (after their step ran, as an engine forks after sampling).
         Returns None when that block cannot be had (nothing changed). Raises RequestError
         (unknown parent, child id in use, parent's prefill not fully scheduled)."""
         parent = self._get(parent_id)
@@ -92,12 +119,7 @@ class KVCacheManager(Decoder):
             return None
         child = parent.fork(child_id, self.block_size)
         child.blocks = self._pool.acquire(shared, len(parent.blocks) - full)
-        copies = tuple(BlockCopy(s.block_id, d.block_id)
-                       for s, d in zip(parent.blocks[full:], child.blocks[full:]))
-        self._kv_ops += copies
-        for s in parent.blocks[full:]:  # the plan holds each copy's source until it is
-            s.ref_cnt += 1              # taken, even if the parent goes first
-            self._plan_refs.append(s)
+        copies = self._copies.add(parent.blocks[full:], child.blocks[full:])
         self._requests[child_id] = child
         return Fork(child_id, tuple(map(_ID, child.blocks)), copies)
 
@@ -110,10 +132,13 @@ class KVCacheManager(Decoder):
         scheduled tokens were computed (aborted before its step ran): full blocks past it
         are made unfindable, so no later request hits KV that was never written. Default:
         every scheduled token was computed. (Requests that hit those blocks in the same
-        step must not run without them either.)
+        step must not run without them either.) A request that waits on the store
+        (``StoreWait``) holds nothing: its wait is forgotten (its fetch still lands).
         Raises RequestError for an unknown or already freed id, or a count outside
         ``[0, num_scheduled_tokens]``.
         """
+        if self._waits is not None and self._waits.cancel(request_id):
+            return  # it waited on the store, holding nothing
         req = self._get(request_id)
         if num_computed_tokens is not None:
             check_count("num_computed_tokens", num_computed_tokens, 0, req.num_scheduled)
@@ -123,10 +148,12 @@ class KVCacheManager(Decoder):
         del self._requests[request_id]
         if req.num_scheduled < len(req.tokens):
             self._num_prefilling -= 1
-        if self._kv_ops:  # a copy into a block going back to the pool must not run
-            mine = {b.block_id for b in req.blocks}
-            self._kv_ops = [op for op in self._kv_ops if op.dst not in mine]
+        # a pending copy into a block going back to the pool must not run (the block may
+        # be a load's target in this step); its source may go back then (copies.py)
+        unpinned = self._copies.settle(req.blocks, self._pool.blocks) if self._copies.copies else ()
         self._pool.release(reversed(req.blocks))
+        if unpinned:
+            self._pool.release(unpinned)
 
     def uncache_blocks(self, block_ids: Iterable[int]) -> None:
         """Make the content of these blocks unfindable (their KV turned out invalid, e.g.
@@ -148,8 +175,9 @@ class KVCacheManager(Decoder):
         return tokens
 
     def reset_prefix_cache(self) -> bool:
-        """Drop all cached content, only when no block is in use. Returns whether it did."""
-        if not self._pool.reset():
+        """Drop all cached content, only when no block is in use and no store fetch is
+        under way. Returns whether it did."""
+        if self._waits is not None and self._waits.in_flight or not self._pool.reset():
             return False
         if self._host is not None:
             self._host.clear()
@@ -161,6 +189,16 @@ class KVCacheManager(Decoder):
     def get_block_ids(self, request_id: Hashable) -> tuple[int, ...]:
         """The request's block ids in token order. Raises RequestError for an unknown id."""
         return tuple(map(_ID, self._get(request_id).blocks))
+
+    def shared_prefixes(self, request_ids: Sequence[Hashable]) -> list[SharedPrefix]:
+        """Which of these requests hold the same first blocks (a shared system prompt, one
+        document asked many questions, forks): for each group, the positions of its
+        members in ``request_ids`` and how many leading blocks all of them share, for
+        cascade attention (``prefixkv.kernels.build_cascade_batch``). Plain ints; changes
+        nothing. Shared blocks are full, but the engine may compute one of them in this
+        very step: the kernel side keeps only blocks before each member's new tokens.
+        Raises RequestError for an unknown id (before looking at any)."""
+        return shared_prefixes([self._get(rid).blocks for rid in request_ids])  # Blocks: identity
 
     def num_tokens(self, request_id: Hashable) -> int:
         """Known tokens of the request (prompt and appended), scheduled or not."""
@@ -223,9 +261,10 @@ class KVCacheManager(Decoder):
         slots), then every ``StorePut`` (blocks computed by an earlier step, to write to
         the shared store), every ``StoreFetched`` (blocks from the store into host
         slots), one ``BlockLoads`` (all the step's host hits into fresh device blocks),
-        then every ``BlockCopy`` (fork copy-on-write, the same as ``Fork.copies``; a copy
-        into a block whose request was freed meanwhile is dropped, and a copy's source is
-        held until the plan is taken). Call it exactly once a step: it also ends the step
+        then every ``BlockCopy`` (fork copy-on-write, the same as ``Fork.copies``, a
+        closed set: a copy's source and every block a later copy reads are held until the
+        plan is taken; a copy into a freed request's block that nothing needs is dropped;
+        see ``core.copies``). Call it exactly once a step: it also ends the step
         (content recorded before it counts as computed after it, and what the plan pinned
         is released)."""
         out: list[KVOp] = []
@@ -238,11 +277,10 @@ class KVCacheManager(Decoder):
                 host.fetches = []
             out += host.take_loads()
             host.end_step()
-        out += self._kv_ops
-        self._kv_ops = []
-        if self._plan_refs:
-            self._pool.release(self._plan_refs)
-            self._plan_refs = []
+        copies, pins = self._copies.take()
+        out += copies
+        if pins:
+            self._pool.release(pins)
         self._index.step += 1
         return out
 
@@ -258,11 +296,17 @@ class KVCacheManager(Decoder):
             self._require(req.check(bs) or self._index.check_request(req, bs))
             for b in req.blocks:
                 refs[b.block_id] = refs.get(b.block_id, 0) + 1
-        for b in self._plan_refs:
+        for b in self._copies.pins:
             refs[b.block_id] = refs.get(b.block_id, 0) + 1
         self._require(self._pool.check(refs))
+        self._require(self._copies.check(self._pool.blocks,
+                                         self._host.load_dst if self._host is not None else ()))
         if self._host is not None:
             self._require(self._host.check())
+        if self._waits is not None:
+            landing = len(self._host.landing)  # type: ignore[union-attr]
+            self._require(None if landing == self._waits.reserved else
+                          f"{landing} host slots are landing, fetches reserved {self._waits.reserved}")
 
     # ---- helpers ---------------------------------------------------------------------
 
@@ -279,6 +323,6 @@ class KVCacheManager(Decoder):
     def _get(self, request_id: Hashable) -> Request:
         try:  # every call goes through here, decode included: one dict access when live
             return self._requests[request_id]
-        except (KeyError, TypeError):
+        except Exception:  # unknown, unhashable, or a __hash__ that raises
             return live_request(self._requests, request_id)  # raises RequestError
 

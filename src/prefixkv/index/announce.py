@@ -17,6 +17,8 @@ from .content_check import chunk_of as _chunk
 class Announcer:
     """Hashes, events and store writes for ``ContentRecorder``."""
 
+    _next_id: int  # (the recorder's: the next content id)
+
     def _hashed(self, parent: Block | None, chunks: list[bytes], extras: list[bytes]) -> tuple:
         """``(chunks, extras, chain hashes or None)``: hashes only when consumed."""
         if not self.hashing:
@@ -38,6 +40,11 @@ class Announcer:
         """A new content id (for content that comes from outside: the shared store)."""
         self._next_id += 1
         return self._next_id - 1
+
+    def new_ids(self, n: int) -> range:
+        """``n`` new content ids, in order (a run of blocks from the shared store)."""
+        self._next_id += n
+        return range(self._next_id - n, self._next_id)
 
     def _announce(self, req: Request, first: int, hashes: list[bytes]) -> None:
         """Give the blocks just stored their chain hash; announce the new contents."""

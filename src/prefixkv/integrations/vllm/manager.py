@@ -30,7 +30,7 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
 from prefixkv.core.manager import KVCacheManager as CoreManager
-from prefixkv.errors import RequestError
+from prefixkv.errors import PromptTooLongError, RequestError
 from prefixkv.events import BlockRemoved
 from prefixkv.groups import HybridKVCacheManager
 
@@ -253,10 +253,13 @@ class KVCacheManager:
         if keep > 0 and need > self.core.num_free_blocks - keep:
             return None  # conservative: as if every hit block came out of the free ones
         key = self._next_key
-        adm = self.core.add_request(key, tokens, extra=extra_keys_of(request), num_new_tokens=scheduled,
-                                    resumed=request.num_preemptions > 0, read_cache=read,
-                                    num_lookahead_tokens=max(0, slots - hit - scheduled),
-                                    require_full_fit=full_fit)
+        try:
+            adm = self.core.add_request(key, tokens, extra=extra_keys_of(request), num_new_tokens=scheduled,
+                                        resumed=request.num_preemptions > 0, read_cache=read,
+                                        num_lookahead_tokens=max(0, slots - hit - scheduled),
+                                        require_full_fit=full_fit)
+        except PromptTooLongError:
+            return None  # vLLM's answer: None (its max_model_len check keeps such prompts out)
         if adm is None:
             return None
         if adm.num_cached_tokens != hit:
