@@ -1,0 +1,84 @@
+"""``BlockCopier``: whole blocks between vLLM's paged KV caches and payload bytes.
+
+vLLM 0.33 hands a connector one tensor per attention layer, the layer's view of the
+shared KV allocation in its logical shape ``[B, H, N, C]``: blocks, KV heads, tokens of
+a block, and the content of one token of one head (its K then its V, ``C`` elements).
+The physical order behind that view is the engine's ``KVCacheLayout`` (``LBNHC`` is
+vLLM's NHD, ``LBHNC`` its HND, ...): the view's strides say it, and this module reads
+only the view. A block's payload is the logical bytes of every layer, in the copier's
+layer order::
+
+    payload(b) = layer_0[b] | layer_1[b] | ... ,  layer_l[b] = [H, N, C] row-major bytes
+
+so a replica in HND and one in NHD store and read the same bytes for the same KV.
+Reads gather a batch of blocks with one ``index_select`` per layer (then one copy to the
+CPU); writes scatter them with one ``index_copy_`` per layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from ...errors import ConfigError
+
+
+class BlockCopier:
+    """Blocks of the caches ``kv_caches`` (layer name -> ``[B, H, N, C]`` view; the
+    payload takes layers in sorted name order). Raises ConfigError when there are no
+    caches, one is not 4-d, or they disagree on the number of blocks or the device."""
+
+    def __init__(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
+        if not kv_caches:
+            raise ConfigError("no KV caches were registered")
+        self.names = sorted(kv_caches)
+        self.layers = [kv_caches[n] for n in self.names]
+        first = self.layers[0]
+        for name, t in zip(self.names, self.layers, strict=True):
+            if t.dim() != 4 or t.shape[0] != first.shape[0] or t.device != first.device:
+                raise ConfigError(f"KV cache {name!r} of shape {tuple(t.shape)} on {t.device}: "
+                                  f"expected [B, H, N, C] views with B={first.shape[0]} on "
+                                  f"{first.device}")
+        self.num_blocks = int(first.shape[0])
+        self._sizes = [t[0].numel() * t.element_size() for t in self.layers]
+        self.block_bytes = sum(self._sizes)
+
+    def _ids(self, block_ids: Sequence[int]) -> torch.Tensor:
+        """``block_ids`` as an index tensor on the caches' device. Raises ConfigError
+        for an id outside ``[0, num_blocks)``."""
+        bad = [b for b in block_ids if not 0 <= b < self.num_blocks]
+        if bad:
+            raise ConfigError(f"block ids {bad[:4]} outside [0, {self.num_blocks})")
+        return torch.tensor(list(block_ids), dtype=torch.int64, device=self.layers[0].device)
+
+    def read(self, block_ids: Sequence[int]) -> list[bytes]:
+        """The payload of each block (copied to the CPU now: call it once the step's
+        forward pass has written them, before a later one may reuse them)."""
+        if not block_ids:
+            return []
+        ids = self._ids(block_ids)
+        parts = [t.index_select(0, ids).reshape(len(block_ids), -1).view(torch.uint8)
+                 for t in self.layers]
+        rows = torch.cat(parts, dim=1).cpu().numpy()
+        return [row.tobytes() for row in rows]
+
+    def write(self, block_ids: Sequence[int], payloads: Sequence[bytes]) -> None:
+        """Write ``payloads[i]`` into block ``block_ids[i]`` of every layer. Raises
+        ConfigError, before writing anything, for a payload of another size or a count
+        that differs from the ids'."""
+        if len(payloads) != len(block_ids):
+            raise ConfigError(f"{len(payloads)} payloads for {len(block_ids)} blocks")
+        if not block_ids:
+            return
+        wrong = [len(p) for p in payloads if len(p) != self.block_bytes]
+        if wrong:
+            raise ConfigError(f"payloads of {wrong[0]} bytes for blocks of {self.block_bytes}")
+        ids = self._ids(block_ids)
+        raw = torch.frombuffer(bytearray(b"".join(payloads)), dtype=torch.uint8)
+        rows = raw.view(len(block_ids), self.block_bytes).to(self.layers[0].device)
+        offset = 0
+        for t, size in zip(self.layers, self._sizes, strict=True):
+            part = rows[:, offset:offset + size].contiguous().view(t.dtype)
+            t.index_copy_(0, ids, part.view(len(block_ids), *t.shape[1:]))
+            offset += size
