@@ -37,10 +37,16 @@ def model_dir() -> str:
     return str(path)
 
 
-def vllm_config(model: str, redis_url: str, **extra: object):
-    from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
-                             SchedulerConfig, VllmConfig)
-    mc = ModelConfig(model=model, skip_tokenizer_init=True, dtype="float16", seed=42)
+def vllm_config(model_path: str, redis_url: str, **extra: object):
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        KVTransferConfig,
+        ModelConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
+    mc = ModelConfig(model=model_path, skip_tokenizer_init=True, dtype="float16", seed=42)
     sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=2048,
                          enable_chunked_prefill=True, is_encoder_decoder=False)
     cc = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9, enable_prefix_caching=True)
@@ -54,8 +60,7 @@ def vllm_config(model: str, redis_url: str, **extra: object):
 
 def kv_cache_config(num_blocks: int):
     """One group of full attention, layer-outermost (NHD and HND are both that)."""
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                            KVCacheTensor)
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD,
                              dtype=torch.float16)
     names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
@@ -76,8 +81,8 @@ def kv_value(token: int, pos: int, layer: int) -> torch.Tensor:
 class Replica:
     """One engine: vLLM's scheduler and one worker's connector and KV tensors."""
 
-    def __init__(self, model: str, redis_url: str, layout: str = "LBNHC", num_blocks: int = 64,
-                 **extra: object) -> None:
+    def __init__(self, model_path: str, redis_url: str, layout: str = "LBNHC",
+                 num_blocks: int = 64, **extra: object) -> None:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.v1.core.sched.scheduler import Scheduler
@@ -85,7 +90,7 @@ class Replica:
         from vllm.v1.structured_output import StructuredOutputManager
         from vllm.v1.worker.utils import allocate_kv_cache
 
-        self.config = vllm_config(model, redis_url, **extra)
+        self.config = vllm_config(model_path, redis_url, **extra)
         self.kv_config = kv_cache_config(num_blocks)
         self.config.cache_config.num_gpu_blocks = num_blocks
         self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=self.kv_config,
@@ -98,7 +103,7 @@ class Replica:
         self.computed: dict[str, list[int]] = {}  # positions the stand-in forward wrote
         self.tables: dict[str, list[int]] = {}  # block ids of each request, last seen
 
-    def add(self, req_id: str, tokens: list[int], max_tokens: int = 1):
+    def add(self, req_id: str, tokens: list[int], max_tokens: int = 1, salt: str | None = None):
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -106,7 +111,7 @@ class Replica:
 
         init_none_hash(sha256)
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        request = Request(req_id, tokens, params, None,
+        request = Request(req_id, tokens, params, None, cache_salt=salt,
                           block_hasher=get_request_block_hasher(BLOCK, sha256))
         self.scheduler.add_request(request)
         return request

@@ -60,3 +60,116 @@ def test_second_replica_loads_the_first_ones_blocks(model, redis, layouts):
     for blk, expect in zip(b.tables["r2"][:5], a_kv, strict=True):
         got = b.block_kv(blk)
         assert all(torch.equal(g, e) for g, e in zip(got, expect, strict=True))
+
+
+def expected_kv(tokens: list[int], block: int) -> list[torch.Tensor]:
+    """The [H, N, C] K/V of each layer of ``block`` as the stand-in forward writes it."""
+    from .replica import LAYERS, kv_value
+    return [torch.stack([kv_value(tokens[p], p, layer)
+                         for p in range(block * BLOCK, (block + 1) * BLOCK)], dim=1)
+            for layer in range(LAYERS)]
+
+
+def saved_by_a(model, redis, tokens) -> Replica:
+    a = Replica(model, redis.url)
+    a.add("r1", tokens)
+    a.run()
+    a.worker.worker.flush()
+    return a
+
+
+def store_keys(replica: Replica) -> list[bytes]:
+    backend = replica.worker.worker._link._backend
+    return sorted(backend.client.keys(b"prefixkv:*"))
+
+
+def test_a_wrong_stale_or_foreign_value_is_a_miss_never_kv(model, redis):
+    tokens = prompt(6 * BLOCK + 1, salt=3)
+    a = saved_by_a(model, redis, tokens)
+    link = a.worker.worker._link
+    prefix = link.prefix(None)
+    client = link._backend.client
+    from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
+    fn, root = make_hash_fn("sha256", None)
+    hashes, _ = chain(fn, root, token_bytes(encode_tokens(tokens[:6 * BLOCK])), [b""] * 6)
+    keys = [prefix + h.hex().encode() for h in hashes]
+    assert all(client.exists(k) for k in keys)
+    # block 2: block 1's value under its key (a key mix-up); block 4: a corrupted byte
+    client.set(keys[2], client.get(keys[1]))
+    bad = bytearray(client.get(keys[4]))
+    bad[-1] ^= 1
+    client.set(keys[4], bytes(bad))
+    b = Replica(model, redis.url, layout="LBHNC")
+    b.add("r2", tokens)
+    b.run()
+    w = b.worker.worker.stats
+    assert (w.loaded, w.failed) == (2, 4)  # the verified run stops at block 2
+    assert min(b.computed["r2"]) == 2 * BLOCK  # vLLM recomputed from the bad block
+    for i, blk in enumerate(b.tables["r2"][:6]):
+        got = b.block_kv(blk)
+        assert all(torch.equal(g, e) for g, e in zip(got, expected_kv(tokens, i), strict=True))
+    # the recomputed blocks were saved again: a third replica loads all six
+    b.worker.worker.flush()
+    c = Replica(model, redis.url)
+    c.add("r3", tokens)
+    c.run()
+    assert c.worker.worker.stats.loaded == 6 and min(c.computed["r3"]) == 6 * BLOCK
+
+
+def test_another_model_or_salt_never_loads_the_blocks(model, redis):
+    tokens = prompt(4 * BLOCK + 1, salt=5)
+    saved_by_a(model, redis, tokens)
+    other = Replica(model, redis.url, model="other-weights")
+    other.add("r2", tokens)
+    salted = Replica(model, redis.url)
+    salted.add("r3", tokens, salt="tenant-b")
+    for replica, req in ((other, "r2"), (salted, "r3")):
+        replica.run()
+        assert replica.scheduler.connector.scheduler.stats.held_blocks == 0
+        assert min(replica.computed[req]) == 0
+
+
+def test_redis_down_costs_recompute_never_an_error(model):
+    server = LocalRedis()
+    try:
+        tokens = prompt(4 * BLOCK + 1, salt=9)
+
+        class Down:
+            url = server.url
+        a = saved_by_a(model, Down, tokens)
+        assert a.worker.worker.stats.saved == 4
+        b = Replica(model, server.url)
+        b.add("r2", tokens)
+        b.step()  # the lookup found 4 blocks held; now the store goes down
+        server.stop()
+        b.run()
+        w = b.worker.worker.stats
+        assert (w.loaded, w.failed, w.store_errors) == (0, 4, 1)
+        assert min(b.computed["r2"]) == 0  # everything recomputed
+        c = Replica(model, server.url)  # down at lookup: a miss, the request runs
+        c.add("r3", tokens)
+        c.run()
+        assert c.scheduler.connector.scheduler.stats.store_errors == 1
+        assert min(c.computed["r3"]) == 0
+    finally:
+        server.close()
+
+
+def test_config_errors_before_connecting(model):
+    from prefixkv.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="redis_url"):
+        Replica(model, "")
+    with pytest.raises(ConfigError, match="unknown"):
+        Replica(model, "redis://127.0.0.1:1/0", bogus=1)
+    with pytest.raises(ConfigError, match="lookup_timeout"):
+        Replica(model, "redis://127.0.0.1:1/0", lookup_timeout=0)
+    from .replica import vllm_config
+    config = vllm_config(model, "redis://127.0.0.1:1/0")
+    config.kv_transfer_config.kv_load_failure_policy = "fail"
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from .replica import kv_cache_config
+    with pytest.raises(ConfigError, match="recompute"):
+        KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config(8))
