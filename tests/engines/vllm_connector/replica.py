@@ -16,6 +16,7 @@ block table.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import tempfile
@@ -135,22 +136,30 @@ class Replica:
                     value = kv_value(request.all_token_ids[pos], pos, layer)
                     self.kv[name][ids[pos // BLOCK], :, pos % BLOCK] = value
 
+    @contextlib.contextmanager
+    def _as_worker(self):
+        """This replica's worker connector as the process's KV-transfer agent (what
+        ``ensure_kv_transfer_initialized`` sets in a worker process; two replicas share
+        this test process, so each step installs its own)."""
+        from vllm.distributed.kv_transfer import kv_transfer_state
+        before = kv_transfer_state._KV_CONNECTOR_AGENT
+        kv_transfer_state._KV_CONNECTOR_AGENT = self.worker
+        try:
+            yield
+        finally:
+            kv_transfer_state._KV_CONNECTOR_AGENT = before
+
     def step(self):
-        """One engine step; returns the scheduler's output."""
-        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+        """One engine step, the connector driven by vLLM's model-runner mixin; returns
+        the scheduler's output."""
+        from vllm.forward_context import set_forward_context
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 
         out = self.scheduler.schedule()
-        w = self.worker
-        w.bind_connector_metadata(out.kv_connector_metadata)
-        w.start_load_kv(None)
-        self.forward(out)
-        w.wait_for_save()
-        results = w.get_transfer_results(out.finished_req_ids)
-        kv_out = KVConnectorOutput(finished_sending=results.finished_sending,
-                                   finished_recving=results.finished_recving,
-                                   failed_recving=results.failed_recving,
-                                   invalid_block_ids=w.get_block_ids_with_load_errors())
-        w.clear_connector_metadata()
+        with (self._as_worker(), set_forward_context(None, self.config),
+              KVConnectorModelRunnerMixin._get_kv_connector_output(out) as kv_out):
+            self.forward(out)
         req_ids = list(out.num_scheduled_tokens)
         runner = ModelRunnerOutput(req_ids=req_ids,
                                    req_id_to_index={r: i for i, r in enumerate(req_ids)},
