@@ -19,8 +19,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 BLOCK_SIZE = 16
+PREFILL_TOKENS_PER_S = 500.0
+"""What this CPU model's prefill is stated to do (it is the engine's to state)."""
 
 
 def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
@@ -28,11 +31,11 @@ def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
     runner and host slots; answer ``prompt`` greedily; write what it computed."""
     import torch
 
-    from prefixkv import BlockLoads, BlockOffloads, KVCacheManager
+    from prefixkv import BlockLoads, BlockOffloads, KVCacheManager, StoreWait
     from prefixkv.engine import LlamaConfig, ModelRunner, TinyLlama
     from prefixkv.engine.runner import SeqBatchEntry
-    from prefixkv.store import RedisStore, SharedStore, StoreLayout, StoreWriter
-    from prefixkv.store.torch_io import kv_block_bytes, run_store_ops
+    from prefixkv.store import FetchCost, RedisStore, SharedStore, StoreLayout, StoreWriter
+    from prefixkv.store.torch_io import host_slot_views, kv_block_bytes, run_store_ops
 
     torch.set_num_threads(1)
     cfg = LlamaConfig()
@@ -44,9 +47,13 @@ def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
     layout = StoreLayout(f"tiny-llama/seed{cfg.seed}/L{cfg.num_layers}/KV{cfg.num_kv_heads}"
                          f"/D{cfg.head_dim}/[L,N,bs,H,D]", str(cfg.dtype),
                          kv_block_bytes(runner.k_cache, runner.v_cache))
-    store = SharedStore(backend, layout) if role != "nocache" else None
+    # this CPU model prefills a few hundred tokens a second: a store hit is worth fetching
+    store = (SharedStore(backend, layout, cost=FetchCost(PREFILL_TOKENS_PER_S))
+             if role != "nocache" else None)
     mgr = KVCacheManager(num_blocks, BLOCK_SIZE, hash_mode="sha256", host_blocks=host_blocks,
                          store=store, enable_caching=role != "nocache")
+    if store is not None:  # fetches read straight into the host slots
+        mgr.attach_host_memory(host_slot_views(k_host, v_host))
     writer = StoreWriter(backend)
 
     def run_plan() -> None:
@@ -64,6 +71,10 @@ def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
                 runner.copy_blocks([op])
 
     adm = mgr.add_request("q", prompt)
+    while isinstance(adm, StoreWait):  # the fetch runs on the store's threads
+        while "q" not in mgr.poll_store():
+            time.sleep(0.001)  # (an engine runs its other requests meanwhile)
+        adm = mgr.add_request("q", prompt)
     run_plan()
     new = prompt[adm.num_cached_tokens:]
     logits = runner.execute([SeqBatchEntry(adm.block_ids, adm.num_cached_tokens, new)])

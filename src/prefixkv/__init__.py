@@ -21,6 +21,7 @@ from .hashing import block_hashes
 from .core.manager import KVCacheManager
 from .results import (
     Admission, BlockCopy, BlockLoads, BlockOffloads, DecodeStep, Fork, KVOp, StoreFetched, StorePut,
+    StoreWait,
 )
 from .stats import PrefixCacheStats
 
@@ -31,5 +32,5 @@ __all__ = [
     "BlockRemoved", "BlockStored",
     "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
     "InvariantError", "KVCacheManager", "KVOp", "MultiModalInput", "PrefixCacheStats",
-    "PrefixKVError", "RequestError", "StoreFetched", "StorePut", "TokenError", "block_hashes",
+    "PrefixKVError", "RequestError", "StoreFetched", "StorePut", "StoreWait", "TokenError", "block_hashes",
 ]

@@ -124,13 +124,32 @@ class StorePut:
 class StoreFetched:
     """Write ``payload`` (a block's KV bytes, all layers, fetched from the shared store
     and checked) into host slot ``dst``, before the loads of the same plan (one of them
-    copies ``dst`` into a device block)."""
+    copies ``dst`` into a device block). Stated only when the engine did not attach its
+    host slots' memory (``KVCacheManager.attach_host_memory``): with it, a fetch reads
+    straight into the slot and no op is needed. ``payload`` is a read-only view of the
+    manager's staging memory for that slot: run the plan before the next scheduling call
+    (a later fetch may write there)."""
 
     dst: int
-    payload: bytes
+    payload: bytes | memoryview
 
     def __repr__(self) -> str:
         return f"StoreFetched(dst={self.dst}, payload=<{len(self.payload)} bytes>)"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreWait:
+    """``add_request``'s answer when the request's prefix continues past the device and
+    host into the shared store and a fetch of up to ``num_blocks`` blocks started (vLLM's
+    WAITING_FOR_REMOTE_KVS). Nothing is held for the request and nothing was counted: the
+    engine keeps it waiting and calls ``add_request`` again, with the same arguments, once
+    ``poll_store()`` has listed its id (a call before that returns this again). That
+    admission finds what arrived, checked, in host slots and loads it; a fetch that
+    failed, timed out or lost a race leaves those tokens to compute. ``free(request_id)``
+    abandons the wait."""
+
+    request_id: Hashable
+    num_blocks: int
 
 
 KVOp = BlockOffloads | StorePut | StoreFetched | BlockLoads | BlockCopy

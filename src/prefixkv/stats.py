@@ -14,8 +14,10 @@ class PrefixCacheStats:
     rate look better than the traffic deserves (vLLM splits them the same way).
     ``host_hits``: the part of ``hits`` served from the host tier (loaded), the rest from
     device blocks (vLLM's ``hits_by_source``). ``store_hits``: the part of ``hits``
-    served from the shared store (fetched, then loaded). ``store_errors``: store calls
-    that failed (down, slow, refused): each cost misses, never a request."""
+    served from the shared store (fetched, then loaded). ``store_errors``: store fetches
+    that failed (down, past their deadline, a key that failed): each cost misses, never a
+    request. ``store_rejected``: fetches cut short by a stored value that failed the
+    content check (another model, layout or prefix under the key; corrupted, truncated)."""
 
     requests: int = 0
     queries: int = 0
@@ -26,6 +28,7 @@ class PrefixCacheStats:
     host_hits: int = 0
     store_hits: int = 0
     store_errors: int = 0
+    store_rejected: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -43,12 +46,13 @@ class StatsCounter:
     """Cumulative counts, with a get-and-reset view for per-step metrics."""
 
     __slots__ = ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
-                 "preempted_hits", "host_hits", "store_hits", "store_errors", "_taken")
+                 "preempted_hits", "host_hits", "store_hits", "store_errors", "store_rejected",
+                 "_taken")
 
     def __init__(self) -> None:
         self.requests = self.queries = self.hits = 0
         self.preempted_requests = self.preempted_queries = self.preempted_hits = 0
-        self.host_hits = self.store_hits = self.store_errors = 0
+        self.host_hits = self.store_hits = self.store_errors = self.store_rejected = 0
         self._taken = PrefixCacheStats()
 
     def record(self, queries: int, hits: int, resumed: bool = False, host_hits: int = 0,
@@ -68,7 +72,7 @@ class StatsCounter:
     def total(self) -> PrefixCacheStats:
         return PrefixCacheStats(self.requests, self.queries, self.hits, self.preempted_requests,
                                 self.preempted_queries, self.preempted_hits, self.host_hits,
-                                self.store_hits, self.store_errors)
+                                self.store_hits, self.store_errors, self.store_rejected)
 
     def take(self) -> PrefixCacheStats:
         """Counts since the previous ``take``."""

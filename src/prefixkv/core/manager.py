@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from operator import attrgetter
 
-from ..errors import RequestError, check_count, check_new_request, live_request
+from ..errors import ConfigError, RequestError, check_count, check_new_request, live_request
 from ..events import AllBlocksCleared, Event
 from ..extra_keys import ExtraKeys
 from ..results import BlockCopy, Fork, KVOp
@@ -54,11 +54,33 @@ class KVCacheManager(Decoder):
     # ---- admission (Admitter), growth (Decoder) -----------------------------------------
 
     def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
-        """Tokens of this prompt that an admission now would find cached. Changes nothing
-        (no references, no stats, no LRU update; with a store, it asks the store, one
-        round trip, and counts a failure in ``store_errors``). Raises as ``add_request``
-        for bad input."""
+        """Tokens of this prompt that an admission now would find cached on the device
+        and in host slots. Changes nothing (no references, no stats, no LRU update) and
+        never asks the shared store. Raises as ``add_request`` for bad input."""
         return len(self._find(None, prompt_token_ids, extra, True, False)[1]) * self.block_size
+
+    # ---- the shared store's fetches -------------------------------------------------------
+
+    def poll_store(self) -> list[Hashable]:
+        """Land the store fetches that ended since the last call, and return the ids of
+        the waiting requests (``StoreWait``) whose wait is over: their next
+        ``add_request`` admits them with what arrived (checked) as host hits, or computes
+        what did not (the fetch failed, found nothing, or passed ``SharedStore.timeout``).
+        Call it once a step, before admitting (it never waits; without a store it
+        returns [])."""
+        return self._waits.poll() if self._waits is not None else []
+
+    def attach_host_memory(self, buffers: Sequence[Sequence[memoryview]]) -> None:
+        """Let store fetches read straight into the host slots: ``buffers[slot]`` are
+        writable byte views of that slot's memory (e.g. its K and V), in payload order,
+        ``StoreLayout.block_bytes`` in all (``prefixkv.store.torch_io.host_slot_views``
+        makes them from torch caches). Then no ``StoreFetched`` op is stated. Without it,
+        payloads arrive in buffers of their own and ``StoreFetched`` copies them.
+        Raises ConfigError without a store, or for buffers that do not fit (nothing
+        changes)."""
+        if self._waits is None:
+            raise ConfigError("attach_host_memory needs a manager with a shared store")
+        self._waits.attach(buffers)
 
     # ---- forks, free, preemption -------------------------------------------------------
 
@@ -96,10 +118,13 @@ class KVCacheManager(Decoder):
         scheduled tokens were computed (aborted before its step ran): full blocks past it
         are made unfindable, so no later request hits KV that was never written. Default:
         every scheduled token was computed. (Requests that hit those blocks in the same
-        step must not run without them either.)
+        step must not run without them either.) A request that waits on the store
+        (``StoreWait``) holds nothing: its wait is forgotten (its fetch still lands).
         Raises RequestError for an unknown or already freed id, or a count outside
         ``[0, num_scheduled_tokens]``.
         """
+        if self._waits is not None and self._waits.cancel(request_id):
+            return  # it waited on the store, holding nothing
         req = self._get(request_id)
         if num_computed_tokens is not None:
             check_count("num_computed_tokens", num_computed_tokens, 0, req.num_scheduled)
@@ -124,8 +149,9 @@ class KVCacheManager(Decoder):
         return tokens
 
     def reset_prefix_cache(self) -> bool:
-        """Drop all cached content, only when no block is in use. Returns whether it did."""
-        if not self._pool.reset():
+        """Drop all cached content, only when no block is in use and no store fetch is
+        under way. Returns whether it did."""
+        if self._waits is not None and self._waits.in_flight or not self._pool.reset():
             return False
         if self._host is not None:
             self._host.clear()
@@ -239,6 +265,10 @@ class KVCacheManager(Decoder):
         self._require(self._pool.check(refs))
         if self._host is not None:
             self._require(self._host.check())
+        if self._waits is not None:
+            landing = len(self._host.landing)  # type: ignore[union-attr]
+            self._require(None if landing == self._waits.reserved else
+                          f"{landing} host slots are landing, fetches reserved {self._waits.reserved}")
 
     # ---- helpers ---------------------------------------------------------------------
 

@@ -39,6 +39,11 @@ class Announcer:
         self._next_id += 1
         return self._next_id - 1
 
+    def new_ids(self, n: int) -> range:
+        """``n`` new content ids, in order (a run of blocks from the shared store)."""
+        self._next_id += n
+        return range(self._next_id - n, self._next_id)
+
     def _announce(self, req: Request, first: int, hashes: list[bytes]) -> None:
         """Give the blocks just stored their chain hash; announce the new contents."""
         bs, blocks, keys = self._bs, req.blocks, req.keys

@@ -1,46 +1,69 @@
-"""``RedisStore``: the store protocol on Redis or Valkey, through redis-py (the
-``prefixkv[redis]`` extra, imported when a RedisStore is made, never by the core).
+"""``RedisStore``: the store protocol on Redis or Valkey (the ``prefixkv[redis]`` extra:
+redis-py, with hiredis when installed; imported when a RedisStore is made, never by the
+core).
 
-Each call is one pipelined round trip (``GET``/``EXISTS``/``SET ... EX`` per key, no
-transaction), values are binary, keys are never scanned. Expiry is ``ttl`` seconds per
-value; eviction is the server's (``maxmemory-policy allkeys-lru``). A failed call raises
-(redis-py's error): ``SharedStore`` counts it as misses. The client does not retry within
-a call (a down store costs one ``timeout`` at most) and reconnects on the next call.
+Reads (``read_into``) go through ``Resp`` connections of their own, pooled, one per
+thread at a time: GETs pipelined, each value received straight into its buffers, the
+whole call bounded by one deadline. Writes and existence checks go through redis-py
+pipelines (``SET ... EX``, ``EXISTS``, no transaction). On a Redis Cluster, keys carry no
+hash tag, so a chain's blocks spread over the slots; a call sends each node its keys
+first, then reads the nodes' replies: one round trip per node involved, overlapping. A
+key the cluster moved (MOVED/ASK, resharding) or a node that is down fails its keys
+(misses) and the slot map is read again on the next call.
 """
 
 from __future__ import annotations
 
+import ssl
+import threading
+import time
 from collections.abc import Sequence
+from typing import Any
 
 from ..errors import ConfigError
+from .fetch import YIELD_EVERY
+from .protocol import ReadOutcome
+from .resp import Address, Resp, RespError, pack
 
 
 class RedisStore:
     """A Redis/Valkey server (or cluster) at ``url``: ``redis://host:port/db``,
     ``rediss://user:password@host:port`` (TLS, ACL user), ``unix:///path/redis.sock``.
-    ``timeout``: seconds a connect or a call may take before it fails. ``ttl``: seconds a
-    value lives. ``cluster``: the URL names a Redis Cluster node (keys spread over slots;
-    a pipeline is split per node by redis-py).
+    ``timeout``: seconds a connect or a write may take before it fails (a read's bound
+    is its caller's deadline). ``ttl``: seconds a value lives. ``cluster``: the URL names
+    a Redis Cluster node. ``tls``: the ``ssl.SSLContext`` for rediss:// reads (default:
+    ``ssl.create_default_context()``).
     Raises ConfigError for a timeout or ttl out of range, ImportError without redis-py,
     ValueError (redis-py's) for a malformed URL."""
 
     def __init__(self, url: str, *, timeout: float = 0.25, ttl: int = 86400,
-                 cluster: bool = False) -> None:
+                 cluster: bool = False, tls: ssl.SSLContext | None = None) -> None:
         if type(timeout) not in (int, float) or not 0 < timeout < float("inf"):
             raise ConfigError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
         if type(ttl) is not int or ttl <= 0:
             raise ConfigError(f"ttl must be a positive int (seconds), got {ttl!r}")
         import redis
         from redis.backoff import NoBackoff
+        from redis.connection import SSLConnection, parse_url
         from redis.retry import Retry
 
-        options = dict(socket_timeout=timeout, socket_connect_timeout=timeout)
+        options: dict[str, Any] = dict(socket_timeout=timeout, socket_connect_timeout=timeout)
         if cluster:
             from redis.cluster import RedisCluster
-            self.client = RedisCluster.from_url(url, **options)
+            self.client: Any = RedisCluster.from_url(url, **options)
         else:
             self.client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
-        self.ttl = ttl
+        self.ttl, self.cluster = ttl, cluster
+        parts = parse_url(url)  # type: ignore[no-untyped-call]
+        secure = parts.get("connection_class") is SSLConnection
+        self._auth = dict(username=parts.get("username"), password=parts.get("password"),
+                          db=int(parts.get("db") or 0),
+                          tls=(tls or ssl.create_default_context()) if secure else None)
+        self._home: Address = (("unix", parts["path"]) if "path" in parts
+                      else ("tcp", parts.get("host", "localhost"), int(parts.get("port", 6379))))
+        self._idle: dict[Address, list[Resp]] = {}
+        self._lock = threading.Lock()
+        self._slots: list[Address] | None = None  # cluster: the node of each of 16384 slots
 
     def held(self, keys: Sequence[bytes]) -> int:
         """``StoreBackend.held``: pipelined EXISTS. Raises redis-py's errors."""
@@ -48,27 +71,118 @@ class RedisStore:
         for k in keys:
             pipe.exists(k)
         n = 0
-        for found in pipe.execute():
-            if not found:
+        for found in pipe.execute(raise_on_error=False):
+            if found is not True and (type(found) is not int or not found):
                 break
             n += 1
         return n
 
-    def get(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """``StoreBackend.get``: pipelined GET. Raises redis-py's errors."""
-        pipe = self.client.pipeline(transaction=False)
-        for k in keys:
-            pipe.get(k)
-        return pipe.execute()
-
-    def put(self, items: Sequence[tuple[bytes, bytes]]) -> None:
-        """``StoreBackend.put``: pipelined SET with EX ttl. Raises redis-py's errors (an
-        OOM error when the server is full under ``noeviction``)."""
+    def put(self, items: Sequence[tuple[bytes, bytes]]) -> int:
+        """``StoreBackend.put``: pipelined SET with EX ttl; the values refused (an OOM
+        error when the server is full under ``noeviction``). Raises redis-py's errors when
+        the whole call fails."""
         pipe = self.client.pipeline(transaction=False)
         for k, v in items:
             pipe.set(k, v, ex=self.ttl)
-        pipe.execute()
+        return sum(isinstance(r, Exception) for r in pipe.execute(raise_on_error=False))
+
+    def read_into(self, keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]],
+                  deadline: float) -> list[ReadOutcome]:
+        """``StoreBackend.read_into``: pipelined GETs, one round trip per node. Raises
+        when no node answered (OSError, ConnectionError, TimeoutError at the deadline)."""
+        groups = self._groups(keys, deadline)
+        out: list[ReadOutcome] = [None] * len(keys)
+        sent: list[tuple[Resp, list[int]]] = []
+        failure: Exception | None = None
+        answered = False
+        for node, idx in groups.items():  # send every node its GETs, then read
+            try:
+                conn = self._take(node, deadline)
+                conn.send(b"".join([pack(b"GET", keys[i]) for i in idx]), deadline)
+                sent.append((conn, idx))
+            except Exception as exc:
+                failure = self._failed(idx, out, exc)
+        for conn, idx in sent:
+            pos = 0
+            try:
+                for i in idx:
+                    views = buffers[i]
+                    out[i] = r = conn.bulk_into(views, sum([v.nbytes for v in views]), deadline)
+                    answered = True
+                    pos += 1
+                    if not pos % YIELD_EVERY:
+                        time.sleep(0)  # let the scheduler's thread have the GIL
+                    if isinstance(r, RespError) and str(r).startswith(("MOVED", "ASK")):
+                        self._slots = None  # resharded: read the map again next time
+                self._give(conn)
+            except Exception as exc:
+                conn.close()
+                failure = self._failed(idx[pos:], out, exc)
+        if failure is not None and not answered:
+            raise failure
+        return out
 
     def close(self) -> None:
         """Close the connections (a later call opens new ones)."""
         self.client.close()
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for c in conns:
+                c.close()
+
+    # ---- connections and nodes ---------------------------------------------------------
+
+    def _failed(self, idx: list[int], out: list[ReadOutcome], exc: Exception) -> Exception:
+        """Keys ``idx`` failed with ``exc`` (their node is down or past the deadline)."""
+        for i in idx:
+            out[i] = exc
+        if self.cluster:
+            self._slots = None  # a node went away: read the map again next time
+        return exc
+
+    def _take(self, node: Address, deadline: float) -> Resp:
+        with self._lock:
+            idle = self._idle.get(node)
+            if idle:
+                return idle.pop()
+        conn = Resp(node, **self._auth)
+        conn.open(deadline)
+        return conn
+
+    def _give(self, conn: Resp) -> None:
+        with self._lock:
+            self._idle.setdefault(conn.address, []).append(conn)
+
+    def _groups(self, keys: Sequence[bytes], deadline: float) -> dict[Address, list[int]]:
+        """The keys' indices by the node that serves them."""
+        if not self.cluster:
+            return {self._home: list(range(len(keys)))}
+        from redis.crc import key_slot
+        slots = self._slots or self._read_slots(deadline)
+        groups: dict[Address, list[int]] = {}
+        for i, k in enumerate(keys):
+            groups.setdefault(slots[key_slot(k)], []).append(i)
+        return groups
+
+    def _read_slots(self, deadline: float) -> list[Address]:
+        """The cluster's slot map (CLUSTER SLOTS), from the first node that answers."""
+        nodes = [self._home, *sorted({n for n in self._slots or () if n is not None})]
+        failure: Exception = ConnectionError("no cluster node answered")
+        for node in nodes:
+            try:
+                conn = self._take(node, deadline)
+                conn.send(pack(b"CLUSTER", b"SLOTS"), deadline)
+                ranges = conn.reply(deadline)
+                self._give(conn)
+            except Exception as exc:
+                failure = exc
+                continue
+            if isinstance(ranges, list):
+                slots: list[Address] = [self._home] * 16384
+                for lo, hi, master, *_ in ranges:
+                    host = master[0].decode() or self._home[1]
+                    slots[lo:hi + 1] = [("tcp", host, int(master[1]))] * (hi - lo + 1)
+                self._slots = slots
+                return slots
+        raise failure

@@ -26,6 +26,23 @@ def kv_block_bytes(k_cache: torch.Tensor, v_cache: torch.Tensor, block_dim: int 
     return sum(per)
 
 
+def host_slot_views(k_host: torch.Tensor, v_host: torch.Tensor) -> list[list[memoryview]]:
+    """Each host slot's memory as writable byte views, K then V (slot-major caches
+    ``[num_slots, ...]``, contiguous, on the CPU, pinned or not): what
+    ``KVCacheManager.attach_host_memory`` takes, so fetches read straight into the slots.
+    The tensors must outlive the manager's fetches. Raises ConfigError for caches that
+    are not contiguous CPU tensors with one slot per row."""
+    for c in (k_host, v_host):
+        if c.device.type != "cpu" or not c.is_contiguous() or c.shape[0] != k_host.shape[0]:
+            raise ConfigError(f"host caches must be contiguous CPU tensors [num_slots, ...] "
+                              f"of equal slots, got {tuple(c.shape)} on {c.device}")
+    n = k_host.shape[0]
+    k, v = (memoryview(c.view(torch.uint8).reshape(-1).numpy())  # type: ignore[arg-type]
+            for c in (k_host, v_host))
+    sk, sv = len(k) // n, len(v) // n
+    return [[k[i * sk:(i + 1) * sk], v[i * sv:(i + 1) * sv]] for i in range(n)]
+
+
 def block_payload(k_cache: torch.Tensor, v_cache: torch.Tensor, block_id: int,
                   block_dim: int = 1) -> bytes:
     """The payload of device block ``block_id`` (copied to the CPU: call it before a
@@ -35,7 +52,8 @@ def block_payload(k_cache: torch.Tensor, v_cache: torch.Tensor, block_id: int,
     return parts[0] + parts[1]
 
 
-def write_payload(k_host: torch.Tensor, v_host: torch.Tensor, slot: int, payload: bytes) -> None:
+def write_payload(k_host: torch.Tensor, v_host: torch.Tensor, slot: int,
+                  payload: bytes | memoryview) -> None:
     """Write ``payload`` into host slot ``slot`` of slot-major host caches.
     Raises ConfigError when its length is not the slot's (another layout or dtype)."""
     k, v = k_host[slot], v_host[slot]

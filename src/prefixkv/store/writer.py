@@ -19,7 +19,7 @@ from .record import encode_value
 class StoreWriter:
     """Writes to ``backend`` from one daemon thread; at most ``max_pending`` values wait,
     sent ``batch`` at a time. ``dropped``/``errors``/``written``: values dropped (queue
-    full), values lost in failed batches, values written."""
+    full), values refused or lost in failed batches, values written."""
 
     def __init__(self, backend: StoreBackend, *, max_pending: int = 1024, batch: int = 64) -> None:
         self._backend, self._batch = backend, batch
@@ -52,8 +52,9 @@ class StoreWriter:
                 except queue.Empty:
                     break
             try:
-                self._backend.put(items)
-                self.written += len(items)
+                refused = self._backend.put(items) or 0  # (each value on its own)
+                self.written += len(items) - refused
+                self.errors += refused
             except Exception:
                 self.errors += len(items)
             for _ in items:

@@ -20,6 +20,7 @@ blocks at once: one Python loop a batch, no call a block.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from ..core.block import Block
@@ -52,7 +53,8 @@ class HostTier(SlotIndex):
         self.offload_dst: list[int] = []
         self.load_src: list[int] = []  # the step's loads: slot ids, device block ids
         self.load_dst: list[int] = []
-        self.fetches: list[StoreFetched] = []
+        self.fetches: list[StoreFetched] = []  # the step's payloads to write (no attached memory)
+        self.landing: dict[int, HostSlot] = {}  # slots a store fetch writes into, by id
         self.num_offloaded = self.num_loaded = 0
         self.num_chained = 0  # slots found only as their parent slot's child
         self.chaining = True  # False once the device cut a chain (``stop_chaining``)
@@ -172,28 +174,61 @@ class HostTier(SlotIndex):
         self.offload_src, self.offload_dst = [], []
         return ops
 
-    def room(self, hits: list) -> int:
-        """How many slots ``fill`` can take once ``hold`` pinned the slots among ``hits``
-        (empty slots, and cached ones not among them). Changes nothing."""
-        return len(self._empty) + len(self._cached) - sum(
-            1 for h in hits if type(h) is HostSlot and not h.ref_cnt)
+    def reserve(self, n: int) -> list[HostSlot]:
+        """Up to ``n`` free slots for a store fetch to write into (empty ones first, then
+        the least recently used cached ones, their content dropped): each is *landing*
+        (no content, in no map, pinned across steps, named by no op) until ``land`` or
+        ``unreserve``. Pinned slots are never taken, so fewer may be returned."""
+        empty = self._empty
+        k = min(n, len(empty))
+        out = empty[len(empty) - k:][::-1]  # (the order ``_take`` would give)
+        del empty[len(empty) - k:]
+        while len(out) < n:
+            s = self._take_cached()
+            if s is None:
+                break
+            out.append(s)
+        landing = self.landing
+        for s in out:
+            s.ref_cnt = 1
+            landing[s.block_id] = s
+        return out
 
-    def fill(self, parent_cid: int, fetched, content_id: int, event: BlockStored | None) -> HostSlot:
-        """Keep a block fetched from the shared store (``Fetched``) in a slot, pinned,
-        stating the write of its payload; ``event`` (any block id) announces it. The
-        caller checked ``room``."""
-        slot = self._take()
-        assert slot is not None, "fill without room"
-        slot.key, slot.parent_cid, slot.extra = fetched.chunk, parent_cid, fetched.extra
-        slot.content_id, slot.hash, slot.event = content_id, fetched.hash, None
-        self._enter(slot)
-        slot.ref_cnt = 1
-        self._pinned.append(slot)
-        self.fetches.append(StoreFetched(slot.block_id, fetched.payload))
-        if event is not None:
-            slot.event = replace(event, block_id=slot.block_id, medium=HOST)
-            self._sink.append(slot.event)
-        return slot
+    def land(self, slots: list[HostSlot], parent_cid: int, chunks: Sequence[bytes],
+             extras: Sequence[bytes], cids: Sequence[int], hashes: Sequence[bytes],
+             events: Sequence[BlockStored] | None) -> None:
+        """Landing ``slots`` hold a checked run now: slot i the content (parent: slot
+        i - 1's, or ``parent_cid`` for the first; ``chunks[i]``, ``extras[i]``), content id
+        ``cids[i]``, chain hash ``hashes[i]``, announced by ``events[i]`` (any block id;
+        None: no events), each keyed (not chained: the admission that loads them would
+        key them as they go up, which costs more than keying them now) and each its
+        predecessor's ``child`` (the walk's guess). All are pinned until the plan is
+        drained (a ``StoreFetched`` writing them may be pending, which no offload of the
+        same plan may precede). The caller made sure no slot holds the first content
+        already (the others' parents are new)."""
+        landing, by_chunk, by_key, prev = self.landing, self.by_chunk, self.by_key, None
+        for s, chunk, extra, cid, h in zip(slots, chunks, extras, cids, hashes, strict=True):
+            del landing[s.block_id]
+            s.parent_cid, s.extra, s.content_id, s.hash, s.event = parent_cid, extra, cid, h, None
+            if by_chunk.setdefault(chunk, s) is s:  # (as _enter, inlined)
+                s.key = chunk
+            else:
+                s.key = key = (parent_cid, chunk, extra)
+                by_key[key] = s
+            if prev is not None:
+                prev.child = s
+            parent_cid, prev = cid, s
+        self._pinned += slots  # (ref_cnt is 1 already)
+        for s, ev in zip(slots, events or (), strict=False):
+            s.event = replace(ev, block_id=s.block_id, medium=HOST)
+            self._sink.append(s.event)
+
+    def unreserve(self, slots: list[HostSlot]) -> None:
+        """Landing ``slots`` that got nothing: empty again."""
+        for s in slots:
+            del self.landing[s.block_id]
+            s.ref_cnt = 0
+            self._empty.append(s)
 
     def load(self, slots: list[HostSlot], devices: list[Block]) -> None:
         """State the copy of each of ``slots`` into the fresh device block beside it in
@@ -258,6 +293,7 @@ class HostTier(SlotIndex):
         self.by_chunk.clear()
         self.by_key.clear()
         self._pinned.clear()
+        assert not self.landing, "clear while a store fetch writes into host slots"
         self._cached = FreeBlockQueue()
         self._empty = self.slots[::-1]
 

@@ -38,9 +38,10 @@ def _check_chains(tier) -> str | None:
 
 def check_tier(tier) -> str | None:
     """The first inconsistency of ``tier``'s slots, maps, pins and LRU links, None when
-    sound: every slot is empty (no content, no pin), cached (in the LRU, unpinned) or
-    pinned, exactly once; the maps hold exactly the cached and pinned slots that are not
-    chained; a slot keyed by its triple is the one ``find`` returns; chains (above)."""
+    sound: every slot is empty (no content, no pin), cached (in the LRU, unpinned),
+    pinned, or landing (reserved for a store fetch, no content, one pin), exactly once;
+    the maps hold exactly the cached and pinned slots that are not chained; a slot
+    keyed by its triple is the one ``find`` returns; chains (above)."""
     seen = set()
     for s in tier._empty:
         if s.key is not None or s.ref_cnt or s.chained:
@@ -54,10 +55,15 @@ def check_tier(tier) -> str | None:
         if not s.ref_cnt or not _holds(tier, s) or s.block_id in seen:
             return f"bad pinned host slot {s!r}"
         seen.add(s.block_id)
+    for i, s in tier.landing.items():
+        if s.key is not None or s.ref_cnt != 1 or s.chained or s.block_id != i or i in seen:
+            return f"bad landing host slot {s!r}"
+        seen.add(i)
     if len(seen) != len(tier.slots):
         return f"host slots accounted {len(seen)} != {len(tier.slots)}"
-    if len(tier) != len(tier.slots) - len(tier._empty):
-        return f"host maps hold {len(tier)} for {len(tier.slots) - len(tier._empty)} slots"
+    held = len(tier.slots) - len(tier._empty) - len(tier.landing)
+    if len(tier) != held:
+        return f"host maps hold {len(tier)} for {held} slots"
     for key, s in tier.by_key.items():
         if tier.find(s.parent_cid, key[1], s.extra) is not s:
             return f"host slot {s!r} is keyed by its triple but not found by it"

@@ -1,0 +1,178 @@
+"""``StoreWaits``: the requests waiting on the shared store, and their fetches.
+
+An admission whose prefix continues past the device and host into the store does not
+wait for it: ``start`` reserves host slots, hands a ``Fetch`` to the store's fetcher
+threads and answers ``StoreWait``. ``poll`` lands each fetch that ended: the run of
+blocks that passed the content check (on the fetcher's thread) takes its host slots as
+ordinary host content, as if the device had offloaded it, and every other reserved slot
+is freed. The request's next admission then finds those slots like any host hit. So:
+
+- a fetch that fails, times out or finds nothing lands nothing: the blocks are computed;
+- a fetch that ends after its request left (``cancel``) lands all the same (cached);
+- a fetch past its deadline releases its request at ``poll`` (it computes), while its
+  slots stay reserved until the fetcher returns them (no thread writes into a slot
+  that something else holds);
+- a fetch that loses a race lands only what still continues the chain: blocks whose
+  content the device or host got meanwhile are not landed twice, and a run whose
+  prefix left the device and host meanwhile is not landed at all;
+- a fetch delivered twice is landed once.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from ..errors import ConfigError
+from ..events import BlockStored
+from ..results import StoreFetched, StoreWait
+from ..store.fetch import Fetch
+from ..store.link import StoreLink
+from ..tiers import HostSlot, HostTier
+from .request import Request
+
+GRACE = 0.05
+"""Seconds past a fetch's deadline before ``poll`` gives up on it (its threads return by
+the deadline; this covers scheduling delays only)."""
+
+
+class StoreWaits:
+    """The waits of one manager: ``link`` its store, ``host`` its host tier, ``index`` its
+    content index, ``events`` its event sink, ``root`` its chain's root hash."""
+
+    def __init__(self, link: StoreLink, host: HostTier, index: Any, events: Any,
+                 block_size: int, root: bytes) -> None:
+        self.link, self.host, self.index, self.events = link, host, index, events
+        self.block_size, self.root = block_size, root
+        self.waiting: dict[Hashable, Fetch] = {}
+        self.in_flight = 0  # fetches submitted and not landed
+        self.reserved = 0  # their slots (landing in the host tier)
+        self.memory: list[list[memoryview]] | None = None  # host slots' bytes, when attached
+        self._stage: list[list[memoryview]] | None = None  # else: payloads land here
+
+    def attach(self, buffers: Sequence[Sequence[memoryview]]) -> None:
+        """Fetches read straight into these buffers: ``buffers[slot]``, writable byte
+        views whose lengths add up to the layout's ``block_bytes``. Raises ConfigError
+        (nothing changes) for another number of slots, a size or a read-only view."""
+        slots, want = len(self.host.slots), self.link.payload
+        if len(buffers) != slots:
+            raise ConfigError(f"host memory for {len(buffers)} slots, the tier has {slots}")
+        views = []
+        for i, views_i in enumerate(buffers):
+            vs = [memoryview(v).cast("B") for v in views_i]
+            if sum(v.nbytes for v in vs) != want or any(v.readonly for v in vs):
+                raise ConfigError(f"host slot {i}: writable views of {want} bytes in all "
+                                  f"(the StoreLayout's block_bytes), got "
+                                  f"{[(v.nbytes, 'ro' if v.readonly else 'rw') for v in vs]}")
+            views.append(vs)
+        self.memory = views
+
+    def _staging(self) -> list[list[memoryview]]:  # (slots of ``attach``'s shape)
+        """Buffers of the manager's own, one per host slot, for payloads that the plan's
+        ``StoreFetched`` ops then copy (without ``attach``): anonymous memory, mapped
+        once, whose pages are touched only as fetches write them. A slot's buffer is
+        reused only once the slot is reserved again, in a later step than the plan that
+        named it."""
+        if self._stage is None:
+            size = self.link.payload
+            area: memoryview = memoryview(mmap.mmap(-1, size * len(self.host.slots)))
+            self._stage = [[area[i * size:(i + 1) * size]] for i in range(len(self.host.slots))]
+        return self._stage
+
+    def start(self, req: Request, hits: list[Any], chunks: Sequence[bytes], limit: int) -> StoreWait | None:
+        """Start fetching the blocks after ``hits`` (at most ``limit`` blocks in all) for
+        request ``req``, when the store is worth asking and slots can be reserved; the
+        answer to give, or None (then nothing changed)."""
+        link, host = self.link, self.host
+        first = len(hits)
+        n = min(limit - first, link.max_fetch, len(host._empty) + len(host._cached))
+        now = link.store.clock()
+        if n <= 0 or not link.worth(n, now):
+            return None
+        held = [h for h in hits if type(h) is HostSlot]
+        if held:  # pinned for this step: no reservation takes a slot the request hits
+            host.hold(held)
+        slots = host.reserve(n)
+        if not slots:
+            return None
+        memory = self.memory if self.memory is not None else self._staging()
+        f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
+                  chunks[first:first + len(slots)], req.keys.of_blocks(first, first + len(slots)),
+                  slots, [memory[s.block_id] for s in slots], now + link.store.timeout,
+                  self.memory is None)
+        self.waiting[req.request_id] = f
+        self.in_flight += 1
+        self.reserved += len(slots)
+        link.submit(f, req.keys.extra)
+        return StoreWait(req.request_id, len(slots))
+
+    def take(self, request_id: Hashable) -> Fetch | StoreWait | None:
+        """At a re-admission: the request's fetch once it ended (``cancel`` it once the
+        request is admitted), ``StoreWait`` while it runs, None when the request waits on
+        nothing."""
+        f = self.waiting.get(request_id)
+        if f is None or f.ended or f.expired:
+            return f
+        return StoreWait(request_id, len(f.slots))
+
+    def cancel(self, request_id: Hashable) -> bool:
+        """The request left while it waited: forget the wait (its fetch still lands).
+        Whether it waited."""
+        return self.waiting.pop(request_id, None) is not None
+
+    def poll(self) -> list[Hashable]:
+        """Land the fetches that ended; the ids of waiting requests whose wait is over
+        (landed, or past the deadline), in that order."""
+        out = []
+        done, now = self.link.done, self.link.store.clock()
+        while done:
+            f = done.popleft()
+            if f.ended:  # delivered twice
+                continue
+            f.ended = True
+            self.in_flight -= 1
+            self.reserved -= len(f.slots)
+            self.link.ended(f, now)
+            self._land(f)
+            if self.waiting.get(f.request_id) is f and not f.expired:
+                out.append(f.request_id)
+        for rid, f in self.waiting.items():
+            if not f.ended and not f.expired and now > f.deadline + GRACE:
+                f.expired = True  # the request computes; the slots wait for the threads
+                self.link.stats.store_errors += 1
+                out.append(rid)
+        return out
+
+    def _land(self, f: Fetch) -> None:
+        """Land the run of ``f`` that still continues the request's chain in its slots;
+        free the other slots."""
+        req: Request = f.req
+        chunks = req.prompt_chunks  # (kept: the request was never admitted under this object)
+        assert chunks is not None, "a fetch of a request without its chunks"
+        first, end, index = f.first, f.first + f.run, self.index
+        # what the device and host hold now, up to the first fetched block: that block's
+        # content may have come meanwhile (then land only past what is there now), or
+        # the prefix before it may have left (then the run continues nothing)
+        hits = index.match(chunks[:first + 1], req.keys.base, req.keys.mm) if f.run else []
+        if len(hits) > first:
+            hits = index.match(chunks[:end], req.keys.base, req.keys.mm)
+        start = len(hits) if len(hits) >= first else end
+        slots = f.slots
+        if start < end:
+            lo, hi, bs = start - first, end - first, self.block_size
+            cids = f.cids = index.new_ids(hi - lo)
+            events = None
+            if self.events.active:
+                parents = [hits[-1].hash if hits else None, *f.hashes[lo:hi - 1]]
+                events = [BlockStored(f.hashes[i], p, tuple(req.tokens[j * bs:(j + 1) * bs]), 0,
+                                      req.keys.for_event(j, bs))
+                          for i, j, p in zip(range(lo, hi), range(start, end), parents, strict=True)]
+            self.host.land(slots[lo:hi], hits[-1].content_id if hits else 0, f.chunks[lo:hi],
+                           f.extras[lo:hi], cids, f.hashes[lo:hi], events)
+            if f.staged:
+                self.host.fetches += [StoreFetched(s.block_id, f.buffers[i][0].toreadonly())
+                                      for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]
+            self.host.unreserve(slots[:lo] + slots[hi:])
+        else:
+            self.host.unreserve(slots)

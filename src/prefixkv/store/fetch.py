@@ -1,0 +1,154 @@
+"""``Fetch``: one request's chain continued into the shared store, read off the
+scheduler's thread straight into reserved host slots and checked there.
+
+    scheduler thread                        fetcher threads (``StoreLink``'s executor)
+    add_request: reserve host slots,  --->  chain hashes, keys, expected heads
+                 submit, StoreWait          read_into, one part per connection: values
+                                            land in the slots' buffers, heads apart
+                                            check heads, lengths, checksums in place
+    poll_store:  land the checked run <---  the last part queues the fetch as done
+                 in the slots, free the rest
+
+The fields above the line are the scheduler's, set before the fetch is submitted and
+read-only after; those below it are written by the fetcher threads before the fetch is
+queued as done, and read by the scheduler only after (the queue orders them).
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import xxhash
+
+from .protocol import StoreBackend
+from .record import block_head
+
+_TAIL = struct.Struct("<Q16s")
+
+YIELD_EVERY = 8
+"""Values a fetcher thread handles between two releases of the GIL (``time.sleep(0)``):
+the scheduler's thread, which needs the GIL for its calls, then waits for at most that
+much Python work instead of the interpreter's switch interval (5 ms)."""
+
+OK, ABSENT, REJECTED, FAILED = range(4)
+"""A block's state after its read: checked and served; the store holds no value; a value
+that fails the content check (wrong length, head or checksum); the key or the call failed."""
+
+
+class Fetch:
+    """A fetch of blocks ``first .. first + len(slots) - 1`` of request ``request_id``
+    (``req``: its Request) into host ``slots``, whose payload buffers are ``buffers``
+    (``staged``: the manager's own, the payloads then copied by ``StoreFetched``
+    ops). ``parent``: the chain hash before block
+    ``first``; ``chunks``/``extras``: the blocks' token and extra-key bytes. ``deadline``:
+    the ``time.monotonic()`` instant by which it ends, whatever the store does.
+    Results: ``run`` (blocks from ``first`` that passed the check), ``stop`` (the state
+    of the block that ended the run, ``OK`` if none did), ``failed`` (an error of the whole
+    call), ``hashes``, ``nbytes``/``seconds`` (measured)."""
+
+    __slots__ = ("request_id", "req", "first", "parent", "chunks", "extras", "slots",
+                 "buffers", "staged", "deadline", "started", "ended", "expired", "cids",
+                 "hashes", "keys", "heads", "states", "run", "stop", "failed", "nbytes",
+                 "seconds", "_left", "_lock")
+
+    def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
+                 chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
+                 buffers: list[list[memoryview]], deadline: float, staged: bool) -> None:
+        self.request_id, self.req, self.first, self.parent = request_id, req, first, parent
+        self.chunks, self.extras, self.slots, self.buffers = chunks, extras, slots, buffers
+        self.staged = staged
+        self.deadline, self.started = deadline, time.monotonic()
+        self.ended = self.expired = False  # landed; past its deadline (the request went on)
+        self.cids: range = range(0)  # content ids landed (store hits at the re-admission)
+        # ---- written by the fetcher threads ----
+        self.hashes: list[bytes] = []
+        self.keys: list[bytes] = []
+        self.heads: list[bytes] = []
+        self.states: list[int] = []
+        self.run, self.stop = 0, OK
+        self.failed: Exception | None = None
+        self.nbytes, self.seconds = 0, 0.0
+        self._left = 0
+        self._lock = threading.Lock()
+
+
+def prepare(f: Fetch, chain: Callable[..., list[bytes]], digest: bytes, block_size: int, prefix: bytes,
+            payload_len: int, parts: int) -> list[tuple[int, int]]:
+    """The fetcher's first step: chain hashes, keys and heads; returns the parts
+    ``(start, stop)`` to read, at most ``parts``."""
+    n = len(f.slots)
+    f.hashes = hashes = chain(f.parent, f.chunks, f.extras)
+    f.keys = [prefix + h.hex().encode() for h in hashes]
+    parents = [f.parent, *hashes[:-1]]
+    f.heads = [block_head(digest, block_size, p, c, e)
+               for p, c, e in zip(parents, f.chunks, f.extras, strict=True)]
+    f.states = [FAILED] * n
+    time.sleep(0)  # (as YIELD_EVERY: the hashing above was Python work)
+    size = -(-n // max(1, min(parts, n)))
+    bounds = [(a, min(a + size, n)) for a in range(0, n, size)]
+    f._left = len(bounds)
+    return bounds
+
+
+def read_part(f: Fetch, backend: StoreBackend, start: int, stop: int, payload_len: int) -> bool:
+    """Read and check blocks ``start .. stop - 1``; True when this was the fetch's last
+    part (the caller then queues it as done). Never raises: a failed call fails its
+    blocks and is kept in ``failed``."""
+    heads = f.heads[start:stop]
+    fronts = [bytearray(len(h) + _TAIL.size) for h in heads]
+    bufs = [[memoryview(front), *f.buffers[i]]
+            for front, i in zip(fronts, range(start, stop), strict=True)]
+    try:
+        outcomes = backend.read_into(f.keys[start:stop], bufs, f.deadline)
+        if len(outcomes) != stop - start:
+            raise ValueError(f"the store answered {len(outcomes)} of {stop - start} keys")
+    except Exception as exc:
+        f.failed = exc
+        outcomes = [exc] * (stop - start)
+    states = f.states
+    for i, outcome, head, front in zip(range(start, stop), outcomes, heads, fronts, strict=True):
+        if outcome is True:
+            states[i] = OK if _checked(front, head, f.buffers[i], payload_len) else REJECTED
+        elif outcome is None:
+            states[i] = ABSENT
+        elif isinstance(outcome, int):
+            states[i] = REJECTED
+        else:
+            states[i] = FAILED
+        if states[i] != OK:
+            break  # the run ends here: what follows in this part is not checked
+        if not (i - start + 1) % YIELD_EVERY:
+            time.sleep(0)
+    with f._lock:
+        f._left -= 1
+        return f._left == 0
+
+
+def finish(f: Fetch, payload_len: int) -> None:
+    """The last part's step: the run and what ended it, the measured figures."""
+    run = 0
+    for state in f.states:
+        if state != OK:
+            f.stop = state
+            break
+        run += 1
+    f.run, f.nbytes = run, run * payload_len
+    f.seconds = time.monotonic() - f.started
+
+
+def _checked(front: bytearray, head: bytes, payload: Sequence[memoryview], payload_len: int) -> bool:
+    """Whether a value read as ``front`` (head and tail) and ``payload`` is exactly a
+    value for ``head`` whose payload matches its checksum (read in place: no copy)."""
+    if front[:len(head)] != head:
+        return False
+    n, checksum = _TAIL.unpack_from(front, len(head))
+    if n != payload_len:
+        return False
+    h = xxhash.xxh3_128()
+    for view in payload:
+        h.update(view)
+    return bool(h.digest() == checksum)

@@ -1,0 +1,108 @@
+"""``StoreLink``: a ``SharedStore`` bound to one manager (its hash mode, root, block
+size and stats): key names, the writes the plan states, and the fetches, which run on
+the store's executor and come back through ``done``.
+
+A fetch that fails as a whole (the store down, or slower than the deadline) leaves the
+store alone for ``retry_after`` seconds, so no request waits on a store known to be
+down; a key that fails on its own (a value of another type, a refusal) costs that key,
+never the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..extra_keys import ExtraKeys
+from ..results import StorePut
+from .fetch import FAILED, REJECTED, Fetch, finish, prepare, read_part
+from .record import block_head
+
+if TYPE_CHECKING:
+    from .shared import SharedStore
+
+
+class StoreLink:
+    """The manager's handle on its store. ``done``: fetches that ended, in the order
+    they did (appended by the fetcher threads, drained by the manager's thread).
+    ``stats``: has ``store_errors``/``store_rejected`` counts, incremented when a fetch is
+    landed (the manager's thread)."""
+
+    def __init__(self, store: SharedStore, mode: bytes, root: bytes, block_size: int,
+                 stats: Any, chain: Callable[..., list[bytes]] | None) -> None:
+        self.store, self.stats, self.chain = store, stats, chain
+        self.backend = store.backend
+        self.digest = store.layout.digest()
+        self.payload = store.layout.block_bytes
+        self.block_size = block_size
+        self.max_fetch, self.cost = store.max_fetch, store.cost
+        self._scope = self.digest + block_size.to_bytes(4, "little") + mode + b"\0" + root
+        self._prefixes: dict[str | None, bytes] = {}
+        self.quiet_until = 0.0
+        self.done: deque[Fetch] = deque()
+
+    def prefix(self, extra: ExtraKeys | None) -> bytes:
+        """``b"prefixkv:<namespace>:"`` for requests with these extra keys (their salt)."""
+        salt = extra.cache_salt if extra is not None else None
+        p = self._prefixes.get(salt)
+        if p is None:
+            if len(self._prefixes) >= 4096:  # one entry per salt seen: keep it bounded
+                self._prefixes.clear()
+            tag = b"-" if salt is None else b"S" + salt.encode()
+            ns = hashlib.sha256(b"prefixkv-ns\0" + self._scope + b"\0" + tag).hexdigest()[:24]
+            p = self._prefixes[salt] = f"prefixkv:{ns}:".encode()
+        return p
+
+    def put(self, block_id: int, block_hash: bytes, parent: bytes, chunk: bytes, extra: bytes,
+            keys: ExtraKeys | None) -> StorePut:
+        """The write of device block ``block_id``'s content (chain hash ``block_hash``,
+        parent hash ``parent``, token bytes ``chunk``, extra-key bytes ``extra``)."""
+        return StorePut(block_id, self.prefix(keys) + block_hash.hex().encode(),
+                        block_head(self.digest, self.block_size, parent, chunk, extra))
+
+    def worth(self, num_blocks: int, now: float) -> bool:
+        """Whether a fetch of ``num_blocks`` may start now: the store is not being left
+        alone, and fetching beats computing (``FetchCost``)."""
+        return now >= self.quiet_until and self.cost.worth(
+            num_blocks, self.payload, self.block_size, now)
+
+    def submit(self, f: Fetch, extra: ExtraKeys | None) -> None:
+        """Start ``f`` on the executor (returns at once)."""
+        self.store.executor.submit(self._run, f, self.prefix(extra))
+
+    def ended(self, f: Fetch, now: float) -> None:
+        """Count what ended ``f`` and feed the cost rule (the manager's thread, when it
+        lands ``f``)."""
+        if f.stop == REJECTED:
+            self.stats.store_rejected += 1
+        elif f.stop == FAILED:
+            self.stats.store_errors += 1
+            if f.failed is not None:  # the whole call failed: leave the store alone
+                self.quiet_until = now + self.store.retry_after
+        self.cost.observe(f.nbytes, f.seconds, now)
+
+    # ---- the fetcher threads -------------------------------------------------------------
+
+    def _run(self, f: Fetch, prefix: bytes) -> None:
+        try:
+            assert self.chain is not None, "a link bound without a chain hash fetches nothing"
+            parts = prepare(f, self.chain, self.digest, self.block_size, prefix, self.payload,
+                            self.store.connections)
+        except Exception as exc:  # (a caller's hash callable): the fetch fails, counted
+            f.failed, f.states, f._left = exc, [FAILED] * len(f.slots), 1
+            self._last(f)
+            return
+        ex = self.store.executor
+        for start, stop in parts[1:]:
+            ex.submit(self._part, f, start, stop)
+        self._part(f, *parts[0])
+
+    def _part(self, f: Fetch, start: int, stop: int) -> None:
+        if read_part(f, self.backend, start, stop, self.payload):
+            self._last(f)
+
+    def _last(self, f: Fetch) -> None:
+        finish(f, self.payload)
+        self.done.append(f)

