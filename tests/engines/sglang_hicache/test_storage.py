@@ -122,11 +122,11 @@ def test_other_models_and_ranks_never_see_the_pages(sgl, redis):
 
 
 def raw_value(backend, page: str) -> bytes:
-    return backend.backend.get([backend.pages.key(page)])[0]
+    return backend.backend.client.get(backend.pages.key(page))
 
 
 def put_raw(backend, page: str, value: bytes) -> None:
-    backend.backend.put([(backend.pages.key(page), value)])
+    backend.backend.client.set(backend.pages.key(page), value)
 
 
 def test_a_wrong_stale_or_foreign_value_is_a_miss_never_kv(sgl, redis):

@@ -149,14 +149,17 @@ class Replica:
         finally:
             kv_transfer_state._KV_CONNECTOR_AGENT = before
 
-    def step(self):
+    def step(self, after_schedule=None):
         """One engine step, the connector driven by vLLM's model-runner mixin; returns
-        the scheduler's output."""
+        the scheduler's output. ``after_schedule``: called between the scheduler and
+        the worker (tests change the world there)."""
         from vllm.forward_context import set_forward_context
         from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 
         out = self.scheduler.schedule()
+        if after_schedule is not None:
+            after_schedule()
         with (self._as_worker(), set_forward_context(None, self.config),
               KVConnectorModelRunnerMixin._get_kv_connector_output(out) as kv_out):
             self.forward(out)

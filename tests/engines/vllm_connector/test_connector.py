@@ -78,17 +78,12 @@ def saved_by_a(model, redis, tokens) -> Replica:
     return a
 
 
-def store_keys(replica: Replica) -> list[bytes]:
-    backend = replica.worker.worker._link._backend
-    return sorted(backend.client.keys(b"prefixkv:*"))
-
-
 def test_a_wrong_stale_or_foreign_value_is_a_miss_never_kv(model, redis):
     tokens = prompt(6 * BLOCK + 1, salt=3)
     a = saved_by_a(model, redis, tokens)
     link = a.worker.worker._link
     prefix = link.prefix(None)
-    client = link._backend.client
+    client = link.backend.client
     from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
     fn, root = make_hash_fn("sha256", None)
     hashes, _ = chain(fn, root, token_bytes(encode_tokens(tokens[:6 * BLOCK])), [b""] * 6)
@@ -140,8 +135,7 @@ def test_redis_down_costs_recompute_never_an_error(model):
         assert a.worker.worker.stats.saved == 4
         b = Replica(model, server.url)
         b.add("r2", tokens)
-        b.step()  # the lookup found 4 blocks held; now the store goes down
-        server.stop()
+        b.step(after_schedule=server.stop)  # the lookup found 4 blocks; the store goes down
         b.run()
         w = b.worker.worker.stats
         assert (w.loaded, w.failed, w.store_errors) == (0, 4, 1)

@@ -16,8 +16,9 @@ another page (a key mix-up), by another model, rank, dtype or layout (stale or f
 truncated or corrupted, is a miss, never KV. The token ids themselves never reach a
 storage backend in SGLang; the page hash stands for them (a SHA-256 chain).
 
-A failing store (down, slow past its timeout, full) costs misses or dropped writes: the
-error is counted and the store is left alone for ``retry_after`` seconds.
+A failing store (down, slow past ``timeout``, full) costs misses or dropped writes: the
+error is counted and the store is left alone for ``retry_after`` seconds. Values are
+read straight into one buffer each (``StoreBackend.read_into``) and checked there.
 """
 
 from __future__ import annotations
@@ -30,24 +31,29 @@ from ...errors import ConfigError
 from ...store.protocol import StoreBackend
 from ...store.record import StoreLayout, block_head, decode_value, encode_value
 
+_FRAME = len(encode_value(b"", b""))  # a value's bytes besides its head and payload
+
 
 class PageStore:
     """Pages of ``layout.block_bytes`` bytes (``page_size`` tokens) in ``backend``.
     ``hits``/``misses``/``rejected``/``errors``/``written``: pages read and checked,
     pages not held, values that failed the content check, failed store calls, pages
-    written. Raises ConfigError for a layout that is not a StoreLayout, a page size that
-    is not a positive int or a negative ``retry_after``."""
+    written. ``timeout``: seconds a read may take in all. Raises ConfigError for a
+    layout that is not a StoreLayout, a page size that is not a positive int, a
+    non-positive ``timeout`` or a negative ``retry_after``."""
 
     def __init__(self, backend: StoreBackend, layout: StoreLayout, page_size: int, *,
-                 retry_after: float = 1.0) -> None:
+                 timeout: float = 0.25, retry_after: float = 1.0) -> None:
         if not isinstance(layout, StoreLayout):
             raise ConfigError(f"layout must be a StoreLayout, got {layout!r}")
         if type(page_size) is not int or page_size <= 0:
             raise ConfigError(f"page_size must be a positive int, got {page_size!r}")
         if type(retry_after) not in (int, float) or not 0 <= retry_after < float("inf"):
             raise ConfigError(f"retry_after must be a finite number >= 0, got {retry_after!r}")
+        if type(timeout) not in (int, float) or not 0 < timeout < float("inf"):
+            raise ConfigError(f"timeout must be a positive finite number, got {timeout!r}")
         self.backend, self.layout, self.page_size = backend, layout, page_size
-        self.retry_after = float(retry_after)
+        self.timeout, self.retry_after = float(timeout), float(retry_after)
         self._digest = layout.digest()
         ns = hashlib.sha256(b"prefixkv-sglang\0" + self._digest + page_size.to_bytes(4, "little"))
         self.prefix = f"prefixkv:sglang:{ns.hexdigest()[:24]}:".encode()
@@ -80,26 +86,32 @@ class PageStore:
     def get(self, pages: Sequence[str]) -> list[bytes | None]:
         """The checked payload of each page, None where the store holds none, the value
         fails the content check, or the store fails (then every page is None). One
-        round trip."""
+        round trip per server, bounded by ``timeout``."""
         keys = [self.key(p) for p in pages]
         if not keys or self._quiet():
             return [None] * len(keys)
+        heads = [self.head(p) for p in pages]
+        size = self.layout.block_bytes
+        bufs = [bytearray(len(h) + _FRAME + size) for h in heads]
         try:
-            values = self.backend.get(keys)
-            if len(values) != len(keys):
-                raise ValueError(f"the store returned {len(values)} values for {len(keys)} keys")
+            outcomes = self.backend.read_into(keys, [[memoryview(b)] for b in bufs],
+                                              time.monotonic() + self.timeout)
+            if len(outcomes) != len(keys):
+                raise ValueError(f"the store answered {len(outcomes)} of {len(keys)} keys")
         except Exception:
             self._failed()
             return [None] * len(keys)
         out: list[bytes | None] = []
-        for page, value in zip(pages, values, strict=True):
-            payload = decode_value(value, self.head(page), self.layout.block_bytes)
+        for outcome, head, buf in zip(outcomes, heads, bufs, strict=True):
+            payload = decode_value(bytes(buf), head, size) if outcome is True else None
             if payload is not None:
                 self.hits += 1
-            elif value is None:
+            elif outcome is None:
                 self.misses += 1
-            else:
-                self.rejected += 1
+            elif outcome is True or type(outcome) is int:  # checked and refused, or a
+                self.rejected += 1  # value of another length
+            else:  # this key failed on its own
+                self.errors += 1
             out.append(payload)
         return out
 
@@ -118,12 +130,13 @@ class PageStore:
         if self._quiet():
             return False
         try:
-            self.backend.put(values)
+            refused = self.backend.put(values) or 0
         except Exception:
             self._failed()
             return False
-        self.written += len(values)
-        return True
+        self.written += len(values) - refused
+        self.errors += 1 if refused else 0
+        return not refused
 
     def _quiet(self) -> bool:
         return time.monotonic() < self._quiet_until

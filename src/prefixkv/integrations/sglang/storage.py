@@ -68,7 +68,8 @@ class PrefixKVStorage(HiCacheStorage):
         self._retry_after = extra.get("retry_after", 1.0)
         if type(self._retry_after) not in (int, float) or not 0 <= self._retry_after < float("inf"):
             raise ConfigError(f"retry_after must be a finite number >= 0, got {self._retry_after!r}")
-        self.backend = RedisStore(url, timeout=extra.get("timeout", 0.25), ttl=extra.get("ttl", 86400))
+        self.backend_timeout = extra.get("timeout", 0.25)
+        self.backend = RedisStore(url, timeout=self.backend_timeout, ttl=extra.get("ttl", 86400))
         self._pages: PageStore | None = None
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
@@ -82,7 +83,7 @@ class PrefixKVStorage(HiCacheStorage):
         dummy = mem_pool_host.get_dummy_flat_data_page()
         layout = StoreLayout(text, str(mem_pool_host.dtype), dummy.numel() * dummy.element_size())
         self._pages = PageStore(self.backend, layout, mem_pool_host.page_size,
-                                retry_after=self._retry_after)
+                                timeout=self.backend_timeout, retry_after=self._retry_after)
 
     @property
     def pages(self) -> PageStore:

@@ -17,6 +17,7 @@ is a miss that vLLM recomputes, which is why ``kv_load_failure_policy`` must be
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -27,7 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from ...errors import ConfigError
-from ...hashing import make_hash_fn
+from ...hashing import chain_hashes, make_hash_fn
 from ...store.redis_store import RedisStore
 from ...store.shared import SharedStore
 from ...store.writer import StoreWriter
@@ -75,17 +76,18 @@ class PrefixKVConnector(KVConnectorBase_V1, SupportsHMA):
         if scheduler:
             backend = RedisStore(cfg.redis_url, timeout=cfg.lookup_timeout, ttl=cfg.ttl)
             store = SharedStore(backend, layout, retry_after=cfg.retry_after)
-            sched = ConnectorScheduler(store.bind("sha256", cfg.hash_seed, root, block_size, None),
-                                       backend, block_size, fn, root, retry_after=cfg.retry_after)
-            self.scheduler = sched
+            link = store.bind("sha256", cfg.hash_seed, root, block_size, None, None)
+            self.scheduler = ConnectorScheduler(link, backend, block_size, fn, root,
+                                                retry_after=cfg.retry_after)
         else:
             backend = RedisStore(cfg.redis_url, timeout=cfg.timeout, ttl=cfg.ttl)
-            store = SharedStore(backend, layout, retry_after=cfg.retry_after)
+            store = SharedStore(backend, layout, timeout=cfg.timeout, retry_after=cfg.retry_after,
+                                connections=cfg.fetch_threads)
             stats = WorkerStats()
-            link = store.bind("sha256", cfg.hash_seed, root, block_size, stats)
+            link = store.bind("sha256", cfg.hash_seed, root, block_size, stats,
+                              functools.partial(chain_hashes, fn))
             writer = StoreWriter(backend, max_pending=cfg.max_pending)
-            self.worker = ConnectorWorker(link, stats, writer, layout.block_bytes,
-                                          threads=cfg.fetch_threads)
+            self.worker = ConnectorWorker(link, stats, writer, layout.block_bytes)
 
     @property
     def requires_kv_delivery(self) -> bool:

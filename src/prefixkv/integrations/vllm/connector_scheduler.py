@@ -30,8 +30,8 @@ from typing import Any
 from ...adapters.vllm_request import extra_keys_of
 from ...extra_keys import ExtraKeys
 from ...hashing import HashFn, chain, encode_tokens, token_bytes
+from ...store.link import StoreLink
 from ...store.protocol import StoreBackend
-from ...store.shared import StoreLink
 from .connector_meta import BlockRun, PrefixKVConnectorMetadata
 
 

@@ -1,8 +1,9 @@
 """``ConnectorWorker``: the worker side of ``PrefixKVConnector`` (no vLLM import).
 
-    start_load_kv   each load (``BlockRun``) goes to a fetch thread: one round trip,
-                    then prefixkv's content check of every value (``StoreLink.fetch``:
-                    the verified run from the first block, stopping at the first miss)
+    start_load_kv   each load (``BlockRun``) becomes a store ``Fetch`` on the store's
+                    fetcher threads: values read straight into a host staging buffer
+                    (one row a block), prefixkv's content check of each in place, the
+                    verified run from the first block, stopping at the first miss
     get_finished    on the model runner's thread, the fetched payloads of finished
                     fetches are written into their device blocks; blocks past the
                     verified run are reported invalid (vLLM recomputes them); the
@@ -17,14 +18,15 @@ store. Saves are best effort: a full queue or a failing store drops them (a late
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
 from ...errors import ConfigError
 from ...extra_keys import ExtraKeys
-from ...store.shared import StoreLink
+from ...store.fetch import Fetch
+from ...store.link import StoreLink
 from ...store.writer import StoreWriter
 from .connector_meta import BlockRun, PrefixKVConnectorMetadata
 from .layout import BlockCopier
@@ -33,22 +35,22 @@ from .layout import BlockCopier
 class WorkerStats:
     """Counts since the worker started: blocks loaded (verified and written), blocks
     that failed to load (missing, failing the check, or the store failing), blocks
-    saved (handed to the writer), failed store calls (``store_errors``)."""
+    saved (handed to the writer), fetches ended by a failed call or key
+    (``store_errors``) or by a value that failed the content check (``store_rejected``)."""
 
     def __init__(self) -> None:
-        self.loaded = self.failed = self.saved = self.store_errors = 0
+        self.loaded = self.failed = self.saved = self.store_errors = self.store_rejected = 0
 
 
 class ConnectorWorker:
-    """``link``: this rank's store link (its layout names this rank's shard), bound with
-    ``stats`` (where it counts failed calls); ``writer``: the writer thread of its
-    saves; ``threads``: fetch threads."""
+    """``link``: this rank's store link (its layout names this rank's shard; its store's
+    ``timeout`` bounds a fetch), bound with ``stats`` and the chain hash; ``writer``: the
+    writer thread of its saves."""
 
     def __init__(self, link: StoreLink, stats: WorkerStats, writer: StoreWriter,
-                 block_bytes: int, *, threads: int = 2) -> None:
+                 block_bytes: int) -> None:
         self._link, self._writer, self._block_bytes = link, writer, block_bytes
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="prefixkv-fetch")
-        self._fetches: list[tuple[BlockRun, Future[list[bytes]]]] = []
+        self._fetches: dict[int, tuple[Fetch, BlockRun, torch.Tensor]] = {}
         self._invalid: set[int] = set()
         self._sent: set[str] = set()  # finished requests whose final save was handed off
         self.copier: BlockCopier | None = None
@@ -69,13 +71,17 @@ class ConnectorWorker:
         return self.copier
 
     def start_loads(self, meta: PrefixKVConnectorMetadata) -> None:
-        """``start_load_kv``: start a fetch of each load of ``meta``."""
+        """``start_load_kv``: start a fetch of each load of ``meta`` (returns at once)."""
+        copier = self._copier()
+        pin = copier.layers[0].is_cuda
         for run in meta.loads:
-            self._fetches.append((run, self._pool.submit(self._fetch, run)))
-
-    def _fetch(self, run: BlockRun) -> list[bytes]:
-        """The verified payloads of ``run``'s blocks, from its first (fetch thread)."""
-        return self._link.fetch(run.parent, run.hashes, run.chunks, run.extras, _salted(run.salt))
+            rows = torch.empty((len(run.block_ids), self._block_bytes), dtype=torch.uint8,
+                               pin_memory=pin)
+            views = [[memoryview(row.numpy())] for row in rows]
+            f = Fetch(run.req_id, None, 0, run.parent, run.chunks, run.extras,
+                      list(run.block_ids), views, time.monotonic() + self._link.store.timeout, True)
+            self._fetches[id(f)] = (f, run, rows)
+            self._link.submit(f, _salted(run.salt))
 
     def save(self, meta: PrefixKVConnectorMetadata) -> None:
         """``wait_for_save``: read the blocks of ``meta``'s saves and final saves and
@@ -96,19 +102,19 @@ class ConnectorWorker:
         ``wait``: wait for every fetch in flight (shutdown, tests)."""
         copier = self._copier()
         recving: set[str] = set()
-        pending = []
-        for run, fut in self._fetches:
-            if not (wait or fut.done()):
-                pending.append((run, fut))
-                continue
-            payloads = fut.result()
-            n = len(payloads)
-            copier.write(run.block_ids[:n], payloads)
+        done = self._link.done
+        while wait and len(done) < len(self._fetches):
+            time.sleep(0.001)
+        while done:
+            f = done.popleft()
+            _, run, rows = self._fetches.pop(id(f))
+            self._link.ended(f, time.monotonic())
+            n = f.run
+            copier.write_rows(run.block_ids[:n], rows[:n])
             self._invalid.update(run.block_ids[n:])
             self.stats.loaded += n
             self.stats.failed += len(run.block_ids) - n
             recving.add(run.req_id)
-        self._fetches = pending
         sending = self._sent.intersection(finished_req_ids)
         self._sent -= sending
         return sending, recving
@@ -125,7 +131,7 @@ class ConnectorWorker:
 
     def close(self) -> None:
         """Wait for the fetches in flight and the queued writes."""
-        self._pool.shutdown(wait=True)
+        self.finished((), wait=True)
         self._writer.flush()
 
 

@@ -69,14 +69,24 @@ class BlockCopier:
         that differs from the ids'."""
         if len(payloads) != len(block_ids):
             raise ConfigError(f"{len(payloads)} payloads for {len(block_ids)} blocks")
-        if not block_ids:
-            return
         wrong = [len(p) for p in payloads if len(p) != self.block_bytes]
         if wrong:
             raise ConfigError(f"payloads of {wrong[0]} bytes for blocks of {self.block_bytes}")
+        if block_ids:
+            raw = torch.frombuffer(bytearray(b"".join(payloads)), dtype=torch.uint8)
+            self.write_rows(block_ids, raw.view(len(block_ids), self.block_bytes))
+
+    def write_rows(self, block_ids: Sequence[int], rows: torch.Tensor) -> None:
+        """Write row ``i`` of ``rows`` (``[n, block_bytes]`` uint8, host or device: a
+        staging buffer the payloads were read into) into block ``block_ids[i]`` of every
+        layer. Raises ConfigError, before writing anything, for rows of another shape."""
+        if tuple(rows.shape) != (len(block_ids), self.block_bytes) or rows.dtype != torch.uint8:
+            raise ConfigError(f"rows of shape {tuple(rows.shape)} and {rows.dtype} for "
+                              f"{len(block_ids)} blocks of {self.block_bytes} bytes")
+        if not block_ids:
+            return
         ids = self._ids(block_ids)
-        raw = torch.frombuffer(bytearray(b"".join(payloads)), dtype=torch.uint8)
-        rows = raw.view(len(block_ids), self.block_bytes).to(self.layers[0].device)
+        rows = rows.to(self.layers[0].device, non_blocking=True)
         offset = 0
         for t, size in zip(self.layers, self._sizes, strict=True):
             part = rows[:, offset:offset + size].contiguous().view(t.dtype)
