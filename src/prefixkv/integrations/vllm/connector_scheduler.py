@@ -77,18 +77,24 @@ class ConnectorScheduler:
         self.stats = ConnectorStats()
 
     def _chain(self, request: Any, num_blocks: int) -> _Chain:
-        """The request's chain, named up to ``num_blocks`` full blocks."""
+        """The request's chain (made and kept when it has none), named up to
+        ``num_blocks`` full blocks."""
         c = self._chains.get(request.request_id)
         if c is None or c.request is not request:
             c = self._chains[request.request_id] = _Chain(request, extra_keys_of(request))
+        return self._name(c, num_blocks)
+
+    def _name(self, c: _Chain, num_blocks: int) -> _Chain:
+        """Name chain ``c``'s full blocks up to ``num_blocks`` (hashes, token bytes,
+        extra-key bytes)."""
         have = len(c.hashes)
         if num_blocks > have:
             bs = self._bs
-            data = token_bytes(encode_tokens(list(request.all_token_ids[have * bs:num_blocks * bs])))
+            tokens = list(c.request.all_token_ids[have * bs:num_blocks * bs])
             extras = (c.extra.block_bytes(num_blocks, bs)[have:] if c.extra is not None
                       else [b""] * (num_blocks - have))
             parent = c.hashes[-1] if have else self._root
-            hashes, chunks = chain(self._fn, parent, data, extras)
+            hashes, chunks = chain(self._fn, parent, token_bytes(encode_tokens(tokens)), extras)
             c.hashes += hashes
             c.chunks += chunks
             c.extras += extras
@@ -177,7 +183,7 @@ class ConnectorScheduler:
         start = c.saved
         if end <= start:
             return None
-        self._chain(c.request, end)
+        self._name(c, end)
         c.saved = end
         self.stats.save_blocks += end - start
         return self._run(c, start, end, block_ids[start:end])
