@@ -194,3 +194,12 @@ def test_config_errors_come_before_any_connection(sgl):
     unbound = PrefixKVStorage(config(sgl, "redis://127.0.0.1:1/0"), {})
     with pytest.raises(ConfigError, match="register_mem_pool_host"):
         unbound.batch_exists(["ab"])
+
+
+def test_sglang_storage_example(sgl, capsys):
+    from .engine import _EXAMPLE
+
+    _EXAMPLE["main"](["--pages", "4"])
+    out = capsys.readouterr().out
+    assert "A wrote 4 pages; B found 4 held and read 4, checked (0 rejected)" in out
+    assert "pages read equal pages written: True" in out
