@@ -167,3 +167,44 @@ def test_config_errors_before_connecting(model):
     from .replica import kv_cache_config
     with pytest.raises(ConfigError, match="recompute"):
         KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config(8))
+
+
+def test_vllm_init_path_and_no_forward_step_clear_the_metadata(model, redis):
+    """vLLM's own worker init (``ensure_kv_transfer_initialized``) makes our connector the
+    process's agent, and its no-forward step binds, runs and clears our metadata (the
+    check of vLLM's tests/v1/kv_connector/unit/test_kv_connector_lifecycle.py, on ours)."""
+    from unittest.mock import MagicMock, patch
+
+    from vllm.distributed.kv_transfer.kv_transfer_state import (
+        ensure_kv_transfer_initialized, ensure_kv_transfer_shutdown, get_kv_transfer_group)
+    from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+    from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
+
+    from prefixkv.integrations.vllm.connector import PrefixKVConnector
+    from prefixkv.integrations.vllm.connector_meta import PrefixKVConnectorMetadata
+
+    from .replica import kv_cache_config, vllm_config
+
+    config = vllm_config(model, redis.url)
+    tp = MagicMock()  # vLLM's own test stands in for the TP group the same way
+    tp.broadcast_object.side_effect = lambda value, src=0: value
+    with patch("vllm.distributed.parallel_state.get_tp_group", return_value=tp):
+        ensure_kv_transfer_initialized(config, kv_cache_config(8))
+    try:
+        connector = get_kv_transfer_group()
+        assert isinstance(connector, PrefixKVConnector) and connector.worker is not None
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+        from vllm.v1.worker.utils import allocate_kv_cache
+        connector.register_kv_caches(allocate_kv_cache(kv_cache_config(8), torch.device("cpu"),
+                                                       KVCacheLayout.LBNHC))
+        out = SchedulerOutput(
+            scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData.make_empty(),
+            num_scheduled_tokens={}, total_num_scheduled_tokens=0,
+            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+            finished_req_ids=set(), free_encoder_mm_hashes=[],
+            kv_connector_metadata=PrefixKVConnectorMetadata())
+        runner_out = KVConnectorModelRunnerMixin.kv_connector_no_forward(out, config)
+        assert connector._connector_metadata is None
+        assert runner_out.kv_connector_output is None  # nothing to report: vLLM drops it
+    finally:
+        ensure_kv_transfer_shutdown()
