@@ -43,8 +43,17 @@ def test_second_replica_loads_the_first_ones_blocks(model, redis, layouts):
     a = Replica(model, redis.url, layout=layouts[0])
     b = Replica(model, redis.url, layout=layouts[1])
     tokens = prompt(5 * BLOCK + 3)
-    a.add("r1", tokens)
+    published = []  # what vLLM's scheduler publishes (its publisher replaced by a list)
+    a.scheduler.kv_event_publisher = type("Record", (), {"publish": lambda _, e: published.append(e)})()
+    r1 = a.add("r1", tokens)
     a.run()
+    from vllm.distributed.kv_events import BlockStored
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+    stored = [e for batch in published for e in batch.events
+              if isinstance(e, BlockStored) and e.medium == "STORAGE"]
+    assert [h for e in stored for h in e.block_hashes] == [
+        maybe_convert_block_hash(h) for h in r1.block_hashes[:5]]  # vLLM's hashes, as it sends them
+    assert stored[0].parent_block_hash is None and stored[0].token_ids == tokens[:5 * BLOCK]
     a_kv = [a.block_kv(blk) for blk in a.tables["r1"][:5]]  # (freed, not reused)
     a.worker.worker.flush()
     assert a.worker.worker.stats.saved == 5
@@ -176,7 +185,10 @@ def test_vllm_init_path_and_no_forward_step_clear_the_metadata(model, redis):
     from unittest.mock import MagicMock, patch
 
     from vllm.distributed.kv_transfer.kv_transfer_state import (
-        ensure_kv_transfer_initialized, ensure_kv_transfer_shutdown, get_kv_transfer_group)
+        ensure_kv_transfer_initialized,
+        ensure_kv_transfer_shutdown,
+        get_kv_transfer_group,
+    )
     from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
     from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 

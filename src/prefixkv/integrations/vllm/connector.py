@@ -70,7 +70,7 @@ class PrefixKVConnector(KVConnectorBase_V1, SupportsHMA):
                               0 if scheduler else _tp_rank(vllm_config))
         block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
         fn, root = make_hash_fn("sha256", cfg.hash_seed)
-        self.config, self.layout = cfg, layout
+        self.config, self.layout, self.layout_block_size = cfg, layout, block_size
         self.scheduler: ConnectorScheduler | None = None
         self.worker: ConnectorWorker | None = None
         if scheduler:
@@ -118,6 +118,31 @@ class PrefixKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._sched().finished(request, block_ids), None
+
+    def take_events(self) -> list[Any]:
+        """vLLM ``BlockStored`` events (medium ``STORAGE``, vLLM's block hashes, so that
+        routers that follow vLLM's events see them) for the blocks handed to the workers
+        to save since the last call. A save that is later dropped (queue full, store
+        down or full) is a later miss, not a retraction."""
+        from vllm.distributed.kv_events import MEDIUM_STORAGE, BlockStored
+        from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+        sched = self._sched()
+        saved, sched.saved = sched.saved, []
+        bs = self.layout_block_size
+        events = []
+        for request, start, end in saved:
+            hashes = request.block_hashes[start:end]  # vLLM's own, per full block
+            if len(hashes) != end - start:
+                continue  # (vLLM hashes in other block sizes: nothing to name them by)
+            lora = request.lora_request
+            parent = maybe_convert_block_hash(request.block_hashes[start - 1]) if start else None
+            events.append(BlockStored(
+                block_hashes=[maybe_convert_block_hash(h) for h in hashes],
+                parent_block_hash=parent, token_ids=list(request.all_token_ids[start * bs:end * bs]),
+                block_size=bs, lora_id=lora.adapter_id if lora else None, medium=MEDIUM_STORAGE,
+                lora_name=lora.name if lora else None, group_idx=0))
+        return events
 
     def request_finished_all_groups(self, request: Any,
                                     block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:

@@ -73,6 +73,7 @@ class ConnectorScheduler:
         self._loads: list[BlockRun] = []
         self._loading: dict[str, BlockRun] = {}  # loads not reported finished yet
         self._finals: list[BlockRun] = []
+        self.saved: list[tuple[Any, int, int]] = []  # (request, first, end) handed to save
         self._quiet_until = 0.0
         self.stats = ConnectorStats()
 
@@ -186,6 +187,7 @@ class ConnectorScheduler:
         self._name(c, end)
         c.saved = end
         self.stats.save_blocks += end - start
+        self.saved.append((c.request, start, end))
         return self._run(c, start, end, block_ids[start:end])
 
     def finished(self, request: Any, block_ids: Sequence[int]) -> bool:
