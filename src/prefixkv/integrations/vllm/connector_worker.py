@@ -9,8 +9,11 @@
                     verified run are reported invalid (vLLM recomputes them); the
                     request is reported received. A finished request's final save is
                     reported sent.
-    wait_for_save   after the forward pass: the blocks to save are read to host bytes
-                    (one gather per layer) and handed to a ``StoreWriter`` thread
+    wait_for_save   after the forward pass: the blocks to save are gathered on the
+                    device (one ``index_select`` per layer, stream-ordered: the blocks
+                    may be reused at once) and copied to pinned host rows without
+                    waiting; a saver thread waits for the copy and hands the values
+                    to a ``StoreWriter`` thread
 
 Only the model runner's thread touches the KV caches; fetch threads only talk to the
 store. Saves are best effort: a full queue or a failing store drops them (a later miss).
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 
@@ -51,6 +56,7 @@ class ConnectorWorker:
                  block_bytes: int) -> None:
         self._link, self._writer, self._block_bytes = link, writer, block_bytes
         self._fetches: dict[int, tuple[Fetch, BlockRun, torch.Tensor]] = {}
+        self._saver = ThreadPoolExecutor(1, thread_name_prefix="prefixkv-save")
         self._invalid: set[int] = set()
         self._sent: set[str] = set()  # finished requests whose final save was handed off
         self.copier: BlockCopier | None = None
@@ -84,17 +90,25 @@ class ConnectorWorker:
             self._link.submit(f, _salted(run.salt))
 
     def save(self, meta: PrefixKVConnectorMetadata) -> None:
-        """``wait_for_save``: read the blocks of ``meta``'s saves and final saves and
-        queue their writes."""
-        copier = self._copier()
-        for run in (*meta.saves, *meta.finals):
-            payloads = copier.read(run.block_ids)
-            for i, (parent, payload) in enumerate(zip(run.parents(), payloads, strict=True)):
-                op = self._link.put(run.block_ids[i], run.hashes[i], parent, run.chunks[i],
-                                    run.extras[i], _salted(run.salt))
-                self._writer.put(op, payload)
-            self.stats.saved += len(payloads)
+        """``wait_for_save``: gather the blocks of ``meta``'s saves and final saves and
+        queue their writes (returns without waiting for the device)."""
+        runs = [*meta.saves, *meta.finals]
+        if runs:
+            rows, ready = self._copier().read_rows([b for run in runs for b in run.block_ids])
+            ops = [self._link.put(b, h, parent, chunk, extra, _salted(run.salt))
+                   for run in runs
+                   for b, h, parent, chunk, extra in zip(run.block_ids, run.hashes, run.parents(),
+                                                         run.chunks, run.extras, strict=True)]
+            self._saver.submit(self._send, ops, rows, ready)
+            self.stats.saved += len(ops)
         self._sent.update(run.req_id for run in meta.finals)
+
+    def _send(self, ops: list[Any], rows: torch.Tensor, ready: Any) -> None:
+        """Wait for the rows to reach host memory, then queue each value (saver thread)."""
+        if ready is not None:
+            ready.synchronize()
+        for op, row in zip(ops, rows.numpy(), strict=True):
+            self._writer.put(op, memoryview(row))
 
     def finished(self, finished_req_ids: Iterable[str], wait: bool = False) -> tuple[set[str], set[str]]:
         """``get_finished``: (requests whose final save was handed off, among
@@ -126,13 +140,15 @@ class ConnectorWorker:
         return out
 
     def flush(self) -> None:
-        """Wait until every queued write was sent (or counted as failed)."""
+        """Wait until every save was sent (or counted as failed)."""
+        self._saver.submit(int).result()  # (the saver runs its jobs in order)
         self._writer.flush()
 
     def close(self) -> None:
         """Wait for the fetches in flight and the queued writes."""
         self.finished((), wait=True)
-        self._writer.flush()
+        self.flush()
+        self._saver.shutdown()
 
 
 def _salted(salt: str | None) -> ExtraKeys | None:

@@ -18,6 +18,7 @@ CPU); writes scatter them with one ``index_copy_`` per layer.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -53,15 +54,31 @@ class BlockCopier:
         return torch.tensor(list(block_ids), dtype=torch.int64, device=self.layers[0].device)
 
     def read(self, block_ids: Sequence[int]) -> list[bytes]:
-        """The payload of each block (copied to the CPU now: call it once the step's
-        forward pass has written them, before a later one may reuse them)."""
-        if not block_ids:
-            return []
+        """The payload of each block (waits for the copy to the CPU)."""
+        rows, ready = self.read_rows(block_ids)
+        if ready is not None:
+            ready.synchronize()
+        return [row.tobytes() for row in rows.numpy()]
+
+    def read_rows(self, block_ids: Sequence[int]) -> tuple[torch.Tensor, Any]:
+        """The payloads of the blocks as host rows ``[n, block_bytes]`` uint8, and the
+        CUDA event after which they are there (None on the CPU: at once). The blocks are
+        gathered now, in stream order (one ``index_select`` per layer into a new device
+        tensor), so a later kernel may overwrite them; the copy to pinned host memory
+        runs without blocking the caller. Call it once the step's forward pass wrote them."""
+        n = len(block_ids)
+        if not n:
+            return torch.empty((0, self.block_bytes), dtype=torch.uint8), None
         ids = self._ids(block_ids)
-        parts = [t.index_select(0, ids).reshape(len(block_ids), -1).view(torch.uint8)
-                 for t in self.layers]
-        rows = torch.cat(parts, dim=1).cpu().numpy()
-        return [row.tobytes() for row in rows]
+        rows = torch.cat([t.index_select(0, ids).reshape(n, -1).view(torch.uint8)
+                          for t in self.layers], dim=1)
+        if not rows.is_cuda:
+            return rows, None
+        host = torch.empty(rows.shape, dtype=torch.uint8, pin_memory=True)
+        host.copy_(rows, non_blocking=True)
+        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        ready.record()
+        return host, ready
 
     def write(self, block_ids: Sequence[int], payloads: Sequence[bytes]) -> None:
         """Write ``payloads[i]`` into block ``block_ids[i]`` of every layer. Raises
