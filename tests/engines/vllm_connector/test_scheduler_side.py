@@ -75,3 +75,17 @@ def test_a_load_that_fails_part_way_is_saved_again_from_there(sched):
     r.num_computed_tokens = 2 * BS  # vLLM recomputes from the failed block
     meta = sched.build_meta(output(b=3 * BS + 1), ids(3, 4, 5, 6, 7, 8))
     assert [run.block_ids for run in meta.saves] == [(5, 6, 7)]
+
+
+def test_connector_config_reads_and_refuses():
+    from prefixkv.errors import ConfigError
+    from prefixkv.integrations.vllm.connector_config import ConnectorConfig
+
+    cfg = ConnectorConfig.from_extra({"redis_url": "redis://h:1/0", "retry_after": 0, "ttl": 60})
+    assert (cfg.retry_after, cfg.ttl, cfg.timeout, cfg.hash_seed) == (0, 60, 0.25, None)
+    for bad in ({}, {"redis_url": ""}, {"redis_url": "r", "ttl": 1.5}, {"redis_url": "r", "ttl": "9"},
+                {"redis_url": "r", "timeout": 0}, {"redis_url": "r", "retry_after": -1},
+                {"redis_url": "r", "lookup_timeout": float("inf")}, {"redis_url": "r", "hash_seed": -1},
+                {"redis_url": "r", "model": ""}, {"redis_url": "r", "other": 1}):
+        with pytest.raises(ConfigError):
+            ConnectorConfig.from_extra(bad)

@@ -56,10 +56,12 @@ class ConnectorConfig:
         values: dict[str, Any] = {}
         for key, default in _NUMBERS.items():
             v = extra.get(key, default)
-            ok = type(v) is int if key in _INTS else type(v) in (int, float)
-            if not ok or not 0 < v < float("inf") and not (key == "retry_after" and v == 0):
-                raise ConfigError(f"kv_connector_extra_config[{key!r}] must be a positive "
-                                  f"{'int' if key in _INTS else 'number'}, got {v!r}")
+            typed = type(v) is int if key in _INTS else type(v) in (int, float)
+            # (retry_after may be 0: retry at once)
+            if not typed or not ((0 <= v if key == "retry_after" else 0 < v) and v < float("inf")):
+                bound = ">= 0" if key == "retry_after" else "> 0"
+                raise ConfigError(f"kv_connector_extra_config[{key!r}] must be a finite "
+                                  f"{'int' if key in _INTS else 'number'} {bound}, got {v!r}")
             values[key] = v
         seed, model = extra.get("hash_seed"), extra.get("model")
         if seed is not None and (type(seed) is not int or seed < 0):
