@@ -34,7 +34,7 @@ from ...store.fetch import Fetch
 from ...store.link import StoreLink
 from ...store.writer import StoreWriter
 from .connector_meta import BlockRun, PrefixKVConnectorMetadata
-from .layout import BlockCopier
+from .copier import BlockCopier
 
 
 class WorkerStats:

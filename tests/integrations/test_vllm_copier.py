@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from prefixkv.errors import ConfigError
-from prefixkv.integrations.vllm.layout import BlockCopier
+from prefixkv.integrations.vllm.copier import BlockCopier
 
 B, H, N, C = 6, 2, 4, 8
 
