@@ -3,8 +3,7 @@
     python docs/make_api.py > docs/api.md
 
 Documents every name in ``prefixkv.__all__``, ``prefixkv.kernels.__all__``,
-``prefixkv.engine.__all__``, ``prefixkv.adapters.vllm.__all__``,
-``prefixkv.adapters.vllm_hybrid.__all__``, ``prefixkv.router.__all__``,
+``prefixkv.engine.__all__``, ``prefixkv.router.__all__``,
 ``prefixkv.store.__all__`` and ``prefixkv.groups.__all__``: classes (signature,
 bases, docstring, dataclass fields, public methods and properties defined in the class),
 functions (signature, docstring) and constants (value, and the string literal written right
@@ -23,8 +22,10 @@ import pathlib
 import re
 import sys
 
-PACKAGES = ("prefixkv", "prefixkv.kernels", "prefixkv.engine", "prefixkv.adapters.vllm",
-            "prefixkv.adapters.vllm_hybrid", "prefixkv.router", "prefixkv.store", "prefixkv.groups")
+# prefixkv.integrations.vllm is documented in docs/integration.md ("With vLLM"): it needs
+# vLLM installed, which this script does not.
+PACKAGES = ("prefixkv", "prefixkv.kernels", "prefixkv.engine", "prefixkv.router", "prefixkv.store",
+            "prefixkv.groups")
 COMMAND = "python docs/make_api.py > docs/api.md"
 
 # Protocol members implemented by the baselines keep KVCacheManager's contract.

@@ -27,12 +27,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...adapters.vllm_request import extra_keys_of
 from ...extra_keys import ExtraKeys
 from ...hashing import HashFn, chain, encode_tokens, token_bytes
 from ...store.link import StoreLink
 from ...store.protocol import StoreBackend
 from .connector_meta import BlockRun, PrefixKVConnectorMetadata
+from .requests import extra_keys_of
 
 
 @dataclass
