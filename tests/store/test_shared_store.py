@@ -10,9 +10,7 @@ from prefixkv import (
     BlockLoads, BlockStored, ConfigError, ExtraKeys, KVCacheManager, StoreFetched, StorePut,
     StoreWait,
 )
-from prefixkv.store import (
-    FetchCost, SharedStore, StoreLayout, StoreWriter, decode_value, encode_value,
-)
+from prefixkv.store import SharedStore, StoreLayout, StoreWriter, decode_value, encode_value
 from prefixkv.store.record import block_head
 
 from .conftest import always
@@ -150,7 +148,7 @@ def test_decode_value_accepts_exactly_one_value():
 
 def test_salts_and_layouts_isolate(backend, shared, layout):
     tenant_a, tenant_b = ExtraKeys(cache_salt="a"), ExtraKeys(cache_salt="b")
-    m1, m2 = manager(shared), manager(shared)
+    m1 = manager(shared)
     puts = computed(m1, backend, "a", A, extra=tenant_a)
     assert from_store(manager(shared), A, extra=tenant_a) == 12
     assert from_store(manager(shared), A, extra=tenant_b) == 0

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.manager import KVCacheManager
+from ..results import StoreWait
 from ..core.block import blocks_for
 from .capacity import blocks_needed, default_pool_blocks
 from .cost import PrefillCost
@@ -112,7 +113,7 @@ class FirstAdmissions:
 
     def add_request(self, rid: Any, prompt: Any, **kw: Any) -> Any:
         adm = self.manager.add_request(rid, prompt, **kw)
-        if adm is not None:
+        if adm is not None and not isinstance(adm, StoreWait):
             counts = self.again if rid in self.seen else self.first
             self.seen.add(rid)
             counts[0] += adm.num_cached_tokens

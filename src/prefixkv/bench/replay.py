@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from time import perf_counter_ns
 
 from ..allocator import Allocator
-from ..results import BlockLoads, BlockOffloads
+from ..results import BlockLoads, BlockOffloads, StoreWait
 from .errors import BenchError
 from .workloads import BenchRequest, Workload
 
@@ -125,6 +125,7 @@ def replay(alloc: Allocator, workload: Workload, name: str, *,
         res.admit_ns += perf_counter_ns() - t0
         if adm is None:
             return False
+        assert not isinstance(adm, StoreWait), "the replay's allocators have no shared store"
         reserved = reserved_of(req.rid) if reserved_of else len(adm.block_ids) * bs
         running[req.rid] = _Running(req, len(req.prompt), reserved)
         unused += reserved - len(req.prompt)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..fleet.wire import encode_batch
 from ..core.manager import KVCacheManager
+from ..results import StoreWait
 from ..router import Router, decode_batch
 from .workloads import BenchRequest, Workload
 
@@ -119,6 +120,7 @@ def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
         req = rep.waiting[0]
         adm = mgr.add_request(req.rid, req.prompt, extra=req.extra,
                               resumed=req.rid in rep.preempted)
+        assert not isinstance(adm, StoreWait), "the fleet's replicas have no shared store"
         if adm is None:
             if not rep.running:
                 raise ValueError(f"request {req.rid!r} does not fit alone in a pool of "

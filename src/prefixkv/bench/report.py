@@ -10,9 +10,7 @@ from .hosttier import HOST_COLUMNS, host_note, host_rows
 from .layer_groups import GROUP_COLUMNS, group_note, group_rows
 from .plots import PLOTS, write_plots
 from .store_cost import cost_note, cost_table
-from .store_replicas import (
-    REPLICA_COLUMNS, TTFT_COLUMNS, replica_note, replica_rows, ttft_note, ttft_rows,
-)
+from .store_replicas import REPLICA_COLUMNS, TTFT_COLUMNS, replica_note, replica_rows, ttft_note, ttft_rows
 
 FILES = ("report.md", "report.json", *PLOTS)
 """Every file name ``write_all`` may write (nothing else belongs in a report folder)."""

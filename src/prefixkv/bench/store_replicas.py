@@ -119,8 +119,8 @@ def replica_run(wl: Workload, block_size: int, pool: int, shared: Any, backend: 
         t = perf_counter_ns()
         adm = m.add_request(req.rid, req.prompt, extra=req.extra)
         admit_ns += perf_counter_ns() - t
-        while isinstance(adm, StoreWait):  # the replica's other work would run here
-            time.sleep(0.0002)
+        while isinstance(adm, StoreWait):  # the replica's other work (a step) runs here
+            time.sleep(0.001)
             t = perf_counter_ns()
             if req.rid in m.poll_store():
                 adm = m.add_request(req.rid, req.prompt, extra=req.extra)

@@ -78,7 +78,7 @@ class Admitter:
             self._store = store.bind(hash_mode, seed, root, block_size, self._stats, self._hasher.chain)
             self._waits = StoreWaits(self._store, self._host, self._index, self._events,  # type: ignore[arg-type]
                                      block_size, root)
-            self._index.hashing = True  # type: ignore[union-attr]
+            self._index.hashing = True
             self._index.fresh = []  # type: ignore[union-attr]
 
     def add_request(
@@ -150,7 +150,7 @@ class Admitter:
             if claimed is not None:
                 pool.unclaim(hits, claimed)
             raise
-        fetched = sum(h.content_id in fetch.cids for h in loads) if fetch else 0  # type: ignore[union-attr]
+        fetched = sum(h.content_id in fetch.cids for h in loads) if fetch else 0
         if claimed is not None:  # ``hits`` is the claim's own list
             if need:
                 hits += pool.take(need) if need > 1 else (pool.take_one(),)

@@ -49,7 +49,7 @@ class StoreWaits:
         self.in_flight = 0  # fetches submitted and not landed
         self.reserved = 0  # their slots (landing in the host tier)
         self.memory: list[list[memoryview]] | None = None  # host slots' bytes, when attached
-        self._stage: list[list[memoryview]] | None = None  # else: payloads land here
+        self._stage: memoryview | None = None  # else: payloads land here
 
     def attach(self, buffers: Sequence[Sequence[memoryview]]) -> None:
         """Fetches read straight into these buffers: ``buffers[slot]``, writable byte
@@ -68,17 +68,17 @@ class StoreWaits:
             views.append(vs)
         self.memory = views
 
-    def _staging(self) -> list[list[memoryview]]:  # (slots of ``attach``'s shape)
-        """Buffers of the manager's own, one per host slot, for payloads that the plan's
-        ``StoreFetched`` ops then copy (without ``attach``): anonymous memory, mapped
-        once, whose pages are touched only as fetches write them. A slot's buffer is
-        reused only once the slot is reserved again, in a later step than the plan that
-        named it."""
+    def _staging(self, slots: list[HostSlot]) -> list[list[memoryview]]:
+        """Buffers of the manager's own for ``slots``' payloads, which the plan's
+        ``StoreFetched`` ops then copy (without ``attach``): one area of anonymous memory
+        for every slot, mapped once, whose pages are touched only as fetches write them.
+        A slot's buffer is reused only once the slot is reserved again, in a later step
+        than the plan that named it."""
+        size = self.link.payload
         if self._stage is None:
-            size = self.link.payload
-            area: memoryview = memoryview(mmap.mmap(-1, size * len(self.host.slots)))
-            self._stage = [[area[i * size:(i + 1) * size]] for i in range(len(self.host.slots))]
-        return self._stage
+            self._stage = memoryview(mmap.mmap(-1, size * len(self.host.slots)))
+        area = self._stage
+        return [[area[s.block_id * size:(s.block_id + 1) * size]] for s in slots]
 
     def start(self, req: Request, hits: list[Any], chunks: Sequence[bytes], limit: int) -> StoreWait | None:
         """Start fetching the blocks after ``hits`` (at most ``limit`` blocks in all) for
@@ -86,7 +86,7 @@ class StoreWaits:
         answer to give, or None (then nothing changed)."""
         link, host = self.link, self.host
         first = len(hits)
-        n = min(limit - first, link.max_fetch, len(host._empty) + len(host._cached))
+        n = min(limit - first, link.max_fetch, host.num_free)
         now = link.store.clock()
         if n <= 0 or not link.worth(n, now):
             return None
@@ -96,11 +96,11 @@ class StoreWaits:
         slots = host.reserve(n)
         if not slots:
             return None
-        memory = self.memory if self.memory is not None else self._staging()
+        memory = self.memory
         f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
                   chunks[first:first + len(slots)], req.keys.of_blocks(first, first + len(slots)),
-                  slots, [memory[s.block_id] for s in slots], now + link.store.timeout,
-                  self.memory is None)
+                  slots, [memory[s.block_id] for s in slots] if memory is not None
+                  else self._staging(slots), now + link.store.timeout, memory is None)
         self.waiting[req.request_id] = f
         self.in_flight += 1
         self.reserved += len(slots)

@@ -23,7 +23,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from prefixkv.allocator import Allocator
-from prefixkv.results import BlockCopy
+from prefixkv.results import BlockCopy, StoreWait
 
 from .sequence import SampleSeq, Status
 
@@ -120,6 +120,7 @@ class Scheduler:
                     f"sequence {seq.seq_id!r} of {len(tokens)} tokens does not fit in an empty "
                     f"pool of {alloc.num_blocks} blocks of {alloc.block_size}")
             return None
+        assert not isinstance(adm, StoreWait), "this engine's allocator has no shared store"
         self._start(seq)
         seq.num_computed = adm.num_cached_tokens
         seq.num_known = len(tokens)

@@ -17,6 +17,8 @@ from .content_check import chunk_of as _chunk
 class Announcer:
     """Hashes, events and store writes for ``ContentRecorder``."""
 
+    _next_id: int  # (the recorder's: the next content id)
+
     def _hashed(self, parent: Block | None, chunks: list[bytes], extras: list[bytes]) -> tuple:
         """``(chunks, extras, chain hashes or None)``: hashes only when consumed."""
         if not self.hashing:

@@ -4,22 +4,25 @@
     compute = blocks x block_size / prefill_tokens_per_s          (stated by the engine)
 
 A hit is fetched only when ``fetch < compute``. Latency and bandwidth start from stated
-guesses and follow what fetches measure (an exponentially weighted mean, weight
-``ALPHA`` for the newest): a store that slows down (or fails, which measures its time
-and no bytes) stops being asked for hits it cannot deliver in time; one that was judged
-too slow is asked again once its figures are ``STALE`` seconds old, so a recovery is
-seen. The prefill side is a linear estimate: attention's cost grows with the prefix,
-so long prefixes cost more to compute than this says (the rule errs towards computing).
+guesses and then follow the last ``WINDOW`` fetches (bytes, seconds): a straight line
+fitted through them (slope: 1 / bandwidth, intercept: latency) when their sizes differ,
+else the latency alone (what the same bytes took, at the bandwidth known). A store that
+slows down (or fails, which measures its time and no bytes) stops being asked for hits
+it cannot deliver in time; one that was judged too slow is asked again once its figures
+are ``STALE`` seconds old, so a recovery is seen. The prefill side is a linear
+estimate: attention's cost grows with the prefix, so long prefixes cost more to compute
+than this says (the rule errs towards computing).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 
 from ..errors import ConfigError
 
-ALPHA = 0.25
-"""Weight of the newest measurement in the running means."""
+WINDOW = 16
+"""Fetches the figures are fitted to."""
 STALE = 10.0
 """Seconds after which a store judged too slow is asked again (its figures re-measured)."""
 
@@ -40,6 +43,7 @@ class FetchCost:
         self.prefill_tokens_per_s = float(prefill_tokens_per_s)
         self.latency, self.bandwidth = float(latency), float(bandwidth)
         self.measured_at = time.monotonic()
+        self._seen: deque[tuple[float, float]] = deque(maxlen=WINDOW)
 
     def fetch_seconds(self, nbytes: int) -> float:
         """The expected time to fetch ``nbytes`` of values."""
@@ -52,17 +56,21 @@ class FetchCost:
     def worth(self, num_blocks: int, block_bytes: int, block_size: int, now: float) -> bool:
         """Whether fetching ``num_blocks`` blocks beats computing their tokens, or the
         figures are stale (then the fetch measures them again)."""
-        return (self.fetch_seconds(num_blocks * block_bytes) < self.compute_seconds(num_blocks * block_size)
-                or now - self.measured_at > STALE)
+        fetch = self.fetch_seconds(num_blocks * block_bytes)
+        return fetch < self.compute_seconds(num_blocks * block_size) or now - self.measured_at > STALE
 
     def observe(self, nbytes: int, seconds: float, now: float) -> None:
         """A fetch moved ``nbytes`` (0: a miss or a failure) in ``seconds``."""
-        seconds = max(seconds, 1e-6)
-        transfer = nbytes / self.bandwidth
-        if nbytes and seconds > self.latency:  # what the bytes took, past one round trip
-            bw = nbytes / max(seconds - self.latency, 1e-6)
-            self.bandwidth += ALPHA * (bw - self.bandwidth)
-        self.latency += ALPHA * (max(seconds - transfer, 1e-6) - self.latency)
+        seen = self._seen
+        seen.append((float(nbytes), max(seconds, 1e-6)))
+        n = len(seen)
+        mb = sum(b for b, _ in seen) / n
+        mt = sum(t for _, t in seen) / n
+        var = sum((b - mb) ** 2 for b, _ in seen)
+        slope = sum((b - mb) * (t - mt) for b, t in seen) / var if var else 0.0
+        if slope > 0:  # sizes differ and bigger took longer: both figures
+            self.bandwidth = 1 / slope
+        self.latency = max(mt - mb / self.bandwidth, 1e-6)
         self.measured_at = now
 
     def crossover_tokens(self, bytes_per_token: float) -> float | None:

@@ -53,7 +53,7 @@ class Fetch:
     __slots__ = ("request_id", "req", "first", "parent", "chunks", "extras", "slots",
                  "buffers", "staged", "deadline", "started", "ended", "expired", "cids",
                  "hashes", "keys", "heads", "states", "run", "stop", "failed", "nbytes",
-                 "seconds", "_left", "_lock")
+                 "seconds", "left", "lock")
 
     def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
                  chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
@@ -72,8 +72,8 @@ class Fetch:
         self.run, self.stop = 0, OK
         self.failed: Exception | None = None
         self.nbytes, self.seconds = 0, 0.0
-        self._left = 0
-        self._lock = threading.Lock()
+        self.left = 0  # parts not read yet
+        self.lock = threading.Lock()
 
 
 def prepare(f: Fetch, chain: Callable[..., list[bytes]], digest: bytes, block_size: int, prefix: bytes,
@@ -90,7 +90,7 @@ def prepare(f: Fetch, chain: Callable[..., list[bytes]], digest: bytes, block_si
     time.sleep(0)  # (as YIELD_EVERY: the hashing above was Python work)
     size = -(-n // max(1, min(parts, n)))
     bounds = [(a, min(a + size, n)) for a in range(0, n, size)]
-    f._left = len(bounds)
+    f.left = len(bounds)
     return bounds
 
 
@@ -123,9 +123,9 @@ def read_part(f: Fetch, backend: StoreBackend, start: int, stop: int, payload_le
             break  # the run ends here: what follows in this part is not checked
         if not (i - start + 1) % YIELD_EVERY:
             time.sleep(0)
-    with f._lock:
-        f._left -= 1
-        return f._left == 0
+    with f.lock:
+        f.left -= 1
+        return f.left == 0
 
 
 def finish(f: Fetch, payload_len: int) -> None:

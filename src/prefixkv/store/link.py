@@ -91,7 +91,7 @@ class StoreLink:
             parts = prepare(f, self.chain, self.digest, self.block_size, prefix, self.payload,
                             self.store.connections)
         except Exception as exc:  # (a caller's hash callable): the fetch fails, counted
-            f.failed, f.states, f._left = exc, [FAILED] * len(f.slots), 1
+            f.failed, f.states, f.left = exc, [FAILED] * len(f.slots), 1
             self._last(f)
             return
         ex = self.store.executor

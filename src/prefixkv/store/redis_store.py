@@ -31,13 +31,14 @@ class RedisStore:
     ``rediss://user:password@host:port`` (TLS, ACL user), ``unix:///path/redis.sock``.
     ``timeout``: seconds a connect or a write may take before it fails (a read's bound
     is its caller's deadline). ``ttl``: seconds a value lives. ``cluster``: the URL names
-    a Redis Cluster node. ``tls``: the ``ssl.SSLContext`` for rediss:// reads (default:
-    ``ssl.create_default_context()``).
+    a Redis Cluster node. ``ca_certs``: for rediss://, the PEM file of the certificate
+    authorities to trust (default: the system's); the server's name or IP must match its
+    certificate.
     Raises ConfigError for a timeout or ttl out of range, ImportError without redis-py,
     ValueError (redis-py's) for a malformed URL."""
 
     def __init__(self, url: str, *, timeout: float = 0.25, ttl: int = 86400,
-                 cluster: bool = False, tls: ssl.SSLContext | None = None) -> None:
+                 cluster: bool = False, ca_certs: str | None = None) -> None:
         if type(timeout) not in (int, float) or not 0 < timeout < float("inf"):
             raise ConfigError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
         if type(ttl) is not int or ttl <= 0:
@@ -48,6 +49,8 @@ class RedisStore:
         from redis.retry import Retry
 
         options: dict[str, Any] = dict(socket_timeout=timeout, socket_connect_timeout=timeout)
+        if ca_certs is not None:
+            options["ssl_ca_certs"] = ca_certs
         if cluster:
             from redis.cluster import RedisCluster
             self.client: Any = RedisCluster.from_url(url, **options)
@@ -58,12 +61,27 @@ class RedisStore:
         secure = parts.get("connection_class") is SSLConnection
         self._auth = dict(username=parts.get("username"), password=parts.get("password"),
                           db=int(parts.get("db") or 0),
-                          tls=(tls or ssl.create_default_context()) if secure else None)
+                          tls=ssl.create_default_context(cafile=ca_certs) if secure else None)
         self._home: Address = (("unix", parts["path"]) if "path" in parts
                       else ("tcp", parts.get("host", "localhost"), int(parts.get("port", 6379))))
         self._idle: dict[Address, list[Resp]] = {}
         self._lock = threading.Lock()
         self._slots: list[Address] | None = None  # cluster: the node of each of 16384 slots
+
+    @classmethod
+    def from_sentinel(cls, sentinels: Sequence[tuple[str, int]], service: str, *, db: int = 0,
+                      password: str | None = None, **kw: Any) -> RedisStore:
+        """A store on the master that Redis Sentinel names for ``service``, asked of the
+        first of ``sentinels`` (``(host, port)``) that answers; ``kw`` as the
+        constructor's. The address is resolved now: after a failover, make a new one.
+        Raises redis-py's MasterNotFoundError when no sentinel knows the service."""
+        from redis.sentinel import Sentinel
+
+        sentinel = Sentinel(list(sentinels),  # type: ignore[no-untyped-call]
+                            socket_timeout=kw.get("timeout", 0.25))
+        host, port = sentinel.discover_master(service)  # type: ignore[no-untyped-call]
+        auth = f":{password}@" if password is not None else ""
+        return cls(f"redis://{auth}{host}:{port}/{db}", **kw)
 
     def held(self, keys: Sequence[bytes]) -> int:
         """``StoreBackend.held``: pipelined EXISTS. Raises redis-py's errors."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from ..core.block import Block
 from ..core.free_queue import FreeBlockQueue
@@ -174,6 +175,11 @@ class HostTier(SlotIndex):
         self.offload_src, self.offload_dst = [], []
         return ops
 
+    @property
+    def num_free(self) -> int:
+        """Slots ``reserve`` could take now (empty, or cached and not pinned)."""
+        return len(self._empty) + len(self._cached)
+
     def reserve(self, n: int) -> list[HostSlot]:
         """Up to ``n`` free slots for a store fetch to write into (empty ones first, then
         the least recently used cached ones, their content dropped): each is *landing*
@@ -183,11 +189,8 @@ class HostTier(SlotIndex):
         k = min(n, len(empty))
         out = empty[len(empty) - k:][::-1]  # (the order ``_take`` would give)
         del empty[len(empty) - k:]
-        while len(out) < n:
-            s = self._take_cached()
-            if s is None:
-                break
-            out.append(s)
+        if len(out) < n and len(self._cached):
+            self._take_lru(out, n - len(out))
         landing = self.landing
         for s in out:
             s.ref_cnt = 1
@@ -222,6 +225,39 @@ class HostTier(SlotIndex):
         for s, ev in zip(slots, events or (), strict=False):
             s.event = replace(ev, block_id=s.block_id, medium=HOST)
             self._sink.append(s.event)
+
+    def _take_lru(self, out: list[HostSlot], n: int) -> None:
+        """Append to ``out`` up to ``n`` least recently used cached slots, their content
+        dropped (``_take_cached`` n times, inlined as ``demote`` does: a fetch of a long
+        prefix into a full tier drops as many contents)."""
+        head, tail = self._cached.ends()
+        by_chunk, by_key, sink = self.by_chunk, self.by_key, self._sink
+        active: bool = sink.active  # type: ignore[attr-defined]
+        s: Any = head.next  # (a HostSlot until ``tail``; the links are typed as Blocks)
+        taken = unchained = 0
+        while taken < n and s is not tail:
+            old, c = s.key, s.child  # (as _drop, inlined)
+            if s.chained:
+                s.chained = False
+                unchained += 1
+            elif type(old) is bytes:
+                del by_chunk[old]
+            else:
+                del by_key[old]
+            if c.chained and c.parent_cid == s.content_id:
+                c.chained = False
+                unchained += 1
+                self._enter(c)
+            if active and s.event is not None:
+                sink.append(BlockRemoved(s.hash, s.block_id, HOST))  # type: ignore[attr-defined]
+            s.key = None
+            out.append(s)
+            taken += 1
+            s = s.next
+        head.next = s
+        s.prev = head
+        self._cached.forget(taken)
+        self.num_chained -= unchained
 
     def unreserve(self, slots: list[HostSlot]) -> None:
         """Landing ``slots`` that got nothing: empty again."""

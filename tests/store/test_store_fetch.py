@@ -1,0 +1,157 @@
+"""The asynchronous fetch, one rule at a time, on a real Redis with fetches run when the
+test says (a manual executor): a wait answers the same until polled; a fetch that loses
+a race lands only what still continues the chain; one delivered twice lands once; one
+whose request left lands as cached content; one past its deadline releases its request
+and keeps its slots until its threads return; a reset waits for fetches; host memory
+is checked when attached. Block size 4, 8-byte payloads."""
+
+import time
+
+import pytest
+
+from prefixkv import ConfigError, KVCacheManager, RequestError, StoreWait
+from prefixkv.store import FetchCost, SharedStore
+
+from .conftest import always
+from .test_shared_store import A, computed
+
+
+class Manual:
+    def __init__(self):
+        self.jobs = []
+
+    def submit(self, fn, *args):
+        self.jobs.append((fn, args))
+
+    def run(self):
+        while self.jobs:
+            fn, args = self.jobs.pop(0)
+            fn(*args)
+
+
+def setup(backend, layout, **kw):
+    """A store holding A's three blocks (written by another manager), and a manager
+    whose fetches run when the test says."""
+    computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
+                            store=SharedStore(backend, layout, cost=always())), backend, "w", A)
+    ex = Manual()
+    shared = SharedStore(backend, layout, cost=always(), executor=ex, **kw)
+    return KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=shared), ex, shared
+
+
+def test_a_wait_answers_the_same_until_polled_and_holds_nothing(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    assert m.num_free_blocks == 8 and m.stats.requests == 0
+    with pytest.raises(RequestError):
+        m.get_block_ids("b")                         # not live
+    ex.run()
+    assert m.add_request("b", A) == StoreWait("b", 3)   # ended, but not polled yet
+    m.check_invariants()
+    assert m.poll_store() == ["b"] and m.poll_store() == []
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 12 and m.stats.store_hits == 12
+    m.check_invariants()
+
+
+def test_a_fetch_delivered_twice_lands_once(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    ex.run()
+    f = m._store.done[0]
+    m._store.done.append(f)                          # delivered again
+    assert m.poll_store() == ["b"]
+    m.check_invariants()
+    assert m.add_request("b", A).num_cached_tokens == 12
+    m._store.done.append(f)                          # and again, after the admission
+    assert m.poll_store() == []
+    m.check_invariants()
+
+
+def test_a_fetch_whose_request_left_lands_as_cached_content(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    m.free("b")                                      # it left while waiting
+    with pytest.raises(RequestError):
+        m.free("b")
+    ex.run()
+    assert m.poll_store() == []                      # nobody to tell
+    m.check_invariants()
+    assert m.lookup(A) == 12                         # host slots hold it
+    adm = m.add_request("c", A)
+    assert adm.num_cached_tokens == 12 and m.stats.host_hits == 12 and m.stats.store_hits == 0
+
+
+def test_a_fetch_that_lost_a_race_to_the_device_lands_only_what_follows(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    m.add_request("x", A[:4] + [0], read_cache=False)   # block 0 computed meanwhile
+    m.take_kv_ops()
+    ex.run()
+    assert m.poll_store() == ["b"]
+    m.check_invariants()                             # no content held twice
+    assert len(m._host.landing) == 0 and len(m._host) == 2   # blocks 1 and 2 landed
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 12 and m.stats.store_hits == 8
+
+
+def test_a_fetch_whose_prefix_left_lands_nothing(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    m.add_request("x", A[:4] + [0], read_cache=False)   # block 0 on the device
+    assert m.add_request("b", A) == StoreWait("b", 2)   # blocks 1, 2 after the device's 0
+    m.free("x", num_computed_tokens=0)               # block 0 was never computed: gone
+    ex.run()
+    assert m.poll_store() == ["b"]
+    assert len(m._host) == 0 and not m._host.landing  # its children continue nothing
+    m.check_invariants()
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 0 and m.stats.store_hits == 0
+
+
+def test_reset_waits_for_fetches_under_way(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    assert not m.reset_prefix_cache()
+    ex.run()
+    m.poll_store()
+    assert m.reset_prefix_cache()
+    m.check_invariants()
+
+
+def test_a_fetch_past_its_deadline_releases_its_request_and_keeps_its_slots(backend, layout):
+    m, ex, shared = setup(backend, layout, timeout=1.0)
+    offset = [0.0]
+    shared.clock = lambda: time.monotonic() + offset[0]
+    m.add_request("b", A)
+    offset[0] = 10.0                                 # the deadline passed; threads never ran
+    assert m.poll_store() == ["b"] and m.stats.store_errors == 1
+    adm = m.add_request("b", A)                      # computes
+    assert (adm.num_cached_tokens, adm.num_new_tokens) == (0, 13)
+    assert len(m._host.landing) == 3                 # still the fetch's
+    m.check_invariants()
+    ex.run()                                         # the threads return at last
+    assert m.poll_store() == []
+    assert len(m._host.landing) == 0
+    m.check_invariants()
+
+
+def test_a_cost_rule_that_says_compute_starts_no_fetch(backend, layout):
+    computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
+                            store=SharedStore(backend, layout, cost=always())), backend, "w", A)
+    ex = Manual()
+    m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
+                       store=SharedStore(backend, layout, executor=ex,
+                                         cost=FetchCost(1e9)))    # computing is instant
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 0 and not ex.jobs
+
+
+def test_attached_memory_must_fit_the_slots(backend, layout):
+    m, _, _ = setup(backend, layout)
+    good = [[memoryview(bytearray(8))] for _ in range(4)]
+    for bad in (good[:3], [[memoryview(bytearray(7))]] * 4, [[memoryview(bytes(8))]] * 4):
+        with pytest.raises(ConfigError):
+            m.attach_host_memory(bad)
+    m.attach_host_memory([[memoryview(bytearray(3)), memoryview(bytearray(5))]] * 4)
+    with pytest.raises(ConfigError):
+        KVCacheManager(8, 4).attach_host_memory(good)
