@@ -62,8 +62,11 @@ def vllm_config(model_path: str, redis_url: str, **extra: object):
     cc = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9, enable_prefix_caching=True)
     kt = KVTransferConfig(kv_connector="PrefixKVConnector", kv_connector_module_path=MODULE,
                           kv_role="kv_both", kv_load_failure_policy="recompute",
-                          kv_connector_extra_config={"redis_url": redis_url, "retry_after": 0,
-                                                     **extra})
+                          kv_connector_extra_config={
+                              "redis_url": redis_url, "retry_after": 0,
+                              # generous bounds: this machine's CPUs are shared (a
+                              # server a network away needs its own figures)
+                              "lookup_timeout": 2.0, "timeout": 10.0, **extra})
     return VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
                       kv_transfer_config=kt, device_config=DeviceConfig("cpu"))
 
@@ -180,15 +183,15 @@ class Replica:
         self.scheduler.update_from_output(out, runner)
         return out
 
-    def run(self, steps: int = 40) -> None:
+    def run(self, seconds: float = 60.0) -> None:
         """Step until no request is left (fetches finish on their threads)."""
         import time
-        for _ in range(steps):
-            if not self.scheduler.has_unfinished_requests():
-                return
+        deadline = time.monotonic() + seconds
+        while self.scheduler.has_unfinished_requests():
+            if time.monotonic() > deadline:
+                raise AssertionError("requests still unfinished")
             self.step()
-            time.sleep(0.01)
-        raise AssertionError("requests still unfinished")
+            time.sleep(0.002)
 
     def block_kv(self, block_id: int) -> list[torch.Tensor]:
         return [self.kv[name][block_id].clone() for name in sorted(self.kv)]

@@ -142,6 +142,7 @@ class ConnectorScheduler:
             return
         start = c.saved
         end = start + num_external_tokens // self._bs
+        self._name(c, end)  # (named by the lookup already, unless vLLM deferred it)
         run = self._run(c, start, end, block_ids[start:end])
         self._loads.append(run)
         self._loading[request.request_id] = run
