@@ -51,6 +51,9 @@ class Plan:
 
 
 QUICK = Plan(pools=(10_000,), rounds=2, admits_2k=40, admits_32k=4, decode_tokens=4000, scale=0.25)
+EVENTS = Plan(pools=(10_000,), modes=("xxhash", "xxhash+events"), rounds=12, sessions=2,
+              admits_2k=100, admits_32k=10, decode_tokens=8000, workloads=())
+"""``--events``: KV events off and on, admissions and decode, 10k-block pool."""
 
 
 class Worker:
@@ -167,6 +170,10 @@ def micro_rows(pair, plan: Plan, pool: int, mode: str, log, first: int = 0) -> l
                 seed=f"{pool}/{mode}/{name}/{first + r}"))
             rows.append(log(row("micro", pool, mode, name, "µs/admission",
                                 [g["ns"] for g in got["old"]], [g["ns"] for g in got["new"]])))
+            if "with_take_ns" in got["new"][0]:  # events on: the step's take_events too
+                rows.append(log(row("micro", pool, mode, name + " + take_events", "µs/admission",
+                                    [g["with_take_ns"] for g in got["old"]],
+                                    [g["with_take_ns"] for g in got["new"]])))
     for requests, per_step in ((1, False), (plan.step_requests, True)):
         name = f"decode, {requests} running, " + ("per step" if per_step else "per request")
         got = measure(pair, plan.rounds, lambda r: dict(

@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from alloc_ab import QUICK, TREE, Plan, _git, compare, worktree
+from alloc_ab import EVENTS, QUICK, TREE, Plan, _git, compare, worktree
 
 GOALS = {  # the speed issue's goals (old/new, medians) against ae75256, by row
     ("micro", "xxhash", "admit 2k, 100% hit"): 2.0, ("micro", "xxhash", "admit 32k, 100% hit"): 2.0,
@@ -94,9 +94,12 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines + [""])
 
 
-def main_against(rev: str, quick: bool, out: Path, command: str, clock: str = "wall") -> None:
-    """Compare ``rev`` with this tree, print each row as it finishes, write the report."""
-    plan = replace(QUICK if quick else Plan(rounds=24, sessions=4), clock=clock)
+def main_against(rev: str, quick: bool, out: Path, command: str, clock: str = "wall",
+                 events: bool = False) -> None:
+    """Compare ``rev`` with this tree, print each row as it finishes, write the report
+    (``events``: the EVENTS plan, written as allocator-events-ab.{json,md})."""
+    plan = replace(EVENTS if events else QUICK if quick else Plan(rounds=24, sessions=4),
+                   clock=clock)
     dirty = _git("status", "--porcelain", "--", "src")
     new_commit = _git("rev-parse", "--short", "HEAD") + (" + uncommitted src" if dirty else "")
     t0 = time.perf_counter()
@@ -110,8 +113,9 @@ def main_against(rev: str, quick: bool, out: Path, command: str, clock: str = "w
     md = markdown(rows, meta)
     print(md)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "allocator-ab.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    (out / "allocator-ab.md").write_text(md)
+    name = "allocator-events-ab" if events else "allocator-ab"
+    (out / f"{name}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    (out / f"{name}.md").write_text(md)
 
 
 def _print_row(r: dict) -> dict:

@@ -10,7 +10,10 @@ version has it. Commands (``cmd``):
 
     hello                         -> prefixkv's file, whether it has append_step
     setup  pool, mode             -> a fresh manager filled to capacity with cached blocks
+                                     (mode "xxhash+events": KV events on)
     admit  tokens, hit, count, seed -> median ns of ``count`` admissions, each freed after
+                                     (events on: then taken, and ``with_take_ns`` the median
+                                     of admission + ``take_events()``)
     decode requests, steps, per_step, seed -> ns per decoded token and the call used
     hold   free                   -> admit and keep requests until exactly ``free`` blocks are free
     release                       -> free what ``hold`` kept
@@ -81,7 +84,9 @@ class Side:
         from prefixkv import KVCacheManager
         self.drop()
         t0 = time.perf_counter()
-        m = self.m = KVCacheManager(pool, BS, seed=0, hash_mode=mode)
+        hash_mode, _, events = mode.partition("+")
+        kw = dict(enable_events=True, max_events=1 << 20) if events == "events" else {}
+        m = self.m = KVCacheManager(pool, BS, seed=0, hash_mode=hash_mode, **kw)
         rng = random.Random(f"fill/{pool}")
         i = 0
         n = min(pool, 2048) * BS
@@ -89,6 +94,8 @@ class Side:
             if m.add_request(("fill", i), prompt(rng, n)) is None:
                 raise RuntimeError("fill found no room")
             m.free(("fill", i))
+            if kw:
+                m.take_events()
             i += 1
         gc.collect()
         gc.freeze()
@@ -99,7 +106,8 @@ class Side:
         one prompt ``count`` times (after the first, all but its last block hit)."""
         rng = random.Random(seed)
         prompts = [prompt(rng, tokens)] * count if hit else [prompt(rng, tokens) for _ in range(count)]
-        m, samples = self.m, []
+        m, samples, totals = self.m, [], []
+        take = m.take_events if m._events.active else None
         for i, p in enumerate(prompts):
             t0 = CLOCK()
             adm = m.add_request(i, p)
@@ -107,7 +115,14 @@ class Side:
             if adm is None:
                 raise RuntimeError(f"admission {i} of {tokens} tokens found no room")
             m.free(i)
-        return dict(ns=statistics.median(samples[1:] if hit else samples))
+            if take is not None:  # what a publishing engine does each step
+                t0 = CLOCK()
+                take()
+                totals.append(samples[-1] + CLOCK() - t0 - CLOCK_COST)
+        out = dict(ns=statistics.median(samples[1:] if hit else samples))
+        if totals:
+            out["with_take_ns"] = statistics.median(totals[1:] if hit else totals)
+        return out
 
     def decode(self, requests: int, steps: int, per_step: bool, seed: str) -> dict:
         """ns per token of ``steps`` decode steps of ``requests`` running requests (100-token
