@@ -157,8 +157,7 @@ class ContentRecorder(Announcer):
         chained = 0
         twins: list[tuple[int, Block]] | None = None  # (position, block held) when deferred
         lower, step = self._lower, self.step
-        for i, (b, chunk, extra) in enumerate(zip(blocks[first:first + len(chunks)], chunks,
-                                                  extras, strict=False)):
+        for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras):
             b.parent_cid = cid
             b.extra = extra
             b.step = step
@@ -175,9 +174,9 @@ class ContentRecorder(Announcer):
                 held = self._held(parent, cid, chunk, extra)
                 if held is not None:  # equal content is held: b is its spare
                     cid = self._add_twin(b, held)
-                    if self.lazy:
+                    if self.lazy:  # (rare: a position found without a counter per block)
                         twins = twins or []
-                        twins.append((i, held))
+                        twins.append((blocks.index(b, first) - first, held))
                     parent = held
                     continue
             if parent is not None and self._may_chain(parent):
