@@ -153,7 +153,7 @@ def _router(route: str, names: list[str], block_size: int, num_blocks: int, res:
         options = {"scorer": AffinityScorer(load_weight=0.0, balance=float(len(names))),
                    **options}
     if route in ("cost", "cost-approx"):
-        options = {"scorer": CostScorer(prefill_weight=2.0, balance=1.0), **options}
+        options = {"scorer": CostScorer(prefill_weight=2.0, balance=1.1), **options}
         if route == "cost-approx":
             options["index"] = ApproxIndex(approx_ttl, clock=lambda: float(res.steps))
     return Router(names, block_size=block_size, policy="round-robin" if route == "round-robin"
