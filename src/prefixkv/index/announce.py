@@ -10,7 +10,11 @@ Events are built in one of two ways, fixed for the index's life:
   blocks' ``hash`` and ``event`` hold whatever an earlier build set: only a build writes
   them, and builds run in log order, so a ``RemovedRun`` reads the hash of the content
   that was evicted even if its block has been refilled since, and a ``StoredRun`` reads
-  its parent's hash after the parent's own run has set it.
+  its parent's hash after the parent's own run has set it. A block's ``event`` is then
+  its ``StoredRun`` (shared by the run; ``StoredRun.event_of`` rebuilds the block's
+  event for a snapshot), so the events handed out are not kept alive by the pool: ~0.7
+  KB a block (the token ids as ints) that would otherwise stay in memory for every
+  cached block and crowd the CPU caches that admission works in.
 - *eager* (a tier or a shared store below needs every hash as the block is stored; a
   caller's hash callable must fail before anything changes): as each run is stored.
 """
@@ -23,7 +27,7 @@ from functools import lru_cache
 
 from ..core.block import Block
 from ..core.request import Request
-from ..events import Deferred, Event, removed_event, stored_event
+from ..events import BlockStored, Deferred, Event, removed_event, stored_event
 from ..extra_keys import ExtraKeys
 from .content_check import chunk_of as _chunk
 from .hasher import Hasher
@@ -37,7 +41,7 @@ class StoredRun(Deferred):
     blocks that were spares when stored (not announced, but given the hash and event)."""
 
     __slots__ = ("hasher", "parent", "blocks", "chunks", "extras", "extra", "first", "bs",
-                 "twins")
+                 "twins", "hashes", "parent_hash", "_pos")
 
     def __init__(self, hasher: Hasher, parent: Block | None, blocks: list[Block],
                  chunks: list[bytes], extras: list[bytes], extra: ExtraKeys | None,
@@ -46,27 +50,44 @@ class StoredRun(Deferred):
         self.hasher, self.parent, self.blocks = hasher, parent, blocks
         self.chunks, self.extras, self.extra = chunks, extras, extra
         self.first, self.bs, self.twins = first, bs, twins
+        self.hashes: list[bytes] = []
+        self.parent_hash: bytes | None = None
+        self._pos: dict[int, int] | None = None
 
     def events(self) -> list[Event]:
-        parent = self.parent.hash if self.parent is not None else None
-        hashes = self.hasher.chain(self.hasher.root if parent is None else parent,
-                                   self.chunks, self.extras)
-        unpack, extra, bs = _token_ids(self.bs), self.extra, self.bs
+        self.parent_hash = parent = self.parent.hash if self.parent is not None else None
+        self.hashes = hashes = self.hasher.chain(
+            self.hasher.root if parent is None else parent, self.chunks, self.extras)
+        self.parent = None  # (not kept alive by the blocks that keep this run)
+        unpack, extra, bs, first = _token_ids(self.bs), self.extra, self.bs, self.first
         spares = dict(self.twins) if self.twins else None
         out: list[Event] = []
         for j, (b, h, chunk) in enumerate(zip(self.blocks, hashes, self.chunks, strict=True),
-                                               self.first):
+                                               first):
             b.hash = h
-            held = spares.get(j - self.first) if spares else None
-            if held is not None:
-                b.event = held.event
+            held = spares.get(j - first) if spares else None
+            if held is not None:  # (rare) its own event, as its primary's names it
+                b.event = held.event if type(held.event) is not StoredRun else \
+                    held.event.event_of(held)
             else:
-                b.event = ev = stored_event(h, parent, unpack(chunk), b.block_id,
-                                            None if extra is None else extra.for_range(
-                                                j * bs, (j + 1) * bs))
-                out.append(ev)
+                b.event = self
+                out.append(stored_event(h, parent, unpack(chunk), b.block_id,
+                                        None if extra is None else extra.for_range(
+                                            j * bs, (j + 1) * bs)))
             parent = h
         return out
+
+    def event_of(self, b: Block) -> BlockStored:
+        """The ``BlockStored`` this run announced for its block ``b`` (after ``events``),
+        with ``b``'s id."""
+        if self._pos is None:
+            self._pos = {id(x): i for i, x in enumerate(self.blocks)}
+        i, bs = self._pos[id(b)], self.bs
+        j = self.first + i
+        return stored_event(self.hashes[i], self.hashes[i - 1] if i else self.parent_hash,
+                            _token_ids(bs)(self.chunks[i]), b.block_id,
+                            None if self.extra is None else self.extra.for_range(
+                                j * bs, (j + 1) * bs))
 
 
 class RemovedRun(Deferred):

@@ -41,7 +41,7 @@ from dataclasses import replace
 from ..core.block import Block
 from ..core.request import Request
 from ..events import BlockRemoved, Event, removed_event
-from .announce import RemovedRun
+from .announce import RemovedRun, StoredRun
 from .content_check import check_index, check_lower_chains, check_request
 from .recording import ContentRecorder
 
@@ -166,7 +166,7 @@ class ContentIndex(ContentRecorder):
         # events on: built now (eager), or one RemovedRun of the blocks whose content goes
         # (deferred: all of them unless a spare takes one over)
         lazy = self.lazy
-        removed: list | None = [] if sink.active and not (lazy and not twins) else None
+        removed: list[object] | None = [] if sink.active and not (lazy and not twins) else None
         chained = 0
         for b in blocks:  # the common case: a chained block leaves no dict entry
             if b.chained:
@@ -274,8 +274,15 @@ class ContentIndex(ContentRecorder):
     def snapshot(self, blocks: Sequence[Block]) -> list[Event]:
         primaries = sorted([b for b in blocks if b.key is not None and not b.twin],
                            key=lambda b: b.content_id)  # parents were stored first
-        return [b.event if b.event.block_id == b.block_id else replace(b.event, block_id=b.block_id)
-                for b in primaries if b.event is not None]
+        out: list[Event] = []
+        for b in primaries:
+            ev = b.event
+            if type(ev) is StoredRun:  # deferred events: the run rebuilds it
+                out.append(ev.event_of(b))
+            elif ev is not None:
+                out.append(ev if ev.block_id == b.block_id  # type: ignore[attr-defined,arg-type]
+                           else replace(ev, block_id=b.block_id))  # type: ignore[type-var]
+        return out
 
     def clear(self) -> None:
         self.cut = 0
