@@ -52,6 +52,8 @@ class ReplicaView:
 
 
 class Scorer(Protocol):
+    """Picks the replica for one prompt among the candidates' views."""
+
     def pick(self, views: Sequence[ReplicaView], turn: int) -> int:
         """The position in ``views`` (non-empty, in the router's rotation order from
         ``turn``) of the replica to route to."""
@@ -73,6 +75,7 @@ class AffinityScorer:
         self.load_weight, self.balance, self.cpu_weight = load_weight, balance, cpu_weight
 
     def pick(self, views: Sequence[ReplicaView], turn: int) -> int:
+        """See ``Scorer.pick``: the highest score under the cap (class doc)."""
         total = sum(v.in_flight for v in views)
         mean = total / len(views)
         allowed = under_cap(views, self.balance)
@@ -130,6 +133,7 @@ class CostScorer:
         return blocks / v.capacity if v.capacity else blocks
 
     def pick(self, views: Sequence[ReplicaView], turn: int) -> int:
+        """See ``Scorer.pick``: the lowest cost, or a draw by cost (module doc)."""
         limit = self.busy_threshold
         allowed = under_cap(views, self.balance) if self.balance is not None \
             else list(range(len(views)))
