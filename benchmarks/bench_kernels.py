@@ -53,6 +53,26 @@ def dense_sdpa(torch, args, ids, *, batch, q_len, kv_len, heads, kv_heads):
     return lambda: F.scaled_dot_product_attention(qd, k, v, attn_mask=mask)
 
 
+def flash_sdpa(torch, args, ids, *, batch, q_len, kv_len, heads, kv_heads):
+    """The local anchor: torch's flash SDPA backend on contiguous K/V, GQA without copies.
+
+    Flash attention in torch has no bottom-right causal mask, so it attends every
+    (query, key) pair: its TFLOP/s are counted on that larger work (``flash_flops``)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k_cache, v_cache = args[:3]
+    blocks = torch.tensor(ids, device=q.device)
+    k = k_cache[blocks].flatten(1, 2)[:, :kv_len].transpose(1, 2).contiguous()
+    v = v_cache[blocks].flatten(1, 2)[:, :kv_len].transpose(1, 2).contiguous()
+    qd = q.view(batch, q_len, heads, -1).transpose(1, 2)
+
+    def call():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(qd, k, v, enable_gqa=True)
+    return call
+
+
 def device_ceilings(torch, timer):
     """Measured dense bf16 matmul TFLOP/s and copy GB/s (read + write) of this GPU."""
     n = 8192
@@ -65,7 +85,7 @@ def device_ceilings(torch, timer):
     return {"matmul_bf16_tflops": 2 * n**3 / ms / 1e9, "copy_gbps": 2 * src.numel() / copy_ms / 1e6}
 
 
-def run_case(torch, kernels, timer, cfg, *, reference, sdpa):
+def run_case(torch, kernels, timer, cfg, *, reference, sdpa, flash=False):
     """Time one prefill shape; returns a result row."""
     args, ids = make_problem(torch, kernels, **cfg)
     kv_len = cfg["prefix"] + cfg["q_len"]
@@ -92,6 +112,15 @@ def run_case(torch, kernels, timer, cfg, *, reference, sdpa):
                                                     kv_len=kv_len, heads=cfg["heads"], kv_heads=cfg["kv_heads"]))
         except (RuntimeError, ImportError) as exc:  # no lower-right mask support on this build
             row["sdpa_dense_error"] = str(exc)[:200]
+    if sdpa and flash:
+        try:
+            shape = dict(batch=cfg["batch"], q_len=cfg["q_len"], kv_len=kv_len, heads=cfg["heads"],
+                         kv_heads=cfg["kv_heads"])
+            row["sdpa_flash_ms"] = timer(flash_sdpa(torch, args, ids, **shape))
+            flash_flops = 4 * cfg["head_dim"] * cfg["heads"] * cfg["batch"] * cfg["q_len"] * kv_len
+            row["sdpa_flash_tflops"] = flash_flops / row["sdpa_flash_ms"] / 1e9
+        except (RuntimeError, ImportError, TypeError) as exc:  # no flash backend for this shape/build
+            row["sdpa_flash_error"] = str(exc)[:200]
     return row
 
 
@@ -151,6 +180,14 @@ def write_results(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
     lines += ["", "## SPEC shape", "", f"{s['batch']} x ({s['prefix']} cached + {s['q_len']} new), "
               f"{s['heads']}/{s['kv_heads']} heads, d {s['head_dim']}, {s['dtype']}, block {s['block_size']}: "
               f"**{s['triton_tflops']:.1f} TFLOP/s** ({s['triton_ms']:.3f} ms, {s['tflop']:.3f} TFLOP)"]
+    if "sdpa_dense_ms" in s:
+        lines += ["", f"- torch SDPA, contiguous K/V, lower-right causal mask (same work): {s['sdpa_dense_ms']:.3f} ms"]
+    if "sdpa_flash_ms" in s:
+        lines += [f"- torch flash SDPA, contiguous K/V, no mask (every pair attended, counted as such): "
+                  f"{s['sdpa_flash_ms']:.3f} ms, {s['sdpa_flash_tflops']:.1f} TFLOP/s"]
+    for key in ("sdpa_dense_error", "sdpa_flash_error"):
+        if key in s:
+            lines.append(f"- {key}: {s[key]}")
     if result.get("sweep"):
         lines += ["", "## Sweep", "", "| batch | prefix | q_len | ms | TFLOP/s | SDPA dense ms |", "|---|---|---|---|---|---|"]
         for r in result["sweep"]:
@@ -180,7 +217,7 @@ def main(argv=None) -> int:
     timer = Timer(cuda)
     spec, sweep, decode = shapes(opts.smoke, device, torch)
     result = dict(meta, smoke=opts.smoke, ceilings=device_ceilings(torch, timer) if cuda else {})
-    result["spec_shape"] = run_case(torch, kernels, timer, spec, reference=True, sdpa=cuda)
+    result["spec_shape"] = run_case(torch, kernels, timer, spec, reference=True, sdpa=cuda, flash=cuda)
     if cuda:
         result["spec_shape"]["fraction_of_matmul_peak"] = (
             result["spec_shape"]["triton_tflops"] / result["ceilings"]["matmul_bf16_tflops"])
