@@ -71,9 +71,9 @@ def events_rows(pair, plan: Plan, pool: int, mode: str, log, first: int = 0) -> 
                                                        True: {"old": [], "new": []}}
             for r in range(plan.rounds):
                 for events in ((False, True) if r % 2 == 0 else (True, False)):
-                    one = measure(pair if r % 4 < 2 else pair[::-1], 1, lambda _: dict(
-                        cmd="admit", tokens=tokens, hit=hit, count=count, events=events,
-                        seed=f"{pool}/{name}/{first + r}"))
+                    cmd = dict(cmd="admit", tokens=tokens, hit=hit, count=count, events=events,
+                               seed=f"{pool}/{name}/{first + r}")
+                    one = measure(pair if r % 4 < 2 else pair[::-1], 1, lambda _, c=cmd: c)
                     for side in ("old", "new"):
                         got[events][side] += one[side]
             ns = {(e, k): [g[k] for g in got[e]["new"]] for e in (False, True)
@@ -85,7 +85,7 @@ def events_rows(pair, plan: Plan, pool: int, mode: str, log, first: int = 0) -> 
                 extra = {}
                 if key[0]:
                     extra = {f"on_off_{side}": round(statistics.median(
-                        on / off for on, off in zip(src[key], src[(False, "ns")])), 2)
+                        on / off for on, off in zip(src[key], src[(False, "ns")], strict=True)), 2)
                         for side, src in (("old", old), ("new", ns))}
                 rows.append(log(row("micro", pool, "xxhash", f"{name}, {label}", "µs/admission",
                                     old[key], ns[key], **extra)))
