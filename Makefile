@@ -1,6 +1,7 @@
 # Two entry points, each installs what it needs into .venv:
 #   make bench   the main job: prefix caching against naive allocation
-#   make test    the whole test suite (kernels under TRITON_INTERPRET=1 on a CPU)
+#   make test    the whole test suite (kernels under TRITON_INTERPRET=1 on a CPU), vLLM
+#                0.33.0's own scheduler tests on vLLM's manager and on prefixkv's included
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -17,10 +18,22 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 install: $(VENV)/.installed
 
-test: install
+# vLLM's release files, fetched once (tests/engines/fetch.py): the wheel and the sdist's
+# tests/. The wheel goes in --no-deps, with the pure-Python modules its scheduler needs.
+ENGINES := .cache/engines
+VLLM_VERSION := 0.33.0
+$(VENV)/.vllm-installed: $(VENV)/.installed tests/engines/fetch.py tests/engines/vllm-requirements.txt
+	$(BIN)/python tests/engines/fetch.py vllm
+	$(BIN)/pip install -q --no-deps $(ENGINES)/vllm-$(VLLM_VERSION)-cp38-abi3-manylinux_2_28_x86_64.whl
+	$(BIN)/pip install -q -r tests/engines/vllm-requirements.txt
+	touch $@
+
+install-vllm: $(VENV)/.vllm-installed
+
+test: install install-vllm
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
 
 bench: install
 	$(BIN)/prefixkv bench
 
-.PHONY: install test bench
+.PHONY: install install-vllm test bench

@@ -39,3 +39,28 @@ def test_names_and_values_follow_the_manager():
 def test_two_engines_in_one_process_do_not_collide():
     a, b = CacheMetrics(engine="0"), CacheMetrics(engine="1")
     assert a.registry is not b.registry
+
+
+def test_health_metrics_expose_publisher_and_subscriber_failures():
+    from prefixkv.fleet.metrics import HealthMetrics
+
+    met = HealthMetrics(model_name="m", engine="3")
+    pub = {"sender_alive": True, "send_errors": 2}
+    sub = {"alive": False, "counters": {"restarts": 1, "bad_batches": 4},
+           "replicas": {"r": {"connected": False, "block_size_mismatches": 3}}}
+    met.observe_publisher(pub)
+    met.observe_subscriber(sub)
+    met.observe_publisher({"sender_alive": False, "send_errors": 5})
+    met.observe_subscriber({**sub, "counters": {"restarts": 2, "bad_batches": 4}})
+    got = {}
+    for fam in text_string_to_metric_families(met.exposition().decode()):
+        for s in fam.samples:
+            if not s.name.endswith("_created"):
+                got[(s.name, s.labels.get("event") or s.labels.get("replica"))] = s.value
+    assert got == {
+        ("prefixkv:kv_events_sender_up", None): 0, ("prefixkv:kv_events_send_errors_total", None): 5,
+        ("prefixkv:router_subscriber_up", None): 0,
+        ("prefixkv:router_stream_events_total", "restarts"): 2,
+        ("prefixkv:router_stream_events_total", "bad_batches"): 4,
+        ("prefixkv:router_replica_connected", "r"): 0,
+        ("prefixkv:router_block_size_mismatches_total", "r"): 3}

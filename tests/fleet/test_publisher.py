@@ -171,3 +171,73 @@ def test_msgpack_replay_requests_get_batches_or_a_snapshot(ctx):
         assert ask(publisher_epoch=epoch, start_seq=2)["replayed_batches"] == [[2, live[2][2]]]
         dealer.close(linger=0)
         sub.close(linger=0)
+
+
+def test_multimodal_offsets_follow_a_chain_across_batches(ctx):
+    """Issue 26.2: the publisher knows where each held block starts, so a chain continued
+    in a later batch still states each multimodal input's offset in its block."""
+    from prefixkv import ExtraKeys, MultiModalInput
+
+    m = KVCacheManager(64, 4, hash_mode="sha256", enable_events=True)
+    with EventPublisher(block_size=4, heartbeat=None) as pub:
+        sub = sub_to(ctx, pub)
+        m.add_request("a", list(range(1, 10)))
+        pub.publish(m.take_events())
+        extra = ExtraKeys(cache_salt=None, mm=(MultiModalInput("img-1", 9, 4),))
+        m.add_request("b", list(range(1, 18)), extra=extra)  # continues a's chain
+        pub.publish(m.take_events())
+        batches = [msgpack.unpackb(recv(sub)[2]) for _ in range(2)]
+        assert batches[0][1][0]["extra_keys"] == [None, None]
+        assert batches[1][1][0]["extra_keys"] == [[["img-1", 1]], [["img-1", -3]]]
+        sub.close(linger=0)
+
+
+class Unpackable(BlockStored):
+    """A stored block whose tokens msgpack cannot write (a token id past 64 bits): the
+    sender thread fails on it."""
+
+
+def test_a_failing_send_is_counted_and_the_thread_goes_on(ctx):
+    """Issue 26.3: before, one exception ended the sender thread silently: publish()
+    kept returning True, nothing was sent, heartbeats stopped."""
+    with EventPublisher(block_size=4, heartbeat=0.05) as pub:
+        sub = sub_to(ctx, pub)
+        bad = BlockStored(b"\x01" * 32, None, (2**70,) * 4, 0, None)
+        assert pub.publish([bad])
+        deadline = time.monotonic() + 3
+        while pub.send_errors == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        health = pub.health()
+        assert health["send_errors"] == 1 and "OverflowError" in health["last_error"]
+        assert health["sender_alive"]
+        # the lost batch is restated by a snapshot, then heartbeats and batches go on
+        kinds = []
+        while len(kinds) < 3:
+            _, events, _ = decode_batch(recv(sub)[2])
+            if events or kinds:  # heartbeats may come before the snapshot
+                kinds.append([type(e).__name__ for e in events])
+        assert kinds == [["Cleared", "Stored"], [], []]
+        m = KVCacheManager(64, 4, hash_mode="sha256", enable_events=True)
+        m.add_request("a", list(range(1, 10)))
+        assert pub.publish(m.take_events())
+        while True:
+            _, events, _ = decode_batch(recv(sub)[2])
+            if events:
+                break
+        assert [type(e).__name__ for e in events] == ["Stored"]
+        sub.close(linger=0)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_sender_thread_makes_publish_return_false():
+    pub = EventPublisher(block_size=4, heartbeat=None)
+
+    def die():
+        raise SystemExit  # not an Exception: ends the thread, as a fatal fault would
+    pub._step = die
+    pub._thread.join(2)
+    assert not pub.health()["sender_alive"]
+    m = KVCacheManager(64, 4, hash_mode="sha256", enable_events=True)
+    m.add_request("a", list(range(1, 10)))
+    assert pub.publish(m.take_events()) is False and pub.dropped_batches == 1
+    pub.close()

@@ -67,7 +67,7 @@ def test_vllm_structs_decode_and_reencode_byte_for_byte(hash_format):
     assert kinds == ["BlockStored", "BlockRemoved", "BlockStored", "AllBlocksCleared"]
     first = batch.events[0]
     assert first.lora_name == "ad" and first.lora_id is None and first.medium == "GPU"
-    assert first.extra_keys == [("ad", "img"), ("ad",)] and first.group_idx == 0
+    assert first.extra_keys == [("ad", ["img", 1]), ("ad",)] and first.group_idx == 0
     assert batch.data_parallel_rank == 1 and batch.ts == 3.25
     assert msgspec.msgpack.encode(batch) == payload
 

@@ -8,7 +8,7 @@ import pytest
 
 from prefixkv import ExtraKeys, KVCacheManager, MultiModalInput, block_hashes
 from prefixkv.events import AllBlocksCleared, BlockRemoved, BlockStored
-from prefixkv.fleet.wire import WireError, encode_batch, to_wire_events, wire_hash
+from prefixkv.fleet.wire import WireError, block_starts, encode_batch, to_wire_events, wire_hash
 from prefixkv.router import Cleared, DecodeError, Removed, Stored, decode_batch
 
 STORED_KEYS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
@@ -79,7 +79,33 @@ def test_extra_keys_per_block_and_lora():
     m.add_request("a", list(range(1, 14)), extra=extra)
     (ev,) = to_wire_events(m.take_events(), 4)
     assert ev["lora_name"] == "ad" and ev["lora_id"] is None
-    assert ev["extra_keys"] == [("ad", "s"), ("ad", "ab", "s"), ("ad", "s")]
+    # vLLM 0.33's shape: (identifier, offset in the block), the salt on the first block
+    assert ev["extra_keys"] == [("ad", "s"), ("ad", ("ab", 1)), ("ad",)]
+
+
+def test_extra_keys_as_vllm_sends_them():
+    """Issue 26.2: vLLM sends [['tenant-x'], [['img-1', 1]], None] for this request."""
+    extra = ExtraKeys(cache_salt="tenant-x", mm=(MultiModalInput("img-1", 5, 2),))
+    m = manager()
+    m.add_request("a", list(range(1, 14)), extra=extra)
+    payload = encode_batch(m.take_events(), block_size=4, ts=0.0)
+    (ev,) = msgpack.unpackb(payload)[1]
+    assert ev["extra_keys"] == [["tenant-x"], [["img-1", 1]], None]
+
+
+def test_multimodal_offsets_span_blocks_and_batches():
+    """An input that began in an earlier block has a negative offset in the later ones;
+    a chain continued in a later batch keeps its positions (a publisher tracks them)."""
+    m = manager()
+    m.add_request("a", list(range(1, 10)))                     # blocks 0, 1
+    first = m.take_events()
+    extra = ExtraKeys(mm=(MultiModalInput(b"\x0f", 9, 4),))    # tokens 9..12
+    m.add_request("b", list(range(1, 18)), extra=extra)        # hits 0, 1; stores 2, 3
+    later = m.take_events()
+    (ev,) = to_wire_events(later, 4, starts=block_starts(first, 4))
+    assert ev["extra_keys"] == [(("0f", 1),), (("0f", -3),)]
+    (ev,) = to_wire_events(later, 4)  # alone, the chain's position is unknown: no pairs
+    assert ev["extra_keys"] == [None, None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,14 +75,15 @@ def test_live_then_gap_filled_by_replay(fleet):
 
 
 class LegacyReplay(ReplayBuffer):
-    """A publisher of an older vLLM: it reads any request body as an 8-byte start."""
+    """A vLLM publisher's replay (0.33): it reads any request body as an 8-byte start and
+    answers in vLLM's frames (tests/fleet/test_vllm_interop.py runs vLLM's own)."""
 
-    def serve(self, sock, snapshot):
+    def serve(self, sock, snapshot, topic=b""):
         frames = sock.recv_multipart()
         head, start = frames[:-1], int.from_bytes(frames[-1], "big")
         for seq, payload in self.since(start):
-            sock.send_multipart((*head, seq.to_bytes(8, "big"), payload))
-        sock.send_multipart((*head, END_SEQ, b""))
+            sock.send_multipart((*head, topic, seq.to_bytes(8, "big"), payload))
+        sock.send_multipart((*head, b"", END_SEQ, b""))
 
 
 @pytest.mark.parametrize("legacy", [False, True])
@@ -192,3 +193,80 @@ def test_unknown_replica():
     from prefixkv.router import RouterError
     with pytest.raises(RouterError, match="unknown replica"):
         Subscriber(Router(["r"], block_size=BS), {"z": ("tcp://127.0.0.1:1", None)})
+
+
+def until(sub, cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        sub.poll(0.1)
+    return cond()
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_restart_without_heartbeats_is_caught_at_reconnection(legacy):
+    """Issue 26.3: the restarted publisher sends nothing (no heartbeats, vLLM's default);
+    the disconnect alone makes the subscriber verify it once it is back, and the stale
+    entries go."""
+    pub, mgr, router = make()
+    if legacy:
+        pub.replay = LegacyReplay(100)
+    sub = connect(pub, router)
+    try:
+        for i in range(3):
+            step(pub, mgr, str(i), P[i])
+        wait_for(sub, 3)
+        assert [router.cached_tokens(p)["r"] for p in P[:3]] == [12] * 3
+        endpoints = pub.endpoint, pub.replay_endpoint
+        pub.close()
+        pub, mgr, _ = make(endpoint=endpoints[0], replay=endpoints[1])  # silent
+        if legacy:
+            pub.replay = LegacyReplay(100)
+        assert until(sub, lambda: sub.restarts == 1)
+        assert sub.disconnects >= 1 and sub.health()["replicas"]["r"]["connected"]
+        assert [router.cached_tokens(p)["r"] for p in P[:3]] == [0] * 3
+        step(pub, mgr, "e", P[4])  # and it follows the new life from its first batch
+        assert until(sub, lambda: router.cached_tokens(P[4])["r"] == 12)
+        assert sub.resyncs == 0 and sub.errors == 0
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_a_vllm_publisher_is_verified_by_its_last_batch():
+    """After a disconnect, a vLLM publisher that still holds the batch applied last is
+    the same one: the index is kept and what was missed is applied."""
+    pub, mgr, router = make()
+    pub.replay = LegacyReplay(100)
+    sub = connect(pub, router)
+    try:
+        step(pub, mgr, "a", P[0])
+        wait_for(sub, 1)
+        step(pub, mgr, "b", P[1])
+        discard(sub, 1)
+        with sub.lock:
+            sub._unverified.add("r")  # as the monitor does on a disconnect
+            sub._verify("r")
+        assert (sub.restarts, sub.resyncs, sub.gaps_filled) == (0, 0, 1)
+        assert [router.cached_tokens(p)["r"] for p in P[:2]] == [12, 12]
+        assert sub.last_seq["r"] == 1
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_a_replica_with_another_block_size_is_flagged():
+    """Issue 26.3: its hashes cannot match the router's; before, it scored 0 silently."""
+    pub = EventPublisher(block_size=8, heartbeat=None)
+    mgr = KVCacheManager(64, 8, hash_mode="sha256", enable_events=True)
+    router = Router(["r"], block_size=BS)
+    sub = Subscriber(router, {"r": (pub.endpoint, None)})
+    try:
+        time.sleep(0.5)
+        step(pub, mgr, "a", P[0] + P[1])
+        wait_for(sub, 1)
+        assert router.block_size_mismatches == {"r": 1}
+        assert sub.health()["replicas"]["r"]["block_size_mismatches"] == 1
+        assert router.index.num_blocks("r") == 0
+    finally:
+        sub.close()
+        pub.close()

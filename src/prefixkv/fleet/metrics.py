@@ -12,11 +12,25 @@
 Every series carries vLLM's labels ``model_name`` and ``engine``. The hit rate a
 dashboard shows is ``rate(hits) / rate(queries)``. Re-admissions after preemption are
 not counted (vLLM counts them apart too); they are in the manager's ``preempted_*`` stats.
+
+``HealthMetrics`` exposes the failures the fleet parts detect, from their ``health()``:
+
+- ``prefixkv:kv_events_sender_up`` (gauge) and ``prefixkv:kv_events_send_errors_total``
+  (counter): the publisher's sender thread runs; the steps it failed
+- ``prefixkv:router_subscriber_up`` (gauge): the router's subscriber thread runs
+- ``prefixkv:router_stream_events_total`` (counter, label ``event``): what the
+  subscriber met on the streams (``bad_batches``, ``bad_replies``, ``restarts``,
+  ``disconnects``, ``resyncs``, ``snapshots``, ``gaps_filled``, ``errors``)
+- ``prefixkv:router_replica_connected`` (gauge, label ``replica``): 1 while its SUB
+  socket is connected
+- ``prefixkv:router_block_size_mismatches_total`` (counter, label ``replica``): stored
+  blocks not indexed because the replica's block size differs from the router's
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ..events import BlockRemoved
 from ..stats import PrefixCacheStats
@@ -27,13 +41,13 @@ class CacheMetrics:
     engines in one process do not collide; pass ``prometheus_client.REGISTRY`` to use
     the global one). Call ``observe`` once per engine step."""
 
-    def __init__(self, registry: object = None, *, model_name: str = "prefixkv",
+    def __init__(self, registry: Any = None, *, model_name: str = "prefixkv",
                  engine: str = "0") -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
-        self.registry = CollectorRegistry() if registry is None else registry
+        self.registry: Any = CollectorRegistry() if registry is None else registry
         names, labels = ("model_name", "engine"), (model_name, engine)
-        kw = {"labelnames": names, "registry": self.registry}
+        kw: dict[str, Any] = {"labelnames": names, "registry": self.registry}
         self.queries = Counter("vllm:prefix_cache_queries",
                                "Prompt tokens looked up in the prefix cache (new requests).", **kw)
         self.hits = Counter("vllm:prefix_cache_hits",
@@ -47,7 +61,7 @@ class CacheMetrics:
                                   "Prefix cache hit tokens by the medium that served them.",
                                   labelnames=(*names, "source"), registry=self.registry)
         self._labels = labels
-        self._series = [m.labels(*labels) for m in
+        self._series: list[Any] = [m.labels(*labels) for m in
                         (self.queries, self.hits, self.usage, self.evictions, self.dropped)]
         self._dropped_seen = 0
 
@@ -68,6 +82,67 @@ class CacheMetrics:
             self._dropped_seen = dropped_batches
         for source, n in (hits_by_source or {"GPU": stats.hits}).items():
             self._by_source.labels(*self._labels, source).inc(n)
+
+    def exposition(self) -> bytes:
+        """The text a ``/metrics`` endpoint serves."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+class HealthMetrics:
+    """The health series above in ``registry`` (default: a new private one). Feed it
+    ``EventPublisher.health()`` and ``Subscriber.health()`` as often as it is scraped;
+    counters advance by what the cumulative figures grew since the last call."""
+
+    def __init__(self, registry: Any = None, *, model_name: str = "prefixkv",
+                 engine: str = "0") -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = CollectorRegistry() if registry is None else registry
+        reg, labels = self.registry, ("model_name", "engine")
+        self._engine = (model_name, engine)
+        self.sender_up = Gauge("prefixkv:kv_events_sender_up",
+                               "1 while the KV-event publisher's sender thread runs.",
+                               labels, registry=reg)
+        self.send_errors = Counter("prefixkv:kv_events_send_errors",
+                                   "Steps of the KV-event sender thread that failed.",
+                                   labels, registry=reg)
+        self.subscriber_up = Gauge("prefixkv:router_subscriber_up",
+                                   "1 while the router's subscriber thread runs.", registry=reg)
+        self.stream_events = Counter("prefixkv:router_stream_events",
+                                     "What the router's subscriber met on the event streams.",
+                                     ("event",), registry=reg)
+        self.connected = Gauge("prefixkv:router_replica_connected",
+                               "1 while the router's SUB socket to the replica is connected.",
+                               ("replica",), registry=reg)
+        self.mismatches = Counter("prefixkv:router_block_size_mismatches",
+                                  "Stored blocks not indexed: the replica's block size differs.",
+                                  ("replica",), registry=reg)
+        self._seen: dict[tuple[str, ...], int] = {}
+
+    def observe_publisher(self, health: Mapping[str, Any]) -> None:
+        """Update from ``EventPublisher.health()``."""
+        self.sender_up.labels(*self._engine).set(1 if health["sender_alive"] else 0)
+        self._advance(self.send_errors.labels(*self._engine), ("send_errors",),
+                      health["send_errors"])
+
+    def observe_subscriber(self, health: Mapping[str, Any]) -> None:
+        """Update from ``Subscriber.health()``."""
+        self.subscriber_up.set(1 if health["alive"] else 0)
+        for name, total in health["counters"].items():
+            self._advance(self.stream_events.labels(name), ("stream", name), total)
+        for replica, state in health["replicas"].items():
+            self.connected.labels(replica).set(1 if state["connected"] else 0)
+            self._advance(self.mismatches.labels(replica), ("mismatch", replica),
+                          state["block_size_mismatches"])
+
+    def _advance(self, counter: Any, key: tuple[str, ...], total: int) -> None:
+        """Add what ``total`` grew since the last call (a smaller one: a new process,
+        counted from 0)."""
+        seen = self._seen.get(key, 0)
+        counter.inc(total - seen if total >= seen else total)
+        self._seen[key] = total
 
     def exposition(self) -> bytes:
         """The text a ``/metrics`` endpoint serves."""

@@ -17,16 +17,20 @@ tell a quiet replica from a dead one.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from ..events import AllBlocksCleared, BlockRemoved, BlockStored
 from .replay import ReplayBuffer
 from .wire import WireError, check_options, group_fields, group_of, pack, to_wire_events, wire_hash
 
 _EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
+_Item = tuple[list[Any], dict[bytes, int] | None]  # a step's events, multimodal blocks' starts
+_log = logging.getLogger(__name__)
 
 
 class EventPublisher:
@@ -63,14 +67,17 @@ class EventPublisher:
         self.dropped_batches = 0
         self.published_batches = 0
         self.snapshots = 0
-        self._queue: queue.Queue[list | None] = queue.Queue(maxsize=max_queue)
+        self.send_errors = 0
+        self.last_error: str | None = None
+        self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=max_queue)
         self.replay = ReplayBuffer(buffer_steps)
         # (medium, group) -> digests held (the mirror); a hybrid manager announces one
         # hash once per group that caches it, and withdraws it per group
-        self._held: dict[tuple[str, tuple], set[bytes]] = {}
+        self._held: dict[tuple[str, tuple[int, str, int | None]], set[bytes]] = {}
+        self._starts: dict[bytes, int] = {}  # held hash -> its block's first token
         self._lock = threading.Lock()
         self._resync = False
-        self._ctx = zmq.Context.instance()
+        self._ctx: Any = zmq.Context.instance()
         self._pub = _bound(self._ctx.socket(zmq.PUB), endpoint, hwm)
         self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self._replay = None
@@ -79,6 +86,7 @@ class EventPublisher:
             self._replay = _bound(self._ctx.socket(zmq.ROUTER), replay_endpoint, hwm)
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self._closed = False
+        self._last_sent = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="prefixkv-events", daemon=True)
         self._thread.start()
 
@@ -86,35 +94,57 @@ class EventPublisher:
 
     def publish(self, events: Sequence[object]) -> bool:
         """Queue one step's events (``mgr.take_events()``); never blocks. An empty list is
-        not sent. Returns False when the queue was full and the batch was dropped (counted
-        in ``dropped_batches``; a snapshot follows). Raises WireError if closed or if an
-        item is not a BlockStored/BlockRemoved/AllBlocksCleared (nothing is queued then)."""
+        not sent. Returns False when the batch was dropped (counted in
+        ``dropped_batches``): the queue was full (a snapshot follows), or the sender
+        thread is no longer running (``health()["sender_alive"]``; nothing will be sent).
+        Raises WireError if closed or if an item is not a BlockStored/BlockRemoved/
+        AllBlocksCleared (nothing is queued then)."""
         if self._closed:
             raise WireError("publish() after close()")
+        if not self._thread.is_alive():
+            self.dropped_batches += 1
+            return False
         if not events:
             return True
         for ev in events:
             if not isinstance(ev, _EVENTS):
                 raise WireError(f"not a prefixkv event: {type(ev).__name__}")
         with self._lock:
-            self._mirror(events)
+            starts = self._mirror(events)
             try:
-                self._queue.put_nowait(list(events))
+                self._queue.put_nowait((list(events), starts))
             except queue.Full:
                 self.dropped_batches += 1
                 self._resync = True
                 return False
         return True
 
-    def _mirror(self, events: Sequence[object]) -> None:
-        held = self._held
+    def _mirror(self, events: Sequence[object]) -> dict[bytes, int] | None:
+        """Follow ``events`` in the mirror and the held blocks' first tokens; returns
+        the first tokens of this batch's multimodal blocks (their ``extra_keys`` state
+        offsets in the block), None when it has none."""
+        held, starts, bs = self._held, self._starts, self.block_size
+        out: dict[bytes, int] | None = None
         for ev in events:
             if isinstance(ev, BlockStored):
-                held.setdefault((ev.medium, group_of(ev)), set()).add(ev.block_hash)
+                h, parent = ev.block_hash, ev.parent_block_hash
+                held.setdefault((ev.medium, group_of(ev)), set()).add(h)
+                at = 0 if parent is None else starts.get(parent)
+                if at is None:
+                    continue  # its chain began before this publisher: position unknown
+                starts[h] = at = at if parent is None else at + bs
+                if ev.extra is not None and ev.extra.mm:
+                    out = {} if out is None else out
+                    out[h] = at
             elif isinstance(ev, BlockRemoved):
-                held.get((ev.medium, group_of(ev)), set()).discard(ev.block_hash)
+                h = ev.block_hash
+                held.get((ev.medium, group_of(ev)), set()).discard(h)
+                if not any(h in s for s in held.values()):
+                    starts.pop(h, None)
             elif isinstance(ev, AllBlocksCleared):
                 held.clear()
+                starts.clear()
+        return out
 
     def close(self, timeout: float = 2.0) -> None:
         """Send what is queued (up to ``timeout`` seconds), stop the thread, close the
@@ -145,29 +175,55 @@ class EventPublisher:
     # ---- the thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        last_sent = time.monotonic()
+        """Serve replays, send batches and heartbeats until ``close``. A step that raises
+        is counted (``send_errors``, ``last_error``, logged) and the thread goes on;
+        the batch it was sending is lost, so a snapshot follows at once."""
         while True:
-            if self._replay is not None:
-                while self._replay.poll(0):
-                    self.replay.serve(self._replay, self._snapshot)
             try:
-                item = self._queue.get(timeout=0.02)
-            except queue.Empty:
-                if self.heartbeat is not None and time.monotonic() - last_sent >= self.heartbeat:
-                    self._send(pack([time.time(), [], self.dp_rank]))
-                    last_sent = time.monotonic()
-                continue
-            if item is None:
-                return
-            if self._resync:  # the snapshot covers this item and all queued ones
+                if self._step():
+                    return
+            except Exception as exc:
+                self.send_errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+                _log.error("prefixkv event publisher: %s", self.last_error, exc_info=exc)
+                with self._lock:
+                    self._resync = True
+                time.sleep(0.05)  # a fault that repeats must not spin
+
+    def _step(self) -> bool:
+        """One turn of the thread; True when ``close`` was asked."""
+        if self._replay is not None:
+            while self._replay.poll(0):
+                self.replay.serve(self._replay, self._snapshot, self.topic)
+        try:
+            item = self._queue.get(timeout=0.02)
+        except queue.Empty:
+            if self._resync:  # after a failed step: restate what the replica holds
                 stop = self._drain()
                 self._send(self._snapshot())
-                if stop:
-                    return
-            else:
-                self._send(pack([time.time(), to_wire_events(item, self.block_size,
-                                                              self.hash_format), self.dp_rank]))
-            last_sent = time.monotonic()
+                return stop
+            if self.heartbeat is not None and time.monotonic() - self._last_sent >= self.heartbeat:
+                self._send(pack([time.time(), [], self.dp_rank]))
+            return False
+        if item is None:
+            return True
+        if self._resync:  # the snapshot covers this item and all queued ones
+            stop = self._drain()
+            self._send(self._snapshot())
+            return stop
+        events, starts = item
+        self._send(pack([time.time(), to_wire_events(events, self.block_size, self.hash_format,
+                                                      starts), self.dp_rank]))
+        return False
+
+    def health(self) -> dict[str, Any]:
+        """``sender_alive`` (the thread runs: batches are being sent), the counters
+        ``published_batches``, ``dropped_batches``, ``snapshots``, ``send_errors``,
+        ``last_error``, and the replay buffer's ``epoch`` and ``next_seq``."""
+        return {"sender_alive": self._thread.is_alive(), "published_batches": self.published_batches,
+                "dropped_batches": self.dropped_batches, "snapshots": self.snapshots,
+                "send_errors": self.send_errors, "last_error": self.last_error,
+                "epoch": self.replay.epoch, "next_seq": self.replay.next_seq}
 
     def _drain(self) -> bool:
         """After a drop: empty the queue (its batches are in the mirror, which the next
@@ -188,7 +244,7 @@ class EventPublisher:
         batches still queued; they re-apply on top harmlessly, in order."""
         with self._lock:
             held = {m: sorted(s) for m, s in self._held.items() if s}
-        events: list[dict] = [{"type": "AllBlocksCleared"}]
+        events: list[dict[str, Any]] = [{"type": "AllBlocksCleared"}]
         for (medium, group), digests in held.items():
             events.append({
                 "type": "BlockStored",
@@ -203,6 +259,7 @@ class EventPublisher:
         seq = self.replay.add(payload)
         self.published_batches += 1  # before sending: a reader who got it sees the count
         self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
+        self._last_sent = time.monotonic()
 
 
 def _bound(sock, endpoint: str, hwm: int, wait: float = 2.0):  # type: ignore[no-untyped-def]

@@ -1,9 +1,12 @@
 """A publisher's memory of what it sent: the last ``maxlen`` batches by sequence number,
-served on a ROUTER socket in both request forms of vLLM 0.33 (see docs/events.md).
+served on a ROUTER socket (see docs/events.md).
 
-- 8-byte request ``k`` (big-endian): every kept ``[seq, payload]`` with ``seq >= k``,
-  one message each, then the end mark ``[-1 as 8 bytes, b""]``.
-- msgpack map ``{"publisher_epoch"?, "start_seq"?, "force_snapshot"?}``: one msgpack map
+- 8-byte request ``k`` (big-endian), vLLM 0.33's only form: every kept batch with
+  ``seq >= k`` as one message ``[topic, seq, payload]``, then the end mark
+  ``[b"", -1 as 8 bytes, b""]`` (after the client's identity and empty frame), exactly
+  as vLLM's ``ZmqEventPublisher`` answers.
+- prefixkv's extension (vLLM has none such), a msgpack map
+  ``{"publisher_epoch"?, "start_seq"?, "force_snapshot"?}``: one msgpack map
   ``{"publisher_epoch", "next_seq", "replayed_batches": [[seq, payload], ...]}`` when the
   kept batches cover ``start_seq .. next_seq - 1`` of this epoch, else
   ``{"publisher_epoch", "next_seq", "replayed_batches": [], "snapshot": payload}`` where
@@ -39,9 +42,10 @@ class ReplayBuffer:
         """Kept batches with ``seq >= start``, oldest first."""
         return [(s, p) for s, p in self._kept if s >= start]
 
-    def serve(self, sock: object, snapshot: Callable[[], bytes]) -> None:
+    def serve(self, sock: object, snapshot: Callable[[], bytes], topic: bytes = b"") -> None:
         """Answer one request waiting on ROUTER ``sock`` (REQ framing ``[id, b"", body]``
-        or DEALER ``[id, body]``); requests of another shape are ignored, as vLLM does."""
+        or DEALER ``[id, body]``); requests of another shape are ignored, as vLLM does.
+        ``topic``: the publisher's topic, the first frame of each replayed batch."""
         from .wire import pack
 
         frames = sock.recv_multipart()  # type: ignore[attr-defined]
@@ -50,8 +54,8 @@ class ReplayBuffer:
         head, body = tuple(frames[:-1]), frames[-1]
         if len(body) == 8:
             for seq, payload in self.since(int.from_bytes(body, "big")):
-                sock.send_multipart((*head, seq.to_bytes(8, "big"), payload))  # type: ignore[attr-defined]
-            sock.send_multipart((*head, END_SEQ, b""))  # type: ignore[attr-defined]
+                sock.send_multipart((*head, topic, seq.to_bytes(8, "big"), payload))  # type: ignore[attr-defined]
+            sock.send_multipart((*head, b"", END_SEQ, b""))  # type: ignore[attr-defined]
             return
         request = _request(body)
         if request is not None:
@@ -71,7 +75,7 @@ class ReplayBuffer:
 
 def _request(body: bytes) -> tuple[object, int, bool] | None:
     """``(epoch, start_seq, force_snapshot)`` of a msgpack replay request, else None."""
-    import msgpack
+    import msgpack  # type: ignore[import-untyped]
 
     try:
         req = msgpack.unpackb(body, raw=False)

@@ -18,12 +18,16 @@ manager's ``GroupBlockStored``/``GroupBlockRemoved`` carry their own group and s
 Block hashes: ``"int"`` (vLLM's default) sends the low 64 bits of our digest, i.e. its
 last 8 bytes read big-endian, as a msgpack unsigned int; ``"bytes"`` sends the whole
 digest (16 bytes for xxhash, 32 for sha256) as msgpack bin.
+
+Extra keys (``extra_keys``, one entry per block): as vLLM 0.33 publishes them, untagged:
+the LoRA name, ``(identifier, offset in the block)`` per multimodal input overlapping
+the block, and the cache salt on a request's first block only (``_extra_entry``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import PrefixKVError
@@ -83,17 +87,25 @@ def group_fields(group: tuple[int, str | None, int | None]) -> dict[str, Any]:
     return out
 
 
-def _extra_entry(ev: BlockStored) -> tuple[str, ...] | None:
-    """This block's extra keys for vLLM's ``extra_keys``: LoRA name, the multimodal
-    hashes overlapping the block (bytes as hex), cache salt; None when there are none."""
+def _extra_entry(ev: BlockStored, start: int | None) -> tuple[Any, ...] | None:
+    """This block's ``extra_keys`` entry as vLLM 0.33 publishes it
+    (``kv_cache_utils.to_event_extra_keys`` of ``generate_block_hash_extra_keys``): the
+    LoRA name; then each multimodal input overlapping the block as ``(identifier, its
+    offset minus the block's first token)`` (negative when it began in an earlier block;
+    a bytes identifier as hex); then the cache salt, on a chain's first block only.
+    None when empty. ``start``: the block's first token, None when unknown (a publisher
+    that did not see the chain from its first block): its multimodal pairs are then
+    left out, which a consumer that rebuilds keys from them reads as a miss."""
     x = ev.extra
     if x is None:
         return None
-    out = [x.lora] if x.lora is not None else []
-    out += [m.hash if isinstance(m.hash, str) else m.hash.hex() for m in x.mm]
-    if x.cache_salt is not None:
+    out: list[Any] = [x.lora] if x.lora is not None else []
+    if start is not None:
+        out += [(m.hash if isinstance(m.hash, str) else m.hash.hex(), m.offset - start)
+                for m in x.mm]
+    if x.cache_salt is not None and ev.parent_block_hash is None:
         out.append(x.cache_salt)
-    return tuple(out)
+    return tuple(out) if out else None
 
 
 def _lora(ev: BlockStored) -> tuple[int | None, str | None]:
@@ -101,7 +113,8 @@ def _lora(ev: BlockStored) -> tuple[int | None, str | None]:
     return (getattr(x, "lora_id", None), x.lora) if x is not None else (None, None)
 
 
-def _stored(run: list[BlockStored], block_size: int, fmt: str) -> dict[str, Any]:
+def _stored(run: list[BlockStored], block_size: int, fmt: str,
+            starts: Mapping[bytes, int]) -> dict[str, Any]:
     first = run[0]
     lora_id, lora_name = _lora(first)
     parent = first.parent_block_hash
@@ -117,12 +130,30 @@ def _stored(run: list[BlockStored], block_size: int, fmt: str) -> dict[str, Any]
         "lora_id": lora_id,
         "medium": _medium(first),
         "lora_name": lora_name,
-        "extra_keys": [_extra_entry(ev) for ev in run],
+        "extra_keys": [_extra_entry(ev, starts.get(ev.block_hash)) for ev in run],
         **group_fields(group_of(first)),
     }
 
 
-def _continues(run: list, ev: object) -> bool:
+def block_starts(events: Iterable[object], block_size: int,
+                 known: Mapping[bytes, int] | None = None) -> dict[bytes, int]:
+    """The first token of every block stored in ``events`` whose position is known: a
+    chain's first block starts at 0, a child one block after its parent (found among the
+    earlier events or in ``known``, hash -> first token)."""
+    out: dict[bytes, int] = {}
+    for ev in events:
+        if isinstance(ev, BlockStored):
+            parent = ev.parent_block_hash
+            if parent is None:
+                out[ev.block_hash] = 0
+            else:
+                at = out.get(parent, known.get(parent) if known is not None else None)
+                if at is not None:
+                    out[ev.block_hash] = at + block_size
+    return out
+
+
+def _continues(run: list[Any], ev: Any) -> bool:
     """Whether ``ev`` extends ``run`` into one wire event."""
     last = run[-1]
     if type(ev) is not type(last) or _medium(ev) != _medium(last) \
@@ -133,11 +164,18 @@ def _continues(run: list, ev: object) -> bool:
     return True
 
 
-def to_wire_events(events: Iterable[object], block_size: int,
-                   hash_format: str = "int") -> list[dict[str, Any]]:
+def to_wire_events(events: Iterable[object], block_size: int, hash_format: str = "int",
+                   starts: Mapping[bytes, int] | None = None) -> list[dict[str, Any]]:
     """The wire maps of one step's core events, in order, runs grouped (see module doc).
-    Raises WireError for an object that is not BlockStored/BlockRemoved/AllBlocksCleared."""
-    runs: list[list] = []
+    ``starts``: block hash -> first token, for blocks whose chain began in an earlier
+    batch (a publisher keeps them; see ``block_starts``), needed only for multimodal
+    offsets. Raises WireError for an object that is not BlockStored/BlockRemoved/
+    AllBlocksCleared."""
+    events = list(events)
+    known = dict(starts or {})
+    if any(isinstance(ev, BlockStored) and ev.extra is not None and ev.extra.mm for ev in events):
+        known.update(block_starts(events, block_size, known))  # only multimodal keys need it
+    runs: list[list[Any]] = []
     for ev in events:
         if not isinstance(ev, (BlockStored, BlockRemoved, AllBlocksCleared)):
             raise WireError(f"not a prefixkv event: {type(ev).__name__}")
@@ -149,7 +187,7 @@ def to_wire_events(events: Iterable[object], block_size: int,
     for run in runs:
         first = run[0]
         if isinstance(first, BlockStored):
-            out.append(_stored(run, block_size, hash_format))
+            out.append(_stored(run, block_size, hash_format, known))
         elif isinstance(first, BlockRemoved):
             out.append({"type": "BlockRemoved",
                         "block_hashes": [wire_hash(ev.block_hash, hash_format) for ev in run],
@@ -172,6 +210,7 @@ def encode_batch(events: Sequence[object], *, block_size: int, hash_format: str 
 def pack(obj: object) -> bytes:
     """msgpack with str as str, bytes as bin, floats as float64 (msgpack imported here:
     it is the ``events`` extra)."""
-    import msgpack
+    import msgpack  # type: ignore[import-untyped]
 
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed

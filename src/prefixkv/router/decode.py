@@ -1,15 +1,21 @@
 """Decode a vLLM ``KVEventBatch`` payload, as docs/events.md describes it, into the few
 facts a router needs. Accepts vLLM 0.33's map-encoded events and the positional
 (array) events of older vLLM releases in the same batch.
+
+Every field the decoder reads is type-checked; any payload that does not fit raises
+DecodeError and nothing else (a subscriber counts it and goes on). Fields it does not
+read (``token_ids``, ``lora_*``, ``extra_keys``, vLLM's newer optional fields) are not
+checked: a replica's extension there must not cost the router its batches.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import PrefixKVError
 
 Hash = int | bytes
+_UINT64 = 1 << 64
 
 
 class DecodeError(PrefixKVError):
@@ -21,7 +27,8 @@ class Stored:
     """``hashes`` became findable on ``medium``; ``parent`` precedes ``hashes[0]``.
     ``group``: the layer group (vLLM's ``group_idx``; None when the event has none),
     ``kind`` its ``kv_cache_spec_kind`` and ``window`` its sliding window, None when
-    absent."""
+    absent. ``block_size``: the replica's block size as the event states it (None when
+    not given); metadata, not compared."""
 
     hashes: tuple[Hash, ...]
     parent: Hash | None
@@ -29,6 +36,7 @@ class Stored:
     group: int | None = None
     kind: str | None = None
     window: int | None = None
+    block_size: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,45 +68,85 @@ _ARRAY_FIELDS = {
 
 
 def decode_batch(payload: bytes) -> tuple[float, list[RouterEvent], int | None]:
-    """``(ts, events, data_parallel_rank)`` of one payload (rank None when omitted).
-    Raises DecodeError for anything that is not a KVEventBatch."""
-    import msgpack
+    """``(ts, events, data_parallel_rank)`` of one payload (rank None when omitted or
+    nil). Raises DecodeError, and only DecodeError, for anything that is not a
+    KVEventBatch: not msgpack, a batch that is not ``[number, array, int or nil?]``, an
+    event that is neither a map nor an array tagged by a known event name, or a field
+    the decoder reads holding another type (see the module doc)."""
+    import msgpack  # type: ignore[import-untyped]
 
     try:
         batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise DecodeError(f"not msgpack: {exc}") from None
+        raise DecodeError(f"not msgpack: {_show(exc)}") from None
     if not isinstance(batch, list) or len(batch) not in (2, 3) or not isinstance(
-            batch[1], list) or not isinstance(batch[0], (int, float)):
-        raise DecodeError(f"a KVEventBatch is [ts, events, dp_rank?], got {str(batch)[:80]}")
-    return float(batch[0]), [_event(e) for e in batch[1]], batch[2] if len(batch) == 3 else None
+            batch[1], list) or not _is_number(batch[0]):
+        raise DecodeError(f"a KVEventBatch is [ts, events, dp_rank?], got {_show(batch)}")
+    rank = batch[2] if len(batch) == 3 else None
+    if rank is not None and not _is_int(rank):
+        raise DecodeError(f"data_parallel_rank must be an int or nil, got {_show(rank)}")
+    return float(batch[0]), [_event(e) for e in batch[1]], rank
 
 
 def _event(raw: object) -> RouterEvent:
-    if isinstance(raw, list) and raw and raw[0] in _ARRAY_FIELDS:
-        raw = {"type": raw[0], **dict(zip(_ARRAY_FIELDS[raw[0]], raw[1:]))}
+    if isinstance(raw, list):
+        tag = raw[0] if raw else None
+        if not isinstance(tag, str) or tag not in _ARRAY_FIELDS:
+            raise DecodeError(f"an array event starts with its type name, got {_show(raw)}")
+        raw = {"type": tag, **dict(zip(_ARRAY_FIELDS[tag], raw[1:], strict=False))}
     if not isinstance(raw, dict):
-        raise DecodeError(f"an event is a map or a tagged array, got {str(raw)[:80]}")
+        raise DecodeError(f"an event is a map or a tagged array, got {_show(raw)}")
     tag = raw.get("type")
     if tag == "AllBlocksCleared":
         return Cleared()
     if tag not in ("BlockStored", "BlockRemoved"):
-        raise DecodeError(f"unknown event type {tag!r}")
+        raise DecodeError(f"unknown event type {_show(tag)}")
     hashes = raw.get("block_hashes")
-    if not isinstance(hashes, list) or not all(isinstance(h, (int, bytes)) for h in hashes):
-        raise DecodeError(f"{tag}.block_hashes must be a list of ints or bytes")
-    medium = raw.get("medium") or "GPU"  # nil: vLLM releases before media existed
+    if not isinstance(hashes, list) or not all(_is_hash(h) for h in hashes):
+        raise DecodeError(f"{tag}.block_hashes must be a list of uint64 or bytes, "
+                          f"got {_show(hashes)}")
+    medium = _optional(raw, tag, "medium", str) or "GPU"  # nil: releases before media
     group = _optional(raw, tag, "group_idx", int)
     if tag == "BlockRemoved":
-        return Removed(tuple(hashes), medium, group)
-    return Stored(tuple(hashes), raw.get("parent_block_hash"), medium, group,
-                  _optional(raw, tag, "kv_cache_spec_kind", str),
-                  _optional(raw, tag, "kv_cache_spec_sliding_window", int))
+        return Removed(tuple(hashes), medium, group)  # type: ignore[arg-type]
+    parent = raw.get("parent_block_hash")
+    if parent is not None and not _is_hash(parent):
+        raise DecodeError(f"BlockStored.parent_block_hash must be a hash or nil, "
+                          f"got {_show(parent)}")
+    block_size = _optional(raw, tag, "block_size", int)
+    if block_size is not None and block_size < 1:  # type: ignore[operator]
+        raise DecodeError(f"BlockStored.block_size must be >= 1, got {block_size}")
+    return Stored(tuple(hashes), parent, medium, group,  # type: ignore[arg-type]
+                  _optional(raw, tag, "kv_cache_spec_kind", str),  # type: ignore[arg-type]
+                  _optional(raw, tag, "kv_cache_spec_sliding_window", int),  # type: ignore[arg-type]
+                  block_size)  # type: ignore[arg-type]
 
 
-def _optional(raw: dict, tag: str, key: str, kind: type) -> object:
+def _optional(raw: dict[object, object], tag: str, key: str, kind: type) -> object:
     """``raw[key]``, None when absent or nil; DecodeError when of another type."""
     value = raw.get(key)
     if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-        raise DecodeError(f"{tag}.{key} must be {kind.__name__} or nil, got {value!r}")
+        raise DecodeError(f"{tag}.{key} must be {kind.__name__} or nil, got {_show(value)}")
     return value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, float) or _is_int(value)
+
+
+def _is_hash(value: object) -> bool:
+    """A block hash as vLLM sends it: a uint64 or a digest's bytes."""
+    return isinstance(value, bytes) or _is_int(value) and 0 <= value < _UINT64  # type: ignore[operator]
+
+
+def _show(value: object) -> str:
+    """A short, safe rendering of a wire value for an error message."""
+    try:
+        text = repr(value)
+    except Exception:  # a repr of wire data cannot fail today; never let it escape
+        text = f"<{type(value).__name__}>"
+    return text[:80]

@@ -1,14 +1,39 @@
-"""The client side of a publisher's replay socket, in both of vLLM 0.33's forms (see
-docs/events.md): ``ask`` (a msgpack request answered by one map: the missed batches or
-a snapshot, with the publisher's epoch) and ``stream`` (the 8-byte request answered by
-one message per batch, which every vLLM release with replay serves).
+"""The client side of a publisher's replay socket (see docs/events.md, *Sequence numbers
+and replay*): ``stream`` speaks vLLM 0.33's only form (the 8-byte start, answered by one
+message per batch and an end mark); ``ask`` speaks prefixkv's extension (a msgpack map,
+answered by one map: the missed batches or a snapshot, with the publisher's epoch),
+which a vLLM publisher does not answer.
+
+Every answer is checked whole before the subscriber uses any of it: a malformed one
+raises ReplayError (the subscriber counts it and falls back), never anything else.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
 
+from ..errors import PrefixKVError
+
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
+STREAM_TIMEOUTS = 10
+"""How many reply timeouts one streamed replay may take in all."""
+
+
+class ReplayError(PrefixKVError):
+    """A replay answer that does not have the documented shape."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A checked answer to ``ask``: ``batches`` are ``start .. next_seq - 1`` in order
+    (empty when ``snapshot`` is given: a payload stating everything the replica holds)."""
+
+    epoch: str
+    next_seq: int
+    batches: list[tuple[int, bytes]]
+    snapshot: bytes | None
 
 
 class ReplayClient:
@@ -22,44 +47,56 @@ class ReplayClient:
         self.sock.connect(endpoint)
         self.timeout_ms = timeout_ms
 
-    def ask(self, epoch: str | None, start: int) -> dict[str, Any] | None:
-        """The publisher's answer to ``{publisher_epoch, start_seq}``: a map with
-        ``publisher_epoch``, ``next_seq``, ``replayed_batches`` and maybe ``snapshot``;
-        None when it does not answer in this form (an older publisher streams its 8-byte
-        reply instead, which is drained) or not in time."""
-        import msgpack
+    def ask(self, epoch: str | None, start: int, *, force_snapshot: bool = False
+            ) -> Answer | None:
+        """The publisher's answer to ``{publisher_epoch, start_seq, force_snapshot}``;
+        None when it does not answer in this form (a vLLM publisher streams an end mark
+        instead, which is drained) or not in time. Raises ReplayError for a map answer
+        that is not an Answer for ``start`` (see ``_check``)."""
+        import msgpack  # type: ignore[import-untyped]
 
         self._drain()
         request: dict[str, Any] = {"start_seq": start}
         if epoch is not None:
             request["publisher_epoch"] = epoch
+        if force_snapshot:
+            request["force_snapshot"] = True
         self.sock.send_multipart((b"", msgpack.packb(request)))
         if not self.sock.poll(self.timeout_ms):
             return None
         frames = self.sock.recv_multipart()
-        if len(frames) != 2:
-            self._drain(self.timeout_ms)
+        if len(frames) != 2:  # a vLLM publisher read the map as a start: its end mark
+            if _replayed(frames)[0] != END_SEQ:
+                self._drain(self.timeout_ms)
             return None
         try:
             reply = msgpack.unpackb(frames[1], raw=False)
-            ok = isinstance(reply, dict) and isinstance(reply.get("next_seq"), int)
         except Exception:  # msgpack raises several unrelated types
-            ok = False
-        return reply if ok else None
+            raise ReplayError(f"replay answer is not msgpack: {frames[1][:40]!r}") from None
+        return _check(reply, start)
 
-    def stream(self, start: int, until: int) -> list[tuple[int, bytes]] | None:
-        """Batches ``start .. until-1`` by the 8-byte request; None unless all of them
-        came (the buffer lost some, or no reply in time)."""
+    def stream(self, start: int, until: int | None = None) -> list[tuple[int, bytes]] | None:
+        """Batches ``start .. until - 1`` (``until`` None: every batch from ``start`` on)
+        by the 8-byte request; None unless all of them came, consecutive (the buffer
+        lost some, no end mark in time, or a message of another shape). The whole reply
+        must come within ``STREAM_TIMEOUTS`` timeouts: a publisher that streams without
+        end cannot hold the subscriber."""
         self._drain()
         self.sock.send_multipart((b"", start.to_bytes(8, "big")))
         got: list[tuple[int, bytes]] = []
-        while self.sock.poll(self.timeout_ms):
-            seq_bytes, payload = self.sock.recv_multipart()[-2:]
+        deadline = time.monotonic() + STREAM_TIMEOUTS * self.timeout_ms / 1000
+        while time.monotonic() < deadline and self.sock.poll(self.timeout_ms):
+            frames = self.sock.recv_multipart()
+            seq_bytes, payload = _replayed(frames)
+            if seq_bytes is None:
+                self._drain(self.timeout_ms)
+                return None
             if seq_bytes == END_SEQ:
-                whole = [s for s, _ in got] == list(range(start, until))
-                return got if whole else None
+                whole = all(s == k for k, (s, _) in enumerate(got, start))
+                complete = until is None or start + len(got) == until
+                return got if whole and complete else None
             seq = int.from_bytes(seq_bytes, "big")
-            if seq < until:
+            if until is None or seq < until:
                 got.append((seq, payload))
         return None
 
@@ -67,8 +104,49 @@ class ReplayClient:
         """Drop late replies to an earlier, timed-out request."""
         while self.sock.poll(wait_ms):
             frames = self.sock.recv_multipart()
-            if frames[-2:-1] == [END_SEQ]:
+            if _replayed(frames)[0] == END_SEQ:
                 wait_ms = 0
 
     def close(self) -> None:
         self.sock.close(linger=0)
+
+
+def _replayed(frames: list[bytes]) -> tuple[bytes | None, bytes]:
+    """``(seq frame, payload)`` of one streamed reply: vLLM 0.33's ``[b"", topic, seq,
+    payload]`` (end mark ``[b"", b"", END, b""]``), or the ``[b"", seq, payload]`` of
+    prefixkv publishers before they spoke vLLM's form; ``(None, b"")`` for another shape."""
+    if len(frames) in (3, 4) and frames[0] == b"" and len(frames[-2]) == 8:
+        return frames[-2], frames[-1]
+    return None, b""
+
+
+def _check(reply: object, start: int) -> Answer:
+    """``reply`` as an Answer to a request for ``start``; ReplayError unless it is a map
+    with a str ``publisher_epoch``, an int ``next_seq`` >= 0 and either a bin
+    ``snapshot`` (with no replayed batches) or ``replayed_batches`` holding exactly the
+    ``[seq, bin payload]`` pairs ``start .. next_seq - 1``."""
+    if not isinstance(reply, dict):
+        raise ReplayError(f"replay answer must be a map, got {repr(reply)[:80]}")
+    epoch, next_seq = reply.get("publisher_epoch"), reply.get("next_seq")
+    batches, snapshot = reply.get("replayed_batches"), reply.get("snapshot")
+    if not isinstance(epoch, str):
+        raise ReplayError(f"publisher_epoch must be a str, got {repr(epoch)[:80]}")
+    if not isinstance(next_seq, int) or isinstance(next_seq, bool) or next_seq < 0:
+        raise ReplayError(f"next_seq must be an int >= 0, got {repr(next_seq)[:80]}")
+    if not isinstance(batches, list):
+        raise ReplayError(f"replayed_batches must be an array, got {repr(batches)[:80]}")
+    if snapshot is not None:
+        if not isinstance(snapshot, bytes) or batches:
+            raise ReplayError("a snapshot answer has a bin snapshot and no replayed batches")
+        return Answer(epoch, next_seq, [], snapshot)
+    pairs: list[tuple[int, bytes]] = []
+    for seq, item in enumerate(batches, start):
+        if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int
+                and item[0] == seq and isinstance(item[1], bytes)):
+            raise ReplayError(f"replayed_batches[{seq - start}] must be [{seq}, bin], "
+                              f"got {repr(item)[:80]}")
+        pairs.append((seq, item[1]))
+    if start + len(pairs) != next_seq:
+        raise ReplayError(f"replayed_batches cover {start}..{start + len(pairs) - 1}, "
+                          f"next_seq is {next_seq}")
+    return Answer(epoch, next_seq, pairs, None)

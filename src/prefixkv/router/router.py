@@ -35,6 +35,7 @@ apply).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from .scorer import AffinityScorer, ReplicaView, Scorer, ScorerError
 POLICIES = ("prefix", "round-robin", "least-loaded")
 FULL_KIND = "full_attention"
 _MASK64 = (1 << 64) - 1
+_log = logging.getLogger(__name__)
 
 
 class RouterError(PrefixKVError):
@@ -113,6 +115,7 @@ class Router:
         self.in_flight = dict.fromkeys(names, 0)
         self.routed = dict.fromkeys(names, 0)
         self.last_heard: dict[str, float] = {}
+        self.block_size_mismatches = dict.fromkeys(names, 0)
         self._scored: dict[str, int | None] = {}
         self._turn = 0
 
@@ -120,11 +123,16 @@ class Router:
 
     def apply(self, replica: str, events: Iterable[RouterEvent]) -> None:
         """Apply one batch's decoded events from ``replica``, in order, and mark it heard.
-        Only the replica's scored group is indexed (module doc)."""
+        Only the replica's scored group is indexed (module doc). A ``Stored`` that states
+        a block size other than the router's is not indexed (its hashes cannot match a
+        prompt's): it is counted in ``block_size_mismatches`` and logged once."""
         self._known(replica)
         index, scored = self.index, self._scored
         for ev in events:
             if isinstance(ev, Stored):
+                if ev.block_size is not None and ev.block_size != self.block_size:
+                    self._mismatched(replica, ev.block_size)
+                    continue
                 if replica not in scored and ev.kind in (None, FULL_KIND):
                     scored[replica] = ev.group
                 if replica in scored and ev.group == scored[replica]:
@@ -218,6 +226,16 @@ class Router:
         return ReplicaView(replica, n, runs[0], runs[1], self.in_flight[replica],
                            loads.prefill_blocks(replica), loads.active_blocks(replica),
                            loads.capacity.get(replica), None if rep is None else rep.kv_usage)
+
+    # ---- a replica configured unlike the router (kept apart from scoring) -----------------
+
+    def _mismatched(self, replica: str, block_size: int) -> None:
+        """Count a ``Stored`` of another block size; warn on the replica's first."""
+        if not self.block_size_mismatches[replica]:
+            _log.warning("replica %r announces block_size %d, the router hashes prompts in "
+                         "blocks of %d: its blocks cannot match and are not indexed",
+                         replica, block_size, self.block_size)
+        self.block_size_mismatches[replica] += 1
 
     def _known(self, replica: str) -> None:
         if replica not in self.in_flight:

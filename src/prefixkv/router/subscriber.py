@@ -1,34 +1,38 @@
 """Feed a Router from N replicas' ZeroMQ event streams (extra ``prefixkv[events]``).
 
-Per replica a SUB socket (the live stream), a ReplayClient on its replay socket, and the
-last sequence number applied. For each message ``(topic, seq, payload)``:
+Per replica a SUB socket (the live stream), a monitor of that socket, a ReplayClient on
+its replay socket, and the last sequence number applied. A message ``seq == last + 1``
+is applied; a duplicate of what a replay applied is skipped; anything else (first
+contact, a gap, a smaller ``seq``) is caught up: by prefixkv's map request (missed
+batches, or a snapshot on first contact, after a restart, past the buffer), or, for a
+publisher that does not answer it (vLLM's), by the 8-byte request, forgetting the
+replica when its buffer lost batches or it restarted. After a disconnect the replica is
+verified as soon as it is connected again: a new epoch, or a vLLM publisher whose
+buffer does not hold the very batch applied last (a batch carries its timestamp, so a
+new life never repeats one), is a restart. The index may understate what a replica
+holds, never overstate it. docs/router.md tabulates each case and its counter.
 
-- ``seq == last + 1``: apply;
-- ``seq`` at or below what a replay already applied: a duplicate, skipped;
-- anything else (first contact, a gap, a smaller ``seq``, or any message after the SUB
-  socket lost its connection, which a restarted replica needs): catch up.
-
-Catching up asks the replica for ``last + 1 ..`` with the epoch it announced before
-(vLLM 0.33's msgpack replay request). The answer is the missed batches (applied,
-``gaps_filled``) or, on first contact, after a restart (a new epoch: ``restarts``) or
-past the buffer, a snapshot of everything it holds (the replica is rebuilt from it,
-``snapshots``). A publisher that does not answer this form (older vLLM) is asked by the
-8-byte request from then on: missed batches are applied if the buffer still has them
-all; otherwise, and on a smaller ``seq`` (a restart), the replica is forgotten
-(``resyncs``, ``restarts``): the index may understate what a replica holds, never
-overstate it.
-
-Batches that fail to decode are counted in ``bad_batches`` and skipped.
+Nothing from the wire stops the thread: frames, payloads and replay answers are
+checked (``bad_batches``, ``bad_replies``); anything else raised while handling a
+message is counted in ``errors`` (``last_error``, logged). ``health()`` reports it all.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Mapping
+from typing import Any
 
 from .decode import DecodeError, decode_batch
-from .replay_client import ReplayClient
+from .replay_client import Answer, ReplayClient, ReplayError
 from .router import Router
+
+_log = logging.getLogger(__name__)
+COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "bad_replies",
+            "disconnects", "errors")
+"""The subscriber's counters, as ``health()`` names them."""
 
 
 class Subscriber:
@@ -44,26 +48,30 @@ class Subscriber:
         self.replay_timeout_ms = int(replay_timeout * 1000)
         self.last_seq: dict[str, int] = {}
         self.gaps_filled = self.snapshots = self.resyncs = self.restarts = self.bad_batches = 0
+        self.bad_replies = self.disconnects = self.errors = 0
+        self.last_error: str | None = None
+        self.connected = dict.fromkeys(endpoints, False)
         self._epoch: dict[str, str] = {}
         self._skip_through: dict[str, int] = {}  # live duplicates of replayed batches
         self._legacy: set[str] = set()  # replicas that answer only the 8-byte request
-        self._ctx = zmq.Context.instance()
+        self._last_payload: dict[str, bytes] = {}  # what a vLLM publisher is verified by
+        self._unverified: set[str] = set()  # disconnected since their last message
+        self._ctx: Any = zmq.Context.instance()
         self._poller = zmq.Poller()
-        self._sub: dict[object, str] = {}
-        self._monitors: dict[object, str] = {}
-        self._reconnected: set[str] = set()
+        self._sub: dict[Any, str] = {}
+        self._monitors: dict[Any, str] = {}
         self._replay: dict[str, ReplayClient] = {}
         for replica in endpoints:
             router.forget(replica)  # RouterError for an unknown name; starts it empty
         for replica, (pub, replay) in endpoints.items():
             sub = self._ctx.socket(zmq.SUB)
             sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+            monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
             sub.connect(pub)
             self._sub[sub] = replica
-            self._poller.register(sub, zmq.POLLIN)
-            monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             self._monitors[monitor] = replica
             self._poller.register(monitor, zmq.POLLIN)
+            self._poller.register(sub, zmq.POLLIN)
             if replay is not None:
                 self._replay[replica] = ReplayClient(self._ctx, replay, self.replay_timeout_ms)
         self._stop = threading.Event()
@@ -72,35 +80,57 @@ class Subscriber:
 
     def poll(self, timeout: float = 0.0) -> int:
         """Handle every message waiting now (waiting up to ``timeout`` s for the first);
-        returns how many live messages were handled."""
+        returns how many live messages were handled. Never raises for what it reads."""
         import zmq
 
         handled = 0
-        events = dict(self._poller.poll(int(timeout * 1000)))
-        while events:
-            for sock in events:
+        ready = dict(self._poller.poll(int(timeout * 1000)))
+        while ready:
+            # monitors first: a disconnect must be known before the messages that follow it
+            for sock in sorted(ready, key=lambda s: s not in self._monitors):
                 try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK)  # type: ignore[attr-defined]
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     continue
-                if sock in self._monitors:  # the connection dropped: restart or not, unknown
-                    self._reconnected.add(self._monitors[sock])
-                    continue
-                if len(frames) == 3:
+                try:
                     with self.lock:
-                        self._on_message(self._sub[sock], int.from_bytes(frames[1], "big"),
-                                         frames[2])
-                    handled += 1
-            events = dict(self._poller.poll(0))
+                        handled += self._on_frames(sock, frames)
+                except Exception as exc:  # a defect, not bad input (that is checked): go on
+                    self._failed(exc)
+            ready = dict(self._poller.poll(0))
         return handled
 
     def start(self) -> None:
         """Poll in a background thread until ``close``."""
         def loop() -> None:
             while not self._stop.is_set():
-                self.poll(0.05)
+                try:
+                    self.poll(0.05)
+                except Exception as exc:  # the poller itself failed: count, retry
+                    self._failed(exc)
+                    time.sleep(0.05)
         self._thread = threading.Thread(target=loop, name="prefixkv-router-sub", daemon=True)
         self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the background thread (``start``) is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def health(self) -> dict[str, Any]:
+        """``counters`` (name -> count, the names of ``COUNTERS``), ``last_error``,
+        ``alive``, and per replica (``replicas``): ``connected``, ``last_seq`` (None: not
+        following), ``protocol`` ("prefixkv" or "vllm": which replay form it answers;
+        None before it was asked), and ``block_size_mismatches`` (the router's count, see
+        ``Router.apply``)."""
+        out: dict[str, Any] = {"counters": {name: getattr(self, name) for name in COUNTERS}}
+        out.update(last_error=self.last_error, alive=self.alive, replicas={
+            r: {"connected": self.connected[r], "last_seq": self.last_seq.get(r),
+                "protocol": "vllm" if r in self._legacy else
+                            "prefixkv" if r in self._epoch else None,
+                "block_size_mismatches": self.router.block_size_mismatches[r]}
+            for r in self.connected})
+        return out
 
     def close(self) -> None:
         """Stop the thread (if any) and close every socket."""
@@ -108,69 +138,162 @@ class Subscriber:
         if self._thread is not None:
             self._thread.join(2.0)
         for sub in self._sub:
-            sub.disable_monitor()  # type: ignore[attr-defined]
+            sub.disable_monitor()
         for sock in [*self._monitors, *self._sub]:
-            sock.close(linger=0)  # type: ignore[attr-defined]
+            sock.close(linger=0)
         for client in self._replay.values():
             client.close()
+
+    # ---- what arrives --------------------------------------------------------------------
+
+    def _on_frames(self, sock: Any, frames: list[bytes]) -> int:
+        """Handle one message of a SUB or monitor socket; 1 for a live message."""
+        if sock in self._monitors:
+            self._on_monitor(self._monitors[sock], frames)
+            return 0
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self.bad_batches += 1  # not (topic, 8-byte seq, payload)
+            return 1
+        self._on_message(self._sub[sock], int.from_bytes(frames[1], "big"), frames[2])
+        return 1
+
+    def _on_monitor(self, replica: str, frames: list[bytes]) -> None:
+        import zmq
+        from zmq.utils.monitor import parse_monitor_message
+
+        if parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED:
+            self.disconnects += 1
+            self.connected[replica] = False
+            self._unverified.add(replica)
+            return
+        self.connected[replica] = True  # a handshake with a publisher succeeded
+        if replica in self._unverified:
+            self._verify(replica)
+
+    def _failed(self, exc: Exception) -> None:
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+        _log.error("prefixkv router subscriber: %s", self.last_error, exc_info=exc)
 
     # ---- sequence handling ---------------------------------------------------------------
 
     def _on_message(self, replica: str, seq: int, payload: bytes) -> None:
+        if replica in self._unverified:
+            self._verify(replica)
         last = self.last_seq.get(replica)
-        reconnected = replica in self._reconnected
-        self._reconnected.discard(replica)
-        if last is not None and not reconnected:
+        if last is not None:
             if seq == last + 1:
                 self._apply(replica, seq, payload)
                 return
-            if seq <= self._skip_through.get(replica, -1):
+            if replica not in self._legacy and seq <= self._skip_through.get(replica, -1):
                 return
         if replica not in self._legacy and self._catch_up(replica, last):
             if seq > self.last_seq[replica]:  # the answer predates this message
                 self._apply(replica, seq, payload)
             return
-        if last is not None and (seq <= last or reconnected):
+        if last is not None and seq <= last:  # numbering started again: a restart
             self.restarts += 1
-            self.router.forget(replica)
+            self._forget(replica)
             last = None
-        if last is None and seq > 0 or last is not None and seq > last + 1:
+        start = 0 if last is None else last + 1
+        if seq > start:
             client = self._replay.get(replica)
-            batches = client.stream(0 if last is None else last + 1, seq) if client else None
+            batches = client.stream(start, seq) if client else None
             if batches is None:
                 self.resyncs += 1
-                self.router.forget(replica)
+                self._forget(replica)
             else:
                 self.gaps_filled += 1
                 for s, p in batches:
                     self._apply(replica, s, p)
         self._apply(replica, seq, payload)
 
+    def _verify(self, replica: str) -> None:
+        """After a disconnect: make sure ``replica`` is the publisher it was (module doc)."""
+        self._unverified.discard(replica)
+        last = self.last_seq.get(replica)
+        if last is not None and last < 0:  # nothing applied since it was forgotten
+            self._forget(replica)
+            return
+        if last is None or replica not in self._legacy and self._catch_up(replica, last):
+            return
+        client = self._replay.get(replica)
+        got = client.stream(last) if client else None
+        if got and got[0] == (last, self._last_payload.get(replica)):
+            for s, p in got[1:]:
+                self._apply(replica, s, p)
+            self.gaps_filled += len(got) > 1
+            return
+        self._forget(replica)
+        if got is None or got and got[0][0] > last:  # no answer, or its buffer lost ours
+            self.resyncs += 1
+            return
+        self.restarts += 1  # it has nothing at `last`, or something else there
+        history = client.stream(0) if client else None
+        if history is None:
+            self.resyncs += 1
+            return
+        self.last_seq[replica] = -1
+        for s, p in history:
+            self._apply(replica, s, p)
+
     def _catch_up(self, replica: str, last: int | None) -> bool:
         """Bring ``replica`` up to date by the msgpack replay request; False (and the
         replica is marked legacy) when it does not answer in that form."""
         client = self._replay.get(replica)
         epoch = self._epoch.get(replica)
-        reply = client.ask(epoch, 0 if last is None else last + 1) if client else None
-        if reply is None:
+        start = 0 if last is None else last + 1
+        try:
+            answer = client.ask(epoch, start) if client else None
+            if answer is not None and epoch not in (None, answer.epoch) and answer.snapshot is None:
+                raise ReplayError(f"epoch {answer.epoch!r} follows {epoch!r} without a snapshot")
+        except ReplayError as exc:
+            answer = self._snapshot_after(replica, exc, client, epoch, start)  # type: ignore[arg-type]
+            if answer is None:
+                return True
+        if answer is None:
             self._legacy.add(replica)
             return False
-        if epoch is not None and reply.get("publisher_epoch") != epoch:
+        if epoch is not None and answer.epoch != epoch:
             self.restarts += 1
-        self._epoch[replica] = reply.get("publisher_epoch")  # type: ignore[assignment]
-        if reply.get("snapshot") is not None:
+        self._epoch[replica] = answer.epoch
+        if answer.snapshot is not None:
             self.snapshots += 1
-            self.router.forget(replica)
-            self._decode_apply(replica, reply["snapshot"])
-        else:
+            self._forget(replica)
+            self._decode_apply(replica, answer.snapshot)
+        elif answer.batches:
             self.gaps_filled += 1
-            for _, p in reply.get("replayed_batches", ()):
+            for _, p in answer.batches:
                 self._decode_apply(replica, p)
-        self.last_seq[replica] = self._skip_through[replica] = reply["next_seq"] - 1
+        self.last_seq[replica] = self._skip_through[replica] = answer.next_seq - 1
         return True
+
+    def _snapshot_after(self, replica: str, exc: ReplayError, client: ReplayClient,
+                        epoch: str | None, start: int) -> Answer | None:
+        """After a malformed answer: a forced snapshot, or None once the replica is
+        forgotten (the snapshot failed too; it then follows from the next message)."""
+        self.bad_replies += 1
+        _log.warning("replica %r: bad replay answer (%s); asking for a snapshot", replica, exc)
+        try:
+            answer = client.ask(epoch, start, force_snapshot=True)
+        except ReplayError:
+            self.bad_replies += 1
+            answer = None
+        if answer is not None and answer.snapshot is not None:
+            return answer
+        self.resyncs += 1
+        self._forget(replica)
+        self.last_seq[replica] = -1  # index what comes next: an understatement
+        return None
+
+    def _forget(self, replica: str) -> None:
+        self.router.forget(replica)
+        for state in (self.last_seq, self._skip_through, self._last_payload):
+            state.pop(replica, None)
 
     def _apply(self, replica: str, seq: int, payload: bytes) -> None:
         self.last_seq[replica] = seq
+        self._last_payload[replica] = payload
         self._decode_apply(replica, payload)
 
     def _decode_apply(self, replica: str, payload: bytes) -> None:

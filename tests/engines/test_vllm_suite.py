@@ -1,0 +1,36 @@
+"""vLLM 0.33.0's own scheduler and prefix-cache tests, on vLLM's manager and on prefixkv's.
+
+Every test that passes with vLLM's own manager must pass with prefixkv's scheduler
+plugin, except those docs/integration.md lists ("With vLLM", the differences table),
+one for one. Needs the fetched vLLM tree (``make install-vllm``, which ``make test``
+runs); without it this fails, it does not skip.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from . import vllm_suite
+
+
+@pytest.fixture(scope="module")
+def comparison() -> vllm_suite.Comparison:
+    return vllm_suite.compare(vllm_suite.run())
+
+
+def test_vllm_tests_ran_on_both_managers(comparison: vllm_suite.Comparison) -> None:
+    print(comparison.summary())
+    assert comparison.vllm.keys() == comparison.prefixkv.keys()
+    assert len(comparison.passed_vllm) > 200, comparison.summary()
+
+
+def test_what_fails_on_prefixkv_is_what_the_docs_list(comparison: vllm_suite.Comparison) -> None:
+    listed = vllm_suite.documented_differences()
+    named = vllm_suite.expand(listed, set(comparison.vllm))
+    assert not [k for k, tests in named.items() if not tests], "listed ids that name no test"
+    documented = set().union(*named.values()) if named else set()
+    undocumented = sorted(comparison.lost - documented)
+    not_lost = sorted(documented - comparison.lost)
+    assert not undocumented and not not_lost, (
+        f"{comparison.summary()}\nfail on prefixkv, not in the docs: {undocumented}\n"
+        f"listed in the docs, not a difference (pass on both, or fail on vLLM's): {not_lost}")

@@ -1,0 +1,137 @@
+"""Run vLLM 0.33.0's own tests on vLLM's manager and on prefixkv's, and compare.
+
+The harness (used by tests/engines/test_vllm_suite.py, so by ``make test``):
+
+- ``.cache/engines/`` holds the vllm wheel and the sdist's ``tests/``
+  (tests/engines/fetch.py, run by the Makefile); the wheel is installed into the
+  project's venv with ``--no-deps`` plus tests/engines/vllm-requirements.txt (the
+  pure-Python modules vLLM's scheduler-side code and these tests import, pinned);
+- one pytest process runs ``FILES`` from vLLM's test tree with two plugins from this
+  folder: ``vllm_cpu`` (the stand-ins, all listed there) and ``vllm_swap`` (each test
+  twice: ``[...-vllm]`` and ``[...-prefixkv]``);
+- ``compare`` pairs the two runs of each test.
+
+By hand (from the repository root, after ``make install-vllm``)::
+
+    .venv/bin/python tests/engines/vllm_suite.py      # prints both counts
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+VERSION = "0.33.0"
+VLLM_TREE = ROOT / ".cache" / "engines" / f"vllm-{VERSION}"
+DOC = ROOT / "docs" / "integration.md"
+
+# vLLM's test files the suite runs: the scheduler's, the prefix cache's, and those under
+# tests/v1/kv_connector/unit that import and run on a CPU machine.
+FILES = (
+    "tests/v1/core/test_scheduler.py",
+    "tests/v1/core/test_async_scheduler.py",
+    "tests/v1/core/test_prefix_caching.py",
+)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Outcomes of each vLLM test on both managers (test id without the manager)."""
+
+    vllm: dict[str, str]
+    prefixkv: dict[str, str]
+
+    @property
+    def passed_vllm(self) -> set[str]:
+        return {t for t, o in self.vllm.items() if o == "passed"}
+
+    @property
+    def passed_both(self) -> set[str]:
+        return {t for t in self.passed_vllm if self.prefixkv.get(t) == "passed"}
+
+    @property
+    def lost(self) -> set[str]:
+        """Tests that pass on vLLM's manager and not on prefixkv's."""
+        return self.passed_vllm - self.passed_both
+
+    def summary(self) -> str:
+        return (f"vLLM {VERSION} tests ({len(self.vllm)} run twice): "
+                f"{len(self.passed_vllm)} pass with vLLM's manager, "
+                f"{len(self.passed_both)} of them with prefixkv's; "
+                f"{len(self.lost)} do not")
+
+
+def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
+        extra: tuple[str, ...] = ()) -> pathlib.Path:
+    """Run ``files`` of vLLM's tests on both managers; returns the junit xml's path.
+    Raises FileNotFoundError when the fetched tree is missing (run the fetch script)."""
+    if not (VLLM_TREE / "tests" / "__init__.py").exists():
+        raise FileNotFoundError(f"{VLLM_TREE}/tests is missing: run `make install-vllm` "
+                                f"(python tests/engines/fetch.py vllm)")
+    junit = junit or (ROOT / ".cache" / "engines" / "vllm-suite.xml")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(HERE), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "vllm_cpu",
+           "-p", "vllm_swap", "--confcutdir=tests/v1", "--tb=short", "-o", "junit_family=xunit1",
+           f"--junitxml={junit}", *extra, *files]
+    subprocess.run(cmd, cwd=VLLM_TREE, env=env, check=False)
+    return junit
+
+
+_ID = re.compile(r"^(?P<base>.*)\[(?P<params>.*?)-?(?P<manager>vllm|prefixkv)\]$")
+
+
+def outcomes(junit: pathlib.Path) -> dict[tuple[str, str], str]:
+    """(test id without the manager, manager) -> passed / failed / error / skipped."""
+    out: dict[tuple[str, str], str] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        path = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
+        m = _ID.match(case.get("name", ""))
+        if m is None:
+            continue
+        name = m["base"] + (f"[{m['params']}]" if m["params"] else "")
+        kinds = {child.tag for child in case}
+        result = ("failed" if "failure" in kinds else "error" if "error" in kinds
+                  else "skipped" if "skipped" in kinds else "passed")
+        out[(f"{path}::{name}", m["manager"])] = result
+    return out
+
+
+def compare(junit: pathlib.Path) -> Comparison:
+    res = outcomes(junit)
+    return Comparison({t: o for (t, m), o in res.items() if m == "vllm"},
+                      {t: o for (t, m), o in res.items() if m == "prefixkv"})
+
+
+def documented_differences(doc: pathlib.Path = DOC) -> dict[str, str]:
+    """The tests docs/integration.md lists as passing on vLLM's manager and not on
+    prefixkv's (its table between the ``vllm-differences`` markers): id -> reason. An id
+    without ``[...]`` stands for every parametrization of that test."""
+    text = doc.read_text()
+    start, end = text.index("<!-- vllm-differences -->"), text.index("<!-- /vllm-differences -->")
+    rows = {}
+    for line in text[start:end].splitlines():
+        m = re.match(r"^\|\s*`([^`]+)`\s*\|\s*(.+?)\s*\|$", line)
+        if m:
+            rows[m[1]] = m[2]
+    return rows
+
+
+def expand(listed: dict[str, str], tests: set[str]) -> dict[str, set[str]]:
+    """Each listed id -> the test ids of ``tests`` it names."""
+    return {k: {t for t in tests if t == k or ("[" not in k and t.split("[")[0] == k)}
+            for k in listed}
+
+
+if __name__ == "__main__":
+    result = compare(run(tuple(sys.argv[1:]) or FILES))
+    print(result.summary())
+    for t in sorted(result.lost):
+        print("  lost:", t, result.prefixkv.get(t))
