@@ -4,8 +4,11 @@ by side in one process (SPEC section 4: at least 8x with events on).
     python benchmarks/bench_vllm_events.py [--rounds 6] [--out benchmarks/results]
 
 Needs vllm 0.33.0 importable by the Python that runs it (vLLM's scheduler side is pure
-Python and runs on a CPU; on this machine a venv with the vllm wheel and CPU torch), and
-this tree's ``src`` (put first on the path). Four managers of 10,000 blocks of 16 tokens,
+Python and runs on a CPU), and this tree's ``src`` (put first on the path). The committed
+results were made with a venv holding the 0.33.0 wheel with its dependencies and CPU
+torch; whether ``make install-vllm`` (the wheel without its dependencies, plus the pinned
+pure-Python ones) is enough for these imports, or needs tests/engines/vllm_cpu.py's
+stand-ins, was not checked. Four managers of 10,000 blocks of 16 tokens,
 each filled to capacity with cached blocks first (every miss evicts): vLLM with
 ``enable_kv_cache_events`` off and on, prefixkv with ``enable_events`` off and on. A
 vLLM admission is what its scheduler does for a new request: ``Request(...)`` with the
