@@ -201,7 +201,8 @@ def compile_config(name: str, mods: dict) -> dict:
         if "BLOCK_N" in c and cfg.get("kernel") != "combine":  # the attention kernel's key loops
             row["sass"] = static_report(kernel.asm["cubin"], kernel.asm["ttgir"], Path(jit_fn.fn.__code__.co_filename),
                                         block_m=c["BLOCK_M"], block_n=c["BLOCK_N"], dim=c["DIM_P2"],
-                                        num_warps=md.num_warps, mma=row["mma"])
+                                        num_warps=md.num_warps, mma=row["mma"],
+                                        ctas_per_sm=max(1, row["blocks_per_sm"]))
     except Exception as exc:  # noqa: BLE001  a failed compile is a result, reported per config
         row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[-1500:]}")
     row["compile_s"] = round(time.perf_counter() - start, 2)
@@ -253,16 +254,24 @@ def markdown(result: dict, reading: str = "") -> str:
               "wgmma, 2048 assumed for mma.sync), issue (instructions x warps / 4 schedulers), exp2 "
               "(MUFU.EX2 x warps x 32 / 16 per clock); the bound is the largest, and % of peak is the "
               "wgmma clocks over it (the 989 TFLOP/s this loop could reach if memory and latency never "
-              "stalled it).", "",
+              "stalled it): the *overlap* model, which assumes the units always overlap. The "
+              "*serial* model (`benchmarks/kernel_timing.py`) replays the loop body and adds what "
+              "the SASS serialises: issue stops at `WARPGROUP.DEPBAR` until the wgmma groups are "
+              "done, an instruction waits for the MUFU/HMMA results it reads, and with c CTAs per SM "
+              "their waits overlap (clocks = max(one CTA's period / c, busiest unit)). Waits: "
+              "`WARPGROUP.DEPBAR` / `BAR.SYNC` per pass. Memory is left out of both.", "",
               "| config | loop | instr/tile | instr/64 keys | mma | ex2 | K/V ring | clocks mma / issue / ex2 "
-              "| bound | % of H100 peak |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "| waits | overlap: bound, % peak | serial: clocks | serial: bound | serial: % peak |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for loop, t in (r.get("sass") or {}).get("loops", {}).items():
-            clk = t["clocks"]
+            clk, ser = t["clocks"], t["serial"]
             lines.append(f"| {r['name']} | {loop}{' (masked)' if t['masked'] else ''} | {t['instructions']} | "
                          f"{t['per_64_keys']} | {t['mma']} | {t['ex2']} | {r['sass']['kv_ring']} | "
-                         f"{clk['mma']:.0f} / {clk['issue']:.0f} / {clk['ex2']:.0f} | {t['bound']} | "
-                         f"{100 * t['peak_fraction']:.1f} |")
+                         f"{clk['mma']:.0f} / {clk['issue']:.0f} / {clk['ex2']:.0f} | "
+                         f"{ser['waits']['group_wait']} / {ser['waits']['bar_sync']} | {t['bound']}, "
+                         f"{100 * t['peak_fraction']:.1f} | {ser['clocks']:.0f} | {ser['bound']} | "
+                         f"{100 * ser['peak_fraction']:.1f} |")
     lines += ["", "## Flags (computed)", ""]
     lines += [f"- `{r['name']}`: " + "; ".join(flags(r)) for r in rows if r["ok"] and flags(r)] or ["- none"]
     lines += [f"- `{r['name']}`: **error** `{r['error'][:600]}`" for r in rows if not r["ok"]]

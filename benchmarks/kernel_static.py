@@ -201,14 +201,19 @@ def ring_depth(ttgir: str) -> int | None:
 
 
 def static_report(cubin: bytes, ttgir: str, source: Path, *, block_m: int, block_n: int, dim: int,
-                  num_warps: int, mma: str) -> dict:
-    """Per phase loop: counts per tile and per 64 keys, and the cycle estimate."""
+                  num_warps: int, mma: str, ctas_per_sm: int = 1) -> dict:
+    """Per phase loop: counts per tile and per 64 keys, the overlap estimate
+    (:func:`cycle_estimate`) and, under ``"serial"``, the model of ``kernel_timing.py``
+    that adds what the SASS serialises."""
+    from kernel_timing import tile_clocks  # it imports this module
+
     phases = {}
     for body in loops(disassemble(cubin)):
         counts = tile_counts(body)
         phase = phase_of(body, source)
         key = f"phase{phase}" if phase is not None else f"loop@{body[0].addr:#x}"
+        shape = dict(block_m=block_m, block_n=block_n, dim=dim, num_warps=num_warps, mma=mma)
         phases[key] = dict(counts, per_64_keys=round(counts["instructions"] * 64 / block_n, 1),
-                           masked=phase != 2, **cycle_estimate(counts, block_m=block_m, block_n=block_n,
-                                                               dim=dim, num_warps=num_warps, mma=mma))
+                           masked=phase != 2, **cycle_estimate(counts, **shape),
+                           serial=tile_clocks(body, **shape, ctas_per_sm=ctas_per_sm))
     return {"loops": phases, "kv_ring": ring_depth(ttgir)}

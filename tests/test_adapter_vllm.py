@@ -9,7 +9,9 @@ import pytest
 from vllm_fakes import MM, Lora, Pos, Req, admit, live_hashes, make
 from vllm_sim import Sim
 
-from prefixkv import ExtraKeys, ExtraKeysError, PrefixKVError, RequestError, TokenError
+from prefixkv import (
+    ExtraKeys, ExtraKeysError, PrefixKVError, PromptTooLongError, RequestError, TokenError,
+)
 from prefixkv.adapters.vllm import (
     BlockIds, ComputedBlocks, VllmAllBlocksCleared, VllmBlockRemoved, VllmBlockStored,
     VllmKVCacheManager, extra_keys_of,
@@ -85,7 +87,7 @@ def test_difference_3_stats_count_admissions_and_split_preempted():
     kv, mgr = make(3)
     a = Req("a", list(range(1, 41)))
     admit(kv, a)
-    assert admit(kv, Req("big", list(range(1, 60))))[0] is None  # short: not counted
+    assert admit(kv, Req("big", list(range(1, 48))))[0] is None  # short: not counted
     kv.free(a)  # preempted: vLLM frees it and resets num_computed_tokens
     a.num_computed_tokens, a.num_preemptions = 0, 1
     admit(kv, a)
@@ -321,12 +323,13 @@ def test_item7_lookahead_slots_for_speculative_decoding():
 
 
 def test_item7_full_sequence_must_fit_gates_admission():
-    kv, mgr = make(4)
-    a = Req("a", list(range(1, 66)))    # 5 blocks, the pool has 4
+    kv, mgr = make(5)
+    admit(kv, Req("x", [9]))            # holds block 0
+    a = Req("a", list(range(1, 66)))    # 5 blocks, 4 free
     blocks, hit = kv.get_computed_blocks(a)
     assert kv.allocate_slots(a, 16, hit, blocks, full_sequence_must_fit=True) is None
-    assert mgr.num_free_blocks == 4 and kv.make_prefix_cache_stats().requests == 0
-    assert kv.allocate_slots(a, 16, hit, blocks) == BlockIds((0,))  # first chunk fits
+    assert mgr.num_free_blocks == 4 and kv.make_prefix_cache_stats().requests == 1
+    assert kv.allocate_slots(a, 16, hit, blocks) == BlockIds((1,))  # first chunk fits
     a.num_computed_tokens = 16
     assert kv.allocate_slots(a, 16, full_sequence_must_fit=True) is None  # running, too
     assert mgr.num_scheduled_tokens("a") == 16
@@ -401,13 +404,16 @@ def test_difference_6_free_withdraws_blocks_scheduled_but_not_computed():
 
 def test_difference_7_full_sequence_must_fit_counts_the_lookahead():
     """4 free blocks, a 64-token prompt scheduled 16 at a time with 16 lookahead slots:
-    vLLM admits (64 tokens fit; 32 slots now), prefixkv asks for 80 slots."""
-    kv, mgr = make(4)
+    vLLM admits (64 tokens fit; 32 slots now), prefixkv asks for 80 slots. (In a pool of
+    4 blocks, where they could never be free, it raises PromptTooLongError: difference
+    11.)"""
+    kv, mgr = make(5)
+    admit(kv, Req("x", [9] * 10))  # holds block 0
     a = Req("a", list(range(1, 65)))
     blocks, hit = kv.get_computed_blocks(a)
     assert kv.allocate_slots(a, 16, hit, blocks, num_lookahead_tokens=16,
                              full_sequence_must_fit=True) is None
-    assert kv.allocate_slots(a, 16, hit, blocks, full_sequence_must_fit=True) == BlockIds((0,))
+    assert kv.allocate_slots(a, 16, hit, blocks, full_sequence_must_fit=True) == BlockIds((1,))
     mgr.check_invariants()
 
 
@@ -469,4 +475,19 @@ def test_malformed_requests_raise_before_any_change():
     with pytest.raises(RequestError, match="num_new_computed_tokens"):
         kv.allocate_slots(Req("b", [1] * 40, skip_reading_prefix_cache=True), 8, 32)
     assert kv.get_block_ids("b") == ([],) and mgr.num_free_blocks == 14
+    mgr.check_invariants()
+
+
+def test_difference_11_a_request_that_can_never_fit_raises_instead_of_waiting():
+    """vLLM's scheduler would get None for it at every step; vLLM refuses such a prompt
+    before it reaches the scheduler (past ``max_model_len``, checked at startup against
+    the KV cache). Here ``allocate_slots`` raises, before any change."""
+    kv, mgr = make(4)
+    before = (mgr.free_block_order(), mgr.stats)
+    with pytest.raises(PromptTooLongError, match="1,000 tokens needs at least 63 blocks"):
+        admit(kv, Req("a", list(range(1000))))
+    with pytest.raises(PromptTooLongError, match="64 tokens needs at least 5 blocks"):
+        admit(kv, Req("a", list(range(64))), num_lookahead_tokens=1)
+    assert (mgr.free_block_order(), mgr.stats) == before and kv.get_block_ids("a") == ([],)
+    assert admit(kv, Req("b", list(range(64))))[0] is not None
     mgr.check_invariants()

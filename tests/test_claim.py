@@ -24,8 +24,8 @@ def test_a_shortage_after_claiming_free_hits_restores_refcounts_and_the_lru_orde
     assert m.add_request("x", [50, 51, 52, 53, 54]) == Admission("x", (3, 4), 0, 5)
     before = m.free_block_order()
     assert before == [5, 2, 1, 0]
-    # hits blocks 0, 1, 2 (all free, so claimed out of the LRU), then needs 5 more: 1 free
-    assert m.add_request("b", A + list(range(100, 117))) is None
+    # hits blocks 0, 1, 2 (all free, so claimed out of the LRU), then needs 3 more: 1 free
+    assert m.add_request("b", A + list(range(100, 112))) is None
     assert m.free_block_order() == before
     assert m.num_free_blocks == 4 and m.stats.requests == 2
     m.check_invariants()
@@ -37,9 +37,10 @@ def test_require_full_fit_undoes_the_claim_too():
     m = manager(5)
     m.add_request("a", A + [13])
     m.free("a")
+    m.add_request("x", [50, 51])                  # holds one block: 4 free
     before = m.free_block_order()
-    assert m.add_request("b", A + list(range(100, 120)), num_new_tokens=1,
-                         require_full_fit=True) is None
+    assert m.add_request("b", A + list(range(100, 108)), num_new_tokens=1,
+                         require_full_fit=True) is None  # 5 blocks, 3 of them hits
     assert m.free_block_order() == before
     m.check_invariants()
 

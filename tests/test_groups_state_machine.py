@@ -10,13 +10,15 @@ per ``(group, hash)``; brute force over every hit length on that mirror must equ
 ``lookup``.
 """
 
+from fork_chain import fork_chain_step
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import (
     Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule,
 )
 
-from prefixkv import AllBlocksCleared, BlockRemoved, BlockStored, ExtraKeys
+from prefixkv import AllBlocksCleared, BlockRemoved, BlockStored, ExtraKeys, PromptTooLongError
 from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, sliding_window
+from prefixkv.groups.fit import least_blocks
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
 
 BS = 4
@@ -65,6 +67,10 @@ class HybridMachine(RuleBasedStateMachine):
     def _write(self, rid, start, stop):
         self._run_copies()
         self.last = (rid, start, stop)
+        self._forward(rid, start, stop)
+
+    def _forward(self, rid, start, stop):
+        """The forward pass writes positions ``start..stop-1`` of ``rid`` in every group."""
         self.start[rid] = start
         for g, ids in enumerate(self.m.get_block_ids(rid)):
             for pos in range(start, stop):
@@ -79,6 +85,20 @@ class HybridMachine(RuleBasedStateMachine):
         self.next_id += 1
         return f"r{self.next_id}"
 
+    def _add(self, rid, prompt, extra=None, num_new_tokens=None, num_lookahead_tokens=0,
+             require_full_fit=False):
+        """``add_request``; None also for a PromptTooLongError, which must need more
+        blocks than the pool has whatever the cache holds (``least_blocks``)."""
+        try:
+            return self.m.add_request(rid, prompt, extra=extra, num_new_tokens=num_new_tokens,
+                                      num_lookahead_tokens=num_lookahead_tokens,
+                                      require_full_fit=require_full_fit)
+        except PromptTooLongError:
+            usable = self.num_blocks - (self.null is not None)
+            assert least_blocks(self.groups, BS, len(prompt), num_new_tokens,
+                                num_lookahead_tokens, require_full_fit, 0) > usable
+            return None
+
     def _forget(self, rid):
         del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.start[rid]
         del self.reserved[rid]
@@ -88,8 +108,8 @@ class HybridMachine(RuleBasedStateMachine):
     def _admit(self, prompt, extra, chunk, lookahead=0, full_fit=False):
         rid = self._new_id()
         before = self._snapshot()
-        adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk,
-                                 num_lookahead_tokens=lookahead, require_full_fit=full_fit)
+        adm = self._add(rid, prompt, extra=extra, num_new_tokens=chunk,
+                        num_lookahead_tokens=lookahead, require_full_fit=full_fit)
         if adm is None:
             assert self._snapshot() == before and self.m.take_kv_ops() == []
             return multiple()
@@ -194,6 +214,17 @@ class HybridMachine(RuleBasedStateMachine):
         self.reserved[child] = self.reserved[parent]
         self.start[child] = self.start[parent]
         return child
+
+    @rule(target=live, parent=live, depth=st.integers(1, 3), gone=st.sets(st.integers(0, 3)),
+          toks=st.lists(st.integers(0, 9), max_size=4), prompt=st.none() | prompts)
+    def fork_chain(self, parent, depth, gone, toks, prompt):
+        """One step, no copy run until its end: fork ``parent`` into a chain of ``depth``
+        children, each forked from the one before (a fork of a fork); append ``toks[i]``
+        to member i (the parent is member 0); free the members in ``gone`` (pruned before
+        the step ran); admit ``prompt`` (it may take a freed block); then run the copies
+        and the forward pass."""
+        models = (self.tokens, self.extra, self.scheduled, self.reserved, self.start)
+        return fork_chain_step(self, parent, depth, gone, toks, prompt, models, self._run_copies)
 
     @precondition(lambda self: self.last is not None and self.last[0] in self.tokens)
     @rule()

@@ -241,11 +241,12 @@ def test_reserve_and_lookahead_give_slots_before_their_tokens_are_known():
 
 
 def test_require_full_fit_gates_a_chunked_admission_on_the_whole_prompt():
-    m = manager(3)
-    prompt = list(range(1, 14))                # 13 tokens: 4 blocks
+    m = manager(4)
+    m.add_request("x", [9])                    # holds block 0
+    prompt = list(range(1, 14))                # 13 tokens: 4 blocks, 3 free
     assert m.add_request("a", prompt, num_new_tokens=4, require_full_fit=True) is None
-    assert m.free_block_order() == [0, 1, 2]
-    assert m.add_request("a", prompt, num_new_tokens=4) == Admission("a", (0,), 0, 4)
+    assert m.free_block_order() == [1, 2, 3]
+    assert m.add_request("a", prompt, num_new_tokens=4) == Admission("a", (1,), 0, 4)
 
 
 def test_read_cache_false_computes_everything_and_still_caches():

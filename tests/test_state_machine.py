@@ -12,12 +12,13 @@ import hashlib
 from prefixkv import AllBlocksCleared, BlockCopy, BlockLoads, BlockOffloads, BlockStored
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
 
+from fork_chain import fork_chain_step
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import (
     Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule,
 )
 
-from prefixkv import ExtraKeys, KVCacheManager
+from prefixkv import ExtraKeys, KVCacheManager, PromptTooLongError
 
 BS = 4
 NUM_BLOCKS = 14
@@ -82,6 +83,10 @@ class ManagerMachine(RuleBasedStateMachine):
     def _write(self, rid, start, stop):
         self._run_plan()
         self.last = (rid, start, stop)  # what the step just scheduled
+        self._forward(rid, start, stop)
+
+    def _forward(self, rid, start, stop):
+        """The forward pass writes positions ``start..stop-1`` of ``rid``."""
         blocks = self.m.get_block_ids(rid)
         for pos in range(start, stop):
             self.kv[blocks[pos // BS]][pos % BS] = self._kv_of(rid, pos)
@@ -100,7 +105,7 @@ class ManagerMachine(RuleBasedStateMachine):
         rid = self._new_id()
         before = self._snapshot()
         predicted = self.m.lookup(prompt, extra=extra)  # match; admission claims in one pass
-        adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
+        adm = self._add(rid, prompt, extra=extra, num_new_tokens=chunk)
         if adm is None:
             assert self._snapshot() == before and self.m.take_kv_ops() == []
             return None
@@ -131,6 +136,18 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _dead(self):
         return multiple()
+
+    def _add(self, rid, prompt, **kw):
+        """``add_request``; None also for a PromptTooLongError (a re-admission grown past
+        the pool), which must need more blocks than the pool has."""
+        try:
+            return self.m.add_request(rid, prompt, **kw)
+        except PromptTooLongError:
+            assert -(-len(prompt) // BS) > self.num_blocks
+            return None
+
+    def _forget(self, rid):
+        del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.reserved[rid]
 
     @rule(rid=live, n=st.integers(1, 6))
     def extend(self, rid, n):
@@ -176,6 +193,18 @@ class ManagerMachine(RuleBasedStateMachine):
         self.scheduled[child] = self.scheduled[parent]
         self.reserved[child] = self.reserved[parent]
         return child
+
+    @rule(target=live, parent=live, depth=st.integers(1, 3), gone=st.sets(st.integers(0, 3)),
+          toks=st.lists(st.integers(0, 12), max_size=4), prompt=st.none() | prompts)
+    def fork_chain(self, parent, depth, gone, toks, prompt):
+        """One step, no plan run until its end: fork ``parent`` into a chain of ``depth``
+        children, each forked from the one before (a fork of a fork; the plan owes the
+        copies in order); append ``toks[i]`` to member i of the chain (the parent is
+        member 0); free the members in ``gone`` (beams pruned before the step ran: freed
+        with the tokens computed before it); admit ``prompt`` (it may take a freed block,
+        evict and offload, or load a host hit); then run the plan and the forward pass."""
+        return fork_chain_step(self, parent, depth, gone, toks, prompt,
+                               (self.tokens, self.extra, self.scheduled, self.reserved), self._run_plan)
 
     @rule(data=st.data())
     def step(self, data):
@@ -235,7 +264,7 @@ class ManagerMachine(RuleBasedStateMachine):
         if full <= start or rid not in self.tokens:
             return
         other = self._new_id()
-        adm = self.m.add_request(other, self.tokens[rid][:full] + [tail], extra=self.extra[rid])
+        adm = self._add(other, self.tokens[rid][:full] + [tail], extra=self.extra[rid])
         blocks = self.m.get_block_ids(rid)
         for pos in range(start, stop):
             self.kv[blocks[pos // BS]][pos % BS] = "never computed"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 from vllm_fakes import MM, Lora, Pos, Req, admit, live_hashes, make
 
-from prefixkv import RequestError, TokenError
+from prefixkv import PromptTooLongError, RequestError, TokenError
 from prefixkv.adapters.vllm import BlockIds, VllmBlockRemoved, VllmBlockStored
 
 BS = 16
@@ -272,8 +272,12 @@ def test_lookahead_slots_count_toward_the_blocks(lookahead, blocks):
 
 
 def test_full_sequence_gate_refuses_a_prompt_larger_than_the_pool():
+    """vLLM returns None with the gate and, without it, admits a first chunk of a prompt
+    whose prefill can never finish; prefixkv refuses it both ways (difference 11)."""
     kv, mgr = make(4)
     r = Req("oversized", list(range(16 * BS)))
-    assert kv.allocate_slots(r, BS, full_sequence_must_fit=True) is None
-    assert kv.allocate_slots(r, BS) == BlockIds((0,))  # without the gate, one chunk fits
+    for gate in (True, False):
+        with pytest.raises(PromptTooLongError, match="needs at least 16 blocks"):
+            kv.allocate_slots(r, BS, full_sequence_must_fit=gate)
+    assert mgr.num_free_blocks == 4 and kv.get_block_ids("oversized") == ([],)
     mgr.check_invariants()

@@ -13,14 +13,16 @@ The public API is what ``__all__`` lists here and in ``prefixkv.kernels``,
 from .allocator import Allocator
 from .baselines import ContiguousAllocator, PagedAllocator
 from .errors import (
-    ConfigError, ExtraKeysError, InvariantError, PrefixKVError, RequestError, TokenError,
+    MAX_BLOCKS, ConfigError, ExtraKeysError, InvariantError, PrefixKVError, PromptTooLongError,
+    RequestError, TokenError,
 )
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .extra_keys import ExtraKeys, MultiModalInput
 from .hashing import block_hashes
 from .core.manager import KVCacheManager
 from .results import (
-    Admission, BlockCopy, BlockLoads, BlockOffloads, DecodeStep, Fork, KVOp, StoreFetched, StorePut,
+    Admission, BlockCopy, BlockLoads, BlockOffloads, DecodeStep, Fork, KVOp, SharedPrefix, StoreFetched,
+    StorePut,
 )
 from .stats import PrefixCacheStats
 
@@ -30,6 +32,7 @@ __all__ = [
     "Admission", "Allocator", "AllBlocksCleared", "BlockCopy", "BlockLoads", "BlockOffloads",
     "BlockRemoved", "BlockStored",
     "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
-    "InvariantError", "KVCacheManager", "KVOp", "MultiModalInput", "PrefixCacheStats",
-    "PrefixKVError", "RequestError", "StoreFetched", "StorePut", "TokenError", "block_hashes",
+    "InvariantError", "KVCacheManager", "KVOp", "MAX_BLOCKS", "MultiModalInput", "PrefixCacheStats",
+    "PrefixKVError", "PromptTooLongError", "RequestError", "SharedPrefix", "StoreFetched", "StorePut",
+    "TokenError", "block_hashes",
 ]

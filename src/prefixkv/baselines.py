@@ -12,7 +12,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from .errors import (
-    RequestError, TokenError, check_count, check_new_request, check_positive, live_request,
+    MAX_BLOCKS, RequestError, TokenError, check_chunk, check_count, check_new_request, check_positive,
+    live_request,
 )
 from .events import Event
 from .extra_keys import ExtraKeys, check_extra
@@ -36,13 +37,13 @@ class ContiguousAllocator:
 
     The block ids reported for a request are those of its reservation that hold
     scheduled tokens. Nothing is ever shared: ``lookup`` finds nothing, hits are 0.
-    Raises ConfigError for bad sizes; TokenError for a prompt longer than max_model_len or
-    a request growing past it, and for bad token ids; RequestError for unknown, duplicate
-    or unhashable ids and counts out of range.
+    Raises ConfigError for bad sizes (``num_blocks`` past ``MAX_BLOCKS`` too); TokenError
+    for a prompt longer than max_model_len or a request growing past it, and for bad token
+    ids; RequestError for unknown, duplicate or unhashable ids and counts out of range.
     """
 
     def __init__(self, num_blocks: int, block_size: int = 16, *, max_model_len: int) -> None:
-        check_positive("num_blocks", num_blocks)
+        check_positive("num_blocks", num_blocks, MAX_BLOCKS)
         check_positive("block_size", block_size)
         check_positive("max_model_len", max_model_len)
         self.num_blocks = num_blocks
@@ -80,7 +81,7 @@ class ContiguousAllocator:
 
     def extend(self, request_id: Hashable, num_new_tokens: int) -> tuple[int, ...]:
         r = self._entry(request_id)
-        check_count("num_new_tokens", num_new_tokens, 1, len(r.tokens) - r.scheduled)
+        check_chunk(request_id, num_new_tokens, len(r.tokens) - r.scheduled)
         return self._advance(r, r.scheduled + num_new_tokens)
 
     def append_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> tuple[int, ...]:

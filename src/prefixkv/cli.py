@@ -175,7 +175,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .bench import report
     from .bench.errors import BenchError
     from .bench.outdir import ReportDir
-    from .bench.suite import BenchConfig, run_bench
+    from .bench.suite import BenchConfig, check_scale, run_bench
     from .bench.workloads import BUILTIN
 
     if args.replicas:
@@ -186,6 +186,10 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error("--replicas runs the built-in workloads, not a trace")
         if args.groups is not None:
             parser.error("--groups is a section of the report, not of the --replicas run")
+        try:
+            check_scale(args.scale, names)
+        except BenchError as exc:
+            return _refused(exc)
         data = run_fleet(args.replicas, routes, names, scale=args.scale, seed=args.seed,
                          block_size=args.block_size, pool_blocks=args.pool_blocks)
         _check_interrupt()
@@ -216,11 +220,16 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         finally:
             out.discard()
     except BenchError as exc:
-        print(f"prefixkv bench: error: {exc}", file=sys.stderr)
-        return 2
+        return _refused(exc)
     print(report.terminal(data))
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"\nreport: {cfg.out / 'report.md'} (+ report.json"
           f"{', plots' if cfg.plots and not notes else ''})")
     return 0
+
+
+def _refused(exc: Exception) -> int:
+    """Report a bench input refused before (or while) running: one line, exit 2."""
+    print(f"prefixkv bench: error: {exc}", file=sys.stderr)
+    return 2

@@ -30,15 +30,45 @@ class RequestError(PrefixKVError):
     request's state does not allow (e.g. appending before its prefill is scheduled)."""
 
 
+class PromptTooLongError(PrefixKVError):
+    """A request the pool can never hold: an admission with these arguments needs at
+    least ``needed`` blocks for its ``num_tokens`` tokens, more than the ``capacity``
+    usable blocks, even with every other block free and every block of it cached. Unlike
+    a shortage (a ``None`` result, which waiting or preempting cures), waiting would never
+    help: reject the request, or give it a larger pool. (vLLM refuses such prompts up
+    front: past ``max_model_len``, which it checks fits the KV cache at startup.)"""
+
+    def __init__(self, num_tokens: int, needed: int, capacity: int, detail: str = "") -> None:
+        self.num_tokens, self.needed, self.capacity, self._detail = (num_tokens, needed,
+                                                                     capacity, detail)
+        super().__init__(f"a request of {num_tokens:,} tokens needs at least {needed:,} "
+                         f"blocks, and the pool has {capacity:,}{detail}: it can never be "
+                         f"admitted")
+
+    def __reduce__(self) -> tuple[type[PromptTooLongError], tuple[int, int, int, str]]:
+        return (type(self), (self.num_tokens, self.needed, self.capacity, self._detail))
+
+
 class InvariantError(AssertionError):
     """Raised by ``check_invariants()`` when internal bookkeeping is inconsistent.
     This is a bug in prefixkv, never a caller mistake."""
 
 
-def check_positive(name: str, value: object) -> int:
-    """Return ``value`` if it is a positive int (not a bool); raise ConfigError otherwise."""
+MAX_BLOCKS = 1 << 24
+"""The most blocks a pool (``num_blocks``) or slots a host tier (``host_blocks``) may
+have: 16,777,216. Each is a Python object built at construction (about 200 bytes: some
+3 GB and minutes of work at the bound); a larger size is a mistake (bytes passed for
+blocks, say), rejected with ConfigError before anything is built."""
+
+
+def check_positive(name: str, value: object, at_most: int | None = None) -> int:
+    """Return ``value`` if it is a positive int (not a bool), at most ``at_most`` when
+    given; raise ConfigError otherwise."""
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{name} must be a positive int, got {value!r}")
+    if at_most is not None and value > at_most:
+        raise ConfigError(f"{name} must be at most {at_most:,} (each is an object built "
+                          f"now), got {value:,}")
     return value
 
 
@@ -61,20 +91,39 @@ def check_count(name: str, value: object, low: int, high: int | None) -> int:
     return value
 
 
+def check_chunk(request_id: Hashable, value: object, unscheduled: int) -> int:
+    """``extend``'s count: an int in ``[1, unscheduled]``; RequestError otherwise, saying
+    so when no known token is left to schedule (the range would be empty)."""
+    if unscheduled <= 0:
+        raise RequestError(f"request {request_id!r} has no known token left to schedule "
+                           f"(extend schedules the prompt's next chunk; decoded tokens go "
+                           f"through append_tokens), got num_new_tokens={value!r}")
+    return check_count("num_new_tokens", value, 1, unscheduled)
+
+
 def live_request(live: Mapping[Hashable, T], request_id: Hashable) -> T:
-    """``live[request_id]``; RequestError for an unknown (never admitted or freed) id."""
+    """``live[request_id]``; RequestError for an unknown (never admitted or freed) id, or
+    one that cannot be looked up (unhashable, or its ``__hash__``/``__eq__`` raises)."""
     try:
         return live[request_id]
-    except (KeyError, TypeError):
+    except KeyError:
         raise RequestError(f"unknown request {request_id!r} (never admitted, or already "
                            f"freed; {len(live)} live)") from None
+    except Exception as exc:
+        raise _unhashable(request_id, exc) from None
 
 
 def check_new_request(live: Mapping[Hashable, object], request_id: Hashable) -> None:
-    """RequestError unless ``request_id`` is hashable and not live."""
+    """RequestError unless ``request_id`` is hashable (its ``__hash__`` and ``__eq__``
+    work) and not live."""
     try:
         taken = request_id in live
-    except TypeError:
-        raise RequestError(f"request id must be hashable, got {type(request_id).__name__}") from None
+    except Exception as exc:  # any exception: it is the caller's object that raised
+        raise _unhashable(request_id, exc) from None
     if taken:
         raise RequestError(f"request {request_id!r} is already live")
+
+
+def _unhashable(request_id: object, exc: Exception) -> RequestError:
+    return RequestError(f"request id must be hashable, got {type(request_id).__name__} "
+                        f"(looking it up raised {exc!r})")

@@ -140,8 +140,8 @@ def make_hash_fn(mode: str | HashFn, seed: int | bytes | None) -> tuple[HashFn, 
     outside. ``"sha256"``: slower, cryptographic; ``seed=None`` means a fixed seed, so the
     ids are the same in every process and machine (for events, routers, shared stores).
     A callable ``bytes -> bytes`` is taken as is (tests use a deliberately colliding one).
-    Raises ConfigError for an unknown mode, a callable that does not return non-empty
-    bytes, or a seed that is not int/bytes/None.
+    Raises ConfigError for an unknown mode, a callable that raises on bytes or does not
+    return non-empty bytes (it is called once here), or a seed that is not int/bytes/None.
     """
     if seed is not None and not isinstance(seed, (int, bytes)) or isinstance(seed, bool):
         raise ConfigError(f"seed must be an int, bytes or None, got {seed!r}")
@@ -160,7 +160,11 @@ def make_hash_fn(mode: str | HashFn, seed: int | bytes | None) -> tuple[HashFn, 
         seed_bytes = b"" if seed is None else seed
     else:
         raise ConfigError(f"hash_mode must be 'xxhash', 'sha256' or a callable, got {mode!r}")
-    root = fn(b"prefixkv-root" + seed_bytes)
+    try:  # a callable is probed here, once: it must take bytes and give bytes
+        root = fn(b"prefixkv-root" + seed_bytes)
+    except Exception as exc:
+        raise ConfigError(f"the hash_mode callable raised {exc!r} on bytes (it must map "
+                          f"bytes to non-empty bytes)") from exc
     if not isinstance(root, bytes) or not root:
         raise ConfigError(f"a hash_mode callable must return non-empty bytes, got {root!r}")
     return fn, root

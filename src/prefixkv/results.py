@@ -157,3 +157,14 @@ class DecodeStep:
 
     grown: tuple[tuple[Hashable, tuple[int, ...]], ...]
     short: tuple[Hashable, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPrefix:
+    """Requests of a batch that hold the same first ``num_blocks`` blocks (the same
+    physical ids, so the same KV): ``members`` are their positions in the list of request
+    ids asked about (at least two). Cascade attention reads those blocks once per group
+    (``prefixkv.kernels.build_cascade_batch``)."""
+
+    num_blocks: int
+    members: tuple[int, ...]

@@ -61,7 +61,12 @@ def _chain(n: int, k: int) -> list[str]:
     (_chain(2000, 1000), "over the cap of 16,777,216 tokens for the whole trace"),
     (['{"id": 1, "prompt": [1], "output_len": ' + json.dumps("x" * 10**6) + "}"],
      "must be an int >= 1, got 'xxxxxxxx"),
-], ids=["deep", "len-1e40", "len-1e9", "output-1e9", "5000-digits", "quadratic-chain", "huge-value"])
+    (['{"id": 1, "prompt": [1], "output_len": 1, "cache_salt": ' + json.dumps("a\udc00") + "}"],
+     "line 1, field 'cache_salt': ExtraKeys.cache_salt cannot be encoded as UTF-8"),
+    (['{"id": 1, "prompt": [1], "output_len": 1, "lora": ' + json.dumps("\ud800") + "}"],
+     "line 1, field 'lora': ExtraKeys.lora cannot be encoded as UTF-8"),
+], ids=["deep", "len-1e40", "len-1e9", "output-1e9", "5000-digits", "quadratic-chain", "huge-value",
+        "surrogate-salt", "surrogate-lora"])
 def test_bad_trace(lines, message, tmp_path, capsys):
     err = _fails(["--trace", _trace(tmp_path, *lines), "--no-e2e", "--out",
                   str(tmp_path / "out")], capsys)
@@ -74,6 +79,10 @@ def test_bad_trace(lines, message, tmp_path, capsys):
     (["--scale", "inf"], "argument --scale: must be a finite number > 0, got inf"),
     (["--scale", "nan"], "must be a finite number > 0, got nan"),
     (["--scale", "1e6"], "--scale 1e+06: the system-prompt workload would hold up to"),
+    (["--scale", "1e308"], "--scale 1e+308: the system-prompt workload would hold up to 1e+308 "
+     "times its 486,400 tokens, over the cap of 16,777,216 (limits.MAX_TRACE_TOKENS); it fits "
+     "up to --scale 34.5"),
+    (["--workload", "chat", "--scale", "57"], "--scale 57: the chat workload would hold up to"),
     (["--pool-blocks", "99999999999"], "argument --pool-blocks: at most 524,288, got 99,999,999,999"),
     (["--block-size", "0"], "argument --block-size: must be >= 1, got 0"),
     (["--workload", "trace"], "--workload trace needs --trace FILE"),
@@ -84,6 +93,15 @@ def test_bad_flags_fail_before_any_work(argv, message, tmp_path, capsys, monkeyp
     _no_run(monkeypatch)
     err = _fails([*argv, "--out", str(tmp_path / "out")], capsys)
     assert message in err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("scale", ["1e308", "1e6"])
+def test_a_fleet_run_checks_the_scale_before_any_work(scale, tmp_path, capsys, monkeypatch):
+    from prefixkv.bench import fleet_report
+    monkeypatch.setattr(fleet_report, "builtin", lambda *a: pytest.fail("built a workload"))
+    err = _fails(["--replicas", "2", "--scale", scale, "--out", str(tmp_path / "out")], capsys)
+    assert "the system-prompt workload would hold up to" in err and "it fits up to" in err
     assert not list(tmp_path.iterdir())
 
 

@@ -18,7 +18,7 @@ from prefixkv.kernels import (
     build_paged_batch, paged_prefill_attention, paged_prefill_attention_reference, write_kv_cache,
 )
 
-from .conftest import triton_skip_reason
+from .conftest import PRIMARY_DEVICE, triton_skip_reason
 
 BS, HEADS, DIM, NUM_BLOCKS = 4, 2, 8, 40
 GROUPS = (full_attention(), sliding_window(6))
@@ -50,7 +50,8 @@ def test_released_blocks_are_never_read_and_every_group_matches_dense_attention(
         pytest.skip(triton_skip_reason())
     m = HybridKVCacheManager(GROUPS, NUM_BLOCKS, BS, seed=0)
     nan = float("nan")
-    caches = [(torch.full((NUM_BLOCKS, BS, HEADS, DIM), nan), torch.full((NUM_BLOCKS, BS, HEADS, DIM), nan))
+    dev = PRIMARY_DEVICE if backend == "triton" else "cpu"  # CUDA tensors for Triton on a GPU machine
+    caches = [tuple(torch.full((NUM_BLOCKS, BS, HEADS, DIM), nan, device=dev) for _ in range(2))
               for _ in GROUPS]
     tokens: dict[str, list[int]] = {}
     gen = torch.Generator().manual_seed(7)
@@ -59,16 +60,16 @@ def test_released_blocks_are_never_read_and_every_group_matches_dense_attention(
         for k, v in caches:
             k[m.null_block_id], v[m.null_block_id] = nan, nan
         for g, (spec, ids) in enumerate(zip(GROUPS, m.get_block_ids(rid))):
-            batch = build_paged_batch([ids], [start], [stop - start], BS)
-            kv = torch.stack([kv_of(g, tuple(tokens[rid][:p + 1])) for p in range(start, stop)])
+            batch = build_paged_batch([ids], [start], [stop - start], BS, device=dev)
+            kv = torch.stack([kv_of(g, tuple(tokens[rid][:p + 1])) for p in range(start, stop)]).to(dev)
             k_cache, v_cache = caches[g]
             write_kv_cache(kv[:, 0], kv[:, 1], k_cache, v_cache, batch.slot_mapping, backend=backend)
             q = torch.randn(stop - start, HEADS, DIM, generator=gen)
             out = paged_prefill_attention(
-                q, k_cache, v_cache, batch.block_table, batch.cu_seqlens_q, batch.seqused_k,
+                q.to(dev), k_cache, v_cache, batch.block_table, batch.cu_seqlens_q, batch.seqused_k,
                 batch.max_seqlen_q, batch.max_seqlen_k, window_size=spec.window_size, backend=backend)
             assert not out.isnan().any(), (g, start, stop)
-            torch.testing.assert_close(out, dense_attention(g, spec, tokens[rid], start, stop, q))
+            torch.testing.assert_close(out.cpu(), dense_attention(g, spec, tokens[rid], start, stop, q))
 
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
     tokens["a"] = list(prompt)

@@ -240,3 +240,51 @@ def test_cuda_plan_returns_an_event_and_matches_the_simulation():
     ev.synchronize()
     for got, want in zip([d.cpu() for d in devs] + hs, want_devs + want_hosts):
         assert torch.equal(got, want)
+
+
+# ---- every cache dtype: the copies move bits --------------------------------------------
+
+def bits(t):
+    return t.view(torch.uint8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3fn", "e5m2"])
+def test_fp8_caches_move_bit_for_bit(dtype):
+    """fp8 caches (CPU index_copy_ has no fp8 kernel) through every call, with every byte
+    pattern (NaN and inf encodings too); the plan of issue 22 wrote host slot 3 and then
+    raised on the load."""
+    g = torch.Generator().manual_seed(7)
+
+    def random_bytes(shape):
+        return torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).view(dtype)
+
+    devs = [random_bytes((LAYERS, BLOCKS, BS, HEADS, DIM)) for _ in range(2)]
+    hs = [random_bytes((7, LAYERS, BS, HEADS, DIM)) for _ in range(2)]
+    assert alloc_host_cache(devs[0], 7, block_dim=1).dtype == dtype
+    plans = ([BlockOffloads((0,), (3,)), BlockLoads((1,), (2,))],
+             [BlockCopy(5, 6), BlockLoads((2, 0), (5, 3)), BlockOffloads((3, 1), (2, 4)), BlockCopy(0, 1)])
+    for ops in plans:
+        want_devs, want_hosts = simulate(ops, [bits(d) for d in devs], [bits(h) for h in hs])
+        run_kv_ops(ops, devs, hs, block_dim=1)
+        for got, want in zip(devs + hs, want_devs + want_hosts, strict=True):
+            assert torch.equal(bits(got), want)
+    before = [bits(t).clone() for t in devs + hs]
+    offload_blocks(devs, hs, ids(4, 8), ids(0, 1), block_dim=1)
+    load_blocks(hs, devs, ids(5), ids(7), block_dim=1)
+    copy_blocks(devs, ids(2), ids(1), block_dim=1)
+    for d, h, d0, h0 in zip(devs, hs, before[:2], before[2:], strict=True):
+        assert torch.equal(bits(h)[[0, 1]], d0[:, [4, 8]].movedim(1, 0))
+        assert torch.equal(bits(d)[:, 7], h0[5]) and torch.equal(bits(d)[:, 1], d0[:, 2])
+
+
+def test_strided_device_caches_of_two_byte_dtypes():
+    """A K cache that is one half of an interleaved [blocks, 2, ...] tensor (strides that
+    are not contiguous) in float16: the integer view keeps the strides."""
+    kv = torch.randn(BLOCKS, 2, BS, HEADS, DIM).half()
+    devs = [kv[:, 0], kv[:, 1]]
+    hs = [alloc_host_cache(d, 4) for d in devs]
+    ops = [BlockOffloads((1, 2), (0, 3)), BlockLoads((0,), (5,)), BlockCopy(3, 4)]
+    want_devs, want_hosts = simulate(ops, devs, hs, block_dim=0)
+    run_kv_ops(ops, devs, hs)
+    for got, want in zip(devs + hs, want_devs + want_hosts, strict=True):
+        assert torch.equal(got, want)

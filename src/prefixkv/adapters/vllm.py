@@ -55,6 +55,13 @@ other than their defaults, and unknown keywords. Not offered:
 ``prefixkv.groups.HybridKVCacheManager``, with its own differences listed there).
 10. Token ids must be ints in ``[0, 2**32)`` (below ``vocab_size`` if set): TokenError
 otherwise (vLLM hashes any int).
+11. A request the pool can never hold (its prompt, or the call's blocks with the
+lookahead, need more blocks than the pool has) makes ``allocate_slots`` raise
+PromptTooLongError before any change, where vLLM's manager returns None, which its
+scheduler would meet at every step. vLLM refuses such a prompt before it reaches the
+scheduler (past ``max_model_len``, which it checks at startup fits the KV cache); an
+integration finishes the request with that error. A running request that outgrows the
+pool gets None, and its re-admission after preemption raises.
 """
 
 from __future__ import annotations
@@ -131,7 +138,8 @@ class VllmKVCacheManager:
         9); RequestError for counts or flags out of range (``num_computed_tokens``
         included), a running request with fewer ``all_token_ids`` than the manager holds,
         and, after undoing itself, when the hit changed since ``get_computed_blocks``
-        (difference 1); TokenError, ExtraKeysError as ``KVCacheManager.add_request``."""
+        (difference 1); TokenError, ExtraKeysError, PromptTooLongError (difference 11)
+        as ``KVCacheManager.add_request``."""
         if (unknown or num_external_computed_tokens or delay_cache_blocks or num_encoder_tokens
                 or reserved_blocks):
             reject_unsupported(unknown, num_external_computed_tokens=num_external_computed_tokens,

@@ -3,7 +3,7 @@ one block table per layer group (full attention, sliding window, chunked local),
 vLLM's hybrid coordinator keeps them.
 
 The calls, their arguments and their semantics are ``VllmKVCacheManager``'s (see
-``prefixkv.adapters.vllm``), and so are its differences 1 and 3 to 10 (2, its block ids,
+``prefixkv.adapters.vllm``), and so are its differences 1 and 3 to 11 (2, its block ids,
 is replaced by difference 1 below; 4 and 7 are extended by 5 and 3); results
 name block ids per group: ``allocate_slots`` returns a ``GroupBlockIds`` and
 ``get_block_ids`` one list per group, in group order, as vLLM's

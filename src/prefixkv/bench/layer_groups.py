@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import PromptTooLongError
 from ..groups import GroupSpec, HybridKVCacheManager, full_attention, sliding_window
 from .errors import BenchError
 
@@ -107,7 +108,11 @@ def hit_rate(groups: Sequence[GroupSpec], *, num_blocks: int = HIT_POOL_BLOCKS,
     texts = [[rng.randrange(VOCAB) for _ in range(doc_len)] for _ in range(docs)]
     for i in range(questions):
         prompt = texts[rng.randrange(docs)] + [rng.randrange(VOCAB) for _ in range(question_len)]
-        if m.add_request(i, prompt) is None:
+        try:
+            adm = m.add_request(i, prompt)
+        except PromptTooLongError:
+            adm = None
+        if adm is None:
             raise BenchError(f"a {len(prompt)}-token question does not fit {num_blocks} blocks")
         for _ in range(answer_len):
             if m.append_tokens(i, [rng.randrange(VOCAB)]) is None:

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from time import perf_counter_ns
 
 from ..allocator import Allocator
+from ..errors import PromptTooLongError
 from ..results import BlockLoads, BlockOffloads
 from .errors import BenchError
 from .workloads import BenchRequest, Workload
@@ -106,7 +107,8 @@ def replay(alloc: Allocator, workload: Workload, name: str, *,
            max_running: int = MAX_RUNNING) -> ReplayResult:
     """Run ``workload`` through ``alloc`` (fresh, empty) to the end and return the counts.
 
-    Raises BenchError when a request cannot run even alone in the pool. Does not check
+    Raises BenchError when a request cannot run even alone in the pool (the allocator's
+    PromptTooLongError, or a None with nothing running). Does not check
     the allocator's invariants and does not free anything it did not admit.
     """
     bs = alloc.block_size
@@ -121,7 +123,12 @@ def replay(alloc: Allocator, workload: Workload, name: str, *,
     def admit(req: BenchRequest) -> bool:
         nonlocal unused
         t0 = perf_counter_ns()
-        adm = alloc.add_request(req.rid, req.prompt, extra=req.extra)
+        try:
+            adm = alloc.add_request(req.rid, req.prompt, extra=req.extra)
+        except PromptTooLongError as exc:
+            raise BenchError(f"request {req.rid!r} ({len(req.prompt)} prompt tokens) does not "
+                             f"fit in an empty pool of {alloc.num_blocks} blocks of {bs} tokens "
+                             f"(it needs {exc.needed})") from None
         res.admit_ns += perf_counter_ns() - t0
         if adm is None:
             return False

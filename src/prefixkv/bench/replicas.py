@@ -30,6 +30,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 
 from ..core.manager import KVCacheManager
+from ..errors import PromptTooLongError
 from ..fleet.wire import encode_batch
 from ..router import Router, decode_batch
 from ..router.approx import ApproxIndex
@@ -166,8 +167,11 @@ def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
     mgr = rep.mgr
     while rep.waiting and len(rep.running) < max_running:
         req = rep.waiting[0]
-        adm = mgr.add_request(req.rid, req.prompt, extra=req.extra,
-                              resumed=req.rid in rep.preempted)
+        try:
+            adm = mgr.add_request(req.rid, req.prompt, extra=req.extra,
+                                  resumed=req.rid in rep.preempted)
+        except PromptTooLongError:
+            adm = None  # never fits: the error below, as when it does not fit alone
         if adm is None:
             if not rep.running:
                 raise ValueError(f"request {req.rid!r} does not fit alone in a pool of "

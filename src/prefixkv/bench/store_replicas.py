@@ -23,6 +23,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from ..core.manager import KVCacheManager
+from ..errors import PromptTooLongError
 from ..results import StorePut
 from .capacity import default_pool_blocks
 from .cost import PrefillCost
@@ -83,7 +84,10 @@ def replica_run(wl: Workload, block_size: int, pool: int, shared, backend,
     for req in wl.requests:
         m = mgrs[pick.randrange(REPLICAS)]
         t = perf_counter_ns()
-        adm = m.add_request(req.rid, req.prompt, extra=req.extra)
+        try:
+            adm = m.add_request(req.rid, req.prompt, extra=req.extra)
+        except PromptTooLongError:
+            adm = None
         admit_ns += perf_counter_ns() - t
         if adm is None:
             raise BenchError(f"{wl.name}: request {req.rid!r} does not fit a pool of {pool} blocks")

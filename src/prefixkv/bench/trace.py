@@ -36,6 +36,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
+from ..errors import ExtraKeysError
 from ..extra_keys import ExtraKeys
 from . import limits
 from .errors import BenchError, shorten
@@ -226,11 +227,17 @@ def _draw(segments: list[tuple[int, str | None]], rng: random.Random,
 
 
 def _extra(obj: dict, fail) -> ExtraKeys | None:
-    keys = {}
-    for field in ("lora", "cache_salt"):
+    keys: dict[str, str | None] = {"lora": None, "cache_salt": None}
+    for field in keys:
         if field in obj:
             value = obj[field]
             if not isinstance(value, str) or not value:
                 raise fail(f"must be a non-empty string, got {shorten(value)}", field)
+            try:  # ExtraKeys' own checks, field by field (a lone surrogate is no UTF-8)
+                ExtraKeys(lora=value) if field == "lora" else ExtraKeys(cache_salt=value)
+            except ExtraKeysError as exc:
+                raise fail(str(exc), field) from None
             keys[field] = value
-    return ExtraKeys(**keys) if keys else None
+    if keys["lora"] is None and keys["cache_salt"] is None:
+        return None
+    return ExtraKeys(lora=keys["lora"], cache_salt=keys["cache_salt"])

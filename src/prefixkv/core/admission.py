@@ -14,18 +14,19 @@ from array import array
 from collections.abc import Hashable, Sequence
 
 from ..errors import (
-    ConfigError, InvariantError, RequestError, TokenError, check_count, check_flag,
-    check_new_request, check_positive,
+    MAX_BLOCKS, ConfigError, InvariantError, PromptTooLongError, RequestError, TokenError,
+    check_count, check_flag, check_new_request, check_positive,
 )
 from ..events import BlockStored, EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import HashFn, block_chunks, encode_tokens, make_hash_fn, token_buffer
 from ..index import ContentIndex, Hasher, NoIndex
-from ..results import Admission, KVOp
+from ..results import Admission
 from ..stats import StatsCounter
 from ..store.shared import Fetched, SharedStore
 from ..tiers import HostSlot, HostTier
 from .block import Block, blocks_for
+from .copies import CopyPlan
 from .pool import BlockPool
 from .request import PLAIN_KEYS, Request, RequestKeys
 
@@ -39,7 +40,7 @@ class Admitter:
         enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
         host_blocks: int = 0, store: SharedStore | None = None,
     ) -> None:
-        check_positive("num_blocks", num_blocks)
+        check_positive("num_blocks", num_blocks, MAX_BLOCKS)
         check_positive("block_size", block_size)
         check_flag("enable_caching", enable_caching, ConfigError)
         check_flag("enable_events", enable_events, ConfigError)
@@ -47,7 +48,7 @@ class Admitter:
         if vocab_size is not None:
             check_positive("vocab_size", vocab_size)
         if host_blocks:
-            check_positive("host_blocks", host_blocks)
+            check_positive("host_blocks", host_blocks, MAX_BLOCKS)
         elif host_blocks != 0 or type(host_blocks) is not int:
             raise ConfigError(f"host_blocks must be an int >= 0, got {host_blocks!r}")
         if store is not None and not (isinstance(store, SharedStore) and enable_caching
@@ -69,8 +70,7 @@ class Admitter:
         self._requests: dict[Hashable, Request] = {}
         self._num_prefilling = 0  # live requests with prompt tokens not yet scheduled
         self._stats = StatsCounter()
-        self._kv_ops: list[KVOp] = []
-        self._plan_refs: list[Block] = []  # sources of pending copies, held by the plan
+        self._copies = CopyPlan()  # the step's fork copies (a closed set: see copies.py)
         self._store = store.bind(hash_mode, seed, root, block_size, self._stats) if store is not None else None
         self._computing: list[tuple] = []  # contents recorded last step: written to the store next
         if self._store is not None:  # the store's keys are chain hashes: every block needs its own
@@ -98,9 +98,10 @@ class Admitter:
 
         Returns the Admission, or None when the pool is short of blocks; then nothing
         has changed (no references, no stats) and the engine may wait or preempt.
-        Raises RequestError (id in use or unhashable, a count or flag out of range),
-        TokenError (empty prompt, bad ids or container), ExtraKeysError, ConfigError (a
-        hash_mode callable failed).
+        Raises PromptTooLongError when it can never fit (its prompt, or this call's blocks
+        with the lookahead, need more blocks than the pool has), RequestError (id in use
+        or unhashable, a count or flag out of range), TokenError (empty prompt, bad ids or
+        container), ExtraKeysError, ConfigError (a hash_mode callable failed).
         """
         check_new_request(self._requests, request_id)
         if num_new_tokens is not None:
@@ -111,7 +112,8 @@ class Admitter:
             for name, flag in (("resumed", resumed), ("read_cache", read_cache),
                                ("require_full_fit", require_full_fit)):
                 check_flag(name, flag, RequestError)
-        req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache, True)
+        req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache,
+                                        (num_new_tokens, num_lookahead_tokens, require_full_fit))
         n, bs = len(req.tokens), self.block_size
         num_cached = len(hits) * bs
         num_new = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
@@ -219,15 +221,20 @@ class Admitter:
         return [Fetched(*f) for f in zip(hashes, chunks[first:last], extras, payloads)]
 
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
-              extra: ExtraKeys | None, read_cache: bool, claim: bool) -> tuple[Request, list, int | None]:
+              extra: ExtraKeys | None, read_cache: bool,
+              admit: tuple[int | None, int, bool] | None) -> tuple[Request, list, int | None]:
         """Check and encode a prompt and find its cached prefix (at most all blocks but
-        the one holding the last token): the request, the hits and, when ``claim`` and
+        the one holding the last token): the request, the hits and, when ``admit`` and
         the index claimed them (took their references), how many left the cached tier;
-        else None, and no side effects."""
+        else None, and no side effects. ``admit``: an admission's ``num_new_tokens``,
+        ``num_lookahead_tokens`` and ``require_full_fit`` (None: a lookup); it is
+        refused with PromptTooLongError, before any claim, if it can never fit."""
         tokens = encode_tokens(prompt_token_ids, self.vocab_size)
         n, bs = len(tokens), self.block_size
         if n == 0:
             raise TokenError("the prompt is empty: at least one token is needed")
+        if admit is not None and n + admit[1] > self.num_blocks * bs:  # else it fits
+            self._check_fits(n, *admit)
         keys = PLAIN_KEYS if extra is None else RequestKeys.of(check_extra(extra, n), -(-n // bs), bs)
         req = Request(request_id, tokens, keys)
         req.prompt_chunks = chunks = block_chunks(token_buffer(tokens), 4 * bs, n // bs)
@@ -235,7 +242,8 @@ class Admitter:
             return req, [], None
         limit = (n - 1) // bs
         probe = chunks if limit == len(chunks) else chunks[:limit]
-        claimed = self._index.claim(probe, keys.base, keys.mm) if claim and self._store is None else None
+        claim = admit is not None and self._store is None
+        claimed = self._index.claim(probe, keys.base, keys.mm) if claim else None
         if claimed is not None:
             hits, host = claimed[0], self._host
             if host is None or len(hits) == limit or host.find(
@@ -248,6 +256,19 @@ class Admitter:
         if self._store is not None and len(hits) < limit:
             hits += self._fetch(req, hits, chunks, limit)
         return req, hits, None
+
+    def _check_fits(self, n: int, num_new: int | None, lookahead: int, full_fit: bool) -> None:
+        """PromptTooLongError if an admission of ``n`` tokens with these arguments can
+        never get its blocks, even from an empty pool: the whole prompt's (all held once
+        its prefill is done), this call's at best (a chunk scheduled with no hit before
+        it, and the lookahead), and with ``full_fit`` the prompt's and the lookahead's."""
+        bs = self.block_size
+        first = n if num_new is None else min(n, num_new)
+        need = max(blocks_for(n, bs), blocks_for(first + lookahead, bs),
+                   blocks_for(n + lookahead, bs) if full_fit else 0)
+        if need > self.num_blocks:
+            raise PromptTooLongError(n, need, self.num_blocks, "" if need == blocks_for(n, bs)
+                                     else f" (with {lookahead} lookahead slots)")
 
     def _encode(self, token_ids: Sequence[int]) -> array:
         return encode_tokens(token_ids, self.vocab_size)

@@ -12,7 +12,7 @@ from array import array
 from collections.abc import Hashable, Sequence
 from operator import attrgetter
 
-from ..errors import ConfigError, RequestError, check_count
+from ..errors import ConfigError, RequestError, check_chunk, check_count
 from ..hashing import encode_tokens
 from ..results import DecodeStep
 from .admission import Admitter
@@ -35,7 +35,7 @@ class Decoder(Admitter):
         Returns the ids of blocks added, or None on shortage (nothing changed).
         Raises RequestError (unknown id, or a count outside 1..unscheduled tokens)."""
         req = self._get(request_id)
-        check_count("num_new_tokens", num_new_tokens, 1, len(req.tokens) - req.num_scheduled)
+        check_chunk(request_id, num_new_tokens, len(req.tokens) - req.num_scheduled)
         return self._grow(req, req.num_scheduled + num_new_tokens)
 
     def append_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> tuple[int, ...] | None:
@@ -163,7 +163,7 @@ class Decoder(Admitter):
             if self._num_prefilling and (sum(map(_SCHEDULED, reqs))
                                          != sum(map(len, map(_TOKENS, reqs)))):
                 raise KeyError(None)
-        except (KeyError, TypeError):  # an unknown id, or a prefill not fully scheduled
+        except Exception:  # an unknown or unhashable id, or a prefill not fully scheduled
             reqs = [self._get(r) for r in request_ids]  # type: ignore[attr-defined]
             r = next(r for r in reqs if r.num_scheduled != len(r.tokens))
             raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "

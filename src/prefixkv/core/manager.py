@@ -16,10 +16,11 @@ from operator import attrgetter
 from ..errors import RequestError, check_count, check_new_request, live_request
 from ..events import AllBlocksCleared, Event
 from ..extra_keys import ExtraKeys
-from ..results import BlockCopy, Fork, KVOp
+from ..results import Fork, KVOp, SharedPrefix
 from ..stats import PrefixCacheStats
 from .decode import Decoder
 from .request import Request
+from .sharing import shared_prefixes
 
 _ID = attrgetter("block_id")
 
@@ -28,7 +29,8 @@ class KVCacheManager(Decoder):
     """Paged KV blocks for many requests, with automatic prefix caching.
 
     Args:
-        num_blocks: physical blocks in the pool (> 0).
+        num_blocks: physical blocks in the pool (1 to ``MAX_BLOCKS``, 2**24: each is an
+            object built now).
         block_size: token slots per block (> 0; 16 is usual).
         hash_mode: the chain hash, the blocks' identity outside the process (events,
             routers, stores): ``"xxhash"`` (default; xxh3-128, random seed per manager
@@ -40,14 +42,15 @@ class KVCacheManager(Decoder):
         enable_events: record BlockStored/BlockRemoved/AllBlocksCleared for ``take_events``.
         max_events: the event log's bound (see ``take_events``).
         vocab_size: when given, token ids >= vocab_size are rejected (costs a max() per call).
-        host_blocks: slots of the host tier (L2); 0: none.
+        host_blocks: slots of the host tier (L2; at most ``MAX_BLOCKS``); 0: none.
         store: a ``prefixkv.store.SharedStore`` (L3) shared with other processes:
             admissions continue a chain past the device and host into it, and the plan
             writes computed blocks to it. Needs ``host_blocks > 0`` and ``hash_mode``
             ``"sha256"`` or ``"xxhash"`` with a ``seed`` (ids equal in every process).
 
     Raises:
-        ConfigError: a size is not a positive int, a flag not a bool, a bad hash mode/seed,
+        ConfigError: a size is not a positive int (or ``num_blocks`` or ``host_blocks``
+            is past ``MAX_BLOCKS``), a flag not a bool, a bad hash mode/seed,
             a store without host slots or without a hash mode every process shares.
     """
 
@@ -58,14 +61,16 @@ class KVCacheManager(Decoder):
         (no references, no stats, no LRU update; with a store, it asks the store, one
         round trip, and counts a failure in ``store_errors``). Raises as ``add_request``
         for bad input."""
-        return len(self._find(None, prompt_token_ids, extra, True, False)[1]) * self.block_size
+        return len(self._find(None, prompt_token_ids, extra, True, None)[1]) * self.block_size
 
     # ---- forks, free, preemption -------------------------------------------------------
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> Fork | None:
         """Create ``child_id`` sharing the parent's full blocks (parallel sampling, beam
         search). The parent's partial last block is copied on write: the child gets a new
-        block, and the copy is in ``copies`` and in ``take_kv_ops()``.
+        block, and the copy is in ``copies`` and in ``take_kv_ops()``. The copy runs
+        before this step's forward pass: fork once the parent's scheduled tokens were
+        computed (after their step ran, as an engine forks after sampling).
         Returns None when that block cannot be had (nothing changed). Raises RequestError
         (unknown parent, child id in use, parent's prefill not fully scheduled)."""
         parent = self._get(parent_id)
@@ -78,12 +83,7 @@ class KVCacheManager(Decoder):
             return None
         child = parent.fork(child_id, self.block_size)
         child.blocks = self._pool.acquire(shared, len(parent.blocks) - full)
-        copies = tuple(BlockCopy(s.block_id, d.block_id)
-                       for s, d in zip(parent.blocks[full:], child.blocks[full:]))
-        self._kv_ops += copies
-        for s in parent.blocks[full:]:  # the plan holds each copy's source until it is
-            s.ref_cnt += 1              # taken, even if the parent goes first
-            self._plan_refs.append(s)
+        copies = self._copies.add(parent.blocks[full:], child.blocks[full:])
         self._requests[child_id] = child
         return Fork(child_id, tuple(map(_ID, child.blocks)), copies)
 
@@ -109,10 +109,12 @@ class KVCacheManager(Decoder):
         del self._requests[request_id]
         if req.num_scheduled < len(req.tokens):
             self._num_prefilling -= 1
-        if self._kv_ops:  # a copy into a block going back to the pool must not run
-            mine = {b.block_id for b in req.blocks}
-            self._kv_ops = [op for op in self._kv_ops if op.dst not in mine]
+        # a pending copy into a block going back to the pool must not run (the block may
+        # be a load's target in this step); its source may go back then (copies.py)
+        unpinned = self._copies.settle(req.blocks, self._pool.blocks) if self._copies.copies else ()
         self._pool.release(reversed(req.blocks))
+        if unpinned:
+            self._pool.release(unpinned)
 
     def preempt(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> tuple[int, ...]:
         """Free a running request (as ``free``, same ``num_computed_tokens``) and return
@@ -137,6 +139,16 @@ class KVCacheManager(Decoder):
     def get_block_ids(self, request_id: Hashable) -> tuple[int, ...]:
         """The request's block ids in token order. Raises RequestError for an unknown id."""
         return tuple(map(_ID, self._get(request_id).blocks))
+
+    def shared_prefixes(self, request_ids: Sequence[Hashable]) -> list[SharedPrefix]:
+        """Which of these requests hold the same first blocks (a shared system prompt, one
+        document asked many questions, forks): for each group, the positions of its
+        members in ``request_ids`` and how many leading blocks all of them share, for
+        cascade attention (``prefixkv.kernels.build_cascade_batch``). Plain ints; changes
+        nothing. Shared blocks are full, but the engine may compute one of them in this
+        very step: the kernel side keeps only blocks before each member's new tokens.
+        Raises RequestError for an unknown id (before looking at any)."""
+        return shared_prefixes([self._get(rid).blocks for rid in request_ids])  # Blocks: identity
 
     def num_tokens(self, request_id: Hashable) -> int:
         """Known tokens of the request (prompt and appended), scheduled or not."""
@@ -199,9 +211,10 @@ class KVCacheManager(Decoder):
         slots), then every ``StorePut`` (blocks computed by an earlier step, to write to
         the shared store), every ``StoreFetched`` (blocks from the store into host
         slots), one ``BlockLoads`` (all the step's host hits into fresh device blocks),
-        then every ``BlockCopy`` (fork copy-on-write, the same as ``Fork.copies``; a copy
-        into a block whose request was freed meanwhile is dropped, and a copy's source is
-        held until the plan is taken). Call it exactly once a step: it also ends the step
+        then every ``BlockCopy`` (fork copy-on-write, the same as ``Fork.copies``, a
+        closed set: a copy's source and every block a later copy reads are held until the
+        plan is taken; a copy into a freed request's block that nothing needs is dropped;
+        see ``core.copies``). Call it exactly once a step: it also ends the step
         (content recorded before it counts as computed after it, and what the plan pinned
         is released)."""
         out: list[KVOp] = []
@@ -214,11 +227,10 @@ class KVCacheManager(Decoder):
                 host.fetches = []
             out += host.take_loads()
             host.end_step()
-        out += self._kv_ops
-        self._kv_ops = []
-        if self._plan_refs:
-            self._pool.release(self._plan_refs)
-            self._plan_refs = []
+        copies, pins = self._copies.take()
+        out += copies
+        if pins:
+            self._pool.release(pins)
         self._index.step += 1
         return out
 
@@ -234,9 +246,11 @@ class KVCacheManager(Decoder):
             self._require(req.check(bs) or self._index.check_request(req, bs))
             for b in req.blocks:
                 refs[b.block_id] = refs.get(b.block_id, 0) + 1
-        for b in self._plan_refs:
+        for b in self._copies.pins:
             refs[b.block_id] = refs.get(b.block_id, 0) + 1
         self._require(self._pool.check(refs))
+        self._require(self._copies.check(self._pool.blocks,
+                                         self._host.load_dst if self._host is not None else ()))
         if self._host is not None:
             self._require(self._host.check())
 
@@ -255,6 +269,6 @@ class KVCacheManager(Decoder):
     def _get(self, request_id: Hashable) -> Request:
         try:  # every call goes through here, decode included: one dict access when live
             return self._requests[request_id]
-        except (KeyError, TypeError):
+        except Exception:  # unknown, unhashable, or a __hash__ that raises
             return live_request(self._requests, request_id)  # raises RequestError
 

@@ -23,6 +23,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from prefixkv.allocator import Allocator
+from prefixkv.errors import PromptTooLongError
 from prefixkv.results import BlockCopy
 
 from .sequence import SampleSeq, Status
@@ -106,16 +107,20 @@ class Scheduler:
     def _admit(self, seq: SampleSeq, budget: int, others: bool) -> Scheduled | None:
         alloc = self.allocator
         tokens, resumed = seq.tokens, seq.num_preemptions > 0
-        if self.chunked_prefill:
-            adm = alloc.add_request(seq.seq_id, tokens, extra=seq.extra, num_new_tokens=budget,
-                                    resumed=resumed)
-        else:
-            uncached = len(tokens) - alloc.lookup(tokens, extra=seq.extra)
-            if others and uncached > budget:
-                return None  # alone in a step, a prompt may exceed the budget
-            adm = alloc.add_request(seq.seq_id, tokens, extra=seq.extra, resumed=resumed)
+        try:
+            if self.chunked_prefill:
+                adm = alloc.add_request(seq.seq_id, tokens, extra=seq.extra,
+                                        num_new_tokens=budget, resumed=resumed)
+            else:
+                uncached = len(tokens) - alloc.lookup(tokens, extra=seq.extra)
+                if others and uncached > budget:
+                    return None  # alone in a step, a prompt may exceed the budget
+                adm = alloc.add_request(seq.seq_id, tokens, extra=seq.extra, resumed=resumed)
+            never = False
+        except PromptTooLongError:
+            adm, never = None, True
         if adm is None:
-            if not self.running:
+            if not self.running or never:
                 raise RuntimeError(
                     f"sequence {seq.seq_id!r} of {len(tokens)} tokens does not fit in an empty "
                     f"pool of {alloc.num_blocks} blocks of {alloc.block_size}")

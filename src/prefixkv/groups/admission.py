@@ -17,14 +17,15 @@ from ..core.block import Block, blocks_for
 from ..core.pool import BlockPool
 from ..core.request import RequestKeys
 from ..errors import (
-    ConfigError, InvariantError, RequestError, TokenError, check_count, check_flag,
-    check_new_request, check_positive, live_request,
+    MAX_BLOCKS, ConfigError, InvariantError, PromptTooLongError, RequestError, TokenError,
+    check_count, check_flag, check_new_request, check_positive, live_request,
 )
 from ..events import EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
 from ..index import Hasher
 from ..stats import StatsCounter
+from .fit import least_blocks
 from .hits import longest_hit
 from .index import GroupIndex
 from .prefixes import Prefix, PrefixTable
@@ -47,7 +48,7 @@ class GroupAdmitter:
             raise ConfigError(f"groups must be a sequence of GroupSpec, got {groups!r}") from None
         if not specs or not all(isinstance(s, GroupSpec) for s in specs):
             raise ConfigError(f"groups must be a non-empty sequence of GroupSpec, got {groups!r}")
-        check_positive("num_blocks", num_blocks)
+        check_positive("num_blocks", num_blocks, MAX_BLOCKS)
         check_positive("block_size", block_size)
         check_flag("enable_events", enable_events, ConfigError)
         check_positive("max_events", max_events)
@@ -95,7 +96,9 @@ class GroupAdmitter:
         prompt and the lookahead, windows not deducted).
 
         Returns the GroupAdmission, or None when the pool is short of blocks (nothing
-        changed). Raises RequestError (id in use or unhashable, a count or flag out of
+        changed). Raises PromptTooLongError when it can never fit (``groups.fit``: its
+        prefill, or this call with its lookahead, needs more blocks than the pool has,
+        whatever is cached), RequestError (id in use or unhashable, a count or flag out of
         range), TokenError (empty prompt, bad ids or container), ExtraKeysError,
         ConfigError (a hash_mode callable failed).
         """
@@ -108,6 +111,12 @@ class GroupAdmitter:
         req, nodes = self._find(request_id, prompt_token_ids, extra,
                                 check_flag("read_cache", read_cache, RequestError))
         n, bs, k = len(req.tokens), self.block_size, len(nodes)
+        usable = self.num_blocks - (self._null is not None)
+        if blocks_for(n + num_lookahead_tokens, bs) * len(self.groups) > usable:  # else it fits
+            need = least_blocks(self.groups, bs, n, num_new_tokens, num_lookahead_tokens,
+                                require_full_fit, usable)
+            if need > usable:
+                raise PromptTooLongError(n, need, usable, " usable (all groups' blocks counted together)")
         num_cached = k * bs
         todo = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
         total = num_cached + todo
@@ -204,7 +213,7 @@ class GroupAdmitter:
     def _get(self, request_id: Hashable) -> GroupRequest:
         try:
             return self._requests[request_id]
-        except (KeyError, TypeError):
+        except Exception:  # unknown, unhashable, or a __hash__ that raises
             return live_request(self._requests, request_id)
 
     @staticmethod

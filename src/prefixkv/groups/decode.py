@@ -16,7 +16,7 @@ from collections.abc import Hashable, Sequence
 
 from ..core.block import blocks_for
 from ..core.decode import Decoder
-from ..errors import ConfigError, RequestError, check_count
+from ..errors import ConfigError, RequestError, check_chunk, check_count
 from .admission import GroupAdmitter
 from .request import GroupRequest
 from .results import GroupDecodeStep
@@ -41,7 +41,7 @@ class GroupDecoder(GroupAdmitter):
         Returns the ids of blocks added, per group, or None on shortage (nothing
         changed). Raises RequestError (unknown id, a count outside 1..unscheduled)."""
         req = self._get(request_id)
-        check_count("num_new_tokens", num_new_tokens, 1, len(req.tokens) - req.num_scheduled)
+        check_chunk(request_id, num_new_tokens, len(req.tokens) - req.num_scheduled)
         return self._grow(req, req.num_scheduled + num_new_tokens, None)
 
     def append_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> Growth | None:

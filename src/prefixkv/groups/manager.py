@@ -39,8 +39,9 @@ class HybridKVCacheManager(GroupDecoder):
             group releases blocks. No host tier.
 
     Raises:
-        ConfigError: no groups or not GroupSpecs, a size not a positive int, a flag not a
-            bool, a bad hash mode/seed, no block left beside the null block.
+        ConfigError: no groups or not GroupSpecs, a size not a positive int (or
+            ``num_blocks`` past ``MAX_BLOCKS``), a flag not a bool, a bad hash mode/seed,
+            no block left beside the null block.
     """
 
     # ---- forks, free, preemption -------------------------------------------------------
@@ -110,10 +111,12 @@ class HybridKVCacheManager(GroupDecoder):
         return tokens
 
     def reset_prefix_cache(self) -> bool:
-        """Drop all cached content in every group, only when no request holds a block.
-        Returns whether it did."""
+        """Drop all cached content in every group, only when no request holds a block
+        (and the pending copies, whose blocks no request holds then). Returns whether it
+        did."""
         if self._requests:
             return False
+        self._kv_ops.clear()  # every pending copy writes a block that no request holds
         if self._null is not None:
             self._pool.release([self._null])
         cleared = self._pool.reset()
@@ -192,7 +195,10 @@ class HybridKVCacheManager(GroupDecoder):
 
     def take_kv_ops(self) -> list[GroupBlockCopy]:
         """The fork copies since the previous call (run them before the next forward
-        pass, in this order); call it once a step."""
+        pass, in this order); call it once a step. Every copy stated is kept, even when
+        its child or parent is freed first: no host tier, so nothing of the plan runs
+        before the copies, a block freed and handed out again in the step is written
+        after its copy, and a chain (a fork of a fork) runs in order."""
         out, self._kv_ops = self._kv_ops, []
         return out
 

@@ -14,6 +14,7 @@ from .batch import (
     build_seqused_k,
     build_slot_mapping,
 )
+from .cascade import CascadeBatch, build_cascade_batch, cascade_attention, merge_attention
 from .dispatch import BACKENDS, paged_prefill_attention, resolve_backend, use_backend, write_kv_cache
 from .errors import (
     ArgumentTypeError,
@@ -25,12 +26,14 @@ from .errors import (
     KernelInputError,
     MetadataError,
     ShapeError,
+    TensorValueError,
     UnsupportedError,
 )
 from .fp8 import FP8_DTYPES
 from .reference import paged_prefill_attention_reference, write_kv_cache_reference
 from .transfer import alloc_host_cache, copy_blocks, load_blocks, offload_blocks, run_kv_ops, transfer_stream
 from .variants import AttentionSpec, attention_variants, warmup
+from .workspace import SplitWorkspace, alloc_split_workspace
 
 __all__ = [
     "ArgumentTypeError",
@@ -39,6 +42,7 @@ __all__ = [
     "BackendError",
     "BatchError",
     "BlockIdError",
+    "CascadeBatch",
     "DeviceError",
     "DtypeError",
     "FP8_DTYPES",
@@ -46,16 +50,22 @@ __all__ = [
     "MetadataError",
     "PagedBatch",
     "ShapeError",
+    "SplitWorkspace",
+    "TensorValueError",
     "UnsupportedError",
     "alloc_host_cache",
+    "alloc_split_workspace",
     "attention_variants",
     "build_block_table",
+    "build_cascade_batch",
     "build_cu_seqlens_q",
     "build_paged_batch",
     "build_seqused_k",
     "build_slot_mapping",
+    "cascade_attention",
     "copy_blocks",
     "load_blocks",
+    "merge_attention",
     "offload_blocks",
     "paged_prefill_attention",
     "paged_prefill_attention_reference",

@@ -19,12 +19,13 @@ import triton.language as tl
 
 from . import tiling
 from .attend import _attend_tile, _max
-from .checked import check_attention_values
+from .checked import check_attention_values, check_scale_sink_values
 from .fp8 import is_fp8, unit_scale
 from .interpreter import backport_scalar_index
-from .split_kv import _split_phases, combine_splits, split_workspaces
-from .tiling import TileConfig, choose_num_splits, choose_tiles, per_block_ids, sm_count
-from .validation import check_attention
+from .split_kv import _split_phases, combine_splits
+from .tiling import MIN_KEYS_PER_SPLIT, TileConfig, choose_num_splits, choose_tiles, per_block_ids, sm_count
+from .validation import check_attention, check_split_workspace
+from .workspace import SplitWorkspace, alloc_split_workspace
 
 __all__ = ["paged_prefill_attention_triton"]
 
@@ -36,16 +37,18 @@ _LN2 = 0.6931471805599453
 # variant for the value 1 and for multiples of 16): the batch, the split count, total_q,
 # the block table's width (stride_bt, kv_capacity), the strides that follow total_q (the
 # LSE and the split workspaces) and the cache's size (last_block: warm-up uses a small one).
-@triton.jit(do_not_specialize=["stride_bt", "stride_lh", "stride_os", "stride_ls", "batch", "num_splits",
-                               "total_q", "kv_capacity", "last_block"])
+@triton.jit(do_not_specialize=["stride_bt", "stride_lh", "stride_ws", "stride_wr", "stride_xs", "stride_xh",
+                               "batch", "num_splits", "total_q", "kv_capacity", "last_block", "split_q",
+                               "split_keys"])
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_q_ptr, seqused_k_ptr, out_ptr, lse_ptr,
-    sinks_ptr, k_scale_ptr, v_scale_ptr,
+    sinks_ptr, k_scale_ptr, v_scale_ptr, ws_ptr, ws_lse_ptr, row_tok_ptr,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
-    stride_bt, stride_bc, stride_ot, stride_oh, stride_od, stride_lh, stride_lt, stride_os, stride_ls,
-    stride_ksc, stride_vsc, qk_scale, softcap_log2, window_left, window_right,
+    stride_bt, stride_bc, stride_ot, stride_oh, stride_od, stride_lh, stride_lt,
+    stride_ws, stride_wr, stride_wh, stride_wd, stride_xs, stride_xh, stride_xr, split_q, split_keys,
+    stride_sink, stride_ksc, stride_vsc, qk_scale, softcap_log2, window_left, window_right,
     batch, num_splits, total_q, kv_capacity, last_block,
     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -118,12 +121,16 @@ def _paged_prefill_kernel(
         p1_lo, p1_hi, p2_lo, p2_hi, p3_lo, p3_hi = kv_lo, full_lo, full_lo, full_hi, full_hi, kv_hi
         split = 0
         if SPLIT:
+            # Per request: a tile of a decode-like request (q_len <= split_q) cuts its keys
+            # into up to num_splits slices of at least split_keys keys and writes partials
+            # to the workspace; any other tile runs whole in split 0 (the other splits of
+            # it return at once, below).
             split = tl.program_id(2)
+            splits_here = (q_len <= split_q) & (seg >= 1) & (seg <= batch)  # rows no request owns: whole
+            n_split = tl.minimum(tl.maximum((kv_hi - kv_lo) // split_keys, 1), num_splits)
+            n_split = tl.where(splits_here, n_split, 1)
             p1_lo, p1_hi, p2_lo, p2_hi, p3_lo, p3_hi = _split_phases(
-                kv_lo, full_lo, full_hi, kv_hi, split, num_splits, BLOCK_N)
-            # out / lse are the fp32 workspaces here: this split's partial output and LSE.
-            out_ptr += split.to(tl.int64) * stride_os
-            lse_ptr += split.to(tl.int64) * stride_ls
+                kv_lo, full_lo, full_hi, kv_hi, split, n_split, BLOCK_N)
 
         acc = tl.zeros([BLOCK_M, DIM_P2], dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -132,12 +139,22 @@ def _paged_prefill_kernel(
             # The sink is a key of score sinks[head] (exp2 domain: * log2 e) and no value; it
             # starts the running max and sum, in split 0 only so the merge counts it once.
             # Rows no request owns (the outer segments) get none: zeros and LSE -inf as without.
-            sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634  # [BLOCK_M]
+            # A NaN sink is no sink (-inf); a +inf sink takes the whole softmax: such rows
+            # ("sunk") run with a neutral start (max 0, sum 1) and end as output 0, LSE +inf.
+            sink = tl.load(sinks_ptr + head * stride_sink, mask=row_ok, other=0.0)  # [BLOCK_M]
+            sink = tl.where(sink == sink, sink, float("-inf"))
             owned = (split == 0) & (seg >= 1) & (seg <= batch)
-            m_i = tl.where(owned, sink, m_i)
+            sunk = owned & (sink == float("inf"))
+            m_i = tl.where(owned, tl.where(sunk, 0.0, sink * 1.4426950408889634), m_i)
             l_i = tl.where(owned, 1.0, l_i)
         if KV_FP8:
-            qk_scale = qk_scale * tl.load(k_scale_ptr + kvh * stride_ksc)
+            # A K scale that is not a finite number > 0 acts as 0 (docs/kv_layout.md): every
+            # score is q . (cache * 0), computed as (q * 0) . cache so the masks' -inf never
+            # meets a zero scale.
+            k_s = tl.load(k_scale_ptr + kvh * stride_ksc)
+            k_ok = (k_s > 0.0) & (k_s < float("inf"))
+            qk_scale = tl.where(k_ok, qk_scale * k_s, qk_scale)
+            q = tl.where(k_ok, q, 0.0).to(q.dtype)
         k_base = k_cache_ptr + kvh.to(tl.int64) * stride_kh
         v_base = v_cache_ptr + kvh.to(tl.int64) * stride_vh
         bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
@@ -169,13 +186,41 @@ def _paged_prefill_kernel(
         # Rows (or splits) that attended nothing: output 0, LSE -inf.
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         if KV_FP8:
-            acc = acc * tl.load(v_scale_ptr + kvh * stride_vsc)
+            v_s = tl.load(v_scale_ptr + kvh * stride_vsc)
+            acc = acc * tl.where((v_s > 0.0) & (v_s < float("inf")), v_s, 0.0)  # as K's: invalid acts as 0
         o = acc / l_safe[:, None]  # [BLOCK_M, DIM_P2]
-        o_off = tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
-        tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-        if RETURN_LSE:
-            lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
-            tl.store(lse_ptr + head * stride_lh + tok * stride_lt, lse, mask=row_ok)
+        if HAS_SINKS:
+            o = tl.where(sunk[:, None], 0.0, o)
+        lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+        if HAS_SINKS:
+            lse = tl.where(sunk, float("inf"), lse)
+        if SPLIT:
+            if splits_here:
+                # Workspace row of (request, query): req * split_q + qi; split 0 records its token.
+                r = (req * split_q + qi).to(tl.int64)  # [BLOCK_M]
+                w_off = (split.to(tl.int64) * stride_ws + r[:, None] * stride_wr + head[:, None] * stride_wh
+                         + d[None, :] * stride_wd)
+                tl.store(ws_ptr + w_off, o, mask=row_ok[:, None] & d_ok[None, :])
+                tl.store(ws_lse_ptr + split.to(tl.int64) * stride_xs + head * stride_xh + r * stride_xr, lse,
+                         mask=row_ok)
+                if split == 0:
+                    tl.store(row_tok_ptr + r, tok.to(tl.int32), mask=row_ok)
+            elif split == 0:
+                _store_rows(out_ptr, lse_ptr, o, lse, tok, head, d, row_ok, d_ok, stride_ot, stride_oh,
+                            stride_od, stride_lh, stride_lt, RETURN_LSE)
+        else:
+            _store_rows(out_ptr, lse_ptr, o, lse, tok, head, d, row_ok, d_ok, stride_ot, stride_oh, stride_od,
+                        stride_lh, stride_lt, RETURN_LSE)
+
+
+@triton.jit
+def _store_rows(out_ptr, lse_ptr, o, lse, tok, head, d, row_ok, d_ok, stride_ot, stride_oh, stride_od,
+                stride_lh, stride_lt, RETURN_LSE: tl.constexpr):
+    """A tile's rows of the output (its dtype) and, with ``RETURN_LSE``, of the LSE."""
+    o_off = tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
+    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if RETURN_LSE:
+        tl.store(lse_ptr + head * stride_lh + tok * stride_lt, lse, mask=row_ok)
 
 
 def paged_prefill_attention_triton(
@@ -199,11 +244,15 @@ def paged_prefill_attention_triton(
     v_scale: torch.Tensor | None = None,
     config: TileConfig | None = None,
     checked: bool = False,
+    split_workspace: SplitWorkspace | None = None,
 ):
     """Triton path of :func:`prefixkv.kernels.paged_prefill_attention` (same contract).
 
     ``config`` overrides the tile heuristic (tests use it to reach every phase);
-    ``config.num_splits`` (None: :func:`choose_num_splits`) forces the number of key splits.
+    ``config.num_splits`` (None: :func:`choose_num_splits`) forces the number of key splits
+    (every tile then splits into that many slices). ``split_workspace`` (see
+    :func:`~prefixkv.kernels.split_kv.alloc_split_workspace`) fixes the split count and
+    the workspace instead, and splits per request.
     The launch reads no tensor value on the host (no synchronisation); its compiled variant
     depends only on the model's shapes and options, ``max_seqlen_q`` (tile size) and
     whether keys are split (see :mod:`prefixkv.kernels`).
@@ -216,6 +265,7 @@ def paged_prefill_attention_triton(
     if checked:
         check_attention_values(block_table, cu_seqlens_q, seqused_k, shape.total_q, shape.num_blocks,
                                shape.block_size)
+        check_scale_sink_values(k_scale, v_scale, sinks)
     if out is None:
         out = torch.empty_like(q)
     cu_seqlens_q, seqused_k = cu_seqlens_q.contiguous(), seqused_k.contiguous()
@@ -238,24 +288,37 @@ def paged_prefill_attention_triton(
         qk_scale, softcap_log2 = shape.softmax_scale / shape.softcap, shape.softcap * _LOG2E
     else:
         qk_scale, softcap_log2 = shape.softmax_scale * _LOG2E, 0.0
-    num_splits = config.num_splits or choose_num_splits(  # None: the heuristic's count
-        batch=shape.batch, num_kv_heads=shape.num_kv_heads, max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k, num_sms=sm_count(q.device), block_q=block_q, ctas_per_sm=config.ctas_per_sm)
-    if num_splits > 1:
-        o_arg, lse_arg = split_workspaces(num_splits, shape.total_q, shape.num_heads, shape.head_dim, q.device)
-        split_strides = (o_arg.stride(0), lse_arg.stride(0))
-        o_strides, lse_strides = o_arg.stride()[1:], lse_arg.stride()[1:]
+    ws = split_workspace
+    if ws is not None:  # fixed grid and workspace (CUDA graphs): per-request splits in any batch
+        check_split_workspace(ws, shape, q.device)
+        num_splits, split_q, split_keys = ws.num_splits, ws.split_q, ws.min_keys
     else:
-        o_arg, lse_arg = out, (lse if lse is not None else out)  # lse: never written when RETURN_LSE is off
-        split_strides, o_strides = (0, 0), out.stride()
-        lse_strides = lse.stride() if lse is not None else (0, 0)
+        forced = config.num_splits is not None
+        num_splits = config.num_splits or choose_num_splits(  # None: the heuristic's count
+            batch=shape.batch, num_kv_heads=shape.num_kv_heads, max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k, num_sms=sm_count(q.device), block_q=block_q,
+            ctas_per_sm=config.ctas_per_sm)
+        # Every request splits (the heuristic splits only batches of short queries); a forced
+        # count splits every tile into all its slices (tests reach each slice that way).
+        split_q, split_keys = max(1, max_seqlen_q), 1 if forced else MIN_KEYS_PER_SPLIT
+        if num_splits > 1:
+            ws = alloc_split_workspace(num_splits, shape.batch, shape.num_heads, shape.head_dim, q.device,
+                                       split_q=split_q, min_keys=split_keys)
+    if num_splits > 1:
+        assert ws is not None
+        ws.row_tok.fill_(-1)  # rows this launch does not split stay out of the merge
+        ws_args = (ws.part, ws.part_lse, ws.row_tok)
+        ws_strides = (*ws.part.stride(), *ws.part_lse.stride())
+    else:
+        ws_args, ws_strides = (out, out, out), (0,) * 7  # pointers never read: SPLIT is off
     grid = (shape.total_q // block_q + shape.batch + 2, shape.num_kv_heads, num_splits)
     backport_scalar_index()  # the phase loops' bounds are loaded: triton 3.6's interpreter needs it
     _paged_prefill_kernel[grid](
-        q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, o_arg, lse_arg,
-        q if sinks is None else sinks, k_scale_arg, v_scale_arg,  # q: a pointer never read
+        q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, out, out if lse is None else lse,
+        q if sinks is None else sinks, k_scale_arg, v_scale_arg, *ws_args,  # q, out: pointers never read
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(),
-        *o_strides, *lse_strides, *split_strides,
+        *out.stride(), *(lse.stride() if lse is not None else (0, 0)), *ws_strides, split_q, split_keys,
+        0 if sinks is None else sinks.stride(0),
         *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale_arg, v_scale_arg)),
         qk_scale, softcap_log2, shape.window_left, shape.window_right,
         shape.batch, num_splits, shape.total_q, shape.max_blocks * shape.block_size, shape.num_blocks - 1,
@@ -264,11 +327,12 @@ def paged_prefill_attention_triton(
         BLOCK_M=block_m, BLOCK_N=config.block_n,
         HAS_LEFT=shape.window_left >= 0, HAS_RIGHT=shape.window_right >= 0,
         SOFTCAP=shape.softcap > 0, HAS_SINKS=sinks is not None, KV_FP8=kv_fp8,
-        RETURN_LSE=return_lse or num_splits > 1,
+        RETURN_LSE=return_lse,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None, SPLIT=num_splits > 1,
         PER_BLOCK_IDS=per_block_ids(shape.window_left >= 0, config.block_n, shape.block_size),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if num_splits > 1:
-        combine_splits(o_arg, lse_arg, out, lse)
+        assert ws is not None
+        combine_splits(ws, out, lse)
     return (out, lse) if return_lse else out

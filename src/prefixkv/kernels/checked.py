@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from .errors import MetadataError
+from .errors import MetadataError, TensorValueError
 
-__all__ = ["check_slot_values", "check_attention_values"]
+__all__ = ["check_slot_values", "check_attention_values", "check_scale_sink_values"]
 
 
 def _first(bad: torch.Tensor) -> list[int] | None:
@@ -92,3 +92,28 @@ def check_attention_values(
             f"request {i}: block_table[{i}, {j}] = {int(block_table[i, j])} outside [0, {num_blocks}) "
             f"(one of the {int(n_blocks[i])} blocks its {int(seqused_k[i])} keys use)"
         )
+
+
+def check_scale_sink_values(k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                            sinks: torch.Tensor | None = None) -> None:
+    """fp8 scales are finite and >= 0 (0 is an all-zero head's ``amax / 448``); sinks are
+    not NaN or ``+inf`` (``-inf`` is no sink).
+
+    Raises:
+        TensorValueError: naming the tensor, the entry and its value.
+    """
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is not None:
+            hit = _first(~((t >= 0) & (t < float("inf"))).reshape(-1))
+            if hit is not None:
+                raise TensorValueError(
+                    f"{name}[{hit[0]}] = {float(t.reshape(-1)[hit[0]])}: an fp8 scale must be finite "
+                    "and >= 0 (without checked mode it would act as 0)"
+                )
+    if sinks is not None:
+        hit = _first(torch.isnan(sinks) | (sinks == float("inf")))
+        if hit is not None:
+            raise TensorValueError(
+                f"sinks[{hit[0]}] = {float(sinks[hit[0]])}: a sink must not be NaN or +inf "
+                "(without checked mode NaN is no sink and +inf makes the row's output 0)"
+            )

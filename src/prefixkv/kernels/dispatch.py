@@ -11,12 +11,16 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from .errors import ArgumentTypeError, BackendError, DeviceError
 from .reference import paged_prefill_attention_reference, write_kv_cache_reference
 from .validation import check_tensors
+
+if TYPE_CHECKING:
+    from .workspace import SplitWorkspace
 
 __all__ = ["BACKENDS", "write_kv_cache", "paged_prefill_attention", "use_backend", "resolve_backend"]
 
@@ -105,21 +109,25 @@ def write_kv_cache(
             fp16, bf16, fp32, ``float8_e4m3fn`` or ``float8_e5m2``.
         k_scale, v_scale: fp8 caches only: fp32 ``[]``/``[1]`` (per tensor) or
             ``[num_kv_heads]``; the cache stores ``x / scale`` rounded to nearest and
-            saturated to the format's largest finite value (None: scale 1). See
-            :mod:`prefixkv.kernels.fp8` for the error bound.
+            saturated to the format's largest finite value (None: scale 1). A scale that
+            is not a finite number > 0 (0, negative, NaN, inf) acts as 0: the head stores
+            zeros. See :mod:`prefixkv.kernels.fp8` for the error bound.
         slot_mapping: ``[num_tokens]`` int64 (or int32); token t goes to block
             ``slot // block_size``, row ``slot % block_size``; ``-1`` skips the token
             (padding), and so does any slot outside ``[0, num_blocks * block_size)``
             (named by ``checked=True``). Slots should be distinct, or the last writer
             wins in no defined order.
         backend: ``"auto"``, ``"triton"`` or ``"torch"``; see :func:`resolve_backend`.
-        checked: read ``slot_mapping`` on the host (a device synchronisation) and raise
-            on a slot outside ``[-1, num_blocks * block_size)``, before any write.
+        checked: read ``slot_mapping`` and the scales on the host (a device
+            synchronisation) and raise on a slot outside ``[-1, num_blocks * block_size)``
+            or a negative, NaN or infinite scale, before any write.
 
     Raises:
         ShapeError, DtypeError, DeviceError, UnsupportedError: bad tensors, before any write.
         ArgumentTypeError: a tensor argument is not a ``torch.Tensor``.
         MetadataError: ``checked=True`` and a slot is out of range, before any write.
+        TensorValueError: ``checked=True`` and a scale is negative, NaN or infinite (a
+            ``MetadataError``), before any write.
         BackendError: see :func:`resolve_backend`.
     """
     check_tensors(k_cache=k_cache)
@@ -152,6 +160,7 @@ def paged_prefill_attention(
     v_scale: torch.Tensor | None = None,
     backend: str | None = None,
     checked: bool = False,
+    split_workspace: SplitWorkspace | None = None,
 ):
     """Attention of a varlen batch of new tokens over their paged, cached prefix and themselves.
 
@@ -186,12 +195,22 @@ def paged_prefill_attention(
         return_lse: also return the natural-log LSE, ``[num_heads, total_q]`` fp32.
         sinks: optional fp32 ``[num_heads]`` attention sinks (as in gpt-oss): one more
             logit per head in every row's softmax denominator, with no value; the LSE
-            includes it.
+            includes it. Any stride. ``-inf`` (and NaN) is no sink; ``+inf`` takes the
+            whole softmax: the row's output is 0 and its LSE ``+inf``.
         k_scale, v_scale: fp8 caches only, as in :func:`write_kv_cache`: K and V are
-            read as ``cache * scale`` (None: 1).
+            read as ``cache * scale`` (None: 1); a scale that is not a finite number > 0
+            acts as 0 (a K scale of 0 makes that KV head's scores 0, a V scale of 0 its
+            output 0).
         backend: ``"auto"``, ``"triton"`` or ``"torch"``; see :func:`resolve_backend`.
-        checked: read ``block_table``, ``cu_seqlens_q`` and ``seqused_k`` on the host (a
-            device synchronisation, not for CUDA graphs) and raise instead of clamping.
+        split_workspace: a :class:`SplitWorkspace` from :func:`alloc_split_workspace`,
+            made once: the Triton launch then has a fixed grid (its split count, whatever
+            ``max_seqlen_k``) and allocates nothing for split-KV, so a CUDA graph can
+            capture it; and in any batch, prefills included, each request of at most
+            ``split_q`` new tokens splits its keys by its own length (a long decode beside
+            a prefill). The torch path checks it and computes without splits.
+        checked: read ``block_table``, ``cu_seqlens_q``, ``seqused_k``, the scales and
+            the sinks on the host (a device synchronisation, not for CUDA graphs) and raise
+            instead of clamping (a zero scale and a ``-inf`` sink stay allowed).
 
     Returns:
         ``out``, or ``(out, lse)`` with ``return_lse``. A query row that attends no key
@@ -204,12 +223,15 @@ def paged_prefill_attention(
         ArgumentTypeError: a tensor argument is not a ``torch.Tensor``.
         MetadataError: ``checked=True`` and a metadata value is out of range (see
             ``checked``), naming the request and the value, before any write.
+        TensorValueError: ``checked=True`` and a scale is negative, NaN or infinite, or a
+            sink NaN or ``+inf`` (a ``MetadataError``), before any write.
         BackendError: see :func:`resolve_backend`.
     """
     check_tensors(q=q)
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k)
     kwargs = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-                  out=out, return_lse=return_lse, sinks=sinks, k_scale=k_scale, v_scale=v_scale, checked=checked)
+                  out=out, return_lse=return_lse, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
+                  checked=checked, split_workspace=split_workspace)
     if resolve_backend(backend, q.device) == "triton":
         from .attention import paged_prefill_attention_triton
 

@@ -19,6 +19,7 @@ __all__ = [
     "BackendError",
     "BatchError",
     "MetadataError",
+    "TensorValueError",
     "ArgumentTypeError",
     "BlockIdError",
 ]
@@ -59,6 +60,13 @@ class MetadataError(KernelInputError):
     """Checked mode only: a value inside a metadata tensor (a slot, a block id, a length,
     a ``cu_seqlens_q`` entry) lies outside what the other tensors allow. The message names
     the request (or token) and the value."""
+
+
+class TensorValueError(MetadataError):
+    """Checked mode only: a value inside ``k_scale``/``v_scale`` or ``sinks`` that has no
+    meaning (a negative, NaN or infinite scale; a NaN or ``+inf`` sink). Without checked
+    mode such values get the defined answer documented in ``fp8.py`` and on the sinks
+    argument; a zero scale and a ``-inf`` sink are valid."""
 
 
 class ArgumentTypeError(KernelInputError, TypeError):

@@ -7,6 +7,14 @@ tensor (``[]`` or ``[1]``) or one per KV head (``[num_kv_heads]``), separately f
 V; reading multiplies it back (attention folds the K scale into the softmax scale and
 the V scale into the output, so the dequantised tile never leaves registers).
 
+Scales that are not a finite number > 0. A zero scale is realistic (a head whose values
+are all zero has ``amax / 448 = 0``) and means what it says: the head stores 0 and reads
+``cache * 0``. A negative, NaN or infinite scale has no meaning; it acts as 0 too, on
+both backends, so the cache never holds NaN from a bad scale and attention stays finite:
+a K scale of 0 makes every score of that KV head 0 (uniform weights over the keys a row
+may attend), a V scale of 0 makes the output 0. ``checked=True`` rejects such a scale
+(zero allowed) with :class:`~prefixkv.kernels.errors.TensorValueError`.
+
 Rounding error of one element, for a value inside the format's normal range: at most
 half a unit in the last place, i.e. ``2**-4`` (e4m3fn, 3 mantissa bits) or ``2**-3``
 (e5m2, 2 mantissa bits) of its magnitude; values below the smallest normal (``2**-6``
@@ -21,7 +29,8 @@ import torch
 
 from .errors import ArgumentTypeError, DeviceError, DtypeError, ShapeError, UnsupportedError
 
-__all__ = ["FP8_DTYPES", "RELATIVE_ERROR", "check_scale", "dequantize", "is_fp8", "quantize", "unit_scale"]
+__all__ = ["FP8_DTYPES", "RELATIVE_ERROR", "check_scale", "dequantize", "is_fp8", "quantize", "unit_scale",
+           "valid_scale"]
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 """The fp8 cache dtypes: a cache of either takes ``k_scale`` / ``v_scale`` and fp16/bf16 queries."""
@@ -69,20 +78,29 @@ def unit_scale(device: torch.device) -> torch.Tensor:
     return torch.ones(1, dtype=torch.float32, device=device)
 
 
-def _per_head(scale: torch.Tensor | None, num_kv_heads: int, device) -> torch.Tensor:
+def _per_head(scale: torch.Tensor | None, num_kv_heads: int, device: torch.device) -> torch.Tensor:
     """``[num_kv_heads, 1]`` fp32 scales (1 where ``scale`` is None)."""
     if scale is None:
         return torch.ones(num_kv_heads, 1, device=device)
     return scale.reshape(-1, 1).float().expand(num_kv_heads, 1)
 
 
+def valid_scale(scale: torch.Tensor) -> torch.Tensor:
+    """Where a scale means what it says: finite and > 0 (NaN is neither)."""
+    return (scale > 0) & (scale < float("inf"))
+
+
 def quantize(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """``x`` ``[..., num_kv_heads, head_dim]`` divided by its head's scale, saturated to
-    ``dtype``'s finite range and rounded to ``dtype`` (nearest even)."""
+    ``dtype``'s finite range and rounded to ``dtype`` (nearest even); a head whose scale
+    is not valid (:func:`valid_scale`) stores zeros."""
     top = torch.finfo(dtype).max
-    return (x.float() / _per_head(scale, x.shape[-2], x.device)).clamp(-top, top).to(dtype)
+    s = _per_head(scale, x.shape[-2], x.device)
+    return torch.where(valid_scale(s), (x.float() / s).clamp(-top, top), 0.0).to(dtype)
 
 
 def dequantize(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """fp32 ``x * scale`` for ``x`` ``[..., num_kv_heads, head_dim]`` of any cache dtype."""
-    return x.float() * _per_head(scale, x.shape[-2], x.device)
+    """fp32 ``x * scale`` for ``x`` ``[..., num_kv_heads, head_dim]`` of any cache dtype; a
+    scale that is not valid (:func:`valid_scale`) acts as 0 (so ``x * 0``)."""
+    s = _per_head(scale, x.shape[-2], x.device)
+    return x.float() * torch.where(valid_scale(s), s, 0.0)

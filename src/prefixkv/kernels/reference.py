@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from .checked import check_attention_values, check_slot_values
+from .checked import check_attention_values, check_scale_sink_values, check_slot_values
 from .fp8 import dequantize, quantize
-from .validation import check_attention, check_write_kv
+from .validation import check_attention, check_split_workspace, check_write_kv
 
 __all__ = ["write_kv_cache_reference", "paged_prefill_attention_reference"]
 
@@ -34,6 +34,7 @@ def write_kv_cache_reference(
     num_blocks, block_size = k_cache.shape[:2]
     if checked:
         check_slot_values(slot_mapping, num_blocks, block_size)
+        check_scale_sink_values(k_scale, v_scale)
     keep = (slot_mapping >= 0) & (slot_mapping < num_blocks * block_size)
     slots = slot_mapping[keep].to(torch.int64)
     blocks, offsets = slots // block_size, slots % block_size
@@ -91,12 +92,15 @@ def paged_prefill_attention_reference(
     sinks: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    split_workspace: object = None,
 ):
-    """Reference of :func:`prefixkv.kernels.paged_prefill_attention` (same contract).
+    """Reference of :func:`prefixkv.kernels.paged_prefill_attention` (same contract; a
+    ``split_workspace`` is checked and not used: nothing is split here).
 
     A sink is one more logit per head in each row's softmax, with no value: the row's
     scores get a last column ``sinks[head]``, the softmax runs over all columns, and the
-    sink's column is dropped before multiplying by V.
+    sink's column is dropped before multiplying by V. A NaN sink is no sink (``-inf``); a
+    ``+inf`` sink takes the whole softmax: output 0, LSE ``+inf``.
     """
     shape = check_attention(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
@@ -104,8 +108,11 @@ def paged_prefill_attention_reference(
         return_lse=return_lse, checked=checked, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
     )
     bs, group = shape.block_size, shape.group
+    if split_workspace is not None:
+        check_split_workspace(split_workspace, shape, q.device)
     if checked:
         check_attention_values(block_table, cu_seqlens_q, seqused_k, shape.total_q, shape.num_blocks, bs)
+        check_scale_sink_values(k_scale, v_scale, sinks)
     if out is None:
         out = torch.empty_like(q)
     lse = torch.full((shape.num_heads, shape.total_q), float("-inf"), dtype=torch.float32, device=q.device)
@@ -113,6 +120,8 @@ def paged_prefill_attention_reference(
     out[: starts[0]] = 0  # rows no request owns
     out[starts[-1]:] = 0
     capacity = shape.max_blocks * bs
+    if sinks is not None:  # a NaN sink is no sink
+        sink = torch.where(torch.isnan(sinks), float("-inf"), sinks.float())
     kv_lens = [min(max(n, 0), capacity) for n in seqused_k.tolist()]
     for i in range(shape.batch):
         q_lo, q_hi, kv_len = starts[i], starts[i + 1], kv_lens[i]
@@ -138,10 +147,12 @@ def paged_prefill_attention_reference(
         allowed = _mask(q_len, kv_len, shape.window_left, shape.window_right, q.device)[:, lo:]
         s = s.masked_fill(~allowed, float("-inf"))
         if sinks is not None:  # [num_heads, q_len, kv_len + 1]: the sink is the last column
-            s = torch.cat([s, sinks.float()[:, None, None].expand(-1, q_len, 1)], dim=-1)
+            s = torch.cat([s, sink[:, None, None].expand(-1, q_len, 1)], dim=-1)
         row_lse = torch.logsumexp(s, dim=-1)  # [num_heads, q_len]; -inf where nothing is allowed
         safe = torch.where(torch.isfinite(row_lse), row_lse, torch.zeros_like(row_lse))
         p = torch.exp(s - safe[..., None])[..., :kv_len - lo]  # exactly 0 on masked keys, even in empty rows
+        if sinks is not None:  # a +inf sink takes the whole row: output 0 (its LSE is +inf already)
+            p = torch.where(sink[:, None, None] == float("inf"), 0.0, p)
         out[q_lo:q_hi] = (p @ v).transpose(0, 1).to(out.dtype)
         lse[:, q_lo:q_hi] = row_lse
     return (out, lse) if return_lse else out

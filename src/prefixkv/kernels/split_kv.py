@@ -6,6 +6,14 @@ programs to fill a GPU, so a third grid axis splits each request's keys into
 a normalised partial output and its log-sum-exp into fp32 workspaces; the combine kernel
 here weighs the partials by ``exp(lse_s - max lse)``. A split that saw no key has
 ``lse_s = -inf`` and weight 0; a row no split saw gets output 0 and LSE ``-inf``.
+
+Per request: only tiles of requests with at most ``split_q`` new tokens split, each into
+``min(num_splits, its keys // min_keys)`` slices, and their partials go to workspace row
+``request * split_q + query``; every other tile runs whole in split 0 and writes the
+output itself. So a long decode is split inside a batch that also holds prefills, and
+the merge visits only the rows that split (``row_tok``: each row's token, -1 for none).
+With a :class:`SplitWorkspace` made once, the split axis and the workspace are fixed:
+the launch is the same for every step and CUDA graphs can capture it.
 """
 
 from __future__ import annotations
@@ -15,8 +23,9 @@ import triton
 import triton.language as tl
 
 from .tiling import MAX_SPLITS
+from .workspace import SplitWorkspace
 
-__all__ = ["combine_splits", "split_workspaces", "splits_p2"]
+__all__ = ["combine_splits", "splits_p2"]
 
 
 @triton.jit
@@ -37,35 +46,39 @@ def _split_phases(kv_lo, full_lo, full_hi, kv_hi, split, num_splits, BLOCK_N: tl
             tl.maximum(full_hi, lo), tl.minimum(kv_hi, hi))
 
 
-# num_splits and the strides that follow total_q change from call to call: not specialised.
-@triton.jit(do_not_specialize=["stride_ps", "stride_qs", "stride_qh", "stride_lh", "num_splits"])
+# num_splits and the workspace's strides change from call to call: not specialised.
+@triton.jit(do_not_specialize=["stride_ps", "stride_pr", "stride_qs", "stride_qh", "stride_lh", "num_splits"])
 def _combine_splits_kernel(
-    part_ptr, part_lse_ptr, out_ptr, lse_ptr,
-    stride_ps, stride_pt, stride_ph, stride_pd, stride_qs, stride_qh, stride_qt,
+    part_ptr, part_lse_ptr, row_tok_ptr, out_ptr, lse_ptr,
+    stride_ps, stride_pr, stride_ph, stride_pd, stride_qs, stride_qh, stride_qr,
     stride_ot, stride_oh, stride_od, stride_lh, stride_lt, num_splits,
     SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr, RETURN_LSE: tl.constexpr,
 ):
-    tok = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(0).to(tl.int64)  # a workspace row; its token is row_tok[row] (-1: none)
     head = tl.program_id(1)
-    s = tl.arange(0, SPLITS_P2)  # [SPLITS_P2]
-    s_ok = s < num_splits
-    d = tl.arange(0, DIM_P2)  # [DIM_P2]
-    d_ok = d < HEAD_DIM
-    lse_s = tl.load(part_lse_ptr + s.to(tl.int64) * stride_qs + head * stride_qh + tok * stride_qt,
-                    mask=s_ok, other=float("-inf"))  # [SPLITS_P2], natural log
-    m = tl.max(lse_s, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)  # no split saw a key: all weights 0
-    w = tl.exp(lse_s - m_safe)  # [SPLITS_P2]
-    total = tl.sum(w, 0)
-    total_safe = tl.where(total == 0.0, 1.0, total)
-    p_off = s.to(tl.int64)[:, None] * stride_ps + tok * stride_pt + head * stride_ph + d[None, :] * stride_pd
-    part = tl.load(part_ptr + p_off, mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # [SPLITS_P2, DIM_P2]
-    o = tl.sum(part * w[:, None], 0) / total_safe  # [DIM_P2]
-    o_off = tok * stride_ot + head * stride_oh + d * stride_od
-    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=d_ok)
-    if RETURN_LSE:
-        lse = tl.where(total == 0.0, float("-inf"), m_safe + tl.log(total_safe))
-        tl.store(lse_ptr + head * stride_lh + tok * stride_lt, lse)
+    tok = tl.load(row_tok_ptr + row).to(tl.int64)
+    if tok >= 0:
+        s = tl.arange(0, SPLITS_P2)  # [SPLITS_P2]
+        s_ok = s < num_splits
+        d = tl.arange(0, DIM_P2)  # [DIM_P2]
+        d_ok = d < HEAD_DIM
+        lse_s = tl.load(part_lse_ptr + s.to(tl.int64) * stride_qs + head * stride_qh + row * stride_qr,
+                        mask=s_ok, other=float("-inf"))  # [SPLITS_P2], natural log
+        m = tl.max(lse_s, 0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)  # no split saw a key: all weights 0
+        # A +inf LSE (a +inf sink, split 0) takes the row: its split weighs 1, not exp(inf - inf).
+        w = tl.where(lse_s == float("inf"), 1.0, tl.exp(lse_s - m_safe))  # [SPLITS_P2]
+        total = tl.sum(w, 0)
+        total_safe = tl.where(total == 0.0, 1.0, total)
+        p_off = (s.to(tl.int64)[:, None] * stride_ps + row * stride_pr + head * stride_ph
+                 + d[None, :] * stride_pd)
+        part = tl.load(part_ptr + p_off, mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # [SPLITS_P2, DIM_P2]
+        o = tl.sum(part * w[:, None], 0) / total_safe  # [DIM_P2]
+        o_off = tok * stride_ot + head * stride_oh + d * stride_od
+        tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=d_ok)
+        if RETURN_LSE:
+            lse = tl.where(total == 0.0, float("-inf"), m_safe + tl.log(total_safe))
+            tl.store(lse_ptr + head * stride_lh + tok * stride_lt, lse)
 
 
 def splits_p2(num_splits: int) -> int:
@@ -74,22 +87,15 @@ def splits_p2(num_splits: int) -> int:
     return max(MAX_SPLITS, triton.next_power_of_2(num_splits))
 
 
-def split_workspaces(num_splits: int, total_q: int, num_heads: int, head_dim: int, device):
-    """fp32 partial outputs ``[num_splits, total_q, num_heads, head_dim]`` and their LSE
-    ``[num_splits, num_heads, total_q]``; every entry of a real row is written by the main
-    kernel, so they start uninitialised."""
-    part = torch.empty((num_splits, total_q, num_heads, head_dim), dtype=torch.float32, device=device)
-    part_lse = torch.empty((num_splits, num_heads, total_q), dtype=torch.float32, device=device)
-    return part, part_lse
-
-
-def combine_splits(part: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None) -> None:
-    """Merge the splits into ``out`` ``[total_q, num_heads, head_dim]`` (its dtype) and,
-    when given, ``lse`` ``[num_heads, total_q]`` fp32. Grid: one program per (token, head)."""
-    num_splits, total_q, num_heads, head_dim = part.shape
-    lse_arg = lse if lse is not None else part_lse  # never written when RETURN_LSE is off
-    _combine_splits_kernel[(total_q, num_heads)](
-        part, part_lse, out, lse_arg, *part.stride(), *part_lse.stride(), *out.stride(),
+def combine_splits(ws: SplitWorkspace, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    """Merge the splits of every workspace row that has a token into ``out`` ``[total_q,
+    num_heads, head_dim]`` (its dtype) and, when given, ``lse`` ``[num_heads, total_q]``
+    fp32. Grid: one program per (workspace row, head); rows without a token return."""
+    num_splits, rows, num_heads, head_dim = ws.part.shape
+    lse_arg = lse if lse is not None else ws.part_lse  # never written when RETURN_LSE is off
+    _combine_splits_kernel[(rows, num_heads)](
+        ws.part, ws.part_lse, ws.row_tok, out, lse_arg, *ws.part.stride(), *ws.part_lse.stride(),
+        *out.stride(),
         *(lse.stride() if lse is not None else (0, 0)), num_splits,
         SPLITS_P2=splits_p2(num_splits), HEAD_DIM=head_dim,
         DIM_P2=max(16, triton.next_power_of_2(head_dim)), RETURN_LSE=lse is not None,

@@ -14,20 +14,23 @@ from dataclasses import dataclass
 
 import triton
 
+from .workspace import MIN_KEYS_PER_SPLIT
+
 __all__ = ["TileConfig", "choose_num_splits", "choose_tiles", "gpu_tiles", "interpreting", "per_block_ids", "sm_count"]
 
 DEFAULT_SM_COUNT = 132  # H100 SXM: the split heuristic's SM count for non-CUDA tensors
 MAX_SPLITS = 64
-MIN_KEYS_PER_SPLIT = 256  # a split below this spends more on its partial than it saves
 MAX_SPLIT_Q = 16  # splits only for decode-like calls (speculative decode included)
 
 
 # Programs of a short (decode) tile resident per SM, by (block_m, head_dim rounded up to
 # 64/128/256): the lowest blocks/SM of the sm_90 compile reports over bf16, fp16 and fp8
 # caches and triton 3.6 and 3.9 (benchmarks/results/kernels-sm90-compile*.md; fp8 decode
-# on 3.6 holds 2). A test keeps this table at or below the committed report. Tiles not
-# listed count 1.
-CTAS_PER_SM = {(16, 64): 5, (16, 128): 2, (16, 256): 3, (32, 256): 2}
+# on 3.6 holds 2). The 16 x 128 decode tiles (head_dim 64, 128): 4 and 3 on 3.9, 4 and 2
+# on 3.6 (a compile of those configs with triton 3.6.0 on 2026-11-26; the committed 3.6
+# report predates the 128-key tile). A test keeps this table at or below the committed
+# report. Tiles not listed count 1.
+CTAS_PER_SM = {(16, 64): 4, (16, 128): 2, (16, 256): 3, (32, 256): 2}
 
 
 PER_BLOCK_IDS_FROM = (3, 8)  # first triton that still pipelines K/V loads behind per-block ids
@@ -158,9 +161,14 @@ def choose_tiles(
     # 128-key tiles for the 128-row tile of head_dim <= 128: the same MMA work in half the
     # loop passes, 1.3x fewer SASS instructions per key (252 registers, no spills). A left
     # window edge or the LSE output pushes that tile over 255 registers (spills), so those
-    # keep 64 keys, as do short (decode) tiles.
+    # keep 64 keys. Short (decode) tiles take 128 keys too: the fastest decode tile of the
+    # H100 tune (triton 3.6, 64 x 8k keys: 1.179x the 16 x 64 tile; 16 x 64 with 2 stages
+    # 1.173x) and of split decode (1 x 32k, with 34 splits: 1.411x the 17-split 16 x 64;
+    # 64 keys with 34 splits 1.384x), benchmarks/results/tune-nvidia-h100-80gb-hbm3.md;
+    # sm_90 compile on 3.9: 147 registers, no spills. (The tune's 256-row prefill tile,
+    # 1.285x on 3.6, spills 1588 B on 3.9, so prefill keeps 128 rows.)
     wide = block_m >= 128 and not window and not return_lse
-    block_n = (128 if wide else 64) if big else 32
+    block_n = (128 if wide or block_m <= 16 else 64) if big else 32
     # 8 warps once the fp32 accumulator [block_m, head_dim] passes 64 registers a thread
     # on 4 warps: 64 x 256 on 4 warps used 255 registers and spilled, on 8 warps 187.
     num_warps = 8 if block_m >= 128 or (block_m >= 64 and not big) else 4

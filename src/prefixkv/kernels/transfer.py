@@ -18,6 +18,8 @@ the current stream, nothing waits on the host, and the call returns a ``torch.cu
 recorded after them: the engine makes its forward pass wait for it
 (``torch.cuda.current_stream().wait_event(ev)``), and must synchronise on it before it
 reads a host cache from the CPU. On the CPU the same calls copy at once and return None.
+The copies move bytes (an integer view of each cache), so every cache dtype, fp8 included,
+is copied bit for bit.
 
 Ids are 1-D int32/int64 tensors on the CPU (the host needs their values to find the runs;
 reading them never waits for the device). Every check happens before anything is written.
@@ -44,7 +46,7 @@ def alloc_host_cache(device_cache: torch.Tensor, num_slots: int, *, block_dim: i
     Raises:
         ArgumentTypeError: ``device_cache`` is not a tensor.
         UnsupportedError: ``num_slots`` is not an int >= 1, or ``block_dim`` not an axis.
-        DtypeError: a dtype other than float16/bfloat16/float32.
+        DtypeError: a dtype other than float16/bfloat16/float32/float8_e4m3fn/float8_e5m2.
     """
     check_caches("device_cache", [device_cache], block_dim)
     if type(num_slots) is not int or num_slots < 1:
@@ -69,7 +71,8 @@ def offload_blocks(device_caches: Sequence[torch.Tensor], host_caches: Sequence[
         ArgumentTypeError: a cache list that is not a list/tuple of tensors, ids not tensors.
         ShapeError: cache lists of different lengths or empty, host shapes that do not
             match, a host cache not contiguous, ids not 1-D or of different lengths.
-        DtypeError: cache dtypes differ or are not float16/bfloat16/float32; ids not int.
+        DtypeError: cache dtypes differ or are not float16/bfloat16/float32 or fp8
+            (float8_e4m3fn, float8_e5m2); ids not int.
         DeviceError: device caches on several devices, host caches or ids not on the CPU.
         UnsupportedError: ``block_dim`` not an axis; a ``stream`` with CPU caches.
         BlockIdError: an id outside its cache, or a host id given twice.

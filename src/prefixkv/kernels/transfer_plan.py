@@ -7,7 +7,10 @@ Copies, per cache pair, through a contiguous staging tensor ``[n, *slot]``:
     load    : staged[run] = host[run] (one DMA per run)   -> device[ids] = staged (one indexed scatter)
     copy    : device[dst] = device[src] (gather, then scatter: sources read before writes)
 
-A run is a stretch of consecutive slot ids: contiguous in a slot-major host cache.
+A run is a stretch of consecutive slot ids: contiguous in a slot-major host cache. Every
+cache is viewed as integers of its element size first: the copies move bits, so every
+cache dtype (fp8 included) takes the same copies, and none can fail on a dtype after an
+earlier one of the same call has written.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 from .errors import ArgumentTypeError, BlockIdError, DeviceError, DtypeError, ShapeError, UnsupportedError
 from .validation import CACHE_DTYPES, SLOT_DTYPES
 
-__all__ = ["TransferPlan", "check_caches", "slot_shape", "transfer_stream"]
+__all__ = ["TransferPlan", "as_bits", "check_caches", "slot_shape", "transfer_stream"]
 
 _STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -31,6 +34,14 @@ def transfer_stream(device: torch.device | str) -> torch.cuda.Stream:
     if device not in _STREAMS:
         _STREAMS[device] = torch.cuda.Stream(device)
     return _STREAMS[device]
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def as_bits(cache: torch.Tensor) -> torch.Tensor:
+    """``cache`` viewed as the integer dtype of its element size (same shape and strides)."""
+    return cache.view(_BITS[cache.element_size()])
 
 
 def slot_shape(cache: torch.Tensor, block_dim: int) -> tuple[int, ...]:
@@ -85,8 +96,10 @@ class TransferPlan:
                     raise ShapeError("host caches must be contiguous: a slot is one run of bytes")
         if stream is not None and self.device.type != "cuda":
             raise UnsupportedError(f"stream applies to CUDA caches, these are on {self.device}")
-        self.devs = [c.movedim(block_dim, 0) for c in device_caches]  # views: [num_blocks, ...]
-        self.hosts = list(host_caches or ())
+        # Views of the bytes: [num_blocks, ...] as an integer dtype of the element's size, so
+        # every copy moves bits (no kernel per dtype: CPU index_copy_ has none for fp8).
+        self.devs = [as_bits(c.movedim(block_dim, 0)) for c in device_caches]
+        self.hosts = [as_bits(h) for h in host_caches or ()]
         self.stream = stream
 
     @staticmethod

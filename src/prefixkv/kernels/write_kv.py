@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .checked import check_slot_values
+from .checked import check_scale_sink_values, check_slot_values
 from .fp8 import is_fp8, unit_scale
 from .validation import check_write_kv
 
@@ -39,8 +39,11 @@ def _write_kv_kernel(
         if FP8_MAX > 0:  # fp8 cache: divide by the head's scale, saturate, round to nearest
             k_s = tl.load(k_scale_ptr + h * stride_ksc, mask=h < NUM_HEADS, other=1.0)  # [HEADS_P2, 1]
             v_s = tl.load(v_scale_ptr + h * stride_vsc, mask=h < NUM_HEADS, other=1.0)
-            k = tl.clamp(k.to(tl.float32) / k_s, -FP8_MAX, FP8_MAX)
-            v = tl.clamp(v.to(tl.float32) / v_s, -FP8_MAX, FP8_MAX)
+            # A scale that is not a finite number > 0 acts as 0: the head stores zeros (fp8.py).
+            k_ok = (k_s > 0.0) & (k_s < float("inf"))
+            v_ok = (v_s > 0.0) & (v_s < float("inf"))
+            k = tl.where(k_ok, tl.clamp(k.to(tl.float32) / k_s, -FP8_MAX, FP8_MAX), 0.0)
+            v = tl.where(v_ok, tl.clamp(v.to(tl.float32) / v_s, -FP8_MAX, FP8_MAX), 0.0)
         k = k.to(k_cache_ptr.dtype.element_ty, fp_downcast_rounding="rtne" if FP8_MAX > 0 else None)
         v = v.to(v_cache_ptr.dtype.element_ty, fp_downcast_rounding="rtne" if FP8_MAX > 0 else None)
         # int64 throughout: block * stride_cb passes 2^31 in caches of more than 2^31 elements.
@@ -66,6 +69,7 @@ def write_kv_cache_triton(
     num_blocks, block_size, num_heads, head_dim = k_cache.shape
     if checked:
         check_slot_values(slot_mapping, num_blocks, block_size)
+        check_scale_sink_values(k_scale, v_scale)
     num_tokens = key.shape[0]
     if num_tokens == 0:
         return

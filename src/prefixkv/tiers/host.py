@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from ..core.block import Block
 from ..core.free_queue import FreeBlockQueue
+from ..errors import MAX_BLOCKS, check_positive
 from ..events import BlockRemoved, BlockStored
 from ..results import BlockLoads, BlockOffloads, StoreFetched
 from .host_check import check_tier
@@ -38,9 +39,11 @@ def _batch(kind: type, src: list[int], dst: list[int]) -> list:
 class HostTier(SlotIndex):
     """``num_slots`` host slots. ``sink``: where CPU-medium events go.
     ``by_chunk``/``by_key``: the slots with content, by token bytes and (the rest) by
-    content triple; read by the device index's chain walk."""
+    content triple; read by the device index's chain walk. Raises ConfigError unless
+    ``num_slots`` is an int in ``[1, MAX_BLOCKS]``."""
 
     def __init__(self, num_slots: int, sink) -> None:
+        check_positive("num_slots", num_slots, MAX_BLOCKS)
         self.slots = [HostSlot(i) for i in range(num_slots)]
         self._empty = self.slots[::-1]
         self._cached = FreeBlockQueue()

@@ -1,0 +1,215 @@
+"""Cascade (shared-prefix) attention: a prefix that many requests of a batch share is read
+once per group, not once per request, and each request's own part is merged in by
+log-sum-exp.
+
+Per request i, in a group whose members share ``P`` tokens (whole blocks)::
+
+    keys   | shared prefix: P tokens (the group's blocks) | own part: seqused_k[i] - P |
+    pass 1 (prefix):  every member's query rows in one packed "request" per group,
+                      attending the P shared keys without a mask (all of them lie before
+                      every member's first new token), LSE out
+    pass 2 (own part): the batch as given, each row of the block table shifted by the
+                      request's shared blocks and seqused_k reduced by P, LSE out
+    merge:            out = (o1 e^lse1 + o2 e^lse2) / (e^lse1 + e^lse2), lse = log of the sum
+
+Softmax over the union of two disjoint key sets is exactly this merge, so the output
+equals one pass over all keys up to rounding. Sinks join pass 2 only (counted once).
+Sliding windows are not supported here (the prefix pass has no per-row window).
+
+The groups come from the scheduler (``KVCacheManager.shared_prefixes``); they are turned
+into metadata tensors on the host by :func:`build_cascade_batch` with the per-request
+counts the engine already has, so the launch reads no tensor value on the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..results import SharedPrefix
+from .batch import build_block_table, build_cu_seqlens_q
+from .dispatch import paged_prefill_attention, resolve_backend
+from .errors import BatchError, ShapeError
+from .workspace import SplitWorkspace
+
+__all__ = ["CascadeBatch", "build_cascade_batch", "cascade_attention", "merge_attention"]
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeBatch:
+    """The prefix pass's metadata and each request's shift, built by :func:`build_cascade_batch`."""
+
+    shift_blocks: torch.Tensor  # [batch] int64: shared blocks of each request (0: in no group)
+    rows: torch.Tensor  # [num_rows] int64: q rows of the groups' members, group after group
+    block_table: torch.Tensor  # [num_groups, max_shared_blocks] int32: each group's shared blocks
+    cu_seqlens_q: torch.Tensor  # [num_groups + 1] int32 over the packed rows
+    seqused_k: torch.Tensor  # [num_groups] int32: shared tokens of each group
+    max_seqlen_q: int
+    max_seqlen_k: int
+    prefix_tokens_read: int  # host count: shared tokens x groups (what pass 1 reads once per tile)
+
+    @property
+    def num_groups(self) -> int:
+        """Groups kept (each reads its shared prefix in pass 1)."""
+        return self.seqused_k.shape[0]
+
+
+def build_cascade_batch(
+    groups: Sequence[SharedPrefix],
+    block_ids: Sequence[Sequence[int]],
+    num_computed: Sequence[int],
+    num_new: Sequence[int],
+    block_size: int,
+    *,
+    device: torch.device | str | None = None,
+) -> CascadeBatch:
+    """Metadata of the prefix pass from the manager's groups and the step's counts.
+
+    ``groups``: ``SharedPrefix`` (members: positions in the batch). Each group keeps the
+    blocks that all members hold *and* that lie wholly before every member's first new
+    token (``num_computed[i] // block_size``): a block being computed in this step holds
+    keys some member's queries must see causally, so it stays in the own part. A group
+    left with no block, or with fewer than two members, is dropped (its requests run
+    whole in pass 2).
+
+    Raises:
+        BatchError: mismatched lengths, a member outside the batch or in two groups, or
+            members whose block ids differ inside the claimed prefix (wrong groups would
+            serve one request another's KV).
+    """
+    batch = len(block_ids)
+    if len(num_computed) != batch or len(num_new) != batch:
+        raise BatchError(f"block_ids, num_computed, num_new have {batch}, {len(num_computed)}, "
+                         f"{len(num_new)} entries; one per request")
+    starts = [0]
+    for n in num_new:
+        starts.append(starts[-1] + n)
+    shift, seen = [0] * batch, set()
+    kept: list[tuple[int, list[int]]] = []
+    for g in groups:
+        if not isinstance(g, SharedPrefix):
+            raise BatchError(f"groups must hold SharedPrefix, got {g!r}")
+        for i in g.members:
+            if not 0 <= i < batch or i in seen:
+                raise BatchError(f"group member {i} is outside the batch of {batch} or in two groups")
+            seen.add(i)
+        n = min([g.num_blocks] + [num_computed[i] // block_size for i in g.members])
+        lead = list(block_ids[g.members[0]][:n])
+        for i in g.members:
+            if list(block_ids[i][:n]) != lead:
+                raise BatchError(f"request {i} does not hold the group's first {n} blocks {lead}")
+        if n > 0 and len(g.members) >= 2:
+            kept.append((n, list(g.members)))
+            for i in g.members:
+                shift[i] = n
+    rows = [r for _, members in kept for i in members for r in range(starts[i], starts[i + 1])]
+    packed = [sum(num_new[i] for i in members) for _, members in kept]
+    tables = [list(block_ids[members[0]][:n]) for n, members in kept]
+    return CascadeBatch(
+        shift_blocks=torch.tensor(shift, dtype=torch.int64, device=device),
+        rows=torch.tensor(rows, dtype=torch.int64, device=device),
+        block_table=build_block_table(tables, device=device),
+        cu_seqlens_q=build_cu_seqlens_q(packed, device=device),
+        seqused_k=torch.tensor([n * block_size for n, _ in kept], dtype=torch.int32, device=device),
+        max_seqlen_q=max(packed, default=0),
+        max_seqlen_k=max((n * block_size for n, _ in kept), default=0),
+        prefix_tokens_read=sum(n * block_size for n, _ in kept),
+    )
+
+
+def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over the union of two disjoint key sets from each set's result.
+
+    ``out_*``: ``[rows, num_heads, head_dim]``; ``lse_*``: ``[num_heads, rows]`` fp32
+    (natural log; ``-inf``: the set had no key for that row). Returns fp32 ``(out, lse)``.
+    A row neither set saw gets 0 and ``-inf``; a ``+inf`` LSE (a ``+inf`` sink) takes the
+    row, as in the kernels.
+    """
+    m = torch.maximum(lse_a, lse_b)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    w_a, w_b = (torch.where(lse == float("inf"), 1.0, torch.exp(lse - m_safe)) for lse in (lse_a, lse_b))
+    total = w_a + w_b
+    safe = torch.where(total == 0, torch.ones_like(total), total)
+    out = (out_a.float() * w_a.T[..., None] + out_b.float() * w_b.T[..., None]) / safe.T[..., None]
+    lse = torch.where(total == 0, float("-inf"), m_safe + torch.log(safe))
+    return out, lse
+
+
+def cascade_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqused_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    cascade: CascadeBatch,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    softcap: float = 0.0,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    backend: str | None = None,
+    checked: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~prefixkv.kernels.paged_prefill_attention` of the same batch (same arguments,
+    same result up to rounding, no sliding window), reading each group's shared prefix
+    once per query tile of the group instead of once per request's tile.
+
+    ``cascade``: from :func:`build_cascade_batch` for this batch. Two attention passes
+    and a merge of the groups' rows (torch ops; no host synchronisation).
+
+    Raises:
+        ShapeError: ``cascade`` does not fit this batch (its shift per request, its rows
+            outside q); and everything ``paged_prefill_attention`` raises, before any write.
+    """
+    batch = block_table.shape[0] if block_table.dim() == 2 else -1
+    if cascade.shift_blocks.shape != (batch,) or cascade.rows.numel() > q.shape[0]:
+        raise ShapeError(f"cascade is for {cascade.shift_blocks.shape[0]} requests and "
+                         f"{cascade.rows.numel()} rows; this batch has {batch} requests and "
+                         f"{q.shape[0]} rows")
+
+    def attend(q_: torch.Tensor, table: torch.Tensor, cu: torch.Tensor, used: torch.Tensor, max_q: int,
+               max_k: int, causal_: bool, out_: torch.Tensor | None, sinks_: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        got = paged_prefill_attention(q_, k_cache, v_cache, table, cu, used, max_q, max_k,
+                                      softmax_scale=softmax_scale, causal=causal_, softcap=softcap, out=out_,
+                                      return_lse=True, sinks=sinks_, k_scale=k_scale, v_scale=v_scale,
+                                      backend=backend, checked=checked)
+        assert isinstance(got, tuple)
+        return got
+
+    # Pass 2 first: it validates the whole call before anything is written.
+    width = block_table.shape[1]
+    shift = cascade.shift_blocks.to(block_table.device)
+    cols = torch.arange(width, device=block_table.device)[None, :] + shift[:, None]
+    cols = torch.clamp(cols, max=width - 1)
+    own_table = block_table.gather(1, cols)  # [batch, width]: row i from its first unshared block
+    own_used = (seqused_k - (shift * k_cache.shape[1]).to(seqused_k.dtype)).to(seqused_k.dtype)
+    out, lse = attend(q, own_table, cu_seqlens_q, own_used, max_seqlen_q, max_seqlen_k, causal, out, sinks)
+    if cascade.rows.numel():
+        rows = cascade.rows.to(q.device)
+        pre, pre_lse = attend(q.index_select(0, rows), cascade.block_table, cascade.cu_seqlens_q,
+                              cascade.seqused_k, cascade.max_seqlen_q, cascade.max_seqlen_k,
+                              False, None, None)  # all shared keys precede every row: no mask
+        own, own_lse = out.index_select(0, rows), lse.index_select(1, rows)
+        if resolve_backend(backend, q.device) == "triton":
+            from .split_kv import combine_splits
+
+            merged, merged_lse = torch.empty_like(pre), torch.empty_like(pre_lse)
+            both = SplitWorkspace(torch.stack([own.float(), pre.float()]), torch.stack([own_lse, pre_lse]),
+                                  torch.arange(rows.numel(), dtype=torch.int32, device=q.device), 1, 1)
+            combine_splits(both, merged, merged_lse)  # the two passes as two splits of each row
+        else:
+            merged, merged_lse = merge_attention(own, own_lse, pre, pre_lse)
+        out.index_copy_(0, rows, merged.to(out.dtype))
+        lse.index_copy_(1, rows, merged_lse)
+    return (out, lse) if return_lse else out

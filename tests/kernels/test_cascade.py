@@ -1,0 +1,120 @@
+"""Cascade attention against one pass over all keys (the reference), on batches whose
+requests share blocks as the manager makes them share: a system prompt, a fork, a
+request still computing part of the shared prefix, a stranger."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prefixkv import KVCacheManager, SharedPrefix
+from prefixkv.kernels import (
+    BatchError,
+    build_block_table,
+    build_cascade_batch,
+    build_cu_seqlens_q,
+    cascade_attention,
+    paged_prefill_attention_reference,
+)
+
+from .cases import tolerance
+from .conftest import PRIMARY_DEVICE, triton_skip_reason
+
+BS, KV_HEADS, GROUP, DIM, BLOCKS = 5, 2, 2, 16, 40
+SYSTEM = list(range(1000, 1015))  # three blocks of 5
+BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(triton_skip_reason() is not None,
+                                                                    reason=str(triton_skip_reason())))]
+
+
+def _batch(seed=0):
+    """A step of five requests: (ids, block ids, num_computed, num_new) and a filled cache.
+
+    a: decode after the system prompt + 7; b: prefill of its 4 own tokens after a hit on
+    the system prompt; a2: a fork of a, decoding; e: the system prompt + 3, with only its
+    first block computed (chunked prefill: its queries start inside the shared blocks);
+    c: a stranger. Blocks no request holds are NaN.
+    """
+    m = KVCacheManager(BLOCKS, BS, seed=0)
+    m.add_request("a", SYSTEM + list(range(7)))
+    m.add_request("c", [9] * 11)
+    m.fork("a", "a2")
+    m.add_request("b", SYSTEM + [3, 1, 4, 1])
+    m.add_request("e", SYSTEM + [2, 7, 1])
+    order = ["a", "b", "c", "a2", "e"]
+    computed = [21, 15, 10, 21, 5]
+    new = [1, 4, 1, 1, 13]
+    ids = [list(m.get_block_ids(r)) for r in order]
+    gen = torch.Generator().manual_seed(seed)
+    k_cache = torch.full((BLOCKS, BS, KV_HEADS, DIM), float("nan"))
+    v_cache = torch.full_like(k_cache, float("nan"))
+    used = sorted({b for row in ids for b in row})
+    k_cache[used] = torch.randn(len(used), BS, KV_HEADS, DIM, generator=gen)
+    v_cache[used] = torch.randn(len(used), BS, KV_HEADS, DIM, generator=gen)
+    q = torch.randn(sum(new), KV_HEADS * GROUP, DIM, generator=gen)
+    return m.shared_prefixes(order), ids, computed, new, q, k_cache, v_cache
+
+
+def _args(ids, computed, new, q, k_cache, v_cache, dtype, device):
+    seqused = [a + b for a, b in zip(computed, new, strict=True)]
+    return (q.to(dtype).to(device), k_cache.to(dtype).to(device), v_cache.to(dtype).to(device),
+            build_block_table(ids, max_blocks=6, pad_id=BLOCKS - 1, device=device),
+            build_cu_seqlens_q(new, device=device), torch.tensor(seqused, dtype=torch.int32, device=device),
+            max(new), max(seqused))
+
+
+def test_the_groups_and_the_prefix_each_keeps():
+    groups, ids, computed, new, *_ = _batch()
+    assert groups == [SharedPrefix(3, (0, 1, 3, 4))]
+    batch = build_cascade_batch(groups, ids, computed, new, BS)
+    # e has computed one block only, so the group keeps one block; every member is shifted by it.
+    assert batch.shift_blocks.tolist() == [1, 1, 0, 1, 1]
+    assert batch.seqused_k.tolist() == [5] and batch.block_table.tolist() == [ids[0][:1]]
+    assert batch.rows.tolist() == [0, 1, 2, 3, 4, 6, *range(7, 20)]  # a, b, a2, e: their q rows
+    assert batch.cu_seqlens_q.tolist() == [0, 19] and batch.max_seqlen_q == 19
+    # Without e the three others keep all three blocks.
+    three = build_cascade_batch([SharedPrefix(3, (0, 1, 3))], ids, computed, new, BS)
+    assert three.shift_blocks.tolist() == [3, 3, 0, 3, 0] and three.prefix_tokens_read == 15
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("options", [{}, dict(softcap=3.0), dict(sinks=True)],
+                         ids=["plain", "softcap", "sinks"])
+@pytest.mark.parametrize("drop_e", [False, True], ids=["capped", "three-blocks"])
+def test_cascade_matches_one_pass_over_all_keys(backend, options, drop_e):
+    groups, ids, computed, new, q, k_cache, v_cache = _batch(seed=3)
+    if drop_e:
+        groups = [SharedPrefix(3, (0, 1, 3))]
+    if options.get("sinks"):
+        options = dict(sinks=torch.tensor([0.5, -1.0, 2.0, 0.0], device=PRIMARY_DEVICE))
+    device = PRIMARY_DEVICE if backend == "triton" else "cpu"
+    args = _args(ids, computed, new, q, k_cache, v_cache, torch.float32, device)
+    cascade = build_cascade_batch(groups, ids, computed, new, BS, device=device)
+    got, got_lse = cascade_attention(*args, cascade, return_lse=True, backend=backend, **options)
+    want, want_lse = paged_prefill_attention_reference(*args, return_lse=True, **options)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
+    torch.testing.assert_close(got_lse, want_lse, **tolerance(torch.float32))
+
+
+@pytest.mark.skipif(triton_skip_reason() is not None, reason=str(triton_skip_reason()))
+def test_cascade_in_half_precision_on_the_triton_path():
+    groups, ids, computed, new, q, k_cache, v_cache = _batch(seed=4)
+    args = _args(ids, computed, new, q, k_cache, v_cache, torch.float16, PRIMARY_DEVICE)
+    cascade = build_cascade_batch(groups, ids, computed, new, BS, device=PRIMARY_DEVICE)
+    out = torch.empty_like(args[0])
+    got = cascade_attention(*args, cascade, out=out, backend="triton")
+    assert got is out
+    torch.testing.assert_close(got.float(), paged_prefill_attention_reference(*args).float(),
+                               **tolerance(torch.float16))
+
+
+def test_groups_that_do_not_share_their_blocks_are_rejected():
+    groups, ids, computed, new, *_ = _batch()
+    with pytest.raises(BatchError, match="request 2 does not hold"):
+        build_cascade_batch([SharedPrefix(2, (0, 2))], ids, computed, new, BS)
+    with pytest.raises(BatchError, match="in two groups"):
+        build_cascade_batch([SharedPrefix(1, (0, 1)), SharedPrefix(1, (1, 3))], ids, computed, new, BS)
+    with pytest.raises(BatchError, match="outside the batch"):
+        build_cascade_batch([SharedPrefix(1, (0, 7))], ids, computed, new, BS)
+    with pytest.raises(BatchError, match="one per request"):
+        build_cascade_batch(groups, ids, computed[:2], new, BS)
