@@ -145,6 +145,7 @@ _SIZES = {  # requests (chat: sessions) at scale 1, and the most tokens each can
     "chat": (24, sum(512 + 256 * (t + 1) + 192 * t + 192 for t in range(6))),
     "document": (100, 32768 + 64 + 96),
     "pressure": (400, 1024 + 128 + 64),
+    "skewed": (400, 2048 + 128 + 256),
 }
 
 
