@@ -1,7 +1,8 @@
 # Two entry points, each installs what it needs into .venv:
 #   make bench   the main job: prefix caching against naive allocation
-#   make test    the whole test suite (kernels under TRITON_INTERPRET=1 on a CPU), vLLM
-#                0.33.0's own scheduler tests on vLLM's manager and on prefixkv's included
+#   make test    lint, then the whole test suite (kernels under TRITON_INTERPRET=1 on a CPU),
+#                vLLM 0.33.0's own scheduler tests on vLLM's manager and on prefixkv's included
+#   make lint    ruff (rules in pyproject.toml) and mypy --strict on src/prefixkv
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -17,6 +18,10 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # vLLM's release files, fetched once (tests/engines/fetch.py): the wheel and the sdist's
 # tests/. The wheel goes in --no-deps, with the pure-Python modules its scheduler needs.
@@ -41,10 +46,11 @@ $(VENV)/.sglang-installed: $(VENV)/.installed
 
 install-sglang: $(VENV)/.sglang-installed
 
-test: install install-vllm install-sglang
+# Any nonzero pytest status fails the target, 5 (no tests collected) included.
+test: lint install-vllm install-sglang
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
 
 bench: install
 	$(BIN)/prefixkv bench
 
-.PHONY: install install-vllm install-sglang test bench
+.PHONY: install install-vllm install-sglang lint test bench

@@ -191,7 +191,7 @@ def row(section: str, pool: int, mode: str, name: str, unit: str, old: list[floa
                 old_us=round(med["old"], 3), old_best_us=round(best["old"], 3),
                 new_us=round(med["new"], 3), new_best_us=round(best["new"], 3),
                 ratio=round(med["old"] / med["new"], 2), ratio_best=round(best["old"] / best["new"], 2),
-                ratio_paired=round(statistics.median(o / n for o, n in zip(old, new)), 2),
+                ratio_paired=round(statistics.median(o / n for o, n in zip(old, new, strict=True)), 2),
                 old_rounds_ns=[round(x) for x in old], new_rounds_ns=[round(x) for x in new], **extra)
 
 
@@ -201,7 +201,7 @@ def micro_rows(pair, plan: Plan, pool: int, mode: str, log, first: int = 0) -> l
     for tokens, count in ((2048, plan.admits_2k), (32768, plan.admits_32k)):
         for hit in (False, True):
             name = f"admit {tokens // 1024}k, {100 if hit else 0}% hit"
-            got = measure(pair, plan.rounds, lambda r: dict(
+            got = measure(pair, plan.rounds, lambda r, tokens=tokens, hit=hit, count=count, name=name: dict(
                 cmd="admit", tokens=tokens, hit=hit, count=count,
                 seed=f"{pool}/{mode}/{name}/{first + r}"))
             rows.append(log(row("micro", pool, mode, name, "µs/admission",
@@ -212,7 +212,7 @@ def micro_rows(pair, plan: Plan, pool: int, mode: str, log, first: int = 0) -> l
                                     [g["with_take_ns"] for g in got["new"]])))
     for requests, per_step in ((1, False), (plan.step_requests, True)):
         name = f"decode, {requests} running, " + ("per step" if per_step else "per request")
-        got = measure(pair, plan.rounds, lambda r: dict(
+        got = measure(pair, plan.rounds, lambda r, requests=requests, per_step=per_step, name=name: dict(
             cmd="decode", requests=requests, steps=plan.decode_tokens // requests,
             per_step=per_step, seed=f"{pool}/{mode}/{name}/{first + r}"))
         rows.append(log(row("micro", pool, mode, name, "µs/token",
@@ -239,12 +239,12 @@ def workload_rows(pair, plan: Plan, pool: int, log, first: int = 0) -> list[dict
     for name, room in sorted(rooms.items(), key=lambda kv: -kv[1]):
         for w in pair:
             w.call(dict(cmd="hold", free=room))
-        got = measure(pair, plan.rounds, lambda r: dict(
+        got = measure(pair, plan.rounds, lambda r, name=name: dict(
             cmd="replay", max_running=plan.max_running,
             requests=[dict(rid=q.rid, prompt=q.prompt, output=q.output, after=q.after)
                       for q in builtin(name, plan.scale, seed=first + r).requests]))
         same = all([o[k] for k in COUNTS] == [n[k] for k in COUNTS]
-                   for o, n in zip(got["old"], got["new"]))
+                   for o, n in zip(got["old"], got["new"], strict=True))
         counts = {side: {k: sum(g[k] for g in got[side]) for k in COUNTS} for side in got}
         for what, unit, num, den in (("admit", "µs/admission", "admit_ns", "admissions"),
                                      ("decode", "µs/token", "decode_ns", "decoded_tokens"),
@@ -281,7 +281,8 @@ def compare(old_src: Path, new_src: Path, plan: Plan, log=lambda r: r) -> tuple[
     return rows, sides
 
 
-def _session(old_src: Path, new_src: Path, plan: Plan, first: int, log, merged: dict) -> tuple[list[dict], dict]:
+def _session(old_src: Path, new_src: Path, plan: Plan, first: int, log,
+             merged: dict) -> tuple[list[dict], dict]:
     """One pair of workers for ``plan.rounds`` rounds (seeds from round ``first``); each
     row's round values are added to those of the same row in ``merged``."""
     rows = []
@@ -312,6 +313,7 @@ def _merge(merged: dict, r: dict) -> dict:
                                       for k in r["counts"][side]} for side in r["counts"]}
         r = row(r["section"], r["pool_blocks"], r["mode"], r["row"], r["unit"],
                 prev["old_rounds_ns"] + r["old_rounds_ns"], prev["new_rounds_ns"] + r["new_rounds_ns"],
-                **{k: v for k, v in extra.items() if k not in ("section", "pool_blocks", "mode", "row", "unit")})
+                **{k: v for k, v in extra.items()
+                   if k not in ("section", "pool_blocks", "mode", "row", "unit")})
     merged[key] = r
     return r

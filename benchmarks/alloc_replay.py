@@ -109,7 +109,7 @@ and those found cached) and the ns spent in add_request
         else:
             toks = [r.output[r.pos:r.pos + 1] for r in running.values()]
             t0 = CLOCK()
-            short = [rid for rid, t in zip(ids, toks) if m.append_tokens(rid, t) is None]
+            short = [rid for rid, t in zip(ids, toks, strict=True) if m.append_tokens(rid, t) is None]
             out["decode_ns"] += CLOCK() - t0 - CLOCK_COST
         if short:
             raise RuntimeError(f"no room to decode {list(short)!r} after making room")

@@ -154,7 +154,7 @@ class Side:
             one = [[[t] for t in toks] for toks in tokens]
             t0 = CLOCK()
             for toks in one:
-                for rid, t in zip(ids, toks):
+                for rid, t in zip(ids, toks, strict=True):
                     if m.append_tokens(rid, t) is None:
                         raise RuntimeError("append_tokens found no room")
         ns = CLOCK() - t0 - CLOCK_COST

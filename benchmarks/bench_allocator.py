@@ -14,15 +14,15 @@ alternating rounds, and writes per-row ratios to ``allocator-ab.{md,json}`` (see
 
 Each figure is the median over many admissions of a steady-state loop (admit, then free, so the
 pool keeps evicting on misses). Every pool is first filled to capacity with cached blocks, as a
-long-running server's is: each miss then evicts, and the index holds ``num_blocks`` contents. Budgets: 2k-token admission <= 100 µs, 32k <= 1.5 ms,
-decode <= 1 µs/token, flat in pool size (the pool sizes are measured in alternating rounds).
+long-running server's is: each miss then evicts, and the index holds ``num_blocks`` contents.
+Budgets: 2k-token admission <= 100 µs, 32k <= 1.5 ms, decode <= 1 µs/token, flat in pool size
+(the pool sizes are measured in alternating rounds).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-from array import array
 import json
 import platform
 import random
@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from array import array
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this tree's prefixkv
@@ -160,7 +161,7 @@ def run(pool_sizes, quick):
                                  budget_us=BUDGET_US[n]))
         per_round = (20000 if quick else 100000) // rounds
         spent = {nb: 0 for nb in pools}
-        for nb, m in pools.items():
+        for m in pools.values():
             m.add_request("d", [rng.randrange(32000) for _ in range(100)])
         for _ in range(rounds):
             for nb, m in pools.items():
@@ -183,7 +184,8 @@ def markdown(rows, hashing, meta):
              "", f"Command: `{meta['command']}`", "",
              "Admission µs: median of all samples (best round's median in brackets). Every pool "
              "is filled to capacity with cached blocks first (the index holds num_blocks "
-             "contents and each miss evicts). The GC is frozen after that, as engines do. This shared 2-core VM drifts by "
+             "contents and each miss evicts). The GC is frozen after that, as engines do. This shared 2-core "
+             "VM drifts by "
              "up to ~1.7x within minutes; the hashing line at the end gauges its speed during "
              "the run (xxhash measured 14-25 ns/token here on different runs).", "",
              "| pool blocks | allocator | prompt | admit, 0% hit (µs) | admit, 100% hit (µs) | budget (µs) |",
@@ -230,7 +232,8 @@ def main() -> None:
     print(md)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "allocator-cpu.json").write_text(json.dumps(dict(meta=meta, rows=rows, hashing_ns_per_token=hashing), indent=1))
+    (out / "allocator-cpu.json").write_text(json.dumps(dict(meta=meta, rows=rows,
+                                                            hashing_ns_per_token=hashing), indent=1))
     (out / "allocator-cpu.md").write_text(md)
 
 

@@ -166,7 +166,7 @@ def one_round(tokens: int, per_round: int, steps: int, seed: int = 0) -> dict[st
         for name, (m, ps) in setups.items():
             adm, plan = admissions(m, ps, per_round)
             out[name] = [ns / 1e3 for ns in adm]
-            out[name + " + plan"] = [(a + p) / 1e3 for a, p in zip(adm, plan)]
+            out[name + " + plan"] = [(a + p) / 1e3 for a, p in zip(adm, plan, strict=True)]
         for name, ns in decode_paired(rng, steps).items():
             # means of 16-step windows (one growth step each): a stall spoils one window
             out["decode " + name] = [sum(ns[i:i + 16]) / 16e3 for i in range(0, len(ns) - 15, 16)]

@@ -3,7 +3,7 @@
 Needs a CUDA GPU. It first measures the device's own ceilings (dense bf16 matmul TFLOP/s
 and device-to-device copy GB/s), then times:
 
-* the SPEC section 4 shape: 8 requests x (8192 cached + 2048 new), 32 q / 8 kv heads,
+* the SPEC shape (the kernel goal's): 8 requests x (8192 cached + 2048 new), 32 q / 8 kv heads,
   head_dim 128, bf16, block_size 16, against our torch reference and dense SDPA;
 * a sweep over cached prefix 0..32k and q_len 1..8k;
 * decode: 64 requests x 8k context, q_len 1, as GB/s of K/V read against the copy GB/s;
@@ -27,8 +27,18 @@ import json
 import sys
 from pathlib import Path
 
-from kernel_problems import (ROOT, SMOKE, SPEC_DECODE, SPEC_PREFILL, SPLIT_DECODE, Timer, make_problem,
-                             open_session, prefill_flops, with_device)
+from kernel_problems import (
+    ROOT,
+    SMOKE,
+    SPEC_DECODE,
+    SPEC_PREFILL,
+    SPLIT_DECODE,
+    Timer,
+    make_problem,
+    open_session,
+    prefill_flops,
+    with_device,
+)
 
 
 def parse_args(argv):
@@ -41,8 +51,8 @@ def parse_args(argv):
 
 def dense_sdpa(torch, args, ids, *, batch, q_len, kv_len, heads, kv_heads):
     """A closure running torch SDPA on contiguous copies (the best non-paged baseline)."""
-    from torch.nn.attention.bias import causal_lower_right
     import torch.nn.functional as F
+    from torch.nn.attention.bias import causal_lower_right
 
     q, k_cache, v_cache, block_table = args[:4]
     blocks = torch.tensor(ids, device=q.device)
@@ -109,7 +119,8 @@ def run_case(torch, kernels, timer, cfg, *, reference, sdpa, flash=False):
     elif sdpa:
         try:
             row["sdpa_dense_ms"] = timer(dense_sdpa(torch, args, ids, batch=cfg["batch"], q_len=cfg["q_len"],
-                                                    kv_len=kv_len, heads=cfg["heads"], kv_heads=cfg["kv_heads"]))
+                                                    kv_len=kv_len, heads=cfg["heads"],
+                                                    kv_heads=cfg["kv_heads"]))
         except (RuntimeError, ImportError) as exc:  # no lower-right mask support on this build
             row["sdpa_dense_error"] = str(exc)[:200]
     if sdpa and flash:
@@ -141,7 +152,8 @@ def run_decode(torch, kernels, timer, cfg, num_splits=None):
     ms = timer(call)
     elem = args[1].element_size()
     kv_bytes = 2 * cfg["batch"] * (cfg["prefix"] + 1) * cfg["kv_heads"] * cfg["head_dim"] * elem
-    return {"batch": cfg["batch"], "context": cfg["prefix"] + 1, "kv_heads": cfg["kv_heads"], "heads": cfg["heads"],
+    return {"batch": cfg["batch"], "context": cfg["prefix"] + 1, "kv_heads": cfg["kv_heads"],
+            "heads": cfg["heads"],
             "head_dim": cfg["head_dim"], "block_size": cfg["block_size"], "ms": ms, "kv_gb": kv_bytes / 1e9,
             "gbps": kv_bytes / ms / 1e6}
 
@@ -173,15 +185,18 @@ def write_results(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
     lines = [f"# Kernel benchmark on {result['device']}", "",
              f"commit `{result['commit']}`, torch {result['torch']}, triton {result['triton']}", ""]
     if result["smoke"]:
-        lines += ["Smoke run: tiny shapes, possibly through the Triton interpreter; the timings mean nothing.", ""]
+        lines += ["Smoke run: tiny shapes, possibly through the Triton interpreter; the timings mean "
+                  "nothing.", ""]
     for key, val in result.get("ceilings", {}).items():
         lines.append(f"- {key}: {val:.1f}")
     s = result["spec_shape"]
     lines += ["", "## SPEC shape", "", f"{s['batch']} x ({s['prefix']} cached + {s['q_len']} new), "
-              f"{s['heads']}/{s['kv_heads']} heads, d {s['head_dim']}, {s['dtype']}, block {s['block_size']}: "
+              f"{s['heads']}/{s['kv_heads']} heads, d {s['head_dim']}, {s['dtype']}, block "
+              f"{s['block_size']}: "
               f"**{s['triton_tflops']:.1f} TFLOP/s** ({s['triton_ms']:.3f} ms, {s['tflop']:.3f} TFLOP)"]
     if "sdpa_dense_ms" in s:
-        lines += ["", f"- torch SDPA, contiguous K/V, lower-right causal mask (same work): {s['sdpa_dense_ms']:.3f} ms"]
+        lines += ["", "- torch SDPA, contiguous K/V, lower-right causal mask (same work): "
+                  f"{s['sdpa_dense_ms']:.3f} ms"]
     if "sdpa_flash_ms" in s:
         lines += [f"- torch flash SDPA, contiguous K/V, no mask (every pair attended, counted as such): "
                   f"{s['sdpa_flash_ms']:.3f} ms, {s['sdpa_flash_tflops']:.1f} TFLOP/s"]
@@ -189,7 +204,8 @@ def write_results(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
         if key in s:
             lines.append(f"- {key}: {s[key]}")
     if result.get("sweep"):
-        lines += ["", "## Sweep", "", "| batch | prefix | q_len | ms | TFLOP/s | SDPA dense ms |", "|---|---|---|---|---|---|"]
+        lines += ["", "## Sweep", "", "| batch | prefix | q_len | ms | TFLOP/s | SDPA dense ms |",
+                  "|---|---|---|---|---|---|"]
         for r in result["sweep"]:
             lines.append(f"| {r['batch']} | {r['prefix']} | {r['q_len']} | {r['triton_ms']:.3f} | "
                          f"{r['triton_tflops']:.1f} | {r.get('sdpa_dense_ms', float('nan')):.3f} |")
@@ -197,11 +213,12 @@ def write_results(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
     lines += ["", "## Decode", "", f"{d['batch']} x {d['context']} context: {d['gbps']:.0f} GB/s "
               f"({d['ms']:.3f} ms for {d['kv_gb']:.2f} GB of K/V)", ""]
     if result.get("split_decode"):
-        lines += ["## Split-KV decode", "", "| batch | context | split ms | GB/s | unsplit ms | GB/s |", "|---|---|---|---|---|---|"]
+        lines += ["## Split-KV decode", "", "| batch | context | split ms | GB/s | unsplit ms | GB/s |",
+                  "|---|---|---|---|---|---|"]
         for r in result["split_decode"]:
             u = r["unsplit"]
-            lines.append(f"| {r['batch']} | {r['context']} | {r['ms']:.3f} | {r['gbps']:.0f} | {u['ms']:.3f} | "
-                         f"{u['gbps']:.0f} |")
+            lines.append(f"| {r['batch']} | {r['context']} | {r['ms']:.3f} | {r['gbps']:.0f} | "
+                         f"{u['ms']:.3f} | {u['gbps']:.0f} |")
         lines.append("")
     mpath.write_text("\n".join(lines))
     return jpath, mpath

@@ -35,8 +35,15 @@ import time
 from pathlib import Path
 
 from kernel_problems import ROOT, SPEC_DECODE, SPEC_PREFILL, SPLIT_DECODE
-from kernel_static import (MAX_REGS_PER_THREAD, MAX_WARPS_PER_SM, SMEM_PER_BLOCK, loop_loads, occupancy,
-                           parse_ptxas, static_report)
+from kernel_static import (
+    MAX_REGS_PER_THREAD,
+    MAX_WARPS_PER_SM,
+    SMEM_PER_BLOCK,
+    loop_loads,
+    occupancy,
+    parse_ptxas,
+    static_report,
+)
 
 SM90 = ("cuda", 90, 32)
 SPEC = dict(SPEC_PREFILL, kind="attn")
@@ -49,12 +56,14 @@ CONFIGS = {
     **{f"prefill-d{d}": dict(SPEC, head_dim=d) for d in (64, 80, 96, 256)},
     **{f"decode-d{d}": dict(DECODE, head_dim=d) for d in (64, 80, 96, 256)},
     "prefill-d256-q8": dict(SPEC, head_dim=256, q_len=8),
-    **{f"{n}-group{g}": dict(c, kv_heads=32 // g) for n, c in (("prefill", SPEC), ("decode", DECODE)) for g in (1, 8)},
+    **{f"{n}-group{g}": dict(c, kv_heads=32 // g) for n, c in (("prefill", SPEC), ("decode", DECODE))
+       for g in (1, 8)},
     "prefill-softcap": dict(SPEC, softcap=50.0),
     "prefill-window": dict(SPEC, window_size=(4095, 0)),
     "prefill-lse": dict(SPEC, return_lse=True),
     "prefill-all-switches": dict(SPEC, softcap=50.0, window_size=(4095, 0), return_lse=True),
-    "prefill-d256-all-switches": dict(SPEC, head_dim=256, softcap=50.0, window_size=(4095, 0), return_lse=True),
+    "prefill-d256-all-switches": dict(SPEC, head_dim=256, softcap=50.0, window_size=(4095, 0),
+                                      return_lse=True),
     "decode-all-switches": dict(DECODE, softcap=50.0, window_size=(4095, 0), return_lse=True),
     "prefill-noncausal-block5": dict(SPEC, block_size=5, causal=False),
     # Split-KV decode (the heuristic picks 17 and 5 splits); "-combine": the merge kernel.
@@ -72,8 +81,10 @@ CONFIGS = {
     "write_kv-fp8-e4m3fn": dict(kind="write_kv", kv_heads=8, head_dim=128, block_size=16, dtype="bfloat16",
                                 cache_dtype="float8_e4m3fn", scales="head", tokens=2048),
     "write_kv": dict(kind="write_kv", kv_heads=8, head_dim=128, block_size=16, dtype="bfloat16", tokens=2048),
-    "write_kv-d80-fp16": dict(kind="write_kv", kv_heads=8, head_dim=80, block_size=16, dtype="float16", tokens=2048),
-    "write_kv-d256-h1": dict(kind="write_kv", kv_heads=1, head_dim=256, block_size=16, dtype="bfloat16", tokens=64),
+    "write_kv-d80-fp16": dict(kind="write_kv", kv_heads=8, head_dim=80, block_size=16, dtype="float16",
+                              tokens=2048),
+    "write_kv-d256-h1": dict(kind="write_kv", kv_heads=1, head_dim=256, block_size=16, dtype="bfloat16",
+                             tokens=64),
 }
 
 
@@ -130,7 +141,8 @@ def record_launch(mods, cfg: dict):
         n_blk = -(-kv_len // bs)
         cache = torch.empty(b * n_blk, bs, kvh, d, dtype=cdt, **meta)
         args = (torch.empty(b * q_len, cfg["heads"], d, dtype=dt, **meta), cache, torch.empty_like(cache),
-                torch.empty(b, n_blk, dtype=torch.int32, **meta), torch.empty(b + 1, dtype=torch.int32, **meta),
+                torch.empty(b, n_blk, dtype=torch.int32, **meta),
+                torch.empty(b + 1, dtype=torch.int32, **meta),
                 torch.empty(b, dtype=torch.int32, **meta), q_len, kv_len)
         window = cfg.get("window_size") is not None and cfg["window_size"][0] >= 0
         tiles = choose_tiles(group=cfg["heads"] // kvh, head_dim=d, max_seqlen_q=q_len, on_gpu=True,
@@ -186,20 +198,25 @@ def compile_config(name: str, mods: dict) -> dict:
     start = time.perf_counter()
     try:
         jit_fn, grid, args, kwargs = record_launch(mods, cfg)
-        row.update(grid=list(grid), num_warps=kwargs.get("num_warps", 4), num_stages=kwargs.get("num_stages", 3))
+        row.update(grid=list(grid), num_warps=kwargs.get("num_warps", 4),
+                   num_stages=kwargs.get("num_stages", 3))
         row["constexprs"] = {k: v for k, v in kwargs.items() if k.isupper() and k != "DOT_PRECISION"}
         kernel, log = compile_launch(jit_fn, args, kwargs)
         md = kernel.metadata
-        row.update(parse_ptxas(log), ok=True, shared=md.shared, num_warps=md.num_warps, num_stages=md.num_stages)
+        row.update(parse_ptxas(log), ok=True, shared=md.shared, num_warps=md.num_warps,
+                   num_stages=md.num_stages)
         row["blocks_per_sm"] = occupancy(row["n_regs"], md.num_warps, md.shared)
         ptx = kernel.asm["ptx"]
-        row["ptx_fp8_cvt"] = sorted(set(re.findall(r"cvt\.[a-z0-9.]*(?:e4m3|e5m2)[a-z0-9.]*", ptx)))  # fp8 casts
+        row["ptx_fp8_cvt"] = sorted(set(re.findall(r"cvt\.[a-z0-9.]*(?:e4m3|e5m2)[a-z0-9.]*",
+                                                   ptx)))  # fp8 casts
         row["mma"] = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "none"
         row["loop_loads"] = loads = loop_loads(kernel.asm["ttgir"])
-        row["pipelined"] = (loads["async"] + loads["tma"] > 0 and loads["sync"] == 0) if any(loads.values()) else None
+        row["pipelined"] = (loads["async"] + loads["tma"] > 0
+                            and loads["sync"] == 0) if any(loads.values()) else None
         c = row["constexprs"]
         if "BLOCK_N" in c and cfg.get("kernel") != "combine":  # the attention kernel's key loops
-            row["sass"] = static_report(kernel.asm["cubin"], kernel.asm["ttgir"], Path(jit_fn.fn.__code__.co_filename),
+            row["sass"] = static_report(kernel.asm["cubin"], kernel.asm["ttgir"],
+                                        Path(jit_fn.fn.__code__.co_filename),
                                         block_m=c["BLOCK_M"], block_n=c["BLOCK_N"], dim=c["DIM_P2"],
                                         num_warps=md.num_warps, mma=row["mma"],
                                         ctas_per_sm=max(1, row["blocks_per_sm"]))
@@ -213,8 +230,10 @@ def flags(r: dict) -> list[str]:
     """Red flags of one compiled row, against the Hopper limits."""
     out = [f"{r['n_spills']} B of register spills"] if r["n_spills"] else []
     out += [f"{r['n_regs']} registers, the 255 cap"] if r["n_regs"] >= MAX_REGS_PER_THREAD else []
-    out += [f"{r['shared']} B smem, over the {SMEM_PER_BLOCK} B a block may use"] if r["shared"] > SMEM_PER_BLOCK else []
-    out += [f"{r['loop_loads']['sync']} tile loads in loops not pipelined"] if r.get("pipelined") is False else []
+    out += [f"{r['shared']} B smem, over the {SMEM_PER_BLOCK} B a block may "
+            "use"] if r["shared"] > SMEM_PER_BLOCK else []
+    out += [f"{r['loop_loads']['sync']} tile loads in loops not "
+            "pipelined"] if r.get("pipelined") is False else []
     warps = r["blocks_per_sm"] * r["num_warps"]
     out += [f"{warps} resident warps/SM ({warps / MAX_WARPS_PER_SM:.1%} occupancy)"] if warps < 8 else []
     return out
@@ -237,18 +256,23 @@ def markdown(result: dict, reading: str = "") -> str:
              "allocation per block; blocks/SM: occupancy estimate from those figures and the "
              "Hopper limits (65536 regs/SM, 228 KiB smem/SM, 227 KiB per block, 64 warps/SM).", "",
              "| config | ok | BLOCK_M x BLOCK_N | warps | stages | regs | spills (B) | smem (B) | blocks/SM "
-             "| warps/SM | mma | pipelined loads | compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| warps/SM | mma | pipelined loads | compile s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r.get("constexprs", {})
         tile = f"{c['BLOCK_M']} x {c['BLOCK_N']}" if "BLOCK_M" in c else "-"
         tile += f" ({r['grid'][2]} splits)" if c.get("SPLIT") else ""
-        cells = ([r["n_regs"], r["n_spills"], r["shared"], r["blocks_per_sm"], r["blocks_per_sm"] * r["num_warps"],
+        cells = ([r["n_regs"], r["n_spills"], r["shared"], r["blocks_per_sm"],
+                  r["blocks_per_sm"] * r["num_warps"],
                   r["mma"], pipelining(r)] if r["ok"] else ["-"] * 7)
-        lines.append(f"| {r['name']} | {'ok' if r['ok'] else '**error**'} | {tile} | {r.get('num_warps', '-')} | "
-                     f"{r.get('num_stages', '-')} | " + " | ".join(map(str, cells)) + f" | {r['compile_s']} |")
+        lines.append(f"| {r['name']} | {'ok' if r['ok'] else '**error**'} | {tile} | "
+                     f"{r.get('num_warps', '-')} | "
+                     f"{r.get('num_stages', '-')} | " + " | ".join(map(str,
+                                                                       cells)) + f" | {r['compile_s']} |")
     lines += ["", "## Key loops in the SASS (per CTA, per key tile)", "",
               "Instructions of one pass of each phase loop of the attention kernel (`nvdisasm` of the cubin; "
-              "phase 2: cached prefix, no mask; phase 3: diagonal, masked; phase 1: left window edge, masked), "
+              "phase 2: cached prefix, no mask; phase 3: diagonal, masked; phase 1: left window edge, "
+              "masked), "
               "scaled to 64 keys; MMA and MUFU.EX2 per warp per tile; K/V ring: shared-memory buffers of "
               "the cp.async pipeline. Clocks per tile on one H100 SM: MMA (FLOPs / 4096 per clock for "
               "wgmma, 2048 assumed for mma.sync), issue (instructions x warps / 4 schedulers), exp2 "
@@ -260,13 +284,15 @@ def markdown(result: dict, reading: str = "") -> str:
               "done, an instruction waits for the MUFU/HMMA results it reads, and with c CTAs per SM "
               "their waits overlap (clocks = max(one CTA's period / c, busiest unit)). Waits: "
               "`WARPGROUP.DEPBAR` / `BAR.SYNC` per pass. Memory is left out of both.", "",
-              "| config | loop | instr/tile | instr/64 keys | mma | ex2 | K/V ring | clocks mma / issue / ex2 "
+              "| config | loop | instr/tile | instr/64 keys | mma | ex2 | K/V ring | clocks mma / issue / "
+              "ex2 "
               "| waits | overlap: bound, % peak | serial: clocks | serial: bound | serial: % peak |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for loop, t in (r.get("sass") or {}).get("loops", {}).items():
             clk, ser = t["clocks"], t["serial"]
-            lines.append(f"| {r['name']} | {loop}{' (masked)' if t['masked'] else ''} | {t['instructions']} | "
+            lines.append(f"| {r['name']} | {loop}{' (masked)' if t['masked'] else ''} | {t['instructions']} "
+                         "| "
                          f"{t['per_64_keys']} | {t['mma']} | {t['ex2']} | {r['sass']['kv_ring']} | "
                          f"{clk['mma']:.0f} / {clk['issue']:.0f} / {clk['ex2']:.0f} | "
                          f"{ser['waits']['group_wait']} / {ser['waits']['bar_sync']} | {t['bound']}, "
@@ -296,7 +322,8 @@ def main(argv=None) -> int:
                              if r["ok"] else r["error"][:300]), file=sys.stderr)
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     ptxas = get_ptxas(90)
-    result = {"target": "sm_90", "triton": triton.__version__, "ptxas": f"{Path(ptxas.path).name} {ptxas.version}",
+    result = {"target": "sm_90", "triton": triton.__version__,
+              "ptxas": f"{Path(ptxas.path).name} {ptxas.version}",
               "configs": rows}
     (opts.out_dir / f"{opts.out_name}.json").write_text(json.dumps(result, indent=2) + "\n")
     md_path = opts.out_dir / f"{opts.out_name}.md"

@@ -89,7 +89,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     opts = p.parse_args(argv)
-    model = dict(layers=opts.layers, kv_heads=opts.kv_heads, head_dim=opts.head_dim, block_size=opts.block_size)
+    model = dict(layers=opts.layers, kv_heads=opts.kv_heads, head_dim=opts.head_dim,
+                 block_size=opts.block_size)
     result = {"commit": git_commit(), "model": model, "scale": opts.scale, "capacity": capacity(model),
               "pressure": pressure_hit_rates(opts.scale, opts.seed, opts.block_size)}
     opts.out_dir.mkdir(parents=True, exist_ok=True)

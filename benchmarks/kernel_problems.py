@@ -3,7 +3,7 @@
 Imports no other benchmark. The shapes are plain dicts of ints and a dtype name, so the
 compile script can use them without a device:
 
-* ``SPEC_PREFILL``: SPEC section 4, 8 requests x (8192 cached + 2048 new), 32 query / 8 KV
+* ``SPEC_PREFILL``: the kernel goal's shape, 8 requests x (8192 cached + 2048 new), 32 query / 8 KV
   heads, head_dim 128, bf16, block_size 16 (2.47 TFLOP per call);
 * ``SPEC_DECODE``: 64 requests x 8k context, q_len 1;
 * ``SPLIT_DECODE``: 1 request x 32k context, q_len 1 (the split-KV case).
@@ -30,7 +30,8 @@ SMOKE = dict(heads=4, kv_heads=2, head_dim=64, block_size=16, dtype="float16")  
 def with_device(shape: dict, device: str, torch) -> dict:
     """``shape`` with its dtype name turned into a torch dtype and a ``device``: the
     keywords of :func:`make_problem`."""
-    return dict(shape, dtype=getattr(torch, shape["dtype"]) if isinstance(shape["dtype"], str) else shape["dtype"],
+    return dict(shape, dtype=getattr(torch, shape["dtype"]) if isinstance(shape["dtype"], str)
+                else shape["dtype"],
                 device=device)
 
 
@@ -50,7 +51,8 @@ def git_commit() -> str:
     """HEAD (with -dirty when the kernels changed), else $PREFIXKV_COMMIT (a copy without .git)."""
     fallback = os.environ.get("PREFIXKV_COMMIT", "unknown")
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "src/prefixkv/kernels"], cwd=ROOT,
                                capture_output=True, text=True).stdout.strip()
         return rev + ("-dirty" if dirty else "") if rev else fallback
@@ -58,7 +60,8 @@ def git_commit() -> str:
         return fallback
 
 
-def make_problem(torch, kernels, *, batch, prefix, q_len, heads, kv_heads, head_dim, block_size, dtype, device):
+def make_problem(torch, kernels, *, batch, prefix, q_len, heads, kv_heads, head_dim, block_size, dtype,
+                 device):
     """Random paged problem: every request has ``prefix`` cached + ``q_len`` new tokens.
     Returns (the positional arguments of ``paged_prefill_attention``, block ids per request)."""
     kv_len = prefix + q_len

@@ -173,7 +173,8 @@ def tile_counts(body: list[Instr]) -> dict:
     """Instructions of one pass of a loop body: all, MMA, exp2 (MUFU.EX2), global loads."""
     return {"instructions": len(body), "mma": sum(bool(_MMA.search(i.text)) for i in body),
             "ex2": sum("MUFU.EX2" in i.text for i in body),
-            "cp_async": sum("LDGSTS" in i.text for i in body), "ldg": sum(" LDG" in f" {i.text}" for i in body)}
+            "cp_async": sum("LDGSTS" in i.text for i in body),
+            "ldg": sum(" LDG" in f" {i.text}" for i in body)}
 
 
 def cycle_estimate(counts: dict, *, block_m: int, block_n: int, dim: int, num_warps: int, mma: str) -> dict:
@@ -186,7 +187,8 @@ def cycle_estimate(counts: dict, *, block_m: int, block_n: int, dim: int, num_wa
     could reach if nothing else stalled (memory, barriers, latency are left out).
     """
     flops = 4 * block_m * block_n * dim
-    bounds = {"mma": flops / MMA_FLOP_PER_CLOCK[mma], "issue": counts["instructions"] * num_warps / SCHEDULERS,
+    bounds = {"mma": flops / MMA_FLOP_PER_CLOCK[mma],
+              "issue": counts["instructions"] * num_warps / SCHEDULERS,
               "ex2": counts["ex2"] * num_warps * 32 / EX2_PER_CLOCK}
     bound = max(bounds, key=bounds.get)
     fraction = flops / MMA_FLOP_PER_CLOCK["wgmma"] / bounds[bound]

@@ -2,7 +2,7 @@
 
 Run ``python benchmarks/tune_kernels.py`` (CUDA), or ``--smoke``:
 tiny shapes and 2-3 candidates through the Triton interpreter on a CPU, which only
-proves the script works. Shapes: the SPEC section 4 prefill (8 x (8192 cached + 2048
+proves the script works. Shapes: the SPEC prefill (8 x (8192 cached + 2048
 new), 32 q / 8 kv heads, head_dim 128, bf16, block_size 16), decode (64 x 8k, q_len 1)
 and split-KV decode (1 x 32k).
 
@@ -40,8 +40,18 @@ import sys
 import time
 from pathlib import Path
 
-from kernel_problems import (ROOT, SMOKE, SPEC_DECODE, SPEC_PREFILL, SPLIT_DECODE, Timer, make_problem,
-                             open_session, prefill_flops, with_device)
+from kernel_problems import (
+    ROOT,
+    SMOKE,
+    SPEC_DECODE,
+    SPEC_PREFILL,
+    SPLIT_DECODE,
+    Timer,
+    make_problem,
+    open_session,
+    prefill_flops,
+    with_device,
+)
 
 FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "num_splits")
 POOL_SHARE = 0.45
@@ -96,12 +106,14 @@ def heuristic_config(shape: TuneShape, torch):
     tiles = choose_tiles(group=c["heads"] // c["kv_heads"], head_dim=c["head_dim"], max_seqlen_q=c["q_len"],
                          on_gpu=dev.type == "cuda", elem_bytes=c["dtype"].itemsize)
     splits = tiles.num_splits or choose_num_splits(batch=c["batch"], num_kv_heads=c["kv_heads"],
-                                                   max_seqlen_q=c["q_len"], max_seqlen_k=c["prefix"] + c["q_len"],
+                                                   max_seqlen_q=c["q_len"],
+                                                   max_seqlen_k=c["prefix"] + c["q_len"],
                                                    num_sms=sm_count(dev))
     return dataclasses.replace(tiles, num_splits=splits)
 
 
-def candidate_grid(heuristic, axes: dict, max_distance: int, limit: int | None = None, group_p2: int = 1) -> list:
+def candidate_grid(heuristic, axes: dict, max_distance: int, limit: int | None = None,
+                   group_p2: int = 1) -> list:
     """TileConfigs from ``axes`` (field -> values, or a callable of the heuristic's value),
     the heuristic first, then by distance (fields that differ from it), product order
     within a distance. Drops block_m 256 on 4 warps and configs equal to an earlier one
@@ -114,9 +126,9 @@ def candidate_grid(heuristic, axes: dict, max_distance: int, limit: int | None =
         values.append(v if own in v else (own, *v))
     seen, grid = set(), []
     for combo in itertools.product(*values):
-        cfg = dataclasses.replace(heuristic, **dict(zip(FIELDS, combo)))
+        cfg = dataclasses.replace(heuristic, **dict(zip(FIELDS, combo, strict=True)))
         key = (max(cfg.block_m, group_p2), *combo[1:])
-        distance = sum(a != getattr(heuristic, f) for f, a in zip(FIELDS, combo))
+        distance = sum(a != getattr(heuristic, f) for f, a in zip(FIELDS, combo, strict=True))
         if key in seen or distance > max_distance or (cfg.block_m >= 256 and cfg.num_warps < 8):
             continue
         seen.add(key)
@@ -208,7 +220,8 @@ def tune_shape(torch, kernels, shape: TuneShape, heuristic, candidates: list, *,
     else:
         work = 2 * c["batch"] * kv_len * c["kv_heads"] * c["head_dim"] * args[1].element_size() / 1e9
     result = {"name": shape.name, "metric": shape.metric,
-              "shape": {k: v for k, v in c.items() if k not in ("dtype", "device")} | {"dtype": str(c["dtype"])[6:]},
+              "shape": {k: v for k, v in c.items()
+                        if k not in ("dtype", "device")} | {"dtype": str(c["dtype"])[6:]},
               "heuristic": _fields(heuristic), "rows": []}
     want = torch.full_like(args[0], float("nan"))
     try:
@@ -258,7 +271,8 @@ def tune_shape(torch, kernels, shape: TuneShape, heuristic, candidates: list, *,
                 break
         log(f"{shape.name} {i + 1}/{len(candidates)} {_brief(row, shape.metric)}")
     screened = sorted((r for r in result["rows"] if r.get("ok") and "ms" in r), key=lambda r: r["ms"])
-    for r in [r for r in screened if r["is_heuristic"]] + [r for r in screened if not r["is_heuristic"]][:CONFIRM]:
+    for r in [r for r in screened if r["is_heuristic"]] + [r for r in screened
+                                                           if not r["is_heuristic"]][:CONFIRM]:
         cfg = dataclasses.replace(heuristic, **{f: r[f] for f in FIELDS})
         r["confirm_ms"] = confirm(lambda cfg=cfg: _launch(args, cfg, out))
         r[shape.metric] = work / r["confirm_ms"] * 1e3
@@ -279,7 +293,8 @@ def rank(result: dict) -> dict:
         result["best"] = {f: best[f] for f in FIELDS}
         result["speedup_vs_heuristic"] = heur[key] / best[key]
     result["counts"] = {"candidates": len(rows), "timed": len(timed),
-                        "wrong": sum(r.get("ok") is False for r in rows), "failed": sum("error" in r for r in rows),
+                        "wrong": sum(r.get("ok") is False for r in rows),
+                        "failed": sum("error" in r for r in rows),
                         "skipped": sum("skipped" in r for r in rows)}
     return result
 
@@ -294,7 +309,8 @@ def _brief(row: dict, metric: str) -> str:
     return f"{cfg}: {row['ms']:.3f} ms, {row[metric]:.1f} {unit}, diff {row['max_abs_diff']:.1e}"
 
 
-def run_tune(torch, kernels, *, cuda: bool, smoke: bool, budget_s: float, jobs: int, only, meta: dict) -> dict:
+def run_tune(torch, kernels, *, cuda: bool, smoke: bool, budget_s: float, jobs: int, only,
+             meta: dict) -> dict:
     """The whole tune; ``meta`` (device, commit, versions) is copied into the result."""
     t0 = time.monotonic()
     log = lambda msg: print(f"[tune {time.monotonic() - t0:6.1f}s] {msg}", flush=True)  # noqa: E731
@@ -319,7 +335,8 @@ def run_tune(torch, kernels, *, cuda: bool, smoke: bool, budget_s: float, jobs: 
         now, shares = time.monotonic(), [SHAPE_SHARES[p[0].name] for p in plans[i:]]
         deadline = now + (t0 + budget_s - now) * shares[0] / sum(shares)
         start = time.monotonic()
-        res = tune_shape(torch, kernels, s, heur, cands, cuda=cuda, deadline=deadline, verdicts=verdicts, log=log)
+        res = tune_shape(torch, kernels, s, heur, cands, cuda=cuda, deadline=deadline, verdicts=verdicts,
+                         log=log)
         res["elapsed_s"] = round(time.monotonic() - start, 1)
         result["shapes"].append(res)
         if "best" in res:
@@ -339,20 +356,25 @@ def write_tune(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
     jpath.write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# Tile tuning on {result['device']}", "",
              f"commit `{result['commit']}`, torch {result['torch']}, triton {result['triton']}; "
-             f"{result['elapsed_s']} s of a {result['budget_s']} s budget, {result['jobs']} compile processes", ""]
+             f"{result['elapsed_s']} s of a {result['budget_s']} s budget, {result['jobs']} compile "
+             "processes", ""]
     if result["smoke"]:
-        lines += ["Smoke run: tiny shapes, possibly through the Triton interpreter; the timings mean nothing.", ""]
+        lines += ["Smoke run: tiny shapes, possibly through the Triton interpreter; the timings mean "
+                  "nothing.", ""]
     for s in result["shapes"]:
         unit = "TFLOP/s" if s["metric"] == "tflops" else "GB/s"
         lines += [f"## {s['name']}", "", ", ".join(f"{k} {v}" for k, v in s["shape"].items()), ""]
         if "error" in s:
             lines += [f"**Error:** {s['error']}", ""]
-        lines += [f"Heuristic: `{_cfg_text(s['heuristic'])}`; tolerance {s.get('tolerance', float('nan')):.1e} "
+        lines += [f"Heuristic: `{_cfg_text(s['heuristic'])}`; tolerance "
+                  f"{s.get('tolerance', float('nan')):.1e} "
                   f"(heuristic vs fp32 reference: {s.get('heuristic_err_vs_reference', float('nan')):.1e}); "
                   f"counts {s.get('counts')}", ""]
         if "best" in s:
-            lines += [f"**Best: `{_cfg_text(s['best'])}`, {s['speedup_vs_heuristic']:.3f}x the heuristic.**", ""]
-        lines += [f"| rank | block_m | block_n | warps | stages | splits | ms | {unit} | vs heuristic | max abs diff |",
+            lines += [f"**Best: `{_cfg_text(s['best'])}`, {s['speedup_vs_heuristic']:.3f}x the heuristic.**",
+                      ""]
+        lines += [f"| rank | block_m | block_n | warps | stages | splits | ms | {unit} | vs heuristic | max "
+                  "abs diff |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         rows, order = s["rows"], s.get("ranking", [])
         heur = next((r for r in rows if r["is_heuristic"] and "ms" in r), None)
@@ -362,9 +384,9 @@ def write_tune(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
             ms = r.get("confirm_ms", r["ms"])
             ratio = (heur.get("confirm_ms", heur["ms"]) / ms) if heur else math.nan
             mark = " (heuristic)" if r["is_heuristic"] else ""
-            lines.append(f"| {order.index(i) + 1}{mark} | {r['block_m']} | {r['block_n']} | {r['num_warps']} | "
-                         f"{r['num_stages']} | {r['num_splits']} | {ms:.3f} | {r[s['metric']]:.1f} | {ratio:.3f}x | "
-                         f"{r['max_abs_diff']:.1e} |")
+            lines.append(f"| {order.index(i) + 1}{mark} | {r['block_m']} | {r['block_n']} | "
+                         f"{r['num_warps']} | {r['num_stages']} | {r['num_splits']} | {ms:.3f} | "
+                         f"{r[s['metric']]:.1f} | {ratio:.3f}x | {r['max_abs_diff']:.1e} |")
         bad = [r for r in rows if "error" in r or r.get("ok") is False]
         if bad:
             lines += ["", "Failed or wrong:", ""] + [f"- {_brief(r, s['metric'])}" for r in bad[:12]]
@@ -384,7 +406,8 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny shapes through the Triton interpreter (CPU ok)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--budget-s", type=float, default=330.0, help="wall-clock budget of the whole tune")
-    p.add_argument("--shapes", nargs="+", choices=("prefill", "decode", "split_decode"), help="tune only these")
+    p.add_argument("--shapes", nargs="+", choices=("prefill", "decode", "split_decode"),
+                   help="tune only these")
     p.add_argument("--jobs", type=int, default=None,
                    help="processes compiling candidates ahead (default: up to 8 on CUDA, 0 on CPU)")
     opts = p.parse_args(argv)

@@ -5,7 +5,9 @@
 Documents every name in ``prefixkv.__all__``, ``prefixkv.kernels.__all__``,
 ``prefixkv.engine.__all__``, ``prefixkv.router.__all__``,
 ``prefixkv.store.__all__`` and ``prefixkv.groups.__all__``: classes (signature,
-bases, docstring, dataclass fields, public methods and properties defined in the class),
+bases, docstring, dataclass fields, public methods and properties: those defined in the
+class and those it inherits from prefixkv base classes, each marked with where it is
+defined, so that a class's whole surface is under its own heading),
 functions (signature, docstring) and constants (value, and the string literal written right
 after their assignment, which serves as their docstring). Standard library only; the
 kernels and the engine need torch to be imported. ``tests/test_api_doc.py`` checks that
@@ -18,9 +20,9 @@ import ast
 import dataclasses
 import importlib
 import inspect
-import pathlib
 import re
 import sys
+from itertools import pairwise
 
 # prefixkv.integrations.vllm is documented in docs/integration.md ("With vLLM"): it needs
 # vLLM installed, which this script does not.
@@ -61,7 +63,7 @@ def attribute_docstring(package: str, name: str) -> str | None:
         except (OSError, TypeError):
             continue
         body = ast.parse(source).body
-        for stmt, nxt in zip(body, body[1:]):
+        for stmt, nxt in pairwise(body):
             targets = (stmt.targets if isinstance(stmt, ast.Assign)
                        else [stmt.target] if isinstance(stmt, ast.AnnAssign) else [])
             if (any(isinstance(t, ast.Name) and t.id == name for t in targets)
@@ -89,14 +91,23 @@ def member_doc(cls: type, name: str, obj: object) -> str | None:
     return inspect.cleandoc(doc) if doc and doc.strip() else _contract_doc(cls, name)
 
 
-def public_members(cls: type) -> list[tuple[str, object]]:
-    """Public methods and properties defined in ``cls`` itself, in definition order."""
-    out = []
-    for name, obj in vars(cls).items():
-        if name.startswith("_"):
-            continue
-        if isinstance(obj, (property, staticmethod, classmethod)) or inspect.isfunction(obj):
-            out.append((name, obj))
+def public_members(cls: type) -> list[tuple[str, object, type]]:
+    """Public methods and properties of ``cls``: ``(name, member, the class defining it)``,
+    its own first, then those it inherits from prefixkv base classes (as the class finds
+    them: the first definition along the MRO), each class's in definition order."""
+    out: list[tuple[str, object, type]] = []
+    seen: set[str] = set()
+    for klass in cls.__mro__:
+        if klass is not cls and not klass.__module__.startswith("prefixkv"):
+            continue  # object, Protocol, torch's Module, ...: not prefixkv's surface
+        for name, obj in vars(klass).items():
+            if name in seen:
+                continue
+            seen.add(name)
+            if name.startswith("_"):
+                continue
+            if isinstance(obj, (property, staticmethod, classmethod)) or inspect.isfunction(obj):
+                out.append((name, obj, klass))
     return out
 
 
@@ -175,7 +186,7 @@ def render_class(qual: str, cls: type) -> list[str]:
                 ftype = f.type if isinstance(f.type, str) else _clean(inspect.formatannotation(f.type))
                 lines.append(f"- `{f.name}: {ftype}{default}`")
             lines.append("")
-    for name, obj in public_members(cls):
+    for name, obj, owner in public_members(cls):
         if isinstance(obj, property):
             lines += [f"#### property `{cls.__name__}.{name}`", ""]
             ret = inspect.signature(obj.fget).return_annotation if obj.fget else None
@@ -185,6 +196,8 @@ def render_class(qual: str, cls: type) -> list[str]:
             func = getattr(obj, "__func__", obj)
             lines += [f"#### `{cls.__name__}.{name}`", "", "```",
                       f"{name}{_signature(func)}", "```", ""]
+        if owner is not cls:
+            lines += [f"*Defined in the base class `{owner.__name__}`.*", ""]
         lines += render_doc(member_doc(cls, name, obj))
     return lines
 
@@ -220,7 +233,7 @@ def undocumented() -> list[str]:
             if not doc or not doc.strip():
                 missing.append(f"{package}.{name}")
             if inspect.isclass(value):
-                for member, obj in public_members(value):
+                for member, obj, _ in public_members(value):
                     if not member_doc(value, member, obj):
                         missing.append(f"{package}.{name}.{member}")
     return missing

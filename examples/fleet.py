@@ -9,7 +9,11 @@ the conversation so far. The same chat runs with ``prefix`` and ``round-robin``
 routing (fresh replicas each time), and once on a single engine without a cache, whose
 replies every routed run must reproduce token for token.
 
-    python examples/fleet.py [--conversations 5] [--turns 4] [--replicas 3]
+    python examples/fleet.py [--conversations 5] [--turns 4] [--replicas 3] [--timeout 120]
+
+Every wait has a deadline (``--timeout`` seconds, generous: a busy machine is slow, not
+broken) and fails with what it waited for: the replicas' hello, their first heartbeat,
+a reply, a replica's exit after its stop message.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 
 import msgpack
 import zmq
@@ -54,8 +59,10 @@ def replica(name: str, results: str, num_blocks: int, max_tokens: int) -> None:
         while True:
             while inbox.poll(0 if engine.has_unfinished() else 20):
                 msg = msgpack.unpackb(inbox.recv())
-                if msg.get("stop"):
+                if msg.get("stop"):  # exit promptly: nothing left to send waits on a peer
                     server.shutdown()
+                    inbox.close(linger=0)
+                    outbox.close(linger=1000)
                     return
                 engine.add_request(msg["prompt"], params, request_id=msg["id"])
             if not engine.has_unfinished():
@@ -78,6 +85,56 @@ def scrape(url: str) -> tuple[float, float]:
     return values["vllm:prefix_cache_queries_total"], values["vllm:prefix_cache_hits_total"]
 
 
+def wait_until(done: Callable[[], bool], what: str, timeout: float) -> None:
+    """Poll ``done`` until it is true; TimeoutError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:.0f} s for {what}")
+        time.sleep(0.05)
+
+
+def receive(sock: zmq.Socket, what: str, timeout: float, procs: dict[str, subprocess.Popen]) -> dict:
+    """The next message on ``sock``; TimeoutError naming ``what`` after ``timeout`` s, or
+    RuntimeError as soon as a replica process has died (no message will come from it)."""
+    deadline = time.monotonic() + timeout
+    while not sock.poll(100):
+        dead = [name for name, p in procs.items() if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"replica {', '.join(dead)} exited while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:.0f} s for {what}")
+    return msgpack.unpackb(sock.recv())
+
+
+def await_first_heartbeats(router, names: list[str], timeout: float) -> None:
+    """Wait until the router has heard every replica (its first heartbeat or event);
+    TimeoutError naming the silent ones: routing without them would skew every number."""
+    try:
+        wait_until(lambda: len(router.live()) == len(names), "every replica's first heartbeat",
+                   timeout)
+    except TimeoutError as exc:
+        silent = sorted(set(names) - set(router.live()))
+        raise TimeoutError(f"{exc}: no heartbeat from {', '.join(silent)}") from None
+
+
+def stop_replicas(procs: dict[str, subprocess.Popen], timeout: float) -> None:
+    """Wait for each replica to exit after its stop message; kill the ones still running
+    at the deadline and raise RuntimeError naming them."""
+    deadline = time.monotonic() + timeout
+    stuck = []
+    for name, p in procs.items():
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            stuck.append(name)
+    if stuck:
+        raise RuntimeError(f"waited {timeout:.0f} s for replica {', '.join(stuck)} to exit "
+                           f"after its stop message (killed)")
+
+
 def run_fleet(policy: str, convs, system, args) -> dict:
     """Start the replicas, route the chat, return replies, per-replica counts, hit rate."""
     from prefixkv.router import Router
@@ -89,47 +146,50 @@ def run_fleet(policy: str, convs, system, args) -> dict:
     endpoint = results.getsockopt_string(zmq.LAST_ENDPOINT)
     names = [f"r{i}" for i in range(args.replicas)]
     # plain processes with their settings on the command line: nothing is pickled
-    procs = [subprocess.Popen([sys.executable, __file__, "--serve-replica", n, endpoint,
-                               str(args.num_blocks), str(args.max_tokens)]) for n in names]
-    info = {}
-    while len(info) < len(names):
-        msg = msgpack.unpackb(results.recv())
-        info[msg["hello"]] = msg
-    router = Router(names, block_size=BLOCK_SIZE, policy=policy, stale_after=5.0)
-    sub = Subscriber(router, {n: (info[n]["events"], info[n]["replay"]) for n in names})
-    sub.start()
-    inboxes = {n: ctx.socket(zmq.PUSH) for n in names}
-    for n, sock in inboxes.items():
-        sock.connect(info[n]["requests"])
-    deadline = time.monotonic() + 10  # every replica heard (its first heartbeat) first
-    while len(router.live()) < len(names) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    histories = [list(system) for _ in convs]
-    replies: list[list] = [[] for _ in convs]
-    where = {}
-    for t in range(args.turns):
-        for c, conv in enumerate(convs):
-            histories[c] += conv[t]
-            with sub.lock:
-                where[c] = router.route(histories[c]).replica
-            inboxes[where[c]].send(msgpack.packb({"id": c, "prompt": histories[c]}))
-        for _ in convs:
-            msg = msgpack.unpackb(results.recv())
-            with sub.lock:
-                router.finish(where[msg["id"]])
-            replies[msg["id"]].append(msg["tokens"])
-            histories[msg["id"]] += msg["tokens"]
-        time.sleep(0.3)  # the turn's events reach the router before the next turn
-    counts = [scrape(info[n]["metrics"]) for n in names]
-    for sock in inboxes.values():
-        sock.send(msgpack.packb({"stop": True}))
-    for p in procs:
-        p.wait(10)
-    sub.close()
-    results.close(linger=0)
-    queries, hits = sum(q for q, _ in counts), sum(h for _, h in counts)
-    return {"replies": replies, "routed": [router.routed[n] for n in names],
-            "hit_rate": hits / queries, "gaps": sub.gaps_filled, "resyncs": sub.resyncs}
+    procs = {n: subprocess.Popen([sys.executable, __file__, "--serve-replica", n, endpoint,
+                                  str(args.num_blocks), str(args.max_tokens)]) for n in names}
+    try:
+        info: dict[str, dict] = {}
+        while len(info) < len(names):
+            msg = receive(results, f"the hello of {len(names) - len(info)} more replica(s)",
+                          args.timeout, procs)
+            info[msg["hello"]] = msg
+        router = Router(names, block_size=BLOCK_SIZE, policy=policy, stale_after=5.0)
+        sub = Subscriber(router, {n: (info[n]["events"], info[n]["replay"]) for n in names})
+        sub.start()
+        inboxes = {n: ctx.socket(zmq.PUSH) for n in names}
+        for n, sock in inboxes.items():
+            sock.connect(info[n]["requests"])
+        await_first_heartbeats(router, names, args.timeout)
+        histories = [list(system) for _ in convs]
+        replies: list[list] = [[] for _ in convs]
+        where = {}
+        for t in range(args.turns):
+            for c, conv in enumerate(convs):
+                histories[c] += conv[t]
+                with sub.lock:
+                    where[c] = router.route(histories[c]).replica
+                inboxes[where[c]].send(msgpack.packb({"id": c, "prompt": histories[c]}))
+            for _ in convs:
+                msg = receive(results, f"a reply of turn {t + 1}", args.timeout, procs)
+                with sub.lock:
+                    router.finish(where[msg["id"]])
+                replies[msg["id"]].append(msg["tokens"])
+                histories[msg["id"]] += msg["tokens"]
+            time.sleep(0.3)  # the turn's events reach the router before the next turn
+        counts = [scrape(info[n]["metrics"]) for n in names]
+        for sock in inboxes.values():
+            sock.send(msgpack.packb({"stop": True}))
+        stop_replicas(procs, args.timeout)
+        sub.close()
+        results.close(linger=0)
+        queries, hits = sum(q for q, _ in counts), sum(h for _, h in counts)
+        return {"replies": replies, "routed": [router.routed[n] for n in names],
+                "hit_rate": hits / queries, "gaps": sub.gaps_filled, "resyncs": sub.resyncs}
+    finally:  # no replica outlives the run, whatever failed
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
 
 
 def run_single(convs, system, args, caching: bool) -> dict:
@@ -163,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--system-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--num-blocks", type=int, default=256)
+    ap.add_argument("--timeout", type=float, default=120.0,
+                    help="seconds each wait (hello, heartbeat, reply, exit) may take")
     args = ap.parse_args(argv)
     vocab = LlamaConfig().vocab_size
     system = [1 + (i * 7919) % (vocab - 1) for i in range(args.system_len)]

@@ -1,8 +1,11 @@
 """docs/api.md is generated from the docstrings: it must be current, and nothing public may
 lack a docstring."""
 
+import importlib
 import importlib.util
+import inspect
 import pathlib
+import re
 
 import pytest
 
@@ -32,3 +35,80 @@ def test_every_public_name_has_a_docstring():
     assert not missing, (
         "public names without a docstring (write a short contract for each, then run "
         "`python docs/make_api.py > docs/api.md`):\n  " + "\n  ".join(missing))
+
+
+def _sections(markdown: str) -> dict[str, str]:
+    """The reference's entries: heading text (``class `prefixkv.X```, ``function `...```,
+    ``X.name``) -> the entry's text up to the next heading."""
+    out: dict[str, str] = {}
+    for part in re.split(r"^#{3,4} ", markdown, flags=re.M)[1:]:
+        head, _, body = part.partition("\n")
+        out[head.replace("property ", "").replace("`", "").split(" (")[0]] = body
+    return out
+
+
+def _signature_text(body: str) -> str:
+    """The first fenced block of an entry: its signature."""
+    match = re.search(r"^```\n(.*?)^```", body, flags=re.M | re.S)
+    return match.group(1) if match else ""
+
+
+def _params(obj: object) -> list[str]:
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return []
+    return [p for p in sig.parameters if p not in ("self", "cls")]
+
+
+def _surface(cls: type) -> dict[str, object]:
+    """Every public method and property a user reaches on ``cls`` (``dir``), with what it
+    is, except those defined outside prefixkv (object's, a Protocol's, torch's Module's)."""
+    out = {}
+    for name in dir(cls):
+        if name.startswith("_"):
+            continue
+        owner = next((k for k in cls.__mro__ if name in vars(k)), None)
+        if owner is None or (owner is not cls and not owner.__module__.startswith("prefixkv")):
+            continue
+        raw = inspect.getattr_static(cls, name)
+        if isinstance(raw, (property, staticmethod, classmethod)) or inspect.isfunction(raw):
+            out[name] = raw
+    return out
+
+
+def test_every_public_callable_and_parameter_is_in_the_reference():
+    """Read from the objects themselves, not from the generator: every public function,
+    every public method and property of every public class (inherited ones included),
+    and every parameter of each, has its entry in docs/api.md."""
+    make_api = _make_api()
+    sections = _sections((ROOT / "docs" / "api.md").read_text())
+    missing = []
+    for package in make_api.PACKAGES:
+        mod = importlib.import_module(package)
+        for name in make_api.public_names(package):
+            value = getattr(mod, name)
+            if inspect.isfunction(value):
+                body = sections.get(f"function {package}.{name}")
+                if body is None:
+                    missing.append(f"function {package}.{name}")
+                    continue
+                text = _signature_text(body)
+                missing += [f"{package}.{name}({p})" for p in _params(value)
+                            if not re.search(rf"\b{p}\b", text)]
+            elif inspect.isclass(value):
+                if f"class {package}.{name}" not in sections:
+                    missing.append(f"class {package}.{name}")
+                for member, raw in _surface(value).items():
+                    body = sections.get(f"{name}.{member}")
+                    if body is None:
+                        missing.append(f"{package}.{name}.{member}")
+                        continue
+                    if isinstance(raw, property):
+                        continue
+                    text = _signature_text(body)
+                    missing += [f"{package}.{name}.{member}({p})"
+                                for p in _params(getattr(raw, "__func__", raw))
+                                if not re.search(rf"\b{p}\b", text)]
+    assert not missing, ("missing from docs/api.md (regenerate it with "
+                         "`python docs/make_api.py > docs/api.md`):\n  " + "\n  ".join(missing))

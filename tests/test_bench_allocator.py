@@ -32,7 +32,8 @@ def test_rows_of_both_sides_replay_the_same_work():
     assert [r["new_call"] for r in micro if r["row"].startswith("decode")] == [
         "append_tokens", "append_step"] * 2
     work = [r for r in rows if r["section"] == "workload"]
-    assert [r["row"] for r in work] == [f"{w}: {what}" for w in ("system-prompt", "chat", "document", "pressure")
+    assert [r["row"] for r in work] == [f"{w}: {what}"
+                                        for w in ("system-prompt", "chat", "document", "pressure")
                                         for what in ("admit", "decode", "free")]
     for r in rows:
         assert len(r["old_rounds_ns"]) == len(r["new_rounds_ns"]) == 2

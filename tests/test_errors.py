@@ -3,8 +3,16 @@
 import pytest
 
 from prefixkv import (
-    MAX_BLOCKS, ConfigError, ContiguousAllocator, PagedAllocator, ExtraKeys, ExtraKeysError, KVCacheManager,
-    MultiModalInput, RequestError, TokenError,
+    MAX_BLOCKS,
+    ConfigError,
+    ContiguousAllocator,
+    ExtraKeys,
+    ExtraKeysError,
+    KVCacheManager,
+    MultiModalInput,
+    PagedAllocator,
+    RequestError,
+    TokenError,
 )
 from prefixkv.errors import check_positive
 from prefixkv.events import NullSink

@@ -8,7 +8,11 @@ import pytest
 
 from prefixkv import ConfigError, RequestError, TokenError
 from prefixkv.groups import (
-    GroupBlockCopy, GroupDecodeStep, HybridKVCacheManager, chunked_local, full_attention,
+    GroupBlockCopy,
+    GroupDecodeStep,
+    HybridKVCacheManager,
+    chunked_local,
+    full_attention,
     sliding_window,
 )
 

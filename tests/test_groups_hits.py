@@ -1,7 +1,8 @@
 """The hit rule against brute force over every candidate length, and the specs' policy."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixkv import ConfigError
 from prefixkv.groups import GroupSpec, chunked_local, full_attention, longest_hit, sliding_window

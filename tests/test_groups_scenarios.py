@@ -8,8 +8,16 @@ import pytest
 
 from prefixkv import AllBlocksCleared, ConfigError, ExtraKeys, PrefixCacheStats, RequestError, TokenError
 from prefixkv.groups import (
-    GroupAdmission, GroupBlockCopy, GroupBlockRemoved, GroupBlockStored, GroupFork, GroupStats,
-    HybridKVCacheManager, chunked_local, full_attention, sliding_window,
+    GroupAdmission,
+    GroupBlockCopy,
+    GroupBlockRemoved,
+    GroupBlockStored,
+    GroupFork,
+    GroupStats,
+    HybridKVCacheManager,
+    chunked_local,
+    full_attention,
+    sliding_window,
 )
 
 FULL, SW8 = full_attention(), sliding_window(8)  # a query at p reads p-7 .. p

@@ -10,12 +10,20 @@ per ``(group, hash)``; brute force over every hit length on that mirror must equ
 ``lookup``.
 """
 
-from fork_chain import fork_chain_step
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import (
-    Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule,
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
 )
 
+from fork_chain import fork_chain_step
 from prefixkv import AllBlocksCleared, BlockRemoved, BlockStored, ExtraKeys, PromptTooLongError
 from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, sliding_window
 from prefixkv.groups.fit import least_blocks
@@ -173,13 +181,13 @@ class HybridMachine(RuleBasedStateMachine):
         self.last = None
         grown = dict(got.grown)
         assert set(grown) <= set(rids) and set(got.short) <= set(rids) - set(grown)
-        for r, t in zip(rids, toks):
+        for r, t in zip(rids, toks, strict=True):
             ids = self.m.get_block_ids(r)
             if r in got.short:
                 assert ids == before[r]
                 continue
             added = grown.get(r, ((),) * len(self.groups))
-            assert all(i[len(i) - len(a):] == a for i, a in zip(ids, added))
+            assert all(i[len(i) - len(a):] == a for i, a in zip(ids, added, strict=True))
             self.tokens[r].append(t)
             self.scheduled[r] += 1
             self._write(r, self.scheduled[r] - 1, self.scheduled[r])
@@ -195,7 +203,7 @@ class HybridMachine(RuleBasedStateMachine):
             assert self._snapshot(rid) == before
             return
         self.reserved[rid] = max(self.reserved[rid], self.scheduled[rid] + n)
-        assert all(i[len(i) - len(a):] == a for i, a in zip(self.m.get_block_ids(rid), got))
+        assert all(i[len(i) - len(a):] == a for i, a in zip(self.m.get_block_ids(rid), got, strict=True))
 
     @rule(target=live, parent=live)
     def fork(self, parent):
@@ -268,7 +276,7 @@ class HybridMachine(RuleBasedStateMachine):
     @invariant()
     def no_group_reads_kv_it_does_not_hold(self):
         for rid in self.tokens:
-            for g, (spec, ids) in enumerate(zip(self.groups, self.m.get_block_ids(rid))):
+            for g, (spec, ids) in enumerate(zip(self.groups, self.m.get_block_ids(rid), strict=True)):
                 assert len(ids) == -(-max(self.scheduled[rid], self.reserved[rid]) // BS)
                 reach = spec.first_needed(self.start[rid])
                 for j, b in enumerate(ids):

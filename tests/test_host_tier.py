@@ -7,7 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixkv import (
-    Admission, BlockLoads, BlockOffloads, BlockRemoved, BlockStored, ConfigError, KVCacheManager,
+    Admission,
+    BlockLoads,
+    BlockOffloads,
+    BlockRemoved,
+    BlockStored,
+    ConfigError,
+    KVCacheManager,
     PrefixCacheStats,
 )
 
@@ -142,11 +148,11 @@ def test_a_simulated_store_under_pressure_holds_every_requests_own_kv(seed):
         for op in m.take_kv_ops():  # the plan: offloads (all first), then loads
             assert len(op.src) == len(op.dst) > 0
             if isinstance(op, BlockOffloads):
-                for src, dst in zip(op.src, op.dst):
+                for src, dst in zip(op.src, op.dst, strict=True):
                     host[dst * bs:(dst + 1) * bs] = kv[src * bs:(src + 1) * bs]
             else:
                 assert isinstance(op, BlockLoads)
-                for src, dst in zip(op.src, op.dst):
+                for src, dst in zip(op.src, op.dst, strict=True):
                     kv[dst * bs:(dst + 1) * bs] = host[src * bs:(src + 1) * bs]
         for rid, start in writes:  # the forward pass writes what the step scheduled
             ids, toks = m.get_block_ids(rid), live[rid]

@@ -25,7 +25,7 @@ def test_a_freed_childs_copy_never_targets_a_block_loaded_in_the_same_plan():
     assert adm.num_cached_tokens == 8 and adm.block_ids[0] == 4
     ops = m.take_kv_ops()
     loads = [op for op in ops if type(op) is BlockLoads]
-    assert len(loads) == 1 and (1, 4) in zip(loads[0].src, loads[0].dst)
+    assert len(loads) == 1 and (1, 4) in zip(loads[0].src, loads[0].dst, strict=True)
     loaded = set(loads[0].dst)
     assert not [op for op in ops if type(op) is BlockCopy and op.dst in loaded]
 

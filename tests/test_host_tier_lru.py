@@ -106,9 +106,9 @@ class HostTierMachine(RuleBasedStateMachine):
         blocks = [self._block(*args) for args in batch]
         before = len(self.tier.offload_src)
         self.tier.demote(blocks, self.step)
-        got = list(zip(self.tier.offload_src[before:], self.tier.offload_dst[before:]))
+        got = list(zip(self.tier.offload_src[before:], self.tier.offload_dst[before:], strict=True))
         want = self.model.demote([(c, b.block_id, computed, announced)
-                                  for (c, computed, _, announced), b in zip(batch, blocks)])
+                                  for (c, computed, _, announced), b in zip(batch, blocks, strict=True)])
         assert got == want
         assert self.tier._sink.take() == self.model.events
         self.model.events = []
@@ -127,7 +127,7 @@ class HostTierMachine(RuleBasedStateMachine):
     def end_step(self):
         self.tier.end_step()
         self.model.end_step()
-        assert self.tier.take_offloads() == ([BlockOffloads(*map(tuple, zip(*self.offloads)))]
+        assert self.tier.take_offloads() == ([BlockOffloads(*map(tuple, zip(*self.offloads, strict=True)))]
                                              if self.offloads else [])
         self.offloads = []
         self.step += 1

@@ -6,7 +6,12 @@ block_size is 4 throughout."""
 import pytest
 
 from prefixkv import (
-    AllBlocksCleared, BlockRemoved, BlockStored, ConfigError, ExtraKeys, KVCacheManager,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    ConfigError,
+    ExtraKeys,
+    KVCacheManager,
 )
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
 

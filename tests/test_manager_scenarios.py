@@ -5,8 +5,16 @@ block_size is 4 throughout; ``free_block_order()`` lists free blocks in reuse or
 """
 
 from prefixkv import (
-    Admission, AllBlocksCleared, BlockCopy, BlockRemoved, BlockStored, DecodeStep, ExtraKeys,
-    Fork, KVCacheManager, PrefixCacheStats,
+    Admission,
+    AllBlocksCleared,
+    BlockCopy,
+    BlockRemoved,
+    BlockStored,
+    DecodeStep,
+    ExtraKeys,
+    Fork,
+    KVCacheManager,
+    PrefixCacheStats,
 )
 
 SYS = [11, 12, 13, 14, 15, 16, 17, 18]  # two full blocks

@@ -9,16 +9,31 @@ still held, is caught at the step it happens.
 
 import hashlib
 
-from prefixkv import AllBlocksCleared, BlockCopy, BlockLoads, BlockOffloads, BlockStored
-from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
-
-from fork_chain import fork_chain_step
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import (
-    Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule,
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
 )
 
-from prefixkv import ExtraKeys, KVCacheManager, PromptTooLongError
+from fork_chain import fork_chain_step
+from prefixkv import (
+    AllBlocksCleared,
+    BlockCopy,
+    BlockLoads,
+    BlockOffloads,
+    BlockStored,
+    ExtraKeys,
+    KVCacheManager,
+    PromptTooLongError,
+)
+from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
 
 BS = 4
 NUM_BLOCKS = 14
@@ -71,11 +86,11 @@ class ManagerMachine(RuleBasedStateMachine):
         for op in ops:
             if isinstance(op, BlockOffloads):
                 assert len(op.src) == len(op.dst) > 0, op
-                for src, dst in zip(op.src, op.dst):
+                for src, dst in zip(op.src, op.dst, strict=True):
                     self.host_kv[dst] = list(self.kv[src])
             elif isinstance(op, BlockLoads):
                 assert len(op.src) == len(op.dst) > 0, op
-                for src, dst in zip(op.src, op.dst):
+                for src, dst in zip(op.src, op.dst, strict=True):
                     self.kv[dst] = list(self.host_kv[src])
             else:
                 self.kv[op.dst] = list(self.kv[op.src])
@@ -215,7 +230,7 @@ class ManagerMachine(RuleBasedStateMachine):
         got = self.m.append_step(rids, toks)
         self._run_plan()
         assert {r for r, _ in got.grown} | set(got.short) <= set(rids)
-        for rid, tok in zip(rids, toks):
+        for rid, tok in zip(rids, toks, strict=True):
             if rid in got.short:
                 assert self.m.get_block_ids(rid) == before[rid]
                 continue

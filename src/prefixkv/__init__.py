@@ -12,18 +12,35 @@ may change. The benchmark baselines
 """
 
 from .allocator import Allocator
-from .baselines import ContiguousAllocator, PagedAllocator
+from .baselines import ContiguousAllocator as ContiguousAllocator
+from .baselines import PagedAllocator as PagedAllocator
+from .core.manager import KVCacheManager
 from .errors import (
-    MAX_BLOCKS, ConfigError, ExtraKeysError, InvariantError, PrefixKVError, PromptTooLongError,
-    RequestError, TokenError,
+    MAX_BLOCKS,
+    ConfigError,
+    ExtraKeysError,
+    ExtraNotInstalledError,
+    InvariantError,
+    PrefixKVError,
+    PromptTooLongError,
+    RequestError,
+    TokenError,
 )
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .extra_keys import ExtraKeys, MultiModalInput
 from .hashing import block_hashes
-from .core.manager import KVCacheManager
 from .results import (
-    Admission, BlockCopy, BlockLoads, BlockOffloads, DecodeStep, Fork, KVOp, SharedPrefix, StoreFetched,
-    StorePut, StoreWait,
+    Admission,
+    BlockCopy,
+    BlockLoads,
+    BlockOffloads,
+    DecodeStep,
+    Fork,
+    KVOp,
+    SharedPrefix,
+    StoreFetched,
+    StorePut,
+    StoreWait,
 )
 from .stats import PrefixCacheStats
 
@@ -32,8 +49,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Admission", "Allocator", "AllBlocksCleared", "BlockCopy", "BlockLoads", "BlockOffloads",
     "BlockRemoved", "BlockStored",
-    "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "Fork",
-    "InvariantError", "KVCacheManager", "KVOp", "MAX_BLOCKS", "MultiModalInput", "PrefixCacheStats",
-    "PrefixKVError", "PromptTooLongError", "RequestError", "SharedPrefix", "StoreFetched", "StorePut",
-    "StoreWait", "TokenError", "block_hashes",
+    "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "ExtraNotInstalledError",
+    "Fork", "InvariantError", "KVCacheManager", "KVOp", "MAX_BLOCKS", "MultiModalInput",
+    "PrefixCacheStats", "PrefixKVError", "PromptTooLongError", "RequestError", "SharedPrefix",
+    "StoreFetched", "StorePut", "StoreWait", "TokenError", "block_hashes",
 ]

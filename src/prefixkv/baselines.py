@@ -11,15 +11,21 @@ import bisect
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from .core.block import blocks_for
+from .core.manager import KVCacheManager
 from .errors import (
-    MAX_BLOCKS, RequestError, TokenError, check_chunk, check_count, check_new_request, check_positive,
+    MAX_BLOCKS,
+    RequestError,
+    TokenError,
+    check_chunk,
+    check_count,
+    check_new_request,
+    check_positive,
     live_request,
 )
 from .events import Event
 from .extra_keys import ExtraKeys, check_extra
 from .hashing import encode_tokens
-from .core.block import blocks_for
-from .core.manager import KVCacheManager
 from .results import Admission, BlockCopy, Fork, KVOp
 from .stats import PrefixCacheStats, StatsCounter
 

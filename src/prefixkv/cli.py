@@ -32,6 +32,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Names the default of options that take a value; a switch (``--no-e2e``) says what
+    it does, not "(default: True)", which reads as if skipping were the default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0 or action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = int(text)
@@ -62,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Replay workloads through three allocators (contiguous max-length "
         "reservation, paged without caching, prefixkv), sweep the pool size, and, where "
         "torch is installed, run a small model end to end with and without the cache. "
-        "Prints a table and writes report.md, report.json and PNG plots.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "Prints a table and writes report.md, report.json and PNG plots. With --trace, "
+        "only the trace is replayed (no built-in sections: end to end, layer groups).",
+        formatter_class=_Defaults)
     bench.add_argument("--workload", choices=WORKLOADS, default=None,
                        help="which workload to replay: the four built-in ones ('all'), one of "
                        "them ('skewed': with --replicas only), or your JSONL trace ('trace', "
@@ -71,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "trace when --trace is given")
     bench.add_argument("--trace", type=Path, metavar="FILE",
                        help="JSONL trace to replay, one request per line (token ids, or lengths "
-                       "with shared segments; format in prefixkv.bench.trace)")
+                       "with shared segments; format in docs/bench.md, 'Replaying your own "
+                       "trace')")
     bench.add_argument("--scale", type=_positive_float, default=1.0,
                        help="multiplier on the number of requests, sessions and questions of "
                        "the built-in workloads (prompt lengths stay)")
@@ -82,8 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="token slots per KV block")
     bench.add_argument("--seed", type=int, default=0,
                        help="seed of the synthetic token ids (same seed, same requests)")
-    bench.add_argument("--no-e2e", dest="e2e", action="store_false",
-                       help="skip the end-to-end model run (it is skipped anyway without torch)")
+    bench.add_argument("--no-e2e", dest="e2e", action="store_false", default=None,
+                       help="skip the end-to-end model run (it runs unless this is given, "
+                       "torch is missing, or --trace is given)")
     bench.add_argument("--no-host-tiers", dest="host_tiers", action="store_false",
                        help="skip the host-tier (L2) sweep: prefixkv with host slots of "
                        "0/1/4/16x the device pool on the pressure, chat and document workloads")
@@ -157,7 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _SIGNALS.clear()
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # named by the subcommand's parser: its --help is where to look
+            (getattr(args, "command_parser", None) or parser).error(
+                f"unrecognized arguments: {' '.join(unknown)}")
         if args.command == "bench":
             return _bench(args.command_parser, args)
         parser.print_help()
@@ -204,10 +220,14 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("--workload trace needs --trace FILE")
     if args.trace is not None and workload != "trace":
         parser.error(f"--trace replays a trace: drop --workload {workload} or use --workload trace")
+    # a trace run replays the trace alone: the end-to-end run and the layer-groups section
+    # replay built-in workloads (--groups still adds the latter when asked for)
+    traced = workload == "trace"
     cfg = BenchConfig(workloads=BUILTIN if workload == "all" else (workload,), trace=args.trace,
                       scale=args.scale, pool_blocks=args.pool_blocks, block_size=args.block_size,
-                      seed=args.seed, e2e=args.e2e, host_tiers=args.host_tiers, store_replicas=args.store_replicas,
-                      groups=tuple(MIXES) if args.groups is None else args.groups,
+                      seed=args.seed, e2e=not traced if args.e2e is None else args.e2e,
+                      host_tiers=args.host_tiers, store_replicas=args.store_replicas,
+                      groups=(() if traced else tuple(MIXES)) if args.groups is None else args.groups,
                       plots=args.plots, out=args.out,
                       progress=args.progress)
     try:

@@ -30,6 +30,17 @@ class RequestError(PrefixKVError):
     request's state does not allow (e.g. appending before its prefill is scheduled)."""
 
 
+class ExtraNotInstalledError(ImportError):
+    """An optional part of prefixkv was imported without its extra installed; the
+    message names the missing package and the ``pip install 'prefixkv[...]'`` to run.
+    ``extra``: the extra's name."""
+
+    def __init__(self, part: str, extra: str, missing: str) -> None:
+        super().__init__(f"{part} needs {missing}, which is not installed: "
+                         f"pip install 'prefixkv[{extra}]'", name=missing)
+        self.extra = extra
+
+
 class PromptTooLongError(PrefixKVError):
     """A request the pool can never hold: an admission with these arguments needs at
     least ``needed`` blocks for its ``num_tokens`` tokens, more than the ``capacity``

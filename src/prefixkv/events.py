@@ -220,3 +220,7 @@ class EventLog:
         out = self._expand() if self._deferred else self._events
         self._events = []
         return out  # type: ignore[return-value]
+
+
+EventSink = NullSink | EventLog
+"""Where a manager's parts record events: a log, or nothing when events are off."""

@@ -5,6 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class _HasBlockId(Protocol):
+    """What an admission reads of the manager's blocks (``core.block.Block``)."""
+
+    @property
+    def block_id(self) -> int: ...
 
 
 class Admission:
@@ -19,17 +27,23 @@ class Admission:
     """
 
     __slots__ = ("request_id", "num_cached_tokens", "num_new_tokens", "_blocks", "_n", "_ids")
+    request_id: Hashable
+    num_cached_tokens: int
+    num_new_tokens: int
+    _blocks: Sequence[_HasBlockId] | None
+    _n: int  # how many of ``_blocks`` are this admission's (set by ``of``)
+    _ids: tuple[int, ...] | None
 
     def __init__(self, request_id: Hashable, block_ids: Sequence[int], num_cached_tokens: int,
                  num_new_tokens: int) -> None:
         self.request_id = request_id
         self.num_cached_tokens = num_cached_tokens
         self.num_new_tokens = num_new_tokens
-        self._blocks: list | None = None
-        self._ids: tuple[int, ...] | None = tuple(block_ids)
+        self._blocks = None
+        self._ids = tuple(block_ids)
 
     @classmethod
-    def of(cls, request_id: Hashable, blocks: list, num_cached_tokens: int,
+    def of(cls, request_id: Hashable, blocks: Sequence[_HasBlockId], num_cached_tokens: int,
            num_new_tokens: int) -> Admission:
         """An admission over the first ``len(blocks)`` of the request's block list, whose
         ids are read on demand: the manager only appends to that list, so its first
@@ -47,7 +61,8 @@ class Admission:
     def block_ids(self) -> tuple[int, ...]:
         """The request's block ids in token order (cached prefix first)."""
         if self._ids is None:
-            self._ids = tuple([b.block_id for b in self._blocks[:self._n]])  # type: ignore[index]
+            assert self._blocks is not None, "an admission holds its ids or its blocks"
+            self._ids = tuple([b.block_id for b in self._blocks[:self._n]])
             self._blocks = None
         return self._ids
 
@@ -56,7 +71,7 @@ class Admission:
         """``block_ids`` per layer group, in group order (one group today)."""
         return (self.block_ids,)
 
-    def _astuple(self) -> tuple:
+    def _astuple(self) -> tuple[Any, ...]:
         return (self.request_id, self.block_ids, self.num_cached_tokens, self.num_new_tokens)
 
     def __eq__(self, other: object) -> bool:

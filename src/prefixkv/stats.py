@@ -36,10 +36,10 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
     def __add__(self, other: PrefixCacheStats) -> PrefixCacheStats:
-        return PrefixCacheStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
+        return PrefixCacheStats(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
     def __sub__(self, other: PrefixCacheStats) -> PrefixCacheStats:
-        return PrefixCacheStats(*(a - b for a, b in zip(astuple(self), astuple(other))))
+        return PrefixCacheStats(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
 class StatsCounter:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from prefixkv.bench.capacity import (
-    blocks_needed, default_pool_blocks, make_allocator, requests_that_fit, sweep, sweep_sizes,
+    blocks_needed,
+    default_pool_blocks,
+    make_allocator,
+    requests_that_fit,
+    sweep,
+    sweep_sizes,
 )
 from prefixkv.bench.workloads import BenchRequest, Workload, builtin
 

@@ -24,6 +24,17 @@ def test_bench_help_explains_every_flag(capsys):
     for flag in FLAGS:
         assert flag in text
     assert "system-prompt" in text and "pressure" in text
+    # a switch says what it does; "(default: True)" after --no-e2e reads as skipping
+    assert "(default: True)" not in text and "(default: False)" not in text
+    assert "(default: None)" not in text and "(default: 1.0)" in text
+
+
+def test_an_unknown_bench_option_points_at_the_bench_help(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--frobnicate"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == ("prefixkv bench: error: unrecognized arguments: "
+                                       "--frobnicate (see prefixkv bench --help)\n")
 
 
 def test_no_command_prints_help(capsys):
@@ -115,8 +126,15 @@ def test_trace_run_and_trace_error(tmp_path, capsys):
     assert main(["bench", "--trace", str(trace), "--no-e2e", "--no-plots", "--out", str(out),
                  "--block-size", "8"]) == 0
     data = json.loads((out / "report.json").read_text())
-    assert data["workloads"][0]["results"]["prefixkv"]["prefill_saved"] == 64  # 71 tokens of turn 1: 8 full blocks
+    # 71 tokens of turn 1: 8 full blocks
+    assert data["workloads"][0]["results"]["prefixkv"]["prefill_saved"] == 64
     assert not list(out.glob("*.png"))
+    # the trace alone: no built-in sections unless asked for (end to end, layer groups)
+    assert main(["bench", "--trace", str(trace), "--no-plots", "--out", str(out),
+                 "--block-size", "8"]) == 0
+    data = json.loads((out / "report.json").read_text())
+    assert [w["name"] for w in data["workloads"]] == ["t"]  # (named after the file)
+    assert "e2e" not in data and "groups" not in data and "host_tiers" not in data
     trace.write_text('{"id": 1, "prompt": [1], "output_len": -1}\n')
     assert main(["bench", "--trace", str(trace), "--out", str(out)]) == 2
     assert "line 1, field 'output_len'" in capsys.readouterr().err

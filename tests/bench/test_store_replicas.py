@@ -9,8 +9,6 @@ from prefixkv.bench.suite import BenchConfig, run_bench
 from prefixkv.bench.workloads import builtin
 
 
-
-
 def test_replicas_with_a_store_compute_less_and_hit_the_store():
     wls = [builtin(name, 0.05, 0) for name in replicas.REPLICA_WORKLOADS]
     data = replicas.run_replicas(wls, 16)

@@ -166,3 +166,15 @@ def test_values_in_messages_are_shortened():
     with pytest.raises(TraceError) as info:
         parse_trace(_lines({**OK, "output_len": "z" * 10_000}))
     assert len(str(info.value)) < 200 and "zzz... (10,002 characters)" in str(info.value)
+
+
+def test_the_trace_format_is_documented_in_docs():
+    """docs/bench.md states every field a trace line may have (the reader's reference;
+    the module docstring is the source's)."""
+    from pathlib import Path
+
+    from prefixkv.bench.trace import FIELDS
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "bench.md").read_text()
+    section = doc.split("## Replaying your own trace", 1)[1]
+    assert [f for f in FIELDS if f"`{f}`" not in section] == []

@@ -1,5 +1,5 @@
-"""Shared pieces of the engine tests (fixtures are imported by name). Needs torch: every
-test module calls importorskip before importing this, so that the folder skips cleanly
+"""Shared pieces of the engine tests (the fixtures in conftest.py build on them). Needs torch:
+every test module calls importorskip before importing this, so that the folder skips cleanly
 (a conftest.py raising Skipped would break `pytest tests/engine` at startup)."""
 
 import pytest
@@ -15,24 +15,15 @@ CONFIG = LlamaConfig(vocab_size=512, hidden_size=256, num_layers=2, num_heads=4,
                      head_dim=64, intermediate_size=512, seed=1234)
 
 
-@pytest.fixture(scope="session")
-def model() -> TinyLlama:
-    return TinyLlama(CONFIG)
-
-
-@pytest.fixture
-def make_engine(model):
-    """``make_engine(num_blocks, block_size=16, caching=True, allocator=None, **engine_kw)``
-    -> (engine, allocator); the runner's cache is poisoned with NaN."""
-
-    def make(num_blocks=128, block_size=16, *, caching=True, allocator=None, events=False, **kw):
-        if allocator is None:
-            allocator = KVCacheManager(num_blocks, block_size, enable_caching=caching,
-                                       enable_events=events, vocab_size=CONFIG.vocab_size)
-        runner = ModelRunner(model, allocator.num_blocks, allocator.block_size, poison=True)
-        return Engine(runner, allocator, **kw), allocator
-
-    return make
+def make_engine(model: TinyLlama, num_blocks=128, block_size=16, *, caching=True, allocator=None,
+                events=False, **kw):
+    """An engine on ``model`` and its allocator (a ``KVCacheManager`` unless ``allocator`` is
+    given), the runner's cache poisoned with NaN; the ``make_engine`` fixture binds ``model``."""
+    if allocator is None:
+        allocator = KVCacheManager(num_blocks, block_size, enable_caching=caching,
+                                   enable_events=events, vocab_size=CONFIG.vocab_size)
+    runner = ModelRunner(model, allocator.num_blocks, allocator.block_size, poison=True)
+    return Engine(runner, allocator, **kw), allocator
 
 
 def checker(allocator):

@@ -27,7 +27,8 @@ def outputs(num_blocks, config=SMALL, **kw):
     return [[s.token_ids for s in o.samples] for o in result.outputs], result
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1 set before triton is imported")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="needs TRITON_INTERPRET=1 set before triton is imported")
 def test_triton_interpreter_matches_torch_reference():
     pytest.importorskip("triton", reason="triton is not installed")
     want, _ = outputs(64, backend="torch")
@@ -43,7 +44,8 @@ def test_cuda_caching_on_and_off_agree():
     assert on == off and res.stats.hits > 0
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1 set before triton is imported")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="needs TRITON_INTERPRET=1 set before triton is imported")
 @pytest.mark.parametrize("groups", HYBRID.values(), ids=HYBRID)
 def test_triton_interpreter_matches_torch_reference_with_layer_groups(groups):
     pytest.importorskip("triton", reason="triton is not installed")

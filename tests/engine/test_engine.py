@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="the example engine needs torch")
 from prefixkv import BlockRemoved, BlockStored, ContiguousAllocator, KVCacheManager, PagedAllocator  # noqa: E402
 from prefixkv.engine import SamplingParams, run_chat, synthetic_conversations  # noqa: E402
 
-from .helpers import CONFIG, checker, dense_greedy, make_engine, model  # noqa: E402,F401
+from .helpers import CONFIG, checker, dense_greedy  # noqa: E402
 
 
 def prompts_with(prefix, n, suffix_len, seed=0):
@@ -116,15 +116,16 @@ def test_fork_children_equal_their_prompt_run_alone(make_engine, prompt_len):
     prompt's blocks and copy its partial last block."""
     prompt = prompts_with([], 1, prompt_len, seed=6)[0]
     params = SamplingParams(max_tokens=20, n=3, temperature=1.0, seed=11)
+    # each sample's prompt run alone, once (the same runs for caching on and off)
+    alone = [run(make_engine, [prompt], SamplingParams(max_tokens=20, temperature=1.0, seed=11 + i))
+             .outputs[0].token_ids for i in range(params.n)]
     for caching in (True, False):
         result = run(make_engine, [prompt], params, caching=caching)
         (out,) = result.outputs
         assert len({s.token_ids for s in out.samples}) == 3, "samples should differ"
         assert sum(r.forks for r in result.steps) == 2
         assert out.metrics.num_prefill_tokens == prompt_len  # children reuse the parent's
-        for s in out.samples:
-            alone = run(make_engine, [prompt], SamplingParams(max_tokens=20, temperature=1.0, seed=11 + s.index))
-            assert s.token_ids == alone.outputs[0].token_ids
+        assert [s.token_ids for s in out.samples] == [alone[s.index] for s in out.samples]
 
 
 def test_forks_under_preemption_and_fork_shortage(make_engine):

@@ -13,7 +13,7 @@ from prefixkv import BlockCopy, BlockLoads, BlockOffloads, KVCacheManager  # noq
 from prefixkv.engine import Engine, ModelRunner, SamplingParams, build_engine  # noqa: E402
 from prefixkv.kernels import BlockIdError  # noqa: E402
 
-from .helpers import CONFIG, checker, make_engine, model  # noqa: E402,F401
+from .helpers import CONFIG, checker  # noqa: E402
 
 
 class Recorder:

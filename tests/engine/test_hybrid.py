@@ -11,8 +11,11 @@ pytest.importorskip("torch", reason="the example engine needs torch (pip install
 
 import torch  # noqa: E402
 
-from prefixkv.engine import LlamaConfig, TinyLlama  # noqa: E402
-from prefixkv.engine import SeqBatchEntry  # noqa: E402
+from prefixkv.engine import (  # noqa: E402
+    LlamaConfig,
+    SeqBatchEntry,  # noqa: E402
+    TinyLlama,
+)
 from prefixkv.engine.hybrid import HybridModelRunner, dense_group_attention  # noqa: E402
 from prefixkv.errors import ConfigError  # noqa: E402
 from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, sliding_window  # noqa: E402
@@ -63,7 +66,7 @@ def run(num_blocks, prompts, max_new, fork_at=None):
                                        tokens[rid][adm.num_cached_tokens:])
         order = [r for r in running if r in entries]
         logits = runner.execute([entries[r] for r in order], m.take_kv_ops())
-        for rid, row in zip(order, logits):
+        for rid, row in zip(order, logits, strict=True):
             tokens[rid].append(int(row.argmax()))
             made[rid] += 1
         if fork_at is not None and fork_at[0] in running and made[fork_at[0]] == 1:

@@ -15,13 +15,24 @@ torch = pytest.importorskip("torch", reason="the example engine needs torch")
 
 from prefixkv import KVCacheManager  # noqa: E402
 from prefixkv.engine import (  # noqa: E402
-    Engine, LlamaConfig, ModelRunner, SamplingParams, TinyLlama, UncachedHybridManager,
-    build_engine, run_chat, synthetic_conversations,
+    Engine,
+    LlamaConfig,
+    ModelRunner,
+    SamplingParams,
+    TinyLlama,
+    UncachedHybridManager,
+    build_engine,
+    hybrid,  # noqa: E402
+    run_chat,
+    synthetic_conversations,
 )
-from prefixkv.engine import hybrid  # noqa: E402
 from prefixkv.engine.hybrid import HybridModelRunner, dense_group_attention  # noqa: E402
 from prefixkv.groups import (  # noqa: E402
-    GroupBlockRemoved, HybridKVCacheManager, chunked_local, full_attention, sliding_window,
+    GroupBlockRemoved,
+    HybridKVCacheManager,
+    chunked_local,
+    full_attention,
+    sliding_window,
 )
 
 CFG = LlamaConfig(vocab_size=97, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,

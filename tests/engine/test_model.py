@@ -7,19 +7,20 @@ torch = pytest.importorskip("torch", reason="the example engine needs torch")
 from prefixkv.engine import LlamaConfig, ModelRunner, SeqBatchEntry, TinyLlama, dense_causal_attention  # noqa: E402
 from prefixkv.results import BlockCopy  # noqa: E402
 
-from .helpers import CONFIG, model  # noqa: E402,F401
+from .helpers import CONFIG  # noqa: E402
 
 
 def dense_logits(model, tokens):
     with torch.inference_mode():
-        hidden = model(torch.tensor(tokens), torch.arange(len(tokens)), dense_causal_attention([0, len(tokens)]))
+        hidden = model(torch.tensor(tokens), torch.arange(len(tokens)),
+                       dense_causal_attention([0, len(tokens)]))
         return model.logits(hidden)  # [len, vocab]
 
 
 def test_weights_are_seeded():
     a, b = TinyLlama(CONFIG), TinyLlama(CONFIG)
     c = TinyLlama(LlamaConfig(seed=CONFIG.seed + 1))
-    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
     assert not torch.equal(a.embed.weight, c.embed.weight)
 
 
@@ -39,7 +40,8 @@ def test_tied_head_uses_the_embedding(model):
 def test_paged_chunks_match_dense(model):
     """Prefill in two chunks into scattered blocks of 5 slots, then two decode steps:
     every step's last logits equal the dense model's at that position."""
-    tokens = [int(t) for t in torch.randint(1, CONFIG.vocab_size, (23,), generator=torch.Generator().manual_seed(0))]
+    tokens = [int(t)
+              for t in torch.randint(1, CONFIG.vocab_size, (23,), generator=torch.Generator().manual_seed(0))]
     runner = ModelRunner(model, num_blocks=12, block_size=5, poison=True)
     blocks = [7, 2, 9, 0, 11]  # 25 slots for 23 tokens
     want = dense_logits(model, tokens)

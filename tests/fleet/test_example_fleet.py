@@ -1,5 +1,6 @@
 """examples/fleet.py: replica processes behind the router, replies equal a no-cache run."""
 
+import importlib.util
 import os
 import pathlib
 import re
@@ -24,3 +25,29 @@ def test_fleet_example_runs():
     assert set(rates) == {"prefix", "round-robin"}
     assert float(rates["prefix"]) > float(rates["round-robin"])
     assert out.stdout.count("replies identical to no-cache run: True") == 2
+
+
+def _fleet_module():
+    spec = importlib.util.spec_from_file_location("fleet_example", ROOT / "examples" / "fleet.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_replica_that_never_heartbeats_fails_the_run_by_name():
+    from prefixkv.router import Router
+
+    fleet = _fleet_module()
+    router = Router(["r0", "r1"], block_size=16, stale_after=5.0)
+    router.apply("r0", [])  # r0 heard (an empty batch: a heartbeat), r1 never
+    with pytest.raises(TimeoutError, match=r"waited 0 s for every replica's first heartbeat: "
+                                           r"no heartbeat from r1$"):
+        fleet.await_first_heartbeats(router, ["r0", "r1"], timeout=0.2)
+
+
+def test_a_replica_that_does_not_exit_is_killed_and_named():
+    fleet = _fleet_module()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with pytest.raises(RuntimeError, match=r"replica r7 to exit after its stop message \(killed\)"):
+        fleet.stop_replicas({"r7": proc}, timeout=0.5)
+    assert proc.returncode is not None

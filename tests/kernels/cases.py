@@ -58,7 +58,7 @@ def make_case(
     k_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"))
     v_cache = torch.full_like(k_cache, float("nan"))
     ids, dense_k, dense_v = [], [], []
-    for n_keys, n_blk in zip(kv_lens, need):
+    for n_keys, n_blk in zip(kv_lens, need, strict=True):
         blocks, perm = perm[:n_blk], perm[n_blk:]
         ids.append(blocks)
         k = torch.randn(n_keys, num_kv_heads, head_dim, generator=gen)

@@ -63,7 +63,8 @@ def test_paged_batch_of_nothing():
         (lambda: build_seqused_k([2**31 - 1], [1]), "seqused_k"),
         (lambda: build_slot_mapping([[1]], [0], [3], 2), "need 2 blocks of 2, it has 1"),
         (lambda: build_slot_mapping([[1]], [0], [1], 0), "block_size"),
-        (lambda: build_slot_mapping([[1]], [0], [2], 4, pad_to=1), r"pad_to must be None or an int >= 2 .*got 1"),
+        (lambda: build_slot_mapping([[1]], [0], [2], 4, pad_to=1),
+         r"pad_to must be None or an int >= 2 .*got 1"),
         # wrong Python types: typed errors, never a bare TypeError or a silently empty batch
         (lambda: build_slot_mapping([iter([1, 2])], [0], [2], 4), r"block_ids\[0\] must be a sequence"),
         (lambda: build_block_table([iter([1, 2])]), r"block_ids\[0\] must be a sequence"),

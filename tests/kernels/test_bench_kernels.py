@@ -40,7 +40,8 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
     assert result["spec_shape"]["max_abs_err_vs_reference"] < 1e-2
     assert len(result["sweep"]) == 4 and result["decode"]["gbps"] > 0
     assert [r["unsplit"]["gbps"] > 0 for r in result["split_decode"]] == [True]
-    assert {"## SPEC shape", "## Split-KV decode"} <= set((tmp_path / "kernels-smoke.md").read_text().splitlines())
+    headings = set((tmp_path / "kernels-smoke.md").read_text().splitlines())
+    assert {"## SPEC shape", "## Split-KV decode"} <= headings
 
 
 @pytest.mark.skipif(triton_skip_reason() is not None, reason=str(triton_skip_reason()))
@@ -58,7 +59,8 @@ def test_smoke_tune_compiles_ahead_and_checks_every_candidate(tmp_path):
         assert 2 <= len(rows) <= 3 and rows[0]["is_heuristic"] and shape["heuristic_matches_default"]
         assert all(r["ok"] and r["max_abs_diff"] <= shape["tolerance"] for r in rows)
         assert sorted(shape["ranking"]) == list(range(len(rows))) and "best" in shape
-    assert {"## prefill", "## decode", "## split_decode"} <= set((tmp_path / "tune-smoke.md").read_text().splitlines())
+    headings = set((tmp_path / "tune-smoke.md").read_text().splitlines())
+    assert {"## prefill", "## decode", "## split_decode"} <= headings
     assert "[tune" in run.stdout  # progress lines
 
 
@@ -134,7 +136,8 @@ def test_gpu_session_smoke_runs_every_step_into_out(tmp_path):
     run = _session("--smoke", out=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     names = {p.name for p in tmp_path.iterdir()}
-    assert names == {"gpu-session.log", "kernels-smoke.json", "kernels-smoke.md", "tune-smoke.json", "tune-smoke.md"}
+    assert names == {"gpu-session.log", "kernels-smoke.json", "kernels-smoke.md", "tune-smoke.json",
+                     "tune-smoke.md"}
     log = (tmp_path / "gpu-session.log").read_text()
     for step in ("env", "tests", "bench", "tune"):
         assert f"=== {step} (limit" in log and f"\n{step}: rc 0," in log
@@ -150,8 +153,10 @@ def test_kernel_benchmarks_import_only_the_shared_helpers():
                "alloc_ab", "alloc_ab_report", "alloc_replay", "alloc_worker"}
     for name, path in scripts.items():
         tree = ast.parse(path.read_text())
-        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                    for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                     and n.module}
         assert not (imported & set(scripts)) - helpers, f"{name} imports {imported & set(scripts)}"
         if name in helpers:
             assert not (imported & set(scripts)) - helpers, f"helper {name} imports a benchmark"
@@ -168,5 +173,6 @@ def test_fp8_capacity_doubles_blocks_and_replays_pressure(tmp_path):
     runs = result["pressure"]["runs"]
     assert runs["float8_e4m3fn"]["pool_blocks"] == 2 * runs["bfloat16"]["pool_blocks"]
     # A small sample need not gain (the committed full-scale run does: 44.6% -> 57.2%).
-    assert all(0.0 < r["hit_rate"] < 1.0 and r["requests"] == result["pressure"]["requests"] for r in runs.values())
+    assert all(0.0 < r["hit_rate"] < 1.0 and r["requests"] == result["pressure"]["requests"]
+               for r in runs.values())
     assert "## Blocks per GiB" in (tmp_path / "fp8-capacity.md").read_text()

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "compile_kernels.py"
-# The SPEC section 4 prefill shape, decode, the head_dim 256 tile that once spilled,
+# The SPEC prefill shape (benchmarks/README.md), decode, the head_dim 256 tile that once spilled,
 # split-KV decode (1 x 32k: the attention kernel with 33 splits, then the combine kernel),
 # and the fp8 paths (the interpreter runs them too, but only a compile shows the lowering).
 CONFIGS = ("prefill-spec", "decode", "prefill-d256", "decode-split-32k", "decode-split-32k-combine",
@@ -59,7 +59,8 @@ def compiled(tmp_path_factory) -> dict[str, dict]:
     proc = subprocess.run([sys.executable, str(SCRIPT), "--only", *CONFIGS, "--out-dir", str(out)],
                           env=env, capture_output=True, text=True, timeout=300)
     result_file = out / "kernels-sm90-compile.json"
-    assert result_file.exists(), f"compile_kernels.py wrote nothing (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+    assert result_file.exists(), (f"compile_kernels.py wrote nothing (rc {proc.returncode}):\n"
+                                  f"{proc.stderr[-3000:]}")
     return {row["name"]: row for row in json.loads(result_file.read_text())["configs"]}
 
 
@@ -116,7 +117,7 @@ def test_loop_loads_counts_tile_loads_inside_loops_only():
       %o = tt.load %op : tensor<128x64x!tt.ptr<bf16>, #blocked> loc(#loc3)
       tt.return loc(#l)
     } loc(#l)
-    """
+    """  # noqa: E501 (lines of compiler output, kept whole)
     assert _static().loop_loads(ttgir) == {"async": 1, "tma": 0, "sync": 1}
 
 
@@ -160,11 +161,12 @@ SASS = """
 def test_sass_loops_are_backward_branches_named_by_their_phase(tmp_path):
     static = _static()
     source = tmp_path / "attention.py"
-    source.write_text("\n".join(["x"] * 9 + ["# Phase 1", "y", "z", "# Phase 2: call at line 12", "w"]) + "\n")
+    lines = ["x"] * 9 + ["# Phase 1", "y", "z", "# Phase 2: call at line 12", "w"]
+    source.write_text("\n".join(lines) + "\n")
     (body,) = static.loops(SASS)
     assert [i.addr for i in body] == [0x110, 0x120, 0x130]
     assert static.phase_of(body, source) == 1
     assert static.tile_counts(body) == {"instructions": 3, "mma": 1, "ex2": 1, "cp_async": 0, "ldg": 0}
-    est = static.cycle_estimate({"instructions": 452, "ex2": 34}, block_m=128, block_n=64, dim=128, num_warps=8,
-                                mma="wgmma")
+    est = static.cycle_estimate({"instructions": 452, "ex2": 34}, block_m=128, block_n=64, dim=128,
+                                num_warps=8, mma="wgmma")
     assert est["clocks"] == {"mma": 1024.0, "issue": 904.0, "ex2": 544.0} and est["bound"] == "mma"

@@ -117,13 +117,15 @@ def _bound(case, dtype, k_scale, v_scale, softmax_scale):
 @pytest.mark.usefixtures("needs_triton")
 @fp8
 @pytest.mark.parametrize("per_head", [False, True], ids=["tensor", "head"])
-@pytest.mark.parametrize("config", [TileConfig(32, 16), TileConfig(16, 16, num_splits=2)], ids=["tiles", "split"])
+@pytest.mark.parametrize("config", [TileConfig(32, 16), TileConfig(16, 16, num_splits=2)],
+                         ids=["tiles", "split"])
 def test_attention_on_fp8_cache(dtype, per_head, config):
     case, (k_scale, v_scale) = _fp8_case(dtype, per_head, seed=3, q_lens=[9, 1, 0], kv_lens=[54, 97, 5],
                                          num_kv_heads=2, group=2, head_dim=32, block_size=5)
     got, got_lse = paged_prefill_attention_triton(*case.args, return_lse=True, config=config,
                                                   k_scale=k_scale, v_scale=v_scale)
-    want, want_lse = paged_prefill_attention_reference(*case.args, return_lse=True, k_scale=k_scale, v_scale=v_scale)
+    want, want_lse = paged_prefill_attention_reference(*case.args, return_lse=True, k_scale=k_scale,
+                                                       v_scale=v_scale)
     assert got.dtype == torch.float16 and not got.isnan().any()
     torch.testing.assert_close(got.float(), want.float(), **tolerance(torch.float16))
     torch.testing.assert_close(got_lse, want_lse, **tolerance(torch.float16))
@@ -147,13 +149,15 @@ def test_attention_on_fp8_cache(dtype, per_head, config):
     (dict(k_scale=0.5), ArgumentTypeError),
 ], ids=["shape", "dtype", "not-fp8", "device", "not-a-tensor"])
 def test_bad_fp8_arguments_are_rejected(kwargs, error):
-    cache_dtype, q_dtype = kwargs.pop("cache_dtype", torch.float8_e4m3fn), kwargs.pop("q_dtype", torch.float16)
+    cache_dtype = kwargs.pop("cache_dtype", torch.float8_e4m3fn)
+    q_dtype = kwargs.pop("q_dtype", torch.float16)
     case = make_case([2], [5], num_kv_heads=2, group=1, device="cpu")
     args = (case.q.to(q_dtype), case.k_cache.to(cache_dtype), case.v_cache.to(cache_dtype), *case.args[3:])
     with pytest.raises(error):
         paged_prefill_attention_reference(*args, **kwargs)
     with pytest.raises(error):
-        write_kv_cache_reference(args[0][:, :2], args[0][:, :2], args[1], args[2], torch.zeros(2, dtype=torch.int64),
+        write_kv_cache_reference(args[0][:, :2], args[0][:, :2], args[1], args[2],
+                                 torch.zeros(2, dtype=torch.int64),
                                  **kwargs)
 
 

@@ -15,7 +15,10 @@ import torch
 
 from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
 from prefixkv.kernels import (
-    build_paged_batch, paged_prefill_attention, paged_prefill_attention_reference, write_kv_cache,
+    build_paged_batch,
+    paged_prefill_attention,
+    paged_prefill_attention_reference,
+    write_kv_cache,
 )
 
 from .conftest import PRIMARY_DEVICE, triton_skip_reason
@@ -59,7 +62,7 @@ def test_released_blocks_are_never_read_and_every_group_matches_dense_attention(
     def step(rid, start, stop):
         for k, v in caches:
             k[m.null_block_id], v[m.null_block_id] = nan, nan
-        for g, (spec, ids) in enumerate(zip(GROUPS, m.get_block_ids(rid))):
+        for g, (spec, ids) in enumerate(zip(GROUPS, m.get_block_ids(rid), strict=True)):
             batch = build_paged_batch([ids], [start], [stop - start], BS, device=dev)
             kv = torch.stack([kv_of(g, tuple(tokens[rid][:p + 1])) for p in range(start, stop)]).to(dev)
             k_cache, v_cache = caches[g]

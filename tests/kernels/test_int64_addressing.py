@@ -58,6 +58,7 @@ def test_cache_over_two_to_the_31_elements():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     if PRIMARY_DEVICE == "cpu":
         env["TRITON_INTERPRET"] = "1"
-    run = subprocess.run([sys.executable, "-c", SCRIPT, PRIMARY_DEVICE], env=env, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-c", SCRIPT, PRIMARY_DEVICE], env=env, capture_output=True,
+                         text=True,
                          timeout=300)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr

@@ -17,7 +17,7 @@ def naive_attention(case, *, scale, causal, window, softcap):
     outs, lses = [], []
     group = case.q.shape[1] // case.k_cache.shape[2]
     start = 0
-    for q_len, kv_len, k, v in zip(case.q_lens, case.kv_lens, case.dense_k, case.dense_v):
+    for q_len, kv_len, k, v in zip(case.q_lens, case.kv_lens, case.dense_k, case.dense_v, strict=True):
         q = case.q[start:start + q_len].double()
         start += q_len
         out = torch.zeros_like(q)

@@ -10,7 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefixkv.kernels import ArgumentTypeError, DeviceError, DtypeError, ShapeError, paged_prefill_attention_reference
+from prefixkv.kernels import (
+    ArgumentTypeError,
+    DeviceError,
+    DtypeError,
+    ShapeError,
+    paged_prefill_attention_reference,
+)
 from prefixkv.kernels.tiling import TileConfig
 
 from .cases import check, make_case
@@ -40,7 +46,8 @@ def test_reference_sink_is_one_more_logit_without_value():
 
 
 @pytest.mark.usefixtures("needs_triton")
-@pytest.mark.parametrize("config", [TileConfig(32, 16), TileConfig(16, 16, num_splits=3)], ids=["tiles", "split"])
+@pytest.mark.parametrize("config", [TileConfig(32, 16), TileConfig(16, 16, num_splits=3)],
+                         ids=["tiles", "split"])
 @pytest.mark.parametrize("options", [{}, dict(window_size=(20, 0)), dict(softcap=5.0)], ids=str)
 def test_kernel_matches_reference(config, options):
     case = make_case(*GEOMETRY, num_kv_heads=2, group=2, block_size=5, device=PRIMARY_DEVICE, seed=5)

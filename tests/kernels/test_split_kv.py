@@ -72,7 +72,8 @@ def test_row_without_keys_gives_zero_and_minus_inf():
     from prefixkv.kernels.attention import paged_prefill_attention_triton
 
     case = make_case([1, 1], [0, 40], num_kv_heads=1, group=2, head_dim=32, device=PRIMARY_DEVICE, seed=5)
-    out, lse = paged_prefill_attention_triton(*case.args, return_lse=True, config=TileConfig(16, 16, num_splits=3))
+    out, lse = paged_prefill_attention_triton(*case.args, return_lse=True,
+                                              config=TileConfig(16, 16, num_splits=3))
     assert torch.equal(out[0].float(), torch.zeros_like(out[0].float()))
     assert torch.isneginf(lse[:, 0]).all() and torch.isfinite(lse[:, 1]).all()
 

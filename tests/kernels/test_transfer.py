@@ -2,14 +2,23 @@
 simulation, every documented error raised before anything is written."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
-
 from prefixkv.kernels import (  # noqa: E402
-    ArgumentTypeError, BlockIdError, DeviceError, DtypeError, ShapeError, UnsupportedError,
-    alloc_host_cache, copy_blocks, load_blocks, offload_blocks, run_kv_ops,
+    ArgumentTypeError,
+    BlockIdError,
+    DeviceError,
+    DtypeError,
+    ShapeError,
+    UnsupportedError,
+    alloc_host_cache,
+    copy_blocks,
+    load_blocks,
+    offload_blocks,
+    run_kv_ops,
 )
 from prefixkv.results import BlockCopy, BlockLoads, BlockOffloads  # noqa: E402
 
@@ -39,11 +48,11 @@ def simulate(ops, devs, hs, block_dim=1):
         if kind is BlockCopy:
             pairs = [(op.src, op.dst) for op in group]
         else:  # one (src, dst) pair at a time, in order
-            pairs = [(s, t) for op in group for s, t in zip(op.src, op.dst)]
-        for d, h in zip(devs, hs):
+            pairs = [(s, t) for op in group for s, t in zip(op.src, op.dst, strict=True)]
+        for d, h in zip(devs, hs, strict=True):
             if kind is BlockCopy:
                 src = d[[s for s, _ in pairs]].clone()
-                for (_, t), v in zip(pairs, src):
+                for (_, t), v in zip(pairs, src, strict=True):
                     d[t] = v
             for s, t in pairs:
                 if kind is BlockOffloads:
@@ -70,12 +79,15 @@ def test_offload_then_load_round_trips_every_layer(block_dim):
     hs = hosts(devs, block_dim=block_dim)
     want_devs, want_hosts = simulate([BlockOffloads((4, 0, 7), (2, 3, 6))], devs, hs, block_dim)
     assert offload_blocks(devs, hs, ids(4, 0, 7), ids(2, 3, 6), block_dim=block_dim) is None
-    for got, want in zip(hs, want_hosts):
+    for got, want in zip(hs, want_hosts, strict=True):
         assert torch.equal(got, want)
     before = [d.clone() for d in devs]
     load_blocks(hs, devs, ids(6, 2, 3), ids(1, 8, 5), block_dim=block_dim)
-    pick = (lambda t, i: t.select(block_dim, i))
-    for d, b in zip(devs, before):
+
+    def pick(t, i):
+        return t.select(block_dim, i)
+
+    for d, b in zip(devs, before, strict=True):
         assert torch.equal(pick(d, 1), pick(b, 7)) and torch.equal(pick(d, 8), pick(b, 4))
         assert torch.equal(pick(d, 5), pick(b, 0))
         for untouched in (0, 2, 3, 4, 6, 7):
@@ -91,7 +103,7 @@ def test_a_plan_runs_offloads_then_loads_then_copies():
            BlockCopy(0, 1)]
     want_devs, want_hosts = simulate(ops, devs, hs)
     assert run_kv_ops(ops, devs, hs, block_dim=1) is None
-    for got, want in zip(devs + hs, want_devs + want_hosts):
+    for got, want in zip(devs + hs, want_devs + want_hosts, strict=True):
         assert torch.equal(got, want)
 
 
@@ -99,7 +111,7 @@ def test_copies_read_every_source_before_writing():
     devs = stacked(3)
     before = [d.clone() for d in devs]
     copy_blocks(devs, ids(1, 2), ids(2, 3), block_dim=1)      # 2 is a source and a destination
-    for d, b in zip(devs, before):
+    for d, b in zip(devs, before, strict=True):
         assert torch.equal(d[:, 2], b[:, 1]) and torch.equal(d[:, 3], b[:, 2])
 
 
@@ -110,7 +122,7 @@ def test_empty_plans_and_groups_do_nothing():
     assert run_kv_ops([], devs, hs, block_dim=1) is None
     assert run_kv_ops([BlockCopy(0, 0)], devs, block_dim=1) is None   # a plan of forks needs no host
     offload_blocks(devs, hs, ids(), ids(), block_dim=1)
-    assert all(torch.equal(a, b) for a, b in zip(devs + hs, before))
+    assert all(torch.equal(a, b) for a, b in zip(devs + hs, before, strict=True))
 
 
 @settings(max_examples=40, deadline=None)
@@ -133,7 +145,7 @@ def test_random_plans_match_the_simulation(data):
     ops = data.draw(st.permutations(ops))
     want_devs, want_hosts = simulate(ops, devs, hs)
     run_kv_ops(ops, devs, hs, block_dim=1)
-    for got, want in zip(devs + hs, want_devs + want_hosts):
+    for got, want in zip(devs + hs, want_devs + want_hosts, strict=True):
         assert torch.equal(got, want)
 
 
@@ -143,7 +155,7 @@ def unchanged_after(exc, call, devs, hs):
     before = [t.clone() for t in devs + hs]
     with pytest.raises(exc):
         call()
-    assert all(torch.equal(a, b) for a, b in zip(devs + hs, before))
+    assert all(torch.equal(a, b) for a, b in zip(devs + hs, before, strict=True))
 
 
 def test_bad_ids_raise_block_id_error_before_any_copy():
@@ -158,11 +170,11 @@ def test_bad_ids_raise_block_id_error_before_any_copy():
                 [BlockLoads((0, 1), (3, 3))],                               # one block written twice
                 [BlockLoads((0,), (3,)), BlockLoads((1,), (3,))],           # (also across two ops)
                 [BlockCopy(0, 3), BlockCopy(1, 3)]):
-        unchanged_after(BlockIdError, lambda: run_kv_ops(ops, devs, hs, block_dim=1), devs, hs)
+        unchanged_after(BlockIdError, lambda ops=ops: run_kv_ops(ops, devs, hs, block_dim=1), devs, hs)
     unchanged_after(BlockIdError, lambda: load_blocks(hs, devs, ids(9), ids(0), block_dim=1), devs, hs)
     for ops in ([BlockOffloads((0,), (1,)), BlockLoads((0, 1), (2,))],  # unequal lengths
                 [BlockOffloads((0, 1), (2,)), BlockLoads((0,), (1,))]):
-        unchanged_after(ShapeError, lambda: run_kv_ops(ops, devs, hs, block_dim=1), devs, hs)
+        unchanged_after(ShapeError, lambda ops=ops: run_kv_ops(ops, devs, hs, block_dim=1), devs, hs)
 
 
 def test_bad_id_tensors():
@@ -238,7 +250,7 @@ def test_cuda_plan_returns_an_event_and_matches_the_simulation():
     ev = run_kv_ops(ops, devs, hs, block_dim=1)
     torch.cuda.current_stream().wait_event(ev)
     ev.synchronize()
-    for got, want in zip([d.cpu() for d in devs] + hs, want_devs + want_hosts):
+    for got, want in zip([d.cpu() for d in devs] + hs, want_devs + want_hosts, strict=True):
         assert torch.equal(got, want)
 
 

@@ -15,8 +15,8 @@ from prefixkv.kernels import (
     write_kv_cache,
 )
 
-from .conftest import PRIMARY_DEVICE, triton_skip_reason
 from .cases import make_case
+from .conftest import PRIMARY_DEVICE, triton_skip_reason
 
 BACKENDS = [
     "torch",
@@ -48,19 +48,22 @@ def _argument(index, change):
 BAD_CALLS = {
     "q rank": (ShapeError, "q must be", lambda a, k: (_replace(a, 0, a[0][0]), k)),
     "q head_dim": (ShapeError, "q must be", lambda a, k: (_replace(a, 0, a[0][..., :8]), k)),
-    "heads not a multiple": (ShapeError, "multiple of num_kv_heads 2", lambda a, k: (_replace(a, 0, a[0][:, :3]), k)),
+    "heads not a multiple": (ShapeError, "multiple of num_kv_heads 2",
+                             lambda a, k: (_replace(a, 0, a[0][:, :3]), k)),
     "cache rank": (ShapeError, "k_cache must be", lambda a, k: (_replace(a, 1, a[1][0]), k)),
     "v_cache shape": (ShapeError, "v_cache shape", lambda a, k: (_replace(a, 2, a[2][:1]), k)),
     "cu_seqlens rank": (ShapeError, "cu_seqlens_q must be", lambda a, k: (_replace(a, 4, a[4][None]), k)),
     "seqused_k size": (ShapeError, r"seqused_k must be \[2\]", lambda a, k: (_replace(a, 5, a[5][:1]), k)),
     "block_table rows": (ShapeError, r"block_table must be \[2,", lambda a, k: (_replace(a, 3, a[3][:1]), k)),
     "max_seqlen_k capacity": (ShapeError, "block_table capacity", lambda a, k: (_replace(a, 7, 1000), k)),
-    "out shape": (ShapeError, "out shape", lambda a, k: (a, {**k, "out": torch.empty(3, 4, 8, device=a[0].device)})),
+    "out shape": (ShapeError, "out shape",
+                  lambda a, k: (a, {**k, "out": torch.empty(3, 4, 8, device=a[0].device)})),
     "q dtype": (DtypeError, "q dtype", lambda a, k: (_replace(a, 0, a[0].half()), k)),
     "cache dtype": (DtypeError, "k_cache/v_cache dtypes", lambda a, k: (_replace(a, 2, a[2].double()), k)),
     "int64 block table": (DtypeError, "block_table dtype", lambda a, k: (_replace(a, 3, a[3].long()), k)),
     "int64 seqused": (DtypeError, "seqused_k dtype", lambda a, k: (_replace(a, 5, a[5].long()), k)),
-    "out dtype": (DtypeError, "out dtype", lambda a, k: (a, {**k, "out": torch.empty(3, 4, 16, device=a[0].device).half()})),
+    "out dtype": (DtypeError, "out dtype",
+                  lambda a, k: (a, {**k, "out": torch.empty(3, 4, 16, device=a[0].device).half()})),
     "device": (DeviceError, "meta", lambda a, k: (_replace(a, 3, a[3].to("meta")), k)),
     "head_dim 12": (UnsupportedError, "head_dim 12", lambda a, k: (
         [a[0][..., :12], a[1][..., :12], a[2][..., :12], *a[3:]], k)),
@@ -83,7 +86,8 @@ BAD_CALLS = {
     "window str": (UnsupportedError, "window_size", _option("window_size", "4,0")),
     # non-tensors
     "q list": (ArgumentTypeError, "q must be a torch.Tensor, got list", _argument(0, lambda t: t.tolist())),
-    "block_table list": (ArgumentTypeError, "block_table must be a torch", _argument(3, lambda t: t.tolist())),
+    "block_table list": (ArgumentTypeError, "block_table must be a torch",
+                         _argument(3, lambda t: t.tolist())),
     "seqused_k tuple": (ArgumentTypeError, "seqused_k must be", _argument(5, lambda t: (5, 3))),
     "out list": (ArgumentTypeError, "out must be", _option("out", [[0.0]])),
 }

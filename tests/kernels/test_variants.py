@@ -68,7 +68,8 @@ CHILD = textwrap.dedent("""
         keys.clear()
         meta = dict(device="meta")
         cache_dtype = spec.cache_dtype or spec.dtype
-        scales = {} if spec.kv_scales is None else dict(k_scale=torch.empty(8, **meta), v_scale=torch.empty(8, **meta))
+        scales = ({} if spec.kv_scales is None
+                  else dict(k_scale=torch.empty(8, **meta), v_scale=torch.empty(8, **meta)))
         sinks = torch.empty(32, **meta) if spec.sinks else None
         calls = 0
         for batch in (1, 2, 3, 7, 16, 17, 64, 100, 255, 256):
@@ -90,8 +91,8 @@ CHILD = textwrap.dedent("""
                             window_size=window, sinks=sinks, **scales)
                         calls += 1
                     key = torch.empty(batch * q_len, 8, 128, dtype=spec.dtype, **meta)
-                    write_kv.write_kv_cache_triton(key, key, cache, cache,
-                                                   torch.empty(batch * q_len, dtype=torch.int64, **meta), **scales)
+                    slots = torch.empty(batch * q_len, dtype=torch.int64, **meta)
+                    write_kv.write_kv_cache_triton(key, key, cache, cache, slots, **scales)
         report[label] = dict(launches=launches, warm=len(warm), calls=calls, sweep=len(set(keys)),
                              missing=sorted(set(keys) - warm)[:3])
     json.dump(report, sys.stdout)
@@ -135,7 +136,8 @@ def test_warmup_launches_each_variant_here():
     """On the interpreter the launches really run (tiles of the CPU path), fp8 and sinks included."""
     spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float16,
                          max_num_seqs=4, max_num_batched_tokens=64, max_model_len=1024,
-                         cache_dtype=torch.float8_e5m2, kv_scales="tensor", sinks=True, windows=(None, (31, 0)))
+                         cache_dtype=torch.float8_e5m2, kv_scales="tensor", sinks=True,
+                         windows=(None, (31, 0)))
     assert warmup(spec, PRIMARY_DEVICE) == 1 + len(attention_variants(spec, on_gpu=PRIMARY_DEVICE == "cuda"))
 
 

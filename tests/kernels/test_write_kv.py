@@ -9,7 +9,6 @@ from prefixkv.kernels import DtypeError, ShapeError, write_kv_cache, write_kv_ca
 
 from .conftest import PRIMARY_DEVICE
 
-
 SENTINEL = 7.0
 
 

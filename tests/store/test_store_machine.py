@@ -15,12 +15,18 @@ import time
 import uuid
 
 import pytest
-
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from prefixkv import (
-    BlockCopy, BlockLoads, BlockOffloads, ExtraKeys, KVCacheManager, StoreFetched, StorePut,
+    BlockCopy,
+    BlockLoads,
+    BlockOffloads,
+    ExtraKeys,
+    KVCacheManager,
+    StoreFetched,
+    StorePut,
     StoreWait,
 )
 from prefixkv.store import RedisStore, SharedStore, StoreLayout, encode_value
@@ -116,7 +122,7 @@ class SharedStoreMachine(RuleBasedStateMachine):
         for op in ops:
             if isinstance(op, BlockOffloads):
                 assert len(op.src) == len(op.dst) > 0, op
-                for src, dst in zip(op.src, op.dst):
+                for src, dst in zip(op.src, op.dst, strict=True):
                     self._set_host(e, dst, e.kv[src])
             elif isinstance(op, StorePut):
                 self.backend.put([(op.key, encode_value(op.head, self._bytes(e.kv[op.src])))])
@@ -125,7 +131,7 @@ class SharedStoreMachine(RuleBasedStateMachine):
                 e.host[op.dst] = list(self.meaning[bytes(op.payload)])
             elif isinstance(op, BlockLoads):
                 assert len(op.src) == len(op.dst) > 0, op
-                for src, dst in zip(op.src, op.dst):
+                for src, dst in zip(op.src, op.dst, strict=True):
                     e.kv[dst] = self._host_kv(e, src)
             else:
                 e.kv[op.dst] = list(e.kv[op.src])
@@ -259,7 +265,7 @@ class SharedStoreMachine(RuleBasedStateMachine):
         got = e.m.append_step(rids, toks)
         self._run_plan(e)
         self.last = None
-        for rid, tok in zip(rids, toks):
+        for rid, tok in zip(rids, toks, strict=True):
             if rid in got.short:
                 continue
             e.tokens[rid].append(tok)

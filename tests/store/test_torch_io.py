@@ -9,7 +9,10 @@ torch = pytest.importorskip("torch", reason="the engine side of the store needs 
 
 from prefixkv import BlockLoads, ConfigError, StoreFetched, StorePut  # noqa: E402
 from prefixkv.store.torch_io import (  # noqa: E402
-    block_payload, kv_block_bytes, run_store_ops, write_payload,
+    block_payload,
+    kv_block_bytes,
+    run_store_ops,
+    write_payload,
 )
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "examples" / "shared_store.py"

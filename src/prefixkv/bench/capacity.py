@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..allocator import Allocator
 from ..baselines import ContiguousAllocator, PagedAllocator
+from ..core.block import blocks_for
 from ..core.manager import KVCacheManager
 from .replay import ReplayResult, replay
 from .workloads import BenchRequest, Workload
@@ -42,7 +43,7 @@ def requests_that_fit(alloc: Allocator, requests: Sequence[BenchRequest]) -> int
 
 def blocks_needed(workload: Workload, block_size: int) -> int:
     """Blocks of the longest request: the smallest pool every allocator can run it in."""
-    return -(-workload.max_tokens() // block_size)
+    return blocks_for(workload.max_tokens(), block_size)
 
 
 def default_pool_blocks(workload: Workload, block_size: int) -> int:

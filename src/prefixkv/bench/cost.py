@@ -10,6 +10,7 @@ runs a model: the figure is an estimate and is reported as one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +58,11 @@ class PrefillCost:
                 f"{self.tflops:g} TFLOP/s")
 
 
-def allocator_share(result: dict, cost: PrefillCost) -> float | None:
+def allocator_share(result: dict[str, Any], cost: PrefillCost) -> float | None:
     """The allocator's own time in a replay (admissions + decode appends) over the
     estimated prefill time of the tokens it served from the cache; None when it saved
     nothing. ``result``: ``ReplayResult.to_dict()``."""
     if not result.get("prefill_saved"):
         return None
-    own = (result["admit_ns"] + result["decode_ns"]) / 1e9
+    own: float = (result["admit_ns"] + result["decode_ns"]) / 1e9
     return own / cost.seconds(result["prefill_saved"], result["prefill_saved_pairs"])

@@ -20,7 +20,10 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..engine import ChatResult, Engine
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ def run_e2e(seed: int = 0, cfg: E2EConfig | None = None) -> dict[str, Any]:
     cfg = cfg or E2EConfig()
     try:
         import torch
+
         from ..engine import LlamaConfig, SamplingParams, build_engine, run_chat, synthetic_conversations
     except ImportError as exc:
         return {"skipped": f"needs torch and prefixkv.engine ({exc})"}
@@ -72,11 +76,11 @@ def run_e2e(seed: int = 0, cfg: E2EConfig | None = None) -> dict[str, Any]:
     convs = synthetic_conversations(cfg.conversations, cfg.turns, cfg.message_tokens,
                                     vocab_size=model.vocab_size, seed=seed)
 
-    def engine(caching: bool):
+    def engine(caching: bool) -> Engine:
         return build_engine(model, num_blocks=cfg.num_blocks, block_size=cfg.block_size,
                             enable_caching=caching, device=device)
 
-    def timed_chat(caching: bool):
+    def timed_chat(caching: bool) -> tuple[ChatResult, list[list[float]]]:
         eng = engine(caching)
         marks = [(time.process_time(), time.perf_counter())]
         result = run_chat(eng, convs, params, system_prompt=system,
@@ -89,7 +93,7 @@ def run_e2e(seed: int = 0, cfg: E2EConfig | None = None) -> dict[str, Any]:
         torch.set_num_threads(1)
     try:
         engine(False).generate([system[:64]], params)  # warm-up: first-call costs, not measured
-        runs: dict[bool, list] = {False: [], True: []}
+        runs: dict[bool, list[tuple[ChatResult, list[list[float]]]]] = {False: [], True: []}
         for _ in range(cfg.repeats):  # alternate, so drift on a shared machine hits both
             for caching in (False, True):
                 runs[caching].append(timed_chat(caching))
@@ -100,7 +104,7 @@ def run_e2e(seed: int = 0, cfg: E2EConfig | None = None) -> dict[str, Any]:
         return 1e3 * min(clocks[clock][t] for _, clocks in runs[caching])
 
     turns = []
-    for t, (off, on) in enumerate(zip(runs[False][0][0].turns, runs[True][0][0].turns)):
+    for t, (off, on) in enumerate(zip(runs[False][0][0].turns, runs[True][0][0].turns, strict=True)):
         turns.append({
             "turn": t + 1,
             "prompt_tokens": sum(o.metrics.num_prompt_tokens for o in on.outputs),

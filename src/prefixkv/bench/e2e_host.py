@@ -13,7 +13,10 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..engine import RequestOutput
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ def run_e2e_host(seed: int = 0, cfg: E2EHostConfig | None = None) -> dict[str, A
     cfg = cfg or E2EHostConfig()
     try:
         import torch
+
         from ..engine import LlamaConfig, SamplingParams, build_engine
     except ImportError as exc:
         return {"skipped": f"needs torch and prefixkv.engine ({exc})"}
@@ -50,11 +54,11 @@ def run_e2e_host(seed: int = 0, cfg: E2EHostConfig | None = None) -> dict[str, A
                                           for _ in range(cfg.suffix_tokens)]
                for i in range(cfg.prefixes * cfg.rounds)]
     params = SamplingParams(max_tokens=cfg.max_tokens)
-    setups = {"no cache": dict(enable_caching=False),
+    setups: dict[str, dict[str, Any]] = {"no cache": dict(enable_caching=False),
               "device only": dict(enable_caching=True),
               f"host tier {cfg.host_factor}x": dict(host_blocks=cfg.host_factor * cfg.num_blocks)}
 
-    def run(kwargs: dict) -> tuple[Any, float]:
+    def run(kwargs: dict[str, Any]) -> tuple[list[RequestOutput], float]:
         engine = build_engine(model, num_blocks=cfg.num_blocks, block_size=cfg.block_size,
                               max_num_seqs=1, **kwargs)
         ttfts: list[float] = []
@@ -73,7 +77,7 @@ def run_e2e_host(seed: int = 0, cfg: E2EHostConfig | None = None) -> dict[str, A
     try:
         build_engine(model, num_blocks=cfg.num_blocks).generate([prompts[0][:32]], params)  # warm-up
         best: dict[str, float] = {}
-        outs: dict[str, list] = {}
+        outs: dict[str, list[RequestOutput]] = {}
         for _ in range(cfg.repeats):
             for name, kwargs in setups.items():
                 outs[name], ttft = run(kwargs)

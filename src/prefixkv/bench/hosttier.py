@@ -12,14 +12,17 @@ Device pools: the pressure workload runs in its own pool (a sixth of its working
 chat and document run in an eighth of theirs (never below one request), because their
 own pools hold the whole working set and a host tier would have nothing to keep.
 
-What bounds the hit rate: the replay counts a preempted request's re-admission (its
-prompt and the tokens decoded so far, nearly all still cached) as an admission like any
-other, so the hit rate mixes first admissions with re-admissions. Each point also gives
-the first admissions' hit rate alone, and two bounds close the sweep: a host tier that
-never evicts (as many slots as the workload has blocks; the same device pool, so the
-same preemptions) and a device pool that holds the whole workload (no eviction, no
+The hit rate is the first admissions' (``ReplayResult.hit_rate``): a preempted
+request's re-admission (its prompt and the tokens decoded so far, nearly all still
+cached) is shown beside it, its tokens and their hit rate, because counting it in would
+let a tier that keeps more requests running hit less than one that preempts them. Where
+the hits came from (device blocks, host slots) is counted over every admission: a load
+serves a re-admission as well as a first one. Two bounds close the sweep: a host tier
+that never evicts (as many slots as the workload has blocks; the same device pool, so
+the same preemptions) and a device pool that holds the whole workload (no eviction, no
 preemption, no tier). A first admission can hit only blocks some earlier request
-computed; its first-time prefixes and fresh suffixes are misses under any cache.
+computed; its first-time prefixes and fresh suffixes are misses under any cache, so no
+row's hit rate passes the second bound.
 """
 
 from __future__ import annotations
@@ -28,9 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.manager import KVCacheManager
-from ..results import StoreWait
 from ..core.block import blocks_for
+from ..core.manager import KVCacheManager
 from .capacity import blocks_needed, default_pool_blocks
 from .cost import PrefillCost
 from .replay import replay
@@ -86,6 +88,8 @@ def tier_point(result: dict[str, Any], host_blocks: int, block_size: int,
     return {
         "host_blocks": host_blocks,
         "hit_rate": result["hit_rate"],
+        "readmitted_tokens": result["readmitted_tokens"],
+        "readmitted_hit_rate": result["readmitted_hit_rate"],
         "device_hit_rate": (result["prefill_saved"] - host_tokens) / queried if queried else 0.0,
         "host_hit_rate": host_tokens / queried if queried else 0.0,
         "prefill_computed": result["prefill_computed"],
@@ -98,40 +102,11 @@ def tier_point(result: dict[str, Any], host_blocks: int, block_size: int,
     }
 
 
-class FirstAdmissions:
-    """A manager seen by ``replay`` that splits the tokens its admissions saved and
-    computed into first admissions and re-admissions (an id admitted before: preempted)."""
-
-    def __init__(self, manager: KVCacheManager) -> None:
-        self.manager = manager
-        self.seen: set = set()
-        self.first = [0, 0]  # saved, computed
-        self.again = [0, 0]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.manager, name)
-
-    def add_request(self, rid: Any, prompt: Any, **kw: Any) -> Any:
-        adm = self.manager.add_request(rid, prompt, **kw)
-        if adm is not None and not isinstance(adm, StoreWait):
-            counts = self.again if rid in self.seen else self.first
-            self.seen.add(rid)
-            counts[0] += adm.num_cached_tokens
-            counts[1] += adm.num_new_tokens
-        return adm
-
-    def split(self) -> dict[str, Any]:
-        (fs, fc), (rs, rc) = self.first, self.again
-        return {"first_hit_rate": fs / (fs + fc) if fs + fc else 0.0,
-                "readmitted_tokens": rs + rc, "readmitted_saved": rs}
-
-
 def sweep_point(wl: Workload, pool: int, host_blocks: int, block_size: int,
                 transfer: TransferCost) -> dict[str, Any]:
     """One replay of ``wl`` in a device pool of ``pool`` blocks with ``host_blocks`` slots."""
-    alloc = FirstAdmissions(KVCacheManager(pool, block_size, seed=0, host_blocks=host_blocks))
-    result = replay(alloc, wl, "prefixkv").to_dict()  # type: ignore[arg-type]
-    return {**tier_point(result, host_blocks, block_size, transfer), **alloc.split()}
+    alloc = KVCacheManager(pool, block_size, seed=0, host_blocks=host_blocks)
+    return tier_point(replay(alloc, wl, "prefixkv").to_dict(), host_blocks, block_size, transfer)
 
 
 def host_tier_sweep(wl: Workload, block_size: int, transfer: TransferCost = TransferCost(),
@@ -155,13 +130,19 @@ def host_tier_sweep(wl: Workload, block_size: int, transfer: TransferCost = Tran
             "bounds": bounds}
 
 
-HOST_COLUMNS = ("workload", "host tier", "hit rate", "first admissions", "from device",
+HOST_COLUMNS = ("workload", "host tier", "hit rate", "re-admitted tok (hit)", "from device",
                 "from host", "prefill computed", "offloads/req", "loads/req", "GiB moved",
                 "est. prefill ms/req")
 
 
+def readmitted_cell(tokens: int, hit_rate: float) -> str:
+    """Re-admitted prompt tokens and their hit rate, or "-" when nothing was preempted."""
+    return f"{tokens:,} ({hit_rate:.0%})" if tokens else "-"
+
+
 def _cells(name: str, label: str, p: dict[str, Any]) -> tuple[str, ...]:
-    return (name, label, f"{p['hit_rate']:.1%}", f"{p['first_hit_rate']:.1%}",
+    return (name, label, f"{p['hit_rate']:.1%}",
+            readmitted_cell(p["readmitted_tokens"], p["readmitted_hit_rate"]),
             f"{p['device_hit_rate']:.1%}", f"{p['host_hit_rate']:.1%}",
             f"{p['prefill_computed']:,}", f"{p['offloads_per_request']:.1f}",
             f"{p['loads_per_request']:.1f}", f"{p['bytes_moved'] / 2**30:,.1f}",
@@ -186,6 +167,8 @@ def host_note(data: dict[str, Any]) -> str:
             f"est. prefill ms/req is an ESTIMATE for {data['host_transfer']}: the prefill "
             f"FLOPs of the computed tokens plus every offload and load, per request of the "
             f"workload (a re-admission after preemption counts toward its request; no "
-            f"queueing, no decode); first admissions: the hit rate without re-admissions "
-            f"of preempted requests; bound rows: a host tier that never evicts (same device "
-            f"pool) and a device pool holding the whole workload (no tier, no preemption)")
+            f"queueing, no decode); hit rate: first admissions; re-admitted tok (hit): "
+            f"prompt tokens of preempted requests admitted again, and their hit rate; from "
+            f"device/from host: hits by source over every admission; bound rows: a host "
+            f"tier that never evicts (same device pool) and a device pool holding the whole "
+            f"workload (no tier, no preemption)")

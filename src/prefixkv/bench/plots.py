@@ -10,6 +10,14 @@ PLOTS = ("capacity.png", "allocators.png", "e2e_ttft.png", "host_tier.png")
 """Every file name ``write_plots`` may write."""
 
 
+def layered(k: int) -> dict[str, Any]:
+    """Line style of the k-th of several lines that may coincide: each drawn after the
+    last with a thinner line, a smaller marker of another shape and another dash, so that
+    a line on top of another leaves the one below it visible."""
+    return {"marker": "osD^v"[k % 5], "markersize": max(3.0, 9.0 - 2 * k),
+            "linewidth": max(1.0, 3.0 - 0.7 * k), "linestyle": ("-", "--", "-.", ":")[k % 4]}
+
+
 def write_plots(data: dict[str, Any], out: Path) -> list[str]:
     """Draw the plots into ``out`` and return their file names.
     Raises ImportError when matplotlib is not installed."""
@@ -29,11 +37,13 @@ def write_plots(data: dict[str, Any], out: Path) -> list[str]:
 def _capacity(plt: Any, data: dict[str, Any], out: Path) -> str:
     """Hit rate and prefill saved against the paged baseline, as the pool grows."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for wl in data["workloads"]:
+    for k, wl in enumerate(data["workloads"]):
         x = [p["pool_blocks"] for p in wl["sweep"]]
-        left.plot(x, [100 * p["prefixkv"]["hit_rate"] for p in wl["sweep"]], "o-", label=wl["name"])
-        right.plot(x, [100 * p["saved_vs_paged"] for p in wl["sweep"]], "o-", label=wl["name"])
-    for ax, title in ((left, "prefix-cache hit rate"),
+        left.plot(x, [100 * p["prefixkv"]["hit_rate"] for p in wl["sweep"]], label=wl["name"],
+                  **layered(k))
+        right.plot(x, [100 * p["saved_vs_paged"] for p in wl["sweep"]], label=wl["name"],
+                   **layered(k))
+    for ax, title in ((left, "prefix-cache hit rate (first admissions)"),
                       (right, "prefill compute saved vs paged, no cache")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel(f"pool size (blocks of {data['config']['block_size']} tokens)")
@@ -55,12 +65,17 @@ def _allocators(plt: Any, data: dict[str, Any], out: Path) -> str:
         xs = [i + (k - (len(allocators) - 1) / 2) * width for i in range(len(wls))]
         computed = [wl["results"][name].get("prefill_computed", 0) for wl in wls]
         left.bar(xs, computed, width, label=name, color=COLORS.get(name))
-        right.bar(xs, [wl["results"][name]["fit"] for wl in wls], width, label=name,
-                  color=COLORS.get(name))
-    for ax, title in ((left, "prefill tokens computed (log)"),
-                      (right, "requests resident at once in the pool")):
+        fits = [wl["results"][name]["fit"] for wl in wls]
+        bars = right.bar(xs, fits, width, label=name, color=COLORS.get(name))
+        # "N+": all N requests of the workload fit at once (the pool holds more)
+        labels = [f"{f}+" if f == wl["requests"] else f"{f}" for f, wl in zip(fits, wls, strict=True)]
+        right.bar_label(bars, labels, fontsize=7, padding=1)
+    for ax, title, ylabel in ((left, "prefill tokens computed", "prompt tokens computed (log scale)"),
+                              (right, "requests resident at once in the pool",
+                               "requests (N+: all N fit)")):
         ax.set_xticks(range(len(wls)), [wl["name"] for wl in wls])
         ax.set_title(title)
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, axis="y")
         ax.legend()
     left.set_yscale("log")

@@ -15,6 +15,10 @@ One scheduler step::
 
 Accounting: a prompt token is *saved* when the admission found it cached
 (``num_cached_tokens``) and *computed* otherwise, recomputes after preemption included.
+The hit rate is that of first admissions: a preempted request's re-admission (its
+prompt and the tokens decoded so far, nearly all still cached) is counted apart
+(``readmitted_saved``/``readmitted_computed``), else preemption, which a larger pool
+avoids, would raise the hit rate of a smaller pool above it.
 For the attention its prefill would have cost, ``prefill_saved_pairs`` counts the causal
 (query, key) pairs of the saved tokens: c(c+1)/2 for c tokens cached from position 0;
 ``prefill_computed_pairs`` those of the computed ones, n(n+1)/2 - c(c+1)/2 for a prompt
@@ -30,6 +34,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass
 from time import perf_counter_ns
+from typing import Any
 
 from ..allocator import Allocator
 from ..errors import PromptTooLongError
@@ -55,6 +60,8 @@ class ReplayResult:
     preemptions: int = 0
     prefill_computed: int = 0
     prefill_saved: int = 0
+    readmitted_saved: int = 0  # (of prefill_saved and prefill_computed: re-admissions')
+    readmitted_computed: int = 0
     prefill_saved_pairs: int = 0
     prefill_computed_pairs: int = 0
     offloaded_blocks: int = 0
@@ -70,9 +77,22 @@ class ReplayResult:
 
     @property
     def hit_rate(self) -> float:
-        """Saved / (saved + computed) prompt tokens; 0.0 when nothing was admitted."""
-        total = self.prefill_saved + self.prefill_computed
-        return self.prefill_saved / total if total else 0.0
+        """Saved / (saved + computed) prompt tokens of first admissions (re-admissions
+        after preemption apart); 0.0 when nothing was admitted."""
+        saved = self.prefill_saved - self.readmitted_saved
+        total = saved + self.prefill_computed - self.readmitted_computed
+        return saved / total if total else 0.0
+
+    @property
+    def readmitted_tokens(self) -> int:
+        """Prompt tokens of re-admissions after preemption (saved and computed)."""
+        return self.readmitted_saved + self.readmitted_computed
+
+    @property
+    def readmitted_hit_rate(self) -> float:
+        """Saved / prompt tokens of re-admissions; 0.0 when there were none."""
+        total = self.readmitted_tokens
+        return self.readmitted_saved / total if total else 0.0
 
     @property
     def fragmentation(self) -> float:
@@ -86,9 +106,11 @@ class ReplayResult:
     def us_per_decoded_token(self) -> float:
         return self.decode_ns / self.decoded_tokens / 1e3 if self.decoded_tokens else 0.0
 
-    def to_dict(self) -> dict[str, float | int | str]:
-        out: dict[str, float | int | str] = asdict(self)
-        for name in ("hit_rate", "fragmentation", "us_per_admission", "us_per_decoded_token"):
+    def to_dict(self) -> dict[str, Any]:
+        """The counts and the derived rates (JSON values)."""
+        out: dict[str, Any] = asdict(self)
+        for name in ("hit_rate", "readmitted_tokens", "readmitted_hit_rate", "fragmentation",
+                     "us_per_admission", "us_per_decoded_token"):
             out[name] = getattr(self, name)
         return out
 
@@ -117,6 +139,7 @@ def replay(alloc: Allocator, workload: Workload, name: str, *,
     waiting: deque[BenchRequest] = deque(workload.requests)
     running: dict[str, _Running] = {}   # in admission order
     finished: set[str] = set()
+    admitted: set[str] = set()          # ids admitted once: a later admission is a re-admission
     unused = 0                          # reserved-but-unused slots of running requests
     blocked = False                     # an admission failed and nothing was freed since
 
@@ -140,8 +163,13 @@ def replay(alloc: Allocator, workload: Workload, name: str, *,
         res.prefill_saved += adm.num_cached_tokens
         res.prefill_saved_pairs += adm.num_cached_tokens * (adm.num_cached_tokens + 1) // 2
         res.prefill_computed += adm.num_new_tokens
+        if req.rid in admitted:
+            res.readmitted_saved += adm.num_cached_tokens
+            res.readmitted_computed += adm.num_new_tokens
+        admitted.add(req.rid)
         n = adm.num_cached_tokens + adm.num_new_tokens
-        res.prefill_computed_pairs += n * (n + 1) // 2 - adm.num_cached_tokens * (adm.num_cached_tokens + 1) // 2
+        cached = adm.num_cached_tokens
+        res.prefill_computed_pairs += n * (n + 1) // 2 - cached * (cached + 1) // 2
         return True
 
     def release(rid: str) -> _Running:

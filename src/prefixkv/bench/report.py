@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .hosttier import HOST_COLUMNS, host_note, host_rows
+from .hosttier import HOST_COLUMNS, host_note, host_rows, readmitted_cell
 from .layer_groups import GROUP_COLUMNS, group_note, group_rows
 from .plots import PLOTS, write_plots
 from .store_cost import cost_note, cost_table
@@ -16,21 +17,24 @@ FILES = ("report.md", "report.json", *PLOTS)
 """Every file name ``write_all`` may write (nothing else belongs in a report folder)."""
 
 COLUMNS = ("workload", "allocator", "prefill computed", "prefill saved", "hit rate",
-           "peak blocks", "fit in pool", "frag", "us/admit", "us/token", "alloc/saved")
+           "re-admitted tok (hit)", "peak blocks", "fit in pool", "frag", "us/admit", "us/token",
+           "alloc/saved")
 
 
 def rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
     """One row of formatted cells per (workload, allocator), in COLUMNS order."""
-    out = []
+    out: list[tuple[str, ...]] = []
     for wl in data["workloads"]:
         for name, r in wl["results"].items():
             fit = f"{r['fit']}" + ("+" if r["fit"] == wl["requests"] else "")
             if "error" in r:
-                out.append((wl["name"], name, "pool too small", "", "", "", fit, "", "", "", ""))
+                out.append((wl["name"], name, "pool too small", "", "", "", "", fit, "", "", "", ""))
                 continue
             share = r.get("alloc_share")
             out.append((wl["name"], name, f"{r['prefill_computed']:,}", f"{r['prefill_saved']:,}",
-                        f"{r['hit_rate']:.1%}", f"{r['peak_blocks']:,}", fit,
+                        f"{r['hit_rate']:.1%}",
+                        readmitted_cell(r["readmitted_tokens"], r["readmitted_hit_rate"]),
+                        f"{r['peak_blocks']:,}", fit,
                         f"{r['fragmentation']:.1%}", f"{r['us_per_admission']:.1f}",
                         f"{r['us_per_decoded_token']:.2f}",
                         "-" if share is None else f"{share:.3%}"))
@@ -44,19 +48,19 @@ def share_note(data: dict[str, Any]) -> str:
             f"ran; the allocator ran here, on this CPU)")
 
 
-def table(header: tuple[str, ...], body: list[tuple[str, ...]], markdown: bool = False,
+def table(header: tuple[str, ...], body: Sequence[tuple[str, ...]], markdown: bool = False,
           text_columns: int = 2) -> str:
     """Aligned columns (the first ``text_columns`` left, numbers right); a pipe table
     when ``markdown``."""
-    widths = [max(len(c) for c in col) for col in zip(header, *body)]
+    widths = [max(len(c) for c in col) for col in zip(header, *body, strict=True)]
     numeric = [i >= text_columns for i in range(len(header))]
 
     def line(cells: tuple[str, ...]) -> str:
-        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric)]
+        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric, strict=True)]
         return "| " + " | ".join(parts) + " |" if markdown else "  ".join(parts)
 
     rule = ("|" + "|".join(("-" * (w + 1) + ":") if num else ("-" * (w + 2))
-                           for w, num in zip(widths, numeric)) + "|"
+                           for w, num in zip(widths, numeric, strict=True)) + "|"
             if markdown else "  ".join("-" * w for w in widths))
     return "\n".join([line(header), rule] + [line(r) for r in body])
 
@@ -159,7 +163,10 @@ def markdown(data: dict[str, Any], plots: list[str]) -> str:
            f"prefixkv {m['prefixkv']}. Wall time {data['wall_s']:.1f} s.", "",
            f"Settings: scale {c['scale']}, block size {c['block_size']}, seed {c['seed']}, "
            f"pool {c['pool_blocks'] or 'per workload'}.", "",
-           "Prefill counts prompt tokens (recomputes after preemption included); *fit in pool*: "
+           "Prefill counts prompt tokens (recomputes after preemption included); *hit rate*: "
+           "saved / prompt tokens of first admissions; *re-admitted tok (hit)*: prompt tokens "
+           "of preempted requests admitted again, and their hit rate (apart: a pool that "
+           "preempts more would otherwise hit more); *fit in pool*: "
            "requests resident at once, each with its whole output, before the first that does "
            "not fit (`+`: all of them); *frag*: reserved-but-unused slots / reserved slots, "
            "averaged over steps; contiguous reserves the workload's longest request; "
@@ -170,10 +177,12 @@ def markdown(data: dict[str, Any], plots: list[str]) -> str:
                 f"{wl['description']}: {wl['requests']} requests, {wl['prompt_tokens']:,} "
                 f"prompt tokens, pool {wl['pool_blocks']:,} blocks of {wl['block_size']}.", ""]
         sweep = [(f"{p['pool_blocks']:,}", f"{p['prefixkv']['hit_rate']:.1%}",
+                  readmitted_cell(p["prefixkv"]["readmitted_tokens"],
+                                  p["prefixkv"]["readmitted_hit_rate"]),
                   f"{p['prefixkv']['prefill_computed']:,}", f"{p['paged']['prefill_computed']:,}",
                   f"{p['saved_vs_paged']:.1%}") for p in wl["sweep"]]
-        out += [table(("pool blocks", "hit rate", "prefill prefixkv", "prefill paged",
-                       "saved vs paged"), sweep, markdown=True, text_columns=0), ""]
+        out += [table(("pool blocks", "hit rate", "re-admitted tok (hit)", "prefill prefixkv",
+                       "prefill paged", "saved vs paged"), sweep, markdown=True, text_columns=0), ""]
     if "host_tiers" in data:
         out += ["## Host tier (L2)", ""]
         for part in host_parts(data, markdown=True):

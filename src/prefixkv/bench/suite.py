@@ -14,17 +14,22 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .. import __version__
-from .capacity import (
-    ALLOCATORS, default_pool_blocks, make_allocator, requests_that_fit, sweep, sweep_sizes,
-)
 from . import limits
+from .capacity import (
+    ALLOCATORS,
+    default_pool_blocks,
+    make_allocator,
+    requests_that_fit,
+    sweep,
+    sweep_sizes,
+)
 from .cost import PrefillCost, allocator_share
 from .errors import BenchError
 from .hosttier import HOST_FACTORS, HOST_WORKLOADS, TransferCost, host_tier_sweep
 from .layer_groups import MIXES, run_groups
 from .progress import Progress
-from .store_replicas import REPLICA_WORKLOADS, run_replicas
 from .replay import replay
+from .store_replicas import REPLICA_WORKLOADS, run_replicas
 from .trace import load_trace
 from .workloads import BUILTIN, Workload, builtin, token_bound
 
@@ -58,6 +63,7 @@ class BenchConfig:
 
 def machine() -> dict[str, Any]:
     """A description of this machine, for the report."""
+    cores: int | None
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
@@ -114,8 +120,15 @@ def check_pools(workloads: list[Workload], cfg: BenchConfig) -> None:
 
 def load_workloads(cfg: BenchConfig) -> list[Workload]:
     """The configured workloads, built (or parsed) in order. Raises TraceError."""
-    return [load_trace(cfg.trace, cfg.seed) if name == "trace" else
-            builtin(name, cfg.scale, cfg.seed) for name in cfg.workloads]
+    out = []
+    for name in cfg.workloads:
+        if name == "trace":
+            if cfg.trace is None:
+                raise BenchError("the trace workload needs a trace file (--trace FILE)")
+            out.append(load_trace(cfg.trace, cfg.seed))
+        else:
+            out.append(builtin(name, cfg.scale, cfg.seed))
+    return out
 
 
 def pool_of(wl: Workload, cfg: BenchConfig) -> int:
@@ -123,8 +136,11 @@ def pool_of(wl: Workload, cfg: BenchConfig) -> int:
     return cfg.pool_blocks or default_pool_blocks(wl, cfg.block_size)
 
 
+_DEFAULT_COST = PrefillCost()  # frozen: one instance serves every call
+
+
 def run_workload(wl: Workload, cfg: BenchConfig, progress: Progress,
-                 cost: PrefillCost = PrefillCost()) -> dict[str, Any]:
+                 cost: PrefillCost = _DEFAULT_COST) -> dict[str, Any]:
     """Replay one workload with every allocator, count what fits, sweep the pool size;
     each result's ``alloc_share`` sets its allocator time against ``cost``."""
     bs = cfg.block_size

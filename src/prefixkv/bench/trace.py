@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -44,6 +44,8 @@ from .workloads import TOKEN_IDS, BenchRequest, Workload
 
 FIELDS = ("id", "prompt", "segments", "output", "output_len", "continues", "lora", "cache_salt")
 POOL_TOKENS = 65536
+
+_Fail = Callable[..., "TraceError"]  # a line's error: (message, field=None) -> TraceError
 
 
 class TraceError(BenchError):
@@ -98,7 +100,7 @@ def parse_trace(lines: Iterable[str], *, seed: int = 0, source: str = "trace") -
         if not raw.strip():
             continue
 
-        def fail(message: str, field: str | None = None) -> TraceError:
+        def fail(message: str, field: str | None = None, lineno: int = lineno) -> TraceError:
             return TraceError(message, lineno, field, source)
 
         obj = _json_object(raw, fail)
@@ -118,12 +120,14 @@ def parse_trace(lines: Iterable[str], *, seed: int = 0, source: str = "trace") -
         given = _one_of(obj, "output", "output_len", fail) == "output"
         output = _token_list(obj, "output", fail, allow_empty=False) if given else None
         size = len(history) + (len(prompt) if prompt is not None else sum(n for n, _ in segments))
-        size += len(output) if output is not None else _positive(obj["output_len"], "output_len", fail)
+        output_len = (len(output) if output is not None
+                      else _positive(obj["output_len"], "output_len", fail))
+        size += output_len
         total += size
         _check_caps(size, total, fail)
         tokens = prompt if prompt is not None else _draw(segments, rng, shared)
         if output is None:
-            output = tuple(rng.choices(TOKEN_IDS, k=obj["output_len"]))
+            output = tuple(rng.choices(TOKEN_IDS, k=output_len))
         req = BenchRequest(rid, history + tokens, output, _extra(obj, fail), after)
         done[rid] = req
         reqs.append(req)
@@ -133,7 +137,7 @@ def parse_trace(lines: Iterable[str], *, seed: int = 0, source: str = "trace") -
                     tuple(reqs), POOL_TOKENS)
 
 
-def _json_object(raw: str, fail) -> dict:
+def _json_object(raw: str, fail: _Fail) -> dict[str, object]:
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -151,7 +155,7 @@ def _json_object(raw: str, fail) -> dict:
     return obj
 
 
-def _check_caps(size: int, total: int, fail) -> None:
+def _check_caps(size: int, total: int, fail: _Fail) -> None:
     if size > limits.MAX_REQUEST_TOKENS:
         raise fail(f"{size:,} tokens (prompt with its history, and output), over the cap of "
                    f"{limits.MAX_REQUEST_TOKENS:,} tokens per request")
@@ -161,7 +165,7 @@ def _check_caps(size: int, total: int, fail) -> None:
                    f"trace: replay fewer lines or shorter chains of 'continues'")
 
 
-def _rid(obj: dict, field: str, fail) -> str:
+def _rid(obj: dict[str, object], field: str, fail: _Fail) -> str:
     value = obj.get(field)
     if field not in obj:
         raise fail("missing; every line needs an id", field)
@@ -170,19 +174,19 @@ def _rid(obj: dict, field: str, fail) -> str:
     return str(value)
 
 
-def _one_of(obj: dict, a: str, b: str, fail) -> str:
+def _one_of(obj: dict[str, object], a: str, b: str, fail: _Fail) -> str:
     if (a in obj) == (b in obj):
         raise fail(f"give exactly one of {a!r} and {b!r}", a)
     return a if a in obj else b
 
 
-def _positive(value: object, field: str, fail) -> int:
+def _positive(value: object, field: str, fail: _Fail) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise fail(f"must be an int >= 1, got {shorten(value)}", field)
     return value
 
 
-def _token_list(obj: dict, field: str, fail, *, allow_empty: bool) -> tuple[int, ...]:
+def _token_list(obj: dict[str, object], field: str, fail: _Fail, *, allow_empty: bool) -> tuple[int, ...]:
     value = obj[field]
     if not isinstance(value, list):
         raise fail(f"must be a list of token ids, got {type(value).__name__}", field)
@@ -194,11 +198,11 @@ def _token_list(obj: dict, field: str, fail, *, allow_empty: bool) -> tuple[int,
     return tuple(value)
 
 
-def _segments(value: object, fail) -> list[tuple[int, str | None]]:
+def _segments(value: object, fail: _Fail) -> list[tuple[int, str | None]]:
     """The segments' (length, shared stream name or None), checked, nothing drawn yet."""
     if not isinstance(value, list) or not value:
         raise fail("must be a non-empty list of {\"len\": n, \"share\": name} objects", "segments")
-    out = []
+    out: list[tuple[int, str | None]] = []
     for i, seg in enumerate(value):
         if not isinstance(seg, dict) or "len" not in seg or set(seg) - {"len", "share"}:
             raise fail(f"item {i} is {shorten(seg)}; expected {{\"len\": n}} with an optional "
@@ -226,9 +230,9 @@ def _draw(segments: list[tuple[int, str | None]], rng: random.Random,
     return tuple(out)
 
 
-def _extra(obj: dict, fail) -> ExtraKeys | None:
-    keys: dict[str, str | None] = {"lora": None, "cache_salt": None}
-    for field in keys:
+def _extra(obj: dict[str, object], fail: _Fail) -> ExtraKeys | None:
+    keys: dict[str, str] = {}
+    for field in ("lora", "cache_salt"):
         if field in obj:
             value = obj[field]
             if not isinstance(value, str) or not value:
@@ -238,6 +242,6 @@ def _extra(obj: dict, fail) -> ExtraKeys | None:
             except ExtraKeysError as exc:
                 raise fail(str(exc), field) from None
             keys[field] = value
-    if keys["lora"] is None and keys["cache_salt"] is None:
+    if not keys:
         return None
-    return ExtraKeys(lora=keys["lora"], cache_salt=keys["cache_salt"])
+    return ExtraKeys(lora=keys.get("lora"), cache_salt=keys.get("cache_salt"))

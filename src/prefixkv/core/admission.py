@@ -14,13 +14,23 @@ from array import array
 from collections.abc import Hashable, Sequence
 
 from ..errors import (
-    MAX_BLOCKS, ConfigError, InvariantError, PromptTooLongError, RequestError, TokenError,
-    check_count, check_flag, check_new_request, check_positive,
+    MAX_BLOCKS,
+    ConfigError,
+    InvariantError,
+    PromptTooLongError,
+    RequestError,
+    TokenError,
+    check_count,
+    check_flag,
+    check_new_request,
+    check_positive,
+    live_request,
 )
 from ..events import EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import HashFn, block_chunks, encode_tokens, make_hash_fn, token_buffer
 from ..index import ContentIndex, Hasher, NoIndex
+from ..index.announce import Fresh
 from ..results import Admission, StoreWait
 from ..stats import StatsCounter
 from ..store.shared import SharedStore
@@ -73,7 +83,7 @@ class Admitter:
         self._stats = StatsCounter()
         self._copies = CopyPlan()  # the step's fork copies (a closed set: see copies.py)
         self._store = self._waits = None
-        self._computing: list[tuple] = []  # contents recorded last step: written to the store next
+        self._computing: list[Fresh] = []  # contents recorded last step: written to the store next
         if store is not None:  # the store's keys are chain hashes: every block needs its own
             self._store = store.bind(hash_mode, seed, root, block_size, self._stats, self._hasher.chain)
             self._waits = StoreWaits(self._store, self._host, self._index, self._events,  # type: ignore[arg-type]
@@ -137,7 +147,7 @@ class Admitter:
         if claimed is not None:  # the hits hold their references already (one pass)
             pool.claimed(claimed)
         loads, held = self._split(hits) if self._host is not None and claimed is None else ((), hits)
-        need = -(-(total + num_lookahead_tokens) // bs) - len(held)  # (blocks_for, inlined)
+        need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
         fit = blocks_for(n + num_lookahead_tokens, bs) - len(held) if require_full_fit else need
         if not (max(need, fit) <= pool.num_free if claimed is not None
                 else pool.can_acquire(held, max(need, fit))):
@@ -154,8 +164,12 @@ class Admitter:
             raise
         fetched = sum(h.content_id in fetch.cids for h in loads) if fetch else 0
         if claimed is not None:  # ``hits`` is the claim's own list
-            if need:
-                hits += pool.take(need) if need > 1 else (pool.take_one(),)
+            if need > 1:
+                hits += pool.take(need)
+            elif need:
+                b = pool.take_one()
+                assert b is not None, "a free block was counted above"
+                hits.append(b)
             req.blocks = hits
         else:
             req.blocks = (pool.acquire(hits, need) if not loads
@@ -177,7 +191,7 @@ class Admitter:
         return Admission.of(request_id, req.blocks, num_cached, num_new)
 
     @staticmethod
-    def _split(hits: list) -> tuple[list, list]:
+    def _split(hits: list[Block]) -> tuple[list[Block], list[Block]]:
         """The hits that are not device blocks (host slots, fetched blocks: to load), and
         the device blocks; in the common case (the device blocks first), two slices."""
         kinds = list(map(type, hits))
@@ -188,15 +202,16 @@ class Admitter:
             return hits[n:], hits[:n]
         return [h for h in hits if type(h) is not Block], [h for h in hits if type(h) is Block]
 
-    def _acquire_loading(self, req: Request, hits: list, held: list[Block], need: int) -> list[Block]:
+    def _acquire_loading(self, req: Request, hits: list[Block], held: list[Block], need: int) -> list[Block]:
         """``acquire`` when some hits are host slots: pin the slots, take fresh device
         blocks for them
         (the evictions this causes may offload, never into a pinned slot), record their
         content and state the loads: each of these once for all the admission's slots."""
-        host = self._host
+        host, index = self._host, self._index
+        assert host is not None and isinstance(index, ContentIndex), "loads need a host tier"
         first = hits[:len(held)] == held  # the device hits come first (the common case)
         slots = hits[len(held):] if first else [h for h in hits if type(h) is not Block]
-        host.hold(slots)  # type: ignore[union-attr]
+        host.hold(slots)
         taken = self._pool.acquire(held, need)  # held, then the fresh blocks
         if first:  # the fresh blocks follow the device hits, in the order of the slots
             blocks = taken
@@ -204,15 +219,15 @@ class Admitter:
         else:  # a device hit after host hits: the fresh blocks go where the slots were
             fresh = iter(taken[len(held):])
             blocks = [h if type(h) is Block else next(fresh) for h in hits]
-            into = [b for b, h in zip(blocks, hits) if h is not b]
+            into = [b for b, h in zip(blocks, hits, strict=True) if h is not b]
             blocks += fresh
-        self._index.adopt(into, slots, held[-1] if first and held else None, first)  # type: ignore[attr-defined]
-        host.load(slots, into)  # type: ignore[union-attr]
+        index.adopt(into, slots, held[-1] if first and held else None, first)
+        host.load(slots, into)
         return blocks
 
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
               extra: ExtraKeys | None, read_cache: bool,
-              admit: tuple[int | None, int, bool] | None) -> tuple[Request, list, int | None]:
+              admit: tuple[int | None, int, bool] | None) -> tuple[Request, list[Block], int | None]:
         """Check and encode a prompt and find its cached prefix (at most all blocks but
         the one holding the last token): the request, the hits and, when ``admit`` and
         the index claimed them (took their references), how many left the cached tier;
@@ -225,7 +240,7 @@ class Admitter:
             raise TokenError("the prompt is empty: at least one token is needed")
         if admit is not None and n + admit[1] > self.num_blocks * bs:  # else it fits
             self._check_fits(n, *admit)
-        keys = PLAIN_KEYS if extra is None else RequestKeys.of(check_extra(extra, n), -(-n // bs), bs)
+        keys = PLAIN_KEYS if extra is None else RequestKeys.of(check_extra(extra, n), blocks_for(n, bs), bs)
         req = Request(request_id, tokens, keys)
         req.prompt_chunks = chunks = block_chunks(token_buffer(tokens), 4 * bs, n // bs)
         if not read_cache:
@@ -257,7 +272,13 @@ class Admitter:
             raise PromptTooLongError(n, need, self.num_blocks, "" if need == blocks_for(n, bs)
                                      else f" (with {lookahead} lookahead slots)")
 
-    def _encode(self, token_ids: Sequence[int]) -> array:
+    def _get(self, request_id: Hashable) -> Request:
+        try:  # every call goes through here, decode included: one dict access when live
+            return self._requests[request_id]
+        except Exception:  # unknown, unhashable, or a __hash__ that raises
+            return live_request(self._requests, request_id)  # raises RequestError
+
+    def _encode(self, token_ids: Sequence[int]) -> array[int]:
         return encode_tokens(token_ids, self.vocab_size)
 
     @staticmethod

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
-Key = bytes | tuple  # the index key: token bytes, or (parent id, token bytes, extra bytes)
+if TYPE_CHECKING:
+    from ..events import BlockStored
+
+ContentKey = tuple[int, bytes, bytes]  # (parent content id, token bytes, extra-key bytes)
+Key = bytes | ContentKey  # the index key: token bytes alone, or the whole content
+
+
+def key_chunk(key: Key | None) -> bytes:
+    """The token bytes of an index key (the key, or its middle); ``key`` is not None."""
+    assert key is not None, "a block without content has no token bytes"
+    return key if isinstance(key, bytes) else key[1]
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
-    """How many blocks ``num_tokens`` token slots take (ceiling division)."""
+    """How many blocks ``num_tokens`` token slots take: the one ceiling division of the
+    package (also where the units are not blocks: chunks of a chunked-attention group)."""
     return -(-num_tokens // block_size)
 
 
@@ -22,7 +34,22 @@ class _NoChild:
     extra = None
 
 
-NO_CHILD = _NoChild()
+class _Unlinked:
+    """The ``prev``/``next`` of a block outside the free queue's cached tier."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNLINKED"
+
+
+# Typed as a Block so that the links of a linked block need no None checks on the hot
+# paths; it is only ever compared by identity, never read through.
+UNLINKED: Block = cast("Block", _Unlinked())
+
+# Typed as a Block: it answers every read that checking a guess makes (key, parent_cid,
+# extra, twin, chained, content_id), and each such check fails; it is never written to.
+NO_CHILD: Block = cast("Block", _NoChild())
 
 
 @dataclass(slots=True, eq=False)
@@ -34,8 +61,9 @@ class Block:
     None while it holds no reusable content (partial, never computed, or reused); while
     it is None, the content fields are stale and meaningless (not cleared: the next fill
     overwrites them). The content: ``parent_cid`` (the parent's content id, 0 for a first
-    block), the token bytes (in the key) and ``extra`` (extra-key bytes). ``content_id``: a per-process id of that content, shared by every block that
-    holds equal content (its children's keys name it); 0 without content.
+    block), the token bytes (in the key) and ``extra`` (extra-key bytes). ``content_id``:
+    a per-process id of that content, shared by every block that holds equal content (its
+    children's keys name it); 0 without content.
     ``twin``: another block held the same content first; this one is a spare copy that is
     findable only if that one goes (see ``ContentIndex``).
     ``hash``: the chain hash (the identity outside the process), computed only when a
@@ -59,12 +87,12 @@ class Block:
     content_id: int = 0
     twin: bool = False
     hash: bytes | None = None
-    event: object = None
+    event: BlockStored | None = None
     step: int = 0
-    child: Block | _NoChild = NO_CHILD
+    child: Block = NO_CHILD
     chained: bool = False
-    prev: Block | None = None
-    next: Block | None = None
+    prev: Block = UNLINKED
+    next: Block = UNLINKED
 
     def clear_content(self) -> None:
         self.key = None

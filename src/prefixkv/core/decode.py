@@ -14,17 +14,16 @@ from operator import attrgetter
 
 from ..errors import ConfigError, RequestError, check_chunk, check_count
 from ..hashing import encode_tokens
+from ..index.announce import Prepared
 from ..results import DecodeStep
 from .admission import Admitter
 from .block import blocks_for
-from .request import Request
+from .request import Request, step_requests
 
 _NO_BLOCKS: tuple[int, ...] = ()
 _NOTHING_GREW = DecodeStep((), ())
-_NO_FILLS: dict[int, object] = {}  # a step with no hash_mode callable prepares nothing (never written)
+_NO_FILLS: dict[int, Prepared | None] = {}  # no hash_mode callable: nothing prepared (never written)
 _ID = attrgetter("block_id")
-_SCHEDULED = attrgetter("num_scheduled")
-_TOKENS = attrgetter("tokens")
 
 
 class Decoder(Admitter):
@@ -69,7 +68,8 @@ class Decoder(Admitter):
             return self._append_at_edge(req, new[0])
         return self._grow(req, total, new)
 
-    def _append_at_edge(self, req: Request, token: int, prepared: object = None) -> tuple[int, ...] | None:
+    def _append_at_edge(self, req: Request, token: int,
+                        prepared: Prepared | None = None) -> tuple[int, ...] | None:
         """Append one token that opens a block (which the pool must give: None when it
         cannot, nothing changed) or fills one (recorded: from ``prepared``, made before
         any change when a hash_mode callable may fail, else here). Returns the ids of
@@ -106,7 +106,7 @@ class Decoder(Admitter):
         edge = self._append_at_edge
         grown: list[tuple[Hashable, tuple[int, ...]]] = []
         short: list[Hashable] = []
-        for req, t in zip(reqs, new):
+        for req, t in zip(reqs, new, strict=True):
             n = req.num_scheduled
             r = n % bs
             if r != last and (r or n < len(req.blocks) * bs):  # room that does not fill
@@ -122,12 +122,12 @@ class Decoder(Admitter):
             return _NOTHING_GREW
         return DecodeStep(tuple(grown), tuple(short))
 
-    def _prepare_fills(self, reqs: list[Request], new) -> dict[int, object]:
+    def _prepare_fills(self, reqs: list[Request], new: Sequence[int]) -> dict[int, Prepared | None]:
         """What the blocks filled by this step need (their hashes), computed before any
         change: a ``hash_mode`` callable may fail, and the step must then change nothing."""
         last = self.block_size - 1
         return {id(r): self._index.prepare_next(r, t)
-                for r, t in zip(reqs, new) if r.num_scheduled % self.block_size == last}
+                for r, t in zip(reqs, new, strict=True) if r.num_scheduled % self.block_size == last}
 
     def reserve(self, request_id: Hashable, num_slots: int) -> tuple[int, ...] | None:
         """Make the blocks cover ``num_slots`` positions past the scheduled tokens, whose
@@ -148,31 +148,9 @@ class Decoder(Admitter):
     def _step_requests(self, request_ids: Sequence[Hashable],
                        token_ids: Sequence[int]) -> list[Request]:
         """The live requests of a decode step, checked: known, distinct, prefill done."""
-        try:
-            k = len(request_ids)
-            same = k == len(token_ids) and not isinstance(request_ids, (str, bytes))
-        except TypeError:
-            raise RequestError("request_ids and token_ids must be sequences") from None
-        if not same:
-            raise RequestError(f"{k} request ids for {len(token_ids)} tokens (ids must be a "
-                               f"sequence, not a str)")
-        try:
-            reqs = list(map(self._requests.__getitem__, request_ids))
-            # num_scheduled <= len(tokens) always: equal sums mean every prefill is done
-            # (checked only while some live request is still prefilling)
-            if self._num_prefilling and (sum(map(_SCHEDULED, reqs))
-                                         != sum(map(len, map(_TOKENS, reqs)))):
-                raise KeyError(None)
-        except Exception:  # an unknown or unhashable id, or a prefill not fully scheduled
-            reqs = [self._get(r) for r in request_ids]  # type: ignore[attr-defined]
-            r = next(r for r in reqs if r.num_scheduled != len(r.tokens))
-            raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "
-                               f"scheduled: call extend() first") from None
-        if k > 1 and len(set(reqs)) != k:  # Requests hash by identity: cheaper than ids
-            raise RequestError("a request id appears twice in one step")
-        return reqs
+        return step_requests(self._requests, self._get, self._num_prefilling, request_ids, token_ids)
 
-    def _grow(self, req: Request, total: int, new_tokens: array | None = None) -> tuple[int, ...] | None:
+    def _grow(self, req: Request, total: int, new_tokens: array[int] | None = None) -> tuple[int, ...] | None:
         """Append ``new_tokens`` and cover ``[0, total)`` with blocks, recording the
         blocks that became full; None on shortage, before any change."""
         bs = self.block_size

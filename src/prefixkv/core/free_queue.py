@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .block import Block
+from .block import UNLINKED, Block
 
 
 class FreeBlockQueue:
@@ -35,7 +35,6 @@ class FreeBlockQueue:
     def append(self, block: Block) -> None:
         """Insert ``block`` as the most recently used. It must not be in the queue."""
         last = self._tail.prev
-        assert last is not None
         last.next = block
         block.prev = last
         block.next = self._tail
@@ -45,7 +44,6 @@ class FreeBlockQueue:
     def extend(self, blocks: list[Block]) -> None:
         """Append ``blocks`` in order, each as the new most recently used."""
         last = self._tail.prev
-        assert last is not None
         for b in blocks:
             last.next = b
             b.prev = last
@@ -57,12 +55,11 @@ class FreeBlockQueue:
     def popleft_n(self, n: int) -> list[Block]:
         """Unlink and return the ``n`` least recently used blocks (``n <= len``)."""
         assert 0 <= n <= self.size, (n, self.size)
-        out = []
+        out: list[Block] = []
         node = self._head.next
         for _ in range(n):
             out.append(node)
             node = node.next
-        assert node is not None
         self._head.next = node
         node.prev = self._head
         self.size -= n
@@ -72,9 +69,9 @@ class FreeBlockQueue:
         """Unlink each of ``blocks``, which must all be in the queue."""
         for b in blocks:
             prev, nxt = b.prev, b.next
-            prev.next = nxt  # type: ignore[union-attr]
-            nxt.prev = prev  # type: ignore[union-attr]
-            b.prev = b.next = None
+            prev.next = nxt
+            nxt.prev = prev
+            b.prev = b.next = UNLINKED
         self.size -= len(blocks)
 
     def ends(self) -> tuple[Block, Block]:
@@ -91,10 +88,10 @@ class FreeBlockQueue:
     def remove(self, block: Block) -> None:
         """Unlink ``block``, which must be in the queue."""
         prev, nxt = block.prev, block.next
-        assert prev is not None and nxt is not None, block
+        assert prev is not UNLINKED and nxt is not UNLINKED, block
         prev.next = nxt
         nxt.prev = prev
-        block.prev = block.next = None
+        block.prev = block.next = UNLINKED
         self.size -= 1
 
     def popleft(self) -> Block | None:
@@ -103,22 +100,21 @@ class FreeBlockQueue:
         block = head.next
         if block is self._tail:
             return None
-        nxt = block.next  # type: ignore[union-attr]
+        nxt = block.next
         head.next = nxt
-        nxt.prev = head  # type: ignore[union-attr]
-        block.prev = block.next = None  # type: ignore[union-attr]
+        nxt.prev = head
+        block.prev = block.next = UNLINKED
         self.size -= 1
         return block
 
     def contains(self, block: Block) -> bool:
         """Whether ``block`` is linked into this queue, for blocks that left it through
         ``remove`` or ``popleft`` (which clear its links)."""
-        return block.prev is not None
+        return block.prev is not UNLINKED
 
     def __iter__(self) -> Iterator[Block]:
         node = self._head.next
         while node is not self._tail:
-            assert node is not None
             yield node
             node = node.next
 

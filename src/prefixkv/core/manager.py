@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from operator import attrgetter
 
-from ..errors import ConfigError, RequestError, check_count, check_new_request, live_request
+from ..errors import ConfigError, RequestError, check_count, check_new_request
 from ..events import AllBlocksCleared, Event
 from ..extra_keys import ExtraKeys
+from ..index import ContentIndex
 from ..results import Fork, KVOp, SharedPrefix
 from ..stats import PrefixCacheStats
 from .block import Block
 from .decode import Decoder
-from .request import Request
 from .sharing import shared_prefixes
 
 _ID = attrgetter("block_id")
@@ -313,16 +313,15 @@ class KVCacheManager(Decoder):
     def _store_puts(self) -> list[KVOp]:
         """Writes of the contents recorded in the previous step (their forward pass has
         run since), those still held as recorded: not evicted, not made unfindable."""
-        put = self._store.put  # type: ignore[union-attr]
-        ops: list[KVOp] = [put(b.block_id, b.hash, parent, chunk, b.extra, keys)
-                           for b, cid, parent, chunk, keys in self._computing
-                           if b.key is not None and not b.twin and b.content_id == cid]
-        self._computing, self._index.fresh = self._index.fresh, []  # type: ignore[union-attr]
+        store, index = self._store, self._index
+        assert store is not None and isinstance(index, ContentIndex), "puts need a store"
+        ops: list[KVOp] = []
+        for b, cid, parent, chunk, keys in self._computing:
+            if b.key is not None and not b.twin and b.content_id == cid:
+                assert b.hash is not None, "with a store, every recorded block has its chain hash"
+                ops.append(store.put(b.block_id, b.hash, parent, chunk, b.extra, keys))
+        assert index.fresh is not None, "a store's index notes fresh contents"
+        self._computing, index.fresh = index.fresh, []
         return ops
 
-    def _get(self, request_id: Hashable) -> Request:
-        try:  # every call goes through here, decode included: one dict access when live
-            return self._requests[request_id]
-        except Exception:  # unknown, unhashable, or a __hash__ that raises
-            return live_request(self._requests, request_id)  # raises RequestError
 

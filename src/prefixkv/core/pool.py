@@ -12,17 +12,29 @@ removes content from the index (``uncache`` does it for KV that was never comput
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
-from .block import Block
+from .block import UNLINKED, Block
 from .free_queue import FreeBlockQueue
+
+
+class PoolIndex(Protocol):
+    """What the pool asks of an index: the eviction step, spares, reset and checks
+    (``index.Index`` and the groups' ``GroupIndex`` both satisfy it)."""
+
+    def drop(self, blocks: Sequence[Block]) -> None: ...
+    def drop_one(self, block: Block) -> None: ...
+    def release_spare(self, block: Block) -> Block | None: ...
+    def clear(self) -> None: ...
+    def check(self, blocks: Sequence[Block]) -> str | None: ...
 
 
 class BlockPool:
     """``num_blocks`` blocks, created once, and the ``index`` that finds their content.
     Not thread-safe: one scheduler thread owns it."""
 
-    def __init__(self, num_blocks: int, index) -> None:
+    def __init__(self, num_blocks: int, index: PoolIndex) -> None:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.index = index
         self._empty = self.blocks[::-1]  # pop from the end: block 0 is used first
@@ -49,8 +61,8 @@ class BlockPool:
         for b in hits:
             if not b.ref_cnt:  # a free cache hit leaves the cached tier (inlined unlink)
                 prev, nxt = b.prev, b.next  # (b's own links go stale: never read again
-                prev.next = nxt  # type: ignore[union-attr]  # until it is linked anew)
-                nxt.prev = prev  # type: ignore[union-attr]
+                prev.next = nxt  # until it is linked anew)
+                nxt.prev = prev
                 unlinked += 1
             b.ref_cnt += 1
         self._cached.forget(unlinked)
@@ -69,8 +81,8 @@ class BlockPool:
         for b in reversed(hits):
             b.ref_cnt -= 1
             if not b.ref_cnt:
-                b.prev.next = b  # type: ignore[union-attr]
-                b.next.prev = b  # type: ignore[union-attr]
+                b.prev.next = b
+                b.next.prev = b
 
     def take(self, n: int) -> list[Block]:
         """Hand out ``n`` free blocks with refcount 1, empty ones first, then the least
@@ -89,6 +101,7 @@ class BlockPool:
     def take_one(self) -> Block | None:
         """``take(1)[0]`` without the lists (a decoded token opening a block); None,
         with nothing changed, when no block is free."""
+        b: Block | None
         if self._empty:
             b = self._empty.pop()
         else:
@@ -134,7 +147,7 @@ class BlockPool:
         if self.num_free != len(self.blocks):
             return False
         for b in self.blocks:
-            b.prev = b.next = None
+            b.prev = b.next = UNLINKED
             b.clear_content()
         self._cached = FreeBlockQueue()
         self.index.clear()

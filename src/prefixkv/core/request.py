@@ -13,8 +13,11 @@ A request is its content (token ids and the keys that, with them, determine its 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from operator import attrgetter
+from typing import Protocol, TypeVar
 
+from ..errors import RequestError
 from ..extra_keys import ExtraKeys
 from ..hashing import encode_tokens
 from .block import Block, blocks_for
@@ -68,7 +71,7 @@ class Request:
     __slots__ = ("request_id", "tokens", "keys", "blocks", "num_cached", "num_scheduled",
                  "num_reserved", "prompt_chunks")
 
-    def __init__(self, request_id: Hashable, tokens: array, keys: RequestKeys) -> None:
+    def __init__(self, request_id: Hashable, tokens: array[int], keys: RequestKeys) -> None:
         self.request_id = request_id
         self.tokens = tokens
         self.keys = keys
@@ -106,3 +109,48 @@ class Request:
                     f"slots (want {want}), {self.num_scheduled} scheduled, "
                     f"{len(self.tokens)} known")
         return None
+
+
+class _Live(Protocol):
+    """What ``step_requests`` reads of a request (``Request``, ``GroupRequest``)."""
+
+    @property
+    def request_id(self) -> Hashable: ...
+    @property
+    def tokens(self) -> array[int]: ...
+    @property
+    def num_scheduled(self) -> int: ...
+
+
+_R = TypeVar("_R", bound=_Live)
+_SCHEDULED = attrgetter("num_scheduled")
+_TOKENS = attrgetter("tokens")
+
+
+def step_requests(live: Mapping[Hashable, _R], get: Callable[[Hashable], _R], prefilling: int,
+                  request_ids: Sequence[Hashable], token_ids: Sequence[int]) -> list[_R]:
+    """The requests of a decode step (``live[id]`` each; ``get``: the lookup that raises
+    RequestError for an unknown id), checked: as many ids as tokens, each known, once,
+    and with its prefill fully scheduled (checked while ``prefilling`` is nonzero)."""
+    try:
+        k = len(request_ids)
+        same = k == len(token_ids) and not isinstance(request_ids, (str, bytes))
+    except TypeError:
+        raise RequestError("request_ids and token_ids must be sequences") from None
+    if not same:
+        raise RequestError(f"{k} request ids for {len(token_ids)} tokens (ids must be a "
+                           f"sequence, not a str)")
+    try:
+        reqs = list(map(live.__getitem__, request_ids))
+        # num_scheduled <= len(tokens) always: equal sums mean every prefill is done
+        # (checked only while some live request is still prefilling)
+        if prefilling and (sum(map(_SCHEDULED, reqs)) != sum(map(len, map(_TOKENS, reqs)))):
+            raise KeyError(None)
+    except Exception:  # an unknown or unhashable id, or a prefill not fully scheduled
+        reqs = [get(r) for r in request_ids]
+        r = next(r for r in reqs if r.num_scheduled != len(r.tokens))
+        raise RequestError(f"request {r.request_id!r} has prompt tokens not yet "
+                           f"scheduled: call extend() first") from None
+    if k > 1 and len(set(reqs)) != k:  # requests hash by identity: cheaper than ids
+        raise RequestError("a request id appears twice in one step")
+    return reqs

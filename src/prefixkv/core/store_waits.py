@@ -30,6 +30,7 @@ from ..results import StoreFetched, StoreWait
 from ..store.fetch import Fetch
 from ..store.link import StoreLink
 from ..tiers import HostSlot, HostTier
+from .block import Block
 from .request import Request
 
 GRACE = 0.05
@@ -68,7 +69,7 @@ class StoreWaits:
             views.append(vs)
         self.memory = views
 
-    def _staging(self, slots: list[HostSlot]) -> list[list[memoryview]]:
+    def _staging(self, slots: list[Block]) -> list[list[memoryview]]:
         """Buffers of the manager's own for ``slots``' payloads, which the plan's
         ``StoreFetched`` ops then copy (without ``attach``): one area of anonymous memory
         for every slot, mapped once, whose pages are touched only as fetches write them.

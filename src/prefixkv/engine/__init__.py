@@ -20,8 +20,16 @@ layer_groups=[1, 1, 0, ...])`` pairs a ``HybridKVCacheManager`` with a
 ``HybridModelRunner`` (``prefixkv.engine.hybrid``).
 """
 
-from .chat import ChatResult, run_chat, synthetic_conversations
+try:  # the kernels extra: say which install is missing, not a bare ModuleNotFoundError
+    import torch  # noqa: F401
+except ImportError as exc:
+    from ..errors import ExtraNotInstalledError
+
+    raise ExtraNotInstalledError("prefixkv.engine", "kernels", "torch") from exc
+
+
 from .build import UncachedHybridManager, build_engine
+from .chat import ChatResult, run_chat, synthetic_conversations
 from .engine import Engine
 from .model import LlamaConfig, TinyLlama, dense_causal_attention
 from .outputs import GenerateResult, RequestMetrics, RequestOutput, SampleOutput, StepRecord
@@ -31,5 +39,6 @@ from .sequence import SamplingParams
 __all__ = [
     "ChatResult", "Engine", "GenerateResult", "LlamaConfig", "ModelRunner", "RequestMetrics",
     "RequestOutput", "Runner", "SampleOutput", "SamplingParams", "SeqBatchEntry", "StepRecord",
-    "TinyLlama", "UncachedHybridManager", "build_engine", "dense_causal_attention", "run_chat", "synthetic_conversations",
+    "TinyLlama", "UncachedHybridManager", "build_engine", "dense_causal_attention", "run_chat",
+    "synthetic_conversations",
 ]

@@ -10,6 +10,7 @@ ids are one table or one per group.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import torch
 
@@ -32,11 +33,13 @@ class UncachedHybridManager(HybridKVCacheManager):
 
     def add_request(self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
                     extra: ExtraKeys | None = None, num_new_tokens: int | None = None,
-                    resumed: bool = False, read_cache: bool = True) -> GroupAdmission | None:
+                    resumed: bool = False, read_cache: bool = True, num_lookahead_tokens: int = 0,
+                    require_full_fit: bool = False) -> GroupAdmission | None:
         """As ``HybridKVCacheManager.add_request`` with ``read_cache=False``."""
         return super().add_request(request_id, prompt_token_ids, extra=extra,
                                    num_new_tokens=num_new_tokens, resumed=resumed,
-                                   read_cache=False)
+                                   read_cache=False, num_lookahead_tokens=num_lookahead_tokens,
+                                   require_full_fit=require_full_fit)
 
     def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
         """0, after checking the input as ``HybridKVCacheManager.lookup`` does."""
@@ -48,7 +51,7 @@ def build_engine(config: LlamaConfig | None = None, *, num_blocks: int = 256, bl
                  enable_caching: bool = True, allocator: Allocator | HybridKVCacheManager | None = None,
                  groups: Sequence[GroupSpec] | None = None, layer_groups: Sequence[int] | None = None,
                  device: torch.device | str = "cpu", backend: str | None = None,
-                 enable_events: bool = False, host_blocks: int = 0, **engine_kwargs) -> Engine:
+                 enable_events: bool = False, host_blocks: int = 0, **engine_kwargs: Any) -> Engine:
     """A TinyLlama engine in one call: model from ``config`` (defaults), a runner with
     ``num_blocks`` x ``block_size`` caches on ``device`` and ``host_blocks`` host slots,
     and ``allocator`` or a fresh ``KVCacheManager(num_blocks, block_size,
@@ -79,11 +82,11 @@ def build_engine(config: LlamaConfig | None = None, *, num_blocks: int = 256, bl
     if isinstance(allocator, HybridKVCacheManager):
         specs = allocator.groups
         layers = layer_groups if layer_groups is not None else [
-            l % len(specs) for l in range(config.num_layers)]
-        runner = HybridModelRunner(model, specs, layers, allocator.num_blocks,
+            layer % len(specs) for layer in range(config.num_layers)]
+        hybrid = HybridModelRunner(model, specs, layers, allocator.num_blocks,
                                    allocator.block_size, device=device, backend=backend,
                                    poison=False)
-        return Engine(runner, allocator, **engine_kwargs)  # type: ignore[arg-type]
+        return Engine(hybrid, allocator, **engine_kwargs)
     if layer_groups is not None:
         raise ValueError("layer_groups needs groups (or a HybridKVCacheManager as allocator)")
     runner = ModelRunner(model, allocator.num_blocks, allocator.block_size, device=device,

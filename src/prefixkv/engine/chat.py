@@ -47,7 +47,7 @@ def run_chat(engine: Engine, conversations: Sequence[Sequence[Sequence[int]]],
         active = [c for c in range(len(conversations)) if len(conversations[c]) > t]
         prompts = [histories[c] + list(conversations[c][t]) for c in active]
         result = engine.generate(prompts, params, on_step=on_step)
-        for c, prompt, out in zip(active, prompts, result.outputs):
+        for c, prompt, out in zip(active, prompts, result.outputs, strict=True):
             histories[c] = prompt + list(out.token_ids)
             replies[c].append(out.token_ids)
         turns.append(result)

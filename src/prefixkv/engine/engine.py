@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Hashable, Sequence as Seq
+from collections.abc import Callable, Hashable
+from collections.abc import Sequence as Seq
 
 import torch
 
@@ -29,7 +30,7 @@ from prefixkv.groups import HybridKVCacheManager
 from .outputs import GenerateResult, RequestMetrics, RequestOutput, SampleOutput, StepRecord
 from .runner import Runner, SeqBatchEntry
 from .scheduler import Scheduler
-from .sequence import SamplingParams, SampleSeq, Status
+from .sequence import SampleSeq, SamplingParams, Status
 
 
 class Engine:
@@ -116,7 +117,7 @@ class Engine:
                 for s in batch])
             greedy = logits.argmax(dim=-1).tolist()  # one host sync for the whole batch
             now = time.perf_counter()
-            for item, row, top in zip(batch, logits, greedy):
+            for item, row, top in zip(batch, logits, greedy, strict=True):
                 seq, n = item.seq, len(item.new_token_ids)
                 seq.num_computed += n
                 if item.is_prefill:
@@ -179,11 +180,11 @@ class Engine:
         of these prompts in order, every step taken and the wall time."""
         t0 = time.perf_counter()
         k = len(prompts)
-        ps = list(params) if isinstance(params, (list, tuple)) else [params] * k
-        xs = list(extra) if isinstance(extra, (list, tuple)) else [extra] * k
+        ps = [params] * k if params is None or isinstance(params, SamplingParams) else list(params)
+        xs = [extra] * k if extra is None or isinstance(extra, ExtraKeys) else list(extra)
         if len(ps) != k or len(xs) != k:
             raise ValueError(f"{k} prompts but {len(ps)} params and {len(xs)} extra keys")
-        ids = [self.add_request(p, sp, extra=x) for p, sp, x in zip(prompts, ps, xs)]
+        ids = [self.add_request(p, sp, extra=x) for p, sp, x in zip(prompts, ps, xs, strict=True)]
         steps, done = [], {}
         while self.has_unfinished():
             rec = self.step()
@@ -197,11 +198,17 @@ class Engine:
 
 def _request_output(group: list[SampleSeq]) -> RequestOutput:
     head = group[0]
+    first_token, first_scheduled = head.first_token, head.first_scheduled
+    finished = [s.finished for s in group]
+    reasons = [s.finish_reason for s in group]
+    assert first_token is not None and first_scheduled is not None, "a finished request ran"
+    assert None not in finished and None not in reasons, "every sample of the group finished"
     metrics = RequestMetrics(
         num_prompt_tokens=len(head.prompt), num_cached_tokens=head.num_cached_tokens or 0,
         num_prefill_tokens=sum(s.num_prefill_computed for s in group),
         num_preemptions=sum(s.num_preemptions for s in group),
-        ttft=head.first_token - head.arrival, prefill_time=head.first_token - head.first_scheduled,
-        e2e=max(s.finished for s in group) - head.arrival)
-    samples = tuple(SampleOutput(s.index, tuple(s.output), s.finish_reason) for s in group)
+        ttft=first_token - head.arrival, prefill_time=first_token - first_scheduled,
+        e2e=max(f for f in finished if f is not None) - head.arrival)
+    samples = tuple(SampleOutput(s.index, tuple(s.output), r)
+                    for s, r in zip(group, reasons, strict=True) if r is not None)
     return RequestOutput(head.request_id, tuple(head.prompt), samples, metrics)

@@ -22,19 +22,26 @@ each layer without any cache. Needs torch; imported as ``prefixkv.engine.hybrid`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import torch
 from torch import nn
 
+from prefixkv.core.block import blocks_for
 from prefixkv.errors import ConfigError
 from prefixkv.groups import CHUNKED, GroupBlockCopy, GroupSpec
 from prefixkv.kernels import (
-    ArgumentTypeError, BlockIdError, PagedBatch, build_paged_batch, paged_prefill_attention,
+    ArgumentTypeError,
+    BlockIdError,
+    PagedBatch,
+    build_paged_batch,
+    paged_prefill_attention,
     write_kv_cache,
 )
+from prefixkv.results import KVOp
 
 from .model import AttentionFn, TinyLlama
-from .runner import SeqBatchEntry
+from .runner import SeqBatchEntry, group_tables
 
 
 class HybridModelRunner:
@@ -75,14 +82,15 @@ class HybridModelRunner:
     def copy_blocks(self, copies: Sequence[GroupBlockCopy]) -> None:
         """Copy each ``src`` block into ``dst`` in the layers of its group."""
         for c in copies:
-            layers = [l for l, g in enumerate(self.layer_groups) if g == c.group_idx]
+            layers = [layer for layer, g in enumerate(self.layer_groups) if g == c.group_idx]
             self.k_cache[layers, c.dst] = self.k_cache[layers, c.src]
             self.v_cache[layers, c.dst] = self.v_cache[layers, c.src]
 
-    def run_kv_ops(self, ops: Sequence[GroupBlockCopy]) -> None:
+    def run_kv_ops(self, ops: Sequence[KVOp | GroupBlockCopy]) -> None:
         """Run a step's plan from the hybrid manager's ``take_kv_ops()`` (fork copies, in
         order). Raises ArgumentTypeError for an op that is not a GroupBlockCopy and
         BlockIdError for a block or group outside these caches, before any copy."""
+        copies: list[GroupBlockCopy] = []
         for op in ops:
             if type(op) is not GroupBlockCopy:
                 raise ArgumentTypeError(f"a hybrid runner's ops are GroupBlockCopy, got {op!r}")
@@ -90,7 +98,8 @@ class HybridModelRunner:
                     and 0 <= op.group_idx < len(self.groups)):
                 raise BlockIdError(f"{op!r} is outside {self.num_blocks} blocks and "
                                    f"{len(self.groups)} groups")
-        self.copy_blocks(ops)
+            copies.append(op)
+        self.copy_blocks(copies)
 
     @torch.inference_mode()
     def execute(self, batch: Sequence[SeqBatchEntry],
@@ -109,7 +118,8 @@ class HybridModelRunner:
                              f"got counts {num_new} and {[len(e.block_ids) for e in batch]}")
         self.copy_blocks(copies)
         num_computed = [e.num_computed for e in batch]
-        metas = [self._group_batch(spec, [e.block_ids[g] for e in batch], num_computed, num_new)
+        tables = [group_tables(e.block_ids) for e in batch]
+        metas = [self._group_batch(spec, [t[g] for t in tables], num_computed, num_new)
                  for g, spec in enumerate(self.groups)]
         dev = self.device
         ids = torch.tensor([t for e in batch for t in e.new_token_ids], dtype=torch.int64, device=dev)
@@ -122,10 +132,11 @@ class HybridModelRunner:
             k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
             write_kv_cache(k.contiguous(), v.contiguous(), k_cache, v_cache, meta.slot_mapping,
                            backend=self.backend)
-            return paged_prefill_attention(
+            out: torch.Tensor = paged_prefill_attention(
                 q.contiguous(), k_cache, v_cache, meta.block_table, meta.cu_seqlens_q,
                 meta.seqused_k, meta.max_seqlen_q, meta.max_seqlen_k, causal=True,
                 window_size=self.windows[layer], backend=self.backend)
+            return out
 
         hidden = self.model(ids, pos, attn)  # [total_new, hidden_size]
         last = torch.tensor(num_new, device=dev).cumsum(0) - 1  # [batch]
@@ -156,12 +167,12 @@ def local_chunks(block_ids: Sequence[Sequence[int]], num_computed: Sequence[int]
     not move) and their slots are the real ones. Returns (block ids, num_computed,
     num_new) per virtual sequence."""
     ids, comp, new = [], [], []
-    for blocks, start, n in zip(block_ids, num_computed, num_new):
+    for blocks, start, n in zip(block_ids, num_computed, num_new, strict=True):
         p, end = start, start + n
         while p < end:
             first = p - p % chunk
             stop = min(end, first + chunk)
-            ids.append(blocks[first // block_size:-(-stop // block_size)])
+            ids.append(blocks[first // block_size:blocks_for(stop, block_size)])
             comp.append(p - first)
             new.append(stop - p)
             p = stop
@@ -177,7 +188,7 @@ def dense_group_attention(cu_seqlens: list[int], layer_specs: Sequence[GroupSpec
         group = q.shape[1] // k.shape[1]
         out = torch.empty_like(q)
         spec = layer_specs[layer]
-        for lo, hi in zip(cu_seqlens[:-1], cu_seqlens[1:]):
+        for lo, hi in pairwise(cu_seqlens):
             n = hi - lo
             first = torch.tensor([spec.first_needed(p) for p in range(n)], device=q.device)
             j = torch.arange(n, device=q.device)[None, :]

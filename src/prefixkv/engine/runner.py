@@ -20,10 +20,41 @@ from typing import Protocol
 
 import torch
 
-from prefixkv.kernels import alloc_host_cache, build_paged_batch, paged_prefill_attention, run_kv_ops, write_kv_cache
-from prefixkv.results import BlockCopy, KVOp
+from prefixkv.groups import GroupBlockCopy
+from prefixkv.kernels import (
+    ArgumentTypeError,
+    alloc_host_cache,
+    build_paged_batch,
+    paged_prefill_attention,
+    run_kv_ops,
+    write_kv_cache,
+)
+from prefixkv.results import BlockCopy, BlockLoads, BlockOffloads, KVOp
 
 from .model import TinyLlama
+
+
+def flat_table(block_ids: Sequence[int] | Sequence[Sequence[int]]) -> list[int]:
+    """One sequence's block table as a list of ids. Raises ValueError for per-group
+    tables (those are a ``HybridModelRunner``'s)."""
+    out: list[int] = []
+    for b in block_ids:
+        if not isinstance(b, int):
+            raise ValueError("a ModelRunner takes one block table per sequence; per-group "
+                             "tables need a HybridModelRunner")
+        out.append(b)
+    return out
+
+
+def group_tables(block_ids: Sequence[int] | Sequence[Sequence[int]]) -> list[Sequence[int]]:
+    """One sequence's per-group block tables. Raises ValueError for a single table (a
+    ``ModelRunner``'s)."""
+    out: list[Sequence[int]] = []
+    for t in block_ids:
+        if isinstance(t, int):
+            raise ValueError("a HybridModelRunner takes one block table per group")
+        out.append(t)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +78,7 @@ class Runner(Protocol):
     num_blocks: int
     block_size: int
 
-    def run_kv_ops(self, ops: Sequence) -> None:
+    def run_kv_ops(self, ops: Sequence[KVOp | GroupBlockCopy]) -> None:
         """Run the allocator's ``take_kv_ops()`` plan before the next forward pass."""
 
     def execute(self, batch: Sequence[SeqBatchEntry]) -> torch.Tensor:
@@ -107,13 +138,18 @@ class ModelRunner:
         self.k_cache[:, dst] = self.k_cache[:, src]
         self.v_cache[:, dst] = self.v_cache[:, src]
 
-    def run_kv_ops(self, ops: Sequence[KVOp]) -> None:
+    def run_kv_ops(self, ops: Sequence[KVOp | GroupBlockCopy]) -> None:
         """Run a step's plan from the allocator's ``take_kv_ops()`` (offloads, loads,
         copies, all layers) and make the next forward pass wait for it (on CUDA the copies
         run on a side stream; the CPU waits for nothing).
         Raises prefixkv.kernels.BlockIdError when an op names a block or host slot outside
-        these caches (a plan with host ops needs ``host_blocks``), before any copy."""
-        event = run_kv_ops(ops, [self.k_cache, self.v_cache], [self.k_host, self.v_host], block_dim=1)
+        these caches (a plan with host ops needs ``host_blocks``), before any copy, and
+        ArgumentTypeError for a store op (this runner moves no shared-store values)."""
+        moves = [op for op in ops if isinstance(op, (BlockOffloads, BlockLoads, BlockCopy))]
+        if len(moves) != len(ops):
+            raise ArgumentTypeError(f"this runner runs offloads, loads and copies; the plan has "
+                                    f"{[type(op).__name__ for op in ops if op not in moves]}")
+        event = run_kv_ops(moves, [self.k_cache, self.v_cache], [self.k_host, self.v_host], block_dim=1)
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
 
@@ -133,7 +169,7 @@ class ModelRunner:
         if min(num_new) < 1:
             raise ValueError(f"every entry needs at least one new token, got counts {num_new}")
         num_computed = [e.num_computed for e in batch]
-        meta = build_paged_batch([list(e.block_ids) for e in batch], num_computed, num_new,
+        meta = build_paged_batch([flat_table(e.block_ids) for e in batch], num_computed, num_new,
                                  self.block_size, device=self.device)
         ids = [t for e in batch for t in e.new_token_ids]
         positions = [p for e in batch for p in range(e.num_computed, e.num_computed + len(e.new_token_ids))]
@@ -145,10 +181,11 @@ class ModelRunner:
             # q: [total_new, num_heads, head_dim]; k, v: [total_new, num_kv_heads, head_dim]
             write_kv_cache(k.contiguous(), v.contiguous(), k_caches[layer], v_caches[layer],
                            meta.slot_mapping, backend=self.backend)
-            return paged_prefill_attention(
+            out: torch.Tensor = paged_prefill_attention(
                 q.contiguous(), k_caches[layer], v_caches[layer], meta.block_table,
                 meta.cu_seqlens_q, meta.seqused_k, meta.max_seqlen_q, meta.max_seqlen_k,
                 causal=True, backend=self.backend)
+            return out
 
         hidden = self.model(input_ids, pos, attn)  # [total_new, hidden_size]
         last = torch.tensor(num_new, device=self.device).cumsum(0) - 1  # [batch]

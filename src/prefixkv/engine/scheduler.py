@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from prefixkv.allocator import Allocator
 from prefixkv.errors import PromptTooLongError
+from prefixkv.groups import HybridKVCacheManager
 from prefixkv.results import BlockCopy, StoreWait
 
 from .sequence import SampleSeq, Status
@@ -45,7 +46,8 @@ class Scheduler:
     Raises ValueError when a limit is below 1.
     """
 
-    def __init__(self, allocator: Allocator, *, max_num_seqs: int, max_num_batched_tokens: int,
+    def __init__(self, allocator: Allocator | HybridKVCacheManager, *, max_num_seqs: int,
+                 max_num_batched_tokens: int,
                  chunked_prefill: bool) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"max_num_seqs ({max_num_seqs}) and max_num_batched_tokens "

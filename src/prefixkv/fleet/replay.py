@@ -75,7 +75,7 @@ class ReplayBuffer:
 
 def _request(body: bytes) -> tuple[object, int, bool] | None:
     """``(epoch, start_seq, force_snapshot)`` of a msgpack replay request, else None."""
-    import msgpack  # type: ignore[import-untyped]
+    import msgpack
 
     try:
         req = msgpack.unpackb(body, raw=False)

@@ -210,7 +210,7 @@ def encode_batch(events: Sequence[object], *, block_size: int, hash_format: str 
 def pack(obj: object) -> bytes:
     """msgpack with str as str, bytes as bin, floats as float64 (msgpack imported here:
     it is the ``events`` extra)."""
-    import msgpack  # type: ignore[import-untyped]
+    import msgpack
 
     packed: bytes = msgpack.packb(obj, use_bin_type=True)
     return packed

@@ -17,13 +17,23 @@ from ..core.block import Block, blocks_for
 from ..core.pool import BlockPool
 from ..core.request import RequestKeys
 from ..errors import (
-    MAX_BLOCKS, ConfigError, InvariantError, PromptTooLongError, RequestError, TokenError,
-    check_count, check_flag, check_new_request, check_positive, live_request,
+    MAX_BLOCKS,
+    ConfigError,
+    InvariantError,
+    PromptTooLongError,
+    RequestError,
+    TokenError,
+    check_count,
+    check_flag,
+    check_new_request,
+    check_positive,
+    live_request,
 )
 from ..events import EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
 from ..index import Hasher
+from ..index.announce import Prepared
 from ..stats import StatsCounter
 from .fit import least_blocks
 from .hits import longest_hit
@@ -173,7 +183,7 @@ class GroupAdmitter:
         k = longest_hit(self.groups, bs, len(nodes), lambda g, j: find(g, nodes[j]) is not None)
         return req, nodes[:k]
 
-    def _prepare(self, req: GroupRequest, first: int, last: int, parent: Prefix | None) -> tuple:
+    def _prepare(self, req: GroupRequest, first: int, last: int, parent: Prefix | None) -> Prepared:
         """Token chunks, extra bytes and (when events are on) chain hashes of full blocks
         ``first..last-1``. Changes nothing; raises ConfigError if a hash_mode callable
         fails."""
@@ -184,10 +194,11 @@ class GroupAdmitter:
         hashes = None
         if self._index.hashing:
             root = parent.hash if parent is not None else self._hasher.root
-            hashes = self._hasher.chain(root, chunks, extras)  # type: ignore[arg-type]
+            assert root is not None, "while hashing, every prefix has its chain hash"
+            hashes = self._hasher.chain(root, chunks, extras)
         return chunks, extras, hashes
 
-    def _record(self, req: GroupRequest, first: int, prepared: tuple) -> None:
+    def _record(self, req: GroupRequest, first: int, prepared: Prepared) -> None:
         """Give full blocks ``first..`` their prefix ids and index them in every group;
         move the request's hold to its new last block."""
         chunks, extras, hashes = prepared
@@ -207,7 +218,7 @@ class GroupAdmitter:
         null = self.null_block_id
         return [[null if b is None else b.block_id for b in t] for t in req.tables]  # type: ignore[misc]
 
-    def _step_encode(self, token_ids: Sequence[int]) -> array:
+    def _step_encode(self, token_ids: Sequence[int]) -> array[int]:
         return encode_tokens(token_ids, self.vocab_size)
 
     def _get(self, request_id: Hashable) -> GroupRequest:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from ..core.block import blocks_for
-from ..core.decode import Decoder
+from ..core.block import Block, blocks_for
+from ..core.request import step_requests
 from ..errors import ConfigError, RequestError, check_chunk, check_count
+from ..index.announce import Prepared
 from .admission import GroupAdmitter
 from .request import GroupRequest
 from .results import GroupDecodeStep
@@ -30,10 +31,11 @@ class GroupDecoder(GroupAdmitter):
     ``num_blocks_to_allocate``; see
     ``HybridKVCacheManager``."""
 
-    # the core's checks of a step's requests (known, distinct, prefill done, lengths
-    # equal); they read only ``_requests``, ``_get`` and the requests' ``tokens`` and
-    # ``num_scheduled``, which a GroupRequest has too
-    _step_requests = Decoder._step_requests
+    def _step_requests(self, request_ids: Sequence[Hashable],
+                       token_ids: Sequence[int]) -> list[GroupRequest]:
+        """The core's checks of a step's requests (known, distinct, prefill done)."""
+        return step_requests(self._requests, self._get, self._num_prefilling, request_ids, token_ids)
+
     _num_prefilling = 1  # no count of prefilling requests is kept here: always check
 
     def extend(self, request_id: Hashable, num_new_tokens: int) -> Growth | None:
@@ -124,14 +126,14 @@ class GroupDecoder(GroupAdmitter):
         per_group = blocks_for(num_slots, self.block_size) - len(req.tables[0])
         return max(0, per_group * len(self.groups) - self._going(req)[1])
 
-    def _going(self, req: GroupRequest) -> tuple[list | None, int]:
+    def _going(self, req: GroupRequest) -> tuple[list[list[Block | None]] | None, int]:
         """The blocks each group releases when a step starts at ``num_scheduled`` (None
         when none does), and how many of them return to the pool (held by no other)."""
         start, bs = req.num_scheduled, self.block_size
         if start < req.next_release:
             return None, 0
         going = [t[req.cut[g]:spec.num_unread(start, bs)]
-                 for g, (spec, t) in enumerate(zip(self.groups, req.tables))]
+                 for g, (spec, t) in enumerate(zip(self.groups, req.tables, strict=True))]
         return going, sum(b.ref_cnt == 1 for part in going for b in part)  # type: ignore[union-attr]
 
     def _roomy(self, req: GroupRequest) -> bool:
@@ -141,12 +143,13 @@ class GroupDecoder(GroupAdmitter):
         return n % bs != bs - 1 and n < req.next_release and (
             n % bs != 0 or n < len(req.tables[0]) * bs)
 
-    def _prepare_fills(self, reqs: list[GroupRequest], new) -> dict[int, tuple]:
+    def _prepare_fills(self, reqs: list[GroupRequest], new: Sequence[int]) -> dict[int, Prepared]:
         """What the blocks filled by this step need (chunks, extras, hashes), computed
         before any change: a ``hash_mode`` callable may fail, and the step must then
         change nothing."""
-        bs, out = self.block_size, {}
-        for req, t in zip(reqs, new):
+        bs = self.block_size
+        out: dict[int, Prepared] = {}
+        for req, t in zip(reqs, new, strict=True):
             n = req.num_scheduled
             if n % bs == bs - 1:
                 req.tokens.append(t)
@@ -157,8 +160,8 @@ class GroupDecoder(GroupAdmitter):
                     del req.tokens[n:]
         return out
 
-    def _grow(self, req: GroupRequest, total: int, new_tokens,
-              prepared: tuple | None = None) -> Growth | None:
+    def _grow(self, req: GroupRequest, total: int, new_tokens: Sequence[int] | None,
+              prepared: Prepared | None = None) -> Growth | None:
         """Release what the step starting at ``num_scheduled`` no longer reads, append
         ``new_tokens`` and cover ``[0, total)`` in every group; None on shortage (nothing
         changed). ``prepared``: the full blocks' data when the caller computed it."""

@@ -5,20 +5,23 @@ here) and keeps one dict per group, ``pid -> block``: keys of different groups n
 because each group looks only in its own dict. ``owner[block_id]`` is the group a block
 was last handed to, which routes an eviction to the right dict.
 
-A block holds content when ``block.key`` is its ``Prefix`` node (``content_id`` its pid,
-``hash`` the node's chain hash). A group keeps one block per prefix: a second block that
-computes a prefix the group already holds (two requests prefilling the same text at once)
-stays without content and goes back empty when released (no spare copies, unlike the
-core's ``ContentIndex``: such a prefix becomes unfindable in that group if the indexed
-block is evicted first, which can cost a hit, never correctness).
+A block holds content when ``nodes[block_id]`` is its ``Prefix`` node, whose key its
+``key`` is (``content_id`` its pid, ``hash`` the node's chain hash). A group keeps one
+block per prefix: a second block that computes a prefix the group already holds (two
+requests prefilling the same text at once) stays without content and goes back empty
+when released (no spare copies, unlike the core's ``ContentIndex``: such a prefix becomes
+unfindable in that group if the indexed block is evicted first, which can cost a hit,
+never correctness).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 from ..core.block import Block
-from ..events import Event
+from ..events import Event, EventSink
+from ..extra_keys import ExtraKeys
 from .events import GroupBlockRemoved, GroupBlockStored
 from .prefixes import Prefix, PrefixTable
 from .spec import GroupSpec
@@ -28,10 +31,12 @@ class GroupIndex:
     """Satisfies what ``BlockPool`` asks of an index (``drop``, ``release_spare``,
     ``clear``, ``check``); the manager records and finds content through the rest."""
 
-    def __init__(self, specs: Sequence[GroupSpec], num_blocks: int, table: PrefixTable, sink) -> None:
+    def __init__(self, specs: Sequence[GroupSpec], num_blocks: int, table: PrefixTable,
+                 sink: EventSink) -> None:
         self.specs = tuple(specs)
         self.entries: list[dict[int, Block]] = [{} for _ in specs]
         self.owner = [-1] * num_blocks
+        self.nodes: list[Prefix | None] = [None] * num_blocks  # block id -> the prefix held
         self.table = table
         self._sink = sink
         self.hashing = sink.active
@@ -50,15 +55,16 @@ class GroupIndex:
             owner[b.block_id] = g
 
     def store(self, g: int, blocks: Sequence[Block], nodes: Sequence[Prefix], first: int,
-              tokens, extras, block_size: int) -> None:
+              tokens: array[int], extras: Sequence[ExtraKeys | None], block_size: int) -> None:
         """Record that ``blocks`` (group ``g``'s blocks ``first..``) hold ``nodes``;
         ``tokens``/``extras[i]`` (ExtraKeys or None) are for the events."""
         entries, sink, spec = self.entries[g], self._sink, self.specs[g]
-        for i, (b, node) in enumerate(zip(blocks, nodes)):
+        for i, (b, node) in enumerate(zip(blocks, nodes, strict=True)):
             if node.pid in entries:
                 continue  # the group holds this prefix already: b stays without content
             entries[node.pid] = b
-            b.key = node  # type: ignore[assignment]
+            self.nodes[b.block_id] = node
+            b.key = node.key
             b.content_id, b.hash = node.pid, node.hash
             node.refs += 1
             if sink.active:
@@ -75,6 +81,10 @@ class GroupIndex:
         for b in blocks:
             self._unindex(b)
 
+    def drop_one(self, block: Block) -> None:
+        """``drop((block,))``."""
+        self._unindex(block)
+
     def uncache(self, blocks: Sequence[Block]) -> None:
         """Held ``blocks`` whose KV was never computed lose their content."""
         for b in blocks:
@@ -83,9 +93,10 @@ class GroupIndex:
 
     def _unindex(self, b: Block) -> None:
         g = self.owner[b.block_id]
-        node: Prefix = b.key  # type: ignore[assignment]
-        assert self.entries[g].get(node.pid) is b, b
+        node = self.nodes[b.block_id]
+        assert node is not None and self.entries[g].get(node.pid) is b, b
         del self.entries[g][node.pid]
+        self.nodes[b.block_id] = None
         b.key = None
         if self._sink.active:
             spec = self.specs[g]
@@ -104,26 +115,30 @@ class GroupIndex:
             for pid in sorted(entries):
                 b = entries[pid]
                 if b.event is not None:
-                    out.append(b.event)  # type: ignore[arg-type]
+                    out.append(b.event)
         return out
 
     def clear(self) -> None:
         for e in self.entries:
             e.clear()
+        self.nodes = [None] * len(self.nodes)
         self.table.clear()
 
     def check(self, blocks: Sequence[Block]) -> str | None:
         """The first block or entry that disagrees, None when sound."""
         for g, entries in enumerate(self.entries):
             for pid, b in entries.items():
-                node = b.key
-                if type(node) is not Prefix or node.pid != pid or self.owner[b.block_id] != g \
-                        or b.content_id != pid or b.twin:
+                node = self.nodes[b.block_id]
+                if node is None or node.pid != pid or b.key is not node.key \
+                        or self.owner[b.block_id] != g or b.content_id != pid or b.twin:
                     return f"group {g}: entry {pid} -> {b!r} does not match the block"
         for b in blocks:
-            if b.key is not None:
+            node = self.nodes[b.block_id]
+            if (b.key is None) != (node is None):
+                return f"block {b.block_id}: key {b.key!r} but prefix {node!r}"
+            if node is not None:
                 g = self.owner[b.block_id]
-                if g < 0 or self.entries[g].get(b.key.pid) is not b:  # type: ignore[union-attr]
+                if g < 0 or self.entries[g].get(node.pid) is not b:
                     return f"block {b.block_id} has content but is not indexed in its group {g}"
         return None
 

@@ -58,19 +58,19 @@ class HybridKVCacheManager(GroupDecoder):
             raise RequestError(f"cannot fork {parent_id!r} before its prefill is fully scheduled")
         full = parent.num_scheduled // self.block_size
         shared = [[b for b in t[:full] if b is not None] for t in parent.tables]
-        held: list[Block] = [b for s in shared for b in s]  # type: ignore[misc]
+        held: list[Block] = [b for s in shared for b in s]
         per_group = len(parent.tables[0]) - full
         if not self._pool.can_acquire(held, per_group * len(self.groups)):
             return None
         fresh = self._pool.acquire(held, per_group * len(self.groups))[len(held):]
         child = GroupRequest(child_id, parent.tokens[:], parent.keys, len(self.groups))
         copies = []
-        for g, (table, s) in enumerate(zip(parent.tables, shared)):
+        for g, (table, s) in enumerate(zip(parent.tables, shared, strict=True)):
             new = fresh[g * per_group:(g + 1) * per_group]
             self._index.own(g, new)
             child.tables[g] = table[:parent.cut[g]] + s + new  # type: ignore[operator]
             copies += [GroupBlockCopy(a.block_id, b.block_id, g)  # type: ignore[union-attr]
-                       for a, b in zip(table[full:], new)]
+                       for a, b in zip(table[full:], new, strict=True)]
         child.cut = parent.cut[:]
         child.num_reserved = parent.num_reserved
         child.next_release = parent.next_release
@@ -173,7 +173,7 @@ class HybridKVCacheManager(GroupDecoder):
 
     def group_stats(self) -> tuple[GroupStats, ...]:
         """Per group: blocks held and cached now, blocks released and hit blocks taken."""
-        held = [set() for _ in self.groups]
+        held: list[set[int]] = [set() for _ in self.groups]
         for req in self._requests.values():
             for g, t in enumerate(req.tables):
                 held[g].update(b.block_id for b in t if b is not None)

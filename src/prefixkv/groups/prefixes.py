@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..core.block import ContentKey
+
 
 class Prefix:
     """A node: ``pid`` (its id, > 0), ``parent`` (None for a first block), ``key`` (the
@@ -25,7 +27,7 @@ class Prefix:
 
     __slots__ = ("pid", "parent", "key", "refs", "hash")
 
-    def __init__(self, pid: int, parent: Prefix | None, key: tuple, hash: bytes | None) -> None:
+    def __init__(self, pid: int, parent: Prefix | None, key: ContentKey, hash: bytes | None) -> None:
         self.pid, self.parent, self.key, self.refs, self.hash = pid, parent, key, 0, hash
 
     def __repr__(self) -> str:
@@ -38,7 +40,7 @@ class PrefixTable:
     __slots__ = ("_nodes", "_next")
 
     def __init__(self) -> None:
-        self._nodes: dict[tuple, Prefix] = {}
+        self._nodes: dict[ContentKey, Prefix] = {}
         self._next = 1
 
     def __len__(self) -> int:
@@ -64,8 +66,8 @@ class PrefixTable:
         """The nodes of the blocks after ``parent`` holding ``chunks``: found, or created
         (with ``hashes[i]`` as chain hash). A created node refers to its parent."""
         nodes = self._nodes
-        out = []
-        for i, (chunk, extra) in enumerate(zip(chunks, extras)):
+        out: list[Prefix] = []
+        for i, (chunk, extra) in enumerate(zip(chunks, extras, strict=True)):
             key = (parent.pid if parent is not None else 0, chunk, extra)
             node = nodes.get(key)
             if node is None:

@@ -7,16 +7,16 @@ Each group's table covers ``[0, max(num_scheduled, num_reserved))`` (``num_reser
 slots reserved past the scheduled tokens, whose tokens are not known yet); entry j is
 the block holding positions ``j*bs .. (j+1)*bs - 1`` in that group, or None where the
 group released it (no query of the request reads it any more): a prefix of the table,
-``cut[g]`` entries long, in groups whose spec releases. ``nodes[j]`` is the prefix id of full block j (every full
-scheduled block has one); the request holds a reference on the last.
+``cut[g]`` entries long, in groups whose spec releases. ``nodes[j]`` is the prefix id of
+full block j (every full scheduled block has one); the request holds a reference on the last.
 ``step_start``: where the last scheduled step began (its queries sit at and after it).
 ``next_release``: the first step start at which some group releases a block.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
 from array import array
+from collections.abc import Hashable, Sequence
 
 from ..core.block import Block, blocks_for
 from ..core.request import RequestKeys
@@ -29,7 +29,7 @@ class GroupRequest:
     __slots__ = ("request_id", "tokens", "keys", "tables", "cut", "nodes", "num_cached",
                  "num_scheduled", "num_reserved", "step_start", "next_release")
 
-    def __init__(self, request_id: Hashable, tokens: array, keys: RequestKeys, num_groups: int) -> None:
+    def __init__(self, request_id: Hashable, tokens: array[int], keys: RequestKeys, num_groups: int) -> None:
         self.request_id = request_id
         self.tokens = tokens
         self.keys = keys
@@ -49,14 +49,14 @@ class GroupRequest:
         for g, part in enumerate(going):
             if part:
                 cut = self.cut[g]
-                out += zip(range(cut, cut + len(part)), part)
+                out += zip(range(cut, cut + len(part)), part, strict=True)
                 self.tables[g][cut:cut + len(part)] = [None] * len(part)
                 self.cut[g] = cut + len(part)
         return tail_first(out)
 
     def plan_release(self, specs: Sequence[GroupSpec], block_size: int) -> None:
         """Set ``next_release`` from the groups' cuts."""
-        self.next_release = min(s.release_at(c, block_size) for s, c in zip(specs, self.cut))
+        self.next_release = min(s.release_at(c, block_size) for s, c in zip(specs, self.cut, strict=True))
 
     def check(self, specs: Sequence[GroupSpec], block_size: int) -> str | None:
         """The first way the tables disagree with the tokens and the specs, None when
@@ -72,7 +72,7 @@ class GroupRequest:
             if node.key != (parent, chunk, self.keys.of_blocks(j, j + 1)[0]):
                 return f"request {rid!r}: prefix id of block {j} does not hold its content"
             parent = node.pid
-        for g, (spec, table) in enumerate(zip(specs, self.tables)):
+        for g, (spec, table) in enumerate(zip(specs, self.tables, strict=True)):
             cut = self.cut[g]
             if len(table) != want or any(b is None for b in table[cut:]) or \
                     any(b is not None for b in table[:cut]):
@@ -82,7 +82,7 @@ class GroupRequest:
                         f"{self.step_start} still reads block {spec.num_unread(self.step_start, bs)}")
             for j in range(cut, len(self.nodes)):
                 b = table[j]
-                if b is not None and b.key is not None and b.key is not self.nodes[j]:
+                if b is not None and b.key is not None and b.key is not self.nodes[j].key:
                     return f"request {rid!r} group {g}: block {j} holds another prefix"
         return None
 

@@ -26,7 +26,7 @@ class GroupAdmission(Admission):
         """Block ids per group, in group order, each in token order."""
         return self._groups
 
-    def _astuple(self) -> tuple:
+    def _astuple(self) -> tuple[object, ...]:
         return (self.request_id, self._groups, self.num_cached_tokens, self.num_new_tokens)
 
     def __repr__(self) -> str:

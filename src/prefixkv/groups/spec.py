@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from ..core.block import blocks_for
 from ..errors import ConfigError
 
 FULL = "full_attention"
@@ -76,7 +77,7 @@ class GroupSpec:
         if self.kind == SLIDING:
             return edge + self.tokens - 1
         if self.kind == CHUNKED:
-            return -(-edge // self.tokens) * self.tokens
+            return blocks_for(edge, self.tokens) * self.tokens  # (rounded up to a whole chunk)
         return sys.maxsize
 
     @property

@@ -32,6 +32,12 @@ from ..extra_keys import ExtraKeys
 from .content_check import chunk_of as _chunk
 from .hasher import Hasher
 
+# What ``_hashed`` prepares for a run: its token chunks, extra-key bytes and chain hashes
+# (None until someone consumes them).
+Prepared = tuple[list[bytes], list[bytes], list[bytes] | None]
+# A block stored this step: the block, its content id, its chunk, its extras, its keys.
+Fresh = tuple[Block, int, bytes, bytes, ExtraKeys | None]
+
 
 class StoredRun(Deferred):
     """``BlockStored`` for each new content among ``blocks`` (full blocks ``first``,

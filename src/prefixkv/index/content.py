@@ -113,7 +113,8 @@ class ContentIndex(ContentRecorder):
             b = c
         return hits
 
-    def claim(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> tuple[list[Block], int] | None:
+    def claim(self, chunks: Sequence[bytes], base: bytes,
+              mm: Sequence[bytes] | None) -> tuple[list[Block], int] | None:
         """``match`` that also takes a reference on each block found, in the same pass
         (a block with no reference leaves the pool's cached tier: its links are unlinked
         in place and left stale). Returns the hits and how many of them left the cached

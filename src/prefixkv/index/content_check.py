@@ -4,18 +4,23 @@ index and of each live request's blocks. Builds messages only for what is wrong.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from ..core.block import Block
+from ..core.block import Block, ContentKey, key_chunk
 from ..core.request import Request
 from ..hashing import token_bytes
+
+if TYPE_CHECKING:
+    from .lower import LowerTier
 
 
 def chunk_of(b: Block) -> bytes:
     """The token bytes of a block with content (its key, or the key's middle)."""
-    return b.key if type(b.key) is bytes else b.key[1]  # type: ignore[index,return-value]
+    return key_chunk(b.key)
 
 
-def check_index(by_chunk: dict, by_key: dict, twins: dict, hashing: bool,
+def check_index(by_chunk: dict[bytes, Block], by_key: dict[ContentKey, Block],
+                twins: dict[int, list[Block]], hashing: bool,
                 blocks: Sequence[Block], num_chained: int, tiered: bool,
                 uncut: bool) -> str | None:
     """The first inconsistency between a ContentIndex's maps and ``blocks``, None when sound.
@@ -23,9 +28,10 @@ def check_index(by_chunk: dict, by_key: dict, twins: dict, hashing: bool,
     cut off from its parent's content (without a tier such a block is merely unfindable);
     and while ``uncut`` (nothing was uncached), no block found at all may be."""
     keyed: dict[int, Block] = {}  # content id -> the block keyed in the dicts for it
-    for home in (by_chunk, by_key):
+    homes: tuple[dict[bytes, Block] | dict[ContentKey, Block], ...] = (by_chunk, by_key)
+    for home in homes:
         for key, b in home.items():
-            chunk = key if home is by_chunk else key[1]
+            chunk = key_chunk(key)
             if b.key != key or b.twin or b.chained or chunk_of(b) != chunk or not b.content_id:
                 return f"index entry for {b!r} does not match its content"
             if home is by_key and key != (b.parent_cid, chunk, b.extra):
@@ -40,7 +46,7 @@ def check_index(by_chunk: dict, by_key: dict, twins: dict, hashing: bool,
                     t.parent_cid != p.parent_cid or t.extra != p.extra or t.content_id != cid:
                 return f"twin {t!r} is not a held spare of an indexed content"
     found: dict[int, Block] = {}  # content id -> the block found for it (keyed or chained)
-    contents: set[tuple] = set()
+    contents: set[tuple[int, bytes, bytes]] = set()
     chained = []
     for b in blocks:
         if b.key is None:
@@ -56,7 +62,7 @@ def check_index(by_chunk: dict, by_key: dict, twins: dict, hashing: bool,
                     by_chunk.get(b.key) is b:
                 return f"chained block {b.block_id} is keyed, or its content or parent has spares"
             chained.append(b)
-        elif (by_chunk if type(b.key) is bytes else by_key).get(b.key) is not b:
+        elif (by_chunk.get(b.key) if isinstance(b.key, bytes) else by_key.get(b.key)) is not b:
             return f"block {b.block_id} has content but is neither indexed nor a twin"
         content = (b.parent_cid, chunk_of(b), b.extra)
         if content in contents or b.content_id in found:
@@ -91,7 +97,7 @@ def check_request(req: Request, block_size: int) -> str | None:
     return None
 
 
-def check_lower_chains(lower, blocks: Sequence[Block]) -> str | None:
+def check_lower_chains(lower: LowerTier, blocks: Sequence[Block]) -> str | None:
     """The tier's one rule that keeps its probes exact: no slot is chained (found only
     through its parent slot) while its parent's content is on the device."""
     if not lower.num_chained:

@@ -8,6 +8,7 @@ from typing import Protocol
 from ..core.block import Block
 from ..core.request import Request
 from ..events import Event
+from .announce import Prepared
 
 
 class Index(Protocol):
@@ -25,7 +26,8 @@ class Index(Protocol):
         ``base`` where given. ``start``: the device's run as ``claim`` found it (then
         undone), from which a tier below continues the walk. Changes nothing."""
 
-    def claim(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> tuple[list[Block], int] | None:
+    def claim(self, chunks: Sequence[bytes], base: bytes,
+              mm: Sequence[bytes] | None) -> tuple[list[Block], int] | None:
         """``match`` that takes a reference on each hit in the same pass (a hit with no
         reference leaves the pool's cached tier, unlinked in place): the hits and how
         many left the cached tier, which the caller hands to ``BlockPool.claimed``, or
@@ -33,7 +35,7 @@ class Index(Protocol):
         index cannot do it in one pass for these keys (then ``match``). With a tier below,
         the hits are the device's only; the caller checks whether the tier continues them."""
 
-    def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> object:
+    def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> Prepared | None:
         """Everything needed to record full blocks ``first..last-1`` of ``req``, the
         first one's parent being ``parent`` (None for block 0) (token
         chunks, extra keys and, when ``hashing``, chain hashes). Changes nothing; raises
@@ -43,10 +45,10 @@ class Index(Protocol):
     """Whether ``prepare`` may raise (a caller's hash callable): batch calls then prepare
     every block before changing anything."""
 
-    def prepare_next(self, req: Request, token: int) -> object:
+    def prepare_next(self, req: Request, token: int) -> Prepared | None:
         """``prepare`` for the one block that ``token``, appended next, fills."""
 
-    def store(self, req: Request, first: int, prepared: object) -> None:
+    def store(self, req: Request, first: int, prepared: Prepared | None) -> None:
         """Record the content of ``req.blocks[first:...]`` from ``prepare`` and make it
         findable; a content already held by another block makes this block a spare."""
 

@@ -157,7 +157,7 @@ class ContentRecorder(Announcer):
         chained = 0
         twins: list[tuple[int, Block]] | None = None  # (position, block held) when deferred
         lower, step = self._lower, self.step
-        for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras):
+        for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras, strict=False):
             b.parent_cid = cid
             b.extra = extra
             b.step = step
@@ -215,7 +215,7 @@ class ContentRecorder(Announcer):
         step = self.step
         prev = parent
         first = 1 if run else len(blocks)  # recorded as ``store`` records them; the rest of
-        for b, s in zip(islice(blocks, first), islice(slots, first)):  # a run: chained below
+        for b, s in zip(islice(blocks, first), islice(slots, first), strict=False):  # a run: chained below
             key = s.key
             chunk = key if type(key) is bytes else key[1]  # type: ignore[index]
             b.parent_cid, b.extra = s.parent_cid, s.extra
@@ -228,7 +228,7 @@ class ContentRecorder(Announcer):
                     prev.child = b
             prev = b
         if run and len(blocks) > 1:
-            for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None)):
+            for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None), strict=False):
                 key = s.key
                 b.key = key if type(key) is bytes else key[1]  # type: ignore[index]
                 b.chained = True
@@ -242,12 +242,12 @@ class ContentRecorder(Announcer):
             # hashes and events exist only when hashes are consumed (``hashing``, fixed for
             # the index's life): else every block's are None already
             if self.hashing:
-                for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None)):
+                for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None), strict=False):
                     b.hash = s.hash
                     b.event = None  # (announced again below when events are on)
         if self._sink.active:  # each announced again, on the device
             sink = self._sink
-            for b, s in zip(blocks, slots):
+            for b, s in zip(blocks, slots, strict=False):
                 if s.event is not None:
                     b.event = replace(s.event, block_id=b.block_id, medium=DEVICE)  # type: ignore[arg-type]
                     sink.append(b.event)

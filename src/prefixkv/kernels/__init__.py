@@ -6,6 +6,14 @@ imports torch but neither Triton nor any device: the backend is chosen per call 
 for CUDA tensors, the pure-torch reference elsewhere). Layout: ``docs/kv_layout.md``.
 """
 
+try:  # the kernels extra: say which install is missing, not a bare ModuleNotFoundError
+    import torch  # noqa: F401
+except ImportError as exc:
+    from ..errors import ExtraNotInstalledError
+
+    raise ExtraNotInstalledError("prefixkv.kernels", "kernels", "torch") from exc
+
+
 from .batch import (
     PagedBatch,
     build_block_table,

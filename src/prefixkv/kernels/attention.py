@@ -37,10 +37,10 @@ _LN2 = 0.6931471805599453
 # variant for the value 1 and for multiples of 16): the batch, the split count, total_q,
 # the block table's width (stride_bt, kv_capacity), the strides that follow total_q (the
 # LSE and the split workspaces) and the cache's size (last_block: warm-up uses a small one).
-@triton.jit(do_not_specialize=["stride_bt", "stride_lh", "stride_ws", "stride_wr", "stride_xs", "stride_xh",
+@triton.jit(do_not_specialize=["stride_bt", "stride_lh", "stride_ws", "stride_wr", "stride_xs", "stride_xh",  # type: ignore[untyped-decorator]  # Triton JIT
                                "batch", "num_splits", "total_q", "kv_capacity", "last_block", "split_q",
                                "split_keys"])
-def _paged_prefill_kernel(
+def _paged_prefill_kernel(  # type: ignore[no-untyped-def]  # Triton JIT
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_q_ptr, seqused_k_ptr, out_ptr, lse_ptr,
     sinks_ptr, k_scale_ptr, v_scale_ptr, ws_ptr, ws_lse_ptr, row_tok_ptr,
     stride_qt, stride_qh, stride_qd,
@@ -198,10 +198,10 @@ def _paged_prefill_kernel(
             if splits_here:
                 # Workspace row of (request, query): req * split_q + qi; split 0 records its token.
                 r = (req * split_q + qi).to(tl.int64)  # [BLOCK_M]
-                w_off = (split.to(tl.int64) * stride_ws + r[:, None] * stride_wr + head[:, None] * stride_wh
+                w_off = (split.to(tl.int64) * stride_ws + r[:, None] * stride_wr + head[:, None] * stride_wh  # type: ignore[attr-defined]  # Triton JIT
                          + d[None, :] * stride_wd)
                 tl.store(ws_ptr + w_off, o, mask=row_ok[:, None] & d_ok[None, :])
-                tl.store(ws_lse_ptr + split.to(tl.int64) * stride_xs + head * stride_xh + r * stride_xr, lse,
+                tl.store(ws_lse_ptr + split.to(tl.int64) * stride_xs + head * stride_xh + r * stride_xr, lse,  # type: ignore[attr-defined]  # Triton JIT
                          mask=row_ok)
                 if split == 0:
                     tl.store(row_tok_ptr + r, tok.to(tl.int32), mask=row_ok)
@@ -213,8 +213,8 @@ def _paged_prefill_kernel(
                         stride_lh, stride_lt, RETURN_LSE)
 
 
-@triton.jit
-def _store_rows(out_ptr, lse_ptr, o, lse, tok, head, d, row_ok, d_ok, stride_ot, stride_oh, stride_od,
+@triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
+def _store_rows(out_ptr, lse_ptr, o, lse, tok, head, d, row_ok, d_ok, stride_ot, stride_oh, stride_od,  # type: ignore[no-untyped-def]  # Triton JIT
                 stride_lh, stride_lt, RETURN_LSE: tl.constexpr):
     """A tile's rows of the output (its dtype) and, with ``RETURN_LSE``, of the LSE."""
     o_off = tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
@@ -245,7 +245,7 @@ def paged_prefill_attention_triton(
     config: TileConfig | None = None,
     checked: bool = False,
     split_workspace: SplitWorkspace | None = None,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Triton path of :func:`prefixkv.kernels.paged_prefill_attention` (same contract).
 
     ``config`` overrides the tile heuristic (tests use it to reach every phase);
@@ -273,7 +273,7 @@ def paged_prefill_attention_triton(
     if return_lse:
         lse = torch.empty((shape.num_heads, shape.total_q), dtype=torch.float32, device=q.device)
     if shape.total_q == 0:
-        return (out, lse) if return_lse else out
+        return out if lse is None else (out, lse)
     group = shape.group
     group_p2 = triton.next_power_of_2(group)
     if config is None:
@@ -335,4 +335,4 @@ def paged_prefill_attention_triton(
     if num_splits > 1:
         assert ws is not None
         combine_splits(ws, out, lse)
-    return (out, lse) if return_lse else out
+    return out if lse is None else (out, lse)

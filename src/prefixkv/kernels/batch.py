@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from ..core.block import blocks_for
 from .errors import BatchError
 
 __all__ = [
@@ -30,11 +32,11 @@ __all__ = [
 _INT32_MAX = 2**31 - 1
 
 
-def _is_int(v) -> bool:
+def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _sequence(name: str, values) -> list:
+def _sequence(name: str, values: object) -> list[Any]:
     """``values`` as a list; a sequence is required (a one-shot iterator would be read
     once by one builder and found empty by the next)."""
     if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
@@ -110,7 +112,7 @@ def build_seqused_k(
     """
     new = _counts("num_new", num_new)
     done = _counts("num_computed", num_computed, len(new))
-    lens = [a + b for a, b in zip(done, new)]
+    lens = [a + b for a, b in zip(done, new, strict=True)]
     _counts("seqused_k", lens)
     t = torch.tensor(lens, dtype=torch.int32)
     return t.to(device) if device is not None else t
@@ -141,10 +143,10 @@ def build_slot_mapping(
     done = _counts("num_computed", num_computed, table.shape[0])
     if not _is_int(block_size) or block_size < 1:
         raise BatchError(f"block_size must be an int >= 1, got {block_size!r}")
-    for i, (ids, a, b) in enumerate(zip(block_ids, done, new)):
+    for i, (ids, a, b) in enumerate(zip(block_ids, done, new, strict=True)):
         if a + b > len(ids) * block_size:
             raise BatchError(
-                f"request {i}: {a} cached + {b} new tokens need {-(-(a + b) // block_size)} blocks "
+                f"request {i}: {a} cached + {b} new tokens need {blocks_for(a + b, block_size)} blocks "
                 f"of {block_size}, it has {len(ids)}"
             )
     total = sum(new)

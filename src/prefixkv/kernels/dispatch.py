@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 import torch
 
@@ -27,7 +27,8 @@ __all__ = ["BACKENDS", "write_kv_cache", "paged_prefill_attention", "use_backend
 BACKENDS = ("auto", "triton", "torch")
 """Names accepted by ``backend=`` and :func:`use_backend`: ``"auto"`` (Triton on CUDA
 tensors, the torch reference elsewhere), ``"triton"``, ``"torch"``."""
-_default_backend: contextvars.ContextVar[str] = contextvars.ContextVar("prefixkv_kernels_backend", default="auto")
+_default_backend: contextvars.ContextVar[str] = contextvars.ContextVar("prefixkv_kernels_backend",
+                                                                       default="auto")
 
 
 def _check_name(backend: str) -> str:
@@ -139,6 +140,59 @@ def write_kv_cache(
     return write_kv_cache_reference(*args, k_scale=k_scale, v_scale=v_scale, checked=checked)
 
 
+@overload
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqused_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    window_size: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    out: torch.Tensor | None = None,
+    return_lse: Literal[False] = False,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    backend: str | None = None,
+    checked: bool = False,
+    split_workspace: SplitWorkspace | None = None,
+) -> torch.Tensor: ...
+
+
+@overload
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqused_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    window_size: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    out: torch.Tensor | None = None,
+    return_lse: Literal[True],
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    backend: str | None = None,
+    checked: bool = False,
+    split_workspace: SplitWorkspace | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
 def paged_prefill_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -161,7 +215,32 @@ def paged_prefill_attention(
     backend: str | None = None,
     checked: bool = False,
     split_workspace: SplitWorkspace | None = None,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqused_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    window_size: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    backend: str | None = None,
+    checked: bool = False,
+    split_workspace: SplitWorkspace | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of a varlen batch of new tokens over their paged, cached prefix and themselves.
 
     Request i owns query rows ``cu_seqlens_q[i]:cu_seqlens_q[i+1]`` (``q_len`` tokens) and
@@ -229,11 +308,14 @@ def paged_prefill_attention(
     """
     check_tensors(q=q)
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k)
-    kwargs = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-                  out=out, return_lse=return_lse, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
-                  checked=checked, split_workspace=split_workspace)
     if resolve_backend(backend, q.device) == "triton":
         from .attention import paged_prefill_attention_triton
 
-        return paged_prefill_attention_triton(*args, **kwargs)
-    return paged_prefill_attention_reference(*args, **kwargs)
+        return paged_prefill_attention_triton(
+            *args, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+            softcap=softcap, out=out, return_lse=return_lse, sinks=sinks, k_scale=k_scale,
+            v_scale=v_scale, checked=checked, split_workspace=split_workspace)
+    return paged_prefill_attention_reference(
+        *args, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        softcap=softcap, out=out, return_lse=return_lse, sinks=sinks, k_scale=k_scale,
+        v_scale=v_scale, checked=checked, split_workspace=split_workspace)

@@ -61,10 +61,12 @@ def check_scale(name: str, scale: torch.Tensor | None, cache: torch.Tensor) -> N
     if not isinstance(scale, torch.Tensor):
         raise ArgumentTypeError(f"{name} must be None or a torch.Tensor, got {type(scale).__name__}")
     if not is_fp8(cache.dtype):
-        raise UnsupportedError(f"{name} applies to fp8 caches only ({FP8_DTYPES}); this cache is {cache.dtype}")
+        raise UnsupportedError(f"{name} applies to fp8 caches only ({FP8_DTYPES}); this cache is "
+                               f"{cache.dtype}")
     num_kv_heads = cache.shape[2]
     if scale.numel() not in (1, num_kv_heads) or scale.dim() > 1:
-        raise ShapeError(f"{name} must be [], [1] or [{num_kv_heads}] (per KV head), got {tuple(scale.shape)}")
+        raise ShapeError(f"{name} must be [], [1] or [{num_kv_heads}] (per KV head), got "
+                         f"{tuple(scale.shape)}")
     if scale.dtype != torch.float32:
         raise DtypeError(f"{name} dtype {scale.dtype}; expected torch.float32")
     if scale.device != cache.device:

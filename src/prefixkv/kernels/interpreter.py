@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Any
 
 __all__ = ["backport_scalar_index", "needs_scalar_index_backport"]
 
@@ -25,7 +26,7 @@ def needs_scalar_index_backport(version: str) -> bool:
     return match is not None and tuple(map(int, match.groups())) < FIXED_IN
 
 
-def _scalar_index(self) -> int:
+def _scalar_index(self: Any) -> int:
     return int(self.handle.data.squeeze())
 
 
@@ -49,7 +50,7 @@ def backport_scalar_index() -> bool:
 
     original = interpreter._patch_lang_tensor
 
-    def patch_lang_tensor(tensor, scope):
+    def patch_lang_tensor(tensor: Any, scope: Any) -> None:
         original(tensor, scope)
         scope.set_attr(tensor, "__index__", _scalar_index)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.block import blocks_for
 from .checked import check_attention_values, check_scale_sink_values, check_slot_values
 from .fp8 import dequantize, quantize
 from .validation import check_attention, check_split_workspace, check_write_kv
@@ -93,7 +94,7 @@ def paged_prefill_attention_reference(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     split_workspace: object = None,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Reference of :func:`prefixkv.kernels.paged_prefill_attention` (same contract; a
     ``split_workspace`` is checked and not used: nothing is split here).
 
@@ -128,7 +129,7 @@ def paged_prefill_attention_reference(
         q_len = q_hi - q_lo
         if q_len <= 0:
             continue
-        n_blk = -(-kv_len // bs)
+        n_blk = blocks_for(kv_len, bs)
         blocks = block_table[i, :n_blk].to(torch.int64)
         last = shape.num_blocks - 1
         blocks = torch.where((blocks < 0) | (blocks > last), last, blocks)  # as the kernel: the last block

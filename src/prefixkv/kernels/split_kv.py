@@ -28,8 +28,8 @@ from .workspace import SplitWorkspace
 __all__ = ["combine_splits", "splits_p2"]
 
 
-@triton.jit
-def _split_phases(kv_lo, full_lo, full_hi, kv_hi, split, num_splits, BLOCK_N: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
+def _split_phases(kv_lo, full_lo, full_hi, kv_hi, split, num_splits, BLOCK_N: tl.constexpr):  # type: ignore[no-untyped-def]  # Triton JIT
     """The three phase ranges of the main kernel cut down to split ``split``'s key slice.
 
     Slice edges lie on ``full_lo + j * BLOCK_N`` so the unmasked phase keeps whole tiles:
@@ -47,8 +47,8 @@ def _split_phases(kv_lo, full_lo, full_hi, kv_hi, split, num_splits, BLOCK_N: tl
 
 
 # num_splits and the workspace's strides change from call to call: not specialised.
-@triton.jit(do_not_specialize=["stride_ps", "stride_pr", "stride_qs", "stride_qh", "stride_lh", "num_splits"])
-def _combine_splits_kernel(
+@triton.jit(do_not_specialize=["stride_ps", "stride_pr", "stride_qs", "stride_qh", "stride_lh", "num_splits"])  # type: ignore[untyped-decorator]  # Triton JIT
+def _combine_splits_kernel(  # type: ignore[no-untyped-def]  # Triton JIT
     part_ptr, part_lse_ptr, row_tok_ptr, out_ptr, lse_ptr,
     stride_ps, stride_pr, stride_ph, stride_pd, stride_qs, stride_qh, stride_qr,
     stride_ot, stride_oh, stride_od, stride_lh, stride_lt, num_splits,
@@ -84,7 +84,8 @@ def _combine_splits_kernel(
 def splits_p2(num_splits: int) -> int:
     """Rows of the merge's split tile: ``MAX_SPLITS`` for every count the heuristic picks (one
     compiled variant), the next power of two for a larger forced count."""
-    return max(MAX_SPLITS, triton.next_power_of_2(num_splits))
+    p2: int = triton.next_power_of_2(num_splits)
+    return max(MAX_SPLITS, p2)
 
 
 def combine_splits(ws: SplitWorkspace, out: torch.Tensor, lse: torch.Tensor | None) -> None:

@@ -11,12 +11,17 @@ import functools
 import os
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import triton
 
+if TYPE_CHECKING:
+    import torch
+
 from .workspace import MIN_KEYS_PER_SPLIT
 
-__all__ = ["TileConfig", "choose_num_splits", "choose_tiles", "gpu_tiles", "interpreting", "per_block_ids", "sm_count"]
+__all__ = ["MIN_KEYS_PER_SPLIT", "TileConfig", "choose_num_splits", "choose_tiles", "gpu_tiles",
+           "interpreting", "per_block_ids", "sm_count"]
 
 DEFAULT_SM_COUNT = 132  # H100 SXM: the split heuristic's SM count for non-CUDA tensors
 MAX_SPLITS = 64
@@ -51,7 +56,8 @@ def per_block_ids(left_window: bool, block_n: int, block_size: int) -> bool:
     the reshape of the ids into keys stops the software pipeliner (the K/V loads become
     synchronous: 1342 SASS instructions per decode tile instead of 454; sm_90 compile).
     """
-    return not left_window and block_n % block_size == 0 and version_at_least(triton.__version__, PER_BLOCK_IDS_FROM)
+    return not left_window and block_n % block_size == 0 and version_at_least(triton.__version__,
+                                                                              PER_BLOCK_IDS_FROM)
 
 
 def interpreting() -> bool:
@@ -59,7 +65,7 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def gpu_tiles(device) -> bool:
+def gpu_tiles(device: torch.device | str) -> bool:
     """Whether launches on ``device`` take the GPU's tiles (CUDA) or the interpreter's."""
     return getattr(device, "type", None) == "cuda"
 
@@ -100,7 +106,7 @@ def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def sm_count(device) -> int:
+def sm_count(device: torch.device | str) -> int:
     """SMs of a CUDA ``device`` (asked once per device, then cached); ``DEFAULT_SM_COUNT``
     for any other device, so the interpreter and ``meta`` tensors take the H100 choice."""
     if getattr(device, "type", None) != "cuda":
@@ -123,11 +129,11 @@ def choose_num_splits(
     that the splits fill them, as long as a split keeps ``MIN_KEYS_PER_SPLIT`` keys (and
     at most ``MAX_SPLITS``). Prefill (``max_seqlen_q > MAX_SPLIT_Q``) never splits.
     """
-    programs = batch * num_kv_heads * -(-max(1, max_seqlen_q) // max(1, block_q))
+    programs = batch * num_kv_heads * triton.cdiv(max(1, max_seqlen_q), max(1, block_q))
     slots = num_sms * ctas_per_sm
     if max_seqlen_q > MAX_SPLIT_Q or programs == 0 or programs >= slots:
         return 1
-    splits = min(-(-slots // programs), max_seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
+    splits: int = min(triton.cdiv(slots, programs), max_seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
     return max(1, splits)
 
 

@@ -120,7 +120,7 @@ def run_kv_ops(ops: Sequence[BlockOffloads | BlockLoads | BlockCopy], device_cac
         kind = type(op)
         if kind not in src:
             raise ArgumentTypeError(f"ops must be BlockOffloads, BlockLoads or BlockCopy, got {op!r}")
-        if kind is BlockCopy:
+        if isinstance(op, BlockCopy):
             src[kind].append(op.src)
             dst[kind].append(op.dst)
         else:  # BlockOffloads, BlockLoads: id lists

@@ -15,6 +15,8 @@ earlier one of the same call has written.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 
 from .errors import ArgumentTypeError, BlockIdError, DeviceError, DtypeError, ShapeError, UnsupportedError
@@ -32,7 +34,7 @@ def transfer_stream(device: torch.device | str) -> torch.cuda.Stream:
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if device not in _STREAMS:
-        _STREAMS[device] = torch.cuda.Stream(device)
+        _STREAMS[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # torch: untyped
     return _STREAMS[device]
 
 
@@ -48,7 +50,7 @@ def slot_shape(cache: torch.Tensor, block_dim: int) -> tuple[int, ...]:
     return tuple(s for d, s in enumerate(cache.shape) if d != block_dim)
 
 
-def check_caches(name: str, caches, block_dim: int) -> None:
+def check_caches(name: str, caches: object, block_dim: int) -> None:
     if not isinstance(caches, (list, tuple)) or not all(isinstance(c, torch.Tensor) for c in caches):
         raise ArgumentTypeError(f"{name} must be a list or tuple of torch.Tensor, got {caches!r:.80}")
     if not caches:
@@ -66,7 +68,8 @@ class TransferPlan:
     """Checked caches of one call, and the copies over them. Raises as ``offload_blocks``
     (``transfer.py``) for the caches; ``check_ids`` for the ids."""
 
-    def __init__(self, device_caches, host_caches, block_dim: int, stream) -> None:
+    def __init__(self, device_caches: Sequence[torch.Tensor], host_caches: Sequence[torch.Tensor] | None,
+                 block_dim: int, stream: torch.cuda.Stream | None) -> None:
         check_caches("device_caches", device_caches, block_dim)
         dev = device_caches[0]
         self.device = dev.device
@@ -83,7 +86,7 @@ class TransferPlan:
             if len(host_caches) != len(device_caches):
                 raise ShapeError(f"{len(device_caches)} device caches but {len(host_caches)} host caches")
             self.num_slots = host_caches[0].shape[0]
-            for d, h in zip(device_caches, host_caches):
+            for d, h in zip(device_caches, host_caches, strict=True):
                 want = (self.num_slots, *slot_shape(d, block_dim))
                 if tuple(h.shape) != want:
                     raise ShapeError(f"host cache shape {tuple(h.shape)}, expected {want} "
@@ -119,10 +122,10 @@ class TransferPlan:
                 raise BlockIdError(f"{name} holds {int(bad)}, outside [0, {count})")
         if src.shape != dst.shape:
             raise ShapeError(f"{src_name} has {src.numel()} ids, {dst_name} has {dst.numel()}")
-        if dst.unique().numel() != dst.numel():
+        if dst.unique().numel() != dst.numel():  # type: ignore[no-untyped-call]  # torch: untyped
             raise BlockIdError(f"{dst_name} names a destination twice: {dst.tolist()}")
 
-    def run(self, work) -> torch.cuda.Event | None:
+    def run(self, work: Callable[[], None]) -> torch.cuda.Event | None:
         if self.device.type != "cuda":
             work()
             return None
@@ -130,7 +133,7 @@ class TransferPlan:
         stream.wait_stream(torch.cuda.current_stream(self.device))  # the forward passes queued so far
         with torch.cuda.stream(stream):
             work()
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch: untyped
             event.record(stream)
         return event
 
@@ -150,7 +153,7 @@ class TransferPlan:
     def offload(self, device_ids: torch.Tensor, host_ids: torch.Tensor) -> None:
         if host_ids.numel():
             src, runs = self._runs(host_ids, device_ids)
-            for dev, host in zip(self.devs, self.hosts):
+            for dev, host in zip(self.devs, self.hosts, strict=True):
                 staged = dev.index_select(0, src)  # [n, ...] contiguous, in slot order
                 for a, b, slot in runs:
                     host[slot:slot + b - a].copy_(staged[a:b], non_blocking=True)
@@ -158,7 +161,7 @@ class TransferPlan:
     def load(self, host_ids: torch.Tensor, device_ids: torch.Tensor) -> None:
         if host_ids.numel():
             dst, runs = self._runs(host_ids, device_ids)
-            for dev, host in zip(self.devs, self.hosts):
+            for dev, host in zip(self.devs, self.hosts, strict=True):
                 staged = torch.empty((len(dst), *dev.shape[1:]), dtype=dev.dtype, device=self.device)
                 for a, b, slot in runs:
                     staged[a:b].copy_(host[slot:slot + b - a], non_blocking=True)

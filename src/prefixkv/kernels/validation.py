@@ -51,7 +51,7 @@ class AttentionShape:
         return self.num_heads // self.num_kv_heads
 
 
-def check_tensors(**tensors) -> None:
+def check_tensors(**tensors: object) -> None:
     """Each keyword argument is a ``torch.Tensor``.
 
     Raises:
@@ -62,7 +62,7 @@ def check_tensors(**tensors) -> None:
             raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
-def check_flags(**flags) -> None:
+def check_flags(**flags: object) -> None:
     """Each keyword argument is a ``bool`` (not merely truthy: ``causal="no"`` is a mistake).
 
     Raises:
@@ -73,7 +73,7 @@ def check_flags(**flags) -> None:
             raise UnsupportedError(f"{name} must be True or False, got {value!r}")
 
 
-def _real(value) -> bool:
+def _real(value: object) -> bool:
     """An int or float that is not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -103,7 +103,8 @@ def _check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     _same_device("v_cache", v_cache, k_cache.device)
 
 
-def _check_input_dtype(name: str, t: torch.Tensor, cache_dtype: torch.dtype, fp8_inputs: tuple) -> None:
+def _check_input_dtype(name: str, t: torch.Tensor, cache_dtype: torch.dtype,
+                       fp8_inputs: tuple[torch.dtype, ...]) -> None:
     """Inputs match the cache's dtype; an fp8 cache takes any of ``fp8_inputs`` instead."""
     if is_fp8(cache_dtype):
         if t.dtype not in fp8_inputs:
@@ -147,21 +148,18 @@ def check_write_kv(
     check_scale("v_scale", v_scale, v_cache)
 
 
-def _window(window_size, causal: bool) -> tuple[int, int]:
+def _window(window_size: object, causal: bool) -> tuple[int, int]:
     if window_size is None:
         left, right = -1, -1
     else:
-        ok = (
-            isinstance(window_size, (tuple, list))
-            and len(window_size) == 2
-            and all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)
-        )
-        if not ok or min(window_size) < -1:
+        pair = list(window_size) if isinstance(window_size, (tuple, list)) else []
+        ints = [w for w in pair if isinstance(w, int) and not isinstance(w, bool)]
+        if len(pair) != 2 or len(ints) != 2 or min(ints) < -1:
             raise UnsupportedError(
                 f"window_size must be None or a pair (left, right) of ints >= -1 (-1: unbounded), "
                 f"got {window_size!r}"
             )
-        left, right = window_size
+        left, right = ints
     if causal:
         if right > 0:
             raise UnsupportedError(f"causal=True allows window right -1 or 0, got {right}")
@@ -181,7 +179,7 @@ def check_attention(
     *,
     softmax_scale: float | None,
     causal: bool,
-    window_size,
+    window_size: tuple[int, int] | None,
     softcap: float,
     out: torch.Tensor | None,
     return_lse: bool = False,
@@ -210,7 +208,8 @@ def check_attention(
         raise ShapeError(f"cu_seqlens_q must be [batch + 1], got {tuple(cu_seqlens_q.shape)}")
     batch = cu_seqlens_q.shape[0] - 1
     if seqused_k.dim() != 1 or seqused_k.shape[0] != batch:
-        raise ShapeError(f"seqused_k must be [{batch}] (batch from cu_seqlens_q), got {tuple(seqused_k.shape)}")
+        raise ShapeError(f"seqused_k must be [{batch}] (batch from cu_seqlens_q), got "
+                         f"{tuple(seqused_k.shape)}")
     if block_table.dim() != 2 or block_table.shape[0] != batch:
         raise ShapeError(f"block_table must be [{batch}, max_blocks], got {tuple(block_table.shape)}")
     for name, t in (("block_table", block_table), ("cu_seqlens_q", cu_seqlens_q), ("seqused_k", seqused_k)):

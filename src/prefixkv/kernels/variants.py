@@ -34,9 +34,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:  # (tiling imports Triton: only when a variant is compiled)
+    from .tiling import TileConfig
 
 __all__ = ["AttentionSpec", "attention_variants", "warmup"]
 
@@ -59,7 +62,7 @@ class AttentionSpec:
     max_num_batched_tokens: int
     max_model_len: int
     cache_dtype: torch.dtype | None = None  # None: dtype
-    windows: tuple = (None,)
+    windows: tuple[tuple[int, int] | None, ...] = (None,)
     causal: bool = True
     softcap: float = 0.0
     sinks: bool = False
@@ -67,7 +70,7 @@ class AttentionSpec:
     return_lse: bool = False
 
 
-def attention_variants(spec: AttentionSpec, on_gpu: bool) -> list:
+def attention_variants(spec: AttentionSpec, on_gpu: bool) -> list[tuple[tuple[int, int] | None, TileConfig]]:
     """Every ``(window, TileConfig)`` a call of ``spec`` can compile (``num_splits`` 1 or 2).
 
     One tile per distinct ``choose_tiles`` pick over ``max_seqlen_q`` = 1, 2, 4, ...
@@ -98,11 +101,13 @@ def attention_variants(spec: AttentionSpec, on_gpu: bool) -> list:
     return out
 
 
-def _scales(spec: AttentionSpec, device) -> dict:
+def _scales(spec: AttentionSpec,
+            device: torch.device | str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(k_scale, v_scale)`` of the spec's kind (None, None without fp8 scales)."""
     if spec.kv_scales is None:
-        return {}
+        return None, None
     n = spec.num_kv_heads if spec.kv_scales == "head" else 1
-    return {"k_scale": torch.ones(n, device=device), "v_scale": torch.ones(n, device=device)}
+    return torch.ones(n, device=device), torch.ones(n, device=device)
 
 
 def warmup(spec: AttentionSpec, device: torch.device | str) -> int:
@@ -121,8 +126,9 @@ def warmup(spec: AttentionSpec, device: torch.device | str) -> int:
     cache_dtype = spec.cache_dtype or spec.dtype
     cache = torch.zeros(1, spec.block_size, spec.num_kv_heads, spec.head_dim, device=device).to(cache_dtype)
     key = torch.zeros(1, spec.num_kv_heads, spec.head_dim, dtype=spec.dtype, device=device)
-    scales = _scales(spec, device)
-    write_kv_cache_triton(key, key, cache, cache.clone(), torch.zeros(1, dtype=torch.int64, device=device), **scales)
+    k_scale, v_scale = _scales(spec, device)
+    write_kv_cache_triton(key, key, cache, cache.clone(), torch.zeros(1, dtype=torch.int64, device=device),
+                          k_scale=k_scale, v_scale=v_scale)
     q = torch.zeros(1, spec.num_heads, spec.head_dim, dtype=spec.dtype, device=device)
     table = torch.zeros(1, 1, dtype=torch.int32, device=device)
     cu = torch.tensor([0, 1], dtype=torch.int32, device=device)
@@ -132,5 +138,5 @@ def warmup(spec: AttentionSpec, device: torch.device | str) -> int:
     for window, config in variants:
         paged_prefill_attention_triton(q, cache, cache, table, cu, used, 1, 1, causal=spec.causal,
                                        window_size=window, softcap=spec.softcap, return_lse=spec.return_lse,
-                                       sinks=sinks, config=config, **scales)
+                                       sinks=sinks, config=config, k_scale=k_scale, v_scale=v_scale)
     return 1 + len(variants)

@@ -13,8 +13,9 @@ from .validation import check_write_kv
 __all__ = ["write_kv_cache_triton"]
 
 
-@triton.jit(do_not_specialize=["num_slots"])  # the cache's size: warm-up uses a small one
-def _write_kv_kernel(
+# num_slots (the cache's size) is not specialised: warm-up uses a small cache
+@triton.jit(do_not_specialize=["num_slots"])  # type: ignore[untyped-decorator]  # Triton JIT
+def _write_kv_kernel(  # type: ignore[no-untyped-def]  # Triton JIT
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, stride_slot, k_scale_ptr, v_scale_ptr,
     stride_kt, stride_kh, stride_kd,
     stride_vt, stride_vh, stride_vd,
@@ -77,7 +78,8 @@ def write_kv_cache_triton(
     _write_kv_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping, slot_mapping.stride(0), k_scale, v_scale,
         *key.stride(), *value.stride(), *k_cache.stride(), *v_cache.stride(),
-        *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale, v_scale)), block_size, num_blocks * block_size,
+        *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale, v_scale)), block_size,
+        num_blocks * block_size,
         NUM_HEADS=num_heads, HEAD_DIM=head_dim,
         HEADS_P2=triton.next_power_of_2(num_heads), DIM_P2=triton.next_power_of_2(head_dim),
         FP8_MAX=float(torch.finfo(k_cache.dtype).max) if is_fp8(k_cache.dtype) else 0.0,

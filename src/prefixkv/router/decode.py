@@ -73,7 +73,7 @@ def decode_batch(payload: bytes) -> tuple[float, list[RouterEvent], int | None]:
     KVEventBatch: not msgpack, a batch that is not ``[number, array, int or nil?]``, an
     event that is neither a map nor an array tagged by a known event name, or a field
     the decoder reads holding another type (see the module doc)."""
-    import msgpack  # type: ignore[import-untyped]
+    import msgpack
 
     try:
         batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)

@@ -102,7 +102,7 @@ class InProcessIndex:
         """See ``BlockIndex.routed``: ignored (the events say what the replica holds)."""
 
 
-def _runs(holders: dict, hashes: Sequence[Hash], active: set[str],
+def _runs(holders: dict[Hash, dict[str, set[str]]], hashes: Sequence[Hash], active: set[str],
           medium: str | None) -> dict[str, int]:
     """Leading run of ``hashes`` held by each replica of ``active`` (on ``medium``, or any
     medium when None); replicas with a run of 0 are left out."""

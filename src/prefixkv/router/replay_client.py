@@ -53,7 +53,7 @@ class ReplayClient:
         None when it does not answer in this form (a vLLM publisher streams an end mark
         instead, which is drained) or not in time. Raises ReplayError for a map answer
         that is not an Answer for ``start`` (see ``_check``)."""
-        import msgpack  # type: ignore[import-untyped]
+        import msgpack
 
         self._drain()
         request: dict[str, Any] = {"start_seq": start}

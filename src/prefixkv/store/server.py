@@ -35,7 +35,7 @@ class LocalRedis:
         self._args = ["--port", "0", "--unixsocket", self.socket, "--unixsocketperm", "700",
                       "--save", "", "--appendonly", "no", "--dir", self._dir,
                       "--maxmemory", str(maxmemory), "--maxmemory-policy", policy]
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         atexit.register(self.close)  # never outlive the process that started it
         self.start()
 
@@ -71,5 +71,5 @@ class LocalRedis:
     def __enter__(self) -> LocalRedis:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

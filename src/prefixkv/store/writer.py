@@ -23,7 +23,7 @@ class StoreWriter:
 
     def __init__(self, backend: StoreBackend, *, max_pending: int = 1024, batch: int = 64) -> None:
         self._backend, self._batch = backend, batch
-        self._queue: queue.Queue = queue.Queue(max_pending)
+        self._queue: queue.Queue[tuple[bytes, bytes]] = queue.Queue(max_pending)
         self.dropped = self.errors = self.written = 0
         self._thread = threading.Thread(target=self._run, name="prefixkv-store-writer", daemon=True)
         self._thread.start()

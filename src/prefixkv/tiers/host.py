@@ -22,18 +22,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TypeVar
 
-from ..core.block import Block
+from ..core.block import UNLINKED, Block
 from ..core.free_queue import FreeBlockQueue
 from ..errors import MAX_BLOCKS, check_positive
-from ..events import BlockRemoved, BlockStored
+from ..events import BlockRemoved, BlockStored, EventSink
 from ..results import BlockLoads, BlockOffloads, StoreFetched
 from .host_check import check_tier
 from .host_index import HOST, HostSlot, SlotIndex
 
+_Op = TypeVar("_Op", BlockOffloads, BlockLoads)
 
-def _batch(kind: type, src: list[int], dst: list[int]) -> list:
+
+def _batch(kind: type[_Op], src: list[int], dst: list[int]) -> list[_Op]:
     """``[kind(src, dst)]`` with the ids as tuples, or ``[]`` when there are none."""
     return [kind(tuple(src), tuple(dst))] if src else []
 
@@ -44,26 +46,26 @@ class HostTier(SlotIndex):
     content triple; read by the device index's chain walk. Raises ConfigError unless
     ``num_slots`` is an int in ``[1, MAX_BLOCKS]``."""
 
-    def __init__(self, num_slots: int, sink) -> None:
+    def __init__(self, num_slots: int, sink: EventSink) -> None:
         check_positive("num_slots", num_slots, MAX_BLOCKS)
         self.slots = [HostSlot(i) for i in range(num_slots)]
         self._empty = self.slots[::-1]
         self._cached = FreeBlockQueue()
-        self.by_chunk: dict[bytes, HostSlot] = {}
-        self.by_key: dict[tuple, HostSlot] = {}
+        self.by_chunk = {}
+        self.by_key = {}
         self._sink = sink
-        self._pinned: list[HostSlot] = []
+        self._pinned: list[Block] = []
         self.offload_src: list[int] = []  # the step's offloads: device block ids, slot ids
         self.offload_dst: list[int] = []
         self.load_src: list[int] = []  # the step's loads: slot ids, device block ids
         self.load_dst: list[int] = []
         self.fetches: list[StoreFetched] = []  # the step's payloads to write (no attached memory)
-        self.landing: dict[int, HostSlot] = {}  # slots a store fetch writes into, by id
+        self.landing: dict[int, Block] = {}  # slots a store fetch writes into, by id
         self.num_offloaded = self.num_loaded = 0
         self.num_chained = 0  # slots found only as their parent slot's child
         self.chaining = True  # False once the device cut a chain (``stop_chaining``)
 
-    def demote(self, blocks: list[Block], step: int) -> None:
+    def demote(self, blocks: Sequence[Block], step: int) -> None:
         """The content of ``blocks`` (full blocks with content, keyed by their token
         bytes or triple) is leaving the device: their blocks are evicted for reuse. Of
         those recorded before ``step`` (computed by an earlier forward pass; the rest were
@@ -77,24 +79,28 @@ class HostTier(SlotIndex):
         get, empty, pin = by_chunk.get, self._empty, self._pinned.append
         src, dst = self.offload_src, self.offload_dst
         active = sink.active  # (without events no slot ever has one: nothing to clear)
-        head = tail = None  # the LRU's ends, once an empty slot is lacking
+        head: Block | None = None  # the LRU's ends, once an empty slot is lacking
+        tail: Block | None = None
         taken = 0  # cached slots unlinked from the head (inlined _take_cached), counted once
         # refreshed slots are unlinked here and appended, in order, at the end (or before
         # a slot must be taken from them): the order that moving each at once would give
-        refreshed: list[HostSlot] = []
-        pend = None  # the last new slot, not keyed yet: chained if its parent comes next
+        refreshed: list[Block] = []
+        pend: Block | None = None  # the last new slot, not keyed yet: chained if its parent
+        pend_chunk = b""  # comes next; and its key, its token bytes
+        s: Block | None
         chaining, chained = self.chaining, 0
         for b in blocks:
             if b.step >= step:
                 continue
             key, parent_cid, extra = b.key, b.parent_cid, b.extra
-            s = get(key)  # the common case: one probe (a triple key finds None here)
+            s = get(key) if type(key) is bytes else None  # the common case: one probe
             if s is None or s.parent_cid != parent_cid or s.extra != extra:
-                if type(key) is bytes:
+                if isinstance(key, bytes):
                     chunk = key  # (probed already)
                     s = by_key.get((parent_cid, chunk, extra)) if by_key else None
                 else:
-                    chunk = key[1]  # type: ignore[index]
+                    assert key is not None, f"evicted block {b!r} has no content"
+                    chunk = key[1]
                     s = get(chunk)
                     if s is None or s.parent_cid != parent_cid or s.extra != extra:
                         s = by_key.get((parent_cid, chunk, extra)) if by_key else None
@@ -104,7 +110,7 @@ class HostTier(SlotIndex):
                     else:  # the least recently used cached slot, its content dropped
                         if head is None:
                             head, tail = cached.ends()
-                        s = head.next  # type: ignore[union-attr]
+                        s = head.next
                         if s is tail:
                             if not refreshed:  # every slot is pinned: the content is lost
                                 continue  # (a slot pending stays so: its parent is lost)
@@ -113,32 +119,36 @@ class HostTier(SlotIndex):
                             refreshed = []
                             s = head.next
                         nxt = s.next
-                        head.next = nxt  # type: ignore[union-attr]
-                        nxt.prev = head  # type: ignore[union-attr]
+                        head.next = nxt
+                        nxt.prev = head
                         taken += 1
                         old, c = s.key, s.child  # (as _drop, inlined)
                         if s.chained:
                             s.chained = False
                             chained -= 1
+                        elif isinstance(old, bytes):
+                            del by_chunk[old]
                         else:
-                            del (by_chunk if type(old) is bytes else by_key)[old]  # type: ignore[index]
+                            assert old is not None, f"cached slot {s!r} has no content"
+                            del by_key[old]
                         if c.chained and c.parent_cid == s.content_id:
-                            c.chained = False  # type: ignore[union-attr]
+                            c.chained = False
                             chained -= 1
-                            self._enter(c)  # type: ignore[arg-type]
+                            self._enter(c)
                         if active and s.event is not None:
-                            sink.append(BlockRemoved(s.hash, s.block_id, HOST))  # type: ignore[arg-type]
+                            assert s.hash is not None, "an announced content has its chain hash"
+                            sink.append(BlockRemoved(s.hash, s.block_id, HOST))
                     if pend is not None:
                         if chaining and pend.parent_cid == b.content_id:
                             s.child = pend  # (the run's head, its last block, is keyed)
                             pend.chained = True
                             chained += 1
                         else:
-                            k = pend.key  # (as _enter, inlined)
-                            if by_chunk.setdefault(k, pend) is not pend:  # type: ignore[arg-type]
-                                pend.key = k = (pend.parent_cid, k, pend.extra)
-                                by_key[k] = pend
-                    pend = s
+                            k = pend_chunk  # (as _enter, inlined: its key is its token bytes)
+                            if by_chunk.setdefault(k, pend) is not pend:
+                                pend.key = triple = (pend.parent_cid, k, pend.extra)
+                                by_key[triple] = pend
+                    pend, pend_chunk = s, chunk
                     s.key, s.parent_cid, s.extra = chunk, parent_cid, extra
                     s.content_id, s.hash = b.content_id, b.hash
                     s.ref_cnt = 1
@@ -147,8 +157,7 @@ class HostTier(SlotIndex):
                     dst.append(s.block_id)
                     if active:
                         if b.event is not None:
-                            s.event = replace(b.event, block_id=s.block_id,  # type: ignore[arg-type]
-                                              medium=HOST)
+                            s.event = replace(b.event, block_id=s.block_id, medium=HOST)
                             sink.append(s.event)
                         else:
                             s.event = None
@@ -158,8 +167,8 @@ class HostTier(SlotIndex):
                 pend = None
             if not s.ref_cnt:  # held in a cached slot, not pinned: refresh
                 prev, nxt = s.prev, s.next
-                prev.next = nxt  # type: ignore[union-attr]
-                nxt.prev = prev  # type: ignore[union-attr]
+                prev.next = nxt
+                nxt.prev = prev
                 refreshed.append(s)
         if pend is not None:
             self._enter(pend)
@@ -183,7 +192,7 @@ class HostTier(SlotIndex):
         """Slots ``reserve`` could take now (empty, or cached and not pinned)."""
         return len(self._empty) + len(self._cached)
 
-    def reserve(self, n: int) -> list[HostSlot]:
+    def reserve(self, n: int) -> list[Block]:
         """Up to ``n`` free slots for a store fetch to write into (empty ones first, then
         the least recently used cached ones, their content dropped): each is *landing*
         (no content, in no map, pinned across steps, named by no op) until ``land`` or
@@ -200,7 +209,7 @@ class HostTier(SlotIndex):
             landing[s.block_id] = s
         return out
 
-    def land(self, slots: list[HostSlot], parent_cid: int, chunks: Sequence[bytes],
+    def land(self, slots: list[Block], parent_cid: int, chunks: Sequence[bytes],
              extras: Sequence[bytes], cids: Sequence[int], hashes: Sequence[bytes],
              events: Sequence[BlockStored] | None) -> None:
         """Landing ``slots`` hold a checked run now: slot i the content (parent: slot
@@ -229,30 +238,32 @@ class HostTier(SlotIndex):
             s.event = replace(ev, block_id=s.block_id, medium=HOST)
             self._sink.append(s.event)
 
-    def _take_lru(self, out: list[HostSlot], n: int) -> None:
+    def _take_lru(self, out: list[Block], n: int) -> None:
         """Append to ``out`` up to ``n`` least recently used cached slots, their content
         dropped (``_take_cached`` n times, inlined as ``demote`` does: a fetch of a long
         prefix into a full tier drops as many contents)."""
         head, tail = self._cached.ends()
         by_chunk, by_key, sink = self.by_chunk, self.by_key, self._sink
-        active: bool = sink.active  # type: ignore[attr-defined]
-        s: Any = head.next  # (a HostSlot until ``tail``; the links are typed as Blocks)
+        active = sink.active
+        s = head.next  # (a slot until ``tail``)
         taken = unchained = 0
         while taken < n and s is not tail:
             old, c = s.key, s.child  # (as _drop, inlined)
             if s.chained:
                 s.chained = False
                 unchained += 1
-            elif type(old) is bytes:
+            elif isinstance(old, bytes):
                 del by_chunk[old]
             else:
+                assert old is not None, f"cached slot {s!r} has no content"
                 del by_key[old]
             if c.chained and c.parent_cid == s.content_id:
                 c.chained = False
                 unchained += 1
                 self._enter(c)
             if active and s.event is not None:
-                sink.append(BlockRemoved(s.hash, s.block_id, HOST))  # type: ignore[attr-defined]
+                assert s.hash is not None, "an announced content has its chain hash"
+                sink.append(BlockRemoved(s.hash, s.block_id, HOST))
             s.key = None
             out.append(s)
             taken += 1
@@ -262,14 +273,14 @@ class HostTier(SlotIndex):
         self._cached.forget(taken)
         self.num_chained -= unchained
 
-    def unreserve(self, slots: list[HostSlot]) -> None:
+    def unreserve(self, slots: list[Block]) -> None:
         """Landing ``slots`` that got nothing: empty again."""
         for s in slots:
             del self.landing[s.block_id]
             s.ref_cnt = 0
             self._empty.append(s)
 
-    def load(self, slots: list[HostSlot], devices: list[Block]) -> None:
+    def load(self, slots: Sequence[Block], devices: Sequence[Block]) -> None:
         """State the copy of each of ``slots`` into the fresh device block beside it in
         ``devices`` (the slots stay pinned until the plan is drained; the caller pinned
         them with ``hold``): their ids join the step's one ``BlockLoads``."""
@@ -283,7 +294,7 @@ class HostTier(SlotIndex):
         self.load_src, self.load_dst = [], []
         return ops
 
-    def hold(self, slots: list[HostSlot]) -> None:
+    def hold(self, slots: Sequence[Block]) -> None:
         """Pin ``slots`` (they are about to be loaded), so that no offload stated while
         the device makes room for them can take them."""
         fresh = 0
@@ -295,8 +306,8 @@ class HostTier(SlotIndex):
                 s.ref_cnt += 1
             else:  # cached: leaves the LRU (inlined unlink; links go stale)
                 prev, nxt = s.prev, s.next
-                prev.next = nxt  # type: ignore[union-attr]
-                nxt.prev = prev  # type: ignore[union-attr]
+                prev.next = nxt
+                nxt.prev = prev
                 s.ref_cnt = 1
                 fresh += 1
         self._pinned += slots if fresh == len(slots) else [s for s in slots if s.ref_cnt == 1]
@@ -310,23 +321,23 @@ class HostTier(SlotIndex):
         self._cached.extend(pinned)
         self._pinned = []
 
-    def _take(self) -> HostSlot | None:
+    def _take(self) -> Block | None:
         """A free slot: an empty one, else the least recently used cached one."""
         return self._empty.pop() if self._empty else self._take_cached()
 
-    def _take_cached(self) -> HostSlot | None:
+    def _take_cached(self) -> Block | None:
         """The least recently used cached slot, its content dropped; None when there is
         none (``demote`` inlines it)."""
         slot = self._cached.popleft()
         if slot is None:
             return None
-        self._drop(slot)  # type: ignore[arg-type]
-        return slot  # type: ignore[return-value]
+        self._drop(slot)
+        return slot
 
     def clear(self) -> None:
         """Forget every slot's content (reset_prefix_cache)."""
         for s in self.slots:
-            s.key, s.prev, s.next, s.ref_cnt, s.chained = None, None, None, 0, False
+            s.key, s.prev, s.next, s.ref_cnt, s.chained = None, UNLINKED, UNLINKED, 0, False
         self.num_chained = 0
         self.chaining = True  # (the device's index was cleared too: nothing is cut)
         self.by_chunk.clear()

@@ -3,27 +3,35 @@ messages only for what is wrong."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def _holds(tier, s) -> bool:
+from ..core.block import Block, key_chunk
+
+if TYPE_CHECKING:
+    from .host import HostTier
+
+
+def _holds(tier: HostTier, s: Block) -> bool:
     """Whether slot ``s`` is the entry of its key in the tier's maps or, chained, in
     none of them (its key: its token bytes)."""
     key = s.key
-    if type(key) is bytes:
+    if isinstance(key, bytes):
         return (tier.by_chunk.get(key) is s) != s.chained
     return (key is not None and not s.chained and key == (s.parent_cid, key[1], s.extra)
             and tier.by_key.get(key) is s)
 
 
-def _check_chains(tier) -> str | None:
+def _check_chains(tier: HostTier) -> str | None:
     """Each chained slot is the child of the slot holding its parent's content; the
     chained count; no two slots hold one content."""
     parents = {(s.child.block_id, s.content_id) for s in tier.slots  # (children may be
                if s.key is not None and s.child.key is not None}  # stale: verified below)
-    contents, chained = set(), 0
+    contents: set[tuple[int, bytes, bytes]] = set()
+    chained = 0
     for s in tier.slots:
         if s.key is None:
             continue
-        content = (s.parent_cid, s.key if type(s.key) is bytes else s.key[1], s.extra)
+        content = (s.parent_cid, key_chunk(s.key), s.extra)
         if content in contents:
             return f"two host slots hold the content of {s!r}"
         contents.add(content)
@@ -36,13 +44,13 @@ def _check_chains(tier) -> str | None:
     return None
 
 
-def check_tier(tier) -> str | None:
+def check_tier(tier: HostTier) -> str | None:
     """The first inconsistency of ``tier``'s slots, maps, pins and LRU links, None when
     sound: every slot is empty (no content, no pin), cached (in the LRU, unpinned),
     pinned, or landing (reserved for a store fetch, no content, one pin), exactly once;
     the maps hold exactly the cached and pinned slots that are not chained; a slot
     keyed by its triple is the one ``find`` returns; chains (above)."""
-    seen = set()
+    seen: set[int] = set()
     for s in tier._empty:
         if s.key is not None or s.ref_cnt or s.chained:
             return f"bad empty host slot {s!r}"

@@ -9,8 +9,10 @@ whose parent's content is on the device is keyed (``on_device``)."""
 
 from __future__ import annotations
 
-from ..core.block import NO_CHILD, Block
-from ..events import BlockRemoved
+from collections.abc import Callable, Sequence
+
+from ..core.block import NO_CHILD, Block, ContentKey
+from ..events import BlockRemoved, EventSink
 
 HOST = "CPU"
 """The medium of host slots in events (vLLM's spelling)."""
@@ -31,17 +33,19 @@ class SlotIndex:
     """The maps and chains of ``HostTier``'s slots (its ``slots``, ``by_chunk``,
     ``by_key``, ``num_chained``, ``chaining`` and ``_sink``)."""
 
-    slots: list[HostSlot]
-    by_chunk: dict[bytes, HostSlot]
-    by_key: dict[tuple, HostSlot]
+    # A slot is typed as the Block it is (``HostSlot`` only marks it apart from a device
+    # block, for ``type(hit) is HostSlot`` in admission).
+    slots: list[Block]
+    by_chunk: dict[bytes, Block]
+    by_key: dict[ContentKey, Block]
     num_chained: int
     chaining: bool
-    _sink: object
+    _sink: EventSink
 
     def __len__(self) -> int:
         return len(self.by_chunk) + len(self.by_key) + self.num_chained
 
-    def find(self, parent_cid: int, chunk: bytes, extra: bytes) -> HostSlot | None:
+    def find(self, parent_cid: int, chunk: bytes, extra: bytes) -> Block | None:
         """The slot holding this content, if any, when its parent's content is on the
         device or in no slot (a chained slot is found through its parent slot only: see
         ``on_device``). Changes nothing."""
@@ -50,8 +54,8 @@ class SlotIndex:
             return s
         return self.by_key.get((parent_cid, chunk, extra)) if self.by_key else None
 
-    def walk(self, hits: list, chunks: list[bytes], cid: int, extra: bytes, device,
-             prev: Block) -> list:
+    def walk(self, hits: list[Block], chunks: Sequence[bytes], cid: int, extra: bytes,
+             device: Callable[[bytes], Block | None] | None, prev: Block) -> list[Block]:
         """``ContentIndex.match`` past the device's first miss, when no content is keyed
         by its triple on either side and every block's extra bytes are ``extra``: append
         to ``hits`` (ending in ``prev``, content ``cid``) the blocks of
@@ -60,6 +64,7 @@ class SlotIndex:
         the device holds no child of a content it lacks, so past its first miss only slots
         can go on. A slot's ``child`` is tried before a probe (a chained slot is found
         only so). Returns ``hits``."""
+        s: Block | None
         if device is None:
             get, g = self.by_chunk.get, NO_CHILD  # (a device block's child is no slot)
             for chunk in chunks[len(hits):]:
@@ -75,7 +80,7 @@ class SlotIndex:
         rest = chunks[len(hits):]
         none = NO_CHILD
         g = prev.child  # the guess: the previous hit's chained child (a device block's
-        for chunk, c, s in zip(rest, map(device, rest), map(self.by_chunk.get, rest)):
+        for chunk, c, s in zip(rest, map(device, rest), map(self.by_chunk.get, rest), strict=True):
             if c is None or c.parent_cid != cid or c.extra != extra:  # or a slot's)
                 if g is not none and g.parent_cid == cid and g.key == chunk and \
                         g.extra == extra and not g.twin:
@@ -92,7 +97,7 @@ class SlotIndex:
             g = c.child
         return hits
 
-    def on_device(self, s: HostSlot) -> None:
+    def on_device(self, s: Block) -> None:
         """Slot ``s``'s content is on the device now (loaded, or recomputed under the
         slot's id): key it and its chained child, so that ``find`` (which probes only
         the maps) finds every slot whose parent's content is on the device."""
@@ -113,23 +118,24 @@ class SlotIndex:
                 self._enter(s)
         self.num_chained = 0
 
-    def _enter(self, s: HostSlot) -> None:
+    def _enter(self, s: Block) -> None:
         """Key slot ``s`` (its key: its token bytes) in the maps: by those bytes, or by
         its triple when they are another slot's key."""
         chunk = s.key
-        if self.by_chunk.setdefault(chunk, s) is not s:  # type: ignore[arg-type]
+        assert isinstance(chunk, bytes), f"slot {s!r} is keyed already"
+        if self.by_chunk.setdefault(chunk, s) is not s:
             s.key = key = (s.parent_cid, chunk, s.extra)
             self.by_key[key] = s
 
-    def _key_child(self, s: HostSlot) -> None:
+    def _key_child(self, s: Block) -> None:
         """Key ``s``'s chained child, if it has one (it is about to be found by a probe)."""
         c = s.child
         if c.chained and c.parent_cid == s.content_id and c.key is not None:
-            c.chained = False  # type: ignore[union-attr]
+            c.chained = False
             self.num_chained -= 1
-            self._enter(c)  # type: ignore[arg-type]
+            self._enter(c)
 
-    def _drop(self, s: HostSlot) -> None:
+    def _drop(self, s: Block) -> None:
         """Drop slot ``s``'s content (taken for reuse), announced gone: unkey it, or
         unchain it; key its chained child."""
         if s.chained:
@@ -137,8 +143,13 @@ class SlotIndex:
             self.num_chained -= 1
         else:
             key = s.key
-            del (self.by_chunk if type(key) is bytes else self.by_key)[key]  # type: ignore[index]
+            if isinstance(key, bytes):
+                del self.by_chunk[key]
+            else:
+                assert key is not None, f"slot {s!r} holds no content to drop"
+                del self.by_key[key]
         self._key_child(s)
         if self._sink.active and s.event is not None:
-            self._sink.append(BlockRemoved(s.hash, s.block_id, HOST))  # type: ignore[arg-type]
+            assert s.hash is not None, "an announced content has its chain hash"
+            self._sink.append(BlockRemoved(s.hash, s.block_id, HOST))
         s.key = None

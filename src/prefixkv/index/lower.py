@@ -1,0 +1,35 @@
+"""What ``ContentIndex`` asks of the tier below it (``tiers.HostTier`` is one): the index
+finds content there once the device misses, sends evicted content down, and tells it
+when a slot's content came up. A protocol, so that the index names no tier."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from ..core.block import Block, ContentKey
+
+
+class LowerTier(Protocol):
+    slots: list[Block]
+    """Every slot (a Block each), with or without content."""
+    by_key: dict[ContentKey, Block]
+    """The slots keyed by their content triple (token bytes another slot's key)."""
+    num_chained: int
+    """Slots found only as their parent slot's chained child."""
+
+    def find(self, parent_cid: int, chunk: bytes, extra: bytes) -> Block | None:
+        """The slot holding this content (parent content id, token bytes, extra bytes)."""
+
+    def walk(self, hits: list[Block], chunks: Sequence[bytes], cid: int, extra: bytes,
+             device: Callable[[bytes], Block | None] | None, prev: Block) -> list[Block]:
+        """``ContentIndex.match`` past the device's first miss (see ``SlotIndex.walk``)."""
+
+    def demote(self, blocks: Sequence[Block], step: int) -> None:
+        """Keep the content of evicted ``blocks`` recorded before ``step`` in slots."""
+
+    def on_device(self, s: Block) -> None:
+        """Slot ``s``'s content is on the device now."""
+
+    def stop_chaining(self) -> None:
+        """Key every chained slot and chain no more (the device cut a chain)."""
