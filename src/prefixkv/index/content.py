@@ -41,7 +41,8 @@ from dataclasses import replace
 from ..core.block import Block
 from ..core.request import Request
 from ..events import BlockRemoved, Event, removed_event
-from .content_check import check_lower_chains, check_index, check_request
+from .announce import RemovedRun, StoredRun
+from .content_check import check_index, check_lower_chains, check_request
 from .recording import ContentRecorder
 
 _NO_PARENT = Block(-1)  # the parent of a first block in ``claim``: never given a child
@@ -162,7 +163,10 @@ class ContentIndex(ContentRecorder):
         # first (``check`` verifies it when a tier is below).
         if lower is not None:
             lower.demote(blocks, self.step)
-        removed: list[Event] | None = [] if sink.active else None
+        # events on: built now (eager), or one RemovedRun of the blocks whose content goes
+        # (deferred: all of them unless a spare takes one over)
+        lazy = self.lazy
+        removed: list[object] | None = [] if sink.active and not (lazy and not twins) else None
         chained = 0
         for b in blocks:  # the common case: a chained block leaves no dict entry
             if b.chained:
@@ -175,10 +179,14 @@ class ContentIndex(ContentRecorder):
             else:
                 del (by_chunk if type(b.key) is bytes else by_key)[b.key]  # type: ignore[index]
             if removed is not None:
-                removed.append(removed_event(b.hash, b.block_id))  # type: ignore[arg-type]
+                removed.append(b if lazy else removed_event(b.hash, b.block_id))  # type: ignore[arg-type]
             b.key = None
         self._num_chained -= chained
-        if removed:
+        if lazy:
+            gone = list(blocks) if removed is None else removed
+            if gone:
+                sink.defer(RemovedRun(gone))
+        elif removed:
             sink.extend(removed)
 
     def drop_one(self, b: Block) -> None:
@@ -242,7 +250,9 @@ class ContentIndex(ContentRecorder):
             c = b.child
             if c.chained and c.parent_cid == b.content_id:
                 self._enter(c)
-        if self._sink.active:
+        if self.lazy:
+            self._sink.defer(RemovedRun((b,)))
+        elif self._sink.active:
             self._sink.append(BlockRemoved(b.hash, b.block_id))  # type: ignore[arg-type]
         if evicting and self._lower is not None:
             self._lower.demote((b,), self.step)
@@ -264,8 +274,15 @@ class ContentIndex(ContentRecorder):
     def snapshot(self, blocks: Sequence[Block]) -> list[Event]:
         primaries = sorted([b for b in blocks if b.key is not None and not b.twin],
                            key=lambda b: b.content_id)  # parents were stored first
-        return [b.event if b.event.block_id == b.block_id else replace(b.event, block_id=b.block_id)
-                for b in primaries if b.event is not None]
+        out: list[Event] = []
+        for b in primaries:
+            ev = b.event
+            if type(ev) is StoredRun:  # deferred events: the run rebuilds it
+                out.append(ev.event_of(b))
+            elif ev is not None:
+                out.append(ev if ev.block_id == b.block_id  # type: ignore[attr-defined,arg-type]
+                           else replace(ev, block_id=b.block_id))  # type: ignore[type-var]
+        return out
 
     def clear(self) -> None:
         self.cut = 0
@@ -275,7 +292,9 @@ class ContentIndex(ContentRecorder):
         self._num_chained = 0
 
     def check(self, blocks: Sequence[Block]) -> str | None:
-        return check_index(self._by_chunk, self._by_key, self._twins, self.hashing, blocks,
+        # (deferred events: a block's hash is set when the log is taken)
+        return check_index(self._by_chunk, self._by_key, self._twins,
+                           self.hashing and not self.lazy, blocks,
                            self._num_chained, self._lower is not None, not self.cut) or (
             check_lower_chains(self._lower, blocks) if self._lower is not None else None)
 

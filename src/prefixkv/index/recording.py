@@ -36,6 +36,9 @@ class ContentRecorder(Announcer):
         self._bs = block_size
         self._lower = lower  # the tier that keeps evicted content (HostTier), or None
         self.hashing = sink.active
+        # events built when taken (``announce.py``): a tier or a shared store below needs
+        # each hash as stored, and a caller's hash callable must fail before any change
+        self.lazy = sink.active and lower is None and not hasher.checked
         self.fresh: list[tuple] | None = None  # with a shared store: contents recorded
         self.hash_may_fail = self.hashing and hasher.checked  # a caller's hash callable
         self.step = 0  # the manager's step: content recorded now is computed this step
@@ -152,6 +155,7 @@ class ContentRecorder(Announcer):
         cid = parent.content_id if parent is not None else 0
         nid = fresh = self._next_id  # ids from ``fresh`` on are minted by this call
         chained = 0
+        twins: list[tuple[int, Block]] | None = None  # (position, block held) when deferred
         lower, step = self._lower, self.step
         for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras):
             b.parent_cid = cid
@@ -170,6 +174,9 @@ class ContentRecorder(Announcer):
                 held = self._held(parent, cid, chunk, extra)
                 if held is not None:  # equal content is held: b is its spare
                     cid = self._add_twin(b, held)
+                    if self.lazy:  # (rare: a position found without a counter per block)
+                        twins = twins or []
+                        twins.append((blocks.index(b, first) - first, held))
                     parent = held
                     continue
             if parent is not None and self._may_chain(parent):
@@ -194,6 +201,8 @@ class ContentRecorder(Announcer):
             self._announce(req, first, hashes)
             if self.fresh is not None:
                 self._note_fresh(req, first, len(hashes))
+        elif self.lazy:
+            self._defer(req, first, chunks, extras, twins)
 
     def adopt(self, blocks: Sequence[Block], slots: Sequence[Block], parent: Block | None,
               run: bool) -> None:
@@ -264,6 +273,7 @@ class ContentRecorder(Announcer):
         b.key = held.key
         b.content_id = held.content_id
         b.twin = True
-        b.hash, b.event = held.hash, held.event
+        if not self.lazy:  # (deferred: the run's build sets them, in log order)
+            b.hash, b.event = held.hash, held.event
         self._twins.setdefault(held.content_id, []).append(b)
         return held.content_id
