@@ -5,8 +5,11 @@ waiting request with computed tokens, events, stats). Needs vllm installed
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # vLLM's own CPU platform (see vllm_cpu.py)
 pytest.importorskip("vllm", reason="needs vllm 0.33.0: make install-vllm")
 torch = pytest.importorskip("torch")
 
