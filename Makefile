@@ -35,11 +35,22 @@ $(VENV)/.vllm-installed: $(VENV)/.installed tests/engines/fetch.py tests/engines
 
 install-vllm: $(VENV)/.vllm-installed
 
+# SGLang's Python sources, --no-deps (tests/engines/sglang_hicache imports its storage
+# interface, its backend loader and its page hash, whose C++ source SGLang builds on
+# first use with torch's JIT build: ninja here, g++ and OpenSSL's headers on the machine).
+SGLANG_VERSION := 0.5.23
+$(VENV)/.sglang-installed: $(VENV)/.installed
+	$(BIN)/pip install -q --no-deps sglang==$(SGLANG_VERSION)
+	$(BIN)/pip install -q ninja
+	touch $@
+
+install-sglang: $(VENV)/.sglang-installed
+
 # Any nonzero pytest status fails the target, 5 (no tests collected) included.
-test: lint install-vllm
+test: lint install-vllm install-sglang
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
 
 bench: install
 	$(BIN)/prefixkv bench
 
-.PHONY: install install-vllm lint test bench
+.PHONY: install install-vllm install-sglang lint test bench

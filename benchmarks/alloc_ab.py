@@ -51,6 +51,45 @@ class Plan:
 
 
 QUICK = Plan(pools=(10_000,), rounds=2, admits_2k=40, admits_32k=4, decode_tokens=4000, scale=0.25)
+EVENTS = Plan(pools=(10_000,), modes=("xxhash+both",), rounds=12, sessions=2,
+              admits_2k=100, admits_32k=10, workloads=())
+"""``--events``: admissions with KV events off and on (``events_rows``), 10k-block pool."""
+
+
+def events_rows(pair, plan: Plan, pool: int, mode: str, log, first: int = 0) -> list[dict]:
+    """Admissions (2k/32k, 0%/100% hit) with events off and on, on both sides. Each round
+    measures off and on back to back on both workers (off first in even rounds, on first in
+    odd ones), so the on/off ratio of a side is paired within a round, as old/new is.
+    Rows: ``<name>, events off``, ``<name>, events on``, ``<name>, events on +
+    take_events`` (the step's drain too), each with ``on_off_old``/``on_off_new``: the
+    median of each round's on/off ratio (for the last two rows)."""
+    rows = []
+    for tokens, count in ((2048, plan.admits_2k), (32768, plan.admits_32k)):
+        for hit in (False, True):
+            name = f"admit {tokens // 1024}k, {100 if hit else 0}% hit"
+            got: dict[bool, dict[str, list[dict]]] = {False: {"old": [], "new": []},
+                                                       True: {"old": [], "new": []}}
+            for r in range(plan.rounds):
+                for events in ((False, True) if r % 2 == 0 else (True, False)):
+                    cmd = dict(cmd="admit", tokens=tokens, hit=hit, count=count, events=events,
+                               seed=f"{pool}/{name}/{first + r}")
+                    one = measure(pair if r % 4 < 2 else pair[::-1], 1, lambda _, c=cmd: c)
+                    for side in ("old", "new"):
+                        got[events][side] += one[side]
+            ns = {(e, k): [g[k] for g in got[e]["new"]] for e in (False, True)
+                  for k in ("ns", "with_take_ns") if k in got[e]["new"][0]}
+            old = {(e, k): [g[k] for g in got[e]["old"]] for e in (False, True)
+                   for k in ("ns", "with_take_ns") if k in got[e]["old"][0]}
+            for label, key in (("events off", (False, "ns")), ("events on", (True, "ns")),
+                               ("events on + take_events", (True, "with_take_ns"))):
+                extra = {}
+                if key[0]:
+                    extra = {f"on_off_{side}": round(statistics.median(
+                        on / off for on, off in zip(src[key], src[(False, "ns")], strict=True)), 2)
+                        for side, src in (("old", old), ("new", ns))}
+                rows.append(log(row("micro", pool, "xxhash", f"{name}, {label}", "µs/admission",
+                                    old[key], ns[key], **extra)))
+    return rows
 
 
 class Worker:
@@ -167,6 +206,10 @@ def micro_rows(pair, plan: Plan, pool: int, mode: str, log, first: int = 0) -> l
                 seed=f"{pool}/{mode}/{name}/{first + r}"))
             rows.append(log(row("micro", pool, mode, name, "µs/admission",
                                 [g["ns"] for g in got["old"]], [g["ns"] for g in got["new"]])))
+            if "with_take_ns" in got["new"][0]:  # events on: the step's take_events too
+                rows.append(log(row("micro", pool, mode, name + " + take_events", "µs/admission",
+                                    [g["with_take_ns"] for g in got["old"]],
+                                    [g["with_take_ns"] for g in got["new"]])))
     for requests, per_step in ((1, False), (plan.step_requests, True)):
         name = f"decode, {requests} running, " + ("per step" if per_step else "per request")
         got = measure(pair, plan.rounds, lambda r, requests=requests, per_step=per_step, name=name: dict(
@@ -248,7 +291,8 @@ def _session(old_src: Path, new_src: Path, plan: Plan, first: int, log,
             for mode in plan.modes:
                 for w in pair:
                     w.call(dict(cmd="setup", pool=pool, mode=mode))
-                got = micro_rows(pair, plan, pool, mode, lambda r: r, first)
+                got = (events_rows if mode.endswith("+both") else micro_rows)(
+                    pair, plan, pool, mode, lambda r: r, first)
                 if mode == "xxhash" and plan.workloads:
                     got += workload_rows(pair, plan, pool, lambda r: r, first)
                 rows += [log(_merge(merged, r)) for r in got]

@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from alloc_ab import QUICK, TREE, Plan, _git, compare, worktree
+from alloc_ab import EVENTS, QUICK, TREE, Plan, _git, compare, worktree
 
 GOALS = {  # the speed issue's goals (old/new, medians) against ae75256, by row
     ("micro", "xxhash", "admit 2k, 100% hit"): 2.0, ("micro", "xxhash", "admit 32k, 100% hit"): 2.0,
@@ -94,9 +94,12 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines + [""])
 
 
-def main_against(rev: str, quick: bool, out: Path, command: str, clock: str = "wall") -> None:
-    """Compare ``rev`` with this tree, print each row as it finishes, write the report."""
-    plan = replace(QUICK if quick else Plan(rounds=24, sessions=4), clock=clock)
+def main_against(rev: str, quick: bool, out: Path, command: str, clock: str = "wall",
+                 events: bool = False) -> None:
+    """Compare ``rev`` with this tree, print each row as it finishes, write the report
+    (``events``: the EVENTS plan, written as allocator-events-ab.{json,md})."""
+    plan = replace(EVENTS if events else QUICK if quick else Plan(rounds=24, sessions=4),
+                   clock=clock)
     dirty = _git("status", "--porcelain", "--", "src")
     new_commit = _git("rev-parse", "--short", "HEAD") + (" + uncommitted src" if dirty else "")
     t0 = time.perf_counter()
@@ -107,11 +110,37 @@ def main_against(rev: str, quick: bool, out: Path, command: str, clock: str = "w
                 python=platform.python_version(), old_commit=old_commit, new_commit=new_commit,
                 command=command, elapsed_s=round(time.perf_counter() - t0),
                 plan=asdict(plan), sides=sides)
-    md = markdown(rows, meta)
+    md = events_markdown(rows, meta) if events else markdown(rows, meta)
     print(md)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "allocator-ab.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    (out / "allocator-ab.md").write_text(md)
+    name = "allocator-events-ab" if events else "allocator-ab"
+    (out / f"{name}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    (out / f"{name}.md").write_text(md)
+
+
+def events_markdown(rows: list[dict], meta: dict) -> str:
+    """The ``--events`` report: each admission row with KV events off and on, old and new."""
+    old, new = meta["old_commit"], meta["new_commit"]
+    lines = [f"# KV events off and on: {old} against {new} ({meta['machine']}, Python "
+             f"{meta['python']})", "", f"Command: `{meta['command']}` ({meta['elapsed_s']} s)",
+             "", f"Clock: {_CLOCKS[meta['plan'].get('clock', 'wall')]}{_cost(meta)}.", "",
+             f"{meta['plan']['rounds']} rounds, split over {meta['plan'].get('sessions', 1)} "
+             "pairs of fresh worker processes; each worker holds two managers filled to "
+             "capacity (10k blocks; every miss evicts), events off and on, and each round "
+             "measures off and on back to back on both sides (order alternating), the same "
+             "prompts everywhere. µs: median of the round values (a round's value: the median "
+             "of its admissions; best round in brackets). on/off: the median of each round's "
+             "own ratio. \"+ take_events\": the admission plus the step's `take_events()` "
+             "(with deferred events, where the hashes and event objects are built).", "",
+             f"| row | {old} | {new} | old/new | {old} on/off | {new} on/off |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        on_off = ((f"{r['on_off_old']:.2f}", f"{r['on_off_new']:.2f}") if "on_off_new" in r
+                  else ("", ""))
+        lines.append(f"| {r['row']} | {r['old_us']:.1f} ({r['old_best_us']:.1f}) | "
+                     f"{r['new_us']:.1f} ({r['new_best_us']:.1f}) | {r['ratio']:.2f} | "
+                     f"{on_off[0]} | {on_off[1]} |")
+    return "\n".join(lines) + "\n"
 
 
 def _print_row(r: dict) -> dict:

@@ -10,7 +10,11 @@ version has it. Commands (``cmd``):
 
     hello                         -> prefixkv's file, whether it has append_step
     setup  pool, mode             -> a fresh manager filled to capacity with cached blocks
-    admit  tokens, hit, count, seed -> median ns of ``count`` admissions, each freed after
+                                     (mode "xxhash+events": KV events on; "xxhash+both": two
+                                     managers, events off and on, for ``admit``'s ``events``)
+    admit  tokens, hit, count, seed[, events] -> median ns of ``count`` admissions, each freed after
+                                     (events on: then taken, and ``with_take_ns`` the median
+                                     of admission + ``take_events()``)
     decode requests, steps, per_step, seed -> ns per decoded token and the call used
     hold   free                   -> admit and keep requests until exactly ``free`` blocks are free
     release                       -> free what ``hold`` kept
@@ -65,6 +69,7 @@ class Side:
 
     def __init__(self) -> None:
         self.m = None
+        self.m_on = None  # "xxhash+both": the manager with events on
         self.held: list[tuple[str, int]] = []
 
     def hello(self) -> dict:
@@ -81,25 +86,37 @@ class Side:
         from prefixkv import KVCacheManager
         self.drop()
         t0 = time.perf_counter()
-        m = self.m = KVCacheManager(pool, BS, seed=0, hash_mode=mode)
-        rng = random.Random(f"fill/{pool}")
-        i = 0
-        n = min(pool, 2048) * BS
-        while m.num_cached_blocks < m.num_blocks:
-            if m.add_request(("fill", i), prompt(rng, n)) is None:
-                raise RuntimeError("fill found no room")
-            m.free(("fill", i))
-            i += 1
+        hash_mode, _, events = mode.partition("+")
+        on = dict(enable_events=True, max_events=1 << 20)
+        self.m = KVCacheManager(pool, BS, seed=0, hash_mode=hash_mode,
+                                **(on if events == "events" else {}))
+        if events == "both":
+            self.m_on = KVCacheManager(pool, BS, seed=0, hash_mode=hash_mode, **on)
+        for m in (self.m, self.m_on):
+            if m is None:
+                continue
+            rng = random.Random(f"fill/{pool}")
+            i = 0
+            n = min(pool, 2048) * BS
+            while m.num_cached_blocks < m.num_blocks:
+                if m.add_request(("fill", i), prompt(rng, n)) is None:
+                    raise RuntimeError("fill found no room")
+                m.free(("fill", i))
+                if m._events.active:
+                    m.take_events()
+                i += 1
+        m = self.m
         gc.collect()
         gc.freeze()
         return dict(build_s=round(time.perf_counter() - t0, 2), cached=m.num_cached_blocks)
 
-    def admit(self, tokens: int, hit: bool, count: int, seed: str) -> dict:
+    def admit(self, tokens: int, hit: bool, count: int, seed: str, events: bool = False) -> dict:
         """Median ns of ``count`` admissions (each freed right after): distinct prompts, or
         one prompt ``count`` times (after the first, all but its last block hit)."""
         rng = random.Random(seed)
         prompts = [prompt(rng, tokens)] * count if hit else [prompt(rng, tokens) for _ in range(count)]
-        m, samples = self.m, []
+        m, samples, totals = self.m_on if events else self.m, [], []
+        take = m.take_events if m._events.active else None
         for i, p in enumerate(prompts):
             t0 = CLOCK()
             adm = m.add_request(i, p)
@@ -107,7 +124,14 @@ class Side:
             if adm is None:
                 raise RuntimeError(f"admission {i} of {tokens} tokens found no room")
             m.free(i)
-        return dict(ns=statistics.median(samples[1:] if hit else samples))
+            if take is not None:  # what a publishing engine does each step
+                t0 = CLOCK()
+                take()
+                totals.append(samples[-1] + CLOCK() - t0 - CLOCK_COST)
+        out = dict(ns=statistics.median(samples[1:] if hit else samples))
+        if totals:
+            out["with_take_ns"] = statistics.median(totals[1:] if hit else totals)
+        return out
 
     def decode(self, requests: int, steps: int, per_step: bool, seed: str) -> dict:
         """ns per token of ``steps`` decode steps of ``requests`` running requests (100-token
@@ -163,7 +187,7 @@ class Side:
         return replay(self.m, requests, max_running)
 
     def drop(self) -> dict:
-        self.m, self.held = None, []
+        self.m, self.m_on, self.held = None, None, []
         gc.unfreeze()
         gc.collect()
         return {}

@@ -212,11 +212,14 @@ def main() -> None:
                     "(writes allocator-ab.{json,md}; --quick: 10k-block pool, 2 rounds)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="with --against: "
                     "time allocator calls in wall time or in each worker's CPU time")
+    ap.add_argument("--events", action="store_true", help="with --against: KV events off and "
+                    "on side by side (admissions alone and with take_events, decode; 10k-block "
+                    "pool), written to allocator-events-ab.{json,md}")
     args = ap.parse_args()
     if args.against:
         from alloc_ab_report import main_against
         main_against(args.against, args.quick, Path(args.out), "python " + " ".join(
-            ["benchmarks/bench_allocator.py", *sys.argv[1:]]), args.clock)
+            ["benchmarks/bench_allocator.py", *sys.argv[1:]]), args.clock, args.events)
         return
     pools = [10_000] if args.quick else [10_000, 1_000_000]
     rows, hashing = run(pools, args.quick)

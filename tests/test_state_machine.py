@@ -56,6 +56,7 @@ class ManagerMachine(RuleBasedStateMachine):
     host_blocks = 0
     num_blocks = NUM_BLOCKS
     events = True  # False: no events, so the index takes its fast paths (evictions in batches)
+    drain_every = 1  # events are taken after every n-th step (deferred events pile up)
 
     @initialize()
     def setup(self):
@@ -72,6 +73,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.preempted: list[tuple[list[int], ExtraKeys | None]] = []
         self.last = None
         self.next_id = 0
+        self.steps = 0
 
     def _run_plan(self):
         """The engine's part of a step, before its forward pass: the manager's plan, in
@@ -339,6 +341,9 @@ class ManagerMachine(RuleBasedStateMachine):
         if not self.events:
             assert self.m.take_events() == []
             return
+        self.steps += 1
+        if self.steps % self.drain_every:
+            return
         for ev in self.m.take_events():
             if isinstance(ev, AllBlocksCleared):
                 self.mirror.clear()
@@ -362,6 +367,14 @@ class ManagerMachine(RuleBasedStateMachine):
                 k += 1
             found = self.m.lookup(prompt, extra=extra)
             assert (k * BS == found) if self.exact_hash else (k * BS >= found), (prompt, k, found)
+
+
+class DeferredEventsManagerMachine(ManagerMachine):
+    """Events taken only every 5th step: runs stored, evicted and stored again into the
+    same blocks before their (deferred) events are built, which must still name the
+    hashes each block held at each point."""
+
+    drain_every = 5
 
 
 class CollidingManagerMachine(ManagerMachine):
@@ -412,6 +425,9 @@ class HostTierChainManagerMachine(HostTierFastPathManagerMachine):
 SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestManagerMachine = ManagerMachine.TestCase
 TestManagerMachine.settings = SETTINGS
+TestDeferredEventsManagerMachine = DeferredEventsManagerMachine.TestCase
+TestDeferredEventsManagerMachine.settings = settings(max_examples=100, stateful_step_count=60,
+                                                     deadline=None)
 TestCollidingManagerMachine = CollidingManagerMachine.TestCase
 TestCollidingManagerMachine.settings = SETTINGS
 TestParentBlindManagerMachine = ParentBlindManagerMachine.TestCase

@@ -19,7 +19,8 @@ from . import __version__
 from .bench.layer_groups import MIXES
 from .bench.limits import MAX_POOL_FLAG
 
-WORKLOADS = ("all", "system-prompt", "chat", "document", "pressure", "trace")
+WORKLOADS = ("all", "system-prompt", "chat", "document", "pressure", "skewed", "trace")
+FLEET_ROUTES = ("round-robin", "least-loaded", "pure-prefix", "prefix", "cost", "cost-approx")
 INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT, as shells report it)."""
 
@@ -76,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Defaults)
     bench.add_argument("--workload", choices=WORKLOADS, default=None,
                        help="which workload to replay: the four built-in ones ('all'), one of "
-                       "them, or your JSONL trace ('trace', needs --trace); default: all, or "
+                       "them ('skewed': with --replicas only), or your JSONL trace ('trace', "
+                       "needs --trace); default: all, or "
                        "trace when --trace is given")
     bench.add_argument("--trace", type=Path, metavar="FILE",
                        help="JSONL trace to replay, one request per line (token ids, or lengths "
@@ -118,10 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="draw the progress bar on stderr even when it is not a terminal")
     bench.add_argument("--replicas", type=_int_list, metavar="N[,N...]",
                        help="simulate a fleet of N replicas behind the router instead (e.g. "
-                       "1,2,4,8,16; system-prompt and chat unless --workload names one); "
+                       "1,2,4,8,16; system-prompt, chat and skewed unless --workload names one); "
                        "writes fleet.md, fleet.json, fleet.png")
-    bench.add_argument("--route", choices=("all", "round-robin", "least-loaded", "prefix"),
-                       default="all", help="routing policy of the fleet simulation")
+    bench.add_argument("--route", choices=("all", *FLEET_ROUTES), default="all",
+                       help="routing policy of the fleet simulation")
     bench.set_defaults(command_parser=bench)  # its usage errors name `prefixkv bench`
     return parser
 
@@ -194,7 +196,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     if args.replicas:
         from .bench.fleet_report import DEFAULT_WORKLOADS, run_fleet, table, write_fleet
-        routes = ("round-robin", "least-loaded", "prefix") if args.route == "all" else (args.route,)
+        routes = FLEET_ROUTES if args.route == "all" else (args.route,)
         names = DEFAULT_WORKLOADS if args.workload in (None, "all") else (args.workload,)
         if "trace" in names:
             parser.error("--replicas runs the built-in workloads, not a trace")
@@ -212,6 +214,8 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(table(data) + f"\n\nreport: {args.out / 'fleet.md'}")
         return 0
     workload = args.workload or ("trace" if args.trace else "all")
+    if workload == "skewed":
+        parser.error("--workload skewed is a fleet workload: add --replicas N")
     if workload == "trace" and args.trace is None:
         parser.error("--workload trace needs --trace FILE")
     if args.trace is not None and workload != "trace":

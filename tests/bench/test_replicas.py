@@ -56,3 +56,23 @@ def test_report_files(tmp_path):
     md = (tmp_path / "fleet.md").read_text()
     assert table(data) in md
     assert notes or (tmp_path / "fleet.png").stat().st_size > 0
+
+
+def test_skewed_workload_is_mostly_three_hot_prefixes():
+    wl = builtin("skewed", scale=0.5)
+    heads = [r.prompt[:2048] for r in wl.requests]
+    hot = sorted({h for h in heads if heads.count(h) > 1}, key=heads.count, reverse=True)
+    assert len(hot) == 3 and len(wl.requests) == 200
+    assert 0.7 <= sum(heads.count(h) for h in hot) / len(heads) <= 0.9
+
+
+def test_cost_routing_balances_a_skewed_fleet_and_queues_less():
+    """At 8 replicas, pure prefix affinity piles a hot prefix onto one replica; the cost
+    scorer keeps the hit rate, evens the load and shortens the prefill a request waits for."""
+    wl = builtin("skewed", scale=0.5)
+    single = simulate(wl, 1, "prefix").hit_rate
+    pure, least, cost = (simulate(wl, 8, r) for r in ("pure-prefix", "least-loaded", "cost"))
+    assert pure.imbalance > 1.5 and cost.imbalance <= 1.15
+    assert cost.hit_rate >= 0.95 * single > least.hit_rate
+    assert cost.ttft_mean < least.ttft_mean < pure.ttft_mean
+    assert sum(cost.routed) == len(wl.requests) == len(cost.ttft)

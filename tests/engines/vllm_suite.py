@@ -6,9 +6,11 @@ The harness (used by tests/engines/test_vllm_suite.py, so by ``make test``):
   (tests/engines/fetch.py, run by the Makefile); the wheel is installed into the
   project's venv with ``--no-deps`` plus tests/engines/vllm-requirements.txt (the
   pure-Python modules vLLM's scheduler-side code and these tests import, pinned);
-- one pytest process runs ``FILES`` from vLLM's test tree with two plugins from this
-  folder: ``vllm_cpu`` (the stand-ins, all listed there) and ``vllm_swap`` (each test
-  twice: ``[...-vllm]`` and ``[...-prefixkv]``);
+- two pytest processes, side by side, run ``FILES`` from vLLM's test tree with two
+  plugins from this folder: ``vllm_cpu`` (the stand-ins, all listed there) and
+  ``vllm_swap`` (the manager: one process runs each test as ``[vllm-...]`` on vLLM's
+  own manager, the other as ``[prefixkv-...]`` on prefixkv's scheduler plugin); their
+  output goes to ``.cache/engines/vllm-suite-<group>-<manager>.log``;
 - ``compare`` pairs the two runs of each test.
 
 By hand (from the repository root, after ``make install-vllm``)::
@@ -31,14 +33,26 @@ ROOT = HERE.parents[1]
 VERSION = "0.33.0"
 VLLM_TREE = ROOT / ".cache" / "engines" / f"vllm-{VERSION}"
 DOC = ROOT / "docs" / "integration.md"
+MANAGERS = ("vllm", "prefixkv")
 
 # vLLM's test files the suite runs: the scheduler's, the prefix cache's, and those under
 # tests/v1/kv_connector/unit that import and run on a CPU machine.
-FILES = (
+# Two groups, each run in processes of its own (modules of one group set process-wide
+# state at import that the other group's tests do not expect). Under kv_connector/unit:
+# the files that build a scheduler, import on a CPU and pass on vLLM's manager here; the
+# others test connectors' transports, not the manager.
+CORE_FILES = (
     "tests/v1/core/test_scheduler.py",
     "tests/v1/core/test_async_scheduler.py",
     "tests/v1/core/test_prefix_caching.py",
 )
+CONNECTOR_FILES = tuple(f"tests/v1/kv_connector/unit/{name}.py" for name in (
+        "test_cache_pollution_prevention", "test_decode_bench_connector", "test_error_propagation",
+        "test_invalid_blocks_correctness", "test_kv_load_failure_recovery", "test_lmcache_connector",
+        "test_multi_connector", "test_nixl_simple_cpu_offload", "test_remote_decode_lifecycle",
+        "test_remote_prefill_lifecycle", "test_scheduler_kv_connector_override",
+        "test_simple_cpu_offload_connector"))
+FILES = CORE_FILES + CONNECTOR_FILES
 
 
 @dataclass(frozen=True)
@@ -69,23 +83,39 @@ class Comparison:
 
 
 def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
-        extra: tuple[str, ...] = ()) -> pathlib.Path:
-    """Run ``files`` of vLLM's tests on both managers; returns the junit xml's path.
-    Raises FileNotFoundError when the fetched tree is missing (run the fetch script)."""
+        extra: tuple[str, ...] = ()) -> list[pathlib.Path]:
+    """Run ``files`` of vLLM's tests on both managers: for each group of files (core,
+    connectors), one pytest process per manager, side by side; returns their junit xml
+    files. Raises FileNotFoundError when the fetched tree is missing (run the fetch
+    script)."""
     if not (VLLM_TREE / "tests" / "__init__.py").exists():
         raise FileNotFoundError(f"{VLLM_TREE}/tests is missing: run `make install-vllm` "
                                 f"(python tests/engines/fetch.py vllm)")
-    junit = junit or (ROOT / ".cache" / "engines" / "vllm-suite.xml")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(HERE), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "vllm_cpu",
-           "-p", "vllm_swap", "--confcutdir=tests/v1", "--tb=short", "-o", "junit_family=xunit1",
-           f"--junitxml={junit}", *extra, *files]
-    subprocess.run(cmd, cwd=VLLM_TREE, env=env, check=False)
-    return junit
+    base = junit or (ROOT / ".cache" / "engines" / "vllm-suite.xml")
+    core = tuple(f for f in files if f in CORE_FILES)
+    groups = [g for g in (core, tuple(f for f in files if f not in CORE_FILES)) if g]
+    out = []
+    for i, group in enumerate(groups):
+        procs = []
+        for manager in MANAGERS:
+            xml = base.with_name(f"{base.stem}-{i}-{manager}.xml")
+            env = dict(os.environ, VLLM_SUITE_MANAGERS=manager)
+            env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(HERE), env.get("PYTHONPATH", "")])
+            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "vllm_cpu",
+                   "-p", "vllm_swap", "--confcutdir=tests/v1", "--tb=short", "-o",
+                   "junit_family=xunit1", f"--junitxml={xml}", *extra, *group]
+            log = xml.with_suffix(".log").open("w")
+            procs.append((subprocess.Popen(cmd, cwd=VLLM_TREE, env=env, stdout=log,
+                                           stderr=subprocess.STDOUT), log))
+            out.append(xml)
+        for proc, log in procs:
+            proc.wait()
+            log.close()
+    return out
 
 
-_ID = re.compile(r"^(?P<base>.*)\[(?P<params>.*?)-?(?P<manager>vllm|prefixkv)\]$")
+# pytest puts the manager parameter first: test[vllm], test[vllm-<the test's own ids>].
+_ID = re.compile(r"^(?P<base>[^\[]*)\[(?P<manager>vllm|prefixkv)(?:-(?P<params>.*))?\]$")
 
 
 def outcomes(junit: pathlib.Path) -> dict[tuple[str, str], str]:
@@ -104,8 +134,8 @@ def outcomes(junit: pathlib.Path) -> dict[tuple[str, str], str]:
     return out
 
 
-def compare(junit: pathlib.Path) -> Comparison:
-    res = outcomes(junit)
+def compare(junits: list[pathlib.Path]) -> Comparison:
+    res = {k: v for j in junits for k, v in outcomes(j).items()}
     return Comparison({t: o for (t, m), o in res.items() if m == "vllm"},
                       {t: o for (t, m), o in res.items() if m == "prefixkv"})
 

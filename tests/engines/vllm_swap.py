@@ -1,12 +1,14 @@
 """Run every vLLM test twice in one process: on vLLM's own manager and on prefixkv's.
 
 Loaded as a pytest plugin (``-p vllm_swap``, with tests/engines and src on ``sys.path``)
-in the run of vLLM's test files (tests/engines/vllm_suite.py). Each test function gets
-one more parameter, ``kv_manager`` (``vllm`` or ``prefixkv``), so its pytest id ends in
-``-vllm]`` / ``-prefixkv]`` (``[vllm]`` / ``[prefixkv]`` when it had none).
+in the runs of vLLM's test files (tests/engines/vllm_suite.py). Each test function gets
+one more parameter, ``kv_manager`` (``vllm`` or ``prefixkv``), which pytest puts first
+in its id: ``[vllm-...]`` / ``[prefixkv-...]`` (``[vllm]`` / ``[prefixkv]`` when it had
+none).
 
-With ``prefixkv``, the test's module and vLLM's test helpers (``tests/v1/core/utils.py``)
-see prefixkv's classes under vLLM's names, for the duration of the test:
+With ``prefixkv``, the test's module and vLLM's test helpers (``HELPERS``: the
+``create_scheduler`` modules of tests/v1/core and tests/v1/kv_connector/unit) see
+prefixkv's classes under vLLM's names, for the duration of the test:
 
 - ``Scheduler`` -> ``prefixkv.integrations.vllm.Scheduler`` and ``AsyncScheduler`` ->
   ``prefixkv.integrations.vllm.AsyncScheduler``: what ``--scheduler-cls`` would select;
@@ -21,13 +23,17 @@ installed wheel's. With ``vllm`` nothing is swapped (the baseline).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-MANAGERS = ("vllm", "prefixkv")
-HELPERS = ("tests.v1.core.utils",)
+MANAGERS = tuple(os.environ.get("VLLM_SUITE_MANAGERS", "vllm,prefixkv").split(","))
+"""Which runs this process makes (``VLLM_SUITE_MANAGERS``; the suite runs one process per
+manager, side by side)."""
+HELPERS = ("tests.v1.core.utils", "tests.v1.kv_connector.unit.utils",
+           "tests.v1.kv_connector.unit.offloading_connector.utils")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -8,11 +8,20 @@ step (``encode_batch`` -> ``decode_batch`` -> ``Router.apply``). One step::
     arrivals (``rate`` per replica, in workload order, skipping a chat turn whose
     previous turn has not finished) -> route each -> every replica admits what fits (FIFO, at most
     ``max_running``), decodes one token per running request (preempting its newest
-    request when the pool is full), frees finished ones -> events to the router
+    request when the pool is full), frees finished ones -> events and a load report
+    (KV usage, queue depth) to the router
 
-Reported per (workload, N, policy): fleet hit rate (hit / queried prompt tokens of new
-requests, summed over replicas), prefill tokens computed, and load imbalance (max / mean
-requests routed per replica).
+Routes: the router's policies ``round-robin``, ``least-loaded`` and ``prefix`` (its
+default scorer, prefix affinity under a load cap); ``pure-prefix``: the longest cached
+run alone (no load term, no cap); ``cost``: ``CostScorer`` (Dynamo's
+cost, each replica's pool as its capacity); ``cost-approx``: the same with no events,
+the router's ``ApproxIndex`` (TTL ``approx_ttl`` steps) guessing from its own decisions.
+
+Reported per (workload, N, route): fleet hit rate (hit / queried prompt tokens of new
+requests, summed over replicas), prefill tokens computed, load imbalance (max / mean
+requests routed per replica), and the TTFT proxy: the prefill a request waits for, in
+tokens: the prompts queued (waiting to be admitted) on its replica when it is routed
+there, plus its own prompt tokens not found in the cache; mean and 90th percentile.
 """
 
 from __future__ import annotations
@@ -25,9 +34,12 @@ from ..errors import PromptTooLongError
 from ..fleet.wire import encode_batch
 from ..results import StoreWait
 from ..router import Router, decode_batch
+from ..router.approx import ApproxIndex
+from ..router.load import ReplicaLoad
+from ..router.scorer import AffinityScorer, CostScorer
 from .workloads import BenchRequest, Workload
 
-POLICIES = ("round-robin", "least-loaded", "prefix")
+POLICIES = ("round-robin", "least-loaded", "pure-prefix", "prefix", "cost", "cost-approx")
 
 
 @dataclass
@@ -43,6 +55,7 @@ class FleetResult:
     steps: int = 0
     preemptions: int = 0
     routed: list[int] = field(default_factory=list)
+    ttft: dict[str, int] = field(default_factory=dict, repr=False)  # TTFT proxy per request
 
     @property
     def hit_rate(self) -> float:
@@ -54,8 +67,21 @@ class FleetResult:
         mean = sum(self.routed) / len(self.routed)
         return max(self.routed) / mean if mean else 1.0
 
+    @property
+    def ttft_mean(self) -> float:
+        """The TTFT proxy's mean over requests (module doc), in tokens."""
+        return sum(self.ttft.values()) / len(self.ttft) if self.ttft else 0.0
+
+    @property
+    def ttft_p90(self) -> int:
+        q = sorted(self.ttft.values())
+        return q[int(0.9 * (len(q) - 1))] if q else 0
+
     def to_dict(self) -> dict[str, object]:
-        return {**asdict(self), "hit_rate": self.hit_rate, "imbalance": self.imbalance}
+        out = {**asdict(self), "hit_rate": self.hit_rate, "imbalance": self.imbalance,
+               "ttft_mean": self.ttft_mean, "ttft_p90": self.ttft_p90}
+        del out["ttft"]
+        return out
 
 
 class _Replica:
@@ -63,27 +89,29 @@ class _Replica:
         self.name = name
         self.mgr = KVCacheManager(num_blocks, block_size, hash_mode="sha256", enable_events=True)
         self.waiting: deque[BenchRequest] = deque()
-        self.running: dict[str, tuple[BenchRequest, int]] = {}  # rid -> (request, tokens decoded)
+        self.running: dict[str, list] = {}  # rid -> [request, tokens decoded]
         self.preempted: set[str] = set()  # re-admissions count apart in the stats
 
 
 def simulate(workload: Workload, replicas: int, route: str, *, block_size: int = 16,
              pool_blocks: int | None = None, rate: float = 0.5, max_running: int = 64,
-             load_weight: float = 1.0, balance: float = 1.25) -> FleetResult:
+             approx_ttl: float = 200.0, **router_options: object) -> FleetResult:
     """Run ``workload`` through ``replicas`` simulated replicas routed by ``route`` (one
     of POLICIES). ``pool_blocks``: each replica's pool (default: the workload's pool).
-    ``rate``: new requests per replica per step. ``load_weight``, ``balance``: the
-    Router's. Raises ValueError for an unknown route, ``replicas`` < 1, ``rate`` <= 0, or
-    a request that cannot run alone in a pool."""
+    ``rate``: new requests per replica per step. ``approx_ttl``: steps an ``ApproxIndex``
+    guess lasts (``cost-approx``). ``router_options``: Router keywords (load_weight,
+    balance, scorer, ...). Raises ValueError for an unknown route, ``replicas`` < 1,
+    ``rate`` <= 0, or a request that cannot run alone in a pool."""
     if route not in POLICIES or replicas < 1 or not rate > 0:
         raise ValueError(f"need route in {POLICIES}, replicas >= 1, rate > 0; got "
                          f"{route!r}, {replicas}, {rate}")
     num_blocks = pool_blocks or workload.pool_tokens // block_size
     fleet = [_Replica(f"r{i}", num_blocks, block_size) for i in range(replicas)]
     by_name = {r.name: r for r in fleet}
-    router = Router([r.name for r in fleet], block_size=block_size, policy=route,
-                    load_weight=load_weight, balance=balance)
     res = FleetResult(workload.name, replicas, route)
+    router = _router(route, [r.name for r in fleet], block_size, num_blocks, res, approx_ttl,
+                     router_options)
+    events = route != "cost-approx"  # an engine that publishes none
     pending = deque(workload.requests)
     finished: set[str] = set()
     credit = 0.0
@@ -94,7 +122,9 @@ def simulate(workload: Workload, replicas: int, route: str, *, block_size: int =
             if req.after is not None and req.after not in finished:
                 continue  # the next turn waits for its answer; later sessions go first
             pending.remove(req)
-            by_name[router.route(req.prompt, req.extra).replica].waiting.append(req)
+            rep = by_name[router.route(req.prompt, req.extra).replica]
+            res.ttft[req.rid] = sum(len(r.prompt) for r in rep.waiting)
+            rep.waiting.append(req)
             credit -= 1
             if credit < 1:
                 break
@@ -102,8 +132,12 @@ def simulate(workload: Workload, replicas: int, route: str, *, block_size: int =
             for rid in _step(rep, res, max_running):
                 router.finish(rep.name)
                 finished.add(rid)
-            _, events, _ = decode_batch(encode_batch(rep.mgr.take_events(), block_size=block_size))
-            router.apply(rep.name, events)
+            batch = rep.mgr.take_events()
+            if events:
+                router.apply(rep.name, decode_batch(encode_batch(batch, block_size=block_size))[1])
+            router.report_load(rep.name, ReplicaLoad(
+                rep.mgr.usage, len(rep.waiting), sum(len(r.prompt) for r in rep.waiting),
+                num_blocks))
         if res.steps > 10_000_000:  # pragma: no cover - a bug, not a workload
             raise RuntimeError("simulation does not terminate")
     for rep in fleet:
@@ -112,6 +146,21 @@ def simulate(workload: Workload, replicas: int, route: str, *, block_size: int =
         res.hits += stats.hits
     res.routed = [router.routed[r.name] for r in fleet]
     return res
+
+
+def _router(route: str, names: list[str], block_size: int, num_blocks: int, res: FleetResult,
+            approx_ttl: float, options: dict[str, object]) -> Router:
+    """The router a route names; ``cost-approx``'s index counts time in steps."""
+    if route == "pure-prefix":
+        options = {"scorer": AffinityScorer(load_weight=0.0, balance=float(len(names))),
+                   **options}
+    if route in ("cost", "cost-approx"):
+        options = {"scorer": CostScorer(prefill_weight=2.0, balance=1.1), **options}
+        if route == "cost-approx":
+            options["index"] = ApproxIndex(approx_ttl, clock=lambda: float(res.steps))
+    return Router(names, block_size=block_size, policy="round-robin" if route == "round-robin"
+                  else "least-loaded" if route == "least-loaded" else "prefix",
+                  capacity=dict.fromkeys(names, num_blocks), **options)  # type: ignore[arg-type]
 
 
 def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
@@ -131,8 +180,10 @@ def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
                                  f"{mgr.num_blocks} blocks")
             break
         rep.waiting.popleft()
-        rep.running[req.rid] = (req, 0)
+        rep.running[req.rid] = [req, 0]
         res.prefill_computed += adm.num_new_tokens
+        if req.rid not in rep.preempted:
+            res.ttft[req.rid] += adm.num_new_tokens
     done = []
     for rid in list(rep.running):
         state = rep.running.get(rid)
@@ -150,8 +201,8 @@ def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
             if victim == rid:
                 break
         else:
-            rep.running[rid] = (req, pos + 1)  # (an update keeps the admission order)
-            if pos + 1 == len(req.output):
+            state[1] = pos + 1
+            if state[1] == len(req.output):
                 del rep.running[rid]
                 mgr.free(rid)
                 done.append(rid)

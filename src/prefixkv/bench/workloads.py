@@ -120,11 +120,32 @@ def pressure(scale: float = 1.0, seed: int = 0) -> Workload:
                     "8192-slot pool (constant eviction)", reqs, 8192)
 
 
+def skewed(scale: float = 1.0, seed: int = 0) -> Workload:
+    """A fleet's skew: three hot 2048-token prefixes take 80% of the requests (50/20/10%),
+    the rest each have a cold 1024-token prefix of their own, all with unique suffixes.
+    Sending every request of a hot prefix where it is cached overloads that replica."""
+    rng = random.Random(f"skewed/{seed}")
+    hot = [_tokens(rng, 2048) for _ in range(3)]
+    reqs = []
+    for i in range(_count(400, scale)):
+        k = rng.choices(range(4), (50, 20, 10, 20))[0]
+        prefix = hot[k] if k < 3 else _tokens(rng, 1024)
+        reqs.append(BenchRequest(f"sk{i}", prefix + _tokens(rng, rng.randint(32, 128)),
+                                 _tokens(rng, rng.randint(64, 256))))
+    return Workload("skewed", "3 hot 2048-token prefixes (80% of requests: 50/20/10%) and "
+                    "cold 1024-token ones (20%), unique 32-128 token suffixes, 64-256 "
+                    "output tokens", tuple(reqs), 65536)
+
+
+FLEET = ("skewed",)
+"""Workloads for the fleet simulation only (``prefixkv bench --replicas``)."""
+
 _SIZES = {  # requests (chat: sessions) at scale 1, and the most tokens each can hold
     "system-prompt": (200, 2048 + 256 + 128),
     "chat": (24, sum(512 + 256 * (t + 1) + 192 * t + 192 for t in range(6))),
     "document": (100, 32768 + 64 + 96),
     "pressure": (400, 1024 + 128 + 64),
+    "skewed": (400, 2048 + 128 + 256),
 }
 
 
@@ -138,9 +159,11 @@ def token_bound(name: str, scale: float = 1.0) -> tuple[int, int]:
 
 
 def builtin(name: str, scale: float = 1.0, seed: int = 0) -> Workload:
-    """The built-in workload ``name`` (one of ``BUILTIN``). Raises ValueError otherwise."""
+    """The built-in workload ``name`` (one of ``BUILTIN`` or ``FLEET``). Raises ValueError
+    otherwise."""
     makers = {"system-prompt": system_prompt, "chat": chat, "document": document,
-              "pressure": pressure}
+              "pressure": pressure, "skewed": skewed}
     if name not in makers:
-        raise ValueError(f"unknown workload {name!r}; choose from {', '.join(BUILTIN)}")
+        raise ValueError(f"unknown workload {name!r}; choose from "
+                         f"{', '.join(BUILTIN + FLEET)}")
     return makers[name](scale, seed)

@@ -10,7 +10,7 @@ changes anything; a shortage returns None with nothing changed.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from operator import attrgetter
 
 from ..errors import ConfigError, RequestError, check_count, check_new_request
@@ -19,6 +19,7 @@ from ..extra_keys import ExtraKeys
 from ..index import ContentIndex
 from ..results import Fork, KVOp, SharedPrefix
 from ..stats import PrefixCacheStats
+from .block import Block
 from .decode import Decoder
 from .sharing import shared_prefixes
 
@@ -85,6 +86,19 @@ class KVCacheManager(Decoder):
             raise ConfigError("attach_host_memory needs a manager with a shared store")
         self._waits.attach(buffers)
 
+    def lookup_block_ids(self, prompt_token_ids: Sequence[int], *,
+                         extra: ExtraKeys | None = None) -> tuple[int, ...]:
+        """The device blocks of the prefix ``lookup`` finds, in token order (it stops at
+        the first block that is not in the device pool: host tier, store). Changes
+        nothing. Raises as ``add_request`` for bad input."""
+        hits = self._find(None, prompt_token_ids, extra, True, None)[1]
+        out = []
+        for b in hits:
+            if type(b) is not Block:
+                break
+            out.append(b.block_id)
+        return tuple(out)
+
     # ---- forks, free, preemption -------------------------------------------------------
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> Fork | None:
@@ -140,6 +154,16 @@ class KVCacheManager(Decoder):
         self._pool.release(reversed(req.blocks))
         if unpinned:
             self._pool.release(unpinned)
+
+    def uncache_blocks(self, block_ids: Iterable[int]) -> None:
+        """Make the content of these blocks unfindable (their KV turned out invalid, e.g.
+        a load that failed) while live requests hold them; a block no request holds is
+        left as it is. Raises RequestError for an id outside the pool."""
+        blocks = self._pool.blocks
+        ids = list(block_ids)
+        for i in ids:
+            check_count("block id", i, 0, len(blocks) - 1)
+        self._index.uncache([blocks[i] for i in ids if blocks[i].ref_cnt > 0])
 
     def preempt(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> tuple[int, ...]:
         """Free a running request (as ``free``, same ``num_computed_tokens``) and return

@@ -38,9 +38,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..core.block import Block, Key
+from ..core.block import Block
 from ..core.request import Request
 from ..events import BlockRemoved, Event, removed_event
+from .announce import RemovedRun, StoredRun
 from .content_check import check_index, check_lower_chains, check_request
 from .recording import ContentRecorder
 
@@ -72,7 +73,6 @@ class ContentIndex(ContentRecorder):
         if mm is None and not by_key and not lower.by_key:  # the common case, in the tier
             return lower.walk(hits, chunks, cid, base, get if self.cut else None, b)
         below = lower.find
-        c: Block | None
         for i in range(len(hits), len(chunks)):
             chunk = chunks[i]
             extra = base if mm is None or i >= len(mm) else mm[i]
@@ -98,7 +98,6 @@ class ContentIndex(ContentRecorder):
         hits: list[Block] = []
         get, by_key = self._by_chunk.get, self._by_key
         cid, extra, b = 0, base, _NO_PARENT
-        c: Block | None
         for i, chunk in enumerate(chunks):
             if mm is not None:
                 extra = mm[i] if i < len(mm) else base
@@ -127,7 +126,6 @@ class ContentIndex(ContentRecorder):
         hits: list[Block] = []
         cid = unlinked = 0
         get, by_key = self._by_chunk.get, self._by_key
-        b: Block | None
         b = _NO_PARENT
         for chunk in chunks:
             # the parent's last child first: a verified guess saves hashing the chunk
@@ -142,8 +140,8 @@ class ContentIndex(ContentRecorder):
             r = b.ref_cnt
             if not r:
                 prev, nxt = b.prev, b.next
-                prev.next = nxt
-                nxt.prev = prev
+                prev.next = nxt  # type: ignore[union-attr]
+                nxt.prev = prev  # type: ignore[union-attr]
                 unlinked += 1
             b.ref_cnt = r + 1
             hits.append(b)
@@ -166,7 +164,10 @@ class ContentIndex(ContentRecorder):
         # first (``check`` verifies it when a tier is below).
         if lower is not None:
             lower.demote(blocks, self.step)
-        removed: list[Event] | None = [] if sink.active else None
+        # events on: built now (eager), or one RemovedRun of the blocks whose content goes
+        # (deferred: all of them unless a spare takes one over)
+        lazy = self.lazy
+        removed: list[object] | None = [] if sink.active and not (lazy and not twins) else None
         chained = 0
         for b in blocks:  # the common case: a chained block leaves no dict entry
             if b.chained:
@@ -177,18 +178,16 @@ class ContentIndex(ContentRecorder):
                 b.key = None
                 continue
             else:
-                key = b.key
-                if isinstance(key, bytes):
-                    del by_chunk[key]
-                else:
-                    assert key is not None, f"{b!r} is indexed without a key"
-                    del by_key[key]
+                del (by_chunk if type(b.key) is bytes else by_key)[b.key]  # type: ignore[index]
             if removed is not None:
-                assert b.hash is not None, "with events on, every recorded block has its hash"
-                removed.append(removed_event(b.hash, b.block_id))
+                removed.append(b if lazy else removed_event(b.hash, b.block_id))  # type: ignore[arg-type]
             b.key = None
         self._num_chained -= chained
-        if removed:
+        if lazy:
+            gone = list(blocks) if removed is None else removed
+            if gone:
+                sink.defer(RemovedRun(gone))
+        elif removed:
             sink.extend(removed)
 
     def drop_one(self, b: Block) -> None:
@@ -200,7 +199,7 @@ class ContentIndex(ContentRecorder):
             self._num_chained -= 1
             b.key = None
         else:
-            self._unkey(b.key)
+            del self._home(b.key)[b.key]  # type: ignore[arg-type]
             b.key = None
 
     def uncache(self, blocks: Sequence[Block]) -> None:
@@ -222,27 +221,8 @@ class ContentIndex(ContentRecorder):
                 b.key = None
                 b.twin = False
 
-    def _found(self, key: Key | None) -> Block | None:
-        """The block the dicts hold under ``key`` (token bytes or a content triple)."""
-        if isinstance(key, bytes):
-            return self._by_chunk.get(key)
-        return None if key is None else self._by_key.get(key)
-
-    def _put(self, key: Key | None, b: Block) -> None:
-        """Hold ``b`` under ``key`` in the dicts."""
-        if isinstance(key, bytes):
-            self._by_chunk[key] = b
-        else:
-            assert key is not None, f"{b!r} has no key to be held under"
-            self._by_key[key] = b
-
-    def _unkey(self, key: Key | None) -> None:
-        """Delete the dicts' entry under ``key`` (there is one)."""
-        if isinstance(key, bytes):
-            del self._by_chunk[key]
-        else:
-            assert key is not None, "a key to delete"
-            del self._by_key[key]
+    def _home(self, key: bytes | tuple) -> dict:
+        return self._by_chunk if type(key) is bytes else self._by_key
 
     def _unindex(self, b: Block, evicting: bool = False) -> None:
         """Take ``b`` out of the index: unlist a twin; replace a primary by a held twin,
@@ -254,25 +234,27 @@ class ContentIndex(ContentRecorder):
             if listed is not None and b in listed:
                 self._unlist(b)
             return
+        home = self._home(b.key)  # type: ignore[arg-type]
         if b.chained:  # found through its parent alone (so no spare is held)
             b.chained = False
             self._num_chained -= 1
-        elif self._found(b.key) is not b:
+        elif home.get(b.key) is not b:  # type: ignore[arg-type]
             return
         elif b.content_id in twins:
             heir = self._unlist(twins[b.content_id][-1])
             heir.twin = False
-            self._put(b.key, heir)
+            home[b.key] = heir  # type: ignore[index]
             return
         else:
-            self._unkey(b.key)
+            del home[b.key]  # type: ignore[arg-type]
         if self._lower is not None:  # the content goes: a chained child is keyed (see drop)
             c = b.child
             if c.chained and c.parent_cid == b.content_id:
                 self._enter(c)
-        if self._sink.active:
-            assert b.hash is not None, "with events on, every recorded block has its hash"
-            self._sink.append(BlockRemoved(b.hash, b.block_id))
+        if self.lazy:
+            self._sink.defer(RemovedRun((b,)))
+        elif self._sink.active:
+            self._sink.append(BlockRemoved(b.hash, b.block_id))  # type: ignore[arg-type]
         if evicting and self._lower is not None:
             self._lower.demote((b,), self.step)
 
@@ -284,7 +266,7 @@ class ContentIndex(ContentRecorder):
         return b
 
     def release_spare(self, block: Block) -> Block | None:
-        primary = self._found(block.key)
+        primary = self._home(block.key).get(block.key)  # type: ignore[arg-type]
         self._unindex(block)
         block.key = None
         block.twin = False
@@ -293,8 +275,15 @@ class ContentIndex(ContentRecorder):
     def snapshot(self, blocks: Sequence[Block]) -> list[Event]:
         primaries = sorted([b for b in blocks if b.key is not None and not b.twin],
                            key=lambda b: b.content_id)  # parents were stored first
-        return [b.event if b.event.block_id == b.block_id else replace(b.event, block_id=b.block_id)
-                for b in primaries if b.event is not None]
+        out: list[Event] = []
+        for b in primaries:
+            ev = b.event
+            if type(ev) is StoredRun:  # deferred events: the run rebuilds it
+                out.append(ev.event_of(b))
+            elif ev is not None:
+                out.append(ev if ev.block_id == b.block_id  # type: ignore[attr-defined,arg-type]
+                           else replace(ev, block_id=b.block_id))  # type: ignore[type-var]
+        return out
 
     def clear(self) -> None:
         self.cut = 0
@@ -304,7 +293,9 @@ class ContentIndex(ContentRecorder):
         self._num_chained = 0
 
     def check(self, blocks: Sequence[Block]) -> str | None:
-        return check_index(self._by_chunk, self._by_key, self._twins, self.hashing, blocks,
+        # (deferred events: a block's hash is set when the log is taken)
+        return check_index(self._by_chunk, self._by_key, self._twins,
+                           self.hashing and not self.lazy, blocks,
                            self._num_chained, self._lower is not None, not self.cut) or (
             check_lower_chains(self._lower, blocks) if self._lower is not None else None)
 

@@ -11,18 +11,13 @@ import struct
 from collections.abc import Sequence
 from dataclasses import replace
 from itertools import islice
-from typing import TYPE_CHECKING
 
-from ..core.block import NO_CHILD, Block, ContentKey, key_chunk
+from ..core.block import NO_CHILD, Block
 from ..core.request import Request
 from ..events import DEVICE
 from ..hashing import block_chunks, token_bytes
-from .announce import Announcer, Prepared
+from .announce import Announcer
 from .hasher import Hasher
-
-if TYPE_CHECKING:
-    from ..events import EventSink
-    from .lower import LowerTier
 
 _U32 = struct.Struct("<I")
 
@@ -30,10 +25,9 @@ _U32 = struct.Struct("<I")
 class ContentRecorder(Announcer):
     """``ContentIndex``'s state and its recording calls (see ``ContentIndex``)."""
 
-    def __init__(self, hasher: Hasher, sink: EventSink, block_size: int, *,
-                 lower: LowerTier | None = None) -> None:
+    def __init__(self, hasher: Hasher, sink, block_size: int, *, lower=None) -> None:
         self._by_chunk: dict[bytes, Block] = {}
-        self._by_key: dict[ContentKey, Block] = {}
+        self._by_key: dict[tuple, Block] = {}
         self._twins: dict[int, list[Block]] = {}  # content id -> held spares
         self._num_chained = 0  # blocks found through their parent's ``child`` alone
         self._next_id = 1
@@ -42,7 +36,10 @@ class ContentRecorder(Announcer):
         self._bs = block_size
         self._lower = lower  # the tier that keeps evicted content (HostTier), or None
         self.hashing = sink.active
-        self.fresh = None  # with a shared store: contents recorded
+        # events built when taken (``announce.py``): a tier or a shared store below needs
+        # each hash as stored, and a caller's hash callable must fail before any change
+        self.lazy = sink.active and lower is None and not hasher.checked
+        self.fresh: list[tuple] | None = None  # with a shared store: contents recorded
         self.hash_may_fail = self.hashing and hasher.checked  # a caller's hash callable
         self.step = 0  # the manager's step: content recorded now is computed this step
         # With a tier below: how many contents ``uncache`` took off the device while other
@@ -55,7 +52,7 @@ class ContentRecorder(Announcer):
         # from then on the walk probes the device at every step.
         self.cut = 0
 
-    def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> Prepared:
+    def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> tuple:
         known = req.prompt_chunks
         if known is not None and last <= len(known):
             chunks = known[first:last]
@@ -65,7 +62,7 @@ class ContentRecorder(Announcer):
                                   last - first)
         return self._hashed(parent, chunks, req.keys.of_blocks(first, last))
 
-    def prepare_next(self, req: Request, token: int) -> Prepared:
+    def prepare_next(self, req: Request, token: int) -> tuple:
         """``prepare`` for the block that ``token``, appended next, fills."""
         bs, n = self._bs, req.num_scheduled
         j = n // bs
@@ -106,14 +103,13 @@ class ContentRecorder(Announcer):
         self._num_chained += 1
         b.parent_cid, b.extra, b.step = cid, extra, self.step
         # one content, one id: a host slot that keeps this content lends its id
-        lower = self._lower
-        slot = lower.find(cid, chunk, extra) if lower is not None else None
-        if slot is None or lower is None:
+        slot = self._lower.find(cid, chunk, extra) if self._lower is not None else None
+        if slot is None:
             b.content_id = self._next_id
             self._next_id += 1
         else:
             b.content_id = slot.content_id
-            lower.on_device(slot)
+            self._lower.on_device(slot)  # type: ignore[union-attr]
 
     def _may_chain(self, parent: Block) -> bool:
         """Whether a new content under ``parent`` may be found through ``parent.child``
@@ -129,9 +125,9 @@ class ContentRecorder(Announcer):
         c = parent.child if parent is not None else NO_CHILD
         if c.key == chunk and c.parent_cid == cid and c.extra == extra and not c.twin:
             return c
-        keyed = self._by_chunk.get(chunk)
-        if keyed is not None and keyed.parent_cid == cid and keyed.extra == extra:
-            return keyed
+        c = self._by_chunk.get(chunk)
+        if c is not None and c.parent_cid == cid and c.extra == extra:
+            return c
         return self._by_key.get((cid, chunk, extra)) if self._by_key else None
 
     def _chain(self, parent: Block, b: Block, chunk: bytes) -> None:
@@ -150,23 +146,22 @@ class ContentRecorder(Announcer):
         """Key chained block ``b`` in the dicts: by its token bytes, or by its triple when
         those are another content's key."""
         self._num_chained -= 1
-        self._key(b, key_chunk(b.key))
+        self._key(b, b.key)  # type: ignore[arg-type]
 
-    def store(self, req: Request, first: int, prepared: Prepared | None) -> None:
-        assert prepared is not None, "this index prepares every block it stores"
+    def store(self, req: Request, first: int, prepared: tuple) -> None:
         chunks, extras, hashes = prepared
         blocks = req.blocks
         parent = blocks[first - 1] if first else None
         cid = parent.content_id if parent is not None else 0
         nid = fresh = self._next_id  # ids from ``fresh`` on are minted by this call
         chained = 0
+        twins: list[tuple[int, Block]] | None = None  # (position, block held) when deferred
         lower, step = self._lower, self.step
-        for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras, strict=True):
+        for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras, strict=False):
             b.parent_cid = cid
             b.extra = extra
             b.step = step
             if cid >= fresh:  # the parent's content is new: nothing is held under it yet (no
-                assert parent is not None  # (a fresh id is a parent's recorded in this call)
                 parent.child = b  # slot either) and its child is stale: b is its chained child
                 b.key = chunk
                 b.chained = True
@@ -179,6 +174,9 @@ class ContentRecorder(Announcer):
                 held = self._held(parent, cid, chunk, extra)
                 if held is not None:  # equal content is held: b is its spare
                     cid = self._add_twin(b, held)
+                    if self.lazy:  # (rare: a position found without a counter per block)
+                        twins = twins or []
+                        twins.append((blocks.index(b, first) - first, held))
                     parent = held
                     continue
             if parent is not None and self._may_chain(parent):
@@ -195,7 +193,6 @@ class ContentRecorder(Announcer):
                 b.content_id = cid = nid
                 nid += 1
             else:
-                assert lower is not None  # (a slot was found in it)
                 b.content_id = cid = slot.content_id
                 lower.on_device(slot)  # its chained child must be found by ``find`` now
         self._num_chained += chained
@@ -204,6 +201,8 @@ class ContentRecorder(Announcer):
             self._announce(req, first, hashes)
             if self.fresh is not None:
                 self._note_fresh(req, first, len(hashes))
+        elif self.lazy:
+            self._defer(req, first, chunks, extras, twins)
 
     def adopt(self, blocks: Sequence[Block], slots: Sequence[Block], parent: Block | None,
               run: bool) -> None:
@@ -216,8 +215,9 @@ class ContentRecorder(Announcer):
         step = self.step
         prev = parent
         first = 1 if run else len(blocks)  # recorded as ``store`` records them; the rest of
-        for b, s in zip(islice(blocks, first), islice(slots, first), strict=True):  # a run: chained below
-            chunk = key_chunk(s.key)
+        for b, s in zip(islice(blocks, first), islice(slots, first), strict=False):  # a run: chained below
+            key = s.key
+            chunk = key if type(key) is bytes else key[1]  # type: ignore[index]
             b.parent_cid, b.extra = s.parent_cid, s.extra
             b.content_id, b.hash, b.step, b.event = s.content_id, s.hash, step, None
             if run and prev is not None and self._may_chain(prev):
@@ -228,28 +228,28 @@ class ContentRecorder(Announcer):
                     prev.child = b
             prev = b
         if run and len(blocks) > 1:
-            for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None), strict=True):
-                b.key = key_chunk(s.key)
+            for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None), strict=False):
+                key = s.key
+                b.key = key if type(key) is bytes else key[1]  # type: ignore[index]
                 b.chained = True
                 b.parent_cid = s.parent_cid
                 b.extra = s.extra
                 b.content_id = s.content_id
                 b.step = step
-                assert prev is not None  # (the run's first block was recorded above)
-                prev.child = b
+                prev.child = b  # type: ignore[union-attr]
                 prev = b
             self._num_chained += len(blocks) - 1
             # hashes and events exist only when hashes are consumed (``hashing``, fixed for
             # the index's life): else every block's are None already
             if self.hashing:
-                for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None), strict=True):
+                for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None), strict=False):
                     b.hash = s.hash
                     b.event = None  # (announced again below when events are on)
         if self._sink.active:  # each announced again, on the device
             sink = self._sink
-            for b, s in zip(blocks, slots, strict=True):
+            for b, s in zip(blocks, slots, strict=False):
                 if s.event is not None:
-                    b.event = replace(s.event, block_id=b.block_id, medium=DEVICE)
+                    b.event = replace(s.event, block_id=b.block_id, medium=DEVICE)  # type: ignore[arg-type]
                     sink.append(b.event)
 
     def _key(self, b: Block, chunk: bytes) -> None:
@@ -273,6 +273,7 @@ class ContentRecorder(Announcer):
         b.key = held.key
         b.content_id = held.content_id
         b.twin = True
-        b.hash, b.event = held.hash, held.event
+        if not self.lazy:  # (deferred: the run's build sets them, in log order)
+            b.hash, b.event = held.hash, held.event
         self._twins.setdefault(held.content_id, []).append(b)
         return held.content_id

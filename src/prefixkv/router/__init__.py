@@ -2,15 +2,21 @@
 ``prefixkv[events]``, the Redis index ``prefixkv[redis]``, imported only where used).
 
 It imports nothing of the core but its types and ``block_hashes``: the index learns
-what each replica holds from vLLM-format KV events (``decode``), and a prompt is scored
-by the longest run of its block hashes each replica holds, and by load.
+what each replica holds from vLLM-format KV events (``decode``), or from the router's own
+decisions (``ApproxIndex``), and a scorer weighs each replica's longest run of the
+prompt's block hashes against its load (``AffinityScorer``, ``CostScorer``).
 """
 
+from .approx import ApproxIndex, ApproxIndexError
 from .decode import Cleared, DecodeError, Removed, Stored, decode_batch
 from .index import BlockIndex, InProcessIndex
+from .load import LoadError, ReplicaLoad, from_metrics
 from .router import Choice, Router, RouterError
+from .scorer import AffinityScorer, CostScorer, ReplicaView, Scorer, ScorerError
 
 __all__ = [
-    "BlockIndex", "Choice", "Cleared", "DecodeError", "InProcessIndex", "Removed", "Router",
-    "RouterError", "Stored", "decode_batch",
+    "AffinityScorer", "ApproxIndex", "ApproxIndexError", "BlockIndex", "Choice", "Cleared",
+    "CostScorer", "DecodeError", "InProcessIndex", "LoadError", "Removed", "ReplicaLoad",
+    "ReplicaView", "Router", "RouterError", "Scorer", "ScorerError", "Stored", "decode_batch",
+    "from_metrics",
 ]

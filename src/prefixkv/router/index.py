@@ -17,7 +17,7 @@ GPU = "GPU"
 
 class BlockIndex(Protocol):
     """Block hash -> replicas (with media). Implementations: InProcessIndex (default),
-    RedisIndex (several routers share one)."""
+    RedisIndex (several routers share one), ApproxIndex (no events: routing decisions)."""
 
     def store(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
         """Record that ``replica`` holds ``hashes`` on ``medium`` (idempotent)."""
@@ -35,6 +35,10 @@ class BlockIndex(Protocol):
 
     def num_blocks(self, replica: str) -> int:
         """How many (hash, medium) entries ``replica`` has."""
+
+    def routed(self, replica: str, hashes: Sequence[Hash]) -> None:
+        """The router sent a prompt of ``hashes`` to ``replica``. Indexes fed by events
+        ignore it; ``ApproxIndex`` (no events) learns from it."""
 
 
 class InProcessIndex:
@@ -93,6 +97,9 @@ class InProcessIndex:
     def num_blocks(self, replica: str) -> int:
         """See ``BlockIndex.num_blocks``."""
         return sum(len(self._holders[h][replica]) for h in self._keys.get(replica, ()))
+
+    def routed(self, replica: str, hashes: Sequence[Hash]) -> None:
+        """See ``BlockIndex.routed``: ignored (the events say what the replica holds)."""
 
 
 def _runs(holders: dict[Hash, dict[str, set[str]]], hashes: Sequence[Hash], active: set[str],

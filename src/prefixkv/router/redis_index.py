@@ -125,3 +125,6 @@ class RedisIndex:
     def num_blocks(self, replica: str) -> int:
         """See ``BlockIndex.num_blocks``."""
         return int(self.client.scard(f"{self.ns}:r:{replica}"))  # type: ignore[attr-defined]
+
+    def routed(self, replica: str, hashes: Sequence[Hash]) -> None:
+        """See ``BlockIndex.routed``: ignored (the events say what the replica holds)."""

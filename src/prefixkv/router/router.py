@@ -5,12 +5,17 @@ Policy "prefix" (the default), for a prompt of ``n`` full blocks:
 1. Hash the prompt as the replicas' managers do (``block_hashes``, same block size,
    hash mode, seed, extra keys) and convert to the wire form (``hash_format``).
 2. Candidates: replicas heard from within ``stale_after`` seconds (all of them when none
-   is), and among those only replicas whose in-flight count is below the *bounded-load*
-   cap ``ceil(balance * (in_flight_total + 1) / num_candidates)`` (the least loaded one
-   always is).
-3. Score = ``(gpu_run + cpu_weight * (run - gpu_run)) / n - load_weight * load / (mean
-   load + 1)``, where ``run`` is the replica's leading run of held blocks; the highest
-   wins, ties go to the least loaded, then in rotation.
+   is), each seen as a ``ReplicaView``: its leading run of the prompt's blocks (``run``,
+   on the GPU alone ``gpu_run``) and its load (``load.LoadBook``: what it last published
+   with ``report_load``, plus what the router sent it since).
+3. The *scorer* picks one (``scorer.py``). The default, ``AffinityScorer``: among the
+   replicas under the bounded-load cap ``ceil(balance * (in_flight_total + 1) /
+   num_candidates)``, score = ``(gpu_run + cpu_weight * (run - gpu_run)) / n -
+   load_weight * load / (mean load + 1)``, the highest wins, ties go to the least
+   loaded, then in rotation. ``CostScorer`` weighs blocks to compute and blocks in use
+   as Dynamo's KV router does.
+4. The index hears of the decision (``BlockIndex.routed``): an ``ApproxIndex`` learns
+   what the replica will hold from it, for engines that publish no events.
 
 "round-robin" and "least-loaded" ignore the index (baselines for the simulation).
 
@@ -31,7 +36,6 @@ apply).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -39,7 +43,9 @@ from dataclasses import dataclass
 from ..errors import PrefixKVError
 from ..hashing import block_hashes
 from .decode import Cleared, Removed, RouterEvent, Stored
-from .index import BlockIndex, Hash, InProcessIndex
+from .index import BlockIndex, InProcessIndex
+from .load import LoadBook, ReplicaLoad
+from .scorer import AffinityScorer, ReplicaView, Scorer, ScorerError
 
 POLICIES = ("prefix", "round-robin", "least-loaded")
 FULL_KIND = "full_attention"
@@ -66,7 +72,9 @@ class Router:
         hash_format: how the replicas' publishers send hashes, "int" or "bytes".
         index: a BlockIndex (default: a new InProcessIndex).
         policy: one of POLICIES.
-        load_weight, balance, cpu_weight: see the module doc (balance >= 1).
+        load_weight, balance, cpu_weight: the default scorer's (module doc; balance >= 1).
+        scorer: picks among the candidates (default: ``AffinityScorer`` with the three above).
+        capacity: each replica's pool in blocks (a report's ``num_blocks`` replaces it).
         stale_after: seconds without a batch after which a replica is silent (None: never).
         clock: seconds, monotonic (tests pass a fake one).
 
@@ -77,7 +85,8 @@ class Router:
                  seed: int | bytes | None = None, hash_format: str = "int",
                  index: BlockIndex | None = None, policy: str = "prefix",
                  load_weight: float = 1.0, balance: float = 1.25, cpu_weight: float = 0.5,
-                 stale_after: float | None = None,
+                 stale_after: float | None = None, scorer: Scorer | None = None,
+                 capacity: dict[str, int] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         names = list(replicas)
         if not names or len(set(names)) != len(names) or not all(isinstance(r, str) for r in names):
@@ -86,15 +95,22 @@ class Router:
             raise RouterError(f"policy must be one of {POLICIES}, got {policy!r}")
         if hash_format not in ("int", "bytes"):
             raise RouterError(f"hash_format must be 'int' or 'bytes', got {hash_format!r}")
-        if not balance >= 1 or load_weight < 0 or not 0 <= cpu_weight <= 1:
-            raise RouterError(f"need balance >= 1, load_weight >= 0, 0 <= cpu_weight <= 1; got "
-                              f"{balance}, {load_weight}, {cpu_weight}")
+        if scorer is None:
+            try:
+                scorer = AffinityScorer(load_weight=load_weight, balance=balance,
+                                        cpu_weight=cpu_weight)
+            except ScorerError as exc:
+                raise RouterError(str(exc)) from exc
+        if capacity is not None and (set(capacity) - set(names) or not all(
+                isinstance(c, int) and c >= 1 for c in capacity.values())):
+            raise RouterError(f"capacity must map replicas to blocks >= 1, got {capacity!r}")
         block_hashes([], block_size, hash_mode=hash_mode, seed=seed)  # ConfigError early
         self.replicas = tuple(names)
         self.block_size, self.hash_mode, self.seed = block_size, hash_mode, seed
         self.hash_format, self.policy = hash_format, policy
         self.index: BlockIndex = InProcessIndex() if index is None else index
-        self.load_weight, self.balance, self.cpu_weight = load_weight, balance, cpu_weight
+        self.scorer: Scorer = scorer
+        self.loads = LoadBook(self.replicas, block_size, capacity)
         self.stale_after, self.clock = stale_after, clock
         self.in_flight = dict.fromkeys(names, 0)
         self.routed = dict.fromkeys(names, 0)
@@ -151,6 +167,13 @@ class Router:
         return [r for r in self.replicas
                 if now - self.last_heard.get(r, float("-inf")) <= self.stale_after]
 
+    def report_load(self, replica: str, load: ReplicaLoad) -> None:
+        """What ``replica`` publishes of its load (``load.from_metrics`` reads it from its
+        ``/metrics``); it replaces the router's estimate of what it sent there before.
+        Raises RouterError for an unknown replica."""
+        self._known(replica)
+        self.loads.report(replica, load)
+
     # ---- picking -------------------------------------------------------------------------
 
     def prompt_hashes(self, token_ids: Sequence[int], extra: object = None) -> list[int | bytes]:
@@ -170,48 +193,39 @@ class Router:
         """Pick a replica for a prompt and count it in flight there (``finish`` ends it).
         Raises what ``block_hashes`` raises for a bad prompt or extra keys."""
         candidates = self.live() or list(self.replicas)
-        load = self.in_flight
+        k = len(candidates)
+        candidates = [candidates[(self._turn + i) % k] for i in range(k)]  # rotate the ties
+        hashes = self.prompt_hashes(token_ids, extra)
         if self.policy == "round-robin":
-            pick, run = candidates[self._turn % len(candidates)], 0
+            pick, run = candidates[0], 0
         elif self.policy == "least-loaded":
-            pick, run = self._least_loaded(candidates), 0
+            pick, run = min(candidates, key=self.in_flight.__getitem__), 0
         else:
-            pick, run = self._by_prefix(candidates, self.prompt_hashes(token_ids, extra))
+            runs = self.index.prefix_runs(hashes, candidates) if hashes else {}
+            views = [self._view(r, len(hashes), runs.get(r, (0, 0))) for r in candidates]
+            pick = candidates[self.scorer.pick(views, self._turn)]
+            run = runs.get(pick, (0, 0))[0]
         self._turn += 1
-        load[pick] += 1
+        self.in_flight[pick] += 1
         self.routed[pick] += 1
+        self.loads.routed(pick, len(hashes) - run, len(hashes))
+        self.index.routed(pick, hashes)
         return Choice(pick, run * self.block_size)
 
     def finish(self, replica: str) -> None:
-        """A request routed to ``replica`` has finished. Raises RouterError if none is in
-        flight there."""
+        """A request routed to ``replica`` has finished (the oldest one in flight there,
+        for the router's load estimate). Raises RouterError if none is in flight there."""
         self._known(replica)
         if self.in_flight[replica] == 0:
             raise RouterError(f"finish({replica!r}) with no request in flight there")
         self.in_flight[replica] -= 1
+        self.loads.finished(replica)
 
-    def _least_loaded(self, candidates: list[str]) -> str:
-        n = len(candidates)
-        order = [candidates[(self._turn + i) % n] for i in range(n)]  # rotate the ties
-        return min(order, key=self.in_flight.__getitem__)
-
-    def _by_prefix(self, candidates: list[str], hashes: list[Hash]) -> tuple[str, int]:
-        load = self.in_flight
-        total = sum(load[r] for r in candidates)
-        cap = math.ceil(self.balance * (total + 1) / len(candidates))
-        allowed = [r for r in candidates if load[r] + 1 <= cap] or [self._least_loaded(candidates)]
-        runs = self.index.prefix_runs(hashes, allowed) if hashes else {}
-        n, mean = max(1, len(hashes)), total / len(candidates)
-        best, best_key = allowed[0], None
-        k = len(allowed)
-        for i in range(k):
-            r = allowed[(self._turn + i) % k]
-            run, gpu = runs.get(r, (0, 0))
-            score = (gpu + self.cpu_weight * (run - gpu)) / n - self.load_weight * load[r] / (mean + 1)
-            key = (score, -load[r])
-            if best_key is None or key > best_key:
-                best, best_key = r, key
-        return best, runs.get(best, (0, 0))[0]
+    def _view(self, replica: str, n: int, runs: tuple[int, int]) -> ReplicaView:
+        loads, rep = self.loads, self.loads.reported.get(replica)
+        return ReplicaView(replica, n, runs[0], runs[1], self.in_flight[replica],
+                           loads.prefill_blocks(replica), loads.active_blocks(replica),
+                           loads.capacity.get(replica), None if rep is None else rep.kv_usage)
 
     # ---- a replica configured unlike the router (kept apart from scoring) -----------------
 

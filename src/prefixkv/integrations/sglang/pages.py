@@ -1,0 +1,146 @@
+"""``PageStore``: pages named by an engine's own page hashes, in prefixkv's shared store,
+each value content-checked (no SGLang import: bytes in, bytes out).
+
+SGLang names a page of KV by ``sha256(parent page hash || token ids as u32)`` (hex), so
+the key already commits to the whole prefix. A value is prefixkv's record
+(``prefixkv.store.record``) whose head names the layout (model, ranks, dtype, page
+bytes, host layout: ``StoreLayout``), the page size and the page's own hash::
+
+    key   = b"prefixkv:sglang:" hex(sha256(layout digest, page size))[:24] b":" page hash
+    value = head(layout digest, page size, parent = b"", tokens = page hash, extra = b"")
+            | length | xxh3-128 checksum | payload
+
+A page hit is a value whose head is the one this store expects for that page, byte for
+byte, whose length is exact and whose payload matches the checksum: a value written for
+another page (a key mix-up), by another model, rank, dtype or layout (stale or foreign),
+truncated or corrupted, is a miss, never KV. The token ids themselves never reach a
+storage backend in SGLang; the page hash stands for them (a SHA-256 chain).
+
+A failing store (down, slow past ``timeout``, full) costs misses or dropped writes: the
+error is counted and the store is left alone for ``retry_after`` seconds. Values are
+read straight into one buffer each (``StoreBackend.read_into``) and checked there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+
+from ...errors import ConfigError
+from ...store.protocol import StoreBackend
+from ...store.record import StoreLayout, block_head, decode_value, encode_value
+
+_FRAME = len(encode_value(b"", b""))  # a value's bytes besides its head and payload
+
+
+class PageStore:
+    """Pages of ``layout.block_bytes`` bytes (``page_size`` tokens) in ``backend``.
+    ``hits``/``misses``/``rejected``/``errors``/``written``: pages read and checked,
+    pages not held, values that failed the content check, failed store calls, pages
+    written. ``timeout``: seconds a read may take in all. Raises ConfigError for a
+    layout that is not a StoreLayout, a page size that is not a positive int, a
+    non-positive ``timeout`` or a negative ``retry_after``."""
+
+    def __init__(self, backend: StoreBackend, layout: StoreLayout, page_size: int, *,
+                 timeout: float = 0.25, retry_after: float = 1.0) -> None:
+        if not isinstance(layout, StoreLayout):
+            raise ConfigError(f"layout must be a StoreLayout, got {layout!r}")
+        if type(page_size) is not int or page_size <= 0:
+            raise ConfigError(f"page_size must be a positive int, got {page_size!r}")
+        if type(retry_after) not in (int, float) or not 0 <= retry_after < float("inf"):
+            raise ConfigError(f"retry_after must be a finite number >= 0, got {retry_after!r}")
+        if type(timeout) not in (int, float) or not 0 < timeout < float("inf"):
+            raise ConfigError(f"timeout must be a positive finite number, got {timeout!r}")
+        self.backend, self.layout, self.page_size = backend, layout, page_size
+        self.timeout, self.retry_after = float(timeout), float(retry_after)
+        self._digest = layout.digest()
+        ns = hashlib.sha256(b"prefixkv-sglang\0" + self._digest + page_size.to_bytes(4, "little"))
+        self.prefix = f"prefixkv:sglang:{ns.hexdigest()[:24]}:".encode()
+        self._quiet_until = 0.0
+        self.hits = self.misses = self.rejected = self.errors = self.written = 0
+
+    def key(self, page: str) -> bytes:
+        """The store key of page hash ``page``. Raises ConfigError for a page hash that
+        is not a non-empty str."""
+        if type(page) is not str or not page:
+            raise ConfigError(f"a page key must be a non-empty str, got {page!r}")
+        return self.prefix + page.encode()
+
+    def head(self, page: str) -> bytes:
+        """The head every value of page ``page`` must start with."""
+        return block_head(self._digest, self.page_size, b"", page.encode(), b"")
+
+    def held(self, pages: Sequence[str]) -> int:
+        """How many of ``pages``, from the first, the store holds (values not read: a
+        held page can still fail the check when it is read). 0 when the store fails."""
+        keys = [self.key(p) for p in pages]
+        if not keys or self._quiet():
+            return 0
+        try:
+            return int(self.backend.held(keys))
+        except Exception:
+            self._failed()
+            return 0
+
+    def get(self, pages: Sequence[str]) -> list[bytes | None]:
+        """The checked payload of each page, None where the store holds none, the value
+        fails the content check, or the store fails (then every page is None). One
+        round trip per server, bounded by ``timeout``."""
+        keys = [self.key(p) for p in pages]
+        if not keys or self._quiet():
+            return [None] * len(keys)
+        heads = [self.head(p) for p in pages]
+        size = self.layout.block_bytes
+        bufs = [bytearray(len(h) + _FRAME + size) for h in heads]
+        try:
+            outcomes = self.backend.read_into(keys, [[memoryview(b)] for b in bufs],
+                                              time.monotonic() + self.timeout)
+            if len(outcomes) != len(keys):
+                raise ValueError(f"the store answered {len(outcomes)} of {len(keys)} keys")
+        except Exception:
+            self._failed()
+            return [None] * len(keys)
+        out: list[bytes | None] = []
+        for outcome, head, buf in zip(outcomes, heads, bufs, strict=True):
+            payload = decode_value(bytes(buf), head, size) if outcome is True else None
+            if payload is not None:
+                self.hits += 1
+            elif outcome is None:
+                self.misses += 1
+            elif outcome is True or type(outcome) is int:  # checked and refused, or a
+                self.rejected += 1  # value of another length
+            else:  # this key failed on its own
+                self.errors += 1
+            out.append(payload)
+        return out
+
+    def put(self, items: Sequence[tuple[str, bytes | memoryview]]) -> bool:
+        """Store each ``(page, payload)``; True when the store took them all. A payload
+        of the wrong size raises ConfigError before anything is sent; a failing store
+        returns False (counted)."""
+        values = []
+        for page, payload in items:
+            if len(payload) != self.layout.block_bytes:
+                raise ConfigError(f"a page payload of {len(payload)} bytes for pages of "
+                                  f"{self.layout.block_bytes}")
+            values.append((self.key(page), encode_value(self.head(page), payload)))
+        if not values:
+            return True
+        if self._quiet():
+            return False
+        try:
+            refused = self.backend.put(values) or 0
+        except Exception:
+            self._failed()
+            return False
+        self.written += len(values) - refused
+        self.errors += 1 if refused else 0
+        return not refused
+
+    def _quiet(self) -> bool:
+        return time.monotonic() < self._quiet_until
+
+    def _failed(self) -> None:
+        self.errors += 1
+        self._quiet_until = time.monotonic() + self.retry_after

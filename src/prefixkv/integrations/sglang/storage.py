@@ -1,0 +1,158 @@
+"""``PrefixKVStorage``: an SGLang 0.5.23 HiCache storage backend (L3) on prefixkv's
+shared store, every page content-checked (see ``pages``). The only module of prefixkv
+that imports SGLang (and torch: SGLang's host pools are torch tensors).
+
+SGLang loads it by module path::
+
+    python -m sglang.launch_server ... --enable-hierarchical-cache \\
+        --hicache-storage-backend dynamic \\
+        --hicache-storage-backend-extra-config '{"backend_name": "prefixkv",
+            "module_path": "prefixkv.integrations.sglang.storage",
+            "class_name": "PrefixKVStorage", "interface_v1": 1,
+            "redis_url": "redis://127.0.0.1:6379/0"}'
+
+Its cache controller then calls ``batch_exists`` (how many pages of a prefix the store
+holds), ``batch_get_v1``/``batch_set_v1`` (pages straight between the store and host
+memory, with ``interface_v1``) or ``batch_get``/``batch_set`` (through flat page
+tensors, without it), from its prefetch and backup threads, never the scheduler's.
+Keys are SGLang's own page hashes. A page that fails the content check is reported as
+not loaded, so SGLang stops its prefetch there and computes the rest. Not offered: the
+``*_v2`` calls of hybrid models (Mamba, SWA, DSA pools), which the base class rejects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+)
+
+from ...errors import ConfigError
+from ...store.record import StoreLayout
+from ...store.redis_store import RedisStore
+from .pages import PageStore
+
+__all__ = ["PrefixKVStorage"]
+
+
+def _page_bytes(page: torch.Tensor) -> bytes:
+    """The bytes of a page tensor (any dtype), in its flat element order."""
+    return page.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
+
+
+class PrefixKVStorage(HiCacheStorage):
+    """The backend SGLang makes as ``PrefixKVStorage(storage_config, kwargs)``.
+    ``storage_config.extra_config`` keys: ``redis_url`` (required), ``ttl`` (seconds a
+    page lives, 86400), ``timeout`` (seconds per store call, 0.25), ``retry_after``
+    (seconds without store calls after a failure, 1.0), ``model`` (the model's name in
+    the layout, default ``storage_config.model_name``: set a revision here when weights
+    change under one name). Raises ConfigError for a missing ``redis_url`` or a value
+    out of range, before connecting."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
+        extra = dict(storage_config.extra_config or {})
+        url = extra.get("redis_url")
+        if type(url) is not str or not url:
+            raise ConfigError("PrefixKVStorage needs extra_config['redis_url'], e.g. "
+                              "'redis://127.0.0.1:6379/0'")
+        model = extra.get("model", storage_config.model_name)
+        if type(model) is not str or not model:
+            raise ConfigError(f"a model name is needed (extra_config['model']), got {model!r}")
+        self.config = storage_config
+        self._model = model
+        self._retry_after = extra.get("retry_after", 1.0)
+        if type(self._retry_after) not in (int, float) or not 0 <= self._retry_after < float("inf"):
+            raise ConfigError(f"retry_after must be a finite number >= 0, got {self._retry_after!r}")
+        self.backend_timeout = extra.get("timeout", 0.25)
+        self.backend = RedisStore(url, timeout=self.backend_timeout, ttl=extra.get("ttl", 86400))
+        self._pages: PageStore | None = None
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Bind the host pool whose pages this backend moves: its dtype, page size,
+        layout and page bytes enter the StoreLayout (and so every key and value head)."""
+        super().register_mem_pool_host(mem_pool_host)
+        c = self.config
+        ranks = "mla" if c.is_mla_model else f"tp{c.tp_rank}/{c.tp_size}"
+        text = (f"sglang|{self._model}|{ranks}|pp{c.pp_rank}/{c.pp_size}"
+                f"|cp{c.attn_cp_rank}/{c.attn_cp_size}|{mem_pool_host.layout}")
+        dummy = mem_pool_host.get_dummy_flat_data_page()
+        layout = StoreLayout(text, str(mem_pool_host.dtype), dummy.numel() * dummy.element_size())
+        self._pages = PageStore(self.backend, layout, mem_pool_host.page_size,
+                                timeout=self.backend_timeout, retry_after=self._retry_after)
+
+    @property
+    def pages(self) -> PageStore:
+        """The page store (its counters: hits, misses, rejected, errors, written;
+        ``get_stats`` stays SGLang's: its collector takes only its own StorageMetrics).
+        Raises ConfigError before ``register_mem_pool_host``."""
+        if self._pages is None:
+            raise ConfigError("PrefixKVStorage: register_mem_pool_host was not called")
+        return self._pages
+
+    def exists(self, key: str) -> bool:
+        return self.pages.held([key]) == 1
+
+    def batch_exists(self, keys: list[str],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> int:
+        """How many of ``keys``, from the first, the store holds (one round trip)."""
+        return self.pages.held(keys)
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
+        return self.batch_get([key], [target_location])[0]
+
+    def batch_get(self, keys: list[str], target_locations: Any = None,
+                  target_sizes: Any = None) -> list[torch.Tensor | None]:
+        """Each page written into its flat target tensor (``get_dummy_flat_data_page``),
+        or a new flat tensor where none is given; None where it is not a checked hit."""
+        targets = list(target_locations) if target_locations is not None else [None] * len(keys)
+        out: list[torch.Tensor | None] = []
+        for payload, target in zip(self.pages.get(keys), targets, strict=True):
+            if payload is None:
+                out.append(None)
+                continue
+            if target is None:
+                target = self.mem_pool_host.get_dummy_flat_data_page()
+            raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            target.view(-1).copy_(raw.view(target.dtype))
+            out.append(target)
+        return out
+
+    def set(self, key: str, value: Any = None, target_location: Any = None,
+            target_sizes: Any = None) -> bool:
+        return self.batch_set([key], [value])
+
+    def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        """Store each page tensor under its key; True when the store took them all."""
+        return self.pages.put([(k, _page_bytes(v)) for k, v in zip(keys, values, strict=True)])
+
+    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        """Page ``i`` read into the host pool at ``host_indices[i * page_size]``; True
+        for each page that was a checked hit."""
+        pool, size = self.mem_pool_host, self.pages.page_size
+        done = []
+        for i, page in enumerate(self.batch_get(keys)):
+            if page is not None:
+                pool.set_from_flat_data_page(int(host_indices[i * size]), page)
+            done.append(page is not None)
+        return done
+
+    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        """Page ``i`` written from the host pool at ``host_indices[i * page_size]``."""
+        pool, size = self.mem_pool_host, self.pages.page_size
+        items = [(k, _page_bytes(pool.get_data_page(int(host_indices[i * size]), flat=True)))
+                 for i, k in enumerate(keys)]
+        return [self.pages.put(items)] * len(keys)
+
+    def clear(self) -> None:
+        """Nothing: the store is shared by replicas and never scanned; pages expire
+        (``ttl``) or are evicted by the server."""
+
+    def close(self) -> None:
+        self.backend.close()

@@ -1,0 +1,206 @@
+"""``ConnectorScheduler``: the scheduler side of ``PrefixKVConnector`` (no vLLM import;
+it reads vLLM's ``Request`` and ``SchedulerOutput`` by attribute).
+
+Blocks are named in the store by prefixkv's chain hashes (``prefixkv.hashing``, sha256
+with the configured seed), so every replica, and every prefixkv manager with the same
+``StoreLayout``, finds the others' blocks::
+
+    lookup     held = EXISTS of the blocks past the local hit (one round trip, bounded by
+               lookup_timeout); answer (held blocks x block_size, load_async=True)
+    alloc      the held blocks' fresh device ids -> a load (``BlockRun``) for the workers
+    each step  blocks that this step's forward pass completes, whose tokens are known
+               -> saves; a finished request's last full blocks -> a final save, its
+               free delayed until the workers report it sent
+    workers    fetch, content-check and write the load off the model runner's critical
+               path; a block that fails the check is reported invalid: vLLM recomputes
+               from it (``kv_load_failure_policy="recompute"``)
+
+The lookup reads no value: a held block can still fail the check when a worker reads
+it, and is then a miss, never KV. A failing store costs misses; it is left alone for
+``retry_after`` seconds after a failure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...extra_keys import ExtraKeys
+from ...hashing import HashFn, chain, encode_tokens, token_bytes
+from ...store.link import StoreLink
+from ...store.protocol import StoreBackend
+from .connector_meta import BlockRun, PrefixKVConnectorMetadata
+from .requests import extra_keys_of
+
+
+@dataclass
+class ConnectorStats:
+    """Counts since the connector started: lookups made, blocks the store held at
+    lookup, blocks handed to workers to load and to save, failed store calls."""
+
+    lookups: int = 0
+    held_blocks: int = 0
+    load_blocks: int = 0
+    save_blocks: int = 0
+    store_errors: int = 0
+
+
+class _Chain:
+    """A request's full blocks as named so far, and how far they are in the store."""
+
+    __slots__ = ("request", "extra", "hashes", "chunks", "extras", "saved")
+
+    def __init__(self, request: Any, extra: ExtraKeys | None) -> None:
+        self.request, self.extra = request, extra
+        self.hashes: list[bytes] = []
+        self.chunks: list[bytes] = []
+        self.extras: list[bytes] = []
+        self.saved = 0  # blocks [0, saved) are in the store or another request's to save
+
+
+class ConnectorScheduler:
+    """``link``: the store as rank 0's workers see it (its keys); ``backend``: the
+    client for lookups (its timeout bounds the time a lookup may take on the
+    scheduler's thread); ``fn``/``root``: the chain hash and its root."""
+
+    def __init__(self, link: StoreLink, backend: StoreBackend, block_size: int, fn: HashFn,
+                 root: bytes, *, retry_after: float = 1.0) -> None:
+        self._link, self._backend, self._bs = link, backend, block_size
+        self._fn, self._root, self._retry_after = fn, root, retry_after
+        self._chains: dict[str, _Chain] = {}
+        self._loads: list[BlockRun] = []
+        self._loading: dict[str, BlockRun] = {}  # loads not reported finished yet
+        self._finals: list[BlockRun] = []
+        self.saved: list[tuple[Any, int, int]] = []  # (request, first, end) handed to save
+        self._quiet_until = 0.0
+        self.stats = ConnectorStats()
+
+    def _chain(self, request: Any, num_blocks: int) -> _Chain:
+        """The request's chain (made and kept when it has none), named up to
+        ``num_blocks`` full blocks."""
+        c = self._chains.get(request.request_id)
+        if c is None or c.request is not request:
+            c = self._chains[request.request_id] = _Chain(request, extra_keys_of(request))
+        return self._name(c, num_blocks)
+
+    def _name(self, c: _Chain, num_blocks: int) -> _Chain:
+        """Name chain ``c``'s full blocks up to ``num_blocks`` (hashes, token bytes,
+        extra-key bytes)."""
+        have = len(c.hashes)
+        if num_blocks > have:
+            bs = self._bs
+            tokens = list(c.request.all_token_ids[have * bs:num_blocks * bs])
+            extras = (c.extra.block_bytes(num_blocks, bs)[have:] if c.extra is not None
+                      else [b""] * (num_blocks - have))
+            parent = c.hashes[-1] if have else self._root
+            hashes, chunks = chain(self._fn, parent, token_bytes(encode_tokens(tokens)), extras)
+            c.hashes += hashes
+            c.chunks += chunks
+            c.extras += extras
+        return c
+
+    def _run(self, c: _Chain, start: int, end: int, block_ids: Sequence[int]) -> BlockRun:
+        """Blocks ``[start, end)`` of chain ``c`` in device blocks ``block_ids``."""
+        return BlockRun(c.request.request_id, c.extra.cache_salt if c.extra else None,
+                        c.hashes[start - 1] if start else self._root,
+                        tuple(c.hashes[start:end]), tuple(c.chunks[start:end]),
+                        tuple(c.extras[start:end]), tuple(block_ids))
+
+    def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        """``get_num_new_matched_tokens``: the tokens of the full blocks past
+        ``num_computed_tokens`` (block-aligned) that the store holds, from there on,
+        leaving the last prompt token to compute; and whether they load asynchronously
+        (always, when there are any)."""
+        bs = self._bs
+        local, most = num_computed_tokens // bs, (request.num_tokens - 1) // bs
+        c = self._chain(request, most)
+        c.saved = local
+        if local >= most or time.monotonic() < self._quiet_until:
+            return 0, False
+        prefix = self._link.prefix(c.extra)
+        keys = [prefix + h.hex().encode() for h in c.hashes[local:most]]
+        self.stats.lookups += 1
+        try:
+            held = int(self._backend.held(keys))
+        except Exception:
+            self.stats.store_errors += 1
+            self._quiet_until = time.monotonic() + self._retry_after
+            return 0, False
+        self.stats.held_blocks += held
+        return held * bs, held > 0
+
+    def after_alloc(self, request: Any, block_ids: Sequence[int], num_external_tokens: int) -> None:
+        """``update_state_after_alloc``: ``block_ids`` are all the request's blocks (group
+        0); a load is stated for the ``num_external_tokens`` past the local hit."""
+        c = self._chains.get(request.request_id)
+        if c is None or c.request is not request:  # admitted without our lookup
+            c = self._chain(request, 0)
+            c.saved = request.num_computed_tokens // self._bs
+        if num_external_tokens <= 0:
+            return
+        start = c.saved
+        end = start + num_external_tokens // self._bs
+        self._name(c, end)  # (named by the lookup already, unless vLLM deferred it)
+        run = self._run(c, start, end, block_ids[start:end])
+        self._loads.append(run)
+        self._loading[request.request_id] = run
+        self.stats.load_blocks += end - start
+        c.saved = end
+
+    def on_output(self, finished_recving: set[str], invalid_block_ids: set[int]) -> None:
+        """``update_connector_output``: a load whose block failed (store down, or a value
+        that failed the content check) leaves that block and the ones after it to be
+        recomputed, and then saved again; a finished load is forgotten."""
+        if invalid_block_ids:
+            for req_id, run in self._loading.items():
+                bad = [i for i, b in enumerate(run.block_ids) if b in invalid_block_ids]
+                c = self._chains.get(req_id)
+                if bad and c is not None:
+                    c.saved = min(c.saved, c.hashes.index(run.hashes[bad[0]]))
+        for req_id in finished_recving:
+            self._loading.pop(req_id, None)
+
+    def build_meta(self, scheduler_output: Any, block_ids_of: Any) -> PrefixKVConnectorMetadata:
+        """``build_connector_meta``: the loads stated since the last step, the saves of
+        the blocks this step completes (``block_ids_of(req_id)``: the request's block
+        ids) and the final saves of finished requests."""
+        meta = PrefixKVConnectorMetadata(loads=self._loads, finals=self._finals)
+        self._loads, self._finals = [], []
+        spec = scheduler_output.scheduled_spec_decode_tokens or {}
+        for req_id, n in scheduler_output.num_scheduled_tokens.items():
+            c = self._chains.get(req_id)
+            if c is None:
+                continue
+            r = c.request
+            done = min(r.num_computed_tokens + n - len(spec.get(req_id, ())), len(r.all_token_ids))
+            run = self._save(c, done // self._bs, block_ids_of(req_id))
+            if run is not None:
+                meta.saves.append(run)
+        return meta
+
+    def _save(self, c: _Chain, end: int, block_ids: Sequence[int]) -> BlockRun | None:
+        """The save of chain ``c``'s blocks from ``c.saved`` to ``end``, if any."""
+        start = c.saved
+        if end <= start:
+            return None
+        self._name(c, end)
+        c.saved = end
+        self.stats.save_blocks += end - start
+        self.saved.append((c.request, start, end))
+        return self._run(c, start, end, block_ids[start:end])
+
+    def finished(self, request: Any, block_ids: Sequence[int]) -> bool:
+        """``request_finished``: True (delay the free) when full blocks of the request
+        remain to be saved; their save goes out with the next step."""
+        c = self._chains.pop(request.request_id, None)
+        self._loading.pop(request.request_id, None)
+        if c is None or c.request is not request:
+            return False
+        done = min(request.num_computed_tokens, len(request.all_token_ids)) // self._bs
+        run = self._save(c, done, block_ids)
+        if run is None:
+            return False
+        self._finals.append(run)
+        return True

@@ -1,0 +1,80 @@
+"""The ``coordinator`` attribute of the manager: what vLLM's scheduler reads of vLLM's
+``KVCacheCoordinator`` (its per-group managers' block size and spec, whether partial
+hash hits are on, and how many blocks a request still needs), answered from prefixkv.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .layout import Layout
+
+if TYPE_CHECKING:
+    from .manager import KVCacheManager
+
+__all__ = ["CoordinatorView", "GroupView"]
+
+
+class GroupView:
+    """One group, as vLLM's ``SingleTypeKVCacheManager`` shows it: ``block_size``,
+    ``kv_cache_spec``, and read-only snapshots of prefixkv's state in vLLM's shapes
+    (``req_to_blocks``: live request id -> its blocks in this group; ``num_cached_block``:
+    live request id -> its cached full blocks), which vLLM's tests inspect."""
+
+    retains_longer_hit = False
+
+    def __init__(self, manager: KVCacheManager, group_id: int, block_size: int, spec: Any) -> None:
+        self._manager = manager
+        self.kv_cache_group_id = group_id
+        self.block_size = block_size
+        self.kv_cache_spec = spec
+
+    @property
+    def req_to_blocks(self) -> dict[str, list[Any]]:
+        m, g = self._manager, self.kv_cache_group_id
+        return {rid: list(m.get_blocks(rid).blocks[g]) for rid in m.live_request_ids()}
+
+    @property
+    def num_cached_block(self) -> dict[str, int]:
+        m = self._manager
+        return {rid: m.num_cached_tokens(rid) // self.block_size for rid in m.live_request_ids()}
+
+
+class CoordinatorView:
+    """vLLM's coordinator questions about the manager's requests and groups."""
+
+    enable_partial_hash_hits = False
+    """prefixkv hashes whole blocks only (hash block size = block size)."""
+
+    def __init__(self, manager: KVCacheManager, layout: Layout) -> None:
+        self._manager = manager
+        self.block_size = layout.block_size
+        self.single_type_managers = tuple(GroupView(manager, g, layout.block_size, spec)
+                                          for g, spec in enumerate(layout.specs))
+        self.eagle_group_ids: tuple[int, ...] = ()
+        self.num_reprefillable_tokens = 0
+
+    def blocks_to_grow(self, key: int, num_tokens: int) -> int:
+        """Blocks from the pool that covering ``num_tokens`` positions of the live request
+        ``key`` takes (net of what a window releases, for a hybrid manager)."""
+        core = self._manager.core
+        if hasattr(core, "num_blocks_to_allocate"):
+            return int(core.num_blocks_to_allocate(key, max(num_tokens, core.num_scheduled_tokens(key))))
+        held = len(core.get_block_ids(key))
+        return max(0, -(-num_tokens // self.block_size) - held)
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                   new_computed_blocks: Sequence[Sequence[Any]], num_encoder_tokens: int,
+                                   total_computed_tokens: int, num_local_computed_tokens: int,
+                                   num_tokens_main_model: int, apply_admission_cap: bool = False,
+                                   prefill_end: int = 0) -> int:
+        """Blocks the request needs from the pool to cover ``num_tokens`` positions: for a
+        live request, beyond those it holds; for a new one, every group's blocks less
+        the hit's (``new_computed_blocks``)."""
+        key = self._manager.key_of(request_id)
+        if key is not None:
+            return self.blocks_to_grow(key, num_tokens)
+        per_group = -(-num_tokens // self.block_size)
+        return sum(max(0, per_group - len(hit)) for hit in new_computed_blocks) + per_group * max(
+            0, len(self.single_type_managers) - len(new_computed_blocks))

@@ -1,0 +1,67 @@
+"""prefixkv's cache events as vLLM's own ``KVCacheEvent`` objects (``BlockStored``,
+``BlockRemoved``, ``AllBlocksCleared`` of ``vllm.distributed.kv_events``), so that vLLM's
+``ZmqEventPublisher`` publishes them unchanged.
+
+prefixkv announces one block per store; consecutive stores that continue one chain (each
+one's parent is the previous one's hash) in the same group with the same LoRA and medium
+become one ``BlockStored`` with several hashes, as vLLM emits them. Hashes are prefixkv's
+chain hashes (bytes; the manager's ``hash_mode``). ``extra_keys`` per block follow
+vLLM's layout: the LoRA name, ``(mm identifier, offset)`` pairs, the cache salt; prefixkv
+hashes the salt into every block of a salted request (vLLM only into the first), so the
+salt appears in every block's keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+
+from prefixkv import events as core
+from prefixkv.extra_keys import ExtraKeys
+
+__all__ = ["to_vllm_events"]
+
+
+def _extra_keys(extra: ExtraKeys | None) -> tuple[Any, ...] | None:
+    if extra is None:
+        return None
+    keys: list[Any] = [extra.lora] if extra.lora is not None else []
+    keys += [(m.hash, m.offset) for m in extra.mm]
+    if extra.cache_salt is not None:
+        keys.append(extra.cache_salt)
+    return tuple(keys) or None
+
+
+def to_vllm_events(events: Iterable[core.Event], block_size: int,
+                   spec_of_group: Sequence[tuple[str, int | None]]) -> list[KVCacheEvent]:
+    """``events`` (oldest first) as vLLM's events, in the same order. ``spec_of_group[g]``:
+    vLLM's ``(kv_cache_spec_kind, kv_cache_spec_sliding_window)`` of group ``g``."""
+    out: list[KVCacheEvent] = []
+    for e in events:
+        group = getattr(e, "group_idx", 0)
+        if isinstance(e, core.BlockStored):
+            extra = e.extra
+            lora, lora_id = (extra.lora, extra.lora_id) if extra is not None else (None, None)
+            keys = _extra_keys(extra)
+            last = out[-1] if out else None
+            if (isinstance(last, BlockStored) and last.group_idx == group
+                    and e.parent_block_hash == last.block_hashes[-1]
+                    and (last.lora_name, last.lora_id, last.medium) == (lora, lora_id, e.medium)):
+                last.block_hashes.append(e.block_hash)
+                last.token_ids.extend(e.token_ids)
+                assert last.extra_keys is not None
+                last.extra_keys.append(keys)
+                continue
+            kind, window = spec_of_group[group]
+            out.append(BlockStored(
+                block_hashes=[e.block_hash], parent_block_hash=e.parent_block_hash,
+                token_ids=list(e.token_ids), block_size=block_size, lora_id=lora_id,
+                medium=e.medium, lora_name=lora, extra_keys=[keys], group_idx=group,
+                kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window))
+        elif isinstance(e, core.BlockRemoved):
+            out.append(BlockRemoved(block_hashes=[e.block_hash], medium=e.medium, group_idx=group))
+        elif isinstance(e, core.AllBlocksCleared):
+            out.append(AllBlocksCleared())
+    return out

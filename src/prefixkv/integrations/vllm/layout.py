@@ -1,0 +1,109 @@
+"""The KV cache layout vLLM hands its manager, read into prefixkv's terms, or refused.
+
+vLLM describes a model's KV cache as a ``KVCacheConfig``: ``num_blocks`` blocks (block 0
+is vLLM's null block) and one ``KVCacheGroupSpec`` per group of layers that share a
+block table. ``read_layout`` maps each group's spec to a ``prefixkv.groups.GroupSpec``
+(full attention, MLA included; sliding window; chunked local attention) and refuses,
+before anything is built, whatever prefixkv does not offer, naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
+
+from prefixkv.errors import ConfigError
+from prefixkv.groups import GroupSpec, chunked_local, full_attention, sliding_window
+
+__all__ = ["VLLM_VERSION", "Layout", "UnsupportedByPrefixKV", "read_layout"]
+
+VLLM_VERSION = "0.33.0"
+"""The vLLM release this integration is written against and tested with (pinned)."""
+
+
+class UnsupportedByPrefixKV(ConfigError):
+    """vLLM asked for something prefixkv does not offer; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What the manager needs of a ``KVCacheConfig``: the groups in vLLM's order, their
+    common block size, vLLM's ``num_blocks`` (null block included) and vLLM's specs."""
+
+    groups: tuple[GroupSpec, ...]
+    block_size: int
+    num_blocks: int
+    specs: tuple[Any, ...]
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether it takes ``prefixkv.groups.HybridKVCacheManager`` (several groups, or
+        one that is not full attention) rather than ``prefixkv.KVCacheManager``."""
+        return len(self.groups) > 1 or self.groups[0] != full_attention()
+
+
+# Specs by exact type: a subclass may change what a block holds (vLLM's RSWASpec,
+# SinkFullAttentionSpec, HiddenStateCacheSpec, SlidingWindowMLASpec are subclasses).
+_FULL = (FullAttentionSpec, MLAAttentionSpec)
+
+
+def _group_of(spec: Any) -> GroupSpec:
+    kind = type(spec)
+    if kind in _FULL:
+        return full_attention()
+    if kind is SlidingWindowSpec:
+        return sliding_window(spec.sliding_window)
+    if kind is ChunkedLocalAttentionSpec:
+        return chunked_local(spec.attention_chunk_size)
+    what = {"MambaSpec": "Mamba (state-space) layers",
+            "CrossAttentionSpec": "encoder-decoder cross-attention caches",
+            "EncoderOnlyAttentionSpec": "encoder-only attention caches"}.get(kind.__name__)
+    what = what or (f"HiSparse caches ({kind.__name__})" if "HiSparse" in kind.__name__
+                    else f"KV cache spec {kind.__name__}")
+    raise UnsupportedByPrefixKV(f"prefixkv does not offer {what}; supported: full attention "
+                                f"(MLA included), sliding window, chunked local attention")
+
+
+def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, hash_block_size: int,
+                dcp_world_size: int = 1, pcp_world_size: int = 1,
+                enable_mamba_shared_prefix_checkpoint: bool = False) -> Layout:
+    """The layout of ``kv_cache_config``. Raises UnsupportedByPrefixKV for what prefixkv
+    does not offer: a group spec other than full / sliding-window / chunked-local
+    attention (Mamba, HiSparse, encoder-only and cross-attention caches, ...), a HiSparse
+    host pool, decode or prefill context parallelism (``dcp_world_size`` or
+    ``pcp_world_size`` > 1), groups of different block sizes, a hash block size other
+    than the block size (partial-block hits), Mamba's shared-prefix checkpoints."""
+    if dcp_world_size != 1 or pcp_world_size != 1:
+        raise UnsupportedByPrefixKV(
+            f"prefixkv does not offer context parallelism (dcp_world_size={dcp_world_size}, "
+            f"pcp_world_size={pcp_world_size}; both must be 1)")
+    if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None:
+        raise UnsupportedByPrefixKV("prefixkv does not offer HiSparse (a host pool of "
+                                    f"{kv_cache_config.hisparse_host_num_blocks} blocks)")
+    if enable_mamba_shared_prefix_checkpoint:
+        raise UnsupportedByPrefixKV("prefixkv does not offer Mamba's shared-prefix checkpoints")
+    specs = tuple(g.kv_cache_spec for g in kv_cache_config.kv_cache_groups)
+    if not specs:
+        raise UnsupportedByPrefixKV("a KV cache config without groups (attention-free "
+                                    "models) has no blocks for prefixkv to manage")
+    groups = tuple(_group_of(s) for s in specs)
+    sizes = sorted({s.block_size for s in specs})
+    if len(sizes) > 1:
+        raise UnsupportedByPrefixKV(f"prefixkv does not offer groups of different block "
+                                    f"sizes, got {sizes}")
+    if sizes[0] != scheduler_block_size or hash_block_size != scheduler_block_size:
+        raise UnsupportedByPrefixKV(
+            f"prefixkv needs one block size for groups, scheduler and hashes, got groups "
+            f"{sizes[0]}, scheduler {scheduler_block_size}, hash {hash_block_size}")
+    if kv_cache_config.num_blocks < 2:
+        raise UnsupportedByPrefixKV(f"num_blocks must leave a block beside vLLM's null "
+                                    f"block, got {kv_cache_config.num_blocks}")
+    return Layout(groups, sizes[0], kv_cache_config.num_blocks, specs)

@@ -1,0 +1,432 @@
+"""vLLM 0.33's ``KVCacheManager`` surface, every call its scheduler makes, over prefixkv.
+
+Built from the arguments vLLM's ``KVCacheManager.__init__`` takes. One full-attention
+group runs on ``prefixkv.KVCacheManager``, full / sliding-window / chunked-local groups on
+``prefixkv.groups.HybridKVCacheManager`` (``layout.read_layout`` refuses the rest).
+
+How vLLM's calls map (``| hit | external | new | lookahead |`` = vLLM's allocate_slots
+layout): prefixkv's *scheduled* tokens of a request are the ones vLLM has cached (their
+blocks findable); the blocks past them are reserved slots. ``allocate_slots`` makes the
+blocks cover ``hit + external + new + lookahead`` positions (capped at ``max_model_len``)
+and caches up to ``min(hit + external + new, request.num_tokens)`` (nothing past the hit
+with ``delay_cache_blocks``); ``cache_blocks(request, n)`` caches up to ``n`` later (the
+scheduler calls it at output time and when an async load lands). Tokens reach prefixkv
+from ``request.all_token_ids`` as they become known. The hit is prefixkv's own lookup:
+found and verified by content, so ``request.block_hashes`` is not read.
+
+The differences from vLLM's manager, and the tests of vLLM that show them, are listed in
+docs/integration.md ("With vLLM").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from typing import Any
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
+from vllm.v1.kv_cache_interface import KVCacheConfig, get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
+from vllm.v1.metrics.stats import PrefixCacheStats
+from vllm.v1.request import Request, RequestStatus
+
+from prefixkv.core.manager import KVCacheManager as CoreManager
+from prefixkv.errors import PromptTooLongError, RequestError
+from prefixkv.events import BlockRemoved
+from prefixkv.groups import HybridKVCacheManager
+
+from .coordinator import CoordinatorView
+from .events import to_vllm_events
+from .layout import UnsupportedByPrefixKV, read_layout
+from .pool import BlockPoolView, Blocks
+from .requests import core_tokens, extra_keys_of, reads_cache
+
+__all__ = ["KVCacheManager"]
+
+_ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+class KVCacheManager:
+    """vLLM's KVCacheManager calls over prefixkv (see the module docstring). Raises
+    UnsupportedByPrefixKV at construction for what prefixkv does not offer, and for
+    EAGLE's shortened hits (``use_eagle``) and lookahead hashing
+    (``num_hash_lookahead_tokens`` > 0)."""
+
+    def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, scheduler_block_size: int,
+                 hash_block_size: int, max_in_flight_tokens: int | None = None,
+                 enable_caching: bool = True, use_eagle: bool = False,
+                 num_hash_lookahead_tokens: int = 0, num_prefill_lookahead: int = 0,
+                 log_stats: bool = False, enable_kv_cache_events: bool = False,
+                 dcp_world_size: int = 1, pcp_world_size: int = 1, metrics_collector: Any = None,
+                 watermark: float = 0.0, enable_mamba_shared_prefix_checkpoint: bool = False) -> None:
+        layout = read_layout(kv_cache_config, scheduler_block_size=scheduler_block_size,
+                             hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
+                             pcp_world_size=pcp_world_size,
+                             enable_mamba_shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint)
+        if use_eagle:
+            raise UnsupportedByPrefixKV("prefixkv does not offer EAGLE's shortened hits (use_eagle)")
+        if num_hash_lookahead_tokens:
+            raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead hashing "
+                                        f"(num_hash_lookahead_tokens={num_hash_lookahead_tokens})")
+        if watermark < 0:
+            raise UnsupportedByPrefixKV(f"watermark must be >= 0, got {watermark}")
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.block_size = bs = layout.block_size
+        self.enable_caching = enable_caching
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.use_eagle = False
+        self.log_stats = log_stats
+        self.metrics_collector = metrics_collector
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.num_kv_cache_groups = len(layout.groups)
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.mamba_shared_prefix_checkpoint = False
+        self.retained_hit_group_ids: tuple[int, ...] = ()
+        self._hybrid = layout.hybrid
+        events = enable_kv_cache_events or metrics_collector is not None
+        if self._hybrid:
+            releasing = any(g.releases for g in layout.groups)
+            self.core: Any = HybridKVCacheManager(
+                layout.groups, layout.num_blocks - (0 if releasing else 1), bs,
+                hash_mode="sha256", enable_events=events)
+            offset = 0 if releasing else 1
+        else:
+            self.core = CoreManager(layout.num_blocks - 1, bs, hash_mode="sha256",
+                                    enable_caching=enable_caching, enable_events=events)
+            offset = 1
+        self._blocks = Blocks(layout.num_blocks, self.num_kv_cache_groups, offset)
+        self.empty_kv_cache_blocks = self._blocks.empty
+        self._spec_of_group = tuple((get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s))
+                                    for s in layout.specs)
+        self.block_pool = BlockPoolView(self._blocks, layout.num_blocks, bs, enable_caching,
+                                        self._free_popped, self._evict, lambda: self.core.num_free_blocks,
+                                        self.take_events)
+        self.coordinator = CoordinatorView(self, layout)
+        self._keys: dict[Hashable, int] = {}  # vLLM request id -> prefixkv's id of the request
+        self._next_key = 0
+        # id(block) of each popped block -> (key, computed tokens, the popped blocks)
+        self._popped: dict[int, tuple[int, int, list[KVCacheBlock]]] = {}
+
+    # ---- queries ------------------------------------------------------------------------
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the usable blocks (vLLM's null block left out) requests hold."""
+        return self.block_pool.get_usage()
+
+    def key_of(self, request_id: Hashable) -> int | None:
+        """prefixkv's id of the live request ``request_id``; None when it holds no blocks."""
+        return self._keys.get(request_id)
+
+    def live_request_ids(self) -> list[str]:
+        """The vLLM ids of the requests holding blocks."""
+        return list(self._keys)  # type: ignore[arg-type]
+
+    def num_cached_tokens(self, request_id: str) -> int:
+        """Tokens of the live request in its cached (findable) full blocks; 0 when it
+        holds none or caching is off."""
+        key = self._keys.get(request_id)
+        if key is None or not self.enable_caching:
+            return 0
+        n: int = self.core.num_scheduled_tokens(key)
+        return n // self.block_size * self.block_size
+
+    def _ids(self, key: int) -> tuple[tuple[int, ...], ...]:
+        ids = self.core.get_block_ids(key)
+        return ids if self._hybrid else (ids,)
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's blocks per group (``empty_kv_cache_blocks`` when it holds none)."""
+        key = self._keys.get(request_id)
+        return self.empty_kv_cache_blocks if key is None else self._blocks.of(self._ids(key))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """vLLM's block ids of the request per group (empty lists when it holds none)."""
+        key = self._keys.get(request_id)
+        if key is None:
+            return tuple([] for _ in range(self.num_kv_cache_groups))
+        return self._blocks.vllm_ids(self._ids(key))
+
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int
+                                          ) -> tuple[list[int], ...]:
+        """``get_block_ids`` clipped to the blocks covering ``num_computed_tokens``."""
+        n = -(-num_computed_tokens // self.block_size)
+        return tuple(ids[:n] for ids in self.get_block_ids(request_id))
+
+    def estimate_cached_tokens(self, request: Request) -> int:
+        """Tokens of the request in its cached (full, findable) blocks."""
+        return self.num_cached_tokens(request.request_id)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """0 per group, as vLLM's (cascade attention is gone from vLLM)."""
+        return [0] * self.num_kv_cache_groups
+
+    # ---- lookup ---------------------------------------------------------------------------
+
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        return self.enable_caching and reads_cache(request)
+
+    def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None
+                            ) -> tuple[KVCacheBlocks, int, int]:
+        """The cached prefix a waiting request would reuse now: its blocks, its tokens (a
+        multiple of block_size, at most ``num_tokens - 1``) and 0 (no shared-prefix
+        boundary: no sparse-retention group). Changes nothing. A hit longer than
+        ``max_cache_hit_length`` is reported as none (prefixkv takes a hit whole)."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0
+        tokens, extra = core_tokens(request), extra_keys_of(request)
+        if self._hybrid:
+            n = self.core.lookup(tokens, extra=extra)
+            blocks = self.empty_kv_cache_blocks
+        else:
+            ids = self.core.lookup_block_ids(tokens, extra=extra)
+            n, blocks = len(ids) * self.block_size, self._blocks.of((ids,))
+        if max_cache_hit_length is not None and n > max_cache_hit_length:
+            return self.empty_kv_cache_blocks, 0, 0
+        if n and self.metrics_collector is not None:
+            for b in blocks.blocks[0]:
+                self.metrics_collector.on_block_accessed(b)
+        return blocks, n, 0
+
+    def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
+                                          ) -> tuple[KVCacheBlocks, int, int, bool]:
+        """``get_computed_blocks`` and False: hits never diverge between groups here (no
+        Mamba group)."""
+        return *self.get_computed_blocks(request, max_cache_hit_length), False
+
+    def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks:
+        """``blocks`` cut to the first ``num_computed_tokens`` (a multiple of block_size)."""
+        n = num_computed_tokens // self.block_size
+        return KVCacheBlocks(tuple(list(g[:n]) for g in blocks.blocks))
+
+    # ---- allocation ------------------------------------------------------------------------
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None, num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0, delay_cache_blocks: bool = False,
+                       num_encoder_tokens: int = 0, full_sequence_must_fit: bool = False,
+                       reserved_blocks: int = 0, has_scheduled_reqs: bool = True,
+                       skip_zeroing_group_ids: tuple[int, ...] = ()) -> KVCacheBlocks | None:
+        """Slots for the request (see the module docstring); the newly allocated blocks,
+        or None when the pool is short (nothing changed). ``reserved_blocks`` and vLLM's
+        watermark are kept free on top of what the allocation takes. Raises ValueError
+        as vLLM's (nothing to schedule), UnsupportedByPrefixKV for encoder tokens,
+        RequestError when the hit is not the one ``get_computed_blocks`` reported."""
+        if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
+            raise ValueError("num_new_tokens must be greater than 0 when there are no "
+                             "computed tokens to adopt")
+        if num_encoder_tokens:
+            raise UnsupportedByPrefixKV("prefixkv does not offer encoder (cross-attention) caches")
+        keep = reserved_blocks
+        if self.watermark_blocks and has_scheduled_reqs and request.status in _ADMITTING:
+            keep += self.watermark_blocks
+        key = self._keys.get(request.request_id)
+        if key is None:
+            return self._admit(request, num_new_tokens, num_new_computed_tokens,
+                               num_external_computed_tokens, num_lookahead_tokens, delay_cache_blocks,
+                               full_sequence_must_fit, keep)
+        computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
+        slots = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        cache_to = request.num_computed_tokens if delay_cache_blocks else computed + num_new_tokens
+        if full_sequence_must_fit:
+            slots_fit = max(slots, min(request.num_tokens, self.max_model_len))
+            if self.coordinator.blocks_to_grow(key, slots_fit) > self.core.num_free_blocks - keep:
+                return None
+        if self.coordinator.blocks_to_grow(key, slots) > self.core.num_free_blocks - keep:
+            return None
+        return self._blocks.of(self._grow(key, request, min(cache_to, request.num_tokens), slots))
+
+    def _admit(self, request: Request, num_new_tokens: int, hit: int, external: int, lookahead: int,
+               delay: bool, full_fit: bool, keep: int) -> KVCacheBlocks | None:
+        # A waiting request may come with computed tokens (its KV written elsewhere, e.g.
+        # a disaggregated decode): they count as external ones, scheduled with the rest.
+        if request.num_computed_tokens and hit:
+            raise RequestError(f"request {request.request_id!r} has {request.num_computed_tokens} "
+                               f"computed tokens and a cache hit of {hit}")
+        tokens = core_tokens(request)
+        read = hit > 0 and self.prefix_cache_lookup_enabled(request)
+        computed = request.num_computed_tokens + hit + external
+        slots = min(computed + num_new_tokens + lookahead, self.max_model_len)
+        cache_to = min(hit if delay else computed + num_new_tokens, len(tokens))
+        scheduled = max(cache_to - hit, 1)  # prefixkv schedules at least one token
+        need = -(-slots // self.block_size) * self.num_kv_cache_groups
+        if keep > 0 and need > self.core.num_free_blocks - keep:
+            return None  # conservative: as if every hit block came out of the free ones
+        key = self._next_key
+        try:
+            adm = self.core.add_request(key, tokens, extra=extra_keys_of(request), num_new_tokens=scheduled,
+                                        resumed=request.num_preemptions > 0, read_cache=read,
+                                        num_lookahead_tokens=max(0, slots - hit - scheduled),
+                                        require_full_fit=full_fit)
+        except PromptTooLongError:
+            return None  # vLLM's answer: None (its max_model_len check keeps such prompts out)
+        if adm is None:
+            return None
+        if adm.num_cached_tokens != hit:
+            self.core.free(key, num_computed_tokens=adm.num_cached_tokens)
+            raise RequestError(f"request {request.request_id!r}: the cache holds {adm.num_cached_tokens} "
+                               f"of its tokens, not the {hit} get_computed_blocks reported")
+        self._next_key += 1
+        self._keys[request.request_id] = key
+        k = hit // self.block_size
+        new = tuple(ids[k:] for ids in adm.group_block_ids)
+        self._on_allocated(new)
+        return self._blocks.of(new)
+
+    def _grow(self, key: int, request: Request, cache_to: int, slots: int) -> tuple[tuple[int, ...], ...]:
+        """Cache up to ``cache_to`` (tokens from ``request.all_token_ids``), then reserve up
+        to ``slots``; the blocks added per group. The pool was checked."""
+        core, added = self.core, [tuple[int, ...]() for _ in range(self.num_kv_cache_groups)]
+
+        def took(r: Any) -> None:
+            assert r is not None, "growth was short of blocks after the pool was checked"
+            for g, ids in enumerate(r if self._hybrid else (r,)):
+                added[g] += ids
+
+        held, scheduled = core.num_tokens(key), core.num_scheduled_tokens(key)
+        if cache_to > scheduled:
+            if min(cache_to, held) > scheduled:
+                took(core.extend(key, min(cache_to, held) - scheduled))
+            if cache_to > held:
+                took(core.append_tokens(key, core_tokens(request)[held:cache_to]))
+            scheduled = cache_to
+        if slots > scheduled:
+            took(core.reserve(key, slots - scheduled))
+        self._on_allocated(added)
+        return tuple(added)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Make the request's full blocks up to ``num_computed_tokens`` findable (the tokens
+        its finished steps computed; capped at what ``request.all_token_ids`` knows)."""
+        key = self._keys.get(request.request_id)
+        if key is None or not self.enable_caching:
+            return
+        target = min(num_computed_tokens, request.num_tokens)
+        if target > self.core.num_scheduled_tokens(key):
+            self._grow(key, request, target, 0)
+
+    def _on_allocated(self, ids: Iterable[Iterable[int]]) -> None:
+        if self.metrics_collector is not None:
+            table, k = self._blocks.table, self._blocks.offset
+            for g in ids:
+                for i in g:
+                    self.metrics_collector.on_block_allocated(table[i + k])
+
+    # ---- free ---------------------------------------------------------------------------
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first; full blocks past its
+        ``num_computed_tokens`` (scheduled, never computed) are made unfindable. A request
+        holding none: nothing happens."""
+        key = self._keys.pop(request.request_id, None)
+        if key is not None:
+            self.core.free(key, num_computed_tokens=self._computed(key, request))
+
+    def _computed(self, key: int, request: Request) -> int:
+        scheduled: int = self.core.num_scheduled_tokens(key)
+        return min(max(request.num_computed_tokens, 0), scheduled)
+
+    def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
+        """Forget the request but keep its blocks held: the returned blocks (in token
+        order, fresh objects of this call) go back with ``block_pool.free_blocks`` later.
+        Empty for a request holding none."""
+        key = self._keys.pop(request.request_id, None)
+        if key is None:
+            return []
+        blocks = [KVCacheBlock(i) for g in self._blocks.vllm_ids(self._ids(key)) for i in g]
+        entry = (key, self._computed(key, request), blocks)
+        for b in blocks:
+            self._popped[id(b)] = entry
+        return blocks
+
+    def _free_popped(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Free the requests whose popped blocks these are (all checked before any change)."""
+        entries = {}
+        for b in blocks:
+            entry = self._popped.get(id(b))
+            if entry is None:
+                raise RequestError(f"block {b.block_id} was not handed out by pop_blocks_for_free "
+                                   f"(or was given back already)")
+            entries[entry[0]] = entry
+        for key, computed, popped in entries.values():
+            for x in popped:
+                del self._popped[id(x)]
+            self.core.free(key, num_computed_tokens=computed)
+
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
+        """Nothing to do: prefixkv's hybrid manager releases the blocks that leave every
+        window itself, when a request's tokens are cached."""
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """Make these blocks' content unfindable (KV a connector failed to load)."""
+        k = self._blocks.offset
+        self.core.uncache_blocks({i - k for i in block_ids if i >= k})
+
+    def _evict(self, block_ids: set[int]) -> None:
+        self.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block when none is in use; whether it did."""
+        if not self.core.reset_prefix_cache():
+            return False
+        if self.metrics_collector is not None:
+            self.metrics_collector.reset()
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    # ---- per step: stats, events, plans --------------------------------------------------
+
+    def new_step_starts(self) -> None:
+        """A step begins: prefixkv's per-step plan is drained (no copies are ever planned:
+        vLLM's scheduler forks nothing)."""
+        self.core.take_kv_ops()
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        if self.prefix_cache_stats is None or not self.prefix_cache_lookup_enabled(request):
+            return
+        self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
+                                       preempted=request.num_preemptions > 0)
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """vLLM's PrefixCacheStats since the previous call; None without ``log_stats``."""
+        if not self.log_stats:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def take_events(self) -> list[Any]:
+        """KV events since the previous call as vLLM's ``KVCacheEvent`` objects (empty
+        unless ``enable_kv_cache_events``)."""
+        core = self.core.take_events()
+        if self.metrics_collector is not None:
+            self._note_evictions(core)
+        if not self.enable_kv_cache_events:
+            return []
+        return to_vllm_events(core, self.block_size, self._spec_of_group)
+
+    def _note_evictions(self, events: list[Any]) -> None:
+        table, k = self._blocks.table, self._blocks.offset
+        for e in events:
+            if isinstance(e, BlockRemoved):
+                self.metrics_collector.on_block_evicted(table[e.block_id + k])
+
+    def take_new_block_ids(self) -> list[int]:
+        """[]: no group of prefixkv's needs its new blocks zeroed (that is Mamba's)."""
+        return []
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Nothing to record (see ``take_new_block_ids``)."""
+
+    def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
+        """No copies: prefixkv never shares a partial block with vLLM's scheduler."""
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """{}: boundary states are Mamba's."""
+        return {}
+
+    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
+        """[]: partial tails are Mamba's."""
+        return []

@@ -1,0 +1,102 @@
+"""vLLM's view of prefixkv's blocks: ``KVCacheBlock`` objects, ``KVCacheBlocks`` results,
+and the ``block_pool`` attribute vLLM's scheduler and connectors read.
+
+Block ids are vLLM's: block 0 is the null block (``is_null``, never handed to a
+request), ``1 .. num_blocks - 1`` are the blocks requests get. prefixkv's pool holds
+those (``offset`` maps: vLLM id = prefixkv id + offset; 0 when prefixkv's hybrid manager
+keeps its own null block at 0, 1 otherwise). One ``KVCacheBlock`` per id is made once
+and handed out in every result; it carries ``block_id`` and ``is_null`` only: reference
+counts, hashes and the free queue live in prefixkv, not in these objects (a caller that
+reads ``ref_cnt`` or ``block_hash`` of them sees 0 and None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+__all__ = ["BlockPoolView", "Blocks"]
+
+Ids = Sequence[Sequence[int]]
+
+
+class Blocks:
+    """The ``KVCacheBlock`` of every vLLM block id, and ``KVCacheBlocks`` built of them."""
+
+    def __init__(self, num_blocks: int, num_groups: int, offset: int) -> None:
+        self.offset = offset
+        self.table = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.table[0].is_null = True
+        self.null_block = self.table[0]
+        self.empty = KVCacheBlocks(tuple(() for _ in range(num_groups)))
+
+    def of(self, ids: Ids) -> KVCacheBlocks:
+        """``KVCacheBlocks`` of prefixkv block ids per group (the shared empty one when
+        every group is empty, as vLLM's manager returns it)."""
+        if not any(ids):
+            return self.empty
+        table, k = self.table, self.offset
+        return KVCacheBlocks(tuple([table[i + k] for i in g] for g in ids))
+
+    def vllm_ids(self, ids: Ids) -> tuple[list[int], ...]:
+        """vLLM's block ids of prefixkv block ids per group."""
+        k = self.offset
+        return tuple([i + k for i in g] for g in ids)
+
+
+class _FreeQueueView:
+    """``num_free_blocks`` of vLLM's free block queue: prefixkv's free count."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        self._count = count
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._count()
+
+
+class BlockPoolView:
+    """What vLLM's scheduler and connectors use of its ``BlockPool``, over prefixkv.
+
+    ``free_blocks`` takes back the blocks ``KVCacheManager.pop_blocks_for_free`` handed
+    out (the scheduler's deferred frees), whole requests at a time; ``evict_blocks``
+    makes blocks unfindable. Counts and usage are prefixkv's (``num_gpu_blocks - 1``
+    blocks, the null block left out, as vLLM counts them).
+    """
+
+    def __init__(self, blocks: Blocks, num_gpu_blocks: int, hash_block_size: int,
+                 enable_caching: bool, free_fn: Callable[[Iterable[KVCacheBlock]], None],
+                 evict_fn: Callable[[set[int]], None], free_count: Callable[[], int],
+                 events_fn: Callable[[], list[Any]]) -> None:
+        self.num_gpu_blocks = num_gpu_blocks
+        self.hash_block_size = hash_block_size
+        self.enable_caching = enable_caching
+        self.null_block = blocks.null_block
+        self.blocks = blocks.table
+        self._free, self._evict, self._count, self._events = free_fn, evict_fn, free_count, events_fn
+        self.free_block_queue = _FreeQueueView(free_count)
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Return blocks from ``pop_blocks_for_free`` to the pool (any order: prefixkv
+        releases a request's blocks tail first). Raises RequestError for other blocks."""
+        self._free(ordered_blocks)
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """Make the content of these vLLM block ids unfindable (e.g. KV a connector
+        failed to load); blocks in use stay with their requests."""
+        self._evict(block_ids)
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks no request holds (empty or cached and evictable)."""
+        return self._count()
+
+    def get_usage(self) -> float:
+        """Fraction of the usable blocks (null block left out) requests hold."""
+        return 1.0 - self._count() / (self.num_gpu_blocks - 1)
+
+    def take_events(self) -> list[Any]:
+        """The manager's pending KV events (vLLM's ``KVCacheEvent`` objects)."""
+        return self._events()

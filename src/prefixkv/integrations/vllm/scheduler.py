@@ -1,0 +1,51 @@
+"""vLLM's own v1 schedulers, running on prefixkv: the classes ``--scheduler-cls`` names.
+
+    --scheduler-cls prefixkv.integrations.vllm.Scheduler        # vLLM's Scheduler
+    --scheduler-cls prefixkv.integrations.vllm.AsyncScheduler   # with --async-scheduling
+
+Each is vLLM's class, run unchanged. vLLM's constructor builds its manager by the name
+``KVCacheManager`` in ``vllm.v1.core.sched.scheduler`` (there is no hook for it); while
+this class's constructor runs vLLM's, that name resolves to prefixkv's
+``KVCacheManager``, so the manager is built from the very arguments vLLM passes, the
+scheduler reads its groups from it and the KV connector is bound to it. The name is
+restored before the constructor returns, under a lock (one such construction at a time;
+a vLLM ``Scheduler`` built by another thread at that very moment would get prefixkv's
+manager too).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import vllm.v1.core.sched.scheduler as where
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler as VllmAsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
+
+from .manager import KVCacheManager
+
+__all__ = ["AsyncScheduler", "Scheduler"]
+
+
+_BUILDING = threading.Lock()
+
+
+class _Builds:
+    """Run vLLM's constructor with prefixkv's manager under vLLM's name."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        with _BUILDING:
+            original = getattr(where, "KVCacheManager")  # noqa: B009 (not re-exported there)
+            setattr(where, "KVCacheManager", KVCacheManager)  # noqa: B010
+            try:
+                super().__init__(*args, **kwargs)
+            finally:
+                setattr(where, "KVCacheManager", original)  # noqa: B010
+
+
+class Scheduler(_Builds, VllmScheduler):
+    """vLLM 0.33.0's ``Scheduler`` whose KV cache manager is prefixkv's."""
+
+
+class AsyncScheduler(_Builds, VllmAsyncScheduler):
+    """vLLM 0.33.0's ``AsyncScheduler`` whose KV cache manager is prefixkv's."""

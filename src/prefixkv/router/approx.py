@@ -1,0 +1,90 @@
+"""An index for engines that publish no KV events: the router's own decisions.
+
+When the router sends a prompt to a replica, that replica will soon hold the prompt's
+full blocks; ``ApproxIndex`` records them there for ``ttl`` seconds (as NVIDIA Dynamo's
+ApproxKvIndexer does), after which they are forgotten unless routed again (a later
+prompt sharing the prefix renews them). It is a guess: a replica may have evicted the
+blocks sooner, or kept them longer; the TTL bounds how stale a guess can be.
+
+Events, if some replica does send them, are applied as by ``InProcessIndex`` (a stored
+block is held until removed, without TTL).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+
+from .index import GPU, Hash, InProcessIndex
+
+
+class ApproxIndexError(ValueError):
+    """A TTL that is not a positive number."""
+
+
+class ApproxIndex:
+    """Satisfies ``BlockIndex``. ``ttl``: seconds a routed prompt's blocks count as held
+    (> 0); ``clock``: seconds, monotonic (tests pass a fake one). Raises ApproxIndexError
+    for a bad ``ttl``."""
+
+    def __init__(self, ttl: float = 120.0, *, clock: Callable[[], float] = time.monotonic) -> None:
+        if not (isinstance(ttl, (int, float)) and ttl > 0):
+            raise ApproxIndexError(f"ttl must be a number of seconds > 0, got {ttl!r}")
+        self.ttl, self.clock = float(ttl), clock
+        self._index = InProcessIndex()
+        self._until: dict[tuple[str, Hash], float] = {}  # (replica, hash) -> expiry
+        self._queue: deque[tuple[float, str, Sequence[Hash]]] = deque()  # in expiry order
+        self._held: set[tuple[str, Hash]] = set()  # stored by an event: no TTL
+
+    def routed(self, replica: str, hashes: Sequence[Hash]) -> None:
+        """Count ``hashes`` as held by ``replica`` (on the GPU) for ``ttl`` from now."""
+        if not hashes:
+            return
+        self._expire()
+        until, held = self.clock() + self.ttl, self._held
+        guessed = [h for h in hashes if (replica, h) not in held]
+        self._index.store(replica, guessed, GPU)
+        self._until.update(((replica, h), until) for h in guessed)
+        self._queue.append((until, replica, guessed))
+
+    def _expire(self) -> None:
+        """Forget the blocks whose last routing is ``ttl`` old."""
+        now, queue, until = self.clock(), self._queue, self._until
+        while queue and queue[0][0] <= now:
+            _, replica, hashes = queue.popleft()
+            gone = [h for h in hashes if until.get((replica, h), now + 1) <= now]
+            for h in gone:
+                del until[(replica, h)]
+            self._index.remove(replica, gone, GPU)
+
+    def store(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
+        """See ``BlockIndex.store``: held until removed (an event outranks a guess)."""
+        for h in hashes:
+            self._until.pop((replica, h), None)
+            self._held.add((replica, h))
+        self._index.store(replica, hashes, medium)
+
+    def remove(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
+        """See ``BlockIndex.remove``."""
+        for h in hashes:
+            self._until.pop((replica, h), None)
+            self._held.discard((replica, h))
+        self._index.remove(replica, hashes, medium)
+
+    def clear(self, replica: str) -> None:
+        """See ``BlockIndex.clear``."""
+        self._until = {k: t for k, t in self._until.items() if k[0] != replica}
+        self._held = {k for k in self._held if k[0] != replica}
+        self._index.clear(replica)
+
+    def prefix_runs(self, hashes: Sequence[Hash], replicas: Iterable[str]
+                    ) -> dict[str, tuple[int, int]]:
+        """See ``BlockIndex.prefix_runs`` (guesses older than ``ttl`` are gone)."""
+        self._expire()
+        return self._index.prefix_runs(hashes, replicas)
+
+    def num_blocks(self, replica: str) -> int:
+        """See ``BlockIndex.num_blocks``."""
+        self._expire()
+        return self._index.num_blocks(replica)

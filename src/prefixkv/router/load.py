@@ -1,0 +1,109 @@
+"""What the router knows of each replica's load: what the replica last published (KV
+usage, queue depth) plus what the router sent it since, and its own in-flight tally.
+
+A replica publishes a ``ReplicaLoad`` (in production, read from the ``/metrics`` it
+already serves: ``from_metrics`` parses vLLM's series names). Between two reports the
+router adds each request it routes there, so a burst of routing decisions sees its own
+effect at once (as Dynamo's router predicts active blocks between worker updates). A
+replica that never reports is estimated from the router's decisions alone: the blocks
+of its requests in flight, and their prefill until they finish.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+
+class LoadError(ValueError):
+    """A load report out of range (a negative count, a usage outside 0..1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """A replica's load as it publishes it. ``kv_usage``: fraction of its KV blocks in use
+    (0..1, vLLM's ``vllm:kv_cache_usage_perc``); ``num_waiting``: requests queued, not yet
+    admitted (``vllm:num_requests_waiting``); ``waiting_tokens``: their prompt tokens not
+    yet computed (None: unknown, estimated from the router's own prefill since the report);
+    ``num_blocks``: its pool size (None: the router's ``capacity`` or unknown).
+    Raises LoadError for values out of range."""
+
+    kv_usage: float
+    num_waiting: int = 0
+    waiting_tokens: int | None = None
+    num_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.kv_usage <= 1.0 or self.num_waiting < 0 or (
+                self.waiting_tokens is not None and self.waiting_tokens < 0) or (
+                self.num_blocks is not None and self.num_blocks < 1):
+            raise LoadError(f"need 0 <= kv_usage <= 1, counts >= 0, num_blocks >= 1; got {self!r}")
+
+
+def from_metrics(text: str, *, num_blocks: int | None = None) -> ReplicaLoad:
+    """A ``ReplicaLoad`` from a replica's Prometheus exposition text: ``vllm:kv_cache_usage_perc``
+    (required) and ``vllm:num_requests_waiting`` (0 when absent), summed over label sets.
+    Raises LoadError when the usage series is missing or a value does not parse."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting"):
+            try:
+                v = float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError) as exc:
+                raise LoadError(f"bad metrics line {line[:120]!r}") from exc
+            if not math.isfinite(v):
+                raise LoadError(f"bad metrics line {line[:120]!r}")
+            values[name] = values.get(name, 0.0) + v
+    if "vllm:kv_cache_usage_perc" not in values:
+        raise LoadError("no vllm:kv_cache_usage_perc series in the metrics")
+    return ReplicaLoad(values["vllm:kv_cache_usage_perc"],
+                       int(values.get("vllm:num_requests_waiting", 0)), None, num_blocks)
+
+
+class LoadBook:
+    """Per replica: the last report, what was routed there since, and the requests in
+    flight (``(prefill blocks, blocks)`` each, oldest first: ``finish`` ends the oldest)."""
+
+    def __init__(self, names: tuple[str, ...], block_size: int,
+                 capacity: dict[str, int] | None) -> None:
+        self.block_size = block_size
+        self.capacity = dict(capacity or {})
+        self.reported: dict[str, ReplicaLoad] = {}
+        self.since_prefill = dict.fromkeys(names, 0)  # blocks to compute routed since report
+        self.since_blocks = dict.fromkeys(names, 0)
+        self.open: dict[str, deque[tuple[int, int]]] = {r: deque() for r in names}
+
+    def report(self, replica: str, load: ReplicaLoad) -> None:
+        self.reported[replica] = load
+        self.since_prefill[replica] = self.since_blocks[replica] = 0
+        if load.num_blocks is not None:
+            self.capacity[replica] = load.num_blocks
+
+    def routed(self, replica: str, prefill: int, blocks: int) -> None:
+        self.since_prefill[replica] += prefill
+        self.since_blocks[replica] += blocks
+        self.open[replica].append((prefill, blocks))
+
+    def finished(self, replica: str) -> None:
+        self.open[replica].popleft()
+
+    def prefill_blocks(self, replica: str) -> float:
+        """Blocks queued for prefill there: reported waiting tokens (or, unreported, the
+        prefill of everything in flight) plus what was routed since the report."""
+        rep = self.reported.get(replica)
+        if rep is None:
+            return float(sum(p for p, _ in self.open[replica]))
+        waiting = rep.waiting_tokens / self.block_size if rep.waiting_tokens is not None else 0.0
+        return waiting + self.since_prefill[replica]
+
+    def active_blocks(self, replica: str) -> float:
+        """Blocks in use there: reported usage times the pool (or, without a report or a
+        pool size, the blocks of the requests in flight) plus what was routed since."""
+        rep, cap = self.reported.get(replica), self.capacity.get(replica)
+        if rep is None or cap is None:
+            return float(sum(b for _, b in self.open[replica]))
+        return rep.kv_usage * cap + self.since_blocks[replica]

@@ -1,0 +1,149 @@
+"""How the router picks among candidate replicas: a ``Scorer`` sees one ``ReplicaView``
+per candidate (its predicted cached run for the prompt and its load) and returns the
+position of the one to use. Two scorers:
+
+- ``AffinityScorer`` (the default): prefix affinity under a bounded-load cap on requests
+  in flight (see ``Router``).
+- ``CostScorer``: the cost of serving the prompt there, in blocks, as NVIDIA Dynamo's KV
+  router weighs it::
+
+      cost = (prefill_weight * (queued prefill blocks + blocks of the prompt not cached)
+              + active blocks + blocks of the prompt) / capacity
+
+  with replicas whose published KV usage is at or above ``busy_threshold`` left out
+  (unless every candidate is), optionally only those under the bounded-load cap of
+  ``AffinityScorer`` (``balance``), and the pick the lowest cost (``temperature`` 0) or
+  drawn with probability ``softmax(-cost / (temperature * mean cost))``. Dividing by
+  each replica's capacity (its pool, in blocks) lets a larger replica carry more.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..errors import PrefixKVError
+
+
+class ScorerError(PrefixKVError):
+    """A scorer option out of range."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """One candidate for one prompt of ``prompt_blocks`` full blocks. ``run``/``gpu_run``:
+    its leading run of them held on any medium / on the GPU (the index's prediction).
+    ``in_flight``: requests the router sent there, not finished. ``prefill_blocks`` and
+    ``active_blocks``: its load (``LoadBook``); ``capacity``: its pool in blocks, None when
+    unknown; ``kv_usage``: as last published, None when never."""
+
+    replica: str
+    prompt_blocks: int
+    run: int
+    gpu_run: int
+    in_flight: int
+    prefill_blocks: float
+    active_blocks: float
+    capacity: int | None
+    kv_usage: float | None
+
+
+class Scorer(Protocol):
+    """Picks the replica for one prompt among the candidates' views."""
+
+    def pick(self, views: Sequence[ReplicaView], turn: int) -> int:
+        """The position in ``views`` (non-empty, in the router's rotation order from
+        ``turn``) of the replica to route to."""
+
+
+class AffinityScorer:
+    """Prefix affinity under a bounded-load cap (the router's historical policy):
+    candidates are those with ``in_flight + 1 <= ceil(balance * (total + 1) / N)`` (the
+    least loaded always is); score = ``(gpu_run + cpu_weight * (run - gpu_run)) / n -
+    load_weight * in_flight / (mean in_flight + 1)``; highest wins, ties to the least
+    loaded, then the first in rotation. Raises ScorerError unless ``balance >= 1``,
+    ``load_weight >= 0`` and ``0 <= cpu_weight <= 1``."""
+
+    def __init__(self, *, load_weight: float = 1.0, balance: float = 1.25,
+                 cpu_weight: float = 0.5) -> None:
+        if not balance >= 1 or not load_weight >= 0 or not 0 <= cpu_weight <= 1:
+            raise ScorerError(f"need balance >= 1, load_weight >= 0, 0 <= cpu_weight <= 1; "
+                              f"got {balance}, {load_weight}, {cpu_weight}")
+        self.load_weight, self.balance, self.cpu_weight = load_weight, balance, cpu_weight
+
+    def pick(self, views: Sequence[ReplicaView], turn: int) -> int:
+        """See ``Scorer.pick``: the highest score under the cap (class doc)."""
+        total = sum(v.in_flight for v in views)
+        mean = total / len(views)
+        allowed = under_cap(views, self.balance)
+        best, best_key = allowed[0], None
+        for i in allowed:
+            v = views[i]
+            n = max(1, v.prompt_blocks)
+            score = (v.gpu_run + self.cpu_weight * (v.run - v.gpu_run)) / n \
+                - self.load_weight * v.in_flight / (mean + 1)
+            key = (score, -v.in_flight)
+            if best_key is None or key > best_key:
+                best, best_key = i, key
+        return best
+
+
+def under_cap(views: Sequence[ReplicaView], balance: float) -> list[int]:
+    """Positions of the replicas whose ``in_flight + 1 <= ceil(balance * (total + 1) /
+    N)``, in order; the least loaded (first in rotation among equals) is always one."""
+    total = sum(v.in_flight for v in views)
+    cap = math.ceil(balance * (total + 1) / len(views))
+    least = min(range(len(views)), key=lambda i: views[i].in_flight)
+    return [i for i, v in enumerate(views) if v.in_flight + 1 <= cap or i == least]
+
+
+class CostScorer:
+    """Dynamo's cost (module doc). ``prefill_weight`` > 0: how much a block still to
+    compute weighs against a block held during decode; ``temperature`` >= 0: 0 picks the
+    lowest cost (ties: the first in rotation), above 0 samples (``seed`` for the draws);
+    ``busy_threshold`` in (0, 1] or None; ``cpu_weight`` in [0, 1]: how much of a block
+    cached on the CPU counts as cached; ``balance`` >= 1 or None: only replicas under
+    the bounded-load cap on requests in flight are candidates (None: Dynamo's cost
+    alone, which may send most requests of a hot prefix to the replica holding it).
+    Raises ScorerError for values out of range."""
+
+    def __init__(self, *, prefill_weight: float = 1.0, temperature: float = 0.0,
+                 busy_threshold: float | None = 0.95, cpu_weight: float = 0.5,
+                 balance: float | None = None, seed: int = 0) -> None:
+        if not prefill_weight > 0 or not temperature >= 0 or not 0 <= cpu_weight <= 1 or (
+                busy_threshold is not None and not 0 < busy_threshold <= 1) or (
+                balance is not None and not balance >= 1):
+            raise ScorerError(f"need prefill_weight > 0, temperature >= 0, 0 <= cpu_weight <= 1, "
+                              f"0 < busy_threshold <= 1 or None, balance >= 1 or None; got "
+                              f"{prefill_weight}, {temperature}, {cpu_weight}, {busy_threshold}, "
+                              f"{balance}")
+        self.balance = balance
+        self.prefill_weight, self.temperature = prefill_weight, temperature
+        self.busy_threshold, self.cpu_weight = busy_threshold, cpu_weight
+        self._rng = random.Random(seed)
+
+    def cost(self, v: ReplicaView) -> float:
+        """The cost of serving the prompt on ``v`` (module doc)."""
+        cached = v.gpu_run + self.cpu_weight * (v.run - v.gpu_run)
+        blocks = self.prefill_weight * (v.prefill_blocks + v.prompt_blocks - cached) \
+            + v.active_blocks + v.prompt_blocks
+        return blocks / v.capacity if v.capacity else blocks
+
+    def pick(self, views: Sequence[ReplicaView], turn: int) -> int:
+        """See ``Scorer.pick``: the lowest cost, or a draw by cost (module doc)."""
+        limit = self.busy_threshold
+        allowed = under_cap(views, self.balance) if self.balance is not None \
+            else list(range(len(views)))
+        if limit is not None:  # busy: at or above the threshold, as last published
+            allowed = [i for i in allowed if (u := views[i].kv_usage) is None or u < limit
+                       ] or allowed
+        costs = [self.cost(views[i]) for i in allowed]
+        if self.temperature == 0 or len(allowed) == 1:
+            return allowed[costs.index(min(costs))]
+        scale = self.temperature * (sum(costs) / len(costs) or 1.0)
+        low = min(costs)
+        weights = [math.exp(-(c - low) / scale) for c in costs]
+        return self._rng.choices(allowed, weights)[0]

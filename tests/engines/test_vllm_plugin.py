@@ -1,0 +1,152 @@
+"""prefixkv.integrations.vllm on its own: what it refuses (each refusal names the thing),
+and the calls vLLM's own tests reach only through the scheduler (deferred frees, a
+waiting request with computed tokens, events, stats). Needs vllm installed
+(``make install-vllm``; ``make test`` installs it)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # vLLM's own CPU platform (see vllm_cpu.py)
+pytest.importorskip("vllm", reason="needs vllm 0.33.0: make install-vllm")
+torch = pytest.importorskip("torch")
+
+from vllm.distributed.kv_events import BlockStored  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from vllm.v1.metrics.stats import PrefixCacheStats  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+
+from prefixkv import ConfigError, RequestError  # noqa: E402
+from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV  # noqa: E402
+
+BS = 16
+
+
+def full(bs: int = BS) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
+
+
+def config(*specs, num_blocks: int = 11, **kw) -> KVCacheConfig:
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                         kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)],
+                         **kw)
+
+
+def manager(*specs, **kw) -> KVCacheManager:
+    specs = specs or (full(),)
+    return KVCacheManager(config(*specs), max_model_len=8192, scheduler_block_size=BS,
+                          hash_block_size=BS, **kw)
+
+
+def request(rid: str, tokens: list[int]) -> Request:
+    params = SamplingParams(max_tokens=4)
+    return Request(request_id=rid, prompt_token_ids=tokens, sampling_params=params, pooling_params=None)
+
+
+@pytest.mark.parametrize(("specs", "kw", "named"), [
+    ((MambaSpec(block_size=BS, shapes=((2, 4),), dtypes=(torch.float32,)),), {}, "Mamba"),
+    ((CrossAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32),), {},
+     "cross-attention"),
+    ((full(), full(32)), {}, "different block sizes"),
+    ((full(),), {"dcp_world_size": 2}, "context parallelism"),
+    ((full(),), {"use_eagle": True}, "EAGLE"),
+    ((full(),), {"num_hash_lookahead_tokens": 2}, "lookahead hashing"),
+    ((full(),), {"enable_mamba_shared_prefix_checkpoint": True}, "shared-prefix checkpoints"),
+])
+def test_what_prefixkv_does_not_offer_is_refused_by_name(specs, kw, named):
+    with pytest.raises(UnsupportedByPrefixKV, match=named) as info:
+        manager(*specs, **kw)
+    assert isinstance(info.value, ConfigError)
+
+
+def test_hisparse_and_other_hash_block_sizes_are_refused():
+    with pytest.raises(UnsupportedByPrefixKV, match="HiSparse"):
+        KVCacheManager(config(full(), hisparse_host_num_blocks=8), max_model_len=64,
+                       scheduler_block_size=BS, hash_block_size=BS)
+    with pytest.raises(UnsupportedByPrefixKV, match="hash 8"):
+        KVCacheManager(config(full()), max_model_len=64, scheduler_block_size=BS, hash_block_size=8)
+
+
+def test_one_full_group_and_hybrid_groups_pick_their_manager():
+    from prefixkv.core.manager import KVCacheManager as Core
+    from prefixkv.groups import HybridKVCacheManager
+
+    assert type(manager().core) is Core
+    swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                            sliding_window=32)
+    assert type(manager(full(), swa).core) is HybridKVCacheManager
+
+
+def test_results_are_vllms_blocks_with_vllms_ids_and_a_hit_is_reused():
+    m = manager(log_stats=True, enable_kv_cache_events=True)
+    a = request("a", list(range(40)))
+    blocks, hit, boundary = m.get_computed_blocks(a)
+    assert (hit, boundary) == (0, 0) and blocks is m.empty_kv_cache_blocks
+    new = m.allocate_slots(a, 40, hit, blocks)
+    assert isinstance(new, KVCacheBlocks) and new.get_block_ids() == ([1, 2, 3],)
+    events = m.take_events()
+    assert [type(e) for e in events] == [BlockStored] and len(events[0].block_hashes) == 2
+    assert events[0].token_ids == list(range(32)) and events[0].block_size == BS
+    a.num_computed_tokens = 40
+    b = request("b", list(range(36)))
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert hit == 32 and blocks.get_block_ids() == ([1, 2],)
+    m.record_prefix_cache_stats(b, hit)
+    new = m.allocate_slots(b, 4, hit, blocks)
+    assert new.get_block_ids() == ([4],) and m.get_block_ids("b") == ([1, 2, 4],)
+    stats = m.make_prefix_cache_stats()
+    assert isinstance(stats, PrefixCacheStats) and (stats.queries, stats.hits) == (36, 32)
+
+
+def test_deferred_free_holds_the_blocks_until_the_pool_takes_them_back():
+    m = manager()
+    a = request("a", list(range(20)))
+    m.allocate_slots(a, 20)
+    free_before = m.block_pool.get_num_free_blocks()
+    popped = m.pop_blocks_for_free(a)
+    assert [b.block_id for b in popped] == [1, 2]
+    assert m.get_block_ids("a") == ([],) and m.block_pool.get_num_free_blocks() == free_before
+    m.block_pool.free_blocks(reversed(popped))
+    assert m.block_pool.get_num_free_blocks() == free_before + 2
+    with pytest.raises(RequestError):
+        m.block_pool.free_blocks(popped)  # given back already
+
+
+def test_a_waiting_request_with_computed_tokens_is_admitted_past_them():
+    m = manager()
+    r = request("r", list(range(31)))
+    r.num_computed_tokens = 30  # its KV was written elsewhere (a disaggregated decode)
+    new = m.allocate_slots(r, 1)
+    assert new.get_block_ids() == ([1, 2],) and m.num_cached_tokens("r") == 16
+
+
+def test_delayed_caching_caches_when_the_load_lands():
+    m = manager()
+    r = request("r", list(range(40)))
+    m.allocate_slots(r, 0, num_external_computed_tokens=32, delay_cache_blocks=True)
+    assert m.num_cached_tokens("r") == 0
+    r.num_computed_tokens = 32
+    m.cache_blocks(r, 32)
+    assert m.num_cached_tokens("r") == 32
+
+
+def test_encoder_tokens_are_refused():
+    with pytest.raises(UnsupportedByPrefixKV, match="encoder"):
+        manager().allocate_slots(request("r", [1, 2, 3]), 3, num_encoder_tokens=4)
+
+
+def test_a_request_the_pool_can_never_hold_gets_vllms_none():
+    m = manager()  # 10 usable blocks of 16
+    assert m.allocate_slots(request("big", list(range(200))), 200) is None
+    assert m.block_pool.get_num_free_blocks() == 10 and m.get_block_ids("big") == ([],)

@@ -1,0 +1,91 @@
+"""ConnectorScheduler's bookkeeping, step by step (vLLM's objects read by attribute; a
+real Redis answers the lookups)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from prefixkv.hashing import make_hash_fn
+from prefixkv.store import RedisStore, SharedStore, StoreLayout
+from prefixkv.store.server import LocalRedis
+
+pytest.importorskip("vllm", reason="vllm==0.33.0 is installed by make test (--no-deps)")
+
+BS = 16
+
+
+@pytest.fixture
+def sched():
+    from prefixkv.integrations.vllm.connector_scheduler import ConnectorScheduler
+
+    with LocalRedis() as server:
+        backend = RedisStore(server.url)
+        fn, root = make_hash_fn("sha256", None)
+        link = SharedStore(backend, StoreLayout("unit", "float16", 64)).bind(
+            "sha256", None, root, BS, None, None)
+        yield ConnectorScheduler(link, backend, BS, fn, root, retry_after=0)
+
+
+def request(req_id: str, tokens: list[int], computed: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(request_id=req_id, all_token_ids=tokens, num_tokens=len(tokens),
+                           num_computed_tokens=computed)
+
+
+def output(**scheduled: int) -> SimpleNamespace:
+    return SimpleNamespace(num_scheduled_tokens=scheduled, scheduled_spec_decode_tokens={})
+
+
+def ids(*blocks: int):
+    return lambda req_id: list(blocks)
+
+
+def test_saves_only_known_tokens_then_the_rest_at_finish(sched):
+    r = request("a", list(range(1, 32)))  # 31 tokens known
+    assert sched.num_new_matched_tokens(r, 0) == (0, False)
+    sched.after_alloc(r, [], 0)
+    meta = sched.build_meta(output(a=40), ids(7, 8, 9))  # 40 scheduled, 31 known
+    assert [run.block_ids for run in meta.saves] == [(7,)]
+    r.all_token_ids = list(range(1, 41))
+    r.num_computed_tokens = 40
+    assert sched.finished(r, [7, 8, 9]) is True  # block 8 (tokens 16..31) is still to save
+    meta = sched.build_meta(output(), ids())
+    assert [(run.req_id, run.block_ids) for run in meta.finals] == [("a", (8,))]
+    assert meta.finals[0].parent == meta_parent(sched, r, 1)
+    assert sched.finished(r, [7, 8, 9]) is False  # forgotten once finished
+
+
+def meta_parent(sched, r, block: int) -> bytes:
+    from prefixkv.hashing import chain, encode_tokens, token_bytes
+    fn, root = make_hash_fn("sha256", None)
+    hashes, _ = chain(fn, root, token_bytes(encode_tokens(r.all_token_ids[:block * BS])),
+                      [b""] * block)
+    return hashes[-1]
+
+
+def test_a_load_that_fails_part_way_is_saved_again_from_there(sched):
+    r = request("b", list(range(100, 100 + 5 * BS + 1)))
+    sched.num_new_matched_tokens(r, BS)  # one block local; the store holds none
+    sched.after_alloc(r, [3, 4, 5, 6, 7, 8], 3 * BS)  # say it answered 3: blocks 1..3
+    meta = sched.build_meta(output(), ids())
+    assert [run.block_ids for run in meta.loads] == [(4, 5, 6)]
+    sched.on_output(set(), {5})  # block 2 (device 5) failed its check
+    sched.on_output({"b"}, set())
+    r.num_computed_tokens = 2 * BS  # vLLM recomputes from the failed block
+    meta = sched.build_meta(output(b=3 * BS + 1), ids(3, 4, 5, 6, 7, 8))
+    assert [run.block_ids for run in meta.saves] == [(5, 6, 7)]
+
+
+def test_connector_config_reads_and_refuses():
+    from prefixkv.errors import ConfigError
+    from prefixkv.integrations.vllm.connector_config import ConnectorConfig
+
+    cfg = ConnectorConfig.from_extra({"redis_url": "redis://h:1/0", "retry_after": 0, "ttl": 60})
+    assert (cfg.retry_after, cfg.ttl, cfg.timeout, cfg.hash_seed) == (0, 60, 0.25, None)
+    for bad in ({}, {"redis_url": ""}, {"redis_url": "r", "ttl": 1.5}, {"redis_url": "r", "ttl": "9"},
+                {"redis_url": "r", "timeout": 0}, {"redis_url": "r", "retry_after": -1},
+                {"redis_url": "r", "lookup_timeout": float("inf")}, {"redis_url": "r", "hash_seed": -1},
+                {"redis_url": "r", "model": ""}, {"redis_url": "r", "other": 1}):
+        with pytest.raises(ConfigError):
+            ConnectorConfig.from_extra(bad)

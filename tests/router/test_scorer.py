@@ -1,0 +1,166 @@
+"""Routing that weighs load: CostScorer (Dynamo's cost), published loads, the load book,
+and the approximate index for engines without events."""
+
+import pytest
+
+from prefixkv.router import Router, RouterError, Stored
+from prefixkv.router.approx import ApproxIndex, ApproxIndexError
+from prefixkv.router.load import LoadError, ReplicaLoad, from_metrics
+from prefixkv.router.scorer import AffinityScorer, CostScorer, ReplicaView, ScorerError
+
+BS = 4
+
+
+def view(name, *, n=8, run=0, gpu=None, in_flight=0, prefill=0.0, active=0.0, cap=None,
+         usage=None):
+    return ReplicaView(name, n, run, run if gpu is None else gpu, in_flight, prefill, active,
+                       cap, usage)
+
+
+def test_cost_is_weighted_prefill_plus_blocks_over_capacity():
+    s = CostScorer(prefill_weight=2.0, cpu_weight=0.5)
+    # 8 blocks, 4 cached on the GPU and 2 more on the CPU (count half): 3 to compute
+    v = view("a", run=6, gpu=4, prefill=5.0, active=10.0, cap=100)
+    assert s.cost(v) == pytest.approx((2.0 * (5 + 8 - 5) + 10 + 8) / 100)
+    assert CostScorer().cost(view("b", run=8, active=2.0)) == 10.0  # no capacity: blocks
+
+
+def test_temperature_zero_picks_the_lowest_cost_first_in_rotation_on_ties():
+    s = CostScorer()
+    views = [view("a", prefill=8.0), view("b", run=8), view("c", run=8)]
+    assert s.pick(views, 0) == 1
+    # a cached prompt loses to an idle replica once its queue is long enough
+    assert s.pick([view("a", run=8, prefill=20.0), view("b")], 0) == 1
+
+
+def test_capacity_lets_a_larger_replica_carry_more():
+    s = CostScorer()
+    views = [view("small", active=50.0, cap=100), view("big", active=80.0, cap=400)]
+    assert s.pick(views, 0) == 1
+
+
+def test_busy_replicas_are_left_out_unless_all_are():
+    s = CostScorer(busy_threshold=0.9)
+    views = [view("a", run=8, usage=0.95), view("b", usage=0.5)]
+    assert s.pick(views, 0) == 1
+    assert s.pick([view("a", run=8, usage=0.95), view("b", usage=0.99)], 0) == 0
+
+
+def test_balance_caps_requests_in_flight():
+    views = [view("a", run=8, in_flight=5), view("b", in_flight=1), view("c", in_flight=0)]
+    assert CostScorer().pick(views, 0) == 0
+    assert CostScorer(balance=1.1).pick(views, 0) == 1  # a is over ceil(1.1 * 7 / 3) = 3
+
+
+def test_temperature_samples_by_cost():
+    s = CostScorer(temperature=0.5, seed=1)
+    views = [view("a", run=8), view("b", prefill=16.0)]
+    picks = [s.pick(views, 0) for _ in range(400)]
+    assert 0 < picks.count(1) < picks.count(0)
+
+
+@pytest.mark.parametrize("kw", [dict(prefill_weight=0), dict(temperature=-1),
+                                dict(busy_threshold=0), dict(busy_threshold=1.5),
+                                dict(cpu_weight=2), dict(balance=0.5)])
+def test_cost_scorer_rejects_bad_options(kw):
+    with pytest.raises(ScorerError):
+        CostScorer(**kw)
+
+
+def test_affinity_scorer_rejects_bad_options_and_router_says_so():
+    with pytest.raises(ScorerError, match="balance"):
+        AffinityScorer(balance=0.5)
+    with pytest.raises(RouterError, match="balance"):
+        Router(["a"], block_size=BS, balance=0.5)
+    with pytest.raises(RouterError, match="capacity"):
+        Router(["a"], block_size=BS, capacity={"b": 10})
+    with pytest.raises(RouterError, match="capacity"):
+        Router(["a"], block_size=BS, capacity={"a": 0})
+
+
+def test_router_weighs_reported_load():
+    router = Router(["a", "b"], block_size=BS, scorer=CostScorer(), capacity={"a": 100, "b": 100})
+    prompt = list(range(1, 33))  # 8 blocks
+    router.apply("a", [Stored(tuple(router.prompt_hashes(prompt)), None, "GPU")])
+    assert router.route(prompt).replica == "a"  # cached there, both idle
+    router.finish("a")
+    router.report_load("a", ReplicaLoad(0.5, 3, 400, 100))  # 100 blocks queued for prefill
+    assert router.route(prompt).replica == "b"
+    # what was routed since the report counts until the next one replaces it
+    assert router.loads.since_prefill["b"] == 8 and router.loads.since_blocks["b"] == 8
+    router.report_load("b", ReplicaLoad(0.1, 0, 0))
+    assert router.loads.since_prefill["b"] == 0
+    with pytest.raises(RouterError, match="unknown replica"):
+        router.report_load("z", ReplicaLoad(0.1))
+
+
+def test_unreported_replicas_are_estimated_from_requests_in_flight():
+    router = Router(["a", "b"], block_size=BS, scorer=CostScorer())
+    prompt = list(range(1, 33))
+    first = router.route(prompt).replica
+    assert router.loads.active_blocks(first) == 8 and router.loads.prefill_blocks(first) == 8
+    assert router.route(prompt).replica != first  # the other is idle
+    router.finish(first)
+    assert router.loads.active_blocks(first) == 0
+
+
+def test_load_reports_are_checked():
+    for bad in (dict(kv_usage=1.5), dict(kv_usage=0.5, num_waiting=-1),
+                dict(kv_usage=0.5, waiting_tokens=-1), dict(kv_usage=0.5, num_blocks=0)):
+        with pytest.raises(LoadError):
+            ReplicaLoad(**bad)
+
+
+def test_load_from_metrics_text():
+    text = ('# HELP vllm:kv_cache_usage_perc usage\n'
+            'vllm:kv_cache_usage_perc{model_name="m",engine="0"} 0.25\n'
+            'vllm:num_requests_waiting{model_name="m",engine="0"} 3.0\n'
+            'vllm:num_requests_running{model_name="m",engine="0"} 7.0\n')
+    assert from_metrics(text, num_blocks=64) == ReplicaLoad(0.25, 3, None, 64)
+    with pytest.raises(LoadError, match="no vllm:kv_cache_usage_perc"):
+        from_metrics("vllm:num_requests_waiting 1\n")
+    with pytest.raises(LoadError, match="bad metrics line"):
+        from_metrics("vllm:kv_cache_usage_perc{} nan\n")
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_approx_index_learns_from_routing_and_forgets_after_ttl():
+    clock = Clock()
+    index = ApproxIndex(10.0, clock=clock)
+    router = Router(["a", "b", "c"], block_size=BS, index=index, load_weight=0)
+    prompt = list(range(1, 33))
+    first = router.route(prompt).replica
+    router.finish(first)
+    # no event came, yet the next prompt with this prefix follows the first
+    assert router.route(prompt[:24] + [99] * 8).replica == first
+    router.finish(first)
+    assert router.cached_tokens(prompt)[first] == 32
+    clock.t = 9.0
+    router.route(prompt[:8])  # renews the first two blocks
+    clock.t = 10.0
+    assert router.cached_tokens(prompt)[first] == 8
+    clock.t = 19.0
+    assert router.cached_tokens(prompt)[first] == 0
+    assert index.num_blocks(first) == 0
+
+
+def test_approx_index_events_outrank_guesses():
+    clock = Clock()
+    index = ApproxIndex(5.0, clock=clock)
+    index.store("a", [1, 2], "GPU")
+    index.routed("a", [1, 2, 3])
+    clock.t = 6.0
+    assert index.prefix_runs([1, 2, 3], ["a"]) == {"a": (2, 2)}  # the guess of 3 went
+    index.remove("a", [2], "GPU")
+    index.clear("a")
+    assert index.prefix_runs([1], ["a"]) == {}
+    for bad in (0, -1.0, "5"):
+        with pytest.raises(ApproxIndexError):
+            ApproxIndex(bad)  # type: ignore[arg-type]
