@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ...core.block import blocks_for
 from .layout import Layout
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ class CoordinatorView:
         if hasattr(core, "num_blocks_to_allocate"):
             return int(core.num_blocks_to_allocate(key, max(num_tokens, core.num_scheduled_tokens(key))))
         held = len(core.get_block_ids(key))
-        return max(0, -(-num_tokens // self.block_size) - held)
+        return max(0, blocks_for(num_tokens, self.block_size) - held)
 
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
                                    new_computed_blocks: Sequence[Sequence[Any]], num_encoder_tokens: int,
@@ -75,6 +76,6 @@ class CoordinatorView:
         key = self._manager.key_of(request_id)
         if key is not None:
             return self.blocks_to_grow(key, num_tokens)
-        per_group = -(-num_tokens // self.block_size)
+        per_group = blocks_for(num_tokens, self.block_size)
         return sum(max(0, per_group - len(hit)) for hit in new_computed_blocks) + per_group * max(
             0, len(self.single_type_managers) - len(new_computed_blocks))

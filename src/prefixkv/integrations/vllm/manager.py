@@ -29,6 +29,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, get_kv_cache_spec_kind, ge
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
+from prefixkv.core.block import blocks_for
 from prefixkv.core.manager import KVCacheManager as CoreManager
 from prefixkv.errors import PromptTooLongError, RequestError
 from prefixkv.events import BlockRemoved
@@ -150,7 +151,7 @@ class KVCacheManager:
     def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int
                                           ) -> tuple[list[int], ...]:
         """``get_block_ids`` clipped to the blocks covering ``num_computed_tokens``."""
-        n = -(-num_computed_tokens // self.block_size)
+        n = blocks_for(num_computed_tokens, self.block_size)
         return tuple(ids[:n] for ids in self.get_block_ids(request_id))
 
     def estimate_cached_tokens(self, request: Request) -> int:
@@ -249,7 +250,7 @@ class KVCacheManager:
         slots = min(computed + num_new_tokens + lookahead, self.max_model_len)
         cache_to = min(hit if delay else computed + num_new_tokens, len(tokens))
         scheduled = max(cache_to - hit, 1)  # prefixkv schedules at least one token
-        need = -(-slots // self.block_size) * self.num_kv_cache_groups
+        need = blocks_for(slots, self.block_size) * self.num_kv_cache_groups
         if keep > 0 and need > self.core.num_free_blocks - keep:
             return None  # conservative: as if every hit block came out of the free ones
         key = self._next_key
