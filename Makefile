@@ -47,7 +47,7 @@ $(VENV)/.sglang-installed: $(VENV)/.installed
 install-sglang: $(VENV)/.sglang-installed
 
 # Any nonzero pytest status fails the target, 5 (no tests collected) included.
-test: lint install-vllm install-sglang
+test: install-vllm install-sglang lint
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
 
 bench: install

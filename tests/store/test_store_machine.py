@@ -29,6 +29,8 @@ from prefixkv import (
     StorePut,
     StoreWait,
 )
+from prefixkv.core.block import blocks_for
+from prefixkv.errors import PromptTooLongError
 from prefixkv.store import RedisStore, SharedStore, StoreLayout, encode_value
 
 from .conftest import always
@@ -158,7 +160,14 @@ class SharedStoreMachine(RuleBasedStateMachine):
 
     def _admit(self, i, rid, prompt, extra, chunk):
         e = self.engines[i]
-        adm = e.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
+        try:
+            adm = e.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
+        except PromptTooLongError:
+            # Only a prompt whose blocks outnumber the pool is refused, and nothing changes.
+            assert blocks_for(len(prompt), BS) > e.m.num_blocks, (len(prompt), e.m.num_blocks)
+            e.waiting.pop(rid, None)
+            self.last = None
+            return
         self.last = None
         if isinstance(adm, StoreWait):
             assert adm.request_id == rid and adm.num_blocks > 0
