@@ -137,10 +137,7 @@ def test_redis_down_costs_recompute_never_an_error(model):
     server = LocalRedis()
     try:
         tokens = prompt(4 * BLOCK + 1, salt=9)
-
-        class Down:
-            url = server.url
-        a = saved_by_a(model, Down, tokens)
+        a = saved_by_a(model, server, tokens)
         assert a.worker.worker.stats.saved == 4
         b = Replica(model, server.url)
         b.add("r2", tokens)
