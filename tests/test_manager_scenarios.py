@@ -257,6 +257,17 @@ def test_require_full_fit_gates_a_chunked_admission_on_the_whole_prompt():
     assert m.add_request("a", prompt, num_new_tokens=4) == Admission("a", (1,), 0, 4)
 
 
+def test_require_full_fit_counts_the_lookahead_with_the_chunk_not_past_the_prompt():
+    # vLLM's full_sequence_must_fit: the whole prompt must fit; the lookahead slots
+    # follow the scheduled chunk (an async load's positions are inside the prompt)
+    m = manager(4)
+    prompt = list(range(1, 14))                # 13 tokens: 4 blocks, 4 free
+    adm = m.add_request("a", prompt, num_new_tokens=4, num_lookahead_tokens=4, require_full_fit=True)
+    assert adm == Admission("a", (0, 1), 0, 4)  # covers 0..7: 2 blocks held
+    assert m.free_block_order() == [2, 3]
+    m.check_invariants()
+
+
 def test_read_cache_false_computes_everything_and_still_caches():
     m = manager(8)
     m.add_request("a", SYS + [1])

@@ -103,7 +103,7 @@ def test_least_blocks_is_a_bound_no_admission_beats(groups, n, num_new, lookahea
         cached = k * bs
         total = n if num_new is None else min(n, cached + num_new)
         per = -(-(total + lookahead) // bs) - k
-        fresh = max(per, -(-(n + lookahead) // bs) - k) if full_fit else per
+        fresh = max(per, -(-n // bs) - k) if full_fit else per
         held = fresh * len(groups) + sum(k - g.num_unread(cached, bs) for g in groups)
         last = sum(-(-n // bs) - g.num_unread(n - 1, bs) for g in groups)
         peaks.append(max(held, last))

@@ -150,3 +150,27 @@ def test_a_request_the_pool_can_never_hold_gets_vllms_none():
     m = manager()  # 10 usable blocks of 16
     assert m.allocate_slots(request("big", list(range(200))), 200) is None
     assert m.block_pool.get_num_free_blocks() == 10 and m.get_block_ids("big") == ([],)
+
+
+def test_an_async_load_is_admitted_when_the_whole_prompt_fits():
+    # vLLM's full_sequence_must_fit: the prompt's 8 blocks fit the 10 free ones; the
+    # load's 64 slots are inside the prompt, not on top of it
+    m = manager()
+    r = request("r", list(range(128)))
+    new = m.allocate_slots(r, 0, num_external_computed_tokens=64, delay_cache_blocks=True,
+                           full_sequence_must_fit=True)
+    assert new is not None and new.get_block_ids() == ([1, 2, 3, 4],)
+    assert m.allocate_slots(request("s", list(range(500, 676))), 0, num_external_computed_tokens=16,
+                            delay_cache_blocks=True, full_sequence_must_fit=True) is None  # 11 > 6
+
+
+def test_a_freed_request_leaves_what_was_cached_findable():
+    # vLLM's scheduler counts scheduled tokens as computed when it schedules them; the
+    # manager does not second-guess it from request.num_computed_tokens
+    m = manager()
+    a = request("a", list(range(16)))
+    m.allocate_slots(a, 16)
+    assert a.num_computed_tokens == 0
+    m.free(a)
+    blocks, hit, _ = m.get_computed_blocks(request("b", list(range(20))))
+    assert hit == 16 and blocks.get_block_ids() == ([1],)

@@ -71,10 +71,22 @@ def write_hub_cache(home: pathlib.Path = HF_HOME) -> None:
         (snapshot / "config.json").write_text(json.dumps(config, indent=1))
 
 
-def pytest_configure(config: object) -> None:
-    """Before vLLM is imported: point the hub at the local cache, offline."""
+def configure() -> None:
+    """Before vLLM is imported: point the hub at the local cache, offline, and select
+    vLLM's CPU platform."""
     write_hub_cache()
     os.environ["HF_HOME"] = str(HF_HOME)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+
+
+# At import, not in ``pytest_configure``: pytest imports the ``conftest.py`` of the
+# directories it is given before it configures plugins, and vLLM's
+# tests/v1/kv_connector/unit/conftest.py imports ``current_platform``, which vLLM
+# resolves once per process. Set later, the variable came too late for that group
+# (vLLM's ``UnspecifiedPlatform``: no device type, no hybrid KV cache), and 7 of its
+# tests failed on both managers, unless the parent process happened to have set it
+# (``make test`` imports tests/engines/test_vllm_plugin.py, which does). A ``-p``
+# plugin is imported before any conftest, so this runs first in every case.
+configure()

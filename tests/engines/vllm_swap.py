@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 
 MANAGERS = tuple(os.environ.get("VLLM_SUITE_MANAGERS", "vllm,prefixkv").split(","))
-"""Which runs this process makes (``VLLM_SUITE_MANAGERS``; the suite runs one process per
-manager, side by side)."""
+"""Which runs this process makes (``VLLM_SUITE_MANAGERS``; the suite runs both in each
+process, one process per group of files)."""
 HELPERS = ("tests.v1.core.utils", "tests.v1.kv_connector.unit.utils",
            "tests.v1.kv_connector.unit.offloading_connector.utils")
 

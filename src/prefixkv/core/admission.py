@@ -110,8 +110,10 @@ class Admitter:
         use no cached block (prompt logprobs, pooling: every position is computed); the
         blocks it computes are still cached for others. ``num_lookahead_tokens``: slots
         reserved past the scheduled tokens (see ``reserve``). ``require_full_fit``: admit
-        only if blocks for the whole prompt and the lookahead are free now, even when
-        ``num_new_tokens`` schedules less (nothing beyond what is scheduled is held).
+        only if blocks for the whole prompt are free now, even when ``num_new_tokens``
+        schedules less (nothing beyond what is scheduled is held); the lookahead counts
+        with this call's blocks, not on top of the whole prompt (vLLM's
+        ``full_sequence_must_fit``).
 
         Returns the Admission, ``StoreWait``, or None when the pool is short of blocks;
         then nothing has changed (no references, no stats) and the engine may wait or
@@ -148,7 +150,7 @@ class Admitter:
             pool.claimed(claimed)
         loads, held = self._split(hits) if self._host is not None and claimed is None else ((), hits)
         need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
-        fit = blocks_for(n + num_lookahead_tokens, bs) - len(held) if require_full_fit else need
+        fit = blocks_for(n, bs) - len(held) if require_full_fit else need
         if not (max(need, fit) <= pool.num_free if claimed is not None
                 else pool.can_acquire(held, max(need, fit))):
             if claimed is not None:
@@ -262,12 +264,11 @@ class Admitter:
     def _check_fits(self, n: int, num_new: int | None, lookahead: int, full_fit: bool) -> None:
         """PromptTooLongError if an admission of ``n`` tokens with these arguments can
         never get its blocks, even from an empty pool: the whole prompt's (all held once
-        its prefill is done), this call's at best (a chunk scheduled with no hit before
-        it, and the lookahead), and with ``full_fit`` the prompt's and the lookahead's."""
+        its prefill is done) and this call's at best (a chunk scheduled with no hit before
+        it, and the lookahead); ``full_fit`` asks for no more than the whole prompt's."""
         bs = self.block_size
         first = n if num_new is None else min(n, num_new)
-        need = max(blocks_for(n, bs), blocks_for(first + lookahead, bs),
-                   blocks_for(n + lookahead, bs) if full_fit else 0)
+        need = max(blocks_for(n, bs), blocks_for(first + lookahead, bs))
         if need > self.num_blocks:
             raise PromptTooLongError(n, need, self.num_blocks, "" if need == blocks_for(n, bs)
                                      else f" (with {lookahead} lookahead slots)")

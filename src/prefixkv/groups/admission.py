@@ -103,7 +103,7 @@ class GroupAdmitter:
         for the tokens scheduled now and record the full ones. Arguments as
         ``KVCacheManager.add_request`` (``num_lookahead_tokens`` slots are reserved in
         every group; ``require_full_fit`` asks for every group's blocks of the whole
-        prompt and the lookahead, windows not deducted).
+        prompt, windows not deducted).
 
         Returns the GroupAdmission, or None when the pool is short of blocks (nothing
         changed). Raises PromptTooLongError when it can never fit (``groups.fit``: its
@@ -135,7 +135,7 @@ class GroupAdmitter:
         hits = [[find(g, nodes[j]) for j in range(cuts[g], k)] for g in range(len(self.groups))]
         held: list[Block] = [b for h in hits for b in h]  # type: ignore[misc]
         per_group = blocks_for(total + num_lookahead_tokens, bs) - k
-        fit = blocks_for(n + num_lookahead_tokens, bs) - k if require_full_fit else per_group
+        fit = blocks_for(n, bs) - k if require_full_fit else per_group
         if not self._pool.can_acquire(held, max(per_group, fit) * len(self.groups)):
             return None
         last = total // bs

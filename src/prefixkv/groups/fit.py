@@ -34,7 +34,7 @@ def least_blocks(groups: Sequence[GroupSpec], block_size: int, n: int, num_new: 
         cached = k * bs
         total = n if num_new is None else min(n, cached + num_new)
         per_group = blocks_for(total + lookahead, bs) - k
-        fresh = max(per_group, blocks_for(n + lookahead, bs) - k) if full_fit else per_group
+        fresh = max(per_group, blocks_for(n, bs) - k) if full_fit else per_group
         return fresh * width + sum(k - s.num_unread(cached, bs) for s in groups)
 
     most = (n - 1) // bs  # hit blocks at most: the last token is always computed

@@ -105,8 +105,8 @@ class KVCacheManager:
         self.coordinator = CoordinatorView(self, layout)
         self._keys: dict[Hashable, int] = {}  # vLLM request id -> prefixkv's id of the request
         self._next_key = 0
-        # id(block) of each popped block -> (key, computed tokens, the popped blocks)
-        self._popped: dict[int, tuple[int, int, list[KVCacheBlock]]] = {}
+        # id(block) of each popped block -> (key, the popped blocks)
+        self._popped: dict[int, tuple[int, list[KVCacheBlock]]] = {}
 
     # ---- queries ------------------------------------------------------------------------
 
@@ -316,16 +316,14 @@ class KVCacheManager:
     # ---- free ---------------------------------------------------------------------------
 
     def free(self, request: Request) -> None:
-        """Release the request's blocks, tail first; full blocks past its
-        ``num_computed_tokens`` (scheduled, never computed) are made unfindable. A request
-        holding none: nothing happens."""
+        """Release the request's blocks, tail first; what was cached stays findable until
+        evicted, as in vLLM: its scheduler counts scheduled tokens as computed as soon as
+        it schedules them, and makes KV that never landed unfindable itself
+        (``evict_blocks``), so ``request.num_computed_tokens`` is not read here. A
+        request holding none: nothing happens."""
         key = self._keys.pop(request.request_id, None)
         if key is not None:
-            self.core.free(key, num_computed_tokens=self._computed(key, request))
-
-    def _computed(self, key: int, request: Request) -> int:
-        scheduled: int = self.core.num_scheduled_tokens(key)
-        return min(max(request.num_computed_tokens, 0), scheduled)
+            self.core.free(key)
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         """Forget the request but keep its blocks held: the returned blocks (in token
@@ -335,7 +333,7 @@ class KVCacheManager:
         if key is None:
             return []
         blocks = [KVCacheBlock(i) for g in self._blocks.vllm_ids(self._ids(key)) for i in g]
-        entry = (key, self._computed(key, request), blocks)
+        entry = (key, blocks)
         for b in blocks:
             self._popped[id(b)] = entry
         return blocks
@@ -349,10 +347,10 @@ class KVCacheManager:
                 raise RequestError(f"block {b.block_id} was not handed out by pop_blocks_for_free "
                                    f"(or was given back already)")
             entries[entry[0]] = entry
-        for key, computed, popped in entries.values():
+        for key, popped in entries.values():
             for x in popped:
                 del self._popped[id(x)]
-            self.core.free(key, num_computed_tokens=computed)
+            self.core.free(key)
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
