@@ -81,7 +81,7 @@ def test_an_evicted_window_block_shortens_the_hit_to_what_every_group_can_serve(
     assert m.free_block_order() == [2, 4, 7, 1, 6, 11, 8, 5, 3, 10, 9]
     # a's cached blocks left: full block 0 (id 1), sliding blocks 0 (6) and 1 (7). The
     # full group serves 1 block; a query at 4 reads 0..4: sliding block 0, cached
-    assert m.lookup(prompt) == 4
+    assert m.lookup(prompt) == 4 and m.lookup_block_ids(prompt) == ((1,), (6,))
     assert m.add_request("b", prompt) == GroupAdmission(
         "b", ((1, 2, 4, 7, 11), (6, 8, 5, 3, 10)), 4, 13)
     m.check_invariants()
@@ -101,6 +101,7 @@ def test_sliding_only_model_hits_through_released_and_evicted_leading_blocks():
     m.free("x")
     # the prefix ids of blocks 0, 1 outlive block 1: a hit of 20 reads 16..20, block 4
     assert m.lookup(prompt) == 20
+    assert m.lookup_block_ids(prompt) == ((0, 0, 0, 0, 5),)   # as b's table will begin
     assert m.add_request("b", prompt) == GroupAdmission("b", ((0, 0, 0, 0, 5, 2),), 20, 1)
     m.check_invariants()
 

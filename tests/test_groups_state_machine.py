@@ -116,6 +116,8 @@ class HybridMachine(RuleBasedStateMachine):
     def _admit(self, prompt, extra, chunk, lookahead=0, full_fit=False):
         rid = self._new_id()
         before = self._snapshot()
+        hit = self.m.lookup_block_ids(prompt, extra=extra)
+        assert self._snapshot() == before
         adm = self._add(rid, prompt, extra=extra, num_new_tokens=chunk,
                         num_lookahead_tokens=lookahead, require_full_fit=full_fit)
         if adm is None:
@@ -123,6 +125,8 @@ class HybridMachine(RuleBasedStateMachine):
             return multiple()
         assert adm.num_cached_tokens % BS == 0 and adm.num_cached_tokens < len(prompt)
         assert adm.group_block_ids == self.m.get_block_ids(rid)
+        k = adm.num_cached_tokens // BS  # the admission's hit is the one looked up
+        assert hit == tuple(ids[:k] for ids in adm.group_block_ids) and all(len(h) == k for h in hit)
         self.tokens[rid] = list(prompt)
         self.extra[rid] = extra
         self.scheduled[rid] = adm.num_cached_tokens + adm.num_new_tokens

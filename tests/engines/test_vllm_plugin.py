@@ -174,3 +174,24 @@ def test_a_freed_request_leaves_what_was_cached_findable():
     m.free(a)
     blocks, hit, _ = m.get_computed_blocks(request("b", list(range(20))))
     assert hit == 16 and blocks.get_block_ids() == ([1],)
+
+
+def test_a_hybrid_hit_comes_with_its_blocks_per_group():
+    # full attention and a 32-token window: a query at 80 reads 49..80, so of a 5-block
+    # hit the window group needs blocks 3 and 4; vLLM's null block stands for 0..2
+    swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                            sliding_window=32)
+    m = KVCacheManager(config(full(), swa, num_blocks=21), max_model_len=8192, scheduler_block_size=BS,
+                       hash_block_size=BS)
+    a = request("a", list(range(80)))
+    m.allocate_slots(a, 80)
+    full_ids, window_ids = m.get_block_ids("a")
+    a.num_computed_tokens = 80
+    m.free(a)
+    b = request("b", list(range(80)) + [7])
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert hit == 80
+    assert blocks.get_block_ids() == (full_ids, [0, 0, 0, *window_ids[3:]])
+    assert [x.is_null for x in blocks.blocks[1]] == [True] * 3 + [False] * 2
+    m.allocate_slots(b, 1, hit, blocks)
+    assert [ids[:5] for ids in m.get_block_ids("b")] == list(blocks.get_block_ids())

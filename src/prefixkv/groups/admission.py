@@ -164,6 +164,21 @@ class GroupAdmitter:
         Changes nothing. Raises as ``add_request`` for bad input."""
         return len(self._find(None, prompt_token_ids, extra, True)[1]) * self.block_size
 
+    def lookup_block_ids(self, prompt_token_ids: Sequence[int], *,
+                         extra: ExtraKeys | None = None) -> tuple[tuple[int, ...], ...]:
+        """Per group, the blocks of the prefix ``lookup`` finds, in token order, as an
+        admission now would put them in its tables: ``null_block_id`` for the leading
+        blocks that the group's window no longer reads. Changes nothing. Raises as
+        ``add_request`` for bad input."""
+        nodes = self._find(None, prompt_token_ids, extra, True)[1]
+        k, bs, find = len(nodes), self.block_size, self._index.find
+        out = []
+        for g, spec in enumerate(self.groups):
+            cut = spec.num_unread(k * bs, bs)
+            hits = [find(g, nodes[j]) for j in range(cut, k)]
+            out.append((self.null_block_id,) * cut + tuple(b.block_id for b in hits))  # type: ignore[union-attr]
+        return tuple(out)  # type: ignore[arg-type]
+
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
               extra: ExtraKeys | None, read_cache: bool) -> tuple[GroupRequest, list[Prefix]]:
         """Check and encode a prompt; the prefix ids of its hit (at most all blocks but

@@ -169,24 +169,23 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None
                             ) -> tuple[KVCacheBlocks, int, int]:
-        """The cached prefix a waiting request would reuse now: its blocks, its tokens (a
-        multiple of block_size, at most ``num_tokens - 1``) and 0 (no shared-prefix
+        """The cached prefix a waiting request would reuse now: its blocks per group (vLLM's
+        null block where a window no longer reads one), its tokens (a multiple of
+        block_size, at most ``num_tokens - 1``) and 0 (no shared-prefix
         boundary: no sparse-retention group). Changes nothing. A hit longer than
         ``max_cache_hit_length`` is reported as none (prefixkv takes a hit whole)."""
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
         tokens, extra = core_tokens(request), extra_keys_of(request)
-        if self._hybrid:
-            n = self.core.lookup(tokens, extra=extra)
-            blocks = self.empty_kv_cache_blocks
-        else:
-            ids = self.core.lookup_block_ids(tokens, extra=extra)
-            n, blocks = len(ids) * self.block_size, self._blocks.of((ids,))
+        hit = self.core.lookup_block_ids(tokens, extra=extra)
+        ids = hit if self._hybrid else (hit,)  # a window's unread blocks: the null block
+        n, blocks = len(ids[0]) * self.block_size, self._blocks.of(ids)
         if max_cache_hit_length is not None and n > max_cache_hit_length:
             return self.empty_kv_cache_blocks, 0, 0
         if n and self.metrics_collector is not None:
             for b in blocks.blocks[0]:
-                self.metrics_collector.on_block_accessed(b)
+                if not b.is_null:
+                    self.metrics_collector.on_block_accessed(b)
         return blocks, n, 0
 
     def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
