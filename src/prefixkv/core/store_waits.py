@@ -30,6 +30,7 @@ from ..results import StoreFetched, StoreWait
 from ..store.fetch import Fetch
 from ..store.link import StoreLink
 from ..tiers import HostSlot, HostTier
+from ..tiers.host_index import HOST
 from .block import Block
 from .request import Request
 
@@ -163,14 +164,16 @@ class StoreWaits:
         if start < end:
             lo, hi, bs = start - first, end - first, self.block_size
             cids = f.cids = index.new_ids(hi - lo)
-            events = None
+            event = None
             if self.events.active:
-                parents = [hits[-1].hash if hits else None, *f.hashes[lo:hi - 1]]
-                events = [BlockStored(f.hashes[i], p, tuple(req.tokens[j * bs:(j + 1) * bs]), 0,
-                                      req.keys.for_event(j, bs))
-                          for i, j, p in zip(range(lo, hi), range(start, end), parents, strict=True)]
+                extra = req.keys.extra
+                event = BlockStored(tuple(f.hashes[lo:hi]), hits[-1].hash if hits else None,
+                                    b"".join(f.chunks[lo:hi]),
+                                    tuple(s.block_id for s in slots[lo:hi]),
+                                    None if extra is None else extra.for_range(start * bs, end * bs),
+                                    start, HOST)
             self.host.land(slots[lo:hi], hits[-1].content_id if hits else 0, f.chunks[lo:hi],
-                           f.extras[lo:hi], cids, f.hashes[lo:hi], events)
+                           f.extras[lo:hi], cids, f.hashes[lo:hi], event)
             if f.staged:
                 self.host.fetches += [StoreFetched(s.block_id, f.buffers[i][0].toreadonly())
                                       for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]
