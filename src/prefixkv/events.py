@@ -53,7 +53,10 @@ class BlockStored:
     run's first block in its request (its first token is ``first_block * block_size``).
     ``extra``: the extra keys that entered the run's hashes (LoRA, salt and the
     multimodal inputs overlapping the run; ``block_extra(i)``: those of block i), None
-    when there are none. ``medium``: where the blocks live ("GPU": the device pool)."""
+    when there are none. ``medium``: where the blocks live ("GPU": the device pool).
+    ``block_hashes`` and ``block_ids`` are lists, as vLLM's, which nothing changes once
+    the event is built: read them, never write them (the event is frozen, its lists are
+    not copied to make it)."""
 
     block_hashes: Sequence[bytes]
     parent_block_hash: bytes | None

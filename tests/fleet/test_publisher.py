@@ -6,7 +6,7 @@ import msgpack
 import pytest
 import zmq
 
-from prefixkv import BlockStored, KVCacheManager
+from prefixkv import BlockStored, ExtraKeys, KVCacheManager
 from prefixkv.fleet.publisher import EventPublisher
 from prefixkv.fleet.replay import END_SEQ
 from prefixkv.fleet.wire import WireError
@@ -203,13 +203,14 @@ def test_a_failing_send_is_counted_and_the_thread_goes_on(ctx):
     kept returning True, nothing was sent, heartbeats stopped."""
     with EventPublisher(block_size=4, heartbeat=0.05) as pub:
         sub = sub_to(ctx, pub)
-        bad = BlockStored([b"\x01" * 32], None, bytes(16), [0], None, 0, medium=object())
+        bad = BlockStored([b"\x01" * 32], None, bytes(16), [0],  # lora_id past uint64
+                          ExtraKeys(lora="x", lora_id=2**70), 0)
         assert pub.publish([bad])
         deadline = time.monotonic() + 3
         while pub.send_errors == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         health = pub.health()
-        assert health["send_errors"] == 1 and "TypeError" in health["last_error"]
+        assert health["send_errors"] == 1 and "OverflowError" in health["last_error"]
         assert health["sender_alive"]
         # the lost batch is restated by a snapshot, then heartbeats and batches go on
         kinds = []
