@@ -2,7 +2,9 @@
 (only when consumed), ``BlockStored``/``BlockRemoved`` events and the contents a shared
 store will write. It reads the recorder's state (set by ``ContentRecorder.__init__``).
 
-Events are built in one of two ways, fixed for the index's life:
+Events are run-level, as vLLM's: one ``BlockStored`` for each run of blocks a call
+stores (split only where a block is a spare), one ``BlockRemoved`` for each batch of
+evictions. They are built in one of two ways, fixed for the index's life:
 
 - *deferred* (``lazy``: events on, no tier below, a built-in hash): a run of blocks
   stored becomes one ``StoredRun`` and a batch of evictions one ``RemovedRun`` in the
@@ -10,13 +12,14 @@ Events are built in one of two ways, fixed for the index's life:
   blocks' ``hash`` and ``event`` hold whatever an earlier build set: only a build writes
   them, and builds run in log order, so a ``RemovedRun`` reads the hash of the content
   that was evicted even if its block has been refilled since, and a ``StoredRun`` reads
-  its parent's hash after the parent's own run has set it. A block's ``event`` is then
-  its ``StoredRun`` (shared by the run; ``StoredRun.event_of`` rebuilds the block's
-  event for a snapshot), so the events handed out are not kept alive by the pool: ~0.7
-  KB a block (the token ids as ints) that would otherwise stay in memory for every
-  cached block and crowd the CPU caches that admission works in.
+  its parent's hash after the parent's own run has set it.
 - *eager* (a tier or a shared store below needs every hash as the block is stored; a
   caller's hash callable must fail before anything changes): as each run is stored.
+
+Either way a block's ``event`` is its run's ``BlockStored``, shared by the run's blocks
+(``BlockStored.block_of`` gives one block's part, for a snapshot or a copy in another
+tier): per block the pool keeps a hash and a pointer, not an object; the run's token ids
+are one bytes object (4 bytes a token), not ints.
 """
 
 from __future__ import annotations
