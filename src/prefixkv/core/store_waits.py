@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Hashable, Sequence
+from functools import partial
 from typing import Any
 
 from ..errors import ConfigError
@@ -33,6 +34,12 @@ from ..tiers import HostSlot, HostTier
 from ..tiers.host_index import HOST
 from .block import Block
 from .request import Request
+
+
+def _attached(memory: list[list[memoryview]], slots: list[Block]) -> list[list[memoryview]]:
+    """The views of ``slots`` in attached ``memory`` (``Fetch.views``: a fetcher calls it)."""
+    return [memory[s.block_id] for s in slots]
+
 
 GRACE = 0.05
 """Seconds past a fetch's deadline before ``poll`` gives up on it (its threads return by
@@ -72,14 +79,13 @@ class StoreWaits:
 
     def _staging(self, slots: list[Block]) -> list[list[memoryview]]:
         """Buffers of the manager's own for ``slots``' payloads, which the plan's
-        ``StoreFetched`` ops then copy (without ``attach``): one area of anonymous memory
-        for every slot, mapped once, whose pages are touched only as fetches write them.
-        A slot's buffer is reused only once the slot is reserved again, in a later step
+        ``StoreFetched`` ops then copy (without ``attach``; a fetcher thread calls it):
+        one area of anonymous memory for every slot, mapped once (by ``start``, on the
+        scheduler's thread), whose pages are touched only as fetches write them. A
+        slot's buffer is reused only once the slot is reserved again, in a later step
         than the plan that named it."""
-        size = self.link.payload
-        if self._stage is None:
-            self._stage = memoryview(mmap.mmap(-1, size * len(self.host.slots)))
-        area = self._stage
+        size, area = self.link.payload, self._stage
+        assert area is not None, "start maps the staging area before a fetch is submitted"
         return [[area[s.block_id * size:(s.block_id + 1) * size]] for s in slots]
 
     def start(self, req: Request, hits: list[Any], chunks: Sequence[bytes], limit: int) -> StoreWait | None:
@@ -99,10 +105,13 @@ class StoreWaits:
         if not slots:
             return None
         memory = self.memory
+        staged = memory is None
+        if staged and self._stage is None:
+            self._stage = memoryview(mmap.mmap(-1, link.payload * len(host.slots)))
         f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
                   chunks[first:first + len(slots)], req.keys.of_blocks(first, first + len(slots)),
-                  slots, [memory[s.block_id] for s in slots] if memory is not None
-                  else self._staging(slots), now + link.store.timeout, memory is None)
+                  slots, [], now + link.store.timeout, staged,
+                  self._staging if memory is None else partial(_attached, memory))
         self.waiting[req.request_id] = f
         self.in_flight += 1
         self.reserved += len(slots)
