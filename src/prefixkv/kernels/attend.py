@@ -1,10 +1,14 @@
-"""One key tile of the attention kernel: load K/V through the block table, score, and fold
+"""Key tiles of the attention kernel: load K/V through the block table, score, and fold
 into the running (max, sum, output) of the online softmax.
 
 Inlined into each phase loop of ``attention._paged_prefill_kernel`` (masked or not by the
 ``MASKED`` constexpr). Scores live in the exp2 domain: ``s * qk_scale`` with
 ``qk_scale = softmax_scale * log2(e)`` applied inside the max and as one FMA in the exp2
 argument, so the scaled tile is never materialised.
+
+Two loops over a phase's keys: :func:`_attend_range` one tile a pass (score, softmax, PV),
+and, with ``QK_AHEAD``, one whose QK^T runs a tile ahead of the softmax, so that the tensor
+cores compute the next tile's scores while this tile's softmax runs (see there).
 """
 
 from __future__ import annotations
@@ -25,17 +29,12 @@ def _max(a, b):  # type: ignore[no-untyped-def]  # Triton JIT
 
 
 @triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
-def _attend_tile(  # type: ignore[no-untyped-def]  # Triton JIT
-    acc, l_i, m_i, q, pos, d, d_ok, start_n, phase_hi,
-    k_base, v_base, bt_row, last_block,
-    stride_bc, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-    qk_scale, softcap_log2, window_left, window_right,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
-    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, PER_BLOCK_IDS: tl.constexpr,
+def _kv_offsets(  # type: ignore[no-untyped-def]  # Triton JIT
+    start_n, phase_hi, bt_row, last_block, stride_bc, stride_b, stride_s,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PER_BLOCK_IDS: tl.constexpr,
 ):
-    col = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
-    col_ok = col < phase_hi if MASKED else col >= 0  # [BLOCK_N]; never load past the phase (or kv_len)
+    """Offsets ``[BLOCK_N]`` (int64) of the keys ``start_n ..`` in a cache of block stride
+    ``stride_b`` and slot stride ``stride_s``, read through the block-table row ``bt_row``."""
     if PER_BLOCK_IDS:
         # No left window and BLOCK_N % BLOCK_SIZE == 0: tiles start on multiples of BLOCK_N,
         # so a tile is whole blocks: one block id per block, [NB] -> [NB, BLOCK_SIZE] ->
@@ -48,31 +47,51 @@ def _attend_tile(  # type: ignore[no-untyped-def]  # Triton JIT
             blk_b = tl.load(bt_row + b * stride_bc)
         blk_b = tl.minimum(blk_b.to(tl.uint32), last_block).to(tl.int64)[:, None]  # [NB, 1], clamped as below
         slot = tl.arange(0, BLOCK_SIZE)[None, :]  # [1, BLOCK_SIZE]
-        k_off = tl.reshape(blk_b * stride_kb + slot * stride_ks, [BLOCK_N])
-        v_off = tl.reshape(blk_b * stride_vb + slot * stride_vs, [BLOCK_N])
+        off = tl.reshape(blk_b * stride_b + slot * stride_s, [BLOCK_N])
     else:
+        col = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
         if MASKED:
-            blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc, mask=col_ok, other=0)
+            blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc, mask=col < phase_hi, other=0)
         else:
             blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc)
         # A bad id reads a wrong block, never outside the cache: as uint32 a negative id is
         # above last_block, so one unsigned min clamps both ends (to the last block).
         blk = tl.minimum(blk.to(tl.uint32), last_block).to(tl.int64)
         # int64 before the multiply: block * stride passes 2^31 in large caches.
-        k_off = blk * stride_kb + (col % BLOCK_SIZE) * stride_ks  # [BLOCK_N]
-        v_off = blk * stride_vb + (col % BLOCK_SIZE) * stride_vs  # [BLOCK_N]
+        off = blk * stride_b + (col % BLOCK_SIZE) * stride_s  # [BLOCK_N]
+    return off
+
+
+@triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
+def _scores(  # type: ignore[no-untyped-def]  # Triton JIT
+    q, d, d_ok, start_n, phase_hi, k_base, bt_row, last_block, stride_bc, stride_kb, stride_ks, stride_kd,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
+    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, PER_BLOCK_IDS: tl.constexpr,
+):
+    """``q @ K^T`` of the keys ``start_n ..``: ``[BLOCK_M, BLOCK_N]`` fp32 (raw, unscaled)."""
+    k_off = _kv_offsets(start_n, phase_hi, bt_row, last_block, stride_bc, stride_kb, stride_ks,
+                        BLOCK_SIZE, BLOCK_N, MASKED, PER_BLOCK_IDS)
     if MASKED or HEAD_DIM != DIM_P2:
+        col_ok = start_n + tl.arange(0, BLOCK_N) < phase_hi  # never load past the phase (or kv_len)
         k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd,
                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # [DIM_P2, BLOCK_N]
-        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd,
-                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DIM_P2]
     else:
         k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd)
-        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd)
     # fp8 caches: widen to q's dtype in registers; their scales are folded into qk_scale and the output.
-    k = k.to(q.dtype)
-    v = v.to(q.dtype)
-    s = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N] fp32
+    return tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION)
+
+
+@triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
+def _fold(  # type: ignore[no-untyped-def]  # Triton JIT
+    acc, l_i, m_i, s, q, pos, d, d_ok, start_n, phase_hi, v_base, bt_row, last_block,
+    stride_bc, stride_vb, stride_vs, stride_vd, qk_scale, softcap_log2, window_left, window_right,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, PER_BLOCK_IDS: tl.constexpr,
+):
+    """Fold the scores ``s`` of the keys ``start_n ..`` into (acc, l_i, m_i): mask, online
+    softmax, and ``P @ V`` with V loaded here."""
+    col = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
     if SOFTCAP:
         s = softcap_log2 * _tanh(s * qk_scale)  # qk_scale = softmax_scale / softcap here
         s_scale = 1.0
@@ -81,7 +100,7 @@ def _attend_tile(  # type: ignore[no-untyped-def]  # Triton JIT
         # applied inside the max and as one FMA in the exp2 argument below.
         s_scale = qk_scale
     if MASKED:
-        allowed = col_ok[None, :]  # broadcast to [BLOCK_M, BLOCK_N] below
+        allowed = (col < phase_hi)[None, :]  # broadcast to [BLOCK_M, BLOCK_N] below
         if HAS_RIGHT:
             allowed = allowed & (col[None, :] <= pos[:, None] + window_right)
         if HAS_LEFT:
@@ -92,5 +111,68 @@ def _attend_tile(  # type: ignore[no-untyped-def]  # Triton JIT
     alpha = tl.exp2(m_i - m_safe)  # [BLOCK_M]
     p = tl.exp2(s * s_scale - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    v_off = _kv_offsets(start_n, phase_hi, bt_row, last_block, stride_bc, stride_vb, stride_vs,
+                        BLOCK_SIZE, BLOCK_N, MASKED, PER_BLOCK_IDS)
+    if MASKED or HEAD_DIM != DIM_P2:
+        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd,
+                    mask=(col < phase_hi)[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DIM_P2]
+    else:
+        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd)
+    v = v.to(q.dtype)  # fp8 caches: widened in registers, as K
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
+
+
+@triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
+def _attend_range(  # type: ignore[no-untyped-def]  # Triton JIT
+    acc, l_i, m_i, q, pos, d, d_ok, lo, hi, k_base, v_base, bt_row, last_block,
+    stride_bc, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+    qk_scale, softcap_log2, window_left, window_right,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, PER_BLOCK_IDS: tl.constexpr, QK_AHEAD: tl.constexpr,
+):
+    """Attend the keys ``[lo, hi)`` in tiles of ``BLOCK_N`` (``lo`` a tile start; with
+    ``MASKED`` False every tile must be whole and inside the cache).
+
+    ``QK_AHEAD``: the scores of tile j+1 are issued before the softmax of tile j and carried
+    to the next pass, so on Hopper the wgmma of QK^T(j+1) runs while tile j's softmax does
+    (Triton keeps a dot asynchronous when its result is only carried to the next pass and
+    read there after the pass's first wait, the one that follows PV(j)):
+
+        pass j: | softmax(j)  ~  QK^T(j+1) on the tensor cores | PV(j), wait | issue QK^T(j+2) |
+
+    Costs one more ``[BLOCK_M, BLOCK_N]`` fp32 tile of registers, and the last two passes
+    score a tile again (the last one: clamped, so no load leaves the phase) and drop it.
+    """
+    if QK_AHEAD:
+        last = lo + tl.maximum(hi - lo - 1, 0) // BLOCK_N * BLOCK_N  # start of the last tile
+        # Masked loads before the loop: the range may be empty.
+        s_cur = _scores(q, d, d_ok, lo, hi, k_base, bt_row, last_block, stride_bc, stride_kb, stride_ks,
+                        stride_kd, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, DOT_PRECISION, PER_BLOCK_IDS)
+        s_nxt = _scores(q, d, d_ok, tl.minimum(lo + BLOCK_N, last), hi, k_base, bt_row, last_block, stride_bc,
+                        stride_kb, stride_ks, stride_kd, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True,
+                        DOT_PRECISION, PER_BLOCK_IDS)
+        for start_n in range(lo, hi, BLOCK_N):
+            acc, l_i, m_i = _fold(
+                acc, l_i, m_i, s_cur, q, pos, d, d_ok, start_n, hi, v_base, bt_row, last_block,
+                stride_bc, stride_vb, stride_vs, stride_vd, qk_scale, softcap_log2, window_left, window_right,
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION,
+                PER_BLOCK_IDS)
+            # A copy after the pass's wait, not a rename: Triton keeps QK^T(j+2) asynchronous only
+            # when the scores it carries are read after that wait, and it pipelines no load of
+            # a loop that passes a dot's result through two passes untouched (sm_90 compile).
+            s_cur = s_nxt + 0.0
+            s_nxt = _scores(q, d, d_ok, tl.minimum(start_n + 2 * BLOCK_N, last), hi, k_base, bt_row, last_block,
+                            stride_bc, stride_kb, stride_ks, stride_kd, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2,
+                            MASKED, DOT_PRECISION, PER_BLOCK_IDS)
+    else:
+        for start_n in range(lo, hi, BLOCK_N):
+            s = _scores(q, d, d_ok, start_n, hi, k_base, bt_row, last_block, stride_bc, stride_kb, stride_ks,
+                        stride_kd, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, MASKED, DOT_PRECISION, PER_BLOCK_IDS)
+            acc, l_i, m_i = _fold(
+                acc, l_i, m_i, s, q, pos, d, d_ok, start_n, hi, v_base, bt_row, last_block,
+                stride_bc, stride_vb, stride_vs, stride_vd, qk_scale, softcap_log2, window_left, window_right,
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION,
+                PER_BLOCK_IDS)
+    return acc, l_i, m_i
