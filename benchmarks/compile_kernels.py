@@ -273,8 +273,8 @@ def before_after(before: dict, after: dict) -> list[str]:
     """Markdown rows comparing the key loops of the configs both reports compiled."""
     old = {r["name"]: r for r in before["configs"] if r["ok"]}
     lines = [f"## Before and after (before: triton {before['triton']}, `{before.get('source', '?')}`)", "",
-             "| config | loop | before: tile | regs / spills (B) | serial % peak | after: tile | regs / spills (B) "
-             "| serial % peak |", "|---|---|---|---|---|---|---|---|"]
+             "| config | loop | before: tile | regs / spills (B) | serial % peak | after: tile "
+             "| regs / spills (B) | serial % peak |", "|---|---|---|---|---|---|---|---|"]
     for r in after["configs"]:
         b = old.get(r["name"])
         if not (b and r["ok"] and r.get("sass") and b.get("sass")):

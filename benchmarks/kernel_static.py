@@ -220,7 +220,8 @@ def ring_depth(ttgir: str) -> int | None:
 
 
 def static_report(cubin: bytes, ttgir: str, source: Path, *, block_m: int, block_n: int, dim: int,
-                  num_warps: int, mma: str, ctas_per_sm: int = 1, phase_order: list[int] | None = None) -> dict:
+                  num_warps: int, mma: str, ctas_per_sm: int = 1,
+                  phase_order: list[int] | None = None) -> dict:
     """Per phase loop: counts per tile and per 64 keys, the overlap estimate
     (:func:`cycle_estimate`) and, under ``"serial"``, the model of ``kernel_timing.py``
     that adds what the SASS serialises. ``phase_order``: the phases whose loops the kernel
@@ -232,7 +233,7 @@ def static_report(cubin: bytes, ttgir: str, source: Path, *, block_m: int, block
     found = [phase_of(body, source) for body in bodies]
     if None in found and phase_order is not None and len(phase_order) == len(bodies):
         found = list(phase_order)  # the loops lie in the source's phase order
-    for body, phase in zip(bodies, found):
+    for body, phase in zip(bodies, found, strict=True):
         counts = tile_counts(body)
         key = f"phase{phase}" if phase is not None else f"loop@{body[0].addr:#x}"
         shape = dict(block_m=block_m, block_n=block_n, dim=dim, num_warps=num_warps, mma=mma)

@@ -57,7 +57,7 @@ def test_split_kv_slices_each_run_ahead():
 def test_sinks_and_fp8_cache():
     case = make_case([6, 1], [70, 33], num_kv_heads=2, group=2, head_dim=32, block_size=16,
                      device=PRIMARY_DEVICE, seed=5)
-    scales = (torch.tensor([0.02, 0.05], device=PRIMARY_DEVICE), torch.tensor([0.03, 0.04], device=PRIMARY_DEVICE))
+    scales = tuple(torch.tensor(s, device=PRIMARY_DEVICE) for s in ([0.02, 0.05], [0.03, 0.04]))
     case.k_cache = quantize(case.k_cache, scales[0], torch.float8_e4m3fn)
     case.v_cache = quantize(case.v_cache, scales[1], torch.float8_e4m3fn)
     case.q = case.q.half()

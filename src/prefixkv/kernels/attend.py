@@ -29,12 +29,13 @@ def _max(a, b):  # type: ignore[no-untyped-def]  # Triton JIT
 
 
 @triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
-def _kv_offsets(  # type: ignore[no-untyped-def]  # Triton JIT
-    start_n, phase_hi, bt_row, last_block, stride_bc, stride_b, stride_s,
+def _block_ids(  # type: ignore[no-untyped-def]  # Triton JIT
+    start_n, phase_hi, bt_row, last_block, stride_bc,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PER_BLOCK_IDS: tl.constexpr,
 ):
-    """Offsets ``[BLOCK_N]`` (int64) of the keys ``start_n ..`` in a cache of block stride
-    ``stride_b`` and slot stride ``stride_s``, read through the block-table row ``bt_row``."""
+    """Block ids (int64, clamped into the cache) of the keys ``start_n ..``, read from the
+    block-table row ``bt_row``: ``[BLOCK_N // BLOCK_SIZE, 1]`` with ``PER_BLOCK_IDS``, else
+    ``[BLOCK_N]``."""
     if PER_BLOCK_IDS:
         # No left window and BLOCK_N % BLOCK_SIZE == 0: tiles start on multiples of BLOCK_N,
         # so a tile is whole blocks: one block id per block, [NB] -> [NB, BLOCK_SIZE] ->
@@ -42,12 +43,10 @@ def _kv_offsets(  # type: ignore[no-untyped-def]  # Triton JIT
         NB: tl.constexpr = BLOCK_N // BLOCK_SIZE
         b = start_n // BLOCK_SIZE + tl.arange(0, NB)  # [NB]
         if MASKED:
-            blk_b = tl.load(bt_row + b * stride_bc, mask=b * BLOCK_SIZE < phase_hi, other=0)
+            blk = tl.load(bt_row + b * stride_bc, mask=b * BLOCK_SIZE < phase_hi, other=0)
         else:
-            blk_b = tl.load(bt_row + b * stride_bc)
-        blk_b = tl.minimum(blk_b.to(tl.uint32), last_block).to(tl.int64)[:, None]  # [NB, 1], clamped as below
-        slot = tl.arange(0, BLOCK_SIZE)[None, :]  # [1, BLOCK_SIZE]
-        off = tl.reshape(blk_b * stride_b + slot * stride_s, [BLOCK_N])
+            blk = tl.load(bt_row + b * stride_bc)
+        ids = tl.minimum(blk.to(tl.uint32), last_block).to(tl.int64)[:, None]  # [NB, 1], clamped as below
     else:
         col = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
         if MASKED:
@@ -56,21 +55,44 @@ def _kv_offsets(  # type: ignore[no-untyped-def]  # Triton JIT
             blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc)
         # A bad id reads a wrong block, never outside the cache: as uint32 a negative id is
         # above last_block, so one unsigned min clamps both ends (to the last block).
-        blk = tl.minimum(blk.to(tl.uint32), last_block).to(tl.int64)
-        # int64 before the multiply: block * stride passes 2^31 in large caches.
-        off = blk * stride_b + (col % BLOCK_SIZE) * stride_s  # [BLOCK_N]
+        ids = tl.minimum(blk.to(tl.uint32), last_block).to(tl.int64)
+    return ids
+
+
+@triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
+def _offsets(  # type: ignore[no-untyped-def]  # Triton JIT
+    blk, start_n, stride_b, stride_s, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    PER_BLOCK_IDS: tl.constexpr,
+):
+    """Offsets ``[BLOCK_N]`` (int64) of the keys ``start_n ..`` in a cache of block stride
+    ``stride_b`` and slot stride ``stride_s``, from their :func:`_block_ids`."""
+    # int64 before the multiply: block * stride passes 2^31 in large caches.
+    if PER_BLOCK_IDS:
+        slot = tl.arange(0, BLOCK_SIZE)[None, :]  # [1, BLOCK_SIZE]
+        off = tl.reshape(blk * stride_b + slot * stride_s, [BLOCK_N])
+    else:
+        off = blk * stride_b + ((start_n + tl.arange(0, BLOCK_N)) % BLOCK_SIZE) * stride_s
     return off
 
 
 @triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
-def _scores(  # type: ignore[no-untyped-def]  # Triton JIT
-    q, d, d_ok, start_n, phase_hi, k_base, bt_row, last_block, stride_bc, stride_kb, stride_ks, stride_kd,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
-    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, PER_BLOCK_IDS: tl.constexpr,
+def _tile_offsets(  # type: ignore[no-untyped-def]  # Triton JIT
+    start_n, phase_hi, bt_row, last_block, stride_bc, stride_b, stride_s,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PER_BLOCK_IDS: tl.constexpr,
 ):
-    """``q @ K^T`` of the keys ``start_n ..``: ``[BLOCK_M, BLOCK_N]`` fp32 (raw, unscaled)."""
-    k_off = _kv_offsets(start_n, phase_hi, bt_row, last_block, stride_bc, stride_kb, stride_ks,
-                        BLOCK_SIZE, BLOCK_N, MASKED, PER_BLOCK_IDS)
+    """:func:`_offsets` of the keys ``start_n ..``, reading their block ids."""
+    blk = _block_ids(start_n, phase_hi, bt_row, last_block, stride_bc, BLOCK_SIZE, BLOCK_N, MASKED,
+                     PER_BLOCK_IDS)
+    return _offsets(blk, start_n, stride_b, stride_s, BLOCK_SIZE, BLOCK_N, PER_BLOCK_IDS)
+
+
+@triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
+def _scores(  # type: ignore[no-untyped-def]  # Triton JIT
+    q, d, d_ok, k_off, start_n, phase_hi, k_base, stride_kd,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
+    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """``q @ K^T`` of the keys ``start_n ..`` at ``k_off``: ``[BLOCK_M, BLOCK_N]`` fp32 (unscaled)."""
     if MASKED or HEAD_DIM != DIM_P2:
         col_ok = start_n + tl.arange(0, BLOCK_N) < phase_hi  # never load past the phase (or kv_len)
         k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd,
@@ -83,14 +105,14 @@ def _scores(  # type: ignore[no-untyped-def]  # Triton JIT
 
 @triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
 def _fold(  # type: ignore[no-untyped-def]  # Triton JIT
-    acc, l_i, m_i, s, q, pos, d, d_ok, start_n, phase_hi, v_base, bt_row, last_block,
-    stride_bc, stride_vb, stride_vs, stride_vd, qk_scale, softcap_log2, window_left, window_right,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
+    acc, l_i, m_i, s, q, pos, d, d_ok, v_off, start_n, phase_hi, v_base, stride_vd,
+    qk_scale, softcap_log2, window_left, window_right,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, PER_BLOCK_IDS: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold the scores ``s`` of the keys ``start_n ..`` into (acc, l_i, m_i): mask, online
-    softmax, and ``P @ V`` with V loaded here."""
+    softmax, and ``P @ V`` with V loaded here from ``v_off``."""
     col = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
     if SOFTCAP:
         s = softcap_log2 * _tanh(s * qk_scale)  # qk_scale = softmax_scale / softcap here
@@ -111,8 +133,6 @@ def _fold(  # type: ignore[no-untyped-def]  # Triton JIT
     alpha = tl.exp2(m_i - m_safe)  # [BLOCK_M]
     p = tl.exp2(s * s_scale - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
     l_i = l_i * alpha + tl.sum(p, 1)
-    v_off = _kv_offsets(start_n, phase_hi, bt_row, last_block, stride_bc, stride_vb, stride_vs,
-                        BLOCK_SIZE, BLOCK_N, MASKED, PER_BLOCK_IDS)
     if MASKED or HEAD_DIM != DIM_P2:
         v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd,
                     mask=(col < phase_hi)[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DIM_P2]
@@ -148,31 +168,42 @@ def _attend_range(  # type: ignore[no-untyped-def]  # Triton JIT
     if QK_AHEAD:
         last = lo + tl.maximum(hi - lo - 1, 0) // BLOCK_N * BLOCK_N  # start of the last tile
         # Masked loads before the loop: the range may be empty.
-        s_cur = _scores(q, d, d_ok, lo, hi, k_base, bt_row, last_block, stride_bc, stride_kb, stride_ks,
-                        stride_kd, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, DOT_PRECISION, PER_BLOCK_IDS)
-        s_nxt = _scores(q, d, d_ok, tl.minimum(lo + BLOCK_N, last), hi, k_base, bt_row, last_block, stride_bc,
-                        stride_kb, stride_ks, stride_kd, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True,
-                        DOT_PRECISION, PER_BLOCK_IDS)
+        second = tl.minimum(lo + BLOCK_N, last)
+        k_off = _tile_offsets(lo, hi, bt_row, last_block, stride_bc, stride_kb, stride_ks,
+                              BLOCK_SIZE, BLOCK_N, True, PER_BLOCK_IDS)
+        s_cur = _scores(q, d, d_ok, k_off, lo, hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2, True,
+                        DOT_PRECISION)
+        k_off = _tile_offsets(second, hi, bt_row, last_block, stride_bc, stride_kb, stride_ks,
+                              BLOCK_SIZE, BLOCK_N, True, PER_BLOCK_IDS)
+        s_nxt = _scores(q, d, d_ok, k_off, second, hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2, True,
+                        DOT_PRECISION)
         for start_n in range(lo, hi, BLOCK_N):
+            v_off = _tile_offsets(start_n, hi, bt_row, last_block, stride_bc, stride_vb, stride_vs,
+                                  BLOCK_SIZE, BLOCK_N, MASKED, PER_BLOCK_IDS)
             acc, l_i, m_i = _fold(
-                acc, l_i, m_i, s_cur, q, pos, d, d_ok, start_n, hi, v_base, bt_row, last_block,
-                stride_bc, stride_vb, stride_vs, stride_vd, qk_scale, softcap_log2, window_left, window_right,
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION,
-                PER_BLOCK_IDS)
+                acc, l_i, m_i, s_cur, q, pos, d, d_ok, v_off, start_n, hi, v_base, stride_vd,
+                qk_scale, softcap_log2, window_left, window_right,
+                BLOCK_N, HEAD_DIM, DIM_P2, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
             # A copy after the pass's wait, not a rename: Triton keeps QK^T(j+2) asynchronous only
             # when the scores it carries are read after that wait, and it pipelines no load of
             # a loop that passes a dot's result through two passes untouched (sm_90 compile).
             s_cur = s_nxt + 0.0
-            s_nxt = _scores(q, d, d_ok, tl.minimum(start_n + 2 * BLOCK_N, last), hi, k_base, bt_row, last_block,
-                            stride_bc, stride_kb, stride_ks, stride_kd, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2,
-                            MASKED, DOT_PRECISION, PER_BLOCK_IDS)
+            ahead = tl.minimum(start_n + 2 * BLOCK_N, last)
+            k_off = _tile_offsets(ahead, hi, bt_row, last_block, stride_bc, stride_kb, stride_ks,
+                                  BLOCK_SIZE, BLOCK_N, MASKED, PER_BLOCK_IDS)
+            s_nxt = _scores(q, d, d_ok, k_off, ahead, hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2,
+                            MASKED, DOT_PRECISION)
     else:
         for start_n in range(lo, hi, BLOCK_N):
-            s = _scores(q, d, d_ok, start_n, hi, k_base, bt_row, last_block, stride_bc, stride_kb, stride_ks,
-                        stride_kd, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, MASKED, DOT_PRECISION, PER_BLOCK_IDS)
+            # One block-id read serves K and V.
+            blk = _block_ids(start_n, hi, bt_row, last_block, stride_bc, BLOCK_SIZE, BLOCK_N, MASKED,
+                             PER_BLOCK_IDS)
+            k_off = _offsets(blk, start_n, stride_kb, stride_ks, BLOCK_SIZE, BLOCK_N, PER_BLOCK_IDS)
+            v_off = _offsets(blk, start_n, stride_vb, stride_vs, BLOCK_SIZE, BLOCK_N, PER_BLOCK_IDS)
+            s = _scores(q, d, d_ok, k_off, start_n, hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2, MASKED,
+                        DOT_PRECISION)
             acc, l_i, m_i = _fold(
-                acc, l_i, m_i, s, q, pos, d, d_ok, start_n, hi, v_base, bt_row, last_block,
-                stride_bc, stride_vb, stride_vs, stride_vd, qk_scale, softcap_log2, window_left, window_right,
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION,
-                PER_BLOCK_IDS)
+                acc, l_i, m_i, s, q, pos, d, d_ok, v_off, start_n, hi, v_base, stride_vd,
+                qk_scale, softcap_log2, window_left, window_right,
+                BLOCK_N, HEAD_DIM, DIM_P2, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
     return acc, l_i, m_i
