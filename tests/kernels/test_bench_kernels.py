@@ -62,6 +62,8 @@ def test_smoke_tune_compiles_ahead_and_checks_every_candidate(tmp_path):
     headings = set((tmp_path / "tune-smoke.md").read_text().splitlines())
     assert {"## prefill", "## decode", "## split_decode"} <= headings
     assert "[tune" in run.stdout  # progress lines
+    # The prefill candidates time the loop with QK^T a tile ahead too (triton 3.7+'s tile).
+    assert any(r["qk_ahead"] for r in result["shapes"][0]["rows"])
 
 
 def _tune_module():
@@ -78,10 +80,12 @@ def test_candidate_grid_starts_at_the_heuristic_and_widens():
     prefill, decode, split = tune.tune_shapes(False, "cuda", torch)
     heur = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, num_splits=1)
     grid = tune.candidate_grid(heur, prefill.axes, prefill.max_distance, group_p2=4)
-    assert grid[0] == heur and len(grid) == len(set(grid)) == 45
+    assert grid[0] == heur and len(grid) == len(set(grid)) == 77
     distance = [sum(getattr(c, f) != getattr(heur, f) for f in tune.FIELDS) for c in grid]
     assert distance == sorted(distance) and distance[1] == 1
     assert not [c for c in grid if c.block_m == 256 and c.num_warps == 4]  # over the register cap
+    # QK^T a tile ahead: 32 more, never on 256 rows (three 256-row fp32 tiles spill)
+    assert sum(c.qk_ahead for c in grid) == 32 and not [c for c in grid if c.block_m == 256 and c.qk_ahead]
     heur = TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=3, num_splits=17)
     grid = tune.candidate_grid(heur, split.axes, split.max_distance, group_p2=4)
     assert {c.num_splits for c in grid} == {8, 17, 34, 68}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefixkv.kernels.tiling import TileConfig, choose_tiles, per_block_ids, version_at_least
+from prefixkv.kernels import tiling
+from prefixkv.kernels.tiling import TileConfig, choose_tiles, per_block_ids, prefill_tile, version_at_least
 
 from .cases import check, make_case
 from .conftest import PRIMARY_DEVICE
@@ -15,7 +16,10 @@ def test_decode_uses_short_tiles_and_prefill_long_ones():
     assert choose_tiles(group=1, head_dim=128, max_seqlen_q=1, on_gpu=True).block_m == 16
     decode = TileConfig(16, 128, 4, 3, ctas_per_sm=2)  # 128 keys: 1.18x over 64 on an H100
     assert choose_tiles(group=4, head_dim=128, max_seqlen_q=1, on_gpu=True) == decode
-    assert choose_tiles(group=4, head_dim=128, max_seqlen_q=2048, on_gpu=True) == TileConfig(128, 128, 8, 3)
+    import triton
+
+    long_prefill = choose_tiles(group=4, head_dim=128, max_seqlen_q=2048, on_gpu=True)
+    assert long_prefill == prefill_tile(triton.__version__)
     # A sliding window or the LSE output keep 64 keys (128 spills there).
     assert choose_tiles(group=4, head_dim=128, max_seqlen_q=2048, on_gpu=True, window=True).block_n == 64
     assert choose_tiles(group=4, head_dim=128, max_seqlen_q=2048, on_gpu=True, return_lse=True).block_n == 64
@@ -77,3 +81,39 @@ def test_per_block_ids_only_for_whole_block_tiles_on_triton_3_8_and_later():
     assert not per_block_ids(False, 64, 5) and not per_block_ids(False, 64, 128)
     assert version_at_least("3.8.0+git1234", (3, 8)) and version_at_least("4.0.0", (3, 8))
     assert not version_at_least("3.7.1", (3, 8)) and not version_at_least("dev", (3, 8))
+
+
+@pytest.mark.parametrize("version, tile", [
+    # measured on an H100 with triton 3.6 (tune-nvidia-h100-80gb-hbm3*.md): 1.285x the 128 x 128 tile
+    ("3.6.0", TileConfig(256, 128, 8, 3)),
+    ("3.5.1", TileConfig(256, 128, 8, 3)),
+    # 256 rows spill 1588 B on 3.9: 128 x 64 with QK^T a tile ahead, spill-free (sm_90 compile)
+    ("3.7.0", TileConfig(128, 64, 8, 3, qk_ahead=True)),
+    ("3.9.0", TileConfig(128, 64, 8, 3, qk_ahead=True)),
+    ("3.10.0+git5e2f", TileConfig(128, 64, 8, 3, qk_ahead=True)),
+])
+def test_long_prefill_tile_per_triton_version(monkeypatch, version, tile):
+    assert prefill_tile(version) == tile
+    monkeypatch.setattr(tiling.triton, "__version__", version)
+    spec = dict(group=4, head_dim=128, max_seqlen_q=2048, on_gpu=True)
+    assert choose_tiles(**spec) == tile
+    assert choose_tiles(**dict(spec, head_dim=80)) == tile  # head_dim 65..128 share the 128-wide tile
+    # Where the long tile was neither measured nor compiled, today's choice stays.
+    assert choose_tiles(**dict(spec, window=True)) == TileConfig(128, 64, 8, 3)
+    assert choose_tiles(**dict(spec, return_lse=True)) == TileConfig(128, 64, 8, 3)
+    assert choose_tiles(**dict(spec, head_dim=64)) == TileConfig(128, 128, 8, 3)
+    assert choose_tiles(**dict(spec, head_dim=256)).block_m == 64
+    assert choose_tiles(**dict(spec, elem_bytes=4)).block_n == 16
+    assert choose_tiles(**dict(spec, max_seqlen_q=1)).block_m == 16
+    assert not choose_tiles(**dict(spec, on_gpu=False)).qk_ahead
+    if tile.block_m == 256:  # a prefill of 128 rows (32 queries x 4 heads) keeps 128 x 128
+        assert choose_tiles(**dict(spec, max_seqlen_q=32)) == TileConfig(128, 128, 8, 3)
+
+
+@pytest.mark.parametrize("config", [TileConfig(256, 128, 8, 3), TileConfig(128, 64, 8, 3, qk_ahead=True)],
+                         ids=["triton<3.7", "triton>=3.7"])
+def test_long_prefill_tiles_are_correct(needs_triton, config):
+    """Both versions' long-prefill tiles (fp32 here: the interpreter; shapes that fill a tile)."""
+    case = make_case([40, 3], [200, 70], num_kv_heads=1, group=4, head_dim=32, block_size=16,
+                     device=PRIMARY_DEVICE, seed=9)
+    check(case, torch.float32, config=config)
