@@ -98,7 +98,7 @@ def test_candidate_grid_starts_at_the_heuristic_and_widens():
 
 def test_a_fast_wrong_or_failed_config_never_ranks():
     tune = _tune_module()
-    cfg = dict(block_m=64, block_n=64, num_warps=4, num_stages=2, num_splits=1)
+    cfg = dict(block_m=64, block_n=64, num_warps=4, num_stages=2, num_splits=1, qk_ahead=False)
     rows = [dict(cfg, is_heuristic=True, ok=True, ms=2.0, confirm_ms=2.0, max_abs_diff=0.0),
             dict(cfg, block_n=32, is_heuristic=False, ok=False, max_abs_diff=float("nan")),
             dict(cfg, block_n=128, is_heuristic=False, ok=False, ms=0.5, max_abs_diff=0.3),
