@@ -161,7 +161,7 @@ def record_launch(mods, cfg: dict, tiles=None):
         window = cfg.get("window_size") is not None and cfg["window_size"][0] >= 0
         tiles = tiles or choose_tiles(group=cfg["heads"] // kvh, head_dim=d, max_seqlen_q=q_len, on_gpu=True,
                              elem_bytes=args[0].element_size(), window=window,
-                             return_lse=cfg.get("return_lse", False))
+                             return_lse=cfg.get("return_lse", False), kv_fp8=cdt.itemsize == 1)
         kwargs = dict(config=tiles, causal=cfg.get("causal", True), window_size=cfg.get("window_size"),
                       softcap=cfg.get("softcap", 0.0), return_lse=cfg.get("return_lse", False), **extra)
         call = mod.paged_prefill_attention_triton

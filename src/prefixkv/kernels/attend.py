@@ -87,12 +87,11 @@ def _tile_offsets(  # type: ignore[no-untyped-def]  # Triton JIT
 
 
 @triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
-def _scores(  # type: ignore[no-untyped-def]  # Triton JIT
+def _keys(  # type: ignore[no-untyped-def]  # Triton JIT
     q, d, d_ok, k_off, start_n, phase_hi, k_base, stride_kd,
-    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
-    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr, MASKED: tl.constexpr,
 ):
-    """``q @ K^T`` of the keys ``start_n ..`` at ``k_off``: ``[BLOCK_M, BLOCK_N]`` fp32 (unscaled)."""
+    """K^T of the keys ``start_n ..`` at ``k_off``: ``[DIM_P2, BLOCK_N]`` in q's dtype."""
     if MASKED or HEAD_DIM != DIM_P2:
         col_ok = start_n + tl.arange(0, BLOCK_N) < phase_hi  # never load past the phase (or kv_len)
         k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd,
@@ -100,19 +99,32 @@ def _scores(  # type: ignore[no-untyped-def]  # Triton JIT
     else:
         k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd)
     # fp8 caches: widen to q's dtype in registers; their scales are folded into qk_scale and the output.
-    return tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION)
+    return k.to(q.dtype)
+
+
+@triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
+def _values(  # type: ignore[no-untyped-def]  # Triton JIT
+    q, d, d_ok, v_off, start_n, phase_hi, v_base, stride_vd,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr, MASKED: tl.constexpr,
+):
+    """V of the keys ``start_n ..`` at ``v_off``: ``[BLOCK_N, DIM_P2]`` in q's dtype."""
+    if MASKED or HEAD_DIM != DIM_P2:
+        col_ok = start_n + tl.arange(0, BLOCK_N) < phase_hi
+        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd,
+                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DIM_P2]
+    else:
+        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd)
+    return v.to(q.dtype)  # fp8 caches: widened in registers, as K
 
 
 @triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
 def _fold(  # type: ignore[no-untyped-def]  # Triton JIT
-    acc, l_i, m_i, s, q, pos, d, d_ok, v_off, start_n, phase_hi, v_base, stride_vd,
-    qk_scale, softcap_log2, window_left, window_right,
-    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
-    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    acc, l_i, m_i, s, v, pos, start_n, phase_hi, qk_scale, softcap_log2, window_left, window_right,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold the scores ``s`` of the keys ``start_n ..`` into (acc, l_i, m_i): mask, online
-    softmax, and ``P @ V`` with V loaded here from ``v_off``."""
+    softmax, and ``P @ V``."""
     col = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
     if SOFTCAP:
         s = softcap_log2 * _tanh(s * qk_scale)  # qk_scale = softmax_scale / softcap here
@@ -133,13 +145,7 @@ def _fold(  # type: ignore[no-untyped-def]  # Triton JIT
     alpha = tl.exp2(m_i - m_safe)  # [BLOCK_M]
     p = tl.exp2(s * s_scale - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
     l_i = l_i * alpha + tl.sum(p, 1)
-    if MASKED or HEAD_DIM != DIM_P2:
-        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd,
-                    mask=(col < phase_hi)[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DIM_P2]
-    else:
-        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd)
-    v = v.to(q.dtype)  # fp8 caches: widened in registers, as K
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
 
 
@@ -171,19 +177,19 @@ def _attend_range(  # type: ignore[no-untyped-def]  # Triton JIT
         second = tl.minimum(lo + BLOCK_N, last)
         k_off = _tile_offsets(lo, hi, bt_row, last_block, stride_bc, stride_kb, stride_ks,
                               BLOCK_SIZE, BLOCK_N, True, PER_BLOCK_IDS)
-        s_cur = _scores(q, d, d_ok, k_off, lo, hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2, True,
-                        DOT_PRECISION)
+        k = _keys(q, d, d_ok, k_off, lo, hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2, True)
+        s_cur = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N] fp32, unscaled
         k_off = _tile_offsets(second, hi, bt_row, last_block, stride_bc, stride_kb, stride_ks,
                               BLOCK_SIZE, BLOCK_N, True, PER_BLOCK_IDS)
-        s_nxt = _scores(q, d, d_ok, k_off, second, hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2, True,
-                        DOT_PRECISION)
+        k = _keys(q, d, d_ok, k_off, second, hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2, True)
+        s_nxt = tl.dot(q, k, input_precision=DOT_PRECISION)
         for start_n in range(lo, hi, BLOCK_N):
             v_off = _tile_offsets(start_n, hi, bt_row, last_block, stride_bc, stride_vb, stride_vs,
                                   BLOCK_SIZE, BLOCK_N, MASKED, PER_BLOCK_IDS)
-            acc, l_i, m_i = _fold(
-                acc, l_i, m_i, s_cur, q, pos, d, d_ok, v_off, start_n, hi, v_base, stride_vd,
-                qk_scale, softcap_log2, window_left, window_right,
-                BLOCK_N, HEAD_DIM, DIM_P2, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
+            v = _values(q, d, d_ok, v_off, start_n, hi, v_base, stride_vd, BLOCK_N, HEAD_DIM, DIM_P2, MASKED)
+            acc, l_i, m_i = _fold(acc, l_i, m_i, s_cur, v, pos, start_n, hi, qk_scale, softcap_log2,
+                                  window_left, window_right, BLOCK_N, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                  DOT_PRECISION)
             # A copy after the pass's wait, not a rename: Triton keeps QK^T(j+2) asynchronous only
             # when the scores it carries are read after that wait, and it pipelines no load of
             # a loop that passes a dot's result through two passes untouched (sm_90 compile).
@@ -191,8 +197,8 @@ def _attend_range(  # type: ignore[no-untyped-def]  # Triton JIT
             ahead = tl.minimum(start_n + 2 * BLOCK_N, last)
             k_off = _tile_offsets(ahead, hi, bt_row, last_block, stride_bc, stride_kb, stride_ks,
                                   BLOCK_SIZE, BLOCK_N, MASKED, PER_BLOCK_IDS)
-            s_nxt = _scores(q, d, d_ok, k_off, ahead, hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2,
-                            MASKED, DOT_PRECISION)
+            k = _keys(q, d, d_ok, k_off, ahead, hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2, MASKED)
+            s_nxt = tl.dot(q, k, input_precision=DOT_PRECISION)
     else:
         for start_n in range(lo, hi, BLOCK_N):
             # One block-id read serves K and V.
@@ -200,10 +206,11 @@ def _attend_range(  # type: ignore[no-untyped-def]  # Triton JIT
                              PER_BLOCK_IDS)
             k_off = _offsets(blk, start_n, stride_kb, stride_ks, BLOCK_SIZE, BLOCK_N, PER_BLOCK_IDS)
             v_off = _offsets(blk, start_n, stride_vb, stride_vs, BLOCK_SIZE, BLOCK_N, PER_BLOCK_IDS)
-            s = _scores(q, d, d_ok, k_off, start_n, hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2, MASKED,
-                        DOT_PRECISION)
-            acc, l_i, m_i = _fold(
-                acc, l_i, m_i, s, q, pos, d, d_ok, v_off, start_n, hi, v_base, stride_vd,
-                qk_scale, softcap_log2, window_left, window_right,
-                BLOCK_N, HEAD_DIM, DIM_P2, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
+            # K and V load before the score, as they always did (V loaded after the softmax made
+            # the fp8 decode tile spill 112 B: sm_90 compile).
+            k = _keys(q, d, d_ok, k_off, start_n, hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2, MASKED)
+            v = _values(q, d, d_ok, v_off, start_n, hi, v_base, stride_vd, BLOCK_N, HEAD_DIM, DIM_P2, MASKED)
+            s = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N] fp32, unscaled
+            acc, l_i, m_i = _fold(acc, l_i, m_i, s, v, pos, start_n, hi, qk_scale, softcap_log2, window_left,
+                                  window_right, BLOCK_N, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION)
     return acc, l_i, m_i

@@ -277,7 +277,8 @@ def paged_prefill_attention_triton(
     if config is None:
         config = choose_tiles(group=group, head_dim=shape.head_dim, max_seqlen_q=max_seqlen_q,
                               on_gpu=tiling.gpu_tiles(q.device), elem_bytes=q.element_size(),
-                              window=shape.window_left >= 0, return_lse=return_lse)
+                              window=shape.window_left >= 0, return_lse=return_lse,
+                              kv_fp8=is_fp8(k_cache.dtype))
     block_m = max(config.block_m, group_p2)
     block_q = block_m // group_p2
     kv_fp8 = is_fp8(k_cache.dtype)

@@ -161,7 +161,7 @@ def prefill_tile(version: str) -> TileConfig:
 
 def choose_tiles(
     *, group: int, head_dim: int, max_seqlen_q: int, on_gpu: bool, elem_bytes: int = 2,
-    window: bool = False, return_lse: bool = False,
+    window: bool = False, return_lse: bool = False, kv_fp8: bool = False,
 ) -> TileConfig:
     """Pick tile sizes for a call.
 
@@ -174,14 +174,16 @@ def choose_tiles(
 
     Register figures below are ``ptxas -v`` for sm_90 with triton 3.9
     (``benchmarks/results/kernels-sm90-compile.md``). Long prefills of head_dim 65..128
-    take the tile of :func:`prefill_tile` for the installed triton.
+    over a 16-bit cache take the tile of :func:`prefill_tile` for the installed triton
+    (``kv_fp8``: an fp8 cache, whose widening in registers makes 128 x 64 with QK^T ahead
+    spill 172 B on 3.9, keeps 128 x 128).
     """
     group_p2 = triton.next_power_of_2(group)
     rows_needed = triton.next_power_of_2(max(1, max_seqlen_q) * group_p2)
     if not on_gpu:
         return TileConfig(block_m=max(group_p2, min(64, max(16, rows_needed))), block_n=32)
     long_tile = prefill_tile(triton.__version__)
-    if (elem_bytes == 2 and 64 < head_dim <= 128 and not window and not return_lse
+    if (elem_bytes == 2 and not kv_fp8 and 64 < head_dim <= 128 and not window and not return_lse
             and rows_needed >= long_tile.block_m >= group_p2):
         return long_tile
     if elem_bytes >= 4:
