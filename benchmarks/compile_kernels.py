@@ -283,9 +283,10 @@ def before_after(before: dict, after: dict) -> list[str]:
             bt = b["sass"]["loops"].get(loop)
             if bt is None:
                 continue
+            was = f"{100 * bt['serial']['peak_fraction']:.1f}" if "serial" in bt else "-"  # older reports
             lines.append(f"| {r['name']} | {loop} | {_tile_text(b)} | {b['n_regs']} / {b['n_spills']} | "
-                         f"{100 * bt['serial']['peak_fraction']:.1f} | {_tile_text(r)} | {r['n_regs']} / "
-                         f"{r['n_spills']} | {100 * t['serial']['peak_fraction']:.1f} |")
+                         f"{was} | {_tile_text(r)} | {r['n_regs']} / {r['n_spills']} | "
+                         f"{100 * t['serial']['peak_fraction']:.1f} |")
     return lines + [""]
 
 

@@ -109,12 +109,3 @@ def test_long_prefill_tile_per_triton_version(monkeypatch, version, tile):
     assert choose_tiles(**dict(spec, kv_fp8=True)) == TileConfig(128, 128, 8, 3)  # 172 B of spills on 3.9
     if tile.block_m == 256:  # a prefill of 128 rows (32 queries x 4 heads) keeps 128 x 128
         assert choose_tiles(**dict(spec, max_seqlen_q=32)) == TileConfig(128, 128, 8, 3)
-
-
-@pytest.mark.parametrize("config", [TileConfig(256, 128, 8, 3), TileConfig(128, 64, 8, 3, qk_ahead=True)],
-                         ids=["triton<3.7", "triton>=3.7"])
-def test_long_prefill_tiles_are_correct(needs_triton, config):
-    """Both versions' long-prefill tiles (fp32 here: the interpreter; shapes that fill a tile)."""
-    case = make_case([40, 3], [200, 70], num_kv_heads=1, group=4, head_dim=32, block_size=16,
-                     device=PRIMARY_DEVICE, seed=9)
-    check(case, torch.float32, config=config)
