@@ -92,10 +92,12 @@ def _keys(  # type: ignore[no-untyped-def]  # Triton JIT
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr, MASKED: tl.constexpr,
 ):
     """K^T of the keys ``start_n ..`` at ``k_off``: ``[DIM_P2, BLOCK_N]`` in q's dtype."""
-    if MASKED or HEAD_DIM != DIM_P2:
+    if MASKED:
         col_ok = start_n + tl.arange(0, BLOCK_N) < phase_hi  # never load past the phase (or kv_len)
         k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd,
                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # [DIM_P2, BLOCK_N]
+    elif HEAD_DIM != DIM_P2:  # whole tiles, padded head_dim: mask the dims only
+        k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd, mask=d_ok[:, None], other=0.0)
     else:
         k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd)
     # fp8 caches: widen to q's dtype in registers; their scales are folded into qk_scale and the output.
@@ -108,10 +110,12 @@ def _values(  # type: ignore[no-untyped-def]  # Triton JIT
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr, MASKED: tl.constexpr,
 ):
     """V of the keys ``start_n ..`` at ``v_off``: ``[BLOCK_N, DIM_P2]`` in q's dtype."""
-    if MASKED or HEAD_DIM != DIM_P2:
+    if MASKED:
         col_ok = start_n + tl.arange(0, BLOCK_N) < phase_hi
         v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd,
                     mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DIM_P2]
+    elif HEAD_DIM != DIM_P2:
+        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd, mask=d_ok[None, :], other=0.0)
     else:
         v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd)
     return v.to(q.dtype)  # fp8 caches: widened in registers, as K
