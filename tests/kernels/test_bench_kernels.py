@@ -145,7 +145,7 @@ def test_gpu_session_smoke_runs_every_step_into_out(tmp_path):
     log = (tmp_path / "gpu-session.log").read_text()
     for step in ("env", "tests", "bench", "tune"):
         assert f"=== {step} (limit" in log and f"\n{step}: rc 0," in log
-    assert "9 passed" in log  # tests/kernels/test_tiling.py, the smoke's test step
+    assert "14 passed" in log  # tests/kernels/test_tiling.py, the smoke's test step
 
 
 def test_kernel_benchmarks_import_only_the_shared_helpers():

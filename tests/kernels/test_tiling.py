@@ -55,8 +55,13 @@ def test_ctas_per_sm_never_exceeds_the_committed_compile_report():
     import json
     from pathlib import Path
 
-    report = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "kernels-sm90-compile.json"
-    rows = [r for r in json.loads(report.read_text())["configs"]
+    import triton
+
+    report = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+                         / "kernels-sm90-compile.json").read_text())
+    if report["triton"] != triton.__version__:  # the long-prefill tile follows the triton version
+        pytest.skip(f"the committed report is for triton {report['triton']}, this is {triton.__version__}")
+    rows = [r for r in report["configs"]
             if r["ok"] and r["kind"] == "attn" and r.get("kernel") != "combine"]
     checked = 0
     for r in rows:
