@@ -111,9 +111,23 @@ class _Recorder:
         return launch
 
 
-def record_launch(mods, cfg: dict):
+def parse_tiles(text: str):
+    """``"256x128w8s3"`` (block_m x block_n, warps, stages; a trailing ``a``: QK^T a tile
+    ahead) as a ``TileConfig``."""
+    from prefixkv.kernels.tiling import TileConfig
+
+    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)(a?)", text)
+    if not m:
+        raise ValueError(f"tiles must read like 256x128w8s3 or 128x64w8s3a (block_m x block_n, warps, "
+                         f"stages, a: QK^T a tile ahead), got {text!r}")
+    bm, bn, w, st = map(int, m.groups()[:4])
+    return TileConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=st, qk_ahead=m.group(5) == "a")
+
+
+def record_launch(mods, cfg: dict, tiles=None):
     """Run our launcher on ``meta`` tensors; return (jit kernel, grid, args, kwargs) of the
-    attention kernel, or with ``kernel="combine"`` of the split-KV merge that follows it."""
+    attention kernel, or with ``kernel="combine"`` of the split-KV merge that follows it.
+    ``tiles`` (a ``TileConfig``) replaces the heuristic's choice."""
     import torch
 
     dt = getattr(torch, cfg["dtype"])
@@ -145,9 +159,9 @@ def record_launch(mods, cfg: dict):
                 torch.empty(b + 1, dtype=torch.int32, **meta),
                 torch.empty(b, dtype=torch.int32, **meta), q_len, kv_len)
         window = cfg.get("window_size") is not None and cfg["window_size"][0] >= 0
-        tiles = choose_tiles(group=cfg["heads"] // kvh, head_dim=d, max_seqlen_q=q_len, on_gpu=True,
+        tiles = tiles or choose_tiles(group=cfg["heads"] // kvh, head_dim=d, max_seqlen_q=q_len, on_gpu=True,
                              elem_bytes=args[0].element_size(), window=window,
-                             return_lse=cfg.get("return_lse", False))
+                             return_lse=cfg.get("return_lse", False), kv_fp8=cdt.itemsize == 1)
         kwargs = dict(config=tiles, causal=cfg.get("causal", True), window_size=cfg.get("window_size"),
                       softcap=cfg.get("softcap", 0.0), return_lse=cfg.get("return_lse", False), **extra)
         call = mod.paged_prefill_attention_triton
@@ -191,13 +205,14 @@ def compile_launch(jit_fn, args, kwargs, target_tuple=SM90):
     return kernel, log.getvalue()
 
 
-def compile_config(name: str, mods: dict) -> dict:
-    """Compile one entry of :data:`CONFIGS` for sm_90; a result row (``ok`` False on error)."""
+def compile_config(name: str, mods: dict, tiles=None) -> dict:
+    """Compile one entry of :data:`CONFIGS` for sm_90 (with ``tiles`` instead of the
+    heuristic's, when given); a result row (``ok`` False on error)."""
     cfg = CONFIGS[name]
     row = {"name": name, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()}}
     start = time.perf_counter()
     try:
-        jit_fn, grid, args, kwargs = record_launch(mods, cfg)
+        jit_fn, grid, args, kwargs = record_launch(mods, cfg, tiles)
         row.update(grid=list(grid), num_warps=kwargs.get("num_warps", 4),
                    num_stages=kwargs.get("num_stages", 3))
         row["constexprs"] = {k: v for k, v in kwargs.items() if k.isupper() and k != "DOT_PRECISION"}
@@ -219,7 +234,8 @@ def compile_config(name: str, mods: dict) -> dict:
                                         Path(jit_fn.fn.__code__.co_filename),
                                         block_m=c["BLOCK_M"], block_n=c["BLOCK_N"], dim=c["DIM_P2"],
                                         num_warps=md.num_warps, mma=row["mma"],
-                                        ctas_per_sm=max(1, row["blocks_per_sm"]))
+                                        ctas_per_sm=max(1, row["blocks_per_sm"]),
+                                        phase_order=[1, 2, 3] if c.get("HAS_LEFT") else [2, 3])
     except Exception as exc:  # noqa: BLE001  a failed compile is a result, reported per config
         row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[-1500:]}")
     row["compile_s"] = round(time.perf_counter() - start, 2)
@@ -247,8 +263,36 @@ def pipelining(r: dict) -> str:
     return f"{'yes' if r['pipelined'] else 'no'} ({kinds})"
 
 
-def markdown(result: dict, reading: str = "") -> str:
-    """The report; ``reading`` (a hand-written ``## Reading`` section) is kept across runs."""
+def _tile_text(r: dict) -> str:
+    c = r.get("constexprs", {})
+    return (f"{c['BLOCK_M']} x {c['BLOCK_N']}, {r['num_warps']} warps, {r['num_stages']} stages"
+            + (", QK ahead" if c.get("QK_AHEAD") else "")) if "BLOCK_M" in c else "-"
+
+
+def before_after(before: dict, after: dict) -> list[str]:
+    """Markdown rows comparing the key loops of the configs both reports compiled."""
+    old = {r["name"]: r for r in before["configs"] if r["ok"]}
+    lines = [f"## Before and after (before: triton {before['triton']}, `{before.get('source', '?')}`)", "",
+             "| config | loop | before: tile | regs / spills (B) | serial % peak | after: tile "
+             "| regs / spills (B) | serial % peak |", "|---|---|---|---|---|---|---|---|"]
+    for r in after["configs"]:
+        b = old.get(r["name"])
+        if not (b and r["ok"] and r.get("sass") and b.get("sass")):
+            continue
+        for loop, t in r["sass"]["loops"].items():
+            bt = b["sass"]["loops"].get(loop)
+            if bt is None:
+                continue
+            was = f"{100 * bt['serial']['peak_fraction']:.1f}" if "serial" in bt else "-"  # older reports
+            lines.append(f"| {r['name']} | {loop} | {_tile_text(b)} | {b['n_regs']} / {b['n_spills']} | "
+                         f"{was} | {_tile_text(r)} | {r['n_regs']} / {r['n_spills']} | "
+                         f"{100 * t['serial']['peak_fraction']:.1f} |")
+    return lines + [""]
+
+
+def markdown(result: dict, reading: str = "", before: dict | None = None) -> str:
+    """The report; ``reading`` (a hand-written ``## Reading`` section) is kept across runs;
+    ``before`` (an earlier report's JSON) adds a before/after table of the key loops."""
     rows = result["configs"]
     lines = [f"# Ahead-of-time compile for sm_90 (H100): triton {result['triton']}, {result['ptxas']}", "",
              "Compiled on a CPU-only machine (no CUDA driver) by `benchmarks/compile_kernels.py`. "
@@ -262,6 +306,7 @@ def markdown(result: dict, reading: str = "") -> str:
         c = r.get("constexprs", {})
         tile = f"{c['BLOCK_M']} x {c['BLOCK_N']}" if "BLOCK_M" in c else "-"
         tile += f" ({r['grid'][2]} splits)" if c.get("SPLIT") else ""
+        tile += " QK ahead" if c.get("QK_AHEAD") else ""
         cells = ([r["n_regs"], r["n_spills"], r["shared"], r["blocks_per_sm"],
                   r["blocks_per_sm"] * r["num_warps"],
                   r["mma"], pipelining(r)] if r["ok"] else ["-"] * 7)
@@ -298,6 +343,8 @@ def markdown(result: dict, reading: str = "") -> str:
                          f"{ser['waits']['group_wait']} / {ser['waits']['bar_sync']} | {t['bound']}, "
                          f"{100 * t['peak_fraction']:.1f} | {ser['clocks']:.0f} | {ser['bound']} | "
                          f"{100 * ser['peak_fraction']:.1f} |")
+    if before is not None:
+        lines += [""] + before_after(before, result)
     lines += ["", "## Flags (computed)", ""]
     lines += [f"- `{r['name']}`: " + "; ".join(flags(r)) for r in rows if r["ok"] and flags(r)] or ["- none"]
     lines += [f"- `{r['name']}`: **error** `{r['error'][:600]}`" for r in rows if not r["ok"]]
@@ -307,6 +354,9 @@ def markdown(result: dict, reading: str = "") -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", nargs="*", choices=sorted(CONFIGS), help="compile only these configs")
+    p.add_argument("--tiles", help="compile the attention configs with these tiles instead of the "
+                   "heuristic's, e.g. 256x128w8s3 (block_m x block_n, warps, stages)")
+    p.add_argument("--before", type=Path, help="an earlier report's JSON: adds a before/after table")
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--out-name", default="kernels-sm90-compile",
                    help="file name of the report without suffix (.json and .md are written)")
@@ -316,19 +366,24 @@ def main(argv=None) -> int:
     from triton.backends.nvidia.compiler import get_ptxas
 
     mods, rows = load_compiled_modules(), []
+    tiles = parse_tiles(opts.tiles) if opts.tiles else None
     for name in opts.only or CONFIGS:
-        rows.append(r := compile_config(name, mods))
+        rows.append(r := compile_config(name, mods, tiles))
         print(f"{name}: " + (f"ok regs={r['n_regs']} spills={r['n_spills']} smem={r['shared']}"
                              if r["ok"] else r["error"][:300]), file=sys.stderr)
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     ptxas = get_ptxas(90)
-    result = {"target": "sm_90", "triton": triton.__version__,
+    result = {"target": "sm_90", "triton": triton.__version__, "tiles": opts.tiles,
               "ptxas": f"{Path(ptxas.path).name} {ptxas.version}",
               "configs": rows}
     (opts.out_dir / f"{opts.out_name}.json").write_text(json.dumps(result, indent=2) + "\n")
     md_path = opts.out_dir / f"{opts.out_name}.md"
     old = md_path.read_text() if md_path.exists() else ""
-    md_path.write_text(md := markdown(result, old[old.find("## Reading"):] if "## Reading" in old else ""))
+    before = None
+    if opts.before:
+        before = dict(json.loads(opts.before.read_text()), source=opts.before.name)
+    md_path.write_text(md := markdown(result, old[old.find("## Reading"):] if "## Reading" in old else "",
+                                      before))
     print(md)
     return 0 if all(r["ok"] for r in rows) else 1
 

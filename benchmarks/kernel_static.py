@@ -136,15 +136,30 @@ def parse(sass: str) -> tuple[list[Instr], dict[str, int]]:
 
 
 def loops(sass: str) -> list[list[Instr]]:
-    """Bodies of the loops (label .. backward branch) that hold MMA instructions, by address."""
+    """Bodies of the loops (label .. backward branch) that hold MMA instructions, by address.
+
+    A backward branch that enters another loop's body from outside it is no loop: ptxas
+    places the slow path of a ``BRA.DIV`` (a shuffle's divergence check) after the kernel's
+    code, and its branch back lands inside the loop it came from. Such spans, which overlap
+    a loop without nesting in it or holding it, are left out.
+    """
     instrs, labels = parse(sass)
-    bodies = []
+    spans = []
     for ins in instrs:
         m = _BRANCH.search(ins.text)
         if m and labels.get(m.group(1), ins.addr + 1) <= ins.addr:
-            body = [i for i in instrs if labels[m.group(1)] <= i.addr <= ins.addr]
-            if any(_MMA.search(i.text) for i in body):
-                bodies.append(body)
+            spans.append((labels[m.group(1)], ins.addr))
+
+    def crosses(a: tuple[int, int], b: tuple[int, int]) -> bool:
+        return b[0] < a[0] <= b[1] < a[1]  # a starts inside b and ends past it
+
+    bodies = []
+    for span in spans:
+        if any(crosses(span, other) for other in spans):
+            continue
+        body = [i for i in instrs if span[0] <= i.addr <= span[1]]
+        if any(_MMA.search(i.text) for i in body):
+            bodies.append(body)
     return bodies
 
 
@@ -158,7 +173,9 @@ def phase_lines(source: Path) -> list[tuple[int, int]]:
 
 
 def phase_of(body: list[Instr], source: Path) -> int | None:
-    """The phase whose call site most of the loop's inlined instructions came from."""
+    """The phase whose call site most of the loop's inlined instructions came from (None
+    when the line info names no call site in ``source``: triton 3.6 keeps only the
+    innermost line of code inlined twice)."""
     marks = phase_lines(source)
     votes = collections.Counter()
     for i in body:
@@ -203,16 +220,21 @@ def ring_depth(ttgir: str) -> int | None:
 
 
 def static_report(cubin: bytes, ttgir: str, source: Path, *, block_m: int, block_n: int, dim: int,
-                  num_warps: int, mma: str, ctas_per_sm: int = 1) -> dict:
+                  num_warps: int, mma: str, ctas_per_sm: int = 1,
+                  phase_order: list[int] | None = None) -> dict:
     """Per phase loop: counts per tile and per 64 keys, the overlap estimate
     (:func:`cycle_estimate`) and, under ``"serial"``, the model of ``kernel_timing.py``
-    that adds what the SASS serialises."""
+    that adds what the SASS serialises. ``phase_order``: the phases whose loops the kernel
+    has, in source order, to name the loops by when the line info does not."""
     from kernel_timing import tile_clocks  # it imports this module
 
     phases = {}
-    for body in loops(disassemble(cubin)):
+    bodies = loops(disassemble(cubin))
+    found = [phase_of(body, source) for body in bodies]
+    if None in found and phase_order is not None and len(phase_order) == len(bodies):
+        found = list(phase_order)  # the loops lie in the source's phase order
+    for body, phase in zip(bodies, found, strict=True):
         counts = tile_counts(body)
-        phase = phase_of(body, source)
         key = f"phase{phase}" if phase is not None else f"loop@{body[0].addr:#x}"
         shape = dict(block_m=block_m, block_n=block_n, dim=dim, num_warps=num_warps, mma=mma)
         phases[key] = dict(counts, per_64_keys=round(counts["instructions"] * 64 / block_n, 1),

@@ -11,7 +11,10 @@ heuristic's pick (how many fields differ; the heuristic first) and cut at the sh
 ``max_distance``. ``num_splits`` is searched around the heuristic's count (half to four
 times). Pruned before compiling: block_m 256 on 4 warps (its fp32 accumulator alone is
 256 registers a thread, over the 255 cap). A config that fails to compile or launch (too
-much shared memory) is recorded with its error and never retried.
+much shared memory) is recorded with its error and never retried. Prefill also tries
+``qk_ahead`` (QK^T a tile ahead of the softmax), except on 256 rows (three 256-row fp32
+tiles a thread: spills), so a GPU with triton 3.6, whose heuristic takes the 256-row tile,
+still times the tile triton 3.7+ takes.
 
 Correctness: each candidate runs once into a NaN-poisoned output, which is compared with
 the heuristic's output on the same inputs (max abs diff). The tolerance is three times the
@@ -53,7 +56,7 @@ from kernel_problems import (
     with_device,
 )
 
-FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "num_splits")
+FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "num_splits", "qk_ahead")
 POOL_SHARE = 0.45
 SHAPE_SHARES = {"prefill": 0.5, "decode": 0.25, "split_decode": 0.25}
 CONFIRM = 3  # best screened candidates timed again, longer, beside the heuristic
@@ -83,14 +86,14 @@ def tune_shapes(smoke: bool, device: str, torch) -> list[TuneShape]:
     if smoke:
         base = with_device(SMOKE, device, torch)
         return [TuneShape("prefill", "tflops", dict(batch=2, prefix=40, q_len=24, **base),
-                          dict(block_m=(16, 32), block_n=(16, 32)), 1, limit=3),
+                          dict(block_m=(16, 32), qk_ahead=(False, True)), 1, limit=3),
                 TuneShape("decode", "gbps", dict(batch=3, prefix=50, q_len=1, **base),
                           dict(block_n=(16, 64)), 1, limit=3),
                 TuneShape("split_decode", "gbps", dict(batch=1, prefix=599, q_len=1, **base),
                           dict(num_splits=splits_around), 1, limit=2)]
     tiles = dict(block_n=(32, 64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
     return [TuneShape("prefill", "tflops", with_device(SPEC_PREFILL, device, torch),
-                      dict(block_m=(64, 128, 256), **tiles), max_distance=4),
+                      dict(block_m=(64, 128, 256), **tiles, qk_ahead=(False, True)), max_distance=4),
             TuneShape("decode", "gbps", with_device(SPEC_DECODE, device, torch),
                       dict(block_m=(16, 32, 64), **tiles, num_splits=splits_around), max_distance=2),
             TuneShape("split_decode", "gbps", with_device(SPLIT_DECODE, device, torch),
@@ -116,8 +119,8 @@ def candidate_grid(heuristic, axes: dict, max_distance: int, limit: int | None =
                    group_p2: int = 1) -> list:
     """TileConfigs from ``axes`` (field -> values, or a callable of the heuristic's value),
     the heuristic first, then by distance (fields that differ from it), product order
-    within a distance. Drops block_m 256 on 4 warps and configs equal to an earlier one
-    once block_m is raised to ``group_p2`` (as the launcher does)."""
+    within a distance. Drops block_m 256 on 4 warps or with ``qk_ahead``, and configs equal
+    to an earlier one once block_m is raised to ``group_p2`` (as the launcher does)."""
     values = []
     for f in FIELDS:
         own = getattr(heuristic, f)
@@ -129,7 +132,8 @@ def candidate_grid(heuristic, axes: dict, max_distance: int, limit: int | None =
         cfg = dataclasses.replace(heuristic, **dict(zip(FIELDS, combo, strict=True)))
         key = (max(cfg.block_m, group_p2), *combo[1:])
         distance = sum(a != getattr(heuristic, f) for f, a in zip(FIELDS, combo, strict=True))
-        if key in seen or distance > max_distance or (cfg.block_m >= 256 and cfg.num_warps < 8):
+        spills = cfg.block_m >= 256 and (cfg.num_warps < 8 or cfg.qk_ahead)
+        if key in seen or distance > max_distance or spills:
             continue
         seen.add(key)
         grid.append((distance, len(grid), cfg))
@@ -301,6 +305,7 @@ def rank(result: dict) -> dict:
 
 def _brief(row: dict, metric: str) -> str:
     cfg = "{block_m}x{block_n} w{num_warps} s{num_stages} splits {num_splits}".format(**row)
+    cfg += " QK ahead" if row.get("qk_ahead") else ""
     if "error" in row:
         return f"{cfg}: {row['error'][:120]}"
     if not row.get("ok"):
@@ -373,9 +378,9 @@ def write_tune(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
         if "best" in s:
             lines += [f"**Best: `{_cfg_text(s['best'])}`, {s['speedup_vs_heuristic']:.3f}x the heuristic.**",
                       ""]
-        lines += [f"| rank | block_m | block_n | warps | stages | splits | ms | {unit} | vs heuristic | max "
-                  "abs diff |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| rank | block_m | block_n | warps | stages | splits | QK ahead | ms | {unit} "
+                  "| vs heuristic | max abs diff |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         rows, order = s["rows"], s.get("ranking", [])
         heur = next((r for r in rows if r["is_heuristic"] and "ms" in r), None)
         shown = order[:TOP] + [i for i in order[TOP:] if rows[i]["is_heuristic"]]
@@ -385,7 +390,8 @@ def write_tune(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
             ratio = (heur.get("confirm_ms", heur["ms"]) / ms) if heur else math.nan
             mark = " (heuristic)" if r["is_heuristic"] else ""
             lines.append(f"| {order.index(i) + 1}{mark} | {r['block_m']} | {r['block_n']} | "
-                         f"{r['num_warps']} | {r['num_stages']} | {r['num_splits']} | {ms:.3f} | "
+                         f"{r['num_warps']} | {r['num_stages']} | {r['num_splits']} | "
+                         f"{'yes' if r.get('qk_ahead') else 'no'} | {ms:.3f} | "
                          f"{r[s['metric']]:.1f} | {ratio:.3f}x | {r['max_abs_diff']:.1e} |")
         bad = [r for r in rows if "error" in r or r.get("ok") is False]
         if bad:

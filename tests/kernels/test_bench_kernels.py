@@ -62,6 +62,8 @@ def test_smoke_tune_compiles_ahead_and_checks_every_candidate(tmp_path):
     headings = set((tmp_path / "tune-smoke.md").read_text().splitlines())
     assert {"## prefill", "## decode", "## split_decode"} <= headings
     assert "[tune" in run.stdout  # progress lines
+    # The prefill candidates time the loop with QK^T a tile ahead too (triton 3.7+'s tile).
+    assert any(r["qk_ahead"] for r in result["shapes"][0]["rows"])
 
 
 def _tune_module():
@@ -78,10 +80,12 @@ def test_candidate_grid_starts_at_the_heuristic_and_widens():
     prefill, decode, split = tune.tune_shapes(False, "cuda", torch)
     heur = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, num_splits=1)
     grid = tune.candidate_grid(heur, prefill.axes, prefill.max_distance, group_p2=4)
-    assert grid[0] == heur and len(grid) == len(set(grid)) == 45
+    assert grid[0] == heur and len(grid) == len(set(grid)) == 77
     distance = [sum(getattr(c, f) != getattr(heur, f) for f in tune.FIELDS) for c in grid]
     assert distance == sorted(distance) and distance[1] == 1
     assert not [c for c in grid if c.block_m == 256 and c.num_warps == 4]  # over the register cap
+    # QK^T a tile ahead: 32 more, never on 256 rows (three 256-row fp32 tiles spill)
+    assert sum(c.qk_ahead for c in grid) == 32 and not [c for c in grid if c.block_m == 256 and c.qk_ahead]
     heur = TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=3, num_splits=17)
     grid = tune.candidate_grid(heur, split.axes, split.max_distance, group_p2=4)
     assert {c.num_splits for c in grid} == {8, 17, 34, 68}
@@ -94,7 +98,7 @@ def test_candidate_grid_starts_at_the_heuristic_and_widens():
 
 def test_a_fast_wrong_or_failed_config_never_ranks():
     tune = _tune_module()
-    cfg = dict(block_m=64, block_n=64, num_warps=4, num_stages=2, num_splits=1)
+    cfg = dict(block_m=64, block_n=64, num_warps=4, num_stages=2, num_splits=1, qk_ahead=False)
     rows = [dict(cfg, is_heuristic=True, ok=True, ms=2.0, confirm_ms=2.0, max_abs_diff=0.0),
             dict(cfg, block_n=32, is_heuristic=False, ok=False, max_abs_diff=float("nan")),
             dict(cfg, block_n=128, is_heuristic=False, ok=False, ms=0.5, max_abs_diff=0.3),
@@ -141,7 +145,7 @@ def test_gpu_session_smoke_runs_every_step_into_out(tmp_path):
     log = (tmp_path / "gpu-session.log").read_text()
     for step in ("env", "tests", "bench", "tune"):
         assert f"=== {step} (limit" in log and f"\n{step}: rc 0," in log
-    assert "9 passed" in log  # tests/kernels/test_tiling.py, the smoke's test step
+    assert "14 passed" in log  # tests/kernels/test_tiling.py, the smoke's test step
 
 
 def test_kernel_benchmarks_import_only_the_shared_helpers():

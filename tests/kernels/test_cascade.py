@@ -9,7 +9,9 @@ import torch
 
 from prefixkv import KVCacheManager, SharedPrefix
 from prefixkv.kernels import (
+    ArgumentTypeError,
     BatchError,
+    ShapeError,
     build_block_table,
     build_cascade_batch,
     build_cu_seqlens_q,
@@ -106,6 +108,17 @@ def test_cascade_in_half_precision_on_the_triton_path():
     assert got is out
     torch.testing.assert_close(got.float(), paged_prefill_attention_reference(*args).float(),
                                **tolerance(torch.float16))
+
+
+def test_a_cascade_for_another_batch_or_a_table_that_is_no_tensor_is_rejected():
+    groups, ids, computed, new, q, k_cache, v_cache = _batch()
+    args = list(_args(ids, computed, new, q, k_cache, v_cache, torch.float32, "cpu"))
+    cascade = build_cascade_batch(groups, ids, computed, new, BS)
+    with pytest.raises(ArgumentTypeError, match="block_table must be a torch.Tensor"):
+        cascade_attention(*args[:3], args[3].tolist(), *args[4:], cascade, backend="torch")
+    args[3] = args[3][:4]  # four requests' rows: the cascade is for five
+    with pytest.raises(ShapeError, match="cascade is for 5 requests"):
+        cascade_attention(*args, cascade, backend="torch")
 
 
 def test_groups_that_do_not_share_their_blocks_are_rejected():

@@ -66,6 +66,12 @@ def compiled(tmp_path_factory) -> dict[str, dict]:
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_compiles_for_sm90_without_spills(compiled, name):
+    import triton
+
+    from prefixkv.kernels.tiling import version_at_least
+
+    if name == "prefill-spec" and not version_at_least(triton.__version__, (3, 7)):
+        pytest.skip("triton < 3.7 takes the 256-row prefill tile: it spills, and measured fastest on an H100")
     row = compiled[name]
     assert row["ok"], row.get("error")
     assert row["n_spills"] == 0, f"{name}: {row['n_spills']} bytes of register spills at {row['n_regs']} regs"
@@ -75,18 +81,24 @@ def test_compiles_for_sm90_without_spills(compiled, name):
 
 def test_prefill_tile_is_the_spec_one(compiled):
     """The heuristic's pick for the SPEC shape is what was compiled (not a default)."""
-    row = compiled["prefill-spec"]
-    assert (row["constexprs"]["BLOCK_M"], row["constexprs"]["BLOCK_N"], row["num_warps"]) == (128, 128, 8)
+    import triton
+
+    from prefixkv.kernels.tiling import prefill_tile
+
+    row, tile = compiled["prefill-spec"], prefill_tile(triton.__version__)
+    assert (row["constexprs"]["BLOCK_M"], row["constexprs"]["BLOCK_N"], row["num_warps"],
+            row["constexprs"]["QK_AHEAD"]) == (tile.block_m, tile.block_n, tile.num_warps, tile.qk_ahead)
     assert compiled["decode"]["constexprs"]["BLOCK_M"] == 16
     assert row["constexprs"]["SPLIT"] is compiled["decode"]["constexprs"]["SPLIT"] is False
 
 
 @pytest.mark.parametrize("name", ("prefill-spec", "decode", "prefill-d256", "decode-split-32k"))
 def test_kv_loads_are_pipelined(compiled, name):
-    """Every K and V tile load of the three phase loops became an async copy (cp.async)."""
+    """Every K and V tile load of the phase loops (2 without a left window) became an async
+    copy (cp.async)."""
     row = compiled[name]
     assert row["pipelined"], f"{name}: tile loads in loops {row['loop_loads']}"
-    assert row["loop_loads"]["async"] + row["loop_loads"]["tma"] == 6
+    assert row["loop_loads"]["async"] + row["loop_loads"]["tma"] == 4
 
 
 def test_prefill_dots_are_wgmma(compiled):
@@ -144,6 +156,21 @@ def test_unmasked_tile_no_longer_than_committed(compiled, name):
     assert got["mma"] > 0 and compiled[name]["sass"]["kv_ring"] >= 1
 
 
+def test_spec_prefill_keeps_its_overlap(compiled):
+    """On the triton of the committed report, the SPEC prefill loops' ceiling under the
+    serial model stays within 2 points of the report's: losing the overlap of the softmax
+    with QK^T (the wait after QK^T coming back) costs 11 points (71.7% -> 60.5%)."""
+    import triton
+
+    base = json.loads(BASELINE.read_text())
+    if base["triton"] != triton.__version__:
+        pytest.skip(f"the committed report is for triton {base['triton']}, this is {triton.__version__}")
+    want = next(r for r in base["configs"] if r["name"] == "prefill-spec")["sass"]["loops"]
+    for loop, got in compiled["prefill-spec"]["sass"]["loops"].items():
+        assert got["serial"]["peak_fraction"] >= want[loop]["serial"]["peak_fraction"] - 0.02, (loop, got)
+        assert got["serial"]["waits"]["group_wait"] == 1, (loop, got["serial"]["waits"])
+
+
 SASS = """
         /*0100*/                   MOV R1, c[0x0][0x28] ;
 .L_x_3:
@@ -156,6 +183,28 @@ SASS = """
 .L_x_4:
         /*0150*/                   EXIT ;
 """
+
+
+DIVERGENT = """
+.L_x_1:
+        /*0100*/                   MUFU.EX2 R1, R1 ;
+        /*0110*/                   BRA.DIV UR10, `(.L_x_9) ;
+.L_x_2:
+        /*0120*/                   SHFL.BFLY PT, R2, R1, 0x1, 0x1f ;
+        /*0130*/                   HGMMA.64x64x16.F32.BF16 R88, gdesc[UR8], RZ, !UPT ;
+        /*0140*/              @!P1 BRA `(.L_x_1) ;
+        /*0150*/                   EXIT ;
+.L_x_9:
+        /*0160*/                   WARPSYNC.ALL ;
+        /*0170*/                   BRA `(.L_x_2) ;
+"""
+
+
+def test_a_divergence_slow_path_is_no_loop():
+    """ptxas puts a BRA.DIV's slow path after the kernel; its branch back into the loop
+    spans the loop's end, and is not read as a second loop."""
+    (body,) = _static().loops(DIVERGENT)
+    assert [i.addr for i in body] == [0x100, 0x110, 0x120, 0x130, 0x140]
 
 
 def test_sass_loops_are_backward_branches_named_by_their_phase(tmp_path):

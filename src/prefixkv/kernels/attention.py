@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from . import tiling
-from .attend import _attend_tile, _max
+from .attend import _attend_range, _max
 from .checked import check_attention_values, check_scale_sink_values
 from .fp8 import is_fp8, unit_scale
 from .interpreter import backport_scalar_index
@@ -54,7 +54,7 @@ def _paged_prefill_kernel(  # type: ignore[no-untyped-def]  # Triton JIT
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     KV_FP8: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-    PER_BLOCK_IDS: tl.constexpr,
+    PER_BLOCK_IDS: tl.constexpr, QK_AHEAD: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_P2
     SEARCH: tl.constexpr = 64  # cu_seqlens_q entries read per step of the request search
@@ -158,30 +158,28 @@ def _paged_prefill_kernel(  # type: ignore[no-untyped-def]  # Triton JIT
         k_base = k_cache_ptr + kvh.to(tl.int64) * stride_kh
         v_base = v_cache_ptr + kvh.to(tl.int64) * stride_vh
         bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
-        # Phase 1: left edge of a sliding window, masked.
-        for start_n in range(p1_lo, p1_hi, BLOCK_N):
-            acc, l_i, m_i = _attend_tile(
-                acc, l_i, m_i, q, pos, d, d_ok, start_n, p1_hi, k_base, v_base, bt_row, last_block, stride_bc,
+        # Phase 1: left edge of a sliding window, masked (empty without a left edge).
+        if HAS_LEFT:
+            acc, l_i, m_i = _attend_range(
+                acc, l_i, m_i, q, pos, d, d_ok, p1_lo, p1_hi, k_base, v_base, bt_row, last_block, stride_bc,
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                 qk_scale, softcap_log2, window_left, window_right,
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION,
-                PER_BLOCK_IDS)
+                PER_BLOCK_IDS, QK_AHEAD)
         # Phase 2: cached prefix (and any keys all rows see), full tiles without a mask.
-        for start_n in range(p2_lo, p2_hi, BLOCK_N):
-            acc, l_i, m_i = _attend_tile(
-                acc, l_i, m_i, q, pos, d, d_ok, start_n, p2_hi, k_base, v_base, bt_row, last_block, stride_bc,
-                stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-                qk_scale, softcap_log2, window_left, window_right,
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION,
-                PER_BLOCK_IDS)
+        acc, l_i, m_i = _attend_range(
+            acc, l_i, m_i, q, pos, d, d_ok, p2_lo, p2_hi, k_base, v_base, bt_row, last_block, stride_bc,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+            qk_scale, softcap_log2, window_left, window_right,
+            BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION,
+            PER_BLOCK_IDS, QK_AHEAD)
         # Phase 3: new tokens on the diagonal, causal (bottom-right aligned), masked.
-        for start_n in range(p3_lo, p3_hi, BLOCK_N):
-            acc, l_i, m_i = _attend_tile(
-                acc, l_i, m_i, q, pos, d, d_ok, start_n, p3_hi, k_base, v_base, bt_row, last_block, stride_bc,
-                stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-                qk_scale, softcap_log2, window_left, window_right,
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION,
-                PER_BLOCK_IDS)
+        acc, l_i, m_i = _attend_range(
+            acc, l_i, m_i, q, pos, d, d_ok, p3_lo, p3_hi, k_base, v_base, bt_row, last_block, stride_bc,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+            qk_scale, softcap_log2, window_left, window_right,
+            BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DOT_PRECISION,
+            PER_BLOCK_IDS, QK_AHEAD)
 
         # Rows (or splits) that attended nothing: output 0, LSE -inf.
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -279,7 +277,8 @@ def paged_prefill_attention_triton(
     if config is None:
         config = choose_tiles(group=group, head_dim=shape.head_dim, max_seqlen_q=max_seqlen_q,
                               on_gpu=tiling.gpu_tiles(q.device), elem_bytes=q.element_size(),
-                              window=shape.window_left >= 0, return_lse=return_lse)
+                              window=shape.window_left >= 0, return_lse=return_lse,
+                              kv_fp8=is_fp8(k_cache.dtype))
     block_m = max(config.block_m, group_p2)
     block_q = block_m // group_p2
     kv_fp8 = is_fp8(k_cache.dtype)
@@ -330,6 +329,7 @@ def paged_prefill_attention_triton(
         RETURN_LSE=return_lse,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None, SPLIT=num_splits > 1,
         PER_BLOCK_IDS=per_block_ids(shape.window_left >= 0, config.block_n, shape.block_size),
+        QK_AHEAD=config.qk_ahead,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if num_splits > 1:

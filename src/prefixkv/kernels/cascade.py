@@ -31,7 +31,8 @@ import torch
 from ..results import SharedPrefix
 from .batch import build_block_table, build_cu_seqlens_q
 from .dispatch import paged_prefill_attention, resolve_backend
-from .errors import BatchError, ShapeError
+from .errors import BatchError
+from .validation import check_cascade
 from .workspace import SplitWorkspace
 
 __all__ = ["CascadeBatch", "build_cascade_batch", "cascade_attention", "merge_attention"]
@@ -168,14 +169,11 @@ def cascade_attention(
     and a merge of the groups' rows (torch ops; no host synchronisation).
 
     Raises:
+        ArgumentTypeError: ``q`` or ``block_table`` is not a ``torch.Tensor``.
         ShapeError: ``cascade`` does not fit this batch (its shift per request, its rows
             outside q); and everything ``paged_prefill_attention`` raises, before any write.
     """
-    batch = block_table.shape[0] if block_table.dim() == 2 else -1
-    if cascade.shift_blocks.shape != (batch,) or cascade.rows.numel() > q.shape[0]:
-        raise ShapeError(f"cascade is for {cascade.shift_blocks.shape[0]} requests and "
-                         f"{cascade.rows.numel()} rows; this batch has {batch} requests and "
-                         f"{q.shape[0]} rows")
+    check_cascade(cascade.shift_blocks, cascade.rows, q, block_table)
 
     def attend(q_: torch.Tensor, table: torch.Tensor, cu: torch.Tensor, used: torch.Tensor, max_q: int,
                max_k: int, causal_: bool, out_: torch.Tensor | None, sinks_: torch.Tensor | None

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 from .workspace import MIN_KEYS_PER_SPLIT
 
 __all__ = ["MIN_KEYS_PER_SPLIT", "TileConfig", "choose_num_splits", "choose_tiles", "gpu_tiles",
-           "interpreting", "per_block_ids", "sm_count"]
+           "interpreting", "per_block_ids", "prefill_tile", "sm_count"]
 
 DEFAULT_SM_COUNT = 132  # H100 SXM: the split heuristic's SM count for non-CUDA tensors
 MAX_SPLITS = 64
@@ -79,6 +79,9 @@ class TileConfig:
     ``num_splits`` key slices per tile (split-KV); None lets :func:`choose_num_splits` pick.
     ``ctas_per_sm``: programs of this config resident on one SM at once (registers and
     shared memory from the sm_90 compile report), which the split heuristic fills.
+    ``qk_ahead``: each phase loop issues QK^T of the next key tile before this tile's
+    softmax, so the tensor cores overlap it (``attend._attend_range``); one more
+    ``[block_m, block_n]`` fp32 tile of registers.
     """
 
     block_m: int
@@ -87,6 +90,7 @@ class TileConfig:
     num_stages: int = 2
     num_splits: int | None = None
     ctas_per_sm: int = 1
+    qk_ahead: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -137,9 +141,27 @@ def choose_num_splits(
     return max(1, splits)
 
 
+def prefill_tile(version: str) -> TileConfig:
+    """The long-prefill tile of head_dim 65..128 (no window, no LSE) for triton ``version``.
+
+    - before 3.7: 256 x 128, 8 warps, 3 stages: measured on an H100 with triton 3.6 at
+      453.8 TFLOP/s on the SPEC shape (443.0 in a second run) against 353.3 for 128 x 128
+      (benchmarks/results/tune-nvidia-h100-80gb-hbm3*.md). It spills (1092 B on 3.6, 12
+      local loads and 10 stores a pass of the unmasked loop; sm_90 compile), and still wins.
+    - 3.7 on: 128 x 64, 8 warps, 3 stages with ``qk_ahead``: on 3.9 the 256-row tile spills
+      1588 B and is not measured; this one uses 219 registers, no spills, and the serial
+      model of ``benchmarks/kernel_timing.py`` rates its cached-prefix loop at 65.9% of peak
+      and its diagonal loop at 53.9% (128 x 128 today: 60.5% and 49.7%). Not yet measured
+      on a GPU. Compiled on 3.9 only (3.7 and 3.8 take it untested).
+    """
+    if version_at_least(version, (3, 7)):
+        return TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, qk_ahead=True)
+    return TileConfig(block_m=256, block_n=128, num_warps=8, num_stages=3)
+
+
 def choose_tiles(
     *, group: int, head_dim: int, max_seqlen_q: int, on_gpu: bool, elem_bytes: int = 2,
-    window: bool = False, return_lse: bool = False,
+    window: bool = False, return_lse: bool = False, kv_fp8: bool = False,
 ) -> TileConfig:
     """Pick tile sizes for a call.
 
@@ -151,12 +173,19 @@ def choose_tiles(
     split-KV) need registers that the widest tile does not have.
 
     Register figures below are ``ptxas -v`` for sm_90 with triton 3.9
-    (``benchmarks/results/kernels-sm90-compile.md``).
+    (``benchmarks/results/kernels-sm90-compile.md``). Long prefills of head_dim 65..128
+    over a 16-bit cache take the tile of :func:`prefill_tile` for the installed triton
+    (``kv_fp8``: an fp8 cache, whose widening in registers makes 128 x 64 with QK^T ahead
+    spill 172 B on 3.9, keeps 128 x 128).
     """
     group_p2 = triton.next_power_of_2(group)
     rows_needed = triton.next_power_of_2(max(1, max_seqlen_q) * group_p2)
     if not on_gpu:
         return TileConfig(block_m=max(group_p2, min(64, max(16, rows_needed))), block_n=32)
+    long_tile = prefill_tile(triton.__version__)
+    if (elem_bytes == 2 and not kv_fp8 and 64 < head_dim <= 128 and not window and not return_lse
+            and rows_needed >= long_tile.block_m >= group_p2):
+        return long_tile
     if elem_bytes >= 4:
         # fp32 runs tl.dot in IEEE fp32 on CUDA cores, which holds whole operand rows in
         # registers: 128 x 64 tiles spilled 38 KB per thread, 32 x 16 spills least.

@@ -247,6 +247,22 @@ def check_attention(
     )
 
 
+def check_cascade(shift_blocks: torch.Tensor, rows: torch.Tensor, q: object, block_table: object) -> None:
+    """A cascade batch (its ``shift_blocks`` ``[batch]`` and ``rows``) fits the call's ``q``
+    and ``block_table``: one shift per request, no more rows than q has.
+
+    Raises:
+        ArgumentTypeError: ``q`` or ``block_table`` is not a ``torch.Tensor``.
+        ShapeError: the cascade is for another batch.
+    """
+    check_tensors(q=q, block_table=block_table)
+    assert isinstance(q, torch.Tensor) and isinstance(block_table, torch.Tensor)
+    batch = block_table.shape[0] if block_table.dim() == 2 else -1
+    if shift_blocks.shape != (batch,) or rows.numel() > q.shape[0]:
+        raise ShapeError(f"cascade is for {shift_blocks.shape[0]} requests and {rows.numel()} rows; this "
+                         f"batch has {batch} requests and {q.shape[0]} rows")
+
+
 def check_sinks(sinks: torch.Tensor | None, q: torch.Tensor) -> None:
     """Validate attention sinks: None, or an fp32 ``[num_heads]`` tensor on q's device.
 

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .fp8 import is_fp8
+
 if TYPE_CHECKING:  # (tiling imports Triton: only when a variant is compiled)
     from .tiling import TileConfig
 
@@ -90,7 +92,8 @@ def attention_variants(spec: AttentionSpec, on_gpu: bool) -> list[tuple[tuple[in
         q = 1
         while True:
             tile = choose_tiles(group=group, head_dim=spec.head_dim, max_seqlen_q=q, on_gpu=on_gpu,
-                                elem_bytes=elem, window=left, return_lse=spec.return_lse)
+                                elem_bytes=elem, window=left, return_lse=spec.return_lse,
+                                kv_fp8=is_fp8(spec.cache_dtype or spec.dtype))
             for splits in (1, 2) if may_split and q <= MAX_SPLIT_Q else (1,):
                 variant = (window, dataclasses.replace(tile, num_splits=splits))
                 if variant not in out:
