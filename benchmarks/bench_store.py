@@ -21,7 +21,9 @@
    is what a store hit costs the thread more than computing would. One more row sweeps
    64 MiB of memory before each call with 4 KiB blocks: the CPU caches then hold none
    of the scheduler's objects, as after a fetch of 2 MiB blocks has moved 256 MiB
-   (what the bytes cost the scheduler without its touching them). Medians over repeats.
+   (what the bytes cost the scheduler without its touching them). Two more rows are
+   store misses (the store holds other prompts' blocks, not this one's): the fetch
+   finds nothing and the re-admission computes every block. Medians over repeats.
 3. Where that time goes (``split``): thread CPU time in named steps of the three calls,
    and the chain hashes computed on each thread.
 
@@ -209,22 +211,23 @@ def scheduler(backend: RedisStore, repeats: int, connections: int) -> None:
           f"microseconds, medians of {repeats}")
     print(f"  {'hash':7} {'case':38} {'start':>6} {'land':>6} {'readmit':>8} {'sum':>6} "
           f"{'sum CPU':>8} {'CPU - miss':>11} {'empty poll':>11} {'p99':>9} {'wall ms':>8}")
-    cases = [(mode, size, 0) for mode in MODES for size in (4096, 262144, MIB2)]
-    cases.append(("sha256", 4096, 64 << 20))
+    cases = [(mode, size, 0, True) for mode in MODES for size in (4096, 262144, MIB2)]
+    cases.append(("sha256", 4096, 64 << 20, True))
+    cases += [(mode, 4096, 0, False) for mode in MODES]
     miss = {mode: missed(backend, mode, repeats) for mode in MODES}
     for mode, (wall, cpu) in miss.items():
         print(f"  {mode:7} {'no store (a miss, computed)':38} {'':6} {'':6} {'':8} "
               f"{wall * 1e6:6.0f} {cpu * 1e6:8.0f}")
-    for mode, size, sweep in cases:
+    for mode, size, sweep, hit in cases:
         e = Engine(backend, size, BLOCKS, True, connections, mode, sweep)
         runs = []
         for r in range(repeats + 3):  # the first admissions fill the pool: not counted
             prompt = prompt_of(BLOCKS, 5000 + r)
-            fill(e.layout, backend, prompt, mode)
+            fill(e.layout, backend, prompt if hit else prompt_of(BLOCKS, 9000 + r), mode)
             if r == 3:
                 e.polls.clear()
-            got = e.admit(prompt)
-            assert got["cached"] == BLOCKS * BS
+            got = e.admit(prompt)  # (a miss: the store holds other blocks, not these)
+            assert got["cached"] == (BLOCKS * BS if hit else 0), got
             if r >= 3:
                 runs.append(got)
         e.close()
@@ -233,7 +236,8 @@ def scheduler(backend: RedisStore, repeats: int, connections: int) -> None:
         med = {k: statistics.median(x[k] for x in runs) * 1e6 for k in runs[0]}
         total = med["start"] + med["land"] + med["readmit"]
         cpu = med["start cpu"] + med["land cpu"] + med["readmit cpu"]
-        label = f"store hit, {size // 1024} KiB/block" + (", caches swept" if sweep else "")
+        label = (f"store {'hit' if hit else 'miss'}, {size // 1024} KiB/block"
+                 + (", caches swept" if sweep else ""))
         print(f"  {mode:7} {label:38} {med['start']:6.0f} {med['land']:6.0f} {med['readmit']:8.0f} "
               f"{total:6.0f} {cpu:8.0f} {cpu - miss[mode][1] * 1e6:11.0f} {med['empty poll']:11.0f} "
               f"{p99:9.0f} {med['wall'] / 1e3:8.1f}")
