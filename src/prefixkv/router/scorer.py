@@ -11,8 +11,9 @@ position of the one to use. Two scorers:
               + active blocks + blocks of the prompt) / capacity
 
   with replicas whose published KV usage is at or above ``busy_threshold`` left out
-  (unless every candidate is), optionally only those under the bounded-load cap of
-  ``AffinityScorer`` (``balance``), and the pick the lowest cost (``temperature`` 0) or
+  (unless every candidate is), optionally only those under a bounded-load cap
+  (``balance``; ``under_cap`` with ``tight``: rounded down), and the pick the lowest
+  cost (``temperature`` 0) or
   drawn with probability ``softmax(-cost / (temperature * mean cost))``. Dividing by
   each replica's capacity (its pool, in blocks) lets a larger replica carry more.
 """
