@@ -97,15 +97,21 @@ def test_dropped_batch_is_counted_and_followed_by_a_snapshot(ctx):
                 truth.add(h) if isinstance(ev, BlockStored) else truth.discard(h)
         results.append(pub.publish(events))
     assert pub.dropped_batches == results.count(False) > 0
-    pub.close()
+    # Read until the subscriber holds the truth, with a deadline, before closing: closing
+    # first (linger 0) could discard what the thread had sent but ZeroMQ had not yet
+    # delivered, and a fixed quiet period ended the read early on a loaded machine.
     held: set = set()
-    while sub.poll(500):
+    deadline = time.monotonic() + 20.0
+    while held != truth and time.monotonic() < deadline:
+        if not sub.poll(100):
+            continue
         _, _, payload = sub.recv_multipart()
         for ev in decode_batch(payload)[1]:
             if isinstance(ev, Cleared):
                 held.clear()
             elif isinstance(ev, Stored):
                 held.update(ev.hashes)
+    pub.close()
     assert held == truth and pub.snapshots >= 1  # exact, although batches were dropped
     sub.close(linger=0)
 

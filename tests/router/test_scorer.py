@@ -6,7 +6,13 @@ import pytest
 from prefixkv.router import Router, RouterError, Stored
 from prefixkv.router.approx import ApproxIndex, ApproxIndexError
 from prefixkv.router.load import LoadError, ReplicaLoad, from_metrics
-from prefixkv.router.scorer import AffinityScorer, CostScorer, ReplicaView, ScorerError
+from prefixkv.router.scorer import (
+    AffinityScorer,
+    CostScorer,
+    ReplicaView,
+    ScorerError,
+    under_cap,
+)
 
 BS = 4
 
@@ -50,6 +56,20 @@ def test_balance_caps_requests_in_flight():
     views = [view("a", run=8, in_flight=5), view("b", in_flight=1), view("c", in_flight=0)]
     assert CostScorer().pick(views, 0) == 0
     assert CostScorer(balance=1.1).pick(views, 0) == 1  # a is over ceil(1.1 * 7 / 3) = 3
+
+
+def test_balance_cap_rounds_down_at_a_few_requests_per_replica():
+    """Mean 3 in flight after this request: ceil(1.1 * 3) = 4 would let the replica that
+    holds the prompt take a fourth while another has 2 (a chat session placed there comes
+    back for every turn); CostScorer's cap is max(ceil(3), floor(3.3)) = 3."""
+    views = [view("a", run=8, in_flight=3)] + [view(f"r{i}", in_flight=3) for i in range(6)] \
+        + [view("low", in_flight=2)]
+    assert under_cap(views, 1.1) == list(range(8))  # the rounding AffinityScorer keeps
+    assert under_cap(views, 1.1, tight=True) == [7]
+    assert CostScorer(balance=1.1).pick(views, 0) == 7
+    # with more in flight, floor(balance * mean) leaves the room balance gives
+    many = [view("a", run=8, in_flight=32)] + [view(f"r{i}", in_flight=30) for i in range(7)]
+    assert 0 in under_cap(many, 1.1, tight=True) and CostScorer(balance=1.1).pick(many, 0) == 0
 
 
 def test_temperature_samples_by_cost():

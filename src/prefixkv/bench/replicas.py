@@ -84,12 +84,20 @@ class FleetResult:
         return out
 
 
+@dataclass(slots=True)
+class _Running:
+    """A request admitted on a replica and how many of its output tokens it decoded."""
+
+    req: BenchRequest
+    decoded: int = 0
+
+
 class _Replica:
     def __init__(self, name: str, num_blocks: int, block_size: int) -> None:
         self.name = name
         self.mgr = KVCacheManager(num_blocks, block_size, hash_mode="sha256", enable_events=True)
         self.waiting: deque[BenchRequest] = deque()
-        self.running: dict[str, list] = {}  # rid -> [request, tokens decoded]
+        self.running: dict[str, _Running] = {}  # admission order: the newest is last
         self.preempted: set[str] = set()  # re-admissions count apart in the stats
 
 
@@ -180,7 +188,7 @@ def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
                                  f"{mgr.num_blocks} blocks")
             break
         rep.waiting.popleft()
-        rep.running[req.rid] = [req, 0]
+        rep.running[req.rid] = _Running(req)
         res.prefill_computed += adm.num_new_tokens
         if req.rid not in rep.preempted:
             res.ttft[req.rid] += adm.num_new_tokens
@@ -189,10 +197,11 @@ def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
         state = rep.running.get(rid)
         if state is None:
             continue
-        req, pos = state
+        req, pos = state.req, state.decoded
         while mgr.append_tokens(rid, req.output[pos:pos + 1]) is None:
             victim = next(reversed(rep.running))  # newest first, as the bench replay does
-            vreq, vpos = rep.running.pop(victim)
+            vstate = rep.running.pop(victim)
+            vreq, vpos = vstate.req, vstate.decoded
             mgr.free(victim)
             res.preemptions += 1
             rep.preempted.add(victim)
@@ -201,8 +210,8 @@ def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
             if victim == rid:
                 break
         else:
-            state[1] = pos + 1
-            if state[1] == len(req.output):
+            state.decoded = pos + 1
+            if state.decoded == len(req.output):
                 del rep.running[rid]
                 mgr.free(rid)
                 done.append(rid)

@@ -11,8 +11,9 @@ position of the one to use. Two scorers:
               + active blocks + blocks of the prompt) / capacity
 
   with replicas whose published KV usage is at or above ``busy_threshold`` left out
-  (unless every candidate is), optionally only those under the bounded-load cap of
-  ``AffinityScorer`` (``balance``), and the pick the lowest cost (``temperature`` 0) or
+  (unless every candidate is), optionally only those under a bounded-load cap
+  (``balance``; ``under_cap`` with ``tight``: rounded down), and the pick the lowest
+  cost (``temperature`` 0) or
   drawn with probability ``softmax(-cost / (temperature * mean cost))``. Dividing by
   each replica's capacity (its pool, in blocks) lets a larger replica carry more.
 """
@@ -91,11 +92,18 @@ class AffinityScorer:
         return best
 
 
-def under_cap(views: Sequence[ReplicaView], balance: float) -> list[int]:
-    """Positions of the replicas whose ``in_flight + 1 <= ceil(balance * (total + 1) /
-    N)``, in order; the least loaded (first in rotation among equals) is always one."""
+def under_cap(views: Sequence[ReplicaView], balance: float, *, tight: bool = False
+              ) -> list[int]:
+    """Positions of the replicas whose ``in_flight + 1 <= cap``, in order; the least
+    loaded (first in rotation among equals) is always one. With ``m = (total + 1) / N``
+    the requests in flight per replica after this one: ``cap = ceil(balance * m)``, or
+    when ``tight``, ``max(ceil(m), floor(balance * m))``: at a few requests per replica,
+    rounding up lets one replica take a whole request more than ``balance`` allows (4
+    where the mean is 3, at balance 1.1), and a chat session placed there comes back
+    there for all its turns."""
     total = sum(v.in_flight for v in views)
-    cap = math.ceil(balance * (total + 1) / len(views))
+    m = (total + 1) / len(views)
+    cap = max(math.ceil(m), math.floor(balance * m)) if tight else math.ceil(balance * m)
     least = min(range(len(views)), key=lambda i: views[i].in_flight)
     return [i for i, v in enumerate(views) if v.in_flight + 1 <= cap or i == least]
 
@@ -135,7 +143,7 @@ class CostScorer:
     def pick(self, views: Sequence[ReplicaView], turn: int) -> int:
         """See ``Scorer.pick``: the lowest cost, or a draw by cost (module doc)."""
         limit = self.busy_threshold
-        allowed = under_cap(views, self.balance) if self.balance is not None \
+        allowed = under_cap(views, self.balance, tight=True) if self.balance is not None \
             else list(range(len(views)))
         if limit is not None:  # busy: at or above the threshold, as last published
             allowed = [i for i in allowed if (u := views[i].kv_usage) is None or u < limit
