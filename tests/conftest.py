@@ -2,9 +2,9 @@
 
 One intra-op thread for torch (OpenMP): the suite's tensors are tiny, and a second thread
 spends its time spin-waiting rather than computing, against the other pytest-xdist worker
-(`make test` runs two) and against the machine's other work. Measured on the 2-core VM
-under load: tests/engine/test_engine.py::test_preemption_in_a_tiny_pool took 18.5 s of CPU
-with torch's default 2 threads, 9.5 s with one. Subprocesses (examples, benchmarks)
+(`make test` runs two) and against the machine's other work. Measured on the 2-core VM at a
+load average under 1: tests/engine/test_engine.py took 24.4 s (33 s of CPU) with torch's
+default two threads, 9.9 s (11.3 s of CPU) with one. Subprocesses (examples, benchmarks)
 inherit it. Set OMP_NUM_THREADS yourself to override.
 """
 
