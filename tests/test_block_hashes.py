@@ -10,7 +10,7 @@ def stored_hashes(mgr: KVCacheManager, prompt, extra=None) -> list[bytes]:
     mgr.add_request("r", prompt, extra=extra)
     events = [e for e in mgr.take_events() if isinstance(e, BlockStored)]
     mgr.free("r")
-    return [e.block_hash for e in events]
+    return [h for e in events for h in e.block_hashes]
 
 
 @pytest.mark.parametrize("mode,seed", [("sha256", None), ("sha256", 7), ("sha256", b"k"),

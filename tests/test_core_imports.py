@@ -25,7 +25,7 @@ INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.a
          "index.hasher", "index.content_check", "index.lower"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
-         "store.fetch", "store.link"}
+         "store.fetch", "store.link", "store.threads"}
 CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.manager",
              "core.store_waits"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",

@@ -139,15 +139,15 @@ def test_groups_never_match_each_others_keys_and_events_name_the_group():
     m = manager([SW8, FULL], 16, enable_events=True)
     m.add_request("a", [1, 2, 3, 4, 5])
     stored = m.take_events()
-    assert [(e.group_idx, e.spec_kind, e.spec_tokens, e.block_id) for e in stored] == [
-        (0, "sliding_window", 8, 1), (1, "full_attention", 0, 3)]
-    assert isinstance(stored[0], GroupBlockStored) and stored[0].block_hash == stored[1].block_hash
+    assert [(e.group_idx, e.spec_kind, e.spec_tokens, e.block_ids) for e in stored] == [
+        (0, "sliding_window", 8, (1,)), (1, "full_attention", 0, (3,))]
+    assert isinstance(stored[0], GroupBlockStored) and stored[0].block_hashes == stored[1].block_hashes
     m.free("a")
     assert m.lookup([1, 2, 3, 4, 5]) == 4
     m.add_request("x", list(range(100, 125)))         # 14 blocks: evicts the LRU block, 1
     removed = [e for e in m.take_events() if isinstance(e, GroupBlockRemoved)]
-    assert [(e.group_idx, e.block_id, e.block_hash) for e in removed] == [
-        (0, 1, stored[0].block_hash)]
+    assert [(e.group_idx, e.block_ids, e.block_hashes) for e in removed] == [
+        (0, (1,), stored[0].block_hashes)]
     assert m.lookup([1, 2, 3, 4, 5]) == 0             # the full group has it, the window not
     m.free("x")
     assert m.reset_prefix_cache() and m.take_events() == [AllBlocksCleared()]
@@ -160,7 +160,7 @@ def test_event_log_overflow_restates_every_group():
     m.add_request("a", list(range(1, 10)))            # 2 full blocks x 2 groups: 4 events
     out = m.take_events()
     assert out[0] == AllBlocksCleared() and len(out) == 5
-    assert [(e.group_idx, e.block_id) for e in out[1:]] == [(0, 1), (0, 2), (1, 4), (1, 5)]
+    assert [(e.group_idx, e.block_ids) for e in out[1:]] == [(0, (1,)), (0, (2,)), (1, (4,)), (1, (5,))]
 
 
 def test_shortage_changes_nothing_and_blocks_a_step_releases_count_as_free():

@@ -296,12 +296,14 @@ class HybridMachine(RuleBasedStateMachine):
             if isinstance(ev, AllBlocksCleared):
                 self.mirror.clear()
             elif isinstance(ev, BlockStored):
-                key = (ev.group_idx, ev.block_hash)
-                self.mirror[key] = self.mirror.get(key, 0) + 1
-                assert self.mirror[key] == 1
+                for h in ev.block_hashes:
+                    key = (ev.group_idx, h)
+                    self.mirror[key] = self.mirror.get(key, 0) + 1
+                    assert self.mirror[key] == 1
             else:
                 assert isinstance(ev, BlockRemoved)
-                del self.mirror[(ev.group_idx, ev.block_hash)]
+                for h in ev.block_hashes:
+                    del self.mirror[(ev.group_idx, h)]
         candidates = [(p + [0], None) for p in PREFIXES]
         candidates += [(t + [0], self.extra[r]) for r, t in self.tokens.items()]
         candidates += [(t + [0], e) for t, e in self.preempted]

@@ -34,7 +34,7 @@ SHA_SCRIPT = """
 from prefixkv import KVCacheManager
 m = KVCacheManager(8, 4, hash_mode="sha256", enable_events=True)
 m.add_request("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
-print(",".join(e.block_hash.hex() for e in m.take_events()))
+print(",".join(h.hex() for e in m.take_events() for h in e.block_hashes))
 """
 
 
@@ -62,7 +62,7 @@ def test_a_colliding_hash_never_serves_wrong_kv_nor_costs_a_hit():
     a = [1, 2, 3, 4, 5, 6, 7, 8, 9]
     m.add_request("a", a)          # both blocks carry the one hash there is
     assert m.num_cached_blocks == 2
-    assert [e.block_hash for e in m.take_events()] == [b"\x00" * 16] * 2
+    assert [e.block_hashes for e in m.take_events()] == [[b"\x00" * 16] * 2]
     assert m.lookup(a) == 8
     assert m.add_request("b", [1, 2, 3, 4, 50, 51, 52, 53, 9]).num_cached_tokens == 4
     assert m.add_request("c", [7, 7, 7, 7, 5, 6, 7, 8, 9]).num_cached_tokens == 0
@@ -93,7 +93,10 @@ def test_stored_events_carry_the_keys_of_their_own_block():
     m = KVCacheManager(16, 4, seed=0, enable_events=True)
     img = MultiModalInput("cat", 4, 4)
     m.add_request("a", list(range(1, 14)), extra=ExtraKeys(lora="ad", mm=(img,)))
-    extras = [e.extra for e in m.take_events()]
+    [run] = m.take_events()
+    assert run.extra == ExtraKeys(lora="ad", mm=(img,))  # the run's: every block's keys
+    extras = [run.block_extra(i) for i in range(3)]
     assert extras == [ExtraKeys(lora="ad"), ExtraKeys(lora="ad", mm=(img,)), ExtraKeys(lora="ad")]
     m.add_request("b", [7] * 5, extra=ExtraKeys(mm=(MultiModalInput("x", 4, 1),)))
-    assert [e.extra for e in m.take_events()] == [None]
+    [run] = m.take_events()
+    assert run.extra is None and run.block_extra(0) is None

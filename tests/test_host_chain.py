@@ -106,8 +106,9 @@ def test_a_run_ends_at_a_block_whose_slot_is_refreshed():
 
 def run_of_three(tier, events=False):
     """Offload contents 1 <- 2 <- 3 (a0, a1, a2) in one batch, children first; their slots."""
-    blocks = [Block(i, key=c, parent_cid=i, content_id=i + 1,
-                    event=BlockStored(bytes([i]) * 4, None, (), i, None) if events else None)
+    blocks = [Block(i, key=c, parent_cid=i, content_id=i + 1, hash=bytes([i]) * 4,
+                    event=BlockStored([bytes([i]) * 4], None, bytes(16), [i], None, i)
+                    if events else None)
               for i, c in enumerate([b"a0", b"a1", b"a2"])]
     tier.demote(blocks[::-1], 1)
     return [tier.find(0, b"a0", b"")] + slots_below(tier)
@@ -146,8 +147,9 @@ def test_slots_reserved_for_a_fetch_drop_their_content_announced_and_keyed_child
     tier._sink.take()
     assert tier.reserve(2) == [s2, s1]               # the LRU order: a2 first, then a1
     gone = tier._sink.take()
-    assert [(type(e).__name__, e.block_id) for e in gone] == [
-        ("BlockRemoved", s2.block_id), ("BlockRemoved", s1.block_id)]
+    assert [(type(e).__name__, e.block_ids, e.block_hashes) for e in gone] == [
+        ("BlockRemoved", (s2.block_id,), (b"\x02" * 4,)),
+        ("BlockRemoved", (s1.block_id,), (b"\x01" * 4,))]
     assert tier.check() is None and tier.num_chained == 0 and len(tier) == 1
     assert tier.find(0, b"a0", b"") is s0 and tier.reserve(5) == [s0]   # pinned ones stay
     tier.unreserve([s2, s1, s0])
@@ -158,7 +160,7 @@ def test_the_snapshot_announces_chained_slots_too():
     tier = HostTier(3, EventLog(100))
     run_of_three(tier, events=True)
     assert tier.num_chained == 2
-    assert [e.block_hash for e in tier.snapshot()] == [bytes([i]) * 4 for i in range(3)]
+    assert [e.block_hashes for e in tier.snapshot()] == [(bytes([i]) * 4,) for i in range(3)]
 
 
 def test_a_lookup_with_triple_keys_on_the_device_walks_a_slots_chained_child():

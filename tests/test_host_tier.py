@@ -94,7 +94,7 @@ def test_events_carry_the_medium():
     m.take_kv_ops()
     events = m.take_events()
     cpu = [e for e in events if getattr(e, "medium", None) == "CPU"]
-    assert {e.block_hash for e in cpu} == {e.block_hash for e in stored}
+    assert {h for e in cpu for h in e.block_hashes} == {h for e in stored for h in e.block_hashes}
     assert all(isinstance(e, BlockStored) for e in cpu)
     gpu_removed = [e for e in events if isinstance(e, BlockRemoved) and e.medium == "GPU"]
     assert len(gpu_removed) == 2

@@ -24,6 +24,7 @@ SLOTS = 4
 # (only the parent or the extra bytes tell them apart), so some are keyed by the triple
 CONTENTS = [(0, b"aa", b""), (1, b"bb", b""), (1, b"cc", b""), (2, b"aa", b""),
             (2, b"dd", b""), (0, b"aa", b"x"), (3, b"ee", b""), (4, b"ff", b"")]
+TOKENS = bytes(16)  # (one block of 4 tokens in every event)
 HASH = [bytes([c]) * 4 for c in range(len(CONTENTS))]  # each content's chain hash
 
 
@@ -55,13 +56,14 @@ class Model:
                 dropped = self.content_of.pop(s)
                 del self.slot_of[dropped]
                 if s in self.announced:
-                    self.events.append(BlockRemoved(HASH[dropped], s, "CPU"))
+                    self.events.append(BlockRemoved((HASH[dropped],), (s,), "CPU"))
             else:
                 continue
             self.announced.discard(s)
             if announced:
                 self.announced.add(s)
-                self.events.append(BlockStored(HASH[content], None, (), s, None, "CPU"))
+                self.events.append(BlockStored((HASH[content],), None, TOKENS, (s,), None, 0,
+                                               "CPU"))
             self.slot_of[content], self.content_of[s] = s, content
             self.pinned.append(s)
             offloads.append((block_id, s))
@@ -96,7 +98,7 @@ class HostTierMachine(RuleBasedStateMachine):
         b.parent_cid, b.extra, b.content_id = parent, extra, 100 + content
         b.step = self.step if not computed else self.step - 1
         b.hash = HASH[content]
-        b.event = BlockStored(b.hash, None, (), b.block_id, None) if announced else None
+        b.event = BlockStored([b.hash], None, TOKENS, [b.block_id], None, 0) if announced else None
         return b
 
     @rule(batch=st.lists(st.tuples(st.integers(0, len(CONTENTS) - 1), st.booleans(),

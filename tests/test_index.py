@@ -28,11 +28,13 @@ class Mirror:
             if isinstance(ev, AllBlocksCleared):
                 self.count.clear()
             elif isinstance(ev, BlockStored):
-                self.count[ev.block_hash] = self.count.get(ev.block_hash, 0) + 1
+                for h in ev.block_hashes:
+                    self.count[h] = self.count.get(h, 0) + 1
             else:
-                self.count[ev.block_hash] -= 1
-                if not self.count[ev.block_hash]:
-                    del self.count[ev.block_hash]
+                for h in ev.block_hashes:
+                    self.count[h] -= 1
+                    if not self.count[h]:
+                        del self.count[h]
 
     def predict(self, prompt, extra=None):
         n = (len(prompt) - 1) // 4
@@ -85,12 +87,12 @@ def test_events_announce_a_content_once_and_withdraw_it_once():
     assert [type(e) for e in m.take_events()] == [BlockStored]
     m.free("a")                                   # the cached copy stays
     m.add_request("x", list(range(30, 50)))       # evicts block 0: b's spare takes over
-    assert [type(e) for e in m.take_events()] == [BlockStored] * 5   # nothing removed
+    assert [(type(e), len(e.block_hashes)) for e in m.take_events()] == [(BlockStored, 5)]
     assert m.lookup([1, 2, 3, 4, 9]) == 4
     m.free("x")
     m.free("b")
     m.add_request("y", list(range(60, 84)))       # evicts everything cached: x's 5 and 2
-    kinds = [type(e) for e in m.take_events()]
+    kinds = [type(e) for e in m.take_events() for _ in e.block_hashes]  # one per block
     assert kinds.count(BlockRemoved) == 6 and kinds.count(BlockStored) == 6
     m.check_invariants()
 
@@ -109,7 +111,8 @@ def test_the_event_log_is_bounded_and_a_lagging_consumer_resyncs_exactly():
     assert len(first) - 1 == m.num_cached_blocks
     mirror.count = {}
     for e in first[1:]:
-        mirror.count[e.block_hash] = 1
+        (h,) = e.block_hashes
+        mirror.count[h] = 1
     for p in prompts:
         assert mirror.predict(p) == m.lookup(p)
     assert m.take_events() == []
@@ -163,20 +166,24 @@ def test_salted_prompts_mirror_exactly():
     assert mirror.predict([1, 2, 3, 4, 5]) == m.lookup([1, 2, 3, 4, 5]) == 0
 
 
-def test_the_fast_event_builders_make_the_same_frozen_events():
+def test_a_stored_run_and_its_blocks():
     import dataclasses
+    import struct
 
-    from prefixkv.events import BlockRemoved, BlockStored, removed_event, stored_event
-    from prefixkv.extra_keys import ExtraKeys
-    extra = ExtraKeys(cache_salt="s")
-    for args in ((b"h" * 16, None, (1, 2, 3, 4), 7, None), (b"h" * 16, b"p" * 16, (5,), 0, extra),
-                 (b"h", b"p", (), 3, None, "CPU")):
-        fast, slow = stored_event(*args), BlockStored(*args)
-        assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            fast.block_id = 1  # type: ignore[misc]
-    for args in ((b"h" * 16, 3), (b"h", 0, "CPU")):
-        fast, slow = removed_event(*args), BlockRemoved(*args)
-        assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            fast.block_hash = b""  # type: ignore[misc]
+    from prefixkv.events import BlockStored
+    from prefixkv.extra_keys import ExtraKeys, MultiModalInput
+    extra = ExtraKeys(cache_salt="s", mm=(MultiModalInput("img", 9, 2),))  # tokens 9, 10
+    hs = [b"a" * 16, b"b" * 16, b"c" * 16]
+    ev = BlockStored(hs, b"p" * 16, struct.pack("<12I", *range(12)), [7, 8, 9], extra, 1)
+    assert (ev.block_size, ev.token_ids, ev.medium) == (4, list(range(12)), "GPU")
+    assert ev.block_extra(0) == ExtraKeys(cache_salt="s")  # the run's tokens are 4..15 of
+    assert ev.block_extra(1) == extra                      # its request: the image is in
+    assert ev.block_extra(2) == ExtraKeys(cache_salt="s")  # block 1 (8..11) alone
+    one = ev.block_of(b"b" * 16, 3, "CPU")
+    assert one == BlockStored((b"b" * 16,), b"a" * 16, struct.pack("<4I", 4, 5, 6, 7), (3,),
+                              extra, 2, "CPU")
+    first = ev.block(0, 7, "GPU")
+    assert (first.parent_block_hash, first.token_ids, first.first_block) == (b"p" * 16, [0, 1, 2, 3], 1)
+    assert first.block(0, 7, "GPU") is first
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ev.first_block = 0  # type: ignore[misc]

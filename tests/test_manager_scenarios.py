@@ -62,15 +62,15 @@ def test_eviction_under_pressure_takes_the_tail_of_the_lru_chain_first():
     assert m.add_request("a", a) == Admission("a", (0, 1), 0, 8)
     m.free("a")
     assert m.free_block_order() == [2, 3, 1, 0]
-    stored = m.take_events()
-    assert [type(e) for e in stored] == [BlockStored, BlockStored]
-    assert stored[0].parent_block_hash is None and stored[1].parent_block_hash == stored[0].block_hash
-    assert stored[1].token_ids == (5, 6, 7, 8) and stored[1].block_id == 1
+    [stored] = m.take_events()  # one event for the run of two blocks
+    assert type(stored) is BlockStored and stored.parent_block_hash is None
+    assert stored.token_ids == a and stored.block_ids == [0, 1] and stored.first_block == 0
+    assert len(stored.block_hashes) == 2 and stored.block_size == 4
 
     b = list(range(50, 62))
     assert m.add_request("b", b) == Admission("b", (2, 3, 1), 0, 12)
     events = m.take_events()
-    assert events[0] == BlockRemoved(stored[1].block_hash, 1)
+    assert events[0] == BlockRemoved([stored.block_hashes[1]], [1])
     assert m.free_block_order() == [0]
     assert m.lookup(a) == 4
 
@@ -210,7 +210,7 @@ def test_a_request_dropped_before_its_step_ran_leaves_nothing_findable():
     assert m.add_request("a", prompt) == Admission("a", (0, 1, 2), 4, 6)
     [stored] = m.take_events()                # block 1 is findable from its step on
     m.free("a", num_computed_tokens=4)        # but that step never ran
-    assert m.take_events() == [BlockRemoved(stored.block_hash, 1)]
+    assert m.take_events() == [BlockRemoved(stored.block_hashes, [1])]
     assert m.lookup(prompt) == 4              # the hit block computed earlier stays
     assert m.free_block_order() == [1, 2, 3, 4, 5, 6, 7, 0]
     m.check_invariants()

@@ -348,12 +348,14 @@ class ManagerMachine(RuleBasedStateMachine):
             if isinstance(ev, AllBlocksCleared):
                 self.mirror.clear()
             elif isinstance(ev, BlockStored):
-                self.mirror[ev.block_hash] = self.mirror.get(ev.block_hash, 0) + 1
+                for h in ev.block_hashes:
+                    self.mirror[h] = self.mirror.get(h, 0) + 1
             else:
-                self.mirror[ev.block_hash] -= 1
-                assert self.mirror[ev.block_hash] >= 0
-                if not self.mirror[ev.block_hash]:
-                    del self.mirror[ev.block_hash]
+                for h in ev.block_hashes:
+                    self.mirror[h] -= 1
+                    assert self.mirror[h] >= 0
+                    if not self.mirror[h]:
+                        del self.mirror[h]
         candidates = [(p + [0], None) for p in PREFIXES]
         candidates += [(t + [0], self.extra[r]) for r, t in self.tokens.items()]
         candidates += [(t + [0], e) for t, e in self.preempted]

@@ -1,61 +1,119 @@
 """Cache events, and the sinks the index writes them to.
 
 A consumer that mirrors the events knows which blocks this manager can serve: a chain
-hash is announced by one ``BlockStored`` when its content first becomes findable and
-withdrawn by one ``BlockRemoved`` when the last block holding it is evicted (or was never
+hash is announced by a ``BlockStored`` when its content first becomes findable and
+withdrawn by a ``BlockRemoved`` when the last block holding it is evicted (or was never
 computed), so "every hash stored and not removed" predicts ``lookup`` exactly. (Under a
 hash collision, which the built-in modes make negligible, two contents share a hash: a
 consumer that counts stores and removals per hash stays exact.) Use
 ``hash_mode="sha256"`` for ids that are stable across processes.
 
+Events are run-level, as vLLM's: one ``BlockStored`` announces a run of consecutive full
+blocks of one request (their hashes as a tuple, the run's token ids as one buffer), one
+``BlockRemoved`` a batch of evictions.
+
 Sinks: ``NullSink`` records nothing (events off); ``EventLog`` keeps events until the
 engine drains them with ``take_events()``, bounded by ``max_events``. When a consumer
 falls behind and the log overflows, the pending events are dropped and counted
-(``dropped``), and the next drain starts with ``AllBlocksCleared`` followed by one
-``BlockStored`` per block findable at that moment: mirroring it resynchronises the
+(``dropped``), and the next drain starts with ``AllBlocksCleared`` followed by a
+``BlockStored`` for every block findable at that moment: mirroring it resynchronises the
 consumer exactly, whatever it missed.
 
 Deferred events: the index does not build events (nor compute chain hashes) while it
 admits; it hands the log one ``Deferred`` per run of blocks stored and per batch of
-blocks removed, and the log expands them, in order, when they are taken (or when it
+blocks removed, and the log builds them, in order, when they are taken (or when it
 overflows or is cleared, so the blocks' hashes are always set in the order they were
 recorded). ``take()`` returns the same events either way.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import sys
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from .extra_keys import ExtraKeys
 
 DEVICE = "GPU"
 """The medium of blocks in the device pool (vLLM's event field spells it "GPU")."""
 
+_SWAP = sys.byteorder != "little"
+_U32 = "I" if array("I").itemsize == 4 else "L"
+
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
-    """A full block became findable under ``block_hash``. ``parent_block_hash`` is None
-    for a request's first block. ``token_ids`` are the block's block_size tokens.
-    ``block_id``: the block that holds it. ``extra``: the extra keys that entered this
-    block's hash (LoRA, salt and only the multimodal inputs overlapping the block), None
-    when there are none. ``medium``: where the block lives ("GPU": the device pool)."""
+    """A run of full blocks of one request became findable: block i of the run under
+    ``block_hashes[i]``, its parent being ``block_hashes[i - 1]``, or for the first one
+    ``parent_block_hash`` (None when the run starts at the request's first block).
+    ``token_bytes``: the run's ``len(block_hashes) * block_size`` token ids, uint32
+    little-endian (the encoding the chain hashes; ``token_ids`` decodes them).
+    ``block_ids[i]``: the block that holds block i. ``first_block``: the position of the
+    run's first block in its request (its first token is ``first_block * block_size``).
+    ``extra``: the extra keys that entered the run's hashes (LoRA, salt and the
+    multimodal inputs overlapping the run; ``block_extra(i)``: those of block i), None
+    when there are none. ``medium``: where the blocks live ("GPU": the device pool).
+    ``block_hashes`` and ``block_ids`` are lists, as vLLM's, which nothing changes once
+    the event is built: read them, never write them (the event is frozen, its lists are
+    not copied to make it)."""
 
-    block_hash: bytes
+    block_hashes: Sequence[bytes]
     parent_block_hash: bytes | None
-    token_ids: tuple[int, ...]
-    block_id: int
+    token_bytes: bytes
+    block_ids: Sequence[int]
     extra: ExtraKeys | None
+    first_block: int
     medium: str = DEVICE
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        return len(self.token_bytes) // (4 * len(self.block_hashes))
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The run's token ids (decoded from ``token_bytes`` on each read)."""
+        arr = array(_U32)
+        arr.frombytes(self.token_bytes)
+        if _SWAP:  # pragma: no cover - big-endian hosts only
+            arr.byteswap()
+        return arr.tolist()
+
+    def block_extra(self, i: int) -> ExtraKeys | None:
+        """The extra keys that entered block i's hash (only its own multimodal inputs)."""
+        if self.extra is None:
+            return None
+        bs = self.block_size
+        start = (self.first_block + i) * bs
+        return self.extra.for_range(start, start + bs)
+
+    def block(self, i: int, block_id: int, medium: str) -> BlockStored:
+        """Block i of the run alone, held by ``block_id`` in ``medium`` (a copy of it
+        elsewhere: a host slot, a device block loaded from one); other fields (a
+        subclass's group) as here."""
+        if len(self.block_ids) == 1 and self.block_ids[0] == block_id and self.medium == medium:
+            return self
+        width = 4 * self.block_size
+        return replace(self, block_hashes=(self.block_hashes[i],),
+                       parent_block_hash=self.block_hashes[i - 1] if i else
+                       self.parent_block_hash,
+                       token_bytes=self.token_bytes[i * width:(i + 1) * width],
+                       block_ids=(block_id,), extra=self.block_extra(i),
+                       first_block=self.first_block + i, medium=medium)
+
+    def block_of(self, block_hash: bytes, block_id: int, medium: str) -> BlockStored:
+        """``block(i, ...)`` of the block the run announced under ``block_hash``."""
+        return self.block(self.block_hashes.index(block_hash), block_id, medium)
 
 
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
-    """No block of ``medium`` holds the content stored under ``block_hash`` any more
-    (evicted, or never computed); ``block_id`` is the last one that held it."""
+    """No block of ``medium`` holds the contents stored under ``block_hashes`` any more
+    (evicted, or never computed); ``block_ids[i]`` is the last block that held the i-th."""
 
-    block_hash: bytes
-    block_id: int
+    block_hashes: Sequence[bytes]
+    block_ids: Sequence[int]
     medium: str = DEVICE
 
 
@@ -63,42 +121,6 @@ class BlockRemoved:
 class AllBlocksCleared:
     """Every block was dropped (``reset_prefix_cache()``), or the log overflowed and the
     ``BlockStored`` events that follow restate everything findable."""
-
-
-def _setters(cls: type, fields: tuple[str, ...]) -> tuple[Any, ...]:
-    return tuple(cls.__dict__[f].__set__ for f in fields)  # the slots' member descriptors
-
-
-_STORED = _setters(BlockStored, ("block_hash", "parent_block_hash", "token_ids", "block_id",
-                                 "extra", "medium"))
-_REMOVED = _setters(BlockRemoved, ("block_hash", "block_id", "medium"))
-_new = object.__new__
-
-
-def stored_event(block_hash: bytes, parent: bytes | None, token_ids: tuple[int, ...],
-                 block_id: int, extra: ExtraKeys | None, medium: str = DEVICE) -> BlockStored:
-    """``BlockStored(...)``, the same (equal, hashing alike) object, built ~2x faster: a
-    frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; this
-    writes the slots directly. For the index's hot paths (one event a stored block)."""
-    ev = _new(BlockStored)
-    a, b, c, d, e, f = _STORED
-    a(ev, block_hash)
-    b(ev, parent)
-    c(ev, token_ids)
-    d(ev, block_id)
-    e(ev, extra)
-    f(ev, medium)
-    return ev
-
-
-def removed_event(block_hash: bytes, block_id: int, medium: str = DEVICE) -> BlockRemoved:
-    """``BlockRemoved(...)``, built as ``stored_event`` builds its event."""
-    ev = _new(BlockRemoved)
-    a, b, c = _REMOVED
-    a(ev, block_hash)
-    b(ev, block_id)
-    c(ev, medium)
-    return ev
 
 
 Event = BlockStored | BlockRemoved | AllBlocksCleared

@@ -180,8 +180,10 @@ def test_steps_drain_stats_and_events(make_engine):
     manager, so 3 full blocks, stored 2 at admission and 1 while decoding."""
     engine, alloc = make_engine(caching=True, events=True)
     result = engine.generate([list(range(1, 41))], SamplingParams(max_tokens=10), on_step=checker(alloc))
-    stored = [[e for e in r.events if isinstance(e, BlockStored)] for r in result.steps]
+    stored = [[h for e in r.events if isinstance(e, BlockStored) for h in e.block_hashes]
+              for r in result.steps]
     assert len(stored[0]) == 2 and sum(map(len, stored)) == 3
+    assert sum(isinstance(e, BlockStored) for e in result.steps[0].events) == 1  # one run
     assert result.steps[0].stats.requests == 1 and all(r.stats.requests == 0 for r in result.steps[1:])
     assert alloc.take_events() == [] and alloc.reset_prefix_cache()
 

@@ -6,7 +6,7 @@ import msgpack
 import pytest
 import zmq
 
-from prefixkv import BlockStored, KVCacheManager
+from prefixkv import BlockStored, ExtraKeys, KVCacheManager
 from prefixkv.fleet.publisher import EventPublisher
 from prefixkv.fleet.replay import END_SEQ
 from prefixkv.fleet.wire import WireError
@@ -92,8 +92,9 @@ def test_dropped_batch_is_counted_and_followed_by_a_snapshot(ctx):
         m.add_request(i, list(range(1000 * i + 1, 1000 * i + 9)))
         events = m.take_events()
         for ev in events:
-            h = int.from_bytes(ev.block_hash[-8:], "big")
-            truth.add(h) if isinstance(ev, BlockStored) else truth.discard(h)
+            for d in ev.block_hashes:
+                h = int.from_bytes(d[-8:], "big")
+                truth.add(h) if isinstance(ev, BlockStored) else truth.discard(h)
         results.append(pub.publish(events))
     assert pub.dropped_batches == results.count(False) > 0
     pub.close()
@@ -202,7 +203,8 @@ def test_a_failing_send_is_counted_and_the_thread_goes_on(ctx):
     kept returning True, nothing was sent, heartbeats stopped."""
     with EventPublisher(block_size=4, heartbeat=0.05) as pub:
         sub = sub_to(ctx, pub)
-        bad = BlockStored(b"\x01" * 32, None, (2**70,) * 4, 0, None)
+        bad = BlockStored([b"\x01" * 32], None, bytes(16), [0],  # lora_id past uint64
+                          ExtraKeys(lora="x", lora_id=2**70), 0)
         assert pub.publish([bad])
         deadline = time.monotonic() + 3
         while pub.send_errors == 0 and time.monotonic() < deadline:

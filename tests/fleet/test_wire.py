@@ -8,7 +8,7 @@ import pytest
 
 from prefixkv import ExtraKeys, KVCacheManager, MultiModalInput, block_hashes
 from prefixkv.events import AllBlocksCleared, BlockRemoved, BlockStored
-from prefixkv.fleet.wire import WireError, block_starts, encode_batch, to_wire_events, wire_hash
+from prefixkv.fleet.wire import WireError, encode_batch, to_wire_events, wire_hash
 from prefixkv.router import Cleared, DecodeError, Removed, Stored, decode_batch
 
 STORED_KEYS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
@@ -39,7 +39,7 @@ def test_batch_layout_and_field_order():
 
 
 def test_nil_fields_are_present_and_encoded_as_nil():
-    ev = BlockStored(b"\x00" * 31 + b"\x05", None, (1, 2), 0, None)
+    ev = BlockStored([b"\x00" * 31 + b"\x05"], None, struct.pack("<2I", 1, 2), [0], None, 0)
     payload = encode_batch([ev], block_size=2, ts=0.0)
     assert b"\xaflora_id\xc0" in payload.replace(b"\xa7lora_id", b"\xaflora_id")  # key, nil
     assert b"\xb1parent_block_hash\xc0" in payload
@@ -50,12 +50,13 @@ def test_nil_fields_are_present_and_encoded_as_nil():
 def test_hash_integer_widths():
     big = b"\xff" * 24 + b"\x80" + b"\x00" * 7      # low 64 bits >= 2**63: uint64 (0xcf)
     small = b"\xff" * 24 + b"\x00" * 7 + b"\x07"     # 7: positive fixint
-    payload = encode_batch([BlockRemoved(big, 0), BlockRemoved(small, 1)], block_size=4, ts=0.0)
+    payload = encode_batch([BlockRemoved([big], [0]), BlockRemoved([small], [1])], block_size=4,
+                           ts=0.0)
     assert b"\xcf\x80" + b"\x00" * 7 in payload
     (ev,) = msgpack.unpackb(payload)[1]
     assert ev == {"type": "BlockRemoved", "block_hashes": [1 << 63, 7], "medium": "GPU",
                   "group_idx": 0}
-    raw = encode_batch([BlockRemoved(big, 0)], block_size=4, hash_format="bytes", ts=0.0)
+    raw = encode_batch([BlockRemoved([big], [0])], block_size=4, hash_format="bytes", ts=0.0)
     assert b"\xc4\x20" + big in raw  # bin 8, 32 bytes
     assert wire_hash(big) == 1 << 63 and wire_hash(big, "bytes") == big
 
@@ -95,17 +96,17 @@ def test_extra_keys_as_vllm_sends_them():
 
 def test_multimodal_offsets_span_blocks_and_batches():
     """An input that began in an earlier block has a negative offset in the later ones;
-    a chain continued in a later batch keeps its positions (a publisher tracks them)."""
+    a chain continued in a later batch keeps its positions (each event carries its run's
+    position in the request, so no publisher needs to track them)."""
     m = manager()
     m.add_request("a", list(range(1, 10)))                     # blocks 0, 1
     first = m.take_events()
     extra = ExtraKeys(mm=(MultiModalInput(b"\x0f", 9, 4),))    # tokens 9..12
     m.add_request("b", list(range(1, 18)), extra=extra)        # hits 0, 1; stores 2, 3
     later = m.take_events()
-    (ev,) = to_wire_events(later, 4, starts=block_starts(first, 4))
+    assert len(first) == 1
+    (ev,) = to_wire_events(later, 4)  # alone: the run says it starts at block 2
     assert ev["extra_keys"] == [(("0f", 1),), (("0f", -3),)]
-    (ev,) = to_wire_events(later, 4)  # alone, the chain's position is unknown: no pairs
-    assert ev["extra_keys"] == [None, None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,13 +121,13 @@ class LoraWithId(ExtraKeys):  # ExtraKeys once it carries ``lora_id``
 
 def test_medium_and_lora_id_are_read_when_the_core_has_them():
     extra = LoraWithId(lora="ad", lora_id=7)
-    a = CPUStored(b"\x01" * 16, None, (1, 2), 0, extra)
-    b = CPUStored(b"\x02" * 16, b"\x01" * 16, (3, 4), 1, extra)
-    gpu = BlockStored(b"\x03" * 16, b"\x02" * 16, (5, 6), 2, extra)
+    a = CPUStored([b"\x01" * 16], None, struct.pack("<2I", 1, 2), [0], extra, 0)
+    b = CPUStored([b"\x02" * 16], b"\x01" * 16, struct.pack("<2I", 3, 4), [1], extra, 1)
+    gpu = BlockStored([b"\x03" * 16], b"\x02" * 16, struct.pack("<2I", 5, 6), [2], extra, 2)
     wire = to_wire_events([a, b, gpu], 2)
     assert [(e["medium"], len(e["block_hashes"]), e["lora_id"]) for e in wire] == [
         ("CPU", 2, 7), ("GPU", 1, 7)]
-    assert to_wire_events([BlockRemoved(b"\x01" * 16, 0)], 4)[0]["medium"] == "GPU"
+    assert to_wire_events([BlockRemoved([b"\x01" * 16], [0])], 4)[0]["medium"] == "GPU"
 
 
 def test_cleared_and_decode_round_trip():

@@ -180,8 +180,8 @@ def test_fetched_blocks_are_announced_on_the_host_then_the_device(backend, share
     computed(m1, backend, "a", A)
     admit(m2, "b", A[:5])
     events = [e for e in m2.take_events() if isinstance(e, BlockStored)]
-    assert [(e.medium, e.block_id, e.token_ids) for e in events] == [
-        ("CPU", 0, (1, 2, 3, 4)), ("GPU", 0, (1, 2, 3, 4))]
+    assert [(e.medium, list(e.block_ids), e.token_ids) for e in events] == [
+        ("CPU", [0], [1, 2, 3, 4]), ("GPU", [0], [1, 2, 3, 4])]
     assert events[0].parent_block_hash is None
 
 

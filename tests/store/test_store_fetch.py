@@ -155,3 +155,25 @@ def test_attached_memory_must_fit_the_slots(backend, layout):
     m.attach_host_memory([[memoryview(bytearray(3)), memoryview(bytearray(5))]] * 4)
     with pytest.raises(ConfigError):
         KVCacheManager(8, 4).attach_host_memory(good)
+
+
+def test_the_fetcher_makes_the_slots_views_from_the_memory_attached_at_the_start(backend, layout):
+    """The scheduler's thread hands over the slots, not a view per slot: the fetcher
+    makes them, from the memory attached when the fetch started (memory attached later
+    is for later fetches), and the payloads land there."""
+    m, ex, _ = setup(backend, layout)
+    first = bytearray(32)
+    m.attach_host_memory([[memoryview(first)[8 * i:8 * (i + 1)]] for i in range(4)])
+    assert isinstance(m.add_request("b", A), StoreWait)
+    f = m._waits.waiting["b"]
+    assert f.buffers == [] and f.views is not None  # nothing per slot on this thread
+    later = bytearray(32)
+    m.attach_host_memory([[memoryview(later)[8 * i:8 * (i + 1)]] for i in range(4)])
+    ex.run()
+    assert [b[0].obj for b in f.buffers] == [first] * 3
+    assert m.poll_store() == ["b"]
+    assert m.add_request("b", A).num_cached_tokens == 12
+    assert sorted(first[8 * s.block_id:8 * s.block_id + 8] for s in f.slots) == \
+        sorted(bytes([i]) * 8 for i in range(3))   # the writer's blocks 0, 1, 2
+    assert later == bytearray(32)
+    m.check_invariants()

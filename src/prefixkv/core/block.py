@@ -68,7 +68,8 @@ class Block:
     findable only if that one goes (see ``ContentIndex``).
     ``hash``: the chain hash (the identity outside the process), computed only when a
     consumer needs it (events, tiers), else None.
-    ``event``: the BlockStored that announced this content, when events are recorded.
+    ``event``: the BlockStored (a run of blocks) that announced this content, when events
+    are recorded (``event.block_of(hash, ...)`` is this block's part of it).
     ``step``: the manager's step in which the content was recorded (its KV is computed by
     that step's forward pass, so it may be copied elsewhere only in a later step).
     ``child``: the block last recorded with this block's content as its parent: a

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Hashable, Sequence
+from functools import partial
 from typing import Any
 
 from ..errors import ConfigError
@@ -30,8 +31,15 @@ from ..results import StoreFetched, StoreWait
 from ..store.fetch import Fetch
 from ..store.link import StoreLink
 from ..tiers import HostSlot, HostTier
+from ..tiers.host_index import HOST
 from .block import Block
 from .request import Request
+
+
+def _attached(memory: list[list[memoryview]], slots: list[Block]) -> list[list[memoryview]]:
+    """The views of ``slots`` in attached ``memory`` (``Fetch.views``: a fetcher calls it)."""
+    return [memory[s.block_id] for s in slots]
+
 
 GRACE = 0.05
 """Seconds past a fetch's deadline before ``poll`` gives up on it (its threads return by
@@ -71,14 +79,13 @@ class StoreWaits:
 
     def _staging(self, slots: list[Block]) -> list[list[memoryview]]:
         """Buffers of the manager's own for ``slots``' payloads, which the plan's
-        ``StoreFetched`` ops then copy (without ``attach``): one area of anonymous memory
-        for every slot, mapped once, whose pages are touched only as fetches write them.
-        A slot's buffer is reused only once the slot is reserved again, in a later step
+        ``StoreFetched`` ops then copy (without ``attach``; a fetcher thread calls it):
+        one area of anonymous memory for every slot, mapped once (by ``start``, on the
+        scheduler's thread), whose pages are touched only as fetches write them. A
+        slot's buffer is reused only once the slot is reserved again, in a later step
         than the plan that named it."""
-        size = self.link.payload
-        if self._stage is None:
-            self._stage = memoryview(mmap.mmap(-1, size * len(self.host.slots)))
-        area = self._stage
+        size, area = self.link.payload, self._stage
+        assert area is not None, "start maps the staging area before a fetch is submitted"
         return [[area[s.block_id * size:(s.block_id + 1) * size]] for s in slots]
 
     def start(self, req: Request, hits: list[Any], chunks: Sequence[bytes], limit: int) -> StoreWait | None:
@@ -98,10 +105,13 @@ class StoreWaits:
         if not slots:
             return None
         memory = self.memory
+        staged = memory is None
+        if staged and self._stage is None:
+            self._stage = memoryview(mmap.mmap(-1, link.payload * len(host.slots)))
         f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
                   chunks[first:first + len(slots)], req.keys.of_blocks(first, first + len(slots)),
-                  slots, [memory[s.block_id] for s in slots] if memory is not None
-                  else self._staging(slots), now + link.store.timeout, memory is None)
+                  slots, [], now + link.store.timeout, staged,
+                  self._staging if memory is None else partial(_attached, memory))
         self.waiting[req.request_id] = f
         self.in_flight += 1
         self.reserved += len(slots)
@@ -163,14 +173,16 @@ class StoreWaits:
         if start < end:
             lo, hi, bs = start - first, end - first, self.block_size
             cids = f.cids = index.new_ids(hi - lo)
-            events = None
+            event = None
             if self.events.active:
-                parents = [hits[-1].hash if hits else None, *f.hashes[lo:hi - 1]]
-                events = [BlockStored(f.hashes[i], p, tuple(req.tokens[j * bs:(j + 1) * bs]), 0,
-                                      req.keys.for_event(j, bs))
-                          for i, j, p in zip(range(lo, hi), range(start, end), parents, strict=True)]
+                extra = req.keys.extra
+                event = BlockStored(tuple(f.hashes[lo:hi]), hits[-1].hash if hits else None,
+                                    b"".join(f.chunks[lo:hi]),
+                                    tuple(s.block_id for s in slots[lo:hi]),
+                                    None if extra is None else extra.for_range(start * bs, end * bs),
+                                    start, HOST)
             self.host.land(slots[lo:hi], hits[-1].content_id if hits else 0, f.chunks[lo:hi],
-                           f.extras[lo:hi], cids, f.hashes[lo:hi], events)
+                           f.extras[lo:hi], cids, f.hashes[lo:hi], event)
             if f.staged:
                 self.host.fetches += [StoreFetched(s.block_id, f.buffers[i][0].toreadonly())
                                       for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]

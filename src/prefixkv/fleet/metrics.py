@@ -76,7 +76,7 @@ class CacheMetrics:
         queries.inc(stats.queries)
         hits.inc(stats.hits)
         usage_g.set(usage)
-        evictions.inc(sum(isinstance(e, BlockRemoved) for e in events))
+        evictions.inc(sum(len(e.block_hashes) for e in events if isinstance(e, BlockRemoved)))
         if dropped_batches is not None and dropped_batches > self._dropped_seen:
             dropped.inc(dropped_batches - self._dropped_seen)
             self._dropped_seen = dropped_batches

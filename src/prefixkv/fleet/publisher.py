@@ -29,7 +29,7 @@ from .replay import ReplayBuffer
 from .wire import WireError, check_options, group_fields, group_of, pack, to_wire_events, wire_hash
 
 _EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
-_Item = tuple[list[Any], dict[bytes, int] | None]  # a step's events, multimodal blocks' starts
+_Item = list[Any]  # a step's events
 _log = logging.getLogger(__name__)
 
 
@@ -74,7 +74,6 @@ class EventPublisher:
         # (medium, group) -> digests held (the mirror); a hybrid manager announces one
         # hash once per group that caches it, and withdraws it per group
         self._held: dict[tuple[str, tuple[int, str, int | None]], set[bytes]] = {}
-        self._starts: dict[bytes, int] = {}  # held hash -> its block's first token
         self._lock = threading.Lock()
         self._resync = False
         self._ctx: Any = zmq.Context.instance()
@@ -110,41 +109,25 @@ class EventPublisher:
             if not isinstance(ev, _EVENTS):
                 raise WireError(f"not a prefixkv event: {type(ev).__name__}")
         with self._lock:
-            starts = self._mirror(events)
+            self._mirror(events)
             try:
-                self._queue.put_nowait((list(events), starts))
+                self._queue.put_nowait(list(events))
             except queue.Full:
                 self.dropped_batches += 1
                 self._resync = True
                 return False
         return True
 
-    def _mirror(self, events: Sequence[object]) -> dict[bytes, int] | None:
-        """Follow ``events`` in the mirror and the held blocks' first tokens; returns
-        the first tokens of this batch's multimodal blocks (their ``extra_keys`` state
-        offsets in the block), None when it has none."""
-        held, starts, bs = self._held, self._starts, self.block_size
-        out: dict[bytes, int] | None = None
+    def _mirror(self, events: Sequence[object]) -> None:
+        """Follow ``events`` in the mirror of held hashes."""
+        held = self._held
         for ev in events:
             if isinstance(ev, BlockStored):
-                h, parent = ev.block_hash, ev.parent_block_hash
-                held.setdefault((ev.medium, group_of(ev)), set()).add(h)
-                at = 0 if parent is None else starts.get(parent)
-                if at is None:
-                    continue  # its chain began before this publisher: position unknown
-                starts[h] = at = at if parent is None else at + bs
-                if ev.extra is not None and ev.extra.mm:
-                    out = {} if out is None else out
-                    out[h] = at
+                held.setdefault((ev.medium, group_of(ev)), set()).update(ev.block_hashes)
             elif isinstance(ev, BlockRemoved):
-                h = ev.block_hash
-                held.get((ev.medium, group_of(ev)), set()).discard(h)
-                if not any(h in s for s in held.values()):
-                    starts.pop(h, None)
+                held.get((ev.medium, group_of(ev)), set()).difference_update(ev.block_hashes)
             elif isinstance(ev, AllBlocksCleared):
                 held.clear()
-                starts.clear()
-        return out
 
     def close(self, timeout: float = 2.0) -> None:
         """Send what is queued (up to ``timeout`` seconds), stop the thread, close the
@@ -211,9 +194,8 @@ class EventPublisher:
             stop = self._drain()
             self._send(self._snapshot())
             return stop
-        events, starts = item
-        self._send(pack([time.time(), to_wire_events(events, self.block_size, self.hash_format,
-                                                      starts), self.dp_rank]))
+        self._send(pack([time.time(), to_wire_events(item, self.block_size, self.hash_format),
+                         self.dp_rank]))
         return False
 
     def health(self) -> dict[str, Any]:

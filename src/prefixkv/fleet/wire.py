@@ -5,9 +5,10 @@ One engine step's events become one ``KVEventBatch``, a msgpack array
 whose first key is ``"type"`` (``"BlockStored"``, ``"BlockRemoved"``,
 ``"AllBlocksCleared"``), then vLLM's field names in vLLM's order. Fields that vLLM
 declares without a default are always present (nil when unknown); fields with a default
-are omitted when they hold it. Consecutive stored blocks of one chain travel as one
-``BlockStored`` (vLLM's events carry runs of blocks), consecutive removals as one
-``BlockRemoved``, never across media or layer groups.
+are omitted when they hold it. The core's events are runs already (one ``BlockStored`` a
+run of stored blocks, as vLLM's); consecutive runs that continue one chain travel as one
+``BlockStored``, consecutive removals as one ``BlockRemoved``, never across media or
+layer groups.
 
 Layer groups (vLLM's hybrid KV cache): every ``BlockStored`` names its group
 (``group_idx``) and the group's spec (``kv_cache_spec_kind``, and for a sliding window
@@ -21,13 +22,14 @@ digest (16 bytes for xxhash, 32 for sha256) as msgpack bin.
 
 Extra keys (``extra_keys``, one entry per block): as vLLM 0.33 publishes them, untagged:
 the LoRA name, ``(identifier, offset in the block)`` per multimodal input overlapping
-the block, and the cache salt on a request's first block only (``_extra_entry``).
+the block, and the cache salt on a request's first block only (``_extra_entry``;
+the events carry each run's position in its request, so the offsets are always known).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import PrefixKVError
@@ -87,23 +89,23 @@ def group_fields(group: tuple[int, str | None, int | None]) -> dict[str, Any]:
     return out
 
 
-def _extra_entry(ev: BlockStored, start: int | None) -> tuple[Any, ...] | None:
-    """This block's ``extra_keys`` entry as vLLM 0.33 publishes it
+def _extra_entry(ev: BlockStored, i: int) -> tuple[Any, ...] | None:
+    """The ``extra_keys`` entry of block i of run ``ev`` as vLLM 0.33 publishes it
     (``kv_cache_utils.to_event_extra_keys`` of ``generate_block_hash_extra_keys``): the
     LoRA name; then each multimodal input overlapping the block as ``(identifier, its
     offset minus the block's first token)`` (negative when it began in an earlier block;
-    a bytes identifier as hex); then the cache salt, on a chain's first block only.
-    None when empty. ``start``: the block's first token, None when unknown (a publisher
-    that did not see the chain from its first block): its multimodal pairs are then
-    left out, which a consumer that rebuilds keys from them reads as a miss."""
+    a bytes identifier as hex); then the cache salt, on a request's first block only.
+    None when empty."""
     x = ev.extra
     if x is None:
         return None
     out: list[Any] = [x.lora] if x.lora is not None else []
-    if start is not None:
+    if x.mm:
+        bs = ev.block_size
+        start = (ev.first_block + i) * bs
         out += [(m.hash if isinstance(m.hash, str) else m.hash.hex(), m.offset - start)
-                for m in x.mm]
-    if x.cache_salt is not None and ev.parent_block_hash is None:
+                for m in x.mm if m.offset < start + bs and m.offset + m.length > start]
+    if x.cache_salt is not None and ev.first_block + i == 0:
         out.append(x.cache_salt)
     return tuple(out) if out else None
 
@@ -113,68 +115,56 @@ def _lora(ev: BlockStored) -> tuple[int | None, str | None]:
     return (getattr(x, "lora_id", None), x.lora) if x is not None else (None, None)
 
 
-def _stored(run: list[BlockStored], block_size: int, fmt: str,
-            starts: Mapping[bytes, int]) -> dict[str, Any]:
+def _extra_keys(ev: BlockStored) -> list[tuple[Any, ...] | None]:
+    """The ``extra_keys`` entries of every block of ``ev``."""
+    if ev.extra is None:
+        return [None] * len(ev.block_hashes)
+    return [_extra_entry(ev, i) for i in range(len(ev.block_hashes))]
+
+
+def _stored(run: list[BlockStored], block_size: int, fmt: str) -> dict[str, Any]:
     first = run[0]
     lora_id, lora_name = _lora(first)
     parent = first.parent_block_hash
+    hashes: list[int | bytes] = []
     tokens: list[int] = []
+    extra_keys: list[tuple[Any, ...] | None] = []
     for ev in run:
+        hashes += [wire_hash(h, fmt) for h in ev.block_hashes]
         tokens += ev.token_ids
+        extra_keys += _extra_keys(ev)
     return {
         "type": "BlockStored",
-        "block_hashes": [wire_hash(ev.block_hash, fmt) for ev in run],
+        "block_hashes": hashes,
         "parent_block_hash": None if parent is None else wire_hash(parent, fmt),
         "token_ids": tokens,
         "block_size": block_size,
         "lora_id": lora_id,
         "medium": _medium(first),
         "lora_name": lora_name,
-        "extra_keys": [_extra_entry(ev, starts.get(ev.block_hash)) for ev in run],
+        "extra_keys": extra_keys,
         **group_fields(group_of(first)),
     }
 
 
-def block_starts(events: Iterable[object], block_size: int,
-                 known: Mapping[bytes, int] | None = None) -> dict[bytes, int]:
-    """The first token of every block stored in ``events`` whose position is known: a
-    chain's first block starts at 0, a child one block after its parent (found among the
-    earlier events or in ``known``, hash -> first token)."""
-    out: dict[bytes, int] = {}
-    for ev in events:
-        if isinstance(ev, BlockStored):
-            parent = ev.parent_block_hash
-            if parent is None:
-                out[ev.block_hash] = 0
-            else:
-                at = out.get(parent, known.get(parent) if known is not None else None)
-                if at is not None:
-                    out[ev.block_hash] = at + block_size
-    return out
-
-
 def _continues(run: list[Any], ev: Any) -> bool:
-    """Whether ``ev`` extends ``run`` into one wire event."""
+    """Whether ``ev`` extends ``run`` into one wire event: stores that continue one chain
+    (each one's parent the hash before it) with the same LoRA, or removals; within one
+    medium and layer group."""
     last = run[-1]
     if type(ev) is not type(last) or _medium(ev) != _medium(last) \
             or group_of(ev) != group_of(last):
         return False
     if isinstance(ev, BlockStored):
-        return ev.parent_block_hash == last.block_hash and _lora(ev) == _lora(last)
+        return ev.parent_block_hash == last.block_hashes[-1] and _lora(ev) == _lora(last)
     return True
 
 
-def to_wire_events(events: Iterable[object], block_size: int, hash_format: str = "int",
-                   starts: Mapping[bytes, int] | None = None) -> list[dict[str, Any]]:
+def to_wire_events(events: Iterable[object], block_size: int,
+                   hash_format: str = "int") -> list[dict[str, Any]]:
     """The wire maps of one step's core events, in order, runs grouped (see module doc).
-    ``starts``: block hash -> first token, for blocks whose chain began in an earlier
-    batch (a publisher keeps them; see ``block_starts``), needed only for multimodal
-    offsets. Raises WireError for an object that is not BlockStored/BlockRemoved/
+    Raises WireError for an object that is not BlockStored/BlockRemoved/
     AllBlocksCleared."""
-    events = list(events)
-    known = dict(starts or {})
-    if any(isinstance(ev, BlockStored) and ev.extra is not None and ev.extra.mm for ev in events):
-        known.update(block_starts(events, block_size, known))  # only multimodal keys need it
     runs: list[list[Any]] = []
     for ev in events:
         if not isinstance(ev, (BlockStored, BlockRemoved, AllBlocksCleared)):
@@ -187,10 +177,11 @@ def to_wire_events(events: Iterable[object], block_size: int, hash_format: str =
     for run in runs:
         first = run[0]
         if isinstance(first, BlockStored):
-            out.append(_stored(run, block_size, hash_format, known))
+            out.append(_stored(run, block_size, hash_format))
         elif isinstance(first, BlockRemoved):
             out.append({"type": "BlockRemoved",
-                        "block_hashes": [wire_hash(ev.block_hash, hash_format) for ev in run],
+                        "block_hashes": [wire_hash(h, hash_format)
+                                         for ev in run for h in ev.block_hashes],
                         "medium": _medium(first), "group_idx": group_of(first)[0]})
         else:
             out.append({"type": "AllBlocksCleared"})

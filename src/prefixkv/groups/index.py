@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from ..core.block import Block
 from ..events import Event, EventSink
 from ..extra_keys import ExtraKeys
+from ..hashing import token_bytes
 from .events import GroupBlockRemoved, GroupBlockStored
 from .prefixes import Prefix, PrefixTable
 from .spec import GroupSpec
@@ -68,11 +69,12 @@ class GroupIndex:
             b.content_id, b.hash = node.pid, node.hash
             node.refs += 1
             if sink.active:
+                assert node.hash is not None, f"{node!r}: events need its chain hash"
                 j = first + i
                 parent = node.parent.hash if node.parent is not None else None
-                ids = tuple(tokens[j * block_size:(j + 1) * block_size])
+                ids = token_bytes(tokens[j * block_size:(j + 1) * block_size])
                 b.event = ev = GroupBlockStored(
-                    node.hash, parent, ids, b.block_id, extras[i],  # type: ignore[arg-type]
+                    (node.hash,), parent, ids, (b.block_id,), extras[i], j,
                     group_idx=g, spec_kind=spec.kind, spec_tokens=spec.tokens)
                 sink.append(ev)
 
@@ -99,9 +101,10 @@ class GroupIndex:
         self.nodes[b.block_id] = None
         b.key = None
         if self._sink.active:
+            assert node.hash is not None, f"{node!r} was announced without its chain hash"
             spec = self.specs[g]
             self._sink.append(GroupBlockRemoved(
-                node.hash, b.block_id, group_idx=g,  # type: ignore[arg-type]
+                (node.hash,), (b.block_id,), group_idx=g,
                 spec_kind=spec.kind, spec_tokens=spec.tokens))
         self.table.unhold(node)
 

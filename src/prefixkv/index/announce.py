@@ -2,7 +2,9 @@
 (only when consumed), ``BlockStored``/``BlockRemoved`` events and the contents a shared
 store will write. It reads the recorder's state (set by ``ContentRecorder.__init__``).
 
-Events are built in one of two ways, fixed for the index's life:
+Events are run-level, as vLLM's: one ``BlockStored`` for each run of blocks a call
+stores (split only where a block is a spare), one ``BlockRemoved`` for each batch of
+evictions. They are built in one of two ways, fixed for the index's life:
 
 - *deferred* (``lazy``: events on, no tier below, a built-in hash): a run of blocks
   stored becomes one ``StoredRun`` and a batch of evictions one ``RemovedRun`` in the
@@ -10,104 +12,120 @@ Events are built in one of two ways, fixed for the index's life:
   blocks' ``hash`` and ``event`` hold whatever an earlier build set: only a build writes
   them, and builds run in log order, so a ``RemovedRun`` reads the hash of the content
   that was evicted even if its block has been refilled since, and a ``StoredRun`` reads
-  its parent's hash after the parent's own run has set it. A block's ``event`` is then
-  its ``StoredRun`` (shared by the run; ``StoredRun.event_of`` rebuilds the block's
-  event for a snapshot), so the events handed out are not kept alive by the pool: ~0.7
-  KB a block (the token ids as ints) that would otherwise stay in memory for every
-  cached block and crowd the CPU caches that admission works in.
+  its parent's hash after the parent's own run has set it.
 - *eager* (a tier or a shared store below needs every hash as the block is stored; a
   caller's hash callable must fail before anything changes): as each run is stored.
+
+Either way a block's ``event`` is its run's ``BlockStored``, shared by the run's blocks
+(``BlockStored.block_of`` gives one block's part, for a snapshot or a copy in another
+tier): per block the pool keeps a hash and a pointer, not an object; the run's token ids
+are one bytes object (4 bytes a token), not ints.
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable, Sequence
-from functools import lru_cache
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 from ..core.block import Block
 from ..core.request import Request
-from ..events import BlockStored, Deferred, Event, removed_event, stored_event
+from ..events import BlockRemoved, BlockStored, Deferred, Event
 from ..extra_keys import ExtraKeys
 from .content_check import chunk_of as _chunk
 from .hasher import Hasher
 
+if TYPE_CHECKING:
+    from ..events import EventSink
+
 # What ``_hashed`` prepares for a run: its token chunks, extra-key bytes and chain hashes
 # (None until someone consumes them).
 Prepared = tuple[list[bytes], list[bytes], list[bytes] | None]
-# A block stored this step: the block, its content id, its chunk, its extras, its keys.
+# A content the shared store will write: the block, its content id, its parent's hash,
+# its token bytes, the request's extra keys.
 Fresh = tuple[Block, int, bytes, bytes, ExtraKeys | None]
+
+def announce(blocks: Sequence[Block], hashes: Sequence[bytes], parent: bytes | None,
+             chunks: Sequence[bytes], first: int, bs: int, extra: ExtraKeys | None,
+             spares: dict[int, Block] | None) -> list[Event]:
+    """Give ``blocks`` (full blocks ``first, first + 1, ...`` of one request, the first
+    one's parent hash being ``parent``) their chain hashes and their ``event``; returns
+    the ``BlockStored`` events announcing them: one for the run, split where a block is
+    a spare (``spares``: position in ``blocks`` -> the block found for its content, which
+    announced it already; the spare takes that block's event)."""
+    if not spares:
+        ev = BlockStored(hashes, parent, b"".join(chunks), [b.block_id for b in blocks],
+                         None if extra is None else
+                         extra.for_range(first * bs, (first + len(blocks)) * bs), first)
+        for b, h in zip(blocks, hashes):  # noqa: B905 (as long: ``hashes`` are the blocks')
+            b.hash = h
+            b.event = ev
+        return [ev]
+    out: list[Event] = []
+    lo = 0
+    for i in [*sorted(spares), len(blocks)]:  # (rare: a run with spares)
+        if i > lo:
+            out += announce(blocks[lo:i], hashes[lo:i], hashes[lo - 1] if lo else parent,
+                            chunks[lo:i], first + lo, bs, extra, None)
+        if i < len(blocks):
+            b = blocks[i]
+            b.hash, b.event = hashes[i], spares[i].event
+        lo = i + 1
+    return out
 
 
 class StoredRun(Deferred):
-    """``BlockStored`` for each new content among ``blocks`` (full blocks ``first``,
-    ``first + 1``, ... of one request, the first one's parent being ``parent``, None for
-    block 0), built when taken. ``chunks``/``extras``: their token and extra-key bytes as
-    recorded; ``twins``: ``(position in blocks, block found for that content)`` of the
+    """The ``BlockStored`` events of ``blocks`` (full blocks ``first``, ``first + 1``, ...
+    of one request, the first one's parent being ``parent``, None for block 0), built
+    when taken (``announce``). ``chunks``/``extras``: their token and extra-key bytes as
+    recorded; ``spares``: ``position in blocks -> block found for that content`` of the
     blocks that were spares when stored (not announced, but given the hash and event)."""
 
     __slots__ = ("hasher", "parent", "blocks", "chunks", "extras", "extra", "first", "bs",
-                 "twins", "hashes", "parent_hash", "_pos")
+                 "spares")
 
     def __init__(self, hasher: Hasher, parent: Block | None, blocks: list[Block],
                  chunks: list[bytes], extras: list[bytes], extra: ExtraKeys | None,
-                 first: int, bs: int, twins: list[tuple[int, Block]] | None) -> None:
-        super().__init__(len(blocks) - (len(twins) if twins else 0))
+                 first: int, bs: int, spares: dict[int, Block] | None) -> None:
+        super().__init__(_num_runs(len(blocks), spares))
         self.hasher, self.parent, self.blocks = hasher, parent, blocks
         self.chunks, self.extras, self.extra = chunks, extras, extra
-        self.first, self.bs, self.twins = first, bs, twins
-        self.hashes: list[bytes] = []
-        self.parent_hash: bytes | None = None
-        self._pos: dict[int, int] | None = None
+        self.first, self.bs, self.spares = first, bs, spares
 
     def events(self) -> list[Event]:
-        self.parent_hash = parent = self.parent.hash if self.parent is not None else None
-        self.hashes = hashes = self.hasher.chain(
-            self.hasher.root if parent is None else parent, self.chunks, self.extras)
-        self.parent = None  # (not kept alive by the blocks that keep this run)
-        unpack, extra, bs, first = _token_ids(self.bs), self.extra, self.bs, self.first
-        spares = dict(self.twins) if self.twins else None
-        out: list[Event] = []
-        for j, (b, h, chunk) in enumerate(zip(self.blocks, hashes, self.chunks, strict=True),
-                                               first):
-            b.hash = h
-            held = spares.get(j - first) if spares else None
-            if held is not None:  # (rare) its own event, as its primary's names it
-                b.event = held.event if type(held.event) is not StoredRun else \
-                    held.event.event_of(held)
-            else:
-                b.event = self
-                out.append(stored_event(h, parent, unpack(chunk), b.block_id,
-                                        None if extra is None else extra.for_range(
-                                            j * bs, (j + 1) * bs)))
-            parent = h
-        return out
+        parent = self.parent.hash if self.parent is not None else None
+        self.parent = None  # (not kept alive by the log)
+        hashes = self.hasher.chain(self.hasher.root if parent is None else parent,
+                                   self.chunks, self.extras)
+        return announce(self.blocks, hashes, parent, self.chunks, self.first, self.bs,
+                        self.extra, self.spares)
 
-    def event_of(self, b: Block) -> BlockStored:
-        """The ``BlockStored`` this run announced for its block ``b`` (after ``events``),
-        with ``b``'s id."""
-        if self._pos is None:
-            self._pos = {id(x): i for i, x in enumerate(self.blocks)}
-        i, bs = self._pos[id(b)], self.bs
-        j = self.first + i
-        return stored_event(self.hashes[i], self.hashes[i - 1] if i else self.parent_hash,
-                            _token_ids(bs)(self.chunks[i]), b.block_id,
-                            None if self.extra is None else self.extra.for_range(
-                                j * bs, (j + 1) * bs))
+
+def _num_runs(n: int, spares: dict[int, Block] | None) -> int:
+    """How many runs ``announce`` splits ``n`` blocks into at ``spares``."""
+    if not spares:
+        return 1
+    edges = [-1, *sorted(spares), n]
+    return sum(1 for a, b in zip(edges, edges[1:]) if b > a + 1)  # noqa: B905
 
 
 class RemovedRun(Deferred):
-    """``BlockRemoved`` for each of ``blocks``, evicted (or never computed), built when
-    taken from the hash each then held."""
+    """One ``BlockRemoved`` for ``blocks``, evicted (or never computed), built when taken
+    from the hash each then held."""
 
     __slots__ = ("blocks",)
 
     def __init__(self, blocks: Sequence[Block]) -> None:
-        super().__init__(len(blocks))
+        super().__init__(1)
         self.blocks = blocks
 
     def events(self) -> list[Event]:
-        return [removed_event(b.hash, b.block_id) for b in self.blocks]  # type: ignore[arg-type]
+        return [removed(self.blocks)]
+
+
+def removed(blocks: Sequence[Block]) -> BlockRemoved:
+    """The ``BlockRemoved`` of ``blocks``' contents (each was announced: it has its hash)."""
+    return BlockRemoved(cast("list[bytes]", [b.hash for b in blocks]),
+                        [b.block_id for b in blocks])
 
 
 class Announcer:
@@ -115,26 +133,29 @@ class Announcer:
 
     hashing: bool
     lazy: bool
-    fresh: list[tuple[object, ...]] | None
+    fresh: list[Fresh] | None
     _hasher: Hasher
+    _sink: EventSink
     _bs: int
     _next_id: int
 
-    def _hashed(self, parent: Block | None, chunks: list[bytes], extras: list[bytes]) -> tuple[object, ...]:
+    def _hashed(self, parent: Block | None, chunks: list[bytes], extras: list[bytes]) -> Prepared:
         """``(chunks, extras, chain hashes or None)``: hashes only when consumed now."""
         if not self.hashing or self.lazy:
             return chunks, extras, None
         root = parent.hash if parent is not None else self._hasher.root
-        return chunks, extras, self._hasher.chain(root, chunks, extras)  # type: ignore[arg-type]
+        assert root is not None, f"{parent!r} was stored without its chain hash"
+        return chunks, extras, self._hasher.chain(root, chunks, extras)
 
-    def _note_fresh(self, req: Request, first: int, count: int) -> None:
-        """Remember the contents first recorded now, for the shared store's writes:
-        ``(block, content id, parent hash, token bytes, extra keys)``."""
+    def _note_fresh(self, fresh: list[Fresh], req: Request, first: int, count: int) -> None:
+        """Remember in ``fresh`` the contents first recorded now, for the shared store's
+        writes: ``(block, content id, parent hash, token bytes, extra keys)``."""
         blocks = req.blocks
         parent = blocks[first - 1].hash if first else self._hasher.root
         for b in blocks[first:first + count]:
+            assert parent is not None, f"{b!r}'s parent was stored without its chain hash"
             if not b.twin:
-                self.fresh.append((b, b.content_id, parent, _chunk(b), req.keys.extra))  # type: ignore[union-attr]
+                fresh.append((b, b.content_id, parent, _chunk(b), req.keys.extra))
             parent = b.hash
 
     def new_id(self) -> int:
@@ -147,33 +168,21 @@ class Announcer:
         self._next_id += n
         return range(self._next_id - n, self._next_id)
 
-    def _announce(self, req: Request, first: int, hashes: list[bytes]) -> None:
-        """Give the blocks just stored their chain hash; announce the new contents (eager)."""
-        bs, blocks, keys = self._bs, req.blocks, req.keys
-        unpack = _token_ids(bs)
-        parent = blocks[first - 1].hash if first else None
-        out: list[Event] = []
-        for j, h in enumerate(hashes, first):
-            b = blocks[j]
-            if not b.twin:
-                b.hash = h
-                b.event = ev = stored_event(h, parent, unpack(_chunk(b)), b.block_id,
-                                            None if keys.extra is None else keys.for_event(j, bs))
-                out.append(ev)
-            parent = h
-        self._sink.extend(out)  # type: ignore[attr-defined]
+    def _announce(self, req: Request, first: int, chunks: list[bytes],
+                  hashes: list[bytes]) -> None:
+        """Give the blocks just stored their chain hash; announce the new contents (eager).
+        A spare has its hash and event already (``_add_twin``)."""
+        run = req.blocks[first:first + len(hashes)]
+        spares = {i: b for i, b in enumerate(run) if b.twin} or None
+        parent = req.blocks[first - 1].hash if first else None
+        self._sink.extend(announce(run, hashes, parent, chunks, first, self._bs,
+                                   req.keys.extra, spares))
 
     def _defer(self, req: Request, first: int, chunks: list[bytes], extras: list[bytes],
-               twins: list[tuple[int, Block]] | None) -> None:
+               spares: dict[int, Block] | None) -> None:
         """Announce blocks ``first..`` of ``req`` just stored, when the log is taken."""
         blocks = req.blocks
-        self._sink.defer(StoredRun(  # type: ignore[attr-defined]
+        self._sink.defer(StoredRun(
             self._hasher, blocks[first - 1] if first else None,
             blocks[first:first + len(chunks)], chunks, extras, req.keys.extra, first,
-            self._bs, twins))
-
-
-@lru_cache(maxsize=8)
-def _token_ids(block_size: int) -> Callable[[bytes], tuple[int, ...]]:
-    """The token ids of a block's little-endian uint32 bytes, as a tuple (in C)."""
-    return struct.Struct(f"<{block_size}I").unpack
+            self._bs, spares))

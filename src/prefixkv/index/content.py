@@ -36,12 +36,11 @@ announce a hash once (first block) and withdraw it once (last block).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
-from ..core.block import Block
+from ..core.block import Block, Key
 from ..core.request import Request
-from ..events import BlockRemoved, Event, removed_event
-from .announce import RemovedRun, StoredRun
+from ..events import DEVICE, Event
+from .announce import RemovedRun, removed
 from .content_check import check_index, check_lower_chains, check_request
 from .recording import ContentRecorder
 
@@ -73,6 +72,7 @@ class ContentIndex(ContentRecorder):
         if mm is None and not by_key and not lower.by_key:  # the common case, in the tier
             return lower.walk(hits, chunks, cid, base, get if self.cut else None, b)
         below = lower.find
+        c: Block | None
         for i in range(len(hits), len(chunks)):
             chunk = chunks[i]
             extra = base if mm is None or i >= len(mm) else mm[i]
@@ -98,6 +98,7 @@ class ContentIndex(ContentRecorder):
         hits: list[Block] = []
         get, by_key = self._by_chunk.get, self._by_key
         cid, extra, b = 0, base, _NO_PARENT
+        c: Block | None
         for i, chunk in enumerate(chunks):
             if mm is not None:
                 extra = mm[i] if i < len(mm) else base
@@ -126,10 +127,11 @@ class ContentIndex(ContentRecorder):
         hits: list[Block] = []
         cid = unlinked = 0
         get, by_key = self._by_chunk.get, self._by_key
-        b = _NO_PARENT
+        p = _NO_PARENT
+        b: Block | None
         for chunk in chunks:
             # the parent's last child first: a verified guess saves hashing the chunk
-            b = b.child
+            b = p.child
             if b.key != chunk or b.parent_cid != cid or (b.extra is not base and b.extra != base) \
                     or b.twin:  # (extra is nearly always the same object: ``is`` first)
                 b = get(chunk)
@@ -140,12 +142,13 @@ class ContentIndex(ContentRecorder):
             r = b.ref_cnt
             if not r:
                 prev, nxt = b.prev, b.next
-                prev.next = nxt  # type: ignore[union-attr]
-                nxt.prev = prev  # type: ignore[union-attr]
+                prev.next = nxt
+                nxt.prev = prev
                 unlinked += 1
             b.ref_cnt = r + 1
             hits.append(b)
             cid = b.content_id
+            p = b
         return hits, unlinked
 
     def drop(self, blocks: Sequence[Block]) -> None:
@@ -157,17 +160,15 @@ class ContentIndex(ContentRecorder):
                 self._unindex(b, evicting=True)
                 b.key = None
             return
-        by_chunk, by_key = self._by_chunk, self._by_key
         # Each evicted content computed before this step goes down to the tier. No chained
         # child stays behind cut off from its parent's content: a child's use is its
         # parent's use and a request releases its tail first, so the pool evicts children
         # first (``check`` verifies it when a tier is below).
         if lower is not None:
             lower.demote(blocks, self.step)
-        # events on: built now (eager), or one RemovedRun of the blocks whose content goes
-        # (deferred: all of them unless a spare takes one over)
-        lazy = self.lazy
-        removed: list[object] | None = [] if sink.active and not (lazy and not twins) else None
+        # events on: the blocks whose content goes (all of them unless a spare takes one
+        # over), in one BlockRemoved built now (eager) or when taken (deferred)
+        gone: list[Block] | None = [] if sink.active and twins else None
         chained = 0
         for b in blocks:  # the common case: a chained block leaves no dict entry
             if b.chained:
@@ -178,17 +179,29 @@ class ContentIndex(ContentRecorder):
                 b.key = None
                 continue
             else:
-                del (by_chunk if type(b.key) is bytes else by_key)[b.key]  # type: ignore[index]
-            if removed is not None:
-                removed.append(b if lazy else removed_event(b.hash, b.block_id))  # type: ignore[arg-type]
+                self._unkey(b.key)
+            if gone is not None:
+                gone.append(b)
             b.key = None
         self._num_chained -= chained
-        if lazy:
-            gone = list(blocks) if removed is None else removed
-            if gone:
-                sink.defer(RemovedRun(gone))
-        elif removed:
-            sink.extend(removed)
+        if not sink.active:
+            return
+        if gone is None:
+            gone = list(blocks)
+        if not gone:
+            return
+        if self.lazy:
+            sink.defer(RemovedRun(gone))
+        else:
+            sink.append(removed(gone))
+
+    def _unkey(self, key: Key | None) -> None:
+        """Delete the dict entry under ``key`` (token bytes, or a content triple)."""
+        if type(key) is bytes:
+            del self._by_chunk[key]
+        else:
+            assert isinstance(key, tuple), f"a keyed block without a key: {key!r}"
+            del self._by_key[key]
 
     def drop_one(self, b: Block) -> None:
         """``drop((b,))``: in the common case, without the tuple and the loop."""
@@ -199,7 +212,7 @@ class ContentIndex(ContentRecorder):
             self._num_chained -= 1
             b.key = None
         else:
-            del self._home(b.key)[b.key]  # type: ignore[arg-type]
+            self._unkey(b.key)
             b.key = None
 
     def uncache(self, blocks: Sequence[Block]) -> None:
@@ -221,8 +234,20 @@ class ContentIndex(ContentRecorder):
                 b.key = None
                 b.twin = False
 
-    def _home(self, key: bytes | tuple) -> dict:
-        return self._by_chunk if type(key) is bytes else self._by_key
+    def _entry(self, key: Key | None) -> Block | None:
+        """The block keyed under ``key`` in the dicts, if any."""
+        if type(key) is bytes:
+            return self._by_chunk.get(key)
+        assert isinstance(key, tuple), f"a keyed block without a key: {key!r}"
+        return self._by_key.get(key)
+
+    def _rekey(self, key: Key | None, b: Block) -> None:
+        """Key ``b`` under ``key`` (an entry there already) in its dict."""
+        if type(key) is bytes:
+            self._by_chunk[key] = b
+        else:
+            assert isinstance(key, tuple), f"a keyed block without a key: {key!r}"
+            self._by_key[key] = b
 
     def _unindex(self, b: Block, evicting: bool = False) -> None:
         """Take ``b`` out of the index: unlist a twin; replace a primary by a held twin,
@@ -234,19 +259,18 @@ class ContentIndex(ContentRecorder):
             if listed is not None and b in listed:
                 self._unlist(b)
             return
-        home = self._home(b.key)  # type: ignore[arg-type]
         if b.chained:  # found through its parent alone (so no spare is held)
             b.chained = False
             self._num_chained -= 1
-        elif home.get(b.key) is not b:  # type: ignore[arg-type]
+        elif self._entry(b.key) is not b:
             return
         elif b.content_id in twins:
             heir = self._unlist(twins[b.content_id][-1])
             heir.twin = False
-            home[b.key] = heir  # type: ignore[index]
+            self._rekey(b.key, heir)
             return
         else:
-            del home[b.key]  # type: ignore[arg-type]
+            self._unkey(b.key)
         if self._lower is not None:  # the content goes: a chained child is keyed (see drop)
             c = b.child
             if c.chained and c.parent_cid == b.content_id:
@@ -254,7 +278,7 @@ class ContentIndex(ContentRecorder):
         if self.lazy:
             self._sink.defer(RemovedRun((b,)))
         elif self._sink.active:
-            self._sink.append(BlockRemoved(b.hash, b.block_id))  # type: ignore[arg-type]
+            self._sink.append(removed((b,)))
         if evicting and self._lower is not None:
             self._lower.demote((b,), self.step)
 
@@ -266,7 +290,7 @@ class ContentIndex(ContentRecorder):
         return b
 
     def release_spare(self, block: Block) -> Block | None:
-        primary = self._home(block.key).get(block.key)  # type: ignore[arg-type]
+        primary = self._entry(block.key)
         self._unindex(block)
         block.key = None
         block.twin = False
@@ -276,13 +300,11 @@ class ContentIndex(ContentRecorder):
         primaries = sorted([b for b in blocks if b.key is not None and not b.twin],
                            key=lambda b: b.content_id)  # parents were stored first
         out: list[Event] = []
-        for b in primaries:
+        for b in primaries:  # (a spare that took over has its primary's event)
             ev = b.event
-            if type(ev) is StoredRun:  # deferred events: the run rebuilds it
-                out.append(ev.event_of(b))
-            elif ev is not None:
-                out.append(ev if ev.block_id == b.block_id  # type: ignore[attr-defined,arg-type]
-                           else replace(ev, block_id=b.block_id))  # type: ignore[type-var]
+            if ev is not None:
+                assert b.hash is not None, f"{b!r} was announced without its chain hash"
+                out.append(ev.block_of(b.hash, b.block_id, DEVICE))
         return out
 
     def clear(self) -> None:

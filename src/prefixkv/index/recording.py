@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import replace
 from itertools import islice
+from typing import TYPE_CHECKING
 
-from ..core.block import NO_CHILD, Block
+from ..core.block import NO_CHILD, Block, ContentKey, key_chunk
 from ..core.request import Request
-from ..events import DEVICE
+from ..events import DEVICE, EventSink
 from ..hashing import block_chunks, token_bytes
-from .announce import Announcer
+from .announce import Announcer, Fresh, Prepared
 from .hasher import Hasher
+
+if TYPE_CHECKING:
+    from .lower import LowerTier
 
 _U32 = struct.Struct("<I")
 
@@ -25,9 +28,10 @@ _U32 = struct.Struct("<I")
 class ContentRecorder(Announcer):
     """``ContentIndex``'s state and its recording calls (see ``ContentIndex``)."""
 
-    def __init__(self, hasher: Hasher, sink, block_size: int, *, lower=None) -> None:
+    def __init__(self, hasher: Hasher, sink: EventSink, block_size: int, *,
+                 lower: LowerTier | None = None) -> None:
         self._by_chunk: dict[bytes, Block] = {}
-        self._by_key: dict[tuple, Block] = {}
+        self._by_key: dict[ContentKey, Block] = {}
         self._twins: dict[int, list[Block]] = {}  # content id -> held spares
         self._num_chained = 0  # blocks found through their parent's ``child`` alone
         self._next_id = 1
@@ -39,7 +43,7 @@ class ContentRecorder(Announcer):
         # events built when taken (``announce.py``): a tier or a shared store below needs
         # each hash as stored, and a caller's hash callable must fail before any change
         self.lazy = sink.active and lower is None and not hasher.checked
-        self.fresh: list[tuple] | None = None  # with a shared store: contents recorded
+        self.fresh: list[Fresh] | None = None  # with a shared store: contents recorded
         self.hash_may_fail = self.hashing and hasher.checked  # a caller's hash callable
         self.step = 0  # the manager's step: content recorded now is computed this step
         # With a tier below: how many contents ``uncache`` took off the device while other
@@ -52,7 +56,7 @@ class ContentRecorder(Announcer):
         # from then on the walk probes the device at every step.
         self.cut = 0
 
-    def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> tuple:
+    def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> Prepared:
         known = req.prompt_chunks
         if known is not None and last <= len(known):
             chunks = known[first:last]
@@ -62,7 +66,7 @@ class ContentRecorder(Announcer):
                                   last - first)
         return self._hashed(parent, chunks, req.keys.of_blocks(first, last))
 
-    def prepare_next(self, req: Request, token: int) -> tuple:
+    def prepare_next(self, req: Request, token: int) -> Prepared:
         """``prepare`` for the block that ``token``, appended next, fills."""
         bs, n = self._bs, req.num_scheduled
         j = n // bs
@@ -103,13 +107,14 @@ class ContentRecorder(Announcer):
         self._num_chained += 1
         b.parent_cid, b.extra, b.step = cid, extra, self.step
         # one content, one id: a host slot that keeps this content lends its id
-        slot = self._lower.find(cid, chunk, extra) if self._lower is not None else None
-        if slot is None:
+        lower = self._lower
+        slot = lower.find(cid, chunk, extra) if lower is not None else None
+        if lower is None or slot is None:
             b.content_id = self._next_id
             self._next_id += 1
         else:
             b.content_id = slot.content_id
-            self._lower.on_device(slot)  # type: ignore[union-attr]
+            lower.on_device(slot)
 
     def _may_chain(self, parent: Block) -> bool:
         """Whether a new content under ``parent`` may be found through ``parent.child``
@@ -125,9 +130,9 @@ class ContentRecorder(Announcer):
         c = parent.child if parent is not None else NO_CHILD
         if c.key == chunk and c.parent_cid == cid and c.extra == extra and not c.twin:
             return c
-        c = self._by_chunk.get(chunk)
-        if c is not None and c.parent_cid == cid and c.extra == extra:
-            return c
+        k = self._by_chunk.get(chunk)
+        if k is not None and k.parent_cid == cid and k.extra == extra:
+            return k
         return self._by_key.get((cid, chunk, extra)) if self._by_key else None
 
     def _chain(self, parent: Block, b: Block, chunk: bytes) -> None:
@@ -146,23 +151,25 @@ class ContentRecorder(Announcer):
         """Key chained block ``b`` in the dicts: by its token bytes, or by its triple when
         those are another content's key."""
         self._num_chained -= 1
-        self._key(b, b.key)  # type: ignore[arg-type]
+        self._key(b, key_chunk(b.key))
 
-    def store(self, req: Request, first: int, prepared: tuple) -> None:
+    def store(self, req: Request, first: int, prepared: Prepared) -> None:
         chunks, extras, hashes = prepared
         blocks = req.blocks
         parent = blocks[first - 1] if first else None
         cid = parent.content_id if parent is not None else 0
         nid = fresh = self._next_id  # ids from ``fresh`` on are minted by this call
         chained = 0
-        twins: list[tuple[int, Block]] | None = None  # (position, block held) when deferred
+        spares: dict[int, Block] | None = None  # position -> the block held, when deferred
         lower, step = self._lower, self.step
         for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras, strict=False):
             b.parent_cid = cid
             b.extra = extra
             b.step = step
             if cid >= fresh:  # the parent's content is new: nothing is held under it yet (no
-                parent.child = b  # slot either) and its child is stale: b is its chained child
+                # slot either) and its child is stale: b is its chained child (a new content
+                # has a parent: ids from ``fresh`` on are minted in this loop, for a block)
+                parent.child = b  # type: ignore[union-attr]
                 b.key = chunk
                 b.chained = True
                 chained += 1
@@ -175,8 +182,8 @@ class ContentRecorder(Announcer):
                 if held is not None:  # equal content is held: b is its spare
                     cid = self._add_twin(b, held)
                     if self.lazy:  # (rare: a position found without a counter per block)
-                        twins = twins or []
-                        twins.append((blocks.index(b, first) - first, held))
+                        spares = spares or {}
+                        spares[blocks.index(b, first) - first] = held
                     parent = held
                     continue
             if parent is not None and self._may_chain(parent):
@@ -189,7 +196,7 @@ class ContentRecorder(Announcer):
             # a new content; one content, one id: recomputed while a host slot keeps it,
             # it takes the slot's id, so the slot's children stay findable below it
             slot = lower.find(cid, chunk, extra) if lower is not None else None
-            if slot is None:
+            if lower is None or slot is None:
                 b.content_id = cid = nid
                 nid += 1
             else:
@@ -198,11 +205,11 @@ class ContentRecorder(Announcer):
         self._num_chained += chained
         self._next_id = nid
         if hashes is not None:
-            self._announce(req, first, hashes)
+            self._announce(req, first, chunks, hashes)
             if self.fresh is not None:
-                self._note_fresh(req, first, len(hashes))
+                self._note_fresh(self.fresh, req, first, len(hashes))
         elif self.lazy:
-            self._defer(req, first, chunks, extras, twins)
+            self._defer(req, first, chunks, extras, spares)
 
     def adopt(self, blocks: Sequence[Block], slots: Sequence[Block], parent: Block | None,
               run: bool) -> None:
@@ -216,8 +223,7 @@ class ContentRecorder(Announcer):
         prev = parent
         first = 1 if run else len(blocks)  # recorded as ``store`` records them; the rest of
         for b, s in zip(islice(blocks, first), islice(slots, first), strict=False):  # a run: chained below
-            key = s.key
-            chunk = key if type(key) is bytes else key[1]  # type: ignore[index]
+            chunk = key_chunk(s.key)
             b.parent_cid, b.extra = s.parent_cid, s.extra
             b.content_id, b.hash, b.step, b.event = s.content_id, s.hash, step, None
             if run and prev is not None and self._may_chain(prev):
@@ -228,15 +234,15 @@ class ContentRecorder(Announcer):
                     prev.child = b
             prev = b
         if run and len(blocks) > 1:
+            assert prev is not None
             for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None), strict=False):
-                key = s.key
-                b.key = key if type(key) is bytes else key[1]  # type: ignore[index]
+                b.key = key_chunk(s.key)
                 b.chained = True
                 b.parent_cid = s.parent_cid
                 b.extra = s.extra
                 b.content_id = s.content_id
                 b.step = step
-                prev.child = b  # type: ignore[union-attr]
+                prev.child = b
                 prev = b
             self._num_chained += len(blocks) - 1
             # hashes and events exist only when hashes are consumed (``hashing``, fixed for
@@ -249,7 +255,8 @@ class ContentRecorder(Announcer):
             sink = self._sink
             for b, s in zip(blocks, slots, strict=False):
                 if s.event is not None:
-                    b.event = replace(s.event, block_id=b.block_id, medium=DEVICE)  # type: ignore[arg-type]
+                    assert s.hash is not None, f"host slot {s!r} was announced without its hash"
+                    b.event = s.event.block_of(s.hash, b.block_id, DEVICE)
                     sink.append(b.event)
 
     def _key(self, b: Block, chunk: bytes) -> None:

@@ -16,6 +16,7 @@ than this says (the rule errs towards computing).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 
@@ -44,6 +45,7 @@ class FetchCost:
         self.latency, self.bandwidth = float(latency), float(bandwidth)
         self.measured_at = time.monotonic()
         self._seen: deque[tuple[float, float]] = deque(maxlen=WINDOW)
+        self._lock = threading.Lock()  # fetcher threads observe; ``worth`` reads floats
 
     def fetch_seconds(self, nbytes: int) -> float:
         """The expected time to fetch ``nbytes`` of values."""
@@ -60,18 +62,21 @@ class FetchCost:
         return fetch < self.compute_seconds(num_blocks * block_size) or now - self.measured_at > STALE
 
     def observe(self, nbytes: int, seconds: float, now: float) -> None:
-        """A fetch moved ``nbytes`` (0: a miss or a failure) in ``seconds``."""
-        seen = self._seen
-        seen.append((float(nbytes), max(seconds, 1e-6)))
-        n = len(seen)
-        mb = sum(b for b, _ in seen) / n
-        mt = sum(t for _, t in seen) / n
-        var = sum((b - mb) ** 2 for b, _ in seen)
-        slope = sum((b - mb) * (t - mt) for b, t in seen) / var if var else 0.0
-        if slope > 0:  # sizes differ and bigger took longer: both figures
-            self.bandwidth = 1 / slope
-        self.latency = max(mt - mb / self.bandwidth, 1e-6)
-        self.measured_at = now
+        """A fetch moved ``nbytes`` (0: a miss or a failure) in ``seconds``. Called by
+        the fetcher threads (``StoreLink``), several at once: the fit is taken under a
+        lock, and each figure is one float assignment for ``worth`` to read."""
+        with self._lock:
+            seen = self._seen
+            seen.append((float(nbytes), max(seconds, 1e-6)))
+            n = len(seen)
+            mb = sum(b for b, _ in seen) / n
+            mt = sum(t for _, t in seen) / n
+            var = sum((b - mb) ** 2 for b, _ in seen)
+            slope = sum((b - mb) * (t - mt) for b, t in seen) / var if var else 0.0
+            if slope > 0:  # sizes differ and bigger took longer: both figures
+                self.bandwidth = 1 / slope
+            self.latency = max(mt - mb / self.bandwidth, 1e-6)
+            self.measured_at = now
 
     def crossover_tokens(self, bytes_per_token: float) -> float | None:
         """Tokens above which a fetch beats computing them, with these figures; None when

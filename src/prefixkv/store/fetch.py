@@ -2,8 +2,9 @@
 scheduler's thread straight into reserved host slots and checked there.
 
     scheduler thread                        fetcher threads (``StoreLink``'s executor)
-    add_request: reserve host slots,  --->  chain hashes, keys, expected heads
-                 submit, StoreWait          read_into, one part per connection: values
+    add_request: reserve host slots,  --->  the slots' buffers, chain hashes, keys,
+                 submit, StoreWait          expected heads
+                                            read_into, one part per connection: values
                                             land in the slots' buffers, heads apart
                                             check heads, lengths, checksums in place
     poll_store:  land the checked run <---  the last part queues the fetch as done
@@ -43,24 +44,27 @@ class Fetch:
     """A fetch of blocks ``first .. first + len(slots) - 1`` of request ``request_id``
     (``req``: its Request) into host ``slots``, whose payload buffers are ``buffers``
     (``staged``: the manager's own, the payloads then copied by ``StoreFetched``
-    ops). ``parent``: the chain hash before block
-    ``first``; ``chunks``/``extras``: the blocks' token and extra-key bytes. ``deadline``:
-    the ``time.monotonic()`` instant by which it ends, whatever the store does.
+    ops), or, when ``views`` is given, ``views(slots)``, called by the fetcher (one
+    view per slot is per-block work the scheduler's thread need not do). ``parent``:
+    the chain hash before block ``first``; ``chunks``/``extras``: the blocks' token and
+    extra-key bytes. ``deadline``: the ``time.monotonic()`` instant by which it ends,
+    whatever the store does.
     Results: ``run`` (blocks from ``first`` that passed the check), ``stop`` (the state
     of the block that ended the run, ``OK`` if none did), ``failed`` (an error of the whole
     call), ``hashes``, ``nbytes``/``seconds`` (measured)."""
 
     __slots__ = ("request_id", "req", "first", "parent", "chunks", "extras", "slots",
-                 "buffers", "staged", "deadline", "started", "ended", "expired", "cids",
+                 "buffers", "views", "staged", "deadline", "started", "ended", "expired", "cids",
                  "hashes", "keys", "heads", "states", "run", "stop", "failed", "nbytes",
                  "seconds", "left", "lock")
 
     def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
                  chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
-                 buffers: list[list[memoryview]], deadline: float, staged: bool) -> None:
+                 buffers: list[list[memoryview]], deadline: float, staged: bool,
+                 views: Callable[[list[Any]], list[list[memoryview]]] | None = None) -> None:
         self.request_id, self.req, self.first, self.parent = request_id, req, first, parent
         self.chunks, self.extras, self.slots, self.buffers = chunks, extras, slots, buffers
-        self.staged = staged
+        self.staged, self.views = staged, views
         self.deadline, self.started = deadline, time.monotonic()
         self.ended = self.expired = False  # landed; past its deadline (the request went on)
         self.cids: range = range(0)  # content ids landed (store hits at the re-admission)
@@ -81,6 +85,8 @@ def prepare(f: Fetch, chain: Callable[..., list[bytes]], digest: bytes, block_si
     """The fetcher's first step: chain hashes, keys and heads; returns the parts
     ``(start, stop)`` to read, at most ``parts``."""
     n = len(f.slots)
+    if f.views is not None:
+        f.buffers = f.views(f.slots)
     f.hashes = hashes = chain(f.parent, f.chunks, f.extras)
     f.keys = [prefix + h.hex().encode() for h in hashes]
     parents = [f.parent, *hashes[:-1]]

@@ -73,15 +73,14 @@ class StoreLink:
         self.store.executor.submit(self._run, f, self.prefix(extra))
 
     def ended(self, f: Fetch, now: float) -> None:
-        """Count what ended ``f`` and feed the cost rule (the manager's thread, when it
-        lands ``f``)."""
+        """Count what ended ``f`` (the manager's thread, when it lands ``f``; the fetcher
+        fed the cost rule already)."""
         if f.stop == REJECTED:
             self.stats.store_rejected += 1
         elif f.stop == FAILED:
             self.stats.store_errors += 1
             if f.failed is not None:  # the whole call failed: leave the store alone
                 self.quiet_until = now + self.store.retry_after
-        self.cost.observe(f.nbytes, f.seconds, now)
 
     # ---- the fetcher threads -------------------------------------------------------------
 
@@ -105,4 +104,5 @@ class StoreLink:
 
     def _last(self, f: Fetch) -> None:
         finish(f, self.payload)
+        self.cost.observe(f.nbytes, f.seconds, self.store.clock())  # (a fit: not the scheduler's)
         self.done.append(f)

@@ -9,7 +9,9 @@ pipelines (``SET ... EX``, ``EXISTS``, no transaction). On a Redis Cluster, keys
 hash tag, so a chain's blocks spread over the slots; a call sends each node its keys
 first, then reads the nodes' replies: one round trip per node involved, overlapping. A
 key the cluster moved (MOVED/ASK, resharding) or a node that is down fails its keys
-(misses) and the slot map is read again on the next call.
+(misses) and the slot map is read again on the next call. Found through Sentinel
+(``from_sentinel``), a store follows a failover: a fetch that fails as a whole asks the
+sentinels for the master again.
 """
 
 from __future__ import annotations
@@ -67,21 +69,34 @@ class RedisStore:
         self._idle: dict[Address, list[Resp]] = {}
         self._lock = threading.Lock()
         self._slots: list[Address] | None = None  # cluster: the node of each of 16384 slots
+        self._sentinel: tuple[Any, str] | None = None  # (redis-py Sentinel, service name)
 
     @classmethod
     def from_sentinel(cls, sentinels: Sequence[tuple[str, int]], service: str, *, db: int = 0,
                       password: str | None = None, **kw: Any) -> RedisStore:
         """A store on the master that Redis Sentinel names for ``service``, asked of the
         first of ``sentinels`` (``(host, port)``) that answers; ``kw`` as the
-        constructor's. The address is resolved now: after a failover, make a new one.
-        Raises redis-py's MasterNotFoundError when no sentinel knows the service."""
+        constructor's. It follows a failover: writes go through redis-py's
+        sentinel-managed client (a new connection asks for the master), and a fetch that
+        fails as a whole asks the sentinels again (on the fetcher's thread) before it
+        raises, so the next fetch reads from the master they name then. Raises
+        redis-py's MasterNotFoundError when no sentinel knows the service."""
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
         from redis.sentinel import Sentinel
 
+        timeout = kw.get("timeout", 0.25)
         sentinel = Sentinel(list(sentinels),  # type: ignore[no-untyped-call]
-                            socket_timeout=kw.get("timeout", 0.25))
+                            socket_timeout=timeout)
         host, port = sentinel.discover_master(service)  # type: ignore[no-untyped-call]
         auth = f":{password}@" if password is not None else ""
-        return cls(f"redis://{auth}{host}:{port}/{db}", **kw)
+        store = cls(f"redis://{auth}{host}:{port}/{db}", **kw)
+        store.client.close()
+        store.client = sentinel.master_for(  # type: ignore[no-untyped-call]
+            service, db=db, password=password, socket_timeout=timeout,
+            socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
+        store._sentinel = (sentinel, service)
+        return store
 
     def held(self, keys: Sequence[bytes]) -> int:
         """``StoreBackend.held``: pipelined EXISTS. Raises redis-py's errors."""
@@ -137,6 +152,8 @@ class RedisStore:
                 conn.close()
                 failure = self._failed(idx[pos:], out, exc)
         if failure is not None and not answered:
+            if self._sentinel is not None:
+                self._follow()
             raise failure
         return out
 
@@ -150,6 +167,23 @@ class RedisStore:
                 c.close()
 
     # ---- connections and nodes ---------------------------------------------------------
+
+    def _follow(self) -> None:
+        """Read from the master the sentinels name now (after a fetch failed as a whole:
+        the master may have failed over). No master named (a failover under way, the
+        sentinels down): the next failed fetch asks again."""
+        sentinel, service = self._sentinel  # type: ignore[misc]
+        try:
+            host, port = sentinel.discover_master(service)
+        except Exception:
+            return
+        home: Address = ("tcp", host, int(port))
+        if home != self._home:
+            old, self._home = self._home, home
+            with self._lock:
+                stale = self._idle.pop(old, [])
+            for conn in stale:
+                conn.close()
 
     def _failed(self, idx: list[int], out: list[ReadOutcome], exc: Exception) -> Exception:
         """Keys ``idx`` failed with ``exc`` (their node is down or past the deadline)."""

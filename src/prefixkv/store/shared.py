@@ -12,7 +12,6 @@ be equal in every process: a store needs ``hash_mode="sha256"`` or an explicit s
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..errors import ConfigError
@@ -22,6 +21,7 @@ from .cost import FetchCost
 from .link import StoreLink
 from .protocol import StoreBackend
 from .record import StoreLayout
+from .threads import FetchThreads
 
 
 def _check_number(name: str, value: object, low: float, strict: bool) -> None:
@@ -39,8 +39,8 @@ class SharedStore:
     slow). ``connections``: parts a fetch is read in, in parallel (one connection each).
     ``cost``: the fetch-or-compute rule (``FetchCost``; its default states the engine's
     prefill throughput). ``executor``: what runs fetches (anything with
-    ``submit(fn, *args)``; default: a pool of ``connections`` threads, made when first
-    needed). ``clock``: the monotonic clock deadlines are read from.
+    ``submit(fn, *args)``; default: ``connections`` ``FetchThreads``, started when a
+    manager binds the store). ``clock``: the monotonic clock deadlines are read from.
     Raises ConfigError for a layout that is not a StoreLayout or a figure out of range."""
 
     def __init__(self, backend: StoreBackend, layout: StoreLayout, *, max_fetch: int = 64,
@@ -64,12 +64,9 @@ class SharedStore:
 
     @property
     def executor(self) -> Any:
-        """What runs the fetches (a thread pool, made on first use)."""
+        """What runs the fetches (``FetchThreads``, started on first use)."""
         if self._executor is None:
-            ex = ThreadPoolExecutor(self.connections, thread_name_prefix="prefixkv-fetch")
-            for _ in range(self.connections):  # start the threads now, not in a fetch's
-                ex.submit(int)                 # submit on the scheduler's thread
-            self._executor = ex
+            self._executor = FetchThreads(self.connections)
         return self._executor
 
     def key_prefix(self, block_size: int, hash_mode: str = "sha256", seed: int | bytes | None = None,

@@ -21,16 +21,15 @@ blocks at once: one Python loop a batch, no call a block.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TypeVar
 
 from ..core.block import UNLINKED, Block
 from ..core.free_queue import FreeBlockQueue
 from ..errors import MAX_BLOCKS, check_positive
-from ..events import BlockRemoved, BlockStored, EventSink
+from ..events import BlockStored, EventSink
 from ..results import BlockLoads, BlockOffloads, StoreFetched
 from .host_check import check_tier
-from .host_index import HOST, HostSlot, SlotIndex
+from .host_index import HOST, HostSlot, SlotIndex, withdrawn
 
 _Op = TypeVar("_Op", BlockOffloads, BlockLoads)
 
@@ -136,7 +135,7 @@ class HostTier(SlotIndex):
                             chained -= 1
                             self._enter(c)
                         if active and s.event is not None:
-                            sink.append(BlockRemoved(s.hash, s.block_id, HOST))  # type: ignore[arg-type]  # (issue: hash may be None)
+                            sink.append(withdrawn(s.event, s.block_id))
                     if pend is not None:
                         if chaining and pend.parent_cid == b.content_id:
                             s.child = pend  # (the run's head, its last block, is keyed)
@@ -156,7 +155,8 @@ class HostTier(SlotIndex):
                     dst.append(s.block_id)
                     if active:
                         if b.event is not None:
-                            s.event = replace(b.event, block_id=s.block_id, medium=HOST)
+                            assert b.hash is not None, f"{b!r} was announced without its hash"
+                            s.event = b.event.block_of(b.hash, s.block_id, HOST)
                             sink.append(s.event)
                         else:
                             s.event = None
@@ -210,11 +210,11 @@ class HostTier(SlotIndex):
 
     def land(self, slots: list[Block], parent_cid: int, chunks: Sequence[bytes],
              extras: Sequence[bytes], cids: Sequence[int], hashes: Sequence[bytes],
-             events: Sequence[BlockStored] | None) -> None:
+             event: BlockStored | None) -> None:
         """Landing ``slots`` hold a checked run now: slot i the content (parent: slot
         i - 1's, or ``parent_cid`` for the first; ``chunks[i]``, ``extras[i]``), content id
-        ``cids[i]``, chain hash ``hashes[i]``, announced by ``events[i]`` (any block id;
-        None: no events), each keyed (not chained: the admission that loads them would
+        ``cids[i]``, chain hash ``hashes[i]``, announced by ``event`` (the run in these
+        slots; None: no events), each keyed (not chained: the admission that loads them would
         key them as they go up, which costs more than keying them now) and each its
         predecessor's ``child`` (the walk's guess). All are pinned until the plan is
         drained (a ``StoreFetched`` writing them may be pending, which no offload of the
@@ -233,9 +233,10 @@ class HostTier(SlotIndex):
                 prev.child = s
             parent_cid, prev = cid, s
         self._pinned += slots  # (ref_cnt is 1 already)
-        for s, ev in zip(slots, events or (), strict=False):
-            s.event = replace(ev, block_id=s.block_id, medium=HOST)
-            self._sink.append(s.event)
+        if event is not None:
+            self._sink.append(event)
+            for i, s in enumerate(slots):  # (each slot's own, for its removal and copies)
+                s.event = event.block(i, s.block_id, HOST)
 
     def _take_lru(self, out: list[Block], n: int) -> None:
         """Append to ``out`` up to ``n`` least recently used cached slots, their content
@@ -261,7 +262,7 @@ class HostTier(SlotIndex):
                 unchained += 1
                 self._enter(c)
             if active and s.event is not None:
-                sink.append(BlockRemoved(s.hash, s.block_id, HOST))  # type: ignore[arg-type]  # (issue: hash may be None)
+                sink.append(withdrawn(s.event, s.block_id))
             s.key = None
             out.append(s)
             taken += 1

@@ -12,10 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..core.block import NO_CHILD, Block, ContentKey
-from ..events import BlockRemoved, EventSink
+from ..events import BlockRemoved, BlockStored, EventSink
 
 HOST = "CPU"
 """The medium of host slots in events (vLLM's spelling)."""
+
+
+def withdrawn(announced: BlockStored, slot_id: int) -> BlockRemoved:
+    """The ``BlockRemoved`` of host slot ``slot_id``'s content, which ``announced`` (the
+    slot's own one-block event) stored: the hash it names is the one a consumer mirrors,
+    whatever the slot's other fields hold."""
+    return BlockRemoved(announced.block_hashes, (slot_id,), HOST)
 
 
 class HostSlot(Block):
@@ -150,5 +157,5 @@ class SlotIndex:
                 del self.by_key[key]
         self._key_child(s)
         if self._sink.active and s.event is not None:
-            self._sink.append(BlockRemoved(s.hash, s.block_id, HOST))  # type: ignore[arg-type]  # (issue: hash may be None)
+            self._sink.append(withdrawn(s.event, s.block_id))
         s.key = None

@@ -2,9 +2,9 @@
 ``BlockRemoved``, ``AllBlocksCleared`` of ``vllm.distributed.kv_events``), so that vLLM's
 ``ZmqEventPublisher`` publishes them unchanged.
 
-prefixkv announces one block per store; consecutive stores that continue one chain (each
-one's parent is the previous one's hash) in the same group with the same LoRA and medium
-become one ``BlockStored`` with several hashes, as vLLM emits them. Hashes are prefixkv's
+prefixkv announces a run of blocks per ``BlockStored``, as vLLM does; consecutive runs
+that continue one chain (each one's parent is the previous one's last hash) in the same
+group with the same LoRA and medium become one ``BlockStored``. Hashes are prefixkv's
 chain hashes (bytes; the manager's ``hash_mode``). ``extra_keys`` per block follow
 vLLM's layout: the LoRA name, ``(mm identifier, offset)`` pairs, the cache salt; prefixkv
 hashes the salt into every block of a salted request (vLLM only into the first), so the
@@ -44,24 +44,27 @@ def to_vllm_events(events: Iterable[core.Event], block_size: int,
         if isinstance(e, core.BlockStored):
             extra = e.extra
             lora, lora_id = (extra.lora, extra.lora_id) if extra is not None else (None, None)
-            keys = _extra_keys(extra)
+            n = len(e.block_hashes)
+            keys: list[tuple[Any, ...] | None] = [None] * n if extra is None else \
+                [_extra_keys(e.block_extra(i)) for i in range(n)]
             last = out[-1] if out else None
             if (isinstance(last, BlockStored) and last.group_idx == group
                     and e.parent_block_hash == last.block_hashes[-1]
                     and (last.lora_name, last.lora_id, last.medium) == (lora, lora_id, e.medium)):
-                last.block_hashes.append(e.block_hash)
+                last.block_hashes.extend(e.block_hashes)
                 last.token_ids.extend(e.token_ids)
                 assert last.extra_keys is not None
-                last.extra_keys.append(keys)
+                last.extra_keys.extend(keys)
                 continue
             kind, window = spec_of_group[group]
             out.append(BlockStored(
-                block_hashes=[e.block_hash], parent_block_hash=e.parent_block_hash,
-                token_ids=list(e.token_ids), block_size=block_size, lora_id=lora_id,
-                medium=e.medium, lora_name=lora, extra_keys=[keys], group_idx=group,
+                block_hashes=list(e.block_hashes), parent_block_hash=e.parent_block_hash,
+                token_ids=e.token_ids, block_size=block_size, lora_id=lora_id,
+                medium=e.medium, lora_name=lora, extra_keys=keys, group_idx=group,
                 kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window))
         elif isinstance(e, core.BlockRemoved):
-            out.append(BlockRemoved(block_hashes=[e.block_hash], medium=e.medium, group_idx=group))
+            out.append(BlockRemoved(block_hashes=list(e.block_hashes), medium=e.medium,
+                                    group_idx=group))
         elif isinstance(e, core.AllBlocksCleared):
             out.append(AllBlocksCleared())
     return out

@@ -411,7 +411,8 @@ class KVCacheManager:
         table, k = self._blocks.table, self._blocks.offset
         for e in events:
             if isinstance(e, BlockRemoved):
-                self.metrics_collector.on_block_evicted(table[e.block_id + k])
+                for i in e.block_ids:
+                    self.metrics_collector.on_block_evicted(table[i + k])
 
     def take_new_block_ids(self) -> list[int]:
         """[]: no group of prefixkv's needs its new blocks zeroed (that is Mamba's)."""

@@ -1,0 +1,71 @@
+"""FetchThreads: the store's default fetch runner. Calls run on its threads, not the
+caller's; a call that raises leaves its thread running; ``shutdown`` waits for the calls
+handed over before it and for those they hand over (a fetch's parts)."""
+
+import threading
+import time
+
+from prefixkv.store import SharedStore
+from prefixkv.store.threads import FetchThreads
+
+from .conftest import always
+from .test_shared_store import A, computed, from_store, manager
+
+
+def test_calls_run_on_the_threads_and_survive_an_error():
+    ex = FetchThreads(2, name="t")
+    seen, done = [], threading.Event()
+
+    def boom():
+        raise RuntimeError("a call's own failure")
+
+    ex.submit(boom)
+    ex.submit(boom)                                   # both threads raised once
+    for i in range(4):
+        ex.submit(lambda i=i: seen.append((i, threading.current_thread().name)))
+    ex.submit(done.set)
+    assert done.wait(5)
+    ex.shutdown()
+    assert sorted(i for i, _ in seen) == [0, 1, 2, 3]
+    assert {name for _, name in seen} <= {"t-0", "t-1"}
+    assert threading.current_thread().name not in {name for _, name in seen}
+
+
+def test_shutdown_waits_for_calls_handed_over_by_calls():
+    ex = FetchThreads(2)
+    order = []
+
+    def part(i):
+        time.sleep(0.05)
+        order.append(i)
+
+    def fetch():                                      # as StoreLink._run: parts first
+        ex.submit(part, 1)
+        ex.submit(part, 2)
+        time.sleep(0.05)
+        order.append(0)
+
+    ex.submit(fetch)
+    ex.shutdown()
+    assert sorted(order) == [0, 1, 2]
+    assert not any(t.is_alive() for t in ex._threads)
+
+
+def test_a_store_fetches_on_its_threads_and_the_cost_is_fed_there(backend, layout):
+    """The default runner is FetchThreads; the fit of the fetch's figures (FetchCost)
+    is made by the fetcher, before the manager's thread lands the fetch."""
+    shared = SharedStore(backend, layout, cost=always())
+    computed(manager(shared), backend, "a", A)
+    m = manager(shared)
+    assert isinstance(shared.executor, FetchThreads)
+    before, seen = shared.cost.measured_at, len(shared.cost._seen)   # (a's fetch: a miss)
+    m.add_request("b", A)
+    deadline = time.monotonic() + 5
+    while not m._store.done:                          # ended, not landed yet
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert shared.cost.measured_at > before and len(shared.cost._seen) == seen + 1
+    m.poll_store()
+    assert m.add_request("b", A).num_cached_tokens == 12
+    assert from_store(manager(shared), A) == 12
+    shared.close()
