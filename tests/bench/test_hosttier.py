@@ -55,7 +55,7 @@ def test_chat_and_document_run_in_an_eighth_of_their_pool():
 
 def test_report_section_and_opting_out():
     cfg = suite.BenchConfig(workloads=("pressure", "system-prompt"), scale=0.05, e2e=False,
-                            store_replicas=False)
+                            store_replicas=False, groups=())  # (the layer-groups section: not checked)
     data = suite.run_bench(cfg)
     assert [s["name"] for s in data["host_tiers"]] == ["pressure"]
     assert "from host" in terminal(data) and "## Host tier (L2)" in markdown(data, [])
