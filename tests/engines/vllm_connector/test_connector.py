@@ -179,8 +179,10 @@ def test_vllm_init_path_and_no_forward_step_clear_the_metadata(model, redis):
     """vLLM's own worker init (``ensure_kv_transfer_initialized``) makes our connector the
     process's agent, and its no-forward step binds, runs and clears our metadata (the
     check of vLLM's tests/v1/kv_connector/unit/test_kv_connector_lifecycle.py, on ours)."""
-    from unittest.mock import MagicMock, patch
+    import socket
 
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state
     from vllm.distributed.kv_transfer.kv_transfer_state import (
         ensure_kv_transfer_initialized,
         ensure_kv_transfer_shutdown,
@@ -195,11 +197,16 @@ def test_vllm_init_path_and_no_forward_step_clear_the_metadata(model, redis):
     from .replica import kv_cache_config, vllm_config
 
     config = vllm_config(model, redis.url)
-    tp = MagicMock()  # vLLM's own test stands in for the TP group the same way
-    tp.broadcast_object.side_effect = lambda value, src=0: value
-    with patch("vllm.distributed.parallel_state.get_tp_group", return_value=tp):
-        ensure_kv_transfer_initialized(config, kv_cache_config(8))
+    # A real one-process tensor-parallel group (gloo on loopback), as a TP=1 worker has.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with set_current_vllm_config(config):
+        parallel_state.init_distributed_environment(
+            1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
+        parallel_state.ensure_model_parallel_initialized(1, 1, backend="gloo")
     try:
+        ensure_kv_transfer_initialized(config, kv_cache_config(8))
         connector = get_kv_transfer_group()
         assert isinstance(connector, PrefixKVConnector) and connector.worker is not None
         from vllm.v1.kv_cache_layout import KVCacheLayout
@@ -217,3 +224,5 @@ def test_vllm_init_path_and_no_forward_step_clear_the_metadata(model, redis):
         assert runner_out.kv_connector_output is None  # nothing to report: vLLM drops it
     finally:
         ensure_kv_transfer_shutdown()
+        parallel_state.destroy_model_parallel()
+        parallel_state.destroy_distributed_environment()
