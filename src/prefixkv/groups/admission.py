@@ -130,10 +130,8 @@ class GroupAdmitter:
         num_cached = k * bs
         todo = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
         total = num_cached + todo
-        cuts = [s.num_unread(num_cached, bs) for s in self.groups]
-        find = self._index.find
-        hits = [[find(g, nodes[j]) for j in range(cuts[g], k)] for g in range(len(self.groups))]
-        held: list[Block] = [b for h in hits for b in h]  # type: ignore[misc]
+        cuts, hits = self._window_hits(nodes)
+        held = [b for h in hits for b in h]
         per_group = blocks_for(total + num_lookahead_tokens, bs) - k
         fit = blocks_for(n, bs) - k if require_full_fit else per_group
         if not self._pool.can_acquire(held, max(per_group, fit) * len(self.groups)):
@@ -170,14 +168,18 @@ class GroupAdmitter:
         admission now would put them in its tables: ``null_block_id`` for the leading
         blocks that the group's window no longer reads. Changes nothing. Raises as
         ``add_request`` for bad input."""
-        nodes = self._find(None, prompt_token_ids, extra, True)[1]
+        cuts, hits = self._window_hits(self._find(None, prompt_token_ids, extra, True)[1])
+        null = self.null_block_id
+        return tuple((null,) * cut + tuple(b.block_id for b in h)  # type: ignore[misc]
+                     for cut, h in zip(cuts, hits, strict=True))
+
+    def _window_hits(self, nodes: list[Prefix]) -> tuple[list[int], list[list[Block]]]:
+        """Per group, how many leading blocks of the hit ``nodes`` its window no longer
+        reads, and the blocks of the rest, in token order."""
         k, bs, find = len(nodes), self.block_size, self._index.find
-        out = []
-        for g, spec in enumerate(self.groups):
-            cut = spec.num_unread(k * bs, bs)
-            hits = [find(g, nodes[j]) for j in range(cut, k)]
-            out.append((self.null_block_id,) * cut + tuple(b.block_id for b in hits))  # type: ignore[union-attr]
-        return tuple(out)  # type: ignore[arg-type]
+        cuts = [s.num_unread(k * bs, bs) for s in self.groups]
+        return cuts, [[find(g, nodes[j]) for j in range(cuts[g], k)]  # type: ignore[misc]
+                      for g in range(len(self.groups))]
 
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
               extra: ExtraKeys | None, read_cache: bool) -> tuple[GroupRequest, list[Prefix]]:
