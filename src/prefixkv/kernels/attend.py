@@ -199,7 +199,7 @@ def _attend_range(  # type: ignore[no-untyped-def]  # Triton JIT
     one right after it. Two loops follow from that:
 
     - unmasked (the cached prefix, most of the keys): PV a pass behind the softmax. Pass j
-      starts with the one synchronous wgmma (16 columns of zeros, added to alpha as 0)
+      starts with the one synchronous wgmma (16 columns of zeros, added to l_i as 0)
       whose wait ends PV(j-1) and QK^T(j+1); then QK^T(j+2) and PV(j) (P of tile j, from
       the pass before) are issued and left running while tile j+1's softmax runs::
 
@@ -253,11 +253,11 @@ def _attend_range(  # type: ignore[no-untyped-def]  # Triton JIT
             z = tl.zeros_like(alpha)[:, None] + tl.zeros([1, 16], dtype=tl.float32)  # [BLOCK_M, 16]
             for start_n in range(lo, last, BLOCK_N):
                 # The pass's one synchronous MMA, first: its wait ends PV(j-1) and QK^T(j+1). Its
-                # A depends on start_n (else it would be hoisted out of the loop) and on the last
-                # z (it stays in registers, where a fresh tile goes through shared memory, 12 more
-                # instructions); z is exactly 0.
-                z = tl.dot((z + start_n).to(q.dtype), zero)
-                alpha = alpha + tl.max(z, 1)
+                # A is the last z (carried, so the dot is not hoisted out of the loop; converted
+                # in the pass, so it stays in registers). z is exactly 0, and it is added to l_i,
+                # which nothing reads before the pass's end, not to alpha, which PV(j) waits for.
+                z = tl.dot(z.to(q.dtype), zero)
+                l_i = l_i + tl.max(z, 1)
                 s = s_nxt + 0.0  # the copy after the wait (docstring)
                 ahead = tl.minimum(start_n + 2 * BLOCK_N, last)
                 s_nxt = _score(q, d, d_ok, ahead, hi, k_base, bt_row, last_block, stride_bc, stride_kb,
