@@ -160,7 +160,7 @@ def test_spec_prefill_keeps_its_overlap(compiled):
     """On the triton of the committed report, the SPEC prefill loops' ceiling under the
     serial model stays within 2 points of the report's, with one wgmma wait a pass:
     losing the overlap of the softmax with the MMAs (PV waited for at once again) costs
-    14 points in the cached-prefix loop (77.8% -> 64.1%, triton 3.9), and a wgmma
+    16 points in the cached-prefix loop (80.4% -> 64.1%, triton 3.9), and a wgmma
     serialised by ptxas shows as a wait after each HGMMA."""
     import triton
 

@@ -150,9 +150,9 @@ def prefill_tile(version: str) -> TileConfig:
       (benchmarks/results/tune-nvidia-h100-80gb-hbm3*.md). It spills (1092 B on 3.6, 12
       local loads and 10 stores a pass of the unmasked loop; sm_90 compile), and still wins.
     - 3.7 on: 128 x 64, 8 warps, 3 stages with ``qk_ahead``: on 3.9 the 256-row tile spills
-      1588 B and is not measured; this one uses 254 registers, no spills, and the serial
+      1588 B and is not measured; this one uses 252 registers, no spills, and the serial
       model of ``benchmarks/kernel_timing.py`` rates its cached-prefix loop (PV a pass
-      behind the softmax) at 77.8% of peak and its diagonal loop at 52.9% (128 x 128:
+      behind the softmax) at 80.4% of peak and its diagonal loop at 52.9% (128 x 128:
       60.5% and 49.7%; docs/kernels.md). Not yet measured on a GPU. Compiled on 3.6 and
       3.9 (3.7 and 3.8 take it untested).
     """
