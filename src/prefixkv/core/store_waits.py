@@ -23,10 +23,13 @@ from __future__ import annotations
 import mmap
 from collections.abc import Hashable, Sequence
 from functools import partial
+from operator import attrgetter
 from typing import Any
 
 from ..errors import ConfigError
 from ..events import BlockStored
+from ..extra_keys import ExtraKeys
+from ..hashing import encode_tokens
 from ..results import StoreFetched, StoreWait
 from ..store.fetch import Fetch
 from ..store.link import StoreLink
@@ -34,6 +37,8 @@ from ..tiers import HostSlot, HostTier
 from ..tiers.host_index import HOST
 from .block import Block
 from .request import Request
+
+_content_id, _key = attrgetter("content_id"), attrgetter("key")
 
 
 def _attached(memory: list[list[memoryview]], slots: list[Block]) -> list[list[memoryview]]:
@@ -112,6 +117,7 @@ class StoreWaits:
                   chunks[first:first + len(slots)], req.keys.of_blocks(first, first + len(slots)),
                   slots, [], now + link.store.timeout, staged,
                   self._staging if memory is None else partial(_attached, memory))
+        f.hits, f.hit_cids = hits, [h.content_id for h in hits]
         self.waiting[req.request_id] = f
         self.in_flight += 1
         self.reserved += len(slots)
@@ -126,6 +132,44 @@ class StoreWaits:
         if f is None or f.ended or f.expired:
             return f
         return StoreWait(request_id, len(f.slots))
+
+    def reuse(self, f: Fetch, prompt: Sequence[int],
+              extra: ExtraKeys | None) -> tuple[Request, list[Any]] | None:
+        """At the re-admission of ``f``'s request with ``prompt`` and ``extra``: the
+        request as the start made it and what ``index.match`` would find now, without
+        walking the index, when the prompt and keys are those the fetch started from (one
+        comparison of the token arrays) and nothing the start found or the fetch landed
+        has moved: the start's
+        hits and the landed run, each still holding the content it held, together reaching
+        the request's last full block but one (nothing left to find past them), and the
+        device not holding the content that follows its own hits (else its walk would go
+        on there, and the hits would be its blocks). None when any of that fails (then
+        ``match`` decides: the answer is the same, only slower). Changes nothing. Raises
+        TokenError for a prompt the walk's encoding refuses (``vocab_size`` was checked at
+        the start: a prompt equal to that one passes it)."""
+        tokens = encode_tokens(prompt)
+        req: Request = f.req
+        keys, index = req.keys, self.index
+        if index.cut or tokens != req.tokens or (extra is not keys.extra and (
+                type(extra) is not ExtraKeys or extra != keys.extra)):
+            return None  # (``cut``: the walk may find device blocks again after slots)
+        hits, cids = f.hits, f.cids
+        if len(hits) + len(cids) != (len(tokens) - 1) // self.block_size:
+            return None  # (so the whole run landed: one that lost its head, or a fetch not
+            # landed, is shorter)
+        landed = f.slots[:len(cids)]
+        if (list(map(_content_id, hits)) != f.hit_cids or list(map(_content_id, landed)) != list(cids)
+                or None in map(_key, hits) or None in map(_key, landed)):
+            return None  # (a device hit still holding its content is still the index's entry
+            # for it: only ``uncache`` makes one a spare, and then ``index.cut`` is set)
+        d = list(map(type, hits)).count(Block)  # the device's hits come first
+        chunks = req.prompt_chunks
+        assert chunks is not None, "a fetch of a request without its chunks"
+        mm = keys.mm
+        if index.holds(hits[d - 1] if d else None, chunks[d],
+                       keys.base if mm is None or d >= len(mm) else mm[d]):
+            return None
+        return req, hits + landed
 
     def cancel(self, request_id: Hashable) -> bool:
         """The request left while it waited: forget the wait (its fetch still lands).

@@ -135,6 +135,13 @@ class ContentRecorder(Announcer):
             return k
         return self._by_key.get((cid, chunk, extra)) if self._by_key else None
 
+    def holds(self, parent: Block | None, chunk: bytes, extra: bytes) -> bool:
+        """Whether a device block holds the content ``chunk``/``extra`` under ``parent``'s
+        content (None: a first block), as ``match`` would find it after ``parent``.
+        Changes nothing."""
+        return self._held(parent, parent.content_id if parent is not None else 0,
+                          chunk, extra) is not None
+
     def _chain(self, parent: Block, b: Block, chunk: bytes) -> None:
         """Record ``b`` (new content ``chunk`` under ``parent``) as ``parent``'s chained
         child, found through that link alone; a chained child it displaces goes into the

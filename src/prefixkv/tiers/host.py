@@ -111,8 +111,9 @@ class HostTier(SlotIndex):
                             head, tail = cached.ends()
                         s = head.next
                         if s is tail:
-                            if not refreshed:  # every slot is pinned: the content is lost
-                                continue  # (a slot pending stays so: its parent is lost)
+                            if not refreshed:  # every slot is pinned: the content is
+                                break  # lost, and so is every later block's (no slot can be
+                                # refreshed or taken any more; a slot pending stays so)
                             cached.forget(len(refreshed))  # only refreshed ones left
                             cached.extend(refreshed)
                             refreshed = []
