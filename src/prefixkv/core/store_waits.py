@@ -225,8 +225,11 @@ class StoreWaits:
                                     tuple(s.block_id for s in slots[lo:hi]),
                                     None if extra is None else extra.for_range(start * bs, end * bs),
                                     start, HOST)
-            self.host.land(slots[lo:hi], hits[-1].content_id if hits else 0, f.chunks[lo:hi],
-                           f.extras[lo:hi], cids, f.hashes[lo:hi], event)
+            whole = hi - lo == len(slots)  # (the common case: no copies of the lists)
+            self.host.land(slots if whole else slots[lo:hi], hits[-1].content_id if hits else 0,
+                           f.chunks if whole else f.chunks[lo:hi],
+                           f.extras if whole else f.extras[lo:hi], cids,
+                           f.hashes if whole else f.hashes[lo:hi], event)
             if f.staged:
                 self.host.fetches += [StoreFetched(s.block_id, f.buffers[i][0].toreadonly())
                                       for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]

@@ -242,22 +242,20 @@ class ContentRecorder(Announcer):
             prev = b
         if run and len(blocks) > 1:
             assert prev is not None
+            # (hashes and events exist only when hashes are consumed: else the slots' and
+            # the blocks' are None alike; an event is announced again below when events are on)
             for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None), strict=False):
                 b.key = key_chunk(s.key)
                 b.chained = True
                 b.parent_cid = s.parent_cid
                 b.extra = s.extra
                 b.content_id = s.content_id
+                b.hash = s.hash
+                b.event = None
                 b.step = step
                 prev.child = b
                 prev = b
             self._num_chained += len(blocks) - 1
-            # hashes and events exist only when hashes are consumed (``hashing``, fixed for
-            # the index's life): else every block's are None already
-            if self.hashing:
-                for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None), strict=False):
-                    b.hash = s.hash
-                    b.event = None  # (announced again below when events are on)
         if self._sink.active:  # each announced again, on the device
             sink = self._sink
             for b, s in zip(blocks, slots, strict=False):
