@@ -245,7 +245,8 @@ class ContentRecorder(Announcer):
             # (hashes and events exist only when hashes are consumed: else the slots' and
             # the blocks' are None alike; an event is announced again below when events are on)
             for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None), strict=False):
-                b.key = key_chunk(s.key)
+                k = s.key  # (``key_chunk``, inlined: a slot with content has a key)
+                b.key = k if isinstance(k, bytes) else k[1]  # type: ignore[index]
                 b.chained = True
                 b.parent_cid = s.parent_cid
                 b.extra = s.extra
