@@ -147,16 +147,15 @@ class StoreWaits:
         ``match`` decides: the answer is the same, only slower). Changes nothing. Raises
         TokenError for a prompt the walk's encoding refuses (``vocab_size`` was checked at
         the start: a prompt equal to that one passes it)."""
-        tokens = encode_tokens(prompt)
         req: Request = f.req
-        keys, index = req.keys, self.index
-        if index.cut or tokens != req.tokens or (extra is not keys.extra and (
+        keys, index, hits, cids = req.keys, self.index, f.hits, f.cids
+        if index.cut or len(hits) + len(cids) != (len(req.tokens) - 1) // self.block_size:
+            return None  # (``cut``: the walk may find device blocks again after slots; a run
+            # that lost its head, or found nothing, is shorter: the prompt is not encoded)
+        tokens = encode_tokens(prompt)
+        if tokens != req.tokens or (extra is not keys.extra and (
                 type(extra) is not ExtraKeys or extra != keys.extra)):
-            return None  # (``cut``: the walk may find device blocks again after slots)
-        hits, cids = f.hits, f.cids
-        if len(hits) + len(cids) != (len(tokens) - 1) // self.block_size:
-            return None  # (so the whole run landed: one that lost its head, or a fetch not
-            # landed, is shorter)
+            return None
         landed = f.slots[:len(cids)]
         if (list(map(_content_id, hits)) != f.hit_cids or list(map(_content_id, landed)) != list(cids)
                 or None in map(_key, hits) or None in map(_key, landed)):
