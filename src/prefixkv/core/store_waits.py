@@ -23,7 +23,7 @@ from __future__ import annotations
 import mmap
 from collections.abc import Hashable, Sequence
 from functools import partial
-from operator import attrgetter
+from operator import attrgetter, eq
 from typing import Any
 
 from ..errors import ConfigError
@@ -157,7 +157,7 @@ class StoreWaits:
                 type(extra) is not ExtraKeys or extra != keys.extra)):
             return None
         landed = f.slots[:len(cids)]
-        if (list(map(_content_id, hits)) != f.hit_cids or list(map(_content_id, landed)) != list(cids)
+        if (list(map(_content_id, hits)) != f.hit_cids or not all(map(eq, map(_content_id, landed), cids))
                 or None in map(_key, hits) or None in map(_key, landed)):
             return None  # (a device hit still holding its content is still the index's entry
             # for it: only ``uncache`` makes one a spare, and then ``index.cut`` is set)
@@ -224,11 +224,8 @@ class StoreWaits:
                                     tuple(s.block_id for s in slots[lo:hi]),
                                     None if extra is None else extra.for_range(start * bs, end * bs),
                                     start, HOST)
-            whole = hi - lo == len(slots)  # (the common case: no copies of the lists)
-            self.host.land(slots if whole else slots[lo:hi], hits[-1].content_id if hits else 0,
-                           f.chunks if whole else f.chunks[lo:hi],
-                           f.extras if whole else f.extras[lo:hi], cids,
-                           f.hashes if whole else f.hashes[lo:hi], event)
+            self.host.land(slots[lo:hi], hits[-1].content_id if hits else 0, f.chunks[lo:hi],
+                           f.extras[lo:hi], cids, f.hashes[lo:hi], event)
             if f.staged:
                 self.host.fetches += [StoreFetched(s.block_id, f.buffers[i][0].toreadonly())
                                       for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]

@@ -21,7 +21,6 @@ blocks at once: one Python loop a batch, no call a block.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import attrgetter
 from typing import TypeVar
 
 from ..core.block import UNLINKED, Block
@@ -33,7 +32,6 @@ from .host_check import check_tier
 from .host_index import HOST, HostSlot, SlotIndex, withdrawn
 
 _Op = TypeVar("_Op", BlockOffloads, BlockLoads)
-_block_id = attrgetter("block_id")
 
 
 def _batch(kind: type[_Op], src: list[int], dst: list[int]) -> list[_Op]:
@@ -61,7 +59,7 @@ class HostTier(SlotIndex):
         self.load_src: list[int] = []  # the step's loads: slot ids, device block ids
         self.load_dst: list[int] = []
         self.fetches: list[StoreFetched] = []  # the step's payloads to write (no attached memory)
-        self.landing: set[Block] = set()  # slots a store fetch writes into
+        self.landing: dict[int, Block] = {}  # slots a store fetch writes into, by id
         self.num_offloaded = self.num_loaded = 0
         self.num_chained = 0  # slots found only as their parent slot's child
         self.chaining = True  # False once the device cut a chain (``stop_chaining``)
@@ -203,11 +201,12 @@ class HostTier(SlotIndex):
         k = min(n, len(empty))
         out = empty[len(empty) - k:][::-1]  # (the order ``_take`` would give)
         del empty[len(empty) - k:]
+        if len(out) < n and len(self._cached):
+            self._take_lru(out, n - len(out))
+        landing = self.landing
         for s in out:
             s.ref_cnt = 1
-        if k < n and len(self._cached):
-            self._take_lru(out, n - k)
-        self.landing.update(out)
+            landing[s.block_id] = s
         return out
 
     def land(self, slots: list[Block], parent_cid: int, chunks: Sequence[bytes],
@@ -222,18 +221,18 @@ class HostTier(SlotIndex):
         drained (a ``StoreFetched`` writing them may be pending, which no offload of the
         same plan may precede). The caller made sure no slot holds the first content
         already (the others' parents are new)."""
-        by_chunk, by_key = self.by_chunk, self.by_key
-        prev = Block(-1)  # (the first slot's predecessor: a stand-in, dropped after the loop)
+        landing, by_chunk, by_key, prev = self.landing, self.by_chunk, self.by_key, None
         for s, chunk, extra, cid, h in zip(slots, chunks, extras, cids, hashes, strict=True):
+            del landing[s.block_id]
             s.parent_cid, s.extra, s.content_id, s.hash, s.event = parent_cid, extra, cid, h, None
             if by_chunk.setdefault(chunk, s) is s:  # (as _enter, inlined)
                 s.key = chunk
             else:
                 s.key = key = (parent_cid, chunk, extra)
                 by_key[key] = s
-            prev.child = s
+            if prev is not None:
+                prev.child = s
             parent_cid, prev = cid, s
-        self.landing.difference_update(slots)
         self._pinned += slots  # (ref_cnt is 1 already)
         if event is not None:
             self._sink.append(event)
@@ -242,17 +241,14 @@ class HostTier(SlotIndex):
 
     def _take_lru(self, out: list[Block], n: int) -> None:
         """Append to ``out`` up to ``n`` least recently used cached slots, their content
-        dropped and each pinned once (``reserve``'s landing slots; ``_take_cached`` n times,
-        inlined as ``demote`` does: a fetch of a long prefix into a full tier drops as many
-        contents)."""
+        dropped (``_take_cached`` n times, inlined as ``demote`` does: a fetch of a long
+        prefix into a full tier drops as many contents)."""
         head, tail = self._cached.ends()
         by_chunk, by_key, sink = self.by_chunk, self.by_key, self._sink
         active = sink.active
         s = head.next  # (a slot until ``tail``)
-        taken, unchained = len(out), 0
-        for _ in range(n):
-            if s is tail:
-                break
+        taken = unchained = 0
+        while taken < n and s is not tail:
             old, c = s.key, s.child  # (as _drop, inlined)
             if s.chained:
                 s.chained = False
@@ -269,27 +265,27 @@ class HostTier(SlotIndex):
             if active and s.event is not None:
                 sink.append(withdrawn(s.event, s.block_id))
             s.key = None
-            s.ref_cnt = 1  # (landing: see ``reserve``)
             out.append(s)
+            taken += 1
             s = s.next
         head.next = s
         s.prev = head
-        self._cached.forget(len(out) - taken)
+        self._cached.forget(taken)
         self.num_chained -= unchained
 
     def unreserve(self, slots: list[Block]) -> None:
         """Landing ``slots`` that got nothing: empty again."""
-        self.landing.difference_update(slots)
         for s in slots:
+            del self.landing[s.block_id]
             s.ref_cnt = 0
-        self._empty += slots
+            self._empty.append(s)
 
     def load(self, slots: Sequence[Block], devices: Sequence[Block]) -> None:
         """State the copy of each of ``slots`` into the fresh device block beside it in
         ``devices`` (the slots stay pinned until the plan is drained; the caller pinned
         them with ``hold``): their ids join the step's one ``BlockLoads``."""
-        self.load_src += map(_block_id, slots)
-        self.load_dst += map(_block_id, devices)
+        self.load_src += [s.block_id for s in slots]
+        self.load_dst += [d.block_id for d in devices]
         self.num_loaded += len(slots)
 
     def take_loads(self) -> list[BlockLoads]:

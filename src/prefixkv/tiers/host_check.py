@@ -63,10 +63,10 @@ def check_tier(tier: HostTier) -> str | None:
         if not s.ref_cnt or not _holds(tier, s) or s.block_id in seen:
             return f"bad pinned host slot {s!r}"
         seen.add(s.block_id)
-    for s in tier.landing:
-        if s.key is not None or s.ref_cnt != 1 or s.chained or s.block_id in seen:
+    for i, s in tier.landing.items():
+        if s.key is not None or s.ref_cnt != 1 or s.chained or s.block_id != i or i in seen:
             return f"bad landing host slot {s!r}"
-        seen.add(s.block_id)
+        seen.add(i)
     if len(seen) != len(tier.slots):
         return f"host slots accounted {len(seen)} != {len(tier.slots)}"
     held = len(tier.slots) - len(tier._empty) - len(tier.landing)
