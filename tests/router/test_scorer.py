@@ -106,10 +106,10 @@ def test_router_weighs_reported_load():
     router.finish("a")
     router.report_load("a", ReplicaLoad(0.5, 3, 400, 100))  # 100 blocks queued for prefill
     assert router.route(prompt).replica == "b"
-    # what was routed since the report counts until the next one replaces it
-    assert router.loads.since_prefill["b"] == 8 and router.loads.since_blocks["b"] == 8
+    # unreported, "b" is estimated from what is in flight there; a report replaces that
+    assert router.loads.prefill_blocks("b") == 8 and router.loads.active_blocks("b") == 8
     router.report_load("b", ReplicaLoad(0.1, 0, 0))
-    assert router.loads.since_prefill["b"] == 0
+    assert router.loads.prefill_blocks("b") == 0
     with pytest.raises(RouterError, match="unknown replica"):
         router.report_load("z", ReplicaLoad(0.1))
 
