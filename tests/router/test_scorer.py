@@ -184,3 +184,21 @@ def test_approx_index_events_outrank_guesses():
     for bad in (0, -1.0, "5"):
         with pytest.raises(ApproxIndexError):
             ApproxIndex(bad)  # type: ignore[arg-type]
+
+
+def test_what_is_remembered_since_a_report_stays_bounded():
+    from prefixkv.router.load import MAX_SINCE
+
+    now = [0.0]
+    router = Router(["a"], block_size=BS, clock=lambda: now[0])
+    router.report_load("a", ReplicaLoad(0.0))  # one report, never another
+    prompt = list(range(1, 2 * BS + 1))  # 2 blocks
+    for i in range(MAX_SINCE + 50):
+        now[0] = float(i)
+        router.route(prompt)
+        router.finish("a")
+    loads = router.loads
+    assert len(loads.since["a"]) == MAX_SINCE
+    assert loads.since_blocks["a"] == sum(b for _, _, b in loads.since["a"]) == 2 * (MAX_SINCE + 50)
+    router.report_load("a", ReplicaLoad(0.0), read_at=float(MAX_SINCE + 40))
+    assert loads.since_blocks["a"] == 2 * 10  # the ten routed at or after the read

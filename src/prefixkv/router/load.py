@@ -16,6 +16,9 @@ from collections import deque
 from dataclasses import dataclass
 
 
+MAX_SINCE = 1024  # routing decisions remembered per replica since its report, at most
+
+
 class LoadError(ValueError):
     """A load report out of range (a negative count, a usage outside 0..1)."""
 
@@ -101,7 +104,12 @@ class LoadBook:
 
     def routed(self, replica: str, prefill: int, blocks: int, now: float) -> None:
         if replica in self.reported:  # unreported: estimated from ``open`` alone
-            self.since[replica].append((now, prefill, blocks))
+            since = self.since[replica]
+            since.append((now, prefill, blocks))
+            if len(since) > MAX_SINCE:  # no report for long: merge the two oldest, kept
+                _, p0, b0 = since.popleft()  # until a report read after the later one
+                t1, p1, b1 = since.popleft()
+                since.appendleft((t1, p0 + p1, b0 + b1))
             self.since_prefill[replica] += prefill
             self.since_blocks[replica] += blocks
         self.open[replica].append((prefill, blocks))
