@@ -15,7 +15,6 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-
 MAX_SINCE = 1024  # routing decisions remembered per replica since its report, at most
 
 
