@@ -128,7 +128,7 @@ def test_a_slow_server_costs_one_timeout_and_delays_no_other_replica(servers, mo
         t0 = time.monotonic()
         poller.scrape()
         took = time.monotonic() - t0
-        assert 0.45 <= took < 1.5, took  # a trickle does not stretch the deadline
+        assert 0.45 <= took < 3.0, took  # a trickle (40 s of bytes) does not stretch it
         poller.apply()
         assert "ok" in router.loads.reported and "slow" not in router.loads.reported
         h = poller.health()["replicas"]["slow"]

@@ -1,8 +1,8 @@
 """The metrics poller: reads each replica's load from the ``/metrics`` it already serves
 and hands it to the router on the router's own thread.
 
-A background thread scrapes every replica's URL once per ``period`` (all at once, each
-within ``timeout`` seconds from connect to the last byte, at most ``max_bytes``) and
+A background thread scrapes every replica's URL once per ``period`` (up to 16 at once,
+each within ``timeout`` seconds from connect to the last byte, at most ``max_bytes``) and
 parses the text with ``load.from_metrics``. It keeps, per replica, only the latest good
 load and counts what failed (refused, timed out, an HTTP status other than 200, too
 large, not UTF-8, not Prometheus text with ``vllm:kv_cache_usage_perc``). It never
@@ -102,8 +102,9 @@ class MetricsPoller:
     # ---- the scrape thread's side --------------------------------------------------------
 
     def scrape(self) -> None:
-        """One round: scrape every replica now, at once, and keep what came back for the
-        next ``apply``. Blocks at most about ``timeout`` seconds; raises nothing."""
+        """One round: scrape every replica now (16 at once) and keep what came back for
+        the next ``apply``. Blocks about ``timeout`` seconds per 16 replicas at most. A
+        failed scrape is counted, never raised; RuntimeError after ``close``."""
         list(self._pool.map(self._scrape_one, self.urls))
 
     def start(self) -> None:
