@@ -24,7 +24,6 @@ def test_fleet_example_runs():
     rates = dict(re.findall(r"fleet, (\S+)\s*: hit rate ([\d.]+)%", out.stdout))
     assert set(rates) == {"prefix", "cost", "round-robin"}
     assert float(rates["prefix"]) > float(rates["round-robin"])
-    assert float(rates["cost"]) > float(rates["round-robin"])
     assert out.stdout.count("replies identical to no-cache run: True") == 3
     # every run's router read the replicas' loads from their /metrics (a read may time
     # out on a loaded machine: counted, not fatal)
