@@ -111,3 +111,16 @@ def test_events_off_hand_off_an_empty_batch():
     m.add_request("a", list(range(9)))
     pending = m.take_pending_events()
     assert pending.empty and pending.build() == []
+
+
+def test_a_hybrid_manager_hands_off_its_events_built():
+    from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
+
+    def make():
+        return HybridKVCacheManager([full_attention(), sliding_window(8)], 32, BS,
+                                    hash_mode="sha256", enable_events=True)
+    m, ref = make(), make()
+    for mgr in (m, ref):
+        mgr.add_request("a", list(range(1, 11)))
+    pending = m.take_pending_events()
+    assert not pending.empty and pending.build() == ref.take_events() != []

@@ -175,7 +175,8 @@ def _expand(items: list[Event | Deferred]) -> list[Event]:
 
 
 class PendingEvents:
-    """One take of an ``EventLog`` (``take_pending()``), built by ``build()``: on any
+    """One step's events, taken unbuilt (``KVCacheManager.take_pending_events()``, made
+    by the log's ``take_pending()``, never by a caller) and built by ``build()``: on any
     thread, any number of times (the first call builds, later ones return the same
     list). Building runs every unbuilt batch taken before this one first, under the
     log's lock, so each is built once and all of them in log order, whoever calls.
