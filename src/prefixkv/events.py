@@ -1,4 +1,4 @@
-"""Cache events, and the sinks the index writes them to.
+"""Cache events: what a manager announces about the contents it can serve.
 
 A consumer that mirrors the events knows which blocks this manager can serve: a chain
 hash is announced by a ``BlockStored`` when its content first becomes findable and
