@@ -26,7 +26,7 @@ from ..errors import (
     check_positive,
     live_request,
 )
-from ..events import EventLog, NullSink
+from ..event_log import EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import HashFn, block_chunks, encode_tokens, make_hash_fn, token_buffer
 from ..index import ContentIndex, Hasher, NoIndex

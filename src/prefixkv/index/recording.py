@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from ..core.block import NO_CHILD, Block, ContentKey, key_chunk
 from ..core.request import Request
-from ..events import DEVICE, EventSink
+from ..event_log import EventSink
+from ..events import DEVICE
 from ..hashing import block_chunks, token_bytes
 from .announce import Announcer, Fresh, Prepared
 from .hasher import Hasher

@@ -26,7 +26,8 @@ from typing import TypeVar
 from ..core.block import UNLINKED, Block
 from ..core.free_queue import FreeBlockQueue
 from ..errors import MAX_BLOCKS, check_positive
-from ..events import BlockStored, EventSink
+from ..event_log import EventSink
+from ..events import BlockStored
 from ..results import BlockLoads, BlockOffloads, StoreFetched
 from .host_check import check_tier
 from .host_index import HOST, HostSlot, SlotIndex, withdrawn
