@@ -39,9 +39,11 @@ from kernel_static import (
     MAX_REGS_PER_THREAD,
     MAX_WARPS_PER_SM,
     SMEM_PER_BLOCK,
+    causal_trips,
     loop_loads,
     occupancy,
     parse_ptxas,
+    shape_ceiling,
     static_report,
 )
 
@@ -236,10 +238,23 @@ def compile_config(name: str, mods: dict, tiles=None) -> dict:
                                         num_warps=md.num_warps, mma=row["mma"],
                                         ctas_per_sm=max(1, row["blocks_per_sm"]),
                                         phase_order=[1, 2, 3] if c.get("HAS_LEFT") else [2, 3])
+            row["shape_ceiling"] = whole_shape(cfg, c, row["sass"]["loops"])
     except Exception as exc:  # noqa: BLE001  a failed compile is a result, reported per config
         row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[-1500:]}")
     row["compile_s"] = round(time.perf_counter() - start, 2)
     return row
+
+
+def whole_shape(cfg: dict, c: dict, loops: dict) -> dict | None:
+    """The config's key tiles per KV head and request (:func:`causal_trips`) and the serial
+    model's share of peak over all of them (:func:`shape_ceiling`); None unless the
+    kernel is causal, windowless and unsplit and both key loops were found."""
+    if (not cfg.get("causal", True) or cfg.get("window_size") is not None or c.get("SPLIT")
+            or not {"phase2", "phase3"} <= loops.keys()):
+        return None
+    trips = causal_trips(prefix=cfg["prefix"], q_len=cfg["q_len"], group_p2=c["GROUP_P2"],
+                         block_m=c["BLOCK_M"], block_n=c["BLOCK_N"])
+    return dict(trips, peak_fraction=round(shape_ceiling(loops, trips), 4))
 
 
 def flags(r: dict) -> list[str]:
@@ -343,6 +358,17 @@ def markdown(result: dict, reading: str = "", before: dict | None = None) -> str
                          f"{ser['waits']['group_wait']} / {ser['waits']['bar_sync']} | {t['bound']}, "
                          f"{100 * t['peak_fraction']:.1f} | {ser['clocks']:.0f} | {ser['bound']} | "
                          f"{100 * ser['peak_fraction']:.1f} |")
+    lines += ["", "## Whole shape (serial model)", "",
+              "Each key loop's serial clocks per tile weighted by the key tiles it runs for the "
+              "config's shape (causal, no window, no split; per request and KV head, as the kernel "
+              "bounds its phases): the share of peak of all the shape's key tiles together.", "",
+              "| config | query tiles | phase 2 tiles | phase 3 tiles | phase 2 tiles per phase 3 tile "
+              "| % peak |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if w := r.get("shape_ceiling"):
+            ratio = f"{w['phase2'] / w['phase3']:.1f}" if w["phase3"] else "-"
+            lines.append(f"| {r['name']} | {w['query_tiles']} | {w['phase2']} | {w['phase3']} | {ratio} "
+                         f"| **{100 * w['peak_fraction']:.1f}** |")
     if before is not None:
         lines += [""] + before_after(before, result)
     lines += ["", "## Flags (computed)", ""]
@@ -371,6 +397,9 @@ def main(argv=None) -> int:
         rows.append(r := compile_config(name, mods, tiles))
         print(f"{name}: " + (f"ok regs={r['n_regs']} spills={r['n_spills']} smem={r['shared']}"
                              if r["ok"] else r["error"][:300]), file=sys.stderr)
+        if w := r.get("shape_ceiling"):
+            print(f"{name}: whole shape {w['phase2']} cached-prefix + {w['phase3']} diagonal key tiles, "
+                  f"{100 * w['peak_fraction']:.1f}% of peak (serial model)", file=sys.stderr)
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     ptxas = get_ptxas(90)
     result = {"target": "sm_90", "triton": triton.__version__, "tiles": opts.tiles,

@@ -241,3 +241,29 @@ def static_report(cubin: bytes, ttgir: str, source: Path, *, block_m: int, block
                            masked=phase != 2, **cycle_estimate(counts, **shape),
                            serial=tile_clocks(body, **shape, ctas_per_sm=ctas_per_sm))
     return {"loops": phases, "kv_ring": ring_depth(ttgir)}
+
+
+def causal_trips(*, prefix: int, q_len: int, group_p2: int, block_m: int, block_n: int) -> dict:
+    """Key tiles one request's query tiles run in the cached-prefix loop (phase 2) and the
+    diagonal loop (phase 3), summed over its query tiles of one KV head: causal, no window,
+    no split, the bounds of ``_paged_prefill_kernel``. A tile holds ``block_m // group_p2``
+    query positions; phase 2 runs the whole ``block_n`` tiles of keys up to the tile's
+    first query, phase 3 the keys from there to its last query (the last tile may be part).
+    """
+    block_q = block_m // group_p2
+    out = {"query_tiles": -(-q_len // block_q), "phase2": 0, "phase3": 0}
+    for tile in range(out["query_tiles"]):
+        first, last = prefix + tile * block_q, prefix + min(tile * block_q + block_q, q_len) - 1
+        full_hi = (first + 1) // block_n * block_n
+        out["phase2"] += full_hi // block_n
+        out["phase3"] += -(-(last + 1 - full_hi) // block_n)
+    return out
+
+
+def shape_ceiling(loops: dict, trips: dict) -> float:
+    """Share of peak of a shape's key loops under the serial model: the wgmma clocks of all
+    its key tiles over their serial clocks, each loop weighted by its trip count (``loops``:
+    :func:`static_report`'s, ``trips``: :func:`causal_trips`'s). Every tile of a shape has
+    the same FLOPs, so this is the trip-weighted harmonic mean of the loops' shares."""
+    names = [k for k in ("phase2", "phase3") if trips[k]]
+    return sum(trips[k] for k in names) / sum(trips[k] / loops[k]["serial"]["peak_fraction"] for k in names)

@@ -109,3 +109,25 @@ def test_decode_reads_the_registers(text, kind, dst, src):
     op = kernel_timing.decode(text)
     assert (op.kind, op.dst, op.src) == (kind, dst, src)
     assert op.max_groups == (1 if kind == "group_wait" else 0)
+
+
+def test_causal_trips_worked_by_hand():
+    """100 cached + 50 new tokens, 128 x 64 tiles, 4 query heads a KV head: 32 positions a
+    query tile, 2 tiles. Tile 0 (queries at 100..131): whole tiles of keys below 101 = 1
+    (keys 0..63), then keys 64..131 = 2 diagonal tiles. Tile 1 (132..149): 133 // 64 = 2
+    whole tiles (0..127), then keys 128..149 = 1 part tile."""
+    got = kernel_static.causal_trips(prefix=100, q_len=50, group_p2=4, block_m=128, block_n=64)
+    assert got == {"query_tiles": 2, "phase2": 3, "phase3": 3}
+
+
+def test_goal_shape_trips_and_ceiling():
+    """SPEC goal shape (8192 cached + 2048 new, group 4) at 128 x 64: 64 query tiles of 32
+    positions; tile t runs 128 + t // 2 cached-prefix tiles and 1 diagonal tile (32-row
+    tiles never straddle a 64-key tile): 64 * 128 + 2 * (0 + ... + 31) = 9184 and 64.
+    With 1024 wgmma clocks a tile, 1274 serial clocks in phase 2 and 1936 in phase 3
+    (the loops' shares of peak 1024 / 1274 and 1024 / 1936):
+    9248 * 1024 / (9184 * 1274 + 64 * 1936) = 9469952 / 11824320 = 0.80089."""
+    trips = kernel_static.causal_trips(prefix=8192, q_len=2048, group_p2=4, block_m=128, block_n=64)
+    assert trips == {"query_tiles": 64, "phase2": 9184, "phase3": 64}
+    loops = {k: {"serial": {"peak_fraction": 1024 / clk}} for k, clk in (("phase2", 1274), ("phase3", 1936))}
+    assert kernel_static.shape_ceiling(loops, trips) == pytest.approx(9469952 / 11824320)
