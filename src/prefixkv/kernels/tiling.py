@@ -155,7 +155,7 @@ def prefill_tile(version: str) -> TileConfig:
       behind the softmax) at 80.4% of peak and its diagonal loop at 52.9% (128 x 128:
       60.5% and 49.7%; docs/kernels.md). Not yet measured on a GPU. Compiled with 3.6
       to 3.9, no spills in any; the goal shape's key loops together (trip-weighted) rate
-      82.3% (3.6), 82.7% (3.7), 78.0% (3.8: 27 instructions a pass more than 3.9, under
+      82.2% (3.6), 82.7% (3.7), 78.0% (3.8: 27 instructions a pass more than 3.9, under
       the 80% goal; no stage count or per-key block ids does better) and 80.1% (3.9).
     """
     if version_at_least(version, (3, 7)):
