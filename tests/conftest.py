@@ -6,11 +6,20 @@ spends its time spin-waiting rather than computing, against the other pytest-xdi
 load average under 1: tests/engine/test_engine.py took 24.4 s (33 s of CPU) with torch's
 default two threads, 9.9 s (11.3 s of CPU) with one. Subprocesses (examples, benchmarks)
 inherit it. Set OMP_NUM_THREADS yourself to override.
+
+torch's JIT extension builds (SGLang's native page hash, tests/engines/sglang_hicache) go
+to this checkout's ``.cache/torch-extensions``. torch's default, ~/.cache/torch_extensions,
+is one folder for every checkout and venv of the user, and the build names the venv's
+torch headers: two checkouts with their own venvs rebuilt it for each other on every run
+(about 20 s of CPU each time). Set TORCH_EXTENSIONS_DIR yourself to override.
 """
 
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 if "torch" in sys.modules:  # a plugin imported it first: the variable came too late
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+os.environ.setdefault("TORCH_EXTENSIONS_DIR",
+                      str(Path(__file__).resolve().parents[1] / ".cache" / "torch-extensions"))
