@@ -123,13 +123,18 @@ def hit_rate(groups: Sequence[GroupSpec], *, num_blocks: int = HIT_POOL_BLOCKS,
     return m.stats.hit_rate
 
 
+def questions_at(scale: float) -> int:
+    """The hit rate's questions at ``--scale`` ``scale``: ``QUESTIONS`` times it, at least one."""
+    return max(1, round(QUESTIONS * scale))
+
+
 def run_groups(names: Sequence[str], seed: int = 0,
                tick: Callable[[str], None] = lambda label: None, scale: float = 1.0) -> dict[str, Any]:
     """Capacity and hit rate of each named mix, hybrid tables against all full; rows of
     plain JSON types. ``scale`` multiplies the hit rate's ``QUESTIONS`` (at least one), as
     ``--scale`` does the built-in workloads' requests; the capacity fills its pool whatever
     the scale. Raises KeyError for a name not in ``MIXES``."""
-    questions = max(1, round(QUESTIONS * scale))
+    questions = questions_at(scale)
     rows = []
     for name in names:
         mix = MIXES[name]
