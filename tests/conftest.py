@@ -27,22 +27,24 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR",
 # The files that take longest, in the order `make test` starts them (CPU seconds measured
 # in one process on the 2-core VM). Each pytest-xdist worker takes whole files in collection
 # order (--dist loadfile --no-loadscope-reorder), so the run ends on short files on both
-# workers, not on one long file while the other idles. The three files after the vLLM
-# suite import vLLM in-process (13 s of CPU): one after the other, they go to the worker
-# that is not waiting on the suite, which then imports it once.
+# workers, not on one long file while the other idles. xdist hands the first file to one
+# worker, the second to the other, and the third at once to the first (it holds only the
+# suite's two tests): that worker runs it after the suite. The other worker is then the
+# one asking for files while the suite runs, so the four files after the third, which
+# import vLLM in-process (13 s of CPU), go to it and it alone imports vLLM.
 LONGEST_FIRST = (
-    "engines/test_vllm_suite.py",  # ~107: vLLM's own tests, two subprocesses
-    "engines/test_vllm_plugin.py",
+    "engines/test_vllm_suite.py",  # ~97: vLLM's own tests, two subprocesses
+    "engines/test_vllm_plugin.py",  # ~11, the vLLM import
+    "kernels/test_compile_sm90.py",  # ~36
     "engines/vllm_connector/test_connector.py",
     "engines/vllm_connector/test_scheduler_side.py",
     "engines/vllm_connector/test_example.py",
-    "kernels/test_bench_kernels.py",  # ~50
-    "engine/test_backends.py",  # ~37
-    "kernels/test_compile_sm90.py",  # ~36
-    "kernels/test_split_kv.py",  # ~34
-    "test_state_machine.py",  # ~33
-    "kernels/test_scale_sink_values.py",  # ~23
-    "kernels/test_attention.py",  # ~20
+    "kernels/test_bench_kernels.py",  # ~55
+    "engine/test_backends.py",  # ~35
+    "kernels/test_split_kv.py",  # ~30
+    "test_state_machine.py",  # ~27
+    "kernels/test_attention.py",  # ~24
+    "kernels/test_scale_sink_values.py",  # ~21
     "fleet/test_example_fleet.py",  # ~19
 )
 
