@@ -61,7 +61,9 @@ def events_rows(pair, plan: Plan, pool: int, mode: str, log, first: int = 0) -> 
     measures off and on back to back on both workers (off first in even rounds, on first in
     odd ones), so the on/off ratio of a side is paired within a round, as old/new is.
     Rows: ``<name>, events off``, ``<name>, events on``, ``<name>, events on +
-    take_events`` (the step's drain too), each with ``on_off_old``/``on_off_new``: the
+    take_events`` (the step's drain too), ``<name>, events on + hand-off`` (where a side
+    has ``take_pending_events``: the admission and that call, the build left to another
+    thread; a side without it shows its take_events values), each with ``on_off_old``/``on_off_new``: the
     median of each round's on/off ratio (for the last two rows)."""
     rows = []
     for tokens, count in ((2048, plan.admits_2k), (32768, plan.admits_32k)):
@@ -76,12 +78,18 @@ def events_rows(pair, plan: Plan, pool: int, mode: str, log, first: int = 0) -> 
                     one = measure(pair if r % 4 < 2 else pair[::-1], 1, lambda _, c=cmd: c)
                     for side in ("old", "new"):
                         got[events][side] += one[side]
+            keys = ("ns", "with_take_ns", "with_handoff_ns")
             ns = {(e, k): [g[k] for g in got[e]["new"]] for e in (False, True)
-                  for k in ("ns", "with_take_ns") if k in got[e]["new"][0]}
+                  for k in keys if k in got[e]["new"][0]}
             old = {(e, k): [g[k] for g in got[e]["old"]] for e in (False, True)
-                   for k in ("ns", "with_take_ns") if k in got[e]["old"][0]}
-            for label, key in (("events off", (False, "ns")), ("events on", (True, "ns")),
-                               ("events on + take_events", (True, "with_take_ns"))):
+                   for k in keys if k in got[e]["old"][0]}
+            labels = [("events off", (False, "ns")), ("events on", (True, "ns")),
+                      ("events on + take_events", (True, "with_take_ns"))]
+            if (True, "with_handoff_ns") in ns:  # a side without the hand-off: its take_events
+                labels.append(("events on + hand-off", (True, "with_handoff_ns")))
+                for side in (old, ns):
+                    side.setdefault((True, "with_handoff_ns"), side[(True, "with_take_ns")])
+            for label, key in labels:
                 extra = {}
                 if key[0]:
                     extra = {f"on_off_{side}": round(statistics.median(

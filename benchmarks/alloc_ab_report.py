@@ -131,7 +131,12 @@ def events_markdown(rows: list[dict], meta: dict) -> str:
              "prompts everywhere. µs: median of the round values (a round's value: the median "
              "of its admissions; best round in brackets). on/off: the median of each round's "
              "own ratio. \"+ take_events\": the admission plus the step's `take_events()` "
-             "(with deferred events, where the hashes and event objects are built).", "",
+             "(with deferred events, where the hashes and event objects are built). "
+             "\"+ hand-off\": the admission plus `take_pending_events()`, which hands the "
+             "step's events to another thread unbuilt (as `EventPublisher.publish` takes "
+             "them; the batch is built untimed, its cost is the take_events row's); a side "
+             "without that call shows its `take_events()` values there. Where a side has "
+             "it, the two take rows alternate admissions (half the samples each).", "",
              f"| row | {old} | {new} | old/new | {old} on/off | {new} on/off |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in rows:

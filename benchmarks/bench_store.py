@@ -252,12 +252,14 @@ def split(backend: RedisStore, repeats: int, connections: int) -> None:
 
     import prefixkv.index.hasher as hasher
     from prefixkv.core.admission import Admitter
+    from prefixkv.core.store_waits import StoreWaits
     from prefixkv.index.content import ContentIndex
     from prefixkv.store.link import StoreLink
     from prefixkv.tiers.host import HostTier
 
     steps = [("find the prefix (encode, chunk, match)", Admitter, "_find"),
              ("  of which: walk host slots", HostTier, "walk"),
+             ("reuse the start's hits and the landed run", StoreWaits, "reuse"),
              ("reserve host slots (drop their content)", HostTier, "reserve"),
              ("hand the fetch over (submit)", StoreLink, "submit"),
              ("land the run in its slots", HostTier, "land"),

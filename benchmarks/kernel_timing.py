@@ -9,9 +9,10 @@ needs the softmax's P. This model replays the loop body instruction by instructi
 
 - issue: every instruction is issued once per warp by 4 schedulers: ``num_warps / 4``
   clocks (all warps of the CTA in lockstep: ``BAR.SYNC`` keeps them so, and is counted);
-- tensor core: ``HGMMA`` (wgmma) and ``HMMA`` (mma.sync) run one after another, each
-  doing its share of the tile's ``4 * BLOCK_M * BLOCK_N * dim`` FLOPs at the MMA kind's
-  rate (``kernel_static.MMA_FLOP_PER_CLOCK``); issuing one does not wait for it;
+- tensor core: ``HGMMA`` (wgmma) and ``HMMA`` (mma.sync) run one after another; an
+  ``HGMMA.MxNxK`` does ``2 * M * N * K`` FLOPs for each warpgroup of the CTA, an ``HMMA``
+  an equal share of the tile's ``4 * BLOCK_M * BLOCK_N * dim``, at the MMA kind's rate
+  (``kernel_static.MMA_FLOP_PER_CLOCK``); issuing one does not wait for it;
 - MUFU: each ``MUFU.EX2`` holds it ``num_warps * 32 / 16`` clocks;
 - waits: ``WARPGROUP.DEPBAR.LE gsb0, N`` stops issue until at most N wgmma groups (a
   group ends at an ``HGMMA`` marked ``gsb0``) are unfinished; an instruction reading a
@@ -35,6 +36,7 @@ from kernel_static import EX2_PER_CLOCK, MMA_FLOP_PER_CLOCK, PEAK_TFLOPS, SCHEDU
 PASSES = 8
 _REG = re.compile(r"\bR(\d+)\b")
 _GROUP_WAIT = re.compile(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x([0-9a-f]+)")
+_HGMMA_SHAPE = re.compile(r"HGMMA\.(\d+)x(\d+)x(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Op:
     src: tuple[int, ...]  # registers it reads
     ends_group: bool = False  # an HGMMA that commits its wgmma group (gsb0)
     max_groups: int = 0  # group_wait: unfinished groups allowed
+    flops: int = 0  # an HGMMA's FLOPs per warpgroup (2 * M * N * K)
 
 
 def decode(text: str) -> Op:
@@ -61,7 +64,9 @@ def decode(text: str) -> Op:
     dst_reg = re.fullmatch(r"\s*R(\d+)\s*", first)
     srcs = tuple(int(r) for r in _REG.findall(rest)) if dst_reg else tuple(regs)
     if opcode.startswith("HGMMA"):
-        return Op("hgmma", (), srcs, ends_group="gsb0" in rest)
+        shape = _HGMMA_SHAPE.match(opcode)
+        flops = 2 * int(shape[1]) * int(shape[2]) * int(shape[3]) if shape else 0
+        return Op("hgmma", (), srcs, ends_group="gsb0" in rest, flops=flops)
     if opcode.startswith(("HMMA", "MUFU.EX2")) and dst_reg:
         base = int(dst_reg.group(1))
         width = (4 if ".F32" in opcode else 2) if opcode.startswith("HMMA") else 1
@@ -69,10 +74,11 @@ def decode(text: str) -> Op:
     return Op("other", (), srcs)
 
 
-def _pass(ops: Sequence[Op], state: dict, per_mma: float, issue: float, ex2: float) -> None:
-    """Replay one pass of the body, advancing ``state`` (times in clocks)."""
+def _pass(ops: Sequence[Op], state: dict, mma_clocks: Sequence[float], issue: float, ex2: float) -> None:
+    """Replay one pass of the body, advancing ``state`` (times in clocks); ``mma_clocks``:
+    the tensor-core clocks of each op (0 for all but MMAs)."""
     ready, groups = state["ready"], state["groups"]
-    for op in ops:
+    for op, mma_t in zip(ops, mma_clocks, strict=True):
         t = max([state["t"]] + [ready[r] for r in op.src if r in ready])
         if op.kind == "group_wait":
             unfinished = [g for g in groups if g > t]
@@ -80,7 +86,7 @@ def _pass(ops: Sequence[Op], state: dict, per_mma: float, issue: float, ex2: flo
                 t = unfinished[len(unfinished) - op.max_groups - 1]
         state["t"] = t + issue
         if op.kind in ("hgmma", "hmma"):
-            state["tc"] = max(t, state["tc"]) + per_mma
+            state["tc"] = max(t, state["tc"]) + mma_t
             if op.ends_group:
                 groups.append(state["tc"])
             for r in op.dst:
@@ -107,13 +113,18 @@ def tile_clocks(body: Sequence[Instr], *, block_m: int, block_n: int, dim: int, 
     flops = 4 * block_m * block_n * dim
     issue, ex2 = num_warps / SCHEDULERS, num_warps * 32 / EX2_PER_CLOCK
     per_mma = flops / MMA_FLOP_PER_CLOCK[mma] / n_mma if n_mma else 0.0
+    warpgroups = max(1, num_warps // 4)
+    shaped = all(op.flops for op in ops if op.kind == "hgmma")
+    by_shape = [op.flops * warpgroups / MMA_FLOP_PER_CLOCK[mma] if shaped else per_mma for op in ops]
+    mma_clocks = [by_shape[i] if op.kind == "hgmma" else per_mma if op.kind == "hmma" else 0.0
+                  for i, op in enumerate(ops)]
     state: dict = {"t": 0.0, "tc": 0.0, "mufu": 0.0, "ready": {}, "groups": []}
     ends = []
     for _ in range(PASSES):
-        _pass(ops, state, per_mma, issue, ex2)
+        _pass(ops, state, mma_clocks, issue, ex2)
         ends.append(state["t"])
     period = (ends[-1] - ends[-3]) / 2
-    units = {"mma": per_mma * n_mma, "issue": len(ops) * issue,
+    units = {"mma": sum(mma_clocks), "issue": len(ops) * issue,
              "ex2": sum(op.kind == "ex2" for op in ops) * ex2}
     busiest = max(units, key=units.get)
     clocks = max(period / ctas_per_sm, units[busiest])

@@ -4,12 +4,15 @@ Each replica process runs the example engine (a tiny random-weight Llama on the 
 with a KVCacheManager (sha256 hashes), publishes its KV events in vLLM's wire format
 (ZeroMQ PUB + replay ROUTER), serves Prometheus metrics on ``/metrics``, and takes
 requests on a ZeroMQ PULL socket (msgpack; no pickle on any wire). The router process
-subscribes to the three event streams and routes a multi-turn chat: every turn re-sends
-the conversation so far. The same chat runs with ``prefix`` and ``round-robin``
-routing (fresh replicas each time), and once on a single engine without a cache, whose
-replies every routed run must reproduce token for token.
+subscribes to the three event streams, reads each replica's load (KV usage, queue depth)
+from its ``/metrics`` with a ``MetricsPoller`` thread, and routes a multi-turn chat:
+every turn re-sends the conversation so far. The same chat runs with ``prefix``
+routing, ``cost`` routing (``CostScorer``, which weighs the polled loads) and
+``round-robin`` (fresh replicas each time), and once on a single engine without a
+cache, whose replies every routed run must reproduce token for token.
 
     python examples/fleet.py [--conversations 5] [--turns 4] [--replicas 3] [--timeout 120]
+                             [--policies prefix,cost,round-robin]
 
 Every wait has a deadline (``--timeout`` seconds, generous: a busy machine is slow, not
 broken) and fails with what it waited for: the replicas' hello, their first heartbeat,
@@ -69,7 +72,9 @@ def replica(name: str, results: str, num_blocks: int, max_tokens: int) -> None:
                 continue
             rec = engine.step()
             pub.publish(rec.events)
-            metrics.observe(rec.stats, rec.usage, rec.events, dropped_batches=pub.dropped_batches)
+            metrics.observe(rec.stats, rec.usage, rec.events, dropped_batches=pub.dropped_batches,
+                            num_waiting=len(engine.scheduler.waiting),
+                            num_running=len(engine.scheduler.running))
             for out in engine.take_finished():
                 outbox.send(msgpack.packb({"id": out.request_id, "tokens": list(out.token_ids)}))
 
@@ -137,7 +142,8 @@ def stop_replicas(procs: dict[str, subprocess.Popen], timeout: float) -> None:
 
 def run_fleet(policy: str, convs, system, args) -> dict:
     """Start the replicas, route the chat, return replies, per-replica counts, hit rate."""
-    from prefixkv.router import Router
+    from prefixkv.router import CostScorer, Router
+    from prefixkv.router.poller import MetricsPoller
     from prefixkv.router.subscriber import Subscriber
 
     ctx = zmq.Context.instance()
@@ -154,9 +160,16 @@ def run_fleet(policy: str, convs, system, args) -> dict:
             msg = receive(results, f"the hello of {len(names) - len(info)} more replica(s)",
                           args.timeout, procs)
             info[msg["hello"]] = msg
-        router = Router(names, block_size=BLOCK_SIZE, policy=policy, stale_after=5.0)
+        scorer = CostScorer(prefill_weight=2.0, balance=1.1) if policy == "cost" else None
+        router = Router(names, block_size=BLOCK_SIZE, policy="prefix" if policy == "cost"
+                        else policy, scorer=scorer, stale_after=5.0,
+                        capacity=dict.fromkeys(names, args.num_blocks))
         sub = Subscriber(router, {n: (info[n]["events"], info[n]["replay"]) for n in names})
         sub.start()
+        # a replica busy computing answers its /metrics late: a read may time out (counted)
+        poller = MetricsPoller(router, {n: info[n]["metrics"] for n in names}, period=0.5,
+                               timeout=0.5)
+        poller.start()
         inboxes = {n: ctx.socket(zmq.PUSH) for n in names}
         for n, sock in inboxes.items():
             sock.connect(info[n]["requests"])
@@ -167,7 +180,8 @@ def run_fleet(policy: str, convs, system, args) -> dict:
         for t in range(args.turns):
             for c, conv in enumerate(convs):
                 histories[c] += conv[t]
-                with sub.lock:
+                with sub.lock:  # the router's thread: the polled loads go in, then route
+                    poller.apply()
                     where[c] = router.route(histories[c]).replica
                 inboxes[where[c]].send(msgpack.packb({"id": c, "prompt": histories[c]}))
             for _ in convs:
@@ -178,6 +192,10 @@ def run_fleet(policy: str, convs, system, args) -> dict:
                 histories[msg["id"]] += msg["tokens"]
             time.sleep(0.3)  # the turn's events reach the router before the next turn
         counts = [scrape(info[n]["metrics"]) for n in names]
+        with sub.lock:
+            poller.apply()
+            loads = poller.health()["replicas"]
+        poller.close()
         for sock in inboxes.values():
             sock.send(msgpack.packb({"stop": True}))
         stop_replicas(procs, args.timeout)
@@ -185,7 +203,9 @@ def run_fleet(policy: str, convs, system, args) -> dict:
         results.close(linger=0)
         queries, hits = sum(q for q, _ in counts), sum(h for _, h in counts)
         return {"replies": replies, "routed": [router.routed[n] for n in names],
-                "hit_rate": hits / queries, "gaps": sub.gaps_filled, "resyncs": sub.resyncs}
+                "hit_rate": hits / queries, "gaps": sub.gaps_filled, "resyncs": sub.resyncs,
+                "load_reads": sum(h["scrapes"] for h in loads.values()),
+                "load_failures": sum(h["failures"] for h in loads.values())}
     finally:  # no replica outlives the run, whatever failed
         for p in procs.values():
             if p.poll() is None:
@@ -223,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--system-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--num-blocks", type=int, default=256)
+    ap.add_argument("--policies", default="prefix,cost,round-robin",
+                    help="comma-separated: prefix, cost, round-robin, least-loaded")
     ap.add_argument("--timeout", type=float, default=120.0,
                     help="seconds each wait (hello, heartbeat, reply, exit) may take")
     args = ap.parse_args(argv)
@@ -236,12 +258,13 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.system_len} tokens, {args.replicas} replica processes")
     print(f"one engine, cache on : hit rate {single['hit_rate']:.1%}")
     ok = single["replies"] == reference["replies"]
-    for policy in ("prefix", "round-robin"):
+    for policy in args.policies.split(","):
         res = run_fleet(policy, convs, system, args)
         same = res["replies"] == reference["replies"]
         ok = ok and same
         print(f"fleet, {policy:<11}: hit rate {res['hit_rate']:.1%} (from /metrics), "
-              f"requests per replica {res['routed']}, replies identical to no-cache run: {same}")
+              f"requests per replica {res['routed']}, load reads {res['load_reads']} "
+              f"(failed {res['load_failures']}), replies identical to no-cache run: {same}")
     if not ok:
         raise SystemExit("replies differ from the no-cache run")
 

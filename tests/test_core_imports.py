@@ -1,6 +1,6 @@
 """Layering: the scheduler-side core is pure Python and its imports point only down.
 
-    types   errors, extra_keys, hashing, events, results, stats, allocator
+    types   errors, extra_keys, hashing, events, event_log, results, stats, allocator
     core    core.block, core.free_queue, core.request, core.copies, core.sharing   <   index, tiers
             <   core.pool, core.admission, core.manager   <   groups
     store   the store protocol, values, SharedStore, its link, fetches and cost rule,
@@ -19,7 +19,7 @@ import sys
 import prefixkv
 
 PKG = pathlib.Path(prefixkv.__file__).parent
-TYPES = {"errors", "extra_keys", "hashing", "events", "results", "stats", "allocator"}
+TYPES = {"errors", "extra_keys", "hashing", "events", "event_log", "results", "stats", "allocator"}
 CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "core.sharing"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.announce", "index.none",
          "index.hasher", "index.content_check", "index.lower"}

@@ -15,7 +15,7 @@ from prefixkv import (
     TokenError,
 )
 from prefixkv.errors import check_positive
-from prefixkv.events import NullSink
+from prefixkv.event_log import NullSink
 from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
 from prefixkv.tiers import HostTier
 

@@ -3,7 +3,7 @@ its head; each other slot is found only as its parent slot's ``child``. block_si
 
 from prefixkv import BlockOffloads, BlockStored, ExtraKeys, KVCacheManager
 from prefixkv.core.block import Block
-from prefixkv.events import EventLog
+from prefixkv.event_log import EventLog
 from prefixkv.tiers import HostTier
 
 A = list(range(1, 14))   # blocks A0, A1, A2 + 1 token

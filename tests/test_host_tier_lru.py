@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from prefixkv import BlockOffloads, BlockRemoved, BlockStored
 from prefixkv.core.block import Block
-from prefixkv.events import EventLog
+from prefixkv.event_log import EventLog
 from prefixkv.tiers import HostTier
 
 SLOTS = 4

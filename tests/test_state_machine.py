@@ -335,16 +335,13 @@ class ManagerMachine(RuleBasedStateMachine):
             full = self.scheduled[rid] // BS * BS
             assert self.m.lookup(tokens[:full] + [0], extra=self.extra[rid]) == full, rid
 
-    @invariant()
-    def events_predict_lookup(self):
-        """A consumer that mirrors the event stream knows what ``lookup`` finds."""
-        if not self.events:
-            assert self.m.take_events() == []
-            return
-        self.steps += 1
-        if self.steps % self.drain_every:
-            return
-        for ev in self.m.take_events():
+    def _drain(self):
+        """Take the step's events into the mirror; True when the mirror is complete."""
+        self._apply(self.m.take_events())
+        return True
+
+    def _apply(self, events):
+        for ev in events:
             if isinstance(ev, AllBlocksCleared):
                 self.mirror.clear()
             elif isinstance(ev, BlockStored):
@@ -356,6 +353,16 @@ class ManagerMachine(RuleBasedStateMachine):
                     assert self.mirror[h] >= 0
                     if not self.mirror[h]:
                         del self.mirror[h]
+
+    @invariant()
+    def events_predict_lookup(self):
+        """A consumer that mirrors the event stream knows what ``lookup`` finds."""
+        if not self.events:
+            assert self.m.take_events() == []
+            return
+        self.steps += 1
+        if self.steps % self.drain_every or not self._drain():
+            return
         candidates = [(p + [0], None) for p in PREFIXES]
         candidates += [(t + [0], self.extra[r]) for r, t in self.tokens.items()]
         candidates += [(t + [0], e) for t, e in self.preempted]
@@ -377,6 +384,33 @@ class DeferredEventsManagerMachine(ManagerMachine):
     hashes each block held at each point."""
 
     drain_every = 5
+
+
+class HandedOffEventsManagerMachine(ManagerMachine):
+    """Events taken with ``take_pending_events()`` and built later, out of order (the
+    newest first, which must build the older ones first) or by a later
+    ``take_events()``, which must build them first too; the stream, applied in taking
+    order, must still predict ``lookup``."""
+
+    drain_every = 2
+
+    def _drain(self):
+        self.drains = getattr(self, "drains", 0) + 1
+        self.held = getattr(self, "held", [])
+        phase = self.drains % 4
+        if phase == 3:  # a plain take builds the held batches first, then its own
+            events = self.m.take_events()
+        else:
+            self.held.append(self.m.take_pending_events())
+            if phase != 1:
+                return False  # held: the mirror lags until they are built
+            events = []
+            self.held[-1].build()  # the newest first
+        for pending in self.held:
+            self._apply(pending.build())
+        self.held = []
+        self._apply(events)
+        return True
 
 
 class CollidingManagerMachine(ManagerMachine):
@@ -430,6 +464,9 @@ TestManagerMachine.settings = SETTINGS
 TestDeferredEventsManagerMachine = DeferredEventsManagerMachine.TestCase
 TestDeferredEventsManagerMachine.settings = settings(max_examples=100, stateful_step_count=60,
                                                      deadline=None)
+TestHandedOffEventsManagerMachine = HandedOffEventsManagerMachine.TestCase
+TestHandedOffEventsManagerMachine.settings = settings(max_examples=100, stateful_step_count=60,
+                                                      deadline=None)
 TestCollidingManagerMachine = CollidingManagerMachine.TestCase
 TestCollidingManagerMachine.settings = SETTINGS
 TestParentBlindManagerMachine = ParentBlindManagerMachine.TestCase

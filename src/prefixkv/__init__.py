@@ -26,6 +26,7 @@ from .errors import (
     RequestError,
     TokenError,
 )
+from .event_log import PendingEvents
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .extra_keys import ExtraKeys, MultiModalInput
 from .hashing import block_hashes
@@ -51,6 +52,7 @@ __all__ = [
     "BlockRemoved", "BlockStored",
     "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "ExtraNotInstalledError",
     "Fork", "InvariantError", "KVCacheManager", "KVOp", "MAX_BLOCKS", "MultiModalInput",
-    "PrefixCacheStats", "PrefixKVError", "PromptTooLongError", "RequestError", "SharedPrefix",
+    "PendingEvents", "PrefixCacheStats", "PrefixKVError", "PromptTooLongError", "RequestError",
+    "SharedPrefix",
     "StoreFetched", "StorePut", "StoreWait", "TokenError", "block_hashes",
 ]

@@ -1,4 +1,4 @@
-"""Cache events, and the sinks the index writes them to.
+"""Cache events: what a manager announces about the contents it can serve.
 
 A consumer that mirrors the events knows which blocks this manager can serve: a chain
 hash is announced by a ``BlockStored`` when its content first becomes findable and
@@ -12,18 +12,7 @@ Events are run-level, as vLLM's: one ``BlockStored`` announces a run of consecut
 blocks of one request (their hashes as a tuple, the run's token ids as one buffer), one
 ``BlockRemoved`` a batch of evictions.
 
-Sinks: ``NullSink`` records nothing (events off); ``EventLog`` keeps events until the
-engine drains them with ``take_events()``, bounded by ``max_events``. When a consumer
-falls behind and the log overflows, the pending events are dropped and counted
-(``dropped``), and the next drain starts with ``AllBlocksCleared`` followed by a
-``BlockStored`` for every block findable at that moment: mirroring it resynchronises the
-consumer exactly, whatever it missed.
-
-Deferred events: the index does not build events (nor compute chain hashes) while it
-admits; it hands the log one ``Deferred`` per run of blocks stored and per batch of
-blocks removed, and the log builds them, in order, when they are taken (or when it
-overflows or is cleared, so the blocks' hashes are always set in the order they were
-recorded). ``take()`` returns the same events either way.
+The sinks that record them, and deferred building: ``prefixkv.event_log``.
 """
 
 from __future__ import annotations
@@ -125,124 +114,3 @@ class AllBlocksCleared:
 
 Event = BlockStored | BlockRemoved | AllBlocksCleared
 """Any of the three events ``take_events()`` returns."""
-
-
-class Deferred:
-    """Events not built yet: ``count`` of them, which ``events()`` builds (exactly once,
-    in log order: building them may set state that later items read, such as the chain
-    hashes of the blocks they name)."""
-
-    __slots__ = ("count",)
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-
-    def events(self) -> list[Event]:
-        raise NotImplementedError
-
-
-class NullSink:
-    """Records nothing: the sink of a manager without events."""
-
-    __slots__ = ()
-    active = False
-    dropped = 0
-
-    def append(self, event: Event) -> None:
-        pass
-
-    def extend(self, events: list[Event]) -> None:
-        pass
-
-    def defer(self, item: Deferred) -> None:
-        pass
-
-    def take(self) -> list[Event] | None:
-        return []
-
-    def clear(self) -> None:
-        pass
-
-
-class EventLog:
-    """Events kept in order until taken, at most ``max_events`` of them (a ``Deferred``
-    counts as the events it stands for).
-
-    ``take()`` returns the events since the last take, or None when some were dropped
-    since (the caller then restates the index, see the module docstring). ``dropped``
-    counts every event dropped since creation.
-    """
-
-    __slots__ = ("max_events", "dropped", "_events", "_lost", "_deferred", "_extra")
-    active = True
-
-    def __init__(self, max_events: int) -> None:
-        self.max_events = max_events
-        self.dropped = 0
-        self._events: list[Event | Deferred] = []
-        self._lost = False
-        self._deferred = 0  # Deferred items in ``_events``
-        self._extra = 0  # events they stand for beyond one each
-
-    def __len__(self) -> int:
-        return len(self._events) + self._extra
-
-    def append(self, event: Event) -> None:
-        self._events.append(event)
-        if len(self._events) + self._extra > self.max_events:
-            self._overflow()
-
-    def extend(self, events: list[Event]) -> None:
-        """``append`` each of ``events``, in order, in one call."""
-        self._events += events
-        if len(self._events) + self._extra > self.max_events:
-            self._overflow()
-
-    def defer(self, item: Deferred) -> None:
-        """Append ``item.count`` events that ``item.events()`` builds when taken."""
-        self._events.append(item)
-        self._deferred += 1
-        self._extra += item.count - 1
-        if len(self._events) + self._extra > self.max_events:
-            self._overflow()
-
-    def clear(self) -> None:
-        """Drop what is pending (an ``AllBlocksCleared`` that follows supersedes it)."""
-        self._settle()
-        self._events.clear()
-        self._lost = False
-
-    def _overflow(self) -> None:
-        self.dropped += len(self)
-        self._settle()
-        self._events.clear()
-        self._lost = True
-
-    def _settle(self) -> None:
-        """Build every deferred item (their state must be set even if their events go)."""
-        if self._deferred:
-            self._expand()
-
-    def _expand(self) -> list[Event]:
-        out: list[Event] = []
-        for item in self._events:
-            if isinstance(item, Deferred):
-                out += item.events()
-            else:
-                out.append(item)
-        self._deferred = self._extra = 0
-        return out
-
-    def take(self) -> list[Event] | None:
-        if self._lost:
-            self._lost = False
-            self._settle()
-            self._events.clear()
-            return None
-        out = self._expand() if self._deferred else self._events
-        self._events = []
-        return out  # type: ignore[return-value]
-
-
-EventSink = NullSink | EventLog
-"""Where a manager's parts record events: a log, or nothing when events are off."""

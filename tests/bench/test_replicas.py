@@ -89,3 +89,17 @@ def test_cost_routing_keeps_chat_sessions_even_at_eight_replicas(seed):
     single = simulate(wl, 1, "prefix").hit_rate
     cost = simulate(wl, 8, "cost")
     assert cost.imbalance <= 1.15 and cost.hit_rate >= 0.95 * single
+
+
+def test_ttft_proxy_counts_queued_requests_by_the_prefill_they_compute():
+    """The proxy is the prefill queued ahead of a request plus its own: a queued request
+    whose prefix is cached costs what it computes (16 tokens here), not its whole
+    prompt (80): c waits for b's 16 new tokens, then computes its own 16."""
+    from prefixkv.bench.workloads import BenchRequest, Workload
+
+    prefix = tuple(range(1, 65))  # 4 blocks of 16
+    reqs = (BenchRequest("a", prefix, (7, 7)),
+            BenchRequest("b", prefix + (500,) * 16, (7,), after="a"),
+            BenchRequest("c", prefix + (600,) * 16, (7,), after="a"))
+    res = simulate(Workload("t", "", reqs, 1024), 1, "prefix", rate=4)
+    assert res.ttft == {"a": 64, "b": 16, "c": 32}

@@ -22,9 +22,13 @@ def test_fleet_example_runs():
         capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     rates = dict(re.findall(r"fleet, (\S+)\s*: hit rate ([\d.]+)%", out.stdout))
-    assert set(rates) == {"prefix", "round-robin"}
+    assert set(rates) == {"prefix", "cost", "round-robin"}
     assert float(rates["prefix"]) > float(rates["round-robin"])
-    assert out.stdout.count("replies identical to no-cache run: True") == 2
+    assert out.stdout.count("replies identical to no-cache run: True") == 3
+    # every run's router read the replicas' loads from their /metrics (a read may time
+    # out on a loaded machine: counted, not fatal)
+    reads = re.findall(r"load reads (\d+) \(failed (\d+)\)", out.stdout)
+    assert len(reads) == 3 and all(int(n) > 0 for n, _ in reads), reads
 
 
 def _fleet_module():

@@ -64,3 +64,33 @@ def test_health_metrics_expose_publisher_and_subscriber_failures():
         ("prefixkv:router_stream_events_total", "bad_batches"): 4,
         ("prefixkv:router_replica_connected", "r"): 0,
         ("prefixkv:router_block_size_mismatches_total", "r"): 3}
+
+
+def test_queue_gauges_are_what_a_router_reads():
+    from prefixkv.router import ReplicaLoad, from_metrics
+
+    mgr = KVCacheManager(8, 4)
+    met = CacheMetrics(model_name="m", engine="3")
+    mgr.add_request("a", list(range(1, 10)))  # 3 of 8 blocks
+    met.observe(mgr.take_stats(), mgr.usage, num_waiting=4, num_running=1)
+    met.observe(mgr.take_stats(), mgr.usage)  # None: the gauges keep their values
+    s = samples(met)
+    assert s[("vllm:num_requests_waiting", None)] == 4 and s[("vllm:num_requests_running", None)] == 1
+    assert from_metrics(met.exposition().decode(), num_blocks=8) == ReplicaLoad(3 / 8, 4, None, 8)
+
+
+def test_health_metrics_expose_the_load_poller():
+    from prefixkv.fleet.metrics import HealthMetrics
+
+    met = HealthMetrics()
+    state = {"scrapes": 5, "failures": 2, "stale": True, "stale_spells": 1}
+    met.observe_poller({"replicas": {"r": state}})
+    met.observe_poller({"replicas": {"r": {**state, "scrapes": 7, "stale": False}}})
+    got = {(s.name, s.labels["replica"]): s.value
+           for fam in text_string_to_metric_families(met.exposition().decode())
+           for s in fam.samples if s.name.startswith("prefixkv:router_load")
+           and not s.name.endswith("_created")}
+    assert got == {("prefixkv:router_load_scrapes_total", "r"): 7,
+                   ("prefixkv:router_load_scrape_failures_total", "r"): 2,
+                   ("prefixkv:router_load_stale", "r"): 0,
+                   ("prefixkv:router_load_stale_spells_total", "r"): 1}

@@ -10,7 +10,7 @@ from prefixkv import BlockStored, ExtraKeys, KVCacheManager
 from prefixkv.fleet.publisher import EventPublisher
 from prefixkv.fleet.replay import END_SEQ
 from prefixkv.fleet.wire import WireError
-from prefixkv.router import Cleared, Stored, decode_batch
+from prefixkv.router import Cleared, Removed, Stored, decode_batch
 
 
 @pytest.fixture
@@ -81,21 +81,26 @@ def test_replay_since_k(ctx, kind):
         sub.close(linger=0)
 
 
-def test_dropped_batch_is_counted_and_followed_by_a_snapshot(ctx):
+@pytest.mark.parametrize("handed_off", [False, True])
+def test_dropped_batch_is_counted_and_followed_by_a_snapshot(ctx, handed_off):
+    """A consumer applying the stream in order (stores, removals, the snapshot) ends
+    exact; with ``take_pending_events()`` the thread builds the batches, the dropped
+    ones too (the snapshot states them)."""
     pub = EventPublisher(block_size=4, heartbeat=None, max_queue=1)
     sub = sub_to(ctx, pub)
     m = KVCacheManager(256, 4, hash_mode="sha256", enable_events=True)
+    ref = KVCacheManager(256, 4, hash_mode="sha256", enable_events=True)  # the truth
     results, truth = [], set()
     for i in range(200):  # faster than the thread sends: the queue of 1 overflows
-        if i >= 100:
-            m.free(i - 100)  # later admissions evict: removals get dropped too
-        m.add_request(i, list(range(1000 * i + 1, 1000 * i + 9)))
-        events = m.take_events()
-        for ev in events:
+        for mgr in (m, ref):
+            if i >= 100:
+                mgr.free(i - 100)  # later admissions evict: removals get dropped too
+            mgr.add_request(i, list(range(1000 * i + 1, 1000 * i + 9)))
+        for ev in ref.take_events():
             for d in ev.block_hashes:
                 h = int.from_bytes(d[-8:], "big")
                 truth.add(h) if isinstance(ev, BlockStored) else truth.discard(h)
-        results.append(pub.publish(events))
+        results.append(pub.publish(m.take_pending_events() if handed_off else m.take_events()))
     assert pub.dropped_batches == results.count(False) > 0
     # Read until the subscriber holds the truth, with a deadline, before closing: closing
     # first (linger 0) could discard what the thread had sent but ZeroMQ had not yet
@@ -111,6 +116,8 @@ def test_dropped_batch_is_counted_and_followed_by_a_snapshot(ctx):
                 held.clear()
             elif isinstance(ev, Stored):
                 held.update(ev.hashes)
+            elif isinstance(ev, Removed):
+                held.difference_update(ev.hashes)
     pub.close()
     assert held == truth and pub.snapshots >= 1  # exact, although batches were dropped
     sub.close(linger=0)

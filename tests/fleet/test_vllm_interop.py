@@ -50,7 +50,10 @@ def recv_all(sub, n):
     return out
 
 
-def test_prefixkv_stream_decodes_with_vllms_structs(kv):
+@pytest.mark.parametrize("handed_off", [False, True])
+def test_prefixkv_stream_decodes_with_vllms_structs(kv, handed_off):
+    """Also with the events handed off (``take_pending_events``: built by the publisher's
+    thread), which must put the same stream on the wire."""
     ctx = zmq.Context.instance()
     extra = ExtraKeys(lora="ad", cache_salt="tenant-x", mm=(MultiModalInput("img-1", 5, 6),),
                       lora_id=3)
@@ -63,12 +66,13 @@ def test_prefixkv_stream_decodes_with_vllms_structs(kv):
         sub.connect(pub.endpoint)
         time.sleep(0.5)
         mgr.add_request("a", list(range(1, 18)), extra=extra)
-        pub.publish(mgr.take_events())
+        take = [m.take_pending_events if handed_off else m.take_events for m in (mgr, hybrid)]
+        pub.publish(take[0]())
         mgr.free("a")
         mgr.add_request("b", list(range(100, 160)))  # evicts a's blocks
-        pub.publish(mgr.take_events())
+        pub.publish(take[0]())
         hybrid.add_request("h", list(range(1, 11)))
-        pub.publish(hybrid.take_events())
+        pub.publish(take[1]())
         messages = recv_all(sub, 3)
         sub.close(linger=0)
     decoder = msgspec.msgpack.Decoder(type=kv.KVEventBatch)

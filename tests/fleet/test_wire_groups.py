@@ -204,6 +204,9 @@ def test_publisher_snapshot_keeps_a_hash_per_group():
         m.free("a")
         m.add_request("x", list(range(200, 209)))  # evicts a's block 2 in group 0 only
         pub.publish(m.take_events())
+        deadline = time.monotonic() + 5  # the thread follows the batch in its mirror
+        while pub.published_batches < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         _, evs, _ = decode_batch(pub._snapshot())
         h = hashes(a)
         got = {(e.group, e.kind, e.window): sorted(e.hashes) for e in evs[1:]}

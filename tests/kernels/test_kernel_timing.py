@@ -30,20 +30,21 @@ def _sass(lines: list[str]) -> str:
 
 SOFTMAX_ALU = 100
 LOOP = (["WARPGROUP.ARRIVE",
-         "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT",
-         "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24, gsb0",
+         "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT",
+         "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], R24, gsb0",
          "WARPGROUP.DEPBAR.LE gsb0, 0x0"]
         + ["FADD R1, R24, R2"] * SOFTMAX_ALU
         + ["MUFU.EX2 R3, R1", "MUFU.EX2 R4, R1", "WARPGROUP.ARRIVE",
-           "HGMMA.64x64x16.F32.BF16 R88, R3, gdesc[UR8].tnspB, R88",
-           "HGMMA.64x64x16.F32.BF16 R88, R4, gdesc[UR8].tnspB, R88, gsb0",
+           "HGMMA.64x128x16.F32.BF16 R88, R3, gdesc[UR8].tnspB, R88",
+           "HGMMA.64x128x16.F32.BF16 R88, R4, gdesc[UR8].tnspB, R88, gsb0",
            "BAR.SYNC.DEFER_BLOCKING 0x0"]
         + ["IADD3 R5, R5, 0x40, RZ"] * 3)
 
 
 def test_hand_worked_wgmma_loop():
-    """64 x 64 tile, dim 64, 4 warps: 4 * 64^3 FLOP = 256 wgmma clocks, 64 per HGMMA; an
-    instruction issues in 4 / 4 = 1 clock; an exp2 holds MUFU 4 * 32 / 16 = 8 clocks.
+    """64 x 64 tile, dim 64, 4 warps: 4 * 64^3 FLOP = 256 wgmma clocks; an HGMMA.64x128x16
+    does 2 * 64 * 128 * 16 FLOP for the CTA's one warpgroup, 64 clocks; an instruction
+    issues in 4 / 4 = 1 clock; an exp2 holds MUFU 4 * 32 / 16 = 8 clocks.
 
     Steady state, PV(j-1) ending at T on the tensor core. QK(j) runs T .. T+128; issue
     waits for it at the DEPBAR and issues it at T+128 (done T+129); 100 ALU -> T+229;
@@ -83,6 +84,19 @@ def test_without_a_wait_the_units_overlap():
     got = kernel_timing.tile_clocks(kernel_static.loops(_sass(free))[0], block_m=64, block_n=64, dim=64,
                                     num_warps=4, mma="wgmma")
     assert got["clocks"] == 256.0 and got["bound"] == "mma"
+
+
+def test_an_hgmma_costs_what_its_shape_does():
+    """A wgmma's clocks follow its shape, not an equal share of the tile: with 8 warps (two
+    warpgroups) an HGMMA.64x16x16 takes 2 * 2 * 64 * 16 * 16 / 4096 = 16 clocks and an
+    HGMMA.64x128x16 128. Nothing waits, so the tensor core sets the pace: 16 + 4 * 128 a pass."""
+    body = (["HGMMA.64x16x16.F32.BF16 R120, R144, gdesc[UR8].tnspB, RZ, !UPT, gsb0"]
+            + ["HGMMA.64x128x16.F32.BF16 R24, R128, gdesc[UR8].tnspB, R24"] * 3
+            + ["HGMMA.64x128x16.F32.BF16 R24, R128, gdesc[UR8].tnspB, R24, gsb0"])
+    got = kernel_timing.tile_clocks(kernel_static.loops(_sass(body))[0], block_m=128, block_n=64, dim=64,
+                                    num_warps=8, mma="wgmma")
+    assert got["units"]["mma"] == got["clocks"] == 16 + 4 * 128 and got["bound"] == "mma"
+    assert kernel_timing.decode(body[0]).flops == 2 * 64 * 16 * 16
 
 
 @pytest.mark.parametrize("text, kind, dst, src", [

@@ -106,10 +106,10 @@ def test_router_weighs_reported_load():
     router.finish("a")
     router.report_load("a", ReplicaLoad(0.5, 3, 400, 100))  # 100 blocks queued for prefill
     assert router.route(prompt).replica == "b"
-    # what was routed since the report counts until the next one replaces it
-    assert router.loads.since_prefill["b"] == 8 and router.loads.since_blocks["b"] == 8
+    # unreported, "b" is estimated from what is in flight there; a report replaces that
+    assert router.loads.prefill_blocks("b") == 8 and router.loads.active_blocks("b") == 8
     router.report_load("b", ReplicaLoad(0.1, 0, 0))
-    assert router.loads.since_prefill["b"] == 0
+    assert router.loads.prefill_blocks("b") == 0
     with pytest.raises(RouterError, match="unknown replica"):
         router.report_load("z", ReplicaLoad(0.1))
 
@@ -184,3 +184,21 @@ def test_approx_index_events_outrank_guesses():
     for bad in (0, -1.0, "5"):
         with pytest.raises(ApproxIndexError):
             ApproxIndex(bad)  # type: ignore[arg-type]
+
+
+def test_what_is_remembered_since_a_report_stays_bounded():
+    from prefixkv.router.load import MAX_SINCE
+
+    now = [0.0]
+    router = Router(["a"], block_size=BS, clock=lambda: now[0])
+    router.report_load("a", ReplicaLoad(0.0))  # one report, never another
+    prompt = list(range(1, 2 * BS + 1))  # 2 blocks
+    for i in range(MAX_SINCE + 50):
+        now[0] = float(i)
+        router.route(prompt)
+        router.finish("a")
+    loads = router.loads
+    assert len(loads.since["a"]) == MAX_SINCE
+    assert loads.since_blocks["a"] == sum(b for _, _, b in loads.since["a"]) == 2 * (MAX_SINCE + 50)
+    router.report_load("a", ReplicaLoad(0.0), read_at=float(MAX_SINCE + 40))
+    assert loads.since_blocks["a"] == 2 * 10  # the ten routed at or after the read

@@ -32,6 +32,7 @@ from prefixkv import (
 from prefixkv.core.block import blocks_for
 from prefixkv.errors import PromptTooLongError
 from prefixkv.store import RedisStore, SharedStore, StoreLayout, encode_value
+from prefixkv.tiers import HostSlot
 
 from .conftest import always
 
@@ -160,6 +161,10 @@ class SharedStoreMachine(RuleBasedStateMachine):
 
     def _admit(self, i, rid, prompt, extra, chunk):
         e = self.engines[i]
+        # a re-admission may skip the walk (``StoreWaits.reuse``): it must find what the
+        # walk finds now (a lookup, which changes nothing), the same slots loaded
+        walk = e.m._find(None, prompt, extra, True, None)[1] if rid in e.waiting else None
+        loads = len(e.m._host.load_src)
         try:
             adm = e.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
         except PromptTooLongError:
@@ -176,6 +181,9 @@ class SharedStoreMachine(RuleBasedStateMachine):
         e.waiting.pop(rid, None)
         if adm is None:
             return
+        if walk is not None:
+            assert adm.num_cached_tokens == len(walk) * BS, (adm, walk)
+            assert e.m._host.load_src[loads:] == [h.block_id for h in walk if type(h) is HostSlot]
         e.tokens[rid], e.extra[rid] = list(prompt), extra
         self.seen.append((i, list(prompt), extra))
         e.scheduled[rid] = adm.num_cached_tokens + adm.num_new_tokens

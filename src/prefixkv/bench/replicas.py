@@ -99,6 +99,10 @@ class _Replica:
         self.waiting: deque[BenchRequest] = deque()
         self.running: dict[str, _Running] = {}  # admission order: the newest is last
         self.preempted: set[str] = set()  # re-admissions count apart in the stats
+        # per request routed here, until its admission: the requests that were queued
+        # ahead of it when it came and are not admitted yet (the TTFT proxy adds what
+        # each of them computes when admitted)
+        self.ahead: dict[str, set[str]] = {}
 
 
 def simulate(workload: Workload, replicas: int, route: str, *, block_size: int = 16,
@@ -131,7 +135,8 @@ def simulate(workload: Workload, replicas: int, route: str, *, block_size: int =
                 continue  # the next turn waits for its answer; later sessions go first
             pending.remove(req)
             rep = by_name[router.route(req.prompt, req.extra).replica]
-            res.ttft[req.rid] = sum(len(r.prompt) for r in rep.waiting)
+            res.ttft[req.rid] = 0
+            rep.ahead[req.rid] = {r.rid for r in rep.waiting}
             rep.waiting.append(req)
             credit -= 1
             if credit < 1:
@@ -190,7 +195,11 @@ def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
         rep.waiting.popleft()
         rep.running[req.rid] = _Running(req)
         res.prefill_computed += adm.num_new_tokens
-        if req.rid not in rep.preempted:
+        for rid, ahead in rep.ahead.items():  # the requests it was queued ahead of
+            if req.rid in ahead:
+                ahead.discard(req.rid)
+                res.ttft[rid] += adm.num_new_tokens
+        if rep.ahead.pop(req.rid, None) is not None:  # its first admission: its own prefill
             res.ttft[req.rid] += adm.num_new_tokens
     done = []
     for rid in list(rep.running):

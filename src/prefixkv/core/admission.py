@@ -26,7 +26,7 @@ from ..errors import (
     check_positive,
     live_request,
 )
-from ..events import EventLog, NullSink
+from ..event_log import EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import HashFn, block_chunks, encode_tokens, make_hash_fn, token_buffer
 from ..index import ContentIndex, Hasher, NoIndex
@@ -135,8 +135,16 @@ class Admitter:
         fetch = self._waits.take(request_id) if self._waits is not None else None
         if isinstance(fetch, StoreWait):
             return fetch
-        req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache,
-                                        (num_new_tokens, num_lookahead_tokens, require_full_fit))
+        admit = (num_new_tokens, num_lookahead_tokens, require_full_fit)
+        # a re-admission whose fetch landed may skip the walk: ``reuse`` answers what it finds
+        waits = self._waits
+        reused = waits.reuse(fetch, prompt_token_ids, extra) if fetch and read_cache and waits else None
+        if reused is None:
+            req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache, admit)
+        else:
+            (req, hits), claimed = reused, None
+            if len(req.tokens) + num_lookahead_tokens > self.num_blocks * self.block_size:
+                self._check_fits(len(req.tokens), *admit)
         n, bs = len(req.tokens), self.block_size
         if fetch is None and self._waits is not None and read_cache and len(hits) < (n - 1) // bs:
             wait = self._waits.start(req, hits, req.prompt_chunks, (n - 1) // bs)  # type: ignore[arg-type]
@@ -164,7 +172,8 @@ class Admitter:
             if claimed is not None:
                 pool.unclaim(hits, claimed)
             raise
-        fetched = sum(h.content_id in fetch.cids for h in loads) if fetch else 0
+        fetched = (len(fetch.cids) if reused else sum(h.content_id in fetch.cids for h in loads)
+                   ) if fetch else 0
         if claimed is not None:  # ``hits`` is the claim's own list
             if need > 1:
                 hits += pool.take(need)

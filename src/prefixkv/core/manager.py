@@ -14,6 +14,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from operator import attrgetter
 
 from ..errors import ConfigError, RequestError, check_count, check_new_request
+from ..event_log import PendingEvents
 from ..events import AllBlocksCleared, Event
 from ..extra_keys import ExtraKeys
 from ..index import ContentIndex
@@ -249,10 +250,23 @@ class KVCacheManager(Decoder):
         followed by one ``BlockStored`` per content findable now, so a consumer that
         mirrors the stream is exact again."""
         out = self._events.take()
-        if out is None:
-            host = self._host.snapshot() if self._host is not None else []
-            return [AllBlocksCleared(), *self._index.snapshot(self._pool.blocks), *host]
-        return out
+        return self._restated() if out is None else out
+
+    def take_pending_events(self) -> PendingEvents:
+        """``take_events()``, handed off: what the step recorded, whose chain hashes and
+        event objects ``build()`` computes later, on any thread (``EventPublisher.publish``
+        takes it and builds it on its own thread, so the scheduler's thread pays for no
+        hash). ``build()`` returns exactly the list ``take_events()`` would have returned
+        here; batches are built in the order they were taken, each once, whoever builds
+        them (a later ``take_events()`` builds the older ones first). A restatement after
+        an overflow is built now. Mixing both calls across steps is allowed."""
+        pending = self._events.take_pending()
+        return PendingEvents.built(self._restated()) if pending is None else pending
+
+    def _restated(self) -> list[Event]:
+        """``AllBlocksCleared`` and one ``BlockStored`` per content findable now."""
+        host = self._host.snapshot() if self._host is not None else []
+        return [AllBlocksCleared(), *self._index.snapshot(self._pool.blocks), *host]
 
     def take_kv_ops(self) -> list[KVOp]:
         """The step's plan: the copies the engine must run, in this order, after this

@@ -27,6 +27,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..events import BlockStored
+from ..extra_keys import ExtraKeys
+from ..hashing import encode_tokens
 from ..results import StoreFetched, StoreWait
 from ..store.fetch import Fetch
 from ..store.link import StoreLink
@@ -112,6 +114,7 @@ class StoreWaits:
                   chunks[first:first + len(slots)], req.keys.of_blocks(first, first + len(slots)),
                   slots, [], now + link.store.timeout, staged,
                   self._staging if memory is None else partial(_attached, memory))
+        f.hits, f.hit_cids = hits, [h.content_id for h in hits]
         self.waiting[req.request_id] = f
         self.in_flight += 1
         self.reserved += len(slots)
@@ -126,6 +129,49 @@ class StoreWaits:
         if f is None or f.ended or f.expired:
             return f
         return StoreWait(request_id, len(f.slots))
+
+    def reuse(self, f: Fetch, prompt: Sequence[int],
+              extra: ExtraKeys | None) -> tuple[Request, list[Any]] | None:
+        """At the re-admission of ``f``'s request with ``prompt`` and ``extra``: the
+        request as the start made it and what ``index.match`` would find now, without
+        walking the index, when the prompt and keys are those the fetch started from (one
+        comparison of the token arrays) and nothing the start found or the fetch landed
+        has moved: the start's
+        hits and the landed run, each still holding the content it held, together reaching
+        the request's last full block but one (nothing left to find past them), and the
+        device not holding the content that follows its own hits (else its walk would go
+        on there, and the hits would be its blocks). None when any of that fails (then
+        ``match`` decides: the answer is the same, only slower). Changes nothing. Raises
+        TokenError for a prompt the walk's encoding refuses (``vocab_size`` was checked at
+        the start: a prompt equal to that one passes it)."""
+        req: Request = f.req
+        keys, index, hits, cids = req.keys, self.index, f.hits, f.cids
+        if index.cut or len(hits) + len(cids) != (len(req.tokens) - 1) // self.block_size:
+            return None  # (``cut``: the walk may find device blocks again after slots; a run
+            # that lost its head, or found nothing, is shorter: the prompt is not encoded)
+        tokens = encode_tokens(prompt)
+        if tokens != req.tokens or (extra is not keys.extra and (
+                type(extra) is not ExtraKeys or extra != keys.extra)):
+            return None
+        # each still holds its content (a device hit that does is still the index's entry
+        # for it: only ``uncache`` makes one a spare, and then ``index.cut`` is set)
+        for b, c in zip(hits, f.hit_cids, strict=True):
+            if b.key is None or b.content_id != c:
+                return None
+        landed = f.slots[:len(cids)]
+        c = cids.start  # (one loop, no pair or int objects: measured faster than maps)
+        for s in landed:
+            if s.key is None or s.content_id != c:
+                return None
+            c += 1
+        d = list(map(type, hits)).count(Block)  # the device's hits come first
+        chunks = req.prompt_chunks
+        assert chunks is not None, "a fetch of a request without its chunks"
+        mm = keys.mm
+        if index.holds(hits[d - 1] if d else None, chunks[d],
+                       keys.base if mm is None or d >= len(mm) else mm[d]):
+            return None
+        return req, hits + landed
 
     def cancel(self, request_id: Hashable) -> bool:
         """The request left while it waited: forget the wait (its fetch still lands).

@@ -4,6 +4,9 @@
 - ``vllm:prefix_cache_queries_total`` (counter): prompt tokens looked up (new requests)
 - ``vllm:prefix_cache_hits_total`` (counter): of those, tokens served from the cache
 - ``vllm:kv_cache_usage_perc`` (gauge): fraction of blocks in use, 0..1 (1 = full)
+- ``vllm:num_requests_waiting`` / ``vllm:num_requests_running`` (gauges): the engine's
+  queue and batch, when the engine says (``observe``'s ``num_waiting``/``num_running``);
+  with the usage, what a router's ``MetricsPoller`` reads (``router.load.from_metrics``)
 - ``prefixkv:block_evictions_total`` (counter): cached blocks evicted (``BlockRemoved``)
 - ``prefixkv:kv_events_dropped_total`` (counter): event batches the publisher dropped
 - ``prefixkv:prefix_cache_hits_by_source_total`` (counter, label ``source``): hit tokens
@@ -25,6 +28,12 @@ not counted (vLLM counts them apart too); they are in the manager's ``preempted_
   socket is connected
 - ``prefixkv:router_block_size_mismatches_total`` (counter, label ``replica``): stored
   blocks not indexed because the replica's block size differs from the router's
+- ``prefixkv:router_load_scrapes_total`` / ``prefixkv:router_load_scrape_failures_total``
+  (counters, label ``replica``): the router's ``MetricsPoller`` reads of the replica's
+  ``/metrics``, and those that failed (refused, timed out, not Prometheus text, ...)
+- ``prefixkv:router_load_stale`` (gauge, label ``replica``): 1 while its load is too old
+  and the router routes on its own estimate; ``prefixkv:router_load_stale_spells_total``
+  (counter): times it became so
 """
 
 from __future__ import annotations
@@ -54,6 +63,10 @@ class CacheMetrics:
                             "Prompt tokens found in the prefix cache (new requests).", **kw)
         self.usage = Gauge("vllm:kv_cache_usage_perc",
                            "Fraction of KV-cache blocks in use, 0 to 1.", **kw)
+        self.waiting = Gauge("vllm:num_requests_waiting",
+                             "Requests waiting to be admitted by the engine.", **kw)
+        self.running = Gauge("vllm:num_requests_running",
+                             "Requests in the engine's running batch.", **kw)
         self.evictions = Counter("prefixkv:block_evictions", "Cached blocks evicted.", **kw)
         self.dropped = Counter("prefixkv:kv_events_dropped",
                                "KV-event batches dropped by a full publisher queue.", **kw)
@@ -67,11 +80,13 @@ class CacheMetrics:
 
     def observe(self, stats: PrefixCacheStats, usage: float, events: Iterable[object] = (),
                 *, dropped_batches: int | None = None,
-                hits_by_source: dict[str, int] | None = None) -> None:
+                hits_by_source: dict[str, int] | None = None, num_waiting: int | None = None,
+                num_running: int | None = None) -> None:
         """Add one step: ``stats`` since the previous step (``take_stats()``), the
         manager's ``usage`` now, the step's events (evictions are counted from them),
-        the publisher's cumulative ``dropped_batches``, and hit tokens per medium
-        (default: all hits from "GPU", the only medium before tiers exist)."""
+        the publisher's cumulative ``dropped_batches``, hit tokens per medium (default:
+        all hits from "GPU", the only medium before tiers exist), and the engine's
+        waiting and running requests now (None: the gauge keeps its value)."""
         queries, hits, usage_g, evictions, dropped = self._series
         queries.inc(stats.queries)
         hits.inc(stats.hits)
@@ -82,6 +97,9 @@ class CacheMetrics:
             self._dropped_seen = dropped_batches
         for source, n in (hits_by_source or {"GPU": stats.hits}).items():
             self._by_source.labels(*self._labels, source).inc(n)
+        for gauge, value in ((self.waiting, num_waiting), (self.running, num_running)):
+            if value is not None:
+                gauge.labels(*self._labels).set(value)
 
     def exposition(self) -> bytes:
         """The text a ``/metrics`` endpoint serves."""
@@ -119,6 +137,18 @@ class HealthMetrics:
         self.mismatches = Counter("prefixkv:router_block_size_mismatches",
                                   "Stored blocks not indexed: the replica's block size differs.",
                                   ("replica",), registry=reg)
+        self.load_scrapes = Counter("prefixkv:router_load_scrapes",
+                                    "Reads of the replica's /metrics by the router's poller.",
+                                    ("replica",), registry=reg)
+        self.load_failures = Counter("prefixkv:router_load_scrape_failures",
+                                     "Reads of the replica's /metrics that failed.",
+                                     ("replica",), registry=reg)
+        self.load_stale = Gauge("prefixkv:router_load_stale",
+                                "1 while the replica's load is too old to route on.",
+                                ("replica",), registry=reg)
+        self.load_stale_spells = Counter("prefixkv:router_load_stale_spells",
+                                         "Times the replica's load became too old.",
+                                         ("replica",), registry=reg)
         self._seen: dict[tuple[str, ...], int] = {}
 
     def observe_publisher(self, health: Mapping[str, Any]) -> None:
@@ -136,6 +166,14 @@ class HealthMetrics:
             self.connected.labels(replica).set(1 if state["connected"] else 0)
             self._advance(self.mismatches.labels(replica), ("mismatch", replica),
                           state["block_size_mismatches"])
+
+    def observe_poller(self, health: Mapping[str, Any]) -> None:
+        """Update from ``MetricsPoller.health()``."""
+        for replica, state in health["replicas"].items():
+            self.load_stale.labels(replica).set(1 if state["stale"] else 0)
+            for counter, name in ((self.load_scrapes, "scrapes"), (self.load_failures, "failures"),
+                                  (self.load_stale_spells, "stale_spells")):
+                self._advance(counter.labels(replica), (name, replica), state[name])
 
     def _advance(self, counter: Any, key: tuple[str, ...], total: int) -> None:
         """Add what ``total`` grew since the last call (a smaller one: a new process,

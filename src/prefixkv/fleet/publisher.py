@@ -4,9 +4,12 @@ scheduler (extra ``prefixkv[events]``: pyzmq + msgpack).
     engine step ──publish(events)──> bounded queue ──thread──> PUB  (topic, seq, payload)
                  (mirror of held hashes)                   └──> replay buffer ──> ROUTER
 
-``publish`` only updates a set of held hashes and puts the list on a bounded queue;
-when the queue is full the batch is dropped and counted, and the thread discards what
-is still queued and sends a *snapshot* instead (``AllBlocksCleared`` then one
+``publish`` only puts the batch on a bounded queue: a list of events, or a
+``PendingEvents`` (``take_pending_events()``) that the thread builds, so that the chain
+hashes are computed off the scheduler's thread. The thread follows every batch, in
+order, in a mirror of the hashes the replica holds. When the queue is full the batch is
+dropped and counted, and the thread discards what is still queued (following it in the
+mirror) and sends a *snapshot* instead (``AllBlocksCleared`` then one
 ``BlockStored`` per medium and layer group holding every held hash, parent nil, no
 tokens, as vLLM's own snapshots look), so a consumer that applies the stream in order
 is exact again. The thread numbers batches 0, 1, 2, ...,
@@ -22,14 +25,15 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from ..events import AllBlocksCleared, BlockRemoved, BlockStored
+from ..event_log import PendingEvents
+from ..events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .replay import ReplayBuffer
 from .wire import WireError, check_options, group_fields, group_of, pack, to_wire_events, wire_hash
 
 _EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
-_Item = list[Any]  # a step's events
+_Item = list[Event] | PendingEvents  # a step's events
 _log = logging.getLogger(__name__)
 
 
@@ -75,7 +79,8 @@ class EventPublisher:
         # hash once per group that caches it, and withdraws it per group
         self._held: dict[tuple[str, tuple[int, str, int | None]], set[bytes]] = {}
         self._lock = threading.Lock()
-        self._resync = False
+        self._resync = False  # a snapshot is due: it states the batches in ``_behind``
+        self._behind: list[_Item] = []  # batches published since a drop, not queued
         self._ctx: Any = zmq.Context.instance()
         self._pub = _bound(self._ctx.socket(zmq.PUB), endpoint, hwm)
         self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -91,35 +96,49 @@ class EventPublisher:
 
     # ---- caller side (the scheduler's thread) --------------------------------------------
 
-    def publish(self, events: Sequence[object]) -> bool:
-        """Queue one step's events (``mgr.take_events()``); never blocks. An empty list is
-        not sent. Returns False when the batch was dropped (counted in
-        ``dropped_batches``): the queue was full (a snapshot follows), or the sender
-        thread is no longer running (``health()["sender_alive"]``; nothing will be sent).
-        Raises WireError if closed or if an item is not a BlockStored/BlockRemoved/
-        AllBlocksCleared (nothing is queued then)."""
+    def publish(self, events: Sequence[object] | PendingEvents) -> bool:
+        """Queue one step's events, ``mgr.take_events()`` or ``mgr.take_pending_events()``
+        (built by the thread: the scheduler's thread computes no hash); never blocks. An
+        empty batch is not sent. Returns False when the batch was dropped (counted in
+        ``dropped_batches``): the queue was full (a snapshot follows, which states it),
+        or the sender thread is no longer running (``health()["sender_alive"]``; nothing
+        will be sent, and a ``PendingEvents`` is built by whoever takes the manager's
+        events next). Raises WireError if closed or if an item of a list is not a
+        BlockStored/BlockRemoved/AllBlocksCleared (nothing is queued then)."""
         if self._closed:
             raise WireError("publish() after close()")
         if not self._thread.is_alive():
             self.dropped_batches += 1
             return False
-        if not events:
-            return True
-        for ev in events:
-            if not isinstance(ev, _EVENTS):
-                raise WireError(f"not a prefixkv event: {type(ev).__name__}")
+        item: _Item
+        if isinstance(events, PendingEvents):
+            if events.empty:
+                return True
+            item = events
+        else:
+            if not events:
+                return True
+            for ev in events:
+                if not isinstance(ev, _EVENTS):
+                    raise WireError(f"not a prefixkv event: {type(ev).__name__}")
+            item = cast("list[Event]", list(events))
         with self._lock:
-            self._mirror(events)
+            if self._resync:  # a snapshot is due, which states this batch too
+                self._behind.append(item)
+                return True
             try:
-                self._queue.put_nowait(list(events))
+                self._queue.put_nowait(item)
             except queue.Full:
                 self.dropped_batches += 1
+                self._behind.append(item)
                 self._resync = True
                 return False
         return True
 
-    def _mirror(self, events: Sequence[object]) -> None:
-        """Follow ``events`` in the mirror of held hashes."""
+    def _mirror(self, item: _Item) -> list[Event]:
+        """Follow ``item`` (built now if pending) in the mirror of held hashes; returns
+        its events. Called by the thread, in publishing order."""
+        events = item.build() if isinstance(item, PendingEvents) else item
         held = self._held
         for ev in events:
             if isinstance(ev, BlockStored):
@@ -128,6 +147,7 @@ class EventPublisher:
                 held.get((ev.medium, group_of(ev)), set()).difference_update(ev.block_hashes)
             elif isinstance(ev, AllBlocksCleared):
                 held.clear()
+        return events
 
     def close(self, timeout: float = 2.0) -> None:
         """Send what is queued (up to ``timeout`` seconds), stop the thread, close the
@@ -190,11 +210,12 @@ class EventPublisher:
             return False
         if item is None:
             return True
+        events = self._mirror(item)
         if self._resync:  # the snapshot covers this item and all queued ones
             stop = self._drain()
             self._send(self._snapshot())
             return stop
-        self._send(pack([time.time(), to_wire_events(item, self.block_size, self.hash_format),
+        self._send(pack([time.time(), to_wire_events(events, self.block_size, self.hash_format),
                          self.dp_rank]))
         return False
 
@@ -208,22 +229,28 @@ class EventPublisher:
                 "epoch": self.replay.epoch, "next_seq": self.replay.next_seq}
 
     def _drain(self) -> bool:
-        """After a drop: empty the queue (its batches are in the mirror, which the next
-        snapshot states, so nothing older follows it); returns whether close() was asked."""
-        stop = False
+        """After a drop: empty the queue, then take the batches published since, and
+        follow them all in the mirror, in order (the next snapshot states them, so nothing
+        older follows it); returns whether close() was asked."""
+        items: list[_Item | None] = []
         with self._lock:
             self._resync = False
             while True:
                 try:
-                    stop = self._queue.get_nowait() is None or stop
+                    items.append(self._queue.get_nowait())
                 except queue.Empty:
-                    return stop
+                    break
+            items += self._behind
+            self._behind = []
+        for item in items:
+            if item is not None:
+                self._mirror(item)
+        return None in items
 
     def _snapshot(self) -> bytes:
         """A batch stating every held hash: ``AllBlocksCleared``, then one ``BlockStored``
         per medium and group (parent nil, no tokens, the group's fields), as vLLM's
-        snapshots look. It may include
-        batches still queued; they re-apply on top harmlessly, in order."""
+        snapshots look: every batch the thread has followed, none that is still queued."""
         with self._lock:
             held = {m: sorted(s) for m, s in self._held.items() if s}
         events: list[dict[str, Any]] = [{"type": "AllBlocksCleared"}]

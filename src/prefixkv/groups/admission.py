@@ -29,7 +29,7 @@ from ..errors import (
     check_positive,
     live_request,
 )
-from ..events import EventLog, NullSink
+from ..event_log import EventLog, NullSink
 from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
 from ..index import Hasher

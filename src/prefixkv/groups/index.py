@@ -20,7 +20,8 @@ from array import array
 from collections.abc import Sequence
 
 from ..core.block import Block
-from ..events import Event, EventSink
+from ..event_log import EventSink
+from ..events import Event
 from ..extra_keys import ExtraKeys
 from ..hashing import token_bytes
 from .events import GroupBlockRemoved, GroupBlockStored

@@ -20,6 +20,7 @@ from collections.abc import Hashable
 
 from ..core.block import Block
 from ..errors import RequestError, check_count, check_new_request
+from ..event_log import PendingEvents
 from ..events import AllBlocksCleared, Event
 from ..stats import PrefixCacheStats
 from .decode import GroupDecoder
@@ -192,6 +193,12 @@ class HybridKVCacheManager(GroupDecoder):
         ``AllBlocksCleared`` and one ``GroupBlockStored`` per findable content."""
         out = self._events.take()
         return [AllBlocksCleared(), *self._index.snapshot()] if out is None else out
+
+    def take_pending_events(self) -> PendingEvents:
+        """``take_events()`` as a ``PendingEvents`` (see ``KVCacheManager
+        .take_pending_events``); a hybrid manager builds its events as it stores, so the
+        batch is built already."""
+        return PendingEvents.built(self.take_events())
 
     def take_kv_ops(self) -> list[GroupBlockCopy]:
         """The fork copies since the previous call (run them before the next forward

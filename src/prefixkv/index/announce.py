@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, cast
 
 from ..core.block import Block
 from ..core.request import Request
-from ..events import BlockRemoved, BlockStored, Deferred, Event
+from ..event_log import Deferred
+from ..events import BlockRemoved, BlockStored, Event
 from ..extra_keys import ExtraKeys
 from .content_check import chunk_of as _chunk
 from .hasher import Hasher
 
 if TYPE_CHECKING:
-    from ..events import EventSink
+    from ..event_log import EventSink
 
 # What ``_hashed`` prepares for a run: its token chunks, extra-key bytes and chain hashes
 # (None until someone consumes them).

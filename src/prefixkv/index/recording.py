@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from ..core.block import NO_CHILD, Block, ContentKey, key_chunk
 from ..core.request import Request
-from ..events import DEVICE, EventSink
+from ..event_log import EventSink
+from ..events import DEVICE
 from ..hashing import block_chunks, token_bytes
 from .announce import Announcer, Fresh, Prepared
 from .hasher import Hasher
@@ -135,6 +136,13 @@ class ContentRecorder(Announcer):
             return k
         return self._by_key.get((cid, chunk, extra)) if self._by_key else None
 
+    def holds(self, parent: Block | None, chunk: bytes, extra: bytes) -> bool:
+        """Whether a device block holds the content ``chunk``/``extra`` under ``parent``'s
+        content (None: a first block), as ``match`` would find it after ``parent``.
+        Changes nothing."""
+        return self._held(parent, parent.content_id if parent is not None else 0,
+                          chunk, extra) is not None
+
     def _chain(self, parent: Block, b: Block, chunk: bytes) -> None:
         """Record ``b`` (new content ``chunk`` under ``parent``) as ``parent``'s chained
         child, found through that link alone; a chained child it displaces goes into the
@@ -235,22 +243,21 @@ class ContentRecorder(Announcer):
             prev = b
         if run and len(blocks) > 1:
             assert prev is not None
+            # (hashes and events exist only when hashes are consumed: else the slots' and
+            # the blocks' are None alike; an event is announced again below when events are on)
             for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None), strict=False):
-                b.key = key_chunk(s.key)
+                k = s.key  # (``key_chunk``, inlined: a slot with content has a key)
+                b.key = k if isinstance(k, bytes) else k[1]  # type: ignore[index]
                 b.chained = True
                 b.parent_cid = s.parent_cid
                 b.extra = s.extra
                 b.content_id = s.content_id
+                b.hash = s.hash
+                b.event = None
                 b.step = step
                 prev.child = b
                 prev = b
             self._num_chained += len(blocks) - 1
-            # hashes and events exist only when hashes are consumed (``hashing``, fixed for
-            # the index's life): else every block's are None already
-            if self.hashing:
-                for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None), strict=False):
-                    b.hash = s.hash
-                    b.event = None  # (announced again below when events are on)
         if self._sink.active:  # each announced again, on the device
             sink = self._sink
             for b, s in zip(blocks, slots, strict=False):

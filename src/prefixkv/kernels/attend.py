@@ -6,9 +6,9 @@ Inlined into each phase loop of ``attention._paged_prefill_kernel`` (masked or n
 ``qk_scale = softmax_scale * log2(e)`` applied inside the max and as one FMA in the exp2
 argument, so the scaled tile is never materialised.
 
-Two loops over a phase's keys: :func:`_attend_range` one tile a pass (score, softmax, PV),
-and, with ``QK_AHEAD``, one whose QK^T runs a tile ahead of the softmax, so that the tensor
-cores compute the next tile's scores while this tile's softmax runs (see there).
+Loops over a phase's keys in :func:`_attend_range`: one tile a pass (score, softmax, PV),
+and, with ``QK_AHEAD``, loops whose MMAs run ahead of the softmax, so that the tensor
+cores work while the softmax runs (see there).
 """
 
 from __future__ import annotations
@@ -49,10 +49,13 @@ def _block_ids(  # type: ignore[no-untyped-def]  # Triton JIT
         ids = tl.minimum(blk.to(tl.uint32), last_block).to(tl.int64)[:, None]  # [NB, 1], clamped as below
     else:
         col = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
+        # Key positions are >= 0: divided as uint32, with no signed rounding fix-up (60 SASS
+        # instructions fewer a pass of the unmasked loop on triton 3.6, sm_90 compile).
+        page = (col.to(tl.uint32) // BLOCK_SIZE).to(tl.int32)
         if MASKED:
-            blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc, mask=col < phase_hi, other=0)
+            blk = tl.load(bt_row + page * stride_bc, mask=col < phase_hi, other=0)
         else:
-            blk = tl.load(bt_row + (col // BLOCK_SIZE) * stride_bc)
+            blk = tl.load(bt_row + page * stride_bc)
         # A bad id reads a wrong block, never outside the cache: as uint32 a negative id is
         # above last_block, so one unsigned min clamps both ends (to the last block).
         ids = tl.minimum(blk.to(tl.uint32), last_block).to(tl.int64)
@@ -71,7 +74,8 @@ def _offsets(  # type: ignore[no-untyped-def]  # Triton JIT
         slot = tl.arange(0, BLOCK_SIZE)[None, :]  # [1, BLOCK_SIZE]
         off = tl.reshape(blk * stride_b + slot * stride_s, [BLOCK_N])
     else:
-        off = blk * stride_b + ((start_n + tl.arange(0, BLOCK_N)) % BLOCK_SIZE) * stride_s
+        slot = ((start_n + tl.arange(0, BLOCK_N)).to(tl.uint32) % BLOCK_SIZE).to(tl.int32)  # as in _block_ids
+        off = blk * stride_b + slot * stride_s
     return off
 
 
@@ -105,6 +109,19 @@ def _keys(  # type: ignore[no-untyped-def]  # Triton JIT
 
 
 @triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
+def _score(  # type: ignore[no-untyped-def]  # Triton JIT
+    q, d, d_ok, start_n, phase_hi, k_base, bt_row, last_block, stride_bc, stride_kb, stride_ks, stride_kd,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
+    MASKED: tl.constexpr, PER_BLOCK_IDS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """``Q @ K^T`` of the keys ``start_n ..``: ``[BLOCK_M, BLOCK_N]`` fp32, unscaled."""
+    k_off = _tile_offsets(start_n, phase_hi, bt_row, last_block, stride_bc, stride_kb, stride_ks,
+                          BLOCK_SIZE, BLOCK_N, MASKED, PER_BLOCK_IDS)
+    k = _keys(q, d, d_ok, k_off, start_n, phase_hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2, MASKED)
+    return tl.dot(q, k, input_precision=DOT_PRECISION)
+
+
+@triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
 def _values(  # type: ignore[no-untyped-def]  # Triton JIT
     q, d, d_ok, v_off, start_n, phase_hi, v_base, stride_vd,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr, MASKED: tl.constexpr,
@@ -122,13 +139,14 @@ def _values(  # type: ignore[no-untyped-def]  # Triton JIT
 
 
 @triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
-def _fold(  # type: ignore[no-untyped-def]  # Triton JIT
-    acc, l_i, m_i, s, v, pos, start_n, phase_hi, qk_scale, softcap_log2, window_left, window_right,
+def _softmax(  # type: ignore[no-untyped-def]  # Triton JIT
+    m_i, s, pos, start_n, phase_hi, qk_scale, softcap_log2, window_left, window_right,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
-    """Fold the scores ``s`` of the keys ``start_n ..`` into (acc, l_i, m_i): mask, online
-    softmax, and ``P @ V``."""
+    """The online softmax of the scores ``s`` of the keys ``start_n ..``: mask, new running max
+    ``m_new``, ``alpha = exp2(m_i - m_new)`` (the rescale of what came before) and
+    ``p = exp2(s - m_new)`` ``[BLOCK_M, BLOCK_N]`` fp32."""
     col = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
     if SOFTCAP:
         s = softcap_log2 * _tanh(s * qk_scale)  # qk_scale = softmax_scale / softcap here
@@ -148,6 +166,19 @@ def _fold(  # type: ignore[no-untyped-def]  # Triton JIT
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # empty rows so far: no -inf - -inf
     alpha = tl.exp2(m_i - m_safe)  # [BLOCK_M]
     p = tl.exp2(s * s_scale - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
+    return p, alpha, m_new
+
+
+@triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
+def _fold(  # type: ignore[no-untyped-def]  # Triton JIT
+    acc, l_i, m_i, s, v, pos, start_n, phase_hi, qk_scale, softcap_log2, window_left, window_right,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Fold the scores ``s`` of the keys ``start_n ..`` into (acc, l_i, m_i): mask, online
+    softmax, and ``P @ V``."""
+    p, alpha, m_new = _softmax(m_i, s, pos, start_n, phase_hi, qk_scale, softcap_log2, window_left,
+                               window_right, BLOCK_N, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
@@ -165,44 +196,94 @@ def _attend_range(  # type: ignore[no-untyped-def]  # Triton JIT
     """Attend the keys ``[lo, hi)`` in tiles of ``BLOCK_N`` (``lo`` a tile start; with
     ``MASKED`` False every tile must be whole and inside the cache).
 
-    ``QK_AHEAD``: the scores of tile j+1 are issued before the softmax of tile j and carried
-    to the next pass, so on Hopper the wgmma of QK^T(j+1) runs while tile j's softmax does
-    (Triton keeps a dot asynchronous when its result is only carried to the next pass and
-    read there after the pass's first wait, the one that follows PV(j)):
+    ``QK_AHEAD``: QK^T runs ahead of the softmax, so that on Hopper the tensor cores work
+    while the softmax does. Triton (sm_90) leaves a wgmma running across a pass only when
+    its result is carried to the next pass and read there after the pass's first
+    ``wait 0``, which ends every wgmma in flight; a dot read before any such wait gets
+    one right after it. Two loops follow from that:
 
-        pass j: | softmax(j)  ~  QK^T(j+1) on the tensor cores | PV(j), wait | issue QK^T(j+2) |
+    - unmasked (the cached prefix, most of the keys): PV a pass behind the softmax. Pass j
+      starts with the one synchronous wgmma (16 columns of zeros, added to l_i as 0)
+      whose wait ends PV(j-1) and QK^T(j+1); then QK^T(j+2) and PV(j) (P of tile j, from
+      the pass before) are issued and left running while tile j+1's softmax runs::
 
-    Costs one more ``[BLOCK_M, BLOCK_N]`` fp32 tile of registers, and the last two passes
-    score a tile again (the last one: clamped, so no load leaves the phase) and drop it.
+          pass j: | wait | issue QK^T(j+2), PV(j) | softmax(j+1)  ~  both on the tensor cores |
+
+      so both MMAs of a tile overlap the softmax, and only the rescale of the accumulator
+      and the copy of S(j+1) stand between the wait and the tensor cores. Before the loop
+      tile 0 is scored and its softmax taken (masked loads: the range may be empty), after
+      it the last tile's PV runs.
+    - masked (the diagonal and window edges): QK^T(j+1) alone runs ahead, across tile j's
+      softmax; PV(j) is waited for at once::
+
+          pass j: | softmax(j)  ~  QK^T(j+1) on the tensor cores | PV(j), wait | issue QK^T(j+2) |
+
+    S is copied (``s_nxt + 0.0``) after the wait rather than renamed: the copy frees the
+    registers QK^T(j+2) writes, and a register move at the loop's back edge would read an
+    accumulator in flight, which makes ptxas serialise every wgmma of the kernel (C7514,
+    sm_90 compile). Both cost one more ``[BLOCK_M, BLOCK_N]`` fp32 tile of registers, and
+    the last passes score a tile again (clamped, so no load leaves the phase) and drop it.
     """
     if QK_AHEAD:
         last = lo + tl.maximum(hi - lo - 1, 0) // BLOCK_N * BLOCK_N  # start of the last tile
-        # Masked loads before the loop: the range may be empty.
         second = tl.minimum(lo + BLOCK_N, last)
-        k_off = _tile_offsets(lo, hi, bt_row, last_block, stride_bc, stride_kb, stride_ks,
-                              BLOCK_SIZE, BLOCK_N, True, PER_BLOCK_IDS)
-        k = _keys(q, d, d_ok, k_off, lo, hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2, True)
-        s_cur = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N] fp32, unscaled
-        k_off = _tile_offsets(second, hi, bt_row, last_block, stride_bc, stride_kb, stride_ks,
-                              BLOCK_SIZE, BLOCK_N, True, PER_BLOCK_IDS)
-        k = _keys(q, d, d_ok, k_off, second, hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2, True)
-        s_nxt = tl.dot(q, k, input_precision=DOT_PRECISION)
-        for start_n in range(lo, hi, BLOCK_N):
-            v_off = _tile_offsets(start_n, hi, bt_row, last_block, stride_bc, stride_vb, stride_vs,
-                                  BLOCK_SIZE, BLOCK_N, MASKED, PER_BLOCK_IDS)
-            v = _values(q, d, d_ok, v_off, start_n, hi, v_base, stride_vd, BLOCK_N, HEAD_DIM, DIM_P2, MASKED)
-            acc, l_i, m_i = _fold(acc, l_i, m_i, s_cur, v, pos, start_n, hi, qk_scale, softcap_log2,
-                                  window_left, window_right, BLOCK_N, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                  DOT_PRECISION)
-            # A copy after the pass's wait, not a rename: Triton keeps QK^T(j+2) asynchronous only
-            # when the scores it carries are read after that wait, and it pipelines no load of
-            # a loop that passes a dot's result through two passes untouched (sm_90 compile).
-            s_cur = s_nxt + 0.0
-            ahead = tl.minimum(start_n + 2 * BLOCK_N, last)
-            k_off = _tile_offsets(ahead, hi, bt_row, last_block, stride_bc, stride_kb, stride_ks,
-                                  BLOCK_SIZE, BLOCK_N, MASKED, PER_BLOCK_IDS)
-            k = _keys(q, d, d_ok, k_off, ahead, hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2, MASKED)
-            s_nxt = tl.dot(q, k, input_precision=DOT_PRECISION)
+        # S(0) and S(1) before the loop, from masked loads: the range may be empty.
+        s = _score(q, d, d_ok, lo, hi, k_base, bt_row, last_block, stride_bc, stride_kb, stride_ks,
+                   stride_kd, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, PER_BLOCK_IDS, DOT_PRECISION)
+        s_nxt = _score(q, d, d_ok, second, hi, k_base, bt_row, last_block, stride_bc, stride_kb, stride_ks,
+                       stride_kd, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True, PER_BLOCK_IDS, DOT_PRECISION)
+        if MASKED:
+            for start_n in range(lo, hi, BLOCK_N):
+                v_off = _tile_offsets(start_n, hi, bt_row, last_block, stride_bc, stride_vb, stride_vs,
+                                      BLOCK_SIZE, BLOCK_N, True, PER_BLOCK_IDS)
+                v = _values(q, d, d_ok, v_off, start_n, hi, v_base, stride_vd, BLOCK_N, HEAD_DIM, DIM_P2,
+                            True)
+                acc, l_i, m_i = _fold(acc, l_i, m_i, s, v, pos, start_n, hi, qk_scale, softcap_log2,
+                                      window_left, window_right, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                      DOT_PRECISION)
+                s = s_nxt + 0.0  # the copy after the wait (docstring)
+                ahead = tl.minimum(start_n + 2 * BLOCK_N, last)
+                s_nxt = _score(q, d, d_ok, ahead, hi, k_base, bt_row, last_block, stride_bc, stride_kb,
+                               stride_ks, stride_kd, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, True,
+                               PER_BLOCK_IDS, DOT_PRECISION)
+        else:
+            # Tile 0's softmax before the loop; pass j then takes PV of tile j = lo .. last - 1
+            # and the softmax of tile j + 1.
+            p, alpha, m_i = _softmax(m_i, s, pos, lo, hi, qk_scale, softcap_log2, window_left, window_right,
+                                     BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            p = p.to(q.dtype)
+            zero = tl.zeros([16, 16], dtype=q.dtype)
+            z = tl.zeros_like(alpha)[:, None] + tl.zeros([1, 16], dtype=tl.float32)  # [BLOCK_M, 16]
+            for start_n in range(lo, last, BLOCK_N):
+                # The pass's one synchronous MMA, first: its wait ends PV(j-1) and QK^T(j+1). Its
+                # A is the last z (carried, so the dot is not hoisted out of the loop; converted
+                # in the pass, so it stays in registers). z is exactly 0, and it is added to l_i,
+                # which nothing reads before the pass's end, not to alpha, which PV(j) waits for.
+                z = tl.dot(z.to(q.dtype), zero)
+                l_i = l_i + tl.max(z, 1)
+                s = s_nxt + 0.0  # the copy after the wait (docstring)
+                ahead = tl.minimum(start_n + 2 * BLOCK_N, last)
+                s_nxt = _score(q, d, d_ok, ahead, hi, k_base, bt_row, last_block, stride_bc, stride_kb,
+                               stride_ks, stride_kd, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DIM_P2, False,
+                               PER_BLOCK_IDS, DOT_PRECISION)  # QK^T(j+2), left running
+                pb = p + 0.0  # P of tile j in registers: a carried P would be staged in shared memory
+                v_off = _tile_offsets(start_n, hi, bt_row, last_block, stride_bc, stride_vb, stride_vs,
+                                      BLOCK_SIZE, BLOCK_N, False, PER_BLOCK_IDS)
+                v = _values(q, d, d_ok, v_off, start_n, hi, v_base, stride_vd, BLOCK_N, HEAD_DIM, DIM_P2,
+                            False)
+                # PV(j), left running
+                acc = tl.dot(pb, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+                p, alpha, m_i = _softmax(m_i, s, pos, start_n + BLOCK_N, hi, qk_scale, softcap_log2,
+                                         window_left, window_right, BLOCK_N, False, HAS_LEFT, HAS_RIGHT,
+                                         SOFTCAP)
+                l_i = l_i * alpha + tl.sum(p, 1)
+                p = p.to(q.dtype)
+            # The last tile's P @ V (masked: the range may be empty, and then P is 0).
+            v_off = _tile_offsets(last, hi, bt_row, last_block, stride_bc, stride_vb, stride_vs,
+                                  BLOCK_SIZE, BLOCK_N, True, PER_BLOCK_IDS)
+            v = _values(q, d, d_ok, v_off, last, hi, v_base, stride_vd, BLOCK_N, HEAD_DIM, DIM_P2, True)
+            acc = tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     else:
         for start_n in range(lo, hi, BLOCK_N):
             # One block-id read serves K and V.

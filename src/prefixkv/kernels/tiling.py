@@ -80,8 +80,9 @@ class TileConfig:
     ``ctas_per_sm``: programs of this config resident on one SM at once (registers and
     shared memory from the sm_90 compile report), which the split heuristic fills.
     ``qk_ahead``: each phase loop issues QK^T of the next key tile before this tile's
-    softmax, so the tensor cores overlap it (``attend._attend_range``); one more
-    ``[block_m, block_n]`` fp32 tile of registers.
+    softmax, and the unmasked one also runs PV a pass behind it, so the tensor cores work
+    while the softmax runs (``attend._attend_range``); one more ``[block_m, block_n]`` fp32
+    tile of registers.
     """
 
     block_m: int
@@ -149,10 +150,11 @@ def prefill_tile(version: str) -> TileConfig:
       (benchmarks/results/tune-nvidia-h100-80gb-hbm3*.md). It spills (1092 B on 3.6, 12
       local loads and 10 stores a pass of the unmasked loop; sm_90 compile), and still wins.
     - 3.7 on: 128 x 64, 8 warps, 3 stages with ``qk_ahead``: on 3.9 the 256-row tile spills
-      1588 B and is not measured; this one uses 219 registers, no spills, and the serial
-      model of ``benchmarks/kernel_timing.py`` rates its cached-prefix loop at 65.9% of peak
-      and its diagonal loop at 53.9% (128 x 128 today: 60.5% and 49.7%). Not yet measured
-      on a GPU. Compiled on 3.9 only (3.7 and 3.8 take it untested).
+      1588 B and is not measured; this one uses 252 registers, no spills, and the serial
+      model of ``benchmarks/kernel_timing.py`` rates its cached-prefix loop (PV a pass
+      behind the softmax) at 80.4% of peak and its diagonal loop at 52.9% (128 x 128:
+      60.5% and 49.7%; docs/kernels.md). Not yet measured on a GPU. Compiled on 3.6 and
+      3.9 (3.7 and 3.8 take it untested).
     """
     if version_at_least(version, (3, 7)):
         return TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, qk_ahead=True)

@@ -15,6 +15,8 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+MAX_SINCE = 1024  # routing decisions remembered per replica since its report, at most
+
 
 class LoadError(ValueError):
     """A load report out of range (a negative count, a usage outside 0..1)."""
@@ -65,27 +67,50 @@ def from_metrics(text: str, *, num_blocks: int | None = None) -> ReplicaLoad:
 
 
 class LoadBook:
-    """Per replica: the last report, what was routed there since, and the requests in
-    flight (``(prefill blocks, blocks)`` each, oldest first: ``finish`` ends the oldest)."""
+    """Per replica: the last report, what was routed there since it was read, and the
+    requests in flight (``(prefill blocks, blocks)`` each, oldest first: ``finish`` ends
+    the oldest)."""
 
     def __init__(self, names: tuple[str, ...], block_size: int,
                  capacity: dict[str, int] | None) -> None:
         self.block_size = block_size
         self.capacity = dict(capacity or {})
         self.reported: dict[str, ReplicaLoad] = {}
+        # routed to a reported replica since its report was read: (when, prefill, blocks),
+        # oldest first, with their sums (a report read at t keeps those routed from t on)
+        self.since: dict[str, deque[tuple[float, int, int]]] = {r: deque() for r in names}
         self.since_prefill = dict.fromkeys(names, 0)  # blocks to compute routed since report
         self.since_blocks = dict.fromkeys(names, 0)
         self.open: dict[str, deque[tuple[int, int]]] = {r: deque() for r in names}
 
-    def report(self, replica: str, load: ReplicaLoad) -> None:
+    def report(self, replica: str, load: ReplicaLoad, read_at: float | None = None) -> None:
+        """``load`` replaces what was known; what was routed there at or after ``read_at``
+        (the report was read before it arrived) still adds to it; None: nothing does."""
         self.reported[replica] = load
-        self.since_prefill[replica] = self.since_blocks[replica] = 0
+        since = self.since[replica]
+        while since and (read_at is None or since[0][0] < read_at):
+            _, prefill, blocks = since.popleft()
+            self.since_prefill[replica] -= prefill
+            self.since_blocks[replica] -= blocks
         if load.num_blocks is not None:
             self.capacity[replica] = load.num_blocks
 
-    def routed(self, replica: str, prefill: int, blocks: int) -> None:
-        self.since_prefill[replica] += prefill
-        self.since_blocks[replica] += blocks
+    def unreport(self, replica: str) -> None:
+        """Forget the report (stale): the estimate is the router's own again."""
+        self.reported.pop(replica, None)
+        self.since[replica].clear()
+        self.since_prefill[replica] = self.since_blocks[replica] = 0
+
+    def routed(self, replica: str, prefill: int, blocks: int, now: float) -> None:
+        if replica in self.reported:  # unreported: estimated from ``open`` alone
+            since = self.since[replica]
+            since.append((now, prefill, blocks))
+            if len(since) > MAX_SINCE:  # no report for long: merge the two oldest, kept
+                _, p0, b0 = since.popleft()  # until a report read after the later one
+                t1, p1, b1 = since.popleft()
+                since.appendleft((t1, p0 + p1, b0 + b1))
+            self.since_prefill[replica] += prefill
+            self.since_blocks[replica] += blocks
         self.open[replica].append((prefill, blocks))
 
     def finished(self, replica: str) -> None:

@@ -167,12 +167,21 @@ class Router:
         return [r for r in self.replicas
                 if now - self.last_heard.get(r, float("-inf")) <= self.stale_after]
 
-    def report_load(self, replica: str, load: ReplicaLoad) -> None:
+    def report_load(self, replica: str, load: ReplicaLoad, read_at: float | None = None
+                    ) -> None:
         """What ``replica`` publishes of its load (``load.from_metrics`` reads it from its
-        ``/metrics``); it replaces the router's estimate of what it sent there before.
+        ``/metrics``); it replaces the router's estimate of what it sent there before
+        ``read_at`` (the router's ``clock`` when the report was read; None: now).
         Raises RouterError for an unknown replica."""
         self._known(replica)
-        self.loads.report(replica, load)
+        self.loads.report(replica, load, read_at)
+
+    def drop_load(self, replica: str) -> None:
+        """Forget ``replica``'s last report (too old to trust): its load is the router's
+        own estimate again, from the requests in flight there. Raises RouterError for
+        an unknown replica."""
+        self._known(replica)
+        self.loads.unreport(replica)
 
     # ---- picking -------------------------------------------------------------------------
 
@@ -208,7 +217,7 @@ class Router:
         self._turn += 1
         self.in_flight[pick] += 1
         self.routed[pick] += 1
-        self.loads.routed(pick, len(hashes) - run, len(hashes))
+        self.loads.routed(pick, len(hashes) - run, len(hashes), self.clock())
         self.index.routed(pick, hashes)
         return Choice(pick, run * self.block_size)
 

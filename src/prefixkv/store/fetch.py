@@ -48,13 +48,16 @@ class Fetch:
     view per slot is per-block work the scheduler's thread need not do). ``parent``:
     the chain hash before block ``first``; ``chunks``/``extras``: the blocks' token and
     extra-key bytes. ``deadline``: the ``time.monotonic()`` instant by which it ends,
-    whatever the store does.
+    whatever the store does. ``hits``/``hit_cids``: the blocks the admission found before
+    block ``first`` and the content ids they held then (the scheduler's, for the
+    re-admission's check that they still do).
     Results: ``run`` (blocks from ``first`` that passed the check), ``stop`` (the state
     of the block that ended the run, ``OK`` if none did), ``failed`` (an error of the whole
     call), ``hashes``, ``nbytes``/``seconds`` (measured)."""
 
     __slots__ = ("request_id", "req", "first", "parent", "chunks", "extras", "slots",
                  "buffers", "views", "staged", "deadline", "started", "ended", "expired", "cids",
+                 "hits", "hit_cids",
                  "hashes", "keys", "heads", "states", "run", "stop", "failed", "nbytes",
                  "seconds", "left", "lock")
 
@@ -68,6 +71,8 @@ class Fetch:
         self.deadline, self.started = deadline, time.monotonic()
         self.ended = self.expired = False  # landed; past its deadline (the request went on)
         self.cids: range = range(0)  # content ids landed (store hits at the re-admission)
+        self.hits: list[Any] = []
+        self.hit_cids: list[int] = []
         # ---- written by the fetcher threads ----
         self.hashes: list[bytes] = []
         self.keys: list[bytes] = []

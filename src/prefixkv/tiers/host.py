@@ -26,7 +26,8 @@ from typing import TypeVar
 from ..core.block import UNLINKED, Block
 from ..core.free_queue import FreeBlockQueue
 from ..errors import MAX_BLOCKS, check_positive
-from ..events import BlockStored, EventSink
+from ..event_log import EventSink
+from ..events import BlockStored
 from ..results import BlockLoads, BlockOffloads, StoreFetched
 from .host_check import check_tier
 from .host_index import HOST, HostSlot, SlotIndex, withdrawn
@@ -111,8 +112,9 @@ class HostTier(SlotIndex):
                             head, tail = cached.ends()
                         s = head.next
                         if s is tail:
-                            if not refreshed:  # every slot is pinned: the content is lost
-                                continue  # (a slot pending stays so: its parent is lost)
+                            if not refreshed:  # every slot is pinned: the content is
+                                break  # lost, and so is every later block's (no slot can be
+                                # refreshed or taken any more; a slot pending stays so)
                             cached.forget(len(refreshed))  # only refreshed ones left
                             cached.extend(refreshed)
                             refreshed = []
@@ -309,8 +311,9 @@ class HostTier(SlotIndex):
                 nxt.prev = prev
                 s.ref_cnt = 1
                 fresh += 1
-        self._pinned += slots if fresh == len(slots) else [s for s in slots if s.ref_cnt == 1]
-        self._cached.forget(fresh)
+        if fresh:  # (the slots pinned before, e.g. landed this step, are pinned already)
+            self._pinned += slots if fresh == len(slots) else [s for s in slots if s.ref_cnt == 1]
+            self._cached.forget(fresh)
 
     def end_step(self) -> None:
         """The plan was handed to the engine: unpin, most recently used last."""

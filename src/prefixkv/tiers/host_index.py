@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..core.block import NO_CHILD, Block, ContentKey
-from ..events import BlockRemoved, BlockStored, EventSink
+from ..event_log import EventSink
+from ..events import BlockRemoved, BlockStored
 
 HOST = "CPU"
 """The medium of host slots in events (vLLM's spelling)."""

@@ -1,0 +1,229 @@
+"""The metrics poller: reads each replica's load from the ``/metrics`` it already serves
+and hands it to the router on the router's own thread.
+
+A background thread scrapes every replica's URL once per ``period`` (up to 16 at once,
+each within ``timeout`` seconds from connect to the last byte, at most ``max_bytes``) and
+parses the text with ``load.from_metrics``. It keeps, per replica, only the latest good
+load and counts what failed (refused, timed out, an HTTP status other than 200, too
+large, not UTF-8, not Prometheus text with ``vllm:kv_cache_usage_perc``). It never
+touches the router: the ``Router`` is not thread-safe. ``apply()``, called on the
+router's thread (before ``route``, under the subscriber's lock if one runs), hands the
+new loads to ``Router.report_load`` with the time each was read, and forgets
+(``Router.drop_load``) the load of a replica not read for ``stale_periods`` periods, so
+that the router falls back to its own estimate instead of trusting an old figure::
+
+    poller = MetricsPoller(router, {"r0": "http://10.0.0.5:8000/metrics", ...})
+    poller.start()
+    ...
+    poller.apply()            # on the router's thread, before each route()
+    choice = router.route(prompt)
+
+``health()`` counts scrapes, failures and stale spells per replica;
+``prefixkv.fleet.metrics.HealthMetrics.observe_poller`` exposes them to Prometheus.
+Standard library only (``http.client``): no extra to install.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from .load import ReplicaLoad, from_metrics
+from .router import Router, RouterError
+
+_T = TypeVar("_T")
+
+
+class ScrapeError(Exception):
+    """One scrape failed (kept as the replica's ``last_error``; never raised to callers)."""
+
+
+class MetricsPoller:
+    """Args:
+        router: the router to feed (``apply`` calls its ``report_load``/``drop_load``).
+        urls: replica name -> its metrics URL (``http://`` or ``https://``); every name
+            must be one of the router's replicas, at least one.
+        period: seconds between the starts of two rounds of scrapes (> 0).
+        timeout: seconds one scrape may take, connect to last byte (> 0, <= period).
+        stale_periods: a replica not read for this many periods (since the poller
+            started, if never) is stale: its load is dropped (>= 1).
+        max_bytes: a larger answer is a failed scrape (>= 1).
+        num_blocks: each replica's pool in blocks, passed to ``from_metrics`` (None: the
+            router's ``capacity``).
+        clock: seconds; must be the router's clock (default: the router's ``clock``).
+
+    Raises RouterError for a bad option, before any thread starts.
+    """
+
+    def __init__(self, router: Router, urls: Mapping[str, str], *, period: float = 1.0,
+                 timeout: float = 0.5, stale_periods: int = 3, max_bytes: int = 1 << 22,
+                 num_blocks: Mapping[str, int] | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        urls = dict(urls)
+        unknown = set(urls) - set(router.replicas)
+        if not urls or unknown:
+            raise RouterError(f"urls must name router replicas, at least one; unknown: "
+                              f"{sorted(unknown)}, known: {list(router.replicas)}")
+        for name, url in urls.items():
+            parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+            if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+                raise RouterError(f"metrics URL of {name!r} must be http(s)://host..., got "
+                                  f"{url!r}")
+        if not (period > 0 and 0 < timeout <= period and isinstance(stale_periods, int)
+                and stale_periods >= 1 and max_bytes >= 1):
+            raise RouterError(f"need period > 0, 0 < timeout <= period, stale_periods >= 1 "
+                              f"(int), max_bytes >= 1; got {period}, {timeout}, "
+                              f"{stale_periods!r}, {max_bytes}")
+        self.router, self.urls = router, urls
+        self.period, self.timeout, self.max_bytes = period, timeout, max_bytes
+        self.stale_periods = stale_periods
+        self.num_blocks = dict(num_blocks or {})
+        self.clock = router.clock if clock is None else clock
+        self._lock = threading.Lock()  # guards the scrape thread's side below
+        self._latest: dict[str, tuple[float, ReplicaLoad]] = {}  # not yet applied
+        self._scrapes = dict.fromkeys(urls, 0)
+        self._failures = dict.fromkeys(urls, 0)
+        self._last_error: dict[str, str | None] = dict.fromkeys(urls)
+        self._loop_errors = 0
+        # the router thread's side (apply, health)
+        self._started = self.clock()
+        self._read_at: dict[str, float] = {}
+        self._stale: set[str] = set()
+        self._stale_spells = dict.fromkeys(urls, 0)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(min(16, len(urls)), thread_name_prefix="prefixkv-scrape")
+
+    # ---- the scrape thread's side --------------------------------------------------------
+
+    def scrape(self) -> None:
+        """One round: scrape every replica now (16 at once) and keep what came back for
+        the next ``apply``. Blocks about ``timeout`` seconds per 16 replicas at most. A
+        failed scrape is counted, never raised; RuntimeError after ``close``."""
+        list(self._pool.map(self._scrape_one, self.urls))
+
+    def start(self) -> None:
+        """Scrape every ``period`` in a background thread until ``close``."""
+        if self._thread is not None:
+            raise RouterError("MetricsPoller.start() called twice")
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                began = time.monotonic()
+                try:
+                    self.scrape()
+                except Exception:  # noqa: BLE001 - the thread must outlive any failure
+                    with self._lock:
+                        self._loop_errors += 1
+                self._stop.wait(max(0.0, self.period - (time.monotonic() - began)))
+
+        self._thread = threading.Thread(target=loop, name="prefixkv-router-poller", daemon=True)
+        self._thread.start()
+
+    def _scrape_one(self, replica: str) -> None:
+        read_at = self.clock()
+        try:
+            text = _fetch(self.urls[replica], self.timeout, self.max_bytes)
+            load = from_metrics(text, num_blocks=self.num_blocks.get(replica))
+        except Exception as exc:  # noqa: BLE001 - every failure is counted, none escapes
+            with self._lock:
+                self._failures[replica] += 1
+                self._last_error[replica] = f"{type(exc).__name__}: {exc}"[:300]
+            return
+        with self._lock:
+            self._scrapes[replica] += 1
+            self._latest[replica] = (read_at, load)
+
+    # ---- the router thread's side --------------------------------------------------------
+
+    def apply(self) -> int:
+        """On the router's thread: report each replica's newest load read since the last
+        call (``Router.report_load`` with when it was read), then drop the load of every
+        replica not read for ``stale_periods`` periods (``Router.drop_load``; once per
+        stale spell). Returns how many loads were reported."""
+        with self._lock:
+            latest, self._latest = self._latest, {}
+        for replica, (read_at, load) in latest.items():
+            self.router.report_load(replica, load, read_at)
+            self._read_at[replica] = read_at
+            self._stale.discard(replica)
+        limit = self.clock() - self.stale_periods * self.period
+        for replica in self.urls:
+            if replica not in self._stale and self._read_at.get(replica, self._started) < limit:
+                self._stale.add(replica)
+                self._stale_spells[replica] += 1
+                self.router.drop_load(replica)
+        return len(latest)
+
+    def health(self) -> dict[str, Any]:
+        """``alive`` (the thread runs), ``loop_errors``, and per replica (``replicas``):
+        ``scrapes`` and ``failures`` (cumulative), ``last_error`` (None: none yet),
+        ``stale`` (its load is dropped now, as of the last ``apply``), ``stale_spells``
+        (times it became stale), ``age`` (seconds since the newest applied load was read;
+        None: never). Call it on the router's thread."""
+        now = self.clock()
+        with self._lock:
+            return {"alive": self.alive, "loop_errors": self._loop_errors, "replicas": {
+                r: {"scrapes": self._scrapes[r], "failures": self._failures[r],
+                    "last_error": self._last_error[r], "stale": r in self._stale,
+                    "stale_spells": self._stale_spells[r],
+                    "age": now - self._read_at[r] if r in self._read_at else None}
+                for r in self.urls}}
+
+    @property
+    def alive(self) -> bool:
+        """Whether the background thread (``start``) is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def close(self) -> None:
+        """Stop the thread (it ends within about ``timeout``) and the scrape workers."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.timeout + self.period + 1.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> MetricsPoller:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _fetch(url: str, timeout: float, max_bytes: int) -> str:
+    """GET ``url``'s body as text, within ``timeout`` seconds from connect to the last
+    byte (the socket's timeout shrinks to what is left before every read, so a server
+    that trickles bytes cannot stretch it). Raises ScrapeError, OSError or
+    http.client.HTTPException."""
+    deadline = time.monotonic() + timeout
+    parts = urllib.parse.urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = cls(parts.hostname or "", parts.port, timeout=timeout)
+    try:
+        conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+                     headers={"Accept": "text/plain"})
+        resp = _within(deadline, conn, conn.getresponse)
+        if resp.status != 200:
+            raise ScrapeError(f"HTTP {resp.status} {resp.reason}")
+        body = bytearray()
+        while chunk := _within(deadline, conn, lambda: resp.read1(65536)):
+            body += chunk
+            if len(body) > max_bytes:
+                raise ScrapeError(f"answer larger than {max_bytes} bytes")
+        return body.decode("utf-8")
+    finally:
+        conn.close()
+
+
+def _within(deadline: float, conn: http.client.HTTPConnection, read: Callable[[], _T]) -> _T:
+    """``read()`` with the connection's socket timeout set to what is left."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise ScrapeError("timed out")
+    if conn.sock is not None:
+        conn.sock.settimeout(left)
+    return read()

@@ -1,0 +1,196 @@
+"""The re-admission of a request whose store fetch landed reuses what its start found
+and what the fetch landed (``StoreWaits.reuse``) instead of walking the index again:
+only when that is exactly what the walk would find. Each test compares the
+re-admission with the walk's answer taken just before it (``_find`` as a lookup, which
+changes nothing): the same hits, so the same cached tokens and the same loads; and
+checks whether the shortcut was taken. A real Redis (conftest), block_size 4."""
+
+import time
+
+import pytest
+
+from prefixkv import BlockLoads, ExtraKeys, KVCacheManager, MultiModalInput, StorePut, StoreWait
+from prefixkv.core.store_waits import StoreWaits
+from prefixkv.store import encode_value
+from prefixkv.tiers import HostSlot
+
+BS = 4
+P = list(range(1, 22))                  # five full blocks + 1
+IMAGE = ExtraKeys(mm=(MultiModalInput("img", 2, 8),))  # in blocks 0..2
+
+
+@pytest.fixture
+def taken(monkeypatch):
+    """Whether each ``reuse`` call answered (True) or left it to the walk (False)."""
+    calls = []
+    original = StoreWaits.reuse
+
+    def spy(self, *args):
+        out = original(self, *args)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(StoreWaits, "reuse", spy)
+    return calls
+
+
+def stored(shared, backend, prompt, extra=None):
+    """Write every full block of ``prompt`` to the store, from another manager."""
+    w = KVCacheManager(16, BS, hash_mode="sha256", host_blocks=1, store=shared)
+    w.add_request("w", prompt, extra=extra, read_cache=False)
+    w.take_kv_ops()
+    backend.put([(op.key, encode_value(op.head, bytes(8))) for op in w.take_kv_ops()
+                 if isinstance(op, StorePut)])
+
+
+def landed(m, rid, prompt, extra=None):
+    """Start ``rid``'s fetch and land it (``poll_store`` lists it)."""
+    assert isinstance(m.add_request(rid, prompt, extra=extra), StoreWait)
+    deadline = time.monotonic() + 10
+    while rid not in m.poll_store():
+        assert time.monotonic() < deadline, "a fetch that never ended"
+        time.sleep(0.001)
+
+
+def readmit_as_walk(m, rid, prompt, extra=None):
+    """Re-admit ``rid``; assert it got what the walk finds now; returns (the walk's
+    hits, the admission)."""
+    hits = m._find(None, prompt, extra, True, None)[1]
+    loads_before = len(m._host.load_src)
+    adm = m.add_request(rid, prompt, extra=extra)
+    assert adm.num_cached_tokens == len(hits) * BS
+    slots = [h.block_id for h in hits if type(h) is HostSlot]
+    assert m._host.load_src[loads_before:] == slots
+    device = [h.block_id for h in hits if type(h) is not HostSlot]
+    assert list(adm.block_ids[:len(device)]) == device
+    m.check_invariants()
+    return hits, adm
+
+
+def manager(shared, num_blocks=16, host_blocks=8):
+    return KVCacheManager(num_blocks, BS, hash_mode="sha256", host_blocks=host_blocks, store=shared)
+
+
+@pytest.mark.parametrize("extra", [None, IMAGE])
+def test_the_landed_run_is_reused(backend, shared, taken, extra):
+    stored(shared, backend, P, extra)
+    m = manager(shared)
+    landed(m, "r", P, extra)
+    hits, adm = readmit_as_walk(m, "r", P, extra)
+    assert taken == [True] and len(hits) == 5 and m.stats.store_hits == 20
+    assert BlockLoads(tuple(h.block_id for h in hits), adm.block_ids[:5]) in m.take_kv_ops()
+
+
+def test_the_start_device_hits_and_the_landed_run_are_reused(backend, shared, taken):
+    m = manager(shared)
+    m.add_request("d", P[:9], read_cache=False)             # blocks 0 and 1 computed on the device
+    m.take_kv_ops()
+    m.free("d")
+    stored(shared, backend, P)
+    landed(m, "r", P)                       # fetches blocks 2..4
+    hits, adm = readmit_as_walk(m, "r", P)
+    assert taken == [True] and [type(h) is HostSlot for h in hits] == [False] * 2 + [True] * 3
+    assert m.stats.store_hits == 12
+
+
+@pytest.mark.parametrize("position", [0, 9, 19])  # in the first, a middle, the last block
+def test_a_prompt_that_differs_in_one_fetched_token_is_walked(backend, shared, taken, position):
+    stored(shared, backend, P)
+    m = manager(shared)
+    landed(m, "r", P)
+    other = P[:position] + [99] + P[position + 1:]
+    hits, _ = readmit_as_walk(m, "r", other)
+    assert taken == [False] and len(hits) == position // BS
+
+
+def test_a_prompt_with_other_extra_keys_is_walked(backend, shared, taken):
+    stored(shared, backend, P)
+    m = manager(shared)
+    landed(m, "r", P)
+    hits, _ = readmit_as_walk(m, "r", P, ExtraKeys(cache_salt="t"))
+    assert taken == [False] and hits == []
+
+
+@pytest.mark.parametrize("refilled", [False, True])
+def test_a_landed_slot_taken_before_the_readmission_is_walked(backend, shared, taken, refilled):
+    stored(shared, backend, P)
+    m = manager(shared, host_blocks=6)
+    landed(m, "r", P)                       # slots 0..4 land; slot 5 stays empty
+    m.take_kv_ops()                         # the step ran: the landed slots are cached
+    stored(shared, backend, list(range(40, 49)))
+    if refilled:                            # s takes 2 slots: the empty one, then the least
+        landed(m, "s", list(range(40, 49)))  # recent (block 0's), where its block 1 lands
+    else:                                   # ... or is still landing (no content)
+        m.add_request("s", list(range(40, 49)))
+    assert (m._host.slots[0].key is not None) == refilled
+    hits, _ = readmit_as_walk(m, "r", P)
+    assert taken == [False] and hits == []
+
+
+@pytest.mark.parametrize("tokens", [25, 32])
+def test_a_start_device_hit_evicted_before_the_readmission_is_walked(backend, shared, taken, tokens):
+    m = manager(shared, num_blocks=8, host_blocks=5)
+    m.add_request("d", P[:9], read_cache=False)  # blocks 0 and 1 on the device
+    m.take_kv_ops()
+    m.take_kv_ops()
+    m.free("d")
+    stored(shared, backend, P)
+    landed(m, "r", P)                       # device hits 0, 1; fetches 2..4 into 3 slots
+    m.take_kv_ops()
+    # x takes the 6 empty blocks and evicts one device hit (25 tokens: into its last
+    # block, which holds no content) or both (32: both hold x's content); the evicted
+    # go to the 2 free slots
+    m.add_request("x", list(range(60, 60 + tokens)), read_cache=False)
+    m.take_kv_ops()
+    m.free("x")
+    start = m._waits.waiting["r"].hits
+    assert [b.key is None for b in start] == ([False, True] if tokens == 25 else [False, False])
+    hits, _ = readmit_as_walk(m, "r", P)
+    assert taken == [False] and len(hits) == 5
+
+
+@pytest.mark.parametrize("extra", [None, IMAGE])
+def test_content_the_device_got_meanwhile_is_hit_there(backend, shared, taken, extra):
+    stored(shared, backend, P, extra)
+    m = manager(shared)
+    landed(m, "r", P, extra)
+    other = m.add_request("o", P, extra=extra)  # loads the landed slots: the device holds them
+    assert other.num_cached_tokens == 20
+    hits, adm = readmit_as_walk(m, "r", P, extra)
+    assert taken == [False] and [type(h) is HostSlot for h in hits] == [False] * 5
+    assert adm.block_ids[:5] == other.block_ids[:5]
+
+
+def test_a_device_cut_off_from_its_parents_content_is_walked(backend, shared, taken):
+    """Once ``uncache`` left a device block whose parent's content is gone (``cut``),
+    the walk probes the device after slots too: the shortcut is not taken."""
+    m = manager(shared)
+    q = list(range(70, 79))
+    m.add_request("y", q, read_cache=False)
+    m.add_request("z", q)                   # hits y's blocks in the same step
+    m.free("y", num_computed_tokens=0)      # never computed: z's hits are cut off
+    assert m._index.cut
+    stored(shared, backend, P)
+    landed(m, "r", P)
+    hits, _ = readmit_as_walk(m, "r", P)
+    assert taken == [False] and len(hits) == 5
+
+
+def test_a_partly_landed_run_is_walked(backend, shared, taken):
+    stored(shared, backend, P[:13])         # the store holds blocks 0..2 of 5
+    m = manager(shared)
+    landed(m, "r", P)
+    hits, _ = readmit_as_walk(m, "r", P)
+    assert taken == [False] and len(hits) == 3
+
+
+def test_a_bad_prompt_at_the_readmission_raises_as_the_walk_does(backend, shared, taken):
+    from prefixkv.errors import TokenError
+    stored(shared, backend, P)
+    m = manager(shared)
+    landed(m, "r", P)
+    for bad in (P[:-1] + [-1], P[:-1] + [2 ** 32], [True] + P[1:], P[:-1] + [1.0]):
+        with pytest.raises(TokenError):
+            m.add_request("r", bad)
+    hits, _ = readmit_as_walk(m, "r", P)    # nothing changed: still reused
+    assert taken == [True] and len(hits) == 5
