@@ -91,7 +91,7 @@ def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
     (``vllm_fork.py``), each running every test on vLLM's manager and then on prefixkv's
     (vLLM's modules and the test files are imported and collected once for both); returns
     their junit xml files. Raises FileNotFoundError when the fetched tree is missing (run
-    the fetch script)."""
+    the fetch script), RuntimeError with the log's tail when a run wrote no junit file."""
     if not (VLLM_TREE / "tests" / "__init__.py").exists():
         raise FileNotFoundError(f"{VLLM_TREE}/tests is missing: run `make install-vllm` "
                                 f"(python tests/engines/fetch.py vllm)")
@@ -110,9 +110,13 @@ def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
                 "-o", "junit_family=xunit1", f"--junitxml={xml}", *extra, *group]
         runs.append({"log": str(xml.with_suffix(".log")), "args": args})
         out.append(xml)
-    with base.with_suffix(".log").open("w") as log:
+    log = base.with_suffix(".log")
+    with log.open("w") as f:
         subprocess.run([sys.executable, str(HERE / "vllm_fork.py"), json.dumps(runs)], cwd=VLLM_TREE,
-                       env=env, stdout=log, stderr=subprocess.STDOUT)
+                       env=env, stdout=f, stderr=subprocess.STDOUT)
+    missing = [x.name for x in out if not x.exists()]
+    if missing:  # the forking process died before its children wrote anything (say, importing vLLM)
+        raise RuntimeError(f"no {', '.join(missing)}; {log}:\n{log.read_text()[-3000:]}")
     return out
 
 
