@@ -48,10 +48,11 @@ install-sglang: $(VENV)/.sglang-installed
 
 # Any nonzero pytest status fails the target, 5 (no tests collected) included.
 # Two pytest-xdist workers, one per core of the 2-core machines this runs on; each takes
-# whole files (--dist loadfile), so a module's fixtures are built once, in the tree's order
-# (--no-loadscope-reorder: xdist would otherwise start the files with the most tests first
-# and leave tests/engines/test_vllm_suite.py, two tests that run vLLM's suite for minutes,
-# to the end, alone). `make test PYTEST_WORKERS=0` runs the tests in one process.
+# whole files (--dist loadfile), so a module's fixtures are built once, in collection order
+# (--no-loadscope-reorder: xdist would otherwise start the files with the most tests first):
+# tests/conftest.py puts the longest files first (LONGEST_FIRST), tests/engines/test_vllm_suite.py,
+# vLLM's own suite for minutes, at the head, so the run ends on short files on both workers.
+# `make test PYTEST_WORKERS=0` runs the tests in one process.
 PYTEST_WORKERS ?= 2
 test: install-vllm install-sglang lint
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder

@@ -14,7 +14,8 @@
 # Everything goes to $OUT (unset: benchmarks/results): gpu-session.log (all output) and
 # the kernels-<device>.json/.md and tune-<device>.json/.md of the two scripts, 5 files.
 # --smoke runs the same steps on tiny shapes (the interpreter without a GPU; tests: only
-# tests/kernels/test_tiling.py) to check the script itself.
+# tests/kernels/test_tiling.py) to check the script itself; tests/kernels/test_bench_kernels.py
+# runs it once and checks the bench's and the tune's smoke results in its $OUT.
 #
 # Environment: OUT, PYTHON (python3), SESSION_S (570: the deadline for all steps),
 # TESTS_S (200), BENCH_S (170), TUNE_S (400): caps per step, TEST_JOBS (8: xdist
@@ -85,9 +86,7 @@ step_tests() {
 }
 
 step_bench() {
-    local extra=()
-    [ "$SMOKE" = 1 ] && extra=(--no-sweep)
-    "$PY" benchmarks/bench_kernels.py "${SMOKE_FLAG[@]}" "${extra[@]}" --out-dir "$OUT"
+    "$PY" benchmarks/bench_kernels.py "${SMOKE_FLAG[@]}" --out-dir "$OUT"
 }
 
 step_tune() {

@@ -28,6 +28,9 @@ budget bounds the whole tune: the pool gets at most ``POOL_SHARE`` of it, each s
 share of what is left; candidates past a deadline are listed as skipped, and the order
 makes those the ones furthest from the heuristic. Screening uses short ``do_bench`` runs;
 the heuristic and the ``CONFIRM`` best are then timed again, longer, and ranked on that.
+On a CPU (``--smoke``) the first call is the only timing: the interpreter compiles
+nothing and ``Timer`` times one call there, so a screening or confirming launch would
+repeat that call for a number that means nothing.
 """
 
 from __future__ import annotations
@@ -260,11 +263,12 @@ def tune_shape(torch, kernels, shape: TuneShape, heuristic, candidates: list, *,
             start = time.perf_counter()
             _launch(args, cfg, out)
             _sync(torch, cuda)
-            row["first_call_s"] = round(time.perf_counter() - start, 3)
+            first_s = time.perf_counter() - start
+            row["first_call_s"] = round(first_s, 3)
             row["max_abs_diff"] = diff = float((out.float() - want.float()).abs().max())
             row["ok"] = diff <= tol  # NaN (an unwritten element) fails
             if row["ok"]:
-                row["ms"] = screen(lambda cfg=cfg: _launch(args, cfg, out))
+                row["ms"] = screen(lambda cfg=cfg: _launch(args, cfg, out)) if cuda else first_s * 1e3
                 row[shape.metric] = work / row["ms"] * 1e3
         except Exception as exc:  # noqa: BLE001 - compile errors, out of shared memory: recorded
             row["error"] = _error(exc)
@@ -278,7 +282,7 @@ def tune_shape(torch, kernels, shape: TuneShape, heuristic, candidates: list, *,
     for r in [r for r in screened if r["is_heuristic"]] + [r for r in screened
                                                            if not r["is_heuristic"]][:CONFIRM]:
         cfg = dataclasses.replace(heuristic, **{f: r[f] for f in FIELDS})
-        r["confirm_ms"] = confirm(lambda cfg=cfg: _launch(args, cfg, out))
+        r["confirm_ms"] = confirm(lambda cfg=cfg: _launch(args, cfg, out)) if cuda else r["ms"]
         r[shape.metric] = work / r["confirm_ms"] * 1e3
     return rank(result)
 

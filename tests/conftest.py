@@ -6,11 +6,51 @@ spends its time spin-waiting rather than computing, against the other pytest-xdi
 load average under 1: tests/engine/test_engine.py took 24.4 s (33 s of CPU) with torch's
 default two threads, 9.9 s (11.3 s of CPU) with one. Subprocesses (examples, benchmarks)
 inherit it. Set OMP_NUM_THREADS yourself to override.
+
+torch's JIT extension builds (SGLang's native page hash, tests/engines/sglang_hicache) go
+to this checkout's ``.cache/torch-extensions``. torch's default, ~/.cache/torch_extensions,
+is one folder for every checkout and venv of the user, and the build names the venv's
+torch headers: two checkouts with their own venvs rebuilt it for each other on every run
+(about 20 s of CPU each time). Set TORCH_EXTENSIONS_DIR yourself to override.
 """
 
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 if "torch" in sys.modules:  # a plugin imported it first: the variable came too late
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+os.environ.setdefault("TORCH_EXTENSIONS_DIR",
+                      str(Path(__file__).resolve().parents[1] / ".cache" / "torch-extensions"))
+
+# The files that take longest, in the order `make test` starts them (CPU seconds measured
+# in one process on the 2-core VM). Each pytest-xdist worker takes whole files in collection
+# order (--dist loadfile --no-loadscope-reorder), so the run ends on short files on both
+# workers, not on one long file while the other idles. xdist hands the first file to one
+# worker, the second to the other, and the third at once to the first (it holds only the
+# suite's two tests): that worker runs it after the suite. The other worker is then the
+# one asking for files while the suite runs, so the four files after the third, which
+# import vLLM in-process (13 s of CPU), go to it and it alone imports vLLM.
+LONGEST_FIRST = (
+    "engines/test_vllm_suite.py",  # ~97: vLLM's own tests, two subprocesses
+    "engines/test_vllm_plugin.py",  # ~11, the vLLM import
+    "kernels/test_compile_sm90.py",  # ~36
+    "engines/vllm_connector/test_connector.py",
+    "engines/vllm_connector/test_scheduler_side.py",
+    "engines/vllm_connector/test_example.py",
+    "kernels/test_bench_kernels.py",  # ~55
+    "engine/test_backends.py",  # ~35
+    "kernels/test_split_kv.py",  # ~30
+    "test_state_machine.py",  # ~27
+    "kernels/test_attention.py",  # ~24
+    "kernels/test_scale_sink_values.py",  # ~21
+    "fleet/test_example_fleet.py",  # ~19
+)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """``LONGEST_FIRST`` first; the other files after them, in the tree's order."""
+    here = Path(__file__).resolve().parent
+    rank = {here / name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path, len(rank)))

@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "trace')")
     bench.add_argument("--scale", type=_positive_float, default=1.0,
                        help="multiplier on the number of requests, sessions and questions of "
-                       "the built-in workloads (prompt lengths stay)")
+                       "the built-in workloads and of the layer groups' hit rate (prompt "
+                       "lengths stay)")
     bench.add_argument("--pool-blocks", type=_int_in(1, MAX_POOL_FLAG), metavar="N",
                        help="KV pool size in blocks for every workload (default: each "
                        "workload's own); the capacity sweep spans 1/16x to 2x of it")

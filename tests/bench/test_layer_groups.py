@@ -66,3 +66,11 @@ def test_unknown_mix_is_refused_before_any_work(tmp_path):
     with pytest.raises(BenchError, match="unknown layer mix 'gemma4'; choose from gemma3-like"):
         run_bench(BenchConfig(groups=("gemma4",), e2e=False, out=tmp_path))
     assert not list(tmp_path.iterdir())
+
+
+def test_scale_multiplies_the_hit_rate_questions_and_the_note_says_how_many():
+    from prefixkv.bench.layer_groups import QUESTIONS, group_note, questions_at
+
+    assert (questions_at(1.0), questions_at(0.01), questions_at(1e-9)) == (QUESTIONS, 4, 1)  # never none
+    small = run_groups(["gpt-oss-like"], scale=0.01)
+    assert small["questions"] == 4 and "hit rate: 4 questions on 8 shared" in group_note(small)

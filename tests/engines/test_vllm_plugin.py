@@ -1,76 +1,103 @@
 """prefixkv.integrations.vllm on its own: what it refuses (each refusal names the thing),
 and the calls vLLM's own tests reach only through the scheduler (deferred frees, a
 waiting request with computed tokens, events, stats). Needs vllm installed
-(``make install-vllm``; ``make test`` installs it)."""
+(``make install-vllm``; ``make test`` installs it). vLLM's modules, and prefixkv's
+integration that imports them, are imported by the tests and helpers that use them
+(``skip_module_without_vllm`` says why)."""
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from prefixkv import ConfigError, RequestError
+
+from . import skip_module_without_vllm
+
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # vLLM's own CPU platform (see vllm_cpu.py)
-pytest.importorskip("vllm", reason="needs vllm 0.33.0: make install-vllm")
+skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
-from vllm.distributed.kv_events import BlockStored  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.v1.core.kv_cache_manager import KVCacheBlocks  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
-    CrossAttentionSpec,
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    MambaSpec,
-    SlidingWindowSpec,
-)
-from vllm.v1.metrics.stats import PrefixCacheStats  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
+if TYPE_CHECKING:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
+    from vllm.v1.request import Request
 
-from prefixkv import ConfigError, RequestError  # noqa: E402
-from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV  # noqa: E402
+    from prefixkv.integrations.vllm import KVCacheManager
 
 BS = 16
 
 
 def full(bs: int = BS) -> FullAttentionSpec:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
     return FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
 
 
+def window(tokens: int = 32) -> SlidingWindowSpec:
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    return SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                             sliding_window=tokens)
+
+
+def mamba() -> Any:
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    return MambaSpec(block_size=BS, shapes=((2, 4),), dtypes=(torch.float32,))
+
+
+def cross_attention() -> Any:
+    from vllm.v1.kv_cache_interface import CrossAttentionSpec
+
+    return CrossAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+
+
 def config(*specs, num_blocks: int = 11, **kw) -> KVCacheConfig:
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                          kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)],
                          **kw)
 
 
 def manager(*specs, **kw) -> KVCacheManager:
+    from prefixkv.integrations.vllm import KVCacheManager
+
     specs = specs or (full(),)
     return KVCacheManager(config(*specs), max_model_len=8192, scheduler_block_size=BS,
                           hash_block_size=BS, **kw)
 
 
 def request(rid: str, tokens: list[int]) -> Request:
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
     params = SamplingParams(max_tokens=4)
     return Request(request_id=rid, prompt_token_ids=tokens, sampling_params=params, pooling_params=None)
 
 
 @pytest.mark.parametrize(("specs", "kw", "named"), [
-    ((MambaSpec(block_size=BS, shapes=((2, 4),), dtypes=(torch.float32,)),), {}, "Mamba"),
-    ((CrossAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32),), {},
-     "cross-attention"),
-    ((full(), full(32)), {}, "different block sizes"),
-    ((full(),), {"dcp_world_size": 2}, "context parallelism"),
-    ((full(),), {"use_eagle": True}, "EAGLE"),
-    ((full(),), {"num_hash_lookahead_tokens": 2}, "lookahead hashing"),
-    ((full(),), {"enable_mamba_shared_prefix_checkpoint": True}, "shared-prefix checkpoints"),
+    ((mamba,), {}, "Mamba"),
+    ((cross_attention,), {}, "cross-attention"),
+    ((full, lambda: full(32)), {}, "different block sizes"),
+    ((full,), {"dcp_world_size": 2}, "context parallelism"),
+    ((full,), {"use_eagle": True}, "EAGLE"),
+    ((full,), {"num_hash_lookahead_tokens": 2}, "lookahead hashing"),
+    ((full,), {"enable_mamba_shared_prefix_checkpoint": True}, "shared-prefix checkpoints"),
 ])
 def test_what_prefixkv_does_not_offer_is_refused_by_name(specs, kw, named):
+    from prefixkv.integrations.vllm import UnsupportedByPrefixKV
+
     with pytest.raises(UnsupportedByPrefixKV, match=named) as info:
-        manager(*specs, **kw)
+        manager(*(make() for make in specs), **kw)
     assert isinstance(info.value, ConfigError)
 
 
 def test_hisparse_and_other_hash_block_sizes_are_refused():
+    from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV
+
     with pytest.raises(UnsupportedByPrefixKV, match="HiSparse"):
         KVCacheManager(config(full(), hisparse_host_num_blocks=8), max_model_len=64,
                        scheduler_block_size=BS, hash_block_size=BS)
@@ -83,12 +110,14 @@ def test_one_full_group_and_hybrid_groups_pick_their_manager():
     from prefixkv.groups import HybridKVCacheManager
 
     assert type(manager().core) is Core
-    swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32,
-                            sliding_window=32)
-    assert type(manager(full(), swa).core) is HybridKVCacheManager
+    assert type(manager(full(), window()).core) is HybridKVCacheManager
 
 
 def test_results_are_vllms_blocks_with_vllms_ids_and_a_hit_is_reused():
+    from vllm.distributed.kv_events import BlockStored
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.metrics.stats import PrefixCacheStats
+
     m = manager(log_stats=True, enable_kv_cache_events=True)
     a = request("a", list(range(40)))
     blocks, hit, boundary = m.get_computed_blocks(a)
@@ -142,6 +171,8 @@ def test_delayed_caching_caches_when_the_load_lands():
 
 
 def test_encoder_tokens_are_refused():
+    from prefixkv.integrations.vllm import UnsupportedByPrefixKV
+
     with pytest.raises(UnsupportedByPrefixKV, match="encoder"):
         manager().allocate_slots(request("r", [1, 2, 3]), 3, num_encoder_tokens=4)
 
@@ -177,11 +208,11 @@ def test_a_freed_request_leaves_what_was_cached_findable():
 
 
 def test_a_hybrid_hit_comes_with_its_blocks_per_group():
+    from prefixkv.integrations.vllm import KVCacheManager
+
     # full attention and a 32-token window: a query at 80 reads 49..80, so of a 5-block
     # hit the window group needs blocks 3 and 4; vLLM's null block stands for 0..2
-    swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32,
-                            sliding_window=32)
-    m = KVCacheManager(config(full(), swa, num_blocks=21), max_model_len=8192, scheduler_block_size=BS,
+    m = KVCacheManager(config(full(), window(), num_blocks=21), max_model_len=8192, scheduler_block_size=BS,
                        hash_block_size=BS)
     a = request("a", list(range(80)))
     m.allocate_slots(a, 80)

@@ -1,7 +1,8 @@
 """The stand-ins that let vLLM 0.33.0's own tests run on a CPU machine without a hub.
 
-Loaded as a pytest plugin (``-p vllm_cpu``, with tests/engines on ``sys.path``) in the
-runs of vLLM's test files (tests/engines/vllm_suite.py). Everything vLLM's tests use
+Imported first (with tests/engines on ``sys.path``) by the process that runs vLLM's test
+files (tests/engines/vllm_fork.py, for tests/engines/vllm_suite.py), before any vLLM
+module. Everything vLLM's tests use
 runs from the installed vllm 0.33.0 wheel unmodified (scheduler, KV cache manager,
 block pool, request, configs, KV connectors); this module is the one place that lists
 what stands in for something else, and why:
@@ -81,12 +82,9 @@ def configure() -> None:
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"
 
 
-# At import, not in ``pytest_configure``: pytest imports the ``conftest.py`` of the
-# directories it is given before it configures plugins, and vLLM's
+# At import: everything here must happen before vLLM is imported. vLLM's
 # tests/v1/kv_connector/unit/conftest.py imports ``current_platform``, which vLLM
-# resolves once per process. Set later, the variable came too late for that group
-# (vLLM's ``UnspecifiedPlatform``: no device type, no hybrid KV cache), and 7 of its
-# tests failed on both managers, unless the parent process happened to have set it
-# (``make test`` imports tests/engines/test_vllm_plugin.py, which does). A ``-p``
-# plugin is imported before any conftest, so this runs first in every case.
+# resolves once per process; set later, the variable came too late for that group
+# (vLLM's ``UnspecifiedPlatform``: no device type, no hybrid KV cache), and 7 of its tests
+# failed on both managers.
 configure()

@@ -6,10 +6,11 @@ The harness (used by tests/engines/test_vllm_suite.py, so by ``make test``):
   (tests/engines/fetch.py, run by the Makefile); the wheel is installed into the
   project's venv with ``--no-deps`` plus tests/engines/vllm-requirements.txt (the
   pure-Python modules vLLM's scheduler-side code and these tests import, pinned);
-- two pytest processes, side by side (one per group of files), run ``FILES`` from
-  vLLM's test tree with two plugins from this folder: ``vllm_cpu`` (the stand-ins, all
-  listed there) and ``vllm_swap`` (the manager: each test runs as ``[vllm-...]`` on
-  vLLM's own manager and as ``[prefixkv-...]`` on prefixkv's scheduler plugin); their
+- two pytest runs, side by side (one per group of files), run ``FILES`` from vLLM's
+  test tree with two modules from this folder: ``vllm_cpu`` (the stand-ins, all listed
+  there) and the plugin ``vllm_swap`` (the manager: each test runs as ``[vllm-...]`` on
+  vLLM's own manager and as ``[prefixkv-...]`` on prefixkv's scheduler plugin); they are
+  processes forked by ``vllm_fork.py`` once it has imported vLLM (see there), and their
   output goes to ``.cache/engines/vllm-suite-<group>.log``;
 - ``compare`` pairs the two runs of each test.
 
@@ -20,6 +21,7 @@ By hand (from the repository root, after ``make install-vllm``)::
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -84,11 +86,12 @@ class Comparison:
 
 def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
         extra: tuple[str, ...] = ()) -> list[pathlib.Path]:
-    """Run ``files`` of vLLM's tests on both managers: one pytest process per group of
-    files (core, connectors), side by side, each running every test on vLLM's manager
-    and then on prefixkv's (vLLM's modules and the test files are imported and
-    collected once for both); returns their junit xml files. Raises FileNotFoundError
-    when the fetched tree is missing (run the fetch script)."""
+    """Run ``files`` of vLLM's tests on both managers: one pytest run per group of files
+    (core, connectors), side by side in processes forked from one that imported vLLM
+    (``vllm_fork.py``), each running every test on vLLM's manager and then on prefixkv's
+    (vLLM's modules and the test files are imported and collected once for both); returns
+    their junit xml files. Raises FileNotFoundError when the fetched tree is missing (run
+    the fetch script), RuntimeError with the log's tail when a run wrote no junit file."""
     if not (VLLM_TREE / "tests" / "__init__.py").exists():
         raise FileNotFoundError(f"{VLLM_TREE}/tests is missing: run `make install-vllm` "
                                 f"(python tests/engines/fetch.py vllm)")
@@ -97,22 +100,23 @@ def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
     groups = [g for g in (core, tuple(f for f in files if f not in CORE_FILES)) if g]
     env = dict(os.environ, VLLM_SUITE_MANAGERS=",".join(MANAGERS))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(HERE), env.get("PYTHONPATH", "")])
-    out, procs = [], []
+    out, runs = [], []
     for i, group in enumerate(groups):
         xml = base.with_name(f"{base.stem}-{i}.xml")
         # --tb=native: Python's own traceback. pytest's own styles parse the whole
         # source file of every frame (vLLM's test and scheduler files run to thousands
         # of lines) for each failure, which cost more than the tests themselves.
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "vllm_cpu",
-               "-p", "vllm_swap", "--confcutdir=tests/v1", "--tb=native", "-o",
-               "junit_family=xunit1", f"--junitxml={xml}", *extra, *group]
-        log = xml.with_suffix(".log").open("w")
-        procs.append((subprocess.Popen(cmd, cwd=VLLM_TREE, env=env, stdout=log,
-                                       stderr=subprocess.STDOUT), log))
+        args = ["-q", "-p", "no:cacheprovider", "-p", "vllm_swap", "--confcutdir=tests/v1", "--tb=native",
+                "-o", "junit_family=xunit1", f"--junitxml={xml}", *extra, *group]
+        runs.append({"log": str(xml.with_suffix(".log")), "args": args})
         out.append(xml)
-    for proc, log in procs:
-        proc.wait()
-        log.close()
+    log = base.with_suffix(".log")
+    with log.open("w") as f:
+        subprocess.run([sys.executable, str(HERE / "vllm_fork.py"), json.dumps(runs)], cwd=VLLM_TREE,
+                       env=env, stdout=f, stderr=subprocess.STDOUT)
+    missing = [x.name for x in out if not x.exists()]
+    if missing:  # the forking process died before its children wrote anything (say, importing vLLM)
+        raise RuntimeError(f"no {', '.join(missing)}; {log}:\n{log.read_text()[-3000:]}")
     return out
 
 

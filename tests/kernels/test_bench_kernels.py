@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -16,42 +17,75 @@ from .conftest import HAS_CUDA, torch, triton_skip_reason
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_kernels.py"
 
 
-TUNE = SCRIPT.parent / "tune_kernels.py"
-
-
 def _run(*args: str, script: Path = SCRIPT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300,
                           env={**os.environ})
 
 
+def _benchmark(name: str):
+    """A module of benchmarks/ (the scripts import their helpers from there), imported here."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    return importlib.import_module(name)
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="refusal is for machines without CUDA")
-def test_refuses_without_cuda():
-    for script in (SCRIPT, TUNE):
-        run = _run(script=script)
-        assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+def test_refuses_without_cuda(capsys):
+    # In this process (torch is imported already): each script's main is the whole refusal.
+    for name in ("bench_kernels", "tune_kernels"):
+        assert _benchmark(name).main([]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(triton_skip_reason() is not None, reason=str(triton_skip_reason()))
-def test_smoke_run_writes_json_and_markdown(tmp_path):
-    run = _run("--smoke", "--out-dir", str(tmp_path))
-    assert run.returncode == 0, run.stderr
-    result = json.loads((tmp_path / "kernels-smoke.json").read_text())
+SESSION = SCRIPT.parent / "gpu_session.sh"
+
+
+def _session(*args: str, out: Path, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SESSION), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OUT": str(out), "PYTHON": sys.executable, **env})
+
+
+@pytest.fixture(scope="module")
+def smoke_session(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One ``gpu_session.sh --smoke`` run, every step, and its $OUT: the session runs
+    bench_kernels.py --smoke and tune_kernels.py --smoke there, so the smoke tests of both
+    scripts read what it wrote rather than run them a second time. The tune gets 2 compile
+    processes and a budget that never cuts the precompile short: on the H100 machine under
+    xdist 8, the default's pool share (0.45 x 330 s) ended before the 8th compile (7 of 8
+    finished)."""
+    if shutil.which("bash") is None or shutil.which("timeout") is None:
+        pytest.skip("needs bash and coreutils timeout")
+    if triton_skip_reason() is not None:
+        pytest.skip(str(triton_skip_reason()))
+    out = tmp_path_factory.mktemp("gpu-session")
+    run = _session("--smoke", out=out, timeout=600, TUNE_JOBS="2", TUNE_S="3040", SESSION_S="3600")
+    return run, out
+
+
+def _step_ok(session: tuple[subprocess.CompletedProcess, Path], step: str) -> None:
+    """The session's summary says ``step`` exited 0."""
+    run, out = session
+    log = (out / "gpu-session.log").read_text()
+    assert f"\n{step}: rc 0," in log, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def test_smoke_run_writes_json_and_markdown(smoke_session):
+    _step_ok(smoke_session, "bench")
+    _, out = smoke_session
+    result = json.loads((out / "kernels-smoke.json").read_text())
     assert {"device", "commit", "torch", "triton", "spec_shape", "sweep", "decode"} <= result.keys()
     assert result["spec_shape"]["max_abs_err_vs_reference"] < 1e-2
     assert len(result["sweep"]) == 4 and result["decode"]["gbps"] > 0
     assert [r["unsplit"]["gbps"] > 0 for r in result["split_decode"]] == [True]
-    headings = set((tmp_path / "kernels-smoke.md").read_text().splitlines())
+    headings = set((out / "kernels-smoke.md").read_text().splitlines())
     assert {"## SPEC shape", "## Split-KV decode"} <= headings
 
 
-@pytest.mark.skipif(triton_skip_reason() is not None, reason=str(triton_skip_reason()))
-def test_smoke_tune_compiles_ahead_and_checks_every_candidate(tmp_path):
-    # A budget that never cuts the precompile short: on the H100 machine under xdist 8, the
-    # default's pool share (0.45 x 330 s) ended before the 8th compile (7 of 8 finished).
-    run = _run("--smoke", "--jobs", "2", "--budget-s", "3000", "--out-dir", str(tmp_path), script=TUNE)
-    assert run.returncode == 0, run.stderr
-    result = json.loads((tmp_path / "tune-smoke.json").read_text())
+def test_smoke_tune_compiles_ahead_and_checks_every_candidate(smoke_session):
+    _step_ok(smoke_session, "tune")
+    run, out = smoke_session
+    result = json.loads((out / "tune-smoke.json").read_text())
     assert {"device", "commit", "torch", "triton", "budget_s", "elapsed_s"} <= result.keys()
+    assert result["budget_s"] == 3000 and result["jobs"] == 2
     assert result["precompile"]["finished"] == result["precompile"]["tasks"] == 8
     assert [s["name"] for s in result["shapes"]] == ["prefill", "decode", "split_decode"]
     for shape in result["shapes"]:
@@ -59,24 +93,17 @@ def test_smoke_tune_compiles_ahead_and_checks_every_candidate(tmp_path):
         assert 2 <= len(rows) <= 3 and rows[0]["is_heuristic"] and shape["heuristic_matches_default"]
         assert all(r["ok"] and r["max_abs_diff"] <= shape["tolerance"] for r in rows)
         assert sorted(shape["ranking"]) == list(range(len(rows))) and "best" in shape
-    headings = set((tmp_path / "tune-smoke.md").read_text().splitlines())
+    headings = set((out / "tune-smoke.md").read_text().splitlines())
     assert {"## prefill", "## decode", "## split_decode"} <= headings
     assert "[tune" in run.stdout  # progress lines
     # The prefill candidates time the loop with QK^T a tile ahead too (triton 3.7+'s tile).
     assert any(r["qk_ahead"] for r in result["shapes"][0]["rows"])
 
 
-def _tune_module():
-    sys.path.insert(0, str(SCRIPT.parent))
-    import tune_kernels
-
-    return tune_kernels
-
-
 def test_candidate_grid_starts_at_the_heuristic_and_widens():
     from prefixkv.kernels.tiling import TileConfig
 
-    tune = _tune_module()
+    tune = _benchmark("tune_kernels")
     prefill, decode, split = tune.tune_shapes(False, "cuda", torch)
     heur = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, num_splits=1)
     grid = tune.candidate_grid(heur, prefill.axes, prefill.max_distance, group_p2=4)
@@ -97,7 +124,7 @@ def test_candidate_grid_starts_at_the_heuristic_and_widens():
 
 
 def test_a_fast_wrong_or_failed_config_never_ranks():
-    tune = _tune_module()
+    tune = _benchmark("tune_kernels")
     cfg = dict(block_m=64, block_n=64, num_warps=4, num_stages=2, num_splits=1, qk_ahead=False)
     rows = [dict(cfg, is_heuristic=True, ok=True, ms=2.0, confirm_ms=2.0, max_abs_diff=0.0),
             dict(cfg, block_n=32, is_heuristic=False, ok=False, max_abs_diff=float("nan")),
@@ -109,14 +136,6 @@ def test_a_fast_wrong_or_failed_config_never_ranks():
     assert result["ranking"] == [4, 0] and result["best"]["num_stages"] == 3
     assert result["speedup_vs_heuristic"] == pytest.approx(2.0 / 1.6)
     assert result["counts"] == {"candidates": 6, "timed": 2, "wrong": 2, "failed": 1, "skipped": 1}
-
-
-SESSION = SCRIPT.parent / "gpu_session.sh"
-
-
-def _session(*args: str, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SESSION), *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OUT": str(out), "PYTHON": sys.executable})
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
@@ -133,16 +152,13 @@ def test_gpu_session_refuses_without_cuda(tmp_path):
     assert "no CUDA device" in (tmp_path / "gpu-session.log").read_text()
 
 
-@pytest.mark.skipif(HAS_CUDA, reason="on a GPU machine the session itself runs the real steps")
-@pytest.mark.skipif(shutil.which("timeout") is None or triton_skip_reason() is not None,
-                    reason=f"needs coreutils timeout and the Triton path ({triton_skip_reason()})")
-def test_gpu_session_smoke_runs_every_step_into_out(tmp_path):
-    run = _session("--smoke", out=tmp_path)
+def test_gpu_session_smoke_runs_every_step_into_out(smoke_session):
+    run, out = smoke_session
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    names = {p.name for p in tmp_path.iterdir()}
+    names = {p.name for p in out.iterdir()}
     assert names == {"gpu-session.log", "kernels-smoke.json", "kernels-smoke.md", "tune-smoke.json",
                      "tune-smoke.md"}
-    log = (tmp_path / "gpu-session.log").read_text()
+    log = (out / "gpu-session.log").read_text()
     for step in ("env", "tests", "bench", "tune"):
         assert f"=== {step} (limit" in log and f"\n{step}: rc 0," in log
     assert "14 passed" in log  # tests/kernels/test_tiling.py, the smoke's test step

@@ -17,9 +17,9 @@ group: the same manager, no release). Block size 16.
   2048 tokens (the windows release as the prefill advances) and decode one token each,
   until the pool (8192 blocks) cannot take the next chunk: requests resident, and KV
   blocks (and MiB) held per request;
-- hit rate: 400 questions (64 tokens, 32 decoded) on one of 8 shared 4k-token documents,
-  one request at a time, a pool of 4096 blocks (a request's own blocks, and what is left
-  caches documents; each miss evicts).
+- hit rate: 400 questions (64 tokens, 32 decoded; ``--scale`` multiplies their number)
+  on one of 8 shared 4k-token documents, one request at a time, a pool of 4096 blocks (a
+  request's own blocks, and what is left caches documents; each miss evicts).
 
 Counts only (no timing): the same seed gives the same figures on any machine.
 """
@@ -40,6 +40,7 @@ CHUNK = 2048
 POOL_BLOCKS = 8192
 PROMPT_LENS = (4096, 16384)
 HIT_POOL_BLOCKS = 4096
+QUESTIONS = 400
 VOCAB = 50_000
 
 
@@ -97,7 +98,7 @@ def capacity(groups: Sequence[GroupSpec], prompt_len: int, *, num_blocks: int = 
 
 def hit_rate(groups: Sequence[GroupSpec], *, num_blocks: int = HIT_POOL_BLOCKS,
              block_size: int = BLOCK_SIZE, docs: int = 8, doc_len: int = 4096,
-             questions: int = 400, question_len: int = 64, answer_len: int = 32,
+             questions: int = QUESTIONS, question_len: int = 64, answer_len: int = 32,
              seed: int = 2) -> float:
     """Questions on shared documents, one request at a time: each prompt is a random
     document of ``docs`` plus ``question_len`` unique tokens, decodes ``answer_len``
@@ -122,10 +123,18 @@ def hit_rate(groups: Sequence[GroupSpec], *, num_blocks: int = HIT_POOL_BLOCKS,
     return m.stats.hit_rate
 
 
+def questions_at(scale: float) -> int:
+    """The hit rate's questions at ``--scale`` ``scale``: ``QUESTIONS`` times it, at least one."""
+    return max(1, round(QUESTIONS * scale))
+
+
 def run_groups(names: Sequence[str], seed: int = 0,
-               tick: Callable[[str], None] = lambda label: None) -> dict[str, Any]:
+               tick: Callable[[str], None] = lambda label: None, scale: float = 1.0) -> dict[str, Any]:
     """Capacity and hit rate of each named mix, hybrid tables against all full; rows of
-    plain JSON types. Raises KeyError for a name not in ``MIXES``."""
+    plain JSON types. ``scale`` multiplies the hit rate's ``QUESTIONS`` (at least one), as
+    ``--scale`` does the built-in workloads' requests; the capacity fills its pool whatever
+    the scale. Raises KeyError for a name not in ``MIXES``."""
+    questions = questions_at(scale)
     rows = []
     for name in names:
         mix = MIXES[name]
@@ -139,10 +148,10 @@ def run_groups(names: Sequence[str], seed: int = 0,
                 row[f"resident_{plen}"] = n
                 row[f"blocks_per_req_{plen}"] = round(per_req, 1)
                 row[f"mib_per_req_{plen}"] = round(per_req * per_block, 1)
-            row["hit_rate"] = round(hit_rate(specs, seed=2 * seed + 2), 4)
+            row["hit_rate"] = round(hit_rate(specs, questions=questions, seed=2 * seed + 2), 4)
             rows.append(row)
     return {"block_size": BLOCK_SIZE, "pool_blocks": POOL_BLOCKS, "chunk": CHUNK,
-            "hit_pool_blocks": HIT_POOL_BLOCKS, "rows": rows}
+            "hit_pool_blocks": HIT_POOL_BLOCKS, "questions": questions, "rows": rows}
 
 
 GROUP_COLUMNS = ("mix", "tables", "resident (4k)", "KV MiB/request (4k)", "resident (16k)",
@@ -164,5 +173,6 @@ def group_note(data: dict[str, Any]) -> str:
             f"windows release their blocks; all full: every layer a full-length table. "
             f"resident: requests of 4k/16k unique tokens (prefilled in chunks of "
             f"{data['chunk']}, one token decoded) held at once in one pool of "
-            f"{data['pool_blocks']:,} blocks; hit rate: 400 questions on 8 shared 4k-token documents, one "
-            f"at a time, {data['hit_pool_blocks']:,} blocks (counts, not timings)")
+            f"{data['pool_blocks']:,} blocks; hit rate: {data.get('questions', QUESTIONS)} questions "
+            f"on 8 shared 4k-token documents, one at a time, {data['hit_pool_blocks']:,} blocks "
+            f"(counts, not timings)")

@@ -192,7 +192,7 @@ def run_bench(cfg: BenchConfig, stream: TextIO | None = None) -> dict[str, Any]:
         if shared:
             data["replicas"] = run_replicas(shared, cfg.block_size, cfg.seed, progress.tick)
         if cfg.groups:
-            data["groups"] = run_groups(cfg.groups, cfg.seed, progress.tick)
+            data["groups"] = run_groups(cfg.groups, cfg.seed, progress.tick, cfg.scale)
         if cfg.e2e:
             progress.tick("end to end (model + kernels)")
             from .e2e import run_e2e  # torch stays out of this module's imports

@@ -9,9 +9,10 @@ import torch
 
 from prefixkv.store.server import LocalRedis
 
+from .. import skip_module_without_vllm
 from .replica import BLOCK, Replica, model_dir
 
-pytest.importorskip("vllm", reason="vllm==0.33.0 is installed by make test (--no-deps)")
+skip_module_without_vllm()
 
 
 @pytest.fixture(scope="module")

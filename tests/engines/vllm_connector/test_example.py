@@ -1,10 +1,10 @@
 """examples/vllm_connector.py runs: the second replica loads the first one's blocks."""
 
-import pytest
 
+from .. import skip_module_without_vllm
 from .replica import _EXAMPLE
 
-pytest.importorskip("vllm", reason="vllm==0.33.0 is installed by make test (--no-deps)")
+skip_module_without_vllm()
 
 
 def test_vllm_connector_example(capsys):

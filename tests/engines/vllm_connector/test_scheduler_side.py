@@ -11,7 +11,9 @@ from prefixkv.hashing import make_hash_fn
 from prefixkv.store import RedisStore, SharedStore, StoreLayout
 from prefixkv.store.server import LocalRedis
 
-pytest.importorskip("vllm", reason="vllm==0.33.0 is installed by make test (--no-deps)")
+from .. import skip_module_without_vllm
+
+skip_module_without_vllm()
 
 BS = 16
 
