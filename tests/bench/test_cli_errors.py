@@ -168,8 +168,17 @@ def test_ctrl_c_exits_130_with_one_line_and_keeps_the_old_report(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
+@pytest.fixture
+def python_sigint():
+    """SIGINT as Python installs it at start-up: a run launched in the background (nohup,
+    ``cmd &`` in a script) starts with SIGINT ignored, and Python then leaves it so."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def test_a_ctrl_c_whose_exception_was_lost_still_exits_130_and_publishes_nothing(
-        tmp_path, monkeypatch, capsys):
+        tmp_path, monkeypatch, capsys, python_sigint):
     """Python drops an exception raised while a finalizer runs; the signal is remembered,
     so the run still ends interrupted before anything is published."""
     import prefixkv.cli as cli
