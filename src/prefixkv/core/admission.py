@@ -143,8 +143,7 @@ class Admitter:
             req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache, admit)
         else:
             (req, hits), claimed = reused, None
-            if len(req.tokens) + num_lookahead_tokens > self.num_blocks * self.block_size:
-                self._check_fits(len(req.tokens), *admit)
+            self._check_fits(len(req.tokens), *admit)
         n, bs = len(req.tokens), self.block_size
         if fetch is None and self._waits is not None and read_cache and len(hits) < (n - 1) // bs:
             wait = self._waits.start(req, hits, req.prompt_chunks, (n - 1) // bs)  # type: ignore[arg-type]
@@ -249,7 +248,7 @@ class Admitter:
         n, bs = len(tokens), self.block_size
         if n == 0:
             raise TokenError("the prompt is empty: at least one token is needed")
-        if admit is not None and n + admit[1] > self.num_blocks * bs:  # else it fits
+        if admit is not None:
             self._check_fits(n, *admit)
         keys = PLAIN_KEYS if extra is None else RequestKeys.of(check_extra(extra, n), blocks_for(n, bs), bs)
         req = Request(request_id, tokens, keys)
@@ -276,6 +275,8 @@ class Admitter:
         its prefill is done) and this call's at best (a chunk scheduled with no hit before
         it, and the lookahead); ``full_fit`` asks for no more than the whole prompt's."""
         bs = self.block_size
+        if n + lookahead <= self.num_blocks * bs:  # the most either count can need
+            return
         first = n if num_new is None else min(n, num_new)
         need = max(blocks_for(n, bs), blocks_for(first + lookahead, bs))
         if need > self.num_blocks:
