@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -161,7 +162,12 @@ def test_gpu_session_smoke_runs_every_step_into_out(smoke_session):
     log = (out / "gpu-session.log").read_text()
     for step in ("env", "tests", "bench", "tune"):
         assert f"=== {step} (limit" in log and f"\n{step}: rc 0," in log
-    assert "14 passed" in log  # tests/kernels/test_tiling.py, the smoke's test step
+    # tests/kernels/test_tiling.py, the smoke's test step: its 14 tests pass, or a few skip where
+    # they compare with a committed report of another triton version (an H100 with triton 3.6).
+    summary = re.search(r"\n(\d+) passed(?:, (\d+) skipped)? in ", log)
+    assert summary is not None and "failed" not in summary.group(0), log[-2000:]
+    passed, skipped = int(summary.group(1)), int(summary.group(2) or 0)
+    assert passed + skipped == 14 and passed >= 10
 
 
 def test_kernel_benchmarks_import_only_the_shared_helpers():
