@@ -158,10 +158,14 @@ def test_gpu_session_smoke_runs_every_step_into_out(smoke_session):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     names = {p.name for p in out.iterdir()}
     assert names == {"gpu-session.log", "kernels-smoke.json", "kernels-smoke.md", "tune-smoke.json",
-                     "tune-smoke.md"}
+                     "tune-smoke.md", "cascade-smoke.json", "cascade-smoke.md"}
     log = (out / "gpu-session.log").read_text()
-    for step in ("env", "tests", "bench", "tune"):
+    for step in ("env", "tests", "bench", "cascade", "profile", "tune"):
         assert f"=== {step} (limit" in log and f"\n{step}: rc 0," in log
+    cascade = json.loads((out / "cascade-smoke.json").read_text())
+    assert [c["name"] for c in cascade["cases"]] == ["decode", "chunked prefill"]
+    assert all(c["max_abs_diff"] < 1e-2 and c["cascade_mb"] < c["plain_mb"] for c in cascade["cases"])
+    assert "tile 256x128" in log  # the profile step's one smoke tile, timed without ncu
     # tests/kernels/test_tiling.py, the smoke's test step: its 14 tests pass, or a few skip where
     # they compare with a committed report of another triton version (an H100 with triton 3.6).
     summary = re.search(r"\n(\d+) passed(?:, (\d+) skipped)? in ", log)
