@@ -24,6 +24,7 @@ TILES = {
     "128x64-qk": dict(block_m=128, block_n=64, num_warps=8, num_stages=3, qk_ahead=True),
     "128x64": dict(block_m=128, block_n=64, num_warps=8, num_stages=3),
     "128x128": dict(block_m=128, block_n=128, num_warps=8, num_stages=3),
+    "64x64": dict(block_m=64, block_n=64, num_warps=4, num_stages=2),  # the tune's best 4-warp tile
 }
 SMOKE_TILES = {name: dict(block_m=16, block_n=32, num_warps=4, num_stages=2) for name in TILES}
 
