@@ -25,7 +25,7 @@
 # TESTS_S (200), BENCH_S (170), CASCADE_S (90), PROFILE_S (240), TUNE_S (400): caps per
 # step, PROFILE_TILES (all four of kernel_profile.py), TEST_JOBS (8: xdist
 # workers), TUNE_JOBS (compile processes of the tune), PREFIXKV_COMMIT (the commit to
-# record when the copy has no .git).
+# record, ahead of the copy's .git, which the device tool can leave stale).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -76,7 +76,8 @@ print(f"python {platform.python_version()} ({sys.executable}), torch {torch.__ve
 print(f"cuda: {torch.cuda.is_available()}", torch.cuda.get_device_name() if torch.cuda.is_available() else "")
 print(f"cpus {os.cpu_count()}, TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')!r}")
 EOF
-    echo "commit: $(git rev-parse HEAD 2> /dev/null || echo "${PREFIXKV_COMMIT:-unknown (no .git; set PREFIXKV_COMMIT)}")"
+    # PREFIXKV_COMMIT first: the device tool's copy can carry a stale .git
+    echo "commit: ${PREFIXKV_COMMIT:-$(git rev-parse HEAD 2> /dev/null || echo "unknown (no .git; set PREFIXKV_COMMIT)")}"
 }
 
 step_tests() {
