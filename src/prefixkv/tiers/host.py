@@ -40,6 +40,22 @@ def _batch(kind: type[_Op], src: list[int], dst: list[int]) -> list[_Op]:
     return [kind(tuple(src), tuple(dst))] if src else []
 
 
+def fill_landing(slots: Sequence[Block], parent_cid: int, extras: Sequence[bytes],
+                 cids: Sequence[int], hashes: Sequence[bytes]) -> None:
+    """Write the content fields of landing ``slots`` (all but ``key``) for ``land``: slot
+    i's parent (slot i - 1's content, or ``parent_cid``), ``extras[i]``, ``cids[i]``,
+    ``hashes[i]``, no event, and each slot its predecessor's ``child``. May run on a
+    fetcher's thread while the scheduler's runs: a landing slot is in no map and its key
+    is None, so every find and every guess (which compares the key first) passes it by,
+    whatever these fields hold, and nothing else writes them until it lands."""
+    prev: Block | None = None
+    for s, extra, cid, h in zip(slots, extras, cids, hashes, strict=True):
+        s.parent_cid, s.extra, s.content_id, s.hash, s.event = parent_cid, extra, cid, h, None
+        if prev is not None:
+            prev.child = s
+        parent_cid, prev = cid, s
+
+
 class HostTier(SlotIndex):
     """``num_slots`` host slots. ``sink``: where CPU-medium events go.
     ``by_chunk``/``by_key``: the slots with content, by token bytes and (the rest) by
@@ -212,7 +228,7 @@ class HostTier(SlotIndex):
 
     def land(self, slots: list[Block], parent_cid: int, chunks: Sequence[bytes],
              extras: Sequence[bytes], cids: Sequence[int], hashes: Sequence[bytes],
-             event: BlockStored | None) -> None:
+             event: BlockStored | None, *, filled: bool = False, unique: bool = False) -> None:
         """Landing ``slots`` hold a checked run now: slot i the content (parent: slot
         i - 1's, or ``parent_cid`` for the first; ``chunks[i]``, ``extras[i]``), content id
         ``cids[i]``, chain hash ``hashes[i]``, announced by ``event`` (the run in these
@@ -221,19 +237,30 @@ class HostTier(SlotIndex):
         predecessor's ``child`` (the walk's guess). All are pinned until the plan is
         drained (a ``StoreFetched`` writing them may be pending, which no offload of the
         same plan may precede). The caller made sure no slot holds the first content
-        already (the others' parents are new)."""
-        landing, by_chunk, by_key, prev = self.landing, self.by_chunk, self.by_key, None
-        for s, chunk, extra, cid, h in zip(slots, chunks, extras, cids, hashes, strict=True):
+        already (the others' parents are new). ``filled``: ``fill_landing`` wrote these
+        slots' fields already (on a fetcher's thread), from a parent that may have been
+        another: only the first slot's parent is set here. ``unique``: no two of
+        ``chunks`` are equal (then, when no slot's key is one of them either, the slots
+        are keyed in one C call)."""
+        if filled:
+            slots[0].parent_cid = parent_cid
+        else:
+            fill_landing(slots, parent_cid, extras, cids, hashes)
+        landing, by_chunk = self.landing, self.by_chunk
+        for s in slots:
             del landing[s.block_id]
-            s.parent_cid, s.extra, s.content_id, s.hash, s.event = parent_cid, extra, cid, h, None
-            if by_chunk.setdefault(chunk, s) is s:  # (as _enter, inlined)
+        if unique and by_chunk.keys().isdisjoint(chunks):
+            by_chunk.update(zip(chunks, slots))  # (each ``setdefault`` below would succeed)
+            for s, chunk in zip(slots, chunks):  # noqa: B905 (as long: a chunk a slot)
                 s.key = chunk
-            else:
-                s.key = key = (parent_cid, chunk, extra)
-                by_key[key] = s
-            if prev is not None:
-                prev.child = s
-            parent_cid, prev = cid, s
+        else:
+            by_key = self.by_key
+            for s, chunk in zip(slots, chunks, strict=True):  # (as _enter, inlined)
+                if by_chunk.setdefault(chunk, s) is s:
+                    s.key = chunk
+                else:
+                    s.key = key = (s.parent_cid, chunk, s.extra)
+                    by_key[key] = s
         self._pinned += slots  # (ref_cnt is 1 already)
         if event is not None:
             self._sink.append(event)
