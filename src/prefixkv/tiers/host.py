@@ -250,8 +250,8 @@ class HostTier(SlotIndex):
         for s in slots:
             del landing[s.block_id]
         if unique and by_chunk.keys().isdisjoint(chunks):
-            by_chunk.update(zip(chunks, slots))  # (each ``setdefault`` below would succeed)
-            for s, chunk in zip(slots, chunks):  # noqa: B905 (as long: a chunk a slot)
+            by_chunk.update(zip(chunks, slots, strict=True))  # (each setdefault below would succeed)
+            for s, chunk in zip(slots, chunks, strict=True):
                 s.key = chunk
         else:
             by_key = self.by_key
