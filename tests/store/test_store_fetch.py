@@ -88,7 +88,11 @@ def test_a_fetch_that_lost_a_race_to_the_device_lands_only_what_follows(backend,
     m.add_request("x", A[:4] + [0], read_cache=False)   # block 0 computed meanwhile
     m.take_kv_ops()
     ex.run()
+    f = m._store.done[0]
+    assert f.filled and f.slots[1].parent_cid == f.planned[0]   # the fetcher's guess
     assert m.poll_store() == ["b"]
+    x0 = m._pool.blocks[m.get_block_ids("x")[0]]
+    assert f.slots[1].parent_cid == x0.content_id    # the landing's: the device's block 0
     m.check_invariants()                             # no content held twice
     assert len(m._host.landing) == 0 and len(m._host) == 2   # blocks 1 and 2 landed
     adm = m.add_request("b", A)
@@ -176,4 +180,61 @@ def test_the_fetcher_makes_the_slots_views_from_the_memory_attached_at_the_start
     assert sorted(first[8 * s.block_id:8 * s.block_id + 8] for s in f.slots) == \
         sorted(bytes([i]) * 8 for i in range(3))   # the writer's blocks 0, 1, 2
     assert later == bytearray(32)
+    m.check_invariants()
+
+
+# ---- the landing's work done on the fetcher's thread (``Fetch.ready``) ------------------
+
+def test_the_fetcher_fills_the_slots_and_they_stay_unfindable_until_landed(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    ex.run()                                         # the fetcher's thread, here
+    f = m._store.done[0]
+    assert f.filled and f.unique and f.run == 3
+    s0, s1, s2 = f.slots
+    assert [s.content_id for s in f.slots] == list(f.planned)
+    assert (s0.parent_cid, s1.parent_cid, s2.parent_cid) == (0, s0.content_id, s1.content_id)
+    assert s0.child is s1 and s1.child is s2 and [s.hash for s in f.slots] == f.hashes
+    assert all(s.key is None for s in f.slots)       # filled, not findable: not landed yet
+    assert m.lookup(A) == 0
+    m.check_invariants()
+    assert m.poll_store() == ["b"] and m.lookup(A) == 12
+    m.check_invariants()
+    assert m.add_request("b", A).num_cached_tokens == 12 and m.stats.store_hits == 12
+
+
+def test_a_fill_that_fails_on_the_fetcher_is_done_at_the_landing(backend, layout, monkeypatch):
+    import prefixkv.core.store_waits as store_waits
+
+    def broken(f):
+        f.slots[0].content_id = -7                   # part-way, then it fails
+        raise RuntimeError("no fill")
+
+    monkeypatch.setattr(store_waits, "_ready", broken)
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    ex.run()
+    f = m._store.done[0]
+    assert not f.filled and f.run == 3
+    assert m.poll_store() == ["b"]
+    assert [s.content_id for s in f.slots] == list(f.planned)   # filled by the scheduler
+    m.check_invariants()
+    assert m.add_request("b", A).num_cached_tokens == 12 and m.stats.store_hits == 12
+
+
+def test_a_run_that_repeats_a_block_is_keyed_by_content(backend, layout):
+    rep = [1, 2, 3, 4] * 3 + [9]                     # three blocks of equal tokens
+    computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
+                            store=SharedStore(backend, layout, cost=always())), backend, "w", rep)
+    ex = Manual()
+    m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
+                       store=SharedStore(backend, layout, cost=always(), executor=ex))
+    m.add_request("b", rep)
+    ex.run()
+    assert not m._store.done[0].unique
+    assert m.poll_store() == ["b"]
+    assert len(m._host.by_chunk) == 1 and len(m._host.by_key) == 2
+    m.check_invariants()
+    assert m.lookup(rep) == 12
+    assert m.add_request("b", rep).num_cached_tokens == 12
     m.check_invariants()

@@ -276,26 +276,39 @@ class HostTier(SlotIndex):
         active = sink.active
         s = head.next  # (a slot until ``tail``)
         taken = unchained = 0
-        while taken < n and s is not tail:
-            old, c = s.key, s.child  # (as _drop, inlined)
-            if s.chained:
-                s.chained = False
-                unchained += 1
-            elif isinstance(old, bytes):
-                del by_chunk[old]
-            else:
-                assert old is not None, f"cached slot {s!r} has no content"
-                del by_key[old]
-            if c.chained and c.parent_cid == s.content_id:
-                c.chained = False
-                unchained += 1
-                self._enter(c)
-            if active and s.event is not None:
-                sink.append(withdrawn(s.event, s.block_id))
-            s.key = None
-            out.append(s)
-            taken += 1
-            s = s.next
+        if not self.num_chained and not active:  # the common case: no slot is chained (nor
+            while taken < n and s is not tail:  # any child), no removal is announced
+                old = s.key
+                if isinstance(old, bytes):
+                    del by_chunk[old]
+                else:
+                    assert old is not None, f"cached slot {s!r} has no content"
+                    del by_key[old]
+                s.key = None
+                out.append(s)
+                taken += 1
+                s = s.next
+        else:
+            while taken < n and s is not tail:
+                old, c = s.key, s.child  # (as _drop, inlined)
+                if s.chained:
+                    s.chained = False
+                    unchained += 1
+                elif isinstance(old, bytes):
+                    del by_chunk[old]
+                else:
+                    assert old is not None, f"cached slot {s!r} has no content"
+                    del by_key[old]
+                if c.chained and c.parent_cid == s.content_id:
+                    c.chained = False
+                    unchained += 1
+                    self._enter(c)
+                if active and s.event is not None:
+                    sink.append(withdrawn(s.event, s.block_id))
+                s.key = None
+                out.append(s)
+                taken += 1
+                s = s.next
         head.next = s
         s.prev = head
         self._cached.forget(taken)
