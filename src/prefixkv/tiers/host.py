@@ -271,48 +271,60 @@ class HostTier(SlotIndex):
         """Append to ``out`` up to ``n`` least recently used cached slots, their content
         dropped (``_take_cached`` n times, inlined as ``demote`` does: a fetch of a long
         prefix into a full tier drops as many contents)."""
+        if not self.num_chained and not self._sink.active:
+            self._take_plain(out, n)
+            return
         head, tail = self._cached.ends()
         by_chunk, by_key, sink = self.by_chunk, self.by_key, self._sink
         active = sink.active
         s = head.next  # (a slot until ``tail``)
         taken = unchained = 0
-        if not self.num_chained and not active:  # the common case: no slot is chained (nor
-            while taken < n and s is not tail:  # any child), no removal is announced
-                old = s.key
-                if isinstance(old, bytes):
-                    del by_chunk[old]
-                else:
-                    assert old is not None, f"cached slot {s!r} has no content"
-                    del by_key[old]
-                s.key = None
-                out.append(s)
-                taken += 1
-                s = s.next
-        else:
-            while taken < n and s is not tail:
-                old, c = s.key, s.child  # (as _drop, inlined)
-                if s.chained:
-                    s.chained = False
-                    unchained += 1
-                elif isinstance(old, bytes):
-                    del by_chunk[old]
-                else:
-                    assert old is not None, f"cached slot {s!r} has no content"
-                    del by_key[old]
-                if c.chained and c.parent_cid == s.content_id:
-                    c.chained = False
-                    unchained += 1
-                    self._enter(c)
-                if active and s.event is not None:
-                    sink.append(withdrawn(s.event, s.block_id))
-                s.key = None
-                out.append(s)
-                taken += 1
-                s = s.next
+        while taken < n and s is not tail:
+            old, c = s.key, s.child  # (as _drop, inlined)
+            if s.chained:
+                s.chained = False
+                unchained += 1
+            elif isinstance(old, bytes):
+                del by_chunk[old]
+            else:
+                assert old is not None, f"cached slot {s!r} has no content"
+                del by_key[old]
+            if c.chained and c.parent_cid == s.content_id:
+                c.chained = False
+                unchained += 1
+                self._enter(c)
+            if active and s.event is not None:
+                sink.append(withdrawn(s.event, s.block_id))
+            s.key = None
+            out.append(s)
+            taken += 1
+            s = s.next
         head.next = s
         s.prev = head
         self._cached.forget(taken)
         self.num_chained -= unchained
+
+    def _take_plain(self, out: list[Block], n: int) -> None:
+        """``_take_lru`` in the common case, when no slot is chained (so no slot's child
+        is) and no removal is announced: each slot only leaves its map."""
+        head, tail = self._cached.ends()
+        by_chunk, by_key = self.by_chunk, self.by_key
+        s = head.next  # (a slot until ``tail``)
+        taken = 0
+        while taken < n and s is not tail:
+            old = s.key
+            assert old is not None, f"cached slot {s!r} has no content"
+            if isinstance(old, bytes):
+                del by_chunk[old]
+            else:  # (keyed by its triple: another content's key is its token bytes)
+                del by_key[old]
+            s.key = None
+            out.append(s)
+            taken += 1
+            s = s.next
+        head.next = s
+        s.prev = head
+        self._cached.forget(taken)
 
     def unreserve(self, slots: list[Block]) -> None:
         """Landing ``slots`` that got nothing: empty again."""
