@@ -308,10 +308,11 @@ class HostTier(SlotIndex):
         """``_take_lru`` in the common case, when no slot is chained (so no slot's child
         is) and no removal is announced: each slot only leaves its map."""
         head, tail = self._cached.ends()
-        by_chunk, by_key = self.by_chunk, self.by_key
+        by_chunk, by_key, start = self.by_chunk, self.by_key, len(out)
         s = head.next  # (a slot until ``tail``)
-        taken = 0
-        while taken < n and s is not tail:
+        for _ in range(n):
+            if s is tail:
+                break
             old = s.key
             assert old is not None, f"cached slot {s!r} has no content"
             if isinstance(old, bytes):
@@ -320,11 +321,9 @@ class HostTier(SlotIndex):
                 del by_key[old]
             s.key = None
             out.append(s)
-            taken += 1
             s = s.next
-        head.next = s
-        s.prev = head
-        self._cached.forget(taken)
+        head.next, s.prev = s, head
+        self._cached.forget(len(out) - start)
 
     def unreserve(self, slots: list[Block]) -> None:
         """Landing ``slots`` that got nothing: empty again."""
