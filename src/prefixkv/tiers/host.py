@@ -21,6 +21,7 @@ blocks at once: one Python loop a batch, no call a block.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import TypeVar
 
 from ..core.block import UNLINKED, Block
@@ -33,6 +34,7 @@ from .host_check import check_tier
 from .host_index import HOST, HostSlot, SlotIndex, withdrawn
 
 _Op = TypeVar("_Op", BlockOffloads, BlockLoads)
+_SLOT_ID = attrgetter("block_id")
 
 
 def _batch(kind: type[_Op], src: list[int], dst: list[int]) -> list[_Op]:
@@ -220,10 +222,9 @@ class HostTier(SlotIndex):
         del empty[len(empty) - k:]
         if len(out) < n and len(self._cached):
             self._take_lru(out, n - len(out))
-        landing = self.landing
+        self.landing.update(zip(map(_SLOT_ID, out), out, strict=True))
         for s in out:
             s.ref_cnt = 1
-            landing[s.block_id] = s
         return out
 
     def land(self, slots: list[Block], parent_cid: int, chunks: Sequence[bytes],
@@ -349,11 +350,13 @@ class HostTier(SlotIndex):
     def hold(self, slots: Sequence[Block]) -> None:
         """Pin ``slots`` (they are about to be loaded), so that no offload stated while
         the device makes room for them can take them."""
+        if self.num_chained:  # (none chained, no child either: nothing to key)
+            for s in slots:
+                c = s.child  # (``on_device``, inlined: their contents go up to the device)
+                if s.chained or (c.chained and c.parent_cid == s.content_id):
+                    self.on_device(s)
         fresh = 0
         for s in slots:
-            c = s.child  # (``on_device``, inlined: their contents go up to the device)
-            if s.chained or (c.chained and c.parent_cid == s.content_id):
-                self.on_device(s)
             if s.ref_cnt:
                 s.ref_cnt += 1
             else:  # cached: leaves the LRU (inlined unlink; links go stale)
