@@ -206,3 +206,14 @@ def test_reserving_plain_slots_drops_chunk_and_content_keys():
     assert tier.find(0, b"x", b"") is None and tier.find(1, b"x", b"") is None
     tier.unreserve(again)
     assert tier.check() is None and tier.num_free == 3 and len(tier) == 1
+
+
+def test_the_check_counts_landing_slots():
+    tier = HostTier(3, EventLog(0))
+    landing = tier.reserve(2)
+    assert tier.check() is None and tier.num_landing == 2
+    tier.num_landing = 1                             # a slot lost from every list
+    assert "2 host slots are in no list, 1 are landing" in tier.check()
+    tier.num_landing = 2
+    landing[0].chained = True                        # a landing slot must be findable by nothing
+    assert "bad landing host slot" in tier.check()

@@ -94,7 +94,7 @@ def test_a_fetch_that_lost_a_race_to_the_device_lands_only_what_follows(backend,
     x0 = m._pool.blocks[m.get_block_ids("x")[0]]
     assert f.slots[1].parent_cid == x0.content_id    # the landing's: the device's block 0
     m.check_invariants()                             # no content held twice
-    assert len(m._host.landing) == 0 and len(m._host) == 2   # blocks 1 and 2 landed
+    assert m._host.num_landing == 0 and len(m._host) == 2   # blocks 1 and 2 landed
     adm = m.add_request("b", A)
     assert adm.num_cached_tokens == 12 and m.stats.store_hits == 8
 
@@ -106,7 +106,7 @@ def test_a_fetch_whose_prefix_left_lands_nothing(backend, layout):
     m.free("x", num_computed_tokens=0)               # block 0 was never computed: gone
     ex.run()
     assert m.poll_store() == ["b"]
-    assert len(m._host) == 0 and not m._host.landing  # its children continue nothing
+    assert len(m._host) == 0 and not m._host.num_landing  # its children continue nothing
     m.check_invariants()
     adm = m.add_request("b", A)
     assert adm.num_cached_tokens == 0 and m.stats.store_hits == 0
@@ -131,11 +131,11 @@ def test_a_fetch_past_its_deadline_releases_its_request_and_keeps_its_slots(back
     assert m.poll_store() == ["b"] and m.stats.store_errors == 1
     adm = m.add_request("b", A)                      # computes
     assert (adm.num_cached_tokens, adm.num_new_tokens) == (0, 13)
-    assert len(m._host.landing) == 3                 # still the fetch's
+    assert m._host.num_landing == 3                 # still the fetch's
     m.check_invariants()
     ex.run()                                         # the threads return at last
     assert m.poll_store() == []
-    assert len(m._host.landing) == 0
+    assert m._host.num_landing == 0
     m.check_invariants()
 
 

@@ -21,7 +21,6 @@ blocks at once: one Python loop a batch, no call a block.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import attrgetter
 from typing import TypeVar
 
 from ..core.block import UNLINKED, Block
@@ -34,7 +33,6 @@ from .host_check import check_tier
 from .host_index import HOST, HostSlot, SlotIndex, withdrawn
 
 _Op = TypeVar("_Op", BlockOffloads, BlockLoads)
-_SLOT_ID = attrgetter("block_id")
 
 
 def _batch(kind: type[_Op], src: list[int], dst: list[int]) -> list[_Op]:
@@ -78,7 +76,7 @@ class HostTier(SlotIndex):
         self.load_src: list[int] = []  # the step's loads: slot ids, device block ids
         self.load_dst: list[int] = []
         self.fetches: list[StoreFetched] = []  # the step's payloads to write (no attached memory)
-        self.landing: dict[int, Block] = {}  # slots a store fetch writes into, by id
+        self.num_landing = 0  # slots a store fetch writes into (the slots nowhere else)
         self.num_offloaded = self.num_loaded = 0
         self.num_chained = 0  # slots found only as their parent slot's child
         self.chaining = True  # False once the device cut a chain (``stop_chaining``)
@@ -222,7 +220,7 @@ class HostTier(SlotIndex):
         del empty[len(empty) - k:]
         if len(out) < n and len(self._cached):
             self._take_lru(out, n - len(out))
-        self.landing.update(zip(map(_SLOT_ID, out), out, strict=True))
+        self.num_landing += len(out)
         for s in out:
             s.ref_cnt = 1
         return out
@@ -247,9 +245,8 @@ class HostTier(SlotIndex):
             slots[0].parent_cid = parent_cid
         else:
             fill_landing(slots, parent_cid, extras, cids, hashes)
-        landing, by_chunk = self.landing, self.by_chunk
-        for s in slots:
-            del landing[s.block_id]
+        by_chunk = self.by_chunk
+        self.num_landing -= len(slots)
         if unique and by_chunk.keys().isdisjoint(chunks):
             by_chunk.update(zip(chunks, slots, strict=True))  # (each setdefault below would succeed)
             for s, chunk in zip(slots, chunks, strict=True):
@@ -328,8 +325,8 @@ class HostTier(SlotIndex):
 
     def unreserve(self, slots: list[Block]) -> None:
         """Landing ``slots`` that got nothing: empty again."""
+        self.num_landing -= len(slots)
         for s in slots:
-            del self.landing[s.block_id]
             s.ref_cnt = 0
             self._empty.append(s)
 
@@ -399,7 +396,7 @@ class HostTier(SlotIndex):
         self.by_chunk.clear()
         self.by_key.clear()
         self._pinned.clear()
-        assert not self.landing, "clear while a store fetch writes into host slots"
+        assert not self.num_landing, "clear while a store fetch writes into host slots"
         self._cached = FreeBlockQueue()
         self._empty = self.slots[::-1]
 
