@@ -78,7 +78,15 @@ def test_smoke_run_writes_json_and_markdown(smoke_session):
     assert len(result["sweep"]) == 4 and result["decode"]["gbps"] > 0
     assert [r["unsplit"]["gbps"] > 0 for r in result["split_decode"]] == [True]
     headings = set((out / "kernels-smoke.md").read_text().splitlines())
-    assert {"## SPEC shape", "## Split-KV decode"} <= headings
+    assert {"## SPEC shape", "## Split-KV decode", "## Cascade attention (shared prefix)"} <= headings
+    # Cascade: a decode and a short-prefill step, both ways, agreeing with each other and the
+    # reference, and the cascade reading fewer K/V bytes than the plain call.
+    cascade = result["cascade"]
+    assert [r["step"] for r in cascade] == ["decode", "prefill"]
+    for r in cascade:
+        assert r["groups"] == 1 and r["agree"] and r["max_abs_err_vs_reference"] < 1e-2
+        assert r["plain_ms"] > 0 and r["cascade_ms"] > 0
+        assert 0 < r["cascade_prefix_gb"] < r["cascade_gb"] < r["plain_gb"]
 
 
 def test_smoke_tune_compiles_ahead_and_checks_every_candidate(smoke_session):
