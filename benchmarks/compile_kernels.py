@@ -237,7 +237,8 @@ def compile_config(name: str, mods: dict, tiles=None) -> dict:
                                         block_m=c["BLOCK_M"], block_n=c["BLOCK_N"], dim=c["DIM_P2"],
                                         num_warps=md.num_warps, mma=row["mma"],
                                         ctas_per_sm=max(1, row["blocks_per_sm"]),
-                                        phase_order=[1, 2, 3] if c.get("HAS_LEFT") else [2, 3])
+                                        phase_order=[1, 2, 3] if c.get("HAS_LEFT") else [2, 3],
+                                        resources=dict(stack_frame=row["stack_frame"], shared=md.shared))
             row["shape_ceiling"] = whole_shape(cfg, c, row["sass"]["loops"])
     except Exception as exc:  # noqa: BLE001  a failed compile is a result, reported per config
         row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[-1500:]}")
@@ -386,12 +387,29 @@ def main(argv=None) -> int:
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--out-name", default="kernels-sm90-compile",
                    help="file name of the report without suffix (.json and .md are written)")
+    p.add_argument("--versus-tune", type=Path, help="a tune JSON: compile every prefill tile it timed and "
+                   "set the model beside the measurement (kernel_versus.py)")
+    p.add_argument("--extra", nargs="*", default=[], help="with --versus-tune: tiles to predict unmeasured")
     opts = p.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)  # before Triton is imported; see the module docstring
     import triton
     from triton.backends.nvidia.compiler import get_ptxas
 
     mods, rows = load_compiled_modules(), []
+    if opts.versus_tune:
+        import kernel_versus
+
+        start = time.perf_counter()
+        result = kernel_versus.versus(
+            json.loads(opts.versus_tune.read_text()), opts.versus_tune.name,
+            lambda tiles: compile_config("prefill-spec", mods, parse_tiles(tiles)), opts.extra,
+            triton.__version__,
+            lambda msg: print(f"[{time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True))
+        opts.out_dir.mkdir(parents=True, exist_ok=True)
+        (opts.out_dir / f"{opts.out_name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        (opts.out_dir / f"{opts.out_name}.md").write_text(md := kernel_versus.markdown(result))
+        print(md)
+        return 0
     tiles = parse_tiles(opts.tiles) if opts.tiles else None
     for name in opts.only or CONFIGS:
         rows.append(r := compile_config(name, mods, tiles))
