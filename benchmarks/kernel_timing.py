@@ -53,9 +53,9 @@ PASSES = 8
 # 5.8 TB/s over 132 SMs, the most any prefill tile of the H100 tune moved (run 3: the
 # 64 x 64, 4-warp tile read 38.8 GB of K/V in 6.59 ms, 5.9 TB/s), so a floor of what L2
 # delivers. L2_LATENCY: a loaded L2 hit, about twice the unloaded one (~300 clocks in
-# microbenchmarks); of 600, 800, 1000 and 1200 clocks (24 B/clk, spills from L2 at the
-# same latency), 800 ranks the 61 tiles of run 3's tune best (Spearman 0.882; 0.879,
-# 0.885, 0.873): a fit, stated as one. L1: 256 KB a SM with shared memory, ~35 clocks.
+# microbenchmarks); of 600, 800, 1000 and 1200 clocks (24 B/clk), 800 ranks the 61 tiles
+# of run 3's tune within 0.01 of the best (Spearman 0.892, 0.910, 0.917, 0.913): a fit,
+# stated as one. L1: 256 KB a SM with shared memory, ~35 clocks.
 L2_BYTES_PER_CLOCK, L2_LATENCY = 24.0, 800.0
 L1_BYTES, L1_LATENCY = 256 * 1024, 35.0
 _REG = re.compile(r"\bR(\d+)\b")
