@@ -71,7 +71,8 @@ def test_ctas_per_sm_never_exceeds_the_committed_compile_report():
         tile = choose_tiles(group=r["heads"] // r["kv_heads"], head_dim=r["head_dim"],
                             max_seqlen_q=r["q_len"],
                             on_gpu=True, elem_bytes=elem, window=window,
-                            return_lse=r.get("return_lse", False))
+                            return_lse=r.get("return_lse", False),
+                            kv_fp8=r.get("cache_dtype", "").startswith("float8"))
         assert tile.block_m == r["constexprs"]["BLOCK_M"], r["name"]
         assert tile.ctas_per_sm <= r["blocks_per_sm"], (r["name"], tile, r["blocks_per_sm"])
         checked += tile.ctas_per_sm > 1
