@@ -7,9 +7,7 @@ and device-to-device copy GB/s), then times:
   head_dim 128, bf16, block_size 16, against our torch reference and dense SDPA;
 * a sweep over cached prefix 0..32k and q_len 1..8k;
 * decode: 64 requests x 8k context, q_len 1, as GB/s of K/V read against the copy GB/s;
-* split-KV decode: 1 and 4 requests x 32k context, with the heuristic's splits and unsplit;
-* cascade attention (``kernel_cascade.py``): 64 requests sharing a 4096-token prefix, a
-  decode step and a short-prefill step, plain against ``cascade_attention``.
+* split-KV decode: 1 and 4 requests x 32k context, with the heuristic's splits and unsplit.
 
 Results go to ``benchmarks/results/kernels-<device>.json`` and ``.md`` with the device,
 git commit, versions and shapes. ``--smoke`` runs tiny shapes through the Triton
@@ -29,7 +27,6 @@ import json
 import sys
 from pathlib import Path
 
-from kernel_cascade import cascade_markdown, cascade_shapes, run_cascade
 from kernel_problems import (
     ROOT,
     SMOKE,
@@ -223,8 +220,6 @@ def write_results(result: dict, out_dir: Path, name: str) -> tuple[Path, Path]:
             lines.append(f"| {r['batch']} | {r['context']} | {r['ms']:.3f} | {r['gbps']:.0f} | "
                          f"{u['ms']:.3f} | {u['gbps']:.0f} |")
         lines.append("")
-    if result.get("cascade"):
-        lines += cascade_markdown(result["cascade"])
     mpath.write_text("\n".join(lines))
     return jpath, mpath
 
@@ -250,20 +245,10 @@ def main(argv=None) -> int:
         result["decode"]["fraction_of_copy_bw"] = result["decode"]["gbps"] / result["ceilings"]["copy_gbps"]
     result["split_decode"] = [dict(run_decode(torch, kernels, timer, cfg), unsplit=run_decode(
         torch, kernels, timer, cfg, num_splits=1)) for cfg in split_shapes(opts.smoke, device, torch)]
-    base = with_device(SMOKE if opts.smoke else SPEC_PREFILL, device, torch)
-    result["cascade"] = []
-    for shape in cascade_shapes(opts.smoke):  # last, so a failure here keeps the figures above
-        try:
-            result["cascade"].append(run_cascade(torch, kernels, timer, shape, base, reference=opts.smoke))
-        except Exception as exc:  # noqa: BLE001  reported in the results, and the exit status
-            result["cascade"].append({"step": shape["name"], "error": f"{type(exc).__name__}: {exc}"[:500]})
     jpath, mpath = write_results(result, opts.out_dir, slug)
     print(mpath.read_text())
     print(f"wrote {jpath} and {mpath}")
-    failed = [r for r in result["cascade"] if "error" in r or not r["agree"]]
-    for r in failed:
-        print(f"cascade {r['step']}: {r.get('error') or 'outputs disagree'}", file=sys.stderr)
-    return 1 if failed else 0
+    return 0
 
 
 if __name__ == "__main__":

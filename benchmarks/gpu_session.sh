@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
 # The whole GPU session in one command (benchmarks/README.md): run from any directory as
 #
-#   bash benchmarks/gpu_session.sh [--smoke] [env] [tests] [bench] [tune]
+#   bash benchmarks/gpu_session.sh [--smoke] [env] [tests] [bench] [cascade] [profile] [tune]
 #
-# Steps (all four when none is named), each under its own `timeout` so that one slow step
+# Steps (all six when none is named), each under its own `timeout` so that one slow step
 # cannot eat the others, all inside one session deadline that fits the device tool's
 # 10-minute command:
 #   env    nvidia-smi (queries only), Python/torch/triton versions, CPU count
 #   tests  python3 -m pytest tests/kernels on CUDA: TRITON_INTERPRET unset, so conftest
 #          runs the compiled kernels (bf16 included); pytest-xdist/-timeout when present
 #   bench  benchmarks/bench_kernels.py: SPEC shape, sweep, decode, split decode
+#   cascade benchmarks/time_cascade.py: plain against cascade attention on shared prefixes
+#   profile Nsight Compute (ncu, where installed) on the SPEC prefill, one run per tile of
+#          benchmarks/kernel_profile.py, into ncu-profile.txt; without ncu, timings only
 #   tune   benchmarks/tune_kernels.py, its budget cut to the time that is left
-# Everything goes to $OUT (unset: benchmarks/results): gpu-session.log (all output) and
-# the kernels-<device>.json/.md and tune-<device>.json/.md of the two scripts, 5 files.
+# Everything goes to $OUT (unset: benchmarks/results): gpu-session.log (all output), the
+# kernels-, cascade- and tune-<device>.json/.md of the three scripts and ncu-profile.txt:
+# 8 files at most (the device tool brings back 8).
 # --smoke runs the same steps on tiny shapes (the interpreter without a GPU; tests: only
 # tests/kernels/test_tiling.py) to check the script itself; tests/kernels/test_bench_kernels.py
 # runs it once and checks the bench's and the tune's smoke results in its $OUT.
 #
 # Environment: OUT, PYTHON (python3), SESSION_S (570: the deadline for all steps),
-# TESTS_S (200), BENCH_S (170), TUNE_S (400): caps per step, TEST_JOBS (8: xdist
+# TESTS_S (200), BENCH_S (170), CASCADE_S (90), PROFILE_S (240), TUNE_S (400): caps per
+# step, PROFILE_TILES (all four of kernel_profile.py), TEST_JOBS (8: xdist
 # workers), TUNE_JOBS (compile processes of the tune), PREFIXKV_COMMIT (the commit to
-# record when the copy has no .git).
+# record, ahead of the copy's .git, which the device tool can leave stale).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -30,12 +35,13 @@ STEPS=()
 for arg in "$@"; do
     case $arg in
         --smoke) SMOKE=1 ;;
-        env | tests | bench | tune) STEPS+=("$arg") ;;
-        -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
-        *) echo "gpu_session.sh: unknown argument '$arg' (steps: env tests bench tune; --smoke)" >&2; exit 2 ;;
+        env | tests | bench | cascade | profile | tune) STEPS+=("$arg") ;;
+        -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+        *) echo "gpu_session.sh: unknown argument '$arg' (steps: env tests bench cascade profile tune; --smoke)" >&2
+           exit 2 ;;
     esac
 done
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(env tests bench tune)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(env tests bench cascade profile tune)
 
 PY=${PYTHON:-python3}
 OUT=${OUT:-$ROOT/benchmarks/results}
@@ -70,7 +76,8 @@ print(f"python {platform.python_version()} ({sys.executable}), torch {torch.__ve
 print(f"cuda: {torch.cuda.is_available()}", torch.cuda.get_device_name() if torch.cuda.is_available() else "")
 print(f"cpus {os.cpu_count()}, TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')!r}")
 EOF
-    echo "commit: $(git rev-parse HEAD 2> /dev/null || echo "${PREFIXKV_COMMIT:-unknown (no .git; set PREFIXKV_COMMIT)}")"
+    # PREFIXKV_COMMIT first: the device tool's copy can carry a stale .git
+    echo "commit: ${PREFIXKV_COMMIT:-$(git rev-parse HEAD 2> /dev/null || echo "unknown (no .git; set PREFIXKV_COMMIT)")}"
 }
 
 step_tests() {
@@ -87,6 +94,31 @@ step_tests() {
 
 step_bench() {
     "$PY" benchmarks/bench_kernels.py "${SMOKE_FLAG[@]}" --out-dir "$OUT"
+}
+
+step_cascade() {
+    "$PY" benchmarks/time_cascade.py "${SMOKE_FLAG[@]}" --out-dir "$OUT"
+}
+
+step_profile() {
+    local tiles=(${PROFILE_TILES:-256x128 128x64-qk 128x64 128x128}) tile rc=0
+    [ "$SMOKE" = 1 ] && tiles=("${tiles[0]}")  # the smoke proves the script: one tile does
+    if [ "$SMOKE" = 1 ] || ! command -v ncu > /dev/null; then
+        [ "$SMOKE" = 0 ] && echo "ncu: not found; timing the tiles only"
+        for tile in "${tiles[@]}"; do
+            "$PY" benchmarks/kernel_profile.py "${SMOKE_FLAG[@]}" --tile "$tile" --launches 1 || rc=1
+        done
+        return $rc
+    fi
+    for tile in "${tiles[@]}"; do
+        echo "=== ncu: tile $tile ===" >> "$OUT/ncu-profile.txt"
+        timeout 120 ncu --clock-control none --kernel-name _paged_prefill_kernel --launch-skip 1 \
+            --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+            --section LaunchStats --section SchedulerStats --section WarpStateStats \
+            "$PY" benchmarks/kernel_profile.py --tile "$tile" --launches 3 >> "$OUT/ncu-profile.txt" 2>&1 || rc=1
+        tail -3 "$OUT/ncu-profile.txt"
+    done
+    return $rc
 }
 
 step_tune() {
@@ -120,6 +152,8 @@ for step in "${STEPS[@]}"; do
         env) run_step env 60 ;;
         tests) run_step tests "${TESTS_S:-200}" ;;
         bench) run_step bench "${BENCH_S:-170}" ;;
+        cascade) run_step cascade "${CASCADE_S:-90}" ;;
+        profile) run_step profile "${PROFILE_S:-240}" ;;
         tune) run_step tune "${TUNE_S:-400}" ;;
     esac
 done

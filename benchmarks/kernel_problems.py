@@ -54,8 +54,12 @@ def prefill_flops(cfg: dict) -> int:
 
 
 def git_commit() -> str:
-    """HEAD (with -dirty when the kernels changed), else $PREFIXKV_COMMIT (a copy without .git)."""
-    fallback = os.environ.get("PREFIXKV_COMMIT", "unknown")
+    """$PREFIXKV_COMMIT when set (a copy whose .git is missing or stale: the device tool's
+    copy kept the .git of the session's first call), else HEAD (with -dirty when the kernels
+    changed), else "unknown"."""
+    if os.environ.get("PREFIXKV_COMMIT"):
+        return os.environ["PREFIXKV_COMMIT"]
+    fallback = "unknown"
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                              text=True).stdout.strip()

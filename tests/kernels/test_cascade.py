@@ -131,3 +131,30 @@ def test_groups_that_do_not_share_their_blocks_are_rejected():
         build_cascade_batch([SharedPrefix(1, (0, 7))], ids, computed, new, BS)
     with pytest.raises(BatchError, match="one per request"):
         build_cascade_batch(groups, ids, computed[:2], new, BS)
+
+
+@pytest.mark.skipif(triton_skip_reason() is not None, reason=str(triton_skip_reason()))
+def test_a_long_shared_prefix_splits_its_keys_and_still_matches():
+    """Three requests decoding after a 640-token shared prefix: the prefix pass runs two
+    programs a KV head, so its keys are split (two slices of 320) to fill the GPU."""
+    from prefixkv.kernels.cascade import _prefix_workspace
+
+    bs, shared = 16, 40
+    ids = [list(range(shared)) + [shared + r] for r in range(3)]
+    computed, new = [shared * bs + 4] * 3, [1] * 3
+    gen = torch.Generator().manual_seed(5)
+    k_cache = torch.randn(shared + 3, bs, KV_HEADS, DIM, generator=gen)
+    v_cache = torch.randn(shared + 3, bs, KV_HEADS, DIM, generator=gen)
+    q = torch.randn(3, KV_HEADS * GROUP, DIM, generator=gen)
+    seqused = [c + n for c, n in zip(computed, new, strict=True)]
+    args = (q.to(PRIMARY_DEVICE), k_cache.to(PRIMARY_DEVICE), v_cache.to(PRIMARY_DEVICE),
+            build_block_table(ids, device=PRIMARY_DEVICE), build_cu_seqlens_q(new, device=PRIMARY_DEVICE),
+            torch.tensor(seqused, dtype=torch.int32, device=PRIMARY_DEVICE), 1, max(seqused))
+    cascade = build_cascade_batch([SharedPrefix(shared, (0, 1, 2))], ids, computed, new, bs,
+                                  device=PRIMARY_DEVICE)
+    ws = _prefix_workspace(cascade, args[0], args[1])
+    assert ws is not None and ws.num_splits == 2
+    got, got_lse = cascade_attention(*args, cascade, return_lse=True, backend="triton")
+    want, want_lse = paged_prefill_attention_reference(*args, return_lse=True)
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
+    torch.testing.assert_close(got_lse, want_lse, **tolerance(torch.float32))
