@@ -25,6 +25,7 @@ import argparse
 import json
 from pathlib import Path
 
+from kernel_problems import keys_read
 from prefixkv import KVCacheManager
 from prefixkv.bench.workloads import Workload, document, system_prompt
 from prefixkv.kernels import build_cascade_batch
@@ -38,11 +39,6 @@ def block_q(max_q_len: int) -> int:
     """Query positions per program of the kernel for a call whose longest request has ``max_q_len``."""
     group = HEADS // KV_HEADS
     return choose_tiles(group=group, head_dim=DIM, max_seqlen_q=max_q_len, on_gpu=True).block_m // group
-
-
-def keys_read(q_len: int, kv_len: int, bq: int) -> int:
-    """Keys one KV head's programs of a request load (causal, bottom-right aligned)."""
-    return sum(kv_len - q_len + min((t + 1) * bq, q_len) for t in range(-(-q_len // bq)))
 
 
 def run(workload: Workload) -> dict:

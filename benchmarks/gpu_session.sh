@@ -23,7 +23,7 @@
 #
 # Environment: OUT, PYTHON (python3), SESSION_S (570: the deadline for all steps),
 # TESTS_S (200), BENCH_S (170), CASCADE_S (90), PROFILE_S (240), TUNE_S (400): caps per
-# step, PROFILE_TILES (all four of kernel_profile.py), TEST_JOBS (8: xdist
+# step, PROFILE_TILES (all four of kernel_profile.py), TUNE_SHAPES (all three), TEST_JOBS (8: xdist
 # workers), TUNE_JOBS (compile processes of the tune), PREFIXKV_COMMIT (the commit to
 # record, ahead of the copy's .git, which the device tool can leave stale).
 set -uo pipefail
@@ -124,6 +124,7 @@ step_profile() {
 step_tune() {
     local limit=$1 jobs=()
     [ -n "${TUNE_JOBS:-}" ] && jobs=(--jobs "$TUNE_JOBS")
+    [ -n "${TUNE_SHAPES:-}" ] && jobs+=(--shapes $TUNE_SHAPES)
     # The tune stops itself inside its budget; the margin covers start-up and writing.
     "$PY" benchmarks/tune_kernels.py "${SMOKE_FLAG[@]}" "${jobs[@]}" \
         --budget-s $((limit > 90 ? limit - 40 : limit / 2)) --out-dir "$OUT"

@@ -7,9 +7,10 @@
 Each run launches one tile ``--launches`` times (the first compiles; ncu skips it) and
 prints the median ms of triton's ``do_bench`` for it afterwards, so a profile and a timing
 of the same tile sit side by side. The tiles are the ones the H100 tune ranked
-(benchmarks/results/tune-nvidia-h100-80gb-hbm3-run3.md): triton 3.6's pick, triton 3.7+'s
-pick, and the same 128-row tiles without QK^T ahead. ``--smoke``: tiny shapes through the
-Triton interpreter on a CPU (the script works; nothing to read).
+(benchmarks/results/tune-nvidia-h100-80gb-hbm3-run3.md): the 256-row pick, the 128 x 64
+tile with QK^T ahead (triton 3.7+'s pick until run 3), the same 128-row tiles without it,
+and two with a three-deep K/V ring (5 stages, not yet measured). ``--smoke``: tiny shapes
+through the Triton interpreter on a CPU (the script works; nothing to read).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ TILES = {
     "128x64": dict(block_m=128, block_n=64, num_warps=8, num_stages=3),
     "128x128": dict(block_m=128, block_n=128, num_warps=8, num_stages=3),
     "64x64": dict(block_m=64, block_n=64, num_warps=4, num_stages=2),  # the tune's best 4-warp tile
+    # A K/V ring three buffers deep (loads two tiles ahead; stages 2-4 give two): docs/kernels.md,
+    # "Why the 256-row tile wins"; the tune times them too (tune_kernels.DEEP_RING).
+    "128x64-qk-s5": dict(block_m=128, block_n=64, num_warps=8, num_stages=5, qk_ahead=True),
+    "128x128-s5": dict(block_m=128, block_n=128, num_warps=8, num_stages=5),
 }
 SMOKE_TILES = {name: dict(block_m=16, block_n=32, num_warps=4, num_stages=2) for name in TILES}
 

@@ -221,12 +221,18 @@ def ring_depth(ttgir: str) -> int | None:
 
 def static_report(cubin: bytes, ttgir: str, source: Path, *, block_m: int, block_n: int, dim: int,
                   num_warps: int, mma: str, ctas_per_sm: int = 1,
-                  phase_order: list[int] | None = None) -> dict:
+                  phase_order: list[int] | None = None, resources: dict | None = None) -> dict:
     """Per phase loop: counts per tile and per 64 keys, the overlap estimate
     (:func:`cycle_estimate`) and, under ``"serial"``, the model of ``kernel_timing.py``
-    that adds what the SASS serialises. ``phase_order``: the phases whose loops the kernel
-    has, in source order, to name the loops by when the line info does not."""
-    from kernel_timing import tile_clocks  # it imports this module
+    that adds what the SASS serialises and the memory round trips. ``phase_order``: the
+    phases whose loops the kernel has, in source order, to name the loops by when the line
+    info does not; ``resources``: ``stack_frame`` and ``shared`` bytes (where a spill is
+    read back from: ``kernel_timing.local_latency``; without: L1)."""
+    from kernel_timing import L1_LATENCY, local_latency, tile_clocks  # it imports this module
+
+    spill_latency = L1_LATENCY if resources is None else local_latency(
+        stack_frame=resources["stack_frame"], threads=32 * num_warps, shared=resources["shared"],
+        ctas_per_sm=ctas_per_sm)
 
     phases = {}
     bodies = loops(disassemble(cubin))
@@ -239,7 +245,8 @@ def static_report(cubin: bytes, ttgir: str, source: Path, *, block_m: int, block
         shape = dict(block_m=block_m, block_n=block_n, dim=dim, num_warps=num_warps, mma=mma)
         phases[key] = dict(counts, per_64_keys=round(counts["instructions"] * 64 / block_n, 1),
                            masked=phase != 2, **cycle_estimate(counts, **shape),
-                           serial=tile_clocks(body, **shape, ctas_per_sm=ctas_per_sm))
+                           serial=tile_clocks(body, **shape, ctas_per_sm=ctas_per_sm,
+                                              local_latency=spill_latency))
     return {"loops": phases, "kv_ring": ring_depth(ttgir)}
 
 

@@ -83,6 +83,16 @@ class TuneShape:
     axes: dict
     max_distance: int
     limit: int | None = None  # most candidates, the heuristic included
+    extra: tuple = ()  # field overrides of the heuristic, timed right after it whatever their distance
+
+
+# Prefill tiles whose K/V ring is 3 deep on triton 3.6 (num_stages 5: loads two key tiles
+# ahead; stages 2-4 give a ring of 2, loads one tile ahead, sm_90 compile), beyond the grid's
+# distance: docs/kernels.md, "Why the 256-row tile wins on 3.6". Shared memory 132-231 KB.
+DEEP_RING = (dict(block_m=128, block_n=64, num_warps=8, num_stages=5),
+             dict(block_m=128, block_n=64, num_warps=8, num_stages=5, qk_ahead=True),
+             dict(block_m=128, block_n=128, num_warps=8, num_stages=5),
+             dict(block_m=256, block_n=64, num_warps=8, num_stages=5))
 
 
 def tune_shapes(smoke: bool, device: str, torch) -> list[TuneShape]:
@@ -96,7 +106,8 @@ def tune_shapes(smoke: bool, device: str, torch) -> list[TuneShape]:
                           dict(num_splits=splits_around), 1, limit=2)]
     tiles = dict(block_n=(32, 64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
     return [TuneShape("prefill", "tflops", with_device(SPEC_PREFILL, device, torch),
-                      dict(block_m=(64, 128, 256), **tiles, qk_ahead=(False, True)), max_distance=4),
+                      dict(block_m=(64, 128, 256), **tiles, qk_ahead=(False, True)), max_distance=4,
+                      extra=DEEP_RING),
             TuneShape("decode", "gbps", with_device(SPEC_DECODE, device, torch),
                       dict(block_m=(16, 32, 64), **tiles, num_splits=splits_around), max_distance=2),
             TuneShape("split_decode", "gbps", with_device(SPLIT_DECODE, device, torch),
@@ -119,11 +130,13 @@ def heuristic_config(shape: TuneShape, torch):
 
 
 def candidate_grid(heuristic, axes: dict, max_distance: int, limit: int | None = None,
-                   group_p2: int = 1) -> list:
+                   group_p2: int = 1, extra: tuple = ()) -> list:
     """TileConfigs from ``axes`` (field -> values, or a callable of the heuristic's value),
-    the heuristic first, then by distance (fields that differ from it), product order
-    within a distance. Drops block_m 256 on 4 warps or with ``qk_ahead``, and configs equal
-    to an earlier one once block_m is raised to ``group_p2`` (as the launcher does)."""
+    the heuristic first, then ``extra`` (field overrides of the heuristic, any distance),
+    then by distance (fields that differ from it), product order within a distance. Drops
+    block_m 256 on 4 warps or with ``qk_ahead``, and configs equal to an earlier one once
+    block_m is raised to ``group_p2`` (as the launcher does); ``limit`` cuts the grid's
+    part, never the extras."""
     values = []
     for f in FIELDS:
         own = getattr(heuristic, f)
@@ -141,7 +154,9 @@ def candidate_grid(heuristic, axes: dict, max_distance: int, limit: int | None =
         seen.add(key)
         grid.append((distance, len(grid), cfg))
     grid.sort(key=lambda t: t[:2])
-    return [cfg for _, _, cfg in grid][:limit]
+    ordered = [cfg for _, _, cfg in grid][:limit]
+    extras = [c for c in dict.fromkeys(dataclasses.replace(heuristic, **e) for e in extra) if c != heuristic]
+    return ordered[:1] + extras + [c for c in ordered[1:] if c not in extras]
 
 
 def _fields(cfg) -> dict:
@@ -329,7 +344,7 @@ def run_tune(torch, kernels, *, cuda: bool, smoke: bool, budget_s: float, jobs: 
     for s in shapes:
         heur = heuristic_config(s, torch)
         group_p2 = 1 << max(0, s.cfg["heads"] // s.cfg["kv_heads"] - 1).bit_length()
-        plans.append((s, heur, candidate_grid(heur, s.axes, s.max_distance, s.limit, group_p2)))
+        plans.append((s, heur, candidate_grid(heur, s.axes, s.max_distance, s.limit, group_p2, s.extra)))
         log(f"{s.name}: heuristic {_fields(heur)}, {len(plans[-1][2])} candidates")
     result = dict(meta, smoke=smoke, budget_s=budget_s, jobs=jobs, shapes=[])
     verdicts: dict = {}

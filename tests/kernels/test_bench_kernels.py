@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -114,6 +115,15 @@ def test_candidate_grid_starts_at_the_heuristic_and_widens():
     assert not [c for c in grid if c.block_m == 256 and c.num_warps == 4]  # over the register cap
     # QK^T a tile ahead: 32 more, never on 256 rows (three 256-row fp32 tiles spill)
     assert sum(c.qk_ahead for c in grid) == 32 and not [c for c in grid if c.block_m == 256 and c.qk_ahead]
+    # The deep-ring tiles (num_stages 5) come right after the heuristic, whatever their
+    # distance, once each, and the rest of the grid keeps its order without them.
+    deep = tune.candidate_grid(heur, prefill.axes, prefill.max_distance, group_p2=4, extra=prefill.extra)
+    extras = [dataclasses.replace(heur, **e) for e in prefill.extra]
+    assert len(extras) == 4 and {c.num_stages for c in extras} == {5}
+    assert deep[:5] == [heur, *extras] and deep[5:] == [c for c in grid[1:] if c not in extras]
+    same = tune.candidate_grid(heur, prefill.axes, 4, group_p2=4,
+                               extra=(dict(num_stages=3), prefill.extra[0]))  # the heuristic's own: dropped
+    assert same[:2] == [heur, extras[0]] and len(same) == len(grid) + 1
     heur = TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=3, num_splits=17)
     grid = tune.candidate_grid(heur, split.axes, split.max_distance, group_p2=4)
     assert {c.num_splits for c in grid} == {8, 17, 34, 68}
@@ -179,7 +189,7 @@ def test_kernel_benchmarks_import_only_the_shared_helpers():
     import ast
 
     scripts = {p.stem: p for p in SCRIPT.parent.glob("*.py")}
-    helpers = {"kernel_problems", "kernel_static", "kernel_timing",  # shared modules, not benchmarks
+    helpers = {"kernel_problems", "kernel_static", "kernel_timing", "kernel_versus",
                "alloc_ab", "alloc_ab_report", "alloc_replay", "alloc_worker"}
     for name, path in scripts.items():
         tree = ast.parse(path.read_text())

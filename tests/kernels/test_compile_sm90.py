@@ -20,11 +20,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "compile_kernels.py"
-# The SPEC prefill shape (benchmarks/README.md), decode, the head_dim 256 tile that once spilled,
+# The SPEC prefill shape (benchmarks/README.md; its 256-row tile, and the 128-row loop with
+# QK^T ahead that the tune still times), decode, the head_dim 256 tile that once spilled,
 # split-KV decode (1 x 32k: the attention kernel with 33 splits, then the combine kernel),
 # and the fp8 paths (the interpreter runs them too, but only a compile shows the lowering).
-CONFIGS = ("prefill-spec", "decode", "prefill-d256", "decode-split-32k", "decode-split-32k-combine",
-           "prefill-fp8-e4m3fn", "decode-split-32k-sinks-fp8", "write_kv-fp8-e4m3fn")
+CONFIGS = ("prefill-spec", "prefill-spec-qk-ahead", "decode", "prefill-d256", "decode-split-32k",
+           "decode-split-32k-combine", "prefill-fp8-e4m3fn", "decode-split-32k-sinks-fp8",
+           "write_kv-fp8-e4m3fn")
 
 
 BASELINE = ROOT / "benchmarks" / "results" / "kernels-sm90-compile.json"
@@ -66,13 +68,11 @@ def compiled(tmp_path_factory) -> dict[str, dict]:
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_compiles_for_sm90_without_spills(compiled, name):
-    import triton
-
-    from prefixkv.kernels.tiling import version_at_least
-
-    if name == "prefill-spec" and not version_at_least(triton.__version__, (3, 7)):
-        pytest.skip("triton < 3.7 takes the 256-row prefill tile: it spills, and measured fastest on an H100")
     row = compiled[name]
+    if name == "prefill-spec":  # the 256-row tile: it spills, and measured fastest on an H100
+        assert row["ok"] and row["constexprs"]["BLOCK_M"] == 256 and row["n_regs"] <= 255, row.get("error")
+        assert 0 < row["n_spills"] <= 2048 and row["shared"] <= 227 * 1024, (row["n_spills"], row["shared"])
+        return
     assert row["ok"], row.get("error")
     assert row["n_spills"] == 0, f"{name}: {row['n_spills']} bytes of register spills at {row['n_regs']} regs"
     assert row["n_regs"] <= 255
@@ -92,7 +92,8 @@ def test_prefill_tile_is_the_spec_one(compiled):
     assert row["constexprs"]["SPLIT"] is compiled["decode"]["constexprs"]["SPLIT"] is False
 
 
-@pytest.mark.parametrize("name", ("prefill-spec", "decode", "prefill-d256", "decode-split-32k"))
+@pytest.mark.parametrize("name", ("prefill-spec", "prefill-spec-qk-ahead", "decode", "prefill-d256",
+                                  "decode-split-32k"))
 def test_kv_loads_are_pipelined(compiled, name):
     """Every K and V tile load of the phase loops (2 without a left window) became an async
     copy (cp.async)."""
@@ -140,10 +141,11 @@ def test_long_decode_is_split(compiled):
     assert compiled["decode-split-32k-combine"]["grid"] == [1, 32]
 
 
-@pytest.mark.parametrize("name", ("prefill-spec", "decode"))
+@pytest.mark.parametrize("name", ("prefill-spec-qk-ahead", "decode"))
 def test_unmasked_tile_no_longer_than_committed(compiled, name):
-    """On the triton of the committed report, the SPEC prefill and decode configs do not
-    spill and their unmasked key loop (phase 2) has at most 5% more SASS instructions."""
+    """On the triton of the committed report, the SPEC prefill's loop with QK^T ahead and
+    decode do not spill and their unmasked key loop (phase 2) has at most 5% more SASS
+    instructions."""
     import triton
 
     base = json.loads(BASELINE.read_text())
@@ -157,19 +159,21 @@ def test_unmasked_tile_no_longer_than_committed(compiled, name):
 
 
 def test_spec_prefill_keeps_its_overlap(compiled):
-    """On the triton of the committed report, the SPEC prefill loops' ceiling under the
-    serial model stays within 2 points of the report's, with one wgmma wait a pass:
-    losing the overlap of the softmax with the MMAs (PV waited for at once again) costs
-    16 points in the cached-prefix loop (80.4% -> 64.1%, triton 3.9), and a wgmma
-    serialised by ptxas shows as a wait after each HGMMA."""
+    """On the triton of the committed report, the SPEC prefill's loops with QK^T ahead keep
+    their ceiling under the serial model (memory left out: what the overlap changes) within
+    2 points of the report's, with one wgmma wait a pass: losing the overlap of the softmax
+    with the MMAs (PV waited for at once again) costs 16 points in the cached-prefix loop
+    (80.4% -> 64.1%, triton 3.9), and a wgmma serialised by ptxas shows as a wait after
+    each HGMMA."""
     import triton
 
     base = json.loads(BASELINE.read_text())
     if base["triton"] != triton.__version__:
         pytest.skip(f"the committed report is for triton {base['triton']}, this is {triton.__version__}")
-    want = next(r for r in base["configs"] if r["name"] == "prefill-spec")["sass"]["loops"]
-    for loop, got in compiled["prefill-spec"]["sass"]["loops"].items():
-        assert got["serial"]["peak_fraction"] >= want[loop]["serial"]["peak_fraction"] - 0.02, (loop, got)
+    want = next(r for r in base["configs"] if r["name"] == "prefill-spec-qk-ahead")["sass"]["loops"]
+    for loop, got in compiled["prefill-spec-qk-ahead"]["sass"]["loops"].items():
+        key = "peak_fraction_without_memory"
+        assert got["serial"][key] >= want[loop]["serial"][key] - 0.02, (loop, got)
         assert got["serial"]["waits"]["group_wait"] == 1, (loop, got["serial"]["waits"])
 
 

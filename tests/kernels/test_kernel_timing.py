@@ -59,8 +59,8 @@ def test_hand_worked_wgmma_loop():
     assert len(body) == 1 and len(body[0]) == len(LOOP) + 1
     got = kernel_timing.tile_clocks(body[0], block_m=64, block_n=64, dim=64, num_warps=4, mma="wgmma")
     assert got["period"] == 365.0 and got["clocks"] == 365.0
-    assert got["units"] == {"mma": 256.0, "issue": 114.0, "ex2": 16.0}
-    assert got["waits"] == {"group_wait": 1, "bar_sync": 1}
+    assert got["units"] == {"mma": 256.0, "issue": 114.0, "ex2": 16.0, "l2": 0.0}  # no cp.async
+    assert got["waits"] == {"group_wait": 1, "cp_wait": 0, "bar_sync": 1}
     assert got["bound"] == "mma+softmax serialised"
     assert got["peak_fraction"] == round(256 / 365, 4)
     old = kernel_static.cycle_estimate(kernel_static.tile_counts(body[0]), block_m=64, block_n=64, dim=64,
@@ -103,12 +103,70 @@ def test_an_hgmma_costs_what_its_shape_does():
     ("HMMA.16816.F32.BF16 R24, R4, R8, R24", "hmma", (24, 25, 26, 27), (4, 8, 24)),
     ("@!P0 MUFU.EX2 R22, R22", "ex2", (22,), (22,)),
     ("WARPGROUP.DEPBAR.LE gsb0, 0x1", "group_wait", (), ()),
-    ("LDGSTS.E.BYPASS.128 [R249+0x800], desc[UR12][R34.64], !P1", "other", (), (249, 34)),
+    ("LDGSTS.E.BYPASS.128 [R249+0x800], desc[UR12][R34.64], !P1", "cp_async", (), (249, 34)),
+    ("@!P5 LDGSTS.E [R166+0x18200], desc[UR48][R154.64], !P1", "cp_async", (), (166, 154)),
+    ("LDGDEPBAR", "cp_commit", (), ()),
+    ("DEPBAR.LE SB0, 0x1", "cp_wait", (), ()),
+    ("LDL.LU R232, [R1+0x68]", "ldl", (232,), (1,)),
+    ("LDL.64 R10, [R1+0x8]", "ldl", (10, 11), (1,)),
 ])
 def test_decode_reads_the_registers(text, kind, dst, src):
     op = kernel_timing.decode(text)
     assert (op.kind, op.dst, op.src) == (kind, dst, src)
-    assert op.max_groups == (1 if kind == "group_wait" else 0)
+    assert op.max_groups == (1 if kind in ("group_wait", "cp_wait") else 0)
+    assert op.bytes == {"LDGSTS.E.BYPASS.128": 16, "@!P5 LDGSTS.E": 4}.get(text.split(" [")[0], 0)
+
+
+# A loop that waits at its top for the K/V tile its previous pass loaded (a ring of two):
+# 8 cp.async of 16 B a thread, 4 warps: 8 * 16 * 128 = 16384 bytes a pass.
+MEMORY_LOOP = (["DEPBAR.LE SB0, 0x0",
+                "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT, gsb0",
+                "WARPGROUP.DEPBAR.LE gsb0, 0x0"]
+               + ["LDGSTS.E.BYPASS.128 [R10+0x0], desc[UR4][R12.64], !P0"] * 8
+               + ["LDGDEPBAR"] + ["FADD R1, R2, R3"] * 100)
+
+
+def test_memory_round_trip_worked_by_hand():
+    """4 warps: one clock an instruction; the HGMMA.64x128x16 of one warpgroup is 64 clocks
+    (= the 64 x 16 tile of dim 64: 4 * 64 * 16 * 64 FLOP). The pass starting at t0: the
+    cp.async wait issues at t0, the HGMMA at t0+1 (done t0+65), its wait lets issue on at
+    t0+65, the 8 LDGSTS issue t0+66..t0+73, the commit at t0+74: the group's 16384 bytes
+    cross the port at 24 B/clk in 682.67 clocks (to t0+756.67) and land L2_LATENCY = 800
+    later, t0+1556.67; the 100 FADD and the branch end issue at t0+176, and the next pass's
+    wait holds until t0+1556.67. Without memory the pass is those 176 clocks."""
+    assert (kernel_timing.L2_BYTES_PER_CLOCK, kernel_timing.L2_LATENCY) == (24.0, 800.0)
+    body = kernel_static.loops(_sass(MEMORY_LOOP))[0]
+    shape = dict(block_m=64, block_n=16, dim=64, num_warps=4, mma="wgmma")
+    got = kernel_timing.tile_clocks(body, **shape)
+    transfer = 16384 / 24
+    assert got["period"] == round(74 + transfer + 800, 1) == got["clocks"] == 1556.7
+    assert got["period_without_memory"] == 176.0 and got["l2_bytes"] == 16384
+    assert got["units"] == {"mma": 64.0, "issue": 113.0, "ex2": 0.0, "l2": round(transfer, 1)}
+    assert got["bound"] == "memory round trip"
+    assert got["waits"] == {"group_wait": 1, "cp_wait": 1, "bar_sync": 0}
+    assert got["peak_fraction"] == round(64 / (74 + transfer + 800), 4)
+    assert got["peak_fraction_without_memory"] == round(64 / 176, 4)
+    assert kernel_timing.tile_clocks(body, **shape, memory=False)["clocks"] == 176.0
+    # Two CTAs share the port (12 B/clk each): 74 + 1365.33 + 800 a pass, halved per SM.
+    two = kernel_timing.tile_clocks(body, **shape, ctas_per_sm=2)
+    assert two["period"] == round(74 + 2 * transfer + 800, 1)
+    assert two["clocks"] == round((74 + 2 * transfer + 800) / 2, 1)
+
+
+def test_a_spill_read_back_waits_for_local_memory():
+    """An LDL's register is ready ``local_latency`` clocks after issue. The pass from t0: the
+    HGMMA (64 clocks) and its wait let issue on at t0+64, the LDL issues at t0+64 (+1), the
+    FADD reading it waits until t0+65+800 and the branch follows: 64 + 1 + 800 + 2."""
+    loop = ["HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT, gsb0", "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+            "LDL R5, [R1+0x10]", "FADD R6, R5, R7"]
+    body = kernel_static.loops(_sass(loop))[0]
+    shape = dict(block_m=64, block_n=16, dim=64, num_warps=4, mma="wgmma")
+    assert kernel_timing.tile_clocks(body, **shape, local_latency=800.0)["period"] == 64 + 1 + 800 + 2
+    assert kernel_timing.tile_clocks(body, **shape)["period"] == 64 + 1 + 35 + 2  # L1 by default
+    # 256 x 128 on triton 3.6: 496 B of stack a thread, 197632 B of shared memory: 127 KB of
+    # local memory, 62 KB of L1 left -> L2. 128 x 32 on 4 warps: 2 CTAs, 96 B -> L1.
+    assert kernel_timing.local_latency(stack_frame=496, threads=256, shared=197632, ctas_per_sm=1) == 800.0
+    assert kernel_timing.local_latency(stack_frame=96, threads=128, shared=65792, ctas_per_sm=2) == 35.0
 
 
 def test_causal_trips_worked_by_hand():

@@ -62,7 +62,8 @@ def test_ctas_per_sm_never_exceeds_the_committed_compile_report():
     if report["triton"] != triton.__version__:  # the long-prefill tile follows the triton version
         pytest.skip(f"the committed report is for triton {report['triton']}, this is {triton.__version__}")
     rows = [r for r in report["configs"]
-            if r["ok"] and r["kind"] == "attn" and r.get("kernel") != "combine"]
+            if r["ok"] and r["kind"] == "attn" and r.get("kernel") != "combine"
+            and "tiles" not in r]  # a config compiled with tiles of its own, not the heuristic's
     checked = 0
     for r in rows:
         window = r.get("window_size") is not None and r["window_size"][0] >= 0
@@ -70,7 +71,8 @@ def test_ctas_per_sm_never_exceeds_the_committed_compile_report():
         tile = choose_tiles(group=r["heads"] // r["kv_heads"], head_dim=r["head_dim"],
                             max_seqlen_q=r["q_len"],
                             on_gpu=True, elem_bytes=elem, window=window,
-                            return_lse=r.get("return_lse", False))
+                            return_lse=r.get("return_lse", False),
+                            kv_fp8=r.get("cache_dtype", "").startswith("float8"))
         assert tile.block_m == r["constexprs"]["BLOCK_M"], r["name"]
         assert tile.ctas_per_sm <= r["blocks_per_sm"], (r["name"], tile, r["blocks_per_sm"])
         checked += tile.ctas_per_sm > 1
@@ -88,14 +90,16 @@ def test_per_block_ids_only_for_whole_block_tiles_on_triton_3_8_and_later():
     assert not version_at_least("3.7.1", (3, 8)) and not version_at_least("dev", (3, 8))
 
 
+# Measured on an H100 with triton 3.6 (tune-nvidia-h100-80gb-hbm3-run3.md): 471.4 TFLOP/s,
+# 1.38x the 128 x 64 tile with QK^T ahead that 3.7+ took before, 1.31x 128 x 128. Every
+# version takes it: the two-buffer K/V ring that makes the 128-row tiles lose is emitted
+# by 3.6 to 3.9 alike (sm_90 compile).
 @pytest.mark.parametrize("version, tile", [
-    # measured on an H100 with triton 3.6 (tune-nvidia-h100-80gb-hbm3*.md): 1.285x the 128 x 128 tile
     ("3.6.0", TileConfig(256, 128, 8, 3)),
     ("3.5.1", TileConfig(256, 128, 8, 3)),
-    # 256 rows spill 1588 B on 3.9: 128 x 64 with QK^T a tile ahead, spill-free (sm_90 compile)
-    ("3.7.0", TileConfig(128, 64, 8, 3, qk_ahead=True)),
-    ("3.9.0", TileConfig(128, 64, 8, 3, qk_ahead=True)),
-    ("3.10.0+git5e2f", TileConfig(128, 64, 8, 3, qk_ahead=True)),
+    ("3.7.0", TileConfig(256, 128, 8, 3)),
+    ("3.9.0", TileConfig(256, 128, 8, 3)),
+    ("3.10.0+git5e2f", TileConfig(256, 128, 8, 3)),
 ])
 def test_long_prefill_tile_per_triton_version(monkeypatch, version, tile):
     assert prefill_tile(version) == tile
@@ -112,5 +116,5 @@ def test_long_prefill_tile_per_triton_version(monkeypatch, version, tile):
     assert choose_tiles(**dict(spec, max_seqlen_q=1)).block_m == 16
     assert not choose_tiles(**dict(spec, on_gpu=False)).qk_ahead
     assert choose_tiles(**dict(spec, kv_fp8=True)) == TileConfig(128, 128, 8, 3)  # 172 B of spills on 3.9
-    if tile.block_m == 256:  # a prefill of 128 rows (32 queries x 4 heads) keeps 128 x 128
-        assert choose_tiles(**dict(spec, max_seqlen_q=32)) == TileConfig(128, 128, 8, 3)
+    # a prefill of 128 rows (32 queries x 4 heads) keeps 128 x 128
+    assert choose_tiles(**dict(spec, max_seqlen_q=32)) == TileConfig(128, 128, 8, 3)

@@ -145,23 +145,23 @@ def choose_num_splits(
 
 
 def prefill_tile(version: str) -> TileConfig:
-    """The long-prefill tile of head_dim 65..128 (no window, no LSE) for triton ``version``.
+    """The long-prefill tile of head_dim 65..128 (no window, no LSE) for triton ``version``:
+    256 x 128, 8 warps, 3 stages on every version.
 
-    - before 3.7: 256 x 128, 8 warps, 3 stages: measured on an H100 with triton 3.6 at
-      453.8 TFLOP/s on the SPEC shape (443.0 in a second run) against 353.3 for 128 x 128
-      (benchmarks/results/tune-nvidia-h100-80gb-hbm3*.md). It spills (1092 B on 3.6, 12
-      local loads and 10 stores a pass of the unmasked loop; sm_90 compile), and still wins.
-    - 3.7 on: 128 x 64, 8 warps, 3 stages with ``qk_ahead``: on 3.9 the 256-row tile spills
-      1588 B and is not measured; this one uses 252 registers, no spills, and the serial
-      model of ``benchmarks/kernel_timing.py`` rates its cached-prefix loop (PV a pass
-      behind the softmax) at 80.4% of peak and its diagonal loop at 52.9% (128 x 128:
-      60.5% and 49.7%; docs/kernels.md). Not yet measured on a GPU. Compiled with 3.6
-      to 3.9, no spills in any; the goal shape's key loops together (trip-weighted) rate
-      82.2% (3.6), 82.7% (3.7), 78.0% (3.8: 27 instructions a pass more than 3.9, under
-      the 80% goal; no stage count or per-key block ids does better) and 80.1% (3.9).
+    Measured on an H100 with triton 3.6 (run 3, benchmarks/results/tune-nvidia-h100-80gb-hbm3-run3.md):
+    471.4 TFLOP/s on the SPEC shape, ahead of every 128-row tile by 1.31x or more (128 x 128:
+    360.5; 128 x 64 with ``qk_ahead``, the tile 3.7+ took until then on the strength of the
+    static model: 341.9). It spills (1104 B on 3.6: 7 local loads and 6 stores a pass of the
+    cached-prefix loop; 1580 B on 3.9: 41 and 33; sm_90 compile) and still wins: with
+    ``num_stages`` 2 to 4 the K/V ring of every tile is two buffers deep on 3.6 to 3.9, so
+    a pass waits at its top for the tile loaded in the pass before, and the 256-row tile's
+    passes, 4x the work of a 128 x 64 pass for 2x the bytes, hide that round trip where
+    the short passes cannot (``benchmarks/kernel_timing.py``, docs/kernels.md). No triton
+    >= 3.7 has run on a GPU; the tile is the measured one on the evidence that the
+    mechanism is the same there. ``version`` is kept: the choice has depended on it, and
+    may again when a GPU measures a deeper ring (``num_stages`` 5) on 3.7+.
     """
-    if version_at_least(version, (3, 7)):
-        return TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, qk_ahead=True)
+    del version  # the same tile for every triton since run 3 (see above)
     return TileConfig(block_m=256, block_n=128, num_warps=8, num_stages=3)
 
 
@@ -181,8 +181,8 @@ def choose_tiles(
     Register figures below are ``ptxas -v`` for sm_90 with triton 3.9
     (``benchmarks/results/kernels-sm90-compile.md``). Long prefills of head_dim 65..128
     over a 16-bit cache take the tile of :func:`prefill_tile` for the installed triton
-    (``kv_fp8``: an fp8 cache, whose widening in registers makes 128 x 64 with QK^T ahead
-    spill 172 B on 3.9, keeps 128 x 128).
+    (``kv_fp8``: an fp8 cache keeps 128 x 128; its widening in registers needs more of
+    them, and no 256-row tile was measured with it).
     """
     group_p2 = triton.next_power_of_2(group)
     rows_needed = triton.next_power_of_2(max(1, max_seqlen_q) * group_p2)
@@ -206,8 +206,8 @@ def choose_tiles(
     # H100 tune (triton 3.6, 64 x 8k keys: 1.179x the 16 x 64 tile; 16 x 64 with 2 stages
     # 1.173x) and of split decode (1 x 32k, with 34 splits: 1.411x the 17-split 16 x 64;
     # 64 keys with 34 splits 1.384x), benchmarks/results/tune-nvidia-h100-80gb-hbm3.md;
-    # sm_90 compile on 3.9: 147 registers, no spills. (The tune's 256-row prefill tile,
-    # 1.285x on 3.6, spills 1588 B on 3.9, so prefill keeps 128 rows.)
+    # sm_90 compile on 3.9: 147 registers, no spills. (Long prefills take the 256-row
+    # tile of prefill_tile above; this is for the rest.)
     wide = block_m >= 128 and not window and not return_lse
     block_n = (128 if wide or block_m <= 16 else 64) if big else 32
     # 8 warps once the fp32 accumulator [block_m, head_dim] passes 64 registers a thread
