@@ -93,6 +93,8 @@ def test_a_fetch_that_lost_a_race_to_the_device_lands_only_what_follows(backend,
     assert m.poll_store() == ["b"]
     x0 = m._pool.blocks[m.get_block_ids("x")[0]]
     assert f.slots[1].parent_cid == x0.content_id    # the landing's: the device's block 0
+    assert x0.content_id < f.slots[1].content_id < f.slots[2].content_id   # ids follow the
+    assert list(f.cids) == [f.slots[1].content_id, f.slots[2].content_id]  # chain (new ones)
     m.check_invariants()                             # no content held twice
     assert m._host.num_landing == 0 and len(m._host) == 2   # blocks 1 and 2 landed
     adm = m.add_request("b", A)

@@ -235,7 +235,13 @@ class StoreWaits:
         slots = f.slots
         if start < end:
             lo, hi, bs = start - first, end - first, self.block_size
-            cids = f.cids = f.planned[lo:hi]
+            parent_cid = hits[-1].content_id if hits else 0
+            cids, filled = f.planned[lo:hi], f.filled
+            if parent_cid >= cids.start:  # (a parent recorded after the start, which lost
+                # the race: new ids, so that a child's id stays above its parent's, the
+                # order snapshots announce contents in; the landing fills the slots)
+                cids, filled = index.new_ids(hi - lo), False
+            f.cids = cids
             event = None
             if self.events.active:
                 extra = req.keys.extra
@@ -244,9 +250,8 @@ class StoreWaits:
                                     tuple(s.block_id for s in slots[lo:hi]),
                                     None if extra is None else extra.for_range(start * bs, end * bs),
                                     start, HOST)
-            self.host.land(slots[lo:hi], hits[-1].content_id if hits else 0, f.chunks[lo:hi],
-                           f.extras[lo:hi], cids, f.hashes[lo:hi], event,
-                           filled=f.filled, unique=f.unique)
+            self.host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], f.extras[lo:hi], cids,
+                           f.hashes[lo:hi], event, filled=filled, unique=f.unique)
             if f.staged:
                 self.host.fetches += [StoreFetched(s.block_id, f.buffers[i][0].toreadonly())
                                       for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]
