@@ -138,9 +138,9 @@ def test_prefixkvs_scheduler_hands_off_when_events_go_to_vllms_publisher(tmp_pat
 def test_metrics_and_the_block_pool_get_built_events():
     """A metrics collector counts evictions from the events as they are taken, and
     ``block_pool.take_events()`` is vLLM's list: neither is handed off."""
-    from prefixkv.integrations.vllm.handoff import PendingVllmEvents
-
     from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
+
+    from prefixkv.integrations.vllm.handoff import PendingVllmEvents
 
     m = manager(enable_kv_cache_events=True, metrics_collector=KVCacheMetricsCollector())
     m.hands_off_events = True
