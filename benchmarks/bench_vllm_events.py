@@ -27,8 +27,9 @@ managers with events on, each side publishing every step's events to its own liv
 publisher, as a serving engine does: vLLM's ``ZmqEventPublisher`` (a ``KVEventBatch`` of
 its ``take_events()``), prefixkv's ``EventPublisher`` (``take_pending_events()``, built on
 the publisher's thread). Timed per request: the admission and the take + publish; a
-2 ms sleep after each step (untimed, the GIL released) stands for the forward pass, in
-which the publishers' threads run. Written to ``vllm-events-workloads.md``.
+sleep after each step (``--forward-ms``, untimed, the GIL released) stands for the
+forward pass, in which the publishers' threads run. Written to
+``vllm-events-workloads.md``.
 """
 
 from __future__ import annotations
@@ -154,10 +155,9 @@ def run(rounds: int) -> list[dict]:
 
 
 WORKLOADS = ("system-prompt", "chat", "document", "pressure")
-FORWARD_S = 0.002
 
 
-def replay(kind: str, m, pub, requests) -> int:
+def replay(kind: str, m, pub, requests, forward_s: float) -> int:
     """ns of every request's admission and its step's take + publish (module doc)."""
     from vllm.distributed.kv_events import KVEventBatch
 
@@ -173,11 +173,12 @@ def replay(kind: str, m, pub, requests) -> int:
                 pub.publish(KVEventBatch(ts=time.time(), events=events))
         total += t + CLOCK() - t0
         m.free(h)
-        time.sleep(FORWARD_S)
+        if forward_s:
+            time.sleep(forward_s)
     return total
 
 
-def run_workloads(rounds: int, scale: float, folder: str) -> list[dict]:
+def run_workloads(rounds: int, scale: float, folder: str, forward_ms: float) -> list[dict]:
     """Per workload: vLLM's and prefixkv's ns per round (fresh managers each round)."""
     from vllm.distributed.kv_events import ZmqEventPublisher
 
@@ -193,7 +194,10 @@ def run_workloads(rounds: int, scale: float, folder: str) -> list[dict]:
             for kind in (("vLLM", "prefixkv") if r % 2 == 0 else ("prefixkv", "vLLM")):
                 m = vllm_manager(True, pool) if kind == "vLLM" else KVCacheManager(
                     pool, BS, seed=0, enable_events=True, max_events=1 << 20)
-                got[kind].append(replay(kind, m, pubs[kind], wl.requests))
+                gc.collect()
+                gc.freeze()  # (the pool's objects, as engines freeze theirs after start-up)
+                got[kind].append(replay(kind, m, pubs[kind], wl.requests, forward_ms / 1e3))
+                gc.unfreeze()
         n = len(wl.requests)
         rows.append(dict(workload=name, requests=n, pool_blocks=pool,
                          vllm_us=round(statistics.median(got["vLLM"]) / n / 1e3, 1),
@@ -209,7 +213,7 @@ def run_workloads(rounds: int, scale: float, folder: str) -> list[dict]:
     return rows
 
 
-def workloads_markdown(rows: list[dict], command: str, rounds: int) -> str:
+def workloads_markdown(rows: list[dict], command: str, rounds: int, forward_ms: float) -> str:
     import vllm
 
     *table, last = rows
@@ -218,8 +222,10 @@ def workloads_markdown(rows: list[dict], command: str, rounds: int) -> str:
              f"Command: `{command}` ({rounds} rounds, fresh managers each, the order of the "
              "two alternating). Each request admitted then freed, each step's events taken "
              "and published to a live publisher (vLLM: its `ZmqEventPublisher`; prefixkv: "
-             "`take_pending_events()` to its `EventPublisher`), then a 2 ms sleep for the "
-             "forward pass (untimed). µs per request: the admission (vLLM: `Request()` with "
+             f"`take_pending_events()` to its `EventPublisher`), then a {forward_ms:g} ms "
+             "sleep for the forward pass (untimed; 0: none, the publishers' threads then run "
+             "when the interpreter switches threads). The GC is frozen after each manager is "
+             "built. µs per request: the admission (vLLM: `Request()` with "
              "its block hasher, `get_computed_blocks`, `allocate_slots`; prefixkv: "
              "`add_request`) plus the take and publish, this thread's CPU time, the median "
              "round; ratio: vLLM / prefixkv, the median of each round's own ratio.", "",
@@ -263,12 +269,15 @@ def main() -> None:
                     "(--workloads: vllm-events-workloads.md)")
     ap.add_argument("--workloads", action="store_true", help="the peer workloads (module doc)")
     ap.add_argument("--scale", type=float, default=1.0, help="--workloads: their scale")
+    ap.add_argument("--forward-ms", type=float, default=2.0,
+                    help="--workloads: the forward pass after each step (a sleep)")
     args = ap.parse_args()
     command = "python " + " ".join(["benchmarks/bench_vllm_events.py", *sys.argv[1:]])
     if args.workloads:
         with tempfile.TemporaryDirectory() as folder:
-            md = workloads_markdown(run_workloads(args.rounds, args.scale, folder), command,
-                                    args.rounds)
+            md = workloads_markdown(run_workloads(args.rounds, args.scale, folder,
+                                                  args.forward_ms), command, args.rounds,
+                                    args.forward_ms)
     else:
         md = markdown(run(args.rounds), command, args.rounds)
     print(md)
