@@ -51,10 +51,14 @@ def test_splits_with_window_and_softcap(options):
 
 
 def test_more_splits_than_key_tiles():
-    """Splits past the last key tile see nothing: weight 0, never NaN."""
+    """Splits past the last key tile see nothing: weight 0, never NaN.
+
+    5 splits: 20 keys are 3 key tiles of 16 (split 3 and 4 see nothing), 35 with 2 new
+    tokens are 4 (split 4 sees nothing), 0 keys none. More splits would only add programs
+    (the interpreter runs each: 9 splits took twice the CPU time for the same cases)."""
     case = make_case([1, 2, 1], [20, 35, 0], num_kv_heads=2, group=4, head_dim=32, block_size=16,
                      device=PRIMARY_DEVICE, seed=3)
-    check(case, torch.float32, config=TileConfig(16, 16, num_splits=9))
+    check(case, torch.float32, config=TileConfig(16, 16, num_splits=5))
 
 
 def test_fp16_without_lse():
