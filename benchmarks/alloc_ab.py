@@ -48,11 +48,12 @@ class Plan:
     scale: float = 1.0
     max_running: int = 64
     clock: str = "wall"  # or "cpu": each worker thread's CPU time (see alloc_worker)
+    forward_ms: float = 0.0  # events rows: the forward pass after each step (a GIL-free sleep)
 
 
 QUICK = Plan(pools=(10_000,), rounds=2, admits_2k=40, admits_32k=4, decode_tokens=4000, scale=0.25)
 EVENTS = Plan(pools=(10_000,), modes=("xxhash+both",), rounds=12, sessions=2,
-              admits_2k=100, admits_32k=10, workloads=())
+              admits_2k=100, admits_32k=10, workloads=(), forward_ms=2.0)
 """``--events``: admissions with KV events off and on (``events_rows``), 10k-block pool."""
 
 
@@ -64,7 +65,9 @@ def events_rows(pair, plan: Plan, pool: int, mode: str, log, first: int = 0) -> 
     take_events`` (the step's drain too), ``<name>, events on + hand-off`` (where a side
     has ``take_pending_events``: the admission and that call, the build left to another
     thread; a side without it shows its take_events values), each with ``on_off_old``/``on_off_new``: the
-    median of each round's on/off ratio (for the last two rows)."""
+    median of each round's on/off ratio (for the last two rows). Each step (events off
+    too) is followed by ``plan.forward_ms`` of sleep, untimed: the forward pass, in which
+    a live publisher's thread builds and sends (see ``alloc_worker``)."""
     rows = []
     for tokens, count in ((2048, plan.admits_2k), (32768, plan.admits_32k)):
         for hit in (False, True):
@@ -74,7 +77,7 @@ def events_rows(pair, plan: Plan, pool: int, mode: str, log, first: int = 0) -> 
             for r in range(plan.rounds):
                 for events in ((False, True) if r % 2 == 0 else (True, False)):
                     cmd = dict(cmd="admit", tokens=tokens, hit=hit, count=count, events=events,
-                               seed=f"{pool}/{name}/{first + r}")
+                               seed=f"{pool}/{name}/{first + r}", forward_ms=plan.forward_ms)
                     one = measure(pair if r % 4 < 2 else pair[::-1], 1, lambda _, c=cmd: c)
                     for side in ("old", "new"):
                         got[events][side] += one[side]
@@ -305,7 +308,10 @@ def _session(old_src: Path, new_src: Path, plan: Plan, first: int, log,
                     got += workload_rows(pair, plan, pool, lambda r: r, first)
                 rows += [log(_merge(merged, r)) for r in got]
                 for w in pair:
-                    w.call(dict(cmd="drop"))
+                    sent = w.call(dict(cmd="drop"))
+                    if sent:  # (a live publisher's count: every batch sent, none dropped?)
+                        print(f"{w.label} publisher, {pool} blocks, {mode}: {sent}",
+                              file=sys.stderr, flush=True)
         return rows, {w.label: w.info for w in pair}
 
 

@@ -133,10 +133,13 @@ def events_markdown(rows: list[dict], meta: dict) -> str:
              "own ratio. \"+ take_events\": the admission plus the step's `take_events()` "
              "(with deferred events, where the hashes and event objects are built). "
              "\"+ hand-off\": the admission plus `take_pending_events()`, which hands the "
-             "step's events to another thread unbuilt (as `EventPublisher.publish` takes "
-             "them; the batch is built untimed, its cost is the take_events row's); a side "
-             "without that call shows its `take_events()` values there. Where a side has "
-             "it, the two take rows alternate admissions (half the samples each).", "",
+             "step's events to another thread unbuilt; a side without that call shows its "
+             "`take_events()` values there. Where a side has it, the two take rows alternate "
+             "admissions (half the samples each), and each step's events (either row's) are "
+             "then `publish`ed, timed, to a live `EventPublisher` whose thread builds, "
+             "encodes and sends them. After each step, events off too, the worker sleeps "
+             f"{meta['plan'].get('forward_ms', 0):g} ms (untimed, the GIL released): the "
+             "forward pass, in which the publisher's thread works, as in an engine.", "",
              f"| row | {old} | {new} | old/new | {old} on/off | {new} on/off |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in rows:

@@ -12,17 +12,25 @@ version has it. Commands (``cmd``):
     setup  pool, mode             -> a fresh manager filled to capacity with cached blocks
                                      (mode "xxhash+events": KV events on; "xxhash+both": two
                                      managers, events off and on, for ``admit``'s ``events``)
-    admit  tokens, hit, count, seed[, events] -> median ns of ``count`` admissions, each freed after
+    admit  tokens, hit, count, seed[, events, forward_ms]
+                                  -> median ns of ``count`` admissions, each freed after
                                      (events on: then taken, and ``with_take_ns`` the median
                                      of admission + ``take_events()``; where the version has
                                      ``take_pending_events``, every other admission's events
                                      are handed off instead, ``with_handoff_ns`` the median of
-                                     admission + that call, the batch built untimed)
+                                     admission + that call; where the version has
+                                     ``prefixkv.fleet.publisher`` and pyzmq is there, every
+                                     step's events are then ``publish``ed, timed, to a live
+                                     ``EventPublisher`` whose thread builds, encodes and
+                                     sends them, as an engine's; else built untimed);
+                                     after each step, a sleep of ``forward_ms`` (untimed,
+                                     the GIL released: the forward pass)
     decode requests, steps, per_step, seed -> ns per decoded token and the call used
     hold   free                   -> admit and keep requests until exactly ``free`` blocks are free
     release                       -> free what ``hold`` kept
     replay requests, max_running  -> counts and ns of a continuous-batching replay
-    drop                          -> forget the manager
+    drop                          -> forget the manager (and the publisher: its batches
+                                     sent and dropped)
 
 Prompts of ``admit``/``decode``/``hold`` are drawn from ``random.Random(seed)``, so two
 workers given the same seed see the same tokens. Times are wall-clock ns, or this
@@ -73,6 +81,7 @@ class Side:
     def __init__(self) -> None:
         self.m = None
         self.m_on = None  # "xxhash+both": the manager with events on
+        self.pub = None  # the events-on manager's publisher, where the version has one
         self.held: list[tuple[str, int]] = []
 
     def hello(self) -> dict:
@@ -109,11 +118,14 @@ class Side:
                     m.take_events()
                 i += 1
         m = self.m
+        if events and hasattr(m, "take_pending_events"):
+            self.pub = publisher()
         gc.collect()
         gc.freeze()
         return dict(build_s=round(time.perf_counter() - t0, 2), cached=m.num_cached_blocks)
 
-    def admit(self, tokens: int, hit: bool, count: int, seed: str, events: bool = False) -> dict:
+    def admit(self, tokens: int, hit: bool, count: int, seed: str, events: bool = False,
+              forward_ms: float = 0.0) -> dict:
         """Median ns of ``count`` admissions (each freed right after): distinct prompts, or
         one prompt ``count`` times (after the first, all but its last block hit)."""
         rng = random.Random(seed)
@@ -122,7 +134,10 @@ class Side:
         totals: dict[str, list[float]] = {"with_take_ns": [], "with_handoff_ns": []}
         take = m.take_events if m._events.active else None
         hand_off = getattr(m, "take_pending_events", None) if take is not None else None
+        pub = self.pub if take is not None else None
         for i, p in enumerate(prompts):
+            if forward_ms and i:
+                time.sleep(forward_ms / 1e3)  # the previous step's forward pass
             t0 = CLOCK()
             adm = m.add_request(i, p)
             samples.append(CLOCK() - t0 - CLOCK_COST)
@@ -132,16 +147,21 @@ class Side:
             if take is None:
                 continue
             # what a publishing engine does each step: take the events (odd admissions,
-            # where the version can: hand them off, built untimed as a publisher's thread
-            # would build them)
+            # where the version can: hand them off) and publish them; without a
+            # publisher, a handed-off batch is built untimed, as a publisher's thread would
             if hand_off is not None and i % 2:
                 t0 = CLOCK()
                 pending = hand_off()
+                if pub is not None:
+                    pub.publish(pending)
                 totals["with_handoff_ns"].append(samples[-1] + CLOCK() - t0 - CLOCK_COST)
-                pending.build()
+                if pub is None:
+                    pending.build()
             else:
                 t0 = CLOCK()
-                take()
+                built = take()
+                if pub is not None:
+                    pub.publish(built)
                 totals["with_take_ns"].append(samples[-1] + CLOCK() - t0 - CLOCK_COST)
         out = dict(ns=statistics.median(samples[1:] if hit else samples))
         for key, values in totals.items():
@@ -203,10 +223,25 @@ class Side:
         return replay(self.m, requests, max_running)
 
     def drop(self) -> dict:
-        self.m, self.m_on, self.held = None, None, []
+        out = {}
+        if self.pub is not None:  # (close sends what is queued first)
+            self.pub.close(timeout=60)
+            health = self.pub.health()
+            out = {k: health[k] for k in ("published_batches", "dropped_batches", "send_errors")}
+        self.m, self.m_on, self.held, self.pub = None, None, [], None
         gc.unfreeze()
         gc.collect()
-        return {}
+        return out
+
+
+def publisher():
+    """A live ``EventPublisher`` (PUB socket on a free loopback port, no subscriber, no
+    heartbeat), or None where this version or this Python lacks one."""
+    try:
+        from prefixkv.fleet.publisher import EventPublisher
+        return EventPublisher(block_size=BS, heartbeat=None, max_queue=1 << 16)
+    except ImportError:
+        return None
 
 
 COMMANDS = ("hello", "setup", "admit", "decode", "hold", "release", "replay", "drop")

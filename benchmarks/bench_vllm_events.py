@@ -2,6 +2,7 @@
 by side in one process (SPEC section 4: at least 8x with events on).
 
     python benchmarks/bench_vllm_events.py [--rounds 6] [--out benchmarks/results]
+    python benchmarks/bench_vllm_events.py --workloads [--rounds 4] [--scale 1] [--out ...]
 
 Needs vllm 0.33.0 importable by the Python that runs it (vLLM's scheduler side is pure
 Python and runs on a CPU), and this tree's ``src`` (put first on the path). The committed
@@ -18,6 +19,17 @@ After each admission the request is freed and the events taken (untimed, and tim
 as "+ take"). Each round runs the same prompts through the four managers, in an order
 that alternates; times are this thread's CPU ns (other processes' time slices do not
 count); ratios are the median of each round's own ratio (paired).
+
+``--workloads``: the peer workloads of the allocator A/B (system-prompt, chat, document,
+pressure; ``prefixkv.bench.workloads``, each with its own pool), replayed request by
+request (admitted, then freed: the prompt's blocks stay cached for the next) into fresh
+managers with events on, each side publishing every step's events to its own live
+publisher, as a serving engine does: vLLM's ``ZmqEventPublisher`` (a ``KVEventBatch`` of
+its ``take_events()``), prefixkv's ``EventPublisher`` (``take_pending_events()``, built on
+the publisher's thread). Timed per request: the admission and the take + publish; a
+sleep after each step (``--forward-ms``, untimed, the GIL released) stands for the
+forward pass, in which the publishers' threads run. Written to
+``vllm-events-workloads.md``.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ import platform
 import random
 import statistics
 import sys
+import tempfile
 import time
 from array import array
 from pathlib import Path
@@ -47,6 +60,8 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
 from prefixkv import KVCacheManager  # noqa: E402
+from prefixkv.bench.workloads import builtin  # noqa: E402
+from prefixkv.fleet.publisher import EventPublisher  # noqa: E402
 
 BS = 16
 POOL = 10_000
@@ -56,9 +71,9 @@ HASHER = get_request_block_hasher(BS, xxhash)
 SAMPLING = SamplingParams(max_tokens=16)
 
 
-def vllm_manager(events: bool) -> VllmManager:
+def vllm_manager(events: bool, pool: int = POOL) -> VllmManager:
     spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=64, dtype=torch.float16)
-    cfg = KVCacheConfig(num_blocks=POOL, kv_cache_tensors=[],
+    cfg = KVCacheConfig(num_blocks=pool, kv_cache_tensors=[],
                         kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)])
     return VllmManager(cfg, max_model_len=40_000, scheduler_block_size=BS, hash_block_size=BS,
                        enable_caching=True, enable_kv_cache_events=events)
@@ -139,6 +154,89 @@ def run(rounds: int) -> list[dict]:
     return rows
 
 
+WORKLOADS = ("system-prompt", "chat", "document", "pressure")
+
+
+def replay(kind: str, m, pub, requests, forward_s: float) -> int:
+    """ns of every request's admission and its step's take + publish (module doc)."""
+    from vllm.distributed.kv_events import KVEventBatch
+
+    total = 0
+    for q in requests:
+        t, _, h = admit(kind, m, q.rid, list(q.prompt))
+        t0 = CLOCK()
+        if kind == "prefixkv":
+            pub.publish(m.take_pending_events())
+        else:
+            events = m.take_events()
+            if events:
+                pub.publish(KVEventBatch(ts=time.time(), events=events))
+        total += t + CLOCK() - t0
+        m.free(h)
+        if forward_s:
+            time.sleep(forward_s)
+    return total
+
+
+def run_workloads(rounds: int, scale: float, folder: str, forward_ms: float) -> list[dict]:
+    """Per workload: vLLM's and prefixkv's ns per round (fresh managers each round)."""
+    from vllm.distributed.kv_events import ZmqEventPublisher
+
+    pubs = {"vLLM": ZmqEventPublisher(0, endpoint=f"ipc://{folder}/vllm", topic="kv"),
+            "prefixkv": EventPublisher(block_size=BS, heartbeat=None, max_queue=1 << 16)}
+    rows = []
+    for name in WORKLOADS:
+        wl = builtin(name, scale)
+        assert all(q.extra is None for q in wl.requests), "no extra keys on vLLM's side here"
+        pool = wl.pool_tokens // BS
+        got: dict[str, list[int]] = {"vLLM": [], "prefixkv": []}
+        for r in range(rounds):
+            for kind in (("vLLM", "prefixkv") if r % 2 == 0 else ("prefixkv", "vLLM")):
+                m = vllm_manager(True, pool) if kind == "vLLM" else KVCacheManager(
+                    pool, BS, seed=0, enable_events=True, max_events=1 << 20)
+                gc.collect()
+                gc.freeze()  # (the pool's objects, as engines freeze theirs after start-up)
+                got[kind].append(replay(kind, m, pubs[kind], wl.requests, forward_ms / 1e3))
+                gc.unfreeze()
+        n = len(wl.requests)
+        rows.append(dict(workload=name, requests=n, pool_blocks=pool,
+                         vllm_us=round(statistics.median(got["vLLM"]) / n / 1e3, 1),
+                         prefixkv_us=round(statistics.median(got["prefixkv"]) / n / 1e3, 1),
+                         ratio=round(statistics.median(
+                             v / p for v, p in zip(got["vLLM"], got["prefixkv"], strict=True)), 1)))
+        print(rows[-1], flush=True)
+    pubs["vLLM"].shutdown()
+    pubs["prefixkv"].close(timeout=30)
+    health = pubs["prefixkv"].health()
+    rows.append(dict(prefixkv_publisher={k: health[k] for k in (
+        "published_batches", "dropped_batches", "send_errors")}))
+    return rows
+
+
+def workloads_markdown(rows: list[dict], command: str, rounds: int, forward_ms: float) -> str:
+    import vllm
+
+    *table, last = rows
+    lines = [f"# Peer workloads with KV events on: prefixkv against vLLM {vllm.__version__} "
+             f"({platform.machine()}, Python {platform.python_version()})", "",
+             f"Command: `{command}` ({rounds} rounds, fresh managers each, the order of the "
+             "two alternating). Each request admitted then freed, each step's events taken "
+             "and published to a live publisher (vLLM: its `ZmqEventPublisher`; prefixkv: "
+             f"`take_pending_events()` to its `EventPublisher`), then a {forward_ms:g} ms "
+             "sleep for the forward pass (untimed; 0: none, the publishers' threads then run "
+             "when the interpreter switches threads). The GC is frozen after each manager is "
+             "built. µs per request: the admission (vLLM: `Request()` with "
+             "its block hasher, `get_computed_blocks`, `allocate_slots`; prefixkv: "
+             "`add_request`) plus the take and publish, this thread's CPU time, the median "
+             "round; ratio: vLLM / prefixkv, the median of each round's own ratio.", "",
+             "| workload | requests | pool blocks | vLLM µs/request | prefixkv µs/request | "
+             "vLLM / prefixkv |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['workload']} | {r['requests']} | {r['pool_blocks']:,} | {r['vllm_us']} | "
+              f"{r['prefixkv_us']} | {r['ratio']}x |" for r in table]
+    lines += ["", f"prefixkv's publisher after close(): {last['prefixkv_publisher']}"]
+    return "\n".join(lines) + "\n"
+
+
 def paired(v: list, p: list, i: int, j: int) -> float:
     """The median over rounds of vLLM's figure ``i`` over prefixkv's figure ``j``."""
     return round(statistics.median(a[i] / b[j] for a, b in zip(v, p, strict=True)), 1)
@@ -167,14 +265,26 @@ def markdown(rows: list[dict], command: str, rounds: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--out", type=Path, default=None, help="folder for vllm-events-ab.md")
+    ap.add_argument("--out", type=Path, default=None, help="folder for vllm-events-ab.md "
+                    "(--workloads: vllm-events-workloads.md)")
+    ap.add_argument("--workloads", action="store_true", help="the peer workloads (module doc)")
+    ap.add_argument("--scale", type=float, default=1.0, help="--workloads: their scale")
+    ap.add_argument("--forward-ms", type=float, default=2.0,
+                    help="--workloads: the forward pass after each step (a sleep)")
     args = ap.parse_args()
-    md = markdown(run(args.rounds), "python " + " ".join(["benchmarks/bench_vllm_events.py",
-                                                         *sys.argv[1:]]), args.rounds)
+    command = "python " + " ".join(["benchmarks/bench_vllm_events.py", *sys.argv[1:]])
+    if args.workloads:
+        with tempfile.TemporaryDirectory() as folder:
+            md = workloads_markdown(run_workloads(args.rounds, args.scale, folder,
+                                                  args.forward_ms), command, args.rounds,
+                                    args.forward_ms)
+    else:
+        md = markdown(run(args.rounds), command, args.rounds)
     print(md)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "vllm-events-ab.md").write_text(md)
+        name = "vllm-events-workloads.md" if args.workloads else "vllm-events-ab.md"
+        (args.out / name).write_text(md)
 
 
 if __name__ == "__main__":

@@ -146,3 +146,22 @@ def test_bench_tier_pools_runs_both_pools_and_writes_its_report(tmp_path):
     bad = subprocess.run([sys.executable, str(BENCH / "bench_tier_pools.py"), "--pools", "512"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "4096" in bad.stderr
+
+
+def test_events_rows_publish_every_step_to_a_live_publisher(capsys):
+    """--events: the hand-off row exists on both sides with its on/off ratios, and each
+    side's publisher sent every step's events (none dropped) before the workers closed."""
+    from dataclasses import replace
+
+    from alloc_ab import EVENTS
+
+    plan = replace(EVENTS, pools=(5000,), rounds=2, sessions=1, admits_2k=4, admits_32k=4,
+                   forward_ms=0.5)
+    rows, _ = compare(SRC, SRC, plan)
+    hand_off = [r for r in rows if r["row"].endswith("events on + hand-off")]
+    assert len(hand_off) == 4 and all(r["on_off_old"] > 0 and r["on_off_new"] > 0
+                                      for r in hand_off)
+    sent = [line for line in capsys.readouterr().err.splitlines() if "publisher" in line]
+    assert len(sent) == 2 and all("'dropped_batches': 0" in line and "'send_errors': 0" in line
+                                  for line in sent)
+    assert all("'published_batches': 0" not in line for line in sent)

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
+from prefixkv.bench.fleet_bound import replicas_used, ttft_floor
 from prefixkv.bench.fleet_report import run_fleet, table, write_fleet
 from prefixkv.bench.replicas import simulate
-from prefixkv.bench.workloads import builtin
+from prefixkv.bench.workloads import BenchRequest, Workload, builtin
 
 
 @pytest.fixture(scope="module")
@@ -91,15 +92,48 @@ def test_cost_routing_keeps_chat_sessions_even_at_eight_replicas(seed):
     assert cost.imbalance <= 1.15 and cost.hit_rate >= 0.95 * single
 
 
-def test_ttft_proxy_counts_queued_requests_by_the_prefill_they_compute():
-    """The proxy is the prefill queued ahead of a request plus its own: a queued request
-    whose prefix is cached costs what it computes (16 tokens here), not its whole
-    prompt (80): c waits for b's 16 new tokens, then computes its own 16."""
-    from prefixkv.bench.workloads import BenchRequest, Workload
-
+def test_ttft_proxy_charges_each_step_its_whole_batch():
+    """The proxy is the work of the steps from a request's routing to its prefill's step,
+    each step charged its whole batch: b and c are admitted in one step, so each waits
+    for both prefills (16 + 16 new tokens; the queued-prefill proxy gave b 16)."""
     prefix = tuple(range(1, 65))  # 4 blocks of 16
     reqs = (BenchRequest("a", prefix, (7, 7)),
             BenchRequest("b", prefix + (500,) * 16, (7,), after="a"),
             BenchRequest("c", prefix + (600,) * 16, (7,), after="a"))
     res = simulate(Workload("t", "", reqs, 1024), 1, "prefix", rate=4)
-    assert res.ttft == {"a": 64, "b": 16, "c": 32}
+    assert res.ttft == {"a": 64, "b": 32, "c": 32}
+
+
+def test_ttft_proxy_counts_the_decode_steps_a_request_waits_through():
+    """With one running slot, b waits while a decodes. Step 1 computes a's 64-token
+    prompt (and a's first token); b arrives in step 2 (with one slot, one arrival a
+    step), which decodes a's second token (1); step 3 its third (1), and a finishes;
+    step 4 computes b's 32 tokens. b: 1 + 1 + 32 = 34 (the queued-prefill proxy gave
+    32: nothing for the steps b waited through)."""
+    reqs = (BenchRequest("a", tuple(range(1, 65)), (7, 7, 7)),
+            BenchRequest("b", tuple(range(100, 132)), (7,)))
+    res = simulate(Workload("t", "", reqs, 1024), 1, "prefix", rate=4, max_running=1)
+    assert res.ttft == {"a": 64, "b": 34}
+
+
+def test_ttft_floor_counts_the_shared_prefix_once_per_replica_a_route_must_use():
+    """4 requests on 2 replicas within imbalance 1.15 use both (one may take 2 at most);
+    each computes its own 16 tokens and each replica the shared 32 once: (64 + 64) / 4.
+    cost reaches the floor (it sends two requests to each replica)."""
+    shared = tuple(range(1, 33))
+    wl = Workload("t", "", tuple(BenchRequest(f"r{i}", shared + (100 + i,) * 16, (7,))
+                                 for i in range(4)), 1024)
+    assert replicas_used(4, 2, 1.15) == 2 and replicas_used(144, 8, 1.15) == 8
+    assert ttft_floor(wl, 2, 1.15) == 32.0
+    assert simulate(wl, 2, "cost", rate=4).ttft_mean >= 32.0
+
+
+def test_ttft_floor_does_not_count_a_later_turn_as_a_cache():
+    """a's blocks are also b's, but b is a's next turn: a computes its 16 tokens after the
+    shared block, b its last 16; the shared block once: (16 + 16 + 16) / 2, what one
+    replica computes."""
+    a = BenchRequest("a", tuple(range(1, 33)), (7,))
+    b = BenchRequest("b", a.prompt + (7,) + tuple(range(200, 215)), (7,), after="a")
+    wl = Workload("t", "", (a, b), 1024)
+    assert ttft_floor(wl, 1, 1.15) == 24.0
+    assert simulate(wl, 1, "prefix", rate=4).prefill_computed == 48

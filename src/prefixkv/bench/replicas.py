@@ -19,9 +19,11 @@ the router's ``ApproxIndex`` (TTL ``approx_ttl`` steps) guessing from its own de
 
 Reported per (workload, N, route): fleet hit rate (hit / queried prompt tokens of new
 requests, summed over replicas), prefill tokens computed, load imbalance (max / mean
-requests routed per replica), and the TTFT proxy: the prefill a request waits for, in
-tokens: the prompts queued (waiting to be admitted) on its replica when it is routed
-there, plus its own prompt tokens not found in the cache; mean and 90th percentile.
+requests routed per replica), and the TTFT proxy, in tokens: the work of the steps a
+request's replica runs from the step it is routed there to the step that computes its
+prefill, both included, each step charged for its whole batch (the prompt tokens it
+computes, re-admissions included, plus one token per request that was running before
+it and decodes); mean and 90th percentile. Why this models TTFT: docs/router.md.
 """
 
 from __future__ import annotations
@@ -99,10 +101,9 @@ class _Replica:
         self.waiting: deque[BenchRequest] = deque()
         self.running: dict[str, _Running] = {}  # admission order: the newest is last
         self.preempted: set[str] = set()  # re-admissions count apart in the stats
-        # per request routed here, until its admission: the requests that were queued
-        # ahead of it when it came and are not admitted yet (the TTFT proxy adds what
-        # each of them computes when admitted)
-        self.ahead: dict[str, set[str]] = {}
+        self.work = 0  # tokens in every batch this replica has run (the TTFT proxy's clock)
+        # per request routed here, until its first admission: ``work`` when it came
+        self.since: dict[str, int] = {}
 
 
 def simulate(workload: Workload, replicas: int, route: str, *, block_size: int = 16,
@@ -135,8 +136,7 @@ def simulate(workload: Workload, replicas: int, route: str, *, block_size: int =
                 continue  # the next turn waits for its answer; later sessions go first
             pending.remove(req)
             rep = by_name[router.route(req.prompt, req.extra).replica]
-            res.ttft[req.rid] = 0
-            rep.ahead[req.rid] = {r.rid for r in rep.waiting}
+            rep.since[req.rid] = rep.work
             rep.waiting.append(req)
             credit -= 1
             if credit < 1:
@@ -177,8 +177,13 @@ def _router(route: str, names: list[str], block_size: int, num_blocks: int, res:
 
 
 def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
-    """Admit, decode one token each, free the finished; returns the finished ids."""
+    """Admit, decode one token each, free the finished; returns the finished ids. The
+    step's batch (prompt tokens computed + tokens decoded by requests admitted before it)
+    is added to ``rep.work``, and each request admitted for the first time gets its TTFT
+    proxy: ``rep.work`` now less ``rep.work`` when it was routed."""
     mgr = rep.mgr
+    batch = 0
+    first: list[str] = []  # admitted for the first time in this step
     while rep.waiting and len(rep.running) < max_running:
         req = rep.waiting[0]
         try:
@@ -195,12 +200,9 @@ def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
         rep.waiting.popleft()
         rep.running[req.rid] = _Running(req)
         res.prefill_computed += adm.num_new_tokens
-        for rid, ahead in rep.ahead.items():  # the requests it was queued ahead of
-            if req.rid in ahead:
-                ahead.discard(req.rid)
-                res.ttft[rid] += adm.num_new_tokens
-        if rep.ahead.pop(req.rid, None) is not None:  # its first admission: its own prefill
-            res.ttft[req.rid] += adm.num_new_tokens
+        batch += adm.num_new_tokens
+        if req.rid in rep.since:
+            first.append(req.rid)
     done = []
     for rid in list(rep.running):
         state = rep.running.get(rid)
@@ -220,8 +222,12 @@ def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
                 break
         else:
             state.decoded = pos + 1
+            batch += pos > 0  # a request's first token comes from its prefill's forward pass
             if state.decoded == len(req.output):
                 del rep.running[rid]
                 mgr.free(rid)
                 done.append(rid)
+    rep.work += batch
+    for rid in first:
+        res.ttft[rid] = rep.work - rep.since.pop(rid)
     return done

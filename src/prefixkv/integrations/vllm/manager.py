@@ -37,6 +37,7 @@ from prefixkv.groups import HybridKVCacheManager
 
 from .coordinator import CoordinatorView
 from .events import to_vllm_events
+from .handoff import PendingVllmEvents
 from .layout import UnsupportedByPrefixKV, read_layout
 from .pool import BlockPoolView, Blocks
 from .requests import core_tokens, extra_keys_of, reads_cache
@@ -75,6 +76,8 @@ class KVCacheManager:
         self.block_size = bs = layout.block_size
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
+        # set by prefixkv's Scheduler when its publisher builds events (handoff.py)
+        self.hands_off_events = False
         self.use_eagle = False
         self.log_stats = log_stats
         self.metrics_collector = metrics_collector
@@ -101,7 +104,7 @@ class KVCacheManager:
                                     for s in layout.specs)
         self.block_pool = BlockPoolView(self._blocks, layout.num_blocks, bs, enable_caching,
                                         self._free_popped, self._evict, lambda: self.core.num_free_blocks,
-                                        self.take_events)
+                                        self._built_events)
         self.coordinator = CoordinatorView(self, layout)
         self._keys: dict[Hashable, int] = {}  # vLLM request id -> prefixkv's id of the request
         self._next_key = 0
@@ -396,7 +399,17 @@ class KVCacheManager:
 
     def take_events(self) -> list[Any]:
         """KV events since the previous call as vLLM's ``KVCacheEvent`` objects (empty
-        unless ``enable_kv_cache_events``)."""
+        unless ``enable_kv_cache_events``). With ``hands_off_events`` (prefixkv's
+        ``Scheduler`` sets it when vLLM's ``ZmqEventPublisher`` will build them, and no
+        ``metrics_collector`` needs them now), a ``PendingVllmEvents`` that the
+        publisher's thread builds: the chain hashes are not computed here."""
+        if self.hands_off_events and self.enable_kv_cache_events and self.metrics_collector is None:
+            return PendingVllmEvents(self.core.take_pending_events(), self.block_size,
+                                     self._spec_of_group)
+        return self._built_events()
+
+    def _built_events(self) -> list[Any]:
+        """``take_events()``, built here (what ``block_pool.take_events()`` returns)."""
         core = self.core.take_events()
         if self.metrics_collector is not None:
             self._note_evictions(core)

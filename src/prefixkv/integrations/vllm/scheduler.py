@@ -10,7 +10,9 @@ this class's constructor runs vLLM's, that name resolves to prefixkv's
 scheduler reads its groups from it and the KV connector is bound to it. The name is
 restored before the constructor returns, under a lock (one such construction at a time;
 a vLLM ``Scheduler`` built by another thread at that very moment would get prefixkv's
-manager too).
+manager too). With KV events on and vLLM's ``ZmqEventPublisher``, the constructor then
+makes the publisher's thread build the events (``handoff.py``), so that the scheduler's
+thread computes no chain hash for them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import vllm.v1.core.sched.scheduler as where
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler as VllmAsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 
+from .handoff import hand_off
 from .manager import KVCacheManager
 
 __all__ = ["AsyncScheduler", "Scheduler"]
@@ -41,6 +44,9 @@ class _Builds:
                 super().__init__(*args, **kwargs)
             finally:
                 setattr(where, "KVCacheManager", original)  # noqa: B010
+        manager = getattr(self, "kv_cache_manager", None)
+        if isinstance(manager, KVCacheManager) and manager.enable_kv_cache_events:
+            manager.hands_off_events = hand_off(getattr(self, "kv_event_publisher", None))
 
 
 class Scheduler(_Builds, VllmScheduler):
