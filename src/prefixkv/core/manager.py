@@ -318,7 +318,7 @@ class KVCacheManager(Decoder):
         if self._host is not None:
             self._require(self._host.check())
         if self._waits is not None:
-            landing = len(self._host.landing)  # type: ignore[union-attr]
+            landing = self._host.num_landing  # type: ignore[union-attr]
             self._require(None if landing == self._waits.reserved else
                           f"{landing} host slots are landing, fetches reserved {self._waits.reserved}")
 

@@ -33,6 +33,7 @@ from ..results import StoreFetched, StoreWait
 from ..store.fetch import Fetch
 from ..store.link import StoreLink
 from ..tiers import HostSlot, HostTier
+from ..tiers.host import fill_landing
 from ..tiers.host_index import HOST
 from .block import Block
 from .request import Request
@@ -41,6 +42,17 @@ from .request import Request
 def _attached(memory: list[list[memoryview]], slots: list[Block]) -> list[list[memoryview]]:
     """The views of ``slots`` in attached ``memory`` (``Fetch.views``: a fetcher calls it)."""
     return [memory[s.block_id] for s in slots]
+
+
+def _ready(f: Fetch) -> None:
+    """``Fetch.ready``, on the fetcher's thread: fill the run's landing slots
+    (``fill_landing``: everything ``land`` would write but their keys) and note whether
+    the run's token chunks are distinct (``HostTier.land``'s ``unique``)."""
+    run = f.run
+    chunks = f.chunks[:run]
+    f.unique = len(set(chunks)) == run
+    fill_landing(f.slots[:run], f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run])
+    f.filled = True
 
 
 GRACE = 0.05
@@ -115,6 +127,11 @@ class StoreWaits:
                   slots, [], now + link.store.timeout, staged,
                   self._staging if memory is None else partial(_attached, memory))
         f.hits, f.hit_cids = hits, [h.content_id for h in hits]
+        # the content ids the slots take if they land (ids are never reused: the ones of
+        # slots that do not land are lost), so that a fetcher can fill them (``_ready``)
+        f.planned = self.index.new_ids(len(slots))
+        f.parent_cid = hits[-1].content_id if hits else 0
+        f.ready = _ready
         self.waiting[req.request_id] = f
         self.in_flight += 1
         self.reserved += len(slots)
@@ -218,7 +235,13 @@ class StoreWaits:
         slots = f.slots
         if start < end:
             lo, hi, bs = start - first, end - first, self.block_size
-            cids = f.cids = index.new_ids(hi - lo)
+            parent_cid = hits[-1].content_id if hits else 0
+            cids, filled = f.planned[lo:hi], f.filled
+            if parent_cid >= cids.start:  # (a parent recorded after the start, which lost
+                # the race: new ids, so that a child's id stays above its parent's, the
+                # order snapshots announce contents in; the landing fills the slots)
+                cids, filled = index.new_ids(hi - lo), False
+            f.cids = cids
             event = None
             if self.events.active:
                 extra = req.keys.extra
@@ -227,8 +250,8 @@ class StoreWaits:
                                     tuple(s.block_id for s in slots[lo:hi]),
                                     None if extra is None else extra.for_range(start * bs, end * bs),
                                     start, HOST)
-            self.host.land(slots[lo:hi], hits[-1].content_id if hits else 0, f.chunks[lo:hi],
-                           f.extras[lo:hi], cids, f.hashes[lo:hi], event)
+            self.host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], f.extras[lo:hi], cids,
+                           f.hashes[lo:hi], event, filled=filled, unique=f.unique)
             if f.staged:
                 self.host.fetches += [StoreFetched(s.block_id, f.buffers[i][0].toreadonly())
                                       for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]

@@ -50,15 +50,18 @@ class Fetch:
     extra-key bytes. ``deadline``: the ``time.monotonic()`` instant by which it ends,
     whatever the store does. ``hits``/``hit_cids``: the blocks the admission found before
     block ``first`` and the content ids they held then (the scheduler's, for the
-    re-admission's check that they still do).
+    re-admission's check that they still do). ``ready``: called with the fetch on the
+    fetcher's thread once the run is known, before it is queued as done (the manager
+    fills the landing slots there: ``filled``); an exception it raises is dropped
+    (``filled`` stays False and the scheduler does that work itself).
     Results: ``run`` (blocks from ``first`` that passed the check), ``stop`` (the state
     of the block that ended the run, ``OK`` if none did), ``failed`` (an error of the whole
     call), ``hashes``, ``nbytes``/``seconds`` (measured)."""
 
     __slots__ = ("request_id", "req", "first", "parent", "chunks", "extras", "slots",
                  "buffers", "views", "staged", "deadline", "started", "ended", "expired", "cids",
-                 "hits", "hit_cids",
-                 "hashes", "keys", "heads", "states", "run", "stop", "failed", "nbytes",
+                 "hits", "hit_cids", "planned", "parent_cid", "ready",
+                 "hashes", "filled", "unique", "keys", "heads", "states", "run", "stop", "failed", "nbytes",
                  "seconds", "left", "lock")
 
     def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
@@ -73,6 +76,9 @@ class Fetch:
         self.cids: range = range(0)  # content ids landed (store hits at the re-admission)
         self.hits: list[Any] = []
         self.hit_cids: list[int] = []
+        self.planned: range = range(0)  # content ids for the slots, given at the start
+        self.parent_cid = 0  # the content id before block ``first`` at the start
+        self.ready: Callable[[Fetch], None] | None = None
         # ---- written by the fetcher threads ----
         self.hashes: list[bytes] = []
         self.keys: list[bytes] = []
@@ -82,6 +88,7 @@ class Fetch:
         self.failed: Exception | None = None
         self.nbytes, self.seconds = 0, 0.0
         self.left = 0  # parts not read yet
+        self.filled = self.unique = False  # set by ``ready``
         self.lock = threading.Lock()
 
 

@@ -105,4 +105,9 @@ class StoreLink:
     def _last(self, f: Fetch) -> None:
         finish(f, self.payload)
         self.cost.observe(f.nbytes, f.seconds, self.store.clock())  # (a fit: not the scheduler's)
+        if f.ready is not None and f.run:
+            try:  # (work the scheduler's thread would do at the landing: see ``Fetch.ready``)
+                f.ready(f)
+            except Exception:  # noqa: S110 (``filled`` stays False: the scheduler fills)
+                pass
         self.done.append(f)

@@ -40,6 +40,22 @@ def _batch(kind: type[_Op], src: list[int], dst: list[int]) -> list[_Op]:
     return [kind(tuple(src), tuple(dst))] if src else []
 
 
+def fill_landing(slots: Sequence[Block], parent_cid: int, extras: Sequence[bytes],
+                 cids: Sequence[int], hashes: Sequence[bytes]) -> None:
+    """Write the content fields of landing ``slots`` (all but ``key``) for ``land``: slot
+    i's parent (slot i - 1's content, or ``parent_cid``), ``extras[i]``, ``cids[i]``,
+    ``hashes[i]``, no event, and each slot its predecessor's ``child``. May run on a
+    fetcher's thread while the scheduler's runs: a landing slot is in no map and its key
+    is None, so every find and every guess (which compares the key first) passes it by,
+    whatever these fields hold, and nothing else writes them until it lands."""
+    prev: Block | None = None
+    for s, extra, cid, h in zip(slots, extras, cids, hashes, strict=True):
+        s.parent_cid, s.extra, s.content_id, s.hash, s.event = parent_cid, extra, cid, h, None
+        if prev is not None:
+            prev.child = s
+        parent_cid, prev = cid, s
+
+
 class HostTier(SlotIndex):
     """``num_slots`` host slots. ``sink``: where CPU-medium events go.
     ``by_chunk``/``by_key``: the slots with content, by token bytes and (the rest) by
@@ -60,7 +76,7 @@ class HostTier(SlotIndex):
         self.load_src: list[int] = []  # the step's loads: slot ids, device block ids
         self.load_dst: list[int] = []
         self.fetches: list[StoreFetched] = []  # the step's payloads to write (no attached memory)
-        self.landing: dict[int, Block] = {}  # slots a store fetch writes into, by id
+        self.num_landing = 0  # slots a store fetch writes into (the slots nowhere else)
         self.num_offloaded = self.num_loaded = 0
         self.num_chained = 0  # slots found only as their parent slot's child
         self.chaining = True  # False once the device cut a chain (``stop_chaining``)
@@ -204,15 +220,14 @@ class HostTier(SlotIndex):
         del empty[len(empty) - k:]
         if len(out) < n and len(self._cached):
             self._take_lru(out, n - len(out))
-        landing = self.landing
+        self.num_landing += len(out)
         for s in out:
             s.ref_cnt = 1
-            landing[s.block_id] = s
         return out
 
     def land(self, slots: list[Block], parent_cid: int, chunks: Sequence[bytes],
              extras: Sequence[bytes], cids: Sequence[int], hashes: Sequence[bytes],
-             event: BlockStored | None) -> None:
+             event: BlockStored | None, *, filled: bool = False, unique: bool = False) -> None:
         """Landing ``slots`` hold a checked run now: slot i the content (parent: slot
         i - 1's, or ``parent_cid`` for the first; ``chunks[i]``, ``extras[i]``), content id
         ``cids[i]``, chain hash ``hashes[i]``, announced by ``event`` (the run in these
@@ -221,19 +236,29 @@ class HostTier(SlotIndex):
         predecessor's ``child`` (the walk's guess). All are pinned until the plan is
         drained (a ``StoreFetched`` writing them may be pending, which no offload of the
         same plan may precede). The caller made sure no slot holds the first content
-        already (the others' parents are new)."""
-        landing, by_chunk, by_key, prev = self.landing, self.by_chunk, self.by_key, None
-        for s, chunk, extra, cid, h in zip(slots, chunks, extras, cids, hashes, strict=True):
-            del landing[s.block_id]
-            s.parent_cid, s.extra, s.content_id, s.hash, s.event = parent_cid, extra, cid, h, None
-            if by_chunk.setdefault(chunk, s) is s:  # (as _enter, inlined)
+        already (the others' parents are new). ``filled``: ``fill_landing`` wrote these
+        slots' fields already (on a fetcher's thread), from a parent that may have been
+        another: only the first slot's parent is set here. ``unique``: no two of
+        ``chunks`` are equal (then, when no slot's key is one of them either, the slots
+        are keyed in one C call)."""
+        if filled:
+            slots[0].parent_cid = parent_cid
+        else:
+            fill_landing(slots, parent_cid, extras, cids, hashes)
+        by_chunk = self.by_chunk
+        self.num_landing -= len(slots)
+        if unique and by_chunk.keys().isdisjoint(chunks):
+            by_chunk.update(zip(chunks, slots, strict=True))  # (each setdefault below would succeed)
+            for s, chunk in zip(slots, chunks, strict=True):
                 s.key = chunk
-            else:
-                s.key = key = (parent_cid, chunk, extra)
-                by_key[key] = s
-            if prev is not None:
-                prev.child = s
-            parent_cid, prev = cid, s
+        else:
+            by_key = self.by_key
+            for s, chunk in zip(slots, chunks, strict=True):  # (as _enter, inlined)
+                if by_chunk.setdefault(chunk, s) is s:
+                    s.key = chunk
+                else:
+                    s.key = key = (s.parent_cid, chunk, s.extra)
+                    by_key[key] = s
         self._pinned += slots  # (ref_cnt is 1 already)
         if event is not None:
             self._sink.append(event)
@@ -244,6 +269,9 @@ class HostTier(SlotIndex):
         """Append to ``out`` up to ``n`` least recently used cached slots, their content
         dropped (``_take_cached`` n times, inlined as ``demote`` does: a fetch of a long
         prefix into a full tier drops as many contents)."""
+        if not self.num_chained and not self._sink.active:
+            self._take_plain(out, n)
+            return
         head, tail = self._cached.ends()
         by_chunk, by_key, sink = self.by_chunk, self.by_key, self._sink
         active = sink.active
@@ -274,10 +302,31 @@ class HostTier(SlotIndex):
         self._cached.forget(taken)
         self.num_chained -= unchained
 
+    def _take_plain(self, out: list[Block], n: int) -> None:
+        """``_take_lru`` in the common case, when no slot is chained (so no slot's child
+        is) and no removal is announced: each slot only leaves its map."""
+        head, tail = self._cached.ends()
+        by_chunk, by_key, start = self.by_chunk, self.by_key, len(out)
+        s = head.next  # (a slot until ``tail``)
+        for _ in range(n):
+            if s is tail:
+                break
+            old = s.key
+            assert old is not None, f"cached slot {s!r} has no content"
+            if isinstance(old, bytes):
+                del by_chunk[old]
+            else:  # (keyed by its triple: another content's key is its token bytes)
+                del by_key[old]
+            s.key = None
+            out.append(s)
+            s = s.next
+        head.next, s.prev = s, head
+        self._cached.forget(len(out) - start)
+
     def unreserve(self, slots: list[Block]) -> None:
         """Landing ``slots`` that got nothing: empty again."""
+        self.num_landing -= len(slots)
         for s in slots:
-            del self.landing[s.block_id]
             s.ref_cnt = 0
             self._empty.append(s)
 
@@ -298,11 +347,13 @@ class HostTier(SlotIndex):
     def hold(self, slots: Sequence[Block]) -> None:
         """Pin ``slots`` (they are about to be loaded), so that no offload stated while
         the device makes room for them can take them."""
+        if self.num_chained:  # (none chained, no child either: nothing to key)
+            for s in slots:
+                c = s.child  # (``on_device``, inlined: their contents go up to the device)
+                if s.chained or (c.chained and c.parent_cid == s.content_id):
+                    self.on_device(s)
         fresh = 0
         for s in slots:
-            c = s.child  # (``on_device``, inlined: their contents go up to the device)
-            if s.chained or (c.chained and c.parent_cid == s.content_id):
-                self.on_device(s)
             if s.ref_cnt:
                 s.ref_cnt += 1
             else:  # cached: leaves the LRU (inlined unlink; links go stale)
@@ -345,7 +396,7 @@ class HostTier(SlotIndex):
         self.by_chunk.clear()
         self.by_key.clear()
         self._pinned.clear()
-        assert not self.landing, "clear while a store fetch writes into host slots"
+        assert not self.num_landing, "clear while a store fetch writes into host slots"
         self._cached = FreeBlockQueue()
         self._empty = self.slots[::-1]
 

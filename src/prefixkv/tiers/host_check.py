@@ -46,8 +46,9 @@ def _check_chains(tier: HostTier) -> str | None:
 
 def check_tier(tier: HostTier) -> str | None:
     """The first inconsistency of ``tier``'s slots, maps, pins and LRU links, None when
-    sound: every slot is empty (no content, no pin), cached (in the LRU, unpinned),
-    pinned, or landing (reserved for a store fetch, no content, one pin), exactly once;
+    sound: every slot is empty (no content, no pin), cached (in the LRU, unpinned) or
+    pinned, at most once, or else landing (reserved for a store fetch, no content, one
+    pin: the slots in no list, as many as ``num_landing`` counts);
     the maps hold exactly the cached and pinned slots that are not chained; a slot
     keyed by its triple is the one ``find`` returns; chains (above)."""
     seen: set[int] = set()
@@ -63,13 +64,13 @@ def check_tier(tier: HostTier) -> str | None:
         if not s.ref_cnt or not _holds(tier, s) or s.block_id in seen:
             return f"bad pinned host slot {s!r}"
         seen.add(s.block_id)
-    for i, s in tier.landing.items():
-        if s.key is not None or s.ref_cnt != 1 or s.chained or s.block_id != i or i in seen:
+    landing = [s for s in tier.slots if s.block_id not in seen]  # (nowhere else)
+    for s in landing:
+        if s.key is not None or s.ref_cnt != 1 or s.chained:
             return f"bad landing host slot {s!r}"
-        seen.add(i)
-    if len(seen) != len(tier.slots):
-        return f"host slots accounted {len(seen)} != {len(tier.slots)}"
-    held = len(tier.slots) - len(tier._empty) - len(tier.landing)
+    if len(landing) != tier.num_landing:
+        return f"{len(landing)} host slots are in no list, {tier.num_landing} are landing"
+    held = len(tier.slots) - len(tier._empty) - tier.num_landing
     if len(tier) != held:
         return f"host maps hold {len(tier)} for {held} slots"
     for key, s in tier.by_key.items():
