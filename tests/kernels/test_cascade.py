@@ -134,11 +134,20 @@ def test_groups_that_do_not_share_their_blocks_are_rejected():
 
 
 @pytest.mark.skipif(triton_skip_reason() is not None, reason=str(triton_skip_reason()))
-def test_a_long_shared_prefix_splits_its_keys_and_still_matches():
-    """Three requests decoding after a 640-token shared prefix: the prefix pass runs two
-    programs a KV head, so its keys are split (two slices of 320) to fill the GPU."""
-    from prefixkv.kernels.cascade import _prefix_workspace
+def test_a_long_shared_prefix_splits_its_keys_and_still_matches(monkeypatch):
+    """Three requests decoding after a 640-token shared prefix: the prefix pass (no mask)
+    runs two programs a KV head, so the launcher splits its keys (two slices of 320) to
+    fill the GPU, although its packed rows are more than a decode's."""
+    from prefixkv.kernels import attention
 
+    picked = []
+
+    def spy(**kw):
+        picked.append((kw["causal"], choose(**kw)))
+        return picked[-1][1]
+
+    choose = attention.choose_num_splits
+    monkeypatch.setattr(attention, "choose_num_splits", spy)
     bs, shared = 16, 40
     ids = [list(range(shared)) + [shared + r] for r in range(3)]
     computed, new = [shared * bs + 4] * 3, [1] * 3
@@ -152,9 +161,8 @@ def test_a_long_shared_prefix_splits_its_keys_and_still_matches():
             torch.tensor(seqused, dtype=torch.int32, device=PRIMARY_DEVICE), 1, max(seqused))
     cascade = build_cascade_batch([SharedPrefix(shared, (0, 1, 2))], ids, computed, new, bs,
                                   device=PRIMARY_DEVICE)
-    ws = _prefix_workspace(cascade, args[0], args[1])
-    assert ws is not None and ws.num_splits == 2
     got, got_lse = cascade_attention(*args, cascade, return_lse=True, backend="triton")
+    assert (False, 2) in picked  # the prefix pass's launch split its keys in two
     want, want_lse = paged_prefill_attention_reference(*args, return_lse=True)
     torch.testing.assert_close(got, want, **tolerance(torch.float32))
     torch.testing.assert_close(got_lse, want_lse, **tolerance(torch.float32))

@@ -296,7 +296,7 @@ def paged_prefill_attention_triton(
         num_splits = config.num_splits or choose_num_splits(  # None: the heuristic's count
             batch=shape.batch, num_kv_heads=shape.num_kv_heads, max_seqlen_q=max_seqlen_q,
             max_seqlen_k=max_seqlen_k, num_sms=sm_count(q.device), block_q=block_q,
-            ctas_per_sm=config.ctas_per_sm)
+            ctas_per_sm=config.ctas_per_sm, causal=causal)
         # Every request splits (the heuristic splits only batches of short queries); a forced
         # count splits every tile into all its slices (tests reach each slice that way).
         split_q, split_keys = max(1, max_seqlen_q), 1 if forced else MIN_KEYS_PER_SPLIT

@@ -180,12 +180,12 @@ def cascade_attention(
     check_cascade(cascade.shift_blocks, cascade.rows, q, block_table)
 
     def attend(q_: torch.Tensor, table: torch.Tensor, cu: torch.Tensor, used: torch.Tensor, max_q: int,
-               max_k: int, causal_: bool, out_: torch.Tensor | None, sinks_: torch.Tensor | None,
-               ws: SplitWorkspace | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               max_k: int, causal_: bool, out_: torch.Tensor | None, sinks_: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         got = paged_prefill_attention(q_, k_cache, v_cache, table, cu, used, max_q, max_k,
                                       softmax_scale=softmax_scale, causal=causal_, softcap=softcap, out=out_,
                                       return_lse=True, sinks=sinks_, k_scale=k_scale, v_scale=v_scale,
-                                      backend=backend, checked=checked, split_workspace=ws)
+                                      backend=backend, checked=checked)
         assert isinstance(got, tuple)
         return got
 
@@ -199,13 +199,12 @@ def cascade_attention(
     out, lse = attend(q, own_table, cu_seqlens_q, own_used, max_seqlen_q, max_seqlen_k, causal, out, sinks)
     if cascade.rows.numel():
         rows = cascade.rows.to(q.device)
-        on_triton = resolve_backend(backend, q.device) == "triton"
-        ws = _prefix_workspace(cascade, q, k_cache) if on_triton else None
+        # All shared keys precede every row: no mask (and, on few tiles, the keys split).
         pre, pre_lse = attend(q.index_select(0, rows), cascade.block_table, cascade.cu_seqlens_q,
                               cascade.seqused_k, cascade.max_seqlen_q, cascade.max_seqlen_k,
-                              False, None, None, ws)  # all shared keys precede every row: no mask
+                              False, None, None)
         own, own_lse = out.index_select(0, rows), lse.index_select(1, rows)
-        if on_triton:
+        if resolve_backend(backend, q.device) == "triton":
             from .split_kv import combine_splits
 
             merged, merged_lse = torch.empty_like(pre), torch.empty_like(pre_lse)
@@ -217,34 +216,3 @@ def cascade_attention(
         out.index_copy_(0, rows, merged.to(out.dtype))
         lse.index_copy_(1, rows, merged_lse)
     return (out, lse) if return_lse else out
-
-
-def _prefix_workspace(cascade: CascadeBatch, q: torch.Tensor, k_cache: torch.Tensor) -> SplitWorkspace | None:
-    """Key splits for the Triton prefix pass, or None (one split does).
-
-    A group's packed rows are one request of that pass, so its grid is a few tiles a KV
-    head: a decode batch of 64 sharing one prefix runs 16 programs over the whole prefix
-    (32 query heads on 8 KV heads, 32 positions a tile) and leaves most SMs idle. Its keys
-    are split as decode's are (``choose_num_splits``: enough slices to fill the SMs, each
-    at least ``MIN_KEYS_PER_SPLIT`` keys), without decode's short-query gate: every row of
-    the pass attends every shared key, so no tile's work depends on a causal edge.
-    """
-    import triton
-
-    from .fp8 import is_fp8
-    from .tiling import choose_num_splits, choose_tiles, sm_count
-    from .workspace import alloc_split_workspace
-
-    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
-    group_p2 = triton.next_power_of_2(max(1, num_heads // max(1, num_kv_heads)))
-    tile = choose_tiles(group=num_heads // max(1, num_kv_heads), head_dim=q.shape[2],
-                        max_seqlen_q=cascade.max_seqlen_q, on_gpu=q.is_cuda, elem_bytes=q.element_size(),
-                        return_lse=True, kv_fp8=is_fp8(k_cache.dtype))
-    splits = choose_num_splits(batch=cascade.num_groups, num_kv_heads=num_kv_heads,
-                               max_seqlen_q=cascade.max_seqlen_q, max_seqlen_k=cascade.max_seqlen_k,
-                               num_sms=sm_count(q.device), block_q=max(tile.block_m, group_p2) // group_p2,
-                               ctas_per_sm=tile.ctas_per_sm, max_split_q=max(1, cascade.max_seqlen_q))
-    if splits <= 1:
-        return None
-    return alloc_split_workspace(splits, cascade.num_groups, num_heads, q.shape[2], q.device,
-                                 split_q=max(1, cascade.max_seqlen_q))

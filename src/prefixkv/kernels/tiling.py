@@ -123,7 +123,7 @@ def sm_count(device: torch.device | str) -> int:
 
 def choose_num_splits(
     *, batch: int, num_kv_heads: int, max_seqlen_q: int, max_seqlen_k: int, num_sms: int,
-    block_q: int = 1, ctas_per_sm: int = 1, max_split_q: int = MAX_SPLIT_Q,
+    block_q: int = 1, ctas_per_sm: int = 1, causal: bool = True,
 ) -> int:
     """Key splits per tile (1: no split-KV), from launch shapes only: never reads a tensor.
 
@@ -132,13 +132,14 @@ def choose_num_splits(
     verifies several tokens, has several tiles). While they fill fewer than the
     ``num_sms * ctas_per_sm`` slots the GPU can run at once, each tile's keys are split so
     that the splits fill them, as long as a split keeps ``MIN_KEYS_PER_SPLIT`` keys (and
-    at most ``MAX_SPLITS``). Prefill (``max_seqlen_q > max_split_q``, ``MAX_SPLIT_Q`` by
-    default) never splits: its causal tiles are many. Cascade's prefix pass raises
-    ``max_split_q``: its rows attend every key without a mask, and its grid is a few tiles.
+    at most ``MAX_SPLITS``). A causal prefill (``max_seqlen_q > MAX_SPLIT_Q``) never
+    splits: its tiles are many. Without ``causal`` every row attends every key, so a call
+    of long queries on few tiles splits too (cascade's prefix pass: a group's packed
+    decode rows are one or two tiles a KV head over the whole shared prefix).
     """
     programs = batch * num_kv_heads * triton.cdiv(max(1, max_seqlen_q), max(1, block_q))
     slots = num_sms * ctas_per_sm
-    if max_seqlen_q > max_split_q or programs == 0 or programs >= slots:
+    if (causal and max_seqlen_q > MAX_SPLIT_Q) or programs == 0 or programs >= slots:
         return 1
     splits: int = min(triton.cdiv(slots, programs), max_seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
     return max(1, splits)
