@@ -28,7 +28,7 @@ import json
 import sys
 from pathlib import Path
 
-from kernel_problems import ROOT, SMOKE, SPEC_PREFILL, Timer, open_session, with_device
+from kernel_problems import ROOT, SMOKE, SPEC_PREFILL, Timer, keys_read, open_session, with_device
 
 GPU_CASES = [dict(name="decode", batch=64, shared=4096, own=512, q_len=1),
              dict(name="decode, long prefix", batch=64, shared=16384, own=256, q_len=1),
@@ -37,13 +37,9 @@ SMOKE_CASES = [dict(name="decode", batch=3, shared=32, own=16, q_len=1),
                dict(name="chunked prefill", batch=2, shared=32, own=16, q_len=8)]
 
 
-def keys_loaded(q_lens: list[int], kv_lens: list[int], block_q: int) -> int:
-    """Keys one KV head's programs load: a tile of ``block_q`` positions reads up to its last row."""
-    return sum(kv - q + min((t + 1) * block_q, q) for q, kv in zip(q_lens, kv_lens, strict=True)
-               for t in range(-(-q // block_q)))
-
-
 def run_case(torch, kernels, timer, case: dict, shape: dict) -> dict:
+    import triton
+
     from prefixkv import SharedPrefix
     from prefixkv.kernels.tiling import choose_tiles
 
@@ -86,13 +82,13 @@ def run_case(torch, kernels, timer, case: dict, shape: dict) -> dict:
 
     def block_q(max_q: int) -> int:
         return choose_tiles(group=group, head_dim=shape["head_dim"], max_seqlen_q=max_q,
-                            on_gpu=True).block_m // triton_next_pow2(group)
+                            on_gpu=True).block_m // triton.next_power_of_2(group)
 
     key_bytes = shape["kv_heads"] * shape["head_dim"] * 2 * k_cache.element_size()
-    plain_keys = keys_loaded([q_len] * batch, [kv_len] * batch, block_q(q_len))
+    plain_keys = batch * keys_read(q_len, kv_len, block_q(q_len))
     own = kv_len - shared_blocks * bs
     packed = batch * q_len
-    cascade_keys = (keys_loaded([q_len] * batch, [own] * batch, block_q(q_len))
+    cascade_keys = (batch * keys_read(q_len, own, block_q(q_len))
                     + -(-packed // block_q(packed)) * shared_blocks * bs)
     return dict(case, kv_len=kv_len, plain_ms=plain_ms, cascade_ms=cascade_ms, speedup=plain_ms / cascade_ms,
                 plain_mb=plain_keys * key_bytes / 1e6, cascade_mb=cascade_keys * key_bytes / 1e6,
@@ -110,10 +106,6 @@ def captured(torch, fn):
     with torch.cuda.graph(graph):
         fn()
     return graph.replay
-
-
-def triton_next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def markdown(result: dict) -> str:
