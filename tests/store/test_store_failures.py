@@ -37,7 +37,7 @@ def server():
 
 
 def test_a_store_down_costs_misses_and_comes_back_after_a_restart(server):
-    backend = RedisStore(server.url, timeout=0.5)
+    backend = RedisStore(server.url, timeout=2.0)  # a stopped server refuses at once
     shared = store(backend, retry_after=0)
     m1 = manager(shared)
     computed(m1, backend, "a", A)
@@ -59,7 +59,7 @@ def test_a_store_down_costs_misses_and_comes_back_after_a_restart(server):
 
 
 def test_after_a_failure_the_store_is_left_alone_for_retry_after(server):
-    backend = RedisStore(server.url, timeout=0.5)
+    backend = RedisStore(server.url, timeout=2.0)  # a stopped server refuses at once
     m = manager(store(backend, retry_after=3600))
     server.stop()
     assert from_store(m, A) == 0 and m.stats.store_errors == 1
