@@ -23,6 +23,7 @@ from prefixkv.fleet.wire import to_wire_events
 from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
 from prefixkv.router import Router
 from prefixkv.router.subscriber import Subscriber
+from prefixkv.store.local_cluster import _free_port
 from waiting import LIVE, PATIENCE, await_subscribed, connect_sub, poll_until
 
 from .vllm_kv_events import kv_cache_utils, kv_events
@@ -133,12 +134,13 @@ def test_extra_keys_equal_vllms_own(lora, salt, mm):
 # ---- the router on vLLM's ZmqEventPublisher -----------------------------------------
 
 
-def free_port():
-    sock = zmq.Context.instance().socket(zmq.REP)
-    sock.bind("tcp://127.0.0.1:*")
-    port = int(sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
-    sock.close(linger=0)
-    return port
+def free_ports(n):
+    """``n`` distinct free ports outside the ephemeral range: vLLM's publisher binds them
+    later, and other connections draw from that range meanwhile."""
+    taken = []
+    for _ in range(n):
+        taken.append(_free_port(taken))
+    return tuple(taken)
 
 
 def vllm_publisher(kv, ports):
@@ -167,7 +169,7 @@ P = [list(range(100 * i + 1, 100 * i + 13)) for i in range(6)]  # 3 blocks each
 
 
 def test_router_follows_vllms_publisher_through_a_gap_and_a_restart(kv):
-    ports = free_port(), free_port()
+    ports = free_ports(2)
     pub = vllm_publisher(kv, ports)
     mgr = KVCacheManager(256, BS, hash_mode="sha256", enable_events=True)
     router = Router(["v"], block_size=BS)

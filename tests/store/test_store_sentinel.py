@@ -7,7 +7,6 @@ on: misses while there is no master, nothing wrong served, then hits on the new 
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,6 +18,7 @@ from redis.sentinel import Sentinel
 
 from prefixkv import KVCacheManager, StoreFetched
 from prefixkv.store import RedisStore, SharedStore
+from prefixkv.store.local_cluster import _free_port
 from waiting import LIVE, wait_until
 
 from .conftest import always
@@ -28,9 +28,13 @@ DOC = list(range(1, 42))
 
 
 def port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port outside the ephemeral range (which other connections draw from before
+    the server binds it); distinct from the ones taken so far."""
+    TAKEN.append(_free_port(TAKEN))
+    return TAKEN[-1]
+
+
+TAKEN: list[int] = []
 
 
 def wait(ok, what):

@@ -21,9 +21,11 @@ many times that when its CPUs are busy (a test suite beside it)."""
 
 
 def _free_port(taken: list[int]) -> int:
-    """A port that is free with its cluster bus port (port + 10000) and not in ``taken``."""
+    """A port that is free with its cluster bus port (port + 10000) and not in ``taken``.
+    Both lie below Linux's ephemeral range (32768 up): a port found free there can be
+    taken before the server binds it by any connection this machine opens meanwhile."""
     while True:
-        port = random.randrange(20000, 50000)
+        port = random.randrange(20000, 22768)
         if port in taken:
             continue
         try:
