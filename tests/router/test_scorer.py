@@ -12,15 +12,16 @@ from prefixkv.router.scorer import (
     ReplicaView,
     ScorerError,
     under_cap,
+    under_share,
 )
 
 BS = 4
 
 
 def view(name, *, n=8, run=0, gpu=None, in_flight=0, prefill=0.0, active=0.0, cap=None,
-         usage=None):
+         usage=None, routed=0):
     return ReplicaView(name, n, run, run if gpu is None else gpu, in_flight, prefill, active,
-                       cap, usage)
+                       cap, usage, routed)
 
 
 def test_cost_is_weighted_prefill_plus_blocks_over_capacity():
@@ -70,6 +71,29 @@ def test_balance_cap_rounds_down_at_a_few_requests_per_replica():
     # with more in flight, floor(balance * mean) leaves the room balance gives
     many = [view("a", run=8, in_flight=32)] + [view(f"r{i}", in_flight=30) for i in range(7)]
     assert 0 in under_cap(many, 1.1, tight=True) and CostScorer(balance=1.1).pick(many, 0) == 0
+
+
+def test_balance_evens_requests_routed_where_every_candidate_caches_the_same():
+    """In flight evenly (2 each), but "a" was sent 10 requests and the others 6 (its
+    requests finished sooner): where all cache the same, a would pass the share cap
+    max(ceil(29 / 4), floor(1.1 * 29 / 4)) = 8, and the cheapest is not picked."""
+    views = [view("a", run=8, in_flight=2, routed=10)] + [
+        view(n, run=8, in_flight=2, active=10.0, routed=6) for n in "bcd"]
+    assert CostScorer().pick(views, 0) == 0
+    assert under_share(views, 1.1) == [1, 2, 3]
+    assert CostScorer(balance=1.1).pick(views, 0) == 1
+
+
+def test_share_cap_never_moves_a_request_off_its_cached_run():
+    """a holds the prompt (a session's history) and the others do not: the share cap
+    does not apply, a is picked although over its share."""
+    views = [view("a", run=8, in_flight=2, routed=10)] + [
+        view(n, in_flight=2, active=10.0, routed=6) for n in "bcd"]
+    assert CostScorer(balance=1.1).pick(views, 0) == 0
+    assert under_share([view("a", routed=4), view("b", routed=2)], 1.0) == [1]
+    # under the cap in flight, only a; over its share: kept, since no one else may go
+    busy = [view("a", in_flight=0, routed=9), view("b", in_flight=5, routed=0)]
+    assert CostScorer(balance=1.1).pick(busy, 0) == 0
 
 
 def test_temperature_samples_by_cost():
