@@ -96,6 +96,37 @@ def test_share_cap_never_moves_a_request_off_its_cached_run():
     assert CostScorer(balance=1.1).pick(busy, 0) == 0
 
 
+def test_balance_sends_a_prompt_to_the_one_replica_caching_more_of_it_whatever_the_cost():
+    """a alone holds the prompt's 8 blocks (a session's history) and has 100 blocks in
+    use: Dynamo's cost (2 * 0 + 100 + 8 against 2 * 8 + 0 + 8) moves it to b, and the
+    session's later turns follow; under balance it stays while a is under the caps."""
+    views = [view("a", run=8, in_flight=1, active=100.0), view("b", in_flight=1),
+             view("c", in_flight=1)]
+    assert CostScorer(prefill_weight=2.0).pick(views, 0) == 1
+    assert CostScorer(prefill_weight=2.0, balance=1.1).pick(views, 0) == 0
+    # two hold the most: the cost decides between them
+    views[1] = view("b", run=8, in_flight=1)
+    assert CostScorer(prefill_weight=2.0, balance=1.1).pick(views, 0) == 1
+    # what every replica holds singles none out
+    same = [view("a", run=8, active=100.0), view("b", run=8)]
+    assert CostScorer(prefill_weight=2.0, balance=1.1).pick(same, 0) == 1
+
+
+def test_balance_holds_the_cap_in_flight_as_the_fleet_drains():
+    """After 8 replicas ran 3 requests each, 3 remain in flight: the cap would be
+    max(ceil(4 / 8), floor(1.1 * 4 / 8)) = 1 and a chat turn whose replica runs one
+    other would move off its history; held at the mean of 3, the cap is 4."""
+    busy = [view(f"r{i}", in_flight=3) for i in range(8)]
+    drained = [view("home", run=8, in_flight=1), view("r1", in_flight=1),
+               view("r2", in_flight=1)] + [view(f"r{i}") for i in range(3, 8)]
+    for hold, home in ((64, True), (1, False)):
+        s = CostScorer(balance=1.1, hold=hold)
+        s.pick(busy, 0)
+        assert (s.pick(drained, 1) == 0) is home
+    with pytest.raises(ScorerError, match="hold >= 1"):
+        CostScorer(hold=0)
+
+
 def test_temperature_samples_by_cost():
     s = CostScorer(temperature=0.5, seed=1)
     views = [view("a", run=8), view("b", prefill=16.0)]
