@@ -162,3 +162,47 @@ def test_ttft_floor_does_not_count_a_later_turn_as_a_cache():
     wl = Workload("t", "", (a, b), 1024)
     assert ttft_floor(wl, 1, 1.15) == 24.0
     assert simulate(wl, 1, "prefix", rate=4).prefill_computed == 48
+
+
+class _Scripted:
+    """Routes the k-th request to ``names[plan[k]]``, whatever the views say."""
+
+    def __init__(self, plan):
+        self.plan, self.k = plan, 0
+
+    def pick(self, views, turn):
+        name = f"r{self.plan[self.k]}"
+        self.k += 1
+        return next(i for i, v in enumerate(views) if v.replica == name)
+
+
+def _plan(rng, requests, replicas, most):
+    counts, plan = [0] * replicas, []
+    for _ in range(requests):
+        r = rng.choice([i for i in range(replicas) if counts[i] < most])
+        counts[r] += 1
+        plan.append(r)
+    return plan
+
+
+@pytest.mark.parametrize("name,scale", [("chat", 0.25), ("system-prompt", 0.1),
+                                        ("skewed", 0.05)])
+def test_ttft_floor_is_below_every_route_within_the_bound(name, scale):
+    """The floor is a bound, not an estimate: random routes with imbalance <= 1.15 at 4
+    replicas (each replica at most floor(1.15 * R / 4) requests), and the simulation's
+    own routes, never compute less prefill per request than it, and so never have a
+    lower proxy."""
+    import random
+
+    wl = builtin(name, scale, seed=3)
+    n = len(wl.requests)
+    floor = ttft_floor(wl, 4, 1.15)
+    most = int(1.15 * n / 4)
+    rng = random.Random(0)
+    runs = [simulate(wl, 4, "cost", scorer=_Scripted(_plan(rng, n, 4, most))) for _ in range(6)]
+    runs += [simulate(wl, 4, route) for route in ("cost", "least-loaded", "round-robin")]
+    within = [r for r in runs if r.imbalance <= 1.15]
+    assert len(within) >= 6
+    for r in within:
+        assert floor <= r.prefill_computed / n <= r.ttft_mean
+
