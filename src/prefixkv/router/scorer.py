@@ -11,10 +11,11 @@ position of the one to use. Two scorers:
               + active blocks + blocks of the prompt) / capacity
 
   with replicas whose published KV usage is at or above ``busy_threshold`` left out
-  (unless every candidate is), optionally only those under a bounded-load cap
-  (``balance``; ``under_cap`` with ``tight``: rounded down) and, when every one of
-  them would cache the same run of the prompt, only those under the same cap on
-  requests routed (``under_share``), and the pick the lowest cost (``temperature`` 0) or
+  (unless every candidate is), optionally bounded load first (``balance``: a cap on
+  requests in flight, ``under_cap`` rounded down; a cap on requests routed where every
+  candidate caches the same, ``under_share``; the one candidate caching more of the
+  prompt than all others picked; ``CostScorer``'s doc), and the pick the lowest cost
+  (``temperature`` 0) or
   drawn with probability ``softmax(-cost / (temperature * mean cost))``. Dividing by
   each replica's capacity (its pool, in blocks) lets a larger replica carry more.
 """
