@@ -87,7 +87,7 @@ def test_cost_routing_keeps_chat_sessions_even_at_eight_replicas(seed):
     even only when every replica gets 3 sessions at their first turn (seed 0 gave 4/4/4/3
     /3/3/3/0 with the cap rounded up: imbalance 1.22). No session moves: the prefill
     computed is the floor's (seeds 4, 6, 8 moved sessions, by cost or by the cap as the
-    fleet drained: 94.97% kept on seed 6, imbalance 1.17 on seed 8)."""
+    fleet drained: 94.996% kept on seed 6, imbalance 1.17 on seed 8)."""
     wl = builtin("chat", seed=seed)
     single = simulate(wl, 1, "prefix").hit_rate
     cost = simulate(wl, 8, "cost")
