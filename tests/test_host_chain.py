@@ -179,7 +179,7 @@ def test_a_lookup_with_triple_keys_on_the_device_walks_a_slots_chained_child():
 
 
 def test_a_filled_landing_whose_chunk_a_slot_holds_is_keyed_by_content():
-    from prefixkv.tiers.host import fill_landing
+    from prefixkv.tiers.host_landing import fill_landing
 
     tier = HostTier(3, EventLog(0))
     [s0] = tier.reserve(1)

@@ -35,7 +35,7 @@ from ..results import Admission, StoreWait
 from ..stats import StatsCounter
 from ..store.shared import SharedStore
 from ..tiers import HostTier
-from .block import Block, blocks_for
+from .block import Block, blocks_for, key_chunk
 from .copies import CopyPlan
 from .pool import BlockPool
 from .request import PLAIN_KEYS, Request, RequestKeys
@@ -226,12 +226,15 @@ class Admitter:
         if first:  # the fresh blocks follow the device hits, in the order of the slots
             blocks = taken
             into = taken[len(held):len(hits)]
+            assert req.prompt_chunks is not None, "an admission keeps its chunks until it ends"
+            chunks = req.prompt_chunks[len(held):len(hits)]  # (the slots' keys' bytes)
         else:  # a device hit after host hits: the fresh blocks go where the slots were
             fresh = iter(taken[len(held):])
             blocks = [h if type(h) is Block else next(fresh) for h in hits]
             into = [b for b, h in zip(blocks, hits, strict=True) if h is not b]
             blocks += fresh
-        index.adopt(into, slots, held[-1] if first and held else None, first)
+            chunks = [key_chunk(s.key) for s in slots]
+        index.adopt(into, slots, chunks, held[-1] if first and held else None, first)
         host.load(slots, into)
         return blocks
 

@@ -33,8 +33,8 @@ from ..results import StoreFetched, StoreWait
 from ..store.fetch import Fetch
 from ..store.link import StoreLink
 from ..tiers import HostSlot, HostTier
-from ..tiers.host import fill_landing
 from ..tiers.host_index import HOST
+from ..tiers.host_landing import fill_landing
 from .block import Block
 from .request import Request
 

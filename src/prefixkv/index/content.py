@@ -166,6 +166,17 @@ class ContentIndex(ContentRecorder):
         # first (``check`` verifies it when a tier is below).
         if lower is not None:
             lower.demote(blocks, self.step)
+        if not twins and not sink.active:  # the common case: each content goes, unannounced
+            chained = 0
+            for b in blocks:  # (a chained block leaves no dict entry)
+                if b.chained:
+                    b.chained = False
+                    chained += 1
+                else:
+                    self._unkey(b.key)
+                b.key = None
+            self._num_chained -= chained
+            return
         # events on: the blocks whose content goes (all of them unless a spare takes one
         # over), in one BlockRemoved built now (eager) or when taken (deferred)
         gone: list[Block] | None = [] if sink.active and twins else None
