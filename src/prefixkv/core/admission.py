@@ -139,10 +139,12 @@ class Admitter:
         # a re-admission whose fetch landed may skip the walk: ``reuse`` answers what it finds
         waits = self._waits
         reused = waits.reuse(fetch, prompt_token_ids, extra) if fetch and read_cache and waits else None
+        split: tuple[list[Block], list[Block]] | None = None  # (the hits to load, those held)
         if reused is None:
             req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache, admit)
         else:
-            (req, hits), claimed = reused, None
+            (req, hits, d), claimed = reused, None
+            split = hits[d:], hits[:d]
             self._check_fits(len(req.tokens), *admit)
         n, bs = len(req.tokens), self.block_size
         if fetch is None and self._waits is not None and read_cache and len(hits) < (n - 1) // bs:
@@ -155,7 +157,8 @@ class Admitter:
         pool = self._pool
         if claimed is not None:  # the hits hold their references already (one pass)
             pool.claimed(claimed)
-        loads, held = self._split(hits) if self._host is not None and claimed is None else ((), hits)
+        loads, held = split or (self._split(hits) if self._host is not None and claimed is None
+                                else ((), hits))
         need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
         fit = blocks_for(n, bs) - len(held) if require_full_fit else need
         if not (max(need, fit) <= pool.num_free if claimed is not None

@@ -64,6 +64,9 @@ class HostTier(SlotLanding):
         self.fetches: list[StoreFetched] = []  # the step's payloads to write (no attached memory)
         self.num_landing = 0  # slots a store fetch writes into (the slots nowhere else)
         self.num_offloaded = self.num_loaded = 0
+        # how many times pins were released (``end_step``) or content forgotten (``clear``):
+        # a slot pinned while it stays the same is pinned still, and holds what it held
+        self.num_unpins = 0
         self.num_chained = 0  # slots found only as their parent slot's child
         self.chaining = True  # False once the device cut a chain (``stop_chaining``)
 
@@ -236,6 +239,7 @@ class HostTier(SlotLanding):
             slot.ref_cnt = 0
         self._cached.extend(pinned)
         self._pinned = []
+        self.num_unpins += 1
 
     def _take(self) -> Block | None:
         """A free slot: an empty one, else the least recently used cached one."""
@@ -252,6 +256,7 @@ class HostTier(SlotLanding):
 
     def clear(self) -> None:
         """Forget every slot's content (reset_prefix_cache)."""
+        self.num_unpins += 1
         for s in self.slots:
             s.key, s.prev, s.next, s.ref_cnt, s.chained = None, UNLINKED, UNLINKED, 0, False
         self.num_chained = 0
