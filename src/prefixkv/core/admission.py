@@ -139,12 +139,11 @@ class Admitter:
         # a re-admission whose fetch landed may skip the walk: ``reuse`` answers what it finds
         waits = self._waits
         reused = waits.reuse(fetch, prompt_token_ids, extra) if fetch and read_cache and waits else None
-        split: tuple[list[Block], list[Block]] | None = None  # (the hits to load, those held)
+        d = None  # (``reuse``'s: how many hits are device blocks, which come first)
         if reused is None:
             req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache, admit)
         else:
             (req, hits, d), claimed = reused, None
-            split = hits[d:], hits[:d]
             self._check_fits(len(req.tokens), *admit)
         n, bs = len(req.tokens), self.block_size
         if fetch is None and self._waits is not None and read_cache and len(hits) < (n - 1) // bs:
@@ -157,8 +156,7 @@ class Admitter:
         pool = self._pool
         if claimed is not None:  # the hits hold their references already (one pass)
             pool.claimed(claimed)
-        loads, held = split or (self._split(hits) if self._host is not None and claimed is None
-                                else ((), hits))
+        loads, held = self._split(hits, d) if self._host is not None and claimed is None else ((), hits)
         need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
         fit = blocks_for(n, bs) - len(held) if require_full_fit else need
         if not (max(need, fit) <= pool.num_free if claimed is not None
@@ -204,9 +202,12 @@ class Admitter:
         return Admission.of(request_id, req.blocks, num_cached, num_new)
 
     @staticmethod
-    def _split(hits: list[Block]) -> tuple[list[Block], list[Block]]:
+    def _split(hits: list[Block], device: int | None) -> tuple[list[Block], list[Block]]:
         """The hits that are not device blocks (host slots, fetched blocks: to load), and
-        the device blocks; in the common case (the device blocks first), two slices."""
+        the device blocks; in the common case (the device blocks first), two slices.
+        ``device``: how many device blocks come first and are all there are, if known."""
+        if device is not None:
+            return hits[device:], hits[:device]
         kinds = list(map(type, hits))
         n = kinds.count(Block)
         if n == len(hits):
@@ -216,10 +217,9 @@ class Admitter:
         return [h for h in hits if type(h) is not Block], [h for h in hits if type(h) is Block]
 
     def _acquire_loading(self, req: Request, hits: list[Block], held: list[Block], need: int) -> list[Block]:
-        """``acquire`` when some hits are host slots: pin the slots, take fresh device
-        blocks for them
-        (the evictions this causes may offload, never into a pinned slot), record their
-        content and state the loads: each of these once for all the admission's slots."""
+        """``acquire`` when some hits are host slots: pin the slots, take fresh device blocks
+        for them (the evictions this causes may offload, never into a pinned slot), record
+        their content and state the loads: each of these once for all the admission's slots."""
         host, index = self._host, self._index
         assert host is not None and isinstance(index, ContentIndex), "loads need a host tier"
         first = hits[:len(held)] == held  # the device hits come first (the common case)
