@@ -117,6 +117,7 @@ class BlockPool:
         (``n`` at most as many as there are), each with refcount 1 now, and drop their
         content from the index. (The queue's pop inlined, its links left stale, so that
         one loop over the blocks also sets their counts.)"""
+        assert 0 <= n <= self._cached.size, (n, self._cached.size)
         head, _ = self._cached.ends()
         blocks: list[Block] = []
         b = head.next
