@@ -31,15 +31,8 @@ def shape(events):
     return [(type(e).__name__, tuple(e.block_hashes), tuple(e.block_ids)) for e in events]
 
 
-def test_a_publishers_thread_builds_the_steps_events(make_engine, monkeypatch):
-    built_on = []
-    expand = event_log._expand
-
-    def spy(items):
-        built_on.append(threading.get_ident())
-        return expand(items)
-
-    monkeypatch.setattr(event_log, "_expand", spy)
+def test_a_publishers_thread_builds_the_steps_events(make_engine, calling_threads):
+    built_on = calling_threads(event_log, "_expand")
     engine, alloc = make_engine(allocator=manager(), max_num_seqs=2)
     pub = EventPublisher(block_size=16, heartbeat=None)
     records = []
