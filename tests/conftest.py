@@ -26,6 +26,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -69,3 +70,24 @@ def pytest_collection_modifyitems(items) -> None:
     here = Path(__file__).resolve().parent
     rank = {here / name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path, len(rank)))
+
+
+@pytest.fixture
+def calling_threads(monkeypatch):
+    """``calling_threads(owner, name)``: replace ``owner.name`` (a function, or a method
+    of a class) by one that records the calling thread's id, then calls it; returns the
+    list the ids go into (to show a build ran off the scheduler's thread)."""
+    import threading
+
+    def wrap(owner, name):
+        seen = []
+        real = getattr(owner, name)
+
+        def spy(*args, **kwargs):
+            seen.append(threading.get_ident())
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, spy)
+        return seen
+
+    return wrap
