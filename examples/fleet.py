@@ -112,6 +112,20 @@ def receive(sock: zmq.Socket, what: str, timeout: float, procs: dict[str, subpro
     return msgpack.unpackb(sock.recv())
 
 
+def await_indexed(router, lock, served, timeout: float = 10.0) -> None:
+    """Wait until the router indexes, for each ``(replica, prompt)`` answered this turn, the
+    prompt's full blocks on that replica: the replica published them before its reply, but
+    on another socket, and the next turn is routed on what the replicas hold. For at most
+    ``timeout`` s and no error: a replica that evicted some of them meanwhile never gets
+    there, and routing on less is only routing less well."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with lock:
+            if all(router.cached_tokens(p)[r] >= len(p) // BLOCK_SIZE * BLOCK_SIZE for r, p in served):
+                return
+        time.sleep(0.01)
+
+
 def await_first_heartbeats(router, names: list[str], timeout: float) -> None:
     """Wait until the router has heard every replica (its first heartbeat or event);
     TimeoutError naming the silent ones: routing without them would skew every number."""
@@ -178,19 +192,21 @@ def run_fleet(policy: str, convs, system, args) -> dict:
         replies: list[list] = [[] for _ in convs]
         where = {}
         for t in range(args.turns):
+            served = []
             for c, conv in enumerate(convs):
                 histories[c] += conv[t]
                 with sub.lock:  # the router's thread: the polled loads go in, then route
                     poller.apply()
                     where[c] = router.route(histories[c]).replica
                 inboxes[where[c]].send(msgpack.packb({"id": c, "prompt": histories[c]}))
+                served.append((where[c], list(histories[c])))
             for _ in convs:
                 msg = receive(results, f"a reply of turn {t + 1}", args.timeout, procs)
                 with sub.lock:
                     router.finish(where[msg["id"]])
                 replies[msg["id"]].append(msg["tokens"])
                 histories[msg["id"]] += msg["tokens"]
-            time.sleep(0.3)  # the turn's events reach the router before the next turn
+            await_indexed(router, sub.lock, served)  # before the next turn is routed
         counts = [scrape(info[n]["metrics"]) for n in names]
         with sub.lock:
             poller.apply()

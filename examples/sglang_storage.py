@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
                 model_name="example/model", extra_config={
                     "backend_name": "prefixkv", "class_name": "PrefixKVStorage",
                     "module_path": "prefixkv.integrations.sglang.storage", "interface_v1": 1,
-                    "redis_url": redis.url})
+                    # a generous bound (0.25 s by default): this machine's CPUs may be shared
+                    "redis_url": redis.url, "timeout": 10.0})
             backend = sgl.factory.create_backend("dynamic", config, pool)
             backend.register_mem_pool_host(pool)
             backends.append((backend, pool))

@@ -28,6 +28,10 @@ import time
 BLOCK_SIZE = 16
 PREFILL_TOKENS_PER_S = 500.0
 """What this CPU model's prefill is stated to do (it is the engine's to state)."""
+TIMEOUT = 10.0
+"""Seconds a store call may take here: generous, as this machine's CPUs may be shared (the
+library's defaults, 0.25 s a write and 1 s a fetch, suit a server that answers in
+milliseconds to an engine with CPUs of its own)."""
 
 
 def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
@@ -47,12 +51,12 @@ def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
     runner = ModelRunner(TinyLlama(cfg), num_blocks, BLOCK_SIZE, poison=True)
     k_host = torch.full((host_blocks, *runner.k_cache[:, 0].shape), float("nan"))
     v_host = torch.full_like(k_host, float("nan"))
-    backend = RedisStore(url)
+    backend = RedisStore(url, timeout=TIMEOUT)
     layout = StoreLayout(f"tiny-llama/seed{cfg.seed}/L{cfg.num_layers}/KV{cfg.num_kv_heads}"
                          f"/D{cfg.head_dim}/[L,N,bs,H,D]", str(cfg.dtype),
                          kv_block_bytes(runner.k_cache, runner.v_cache))
     # this CPU model prefills a few hundred tokens a second: a store hit is worth fetching
-    store = (SharedStore(backend, layout, cost=FetchCost(PREFILL_TOKENS_PER_S))
+    store = (SharedStore(backend, layout, cost=FetchCost(PREFILL_TOKENS_PER_S), timeout=TIMEOUT)
              if role != "nocache" else None)
     mgr = KVCacheManager(num_blocks, BLOCK_SIZE, hash_mode="sha256", host_blocks=host_blocks,
                          store=store, enable_caching=role != "nocache")
@@ -150,10 +154,10 @@ def show_ttft(url: str) -> int:
 
     def backend_of(delay):
         if not delay:
-            b = RedisStore(url)
+            b = RedisStore(url, timeout=TIMEOUT)
             return b, b.close
         proxy = LatencyProxy(url[len("unix://"):], delay)
-        b = RedisStore(proxy.url)
+        b = RedisStore(proxy.url, timeout=TIMEOUT)
         return b, lambda: (b.close(), proxy.close())
 
     data = run_ttft(backend_of)

@@ -66,7 +66,7 @@ def vllm_config(model_path: str, redis_url: str, **extra: object):
                               "redis_url": redis_url, "retry_after": 0,
                               # generous bounds: this machine's CPUs are shared (a
                               # server a network away needs its own figures)
-                              "lookup_timeout": 2.0, "timeout": 10.0, **extra})
+                              "lookup_timeout": 10.0, "timeout": 10.0, **extra})
     return VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
                       kv_transfer_config=kt, device_config=DeviceConfig("cpu"))
 

@@ -12,6 +12,14 @@ to this checkout's ``.cache/torch-extensions``. torch's default, ~/.cache/torch_
 is one folder for every checkout and venv of the user, and the build names the venv's
 torch headers: two checkouts with their own venvs rebuilt it for each other on every run
 (about 20 s of CPU each time). Set TORCH_EXTENSIONS_DIR yourself to override.
+
+Hypothesis runs without its per-example deadline (200 ms) and without the health check
+that fails a test whose examples are slow to generate: on CI's two busy cores (two
+pytest-xdist workers, the Triton interpreter, replica subprocesses) an example may take
+ten times as long as on a quiet machine, which says nothing about the code. Every other
+setting is the active profile's (``--hypothesis-profile`` still chooses another).
+tests/waiting.py holds the same rule for servers and threads: wait for a condition,
+never for a fixed time.
 """
 
 import os
@@ -19,6 +27,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "prefixkv-busy-machine", deadline=None,
+    suppress_health_check=[*settings.default.suppress_health_check, HealthCheck.too_slow])
+settings.load_profile("prefixkv-busy-machine")
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 if "torch" in sys.modules:  # a plugin imported it first: the variable came too late

@@ -4,12 +4,17 @@ same managers alone, the report shows it, and it is skipped cleanly without a se
 import pytest
 
 from prefixkv.bench import store_replicas as replicas
+from prefixkv.bench import store_ttft
 from prefixkv.bench.report import markdown, terminal
 from prefixkv.bench.suite import BenchConfig, run_bench
 from prefixkv.bench.workloads import builtin
 
 
-def test_replicas_with_a_store_compute_less_and_hit_the_store():
+def test_replicas_with_a_store_compute_less_and_hit_the_store(monkeypatch):
+    # TTFT: a prompt worth 128 ms (4,000 tokens/s, not 20,000: 26 ms) and a slow store
+    # +250 ms: a fast store's fetches stay far below on a busy machine, the slow one's above
+    monkeypatch.setattr(store_ttft, "PREFILL_TPS", 4_000.0)
+    monkeypatch.setattr(store_ttft, "SLOW", 0.25)
     wls = [builtin(name, 0.05, 0) for name in replicas.REPLICA_WORKLOADS]
     data = replicas.run_replicas(wls, 16)
     assert [w["name"] for w in data["workloads"]] == list(replicas.REPLICA_WORKLOADS)
@@ -26,7 +31,7 @@ def test_replicas_with_a_store_compute_less_and_hit_the_store():
     none, fast, slow = data["ttft"]["rows"]
     assert (none["waits"], none["store_hits"]) == (0, 0)
     assert fast["store_hits"] == 8 * 512                   # every shared prompt fetched
-    assert (slow["waits"], slow["store_hits"]) == (0, 0)   # +50 ms a round trip: computed
+    assert (slow["waits"], slow["store_hits"]) == (0, 0)   # +250 ms a round trip: computed
     cost = data["cost"]
     assert cost["latency_s"] > 0 and cost["bandwidth"] > 0
     assert [r["model"] for r in cost["rows"]] == ["Llama-3.2-1B-like", "Llama-3-8B-like",

@@ -14,6 +14,7 @@ pytest.importorskip("zmq", reason="the publisher needs pyzmq (extra prefixkv[eve
 from prefixkv import BlockStored, KVCacheManager, event_log  # noqa: E402
 from prefixkv.engine import SamplingParams  # noqa: E402
 from prefixkv.fleet.publisher import EventPublisher  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 from .helpers import CONFIG  # noqa: E402
 from .test_engine import prompts_with  # noqa: E402
@@ -44,9 +45,9 @@ def test_a_publishers_thread_builds_the_steps_events(make_engine, calling_thread
             return
         sent = pub.published_batches
         assert pub.publish(rec.pending_events)
-        deadline = time.monotonic() + 20  # sent, so built: the engine never has to
-        while pub.published_batches == sent and time.monotonic() < deadline:
-            time.sleep(0.001)
+        wait_until(lambda: pub.published_batches > sent,  # sent, so built: the engine
+                   "the publisher's thread to send the step's batch",  # never has to
+                   step=lambda: time.sleep(0.001))
 
     engine.generate(PROMPTS, SamplingParams(max_tokens=6), on_step=on_step)
     pub.close()

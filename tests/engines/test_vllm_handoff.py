@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import pytest
 
@@ -17,6 +16,8 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 skip_module_without_vllm()
 pytest.importorskip("torch")
 zmq = pytest.importorskip("zmq")
+
+from waiting import PATIENCE, connect_sub  # noqa: E402
 
 from .test_vllm_plugin import BS, manager, request  # noqa: E402
 
@@ -55,15 +56,14 @@ def test_the_publishers_thread_builds_the_same_bytes(tmp_path, calling_threads):
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, TOPIC.encode())
     pub = ZmqEventPublisher(0, endpoint=f"ipc://{tmp_path}/kv", topic=TOPIC)  # (binds it)
-    sub.connect(f"ipc://{tmp_path}/kv")
     try:
+        connect_sub(sub, f"ipc://{tmp_path}/kv")  # (the subscription reaches the publisher)
         assert hand_off(pub)
         eager = manager(enable_kv_cache_events=True)
         handed = manager(enable_kv_cache_events=True)
         handed.hands_off_events = True
         connector = BlockStored(block_hashes=[7], parent_block_hash=None, token_ids=[1] * BS,
                                 block_size=BS, lora_id=None, medium="STORAGE", lora_name=None)
-        time.sleep(0.5)  # (the subscription reaches the publisher)
         expected = []
         prompts = [list(range(100 * i, 100 * i + 40)) for i in range(5)] + [list(range(40))]
         for i, tokens in enumerate(prompts):
@@ -79,11 +79,11 @@ def test_the_publishers_thread_builds_the_same_bytes(tmp_path, calling_threads):
                     KVEventBatch(ts=float(i), events=want, data_parallel_rank=0)))
             assert bool(got) == bool(want)
             publish(pub, got, float(i))
-        assert sub.poll(5000)
         sent = []
-        while sub.poll(1000):
+        while len(sent) < len(expected) and sub.poll(PATIENCE * 1000):  # (sent by a thread)
             topic, seq, payload = sub.recv_multipart()
             sent.append(payload)
+        assert not sub.poll(100)  # nothing more
         assert sent == expected and len(sent) >= 5
         assert built_on and threading.get_ident() not in built_on
     finally:

@@ -11,6 +11,7 @@ from prefixkv.fleet.publisher import EventPublisher
 from prefixkv.fleet.replay import END_SEQ
 from prefixkv.fleet.wire import WireError
 from prefixkv.router import Cleared, Removed, Stored, decode_batch
+from waiting import PATIENCE, connect_sub, wait_until
 
 
 @pytest.fixture
@@ -21,13 +22,12 @@ def ctx():
 def sub_to(ctx, pub):
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
-    sub.connect(pub.endpoint)
-    time.sleep(0.5)  # PUB drops messages sent before a subscription arrives
+    connect_sub(sub, pub.endpoint)  # PUB drops messages sent before a subscription arrives
     return sub
 
 
-def recv(sock, timeout=2000):
-    assert sock.poll(timeout), "nothing received"
+def recv(sock):
+    assert sock.poll(PATIENCE * 1000), "nothing received"
     return sock.recv_multipart()
 
 
@@ -106,7 +106,7 @@ def test_dropped_batch_is_counted_and_followed_by_a_snapshot(ctx, handed_off):
     # first (linger 0) could discard what the thread had sent but ZeroMQ had not yet
     # delivered, and a fixed quiet period ended the read early on a loaded machine.
     held: set = set()
-    deadline = time.monotonic() + 20.0
+    deadline = time.monotonic() + PATIENCE
     while held != truth and time.monotonic() < deadline:
         if not sub.poll(100):
             continue
@@ -219,9 +219,7 @@ def test_a_failing_send_is_counted_and_the_thread_goes_on(ctx):
         bad = BlockStored([b"\x01" * 32], None, bytes(16), [0],  # lora_id past uint64
                           ExtraKeys(lora="x", lora_id=2**70), 0)
         assert pub.publish([bad])
-        deadline = time.monotonic() + 3
-        while pub.send_errors == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: pub.send_errors > 0, "the send to fail")
         health = pub.health()
         assert health["send_errors"] == 1 and "OverflowError" in health["last_error"]
         assert health["sender_alive"]

@@ -23,6 +23,8 @@ from prefixkv.fleet.wire import to_wire_events
 from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
 from prefixkv.router import Router
 from prefixkv.router.subscriber import Subscriber
+from prefixkv.store.local_cluster import _free_port
+from waiting import LIVE, PATIENCE, await_subscribed, connect_sub, poll_until
 
 from .vllm_kv_events import kv_cache_utils, kv_events
 
@@ -45,7 +47,7 @@ def plain(value):
 def recv_all(sub, n):
     out = []
     while len(out) < n:
-        assert sub.poll(3000), f"got {len(out)} of {n} messages"
+        assert sub.poll(PATIENCE * 1000), f"got {len(out)} of {n} messages"
         out.append(sub.recv_multipart())
     return out
 
@@ -63,8 +65,7 @@ def test_prefixkv_stream_decodes_with_vllms_structs(kv, handed_off):
     with EventPublisher(block_size=BS, heartbeat=None, dp_rank=2) as pub:
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, TOPIC.encode())
-        sub.connect(pub.endpoint)
-        time.sleep(0.5)
+        connect_sub(sub, pub.endpoint)
         mgr.add_request("a", list(range(1, 18)), extra=extra)
         take = [m.take_pending_events if handed_off else m.take_events for m in (mgr, hybrid)]
         pub.publish(take[0]())
@@ -133,17 +134,18 @@ def test_extra_keys_equal_vllms_own(lora, salt, mm):
 # ---- the router on vLLM's ZmqEventPublisher -----------------------------------------
 
 
-def free_port():
-    sock = zmq.Context.instance().socket(zmq.REP)
-    sock.bind("tcp://127.0.0.1:*")
-    port = int(sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
-    sock.close(linger=0)
-    return port
+def free_ports(n):
+    """``n`` distinct free ports outside the ephemeral range: vLLM's publisher binds them
+    later, and other connections draw from that range meanwhile."""
+    taken = []
+    for _ in range(n):
+        taken.append(_free_port(taken))
+    return tuple(taken)
 
 
 def vllm_publisher(kv, ports):
     """vLLM's publisher bound on ``ports`` (a restarted one may wait for them)."""
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + PATIENCE
     while True:
         try:
             return kv.ZmqEventPublisher(0, endpoint=f"tcp://*:{ports[0]}",
@@ -163,42 +165,36 @@ def publish(kv, pub, mgr, rid, prompt):
     pub.publish(kv.KVEventBatch(ts=time.time(), events=events))
 
 
-def until(sub, cond, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not cond() and time.monotonic() < deadline:
-        sub.poll(0.1)
-    return cond()
-
-
 P = [list(range(100 * i + 1, 100 * i + 13)) for i in range(6)]  # 3 blocks each
 
 
 def test_router_follows_vllms_publisher_through_a_gap_and_a_restart(kv):
-    ports = free_port(), free_port()
+    ports = free_ports(2)
     pub = vllm_publisher(kv, ports)
     mgr = KVCacheManager(256, BS, hash_mode="sha256", enable_events=True)
     router = Router(["v"], block_size=BS)
-    sub = Subscriber(router, {"v": (f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}")})
+    sub = Subscriber(router, {"v": (f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}")},
+                     replay_timeout=LIVE)
     held = lambda: [router.cached_tokens(p)["v"] for p in P]  # noqa: E731
     try:
-        time.sleep(0.5)
+        await_subscribed(sub)
         publish(kv, pub, mgr, "a", P[0])
-        assert until(sub, lambda: held()[0] == 12)
+        assert poll_until(sub, lambda: held()[0] == 12)
         assert sub.health()["replicas"]["v"]["protocol"] == "vllm"
         publish(kv, pub, mgr, "b", P[1])
         publish(kv, pub, mgr, "c", P[2])
         (sock,) = sub._sub  # lost on the way: seq 1 and 2
         assert len(recv_all(sock, 2)) == 2
         publish(kv, pub, mgr, "d", P[3])
-        assert until(sub, lambda: held()[:4] == [12] * 4)
+        assert poll_until(sub, lambda: held()[:4] == [12] * 4)
         assert (sub.gaps_filled, sub.resyncs, sub.restarts, sub.last_seq["v"]) == (1, 0, 0, 3)
         pub.shutdown()  # the engine restarts, empty, on the same ports, and stays quiet
         pub = vllm_publisher(kv, ports)
         mgr = KVCacheManager(256, BS, hash_mode="sha256", enable_events=True)
-        assert until(sub, lambda: sub.restarts == 1)
+        assert poll_until(sub, lambda: sub.restarts == 1)
         assert held() == [0] * 6 and sub.disconnects >= 1
         publish(kv, pub, mgr, "e", P[4])
-        assert until(sub, lambda: held()[4] == 12)
+        assert poll_until(sub, lambda: held()[4] == 12)
         assert sub.last_seq["v"] == 0 and sub.resyncs == 0 and sub.errors == 0
         assert sub.bad_batches == sub.bad_replies == 0
     finally:

@@ -1,8 +1,6 @@
 """A hybrid manager's events on the wire: group index and spec fields, exact maps, decoded
 back, scored once per block by the router, and carried over real ZeroMQ on loopback."""
 
-import time
-
 import msgpack
 import pytest
 
@@ -11,6 +9,7 @@ from prefixkv.fleet.publisher import EventPublisher
 from prefixkv.fleet.wire import encode_batch, to_wire_events, wire_hash
 from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, sliding_window
 from prefixkv.router import Removed, Router, Stored, decode_batch
+from waiting import LIVE, await_subscribed, poll_until, wait_until
 
 BS = 4
 GROUPS = [full_attention(), sliding_window(5), chunked_local(8)]
@@ -151,13 +150,6 @@ def test_router_without_group_fields_and_unknown_kind():
     assert other.scored_group("r") is None and other.index.num_blocks("r") == 0
 
 
-def wait_until(sub, cond):
-    deadline = time.monotonic() + 5
-    while not cond() and time.monotonic() < deadline:
-        sub.poll(0.1)
-    assert cond()
-
-
 def test_hybrid_publisher_to_subscriber_over_zeromq():
     from prefixkv.router.subscriber import Subscriber
 
@@ -169,13 +161,13 @@ def test_hybrid_publisher_to_subscriber_over_zeromq():
     try:
         m.add_request("a", p[0])
         pub.publish(m.take_events())
-        time.sleep(0.3)                            # sent before anyone subscribes
-        sub = Subscriber(router, {"r": (pub.endpoint, pub.replay_endpoint)})
+        wait_until(lambda: pub.published_batches == 1, "a sent before anyone subscribes")
+        sub = Subscriber(router, {"r": (pub.endpoint, pub.replay_endpoint)}, replay_timeout=LIVE)
         try:
-            time.sleep(0.5)
+            await_subscribed(sub)
             m.add_request("b", p[1])
             pub.publish(m.take_events())
-            wait_until(sub, lambda: router.cached_tokens(p[1])["r"] == 12)
+            assert poll_until(sub, lambda: router.cached_tokens(p[1])["r"] == 12)
             assert sub.snapshots == 1             # first contact: the per-group snapshot
             assert router.scored_group("r") == 0
             assert [router.cached_tokens(x)["r"] for x in p] == [12, 12, 0]
@@ -184,7 +176,7 @@ def test_hybrid_publisher_to_subscriber_over_zeromq():
             m.free("b")
             m.add_request("c", list(range(500, 500 + 4 * 9)))  # evicts in every group
             pub.publish(m.take_events())
-            wait_until(sub, lambda: sub.last_seq.get("r") == 2)  # batches a, b, c
+            assert poll_until(sub, lambda: sub.last_seq.get("r") == 2)  # batches a, b, c
             want = [m.lookup(x) for x in p]
             assert [router.cached_tokens(x)["r"] for x in p] == want == [4, 12, 0]
             # the index mirrors the full-attention group's contents, no more
@@ -204,9 +196,8 @@ def test_publisher_snapshot_keeps_a_hash_per_group():
         m.free("a")
         m.add_request("x", list(range(200, 209)))  # evicts a's block 2 in group 0 only
         pub.publish(m.take_events())
-        deadline = time.monotonic() + 5  # the thread follows the batch in its mirror
-        while pub.published_batches < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        # the thread follows the batch in its mirror
+        wait_until(lambda: pub.published_batches == 1, "the batch sent")
         _, evs, _ = decode_batch(pub._snapshot())
         h = hashes(a)
         got = {(e.group, e.kind, e.window): sorted(e.hashes) for e in evs[1:]}

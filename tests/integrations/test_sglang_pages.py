@@ -6,6 +6,7 @@ from prefixkv.errors import ConfigError
 from prefixkv.integrations.sglang.pages import PageStore
 from prefixkv.store import RedisStore, StoreLayout
 from prefixkv.store.server import LocalRedis
+from waiting import LIVE
 
 LAYOUT = StoreLayout("pages-test", "bfloat16", 8)
 
@@ -17,7 +18,10 @@ def server():
 
 
 def pages(server, layout=LAYOUT, **kw) -> PageStore:
-    return PageStore(RedisStore(server.url), layout, 4, retry_after=0, **kw)
+    """A page store whose calls to the live server get ``LIVE`` seconds (the default,
+    0.25 s, is for a server that answers in milliseconds; a busy CI machine may not)."""
+    return PageStore(RedisStore(server.url, timeout=LIVE), layout, 4, retry_after=0,
+                     **{"timeout": LIVE, **kw})
 
 
 def test_put_held_get_and_the_content_check(server):
@@ -35,7 +39,7 @@ def test_put_held_get_and_the_content_check(server):
 
 def test_store_down_is_misses_and_dropped_writes():
     with LocalRedis() as s:
-        store = pages(s, timeout=0.2)
+        store = pages(s, timeout=0.2)  # (a stopped server refuses at once)
         s.stop()
         assert store.held(["aa"]) == 0 and store.get(["aa"]) == [None]
         assert not store.put([("aa", b"12345678")])

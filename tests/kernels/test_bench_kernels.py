@@ -20,7 +20,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_kernels.py"
 
 
 def _run(*args: str, script: Path = SCRIPT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=900,
                           env={**os.environ})
 
 

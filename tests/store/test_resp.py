@@ -7,6 +7,7 @@ import time
 import pytest
 
 from prefixkv.store.resp import Resp, RespError, pack
+from waiting import LIVE
 
 
 @pytest.fixture
@@ -14,13 +15,13 @@ def conn(redis_url):
     if not redis_url.startswith("unix://"):
         pytest.skip("the reader is tested on the local server's Unix socket")
     c = Resp(("unix", redis_url[len("unix://"):]))
-    c.open(time.monotonic() + 5)
+    c.open(time.monotonic() + LIVE)
     yield c
     c.close()
 
 
 def test_replies_into_buffers(conn):
-    d = time.monotonic() + 5
+    d = time.monotonic() + LIVE
     conn.send(pack(b"SET", b"resp:a", b"0123456789") + pack(b"DEL", b"resp:l")
               + pack(b"RPUSH", b"resp:l", b"x"), d)
     assert [conn.reply(d) for _ in range(3)] == [b"OK", 0, 1]

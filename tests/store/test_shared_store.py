@@ -18,6 +18,7 @@ from prefixkv import (
 )
 from prefixkv.store import SharedStore, StoreLayout, StoreWriter, decode_value, encode_value
 from prefixkv.store.record import block_head
+from waiting import LIVE, PATIENCE
 
 from .conftest import always
 
@@ -43,7 +44,7 @@ def write(backend, ops):
 def admit(m, rid, prompt, **kw):
     """The engine's loop for one request: admit it, or wait for its store fetch."""
     while isinstance(adm := m.add_request(rid, prompt, **kw), StoreWait):
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + PATIENCE
         while rid not in m.poll_store():
             assert time.monotonic() < deadline, "a fetch that never ended"
             time.sleep(0.001)
@@ -161,18 +162,20 @@ def test_salts_and_layouts_isolate(backend, shared, layout):
     assert from_store(manager(shared), A) == 0
     unsalted = computed(m1, backend, "u", A)
     assert {p.key.split(b":")[1] for p in puts} != {p.key.split(b":")[1] for p in unsalted}
-    other = SharedStore(backend, StoreLayout(layout.model, layout.dtype, 16), cost=always())
+    other = SharedStore(backend, StoreLayout(layout.model, layout.dtype, 16), cost=always(),
+                        timeout=LIVE)
     assert from_store(manager(other), A) == 0         # another payload size: another namespace
     seeded = manager(shared, hash_mode="xxhash", seed=5)
     assert from_store(seeded, A) == 0                 # another hash mode: another namespace
 
 
 def test_fetches_are_bounded_by_max_fetch_and_by_free_host_slots(backend, layout):
-    shared = SharedStore(backend, layout, max_fetch=2, cost=always())
+    shared = SharedStore(backend, layout, max_fetch=2, cost=always(), timeout=LIVE)
     m1 = manager(shared)
     computed(m1, backend, "a", A)
     assert from_store(manager(shared), A) == 8
-    assert from_store(manager(SharedStore(backend, layout, cost=always()), host_blocks=1), A) == 4
+    assert from_store(manager(SharedStore(backend, layout, cost=always(), timeout=LIVE), host_blocks=1),
+                      A) == 4
 
 
 def test_fetched_blocks_are_announced_on_the_host_then_the_device(backend, shared):
@@ -240,8 +243,8 @@ def test_an_acl_user_limited_to_prefixkv_keys_and_three_commands_suffices(redis_
     if not redis_url.startswith("unix://"):
         pytest.skip("the URL is not a Unix socket; the recipe is tested on the local server")
     path = redis_url[len("unix://"):]
-    user = RedisStore(f"unix://fleet:s3cret@{path}")
-    shared = SharedStore(user, layout, cost=always())
+    user = RedisStore(f"unix://fleet:s3cret@{path}", timeout=LIVE)
+    shared = SharedStore(user, layout, cost=always(), timeout=LIVE)
     computed(manager(shared), user, "a", A)
     assert from_store(manager(shared), A) == 12
     assert user.put([(b"elsewhere", b"v")]) == 1    # refused (NOPERM), counted

@@ -11,6 +11,7 @@ from prefixkv import KVCacheManager, StoreWait
 from prefixkv.store import RedisStore, SharedStore, StoreLayout
 from prefixkv.store.local_cluster import LocalCluster
 from prefixkv.store.resp import Resp
+from waiting import LIVE
 
 from .conftest import always
 from .test_shared_store import computed, from_store
@@ -20,8 +21,11 @@ DOC = list(range(1, 42))                 # ten full blocks of 4, and one token
 
 @pytest.fixture
 def cluster():
+    # A node is judged failed after a minute, not a second: a killed master then costs its
+    # keys only for as long as a test runs, however slow the machine (a failed one would
+    # take the whole cluster down: slots uncovered, no replicas).
     try:
-        with LocalCluster() as c:
+        with LocalCluster(node_timeout=60_000) as c:
             yield c
     except RuntimeError as exc:  # pragma: no cover - a machine that cannot run one
         pytest.fail(f"the local cluster did not come up: {exc}")
@@ -32,9 +36,9 @@ def manager(shared):
 
 
 def setup(cluster, connections=2):
-    backend = RedisStore(cluster.url, cluster=True, timeout=2.0)
+    backend = RedisStore(cluster.url, cluster=True, timeout=LIVE)  # a killed node refuses at once
     shared = SharedStore(backend, StoreLayout(uuid.uuid4().hex, "f32", 8), cost=always(),
-                         retry_after=3600, timeout=5.0, connections=connections)
+                         retry_after=3600, timeout=LIVE, connections=connections)
     puts = computed(manager(shared), backend, "a", DOC)
     assert len(puts) == 10
     admin = redis.cluster.RedisCluster.from_url(cluster.url)

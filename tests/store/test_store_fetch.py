@@ -11,6 +11,7 @@ import pytest
 
 from prefixkv import ConfigError, KVCacheManager, RequestError, StoreWait
 from prefixkv.store import FetchCost, SharedStore
+from waiting import LIVE
 
 from .conftest import always
 from .test_shared_store import A, computed
@@ -33,9 +34,10 @@ def setup(backend, layout, **kw):
     """A store holding A's three blocks (written by another manager), and a manager
     whose fetches run when the test says."""
     computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
-                            store=SharedStore(backend, layout, cost=always())), backend, "w", A)
+                            store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
+             backend, "w", A)
     ex = Manual()
-    shared = SharedStore(backend, layout, cost=always(), executor=ex, **kw)
+    shared = SharedStore(backend, layout, cost=always(), executor=ex, **{"timeout": LIVE, **kw})
     return KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=shared), ex, shared
 
 
@@ -143,7 +145,8 @@ def test_a_fetch_past_its_deadline_releases_its_request_and_keeps_its_slots(back
 
 def test_a_cost_rule_that_says_compute_starts_no_fetch(backend, layout):
     computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
-                            store=SharedStore(backend, layout, cost=always())), backend, "w", A)
+                            store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
+             backend, "w", A)
     ex = Manual()
     m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
                        store=SharedStore(backend, layout, executor=ex,
@@ -227,10 +230,11 @@ def test_a_fill_that_fails_on_the_fetcher_is_done_at_the_landing(backend, layout
 def test_a_run_that_repeats_a_block_is_keyed_by_content(backend, layout):
     rep = [1, 2, 3, 4] * 3 + [9]                     # three blocks of equal tokens
     computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
-                            store=SharedStore(backend, layout, cost=always())), backend, "w", rep)
+                            store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
+             backend, "w", rep)
     ex = Manual()
     m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
-                       store=SharedStore(backend, layout, cost=always(), executor=ex))
+                       store=SharedStore(backend, layout, cost=always(), timeout=LIVE, executor=ex))
     m.add_request("b", rep)
     ex.run()
     assert not m._store.done[0].unique

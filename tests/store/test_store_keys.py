@@ -8,6 +8,7 @@ import redis
 from prefixkv import KVCacheManager, StoreWait
 from prefixkv.store import RedisStore, SharedStore, StoreLayout, StoreWriter, encode_value
 from prefixkv.store.server import LocalRedis
+from waiting import LIVE
 
 from .conftest import always
 from .test_shared_store import admit, computed, from_store
@@ -20,7 +21,7 @@ def manager(shared):
 
 
 def test_a_key_of_the_wrong_type_costs_that_key_not_the_run_before_it(backend, layout, redis_url):
-    shared = SharedStore(backend, layout, cost=always(), retry_after=3600)
+    shared = SharedStore(backend, layout, cost=always(), retry_after=3600, timeout=LIVE)
     puts = computed(manager(shared), backend, "a", DOC)
     assert len(puts) == 10
     admin = redis.Redis.from_url(redis_url)
@@ -34,7 +35,7 @@ def test_a_key_of_the_wrong_type_costs_that_key_not_the_run_before_it(backend, l
 
 
 def test_a_value_that_fails_the_check_is_counted_and_keeps_the_store_in_use(backend, layout):
-    shared = SharedStore(backend, layout, cost=always(), retry_after=3600)
+    shared = SharedStore(backend, layout, cost=always(), retry_after=3600, timeout=LIVE)
     puts = computed(manager(shared), backend, "a", DOC)
     backend.put([(puts[3].key, encode_value(puts[4].head, bytes(8)))])   # another block's value
     m = manager(shared)
@@ -46,9 +47,9 @@ def test_a_value_that_fails_the_check_is_counted_and_keeps_the_store_in_use(back
 def test_a_write_refused_part_way_through_a_pipeline_loses_only_the_values_refused():
     layout = StoreLayout("oom", "float32", 20_000)
     with LocalRedis(policy="noeviction") as server:
-        backend = RedisStore(server.url)
+        backend = RedisStore(server.url, timeout=LIVE)
         admin = redis.Redis.from_url(server.url)
-        shared = SharedStore(backend, layout, cost=always())
+        shared = SharedStore(backend, layout, cost=always(), timeout=LIVE)
         m = manager(shared)
         admit(m, "a", DOC)
         m.take_kv_ops()

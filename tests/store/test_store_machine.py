@@ -33,6 +33,7 @@ from prefixkv.core.block import blocks_for
 from prefixkv.errors import PromptTooLongError
 from prefixkv.store import RedisStore, SharedStore, StoreLayout, encode_value
 from prefixkv.tiers import HostSlot
+from waiting import LIVE
 
 from .conftest import always
 
@@ -85,7 +86,7 @@ class SharedStoreMachine(RuleBasedStateMachine):
 
     @initialize()
     def setup(self):
-        self.backend = RedisStore(URL[0])
+        self.backend = RedisStore(URL[0], timeout=LIVE)
         self.executor = Manual()
         self.shared = SharedStore(self.backend, StoreLayout(uuid.uuid4().hex, "sim", 16),
                                   cost=always(), timeout=30.0, executor=self.executor)

@@ -7,6 +7,7 @@ import time
 
 from prefixkv.store import SharedStore
 from prefixkv.store.threads import FetchThreads
+from waiting import LIVE, PATIENCE
 
 from .conftest import always
 from .test_shared_store import A, computed, from_store, manager
@@ -54,13 +55,13 @@ def test_shutdown_waits_for_calls_handed_over_by_calls():
 def test_a_store_fetches_on_its_threads_and_the_cost_is_fed_there(backend, layout):
     """The default runner is FetchThreads; the fit of the fetch's figures (FetchCost)
     is made by the fetcher, before the manager's thread lands the fetch."""
-    shared = SharedStore(backend, layout, cost=always())
+    shared = SharedStore(backend, layout, cost=always(), timeout=LIVE)
     computed(manager(shared), backend, "a", A)
     m = manager(shared)
     assert isinstance(shared.executor, FetchThreads)
     before, seen = shared.cost.measured_at, len(shared.cost._seen)   # (a's fetch: a miss)
     m.add_request("b", A)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + PATIENCE
     while not m._store.done:                          # ended, not landed yet
         assert time.monotonic() < deadline
         time.sleep(0.001)

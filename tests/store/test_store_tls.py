@@ -15,6 +15,7 @@ import pytest
 
 from prefixkv import KVCacheManager
 from prefixkv.store import RedisStore, SharedStore
+from waiting import LIVE
 
 from .conftest import always
 from .test_shared_store import computed, from_store
@@ -87,8 +88,8 @@ def tls(redis_url):
 
 def test_writes_and_fetches_go_over_tls(tls, layout):
     term, cert = tls
-    backend = RedisStore(f"rediss://127.0.0.1:{term.port}", ca_certs=cert, timeout=2.0)
-    shared = SharedStore(backend, layout, cost=always())
+    backend = RedisStore(f"rediss://127.0.0.1:{term.port}", ca_certs=cert, timeout=LIVE)
+    shared = SharedStore(backend, layout, cost=always(), timeout=LIVE)
     assert len(computed(manager(shared), backend, "a", DOC)) == 10   # redis-py over TLS
     m = manager(shared)
     assert from_store(m, DOC) == 40 and m.stats.store_errors == 0   # the reader over TLS
@@ -96,6 +97,6 @@ def test_writes_and_fetches_go_over_tls(tls, layout):
 
 def test_a_client_that_does_not_trust_the_certificate_fails_counted(tls, layout):
     term, _ = tls
-    backend = RedisStore(f"rediss://127.0.0.1:{term.port}", timeout=2.0)   # system CAs only
-    m = manager(SharedStore(backend, layout, cost=always()))
+    backend = RedisStore(f"rediss://127.0.0.1:{term.port}", timeout=LIVE)   # system CAs only
+    m = manager(SharedStore(backend, layout, cost=always(), timeout=LIVE))   # refused at once
     assert from_store(m, DOC) == 0 and m.stats.store_errors == 1

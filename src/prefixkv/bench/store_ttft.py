@@ -120,7 +120,7 @@ def run_ttft(backend_of: Any, tick: Any = lambda label: None) -> dict[str, Any]:
             backend, close = backend_of(delay)
             shared = SharedStore(backend, StoreLayout(f"ttft-{tag}", "stand-in", BLOCK_BYTES),
                                  cost=FetchCost(PREFILL_TPS), max_fetch=PROMPT // BS,
-                                 timeout=2.0)
+                                 timeout=10.0)  # (a stall's bound: a busy machine is slow)
             _write(shared, backend, shared_prompts)
             _engine(shared, [(f"w{i}", _prompt(i, "warm" + tag), "fresh") for i in range(3)])
         try:

