@@ -18,6 +18,8 @@ import os
 import sys
 from pathlib import Path
 
+from triton_interpreter import apply_shortcuts
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 if "torch" in sys.modules:  # a plugin imported it first: the variable came too late
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -54,3 +56,9 @@ def pytest_collection_modifyitems(items) -> None:
     here = Path(__file__).resolve().parent
     rank = {here / name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path, len(rank)))
+
+
+def pytest_runtest_setup(item) -> None:
+    """Skip the Triton interpreter's work that cannot change a result (tests/triton_interpreter.py),
+    once a test module or an earlier test has imported triton."""
+    apply_shortcuts()
