@@ -25,6 +25,11 @@ if "torch" in sys.modules:  # a plugin imported it first: the variable came too 
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 os.environ.setdefault("TORCH_EXTENSIONS_DIR",
                       str(Path(__file__).resolve().parents[1] / ".cache" / "torch-extensions"))
+# The subprocesses the tests start install the same interpreter shortcuts as this process
+# (tests/triton_interpreter.py) through interpreter_site/sitecustomize.py, which does
+# nothing unless TRITON_INTERPRET is set and triton imported.
+_SITE = str(Path(__file__).resolve().parent / "interpreter_site")
+os.environ["PYTHONPATH"] = os.pathsep.join([_SITE, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 # The files that take longest, in the order `make test` starts them (CPU seconds measured
 # in one process on the 2-core VM). Each pytest-xdist worker takes whole files in collection
@@ -59,6 +64,6 @@ def pytest_collection_modifyitems(items) -> None:
 
 
 def pytest_runtest_setup(item) -> None:
-    """Skip the Triton interpreter's work that cannot change a result (tests/triton_interpreter.py),
+    """The Triton interpreter's shortcuts that cannot change a result (tests/triton_interpreter.py),
     once a test module or an earlier test has imported triton."""
     apply_shortcuts()

@@ -1,8 +1,9 @@
 """Three shortcuts through Triton's CPU interpreter (``TRITON_INTERPRET=1``) for the suite,
 none of which can change a result: ``tests/conftest.py`` calls :func:`apply_shortcuts`
-before each test (it does nothing until triton is imported), in pytest's own process (the
-scripts a test starts in a subprocess run the interpreter as installed). ``tests/kernels/test_interpreter_shortcuts.py`` checks
-on the installed triton what each relies on, and fails when a triton release breaks it.
+before each test (it does nothing until triton is imported), and the Python subprocesses
+the tests start install them when they import triton (``tests/interpreter_site``).
+``tests/kernels/test_interpreter_shortcuts.py`` checks on the installed triton what each
+relies on, and fails when a triton release breaks it.
 
 Share of the interpreter's profile (cProfile, ``tests/kernels/test_split_kv.py``, and
 test_untrusted_metadata, test_variants and test_scale_sink_values for the scan), triton 3.9:
@@ -156,14 +157,11 @@ def _scan_integers_by_doubling(interpreter: Any) -> bool:
 
 
 def apply_shortcuts() -> dict[str, bool]:
-    """Apply both skips when Triton's interpreter is loaded (does nothing otherwise);
-    returns which were applied. Idempotent. ``tests/kernels/test_interpreter.py`` checks
-    what each relies on: an overflowing int32 product passes the interpreter unreported
-    with the checks on, and a launch leaves ``triton.language`` as it found it."""
-    if "triton" not in sys.modules:  # not imported yet: nothing has run in the interpreter
+    """Install the three shortcuts once triton is imported (before, does nothing); returns
+    which were installed by this call. Idempotent."""
+    interpreter = sys.modules.get("triton.runtime.interpreter")
+    if interpreter is None:  # not imported yet: nothing has run in the interpreter
         return {}
-    from triton.runtime import interpreter
-
     return {"overflow_checks": _skip_overflow_checks(interpreter),
             "patch_once_per_launch": _patch_once_per_launch(interpreter),
             "scan_by_doubling": _scan_integers_by_doubling(interpreter)}
