@@ -26,16 +26,21 @@ request (admitted, then freed: the prompt's blocks stay cached for the next) int
 managers with events on, each side publishing every step's events to its own live
 publisher, as a serving engine does: vLLM's ``ZmqEventPublisher`` (a ``KVEventBatch`` of
 its ``take_events()``), prefixkv's ``EventPublisher`` (``take_pending_events()``, built on
-the publisher's thread). Timed per request: the admission and the take + publish; a
-sleep after each step (``--forward-ms``, untimed, the GIL released) stands for the
+the publisher's thread). Timed per request: the admission and the take + publish, as
+the scheduler's thread pays them (vLLM's serving engine builds each ``Request``, where
+the prompt's blocks are hashed, on its input thread: timed apart, as "with Request()");
+prefixkv twice, given the prompt as a list of ints and as a uint32 array encoded ahead.
+A sleep after each step (``--forward-ms``, untimed, the GIL released) stands for the
 forward pass, in which the publishers' threads run. Written to
-``vllm-events-workloads.md``.
+``vllm-events-workloads.md``. ``PREFIXKV_SRC=DIR`` imports prefixkv from ``DIR``
+instead of this tree's ``src`` (an A/B: the same command run for each tree in turn).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import platform
 import random
 import statistics
@@ -45,7 +50,8 @@ import time
 from array import array
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this tree's prefixkv
+# this tree's prefixkv, or the one at $PREFIXKV_SRC (an A/B of two commits, run in turn)
+sys.path.insert(0, os.environ.get("PREFIXKV_SRC") or str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402  (vLLM's KV spec names a dtype)
 from vllm.sampling_params import SamplingParams  # noqa: E402
@@ -155,59 +161,73 @@ def run(rounds: int) -> list[dict]:
 
 
 WORKLOADS = ("system-prompt", "chat", "document", "pressure")
+SIDES = ("vLLM", "prefixkv", "prefixkv, uint32")
+"""vLLM; prefixkv given each prompt as a list of ints; prefixkv given it as a uint32
+``array`` encoded ahead (untimed), as an engine's input thread can (module doc)."""
 
 
-def replay(kind: str, m, pub, requests, forward_s: float) -> int:
-    """ns of every request's admission and its step's take + publish (module doc)."""
+def replay(kind: str, m, pub, requests, forward_s: float) -> tuple[int, int]:
+    """ns of every request's admission and its step's take + publish (module doc): the
+    scheduler thread's, and with vLLM's ``Request()`` (prefixkv: the same figure)."""
     from vllm.distributed.kv_events import KVEventBatch
 
-    total = 0
+    total = inner = 0
     for q in requests:
-        t, _, h = admit(kind, m, q.rid, list(q.prompt))
+        tokens = array("I", q.prompt) if kind == "prefixkv, uint32" else list(q.prompt)
+        t, t_inner, h = admit("prefixkv" if kind != "vLLM" else kind, m, q.rid, tokens)
         t0 = CLOCK()
-        if kind == "prefixkv":
+        if kind != "vLLM":
             pub.publish(m.take_pending_events())
         else:
             events = m.take_events()
             if events:
                 pub.publish(KVEventBatch(ts=time.time(), events=events))
-        total += t + CLOCK() - t0
+        t_step = CLOCK() - t0
+        total += t + t_step
+        inner += t_inner + t_step
         m.free(h)
         if forward_s:
             time.sleep(forward_s)
-    return total
+    return inner, total
 
 
 def run_workloads(rounds: int, scale: float, folder: str, forward_ms: float) -> list[dict]:
-    """Per workload: vLLM's and prefixkv's ns per round (fresh managers each round)."""
+    """Per workload: each side's (scheduler thread, with Request()) ns per round (fresh
+    managers each round)."""
     from vllm.distributed.kv_events import ZmqEventPublisher
 
-    pubs = {"vLLM": ZmqEventPublisher(0, endpoint=f"ipc://{folder}/vllm", topic="kv"),
-            "prefixkv": EventPublisher(block_size=BS, heartbeat=None, max_queue=1 << 16)}
+    vllm_pub = ZmqEventPublisher(0, endpoint=f"ipc://{folder}/vllm", topic="kv")
+    prefixkv_pub = EventPublisher(block_size=BS, heartbeat=None, max_queue=1 << 16)
     rows = []
     for name in WORKLOADS:
         wl = builtin(name, scale)
         assert all(q.extra is None for q in wl.requests), "no extra keys on vLLM's side here"
         pool = wl.pool_tokens // BS
-        got: dict[str, list[int]] = {"vLLM": [], "prefixkv": []}
+        got: dict[str, list[tuple[int, int]]] = {kind: [] for kind in SIDES}
         for r in range(rounds):
-            for kind in (("vLLM", "prefixkv") if r % 2 == 0 else ("prefixkv", "vLLM")):
+            for kind in SIDES[r % 3:] + SIDES[:r % 3]:  # each side first in turn
                 m = vllm_manager(True, pool) if kind == "vLLM" else KVCacheManager(
                     pool, BS, seed=0, enable_events=True, max_events=1 << 20)
                 gc.collect()
                 gc.freeze()  # (the pool's objects, as engines freeze theirs after start-up)
-                got[kind].append(replay(kind, m, pubs[kind], wl.requests, forward_ms / 1e3))
+                got[kind].append(replay(kind, m, vllm_pub if kind == "vLLM" else prefixkv_pub,
+                                        wl.requests, forward_ms / 1e3))
                 gc.unfreeze()
         n = len(wl.requests)
+
+        def us(kind: str, i: int) -> float:
+            return round(statistics.median(x[i] for x in got[kind]) / n / 1e3, 1)  # noqa: B023
+
+        v, p, a = got["vLLM"], got["prefixkv"], got["prefixkv, uint32"]
         rows.append(dict(workload=name, requests=n, pool_blocks=pool,
-                         vllm_us=round(statistics.median(got["vLLM"]) / n / 1e3, 1),
-                         prefixkv_us=round(statistics.median(got["prefixkv"]) / n / 1e3, 1),
-                         ratio=round(statistics.median(
-                             v / p for v, p in zip(got["vLLM"], got["prefixkv"], strict=True)), 1)))
+                         vllm_us=us("vLLM", 0), vllm_request_us=us("vLLM", 1),
+                         prefixkv_us=us("prefixkv", 0), prefixkv_uint32_us=us("prefixkv, uint32", 0),
+                         ratio=paired(v, p, 0, 0), ratio_uint32=paired(v, a, 0, 0),
+                         ratio_request=paired(v, p, 1, 0)))
         print(rows[-1], flush=True)
-    pubs["vLLM"].shutdown()
-    pubs["prefixkv"].close(timeout=30)
-    health = pubs["prefixkv"].health()
+    vllm_pub.shutdown()
+    prefixkv_pub.close(timeout=30)
+    health = prefixkv_pub.health()
     rows.append(dict(prefixkv_publisher={k: health[k] for k in (
         "published_batches", "dropped_batches", "send_errors")}))
     return rows
@@ -219,20 +239,29 @@ def workloads_markdown(rows: list[dict], command: str, rounds: int, forward_ms: 
     *table, last = rows
     lines = [f"# Peer workloads with KV events on: prefixkv against vLLM {vllm.__version__} "
              f"({platform.machine()}, Python {platform.python_version()})", "",
-             f"Command: `{command}` ({rounds} rounds, fresh managers each, the order of the "
-             "two alternating). Each request admitted then freed, each step's events taken "
+             f"Command: `{command}` ({rounds} rounds, fresh managers each, each side first in "
+             "turn). Each request admitted then freed, each step's events taken "
              "and published to a live publisher (vLLM: its `ZmqEventPublisher`; prefixkv: "
              f"`take_pending_events()` to its `EventPublisher`), then a {forward_ms:g} ms "
              "sleep for the forward pass (untimed; 0: none, the publishers' threads then run "
              "when the interpreter switches threads). The GC is frozen after each manager is "
-             "built. µs per request: the admission (vLLM: `Request()` with "
-             "its block hasher, `get_computed_blocks`, `allocate_slots`; prefixkv: "
-             "`add_request`) plus the take and publish, this thread's CPU time, the median "
-             "round; ratio: vLLM / prefixkv, the median of each round's own ratio.", "",
-             "| workload | requests | pool blocks | vLLM µs/request | prefixkv µs/request | "
-             "vLLM / prefixkv |", "|---|---:|---:|---:|---:|---:|"]
+             "built. µs per request, this thread's CPU time, the median round: what the "
+             "scheduler's thread pays, the admission (vLLM: `get_computed_blocks` and "
+             "`allocate_slots`; prefixkv: `add_request`) plus the take and publish. vLLM's "
+             "`Request()`, which hashes the prompt's blocks, is built by vLLM's engine on its "
+             "input thread (`EngineCoreProc.process_input_sockets` -> "
+             "`preprocess_add_request`), so it is not the scheduler's; \"with Request()\" adds "
+             "it, as an engine running both on one thread pays. prefixkv is given each prompt "
+             "as a list of ints (it encodes it in `add_request`), and \"uint32\" as an "
+             "`array('I')` encoded ahead, untimed, as an engine's input thread can (the one "
+             "thing prefixkv's admission could move off the scheduler's thread, as vLLM moves "
+             "its hashing). Ratios: vLLM / prefixkv, the median of each round's own ratio.", "",
+             "| workload | requests | pool blocks | vLLM µs | vLLM µs with Request() | "
+             "prefixkv µs | prefixkv µs, uint32 | vLLM / prefixkv | vLLM / prefixkv, uint32 | "
+             "vLLM with Request() / prefixkv |", "|---|" + "---:|" * 9]
     lines += [f"| {r['workload']} | {r['requests']} | {r['pool_blocks']:,} | {r['vllm_us']} | "
-              f"{r['prefixkv_us']} | {r['ratio']}x |" for r in table]
+              f"{r['vllm_request_us']} | {r['prefixkv_us']} | {r['prefixkv_uint32_us']} | "
+              f"{r['ratio']}x | {r['ratio_uint32']}x | {r['ratio_request']}x |" for r in table]
     lines += ["", f"prefixkv's publisher after close(): {last['prefixkv_publisher']}"]
     return "\n".join(lines) + "\n"
 

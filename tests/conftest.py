@@ -18,6 +18,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from triton_interpreter import apply_shortcuts
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -68,3 +70,24 @@ def pytest_runtest_setup(item) -> None:
     """The Triton interpreter's shortcuts that cannot change a result (tests/triton_interpreter.py),
     once a test module or an earlier test has imported triton."""
     apply_shortcuts()
+
+
+@pytest.fixture
+def calling_threads(monkeypatch):
+    """``calling_threads(owner, name)``: replace ``owner.name`` (a function, or a method
+    of a class) by one that records the calling thread's id, then calls it; returns the
+    list the ids go into (to show a build ran off the scheduler's thread)."""
+    import threading
+
+    def wrap(owner, name):
+        seen = []
+        real = getattr(owner, name)
+
+        def spy(*args, **kwargs):
+            seen.append(threading.get_ident())
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, spy)
+        return seen
+
+    return wrap

@@ -179,7 +179,7 @@ def test_a_lookup_with_triple_keys_on_the_device_walks_a_slots_chained_child():
 
 
 def test_a_filled_landing_whose_chunk_a_slot_holds_is_keyed_by_content():
-    from prefixkv.tiers.host import fill_landing
+    from prefixkv.tiers.host_landing import fill_landing
 
     tier = HostTier(3, EventLog(0))
     [s0] = tier.reserve(1)
@@ -217,3 +217,17 @@ def test_the_check_counts_landing_slots():
     tier.num_landing = 2
     landing[0].chained = True                        # a landing slot must be findable by nothing
     assert "bad landing host slot" in tier.check()
+
+
+def test_a_slot_is_pinned_once_however_often_it_is_held():
+    tier = HostTier(2, EventLog(0))
+    [s] = tier.reserve(1)
+    tier.land([s], 0, [b"x"], [b""], [1], [b"h"], None)
+    tier.hold([s])                                   # landed in this step: pinned already
+    assert s.ref_cnt == 1 and tier._pinned == [s] and tier.check() is None
+    tier.end_step()
+    tier.hold([s])                                   # cached: leaves the LRU, pinned
+    tier.hold([s])
+    assert s.ref_cnt == 1 and tier._pinned == [s] and tier.check() is None
+    s.ref_cnt = 2                                    # a pin counted twice
+    assert "bad pinned host slot" in tier.check()

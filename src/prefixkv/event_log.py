@@ -200,6 +200,11 @@ class PendingEvents:
         return pending
 
     @property
+    def is_built(self) -> bool:
+        """Whether ``build()`` has run (it returns at once from then on)."""
+        return self._events is not None
+
+    @property
     def empty(self) -> bool:
         """Whether the batch holds no event (known without building it)."""
         return not self._items if self._events is None else not self._events

@@ -40,7 +40,7 @@ def publish(pub, events, ts):
         pub.publish(KVEventBatch(ts=ts, events=events))
 
 
-def test_the_publishers_thread_builds_the_same_bytes(monkeypatch, tmp_path):
+def test_the_publishers_thread_builds_the_same_bytes(tmp_path, calling_threads):
     """Two managers run the same steps (stores, evictions in an 11-block pool, a step
     with nothing new); one builds its events as vLLM's scheduler takes them, the other
     hands them to vLLM's publisher. Every payload sent equals msgspec's encoding of the
@@ -50,14 +50,7 @@ def test_the_publishers_thread_builds_the_same_bytes(monkeypatch, tmp_path):
 
     from prefixkv.integrations.vllm.handoff import PendingVllmEvents, hand_off
 
-    built_on = []
-    build = PendingVllmEvents.build
-
-    def recording_build(self):
-        built_on.append(threading.get_ident())
-        return build(self)
-
-    monkeypatch.setattr(PendingVllmEvents, "build", recording_build)
+    built_on = calling_threads(PendingVllmEvents, "build")
     ctx = zmq.Context.instance()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, TOPIC.encode())

@@ -12,15 +12,16 @@ from prefixkv.router.scorer import (
     ReplicaView,
     ScorerError,
     under_cap,
+    under_share,
 )
 
 BS = 4
 
 
 def view(name, *, n=8, run=0, gpu=None, in_flight=0, prefill=0.0, active=0.0, cap=None,
-         usage=None):
+         usage=None, routed=0):
     return ReplicaView(name, n, run, run if gpu is None else gpu, in_flight, prefill, active,
-                       cap, usage)
+                       cap, usage, routed)
 
 
 def test_cost_is_weighted_prefill_plus_blocks_over_capacity():
@@ -70,6 +71,60 @@ def test_balance_cap_rounds_down_at_a_few_requests_per_replica():
     # with more in flight, floor(balance * mean) leaves the room balance gives
     many = [view("a", run=8, in_flight=32)] + [view(f"r{i}", in_flight=30) for i in range(7)]
     assert 0 in under_cap(many, 1.1, tight=True) and CostScorer(balance=1.1).pick(many, 0) == 0
+
+
+def test_balance_evens_requests_routed_where_every_candidate_caches_the_same():
+    """In flight evenly (2 each), but "a" was sent 10 requests and the others 6 (its
+    requests finished sooner): where all cache the same, a would pass the share cap
+    max(ceil(29 / 4), floor(1.1 * 29 / 4)) = 8, and the cheapest is not picked."""
+    views = [view("a", run=8, in_flight=2, routed=10)] + [
+        view(n, run=8, in_flight=2, active=10.0, routed=6) for n in "bcd"]
+    assert CostScorer().pick(views, 0) == 0
+    assert under_share(views, 1.1) == [1, 2, 3]
+    assert CostScorer(balance=1.1).pick(views, 0) == 1
+
+
+def test_share_cap_never_moves_a_request_off_its_cached_run():
+    """a holds the prompt (a session's history) and the others do not: the share cap
+    does not apply, a is picked although over its share."""
+    views = [view("a", run=8, in_flight=2, routed=10)] + [
+        view(n, in_flight=2, active=10.0, routed=6) for n in "bcd"]
+    assert CostScorer(balance=1.1).pick(views, 0) == 0
+    assert under_share([view("a", routed=4), view("b", routed=2)], 1.0) == [1]
+    # under the cap in flight, only a; over its share: kept, since no one else may go
+    busy = [view("a", in_flight=0, routed=9), view("b", in_flight=5, routed=0)]
+    assert CostScorer(balance=1.1).pick(busy, 0) == 0
+
+
+def test_balance_sends_a_prompt_to_the_one_replica_caching_more_of_it_whatever_the_cost():
+    """a alone holds the prompt's 8 blocks (a session's history) and has 100 blocks in
+    use: Dynamo's cost (2 * 0 + 100 + 8 against 2 * 8 + 0 + 8) moves it to b, and the
+    session's later turns follow; under balance it stays while a is under the caps."""
+    views = [view("a", run=8, in_flight=1, active=100.0), view("b", in_flight=1),
+             view("c", in_flight=1)]
+    assert CostScorer(prefill_weight=2.0).pick(views, 0) == 1
+    assert CostScorer(prefill_weight=2.0, balance=1.1).pick(views, 0) == 0
+    # two hold the most: the cost decides between them
+    views[1] = view("b", run=8, in_flight=1)
+    assert CostScorer(prefill_weight=2.0, balance=1.1).pick(views, 0) == 1
+    # what every replica holds singles none out
+    same = [view("a", run=8, active=100.0), view("b", run=8)]
+    assert CostScorer(prefill_weight=2.0, balance=1.1).pick(same, 0) == 1
+
+
+def test_balance_holds_the_cap_in_flight_as_the_fleet_drains():
+    """After 8 replicas ran 3 requests each, 3 remain in flight: the cap would be
+    max(ceil(4 / 8), floor(1.1 * 4 / 8)) = 1 and a chat turn whose replica runs one
+    other would move off its history; held at the mean of 3, the cap is 4."""
+    busy = [view(f"r{i}", in_flight=3) for i in range(8)]
+    drained = [view("home", run=8, in_flight=1), view("r1", in_flight=1),
+               view("r2", in_flight=1)] + [view(f"r{i}") for i in range(3, 8)]
+    for hold, home in ((64, True), (1, False)):
+        s = CostScorer(balance=1.1, hold=hold)
+        s.pick(busy, 0)
+        assert (s.pick(drained, 1) == 0) is home
+    with pytest.raises(ScorerError, match="hold >= 1"):
+        CostScorer(hold=0)
 
 
 def test_temperature_samples_by_cost():

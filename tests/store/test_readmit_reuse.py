@@ -127,6 +127,29 @@ def test_a_landed_slot_taken_before_the_readmission_is_walked(backend, shared, t
     assert taken == [False] and hits == []
 
 
+def test_a_landed_run_is_known_pinned_until_the_step_ends(backend, shared, taken):
+    """``reuse`` looks at the landed slots only once their pins were released (the cases
+    where they may have been taken: the test above and the reset below)."""
+    stored(shared, backend, P)
+    m = manager(shared)
+    landed(m, "r", P)
+    f = m._waits.waiting["r"]
+    assert f.landed_at == m._host.num_unpins and all(s.ref_cnt == 1 for s in f.slots[:5])
+    m.take_kv_ops()
+    assert f.landed_at != m._host.num_unpins and not any(s.ref_cnt for s in f.slots[:5])
+    hits, _ = readmit_as_walk(m, "r", P)    # (their content stayed: reused all the same)
+    assert taken == [True] and len(hits) == 5
+
+
+def test_a_landed_run_cleared_by_a_reset_before_the_readmission_is_walked(backend, shared, taken):
+    stored(shared, backend, P)
+    m = manager(shared)
+    landed(m, "r", P)                       # pinned, in the same step, when the cache is reset
+    assert m.reset_prefix_cache()
+    hits, _ = readmit_as_walk(m, "r", P)
+    assert taken == [False] and hits == []
+
+
 @pytest.mark.parametrize("tokens", [25, 32])
 def test_a_start_device_hit_evicted_before_the_readmission_is_walked(backend, shared, taken, tokens):
     m = manager(shared, num_blocks=8, host_blocks=5)

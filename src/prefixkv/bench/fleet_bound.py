@@ -1,19 +1,34 @@
 """A floor under the fleet's TTFT proxy that no route within an imbalance bound can go
 below (``replicas.py``'s proxy, docs/router.md, "Is the proxy TTFT?").
 
-Every request's proxy is at least the prompt tokens it computes when first admitted (its
-step's batch holds them). Two things no route avoids:
+A lower bound, not an estimate. The argument, under the simulation's rules (each
+replica a ``KVCacheManager`` that starts empty, no shared store; a request's proxy is
+counted from its first admission):
 
-- *compulsory misses*: the tokens of a request after the prefix all requests share,
-  beyond the longest run of full blocks it shares with some other request that may run
-  before it (any request but itself and its own later chat turns, which come after it),
-  and at least one token;
-- *one copy per replica*: replicas start empty, so each replica that gets a request
-  computes the prefix all requests share (its full blocks) once.
+1. A request's proxy is at least the prompt tokens it computes at its first admission
+   (that step's batch holds them).
+2. Those tokens are at least its *compulsory* ones: the tokens after the prefix every
+   prompt shares (``shared`` full blocks), beyond the longest run of full blocks that
+   some other request may have cached first (any request but itself and the chat turns
+   that wait for it, which are routed only after it finished), and at least one token.
+3. The first request admitted on a replica finds its pool empty and computes its whole
+   prompt: the ``shared`` blocks on top of its compulsory tokens, which never include
+   them. So the sum over requests is at least the compulsory tokens plus ``shared``
+   blocks once per replica used.
+4. A route whose imbalance (max / mean requests routed per replica, as ``FleetResult``
+   measures it) is at most ``imbalance`` sends a replica at most
+   ``floor(imbalance * R / N)`` of the R requests, so it uses at least
+   ``ceil(R / that)`` replicas.
 
-A route whose imbalance (max / mean requests per replica) is at most ``imbalance``
-sends requests to at least ``ceil(R / floor(imbalance * R / N))`` of N replicas. The
-floor is the mean of these tokens over the R requests.
+The floor is that sum over R. Every step above can only understate: other requests'
+prefill and the decode tokens batched with a request are left out (so the best route's
+proxy sits above the floor by those), any other request counts as a possible cache
+(where many requests share a prefix beyond the common one, as in the skewed workload,
+none of them is charged for it and the floor is loose), extra keys are ignored and a
+hash collision in ``_chain`` can only lengthen a run. Where one route's prefill per
+request equals the floor, the floor is tight in its prefill part: on chat at 8 replicas
+the cost route reaches it on seeds 0-9, keeping every session on its replica.
+``tests/bench/test_replicas.py`` checks it against random routes within the bound.
 """
 
 from __future__ import annotations
@@ -31,8 +46,9 @@ def replicas_used(requests: int, replicas: int, imbalance: float) -> int:
 
 
 def ttft_floor(workload: Workload, replicas: int, imbalance: float, block_size: int = 16) -> float:
-    """The lowest mean TTFT proxy (tokens) a route within ``imbalance`` can have on
-    ``workload`` at ``replicas`` replicas of ``block_size`` (module doc)."""
+    """A lower bound (module doc) on the mean TTFT proxy, in tokens, and on the prefill
+    computed per request, of every route with imbalance at most ``imbalance`` on
+    ``workload`` at ``replicas`` replicas of ``block_size``."""
     reqs = workload.requests
     chains = [_chain(r, block_size) for r in reqs]
     holders: dict[int, set[int]] = defaultdict(set)

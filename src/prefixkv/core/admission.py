@@ -35,7 +35,7 @@ from ..results import Admission, StoreWait
 from ..stats import StatsCounter
 from ..store.shared import SharedStore
 from ..tiers import HostTier
-from .block import Block, blocks_for
+from .block import Block, blocks_for, key_chunk
 from .copies import CopyPlan
 from .pool import BlockPool
 from .request import PLAIN_KEYS, Request, RequestKeys
@@ -139,10 +139,11 @@ class Admitter:
         # a re-admission whose fetch landed may skip the walk: ``reuse`` answers what it finds
         waits = self._waits
         reused = waits.reuse(fetch, prompt_token_ids, extra) if fetch and read_cache and waits else None
+        d = None  # (``reuse``'s: how many hits are device blocks, which come first)
         if reused is None:
             req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache, admit)
         else:
-            (req, hits), claimed = reused, None
+            (req, hits, d), claimed = reused, None
             self._check_fits(len(req.tokens), *admit)
         n, bs = len(req.tokens), self.block_size
         if fetch is None and self._waits is not None and read_cache and len(hits) < (n - 1) // bs:
@@ -155,7 +156,7 @@ class Admitter:
         pool = self._pool
         if claimed is not None:  # the hits hold their references already (one pass)
             pool.claimed(claimed)
-        loads, held = self._split(hits) if self._host is not None and claimed is None else ((), hits)
+        loads, held = self._split(hits, d) if self._host is not None and claimed is None else ((), hits)
         need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
         fit = blocks_for(n, bs) - len(held) if require_full_fit else need
         if not (max(need, fit) <= pool.num_free if claimed is not None
@@ -201,9 +202,12 @@ class Admitter:
         return Admission.of(request_id, req.blocks, num_cached, num_new)
 
     @staticmethod
-    def _split(hits: list[Block]) -> tuple[list[Block], list[Block]]:
+    def _split(hits: list[Block], device: int | None) -> tuple[list[Block], list[Block]]:
         """The hits that are not device blocks (host slots, fetched blocks: to load), and
-        the device blocks; in the common case (the device blocks first), two slices."""
+        the device blocks; in the common case (the device blocks first), two slices.
+        ``device``: how many device blocks come first and are all there are, if known."""
+        if device is not None:
+            return hits[device:], hits[:device]
         kinds = list(map(type, hits))
         n = kinds.count(Block)
         if n == len(hits):
@@ -213,10 +217,9 @@ class Admitter:
         return [h for h in hits if type(h) is not Block], [h for h in hits if type(h) is Block]
 
     def _acquire_loading(self, req: Request, hits: list[Block], held: list[Block], need: int) -> list[Block]:
-        """``acquire`` when some hits are host slots: pin the slots, take fresh device
-        blocks for them
-        (the evictions this causes may offload, never into a pinned slot), record their
-        content and state the loads: each of these once for all the admission's slots."""
+        """``acquire`` when some hits are host slots: pin the slots, take fresh device blocks
+        for them (the evictions this causes may offload, never into a pinned slot), record
+        their content and state the loads: each of these once for all the admission's slots."""
         host, index = self._host, self._index
         assert host is not None and isinstance(index, ContentIndex), "loads need a host tier"
         first = hits[:len(held)] == held  # the device hits come first (the common case)
@@ -226,12 +229,15 @@ class Admitter:
         if first:  # the fresh blocks follow the device hits, in the order of the slots
             blocks = taken
             into = taken[len(held):len(hits)]
+            assert req.prompt_chunks is not None, "an admission keeps its chunks until it ends"
+            chunks = req.prompt_chunks[len(held):len(hits)]  # (the slots' keys' bytes)
         else:  # a device hit after host hits: the fresh blocks go where the slots were
             fresh = iter(taken[len(held):])
             blocks = [h if type(h) is Block else next(fresh) for h in hits]
             into = [b for b, h in zip(blocks, hits, strict=True) if h is not b]
             blocks += fresh
-        index.adopt(into, slots, held[-1] if first and held else None, first)
+            chunks = [key_chunk(s.key) for s in slots]
+        index.adopt(into, slots, chunks, held[-1] if first and held else None, first)
         host.load(slots, into)
         return blocks
 

@@ -8,8 +8,8 @@ remove from the middle in O(1), and an ``OrderedDict`` would keep a second hash 
 every free block beside the index, paying a dict operation on every release and hit.
 The queue only keeps order; the order in which blocks are appended is the pool's
 eviction policy. A block's links mean something only while it is in the queue: the bulk
-operations (``popleft_n``, and the pool's inlined unlink of cache hits) leave them stale
-rather than spend two writes a block clearing them.
+operations (the pool's eviction and its unlink of cache hits, inlined with ``ends`` and
+``forget``) leave them stale rather than spend two writes a block clearing them.
 """
 
 from __future__ import annotations
@@ -51,19 +51,6 @@ class FreeBlockQueue:
         last.next = self._tail
         self._tail.prev = last
         self.size += len(blocks)
-
-    def popleft_n(self, n: int) -> list[Block]:
-        """Unlink and return the ``n`` least recently used blocks (``n <= len``)."""
-        assert 0 <= n <= self.size, (n, self.size)
-        out: list[Block] = []
-        node = self._head.next
-        for _ in range(n):
-            out.append(node)
-            node = node.next
-        self._head.next = node
-        node.prev = self._head
-        self.size -= n
-        return out
 
     def remove_all(self, blocks: list[Block]) -> None:
         """Unlink each of ``blocks``, which must all be in the queue."""

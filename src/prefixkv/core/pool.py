@@ -92,10 +92,10 @@ class BlockPool:
         taken = empty[len(empty) - k:]
         del empty[len(empty) - k:]
         taken.reverse()
-        if n > k:
-            taken += self._evict(n - k)
         for b in taken:
             b.ref_cnt = 1
+        if n > k:
+            taken += self._evict(n - k)
         return taken
 
     def take_one(self) -> Block | None:
@@ -113,9 +113,20 @@ class BlockPool:
         return b
 
     def _evict(self, n: int) -> list[Block]:
-        """The eviction step: take the ``n`` least recently used cached free blocks and
-        drop their content from the index."""
-        blocks = self._cached.popleft_n(n)
+        """The eviction step: take the ``n`` least recently used cached free blocks
+        (``n`` at most as many as there are), each with refcount 1 now, and drop their
+        content from the index. (The queue's pop inlined, its links left stale, so that
+        one loop over the blocks also sets their counts.)"""
+        assert 0 <= n <= self._cached.size, (n, self._cached.size)
+        head, _ = self._cached.ends()
+        blocks: list[Block] = []
+        b = head.next
+        for _ in range(n):
+            blocks.append(b)
+            b.ref_cnt = 1
+            b = b.next
+        head.next, b.prev = b, head
+        self._cached.forget(n)
         self.index.drop(blocks)
         return blocks
 

@@ -33,8 +33,8 @@ from ..results import StoreFetched, StoreWait
 from ..store.fetch import Fetch
 from ..store.link import StoreLink
 from ..tiers import HostSlot, HostTier
-from ..tiers.host import fill_landing
 from ..tiers.host_index import HOST
+from ..tiers.host_landing import fill_landing
 from .block import Block
 from .request import Request
 
@@ -148,9 +148,10 @@ class StoreWaits:
         return StoreWait(request_id, len(f.slots))
 
     def reuse(self, f: Fetch, prompt: Sequence[int],
-              extra: ExtraKeys | None) -> tuple[Request, list[Any]] | None:
+              extra: ExtraKeys | None) -> tuple[Request, list[Any], int] | None:
         """At the re-admission of ``f``'s request with ``prompt`` and ``extra``: the
-        request as the start made it and what ``index.match`` would find now, without
+        request as the start made it, what ``index.match`` would find now and how many
+        of those are device blocks (they come first: the rest are host slots), without
         walking the index, when the prompt and keys are those the fetch started from (one
         comparison of the token arrays) and nothing the start found or the fetch landed
         has moved: the start's
@@ -176,11 +177,12 @@ class StoreWaits:
             if b.key is None or b.content_id != c:
                 return None
         landed = f.slots[:len(cids)]
-        c = cids.start  # (one loop, no pair or int objects: measured faster than maps)
-        for s in landed:
-            if s.key is None or s.content_id != c:
-                return None
-            c += 1
+        if f.landed_at != self.host.num_unpins:  # (else pinned since they landed: they do)
+            c = cids.start  # (one loop, no pair or int objects: measured faster than maps)
+            for s in landed:
+                if s.key is None or s.content_id != c:
+                    return None
+                c += 1
         d = list(map(type, hits)).count(Block)  # the device's hits come first
         chunks = req.prompt_chunks
         assert chunks is not None, "a fetch of a request without its chunks"
@@ -188,7 +190,7 @@ class StoreWaits:
         if index.holds(hits[d - 1] if d else None, chunks[d],
                        keys.base if mm is None or d >= len(mm) else mm[d]):
             return None
-        return req, hits + landed
+        return req, hits + landed, d
 
     def cancel(self, request_id: Hashable) -> bool:
         """The request left while it waited: forget the wait (its fetch still lands).
@@ -252,6 +254,8 @@ class StoreWaits:
                                     start, HOST)
             self.host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], f.extras[lo:hi], cids,
                            f.hashes[lo:hi], event, filled=filled, unique=f.unique)
+            if not lo:  # (``reuse`` checks ``slots[:len(cids)]``)
+                f.landed_at = self.host.num_unpins
             if f.staged:
                 self.host.fetches += [StoreFetched(s.block_id, f.buffers[i][0].toreadonly())
                                       for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]

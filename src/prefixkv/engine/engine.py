@@ -5,7 +5,8 @@ One ``step()``::
     schedule (allocate / preempt)  ->  run the allocator's plan (take_kv_ops: offloads
     to the host tier, loads from it, fork copies)  ->  forward pass  ->  sample where a
     sequence's known tokens are all computed  ->  fork n > 1 samples after their first
-    token  ->  free finished sequences  ->  drain stats and events
+    token  ->  free finished sequences  ->  drain stats and events (the events unbuilt:
+    ``StepRecord.pending_events``, for a publisher's thread to build)
 
 Forks and frees after the forward pass are the next step's scheduling: their copies and
 evictions are in the next step's plan.
@@ -24,6 +25,7 @@ from collections.abc import Sequence as Seq
 import torch
 
 from prefixkv.allocator import Allocator
+from prefixkv.event_log import PendingEvents
 from prefixkv.extra_keys import ExtraKeys
 from prefixkv.groups import HybridKVCacheManager
 
@@ -74,6 +76,7 @@ class Engine:
         self._finished: list[RequestOutput] = []
         self._ids = itertools.count()
         self._steps = 0
+        self._last_events = PendingEvents.built([])  # the last step's, maybe unbuilt
 
     def add_request(self, prompt_token_ids: Seq[int], params: SamplingParams | None = None, *,
                     request_id: Hashable | None = None, extra: ExtraKeys | None = None) -> Hashable:
@@ -144,8 +147,18 @@ class Engine:
             step=self._steps, num_seqs=len(batch), num_prefill_tokens=num_prefill,
             num_decode_tokens=num_decode, preempted=tuple(preempted), forks=forks,
             num_free_blocks=alloc.num_free_blocks,
-            usage=alloc.usage, stats=alloc.take_stats(), events=tuple(alloc.take_events()),
+            usage=alloc.usage, stats=alloc.take_stats(), pending_events=self._take_events(),
             seconds=time.perf_counter() - t0)
+
+    def _take_events(self) -> PendingEvents:
+        """The step's events, unbuilt where the allocator can hand them off; the previous
+        step's batch is built first if nobody has (bounded memory; a publisher's thread
+        built it during the forward pass, and then this costs nothing)."""
+        self._last_events.build()
+        take = getattr(self.allocator, "take_pending_events", None)
+        self._last_events = (take() if take is not None
+                             else PendingEvents.built(self.allocator.take_events()))
+        return self._last_events
 
     def _fork_children(self, parent: SampleSeq, logits: torch.Tensor) -> list[SampleSeq]:
         """Samples 1..n-1 of ``parent``'s request, each with its own first token drawn

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from prefixkv.event_log import PendingEvents
 from prefixkv.events import Event
 from prefixkv.stats import PrefixCacheStats
 
@@ -62,8 +63,13 @@ class StepRecord:
     ``num_prefill_tokens`` / ``num_decode_tokens``: tokens computed in the forward pass
     (prefill chunks, re-admissions after preemption and fork fallbacks count as prefill).
     ``preempted``: sequence ids preempted while scheduling. ``forks``: children forked.
-    ``stats``: the allocator's ``take_stats()``; ``events``: its
-    ``take_events()``; ``usage``: fraction of blocks in use after scheduling.
+    ``stats``: the allocator's ``take_stats()``; ``usage``: fraction of blocks in use
+    after scheduling. ``pending_events``: the step's events, taken unbuilt
+    (``take_pending_events()``; built already for an allocator without that call): hand
+    it to ``EventPublisher.publish`` and its thread builds them, so the engine's thread
+    computes no chain hash; ``events`` builds them on first read, on the reader's thread.
+    A batch nobody built is built by the engine at the end of the next step (so at most
+    one waits unbuilt, and what it holds is freed).
     """
 
     step: int
@@ -75,8 +81,14 @@ class StepRecord:
     num_free_blocks: int
     usage: float
     stats: PrefixCacheStats
-    events: tuple[Event, ...]
+    pending_events: PendingEvents
     seconds: float
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        """The step's events, oldest first, as ``take_events()`` returns them (built
+        here on first read unless a publisher's thread built them already)."""
+        return tuple(self.pending_events.build())
 
 
 @dataclass(frozen=True, slots=True)

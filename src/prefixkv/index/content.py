@@ -152,8 +152,9 @@ class ContentIndex(ContentRecorder):
         return hits, unlinked
 
     def drop(self, blocks: Sequence[Block]) -> None:
-        """The eviction step for free cached blocks (each the index's entry for its key):
-        a held twin takes over the content, or the content goes (and is announced gone)."""
+        """The eviction step for cached blocks the pool takes from its free queue (each
+        the index's entry for its key): a held twin takes over the content, or the
+        content goes (and is announced gone)."""
         twins, sink, lower = self._twins, self._sink, self._lower
         if lower is not None and (twins or sink.active):  # per block: events in tier order
             for b in blocks:
@@ -166,6 +167,17 @@ class ContentIndex(ContentRecorder):
         # first (``check`` verifies it when a tier is below).
         if lower is not None:
             lower.demote(blocks, self.step)
+        if not twins and not sink.active:  # the common case: each content goes, unannounced
+            keyed = 0
+            for b in blocks:  # (a chained block leaves no dict entry)
+                if b.chained:
+                    b.chained = False
+                else:
+                    self._unkey(b.key)
+                    keyed += 1
+                b.key = None
+            self._num_chained -= len(blocks) - keyed
+            return
         # events on: the blocks whose content goes (all of them unless a spare takes one
         # over), in one BlockRemoved built now (eager) or when taken (deferred)
         gone: list[Block] | None = [] if sink.active and twins else None

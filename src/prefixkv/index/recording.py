@@ -219,21 +219,23 @@ class ContentRecorder(Announcer):
         elif self.lazy:
             self._defer(req, first, chunks, extras, spares)
 
-    def adopt(self, blocks: Sequence[Block], slots: Sequence[Block], parent: Block | None,
-              run: bool) -> None:
+    def adopt(self, blocks: Sequence[Block], slots: Sequence[Block], chunks: Sequence[bytes],
+              parent: Block | None, run: bool) -> None:
         """Record in each fresh device block of ``blocks`` the content of the host slot
         beside it in ``slots`` (whose copies the tier states): the same content ids, so
-        the chain goes on below them. The device holds none of these contents. ``run``:
+        the chain goes on below them. ``chunks``: those contents' token bytes (each slot
+        key's), in the same order. The device holds none of these contents. ``run``:
         ``blocks`` follow ``parent`` (None: from the first block on) in one request, so
         each is chained under the one before (``parent`` may refuse, as in ``store``);
-        else each is keyed."""
+        else each is keyed. Without events no block's ``event`` is read (every reader
+        asks ``sink.active`` first): it is written only with them."""
         step = self.step
         prev = parent
         first = 1 if run else len(blocks)  # recorded as ``store`` records them; the rest of
-        for b, s in zip(islice(blocks, first), islice(slots, first), strict=False):  # a run: chained below
-            chunk = key_chunk(s.key)
+        for b, s, chunk in zip(islice(blocks, first), islice(slots, first), chunks,  # a run:
+                               strict=False):  # chained below
             b.parent_cid, b.extra = s.parent_cid, s.extra
-            b.content_id, b.hash, b.step, b.event = s.content_id, s.hash, step, None
+            b.content_id, b.hash, b.step = s.content_id, s.hash, step
             if run and prev is not None and self._may_chain(prev):
                 self._chain(prev, b, chunk)
             else:
@@ -243,17 +245,16 @@ class ContentRecorder(Announcer):
             prev = b
         if run and len(blocks) > 1:
             assert prev is not None
-            # (hashes and events exist only when hashes are consumed: else the slots' and
-            # the blocks' are None alike; an event is announced again below when events are on)
-            for b, s in zip(islice(blocks, 1, None), islice(slots, 1, None), strict=False):
-                k = s.key  # (``key_chunk``, inlined: a slot with content has a key)
-                b.key = k if isinstance(k, bytes) else k[1]  # type: ignore[index]
+            # (hashes exist only when hashes are consumed: else the slots' and the blocks'
+            # are None alike)
+            for b, s, chunk in zip(islice(blocks, 1, None), islice(slots, 1, None),
+                                   islice(chunks, 1, None), strict=False):
+                b.key = chunk
                 b.chained = True
                 b.parent_cid = s.parent_cid
                 b.extra = s.extra
                 b.content_id = s.content_id
                 b.hash = s.hash
-                b.event = None
                 b.step = step
                 prev.child = b
                 prev = b
@@ -261,7 +262,9 @@ class ContentRecorder(Announcer):
         if self._sink.active:  # each announced again, on the device
             sink = self._sink
             for b, s in zip(blocks, slots, strict=False):
-                if s.event is not None:
+                if s.event is None:
+                    b.event = None
+                else:
                     assert s.hash is not None, f"host slot {s!r} was announced without its hash"
                     b.event = s.event.block_of(s.hash, b.block_id, DEVICE)
                     sink.append(b.event)

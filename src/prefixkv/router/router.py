@@ -234,7 +234,8 @@ class Router:
         loads, rep = self.loads, self.loads.reported.get(replica)
         return ReplicaView(replica, n, runs[0], runs[1], self.in_flight[replica],
                            loads.prefill_blocks(replica), loads.active_blocks(replica),
-                           loads.capacity.get(replica), None if rep is None else rep.kv_usage)
+                           loads.capacity.get(replica), None if rep is None else rep.kv_usage,
+                           self.routed[replica])
 
     # ---- a replica configured unlike the router (kept apart from scoring) -----------------
 

@@ -11,9 +11,11 @@ position of the one to use. Two scorers:
               + active blocks + blocks of the prompt) / capacity
 
   with replicas whose published KV usage is at or above ``busy_threshold`` left out
-  (unless every candidate is), optionally only those under a bounded-load cap
-  (``balance``; ``under_cap`` with ``tight``: rounded down), and the pick the lowest
-  cost (``temperature`` 0) or
+  (unless every candidate is), optionally bounded load first (``balance``: a cap on
+  requests in flight, ``under_cap`` rounded down; a cap on requests routed where every
+  candidate caches the same, ``under_share``; the one candidate caching more of the
+  prompt than all others picked; ``CostScorer``'s doc), and the pick the lowest cost
+  (``temperature`` 0) or
   drawn with probability ``softmax(-cost / (temperature * mean cost))``. Dividing by
   each replica's capacity (its pool, in blocks) lets a larger replica carry more.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -39,7 +42,8 @@ class ReplicaView:
     its leading run of them held on any medium / on the GPU (the index's prediction).
     ``in_flight``: requests the router sent there, not finished. ``prefill_blocks`` and
     ``active_blocks``: its load (``LoadBook``); ``capacity``: its pool in blocks, None when
-    unknown; ``kv_usage``: as last published, None when never."""
+    unknown; ``kv_usage``: as last published, None when never; ``routed``: requests the
+    router sent there since it started, finished or not."""
 
     replica: str
     prompt_blocks: int
@@ -50,6 +54,7 @@ class ReplicaView:
     active_blocks: float
     capacity: int | None
     kv_usage: float | None
+    routed: int = 0
 
 
 class Scorer(Protocol):
@@ -92,20 +97,35 @@ class AffinityScorer:
         return best
 
 
-def under_cap(views: Sequence[ReplicaView], balance: float, *, tight: bool = False
-              ) -> list[int]:
+def under_cap(views: Sequence[ReplicaView], balance: float, *, tight: bool = False,
+              least_mean: float = 0.0) -> list[int]:
     """Positions of the replicas whose ``in_flight + 1 <= cap``, in order; the least
     loaded (first in rotation among equals) is always one. With ``m = (total + 1) / N``
-    the requests in flight per replica after this one: ``cap = ceil(balance * m)``, or
+    the requests in flight per replica after this one (or ``least_mean`` if higher):
+    ``cap = ceil(balance * m)``, or
     when ``tight``, ``max(ceil(m), floor(balance * m))``: at a few requests per replica,
     rounding up lets one replica take a whole request more than ``balance`` allows (4
     where the mean is 3, at balance 1.1), and a chat session placed there comes back
     there for all its turns."""
-    total = sum(v.in_flight for v in views)
-    m = (total + 1) / len(views)
+    return _capped([v.in_flight for v in views], balance, tight, least_mean)
+
+
+def under_share(views: Sequence[ReplicaView], balance: float) -> list[int]:
+    """Positions of the replicas whose share of the requests routed stays within
+    ``balance`` after this one: ``routed + 1 <= max(ceil(m), floor(balance * m))`` with
+    ``m = (total routed + 1) / N``; the least routed is always one. Kept under this cap
+    by every decision, no replica ends with more than ``balance`` times the mean
+    requests routed (once the mean is ``1 / (balance - 1)`` or more, so that rounding
+    up to ``ceil(m)`` adds less than ``balance`` does)."""
+    return _capped([v.routed for v in views], balance, True)
+
+
+def _capped(counts: list[int], balance: float, tight: bool, least_mean: float = 0.0
+            ) -> list[int]:
+    m = max((sum(counts) + 1) / len(counts), least_mean)
     cap = max(math.ceil(m), math.floor(balance * m)) if tight else math.ceil(balance * m)
-    least = min(range(len(views)), key=lambda i: views[i].in_flight)
-    return [i for i, v in enumerate(views) if v.in_flight + 1 <= cap or i == least]
+    least = counts.index(min(counts))
+    return [i for i, c in enumerate(counts) if c + 1 <= cap or i == least]
 
 
 class CostScorer:
@@ -113,22 +133,40 @@ class CostScorer:
     compute weighs against a block held during decode; ``temperature`` >= 0: 0 picks the
     lowest cost (ties: the first in rotation), above 0 samples (``seed`` for the draws);
     ``busy_threshold`` in (0, 1] or None; ``cpu_weight`` in [0, 1]: how much of a block
-    cached on the CPU counts as cached; ``balance`` >= 1 or None: only replicas under
-    the bounded-load cap on requests in flight are candidates (None: Dynamo's cost
-    alone, which may send most requests of a hot prefix to the replica holding it).
+    cached on the CPU counts as cached; ``balance`` >= 1 or None (Dynamo's cost alone,
+    which may send most requests of a hot prefix to the replica holding it): bounded
+    load around the cost, in three rules (``hold`` >= 1 decisions for the first):
+
+    1. Only replicas under the cap on requests in flight are candidates (``under_cap``,
+       rounded down), its mean held at the highest it was over the last ``hold``
+       decisions: as a fleet drains (3 requests in flight on 8 replicas) the cap
+       would fall to 1, and a chat turn whose replica still runs another session's
+       would be moved off its history.
+    2. When all candidates would cache the same run of the prompt, only those among
+       them within ``balance`` of the mean requests routed (``under_share``): the cap
+       in flight lets a replica whose requests finish sooner take more of them (at 8
+       replicas on the system-prompt workload one received 30 of 200 requests,
+       imbalance 1.20, while none held more than 1.1 times the mean in flight).
+       Where they differ in what they cache, it would move requests off their run.
+    3. A candidate that caches more of the prompt than every other candidate and than
+       the least-caching replica (a chat session's history) is picked whatever the
+       cost: Dynamo's cost moves a session when its replica's active blocks outweigh
+       the history's prefill, and the session's later turns then follow it there.
+
     Raises ScorerError for values out of range."""
 
     def __init__(self, *, prefill_weight: float = 1.0, temperature: float = 0.0,
                  busy_threshold: float | None = 0.95, cpu_weight: float = 0.5,
-                 balance: float | None = None, seed: int = 0) -> None:
+                 balance: float | None = None, hold: int = 64, seed: int = 0) -> None:
         if not prefill_weight > 0 or not temperature >= 0 or not 0 <= cpu_weight <= 1 or (
                 busy_threshold is not None and not 0 < busy_threshold <= 1) or (
-                balance is not None and not balance >= 1):
+                balance is not None and not balance >= 1) or not hold >= 1:
             raise ScorerError(f"need prefill_weight > 0, temperature >= 0, 0 <= cpu_weight <= 1, "
-                              f"0 < busy_threshold <= 1 or None, balance >= 1 or None; got "
-                              f"{prefill_weight}, {temperature}, {cpu_weight}, {busy_threshold}, "
-                              f"{balance}")
+                              f"0 < busy_threshold <= 1 or None, balance >= 1 or None, hold >= 1; "
+                              f"got {prefill_weight}, {temperature}, {cpu_weight}, "
+                              f"{busy_threshold}, {balance}, {hold}")
         self.balance = balance
+        self._means: deque[float] = deque(maxlen=hold)  # requests in flight per replica
         self.prefill_weight, self.temperature = prefill_weight, temperature
         self.busy_threshold, self.cpu_weight = busy_threshold, cpu_weight
         self._rng = random.Random(seed)
@@ -143,11 +181,14 @@ class CostScorer:
     def pick(self, views: Sequence[ReplicaView], turn: int) -> int:
         """See ``Scorer.pick``: the lowest cost, or a draw by cost (module doc)."""
         limit = self.busy_threshold
-        allowed = under_cap(views, self.balance, tight=True) if self.balance is not None \
-            else list(range(len(views)))
+        allowed = list(range(len(views)))
+        if self.balance is not None:
+            allowed = self._balanced(views, self.balance)
         if limit is not None:  # busy: at or above the threshold, as last published
             allowed = [i for i in allowed if (u := views[i].kv_usage) is None or u < limit
                        ] or allowed
+        if self.balance is not None and (holder := self._holder(views, allowed)) is not None:
+            return holder
         costs = [self.cost(views[i]) for i in allowed]
         if self.temperature == 0 or len(allowed) == 1:
             return allowed[costs.index(min(costs))]
@@ -155,3 +196,26 @@ class CostScorer:
         low = min(costs)
         weights = [math.exp(-(c - low) / scale) for c in costs]
         return self._rng.choices(allowed, weights)[0]
+
+    def _cached(self, v: ReplicaView) -> float:
+        return v.gpu_run + self.cpu_weight * (v.run - v.gpu_run)
+
+    def _balanced(self, views: Sequence[ReplicaView], balance: float) -> list[int]:
+        """Rules 1 and 2 (class doc): under the cap in flight; then, if those all cache
+        the same run, under the share cap too, unless none of them is."""
+        self._means.append(sum(v.in_flight for v in views) / len(views))
+        held = max(self._means) + 1 / len(views)  # as under_cap's m: this request counted
+        allowed = under_cap(views, balance, tight=True, least_mean=held)
+        if len({self._cached(views[i]) for i in allowed}) > 1:
+            return allowed
+        share = set(under_share(views, balance))
+        return [i for i in allowed if i in share] or allowed
+
+    def _holder(self, views: Sequence[ReplicaView], allowed: list[int]) -> int | None:
+        """Rule 3 (class doc): the one candidate caching the most of the prompt, if it
+        caches more than every other and than the least-caching replica; else None."""
+        cached = [self._cached(views[i]) for i in allowed]
+        top = max(cached)
+        if cached.count(top) == 1 and top > min(self._cached(v) for v in views):
+            return allowed[cached.index(top)]
+        return None

@@ -60,7 +60,7 @@ class Fetch:
 
     __slots__ = ("request_id", "req", "first", "parent", "chunks", "extras", "slots",
                  "buffers", "views", "staged", "deadline", "started", "ended", "expired", "cids",
-                 "hits", "hit_cids", "planned", "parent_cid", "ready",
+                 "hits", "hit_cids", "planned", "parent_cid", "ready", "landed_at",
                  "hashes", "filled", "unique", "keys", "heads", "states", "run", "stop", "failed", "nbytes",
                  "seconds", "left", "lock")
 
@@ -78,6 +78,7 @@ class Fetch:
         self.hit_cids: list[int] = []
         self.planned: range = range(0)  # content ids for the slots, given at the start
         self.parent_cid = 0  # the content id before block ``first`` at the start
+        self.landed_at = -1  # the host tier's ``num_unpins`` when its run landed in ``slots[0:]``
         self.ready: Callable[[Fetch], None] | None = None
         # ---- written by the fetcher threads ----
         self.hashes: list[bytes] = []

@@ -15,7 +15,8 @@ the whole triple), or chained under the slot holding its parent's content (see
 ``host_index``); content ids are the manager's, so a chain can pass from device blocks
 to host slots and back. Free slots: an empty stack, then the cached slots in LRU
 order (the same two tiers as the pool). The calls take an admission's or an eviction's
-blocks at once: one Python loop a batch, no call a block.
+blocks at once: one Python loop a batch, no call a block. Store fetches land in slots
+through ``host_landing`` (``SlotLanding``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from ..event_log import EventSink
 from ..events import BlockStored
 from ..results import BlockLoads, BlockOffloads, StoreFetched
 from .host_check import check_tier
-from .host_index import HOST, HostSlot, SlotIndex, withdrawn
+from .host_index import HOST, HostSlot, withdrawn
+from .host_landing import SlotLanding
 
 _Op = TypeVar("_Op", BlockOffloads, BlockLoads)
 
@@ -40,23 +42,7 @@ def _batch(kind: type[_Op], src: list[int], dst: list[int]) -> list[_Op]:
     return [kind(tuple(src), tuple(dst))] if src else []
 
 
-def fill_landing(slots: Sequence[Block], parent_cid: int, extras: Sequence[bytes],
-                 cids: Sequence[int], hashes: Sequence[bytes]) -> None:
-    """Write the content fields of landing ``slots`` (all but ``key``) for ``land``: slot
-    i's parent (slot i - 1's content, or ``parent_cid``), ``extras[i]``, ``cids[i]``,
-    ``hashes[i]``, no event, and each slot its predecessor's ``child``. May run on a
-    fetcher's thread while the scheduler's runs: a landing slot is in no map and its key
-    is None, so every find and every guess (which compares the key first) passes it by,
-    whatever these fields hold, and nothing else writes them until it lands."""
-    prev: Block | None = None
-    for s, extra, cid, h in zip(slots, extras, cids, hashes, strict=True):
-        s.parent_cid, s.extra, s.content_id, s.hash, s.event = parent_cid, extra, cid, h, None
-        if prev is not None:
-            prev.child = s
-        parent_cid, prev = cid, s
-
-
-class HostTier(SlotIndex):
+class HostTier(SlotLanding):
     """``num_slots`` host slots. ``sink``: where CPU-medium events go.
     ``by_chunk``/``by_key``: the slots with content, by token bytes and (the rest) by
     content triple; read by the device index's chain walk. Raises ConfigError unless
@@ -78,6 +64,9 @@ class HostTier(SlotIndex):
         self.fetches: list[StoreFetched] = []  # the step's payloads to write (no attached memory)
         self.num_landing = 0  # slots a store fetch writes into (the slots nowhere else)
         self.num_offloaded = self.num_loaded = 0
+        # how many times pins were released (``end_step``) or content forgotten (``clear``):
+        # a slot pinned while it stays the same is pinned still, and holds what it held
+        self.num_unpins = 0
         self.num_chained = 0  # slots found only as their parent slot's child
         self.chaining = True  # False once the device cut a chain (``stop_chaining``)
 
@@ -209,127 +198,6 @@ class HostTier(SlotIndex):
         """Slots ``reserve`` could take now (empty, or cached and not pinned)."""
         return len(self._empty) + len(self._cached)
 
-    def reserve(self, n: int) -> list[Block]:
-        """Up to ``n`` free slots for a store fetch to write into (empty ones first, then
-        the least recently used cached ones, their content dropped): each is *landing*
-        (no content, in no map, pinned across steps, named by no op) until ``land`` or
-        ``unreserve``. Pinned slots are never taken, so fewer may be returned."""
-        empty = self._empty
-        k = min(n, len(empty))
-        out = empty[len(empty) - k:][::-1]  # (the order ``_take`` would give)
-        del empty[len(empty) - k:]
-        if len(out) < n and len(self._cached):
-            self._take_lru(out, n - len(out))
-        self.num_landing += len(out)
-        for s in out:
-            s.ref_cnt = 1
-        return out
-
-    def land(self, slots: list[Block], parent_cid: int, chunks: Sequence[bytes],
-             extras: Sequence[bytes], cids: Sequence[int], hashes: Sequence[bytes],
-             event: BlockStored | None, *, filled: bool = False, unique: bool = False) -> None:
-        """Landing ``slots`` hold a checked run now: slot i the content (parent: slot
-        i - 1's, or ``parent_cid`` for the first; ``chunks[i]``, ``extras[i]``), content id
-        ``cids[i]``, chain hash ``hashes[i]``, announced by ``event`` (the run in these
-        slots; None: no events), each keyed (not chained: the admission that loads them would
-        key them as they go up, which costs more than keying them now) and each its
-        predecessor's ``child`` (the walk's guess). All are pinned until the plan is
-        drained (a ``StoreFetched`` writing them may be pending, which no offload of the
-        same plan may precede). The caller made sure no slot holds the first content
-        already (the others' parents are new). ``filled``: ``fill_landing`` wrote these
-        slots' fields already (on a fetcher's thread), from a parent that may have been
-        another: only the first slot's parent is set here. ``unique``: no two of
-        ``chunks`` are equal (then, when no slot's key is one of them either, the slots
-        are keyed in one C call)."""
-        if filled:
-            slots[0].parent_cid = parent_cid
-        else:
-            fill_landing(slots, parent_cid, extras, cids, hashes)
-        by_chunk = self.by_chunk
-        self.num_landing -= len(slots)
-        if unique and by_chunk.keys().isdisjoint(chunks):
-            by_chunk.update(zip(chunks, slots, strict=True))  # (each setdefault below would succeed)
-            for s, chunk in zip(slots, chunks, strict=True):
-                s.key = chunk
-        else:
-            by_key = self.by_key
-            for s, chunk in zip(slots, chunks, strict=True):  # (as _enter, inlined)
-                if by_chunk.setdefault(chunk, s) is s:
-                    s.key = chunk
-                else:
-                    s.key = key = (s.parent_cid, chunk, s.extra)
-                    by_key[key] = s
-        self._pinned += slots  # (ref_cnt is 1 already)
-        if event is not None:
-            self._sink.append(event)
-            for i, s in enumerate(slots):  # (each slot's own, for its removal and copies)
-                s.event = event.block(i, s.block_id, HOST)
-
-    def _take_lru(self, out: list[Block], n: int) -> None:
-        """Append to ``out`` up to ``n`` least recently used cached slots, their content
-        dropped (``_take_cached`` n times, inlined as ``demote`` does: a fetch of a long
-        prefix into a full tier drops as many contents)."""
-        if not self.num_chained and not self._sink.active:
-            self._take_plain(out, n)
-            return
-        head, tail = self._cached.ends()
-        by_chunk, by_key, sink = self.by_chunk, self.by_key, self._sink
-        active = sink.active
-        s = head.next  # (a slot until ``tail``)
-        taken = unchained = 0
-        while taken < n and s is not tail:
-            old, c = s.key, s.child  # (as _drop, inlined)
-            if s.chained:
-                s.chained = False
-                unchained += 1
-            elif isinstance(old, bytes):
-                del by_chunk[old]
-            else:
-                assert old is not None, f"cached slot {s!r} has no content"
-                del by_key[old]
-            if c.chained and c.parent_cid == s.content_id:
-                c.chained = False
-                unchained += 1
-                self._enter(c)
-            if active and s.event is not None:
-                sink.append(withdrawn(s.event, s.block_id))
-            s.key = None
-            out.append(s)
-            taken += 1
-            s = s.next
-        head.next = s
-        s.prev = head
-        self._cached.forget(taken)
-        self.num_chained -= unchained
-
-    def _take_plain(self, out: list[Block], n: int) -> None:
-        """``_take_lru`` in the common case, when no slot is chained (so no slot's child
-        is) and no removal is announced: each slot only leaves its map."""
-        head, tail = self._cached.ends()
-        by_chunk, by_key, start = self.by_chunk, self.by_key, len(out)
-        s = head.next  # (a slot until ``tail``)
-        for _ in range(n):
-            if s is tail:
-                break
-            old = s.key
-            assert old is not None, f"cached slot {s!r} has no content"
-            if isinstance(old, bytes):
-                del by_chunk[old]
-            else:  # (keyed by its triple: another content's key is its token bytes)
-                del by_key[old]
-            s.key = None
-            out.append(s)
-            s = s.next
-        head.next, s.prev = s, head
-        self._cached.forget(len(out) - start)
-
-    def unreserve(self, slots: list[Block]) -> None:
-        """Landing ``slots`` that got nothing: empty again."""
-        self.num_landing -= len(slots)
-        for s in slots:
-            s.ref_cnt = 0
-            self._empty.append(s)
-
     def load(self, slots: Sequence[Block], devices: Sequence[Block]) -> None:
         """State the copy of each of ``slots`` into the fresh device block beside it in
         ``devices`` (the slots stay pinned until the plan is drained; the caller pinned
@@ -346,25 +214,23 @@ class HostTier(SlotIndex):
 
     def hold(self, slots: Sequence[Block]) -> None:
         """Pin ``slots`` (they are about to be loaded), so that no offload stated while
-        the device makes room for them can take them."""
+        the device makes room for them can take them; a slot pinned already (landed, or
+        offloaded into, in this step) stays pinned once."""
         if self.num_chained:  # (none chained, no child either: nothing to key)
             for s in slots:
                 c = s.child  # (``on_device``, inlined: their contents go up to the device)
                 if s.chained or (c.chained and c.parent_cid == s.content_id):
                     self.on_device(s)
-        fresh = 0
+        fresh = []
         for s in slots:
-            if s.ref_cnt:
-                s.ref_cnt += 1
-            else:  # cached: leaves the LRU (inlined unlink; links go stale)
+            if not s.ref_cnt:  # cached: leaves the LRU (inlined unlink; links go stale)
                 prev, nxt = s.prev, s.next
                 prev.next = nxt
                 nxt.prev = prev
                 s.ref_cnt = 1
-                fresh += 1
-        if fresh:  # (the slots pinned before, e.g. landed this step, are pinned already)
-            self._pinned += slots if fresh == len(slots) else [s for s in slots if s.ref_cnt == 1]
-            self._cached.forget(fresh)
+                fresh.append(s)
+        self._pinned += fresh
+        self._cached.forget(len(fresh))
 
     def end_step(self) -> None:
         """The plan was handed to the engine: unpin, most recently used last."""
@@ -373,6 +239,7 @@ class HostTier(SlotIndex):
             slot.ref_cnt = 0
         self._cached.extend(pinned)
         self._pinned = []
+        self.num_unpins += 1
 
     def _take(self) -> Block | None:
         """A free slot: an empty one, else the least recently used cached one."""
@@ -389,6 +256,7 @@ class HostTier(SlotIndex):
 
     def clear(self) -> None:
         """Forget every slot's content (reset_prefix_cache)."""
+        self.num_unpins += 1
         for s in self.slots:
             s.key, s.prev, s.next, s.ref_cnt, s.chained = None, UNLINKED, UNLINKED, 0, False
         self.num_chained = 0

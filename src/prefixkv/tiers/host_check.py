@@ -47,7 +47,7 @@ def _check_chains(tier: HostTier) -> str | None:
 def check_tier(tier: HostTier) -> str | None:
     """The first inconsistency of ``tier``'s slots, maps, pins and LRU links, None when
     sound: every slot is empty (no content, no pin), cached (in the LRU, unpinned) or
-    pinned, at most once, or else landing (reserved for a store fetch, no content, one
+    pinned (once: ``ref_cnt`` 1), at most once, or else landing (reserved for a store fetch, no content, one
     pin: the slots in no list, as many as ``num_landing`` counts);
     the maps hold exactly the cached and pinned slots that are not chained; a slot
     keyed by its triple is the one ``find`` returns; chains (above)."""
@@ -61,7 +61,7 @@ def check_tier(tier: HostTier) -> str | None:
             return f"bad cached host slot {s!r}"
         seen.add(s.block_id)
     for s in tier._pinned:
-        if not s.ref_cnt or not _holds(tier, s) or s.block_id in seen:
+        if s.ref_cnt != 1 or not _holds(tier, s) or s.block_id in seen:
             return f"bad pinned host slot {s!r}"
         seen.add(s.block_id)
     landing = [s for s in tier.slots if s.block_id not in seen]  # (nowhere else)

@@ -1,0 +1,145 @@
+"""How store fetches land in the host tier (``HostTier`` is a ``SlotLanding``): slots
+reserved for a fetch to write into, filled by a fetcher's thread, keyed when the
+scheduler lands the run, or given back empty.
+
+    free slot --reserve--> landing --fill_landing (fetcher)--> filled --land--> pinned
+                                   \\--unreserve (nothing came)--> empty
+
+A landing slot has no key, is in no map and in no list of the tier (``num_landing``
+counts them), and is pinned once: nothing finds it, nothing takes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..core.block import Block
+from ..core.free_queue import FreeBlockQueue
+from ..events import BlockStored
+from .host_index import HOST, SlotIndex
+
+
+def fill_landing(slots: Sequence[Block], parent_cid: int, extras: Sequence[bytes],
+                 cids: Sequence[int], hashes: Sequence[bytes]) -> None:
+    """Write the content fields of landing ``slots`` (all but ``key``) for ``land``: slot
+    i's parent (slot i - 1's content, or ``parent_cid``), ``extras[i]``, ``cids[i]``,
+    ``hashes[i]``, no event, and each slot its predecessor's ``child``. May run on a
+    fetcher's thread while the scheduler's runs: a landing slot is in no map and its key
+    is None, so every find and every guess (which compares the key first) passes it by,
+    whatever these fields hold, and nothing else writes them until it lands."""
+    prev: Block | None = None
+    for s, extra, cid, h in zip(slots, extras, cids, hashes, strict=True):
+        s.parent_cid, s.extra, s.content_id, s.hash, s.event = parent_cid, extra, cid, h, None
+        if prev is not None:
+            prev.child = s
+        parent_cid, prev = cid, s
+
+
+class SlotLanding(SlotIndex):
+    """``HostTier``'s calls for store fetches (its ``_empty`` stack, ``_cached`` LRU,
+    ``_pinned`` list and ``num_landing`` count, besides ``SlotIndex``'s maps)."""
+
+    _empty: list[Block]
+    _cached: FreeBlockQueue
+    _pinned: list[Block]
+    num_landing: int
+
+    def reserve(self, n: int) -> list[Block]:
+        """Up to ``n`` free slots for a store fetch to write into (empty ones first, then
+        the least recently used cached ones, their content dropped): each is *landing*
+        (no content, in no map, pinned across steps, named by no op) until ``land`` or
+        ``unreserve``. Pinned slots are never taken, so fewer may be returned."""
+        empty = self._empty
+        k = min(n, len(empty))
+        out = empty[len(empty) - k:][::-1]  # (the order ``_take`` would give)
+        del empty[len(empty) - k:]
+        for s in out:
+            s.ref_cnt = 1
+        if len(out) < n and len(self._cached):  # (these get their pin there)
+            self._take_lru(out, n - len(out))
+        self.num_landing += len(out)
+        return out
+
+    def land(self, slots: list[Block], parent_cid: int, chunks: Sequence[bytes],
+             extras: Sequence[bytes], cids: Sequence[int], hashes: Sequence[bytes],
+             event: BlockStored | None, *, filled: bool = False, unique: bool = False) -> None:
+        """Landing ``slots`` hold a checked run now: slot i the content (parent: slot
+        i - 1's, or ``parent_cid`` for the first; ``chunks[i]``, ``extras[i]``), content id
+        ``cids[i]``, chain hash ``hashes[i]``, announced by ``event`` (the run in these
+        slots; None: no events), each keyed (not chained: the admission that loads them would
+        key them as they go up, which costs more than keying them now) and each its
+        predecessor's ``child`` (the walk's guess). All are pinned until the plan is
+        drained (a ``StoreFetched`` writing them may be pending, which no offload of the
+        same plan may precede). The caller made sure no slot holds the first content
+        already (the others' parents are new). ``filled``: ``fill_landing`` wrote these
+        slots' fields already (on a fetcher's thread), from a parent that may have been
+        another: only the first slot's parent is set here. ``unique``: no two of
+        ``chunks`` are equal (then, when no slot's key is one of them either, the slots
+        are keyed in one C call)."""
+        if filled:
+            slots[0].parent_cid = parent_cid
+        else:
+            fill_landing(slots, parent_cid, extras, cids, hashes)
+        by_chunk = self.by_chunk
+        self.num_landing -= len(slots)
+        if unique and by_chunk.keys().isdisjoint(chunks):
+            by_chunk.update(zip(chunks, slots, strict=True))  # (each setdefault below would succeed)
+            for s, chunk in zip(slots, chunks, strict=True):
+                s.key = chunk
+        else:
+            by_key = self.by_key
+            for s, chunk in zip(slots, chunks, strict=True):  # (as _enter, inlined)
+                if by_chunk.setdefault(chunk, s) is s:
+                    s.key = chunk
+                else:
+                    s.key = key = (s.parent_cid, chunk, s.extra)
+                    by_key[key] = s
+        self._pinned += slots  # (ref_cnt is 1 already)
+        if event is not None:
+            self._sink.append(event)
+            for i, s in enumerate(slots):  # (each slot's own, for its removal and copies)
+                s.event = event.block(i, s.block_id, HOST)
+
+    def _take_lru(self, out: list[Block], n: int) -> None:
+        """Append to ``out`` up to ``n`` least recently used cached slots, their content
+        dropped, each pinned once (as ``_take_cached`` n times; the common case in one
+        loop of its own)."""
+        if not self.num_chained and not self._sink.active and not self.by_key:
+            self._take_plain(out, n)
+            return
+        head, tail = self._cached.ends()
+        s = head.next  # (a slot until ``tail``)
+        taken = 0
+        while taken < n and s is not tail:
+            self._drop(s)  # (links untouched: the run is unlinked at once below)
+            s.ref_cnt = 1
+            out.append(s)
+            taken += 1
+            s = s.next
+        head.next = s
+        s.prev = head
+        self._cached.forget(taken)
+
+    def _take_plain(self, out: list[Block], n: int) -> None:
+        """``_take_lru`` in the common case, when no slot is chained (so no slot's child
+        is), none is keyed by its triple (each is ``by_chunk``'s entry for its key) and
+        no removal is announced: each slot only leaves ``by_chunk``, in one loop."""
+        cached, by_chunk = self._cached, self.by_chunk
+        k = min(n, cached.size)
+        head, _ = cached.ends()
+        s = head.next  # (a slot: ``k`` of them are linked)
+        for _ in range(k):
+            del by_chunk[s.key]  # type: ignore[arg-type]  # (KeyError: no content)
+            s.key = None
+            s.ref_cnt = 1
+            out.append(s)
+            s = s.next
+        head.next, s.prev = s, head
+        cached.forget(k)
+
+    def unreserve(self, slots: list[Block]) -> None:
+        """Landing ``slots`` that got nothing: empty again."""
+        self.num_landing -= len(slots)
+        for s in slots:
+            s.ref_cnt = 0
+            self._empty.append(s)
