@@ -36,7 +36,7 @@ test_untrusted_metadata, test_variants and test_scale_sink_values for the scan),
    ``associative_scan`` requires it to be associative. It takes triton's own path for
    float tensors (a reordered float sum may round differently) and for combine functions
    with a branch, a loop, ``and``/``or`` or a chained comparison (which would ask a vector
-   for its truth).
+   for its truth) or a call of another jit function (whose body is not read).
 """
 
 from __future__ import annotations
@@ -107,10 +107,15 @@ _BRANCHES = (ast.If, ast.IfExp, ast.While, ast.For, ast.BoolOp, ast.Assert, ast.
 @functools.cache
 def _elementwise(fn: Any) -> bool:
     """``fn`` (a scan's combine function) is straight-line code: no branch, loop, ``and``/``or``
-    or chained comparison, so calling it on vectors computes what calling it on each element
-    does."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    or chained comparison, and no call of a function by its bare name (a jit helper, whose
+    body this does not read; ``tl.maximum(a, b)`` and ``a.to(...)`` are fine), so calling it
+    on vectors computes what calling it on each element does."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return False
     return not any(isinstance(n, _BRANCHES) or (isinstance(n, ast.Compare) and len(n.ops) > 1)
+                   or (isinstance(n, ast.Call) and isinstance(n.func, ast.Name))
                    for n in ast.walk(tree))
 
 

@@ -91,6 +91,11 @@ def _larger_if(a, b):
 
 
 @triton.jit
+def _larger_through_a_helper(a, b):
+    return _larger_if(a, b)  # the branch is in the helper: scanned element by element too
+
+
+@triton.jit
 def _scans(x_ptr, y_ptr, out_ptr, R: tl.constexpr, C: tl.constexpr):
     rc = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
     x = tl.load(x_ptr + rc)
@@ -105,6 +110,7 @@ def _scans(x_ptr, y_ptr, out_ptr, R: tl.constexpr, C: tl.constexpr):
     tl.store(out_ptr + 5 * R * C + rc, tl.associative_scan(x, 1, _larger_if))
     floats = tl.associative_scan(x.to(tl.float32), 1, _add)  # no float scan is reordered
     tl.store(out_ptr + 6 * R * C + rc, floats.to(tl.int32, bitcast=True))
+    tl.store(out_ptr + 7 * R * C + rc, tl.associative_scan(x, 1, _larger_through_a_helper))
 
 
 def _inputs(rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,7 +121,7 @@ def _inputs(rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _run_scans(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(7, *x.shape, dtype=torch.int32)
+    out = torch.zeros(8, *x.shape, dtype=torch.int32)
     _scans[(1,)](x, y, out, *x.shape)
     return out
 
@@ -124,7 +130,8 @@ def _run_scans(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def test_integer_scans_by_doubling_equal_triton_s_element_by_element_scan(rows, cols):
     """max (the attention kernel's), wrapping int32 sums, an associative but not commutative
     pair (affine maps composed in order, forwards and reversed); a combine function with a
-    branch and a float scan take triton's own path. Fails if the doubling scan changes a bit."""
+    branch, one calling a helper with a branch, and a float scan take triton's own path.
+    Fails if the doubling scan changes a bit."""
     from triton.runtime import interpreter
 
     apply_shortcuts()
