@@ -34,14 +34,22 @@ settings.register_profile(
     suppress_health_check=[*settings.default.suppress_health_check, HealthCheck.too_slow])
 settings.load_profile("prefixkv-busy-machine")
 
+from triton_interpreter import apply_shortcuts
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 if "torch" in sys.modules:  # a plugin imported it first: the variable came too late
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 os.environ.setdefault("TORCH_EXTENSIONS_DIR",
                       str(Path(__file__).resolve().parents[1] / ".cache" / "torch-extensions"))
+# The subprocesses the tests start install the same interpreter shortcuts as this process
+# (tests/triton_interpreter.py) through interpreter_site/sitecustomize.py, which does
+# nothing unless TRITON_INTERPRET is set and triton imported.
+_SITE = str(Path(__file__).resolve().parent / "interpreter_site")
+os.environ["PYTHONPATH"] = os.pathsep.join([_SITE, *filter(None, [os.environ.get("PYTHONPATH")])])
 
-# The files that take longest, in the order `make test` starts them (CPU seconds measured
-# in one process on the 2-core VM). Each pytest-xdist worker takes whole files in collection
+# The files that take longest, in the order `make test` starts them (CPU seconds of each
+# file, children included, measured under `make test`'s two workers on the 2-core VM with
+# the interpreter shortcuts). Each pytest-xdist worker takes whole files in collection
 # order (--dist loadfile --no-loadscope-reorder), so the run ends on short files on both
 # workers, not on one long file while the other idles. xdist hands the first file to one
 # worker, the second to the other, and the third at once to the first (it holds only the
@@ -49,19 +57,19 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR",
 # one asking for files while the suite runs, so the four files after the third, which
 # import vLLM in-process (13 s of CPU), go to it and it alone imports vLLM.
 LONGEST_FIRST = (
-    "engines/test_vllm_suite.py",  # ~97: vLLM's own tests, two subprocesses
-    "engines/test_vllm_plugin.py",  # ~11, the vLLM import
-    "kernels/test_compile_sm90.py",  # ~36
+    "engines/test_vllm_suite.py",  # ~105: vLLM's own tests, two subprocesses side by side
+    "engines/test_vllm_plugin.py",  # ~12, the vLLM import
+    "kernels/test_compile_sm90.py",  # ~46
     "engines/vllm_connector/test_connector.py",
     "engines/vllm_connector/test_scheduler_side.py",
     "engines/vllm_connector/test_example.py",
-    "kernels/test_bench_kernels.py",  # ~55
-    "engine/test_backends.py",  # ~35
-    "kernels/test_split_kv.py",  # ~30
-    "test_state_machine.py",  # ~27
-    "kernels/test_attention.py",  # ~24
-    "kernels/test_scale_sink_values.py",  # ~21
-    "fleet/test_example_fleet.py",  # ~19
+    "kernels/test_bench_kernels.py",  # ~52
+    "test_state_machine.py",  # ~30
+    "fleet/test_example_fleet.py",  # ~30
+    "engine/test_hybrid_engine.py",  # ~19
+    "engines/sglang_hicache/test_storage.py",  # ~17
+    "test_bench_allocator.py",  # ~17
+    "engine/test_backends.py",  # ~15
 )
 
 
@@ -70,6 +78,12 @@ def pytest_collection_modifyitems(items) -> None:
     here = Path(__file__).resolve().parent
     rank = {here / name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path, len(rank)))
+
+
+def pytest_runtest_setup(item) -> None:
+    """The Triton interpreter's shortcuts that cannot change a result (tests/triton_interpreter.py),
+    once a test module or an earlier test has imported triton."""
+    apply_shortcuts()
 
 
 @pytest.fixture
