@@ -29,12 +29,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from triton_interpreter import apply_shortcuts
+
 settings.register_profile(
     "prefixkv-busy-machine", deadline=None,
     suppress_health_check=[*settings.default.suppress_health_check, HealthCheck.too_slow])
 settings.load_profile("prefixkv-busy-machine")
-
-from triton_interpreter import apply_shortcuts
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 if "torch" in sys.modules:  # a plugin imported it first: the variable came too late
