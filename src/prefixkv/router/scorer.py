@@ -173,8 +173,7 @@ class CostScorer:
 
     def cost(self, v: ReplicaView) -> float:
         """The cost of serving the prompt on ``v`` (module doc)."""
-        cached = v.gpu_run + self.cpu_weight * (v.run - v.gpu_run)
-        blocks = self.prefill_weight * (v.prefill_blocks + v.prompt_blocks - cached) \
+        blocks = self.prefill_weight * (v.prefill_blocks + v.prompt_blocks - self._cached(v)) \
             + v.active_blocks + v.prompt_blocks
         return blocks / v.capacity if v.capacity else blocks
 
@@ -198,6 +197,7 @@ class CostScorer:
         return self._rng.choices(allowed, weights)[0]
 
     def _cached(self, v: ReplicaView) -> float:
+        """Blocks of the prompt ``v`` caches, a CPU block counting ``cpu_weight``."""
         return v.gpu_run + self.cpu_weight * (v.run - v.gpu_run)
 
     def _balanced(self, views: Sequence[ReplicaView], balance: float) -> list[int]:
