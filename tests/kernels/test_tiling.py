@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from prefixkv.kernels import tiling
-from prefixkv.kernels.tiling import TileConfig, choose_tiles, per_block_ids, prefill_tile, version_at_least
+from prefixkv.kernels.tiling import PREFILL_TILE, TileConfig, choose_tiles, per_block_ids, version_at_least
 
 from .cases import check, make_case
 from .conftest import PRIMARY_DEVICE
@@ -16,10 +16,9 @@ def test_decode_uses_short_tiles_and_prefill_long_ones():
     assert choose_tiles(group=1, head_dim=128, max_seqlen_q=1, on_gpu=True).block_m == 16
     decode = TileConfig(16, 128, 4, 3, ctas_per_sm=2)  # 128 keys: 1.18x over 64 on an H100
     assert choose_tiles(group=4, head_dim=128, max_seqlen_q=1, on_gpu=True) == decode
-    import triton
 
     long_prefill = choose_tiles(group=4, head_dim=128, max_seqlen_q=2048, on_gpu=True)
-    assert long_prefill == prefill_tile(triton.__version__)
+    assert long_prefill == PREFILL_TILE
     # A sliding window or the LSE output keep 64 keys (128 spills there).
     assert choose_tiles(group=4, head_dim=128, max_seqlen_q=2048, on_gpu=True, window=True).block_n == 64
     assert choose_tiles(group=4, head_dim=128, max_seqlen_q=2048, on_gpu=True, return_lse=True).block_n == 64
@@ -102,7 +101,7 @@ def test_per_block_ids_only_for_whole_block_tiles_on_triton_3_8_and_later():
     ("3.10.0+git5e2f", TileConfig(256, 128, 8, 3)),
 ])
 def test_long_prefill_tile_per_triton_version(monkeypatch, version, tile):
-    assert prefill_tile(version) == tile
+    assert PREFILL_TILE == tile
     monkeypatch.setattr(tiling.triton, "__version__", version)
     spec = dict(group=4, head_dim=128, max_seqlen_q=2048, on_gpu=True)
     assert choose_tiles(**spec) == tile

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 from .workspace import MIN_KEYS_PER_SPLIT
 
 __all__ = ["MIN_KEYS_PER_SPLIT", "TileConfig", "choose_num_splits", "choose_tiles", "gpu_tiles",
-           "interpreting", "per_block_ids", "prefill_tile", "sm_count"]
+           "interpreting", "per_block_ids", "PREFILL_TILE", "sm_count"]
 
 DEFAULT_SM_COUNT = 132  # H100 SXM: the split heuristic's SM count for non-CUDA tensors
 MAX_SPLITS = 64
@@ -145,25 +145,23 @@ def choose_num_splits(
     return max(1, splits)
 
 
-def prefill_tile(version: str) -> TileConfig:
-    """The long-prefill tile of head_dim 65..128 (no window, no LSE) for triton ``version``:
-    256 x 128, 8 warps, 3 stages on every version.
+PREFILL_TILE = TileConfig(block_m=256, block_n=128, num_warps=8, num_stages=3)
+"""The long-prefill tile of head_dim 65..128 (no window, no LSE), on every triton
+version: 256 x 128, 8 warps, 3 stages.
 
-    Measured on an H100 with triton 3.6 (run 3, benchmarks/results/tune-nvidia-h100-80gb-hbm3-run3.md):
-    471.4 TFLOP/s on the SPEC shape, ahead of every 128-row tile by 1.31x or more (128 x 128:
-    360.5; 128 x 64 with ``qk_ahead``, the tile 3.7+ took until then on the strength of the
-    static model: 341.9). It spills (1104 B on 3.6: 7 local loads and 6 stores a pass of the
-    cached-prefix loop; 1580 B on 3.9: 41 and 33; sm_90 compile) and still wins: with
-    ``num_stages`` 2 to 4 the K/V ring of every tile is two buffers deep on 3.6 to 3.9, so
-    a pass waits at its top for the tile loaded in the pass before, and the 256-row tile's
-    passes, 4x the work of a 128 x 64 pass for 2x the bytes, hide that round trip where
-    the short passes cannot (``benchmarks/kernel_timing.py``, docs/kernels.md). No triton
-    >= 3.7 has run on a GPU; the tile is the measured one on the evidence that the
-    mechanism is the same there. ``version`` is kept: the choice has depended on it, and
-    may again when a GPU measures a deeper ring (``num_stages`` 5) on 3.7+.
-    """
-    del version  # the same tile for every triton since run 3 (see above)
-    return TileConfig(block_m=256, block_n=128, num_warps=8, num_stages=3)
+Measured on an H100 with triton 3.6 (run 3, benchmarks/results/tune-nvidia-h100-80gb-hbm3-run3.md):
+471.4 TFLOP/s on the SPEC shape, ahead of every 128-row tile by 1.31x or more (128 x 128:
+360.5; 128 x 64 with ``qk_ahead``, the tile 3.7+ took until then on the strength of the
+static model: 341.9). It spills (1104 B on 3.6: 7 local loads and 6 stores a pass of the
+cached-prefix loop; 1580 B on 3.9: 41 and 33; sm_90 compile) and still wins: with
+``num_stages`` 2 to 4 the K/V ring of every tile is two buffers deep on 3.6 to 3.9, so
+a pass waits at its top for the tile loaded in the pass before, and the 256-row tile's
+passes, 4x the work of a 128 x 64 pass for 2x the bytes, hide that round trip where
+the short passes cannot (``benchmarks/kernel_timing.py``, docs/kernels.md). No triton
+>= 3.7 has run on a GPU; the tile is the measured one on the evidence that the
+mechanism is the same there. (The choice depended on the version until run 3; a GPU
+measuring a deeper ring, ``num_stages`` 5, on 3.7+ may make it so again.)
+"""
 
 
 def choose_tiles(
@@ -181,7 +179,7 @@ def choose_tiles(
 
     Register figures below are ``ptxas -v`` for sm_90 with triton 3.9
     (``benchmarks/results/kernels-sm90-compile.md``). Long prefills of head_dim 65..128
-    over a 16-bit cache take the tile of :func:`prefill_tile` for the installed triton
+    over a 16-bit cache take ``PREFILL_TILE``, whatever the installed triton
     (``kv_fp8``: an fp8 cache keeps 128 x 128; its widening in registers needs more of
     them, and no 256-row tile was measured with it).
     """
@@ -189,7 +187,7 @@ def choose_tiles(
     rows_needed = triton.next_power_of_2(max(1, max_seqlen_q) * group_p2)
     if not on_gpu:
         return TileConfig(block_m=max(group_p2, min(64, max(16, rows_needed))), block_n=32)
-    long_tile = prefill_tile(triton.__version__)
+    long_tile = PREFILL_TILE
     if (elem_bytes == 2 and not kv_fp8 and 64 < head_dim <= 128 and not window and not return_lse
             and rows_needed >= long_tile.block_m >= group_p2):
         return long_tile
@@ -208,7 +206,7 @@ def choose_tiles(
     # 1.173x) and of split decode (1 x 32k, with 34 splits: 1.411x the 17-split 16 x 64;
     # 64 keys with 34 splits 1.384x), benchmarks/results/tune-nvidia-h100-80gb-hbm3.md;
     # sm_90 compile on 3.9: 147 registers, no spills. (Long prefills take the 256-row
-    # tile of prefill_tile above; this is for the rest.)
+    # tile of PREFILL_TILE above; this is for the rest.)
     wide = block_m >= 128 and not window and not return_lse
     block_n = (128 if wide or block_m <= 16 else 64) if big else 32
     # 8 warps once the fp32 accumulator [block_m, head_dim] passes 64 registers a thread
