@@ -204,7 +204,7 @@ class Admitter:
             self._num_prefilling += 1
         if prepared is not None:
             self._index.store(req, first, prepared)
-        req.prompt_chunks = req.prompt = None
+        req.prompt_chunks = req.prompt = req.prompt_hashes = None
         if n >= 4096:
             req.grow_room()
         self._requests[request_id] = req
@@ -274,7 +274,8 @@ class Admitter:
             self._check_fits(n, *admit)
         req = Request(request_id, tokens, keys)
         req.prompt_chunks = chunks
-        req.prompt = p
+        if p is not None:
+            req.prompt, req.prompt_hashes = p, p.hashes
         if not read_cache:
             return req, [], None
         limit = (n - 1) // bs

@@ -15,15 +15,12 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from operator import attrgetter
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from ..errors import RequestError
 from ..extra_keys import ExtraKeys
 from ..hashing import encode_tokens
 from .block import Block, blocks_for
-
-if TYPE_CHECKING:
-    from .prompt import Prompt
 
 _ROOM = encode_tokens([0] * 64)  # the canonical token array type, 64 slots
 
@@ -69,11 +66,12 @@ PLAIN_KEYS = RequestKeys(None, 0, 1)
 class Request:
     """``tokens``: every known token id (prompt, then generated), uint32; ``keys``: its
     RequestKeys; ``blocks``: its block table. ``prompt_chunks``: the token bytes of each
-    full prompt block while admission runs (then None); ``prompt``: the ``Prompt`` it is
-    admitted from, if prepared, while admission runs (its chain hashes, its identity)."""
+    full prompt block while admission runs (then None); while it runs too, when the
+    prompt was prepared: ``prompt``, the ``Prompt`` (compared by identity only), and
+    ``prompt_hashes``, the chain hashes of the full blocks if it holds them."""
 
     __slots__ = ("request_id", "tokens", "keys", "blocks", "num_cached", "num_scheduled",
-                 "num_reserved", "prompt_chunks", "prompt")
+                 "num_reserved", "prompt_chunks", "prompt", "prompt_hashes")
 
     def __init__(self, request_id: Hashable, tokens: array[int], keys: RequestKeys) -> None:
         self.request_id = request_id
@@ -84,7 +82,8 @@ class Request:
         self.num_scheduled = 0
         self.num_reserved = 0  # slots covered by blocks; >= num_scheduled when reserved
         self.prompt_chunks: list[bytes] | None = None
-        self.prompt: Prompt | None = None
+        self.prompt: object = None
+        self.prompt_hashes: list[bytes] | None = None
 
     def grow_room(self) -> None:
         """Grow a long prompt's token array once, while admission is paying for the

@@ -61,12 +61,11 @@ class ContentRecorder(Announcer):
         known = req.prompt_chunks
         if known is not None and last <= len(known):
             chunks = known[first:last]
-            p = req.prompt  # prepared: its hashes were computed where it was prepared
-            if p is not None and p.hashes is not None and self.hashing and not self.lazy:
-                hashes = p.hashes[first:last]
-                assert parent is None or parent.hash == p.hashes[first - 1], \
+            known_hashes = req.prompt_hashes  # prepared: hashed where it was prepared
+            if known_hashes is not None and self.hashing and not self.lazy:
+                assert parent is None or parent.hash == known_hashes[first - 1], \
                     "a prepared prompt's chain hashes are those of the blocks it hits"
-                return chunks, req.keys.of_blocks(first, last), hashes
+                return chunks, req.keys.of_blocks(first, last), known_hashes[first:last]
         else:
             bs = self._bs
             chunks = block_chunks(token_bytes(req.tokens[first * bs:last * bs]), 4 * bs,
