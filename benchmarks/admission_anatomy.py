@@ -71,7 +71,8 @@ def steps(case: str, events: bool, k: int) -> None:
             m.take_events()
             i += 1
         p = list(array("H", rng.randbytes(2 * 2048)))
-        reqs = [(i, m.prepare(p) if prepared else p) for i in range(k + 1)]
+        given = m.prepare(p) if prepared else p  # (one Prompt, as the ids are one list)
+        reqs = [(i, given) for i in range(k + 1)]
     else:
         name = case.split("/")[0] if not case.startswith("piece/") else "system-prompt"
         wl = builtin(name, 1.0)
