@@ -72,7 +72,8 @@ class KVCacheManager(Decoder):
         Thread safety: reads only the manager's configuration, fixed at construction
         (block size, vocabulary size, hash function and root), never its pool, index or
         requests; so an engine's input thread may call it while the scheduler's thread
-        admits, decodes and frees. Changes nothing.
+        admits, decodes and frees (a ``hash_mode`` callable is then called from that
+        thread too). Changes nothing.
 
         Raises TokenError (empty prompt, bad ids or container), ExtraKeysError,
         ConfigError (a hash_mode callable failed), PromptError (``prompt_token_ids`` is a
