@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from prefixkv import (
+    BlockStored,
     ExtraKeys,
     ExtraKeysError,
     KVCacheManager,
@@ -168,7 +169,7 @@ def test_admission_does_not_hash_a_prepared_prompt(monkeypatch):
     calls = []
     original = Hasher.chain
     monkeypatch.setattr(Hasher, "chain", lambda self, *a: calls.append(1) or original(self, *a))
-    m = KVCacheManager(16, BS, hash_mode="sha256", host_blocks=2, enable_events=True)
+    m = KVCacheManager(40, BS, hash_mode="sha256", host_blocks=2, enable_events=True)
     p = m.prepare(P)
     calls.clear()
     m.add_request("a", p)
@@ -176,6 +177,18 @@ def test_admission_does_not_hash_a_prepared_prompt(monkeypatch):
     m.add_request("b", P[:9] + [7] * 8)
     assert calls == [1]
     assert [e.block_hashes for e in m.take_events()][0] == block_hashes(P, BS)
+    long = P * 2  # a chunked prefill: its extend calls take the Prompt's hashes too
+    q = m.prepare(long)
+    calls.clear()
+    assert m.add_request("c", q, num_new_tokens=9).num_cached_tokens == 20
+    m.extend("c", 8)
+    m.extend("c", len(long) - m.num_scheduled_tokens("c"))
+    assert calls == []
+    m.append_tokens("c", [1, 2, 3, 4])  # past the prompt: hashed as it fills, as ever
+    assert calls == [1]
+    stored = [h for e in m.take_events() if isinstance(e, BlockStored) for h in e.block_hashes]
+    assert stored == block_hashes(long + [1, 2, 3, 4], BS)[5:]
+    m.check_invariants()
 
 
 # ---- any thread ------------------------------------------------------------------------------

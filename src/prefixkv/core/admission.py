@@ -204,7 +204,9 @@ class Admitter:
             self._num_prefilling += 1
         if prepared is not None:
             self._index.store(req, first, prepared)
-        req.prompt_chunks = req.prompt = req.prompt_hashes = None
+        req.prompt = None
+        if req.prompt_hashes is None or total == n:  # (a prepared prompt's chunks and hashes
+            req.prompt_chunks = req.prompt_hashes = None  # serve its next chunks: ``extend``)
         if n >= 4096:
             req.grow_room()
         self._requests[request_id] = req

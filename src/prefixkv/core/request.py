@@ -68,7 +68,9 @@ class Request:
     RequestKeys; ``blocks``: its block table. ``prompt_chunks``: the token bytes of each
     full prompt block while admission runs (then None); while it runs too, when the
     prompt was prepared: ``prompt``, the ``Prompt`` (compared by identity only), and
-    ``prompt_hashes``, the chain hashes of the full blocks if it holds them."""
+    ``prompt_hashes``, the chain hashes of the full blocks if it holds them; a prepared
+    prompt's chunks and hashes are kept until its prefill is fully scheduled (its
+    ``extend`` calls read them)."""
 
     __slots__ = ("request_id", "tokens", "keys", "blocks", "num_cached", "num_scheduled",
                  "num_reserved", "prompt_chunks", "prompt", "prompt_hashes")
