@@ -260,3 +260,27 @@ def test_prompt_repr():
     p = KVCacheManager(8, BS).prepare(P)
     assert repr(p) == "Prompt(22 tokens, 5 full blocks, hashed=False)"
     assert isinstance(p, Prompt)
+
+
+def test_hybrid_chunked_prefill_takes_the_prompts_hashes(monkeypatch):
+    """Events on: the hybrid manager hashes as it stores; with a Prompt, neither the
+    admission nor the prefill's extend calls hash, and the events are the plain path's."""
+    groups = [GroupSpec("full_attention"), GroupSpec("sliding_window", 8)]
+    plain = HybridKVCacheManager(groups, 64, BS, hash_mode="sha256", enable_events=True)
+    prepared = HybridKVCacheManager(groups, 64, BS, hash_mode="sha256", enable_events=True)
+    long = P * 2
+    p = prepared.prepare(long)
+    calls = []
+    original = Hasher.chain
+    monkeypatch.setattr(Hasher, "chain", lambda self, *a: calls.append(1) or original(self, *a))
+    for m, given in ((plain, long), (prepared, p)):
+        calls.clear()
+        m.add_request("c", given, num_new_tokens=9)
+        m.extend("c", 8)
+        m.extend("c", len(long) - m.num_scheduled_tokens("c"))
+        assert calls == ([] if m is prepared else [1, 1, 1])
+    assert plain.take_events() == prepared.take_events()
+    plain.append_tokens("c", [1, 2, 3, 4])
+    prepared.append_tokens("c", [1, 2, 3, 4])  # past the prompt: hashed as it fills
+    assert plain.take_events() == prepared.take_events()
+    prepared.check_invariants()

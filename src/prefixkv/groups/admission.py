@@ -166,6 +166,8 @@ class GroupAdmitter:
         req.num_cached = req.step_start = num_cached
         req.num_scheduled = total
         req.num_reserved = total + num_lookahead_tokens
+        if total < n:  # its chunks and hashes serve the prefill's next chunks (``extend``)
+            req.prompt = prompt
         if prepared is not None:
             self._record(req, k, prepared)
         self._requests[request_id] = req
