@@ -25,7 +25,7 @@ from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import block_chunks, encode_tokens, token_buffer
 from ..index.hasher import Hasher
 from .block import blocks_for
-from .request import RequestKeys
+from .request import PLAIN_KEYS, RequestKeys
 
 
 class Prompt:
@@ -91,8 +91,8 @@ def encode_prompt(token_ids: Sequence[int], extra: ExtraKeys | None, block_size:
     n = len(tokens)
     if n == 0:
         raise TokenError("the prompt is empty: at least one token is needed")
-    keys = RequestKeys.of(None if extra is None else check_extra(extra, n),
-                          blocks_for(n, block_size), block_size)
+    keys = PLAIN_KEYS if extra is None else RequestKeys.of(check_extra(extra, n),
+                                                           blocks_for(n, block_size), block_size)
     return tokens, keys, block_chunks(token_buffer(tokens), 4 * block_size, n // block_size)
 
 
