@@ -79,8 +79,8 @@ def test_the_groups_and_the_prefix_each_keeps():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("options", [{}, dict(softcap=3.0), dict(sinks=True)],
-                         ids=["plain", "softcap", "sinks"])
+@pytest.mark.parametrize("options", [{}, dict(softcap=3.0), dict(sinks=0.5), dict(sinks=float("inf"))],
+                         ids=["plain", "softcap", "sinks", "sink-inf"])
 @pytest.mark.parametrize("drop_e", [False, True], ids=["capped", "three-blocks"])
 def test_cascade_matches_one_pass_over_all_keys(backend, options, drop_e):
     groups, ids, computed, new, q, k_cache, v_cache = _batch(seed=3)
@@ -88,7 +88,8 @@ def test_cascade_matches_one_pass_over_all_keys(backend, options, drop_e):
         groups = [SharedPrefix(3, (0, 1, 3))]
     device = PRIMARY_DEVICE if backend == "triton" else "cpu"
     if options.get("sinks"):
-        options = dict(sinks=torch.tensor([0.5, -1.0, 2.0, 0.0], device=device))
+        # Head 0's sink is options["sinks"]; +inf takes its rows (output 0, LSE +inf).
+        options = dict(sinks=torch.tensor([options["sinks"], -1.0, 2.0, 0.0], device=device))
     args = _args(ids, computed, new, q, k_cache, v_cache, torch.float32, device)
     cascade = build_cascade_batch(groups, ids, computed, new, BS, device=device)
     got, got_lse = cascade_attention(*args, cascade, return_lse=True, backend=backend, **options)

@@ -31,8 +31,8 @@ import torch
 from ..results import SharedPrefix
 from .batch import build_block_table, build_cu_seqlens_q
 from .dispatch import paged_prefill_attention, resolve_backend
-from .errors import BatchError
-from .validation import check_cascade
+from .errors import BatchError, DeviceError, DtypeError, ShapeError
+from .validation import check_cascade, check_tensors
 from .workspace import SplitWorkspace
 
 __all__ = ["CascadeBatch", "build_cascade_batch", "cascade_attention", "merge_attention"]
@@ -128,15 +128,44 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
     (natural log; ``-inf``: the set had no key for that row). Returns fp32 ``(out, lse)``.
     A row neither set saw gets 0 and ``-inf``; a ``+inf`` LSE (a ``+inf`` sink) takes the
     row, as in the kernels.
+
+    Raises:
+        ArgumentTypeError: an argument is not a ``torch.Tensor``.
+        ShapeError, DtypeError, DeviceError: the four do not describe the same rows and
+            heads (no broadcasting), an LSE is not fp32 or an output not floating point,
+            or they are not on one device.
     """
+    _check_merge(out_a, lse_a, out_b, lse_b)
     m = torch.maximum(lse_a, lse_b)
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    # Only an all -inf row needs a stand-in max: a +inf max must stay, so that the other
+    # set's weight exp(lse - inf) is 0 and the +inf set takes the row (LSE +inf).
+    m_safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)
     w_a, w_b = (torch.where(lse == float("inf"), 1.0, torch.exp(lse - m_safe)) for lse in (lse_a, lse_b))
     total = w_a + w_b
     safe = torch.where(total == 0, torch.ones_like(total), total)
     out = (out_a.float() * w_a.T[..., None] + out_b.float() * w_b.T[..., None]) / safe.T[..., None]
     lse = torch.where(total == 0, float("-inf"), m_safe + torch.log(safe))
     return out, lse
+
+
+def _check_merge(out_a: object, lse_a: object, out_b: object, lse_b: object) -> None:
+    check_tensors(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
+    assert isinstance(out_a, torch.Tensor) and isinstance(lse_a, torch.Tensor)
+    assert isinstance(out_b, torch.Tensor) and isinstance(lse_b, torch.Tensor)
+    if out_a.dim() != 3 or out_b.shape != out_a.shape:
+        raise ShapeError(f"out_a and out_b must both be [rows, num_heads, head_dim], got "
+                         f"{tuple(out_a.shape)} and {tuple(out_b.shape)}")
+    want = (out_a.shape[1], out_a.shape[0])
+    if lse_a.shape != want or lse_b.shape != want:
+        raise ShapeError(f"lse_a and lse_b must be [num_heads, rows] = {list(want)}, got "
+                         f"{tuple(lse_a.shape)} and {tuple(lse_b.shape)}")
+    if lse_a.dtype != torch.float32 or lse_b.dtype != torch.float32:
+        raise DtypeError(f"lse_a/lse_b dtypes {lse_a.dtype}/{lse_b.dtype}; both must be torch.float32")
+    if not (out_a.is_floating_point() and out_b.is_floating_point()):
+        raise DtypeError(f"out_a/out_b dtypes {out_a.dtype}/{out_b.dtype} must be floating point")
+    for name, t in (("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+        if t.device != out_a.device:
+            raise DeviceError(f"{name} is on {t.device}, expected {out_a.device} like out_a")
 
 
 def cascade_attention(
