@@ -124,7 +124,9 @@ def write_kv_cache(
             or a negative, NaN or infinite scale, before any write.
 
     Raises:
-        ShapeError, DtypeError, DeviceError, UnsupportedError: bad tensors, before any write.
+        ShapeError, DtypeError, DeviceError, UnsupportedError: bad tensors (also caches
+            in which two slots share memory: an expanded view, or ``v_cache`` overlapping
+            ``k_cache``), before any write.
         ArgumentTypeError: a tensor argument is not a ``torch.Tensor``.
         MetadataError: ``checked=True`` and a slot is out of range, before any write.
         TensorValueError: ``checked=True`` and a scale is negative, NaN or infinite (a

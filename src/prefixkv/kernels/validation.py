@@ -14,6 +14,7 @@ import torch
 
 from .errors import ArgumentTypeError, DeviceError, DtypeError, ShapeError, UnsupportedError
 from .fp8 import FP8_DTYPES, QUERY_DTYPES, check_scale, is_fp8
+from .overlap import caches_overlap
 from .workspace import SplitWorkspace
 
 __all__ = [
@@ -146,6 +147,9 @@ def check_write_kv(
     _same_device("slot_mapping", slot_mapping, k_cache.device)
     check_scale("k_scale", k_scale, k_cache)
     check_scale("v_scale", v_scale, v_cache)
+    overlap = caches_overlap(k_cache, v_cache)
+    if overlap is not None:
+        raise ShapeError(f"write_kv_cache would write one cache address twice: {overlap}")
 
 
 def _window(window_size: object, causal: bool) -> tuple[int, int]:
