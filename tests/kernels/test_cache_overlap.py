@@ -1,5 +1,6 @@
-"""write_kv_cache into caches whose slots share memory is refused before any write, on
-both backends; K and V views that interleave without sharing an element still work."""
+"""write_kv_cache into caches whose slots share memory, and attention into such an out,
+are refused before any write on both backends; K and V views that interleave without
+sharing an element still work."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixkv.kernels import ShapeError, write_kv_cache
+from prefixkv.kernels import ShapeError, paged_prefill_attention, write_kv_cache
 from prefixkv.kernels.overlap import strides_overlap
 
 from .conftest import PRIMARY_DEVICE, triton_skip_reason
@@ -99,3 +100,18 @@ def test_no_overlap_reported_means_every_index_has_its_own_address(shape):
 def test_dense_layouts_are_not_reported():
     assert not strides_overlap(list(zip((NB, BS, H, D), torch.zeros(NB, BS, H, D).stride(), strict=True)))
     assert strides_overlap([(2, 0), (3, 1)]) and strides_overlap([(4, 1), (2, 3)])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_out_whose_rows_share_memory_is_refused_before_any_write(backend):
+    # Before: the Triton path wrote every row onto one, the torch path raised a bare RuntimeError.
+    device = _device(backend)
+    gen = torch.Generator().manual_seed(1)
+    k_cache, v_cache = (torch.randn(NB, BS, H, D, generator=gen).to(device) for _ in range(2))
+    q = torch.randn(3, H, D, generator=gen).to(device)
+    table = torch.tensor([[0, 1], [2, 2]], dtype=torch.int32, device=device)
+    cu, used = (torch.tensor(v, dtype=torch.int32, device=device) for v in ([0, 2, 3], [5, 3]))
+    out = torch.zeros(1, H, D, device=device).expand(3, -1, -1)
+    with pytest.raises(ShapeError, match="overlapping"):
+        paged_prefill_attention(q, k_cache, v_cache, table, cu, used, 2, 5, out=out, backend=backend)
+    assert not out.any()

@@ -272,7 +272,8 @@ def paged_prefill_attention(
             p attends keys ``p - left .. p + right``; ``-1`` is unbounded; with ``causal``
             right must be -1 or 0.
         softcap: if > 0, scores become ``softcap * tanh(scores / softcap)`` (after scaling).
-        out: optional ``[total_q, num_heads, head_dim]`` tensor of q's dtype to write into.
+        out: optional ``[total_q, num_heads, head_dim]`` tensor of q's dtype to write into
+            (any strides in which no two entries share memory).
         return_lse: also return the natural-log LSE, ``[num_heads, total_q]`` fp32.
         sinks: optional fp32 ``[num_heads]`` attention sinks (as in gpt-oss): one more
             logit per head in every row's softmax denominator, with no value; the LSE

@@ -14,7 +14,7 @@ import torch
 
 from .errors import ArgumentTypeError, DeviceError, DtypeError, ShapeError, UnsupportedError
 from .fp8 import FP8_DTYPES, QUERY_DTYPES, check_scale, is_fp8
-from .overlap import caches_overlap
+from .overlap import caches_overlap, strides_overlap
 from .workspace import SplitWorkspace
 
 __all__ = [
@@ -241,6 +241,9 @@ def check_attention(
         if out.dtype != q.dtype:
             raise DtypeError(f"out dtype {out.dtype} != q dtype {q.dtype}")
         _same_device("out", out, device)
+        if strides_overlap(list(zip(out.shape, out.stride(), strict=True))):
+            raise ShapeError(f"out has overlapping strides {out.stride()} for shape {tuple(out.shape)}: "
+                             "two outputs would land on one address (an expanded view?)")
     check_sinks(sinks, q)
     check_scale("k_scale", k_scale, k_cache)
     check_scale("v_scale", v_scale, v_cache)
