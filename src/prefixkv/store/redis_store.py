@@ -69,6 +69,9 @@ class RedisStore:
         self._idle: dict[Address, list[Resp]] = {}
         self._lock = threading.Lock()
         self._slots: list[Address] | None = None  # cluster: the node of each of 16384 slots
+        # cluster: every node a slot map named, kept when the map is dropped: the map is
+        # read again from any of them, so a dead home node does not take the store down
+        self._nodes: set[Address] = set()
         self._sentinel: tuple[Any, str] | None = None  # (redis-py Sentinel, service name)
 
     @classmethod
@@ -218,8 +221,9 @@ class RedisStore:
         return groups
 
     def _read_slots(self, deadline: float) -> list[Address]:
-        """The cluster's slot map (CLUSTER SLOTS), from the first node that answers."""
-        nodes = [self._home, *sorted({n for n in self._slots or () if n is not None})]
+        """The cluster's slot map (CLUSTER SLOTS), from the first node that answers: the
+        URL's node, then every node an earlier map named."""
+        nodes = [self._home, *sorted(self._nodes - {self._home})]
         failure: Exception = ConnectionError("no cluster node answered")
         for node in nodes:
             try:
@@ -236,5 +240,6 @@ class RedisStore:
                     host = master[0].decode() or self._home[1]
                     slots[lo:hi + 1] = [("tcp", host, int(master[1]))] * (hi - lo + 1)
                 self._slots = slots
+                self._nodes.update(slots)
                 return slots
         raise failure
