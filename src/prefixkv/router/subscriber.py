@@ -204,8 +204,12 @@ class Subscriber:
                 return
             if replica not in self._legacy and seq <= self._skip_through.get(replica, -1):
                 return
+        epoch = self._epoch.get(replica)
         if replica not in self._legacy and self._catch_up(replica, last):
-            if seq > self.last_seq[replica]:  # the answer predates this message
+            # The answer (sent after this message) covers it, unless the replica was
+            # forgotten after bad answers; under a new epoch (a restart found, or first
+            # contact) it is covered, or it is the dead life's: never applied then.
+            if seq > self.last_seq[replica] and self._epoch.get(replica) == epoch:
                 self._apply(replica, seq, payload)
             return
         if last is not None and seq <= last:  # numbering started again: a restart
