@@ -30,6 +30,7 @@ from .replay_client import Answer, ReplayClient, ReplayError
 from .router import Router
 
 _log = logging.getLogger(__name__)
+_LAST_SEQ = (1 << 64) - 1  # the largest 8-byte sequence number
 COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "bad_replies",
             "disconnects", "errors")
 """The subscriber's counters, as ``health()`` names them."""
@@ -204,12 +205,12 @@ class Subscriber:
                 return
             if replica not in self._legacy and seq <= self._skip_through.get(replica, -1):
                 return
-        epoch = self._epoch.get(replica)
         if replica not in self._legacy and self._catch_up(replica, last):
-            # The answer (sent after this message) covers it, unless the replica was
-            # forgotten after bad answers; under a new epoch (a restart found, or first
-            # contact) it is covered, or it is the dead life's: never applied then.
-            if seq > self.last_seq[replica] and self._epoch.get(replica) == epoch:
+            # The answer, sent after this message arrived, covers it: a message it does
+            # not cover was not sent by this life (a dead life's, a foreign or corrupt
+            # frame) and is not applied. Only a replica forgotten after bad answers
+            # (``_snapshot_after``) follows from this message on.
+            if self.last_seq[replica] < 0:
                 self._apply(replica, seq, payload)
             return
         if last is not None and seq <= last:  # numbering started again: a restart
@@ -265,7 +266,9 @@ class Subscriber:
         epoch = self._epoch.get(replica)
         start = 0 if last is None else last + 1
         try:
-            answer = client.ask(epoch, start) if client else None
+            # past the last 8-byte number only a snapshot can say where the replica is
+            answer = client.ask(epoch, min(start, _LAST_SEQ), force_snapshot=start > _LAST_SEQ
+                                ) if client else None
             if answer is not None and epoch not in (None, answer.epoch) and answer.snapshot is None:
                 raise ReplayError(f"epoch {answer.epoch!r} follows {epoch!r} without a snapshot")
         except ReplayError as exc:
