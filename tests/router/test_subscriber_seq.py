@@ -21,41 +21,39 @@ def foreign_batch(prompt):
     return encode_batch(other.take_events(), block_size=BS)
 
 
-@pytest.mark.parametrize("seq", [7, 1 << 40, LAST])
-def test_a_message_numbered_past_the_replay_is_not_applied(seq):
+@pytest.fixture
+def following():
+    """A publisher and a subscriber following it, seq 0 (P[0]) applied."""
     pub, mgr, router = make()
     sub = connect(pub, router)
-    try:
-        step(pub, mgr, "a", P[0])
-        wait_for(sub, 1)
-        with sub.lock:
-            sub._on_message("r", seq, foreign_batch(P[5]))
-        assert router.cached_tokens(P[5])["r"] == 0    # the replay says seq 0 is its last
-        for i in (1, 2):
-            step(pub, mgr, str(i), P[i])
-        assert poll_until(sub, lambda: router.cached_tokens(P[2])["r"] == 12)
-        assert [router.cached_tokens(p)["r"] for p in P[:3]] == [12] * 3
-        assert router.cached_tokens(P[5])["r"] == 0
-        assert sub.errors == 0 and sub.last_error is None
-    finally:
-        sub.close()
-        pub.close()
+    step(pub, mgr, "a", P[0])
+    wait_for(sub, 1)
+    yield pub, mgr, router, sub
+    sub.close()
+    pub.close()
 
 
-def test_after_the_last_number_a_snapshot_is_asked():
+@pytest.mark.parametrize("seq", [7, 1 << 40, LAST])
+def test_a_message_numbered_past_the_replay_is_not_applied(following, seq):
+    pub, mgr, router, sub = following
+    with sub.lock:
+        sub._on_message("r", seq, foreign_batch(P[5]))
+    assert router.cached_tokens(P[5])["r"] == 0    # the replay says seq 0 is its last
+    for i in (1, 2):
+        step(pub, mgr, str(i), P[i])
+    assert poll_until(sub, lambda: router.cached_tokens(P[2])["r"] == 12)
+    assert [router.cached_tokens(p)["r"] for p in P[:3]] == [12] * 3
+    assert router.cached_tokens(P[5])["r"] == 0
+    assert sub.errors == 0 and sub.last_error is None
+
+
+def test_after_the_last_number_a_snapshot_is_asked(following):
     """``last_seq`` at the last 8-byte number (a forgotten replica follows from whatever
     message comes next, this one included): the next start cannot be asked, a snapshot
     can (before, packing the start raised, counted as a defect, for every message)."""
-    pub, mgr, router = make()
-    sub = connect(pub, router)
-    try:
-        step(pub, mgr, "a", P[0])
-        wait_for(sub, 1)
-        with sub.lock:
-            sub.last_seq["r"] = LAST
-        step(pub, mgr, "b", P[1])
-        assert poll_until(sub, lambda: router.cached_tokens(P[1])["r"] == 12)
-        assert sub.errors == 0 and sub.snapshots == 2 and sub.last_seq["r"] == 1
-    finally:
-        sub.close()
-        pub.close()
+    pub, mgr, router, sub = following
+    with sub.lock:
+        sub.last_seq["r"] = LAST
+    step(pub, mgr, "b", P[1])
+    assert poll_until(sub, lambda: router.cached_tokens(P[1])["r"] == 12)
+    assert sub.errors == 0 and sub.snapshots == 2 and sub.last_seq["r"] == 1
