@@ -1,7 +1,8 @@
-"""The subscriber against sequence numbers no publisher of this life sent: a message
-numbered past what the replica's own replay says it sent (a corrupt or foreign frame),
-up to the last 8-byte number. The index must not take its events, and the stream must be
-followed on, with nothing counted as a defect."""
+"""The subscriber against batches that are not the replica's: a message numbered past
+what the replica's own replay says it sent (a corrupt or foreign frame), up to the last
+8-byte number, and a replay endpoint answering with another topic. The index must not
+take their events, and the stream must be followed on, with nothing counted as a
+defect."""
 
 import pytest
 
@@ -9,7 +10,7 @@ from prefixkv import KVCacheManager
 from prefixkv.fleet.wire import encode_batch
 from waiting import poll_until
 
-from .test_subscriber import BS, P, connect, make, step, wait_for
+from .test_subscriber import BS, LegacyReplay, P, connect, discard, make, step, wait_for
 
 LAST = (1 << 64) - 1
 
@@ -57,3 +58,29 @@ def test_after_the_last_number_a_snapshot_is_asked(following):
     step(pub, mgr, "b", P[1])
     assert poll_until(sub, lambda: router.cached_tokens(P[1])["r"] == 12)
     assert sub.errors == 0 and sub.snapshots == 2 and sub.last_seq["r"] == 1
+
+
+class OtherTopicReplay(LegacyReplay):
+    """A vLLM replay (8-byte form) of a publisher with another topic: the endpoint of
+    another replica's publisher, given by mistake."""
+
+    def serve(self, sock, snapshot, topic=b""):
+        super().serve(sock, snapshot, b"other-events")
+
+
+def test_a_replay_of_another_topic_is_not_applied():
+    pub, mgr, router = make()
+    pub.replay = OtherTopicReplay(100)
+    sub = connect(pub, router)
+    try:
+        step(pub, mgr, "a", P[0])
+        wait_for(sub, 1)                 # first contact: the map request gets an end mark
+        step(pub, mgr, "b", P[1])
+        discard(sub, 1)
+        step(pub, mgr, "c", P[2])
+        wait_for(sub, 1)                 # the gap: its replay is of another topic
+        assert sub.gaps_filled == 0 and sub.resyncs == 1
+        assert [router.cached_tokens(p)["r"] for p in P[:3]] == [0, 0, 12]
+    finally:
+        sub.close()
+        pub.close()

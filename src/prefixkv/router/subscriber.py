@@ -74,7 +74,8 @@ class Subscriber:
             self._poller.register(monitor, zmq.POLLIN)
             self._poller.register(sub, zmq.POLLIN)
             if replay is not None:
-                self._replay[replica] = ReplayClient(self._ctx, replay, self.replay_timeout_ms)
+                self._replay[replica] = ReplayClient(self._ctx, replay, self.replay_timeout_ms,
+                                                     topic.encode())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lock = threading.Lock()  # held while the index changes (thread mode)
