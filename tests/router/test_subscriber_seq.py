@@ -8,7 +8,8 @@ import pytest
 
 from prefixkv import KVCacheManager
 from prefixkv.fleet.wire import encode_batch
-from waiting import poll_until
+from prefixkv.router.subscriber import Subscriber
+from waiting import PATIENCE, await_subscribed, poll_until
 
 from .test_subscriber import BS, LegacyReplay, P, connect, discard, make, step, wait_for
 
@@ -81,6 +82,39 @@ def test_a_replay_of_another_topic_is_not_applied():
         wait_for(sub, 1)                 # the gap: its replay is of another topic
         assert sub.gaps_filled == 0 and sub.resyncs == 1
         assert [router.cached_tokens(p)["r"] for p in P[:3]] == [0, 0, 12]
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_a_replay_answer_late_once_does_not_make_a_prefixkv_replica_vllm():
+    """The map request timed out once (the publisher's thread was busy): the replica
+    was taken for a vLLM publisher for good (``protocol`` "vllm", no snapshots: a gap
+    past its buffer forgot it). Now the timeout costs a resync, and the next gap is
+    asked in prefixkv's form again."""
+    import threading
+
+    pub, mgr, router = make()
+    release, real = threading.Event(), pub.replay.serve
+    def slow_once(*args):
+        release.wait(PATIENCE)
+        pub.replay.serve = real
+        real(*args)
+    pub.replay.serve = slow_once
+    sub = Subscriber(router, {"r": (pub.endpoint, pub.replay_endpoint)}, replay_timeout=1.0)
+    await_subscribed(sub)
+    try:
+        step(pub, mgr, "a", P[0])
+        wait_for(sub, 1)                 # first contact: the map request times out
+        release.set()
+        assert sub.resyncs == 1 and router.cached_tokens(P[0])["r"] == 12
+        step(pub, mgr, "b", P[1])
+        discard(sub, 1)
+        step(pub, mgr, "c", P[2])
+        wait_for(sub, 1)
+        assert [router.cached_tokens(p)["r"] for p in P[:3]] == [12] * 3
+        assert sub.health()["replicas"]["r"]["protocol"] == "prefixkv"
+        assert sub.errors == 0
     finally:
         sub.close()
         pub.close()

@@ -25,6 +25,10 @@ class ReplayError(PrefixKVError):
     """A replay answer that does not have the documented shape."""
 
 
+class ReplayTimeout(ReplayError):
+    """No answer to a map request in time: says nothing of the publisher's kind."""
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """A checked answer to ``ask``: ``batches`` are ``start .. next_seq - 1`` in order
@@ -54,8 +58,9 @@ class ReplayClient:
             ) -> Answer | None:
         """The publisher's answer to ``{publisher_epoch, start_seq, force_snapshot}``;
         None when it does not answer in this form (a vLLM publisher streams an end mark
-        instead, which is drained) or not in time. Raises ReplayError for a map answer
-        that is not an Answer for ``start`` (see ``_check``)."""
+        instead, which is drained). Raises ReplayTimeout when nothing answers in time,
+        ReplayError for a map answer that is not an Answer for ``start`` (see
+        ``_check``)."""
         import msgpack
 
         self._drain()
@@ -66,7 +71,7 @@ class ReplayClient:
             request["force_snapshot"] = True
         self.sock.send_multipart((b"", msgpack.packb(request)))
         if not self.sock.poll(self.timeout_ms):
-            return None
+            raise ReplayTimeout(f"no replay answer within {self.timeout_ms} ms")
         frames = self.sock.recv_multipart()
         if len(frames) != 2:  # a vLLM publisher read the map as a start: its end mark
             if _replayed(frames)[0] != END_SEQ:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .decode import DecodeError, decode_batch
-from .replay_client import Answer, ReplayClient, ReplayError
+from .replay_client import Answer, ReplayClient, ReplayError, ReplayTimeout
 from .router import Router
 
 _log = logging.getLogger(__name__)
@@ -262,7 +262,8 @@ class Subscriber:
 
     def _catch_up(self, replica: str, last: int | None) -> bool:
         """Bring ``replica`` up to date by the msgpack replay request; False (and the
-        replica is marked legacy) when it does not answer in that form."""
+        replica is marked legacy) when it answers in vLLM's form (an end mark). No answer
+        in time forgets the replica, which follows from this message on (``resyncs``)."""
         client = self._replay.get(replica)
         epoch = self._epoch.get(replica)
         start = 0 if last is None else last + 1
@@ -272,6 +273,11 @@ class Subscriber:
                                 ) if client else None
             if answer is not None and epoch not in (None, answer.epoch) and answer.snapshot is None:
                 raise ReplayError(f"epoch {answer.epoch!r} follows {epoch!r} without a snapshot")
+        except ReplayTimeout:  # busy or gone: not a vLLM publisher for all that
+            self.resyncs += 1
+            self._forget(replica)
+            self.last_seq[replica] = -1  # index what comes next: an understatement
+            return True
         except ReplayError as exc:
             answer = self._snapshot_after(replica, exc, client, epoch, start)  # type: ignore[arg-type]
             if answer is None:
