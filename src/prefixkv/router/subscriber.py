@@ -307,8 +307,8 @@ class Subscriber:
         _log.warning("replica %r: bad replay answer (%s); asking for a snapshot", replica, exc)
         try:
             answer = client.ask(epoch, start, force_snapshot=True)
-        except ReplayError:
-            self.bad_replies += 1
+        except ReplayError as again:
+            self.bad_replies += not isinstance(again, ReplayTimeout)  # no answer: not a bad one
             answer = None
         if answer is not None and answer.snapshot is not None:
             return answer
