@@ -197,10 +197,18 @@ class RedisStore:
         return exc
 
     def _take(self, node: Address, deadline: float) -> Resp:
-        with self._lock:
-            idle = self._idle.get(node)
-            if idle:
-                return idle.pop()
+        """An idle connection to ``node`` that is still open (one the server closed,
+        say by a restart while it was idle, is dropped: its first use would fail the
+        whole call), else a new one."""
+        while True:
+            with self._lock:
+                idle = self._idle.get(node)
+                conn = idle.pop() if idle else None
+            if conn is None:
+                break
+            if conn.idle_ok():
+                return conn
+            conn.close()
         conn = Resp(node, **self._auth)
         conn.open(deadline)
         return conn
