@@ -5,7 +5,8 @@ core).
 Reads (``read_into``) go through ``Resp`` connections of their own, pooled, one per
 thread at a time: GETs pipelined, each value received straight into its buffers, the
 whole call bounded by one deadline. Writes and existence checks go through redis-py
-pipelines (``SET ... EX``, ``EXISTS``, no transaction). On a Redis Cluster, keys carry no
+pipelines (``SET ... EX``, ``EXISTS``, no transaction), except existence checks on a
+cluster, which go through ours, node by node, as reads do. On a Redis Cluster, keys carry no
 hash tag, so a chain's blocks spread over the slots; a call sends each node its keys
 first, then reads the nodes' replies: one round trip per node involved, overlapping. A
 key the cluster moved (MOVED/ASK, resharding) or a node that is down fails its keys
@@ -58,7 +59,7 @@ class RedisStore:
             self.client: Any = RedisCluster.from_url(url, **options)
         else:
             self.client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
-        self.ttl, self.cluster = ttl, cluster
+        self.ttl, self.cluster, self.timeout = ttl, cluster, float(timeout)
         parts = parse_url(url)  # type: ignore[no-untyped-call]
         secure = parts.get("connection_class") is SSLConnection
         self._auth = dict(username=parts.get("username"), password=parts.get("password"),
@@ -102,7 +103,11 @@ class RedisStore:
         return store
 
     def held(self, keys: Sequence[bytes]) -> int:
-        """``StoreBackend.held``: pipelined EXISTS. Raises redis-py's errors."""
+        """``StoreBackend.held``: pipelined EXISTS. Raises redis-py's errors; on a
+        cluster, only when no node answered (a node that is down holds none of its keys:
+        the run stops at the first of them, as a fetch's does)."""
+        if self.cluster:
+            return self._held_on_nodes(keys)
         pipe = self.client.pipeline(transaction=False)
         for k in keys:
             pipe.exists(k)
@@ -112,6 +117,35 @@ class RedisStore:
                 break
             n += 1
         return n
+
+    def _held_on_nodes(self, keys: Sequence[bytes]) -> int:
+        """``held`` on a cluster: each node's EXISTS pipelined on a connection of ours
+        (redis-py's cluster pipeline fails the whole call when one node is down). A
+        node that fails, or a key it moved (MOVED/ASK), is a miss; the slot map is then
+        read again on the next call."""
+        deadline = time.monotonic() + self.timeout
+        found = [False] * len(keys)
+        failure: Exception | None = None
+        answered = False
+        for node, idx in self._groups(keys, deadline).items():
+            conn: Resp | None = None
+            try:
+                conn = self._take(node, deadline)
+                conn.send(b"".join([pack(b"EXISTS", keys[i]) for i in idx]), deadline)
+                for i in idx:
+                    reply = conn.reply(deadline)
+                    found[i] = reply == 1
+                    if isinstance(reply, RespError):
+                        self._slots = None
+                answered = True
+                self._give(conn)
+            except Exception as exc:
+                if conn is not None:
+                    conn.close()
+                self._slots, failure = None, exc
+        if failure is not None and not answered:
+            raise failure
+        return next((i for i, f in enumerate(found) if not f), len(keys))
 
     def put(self, items: Sequence[tuple[bytes, bytes]]) -> int:
         """``StoreBackend.put``: pipelined SET with EX ttl; the values refused (an OOM
