@@ -1,4 +1,5 @@
-"""The torch reference against a naive dense attention: this validates the test oracle."""
+"""The torch reference against a naive dense attention and a hand-worked row: this validates
+the test oracle."""
 
 from __future__ import annotations
 
@@ -7,9 +8,14 @@ import math
 import pytest
 import torch
 
-from prefixkv.kernels import paged_prefill_attention_reference, write_kv_cache_reference
+from prefixkv.kernels import (
+    paged_prefill_attention,
+    paged_prefill_attention_reference,
+    write_kv_cache_reference,
+)
 
 from .cases import make_case
+from .conftest import triton_skip_reason
 
 
 def naive_attention(case, *, scale, causal, window, softcap):
@@ -79,3 +85,30 @@ def test_reference_write_kv_skips_minus_one():
     write_kv_cache_reference(key, value, k_cache, v_cache, torch.tensor([9, -1, 0]))
     assert torch.equal(k_cache[2, 1], key[0]) and torch.equal(v_cache[0, 0], value[2])
     assert int((k_cache != 0).any(-1).sum()) == 2
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.skipif(
+    triton_skip_reason() is not None, reason=str(triton_skip_reason())))])
+def test_a_hand_worked_row_with_sink_softcap_and_window(backend):
+    # One query q = e0 over four keys k_j = j * e0 (values v_j = (j + 1) * e1), one slot per
+    # block, the blocks in reverse order. Scale 1, softcap 2, window (1, 0) and sink 0.5:
+    # the row sees keys 2 and 3 (scores 2, 3 -> 2 tanh(1), 2 tanh(1.5)) and the sink.
+    k_cache, v_cache = torch.full((5, 1, 1, 8), float("nan")), torch.full((5, 1, 1, 8), float("nan"))
+    table = torch.tensor([[3, 2, 1, 0]], dtype=torch.int32)
+    for j, block in enumerate(table[0].tolist()):
+        k_cache[block] = 0.0
+        v_cache[block] = 0.0
+        k_cache[block, 0, 0, 0] = float(j)
+        v_cache[block, 0, 0, 1] = float(j + 1)
+    q = torch.zeros(1, 1, 8)
+    q[0, 0, 0] = 1.0
+    c2, c3 = 2 * math.tanh(1.0), 2 * math.tanh(1.5)
+    total = math.exp(c2) + math.exp(c3) + math.exp(0.5)
+    cu, used = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([4], dtype=torch.int32)
+    out, lse = paged_prefill_attention(
+        q, k_cache, v_cache, table, cu, used, 1, 4, softmax_scale=1.0, softcap=2.0, window_size=(1, 0),
+        sinks=torch.tensor([0.5]), return_lse=True, backend=backend)
+    want = torch.zeros(8)
+    want[1] = (3 * math.exp(c2) + 4 * math.exp(c3)) / total
+    torch.testing.assert_close(out[0, 0], want, atol=1e-5, rtol=1e-5)
+    assert lse.shape == (1, 1) and math.isclose(lse.item(), math.log(total), rel_tol=1e-5)
