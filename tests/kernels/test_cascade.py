@@ -167,3 +167,18 @@ def test_a_long_shared_prefix_splits_its_keys_and_still_matches(monkeypatch):
     want, want_lse = paged_prefill_attention_reference(*args, return_lse=True)
     torch.testing.assert_close(got, want, **tolerance(torch.float32))
     torch.testing.assert_close(got_lse, want_lse, **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_may_be_q_itself(backend):
+    # As in paged_prefill_attention; before, pass 1 read the groups' q rows after pass 2 had
+    # overwritten them with outputs.
+    groups, ids, computed, new, q, k_cache, v_cache = _batch(seed=5)
+    device = PRIMARY_DEVICE if backend == "triton" else "cpu"
+    args = _args(ids, computed, new, q, k_cache, v_cache, torch.float32, device)
+    want = paged_prefill_attention_reference(*args)
+    cascade = build_cascade_batch(groups, ids, computed, new, BS, device=device)
+    q_inplace = args[0].clone()
+    got = cascade_attention(q_inplace, *args[1:], cascade, out=q_inplace, backend=backend)
+    assert got is q_inplace
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))

@@ -192,7 +192,8 @@ def cascade_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """:func:`~prefixkv.kernels.paged_prefill_attention` of the same batch (same arguments,
     same result up to rounding, no sliding window), reading each group's shared prefix
-    once per query tile of the group instead of once per request's tile.
+    once per query tile of the group instead of once per request's tile. ``out`` may be
+    ``q`` itself.
 
     ``cascade``: from :func:`build_cascade_batch` for this batch. Two attention passes
     and a merge of the groups' rows (torch ops; no host synchronisation). Measured on an
@@ -225,11 +226,13 @@ def cascade_attention(
     cols = torch.clamp(cols, max=width - 1)
     own_table = block_table.gather(1, cols)  # [batch, width]: row i from its first unshared block
     own_used = (seqused_k - (shift * k_cache.shape[1]).to(seqused_k.dtype)).to(seqused_k.dtype)
+    # The groups' q rows are gathered before pass 2 writes: ``out`` may be ``q`` itself.
+    rows = cascade.rows.to(q.device)
+    q_rows = q.index_select(0, rows) if rows.numel() else q
     out, lse = attend(q, own_table, cu_seqlens_q, own_used, max_seqlen_q, max_seqlen_k, causal, out, sinks)
-    if cascade.rows.numel():
-        rows = cascade.rows.to(q.device)
+    if rows.numel():
         # All shared keys precede every row: no mask (and, on few tiles, the keys split).
-        pre, pre_lse = attend(q.index_select(0, rows), cascade.block_table, cascade.cu_seqlens_q,
+        pre, pre_lse = attend(q_rows, cascade.block_table, cascade.cu_seqlens_q,
                               cascade.seqused_k, cascade.max_seqlen_q, cascade.max_seqlen_k,
                               False, None, None)
         own, own_lse = out.index_select(0, rows), lse.index_select(1, rows)
