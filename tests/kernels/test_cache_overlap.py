@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixkv.kernels import ShapeError, paged_prefill_attention, write_kv_cache
-from prefixkv.kernels.overlap import strides_overlap
+from prefixkv.kernels.overlap import caches_overlap, strides_overlap
 
 from .conftest import PRIMARY_DEVICE, triton_skip_reason
 
@@ -115,3 +115,10 @@ def test_an_out_whose_rows_share_memory_is_refused_before_any_write(backend):
     with pytest.raises(ShapeError, match="overlapping"):
         paged_prefill_attention(q, k_cache, v_cache, table, cu, used, 2, 5, out=out, backend=backend)
     assert not out.any()
+
+
+def test_meta_caches_have_no_memory_to_share():
+    # Every meta tensor's data pointer is 0: two distinct meta caches are not one memory.
+    k_cache, v_cache = torch.empty(NB, BS, H, D, device="meta"), torch.empty(NB, BS, H, D, device="meta")
+    assert caches_overlap(k_cache, v_cache) is None
+    assert caches_overlap(k_cache[:1].expand(NB, -1, -1, -1), v_cache) is not None

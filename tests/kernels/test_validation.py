@@ -52,6 +52,8 @@ BAD_CALLS = {
                              lambda a, k: (_replace(a, 0, a[0][:, :3]), k)),
     "cache rank": (ShapeError, "k_cache must be", lambda a, k: (_replace(a, 1, a[1][0]), k)),
     "v_cache shape": (ShapeError, "v_cache shape", lambda a, k: (_replace(a, 2, a[2][:1]), k)),
+    # no block: the Triton kernel read block -1 (a segfault under the interpreter), torch an IndexError
+    "no block": (ShapeError, "no block", lambda a, k: ([a[0], a[1][:0], a[2][:0], *a[3:]], k)),
     "cu_seqlens rank": (ShapeError, "cu_seqlens_q must be", lambda a, k: (_replace(a, 4, a[4][None]), k)),
     "seqused_k size": (ShapeError, r"seqused_k must be \[2\]", lambda a, k: (_replace(a, 5, a[5][:1]), k)),
     "block_table rows": (ShapeError, r"block_table must be \[2,", lambda a, k: (_replace(a, 3, a[3][:1]), k)),

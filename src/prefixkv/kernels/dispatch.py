@@ -253,7 +253,7 @@ def paged_prefill_attention(
     Args:
         q: ``[total_q, num_heads, head_dim]``; ``num_heads`` a multiple of ``num_kv_heads``.
         k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, q's dtype,
-            or fp8 (``float8_e4m3fn``/``float8_e5m2``) with q fp16 or bf16.
+            or fp8 (``float8_e4m3fn``/``float8_e5m2``) with q fp16 or bf16; at least one block.
         block_table: ``[batch, max_blocks]`` int32; row i lists request i's block ids in
             order; entries past ``ceil(seqused_k[i] / block_size)`` are never read. An
             id outside ``[0, num_blocks)`` reads block ``num_blocks - 1`` instead (a

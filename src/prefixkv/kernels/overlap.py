@@ -37,7 +37,9 @@ def caches_overlap(k_cache: torch.Tensor, v_cache: torch.Tensor) -> str | None:
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if strides_overlap(list(zip(t.shape, t.stride(), strict=True))):
             return f"{name} has overlapping strides {t.stride()} for shape {tuple(t.shape)} (expanded?)"
-    if k_cache.numel() == 0 or k_cache.untyped_storage().data_ptr() != v_cache.untyped_storage().data_ptr():
+    # Meta tensors (compile-key sweeps) have no memory: every data pointer reads 0.
+    if (k_cache.numel() == 0 or k_cache.device.type == "meta"
+            or k_cache.untyped_storage().data_ptr() != v_cache.untyped_storage().data_ptr()):
         return None
     delta, size = v_cache.data_ptr() - k_cache.data_ptr(), k_cache.element_size()
     if k_cache.stride() != v_cache.stride() or delta % size:

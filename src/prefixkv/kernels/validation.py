@@ -200,6 +200,8 @@ def check_attention(
     check_flags(causal=causal, return_lse=return_lse, checked=checked)
     _check_caches(k_cache, v_cache)
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    if num_blocks < 1:  # a bad block id reads block num_blocks - 1: there must be one
+        raise ShapeError(f"k_cache has no block (shape {tuple(k_cache.shape)}); attention needs at least one")
     if q.dim() != 3 or q.shape[2] != head_dim:
         raise ShapeError(f"q must be [total_q, num_heads, {head_dim}], got {tuple(q.shape)}")
     num_heads = q.shape[1]
