@@ -85,6 +85,7 @@ class ThreeBlockOptionsMachine(OptionsMachine):
 TestOptionsMachine, TestHostTierOptionsMachine, TestTinyPoolOptionsMachine, \
     TestThreeBlockOptionsMachine = (machine.TestCase for machine in (
         OptionsMachine, HostTierOptionsMachine, TinyPoolOptionsMachine, ThreeBlockOptionsMachine))
-for case in (TestOptionsMachine, TestHostTierOptionsMachine, TestTinyPoolOptionsMachine,
-             TestThreeBlockOptionsMachine):
-    case.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
+for _case in (TestOptionsMachine, TestHostTierOptionsMachine, TestTinyPoolOptionsMachine,
+              TestThreeBlockOptionsMachine):
+    _case.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
+del _case
