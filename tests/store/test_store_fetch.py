@@ -84,6 +84,26 @@ def test_a_fetch_whose_request_left_lands_as_cached_content(backend, layout):
     assert adm.num_cached_tokens == 12 and m.stats.host_hits == 12 and m.stats.store_hits == 0
 
 
+def test_a_fork_cannot_take_the_id_of_a_request_waiting_on_the_store(backend, layout):
+    """Its ``free`` would only end the wait: the child stayed live, its blocks leaked."""
+    m, ex, _ = setup(backend, layout)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    m.add_request("p", [7, 7, 7, 7, 7, 7], read_cache=False)
+    m.take_kv_ops()
+    m.take_kv_ops()                                  # (p's block written to the store)
+    free = m.num_free_blocks
+    with pytest.raises(RequestError, match="waiting on the store"):
+        m.fork("p", "b")
+    assert m.num_free_blocks == free and m.take_kv_ops() == []
+    m.check_invariants()
+    m.free("b")                                      # the wait ends; nothing else was live
+    m.free("p")
+    assert m.num_free_blocks == 8
+    ex.run()
+    m.poll_store()
+    m.check_invariants()
+
+
 def test_a_fetch_that_lost_a_race_to_the_device_lands_only_what_follows(backend, layout):
     m, ex, _ = setup(backend, layout)
     m.add_request("b", A)

@@ -109,9 +109,13 @@ class KVCacheManager(Decoder):
         before this step's forward pass: fork once the parent's scheduled tokens were
         computed (after their step ran, as an engine forks after sampling).
         Returns None when that block cannot be had (nothing changed). Raises RequestError
-        (unknown parent, child id in use, parent's prefill not fully scheduled)."""
+        (unknown parent, child id in use: live, or waiting on the store; parent's prefill
+        not fully scheduled)."""
         parent = self._get(parent_id)
         check_new_request(self._requests, child_id)
+        if self._waits is not None and child_id in self._waits.waiting:  # (its ``free``
+            # would end the wait and leave the child live)
+            raise RequestError(f"request {child_id!r} is waiting on the store (StoreWait)")
         if parent.num_scheduled != len(parent.tokens):
             raise RequestError(f"cannot fork {parent_id!r} before its prefill is fully scheduled")
         full = parent.num_scheduled // self.block_size
