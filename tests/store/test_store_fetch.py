@@ -6,6 +6,7 @@ and keeps its slots until its threads return; a reset waits for fetches; host me
 is checked when attached. Block size 4, 8-byte payloads."""
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -37,7 +38,7 @@ def setup(backend, layout, **kw):
                             store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
              backend, "w", A)
     ex = Manual()
-    shared = SharedStore(backend, layout, cost=always(), executor=ex, **{"timeout": LIVE, **kw})
+    shared = SharedStore(backend, layout, cost=always(), **{"timeout": LIVE, "executor": ex, **kw})
     return KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=shared), ex, shared
 
 
@@ -101,6 +102,25 @@ def test_a_fork_cannot_take_the_id_of_a_request_waiting_on_the_store(backend, la
     assert m.num_free_blocks == 8
     ex.run()
     m.poll_store()
+    m.check_invariants()
+
+
+def test_an_executor_that_refuses_the_fetch_costs_a_miss_and_leaks_no_slot(backend, layout):
+    """``submit`` raising (an engine's executor shut down) escaped ``add_request`` as a
+    RuntimeError after the wait was recorded: its host slots stayed reserved and the
+    fetch in flight for ever (``reset_prefix_cache`` refused for ever)."""
+    refusing = ThreadPoolExecutor(1)
+    refusing.shutdown()
+    m, ex, _ = setup(backend, layout, executor=refusing)
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 0 and adm.num_new_tokens == len(A)   # computed
+    assert m.stats.store_errors == 1 and m._host.num_landing == 0 and not ex.jobs
+    m.check_invariants()
+    m.free("b")
+    assert m.add_request("c", [5] * 13).num_cached_tokens == 0           # left alone
+    assert m.stats.store_errors == 1
+    m.free("c")
+    assert m.reset_prefix_cache()
     m.check_invariants()
 
 
