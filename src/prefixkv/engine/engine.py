@@ -25,9 +25,11 @@ from collections.abc import Sequence as Seq
 import torch
 
 from prefixkv.allocator import Allocator
+from prefixkv.errors import RequestError
 from prefixkv.event_log import PendingEvents
-from prefixkv.extra_keys import ExtraKeys
+from prefixkv.extra_keys import ExtraKeys, check_extra
 from prefixkv.groups import HybridKVCacheManager
+from prefixkv.hashing import encode_tokens
 
 from .outputs import GenerateResult, RequestMetrics, RequestOutput, SampleOutput, StepRecord
 from .runner import Runner, SeqBatchEntry
@@ -82,14 +84,25 @@ class Engine:
                     request_id: Hashable | None = None, extra: ExtraKeys | None = None) -> Hashable:
         """Queue a request; returns its id (a fresh int unless given). Its sequences are
         ``(request_id, sample_index)`` in the allocator. Raises ValueError for an empty
-        prompt, one of ``max_model_len`` tokens or more, or an id in use."""
+        prompt, one of ``max_model_len`` tokens or more, token ids that are not ints in
+        ``[0, vocab_size)`` of the model (TokenError), extra keys that do not fit the
+        prompt (ExtraKeysError), params that are not SamplingParams, or an id in use or
+        unhashable (RequestError): checked here, so that no queued request can make every
+        later ``step`` raise."""
         params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {params!r}")
         rid = next(self._ids) if request_id is None else request_id
-        if rid in self._groups:
-            raise ValueError(f"request {rid!r} is already in the engine")
-        prompt = [int(t) for t in prompt_token_ids]
+        try:
+            taken = rid in self._groups
+        except Exception as exc:  # (unhashable, or its __hash__/__eq__ raised)
+            raise RequestError(f"request id must be hashable, got {rid!r} ({exc!r})") from None
+        if taken:
+            raise RequestError(f"request {rid!r} is already in the engine")
+        prompt = encode_tokens(prompt_token_ids, self.runner.model.cfg.vocab_size).tolist()
         if not 0 < len(prompt) < self.max_model_len:
             raise ValueError(f"prompt of {len(prompt)} tokens; need 1..{self.max_model_len - 1}")
+        check_extra(extra, len(prompt))
         seq = SampleSeq(rid, 0, prompt, params, extra, time.perf_counter())
         self._groups[rid] = [seq]
         self.scheduler.waiting.append(seq)
