@@ -12,7 +12,7 @@ from hypothesis.stateful import rule
 
 from prefixkv import PromptTooLongError
 from prefixkv.core.block import blocks_for
-from test_state_machine import BS, ManagerMachine, prompts, salts
+from test_state_machine import ManagerMachine, prompts, salts
 
 
 class OptionsMachine(ManagerMachine):
@@ -35,7 +35,7 @@ class OptionsMachine(ManagerMachine):
         except PromptTooLongError as e:
             first = len(prompt) if chunk is None else min(len(prompt), chunk)
             assert e.needed > self.num_blocks, e
-            assert e.needed == max(blocks_for(len(prompt), BS), blocks_for(first + lookahead, BS))
+            assert e.needed == max(blocks_for(len(prompt), self.bs), blocks_for(first + lookahead, self.bs))
             assert self._snapshot() == before and self.m.take_kv_ops() == []
             return
         if adm is None:
@@ -45,9 +45,9 @@ class OptionsMachine(ManagerMachine):
         assert cached == predicted, (cached, predicted)
         assert 0 < new and cached + new <= len(prompt)
         assert new == len(prompt) - cached if chunk is None else min(chunk, len(prompt) - cached)
-        assert len(adm.block_ids) == blocks_for(cached + new + lookahead, BS), adm
+        assert len(adm.block_ids) == blocks_for(cached + new + lookahead, self.bs), adm
         if full_fit:  # the whole prompt's blocks were free (its hits' own included)
-            assert blocks_for(len(prompt), BS) - cached // BS <= free, (adm, free)
+            assert blocks_for(len(prompt), self.bs) - cached // self.bs <= free, (adm, free)
         got = self.m.stats - before[1]
         counted = ((got.preempted_requests, got.preempted_queries, got.preempted_hits)
                    if resumed else (got.requests, got.queries, got.hits))
@@ -75,6 +75,15 @@ class TinyPoolOptionsMachine(OptionsMachine):
     host_blocks = 2
 
 
+class BlockSizeOneOptionsMachine(OptionsMachine):
+    """Blocks of one token, a host tier: every prompt is k*bs+1, chunks end on block
+    edges."""
+
+    bs = 1
+    num_blocks = 12
+    host_blocks = 6
+
+
 class ThreeBlockOptionsMachine(OptionsMachine):
     """Three device blocks, six host slots."""
 
@@ -83,9 +92,11 @@ class ThreeBlockOptionsMachine(OptionsMachine):
 
 
 TestOptionsMachine, TestHostTierOptionsMachine, TestTinyPoolOptionsMachine, \
-    TestThreeBlockOptionsMachine = (machine.TestCase for machine in (
-        OptionsMachine, HostTierOptionsMachine, TinyPoolOptionsMachine, ThreeBlockOptionsMachine))
+    TestThreeBlockOptionsMachine, TestBlockSizeOneOptionsMachine = (
+        machine.TestCase for machine in (OptionsMachine, HostTierOptionsMachine,
+                                         TinyPoolOptionsMachine, ThreeBlockOptionsMachine,
+                                         BlockSizeOneOptionsMachine))
 for _case in (TestOptionsMachine, TestHostTierOptionsMachine, TestTinyPoolOptionsMachine,
-              TestThreeBlockOptionsMachine):
+              TestThreeBlockOptionsMachine, TestBlockSizeOneOptionsMachine):
     _case.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
 del _case
