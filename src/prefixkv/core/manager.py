@@ -163,9 +163,14 @@ class KVCacheManager(Decoder):
     def uncache_blocks(self, block_ids: Iterable[int]) -> None:
         """Make the content of these blocks unfindable (their KV turned out invalid, e.g.
         a load that failed) while live requests hold them; a block no request holds is
-        left as it is. Raises RequestError for an id outside the pool."""
+        left as it is. Raises RequestError for an id outside the pool, or ``block_ids``
+        not an iterable (nothing changes)."""
         blocks = self._pool.blocks
-        ids = list(block_ids)
+        try:
+            ids = list(block_ids)
+        except TypeError:
+            raise RequestError(f"block_ids must be an iterable of block ids, got "
+                               f"{block_ids!r}") from None
         for i in ids:
             check_count("block id", i, 0, len(blocks) - 1)
         self._index.uncache([blocks[i] for i in ids if blocks[i].ref_cnt > 0])
