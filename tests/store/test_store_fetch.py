@@ -10,7 +10,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from prefixkv import ConfigError, KVCacheManager, RequestError, StoreWait
+from prefixkv import (
+    ConfigError,
+    ExtraKeysError,
+    KVCacheManager,
+    PromptTooLongError,
+    RequestError,
+    StoreWait,
+    TokenError,
+)
 from prefixkv.store import FetchCost, SharedStore
 from waiting import LIVE
 
@@ -83,6 +91,22 @@ def test_a_fetch_whose_request_left_lands_as_cached_content(backend, layout):
     assert m.lookup(A) == 12                         # host slots hold it
     adm = m.add_request("c", A)
     assert adm.num_cached_tokens == 12 and m.stats.host_hits == 12 and m.stats.store_hits == 0
+
+
+@pytest.mark.parametrize("prompt, extra, error", [
+    ([], None, TokenError), ([1, -1], None, TokenError), (A, {"cache_salt": "a"}, ExtraKeysError),
+    ([1] * 40, None, PromptTooLongError),
+])
+def test_bad_input_while_waiting_raises_as_without_a_wait(backend, layout, prompt, extra, error):
+    """A re-admission while the fetch runs answered StoreWait whatever its prompt."""
+    m, ex, _ = setup(backend, layout)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    with pytest.raises(error):
+        m.add_request("b", prompt, extra=extra)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    ex.run()
+    assert m.poll_store() == ["b"] and m.add_request("b", A).num_cached_tokens == 12
+    m.check_invariants()
 
 
 def test_a_fork_cannot_take_the_id_of_a_request_waiting_on_the_store(backend, layout):
