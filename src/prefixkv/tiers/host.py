@@ -210,6 +210,9 @@ class HostTier(SlotLanding):
             kept = [i for i in range(len(dst)) if i not in dropped]
             self.offload_src, self.offload_dst = [src[i] for i in kept], [dst[i] for i in kept]
             self._pinned = [s for s in self._pinned if s.key is not None]
+            # (a request loading one would hold its lost ancestor's content on the device)
+            assert all(self.slots[t].key is not None for t in self.load_src), \
+                "a slot withdrawn with its lost ancestor is loaded in this step"
 
     def take_offloads(self) -> list[BlockOffloads]:
         """The step's offloads as one op (none when there are none), and forget them
