@@ -113,6 +113,30 @@ def test_reset_clears_the_host_too():
     m.check_invariants()
 
 
+def test_reset_drops_the_steps_copies_into_and_out_of_the_slots_it_clears():
+    """They stayed in the plan: offloads into cleared slots (which a store fetch of the
+    same step may reserve and read into) and loads out of them."""
+    m = manager()
+    m.add_request("a", A)
+    m.take_kv_ops()
+    m.free("a")
+    m.add_request("b", B)  # evicts A's blocks: offloads, in this step's plan
+    m.free("b")
+    assert m.reset_prefix_cache() is True
+    assert m.take_kv_ops() == []
+    m.add_request("a", A)
+    m.take_kv_ops()
+    m.free("a")
+    m.add_request("b", B)
+    m.take_kv_ops()
+    m.free("b")
+    assert m.add_request("c", A).num_cached_tokens == 8  # loads from the slots
+    m.free("c")
+    assert m.reset_prefix_cache() is True
+    assert m.take_kv_ops() == []
+    m.check_invariants()
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "4"])
 def test_bad_host_blocks(bad):
     with pytest.raises(ConfigError):

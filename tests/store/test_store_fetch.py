@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from prefixkv import (
+    BlockLoads,
+    BlockOffloads,
     ConfigError,
     ExtraKeysError,
     KVCacheManager,
@@ -106,6 +108,36 @@ def test_bad_input_while_waiting_raises_as_without_a_wait(backend, layout, promp
     assert m.add_request("b", A) == StoreWait("b", 3)
     ex.run()
     assert m.poll_store() == ["b"] and m.add_request("b", A).num_cached_tokens == 12
+    m.check_invariants()
+
+
+def test_a_reset_leaves_no_offload_to_overwrite_a_fetch_into_attached_memory(backend, layout):
+    """Offloads stated before a reset stayed in the step's plan, into slots the reset
+    emptied; a fetch of the same step reserved those slots and read into them, the
+    engine's plan then overwrote them, and the landed run served that KV."""
+    m, ex, _ = setup(backend, layout)
+    host = bytearray(32)
+    m.attach_host_memory([[memoryview(host)[8 * i:8 * (i + 1)]] for i in range(4)])
+    device = [bytes([0xEE]) * 8] * 8                 # what the device blocks hold
+    m.add_request("x", list(range(50, 59)), read_cache=False)
+    m.take_kv_ops()
+    m.free("x")
+    m.add_request("y", list(range(60, 89)), read_cache=False)   # evicts x's blocks
+    m.free("y")
+    assert m.reset_prefix_cache()
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    ex.run()                                         # the fetch reads into slots 0..2
+    for op in m.take_kv_ops():                       # the engine runs the step's plan
+        assert isinstance(op, BlockOffloads), op
+        for src, dst in zip(op.src, op.dst, strict=True):
+            host[8 * dst:8 * dst + 8] = device[src]
+    assert m.poll_store() == ["b"]
+    adm = m.add_request("b", A)
+    loads = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
+    assert adm.num_cached_tokens == 12 and len(loads) == 1
+    for src, dst in zip(loads[0].src, loads[0].dst, strict=True):
+        device[dst] = bytes(host[8 * src:8 * src + 8])
+    assert [device[b] for b in adm.block_ids[:3]] == [bytes([i]) * 8 for i in range(3)]
     m.check_invariants()
 
 

@@ -284,8 +284,13 @@ class HostTier(SlotLanding):
         return slot
 
     def clear(self) -> None:
-        """Forget every slot's content (reset_prefix_cache)."""
+        """Forget every slot's content (reset_prefix_cache), and the step's copies not
+        taken yet: offloads into slots, loads and store payloads out of them (no block
+        is held then). Left in the plan, an offload would write a slot that a store fetch
+        of the same step may have reserved and read into (attached memory)."""
         self.num_unpins += 1
+        self.offload_src, self.offload_dst, self.load_src, self.load_dst = [], [], [], []
+        self.fetches = []
         for s in self.slots:
             s.key, s.prev, s.next, s.ref_cnt, s.chained = None, UNLINKED, UNLINKED, 0, False
         self.num_chained = 0
