@@ -233,6 +233,18 @@ def test_a_request_the_allocator_would_refuse_is_refused_when_queued(make_engine
     alloc.check_invariants()
 
 
+def test_generate_queues_no_prompt_when_one_is_refused(make_engine):
+    """The prompts before the refused one were queued: the next ``generate`` ran them
+    and returned none of their outputs."""
+    engine, alloc = make_engine(8)
+    with pytest.raises(ValueError):
+        engine.generate([[1, 2, 3], [4, 5], [6, -1]], SamplingParams(max_tokens=2))
+    assert not engine.has_unfinished()
+    result = engine.generate([[7, 8]], SamplingParams(max_tokens=2), on_step=checker(alloc))
+    assert [o.prompt_token_ids for o in result.outputs] == [(7, 8)]
+    assert sum(r.num_seqs for r in result.steps[:1]) == 1
+
+
 def test_engine_rejects_bad_input(make_engine, model):
     engine, alloc = make_engine(4)
     with pytest.raises(ValueError, match="prompt of 0 tokens"):

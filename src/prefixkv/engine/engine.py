@@ -89,6 +89,18 @@ class Engine:
         prompt (ExtraKeysError), params that are not SamplingParams, or an id in use or
         unhashable (RequestError): checked here, so that no queued request can make every
         later ``step`` raise."""
+        seq = self._new_seq(prompt_token_ids, params, request_id, extra)
+        self._queue([seq])
+        return seq.request_id
+
+    def _queue(self, seqs: list[SampleSeq]) -> None:
+        for seq in seqs:
+            self._groups[seq.request_id] = [seq]
+            self.scheduler.waiting.append(seq)
+
+    def _new_seq(self, prompt_token_ids: Seq[int], params: SamplingParams | None,
+                 request_id: Hashable | None, extra: ExtraKeys | None) -> SampleSeq:
+        """The checked first sequence of a request (``add_request``'s checks), not queued."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {params!r}")
@@ -103,10 +115,7 @@ class Engine:
         if not 0 < len(prompt) < self.max_model_len:
             raise ValueError(f"prompt of {len(prompt)} tokens; need 1..{self.max_model_len - 1}")
         check_extra(extra, len(prompt))
-        seq = SampleSeq(rid, 0, prompt, params, extra, time.perf_counter())
-        self._groups[rid] = [seq]
-        self.scheduler.waiting.append(seq)
-        return rid
+        return SampleSeq(rid, 0, prompt, params, extra, time.perf_counter())
 
     def has_unfinished(self) -> bool:
         """Whether any request is still waiting or running (``step`` has work)."""
@@ -203,14 +212,17 @@ class Engine:
         """Run ``prompts`` (token id lists) to completion, together with anything already
         queued; ``params``/``extra`` are one for all or one per prompt. ``on_step`` sees
         every StepRecord (tests call ``check_invariants()`` there). Returns the outputs
-        of these prompts in order, every step taken and the wall time."""
+        of these prompts in order, every step taken and the wall time. Raises as
+        ``add_request`` for any prompt, before any is queued."""
         t0 = time.perf_counter()
         k = len(prompts)
         ps = [params] * k if params is None or isinstance(params, SamplingParams) else list(params)
         xs = [extra] * k if extra is None or isinstance(extra, ExtraKeys) else list(extra)
         if len(ps) != k or len(xs) != k:
             raise ValueError(f"{k} prompts but {len(ps)} params and {len(xs)} extra keys")
-        ids = [self.add_request(p, sp, extra=x) for p, sp, x in zip(prompts, ps, xs, strict=True)]
+        seqs = [self._new_seq(p, sp, None, x) for p, sp, x in zip(prompts, ps, xs, strict=True)]
+        self._queue(seqs)  # (all checked: none is queued if one is refused)
+        ids = [seq.request_id for seq in seqs]
         steps, done = [], {}
         while self.has_unfinished():
             rec = self.step()
