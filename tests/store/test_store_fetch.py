@@ -22,6 +22,7 @@ from prefixkv import (
     TokenError,
 )
 from prefixkv.store import FetchCost, SharedStore
+from prefixkv.store.fetch import FAILED
 from waiting import LIVE
 
 from .conftest import always
@@ -236,6 +237,18 @@ def test_a_fetch_past_its_deadline_releases_its_request_and_keeps_its_slots(back
     ex.run()                                         # the threads return at last
     assert m.poll_store() == []
     assert m._host.num_landing == 0
+    m.check_invariants()
+
+
+def test_a_fetch_that_fails_after_its_request_gave_up_on_it_is_one_error(backend, layout):
+    """Counted at the expiry and again when it ended failed (its read past the deadline)."""
+    m, ex, _ = setup(backend, layout, timeout=0.05)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    time.sleep(0.2)                                  # past the deadline; threads never ran
+    assert m.poll_store() == ["b"] and m.stats.store_errors == 1
+    ex.run()                                         # the read starts past its deadline
+    assert m._store.done[0].stop == FAILED
+    assert m.poll_store() == [] and m.stats.store_errors == 1
     m.check_invariants()
 
 
