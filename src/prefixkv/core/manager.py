@@ -207,7 +207,10 @@ class KVCacheManager(Decoder):
         cascade attention (``prefixkv.kernels.build_cascade_batch``). Plain ints; changes
         nothing. Shared blocks are full, but the engine may compute one of them in this
         very step: the kernel side keeps only blocks before each member's new tokens.
-        Raises RequestError for an unknown id (before looking at any)."""
+        Raises RequestError for an unknown id (before looking at any), or ids given as a
+        str or bytes (a sequence of one-character ids, never what is meant)."""
+        if isinstance(request_ids, (str, bytes)):
+            raise RequestError(f"request_ids must be a sequence of ids, not {request_ids!r}")
         return shared_prefixes([self._get(rid).blocks for rid in request_ids])  # Blocks: identity
 
     def num_tokens(self, request_id: Hashable) -> int:
