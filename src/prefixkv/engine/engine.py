@@ -83,12 +83,14 @@ class Engine:
     def add_request(self, prompt_token_ids: Seq[int], params: SamplingParams | None = None, *,
                     request_id: Hashable | None = None, extra: ExtraKeys | None = None) -> Hashable:
         """Queue a request; returns its id (a fresh int unless given). Its sequences are
-        ``(request_id, sample_index)`` in the allocator. Raises ValueError for an empty
-        prompt, one of ``max_model_len`` tokens or more, token ids that are not ints in
-        ``[0, vocab_size)`` of the model (TokenError), extra keys that do not fit the
-        prompt (ExtraKeysError), params that are not SamplingParams, or an id in use or
-        unhashable (RequestError): checked here, so that no queued request can make every
-        later ``step`` raise."""
+        ``(request_id, sample_index)`` in the allocator. The prompt is checked and
+        prepared now (``KVCacheManager.prepare``: encoded, cut and, where the manager
+        needs it, hashed), off ``step``, which admits the Prompt. Raises ValueError for an
+        empty prompt, one of ``max_model_len`` tokens or more, token ids that are not ints
+        in ``[0, vocab_size)`` of the model (TokenError), extra keys that do not fit the
+        prompt or that the allocator refuses (ExtraKeysError), params that are not
+        SamplingParams, or an id in use or unhashable (RequestError): checked here, so
+        that no queued request can make every later ``step`` raise."""
         seq = self._new_seq(prompt_token_ids, params, request_id, extra)
         self._queue([seq])
         return seq.request_id
@@ -100,7 +102,8 @@ class Engine:
 
     def _new_seq(self, prompt_token_ids: Seq[int], params: SamplingParams | None,
                  request_id: Hashable | None, extra: ExtraKeys | None) -> SampleSeq:
-        """The checked first sequence of a request (``add_request``'s checks), not queued."""
+        """The checked first sequence of a request (``add_request``'s checks), prepared,
+        not queued."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {params!r}")
@@ -115,7 +118,13 @@ class Engine:
         if not 0 < len(prompt) < self.max_model_len:
             raise ValueError(f"prompt of {len(prompt)} tokens; need 1..{self.max_model_len - 1}")
         check_extra(extra, len(prompt))
-        return SampleSeq(rid, 0, prompt, params, extra, time.perf_counter())
+        # prepared here, where the prompt arrives, not in the step: the step's admission
+        # only looks it up and allocates (the baselines have no ``prepare``)
+        prepare = getattr(self.allocator, "prepare", None)
+        prepared = prepare(prompt, extra=extra) if prepare is not None else None
+        seq = SampleSeq(rid, 0, prompt, params, extra, time.perf_counter())
+        seq.prepared = prepared
+        return seq
 
     def has_unfinished(self) -> bool:
         """Whether any request is still waiting or running (``step`` has work)."""
