@@ -22,6 +22,7 @@ tests/waiting.py holds the same rule for servers and threads: wait for a conditi
 never for a fixed time.
 """
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -78,6 +79,20 @@ def pytest_collection_modifyitems(items) -> None:
     here = Path(__file__).resolve().parent
     rank = {here / name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path, len(rank)))
+
+
+def pytest_collection_finish(session) -> None:
+    """Freeze what collection built (torch, triton, hypothesis, every test module: about
+    200,000 objects that live as long as the worker), so that Python's full collections
+    during the tests walk only what the tests made: they took 3.2-4.9 s of a ~40 s run of
+    the kernel and vLLM plugin tests, 2.0-2.8 s frozen. Unfrozen at the end, where the
+    interpreter's last collection frees them as before (frozen, the Triton bindings
+    report them as leaks at exit)."""
+    gc.freeze()
+
+
+def pytest_unconfigure(config) -> None:
+    gc.unfreeze()
 
 
 def pytest_runtest_setup(item) -> None:
