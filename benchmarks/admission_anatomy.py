@@ -1,7 +1,7 @@
 """Why one admission costs what it costs: instructions (machine-independent) and what cold
 caches add, for the allocator bench's 2k-hit row and the peer workloads' requests.
 
-    python benchmarks/admission_anatomy.py instructions [--steps 100]
+    python benchmarks/admission_anatomy.py instructions [--steps 100] [--only LABEL-PART]
     python benchmarks/admission_anatomy.py cold [--rounds 3] [--workload system-prompt]
 
 ``instructions``: runs each case under valgrind (cachegrind, no cache simulation) twice,
@@ -47,12 +47,21 @@ CASES = (("2k hit (bench_allocator)", "alloc2khit", "off"), ("2k hit (bench_allo
          ("chat", "chat", "off"), ("chat", "chat", "on"),
          ("pressure", "pressure", "off"), ("pressure", "pressure", "on"),
          ("system-prompt: encode", "piece/encode", "on"), ("system-prompt: + chunks", "piece/chunks", "on"),
-         ("system-prompt: + claim", "piece/claim", "on"))
+         ("system-prompt: + claim", "piece/claim", "on"),
+         ("2k hit (bench_allocator), prepared", "alloc2khit+prepared", "off"),
+         ("2k hit (bench_allocator), prepared", "alloc2khit+prepared", "on"),
+         ("system-prompt, prepared", "system-prompt+prepared", "off"),
+         ("system-prompt, prepared", "system-prompt+prepared", "on"),
+         ("chat, prepared", "chat+prepared", "on"), ("pressure, prepared", "pressure+prepared", "on"))
+"""``+prepared``: each step admits a ``Prompt`` (``KVCacheManager.prepare``) made in the
+set-up, the same number whatever the steps (so not counted), as an engine's input
+thread prepares it."""
 
 
 def steps(case: str, events: bool, k: int) -> None:
     """Set up ``case`` and run ``k`` of its steps (what valgrind counts)."""
     rng = random.Random(0)
+    case, _, prepared = case.partition("+")
     if case == "alloc2khit":
         m = KVCacheManager(10_000, BS, seed=0, enable_events=events, max_events=1 << 20)
         i = 0
@@ -62,13 +71,15 @@ def steps(case: str, events: bool, k: int) -> None:
             m.take_events()
             i += 1
         p = list(array("H", rng.randbytes(2 * 2048)))
-        reqs = [(i, p) for i in range(k + 1)]
+        given = m.prepare(p) if prepared else p  # (one Prompt, as the ids are one list)
+        reqs = [(i, given) for i in range(k + 1)]
     else:
         name = case.split("/")[0] if not case.startswith("piece/") else "system-prompt"
         wl = builtin(name, 1.0)
         m = KVCacheManager(wl.pool_tokens // BS, BS, seed=0, enable_events=events, max_events=1 << 20)
         # every request's list made whatever ``k`` (made per step, it would be counted)
-        reqs = [(q.rid, list(q.prompt)) for q in wl.requests][:k + 1]
+        reqs = [(q.rid, m.prepare(q.prompt) if prepared else list(q.prompt))
+                for q in wl.requests][:k + 1]  # (all prepared, whatever ``k``)
         assert len(reqs) == k + 1, f"{name} has {len(wl.requests)} requests, fewer than {k + 1}"
         if case.endswith("/same"):
             reqs = [(f"again{i}", reqs[0][1]) for i in range(k + 1)]
@@ -103,11 +114,13 @@ def count(case: str, events: str, k: int) -> int:
     return int(line.split()[-1].replace(",", ""))
 
 
-def instructions(k: int) -> None:
+def instructions(k: int, only: str | None) -> None:
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed")
     print(f"| case | events | instructions a step ({k} steps) |\n|---|---|---:|")
     for label, case, events in CASES:
+        if only is not None and only not in label:
+            continue
         per = (count(case, events, k) - count(case, events, 0)) // k
         print(f"| {label} | {events} | {per:,} |", flush=True)
 
@@ -173,9 +186,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workload", default="system-prompt")
+    ap.add_argument("--only", default=None, help="instructions: the cases whose label has this")
     args = ap.parse_args()
     if args.what == "instructions":
-        instructions(args.steps)
+        instructions(args.steps, args.only)
     else:
         cold(args.rounds, args.workload)
 

@@ -382,30 +382,34 @@ def ops(backend: RedisStore) -> None:
             sys.settrace(None)
 
     print("\nbytecode instructions on the scheduler's thread, store hit of 128 blocks of 4 KiB "
-          "(the fetch run between on this thread, not counted)")
+          "(the fetch run between on this thread, not counted); \"prepared\": the prompt "
+          "given as a Prompt from KVCacheManager.prepare (not counted), the same object at "
+          "the start and the re-admission")
     for mode in MODES:
-        layout = StoreLayout(f"bench-ops-{time.time_ns()}", "x", 4096)
-        ex = _Inline()
-        shared = SharedStore(backend, layout, max_fetch=BLOCKS, timeout=60.0,
-                             cost=FetchCost(1.0), executor=ex)
-        m = manager(mode, shared)
-        memory = memoryview(bytearray(4096 * (BLOCKS + 1)))
-        m.attach_host_memory([[memory[i * 4096:(i + 1) * 4096]] for i in range(BLOCKS + 1)])
-        for r in range(4):  # the first admissions fill the pool: not counted
-            prompt = prompt_of(BLOCKS, 5000 + r)
-            fill(layout, backend, prompt, mode)
-            wait, start = counted(partial(m.add_request, "r", prompt))
-            assert isinstance(wait, StoreWait), wait
-            ex.run()
-            ended, land = counted(m.poll_store)
-            assert ended == ["r"], ended
-            adm, readmit = counted(partial(m.add_request, "r", prompt))
-            assert adm.num_cached_tokens == BLOCKS * BS, adm  # type: ignore[union-attr]
-            m.free("r")
-            m.take_kv_ops()
-        shared.close()
-        print(f"  {mode:7} start {start:6,}  land {land:6,}  readmit {readmit:6,}  "
-              f"sum {start + land + readmit:6,}")
+        for prepared in (False, True):
+            layout = StoreLayout(f"bench-ops-{time.time_ns()}", "x", 4096)
+            ex = _Inline()
+            shared = SharedStore(backend, layout, max_fetch=BLOCKS, timeout=60.0,
+                                 cost=FetchCost(1.0), executor=ex)
+            m = manager(mode, shared)
+            memory = memoryview(bytearray(4096 * (BLOCKS + 1)))
+            m.attach_host_memory([[memory[i * 4096:(i + 1) * 4096]] for i in range(BLOCKS + 1)])
+            for r in range(4):  # the first admissions fill the pool: not counted
+                ids = prompt_of(BLOCKS, 5000 + r)
+                fill(layout, backend, ids, mode)
+                prompt = m.prepare(ids) if prepared else ids
+                wait, start = counted(partial(m.add_request, "r", prompt))
+                assert isinstance(wait, StoreWait), wait
+                ex.run()
+                ended, land = counted(m.poll_store)
+                assert ended == ["r"], ended
+                adm, readmit = counted(partial(m.add_request, "r", prompt))
+                assert adm.num_cached_tokens == BLOCKS * BS, adm  # type: ignore[union-attr]
+                m.free("r")
+                m.take_kv_ops()
+            shared.close()
+            print(f"  {mode:7} {'prepared' if prepared else 'ids':8} start {start:6,}  "
+                  f"land {land:6,}  readmit {readmit:6,}  sum {start + land + readmit:6,}")
 
 
 def inline(backend: RedisStore, rounds: int) -> None:
@@ -414,7 +418,9 @@ def inline(backend: RedisStore, rounds: int) -> None:
     no fetcher thread and no sleep share the cores with the timed calls, so many rounds
     give steadier medians than the scheduler section. Four prompts in turn, each in the
     store, none on the device or host when admitted (the pool and slots hold the other
-    three's content); the garbage collector off while timing."""
+    three's content); the garbage collector off while timing. Each prompt is given as
+    token ids in even rounds and as a Prompt (``KVCacheManager.prepare``, untimed, the
+    same object at the start and the re-admission) in odd ones: both side by side."""
     import gc
 
     layout = StoreLayout(f"bench-inline-{time.time_ns()}", "x", 4096)
@@ -425,13 +431,15 @@ def inline(backend: RedisStore, rounds: int) -> None:
     memory = memoryview(bytearray(4096 * (BLOCKS + 1)))
     m.attach_host_memory([[memory[i * 4096:(i + 1) * 4096]] for i in range(BLOCKS + 1)])
     prompts = [prompt_of(BLOCKS, 7000 + r) for r in range(4)]
-    for prompt in prompts:
-        fill(layout, backend, prompt)
-    rows: dict[str, list[float]] = {"start": [], "land": [], "readmit": []}
+    for ids in prompts:
+        fill(layout, backend, ids)
+    rows: dict[str, dict[str, list[float]]] = {
+        kind: {"start": [], "land": [], "readmit": []} for kind in ("ids", "prepared")}
     gc.disable()
     try:
-        for r in range(rounds + 4):  # the first admissions fill the pool: not counted
-            prompt = prompts[r % 4]
+        for r in range(2 * rounds + 4):  # the first admissions fill the pool: not counted
+            kind = "prepared" if r % 2 else "ids"
+            prompt = m.prepare(prompts[r % 4]) if r % 2 else prompts[r % 4]
             got = {}
             for phase, call in (("start", partial(m.add_request, "r", prompt)),
                                 ("land", m.poll_store), ("readmit", partial(m.add_request, "r", prompt))):
@@ -447,14 +455,16 @@ def inline(backend: RedisStore, rounds: int) -> None:
             m.take_kv_ops()
             if r >= 4:
                 for k, v in got.items():
-                    rows[k].append(v)
+                    rows[kind][k].append(v)
     finally:
         gc.enable()
         shared.close()
-    med = {k: statistics.median(v) * 1e6 for k, v in rows.items()}
     print(f"\nthread CPU us, store hit of 128 blocks of 4 KiB, sha256, fetch inline, medians of "
-          f"{rounds}: start {med['start']:.0f}  land {med['land']:.0f}  readmit "
-          f"{med['readmit']:.0f}  sum {sum(med.values()):.0f}")
+          f"{rounds} each, alternating:")
+    for kind, times in rows.items():
+        med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+        print(f"  {kind:8} start {med['start']:.0f}  land {med['land']:.0f}  readmit "
+              f"{med['readmit']:.0f}  sum {sum(med.values()):.0f}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,7 +29,8 @@ its ``take_events()``), prefixkv's ``EventPublisher`` (``take_pending_events()``
 the publisher's thread). Timed per request: the admission and the take + publish, as
 the scheduler's thread pays them (vLLM's serving engine builds each ``Request``, where
 the prompt's blocks are hashed, on its input thread: timed apart, as "with Request()");
-prefixkv twice, given the prompt as a list of ints and as a uint32 array encoded ahead.
+prefixkv three times, given the prompt as a list of ints, as a uint32 array encoded
+ahead, and as a ``Prompt`` prepared ahead (``KVCacheManager.prepare``, untimed).
 A sleep after each step (``--forward-ms``, untimed, the GIL released) stands for the
 forward pass, in which the publishers' threads run. Written to
 ``vllm-events-workloads.md``. ``PREFIXKV_SRC=DIR`` imports prefixkv from ``DIR``
@@ -161,9 +162,10 @@ def run(rounds: int) -> list[dict]:
 
 
 WORKLOADS = ("system-prompt", "chat", "document", "pressure")
-SIDES = ("vLLM", "prefixkv", "prefixkv, uint32")
+SIDES = ("vLLM", "prefixkv", "prefixkv, uint32", "prefixkv, prepared")
 """vLLM; prefixkv given each prompt as a list of ints; prefixkv given it as a uint32
-``array`` encoded ahead (untimed), as an engine's input thread can (module doc)."""
+``array`` encoded ahead (untimed), as an engine's input thread can; prefixkv given a
+``Prompt`` from ``KVCacheManager.prepare`` (untimed, as vLLM's ``Request()``: module doc)."""
 
 
 def replay(kind: str, m, pub, requests, forward_s: float) -> tuple[int, int]:
@@ -173,7 +175,8 @@ def replay(kind: str, m, pub, requests, forward_s: float) -> tuple[int, int]:
 
     total = inner = 0
     for q in requests:
-        tokens = array("I", q.prompt) if kind == "prefixkv, uint32" else list(q.prompt)
+        tokens = (array("I", q.prompt) if kind == "prefixkv, uint32" else
+                  m.prepare(q.prompt) if kind == "prefixkv, prepared" else list(q.prompt))
         t, t_inner, h = admit("prefixkv" if kind != "vLLM" else kind, m, q.rid, tokens)
         t0 = CLOCK()
         if kind != "vLLM":
@@ -205,7 +208,8 @@ def run_workloads(rounds: int, scale: float, folder: str, forward_ms: float) -> 
         pool = wl.pool_tokens // BS
         got: dict[str, list[tuple[int, int]]] = {kind: [] for kind in SIDES}
         for r in range(rounds):
-            for kind in SIDES[r % 3:] + SIDES[:r % 3]:  # each side first in turn
+            k = r % len(SIDES)
+            for kind in SIDES[k:] + SIDES[:k]:  # each side first in turn
                 m = vllm_manager(True, pool) if kind == "vLLM" else KVCacheManager(
                     pool, BS, seed=0, enable_events=True, max_events=1 << 20)
                 gc.collect()
@@ -219,10 +223,13 @@ def run_workloads(rounds: int, scale: float, folder: str, forward_ms: float) -> 
             return round(statistics.median(x[i] for x in got[kind]) / n / 1e3, 1)  # noqa: B023
 
         v, p, a = got["vLLM"], got["prefixkv"], got["prefixkv, uint32"]
+        pp = got["prefixkv, prepared"]
         rows.append(dict(workload=name, requests=n, pool_blocks=pool,
                          vllm_us=us("vLLM", 0), vllm_request_us=us("vLLM", 1),
                          prefixkv_us=us("prefixkv", 0), prefixkv_uint32_us=us("prefixkv, uint32", 0),
+                         prefixkv_prepared_us=us("prefixkv, prepared", 0),
                          ratio=paired(v, p, 0, 0), ratio_uint32=paired(v, a, 0, 0),
+                         ratio_prepared=paired(v, pp, 0, 0),
                          ratio_request=paired(v, p, 1, 0)))
         print(rows[-1], flush=True)
     vllm_pub.shutdown()
@@ -252,16 +259,19 @@ def workloads_markdown(rows: list[dict], command: str, rounds: int, forward_ms: 
              "input thread (`EngineCoreProc.process_input_sockets` -> "
              "`preprocess_add_request`), so it is not the scheduler's; \"with Request()\" adds "
              "it, as an engine running both on one thread pays. prefixkv is given each prompt "
-             "as a list of ints (it encodes it in `add_request`), and \"uint32\" as an "
-             "`array('I')` encoded ahead, untimed, as an engine's input thread can (the one "
-             "thing prefixkv's admission could move off the scheduler's thread, as vLLM moves "
-             "its hashing). Ratios: vLLM / prefixkv, the median of each round's own ratio.", "",
+             "as a list of ints (it encodes it in `add_request`), as \"uint32\", an "
+             "`array('I')` encoded ahead, untimed, and as \"prepared\", a `Prompt` from "
+             "`KVCacheManager.prepare` (checked, encoded and cut into blocks; untimed, as "
+             "vLLM's `Request()`: an engine's input thread prepares it). Ratios: vLLM / "
+             "prefixkv, the median of each round's own ratio.", "",
              "| workload | requests | pool blocks | vLLM µs | vLLM µs with Request() | "
-             "prefixkv µs | prefixkv µs, uint32 | vLLM / prefixkv | vLLM / prefixkv, uint32 | "
-             "vLLM with Request() / prefixkv |", "|---|" + "---:|" * 9]
+             "prefixkv µs | prefixkv µs, uint32 | prefixkv µs, prepared | vLLM / prefixkv | "
+             "vLLM / prefixkv, uint32 | vLLM / prefixkv, prepared | "
+             "vLLM with Request() / prefixkv |", "|---|" + "---:|" * 11]
     lines += [f"| {r['workload']} | {r['requests']} | {r['pool_blocks']:,} | {r['vllm_us']} | "
               f"{r['vllm_request_us']} | {r['prefixkv_us']} | {r['prefixkv_uint32_us']} | "
-              f"{r['ratio']}x | {r['ratio_uint32']}x | {r['ratio_request']}x |" for r in table]
+              f"{r['prefixkv_prepared_us']} | {r['ratio']}x | {r['ratio_uint32']}x | "
+              f"{r['ratio_prepared']}x | {r['ratio_request']}x |" for r in table]
     lines += ["", f"prefixkv's publisher after close(): {last['prefixkv_publisher']}"]
     return "\n".join(lines) + "\n"
 

@@ -26,7 +26,7 @@ INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.a
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.host_landing"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
          "store.fetch", "store.link", "store.threads"}
-CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.manager",
+CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.manager", "core.prompt",
              "core.store_waits"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
           "groups.events",

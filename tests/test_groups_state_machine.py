@@ -113,12 +113,14 @@ class HybridMachine(RuleBasedStateMachine):
 
     # ---- rules -------------------------------------------------------------------
 
-    def _admit(self, prompt, extra, chunk, lookahead=0, full_fit=False):
+    def _admit(self, prompt, extra, chunk, lookahead=0, full_fit=False, prepared=None):
+        """Admit ``prompt``; through ``prepared`` (a Prompt of it) when given."""
         rid = self._new_id()
         before = self._snapshot()
-        hit = self.m.lookup_block_ids(prompt, extra=extra)
+        given, kw = (prompt, extra) if prepared is None else (prepared, None)
+        hit = self.m.lookup_block_ids(given, extra=kw)
         assert self._snapshot() == before
-        adm = self._add(rid, prompt, extra=extra, num_new_tokens=chunk,
+        adm = self._add(rid, given, extra=kw, num_new_tokens=chunk,
                         num_lookahead_tokens=lookahead, require_full_fit=full_fit)
         if adm is None:
             assert self._snapshot() == before and self.m.take_kv_ops() == []
@@ -144,10 +146,19 @@ class HybridMachine(RuleBasedStateMachine):
         return self._admit(PREFIXES[pre] + [tail], None, None)
 
     @precondition(lambda self: self.preempted)
-    @rule(target=live)
-    def readmit(self):
+    @rule(target=live, prepare=st.booleans())
+    def readmit(self, prepare):
         prompt, extra = self.preempted.pop(0)
-        return self._admit(prompt, extra, None)
+        prepared = self.m.prepare(prompt, extra=extra) if prepare else None
+        return self._admit(prompt, extra, None, prepared=prepared)
+
+    @rule(target=live, prompt=prompts, extra=salts, chunk=st.none() | st.integers(1, 7),
+          times=st.integers(1, 3))
+    def add_prepared(self, prompt, extra, chunk, times):
+        """One Prompt, prepared once, admitted ``times`` times (n > 1 sampling)."""
+        prepared = self.m.prepare(prompt, extra=extra)
+        rids = [self._admit(prompt, extra, chunk, prepared=prepared) for _ in range(times)]
+        return multiple(*[r for r in rids if isinstance(r, str)])
 
     @rule(rid=live, n=st.integers(1, 7))
     def extend(self, rid, n):

@@ -116,11 +116,16 @@ class ManagerMachine(RuleBasedStateMachine):
         self.next_id += 1
         return f"r{self.next_id}"
 
-    def _admit(self, prompt, extra, chunk):
+    def _admit(self, prompt, extra, chunk, prepared=None):
+        """Admit ``prompt``; through ``prepared`` (a Prompt of it) when given."""
         rid = self._new_id()
         before = self._snapshot()
-        predicted = self.m.lookup(prompt, extra=extra)  # match; admission claims in one pass
-        adm = self._add(rid, prompt, extra=extra, num_new_tokens=chunk)
+        if prepared is None:
+            predicted = self.m.lookup(prompt, extra=extra)  # match; admission claims in one pass
+            adm = self._add(rid, prompt, extra=extra, num_new_tokens=chunk)
+        else:
+            predicted = self.m.lookup(prepared)
+            adm = self._add(rid, prepared, num_new_tokens=chunk)
         if adm is None:
             assert self._snapshot() == before and self.m.take_kv_ops() == []
             return None
@@ -144,10 +149,21 @@ class ManagerMachine(RuleBasedStateMachine):
         return self._admit(PREFIXES[pre] + [tail], None, None) or self._dead()
 
     @precondition(lambda self: self.preempted)
-    @rule(target=live)
-    def readmit(self):
+    @rule(target=live, prepare=st.booleans())
+    def readmit(self, prepare):
         prompt, extra = self.preempted.pop(0)
-        return self._admit(prompt, extra, None) or self._dead()
+        prepared = self.m.prepare(prompt, extra=extra) if prepare else None
+        return self._admit(prompt, extra, None, prepared) or self._dead()
+
+    @rule(target=live, prompt=prompts, extra=salts, chunk=st.none() | st.integers(1, 6),
+          times=st.integers(1, 3))
+    def add_prepared(self, prompt, extra, chunk, times):
+        """One Prompt, prepared once, admitted ``times`` times (n > 1 sampling): each
+        request decodes into its own tokens (``blocks_hold_each_requests_tokens``)."""
+        prepared = self.m.prepare(prompt, extra=extra)
+        rids = [self._admit(prompt, extra, chunk, prepared) for _ in range(times)]
+        assert prepared.token_ids == tuple(prompt) and prepared.extra == extra
+        return multiple(*[r for r in rids if r is not None])
 
     def _dead(self):
         return multiple()

@@ -15,6 +15,7 @@ from .allocator import Allocator
 from .baselines import ContiguousAllocator as ContiguousAllocator
 from .baselines import PagedAllocator as PagedAllocator
 from .core.manager import KVCacheManager
+from .core.prompt import Prompt
 from .errors import (
     MAX_BLOCKS,
     ConfigError,
@@ -22,6 +23,7 @@ from .errors import (
     ExtraNotInstalledError,
     InvariantError,
     PrefixKVError,
+    PromptError,
     PromptTooLongError,
     RequestError,
     TokenError,
@@ -52,7 +54,8 @@ __all__ = [
     "BlockRemoved", "BlockStored",
     "ConfigError", "DecodeStep", "Event", "ExtraKeys", "ExtraKeysError", "ExtraNotInstalledError",
     "Fork", "InvariantError", "KVCacheManager", "KVOp", "MAX_BLOCKS", "MultiModalInput",
-    "PendingEvents", "PrefixCacheStats", "PrefixKVError", "PromptTooLongError", "RequestError",
+    "PendingEvents", "PrefixCacheStats", "PrefixKVError", "Prompt", "PromptError",
+    "PromptTooLongError", "RequestError",
     "SharedPrefix",
     "StoreFetched", "StorePut", "StoreWait", "TokenError", "block_hashes",
 ]

@@ -30,6 +30,12 @@ class RequestError(PrefixKVError):
     request's state does not allow (e.g. appending before its prefill is scheduled)."""
 
 
+class PromptError(RequestError):
+    """A ``Prompt`` given to a manager whose configuration differs from the one that
+    prepared it (block size, vocabulary size, hash function or seed), given together
+    with ``extra=`` (the prompt carries its extra keys), or prepared again."""
+
+
 class ExtraNotInstalledError(ImportError):
     """An optional part of prefixkv was imported without its extra installed; the
     message names the missing package and the ``pip install 'prefixkv[...]'`` to run.

@@ -7,7 +7,15 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the example engine needs torch")
 
-from prefixkv import BlockRemoved, BlockStored, ContiguousAllocator, KVCacheManager, PagedAllocator  # noqa: E402
+from prefixkv import (  # noqa: E402
+    BlockRemoved,
+    BlockStored,
+    ContiguousAllocator,
+    KVCacheManager,
+    PagedAllocator,
+    Prompt,
+    TokenError,
+)
 from prefixkv.engine import SamplingParams, run_chat, synthetic_conversations  # noqa: E402
 
 from .helpers import CONFIG, checker, dense_greedy  # noqa: E402
@@ -220,3 +228,20 @@ def test_engine_rejects_bad_input(make_engine, model):
         big.step()
     with pytest.raises(ValueError, match="max_tokens"):
         SamplingParams(max_tokens=0)
+
+
+def test_prompts_are_prepared_where_they_arrive(make_engine, model, monkeypatch):
+    """``Engine.add_request`` prepares the prompt (a bad id is refused there, not in a
+    step); the step admits the Prompt, and the outputs are those of token ids."""
+    engine, alloc = make_engine()
+    with pytest.raises(TokenError):
+        engine.add_request([1, CONFIG.vocab_size])
+    assert not engine.has_unfinished()
+    admitted = []
+    original = KVCacheManager.add_request
+    monkeypatch.setattr(KVCacheManager, "add_request",
+                        lambda self, rid, p, **kw: admitted.append(type(p)) or original(self, rid, p, **kw))
+    prompts = prompts_with(list(range(100, 132)), 3, 7, seed=4)
+    result = engine.generate(prompts, SamplingParams(max_tokens=6), on_step=checker(alloc))
+    assert admitted == [Prompt] * 3
+    assert [o.token_ids for o in result.outputs] == [tuple(dense_greedy(model, p, 6)) for p in prompts]

@@ -61,3 +61,19 @@ def test_bytes_keys(index):
     index.store("a", [b"\x00" * 16, b"\x01" * 16], "GPU")
     assert index.prefix_runs([b"\x00" * 16, b"\x01" * 16], ["a"]) == {"a": (2, 2)}
     assert index.prefix_runs([1], ["a"]) == {}
+
+
+def test_a_medium_with_the_separator_is_credited_and_cleared(index, request):
+    # the medium comes off the wire as any str; the Redis index joins replica and medium
+    # with "|" and split at the last one: "CPU|x" was credited to a replica "a|CPU", and
+    # clear() removed another member, leaking the block keys
+    index.store("a", [1, 2], "CPU|x")
+    index.store("a", [1], "GPU")
+    assert index.prefix_runs([1, 2], ["a"]) == {"a": (2, 1)}
+    assert index.num_blocks("a") == 3
+    index.remove("a", [2], "CPU|x")
+    assert index.prefix_runs([1, 2], ["a"]) == {"a": (1, 1)}
+    index.clear("a")
+    assert index.prefix_runs([1, 2], ["a"]) == {} and index.num_blocks("a") == 0
+    if request.node.callspec.params["index"] == "redis":
+        assert index.client.keys(f"{index.ns}:*") == []

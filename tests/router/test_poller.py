@@ -27,7 +27,8 @@ vllm:num_requests_running{engine="0",model_name="m"} 3.0
 class Server:
     """A real HTTP server on 127.0.0.1 in a thread; ``mode`` says how it answers:
     "ok" (METRICS with ``usage``/``waiting``), "hang" (never answers), "trickle" (headers,
-    then one byte every 0.1 s), "garbage" (200 with bytes that are not Prometheus text),
+    then one byte every 0.1 s), "slow-headers" (a header of one byte every 0.1 s),
+    "garbage" (200 with bytes that are not Prometheus text),
     "binary" (not UTF-8), "error" (HTTP 500), "big" (a 64 KiB answer)."""
 
     def __init__(self, mode: str = "ok", port: int = 0) -> None:
@@ -42,6 +43,14 @@ class Server:
                 mode = outer.mode
                 if mode == "hang":
                     outer.release.wait(10)
+                    return
+                if mode == "slow-headers":  # a status line, then a header byte each 0.1 s
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Pad: ")
+                    for _ in range(400):
+                        self.wfile.flush()
+                        if outer.release.wait(0.1):
+                            return
+                        self.wfile.write(b"x")
                     return
                 body = {"ok": (METRICS % (outer.usage, outer.waiting)).encode(),
                         "trickle": (METRICS % (0.5, 0)).encode(),
@@ -123,7 +132,7 @@ def test_scraped_loads_reach_the_router_only_at_apply(servers):
         assert h["a"]["failures"] == 0 and h["a"]["last_error"] is None and not h["a"]["stale"]
 
 
-@pytest.mark.parametrize("mode", ["hang", "trickle"])
+@pytest.mark.parametrize("mode", ["hang", "trickle", "slow-headers"])
 def test_a_slow_server_costs_one_timeout_and_delays_no_other_replica(servers, mode):
     slow, ok = servers(mode), servers()
     router = router_for(["slow", "ok"])

@@ -2,6 +2,7 @@
 malformed answers to prefixkv's map request (issue 22.3)."""
 
 import time
+from types import SimpleNamespace
 
 import pytest
 import zmq
@@ -139,6 +140,33 @@ def test_a_malformed_replay_answer_counts_and_falls_back(bad, forced_too):
         step(pub, mgr, "c", P[2])
         assert poll_until(sub, lambda: router.cached_tokens(P[2])["r"] == 12)
         assert sub.errors == 0 and sub.last_seq["r"] == 2
+    finally:
+        sub.close()
+        pub.close()
+
+
+class SilentOnForce(BadAnswers):
+    """A malformed answer, then no answer at all to the forced snapshot."""
+
+    def serve(self, sock, snapshot, topic=b""):
+        frames = sock.recv_multipart()
+        if b"force_snapshot" not in frames[-1]:
+            super().serve(SimpleNamespace(recv_multipart=lambda: frames,
+                                          send_multipart=sock.send_multipart), snapshot, topic)
+
+
+def test_a_forced_snapshot_not_answered_is_a_resync_not_a_bad_reply():
+    pub = EventPublisher(replay_endpoint="tcp://127.0.0.1:*", block_size=BS, heartbeat=None)
+    pub.replay = SilentOnForce(100, [1, 2])
+    mgr = KVCacheManager(256, BS, hash_mode="sha256", enable_events=True)
+    router = Router(["r"], block_size=BS)
+    # the forced request waits out its timeout: 2 s, not LIVE (the bad answer comes at once)
+    sub = Subscriber(router, {"r": (pub.endpoint, pub.replay_endpoint)}, replay_timeout=2.0)
+    try:
+        await_subscribed(sub)
+        step(pub, mgr, "b", P[1])
+        assert poll_until(sub, lambda: router.cached_tokens(P[1])["r"] == 12)
+        assert (sub.bad_replies, sub.resyncs, sub.snapshots, sub.errors) == (1, 1, 0, 0)
     finally:
         sub.close()
         pub.close()

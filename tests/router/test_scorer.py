@@ -198,6 +198,18 @@ def test_load_from_metrics_text():
         from_metrics("vllm:kv_cache_usage_perc{} nan\n")
 
 
+def test_load_from_the_metrics_of_data_parallel_engines_and_with_timestamps():
+    # vLLM serves one label set per engine (data parallel): the usage of each is a
+    # fraction of its own pool (summed, 0.75 + 0.5 failed every scrape as "usage > 1"),
+    # the queues add up. A sample may end with a timestamp (it was read as the value).
+    text = ('vllm:kv_cache_usage_perc{model_name="m",engine="0"} 0.75\n'
+            'vllm:kv_cache_usage_perc{model_name="m",engine="1"} 0.5 1700000000000\n'
+            'vllm:num_requests_waiting{model_name="m",engine="0"} 3.0\n'
+            'vllm:num_requests_waiting{model_name="m",engine="1"}\t2.0\t1700000000000\n')
+    assert from_metrics(text, num_blocks=64) == ReplicaLoad(0.625, 5, None, 64)
+    assert from_metrics('vllm:kv_cache_usage_perc{model_name="a} b"} 0.5\n').kv_usage == 0.5
+
+
 class Clock:
     def __init__(self):
         self.t = 0.0

@@ -219,6 +219,69 @@ def test_a_restart_without_heartbeats_is_caught_at_reconnection(legacy):
         pub.close()
 
 
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_batch_of_the_old_life_read_after_the_restart_is_not_applied(legacy):
+    """A batch the old publisher sent before it died, still queued in the SUB socket when
+    the new one is verified, is not the new life's: applied after the verification (its
+    seq followed the new life's last), it left an entry nothing would ever remove."""
+    pub, mgr, router = make()
+    if legacy:
+        pub.replay = LegacyReplay(100)
+    sub = connect(pub, router)
+    try:
+        step(pub, mgr, "a", P[0])
+        wait_for(sub, 1)
+        step(pub, mgr, "b", P[1])                 # seq 1: received, not read yet
+        (sock,) = sub._sub
+        assert sock.poll(PATIENCE * 1000)
+        endpoints = pub.endpoint, pub.replay_endpoint
+        pub.close()
+        (monitor,) = sub._monitors
+        assert monitor.poll(PATIENCE * 1000)      # the disconnect is known before seq 1
+        pub, mgr, _ = make(endpoint=endpoints[0], replay=endpoints[1])
+        if legacy:
+            pub.replay = LegacyReplay(100)
+        step(pub, mgr, "c", P[2])                 # the new life's seq 0
+        assert poll_until(sub, lambda: sub.restarts == 1)
+        step(pub, mgr, "d", P[3])
+        assert poll_until(sub, lambda: router.cached_tokens(P[3])["r"] == 12)
+        assert [router.cached_tokens(p)["r"] for p in P[:4]] == [0, 0, 12, 12]
+        assert router.index.num_blocks("r") == 6 and sub.errors == 0
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_a_gap_caught_up_from_a_new_life_does_not_apply_the_old_lifes_batch():
+    """A batch of the old life read (before the disconnect was reported) after a gap:
+    the catch-up finds a new life and its snapshot; the batch that revealed the gap is
+    not the new life's, and stays out of the index (it was applied on top)."""
+    pub, mgr, router = make()
+    sub = connect(pub, router)
+    try:
+        step(pub, mgr, "a", P[0])
+        wait_for(sub, 1)
+        step(pub, mgr, "b", P[1])                 # seq 1: lost
+        step(pub, mgr, "x", P[2])                 # seq 2: read after the restart
+        discard(sub, 2)
+        old = pub.replay.since(2)[0][1]
+        endpoints = pub.endpoint, pub.replay_endpoint
+        pub.close()
+        pub, mgr, _ = make(endpoint=endpoints[0], replay=endpoints[1])
+        step(pub, mgr, "c", P[3])
+        wait_until(lambda: pub.published_batches == 1, "the new life's seq 0 sent")
+        with sub.lock:
+            sub._on_message("r", 2, old)
+        assert sub.restarts == 1
+        assert [router.cached_tokens(p)["r"] for p in P[:4]] == [0, 0, 0, 12]
+        step(pub, mgr, "d", P[4])                 # the new life's seq 1 is followed
+        assert poll_until(sub, lambda: router.cached_tokens(P[4])["r"] == 12)
+        assert [router.cached_tokens(p)["r"] for p in P[:4]] == [0, 0, 0, 12]
+    finally:
+        sub.close()
+        pub.close()
+
+
 def test_a_vllm_publisher_is_verified_by_its_last_batch():
     """After a disconnect, a vLLM publisher that still holds the batch applied last is
     the same one: the index is kept and what was missed is applied."""

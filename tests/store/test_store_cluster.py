@@ -2,6 +2,7 @@
 blocks spread over the nodes and a fetch costs one round trip per node involved;
 resharding and a killed master cost misses only, and the store stays in use."""
 
+import time
 import uuid
 
 import pytest
@@ -92,3 +93,33 @@ def test_a_killed_master_costs_its_keys_only(cluster):
     assert from_store(m, DOC) == 4 * first_lost        # the run up to the dead node's key
     assert m.stats.store_errors == 1
     assert isinstance(manager(shared).add_request("b", DOC), StoreWait)   # still in use
+
+
+def test_the_urls_node_killed_costs_its_keys_only_on_every_later_call(cluster):
+    # the map is dropped after a failure and read again: from any node the last map
+    # named, not only from the URL's (which would take the whole store down with it)
+    writer = RedisStore(cluster.url, cluster=True, timeout=LIVE)
+    keys = [f"{uuid.uuid4().hex}-{i}".encode() for i in range(24)]
+    assert writer.put([(k, k.ljust(40, b".")) for k in keys]) == 0
+    node_of = {k: writer.client.get_node_from_key(k).port for k in keys}
+    home = cluster.ports[1]
+    backend = RedisStore(f"redis://127.0.0.1:{home}", cluster=True, timeout=LIVE)
+    assert read(backend, keys)[0] == [True] * len(keys)   # the map is known now
+    cluster.kill(home)
+    for _ in range(3):
+        out, bufs = read(backend, keys)
+        assert [k for k, o in zip(keys, out, strict=True) if o is not True] == [
+            k for k in keys if node_of[k] == home]
+        assert all(isinstance(o, Exception) or bytes(b[0]) == k.ljust(40, b".")
+                   for k, b, o in zip(keys, bufs, out, strict=True))
+        # existence checks too cost the dead node's keys only (redis-py's cluster
+        # pipeline failed the whole call)
+        first_lost = next(i for i, k in enumerate(keys) if node_of[k] == home)
+        assert backend.held(keys) == writer.held(keys) == first_lost
+    writer.close()
+    backend.close()
+
+
+def read(backend, keys):
+    bufs = [[memoryview(bytearray(40))] for _ in keys]
+    return backend.read_into(keys, bufs, time.monotonic() + LIVE), bufs

@@ -225,3 +225,18 @@ def test_a_server_that_trickles_its_reply_fails_the_fetch_at_its_one_deadline():
         listener.close()
         os.unlink(path)
         os.rmdir(folder)
+
+
+def test_a_server_restarted_while_idle_costs_no_fetch(server):
+    # the pooled connection died with the old server: the first fetch after the restart
+    # failed as a whole (broken pipe), and a SharedStore then left the store alone
+    backend = RedisStore(server.url, timeout=LIVE)
+    value, out = b"v" * 10, [[memoryview(bytearray(10))]]
+    assert backend.put([(b"k", value)]) == 0
+    assert backend.read_into([b"k"], out, time.monotonic() + LIVE) == [True]
+    server.stop()
+    server.start()
+    assert backend.put([(b"k", value)]) == 0
+    assert backend.read_into([b"k"], out, time.monotonic() + LIVE) == [True]
+    assert bytes(out[0][0]) == value
+    backend.close()

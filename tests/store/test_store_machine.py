@@ -25,6 +25,7 @@ from prefixkv import (
     BlockOffloads,
     ExtraKeys,
     KVCacheManager,
+    Prompt,
     StoreFetched,
     StorePut,
     StoreWait,
@@ -150,24 +151,31 @@ class SharedStoreMachine(RuleBasedStateMachine):
             e.kv[blocks[pos // BS]][pos % BS] = self._kv_of(e, rid, pos)
 
     @rule(i=side, prompt=prompts, extra=salts, chunk=st.none() | st.integers(1, 6),
-          at_once=st.booleans())
-    def add(self, i, prompt, extra, chunk, at_once=False):
+          at_once=st.booleans(), prepare=st.booleans())
+    def add(self, i, prompt, extra, chunk, at_once=False, prepare=False):
         """A new request; ``at_once``: its fetch, if it starts one, ends before the next
-        call (the engine polls and admits it again at once)."""
+        call (the engine polls and admits it again at once); ``prepare``: admitted
+        through a Prompt (``prepare``), and re-admitted after a StoreWait with the same
+        Prompt object (no comparison) unless ``readmit_early`` draws another form."""
         self.next_id += 1
         rid = f"r{self.next_id}"
-        self._admit(i, rid, prompt, extra, chunk)
+        self._admit(i, rid, self.engines[i].m.prepare(prompt, extra=extra) if prepare else prompt,
+                    extra, chunk)
         if at_once and rid in self.engines[i].waiting:
             self.settle(i)
 
     def _admit(self, i, rid, prompt, extra, chunk):
+        """Admit ``prompt`` (token ids, or a Prompt of them prepared with ``extra``)."""
         e = self.engines[i]
+        given, kw = (prompt, None) if isinstance(prompt, Prompt) else (prompt, extra)
         # a re-admission may skip the walk (``StoreWaits.reuse``): it must find what the
         # walk finds now (a lookup, which changes nothing), the same slots loaded
-        walk = e.m._find(None, prompt, extra, True, None)[1] if rid in e.waiting else None
+        walk = e.m._find(None, given, kw, True, None)[1] if rid in e.waiting else None
         loads = len(e.m._host.load_src)
+        if isinstance(prompt, Prompt):
+            prompt = list(prompt.token_ids)
         try:
-            adm = e.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
+            adm = e.m.add_request(rid, given, extra=kw, num_new_tokens=chunk)
         except PromptTooLongError:
             # Only a prompt whose blocks outnumber the pool is refused, and nothing changes.
             assert blocks_for(len(prompt), BS) > e.m.num_blocks, (len(prompt), e.m.num_blocks)
@@ -177,7 +185,7 @@ class SharedStoreMachine(RuleBasedStateMachine):
         self.last = None
         if isinstance(adm, StoreWait):
             assert adm.request_id == rid and adm.num_blocks > 0
-            e.waiting[rid] = (prompt, extra, chunk)
+            e.waiting[rid] = (given, extra, chunk)
             return
         e.waiting.pop(rid, None)
         if adm is None:
@@ -228,7 +236,11 @@ class SharedStoreMachine(RuleBasedStateMachine):
         e = self.engines[i]
         if e.waiting:
             rid = data.draw(st.sampled_from(sorted(e.waiting)))
-            self._admit(i, rid, *e.waiting[rid])
+            prompt, extra, chunk = e.waiting[rid]
+            if isinstance(prompt, Prompt):  # the same Prompt, an equal one, or token ids
+                prompt = data.draw(st.sampled_from([prompt, e.m.prepare(prompt.token_ids, extra=extra),
+                                                    list(prompt.token_ids)]))
+            self._admit(i, rid, prompt, extra, chunk)
 
     @precondition(lambda self: any(e.waiting for e in self.engines))
     @rule(i=side, data=st.data())

@@ -19,7 +19,6 @@ from ..errors import (
     InvariantError,
     PromptTooLongError,
     RequestError,
-    TokenError,
     check_count,
     check_flag,
     check_new_request,
@@ -27,8 +26,8 @@ from ..errors import (
     live_request,
 )
 from ..event_log import EventLog, NullSink
-from ..extra_keys import ExtraKeys, check_extra
-from ..hashing import HashFn, block_chunks, encode_tokens, make_hash_fn, token_buffer
+from ..extra_keys import ExtraKeys
+from ..hashing import HashFn, encode_tokens, make_hash_fn
 from ..index import ContentIndex, Hasher, NoIndex
 from ..index.announce import Fresh
 from ..results import Admission, StoreWait
@@ -38,7 +37,8 @@ from ..tiers import HostTier
 from .block import Block, blocks_for, key_chunk
 from .copies import CopyPlan
 from .pool import BlockPool
-from .request import PLAIN_KEYS, Request, RequestKeys
+from .prompt import Prompt, encode_prompt, unpack_prompt
+from .request import Request
 from .store_waits import StoreWaits
 
 
@@ -90,9 +90,14 @@ class Admitter:
                                      block_size, root)
             self._index.hashing = True
             self._index.fresh = []  # type: ignore[union-attr]
+        # what ``prepare`` reads, all fixed from here on: a Prompt is valid for any manager
+        # of equal configuration, and hashes its blocks only if they are hashed as stored
+        self._config = (block_size, vocab_size, fn, root)
+        self._prompt_hasher = (self._hasher if self._index.hashing
+                               and not getattr(self._index, "lazy", False) else None)
 
     def add_request(
-        self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
+        self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt, *,
         extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
         read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
     ) -> Admission | StoreWait | None:
@@ -115,13 +120,20 @@ class Admitter:
         with this call's blocks, not on top of the whole prompt (vLLM's
         ``full_sequence_must_fit``).
 
+        ``prompt_token_ids`` may be a ``Prompt`` from ``prepare`` (then ``extra`` must be
+        None: the Prompt carries it): its checks, encoding, block chunks and chain hashes
+        are not done again; the request gets its own copy of the tokens, so one Prompt
+        may be admitted many times. A re-admission after ``StoreWait`` with the same
+        Prompt object skips comparing the prompt with the one the fetch started from.
+
         Returns the Admission, ``StoreWait``, or None when the pool is short of blocks;
         then nothing has changed (no references, no stats) and the engine may wait or
         preempt (a fetch that ended stays landed: the next call finds it).
         Raises PromptTooLongError when it can never fit (its prompt, or this call's blocks
         with the lookahead, need more blocks than the pool has), RequestError (id in use
         or unhashable, a count or flag out of range), TokenError (empty prompt, bad ids or
-        container), ExtraKeysError, ConfigError (a hash_mode callable failed).
+        container), ExtraKeysError, ConfigError (a hash_mode callable failed), PromptError
+        (a RequestError: a Prompt prepared under another configuration, or with ``extra``).
         """
         check_new_request(self._requests, request_id)
         if num_new_tokens is not None:
@@ -192,7 +204,9 @@ class Admitter:
             self._num_prefilling += 1
         if prepared is not None:
             self._index.store(req, first, prepared)
-        req.prompt_chunks = None
+        req.prompt = None
+        if req.prompt_hashes is None or total == n:  # (a prepared prompt's chunks and hashes
+            req.prompt_chunks = req.prompt_hashes = None  # serve its next chunks: ``extend``)
         if n >= 4096:
             req.grow_room()
         self._requests[request_id] = req
@@ -241,7 +255,7 @@ class Admitter:
         host.load(slots, into)
         return blocks
 
-    def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
+    def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt,
               extra: ExtraKeys | None, read_cache: bool,
               admit: tuple[int | None, int, bool] | None) -> tuple[Request, list[Block], int | None]:
         """Check and encode a prompt and find its cached prefix (at most all blocks but
@@ -250,15 +264,20 @@ class Admitter:
         else None, and no side effects. ``admit``: an admission's ``num_new_tokens``,
         ``num_lookahead_tokens`` and ``require_full_fit`` (None: a lookup); it is
         refused with PromptTooLongError, before any claim, if it can never fit."""
-        tokens = encode_tokens(prompt_token_ids, self.vocab_size)
+        if isinstance(prompt_token_ids, Prompt):  # prepared: checked, encoded and cut already
+            p = unpack_prompt(prompt_token_ids, extra, self._config)
+            tokens, keys, chunks = p.tokens[:], p.keys, p.chunks  # (decode appends to its copy)
+        else:
+            p = None
+            tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
+                                                 self.vocab_size)
         n, bs = len(tokens), self.block_size
-        if n == 0:
-            raise TokenError("the prompt is empty: at least one token is needed")
         if admit is not None:
             self._check_fits(n, *admit)
-        keys = PLAIN_KEYS if extra is None else RequestKeys.of(check_extra(extra, n), blocks_for(n, bs), bs)
         req = Request(request_id, tokens, keys)
-        req.prompt_chunks = chunks = block_chunks(token_buffer(tokens), 4 * bs, n // bs)
+        req.prompt_chunks = chunks
+        if p is not None:
+            req.prompt, req.prompt_hashes = p, p.hashes
         if not read_cache:
             return req, [], None
         limit = (n - 1) // bs

@@ -170,6 +170,7 @@ class Decoder(Admitter):
         req.blocks += new
         if req.num_scheduled < n == total:  # the prefill's last chunk
             self._num_prefilling -= 1
+            req.prompt_chunks = req.prompt_hashes = None  # (kept for a prepared prompt's chunks)
         req.num_scheduled = total
         if prepared is not None:
             self._index.store(req, first, prepared)

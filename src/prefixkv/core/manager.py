@@ -22,6 +22,7 @@ from ..results import Fork, KVOp, SharedPrefix
 from ..stats import PrefixCacheStats
 from .block import Block
 from .decode import Decoder
+from .prompt import Prompt, prepare_prompt
 from .sharing import shared_prefixes
 
 _ID = attrgetter("block_id")
@@ -58,10 +59,34 @@ class KVCacheManager(Decoder):
 
     # ---- admission (Admitter), growth (Decoder) -----------------------------------------
 
-    def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
+    def prepare(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> Prompt:
+        """Do once, on any thread, the work admission does on a prompt that does not
+        depend on the pool: check it (as ``add_request``), encode it, cut it into block
+        chunks, encode its extra keys and, when this manager hashes blocks as it stores
+        them (a shared store, a host tier with events on, a hash_mode callable with
+        events on), compute the chain hashes of its full blocks. Pass the ``Prompt`` to
+        ``add_request``, ``lookup`` or ``lookup_block_ids`` in place of the token ids
+        (without ``extra``); any manager of the same block size, vocabulary size, hash
+        and seed takes it.
+
+        Thread safety: reads only the manager's configuration, fixed at construction
+        (block size, vocabulary size, hash function and root), never its pool, index or
+        requests; so an engine's input thread may call it while the scheduler's thread
+        admits, decodes and frees (a ``hash_mode`` callable is then called from that
+        thread too). Changes nothing.
+
+        Raises TokenError (empty prompt, bad ids or container), ExtraKeysError,
+        ConfigError (a hash_mode callable failed), PromptError (``prompt_token_ids`` is a
+        Prompt already)."""
+        return prepare_prompt(prompt_token_ids, extra, self.block_size, self.vocab_size,
+                              self._prompt_hasher, self._config)
+
+    def lookup(self, prompt_token_ids: Sequence[int] | Prompt, *,
+               extra: ExtraKeys | None = None) -> int:
         """Tokens of this prompt that an admission now would find cached on the device
         and in host slots. Changes nothing (no references, no stats, no LRU update) and
-        never asks the shared store. Raises as ``add_request`` for bad input."""
+        never asks the shared store. Takes a ``Prompt`` as ``add_request`` does. Raises
+        as ``add_request`` for bad input."""
         return len(self._find(None, prompt_token_ids, extra, True, None)[1]) * self.block_size
 
     # ---- the shared store's fetches -------------------------------------------------------
@@ -87,11 +112,11 @@ class KVCacheManager(Decoder):
             raise ConfigError("attach_host_memory needs a manager with a shared store")
         self._waits.attach(buffers)
 
-    def lookup_block_ids(self, prompt_token_ids: Sequence[int], *,
+    def lookup_block_ids(self, prompt_token_ids: Sequence[int] | Prompt, *,
                          extra: ExtraKeys | None = None) -> tuple[int, ...]:
         """The device blocks of the prefix ``lookup`` finds, in token order (it stops at
         the first block that is not in the device pool: host tier, store). Changes
-        nothing. Raises as ``add_request`` for bad input."""
+        nothing. Takes a ``Prompt``. Raises as ``add_request`` for bad input."""
         hits = self._find(None, prompt_token_ids, extra, True, None)[1]
         out = []
         for b in hits:

@@ -66,10 +66,14 @@ PLAIN_KEYS = RequestKeys(None, 0, 1)
 class Request:
     """``tokens``: every known token id (prompt, then generated), uint32; ``keys``: its
     RequestKeys; ``blocks``: its block table. ``prompt_chunks``: the token bytes of each
-    full prompt block while admission runs (then None)."""
+    full prompt block while admission runs (then None); while it runs too, when the
+    prompt was prepared: ``prompt``, the ``Prompt`` (compared by identity only), and
+    ``prompt_hashes``, the chain hashes of the full blocks if it holds them; a prepared
+    prompt's chunks and hashes are kept until its prefill is fully scheduled (its
+    ``extend`` calls read them)."""
 
     __slots__ = ("request_id", "tokens", "keys", "blocks", "num_cached", "num_scheduled",
-                 "num_reserved", "prompt_chunks")
+                 "num_reserved", "prompt_chunks", "prompt", "prompt_hashes")
 
     def __init__(self, request_id: Hashable, tokens: array[int], keys: RequestKeys) -> None:
         self.request_id = request_id
@@ -80,6 +84,8 @@ class Request:
         self.num_scheduled = 0
         self.num_reserved = 0  # slots covered by blocks; >= num_scheduled when reserved
         self.prompt_chunks: list[bytes] | None = None
+        self.prompt: object = None
+        self.prompt_hashes: list[bytes] | None = None
 
     def grow_room(self) -> None:
         """Grow a long prompt's token array once, while admission is paying for the

@@ -36,6 +36,7 @@ from ..tiers import HostSlot, HostTier
 from ..tiers.host_index import HOST
 from ..tiers.host_landing import fill_landing
 from .block import Block
+from .prompt import Prompt
 from .request import Request
 
 
@@ -147,18 +148,18 @@ class StoreWaits:
             return f
         return StoreWait(request_id, len(f.slots))
 
-    def reuse(self, f: Fetch, prompt: Sequence[int],
+    def reuse(self, f: Fetch, prompt: Sequence[int] | Prompt,
               extra: ExtraKeys | None) -> tuple[Request, list[Any], int] | None:
         """At the re-admission of ``f``'s request with ``prompt`` and ``extra``: the
         request as the start made it, what ``index.match`` would find now and how many
         of those are device blocks (they come first: the rest are host slots), without
-        walking the index, when the prompt and keys are those the fetch started from (one
-        comparison of the token arrays) and nothing the start found or the fetch landed
-        has moved: the start's
-        hits and the landed run, each still holding the content it held, together reaching
-        the request's last full block but one (nothing left to find past them), and the
-        device not holding the content that follows its own hits (else its walk would go
-        on there, and the hits would be its blocks). None when any of that fails (then
+        walking the index, when the prompt and keys are those the fetch started from (the
+        same ``Prompt`` object, or one comparison of the token arrays) and nothing the
+        start found or the fetch landed has moved: the start's hits and the landed run,
+        each still holding the content it held, together reaching the request's last full
+        block but one (nothing left to find past them), and the device not holding the
+        content that follows its own hits (else its walk would go on there, and the hits
+        would be its blocks). None when any of that fails (then
         ``match`` decides: the answer is the same, only slower). Changes nothing. Raises
         TokenError for a prompt the walk's encoding refuses (``vocab_size`` was checked at
         the start: a prompt equal to that one passes it)."""
@@ -167,8 +168,11 @@ class StoreWaits:
         if index.cut or len(hits) + len(cids) != (len(req.tokens) - 1) // self.block_size:
             return None  # (``cut``: the walk may find device blocks again after slots; a run
             # that lost its head, or found nothing, is shorter: the prompt is not encoded)
-        tokens = encode_tokens(prompt)
-        if tokens != req.tokens or (extra is not keys.extra and (
+        if isinstance(prompt, Prompt):  # (its manager checked its configuration and ``extra``)
+            if prompt is not req.prompt and (prompt.tokens != req.tokens or (
+                    prompt.keys is not keys and prompt.keys.extra != keys.extra)):
+                return None  # (the same Prompt object: nothing to encode or compare)
+        elif encode_tokens(prompt) != req.tokens or (extra is not keys.extra and (
                 type(extra) is not ExtraKeys or extra != keys.extra)):
             return None
         # each still holds its content (a device hit that does is still the index's entry

@@ -16,6 +16,7 @@ import torch
 
 from prefixkv.allocator import Allocator
 from prefixkv.core.manager import KVCacheManager
+from prefixkv.core.prompt import Prompt
 from prefixkv.extra_keys import ExtraKeys
 from prefixkv.groups import GroupAdmission, GroupSpec, HybridKVCacheManager
 
@@ -31,7 +32,7 @@ class UncachedHybridManager(HybridKVCacheManager):
     still indexed as they fill and evicted as usual, which nobody reads: the "caching
     off" side of an engine's cache on/off comparison."""
 
-    def add_request(self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
+    def add_request(self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt, *,
                     extra: ExtraKeys | None = None, num_new_tokens: int | None = None,
                     resumed: bool = False, read_cache: bool = True, num_lookahead_tokens: int = 0,
                     require_full_fit: bool = False) -> GroupAdmission | None:
@@ -41,7 +42,8 @@ class UncachedHybridManager(HybridKVCacheManager):
                                    read_cache=False, num_lookahead_tokens=num_lookahead_tokens,
                                    require_full_fit=require_full_fit)
 
-    def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
+    def lookup(self, prompt_token_ids: Sequence[int] | Prompt, *,
+               extra: ExtraKeys | None = None) -> int:
         """0, after checking the input as ``HybridKVCacheManager.lookup`` does."""
         super().lookup(prompt_token_ids, extra=extra)
         return 0

@@ -81,8 +81,12 @@ class Engine:
     def add_request(self, prompt_token_ids: Seq[int], params: SamplingParams | None = None, *,
                     request_id: Hashable | None = None, extra: ExtraKeys | None = None) -> Hashable:
         """Queue a request; returns its id (a fresh int unless given). Its sequences are
-        ``(request_id, sample_index)`` in the allocator. Raises ValueError for an empty
-        prompt, one of ``max_model_len`` tokens or more, or an id in use."""
+        ``(request_id, sample_index)`` in the allocator. The prompt is prepared now
+        (``KVCacheManager.prepare``: checked, encoded, cut and, where the manager needs
+        it, hashed), off ``step``, which admits the Prompt. Raises ValueError for an
+        empty prompt, one of ``max_model_len`` tokens or more, or an id in use;
+        TokenError/ExtraKeysError (ValueErrors) for ids or extra keys the allocator
+        refuses."""
         params = params or SamplingParams()
         rid = next(self._ids) if request_id is None else request_id
         if rid in self._groups:
@@ -90,7 +94,12 @@ class Engine:
         prompt = [int(t) for t in prompt_token_ids]
         if not 0 < len(prompt) < self.max_model_len:
             raise ValueError(f"prompt of {len(prompt)} tokens; need 1..{self.max_model_len - 1}")
+        # prepared here, where the prompt arrives, not in the step: the step's admission
+        # only looks it up and allocates (the baselines have no ``prepare``)
+        prepare = getattr(self.allocator, "prepare", None)
+        prepared = prepare(prompt, extra=extra) if prepare is not None else None
         seq = SampleSeq(rid, 0, prompt, params, extra, time.perf_counter())
+        seq.prepared = prepared
         self._groups[rid] = [seq]
         self.scheduler.waiting.append(seq)
         return rid

@@ -19,8 +19,9 @@ never reads, come one table per group).
 from __future__ import annotations
 
 import collections
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from prefixkv.allocator import Allocator
 from prefixkv.errors import PromptTooLongError
@@ -109,15 +110,22 @@ class Scheduler:
     def _admit(self, seq: SampleSeq, budget: int, others: bool) -> Scheduled | None:
         alloc = self.allocator
         tokens, resumed = seq.tokens, seq.num_preemptions > 0
+        # the Prompt prepared on arrival while the sequence is its prompt alone (not once
+        # it has output: a preempted or forked-late sample re-admits its tokens); only an
+        # allocator with ``prepare`` made one, and it takes it where it takes token ids
+        given: Sequence[int] = tokens
+        extra = seq.extra
+        if seq.prepared is not None and not seq.output:
+            given, extra = cast("Sequence[int]", seq.prepared), None
         try:
             if self.chunked_prefill:
-                adm = alloc.add_request(seq.seq_id, tokens, extra=seq.extra,
+                adm = alloc.add_request(seq.seq_id, given, extra=extra,
                                         num_new_tokens=budget, resumed=resumed)
             else:
-                uncached = len(tokens) - alloc.lookup(tokens, extra=seq.extra)
+                uncached = len(tokens) - alloc.lookup(given, extra=extra)
                 if others and uncached > budget:
                     return None  # alone in a step, a prompt may exceed the budget
-                adm = alloc.add_request(seq.seq_id, tokens, extra=seq.extra, resumed=resumed)
+                adm = alloc.add_request(seq.seq_id, given, extra=extra, resumed=resumed)
             never = False
         except PromptTooLongError:
             adm, never = None, True

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from prefixkv.core.prompt import Prompt
 from prefixkv.extra_keys import ExtraKeys
 
 
@@ -59,7 +60,7 @@ class SampleSeq:
     __slots__ = ("seq_id", "request_id", "index", "params", "extra", "prompt", "output",
                  "num_computed", "num_known", "status", "admitted", "generator",
                  "finish_reason", "arrival", "first_scheduled", "first_token", "finished",
-                 "num_cached_tokens", "num_prefill_computed", "num_preemptions")
+                 "num_cached_tokens", "num_prefill_computed", "num_preemptions", "prepared")
 
     def __init__(self, request_id: Hashable, index: int, prompt: list[int],
                  params: SamplingParams, extra: ExtraKeys | None, arrival: float) -> None:
@@ -83,6 +84,7 @@ class SampleSeq:
         self.first_token: float | None = None
         self.finished: float | None = None
         self.num_cached_tokens: int | None = None  # cache hit at the first admission
+        self.prepared: Prompt | None = None  # the prompt, prepared where it arrived
         self.num_prefill_computed = 0  # tokens computed by prefills, recompute included
         self.num_preemptions = 0
 

@@ -69,7 +69,8 @@ class CacheMetrics:
                              "Requests in the engine's running batch.", **kw)
         self.evictions = Counter("prefixkv:block_evictions", "Cached blocks evicted.", **kw)
         self.dropped = Counter("prefixkv:kv_events_dropped",
-                               "KV-event batches dropped by a full publisher queue.", **kw)
+                               "KV-event batches the publisher dropped (its queue full, or its "
+                               "sender thread stopped).", **kw)
         self._by_source = Counter("prefixkv:prefix_cache_hits_by_source",
                                   "Prefix cache hit tokens by the medium that served them.",
                                   labelnames=(*names, "source"), registry=self.registry)

@@ -15,6 +15,7 @@ from collections.abc import Hashable, Sequence
 
 from ..core.block import Block, blocks_for
 from ..core.pool import BlockPool
+from ..core.prompt import Prompt, prepare_prompt, unpack_prompt
 from ..core.request import RequestKeys
 from ..errors import (
     MAX_BLOCKS,
@@ -84,6 +85,19 @@ class GroupAdmitter:
         self._hit_blocks = [0] * len(specs)
         self._kv_ops: list[GroupBlockCopy] = []
         self._nothing: tuple[tuple[int, ...], ...] = ((),) * len(specs)
+        # what ``prepare`` reads, fixed from here on (as ``KVCacheManager``'s)
+        self._config = (block_size, vocab_size, fn, root)
+        self._prompt_hasher = self._hasher if self._index.hashing else None
+
+    def prepare(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> Prompt:
+        """As ``KVCacheManager.prepare``: check, encode and cut the prompt once, on any
+        thread (it reads only the configuration fixed at construction: block size,
+        vocabulary size, hash function and root), with the chain hashes of its full
+        blocks when events are on. A Prompt serves any manager, plain or hybrid, of the
+        same block size, vocabulary size, hash and seed. Raises as
+        ``KVCacheManager.prepare``."""
+        return prepare_prompt(prompt_token_ids, extra, self.block_size, self.vocab_size,
+                              self._prompt_hasher, self._config)
 
     @property
     def null_block_id(self) -> int | None:
@@ -94,23 +108,23 @@ class GroupAdmitter:
         return self._null.block_id if self._null is not None else None
 
     def add_request(
-        self, request_id: Hashable, prompt_token_ids: Sequence[int], *,
+        self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt, *,
         extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
         read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
     ) -> GroupAdmission | None:
         """Admit a request: find the longest cached prefix every group can serve, take
         references on the blocks each group needs of it, allocate every group's blocks
         for the tokens scheduled now and record the full ones. Arguments as
-        ``KVCacheManager.add_request`` (``num_lookahead_tokens`` slots are reserved in
-        every group; ``require_full_fit`` asks for every group's blocks of the whole
-        prompt, windows not deducted).
+        ``KVCacheManager.add_request``, a ``Prompt`` from ``prepare`` included
+        (``num_lookahead_tokens`` slots are reserved in every group; ``require_full_fit``
+        asks for every group's blocks of the whole prompt, windows not deducted).
 
         Returns the GroupAdmission, or None when the pool is short of blocks (nothing
         changed). Raises PromptTooLongError when it can never fit (``groups.fit``: its
         prefill, or this call with its lookahead, needs more blocks than the pool has,
         whatever is cached), RequestError (id in use or unhashable, a count or flag out of
         range), TokenError (empty prompt, bad ids or container), ExtraKeysError,
-        ConfigError (a hash_mode callable failed).
+        ConfigError (a hash_mode callable failed), PromptError.
         """
         check_new_request(self._requests, request_id)
         if num_new_tokens is not None:
@@ -118,8 +132,8 @@ class GroupAdmitter:
         check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
         check_flag("resumed", resumed, RequestError)
         check_flag("require_full_fit", require_full_fit, RequestError)
-        req, nodes = self._find(request_id, prompt_token_ids, extra,
-                                check_flag("read_cache", read_cache, RequestError))
+        req, nodes, prompt = self._find(request_id, prompt_token_ids, extra,
+                                        check_flag("read_cache", read_cache, RequestError))
         n, bs, k = len(req.tokens), self.block_size, len(nodes)
         usable = self.num_blocks - (self._null is not None)
         if blocks_for(n + num_lookahead_tokens, bs) * len(self.groups) > usable:  # else it fits
@@ -137,7 +151,8 @@ class GroupAdmitter:
         if not self._pool.can_acquire(held, max(per_group, fit) * len(self.groups)):
             return None
         last = total // bs
-        prepared = self._prepare(req, k, last, nodes[-1] if nodes else None) if last > k else None
+        prepared = (self._prepare(req, k, last, nodes[-1] if nodes else None, prompt)
+                    if last > k else None)
         fresh = self._pool.acquire(held, per_group * len(self.groups))[len(held):]
         for g, h in enumerate(hits):
             new = fresh[g * per_group:(g + 1) * per_group]
@@ -151,18 +166,21 @@ class GroupAdmitter:
         req.num_cached = req.step_start = num_cached
         req.num_scheduled = total
         req.num_reserved = total + num_lookahead_tokens
+        if total < n:  # its chunks and hashes serve the prefill's next chunks (``extend``)
+            req.prompt = prompt
         if prepared is not None:
             self._record(req, k, prepared)
         self._requests[request_id] = req
         self._stats.record(n, num_cached, resumed)
         return GroupAdmission(request_id, self._ids(req), num_cached, todo)
 
-    def lookup(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> int:
+    def lookup(self, prompt_token_ids: Sequence[int] | Prompt, *,
+               extra: ExtraKeys | None = None) -> int:
         """Tokens of this prompt that an admission now would find cached in every group.
         Changes nothing. Raises as ``add_request`` for bad input."""
         return len(self._find(None, prompt_token_ids, extra, True)[1]) * self.block_size
 
-    def lookup_block_ids(self, prompt_token_ids: Sequence[int], *,
+    def lookup_block_ids(self, prompt_token_ids: Sequence[int] | Prompt, *,
                          extra: ExtraKeys | None = None) -> tuple[tuple[int, ...], ...]:
         """Per group, the blocks of the prefix ``lookup`` finds, in token order, as an
         admission now would put them in its tables: ``null_block_id`` for the leading
@@ -181,33 +199,51 @@ class GroupAdmitter:
         return cuts, [[find(g, nodes[j]) for j in range(cuts[g], k)]  # type: ignore[misc]
                       for g in range(len(self.groups))]
 
-    def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int],
-              extra: ExtraKeys | None, read_cache: bool) -> tuple[GroupRequest, list[Prefix]]:
-        """Check and encode a prompt; the prefix ids of its hit (at most all blocks but
-        the one holding the last token). No side effects."""
-        tokens = encode_tokens(prompt_token_ids, self.vocab_size)
+    def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt,
+              extra: ExtraKeys | None,
+              read_cache: bool) -> tuple[GroupRequest, list[Prefix], Prompt | None]:
+        """Check and encode a prompt (or take a prepared one); the prefix ids of its hit
+        (at most all blocks but the one holding the last token), and the Prompt if it was
+        one. No side effects."""
+        if isinstance(prompt_token_ids, Prompt):
+            prompt: Prompt | None = unpack_prompt(prompt_token_ids, extra, self._config)
+            tokens, keys = prompt_token_ids.tokens[:], prompt_token_ids.keys  # (a copy: decode
+        else:  # appends to the request's tokens)
+            prompt = None
+            tokens = encode_tokens(prompt_token_ids, self.vocab_size)
+            if not tokens:
+                raise TokenError("the prompt is empty: at least one token is needed")
+            keys = RequestKeys(check_extra(extra, len(tokens)), blocks_for(len(tokens),
+                                                                           self.block_size),
+                               self.block_size)
         n, bs = len(tokens), self.block_size
-        if n == 0:
-            raise TokenError("the prompt is empty: at least one token is needed")
-        keys = RequestKeys(check_extra(extra, n), blocks_for(n, bs), bs)
         req = GroupRequest(request_id, tokens, keys, len(self.groups))
         limit = (n - 1) // bs
         if not read_cache or not limit:
-            return req, []
-        nodes = self._table.walk(token_bytes(tokens[:limit * bs]), 4 * bs,
-                                 keys.of_blocks(0, limit), limit)
+            return req, [], prompt
+        nodes = self._table.walk(token_bytes(tokens[:limit * bs]) if prompt is None else b"",
+                                 4 * bs, keys.of_blocks(0, limit), limit,
+                                 None if prompt is None else prompt.chunks)
         find = self._index.find
         k = longest_hit(self.groups, bs, len(nodes), lambda g, j: find(g, nodes[j]) is not None)
-        return req, nodes[:k]
+        return req, nodes[:k], prompt
 
-    def _prepare(self, req: GroupRequest, first: int, last: int, parent: Prefix | None) -> Prepared:
+    def _prepare(self, req: GroupRequest, first: int, last: int, parent: Prefix | None,
+                 prompt: Prompt | None = None) -> Prepared:
         """Token chunks, extra bytes and (when events are on) chain hashes of full blocks
-        ``first..last-1``. Changes nothing; raises ConfigError if a hash_mode callable
-        fails."""
-        bs4 = 4 * self.block_size
-        data = token_bytes(req.tokens[first * self.block_size:last * self.block_size])
-        chunks = [data[o:o + bs4] for o in range(0, len(data), bs4)]
+        ``first..last-1`` (taken from ``prompt`` when it was prepared with them).
+        Changes nothing; raises ConfigError if a hash_mode callable fails."""
         extras = req.keys.of_blocks(first, last)
+        if prompt is not None and last <= len(prompt.chunks):
+            chunks = prompt.chunks[first:last]
+            if prompt.hashes is not None and self._index.hashing:
+                assert parent is None or parent.hash == prompt.hashes[first - 1], \
+                    "a prepared prompt's chain hashes are those of the prefixes it hits"
+                return chunks, extras, prompt.hashes[first:last]
+        else:
+            bs4 = 4 * self.block_size
+            data = token_bytes(req.tokens[first * self.block_size:last * self.block_size])
+            chunks = [data[o:o + bs4] for o in range(0, len(data), bs4)]
         hashes = None
         if self._index.hashing:
             root = parent.hash if parent is not None else self._hasher.root

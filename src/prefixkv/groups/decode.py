@@ -175,7 +175,8 @@ class GroupDecoder(GroupAdmitter):
             req.tokens.extend(new_tokens)
         if prepared is None and first < last:
             try:
-                prepared = self._prepare(req, first, last, req.nodes[-1] if req.nodes else None)
+                prepared = self._prepare(req, first, last, req.nodes[-1] if req.nodes else None,
+                                         req.prompt)
             except ConfigError:
                 del req.tokens[n:]
                 raise
@@ -187,6 +188,8 @@ class GroupDecoder(GroupAdmitter):
         added = self._take(req, per_group) if per_group > 0 else self._nothing
         req.num_scheduled = total
         req.step_start = start
+        if req.prompt is not None and total >= n:  # the prefill's last chunk
+            req.prompt = None
         if prepared is not None:
             self._record(req, first, prepared)
         return added

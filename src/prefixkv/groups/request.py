@@ -19,6 +19,7 @@ from array import array
 from collections.abc import Hashable, Sequence
 
 from ..core.block import Block, blocks_for
+from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..hashing import token_bytes
 from .prefixes import Prefix
@@ -27,7 +28,7 @@ from .spec import GroupSpec
 
 class GroupRequest:
     __slots__ = ("request_id", "tokens", "keys", "tables", "cut", "nodes", "num_cached",
-                 "num_scheduled", "num_reserved", "step_start", "next_release")
+                 "num_scheduled", "num_reserved", "step_start", "next_release", "prompt")
 
     def __init__(self, request_id: Hashable, tokens: array[int], keys: RequestKeys, num_groups: int) -> None:
         self.request_id = request_id
@@ -41,6 +42,7 @@ class GroupRequest:
         self.num_reserved = 0
         self.step_start = 0
         self.next_release = 0
+        self.prompt: Prompt | None = None  # a prepared prompt, until its prefill is scheduled
 
     def release(self, going: Sequence[Sequence[Block]]) -> list[Block]:
         """Replace each group's blocks in ``going`` (the next ones after its cut) by None

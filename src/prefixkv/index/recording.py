@@ -61,6 +61,11 @@ class ContentRecorder(Announcer):
         known = req.prompt_chunks
         if known is not None and last <= len(known):
             chunks = known[first:last]
+            known_hashes = req.prompt_hashes  # prepared: hashed where it was prepared
+            if known_hashes is not None and self.hashing and not self.lazy:
+                assert parent is None or parent.hash == known_hashes[first - 1], \
+                    "a prepared prompt's chain hashes are those of the blocks it hits"
+                return chunks, req.keys.of_blocks(first, last), known_hashes[first:last]
         else:
             bs = self._bs
             chunks = block_chunks(token_bytes(req.tokens[first * bs:last * bs]), 4 * bs,

@@ -44,26 +44,35 @@ class ReplicaLoad:
 
 
 def from_metrics(text: str, *, num_blocks: int | None = None) -> ReplicaLoad:
-    """A ``ReplicaLoad`` from a replica's Prometheus exposition text: ``vllm:kv_cache_usage_perc``
-    (required) and ``vllm:num_requests_waiting`` (0 when absent), summed over label sets.
-    Raises LoadError when the usage series is missing or a value does not parse."""
-    values: dict[str, float] = {}
+    """A ``ReplicaLoad`` from a replica's Prometheus exposition text:
+    ``vllm:kv_cache_usage_perc`` (required; the mean over its label sets: vLLM serves one
+    per engine of a data-parallel server, each a fraction of that engine's pool) and
+    ``vllm:num_requests_waiting`` (summed over its label sets; 0 when absent). A sample
+    is ``name{labels} value [timestamp]``, blanks being spaces or tabs. Raises LoadError
+    when the usage series is missing or a value does not parse."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
+        name = line.split("{", 1)[0].split(None, 1)[0] if line.strip() else ""
         if name in ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting"):
+            # the value follows the labels (whose quoted values may hold anything but
+            # the last "}"), or the name when there are none
+            rest = line[line.rindex("}") + 1:] if "{" in line else line[len(name):]
             try:
-                v = float(line.rsplit(" ", 1)[1])
+                v = float(rest.split()[0])
             except (IndexError, ValueError) as exc:
                 raise LoadError(f"bad metrics line {line[:120]!r}") from exc
             if not math.isfinite(v):
                 raise LoadError(f"bad metrics line {line[:120]!r}")
-            values[name] = values.get(name, 0.0) + v
-    if "vllm:kv_cache_usage_perc" not in values:
+            sums[name] = sums.get(name, 0.0) + v
+            counts[name] = counts.get(name, 0) + 1
+    usage = "vllm:kv_cache_usage_perc"
+    if usage not in sums:
         raise LoadError("no vllm:kv_cache_usage_perc series in the metrics")
-    return ReplicaLoad(values["vllm:kv_cache_usage_perc"],
-                       int(values.get("vllm:num_requests_waiting", 0)), None, num_blocks)
+    return ReplicaLoad(sums[usage] / counts[usage],
+                       int(sums.get("vllm:num_requests_waiting", 0)), None, num_blocks)
 
 
 class LoadBook:

@@ -26,17 +26,16 @@ Standard library only (``http.client``): no extra to install.
 from __future__ import annotations
 
 import http.client
+import io
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from .load import ReplicaLoad, from_metrics
 from .router import Router, RouterError
-
-_T = TypeVar("_T")
 
 
 class ScrapeError(Exception):
@@ -196,9 +195,9 @@ class MetricsPoller:
 
 def _fetch(url: str, timeout: float, max_bytes: int) -> str:
     """GET ``url``'s body as text, within ``timeout`` seconds from connect to the last
-    byte (the socket's timeout shrinks to what is left before every read, so a server
-    that trickles bytes cannot stretch it). Raises ScrapeError, OSError or
-    http.client.HTTPException."""
+    byte (every read of the answer, status line and headers included, waits only for
+    what is left, so a server that trickles bytes cannot stretch it). Raises
+    ScrapeError, OSError or http.client.HTTPException."""
     deadline = time.monotonic() + timeout
     parts = urllib.parse.urlsplit(url)
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
@@ -206,11 +205,12 @@ def _fetch(url: str, timeout: float, max_bytes: int) -> str:
     try:
         conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
                      headers={"Accept": "text/plain"})
-        resp = _within(deadline, conn, conn.getresponse)
+        conn.sock = _Bounded(conn.sock, deadline)  # the response reads through makefile()
+        resp = conn.getresponse()
         if resp.status != 200:
             raise ScrapeError(f"HTTP {resp.status} {resp.reason}")
         body = bytearray()
-        while chunk := _within(deadline, conn, lambda: resp.read1(65536)):
+        while chunk := resp.read1(65536):
             body += chunk
             if len(body) > max_bytes:
                 raise ScrapeError(f"answer larger than {max_bytes} bytes")
@@ -219,11 +219,40 @@ def _fetch(url: str, timeout: float, max_bytes: int) -> str:
         conn.close()
 
 
-def _within(deadline: float, conn: http.client.HTTPConnection, read: Callable[[], _T]) -> _T:
-    """``read()`` with the connection's socket timeout set to what is left."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise ScrapeError("timed out")
-    if conn.sock is not None:
-        conn.sock.settimeout(left)
-    return read()
+class _Bounded:
+    """A connected socket whose ``makefile`` (what ``HTTPResponse`` reads through) reads
+    within ``deadline``; everything else is the socket's."""
+
+    def __init__(self, sock: Any, deadline: float) -> None:
+        self._sock, self._deadline = sock, deadline
+
+    def makefile(self, mode: str = "rb", *args: object, **kwargs: object) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket's own raw reader (which keeps the socket open while the response
+    reads, as ``HTTPResponse`` expects), each read waiting only for what is left before
+    ``deadline``: the socket's timeout bounds one read, not the answer."""
+
+    def __init__(self, sock: Any, deadline: float) -> None:
+        self._sock, self._deadline = sock, deadline
+        self._raw = sock.makefile("rb", buffering=0)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise ScrapeError("timed out")
+        self._sock.settimeout(left)
+        n: int | None = self._raw.readinto(buffer)
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()

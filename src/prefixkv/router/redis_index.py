@@ -6,7 +6,9 @@ Keys, under ``namespace`` (one per fleet: model, block size, hash mode and seed)
     {ns}:b:{key}      SET of "{replica}|{medium}" holding the block
     {ns}:r:{replica}  SET of "{key}|{medium}" the replica holds (for clear)
 
-``key`` is the wire hash: decimal for an int, ``x`` + hex for bytes. Each call is one
+``key`` is the wire hash: decimal for an int, ``x`` + hex for bytes; ``medium`` the
+wire's, with ``%`` and ``|`` escaped (``%25``, ``%7C``: it comes off the wire as any str,
+and a member is split at its last ``|``; replica names are the router's). Each call is one
 round trip: a Lua script applies a whole run of stored or removed blocks, and another
 walks a prompt's blocks on the server and returns only each replica's leading runs
 (the holders of 128 blocks never cross the network). The scripts name every key they
@@ -70,6 +72,11 @@ def _key(h: Hash) -> str:
     return str(h) if isinstance(h, int) else "x" + h.hex()
 
 
+def _medium(medium: str) -> str:
+    """``medium`` with no ``|`` in it (see the module doc)."""
+    return medium.replace("%", "%25").replace("|", "%7C")
+
+
 def _text(raw: object) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
@@ -86,7 +93,7 @@ class RedisIndex:
     def _apply(self, op: str, replica: str, hashes: Sequence[Hash], medium: str) -> None:
         if not hashes:
             return
-        keys = [_key(h) for h in hashes]
+        keys, medium = [_key(h) for h in hashes], _medium(medium)
         self._update(keys=[f"{self.ns}:b:{k}" for k in keys] + [f"{self.ns}:r:{replica}"],
                      args=[op, f"{replica}|{medium}", *[f"{k}|{medium}" for k in keys]])
 

@@ -25,6 +25,10 @@ class ReplayError(PrefixKVError):
     """A replay answer that does not have the documented shape."""
 
 
+class ReplayTimeout(ReplayError):
+    """No answer to a map request in time: says nothing of the publisher's kind."""
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """A checked answer to ``ask``: ``batches`` are ``start .. next_seq - 1`` in order
@@ -38,21 +42,25 @@ class Answer:
 
 class ReplayClient:
     """A DEALER connected to ``endpoint``, speaking as a REQ client would (``[b"", body]``).
-    ``timeout_ms``: how long to wait for each reply message."""
+    ``timeout_ms``: how long to wait for each reply message. ``topic``: the live
+    subscription's prefix; a streamed batch of a topic it does not match fails the
+    replay (the live stream would not have delivered it: the endpoint is another
+    publisher's)."""
 
-    def __init__(self, ctx: Any, endpoint: str, timeout_ms: int) -> None:
+    def __init__(self, ctx: Any, endpoint: str, timeout_ms: int, topic: bytes = b"") -> None:
         import zmq
 
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.connect(endpoint)
-        self.timeout_ms = timeout_ms
+        self.timeout_ms, self.topic = timeout_ms, topic
 
     def ask(self, epoch: str | None, start: int, *, force_snapshot: bool = False
             ) -> Answer | None:
         """The publisher's answer to ``{publisher_epoch, start_seq, force_snapshot}``;
         None when it does not answer in this form (a vLLM publisher streams an end mark
-        instead, which is drained) or not in time. Raises ReplayError for a map answer
-        that is not an Answer for ``start`` (see ``_check``)."""
+        instead, which is drained). Raises ReplayTimeout when nothing answers in time,
+        ReplayError for a map answer that is not an Answer for ``start`` (see
+        ``_check``)."""
         import msgpack
 
         self._drain()
@@ -63,7 +71,7 @@ class ReplayClient:
             request["force_snapshot"] = True
         self.sock.send_multipart((b"", msgpack.packb(request)))
         if not self.sock.poll(self.timeout_ms):
-            return None
+            raise ReplayTimeout(f"no replay answer within {self.timeout_ms} ms")
         frames = self.sock.recv_multipart()
         if len(frames) != 2:  # a vLLM publisher read the map as a start: its end mark
             if _replayed(frames)[0] != END_SEQ:
@@ -78,7 +86,7 @@ class ReplayClient:
     def stream(self, start: int, until: int | None = None) -> list[tuple[int, bytes]] | None:
         """Batches ``start .. until - 1`` (``until`` None: every batch from ``start`` on)
         by the 8-byte request; None unless all of them came, consecutive (the buffer
-        lost some, no end mark in time, or a message of another shape). The whole reply
+        lost some, no end mark in time, a message of another shape or topic). The whole reply
         must come within ``STREAM_TIMEOUTS`` timeouts: a publisher that streams without
         end cannot hold the subscriber."""
         self._drain()
@@ -88,7 +96,8 @@ class ReplayClient:
         while time.monotonic() < deadline and self.sock.poll(self.timeout_ms):
             frames = self.sock.recv_multipart()
             seq_bytes, payload = _replayed(frames)
-            if seq_bytes is None:
+            if seq_bytes is None or len(frames) == 4 and seq_bytes != END_SEQ \
+                    and not frames[1].startswith(self.topic):
                 self._drain(self.timeout_ms)
                 return None
             if seq_bytes == END_SEQ:

@@ -26,10 +26,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from .decode import DecodeError, decode_batch
-from .replay_client import Answer, ReplayClient, ReplayError
+from .replay_client import Answer, ReplayClient, ReplayError, ReplayTimeout
 from .router import Router
 
 _log = logging.getLogger(__name__)
+_LAST_SEQ = (1 << 64) - 1  # the largest 8-byte sequence number
 COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "bad_replies",
             "disconnects", "errors")
 """The subscriber's counters, as ``health()`` names them."""
@@ -73,7 +74,8 @@ class Subscriber:
             self._poller.register(monitor, zmq.POLLIN)
             self._poller.register(sub, zmq.POLLIN)
             if replay is not None:
-                self._replay[replica] = ReplayClient(self._ctx, replay, self.replay_timeout_ms)
+                self._replay[replica] = ReplayClient(self._ctx, replay, self.replay_timeout_ms,
+                                                     topic.encode())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lock = threading.Lock()  # held while the index changes (thread mode)
@@ -165,10 +167,27 @@ class Subscriber:
             self.disconnects += 1
             self.connected[replica] = False
             self._unverified.add(replica)
+            self._drop_queued(replica)
             return
         self.connected[replica] = True  # a handshake with a publisher succeeded
         if replica in self._unverified:
             self._verify(replica)
+
+    def _drop_queued(self, replica: str) -> None:
+        """Drop the messages waiting in ``replica``'s SUB socket at a disconnect: the
+        connection that died sent them, but they would be read after the verification
+        (``_verify``), as if the publisher found then (maybe a new life, numbering from
+        0 again) had sent them. What the publisher did not restart for is not lost: the
+        verification replays everything after the batch applied last. (ZeroMQ queues a
+        connection's messages before it reports its end, so none of them follows.)"""
+        import zmq
+
+        sub = next(sock for sock, r in self._sub.items() if r == replica)
+        for _ in range(sub.getsockopt(zmq.RCVHWM) or 1 << 20):  # what one pipe can hold
+            try:
+                sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
 
     def _failed(self, exc: Exception) -> None:
         self.errors += 1
@@ -188,7 +207,11 @@ class Subscriber:
             if replica not in self._legacy and seq <= self._skip_through.get(replica, -1):
                 return
         if replica not in self._legacy and self._catch_up(replica, last):
-            if seq > self.last_seq[replica]:  # the answer predates this message
+            # The answer, sent after this message arrived, covers it: a message it does
+            # not cover was not sent by this life (a dead life's, a foreign or corrupt
+            # frame) and is not applied. Only a replica forgotten after bad answers
+            # (``_snapshot_after``) follows from this message on.
+            if self.last_seq[replica] < 0:
                 self._apply(replica, seq, payload)
             return
         if last is not None and seq <= last:  # numbering started again: a restart
@@ -239,14 +262,22 @@ class Subscriber:
 
     def _catch_up(self, replica: str, last: int | None) -> bool:
         """Bring ``replica`` up to date by the msgpack replay request; False (and the
-        replica is marked legacy) when it does not answer in that form."""
+        replica is marked legacy) when it answers in vLLM's form (an end mark). No answer
+        in time forgets the replica, which follows from this message on (``resyncs``)."""
         client = self._replay.get(replica)
         epoch = self._epoch.get(replica)
         start = 0 if last is None else last + 1
         try:
-            answer = client.ask(epoch, start) if client else None
+            # past the last 8-byte number only a snapshot can say where the replica is
+            answer = client.ask(epoch, min(start, _LAST_SEQ), force_snapshot=start > _LAST_SEQ
+                                ) if client else None
             if answer is not None and epoch not in (None, answer.epoch) and answer.snapshot is None:
                 raise ReplayError(f"epoch {answer.epoch!r} follows {epoch!r} without a snapshot")
+        except ReplayTimeout:  # busy or gone: not a vLLM publisher for all that
+            self.resyncs += 1
+            self._forget(replica)
+            self.last_seq[replica] = -1  # index what comes next: an understatement
+            return True
         except ReplayError as exc:
             answer = self._snapshot_after(replica, exc, client, epoch, start)  # type: ignore[arg-type]
             if answer is None:
@@ -276,8 +307,8 @@ class Subscriber:
         _log.warning("replica %r: bad replay answer (%s); asking for a snapshot", replica, exc)
         try:
             answer = client.ask(epoch, start, force_snapshot=True)
-        except ReplayError:
-            self.bad_replies += 1
+        except ReplayError as again:
+            self.bad_replies += not isinstance(again, ReplayTimeout)  # no answer: not a bad one
             answer = None
         if answer is not None and answer.snapshot is not None:
             return answer

@@ -5,7 +5,8 @@ core).
 Reads (``read_into``) go through ``Resp`` connections of their own, pooled, one per
 thread at a time: GETs pipelined, each value received straight into its buffers, the
 whole call bounded by one deadline. Writes and existence checks go through redis-py
-pipelines (``SET ... EX``, ``EXISTS``, no transaction). On a Redis Cluster, keys carry no
+pipelines (``SET ... EX``, ``EXISTS``, no transaction), except existence checks on a
+cluster, which go through ours, node by node, as reads do. On a Redis Cluster, keys carry no
 hash tag, so a chain's blocks spread over the slots; a call sends each node its keys
 first, then reads the nodes' replies: one round trip per node involved, overlapping. A
 key the cluster moved (MOVED/ASK, resharding) or a node that is down fails its keys
@@ -58,7 +59,7 @@ class RedisStore:
             self.client: Any = RedisCluster.from_url(url, **options)
         else:
             self.client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
-        self.ttl, self.cluster = ttl, cluster
+        self.ttl, self.cluster, self.timeout = ttl, cluster, float(timeout)
         parts = parse_url(url)  # type: ignore[no-untyped-call]
         secure = parts.get("connection_class") is SSLConnection
         self._auth = dict(username=parts.get("username"), password=parts.get("password"),
@@ -69,6 +70,9 @@ class RedisStore:
         self._idle: dict[Address, list[Resp]] = {}
         self._lock = threading.Lock()
         self._slots: list[Address] | None = None  # cluster: the node of each of 16384 slots
+        # cluster: every node a slot map named, kept when the map is dropped: the map is
+        # read again from any of them, so a dead home node does not take the store down
+        self._nodes: set[Address] = set()
         self._sentinel: tuple[Any, str] | None = None  # (redis-py Sentinel, service name)
 
     @classmethod
@@ -99,7 +103,11 @@ class RedisStore:
         return store
 
     def held(self, keys: Sequence[bytes]) -> int:
-        """``StoreBackend.held``: pipelined EXISTS. Raises redis-py's errors."""
+        """``StoreBackend.held``: pipelined EXISTS. Raises redis-py's errors; on a
+        cluster, only when no node answered (a node that is down holds none of its keys:
+        the run stops at the first of them, as a fetch's does)."""
+        if self.cluster:
+            return self._held_on_nodes(keys)
         pipe = self.client.pipeline(transaction=False)
         for k in keys:
             pipe.exists(k)
@@ -109,6 +117,35 @@ class RedisStore:
                 break
             n += 1
         return n
+
+    def _held_on_nodes(self, keys: Sequence[bytes]) -> int:
+        """``held`` on a cluster: each node's EXISTS pipelined on a connection of ours
+        (redis-py's cluster pipeline fails the whole call when one node is down). A
+        node that fails, or a key it moved (MOVED/ASK), is a miss; the slot map is then
+        read again on the next call."""
+        deadline = time.monotonic() + self.timeout
+        found = [False] * len(keys)
+        failure: Exception | None = None
+        answered = False
+        for node, idx in self._groups(keys, deadline).items():
+            conn: Resp | None = None
+            try:
+                conn = self._take(node, deadline)
+                conn.send(b"".join([pack(b"EXISTS", keys[i]) for i in idx]), deadline)
+                for i in idx:
+                    reply = conn.reply(deadline)
+                    found[i] = reply == 1
+                    if isinstance(reply, RespError):
+                        self._slots = None
+                answered = True
+                self._give(conn)
+            except Exception as exc:
+                if conn is not None:
+                    conn.close()
+                self._slots, failure = None, exc
+        if failure is not None and not answered:
+            raise failure
+        return next((i for i, f in enumerate(found) if not f), len(keys))
 
     def put(self, items: Sequence[tuple[bytes, bytes]]) -> int:
         """``StoreBackend.put``: pipelined SET with EX ttl; the values refused (an OOM
@@ -194,10 +231,18 @@ class RedisStore:
         return exc
 
     def _take(self, node: Address, deadline: float) -> Resp:
-        with self._lock:
-            idle = self._idle.get(node)
-            if idle:
-                return idle.pop()
+        """An idle connection to ``node`` that is still open (one the server closed,
+        say by a restart while it was idle, is dropped: its first use would fail the
+        whole call), else a new one."""
+        while True:
+            with self._lock:
+                idle = self._idle.get(node)
+                conn = idle.pop() if idle else None
+            if conn is None:
+                break
+            if conn.idle_ok():
+                return conn
+            conn.close()
         conn = Resp(node, **self._auth)
         conn.open(deadline)
         return conn
@@ -218,8 +263,9 @@ class RedisStore:
         return groups
 
     def _read_slots(self, deadline: float) -> list[Address]:
-        """The cluster's slot map (CLUSTER SLOTS), from the first node that answers."""
-        nodes = [self._home, *sorted({n for n in self._slots or () if n is not None})]
+        """The cluster's slot map (CLUSTER SLOTS), from the first node that answers: the
+        URL's node, then every node an earlier map named."""
+        nodes = [self._home, *sorted(self._nodes - {self._home})]
         failure: Exception = ConnectionError("no cluster node answered")
         for node in nodes:
             try:
@@ -236,5 +282,6 @@ class RedisStore:
                     host = master[0].decode() or self._home[1]
                     slots[lo:hi + 1] = [("tcp", host, int(master[1]))] * (hi - lo + 1)
                 self._slots = slots
+                self._nodes.update(slots)
                 return slots
         raise failure

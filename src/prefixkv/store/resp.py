@@ -12,6 +12,7 @@ position is lost).
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 import time
@@ -89,6 +90,19 @@ class Resp:
                 self.sock.close()
             finally:
                 self.sock = None
+
+    def idle_ok(self) -> bool:
+        """Whether this idle connection can take a command: open, nothing left unread,
+        and nothing to read (a server never speaks unasked: readable means it closed or
+        reset the connection). No round trip."""
+        sock = self.sock
+        if sock is None or self._r != self._w:
+            return False
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
 
     def send(self, data: bytes, deadline: float) -> None:
         """Send ``data`` (packed commands) before ``deadline``."""

@@ -79,6 +79,27 @@ def test_a_load_that_fails_part_way_is_saved_again_from_there(sched):
     assert [run.block_ids for run in meta.saves] == [(5, 6, 7)]
 
 
+def test_a_request_ended_before_its_load_saves_nothing(sched):
+    """vLLM counts a request waiting for its load (WAITING_FOR_REMOTE_KVS) as having
+    computed the external tokens already; with a deferred load (``update_state_after_
+    alloc`` not called yet) one aborted then was "finished" with blocks past the local
+    hit never loaded nor computed, and their device blocks (garbage) were sent to the
+    store as a final save, under their true hashes and a checksum of the garbage."""
+    from vllm.v1.request import RequestStatus
+
+    r = request("c", list(range(200, 200 + 4 * BS + 1)))
+    sched.num_new_matched_tokens(r, 0)
+    chain = sched._chains["c"]
+    prefix = sched._link.prefix(chain.extra)
+    sched._backend.put([(prefix + h.hex().encode(), b"v") for h in chain.hashes[1:3]])
+    assert sched.num_new_matched_tokens(r, BS) == (2 * BS, True)   # one block local
+    r.status = RequestStatus.WAITING_FOR_REMOTE_KVS   # its load deferred, then aborted
+    r.num_computed_tokens = 3 * BS
+    assert sched.finished(r, [3, 4, 5, 6, 7]) is False
+    meta = sched.build_meta(output(), ids())
+    assert meta.finals == [] and sched.saved == [] and sched.stats.save_blocks == 0
+
+
 def test_connector_config_reads_and_refuses():
     from prefixkv.errors import ConfigError
     from prefixkv.integrations.vllm.connector_config import ConnectorConfig

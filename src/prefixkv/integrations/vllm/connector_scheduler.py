@@ -193,10 +193,16 @@ class ConnectorScheduler:
 
     def finished(self, request: Any, block_ids: Sequence[int]) -> bool:
         """``request_finished``: True (delay the free) when full blocks of the request
-        remain to be saved; their save goes out with the next step."""
+        remain to be saved; their save goes out with the next step. A request still
+        waiting for its load (``WAITING_FOR_REMOTE_KVS``: vLLM counts the tokens to load
+        as computed, but a deferred load has not started and a started one has not
+        landed) computed nothing here: nothing is saved, and vLLM itself holds the
+        blocks of a load in flight until it lands."""
         c = self._chains.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)
         if c is None or c.request is not request:
+            return False
+        if getattr(getattr(request, "status", None), "name", None) == "WAITING_FOR_REMOTE_KVS":
             return False
         done = min(request.num_computed_tokens, len(request.all_token_ids)) // self._bs
         run = self._save(c, done, block_ids)

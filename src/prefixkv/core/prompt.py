@@ -1,0 +1,124 @@
+"""``Prompt``: a prompt checked, encoded and cut into blocks once, off the scheduler's thread.
+
+Everything admission does to a prompt that does not depend on the pool is done here, by
+``KVCacheManager.prepare`` (or ``HybridKVCacheManager.prepare``), on any thread: the
+checks (``TokenError``, ``ExtraKeysError``), the canonical encoding, the block chunks,
+the request's extra-key bytes and, when the manager consumes them as blocks are stored,
+the chain hashes of the full blocks. ``add_request`` then takes the result where it takes
+token ids and does only the work that needs the pool. vLLM does the same where a request
+enters the engine: its ``Request`` hashes its blocks on the engine's input thread.
+
+A prepared prompt is tied to its manager's configuration (block size, vocabulary size,
+hash function and seed), never to its state: it stays valid while the cache changes, and
+may be admitted any number of times (n > 1 sampling, re-admission after preemption, a
+``StoreWait`` retried), each admission with its own copy of the tokens.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from ..errors import PromptError, TokenError
+from ..extra_keys import ExtraKeys, check_extra
+from ..hashing import block_chunks, encode_tokens, token_buffer
+from ..index.hasher import Hasher
+from .block import blocks_for
+from .request import PLAIN_KEYS, RequestKeys
+
+
+class Prompt:
+    """A prompt prepared by a manager's ``prepare``: pass it to that manager's
+    ``add_request``, ``lookup`` or ``lookup_block_ids`` in place of the token ids.
+
+    Immutable (attributes cannot be set; the arrays and lists it holds are never written
+    by prefixkv, and must not be by anyone). Read ``token_ids``, ``extra``,
+    ``block_hashes`` and ``len()``; the other attributes are the manager's.
+    """
+
+    __slots__ = ("tokens", "keys", "chunks", "hashes", "config")
+
+    tokens: array[int]
+    keys: RequestKeys
+    chunks: list[bytes]
+    hashes: list[bytes] | None
+    config: tuple[Hashable, ...]
+
+    def __init__(self, tokens: array[int], keys: RequestKeys, chunks: list[bytes],
+                 hashes: list[bytes] | None, config: tuple[Hashable, ...]) -> None:
+        for name, value in (("tokens", tokens), ("keys", keys), ("chunks", chunks),
+                            ("hashes", hashes), ("config", config)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a Prompt is immutable (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a Prompt is immutable (cannot delete {name!r})")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The prompt's token ids (a new tuple each call)."""
+        return tuple(self.tokens)
+
+    @property
+    def extra(self) -> ExtraKeys | None:
+        """The extra keys it was prepared with (checked), or None."""
+        return self.keys.extra
+
+    @property
+    def block_hashes(self) -> tuple[bytes, ...] | None:
+        """The chain hashes of its full blocks when its manager consumes them as blocks
+        are stored (a shared store, a host tier with events on, a caller's hash callable
+        with events on), else None: computed then only where needed, or by the event
+        publisher's thread."""
+        return None if self.hashes is None else tuple(self.hashes)
+
+    def __repr__(self) -> str:
+        return (f"Prompt({len(self.tokens)} tokens, {len(self.chunks)} full blocks, "
+                f"hashed={self.hashes is not None})")
+
+
+def encode_prompt(token_ids: Sequence[int], extra: ExtraKeys | None, block_size: int,
+                  vocab_size: int | None) -> tuple[array[int], RequestKeys, list[bytes]]:
+    """Check and encode a prompt: its tokens, keys and full blocks' token bytes. Raises
+    TokenError (empty prompt, bad ids or container), ExtraKeysError."""
+    tokens = encode_tokens(token_ids, vocab_size)
+    n = len(tokens)
+    if n == 0:
+        raise TokenError("the prompt is empty: at least one token is needed")
+    keys = PLAIN_KEYS if extra is None else RequestKeys.of(check_extra(extra, n),
+                                                           blocks_for(n, block_size), block_size)
+    return tokens, keys, block_chunks(token_buffer(tokens), 4 * block_size, n // block_size)
+
+
+def prepare_prompt(token_ids: Sequence[int], extra: ExtraKeys | None, block_size: int,
+                   vocab_size: int | None, hasher: Hasher | None,
+                   config: tuple[Hashable, ...]) -> Prompt:
+    """``encode_prompt`` and, when ``hasher`` is given, the chain hashes of every full
+    block from the root. Reads only its arguments: safe on any thread. Raises as
+    ``encode_prompt``, PromptError for a ``Prompt`` (already prepared), ConfigError (a
+    hash_mode callable failed)."""
+    if isinstance(token_ids, Prompt):
+        raise PromptError("this prompt is prepared already: pass the Prompt itself")
+    tokens, keys, chunks = encode_prompt(token_ids, extra, block_size, vocab_size)
+    hashes = (hasher.chain(hasher.root, chunks, keys.of_blocks(0, len(chunks)))
+              if hasher is not None else None)
+    return Prompt(tokens, keys, chunks, hashes, config)
+
+
+def unpack_prompt(prompt: Prompt, extra: ExtraKeys | None,
+                  config: tuple[Hashable, ...]) -> Prompt:
+    """``prompt``, checked against the admitting manager's ``config`` and ``extra``
+    (which must be None). Raises PromptError; changes nothing."""
+    if prompt.config is not config and prompt.config != config:
+        raise PromptError(f"this Prompt was prepared by a manager of another configuration "
+                          f"(block size, vocabulary size, hash or seed): {prompt.config[:2]} "
+                          f"against this manager's {config[:2]}; prepare it with this one")
+    if extra is not None:
+        raise PromptError("extra= given with a Prompt: its extra keys were given to prepare()")
+    return prompt

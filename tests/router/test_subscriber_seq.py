@@ -1,0 +1,120 @@
+"""The subscriber against batches that are not the replica's: a message numbered past
+what the replica's own replay says it sent (a corrupt or foreign frame), up to the last
+8-byte number, and a replay endpoint answering with another topic. The index must not
+take their events, and the stream must be followed on, with nothing counted as a
+defect."""
+
+import pytest
+
+from prefixkv import KVCacheManager
+from prefixkv.fleet.wire import encode_batch
+from prefixkv.router.subscriber import Subscriber
+from waiting import PATIENCE, await_subscribed, poll_until
+
+from .test_subscriber import BS, LegacyReplay, P, connect, discard, make, step, wait_for
+
+LAST = (1 << 64) - 1
+
+
+def foreign_batch(prompt):
+    """A well-formed payload announcing ``prompt``'s blocks (another manager's)."""
+    other = KVCacheManager(64, BS, hash_mode="sha256", enable_events=True)
+    other.add_request("x", prompt)
+    return encode_batch(other.take_events(), block_size=BS)
+
+
+@pytest.fixture
+def following():
+    """A publisher and a subscriber following it, seq 0 (P[0]) applied."""
+    pub, mgr, router = make()
+    sub = connect(pub, router)
+    step(pub, mgr, "a", P[0])
+    wait_for(sub, 1)
+    yield pub, mgr, router, sub
+    sub.close()
+    pub.close()
+
+
+@pytest.mark.parametrize("seq", [7, 1 << 40, LAST])
+def test_a_message_numbered_past_the_replay_is_not_applied(following, seq):
+    pub, mgr, router, sub = following
+    with sub.lock:
+        sub._on_message("r", seq, foreign_batch(P[5]))
+    assert router.cached_tokens(P[5])["r"] == 0    # the replay says seq 0 is its last
+    for i in (1, 2):
+        step(pub, mgr, str(i), P[i])
+    assert poll_until(sub, lambda: router.cached_tokens(P[2])["r"] == 12)
+    assert [router.cached_tokens(p)["r"] for p in P[:3]] == [12] * 3
+    assert router.cached_tokens(P[5])["r"] == 0
+    assert sub.errors == 0 and sub.last_error is None
+
+
+def test_after_the_last_number_a_snapshot_is_asked(following):
+    """``last_seq`` at the last 8-byte number (a forgotten replica follows from whatever
+    message comes next, this one included): the next start cannot be asked, a snapshot
+    can (before, packing the start raised, counted as a defect, for every message)."""
+    pub, mgr, router, sub = following
+    with sub.lock:
+        sub.last_seq["r"] = LAST
+    step(pub, mgr, "b", P[1])
+    assert poll_until(sub, lambda: router.cached_tokens(P[1])["r"] == 12)
+    assert sub.errors == 0 and sub.snapshots == 2 and sub.last_seq["r"] == 1
+
+
+class OtherTopicReplay(LegacyReplay):
+    """A vLLM replay (8-byte form) of a publisher with another topic: the endpoint of
+    another replica's publisher, given by mistake."""
+
+    def serve(self, sock, snapshot, topic=b""):
+        super().serve(sock, snapshot, b"other-events")
+
+
+def test_a_replay_of_another_topic_is_not_applied():
+    pub, mgr, router = make()
+    pub.replay = OtherTopicReplay(100)
+    sub = connect(pub, router)
+    try:
+        step(pub, mgr, "a", P[0])
+        wait_for(sub, 1)                 # first contact: the map request gets an end mark
+        step(pub, mgr, "b", P[1])
+        discard(sub, 1)
+        step(pub, mgr, "c", P[2])
+        wait_for(sub, 1)                 # the gap: its replay is of another topic
+        assert sub.gaps_filled == 0 and sub.resyncs == 1
+        assert [router.cached_tokens(p)["r"] for p in P[:3]] == [0, 0, 12]
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_a_replay_answer_late_once_does_not_make_a_prefixkv_replica_vllm():
+    """The map request timed out once (the publisher's thread was busy): the replica
+    was taken for a vLLM publisher for good (``protocol`` "vllm", no snapshots: a gap
+    past its buffer forgot it). Now the timeout costs a resync, and the next gap is
+    asked in prefixkv's form again."""
+    import threading
+
+    pub, mgr, router = make()
+    release, real = threading.Event(), pub.replay.serve
+    def slow_once(*args):
+        release.wait(PATIENCE)
+        pub.replay.serve = real
+        real(*args)
+    pub.replay.serve = slow_once
+    sub = Subscriber(router, {"r": (pub.endpoint, pub.replay_endpoint)}, replay_timeout=1.0)
+    await_subscribed(sub)
+    try:
+        step(pub, mgr, "a", P[0])
+        wait_for(sub, 1)                 # first contact: the map request times out
+        release.set()
+        assert sub.resyncs == 1 and router.cached_tokens(P[0])["r"] == 12
+        step(pub, mgr, "b", P[1])
+        discard(sub, 1)
+        step(pub, mgr, "c", P[2])
+        wait_for(sub, 1)
+        assert [router.cached_tokens(p)["r"] for p in P[:3]] == [12] * 3
+        assert sub.health()["replicas"]["r"]["protocol"] == "prefixkv"
+        assert sub.errors == 0
+    finally:
+        sub.close()
+        pub.close()

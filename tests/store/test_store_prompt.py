@@ -1,0 +1,66 @@
+"""A store re-admission (``StoreWait``, then ``add_request`` again) given the Prompt it
+started from skips encoding and comparing the prompt (``StoreWaits.reuse``, by
+identity); an equal Prompt or equal token ids are compared as before. A real Redis
+(conftest), block_size 4."""
+
+import pytest
+
+from prefixkv import ExtraKeys, KVCacheManager, PromptError, StoreWait
+from prefixkv.core import store_waits
+
+from .test_readmit_reuse import BS, P, landed, manager, readmit_as_walk, stored
+
+SALT = ExtraKeys(cache_salt="s")
+
+
+@pytest.fixture
+def encoded(monkeypatch):
+    """The prompts ``reuse`` encoded to compare them with the start's."""
+    calls = []
+    original = store_waits.encode_tokens
+
+    def spy(ids, *args):
+        calls.append(list(ids))
+        return original(ids, *args)
+
+    monkeypatch.setattr(store_waits, "encode_tokens", spy)
+    return calls
+
+
+@pytest.mark.parametrize("extra", [None, SALT])
+@pytest.mark.parametrize("again", ["same", "equal", "ids"])
+def test_a_readmission_with_the_same_prompt_compares_nothing(backend, shared, encoded, extra, again):
+    stored(shared, backend, P, extra)
+    m = manager(shared)
+    p = m.prepare(P, extra=extra)
+    assert p.block_hashes is not None  # a store hashes blocks as they are stored
+    landed(m, "r", p)
+    given = {"same": p, "equal": m.prepare(P, extra=extra), "ids": P}[again]
+    hits, adm = readmit_as_walk(m, "r", given, None if again != "ids" else extra)
+    assert adm.num_cached_tokens == (len(P) - 1) // BS * BS
+    assert encoded == ([P] if again == "ids" else [])
+    m.add_request("s", p)  # the same Prompt again, as another request: its own tokens
+    m.append_tokens("r", [7])
+    assert m.num_tokens("s") == len(P) and m.num_tokens("r") == len(P) + 1
+    m.check_invariants()
+
+
+def test_a_different_prompt_at_readmission_is_not_the_started_one(backend, shared):
+    """The re-admission of a waiting request with another prompt walks the index (the
+    fetch's run is for the started prompt); another configuration's Prompt is refused."""
+    stored(shared, backend, P)
+    m = manager(shared)
+    landed(m, "r", m.prepare(P))
+    other = P[:8] + [0] * 13
+    hits, adm = readmit_as_walk(m, "r", m.prepare(other))
+    assert adm.num_cached_tokens == 8
+    foreign = KVCacheManager(8, BS, hash_mode="sha256", seed=9).prepare(P)
+    with pytest.raises(PromptError):
+        m.add_request("x", foreign)
+    m.check_invariants()
+
+
+def test_a_prompt_waits_like_its_token_ids(backend, shared):
+    stored(shared, backend, P)
+    m = manager(shared)
+    assert isinstance(m.add_request("r", m.prepare(P)), StoreWait)
