@@ -53,9 +53,12 @@ install-sglang: $(VENV)/.sglang-installed
 # tests/conftest.py puts the longest files first (LONGEST_FIRST), tests/engines/test_vllm_suite.py,
 # vLLM's own suite for minutes, at the head, so the run ends on short files on both workers.
 # `make test PYTEST_WORKERS=0` runs the tests in one process.
+# PYTHONDONTWRITEBYTECODE set empty: bytecode caches (__pycache__/, ignored by git) are
+# written whatever the environment says. Each worker compiles and assertion-rewrites every
+# test module at collection: 11.3 s of CPU a worker without them, 5.5 s from the second run on.
 PYTEST_WORKERS ?= 2
 test: install-vllm install-sglang lint
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	PYTHONDONTWRITEBYTECODE= TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: install
 	$(BIN)/prefixkv bench

@@ -49,6 +49,7 @@ class Plan:
     max_running: int = 64
     clock: str = "wall"  # or "cpu": each worker thread's CPU time (see alloc_worker)
     forward_ms: float = 0.0  # events rows: the forward pass after each step (a GIL-free sleep)
+    warm_up_s: float = 2.0  # each worker's warm-up before its first row (alloc_worker.warm_up)
 
 
 QUICK = Plan(pools=(10_000,), rounds=2, admits_2k=40, admits_32k=4, decode_tokens=4000, scale=0.25)
@@ -104,9 +105,10 @@ def events_rows(pair, plan: Plan, pool: int, mode: str, log, first: int = 0) -> 
 
 
 class Worker:
-    """A worker process importing prefixkv from ``src``; ``call`` sends one command."""
+    """A worker process importing prefixkv from ``src``, warmed up for ``warm_up_s``
+    seconds; ``call`` sends one command."""
 
-    def __init__(self, label: str, src: Path, clock: str = "wall") -> None:
+    def __init__(self, label: str, src: Path, clock: str = "wall", warm_up_s: float = 2.0) -> None:
         self.label = label
         env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0",
                "PREFIXKV_BENCH_CLOCK": clock}
@@ -117,7 +119,7 @@ class Worker:
             # speed drifts apart for seconds at a time, and a worker moved to the slower
             # one ran whole rounds 1.5x slower while the other did not.
             os.sched_setaffinity(self.proc.pid, {min(os.sched_getaffinity(0))})
-            self.info = self.call(dict(cmd="hello"))
+            self.info = self.call(dict(cmd="hello", warm_up_s=warm_up_s))
             if not Path(self.info["prefixkv"]).resolve().is_relative_to(src.resolve()):
                 raise RuntimeError(f"{label} worker imported {self.info['prefixkv']}, not from {src}")
         except BaseException:
@@ -148,12 +150,12 @@ class Worker:
 
 
 @contextmanager
-def workers(old_src: Path, new_src: Path, clock: str = "wall"):
+def workers(old_src: Path, new_src: Path, clock: str = "wall", warm_up_s: float = 2.0):
     """Start the two workers; stop them on the way out."""
     pair = []
     try:
-        pair.append(Worker("old", old_src, clock))
-        pair.append(Worker("new", new_src, clock))
+        pair.append(Worker("old", old_src, clock, warm_up_s))
+        pair.append(Worker("new", new_src, clock, warm_up_s))
         yield pair
     finally:
         for w in pair:
@@ -297,7 +299,7 @@ def _session(old_src: Path, new_src: Path, plan: Plan, first: int, log,
     """One pair of workers for ``plan.rounds`` rounds (seeds from round ``first``); each
     row's round values are added to those of the same row in ``merged``."""
     rows = []
-    with workers(old_src, new_src, plan.clock) as pair:
+    with workers(old_src, new_src, plan.clock, plan.warm_up_s) as pair:
         for pool in plan.pools:
             for mode in plan.modes:
                 for w in pair:

@@ -8,7 +8,8 @@ block_size, seed=, hash_mode=)``, ``add_request``, ``append_tokens``, ``free``,
 ``preempt``, ``num_free_blocks``, ``num_cached_blocks``, and ``append_step`` where the
 version has it. Commands (``cmd``):
 
-    hello                         -> prefixkv's file, whether it has append_step
+    hello  [warm_up_s]            -> prefixkv's file, whether it has append_step, after
+                                     ``warm_up`` for ``warm_up_s`` seconds (2 by default)
     setup  pool, mode             -> a fresh manager filled to capacity with cached blocks
                                      (mode "xxhash+events": KV events on; "xxhash+both": two
                                      managers, events off and on, for ``admit``'s ``events``)
@@ -63,13 +64,14 @@ def prompt(rng: random.Random, n: int) -> list[int]:
 def warm_up(manager: type, seconds: float = 2.0) -> None:
     """Admit and free prompts for a while before anything is measured: a fresh process
     runs up to ~1.7x slower for its first seconds here (heap pages faulted in), which a
-    long-running engine never sees, and both sides must start equally warm."""
+    long-running engine never sees, and both sides must start equally warm. Admits at
+    least one prompt, whatever ``seconds`` (0 where nothing is timed: the tests)."""
     rng = random.Random("warm-up")
     m = manager(4096, 16, seed=0)
     ps = [prompt(rng, 2048) for _ in range(8)]
     end = time.perf_counter() + seconds
     i = 0
-    while time.perf_counter() < end:
+    while i == 0 or time.perf_counter() < end:
         m.add_request(i, ps[i % 8])
         m.free(i)
         i += 1
@@ -84,10 +86,10 @@ class Side:
         self.pub = None  # the events-on manager's publisher, where the version has one
         self.held: list[tuple[str, int]] = []
 
-    def hello(self) -> dict:
+    def hello(self, warm_up_s: float = 2.0) -> dict:
         import prefixkv
         from prefixkv import KVCacheManager
-        warm_up(KVCacheManager)
+        warm_up(KVCacheManager, warm_up_s)
         return dict(prefixkv=prefixkv.__file__, append_step=hasattr(KVCacheManager, "append_step"),
                     clock="cpu" if CLOCK is time.thread_time_ns else "wall", clock_cost_ns=CLOCK_COST,
                     python=sys.version.split()[0])

@@ -214,9 +214,11 @@ def compile_launch(jit_fn, args, kwargs, target_tuple=SM90):
     return kernel, log.getvalue()
 
 
-def compile_config(name: str, mods: dict, tiles=None) -> dict:
+def compile_config(name: str, mods: dict, tiles=None, sass: bool = True) -> dict:
     """Compile one entry of :data:`CONFIGS` for sm_90 (with ``tiles`` instead of the
-    heuristic's, when given); a result row (``ok`` False on error)."""
+    heuristic's, when given); a result row (``ok`` False on error). ``sass``: read the
+    attention kernel's SASS too (``row["sass"]``, ``row["shape_ceiling"]``: nvdisasm and
+    the loop model, about 1 s a config)."""
     cfg = CONFIGS[name]
     row = {"name": name, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()}}
     start = time.perf_counter()
@@ -238,7 +240,7 @@ def compile_config(name: str, mods: dict, tiles=None) -> dict:
         row["pipelined"] = (loads["async"] + loads["tma"] > 0
                             and loads["sync"] == 0) if any(loads.values()) else None
         c = row["constexprs"]
-        if "BLOCK_N" in c and cfg.get("kernel") != "combine":  # the attention kernel's key loops
+        if sass and "BLOCK_N" in c and cfg.get("kernel") != "combine":  # the attention kernel's key loops
             row["sass"] = static_report(kernel.asm["cubin"], kernel.asm["ttgir"],
                                         Path(jit_fn.fn.__code__.co_filename),
                                         block_m=c["BLOCK_M"], block_n=c["BLOCK_N"], dim=c["DIM_P2"],
@@ -400,6 +402,8 @@ def main(argv=None) -> int:
     p.add_argument("--versus-tune", type=Path, help="a tune JSON: compile every prefill tile it timed and "
                    "set the model beside the measurement (kernel_versus.py)")
     p.add_argument("--extra", nargs="*", default=[], help="with --versus-tune: tiles to predict unmeasured")
+    p.add_argument("--sass", nargs="*", choices=sorted(CONFIGS),
+                   help="read the SASS (loops, the cycle model) of these configs only (default: all)")
     opts = p.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)  # before Triton is imported; see the module docstring
     import triton
@@ -422,7 +426,7 @@ def main(argv=None) -> int:
         return 0
     tiles = parse_tiles(opts.tiles) if opts.tiles else None
     for name in opts.only or CONFIGS:
-        rows.append(r := compile_config(name, mods, tiles))
+        rows.append(r := compile_config(name, mods, tiles, sass=opts.sass is None or name in opts.sass))
         print(f"{name}: " + (f"ok regs={r['n_regs']} spills={r['n_spills']} smem={r['shared']}"
                              if r["ok"] else r["error"][:300]), file=sys.stderr)
         if w := r.get("shape_ceiling"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,9 @@ sys.path.insert(0, str(BENCH))
 from alloc_ab import Plan, Worker, compare, workload_rows  # noqa: E402
 from alloc_ab_report import markdown  # noqa: E402
 
+# No timing is checked here, so the workers skip their 2 s warm-up (one admission each).
 TINY = Plan(pools=(5000,), rounds=2, admits_2k=3, admits_32k=2, decode_tokens=256,
-            step_requests=8, scale=0.02)
+            step_requests=8, scale=0.02, warm_up_s=0)
 
 
 def test_rows_of_both_sides_replay_the_same_work():
@@ -55,9 +57,7 @@ def test_rows_of_both_sides_replay_the_same_work():
 
 
 def test_the_cpu_clock_times_each_worker_thread():
-    rows, sides = compare(SRC, SRC, Plan(pools=(5000,), modes=("xxhash",), rounds=2, admits_2k=3,
-                                         admits_32k=2, decode_tokens=256, step_requests=8,
-                                         workloads=(), clock="cpu"))
+    rows, sides = compare(SRC, SRC, replace(TINY, modes=("xxhash",), workloads=(), clock="cpu"))
     assert {s["clock"] for s in sides.values()} == {"cpu"}
     assert all(min(r["old_rounds_ns"] + r["new_rounds_ns"]) > 0 for r in rows)
     md = markdown(rows, dict(old_commit="A", new_commit="B", machine="m", python="3", command="c",
@@ -66,12 +66,9 @@ def test_the_cpu_clock_times_each_worker_thread():
 
 
 def test_rounds_split_over_fresh_worker_pairs_are_pooled():
-    plan = Plan(pools=(5000,), modes=("xxhash",), rounds=4, sessions=2, admits_2k=3, admits_32k=2,
-                decode_tokens=256, step_requests=8, workloads=("pressure",), scale=0.02)
-    rows, _ = compare(SRC, SRC, plan)
-    one, _ = compare(SRC, SRC, Plan(pools=(5000,), modes=("xxhash",), rounds=2, admits_2k=3,
-                                    admits_32k=2, decode_tokens=256, step_requests=8,
-                                    workloads=("pressure",), scale=0.02))
+    one_pair = replace(TINY, modes=("xxhash",), workloads=("pressure",))
+    rows, _ = compare(SRC, SRC, replace(one_pair, rounds=4, sessions=2))
+    one, _ = compare(SRC, SRC, one_pair)
     assert [r["row"] for r in rows] == [r["row"] for r in one]
     for r in rows:
         assert len(r["old_rounds_ns"]) == len(r["new_rounds_ns"]) == 4
@@ -81,11 +78,11 @@ def test_rounds_split_over_fresh_worker_pairs_are_pooled():
     assert admit["same_counts"]
     assert admit["counts"]["new"]["admissions"] > first["counts"]["new"]["admissions"]
     with pytest.raises(ValueError):
-        compare(SRC, SRC, Plan(pools=(5000,), rounds=6, sessions=2))  # 3 a session: not even
+        compare(SRC, SRC, replace(TINY, rounds=6, sessions=2))  # 3 a session: not even
 
 
 def test_worker_reports_errors_and_keeps_serving():
-    w = Worker("new", SRC)
+    w = Worker("new", SRC, warm_up_s=0)
     try:
         assert w.info["append_step"] is True
         with pytest.raises(RuntimeError, match="unknown command 'nope'"):
@@ -107,7 +104,7 @@ def test_worker_reports_errors_and_keeps_serving():
 
 
 def test_a_dead_worker_is_an_error():
-    w = Worker("old", SRC)
+    w = Worker("old", SRC, warm_up_s=0)
     w.proc.kill()
     w.proc.wait()
     with pytest.raises(RuntimeError, match="old worker exited"):
@@ -117,7 +114,7 @@ def test_a_dead_worker_is_an_error():
 def test_worker_refuses_a_tree_it_did_not_import(tmp_path):
     (tmp_path / "prefixkv").mkdir()
     with pytest.raises(RuntimeError, match="worker (imported|failed)"):
-        Worker("old", tmp_path)
+        Worker("old", tmp_path, warm_up_s=0)
 
 
 def test_against_needs_a_commit(tmp_path):
@@ -151,12 +148,10 @@ def test_bench_tier_pools_runs_both_pools_and_writes_its_report(tmp_path):
 def test_events_rows_publish_every_step_to_a_live_publisher(capsys):
     """--events: the hand-off row exists on both sides with its on/off ratios, and each
     side's publisher sent every step's events (none dropped) before the workers closed."""
-    from dataclasses import replace
-
     from alloc_ab import EVENTS
 
     plan = replace(EVENTS, pools=(5000,), rounds=2, sessions=1, admits_2k=4, admits_32k=4,
-                   forward_ms=0.5)
+                   forward_ms=0.5, warm_up_s=0)
     rows, _ = compare(SRC, SRC, plan)
     hand_off = [r for r in rows if r["row"].endswith("events on + hand-off")]
     assert len(hand_off) == 4 and all(r["on_off_old"] > 0 and r["on_off_new"] > 0

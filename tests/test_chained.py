@@ -12,7 +12,7 @@ mechanism; the rest judge by hits, exact ids and ``check_invariants``.
 
 import pytest
 
-from prefixkv import Admission, BlockLoads, BlockOffloads, KVCacheManager
+from prefixkv import Admission, BlockLoads, BlockOffloads, ExtraKeys, KVCacheManager
 
 A = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]  # three full blocks
 
@@ -230,3 +230,43 @@ def test_with_a_tier_a_chained_block_whose_parent_content_leaves_the_device_is_k
     assert m.add_request("r3", r) == Admission("r3", (0, 1, 7, 6, 5), 16, 1)
     assert m.take_kv_ops()[-1] == BlockLoads((0,), (1,))  # only block 1 is loaded
     m.check_invariants()
+
+
+
+def _spares_of_an_aborted_salted_prompt(m, blocks, cached=()):
+    """A cached unsalted block of 9s (then the blocks of ``cached``, each a prompt freed
+    after it), then a salted prompt of ``blocks`` blocks of 9s (its second and later
+    blocks are chained: their key is the token bytes, the unsalted content's key) that
+    another request hits before its step ran; both are dropped (the first one first),
+    so the hit blocks become spares of no content."""
+    salted = ExtraKeys(cache_salt="a")
+    for i, prompt in enumerate([[9] * 4 + [1], *cached]):
+        m.add_request(i, prompt)
+        m.free(i)
+    m.add_request("s", [9] * 4 * blocks + [1], extra=salted)
+    m.add_request("o", [9] * 4 * blocks + [2], extra=salted)
+    m.free("s", num_computed_tokens=0)
+    m.free("o", num_computed_tokens=0)
+
+
+@EVENTS
+def test_a_chained_spare_freed_leaves_the_unrelated_content_under_its_key_in_place(events):
+    """``release_spare`` took the block under the spare's key for its primary: another
+    content with the same token bytes, moved to the most recently used end of the LRU."""
+    m = manager(10, events)
+    _spares_of_an_aborted_salted_prompt(m, 2, cached=([5] * 4 + [1], [6] * 4 + [1]))
+    m.check_invariants()
+    lru = [m._pool.blocks[b].key for b in m.free_block_order() if m._pool.blocks[b].key]
+    assert [key[:4] for key in lru] == [bytes([9, 0, 0, 0]), bytes([5, 0, 0, 0]),
+                                        bytes([6, 0, 0, 0])]  # the order they were used in
+
+
+@EVENTS
+def test_two_chained_spares_with_the_token_bytes_of_one_free_content_are_freed_together(events):
+    """Both spares named the same free block as their primary: the second ``remove`` of
+    it from the LRU failed an assertion halfway through the release (the pool left
+    corrupted)."""
+    m = manager(10, events)
+    _spares_of_an_aborted_salted_prompt(m, 3)
+    m.check_invariants()
+    assert m.num_free_blocks == 10 and m.lookup([9] * 4 + [0]) == 4

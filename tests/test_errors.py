@@ -105,6 +105,11 @@ def test_bad_config(kwargs):
     (lambda m: m.append_step("live", [1]), RequestError),
     (lambda m: m.reserve("live", -1), RequestError),
     (lambda m: m.reserve("nope", 1), RequestError),
+    (lambda m: m.uncache_blocks([8]), RequestError),
+    (lambda m: m.uncache_blocks([0, -1]), RequestError),
+    (lambda m: m.uncache_blocks([True]), RequestError),
+    (lambda m: m.uncache_blocks(None), RequestError),   # was a TypeError
+    (lambda m: m.uncache_blocks(3), RequestError),
 ])
 def test_bad_calls_raise_typed_errors_before_any_change(m, call, error):
     before = state(m)

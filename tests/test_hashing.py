@@ -1,17 +1,39 @@
 """The hash chain, its encodings, and why a collision can never serve wrong KV."""
 
+import ctypes
 import os
 import subprocess
 import sys
 
 import pytest
 
-from prefixkv import ExtraKeys, KVCacheManager, MultiModalInput
+from prefixkv import ExtraKeys, KVCacheManager, MultiModalInput, TokenError
 from prefixkv.hashing import encode_tokens, make_hash_fn, token_bytes
 
 
 def test_token_encoding_is_uint32_little_endian():
     assert token_bytes(encode_tokens([1, 256, 2**32 - 1])) == bytes.fromhex("01000000" "00010000" "ffffffff")
+
+
+@pytest.mark.parametrize("item", [ctypes.c_int32, ctypes.c_uint16, ctypes.c_int64, ctypes.c_uint64,
+                                  ctypes.c_uint32.__ctype_be__, ctypes.c_int64.__ctype_be__,
+                                  ctypes.c_uint16.__ctype_be__])
+def test_buffers_with_an_explicit_byte_order_are_token_ids(item):
+    """ctypes arrays (and numpy's non-native ones, '>i8') state their byte order in their
+    format ('<i', '>Q'), which ``memoryview.tolist`` cannot read: they raised
+    NotImplementedError, an untyped error for valid token ids."""
+    ids = [1, 256, 40_000]
+    buf = (item * 3)(*ids)
+    assert memoryview(buf).format[0] in "<>"
+    assert list(encode_tokens(buf)) == ids
+    m = KVCacheManager(4, 2)
+    m.add_request("a", ids + [7])
+    assert m.lookup(buf) == 2 == m.lookup((item * 4)(*ids, 7))
+
+
+def test_a_negative_id_in_a_buffer_with_a_byte_order_is_a_token_error():
+    with pytest.raises(TokenError):
+        encode_tokens((ctypes.c_int64.__ctype_be__ * 2)(1, -1))
 
 
 def test_extra_keys_are_tagged_so_kinds_never_alias():

@@ -122,9 +122,48 @@ def slots_below(tier):
 def test_a_run_cut_short_by_pinned_slots_keys_its_last_slot():
     tier = HostTier(2, EventLog(0))
     blocks = [Block(i, key=c, parent_cid=i, content_id=i + 1) for i, c in enumerate([b"a0", b"a1", b"a2"])]
-    tier.demote(blocks[::-1], 1)  # a2, a1 take both slots (pinned); a0 is lost
+    other = Block(3, key=b"b0", parent_cid=0, content_id=9)
+    tier.demote([blocks[2], blocks[1], other], 1)  # a2, a1 take both slots (pinned); b0 is lost
     assert tier.check() is None and tier.num_chained == 1
     assert tier.find(1, b"a1", b"") is not None  # the run's last slot is keyed
+
+
+def test_slots_whose_ancestor_is_lost_in_the_batch_are_withdrawn():
+    """a0 is lost (every slot pinned) after its children took slots: kept, they were
+    announced and never found (their parent's content, computed again, gets a new id)."""
+    tier = HostTier(2, EventLog(100))
+    blocks = [Block(i, key=c, parent_cid=i, content_id=i + 1) for i, c in enumerate([b"a0", b"a1", b"a2"])]
+    for b in blocks:
+        b.hash, b.event = bytes([b.content_id]) * 4, BlockStored((bytes([b.content_id]) * 4,), None,
+                                                               b"", (b.block_id,), None, 0)
+    tier.demote(blocks[::-1], 1)
+    assert tier.check() is None and tier.num_free == 2 and tier.take_offloads() == []
+    assert tier.find(1, b"a1", b"") is None and tier.find(2, b"a2", b"") is None
+    events = tier._sink.take()
+    stored = [e.block_hashes for e in events if isinstance(e, BlockStored)]
+    removed = [e.block_hashes for e in events if not isinstance(e, BlockStored)]
+    assert stored == [(b"\x03" * 4,), (b"\x02" * 4,)] and removed == [(b"\x02" * 4,), (b"\x03" * 4,)]
+
+
+def test_a_lost_parent_in_the_manager_leaves_no_announced_orphan_in_the_tier():
+    """The pool evicts A2, A1, A0 into a tier of two slots: A0 is lost. A prompt that
+    computes A0 again must not find, nor be told of, A1 and A2 (kept, they were
+    announced CPU blocks whose parent's content came back under a new id: a router
+    mirroring the events counted 3 blocks where ``lookup`` found 1)."""
+    m = KVCacheManager(4, 4, seed=0, host_blocks=2, enable_events=True)
+    m.add_request("a", A)
+    m.take_kv_ops()
+    m.free("a")
+    m.add_request("b", B)  # evicts A2, A1 (slots), then A0 (lost)
+    m.take_kv_ops()
+    m.free("b")
+    m.check_invariants()
+    assert m.lookup(A) == 0 and len(m._host) == 0
+    mirror = set()
+    for e in m.take_events():
+        for h in e.block_hashes:
+            (mirror.add if isinstance(e, BlockStored) else mirror.discard)(h)
+    assert len(mirror) == 3  # B0, B1, B2 on the device; nothing of A
 
 
 def test_a_slot_taken_for_a_fetched_block_drops_its_chain_link():

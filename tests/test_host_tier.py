@@ -100,16 +100,38 @@ def test_events_carry_the_medium():
     assert len(gpu_removed) == 2
 
 
-def test_reset_clears_the_host_too():
-    m = manager()
+def a_then_b(m, *, run_plan=True):
+    """A computed and freed, then B, which evicts A's blocks into the slots (its plan run
+    unless ``run_plan`` is False: the offloads stay pending), then freed."""
     m.add_request("a", A)
     m.take_kv_ops()
     m.free("a")
     m.add_request("b", B)
-    m.take_kv_ops()
+    if run_plan:
+        m.take_kv_ops()
     m.free("b")
+
+
+def test_reset_clears_the_host_too():
+    m = manager()
+    a_then_b(m)
     assert m.reset_prefix_cache() is True
     assert m.lookup(A) == 0 and m.lookup(B) == 0
+    m.check_invariants()
+
+
+def test_reset_drops_the_steps_copies_into_and_out_of_the_slots_it_clears():
+    """They stayed in the plan: offloads into cleared slots (which a store fetch of the
+    same step may reserve and read into) and loads out of them."""
+    m = manager()
+    a_then_b(m, run_plan=False)
+    assert m.reset_prefix_cache() is True
+    assert m.take_kv_ops() == []
+    a_then_b(m)
+    assert m.add_request("c", A).num_cached_tokens == 8  # loads from the slots
+    m.free("c")
+    assert m.reset_prefix_cache() is True
+    assert m.take_kv_ops() == []
     m.check_invariants()
 
 

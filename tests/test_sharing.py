@@ -37,6 +37,15 @@ def test_unknown_id_raises_before_anything():
         m.shared_prefixes(["a", "nope"])
 
 
+def test_ids_given_as_a_string_are_refused():
+    """"ab" read as the ids "a" and "b": a batch of two that was never asked for."""
+    m = KVCacheManager(8, 4, seed=0)
+    for rid in "ab":
+        m.add_request(rid, [1, 2, 3, 4, 5])
+    with pytest.raises(RequestError, match="sequence of ids"):
+        m.shared_prefixes("ab")
+
+
 def _brute(tables):
     groups = {}
     for i, t in enumerate(tables):

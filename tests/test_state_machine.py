@@ -53,6 +53,7 @@ class ManagerMachine(RuleBasedStateMachine):
     live = Bundle("live")
 
     exact_hash = True  # False: a colliding hash, events can only over-predict
+    bs = BS  # block size
     host_blocks = 0
     num_blocks = NUM_BLOCKS
     events = True  # False: no events, so the index takes its fast paths (evictions in batches)
@@ -60,13 +61,13 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @initialize()
     def setup(self):
-        self.m = KVCacheManager(self.num_blocks, BS, hash_mode=self.hash_mode, seed=1,
+        self.m = KVCacheManager(self.num_blocks, self.bs, hash_mode=self.hash_mode, seed=1,
                                 enable_events=self.events, max_events=25, host_blocks=self.host_blocks)
-        self.host_kv = [[None] * BS for _ in range(self.host_blocks)]
+        self.host_kv = [[None] * self.bs for _ in range(self.host_blocks)]
         self.hash_fn, self.root = make_hash_fn(self.hash_mode, 1)
         self.mirror: dict[bytes, int] = {}   # a router's view: stores - removals per hash
         self.reserved: dict[str, int] = {}
-        self.kv = [[None] * BS for _ in range(self.num_blocks)]
+        self.kv = [[None] * self.bs for _ in range(self.num_blocks)]
         self.tokens: dict[str, list[int]] = {}     # model: known tokens per live request
         self.scheduled: dict[str, int] = {}
         self.extra: dict[str, ExtraKeys | None] = {}
@@ -104,7 +105,7 @@ class ManagerMachine(RuleBasedStateMachine):
         """The forward pass writes positions ``start..stop-1`` of ``rid``."""
         blocks = self.m.get_block_ids(rid)
         for pos in range(start, stop):
-            self.kv[blocks[pos // BS]][pos % BS] = self._kv_of(rid, pos)
+            self.kv[blocks[pos // self.bs]][pos % self.bs] = self._kv_of(rid, pos)
 
     def _kv_of(self, rid, pos):
         return self.extra[rid], tuple(self.tokens[rid][:pos + 1])
@@ -130,8 +131,8 @@ class ManagerMachine(RuleBasedStateMachine):
             assert self._snapshot() == before and self.m.take_kv_ops() == []
             return None
         assert adm.num_cached_tokens == predicted, (adm.num_cached_tokens, predicted)
-        assert adm.num_cached_tokens % BS == 0 and adm.num_cached_tokens < len(prompt)
-        assert len(adm.block_ids) == -(-(adm.num_cached_tokens + adm.num_new_tokens) // BS)
+        assert adm.num_cached_tokens % self.bs == 0 and adm.num_cached_tokens < len(prompt)
+        assert len(adm.block_ids) == -(-(adm.num_cached_tokens + adm.num_new_tokens) // self.bs)
         self.tokens[rid] = list(prompt)
         self.extra[rid] = extra
         self.scheduled[rid] = adm.num_cached_tokens + adm.num_new_tokens
@@ -174,7 +175,7 @@ class ManagerMachine(RuleBasedStateMachine):
         try:
             return self.m.add_request(rid, prompt, **kw)
         except PromptTooLongError:
-            assert -(-len(prompt) // BS) > self.num_blocks
+            assert -(-len(prompt) // self.bs) > self.num_blocks
             return None
 
     def _forget(self, rid):
@@ -254,8 +255,8 @@ class ManagerMachine(RuleBasedStateMachine):
             self.tokens[rid].append(tok)
             self.scheduled[rid] += 1
             self.reserved[rid] = max(self.reserved[rid], self.scheduled[rid])
-            self.kv[self.m.get_block_ids(rid)[(self.scheduled[rid] - 1) // BS]][
-                (self.scheduled[rid] - 1) % BS] = self._kv_of(rid, self.scheduled[rid] - 1)
+            self.kv[self.m.get_block_ids(rid)[(self.scheduled[rid] - 1) // self.bs]][
+                (self.scheduled[rid] - 1) % self.bs] = self._kv_of(rid, self.scheduled[rid] - 1)
         self.last = None
 
     @rule(rid=live, n=st.integers(0, 6))
@@ -278,7 +279,7 @@ class ManagerMachine(RuleBasedStateMachine):
         rid, start, stop = self.last
         blocks = self.m.get_block_ids(rid)
         for pos in range(start, stop):
-            self.kv[blocks[pos // BS]][pos % BS] = "never computed"
+            self.kv[blocks[pos // self.bs]][pos % self.bs] = "never computed"
         self.m.free(rid, num_computed_tokens=start)
         del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.reserved[rid]
         self.last = None
@@ -291,14 +292,14 @@ class ManagerMachine(RuleBasedStateMachine):
         run either), the first while the second still holds its blocks: those keep their
         content id as spares while the second one's own blocks go too."""
         rid, start, stop = self.last
-        full = stop // BS * BS
+        full = stop // self.bs * self.bs
         if full <= start or rid not in self.tokens:
             return
         other = self._new_id()
         adm = self._add(other, self.tokens[rid][:full] + [tail], extra=self.extra[rid])
         blocks = self.m.get_block_ids(rid)
         for pos in range(start, stop):
-            self.kv[blocks[pos // BS]][pos % BS] = "never computed"
+            self.kv[blocks[pos // self.bs]][pos % self.bs] = "never computed"
         self.m.free(rid, num_computed_tokens=start)
         if adm is not None:
             assert adm.num_cached_tokens == full, adm
@@ -337,9 +338,9 @@ class ManagerMachine(RuleBasedStateMachine):
     def blocks_hold_each_requests_tokens(self):
         for rid in self.tokens:
             blocks = self.m.get_block_ids(rid)
-            assert len(blocks) == -(-max(self.scheduled[rid], self.reserved[rid]) // BS)
+            assert len(blocks) == -(-max(self.scheduled[rid], self.reserved[rid]) // self.bs)
             for pos in range(self.scheduled[rid]):
-                assert self.kv[blocks[pos // BS]][pos % BS] == self._kv_of(rid, pos), (rid, pos)
+                assert self.kv[blocks[pos // self.bs]][pos % self.bs] == self._kv_of(rid, pos), (rid, pos)
         in_use = self.num_blocks - self.m.num_free_blocks
         assert (in_use == 0) == (not self.tokens)
 
@@ -348,7 +349,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def every_live_full_block_is_findable(self):
         """Content that some block holds is findable, even when its first holder went."""
         for rid, tokens in self.tokens.items():
-            full = self.scheduled[rid] // BS * BS
+            full = self.scheduled[rid] // self.bs * self.bs
             assert self.m.lookup(tokens[:full] + [0], extra=self.extra[rid]) == full, rid
 
     def _drain(self):
@@ -383,15 +384,15 @@ class ManagerMachine(RuleBasedStateMachine):
         candidates += [(t + [0], self.extra[r]) for r, t in self.tokens.items()]
         candidates += [(t + [0], e) for t, e in self.preempted]
         for prompt, extra in candidates:
-            n = (len(prompt) - 1) // BS
+            n = (len(prompt) - 1) // self.bs
             base = extra.base_bytes() if extra else b""
             hashes, _ = chain(self.hash_fn, self.root,
-                              token_bytes(encode_tokens(prompt[:n * BS])), [base] * n)
+                              token_bytes(encode_tokens(prompt[:n * self.bs])), [base] * n)
             k = 0
             while k < n and hashes[k] in self.mirror:
                 k += 1
             found = self.m.lookup(prompt, extra=extra)
-            assert (k * BS == found) if self.exact_hash else (k * BS >= found), (prompt, k, found)
+            assert (k * self.bs == found) if self.exact_hash else (k * self.bs >= found), (prompt, k, found)
 
 
 class DeferredEventsManagerMachine(ManagerMachine):
@@ -474,6 +475,20 @@ class HostTierChainManagerMachine(HostTierFastPathManagerMachine):
     host_blocks = 12
 
 
+class BlockSizeOneManagerMachine(ManagerMachine):
+    """Blocks of one token: every token fills a block, prompts repeat whole blocks (a
+    chained block's token bytes are another content's key), every prompt is k*bs+1."""
+
+    bs = 1
+    num_blocks = 20
+
+
+class BlockSizeThreeHostTierManagerMachine(HostTierManagerMachine):
+    """Blocks of three tokens (not a power of two) and a host tier."""
+
+    bs = 3
+
+
 SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestManagerMachine = ManagerMachine.TestCase
 TestManagerMachine.settings = SETTINGS
@@ -496,3 +511,7 @@ TestHostTierFastPathManagerMachine.settings = SETTINGS
 TestHostTierChainManagerMachine = HostTierChainManagerMachine.TestCase
 TestHostTierChainManagerMachine.settings = settings(max_examples=100, stateful_step_count=100,
                                                     deadline=None)
+TestBlockSizeOneManagerMachine = BlockSizeOneManagerMachine.TestCase
+TestBlockSizeOneManagerMachine.settings = SETTINGS
+TestBlockSizeThreeHostTierManagerMachine = BlockSizeThreeHostTierManagerMachine.TestCase
+TestBlockSizeThreeHostTierManagerMachine.settings = SETTINGS

@@ -20,10 +20,14 @@ PATIENCE = 60.0
 """Seconds a test waits for what should happen soon before it fails; above ``LIVE``, as
 what it waits for may include a call that takes up to ``LIVE``."""
 
-GRACE = 0.5
+GRACE = 0.1
 """Seconds a ZeroMQ subscription is given to travel to the publisher once the connection
 is made (it is sent right behind the handshake, by ZeroMQ's own threads): a PUB socket
-drops what it sends before the subscription arrives, and says nothing about it."""
+drops what it sends before the subscription arrives, and says nothing about it. One hop
+between ZeroMQ's I/O threads on loopback: with 0.02 s, the 80 tests that wait on it
+(router/test_subscriber, test_replay, test_wire_fuzz, fleet/test_publisher,
+test_wire_groups, test_vllm_interop) passed 5 runs out of 5 beside 2 and then 6 busy
+loops (load 3 to 8); 0.1 keeps five times that. (It was 0.5: 17 s of those files' 30.)"""
 
 
 def wait_until(cond, what, *, timeout=PATIENCE, step=lambda: time.sleep(0.005)):

@@ -35,7 +35,7 @@ _TYPECODE = "I" if array("I").itemsize == 4 else "L"
 _SWAP = sys.byteorder != "little"
 
 
-_ONE_BYTE = frozenset("bBc")
+_INT_FORMATS = frozenset("hHiIlLqQnN")  # a buffer's integer item formats, one-byte ones aside
 _NOT_TOKENS = (str, bytes, bytearray, dict, set, frozenset)
 
 
@@ -83,7 +83,7 @@ def _from_other(token_ids: object) -> array[int]:
         _no_bools(seq, arr)
         return arr
     fmt = view.format.lstrip("@=<>!")
-    if view.ndim != 1 or fmt not in "bBhHiIlLqQnN" or fmt in _ONE_BYTE:
+    if view.ndim != 1 or fmt not in _INT_FORMATS:
         raise TypeError(f"a buffer of format {view.format!r} and {view.ndim} dimensions "
                         f"(token ids are a 1-d buffer of integers of 2 bytes or more)")
     little = view.format[:1] == "<" or (not _SWAP and view.format[:1] in "@=IL")
@@ -91,6 +91,15 @@ def _from_other(token_ids: object) -> array[int]:
         arr = array(_TYPECODE)
         arr.frombytes(view.cast("B"))
         return arr
+    order = view.format[:1]
+    if order and order in "<>!=":  # memoryview.tolist() reads native formats only (ctypes, numpy '>i8')
+        try:
+            layout = struct.Struct(f"{order}{len(view)}{fmt}")
+        except struct.error as exc:  # 'n'/'N' have no standard size
+            raise TypeError(f"a buffer of format {view.format!r}: {exc}") from None
+        if layout.size != view.nbytes:
+            raise TypeError(f"a buffer of format {view.format!r} with {view.itemsize}-byte items")
+        return array(_TYPECODE, layout.unpack(view.tobytes()))
     return array(_TYPECODE, view.tolist())
 
 

@@ -84,7 +84,11 @@ def test_files_added_during_the_run_are_never_deleted(tmp_path):
 
 
 def test_every_file_the_report_writes_is_known(tmp_path):
-    data = suite.run_bench(suite.BenchConfig(workloads=("chat",), scale=0.02, e2e=False))
+    # Every section with a file of its own (host tiers here, e2e below); the groups and
+    # store-replica sections have none (tests/bench/test_cli.py's smoke run writes the same
+    # files with both on).
+    data = suite.run_bench(suite.BenchConfig(workloads=("chat",), scale=0.02, e2e=False, groups=(),
+                                             store_replicas=False))
     data["e2e"] = {"device": "d", "model": "m", "identical": True, "config": {"repeats": 1}, "turns": [
         {"turn": 1, "prompt_tokens": 4, "cached_tokens": 0, "prefill_tokens_nocache": 4,
          "prefill_tokens_cache": 4, "ttft_cpu_ms_nocache": 1.0, "ttft_cpu_ms_cache": 1.0,

@@ -11,7 +11,9 @@ from prefixkv import (  # noqa: E402
     BlockRemoved,
     BlockStored,
     ContiguousAllocator,
+    ExtraKeys,
     KVCacheManager,
+    MultiModalInput,
     PagedAllocator,
     Prompt,
     TokenError,
@@ -212,6 +214,39 @@ def test_metrics_are_consistent(make_engine):
         assert (m.num_prompt_tokens, m.num_cached_tokens, m.num_prefill_tokens) == (30, 0, 30)
 
 
+@pytest.mark.parametrize("prompt, extra", [
+    ([1, -1, 2], None), ([1, CONFIG.vocab_size], None), ([1, 2**32], None),
+    ([1, 2.7], None), (["12", 3], None), ([True, 3], None), ("12", None),
+    ([1, 2], ExtraKeys(mm=(MultiModalInput("img", 1, 5),))), ([1, 2], {"cache_salt": "a"}),
+])
+def test_a_request_the_allocator_would_refuse_is_refused_when_queued(make_engine, prompt, extra):
+    """Such a request was queued (floats truncated, strings parsed by ``int``), and then
+    every ``step`` raised the allocator's TokenError or ExtraKeysError on admitting it:
+    the engine could serve nothing more."""
+    engine, alloc = make_engine(8)
+    with pytest.raises(ValueError):
+        engine.add_request(prompt, SamplingParams(max_tokens=2), extra=extra)
+    assert not engine.has_unfinished()
+    rid = engine.add_request([5, 6, 7], SamplingParams(max_tokens=2))
+    for _ in range(3):
+        engine.step()
+    assert not engine.has_unfinished()
+    assert [o.request_id for o in engine.take_finished()] == [rid]
+    alloc.check_invariants()
+
+
+def test_generate_queues_no_prompt_when_one_is_refused(make_engine):
+    """The prompts before the refused one were queued: the next ``generate`` ran them
+    and returned none of their outputs."""
+    engine, alloc = make_engine(8)
+    with pytest.raises(ValueError):
+        engine.generate([[1, 2, 3], [4, 5], [6, -1]], SamplingParams(max_tokens=2))
+    assert not engine.has_unfinished()
+    result = engine.generate([[7, 8]], SamplingParams(max_tokens=2), on_step=checker(alloc))
+    assert [o.prompt_token_ids for o in result.outputs] == [(7, 8)]
+    assert sum(r.num_seqs for r in result.steps[:1]) == 1
+
+
 def test_engine_rejects_bad_input(make_engine, model):
     engine, alloc = make_engine(4)
     with pytest.raises(ValueError, match="prompt of 0 tokens"):
@@ -219,6 +254,10 @@ def test_engine_rejects_bad_input(make_engine, model):
     engine.add_request([1, 2], request_id="a")
     with pytest.raises(ValueError, match="already in the engine"):
         engine.add_request([1], request_id="a")
+    with pytest.raises(ValueError, match="hashable"):
+        engine.add_request([1], request_id=["a"])
+    with pytest.raises(ValueError, match="SamplingParams"):
+        engine.add_request([1], {"max_tokens": 2})
     from prefixkv.engine import Engine, ModelRunner
     with pytest.raises(ValueError, match="runner's cache"):
         Engine(ModelRunner(model, 4, 8), KVCacheManager(4, 16))

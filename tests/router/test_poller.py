@@ -78,7 +78,9 @@ class Server:
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/metrics"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # serve_forever looks at its shutdown flag between polls: at its default 0.5 s,
+        # each stop() waited up to 0.5 s for the loop to notice.
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
         self.thread.start()
 
     def stop(self) -> None:

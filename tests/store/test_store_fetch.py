@@ -6,11 +6,23 @@ and keeps its slots until its threads return; a reset waits for fetches; host me
 is checked when attached. Block size 4, 8-byte payloads."""
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from prefixkv import ConfigError, KVCacheManager, RequestError, StoreWait
+from prefixkv import (
+    BlockLoads,
+    BlockOffloads,
+    ConfigError,
+    ExtraKeysError,
+    KVCacheManager,
+    PromptTooLongError,
+    RequestError,
+    StoreWait,
+    TokenError,
+)
 from prefixkv.store import FetchCost, SharedStore
+from prefixkv.store.fetch import FAILED
 from waiting import LIVE
 
 from .conftest import always
@@ -37,7 +49,7 @@ def setup(backend, layout, **kw):
                             store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
              backend, "w", A)
     ex = Manual()
-    shared = SharedStore(backend, layout, cost=always(), executor=ex, **{"timeout": LIVE, **kw})
+    shared = SharedStore(backend, layout, cost=always(), **{"timeout": LIVE, "executor": ex, **kw})
     return KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=shared), ex, shared
 
 
@@ -82,6 +94,91 @@ def test_a_fetch_whose_request_left_lands_as_cached_content(backend, layout):
     assert m.lookup(A) == 12                         # host slots hold it
     adm = m.add_request("c", A)
     assert adm.num_cached_tokens == 12 and m.stats.host_hits == 12 and m.stats.store_hits == 0
+
+
+@pytest.mark.parametrize("prompt, extra, error", [
+    ([], None, TokenError), ([1, -1], None, TokenError), (A, {"cache_salt": "a"}, ExtraKeysError),
+    ([1] * 40, None, PromptTooLongError),
+])
+def test_bad_input_while_waiting_raises_as_without_a_wait(backend, layout, prompt, extra, error):
+    """A re-admission while the fetch runs answered StoreWait whatever its prompt."""
+    m, ex, _ = setup(backend, layout)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    with pytest.raises(error):
+        m.add_request("b", prompt, extra=extra)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    ex.run()
+    assert m.poll_store() == ["b"] and m.add_request("b", A).num_cached_tokens == 12
+    m.check_invariants()
+
+
+def test_a_reset_leaves_no_offload_to_overwrite_a_fetch_into_attached_memory(backend, layout):
+    """Offloads stated before a reset stayed in the step's plan, into slots the reset
+    emptied; a fetch of the same step reserved those slots and read into them, the
+    engine's plan then overwrote them, and the landed run served that KV."""
+    m, ex, _ = setup(backend, layout)
+    host = bytearray(32)
+    m.attach_host_memory([[memoryview(host)[8 * i:8 * (i + 1)]] for i in range(4)])
+    device = [bytes([0xEE]) * 8] * 8                 # what the device blocks hold
+    m.add_request("x", list(range(50, 59)), read_cache=False)
+    m.take_kv_ops()
+    m.free("x")
+    m.add_request("y", list(range(60, 89)), read_cache=False)   # evicts x's blocks
+    m.free("y")
+    assert m.reset_prefix_cache()
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    ex.run()                                         # the fetch reads into slots 0..2
+    for op in m.take_kv_ops():                       # the engine runs the step's plan
+        assert isinstance(op, BlockOffloads), op
+        for src, dst in zip(op.src, op.dst, strict=True):
+            host[8 * dst:8 * dst + 8] = device[src]
+    assert m.poll_store() == ["b"]
+    adm = m.add_request("b", A)
+    loads = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
+    assert adm.num_cached_tokens == 12 and len(loads) == 1
+    for src, dst in zip(loads[0].src, loads[0].dst, strict=True):
+        device[dst] = bytes(host[8 * src:8 * src + 8])
+    assert [device[b] for b in adm.block_ids[:3]] == [bytes([i]) * 8 for i in range(3)]
+    m.check_invariants()
+
+
+def test_a_fork_cannot_take_the_id_of_a_request_waiting_on_the_store(backend, layout):
+    """Its ``free`` would only end the wait: the child stayed live, its blocks leaked."""
+    m, ex, _ = setup(backend, layout)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    m.add_request("p", [7, 7, 7, 7, 7, 7], read_cache=False)
+    m.take_kv_ops()
+    m.take_kv_ops()                                  # (p's block written to the store)
+    free = m.num_free_blocks
+    with pytest.raises(RequestError, match="waiting on the store"):
+        m.fork("p", "b")
+    assert m.num_free_blocks == free and m.take_kv_ops() == []
+    m.check_invariants()
+    m.free("b")                                      # the wait ends; nothing else was live
+    m.free("p")
+    assert m.num_free_blocks == 8
+    ex.run()
+    m.poll_store()
+    m.check_invariants()
+
+
+def test_an_executor_that_refuses_the_fetch_costs_a_miss_and_leaks_no_slot(backend, layout):
+    """``submit`` raising (an engine's executor shut down) escaped ``add_request`` as a
+    RuntimeError after the wait was recorded: its host slots stayed reserved and the
+    fetch in flight for ever (``reset_prefix_cache`` refused for ever)."""
+    refusing = ThreadPoolExecutor(1)
+    refusing.shutdown()
+    m, ex, _ = setup(backend, layout, executor=refusing)
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 0 and adm.num_new_tokens == len(A)   # computed
+    assert m.stats.store_errors == 1 and m._host.num_landing == 0 and not ex.jobs
+    m.check_invariants()
+    m.free("b")
+    assert m.add_request("c", [5] * 13).num_cached_tokens == 0           # left alone
+    assert m.stats.store_errors == 1
+    m.free("c")
+    assert m.reset_prefix_cache()
+    m.check_invariants()
 
 
 def test_a_fetch_that_lost_a_race_to_the_device_lands_only_what_follows(backend, layout):
@@ -140,6 +237,18 @@ def test_a_fetch_past_its_deadline_releases_its_request_and_keeps_its_slots(back
     ex.run()                                         # the threads return at last
     assert m.poll_store() == []
     assert m._host.num_landing == 0
+    m.check_invariants()
+
+
+def test_a_fetch_that_fails_after_its_request_gave_up_on_it_is_one_error(backend, layout):
+    """Counted at the expiry and again when it ended failed (its read past the deadline)."""
+    m, ex, _ = setup(backend, layout, timeout=0.05)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    time.sleep(0.2)                                  # past the deadline; threads never ran
+    assert m.poll_store() == ["b"] and m.stats.store_errors == 1
+    ex.run()                                         # the read starts past its deadline
+    assert m._store.done[0].stop == FAILED
+    assert m.poll_store() == [] and m.stats.store_errors == 1
     m.check_invariants()
 
 

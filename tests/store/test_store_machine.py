@@ -1,6 +1,6 @@
 """Two managers, each with its own simulated engine (device and host KV), share one real
 Redis store. Hypothesis drives admissions, prefill chunks, decode steps, frees, aborts
-before a step ran, and corruption of stored values; and the store's fetches, which run
+before a step ran, resets, and corruption of stored values; and the store's fetches, which run
 when the machine says: late (after other steps), never (the clock passes their deadline),
 twice (delivered again), or after their request left. After every step every live
 request's blocks must hold exactly that request's KV, so a store hit that served wrong
@@ -325,6 +325,14 @@ class SharedStoreMachine(RuleBasedStateMachine):
         e.m.free(rid, num_computed_tokens=start)
         del e.tokens[rid], e.scheduled[rid], e.extra[rid]
         self.last = None
+
+    @rule(i=side)
+    def reset(self, i):
+        """``reset_prefix_cache``: done only when engine ``i`` holds no block and no
+        fetch of its is under way (requests waiting on landed fetches compute)."""
+        e = self.engines[i]
+        self.last = None
+        assert e.m.reset_prefix_cache() == (not e.tokens and not e.m._waits.in_flight)
 
     @precondition(lambda self: bool(self.keys))
     @rule(data=st.data())

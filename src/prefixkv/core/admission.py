@@ -144,10 +144,11 @@ class Admitter:
             for name, flag in (("resumed", resumed), ("read_cache", read_cache),
                                ("require_full_fit", require_full_fit)):
                 check_flag(name, flag, RequestError)
-        fetch = self._waits.take(request_id) if self._waits is not None else None
-        if isinstance(fetch, StoreWait):
-            return fetch
         admit = (num_new_tokens, num_lookahead_tokens, require_full_fit)
+        fetch = self._waits.take(request_id) if self._waits is not None else None
+        if isinstance(fetch, StoreWait):  # (its input raises as it would without a wait)
+            self._find(None, prompt_token_ids, extra, False, admit)
+            return fetch
         # a re-admission whose fetch landed may skip the walk: ``reuse`` answers what it finds
         waits = self._waits
         reused = waits.reuse(fetch, prompt_token_ids, extra) if fetch and read_cache and waits else None

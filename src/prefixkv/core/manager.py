@@ -134,9 +134,13 @@ class KVCacheManager(Decoder):
         before this step's forward pass: fork once the parent's scheduled tokens were
         computed (after their step ran, as an engine forks after sampling).
         Returns None when that block cannot be had (nothing changed). Raises RequestError
-        (unknown parent, child id in use, parent's prefill not fully scheduled)."""
+        (unknown parent, child id in use: live, or waiting on the store; parent's prefill
+        not fully scheduled)."""
         parent = self._get(parent_id)
         check_new_request(self._requests, child_id)
+        if self._waits is not None and child_id in self._waits.waiting:  # (its ``free``
+            # would end the wait and leave the child live)
+            raise RequestError(f"request {child_id!r} is waiting on the store (StoreWait)")
         if parent.num_scheduled != len(parent.tokens):
             raise RequestError(f"cannot fork {parent_id!r} before its prefill is fully scheduled")
         full = parent.num_scheduled // self.block_size
@@ -184,9 +188,14 @@ class KVCacheManager(Decoder):
     def uncache_blocks(self, block_ids: Iterable[int]) -> None:
         """Make the content of these blocks unfindable (their KV turned out invalid, e.g.
         a load that failed) while live requests hold them; a block no request holds is
-        left as it is. Raises RequestError for an id outside the pool."""
+        left as it is. Raises RequestError for an id outside the pool, or ``block_ids``
+        not an iterable (nothing changes)."""
         blocks = self._pool.blocks
-        ids = list(block_ids)
+        try:
+            ids = list(block_ids)
+        except TypeError:
+            raise RequestError(f"block_ids must be an iterable of block ids, got "
+                               f"{block_ids!r}") from None
         for i in ids:
             check_count("block id", i, 0, len(blocks) - 1)
         self._index.uncache([blocks[i] for i in ids if blocks[i].ref_cnt > 0])
@@ -223,7 +232,10 @@ class KVCacheManager(Decoder):
         cascade attention (``prefixkv.kernels.build_cascade_batch``). Plain ints; changes
         nothing. Shared blocks are full, but the engine may compute one of them in this
         very step: the kernel side keeps only blocks before each member's new tokens.
-        Raises RequestError for an unknown id (before looking at any)."""
+        Raises RequestError for an unknown id (before looking at any), or ids given as a
+        str or bytes (a sequence of one-character ids, never what is meant)."""
+        if isinstance(request_ids, (str, bytes)):
+            raise RequestError(f"request_ids must be a sequence of ids, not {request_ids!r}")
         return shared_prefixes([self._get(rid).blocks for rid in request_ids])  # Blocks: identity
 
     def num_tokens(self, request_id: Hashable) -> int:

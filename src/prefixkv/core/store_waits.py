@@ -106,7 +106,9 @@ class StoreWaits:
     def start(self, req: Request, hits: list[Any], chunks: Sequence[bytes], limit: int) -> StoreWait | None:
         """Start fetching the blocks after ``hits`` (at most ``limit`` blocks in all) for
         request ``req``, when the store is worth asking and slots can be reserved; the
-        answer to give, or None (then nothing changed)."""
+        answer to give, or None (then nothing changed, but for an executor that refused
+        the fetch: counted in ``store_errors``, and the store is left alone for
+        ``retry_after``, as after a fetch that failed as a whole)."""
         link, host = self.link, self.host
         first = len(hits)
         n = min(limit - first, link.max_fetch, host.num_free)
@@ -133,10 +135,16 @@ class StoreWaits:
         f.planned = self.index.new_ids(len(slots))
         f.parent_cid = hits[-1].content_id if hits else 0
         f.ready = _ready
+        try:
+            link.submit(f, req.keys.extra)
+        except Exception:  # the executor refused (shut down): a fetch failed as a whole
+            host.unreserve(slots)
+            link.stats.store_errors += 1
+            link.quiet_until = now + link.store.retry_after
+            return None
         self.waiting[req.request_id] = f
         self.in_flight += 1
         self.reserved += len(slots)
-        link.submit(f, req.keys.extra)
         return StoreWait(req.request_id, len(slots))
 
     def take(self, request_id: Hashable) -> Fetch | StoreWait | None:

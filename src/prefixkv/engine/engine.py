@@ -25,9 +25,11 @@ from collections.abc import Sequence as Seq
 import torch
 
 from prefixkv.allocator import Allocator
+from prefixkv.errors import RequestError
 from prefixkv.event_log import PendingEvents
-from prefixkv.extra_keys import ExtraKeys
+from prefixkv.extra_keys import ExtraKeys, check_extra
 from prefixkv.groups import HybridKVCacheManager
+from prefixkv.hashing import encode_tokens
 
 from .outputs import GenerateResult, RequestMetrics, RequestOutput, SampleOutput, StepRecord
 from .runner import Runner, SeqBatchEntry
@@ -81,28 +83,48 @@ class Engine:
     def add_request(self, prompt_token_ids: Seq[int], params: SamplingParams | None = None, *,
                     request_id: Hashable | None = None, extra: ExtraKeys | None = None) -> Hashable:
         """Queue a request; returns its id (a fresh int unless given). Its sequences are
-        ``(request_id, sample_index)`` in the allocator. The prompt is prepared now
-        (``KVCacheManager.prepare``: checked, encoded, cut and, where the manager needs
-        it, hashed), off ``step``, which admits the Prompt. Raises ValueError for an
-        empty prompt, one of ``max_model_len`` tokens or more, or an id in use;
-        TokenError/ExtraKeysError (ValueErrors) for ids or extra keys the allocator
-        refuses."""
+        ``(request_id, sample_index)`` in the allocator. The prompt is checked and
+        prepared now (``KVCacheManager.prepare``: encoded, cut and, where the manager
+        needs it, hashed), off ``step``, which admits the Prompt. Raises ValueError for an
+        empty prompt, one of ``max_model_len`` tokens or more, token ids that are not ints
+        in ``[0, vocab_size)`` of the model (TokenError), extra keys that do not fit the
+        prompt or that the allocator refuses (ExtraKeysError), params that are not
+        SamplingParams, or an id in use or unhashable (RequestError): checked here, so
+        that no queued request can make every later ``step`` raise."""
+        seq = self._new_seq(prompt_token_ids, params, request_id, extra)
+        self._queue([seq])
+        return seq.request_id
+
+    def _queue(self, seqs: list[SampleSeq]) -> None:
+        for seq in seqs:
+            self._groups[seq.request_id] = [seq]
+            self.scheduler.waiting.append(seq)
+
+    def _new_seq(self, prompt_token_ids: Seq[int], params: SamplingParams | None,
+                 request_id: Hashable | None, extra: ExtraKeys | None) -> SampleSeq:
+        """The checked first sequence of a request (``add_request``'s checks), prepared,
+        not queued."""
         params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {params!r}")
         rid = next(self._ids) if request_id is None else request_id
-        if rid in self._groups:
-            raise ValueError(f"request {rid!r} is already in the engine")
-        prompt = [int(t) for t in prompt_token_ids]
+        try:
+            taken = rid in self._groups
+        except Exception as exc:  # (unhashable, or its __hash__/__eq__ raised)
+            raise RequestError(f"request id must be hashable, got {rid!r} ({exc!r})") from None
+        if taken:
+            raise RequestError(f"request {rid!r} is already in the engine")
+        prompt = encode_tokens(prompt_token_ids, self.runner.model.cfg.vocab_size).tolist()
         if not 0 < len(prompt) < self.max_model_len:
             raise ValueError(f"prompt of {len(prompt)} tokens; need 1..{self.max_model_len - 1}")
+        check_extra(extra, len(prompt))
         # prepared here, where the prompt arrives, not in the step: the step's admission
         # only looks it up and allocates (the baselines have no ``prepare``)
         prepare = getattr(self.allocator, "prepare", None)
         prepared = prepare(prompt, extra=extra) if prepare is not None else None
         seq = SampleSeq(rid, 0, prompt, params, extra, time.perf_counter())
         seq.prepared = prepared
-        self._groups[rid] = [seq]
-        self.scheduler.waiting.append(seq)
-        return rid
+        return seq
 
     def has_unfinished(self) -> bool:
         """Whether any request is still waiting or running (``step`` has work)."""
@@ -199,14 +221,17 @@ class Engine:
         """Run ``prompts`` (token id lists) to completion, together with anything already
         queued; ``params``/``extra`` are one for all or one per prompt. ``on_step`` sees
         every StepRecord (tests call ``check_invariants()`` there). Returns the outputs
-        of these prompts in order, every step taken and the wall time."""
+        of these prompts in order, every step taken and the wall time. Raises as
+        ``add_request`` for any prompt, before any is queued."""
         t0 = time.perf_counter()
         k = len(prompts)
         ps = [params] * k if params is None or isinstance(params, SamplingParams) else list(params)
         xs = [extra] * k if extra is None or isinstance(extra, ExtraKeys) else list(extra)
         if len(ps) != k or len(xs) != k:
             raise ValueError(f"{k} prompts but {len(ps)} params and {len(xs)} extra keys")
-        ids = [self.add_request(p, sp, extra=x) for p, sp, x in zip(prompts, ps, xs, strict=True)]
+        seqs = [self._new_seq(p, sp, None, x) for p, sp, x in zip(prompts, ps, xs, strict=True)]
+        self._queue(seqs)  # (all checked: none is queued if one is refused)
+        ids = [seq.request_id for seq in seqs]
         steps, done = [], {}
         while self.has_unfinished():
             rec = self.step()

@@ -302,11 +302,16 @@ class ContentIndex(ContentRecorder):
         return b
 
     def release_spare(self, block: Block) -> Block | None:
+        # the entry under the spare's key may hold another content: a spare that
+        # ``uncache`` made keeps the key it had, and a chained block's key is its token
+        # bytes alone, which another content (other parent or extra keys) may be keyed by
         primary = self._entry(block.key)
         self._unindex(block)
         block.key = None
         block.twin = False
-        return primary if primary is not None and primary.ref_cnt == 0 else None
+        if primary is None or primary.ref_cnt or primary.content_id != block.content_id:
+            return None
+        return primary
 
     def snapshot(self, blocks: Sequence[Block]) -> list[Event]:
         primaries = sorted([b for b in blocks if b.key is not None and not b.twin],

@@ -78,7 +78,8 @@ class StoreLink:
         if f.stop == REJECTED:
             self.stats.store_rejected += 1
         elif f.stop == FAILED:
-            self.stats.store_errors += 1
+            if not f.expired:  # (counted when ``poll`` gave up on it)
+                self.stats.store_errors += 1
             if f.failed is not None:  # the whole call failed: leave the store alone
                 self.quiet_until = now + self.store.retry_after
 

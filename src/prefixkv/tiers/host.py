@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
-from ..core.block import UNLINKED, Block
+from ..core.block import UNLINKED, Block, key_chunk
 from ..core.free_queue import FreeBlockQueue
 from ..errors import MAX_BLOCKS, check_positive
 from ..event_log import EventSink
@@ -94,7 +94,8 @@ class HostTier(SlotLanding):
         pend_chunk = b""  # comes next; and its key, its token bytes
         s: Block | None
         chaining, chained = self.chaining, 0
-        for b in blocks:
+        lost = -1  # where contents began to be lost
+        for i, b in enumerate(blocks):
             if b.step >= step:
                 continue
             key, parent_cid, extra = b.key, b.parent_cid, b.extra
@@ -118,8 +119,8 @@ class HostTier(SlotLanding):
                         s = head.next
                         if s is tail:
                             if not refreshed:  # every slot is pinned: the content is
-                                break  # lost, and so is every later block's (no slot can be
-                                # refreshed or taken any more; a slot pending stays so)
+                                lost = i  # lost, and so is every later block's (no slot can
+                                break  # be refreshed or taken any more; a slot pending stays so)
                             cached.forget(len(refreshed))  # only refreshed ones left
                             cached.extend(refreshed)
                             refreshed = []
@@ -184,6 +185,34 @@ class HostTier(SlotLanding):
         if refreshed:
             cached.forget(len(refreshed))
             cached.extend(refreshed)
+        if lost >= 0:
+            self._withdraw_orphans(blocks[lost:], step)
+
+    def _withdraw_orphans(self, lost: Sequence[Block], step: int) -> None:
+        """``demote`` lost the contents of ``lost`` (every slot pinned): withdraw the
+        slots the step's offloads fill (pinned, so in no other use) that hold a
+        descendant of one. The pool evicts a request's tail first, so children were
+        offloaded before their parent; kept, they would stay announced and never be
+        found, even once their parent's content is computed again (a new content id)."""
+        gone = {b.content_id for b in lost if b.step < step and b.key is not None
+                and self.find(b.parent_cid, key_chunk(b.key), b.extra) is None}
+        src, dst = self.offload_src, self.offload_dst
+        dropped = set()
+        for i in range(len(dst) - 1, -1, -1):  # parents first: their offloads came last
+            s = self.slots[dst[i]]
+            if s.parent_cid in gone:
+                gone.add(s.content_id)
+                dropped.add(i)
+                self._drop(s)  # (announced gone: its BlockStored went out in this batch)
+                s.ref_cnt = 0
+                self._empty.append(s)
+        if dropped:
+            kept = [i for i in range(len(dst)) if i not in dropped]
+            self.offload_src, self.offload_dst = [src[i] for i in kept], [dst[i] for i in kept]
+            self._pinned = [s for s in self._pinned if s.key is not None]
+            # (a request loading one would hold its lost ancestor's content on the device)
+            assert all(self.slots[t].key is not None for t in self.load_src), \
+                "a slot withdrawn with its lost ancestor is loaded in this step"
 
     def take_offloads(self) -> list[BlockOffloads]:
         """The step's offloads as one op (none when there are none), and forget them
@@ -255,8 +284,13 @@ class HostTier(SlotLanding):
         return slot
 
     def clear(self) -> None:
-        """Forget every slot's content (reset_prefix_cache)."""
+        """Forget every slot's content (reset_prefix_cache), and the step's copies not
+        taken yet: offloads into slots, loads and store payloads out of them (no block
+        is held then). Left in the plan, an offload would write a slot that a store fetch
+        of the same step may have reserved and read into (attached memory)."""
         self.num_unpins += 1
+        self.offload_src, self.offload_dst, self.load_src, self.load_dst = [], [], [], []
+        self.fetches = []
         for s in self.slots:
             s.key, s.prev, s.next, s.ref_cnt, s.chained = None, UNLINKED, UNLINKED, 0, False
         self.num_chained = 0
