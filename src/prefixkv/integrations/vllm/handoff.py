@@ -99,6 +99,7 @@ def hand_off(publisher: object) -> bool:
     anything is published (what is queued already stays in the old queue, unsent)."""
     if type(publisher) is not ZmqEventPublisher:
         return False
-    old: Queue[Any] = publisher._event_queue  # noqa: SLF001 (vLLM 0.33's, module doc)
-    publisher._event_queue = _BuildingQueue(maxsize=old.maxsize)
+    zmq_publisher: Any = publisher  # (vLLM's types are not followed: pyproject.toml)
+    old: Queue[Any] = zmq_publisher._event_queue  # noqa: SLF001 (vLLM 0.33's, module doc)
+    zmq_publisher._event_queue = _BuildingQueue(maxsize=old.maxsize)
     return True
