@@ -15,15 +15,13 @@ from collections.abc import Hashable, Sequence
 
 from ..core.block import Block, blocks_for
 from ..core.pool import BlockPool
-from ..core.prompt import Prompt, prepare_prompt, unpack_prompt
-from ..core.request import RequestKeys
+from ..core.prompt import Prompt, encode_prompt, prepare_prompt, unpack_prompt
 from ..errors import (
     MAX_BLOCKS,
     ConfigError,
     InvariantError,
     PromptTooLongError,
     RequestError,
-    TokenError,
     check_count,
     check_flag,
     check_new_request,
@@ -31,7 +29,7 @@ from ..errors import (
     live_request,
 )
 from ..event_log import EventLog, NullSink
-from ..extra_keys import ExtraKeys, check_extra
+from ..extra_keys import ExtraKeys
 from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
 from ..index import Hasher
 from ..index.announce import Prepared
@@ -207,23 +205,18 @@ class GroupAdmitter:
         one. No side effects."""
         if isinstance(prompt_token_ids, Prompt):
             prompt: Prompt | None = unpack_prompt(prompt_token_ids, extra, self._config)
-            tokens, keys = prompt_token_ids.tokens[:], prompt_token_ids.keys  # (a copy: decode
-        else:  # appends to the request's tokens)
+            tokens, keys, chunks = prompt_token_ids.tokens[:], prompt_token_ids.keys, \
+                prompt_token_ids.chunks  # (a copy of the tokens: decode appends to them)
+        else:
             prompt = None
-            tokens = encode_tokens(prompt_token_ids, self.vocab_size)
-            if not tokens:
-                raise TokenError("the prompt is empty: at least one token is needed")
-            keys = RequestKeys(check_extra(extra, len(tokens)), blocks_for(len(tokens),
-                                                                           self.block_size),
-                               self.block_size)
+            tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
+                                                 self.vocab_size)
         n, bs = len(tokens), self.block_size
         req = GroupRequest(request_id, tokens, keys, len(self.groups))
         limit = (n - 1) // bs
         if not read_cache or not limit:
             return req, [], prompt
-        nodes = self._table.walk(token_bytes(tokens[:limit * bs]) if prompt is None else b"",
-                                 4 * bs, keys.of_blocks(0, limit), limit,
-                                 None if prompt is None else prompt.chunks)
+        nodes = self._table.walk(chunks, keys.of_blocks(0, limit), limit)
         find = self._index.find
         k = longest_hit(self.groups, bs, len(nodes), lambda g, j: find(g, nodes[j]) is not None)
         return req, nodes[:k], prompt

@@ -46,18 +46,15 @@ class PrefixTable:
     def __len__(self) -> int:
         return len(self._nodes)
 
-    def walk(self, data: bytes, step: int, extras: Sequence[bytes], limit: int,
-             chunks: Sequence[bytes] | None = None) -> list[Prefix]:
-        """The nodes of blocks ``0..`` of ``data`` (``step`` bytes a block, ``extras[j]``
-        the extra bytes of block j), up to ``limit`` blocks or the first unknown one;
-        ``chunks``: the blocks' bytes cut already (a prepared prompt), read instead of
-        ``data``. Changes nothing."""
+    def walk(self, chunks: Sequence[bytes], extras: Sequence[bytes], limit: int) -> list[Prefix]:
+        """The nodes of blocks ``0..`` (``chunks[j]`` the token bytes of block j,
+        ``extras[j]`` its extra bytes), up to ``limit`` blocks or the first unknown one.
+        Changes nothing."""
         get = self._nodes.get
         out: list[Prefix] = []
         pid = 0
         for j in range(limit):
-            node = get((pid, data[j * step:(j + 1) * step] if chunks is None else chunks[j],
-                        extras[j]))
+            node = get((pid, chunks[j], extras[j]))
             if node is None:
                 break
             out.append(node)
