@@ -122,3 +122,19 @@ def test_meta_caches_have_no_memory_to_share():
     k_cache, v_cache = torch.empty(NB, BS, H, D, device="meta"), torch.empty(NB, BS, H, D, device="meta")
     assert caches_overlap(k_cache, v_cache) is None
     assert caches_overlap(k_cache[:1].expand(NB, -1, -1, -1), v_cache) is not None
+
+
+def test_a_verdict_is_kept_per_layout_not_per_memory() -> None:
+    """The verdicts are remembered; memory seen before under another layout (the same data
+    pointers, other strides or offsets) is judged again."""
+    kv = torch.zeros(NB, 2, BS, H, D)
+    k, v = kv[:, 0], kv[:, 1]
+    assert caches_overlap(k, v) is None and caches_overlap(k, v) is None
+    assert caches_overlap(k, k) is not None  # v at k's address
+    flat = kv.view(-1)
+    half = NB * BS * H * D  # v as the second half of one buffer, then starting inside k
+    apart = flat[:half].view(NB, BS, H, D), flat[half:2 * half].view(NB, BS, H, D)
+    inside = flat[:half].view(NB, BS, H, D), flat[half // 2:half // 2 + half].view(NB, BS, H, D)
+    assert caches_overlap(*apart) is None
+    assert caches_overlap(*inside) is not None
+    assert caches_overlap(*apart) is None

@@ -31,9 +31,30 @@ def strides_overlap(dims: list[tuple[int, int]]) -> bool:
     return False
 
 
+# Verdicts by layout: an engine writes into the same caches every layer of every step, and
+# the analysis (~10 us) would triple ``write_kv_cache``'s checks. The key holds everything
+# the verdict reads, so memory reused with another layout is analysed again.
+_VERDICTS: dict[tuple[object, ...], str | None] = {}
+_MAX_VERDICTS = 256
+
+
 def caches_overlap(k_cache: torch.Tensor, v_cache: torch.Tensor) -> str | None:
     """Why a write into ``k_cache`` and ``v_cache`` (same shape and dtype) could write one
     address twice, or None when it cannot."""
+    key = (k_cache.device, k_cache.dtype, k_cache.shape, k_cache.stride(), v_cache.stride(),
+           k_cache.data_ptr(), v_cache.data_ptr(), k_cache.storage_offset(),
+           v_cache.storage_offset())  # (with the data pointers: where each storage begins)
+    try:
+        return _VERDICTS[key]
+    except KeyError:
+        pass
+    if len(_VERDICTS) >= _MAX_VERDICTS:
+        _VERDICTS.clear()
+    verdict = _VERDICTS[key] = _analyse(k_cache, v_cache)
+    return verdict
+
+
+def _analyse(k_cache: torch.Tensor, v_cache: torch.Tensor) -> str | None:
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if strides_overlap(list(zip(t.shape, t.stride(), strict=True))):
             return f"{name} has overlapping strides {t.stride()} for shape {tuple(t.shape)} (expanded?)"
