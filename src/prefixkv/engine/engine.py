@@ -114,14 +114,16 @@ class Engine:
             raise RequestError(f"request id must be hashable, got {rid!r} ({exc!r})") from None
         if taken:
             raise RequestError(f"request {rid!r} is already in the engine")
-        prompt = encode_tokens(prompt_token_ids, self.runner.model.cfg.vocab_size).tolist()
+        encoded = encode_tokens(prompt_token_ids, self.runner.model.cfg.vocab_size)
+        prompt = encoded.tolist()
         if not 0 < len(prompt) < self.max_model_len:
             raise ValueError(f"prompt of {len(prompt)} tokens; need 1..{self.max_model_len - 1}")
         check_extra(extra, len(prompt))
         # prepared here, where the prompt arrives, not in the step: the step's admission
         # only looks it up and allocates (the baselines have no ``prepare``)
         prepare = getattr(self.allocator, "prepare", None)
-        prepared = prepare(prompt, extra=extra) if prepare is not None else None
+        # (given the encoded array, ``prepare`` copies it instead of encoding the list again)
+        prepared = prepare(encoded, extra=extra) if prepare is not None else None
         seq = SampleSeq(rid, 0, prompt, params, extra, time.perf_counter())
         seq.prepared = prepared
         return seq
