@@ -100,6 +100,38 @@ def pytest_runtest_setup(item) -> None:
     apply_shortcuts()
 
 
+@pytest.fixture(scope="session")
+def warm_python():
+    """The path of a ``python`` that runs each command in a fork of one process that has
+    imported torch and triton (tests/warm_python.py), for the tests that run a script or an
+    example end to end with several Python processes: each saves torch's import (about
+    3.5 s of CPU). One server per pytest-xdist worker that asks for it, stopped at the end."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    script = Path(__file__).resolve().parent / "warm_python.py"
+    folder = Path(tempfile.mkdtemp(prefix="warm-python-"))  # short: a socket path has 107 bytes
+    sock, wrapper = folder / "socket", folder / "python"
+    server = subprocess.Popen([sys.executable, str(script), "serve", str(sock)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline() == "ready\n", f"warm_python server exited {server.wait()}"
+        wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S -E "{script}" '
+                           f'client "{sock}" "{sys.executable}" "{wrapper}" "$@"\n')
+        wrapper.chmod(0o755)
+        yield str(wrapper)
+    finally:
+        server.terminate()  # its children's process groups first, then itself
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()  # its children die with it (PR_SET_PDEATHSIG)
+            server.wait()
+        server.stdout.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture
 def calling_threads(monkeypatch):
     """``calling_threads(owner, name)``: replace ``owner.name`` (a function, or a method

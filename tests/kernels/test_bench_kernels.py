@@ -47,19 +47,22 @@ def _session(*args: str, out: Path, timeout: float = 120, **env: str) -> subproc
 
 
 @pytest.fixture(scope="module")
-def smoke_session(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+def smoke_session(tmp_path_factory, warm_python) -> tuple[subprocess.CompletedProcess, Path]:
     """One ``gpu_session.sh --smoke`` run, every step, and its $OUT: the session runs
     bench_kernels.py --smoke and tune_kernels.py --smoke there, so the smoke tests of both
     scripts read what it wrote rather than run them a second time. The tune gets 2 compile
     processes and a budget that never cuts the precompile short: on the H100 machine under
     xdist 8, the default's pool share (0.45 x 330 s) ended before the 8th compile (7 of 8
-    finished)."""
+    finished). Its ``$PYTHON`` is the warm interpreter (tests/warm_python.py): each of the
+    session's 8 Python processes (a step each, the tune's 2 compile processes) is a fork
+    that has imported torch and triton, instead of importing them again."""
     if shutil.which("bash") is None or shutil.which("timeout") is None:
         pytest.skip("needs bash and coreutils timeout")
     if triton_skip_reason() is not None:
         pytest.skip(str(triton_skip_reason()))
     out = tmp_path_factory.mktemp("gpu-session")
-    run = _session("--smoke", out=out, timeout=600, TUNE_JOBS="2", TUNE_S="3040", SESSION_S="3600")
+    run = _session("--smoke", out=out, timeout=600, TUNE_JOBS="2", TUNE_S="3040", SESSION_S="3600",
+                   PYTHON=warm_python)
     return run, out
 
 
@@ -157,8 +160,8 @@ def test_gpu_session_script_parses_and_rejects_unknown_steps(tmp_path):
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the refusal is for machines without CUDA")
-def test_gpu_session_refuses_without_cuda(tmp_path):
-    run = _session(out=tmp_path)
+def test_gpu_session_refuses_without_cuda(tmp_path, warm_python):
+    run = _session(out=tmp_path, PYTHON=warm_python)  # its CUDA check imports torch
     assert run.returncode == 2 and "no CUDA device" in run.stdout  # the script tees stderr into its log
     assert "no CUDA device" in (tmp_path / "gpu-session.log").read_text()
 
