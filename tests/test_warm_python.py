@@ -86,8 +86,9 @@ def test_subprocesses_and_spawned_workers_are_warm_too(warm_python, tmp_path):
 def test_a_signal_reaches_the_command(warm_python):
     code = ("import time\nprint('ready', flush=True)\n"
             "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('interrupted')\n    raise\n")
+    # SIGINT as a shell leaves it (a pytest-xdist worker ignores it, and so would its children)
     proc = subprocess.Popen([warm_python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
