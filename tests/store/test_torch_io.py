@@ -2,6 +2,7 @@
 
 import pathlib
 import runpy
+import sys
 
 import pytest
 
@@ -60,9 +61,12 @@ def test_run_store_ops_runs_puts_and_fetches_and_returns_the_rest():
     assert torch.equal(k_host[0], k[:, 4]) and torch.equal(v_host[0], v[:, 4])
 
 
-def test_two_processes_share_a_document_through_the_store(capsys):
+def test_two_processes_share_a_document_through_the_store(capsys, monkeypatch, warm_python):
     """Process B loads the document process A computed, computes only its question, and
-    generates the tokens of a run without any cache (three Python processes)."""
+    generates the tokens of a run without any cache (three Python processes). The example
+    starts them as ``sys.executable``: here the warm interpreter (tests/warm_python.py), so
+    each is a fork that has imported torch; still three processes, the store between them."""
+    monkeypatch.setattr(sys, "executable", warm_python)
     main = runpy.run_path(str(SCRIPT))["main"]
     assert main(["--doc-len", "100", "--max-tokens", "6"]) == 0
     out = capsys.readouterr().out
