@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import importlib
 import inspect
 import re
@@ -52,17 +53,22 @@ def public_names(package: str) -> list[str]:
     return list(names)
 
 
+@functools.cache
+def _module_body(mod_name: str) -> list[ast.stmt]:
+    """The statements of an imported module's source, parsed once ([] without a source)."""
+    try:
+        return ast.parse(inspect.getsource(sys.modules[mod_name])).body
+    except (OSError, TypeError):
+        return []
+
+
 def attribute_docstring(package: str, name: str) -> str | None:
     """The string literal right after ``name = ...`` in the package's module, else in the
     first prefixkv module (by name) that assigns it."""
     root = package.split(".")[0]
     others = sorted(m for m in sys.modules if m.startswith(root + ".") and m != package)
     for mod_name in [package, *others]:
-        try:
-            source = inspect.getsource(sys.modules[mod_name])
-        except (OSError, TypeError):
-            continue
-        body = ast.parse(source).body
+        body = _module_body(mod_name)
         for stmt, nxt in pairwise(body):
             targets = (stmt.targets if isinstance(stmt, ast.Assign)
                        else [stmt.target] if isinstance(stmt, ast.AnnAssign) else [])
