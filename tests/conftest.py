@@ -105,20 +105,32 @@ def warm_python():
     """The path of a ``python`` that runs each command in a fork of one process that has
     imported torch and triton (tests/warm_python.py), for the tests that run a script or an
     example end to end with several Python processes: each saves torch's import (about
-    3.5 s of CPU). One server per pytest-xdist worker that asks for it, stopped at the end."""
+    3.5 s of CPU). One server per pytest-xdist worker that asks for it, stopped at the end.
+    Where it cannot run (not Linux, no pidfd; a server that does not start, or one whose
+    imports initialized CUDA, which a fork cannot use) this is ``sys.executable``: the same
+    tests, at the price of the imports (tests/test_warm_python.py then fails or skips)."""
+    import shlex
     import shutil
     import subprocess
     import tempfile
 
-    script = Path(__file__).resolve().parent / "warm_python.py"
+    import warm_python as warm
+
+    if not warm.supported():
+        yield sys.executable
+        return
+    script = Path(warm.__file__).resolve()
     folder = Path(tempfile.mkdtemp(prefix="warm-python-"))  # short: a socket path has 107 bytes
     sock, wrapper = folder / "socket", folder / "python"
     server = subprocess.Popen([sys.executable, str(script), "serve", str(sock)],
                               stdout=subprocess.PIPE, text=True)
     try:
-        assert server.stdout.readline() == "ready\n", f"warm_python server exited {server.wait()}"
-        wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S -E "{script}" '
-                           f'client "{sock}" "{sys.executable}" "{wrapper}" "$@"\n')
+        if server.stdout.readline() != "ready\n":
+            yield sys.executable
+            return
+        command = [sys.executable, "-S", "-E", str(script), "client", str(sock), sys.executable,
+                   str(wrapper)]
+        wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(command)} "$@"\n')
         wrapper.chmod(0o755)
         yield str(wrapper)
     finally:

@@ -7,7 +7,14 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+import warm_python as warm
 from waiting import wait_until
+
+pytest.importorskip("torch", reason="the warm interpreter preloads torch")
+pytestmark = pytest.mark.skipif(not warm.supported(), reason="the warm interpreter needs Linux "
+                                "(/proc, pidfds, descriptors passed over a Unix socket)")
 
 # what a fresh interpreter would print; the fork also says that torch came preloaded
 PROBE = "import os, sys; print(sys.argv, os.getcwd(), os.environ.get('PROBE'), 'torch' in sys.modules)"

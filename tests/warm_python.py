@@ -60,6 +60,13 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, sign
 _MAX_FDS = 250  # SCM_RIGHTS takes at most 253 descriptors per message
 
 
+def supported() -> bool:
+    """Whether this machine can run the server: Linux (/proc, PR_SET_PDEATHSIG), pidfds,
+    descriptors passed over a Unix socket."""
+    return (sys.platform == "linux" and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")
+            and os.path.isdir("/proc/self/fd"))
+
+
 def pinned(env: dict[str, str]) -> dict[str, str | None]:
     """What a child must share with the server: the variables read when the interpreter
     or the preloaded modules started, and the ``sitecustomize`` that ``PYTHONPATH`` gives
@@ -165,6 +172,8 @@ def serve(path: str) -> None:
 
     for name in PRELOAD:
         importlib.import_module(name)
+    if sys.modules["torch"].cuda.is_initialized():  # a forked child could not use CUDA
+        raise SystemExit("warm_python: importing torch initialized CUDA; not serving")
     base_env = dict(os.environ)
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(path)
