@@ -1,6 +1,7 @@
 """A Python interpreter that has imported torch and triton once, and forks a child for
 each command it is given: the interpreter that tests hand to the scripts and examples
-they run end to end (``benchmarks/gpu_session.sh --smoke``, ``examples/fleet.py``).
+they run end to end (``benchmarks/gpu_session.sh --smoke``, ``examples/fleet.py``,
+``examples/shared_store.py``).
 
 Each of those starts several Python processes, and each process imported torch and
 triton before doing anything (about 3.5 s of CPU each on the 2-core VM: ~8 processes
@@ -12,24 +13,25 @@ runs from one process that imported vLLM:
 
 ``client`` is what the scripts run as ``python`` (the fixture ``warm_python`` in
 tests/conftest.py writes a two-line wrapper that starts it with ``-S -E``: no site, no
-torch). It sends its command line, working directory, environment and every open file
-descriptor (SCM_RIGHTS) to the server and waits; the child puts the descriptors back at
-their numbers, takes the directory, the environment and ``PYTHONPATH`` (in front of
-the server's own site path), sets ``sys.executable`` to the client (so that the
-processes it starts, ``multiprocessing`` spawn included, are forks too) and runs the
+torch). It sends its command line, working directory, umask, environment, the signals
+it ignores and every open file descriptor (SCM_RIGHTS) to the server and waits; the
+child puts the descriptors back at their numbers, takes the rest and ``PYTHONPATH``
+(in front of the server's own site path), sets ``sys.executable`` to the client (so that
+the processes it starts, ``multiprocessing`` spawn included, are forks too) and runs the
 command as ``python`` would: ``-c CODE``, ``-m MODULE``, ``-`` (stdin) or a script, with
 the same exit status, uncaught exceptions printed the same way, atexit handlers and
 non-daemon threads finished at exit. Signals the client receives go to the child;
 when the client dies (SIGKILL included), the server kills the child's process group.
 
-What differs from a fresh interpreter is only that the modules imported at start are
-already in ``sys.modules``. Where that could change a result the client runs the real
-interpreter instead (``exec``, nothing forked): any other interpreter option, or a
-variable read when those modules or the interpreter start (``TRITON_*``, ``TORCH*``,
-``OMP_*``, ``CUDA_*``, ``LD_*``, Python's own start-up variables but ``PYTHONPATH``,
-``PYTHONUNBUFFERED`` and ``PYTHONDONTWRITEBYTECODE``, which the child applies) set
-otherwise than the server's, or a ``PYTHONPATH`` whose ``sitecustomize`` (run once, in
-the server) is another.
+What differs from a fresh interpreter: the modules imported at start are already in
+``sys.modules``; ``sys.flags`` and resource limits are the server's; the child leads a
+session of its own (no controlling terminal). Where the imports could differ the client
+runs the real interpreter instead (``exec``, nothing forked): any interpreter option but
+``-B``, or a variable read when those modules or the interpreter start (``TRITON_*``,
+``TORCH*``, ``OMP_*``, ``CUDA_*``, ``LD_*``, the locale's, Python's own start-up
+variables but ``PYTHONPATH``, ``PYTHONUNBUFFERED`` and ``PYTHONDONTWRITEBYTECODE``, which
+the child applies) set otherwise than the server's, or a ``PYTHONPATH`` whose
+``sitecustomize`` (run once, in the server) is another.
 
     python tests/warm_python.py serve SOCKET     # prints "ready" once torch is imported
     python -S -E tests/warm_python.py client SOCKET PYTHON WRAPPER ARGS...
@@ -47,7 +49,7 @@ import sys
 from typing import Any
 
 PRELOAD = ("torch", "triton", "triton.language")
-_PINNED = ("TRITON", "TORCH", "PYTORCH", "OMP_", "MKL_", "CUDA_", "LD_")
+_PINNED = ("TRITON", "TORCH", "PYTORCH", "OMP_", "MKL_", "CUDA_", "LD_", "LC_", "LANG")
 # read by the interpreter as it starts (PYTHONPATH, PYTHONUNBUFFERED and
 # PYTHONDONTWRITEBYTECODE the child applies itself)
 _STARTUP = frozenset(f"PYTHON{v}" for v in (
@@ -121,8 +123,10 @@ def client(path: str, python: str, executable: str, args: list[str]) -> None:
         signal.signal(sig, forward)
     fds = sorted(int(n) for n in os.listdir("/proc/self/fd"))
     fds = [fd for fd in fds if fd != sock.fileno() and _is_open(fd)][:_MAX_FDS]
+    umask = os.umask(0o22)
+    os.umask(umask)
     request = {"args": args, "cwd": os.getcwd(), "env": dict(os.environ), "executable": executable,
-               "ignored": [int(s) for s in ignored],
+               "ignored": [int(s) for s in ignored], "umask": umask,
                "fds": [[fd, os.get_inheritable(fd)] for fd in fds]}
     payload = json.dumps(request).encode()
     socket.send_fds(sock, [len(payload).to_bytes(8, "little") + payload], fds)
@@ -332,6 +336,7 @@ def _run(request: dict[str, Any], base_env: dict[str, str]) -> int:
         default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
         signal.signal(sig, signal.SIG_IGN if sig in request["ignored"] else default)
     os.chdir(request["cwd"])
+    os.umask(request["umask"])
     os.environ.clear()
     os.environ.update(env)
     unbuffered = bool(env.get("PYTHONUNBUFFERED"))
@@ -401,7 +406,13 @@ def _run(request: dict[str, Any], base_env: dict[str, str]) -> int:
 def _print_exception() -> None:
     exc = sys.exc_info()[1]
     assert exc is not None, "called outside an except block"
-    sys.excepthook(type(exc), exc, exc.__traceback__)
+    tb = exc.__traceback__  # from the command's own first frame, as python prints it
+    while tb is not None and tb.tb_frame.f_code.co_filename in (_HERE, "<frozen runpy>"):
+        tb = tb.tb_next
+    sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+
+
+_HERE = _print_exception.__code__.co_filename
 
 
 def _exit_code(exc: SystemExit) -> int:
