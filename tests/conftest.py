@@ -122,7 +122,7 @@ def warm_python():
     script = Path(warm.__file__).resolve()
     folder = Path(tempfile.mkdtemp(prefix="warm-python-"))  # short: a socket path has 107 bytes
     sock, wrapper = folder / "socket", folder / "python"
-    server = subprocess.Popen([sys.executable, str(script), "serve", str(sock)],
+    server = subprocess.Popen([sys.executable, str(script), "serve", str(sock), str(os.getpid())],
                               stdout=subprocess.PIPE, text=True)
     try:
         if server.stdout.readline() != "ready\n":

@@ -159,6 +159,22 @@ def _running(pid: int) -> bool:
         return False
 
 
+def test_a_server_goes_when_the_process_that_started_it_is_killed(tmp_path):
+    """(A pytest worker killed outright leaves no server importing or serving.)"""
+    script = os.path.join(os.path.dirname(__file__), "warm_python.py")
+    parent = ("import os, subprocess, sys, time\n"
+              f"server = subprocess.Popen([sys.executable, {script!r}, 'serve', {str(tmp_path / 's')!r},\n"
+              "                           str(os.getpid())],\n"
+              "                          stdout=subprocess.DEVNULL)\n"
+              "print(server.pid, flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    server = int(proc.stdout.readline())
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+    wait_until(lambda: not _running(server), "the server to go with its parent")
+
+
 def test_without_a_server_the_client_runs_the_real_interpreter(tmp_path):
     client = os.path.join(os.path.dirname(__file__), "warm_python.py")
     run = _run(sys.executable, "-S", "-E", client, "client", str(tmp_path / "none"), sys.executable,

@@ -33,7 +33,7 @@ variables but ``PYTHONPATH``, ``PYTHONUNBUFFERED`` and ``PYTHONDONTWRITEBYTECODE
 the child applies) set otherwise than the server's, or a ``PYTHONPATH`` whose
 ``sitecustomize`` (run once, in the server) is another.
 
-    python tests/warm_python.py serve SOCKET     # prints "ready" once torch is imported
+    python tests/warm_python.py serve SOCKET PARENT_PID   # "ready" once torch is imported
     python -S -E tests/warm_python.py client SOCKET PYTHON WRAPPER ARGS...
 """
 
@@ -167,13 +167,15 @@ def _is_open(fd: int) -> bool:
 # ---- server ------------------------------------------------------------------------------
 
 
-def serve(path: str) -> None:
+def serve(path: str, parent: int) -> None:
     """Import ``PRELOAD``, listen at ``path``, print "ready"; fork a child per request,
-    until SIGTERM (which kills every child's process group first). One thread (no lock
+    until SIGTERM (which kills every child's process group first), sent by the fixture or
+    by the kernel when process ``parent`` dies. One thread (no lock
     can be held at a fork): the listener, the clients' connections and the children
     (pidfds) are waited on together. A client's failure never stops the server."""
     import importlib
 
+    _die_with(parent, signal.SIGTERM)  # its pytest worker (``parent``) killed: it goes too
     for name in PRELOAD:
         importlib.import_module(name)
     if sys.modules["torch"].cuda.is_initialized():  # a forked child could not use CUDA
@@ -307,13 +309,13 @@ def _child(request: dict[str, Any], received: list[int], base_env: dict[str, str
         os._exit(code)
 
 
-def _die_with(server: int) -> None:
-    """SIGKILL when the server dies (Linux's PR_SET_PDEATHSIG), so that a server killed
-    outright leaves no child behind."""
+def _die_with(parent: int, sig: int = signal.SIGKILL) -> None:
+    """``sig`` when ``parent`` dies (Linux's PR_SET_PDEATHSIG): a child whose server was
+    killed outright, a server whose pytest worker was, is not left behind."""
     import ctypes
 
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != server:  # it died before that
+    ctypes.CDLL(None).prctl(1, sig)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before that
         os._exit(1)
 
 
@@ -427,8 +429,9 @@ def _exit_code(exc: SystemExit) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
-        serve(sys.argv[2])
+        serve(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1:2] == ["client"]:
         client(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])
     else:
-        raise SystemExit(f"usage: {sys.argv[0]} serve SOCKET | client SOCKET PYTHON WRAPPER ARGS...")
+        raise SystemExit(f"usage: {sys.argv[0]} serve SOCKET PARENT_PID | "
+                         f"client SOCKET PYTHON WRAPPER ARGS...")
