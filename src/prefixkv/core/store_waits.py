@@ -25,7 +25,7 @@ from collections.abc import Hashable, Sequence
 from functools import partial
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, check_count
 from ..events import BlockStored
 from ..extra_keys import ExtraKeys
 from ..hashing import encode_tokens
@@ -205,9 +205,28 @@ class StoreWaits:
         return req, hits + landed, d
 
     def cancel(self, request_id: Hashable) -> bool:
-        """The request left while it waited: forget the wait (its fetch still lands).
-        Whether it waited."""
+        """The request was admitted, or left while it waited: forget the wait (its fetch
+        still lands). Whether it waited. ``request_id`` is hashable."""
         return self.waiting.pop(request_id, None) is not None
+
+    def leave(self, request_id: Hashable, num_computed_tokens: int | None) -> Request | None:
+        """``free`` or ``preempt`` of ``request_id``: when it waits, forget the wait (it
+        holds nothing; its fetch still lands, as cached content, and frees the slots that
+        got nothing) and return the request as the start made it (its tokens); else None,
+        with nothing changed (also for an id that cannot be looked up: the caller's
+        lookup of live requests raises for it). Raises RequestError, with nothing
+        changed, for a waiting request and a ``num_computed_tokens`` other than None or
+        0 (nothing of it was scheduled)."""
+        try:
+            f = self.waiting.get(request_id)
+        except Exception:  # (unhashable, or its __eq__ raised: not ours to judge)
+            return None
+        if f is None:
+            return None
+        if num_computed_tokens is not None:
+            check_count("num_computed_tokens", num_computed_tokens, 0, 0)
+        del self.waiting[request_id]
+        return f.req  # type: ignore[no-any-return]
 
     def poll(self) -> list[Hashable]:
         """Land the fetches that ended; the ids of waiting requests whose wait is over
