@@ -47,12 +47,16 @@ def _attached(memory: list[list[memoryview]], slots: list[Block]) -> list[list[m
 
 def _ready(f: Fetch) -> None:
     """``Fetch.ready``, on the fetcher's thread: fill the run's landing slots
-    (``fill_landing``: everything ``land`` would write but their keys) and note whether
-    the run's token chunks are distinct (``HostTier.land``'s ``unique``)."""
+    (``fill_landing``: everything ``land`` would write but their keys), note whether
+    the run's token chunks are distinct (``HostTier.land``'s ``unique``) and, if they
+    are, map them to the slots (its ``keyed``: a dict of the fetch's own, which the
+    scheduler merges into the tier's map when it lands the whole run)."""
     run = f.run
-    chunks = f.chunks[:run]
-    f.unique = len(set(chunks)) == run
-    fill_landing(f.slots[:run], f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run])
+    slots = f.slots[:run]
+    keyed = dict(zip(f.chunks[:run], slots, strict=True))
+    f.unique = len(keyed) == run
+    f.keyed = keyed if f.unique else None
+    fill_landing(slots, f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run])
     f.filled = True
 
 
@@ -283,8 +287,13 @@ class StoreWaits:
                                     tuple(s.block_id for s in slots[lo:hi]),
                                     None if extra is None else extra.for_range(start * bs, end * bs),
                                     start, HOST)
-            self.host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], f.extras[lo:hi], cids,
-                           f.hashes[lo:hi], event, filled=filled, unique=f.unique)
+            if filled:  # (then ``land`` reads only the keys' bytes; the whole run: its map)
+                self.host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], (), (), (), event,
+                               filled=True, unique=f.unique,
+                               keyed=f.keyed if not lo and hi == f.run else None)
+            else:
+                self.host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], f.extras[lo:hi], cids,
+                               f.hashes[lo:hi], event, unique=f.unique)
             if not lo:  # (``reuse`` checks ``slots[:len(cids)]``)
                 f.landed_at = self.host.num_unpins
             if f.staged:

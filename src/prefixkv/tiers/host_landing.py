@@ -62,7 +62,8 @@ class SlotLanding(SlotIndex):
 
     def land(self, slots: list[Block], parent_cid: int, chunks: Sequence[bytes],
              extras: Sequence[bytes], cids: Sequence[int], hashes: Sequence[bytes],
-             event: BlockStored | None, *, filled: bool = False, unique: bool = False) -> None:
+             event: BlockStored | None, *, filled: bool = False, unique: bool = False,
+             keyed: dict[bytes, Block] | None = None) -> None:
         """Landing ``slots`` hold a checked run now: slot i the content (parent: slot
         i - 1's, or ``parent_cid`` for the first; ``chunks[i]``, ``extras[i]``), content id
         ``cids[i]``, chain hash ``hashes[i]``, announced by ``event`` (the run in these
@@ -73,17 +74,23 @@ class SlotLanding(SlotIndex):
         same plan may precede). The caller made sure no slot holds the first content
         already (the others' parents are new). ``filled``: ``fill_landing`` wrote these
         slots' fields already (on a fetcher's thread), from a parent that may have been
-        another: only the first slot's parent is set here. ``unique``: no two of
-        ``chunks`` are equal (then, when no slot's key is one of them either, the slots
-        are keyed in one C call)."""
+        another: only the first slot's parent is set here (``extras``, ``cids`` and
+        ``hashes`` are not read). ``unique``: no two of ``chunks`` are equal (then, when no
+        slot's key is one of them either, the slots are keyed in one C call). ``keyed``:
+        ``dict(zip(chunks, slots))``, built where it cost the scheduler nothing (a
+        fetcher's thread), given only when ``unique``: the dicts' stored hashes serve the
+        check and the keying (no token bytes is hashed or read again, and the check
+        probes the smaller of the two maps)."""
         if filled:
             slots[0].parent_cid = parent_cid
         else:
             fill_landing(slots, parent_cid, extras, cids, hashes)
         by_chunk = self.by_chunk
         self.num_landing -= len(slots)
-        if unique and by_chunk.keys().isdisjoint(chunks):
-            by_chunk.update(zip(chunks, slots, strict=True))  # (each setdefault below would succeed)
+        if unique and keyed is None:
+            keyed = dict(zip(chunks, slots, strict=True))
+        if keyed is not None and by_chunk.keys().isdisjoint(keyed.keys()):
+            by_chunk.update(keyed)  # (each setdefault below would succeed)
             for s, chunk in zip(slots, chunks, strict=True):
                 s.key = chunk
         else:
