@@ -62,8 +62,8 @@ class Fetch:
     __slots__ = ("request_id", "req", "first", "parent", "chunks", "extras", "slots",
                  "buffers", "views", "staged", "deadline", "started", "ended", "expired", "cids",
                  "hits", "hit_cids", "planned", "parent_cid", "ready", "landed_at",
-                 "hashes", "filled", "unique", "keyed", "keys", "heads", "states", "run", "stop", "failed", "nbytes",
-                 "seconds", "left", "lock")
+                 "hashes", "filled", "unique", "keyed", "keys", "heads", "states", "run", "stop",
+                 "failed", "nbytes", "seconds", "left", "lock")
 
     def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
                  chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
