@@ -50,13 +50,17 @@ def _ready(f: Fetch) -> None:
     (``fill_landing``: everything ``land`` would write but their keys), note whether
     the run's token chunks are distinct (``HostTier.land``'s ``unique``) and, if they
     are, map them to the slots (its ``keyed``: a dict of the fetch's own, which the
-    scheduler merges into the tier's map when it lands the whole run)."""
+    scheduler merges into the tier's map when it lands the whole run); in staging
+    buffers, state the run's copies into its slots (``fetched``)."""
     run = f.run
     slots = f.slots[:run]
     keyed = dict(zip(f.chunks[:run], slots, strict=True))
     f.unique = len(keyed) == run
     f.keyed = keyed if f.unique else None
     fill_landing(slots, f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run])
+    if f.staged:  # the run's ``StoreFetched`` ops (new objects: the fetcher's to make)
+        f.fetched = [StoreFetched(s.block_id, b[0].toreadonly())
+                     for s, b in zip(slots, f.buffers, strict=False)]
     f.filled = True
 
 
@@ -296,7 +300,9 @@ class StoreWaits:
                                f.hashes[lo:hi], event, unique=f.unique)
             if not lo:  # (``reuse`` checks ``slots[:len(cids)]``)
                 f.landed_at = self.host.num_unpins
-            if f.staged:
+            if f.fetched:  # (stated by the fetcher: ``_ready``)
+                self.host.fetches += f.fetched[lo:hi]
+            elif f.staged:
                 self.host.fetches += [StoreFetched(s.block_id, f.buffers[i][0].toreadonly())
                                       for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]
             self.host.unreserve(slots[:lo] + slots[hi:])
