@@ -50,13 +50,15 @@ def _ready(f: Fetch) -> None:
     (``fill_landing``: everything ``land`` would write but their keys), note whether
     the run's token chunks are distinct (``HostTier.land``'s ``unique``) and, if they
     are, map them to the slots (its ``keyed``: a dict of the fetch's own, which the
-    scheduler merges into the tier's map when it lands the whole run); in staging
-    buffers, state the run's copies into its slots (``fetched``)."""
+    scheduler merges into the tier's map when it lands the whole run), list the slots'
+    ids (``slot_ids``, for the loads) and, in staging buffers, state the run's copies
+    into its slots (``fetched``)."""
     run = f.run
     slots = f.slots[:run]
     keyed = dict(zip(f.chunks[:run], slots, strict=True))
     f.unique = len(keyed) == run
     f.keyed = keyed if f.unique else None
+    f.slot_ids = [s.block_id for s in slots]
     fill_landing(slots, f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run])
     if f.staged:  # the run's ``StoreFetched`` ops (new objects: the fetcher's to make)
         f.fetched = [StoreFetched(s.block_id, b[0].toreadonly())
@@ -291,13 +293,15 @@ class StoreWaits:
                                     tuple(s.block_id for s in slots[lo:hi]),
                                     None if extra is None else extra.for_range(start * bs, end * bs),
                                     start, HOST)
-            if filled:  # (then ``land`` reads only the keys' bytes; the whole run: its map)
+            whole = not lo and hi == f.run  # (the fetcher's map and ids are the whole run's)
+            ids = f.slot_ids if whole and f.slot_ids else None
+            if filled:  # (then ``land`` reads only the keys' bytes)
                 self.host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], (), (), (), event,
-                               filled=True, unique=f.unique,
-                               keyed=f.keyed if not lo and hi == f.run else None)
+                               filled=True, unique=f.unique, keyed=f.keyed if whole else None,
+                               ids=ids)
             else:
                 self.host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], f.extras[lo:hi], cids,
-                               f.hashes[lo:hi], event, unique=f.unique)
+                               f.hashes[lo:hi], event, unique=f.unique, ids=ids)
             if not lo:  # (``reuse`` checks ``slots[:len(cids)]``)
                 f.landed_at = self.host.num_unpins
             if f.fetched:  # (stated by the fetcher: ``_ready``)

@@ -62,6 +62,8 @@ class HostTier(SlotLanding):
         self.load_src: list[int] = []  # the step's loads: slot ids, device block ids
         self.load_dst: list[int] = []
         self.fetches: list[StoreFetched] = []  # the step's payloads to write (no attached memory)
+        self._landed = []
+        self._held: tuple[Sequence[Block], list[int] | None] = ((), None)  # ``hold``'s, for ``load``
         self.num_landing = 0  # slots a store fetch writes into (the slots nowhere else)
         self.num_offloaded = self.num_loaded = 0
         # how many times pins were released (``end_step``) or content forgotten (``clear``):
@@ -240,7 +242,9 @@ class HostTier(SlotLanding):
         """State the copy of each of ``slots`` into the fresh device block beside it in
         ``devices`` (the slots stay pinned until the plan is drained; the caller pinned
         them with ``hold``): their ids join the step's one ``BlockLoads``."""
-        self.load_src += [s.block_id for s in slots]
+        held, ids = self._held
+        self._held = ((), None)
+        self.load_src += ids if ids is not None and held is slots else [s.block_id for s in slots]
         self.load_dst += [d.block_id for d in devices]
         self.num_loaded += len(slots)
 
@@ -259,6 +263,10 @@ class HostTier(SlotLanding):
                 c = s.child  # (``on_device``, inlined: their contents go up to the device)
                 if s.chained or (c.chained and c.parent_cid == s.content_id):
                     self.on_device(s)
+        ids = self._landed_ids(slots) if self._landed else None
+        self._held = (slots, ids)
+        if ids is not None:  # a run landed in this step: pinned since
+            return
         fresh = []
         for s in slots:
             if not s.ref_cnt:  # cached: leaves the LRU (inlined unlink; links go stale)
@@ -277,6 +285,7 @@ class HostTier(SlotLanding):
             slot.ref_cnt = 0
         self._cached.extend(pinned)
         self._pinned = []
+        self._landed = []
         self.num_unpins += 1
 
     def _take(self) -> Block | None:
@@ -300,6 +309,7 @@ class HostTier(SlotLanding):
         self.num_unpins += 1
         self.offload_src, self.offload_dst, self.load_src, self.load_dst = [], [], [], []
         self.fetches = []
+        self._landed = []
         for s in self.slots:
             s.key, s.prev, s.next, s.ref_cnt, s.chained = None, UNLINKED, UNLINKED, 0, False
         self.num_chained = 0

@@ -43,6 +43,9 @@ class SlotLanding(SlotIndex):
     _cached: FreeBlockQueue
     _pinned: list[Block]
     num_landing: int
+    # the runs landed in this step with the fetcher's list of their slot ids (pinned
+    # since: only ``end_step`` unpins a landed slot), for ``hold`` and ``load``
+    _landed: list[tuple[list[Block], list[int]]]
 
     def reserve(self, n: int) -> list[Block]:
         """Up to ``n`` free slots for a store fetch to write into (empty ones first, then
@@ -63,7 +66,7 @@ class SlotLanding(SlotIndex):
     def land(self, slots: list[Block], parent_cid: int, chunks: Sequence[bytes],
              extras: Sequence[bytes], cids: Sequence[int], hashes: Sequence[bytes],
              event: BlockStored | None, *, filled: bool = False, unique: bool = False,
-             keyed: dict[bytes, Block] | None = None) -> None:
+             keyed: dict[bytes, Block] | None = None, ids: list[int] | None = None) -> None:
         """Landing ``slots`` hold a checked run now: slot i the content (parent: slot
         i - 1's, or ``parent_cid`` for the first; ``chunks[i]``, ``extras[i]``), content id
         ``cids[i]``, chain hash ``hashes[i]``, announced by ``event`` (the run in these
@@ -80,7 +83,9 @@ class SlotLanding(SlotIndex):
         ``dict(zip(chunks, slots))``, built where it cost the scheduler nothing (a
         fetcher's thread), given only when ``unique``: the dicts' stored hashes serve the
         check and the keying (no token bytes is hashed or read again, and the check
-        probes the smaller of the two maps)."""
+        probes the smaller of the two maps). ``ids``: the slots' ids, listed where it cost
+        the scheduler nothing: an admission that loads exactly these slots in this step
+        neither pins them again nor lists their ids (``hold``, ``load``)."""
         if filled:
             slots[0].parent_cid = parent_cid
         else:
@@ -102,10 +107,20 @@ class SlotLanding(SlotIndex):
                     s.key = key = (s.parent_cid, chunk, s.extra)
                     by_key[key] = s
         self._pinned += slots  # (ref_cnt is 1 already)
+        if ids is not None:
+            self._landed.append((slots, ids))
         if event is not None:
             self._sink.append(event)
             for i, s in enumerate(slots):  # (each slot's own, for its removal and copies)
                 s.event = event.block(i, s.block_id, HOST)
+
+    def _landed_ids(self, slots: Sequence[Block]) -> list[int] | None:
+        """The ids of ``slots`` when they are a run landed in this step (then each is
+        pinned), else None. (Each comparison is one C loop of identity checks.)"""
+        for run, ids in self._landed:
+            if run == slots:
+                return ids
+        return None
 
     def _take_lru(self, out: list[Block], n: int) -> None:
         """Append to ``out`` up to ``n`` least recently used cached slots, their content
