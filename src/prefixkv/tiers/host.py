@@ -198,13 +198,9 @@ class HostTier(SlotLanding):
         found, even once their parent's content is computed again (a new content id)."""
         src, dst = self.offload_src, self.offload_dst
         # the common case: no offload of the step is a child of a lost content, so
-        # nothing is withdrawn (one loop, without the ``find`` of each lost content)
+        # nothing is withdrawn (one pass, without the ``find`` of each lost content)
         slots = self.slots
-        parents = {slots[i].parent_cid for i in dst}
-        for b in lost:
-            if b.content_id in parents:
-                break
-        else:
+        if {slots[i].parent_cid for i in dst}.isdisjoint([b.content_id for b in lost]):
             return
         gone = {b.content_id for b in lost if b.step < step and b.key is not None
                 and self.find(b.parent_cid, key_chunk(b.key), b.extra) is None}
