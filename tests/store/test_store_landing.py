@@ -1,10 +1,14 @@
-"""How a fetched run lands in host slots when a slot already holds other content under
-the same token bytes (a block of the same tokens after another parent): the fetcher's
+"""How a fetched run lands in host slots. When a slot already holds other content under
+the same token bytes (a block of the same tokens after another parent), the fetcher's
 map of the run (``Fetch.keyed``) cannot be merged as it is, and the colliding slot is
 keyed by its whole content instead; both contents stay findable, each under its own
-parent. Block size 4, 8-byte payloads; fetches run when the test says."""
+parent. The landing records the run with its slot ids for a load in the same step
+(``HostTier.hold``/``load``), and ``check_invariants`` checks the record. Block size 4,
+8-byte payloads; fetches run when the test says."""
 
-from prefixkv import BlockLoads, KVCacheManager, StoreWait
+import pytest
+
+from prefixkv import BlockLoads, InvariantError, KVCacheManager, StoreWait
 from prefixkv.store import SharedStore
 from waiting import LIVE
 
@@ -51,3 +55,61 @@ def test_a_run_whose_token_bytes_a_slot_holds_under_another_parent_lands_beside_
     assert adm.num_cached_tokens == 8
     assert m.take_kv_ops()[-1] == BlockLoads((a.block_id, b.block_id), tuple(adm.block_ids[:2]))
     m.check_invariants()
+
+
+def _waiting(backend, layout):
+    """A manager whose store holds X's two blocks, and X waiting on their fetch, run."""
+    computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
+                            store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
+             backend, "w", X)
+    ex = Manual()
+    m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
+                       store=SharedStore(backend, layout, cost=always(), timeout=LIVE, executor=ex))
+    m.attach_host_memory([[memoryview(bytearray(8))] for _ in range(4)])
+    assert m.add_request("x", X) == StoreWait("x", 2)
+    ex.run()
+    return m
+
+
+def test_a_run_loaded_in_the_step_it_landed_is_neither_pinned_nor_listed_again(backend, layout):
+    """The landing records the run with the fetcher's list of its slot ids: the
+    re-admission in the same step loads those slots under those ids, and the record
+    ends with the step."""
+    m = _waiting(backend, layout)
+    f = m._store.done[0]
+    assert m.poll_store() == ["x"]
+    (run, ids), = m._host._landed
+    assert run == f.slots and ids == f.slot_ids == [s.block_id for s in f.slots]
+    adm = m.add_request("x", X)
+    assert adm.num_cached_tokens == 8
+    assert all(s.ref_cnt == 1 for s in run)         # pinned since the landing, once
+    m.check_invariants()
+    assert m.take_kv_ops()[-1] == BlockLoads(tuple(ids), tuple(adm.block_ids[:2]))
+    assert m._host._landed == [] and all(s.ref_cnt == 0 for s in run)
+    m.check_invariants()
+
+
+def test_a_run_loaded_a_step_after_it_landed_is_pinned_again(backend, layout):
+    """After the step ended (its pins released), the record is gone: the re-admission
+    pins the slots itself and lists their ids."""
+    m = _waiting(backend, layout)
+    f = m._store.done[0]
+    assert m.poll_store() == ["x"]
+    m.take_kv_ops()                                  # the step ends: the landed slots unpinned
+    assert m._host._landed == [] and all(s.ref_cnt == 0 for s in f.slots)
+    adm = m.add_request("x", X)
+    assert adm.num_cached_tokens == 8
+    assert all(s.ref_cnt == 1 for s in f.slots)      # pinned by the load
+    m.check_invariants()
+    assert m.take_kv_ops()[-1] == BlockLoads(tuple(f.slot_ids), tuple(adm.block_ids[:2]))
+    m.check_invariants()
+
+
+def test_check_invariants_refuses_a_landed_run_record_that_names_other_slots(backend, layout):
+    m = _waiting(backend, layout)
+    m.poll_store()
+    m.check_invariants()
+    run, ids = m._host._landed[0]
+    m._host._landed[0] = (run, [ids[1], ids[0]])
+    with pytest.raises(InvariantError, match="landed in this step"):
+        m.check_invariants()
