@@ -271,9 +271,19 @@ class StoreWaits:
         # what the device and host hold now, up to the first fetched block: that block's
         # content may have come meanwhile (then land only past what is there now), or
         # the prefix before it may have left (then the run continues nothing)
-        hits = index.match(chunks[:first + 1], req.keys.base, req.keys.mm) if f.run else []
-        if len(hits) > first:
-            hits = index.match(chunks[:end], req.keys.base, req.keys.mm)
+        keys = req.keys
+        if not f.run:
+            hits = []
+        elif first or keys.mm is not None:
+            hits = index.match(chunks[:first + 1], keys.base, keys.mm)
+            if len(hits) > first:
+                hits = index.match(chunks[:end], keys.base, keys.mm)
+        else:  # a run from the first block: the walk only if its content is held now (one
+            # probe of the device, one of the host: a first content is never a chained slot)
+            chunk = chunks[0]
+            held = (index.holds(None, chunk, keys.base)
+                    or self.host.find(0, chunk, keys.base) is not None)
+            hits = index.match(chunks[:end], keys.base, None) if held else []
         start = len(hits) if len(hits) >= first else end
         slots = f.slots
         if start < end:
@@ -309,6 +319,7 @@ class StoreWaits:
             elif f.staged:
                 self.host.fetches += [StoreFetched(s.block_id, f.buffers[i][0].toreadonly())
                                       for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]
-            self.host.unreserve(slots[:lo] + slots[hi:])
+            if lo or hi < len(slots):
+                self.host.unreserve(slots[:lo] + slots[hi:])
         else:
             self.host.unreserve(slots)
