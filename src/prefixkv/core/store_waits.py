@@ -125,7 +125,7 @@ class StoreWaits:
         now = link.store.clock()
         if n <= 0 or not link.worth(n, now):
             return None
-        held = [h for h in hits if type(h) is HostSlot]
+        held = [h for h in hits if type(h) is HostSlot] if hits else None
         if held:  # pinned for this step: no reservation takes a slot the request hits
             host.hold(held)
         slots = host.reserve(n)
@@ -139,7 +139,7 @@ class StoreWaits:
                   chunks[first:first + len(slots)], req.keys.of_blocks(first, first + len(slots)),
                   slots, [], now + link.store.timeout, staged,
                   self._staging if memory is None else partial(_attached, memory))
-        f.hits, f.hit_cids = hits, [h.content_id for h in hits]
+        f.hits, f.hit_cids = hits, [h.content_id for h in hits] if hits else []
         # the content ids the slots take if they land (ids are never reused: the ones of
         # slots that do not land are lost), so that a fetcher can fill them (``_ready``)
         f.planned = self.index.new_ids(len(slots))

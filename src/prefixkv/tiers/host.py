@@ -187,8 +187,11 @@ class HostTier(SlotLanding):
         if refreshed:
             cached.forget(len(refreshed))
             cached.extend(refreshed)
-        if lost >= 0:
-            self._withdraw_orphans(blocks[lost:], step)
+        if lost >= 0:  # (the common case checked here: no offload of the step is a child
+            # of a lost content, so nothing is withdrawn, without a lookup of each)
+            gone, slots = blocks[lost:], self.slots
+            if not {slots[i].parent_cid for i in dst}.isdisjoint([b.content_id for b in gone]):
+                self._withdraw_orphans(gone, step)
 
     def _withdraw_orphans(self, lost: Sequence[Block], step: int) -> None:
         """``demote`` lost the contents of ``lost`` (every slot pinned): withdraw the
@@ -197,11 +200,6 @@ class HostTier(SlotLanding):
         offloaded before their parent; kept, they would stay announced and never be
         found, even once their parent's content is computed again (a new content id)."""
         src, dst = self.offload_src, self.offload_dst
-        # the common case: no offload of the step is a child of a lost content, so
-        # nothing is withdrawn (one pass, without the ``find`` of each lost content)
-        slots = self.slots
-        if {slots[i].parent_cid for i in dst}.isdisjoint([b.content_id for b in lost]):
-            return
         gone = {b.content_id for b in lost if b.step < step and b.key is not None
                 and self.find(b.parent_cid, key_chunk(b.key), b.extra) is None}
         dropped = set()
@@ -232,7 +230,7 @@ class HostTier(SlotLanding):
     @property
     def num_free(self) -> int:
         """Slots ``reserve`` could take now (empty, or cached and not pinned)."""
-        return len(self._empty) + len(self._cached)
+        return len(self._empty) + self._cached.size
 
     def load(self, slots: Sequence[Block], devices: Sequence[Block]) -> None:
         """State the copy of each of ``slots`` into the fresh device block beside it in
@@ -259,7 +257,11 @@ class HostTier(SlotLanding):
                 c = s.child  # (``on_device``, inlined: their contents go up to the device)
                 if s.chained or (c.chained and c.parent_cid == s.content_id):
                     self.on_device(s)
-        ids = self._landed_ids(slots) if self._landed else None
+        ids = None
+        for run, run_ids in self._landed:  # (each comparison: one C loop of identity checks)
+            if run == slots:
+                ids = run_ids
+                break
         self._held = (slots, ids)
         if ids is not None:  # a run landed in this step: pinned since
             return

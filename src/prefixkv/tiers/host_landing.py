@@ -58,8 +58,11 @@ class SlotLanding(SlotIndex):
         del empty[len(empty) - k:]
         for s in out:
             s.ref_cnt = 1
-        if len(out) < n and len(self._cached):  # (these get their pin there)
-            self._take_lru(out, n - len(out))
+        if len(out) < n and self._cached.size:  # (these get their pin there)
+            if not self.num_chained and not self._sink.active and not self.by_key:
+                self._take_plain(out, n - len(out))
+            else:
+                self._take_lru(out, n - len(out))
         self.num_landing += len(out)
         return out
 
@@ -114,21 +117,10 @@ class SlotLanding(SlotIndex):
             for i, s in enumerate(slots):  # (each slot's own, for its removal and copies)
                 s.event = event.block(i, s.block_id, HOST)
 
-    def _landed_ids(self, slots: Sequence[Block]) -> list[int] | None:
-        """The ids of ``slots`` when they are a run landed in this step (then each is
-        pinned), else None. (Each comparison is one C loop of identity checks.)"""
-        for run, ids in self._landed:
-            if run == slots:
-                return ids
-        return None
-
     def _take_lru(self, out: list[Block], n: int) -> None:
         """Append to ``out`` up to ``n`` least recently used cached slots, their content
         dropped, each pinned once (as ``_take_cached`` n times; the common case in one
-        loop of its own)."""
-        if not self.num_chained and not self._sink.active and not self.by_key:
-            self._take_plain(out, n)
-            return
+        loop of its own: ``_take_plain``, which ``reserve`` calls then)."""
         head, tail = self._cached.ends()
         s = head.next  # (a slot until ``tail``)
         taken = 0
