@@ -30,8 +30,8 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
 from prefixkv.core.block import blocks_for
-from prefixkv.core.prompt import Prompt
 from prefixkv.core.manager import KVCacheManager as CoreManager
+from prefixkv.core.prompt import Prompt
 from prefixkv.errors import PromptTooLongError, RequestError
 from prefixkv.events import BlockRemoved
 from prefixkv.extra_keys import ExtraKeys

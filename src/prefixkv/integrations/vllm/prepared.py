@@ -10,17 +10,20 @@ then returns what vLLM's hasher returns. The scheduler's admission takes the ``P
 back with ``prompt_of`` when it still describes the request exactly, and the ids
 otherwise.
 
-When the Prompt describes a request: vLLM 0.33 changes a ``Request``'s tokens in two
-places only: ``append_output_token_ids`` (the count grows) and the streaming-session
-update (``Scheduler._update_request_as_session``, on ``resumable`` requests: tokens cut
-and extended in place, multimodal features added). So the Prompt is used while the
-request's token count is the one it was prepared with, the request is not resumable,
-and its LoRA request, cache salt, multimodal feature list (object and length) and prompt
-embeddings are the objects it was prepared from. Everything else (outputs appended, a
-re-admission after preemption with outputs, a session, any of those inputs replaced, a
-request built by another hasher or another manager's, a prompt ``prepare`` refused)
-admits the ids, as before. Each check is O(1): the point is to keep the scheduler's
-thread off the prompt's length.
+When the Prompt describes a request: vLLM 0.33 changes a ``Request``'s tokens in three
+kinds of places: ``append_output_token_ids`` (outputs: the count grows), the P/D
+connectors that cut the prompt's tail on the prefill side (Mooncake, MoRIIO, NIXL:
+``_all_token_ids.pop()`` / ``del ...[-n:]``, ``prompt_embeds`` sliced anew, the count
+shrinks) and the streaming-session update (``Scheduler._update_request_as_session``, on
+``resumable`` requests: tokens cut and extended in place, multimodal features added).
+So the Prompt is used while the request has no output, is not resumable, and its token
+list is the very list object it was prepared from with the same count of tokens; and its
+LoRA request, cache salt, multimodal feature list (object and length) and prompt
+embeddings are those it was prepared from. Everything else (outputs appended, a prompt
+cut, then grown back by an output, a re-admission after preemption with outputs, a
+session, a token list or any of those inputs replaced, a request built by another
+hasher or for another manager, a prompt ``prepare`` refused) admits the ids, as before.
+Each check is O(1): the point is to keep the scheduler's thread off the prompt's length.
 
 The record of a request is held weakly (it goes with the ``Request``), written once on
 the thread that builds it and read on the scheduler's.
@@ -49,6 +52,7 @@ class _Record:
     """A Prompt and the request's inputs it was prepared from (compared by identity)."""
 
     prompt: Prompt
+    tokens: Sequence[int]  # the request's own token list (the object, not a copy)
     num_tokens: int
     lora: Any
     salt: str | None
@@ -57,7 +61,8 @@ class _Record:
     embeds: Any
 
     def describes(self, request: Any) -> bool:
-        return (request.num_tokens == self.num_tokens and not request.resumable
+        return (core_tokens(request) is self.tokens and request.num_tokens == self.num_tokens
+                and not request.num_output_tokens and not request.resumable
                 and request.lora_request is self.lora and request.cache_salt == self.salt
                 and request.mm_features is self.mm and len(request.mm_features) == self.num_mm
                 and request.prompt_embeds is self.embeds)
@@ -74,7 +79,8 @@ class PreparedPrompts:
         self._prepare = prepare
         # a request -> its record, or None when prepare refused its prompt
         self._records: WeakKeyDictionary[Any, _Record | None] = WeakKeyDictionary()
-        self.prepared = 0  # Prompts made (a count for tests and benchmarks)
+        self.prepared = 0  # Prompts made (counts for tests and benchmarks)
+        self.taken = 0  # Prompts handed to admission (``prompt_of``)
 
     def hasher(self, vllm_hasher: Callable[[Any], list[Any]] | None) -> PreparingHasher:
         """A block hasher for vLLM's ``Request`` that prepares each request's prompt
@@ -96,15 +102,18 @@ class PreparedPrompts:
             self._records[request] = None
             return
         mm = request.mm_features
-        self._records[request] = _Record(prompt, len(tokens), request.lora_request, request.cache_salt,
-                                         mm, len(mm), request.prompt_embeds)
+        self._records[request] = _Record(prompt, tokens, len(tokens), request.lora_request,
+                                         request.cache_salt, mm, len(mm), request.prompt_embeds)
         self.prepared += 1
 
     def prompt_of(self, request: Any) -> Prompt | None:
         """The Prompt prepared for ``request`` if it describes the request's tokens and
         extra keys exactly now (module docstring), else None: admit its ids."""
         record = self._records.get(request)
-        return record.prompt if record is not None and record.describes(request) else None
+        if record is None or not record.describes(request):
+            return None
+        self.taken += 1
+        return record.prompt
 
 
 class PreparingHasher:
