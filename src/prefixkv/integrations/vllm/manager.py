@@ -11,7 +11,9 @@ blocks cover ``hit + external + new + lookahead`` positions (capped at ``max_mod
 and caches up to ``min(hit + external + new, request.num_tokens)`` (nothing past the hit
 with ``delay_cache_blocks``); ``cache_blocks(request, n)`` caches up to ``n`` later (the
 scheduler calls it at output time and when an async load lands). Tokens reach prefixkv
-from ``request.all_token_ids`` as they become known. The hit is prefixkv's own lookup:
+from ``request.all_token_ids`` as they become known; at admission, as the ``Prompt``
+prepared when vLLM built the request (``prepared_prompts``: prepared.py) while it
+describes the request exactly, else as those ids. The hit is prefixkv's own lookup:
 found and verified by content, so ``request.block_hashes`` is not read.
 
 The differences from vLLM's manager, and the tests of vLLM that show them, are listed in
