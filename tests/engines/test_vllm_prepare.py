@@ -110,7 +110,7 @@ class Twins:
     hasher for ``prepared``, without one for ``ids``); ``admit`` runs vLLM's admission
     calls on both and asserts they answered alike."""
 
-    def __init__(self, *specs: Any) -> None:
+    def __init__(self, *specs: Any, **kw: Any) -> None:
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 
@@ -119,7 +119,7 @@ class Twins:
         init_none_hash(sha256)
         kv_config = config(*(specs or (full(),)), num_blocks=41)
         self.prepared, self.ids = (KVCacheManager(kv_config, max_model_len=8192, scheduler_block_size=BS,
-                                                  hash_block_size=BS) for _ in range(2))
+                                                  hash_block_size=BS, **kw) for _ in range(2))
         self.hasher = self.prepared.prepared_prompts.hasher(get_request_block_hasher(BS, sha256))
 
     def build(self, rid: str, tokens: list[int] | None, **kw: Any) -> tuple[Any, Any]:
@@ -296,9 +296,15 @@ def test_a_request_that_skips_reading_the_cache_admits_its_prompt_without_a_hit(
     assert t.admit(a, prompt_taken=True, takes=1)[0] == 0  # no lookup: one take, at admission
 
 
-def test_the_hybrid_manager_takes_prompts_too():
-    t = Twins(full(), window())
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_events_of_prepared_prompts_are_those_of_the_ids(hybrid):
+    # the hybrid manager hashes a prompt's blocks in prepare when events are on: on the
+    # input thread, the same chain hashes as at admission
+    t = Twins(*((full(), window()) if hybrid else ()), enable_kv_cache_events=True)
     a = t.build("a", list(range(80)))
     t.admit(a, prompt_taken=True)
     t.computed(a)
     assert t.admit(t.build("b", [*range(80), 3]), prompt_taken=True)[0] == 80
+    events = [m.take_events() for m in (t.prepared, t.ids)]
+    assert events[0] == events[1] and len(events[0]) >= 1
+    assert (t.prepared.core.prepare(list(range(80))).block_hashes is not None) == hybrid
