@@ -27,7 +27,7 @@ skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # vllm_engine imports vllm_cpu as vLLM's suite does
 
-from vllm_engine import build_on_input_thread, engine_core, engine_request  # noqa: E402
+from vllm_engine import PREFIXKV, build_on_input_thread, engine_core, engine_request  # noqa: E402
 
 from .test_vllm_plugin import BS, config, full, window  # noqa: E402
 
@@ -43,11 +43,13 @@ def scheduled(engine: Any, requests: list[Any]) -> tuple[dict[str, int], dict[st
 
 # ---- inside vLLM's EngineCore -------------------------------------------------------------
 
-def test_a_served_prompt_is_prepared_on_the_input_thread_and_admitted_without_encoding(calling_threads):
+@pytest.mark.parametrize("scheduler_cls", [PREFIXKV, PREFIXKV.replace("Scheduler", "AsyncScheduler")])
+def test_a_served_prompt_is_prepared_on_the_input_thread_and_admitted_without_encoding(
+        calling_threads, scheduler_cls):
     import prefixkv.core.prompt as prompt_module
     from prefixkv.integrations.vllm.prepared import PreparingHasher
 
-    engine = engine_core()
+    engine = engine_core(scheduler_cls)
     m = engine.scheduler.kv_cache_manager
     assert isinstance(engine.request_block_hasher, PreparingHasher)
     assert engine.request_block_hasher.prompts is m.prepared_prompts
@@ -69,7 +71,8 @@ def test_a_served_prompt_is_prepared_on_the_input_thread_and_admitted_without_en
     assert steps == ({"a": 100, "b": 20}, {"a": 0, "b": 80})  # b hits what a computes in this step
     # a third request, later: hits the 5 shared blocks, found through its Prompt
     later, _ = build_on_input_thread(engine, [engine_request("c", shared + [9] * 3)])
-    assert scheduled(engine, later) == ({"c": 3}, {"c": 80}) and threading.get_ident() not in encoded
+    tokens, computed = scheduled(engine, later)  # (the async scheduler also decodes a and b)
+    assert (tokens["c"], computed) == (3, {"c": 80}) and threading.get_ident() not in encoded
 
 
 def test_an_engine_without_prefix_caching_gets_no_hasher_and_admits_the_ids(calling_threads):
