@@ -5,8 +5,8 @@ prefixkv's manager when ``--scheduler-cls`` names prefixkv's), then, with prefix
 on or a KV connector, ``self.request_block_hasher = get_request_block_hasher(...)``, the
 hasher it gives every ``Request`` it builds (``preprocess_add_request``, on the input
 thread of ``EngineCoreProc``). The scheduler comes first, so the manager exists before
-the hasher, and before any request (tests/engines/test_vllm_prepare.py checks that order
-in the installed vLLM's source).
+the hasher, and before any request (tests/engines/test_vllm_prepare.py builds vLLM's own
+``EngineCore`` and finds its hasher bound to its scheduler's manager).
 
 ``install()`` (prefixkv's ``Scheduler`` calls it when ``vllm.v1.engine.core`` is loaded)
 puts ``block_hasher_for_engine`` under that name in ``vllm.v1.engine.core``, once per
