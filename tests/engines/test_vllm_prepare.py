@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixkv import TokenError
 
@@ -311,3 +313,49 @@ def test_events_of_prepared_prompts_are_those_of_the_ids(hybrid):
     events = [m.take_events() for m in (t.prepared, t.ids)]
     assert events[0] == events[1] and len(events[0]) >= 1
     assert (t.prepared.core.prepare(list(range(80))).block_hashes is not None) == hybrid
+
+
+OPS = ("admit", "compute", "output", "preempt", "cut", "salt")
+
+
+def _step(t: Twins, pair: tuple[Any, Any], op: str, k: int) -> None:
+    """One of ``OPS`` on both twins' request (when it applies to the request's state)."""
+    live = t.prepared.key_of(pair[0].request_id) is not None
+    if op == "admit" and not live:
+        answers = []
+        for m, r in zip((t.prepared, t.ids), pair, strict=True):
+            blocks, hit, _ = m.get_computed_blocks(r)
+            new = m.allocate_slots(r, r.num_tokens - hit, hit, blocks)
+            answers.append((hit, None if new is None else m.get_block_ids(r.request_id)))
+        assert answers[0] == answers[1], answers
+    elif op == "compute" and live:
+        t.computed(pair)
+    elif op == "output" and live:
+        for r in pair:
+            r.append_output_token_ids(100 + k)
+    elif op == "preempt" and live:
+        t.free(pair, preempted=True)
+    elif op == "cut" and not live and not pair[0].num_output_tokens and pair[0].num_tokens > 1:
+        for r in pair:  # a P/D connector's prefill side
+            r.prompt_token_ids.pop()
+            r._all_token_ids.pop()
+            r.num_prompt_tokens -= 1
+    elif op == "salt" and not live:
+        for r in pair:
+            r.cache_salt = f"tenant-{k}"
+
+
+@settings(max_examples=60, deadline=None)
+@given(prompts=st.lists(st.sampled_from([15, 16, 17, 31, 32, 33, 48]), min_size=2, max_size=3),
+       ops=st.lists(st.tuples(st.integers(0, 3), st.sampled_from(OPS), st.integers(0, 3)), max_size=30))
+def test_twins_answer_alike_whatever_happens_to_their_requests(prompts, ops):
+    # prompts share their first tokens (0, 1, 2, ...), so hits come and go with the ops;
+    # the events say what each stored block holds (its chain hash, its tokens)
+    t = Twins(enable_kv_cache_events=True)
+    pairs = [t.build(f"r{i}", list(range(n))) for i, n in enumerate(prompts)]
+    for i, op, k in [*ops, *((i, "admit", 0) for i in range(len(pairs)))]:
+        _step(t, pairs[i % len(pairs)], op, k)
+        events = [m.take_events() for m in (t.prepared, t.ids)]
+        assert events[0] == events[1], (op, events)
+    for m in (t.prepared, t.ids):
+        m.core.check_invariants()
