@@ -11,9 +11,7 @@ taken, and that both answered alike, hit and block ids. Needs vllm installed."""
 from __future__ import annotations
 
 import os
-import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,11 +25,9 @@ from . import skip_module_without_vllm
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 skip_module_without_vllm()
 torch = pytest.importorskip("torch")
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # vllm_engine imports vllm_cpu as vLLM's suite does
-
-from vllm_engine import PREFIXKV, build_on_input_thread, engine_core, engine_request  # noqa: E402
 
 from .test_vllm_plugin import BS, config, full, window  # noqa: E402
+from .vllm_engine import PREFIXKV, build_on_input_thread, engine_core, engine_request  # noqa: E402
 
 
 def scheduled(engine: Any, requests: list[Any]) -> tuple[dict[str, int], dict[str, int]]:
