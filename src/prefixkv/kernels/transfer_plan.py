@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .errors import ArgumentTypeError, BlockIdError, DeviceError, DtypeError, ShapeError, UnsupportedError
+from .overlap import check_apart
 from .validation import CACHE_DTYPES, SLOT_DTYPES
 
 __all__ = ["TransferPlan", "as_bits", "check_caches", "slot_shape", "transfer_stream"]
@@ -104,6 +105,19 @@ class TransferPlan:
         self.devs = [as_bits(c.movedim(block_dim, 0)) for c in device_caches]
         self.hosts = [as_bits(h) for h in host_caches or ()]
         self.stream = stream
+        self._caches = {**{f"device_caches[{i}]": c for i, c in enumerate(device_caches)},
+                        **{f"host_caches[{i}]": h for i, h in enumerate(host_caches or ())}}
+
+    def check_writes(self, call: str, host: bool, device: bool, ids: dict[str, torch.Tensor]) -> None:
+        """Raise ShapeError when a cache this call writes (the host caches when ``host``,
+        the device caches when ``device``) has two blocks at one address (an expanded
+        view) or shares memory with another cache or ``ids``: K and V as one tensor
+        would take both copies, the second reading what the first wrote. Caches only
+        read may share memory."""
+        kinds = ("host_caches",) * host + ("device_caches",) * device
+        written = {n: c for n, c in self._caches.items() if n.startswith(kinds)}
+        read: dict[str, torch.Tensor | None] = {n: c for n, c in self._caches.items() if n not in written}
+        check_apart(call, written, {**read, **ids})
 
     @staticmethod
     def check_ids(src: torch.Tensor, dst: torch.Tensor, src_count: int, dst_count: int,
