@@ -138,3 +138,95 @@ def test_a_verdict_is_kept_per_layout_not_per_memory() -> None:
     assert caches_overlap(*apart) is None
     assert caches_overlap(*inside) is not None
     assert caches_overlap(*apart) is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("which", ["key-in-k_cache", "value-in-v_cache", "key-in-v_cache"])
+def test_inputs_that_are_views_of_a_cache_are_refused_before_any_write(backend, which):
+    # Before: the Triton path wrote token 0's slot, then read token 1's key from memory
+    # token 0 had just overwritten (the torch path copied the inputs first and was right).
+    device = _device(backend)
+    gen = torch.Generator().manual_seed(2)
+    k_cache, v_cache = (torch.randn(NB, BS, H, D, generator=gen).to(device) for _ in range(2))
+    before = k_cache.clone(), v_cache.clone()
+    key, value, _ = _tokens(device)
+    key, value = key[:BS], value[:BS]
+    if which == "key-in-k_cache":
+        key = k_cache[0]
+    elif which == "value-in-v_cache":
+        value = v_cache[2]
+    else:
+        key = v_cache[1]
+    slots = torch.arange(1, BS + 1, device=device)   # block 0 from row 1 on, then block 1
+    with pytest.raises(ShapeError, match="shares memory with its input"):
+        write_kv_cache(key, value, k_cache, v_cache, slots, backend=backend)
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_expanded_key_is_only_read_and_writes_exactly(backend):
+    device = _device(backend)
+    key, value, slots = _tokens(device)
+    key = key[:1].expand(5, -1, -1)
+    k_cache, v_cache = torch.zeros(NB, BS, H, D, device=device), torch.zeros(NB, BS, H, D, device=device)
+    write_kv_cache(key, value, k_cache, v_cache, slots, backend=backend)
+    want_k, want_v = torch.zeros_like(k_cache).cpu(), torch.zeros_like(v_cache).cpu()
+    write_kv_cache(key.cpu().contiguous(), value.cpu(), want_k, want_v, slots.cpu(), backend="torch")
+    assert torch.equal(k_cache.cpu(), want_k) and torch.equal(v_cache.cpu(), want_v)
+
+
+def _attention_case(device: str):
+    from .cases import make_case
+
+    case = make_case([3, 5, 1], [7, 9, 6], head_dim=16, block_size=4, group=2, device="cpu")
+    moved = [t.to(device) if isinstance(t, torch.Tensor) else t for t in case.args]
+    return case, moved
+
+
+@pytest.mark.parametrize(("backend", "splits"), [("torch", None), *(
+    pytest.param("triton", s, marks=BACKENDS[1].marks) for s in (None, 2))])
+def test_out_may_be_q_itself(backend, splits):
+    """Each row's output lands where only its own query was read: in place is exact
+    (the reference with a separate out; NaN-poisoned unused blocks), key splits too."""
+    device = _device(backend)
+    case, args = _attention_case(device)
+    want = paged_prefill_attention(*[t.cpu() if isinstance(t, torch.Tensor) else t for t in args],
+                                   backend="torch")
+    q = args[0]
+    if splits is None:
+        got = paged_prefill_attention(*args, out=q, backend=backend)
+    else:
+        from prefixkv.kernels.attention import paged_prefill_attention_triton
+        from prefixkv.kernels.tiling import TileConfig
+
+        got = paged_prefill_attention_triton(*args, out=q, config=TileConfig(16, 16, num_splits=splits))
+    assert got.data_ptr() == q.data_ptr()
+    torch.testing.assert_close(got.cpu(), want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("which", ["q-shifted-a-row", "k_cache", "v_cache", "block_table"])
+def test_an_out_that_shares_memory_with_an_input_is_refused_before_any_write(backend, which):
+    # Before: an out one row past q overwrote query rows other programs had yet to read
+    # (wrong rows on both backends); an out inside a cache overwrote keys being read.
+    device = _device(backend)
+    case, args = _attention_case(device)
+    q, k_cache, v_cache, table = args[:4]
+    total_q, heads, dim = q.shape
+    n = total_q * heads * dim
+    if which == "q-shifted-a-row":
+        buf = torch.zeros(total_q + 1, heads, dim, device=device)
+        buf[:-1] = q
+        args[0], out = buf[:-1], buf[1:]
+    elif which == "block_table":
+        out = torch.zeros(n + table.numel(), device=device)[:n].view(total_q, heads, dim)
+        args[3] = out.view(-1).view(torch.int32)[:table.numel()].view(table.shape)
+        args[3].copy_(table)
+    else:
+        cache = k_cache if which == "k_cache" else v_cache
+        out = cache.view(-1)[:n].view(total_q, heads, dim)
+    inputs = [t.clone() for t in args[:4]]
+    with pytest.raises(ShapeError, match="shares memory with its input"):
+        paged_prefill_attention(*args, out=out, backend=backend)
+    for t, b in zip(args[:4], inputs, strict=True):
+        torch.testing.assert_close(t, b, rtol=0, atol=0, equal_nan=True)
