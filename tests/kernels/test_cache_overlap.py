@@ -230,3 +230,27 @@ def test_an_out_that_shares_memory_with_an_input_is_refused_before_any_write(bac
         paged_prefill_attention(*args, out=out, backend=backend)
     for t, b in zip(args[:4], inputs, strict=True):
         torch.testing.assert_close(t, b, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("which", ["lse-in-part", "out-in-part", "row_tok-in-q"])
+def test_a_split_workspace_that_shares_memory_is_refused_before_any_write(backend, which):
+    from prefixkv.kernels import SplitWorkspace, alloc_split_workspace
+
+    device = _device(backend)
+    case, args = _attention_case(device)
+    q = args[0]
+    ws = alloc_split_workspace(2, 3, q.shape[1], q.shape[2], device, split_q=5, min_keys=1)
+    out = None
+    if which == "lse-in-part":
+        lse = ws.part.view(-1)[:ws.part_lse.numel()].view(ws.part_lse.shape)
+        ws = SplitWorkspace(ws.part, lse, ws.row_tok, ws.split_q, ws.min_keys)
+    elif which == "out-in-part":
+        out = ws.part.view(-1)[:q.numel()].view(q.shape)
+    else:
+        row_tok = q.view(-1)[:ws.row_tok.numel()].view(torch.int32)
+        ws = SplitWorkspace(ws.part, ws.part_lse, row_tok, ws.split_q, ws.min_keys)
+    before = q.clone()
+    with pytest.raises(ShapeError, match="share"):
+        paged_prefill_attention(*args, out=out, split_workspace=ws, backend=backend)
+    assert torch.equal(q, before)

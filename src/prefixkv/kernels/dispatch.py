@@ -291,7 +291,8 @@ def paged_prefill_attention(
             ``max_seqlen_k``) and allocates nothing for split-KV, so a CUDA graph can
             capture it; and in any batch, prefills included, each request of at most
             ``split_q`` new tokens splits its keys by its own length (a long decode beside
-            a prefill). The torch path checks it and computes without splits.
+            a prefill). The torch path checks it and computes without splits. Its
+            tensors share no memory with each other or the call's (else ShapeError).
         checked: read ``block_table``, ``cu_seqlens_q``, ``seqused_k``, the scales and
             the sinks on the host (a device synchronisation, not for CUDA graphs) and raise
             instead of clamping (a zero scale and a ``-inf`` sink stay allowed).

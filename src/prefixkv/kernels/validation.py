@@ -295,13 +295,15 @@ def check_sinks(sinks: torch.Tensor | None, q: torch.Tensor) -> None:
     _same_device("sinks", sinks, q.device)
 
 
-def check_split_workspace(ws: object, shape: AttentionShape, device: torch.device) -> None:
+def check_split_workspace(ws: object, shape: AttentionShape, device: torch.device,
+                          tensors: dict[str, torch.Tensor | None]) -> None:
     """A ``split_workspace`` fits this call: a ``SplitWorkspace`` on q's device with fp32
-    partials of q's heads and head_dim, rows for ``batch * split_q``, and an int32 row map.
+    partials of q's heads and head_dim, rows for ``batch * split_q``, and an int32 row map,
+    sharing no memory with each other or with the call's other ``tensors`` (by name).
 
     Raises:
         ArgumentTypeError: not a ``SplitWorkspace``.
-        ShapeError, DtypeError, DeviceError: it does not fit.
+        ShapeError, DtypeError, DeviceError: it does not fit, or shares memory.
     """
     if not isinstance(ws, SplitWorkspace):
         raise ArgumentTypeError(f"split_workspace must be a SplitWorkspace (alloc_split_workspace), got "
@@ -319,3 +321,6 @@ def check_split_workspace(ws: object, shape: AttentionShape, device: torch.devic
         raise DtypeError("split_workspace must hold float32 partials and an int32 row map")
     for t in (ws.part, ws.part_lse, ws.row_tok):
         _same_device("split_workspace", t, device)
+    check_apart("paged_prefill_attention", {"split_workspace.part": ws.part,
+                                            "split_workspace.part_lse": ws.part_lse,
+                                            "split_workspace.row_tok": ws.row_tok}, tensors)
