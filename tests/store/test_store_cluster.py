@@ -66,6 +66,9 @@ def test_a_chain_spreads_over_the_nodes_and_costs_one_round_trip_per_node(cluste
 def test_resharding_costs_misses_then_the_map_is_read_again(cluster):
     backend, shared, puts, admin, nodes = setup(cluster)
     from_store(manager(shared), DOC)                   # the client knows the slot map now
+    writer = RedisStore(cluster.url, cluster=True, timeout=LIVE)
+    items = [(p.key, admin.get(p.key)) for p in puts]  # (the same values again)
+    assert writer.put(items) == 0                      # (so does this one)
     k = 3                                              # move block 3's slot to another node
     src = nodes[k]
     dst = next(p for p in cluster.ports if p != src)
@@ -82,6 +85,12 @@ def test_resharding_costs_misses_then_the_map_is_read_again(cluster):
     assert m.stats.store_errors == 1
     again = manager(shared)                            # not silenced; the map was read again
     assert from_store(again, DOC) == 40 and again.stats.store_errors == 0
+    # a write to the moved slot from a client with the old map: refused (MOVED) for that
+    # key only, stored once the map is read again
+    assert writer.put(items) == 1
+    assert writer.put(items) == 0
+    assert redis.Redis(port=dst).get(puts[k].key) == items[k][1]
+    writer.close()
 
 
 def test_a_killed_master_costs_its_keys_only(cluster):
