@@ -254,3 +254,22 @@ def test_a_split_workspace_that_shares_memory_is_refused_before_any_write(backen
     with pytest.raises(ShapeError, match="share"):
         paged_prefill_attention(*args, out=out, split_workspace=ws, backend=backend)
     assert torch.equal(q, before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_expanded_inputs_are_only_read_and_attend_exactly(backend):
+    """q, k_cache and v_cache whose elements repeat (stride 0) are read as the values they
+    show: the result equals attention over contiguous copies of them."""
+    device = _device(backend)
+    case, args = _attention_case(device)
+    q, k_cache, v_cache = args[:3]
+    heads = q.shape[1]
+    args[0] = q[:, :1].expand(-1, heads, -1)                    # one query head repeated
+    args[1] = k_cache[:, :1].expand(-1, k_cache.shape[1], -1, -1)  # each block's row 0 repeated
+    used = int(args[3][0, 0])                                      # (unused blocks are NaN)
+    args[2] = v_cache[used:used + 1].expand(v_cache.shape[0], -1, -1, -1)  # one block everywhere
+    dense = [t.contiguous().cpu() if isinstance(t, torch.Tensor) else t for t in args]
+    want = paged_prefill_attention(*dense, backend="torch")
+    got = paged_prefill_attention(*args, backend=backend)
+    assert not want.isnan().any()
+    torch.testing.assert_close(got.cpu(), want, atol=2e-5, rtol=1e-5)

@@ -92,3 +92,12 @@ def test_k_and_v_views_of_one_tensor_that_share_no_block_move_exactly(layout):
     run_kv_ops(ops, devs, hs)
     for got, want in zip(devs + hs, want_devs + want_hosts, strict=True):
         assert torch.equal(got, want)
+
+
+def test_an_expanded_device_cache_is_only_read_by_an_offload():
+    k = stacked(7)[0]
+    v = k[:, :1].expand(-1, BLOCKS, -1, -1, -1)    # every block is block 0
+    hs = hosts([k, k])
+    want_devs, want_hosts = simulate([BlockOffloads((3, 5), (1, 2))], [k, v.contiguous()], hs)
+    offload_blocks([k, v], hs, ids(3, 5), ids(1, 2), block_dim=1)
+    assert all(torch.equal(a, b) for a, b in zip(hs, want_hosts, strict=True))
