@@ -101,8 +101,10 @@ def load_blocks(host_caches: Sequence[torch.Tensor], device_caches: Sequence[tor
 def copy_blocks(device_caches: Sequence[torch.Tensor], src_ids: torch.Tensor, dst_ids: torch.Tensor,
                 *, block_dim: int = 0, stream: torch.cuda.Stream | None = None) -> torch.cuda.Event | None:
     """Copy device block ``src_ids[i]`` into ``dst_ids[i]`` (fork copy-on-write), in every
-    cache; every source is read before any destination is written; destinations distinct.
-    Returns and raises as ``offload_blocks``."""
+    cache, as if one after another in order: a copy whose source is an earlier copy's
+    destination reads what that copy wrote (a fork of a fork in one plan: ``0 -> 1``,
+    ``1 -> 2`` puts block 0's content in 2, as ``take_kv_ops()`` requires); destinations
+    distinct. Returns and raises as ``offload_blocks``."""
     plan = TransferPlan(device_caches, None, block_dim, stream)
     plan.check_ids(src_ids, dst_ids, plan.num_blocks, plan.num_blocks, "src_ids", "dst_ids")
     plan.check_writes("copy_blocks", False, True, {"src_ids": src_ids, "dst_ids": dst_ids})
@@ -114,12 +116,12 @@ def run_kv_ops(ops: Sequence[BlockOffloads | BlockLoads | BlockCopy], device_cac
                stream: torch.cuda.Stream | None = None) -> torch.cuda.Event | None:
     """Run a plan from ``take_kv_ops()``: every offload (the ids of all the
     ``BlockOffloads``, in order), then every load (likewise of all the ``BlockLoads``),
-    then every copy, one transfer per kind over all caches. ``host_caches``: needed when
-    the plan has offloads or loads. Returns the event after the last copy (CUDA), or None
-    (CPU, or an empty plan). Raises as the three calls, before any copy; also
-    ArgumentTypeError for an op of another type, ShapeError for host ops without
-    ``host_caches`` or a ``BlockOffloads`` or ``BlockLoads`` whose ``src`` and ``dst``
-    differ in length."""
+    then every copy (in order, as ``copy_blocks``), one transfer per kind over all
+    caches. ``host_caches``: needed when the plan has offloads or loads. Returns the
+    event after the last copy (CUDA), or None (CPU, or an empty plan). Raises as the
+    three calls, before any copy; also ArgumentTypeError for an op of another type,
+    ShapeError for host ops without ``host_caches`` or a ``BlockOffloads`` or
+    ``BlockLoads`` whose ``src`` and ``dst`` differ in length."""
     src: dict[type, list[int]] = {BlockOffloads: [], BlockLoads: [], BlockCopy: []}
     dst: dict[type, list[int]] = {BlockOffloads: [], BlockLoads: [], BlockCopy: []}
     for op in ops:

@@ -5,7 +5,10 @@ Copies, per cache pair, through a contiguous staging tensor ``[n, *slot]``:
 
     offload : staged = device[ids] (one indexed gather)  -> host[run] = staged[run] (one DMA per run)
     load    : staged[run] = host[run] (one DMA per run)   -> device[ids] = staged (one indexed scatter)
-    copy    : device[dst] = device[src] (gather, then scatter: sources read before writes)
+    copy    : device[dst] = device[origin(src)] (gather, then scatter), where origin(src) is
+              the block whose content a copy in order would read: an earlier copy's
+              destination stands for that copy's origin (a fork of a fork: 0 -> 1, 1 -> 2
+              puts block 0's content in 2)
 
 A run is a stretch of consecutive slot ids: contiguous in a slot-major host cache. Every
 cache is viewed as integers of its element size first: the copies move bits, so every
@@ -184,7 +187,15 @@ class TransferPlan:
     def copy(self, src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
         if not src_ids.numel():
             return
-        src = src_ids.to(self.device, torch.int64, non_blocking=True)
+        # In order, copy i reads its source after every earlier copy into it: map each
+        # source to the block whose content it holds then, so that one gather of the
+        # contents before any write (then one scatter) does what the copies in order do.
+        origin: dict[int, int] = {}
+        sources = []
+        for s, d in zip(src_ids.tolist(), dst_ids.tolist(), strict=True):
+            sources.append(origin.get(s, s))
+            origin[d] = sources[-1]
+        src = torch.tensor(sources, dtype=torch.int64).to(self.device, non_blocking=True)
         dst = dst_ids.to(self.device, torch.int64, non_blocking=True)
         for dev in self.devs:
             dev.index_copy_(0, dst, dev.index_select(0, src))
