@@ -71,12 +71,12 @@ def _analyse(k_cache: torch.Tensor, v_cache: torch.Tensor) -> str | None:
 
 
 def views_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether some element of ``a`` and some element of ``b`` may lie at one address.
-
-    Exact for one layout at two offsets (K and V as ``kv[:, 0]`` and ``kv[:, 1]``: a dim
-    of size 2 whose stride is their distance must not overlap the others); views of one
-    storage with other layouts meet when their byte ranges do. Views of different
-    storages never meet; nor do empty or meta tensors (no memory).
+    """Whether some element of ``a`` and some element of ``b`` may lie at one address:
+    never False when they do (it may be True for views that interleave finely without
+    sharing). One layout at two offsets is one view with a dim of size 2 whose stride is
+    their distance (``strides_overlap``: so K and V as ``kv[:, 0]`` and ``kv[:, 1]`` do
+    not meet); views of one storage with other layouts meet when their byte ranges do.
+    Views of different storages never meet; nor do empty or meta tensors (no memory).
     """
     if (a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()  # first: ~0.2 us
             or a.numel() == 0 or b.numel() == 0 or a.device != b.device or a.device.type == "meta"):
