@@ -152,6 +152,7 @@ def test_a_put_with_a_master_down_stores_what_the_live_masters_take(cluster):
     for k in keys:
         if node_of[k] != victim:
             assert live[node_of[k]].get(k) == k.ljust(40, b"v")
+            assert 0 < live[node_of[k]].ttl(k) <= backend.ttl          # SET ... EX ttl
     # the next call still stores the live masters' keys (not silenced, nothing leaked)
     again = [(k, b"x" * 8) for k in keys]
     assert backend.put(again) == len(lost)
