@@ -64,6 +64,7 @@ LONGEST_FIRST = (
     "engines/vllm_connector/test_connector.py",
     "engines/vllm_connector/test_scheduler_side.py",
     "engines/vllm_connector/test_example.py",
+    "engines/test_vllm_prepare.py",  # 15-43 alone, the vLLM import
     "kernels/test_bench_kernels.py",  # ~52
     "test_state_machine.py",  # ~30
     "fleet/test_example_fleet.py",  # ~30
