@@ -7,10 +7,11 @@ thread at a time: GETs pipelined, each value received straight into its buffers,
 whole call bounded by one deadline. Writes and existence checks go through redis-py
 pipelines (``SET ... EX``, ``EXISTS``, no transaction), except on a cluster, where
 they go through ours, node by node, as reads do (redis-py's cluster pipeline fails the
-whole batch when one node is down). On a Redis Cluster, keys carry no hash tag, so a chain's blocks spread over the slots; a call sends each node its keys
-first, then reads the nodes' replies: one round trip per node involved, overlapping. A
-key the cluster moved (MOVED/ASK, resharding) or a node that is down fails its keys
-(misses) and the slot map is read again on the next call. Found through Sentinel
+whole batch when one node is down). On a Redis Cluster, keys carry no hash tag, so a
+chain's blocks spread over the slots; a call sends each node its keys first, then reads
+the nodes' replies: one round trip per node involved, overlapping. A key the cluster
+moved (MOVED/ASK, resharding) or a node that is down fails its keys (misses, refused
+writes) and the slot map is read again on the next call. Found through Sentinel
 (``from_sentinel``), a store follows a failover: a fetch that fails as a whole asks the
 sentinels for the master again.
 """
