@@ -299,3 +299,15 @@ def test_views_that_share_an_element_are_reported(a, b, same_layout):
     if addresses(*a) & addresses(*b):
         assert views_meet(*made) and views_meet(*reversed(made))
     assert not views_meet(made[0], torch.zeros(64)[:1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_k_and_v_as_one_tensor_are_only_read_by_attention(backend):
+    device = _device(backend)
+    case, args = _attention_case(device)
+    args[2] = args[1]                                   # V is K: both only read
+    want = paged_prefill_attention(*[t.clone().cpu() if isinstance(t, torch.Tensor) else t for t in args],
+                                   backend="torch")
+    got = paged_prefill_attention(*args, backend=backend)
+    assert not want.isnan().any()
+    torch.testing.assert_close(got.cpu(), want, atol=2e-5, rtol=1e-5)
