@@ -273,6 +273,7 @@ def split(backend: RedisStore, repeats: int, connections: int) -> None:
              ("take device blocks (acquire)", Admitter, "_acquire_loading"),
              ("  of which: evict (index drop)", ContentIndex, "drop"),
              ("  of which: offload evicted (demote)", HostTier, "demote"),
+             ("    of which: withdraw orphans", HostTier, "_withdraw_orphans"),
              ("  of which: record loaded (adopt)", ContentIndex, "adopt"),
              ("  of which: state the loads", HostTier, "load")]
     spent: dict[str, float] = {}

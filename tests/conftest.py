@@ -64,6 +64,7 @@ LONGEST_FIRST = (
     "engines/vllm_connector/test_connector.py",
     "engines/vllm_connector/test_scheduler_side.py",
     "engines/vllm_connector/test_example.py",
+    "engines/test_vllm_prepare.py",  # 15-43 alone, the vLLM import
     "kernels/test_bench_kernels.py",  # ~28 alone (52 before the warm interpreter, tests/warm_python.py)
     "test_state_machine.py",  # ~30
     "fleet/test_example_fleet.py",  # ~12 alone (31 before the warm interpreter)

@@ -74,6 +74,20 @@ def test_copy_blocks_copies_every_layer(model):
     assert bool((runner.k_cache[:, 2] == 0.0).all())
 
 
+def test_copy_blocks_runs_a_fork_of_a_fork_in_order(model):
+    """``take_kv_ops()`` may plan 1 -> 2 then 2 -> 3 in one step: block 3 gets block 1's
+    content, not block 2's content from before the step."""
+    runner = ModelRunner(model, num_blocks=4, block_size=4)
+    runner.k_cache[:, 1] = 1.0
+    runner.v_cache[:, 1] = 2.0
+    runner.k_cache[:, 2] = 7.0
+    runner.v_cache[:, 2] = 8.0
+    runner.copy_blocks([BlockCopy(1, 2), BlockCopy(2, 3)])
+    for block in (2, 3):
+        assert bool((runner.k_cache[:, block] == 1.0).all()), block
+        assert bool((runner.v_cache[:, block] == 2.0).all()), block
+
+
 def test_execute_rejects_empty_work(model):
     runner = ModelRunner(model, num_blocks=4, block_size=4)
     with pytest.raises(ValueError, match="at least one sequence"):

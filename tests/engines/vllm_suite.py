@@ -63,6 +63,9 @@ class Comparison:
 
     vllm: dict[str, str]
     prefixkv: dict[str, str]
+    prepared_prompts_taken: int = 0
+    """Admissions, over the prefixkv runs, that took a Prompt prepared when the request was
+    built (vllm_swap.py)."""
 
     @property
     def passed_vllm(self) -> set[str]:
@@ -81,7 +84,8 @@ class Comparison:
         return (f"vLLM {VERSION} tests ({len(self.vllm)} run twice): "
                 f"{len(self.passed_vllm)} pass with vLLM's manager, "
                 f"{len(self.passed_both)} of them with prefixkv's; "
-                f"{len(self.lost)} do not")
+                f"{len(self.lost)} do not; {self.prepared_prompts_taken} admissions on prefixkv "
+                f"took a prepared Prompt")
 
 
 def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
@@ -140,10 +144,17 @@ def outcomes(junit: pathlib.Path) -> dict[tuple[str, str], str]:
     return out
 
 
+def prepared_prompts_taken(junit: pathlib.Path) -> int:
+    """The sum of the tests' ``prepared_prompts_taken`` properties (vllm_swap.py)."""
+    return sum(int(p.get("value", 0)) for p in ET.parse(junit).getroot().iter("property")
+               if p.get("name") == "prepared_prompts_taken")
+
+
 def compare(junits: list[pathlib.Path]) -> Comparison:
     res = {k: v for j in junits for k, v in outcomes(j).items()}
     return Comparison({t: o for (t, m), o in res.items() if m == "vllm"},
-                      {t: o for (t, m), o in res.items() if m == "prefixkv"})
+                      {t: o for (t, m), o in res.items() if m == "prefixkv"},
+                      sum(prepared_prompts_taken(j) for j in junits))
 
 
 def documented_differences(doc: pathlib.Path = DOC) -> dict[str, str]:

@@ -15,7 +15,14 @@ prefixkv's classes under vLLM's names, for the duration of the test:
   ``create_scheduler`` builds them, and so does a test that constructs a scheduler
   itself;
 - ``KVCacheManager`` -> ``prefixkv.integrations.vllm.KVCacheManager``, for the tests
-  that build a manager directly (test_prefix_caching.py).
+  that build a manager directly (test_prefix_caching.py);
+- ``get_request_block_hasher`` -> one whose hashers also prepare each ``Request`` they
+  build for the prefixkv manager the test built last (its ``prepared_prompts``), as the
+  hasher vLLM's ``EngineCore`` gives its requests does under prefixkv's scheduler
+  (prefixkv/integrations/vllm/input_thread.py). So the requests these tests build reach
+  prefixkv's admission with a prepared ``Prompt`` wherever a manager existed when they
+  were built, and their ids otherwise. Each test records how many admissions took a
+  Prompt (the junit property ``prepared_prompts_taken``; vllm_suite.py sums them).
 
 Nothing of vLLM is patched: its scheduler, request, configs and connectors are the
 installed wheel's. With ``vllm`` nothing is swapped (the baseline).
@@ -54,10 +61,42 @@ def _swaps() -> dict[str, Any]:
             "KVCacheManager": (KVCacheManager, plugin.KVCacheManager)}
 
 
+def _prepare_for_the_latest_manager(modules: list[Any], monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Swap ``get_request_block_hasher`` in ``modules`` (module doc); returns the list of
+    prefixkv managers built from now on, in order."""
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher as vllms
+
+    from prefixkv.integrations.vllm.manager import KVCacheManager
+
+    built: list[Any] = []
+    init = KVCacheManager.__init__
+
+    def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        built.append(self)
+
+    def get_request_block_hasher(*args: Any, **kwargs: Any) -> Any:
+        vllm_hasher = vllms(*args, **kwargs)
+
+        def hasher(request: Any) -> Any:
+            if built:  # (the plug-in's PreparingHasher, with its manager found late)
+                built[-1].prepared_prompts.hasher(None)(request)
+            return vllm_hasher(request)
+
+        return hasher
+
+    monkeypatch.setattr(KVCacheManager, "__init__", recording_init)
+    for mod in modules:
+        if getattr(mod, "get_request_block_hasher", None) is vllms:
+            monkeypatch.setattr(mod, "get_request_block_hasher", get_request_block_hasher)
+    return built
+
+
 @pytest.fixture(autouse=True)
 def kv_manager(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Which manager this run of the test uses; swaps the names for ``prefixkv``."""
     which: str = getattr(request, "param", "vllm")
+    built: list[Any] = []
     if which == "prefixkv":
         import importlib
 
@@ -71,4 +110,8 @@ def kv_manager(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
             for mod in modules:
                 if getattr(mod, name, None) is theirs:
                     monkeypatch.setattr(mod, name, ours)
+        built = _prepare_for_the_latest_manager(modules, monkeypatch)
     yield which
+    if which == "prefixkv":
+        taken = sum(m.prepared_prompts.taken for m in built)
+        request.node.user_properties.append(("prepared_prompts_taken", taken))

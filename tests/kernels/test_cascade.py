@@ -182,3 +182,25 @@ def test_out_may_be_q_itself(backend):
     got = cascade_attention(q_inplace, *args[1:], cascade, out=q_inplace, backend=backend)
     assert got is q_inplace
     torch.testing.assert_close(got, want, **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("field", ["block_table", "cu_seqlens_q", "seqused_k"])
+def test_an_out_that_shares_memory_with_the_cascade_is_refused_before_any_write(backend, field):
+    # Before: pass 2 wrote out, and pass 1 then read its shared-prefix metadata from it
+    # (pass 2 checks out only against its own arguments, not the cascade's).
+    import dataclasses
+
+    groups, ids, computed, new, q, k_cache, v_cache = _batch(seed=6)
+    device = PRIMARY_DEVICE if backend == "triton" else "cpu"
+    args = _args(ids, computed, new, q, k_cache, v_cache, torch.float32, device)
+    cascade = build_cascade_batch(groups, ids, computed, new, BS, device=device)
+    out = torch.zeros_like(args[0])
+    meta = getattr(cascade, field)
+    inside = out.view(-1).view(torch.int32)[:meta.numel()].view(meta.shape)
+    inside.copy_(meta)
+    cascade = dataclasses.replace(cascade, **{field: inside})
+    before = out.clone()
+    with pytest.raises(ShapeError, match="shares memory with its input"):
+        cascade_attention(*args, cascade, out=out, backend=backend)
+    assert torch.equal(out, before)

@@ -50,15 +50,13 @@ def simulate(ops, devs, hs, block_dim=1):
         else:  # one (src, dst) pair at a time, in order
             pairs = [(s, t) for op in group for s, t in zip(op.src, op.dst, strict=True)]
         for d, h in zip(devs, hs, strict=True):
-            if kind is BlockCopy:
-                src = d[[s for s, _ in pairs]].clone()
-                for (_, t), v in zip(pairs, src, strict=True):
-                    d[t] = v
-            for s, t in pairs:
+            for s, t in pairs:  # one copy at a time (a fork of a fork reads the copy before)
                 if kind is BlockOffloads:
                     h[t] = d[s]
                 elif kind is BlockLoads:
                     d[t] = h[s]
+                else:
+                    d[t] = d[s]
     return [d.movedim(0, block_dim) for d in devs], hs
 
 
@@ -107,12 +105,33 @@ def test_a_plan_runs_offloads_then_loads_then_copies():
         assert torch.equal(got, want)
 
 
-def test_copies_read_every_source_before_writing():
+def test_copies_run_as_if_in_order():
+    # Before: every source was read before any write, so a fork of a fork (1 -> 2, 2 -> 3)
+    # put block 2's old content in 3, where the plan (take_kv_ops) owes block 1's.
     devs = stacked(3)
     before = [d.clone() for d in devs]
-    copy_blocks(devs, ids(1, 2), ids(2, 3), block_dim=1)      # 2 is a source and a destination
+    copy_blocks(devs, ids(1, 2, 5, 4), ids(2, 3, 4, 5), block_dim=1)  # a chain and a swap
     for d, b in zip(devs, before, strict=True):
-        assert torch.equal(d[:, 2], b[:, 1]) and torch.equal(d[:, 3], b[:, 2])
+        assert torch.equal(d[:, 2], b[:, 1]) and torch.equal(d[:, 3], b[:, 1])
+        assert torch.equal(d[:, 4], b[:, 5]) and torch.equal(d[:, 5], b[:, 5])
+
+
+def test_a_plan_with_a_fork_of_a_fork_gives_the_grandchild_the_parents_kv():
+    from prefixkv import KVCacheManager
+
+    m = KVCacheManager(16, 4)
+    m.add_request("p", [1, 2, 3, 4, 5, 6])    # a full block and a partial one
+    m.fork("p", "c1")
+    m.fork("c1", "c2")                        # one plan: p -> c1, then c1 -> c2
+    ops = m.take_kv_ops()
+    assert len(ops) == 2 and ops[1].src == ops[0].dst
+    devs = stacked(4, blocks=16)
+    before = [d.clone() for d in devs]
+    run_kv_ops(ops, devs, block_dim=1)
+    last = m.get_block_ids("p")[-1]
+    for d, b in zip(devs, before, strict=True):
+        for child in ("c1", "c2"):
+            assert torch.equal(d[:, m.get_block_ids(child)[-1]], b[:, last])
 
 
 def test_empty_plans_and_groups_do_nothing():

@@ -9,7 +9,8 @@ import pytest
 import redis
 
 from prefixkv import KVCacheManager, StoreWait
-from prefixkv.store import RedisStore, SharedStore, StoreLayout
+from prefixkv.results import StorePut
+from prefixkv.store import RedisStore, SharedStore, StoreLayout, StoreWriter
 from prefixkv.store.local_cluster import LocalCluster
 from prefixkv.store.resp import Resp
 from waiting import LIVE
@@ -65,6 +66,9 @@ def test_a_chain_spreads_over_the_nodes_and_costs_one_round_trip_per_node(cluste
 def test_resharding_costs_misses_then_the_map_is_read_again(cluster):
     backend, shared, puts, admin, nodes = setup(cluster)
     from_store(manager(shared), DOC)                   # the client knows the slot map now
+    writer = RedisStore(cluster.url, cluster=True, timeout=LIVE)
+    items = [(p.key, admin.get(p.key)) for p in puts]  # (the same values again)
+    assert writer.put(items) == 0                      # (so does this one)
     k = 3                                              # move block 3's slot to another node
     src = nodes[k]
     dst = next(p for p in cluster.ports if p != src)
@@ -81,6 +85,12 @@ def test_resharding_costs_misses_then_the_map_is_read_again(cluster):
     assert m.stats.store_errors == 1
     again = manager(shared)                            # not silenced; the map was read again
     assert from_store(again, DOC) == 40 and again.stats.store_errors == 0
+    # a write to the moved slot from a client with the old map: refused (MOVED) for that
+    # key only, stored once the map is read again
+    assert writer.put(items) == 1
+    assert writer.put(items) == 0
+    assert redis.Redis(port=dst).get(puts[k].key) == items[k][1]
+    writer.close()
 
 
 def test_a_killed_master_costs_its_keys_only(cluster):
@@ -123,3 +133,36 @@ def test_the_urls_node_killed_costs_its_keys_only_on_every_later_call(cluster):
 def read(backend, keys):
     bufs = [[memoryview(bytearray(40))] for _ in keys]
     return backend.read_into(keys, bufs, time.monotonic() + LIVE), bufs
+
+
+def test_a_put_with_a_master_down_stores_what_the_live_masters_take(cluster):
+    # redis-py's cluster pipeline raised for the whole batch when one master was down:
+    # every value was lost, and the writer counted the batch as failed
+    keys = [f"{uuid.uuid4().hex}-{i}".encode() for i in range(30)]
+    admin = redis.cluster.RedisCluster.from_url(cluster.url)
+    node_of = {k: admin.get_node_from_key(k).port for k in keys}
+    assert len(set(node_of.values())) == 3
+    victim = cluster.ports[2]
+    backend = RedisStore(cluster.url, cluster=True, timeout=LIVE)
+    assert backend.put([(keys[0], b"warm")]) == 0          # the slot map is known now
+    cluster.kill(victim)
+    lost = [k for k in keys if node_of[k] == victim]
+    assert backend.put([(k, k.ljust(40, b"v")) for k in keys]) == len(lost)
+    live = {p: redis.Redis(port=p) for p in cluster.ports if p != victim}
+    for k in keys:
+        if node_of[k] != victim:
+            assert live[node_of[k]].get(k) == k.ljust(40, b"v")
+            assert 0 < live[node_of[k]].ttl(k) <= backend.ttl          # SET ... EX ttl
+    # the next call still stores the live masters' keys (not silenced, nothing leaked)
+    again = [(k, b"x" * 8) for k in keys]
+    assert backend.put(again) == len(lost)
+    assert all(live[node_of[k]].get(k) == b"x" * 8 for k in keys if node_of[k] != victim)
+    assert sum(len(c) for c in backend._idle.values()) <= 2      # one idle link per live node
+    # the engine's writer thread: the dead master's values counted one by one, never raised
+    writer = StoreWriter(backend, batch=len(keys))
+    for k in keys:
+        assert writer.put(StorePut(0, k, b"head"), b"payload")
+    writer.flush()
+    assert (writer.written, writer.errors, writer.dropped) == (len(keys) - len(lost), len(lost), 0)
+    backend.close()
+    admin.close()

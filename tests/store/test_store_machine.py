@@ -1,8 +1,9 @@
 """Two managers, each with its own simulated engine (device and host KV), share one real
 Redis store. Hypothesis drives admissions, prefill chunks, decode steps, frees, aborts
-before a step ran, resets, and corruption of stored values; and the store's fetches, which run
-when the machine says: late (after other steps), never (the clock passes their deadline),
-twice (delivered again), or after their request left. After every step every live
+before a step ran, preemptions of waiting requests, resets, and corruption of stored
+values; and the store's fetches, which run when the machine says: late (after other
+steps), never (the clock passes their deadline), twice (delivered again), or after their
+request left. After every step every live
 request's blocks must hold exactly that request's KV, so a store hit that served wrong
 KV (another prefix, another salt, a block never computed, a corrupted value, a fetch
 that lost a race) is caught at the step it happens, and ``check_invariants`` accounts
@@ -250,6 +251,23 @@ class SharedStoreMachine(RuleBasedStateMachine):
             rid = data.draw(st.sampled_from(sorted(e.waiting)))
             e.m.free(rid)
             del e.waiting[rid]
+
+    @precondition(lambda self: any(e.waiting for e in self.engines))
+    @rule(i=side, data=st.data())
+    def preempt_while_waiting(self, i, data):
+        """The engine preempts a request that waits on the store: its prompt comes back,
+        it holds nothing and waits no more (its fetch still lands); maybe re-admitted at
+        once under the same id (a wait of its own, or what landed)."""
+        e = self.engines[i]
+        if e.waiting:
+            rid = data.draw(st.sampled_from(sorted(e.waiting)))
+            prompt, extra, chunk = e.waiting.pop(rid)
+            free = e.m.num_free_blocks
+            tokens = e.m.preempt(rid, num_computed_tokens=data.draw(st.sampled_from([None, 0])))
+            ids = list(prompt.token_ids) if isinstance(prompt, Prompt) else list(prompt)
+            assert list(tokens) == ids and e.m.num_free_blocks == free
+            if data.draw(st.booleans()):
+                self._admit(i, rid, list(tokens), extra, chunk)
 
     @precondition(lambda self: bool(self.delivered))
     @rule(data=st.data())

@@ -70,3 +70,38 @@ def test_a_store_fetches_on_its_threads_and_the_cost_is_fed_there(backend, layou
     assert m.add_request("b", A).num_cached_tokens == 12
     assert from_store(manager(shared), A) == 12
     shared.close()
+
+
+def test_shutdown_waits_for_calls_handed_over_by_calls_handed_over_while_it_waits():
+    """A chain three deep, each link handing over the next after the shutdown began:
+    each is queued behind that round's fences, and a later round waits for it."""
+    ex = FetchThreads(3)
+    order = []
+
+    def link(depth):
+        time.sleep(0.02)
+        if depth < 3:
+            ex.submit(link, depth + 1)
+            ex.submit(link, depth + 1)
+        order.append(depth)
+
+    ex.submit(link, 1)
+    ex.shutdown()
+    assert sorted(order) == [1, 2, 2, 3, 3, 3, 3]
+    assert not any(t.is_alive() for t in ex._threads)
+
+
+def test_shutdown_of_idle_threads_ends_them():
+    ex = FetchThreads(2)
+    ex.shutdown(wait=False)
+    for t in ex._threads:
+        t.join(5)
+        assert not t.is_alive()
+
+
+def test_a_second_shutdown_returns():
+    ex = FetchThreads(2)
+    ex.submit(time.sleep, 0.01)
+    ex.shutdown()
+    ex.shutdown()                                     # (the threads are gone: no fence is taken)
+    ex.shutdown(wait=False)

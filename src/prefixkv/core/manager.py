@@ -163,11 +163,12 @@ class KVCacheManager(Decoder):
         are made unfindable, so no later request hits KV that was never written. Default:
         every scheduled token was computed. (Requests that hit those blocks in the same
         step must not run without them either.) A request that waits on the store
-        (``StoreWait``) holds nothing: its wait is forgotten (its fetch still lands).
+        (``StoreWait``) holds nothing: its wait is forgotten (its fetch still lands), and
+        its ``num_computed_tokens`` can only be 0.
         Raises RequestError for an unknown or already freed id, or a count outside
         ``[0, num_scheduled_tokens]``.
         """
-        if self._waits is not None and self._waits.cancel(request_id):
+        if self._waits is not None and self._waits.leave(request_id, num_computed_tokens) is not None:
             return  # it waited on the store, holding nothing
         req = self._get(request_id)
         if num_computed_tokens is not None:
@@ -204,7 +205,13 @@ class KVCacheManager(Decoder):
         """Free a running request (as ``free``, same ``num_computed_tokens``) and return
         all its known token ids (prompt and generated), to pass to ``add_request(...,
         resumed=True)`` when it is re-admitted; it will hit whatever is still cached.
+        A request waiting on the store (``StoreWait``) stops waiting, as in ``free``, and
+        its prompt is returned (its re-admission hits what its fetch landed meanwhile).
         Raises as ``free``."""
+        waits = self._waits
+        waited = waits.leave(request_id, num_computed_tokens) if waits is not None else None
+        if waited is not None:
+            return tuple(waited.tokens)
         tokens = tuple(self._get(request_id).tokens)
         self.free(request_id, num_computed_tokens=num_computed_tokens)
         return tokens

@@ -25,7 +25,7 @@ from collections.abc import Hashable, Sequence
 from functools import partial
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, check_count
 from ..events import BlockStored
 from ..extra_keys import ExtraKeys
 from ..hashing import encode_tokens
@@ -47,12 +47,22 @@ def _attached(memory: list[list[memoryview]], slots: list[Block]) -> list[list[m
 
 def _ready(f: Fetch) -> None:
     """``Fetch.ready``, on the fetcher's thread: fill the run's landing slots
-    (``fill_landing``: everything ``land`` would write but their keys) and note whether
-    the run's token chunks are distinct (``HostTier.land``'s ``unique``)."""
+    (``fill_landing``: everything ``land`` would write but their keys), note whether
+    the run's token chunks are distinct (``HostTier.land``'s ``unique``) and, if they
+    are, map them to the slots (its ``keyed``: a dict of the fetch's own, which the
+    scheduler merges into the tier's map when it lands the whole run), list the slots'
+    ids (``slot_ids``, for the loads) and, in staging buffers, state the run's copies
+    into its slots (``fetched``)."""
     run = f.run
-    chunks = f.chunks[:run]
-    f.unique = len(set(chunks)) == run
-    fill_landing(f.slots[:run], f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run])
+    slots = f.slots[:run]
+    keyed = dict(zip(f.chunks[:run], slots, strict=True))
+    f.unique = len(keyed) == run
+    f.keyed = keyed if f.unique else None
+    f.slot_ids = [s.block_id for s in slots]
+    fill_landing(slots, f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run])
+    if f.staged:  # the run's ``StoreFetched`` ops (new objects: the fetcher's to make)
+        f.fetched = [StoreFetched(s.block_id, b[0].toreadonly())
+                     for s, b in zip(slots, f.buffers, strict=False)]
     f.filled = True
 
 
@@ -115,7 +125,7 @@ class StoreWaits:
         now = link.store.clock()
         if n <= 0 or not link.worth(n, now):
             return None
-        held = [h for h in hits if type(h) is HostSlot]
+        held = [h for h in hits if type(h) is HostSlot] if hits else None
         if held:  # pinned for this step: no reservation takes a slot the request hits
             host.hold(held)
         slots = host.reserve(n)
@@ -129,7 +139,7 @@ class StoreWaits:
                   chunks[first:first + len(slots)], req.keys.of_blocks(first, first + len(slots)),
                   slots, [], now + link.store.timeout, staged,
                   self._staging if memory is None else partial(_attached, memory))
-        f.hits, f.hit_cids = hits, [h.content_id for h in hits]
+        f.hits, f.hit_cids = hits, [h.content_id for h in hits] if hits else []
         # the content ids the slots take if they land (ids are never reused: the ones of
         # slots that do not land are lost), so that a fetcher can fill them (``_ready``)
         f.planned = self.index.new_ids(len(slots))
@@ -205,9 +215,28 @@ class StoreWaits:
         return req, hits + landed, d
 
     def cancel(self, request_id: Hashable) -> bool:
-        """The request left while it waited: forget the wait (its fetch still lands).
-        Whether it waited."""
+        """The request was admitted, or left while it waited: forget the wait (its fetch
+        still lands). Whether it waited. ``request_id`` is hashable."""
         return self.waiting.pop(request_id, None) is not None
+
+    def leave(self, request_id: Hashable, num_computed_tokens: int | None) -> Request | None:
+        """``free`` or ``preempt`` of ``request_id``: when it waits, forget the wait (it
+        holds nothing; its fetch still lands, as cached content, and frees the slots that
+        got nothing) and return the request as the start made it (its tokens); else None,
+        with nothing changed (also for an id that cannot be looked up: the caller's
+        lookup of live requests raises for it). Raises RequestError, with nothing
+        changed, for a waiting request and a ``num_computed_tokens`` other than None or
+        0 (nothing of it was scheduled)."""
+        try:
+            f = self.waiting.get(request_id)
+        except Exception:  # (unhashable, or its __eq__ raised: not ours to judge)
+            return None
+        if f is None:
+            return None
+        if num_computed_tokens is not None:
+            check_count("num_computed_tokens", num_computed_tokens, 0, 0)
+        del self.waiting[request_id]
+        return f.req  # type: ignore[no-any-return]
 
     def poll(self) -> list[Hashable]:
         """Land the fetches that ended; the ids of waiting requests whose wait is over
@@ -242,9 +271,19 @@ class StoreWaits:
         # what the device and host hold now, up to the first fetched block: that block's
         # content may have come meanwhile (then land only past what is there now), or
         # the prefix before it may have left (then the run continues nothing)
-        hits = index.match(chunks[:first + 1], req.keys.base, req.keys.mm) if f.run else []
-        if len(hits) > first:
-            hits = index.match(chunks[:end], req.keys.base, req.keys.mm)
+        keys = req.keys
+        if not f.run:
+            hits = []
+        elif first or keys.mm is not None:
+            hits = index.match(chunks[:first + 1], keys.base, keys.mm)
+            if len(hits) > first:
+                hits = index.match(chunks[:end], keys.base, keys.mm)
+        else:  # a run from the first block: the walk only if its content is held now (one
+            # probe of the device, one of the host: a first content is never a chained slot)
+            chunk = chunks[0]
+            held = (index.holds(None, chunk, keys.base)
+                    or self.host.find(0, chunk, keys.base) is not None)
+            hits = index.match(chunks[:end], keys.base, None) if held else []
         start = len(hits) if len(hits) >= first else end
         slots = f.slots
         if start < end:
@@ -264,13 +303,23 @@ class StoreWaits:
                                     tuple(s.block_id for s in slots[lo:hi]),
                                     None if extra is None else extra.for_range(start * bs, end * bs),
                                     start, HOST)
-            self.host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], f.extras[lo:hi], cids,
-                           f.hashes[lo:hi], event, filled=filled, unique=f.unique)
+            whole = not lo and hi == f.run  # (the fetcher's map and ids are the whole run's)
+            ids = f.slot_ids if whole and f.slot_ids else None
+            if filled:  # (then ``land`` reads only the keys' bytes)
+                self.host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], (), (), (), event,
+                               filled=True, unique=f.unique, keyed=f.keyed if whole else None,
+                               ids=ids)
+            else:
+                self.host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], f.extras[lo:hi], cids,
+                               f.hashes[lo:hi], event, unique=f.unique, ids=ids)
             if not lo:  # (``reuse`` checks ``slots[:len(cids)]``)
                 f.landed_at = self.host.num_unpins
-            if f.staged:
+            if f.fetched:  # (stated by the fetcher: ``_ready``)
+                self.host.fetches += f.fetched[lo:hi]
+            elif f.staged:
                 self.host.fetches += [StoreFetched(s.block_id, f.buffers[i][0].toreadonly())
                                       for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]
-            self.host.unreserve(slots[:lo] + slots[hi:])
+            if lo or hi < len(slots):
+                self.host.unreserve(slots[:lo] + slots[hi:])
         else:
             self.host.unreserve(slots)

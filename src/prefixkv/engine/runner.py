@@ -130,13 +130,11 @@ class ModelRunner:
 
     def copy_blocks(self, copies: Sequence[BlockCopy]) -> None:
         """Copy every slot of each ``src`` block into ``dst``, in all layers (the
-        copy-on-write that ``fork`` asks for). Sources are read before any write."""
-        if not copies:
-            return
-        src = torch.tensor([c.src for c in copies], dtype=torch.int64, device=self.device)
-        dst = torch.tensor([c.dst for c in copies], dtype=torch.int64, device=self.device)
-        self.k_cache[:, dst] = self.k_cache[:, src]
-        self.v_cache[:, dst] = self.v_cache[:, src]
+        copy-on-write that ``fork`` asks for), as if one after another in order: a copy
+        whose source is an earlier copy's destination reads what that copy wrote (a fork
+        of a fork in one step, as ``take_kv_ops()`` plans it)."""
+        if copies:
+            self.run_kv_ops(copies)
 
     def run_kv_ops(self, ops: Sequence[KVOp | GroupBlockCopy]) -> None:
         """Run a step's plan from the allocator's ``take_kv_ops()`` (offloads, loads,

@@ -289,7 +289,9 @@ def paged_prefill_attention_triton(
         qk_scale, softcap_log2 = shape.softmax_scale * _LOG2E, 0.0
     ws = split_workspace
     if ws is not None:  # fixed grid and workspace (CUDA graphs): per-request splits in any batch
-        check_split_workspace(ws, shape, q.device)
+        check_split_workspace(ws, shape, q.device, dict(
+            q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, cu_seqlens_q=cu_seqlens_q,
+            seqused_k=seqused_k, out=out, sinks=sinks, k_scale=k_scale, v_scale=v_scale))
         num_splits, split_q, split_keys = ws.num_splits, ws.split_q, ws.min_keys
     else:
         forced = config.num_splits is not None

@@ -32,6 +32,7 @@ from ..results import SharedPrefix
 from .batch import build_block_table, build_cu_seqlens_q
 from .dispatch import paged_prefill_attention, resolve_backend
 from .errors import BatchError, DeviceError, DtypeError, ShapeError
+from .overlap import check_reads_apart
 from .validation import check_cascade, check_tensors
 from .workspace import SplitWorkspace
 
@@ -205,9 +206,15 @@ def cascade_attention(
     Raises:
         ArgumentTypeError: ``q`` or ``block_table`` is not a ``torch.Tensor``.
         ShapeError: ``cascade`` does not fit this batch (its shift per request, its rows
-            outside q); and everything ``paged_prefill_attention`` raises, before any write.
+            outside q), ``out`` shares memory with ``block_table`` or the cascade's
+            tensors; and everything ``paged_prefill_attention`` raises, before any write.
     """
     check_cascade(cascade.shift_blocks, cascade.rows, q, block_table)
+    if isinstance(out, torch.Tensor):  # pass 2 checks out against its own arguments only
+        check_reads_apart("cascade_attention", {"out": out}, {
+            "block_table": block_table, "cascade.shift_blocks": cascade.shift_blocks,
+            "cascade.rows": cascade.rows, "cascade.block_table": cascade.block_table,
+            "cascade.cu_seqlens_q": cascade.cu_seqlens_q, "cascade.seqused_k": cascade.seqused_k})
 
     def attend(q_: torch.Tensor, table: torch.Tensor, cu: torch.Tensor, used: torch.Tensor, max_q: int,
                max_k: int, causal_: bool, out_: torch.Tensor | None, sinks_: torch.Tensor | None

@@ -126,7 +126,8 @@ def write_kv_cache(
     Raises:
         ShapeError, DtypeError, DeviceError, UnsupportedError: bad tensors (also caches
             in which two slots share memory: an expanded view, or ``v_cache`` overlapping
-            ``k_cache``), before any write.
+            ``k_cache``; and an input that shares memory with a cache, such as a ``key``
+            that is a view of ``k_cache``), before any write.
         ArgumentTypeError: a tensor argument is not a ``torch.Tensor``.
         MetadataError: ``checked=True`` and a slot is out of range, before any write.
         TensorValueError: ``checked=True`` and a scale is negative, NaN or infinite (a
@@ -273,7 +274,8 @@ def paged_prefill_attention(
             right must be -1 or 0.
         softcap: if > 0, scores become ``softcap * tanh(scores / softcap)`` (after scaling).
         out: optional ``[total_q, num_heads, head_dim]`` tensor of q's dtype to write into
-            (any strides in which no two entries share memory).
+            (any strides in which no two entries share memory): ``q`` itself (in place),
+            or memory that no other argument shares (ShapeError otherwise).
         return_lse: also return the natural-log LSE, ``[num_heads, total_q]`` fp32.
         sinks: optional fp32 ``[num_heads]`` attention sinks (as in gpt-oss): one more
             logit per head in every row's softmax denominator, with no value; the LSE
@@ -289,7 +291,8 @@ def paged_prefill_attention(
             ``max_seqlen_k``) and allocates nothing for split-KV, so a CUDA graph can
             capture it; and in any batch, prefills included, each request of at most
             ``split_q`` new tokens splits its keys by its own length (a long decode beside
-            a prefill). The torch path checks it and computes without splits.
+            a prefill). The torch path checks it and computes without splits. Its
+            tensors share no memory with each other or the call's (else ShapeError).
         checked: read ``block_table``, ``cu_seqlens_q``, ``seqused_k``, the scales and
             the sinks on the host (a device synchronisation, not for CUDA graphs) and raise
             instead of clamping (a zero scale and a ``-inf`` sink stay allowed).

@@ -110,7 +110,9 @@ def paged_prefill_attention_reference(
     )
     bs, group = shape.block_size, shape.group
     if split_workspace is not None:
-        check_split_workspace(split_workspace, shape, q.device)
+        check_split_workspace(split_workspace, shape, q.device, dict(
+            q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, cu_seqlens_q=cu_seqlens_q,
+            seqused_k=seqused_k, out=out, sinks=sinks, k_scale=k_scale, v_scale=v_scale))
     if checked:
         check_attention_values(block_table, cu_seqlens_q, seqused_k, shape.total_q, shape.num_blocks, bs)
         check_scale_sink_values(k_scale, v_scale, sinks)

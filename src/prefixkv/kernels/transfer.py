@@ -70,7 +70,10 @@ def offload_blocks(device_caches: Sequence[torch.Tensor], host_caches: Sequence[
     Raises:
         ArgumentTypeError: a cache list that is not a list/tuple of tensors, ids not tensors.
         ShapeError: cache lists of different lengths or empty, host shapes that do not
-            match, a host cache not contiguous, ids not 1-D or of different lengths.
+            match, a host cache not contiguous, ids not 1-D or of different lengths; a
+            cache the call writes (host caches here, device caches for loads and copies)
+            that is an expanded view or shares memory with another cache or the ids
+            (K and V given as one tensor).
         DtypeError: cache dtypes differ or are not float16/bfloat16/float32 or fp8
             (float8_e4m3fn, float8_e5m2); ids not int.
         DeviceError: device caches on several devices, host caches or ids not on the CPU.
@@ -79,6 +82,7 @@ def offload_blocks(device_caches: Sequence[torch.Tensor], host_caches: Sequence[
     """
     plan = TransferPlan(device_caches, host_caches, block_dim, stream)
     plan.check_ids(device_ids, host_ids, plan.num_blocks, plan.num_slots, "device_ids", "host_ids")
+    plan.check_writes("offload_blocks", True, False, {"device_ids": device_ids, "host_ids": host_ids})
     return plan.run(lambda: plan.offload(device_ids, host_ids))
 
 
@@ -90,16 +94,20 @@ def load_blocks(host_caches: Sequence[torch.Tensor], device_caches: Sequence[tor
     (the id given twice is a device id here)."""
     plan = TransferPlan(device_caches, host_caches, block_dim, stream)
     plan.check_ids(host_ids, device_ids, plan.num_slots, plan.num_blocks, "host_ids", "device_ids")
+    plan.check_writes("load_blocks", False, True, {"host_ids": host_ids, "device_ids": device_ids})
     return plan.run(lambda: plan.load(host_ids, device_ids))
 
 
 def copy_blocks(device_caches: Sequence[torch.Tensor], src_ids: torch.Tensor, dst_ids: torch.Tensor,
                 *, block_dim: int = 0, stream: torch.cuda.Stream | None = None) -> torch.cuda.Event | None:
     """Copy device block ``src_ids[i]`` into ``dst_ids[i]`` (fork copy-on-write), in every
-    cache; every source is read before any destination is written; destinations distinct.
-    Returns and raises as ``offload_blocks``."""
+    cache, as if one after another in order: a copy whose source is an earlier copy's
+    destination reads what that copy wrote (a fork of a fork in one plan: ``0 -> 1``,
+    ``1 -> 2`` puts block 0's content in 2, as ``take_kv_ops()`` requires); destinations
+    distinct. Returns and raises as ``offload_blocks``."""
     plan = TransferPlan(device_caches, None, block_dim, stream)
     plan.check_ids(src_ids, dst_ids, plan.num_blocks, plan.num_blocks, "src_ids", "dst_ids")
+    plan.check_writes("copy_blocks", False, True, {"src_ids": src_ids, "dst_ids": dst_ids})
     return plan.run(lambda: plan.copy(src_ids, dst_ids))
 
 
@@ -108,12 +116,12 @@ def run_kv_ops(ops: Sequence[BlockOffloads | BlockLoads | BlockCopy], device_cac
                stream: torch.cuda.Stream | None = None) -> torch.cuda.Event | None:
     """Run a plan from ``take_kv_ops()``: every offload (the ids of all the
     ``BlockOffloads``, in order), then every load (likewise of all the ``BlockLoads``),
-    then every copy, one transfer per kind over all caches. ``host_caches``: needed when
-    the plan has offloads or loads. Returns the event after the last copy (CUDA), or None
-    (CPU, or an empty plan). Raises as the three calls, before any copy; also
-    ArgumentTypeError for an op of another type, ShapeError for host ops without
-    ``host_caches`` or a ``BlockOffloads`` or ``BlockLoads`` whose ``src`` and ``dst``
-    differ in length."""
+    then every copy (in order, as ``copy_blocks``), one transfer per kind over all
+    caches. ``host_caches``: needed when the plan has offloads or loads. Returns the
+    event after the last copy (CUDA), or None (CPU, or an empty plan). Raises as the
+    three calls, before any copy; also ArgumentTypeError for an op of another type,
+    ShapeError for host ops without ``host_caches`` or a ``BlockOffloads`` or
+    ``BlockLoads`` whose ``src`` and ``dst`` differ in length."""
     src: dict[type, list[int]] = {BlockOffloads: [], BlockLoads: [], BlockCopy: []}
     dst: dict[type, list[int]] = {BlockOffloads: [], BlockLoads: [], BlockCopy: []}
     for op in ops:
@@ -138,6 +146,7 @@ def run_kv_ops(ops: Sequence[BlockOffloads | BlockLoads | BlockCopy], device_cac
     plan.check_ids(*ids[BlockOffloads], plan.num_blocks, plan.num_slots, "offload src", "offload dst")
     plan.check_ids(*ids[BlockLoads], plan.num_slots, plan.num_blocks, "load src", "load dst")
     plan.check_ids(*ids[BlockCopy], plan.num_blocks, plan.num_blocks, "copy src", "copy dst")
+    plan.check_writes("run_kv_ops", bool(src[BlockOffloads]), bool(src[BlockLoads] or src[BlockCopy]), {})
 
     def work() -> None:
         plan.offload(*ids[BlockOffloads])

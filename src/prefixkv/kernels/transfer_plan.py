@@ -5,7 +5,10 @@ Copies, per cache pair, through a contiguous staging tensor ``[n, *slot]``:
 
     offload : staged = device[ids] (one indexed gather)  -> host[run] = staged[run] (one DMA per run)
     load    : staged[run] = host[run] (one DMA per run)   -> device[ids] = staged (one indexed scatter)
-    copy    : device[dst] = device[src] (gather, then scatter: sources read before writes)
+    copy    : device[dst] = device[origin(src)] (gather, then scatter), where origin(src) is
+              the block whose content a copy in order would read: an earlier copy's
+              destination stands for that copy's origin (a fork of a fork: 0 -> 1, 1 -> 2
+              puts block 0's content in 2)
 
 A run is a stretch of consecutive slot ids: contiguous in a slot-major host cache. Every
 cache is viewed as integers of its element size first: the copies move bits, so every
@@ -20,6 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .errors import ArgumentTypeError, BlockIdError, DeviceError, DtypeError, ShapeError, UnsupportedError
+from .overlap import check_apart
 from .validation import CACHE_DTYPES, SLOT_DTYPES
 
 __all__ = ["TransferPlan", "as_bits", "check_caches", "slot_shape", "transfer_stream"]
@@ -104,6 +108,19 @@ class TransferPlan:
         self.devs = [as_bits(c.movedim(block_dim, 0)) for c in device_caches]
         self.hosts = [as_bits(h) for h in host_caches or ()]
         self.stream = stream
+        self._caches = {**{f"device_caches[{i}]": c for i, c in enumerate(device_caches)},
+                        **{f"host_caches[{i}]": h for i, h in enumerate(host_caches or ())}}
+
+    def check_writes(self, call: str, host: bool, device: bool, ids: dict[str, torch.Tensor]) -> None:
+        """Raise ShapeError when a cache this call writes (the host caches when ``host``,
+        the device caches when ``device``) has two blocks at one address (an expanded
+        view) or shares memory with another cache or ``ids``: K and V as one tensor
+        would take both copies, the second reading what the first wrote. Caches only
+        read may share memory."""
+        kinds = ("host_caches",) * host + ("device_caches",) * device
+        written = {n: c for n, c in self._caches.items() if n.startswith(kinds)}
+        read: dict[str, torch.Tensor | None] = {n: c for n, c in self._caches.items() if n not in written}
+        check_apart(call, written, {**read, **ids})
 
     @staticmethod
     def check_ids(src: torch.Tensor, dst: torch.Tensor, src_count: int, dst_count: int,
@@ -170,7 +187,15 @@ class TransferPlan:
     def copy(self, src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
         if not src_ids.numel():
             return
-        src = src_ids.to(self.device, torch.int64, non_blocking=True)
+        # In order, copy i reads its source after every earlier copy into it: map each
+        # source to the block whose content it holds then, so that one gather of the
+        # contents before any write (then one scatter) does what the copies in order do.
+        origin: dict[int, int] = {}
+        sources = []
+        for s, d in zip(src_ids.tolist(), dst_ids.tolist(), strict=True):
+            sources.append(origin.get(s, s))
+            origin[d] = sources[-1]
+        src = torch.tensor(sources, dtype=torch.int64).to(self.device, non_blocking=True)
         dst = dst_ids.to(self.device, torch.int64, non_blocking=True)
         for dev in self.devs:
             dev.index_copy_(0, dst, dev.index_select(0, src))

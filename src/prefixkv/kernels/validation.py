@@ -14,7 +14,7 @@ import torch
 
 from .errors import ArgumentTypeError, DeviceError, DtypeError, ShapeError, UnsupportedError
 from .fp8 import FP8_DTYPES, QUERY_DTYPES, check_scale, is_fp8
-from .overlap import caches_overlap, strides_overlap
+from .overlap import caches_overlap, check_apart, check_reads_apart
 from .workspace import SplitWorkspace
 
 __all__ = [
@@ -150,6 +150,9 @@ def check_write_kv(
     overlap = caches_overlap(k_cache, v_cache)
     if overlap is not None:
         raise ShapeError(f"write_kv_cache would write one cache address twice: {overlap}")
+    check_reads_apart("write_kv_cache", {"k_cache": k_cache, "v_cache": v_cache},
+                      {"key": key, "value": value, "slot_mapping": slot_mapping, "k_scale": k_scale,
+                       "v_scale": v_scale})
 
 
 def _window(window_size: object, causal: bool) -> tuple[int, int]:
@@ -243,9 +246,12 @@ def check_attention(
         if out.dtype != q.dtype:
             raise DtypeError(f"out dtype {out.dtype} != q dtype {q.dtype}")
         _same_device("out", out, device)
-        if strides_overlap(list(zip(out.shape, out.stride(), strict=True))):
-            raise ShapeError(f"out has overlapping strides {out.stride()} for shape {tuple(out.shape)}: "
-                             "two outputs would land on one address (an expanded view?)")
+        # out may be q itself (each row's output lands where only its own query was read)
+        same_q = out.data_ptr() == q.data_ptr() and out.stride() == q.stride()
+        check_apart("paged_prefill_attention", {"out": out}, {
+            "q": None if same_q else q, "k_cache": k_cache, "v_cache": v_cache,
+            "block_table": block_table, "cu_seqlens_q": cu_seqlens_q, "seqused_k": seqused_k,
+            "sinks": sinks, "k_scale": k_scale, "v_scale": v_scale})
     check_sinks(sinks, q)
     check_scale("k_scale", k_scale, k_cache)
     check_scale("v_scale", v_scale, v_cache)
@@ -289,13 +295,15 @@ def check_sinks(sinks: torch.Tensor | None, q: torch.Tensor) -> None:
     _same_device("sinks", sinks, q.device)
 
 
-def check_split_workspace(ws: object, shape: AttentionShape, device: torch.device) -> None:
+def check_split_workspace(ws: object, shape: AttentionShape, device: torch.device,
+                          tensors: dict[str, torch.Tensor | None]) -> None:
     """A ``split_workspace`` fits this call: a ``SplitWorkspace`` on q's device with fp32
-    partials of q's heads and head_dim, rows for ``batch * split_q``, and an int32 row map.
+    partials of q's heads and head_dim, rows for ``batch * split_q``, and an int32 row map,
+    sharing no memory with each other or with the call's other ``tensors`` (by name).
 
     Raises:
         ArgumentTypeError: not a ``SplitWorkspace``.
-        ShapeError, DtypeError, DeviceError: it does not fit.
+        ShapeError, DtypeError, DeviceError: it does not fit, or shares memory.
     """
     if not isinstance(ws, SplitWorkspace):
         raise ArgumentTypeError(f"split_workspace must be a SplitWorkspace (alloc_split_workspace), got "
@@ -313,3 +321,6 @@ def check_split_workspace(ws: object, shape: AttentionShape, device: torch.devic
         raise DtypeError("split_workspace must hold float32 partials and an int32 row map")
     for t in (ws.part, ws.part_lse, ws.row_tok):
         _same_device("split_workspace", t, device)
+    check_apart("paged_prefill_attention", {"split_workspace.part": ws.part,
+                                            "split_workspace.part_lse": ws.part_lse,
+                                            "split_workspace.row_tok": ws.row_tok}, tensors)

@@ -58,8 +58,10 @@ class FetchCost:
     def worth(self, num_blocks: int, block_bytes: int, block_size: int, now: float) -> bool:
         """Whether fetching ``num_blocks`` blocks beats computing their tokens, or the
         figures are stale (then the fetch measures them again)."""
-        fetch = self.fetch_seconds(num_blocks * block_bytes)
-        return fetch < self.compute_seconds(num_blocks * block_size) or now - self.measured_at > STALE
+        # (``fetch_seconds`` < ``compute_seconds``, inlined: the scheduler's thread asks)
+        fetch = self.latency + num_blocks * block_bytes / self.bandwidth
+        return (fetch < num_blocks * block_size / self.prefill_tokens_per_s
+                or now - self.measured_at > STALE)
 
     def observe(self, nbytes: int, seconds: float, now: float) -> None:
         """A fetch moved ``nbytes`` (0: a miss or a failure) in ``seconds``. Called by

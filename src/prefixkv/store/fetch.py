@@ -52,8 +52,10 @@ class Fetch:
     block ``first`` and the content ids they held then (the scheduler's, for the
     re-admission's check that they still do). ``ready``: called with the fetch on the
     fetcher's thread once the run is known, before it is queued as done (the manager
-    fills the landing slots there: ``filled``); an exception it raises is dropped
-    (``filled`` stays False and the scheduler does that work itself).
+    fills the landing slots there: ``filled``, maps the run's token bytes to its
+    slots: ``unique``, ``keyed``, lists their ids: ``slot_ids``, and states the staged
+    run's copies: ``fetched``); an exception it raises is dropped (``filled`` stays
+    False and the scheduler does that work itself).
     Results: ``run`` (blocks from ``first`` that passed the check), ``stop`` (the state
     of the block that ended the run, ``OK`` if none did), ``failed`` (an error of the whole
     call), ``hashes``, ``nbytes``/``seconds`` (measured)."""
@@ -61,8 +63,8 @@ class Fetch:
     __slots__ = ("request_id", "req", "first", "parent", "chunks", "extras", "slots",
                  "buffers", "views", "staged", "deadline", "started", "ended", "expired", "cids",
                  "hits", "hit_cids", "planned", "parent_cid", "ready", "landed_at",
-                 "hashes", "filled", "unique", "keys", "heads", "states", "run", "stop", "failed", "nbytes",
-                 "seconds", "left", "lock")
+                 "hashes", "filled", "unique", "keyed", "slot_ids", "fetched", "keys", "heads",
+                 "states", "run", "stop", "failed", "nbytes", "seconds", "left", "lock")
 
     def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
                  chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
@@ -90,6 +92,9 @@ class Fetch:
         self.nbytes, self.seconds = 0, 0.0
         self.left = 0  # parts not read yet
         self.filled = self.unique = False  # set by ``ready``
+        self.keyed: dict[bytes, Any] | None = None  # (``ready``'s too)
+        self.fetched: list[Any] = []  # (``ready``'s: the run's StoreFetched ops, when staged)
+        self.slot_ids: list[int] = []  # (``ready``'s: the run's slots' ids)
         self.lock = threading.Lock()
 
 

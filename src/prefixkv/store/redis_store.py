@@ -5,12 +5,13 @@ core).
 Reads (``read_into``) go through ``Resp`` connections of their own, pooled, one per
 thread at a time: GETs pipelined, each value received straight into its buffers, the
 whole call bounded by one deadline. Writes and existence checks go through redis-py
-pipelines (``SET ... EX``, ``EXISTS``, no transaction), except existence checks on a
-cluster, which go through ours, node by node, as reads do. On a Redis Cluster, keys carry no
-hash tag, so a chain's blocks spread over the slots; a call sends each node its keys
-first, then reads the nodes' replies: one round trip per node involved, overlapping. A
-key the cluster moved (MOVED/ASK, resharding) or a node that is down fails its keys
-(misses) and the slot map is read again on the next call. Found through Sentinel
+pipelines (``SET ... EX``, ``EXISTS``, no transaction), except on a cluster, where
+they go through ours, node by node, as reads do (redis-py's cluster pipeline fails the
+whole batch when one node is down). On a Redis Cluster, keys carry no hash tag, so a
+chain's blocks spread over the slots; a call sends each node its keys first, then reads
+the nodes' replies: one round trip per node involved, overlapping. A key the cluster
+moved (MOVED/ASK, resharding) or a node that is down fails its keys (misses, refused
+writes) and the slot map is read again on the next call. Found through Sentinel
 (``from_sentinel``), a store follows a failover: a fetch that fails as a whole asks the
 sentinels for the master again.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 import ssl
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import ConfigError
@@ -107,7 +108,10 @@ class RedisStore:
         cluster, only when no node answered (a node that is down holds none of its keys:
         the run stops at the first of them, as a fetch's does)."""
         if self.cluster:
-            return self._held_on_nodes(keys)
+            until = time.monotonic() + self.timeout
+            found = [r == 1 for r in self._on_nodes(keys, lambda i: pack(b"EXISTS", keys[i]),
+                                                    lambda: until)]
+            return next((i for i, f in enumerate(found) if not f), len(keys))
         pipe = self.client.pipeline(transaction=False)
         for k in keys:
             pipe.exists(k)
@@ -118,43 +122,64 @@ class RedisStore:
             n += 1
         return n
 
-    def _held_on_nodes(self, keys: Sequence[bytes]) -> int:
-        """``held`` on a cluster: each node's EXISTS pipelined on a connection of ours
-        (redis-py's cluster pipeline fails the whole call when one node is down). A
-        node that fails, or a key it moved (MOVED/ASK), is a miss; the slot map is then
-        read again on the next call."""
-        deadline = time.monotonic() + self.timeout
-        found = [False] * len(keys)
-        failure: Exception | None = None
-        answered = False
-        for node, idx in self._groups(keys, deadline).items():
-            conn: Resp | None = None
-            try:
-                conn = self._take(node, deadline)
-                conn.send(b"".join([pack(b"EXISTS", keys[i]) for i in idx]), deadline)
-                for i in idx:
-                    reply = conn.reply(deadline)
-                    found[i] = reply == 1
-                    if isinstance(reply, RespError):
-                        self._slots = None
-                answered = True
-                self._give(conn)
-            except Exception as exc:
-                if conn is not None:
-                    conn.close()
-                self._slots, failure = None, exc
-        if failure is not None and not answered:
-            raise failure
-        return next((i for i, f in enumerate(found) if not f), len(keys))
-
     def put(self, items: Sequence[tuple[bytes, bytes]]) -> int:
         """``StoreBackend.put``: pipelined SET with EX ttl; the values refused (an OOM
-        error when the server is full under ``noeviction``). Raises redis-py's errors when
-        the whole call fails."""
+        error when the server is full under ``noeviction``). On a cluster, a node that is
+        down, or a key it moved (MOVED/ASK), refuses that node's values only; the others
+        are stored. Raises redis-py's errors (ours on a cluster: OSError,
+        ConnectionError, TimeoutError) when the whole call fails."""
+        if self.cluster:
+            ttl = str(self.ttl).encode()
+            replies = self._on_nodes([k for k, _ in items],
+                                     lambda i: pack(b"SET", *items[i], b"EX", ttl),
+                                     lambda: time.monotonic() + self.timeout)
+            return sum(r != b"OK" for r in replies)
         pipe = self.client.pipeline(transaction=False)
         for k, v in items:
             pipe.set(k, v, ex=self.ttl)
         return sum(isinstance(r, Exception) for r in pipe.execute(raise_on_error=False))
+
+    def _on_nodes(self, keys: Sequence[bytes], command: Callable[[int], bytes],
+                  deadline: Callable[[], float]) -> list[object]:
+        """Each key's reply to ``command(i)`` (its packed command) on a cluster, sent
+        node by node on connections of ours (redis-py's cluster pipeline fails the whole
+        call when one node is down), then read: one round trip per node, overlapping.
+        ``deadline()``: the instant by which each step (the slot map, a node's send, a
+        node's replies) must be done. A key whose node failed gets the exception; a key
+        the cluster moved gets its MOVED/ASK RespError; either way the slot map is read
+        again on the next call. Raises when no node answered (never for no keys)."""
+        if not keys:
+            return []
+        replies: list[object] = [None] * len(keys)
+        sent: list[tuple[Resp, list[int]]] = []
+        failure: Exception | None = None
+        answered = False
+        for node, idx in self._groups(keys, deadline()).items():
+            conn: Resp | None = None
+            try:
+                conn = self._take(node, deadline())
+                conn.send(b"".join([command(i) for i in idx]), deadline())
+                sent.append((conn, idx))
+            except Exception as exc:
+                if conn is not None:
+                    conn.close()
+                failure = self._failed(idx, replies, exc)
+        for conn, idx in sent:
+            pos, until = 0, deadline()
+            try:
+                for i in idx:
+                    replies[i] = reply = conn.reply(until)
+                    answered = True
+                    pos += 1
+                    if isinstance(reply, RespError):
+                        self._slots = None
+                self._give(conn)
+            except Exception as exc:
+                conn.close()
+                failure = self._failed(idx[pos:], replies, exc)
+        if failure is not None and not answered:
+            raise failure
+        return replies
 
     def read_into(self, keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]],
                   deadline: float) -> list[ReadOutcome]:
@@ -222,7 +247,7 @@ class RedisStore:
             for conn in stale:
                 conn.close()
 
-    def _failed(self, idx: list[int], out: list[ReadOutcome], exc: Exception) -> Exception:
+    def _failed(self, idx: list[int], out: list[Any], exc: Exception) -> Exception:
         """Keys ``idx`` failed with ``exc`` (their node is down or past the deadline)."""
         for i in idx:
             out[i] = exc

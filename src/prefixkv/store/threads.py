@@ -25,29 +25,54 @@ class FetchThreads:
 
     def __init__(self, count: int, name: str = "prefixkv-fetch") -> None:
         self._queue: SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = SimpleQueue()
-        self._idle = threading.Condition()
-        self._pending = 0  # calls handed over and not ended (a call may hand over more)
+        self._fence = threading.Barrier(count + 1)  # (``shutdown``'s: every thread, and it)
+        self._ended = False  # (``shutdown`` was called: the threads end or have ended)
         self._threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
                          for i in range(count)]
         for t in self._threads:
             t.start()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on one of the threads (returns at once, nothing to wait on)."""
-        with self._idle:
-            self._pending += 1
+        """Run ``fn(*args)`` on one of the threads (returns at once, nothing to wait on):
+        one put, nothing counted, no lock taken on the caller's thread."""
         self._queue.put((fn, args))
 
     def shutdown(self, wait: bool = True) -> None:
         """Wait until every call handed over has ended, those they handed over included
-        (a fetch's parts), then end the threads. ``wait``: also join them."""
-        with self._idle:
-            self._idle.wait_for(lambda: not self._pending)
+        (a fetch's parts), then end the threads. ``wait``: also join them. Call it once
+        nothing is handed over from outside the threads any more.
+
+        In rounds: one fence per thread goes into the queue, after every call queued
+        before it, and each thread that takes one waits at it; once all are there, none
+        runs a call (so none can hand one over), and an empty queue means nothing is
+        left. Calls that the calls ahead of the fences handed over are queued behind
+        them: the threads run those, and the next round fences them in. A second call
+        only joins (``wait``)."""
+        if self._ended:
+            if wait:
+                for t in self._threads:
+                    t.join()
+            return
+        self._ended = True
+        while True:
+            for _ in self._threads:
+                self._queue.put((self._at_fence, ()))
+            self._fence.wait()  # every thread at a fence, between two calls
+            done = self._queue.empty()
+            self._fence.wait()  # (they go on)
+            if done:
+                break
         for _ in self._threads:
             self._queue.put(_STOP)
         if wait:
             for t in self._threads:
                 t.join()
+
+    def _at_fence(self) -> None:
+        """A fence of ``shutdown``'s: wait until every thread is at one, then until
+        ``shutdown`` has looked at the queue."""
+        self._fence.wait()
+        self._fence.wait()
 
     def _loop(self) -> None:
         get = self._queue.get
@@ -60,7 +85,3 @@ class FetchThreads:
                 fn(*args)
             except Exception:  # noqa: S110 (see the class docstring: the thread goes on)
                 pass
-            with self._idle:
-                self._pending -= 1
-                if not self._pending:
-                    self._idle.notify_all()

@@ -15,8 +15,9 @@ the whole triple), or chained under the slot holding its parent's content (see
 ``host_index``); content ids are the manager's, so a chain can pass from device blocks
 to host slots and back. Free slots: an empty stack, then the cached slots in LRU
 order (the same two tiers as the pool). The calls take an admission's or an eviction's
-blocks at once: one Python loop a batch, no call a block. Store fetches land in slots
-through ``host_landing`` (``SlotLanding``).
+blocks at once: one Python loop a batch, no call a block. Evicted content comes down
+through ``host_offload`` (``SlotOffload.demote``); store fetches land in slots through
+``host_landing`` (``SlotLanding``).
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
-from ..core.block import UNLINKED, Block, key_chunk
+from ..core.block import UNLINKED, Block
 from ..core.free_queue import FreeBlockQueue
 from ..errors import MAX_BLOCKS, check_positive
 from ..event_log import EventSink
 from ..events import BlockStored
 from ..results import BlockLoads, BlockOffloads, StoreFetched
 from .host_check import check_tier
-from .host_index import HOST, HostSlot, withdrawn
+from .host_index import HostSlot
 from .host_landing import SlotLanding
+from .host_offload import SlotOffload
 
 _Op = TypeVar("_Op", BlockOffloads, BlockLoads)
 
@@ -42,7 +44,7 @@ def _batch(kind: type[_Op], src: list[int], dst: list[int]) -> list[_Op]:
     return [kind(tuple(src), tuple(dst))] if src else []
 
 
-class HostTier(SlotLanding):
+class HostTier(SlotOffload, SlotLanding):
     """``num_slots`` host slots. ``sink``: where CPU-medium events go.
     ``by_chunk``/``by_key``: the slots with content, by token bytes and (the rest) by
     content triple; read by the device index's chain walk. Raises ConfigError unless
@@ -62,6 +64,8 @@ class HostTier(SlotLanding):
         self.load_src: list[int] = []  # the step's loads: slot ids, device block ids
         self.load_dst: list[int] = []
         self.fetches: list[StoreFetched] = []  # the step's payloads to write (no attached memory)
+        self._landed = []
+        self._held: tuple[Sequence[Block], list[int] | None] = ((), None)  # ``hold``'s, for ``load``
         self.num_landing = 0  # slots a store fetch writes into (the slots nowhere else)
         self.num_offloaded = self.num_loaded = 0
         # how many times pins were released (``end_step``) or content forgotten (``clear``):
@@ -69,150 +73,6 @@ class HostTier(SlotLanding):
         self.num_unpins = 0
         self.num_chained = 0  # slots found only as their parent slot's child
         self.chaining = True  # False once the device cut a chain (``stop_chaining``)
-
-    def demote(self, blocks: Sequence[Block], step: int) -> None:
-        """The content of ``blocks`` (full blocks with content, keyed by their token
-        bytes or triple) is leaving the device: their blocks are evicted for reuse. Of
-        those recorded before ``step`` (computed by an earlier forward pass; the rest were
-        never computed), keep each in a slot, stating the offload copy (its two ids join
-        the step's one ``BlockOffloads``), unless a slot holds it already (then it becomes
-        the most recently used) or every slot is pinned (then it is lost). The slots taken
-        are pinned until the plan is drained. A new slot is keyed one block late: when the
-        next block offloaded is its parent and takes a new slot too (the pool evicts a
-        request's tail first), it is chained, as that slot's child, in no map."""
-        by_chunk, by_key, cached, sink = self.by_chunk, self.by_key, self._cached, self._sink
-        get, empty, pin = by_chunk.get, self._empty, self._pinned.append
-        src, dst = self.offload_src, self.offload_dst
-        active = sink.active  # (without events no slot ever has one: nothing to clear)
-        head: Block | None = None  # the LRU's ends, once an empty slot is lacking
-        tail: Block | None = None
-        taken = 0  # cached slots unlinked from the head (inlined _take_cached), counted once
-        # refreshed slots are unlinked here and appended, in order, at the end (or before
-        # a slot must be taken from them): the order that moving each at once would give
-        refreshed: list[Block] = []
-        pend: Block | None = None  # the last new slot, not keyed yet: chained if its parent
-        pend_chunk = b""  # comes next; and its key, its token bytes
-        s: Block | None
-        chaining, chained = self.chaining, 0
-        lost = -1  # where contents began to be lost
-        for i, b in enumerate(blocks):
-            if b.step >= step:
-                continue
-            key, parent_cid, extra = b.key, b.parent_cid, b.extra
-            s = get(key) if type(key) is bytes else None  # the common case: one probe
-            if s is None or s.parent_cid != parent_cid or s.extra != extra:
-                if isinstance(key, bytes):
-                    chunk = key  # (probed already)
-                    s = by_key.get((parent_cid, chunk, extra)) if by_key else None
-                else:
-                    assert key is not None, f"evicted block {b!r} has no content"
-                    chunk = key[1]
-                    s = get(chunk)
-                    if s is None or s.parent_cid != parent_cid or s.extra != extra:
-                        s = by_key.get((parent_cid, chunk, extra)) if by_key else None
-                if s is None:  # no slot holds it: take one, state the offload
-                    if empty:
-                        s = empty.pop()
-                    else:  # the least recently used cached slot, its content dropped
-                        if head is None:
-                            head, tail = cached.ends()
-                        s = head.next
-                        if s is tail:
-                            if not refreshed:  # every slot is pinned: the content is
-                                lost = i  # lost, and so is every later block's (no slot can
-                                break  # be refreshed or taken any more; a slot pending stays so)
-                            cached.forget(len(refreshed))  # only refreshed ones left
-                            cached.extend(refreshed)
-                            refreshed = []
-                            s = head.next
-                        nxt = s.next
-                        head.next = nxt
-                        nxt.prev = head
-                        taken += 1
-                        old, c = s.key, s.child  # (as _drop, inlined)
-                        if s.chained:
-                            s.chained = False
-                            chained -= 1
-                        elif isinstance(old, bytes):
-                            del by_chunk[old]
-                        else:
-                            assert old is not None, f"cached slot {s!r} has no content"
-                            del by_key[old]
-                        if c.chained and c.parent_cid == s.content_id:
-                            c.chained = False
-                            chained -= 1
-                            self._enter(c)
-                        if active and s.event is not None:
-                            sink.append(withdrawn(s.event, s.block_id))
-                    if pend is not None:
-                        if chaining and pend.parent_cid == b.content_id:
-                            s.child = pend  # (the run's head, its last block, is keyed)
-                            pend.chained = True
-                            chained += 1
-                        else:
-                            k = pend_chunk  # (as _enter, inlined: its key is its token bytes)
-                            if by_chunk.setdefault(k, pend) is not pend:
-                                pend.key = triple = (pend.parent_cid, k, pend.extra)
-                                by_key[triple] = pend
-                    pend, pend_chunk = s, chunk
-                    s.key, s.parent_cid, s.extra = chunk, parent_cid, extra
-                    s.content_id, s.hash = b.content_id, b.hash
-                    s.ref_cnt = 1
-                    pin(s)
-                    src.append(b.block_id)
-                    dst.append(s.block_id)
-                    if active:
-                        if b.event is not None:
-                            assert b.hash is not None, f"{b!r} was announced without its hash"
-                            s.event = b.event.block_of(b.hash, s.block_id, HOST)
-                            sink.append(s.event)
-                        else:
-                            s.event = None
-                    continue
-            if pend is not None:  # held in a slot already: the run ends
-                self._enter(pend)
-                pend = None
-            if not s.ref_cnt:  # held in a cached slot, not pinned: refresh
-                prev, nxt = s.prev, s.next
-                prev.next = nxt
-                nxt.prev = prev
-                refreshed.append(s)
-        if pend is not None:
-            self._enter(pend)
-        self.num_chained += chained
-        if taken:
-            cached.forget(taken)
-        if refreshed:
-            cached.forget(len(refreshed))
-            cached.extend(refreshed)
-        if lost >= 0:
-            self._withdraw_orphans(blocks[lost:], step)
-
-    def _withdraw_orphans(self, lost: Sequence[Block], step: int) -> None:
-        """``demote`` lost the contents of ``lost`` (every slot pinned): withdraw the
-        slots the step's offloads fill (pinned, so in no other use) that hold a
-        descendant of one. The pool evicts a request's tail first, so children were
-        offloaded before their parent; kept, they would stay announced and never be
-        found, even once their parent's content is computed again (a new content id)."""
-        gone = {b.content_id for b in lost if b.step < step and b.key is not None
-                and self.find(b.parent_cid, key_chunk(b.key), b.extra) is None}
-        src, dst = self.offload_src, self.offload_dst
-        dropped = set()
-        for i in range(len(dst) - 1, -1, -1):  # parents first: their offloads came last
-            s = self.slots[dst[i]]
-            if s.parent_cid in gone:
-                gone.add(s.content_id)
-                dropped.add(i)
-                self._drop(s)  # (announced gone: its BlockStored went out in this batch)
-                s.ref_cnt = 0
-                self._empty.append(s)
-        if dropped:
-            kept = [i for i in range(len(dst)) if i not in dropped]
-            self.offload_src, self.offload_dst = [src[i] for i in kept], [dst[i] for i in kept]
-            self._pinned = [s for s in self._pinned if s.key is not None]
-            # (a request loading one would hold its lost ancestor's content on the device)
-            assert all(self.slots[t].key is not None for t in self.load_src), \
-                "a slot withdrawn with its lost ancestor is loaded in this step"
 
     def take_offloads(self) -> list[BlockOffloads]:
         """The step's offloads as one op (none when there are none), and forget them
@@ -225,13 +85,15 @@ class HostTier(SlotLanding):
     @property
     def num_free(self) -> int:
         """Slots ``reserve`` could take now (empty, or cached and not pinned)."""
-        return len(self._empty) + len(self._cached)
+        return len(self._empty) + self._cached.size
 
     def load(self, slots: Sequence[Block], devices: Sequence[Block]) -> None:
         """State the copy of each of ``slots`` into the fresh device block beside it in
         ``devices`` (the slots stay pinned until the plan is drained; the caller pinned
         them with ``hold``): their ids join the step's one ``BlockLoads``."""
-        self.load_src += [s.block_id for s in slots]
+        held, ids = self._held
+        self._held = ((), None)
+        self.load_src += ids if ids is not None and held is slots else [s.block_id for s in slots]
         self.load_dst += [d.block_id for d in devices]
         self.num_loaded += len(slots)
 
@@ -250,6 +112,14 @@ class HostTier(SlotLanding):
                 c = s.child  # (``on_device``, inlined: their contents go up to the device)
                 if s.chained or (c.chained and c.parent_cid == s.content_id):
                     self.on_device(s)
+        ids = None
+        for run, run_ids in self._landed:  # (each comparison: one C loop of identity checks)
+            if run == slots:
+                ids = run_ids
+                break
+        self._held = (slots, ids)
+        if ids is not None:  # a run landed in this step: pinned since
+            return
         fresh = []
         for s in slots:
             if not s.ref_cnt:  # cached: leaves the LRU (inlined unlink; links go stale)
@@ -268,6 +138,7 @@ class HostTier(SlotLanding):
             slot.ref_cnt = 0
         self._cached.extend(pinned)
         self._pinned = []
+        self._landed = []
         self.num_unpins += 1
 
     def _take(self) -> Block | None:
@@ -291,6 +162,7 @@ class HostTier(SlotLanding):
         self.num_unpins += 1
         self.offload_src, self.offload_dst, self.load_src, self.load_dst = [], [], [], []
         self.fetches = []
+        self._landed = []
         for s in self.slots:
             s.key, s.prev, s.next, s.ref_cnt, s.chained = None, UNLINKED, UNLINKED, 0, False
         self.num_chained = 0

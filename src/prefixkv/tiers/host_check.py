@@ -49,7 +49,8 @@ def check_tier(tier: HostTier) -> str | None:
     sound: every slot is empty (no content, no pin), cached (in the LRU, unpinned) or
     pinned (once: ``ref_cnt`` 1), at most once, or else landing (reserved for a store fetch, no content, one
     pin: the slots in no list, as many as ``num_landing`` counts);
-    the maps hold exactly the cached and pinned slots that are not chained; a slot
+    the runs landed in this step are pinned; the maps hold exactly the cached and pinned
+    slots that are not chained; a slot
     keyed by its triple is the one ``find`` returns; chains (above)."""
     seen: set[int] = set()
     for s in tier._empty:
@@ -64,6 +65,10 @@ def check_tier(tier: HostTier) -> str | None:
         if s.ref_cnt != 1 or not _holds(tier, s) or s.block_id in seen:
             return f"bad pinned host slot {s!r}"
         seen.add(s.block_id)
+    pinned = {s.block_id for s in tier._pinned}
+    for run, ids in tier._landed:  # (``hold`` does not pin them again: they are pinned)
+        if ids != [s.block_id for s in run] or not pinned.issuperset(ids):
+            return f"host slots {ids} landed in this step but are not all pinned, or not those"
     landing = [s for s in tier.slots if s.block_id not in seen]  # (nowhere else)
     for s in landing:
         if s.key is not None or s.ref_cnt != 1 or s.chained:

@@ -43,6 +43,9 @@ class SlotLanding(SlotIndex):
     _cached: FreeBlockQueue
     _pinned: list[Block]
     num_landing: int
+    # the runs landed in this step with the fetcher's list of their slot ids (pinned
+    # since: only ``end_step`` unpins a landed slot), for ``hold`` and ``load``
+    _landed: list[tuple[list[Block], list[int]]]
 
     def reserve(self, n: int) -> list[Block]:
         """Up to ``n`` free slots for a store fetch to write into (empty ones first, then
@@ -55,14 +58,18 @@ class SlotLanding(SlotIndex):
         del empty[len(empty) - k:]
         for s in out:
             s.ref_cnt = 1
-        if len(out) < n and len(self._cached):  # (these get their pin there)
-            self._take_lru(out, n - len(out))
+        if len(out) < n and self._cached.size:  # (these get their pin there)
+            if not self.num_chained and not self._sink.active and not self.by_key:
+                self._take_plain(out, n - len(out))
+            else:
+                self._take_lru(out, n - len(out))
         self.num_landing += len(out)
         return out
 
     def land(self, slots: list[Block], parent_cid: int, chunks: Sequence[bytes],
              extras: Sequence[bytes], cids: Sequence[int], hashes: Sequence[bytes],
-             event: BlockStored | None, *, filled: bool = False, unique: bool = False) -> None:
+             event: BlockStored | None, *, filled: bool = False, unique: bool = False,
+             keyed: dict[bytes, Block] | None = None, ids: list[int] | None = None) -> None:
         """Landing ``slots`` hold a checked run now: slot i the content (parent: slot
         i - 1's, or ``parent_cid`` for the first; ``chunks[i]``, ``extras[i]``), content id
         ``cids[i]``, chain hash ``hashes[i]``, announced by ``event`` (the run in these
@@ -73,17 +80,25 @@ class SlotLanding(SlotIndex):
         same plan may precede). The caller made sure no slot holds the first content
         already (the others' parents are new). ``filled``: ``fill_landing`` wrote these
         slots' fields already (on a fetcher's thread), from a parent that may have been
-        another: only the first slot's parent is set here. ``unique``: no two of
-        ``chunks`` are equal (then, when no slot's key is one of them either, the slots
-        are keyed in one C call)."""
+        another: only the first slot's parent is set here (``extras``, ``cids`` and
+        ``hashes`` are not read). ``unique``: no two of ``chunks`` are equal (then, when no
+        slot's key is one of them either, the slots are keyed in one C call). ``keyed``:
+        ``dict(zip(chunks, slots))``, built where it cost the scheduler nothing (a
+        fetcher's thread), given only when ``unique``: the dicts' stored hashes serve the
+        check and the keying (no token bytes is hashed or read again, and the check
+        probes the smaller of the two maps). ``ids``: the slots' ids, listed where it cost
+        the scheduler nothing: an admission that loads exactly these slots in this step
+        neither pins them again nor lists their ids (``hold``, ``load``)."""
         if filled:
             slots[0].parent_cid = parent_cid
         else:
             fill_landing(slots, parent_cid, extras, cids, hashes)
         by_chunk = self.by_chunk
         self.num_landing -= len(slots)
-        if unique and by_chunk.keys().isdisjoint(chunks):
-            by_chunk.update(zip(chunks, slots, strict=True))  # (each setdefault below would succeed)
+        if unique and keyed is None:
+            keyed = dict(zip(chunks, slots, strict=True))
+        if keyed is not None and by_chunk.keys().isdisjoint(keyed.keys()):
+            by_chunk.update(keyed)  # (each setdefault below would succeed)
             for s, chunk in zip(slots, chunks, strict=True):
                 s.key = chunk
         else:
@@ -95,6 +110,8 @@ class SlotLanding(SlotIndex):
                     s.key = key = (s.parent_cid, chunk, s.extra)
                     by_key[key] = s
         self._pinned += slots  # (ref_cnt is 1 already)
+        if ids is not None:
+            self._landed.append((slots, ids))
         if event is not None:
             self._sink.append(event)
             for i, s in enumerate(slots):  # (each slot's own, for its removal and copies)
@@ -103,10 +120,7 @@ class SlotLanding(SlotIndex):
     def _take_lru(self, out: list[Block], n: int) -> None:
         """Append to ``out`` up to ``n`` least recently used cached slots, their content
         dropped, each pinned once (as ``_take_cached`` n times; the common case in one
-        loop of its own)."""
-        if not self.num_chained and not self._sink.active and not self.by_key:
-            self._take_plain(out, n)
-            return
+        loop of its own: ``_take_plain``, which ``reserve`` calls then)."""
         head, tail = self._cached.ends()
         s = head.next  # (a slot until ``tail``)
         taken = 0

@@ -203,3 +203,30 @@ def test_sglang_storage_example(sgl, capsys):
     out = capsys.readouterr().out
     assert "A wrote 4 pages; B found 4 held and read 4, checked (0 rejected)" in out
     assert "pages read equal pages written: True" in out
+
+
+def test_calls_whose_pages_and_places_differ_in_number_are_refused_before_any_write(sgl, redis):
+    # Before: batch_get_v1 wrote the pages it had host indices for into the host pool, then
+    # raised IndexError; batch_get filled the targets it had, then raised zip's ValueError;
+    # batch_set_v1 raised IndexError.
+    writer, wpool = replica(sgl, redis.url)
+    reader, rpool = replica(sgl, redis.url)
+    fill(wpool, 7)
+    keys = page_hashes(sgl, tokens(3 * PAGE, 1300), PAGE)
+    assert writer.batch_set_v1(keys, indices(0, 3)) == [True] * 3
+    short = indices(8, 2)[:-1]                     # 2 pages' indices but one, for 3 pages
+    for call in (lambda: reader.batch_get_v1(keys, short),
+                 lambda: reader.batch_get_v1(keys, indices(8, 4))):
+        with pytest.raises(ConfigError, match="3 pages"):
+            call()
+        assert torch.count_nonzero(rpool.kv_buffer) == 0
+    targets = [rpool.get_dummy_flat_data_page() for _ in keys[:2]]
+    with pytest.raises(ConfigError, match="3 pages"):
+        reader.batch_get(keys, targets)
+    assert all(torch.count_nonzero(t) == 0 for t in targets)
+    fresh = page_hashes(sgl, tokens(3 * PAGE, 1400), PAGE)
+    with pytest.raises(ConfigError, match="3 pages"):
+        writer.batch_set_v1(fresh, indices(0, 2))
+    with pytest.raises(ConfigError, match="3 pages"):
+        writer.batch_set(fresh, [wpool.get_data_page(0)] * 2)
+    assert reader.batch_exists(fresh) == 0

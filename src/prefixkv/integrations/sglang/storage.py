@@ -101,14 +101,24 @@ class PrefixKVStorage(HiCacheStorage):
         """How many of ``keys``, from the first, the store holds (one round trip)."""
         return self.pages.held(keys)
 
+    def _places(self, keys: list[str], places: Any, what: str, per_page: int = 1) -> None:
+        """Raise ConfigError unless ``places`` (targets, values or host indices) has
+        ``per_page`` entries for each of ``keys``: checked before anything is read or
+        written, so a mismatched call changes nothing."""
+        if len(places) != len(keys) * per_page:
+            raise ConfigError(f"{len(keys)} pages but {len(places)} {what}"
+                              + (f" ({per_page} a page)" if per_page > 1 else ""))
+
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
         return self.batch_get([key], [target_location])[0]
 
     def batch_get(self, keys: list[str], target_locations: Any = None,
                   target_sizes: Any = None) -> list[torch.Tensor | None]:
         """Each page written into its flat target tensor (``get_dummy_flat_data_page``),
-        or a new flat tensor where none is given; None where it is not a checked hit."""
+        or a new flat tensor where none is given; None where it is not a checked hit.
+        Raises ConfigError (nothing read or written) when the targets are not one a page."""
         targets = list(target_locations) if target_locations is not None else [None] * len(keys)
+        self._places(keys, targets, "target locations")
         out: list[torch.Tensor | None] = []
         for payload, target in zip(self.pages.get(keys), targets, strict=True):
             if payload is None:
@@ -127,14 +137,18 @@ class PrefixKVStorage(HiCacheStorage):
 
     def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
                   target_sizes: Any = None) -> bool:
-        """Store each page tensor under its key; True when the store took them all."""
+        """Store each page tensor under its key; True when the store took them all.
+        Raises ConfigError (nothing stored) when the values are not one a page."""
+        self._places(keys, values, "values")
         return self.pages.put([(k, _page_bytes(v)) for k, v in zip(keys, values, strict=True)])
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         """Page ``i`` read into the host pool at ``host_indices[i * page_size]``; True
-        for each page that was a checked hit."""
+        for each page that was a checked hit. Raises ConfigError (nothing read or
+        written) unless ``host_indices`` has ``page_size`` entries a page."""
         pool, size = self.mem_pool_host, self.pages.page_size
+        self._places(keys, host_indices, "host indices", size)
         done = []
         for i, page in enumerate(self.batch_get(keys)):
             if page is not None:
@@ -144,8 +158,11 @@ class PrefixKVStorage(HiCacheStorage):
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
-        """Page ``i`` written from the host pool at ``host_indices[i * page_size]``."""
+        """Page ``i`` written from the host pool at ``host_indices[i * page_size]``.
+        Raises ConfigError (nothing stored) unless ``host_indices`` has ``page_size``
+        entries a page."""
         pool, size = self.mem_pool_host, self.pages.page_size
+        self._places(keys, host_indices, "host indices", size)
         items = [(k, _page_bytes(pool.get_data_page(int(host_indices[i * size]), flat=True)))
                  for i, k in enumerate(keys)]
         return [self.pages.put(items)] * len(keys)

@@ -11,7 +11,9 @@ blocks cover ``hit + external + new + lookahead`` positions (capped at ``max_mod
 and caches up to ``min(hit + external + new, request.num_tokens)`` (nothing past the hit
 with ``delay_cache_blocks``); ``cache_blocks(request, n)`` caches up to ``n`` later (the
 scheduler calls it at output time and when an async load lands). Tokens reach prefixkv
-from ``request.all_token_ids`` as they become known. The hit is prefixkv's own lookup:
+from ``request.all_token_ids`` as they become known; at admission, as the ``Prompt``
+prepared when vLLM built the request (``prepared_prompts``: prepared.py) while it
+describes the request exactly, else as those ids. The hit is prefixkv's own lookup:
 found and verified by content, so ``request.block_hashes`` is not read.
 
 The differences from vLLM's manager, and the tests of vLLM that show them, are listed in
@@ -20,7 +22,7 @@ docs/integration.md ("With vLLM").
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -31,8 +33,10 @@ from vllm.v1.request import Request, RequestStatus
 
 from prefixkv.core.block import blocks_for
 from prefixkv.core.manager import KVCacheManager as CoreManager
+from prefixkv.core.prompt import Prompt
 from prefixkv.errors import PromptTooLongError, RequestError
 from prefixkv.events import BlockRemoved
+from prefixkv.extra_keys import ExtraKeys
 from prefixkv.groups import HybridKVCacheManager
 
 from .coordinator import CoordinatorView
@@ -40,6 +44,7 @@ from .events import to_vllm_events
 from .handoff import PendingVllmEvents
 from .layout import UnsupportedByPrefixKV, read_layout
 from .pool import BlockPoolView, Blocks
+from .prepared import PreparedPrompts
 from .requests import core_tokens, extra_keys_of, reads_cache
 
 __all__ = ["KVCacheManager"]
@@ -98,6 +103,8 @@ class KVCacheManager:
             self.core = CoreManager(layout.num_blocks - 1, bs, hash_mode="sha256",
                                     enable_caching=enable_caching, enable_events=events)
             offset = 1
+        # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
+        self.prepared_prompts = PreparedPrompts(self.core.prepare)
         self._blocks = Blocks(layout.num_blocks, self.num_kv_cache_groups, offset)
         self.empty_kv_cache_blocks = self._blocks.empty
         self._spec_of_group = tuple((get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s))
@@ -179,8 +186,8 @@ class KVCacheManager:
         ``max_cache_hit_length`` is reported as none (prefixkv takes a hit whole)."""
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
-        tokens, extra = core_tokens(request), extra_keys_of(request)
-        hit = self.core.lookup_block_ids(tokens, extra=extra)
+        prompt, extra = self._prompt(request)
+        hit = self.core.lookup_block_ids(prompt, extra=extra)
         ids = hit if self._hybrid else (hit,)  # a window's unread blocks: the null block
         n, blocks = len(ids[0]) * self.block_size, self._blocks.of(ids)
         if max_cache_hit_length is not None and n > max_cache_hit_length:
@@ -246,18 +253,18 @@ class KVCacheManager:
         if request.num_computed_tokens and hit:
             raise RequestError(f"request {request.request_id!r} has {request.num_computed_tokens} "
                                f"computed tokens and a cache hit of {hit}")
-        tokens = core_tokens(request)
+        prompt, extra = self._prompt(request)
         read = hit > 0 and self.prefix_cache_lookup_enabled(request)
         computed = request.num_computed_tokens + hit + external
         slots = min(computed + num_new_tokens + lookahead, self.max_model_len)
-        cache_to = min(hit if delay else computed + num_new_tokens, len(tokens))
+        cache_to = min(hit if delay else computed + num_new_tokens, len(prompt))
         scheduled = max(cache_to - hit, 1)  # prefixkv schedules at least one token
         need = blocks_for(slots, self.block_size) * self.num_kv_cache_groups
         if keep > 0 and need > self.core.num_free_blocks - keep:
             return None  # conservative: as if every hit block came out of the free ones
         key = self._next_key
         try:
-            adm = self.core.add_request(key, tokens, extra=extra_keys_of(request), num_new_tokens=scheduled,
+            adm = self.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
                                         resumed=request.num_preemptions > 0, read_cache=read,
                                         num_lookahead_tokens=max(0, slots - hit - scheduled),
                                         require_full_fit=full_fit)
@@ -275,6 +282,15 @@ class KVCacheManager:
         new = tuple(ids[k:] for ids in adm.group_block_ids)
         self._on_allocated(new)
         return self._blocks.of(new)
+
+    def _prompt(self, request: Request) -> tuple[Sequence[int] | Prompt, ExtraKeys | None]:
+        """What admission takes for ``request``: the Prompt prepared when it was built,
+        while it describes the request exactly (prepared.py), else its token ids and
+        extra keys, read and encoded here."""
+        prompt = self.prepared_prompts.prompt_of(request)
+        if prompt is not None:
+            return prompt, None
+        return core_tokens(request), extra_keys_of(request)
 
     def _grow(self, key: int, request: Request, cache_to: int, slots: int) -> tuple[tuple[int, ...], ...]:
         """Cache up to ``cache_to`` (tokens from ``request.all_token_ids``), then reserve up

@@ -12,7 +12,9 @@ restored before the constructor returns, under a lock (one such construction at 
 a vLLM ``Scheduler`` built by another thread at that very moment would get prefixkv's
 manager too). With KV events on and vLLM's ``ZmqEventPublisher``, the constructor then
 makes the publisher's thread build the events (``handoff.py``), so that the scheduler's
-thread computes no chain hash for them.
+thread computes no chain hash for them. And when vLLM's ``EngineCore`` is the one building
+it, the hasher that engine gives its requests next prepares each prompt for prefixkv on
+the engine's input thread (``input_thread.py``, ``prepared.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler as VllmAsyncSchedu
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 
 from .handoff import hand_off
+from .input_thread import install as install_hasher
 from .manager import KVCacheManager
 
 __all__ = ["AsyncScheduler", "Scheduler"]
@@ -45,8 +48,10 @@ class _Builds:
             finally:
                 setattr(where, "KVCacheManager", original)  # noqa: B010
         manager = getattr(self, "kv_cache_manager", None)
-        if isinstance(manager, KVCacheManager) and manager.enable_kv_cache_events:
-            manager.hands_off_events = hand_off(getattr(self, "kv_event_publisher", None))
+        if isinstance(manager, KVCacheManager):
+            install_hasher()
+            if manager.enable_kv_cache_events:
+                manager.hands_off_events = hand_off(getattr(self, "kv_event_publisher", None))
 
 
 class Scheduler(_Builds, VllmScheduler):
