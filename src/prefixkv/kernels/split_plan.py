@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from .tiling import MIN_KEYS_PER_SPLIT, TileConfig, choose_num_splits, sm_count
-from .validation import AttentionShape, check_split_workspace
-from .workspace import SplitWorkspace, alloc_split_workspace
+from .validation import AttentionShape
+from .workspace import SplitWorkspace, alloc_split_workspace, check_split_workspace
 
 __all__ = ["SplitPlan", "plan_splits"]
 
@@ -56,7 +56,7 @@ def plan_splits(shape: AttentionShape, config: TileConfig, split_workspace: Spli
 
     Raises:
         ArgumentTypeError, ShapeError, DtypeError, DeviceError: as
-            :func:`~prefixkv.kernels.validation.check_split_workspace`.
+            :func:`~prefixkv.kernels.workspace.check_split_workspace`.
     """
     ws = split_workspace
     if ws is not None:  # fixed grid and workspace (CUDA graphs): per-request splits in any batch
