@@ -183,7 +183,7 @@ def test_router_follows_vllms_publisher_through_a_gap_and_a_restart(kv):
         assert sub.health()["replicas"]["v"]["protocol"] == "vllm"
         publish(kv, pub, mgr, "b", P[1])
         publish(kv, pub, mgr, "c", P[2])
-        (sock,) = sub._sub  # lost on the way: seq 1 and 2
+        (sock,) = sub._sockets.subs  # lost on the way: seq 1 and 2
         assert len(recv_all(sock, 2)) == 2
         publish(kv, pub, mgr, "d", P[3])
         assert poll_until(sub, lambda: held()[:4] == [12] * 4)

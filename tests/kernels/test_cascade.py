@@ -139,7 +139,7 @@ def test_a_long_shared_prefix_splits_its_keys_and_still_matches(monkeypatch):
     """Three requests decoding after a 640-token shared prefix: the prefix pass (no mask)
     runs two programs a KV head, so the launcher splits its keys (two slices of 320) to
     fill the GPU, although its packed rows are more than a decode's."""
-    from prefixkv.kernels import attention
+    from prefixkv.kernels import split_plan
 
     picked = []
 
@@ -147,8 +147,8 @@ def test_a_long_shared_prefix_splits_its_keys_and_still_matches(monkeypatch):
         picked.append((kw["causal"], choose(**kw)))
         return picked[-1][1]
 
-    choose = attention.choose_num_splits
-    monkeypatch.setattr(attention, "choose_num_splits", spy)
+    choose = split_plan.choose_num_splits
+    monkeypatch.setattr(split_plan, "choose_num_splits", spy)
     bs, shared = 16, 40
     ids = [list(range(shared)) + [shared + r] for r in range(3)]
     computed, new = [shared * bs + 4] * 3, [1] * 3

@@ -53,7 +53,7 @@ def test_a_long_decode_splits_beside_a_prefill():
 def test_the_launch_is_the_same_for_every_step(monkeypatch):
     """Two steps of different lengths: the same grid (the split axis from the workspace, not
     from max_seqlen_k) and no allocation for the splits."""
-    from prefixkv.kernels import attention
+    from prefixkv.kernels import attention, split_plan
 
     grids = []
     kernel = attention._paged_prefill_kernel
@@ -64,7 +64,7 @@ def test_the_launch_is_the_same_for_every_step(monkeypatch):
             return kernel[grid]
 
     monkeypatch.setattr(attention, "_paged_prefill_kernel", Recorder())
-    monkeypatch.setattr(attention, "alloc_split_workspace", None)  # calling it would raise
+    monkeypatch.setattr(split_plan, "alloc_split_workspace", None)  # calling it would raise
     ws = alloc_split_workspace(3, 4, 4, 16, PRIMARY_DEVICE, min_keys=32)
     for seed, kv_lens in ((1, KV_LENS), (2, [25, 90, 40, 7])):
         case = _case(seed, kv_lens)

@@ -43,7 +43,7 @@ def wait_for(sub, n):
 
 
 def discard(sub, n):
-    (sock,) = sub._sub
+    (sock,) = sub._sockets.subs
     for _ in range(n):
         assert sock.poll(PATIENCE * 1000)
         sock.recv_multipart()
@@ -232,11 +232,11 @@ def test_a_batch_of_the_old_life_read_after_the_restart_is_not_applied(legacy):
         step(pub, mgr, "a", P[0])
         wait_for(sub, 1)
         step(pub, mgr, "b", P[1])                 # seq 1: received, not read yet
-        (sock,) = sub._sub
+        (sock,) = sub._sockets.subs
         assert sock.poll(PATIENCE * 1000)
         endpoints = pub.endpoint, pub.replay_endpoint
         pub.close()
-        (monitor,) = sub._monitors
+        (monitor,) = sub._sockets.monitors
         assert monitor.poll(PATIENCE * 1000)      # the disconnect is known before seq 1
         pub, mgr, _ = make(endpoint=endpoints[0], replay=endpoints[1])
         if legacy:

@@ -324,7 +324,7 @@ def test_a_fill_that_fails_on_the_fetcher_is_done_at_the_landing(backend, layout
         f.slots[0].content_id = -7                   # part-way, then it fails
         raise RuntimeError("no fill")
 
-    monkeypatch.setattr(store_waits, "_ready", broken)
+    monkeypatch.setattr(store_waits, "fetch_ready", broken)  # the name start() hands the fetch
     m, ex, _ = setup(backend, layout)
     m.add_request("b", A)
     ex.run()

@@ -26,44 +26,21 @@ from functools import partial
 from typing import Any
 
 from ..errors import ConfigError, check_count
-from ..events import BlockStored
 from ..extra_keys import ExtraKeys
 from ..hashing import encode_tokens
-from ..results import StoreFetched, StoreWait
+from ..results import StoreWait
 from ..store.fetch import Fetch
 from ..store.link import StoreLink
 from ..tiers import HostSlot, HostTier
-from ..tiers.host_index import HOST
-from ..tiers.host_landing import fill_landing
 from .block import Block
 from .prompt import Prompt
 from .request import Request
+from .store_landing import fetch_ready, land
 
 
 def _attached(memory: list[list[memoryview]], slots: list[Block]) -> list[list[memoryview]]:
     """The views of ``slots`` in attached ``memory`` (``Fetch.views``: a fetcher calls it)."""
     return [memory[s.block_id] for s in slots]
-
-
-def _ready(f: Fetch) -> None:
-    """``Fetch.ready``, on the fetcher's thread: fill the run's landing slots
-    (``fill_landing``: everything ``land`` would write but their keys), note whether
-    the run's token chunks are distinct (``HostTier.land``'s ``unique``) and, if they
-    are, map them to the slots (its ``keyed``: a dict of the fetch's own, which the
-    scheduler merges into the tier's map when it lands the whole run), list the slots'
-    ids (``slot_ids``, for the loads) and, in staging buffers, state the run's copies
-    into its slots (``fetched``)."""
-    run = f.run
-    slots = f.slots[:run]
-    keyed = dict(zip(f.chunks[:run], slots, strict=True))
-    f.unique = len(keyed) == run
-    f.keyed = keyed if f.unique else None
-    f.slot_ids = [s.block_id for s in slots]
-    fill_landing(slots, f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run])
-    if f.staged:  # the run's ``StoreFetched`` ops (new objects: the fetcher's to make)
-        f.fetched = [StoreFetched(s.block_id, b[0].toreadonly())
-                     for s, b in zip(slots, f.buffers, strict=False)]
-    f.filled = True
 
 
 GRACE = 0.05
@@ -141,10 +118,10 @@ class StoreWaits:
                   self._staging if memory is None else partial(_attached, memory))
         f.hits, f.hit_cids = hits, [h.content_id for h in hits] if hits else []
         # the content ids the slots take if they land (ids are never reused: the ones of
-        # slots that do not land are lost), so that a fetcher can fill them (``_ready``)
+        # slots that do not land are lost), so that a fetcher can fill them (``fetch_ready``)
         f.planned = self.index.new_ids(len(slots))
         f.parent_cid = hits[-1].content_id if hits else 0
-        f.ready = _ready
+        f.ready = fetch_ready  # (store_landing.py)
         try:
             link.submit(f, req.keys.extra)
         except Exception:  # the executor refused (shut down): a fetch failed as a whole
@@ -251,7 +228,7 @@ class StoreWaits:
             self.in_flight -= 1
             self.reserved -= len(f.slots)
             self.link.ended(f, now)
-            self._land(f)
+            land(f, self.host, self.index, self.events, self.block_size)  # (store_landing.py)
             if self.waiting.get(f.request_id) is f and not f.expired:
                 out.append(f.request_id)
         for rid, f in self.waiting.items():
@@ -260,66 +237,3 @@ class StoreWaits:
                 self.link.stats.store_errors += 1
                 out.append(rid)
         return out
-
-    def _land(self, f: Fetch) -> None:
-        """Land the run of ``f`` that still continues the request's chain in its slots;
-        free the other slots."""
-        req: Request = f.req
-        chunks = req.prompt_chunks  # (kept: the request was never admitted under this object)
-        assert chunks is not None, "a fetch of a request without its chunks"
-        first, end, index = f.first, f.first + f.run, self.index
-        # what the device and host hold now, up to the first fetched block: that block's
-        # content may have come meanwhile (then land only past what is there now), or
-        # the prefix before it may have left (then the run continues nothing)
-        keys = req.keys
-        if not f.run:
-            hits = []
-        elif first or keys.mm is not None:
-            hits = index.match(chunks[:first + 1], keys.base, keys.mm)
-            if len(hits) > first:
-                hits = index.match(chunks[:end], keys.base, keys.mm)
-        else:  # a run from the first block: the walk only if its content is held now (one
-            # probe of the device, one of the host: a first content is never a chained slot)
-            chunk = chunks[0]
-            held = (index.holds(None, chunk, keys.base)
-                    or self.host.find(0, chunk, keys.base) is not None)
-            hits = index.match(chunks[:end], keys.base, None) if held else []
-        start = len(hits) if len(hits) >= first else end
-        slots = f.slots
-        if start < end:
-            lo, hi, bs = start - first, end - first, self.block_size
-            parent_cid = hits[-1].content_id if hits else 0
-            cids, filled = f.planned[lo:hi], f.filled
-            if parent_cid >= cids.start:  # (a parent recorded after the start, which lost
-                # the race: new ids, so that a child's id stays above its parent's, the
-                # order snapshots announce contents in; the landing fills the slots)
-                cids, filled = index.new_ids(hi - lo), False
-            f.cids = cids
-            event = None
-            if self.events.active:
-                extra = req.keys.extra
-                event = BlockStored(tuple(f.hashes[lo:hi]), hits[-1].hash if hits else None,
-                                    b"".join(f.chunks[lo:hi]),
-                                    tuple(s.block_id for s in slots[lo:hi]),
-                                    None if extra is None else extra.for_range(start * bs, end * bs),
-                                    start, HOST)
-            whole = not lo and hi == f.run  # (the fetcher's map and ids are the whole run's)
-            ids = f.slot_ids if whole and f.slot_ids else None
-            if filled:  # (then ``land`` reads only the keys' bytes)
-                self.host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], (), (), (), event,
-                               filled=True, unique=f.unique, keyed=f.keyed if whole else None,
-                               ids=ids)
-            else:
-                self.host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], f.extras[lo:hi], cids,
-                               f.hashes[lo:hi], event, unique=f.unique, ids=ids)
-            if not lo:  # (``reuse`` checks ``slots[:len(cids)]``)
-                f.landed_at = self.host.num_unpins
-            if f.fetched:  # (stated by the fetcher: ``_ready``)
-                self.host.fetches += f.fetched[lo:hi]
-            elif f.staged:
-                self.host.fetches += [StoreFetched(s.block_id, f.buffers[i][0].toreadonly())
-                                      for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]
-            if lo or hi < len(slots):
-                self.host.unreserve(slots[:lo] + slots[hi:])
-        else:
-            self.host.unreserve(slots)

@@ -14,6 +14,7 @@ except ImportError as exc:
     raise ExtraNotInstalledError("prefixkv.kernels", "kernels", "torch") from exc
 
 
+from .backend import BACKENDS, resolve_backend, use_backend
 from .batch import (
     PagedBatch,
     build_block_table,
@@ -23,7 +24,7 @@ from .batch import (
     build_slot_mapping,
 )
 from .cascade import CascadeBatch, build_cascade_batch, cascade_attention, merge_attention
-from .dispatch import BACKENDS, paged_prefill_attention, resolve_backend, use_backend, write_kv_cache
+from .dispatch import paged_prefill_attention, write_kv_cache
 from .errors import (
     ArgumentTypeError,
     BackendError,

@@ -23,9 +23,10 @@ from .checked import check_attention_values, check_scale_sink_values
 from .fp8 import is_fp8, unit_scale
 from .interpreter import backport_scalar_index
 from .split_kv import _split_phases, combine_splits
-from .tiling import MIN_KEYS_PER_SPLIT, TileConfig, choose_num_splits, choose_tiles, per_block_ids, sm_count
-from .validation import check_attention, check_split_workspace
-from .workspace import SplitWorkspace, alloc_split_workspace
+from .split_plan import plan_splits
+from .tiling import TileConfig, choose_tiles, per_block_ids
+from .validation import check_attention
+from .workspace import SplitWorkspace
 
 __all__ = ["paged_prefill_attention_triton"]
 
@@ -287,31 +288,13 @@ def paged_prefill_attention_triton(
         qk_scale, softcap_log2 = shape.softmax_scale / shape.softcap, shape.softcap * _LOG2E
     else:
         qk_scale, softcap_log2 = shape.softmax_scale * _LOG2E, 0.0
-    ws = split_workspace
-    if ws is not None:  # fixed grid and workspace (CUDA graphs): per-request splits in any batch
-        check_split_workspace(ws, shape, q.device, dict(
-            q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, cu_seqlens_q=cu_seqlens_q,
-            seqused_k=seqused_k, out=out, sinks=sinks, k_scale=k_scale, v_scale=v_scale))
-        num_splits, split_q, split_keys = ws.num_splits, ws.split_q, ws.min_keys
-    else:
-        forced = config.num_splits is not None
-        num_splits = config.num_splits or choose_num_splits(  # None: the heuristic's count
-            batch=shape.batch, num_kv_heads=shape.num_kv_heads, max_seqlen_q=max_seqlen_q,
-            max_seqlen_k=max_seqlen_k, num_sms=sm_count(q.device), block_q=block_q,
-            ctas_per_sm=config.ctas_per_sm, causal=causal)
-        # Every request splits (the heuristic splits only batches of short queries); a forced
-        # count splits every tile into all its slices (tests reach each slice that way).
-        split_q, split_keys = max(1, max_seqlen_q), 1 if forced else MIN_KEYS_PER_SPLIT
-        if num_splits > 1:
-            ws = alloc_split_workspace(num_splits, shape.batch, shape.num_heads, shape.head_dim, q.device,
-                                       split_q=split_q, min_keys=split_keys)
-    if num_splits > 1:
-        assert ws is not None
-        ws.row_tok.fill_(-1)  # rows this launch does not split stay out of the merge
-        ws_args = (ws.part, ws.part_lse, ws.row_tok)
-        ws_strides = (*ws.part.stride(), *ws.part_lse.stride())
-    else:
-        ws_args, ws_strides = (out, out, out), (0,) * 7  # pointers never read: SPLIT is off
+    plan = plan_splits(shape, config, split_workspace, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                       block_q=block_q, causal=causal, device=q.device, tensors=dict(
+                           q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                           cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k, out=out, sinks=sinks,
+                           k_scale=k_scale, v_scale=v_scale))
+    num_splits, split_q, split_keys = plan.num_splits, plan.split_q, plan.split_keys
+    ws_args, ws_strides = plan.kernel_args(out)
     grid = (shape.total_q // block_q + shape.batch + 2, shape.num_kv_heads, num_splits)
     backport_scalar_index()  # the phase loops' bounds are loaded: triton 3.6's interpreter needs it
     _paged_prefill_kernel[grid](
@@ -334,7 +317,6 @@ def paged_prefill_attention_triton(
         QK_AHEAD=config.qk_ahead,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    if num_splits > 1:
-        assert ws is not None
-        combine_splits(ws, out, lse)
+    if plan.ws is not None and num_splits > 1:
+        combine_splits(plan.ws, out, lse)
     return out if lse is None else (out, lse)

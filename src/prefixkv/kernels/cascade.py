@@ -29,8 +29,9 @@ from dataclasses import dataclass
 import torch
 
 from ..results import SharedPrefix
+from .backend import resolve_backend
 from .batch import build_block_table, build_cu_seqlens_q
-from .dispatch import paged_prefill_attention, resolve_backend
+from .dispatch import paged_prefill_attention
 from .errors import BatchError, DeviceError, DtypeError, ShapeError
 from .overlap import check_reads_apart
 from .validation import check_cascade, check_tensors

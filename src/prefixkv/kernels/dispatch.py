@@ -1,21 +1,19 @@
 """Public entry points: pick the Triton kernels for CUDA tensors, the torch reference elsewhere.
 
-The choice is made per call from the tensors' device; nothing is probed at import time
-and Triton is imported only when the Triton path is first taken. Tests force a backend
-with ``backend=`` or :func:`use_backend` (the Triton path runs on CPU tensors only under
-``TRITON_INTERPRET=1``).
+The choice is made per call from the tensors' device (``backend.py``: ``BACKENDS``,
+:func:`use_backend` and :func:`resolve_backend`, re-exported here); nothing is probed at
+import time and Triton is imported only when the Triton path is first taken. Tests force
+a backend with ``backend=`` or :func:`use_backend` (the Triton path runs on CPU tensors
+only under ``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal, overload
 
 import torch
 
-from .errors import ArgumentTypeError, BackendError, DeviceError
+from .backend import BACKENDS, resolve_backend, use_backend
 from .reference import paged_prefill_attention_reference, write_kv_cache_reference
 from .validation import check_tensors
 
@@ -23,70 +21,6 @@ if TYPE_CHECKING:
     from .workspace import SplitWorkspace
 
 __all__ = ["BACKENDS", "write_kv_cache", "paged_prefill_attention", "use_backend", "resolve_backend"]
-
-BACKENDS = ("auto", "triton", "torch")
-"""Names accepted by ``backend=`` and :func:`use_backend`: ``"auto"`` (Triton on CUDA
-tensors, the torch reference elsewhere), ``"triton"``, ``"torch"``."""
-_default_backend: contextvars.ContextVar[str] = contextvars.ContextVar("prefixkv_kernels_backend",
-                                                                       default="auto")
-
-
-def _check_name(backend: str) -> str:
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise BackendError(f"backend {backend!r} is not one of {BACKENDS}")
-    return backend
-
-
-@contextlib.contextmanager
-def use_backend(backend: str) -> Iterator[None]:
-    """Within the ``with`` block, calls without ``backend=`` use ``backend``.
-
-    Raises:
-        BackendError: ``backend`` is not one of ``BACKENDS``.
-    """
-    token = _default_backend.set(_check_name(backend))
-    try:
-        yield
-    finally:
-        _default_backend.reset(token)
-
-
-def _device(device: torch.device | str) -> torch.device:
-    if isinstance(device, torch.device):
-        return device
-    if not isinstance(device, str):
-        raise ArgumentTypeError(f"device must be a torch.device or a str, got {type(device).__name__}")
-    try:
-        return torch.device(device)
-    except RuntimeError as e:
-        raise DeviceError(f"device {device!r} is not a device torch knows: {e}") from None
-
-
-def resolve_backend(backend: str | None, device: torch.device | str) -> str:
-    """The backend (``"triton"`` or ``"torch"``) a call on ``device`` takes.
-
-    ``None`` means the innermost :func:`use_backend`, else ``"auto"``: Triton on CUDA
-    tensors, the torch reference elsewhere. ``device`` is a ``torch.device`` or its name.
-
-    Raises:
-        BackendError: unknown name, or ``"triton"`` on CPU tensors without
-            ``TRITON_INTERPRET=1`` (Triton cannot compile for the CPU).
-        ArgumentTypeError: ``device`` is neither a ``torch.device`` nor a str.
-        DeviceError: ``device`` is a str torch cannot parse.
-    """
-    device = _device(device)
-    name = _check_name(_default_backend.get() if backend is None else backend)
-    if name == "auto":
-        return "triton" if device.type == "cuda" else "torch"
-    if name == "triton" and device.type != "cuda":
-        from .tiling import interpreting
-
-        if not interpreting():
-            raise BackendError(
-                f"backend 'triton' needs CUDA tensors (got {device}) or TRITON_INTERPRET=1 set before "
-                "triton is imported; use backend='torch' on this device"
-            )
-    return name
 
 
 def write_kv_cache(

@@ -14,7 +14,8 @@ import torch
 from ..core.block import blocks_for
 from .checked import check_attention_values, check_scale_sink_values, check_slot_values
 from .fp8 import dequantize, quantize
-from .validation import check_attention, check_split_workspace, check_write_kv
+from .validation import check_attention, check_write_kv
+from .workspace import check_split_workspace
 
 __all__ = ["write_kv_cache_reference", "paged_prefill_attention_reference"]
 

@@ -15,11 +15,9 @@ import torch
 from .errors import ArgumentTypeError, DeviceError, DtypeError, ShapeError, UnsupportedError
 from .fp8 import FP8_DTYPES, QUERY_DTYPES, check_scale, is_fp8
 from .overlap import caches_overlap, check_apart, check_reads_apart
-from .workspace import SplitWorkspace
 
 __all__ = [
     "AttentionShape", "check_write_kv", "check_attention", "check_sinks", "check_tensors", "check_flags",
-    "check_split_workspace",
     "CACHE_DTYPES", "MAX_HEAD_DIM",
 ]
 
@@ -293,34 +291,3 @@ def check_sinks(sinks: torch.Tensor | None, q: torch.Tensor) -> None:
     if sinks.dtype != torch.float32:
         raise DtypeError(f"sinks dtype {sinks.dtype}; expected torch.float32")
     _same_device("sinks", sinks, q.device)
-
-
-def check_split_workspace(ws: object, shape: AttentionShape, device: torch.device,
-                          tensors: dict[str, torch.Tensor | None]) -> None:
-    """A ``split_workspace`` fits this call: a ``SplitWorkspace`` on q's device with fp32
-    partials of q's heads and head_dim, rows for ``batch * split_q``, and an int32 row map,
-    sharing no memory with each other or with the call's other ``tensors`` (by name).
-
-    Raises:
-        ArgumentTypeError: not a ``SplitWorkspace``.
-        ShapeError, DtypeError, DeviceError: it does not fit, or shares memory.
-    """
-    if not isinstance(ws, SplitWorkspace):
-        raise ArgumentTypeError(f"split_workspace must be a SplitWorkspace (alloc_split_workspace), got "
-                                f"{type(ws).__name__}")
-    want = (shape.num_heads, shape.head_dim)
-    if ws.part.dim() != 4 or tuple(ws.part.shape[2:]) != want or ws.part_lse.shape != (
-            ws.num_splits, shape.num_heads, ws.rows) or ws.row_tok.shape != (ws.rows,):
-        raise ShapeError(f"split_workspace is [{ws.num_splits}, {ws.rows}, ...] for heads x head_dim "
-                         f"{tuple(ws.part.shape[2:])}; this call has {want}")
-    if ws.rows < shape.batch * ws.split_q:
-        raise ShapeError(f"split_workspace has {ws.rows} rows; {shape.batch} requests x split_q {ws.split_q} "
-                         f"need {shape.batch * ws.split_q}")
-    dtypes = (ws.part.dtype, ws.part_lse.dtype, ws.row_tok.dtype)
-    if dtypes != (torch.float32, torch.float32, torch.int32):
-        raise DtypeError("split_workspace must hold float32 partials and an int32 row map")
-    for t in (ws.part, ws.part_lse, ws.row_tok):
-        _same_device("split_workspace", t, device)
-    check_apart("paged_prefill_attention", {"split_workspace.part": ws.part,
-                                            "split_workspace.part_lse": ws.part_lse,
-                                            "split_workspace.row_tok": ws.row_tok}, tensors)

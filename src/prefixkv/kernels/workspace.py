@@ -1,4 +1,5 @@
-"""The split-KV workspace a launch writes partial outputs into (``split_kv.py`` merges them).
+"""The split-KV workspace a launch writes partial outputs into (``split_kv.py`` merges them),
+and the check that one fits a call (both backends run it).
 
 Torch only (no Triton), so that an engine can make one at start-up, before any launch,
 and pass the same one to every step: a launch with it has a fixed grid and allocates
@@ -8,12 +9,18 @@ nothing for its splits, which is what a CUDA graph needs to capture it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from .errors import UnsupportedError
+from .errors import ArgumentTypeError, DtypeError, ShapeError, UnsupportedError
+from .overlap import check_apart
+from .validation import _same_device
 
-__all__ = ["MIN_KEYS_PER_SPLIT", "SplitWorkspace", "alloc_split_workspace"]
+if TYPE_CHECKING:
+    from .validation import AttentionShape
+
+__all__ = ["MIN_KEYS_PER_SPLIT", "SplitWorkspace", "alloc_split_workspace", "check_split_workspace"]
 
 MIN_KEYS_PER_SPLIT = 256
 """Keys a split gets at least (by default): below this a split spends more on its partial
@@ -71,3 +78,34 @@ def alloc_split_workspace(num_splits: int, max_batch: int, num_heads: int, head_
         part_lse=torch.empty((num_splits, num_heads, rows), dtype=torch.float32, device=device),
         row_tok=torch.full((rows,), -1, dtype=torch.int32, device=device),
         split_q=split_q, min_keys=min_keys)
+
+
+def check_split_workspace(ws: object, shape: AttentionShape, device: torch.device,
+                          tensors: dict[str, torch.Tensor | None]) -> None:
+    """A ``split_workspace`` fits this call: a ``SplitWorkspace`` on q's device with fp32
+    partials of q's heads and head_dim, rows for ``batch * split_q``, and an int32 row map,
+    sharing no memory with each other or with the call's other ``tensors`` (by name).
+
+    Raises:
+        ArgumentTypeError: not a ``SplitWorkspace``.
+        ShapeError, DtypeError, DeviceError: it does not fit, or shares memory.
+    """
+    if not isinstance(ws, SplitWorkspace):
+        raise ArgumentTypeError(f"split_workspace must be a SplitWorkspace (alloc_split_workspace), got "
+                                f"{type(ws).__name__}")
+    want = (shape.num_heads, shape.head_dim)
+    if ws.part.dim() != 4 or tuple(ws.part.shape[2:]) != want or ws.part_lse.shape != (
+            ws.num_splits, shape.num_heads, ws.rows) or ws.row_tok.shape != (ws.rows,):
+        raise ShapeError(f"split_workspace is [{ws.num_splits}, {ws.rows}, ...] for heads x head_dim "
+                         f"{tuple(ws.part.shape[2:])}; this call has {want}")
+    if ws.rows < shape.batch * ws.split_q:
+        raise ShapeError(f"split_workspace has {ws.rows} rows; {shape.batch} requests x split_q {ws.split_q} "
+                         f"need {shape.batch * ws.split_q}")
+    dtypes = (ws.part.dtype, ws.part_lse.dtype, ws.row_tok.dtype)
+    if dtypes != (torch.float32, torch.float32, torch.int32):
+        raise DtypeError("split_workspace must hold float32 partials and an int32 row map")
+    for t in (ws.part, ws.part_lse, ws.row_tok):
+        _same_device("split_workspace", t, device)
+    check_apart("paged_prefill_attention", {"split_workspace.part": ws.part,
+                                            "split_workspace.part_lse": ws.part_lse,
+                                            "split_workspace.row_tok": ws.row_tok}, tensors)

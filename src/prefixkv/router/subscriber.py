@@ -28,6 +28,7 @@ from typing import Any
 from .decode import DecodeError, decode_batch
 from .replay_client import Answer, ReplayClient, ReplayError, ReplayTimeout
 from .router import Router
+from .sockets import ReplicaSockets
 
 _log = logging.getLogger(__name__)
 _LAST_SEQ = (1 << 64) - 1  # the largest 8-byte sequence number
@@ -43,8 +44,6 @@ class Subscriber:
 
     def __init__(self, router: Router, endpoints: Mapping[str, tuple[str, str | None]], *,
                  topic: str = "kv-events", replay_timeout: float = 1.0) -> None:
-        import zmq
-
         self.router = router
         self.replay_timeout_ms = int(replay_timeout * 1000)
         self.last_seq: dict[str, int] = {}
@@ -57,25 +56,10 @@ class Subscriber:
         self._legacy: set[str] = set()  # replicas that answer only the 8-byte request
         self._last_payload: dict[str, bytes] = {}  # what a vLLM publisher is verified by
         self._unverified: set[str] = set()  # disconnected since their last message
-        self._ctx: Any = zmq.Context.instance()
-        self._poller = zmq.Poller()
-        self._sub: dict[Any, str] = {}
-        self._monitors: dict[Any, str] = {}
-        self._replay: dict[str, ReplayClient] = {}
         for replica in endpoints:
             router.forget(replica)  # RouterError for an unknown name; starts it empty
-        for replica, (pub, replay) in endpoints.items():
-            sub = self._ctx.socket(zmq.SUB)
-            sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-            monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
-            sub.connect(pub)
-            self._sub[sub] = replica
-            self._monitors[monitor] = replica
-            self._poller.register(monitor, zmq.POLLIN)
-            self._poller.register(sub, zmq.POLLIN)
-            if replay is not None:
-                self._replay[replica] = ReplayClient(self._ctx, replay, self.replay_timeout_ms,
-                                                     topic.encode())
+        self._sockets = ReplicaSockets(endpoints, topic, self.replay_timeout_ms)  # sockets.py
+        self._replay = self._sockets.replay
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lock = threading.Lock()  # held while the index changes (thread mode)
@@ -83,23 +67,13 @@ class Subscriber:
     def poll(self, timeout: float = 0.0) -> int:
         """Handle every message waiting now (waiting up to ``timeout`` s for the first);
         returns how many live messages were handled. Never raises for what it reads."""
-        import zmq
-
         handled = 0
-        ready = dict(self._poller.poll(int(timeout * 1000)))
-        while ready:
-            # monitors first: a disconnect must be known before the messages that follow it
-            for sock in sorted(ready, key=lambda s: s not in self._monitors):
-                try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    continue
-                try:
-                    with self.lock:
-                        handled += self._on_frames(sock, frames)
-                except Exception as exc:  # a defect, not bad input (that is checked): go on
-                    self._failed(exc)
-            ready = dict(self._poller.poll(0))
+        for sock, frames in self._sockets.messages(timeout):
+            try:
+                with self.lock:
+                    handled += self._on_frames(sock, frames)
+            except Exception as exc:  # a defect, not bad input (that is checked): go on
+                self._failed(exc)
         return handled
 
     def start(self) -> None:
@@ -139,55 +113,31 @@ class Subscriber:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(2.0)
-        for sub in self._sub:
-            sub.disable_monitor()
-        for sock in [*self._monitors, *self._sub]:
-            sock.close(linger=0)
-        for client in self._replay.values():
-            client.close()
+        self._sockets.close()
 
     # ---- what arrives --------------------------------------------------------------------
 
     def _on_frames(self, sock: Any, frames: list[bytes]) -> int:
         """Handle one message of a SUB or monitor socket; 1 for a live message."""
-        if sock in self._monitors:
-            self._on_monitor(self._monitors[sock], frames)
+        if sock in self._sockets.monitors:
+            self._on_monitor(self._sockets.monitors[sock], frames)
             return 0
         if len(frames) != 3 or len(frames[1]) != 8:
             self.bad_batches += 1  # not (topic, 8-byte seq, payload)
             return 1
-        self._on_message(self._sub[sock], int.from_bytes(frames[1], "big"), frames[2])
+        self._on_message(self._sockets.subs[sock], int.from_bytes(frames[1], "big"), frames[2])
         return 1
 
     def _on_monitor(self, replica: str, frames: list[bytes]) -> None:
-        import zmq
-        from zmq.utils.monitor import parse_monitor_message
-
-        if parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED:
+        if ReplicaSockets.is_disconnect(frames):
             self.disconnects += 1
             self.connected[replica] = False
             self._unverified.add(replica)
-            self._drop_queued(replica)
+            self._sockets.drop_queued(replica)  # sent by the connection that died
             return
         self.connected[replica] = True  # a handshake with a publisher succeeded
         if replica in self._unverified:
             self._verify(replica)
-
-    def _drop_queued(self, replica: str) -> None:
-        """Drop the messages waiting in ``replica``'s SUB socket at a disconnect: the
-        connection that died sent them, but they would be read after the verification
-        (``_verify``), as if the publisher found then (maybe a new life, numbering from
-        0 again) had sent them. What the publisher did not restart for is not lost: the
-        verification replays everything after the batch applied last. (ZeroMQ queues a
-        connection's messages before it reports its end, so none of them follows.)"""
-        import zmq
-
-        sub = next(sock for sock, r in self._sub.items() if r == replica)
-        for _ in range(sub.getsockopt(zmq.RCVHWM) or 1 << 20):  # what one pipe can hold
-            try:
-                sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
 
     def _failed(self, exc: Exception) -> None:
         self.errors += 1

@@ -27,7 +27,7 @@ from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
-from vllm.v1.kv_cache_interface import KVCacheConfig, get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
+from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
@@ -35,17 +35,16 @@ from prefixkv.core.block import blocks_for
 from prefixkv.core.manager import KVCacheManager as CoreManager
 from prefixkv.core.prompt import Prompt
 from prefixkv.errors import PromptTooLongError, RequestError
-from prefixkv.events import BlockRemoved
 from prefixkv.extra_keys import ExtraKeys
 from prefixkv.groups import HybridKVCacheManager
 
 from .coordinator import CoordinatorView
-from .events import to_vllm_events
-from .handoff import PendingVllmEvents
 from .layout import UnsupportedByPrefixKV, read_layout
 from .pool import BlockPoolView, Blocks
+from .popped import PoppedBlocks
 from .prepared import PreparedPrompts
 from .requests import core_tokens, extra_keys_of, reads_cache
+from .telemetry import Telemetry
 
 __all__ = ["KVCacheManager"]
 
@@ -86,7 +85,6 @@ class KVCacheManager:
         self.use_eagle = False
         self.log_stats = log_stats
         self.metrics_collector = metrics_collector
-        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.num_kv_cache_groups = len(layout.groups)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.mamba_shared_prefix_checkpoint = False
@@ -107,18 +105,25 @@ class KVCacheManager:
         self.prepared_prompts = PreparedPrompts(self.core.prepare)
         self._blocks = Blocks(layout.num_blocks, self.num_kv_cache_groups, offset)
         self.empty_kv_cache_blocks = self._blocks.empty
-        self._spec_of_group = tuple((get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s))
-                                    for s in layout.specs)
+        # stats, metrics notes and events (telemetry.py)
+        self._telemetry = Telemetry(self.core, self._blocks, bs, layout.specs, log_stats=log_stats,
+                                    metrics_collector=metrics_collector,
+                                    enable_kv_cache_events=enable_kv_cache_events)
         self.block_pool = BlockPoolView(self._blocks, layout.num_blocks, bs, enable_caching,
                                         self._free_popped, self._evict, lambda: self.core.num_free_blocks,
-                                        self._built_events)
+                                        self._telemetry.built_events)
         self.coordinator = CoordinatorView(self, layout)
         self._keys: dict[Hashable, int] = {}  # vLLM request id -> prefixkv's id of the request
         self._next_key = 0
-        # id(block) of each popped block -> (key, the popped blocks)
-        self._popped: dict[int, tuple[int, list[KVCacheBlock]]] = {}
+        self._popped = PoppedBlocks()  # pop_blocks_for_free's, until given back (popped.py)
 
     # ---- queries ------------------------------------------------------------------------
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The stats gathered since ``make_prefix_cache_stats`` last ran (None without
+        ``log_stats``)."""
+        return self._telemetry.prefix_cache_stats
 
     @property
     def usage(self) -> float:
@@ -192,10 +197,8 @@ class KVCacheManager:
         n, blocks = len(ids[0]) * self.block_size, self._blocks.of(ids)
         if max_cache_hit_length is not None and n > max_cache_hit_length:
             return self.empty_kv_cache_blocks, 0, 0
-        if n and self.metrics_collector is not None:
-            for b in blocks.blocks[0]:
-                if not b.is_null:
-                    self.metrics_collector.on_block_accessed(b)
+        if n:
+            self._telemetry.on_accessed(blocks)
         return blocks, n, 0
 
     def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
@@ -280,7 +283,7 @@ class KVCacheManager:
         self._keys[request.request_id] = key
         k = hit // self.block_size
         new = tuple(ids[k:] for ids in adm.group_block_ids)
-        self._on_allocated(new)
+        self._telemetry.on_allocated(new)
         return self._blocks.of(new)
 
     def _prompt(self, request: Request) -> tuple[Sequence[int] | Prompt, ExtraKeys | None]:
@@ -311,7 +314,7 @@ class KVCacheManager:
             scheduled = cache_to
         if slots > scheduled:
             took(core.reserve(key, slots - scheduled))
-        self._on_allocated(added)
+        self._telemetry.on_allocated(added)
         return tuple(added)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -323,13 +326,6 @@ class KVCacheManager:
         target = min(num_computed_tokens, request.num_tokens)
         if target > self.core.num_scheduled_tokens(key):
             self._grow(key, request, target, 0)
-
-    def _on_allocated(self, ids: Iterable[Iterable[int]]) -> None:
-        if self.metrics_collector is not None:
-            table, k = self._blocks.table, self._blocks.offset
-            for g in ids:
-                for i in g:
-                    self.metrics_collector.on_block_allocated(table[i + k])
 
     # ---- free ---------------------------------------------------------------------------
 
@@ -351,23 +347,12 @@ class KVCacheManager:
         if key is None:
             return []
         blocks = [KVCacheBlock(i) for g in self._blocks.vllm_ids(self._ids(key)) for i in g]
-        entry = (key, blocks)
-        for b in blocks:
-            self._popped[id(b)] = entry
+        self._popped.hand_out(key, blocks)
         return blocks
 
     def _free_popped(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Free the requests whose popped blocks these are (all checked before any change)."""
-        entries = {}
-        for b in blocks:
-            entry = self._popped.get(id(b))
-            if entry is None:
-                raise RequestError(f"block {b.block_id} was not handed out by pop_blocks_for_free "
-                                   f"(or was given back already)")
-            entries[entry[0]] = entry
-        for key, popped in entries.values():
-            for x in popped:
-                del self._popped[id(x)]
+        for key in self._popped.take_back(blocks):
             self.core.free(key)
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
@@ -387,10 +372,7 @@ class KVCacheManager:
         """Drop every cached block when none is in use; whether it did."""
         if not self.core.reset_prefix_cache():
             return False
-        if self.metrics_collector is not None:
-            self.metrics_collector.reset()
-        if self.prefix_cache_stats is not None:
-            self.prefix_cache_stats.reset = True
+        self._telemetry.on_reset()
         return True
 
     # ---- per step: stats, events, plans --------------------------------------------------
@@ -401,17 +383,13 @@ class KVCacheManager:
         self.core.take_kv_ops()
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
-        if self.prefix_cache_stats is None or not self.prefix_cache_lookup_enabled(request):
-            return
-        self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
-                                       preempted=request.num_preemptions > 0)
+        """Count the request's lookup in the stats (with ``log_stats``, when it reads the cache)."""
+        if self.prefix_cache_lookup_enabled(request):
+            self._telemetry.record_prefix_cache_stats(request, num_hits)
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         """vLLM's PrefixCacheStats since the previous call; None without ``log_stats``."""
-        if not self.log_stats:
-            return None
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
-        return stats
+        return self._telemetry.make_prefix_cache_stats()
 
     def take_events(self) -> list[Any]:
         """KV events since the previous call as vLLM's ``KVCacheEvent`` objects (empty
@@ -419,26 +397,7 @@ class KVCacheManager:
         ``Scheduler`` sets it when vLLM's ``ZmqEventPublisher`` will build them, and no
         ``metrics_collector`` needs them now), a ``PendingVllmEvents`` that the
         publisher's thread builds: the chain hashes are not computed here."""
-        if self.hands_off_events and self.enable_kv_cache_events and self.metrics_collector is None:
-            return PendingVllmEvents(self.core.take_pending_events(), self.block_size,
-                                     self._spec_of_group)
-        return self._built_events()
-
-    def _built_events(self) -> list[Any]:
-        """``take_events()``, built here (what ``block_pool.take_events()`` returns)."""
-        core = self.core.take_events()
-        if self.metrics_collector is not None:
-            self._note_evictions(core)
-        if not self.enable_kv_cache_events:
-            return []
-        return to_vllm_events(core, self.block_size, self._spec_of_group)
-
-    def _note_evictions(self, events: list[Any]) -> None:
-        table, k = self._blocks.table, self._blocks.offset
-        for e in events:
-            if isinstance(e, BlockRemoved):
-                for i in e.block_ids:
-                    self.metrics_collector.on_block_evicted(table[i + k])
+        return self._telemetry.take_events(self.hands_off_events)
 
     def take_new_block_ids(self) -> list[int]:
         """[]: no group of prefixkv's needs its new blocks zeroed (that is Mamba's)."""

@@ -1,0 +1,93 @@
+"""The ZeroMQ sockets a ``Subscriber`` reads N replicas through (extra ``prefixkv[events]``).
+
+Per replica a SUB socket on its publisher, a monitor of that socket (disconnects and
+handshakes), and a ReplayClient on its replay socket when it has one; one poller over
+the SUB sockets and the monitors. What arrives is handed on as frames: the sequence
+handling (``subscriber.py``) decides what they mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from .replay_client import ReplayClient
+
+__all__ = ["ReplicaSockets"]
+
+
+class ReplicaSockets:
+    """The sockets of ``endpoints`` (replica -> ``(pub_endpoint, replay_endpoint or
+    None)``), connected at construction: SUB sockets subscribed to ``topic``, replay
+    clients waiting ``replay_timeout_ms`` for an answer."""
+
+    def __init__(self, endpoints: Mapping[str, tuple[str, str | None]], topic: str,
+                 replay_timeout_ms: int) -> None:
+        import zmq
+
+        self._ctx: Any = zmq.Context.instance()
+        self._poller = zmq.Poller()
+        self.subs: dict[Any, str] = {}  # SUB socket -> its replica
+        self.monitors: dict[Any, str] = {}  # monitor socket -> its replica
+        self.replay: dict[str, ReplayClient] = {}
+        for replica, (pub, replay) in endpoints.items():
+            sub = self._ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+            monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            sub.connect(pub)
+            self.subs[sub] = replica
+            self.monitors[monitor] = replica
+            self._poller.register(monitor, zmq.POLLIN)
+            self._poller.register(sub, zmq.POLLIN)
+            if replay is not None:
+                self.replay[replica] = ReplayClient(self._ctx, replay, replay_timeout_ms, topic.encode())
+
+    def messages(self, timeout: float) -> Iterator[tuple[Any, list[bytes]]]:
+        """Every message waiting now, as ``(socket, frames)``, until none is (waiting up
+        to ``timeout`` s for the first). Of the sockets ready together, the monitors come
+        first: a disconnect must be known before the messages that follow it."""
+        import zmq
+
+        ready = dict(self._poller.poll(int(timeout * 1000)))
+        while ready:
+            for sock in sorted(ready, key=lambda s: s not in self.monitors):
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    continue
+                yield sock, frames
+            ready = dict(self._poller.poll(0))
+
+    @staticmethod
+    def is_disconnect(frames: list[bytes]) -> bool:
+        """Whether a monitor's message reports a disconnect (else a handshake succeeded)."""
+        import zmq
+        from zmq.utils.monitor import parse_monitor_message
+
+        return bool(parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED)
+
+    def drop_queued(self, replica: str) -> None:
+        """Drop the messages waiting in ``replica``'s SUB socket at a disconnect: the
+        connection that died sent them, but they would be read after the verification
+        (``Subscriber._verify``), as if the publisher found then (maybe a new life,
+        numbering from 0 again) had sent them. What the publisher did not restart for is
+        not lost: the verification replays everything after the batch applied last.
+        (ZeroMQ queues a connection's messages before it reports its end, so none of them
+        follows.)"""
+        import zmq
+
+        sub = next(sock for sock, r in self.subs.items() if r == replica)
+        for _ in range(sub.getsockopt(zmq.RCVHWM) or 1 << 20):  # what one pipe can hold
+            try:
+                sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+
+    def close(self) -> None:
+        """Close every socket and replay client."""
+        for sub in self.subs:
+            sub.disable_monitor()
+        for sock in [*self.monitors, *self.subs]:
+            sock.close(linger=0)
+        for client in self.replay.values():
+            client.close()
