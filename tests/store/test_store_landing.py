@@ -23,7 +23,9 @@ C9 = bytes([9, 0, 0, 0] * 4)             # the token bytes of (9 9 9 9), uint32 
 C5 = bytes([5, 0, 0, 0, 6, 0, 0, 0, 7, 0, 0, 0, 8, 0, 0, 0])
 
 
-def test_a_run_whose_token_bytes_a_slot_holds_under_another_parent_lands_beside_it(backend, layout):
+def _manager(backend, layout):
+    """A manager whose store holds X's two blocks (written by another manager), its
+    fetches run when the test says (``Manual.run``), host slots with memory attached."""
     computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
                             store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
              backend, "w", X)
@@ -31,6 +33,11 @@ def test_a_run_whose_token_bytes_a_slot_holds_under_another_parent_lands_beside_
     m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
                        store=SharedStore(backend, layout, cost=always(), timeout=LIVE, executor=ex))
     m.attach_host_memory([[memoryview(bytearray(8))] for _ in range(4)])
+    return m, ex
+
+
+def test_a_run_whose_token_bytes_a_slot_holds_under_another_parent_lands_beside_it(backend, layout):
+    m, ex = _manager(backend, layout)
     m.add_request("y", Y, read_cache=False)
     m.take_kv_ops()
     m.free("y")
@@ -59,13 +66,7 @@ def test_a_run_whose_token_bytes_a_slot_holds_under_another_parent_lands_beside_
 
 def _waiting(backend, layout):
     """A manager whose store holds X's two blocks, and X waiting on their fetch, run."""
-    computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
-                            store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
-             backend, "w", X)
-    ex = Manual()
-    m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
-                       store=SharedStore(backend, layout, cost=always(), timeout=LIVE, executor=ex))
-    m.attach_host_memory([[memoryview(bytearray(8))] for _ in range(4)])
+    m, ex = _manager(backend, layout)
     assert m.add_request("x", X) == StoreWait("x", 2)
     ex.run()
     return m

@@ -90,12 +90,8 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
                                 start, HOST)
         whole = not lo and hi == f.run  # (the fetcher's map and ids are the whole run's)
         ids = f.slot_ids if whole and f.slot_ids else None
-        if filled:  # (then ``land`` reads only the keys' bytes)
-            host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], (), (), (), event,
-                      filled=True, unique=f.unique, keyed=f.keyed if whole else None, ids=ids)
-        else:
-            host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], f.extras[lo:hi], cids,
-                      f.hashes[lo:hi], event, unique=f.unique, ids=ids)
+        host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], f.extras[lo:hi], cids, f.hashes[lo:hi],
+                  event, filled=filled, unique=f.unique, keyed=f.keyed if whole else None, ids=ids)
         if not lo:  # (``reuse`` checks ``slots[:len(cids)]``)
             f.landed_at = host.num_unpins
         if f.fetched:  # (stated by the fetcher: ``fetch_ready``)
