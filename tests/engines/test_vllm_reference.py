@@ -8,10 +8,10 @@ decode steps (``allocate_slots`` for a running request, outputs appended), finis
 What the scheduler reads must agree (SPEC.md §6): the hit on admission, whether an
 allocation fits, the blocks each request holds (counts), the free count and usage,
 ``get_num_common_prefix_blocks``, ``reset_prefix_cache``'s answer and the prefix-cache
-stats. Block ids differ by design (prefixkv takes blocks with no content before it
-evicts a cached one; vLLM pops its queue's head): so they are compared only until the
-first eviction in either manager (events), and so are hits (which then depend on what
-each evicted). At every step, in both managers, a hit must be true: each block it
+stats. Block ids differ by design (the order of each pool's free blocks: prefixkv takes
+blocks with no content before it evicts a cached one, vLLM pops its queue's head): their
+counts are compared, and hits only until the first eviction in either manager (events),
+after which each depends on what each evicted. At every step, in both managers, a hit must be true: each block it
 returns holds, per a model of what every request wrote where, the prompt's own tokens
 (and salt). Needs vllm installed."""
 
@@ -34,7 +34,7 @@ torch = pytest.importorskip("torch")
 from .test_vllm_plugin import config, full  # noqa: E402
 
 BS = 4
-MAX_LEN = 64
+MAX_LEN = 40  # vLLM's engine refuses a pool that cannot hold one request of this length
 SLOTS = 4  # logical requests at a time
 
 
@@ -108,11 +108,14 @@ PROMPT = st.tuples(st.integers(0, 2), st.integers(0, 24), st.lists(st.integers(0
                    st.sampled_from([None, None, "tenant"])).map(
     lambda p: ([100 * p[0] + k for k in range(p[1])] + p[2] or [7], p[3]))
 OP = st.tuples(st.sampled_from(["admit", "admit", "step", "step", "step", "free", "preempt", "reset"]),
-               st.integers(0, SLOTS - 1), st.integers(1, 12), PROMPT)
+               st.integers(0, SLOTS - 1), st.integers(1, 12), PROMPT, st.integers(0, 11))
 
 
 def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[list[int], str | None],
-        serial: int, strict: bool) -> None:
+        more: int, serial: int, strict: bool) -> None:
+    """``op`` on the request in ``slot`` in both managers: ``k`` tokens scheduled at most;
+    ``more``: the lookahead slots (``more % 4``) and the blocks to keep free
+    (``reserved_blocks``, ``more // 4``)."""
     from vllm.v1.request import RequestStatus
 
     ours, theirs = sides
@@ -128,7 +131,8 @@ def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[list
             blocks, hit, _ = s.m.get_computed_blocks(r)
             s.check_hit(slot, blocks, hit)
             n = min(k, r.num_tokens - hit)  # a chunk of the step's budget
-            new = s.m.allocate_slots(r, n, hit, blocks)
+            new = s.m.allocate_slots(r, n, hit, blocks, num_lookahead_tokens=more % 4,
+                                     reserved_blocks=more // 4)
             answers.append((hit if strict else None, new is None))
             if new is not None:
                 s.m.record_prefix_cache_stats(r, hit)
@@ -142,7 +146,7 @@ def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[list
         for s in sides:
             r = s.reqs[slot]
             n = min(k, r.num_tokens - r.num_computed_tokens)
-            new = s.m.allocate_slots(r, n)
+            new = s.m.allocate_slots(r, n, num_lookahead_tokens=more % 4, reserved_blocks=more // 4)
             answers.append(new is None)
             if new is not None:
                 r.num_computed_tokens += n
@@ -168,16 +172,14 @@ def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[list
         assert answers[0] == answers[1], (op, answers)
 
 
-def _compare(sides: tuple[Side, Side], strict: bool, same_hits: bool) -> None:
+def _compare(sides: tuple[Side, Side], same_hits: bool) -> None:
     ours, theirs = sides
     assert ours.m.block_pool.get_num_free_blocks() == theirs.m.block_pool.get_num_free_blocks()
     assert ours.m.usage == pytest.approx(theirs.m.usage)
     for slot in ours.live:
         rid = ours.reqs[slot].request_id
         mine, vllms = ours.m.get_block_ids(rid), theirs.m.get_block_ids(rid)
-        assert [len(g) for g in mine] == [len(g) for g in vllms]
-        if strict:
-            assert mine == vllms, (rid, mine, vllms)
+        assert [len(g) for g in mine] == [len(g) for g in vllms], (rid, mine, vllms)
         assert ours.m.get_num_common_prefix_blocks(rid) == theirs.m.get_num_common_prefix_blocks(rid)
     stats = [_stats(s.m) for s in sides]
     assert stats[0] == stats[1] or not same_hits, stats
@@ -185,12 +187,12 @@ def _compare(sides: tuple[Side, Side], strict: bool, same_hits: bool) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(num_blocks=st.integers(6, 40), ops=st.lists(OP, min_size=8, max_size=40))
+@given(num_blocks=st.integers(MAX_LEN // BS + 1, 30), ops=st.lists(OP, min_size=8, max_size=40))
 def test_prefixkv_and_vllms_manager_agree_on_what_the_scheduler_reads(num_blocks, ops):
     sides = _managers(num_blocks)
-    for serial, (op, slot, k, prompt) in enumerate(ops):
+    for serial, (op, slot, k, prompt, more) in enumerate(ops):
         strict = not (sides[0].evicted or sides[1].evicted)
-        _do(sides, op, slot, k, prompt, serial, strict)
+        _do(sides, op, slot, k, prompt, more, serial, strict)
         for s in sides:
             s.note_events()
-        _compare(sides, strict and not (sides[0].evicted or sides[1].evicted), strict)
+        _compare(sides, strict)
