@@ -138,7 +138,7 @@ class Admitter:
         check_new_request(self._requests, request_id)
         if num_new_tokens is not None:
             check_count("num_new_tokens", num_new_tokens, 1, None)
-        if num_lookahead_tokens:
+        if num_lookahead_tokens or num_lookahead_tokens.__class__ is not int:  # (None, [], 0.0)
             check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
         if resumed.__class__ is not bool or read_cache is not True or require_full_fit is not False:
             for name, flag in (("resumed", resumed), ("read_cache", read_cache),

@@ -239,9 +239,10 @@ class KVCacheManager(Decoder):
         cascade attention (``prefixkv.kernels.build_cascade_batch``). Plain ints; changes
         nothing. Shared blocks are full, but the engine may compute one of them in this
         very step: the kernel side keeps only blocks before each member's new tokens.
-        Raises RequestError for an unknown id (before looking at any), or ids given as a
-        str or bytes (a sequence of one-character ids, never what is meant)."""
-        if isinstance(request_ids, (str, bytes)):
+        Raises RequestError for an unknown id (before looking at any), or ids not given
+        as an iterable, or as a str or bytes (a sequence of one-character ids, never what
+        is meant)."""
+        if isinstance(request_ids, (str, bytes)) or not isinstance(request_ids, Iterable):
             raise RequestError(f"request_ids must be a sequence of ids, not {request_ids!r}")
         return shared_prefixes([self._get(rid).blocks for rid in request_ids])  # Blocks: identity
 
