@@ -62,7 +62,7 @@ def _observed(m: Any) -> tuple[Any, ...]:
 CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "add_request": (("new", list(range(14))), {"extra": None, "num_new_tokens": 5, "resumed": False,
                                                "read_cache": True, "num_lookahead_tokens": 1,
-                                               "require_full_fit": False}),
+                                               "require_full_fit": False, "keep_free": 1}),
     "extend": (("chunked", 4), {}),
     "append_tokens": (("live", [3, 4]), {}),
     "append_step": ((["live"], [3]), {}),

@@ -11,9 +11,9 @@ allocation fits, the blocks each request holds (counts), the free count and usag
 stats. Block ids differ by design (the order of each pool's free blocks: prefixkv takes
 blocks with no content before it evicts a cached one, vLLM pops its queue's head): their
 counts are compared, and hits only until the first eviction in either manager (events),
-after which each depends on what each evicted. At every step, in both managers, a hit must be true: each block it
-returns holds, per a model of what every request wrote where, the prompt's own tokens
-(and salt). Needs vllm installed."""
+after which each depends on what each evicted. At every step, in both managers, a hit
+must be true: each block it returns holds, per a model of what every request wrote
+where, the prompt's own tokens (and salt). Needs vllm installed."""
 
 from __future__ import annotations
 
@@ -196,3 +196,33 @@ def test_prefixkv_and_vllms_manager_agree_on_what_the_scheduler_reads(num_blocks
         for s in sides:
             s.note_events()
         _compare(sides, strict)
+
+
+@pytest.mark.parametrize("keep", ["reserved_blocks", "watermark"])
+def test_an_admission_that_keeps_blocks_free_counts_only_the_hit_blocks_it_takes_from_them(keep):
+    # a running request holds 9 of 11 blocks; another hits its 8 full ones (held: none
+    # comes out of the free ones) and needs 1 new block, keeping 1 free: it fits (vLLM's
+    # answer), where prefixkv counted every hit block as taken from the free ones
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+    from vllm.v1.request import RequestStatus
+
+    from prefixkv.integrations.vllm import KVCacheManager as Ours
+
+    init_none_hash(sha256)
+    kw: dict[str, Any] = dict(max_model_len=MAX_LEN, scheduler_block_size=BS, hash_block_size=BS)
+    if keep == "watermark":
+        kw["watermark"] = 1 / 12  # one block of 12
+    answers = []
+    for cls in (Ours, Theirs):
+        m = cls(config(full(BS), num_blocks=12), **kw)
+        a, b = _request("a", list(range(33)), None), _request("b", [*range(32), 99], None)
+        assert m.allocate_slots(a, 33) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 33
+        blocks, hit, _ = m.get_computed_blocks(b)
+        assert (hit, m.block_pool.get_num_free_blocks()) == (32, 2)
+        new = m.allocate_slots(b, 1, hit, blocks, reserved_blocks=1 if keep == "reserved_blocks" else 0)
+        answers.append(None if new is None else (len(new.get_block_ids()[0]),
+                                                 m.block_pool.get_num_free_blocks()))
+    assert answers[0] == answers[1] == (1, 1)

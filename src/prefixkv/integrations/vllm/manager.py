@@ -262,15 +262,12 @@ class KVCacheManager:
         slots = min(computed + num_new_tokens + lookahead, self.max_model_len)
         cache_to = min(hit if delay else computed + num_new_tokens, len(prompt))
         scheduled = max(cache_to - hit, 1)  # prefixkv schedules at least one token
-        need = blocks_for(slots, self.block_size) * self.num_kv_cache_groups
-        if keep > 0 and need > self.core.num_free_blocks - keep:
-            return None  # conservative: as if every hit block came out of the free ones
         key = self._next_key
         try:
             adm = self.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
                                         resumed=request.num_preemptions > 0, read_cache=read,
                                         num_lookahead_tokens=max(0, slots - hit - scheduled),
-                                        require_full_fit=full_fit)
+                                        require_full_fit=full_fit, keep_free=keep)
         except PromptTooLongError:
             return None  # vLLM's answer: None (its max_model_len check keeps such prompts out)
         if adm is None:
