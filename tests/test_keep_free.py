@@ -35,3 +35,15 @@ def test_a_bad_keep_free_is_a_request_error_before_any_change(make, bad):
         m.add_request("b", list(range(9)), keep_free=bad)
     assert (m.free_block_order(), m.stats) == before
     m.check_invariants()
+
+
+@pytest.mark.parametrize("make", [lambda: KVCacheManager(11, 16),
+                                  lambda: HybridKVCacheManager([full_attention()], 11, 16)])
+@pytest.mark.parametrize("keep, fits", [(2, True), (10, True), (11, False)])
+def test_keep_free_constrains_this_calls_blocks_not_the_whole_prompt(make, keep, fits):
+    # vLLM 0.33's test_full_sequence_admission_reserves_device_blocks_for_immediate_chunk:
+    # a 128-token prompt (8 blocks) fits the 11 free ones; its first chunk takes 1, with
+    # up to 10 more kept free
+    m = make()
+    adm = m.add_request("r", list(range(128)), num_new_tokens=16, require_full_fit=True, keep_free=keep)
+    assert (adm is not None) is fits

@@ -120,9 +120,10 @@ class Admitter:
         schedules less (nothing beyond what is scheduled is held); the lookahead counts
         with this call's blocks, not on top of the whole prompt (vLLM's
         ``full_sequence_must_fit``). ``keep_free``: admit only if this many blocks stay
-        free besides what the admission takes (new blocks, and cached hits that were
-        free; hits other requests hold take nothing): vLLM's ``reserved_blocks`` and
-        watermark.
+        free besides what this call takes (new blocks, and cached hits that were free;
+        hits other requests hold take nothing); ``require_full_fit`` still checks the
+        whole prompt against every free block: vLLM's ``reserved_blocks`` (and
+        watermark), which constrain the current allocation, not the whole prompt.
 
         ``prompt_token_ids`` may be a ``Prompt`` from ``prepare`` (then ``extra`` must be
         None: the Prompt carries it): its checks, encoding, block chunks and chain hashes
@@ -178,7 +179,7 @@ class Admitter:
         loads, held = self._split(hits, d) if self._host is not None and claimed is None else ((), hits)
         need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
         fit = blocks_for(n, bs) - len(held) if require_full_fit else need
-        take = max(need, fit) + keep_free  # (claimed hits have left the free ones already)
+        take = max(need + keep_free, fit)  # (claimed hits have left the free ones already)
         if not (take <= pool.num_free if claimed is not None else pool.can_acquire(held, take)):
             if claimed is not None:
                 pool.unclaim(hits, claimed)

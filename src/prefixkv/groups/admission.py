@@ -117,7 +117,7 @@ class GroupAdmitter:
         ``KVCacheManager.add_request``, a ``Prompt`` from ``prepare`` included
         (``num_lookahead_tokens`` slots are reserved in every group; ``require_full_fit``
         asks for every group's blocks of the whole prompt, windows not deducted;
-        ``keep_free`` blocks must stay free besides what the admission takes).
+        ``keep_free`` blocks must stay free besides what this call takes).
 
         Returns the GroupAdmission, or None when the pool is short of blocks (nothing
         changed). Raises PromptTooLongError when it can never fit (``groups.fit``: its
@@ -149,7 +149,8 @@ class GroupAdmitter:
         held = [b for h in hits for b in h]
         per_group = blocks_for(total + num_lookahead_tokens, bs) - k
         fit = blocks_for(n, bs) - k if require_full_fit else per_group
-        if not self._pool.can_acquire(held, max(per_group, fit) * len(self.groups) + keep_free):
+        if not self._pool.can_acquire(held, max(per_group * len(self.groups) + keep_free,
+                                                fit * len(self.groups))):
             return None
         last = total // bs
         prepared = (self._prepare(req, k, last, nodes[-1] if nodes else None, prompt)
