@@ -46,6 +46,7 @@ class Side:
     m: Any
     reqs: dict[int, Any] = field(default_factory=dict)
     live: set[int] = field(default_factory=set)
+    remote: set[int] = field(default_factory=set)  # waiting for remote KV (an async load)
     held: dict[int, tuple[Any, ...]] = field(default_factory=dict)
     evicted: bool = False
 
@@ -107,14 +108,17 @@ def _stats(m: Any) -> tuple[int, ...]:
 PROMPT = st.tuples(st.integers(0, 2), st.integers(0, 24), st.lists(st.integers(0, 3), max_size=9),
                    st.sampled_from([None, None, "tenant"])).map(
     lambda p: ([100 * p[0] + k for k in range(p[1])] + p[2] or [7], p[3]))
-OP = st.tuples(st.sampled_from(["admit", "admit", "step", "step", "step", "free", "preempt", "reset"]),
+OP = st.tuples(st.sampled_from(["admit", "admit", "remote", "step", "step", "step", "free", "preempt",
+                                "reset"]),
                st.integers(0, SLOTS - 1), st.integers(1, 12), PROMPT, st.integers(0, 11))
 
 
 def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[list[int], str | None],
         more: int, serial: int, strict: bool) -> None:
-    """``op`` on the request in ``slot`` in both managers: ``k`` tokens scheduled at most;
-    ``more``: the lookahead slots (``more % 4``) and the blocks to keep free
+    """``op`` on the request in ``slot`` in both managers: ``k`` tokens scheduled at most
+    (``remote``: ``k`` blocks a connector loads asynchronously past the hit, as vLLM's
+    scheduler admits a request that then waits for remote KV; its next ``step`` lands
+    them); ``more``: the lookahead slots (``more % 4``) and the blocks to keep free
     (``reserved_blocks``, ``more // 4``)."""
     from vllm.v1.request import RequestStatus
 
@@ -122,7 +126,7 @@ def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[list
     present = slot in ours.reqs and not ours.reqs[slot].is_finished()
     live = slot in ours.live
     answers = []
-    if op == "admit" and not present:  # a new request arrives
+    if op in ("admit", "remote") and not present:  # a new request arrives
         for s in sides:
             s.reqs[slot] = _request(f"r{serial}", *prompt)
     if op == "admit" and not live:
@@ -142,6 +146,30 @@ def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[list
                 s.wrote(slot)
                 if r.num_computed_tokens == r.num_tokens:
                     r.append_output_token_ids(1000 + serial)
+    elif op == "remote" and not live:
+        for s in sides:
+            r = s.reqs[slot]
+            blocks, hit, _ = s.m.get_computed_blocks(r)
+            s.check_hit(slot, blocks, hit)
+            ext = min(k, (r.num_tokens - hit) // BS) * BS
+            new = None if not ext else s.m.allocate_slots(
+                r, 0, hit, blocks, num_external_computed_tokens=ext, delay_cache_blocks=True,
+                reserved_blocks=more // 4)
+            answers.append((hit if strict else None, ext if strict else None, new is None))
+            if new is not None:
+                s.m.record_prefix_cache_stats(r, hit)
+                r.status, r.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, hit + ext
+                s.live.add(slot)
+                s.remote.add(slot)
+    elif op == "step" and slot in ours.remote:  # the load landed (_update_waiting_for_remote_kv)
+        for s in sides:
+            r = s.reqs[slot]
+            s.m.cache_blocks(r, r.num_computed_tokens)
+            s.wrote(slot)
+            s.remote.discard(slot)
+            r.status = RequestStatus.WAITING
+            if r.num_computed_tokens == r.num_tokens:
+                r.num_computed_tokens -= 1
     elif op == "step" and live and ours.reqs[slot].num_tokens < MAX_LEN - 1:
         for s in sides:
             r = s.reqs[slot]
@@ -149,15 +177,17 @@ def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[list
             new = s.m.allocate_slots(r, n, num_lookahead_tokens=more % 4, reserved_blocks=more // 4)
             answers.append(new is None)
             if new is not None:
+                r.status = RequestStatus.RUNNING
                 r.num_computed_tokens += n
                 s.wrote(slot)
                 if r.num_computed_tokens == r.num_tokens:
                     r.append_output_token_ids(1000 + serial)
-    elif op in ("free", "preempt") and live:
+    elif op in ("free", "preempt") and live and not (op == "preempt" and slot in ours.remote):
         for s in sides:
             r = s.reqs[slot]
             s.m.free(r)
             s.live.discard(slot)
+            s.remote.discard(slot)
             if op == "free":
                 r.status = RequestStatus.FINISHED_STOPPED
             else:
