@@ -211,6 +211,11 @@ def _compare(sides: tuple[Side, Side], same_hits: bool) -> None:
         mine, vllms = ours.m.get_block_ids(rid), theirs.m.get_block_ids(rid)
         assert [len(g) for g in mine] == [len(g) for g in vllms], (rid, mine, vllms)
         assert ours.m.get_num_common_prefix_blocks(rid) == theirs.m.get_num_common_prefix_blocks(rid)
+        cached = [s.m.estimate_cached_tokens(s.reqs[slot]) for s in sides]
+        assert cached[0] == cached[1], (rid, cached)
+        n = ours.reqs[slot].num_computed_tokens
+        assert [len(g) for g in ours.m.get_block_ids_for_computed_tokens(rid, n)] == [
+            len(g) for g in theirs.m.get_block_ids_for_computed_tokens(rid, n)]
     stats = [_stats(s.m) for s in sides]
     assert stats[0] == stats[1] or not same_hits, stats
     ours.m.core.check_invariants()
