@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixkv import KVCacheManager
+from prefixkv import BlockLoads, BlockOffloads, KVCacheManager
 
 BS = 4
 
@@ -33,34 +33,74 @@ def test_a_live_requests_uncached_block_keeps_the_invariants_and_is_not_found():
     assert m.num_free_blocks == 16
 
 
+def test_with_a_host_tier_the_blocks_after_an_uncached_one_are_cut_off_from_it():
+    # before: InvariantError, block 1 is found but its parent's content is not on the device
+    m = KVCacheManager(12, BS, hash_mode="sha256", host_blocks=6)
+    m.add_request("a", [0] * 8)
+    m.uncache_blocks([m.get_block_ids("a")[0]])
+    m.check_invariants()
+    assert m.lookup([0] * 9) == 0
+    m.free("a")
+    m.check_invariants()
+    assert m.add_request("b", [0] * 9).num_cached_tokens == 0
+
+
 PROMPTS = st.lists(st.integers(0, 2), min_size=1, max_size=14)
 
 
+class Plan:
+    """The engine's copies (the manager's plan) on a model of the KV: block id -> the
+    prefix whose last block's KV it holds, if valid; the same for host slots."""
+
+    def __init__(self, m: KVCacheManager) -> None:
+        self.m = m
+        self.valid: dict[int, tuple[int, ...]] = {}
+        self.host: dict[int, tuple[int, ...]] = {}
+
+    def run(self) -> None:
+        for op in self.m.take_kv_ops():
+            if isinstance(op, BlockOffloads):
+                for src, dst in zip(op.src, op.dst, strict=True):
+                    self._put(self.host, dst, self.valid.get(src))
+            else:
+                assert isinstance(op, BlockLoads), op
+                for src, dst in zip(op.src, op.dst, strict=True):
+                    self._put(self.valid, dst, self.host.get(src))
+
+    @staticmethod
+    def _put(where: dict[int, tuple[int, ...]], i: int, kv: tuple[int, ...] | None) -> None:
+        if kv is None:
+            where.pop(i, None)
+        else:
+            where[i] = kv
+
+
 @settings(max_examples=50, deadline=None)
-@given(prompts=st.lists(PROMPTS, min_size=2, max_size=5), data=st.data())
-def test_requests_go_on_after_their_blocks_are_uncached_and_no_hit_is_invalid(prompts, data):
-    m = KVCacheManager(12, BS, hash_mode="sha256", enable_events=True)
-    valid: dict[int, tuple[int, ...]] = {}  # block id -> the prefix whose last block's KV it holds
+@given(host_blocks=st.sampled_from([0, 6]), prompts=st.lists(PROMPTS, min_size=2, max_size=6),
+       data=st.data())
+def test_requests_go_on_after_their_blocks_are_uncached_and_no_hit_is_invalid(host_blocks, prompts, data):
+    m = KVCacheManager(12, BS, hash_mode="sha256", enable_events=True, host_blocks=host_blocks)
+    kv = Plan(m)
     live: dict[str, list[int]] = {}
     for i, prompt in enumerate(prompts):
         rid = f"r{i}"
-        hit_ids = m.lookup_block_ids(prompt)
-        for j, b in enumerate(hit_ids):
-            assert valid.get(b) == tuple(prompt[:(j + 1) * BS]), f"a hit on invalid KV: block {b}"
         adm = m.add_request(rid, prompt)
         m.check_invariants()
+        kv.run()  # offloads, then the loads of host hits
         if adm is None:
             continue
+        for j, b in enumerate(adm.block_ids[:adm.num_cached_tokens // BS]):
+            assert kv.valid.get(b) == tuple(prompt[:(j + 1) * BS]), f"a hit on invalid KV: block {b}"
         live[rid] = list(prompt)
         for j in range(adm.num_cached_tokens // BS, len(prompt) // BS):
-            valid[adm.block_ids[j]] = tuple(prompt[:(j + 1) * BS])
+            kv.valid[adm.block_ids[j]] = tuple(prompt[:(j + 1) * BS])
         ids = m.get_block_ids(rid)
         full = len(prompt) // BS
         if full and data.draw(st.booleans()):  # a load into one of its blocks failed
             j = data.draw(st.integers(0, full - 1))
             m.uncache_blocks([ids[j]])
             for b in ids[j:full]:  # it and what was computed on top of it
-                valid.pop(b, None)
+                kv.valid.pop(b, None)
             m.check_invariants()
         for other in list(live):
             op = data.draw(st.sampled_from(["keep", "grow", "free"]))
@@ -68,15 +108,16 @@ def test_requests_go_on_after_their_blocks_are_uncached_and_no_hit_is_invalid(pr
                 toks = data.draw(st.lists(st.integers(0, 2), min_size=1, max_size=5))
                 before = m.num_scheduled_tokens(other)
                 if m.append_tokens(other, toks) is not None:
+                    kv.run()
                     live[other] += toks
                     ids = m.get_block_ids(other)
                     first = before // BS
-                    broken = any(ids[k] not in valid for k in range(first))
+                    broken = any(ids[k] not in kv.valid for k in range(first))
                     for k in range(first, len(live[other]) // BS):  # computed now, on top of ids[:k]
                         if broken:
-                            valid.pop(ids[k], None)
+                            kv.valid.pop(ids[k], None)
                         else:
-                            valid[ids[k]] = tuple(live[other][:(k + 1) * BS])
+                            kv.valid[ids[k]] = tuple(live[other][:(k + 1) * BS])
             elif op == "free":
                 m.free(other)
                 del live[other]

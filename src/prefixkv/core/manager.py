@@ -199,7 +199,7 @@ class KVCacheManager(Decoder):
                                f"{block_ids!r}") from None
         for i in ids:
             check_count("block id", i, 0, len(blocks) - 1)
-        self._index.uncache([blocks[i] for i in ids if blocks[i].ref_cnt > 0])
+        self._index.uncache([blocks[i] for i in ids if blocks[i].ref_cnt > 0], cut=True)
 
     def preempt(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> tuple[int, ...]:
         """Free a running request (as ``free``, same ``num_computed_tokens``) and return
