@@ -79,7 +79,7 @@ CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "shared_prefixes": ((["live", "chunked"],), {}),
     "uncache_blocks": (([0, 1],), {}),
 }
-HYBRID_ONLY_MISSING = {"lookup_block_ids", "shared_prefixes", "uncache_blocks"}
+HYBRID_ONLY_MISSING = {"shared_prefixes"}
 
 
 def _variants(name: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:

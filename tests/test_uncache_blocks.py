@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixkv import BlockLoads, BlockOffloads, KVCacheManager
+from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
 
 BS = 4
 
@@ -43,6 +44,26 @@ def test_with_a_host_tier_the_blocks_after_an_uncached_one_are_cut_off_from_it()
     m.free("a")
     m.check_invariants()
     assert m.add_request("b", [0] * 9).num_cached_tokens == 0
+
+
+def test_the_hybrid_manager_uncaches_a_live_requests_blocks_in_their_group():
+    # before: the hybrid manager had no uncache_blocks (vLLM's evict_blocks on a hybrid
+    # model raised AttributeError in the plug-in)
+    m = HybridKVCacheManager([full_attention(), sliding_window(8)], 24, BS, hash_mode="sha256",
+                             enable_events=True)
+    m.add_request("gone", list(range(13)))
+    m.free("gone")
+    m.add_request("a", list(range(13)))  # hits gone's 3 full blocks in both groups
+    assert m.lookup(list(range(13))) == 12
+    full_ids, window_ids = m.get_block_ids("a")
+    m.uncache_blocks([*full_ids[1:3], *window_ids[1:3]])  # block 1 and after, as vLLM evicts
+    m.check_invariants()
+    assert m.lookup(list(range(13))) == 4
+    m.append_tokens("a", [13, 14, 15])
+    m.check_invariants()
+    m.free("a")
+    m.check_invariants()
+    assert m.add_request("b", list(range(17))).num_cached_tokens == 4
 
 
 PROMPTS = st.lists(st.integers(0, 2), min_size=1, max_size=14)

@@ -254,3 +254,14 @@ def test_evicting_what_is_not_block_ids_is_a_request_error(ids):
     m = manager()
     with pytest.raises(RequestError):
         m.evict_blocks(ids)
+
+
+def test_evicted_blocks_of_a_hybrid_model_are_no_longer_hit():
+    # before: AttributeError (the hybrid manager had no uncache_blocks)
+    m = manager(full(), window())
+    a = request("a", list(range(40)))
+    m.allocate_slots(a, 40)
+    ids = m.get_block_ids("a")
+    m.evict_blocks({*ids[0][1:], *ids[1][1:]})
+    m.core.check_invariants()
+    assert m.get_computed_blocks(request("b", list(range(40))))[1] == BS

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from operator import attrgetter
 
-from ..errors import ConfigError, RequestError, check_count, check_new_request
+from ..errors import ConfigError, RequestError, check_block_ids, check_count, check_new_request
 from ..event_log import PendingEvents
 from ..events import AllBlocksCleared, Event
 from ..extra_keys import ExtraKeys
@@ -192,13 +192,7 @@ class KVCacheManager(Decoder):
         left as it is. Raises RequestError for an id outside the pool, or ``block_ids``
         not an iterable (nothing changes)."""
         blocks = self._pool.blocks
-        try:
-            ids = list(block_ids)
-        except TypeError:
-            raise RequestError(f"block_ids must be an iterable of block ids, got "
-                               f"{block_ids!r}") from None
-        for i in ids:
-            check_count("block id", i, 0, len(blocks) - 1)
+        ids = check_block_ids(block_ids, len(blocks))
         self._index.uncache([blocks[i] for i in ids if blocks[i].ref_cnt > 0], cut=True)
 
     def preempt(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> tuple[int, ...]:
