@@ -287,8 +287,11 @@ def test_the_fetcher_makes_the_slots_views_from_the_memory_attached_at_the_start
     assert f.buffers == [] and f.views is not None  # nothing per slot on this thread
     later = bytearray(32)
     m.attach_host_memory([[memoryview(later)[8 * i:8 * (i + 1)]] for i in range(4)])
+    made, views = [], f.views
+    f.views = lambda slots: made.append(views(slots)) or made[-1]
     ex.run()
-    assert [b[0].obj for b in f.buffers] == [first] * 3
+    assert [b[0].obj for b in made[0]] == [first] * 3
+    assert f.buffers == f.keys == f.heads == f.states == []  # the reads' own: dropped (``finish``)
     assert m.poll_store() == ["b"]
     assert m.add_request("b", A).num_cached_tokens == 12
     assert sorted(first[8 * s.block_id:8 * s.block_id + 8] for s in f.slots) == \

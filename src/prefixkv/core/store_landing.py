@@ -42,6 +42,7 @@ def fetch_ready(f: Fetch) -> None:
     if f.staged:  # the run's ``StoreFetched`` ops (new objects: the fetcher's to make)
         f.fetched = [StoreFetched(s.block_id, b[0].toreadonly())
                      for s, b in zip(slots, f.buffers, strict=False)]
+        f.buffers = []  # (read by ``land`` only without ``fetched``; freed here: see ``finish``)
     f.filled = True
 
 
