@@ -156,8 +156,8 @@ def read_part(f: Fetch, backend: StoreBackend, start: int, stop: int, payload_le
 def finish(f: Fetch, payload_len: int) -> None:
     """The last part's step: the run and what ended it, the measured figures. The
     reads' own per-block data (keys, expected heads, states, views of attached memory)
-    goes here, on the fetcher's thread: dropped with the fetch on the scheduler's, its two objects a block, cold by
-    then, cost that thread a cache miss each (about 25 us for 128 blocks, measured)."""
+    goes here, on the fetcher's thread: dropped with the fetch on the scheduler's, their
+    objects, cold by then, cost that thread a cache miss each (store-r7.md)."""
     run = 0
     for state in f.states:
         if state != OK:
