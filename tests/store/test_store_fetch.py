@@ -312,12 +312,41 @@ def test_the_fetcher_fills_the_slots_and_they_stay_unfindable_until_landed(backe
     assert [s.content_id for s in f.slots] == list(f.planned)
     assert (s0.parent_cid, s1.parent_cid, s2.parent_cid) == (0, s0.content_id, s1.content_id)
     assert s0.child is s1 and s1.child is s2 and [s.hash for s in f.slots] == f.hashes
-    assert all(s.key is None for s in f.slots)       # filled, not findable: not landed yet
+    # filled, not findable: the first slot has no key, the others' parents are ids the
+    # start took, which nothing findable holds; none is in a map
+    assert s0.key is None and [s1.key, s2.key] == f.chunks[1:3]
+    assert not any(m._host.by_chunk.get(c) in f.slots for c in f.chunks)
     assert m.lookup(A) == 0
     m.check_invariants()
     assert m.poll_store() == ["b"] and m.lookup(A) == 12
     m.check_invariants()
     assert m.add_request("b", A).num_cached_tokens == 12 and m.stats.store_hits == 12
+
+
+def test_a_filled_run_is_missed_by_a_stale_guess_until_it_lands(backend, layout):
+    """The fetcher keys every slot of the run but the first: a guess that reaches the
+    first (the ``child`` link of the slot holding its parent's content, left from an
+    earlier use of these slots) finds no key there, though the parent id matches."""
+    m, ex, _ = setup(backend, layout)
+    m.add_request("p", A[:5], read_cache=False)      # A's block 0, computed
+    m.take_kv_ops()
+    m.free("p")
+    m.add_request("q", list(range(100, 129)), read_cache=False)  # 8 blocks: block 0 goes
+    m.take_kv_ops()                                  # down to a host slot
+    m.free("q")
+    assert m.lookup(A) == 4
+    assert isinstance(m.add_request("b", A), StoreWait)
+    f = m._waits.waiting["b"]
+    assert f.first == 1 and len(f.slots) == 2
+    f.hits[0].child = f.slots[0]                     # the stale guess
+    ex.run()
+    assert f.filled and f.slots[0].parent_cid == f.hits[0].content_id
+    assert f.slots[0].key is None and f.slots[1].key == f.chunks[1]
+    assert m.lookup(A) == 4                          # filled, not found
+    m.check_invariants()
+    assert m.poll_store() == ["b"] and m.lookup(A) == 12
+    m.check_invariants()
+    assert m.add_request("b", A).num_cached_tokens == 12
 
 
 def test_a_fill_that_fails_on_the_fetcher_is_done_at_the_landing(backend, layout, monkeypatch):
