@@ -323,11 +323,8 @@ def test_the_fetcher_fills_the_slots_and_they_stay_unfindable_until_landed(backe
     assert m.add_request("b", A).num_cached_tokens == 12 and m.stats.store_hits == 12
 
 
-def test_a_filled_run_is_missed_by_a_stale_guess_until_it_lands(backend, layout):
-    """The fetcher keys every slot of the run but the first: a guess that reaches the
-    first (the ``child`` link of the slot holding its parent's content, left from an
-    earlier use of these slots) finds no key there, though the parent id matches."""
-    m, ex, _ = setup(backend, layout)
+def block0_on_host(m):
+    """Leave A's block 0 in a host slot of ``m`` (and none of A on the device)."""
     m.add_request("p", A[:5], read_cache=False)      # A's block 0, computed
     m.take_kv_ops()
     m.free("p")
@@ -335,6 +332,14 @@ def test_a_filled_run_is_missed_by_a_stale_guess_until_it_lands(backend, layout)
     m.take_kv_ops()                                  # down to a host slot
     m.free("q")
     assert m.lookup(A) == 4
+
+
+def test_a_filled_run_is_missed_by_a_stale_guess_until_it_lands(backend, layout):
+    """The fetcher keys every slot of the run but the first: a guess that reaches the
+    first (the ``child`` link of the slot holding its parent's content, left from an
+    earlier use of these slots) finds no key there, though the parent id matches."""
+    m, ex, _ = setup(backend, layout)
+    block0_on_host(m)
     assert isinstance(m.add_request("b", A), StoreWait)
     f = m._waits.waiting["b"]
     assert f.first == 1 and len(f.slots) == 2
@@ -347,6 +352,28 @@ def test_a_filled_run_is_missed_by_a_stale_guess_until_it_lands(backend, layout)
     assert m.poll_store() == ["b"] and m.lookup(A) == 12
     m.check_invariants()
     assert m.add_request("b", A).num_cached_tokens == 12
+
+
+def test_a_host_hit_then_a_run_landed_in_the_step_load_in_one_op_in_order(backend, layout):
+    """The re-admission loads a host hit and the run that landed after it in this step:
+    the hit is pinned, the run stays pinned once (not walked again: ``hold`` takes its
+    ids from the landing), and the one BlockLoads names every slot in the prompt's order."""
+    m, ex, _ = setup(backend, layout)
+    block0_on_host(m)
+    assert isinstance(m.add_request("b", A), StoreWait)
+    f = m._waits.waiting["b"]
+    hit = f.hits[0]
+    ex.run()
+    assert m.poll_store() == ["b"]
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 12
+    m.check_invariants()
+    assert hit.ref_cnt == 1 and all(s.ref_cnt == 1 for s in f.slots)     # pinned once
+    loads = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
+    assert loads == [BlockLoads((hit.block_id, *[s.block_id for s in f.slots]),
+                                tuple(adm.block_ids[:3]))]
+    m.check_invariants()
+    assert hit.ref_cnt == 0 and all(s.ref_cnt == 0 for s in f.slots)     # unpinned
 
 
 def test_a_fill_that_fails_on_the_fetcher_is_done_at_the_landing(backend, layout, monkeypatch):
