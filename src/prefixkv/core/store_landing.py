@@ -91,14 +91,20 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
                                 tuple(s.block_id for s in slots[lo:hi]),
                                 None if extra is None else extra.for_range(start * bs, end * bs),
                                 start, HOST)
-        whole = not lo and hi == f.run  # (the fetcher's map and ids are the whole run's)
+        whole = not lo  # (the fetcher's map and ids are the whole run's: ``hi`` is its end)
         ids = f.slot_ids if whole and f.slot_ids else None
-        host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], f.extras[lo:hi], cids, f.hashes[lo:hi],
-                  event, filled=filled, unique=f.unique, keyed=f.keyed if whole else None, ids=ids)
+        if whole and hi == len(slots):  # every reserved slot (the common case): the fetch's
+            # own lists, not copies (a copy touches every object it holds, cold by now)
+            run, run_chunks, extras, hashes, fetched = slots, f.chunks, f.extras, f.hashes, f.fetched
+        else:
+            run, run_chunks, extras, hashes, fetched = (
+                slots[lo:hi], f.chunks[lo:hi], f.extras[lo:hi], f.hashes[lo:hi], f.fetched[lo:hi])
+        host.land(run, parent_cid, run_chunks, extras, cids, hashes, event, filled=filled,
+                  unique=f.unique, keyed=f.keyed if whole else None, ids=ids)
         if not lo:  # (``reuse`` checks ``slots[:len(cids)]``)
             f.landed_at = host.num_unpins
-        if f.fetched:  # (stated by the fetcher: ``fetch_ready``)
-            host.fetches += f.fetched[lo:hi]
+        if fetched:  # (stated by the fetcher: ``fetch_ready``)
+            host.fetches += fetched
         elif f.staged:
             host.fetches += [StoreFetched(s.block_id, f.buffers[i][0].toreadonly())
                              for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]
