@@ -365,8 +365,10 @@ class _Inline:
 
 def ops(backend: RedisStore, sizes: list[int]) -> None:
     """Bytecode instructions of the start, the landing poll and the re-admission of a
-    hit of each of ``sizes`` blocks in the scheduler section's steady state (the fourth
-    admission)."""
+    hit of each of ``sizes`` blocks in the scheduler section's steady state: the fourth
+    admission of four new prompts (``new``), and the ninth, the prompts admitted again
+    in turn as the inline section does (``again``: the host keeps one block of the
+    prompt, so the fetch continues a host hit)."""
     import sys
 
     count = [0]
@@ -397,9 +399,11 @@ def ops(backend: RedisStore, sizes: list[int]) -> None:
         m = manager(mode, shared, blocks)
         memory = memoryview(bytearray(4096 * (blocks + 1)))
         m.attach_host_memory([[memory[i * 4096:(i + 1) * 4096]] for i in range(blocks + 1)])
-        for r in range(4):  # the first admissions fill the pool: not counted
-            ids = prompt_of(blocks, 5000 + r)
-            fill(layout, backend, ids, mode)
+        got = {}
+        for r in range(9):  # the first admissions fill the pool: not counted
+            ids = prompt_of(blocks, 5000 + r % 4)
+            if r < 4:
+                fill(layout, backend, ids, mode)
             prompt = m.prepare(ids) if prepared else ids
             wait, start = counted(partial(m.add_request, "r", prompt))
             assert isinstance(wait, StoreWait), wait
@@ -410,9 +414,13 @@ def ops(backend: RedisStore, sizes: list[int]) -> None:
             assert adm.num_cached_tokens == blocks * BS, adm  # type: ignore[union-attr]
             m.free("r")
             m.take_kv_ops()
+            if r in (3, 8):
+                got["new" if r == 3 else "again"] = (start, land, readmit)
         shared.close()
-        print(f"  {blocks:4} blocks {mode:7} {'prepared' if prepared else 'ids':8} start {start:6,}  "
-              f"land {land:6,}  readmit {readmit:6,}  sum {start + land + readmit:6,}")
+        for label, (start, land, readmit) in got.items():
+            print(f"  {blocks:4} blocks {mode:7} {'prepared' if prepared else 'ids':8} "
+                  f"{label:5} start {start:6,}  land {land:6,}  readmit {readmit:6,}  "
+                  f"sum {start + land + readmit:6,}")
 
 
 def inline(backend: RedisStore, rounds: int, blocks: int = BLOCKS) -> None:
