@@ -474,7 +474,7 @@ def inline(backend: RedisStore, rounds: int, blocks: int = BLOCKS) -> None:
           f"{rounds} each, alternating:")
     for kind, times in rows.items():
         med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
-        print(f"  {kind:8} start {med['start']:.0f}  land {med['land']:.0f}  readmit "
+        print(f"  {blocks:4} blocks {kind:8} start {med['start']:.0f}  land {med['land']:.0f}  readmit "
               f"{med['readmit']:.0f}  sum {sum(med.values()):.0f}")
 
 
