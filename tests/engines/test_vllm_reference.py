@@ -226,9 +226,7 @@ def _compare(sides: tuple[Side, Side], same_hits: bool) -> None:
         assert [len(g) for g in mine] == [len(g) for g in vllms], (rid, mine, vllms)
         assert ours.m.get_num_common_prefix_blocks(rid) == theirs.m.get_num_common_prefix_blocks(rid)
         cached = [s.m.estimate_cached_tokens(s.reqs[slot]) for s in sides]
-        # (not after evict_blocks: prefixkv's estimate still counts the evicted blocks; a
-        # known difference in the prefill stats only, see the report of audit-core-r7)
-        assert cached[0] == cached[1] or rid in ours.invalid, (rid, cached)
+        assert cached[0] == cached[1], (rid, cached)
         n = ours.reqs[slot].num_computed_tokens
         assert [len(g) for g in ours.m.get_block_ids_for_computed_tokens(rid, n)] == [
             len(g) for g in theirs.m.get_block_ids_for_computed_tokens(rid, n)]
@@ -277,3 +275,67 @@ def test_an_admission_that_keeps_blocks_free_counts_only_the_hit_blocks_it_takes
         answers.append(None if new is None else (len(new.get_block_ids()[0]),
                                                  m.block_pool.get_num_free_blocks()))
     assert answers[0] == answers[1] == (1, 1)
+
+
+def _pair(**kw: Any) -> list[Any]:
+    """prefixkv's plug-in and vLLM's own manager, 12 blocks of BS tokens each."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    from prefixkv.integrations.vllm import KVCacheManager as Ours
+
+    init_none_hash(sha256)
+    kw = dict(max_model_len=MAX_LEN, scheduler_block_size=BS, hash_block_size=BS) | kw
+    return [cls(config(full(BS), num_blocks=12), **kw) for cls in (Ours, Theirs)]
+
+
+@pytest.mark.parametrize("evict", [[3, 4, 5, 6, 7, 8], [1], [0, 7], [7]])
+def test_the_cached_token_estimate_leaves_out_blocks_evict_blocks_uncached(evict):
+    # a holds 9 blocks (8 cached), b hit a's first 8; blocks at these indexes of a turn out
+    # invalid (a failed load): vLLM's estimate is the end of the last block still cached,
+    # for both requests. Before: prefixkv said 32 whatever was evicted.
+    from vllm.v1.request import RequestStatus
+
+    answers = []
+    for m in _pair():
+        a, b = _request("a", list(range(33)), None), _request("b", [*range(32), 99], None)
+        assert m.allocate_slots(a, 33) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 33
+        blocks, hit, _ = m.get_computed_blocks(b)
+        assert m.allocate_slots(b, 1, hit, blocks) is not None
+        ids = m.get_block_ids("a")[0]
+        m.evict_blocks({ids[j] for j in evict})
+        answers.append([m.estimate_cached_tokens(r) for r in (a, b)])
+        m.free(b)
+        m.free(a)  # freed and admitted again: its new blocks count again
+        a.status, a.num_computed_tokens = RequestStatus.WAITING, 0
+        blocks, hit, _ = m.get_computed_blocks(a)
+        assert m.allocate_slots(a, 33 - hit, hit, blocks) is not None
+        answers[-1].append(m.estimate_cached_tokens(a))
+    assert answers[0] == answers[1], answers
+    last = max((j + 1 for j in range(8) if j not in evict), default=0) * BS
+    assert answers[0][:2] == [last, last]
+
+
+def test_a_prompt_past_max_model_len_is_refused_before_any_change():
+    # vLLM's input processor refuses it; its manager, given one, gives slots for 40 of its
+    # 48 tokens (with KV events on, it raises IndexError while caching them): no answer a
+    # scheduler could run. Before: prefixkv took 12 blocks past the 40-token limit.
+    from prefixkv.errors import PromptTooLongError
+
+    ours, theirs = _pair()
+    r = _request("a", list(range(MAX_LEN + 8)), None)
+    assert len(theirs.allocate_slots(r, MAX_LEN + 8).get_block_ids()[0]) == 10
+    theirs.free(r)
+    before = (ours.block_pool.get_num_free_blocks(), ours.live_request_ids(), ours.usage)
+    for n in (MAX_LEN + 8, 8):  # the whole prompt, or a first chunk of it
+        with pytest.raises(PromptTooLongError, match=r"48 tokens needs at least 12 blocks, "
+                                                      r"and the pool has 10 for a request "
+                                                      r"\(max_model_len=40 tokens\)"):
+            ours.allocate_slots(r, n)
+    assert (ours.block_pool.get_num_free_blocks(), ours.live_request_ids(), ours.usage) == before
+    ours.core.check_invariants()
+    at_limit = _request("b", list(range(MAX_LEN)), None)  # vLLM's pooling runner takes these
+    assert [len(m.allocate_slots(at_limit, MAX_LEN).get_block_ids()[0]) for m in (ours, theirs)] \
+        == [10, 10]

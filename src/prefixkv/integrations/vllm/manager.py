@@ -116,6 +116,8 @@ class KVCacheManager:
         self._keys: dict[Hashable, int] = {}  # vLLM request id -> prefixkv's id of the request
         self._next_key = 0
         self._popped = PoppedBlocks()  # pop_blocks_for_free's, until given back (popped.py)
+        # live request id -> (group, block index) of its blocks evict_blocks uncached
+        self._evicted: dict[str, set[tuple[int, int]]] = {}
 
     # ---- queries ------------------------------------------------------------------------
 
@@ -170,8 +172,19 @@ class KVCacheManager:
         return tuple(ids[:n] for ids in self.get_block_ids(request_id))
 
     def estimate_cached_tokens(self, request: Request) -> int:
-        """Tokens of the request in its cached (full, findable) blocks."""
-        return self.num_cached_tokens(request.request_id)
+        """vLLM's estimate: tokens up to the end of the request's last block still holding
+        cached content, the least over groups. A block ``evict_blocks`` uncached while
+        the request held it holds none (nor does a null block): after vLLM's scheduler
+        evicts a request's tail from its first invalid block, that block's start."""
+        rid = request.request_id
+        n = self.num_cached_tokens(rid)
+        evicted = self._evicted.get(rid)
+        if not n or not evicted:
+            return n
+        full = n // self.block_size
+        return self.block_size * min(
+            max((j + 1 for j, i in enumerate(row[:full]) if i and (g, j) not in evicted), default=0)
+            for g, row in enumerate(self.get_block_ids(rid)))
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         """0 per group, as vLLM's (cascade attention is gone from vLLM)."""
@@ -225,7 +238,10 @@ class KVCacheManager:
         watermark are kept free on top of what the allocation takes. Raises ValueError
         as vLLM's (nothing to schedule), UnsupportedByPrefixKV for encoder tokens,
         RequestError for a count that is not an int >= 0, or when the hit is not the one
-        ``get_computed_blocks`` reported."""
+        ``get_computed_blocks`` reported, and PromptTooLongError for a request to admit
+        of more than ``max_model_len`` tokens (vLLM refuses such prompts before they
+        reach its manager, which has no answer for them: it gives slots for
+        ``max_model_len`` of their tokens, or with KV events on raises IndexError)."""
         try:  # (one test: an or of ints is negative iff one of them is)
             bad = (num_new_tokens | num_new_computed_tokens | num_lookahead_tokens
                    | num_external_computed_tokens | reserved_blocks) < 0
@@ -264,6 +280,11 @@ class KVCacheManager:
 
     def _admit(self, request: Request, num_new_tokens: int, hit: int, external: int, lookahead: int,
                delay: bool, full_fit: bool, keep: int) -> KVCacheBlocks | None:
+        if request.num_tokens > self.max_model_len:  # vLLM's input processor refuses these
+            bs = self.block_size
+            raise PromptTooLongError(request.num_tokens, blocks_for(request.num_tokens, bs),
+                                     blocks_for(self.max_model_len, bs),
+                                     f" for a request (max_model_len={self.max_model_len} tokens)")
         # A waiting request may come with computed tokens (its KV written elsewhere, e.g.
         # a disaggregated decode): they count as external ones, scheduled with the rest.
         if request.num_computed_tokens and hit:
@@ -346,6 +367,7 @@ class KVCacheManager:
         (``evict_blocks``), so ``request.num_computed_tokens`` is not read here. A
         request holding none: nothing happens."""
         key = self._keys.pop(request.request_id, None)
+        self._evicted.pop(request.request_id, None)
         if key is not None:
             self.core.free(key)
 
@@ -354,6 +376,7 @@ class KVCacheManager:
         order, fresh objects of this call) go back with ``block_pool.free_blocks`` later.
         Empty for a request holding none."""
         key = self._keys.pop(request.request_id, None)
+        self._evicted.pop(request.request_id, None)
         if key is None:
             return []
         blocks = [KVCacheBlock(i) for g in self._blocks.vllm_ids(self._ids(key)) for i in g]
@@ -379,6 +402,18 @@ class KVCacheManager:
         except TypeError:
             raise RequestError(f"block_ids must be an iterable of block ids, got {block_ids!r}") from None
         self.core.uncache_blocks({i - k for i in ids if i >= k})
+        # Where live requests held them cached, for estimate_cached_tokens: by (group,
+        # block index), which keeps its block until the request goes (a window's released
+        # block may come back to the same request elsewhere). Such a block never regains
+        # content: caching goes forward from the request's cached blocks. (A block not yet
+        # cached loses nothing and is cached as usual.) Rare: failed loads only.
+        gone = set(ids)
+        for rid in self.live_request_ids():
+            cached = self.num_cached_tokens(rid) // self.block_size
+            at = {(g, j) for g, row in enumerate(self.get_block_ids(rid))
+                  for j, i in enumerate(row[:cached]) if i in gone}
+            if at:
+                self._evicted.setdefault(rid, set()).update(at)
 
     def _evict(self, block_ids: set[int]) -> None:
         self.evict_blocks(block_ids)
