@@ -47,7 +47,6 @@ class Side:
     reqs: dict[int, Any] = field(default_factory=dict)
     live: set[int] = field(default_factory=set)
     remote: set[int] = field(default_factory=set)  # waiting for remote KV (an async load)
-    invalid: set[str] = field(default_factory=set)  # requests some of whose blocks were evicted
     held: dict[int, tuple[Any, ...]] = field(default_factory=dict)
     evicted: bool = False
 
@@ -203,7 +202,6 @@ def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[list
             j = min(k, r.num_computed_tokens // BS)
             if j < len(ids):
                 s.m.evict_blocks(set(ids[j:]))
-                s.invalid.add(r.request_id)
                 for b in ids[j:]:
                     s.held.pop(b, None)
                 r.num_computed_tokens = min(r.num_computed_tokens, j * BS)
@@ -339,3 +337,32 @@ def test_a_prompt_past_max_model_len_is_refused_before_any_change():
     at_limit = _request("b", list(range(MAX_LEN)), None)  # vLLM's pooling runner takes these
     assert [len(m.allocate_slots(at_limit, MAX_LEN).get_block_ids()[0]) for m in (ours, theirs)] \
         == [10, 10]
+
+
+@pytest.mark.parametrize("evict", [[5, 6, 7, 8], [7], [2]])
+def test_the_estimate_after_evict_blocks_agrees_on_a_hybrid_model(evict):
+    # a full-attention and a 16-token sliding-window group: the window's first blocks are
+    # the null block by now, which holds no cached content either
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+    from vllm.v1.request import RequestStatus
+
+    from prefixkv.integrations.vllm import KVCacheManager as Ours
+
+    init_none_hash(sha256)
+    window = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                               sliding_window=16)
+    answers = []
+    for cls in (Ours, Theirs):
+        m = cls(config(full(BS), window, num_blocks=30), max_model_len=MAX_LEN,
+                scheduler_block_size=BS, hash_block_size=BS)
+        a = _request("a", list(range(33)), None)
+        assert m.allocate_slots(a, 33) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 33
+        before = m.estimate_cached_tokens(a)
+        ids = m.get_block_ids("a")
+        m.evict_blocks({g[j] for g in ids for j in evict if g[j]})
+        answers.append((before, m.estimate_cached_tokens(a)))
+    assert answers[0] == answers[1], answers
