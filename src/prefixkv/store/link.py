@@ -96,7 +96,10 @@ class StoreLink:
             return
         ex = self.store.executor
         for start, stop in parts[1:]:
-            ex.submit(self._part, f, start, stop)
+            try:
+                ex.submit(self._part, f, start, stop)
+            except Exception:  # (an executor shut down refuses: read it here, else the
+                self._part(f, start, stop)  # fetch never ends and its slots stay reserved)
         self._part(f, *parts[0])
 
     def _part(self, f: Fetch, start: int, stop: int) -> None:
