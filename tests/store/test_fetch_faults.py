@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prefixkv import KVCacheManager, StoreWait
 from prefixkv.store import SharedStore
-from waiting import LIVE, PATIENCE
+from waiting import LIVE, PATIENCE, wait_until
 
 from .conftest import always
 from .test_shared_store import A, computed
@@ -47,3 +47,37 @@ def test_an_executor_shut_down_with_a_fetch_queued_still_lands_it(backend, layou
     m.check_invariants()
     m.free("b")
     assert m.reset_prefix_cache()
+
+
+def test_a_store_closed_while_a_fetch_runs_waits_for_all_its_parts(backend, layout, monkeypatch):
+    """``SharedStore.close`` drops its threads before it waits for them; a fetch that was
+    preparing then handed its later parts to ``store.executor``, which started a new
+    set of threads: ``close`` returned with parts still to read, and left threads behind."""
+    import prefixkv.store.link as link_module
+
+    stored(backend, layout)
+    gate, preparing = threading.Event(), threading.Event()
+    prepare = link_module.prepare
+
+    def held(*args):
+        preparing.set()
+        assert gate.wait(PATIENCE)
+        return prepare(*args)
+
+    monkeypatch.setattr(link_module, "prepare", held)
+    m, shared = waiting_manager(backend, layout, None, connections=2)
+    threads = shared.executor
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    assert preparing.wait(PATIENCE)
+    closing = threading.Thread(target=shared.close)
+    closing.start()
+    wait_until(lambda: shared._executor is None, "close to begin")
+    gate.set()
+    closing.join(PATIENCE)
+    assert not closing.is_alive()
+    assert shared._executor is None                  # no new threads started
+    assert all(not t.is_alive() for t in threads._threads)
+    assert len(m._waits.link.done) == 1              # every part was read before close returned
+    assert m.poll_store() == ["b"] and m._host.num_landing == 0
+    assert m.add_request("b", A).num_cached_tokens == 12
+    m.check_invariants()
