@@ -3,15 +3,19 @@ fetch is queued or under way, a store closed while a fetch runs. Each fetch must
 fail) exactly once, leaving no host slot reserved and no fetch in flight (else
 ``reset_prefix_cache`` refuses for ever). Block size 4, 8-byte payloads."""
 
+import os
+import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from prefixkv import KVCacheManager, StoreWait
-from prefixkv.store import SharedStore
+from prefixkv.store import RedisStore, SharedStore, StoreLayout
+from prefixkv.store.server import LocalRedis
 from waiting import LIVE, PATIENCE, wait_until
 
 from .conftest import always
-from .test_shared_store import A, computed
+from .test_shared_store import A, admit, computed, from_store
 
 
 def stored(backend, layout):
@@ -81,3 +85,37 @@ def test_a_store_closed_while_a_fetch_runs_waits_for_all_its_parts(backend, layo
     assert m.poll_store() == ["b"] and m._host.num_landing == 0
     assert m.add_request("b", A).num_cached_tokens == 12
     m.check_invariants()
+
+
+def test_a_server_paused_mid_fetch_fails_it_at_its_one_deadline_and_serves_after():
+    """SIGSTOP on a real redis-server holding the blocks, with the client's connections
+    open: the fetch (two parts in parallel) ends failed at its deadline, one error, no
+    slot kept; once the server goes on, the replies it then sends to the closed
+    connections are never read as another fetch's, and the next fetch hits."""
+    with LocalRedis() as server:
+        backend = RedisStore(server.url, timeout=LIVE)
+        layout = StoreLayout("paused", "float32", 8)
+        writer = SharedStore(backend, layout, cost=always(), timeout=LIVE)
+        computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=writer),
+                 backend, "w", A)
+        shared = SharedStore(backend, layout, cost=always(), timeout=0.3, retry_after=0,
+                             connections=2)
+        m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=shared)
+        assert from_store(m, A) == 12                # connections open, idle in the pool
+        m.reset_prefix_cache()
+        os.kill(server._proc.pid, signal.SIGSTOP)
+        try:
+            t = time.monotonic()
+            adm = admit(m, "a", A)
+            took = time.monotonic() - t
+        finally:
+            os.kill(server._proc.pid, signal.SIGCONT)
+        assert took < 0.3 + 5                        # the deadline, and a busy machine's delays
+        assert (adm.num_cached_tokens, adm.num_new_tokens) == (0, 13)
+        assert m.stats.store_errors == 1 and m._host.num_landing == 0
+        m.check_invariants()
+        m.free("a", num_computed_tokens=0)
+        m.reset_prefix_cache()
+        assert from_store(m, A) == 12 and m.stats.store_errors == 1
+        m.check_invariants()
+        backend.close()
