@@ -23,13 +23,30 @@ def foreign_batch(prompt):
     return encode_batch(other.take_events(), block_size=BS)
 
 
-@pytest.fixture
-def following():
-    """A publisher and a subscriber following it, seq 0 (P[0]) applied."""
+def follow(replay=None):
+    """A publisher (``replay``: its replay buffer, if not its own) and a subscriber
+    following it, seq 0 (P[0]) applied."""
     pub, mgr, router = make()
+    if replay is not None:
+        pub.replay = replay
     sub = connect(pub, router)
     step(pub, mgr, "a", P[0])
     wait_for(sub, 1)
+    return pub, mgr, router, sub
+
+
+@pytest.fixture
+def following():
+    pub, mgr, router, sub = follow()
+    yield pub, mgr, router, sub
+    sub.close()
+    pub.close()
+
+
+@pytest.fixture
+def following_vllm():
+    """As ``following``, the publisher answering only vLLM's 8-byte replay request."""
+    pub, mgr, router, sub = follow(LegacyReplay(100))
     yield pub, mgr, router, sub
     sub.close()
     pub.close()
@@ -47,6 +64,24 @@ def test_a_message_numbered_past_the_replay_is_not_applied(following, seq):
     assert [router.cached_tokens(p)["r"] for p in P[:3]] == [12] * 3
     assert router.cached_tokens(P[5])["r"] == 0
     assert sub.errors == 0 and sub.last_error is None
+
+
+@pytest.mark.parametrize("seq", [7, 1 << 40, LAST])
+def test_a_message_numbered_past_a_vllm_replay_is_not_applied(following_vllm, seq):
+    """A vLLM publisher (8-byte replay) asked for the gap before such a message ends its
+    answer before it: the message was not sent by this life. It was applied all the
+    same (the index claimed the foreign prompt), and the replica's next message, now
+    numbered below it, counted a restart that never happened."""
+    pub, mgr, router, sub = following_vllm
+    with sub.lock:
+        sub._on_message("r", seq, foreign_batch(P[5]))
+    assert router.cached_tokens(P[5])["r"] == 0
+    for i in (1, 2):
+        step(pub, mgr, str(i), P[i])
+    assert poll_until(sub, lambda: router.cached_tokens(P[2])["r"] == 12)
+    assert router.cached_tokens(P[5])["r"] == 0
+    assert sub.restarts == 0 and sub.errors == 0 and sub.last_seq["r"] == 2
+    assert sub.health()["replicas"]["r"]["protocol"] == "vllm"
 
 
 def test_after_the_last_number_a_snapshot_is_asked(following):

@@ -6,11 +6,13 @@ is applied; a duplicate of what a replay applied is skipped; anything else (firs
 contact, a gap, a smaller ``seq``) is caught up: by prefixkv's map request (missed
 batches, or a snapshot on first contact, after a restart, past the buffer), or, for a
 publisher that does not answer it (vLLM's), by the 8-byte request, forgetting the
-replica when its buffer lost batches or it restarted. After a disconnect the replica is
-verified as soon as it is connected again: a new epoch, or a vLLM publisher whose
-buffer does not hold the very batch applied last (a batch carries its timestamp, so a
-new life never repeats one), is a restart. The index may understate what a replica
-holds, never overstate it. docs/router.md tabulates each case and its counter.
+replica when its buffer lost batches or it restarted. Either way a message the
+publisher's answer shows it never sent (a foreign or corrupt frame) is not applied.
+After a disconnect the replica is verified as soon as it is connected again: a new
+epoch, or a vLLM publisher whose buffer does not hold the very batch applied last (a
+batch carries its timestamp, so a new life never repeats one), is a restart. The
+index may understate what a replica holds, never overstate it. docs/router.md
+tabulates each case and its counter.
 
 Nothing from the wire stops the thread: frames, payloads and replay answers are
 checked (``bad_batches``, ``bad_replies``); anything else raised while handling a
@@ -169,16 +171,21 @@ class Subscriber:
             self._forget(replica)
             last = None
         start = 0 if last is None else last + 1
-        if seq > start:
+        if seq > start:  # a gap: the publisher's buffer from ``start`` on says what it sent
             client = self._replay.get(replica)
-            batches = client.stream(start, seq) if client else None
-            if batches is None:
-                self.resyncs += 1
-                self._forget(replica)
-            else:
-                self.gaps_filled += 1
-                for s, p in batches:
-                    self._apply(replica, s, p)
+            held = client.replayed(start) if client else None
+            if held is not None:
+                sent = [b for b in held if b[0] <= seq]
+                if sent and sent[-1][0] == seq and all(
+                        s == k for k, (s, _) in enumerate(sent, start)):
+                    self.gaps_filled += 1  # (its batch ``seq``, not this message, if they differ)
+                    for s, p in sent:
+                        self._apply(replica, s, p)
+                    return
+                if (seq, payload) not in held:
+                    return  # not sent by this life (a corrupt or foreign frame): not applied
+            self.resyncs += 1  # its buffer lost the gap, or no answer: follow from here
+            self._forget(replica)
         self._apply(replica, seq, payload)
 
     def _verify(self, replica: str) -> None:
