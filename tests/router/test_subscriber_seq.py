@@ -153,3 +153,25 @@ def test_a_replay_answer_late_once_does_not_make_a_prefixkv_replica_vllm():
     finally:
         sub.close()
         pub.close()
+
+
+def test_a_vllm_publishers_batches_replayed_at_a_reconnection_are_not_a_restart_live(following_vllm):
+    """A reconnection without a restart (a network blip): the verification replays from
+    the batch applied last, which applies what the publisher sent since; those batches
+    also arrive live on the new connection. Each was read as numbering starting again:
+    a restart counted and the replica forgotten."""
+    pub, mgr, router, sub = following_vllm
+    with sub.lock:
+        sub._unverified.add("r")                 # as at the disconnect
+    for i in (1, 2):
+        step(pub, mgr, str(i), P[i])             # sent on the new connection
+    (sock,) = sub._sockets.subs
+    assert sock.poll(PATIENCE * 1000)            # the first is queued live
+    with sub.lock:
+        sub._verify("r")                         # as at the handshake: replays seq 1, 2
+    assert sub.last_seq["r"] == 2
+    wait_for(sub, 2)                             # the same two, live
+    step(pub, mgr, "3", P[3])
+    wait_for(sub, 1)
+    assert [router.cached_tokens(p)["r"] for p in P[:4]] == [12] * 4
+    assert sub.restarts == 0 and sub.resyncs == 0 and sub.errors == 0 and sub.last_seq["r"] == 3

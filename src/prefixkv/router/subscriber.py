@@ -57,6 +57,9 @@ class Subscriber:
         self._skip_through: dict[str, int] = {}  # live duplicates of replayed batches
         self._legacy: set[str] = set()  # replicas that answer only the 8-byte request
         self._last_payload: dict[str, bytes] = {}  # what a vLLM publisher is verified by
+        # batches a vLLM publisher's verification applied past its last: live duplicates
+        # (``_skip_through`` for the 8-byte replay, where a smaller seq means a restart)
+        self._replayed: dict[str, dict[int, bytes]] = {}
         self._unverified: set[str] = set()  # disconnected since their last message
         for replica in endpoints:
             router.forget(replica)  # RouterError for an unknown name; starts it empty
@@ -154,10 +157,14 @@ class Subscriber:
         last = self.last_seq.get(replica)
         if last is not None:
             if seq == last + 1:
+                if self._replayed:  # (the live duplicates came before this: in order)
+                    self._replayed.pop(replica, None)
                 self._apply(replica, seq, payload)
                 return
             if replica not in self._legacy and seq <= self._skip_through.get(replica, -1):
                 return
+            if seq <= last and self._replayed.get(replica, {}).get(seq) == payload:
+                return  # a vLLM publisher's batch that its verification applied
         if replica not in self._legacy and self._catch_up(replica, last):
             # The answer, sent after this message arrived, covers it: a message it does
             # not cover was not sent by this life (a dead life's, a foreign or corrupt
@@ -200,8 +207,7 @@ class Subscriber:
         client = self._replay.get(replica)
         got = client.stream(last) if client else None
         if got and got[0] == (last, self._last_payload.get(replica)):
-            for s, p in got[1:]:
-                self._apply(replica, s, p)
+            self._replay_applied(replica, got[1:])
             self.gaps_filled += len(got) > 1
             return
         self._forget(replica)
@@ -214,8 +220,15 @@ class Subscriber:
             self.resyncs += 1
             return
         self.last_seq[replica] = -1
-        for s, p in history:
+        self._replay_applied(replica, history)
+
+    def _replay_applied(self, replica: str, batches: list[tuple[int, bytes]]) -> None:
+        """Apply what a verification replayed, which may arrive live too (kept to tell
+        those duplicates from a restart)."""
+        for s, p in batches:
             self._apply(replica, s, p)
+        if batches:
+            self._replayed[replica] = dict(batches)
 
     def _catch_up(self, replica: str, last: int | None) -> bool:
         """Bring ``replica`` up to date by the msgpack replay request; False (and the
@@ -276,7 +289,7 @@ class Subscriber:
 
     def _forget(self, replica: str) -> None:
         self.router.forget(replica)
-        for state in (self.last_seq, self._skip_through, self._last_payload):
+        for state in (self.last_seq, self._skip_through, self._last_payload, self._replayed):
             state.pop(replica, None)
 
     def _apply(self, replica: str, seq: int, payload: bytes) -> None:
