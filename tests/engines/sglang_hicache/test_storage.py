@@ -230,3 +230,22 @@ def test_calls_whose_pages_and_places_differ_in_number_are_refused_before_any_wr
     with pytest.raises(ConfigError, match="3 pages"):
         writer.batch_set(fresh, [wpool.get_data_page(0)] * 2)
     assert reader.batch_exists(fresh) == 0
+
+
+def test_targets_that_cannot_take_a_page_are_refused_before_any_read_or_write(sgl, redis):
+    # Before: the pages were read (counted as hits), the targets before the bad one were
+    # filled, then torch raised a RuntimeError from ``copy_`` (a target of another size)
+    # or ``view`` (a target that is not contiguous).
+    writer, wpool = replica(sgl, redis.url, interface_v1=0)
+    reader, rpool = replica(sgl, redis.url, interface_v1=0)
+    fill(wpool, 8)
+    keys = page_hashes(sgl, tokens(2 * PAGE, 1500), PAGE)
+    assert writer.batch_set(keys, [wpool.get_data_page(i * PAGE) for i in range(2)])
+    good = rpool.get_dummy_flat_data_page()
+    wide = torch.zeros(2 * good.numel(), dtype=good.dtype)[::2]   # right size, strided
+    for bad in (torch.zeros(good.numel() + 1, dtype=good.dtype), wide, "page"):
+        with pytest.raises(ConfigError, match="target"):
+            reader.batch_get(keys, [good, bad])
+        assert torch.count_nonzero(good) == 0 and reader.pages.hits == 0
+    assert reader.batch_get(keys, [good, rpool.get_dummy_flat_data_page()])[0] is good
+    assert reader.pages.hits == 2 and torch.equal(good, wpool.get_data_page(0).flatten())

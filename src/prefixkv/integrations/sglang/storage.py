@@ -44,6 +44,13 @@ def _page_bytes(page: torch.Tensor) -> bytes:
     return page.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
 
 
+def _described(t: object) -> str:
+    """A target's shape, dtype and contiguity, or its type (for error messages)."""
+    if isinstance(t, torch.Tensor):
+        return f"{tuple(t.shape)} {t.dtype}{'' if t.is_contiguous() else ' (not contiguous)'}"
+    return type(t).__name__
+
+
 class PrefixKVStorage(HiCacheStorage):
     """The backend SGLang makes as ``PrefixKVStorage(storage_config, kwargs)``.
     ``storage_config.extra_config`` keys: ``redis_url`` (required), ``ttl`` (seconds a
@@ -116,9 +123,16 @@ class PrefixKVStorage(HiCacheStorage):
                   target_sizes: Any = None) -> list[torch.Tensor | None]:
         """Each page written into its flat target tensor (``get_dummy_flat_data_page``),
         or a new flat tensor where none is given; None where it is not a checked hit.
-        Raises ConfigError (nothing read or written) when the targets are not one a page."""
+        Raises ConfigError (nothing read or written) when the targets are not one a page,
+        or one is neither None nor a contiguous tensor of the page's bytes."""
         targets = list(target_locations) if target_locations is not None else [None] * len(keys)
         self._places(keys, targets, "target locations")
+        size = self.pages.layout.block_bytes
+        for i, t in enumerate(targets):
+            if t is not None and not (isinstance(t, torch.Tensor) and t.is_contiguous()
+                                      and t.numel() * t.element_size() == size):
+                raise ConfigError(f"target location {i} must be a contiguous tensor of {size} "
+                                  f"bytes (a page), got {_described(t)}")
         out: list[torch.Tensor | None] = []
         for payload, target in zip(self.pages.get(keys), targets, strict=True):
             if payload is None:
