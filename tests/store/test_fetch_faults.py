@@ -119,3 +119,34 @@ def test_a_server_paused_mid_fetch_fails_it_at_its_one_deadline_and_serves_after
         assert from_store(m, A) == 12 and m.stats.store_errors == 1
         m.check_invariants()
         backend.close()
+
+
+def test_two_waits_on_one_chain_and_a_readmission_with_another_prompt_on_real_threads(backend, layout):
+    """On the store's own fetch threads: two requests wait on the same three blocks, a
+    third waits and is freed, then re-added under its id with another prompt before its
+    first fetch ended. The first landing serves both waiters (the second lands nothing
+    twice), the stale fetch lands as cached content and is never reported for the new
+    prompt, and every reserved slot comes back."""
+    stored(backend, layout)
+    shared = SharedStore(backend, layout, cost=always(), timeout=LIVE)
+    m = KVCacheManager(16, 4, hash_mode="sha256", host_blocks=12, store=shared)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    assert m.add_request("c", A + [99]) == StoreWait("c", 3)
+    assert m.add_request("d", A) == StoreWait("d", 3)
+    m.free("d")                                      # left while waiting
+    other = [7] * 9                                  # two full blocks the store never held
+    assert m.add_request("d", other) == StoreWait("d", 2)   # a fetch of its own
+    ended = []
+    wait_until(lambda: ended.extend(m.poll_store()) or not m._waits.in_flight, "every fetch to land")
+    assert sorted(ended) == ["b", "c", "d"]          # each once; the stale fetch for nobody
+    assert m._host.num_landing == 0 and m._waits.reserved == 0
+    adm = m.add_request("d", other)                  # found nothing: computed
+    assert adm.num_cached_tokens == 0 and adm.num_new_tokens == 9
+    assert m.add_request("b", A).num_cached_tokens == 12
+    assert m.add_request("c", A + [99]).num_cached_tokens == 12
+    assert m.stats.store_errors == 0 and len(m._host) == 3     # three slots, no content twice
+    m.check_invariants()
+    for rid in "bcd":
+        m.free(rid)
+    assert m.reset_prefix_cache()
+    shared.close()
