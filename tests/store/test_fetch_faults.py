@@ -150,3 +150,34 @@ def test_two_waits_on_one_chain_and_a_readmission_with_another_prompt_on_real_th
         m.free(rid)
     assert m.reset_prefix_cache()
     shared.close()
+
+
+def test_a_server_killed_mid_fetch_fails_it_at_once_and_a_restart_serves_again():
+    """The server (paused, so the fetch is surely under way) is killed: the fetch ends
+    failed when its connections close, long before its deadline, one error and no slot
+    kept; a restarted server is reconnected to and serves what is written to it."""
+    with LocalRedis() as server:
+        backend = RedisStore(server.url, timeout=LIVE)
+        layout = StoreLayout("killed", "float32", 8)
+        shared = SharedStore(backend, layout, cost=always(), timeout=PATIENCE, retry_after=0)
+        computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=shared),
+                 backend, "w", A)
+        m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=shared)
+        os.kill(server._proc.pid, signal.SIGSTOP)
+        t = time.monotonic()
+        assert m.add_request("a", A) == StoreWait("a", 3)
+        os.kill(server._proc.pid, signal.SIGKILL)
+        wait_until(lambda: m.poll_store() == ["a"], "the fetch to fail")
+        assert time.monotonic() - t < PATIENCE / 2   # at the kill, not at the deadline
+        assert m.stats.store_errors == 1 and m._host.num_landing == 0
+        adm = m.add_request("a", A)
+        assert (adm.num_cached_tokens, adm.num_new_tokens) == (0, 13)
+        m.free("a", num_computed_tokens=0)
+        server.stop()
+        server.start()                               # empty
+        computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=shared),
+                 backend, "w2", A)
+        m.reset_prefix_cache()
+        assert from_store(m, A) == 12 and m.stats.store_errors == 1
+        m.check_invariants()
+        backend.close()
