@@ -249,3 +249,50 @@ def test_targets_that_cannot_take_a_page_are_refused_before_any_read_or_write(sg
         assert torch.count_nonzero(good) == 0 and reader.pages.hits == 0
     assert reader.batch_get(keys, [good, rpool.get_dummy_flat_data_page()])[0] is good
     assert reader.pages.hits == 2 and torch.equal(good, wpool.get_data_page(0).flatten())
+
+
+def test_concurrent_writers_and_readers_serve_only_what_was_written(sgl, redis):
+    """Two replicas back up the same pages (as SGLang's backup threads do, one page set
+    per call) while two others prefetch them (exists, then get_v1) on their own
+    threads, all on one Redis: every page a reader reports loaded holds exactly the
+    written KV, a page reported held by ``batch_exists`` is read back once written,
+    and the readers' counters add up to the pages they asked for."""
+    import threading
+
+    keys = page_hashes(sgl, tokens(16 * PAGE, 1700), PAGE)
+    writers = [replica(sgl, redis.url) for _ in range(2)]
+    for _, pool in writers:
+        fill(pool, 9)                                # the same KV for the same pages
+    expected = writers[0][1].kv_buffer
+    readers = [replica(sgl, redis.url) for _ in range(2)]
+    errors, asked = [], [0, 0]
+
+    def write(backend):
+        for i in range(0, 16, 2):
+            assert backend.batch_set_v1(keys[i:i + 2], indices(i * PAGE, 2)) == [True, True]
+
+    def read(r, backend, pool):
+        for _ in range(12):
+            held = backend.batch_exists(keys)
+            got = backend.batch_get_v1(keys, indices(0, 16))
+            asked[r] += 16
+            if not all(got[:held]):
+                errors.append(f"held {held}, loaded {got}")
+            for i, ok in enumerate(got):
+                page = slice(i * PAGE, (i + 1) * PAGE)
+                if ok and not torch.equal(pool.kv_buffer[:, :, page], expected[:, :, page]):
+                    errors.append(f"page {i} holds other KV")
+
+    threads = [threading.Thread(target=write, args=(b,)) for b, _ in writers]
+    threads += [threading.Thread(target=read, args=(r, b, p)) for r, (b, p) in enumerate(readers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads) and not errors, errors[:3]
+    for r, (b, _) in enumerate(readers):
+        p = b.pages
+        assert p.hits + p.misses + p.rejected + p.errors == asked[r]
+        assert p.rejected == 0 and p.errors == 0
+        assert b.batch_get_v1(keys, indices(0, 16)) == [True] * 16
+    assert sum(b.pages.written for b, _ in writers) == 32
