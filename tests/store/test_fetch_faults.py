@@ -11,11 +11,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prefixkv import KVCacheManager, StoreWait
 from prefixkv.store import RedisStore, SharedStore, StoreLayout
+from prefixkv.store.local_cluster import LocalCluster
 from prefixkv.store.server import LocalRedis
 from waiting import LIVE, PATIENCE, wait_until
 
 from .conftest import always
 from .test_shared_store import A, admit, computed, from_store
+from .test_store_cluster import DOC
+from .test_store_cluster import manager as cluster_manager
+from .test_store_cluster import setup as cluster_setup
 
 
 def stored(backend, layout):
@@ -180,4 +184,33 @@ def test_a_server_killed_mid_fetch_fails_it_at_once_and_a_restart_serves_again()
         m.reset_prefix_cache()
         assert from_store(m, A) == 12 and m.stats.store_errors == 1
         m.check_invariants()
+        backend.close()
+
+
+def test_a_cluster_master_killed_mid_fetch_costs_its_keys_only():
+    """A Redis Cluster whose master holding block 5 is paused while a fetch of ten
+    blocks reads, then killed: the other masters' answers stand, the run ends at the
+    first lost key (one error, the store not left alone), the fetch ends at the kill,
+    and the next fetch reads the same run again."""
+    with LocalCluster(node_timeout=60_000) as c:
+        backend, shared, puts, admin, nodes = cluster_setup(c)
+        shared.timeout = PATIENCE
+        victim = nodes[5] if nodes[5] != nodes[0] else next(p for p in nodes[5:] if p != nodes[0])
+        first_lost = nodes.index(victim)
+        m = cluster_manager(shared)
+        assert from_store(m, DOC) == 40                 # the map is known, every node read
+        m.reset_prefix_cache()
+        os.kill(c._procs[victim].pid, signal.SIGSTOP)
+        t = time.monotonic()
+        assert isinstance(m.add_request("b", DOC), StoreWait)
+        c.kill(victim)
+        wait_until(lambda: m.poll_store() == ["b"], "the fetch to end")
+        assert time.monotonic() - t < PATIENCE / 2
+        assert m.add_request("b", DOC).num_cached_tokens == 4 * first_lost
+        assert m.stats.store_errors == 1 and m._host.num_landing == 0
+        m.free("b")
+        m.check_invariants()
+        m2 = cluster_manager(shared)
+        assert from_store(m2, DOC) == 4 * first_lost and m2.stats.store_errors == 1
+        admin.close()
         backend.close()
