@@ -9,7 +9,7 @@ import pytest
 from prefixkv import KVCacheManager
 from prefixkv.fleet.wire import encode_batch
 from prefixkv.router.subscriber import Subscriber
-from waiting import PATIENCE, await_subscribed, poll_until
+from waiting import PATIENCE, await_subscribed, poll_until, wait_until
 
 from .test_subscriber import BS, LegacyReplay, P, connect, discard, make, step, wait_for
 
@@ -175,3 +175,23 @@ def test_a_vllm_publishers_batches_replayed_at_a_reconnection_are_not_a_restart_
     wait_for(sub, 1)
     assert [router.cached_tokens(p)["r"] for p in P[:4]] == [12] * 4
     assert sub.restarts == 0 and sub.resyncs == 0 and sub.errors == 0 and sub.last_seq["r"] == 3
+
+
+def test_a_foreign_message_after_a_vllm_publisher_restarted_finds_the_restart(following_vllm):
+    """The publisher restarted (its new life sent one batch, the disconnect not read
+    yet) and a frame numbered past the new life's buffer arrives: it is not applied, and
+    the replica is verified there and then, so the old life's entries go."""
+    pub, mgr, router, sub = following_vllm
+    endpoints = pub.endpoint, pub.replay_endpoint
+    pub.close()
+    pub, mgr, _ = make(endpoint=endpoints[0], replay=endpoints[1])
+    pub.replay = LegacyReplay(100)
+    try:
+        step(pub, mgr, "d", P[3])
+        wait_until(lambda: pub.published_batches == 1, "the new life's seq 0 sent")
+        with sub.lock:
+            sub._on_message("r", 5, foreign_batch(P[5]))
+            assert sub.restarts == 1 and sub.errors == 0
+            assert [router.cached_tokens(p)["r"] for p in (P[0], P[3], P[5])] == [0, 12, 0]
+    finally:
+        pub.close()

@@ -189,8 +189,9 @@ class Subscriber:
                     for s, p in sent:
                         self._apply(replica, s, p)
                     return
-                if (seq, payload) not in held:
-                    return  # not sent by this life (a corrupt or foreign frame): not applied
+                if (seq, payload) not in held:  # not sent by this life (a corrupt or
+                    self._verify(replica)  # foreign frame): not applied; is it still that life?
+                    return
             self.resyncs += 1  # its buffer lost the gap, or no answer: follow from here
             self._forget(replica)
         self._apply(replica, seq, payload)
