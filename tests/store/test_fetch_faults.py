@@ -9,7 +9,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from prefixkv import KVCacheManager, StoreWait
+import pytest
+
+from prefixkv import BlockLoads, ConfigError, KVCacheManager, StoreWait
 from prefixkv.store import RedisStore, SharedStore, StoreLayout
 from prefixkv.store.local_cluster import LocalCluster
 from prefixkv.store.server import LocalRedis
@@ -214,3 +216,30 @@ def test_a_cluster_master_killed_mid_fetch_costs_its_keys_only():
         assert from_store(m2, DOC) == 4 * first_lost and m2.stats.store_errors == 1
         admin.close()
         backend.close()
+
+
+def test_host_memory_is_not_attached_again_while_a_fetch_reads_into_it(backend, layout):
+    """Attached again while a fetch was under way (the engine moved its host caches,
+    copying what they held), the memory changed under the fetch: it read into the old
+    buffers, its run landed, and the loads read the new ones, which never got the
+    payloads (wrong KV served)."""
+    from .test_store_fetch import Manual
+
+    stored(backend, layout)
+    ex = Manual()
+    m, _ = waiting_manager(backend, layout, ex)
+    old, new = bytearray(32), bytearray(32)
+    views = lambda mem: [[memoryview(mem)[8 * i:8 * (i + 1)]] for i in range(4)]  # noqa: E731
+    m.attach_host_memory(views(old))
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    with pytest.raises(ConfigError, match="under way"):
+        m.attach_host_memory(views(new))
+    ex.run()                                         # reads into ``old``, still attached
+    assert m.poll_store() == ["b"]
+    new[:] = old                                     # moved now, between fetches
+    m.attach_host_memory(views(new))
+    adm = m.add_request("b", A)
+    (loads,) = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
+    assert adm.num_cached_tokens == 12
+    assert [bytes(new[8 * s:8 * s + 8]) for s in loads.src] == [bytes([i]) * 8 for i in range(3)]
+    m.check_invariants()
