@@ -296,3 +296,21 @@ def test_concurrent_writers_and_readers_serve_only_what_was_written(sgl, redis):
         assert p.rejected == 0 and p.errors == 0
         assert b.batch_get_v1(keys, indices(0, 16)) == [True] * 16
     assert sum(b.pages.written for b, _ in writers) == 32
+
+
+def test_host_indices_outside_the_pool_are_refused_before_any_read_or_write(sgl, redis):
+    # Before: batch_get_v1 read the pages (counted as hits), wrote those before the bad
+    # index into the pool, then the pool raised IndexError; batch_set_v1 raised it too.
+    writer, wpool = replica(sgl, redis.url)
+    reader, rpool = replica(sgl, redis.url)
+    fill(wpool, 10)
+    keys = page_hashes(sgl, tokens(2 * PAGE, 1900), PAGE)
+    assert writer.batch_set_v1(keys, indices(0, 2)) == [True, True]
+    for bad in (torch.cat([indices(8, 1), indices(rpool.size, 1)]),
+                torch.cat([indices(8, 1), indices(-PAGE, 1)])):
+        with pytest.raises(ConfigError, match="host pool"):
+            reader.batch_get_v1(keys, bad)
+        assert torch.count_nonzero(rpool.kv_buffer) == 0 and reader.pages.hits == 0
+        with pytest.raises(ConfigError, match="host pool"):
+            writer.batch_set_v1(page_hashes(sgl, tokens(2 * PAGE, 2000), PAGE), bad)
+    assert reader.batch_exists(page_hashes(sgl, tokens(2 * PAGE, 2000), PAGE)) == 0
