@@ -195,3 +195,39 @@ def test_a_foreign_message_after_a_vllm_publisher_restarted_finds_the_restart(fo
             assert [router.cached_tokens(p)["r"] for p in (P[0], P[3], P[5])] == [0, 12, 0]
     finally:
         pub.close()
+
+
+@pytest.mark.parametrize("seq", [0, 3])
+def test_a_frame_before_the_publisher_sent_anything_is_not_applied(seq):
+    """First contact with a publisher that has sent nothing yet (a fresh life; the frame
+    is a dead life's, or foreign): its answer says ``next_seq`` 0, the last number
+    applied became -1, which also marks a replica forgotten after a failed replay (that
+    one follows from the message at hand), so the frame was applied. Found by
+    test_subscriber_machine."""
+    pub, mgr, router = make()
+    sub = connect(pub, router)
+    try:
+        with sub.lock:
+            sub._on_message("r", seq, foreign_batch(P[5]))
+        assert router.cached_tokens(P[5])["r"] == 0 and sub.snapshots == 1
+        step(pub, mgr, "a", P[0])                    # its own seq 0 is followed
+        assert poll_until(sub, lambda: router.cached_tokens(P[0])["r"] == 12)
+        assert router.cached_tokens(P[5])["r"] == 0 and sub.errors == 0 and sub.resyncs == 0
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_a_foreign_frame_numbered_below_a_vllm_publishers_last_is_not_a_restart(following_vllm):
+    """A frame numbered at or below the last batch applied was read as the publisher's
+    numbering starting again (a restart): the replica was forgotten and the frame applied
+    as the new life's first batch. Its buffer says whether it sent it. Found by
+    test_subscriber_machine."""
+    pub, mgr, router, sub = following_vllm
+    with sub.lock:
+        sub._on_message("r", 0, foreign_batch(P[5]))
+    assert [router.cached_tokens(p)["r"] for p in (P[0], P[5])] == [12, 0]
+    assert sub.restarts == 0 and sub.errors == 0 and sub.last_seq["r"] == 0
+    step(pub, mgr, "b", P[1])
+    assert poll_until(sub, lambda: router.cached_tokens(P[1])["r"] == 12)
+    assert router.cached_tokens(P[0])["r"] == 12 and sub.restarts == 0

@@ -168,12 +168,18 @@ class Subscriber:
         if replica not in self._legacy and self._catch_up(replica, last):
             # The answer, sent after this message arrived, covers it: a message it does
             # not cover was not sent by this life (a dead life's, a foreign or corrupt
-            # frame) and is not applied. Only a replica forgotten after bad answers
-            # (``_snapshot_after``) follows from this message on.
-            if self.last_seq[replica] < 0:
+            # frame) and is not applied. Only a replica forgotten after bad answers or
+            # none (``_snapshot_after``, a timeout: no ``_skip_through``; an answer's -1
+            # is a publisher that sent nothing yet) follows from this message on.
+            if self.last_seq[replica] < 0 and replica not in self._skip_through:
                 self._apply(replica, seq, payload)
             return
-        if last is not None and seq <= last:  # numbering started again: a restart
+        if last is not None and seq <= last:  # numbering started again: a restart, if
+            client = self._replay.get(replica)  # the publisher there now sent it (else a
+            held = client.replayed(seq) if client else None  # foreign or corrupt frame,
+            if held is not None and (seq, payload) not in held:  # not applied)
+                self._verify(replica)
+                return
             self.restarts += 1
             self._forget(replica)
             last = None
