@@ -232,8 +232,9 @@ class KVOpsMachine(RuleBasedStateMachine):
 
     @invariant()
     def caches_hold_the_model(self):
+        host_k, host_v = self.hk.movedim(0, 1), self.hv.movedim(0, 1)  # [LAYERS, slots, ...]
         for model, k, v, count in ((self.dev, self.k, self.v, self.num_blocks),
-                                   (self.host, self.hk.movedim(0, 1), self.hv.movedim(0, 1), self.host_blocks)):
+                                   (self.host, host_k, host_v, self.host_blocks)):
             for layer in range(LAYERS):
                 want, known = self._expected(model, layer, count)
                 assert torch.equal(k[layer][known], want[known]), ("K", layer, model)
