@@ -27,12 +27,13 @@ reading them never waits for the device). Every check happens before anything is
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
 
 from ..results import BlockCopy, BlockLoads, BlockOffloads
-from .errors import ArgumentTypeError, ShapeError, UnsupportedError
+from .errors import ArgumentTypeError, BlockIdError, ShapeError, UnsupportedError
 from .transfer_plan import TransferPlan, check_caches, slot_shape, transfer_stream
 
 __all__ = ["alloc_host_cache", "offload_blocks", "load_blocks", "copy_blocks", "run_kv_ops",
@@ -119,9 +120,10 @@ def run_kv_ops(ops: Sequence[BlockOffloads | BlockLoads | BlockCopy], device_cac
     then every copy (in order, as ``copy_blocks``), one transfer per kind over all
     caches. ``host_caches``: needed when the plan has offloads or loads. Returns the
     event after the last copy (CUDA), or None (CPU, or an empty plan). Raises as the
-    three calls, before any copy; also ArgumentTypeError for an op of another type,
-    ShapeError for host ops without ``host_caches`` or a ``BlockOffloads`` or
-    ``BlockLoads`` whose ``src`` and ``dst`` differ in length."""
+    three calls, before any copy; also ArgumentTypeError for an op of another type or
+    an id that is not an int (a bool, a float: never rounded), ShapeError for host ops
+    without ``host_caches`` or a ``BlockOffloads`` or ``BlockLoads`` whose ``src`` and
+    ``dst`` differ in length."""
     src: dict[type, list[int]] = {BlockOffloads: [], BlockLoads: [], BlockCopy: []}
     dst: dict[type, list[int]] = {BlockOffloads: [], BlockLoads: [], BlockCopy: []}
     for op in ops:
@@ -129,14 +131,17 @@ def run_kv_ops(ops: Sequence[BlockOffloads | BlockLoads | BlockCopy], device_cac
         if kind not in src:
             raise ArgumentTypeError(f"ops must be BlockOffloads, BlockLoads or BlockCopy, got {op!r}")
         if isinstance(op, BlockCopy):
-            src[kind].append(op.src)
-            dst[kind].append(op.dst)
+            src[kind].append(_op_id(op, op.src))
+            dst[kind].append(_op_id(op, op.dst))
         else:  # BlockOffloads, BlockLoads: id lists
+            if not isinstance(op.src, (tuple, list)) or not isinstance(op.dst, (tuple, list)):
+                raise ArgumentTypeError(f"a {kind.__name__}'s src and dst must be tuples of int, "
+                                        f"got {op!r:.80}")
             if len(op.src) != len(op.dst):
                 raise ShapeError(f"a {kind.__name__} with {len(op.src)} sources and "
                                  f"{len(op.dst)} destinations")
-            src[kind] += op.src
-            dst[kind] += op.dst
+            src[kind] += [_op_id(op, i) for i in op.src]
+            dst[kind] += [_op_id(op, i) for i in op.dst]
     if not ops:
         return None
     if host_caches is None and (src[BlockOffloads] or src[BlockLoads]):
@@ -154,6 +159,21 @@ def run_kv_ops(ops: Sequence[BlockOffloads | BlockLoads | BlockCopy], device_cac
         plan.copy(*ids[BlockCopy])
 
     return plan.run(work)
+
+
+def _op_id(op: object, value: object) -> int:
+    """``value`` (an id of ``op``) as an int: any integer type (``__index__``), never a bool
+    or a float, whose rounding would move another block's KV. Ids past int64 are outside
+    every cache."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise ArgumentTypeError(f"ids must be int, got {value!r} ({type(value).__name__}) in {op!r:.80}")
+    try:
+        index = operator.index(value)  # type: ignore[arg-type]  # __index__ checked above
+    except TypeError as exc:  # a float tensor's __index__
+        raise ArgumentTypeError(f"ids must be int, got {value!r} in {op!r:.80}") from exc
+    if not -(2**63) <= index < 2**63:
+        raise BlockIdError(f"id {index} of {op!r:.80} is outside every cache")
+    return index
 
 
 def _ids(values: list[int]) -> torch.Tensor:
