@@ -31,7 +31,7 @@ than it saves."""
 class SplitWorkspace:
     """Where split-KV partials go: ``part`` ``[num_splits, rows, num_heads, head_dim]`` and
     ``part_lse`` ``[num_splits, num_heads, rows]`` fp32, and ``row_tok`` ``[rows]`` int32,
-    the token each row belongs to in this launch (-1: none). Row ``i * split_q + t`` is
+    contiguous, the token each row belongs to in this launch (-1: none). Row ``i * split_q + t`` is
     query t of request i, for requests of at most ``split_q`` new tokens (the ones that
     split); ``rows >= batch * split_q``. Made by :func:`alloc_split_workspace`."""
 
@@ -83,8 +83,9 @@ def alloc_split_workspace(num_splits: int, max_batch: int, num_heads: int, head_
 def check_split_workspace(ws: object, shape: AttentionShape, device: torch.device,
                           tensors: dict[str, torch.Tensor | None]) -> None:
     """A ``split_workspace`` fits this call: a ``SplitWorkspace`` on q's device with fp32
-    partials of q's heads and head_dim, rows for ``batch * split_q``, and an int32 row map,
-    sharing no memory with each other or with the call's other ``tensors`` (by name).
+    partials of q's heads and head_dim, rows for ``batch * split_q``, and a contiguous
+    int32 row map (the kernels read it at stride 1; the partials at their strides), sharing
+    no memory with each other or with the call's other ``tensors`` (by name).
 
     Raises:
         ArgumentTypeError: not a ``SplitWorkspace``.
@@ -98,6 +99,9 @@ def check_split_workspace(ws: object, shape: AttentionShape, device: torch.devic
             ws.num_splits, shape.num_heads, ws.rows) or ws.row_tok.shape != (ws.rows,):
         raise ShapeError(f"split_workspace is [{ws.num_splits}, {ws.rows}, ...] for heads x head_dim "
                          f"{tuple(ws.part.shape[2:])}; this call has {want}")
+    if not ws.row_tok.is_contiguous():  # the kernels index it by row, at stride 1
+        raise ShapeError(f"split_workspace.row_tok must be contiguous, got stride {ws.row_tok.stride()}: "
+                         "the rows it does not cover would keep an earlier launch's tokens")
     if ws.rows < shape.batch * ws.split_q:
         raise ShapeError(f"split_workspace has {ws.rows} rows; {shape.batch} requests x split_q {ws.split_q} "
                          f"need {shape.batch * ws.split_q}")
