@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MIN_KEYS_PER_SPLIT", "SplitWorkspace", "alloc_split_workspace", "check_split_workspace"]
 
+_SPLITS_LIMIT = 1024  # a workspace's split count at most (as TileConfig.num_splits)
+
 MIN_KEYS_PER_SPLIT = 256
 """Keys a split gets at least (by default): below this a split spends more on its partial
 than it saves."""
@@ -66,18 +68,21 @@ def alloc_split_workspace(num_splits: int, max_batch: int, num_heads: int, head_
     Raises:
         UnsupportedError: a count that is not an int >= 1 (``num_splits`` at most 1024).
     """
-    counts = (("num_splits", num_splits, 1024), ("max_batch", max_batch, None),
-              ("num_heads", num_heads, None), ("head_dim", head_dim, None), ("split_q", split_q, None),
-              ("min_keys", min_keys, None))
-    for name, n, top in counts:
-        if type(n) is not int or n < 1 or (top is not None and n > top):
-            raise UnsupportedError(f"{name} must be an int in [1, {top or 'inf'}], got {n!r}")
+    _check_counts(("num_splits", num_splits, _SPLITS_LIMIT), ("max_batch", max_batch, None),
+                  ("num_heads", num_heads, None), ("head_dim", head_dim, None), ("split_q", split_q, None),
+                  ("min_keys", min_keys, None))
     rows = max_batch * split_q
     return SplitWorkspace(
         part=torch.empty((num_splits, rows, num_heads, head_dim), dtype=torch.float32, device=device),
         part_lse=torch.empty((num_splits, num_heads, rows), dtype=torch.float32, device=device),
         row_tok=torch.full((rows,), -1, dtype=torch.int32, device=device),
         split_q=split_q, min_keys=min_keys)
+
+
+def _check_counts(*counts: tuple[str, object, int | None]) -> None:
+    for name, n, top in counts:
+        if type(n) is not int or n < 1 or (top is not None and n > top):
+            raise UnsupportedError(f"{name} must be an int in [1, {top or 'inf'}], got {n!r}")
 
 
 def check_split_workspace(ws: object, shape: AttentionShape, device: torch.device,
@@ -89,11 +94,18 @@ def check_split_workspace(ws: object, shape: AttentionShape, device: torch.devic
 
     Raises:
         ArgumentTypeError: not a ``SplitWorkspace``.
+        UnsupportedError: its ``num_splits`` (``part``'s first dim), ``split_q`` or
+            ``min_keys`` is not an int >= 1 (``num_splits`` at most 1024), as
+            :func:`alloc_split_workspace` refuses them: a workspace of 0 splits launched
+            no program and left ``out`` unwritten.
         ShapeError, DtypeError, DeviceError: it does not fit, or shares memory.
     """
     if not isinstance(ws, SplitWorkspace):
         raise ArgumentTypeError(f"split_workspace must be a SplitWorkspace (alloc_split_workspace), got "
                                 f"{type(ws).__name__}")
+    _check_counts(("split_workspace.num_splits", ws.num_splits, _SPLITS_LIMIT),
+                  ("split_workspace.split_q", ws.split_q, None),
+                  ("split_workspace.min_keys", ws.min_keys, None))
     want = (shape.num_heads, shape.head_dim)
     if ws.part.dim() != 4 or tuple(ws.part.shape[2:]) != want or ws.part_lse.shape != (
             ws.num_splits, shape.num_heads, ws.rows) or ws.row_tok.shape != (ws.rows,):
