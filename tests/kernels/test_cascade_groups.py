@@ -1,5 +1,6 @@
 """Cascade attention on groups the manager reports for random mixed steps (decoding
-requests, forks of forks, chunked prefills that start inside a shared prefix), and on any
+requests, forks of forks, chunked prefills that start inside a shared prefix; fp32 or fp8
+caches with scales, sinks, softcap, non-causal), and on any
 regrouping of them an engine may pass (groups split, prefixes cut short, empty groups):
 always the result of one pass over all keys. Bad groups and counts are BatchErrors."""
 
@@ -19,6 +20,7 @@ from prefixkv.kernels import (
     cascade_attention,
     paged_prefill_attention_reference,
 )
+from prefixkv.kernels.fp8 import FP8_DTYPES, quantize
 
 from .cases import tolerance
 from .conftest import PRIMARY_DEVICE, triton_skip_reason
@@ -87,20 +89,27 @@ def _problem(ids, computed, new, seed, dtype=torch.float32, device="cpu"):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.data(), st.sampled_from([{}, dict(softcap=2.0), dict(causal=False)]), st.booleans())
-def test_any_valid_grouping_of_a_managers_step_matches_one_pass(data, options, sinks):
+@given(st.data(), st.sampled_from([{}, dict(softcap=2.0), dict(causal=False)]), st.booleans(),
+       st.sampled_from([None, *FP8_DTYPES]))
+def test_any_valid_grouping_of_a_managers_step_matches_one_pass(data, options, sinks, cache):
     groups, ids, computed, new = _step(data.draw)
     if data.draw(st.booleans()):
         groups = _regroup(data.draw, groups)
     args = _problem(ids, computed, new, seed=data.draw(st.integers(0, 99)))
     if sinks:
         options = {**options, "sinks": torch.tensor([0.5, -1.0])}
+    dtype = torch.float32
+    if cache is not None:  # both passes read the fp8 cache with its scales; q in fp16
+        k_scale, v_scale = torch.tensor([0.75]), torch.tensor([1.5])
+        k_cache, v_cache = quantize(args[1], k_scale, cache), quantize(args[2], v_scale, cache)
+        args = (args[0].half(), k_cache, v_cache, *args[3:])
+        options, dtype = {**options, "k_scale": k_scale, "v_scale": v_scale}, torch.float16
     cascade = build_cascade_batch(groups, ids, computed, new, BS)
     got, got_lse = cascade_attention(*args, cascade, return_lse=True, backend="torch", **options)
     want, want_lse = paged_prefill_attention_reference(*args, return_lse=True, **options)
     assert not got.isnan().any()
-    torch.testing.assert_close(got, want, **tolerance(torch.float32))
-    torch.testing.assert_close(got_lse, want_lse, **tolerance(torch.float32))
+    torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
+    torch.testing.assert_close(got_lse, want_lse, **tolerance(dtype))
 
 
 @pytest.mark.skipif(triton_skip_reason() is not None, reason=str(triton_skip_reason()))
