@@ -1,8 +1,8 @@
 """Cascade attention on groups the manager reports for random mixed steps (decoding
 requests, forks of forks, chunked prefills that start inside a shared prefix; fp32 or fp8
-caches with scales, sinks, softcap, non-causal), and on any
-regrouping of them an engine may pass (groups split, prefixes cut short, empty groups):
-always the result of one pass over all keys. Bad groups and counts are BatchErrors."""
+caches with scales, sinks, softcap, non-causal), and on any regrouping of them an engine
+may pass (groups split, prefixes cut short, empty groups): always the result of one pass
+over all keys. Bad groups and counts are BatchErrors."""
 
 from __future__ import annotations
 
