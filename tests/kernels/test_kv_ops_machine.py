@@ -40,6 +40,7 @@ class KVOpsMachine(RuleBasedStateMachine):
     host_blocks = 6
     events = True
     per_layer = False  # True: one [num_blocks, bs, H, D] cache per layer and kind (block_dim 0)
+    churn = False  # True: admissions finish the oldest requests to make room (more host traffic)
     live = Bundle("live")
 
     @initialize()
@@ -121,7 +122,13 @@ class KVOpsMachine(RuleBasedStateMachine):
         del self.tokens[rid], self.extra[rid], self.computed[rid]
 
     def _admit(self, prompt, extra, chunk):
-        """Admit and schedule ``chunk`` tokens (all when None); None when it does not fit."""
+        """Admit and schedule ``chunk`` tokens (all when None); None when it does not fit.
+        With ``churn``, the oldest requests finish first while the pool is short of the
+        prompt's blocks (evictions offload, later prompts load)."""
+        while self.churn and self.tokens and self.m.num_free_blocks < -(-len(prompt) // self.bs):
+            oldest = next(iter(self.tokens))
+            self.m.free(oldest, num_computed_tokens=self.computed[oldest])
+            self._forget(oldest)
         rid = self._new(prompt, extra)
         adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=chunk)
         if adm is None:
@@ -141,6 +148,24 @@ class KVOpsMachine(RuleBasedStateMachine):
         got = self._admit(prompt, extra, chunk)
         self._step([got[1]] if got else [])
         return got[0] if got else multiple()
+
+    @rule(target=live, pre=st.integers(0, 2), tail=st.integers(0, 12))
+    def add_known_prefix(self, pre, tail):
+        """A prompt whose two full blocks were likely seen before: cached, offloaded to the
+        host (then loaded back) or dropped."""
+        return self.add(PREFIXES[pre] + [tail], None, None)
+
+    @rule(prompt=prompts, extra=extras)
+    def add_then_abort(self, prompt, extra):
+        """Admitted, then aborted before its step ran: its new blocks were never computed
+        (no later request may find them), but what its admission evicted is still offloaded
+        by the plan."""
+        got = self._admit(prompt, extra, None)
+        if got is not None:
+            rid, (_, cached, _) = got
+            self.m.free(rid, num_computed_tokens=cached)
+            self._forget(rid)  # its prompt stays in seen: what lookup finds of it must hold its KV
+        self._step([])
 
     @rule(target=live)
     def readmit(self):
@@ -262,9 +287,10 @@ class KVOpsMachine(RuleBasedStateMachine):
 
 class PerLayerNoEventsMachine(KVOpsMachine):
     """Block size 3, one cache per layer and kind (block_dim 0), no events (the index's
-    fast paths: evictions demote in batches, admissions load in batches)."""
+    fast paths: evictions demote in batches, admissions load in batches), churn."""
 
     bs = 3
+    churn = True
     events = False
     per_layer = True
 
@@ -273,6 +299,7 @@ class BigHostMachine(KVOpsMachine):
     """A host tier twice the pool: long runs offloaded, loaded and offloaded again."""
 
     host_blocks = 14
+    churn = True
     events = False
 
 
