@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -140,8 +141,8 @@ def run_kv_ops(ops: Sequence[BlockOffloads | BlockLoads | BlockCopy], device_cac
             if len(op.src) != len(op.dst):
                 raise ShapeError(f"a {kind.__name__} with {len(op.src)} sources and "
                                  f"{len(op.dst)} destinations")
-            src[kind] += [_op_id(op, i) for i in op.src]
-            dst[kind] += [_op_id(op, i) for i in op.dst]
+            src[kind] += _op_ids(op, op.src)
+            dst[kind] += _op_ids(op, op.dst)
     if not ops:
         return None
     if host_caches is None and (src[BlockOffloads] or src[BlockLoads]):
@@ -163,18 +164,25 @@ def run_kv_ops(ops: Sequence[BlockOffloads | BlockLoads | BlockCopy], device_cac
 
 def _op_id(op: object, value: object) -> int:
     """``value`` (an id of ``op``) as an int: any integer type (``__index__``), never a bool
-    or a float, whose rounding would move another block's KV. Ids past int64 are outside
-    every cache."""
+    or a float, whose rounding would move another block's KV."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise ArgumentTypeError(f"ids must be int, got {value!r} ({type(value).__name__}) in {op!r:.80}")
     try:
-        index = operator.index(value)  # type: ignore[arg-type]  # __index__ checked above
+        return operator.index(value)  # type: ignore[arg-type]  # __index__ checked above
     except TypeError as exc:  # a float tensor's __index__
         raise ArgumentTypeError(f"ids must be int, got {value!r} in {op!r:.80}") from exc
-    if not -(2**63) <= index < 2**63:
-        raise BlockIdError(f"id {index} of {op!r:.80} is outside every cache")
-    return index
+
+
+def _op_ids(op: object, values: Sequence[object]) -> list[int]:
+    """``values`` (ids of ``op``) as ints, as :func:`_op_id` takes each; plain ints (what
+    the manager states) without a Python-level loop: a step may offload thousands."""
+    if set(map(type, values)) <= {int}:
+        return cast("list[int]", list(values))
+    return [_op_id(op, v) for v in values]
 
 
 def _ids(values: list[int]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64)
+    try:
+        return torch.tensor(values, dtype=torch.int64)
+    except (ValueError, RuntimeError, OverflowError) as exc:  # an int past int64: outside every cache
+        raise BlockIdError(f"an id is outside every cache (past int64): {exc}") from exc
