@@ -183,6 +183,13 @@ class KVOpsMachine(RuleBasedStateMachine):
         n = min(n, len(self.tokens[rid]) - start)
         self._step([(rid, start, start + n)] if self.m.extend(rid, n) is not None else [])
 
+    @rule(rid=live, n=st.integers(1, 6))
+    def reserve(self, rid, n):
+        """Blocks for tokens not known yet (lookahead): a later fork copies them too."""
+        if self._done(rid):
+            self.m.reserve(rid, n)
+            self._step([])
+
     @rule(data=st.data())
     def decode(self, data):
         """One decode step of every request whose prefill is done."""
