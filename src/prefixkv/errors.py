@@ -108,6 +108,18 @@ def check_count(name: str, value: object, low: int, high: int | None) -> int:
     return value
 
 
+def check_block_ids(block_ids: object, num_blocks: int) -> list[int]:
+    """``block_ids`` as a list, each an int in ``[0, num_blocks)``; RequestError when it
+    is not an iterable or an id is out of range."""
+    try:
+        ids: list[int] = list(block_ids)  # type: ignore[call-overload]
+    except TypeError:
+        raise RequestError(f"block_ids must be an iterable of block ids, got {block_ids!r}") from None
+    for i in ids:
+        check_count("block id", i, 0, num_blocks - 1)
+    return ids
+
+
 def check_chunk(request_id: Hashable, value: object, unscheduled: int) -> int:
     """``extend``'s count: an int in ``[1, unscheduled]``; RequestError otherwise, saying
     so when no known token is left to schedule (the range would be empty)."""

@@ -226,3 +226,42 @@ def test_a_hybrid_hit_comes_with_its_blocks_per_group():
     assert [x.is_null for x in blocks.blocks[1]] == [True] * 3 + [False] * 2
     m.allocate_slots(b, 1, hit, blocks)
     assert [ids[:5] for ids in m.get_block_ids("b")] == list(blocks.get_block_ids())
+
+
+@pytest.mark.parametrize("live", [False, True])
+@pytest.mark.parametrize("arg, bad", [("num_new_tokens", -5), ("num_new_tokens", None),
+                                      ("num_new_computed_tokens", -16), ("num_lookahead_tokens", -3),
+                                      ("num_external_computed_tokens", -1), ("reserved_blocks", -1),
+                                      ("num_lookahead_tokens", 1.5)])
+def test_a_bad_count_is_a_request_error_before_any_change(live, arg, bad):
+    # before: a negative num_new_tokens admitted the request with one token scheduled,
+    # None raised TypeError
+    m = manager()
+    r = request("r", list(range(40)))
+    if live:
+        assert m.allocate_slots(r, 40) is not None
+        r.num_computed_tokens = 40
+    before = (m.get_block_ids("r"), m.block_pool.get_num_free_blocks())
+    kw: dict[str, Any] = {"num_new_tokens": 1, arg: bad}
+    with pytest.raises(RequestError, match=arg):
+        m.allocate_slots(r, **kw)
+    assert (m.get_block_ids("r"), m.block_pool.get_num_free_blocks()) == before
+    m.core.check_invariants()
+
+
+@pytest.mark.parametrize("ids", [{"x"}, {1.5}, None])
+def test_evicting_what_is_not_block_ids_is_a_request_error(ids):
+    m = manager()
+    with pytest.raises(RequestError):
+        m.evict_blocks(ids)
+
+
+def test_evicted_blocks_of_a_hybrid_model_are_no_longer_hit():
+    # before: AttributeError (the hybrid manager had no uncache_blocks)
+    m = manager(full(), window())
+    a = request("a", list(range(40)))
+    m.allocate_slots(a, 40)
+    ids = m.get_block_ids("a")
+    m.evict_blocks({*ids[0][1:], *ids[1][1:]})
+    m.core.check_invariants()
+    assert m.get_computed_blocks(request("b", list(range(40))))[1] == BS

@@ -287,8 +287,11 @@ def test_the_fetcher_makes_the_slots_views_from_the_memory_attached_at_the_start
     assert f.buffers == [] and f.views is not None  # nothing per slot on this thread
     later = bytearray(32)
     m.attach_host_memory([[memoryview(later)[8 * i:8 * (i + 1)]] for i in range(4)])
+    made, views = [], f.views
+    f.views = lambda slots: made.append(views(slots)) or made[-1]
     ex.run()
-    assert [b[0].obj for b in f.buffers] == [first] * 3
+    assert [b[0].obj for b in made[0]] == [first] * 3
+    assert f.buffers == f.keys == f.heads == f.states == []  # the reads' own: dropped (``finish``)
     assert m.poll_store() == ["b"]
     assert m.add_request("b", A).num_cached_tokens == 12
     assert sorted(first[8 * s.block_id:8 * s.block_id + 8] for s in f.slots) == \
@@ -309,12 +312,68 @@ def test_the_fetcher_fills_the_slots_and_they_stay_unfindable_until_landed(backe
     assert [s.content_id for s in f.slots] == list(f.planned)
     assert (s0.parent_cid, s1.parent_cid, s2.parent_cid) == (0, s0.content_id, s1.content_id)
     assert s0.child is s1 and s1.child is s2 and [s.hash for s in f.slots] == f.hashes
-    assert all(s.key is None for s in f.slots)       # filled, not findable: not landed yet
+    # filled, not findable: the first slot has no key, the others' parents are ids the
+    # start took, which nothing findable holds; none is in a map
+    assert s0.key is None and [s1.key, s2.key] == f.chunks[1:3]
+    assert not any(m._host.by_chunk.get(c) in f.slots for c in f.chunks)
     assert m.lookup(A) == 0
     m.check_invariants()
     assert m.poll_store() == ["b"] and m.lookup(A) == 12
     m.check_invariants()
     assert m.add_request("b", A).num_cached_tokens == 12 and m.stats.store_hits == 12
+
+
+def block0_on_host(m):
+    """Leave A's block 0 in a host slot of ``m`` (and none of A on the device)."""
+    m.add_request("p", A[:5], read_cache=False)      # A's block 0, computed
+    m.take_kv_ops()
+    m.free("p")
+    m.add_request("q", list(range(100, 129)), read_cache=False)  # 8 blocks: block 0 goes
+    m.take_kv_ops()                                  # down to a host slot
+    m.free("q")
+    assert m.lookup(A) == 4
+
+
+def test_a_filled_run_is_missed_by_a_stale_guess_until_it_lands(backend, layout):
+    """The fetcher keys every slot of the run but the first: a guess that reaches the
+    first (the ``child`` link of the slot holding its parent's content, left from an
+    earlier use of these slots) finds no key there, though the parent id matches."""
+    m, ex, _ = setup(backend, layout)
+    block0_on_host(m)
+    assert isinstance(m.add_request("b", A), StoreWait)
+    f = m._waits.waiting["b"]
+    assert f.first == 1 and len(f.slots) == 2
+    f.hits[0].child = f.slots[0]                     # the stale guess
+    ex.run()
+    assert f.filled and f.slots[0].parent_cid == f.hits[0].content_id
+    assert f.slots[0].key is None and f.slots[1].key == f.chunks[1]
+    assert m.lookup(A) == 4                          # filled, not found
+    m.check_invariants()
+    assert m.poll_store() == ["b"] and m.lookup(A) == 12
+    m.check_invariants()
+    assert m.add_request("b", A).num_cached_tokens == 12
+
+
+def test_a_host_hit_then_a_run_landed_in_the_step_load_in_one_op_in_order(backend, layout):
+    """The re-admission loads a host hit and the run that landed after it in this step:
+    the hit is pinned, the run stays pinned once (not walked again: ``hold`` takes its
+    ids from the landing), and the one BlockLoads names every slot in the prompt's order."""
+    m, ex, _ = setup(backend, layout)
+    block0_on_host(m)
+    assert isinstance(m.add_request("b", A), StoreWait)
+    f = m._waits.waiting["b"]
+    hit = f.hits[0]
+    ex.run()
+    assert m.poll_store() == ["b"]
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 12
+    m.check_invariants()
+    assert hit.ref_cnt == 1 and all(s.ref_cnt == 1 for s in f.slots)     # pinned once
+    loads = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
+    assert loads == [BlockLoads((hit.block_id, *[s.block_id for s in f.slots]),
+                                tuple(adm.block_ids[:3]))]
+    m.check_invariants()
+    assert hit.ref_cnt == 0 and all(s.ref_cnt == 0 for s in f.slots)     # unpinned
 
 
 def test_a_fill_that_fails_on_the_fetcher_is_done_at_the_landing(backend, layout, monkeypatch):

@@ -100,6 +100,7 @@ class Admitter:
         self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt, *,
         extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
         read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
+        keep_free: int = 0,
     ) -> Admission | StoreWait | None:
         """Admit a request: find its longest cached prefix, take references on those
         blocks, allocate blocks for the tokens scheduled now and record the full ones.
@@ -118,7 +119,11 @@ class Admitter:
         only if blocks for the whole prompt are free now, even when ``num_new_tokens``
         schedules less (nothing beyond what is scheduled is held); the lookahead counts
         with this call's blocks, not on top of the whole prompt (vLLM's
-        ``full_sequence_must_fit``).
+        ``full_sequence_must_fit``). ``keep_free``: admit only if this many blocks stay
+        free besides what this call takes (new blocks, and cached hits that were free;
+        hits other requests hold take nothing); ``require_full_fit`` still checks the
+        whole prompt against every free block: vLLM's ``reserved_blocks`` (and
+        watermark), which constrain the current allocation, not the whole prompt.
 
         ``prompt_token_ids`` may be a ``Prompt`` from ``prepare`` (then ``extra`` must be
         None: the Prompt carries it): its checks, encoding, block chunks and chain hashes
@@ -138,8 +143,10 @@ class Admitter:
         check_new_request(self._requests, request_id)
         if num_new_tokens is not None:
             check_count("num_new_tokens", num_new_tokens, 1, None)
-        if num_lookahead_tokens:
+        if num_lookahead_tokens or num_lookahead_tokens.__class__ is not int:  # (None, [], 0.0)
             check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
+        if keep_free or keep_free.__class__ is not int:
+            check_count("keep_free", keep_free, 0, None)
         if resumed.__class__ is not bool or read_cache is not True or require_full_fit is not False:
             for name, flag in (("resumed", resumed), ("read_cache", read_cache),
                                ("require_full_fit", require_full_fit)):
@@ -172,8 +179,8 @@ class Admitter:
         loads, held = self._split(hits, d) if self._host is not None and claimed is None else ((), hits)
         need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
         fit = blocks_for(n, bs) - len(held) if require_full_fit else need
-        if not (max(need, fit) <= pool.num_free if claimed is not None
-                else pool.can_acquire(held, max(need, fit))):
+        take = max(need + keep_free, fit)  # (claimed hits have left the free ones already)
+        if not (take <= pool.num_free if claimed is not None else pool.can_acquire(held, take)):
             if claimed is not None:
                 pool.unclaim(hits, claimed)
             return None

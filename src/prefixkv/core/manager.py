@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from operator import attrgetter
 
-from ..errors import ConfigError, RequestError, check_count, check_new_request
+from ..errors import ConfigError, RequestError, check_block_ids, check_count, check_new_request
 from ..event_log import PendingEvents
 from ..events import AllBlocksCleared, Event
 from ..extra_keys import ExtraKeys
@@ -192,14 +192,8 @@ class KVCacheManager(Decoder):
         left as it is. Raises RequestError for an id outside the pool, or ``block_ids``
         not an iterable (nothing changes)."""
         blocks = self._pool.blocks
-        try:
-            ids = list(block_ids)
-        except TypeError:
-            raise RequestError(f"block_ids must be an iterable of block ids, got "
-                               f"{block_ids!r}") from None
-        for i in ids:
-            check_count("block id", i, 0, len(blocks) - 1)
-        self._index.uncache([blocks[i] for i in ids if blocks[i].ref_cnt > 0])
+        ids = check_block_ids(block_ids, len(blocks))
+        self._index.uncache([blocks[i] for i in ids if blocks[i].ref_cnt > 0], cut=True)
 
     def preempt(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> tuple[int, ...]:
         """Free a running request (as ``free``, same ``num_computed_tokens``) and return
@@ -239,9 +233,10 @@ class KVCacheManager(Decoder):
         cascade attention (``prefixkv.kernels.build_cascade_batch``). Plain ints; changes
         nothing. Shared blocks are full, but the engine may compute one of them in this
         very step: the kernel side keeps only blocks before each member's new tokens.
-        Raises RequestError for an unknown id (before looking at any), or ids given as a
-        str or bytes (a sequence of one-character ids, never what is meant)."""
-        if isinstance(request_ids, (str, bytes)):
+        Raises RequestError for an unknown id (before looking at any), or ids not given
+        as an iterable, or as a str or bytes (a sequence of one-character ids, never what
+        is meant)."""
+        if isinstance(request_ids, (str, bytes)) or not isinstance(request_ids, Iterable):
             raise RequestError(f"request_ids must be a sequence of ids, not {request_ids!r}")
         return shared_prefixes([self._get(rid).blocks for rid in request_ids])  # Blocks: identity
 

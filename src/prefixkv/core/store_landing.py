@@ -2,11 +2,11 @@
 
 Two halves, one per thread. ``fetch_ready`` runs on the fetcher's thread once the run
 of checked blocks is known: it fills the run's slots with everything the landing would
-write but their keys. ``land`` runs on the scheduler's thread at ``poll``: it keys the
-part of the run that still continues the request's chain (the device or host may have
-got a block's content meanwhile, or the prefix before the run may have left) in its
-host slots, and frees every other reserved slot. A run the fetcher did not fill is
-filled here.
+write but the first slot's key (the run stays unfindable until then). ``land`` runs on
+the scheduler's thread at ``poll``: it keys the part of the run that still continues
+the request's chain (the device or host may have got a block's content meanwhile, or
+the prefix before the run may have left) in its host slots, and frees every other
+reserved slot. A run the fetcher did not fill is filled here.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ __all__ = ["fetch_ready", "land"]
 
 def fetch_ready(f: Fetch) -> None:
     """``Fetch.ready``, on the fetcher's thread: fill the run's landing slots
-    (``fill_landing``: everything ``land`` would write but their keys), note whether
+    (``fill_landing``: everything ``land`` would write but the first slot's key, which
+    makes the run findable), note whether
     the run's token chunks are distinct (``HostTier.land``'s ``unique``) and, if they
     are, map them to the slots (its ``keyed``: a dict of the fetch's own, which the
     scheduler merges into the tier's map when it lands the whole run), list the slots'
@@ -38,10 +39,12 @@ def fetch_ready(f: Fetch) -> None:
     f.unique = len(keyed) == run
     f.keyed = keyed if f.unique else None
     f.slot_ids = [s.block_id for s in slots]
-    fill_landing(slots, f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run])
+    fill_landing(slots, f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run],
+                 f.chunks[:run])
     if f.staged:  # the run's ``StoreFetched`` ops (new objects: the fetcher's to make)
         f.fetched = [StoreFetched(s.block_id, b[0].toreadonly())
                      for s, b in zip(slots, f.buffers, strict=False)]
+        f.buffers = []  # (read by ``land`` only without ``fetched``; freed here: see ``finish``)
     f.filled = True
 
 
@@ -88,14 +91,20 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
                                 tuple(s.block_id for s in slots[lo:hi]),
                                 None if extra is None else extra.for_range(start * bs, end * bs),
                                 start, HOST)
-        whole = not lo and hi == f.run  # (the fetcher's map and ids are the whole run's)
+        whole = not lo  # (the fetcher's map and ids are the whole run's: ``hi`` is its end)
         ids = f.slot_ids if whole and f.slot_ids else None
-        host.land(slots[lo:hi], parent_cid, f.chunks[lo:hi], f.extras[lo:hi], cids, f.hashes[lo:hi],
-                  event, filled=filled, unique=f.unique, keyed=f.keyed if whole else None, ids=ids)
+        if whole and hi == len(slots):  # every reserved slot (the common case): the fetch's
+            # own lists, not copies (a copy touches every object it holds, cold by now)
+            run, run_chunks, extras, hashes, fetched = slots, f.chunks, f.extras, f.hashes, f.fetched
+        else:
+            run, run_chunks, extras, hashes, fetched = (
+                slots[lo:hi], f.chunks[lo:hi], f.extras[lo:hi], f.hashes[lo:hi], f.fetched[lo:hi])
+        host.land(run, parent_cid, run_chunks, extras, cids, hashes, event, filled=filled,
+                  unique=f.unique, keyed=f.keyed if whole else None, ids=ids)
         if not lo:  # (``reuse`` checks ``slots[:len(cids)]``)
             f.landed_at = host.num_unpins
-        if f.fetched:  # (stated by the fetcher: ``fetch_ready``)
-            host.fetches += f.fetched[lo:hi]
+        if fetched:  # (stated by the fetcher: ``fetch_ready``)
+            host.fetches += fetched
         elif f.staged:
             host.fetches += [StoreFetched(s.block_id, f.buffers[i][0].toreadonly())
                              for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]

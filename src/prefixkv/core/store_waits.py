@@ -175,7 +175,7 @@ class StoreWaits:
         for b, c in zip(hits, f.hit_cids, strict=True):
             if b.key is None or b.content_id != c:
                 return None
-        landed = f.slots[:len(cids)]
+        landed = f.slots if len(cids) == len(f.slots) else f.slots[:len(cids)]
         if f.landed_at != self.host.num_unpins:  # (else pinned since they landed: they do)
             c = cids.start  # (one loop, no pair or int objects: measured faster than maps)
             for s in landed:

@@ -109,13 +109,15 @@ class GroupAdmitter:
         self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt, *,
         extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
         read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
+        keep_free: int = 0,
     ) -> GroupAdmission | None:
         """Admit a request: find the longest cached prefix every group can serve, take
         references on the blocks each group needs of it, allocate every group's blocks
         for the tokens scheduled now and record the full ones. Arguments as
         ``KVCacheManager.add_request``, a ``Prompt`` from ``prepare`` included
         (``num_lookahead_tokens`` slots are reserved in every group; ``require_full_fit``
-        asks for every group's blocks of the whole prompt, windows not deducted).
+        asks for every group's blocks of the whole prompt, windows not deducted;
+        ``keep_free`` blocks must stay free besides what this call takes).
 
         Returns the GroupAdmission, or None when the pool is short of blocks (nothing
         changed). Raises PromptTooLongError when it can never fit (``groups.fit``: its
@@ -128,6 +130,7 @@ class GroupAdmitter:
         if num_new_tokens is not None:
             check_count("num_new_tokens", num_new_tokens, 1, None)
         check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
+        check_count("keep_free", keep_free, 0, None)
         check_flag("resumed", resumed, RequestError)
         check_flag("require_full_fit", require_full_fit, RequestError)
         req, nodes, prompt = self._find(request_id, prompt_token_ids, extra,
@@ -146,7 +149,8 @@ class GroupAdmitter:
         held = [b for h in hits for b in h]
         per_group = blocks_for(total + num_lookahead_tokens, bs) - k
         fit = blocks_for(n, bs) - k if require_full_fit else per_group
-        if not self._pool.can_acquire(held, max(per_group, fit) * len(self.groups)):
+        if not self._pool.can_acquire(held, max(per_group * len(self.groups) + keep_free,
+                                                fit * len(self.groups))):
             return None
         last = total // bs
         prepared = (self._prepare(req, k, last, nodes[-1] if nodes else None, prompt)

@@ -16,10 +16,10 @@ preemption, reset and the queries.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
 from ..core.block import Block
-from ..errors import RequestError, check_count, check_new_request
+from ..errors import RequestError, check_block_ids, check_count, check_new_request
 from ..event_log import PendingEvents
 from ..events import AllBlocksCleared, Event
 from ..stats import PrefixCacheStats
@@ -110,6 +110,17 @@ class HybridKVCacheManager(GroupDecoder):
         tokens = tuple(self._get(request_id).tokens)
         self.free(request_id, num_computed_tokens=num_computed_tokens)
         return tokens
+
+    def uncache_blocks(self, block_ids: Iterable[int]) -> None:
+        """As ``KVCacheManager.uncache_blocks``: make the content of these blocks
+        unfindable in their group (their KV turned out invalid) while live requests hold
+        them; a block no request holds is left as it is. A windowed group may still
+        serve a longer prefix without such a block (the window has passed it): name a
+        request's blocks after it too, as vLLM does. Raises RequestError for an id outside
+        the pool, or ``block_ids`` not an iterable (nothing changes)."""
+        blocks = self._pool.blocks
+        ids = check_block_ids(block_ids, len(blocks))
+        self._index.uncache([blocks[i] for i in ids if blocks[i].ref_cnt > 0])
 
     def reset_prefix_cache(self) -> bool:
         """Drop all cached content in every group, only when no request holds a block

@@ -227,21 +227,25 @@ class ContentIndex(ContentRecorder):
             self._unkey(b.key)
             b.key = None
 
-    def uncache(self, blocks: Sequence[Block]) -> None:
+    def uncache(self, blocks: Sequence[Block], cut: bool = False) -> None:
         """Make held ``blocks`` unfindable: their KV was never computed. A block that
         another request holds too (it hit the block in the same step) keeps its content
         id, as a spare that is never found, so that request's later blocks still key
         under the right parent; the rest lose their content. (A request that hit such a
-        block must be dropped too, before its step runs: its KV would be read unwritten.)"""
+        block must be dropped too, before its step runs: its KV would be read unwritten.)
+        ``cut``: blocks after these in their requests may stay findable (``uncache_blocks``
+        names any blocks, not a request's whole tail), cut off from their parent's content
+        as a spare's children are."""
         for b in blocks:
             if b.key is None:
                 continue
             self._unindex(b)
-            if b.ref_cnt > 1:
-                b.twin = True
-                if self._lower is not None:  # its other holders' blocks are cut off (``cut``)
+            if b.ref_cnt > 1 or cut:
+                if self._lower is not None:  # blocks after it are cut off (``cut``)
                     self.cut += 1
                     self._lower.stop_chaining()
+            if b.ref_cnt > 1:
+                b.twin = True
             else:
                 b.key = None
                 b.twin = False

@@ -44,7 +44,7 @@ class NoIndex:
     def drop_one(self, block: Block) -> None:
         pass
 
-    def uncache(self, blocks: Sequence[Block]) -> None:
+    def uncache(self, blocks: Sequence[Block], cut: bool = False) -> None:
         pass
 
     def release_spare(self, block: Block) -> Block | None:

@@ -62,8 +62,9 @@ class Index(Protocol):
     def drop_one(self, block: Block) -> None:
         """``drop((block,))``."""
 
-    def uncache(self, blocks: Sequence[Block]) -> None:
-        """Make held ``blocks`` unfindable: their KV was never computed."""
+    def uncache(self, blocks: Sequence[Block], cut: bool = False) -> None:
+        """Make held ``blocks`` unfindable: their KV was never computed. ``cut``: blocks
+        after them in their requests may stay findable."""
 
     def release_spare(self, block: Block) -> Block | None:
         """Forget a spare whose last reference went; returns the block now holding that

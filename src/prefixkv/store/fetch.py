@@ -154,7 +154,10 @@ def read_part(f: Fetch, backend: StoreBackend, start: int, stop: int, payload_le
 
 
 def finish(f: Fetch, payload_len: int) -> None:
-    """The last part's step: the run and what ended it, the measured figures."""
+    """The last part's step: the run and what ended it, the measured figures. The
+    reads' own per-block data (keys, expected heads, states, views of attached memory)
+    goes here, on the fetcher's thread: dropped with the fetch on the scheduler's, their
+    objects, cold by then, cost that thread a cache miss each (store-r7.md)."""
     run = 0
     for state in f.states:
         if state != OK:
@@ -163,6 +166,9 @@ def finish(f: Fetch, payload_len: int) -> None:
         run += 1
     f.run, f.nbytes = run, run * payload_len
     f.seconds = time.monotonic() - f.started
+    f.keys, f.heads, f.states = [], [], []
+    if not f.staged:  # (attached memory: the views were the reads' only)
+        f.buffers = []
 
 
 def _checked(front: bytearray, head: bytes, payload: Sequence[memoryview], payload_len: int) -> bool:

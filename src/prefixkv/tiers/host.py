@@ -106,22 +106,26 @@ class HostTier(SlotOffload, SlotLanding):
     def hold(self, slots: Sequence[Block]) -> None:
         """Pin ``slots`` (they are about to be loaded), so that no offload stated while
         the device makes room for them can take them; a slot pinned already (landed, or
-        offloaded into, in this step) stays pinned once."""
+        offloaded into, in this step) stays pinned once. When ``slots`` end with a run
+        landed in this step (a store fetch after host hits, or alone), that run is
+        neither walked nor listed again: its pins and ids are the landing's."""
         if self.num_chained:  # (none chained, no child either: nothing to key)
             for s in slots:
                 c = s.child  # (``on_device``, inlined: their contents go up to the device)
                 if s.chained or (c.chained and c.parent_cid == s.content_id):
                     self.on_device(s)
-        ids = None
+        ids, pin = None, slots
         for run, run_ids in self._landed:  # (each comparison: one C loop of identity checks)
-            if run == slots:
-                ids = run_ids
+            k = len(slots) - len(run)
+            if run == slots if not k else k > 0 and slots[k:] == run:
+                pin = slots[:k]  # the hits before the run (the run is pinned since it landed)
+                ids = [s.block_id for s in pin] + run_ids if k else run_ids
                 break
         self._held = (slots, ids)
-        if ids is not None:  # a run landed in this step: pinned since
+        if not pin:
             return
         fresh = []
-        for s in slots:
+        for s in pin:
             if not s.ref_cnt:  # cached: leaves the LRU (inlined unlink; links go stale)
                 prev, nxt = s.prev, s.next
                 prev.next = nxt

@@ -21,16 +21,16 @@ def _holds(tier: HostTier, s: Block) -> bool:
             and tier.by_key.get(key) is s)
 
 
-def _check_chains(tier: HostTier) -> str | None:
+def _check_chains(tier: HostTier, landing: set[int]) -> str | None:
     """Each chained slot is the child of the slot holding its parent's content; the
-    chained count; no two slots hold one content."""
-    parents = {(s.child.block_id, s.content_id) for s in tier.slots  # (children may be
-               if s.key is not None and s.child.key is not None}  # stale: verified below)
+    chained count; no two slots hold one content (``landing``: the ids of the slots a
+    fetch writes into, whose keys, when filled, hold no content yet)."""
+    held = [s for s in tier.slots if s.key is not None and s.block_id not in landing]
+    parents = {(s.child.block_id, s.content_id) for s in held  # (children may be stale:
+               if s.child.key is not None}  # verified below)
     contents: set[tuple[int, bytes, bytes]] = set()
     chained = 0
-    for s in tier.slots:
-        if s.key is None:
-            continue
+    for s in held:
         content = (s.parent_cid, key_chunk(s.key), s.extra)
         if content in contents:
             return f"two host slots hold the content of {s!r}"
@@ -47,8 +47,9 @@ def _check_chains(tier: HostTier) -> str | None:
 def check_tier(tier: HostTier) -> str | None:
     """The first inconsistency of ``tier``'s slots, maps, pins and LRU links, None when
     sound: every slot is empty (no content, no pin), cached (in the LRU, unpinned) or
-    pinned (once: ``ref_cnt`` 1), at most once, or else landing (reserved for a store fetch, no content, one
-    pin: the slots in no list, as many as ``num_landing`` counts);
+    pinned (once: ``ref_cnt`` 1), at most once, or else landing (reserved for a store
+    fetch, in no map, no key or, filled, its token bytes, one pin: the slots in no list,
+    as many as ``num_landing`` counts);
     the runs landed in this step are pinned; the maps hold exactly the cached and pinned
     slots that are not chained; a slot
     keyed by its triple is the one ``find`` returns; chains (above)."""
@@ -71,7 +72,9 @@ def check_tier(tier: HostTier) -> str | None:
             return f"host slots {ids} landed in this step but are not all pinned, or not those"
     landing = [s for s in tier.slots if s.block_id not in seen]  # (nowhere else)
     for s in landing:
-        if s.key is not None or s.ref_cnt != 1 or s.chained:
+        key = s.key
+        if (s.ref_cnt != 1 or s.chained or not (key is None or type(key) is bytes)
+                or (key is not None and tier.by_chunk.get(key) is s)):
             return f"bad landing host slot {s!r}"
     if len(landing) != tier.num_landing:
         return f"{len(landing)} host slots are in no list, {tier.num_landing} are landing"
@@ -81,4 +84,4 @@ def check_tier(tier: HostTier) -> str | None:
     for key, s in tier.by_key.items():
         if tier.find(s.parent_cid, key[1], s.extra) is not s:
             return f"host slot {s!r} is keyed by its triple but not found by it"
-    return _check_chains(tier) or tier._cached.broken_link()
+    return _check_chains(tier, {s.block_id for s in landing}) or tier._cached.broken_link()

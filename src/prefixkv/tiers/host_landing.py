@@ -5,13 +5,18 @@ scheduler lands the run, or given back empty.
     free slot --reserve--> landing --fill_landing (fetcher)--> filled --land--> pinned
                                    \\--unreserve (nothing came)--> empty
 
-A landing slot has no key, is in no map and in no list of the tier (``num_landing``
-counts them), and is pinned once: nothing finds it, nothing takes it.
+A landing slot is in no map and in no list of the tier (``num_landing`` counts them),
+and is pinned once: nothing takes it. Nothing finds it either: no probe (it is in no
+map), and no guess through a stale ``child`` link, which compares the key and the
+parent's content id: the run's first slot has no key until it lands, and every other
+slot's parent id is one of the ids the fetch was given at its start, which nothing
+findable holds before that first slot lands.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 
 from ..core.block import Block
 from ..core.free_queue import FreeBlockQueue
@@ -20,19 +25,26 @@ from .host_index import HOST, SlotIndex
 
 
 def fill_landing(slots: Sequence[Block], parent_cid: int, extras: Sequence[bytes],
-                 cids: Sequence[int], hashes: Sequence[bytes]) -> None:
-    """Write the content fields of landing ``slots`` (all but ``key``) for ``land``: slot
-    i's parent (slot i - 1's content, or ``parent_cid``), ``extras[i]``, ``cids[i]``,
-    ``hashes[i]``, no event, and each slot its predecessor's ``child``. May run on a
-    fetcher's thread while the scheduler's runs: a landing slot is in no map and its key
-    is None, so every find and every guess (which compares the key first) passes it by,
-    whatever these fields hold, and nothing else writes them until it lands."""
+                 cids: Sequence[int], hashes: Sequence[bytes],
+                 chunks: Sequence[bytes] | None = None) -> None:
+    """Write the content fields of landing ``slots`` for ``land``: slot i's parent (slot
+    i - 1's content, or ``parent_cid``), ``extras[i]``, ``cids[i]``, ``hashes[i]``, no
+    event, each slot its predecessor's ``child`` and, given ``chunks``, the key of every
+    slot but the first: ``chunks[i]``, written after its parent id. May run on a fetcher's
+    thread while the scheduler's runs: a landing slot is in no map, the first one has no
+    key, and each other one's parent id (written before its key) is one of ``cids``,
+    fresh ids that nothing findable holds until the first slot lands, so every find and
+    every guess (which compares the key and the parent id) passes them by, and nothing
+    else writes them until they land."""
     prev: Block | None = None
     for s, extra, cid, h in zip(slots, extras, cids, hashes, strict=True):
         s.parent_cid, s.extra, s.content_id, s.hash, s.event = parent_cid, extra, cid, h, None
         if prev is not None:
             prev.child = s
         parent_cid, prev = cid, s
+    if chunks is not None:  # (after every parent id: see above)
+        for s, chunk in zip(islice(slots, 1, None), islice(chunks, 1, None), strict=True):
+            s.key = chunk
 
 
 class SlotLanding(SlotIndex):
@@ -80,9 +92,10 @@ class SlotLanding(SlotIndex):
         same plan may precede). The caller made sure no slot holds the first content
         already (the others' parents are new). ``filled``: ``fill_landing`` wrote these
         slots' fields already (on a fetcher's thread), from a parent that may have been
-        another: only the first slot's parent is set here (``extras``, ``cids`` and
-        ``hashes`` are not read). ``unique``: no two of ``chunks`` are equal (then, when no
-        slot's key is one of them either, the slots are keyed in one C call). ``keyed``:
+        another, with ``chunks`` (keys): only the first slot's parent and key are set
+        here (``extras``, ``cids`` and ``hashes`` are not read). ``unique``: no two of
+        ``chunks`` are equal (then, when no slot's key is one of them either, the slots
+        enter the map in one C call). ``keyed``:
         ``dict(zip(chunks, slots))``, built where it cost the scheduler nothing (a
         fetcher's thread), given only when ``unique``: the dicts' stored hashes serve the
         check and the keying (no token bytes is hashed or read again, and the check
@@ -98,9 +111,12 @@ class SlotLanding(SlotIndex):
         if unique and keyed is None:
             keyed = dict(zip(chunks, slots, strict=True))
         if keyed is not None and by_chunk.keys().isdisjoint(keyed.keys()):
+            if filled:  # (the others' keys were written with their fields)
+                slots[0].key = chunks[0]
+            else:
+                for s, chunk in zip(slots, chunks, strict=True):
+                    s.key = chunk
             by_chunk.update(keyed)  # (each setdefault below would succeed)
-            for s, chunk in zip(slots, chunks, strict=True):
-                s.key = chunk
         else:
             by_key = self.by_key
             for s, chunk in zip(slots, chunks, strict=True):  # (as _enter, inlined)
@@ -152,8 +168,10 @@ class SlotLanding(SlotIndex):
         cached.forget(k)
 
     def unreserve(self, slots: list[Block]) -> None:
-        """Landing ``slots`` that got nothing: empty again."""
+        """Landing ``slots`` that got nothing (or were filled, keys too, and not landed):
+        empty again."""
         self.num_landing -= len(slots)
         for s in slots:
             s.ref_cnt = 0
+            s.key = None
             self._empty.append(s)

@@ -34,7 +34,7 @@ from vllm.v1.request import Request, RequestStatus
 from prefixkv.core.block import blocks_for
 from prefixkv.core.manager import KVCacheManager as CoreManager
 from prefixkv.core.prompt import Prompt
-from prefixkv.errors import PromptTooLongError, RequestError
+from prefixkv.errors import PromptTooLongError, RequestError, check_count
 from prefixkv.extra_keys import ExtraKeys
 from prefixkv.groups import HybridKVCacheManager
 
@@ -224,7 +224,20 @@ class KVCacheManager:
         or None when the pool is short (nothing changed). ``reserved_blocks`` and vLLM's
         watermark are kept free on top of what the allocation takes. Raises ValueError
         as vLLM's (nothing to schedule), UnsupportedByPrefixKV for encoder tokens,
-        RequestError when the hit is not the one ``get_computed_blocks`` reported."""
+        RequestError for a count that is not an int >= 0, or when the hit is not the one
+        ``get_computed_blocks`` reported."""
+        try:  # (one test: an or of ints is negative iff one of them is)
+            bad = (num_new_tokens | num_new_computed_tokens | num_lookahead_tokens
+                   | num_external_computed_tokens | reserved_blocks) < 0
+        except TypeError:  # None, a float
+            bad = True
+        if bad:
+            for name, value in (("num_new_tokens", num_new_tokens),
+                                ("num_new_computed_tokens", num_new_computed_tokens),
+                                ("num_lookahead_tokens", num_lookahead_tokens),
+                                ("num_external_computed_tokens", num_external_computed_tokens),
+                                ("reserved_blocks", reserved_blocks)):
+                check_count(name, value, 0, None)
         if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "computed tokens to adopt")
@@ -262,15 +275,12 @@ class KVCacheManager:
         slots = min(computed + num_new_tokens + lookahead, self.max_model_len)
         cache_to = min(hit if delay else computed + num_new_tokens, len(prompt))
         scheduled = max(cache_to - hit, 1)  # prefixkv schedules at least one token
-        need = blocks_for(slots, self.block_size) * self.num_kv_cache_groups
-        if keep > 0 and need > self.core.num_free_blocks - keep:
-            return None  # conservative: as if every hit block came out of the free ones
         key = self._next_key
         try:
             adm = self.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
                                         resumed=request.num_preemptions > 0, read_cache=read,
                                         num_lookahead_tokens=max(0, slots - hit - scheduled),
-                                        require_full_fit=full_fit)
+                                        require_full_fit=full_fit, keep_free=keep)
         except PromptTooLongError:
             return None  # vLLM's answer: None (its max_model_len check keeps such prompts out)
         if adm is None:
@@ -361,9 +371,14 @@ class KVCacheManager:
         window itself, when a request's tokens are cached."""
 
     def evict_blocks(self, block_ids: set[int]) -> None:
-        """Make these blocks' content unfindable (KV a connector failed to load)."""
-        k = self._blocks.offset
-        self.core.uncache_blocks({i - k for i in block_ids if i >= k})
+        """Make these blocks' content unfindable (KV a connector failed to load). Raises
+        RequestError for ids that are not vLLM block ids (nothing changes)."""
+        k, top = self._blocks.offset, len(self._blocks.table) - 1
+        try:
+            ids = [check_count("block id", i, 0, top) for i in block_ids]
+        except TypeError:
+            raise RequestError(f"block_ids must be an iterable of block ids, got {block_ids!r}") from None
+        self.core.uncache_blocks({i - k for i in ids if i >= k})
 
     def _evict(self, block_ids: set[int]) -> None:
         self.evict_blocks(block_ids)
