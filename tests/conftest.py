@@ -70,6 +70,7 @@ LONGEST_FIRST = (
     "fleet/test_example_fleet.py",  # ~12 alone (31 before the warm interpreter)
     "engine/test_hybrid_engine.py",  # ~19
     "engines/sglang_hicache/test_storage.py",  # ~17
+    "router/test_subscriber_machine.py",  # 16-21 alone, most of it waiting on ZeroMQ reconnections
     "engine/test_backends.py",  # ~15
 )
 

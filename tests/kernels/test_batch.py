@@ -82,6 +82,10 @@ def test_paged_batch_of_nothing():
         (lambda: build_seqused_k([1], 2), "num_new must be a sequence"),
         (lambda: build_slot_mapping([[1]], [0, 1], [2], 4), "num_computed"),
         (lambda: build_paged_batch([[1]], [True], [1], 4), "num_computed"),
+        # two new tokens into one slot (the kernel's programs would race): was accepted
+        (lambda: build_slot_mapping([[3], [3]], [0, 1], [2, 1], 4),
+         r"new tokens 1 \(request 0\) and 2 \(request 1\) both go to slot 13, of block 3"),
+        (lambda: build_paged_batch([[5, 2, 5]], [0], [9], 3), r"new tokens 0 \(request 0\) and 6 .* slot 15"),
     ],
 )
 def test_bad_batches_raise(call, match):

@@ -117,3 +117,43 @@ def test_rows_no_request_owns_never_take_a_request_s_workspace_row():
     assert (got[2] == 0).all() and (want[2] == 0).all()
     torch.testing.assert_close(got, want, **tolerance(torch.float32))
     assert ws.row_tok.tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_a_row_map_that_is_not_contiguous_is_rejected_before_any_write(backend):
+    """The kernels index ``row_tok`` at stride 1, and the launch clears it through its
+    view: with a strided map, a row the view skips kept the token an earlier launch wrote
+    there, and the merge put that launch's partials into this launch's output (a decode,
+    then the same request prefilling 3 tokens: its first query row got the old decode)."""
+    import dataclasses
+
+    ws = alloc_split_workspace(3, 2, 4, 16, PRIMARY_DEVICE, min_keys=32)
+    strided = torch.full((2 * ws.rows,), -1, dtype=torch.int32, device=PRIMARY_DEVICE)[::2]
+    bad = dataclasses.replace(ws, row_tok=strided)
+    case = make_case([1, 3], [200, 90], num_kv_heads=2, group=2, head_dim=16, block_size=16,
+                     device=PRIMARY_DEVICE, seed=4)
+    out = torch.full_like(case.q, 7.0)
+    with pytest.raises(ShapeError, match="row_tok must be contiguous"):
+        paged_prefill_attention(*case.args, out=out, split_workspace=bad, backend=backend)
+    assert (out == 7.0).all() and (strided == -1).all()
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("field", ["num_splits", "split_q", "min_keys"])
+def test_a_workspace_made_by_hand_with_counts_alloc_refuses_is_rejected(backend, field):
+    """A ``SplitWorkspace`` built directly (a frozen dataclass, its fields unchecked): a
+    count ``alloc_split_workspace`` refuses is refused by the launch too, before any write.
+    Before: 0 splits launched a grid with an empty split axis, no program ran and ``out``
+    kept what it held; ``min_keys`` 0 is an integer division by zero in the kernel's slice
+    count (numpy in the interpreter makes it 0, hence 1 slice; a GPU's result is undefined)."""
+    import dataclasses
+
+    ws = alloc_split_workspace(3, 2, 4, 16, PRIMARY_DEVICE, min_keys=32)
+    bad = (dataclasses.replace(ws, part=ws.part[:0], part_lse=ws.part_lse[:0]) if field == "num_splits"
+           else dataclasses.replace(ws, **{field: 0}))
+    case = make_case([1, 1], [200, 90], num_kv_heads=2, group=2, head_dim=16, block_size=16,
+                     device=PRIMARY_DEVICE, seed=4)
+    out = torch.full_like(case.q, 7.0)
+    with pytest.raises(UnsupportedError, match=f"split_workspace.{field} must be an int"):
+        paged_prefill_attention(*case.args, out=out, split_workspace=bad, backend=backend)
+    assert (out == 7.0).all()

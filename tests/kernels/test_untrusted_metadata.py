@@ -251,3 +251,18 @@ def test_any_metadata_stays_inside_and_backends_agree(cu, seqused, ids, splits):
     got = paged_prefill_attention_triton(*args, out=call.out, return_lse=True, config=config)
     assert call.framed_out_untouched() and not got[0].isnan().any()
     _same(got, paged_prefill_attention(*args, return_lse=True, backend="torch"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_checked_write_refuses_a_slot_given_twice_before_writing(backend):
+    """Two tokens into one slot leave the cache with either one (the Triton programs race;
+    the reference keeps the last): checked mode names the second token. Padding (-1) may
+    repeat. Before, checked mode let it through."""
+    key, value, k_whole, k_cache, v_whole, v_cache = _write_setup()
+    slots = torch.tensor([3, 7, -1, 7], device=PRIMARY_DEVICE)
+    with pytest.raises(MetadataError, match=r"token 3: slot_mapping\[3\] = 7 is token 1's slot too"):
+        write_kv_cache(key, value, k_cache, v_cache, slots, backend=backend, checked=True)
+    assert not k_cache.any() and _frame_untouched(k_whole)
+    write_kv_cache(key, value, k_cache, v_cache, torch.tensor([-1, 7, -1, 2], device=PRIMARY_DEVICE),
+                   backend=backend, checked=True)
+    assert torch.equal(k_cache.flatten(0, 1)[7], key[1]) and torch.equal(k_cache.flatten(0, 1)[2], key[3])

@@ -157,3 +157,26 @@ def test_warmup_rejects_a_spec_the_kernels_reject():
                          max_num_seqs=4, max_num_batched_tokens=64, max_model_len=1024)
     with pytest.raises(ShapeError, match="multiple of num_kv_heads"):
         warmup(spec, PRIMARY_DEVICE)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("kv_scales", "bogus"),          # was taken as "tensor"
+    ("windows", ()),                 # compiled the cache write only: every attention call JIT-compiled later
+    ("windows", [None]),
+    ("max_model_len", -3),           # were taken
+    ("max_num_batched_tokens", 0),
+    ("max_num_seqs", 2.0),
+])
+def test_a_spec_that_would_compile_nothing_or_the_wrong_variants_is_refused(field, value):
+    import dataclasses
+
+    from prefixkv.kernels import UnsupportedError
+
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float16,
+                         max_num_seqs=4, max_num_batched_tokens=64, max_model_len=1024,
+                         cache_dtype=torch.float8_e4m3fn)
+    bad = dataclasses.replace(spec, **{field: value})
+    with pytest.raises(UnsupportedError, match=field):
+        attention_variants(bad, on_gpu=False)
+    with pytest.raises(UnsupportedError, match=field):
+        warmup(bad, "cpu")

@@ -320,3 +320,48 @@ def test_a_replica_with_another_block_size_is_flagged():
     finally:
         sub.close()
         pub.close()
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_publisher_restarted_mid_replay(legacy):
+    """The publisher takes the replay request a gap asked for, dies without answering
+    and comes back as a new life on the same endpoints: the subscriber (thread mode) is
+    held up by one replay timeout, then follows the new life only (the old life's
+    entries go), with nothing counted as a defect."""
+    import threading
+
+    pub, mgr, router = make()
+    if legacy:
+        pub.replay = LegacyReplay(100)
+    sub = Subscriber(router, {"r": (pub.endpoint, pub.replay_endpoint)}, replay_timeout=0.5)
+    await_subscribed(sub)
+    try:
+        step(pub, mgr, "a", P[0])
+        wait_for(sub, 1)
+        asked = threading.Event()
+
+        def dies_mid_replay(sock, *args):
+            sock.recv_multipart()                    # taken, never answered
+            asked.set()
+        pub.replay.serve = dies_mid_replay
+        step(pub, mgr, "b", P[1])
+        discard(sub, 1)                              # seq 1 lost: seq 2 asks for it
+        step(pub, mgr, "c", P[2])
+        sub.start()
+        assert asked.wait(PATIENCE)
+        endpoints = pub.endpoint, pub.replay_endpoint
+        pub.close()
+        pub, mgr, _ = make(endpoint=endpoints[0], replay=endpoints[1])
+        if legacy:
+            pub.replay = LegacyReplay(100)
+
+        def followed():
+            step(pub, mgr, str(time.monotonic()), P[3])  # until one reaches the subscriber
+            with sub.lock:
+                return [router.cached_tokens(p)["r"] for p in P[:4]] == [0, 0, 0, 12]
+        wait_until(followed, "the new life followed alone", step=lambda: time.sleep(0.05))
+        with sub.lock:
+            assert sub.errors == 0 and sub.restarts + sub.resyncs >= 1 and sub.alive
+    finally:
+        sub.close()
+        pub.close()

@@ -277,8 +277,8 @@ def test_attached_memory_must_fit_the_slots(backend, layout):
 
 def test_the_fetcher_makes_the_slots_views_from_the_memory_attached_at_the_start(backend, layout):
     """The scheduler's thread hands over the slots, not a view per slot: the fetcher
-    makes them, from the memory attached when the fetch started (memory attached later
-    is for later fetches), and the payloads land there."""
+    makes them, from the memory attached when the fetch started (none can be attached
+    while it runs: test_fetch_faults), and the payloads land there."""
     m, ex, _ = setup(backend, layout)
     first = bytearray(32)
     m.attach_host_memory([[memoryview(first)[8 * i:8 * (i + 1)]] for i in range(4)])
@@ -286,7 +286,8 @@ def test_the_fetcher_makes_the_slots_views_from_the_memory_attached_at_the_start
     f = m._waits.waiting["b"]
     assert f.buffers == [] and f.views is not None  # nothing per slot on this thread
     later = bytearray(32)
-    m.attach_host_memory([[memoryview(later)[8 * i:8 * (i + 1)]] for i in range(4)])
+    with pytest.raises(ConfigError, match="under way"):
+        m.attach_host_memory([[memoryview(later)[8 * i:8 * (i + 1)]] for i in range(4)])
     made, views = [], f.views
     f.views = lambda slots: made.append(views(slots)) or made[-1]
     ex.run()

@@ -3,7 +3,9 @@ Redis store. Hypothesis drives admissions, prefill chunks, decode steps, frees, 
 before a step ran, preemptions of waiting requests, resets, and corruption of stored
 values; and the store's fetches, which run when the machine says: late (after other
 steps), never (the clock passes their deadline), twice (delivered again), or after their
-request left. After every step every live
+request left; the executor may be shut down (it refuses starts and parts) and a stored
+value may become a list (WRONGTYPE). Once no job is queued, every fetch handed over has
+ended (none stays in flight with its slots reserved). After every step every live
 request's blocks must hold exactly that request's KV, so a store hit that served wrong
 KV (another prefix, another salt, a block never computed, a corrupted value, a fetch
 that lost a race) is caught at the step it happens, and ``check_invariants`` accounts
@@ -59,13 +61,25 @@ def _server(redis_url):
 
 
 class Manual:
-    """An executor that runs what it is given when the machine says."""
+    """An executor that runs what it is given when the machine says; ``refusing``: it
+    was shut down (``submit`` raises, as ``ThreadPoolExecutor``'s does then)."""
 
     def __init__(self):
         self.jobs = []
+        self.refusing = False
 
     def submit(self, fn, *args):
+        if self.refusing:
+            raise RuntimeError("cannot schedule new futures after shutdown")
         self.jobs.append((fn, args))
+
+    def run(self, index=0):
+        """Run job ``index``; what it raises is dropped, as an executor's thread does."""
+        fn, args = self.jobs.pop(index)
+        try:
+            fn(*args)
+        except Exception:  # noqa: S110 (a fetch that never ends is what the machine checks)
+            pass
 
 
 class Engine:
@@ -100,6 +114,7 @@ class SharedStoreMachine(RuleBasedStateMachine):
         self.seen: list[tuple] = []                    # (engine, prompt, extra) admitted
         self.delivered = []                            # (engine, fetch) that ended
         self.expiries = 0
+        self.faults = 0                                # refusals and values of another type
         self.next_id = 0
         self.last = None
 
@@ -204,16 +219,14 @@ class SharedStoreMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def fetch_runs(self, data):
         """A fetch (or a part of one) runs now, however late."""
-        fn, args = self.executor.jobs.pop(data.draw(st.integers(0, len(self.executor.jobs) - 1)))
-        fn(*args)
+        self.executor.run(data.draw(st.integers(0, len(self.executor.jobs) - 1)))
 
     @rule(i=side)
     def settle(self, i):
         """Every fetch under way runs to its end, then engine ``i`` polls (the common
         case: fetches end within a step or two)."""
         while self.executor.jobs:
-            fn, args = self.executor.jobs.pop(0)
-            fn(*args)
+            self.executor.run()
         self.poll(i)
 
     @rule(i=side)
@@ -357,9 +370,27 @@ class SharedStoreMachine(RuleBasedStateMachine):
     def corrupt(self, data):
         """Flip a byte of a stored value's payload (its checksum no longer matches)."""
         key = data.draw(st.sampled_from(self.keys))
-        value = self.backend.client.get(key)
+        value = self.backend.client.get(key) if self.backend.client.type(key) == b"string" else None
         if value is not None:
             self.backend.put([(key, value[:-1] + bytes([value[-1] ^ 1]))])
+
+    @rule(refuse=st.booleans())
+    def executor_shut_down(self, refuse):
+        """The executor refuses what is handed over from now on, or takes it again: a
+        start it refuses computes (an error), a fetch whose later parts it refuses reads
+        them on its own call (it must still land, once)."""
+        self.executor.refusing = refuse
+        self.faults += refuse
+
+    @precondition(lambda self: bool(self.keys))
+    @rule(data=st.data())
+    def wrong_type(self, data):
+        """A stored value becomes a list (GET answers WRONGTYPE): that key fails, the
+        blocks from it on are computed, and their writes make it a value again."""
+        key = data.draw(st.sampled_from(self.keys))
+        self.backend.client.delete(key)
+        self.backend.client.rpush(key, b"not a value")
+        self.faults += 1
 
     @invariant()
     def blocks_hold_each_requests_kv(self):
@@ -369,8 +400,11 @@ class SharedStoreMachine(RuleBasedStateMachine):
                 blocks = e.m.get_block_ids(rid)
                 for pos in range(e.scheduled[rid]):
                     assert e.kv[blocks[pos // BS]][pos % BS] == self._kv_of(e, rid, pos), (rid, pos)
-            if not self.expiries:  # (only a passed deadline fails a fetch here)
+            if not self.expiries and not self.faults:  # (else a fetch may fail)
                 assert e.m.stats.store_errors == 0
+            if not self.executor.jobs:  # every fetch handed over has ended
+                ended = {id(f) for f in e.m._store.done if not f.ended}
+                assert e.m._waits.in_flight == len(ended), (e.m._waits.in_flight, len(ended))
 
     def teardown(self):
         if hasattr(self, "backend"):

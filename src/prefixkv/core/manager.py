@@ -106,8 +106,8 @@ class KVCacheManager(Decoder):
         ``StoreLayout.block_bytes`` in all (``prefixkv.store.torch_io.host_slot_views``
         makes them from torch caches). Then no ``StoreFetched`` op is stated. Without it,
         payloads arrive in buffers of their own and ``StoreFetched`` copies them.
-        Raises ConfigError without a store, or for buffers that do not fit (nothing
-        changes)."""
+        Raises ConfigError without a store, for buffers that do not fit, or while store
+        fetches are under way (nothing changes)."""
         if self._waits is None:
             raise ConfigError("attach_host_memory needs a manager with a shared store")
         self._waits.attach(buffers)

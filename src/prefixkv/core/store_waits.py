@@ -65,7 +65,12 @@ class StoreWaits:
     def attach(self, buffers: Sequence[Sequence[memoryview]]) -> None:
         """Fetches read straight into these buffers: ``buffers[slot]``, writable byte
         views whose lengths add up to the layout's ``block_bytes``. Raises ConfigError
-        (nothing changes) for another number of slots, a size or a read-only view."""
+        (nothing changes) for another number of slots, a size or a read-only view, and
+        while fetches are under way (they read into the memory attached when they
+        started: their runs would land where the new memory holds no payload)."""
+        if self.in_flight:
+            raise ConfigError(f"{self.in_flight} store fetches are under way: attach host "
+                              f"memory once they landed (poll_store)")
         slots, want = len(self.host.slots), self.link.payload
         if len(buffers) != slots:
             raise ConfigError(f"host memory for {len(buffers)} slots, the tier has {slots}")

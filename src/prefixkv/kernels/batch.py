@@ -136,7 +136,9 @@ def build_slot_mapping(
     Raises:
         BatchError: an argument not a sequence (rows included), mismatched lengths,
             ``block_size`` not an int >= 1, a request whose tokens do not fit in its
-            blocks, or ``pad_to`` not an int at least the number of new tokens.
+            blocks, two new tokens in one slot (a block two requests hold, or one
+            request lists twice, written again), or ``pad_to`` not an int at least the
+            number of new tokens.
     """
     table = build_block_table(block_ids)
     new = _counts("num_new", num_new, table.shape[0])
@@ -160,6 +162,15 @@ def build_slot_mapping(
         first = torch.cumsum(new_t, 0) - new_t  # [batch] first token of each request
         pos = torch.arange(total) - first[req] + torch.tensor(done, dtype=torch.int64)[req]
         slots[:total] = table.to(torch.int64)[req, pos // block_size] * block_size + pos % block_size
+        taken, first_token = torch.unique(slots[:total], return_inverse=True)
+        if taken.numel() < total:  # two new tokens in one slot: which one the cache keeps is a race
+            seen: dict[int, int] = {}
+            for t, k in enumerate(first_token.tolist()):
+                if seen.setdefault(k, t) != t:
+                    raise BatchError(f"new tokens {seen[k]} (request {int(req[seen[k]])}) and {t} (request "
+                                     f"{int(req[t])}) both go to slot {int(slots[t])}, of block "
+                                     f"{int(slots[t]) // block_size}: a block that is shared, or listed "
+                                     "twice, would be written again")
     return slots.to(device) if device is not None else slots
 
 

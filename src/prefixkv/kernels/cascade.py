@@ -30,7 +30,7 @@ import torch
 
 from ..results import SharedPrefix
 from .backend import resolve_backend
-from .batch import build_block_table, build_cu_seqlens_q
+from .batch import _counts, _is_int, build_block_table, build_cu_seqlens_q
 from .dispatch import paged_prefill_attention
 from .errors import BatchError, DeviceError, DtypeError, ShapeError
 from .overlap import check_reads_apart
@@ -78,14 +78,18 @@ def build_cascade_batch(
     whole in pass 2).
 
     Raises:
-        BatchError: mismatched lengths, a member outside the batch or in two groups, or
-            members whose block ids differ inside the claimed prefix (wrong groups would
-            serve one request another's KV).
+        BatchError: mismatched lengths, a count that is not an int >= 0 (``block_size``:
+            >= 1; a group's ``num_blocks``), a member that is not an int, outside the batch
+            or in two groups, or members whose block ids differ inside the claimed prefix
+            (wrong groups would serve one request another's KV); before any tensor is built.
     """
     batch = len(block_ids)
     if len(num_computed) != batch or len(num_new) != batch:
         raise BatchError(f"block_ids, num_computed, num_new have {batch}, {len(num_computed)}, "
                          f"{len(num_new)} entries; one per request")
+    num_computed, num_new = _counts("num_computed", num_computed), _counts("num_new", num_new)
+    if not _is_int(block_size) or block_size < 1:
+        raise BatchError(f"block_size must be an int >= 1, got {block_size!r}")
     starts = [0]
     for n in num_new:
         starts.append(starts[-1] + n)
@@ -94,16 +98,22 @@ def build_cascade_batch(
     for g in groups:
         if not isinstance(g, SharedPrefix):
             raise BatchError(f"groups must hold SharedPrefix, got {g!r}")
+        if not _is_int(g.num_blocks) or g.num_blocks < 0 or not isinstance(g.members, (tuple, list)):
+            raise BatchError(f"a group needs num_blocks an int >= 0 and members a tuple of ints, got {g!r}")
         for i in g.members:
+            if not _is_int(i):
+                raise BatchError(f"group members must be ints (positions in the batch), got {i!r} in {g!r}")
             if not 0 <= i < batch or i in seen:
                 raise BatchError(f"group member {i} is outside the batch of {batch} or in two groups")
             seen.add(i)
+        if len(g.members) < 2:
+            continue  # nothing to share: the member (if any) runs whole in pass 2
         n = min([g.num_blocks] + [num_computed[i] // block_size for i in g.members])
         lead = list(block_ids[g.members[0]][:n])
         for i in g.members:
             if list(block_ids[i][:n]) != lead:
                 raise BatchError(f"request {i} does not hold the group's first {n} blocks {lead}")
-        if n > 0 and len(g.members) >= 2:
+        if n > 0:
             kept.append((n, list(g.members)))
             for i in g.members:
                 shift[i] = n

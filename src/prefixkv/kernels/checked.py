@@ -24,10 +24,12 @@ def _first(bad: torch.Tensor) -> list[int] | None:
 
 
 def check_slot_values(slot_mapping: torch.Tensor, num_blocks: int, block_size: int) -> None:
-    """Every slot is -1 or in ``[0, num_blocks * block_size)``.
+    """Every slot is -1 or in ``[0, num_blocks * block_size)``, and no slot but -1 is
+    given twice (two tokens into one slot: which one the cache keeps is undefined).
 
     Raises:
-        MetadataError: naming the first token whose slot is outside that range.
+        MetadataError: naming the first token whose slot is outside that range, or the
+            first token whose slot an earlier token has.
     """
     capacity = num_blocks * block_size
     hit = _first((slot_mapping < -1) | (slot_mapping >= capacity))
@@ -37,6 +39,11 @@ def check_slot_values(slot_mapping: torch.Tensor, num_blocks: int, block_size: i
             f"token {t}: slot_mapping[{t}] = {int(slot_mapping[t])} outside [-1, {capacity}) "
             f"({num_blocks} blocks x {block_size} slots; -1 skips a token)"
         )
+    first: dict[int, int] = {}
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot >= 0 and first.setdefault(slot, t) != t:
+            raise MetadataError(f"token {t}: slot_mapping[{t}] = {slot} is token {first[slot]}'s slot too "
+                                "(which token the cache keeps would be undefined)")
 
 
 def _check_cu_seqlens(cu_seqlens_q: torch.Tensor, total_q: int) -> None:

@@ -51,11 +51,11 @@ def write_kv_cache(
             ``slot // block_size``, row ``slot % block_size``; ``-1`` skips the token
             (padding), and so does any slot outside ``[0, num_blocks * block_size)``
             (named by ``checked=True``). Slots should be distinct, or the last writer
-            wins in no defined order.
+            wins in no defined order (``checked=True`` refuses a slot given twice).
         backend: ``"auto"``, ``"triton"`` or ``"torch"``; see :func:`resolve_backend`.
         checked: read ``slot_mapping`` and the scales on the host (a device
-            synchronisation) and raise on a slot outside ``[-1, num_blocks * block_size)``
-            or a negative, NaN or infinite scale, before any write.
+            synchronisation) and raise on a slot outside ``[-1, num_blocks * block_size)``,
+            a slot given twice, or a negative, NaN or infinite scale, before any write.
 
     Raises:
         ShapeError, DtypeError, DeviceError, UnsupportedError: bad tensors (also caches
@@ -63,7 +63,8 @@ def write_kv_cache(
             ``k_cache``; and an input that shares memory with a cache, such as a ``key``
             that is a view of ``k_cache``), before any write.
         ArgumentTypeError: a tensor argument is not a ``torch.Tensor``.
-        MetadataError: ``checked=True`` and a slot is out of range, before any write.
+        MetadataError: ``checked=True`` and a slot is out of range or given twice
+            (-1 aside), before any write.
         TensorValueError: ``checked=True`` and a scale is negative, NaN or infinite (a
             ``MetadataError``), before any write.
         BackendError: see :func:`resolve_backend`.

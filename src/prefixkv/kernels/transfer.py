@@ -27,12 +27,14 @@ reading them never waits for the device). Every check happens before anything is
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
 from ..results import BlockCopy, BlockLoads, BlockOffloads
-from .errors import ArgumentTypeError, ShapeError, UnsupportedError
+from .errors import ArgumentTypeError, BlockIdError, ShapeError, UnsupportedError
 from .transfer_plan import TransferPlan, check_caches, slot_shape, transfer_stream
 
 __all__ = ["alloc_host_cache", "offload_blocks", "load_blocks", "copy_blocks", "run_kv_ops",
@@ -119,9 +121,10 @@ def run_kv_ops(ops: Sequence[BlockOffloads | BlockLoads | BlockCopy], device_cac
     then every copy (in order, as ``copy_blocks``), one transfer per kind over all
     caches. ``host_caches``: needed when the plan has offloads or loads. Returns the
     event after the last copy (CUDA), or None (CPU, or an empty plan). Raises as the
-    three calls, before any copy; also ArgumentTypeError for an op of another type,
-    ShapeError for host ops without ``host_caches`` or a ``BlockOffloads`` or
-    ``BlockLoads`` whose ``src`` and ``dst`` differ in length."""
+    three calls, before any copy; also ArgumentTypeError for an op of another type or
+    an id that is not an int (a bool, a float: never rounded), ShapeError for host ops
+    without ``host_caches`` or a ``BlockOffloads`` or ``BlockLoads`` whose ``src`` and
+    ``dst`` differ in length."""
     src: dict[type, list[int]] = {BlockOffloads: [], BlockLoads: [], BlockCopy: []}
     dst: dict[type, list[int]] = {BlockOffloads: [], BlockLoads: [], BlockCopy: []}
     for op in ops:
@@ -129,14 +132,17 @@ def run_kv_ops(ops: Sequence[BlockOffloads | BlockLoads | BlockCopy], device_cac
         if kind not in src:
             raise ArgumentTypeError(f"ops must be BlockOffloads, BlockLoads or BlockCopy, got {op!r}")
         if isinstance(op, BlockCopy):
-            src[kind].append(op.src)
-            dst[kind].append(op.dst)
+            src[kind].append(_op_id(op, op.src))
+            dst[kind].append(_op_id(op, op.dst))
         else:  # BlockOffloads, BlockLoads: id lists
+            if not isinstance(op.src, (tuple, list)) or not isinstance(op.dst, (tuple, list)):
+                raise ArgumentTypeError(f"a {kind.__name__}'s src and dst must be tuples of int, "
+                                        f"got {op!r:.80}")
             if len(op.src) != len(op.dst):
                 raise ShapeError(f"a {kind.__name__} with {len(op.src)} sources and "
                                  f"{len(op.dst)} destinations")
-            src[kind] += op.src
-            dst[kind] += op.dst
+            src[kind] += _op_ids(op, op.src)
+            dst[kind] += _op_ids(op, op.dst)
     if not ops:
         return None
     if host_caches is None and (src[BlockOffloads] or src[BlockLoads]):
@@ -156,5 +162,27 @@ def run_kv_ops(ops: Sequence[BlockOffloads | BlockLoads | BlockCopy], device_cac
     return plan.run(work)
 
 
+def _op_id(op: object, value: object) -> int:
+    """``value`` (an id of ``op``) as an int: any integer type (``__index__``), never a bool
+    or a float, whose rounding would move another block's KV."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise ArgumentTypeError(f"ids must be int, got {value!r} ({type(value).__name__}) in {op!r:.80}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]  # __index__ checked above
+    except TypeError as exc:  # a float tensor's __index__
+        raise ArgumentTypeError(f"ids must be int, got {value!r} in {op!r:.80}") from exc
+
+
+def _op_ids(op: object, values: Sequence[object]) -> list[int]:
+    """``values`` (ids of ``op``) as ints, as :func:`_op_id` takes each; plain ints (what
+    the manager states) without a Python-level loop: a step may offload thousands."""
+    if set(map(type, values)) <= {int}:
+        return cast("list[int]", list(values))
+    return [_op_id(op, v) for v in values]
+
+
 def _ids(values: list[int]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64)
+    try:
+        return torch.tensor(values, dtype=torch.int64)
+    except (ValueError, RuntimeError, OverflowError) as exc:  # an int past int64: outside every cache
+        raise BlockIdError(f"an id is outside every cache (past int64): {exc}") from exc

@@ -79,9 +79,16 @@ def attention_variants(spec: AttentionSpec, on_gpu: bool) -> list[tuple[tuple[in
     up to ``max_num_batched_tokens``; tiles of decode-like calls also come split (any
     count compiles the same variant), when ``max_model_len`` leaves two splits room.
     ``on_gpu``: the tiles of CUDA launches (else the interpreter's).
+
+    Raises:
+        UnsupportedError: ``kv_scales`` not None, ``"tensor"`` or ``"head"``; ``windows``
+            not a non-empty tuple; ``max_num_seqs``, ``max_num_batched_tokens`` or
+            ``max_model_len`` not an int >= 1 (a spec that compiles nothing, or not the
+            variants its calls hit).
     """
     from .tiling import MAX_SPLIT_Q, MIN_KEYS_PER_SPLIT, choose_tiles
 
+    _check_spec(spec)
     group = spec.num_heads // spec.num_kv_heads
     elem = torch.empty(0, dtype=spec.dtype).element_size()
     q_bound = max(1, min(spec.max_num_batched_tokens, spec.max_model_len))
@@ -104,6 +111,20 @@ def attention_variants(spec: AttentionSpec, on_gpu: bool) -> list[tuple[tuple[in
     return out
 
 
+def _check_spec(spec: AttentionSpec) -> None:
+    from .errors import UnsupportedError
+
+    if spec.kv_scales not in (None, "tensor", "head"):
+        raise UnsupportedError(f"kv_scales must be None, 'tensor' or 'head', got {spec.kv_scales!r}")
+    if not isinstance(spec.windows, tuple) or not spec.windows:
+        raise UnsupportedError(f"windows must be a non-empty tuple of window sizes (None: full attention), "
+                               f"got {spec.windows!r}")
+    for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        n = getattr(spec, name)
+        if type(n) is not int or n < 1:
+            raise UnsupportedError(f"{name} must be an int >= 1, got {n!r}")
+
+
 def _scales(spec: AttentionSpec,
             device: torch.device | str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``(k_scale, v_scale)`` of the spec's kind (None, None without fp8 scales)."""
@@ -119,12 +140,14 @@ def warmup(spec: AttentionSpec, device: torch.device | str) -> int:
     number of launches. Writes nothing but its own scratch tensors.
 
     Raises:
-        KernelInputError: ``spec`` describes calls the kernels reject (same checks).
+        KernelInputError: ``spec`` describes calls the kernels reject (same checks), or
+            is refused by :func:`attention_variants` (before any launch).
     """
     from . import tiling
     from .attention import paged_prefill_attention_triton
     from .write_kv import write_kv_cache_triton
 
+    _check_spec(spec)
     device = torch.device(device)
     cache_dtype = spec.cache_dtype or spec.dtype
     cache = torch.zeros(1, spec.block_size, spec.num_kv_heads, spec.head_dim, device=device).to(cache_dtype)

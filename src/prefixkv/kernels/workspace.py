@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MIN_KEYS_PER_SPLIT", "SplitWorkspace", "alloc_split_workspace", "check_split_workspace"]
 
+_SPLITS_LIMIT = 1024  # a workspace's split count at most (as TileConfig.num_splits)
+
 MIN_KEYS_PER_SPLIT = 256
 """Keys a split gets at least (by default): below this a split spends more on its partial
 than it saves."""
@@ -31,7 +33,7 @@ than it saves."""
 class SplitWorkspace:
     """Where split-KV partials go: ``part`` ``[num_splits, rows, num_heads, head_dim]`` and
     ``part_lse`` ``[num_splits, num_heads, rows]`` fp32, and ``row_tok`` ``[rows]`` int32,
-    the token each row belongs to in this launch (-1: none). Row ``i * split_q + t`` is
+    contiguous, the token each row belongs to in this launch (-1: none). Row ``i * split_q + t`` is
     query t of request i, for requests of at most ``split_q`` new tokens (the ones that
     split); ``rows >= batch * split_q``. Made by :func:`alloc_split_workspace`."""
 
@@ -66,12 +68,9 @@ def alloc_split_workspace(num_splits: int, max_batch: int, num_heads: int, head_
     Raises:
         UnsupportedError: a count that is not an int >= 1 (``num_splits`` at most 1024).
     """
-    counts = (("num_splits", num_splits, 1024), ("max_batch", max_batch, None),
-              ("num_heads", num_heads, None), ("head_dim", head_dim, None), ("split_q", split_q, None),
-              ("min_keys", min_keys, None))
-    for name, n, top in counts:
-        if type(n) is not int or n < 1 or (top is not None and n > top):
-            raise UnsupportedError(f"{name} must be an int in [1, {top or 'inf'}], got {n!r}")
+    _check_counts(("num_splits", num_splits, _SPLITS_LIMIT), ("max_batch", max_batch, None),
+                  ("num_heads", num_heads, None), ("head_dim", head_dim, None), ("split_q", split_q, None),
+                  ("min_keys", min_keys, None))
     rows = max_batch * split_q
     return SplitWorkspace(
         part=torch.empty((num_splits, rows, num_heads, head_dim), dtype=torch.float32, device=device),
@@ -80,24 +79,41 @@ def alloc_split_workspace(num_splits: int, max_batch: int, num_heads: int, head_
         split_q=split_q, min_keys=min_keys)
 
 
+def _check_counts(*counts: tuple[str, object, int | None]) -> None:
+    for name, n, top in counts:
+        if type(n) is not int or n < 1 or (top is not None and n > top):
+            raise UnsupportedError(f"{name} must be an int in [1, {top or 'inf'}], got {n!r}")
+
+
 def check_split_workspace(ws: object, shape: AttentionShape, device: torch.device,
                           tensors: dict[str, torch.Tensor | None]) -> None:
     """A ``split_workspace`` fits this call: a ``SplitWorkspace`` on q's device with fp32
-    partials of q's heads and head_dim, rows for ``batch * split_q``, and an int32 row map,
-    sharing no memory with each other or with the call's other ``tensors`` (by name).
+    partials of q's heads and head_dim, rows for ``batch * split_q``, and a contiguous
+    int32 row map (the kernels read it at stride 1; the partials at their strides), sharing
+    no memory with each other or with the call's other ``tensors`` (by name).
 
     Raises:
         ArgumentTypeError: not a ``SplitWorkspace``.
+        UnsupportedError: its ``num_splits`` (``part``'s first dim), ``split_q`` or
+            ``min_keys`` is not an int >= 1 (``num_splits`` at most 1024), as
+            :func:`alloc_split_workspace` refuses them: a workspace of 0 splits launched
+            no program and left ``out`` unwritten.
         ShapeError, DtypeError, DeviceError: it does not fit, or shares memory.
     """
     if not isinstance(ws, SplitWorkspace):
         raise ArgumentTypeError(f"split_workspace must be a SplitWorkspace (alloc_split_workspace), got "
                                 f"{type(ws).__name__}")
+    _check_counts(("split_workspace.num_splits", ws.num_splits, _SPLITS_LIMIT),
+                  ("split_workspace.split_q", ws.split_q, None),
+                  ("split_workspace.min_keys", ws.min_keys, None))
     want = (shape.num_heads, shape.head_dim)
     if ws.part.dim() != 4 or tuple(ws.part.shape[2:]) != want or ws.part_lse.shape != (
             ws.num_splits, shape.num_heads, ws.rows) or ws.row_tok.shape != (ws.rows,):
         raise ShapeError(f"split_workspace is [{ws.num_splits}, {ws.rows}, ...] for heads x head_dim "
                          f"{tuple(ws.part.shape[2:])}; this call has {want}")
+    if not ws.row_tok.is_contiguous():  # the kernels index it by row, at stride 1
+        raise ShapeError(f"split_workspace.row_tok must be contiguous, got stride {ws.row_tok.stride()}: "
+                         "the rows it does not cover would keep an earlier launch's tokens")
     if ws.rows < shape.batch * ws.split_q:
         raise ShapeError(f"split_workspace has {ws.rows} rows; {shape.batch} requests x split_q {ws.split_q} "
                          f"need {shape.batch * ws.split_q}")

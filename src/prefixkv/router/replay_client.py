@@ -86,9 +86,22 @@ class ReplayClient:
     def stream(self, start: int, until: int | None = None) -> list[tuple[int, bytes]] | None:
         """Batches ``start .. until - 1`` (``until`` None: every batch from ``start`` on)
         by the 8-byte request; None unless all of them came, consecutive (the buffer
-        lost some, no end mark in time, a message of another shape or topic). The whole reply
-        must come within ``STREAM_TIMEOUTS`` timeouts: a publisher that streams without
-        end cannot hold the subscriber."""
+        lost some, or ``replayed`` gave None)."""
+        got = self.replayed(start)
+        if got is None:
+            return None
+        if until is not None:
+            got = [(s, p) for s, p in got if s < until]
+        whole = all(s == k for k, (s, _) in enumerate(got, start))
+        complete = until is None or start + len(got) == until
+        return got if whole and complete else None
+
+    def replayed(self, start: int) -> list[tuple[int, bytes]] | None:
+        """What the publisher's buffer answers to the 8-byte request for ``start``: its
+        batches, in the order it sent them (consecutive or not); None when there is no
+        such answer (no end mark in time, a message of another shape or topic). The
+        whole reply must come within ``STREAM_TIMEOUTS`` timeouts: a publisher that
+        streams without end cannot hold the subscriber."""
         self._drain()
         self.sock.send_multipart((b"", start.to_bytes(8, "big")))
         got: list[tuple[int, bytes]] = []
@@ -101,12 +114,8 @@ class ReplayClient:
                 self._drain(self.timeout_ms)
                 return None
             if seq_bytes == END_SEQ:
-                whole = all(s == k for k, (s, _) in enumerate(got, start))
-                complete = until is None or start + len(got) == until
-                return got if whole and complete else None
-            seq = int.from_bytes(seq_bytes, "big")
-            if until is None or seq < until:
-                got.append((seq, payload))
+                return got
+            got.append((int.from_bytes(seq_bytes, "big"), payload))
         return None
 
     def _drain(self, wait_ms: int = 0) -> None:

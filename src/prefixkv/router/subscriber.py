@@ -6,11 +6,13 @@ is applied; a duplicate of what a replay applied is skipped; anything else (firs
 contact, a gap, a smaller ``seq``) is caught up: by prefixkv's map request (missed
 batches, or a snapshot on first contact, after a restart, past the buffer), or, for a
 publisher that does not answer it (vLLM's), by the 8-byte request, forgetting the
-replica when its buffer lost batches or it restarted. After a disconnect the replica is
-verified as soon as it is connected again: a new epoch, or a vLLM publisher whose
-buffer does not hold the very batch applied last (a batch carries its timestamp, so a
-new life never repeats one), is a restart. The index may understate what a replica
-holds, never overstate it. docs/router.md tabulates each case and its counter.
+replica when its buffer lost batches or it restarted. Either way a message the
+publisher's answer shows it never sent (a foreign or corrupt frame) is not applied.
+After a disconnect the replica is verified as soon as it is connected again: a new
+epoch, or a vLLM publisher whose buffer does not hold the very batch applied last (a
+batch carries its timestamp, so a new life never repeats one), is a restart. The
+index may understate what a replica holds, never overstate it. docs/router.md
+tabulates each case and its counter.
 
 Nothing from the wire stops the thread: frames, payloads and replay answers are
 checked (``bad_batches``, ``bad_replies``); anything else raised while handling a
@@ -55,6 +57,9 @@ class Subscriber:
         self._skip_through: dict[str, int] = {}  # live duplicates of replayed batches
         self._legacy: set[str] = set()  # replicas that answer only the 8-byte request
         self._last_payload: dict[str, bytes] = {}  # what a vLLM publisher is verified by
+        # batches a vLLM publisher's verification applied past its last: live duplicates
+        # (``_skip_through`` for the 8-byte replay, where a smaller seq means a restart)
+        self._replayed: dict[str, dict[int, bytes]] = {}
         self._unverified: set[str] = set()  # disconnected since their last message
         for replica in endpoints:
             router.forget(replica)  # RouterError for an unknown name; starts it empty
@@ -152,33 +157,49 @@ class Subscriber:
         last = self.last_seq.get(replica)
         if last is not None:
             if seq == last + 1:
+                if self._replayed:  # (the live duplicates came before this: in order)
+                    self._replayed.pop(replica, None)
                 self._apply(replica, seq, payload)
                 return
             if replica not in self._legacy and seq <= self._skip_through.get(replica, -1):
                 return
+            if seq <= last and self._replayed.get(replica, {}).get(seq) == payload:
+                return  # a vLLM publisher's batch that its verification applied
         if replica not in self._legacy and self._catch_up(replica, last):
             # The answer, sent after this message arrived, covers it: a message it does
             # not cover was not sent by this life (a dead life's, a foreign or corrupt
-            # frame) and is not applied. Only a replica forgotten after bad answers
-            # (``_snapshot_after``) follows from this message on.
-            if self.last_seq[replica] < 0:
+            # frame) and is not applied. Only a replica forgotten after bad answers or
+            # none (``_snapshot_after``, a timeout: no ``_skip_through``; an answer's -1
+            # is a publisher that sent nothing yet) follows from this message on.
+            if self.last_seq[replica] < 0 and replica not in self._skip_through:
                 self._apply(replica, seq, payload)
             return
-        if last is not None and seq <= last:  # numbering started again: a restart
+        if last is not None and seq <= last:  # numbering started again: a restart, if
+            client = self._replay.get(replica)  # the publisher there now sent it (else a
+            held = client.replayed(seq) if client else None  # foreign or corrupt frame,
+            if held is not None and (seq, payload) not in held:  # not applied)
+                self._verify(replica)
+                return
             self.restarts += 1
             self._forget(replica)
             last = None
         start = 0 if last is None else last + 1
-        if seq > start:
+        if seq > start:  # a gap: the publisher's buffer from ``start`` on says what it sent
             client = self._replay.get(replica)
-            batches = client.stream(start, seq) if client else None
-            if batches is None:
-                self.resyncs += 1
-                self._forget(replica)
-            else:
-                self.gaps_filled += 1
-                for s, p in batches:
-                    self._apply(replica, s, p)
+            held = client.replayed(start) if client else None
+            if held is not None:
+                sent = [b for b in held if b[0] <= seq]
+                if sent and sent[-1][0] == seq and all(
+                        s == k for k, (s, _) in enumerate(sent, start)):
+                    self.gaps_filled += 1  # (its batch ``seq``, not this message, if they differ)
+                    for s, p in sent:
+                        self._apply(replica, s, p)
+                    return
+                if (seq, payload) not in held:  # not sent by this life (a corrupt or
+                    self._verify(replica)  # foreign frame): not applied; is it still that life?
+                    return
+            self.resyncs += 1  # its buffer lost the gap, or no answer: follow from here
+            self._forget(replica)
         self._apply(replica, seq, payload)
 
     def _verify(self, replica: str) -> None:
@@ -193,8 +214,7 @@ class Subscriber:
         client = self._replay.get(replica)
         got = client.stream(last) if client else None
         if got and got[0] == (last, self._last_payload.get(replica)):
-            for s, p in got[1:]:
-                self._apply(replica, s, p)
+            self._replay_applied(replica, got[1:])
             self.gaps_filled += len(got) > 1
             return
         self._forget(replica)
@@ -207,8 +227,15 @@ class Subscriber:
             self.resyncs += 1
             return
         self.last_seq[replica] = -1
-        for s, p in history:
+        self._replay_applied(replica, history)
+
+    def _replay_applied(self, replica: str, batches: list[tuple[int, bytes]]) -> None:
+        """Apply what a verification replayed, which may arrive live too (kept to tell
+        those duplicates from a restart)."""
+        for s, p in batches:
             self._apply(replica, s, p)
+        if batches:
+            self._replayed[replica] = dict(batches)
 
     def _catch_up(self, replica: str, last: int | None) -> bool:
         """Bring ``replica`` up to date by the msgpack replay request; False (and the
@@ -269,7 +296,7 @@ class Subscriber:
 
     def _forget(self, replica: str) -> None:
         self.router.forget(replica)
-        for state in (self.last_seq, self._skip_through, self._last_payload):
+        for state in (self.last_seq, self._skip_through, self._last_payload, self._replayed):
             state.pop(replica, None)
 
     def _apply(self, replica: str, seq: int, payload: bytes) -> None:

@@ -69,8 +69,10 @@ class StoreLink:
             num_blocks, self.payload, self.block_size, now)
 
     def submit(self, f: Fetch, extra: ExtraKeys | None) -> None:
-        """Start ``f`` on the executor (returns at once)."""
-        self.store.executor.submit(self._run, f, self.prefix(extra))
+        """Start ``f`` on the executor (returns at once). Its parts go to that executor
+        too, even once ``SharedStore.close`` has dropped it (its shutdown waits for them)."""
+        ex = self.store.executor
+        ex.submit(self._run, f, self.prefix(extra), ex)
 
     def ended(self, f: Fetch, now: float) -> None:
         """Count what ended ``f`` (the manager's thread, when it lands ``f``; the fetcher
@@ -85,7 +87,7 @@ class StoreLink:
 
     # ---- the fetcher threads -------------------------------------------------------------
 
-    def _run(self, f: Fetch, prefix: bytes) -> None:
+    def _run(self, f: Fetch, prefix: bytes, ex: Any) -> None:
         try:
             assert self.chain is not None, "a link bound without a chain hash fetches nothing"
             parts = prepare(f, self.chain, self.digest, self.block_size, prefix, self.payload,
@@ -94,9 +96,11 @@ class StoreLink:
             f.failed, f.states, f.left = exc, [FAILED] * len(f.slots), 1
             self._last(f)
             return
-        ex = self.store.executor
         for start, stop in parts[1:]:
-            ex.submit(self._part, f, start, stop)
+            try:
+                ex.submit(self._part, f, start, stop)
+            except Exception:  # (an executor shut down refuses: read it here, else the
+                self._part(f, start, stop)  # fetch never ends and its slots stay reserved)
         self._part(f, *parts[0])
 
     def _part(self, f: Fetch, start: int, stop: int) -> None:

@@ -230,3 +230,87 @@ def test_calls_whose_pages_and_places_differ_in_number_are_refused_before_any_wr
     with pytest.raises(ConfigError, match="3 pages"):
         writer.batch_set(fresh, [wpool.get_data_page(0)] * 2)
     assert reader.batch_exists(fresh) == 0
+
+
+def test_targets_that_cannot_take_a_page_are_refused_before_any_read_or_write(sgl, redis):
+    # Before: the pages were read (counted as hits), the targets before the bad one were
+    # filled, then torch raised a RuntimeError from ``copy_`` (a target of another size)
+    # or ``view`` (a target that is not contiguous).
+    writer, wpool = replica(sgl, redis.url, interface_v1=0)
+    reader, rpool = replica(sgl, redis.url, interface_v1=0)
+    fill(wpool, 8)
+    keys = page_hashes(sgl, tokens(2 * PAGE, 1500), PAGE)
+    assert writer.batch_set(keys, [wpool.get_data_page(i * PAGE) for i in range(2)])
+    good = rpool.get_dummy_flat_data_page()
+    wide = torch.zeros(2 * good.numel(), dtype=good.dtype)[::2]   # right size, strided
+    for bad in (torch.zeros(good.numel() + 1, dtype=good.dtype), wide, "page"):
+        with pytest.raises(ConfigError, match="target"):
+            reader.batch_get(keys, [good, bad])
+        assert torch.count_nonzero(good) == 0 and reader.pages.hits == 0
+    assert reader.batch_get(keys, [good, rpool.get_dummy_flat_data_page()])[0] is good
+    assert reader.pages.hits == 2 and torch.equal(good, wpool.get_data_page(0).flatten())
+
+
+def test_concurrent_writers_and_readers_serve_only_what_was_written(sgl, redis):
+    """Two replicas back up the same pages (as SGLang's backup threads do, one page set
+    per call) while two others prefetch them (exists, then get_v1) on their own
+    threads, all on one Redis: every page a reader reports loaded holds exactly the
+    written KV, a page reported held by ``batch_exists`` is read back once written,
+    and the readers' counters add up to the pages they asked for."""
+    import threading
+
+    keys = page_hashes(sgl, tokens(16 * PAGE, 1700), PAGE)
+    writers = [replica(sgl, redis.url) for _ in range(2)]
+    for _, pool in writers:
+        fill(pool, 9)                                # the same KV for the same pages
+    expected = writers[0][1].kv_buffer
+    readers = [replica(sgl, redis.url) for _ in range(2)]
+    errors, asked = [], [0, 0]
+
+    def write(backend):
+        for i in range(0, 16, 2):
+            assert backend.batch_set_v1(keys[i:i + 2], indices(i * PAGE, 2)) == [True, True]
+
+    def read(r, backend, pool):
+        for _ in range(12):
+            held = backend.batch_exists(keys)
+            got = backend.batch_get_v1(keys, indices(0, 16))
+            asked[r] += 16
+            if not all(got[:held]):
+                errors.append(f"held {held}, loaded {got}")
+            for i, ok in enumerate(got):
+                page = slice(i * PAGE, (i + 1) * PAGE)
+                if ok and not torch.equal(pool.kv_buffer[:, :, page], expected[:, :, page]):
+                    errors.append(f"page {i} holds other KV")
+
+    threads = [threading.Thread(target=write, args=(b,)) for b, _ in writers]
+    threads += [threading.Thread(target=read, args=(r, b, p)) for r, (b, p) in enumerate(readers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads) and not errors, errors[:3]
+    for r, (b, _) in enumerate(readers):
+        p = b.pages
+        assert p.hits + p.misses + p.rejected + p.errors == asked[r]
+        assert p.rejected == 0 and p.errors == 0
+        assert b.batch_get_v1(keys, indices(0, 16)) == [True] * 16
+    assert sum(b.pages.written for b, _ in writers) == 32
+
+
+def test_host_indices_outside_the_pool_are_refused_before_any_read_or_write(sgl, redis):
+    # Before: batch_get_v1 read the pages (counted as hits), wrote those before the bad
+    # index into the pool, then the pool raised IndexError; batch_set_v1 raised it too.
+    writer, wpool = replica(sgl, redis.url)
+    reader, rpool = replica(sgl, redis.url)
+    fill(wpool, 10)
+    keys = page_hashes(sgl, tokens(2 * PAGE, 1900), PAGE)
+    assert writer.batch_set_v1(keys, indices(0, 2)) == [True, True]
+    for bad in (torch.cat([indices(8, 1), indices(rpool.size, 1)]),
+                torch.cat([indices(8, 1), indices(-PAGE, 1)])):
+        with pytest.raises(ConfigError, match="host pool"):
+            reader.batch_get_v1(keys, bad)
+        assert torch.count_nonzero(rpool.kv_buffer) == 0 and reader.pages.hits == 0
+        with pytest.raises(ConfigError, match="host pool"):
+            writer.batch_set_v1(page_hashes(sgl, tokens(2 * PAGE, 2000), PAGE), bad)
+    assert reader.batch_exists(page_hashes(sgl, tokens(2 * PAGE, 2000), PAGE)) == 0

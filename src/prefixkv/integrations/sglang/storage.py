@@ -44,6 +44,13 @@ def _page_bytes(page: torch.Tensor) -> bytes:
     return page.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
 
 
+def _described(t: object) -> str:
+    """A target's shape, dtype and contiguity, or its type (for error messages)."""
+    if isinstance(t, torch.Tensor):
+        return f"{tuple(t.shape)} {t.dtype}{'' if t.is_contiguous() else ' (not contiguous)'}"
+    return type(t).__name__
+
+
 class PrefixKVStorage(HiCacheStorage):
     """The backend SGLang makes as ``PrefixKVStorage(storage_config, kwargs)``.
     ``storage_config.extra_config`` keys: ``redis_url`` (required), ``ttl`` (seconds a
@@ -109,6 +116,20 @@ class PrefixKVStorage(HiCacheStorage):
             raise ConfigError(f"{len(keys)} pages but {len(places)} {what}"
                               + (f" ({per_page} a page)" if per_page > 1 else ""))
 
+    def _host_pages(self, keys: list[str], host_indices: Any) -> list[int]:
+        """The host pool index of each page's first token (``host_indices[i * page_size]``).
+        Raises ConfigError, before anything is read or written, unless there are
+        ``page_size`` indices a page and each page lies inside the pool (a negative one
+        would address the pool's last pages: SGLang's pools index from the end)."""
+        pool, size = self.mem_pool_host, self.pages.page_size
+        self._places(keys, host_indices, "host indices", size)
+        starts = [int(host_indices[i * size]) for i in range(len(keys))]
+        bad = [i for i in starts if not 0 <= i <= pool.size - size]
+        if bad:
+            raise ConfigError(f"host indices {bad[:4]} start pages outside the host pool "
+                              f"(0 .. {pool.size - size})")
+        return starts
+
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
         return self.batch_get([key], [target_location])[0]
 
@@ -116,9 +137,16 @@ class PrefixKVStorage(HiCacheStorage):
                   target_sizes: Any = None) -> list[torch.Tensor | None]:
         """Each page written into its flat target tensor (``get_dummy_flat_data_page``),
         or a new flat tensor where none is given; None where it is not a checked hit.
-        Raises ConfigError (nothing read or written) when the targets are not one a page."""
+        Raises ConfigError (nothing read or written) when the targets are not one a page,
+        or one is neither None nor a contiguous tensor of the page's bytes."""
         targets = list(target_locations) if target_locations is not None else [None] * len(keys)
         self._places(keys, targets, "target locations")
+        size = self.pages.layout.block_bytes
+        for i, t in enumerate(targets):
+            if t is not None and not (isinstance(t, torch.Tensor) and t.is_contiguous()
+                                      and t.numel() * t.element_size() == size):
+                raise ConfigError(f"target location {i} must be a contiguous tensor of {size} "
+                                  f"bytes (a page), got {_described(t)}")
         out: list[torch.Tensor | None] = []
         for payload, target in zip(self.pages.get(keys), targets, strict=True):
             if payload is None:
@@ -146,13 +174,13 @@ class PrefixKVStorage(HiCacheStorage):
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         """Page ``i`` read into the host pool at ``host_indices[i * page_size]``; True
         for each page that was a checked hit. Raises ConfigError (nothing read or
-        written) unless ``host_indices`` has ``page_size`` entries a page."""
-        pool, size = self.mem_pool_host, self.pages.page_size
-        self._places(keys, host_indices, "host indices", size)
+        written) unless ``host_indices`` has ``page_size`` entries a page, each page
+        inside the pool."""
+        pool, starts = self.mem_pool_host, self._host_pages(keys, host_indices)
         done = []
-        for i, page in enumerate(self.batch_get(keys)):
+        for start, page in zip(starts, self.batch_get(keys), strict=True):
             if page is not None:
-                pool.set_from_flat_data_page(int(host_indices[i * size]), page)
+                pool.set_from_flat_data_page(start, page)
             done.append(page is not None)
         return done
 
@@ -160,11 +188,10 @@ class PrefixKVStorage(HiCacheStorage):
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         """Page ``i`` written from the host pool at ``host_indices[i * page_size]``.
         Raises ConfigError (nothing stored) unless ``host_indices`` has ``page_size``
-        entries a page."""
-        pool, size = self.mem_pool_host, self.pages.page_size
-        self._places(keys, host_indices, "host indices", size)
-        items = [(k, _page_bytes(pool.get_data_page(int(host_indices[i * size]), flat=True)))
-                 for i, k in enumerate(keys)]
+        entries a page, each page inside the pool."""
+        pool, starts = self.mem_pool_host, self._host_pages(keys, host_indices)
+        items = [(k, _page_bytes(pool.get_data_page(start, flat=True)))
+                 for start, k in zip(starts, keys, strict=True)]
         return [self.pages.put(items)] * len(keys)
 
     def clear(self) -> None:

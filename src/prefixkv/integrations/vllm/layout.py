@@ -20,10 +20,11 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
+from prefixkv.core.manager import KVCacheManager
 from prefixkv.errors import ConfigError
-from prefixkv.groups import GroupSpec, chunked_local, full_attention, sliding_window
+from prefixkv.groups import GroupSpec, HybridKVCacheManager, chunked_local, full_attention, sliding_window
 
-__all__ = ["VLLM_VERSION", "Layout", "UnsupportedByPrefixKV", "read_layout"]
+__all__ = ["VLLM_VERSION", "Layout", "UnsupportedByPrefixKV", "build_core", "read_layout"]
 
 VLLM_VERSION = "0.33.0"
 """The vLLM release this integration is written against and tested with (pinned)."""
@@ -107,3 +108,21 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
         raise UnsupportedByPrefixKV(f"num_blocks must leave a block beside vLLM's null "
                                     f"block, got {kv_cache_config.num_blocks}")
     return Layout(groups, sizes[0], kv_cache_config.num_blocks, specs)
+
+
+def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool) -> tuple[Any, int]:
+    """prefixkv's manager for ``layout`` (sha256 hashes) and the offset from its block
+    ids to vLLM's (``pool.Blocks``): ``prefixkv.KVCacheManager`` over the blocks past
+    vLLM's null block (offset 1); when ``layout.hybrid``, the hybrid manager, over every
+    block with its own null block at 0 when a group releases blocks (offset 0), else
+    over the blocks past vLLM's (offset 1). ``enable_caching`` is passed to the former
+    only: the hybrid manager takes no such switch."""
+    if layout.hybrid:
+        releasing = any(g.releases for g in layout.groups)
+        core: Any = HybridKVCacheManager(
+            layout.groups, layout.num_blocks - (0 if releasing else 1), layout.block_size,
+            hash_mode="sha256", enable_events=enable_events)
+        return core, 0 if releasing else 1
+    core = KVCacheManager(layout.num_blocks - 1, layout.block_size, hash_mode="sha256",
+                          enable_caching=enable_caching, enable_events=enable_events)
+    return core, 1

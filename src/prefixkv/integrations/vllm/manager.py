@@ -4,17 +4,9 @@ Built from the arguments vLLM's ``KVCacheManager.__init__`` takes. One full-atte
 group runs on ``prefixkv.KVCacheManager``, full / sliding-window / chunked-local groups on
 ``prefixkv.groups.HybridKVCacheManager`` (``layout.read_layout`` refuses the rest).
 
-How vLLM's calls map (``| hit | external | new | lookahead |`` = vLLM's allocate_slots
-layout): prefixkv's *scheduled* tokens of a request are the ones vLLM has cached (their
-blocks findable); the blocks past them are reserved slots. ``allocate_slots`` makes the
-blocks cover ``hit + external + new + lookahead`` positions (capped at ``max_model_len``)
-and caches up to ``min(hit + external + new, request.num_tokens)`` (nothing past the hit
-with ``delay_cache_blocks``); ``cache_blocks(request, n)`` caches up to ``n`` later (the
-scheduler calls it at output time and when an async load lands). Tokens reach prefixkv
-from ``request.all_token_ids`` as they become known; at admission, as the ``Prompt``
-prepared when vLLM built the request (``prepared_prompts``: prepared.py) while it
-describes the request exactly, else as those ids. The hit is prefixkv's own lookup:
-found and verified by content, so ``request.block_hashes`` is not read.
+How ``get_computed_blocks``, ``allocate_slots`` and ``cache_blocks`` map vLLM's token
+layout onto prefixkv, and where admission takes a request's tokens from: slots.py (the
+hit, admission and growth); the prefixkv manager a layout runs on: ``layout.build_core``.
 
 The differences from vLLM's manager, and the tests of vLLM that show them, are listed in
 docs/integration.md ("With vLLM").
@@ -22,33 +14,27 @@ docs/integration.md ("With vLLM").
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.metrics.stats import PrefixCacheStats
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import Request
 
 from prefixkv.core.block import blocks_for
-from prefixkv.core.manager import KVCacheManager as CoreManager
-from prefixkv.core.prompt import Prompt
-from prefixkv.errors import PromptTooLongError, RequestError, check_count
-from prefixkv.extra_keys import ExtraKeys
-from prefixkv.groups import HybridKVCacheManager
 
 from .coordinator import CoordinatorView
-from .layout import UnsupportedByPrefixKV, read_layout
+from .layout import UnsupportedByPrefixKV, build_core, read_layout
 from .pool import BlockPoolView, Blocks
 from .popped import PoppedBlocks
 from .prepared import PreparedPrompts
-from .requests import core_tokens, extra_keys_of, reads_cache
+from .requests import reads_cache
+from .slots import allocate, grow, lookup
 from .telemetry import Telemetry
 
 __all__ = ["KVCacheManager"]
-
-_ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 class KVCacheManager:
@@ -91,16 +77,7 @@ class KVCacheManager:
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self._hybrid = layout.hybrid
         events = enable_kv_cache_events or metrics_collector is not None
-        if self._hybrid:
-            releasing = any(g.releases for g in layout.groups)
-            self.core: Any = HybridKVCacheManager(
-                layout.groups, layout.num_blocks - (0 if releasing else 1), bs,
-                hash_mode="sha256", enable_events=events)
-            offset = 0 if releasing else 1
-        else:
-            self.core = CoreManager(layout.num_blocks - 1, bs, hash_mode="sha256",
-                                    enable_caching=enable_caching, enable_events=events)
-            offset = 1
+        self.core, offset = build_core(layout, enable_caching=enable_caching, enable_events=events)
         # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
         self.prepared_prompts = PreparedPrompts(self.core.prepare)
         self._blocks = Blocks(layout.num_blocks, self.num_kv_cache_groups, offset)
@@ -202,17 +179,7 @@ class KVCacheManager:
         block_size, at most ``num_tokens - 1``) and 0 (no shared-prefix
         boundary: no sparse-retention group). Changes nothing. A hit longer than
         ``max_cache_hit_length`` is reported as none (prefixkv takes a hit whole)."""
-        if not self.prefix_cache_lookup_enabled(request):
-            return self.empty_kv_cache_blocks, 0, 0
-        prompt, extra = self._prompt(request)
-        hit = self.core.lookup_block_ids(prompt, extra=extra)
-        ids = hit if self._hybrid else (hit,)  # a window's unread blocks: the null block
-        n, blocks = len(ids[0]) * self.block_size, self._blocks.of(ids)
-        if max_cache_hit_length is not None and n > max_cache_hit_length:
-            return self.empty_kv_cache_blocks, 0, 0
-        if n:
-            self._telemetry.on_accessed(blocks)
-        return blocks, n, 0
+        return *lookup(self, request, max_cache_hit_length), 0
 
     def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
                                           ) -> tuple[KVCacheBlocks, int, int, bool]:
@@ -233,7 +200,7 @@ class KVCacheManager:
                        num_encoder_tokens: int = 0, full_sequence_must_fit: bool = False,
                        reserved_blocks: int = 0, has_scheduled_reqs: bool = True,
                        skip_zeroing_group_ids: tuple[int, ...] = ()) -> KVCacheBlocks | None:
-        """Slots for the request (see the module docstring); the newly allocated blocks,
+        """Slots for the request (how: slots.py); the newly allocated blocks,
         or None when the pool is short (nothing changed). ``reserved_blocks`` and vLLM's
         watermark are kept free on top of what the allocation takes. Raises ValueError
         as vLLM's (nothing to schedule), UnsupportedByPrefixKV for encoder tokens,
@@ -242,111 +209,9 @@ class KVCacheManager:
         of more than ``max_model_len`` tokens (vLLM refuses such prompts before they
         reach its manager, which has no answer for them: it gives slots for
         ``max_model_len`` of their tokens, or with KV events on raises IndexError)."""
-        try:  # (one test: an or of ints is negative iff one of them is)
-            bad = (num_new_tokens | num_new_computed_tokens | num_lookahead_tokens
-                   | num_external_computed_tokens | reserved_blocks) < 0
-        except TypeError:  # None, a float
-            bad = True
-        if bad:
-            for name, value in (("num_new_tokens", num_new_tokens),
-                                ("num_new_computed_tokens", num_new_computed_tokens),
-                                ("num_lookahead_tokens", num_lookahead_tokens),
-                                ("num_external_computed_tokens", num_external_computed_tokens),
-                                ("reserved_blocks", reserved_blocks)):
-                check_count(name, value, 0, None)
-        if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
-            raise ValueError("num_new_tokens must be greater than 0 when there are no "
-                             "computed tokens to adopt")
-        if num_encoder_tokens:
-            raise UnsupportedByPrefixKV("prefixkv does not offer encoder (cross-attention) caches")
-        keep = reserved_blocks
-        if self.watermark_blocks and has_scheduled_reqs and request.status in _ADMITTING:
-            keep += self.watermark_blocks
-        key = self._keys.get(request.request_id)
-        if key is None:
-            return self._admit(request, num_new_tokens, num_new_computed_tokens,
-                               num_external_computed_tokens, num_lookahead_tokens, delay_cache_blocks,
-                               full_sequence_must_fit, keep)
-        computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
-        slots = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        cache_to = request.num_computed_tokens if delay_cache_blocks else computed + num_new_tokens
-        if full_sequence_must_fit:
-            slots_fit = max(slots, min(request.num_tokens, self.max_model_len))
-            if self.coordinator.blocks_to_grow(key, slots_fit) > self.core.num_free_blocks - keep:
-                return None
-        if self.coordinator.blocks_to_grow(key, slots) > self.core.num_free_blocks - keep:
-            return None
-        return self._blocks.of(self._grow(key, request, min(cache_to, request.num_tokens), slots))
-
-    def _admit(self, request: Request, num_new_tokens: int, hit: int, external: int, lookahead: int,
-               delay: bool, full_fit: bool, keep: int) -> KVCacheBlocks | None:
-        if request.num_tokens > self.max_model_len:  # vLLM's input processor refuses these
-            bs = self.block_size
-            raise PromptTooLongError(request.num_tokens, blocks_for(request.num_tokens, bs),
-                                     blocks_for(self.max_model_len, bs),
-                                     f" for a request (max_model_len={self.max_model_len} tokens)")
-        # A waiting request may come with computed tokens (its KV written elsewhere, e.g.
-        # a disaggregated decode): they count as external ones, scheduled with the rest.
-        if request.num_computed_tokens and hit:
-            raise RequestError(f"request {request.request_id!r} has {request.num_computed_tokens} "
-                               f"computed tokens and a cache hit of {hit}")
-        prompt, extra = self._prompt(request)
-        read = hit > 0 and self.prefix_cache_lookup_enabled(request)
-        computed = request.num_computed_tokens + hit + external
-        slots = min(computed + num_new_tokens + lookahead, self.max_model_len)
-        cache_to = min(hit if delay else computed + num_new_tokens, len(prompt))
-        scheduled = max(cache_to - hit, 1)  # prefixkv schedules at least one token
-        key = self._next_key
-        try:
-            adm = self.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
-                                        resumed=request.num_preemptions > 0, read_cache=read,
-                                        num_lookahead_tokens=max(0, slots - hit - scheduled),
-                                        require_full_fit=full_fit, keep_free=keep)
-        except PromptTooLongError:
-            return None  # vLLM's answer: None (its max_model_len check keeps such prompts out)
-        if adm is None:
-            return None
-        if adm.num_cached_tokens != hit:
-            self.core.free(key, num_computed_tokens=adm.num_cached_tokens)
-            raise RequestError(f"request {request.request_id!r}: the cache holds {adm.num_cached_tokens} "
-                               f"of its tokens, not the {hit} get_computed_blocks reported")
-        self._next_key += 1
-        self._keys[request.request_id] = key
-        k = hit // self.block_size
-        new = tuple(ids[k:] for ids in adm.group_block_ids)
-        self._telemetry.on_allocated(new)
-        return self._blocks.of(new)
-
-    def _prompt(self, request: Request) -> tuple[Sequence[int] | Prompt, ExtraKeys | None]:
-        """What admission takes for ``request``: the Prompt prepared when it was built,
-        while it describes the request exactly (prepared.py), else its token ids and
-        extra keys, read and encoded here."""
-        prompt = self.prepared_prompts.prompt_of(request)
-        if prompt is not None:
-            return prompt, None
-        return core_tokens(request), extra_keys_of(request)
-
-    def _grow(self, key: int, request: Request, cache_to: int, slots: int) -> tuple[tuple[int, ...], ...]:
-        """Cache up to ``cache_to`` (tokens from ``request.all_token_ids``), then reserve up
-        to ``slots``; the blocks added per group. The pool was checked."""
-        core, added = self.core, [tuple[int, ...]() for _ in range(self.num_kv_cache_groups)]
-
-        def took(r: Any) -> None:
-            assert r is not None, "growth was short of blocks after the pool was checked"
-            for g, ids in enumerate(r if self._hybrid else (r,)):
-                added[g] += ids
-
-        held, scheduled = core.num_tokens(key), core.num_scheduled_tokens(key)
-        if cache_to > scheduled:
-            if min(cache_to, held) > scheduled:
-                took(core.extend(key, min(cache_to, held) - scheduled))
-            if cache_to > held:
-                took(core.append_tokens(key, core_tokens(request)[held:cache_to]))
-            scheduled = cache_to
-        if slots > scheduled:
-            took(core.reserve(key, slots - scheduled))
-        self._telemetry.on_allocated(added)
-        return tuple(added)
+        return allocate(self, request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                        num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
+                        full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Make the request's full blocks up to ``num_computed_tokens`` findable (the tokens
@@ -356,7 +221,7 @@ class KVCacheManager:
             return
         target = min(num_computed_tokens, request.num_tokens)
         if target > self.core.num_scheduled_tokens(key):
-            self._grow(key, request, target, 0)
+            grow(self, key, request, target, 0)
 
     # ---- free ---------------------------------------------------------------------------
 
@@ -396,18 +261,13 @@ class KVCacheManager:
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Make these blocks' content unfindable (KV a connector failed to load). Raises
         RequestError for ids that are not vLLM block ids (nothing changes)."""
-        k, top = self._blocks.offset, len(self._blocks.table) - 1
-        try:
-            ids = [check_count("block id", i, 0, top) for i in block_ids]
-        except TypeError:
-            raise RequestError(f"block_ids must be an iterable of block ids, got {block_ids!r}") from None
-        self.core.uncache_blocks({i - k for i in ids if i >= k})
+        self.core.uncache_blocks(self._blocks.core_ids(block_ids))
         # Where live requests held them cached, for estimate_cached_tokens: by (group,
         # block index), which keeps its block until the request goes (a window's released
         # block may come back to the same request elsewhere). Such a block never regains
         # content: caching goes forward from the request's cached blocks. (A block not yet
         # cached loses nothing and is cached as usual.) Rare: failed loads only.
-        gone = set(ids)
+        gone = set(block_ids)
         for rid in self.live_request_ids():
             cached = self.num_cached_tokens(rid) // self.block_size
             at = {(g, j) for g, row in enumerate(self.get_block_ids(rid))

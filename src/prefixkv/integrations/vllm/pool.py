@@ -18,6 +18,8 @@ from typing import Any
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
+from prefixkv.errors import RequestError, check_count
+
 __all__ = ["BlockPoolView", "Blocks"]
 
 Ids = Sequence[Sequence[int]]
@@ -40,6 +42,16 @@ class Blocks:
             return self.empty
         table, k = self.table, self.offset
         return KVCacheBlocks(tuple([table[i + k] for i in g] for g in ids))
+
+    def core_ids(self, block_ids: Iterable[int]) -> set[int]:
+        """prefixkv's block ids of vLLM block ids (vLLM's null block, and any below the
+        offset, left out). Raises RequestError for ids that are not vLLM block ids."""
+        k, top = self.offset, len(self.table) - 1
+        try:
+            ids = [check_count("block id", i, 0, top) for i in block_ids]
+        except TypeError:
+            raise RequestError(f"block_ids must be an iterable of block ids, got {block_ids!r}") from None
+        return {i - k for i in ids if i >= k}
 
     def vllm_ids(self, ids: Ids) -> tuple[list[int], ...]:
         """vLLM's block ids of prefixkv block ids per group."""

@@ -1,0 +1,194 @@
+"""The slots ``manager.KVCacheManager`` gives a request, over prefixkv's manager: the hit
+it may reuse (``get_computed_blocks``), admission of a new request and growth of a live
+one (``allocate_slots``, ``cache_blocks``).
+
+How vLLM's calls map (``| hit | external | new | lookahead |`` = vLLM's allocate_slots
+layout): prefixkv's *scheduled* tokens of a request are the ones vLLM has cached (their
+blocks findable); the blocks past them are reserved slots. ``allocate_slots`` makes the
+blocks cover ``hit + external + new + lookahead`` positions (capped at ``max_model_len``)
+and caches up to ``min(hit + external + new, request.num_tokens)`` (nothing past the hit
+with ``delay_cache_blocks``); ``cache_blocks(request, n)`` caches up to ``n`` later (the
+scheduler calls it at output time and when an async load lands). Tokens reach prefixkv
+from ``request.all_token_ids`` as they become known; at admission, as the ``Prompt``
+prepared when vLLM built the request (``prepared_prompts``: prepared.py) while it
+describes the request exactly, else as those ids. The hit is prefixkv's own lookup:
+found and verified by content, so ``request.block_hashes`` is not read.
+
+Functions of the manager ``m``, whose methods state their contracts; they read and
+change its request map, block table and telemetry, and hold no state of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.request import Request, RequestStatus
+
+from prefixkv.core.block import blocks_for
+from prefixkv.core.prompt import Prompt
+from prefixkv.errors import PromptTooLongError, RequestError, check_count
+from prefixkv.extra_keys import ExtraKeys
+
+from .layout import UnsupportedByPrefixKV
+from .requests import core_tokens, extra_keys_of
+
+if TYPE_CHECKING:
+    from .manager import KVCacheManager
+
+__all__ = ["admission_prompt", "admit", "allocate", "grow", "grow_live", "lookup"]
+
+_ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
+           ) -> tuple[KVCacheBlocks, int]:
+    """``m.get_computed_blocks`` (its contract is there) less its last 0: the hit's
+    blocks per group and tokens, noted to the metrics collector; none when the request
+    does not read the cache or the hit is longer than ``max_cache_hit_length``."""
+    if not m.prefix_cache_lookup_enabled(request):
+        return m.empty_kv_cache_blocks, 0
+    prompt, extra = admission_prompt(m, request)
+    hit = m.core.lookup_block_ids(prompt, extra=extra)
+    ids = hit if m._hybrid else (hit,)  # a window's unread blocks: the null block
+    n, blocks = len(ids[0]) * m.block_size, m._blocks.of(ids)
+    if max_cache_hit_length is not None and n > max_cache_hit_length:
+        return m.empty_kv_cache_blocks, 0
+    if n:
+        m._telemetry.on_accessed(blocks)
+    return blocks, n
+
+
+def allocate(m: KVCacheManager, request: Request, num_new_tokens: int, num_new_computed_tokens: int,
+             num_lookahead_tokens: int, num_external_computed_tokens: int, delay_cache_blocks: bool,
+             num_encoder_tokens: int, full_sequence_must_fit: bool, reserved_blocks: int,
+             has_scheduled_reqs: bool) -> KVCacheBlocks | None:
+    """``m.allocate_slots`` (its contract is there): the arguments checked before any
+    change, then ``admit`` for a request holding no blocks, ``grow_live`` for a live one."""
+    try:  # (one test: an or of ints is negative iff one of them is)
+        bad = (num_new_tokens | num_new_computed_tokens | num_lookahead_tokens
+               | num_external_computed_tokens | reserved_blocks) < 0
+    except TypeError:  # None, a float
+        bad = True
+    if bad:
+        for name, value in (("num_new_tokens", num_new_tokens),
+                            ("num_new_computed_tokens", num_new_computed_tokens),
+                            ("num_lookahead_tokens", num_lookahead_tokens),
+                            ("num_external_computed_tokens", num_external_computed_tokens),
+                            ("reserved_blocks", reserved_blocks)):
+            check_count(name, value, 0, None)
+    if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
+        raise ValueError("num_new_tokens must be greater than 0 when there are no "
+                         "computed tokens to adopt")
+    if num_encoder_tokens:
+        raise UnsupportedByPrefixKV("prefixkv does not offer encoder (cross-attention) caches")
+    keep = reserved_blocks
+    if m.watermark_blocks and has_scheduled_reqs and request.status in _ADMITTING:
+        keep += m.watermark_blocks
+    key = m._keys.get(request.request_id)
+    if key is None:
+        return admit(m, request, num_new_tokens, num_new_computed_tokens,
+                     num_external_computed_tokens, num_lookahead_tokens, delay_cache_blocks,
+                     full_sequence_must_fit, keep)
+    return grow_live(m, key, request, num_new_tokens, num_new_computed_tokens,
+                     num_external_computed_tokens, num_lookahead_tokens, delay_cache_blocks,
+                     full_sequence_must_fit, keep)
+
+
+def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, external: int,
+          lookahead: int, delay: bool, full_fit: bool, keep: int) -> KVCacheBlocks | None:
+    """``allocate_slots`` for a request holding no blocks: admit it with a hit of ``hit``
+    tokens, register its vLLM id; the blocks past the hit, or None when the pool, less
+    ``keep`` blocks, is short or could never hold it (nothing changed). Raises
+    RequestError when the request has computed tokens and a hit, or when the cache's hit
+    is not ``hit``, PromptTooLongError when it has more than ``m.max_model_len`` tokens
+    (nothing changed)."""
+    if request.num_tokens > m.max_model_len:  # vLLM's input processor refuses these
+        bs = m.block_size
+        raise PromptTooLongError(request.num_tokens, blocks_for(request.num_tokens, bs),
+                                 blocks_for(m.max_model_len, bs),
+                                 f" for a request (max_model_len={m.max_model_len} tokens)")
+    # A waiting request may come with computed tokens (its KV written elsewhere, e.g.
+    # a disaggregated decode): they count as external ones, scheduled with the rest.
+    if request.num_computed_tokens and hit:
+        raise RequestError(f"request {request.request_id!r} has {request.num_computed_tokens} "
+                           f"computed tokens and a cache hit of {hit}")
+    prompt, extra = admission_prompt(m, request)
+    read = hit > 0 and m.prefix_cache_lookup_enabled(request)
+    computed = request.num_computed_tokens + hit + external
+    slots = min(computed + num_new_tokens + lookahead, m.max_model_len)
+    cache_to = min(hit if delay else computed + num_new_tokens, len(prompt))
+    scheduled = max(cache_to - hit, 1)  # prefixkv schedules at least one token
+    key = m._next_key
+    try:
+        adm = m.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
+                                 resumed=request.num_preemptions > 0, read_cache=read,
+                                 num_lookahead_tokens=max(0, slots - hit - scheduled),
+                                 require_full_fit=full_fit, keep_free=keep)
+    except PromptTooLongError:
+        return None  # vLLM's answer: None (its max_model_len check keeps such prompts out)
+    if adm is None:
+        return None
+    if adm.num_cached_tokens != hit:
+        m.core.free(key, num_computed_tokens=adm.num_cached_tokens)
+        raise RequestError(f"request {request.request_id!r}: the cache holds {adm.num_cached_tokens} "
+                           f"of its tokens, not the {hit} get_computed_blocks reported")
+    m._next_key += 1
+    m._keys[request.request_id] = key
+    k = hit // m.block_size
+    new = tuple(ids[k:] for ids in adm.group_block_ids)
+    m._telemetry.on_allocated(new)
+    return m._blocks.of(new)
+
+
+def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int,
+              num_new_computed_tokens: int, num_external_computed_tokens: int, num_lookahead_tokens: int,
+              delay_cache_blocks: bool, full_sequence_must_fit: bool, keep: int) -> KVCacheBlocks | None:
+    """``allocate_slots`` for the live request ``key``: the blocks added, or None when
+    the pool, less ``keep`` blocks, is short (nothing changed)."""
+    computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
+    slots = min(computed + num_new_tokens + num_lookahead_tokens, m.max_model_len)
+    cache_to = request.num_computed_tokens if delay_cache_blocks else computed + num_new_tokens
+    if full_sequence_must_fit:
+        slots_fit = max(slots, min(request.num_tokens, m.max_model_len))
+        if m.coordinator.blocks_to_grow(key, slots_fit) > m.core.num_free_blocks - keep:
+            return None
+    if m.coordinator.blocks_to_grow(key, slots) > m.core.num_free_blocks - keep:
+        return None
+    return m._blocks.of(grow(m, key, request, min(cache_to, request.num_tokens), slots))
+
+
+def grow(m: KVCacheManager, key: int, request: Request, cache_to: int, slots: int
+         ) -> tuple[tuple[int, ...], ...]:
+    """Cache up to ``cache_to`` (tokens from ``request.all_token_ids``), then reserve up
+    to ``slots``; the blocks added per group. The pool was checked."""
+    core, added = m.core, [tuple[int, ...]() for _ in range(m.num_kv_cache_groups)]
+
+    def took(r: Any) -> None:
+        assert r is not None, "growth was short of blocks after the pool was checked"
+        for g, ids in enumerate(r if m._hybrid else (r,)):
+            added[g] += ids
+
+    held, scheduled = core.num_tokens(key), core.num_scheduled_tokens(key)
+    if cache_to > scheduled:
+        if min(cache_to, held) > scheduled:
+            took(core.extend(key, min(cache_to, held) - scheduled))
+        if cache_to > held:
+            took(core.append_tokens(key, core_tokens(request)[held:cache_to]))
+        scheduled = cache_to
+    if slots > scheduled:
+        took(core.reserve(key, slots - scheduled))
+    m._telemetry.on_allocated(added)
+    return tuple(added)
+
+
+
+def admission_prompt(m: KVCacheManager, request: Request) -> tuple[Sequence[int] | Prompt, ExtraKeys | None]:
+    """What admission (and the lookup) takes for ``request``: the Prompt prepared when
+    it was built, while it describes the request exactly (prepared.py), else its token
+    ids and extra keys, read and encoded here."""
+    prompt = m.prepared_prompts.prompt_of(request)
+    if prompt is not None:
+        return prompt, None
+    return core_tokens(request), extra_keys_of(request)
