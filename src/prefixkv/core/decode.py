@@ -1,6 +1,7 @@
 """The growth of running requests: prefill chunks, decoded tokens (one request, or a
 whole decode step in one call) and slots reserved before their tokens are known.
-``KVCacheManager`` extends this class; construction and admission are in ``Admitter``.
+``StepOutputs``, then ``KVCacheManager``, extend this class; construction and admission
+are in ``Admitter``.
 
     | cached prefix | scheduled, computed | new (this call) | reserved, token unknown |
     0          num_cached          num_scheduled                          num_reserved

@@ -14,21 +14,18 @@ from collections.abc import Hashable, Iterable, Sequence
 from operator import attrgetter
 
 from ..errors import ConfigError, RequestError, check_block_ids, check_count, check_new_request
-from ..event_log import PendingEvents
-from ..events import AllBlocksCleared, Event
+from ..events import AllBlocksCleared
 from ..extra_keys import ExtraKeys
-from ..index import ContentIndex
-from ..results import Fork, KVOp, SharedPrefix
-from ..stats import PrefixCacheStats
+from ..results import Fork, SharedPrefix
 from .block import Block
-from .decode import Decoder
 from .prompt import Prompt, prepare_prompt
 from .sharing import shared_prefixes
+from .step_outputs import StepOutputs
 
 _ID = attrgetter("block_id")
 
 
-class KVCacheManager(Decoder):
+class KVCacheManager(StepOutputs):
     """Paged KV blocks for many requests, with automatic prefix caching.
 
     Args:
@@ -268,75 +265,6 @@ class KVCacheManager(Decoder):
         """Free block ids in the order they will be reused (empty ones, then LRU)."""
         return self._pool.free_order()
 
-    @property
-    def stats(self) -> PrefixCacheStats:
-        """Cumulative prefix-cache statistics since creation."""
-        return self._stats.total
-
-    def take_stats(self) -> PrefixCacheStats:
-        """Statistics since the previous ``take_stats`` (get-and-reset)."""
-        return self._stats.take()
-
-    @property
-    def events_dropped(self) -> int:
-        """Events dropped because the log overflowed before it was drained."""
-        return self._events.dropped
-
-    def take_events(self) -> list[Event]:
-        """Events since the previous call, oldest first (empty unless ``enable_events``).
-        At most ``max_events`` are kept between calls: past that, the pending ones are
-        dropped (counted in ``events_dropped``) and this call returns ``AllBlocksCleared``
-        followed by one ``BlockStored`` per content findable now, so a consumer that
-        mirrors the stream is exact again."""
-        out = self._events.take()
-        return self._restated() if out is None else out
-
-    def take_pending_events(self) -> PendingEvents:
-        """``take_events()``, handed off: what the step recorded, whose chain hashes and
-        event objects ``build()`` computes later, on any thread (``EventPublisher.publish``
-        takes it and builds it on its own thread, so the scheduler's thread pays for no
-        hash). ``build()`` returns exactly the list ``take_events()`` would have returned
-        here; batches are built in the order they were taken, each once, whoever builds
-        them (a later ``take_events()`` builds the older ones first). A restatement after
-        an overflow is built now. Mixing both calls across steps is allowed."""
-        pending = self._events.take_pending()
-        return PendingEvents.built(self._restated()) if pending is None else pending
-
-    def _restated(self) -> list[Event]:
-        """``AllBlocksCleared`` and one ``BlockStored`` per content findable now."""
-        host = self._host.snapshot() if self._host is not None else []
-        return [AllBlocksCleared(), *self._index.snapshot(self._pool.blocks), *host]
-
-    def take_kv_ops(self) -> list[KVOp]:
-        """The step's plan: the copies the engine must run, in this order, after this
-        step's scheduling calls and before its forward pass: one ``BlockOffloads`` (all the
-        device blocks evicted now whose KV the forward pass would overwrite, into host
-        slots), then every ``StorePut`` (blocks computed by an earlier step, to write to
-        the shared store), every ``StoreFetched`` (blocks from the store into host
-        slots), one ``BlockLoads`` (all the step's host hits into fresh device blocks),
-        then every ``BlockCopy`` (fork copy-on-write, the same as ``Fork.copies``, a
-        closed set: a copy's source and every block a later copy reads are held until the
-        plan is taken; a copy into a freed request's block that nothing needs is dropped;
-        see ``core.copies``). Call it exactly once a step: it also ends the step
-        (content recorded before it counts as computed after it, and what the plan pinned
-        is released)."""
-        out: list[KVOp] = []
-        host = self._host
-        if host is not None:
-            out += host.take_offloads()
-            if self._store is not None:
-                out += self._store_puts()
-                out += host.fetches
-                host.fetches = []
-            out += host.take_loads()
-            host.end_step()
-        copies, pins = self._copies.take()
-        out += copies
-        if pins:
-            self._pool.release(pins)
-        self._index.step += 1
-        return out
-
     def check_invariants(self) -> None:
         """Verify every count and link (pool, free queue, index, refcounts against the
         live requests, each request's blocks against its tokens). Raises InvariantError."""
@@ -360,21 +288,3 @@ class KVCacheManager(Decoder):
             landing = self._host.num_landing  # type: ignore[union-attr]
             self._require(None if landing == self._waits.reserved else
                           f"{landing} host slots are landing, fetches reserved {self._waits.reserved}")
-
-    # ---- helpers ---------------------------------------------------------------------
-
-    def _store_puts(self) -> list[KVOp]:
-        """Writes of the contents recorded in the previous step (their forward pass has
-        run since), those still held as recorded: not evicted, not made unfindable."""
-        store, index = self._store, self._index
-        assert store is not None and isinstance(index, ContentIndex), "puts need a store"
-        ops: list[KVOp] = []
-        for b, cid, parent, chunk, keys in self._computing:
-            if b.key is not None and not b.twin and b.content_id == cid:
-                assert b.hash is not None, "with a store, every recorded block has its chain hash"
-                ops.append(store.put(b.block_id, b.hash, parent, chunk, b.extra, keys))
-        assert index.fresh is not None, "a store's index notes fresh contents"
-        self._computing, index.fresh = index.fresh, []
-        return ops
-
-
