@@ -42,12 +42,12 @@ class Manual:
             fn(*args)
 
 
-def setup(backend, layout, **kw):
-    """A store holding A's three blocks (written by another manager), and a manager
-    whose fetches run when the test says."""
+def setup(backend, layout, prompt=A, **kw):
+    """A store holding ``prompt``'s blocks (A's three unless given; written by another
+    manager), and a manager whose fetches run when the test says."""
     computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
                             store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
-             backend, "w", A)
+             backend, "w", prompt)
     ex = Manual()
     shared = SharedStore(backend, layout, cost=always(), **{"timeout": LIVE, "executor": ex, **kw})
     return KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=shared), ex, shared
@@ -398,12 +398,7 @@ def test_a_fill_that_fails_on_the_fetcher_is_done_at_the_landing(backend, layout
 
 def test_a_run_that_repeats_a_block_is_keyed_by_content(backend, layout):
     rep = [1, 2, 3, 4] * 3 + [9]                     # three blocks of equal tokens
-    computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
-                            store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
-             backend, "w", rep)
-    ex = Manual()
-    m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
-                       store=SharedStore(backend, layout, cost=always(), timeout=LIVE, executor=ex))
+    m, ex, _ = setup(backend, layout, rep)
     m.add_request("b", rep)
     ex.run()
     assert not m._store.done[0].unique

@@ -8,13 +8,9 @@ parent. The landing records the run with its slot ids for a load in the same ste
 
 import pytest
 
-from prefixkv import BlockLoads, InvariantError, KVCacheManager, StoreWait
-from prefixkv.store import SharedStore
-from waiting import LIVE
+from prefixkv import BlockLoads, InvariantError, StoreWait
 
-from .conftest import always
-from .test_shared_store import computed
-from .test_store_fetch import Manual
+from .test_store_fetch import setup
 
 X = [9, 9, 9, 9, 5, 6, 7, 8, 1]          # in the store: (9 9 9 9) under the root
 Y = [1, 2, 3, 4, 9, 9, 9, 9, 0]          # in a host slot: (9 9 9 9) under (1 2 3 4)
@@ -26,12 +22,7 @@ C5 = bytes([5, 0, 0, 0, 6, 0, 0, 0, 7, 0, 0, 0, 8, 0, 0, 0])
 def _manager(backend, layout):
     """A manager whose store holds X's two blocks (written by another manager), its
     fetches run when the test says (``Manual.run``), host slots with memory attached."""
-    computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
-                            store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
-             backend, "w", X)
-    ex = Manual()
-    m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
-                       store=SharedStore(backend, layout, cost=always(), timeout=LIVE, executor=ex))
+    m, ex, _ = setup(backend, layout, X)
     m.attach_host_memory([[memoryview(bytearray(8))] for _ in range(4)])
     return m, ex
 
