@@ -86,7 +86,6 @@ class StepOutputs(Decoder):
         self._index.step += 1
         return out
 
-
     def _store_puts(self) -> list[KVOp]:
         """Writes of the contents recorded in the previous step (their forward pass has
         run since), those still held as recorded: not evicted, not made unfindable."""

@@ -117,7 +117,7 @@ class HostTier(SlotOffload, SlotLanding):
         ids, pin = None, slots
         for run, run_ids in self._landed:  # (each comparison: one C loop of identity checks)
             k = len(slots) - len(run)
-            if run == slots if not k else k > 0 and slots[k:] == run:
+            if (slots[k:] == run if k > 0 else not k and slots == run):
                 pin = slots[:k]  # the hits before the run (the run is pinned since it landed)
                 ids = [s.block_id for s in pin] + run_ids if k else run_ids
                 break
