@@ -100,9 +100,10 @@ class StoreWaits:
         """Start fetching the blocks after ``hits`` (at most ``limit`` blocks in all) for
         request ``req``, admitted with ``prompt`` (``req.tokens`` encode it: a list of ids
         is kept, and a copy of it, for ``reuse``), when the store is worth asking and
-        slots can be reserved; the answer to give, or None (then nothing changed, but for an executor that refused
-        the fetch: counted in ``store_errors``, and the store is left alone for
-        ``retry_after``, as after a fetch that failed as a whole)."""
+        slots can be reserved; the answer to give, or None (then nothing changed, but
+        for an executor that refused the fetch: counted in ``store_errors``, and the
+        store is left alone for ``retry_after``, as after a fetch that failed as a
+        whole)."""
         link, host = self.link, self.host
         first = len(hits)
         n = min(limit - first, link.max_fetch, host.num_free)
