@@ -99,7 +99,8 @@ class SlotLanding(SlotIndex):
         ``dict(zip(chunks, slots))``, built where it cost the scheduler nothing (a
         fetcher's thread), given only when ``unique``: the dicts' stored hashes serve the
         check and the keying (no token bytes is hashed or read again, and the check
-        probes the smaller of the two maps). ``ids``: the slots' ids, listed where it cost
+        probes the smaller of the two maps); it may become the tier's map (the other
+        merged into it, when it is the larger): the caller makes no other use of it. ``ids``: the slots' ids, listed where it cost
         the scheduler nothing: an admission that loads exactly these slots in this step
         neither pins them again nor lists their ids (``hold``, ``load``)."""
         if filled:
@@ -116,7 +117,11 @@ class SlotLanding(SlotIndex):
             else:
                 for s, chunk in zip(slots, chunks, strict=True):
                     s.key = chunk
-            by_chunk.update(keyed)  # (each setdefault below would succeed)
+            if len(keyed) > len(by_chunk):  # (each setdefault below would succeed) the
+                keyed.update(by_chunk)  # smaller map merged into the larger, in C: no entry
+                self.by_chunk = keyed  # of the larger is touched (each, a cold object)
+            else:
+                by_chunk.update(keyed)
         else:
             by_key = self.by_key
             for s, chunk in zip(slots, chunks, strict=True):  # (as _enter, inlined)
