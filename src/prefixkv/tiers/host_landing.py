@@ -100,9 +100,10 @@ class SlotLanding(SlotIndex):
         fetcher's thread), given only when ``unique``: the dicts' stored hashes serve the
         check and the keying (no token bytes is hashed or read again, and the check
         probes the smaller of the two maps); it may become the tier's map (the other
-        merged into it, when it is the larger): the caller makes no other use of it. ``ids``: the slots' ids, listed where it cost
-        the scheduler nothing: an admission that loads exactly these slots in this step
-        neither pins them again nor lists their ids (``hold``, ``load``)."""
+        merged into it, when it is the larger): the caller makes no other use of it.
+        ``ids``: the slots' ids, listed where it cost the scheduler nothing: an admission
+        that loads exactly these slots in this step neither pins them again nor lists
+        their ids (``hold``, ``load``)."""
         if filled:
             slots[0].parent_cid = parent_cid
         else:
