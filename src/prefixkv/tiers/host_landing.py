@@ -164,14 +164,16 @@ class SlotLanding(SlotIndex):
         k = min(n, cached.size)
         head, _ = cached.ends()
         s = head.next  # (a slot: ``k`` of them are linked)
-        for _ in range(k):
+        taken = [s] * k  # (each entry set below: a store, no call, per slot)
+        for i in range(k):
             del by_chunk[s.key]  # type: ignore[arg-type]  # (KeyError: no content)
             s.key = None
             s.ref_cnt = 1
-            out.append(s)
+            taken[i] = s
             s = s.next
         head.next, s.prev = s, head
         cached.forget(k)
+        out += taken
 
     def unreserve(self, slots: list[Block]) -> None:
         """Landing ``slots`` that got nothing (or were filled, keys too, and not landed):
