@@ -91,3 +91,17 @@ def test_token_ids_at_readmission_are_compared_with_the_start_s_list(backend, sh
     assert encoded == ([] if given in ("same", "changed") else [list(again)])  # (changed: walked)
     assert list(m._requests["r"].tokens) == ids
     m.check_invariants()
+
+
+@pytest.mark.parametrize("started", ["tuple", "prepared"])
+def test_no_ids_at_readmission_are_refused_after_a_start_without_a_list(backend, shared, started):
+    """A start given no list keeps none: a re-admission given None (no list either) is
+    encoded, and refused, as without a wait; the wait's run stays for the right call."""
+    stored(shared, backend, P)
+    m = manager(shared)
+    landed(m, "r", tuple(P) if started == "tuple" else m.prepare(P))
+    with pytest.raises(TokenError):
+        m.add_request("r", None)
+    m.check_invariants()
+    hits, adm = readmit_as_walk(m, "r", P)
+    assert adm.num_cached_tokens == 20

@@ -161,13 +161,12 @@ class StoreWaits:
         walking the index, when the prompt and keys are those the fetch started from (the
         same ``Prompt`` object; the list of ids the start was given, compared with a copy
         taken then, not encoded again: an id the caller replaced in its list by an equal
-        value counts as unchanged; else one comparison of the token arrays) and
-        nothing the
-        start found or the fetch landed has moved: the start's hits and the landed run,
-        each still holding the content it held, together reaching the request's last full
-        block but one (nothing left to find past them), and the device not holding the
-        content that follows its own hits (else its walk would go on there, and the hits
-        would be its blocks). None when any of that fails (then
+        value counts as unchanged; else one comparison of the token arrays) and nothing
+        the start found or the fetch landed has moved: the start's hits and the landed
+        run, each still holding the content it held, together reaching the request's last
+        full block but one (nothing left to find past them), and the device not holding
+        the content that follows its own hits (else its walk would go on there, and the
+        hits would be its blocks). None when any of that fails (then
         ``match`` decides: the answer is the same, only slower). Changes nothing. Raises
         TokenError for a prompt the walk's encoding refuses (``vocab_size`` was checked at
         the start: a prompt equal to that one passes it)."""
@@ -180,7 +179,8 @@ class StoreWaits:
             if prompt is not req.prompt and (prompt.tokens != req.tokens or (
                     prompt.keys is not keys and prompt.keys.extra != keys.extra)):
                 return None  # (the same Prompt object: nothing to encode or compare)
-        elif ((prompt != f.ids if prompt is f.ids_given else encode_tokens(prompt) != req.tokens)
+        elif ((prompt != f.ids if f.ids is not None and prompt is f.ids_given
+               else encode_tokens(prompt) != req.tokens)  # (``ids``: None without a list)
               or (extra is not keys.extra and (type(extra) is not ExtraKeys or extra != keys.extra))):
             return None
         # each still holds its content (a device hit that does is still the index's entry

@@ -118,9 +118,11 @@ class SlotLanding(SlotIndex):
             else:
                 for s, chunk in zip(slots, chunks, strict=True):
                     s.key = chunk
-            if len(keyed) > len(by_chunk):  # (each setdefault below would succeed) the
-                keyed.update(by_chunk)  # smaller map merged into the larger, in C: no entry
-                self.by_chunk = keyed  # of the larger is touched (each, a cold object)
+            # (each setdefault below would succeed) the smaller map merged into the larger,
+            # in C: no entry of the larger is inserted again (each, cold objects touched)
+            if len(keyed) > len(by_chunk):
+                keyed.update(by_chunk)
+                self.by_chunk = keyed
             else:
                 by_chunk.update(keyed)
         else:
