@@ -15,11 +15,14 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from ..errors import PrefixKVError
+
 MAX_SINCE = 1024  # routing decisions remembered per replica since its report, at most
 
 
-class LoadError(ValueError):
-    """A load report out of range (a negative count, a usage outside 0..1)."""
+class LoadError(PrefixKVError):
+    """A load report out of range or of the wrong type (a count that is not an int >= 0,
+    a usage that is not a real number in 0..1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +32,8 @@ class ReplicaLoad:
     admitted (``vllm:num_requests_waiting``); ``waiting_tokens``: their prompt tokens not
     yet computed (None: unknown, estimated from the router's own prefill since the report);
     ``num_blocks``: its pool size (None: the router's ``capacity`` or unknown).
-    Raises LoadError for values out of range."""
+    Raises LoadError for values out of range or of the wrong type (NaN, infinity, a
+    fractional or boolean count: they would poison every score with NaN)."""
 
     kv_usage: float
     num_waiting: int = 0
@@ -37,10 +41,18 @@ class ReplicaLoad:
     num_blocks: int | None = None
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.kv_usage <= 1.0 or self.num_waiting < 0 or (
-                self.waiting_tokens is not None and self.waiting_tokens < 0) or (
-                self.num_blocks is not None and self.num_blocks < 1):
-            raise LoadError(f"need 0 <= kv_usage <= 1, counts >= 0, num_blocks >= 1; got {self!r}")
+        usage = self.kv_usage
+        real = isinstance(usage, (int, float)) and not isinstance(usage, bool)
+        if not (real and 0.0 <= usage <= 1.0) or not _count(self.num_waiting, 0) or (
+                self.waiting_tokens is not None and not _count(self.waiting_tokens, 0)) or (
+                self.num_blocks is not None and not _count(self.num_blocks, 1)):
+            raise LoadError(f"need 0 <= kv_usage <= 1, integer counts >= 0, num_blocks >= 1; "
+                            f"got {self!r}")
+
+
+def _count(value: object, least: int) -> bool:
+    """``value`` is an int (not a bool) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def from_metrics(text: str, *, num_blocks: int | None = None) -> ReplicaLoad:
