@@ -6,7 +6,16 @@ import math
 import pytest
 
 from prefixkv.errors import PrefixKVError
-from prefixkv.router import LoadError, ReplicaLoad, Router
+from prefixkv.router import (
+    AffinityScorer,
+    CostScorer,
+    LoadError,
+    ReplicaLoad,
+    ReplicaView,
+    Router,
+    RouterError,
+    ScorerError,
+)
 
 NAN, INF = math.nan, math.inf
 
@@ -31,3 +40,35 @@ def test_a_nan_report_can_not_reach_the_scores():
         router.report_load("a", ReplicaLoad(0.5, 0, NAN))  # type: ignore[arg-type]
     assert router.loads.reported == {}
     assert router.route(list(range(8))).replica in ("a", "b")
+
+
+@pytest.mark.parametrize("kw", [dict(load_weight=INF), dict(load_weight=NAN),
+                                dict(balance=NAN), dict(balance=0.5)])
+def test_affinity_options_that_would_make_nan_scores_are_refused(kw):
+    with pytest.raises(ScorerError):
+        AffinityScorer(**kw)
+    with pytest.raises(RouterError):
+        Router(["a"], block_size=4, **kw)
+
+
+@pytest.mark.parametrize("kw", [dict(prefill_weight=INF), dict(prefill_weight=NAN),
+                                dict(temperature=NAN), dict(balance=NAN)])
+def test_cost_options_that_would_make_nan_costs_are_refused(kw):
+    with pytest.raises(ScorerError):
+        CostScorer(**kw)
+
+
+def _views(in_flight, routed=(0, 0, 0)):
+    return [ReplicaView(r, 4, 0, 0, f, 1.0 + i, 2.0, None, None, n)
+            for i, (r, f, n) in enumerate(zip("abc", in_flight, routed, strict=True))]
+
+
+@pytest.mark.parametrize("balance", [INF, 1e308])
+def test_a_balance_too_large_to_round_is_no_cap(balance):
+    # ceil/floor of balance * mean overflowed: OverflowError on every route
+    views = _views((5, 0, 9), (7, 1, 9))
+    assert AffinityScorer(balance=balance).pick(views, 0) == 1
+    assert CostScorer(balance=balance).pick(views, 0) == 0  # lowest cost, no cap
+    router = Router(["a", "b"], block_size=4, balance=balance)
+    assert {router.route(list(range(8))).replica for _ in range(4)} <= {"a", "b"}
+

@@ -70,13 +70,14 @@ class AffinityScorer:
     candidates are those with ``in_flight + 1 <= ceil(balance * (total + 1) / N)`` (the
     least loaded always is); score = ``(gpu_run + cpu_weight * (run - gpu_run)) / n -
     load_weight * in_flight / (mean in_flight + 1)``; highest wins, ties to the least
-    loaded, then the first in rotation. Raises ScorerError unless ``balance >= 1``,
-    ``load_weight >= 0`` and ``0 <= cpu_weight <= 1``."""
+    loaded, then the first in rotation. Raises ScorerError unless ``balance >= 1`` (an
+    infinite one: no cap), ``load_weight`` is finite and ``>= 0`` (an infinite weight
+    times 0 in flight is NaN) and ``0 <= cpu_weight <= 1``."""
 
     def __init__(self, *, load_weight: float = 1.0, balance: float = 1.25,
                  cpu_weight: float = 0.5) -> None:
-        if not balance >= 1 or not load_weight >= 0 or not 0 <= cpu_weight <= 1:
-            raise ScorerError(f"need balance >= 1, load_weight >= 0, 0 <= cpu_weight <= 1; "
+        if not balance >= 1 or not 0 <= load_weight < math.inf or not 0 <= cpu_weight <= 1:
+            raise ScorerError(f"need balance >= 1, finite load_weight >= 0, 0 <= cpu_weight <= 1; "
                               f"got {balance}, {load_weight}, {cpu_weight}")
         self.load_weight, self.balance, self.cpu_weight = load_weight, balance, cpu_weight
 
@@ -123,6 +124,8 @@ def under_share(views: Sequence[ReplicaView], balance: float) -> list[int]:
 def _capped(counts: list[int], balance: float, tight: bool, least_mean: float = 0.0
             ) -> list[int]:
     m = max((sum(counts) + 1) / len(counts), least_mean)
+    if not math.isfinite(balance * m):  # balance inf, or so large the product overflows
+        return list(range(len(counts)))  # no cap (ceil and floor of inf would raise)
     cap = max(math.ceil(m), math.floor(balance * m)) if tight else math.ceil(balance * m)
     least = counts.index(min(counts))
     return [i for i, c in enumerate(counts) if c + 1 <= cap or i == least]
@@ -153,15 +156,16 @@ class CostScorer:
        cost: Dynamo's cost moves a session when its replica's active blocks outweigh
        the history's prefill, and the session's later turns then follow it there.
 
-    Raises ScorerError for values out of range."""
+    Raises ScorerError for values out of range (an infinite ``prefill_weight`` too: times
+    0 blocks to compute it is NaN)."""
 
     def __init__(self, *, prefill_weight: float = 1.0, temperature: float = 0.0,
                  busy_threshold: float | None = 0.95, cpu_weight: float = 0.5,
                  balance: float | None = None, hold: int = 64, seed: int = 0) -> None:
-        if not prefill_weight > 0 or not temperature >= 0 or not 0 <= cpu_weight <= 1 or (
+        if not 0 < prefill_weight < math.inf or not temperature >= 0 or not 0 <= cpu_weight <= 1 or (
                 busy_threshold is not None and not 0 < busy_threshold <= 1) or (
                 balance is not None and not balance >= 1) or not hold >= 1:
-            raise ScorerError(f"need prefill_weight > 0, temperature >= 0, 0 <= cpu_weight <= 1, "
+            raise ScorerError(f"need finite prefill_weight > 0, temperature >= 0, 0 <= cpu_weight <= 1, "
                               f"0 < busy_threshold <= 1 or None, balance >= 1 or None, hold >= 1; "
                               f"got {prefill_weight}, {temperature}, {cpu_weight}, "
                               f"{busy_threshold}, {balance}, {hold}")
