@@ -72,3 +72,15 @@ def test_a_balance_too_large_to_round_is_no_cap(balance):
     router = Router(["a", "b"], block_size=4, balance=balance)
     assert {router.route(list(range(8))).replica for _ in range(4)} <= {"a", "b"}
 
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-320])
+def test_a_temperature_whose_scale_underflows_picks_the_lowest_cost(temperature):
+    # temperature * mean cost rounded to 0.0: (c - low) / 0.0 raised ZeroDivisionError
+    views = [ReplicaView(r, 4, 0, 0, 0, p, 0.0, 1000, None) for r, p in (("a", 3.0), ("b", 1.0))]
+    assert CostScorer(temperature=temperature, busy_threshold=None).pick(views, 0) == 1
+
+
+def test_a_huge_temperature_draws_every_candidate():
+    views = [ReplicaView(r, 4, 0, 0, 0, p, 0.0, None, None) for r, p in (("a", 3.0), ("b", 1.0))]
+    scorer = CostScorer(temperature=1e308, busy_threshold=None, seed=1)
+    assert {scorer.pick(views, 0) for _ in range(64)} == {0, 1}

@@ -193,9 +193,9 @@ class CostScorer:
         if self.balance is not None and (holder := self._holder(views, allowed)) is not None:
             return holder
         costs = [self.cost(views[i]) for i in allowed]
-        if self.temperature == 0 or len(allowed) == 1:
-            return allowed[costs.index(min(costs))]
         scale = self.temperature * (sum(costs) / len(costs) or 1.0)
+        if scale == 0 or len(allowed) == 1:  # temperature 0, or so small the scale is 0
+            return allowed[costs.index(min(costs))]
         low = min(costs)
         weights = [math.exp(-(c - low) / scale) for c in costs]
         return self._rng.choices(allowed, weights)[0]
