@@ -8,13 +8,16 @@ import pytest
 from prefixkv.errors import PrefixKVError
 from prefixkv.router import (
     AffinityScorer,
+    Cleared,
     CostScorer,
     LoadError,
+    Removed,
     ReplicaLoad,
     ReplicaView,
     Router,
     RouterError,
     ScorerError,
+    Stored,
 )
 
 NAN, INF = math.nan, math.inf
@@ -84,3 +87,43 @@ def test_a_huge_temperature_draws_every_candidate():
     views = [ReplicaView(r, 4, 0, 0, 0, p, 0.0, None, None) for r, p in (("a", 3.0), ("b", 1.0))]
     scorer = CostScorer(temperature=1e308, busy_threshold=None, seed=1)
     assert {scorer.pick(views, 0) for _ in range(64)} == {0, 1}
+
+
+def _tallies(router):
+    return (dict(router.last_heard), dict(router.in_flight), dict(router.routed),
+            {r: router.index.num_blocks(r) for r in router.replicas},
+            dict(router.loads.reported), dict(router.loads.capacity))
+
+
+@pytest.mark.parametrize("stale_after", [-1.0, NAN, "5", True])
+def test_a_stale_after_that_is_not_seconds_is_refused(stale_after):
+    # -1 or NaN made every replica silent, and route fell back to all of them unsaid
+    with pytest.raises(RouterError):
+        Router(["a"], block_size=4, stale_after=stale_after)
+
+
+def test_a_boolean_capacity_is_refused():
+    with pytest.raises(RouterError):
+        Router(["a"], block_size=4, capacity={"a": True})
+
+
+def test_apply_refuses_a_batch_with_a_foreign_item_before_applying_any():
+    router = Router(["a", "b"], block_size=4, clock=lambda: 7.0)
+    router.apply("b", [Stored((5,), None, "GPU")])
+    before = _tallies(router)
+    # it was skipped, the Stored before it indexed and the replica marked heard
+    for batch in ([Stored((1, 2), None, "GPU"), {"type": "BlockStored"}],
+                  [Cleared(), None], [Removed((5,), "GPU"), "AllBlocksCleared"]):
+        with pytest.raises(RouterError, match="not a router event"):
+            router.apply("a" if None not in batch else "b", batch)
+        assert _tallies(router) == before
+    assert router.index.prefix_runs([5], router.replicas) == {"b": (1, 1)}
+
+
+def test_report_load_refuses_what_is_not_a_load_report():
+    router = Router(["a"], block_size=4)
+    for load, read_at in (({"kv_usage": 0.5}, None), (ReplicaLoad(0.5, num_blocks=8), NAN),
+                          (ReplicaLoad(0.5, num_blocks=8), INF), (ReplicaLoad(0.5), "1")):
+        with pytest.raises(RouterError):
+            router.report_load("a", load, read_at)
+        assert _tallies(router) == _tallies(Router(["a"], block_size=4))

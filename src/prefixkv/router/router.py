@@ -36,6 +36,7 @@ apply).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -75,7 +76,8 @@ class Router:
         load_weight, balance, cpu_weight: the default scorer's (module doc; balance >= 1).
         scorer: picks among the candidates (default: ``AffinityScorer`` with the three above).
         capacity: each replica's pool in blocks (a report's ``num_blocks`` replaces it).
-        stale_after: seconds without a batch after which a replica is silent (None: never).
+        stale_after: seconds (>= 0) without a batch after which a replica is silent
+            (None: never).
         clock: seconds, monotonic (tests pass a fake one).
 
     Raises RouterError (bad option) or ConfigError (bad hashing settings) at construction.
@@ -102,8 +104,11 @@ class Router:
             except ScorerError as exc:
                 raise RouterError(str(exc)) from exc
         if capacity is not None and (set(capacity) - set(names) or not all(
-                isinstance(c, int) and c >= 1 for c in capacity.values())):
+                isinstance(c, int) and not isinstance(c, bool) and c >= 1
+                for c in capacity.values())):
             raise RouterError(f"capacity must map replicas to blocks >= 1, got {capacity!r}")
+        if stale_after is not None and not (_real(stale_after) and stale_after >= 0):
+            raise RouterError(f"stale_after must be seconds >= 0 or None, got {stale_after!r}")
         block_hashes([], block_size, hash_mode=hash_mode, seed=seed)  # ConfigError early
         self.replicas = tuple(names)
         self.block_size, self.hash_mode, self.seed = block_size, hash_mode, seed
@@ -125,8 +130,14 @@ class Router:
         """Apply one batch's decoded events from ``replica``, in order, and mark it heard.
         Only the replica's scored group is indexed (module doc). A ``Stored`` that states
         a block size other than the router's is not indexed (its hashes cannot match a
-        prompt's): it is counted in ``block_size_mismatches`` and logged once."""
+        prompt's): it is counted in ``block_size_mismatches`` and logged once. Raises
+        RouterError, before applying any, for an unknown replica or an item of
+        ``events`` that is not a ``Stored``, ``Removed`` or ``Cleared``."""
         self._known(replica)
+        events = list(events)
+        odd = [ev for ev in events if not isinstance(ev, (Stored, Removed, Cleared))]
+        if odd:
+            raise RouterError(f"apply({replica!r}): not a router event: {odd[0]!r}")
         index, scored = self.index, self._scored
         for ev in events:
             if isinstance(ev, Stored):
@@ -172,8 +183,14 @@ class Router:
         """What ``replica`` publishes of its load (``load.from_metrics`` reads it from its
         ``/metrics``); it replaces the router's estimate of what it sent there before
         ``read_at`` (the router's ``clock`` when the report was read; None: now).
-        Raises RouterError for an unknown replica."""
+        Raises RouterError for an unknown replica, a ``load`` that is not a
+        ``ReplicaLoad`` or a ``read_at`` that is not a finite number."""
         self._known(replica)
+        if not isinstance(load, ReplicaLoad):
+            raise RouterError(f"report_load({replica!r}): not a ReplicaLoad: {load!r}")
+        if read_at is not None and not (_real(read_at) and math.isfinite(read_at)):
+            raise RouterError(f"report_load({replica!r}): read_at must be a finite time, "
+                              f"got {read_at!r}")
         self.loads.report(replica, load, read_at)
 
     def drop_load(self, replica: str) -> None:
@@ -250,3 +267,8 @@ class Router:
     def _known(self, replica: str) -> None:
         if replica not in self.in_flight:
             raise RouterError(f"unknown replica {replica!r}; known: {list(self.replicas)}")
+
+
+def _real(value: object) -> bool:
+    """``value`` is an int or a float, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
