@@ -43,7 +43,8 @@ class ApproxIndex:
             return
         self._expire()
         until, held = self.clock() + self.ttl, self._held
-        guessed = [h for h in hashes if (replica, h) not in held]
+        # once each: a hash twice in the queue entry was deleted twice on expiry (KeyError)
+        guessed = [h for h in dict.fromkeys(hashes) if (replica, h) not in held]
         self._index.store(replica, guessed, GPU)
         self._until.update(((replica, h), until) for h in guessed)
         self._queue.append((until, replica, guessed))
