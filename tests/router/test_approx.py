@@ -2,9 +2,16 @@
 the boundary, a clock that jumps either way, a replica cleared while its guesses live,
 and memory under a stream of unique prompts."""
 
-from prefixkv.router import ApproxIndex
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from prefixkv.router import ApproxIndex, Router
 
 TTL = 5.0
+REPLICAS = ("a", "b")
+MEDIA = ("GPU", "CPU")
+keys = st.lists(st.integers(0, 5), max_size=4)
 
 
 class Clock:
@@ -13,6 +20,173 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
+
+
+class ApproxModel(RuleBasedStateMachine):
+    """held: (replica, hash) -> media an event put it on; guess: (replica, hash) -> the
+    time its GPU guess ends (it holds while now < that), set by a routing decision for a
+    block no event holds, ended by a store or a GPU removal of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = Clock()
+        self.index = ApproxIndex(TTL, clock=self.clock)
+        self.held: dict[tuple[str, int], set[str]] = {}
+        self.guess: dict[tuple[str, int], float] = {}
+
+    @rule(replica=st.sampled_from(REPLICAS), hashes=keys)
+    def routed(self, replica, hashes):
+        self.index.routed(replica, hashes)
+        for h in hashes:
+            if (replica, h) not in self.held:
+                self.guess[(replica, h)] = self.clock.t + TTL
+
+    @rule(replica=st.sampled_from(REPLICAS), hashes=keys, medium=st.sampled_from(MEDIA))
+    def store(self, replica, hashes, medium):
+        self.index.store(replica, hashes, medium)
+        for h in hashes:
+            self.guess.pop((replica, h), None)
+            self.held.setdefault((replica, h), set()).add(medium)
+
+    @rule(replica=st.sampled_from(REPLICAS), hashes=keys, medium=st.sampled_from(MEDIA))
+    def remove(self, replica, hashes, medium):
+        self.index.remove(replica, hashes, medium)
+        for h in hashes:
+            if medium == "GPU":
+                self.guess.pop((replica, h), None)
+            self.held.get((replica, h), set()).discard(medium)
+            if not self.held.get((replica, h), True):
+                del self.held[(replica, h)]
+
+    @rule(replica=st.sampled_from(REPLICAS))
+    def clear(self, replica):
+        self.index.clear(replica)
+        self.held = {k: m for k, m in self.held.items() if k[0] != replica}
+        self.guess = {k: t for k, t in self.guess.items() if k[0] != replica}
+
+    @rule(dt=st.sampled_from([0.0, 1.0, 2.5, TTL, 7.0]))
+    def tick(self, dt):
+        self.clock.t += dt
+
+    def _media(self, replica, h):
+        media = set(self.held.get((replica, h), ()))
+        if self.guess.get((replica, h), -1.0) > self.clock.t:
+            media.add("GPU")
+        return media
+
+    @invariant()
+    def runs_agree(self):
+        prompt = list(range(6))
+        want = {}
+        for r in REPLICAS:
+            run = gpu = 0
+            while run < len(prompt) and self._media(r, prompt[run]):
+                run += 1
+            while gpu < len(prompt) and "GPU" in self._media(r, prompt[gpu]):
+                gpu += 1
+            if run:
+                want[r] = (run, gpu)
+        assert self.index.prefix_runs(prompt, REPLICAS) == want
+        for r in REPLICAS:
+            assert self.index.num_blocks(r) == sum(
+                len(self._media(r, h)) for (q, h) in set(self.held) | set(self.guess) if q == r)
+
+
+ApproxModel.TestCase.settings = settings(max_examples=50, stateful_step_count=30, deadline=None)
+TestApproxModel = ApproxModel.TestCase
+
+
+def test_an_event_on_another_medium_ends_the_guess():
+    # the GPU guess under a CPU event lost its TTL and was held forever
+    clock = Clock()
+    index = ApproxIndex(TTL, clock=clock)
+    index.routed("a", [1, 2])
+    index.store("a", [1], "CPU")
+    assert index.prefix_runs([1, 2], ["a"]) == {"a": (2, 0)}  # 1 on the CPU alone now
+    index.remove("a", [1], "CPU")
+    clock.t = 100.0
+    assert index.prefix_runs([1, 2], ["a"]) == {}
+    assert index.num_blocks("a") == 0
+
+
+def test_a_block_held_on_the_gpu_survives_the_removal_of_its_cpu_copy_and_a_guess():
+    # removing the CPU copy forgot that an event holds the GPU copy; the next guess then
+    # expired it
+    clock = Clock()
+    index = ApproxIndex(TTL, clock=clock)
+    index.store("a", [1], "GPU")
+    index.store("a", [1], "CPU")
+    index.remove("a", [1], "CPU")
+    index.routed("a", [1])
+    clock.t = 50.0
+    assert index.prefix_runs([1], ["a"]) == {"a": (1, 1)}
+
+
+def test_removing_a_medium_a_guess_is_not_on_keeps_its_ttl():
+    clock = Clock()
+    index = ApproxIndex(TTL, clock=clock)
+    index.routed("a", [1])
+    index.remove("a", [1], "CPU")
+    assert index.prefix_runs([1], ["a"]) == {"a": (1, 1)}
+    clock.t = TTL
+    assert index.prefix_runs([1], ["a"]) == {}
+
+
+def test_expiry_is_exactly_at_the_ttl():
+    clock = Clock()
+    index = ApproxIndex(TTL, clock=clock)
+    index.routed("a", [1])
+    clock.t = TTL - 1e-9
+    assert index.prefix_runs([1], ["a"]) == {"a": (1, 1)}
+    clock.t = TTL
+    assert index.prefix_runs([1], ["a"]) == {}
+
+
+def test_a_clock_that_jumps_back_or_forward():
+    clock = Clock()
+    index = ApproxIndex(TTL, clock=clock)
+    clock.t = 100.0
+    index.routed("a", [1])
+    clock.t = 0.0  # back: the guess made at 100 still holds until 105 of this clock
+    index.routed("b", [2])
+    assert index.prefix_runs([1], ["a"]) == {"a": (1, 1)}
+    clock.t = 104.0
+    assert index.prefix_runs([1], ["a"]) == {"a": (1, 1)}
+    clock.t = 1e12  # forward: every guess is gone
+    assert index.prefix_runs([1], ["a"]) == {} and index.prefix_runs([2], ["b"]) == {}
+    assert index.num_blocks("a") == index.num_blocks("b") == 0
+    assert not index._until and not index._queue
+
+
+def test_a_replica_cleared_while_its_guesses_live_and_routed_again():
+    clock = Clock()
+    index = ApproxIndex(TTL, clock=clock)
+    router = Router(["a", "b"], block_size=4, index=index, load_weight=0, clock=clock)
+    prompt = list(range(16))
+    first = router.route(prompt).replica
+    clock.t = 1.0
+    router.forget(first)
+    assert router.cached_tokens(prompt)[first] == 0
+    clock.t = 3.0
+    index.routed(first, router.prompt_hashes(prompt))  # a newer guess, until 8
+    clock.t = TTL + 0.5  # the first guess's queue entry comes due: the newer one stays
+    assert router.cached_tokens(prompt)[first] == 16
+    clock.t = 8.0
+    assert router.cached_tokens(prompt)[first] == 0
+
+
+def test_memory_stays_bounded_under_unique_prompts():
+    clock = Clock()
+    index = ApproxIndex(10.0, clock=clock)
+    router = Router(["a", "b", "c"], block_size=4, index=index, clock=clock)
+    most = 0
+    for i in range(2000):
+        clock.t = float(i)
+        choice = router.route([i * 100 + j for j in range(16)])
+        router.finish(choice.replica)
+        most = max(most, len(index._until), sum(index.num_blocks(r) for r in "abc"))
+        assert len(index._queue) <= 11
+    assert most <= 11 * 4
 
 
 def test_a_hash_twice_in_one_routed_prompt_expires_once():

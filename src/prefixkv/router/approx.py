@@ -35,7 +35,8 @@ class ApproxIndex:
         self._index = InProcessIndex()
         self._until: dict[tuple[str, Hash], float] = {}  # (replica, hash) -> expiry
         self._queue: deque[tuple[float, str, Sequence[Hash]]] = deque()  # in expiry order
-        self._held: set[tuple[str, Hash]] = set()  # stored by an event: no TTL
+        # stored by an event, on these media: no TTL (until every medium is removed)
+        self._held: dict[tuple[str, Hash], set[str]] = {}
 
     def routed(self, replica: str, hashes: Sequence[Hash]) -> None:
         """Count ``hashes`` as held by ``replica`` (on the GPU) for ``ttl`` from now."""
@@ -60,23 +61,33 @@ class ApproxIndex:
             self._index.remove(replica, gone, GPU)
 
     def store(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
-        """See ``BlockIndex.store``: held until removed (an event outranks a guess)."""
+        """See ``BlockIndex.store``: held on ``medium`` until removed. An event outranks
+        a guess: a block guessed on the GPU is then where the event says, and only there
+        (a guess kept without its TTL would outlive every event)."""
+        guessed = [h for h in hashes if self._until.pop((replica, h), None) is not None]
+        self._index.remove(replica, guessed, GPU)
         for h in hashes:
-            self._until.pop((replica, h), None)
-            self._held.add((replica, h))
+            self._held.setdefault((replica, h), set()).add(medium)
         self._index.store(replica, hashes, medium)
 
     def remove(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
-        """See ``BlockIndex.remove``."""
+        """See ``BlockIndex.remove``: a block stays held while an event says it is on
+        another medium (a later guess must not expire it)."""
+        held, guess = self._held, medium == GPU  # a guess is on the GPU: other media keep it
         for h in hashes:
-            self._until.pop((replica, h), None)
-            self._held.discard((replica, h))
+            if guess:
+                self._until.pop((replica, h), None)
+            media = held.get((replica, h))
+            if media is not None:
+                media.discard(medium)
+                if not media:
+                    del held[(replica, h)]
         self._index.remove(replica, hashes, medium)
 
     def clear(self, replica: str) -> None:
         """See ``BlockIndex.clear``."""
         self._until = {k: t for k, t in self._until.items() if k[0] != replica}
-        self._held = {k for k in self._held if k[0] != replica}
+        self._held = {k: m for k, m in self._held.items() if k[0] != replica}
         self._index.clear(replica)
 
     def prefix_runs(self, hashes: Sequence[Hash], replicas: Iterable[str]
