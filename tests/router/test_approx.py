@@ -22,6 +22,11 @@ class Clock:
         return self.t
 
 
+def _fresh() -> tuple[Clock, ApproxIndex]:
+    clock = Clock()
+    return clock, ApproxIndex(TTL, clock=clock)
+
+
 class ApproxModel(RuleBasedStateMachine):
     """held: (replica, hash) -> media an event put it on; guess: (replica, hash) -> the
     time its GPU guess ends (it holds while now < that), set by a routing decision for a
@@ -98,8 +103,7 @@ TestApproxModel = ApproxModel.TestCase
 
 def test_an_event_on_another_medium_ends_the_guess():
     # the GPU guess under a CPU event lost its TTL and was held forever
-    clock = Clock()
-    index = ApproxIndex(TTL, clock=clock)
+    clock, index = _fresh()
     index.routed("a", [1, 2])
     index.store("a", [1], "CPU")
     assert index.prefix_runs([1, 2], ["a"]) == {"a": (2, 0)}  # 1 on the CPU alone now
@@ -112,8 +116,7 @@ def test_an_event_on_another_medium_ends_the_guess():
 def test_a_block_held_on_the_gpu_survives_the_removal_of_its_cpu_copy_and_a_guess():
     # removing the CPU copy forgot that an event holds the GPU copy; the next guess then
     # expired it
-    clock = Clock()
-    index = ApproxIndex(TTL, clock=clock)
+    clock, index = _fresh()
     index.store("a", [1], "GPU")
     index.store("a", [1], "CPU")
     index.remove("a", [1], "CPU")
@@ -123,8 +126,7 @@ def test_a_block_held_on_the_gpu_survives_the_removal_of_its_cpu_copy_and_a_gues
 
 
 def test_removing_a_medium_a_guess_is_not_on_keeps_its_ttl():
-    clock = Clock()
-    index = ApproxIndex(TTL, clock=clock)
+    clock, index = _fresh()
     index.routed("a", [1])
     index.remove("a", [1], "CPU")
     assert index.prefix_runs([1], ["a"]) == {"a": (1, 1)}
@@ -133,8 +135,7 @@ def test_removing_a_medium_a_guess_is_not_on_keeps_its_ttl():
 
 
 def test_expiry_is_exactly_at_the_ttl():
-    clock = Clock()
-    index = ApproxIndex(TTL, clock=clock)
+    clock, index = _fresh()
     index.routed("a", [1])
     clock.t = TTL - 1e-9
     assert index.prefix_runs([1], ["a"]) == {"a": (1, 1)}
@@ -143,8 +144,7 @@ def test_expiry_is_exactly_at_the_ttl():
 
 
 def test_a_clock_that_jumps_back_or_forward():
-    clock = Clock()
-    index = ApproxIndex(TTL, clock=clock)
+    clock, index = _fresh()
     clock.t = 100.0
     index.routed("a", [1])
     clock.t = 0.0  # back: the guess made at 100 still holds until 105 of this clock
@@ -159,8 +159,7 @@ def test_a_clock_that_jumps_back_or_forward():
 
 
 def test_a_replica_cleared_while_its_guesses_live_and_routed_again():
-    clock = Clock()
-    index = ApproxIndex(TTL, clock=clock)
+    clock, index = _fresh()
     router = Router(["a", "b"], block_size=4, index=index, load_weight=0, clock=clock)
     prompt = list(range(16))
     first = router.route(prompt).replica
@@ -191,8 +190,7 @@ def test_memory_stays_bounded_under_unique_prompts():
 
 def test_a_hash_twice_in_one_routed_prompt_expires_once():
     # found by ApproxModel: the second deletion of its expiry raised KeyError
-    clock = Clock()
-    index = ApproxIndex(TTL, clock=clock)
+    clock, index = _fresh()
     index.routed("a", [0, 0])
     clock.t = TTL
     assert index.prefix_runs([0], ["a"]) == {}
