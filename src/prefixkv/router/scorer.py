@@ -193,11 +193,14 @@ class CostScorer:
         if self.balance is not None and (holder := self._holder(views, allowed)) is not None:
             return holder
         costs = [self.cost(views[i]) for i in allowed]
-        scale = self.temperature * (sum(costs) / len(costs) or 1.0)
-        if scale == 0 or len(allowed) == 1:  # temperature 0, or so small the scale is 0
-            return allowed[costs.index(min(costs))]
         low = min(costs)
-        weights = [math.exp(-(c - low) / scale) for c in costs]
+        # extreme options can overflow a cost, or the mean, to inf: an infinite cost
+        # weighs 0 and the scale is the finite costs' mean (inf - inf would be NaN)
+        finite = [c for c in costs if c < math.inf]
+        scale = self.temperature * (sum(finite) / len(finite) or 1.0) if finite else 0.0
+        if scale == 0 or len(allowed) == 1:  # temperature 0, so small the scale is 0, all inf
+            return allowed[costs.index(low)]
+        weights = [math.exp(-(c - low) / scale) if c < math.inf else 0.0 for c in costs]
         return self._rng.choices(allowed, weights)[0]
 
     def _cached(self, v: ReplicaView) -> float:
