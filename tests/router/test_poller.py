@@ -257,7 +257,14 @@ def test_bad_options_are_refused_before_any_thread_starts():
                      ({"a": "ftp://h/metrics"}, {}), ({"a": "127.0.0.1:9/metrics"}, {}),
                      ({"a": "http://h/m"}, dict(period=0)), ({"a": "http://h/m"}, dict(timeout=2.0)),
                      ({"a": "http://h/m"}, dict(stale_periods=0)),
-                     ({"a": "http://h/m"}, dict(max_bytes=0))]:
+                     ({"a": "http://h/m"}, dict(max_bytes=0)),
+                     # found by audit-router-r8: a pool of 0 failed every scrape instead,
+                     # and a str period raised TypeError
+                     ({"a": "http://h/m"}, dict(num_blocks={"a": 0})),
+                     ({"a": "http://h/m"}, dict(num_blocks={"a": True})),
+                     ({"a": "http://h/m"}, dict(num_blocks={"z": 8})),
+                     ({"a": "http://h/m"}, dict(period="1")),
+                     ({"a": "http://h/m"}, dict(stale_periods=True))]:
         with pytest.raises(RouterError):
             MetricsPoller(router, urls, **kw)
     with pytest.raises(RouterError, match="unknown replica"):

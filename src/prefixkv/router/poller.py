@@ -52,8 +52,8 @@ class MetricsPoller:
         stale_periods: a replica not read for this many periods (since the poller
             started, if never) is stale: its load is dropped (>= 1).
         max_bytes: a larger answer is a failed scrape (>= 1).
-        num_blocks: each replica's pool in blocks, passed to ``from_metrics`` (None: the
-            router's ``capacity``).
+        num_blocks: polled replica -> its pool in blocks (>= 1), passed to
+            ``from_metrics`` (None, or a replica left out: the router's ``capacity``).
         clock: seconds; must be the router's clock (default: the router's ``clock``).
 
     Raises RouterError for a bad option, before any thread starts.
@@ -73,15 +73,23 @@ class MetricsPoller:
             if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
                 raise RouterError(f"metrics URL of {name!r} must be http(s)://host..., got "
                                   f"{url!r}")
-        if not (period > 0 and 0 < timeout <= period and isinstance(stale_periods, int)
-                and stale_periods >= 1 and max_bytes >= 1):
+        numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                      for x in (period, timeout, stale_periods, max_bytes))
+        if not (numbers and period > 0 and 0 < timeout <= period
+                and isinstance(stale_periods, int) and stale_periods >= 1 and max_bytes >= 1):
             raise RouterError(f"need period > 0, 0 < timeout <= period, stale_periods >= 1 "
                               f"(int), max_bytes >= 1; got {period}, {timeout}, "
                               f"{stale_periods!r}, {max_bytes}")
+        pools = dict(num_blocks or {})
+        if set(pools) - set(urls) or not all(isinstance(n, int) and not isinstance(n, bool)
+                                              and n >= 1 for n in pools.values()):
+            # refused here: otherwise every scrape of the replica fails at from_metrics
+            raise RouterError(f"num_blocks must map polled replicas to blocks >= 1, got "
+                              f"{pools!r}")
         self.router, self.urls = router, urls
         self.period, self.timeout, self.max_bytes = period, timeout, max_bytes
         self.stale_periods = stale_periods
-        self.num_blocks = dict(num_blocks or {})
+        self.num_blocks = pools
         self.clock = router.clock if clock is None else clock
         self._lock = threading.Lock()  # guards the scrape thread's side below
         self._latest: dict[str, tuple[float, ReplicaLoad]] = {}  # not yet applied
