@@ -2,6 +2,7 @@
 the boundary, a clock that jumps either way, a replica cleared while its guesses live,
 and memory under a stream of unique prompts."""
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -194,3 +195,13 @@ def test_a_hash_twice_in_one_routed_prompt_expires_once():
     index.routed("a", [0, 0])
     clock.t = TTL
     assert index.prefix_runs([0], ["a"]) == {}
+
+
+def test_a_ttl_that_is_not_seconds_is_refused():
+    from prefixkv.errors import PrefixKVError
+    from prefixkv.router import ApproxIndexError
+
+    for bad in (0, -1.0, float("nan"), "5", True, None):
+        with pytest.raises(ApproxIndexError):
+            ApproxIndex(bad)  # type: ignore[arg-type]
+    assert issubclass(ApproxIndexError, PrefixKVError)

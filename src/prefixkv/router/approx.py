@@ -16,11 +16,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
+from ..errors import PrefixKVError
 from .index import GPU, Hash, InProcessIndex
 
 
-class ApproxIndexError(ValueError):
-    """A TTL that is not a positive number."""
+class ApproxIndexError(PrefixKVError):
+    """A TTL that is not a positive number (a bool is not one)."""
 
 
 class ApproxIndex:
@@ -29,7 +30,7 @@ class ApproxIndex:
     for a bad ``ttl``."""
 
     def __init__(self, ttl: float = 120.0, *, clock: Callable[[], float] = time.monotonic) -> None:
-        if not (isinstance(ttl, (int, float)) and ttl > 0):
+        if not (isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and ttl > 0):
             raise ApproxIndexError(f"ttl must be a number of seconds > 0, got {ttl!r}")
         self.ttl, self.clock = float(ttl), clock
         self._index = InProcessIndex()
