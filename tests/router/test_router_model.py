@@ -7,7 +7,7 @@ tokens, the runs and the replica picked must agree exactly."""
 import itertools
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -131,3 +131,29 @@ def _server(redis_server):
 
 RouterModel.TestCase.settings = settings(max_examples=30, stateful_step_count=25, deadline=None)
 TestRouterModel = RouterModel.TestCase
+
+
+wire_hashes = st.one_of(st.sampled_from([0, 1, -1, 2**63, 2**64 - 1, -(2**63)]),
+                        st.sampled_from([b"", b"\x00", b"\x00\x01", b"|", b"%7C"]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["store", "remove", "clear"]), replicas,
+                          st.sampled_from(MEDIA), st.lists(wire_hashes, max_size=4)),
+                max_size=20),
+       st.lists(wire_hashes, min_size=1, max_size=6))
+def test_both_indexes_agree_on_every_wire_hash(redis_server, operations, prompt):
+    """Ints beyond 64 bits signed or not, and bytes (empty, with "|"): one key each."""
+    from prefixkv.router.redis_index import RedisIndex
+
+    indexes = [InProcessIndex(), RedisIndex(redis_server, f"wire{next(_namespaces)}")]
+    for op, replica, medium, hs in operations:
+        for index in indexes:
+            if op == "clear":
+                index.clear(replica)
+            else:
+                getattr(index, op)(replica, hs, medium)
+    first, second = (ix.prefix_runs(prompt, REPLICAS) for ix in indexes)
+    assert first == second
+    assert [[ix.num_blocks(r) for r in REPLICAS] for ix in indexes] == 2 * [
+        [indexes[0].num_blocks(r) for r in REPLICAS]]
