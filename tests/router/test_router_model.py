@@ -35,6 +35,7 @@ class RouterModel(RuleBasedStateMachine):
         self.held: set[tuple[str, object, str]] = set()
         self.scored: dict[str, int | None] = {}
         self.heard: dict[str, float] = {}
+        self.mismatched = dict.fromkeys(REPLICAS, 0)
         self.routers: list[Router] = []
 
     @initialize()
@@ -57,6 +58,7 @@ class RouterModel(RuleBasedStateMachine):
         hs = tuple(self.hashes[p][span[0]:span[0] + span[1]])
         self._apply(replica, [Stored(hs, None, medium, group, kind, None, block_size)])
         if block_size not in (None, BS):
+            self.mismatched[replica] += 1
             return
         if replica not in self.scored and kind in (None, "full_attention"):
             self.scored[replica] = group
@@ -116,6 +118,10 @@ class RouterModel(RuleBasedStateMachine):
                 assert router.cached_tokens(prompt) == want
                 assert router.index.prefix_runs(hashes, REPLICAS) == runs
                 assert router.live() == live
+        for router in self.routers:
+            assert router.block_size_mismatches == self.mismatched
+            assert {r: router.scored_group(r) for r in REPLICAS if r in self.scored} == \
+                self.scored
         for r in REPLICAS:
             n = sum(1 for x in self.held if x[0] == r)
             assert [router.index.num_blocks(r) for router in self.routers] == [n, n]
