@@ -12,26 +12,13 @@ import signal
 import pytest
 import torch
 
-from prefixkv.store.server import LocalRedis
 from waiting import wait_until
 
 from .. import skip_module_without_vllm
-from .replica import BLOCK, Replica, model_dir
+from .replica import BLOCK, Replica
 from .test_connector import expected_kv, prompt, saved_by_a
 
 skip_module_without_vllm()
-
-
-@pytest.fixture(scope="module")
-def model():
-    return model_dir()
-
-
-@pytest.fixture
-def redis():
-    with LocalRedis() as server:
-        yield server
-
 
 def kv_is(replica: Replica, req_id: str, tokens: list[int], blocks: int) -> bool:
     return all(all(torch.equal(g, e) for g, e in zip(replica.block_kv(blk), expected_kv(tokens, i),
