@@ -9,7 +9,7 @@ import time
 import pytest
 
 from prefixkv import BlockLoads, KVCacheManager, PlanError, StoreWait
-from waiting import PATIENCE
+from waiting import PATIENCE, wait_until
 
 from .test_shared_store import A, admit, computed, manager
 
@@ -99,3 +99,87 @@ def test_a_pending_plan_without_a_host_tier():
         m.take_kv_ops()
     m.kv_ops_done()
     assert m.take_kv_ops() == []
+
+
+def test_pending_plans_against_fetches_machine(backend):
+    """A state machine: admissions of prompts the store holds (fetched into attached host
+    slots), frees, plans taken pending or not, their copies reported done, fetches left
+    to end. While a plan is pending, the host slots it loads from or offloads into keep
+    the bytes they had when it was taken (no fetch thread writes them), and the
+    manager's invariants hold."""
+    import uuid
+
+    from hypothesis import settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+    from prefixkv import BlockOffloads
+    from prefixkv.store import SharedStore, StoreLayout
+
+    from .conftest import always
+
+    prompts = [list(range(1000 * k + 1, 1000 * k + 14)) for k in range(4)]
+
+    class Machine(RuleBasedStateMachine):
+        @initialize()
+        def start(self):
+            shared = SharedStore(backend, StoreLayout(f"t-{uuid.uuid4().hex}", "float32", 8),
+                                 cost=always(), timeout=10.0)
+            writer = manager(shared, num_blocks=16)
+            for k, p in enumerate(prompts):
+                computed(writer, backend, f"w{k}", p)
+            self.m = manager(shared, num_blocks=8, host_blocks=4)
+            self.memory = [[memoryview(bytearray(8))] for _ in range(4)]
+            self.m.attach_host_memory(self.memory)
+            self.rids: dict[str, int] = {}       # admitted or waiting -> prompt index
+            self.n = 0
+            self.flight: dict[int, bytes] | None = None  # a pending plan's slots' bytes
+
+        @rule(k=st.integers(0, 3))
+        def admit(self, k):
+            """An engine's admission: a fetch is let end (its thread writes the slots)
+            and landed, and the request admitted again."""
+            rid = f"r{self.n}"
+            self.n += 1
+            adm = self.m.add_request(rid, prompts[k])
+            if isinstance(adm, StoreWait):
+                link = self.m._store
+                wait_until(lambda: len(link.done) >= self.m._waits.in_flight, "the fetch's end")
+                self.m.poll_store()
+                adm = self.m.add_request(rid, prompts[k])
+            if adm is not None and not isinstance(adm, StoreWait):
+                self.rids[rid] = k
+            elif adm is not None:
+                self.m.free(rid)                  # (still waiting: a retry would fetch again)
+
+        @precondition(lambda self: self.rids)
+        @rule(data=st.data())
+        def free(self, data):
+            rid = data.draw(st.sampled_from(sorted(self.rids)))
+            self.m.free(rid)
+            del self.rids[rid]
+
+        @precondition(lambda self: self.flight is None)
+        @rule(pending=st.booleans())
+        def take(self, pending):
+            ops = self.m.take_kv_ops(pending=pending)
+            if pending:
+                slots = {s for op in ops if isinstance(op, BlockLoads) for s in op.src}
+                slots |= {s for op in ops if isinstance(op, BlockOffloads) for s in op.dst}
+                self.flight = {s: bytes(self.memory[s][0]) for s in slots}
+
+        @precondition(lambda self: self.flight is not None)
+        @rule()
+        def done(self):
+            self.m.kv_ops_done()
+            self.flight = None
+
+        @invariant()
+        def sound(self):
+            if hasattr(self, "m"):
+                self.m.check_invariants()
+                for s, was in (self.flight or {}).items():
+                    assert bytes(self.memory[s][0]) == was, f"slot {s} rewritten in flight"
+
+    Machine.TestCase.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
+    Machine.TestCase().runTest()
