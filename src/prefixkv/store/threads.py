@@ -30,9 +30,9 @@ class FetchThreads:
         self._fence = threading.Barrier(count + 1)  # (``shutdown``'s: every thread, and it)
         self._ended = False  # (``shutdown`` was called: the threads end or have ended)
         self._stopped = False  # (the stop signals are queued: ``submit`` refuses)
-        # (``submit``'s check and put against ``shutdown``'s stop signals. Uncontended:
-        # measured 1.1 us a submit against 0.5 us without it, no thread to wake, on the
-        # two busy cores of audit-wire-r8's run; a wake-up costs several times that)
+        # (``submit``'s check and put against ``shutdown``'s stop signals; uncontended
+        # but while a shutdown sends them. Its cost is in ``bench_store.py --only split``'s
+        # "hand the fetch over" step)
         self._gate = threading.Lock()
         self._threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
                          for i in range(count)]
