@@ -93,13 +93,16 @@ def test_another_publishers_frame_numbered_next_is_not_applied(topic, dp_rank):
         pub.close()
 
 
-def test_a_restarted_publishers_frame_numbered_next_is_a_restart():
-    """The publisher restarts on its endpoint and its new life's batches 0 and 1 go out
-    (before or after the router reconnected: either way); its batch 2 is numbered
-    ``last + 1`` of the old life. The old life's entries must go: the monitor reports
-    the old connection's end before the new one's frames, and the replica is verified."""
+@pytest.mark.parametrize("legacy", [True, False])
+def test_a_restarted_publishers_frame_numbered_next_is_a_restart(legacy):
+    """The publisher (vLLM's 8-byte replay, or prefixkv's with epochs) restarts on its
+    endpoint and its new life's batches 0 and 1 go out (before or after the router
+    reconnected: either way); its batch 2 is numbered ``last + 1`` of the old life. The
+    old life's entries must go: the monitor reports the old connection's end before the
+    new one's frames, and the replica is verified."""
     pub, mgr, router = make()
-    pub.replay = LegacyReplay(100)
+    if legacy:
+        pub.replay = LegacyReplay(100)
     sub = Subscriber(router, {"r": (pub.endpoint, pub.replay_endpoint)}, replay_timeout=LIVE)
     try:
         await_subscribed(sub)
@@ -109,7 +112,8 @@ def test_a_restarted_publishers_frame_numbered_next_is_a_restart():
         endpoints = pub.endpoint, pub.replay_endpoint
         pub.close()
         pub, mgr, _ = make(endpoint=endpoints[0], replay=endpoints[1])
-        pub.replay = LegacyReplay(100)
+        if legacy:
+            pub.replay = LegacyReplay(100)
         for i in (3, 4):
             step(pub, mgr, str(i), P[i])            # seq 0, 1 of the new life
         wait_until(lambda: pub.published_batches == 2, "the new life's first batches")
