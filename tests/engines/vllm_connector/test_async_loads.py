@@ -92,3 +92,29 @@ def test_two_requests_load_one_chain_in_one_step(model, redis):
     assert min(b.computed["r2"]) == 6 * BLOCK and min(b.computed["r3"]) == 6 * BLOCK
     b.worker.worker.flush()
     assert free_blocks(b) == idle
+
+
+def test_a_first_block_that_fails_its_check_is_computed_once(model, redis):
+    """The store's value of a request's first block fails the content check (a corrupt
+    byte). vLLM recomputes from the first invalid block, from 0 here, and so asked the
+    connector again: the lookup offered the same blocks, their load failed again, and
+    the request never ran (76 lookups, 450 failed blocks in 200 steps)."""
+    tokens = prompt(6 * BLOCK + 1, salt=3)
+    a = saved_by_a(model, redis, tokens)
+    link = a.worker.worker._link
+    from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
+    fn, root = make_hash_fn("sha256", None)
+    hashes, _ = chain(fn, root, token_bytes(encode_tokens(tokens[:6 * BLOCK])), [b""] * 6)
+    key = link.prefix(None) + hashes[0].hex().encode()
+    bad = bytearray(link.backend.client.get(key))
+    bad[-1] ^= 1
+    link.backend.client.set(key, bytes(bad))
+    b = Replica(model, redis.url, num_blocks=24)
+    idle = free_blocks(b)
+    b.add("r2", tokens)
+    drain(b)
+    w, s = b.worker.worker.stats, b.scheduler.connector.scheduler.stats
+    assert (w.loaded, w.failed, w.store_rejected, s.lookups) == (0, 6, 1, 1)
+    assert min(b.computed["r2"]) == 0 and kv_is(b, "r2", tokens, 6)
+    b.worker.worker.flush()
+    assert free_blocks(b) == idle
