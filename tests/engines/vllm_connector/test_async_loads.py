@@ -94,6 +94,23 @@ def test_two_requests_load_one_chain_in_one_step(model, redis):
     assert free_blocks(b) == idle
 
 
+def test_fetch_threads_that_refuse_a_load_cost_a_recompute(model, redis):
+    """The worker's fetch threads were shut down (``FetchThreads`` refuses what comes
+    after its stop signals): the load fails as a whole, its blocks are reported invalid
+    and recomputed. Before, the refusal was raised into vLLM's ``start_load_kv``."""
+    tokens = prompt(5 * BLOCK + 3, salt=17)
+    saved_by_a(model, redis, tokens)
+    b = Replica(model, redis.url, num_blocks=24)
+    idle = free_blocks(b)
+    b.worker.worker._link.store.executor.shutdown()
+    b.add("r2", tokens)
+    drain(b)
+    w = b.worker.worker.stats
+    assert (w.loaded, w.failed, w.store_errors) == (0, 5, 1)
+    assert min(b.computed["r2"]) == 0 and kv_is(b, "r2", tokens, 5)
+    assert free_blocks(b) == idle
+
+
 def test_a_first_block_that_fails_its_check_is_computed_once(model, redis):
     """The store's value of a request's first block fails the content check (a corrupt
     byte). vLLM recomputes from the first invalid block, from 0 here, and so asked the
