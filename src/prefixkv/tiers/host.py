@@ -179,6 +179,9 @@ class HostTier(SlotOffload, SlotLanding):
         self._empty = self.slots[::-1]
 
     def snapshot(self) -> list[BlockStored]:
+        """The BlockStored events that announced the content the slots hold now, in the
+        order that content was first recorded (content id); slots recorded while events
+        were off contribute none. For a resynchronisation after dropped events."""
         slots = [s for s in self.slots if s.key is not None]
         return [s.event for s in sorted(slots, key=lambda s: s.content_id) if s.event is not None]
 
