@@ -3,9 +3,9 @@
 Each entry point is a class the engine loads by the name given to it on its command line:
 
 - vLLM 0.33.0 (pinned), the scheduler plug-in: ``--scheduler-cls
-  prefixkv.integrations.vllm.Scheduler`` (``AsyncScheduler`` with ``--async-scheduling``),
-  vLLM's own scheduler whose KV cache manager is prefixkv's (docs/integration.md, "With
-  vLLM").
+  prefixkv.integrations.vllm.AsyncScheduler`` (vLLM schedules asynchronously by default;
+  ``Scheduler`` with ``--no-async-scheduling``), vLLM's own scheduler whose KV cache
+  manager is prefixkv's (docs/integration.md, "With vLLM").
 - vLLM 0.33.0, the KV connector: ``--kv-transfer-config`` with ``kv_connector_module_path``
   ``prefixkv.integrations.vllm.connector`` (``PrefixKVConnector``): vLLM's own manager,
   blocks shared through prefixkv's store (docs/vllm_connector.md).

@@ -65,5 +65,6 @@ class Scheduler(_Builds, VllmScheduler):
 
 
 class AsyncScheduler(_Builds, VllmAsyncScheduler):
-    """vLLM 0.33.0's ``AsyncScheduler`` (``--async-scheduling``) whose KV cache manager
-    is prefixkv's; otherwise as ``Scheduler``."""
+    """vLLM 0.33.0's ``AsyncScheduler`` whose KV cache manager is prefixkv's: the class
+    to name unless vLLM runs with ``--no-async-scheduling`` (vLLM 0.33 schedules
+    asynchronously by default); otherwise as ``Scheduler``."""
