@@ -83,7 +83,9 @@ def entry_point(qual: str, module: str) -> EntryPoint:
 
 
 def cli_help() -> list[tuple[str, str]]:
-    """``(command, help text)`` of ``prefixkv`` and each subcommand, at HELP_COLUMNS."""
+    """``(command, help text)`` of ``prefixkv`` and each subcommand, at HELP_COLUMNS. The
+    layout is argparse's, which changes between Python versions (3.10 says "optional
+    arguments:"): docs/api.md is generated on 3.11, the version the tests run on."""
     import argparse
 
     from prefixkv.cli import build_parser
