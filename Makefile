@@ -13,13 +13,15 @@ $(BIN)/python:
 
 # torch 2.13.0, CPU build: PyPI's Linux x86_64 wheel of torch is the CUDA build (526 MB, and
 # the nvidia-* wheels it requires), so the CPU build (2.13.0+cpu, which pip ranks above
-# 2.13.0) comes from PyTorch's CPU index. A machine that cannot reach that index (pip warns,
-# retries for a few seconds, goes on) takes torch from its own indexes or find-links;
+# 2.13.0) comes from PyTorch's CPU index. Only torch itself (--no-deps): its requirements
+# (filelock, sympy, ...) come with the next install, which resolves them for the torch
+# installed, from pip's own indexes. A machine that cannot reach PyTorch's index (pip warns,
+# retries for about 8 s, goes on) takes torch from its own indexes or find-links;
 # `make TORCH_INDEX=` leaves the extra index out.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(BIN)/pip install -q --no-deps torch==2.13.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(BIN)/pip install -q -e '.[kernels,test,bench]'
 	touch $@
 
