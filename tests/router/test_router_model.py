@@ -163,3 +163,18 @@ def test_both_indexes_agree_on_every_wire_hash(redis_server, operations, prompt)
     assert first == second
     assert [[ix.num_blocks(r) for r in REPLICAS] for ix in indexes] == 2 * [
         [indexes[0].num_blocks(r) for r in REPLICAS]]
+
+
+def test_media_that_escape_alike_stay_apart(redis_server):
+    """"a|b" is stored as "a%7Cb": a medium really named "a%7Cb" must not be the same."""
+    from prefixkv.router.redis_index import RedisIndex
+
+    for index in (InProcessIndex(), RedisIndex(redis_server, f"esc{next(_namespaces)}")):
+        index.store("a", [1], "a|b")
+        index.store("a", [1], "a%7Cb")
+        assert index.num_blocks("a") == 2
+        index.remove("a", [1], "a|b")
+        assert index.num_blocks("a") == 1
+        assert index.prefix_runs([1], ["a"]) == {"a": (1, 0)}
+        index.clear("a")
+        assert index.num_blocks("a") == 0 and index.prefix_runs([1], ["a"]) == {}
