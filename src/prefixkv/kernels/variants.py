@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .fp8 import is_fp8
+from .workspace import _SPLITS_LIMIT
 
 if TYPE_CHECKING:  # (tiling imports Triton: only when a variant is compiled)
     from .tiling import TileConfig
@@ -53,6 +54,9 @@ class AttentionSpec:
     ``windows``: the ``window_size`` of each kind of layer (None: full attention), e.g.
     ``(None, (127, 0))`` for a model alternating full and sliding-window layers.
     ``kv_scales``: for fp8 caches, ``"tensor"`` or ``"head"`` scales (None: none given).
+    ``workspace_splits``: the ``num_splits`` of the :class:`~prefixkv.kernels.SplitWorkspace`
+    that calls pass as ``split_workspace`` (the CUDA-graph launch mode; 0: none). With one of
+    more than one split every tile runs split, prefills included, so each is warmed split too.
     """
 
     num_heads: int
@@ -70,6 +74,7 @@ class AttentionSpec:
     sinks: bool = False
     kv_scales: str | None = None
     return_lse: bool = False
+    workspace_splits: int = 0
 
 
 def attention_variants(spec: AttentionSpec, on_gpu: bool) -> list[tuple[tuple[int, int] | None, TileConfig]]:
@@ -77,14 +82,17 @@ def attention_variants(spec: AttentionSpec, on_gpu: bool) -> list[tuple[tuple[in
 
     One tile per distinct ``choose_tiles`` pick over ``max_seqlen_q`` = 1, 2, 4, ...
     up to ``max_num_batched_tokens``; tiles of decode-like calls also come split (any
-    count compiles the same variant), when ``max_model_len`` leaves two splits room.
+    count up to ``MAX_SPLITS`` compiles the same variants), when ``max_model_len`` leaves
+    two splits room, and with ``workspace_splits`` over 1 every tile also comes split
+    that many ways (a launch with the workspace splits whatever its tile; the count
+    sizes the merge kernel's tile).
     ``on_gpu``: the tiles of CUDA launches (else the interpreter's).
 
     Raises:
         UnsupportedError: ``kv_scales`` not None, ``"tensor"`` or ``"head"``; ``windows``
             not a non-empty tuple; ``max_num_seqs``, ``max_num_batched_tokens`` or
-            ``max_model_len`` not an int >= 1 (a spec that compiles nothing, or not the
-            variants its calls hit).
+            ``max_model_len`` not an int >= 1; ``workspace_splits`` not an int in
+            ``[0, 1024]`` (a spec that compiles nothing, or not the variants its calls hit).
     """
     from .tiling import MAX_SPLIT_Q, MIN_KEYS_PER_SPLIT, choose_tiles
 
@@ -101,7 +109,9 @@ def attention_variants(spec: AttentionSpec, on_gpu: bool) -> list[tuple[tuple[in
             tile = choose_tiles(group=group, head_dim=spec.head_dim, max_seqlen_q=q, on_gpu=on_gpu,
                                 elem_bytes=elem, window=left, return_lse=spec.return_lse,
                                 kv_fp8=is_fp8(spec.cache_dtype or spec.dtype))
-            for splits in (1, 2) if may_split and q <= MAX_SPLIT_Q else (1,):
+            counts = [1, *([2] if may_split and q <= MAX_SPLIT_Q else []),
+                      *([spec.workspace_splits] if spec.workspace_splits > 1 else [])]
+            for splits in dict.fromkeys(counts):
                 variant = (window, dataclasses.replace(tile, num_splits=splits))
                 if variant not in out:
                     out.append(variant)
@@ -123,6 +133,10 @@ def _check_spec(spec: AttentionSpec) -> None:
         n = getattr(spec, name)
         if type(n) is not int or n < 1:
             raise UnsupportedError(f"{name} must be an int >= 1, got {n!r}")
+    n = spec.workspace_splits
+    if type(n) is not int or not 0 <= n <= _SPLITS_LIMIT:
+        raise UnsupportedError(f"workspace_splits must be an int in [0, {_SPLITS_LIMIT}] "
+                               f"(0: no split_workspace), got {n!r}")
 
 
 def _scales(spec: AttentionSpec,
