@@ -166,6 +166,47 @@ def test_after_warmup_launches_with_a_split_workspace_compile_nothing():
         assert report["calls"] >= 7 and report["missing"] == [], (splits, report["missing"][:1])
 
 
+# cascade_attention: its own-part pass returns the LSE, its prefix pass is non-causal and
+# splits on few tiles, and the two merge like two splits.
+CASCADE_CHILD = RECORDER + textwrap.dedent("""
+    from prefixkv.kernels import CascadeBatch, cascade, cascade_attention, dispatch
+    cascade.resolve_backend = dispatch.resolve_backend = lambda backend, device: "triton"  # meta tensors
+    meta = dict(device="meta")
+    i32 = dict(dtype=torch.int32, **meta)
+    spec = AttentionSpec(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,
+                         max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=32768, sinks=True,
+                         cascade=sys.argv[1] == "cascade")
+    warmup(spec, "meta")
+    warm = set(keys)
+    keys.clear()
+    for batch, q_len, shared in ((2, 1, 256), (64, 1, 4096), (200, 1, 16384), (8, 3, 1024), (4, 500, 4096)):
+        kv_len = shared + 512 + q_len
+        width = -(-kv_len // 16)
+        cache = torch.empty(batch * width, 16, 8, 128, dtype=torch.bfloat16, **meta)
+        groups = CascadeBatch(
+            shift_blocks=torch.empty(batch, dtype=torch.int64, **meta),
+            rows=torch.empty(batch * q_len, dtype=torch.int64, **meta),
+            block_table=torch.empty(1, shared // 16, **i32), cu_seqlens_q=torch.empty(2, **i32),
+            seqused_k=torch.empty(1, **i32), max_seqlen_q=batch * q_len,
+            max_seqlen_k=shared, prefix_tokens_read=shared)
+        cascade_attention(torch.empty(batch * q_len, 32, 128, dtype=torch.bfloat16, **meta), cache, cache,
+                          torch.empty(batch, width, **i32), torch.empty(batch + 1, **i32),
+                          torch.empty(batch, **i32), q_len, kv_len, groups, sinks=torch.empty(32, **meta))
+    json.dump(dict(calls=len(keys), missing=sorted(set(keys) - warm)), sys.stdout)
+""")
+
+
+@pytest.mark.skipif(_compiler_skip() is not None, reason=str(_compiler_skip()))
+def test_after_warmup_cascade_attention_compiles_nothing():
+    """The audit of r8: cascade's passes (LSE out; the prefix pass non-causal, without sinks,
+    split on few tiles) compiled variants warm-up never launched, on the first cascade
+    step of a server. ``AttentionSpec.cascade`` warms them."""
+    before = _run_child(CASCADE_CHILD, "plain")
+    assert before["missing"], "cascade needs variants of its own (else the spec flag is moot)"
+    report = _run_child(CASCADE_CHILD, "cascade")
+    assert report["calls"] >= 10 and report["missing"] == [], report["missing"][:1]
+
+
 def test_variants_are_bounded_and_split_only_for_decode():
     spec = AttentionSpec(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,
                          max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=32768)
@@ -213,6 +254,7 @@ def test_warmup_rejects_a_spec_the_kernels_reject():
     ("max_num_seqs", 2.0),
     ("workspace_splits", 1025),      # more than a SplitWorkspace may have
     ("workspace_splits", True),
+    ("cascade", 1),
 ])
 def test_a_spec_that_would_compile_nothing_or_the_wrong_variants_is_refused(field, value):
     import dataclasses
