@@ -1,0 +1,103 @@
+"""The shapes engines really launch, against the torch reference (the audit of r8).
+
+head_dim 112 (not a power of two, padded to 128 in registers), GQA groups of 1 to 32
+query heads per KV head, block sizes 1 to 128 (vLLM allows them; 64 and 128 are wider
+than the interpreter's 32-key tile, 1 makes every key its own block), decodes whose
+context ends exactly on a block or tile edge, a request with no cached token beside one
+with a long prefix, last blocks partly filled, windows whose left edge falls inside a
+block, caches in the HND layout (``[num_blocks, heads, block_size, head_dim]`` memory seen
+through a transposed view) and K/V written from slices of a fused qkv projection. Unused
+memory is NaN (``cases.make_case``), so a read outside a request's keys fails the test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prefixkv.kernels import build_paged_batch, write_kv_cache, write_kv_cache_reference
+from prefixkv.kernels.tiling import TileConfig
+
+from .cases import check, make_case
+from .conftest import PRIMARY_DEVICE
+
+pytestmark = pytest.mark.usefixtures("needs_triton")
+
+
+def _batch(block_size: int) -> tuple[list[int], list[int]]:
+    """``(q_lens, kv_lens)``: a decode ending on a block (and tile) edge, a prefill with no
+    cached token, a chunk after a prefix whose last block is partly filled."""
+    return [1, 33, 5], [2 * block_size, 33, 3 * block_size + 6]
+
+
+@pytest.mark.parametrize("head_dim, group, block_size", [
+    (112, 4, 1), (80, 32, 8), (96, 8, 64), (128, 1, 128), (64, 32, 32), (112, 8, 16),
+], ids=lambda v: str(v))
+def test_head_dims_groups_and_block_sizes(head_dim, group, block_size):
+    q_lens, kv_lens = _batch(block_size)
+    case = make_case(q_lens, kv_lens, num_kv_heads=1, group=group, head_dim=head_dim, block_size=block_size,
+                     device=PRIMARY_DEVICE, seed=head_dim + group + block_size)
+    check(case, torch.float32)
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+def test_windows_that_start_inside_a_block_with_sinks_and_softcap(block_size):
+    q_lens, kv_lens = _batch(block_size)
+    case = make_case(q_lens, kv_lens, num_kv_heads=2, group=4, head_dim=80, block_size=block_size,
+                     device=PRIMARY_DEVICE, seed=block_size)
+    sinks = torch.tensor([0.5, -1.0, 2.0, float("-inf"), 0.0, 1.0, -0.5, 3.0], device=PRIMARY_DEVICE)
+    check(case, torch.float32, window_size=(block_size + 3, 0), sinks=sinks, softcap=8.0)
+
+
+@pytest.mark.parametrize("config, block_size", [
+    (TileConfig(block_m=128, block_n=64, qk_ahead=True), 128),  # a tile inside one block
+    (TileConfig(block_m=128, block_n=128), 64),  # two blocks a tile
+    (TileConfig(block_m=16, block_n=128), 1),  # the decode tile, 128 blocks a tile
+], ids=["qk-ahead-bs128", "128x128-bs64", "decode-bs1"])
+def test_gpu_tiles_over_engine_block_sizes(config, block_size):
+    case = make_case([1, 40, 2], [block_size + 1, 200, 128], num_kv_heads=1, group=4, head_dim=64,
+                     block_size=block_size, device=PRIMARY_DEVICE, seed=7)
+    check(case, torch.float32, config=config)
+
+
+def test_hnd_caches_attend_and_write_like_nhd():
+    """The same KV in NHD memory and in HND memory (heads before slots, viewed as NHD):
+    the kernels follow the strides, so both give the reference's answer."""
+    case = make_case(*_batch(16), num_kv_heads=2, group=4, head_dim=112, block_size=16,
+                     device=PRIMARY_DEVICE, seed=5)
+    hnd = [c.transpose(1, 2).contiguous().transpose(1, 2) for c in (case.k_cache, case.v_cache)]
+    assert hnd[0].stride()[1:3] == (112, 16 * 112)  # slot stride head_dim, head stride a block's slots
+    case.k_cache, case.v_cache = hnd
+    check(case, torch.float32)
+
+
+def test_write_from_slices_of_a_fused_qkv_with_padding_in_hnd_and_nhd():
+    """vLLM hands the cache write ``key`` and ``value`` as column slices of one
+    ``[tokens, (heads + 2 * kv_heads) * head_dim]`` projection, and pads the batch with -1
+    slots; every real token lands in its slot, nothing else changes, in either layout."""
+    heads, kv_heads, dim, block_size = 8, 2, 112, 16
+    step = build_paged_batch([[3, 0], [5, 1]], [13, 0], [6, 17], block_size)
+    slots = torch.cat([step.slot_mapping, torch.full((3,), -1)]).to(PRIMARY_DEVICE)  # 3 padding tokens
+    qkv = torch.randn(slots.shape[0], (heads + 2 * kv_heads) * dim, device=PRIMARY_DEVICE)
+    key = qkv[:, heads * dim:(heads + kv_heads) * dim].view(-1, kv_heads, dim)
+    value = qkv[:, (heads + kv_heads) * dim:].view(-1, kv_heads, dim)
+    assert not key.is_contiguous() and key.stride(0) == qkv.shape[1]
+    for layout in ("nhd", "hnd"):
+        caches = []
+        for backend in ("triton", "torch"):
+            shape = (6, block_size, kv_heads, dim) if layout == "nhd" else (6, kv_heads, block_size, dim)
+            k, v = (torch.full(shape, float("nan"), device=PRIMARY_DEVICE) for _ in range(2))
+            if layout == "hnd":
+                k, v = k.transpose(1, 2), v.transpose(1, 2)
+            write = write_kv_cache if backend == "triton" else write_kv_cache_reference
+            write(key, value, k, v, slots, **({"backend": "triton"} if backend == "triton" else {}))
+            caches.append((k, v))
+        (k, v), (k_ref, v_ref) = caches
+        assert torch.equal(k.nan_to_num(7.0), k_ref.nan_to_num(7.0))
+        assert torch.equal(v.nan_to_num(7.0), v_ref.nan_to_num(7.0))
+        real = step.slot_mapping.tolist()
+        for t, slot in enumerate(real):
+            assert torch.equal(k[slot // block_size, slot % block_size], key[t]), (layout, t)
+            assert torch.equal(v[slot // block_size, slot % block_size], value[t]), (layout, t)
+        written = (~k.isnan()).all(-1).all(-1).sum().item()
+        assert written == len(real), f"{layout}: {written} slots written for {len(real)} real tokens"
