@@ -7,15 +7,25 @@ context ends exactly on a block or tile edge, a request with no cached token bes
 with a long prefix, last blocks partly filled, windows whose left edge falls inside a
 block, caches in the HND layout (``[num_blocks, heads, block_size, head_dim]`` memory seen
 through a transposed view) and K/V written from slices of a fused qkv projection. Unused
-memory is NaN (``cases.make_case``), so a read outside a request's keys fails the test.
+memory is NaN (``cases.make_case``), so a read outside a request's keys fails the test;
+the drawn batches also see their block table through a window of a larger table whose
+other entries name a NaN block, so a read past a row's blocks (into the next row, which
+holds valid ids) fails too.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from prefixkv.kernels import build_paged_batch, write_kv_cache, write_kv_cache_reference
+from prefixkv.kernels import (
+    alloc_split_workspace,
+    build_paged_batch,
+    write_kv_cache,
+    write_kv_cache_reference,
+)
 from prefixkv.kernels.tiling import TileConfig
 
 from .cases import check, make_case
@@ -31,7 +41,7 @@ def _batch(block_size: int) -> tuple[list[int], list[int]]:
 
 
 @pytest.mark.parametrize("head_dim, group, block_size", [
-    (112, 4, 1), (80, 32, 8), (96, 8, 64), (128, 1, 128), (64, 32, 32), (112, 8, 16),
+    (112, 4, 1), (80, 32, 8), (96, 8, 64), (128, 1, 128), (64, 32, 32),
 ], ids=lambda v: str(v))
 def test_head_dims_groups_and_block_sizes(head_dim, group, block_size):
     q_lens, kv_lens = _batch(block_size)
@@ -101,3 +111,49 @@ def test_write_from_slices_of_a_fused_qkv_with_padding_in_hnd_and_nhd():
             assert torch.equal(v[slot // block_size, slot % block_size], value[t]), (layout, t)
         written = (~k.isnan()).all(-1).all(-1).sum().item()
         assert written == len(real), f"{layout}: {written} slots written for {len(real)} real tokens"
+
+
+TILES = [None, TileConfig(block_m=64, block_n=64, qk_ahead=True), TileConfig(block_m=128, block_n=128),
+         TileConfig(block_m=16, block_n=128), TileConfig(block_m=32, block_n=16)]
+
+
+def _table_in_poison(table: torch.Tensor, poison: int) -> torch.Tensor:
+    """``table`` as a view into a table one row and three columns larger on each side,
+    whose other entries are ``poison``."""
+    rows, width = table.shape
+    big = torch.full((rows + 2, width + 6), poison, dtype=table.dtype, device=table.device)
+    big[1:-1, 3:-3] = table
+    return big[1:-1, 3:-3]
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), block_size=st.sampled_from([1, 3, 16, 64, 128]), group=st.sampled_from([1, 4, 32]),
+       head_dim=st.sampled_from([16, 40, 112]), tile=st.sampled_from(range(len(TILES))),
+       splits=st.sampled_from([None, 3, "workspace"]), hnd=st.booleans())
+def test_drawn_engine_batches(data, block_size, group, head_dim, tile, splits, hnd):
+    q_lens = data.draw(st.lists(st.sampled_from([0, 1, 1, 2, 9]), min_size=1, max_size=2))
+    kv_lens = [q + data.draw(st.sampled_from([0, 1, block_size, block_size + 1, 32])) for q in q_lens]
+    case = make_case(q_lens, kv_lens, num_kv_heads=1, group=group, head_dim=head_dim, block_size=block_size,
+                     device=PRIMARY_DEVICE, seed=data.draw(st.integers(0, 2**16)), extra_columns=0)
+    used = set(case.block_table.flatten().tolist())
+    poison = next(b for b in range(case.k_cache.shape[0]) if b not in used)  # a NaN block
+    case.block_table = _table_in_poison(case.block_table, poison)
+    if hnd:
+        case.k_cache, case.v_cache = (c.transpose(1, 2).contiguous().transpose(1, 2)
+                                      for c in (case.k_cache, case.v_cache))
+    options = data.draw(st.fixed_dictionaries({}, optional={
+        "window_size": st.sampled_from([(0, 0), (3, 0), (block_size + 3, 0), (40, 0)]),
+        "softcap": st.just(8.0), "causal": st.just(False)}))
+    if data.draw(st.booleans()):
+        sinks = torch.randn(group, generator=torch.Generator().manual_seed(group))
+        options["sinks"] = sinks.to(PRIMARY_DEVICE)
+    config = TILES[tile]
+    if config is not None and config.block_m < group:
+        config = None  # a tile holds the whole group at least (the launcher widens it otherwise)
+    if splits == "workspace":
+        options["split_workspace"] = alloc_split_workspace(
+            4, len(q_lens), group, head_dim, PRIMARY_DEVICE, split_q=2, min_keys=16)
+    elif splits is not None:
+        config = TileConfig(block_m=max(16, group), block_n=32, num_splits=splits) if config is None else (
+            TileConfig(config.block_m, config.block_n, qk_ahead=config.qk_ahead, num_splits=splits))
+    check(case, torch.float32, config=config, **options)
