@@ -23,12 +23,13 @@ from hypothesis import strategies as st
 from prefixkv.kernels import (
     alloc_split_workspace,
     build_paged_batch,
+    paged_prefill_attention_reference,
     write_kv_cache,
     write_kv_cache_reference,
 )
 from prefixkv.kernels.tiling import TileConfig
 
-from .cases import check, make_case
+from .cases import check, make_case, tolerance
 from .conftest import PRIMARY_DEVICE
 
 pytestmark = pytest.mark.usefixtures("needs_triton")
@@ -157,3 +158,35 @@ def test_drawn_engine_batches(data, block_size, group, head_dim, tile, splits, h
         config = TileConfig(block_m=max(16, group), block_n=32, num_splits=splits) if config is None else (
             TileConfig(config.block_m, config.block_n, qk_ahead=config.qk_ahead, num_splits=splits))
     check(case, torch.float32, config=config, **options)
+
+
+
+GPU_ONLY = ("bf16 and fp8 run on CUDA only: the interpreter computes bf16 tl.dot wrongly and rounds "
+            "fp32 -> fp8 unlike the GPU (test_fp8.py)")
+
+
+@pytest.mark.skipif(PRIMARY_DEVICE != "cuda", reason=GPU_ONLY)
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("head_dim, group, block_size", [
+    (112, 8, 16), (80, 4, 64), (256, 32, 1), (128, 4, 128),
+], ids=lambda v: str(v))
+def test_gpu_precisions_over_engine_shapes(cache_dtype, head_dim, group, block_size):
+    """The compiled tiles in bf16, and an fp8 cache with per-head K scales and a per-tensor V
+    scale under bf16 queries; without the LSE, long prefills of head_dim 65-128 over the
+    bf16 cache take the 256 x 128 tile (600 new tokens)."""
+    from prefixkv.kernels.attention import paged_prefill_attention_triton
+    from prefixkv.kernels.fp8 import quantize
+
+    case = make_case([1, 600, 5], [2 * block_size, 600, 3 * block_size + 700], num_kv_heads=2, group=group,
+                     head_dim=head_dim, block_size=block_size, dtype=torch.bfloat16, device="cuda",
+                     seed=head_dim)
+    options = {}
+    if cache_dtype != torch.bfloat16:
+        k_scale, v_scale = torch.tensor([0.01, 0.02], device="cuda"), torch.tensor(0.015, device="cuda")
+        case.k_cache = quantize(case.k_cache, k_scale, cache_dtype)
+        case.v_cache = quantize(case.v_cache, v_scale, cache_dtype)
+        options = dict(k_scale=k_scale, v_scale=v_scale)
+    check(case, torch.bfloat16, **options)  # with the LSE
+    got = paged_prefill_attention_triton(*case.args, **options)
+    want = paged_prefill_attention_reference(*case.args, **options)
+    torch.testing.assert_close(got.float(), want.float(), **tolerance(torch.bfloat16))
