@@ -236,6 +236,20 @@ def test_warmup_launches_each_variant_here():
 
 
 @pytest.mark.usefixtures("needs_triton")
+def test_warmup_launches_cascade_and_workspace_variants_here():
+    """The variants of cascade's passes and of a split workspace really launch (interpreter
+    tiles): each tile split 8 ways, and cascade's own-part and prefix passes on top."""
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float16,
+                         max_num_seqs=4, max_num_batched_tokens=64, max_model_len=1024, sinks=True,
+                         workspace_splits=8)
+    plain = attention_variants(spec, on_gpu=PRIMARY_DEVICE == "cuda")
+    assert {c.num_splits for _, c in plain} == {1, 2, 8}
+    assert all(any(c == dataclasses.replace(t, num_splits=8) for _, c in plain) for _, t in plain)
+    launches = warmup(dataclasses.replace(spec, cascade=True), PRIMARY_DEVICE)
+    assert launches > 1 + len(plain)
+
+
+@pytest.mark.usefixtures("needs_triton")
 def test_warmup_rejects_a_spec_the_kernels_reject():
     from prefixkv.kernels import ShapeError
 
