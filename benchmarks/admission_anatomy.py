@@ -125,6 +125,9 @@ def steps(case: str, events: bool, k: int, cold: bool = False) -> None:
                     hits, unlinked = m._index.claim(chunks[:(len(a) - 1) // BS], b"", None)  # type: ignore[union-attr]
                     m._pool.claimed(unlinked)
                     m._pool.unclaim(hits, unlinked)
+    # what the steps made stays out of the collection at exit (it would be counted as theirs:
+    # a run's list of blocks, say, is traversed there, not in a step)
+    gc.freeze()
 
 
 def count(case: str, events: str, k: int, cold: bool = False) -> tuple[int, ...]:
