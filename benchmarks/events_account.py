@@ -17,7 +17,8 @@ request freed, a sleep for the forward pass), prefixkv with prompts prepared
   (the deferred run: ``StoredRun``, ``EventLog.defer``), the rest of ``add_request``,
   ``take_pending_events`` and the publisher's ``publish``. vLLM's: ``get_computed_blocks``,
   ``allocate_slots``, ``take_events`` and ``KVEventBatch(...)`` + its publisher's
-  ``publish``. (C code, such as a dict probe or a bytes comparison, is not counted.)
+  ``publish``. (C code, such as a dict probe or a bytes comparison, is not counted;
+  each part's count holds the few bytecodes of this script's own call of it.)
 - *µs* a step, per part (this thread's CPU time; a clock read between parts, so each
   read after the first is counted in the part after it; median of the rounds' means).
   "clock read after the sleep" is two reads back to back after the same sleep (as many
