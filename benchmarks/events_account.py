@@ -2,7 +2,7 @@
 what the scheduler's thread runs for one request of a peer workload.
 
     python benchmarks/events_account.py [--workloads chat,system-prompt] [--rounds 3]
-                                        [--forward-ms 2] [--out DIR]
+                                        [--forward-ms 2] [--sides vLLM,prefixkv] [--out DIR]
 
 Each workload is replayed as ``bench_vllm_events.py --workloads`` replays it (each
 request admitted, the step's events taken and published to a live publisher, the
@@ -149,7 +149,8 @@ def replay(side: str, name: str, pub: Any, forward_s: float, count: bool) -> dic
     return {k: v / n / (1 if count else 1e3) for k, v in totals.items()}
 
 
-def account(names: list[str], rounds: int, forward_ms: float, folder: str) -> str:
+def account(names: list[str], rounds: int, forward_ms: float, folder: str,
+            sides: list[str]) -> str:
     from vllm.distributed.kv_events import ZmqEventPublisher
 
     pubs = {"vLLM": ZmqEventPublisher(0, endpoint=f"ipc://{folder}/vllm", topic="kv"),
@@ -158,7 +159,7 @@ def account(names: list[str], rounds: int, forward_ms: float, folder: str) -> st
     for name in names:
         out += [f"### {name}", "", "| side | part | bytecodes a step | µs a step (rounds) |",
                 "|---|---|---:|---:|"]
-        for side in ("vLLM", "prefixkv"):
+        for side in sides:
             ops = replay(side, name, pubs[side], 0, True)
             timed: list[dict[str, float]] = []
             for _ in range(rounds):
@@ -188,9 +189,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--forward-ms", type=float, default=2.0)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--sides", default="vLLM,prefixkv", help="prefixkv alone: an A/B of two "
+                    "trees run in turn (PREFIXKV_SRC)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        md = account(args.workloads.split(","), args.rounds, args.forward_ms, folder)
+        md = account(args.workloads.split(","), args.rounds, args.forward_ms, folder,
+                     args.sides.split(","))
     command = "python " + " ".join(["benchmarks/events_account.py", *sys.argv[1:]])
     md = (f"# Events on: a step's parts, prefixkv (prepared prompts) and vLLM\n\nCommand: "
           f"`{command}`; module doc for what each part holds.\n\n" + md)
