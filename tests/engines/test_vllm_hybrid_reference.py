@@ -1,0 +1,58 @@
+"""prefixkv's vLLM plug-in beside vLLM 0.33's own ``HybridKVCacheCoordinator`` (from the
+wheel) on hybrid models, full attention beside sliding windows: the request stream of
+test_vllm_reference.py (Hypothesis), whose comparisons then also cover each group's null
+entries (the blocks a window released) and whose hits must be true in every group; and
+the cases that stream found, one scenario each. Needs vllm installed."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from . import skip_module_without_vllm
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+skip_module_without_vllm()
+torch = pytest.importorskip("torch")
+
+from .test_vllm_plugin import config, full  # noqa: E402
+from .test_vllm_reference import BS, MAX_LEN, NULL, _request  # noqa: E402
+
+
+def _window(tokens: int) -> Any:
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    return SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                             sliding_window=tokens)
+
+
+def _hybrid_pair(num_blocks: int, *specs: Any) -> list[Any]:
+    """prefixkv's plug-in and vLLM's own manager over the groups ``specs``."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    from prefixkv.integrations.vllm import KVCacheManager as Ours
+
+    init_none_hash(sha256)
+    return [cls(config(*specs, num_blocks=num_blocks), max_model_len=MAX_LEN, scheduler_block_size=BS,
+                hash_block_size=BS) for cls in (Ours, Theirs)]
+
+
+def test_the_cached_token_estimate_is_0_once_a_window_released_every_full_block_it_held():
+    # a 3-token window: the query at 6 reads 4..6, so block 0 is the null block and the
+    # window group holds no full block: vLLM's estimate (the least over groups) is 0.
+    # Before: prefixkv said 4 (the full group's block), as if the window still held it.
+    from vllm.v1.request import RequestStatus
+
+    answers = []
+    for m in _hybrid_pair(12, full(BS), _window(3)):
+        a = _request("a", [0, 1, 2, 3, 2, 0], None)
+        assert m.allocate_slots(a, 6) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 6
+        a.append_output_token_ids(9)
+        assert m.allocate_slots(a, 1) is not None
+        answers.append((m.get_block_ids("a")[1][0], m.estimate_cached_tokens(a)))
+    assert answers[0] == answers[1] == (NULL, 0)
