@@ -56,3 +56,28 @@ def test_the_cached_token_estimate_is_0_once_a_window_released_every_full_block_
         assert m.allocate_slots(a, 1) is not None
         answers.append((m.get_block_ids("a")[1][0], m.estimate_cached_tokens(a)))
     assert answers[0] == answers[1] == (NULL, 0)
+
+
+@pytest.mark.parametrize("keep", ["reserved_blocks", "watermark"])
+def test_a_step_whose_window_releases_more_than_it_takes_fits_below_the_blocks_kept_free(keep):
+    # a 16-token prompt holds all 8 usable blocks (4 per group); its decode step at 16
+    # takes a block per group (2) and the 4-token window releases blocks 0..2 (3): vLLM
+    # frees them first, then fits 2 in 3 - 1 kept free. Before: prefixkv counted the
+    # step as taking 0 net blocks and refused it for 0 > 0 free - 1 kept.
+    from vllm.v1.request import RequestStatus
+
+    answers = []
+    for m in _hybrid_pair(9, full(BS), _window(4)):
+        a = _request("a", list(range(16)), None)
+        assert m.allocate_slots(a, 16) is not None
+        assert m.block_pool.get_num_free_blocks() == 0
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 16
+        a.append_output_token_ids(9)
+        if keep == "watermark":  # (vLLM applies it to a waiting request, while others run)
+            m.watermark_blocks, a.status = 1, RequestStatus.WAITING
+            new = m.allocate_slots(a, 1, has_scheduled_reqs=True)
+        else:
+            new = m.allocate_slots(a, 1, reserved_blocks=1)
+        answers.append(None if new is None else ([len(g) for g in new.get_block_ids()],
+                                                 m.block_pool.get_num_free_blocks()))
+    assert answers[0] == answers[1] == ([1, 1], 1)

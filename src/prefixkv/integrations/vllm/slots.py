@@ -150,11 +150,9 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
     computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
     slots = min(computed + num_new_tokens + num_lookahead_tokens, m.max_model_len)
     cache_to = request.num_computed_tokens if delay_cache_blocks else computed + num_new_tokens
-    if full_sequence_must_fit:
-        slots_fit = max(slots, min(request.num_tokens, m.max_model_len))
-        if m.coordinator.blocks_to_grow(key, slots_fit) > m.core.num_free_blocks - keep:
-            return None
-    if m.coordinator.blocks_to_grow(key, slots) > m.core.num_free_blocks - keep:
+    short = m.coordinator.short_of_blocks
+    if (full_sequence_must_fit and short(key, max(slots, min(request.num_tokens, m.max_model_len)), keep)) \
+            or short(key, slots, keep):
         return None
     return m._blocks.of(grow(m, key, request, min(cache_to, request.num_tokens), slots))
 
