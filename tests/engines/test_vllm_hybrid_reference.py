@@ -81,3 +81,21 @@ def test_a_step_whose_window_releases_more_than_it_takes_fits_below_the_blocks_k
         answers.append(None if new is None else ([len(g) for g in new.get_block_ids()],
                                                  m.block_pool.get_num_free_blocks()))
     assert answers[0] == answers[1] == ([1, 1], 1)
+
+
+def test_a_refused_step_still_releases_what_no_window_reads_as_vllm_does():
+    # as above, keeping 3 free: the step does not fit (2 > 0 + 3 - 3), yet vLLM freed the
+    # window's blocks 0..2 first (its remove_skipped_blocks runs before it counts). Before:
+    # prefixkv kept them until the request's next step that fit.
+    from vllm.v1.request import RequestStatus
+
+    answers = []
+    for m in _hybrid_pair(9, full(BS), _window(4)):
+        a = _request("a", list(range(16)), None)
+        assert m.allocate_slots(a, 16) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 16
+        a.append_output_token_ids(9)
+        assert m.allocate_slots(a, 1, reserved_blocks=3) is None
+        answers.append((m.get_block_ids("a")[1][:3], m.block_pool.get_num_free_blocks()))
+        assert m.allocate_slots(a, 1) is not None
+    assert answers[0] == answers[1] == ([NULL] * 3, 3)

@@ -28,7 +28,8 @@ Growth = tuple[tuple[int, ...], ...]
 
 class GroupDecoder(GroupAdmitter):
     """``extend``, ``append_tokens``, ``append_step``, ``reserve``,
-    ``num_blocks_to_allocate``, ``num_blocks_released``; see ``HybridKVCacheManager``."""
+    ``num_blocks_to_allocate``, ``num_blocks_released``, ``release_unread``; see
+    ``HybridKVCacheManager``."""
 
     def _step_requests(self, request_ids: Sequence[Hashable],
                        token_ids: Sequence[int]) -> list[GroupRequest]:
@@ -124,6 +125,19 @@ class GroupDecoder(GroupAdmitter):
         check_count("num_slots", num_slots, 0, None)
         per_group = blocks_for(num_slots, self.block_size) - len(req.tables[0])
         return max(0, per_group * len(self.groups) - self._going(req)[1])
+
+    def release_unread(self, request_id: Hashable) -> int:
+        """Release now, in every windowed group, the blocks that the request's next step
+        (at ``num_scheduled_tokens``) would release first: vLLM's ``allocate_slots``
+        frees them even when it then refuses the step. Call it only when the request's
+        last step ran. Returns how many went back to the pool (held by no other).
+        Raises RequestError (unknown id)."""
+        req = self._get(request_id)
+        going, freed = self._going(req)
+        if going is not None:
+            self._release(req, going)
+            req.step_start = req.num_scheduled
+        return freed
 
     def _release(self, req: GroupRequest, going: list[list[Block | None]] | None) -> None:
         if going is not None:

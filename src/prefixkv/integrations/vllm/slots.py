@@ -146,13 +146,16 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
               num_new_computed_tokens: int, num_external_computed_tokens: int, num_lookahead_tokens: int,
               delay_cache_blocks: bool, full_sequence_must_fit: bool, keep: int) -> KVCacheBlocks | None:
     """``allocate_slots`` for the live request ``key``: the blocks added, or None when
-    the pool, less ``keep`` blocks, is short (nothing changed)."""
+    the pool, less ``keep`` blocks, is short (nothing changed but, as in vLLM, the
+    release of the blocks no window reads any more)."""
     computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
     slots = min(computed + num_new_tokens + num_lookahead_tokens, m.max_model_len)
     cache_to = request.num_computed_tokens if delay_cache_blocks else computed + num_new_tokens
     short = m.coordinator.short_of_blocks
     if (full_sequence_must_fit and short(key, max(slots, min(request.num_tokens, m.max_model_len)), keep)) \
             or short(key, slots, keep):
+        if m._hybrid:  # as vLLM, which frees what no window reads before it counts
+            m.core.release_unread(key)
         return None
     return m._blocks.of(grow(m, key, request, min(cache_to, request.num_tokens), slots))
 
