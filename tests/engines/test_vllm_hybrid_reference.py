@@ -10,6 +10,8 @@ import os
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from . import skip_module_without_vllm
 
@@ -18,7 +20,7 @@ skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
 from .test_vllm_plugin import config, full  # noqa: E402
-from .test_vllm_reference import BS, MAX_LEN, NULL, _request  # noqa: E402
+from .test_vllm_reference import BS, MAX_LEN, NULL, OP, _compare, _do, _managers, _request  # noqa: E402
 
 
 def _window(tokens: int) -> Any:
@@ -26,6 +28,33 @@ def _window(tokens: int) -> Any:
 
     return SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32,
                              sliding_window=tokens)
+
+
+HYBRIDS = {  # (full attention first or not, windows shorter and longer than a block)
+    "full+window8": lambda: (full(BS), _window(8)),
+    "window6+full": lambda: (_window(6), full(BS)),
+    "window3+full+window13": lambda: (_window(3), full(BS), _window(13)),
+    "window5": lambda: (_window(5),),
+}
+
+
+@pytest.mark.parametrize("groups", list(HYBRIDS))
+@settings(max_examples=50, deadline=None)
+@given(extra_blocks=st.integers(1, 16), ops=st.lists(OP, min_size=8, max_size=40))
+def test_on_hybrid_models_they_agree_on_hits_and_on_the_blocks_windows_free(groups, extra_blocks, ops):
+    # vLLM's HybridKVCacheCoordinator beside prefixkv's hybrid manager: hits (every group's
+    # blocks true to the prompt's prefix, a null block only below the window), the null
+    # entries of each table (blocks a window released) and the free count after each call
+    specs = HYBRIDS[groups]()
+    sides = _managers(len(specs) * MAX_LEN // BS + extra_blocks, specs)
+    for serial, (op, slot, k, prompt, more) in enumerate(ops):
+        if op == "remote":
+            continue  # (a known gap: test_an_async_load_on_a_hybrid_model_holds_what_vllm_holds)
+        strict = not (sides[0].evicted or sides[1].evicted)
+        _do(sides, op, slot, k, prompt, more, serial, strict)
+        for s in sides:
+            s.note_events()
+        _compare(sides, strict)
 
 
 def _hybrid_pair(num_blocks: int, *specs: Any) -> list[Any]:
@@ -99,3 +128,17 @@ def test_a_refused_step_still_releases_what_no_window_reads_as_vllm_does():
         answers.append((m.get_block_ids("a")[1][:3], m.block_pool.get_num_free_blocks()))
         assert m.allocate_slots(a, 1) is not None
     assert answers[0] == answers[1] == ([NULL] * 3, 3)
+
+
+@pytest.mark.xfail(strict=True, reason="prefixkv reserves the blocks of an async load as "
+                   "lookahead slots: its windows release them only at the request's next step")
+def test_an_async_load_on_a_hybrid_model_holds_what_vllm_holds():
+    # 12 of a 16-token prompt load asynchronously: the query at 12 reads 5..12 of the
+    # 8-token window, so vLLM gives that group the null block for block 0 at once; a
+    # known gap (a block per window group held longer, never wrong KV)
+    answers = []
+    for m in _hybrid_pair(12, full(BS), _window(8)):
+        a = _request("a", list(range(16)), None)
+        assert m.allocate_slots(a, 0, num_external_computed_tokens=12, delay_cache_blocks=True) is not None
+        answers.append((m.get_block_ids("a")[1][0] == NULL, m.block_pool.get_num_free_blocks()))
+    assert answers[0] == answers[1] == (True, 6)  # (prefixkv: (False, 5))
