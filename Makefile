@@ -11,9 +11,17 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# torch 2.13.0, CPU build: PyPI's Linux x86_64 wheel of torch is the CUDA build (526 MB, and
+# the nvidia-* wheels it requires), so the CPU build (2.13.0+cpu, which pip ranks above
+# 2.13.0) comes from PyTorch's CPU index. Only torch itself (--no-deps): its requirements
+# (filelock, sympy, ...) come with the next install, which resolves them for the torch
+# installed, from pip's own indexes. A machine that cannot reach PyTorch's index (pip warns,
+# retries for about 8 s, goes on) takes torch from its own indexes or find-links;
+# `make TORCH_INDEX=` leaves the extra index out.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	# CPU build of torch, pinned: a bare `torch` requirement would pull a CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q --no-deps torch==2.13.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(BIN)/pip install -q -e '.[kernels,test,bench]'
 	touch $@
 

@@ -21,14 +21,22 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import pathlib
 import re
 import sys
 from itertools import pairwise
 
-# prefixkv.integrations.vllm is documented in docs/integration.md ("With vLLM"): it needs
-# vLLM installed, which this script does not.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import api_sources  # noqa: E402 (docs/ is not a package: found beside this script)
+
+# Imported and documented from their objects. The fleet's modules need the extras
+# prefixkv[events] and prefixkv[metrics] (the test extra has both). The engine entry
+# points (prefixkv.integrations) import vLLM or SGLang, so they are read from their source
+# instead (docs/api_sources.py), after the packages, and so is the command line.
 PACKAGES = ("prefixkv", "prefixkv.kernels", "prefixkv.engine", "prefixkv.router", "prefixkv.store",
-            "prefixkv.groups")
+            "prefixkv.groups", "prefixkv.tiers", "prefixkv.fleet.publisher", "prefixkv.fleet.metrics")
+INTEGRATIONS = "prefixkv.integrations"
+CLI = "the command line"
 COMMAND = "python docs/make_api.py > docs/api.md"
 
 # Protocol members implemented by the baselines keep KVCacheManager's contract.
@@ -242,7 +250,48 @@ def undocumented() -> list[str]:
                 for member, obj, _ in public_members(value):
                     if not member_doc(value, member, obj):
                         missing.append(f"{package}.{name}.{member}")
+    for qual, module in api_sources.ENTRY_POINTS:
+        if not api_sources.entry_point(qual, module).doc:
+            missing.append(qual)
     return missing
+
+
+def render_entry_point(qual: str, module: str) -> list[str]:
+    """An engine entry point, read from its source: constructor, docstring, and its
+    public methods as a list (the engine calls them; where a method states no contract of
+    its own, its base class's, the engine's, applies)."""
+    entry = api_sources.entry_point(qual, module)
+    bases = ", ".join(entry.bases)
+    lines = [f"### class `{qual}`" + (f" ({bases})" if bases else ""), ""]
+    if entry.init is not None:
+        lines += ["```", f"{qual.rsplit('.', 1)[-1]}{entry.init}", "```", ""]
+    lines += render_doc(entry.doc)
+    if entry.methods:
+        lines += [f"Defined here ({module}):", ""]
+        for name, sig, doc in entry.methods:
+            head = f"- `{name}{sig}`" if sig is not None else f"- property `{name}`"
+            if doc:
+                lines.append(f"{head}: " + doc.split("\n\n")[0].replace("\n", " "))
+            else:  # an engine's interface method that adds nothing to its contract
+                lines.append(f"{head}: the contract of the engine's base class ({bases})"
+                             if bases else head)
+        lines.append("")
+    return lines
+
+
+def render_integrations() -> list[str]:
+    lines = [f"## {INTEGRATIONS}", "", *render_doc(api_sources.module_docstring(INTEGRATIONS + ".__init__"))]
+    for qual, module in api_sources.ENTRY_POINTS:
+        lines += render_entry_point(qual, module)
+    return lines
+
+
+def render_cli() -> list[str]:
+    lines = [f"## {CLI}", "", "`prefixkv` (also `python -m prefixkv`); each command's `--help`, "
+             f"at {api_sources.HELP_COLUMNS} columns:", ""]
+    for command, text in api_sources.cli_help():
+        lines += [f"### `{command}`", "", "```text", *text.rstrip().splitlines(), "```", ""]
+    return lines
 
 
 def generate() -> str:
@@ -250,9 +299,9 @@ def generate() -> str:
     lines = ["# API reference", "",
              f"Generated from the docstrings by `{COMMAND}`; do not edit by hand. "
              "How the calls fit together: [integration.md](integration.md).", ""]
-    for package in PACKAGES:
+    for package in (*PACKAGES, INTEGRATIONS):
         lines.append(f"- [`{package}`](#{package.replace('.', '')})")
-    lines.append("")
+    lines += [f"- [{CLI}](#{CLI.replace(' ', '-')})", ""]
     for package in PACKAGES:
         mod = importlib.import_module(package)
         lines += [f"## {package}", ""]
@@ -266,6 +315,7 @@ def generate() -> str:
                 lines += render_function(qual, value)
             else:
                 lines += render_constant(package, qual, value)
+    lines += [*render_integrations(), *render_cli()]
     while lines and not lines[-1]:
         lines.pop()
     return "\n".join(lines) + "\n"

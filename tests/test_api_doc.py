@@ -112,3 +112,16 @@ def test_every_public_callable_and_parameter_is_in_the_reference():
                                 if not re.search(rf"\b{p}\b", text)]
     assert not missing, ("missing from docs/api.md (regenerate it with "
                          "`python docs/make_api.py > docs/api.md`):\n  " + "\n  ".join(missing))
+
+
+def test_entry_points_are_the_names_engines_are_given():
+    """Each engine entry point api.md documents from source is importable under the name
+    it is listed by (prefixkv.integrations.vllm's lazy names included), without importing
+    the engine here: the name resolves to the module the source was read from."""
+    make_api = _make_api()
+    for qual, module in make_api.api_sources.ENTRY_POINTS:
+        parent, name = qual.rsplit(".", 1)
+        if parent != module:
+            where = importlib.import_module(parent)._WHERE  # the lazy table: name -> module
+            assert f"{parent}.{where[name]}" == module, (qual, module)
+        assert make_api.api_sources.entry_point(qual, module).doc, qual

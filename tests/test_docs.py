@@ -1,7 +1,10 @@
 """Every ```python block in README.md and docs/*.md runs, in order, one namespace per file."""
 
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -51,3 +54,19 @@ def test_benchmarks_readme_cites_only_files_that_exist():
     where = (bench, bench / "results", ROOT)
     missing = [n for n in sorted(cited) if not any((d / n).exists() for d in where)]
     assert not missing, f"benchmarks/README.md cites files the repository lacks: {missing}"
+
+
+def test_kernels_example_runs_the_triton_kernels_in_the_interpreter():
+    """examples/kernels_on_cpu.py as a reader runs it: a fresh interpreter whose
+    environment has no TRITON_INTERPRET (the script sets it before triton is imported) and
+    only src/ on its path (none of the suite's interpreter shortcuts). It exits non-zero
+    when the interpreted Triton kernels differ from the torch reference or read a NaN
+    slot; both steps report."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / "kernels_on_cpu.py")], env=env,
+                         capture_output=True, text=True, timeout=600)  # a hang's bound on a busy CPU
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert re.findall(r"^step (\d): .* max \|diff\| \S+$", run.stdout, flags=re.M) == ["1", "2"], run.stdout

@@ -283,3 +283,19 @@ def test_extend_with_nothing_left_to_schedule_says_so(make):
     with pytest.raises(RequestError, match="'a' has no known token left to schedule"):
         m.extend("a", 1)
     assert m.num_scheduled_tokens("a") == 3
+
+
+@pytest.mark.parametrize("make", [
+    lambda: KVCacheManager(8, 4, seed=0),
+    lambda: HybridKVCacheManager([full_attention(), sliding_window(4)], 8, 4, seed=0),
+], ids=["manager", "hybrid"])
+@pytest.mark.parametrize("read", ["num_tokens", "num_scheduled_tokens", "get_block_ids"])
+def test_reading_an_unknown_or_freed_request_is_a_request_error(make, read):
+    """The read calls' documented Raises: an id never admitted, and one already freed."""
+    m = make()
+    m.add_request("gone", [1, 2, 3, 4, 5])
+    m.free("gone")
+    for rid in ("never", "gone"):
+        with pytest.raises(RequestError, match="unknown request"):
+            getattr(m, read)(rid)
+    m.check_invariants()

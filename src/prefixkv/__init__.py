@@ -4,9 +4,11 @@ The core (this package's top level) is pure Python and imports neither torch nor
 the kernels live in ``prefixkv.kernels`` (optional extra ``prefixkv[kernels]``).
 
 The public API is what ``__all__`` lists here and in ``prefixkv.kernels``,
-``prefixkv.engine`` (and, for vLLM, ``prefixkv.integrations.vllm``: docs/integration.md);
-the modules behind them (``core``, ``index``, ``hashing``, ...) are implementation and
-may change. The benchmark baselines
+``prefixkv.engine``, ``prefixkv.router``, ``prefixkv.store``, ``prefixkv.groups`` and
+``prefixkv.tiers``, the classes of ``prefixkv.fleet.publisher`` and
+``prefixkv.fleet.metrics``, the engine entry points in ``prefixkv.integrations`` and the
+``prefixkv`` command (all in docs/api.md); the modules behind them (``core``, ``index``,
+``hashing``, ...) are implementation and may change. The benchmark baselines
 (``ContiguousAllocator``, ``PagedAllocator``) are importable here and from
 ``prefixkv.baselines`` but are not part of the API.
 """

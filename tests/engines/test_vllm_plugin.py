@@ -8,6 +8,8 @@ integration that imports them, are imported by the tests and helpers that use th
 from __future__ import annotations
 
 import os
+import pathlib
+import runpy
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -265,3 +267,14 @@ def test_evicted_blocks_of_a_hybrid_model_are_no_longer_hit():
     m.evict_blocks({*ids[0][1:], *ids[1][1:]})
     m.core.check_invariants()
     assert m.get_computed_blocks(request("b", list(range(40))))[1] == BS
+
+
+def test_scheduler_example_schedules_every_step_as_vllm_does(capsys):
+    """examples/vllm_scheduler.py: vLLM's scheduler class picked from
+    ``SchedulerConfig.scheduler_cls`` runs on prefixkv's manager, hits the shared prompt
+    and schedules the same tokens in every step as vLLM's own (it asserts both)."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "vllm_scheduler.py"
+    runpy.run_path(str(path))["main"]()
+    out = capsys.readouterr().out
+    assert "step 4: b computed 32, scheduled 5" in out
+    assert "b found 32 tokens cached; every step equals vLLM's own scheduler's" in out

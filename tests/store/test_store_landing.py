@@ -105,3 +105,27 @@ def test_check_invariants_refuses_a_landed_run_record_that_names_other_slots(bac
     m._host._landed[0] = (run, [ids[1], ids[0]])
     with pytest.raises(InvariantError, match="landed in this step"):
         m.check_invariants()
+
+
+def test_a_run_larger_than_the_host_map_lands_as_the_map(backend, layout):
+    """A whole run whose map (``Fetch.keyed``) is larger than the tier's token-bytes map
+    becomes that map, the tier's few entries merged into it (no entry of the run's is
+    inserted again); the fetch lets go of it. The slots stay findable and are loaded,
+    evicted and fetched again as any others."""
+    m = _waiting(backend, layout)
+    f = m._store.done[0]
+    a, b = f.slots
+    run_map = f.keyed
+    assert run_map == {C9: a, C5: b} and not m._host.by_chunk
+    assert m.poll_store() == ["x"]
+    assert m._host.by_chunk is run_map and f.keyed is None
+    m.check_invariants()
+    assert m.lookup(X) == 8
+    assert m.add_request("x", X).num_cached_tokens == 8
+    m.take_kv_ops()
+    m.free("x")
+    m.add_request("z", Z, read_cache=False)          # X's blocks leave the device
+    m.take_kv_ops()
+    m.free("z")
+    m.check_invariants()
+    assert m.lookup(X) == 8                          # in host slots (kept, or offloaded)

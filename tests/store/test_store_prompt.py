@@ -1,11 +1,12 @@
 """A store re-admission (``StoreWait``, then ``add_request`` again) given the Prompt it
 started from skips encoding and comparing the prompt (``StoreWaits.reuse``, by
-identity); an equal Prompt or equal token ids are compared as before. A real Redis
-(conftest), block_size 4."""
+identity); an equal Prompt is compared as before, the start's own list of token ids
+with a copy taken then (not encoded), other ids encoded. A real Redis (conftest),
+block_size 4."""
 
 import pytest
 
-from prefixkv import ExtraKeys, KVCacheManager, PromptError, StoreWait
+from prefixkv import ExtraKeys, KVCacheManager, PromptError, StoreWait, TokenError
 from prefixkv.core import store_waits
 
 from .test_readmit_reuse import BS, P, landed, manager, readmit_as_walk, stored
@@ -38,7 +39,7 @@ def test_a_readmission_with_the_same_prompt_compares_nothing(backend, shared, en
     given = {"same": p, "equal": m.prepare(P, extra=extra), "ids": P}[again]
     hits, adm = readmit_as_walk(m, "r", given, None if again != "ids" else extra)
     assert adm.num_cached_tokens == (len(P) - 1) // BS * BS
-    assert encoded == ([P] if again == "ids" else [])
+    assert encoded == ([P] if again == "ids" else [])  # (the start had no list to compare with)
     m.add_request("s", p)  # the same Prompt again, as another request: its own tokens
     m.append_tokens("r", [7])
     assert m.num_tokens("s") == len(P) and m.num_tokens("r") == len(P) + 1
@@ -64,3 +65,43 @@ def test_a_prompt_waits_like_its_token_ids(backend, shared):
     stored(shared, backend, P)
     m = manager(shared)
     assert isinstance(m.add_request("r", m.prepare(P)), StoreWait)
+
+
+@pytest.mark.parametrize("given", ["same", "copy", "tuple", "changed", "floats"])
+def test_token_ids_at_readmission_are_compared_with_the_start_s_list(backend, shared, encoded, given):
+    """The start keeps the list of ids it was given and a copy: the same list at the
+    re-admission is compared with the copy (a change the caller made to its list in
+    between is seen), anything else is encoded; whichever way, the admission is what the
+    walk finds, and ids the walk refuses are refused."""
+    stored(shared, backend, P)
+    m = manager(shared)
+    ids = P[:]
+    landed(m, "r", ids)
+    if given == "changed":
+        ids[9] += 1  # (in place: the list the start was given)
+    again = {"same": ids, "copy": P[:], "tuple": tuple(P), "changed": ids,
+             "floats": [float(t) for t in P]}[given]
+    if given == "floats":
+        with pytest.raises(TokenError):
+            m.add_request("r", again)
+        assert encoded == [again]
+        return
+    hits, adm = readmit_as_walk(m, "r", again)
+    assert adm.num_cached_tokens == (8 if given == "changed" else 20)
+    assert encoded == ([] if given in ("same", "changed") else [list(again)])  # (changed: walked)
+    assert list(m._requests["r"].tokens) == ids
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("started", ["tuple", "prepared"])
+def test_no_ids_at_readmission_are_refused_after_a_start_without_a_list(backend, shared, started):
+    """A start given no list keeps none: a re-admission given None (no list either) is
+    encoded, and refused, as without a wait; the wait's run stays for the right call."""
+    stored(shared, backend, P)
+    m = manager(shared)
+    landed(m, "r", tuple(P) if started == "tuple" else m.prepare(P))
+    with pytest.raises(TokenError):
+        m.add_request("r", None)
+    m.check_invariants()
+    hits, adm = readmit_as_walk(m, "r", P)
+    assert adm.num_cached_tokens == 20

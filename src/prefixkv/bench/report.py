@@ -81,8 +81,9 @@ def e2e_note(e2e: dict[str, Any]) -> str:
     """How the end-to-end times were taken."""
     return (f"TTFT: from a turn's start until every chat of it has its first token, best of "
             f"{e2e['config']['repeats']} runs alternating without and with the cache; CPU ms: "
-            f"the process's CPU time, which other work on the machine hardly changes; wall "
-            f"ms: elapsed time, which such work inflates")
+            f"the process's CPU time, which other work on the machine inflates far less than "
+            f"wall time (shared cores and caches still slow it: 1.7-2x at a load of 7 on a 2-core "
+            f"VM); wall ms: elapsed time")
 
 
 E2E_HOST_COLUMNS = ("setup", "prefill computed", "cached", "TTFT CPU ms")

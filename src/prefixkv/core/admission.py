@@ -167,7 +167,8 @@ class Admitter:
             self._check_fits(len(req.tokens), *admit)
         n, bs = len(req.tokens), self.block_size
         if fetch is None and self._waits is not None and read_cache and len(hits) < (n - 1) // bs:
-            wait = self._waits.start(req, hits, req.prompt_chunks, (n - 1) // bs)  # type: ignore[arg-type]
+            wait = self._waits.start(req, hits, req.prompt_chunks, (n - 1) // bs,  # type: ignore[arg-type]
+                                     prompt_token_ids)
             if wait is not None:
                 return wait
         num_cached = len(hits) * bs

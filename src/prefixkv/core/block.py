@@ -96,6 +96,9 @@ class Block:
     next: Block = UNLINKED
 
     def clear_content(self) -> None:
+        """Mark the block as holding no reusable content (``key`` None, not a twin, not
+        chained). Only that: the caller has already taken it out of the index; the content
+        fields go stale, as ``key`` None says."""
         self.key = None
         self.twin = False
         self.chained = False

@@ -52,6 +52,9 @@ class KVCacheManager(StepOutputs):
         ConfigError: a size is not a positive int (or ``num_blocks`` or ``host_blocks``
             is past ``MAX_BLOCKS``), a flag not a bool, a bad hash mode/seed,
             a store without host slots or without a hash mode every process shares.
+
+    Thread safety: none, and no lock: one thread (the engine's scheduler) makes every
+    call, except ``prepare``, which any thread may call meanwhile.
     """
 
     # ---- admission (Admitter), growth (Decoder) -----------------------------------------
@@ -238,11 +241,13 @@ class KVCacheManager(StepOutputs):
         return shared_prefixes([self._get(rid).blocks for rid in request_ids])  # Blocks: identity
 
     def num_tokens(self, request_id: Hashable) -> int:
-        """Known tokens of the request (prompt and appended), scheduled or not."""
+        """Known tokens of the request (prompt and appended), scheduled or not. Raises
+        RequestError for an unknown id."""
         return len(self._get(request_id).tokens)
 
     def num_scheduled_tokens(self, request_id: Hashable) -> int:
-        """Tokens of the request that have slots (computed or scheduled)."""
+        """Tokens of the request that have slots (computed or scheduled). Raises
+        RequestError for an unknown id."""
         return self._get(request_id).num_scheduled
 
     @property

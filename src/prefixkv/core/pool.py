@@ -119,10 +119,10 @@ class BlockPool:
         one loop over the blocks also sets their counts.)"""
         assert 0 <= n <= self._cached.size, (n, self._cached.size)
         head, _ = self._cached.ends()
-        blocks: list[Block] = []
         b = head.next
-        for _ in range(n):
-            blocks.append(b)
+        blocks = [b] * n  # (each entry set below: a store, no call, per block)
+        for i in range(n):
+            blocks[i] = b
             b.ref_cnt = 1
             b = b.next
         head.next, b.prev = b, head

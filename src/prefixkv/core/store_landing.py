@@ -101,6 +101,7 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
                 slots[lo:hi], f.chunks[lo:hi], f.extras[lo:hi], f.hashes[lo:hi], f.fetched[lo:hi])
         host.land(run, parent_cid, run_chunks, extras, cids, hashes, event, filled=filled,
                   unique=f.unique, keyed=f.keyed if whole else None, ids=ids)
+        f.keyed = None  # (it may be the tier's map now)
         if not lo:  # (``reuse`` checks ``slots[:len(cids)]``)
             f.landed_at = host.num_unpins
         if fetched:  # (stated by the fetcher: ``fetch_ready``)

@@ -95,12 +95,15 @@ class StoreWaits:
         assert area is not None, "start maps the staging area before a fetch is submitted"
         return [[area[s.block_id * size:(s.block_id + 1) * size]] for s in slots]
 
-    def start(self, req: Request, hits: list[Any], chunks: Sequence[bytes], limit: int) -> StoreWait | None:
+    def start(self, req: Request, hits: list[Any], chunks: Sequence[bytes], limit: int,
+              prompt: Sequence[int] | Prompt | None = None) -> StoreWait | None:
         """Start fetching the blocks after ``hits`` (at most ``limit`` blocks in all) for
-        request ``req``, when the store is worth asking and slots can be reserved; the
-        answer to give, or None (then nothing changed, but for an executor that refused
-        the fetch: counted in ``store_errors``, and the store is left alone for
-        ``retry_after``, as after a fetch that failed as a whole)."""
+        request ``req``, admitted with ``prompt`` (``req.tokens`` encode it: a list of ids
+        is kept, and a copy of it, for ``reuse``), when the store is worth asking and
+        slots can be reserved; the answer to give, or None (then nothing changed, but
+        for an executor that refused the fetch: counted in ``store_errors``, and the
+        store is left alone for ``retry_after``, as after a fetch that failed as a
+        whole)."""
         link, host = self.link, self.host
         first = len(hits)
         n = min(limit - first, link.max_fetch, host.num_free)
@@ -122,6 +125,8 @@ class StoreWaits:
                   slots, [], now + link.store.timeout, staged,
                   self._staging if memory is None else partial(_attached, memory))
         f.hits, f.hit_cids = hits, [h.content_id for h in hits] if hits else []
+        if type(prompt) is list:  # (and a copy: the caller may change its list meanwhile)
+            f.ids, f.ids_given = prompt[:], prompt
         # the content ids the slots take if they land (ids are never reused: the ones of
         # slots that do not land are lost), so that a fetcher can fill them (``fetch_ready``)
         f.planned = self.index.new_ids(len(slots))
@@ -154,12 +159,14 @@ class StoreWaits:
         request as the start made it, what ``index.match`` would find now and how many
         of those are device blocks (they come first: the rest are host slots), without
         walking the index, when the prompt and keys are those the fetch started from (the
-        same ``Prompt`` object, or one comparison of the token arrays) and nothing the
-        start found or the fetch landed has moved: the start's hits and the landed run,
-        each still holding the content it held, together reaching the request's last full
-        block but one (nothing left to find past them), and the device not holding the
-        content that follows its own hits (else its walk would go on there, and the hits
-        would be its blocks). None when any of that fails (then
+        same ``Prompt`` object; the list of ids the start was given, compared with a copy
+        taken then, not encoded again: an id the caller replaced in its list by an equal
+        value counts as unchanged; else one comparison of the token arrays) and nothing
+        the start found or the fetch landed has moved: the start's hits and the landed
+        run, each still holding the content it held, together reaching the request's last
+        full block but one (nothing left to find past them), and the device not holding
+        the content that follows its own hits (else its walk would go on there, and the
+        hits would be its blocks). None when any of that fails (then
         ``match`` decides: the answer is the same, only slower). Changes nothing. Raises
         TokenError for a prompt the walk's encoding refuses (``vocab_size`` was checked at
         the start: a prompt equal to that one passes it)."""
@@ -172,8 +179,9 @@ class StoreWaits:
             if prompt is not req.prompt and (prompt.tokens != req.tokens or (
                     prompt.keys is not keys and prompt.keys.extra != keys.extra)):
                 return None  # (the same Prompt object: nothing to encode or compare)
-        elif encode_tokens(prompt) != req.tokens or (extra is not keys.extra and (
-                type(extra) is not ExtraKeys or extra != keys.extra)):
+        elif ((prompt != f.ids if f.ids is not None and prompt is f.ids_given
+               else encode_tokens(prompt) != req.tokens)  # (``ids``: None without a list)
+              or (extra is not keys.extra and (type(extra) is not ExtraKeys or extra != keys.extra))):
             return None
         # each still holds its content (a device hit that does is still the index's entry
         # for it: only ``uncache`` makes one a spare, and then ``index.cut`` is set)

@@ -43,6 +43,8 @@ class HybridKVCacheManager(GroupDecoder):
         ConfigError: no groups or not GroupSpecs, a size not a positive int (or
             ``num_blocks`` past ``MAX_BLOCKS``), a flag not a bool, a bad hash mode/seed,
             no block left beside the null block.
+
+    Thread safety: as ``KVCacheManager``'s (one thread makes every call but ``prepare``).
     """
 
     # ---- forks, free, preemption -------------------------------------------------------
@@ -147,11 +149,13 @@ class HybridKVCacheManager(GroupDecoder):
         return tuple(map(tuple, self._ids(self._get(request_id))))
 
     def num_tokens(self, request_id: Hashable) -> int:
-        """Known tokens of the request (prompt and appended), scheduled or not."""
+        """Known tokens of the request (prompt and appended), scheduled or not. Raises
+        RequestError for an unknown id."""
         return len(self._get(request_id).tokens)
 
     def num_scheduled_tokens(self, request_id: Hashable) -> int:
-        """Tokens of the request that have slots (computed or scheduled)."""
+        """Tokens of the request that have slots (computed or scheduled). Raises
+        RequestError for an unknown id."""
         return self._get(request_id).num_scheduled
 
     @property

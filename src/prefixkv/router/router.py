@@ -79,6 +79,9 @@ class Router:
         clock: seconds, monotonic (tests pass a fake one).
 
     Raises RouterError (bad option) or ConfigError (bad hashing settings) at construction.
+
+    Not thread-safe: one thread routes and applies events and loads; with a
+    ``Subscriber`` thread feeding it, hold ``subscriber.lock`` around ``route``.
     """
 
     def __init__(self, replicas: Sequence[str], *, block_size: int, hash_mode: str = "sha256",

@@ -49,22 +49,24 @@ class Fetch:
     the chain hash before block ``first``; ``chunks``/``extras``: the blocks' token and
     extra-key bytes. ``deadline``: the ``time.monotonic()`` instant by which it ends,
     whatever the store does. ``hits``/``hit_cids``: the blocks the admission found before
-    block ``first`` and the content ids they held then (the scheduler's, for the
-    re-admission's check that they still do). ``ready``: called with the fetch on the
-    fetcher's thread once the run is known, before it is queued as done (the manager
-    fills the landing slots there: ``filled``, maps the run's token bytes to its
-    slots: ``unique``, ``keyed``, lists their ids: ``slot_ids``, and states the staged
-    run's copies: ``fetched``); an exception it raises is dropped (``filled`` stays
-    False and the scheduler does that work itself).
+    block ``first`` and the content ids they held then, and ``ids_given``/``ids``: the
+    list of token ids it was given, if a list, and a copy (None without one) (the
+    scheduler's, for the re-admission's checks that they still do and that it is given
+    the same ids). ``ready``: called with the fetch on the fetcher's thread once the
+    run is known, before it is queued as done (the manager fills the landing slots
+    there: ``filled``, maps the run's token bytes to its slots: ``unique``, ``keyed``,
+    lists their ids: ``slot_ids``, and states the staged run's copies: ``fetched``);
+    an exception it raises is dropped (``filled`` stays False and the scheduler does
+    that work itself).
     Results: ``run`` (blocks from ``first`` that passed the check), ``stop`` (the state
     of the block that ended the run, ``OK`` if none did), ``failed`` (an error of the whole
     call), ``hashes``, ``nbytes``/``seconds`` (measured)."""
 
     __slots__ = ("request_id", "req", "first", "parent", "chunks", "extras", "slots",
                  "buffers", "views", "staged", "deadline", "started", "ended", "expired", "cids",
-                 "hits", "hit_cids", "planned", "parent_cid", "ready", "landed_at",
-                 "hashes", "filled", "unique", "keyed", "slot_ids", "fetched", "keys", "heads",
-                 "states", "run", "stop", "failed", "nbytes", "seconds", "left", "lock")
+                 "hits", "hit_cids", "ids", "ids_given", "planned", "parent_cid", "ready",
+                 "landed_at", "hashes", "filled", "unique", "keyed", "slot_ids", "fetched",
+                 "keys", "heads", "states", "run", "stop", "failed", "nbytes", "seconds", "left", "lock")
 
     def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
                  chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
@@ -78,6 +80,8 @@ class Fetch:
         self.cids: range = range(0)  # content ids landed (store hits at the re-admission)
         self.hits: list[Any] = []
         self.hit_cids: list[int] = []
+        self.ids: list[int] | None = None  # a copy of the token id list the start was given
+        self.ids_given: object = None  # that list
         self.planned: range = range(0)  # content ids for the slots, given at the start
         self.parent_cid = 0  # the content id before block ``first`` at the start
         self.landed_at = -1  # the host tier's ``num_unpins`` when its run landed in ``slots[0:]``

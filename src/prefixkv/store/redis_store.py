@@ -1,4 +1,4 @@
-"""``RedisStore``: the store protocol on Redis or Valkey (the ``prefixkv[redis]`` extra:
+"""``RedisStore``: the store protocol on Redis or Valkey (the ``prefixkv[store]`` extra:
 redis-py, with hiredis when installed; imported when a RedisStore is made, never by the
 core).
 

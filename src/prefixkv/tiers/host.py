@@ -23,6 +23,7 @@ through ``host_offload`` (``SlotOffload.demote``); store fetches land in slots t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import TypeVar
 
 from ..core.block import UNLINKED, Block
@@ -37,6 +38,7 @@ from .host_landing import SlotLanding
 from .host_offload import SlotOffload
 
 _Op = TypeVar("_Op", BlockOffloads, BlockLoads)
+_BLOCK_ID = attrgetter("block_id")
 
 
 def _batch(kind: type[_Op], src: list[int], dst: list[int]) -> list[_Op]:
@@ -94,7 +96,7 @@ class HostTier(SlotOffload, SlotLanding):
         held, ids = self._held
         self._held = ((), None)
         self.load_src += ids if ids is not None and held is slots else [s.block_id for s in slots]
-        self.load_dst += [d.block_id for d in devices]
+        self.load_dst += map(_BLOCK_ID, devices)
         self.num_loaded += len(slots)
 
     def take_loads(self) -> list[BlockLoads]:
@@ -179,6 +181,9 @@ class HostTier(SlotOffload, SlotLanding):
         self._empty = self.slots[::-1]
 
     def snapshot(self) -> list[BlockStored]:
+        """The BlockStored events that announced the content the slots hold now, in the
+        order that content was first recorded (content id); slots recorded while events
+        were off contribute none. For a resynchronisation after dropped events."""
         slots = [s for s in self.slots if s.key is not None]
         return [s.event for s in sorted(slots, key=lambda s: s.content_id) if s.event is not None]
 

@@ -99,9 +99,11 @@ class SlotLanding(SlotIndex):
         ``dict(zip(chunks, slots))``, built where it cost the scheduler nothing (a
         fetcher's thread), given only when ``unique``: the dicts' stored hashes serve the
         check and the keying (no token bytes is hashed or read again, and the check
-        probes the smaller of the two maps). ``ids``: the slots' ids, listed where it cost
-        the scheduler nothing: an admission that loads exactly these slots in this step
-        neither pins them again nor lists their ids (``hold``, ``load``)."""
+        probes the smaller of the two maps); it may become the tier's map (the other
+        merged into it, when it is the larger): the caller makes no other use of it.
+        ``ids``: the slots' ids, listed where it cost the scheduler nothing: an admission
+        that loads exactly these slots in this step neither pins them again nor lists
+        their ids (``hold``, ``load``)."""
         if filled:
             slots[0].parent_cid = parent_cid
         else:
@@ -116,7 +118,13 @@ class SlotLanding(SlotIndex):
             else:
                 for s, chunk in zip(slots, chunks, strict=True):
                     s.key = chunk
-            by_chunk.update(keyed)  # (each setdefault below would succeed)
+            # (each setdefault below would succeed) the smaller map merged into the larger,
+            # in C: no entry of the larger is inserted again (each, cold objects touched)
+            if len(keyed) > len(by_chunk):
+                keyed.update(by_chunk)
+                self.by_chunk = keyed
+            else:
+                by_chunk.update(keyed)
         else:
             by_key = self.by_key
             for s, chunk in zip(slots, chunks, strict=True):  # (as _enter, inlined)
@@ -158,14 +166,16 @@ class SlotLanding(SlotIndex):
         k = min(n, cached.size)
         head, _ = cached.ends()
         s = head.next  # (a slot: ``k`` of them are linked)
-        for _ in range(k):
+        taken = [s] * k  # (each entry set below: a store, no call, per slot)
+        for i in range(k):
             del by_chunk[s.key]  # type: ignore[arg-type]  # (KeyError: no content)
             s.key = None
             s.ref_cnt = 1
-            out.append(s)
+            taken[i] = s
             s = s.next
         head.next, s.prev = s, head
         cached.forget(k)
+        out += taken
 
     def unreserve(self, slots: list[Block]) -> None:
         """Landing ``slots`` that got nothing (or were filled, keys too, and not landed):

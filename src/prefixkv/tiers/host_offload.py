@@ -10,10 +10,13 @@ the content is lost, and so are the step's offloads of its descendants
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 from ..core.block import Block, key_chunk
 from ..core.free_queue import FreeBlockQueue
 from .host_index import HOST, SlotIndex, withdrawn
+
+_CONTENT_ID = attrgetter("content_id")
 
 
 class SlotOffload(SlotIndex):
@@ -145,7 +148,7 @@ class SlotOffload(SlotIndex):
         if lost >= 0:  # (the common case checked here: no offload of the step is a child
             # of a lost content, so nothing is withdrawn, without a lookup of each)
             gone, slots = blocks[lost:], self.slots
-            if not {slots[i].parent_cid for i in dst}.isdisjoint([b.content_id for b in gone]):
+            if not {slots[i].parent_cid for i in dst}.isdisjoint(map(_CONTENT_ID, gone)):
                 self._withdraw_orphans(gone, step)
 
     def _withdraw_orphans(self, lost: Sequence[Block], step: int) -> None:

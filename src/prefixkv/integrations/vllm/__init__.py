@@ -1,8 +1,9 @@
 """prefixkv inside vLLM 0.33.0 (pinned), through vLLM's own plug points.
 
     vllm serve MODEL --enable-prefix-caching \\
-        --scheduler-cls prefixkv.integrations.vllm.Scheduler
-    # with --async-scheduling: prefixkv.integrations.vllm.AsyncScheduler
+        --scheduler-cls prefixkv.integrations.vllm.AsyncScheduler
+    # with --no-async-scheduling: prefixkv.integrations.vllm.Scheduler
+    # (vLLM 0.33 schedules asynchronously by default: docs/integration.md)
 
 ``Scheduler`` and ``AsyncScheduler`` are vLLM's own v1 schedulers whose KV cache manager
 is ``KVCacheManager`` here: prefixkv's ``KVCacheManager`` (one full-attention group) or

@@ -171,6 +171,8 @@ class KVCacheManager:
     # ---- lookup ---------------------------------------------------------------------------
 
     def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        """Whether the request's admission reads the cache: caching is on and the request
+        does not ask for every position computed (prompt logprobs, pooling)."""
         return self.enable_caching and reads_cache(request)
 
     def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None

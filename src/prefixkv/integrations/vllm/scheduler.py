@@ -55,8 +55,16 @@ class _Builds:
 
 
 class Scheduler(_Builds, VllmScheduler):
-    """vLLM 0.33.0's ``Scheduler`` whose KV cache manager is prefixkv's."""
+    """vLLM 0.33.0's ``Scheduler`` whose KV cache manager is prefixkv's
+    (``prefixkv.integrations.vllm.KVCacheManager``), built with vLLM's constructor
+    arguments; every other call is vLLM's own. Raises ``UnsupportedByPrefixKV`` (a
+    ``ConfigError``) at construction for a cache layout or option prefixkv does not
+    offer (docs/integration.md, "With vLLM"). Construction swaps the manager class vLLM's
+    scheduler module names, so constructions in one process take a lock, one at a time;
+    a built scheduler is, like vLLM's, driven by one thread."""
 
 
 class AsyncScheduler(_Builds, VllmAsyncScheduler):
-    """vLLM 0.33.0's ``AsyncScheduler`` whose KV cache manager is prefixkv's."""
+    """vLLM 0.33.0's ``AsyncScheduler`` whose KV cache manager is prefixkv's: the class
+    to name unless vLLM runs with ``--no-async-scheduling`` (vLLM 0.33 schedules
+    asynchronously by default); otherwise as ``Scheduler``."""
