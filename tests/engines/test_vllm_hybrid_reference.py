@@ -1,8 +1,9 @@
 """prefixkv's vLLM plug-in beside vLLM 0.33's own ``HybridKVCacheCoordinator`` (from the
-wheel) on hybrid models, full attention beside sliding windows: the request stream of
-test_vllm_reference.py (Hypothesis), whose comparisons then also cover each group's null
-entries (the blocks a window released) and whose hits must be true in every group; and
-the cases that stream found, one scenario each. Needs vllm installed."""
+wheel) on hybrid models, full attention beside sliding windows and chunked local
+attention: the request stream of test_vllm_reference.py (Hypothesis), whose comparisons
+then also cover each group's null entries (the blocks a window released) and whose hits
+must be true in every group; and the cases that stream found, one scenario each. Needs
+vllm installed."""
 
 from __future__ import annotations
 
@@ -30,11 +31,20 @@ def _window(tokens: int) -> Any:
                              sliding_window=tokens)
 
 
-HYBRIDS = {  # (full attention first or not, windows shorter and longer than a block)
+def _chunked(tokens: int) -> Any:
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
+
+    return ChunkedLocalAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                                     attention_chunk_size=tokens)
+
+
+HYBRIDS = {  # (full attention first or not, windows shorter and longer than a block, chunks)
     "full+window8": lambda: (full(BS), _window(8)),
     "window6+full": lambda: (_window(6), full(BS)),
     "window3+full+window13": lambda: (_window(3), full(BS), _window(13)),
     "window5": lambda: (_window(5),),
+    "full+chunked8": lambda: (full(BS), _chunked(8)),
+    "chunked12+window6": lambda: (_chunked(12), _window(6)),
 }
 
 

@@ -47,10 +47,11 @@ class Side:
     """One manager, its requests (one ``Request`` per logical slot) and a model of the KV
     each block holds: block id -> (group, salt, every token up to the block's end), for
     full blocks (a block's KV in any layer depends on the whole prefix before it).
-    ``windows``: each group's sliding window in tokens (None: full attention)."""
+    ``windows``: what each group's queries read: None (full attention), ``("sliding",
+    W)`` (the last W positions) or ``("chunked", C)`` (the query's own C-token chunk)."""
 
     m: Any
-    windows: tuple[int | None, ...] = (None,)
+    windows: tuple[tuple[str, int] | None, ...] = (None,)
     reqs: dict[int, Any] = field(default_factory=dict)
     live: set[int] = field(default_factory=set)
     remote: set[int] = field(default_factory=set)  # waiting for remote KV (an async load)
@@ -81,14 +82,21 @@ class Side:
         toks = list(r.all_token_ids)
         for g, ids in enumerate(blocks.get_block_ids() if hit else [[] for _ in self.windows]):
             assert len(ids) * BS == hit, (g, ids, hit)
-            window = self.windows[g]
-            reach = 0 if window is None else max(0, hit - window + 1)
+            reach = _first_needed(self.windows[g], hit)
             for j, b in enumerate(ids):
                 if b == NULL:
                     assert (j + 1) * BS <= reach, f"group {g} lost block {j} a query at {hit} reads"
                 else:
                     assert self.held.get(b) == (g, r.cache_salt, *toks[:(j + 1) * BS]), (
                         f"wrong KV: group {g} block {b} holds {self.held.get(b)} for block {j} of {toks}")
+
+
+def _first_needed(window: tuple[str, int] | None, pos: int) -> int:
+    """The first position a query at ``pos`` reads in a group of ``window``."""
+    if window is None:
+        return 0
+    kind, n = window
+    return max(0, pos - n + 1) if kind == "sliding" else pos - pos % n
 
 
 def _managers(num_blocks: int, specs: tuple[Any, ...] | None = None) -> tuple[Side, Side]:
@@ -102,7 +110,9 @@ def _managers(num_blocks: int, specs: tuple[Any, ...] | None = None) -> tuple[Si
 
     init_none_hash(sha256)
     specs = specs or (full(BS),)
-    windows = tuple(getattr(s, "sliding_window", None) for s in specs)
+    windows = tuple(("sliding", s.sliding_window) if getattr(s, "sliding_window", None)
+                    else ("chunked", s.attention_chunk_size) if getattr(s, "attention_chunk_size", None)
+                    else None for s in specs)
     kw = dict(max_model_len=MAX_LEN, scheduler_block_size=BS, hash_block_size=BS, log_stats=True,
               enable_kv_cache_events=True)
     return (Side(Ours(config(*specs, num_blocks=num_blocks), **kw), windows),
