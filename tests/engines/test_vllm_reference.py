@@ -348,6 +348,39 @@ def test_the_cached_token_estimate_leaves_out_blocks_evict_blocks_uncached(evict
     assert answers[0][:2] == [last, last]
 
 
+def test_a_block_of_one_token_whose_load_is_pending_is_not_a_hit():
+    # block_size 1, an async load of 8 tokens: prefixkv schedules one token at admission,
+    # which filled block 0 and made it findable before its KV landed: b hit it (wrong KV,
+    # or none if the load then failed). vLLM caches nothing of a load before it lands.
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.request import Request, RequestStatus
+
+    from prefixkv.integrations.vllm import KVCacheManager as Ours
+
+    init_none_hash(sha256)
+    spec = FullAttentionSpec(block_size=1, num_kv_heads=1, head_size=1, dtype=torch.float32)
+
+    def make(rid: str) -> Any:
+        return Request(request_id=rid, prompt_token_ids=list(range(10)), pooling_params=None,
+                       sampling_params=_request("x", [1], None).sampling_params,
+                       block_hasher=get_request_block_hasher(1, sha256))
+
+    answers = []
+    for cls in (Ours, Theirs):
+        m = cls(config(spec, num_blocks=40), max_model_len=MAX_LEN, scheduler_block_size=1, hash_block_size=1)
+        a, b = make("a"), make("b")
+        assert m.allocate_slots(a, 0, num_external_computed_tokens=8, delay_cache_blocks=True) is not None
+        a.status, a.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, 8
+        pending = m.get_computed_blocks(b)[1]
+        m.cache_blocks(a, 8)  # the load landed
+        answers.append((pending, m.get_computed_blocks(b)[1]))
+    assert answers[0][0] == answers[1][0] == 0
+    assert (answers[0][1], answers[1][1]) == (0, 8)  # prefixkv: block 0 stays uncached (a miss)
+
+
 def test_a_prompt_past_max_model_len_is_refused_before_any_change():
     # vLLM's input processor refuses it; its manager, given one, gives slots for 40 of its
     # 48 tokens (with KV events on, it raises IndexError while caching them): no answer a

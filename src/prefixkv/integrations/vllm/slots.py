@@ -134,6 +134,11 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
         m.core.free(key, num_computed_tokens=adm.num_cached_tokens)
         raise RequestError(f"request {request.request_id!r}: the cache holds {adm.num_cached_tokens} "
                            f"of its tokens, not the {hit} get_computed_blocks reported")
+    recorded, bs = (hit + scheduled) // m.block_size, m.block_size
+    if recorded > cache_to // bs:  # the one token scheduled filled a block (block_size 1):
+        # its KV is not there before the load lands, so no other request may find it
+        early = range(cache_to // bs, recorded)
+        m.core.uncache_blocks([ids[j] for ids in adm.group_block_ids for j in early])
     m._next_key += 1
     m._keys[request.request_id] = key
     k = hit // m.block_size
