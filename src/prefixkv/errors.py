@@ -36,6 +36,12 @@ class PromptError(RequestError):
     with ``extra=`` (the prompt carries its extra keys), or prepared again."""
 
 
+class PlanError(PrefixKVError):
+    """A plan taken with ``take_kv_ops(pending=True)`` and the calls that must follow it
+    out of order: the next plan taken before ``kv_ops_done()``, or ``kv_ops_done()``
+    with no such plan."""
+
+
 class ExtraNotInstalledError(ImportError):
     """An optional part of prefixkv was imported without its extra installed; the
     message names the missing package and the ``pip install 'prefixkv[...]'`` to run.

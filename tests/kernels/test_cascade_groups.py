@@ -144,8 +144,24 @@ def test_an_empty_group_is_dropped():
     ([SharedPrefix(2, (0, 1))], dict(num_new=[1, -1, 2]), "num_new"),  # was taken: rows off by one
     ([SharedPrefix(2, (0, 1))], dict(num_computed=[6, 6.0, 0]), "num_computed"),
     ([SharedPrefix(1, (0, 1)), SharedPrefix(1, (1, 2))], {}, "in two groups"),
+    ([SharedPrefix(2, (0, 1))], dict(num_computed=[9, 6, 0]), "request 0: 9 cached"),  # was taken
 ])
 def test_bad_groups_and_counts_are_batch_errors(groups, kw, match):
     args = {**dict(num_computed=COMPUTED, num_new=NEW, block_size=BS), **kw}
     with pytest.raises(BatchError, match=match):
         build_cascade_batch(groups, IDS, args["num_computed"], args["num_new"], args["block_size"])
+
+
+def test_counts_past_a_groups_listed_blocks_are_refused_not_padded_with_block_0():
+    """The audit of r8: members (2, 3) list one block but their counts claim two cached
+    blocks. The group's table was its first member's blocks padded to the widest row with
+    block id 0, so the prefix pass read block 0 (another request's KV, or none) as their
+    shared prefix: ``[[7, 8], [9, 0]]`` with 8 shared keys each."""
+    ids, computed, new = [[7, 8, 1], [7, 8, 2], [9], [9]], [8, 8, 8, 8], [1, 1, 1, 1]
+    groups = [SharedPrefix(2, (0, 1)), SharedPrefix(2, (2, 3))]
+    with pytest.raises(BatchError, match=r"request 2: 8 cached \+ 1 new tokens need 3 blocks of 4, it has 1"):
+        build_cascade_batch(groups, ids, computed, new, 4)
+    ok = build_cascade_batch(groups, [[7, 8, 1], [7, 8, 2], [9, 3, 4], [9, 3, 5]], computed, new, 4)
+    assert ok.block_table.tolist() == [[7, 8], [9, 3]] and ok.seqused_k.tolist() == [8, 8]
+    with pytest.raises(BatchError, match="block_ids must be a sequence"):
+        build_cascade_batch(groups, iter(ids), computed, new, 4)

@@ -30,14 +30,15 @@ from .conftest import PRIMARY_DEVICE
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CHILD = textwrap.dedent("""
+# The child's start: each kernel's launch records the compile key its binder gives.
+RECORDER = textwrap.dedent("""
     import json, sys
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
     from prefixkv.kernels import attention, split_kv, tiling, write_kv
-    from prefixkv.kernels import AttentionSpec, warmup
+    from prefixkv.kernels import AttentionSpec, alloc_split_workspace, warmup
 
     backend = make_backend(GPUTarget("cuda", 90, 32))
     keys = []
@@ -56,7 +57,9 @@ CHILD = textwrap.dedent("""
                       (write_kv, "_write_kv_kernel")):
         setattr(mod, name, Recorder(getattr(mod, name)))
     tiling.gpu_tiles = lambda device: True  # meta tensors take the GPU's tiles and split rule
+""")
 
+CHILD = RECORDER + textwrap.dedent("""
     report = {}
     for label, extra in (("bf16", {}), ("fp8-sinks-window", dict(
             cache_dtype=torch.float8_e4m3fn, kv_scales="head", sinks=True, windows=(None, (4095, 0))))):
@@ -107,18 +110,101 @@ def _compiler_skip() -> str | None:
     return None if "nvidia" in backends else "this triton build has no NVIDIA backend"
 
 
-@pytest.mark.skipif(_compiler_skip() is not None, reason=str(_compiler_skip()))
-def test_after_warmup_no_batch_size_or_length_compiles():
+def _run_child(code: str, *args: str) -> dict:
+    """Run ``code`` (with ``args`` in its ``sys.argv``) in a child without the interpreter;
+    its stdout is one JSON object."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
                          timeout=900)  # a hang's bound: a busy 2-core CI machine is slow
     assert run.returncode == 0, run.stderr[-3000:]
-    report = json.loads(run.stdout)
+    report: dict = json.loads(run.stdout)
+    return report
+
+
+@pytest.mark.skipif(_compiler_skip() is not None, reason=str(_compiler_skip()))
+def test_after_warmup_no_batch_size_or_length_compiles():
+    report = _run_child(CHILD)
     for label, r in report.items():
         assert r["calls"] > 200 and r["sweep"] >= 2, (label, r)
         assert r["missing"] == [], f"{label}: variants compiled after warm-up: {r['missing']}"
         assert r["warm"] <= r["launches"] + 1, (label, r)  # one key per warm-up launch (+ the merge)
+
+
+# The CUDA-graph launch mode (docs/kv_layout.md): one workspace passed to every step, so
+# every launch, prefills included, runs with the split axis on.
+WORKSPACE_CHILD = RECORDER + textwrap.dedent("""
+    meta = dict(device="meta")
+    spec = AttentionSpec(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,
+                         max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=32768,
+                         workspace_splits=int(sys.argv[1]))
+    warmup(spec, "meta")
+    warm = set(keys)
+    keys.clear()
+    ws = alloc_split_workspace(max(1, spec.workspace_splits), 256, 32, 128, "meta")
+    for batch, q_len in ((1, 1), (64, 1), (4, 3), (4, 17), (8, 100), (2, 1000), (1, 8192)):
+        kv_len = 4096 + q_len
+        width = -(-kv_len // 16)
+        cache = torch.empty(batch * width, 16, 8, 128, dtype=torch.bfloat16, **meta)
+        attention.paged_prefill_attention_triton(
+            torch.empty(batch * q_len, 32, 128, dtype=torch.bfloat16, **meta), cache, cache,
+            torch.empty(batch, width, dtype=torch.int32, **meta),
+            torch.empty(batch + 1, dtype=torch.int32, **meta), torch.empty(batch, dtype=torch.int32, **meta),
+            q_len, kv_len, split_workspace=ws)
+    json.dump(dict(calls=len(keys), missing=sorted(set(keys) - warm)), sys.stdout)
+""")
+
+
+@pytest.mark.skipif(_compiler_skip() is not None, reason=str(_compiler_skip()))
+def test_after_warmup_launches_with_a_split_workspace_compile_nothing():
+    """The audit of r8: with a split workspace every tile runs split (``SPLIT``, a constexpr),
+    and warm-up compiled prefill tiles unsplit only: the first prefill of a server in the
+    CUDA-graph mode compiled the 256 x 128 and 128-row tiles while serving. A spec now
+    names the workspace's split count (a count over 64 also needs a wider merge tile)."""
+    for splits in (16, 100):
+        report = _run_child(WORKSPACE_CHILD, str(splits))
+        assert report["calls"] >= 7 and report["missing"] == [], (splits, report["missing"][:1])
+
+
+# cascade_attention: its own-part pass returns the LSE, its prefix pass is non-causal and
+# splits on few tiles, and the two merge like two splits.
+CASCADE_CHILD = RECORDER + textwrap.dedent("""
+    from prefixkv.kernels import CascadeBatch, cascade, cascade_attention, dispatch
+    cascade.resolve_backend = dispatch.resolve_backend = lambda backend, device: "triton"  # meta tensors
+    meta = dict(device="meta")
+    i32 = dict(dtype=torch.int32, **meta)
+    spec = AttentionSpec(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,
+                         max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=32768, sinks=True,
+                         cascade=sys.argv[1] == "cascade")
+    warmup(spec, "meta")
+    warm = set(keys)
+    keys.clear()
+    for batch, q_len, shared in ((2, 1, 256), (64, 1, 4096), (200, 1, 16384), (8, 3, 1024), (4, 500, 4096)):
+        kv_len = shared + 512 + q_len
+        width = -(-kv_len // 16)
+        cache = torch.empty(batch * width, 16, 8, 128, dtype=torch.bfloat16, **meta)
+        groups = CascadeBatch(
+            shift_blocks=torch.empty(batch, dtype=torch.int64, **meta),
+            rows=torch.empty(batch * q_len, dtype=torch.int64, **meta),
+            block_table=torch.empty(1, shared // 16, **i32), cu_seqlens_q=torch.empty(2, **i32),
+            seqused_k=torch.empty(1, **i32), max_seqlen_q=batch * q_len,
+            max_seqlen_k=shared, prefix_tokens_read=shared)
+        cascade_attention(torch.empty(batch * q_len, 32, 128, dtype=torch.bfloat16, **meta), cache, cache,
+                          torch.empty(batch, width, **i32), torch.empty(batch + 1, **i32),
+                          torch.empty(batch, **i32), q_len, kv_len, groups, sinks=torch.empty(32, **meta))
+    json.dump(dict(calls=len(keys), missing=sorted(set(keys) - warm)), sys.stdout)
+""")
+
+
+@pytest.mark.skipif(_compiler_skip() is not None, reason=str(_compiler_skip()))
+def test_after_warmup_cascade_attention_compiles_nothing():
+    """The audit of r8: cascade's passes (LSE out; the prefix pass non-causal, without sinks,
+    split on few tiles) compiled variants warm-up never launched, on the first cascade
+    step of a server. ``AttentionSpec.cascade`` warms them."""
+    before = _run_child(CASCADE_CHILD, "plain")
+    assert before["missing"], "cascade needs variants of its own (else the spec flag is moot)"
+    report = _run_child(CASCADE_CHILD, "cascade")
+    assert report["calls"] >= 10 and report["missing"] == [], report["missing"][:1]
 
 
 def test_variants_are_bounded_and_split_only_for_decode():
@@ -150,6 +236,20 @@ def test_warmup_launches_each_variant_here():
 
 
 @pytest.mark.usefixtures("needs_triton")
+def test_warmup_launches_cascade_and_workspace_variants_here():
+    """The variants of cascade's passes and of a split workspace really launch (interpreter
+    tiles): each tile split 8 ways, and cascade's own-part and prefix passes on top."""
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float16,
+                         max_num_seqs=4, max_num_batched_tokens=64, max_model_len=1024, sinks=True,
+                         workspace_splits=8)
+    plain = attention_variants(spec, on_gpu=PRIMARY_DEVICE == "cuda")
+    assert {c.num_splits for _, c in plain} == {1, 2, 8}
+    assert all(any(c == dataclasses.replace(t, num_splits=8) for _, c in plain) for _, t in plain)
+    launches = warmup(dataclasses.replace(spec, cascade=True), PRIMARY_DEVICE)
+    assert launches > 1 + len(plain)
+
+
+@pytest.mark.usefixtures("needs_triton")
 def test_warmup_rejects_a_spec_the_kernels_reject():
     from prefixkv.kernels import ShapeError
 
@@ -166,6 +266,9 @@ def test_warmup_rejects_a_spec_the_kernels_reject():
     ("max_model_len", -3),           # were taken
     ("max_num_batched_tokens", 0),
     ("max_num_seqs", 2.0),
+    ("workspace_splits", 1025),      # more than a SplitWorkspace may have
+    ("workspace_splits", True),
+    ("cascade", 1),
 ])
 def test_a_spec_that_would_compile_nothing_or_the_wrong_variants_is_refused(field, value):
     import dataclasses

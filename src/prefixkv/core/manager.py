@@ -211,9 +211,11 @@ class KVCacheManager(StepOutputs):
         return tokens
 
     def reset_prefix_cache(self) -> bool:
-        """Drop all cached content, only when no block is in use and no store fetch is
-        under way. Returns whether it did."""
-        if self._waits is not None and self._waits.in_flight or not self._pool.reset():
+        """Drop all cached content, only when no block is in use, no store fetch is under
+        way and no plan's copies run (``take_kv_ops(pending=True)``). Returns whether it
+        did."""
+        if self._ops_pending or self._waits is not None and self._waits.in_flight \
+                or not self._pool.reset():
             return False
         if self._host is not None:
             self._host.clear()

@@ -5,6 +5,7 @@ statistics. ``KVCacheManager`` extends this class; growth is in ``Decoder``.
 
 from __future__ import annotations
 
+from ..errors import PlanError
 from ..event_log import PendingEvents
 from ..events import AllBlocksCleared, Event
 from ..index import ContentIndex
@@ -14,8 +15,10 @@ from .decode import Decoder
 
 
 class StepOutputs(Decoder):
-    """``take_kv_ops``, ``take_events``, ``take_pending_events``, ``stats``,
-    ``take_stats``; see ``KVCacheManager``."""
+    """``take_kv_ops``, ``kv_ops_done``, ``take_events``, ``take_pending_events``,
+    ``stats``, ``take_stats``; see ``KVCacheManager``."""
+
+    _ops_pending = False  # (a plan taken with ``pending=True`` awaits ``kv_ops_done``)
 
     @property
     def stats(self) -> PrefixCacheStats:
@@ -56,7 +59,7 @@ class StepOutputs(Decoder):
         host = self._host.snapshot() if self._host is not None else []
         return [AllBlocksCleared(), *self._index.snapshot(self._pool.blocks), *host]
 
-    def take_kv_ops(self) -> list[KVOp]:
+    def take_kv_ops(self, *, pending: bool = False) -> list[KVOp]:
         """The step's plan: the copies the engine must run, in this order, after this
         step's scheduling calls and before its forward pass: one ``BlockOffloads`` (all the
         device blocks evicted now whose KV the forward pass would overwrite, into host
@@ -68,7 +71,20 @@ class StepOutputs(Decoder):
         plan is taken; a copy into a freed request's block that nothing needs is dropped;
         see ``core.copies``). Call it exactly once a step: it also ends the step
         (content recorded before it counts as computed after it, and what the plan pinned
-        is released)."""
+        is released).
+
+        The host slots the plan reads (``BlockLoads``) and writes (``BlockOffloads``,
+        ``StoreFetched``) may be taken again by the next step's scheduling calls: a store
+        fetch's thread writes a reserved slot at once, an offload rewrites it. So the
+        plan's copies must be done, not only queued, before the next scheduling call;
+        an engine that schedules the next step while they run passes ``pending=True``
+        and calls ``kv_ops_done()`` once they are done: until then those slots stay
+        pinned (no reservation or offload takes them; ``reset_prefix_cache`` returns
+        False). Raises PlanError, before anything changes, while a plan taken with
+        ``pending=True`` was not reported done."""
+        if self._ops_pending:
+            raise PlanError("the previous plan was taken with pending=True and its copies "
+                            "were not reported done: call kv_ops_done() before take_kv_ops()")
         out: list[KVOp] = []
         host = self._host
         if host is not None:
@@ -78,13 +94,25 @@ class StepOutputs(Decoder):
                 out += host.fetches
                 host.fetches = []
             out += host.take_loads()
-            host.end_step()
+            host.end_step(pending)
         copies, pins = self._copies.take()
         out += copies
         if pins:
             self._pool.release(pins)
         self._index.step += 1
+        self._ops_pending = pending
         return out
+
+    def kv_ops_done(self) -> None:
+        """The copies of the plan taken with ``take_kv_ops(pending=True)`` are done (read
+        and written, e.g. its CUDA event completed): its host slots may be taken again.
+        Raises PlanError when no such plan awaits it (nothing changes)."""
+        if not self._ops_pending:
+            raise PlanError("kv_ops_done() without a plan taken with take_kv_ops(pending=True) "
+                            "whose copies were not reported done")
+        self._ops_pending = False
+        if self._host is not None:
+            self._host.copies_done()
 
     def _store_puts(self) -> list[KVOp]:
         """Writes of the contents recorded in the previous step (their forward pass has

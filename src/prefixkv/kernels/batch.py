@@ -54,6 +54,22 @@ def _counts(name: str, values: Sequence[int], batch: int | None = None) -> list[
     return values
 
 
+def check_tokens_fit(block_ids: Sequence[Sequence[int]], num_computed: list[int], num_new: list[int],
+                     block_size: int) -> None:
+    """Each request's cached and new tokens fit in the blocks it lists (checked counts, one
+    per request).
+
+    Raises:
+        BatchError: naming the first request whose tokens need more blocks than it has.
+    """
+    for i, (ids, a, b) in enumerate(zip(block_ids, num_computed, num_new, strict=True)):
+        if a + b > len(ids) * block_size:
+            raise BatchError(
+                f"request {i}: {a} cached + {b} new tokens need {blocks_for(a + b, block_size)} blocks "
+                f"of {block_size}, it has {len(ids)}"
+            )
+
+
 def build_block_table(
     block_ids: Sequence[Sequence[int]],
     *,
@@ -145,12 +161,7 @@ def build_slot_mapping(
     done = _counts("num_computed", num_computed, table.shape[0])
     if not _is_int(block_size) or block_size < 1:
         raise BatchError(f"block_size must be an int >= 1, got {block_size!r}")
-    for i, (ids, a, b) in enumerate(zip(block_ids, done, new, strict=True)):
-        if a + b > len(ids) * block_size:
-            raise BatchError(
-                f"request {i}: {a} cached + {b} new tokens need {blocks_for(a + b, block_size)} blocks "
-                f"of {block_size}, it has {len(ids)}"
-            )
+    check_tokens_fit(block_ids, done, new, block_size)
     total = sum(new)
     size = total if pad_to is None else pad_to
     if not _is_int(size) or size < total:

@@ -30,7 +30,7 @@ import torch
 
 from ..results import SharedPrefix
 from .backend import resolve_backend
-from .batch import _counts, _is_int, build_block_table, build_cu_seqlens_q
+from .batch import _counts, _is_int, _sequence, build_block_table, build_cu_seqlens_q, check_tokens_fit
 from .dispatch import paged_prefill_attention
 from .errors import BatchError, DeviceError, DtypeError, ShapeError
 from .overlap import check_reads_apart
@@ -81,8 +81,11 @@ def build_cascade_batch(
         BatchError: mismatched lengths, a count that is not an int >= 0 (``block_size``:
             >= 1; a group's ``num_blocks``), a member that is not an int, outside the batch
             or in two groups, or members whose block ids differ inside the claimed prefix
-            (wrong groups would serve one request another's KV); before any tensor is built.
+            (wrong groups would serve one request another's KV), ``block_ids`` or a row of
+            it not a sequence, or a request whose tokens need more blocks than it lists (as
+            :func:`~prefixkv.kernels.build_slot_mapping`); before any tensor is built.
     """
+    block_ids = [_sequence(f"block_ids[{i}]", ids) for i, ids in enumerate(_sequence("block_ids", block_ids))]
     batch = len(block_ids)
     if len(num_computed) != batch or len(num_new) != batch:
         raise BatchError(f"block_ids, num_computed, num_new have {batch}, {len(num_computed)}, "
@@ -90,6 +93,9 @@ def build_cascade_batch(
     num_computed, num_new = _counts("num_computed", num_computed), _counts("num_new", num_new)
     if not _is_int(block_size) or block_size < 1:
         raise BatchError(f"block_size must be an int >= 1, got {block_size!r}")
+    # A group's table is its first member's blocks: counts past them padded it with a
+    # block id no member holds, read as the shared prefix.
+    check_tokens_fit(block_ids, num_computed, num_new, block_size)
     starts = [0]
     for n in num_new:
         starts.append(starts[-1] + n)

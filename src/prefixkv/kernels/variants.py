@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .fp8 import is_fp8
+from .workspace import _SPLITS_LIMIT
 
 if TYPE_CHECKING:  # (tiling imports Triton: only when a variant is compiled)
     from .tiling import TileConfig
@@ -53,6 +54,12 @@ class AttentionSpec:
     ``windows``: the ``window_size`` of each kind of layer (None: full attention), e.g.
     ``(None, (127, 0))`` for a model alternating full and sliding-window layers.
     ``kv_scales``: for fp8 caches, ``"tensor"`` or ``"head"`` scales (None: none given).
+    ``workspace_splits``: the ``num_splits`` of the :class:`~prefixkv.kernels.SplitWorkspace`
+    that calls pass as ``split_workspace`` (the CUDA-graph launch mode; 0: none). With one of
+    more than one split every tile runs split, prefills included, so each is warmed split too.
+    ``cascade``: the engine also calls :func:`~prefixkv.kernels.cascade_attention`, whose
+    two passes compile their own variants (both return the LSE; the prefix pass is
+    non-causal, without sinks, and splits its keys whatever its tile; neither has a window).
     """
 
     num_heads: int
@@ -70,6 +77,8 @@ class AttentionSpec:
     sinks: bool = False
     kv_scales: str | None = None
     return_lse: bool = False
+    workspace_splits: int = 0
+    cascade: bool = False
 
 
 def attention_variants(spec: AttentionSpec, on_gpu: bool) -> list[tuple[tuple[int, int] | None, TileConfig]]:
@@ -77,18 +86,29 @@ def attention_variants(spec: AttentionSpec, on_gpu: bool) -> list[tuple[tuple[in
 
     One tile per distinct ``choose_tiles`` pick over ``max_seqlen_q`` = 1, 2, 4, ...
     up to ``max_num_batched_tokens``; tiles of decode-like calls also come split (any
-    count compiles the same variant), when ``max_model_len`` leaves two splits room.
-    ``on_gpu``: the tiles of CUDA launches (else the interpreter's).
+    count up to ``MAX_SPLITS`` compiles the same variants), when ``max_model_len`` leaves
+    two splits room, and with ``workspace_splits`` over 1 every tile also comes split
+    that many ways (a launch with the workspace splits whatever its tile; the count
+    sizes the merge kernel's tile).
+    ``on_gpu``: the tiles of CUDA launches (else the interpreter's). These are the variants
+    of ``paged_prefill_attention``; :func:`warmup` adds those of cascade's passes.
 
     Raises:
         UnsupportedError: ``kv_scales`` not None, ``"tensor"`` or ``"head"``; ``windows``
             not a non-empty tuple; ``max_num_seqs``, ``max_num_batched_tokens`` or
-            ``max_model_len`` not an int >= 1 (a spec that compiles nothing, or not the
-            variants its calls hit).
+            ``max_model_len`` not an int >= 1; ``workspace_splits`` not an int in
+            ``[0, 1024]`` (a spec that compiles nothing, or not the variants its calls hit).
     """
+    _check_spec(spec)
+    return _variants(spec, on_gpu, spec.workspace_splits)
+
+
+def _variants(spec: AttentionSpec, on_gpu: bool,
+              split_all: int) -> list[tuple[tuple[int, int] | None, TileConfig]]:
+    """:func:`attention_variants` of a checked ``spec``, every tile also split ``split_all``
+    ways when that is over 1."""
     from .tiling import MAX_SPLIT_Q, MIN_KEYS_PER_SPLIT, choose_tiles
 
-    _check_spec(spec)
     group = spec.num_heads // spec.num_kv_heads
     elem = torch.empty(0, dtype=spec.dtype).element_size()
     q_bound = max(1, min(spec.max_num_batched_tokens, spec.max_model_len))
@@ -101,7 +121,9 @@ def attention_variants(spec: AttentionSpec, on_gpu: bool) -> list[tuple[tuple[in
             tile = choose_tiles(group=group, head_dim=spec.head_dim, max_seqlen_q=q, on_gpu=on_gpu,
                                 elem_bytes=elem, window=left, return_lse=spec.return_lse,
                                 kv_fp8=is_fp8(spec.cache_dtype or spec.dtype))
-            for splits in (1, 2) if may_split and q <= MAX_SPLIT_Q else (1,):
+            counts = [1, *([2] if may_split and q <= MAX_SPLIT_Q else []),
+                      *([split_all] if split_all > 1 else [])]
+            for splits in dict.fromkeys(counts):
                 variant = (window, dataclasses.replace(tile, num_splits=splits))
                 if variant not in out:
                     out.append(variant)
@@ -123,6 +145,12 @@ def _check_spec(spec: AttentionSpec) -> None:
         n = getattr(spec, name)
         if type(n) is not int or n < 1:
             raise UnsupportedError(f"{name} must be an int >= 1, got {n!r}")
+    n = spec.workspace_splits
+    if type(spec.cascade) is not bool:
+        raise UnsupportedError(f"cascade must be True or False, got {spec.cascade!r}")
+    if type(n) is not int or not 0 <= n <= _SPLITS_LIMIT:
+        raise UnsupportedError(f"workspace_splits must be an int in [0, {_SPLITS_LIMIT}] "
+                               f"(0: no split_workspace), got {n!r}")
 
 
 def _scales(spec: AttentionSpec,
@@ -134,10 +162,21 @@ def _scales(spec: AttentionSpec,
     return torch.ones(n, device=device), torch.ones(n, device=device)
 
 
+def _cascade_passes(spec: AttentionSpec, on_gpu: bool) -> list[tuple[AttentionSpec, bool, list[
+        tuple[tuple[int, int] | None, TileConfig]]]]:
+    """``(spec, causal, variants)`` of the launches of ``cascade_attention`` calls: the own
+    part (the call's options, LSE out, no window and no workspace) and the prefix pass
+    (non-causal, no sinks, LSE out, any tile split: few tiles split their keys)."""
+    own = dataclasses.replace(spec, windows=(None,), return_lse=True, workspace_splits=0)
+    prefix = dataclasses.replace(own, sinks=False)
+    return [(own, spec.causal, _variants(own, on_gpu, 0)), (prefix, False, _variants(prefix, on_gpu, 2))]
+
+
 def warmup(spec: AttentionSpec, device: torch.device | str) -> int:
-    """Launch each variant of :func:`attention_variants` and the cache write once, on a
-    one-token problem, so Triton compiles (and caches) them before serving; returns the
-    number of launches. Writes nothing but its own scratch tensors.
+    """Launch each variant of :func:`attention_variants` (and, with ``spec.cascade``, of
+    cascade's two passes) and the cache write once, on a one-token problem, so Triton
+    compiles (and caches) them before serving; returns the number of launches. Writes
+    nothing but its own scratch tensors.
 
     Raises:
         KernelInputError: ``spec`` describes calls the kernels reject (same checks), or
@@ -159,10 +198,15 @@ def warmup(spec: AttentionSpec, device: torch.device | str) -> int:
     table = torch.zeros(1, 1, dtype=torch.int32, device=device)
     cu = torch.tensor([0, 1], dtype=torch.int32, device=device)
     used = torch.ones(1, dtype=torch.int32, device=device)
-    sinks = torch.zeros(spec.num_heads, device=device) if spec.sinks else None
-    variants = attention_variants(spec, tiling.gpu_tiles(device))
-    for window, config in variants:
-        paged_prefill_attention_triton(q, cache, cache, table, cu, used, 1, 1, causal=spec.causal,
-                                       window_size=window, softcap=spec.softcap, return_lse=spec.return_lse,
-                                       sinks=sinks, config=config, k_scale=k_scale, v_scale=v_scale)
-    return 1 + len(variants)
+    on_gpu = tiling.gpu_tiles(device)
+    passes = [(spec, spec.causal, attention_variants(spec, on_gpu))]
+    if spec.cascade:
+        passes += _cascade_passes(spec, on_gpu)
+    for launch, causal, variants in passes:
+        sinks = torch.zeros(spec.num_heads, device=device) if launch.sinks else None
+        for window, config in variants:
+            paged_prefill_attention_triton(q, cache, cache, table, cu, used, 1, 1, causal=causal,
+                                           window_size=window, softcap=spec.softcap,
+                                           return_lse=launch.return_lse, sinks=sinks, config=config,
+                                           k_scale=k_scale, v_scale=v_scale)
+    return 1 + sum(len(variants) for _, _, variants in passes)

@@ -45,14 +45,30 @@ class ReplayClient:
     ``timeout_ms``: how long to wait for each reply message. ``topic``: the live
     subscription's prefix; a streamed batch of a topic it does not match fails the
     replay (the live stream would not have delivered it: the endpoint is another
-    publisher's)."""
+    publisher's).
+
+    Neither form of request carries an id its answer repeats, so an answer is known to be
+    this request's only when every earlier request got its whole answer: a request that
+    ends without it (a timeout, a stream cut short or of another shape) closes the socket
+    and connects a new one. The publisher's ROUTER addresses the late rest to the old
+    socket's identity, which is gone, and drops it (ZeroMQ drops what a ROUTER cannot
+    route); it is never read as the next request's answer."""
 
     def __init__(self, ctx: Any, endpoint: str, timeout_ms: int, topic: bytes = b"") -> None:
+        self._ctx, self._endpoint = ctx, endpoint
+        self.timeout_ms, self.topic = timeout_ms, topic
+        self._connect()
+
+    def _connect(self) -> None:
         import zmq
 
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.connect(endpoint)
-        self.timeout_ms, self.topic = timeout_ms, topic
+        self.sock = self._ctx.socket(zmq.DEALER)
+        self.sock.connect(self._endpoint)
+
+    def _abandon(self) -> None:
+        """The request under way ends without its whole answer: a new socket (class doc)."""
+        self.sock.close(linger=0)
+        self._connect()
 
     def ask(self, epoch: str | None, start: int, *, force_snapshot: bool = False
             ) -> Answer | None:
@@ -71,11 +87,12 @@ class ReplayClient:
             request["force_snapshot"] = True
         self.sock.send_multipart((b"", msgpack.packb(request)))
         if not self.sock.poll(self.timeout_ms):
+            self._abandon()
             raise ReplayTimeout(f"no replay answer within {self.timeout_ms} ms")
         frames = self.sock.recv_multipart()
         if len(frames) != 2:  # a vLLM publisher read the map as a start: its end mark
-            if _replayed(frames)[0] != END_SEQ:
-                self._drain(self.timeout_ms)
+            if _replayed(frames)[0] != END_SEQ and not self._drain(self.timeout_ms):
+                self._abandon()
             return None
         try:
             reply = msgpack.unpackb(frames[1], raw=False)
@@ -111,19 +128,25 @@ class ReplayClient:
             seq_bytes, payload = _replayed(frames)
             if seq_bytes is None or len(frames) == 4 and seq_bytes != END_SEQ \
                     and not frames[1].startswith(self.topic):
-                self._drain(self.timeout_ms)
+                if not self._drain(self.timeout_ms):
+                    self._abandon()
                 return None
             if seq_bytes == END_SEQ:
                 return got
             got.append((int.from_bytes(seq_bytes, "big"), payload))
+        self._abandon()  # no end mark in time: the rest would come late
         return None
 
-    def _drain(self, wait_ms: int = 0) -> None:
-        """Drop late replies to an earlier, timed-out request."""
+    def _drain(self, wait_ms: int = 0) -> bool:
+        """Drop what is left of the answer under way, waiting up to ``wait_ms`` for each
+        message until its end mark; whether the end mark came (else the caller abandons
+        the socket). With ``wait_ms`` 0, before a request: drops anything unread."""
+        ended = False
         while self.sock.poll(wait_ms):
             frames = self.sock.recv_multipart()
             if _replayed(frames)[0] == END_SEQ:
-                wait_ms = 0
+                wait_ms, ended = 0, True
+        return ended
 
     def close(self) -> None:
         self.sock.close(linger=0)

@@ -10,7 +10,9 @@ replica when its buffer lost batches or it restarted. Either way a message the
 publisher's answer shows it never sent (a foreign or corrupt frame) is not applied.
 After a disconnect the replica is verified as soon as it is connected again: a new
 epoch, or a vLLM publisher whose buffer does not hold the very batch applied last (a
-batch carries its timestamp, so a new life never repeats one), is a restart. The
+batch carries its timestamp, so a new life never repeats one), is a restart. A frame
+whose topic or ``data_parallel_rank`` differs from those of the replica's batches is
+another publisher's and is not applied (``foreign_frames``; origin.py says why). The
 index may understate what a replica holds, never overstate it. docs/router.md
 tabulates each case and its counter.
 
@@ -27,7 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .decode import DecodeError, decode_batch
+from .origin import Origins
 from .replay_client import Answer, ReplayClient, ReplayError, ReplayTimeout
 from .router import Router
 from .sockets import ReplicaSockets
@@ -35,7 +37,7 @@ from .sockets import ReplicaSockets
 _log = logging.getLogger(__name__)
 _LAST_SEQ = (1 << 64) - 1  # the largest 8-byte sequence number
 COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "bad_replies",
-            "disconnects", "errors")
+            "disconnects", "errors", "foreign_frames")
 """The subscriber's counters, as ``health()`` names them."""
 
 
@@ -50,7 +52,7 @@ class Subscriber:
         self.replay_timeout_ms = int(replay_timeout * 1000)
         self.last_seq: dict[str, int] = {}
         self.gaps_filled = self.snapshots = self.resyncs = self.restarts = self.bad_batches = 0
-        self.bad_replies = self.disconnects = self.errors = 0
+        self.bad_replies = self.disconnects = self.errors = self.foreign_frames = 0
         self.last_error: str | None = None
         self.connected = dict.fromkeys(endpoints, False)
         self._epoch: dict[str, str] = {}
@@ -61,6 +63,7 @@ class Subscriber:
         # (``_skip_through`` for the 8-byte replay, where a smaller seq means a restart)
         self._replayed: dict[str, dict[int, bytes]] = {}
         self._unverified: set[str] = set()  # disconnected since their last message
+        self._origins = Origins()  # (origin.py: another publisher's frames)
         for replica in endpoints:
             router.forget(replica)  # RouterError for an unknown name; starts it empty
         self._sockets = ReplicaSockets(endpoints, topic, self.replay_timeout_ms)  # sockets.py
@@ -130,7 +133,8 @@ class Subscriber:
         if len(frames) != 3 or len(frames[1]) != 8:
             self.bad_batches += 1  # not (topic, 8-byte seq, payload)
             return 1
-        self._on_message(self._sockets.subs[sock], int.from_bytes(frames[1], "big"), frames[2])
+        self._on_message(self._sockets.subs[sock], int.from_bytes(frames[1], "big"), frames[2],
+                         frames[0])
         return 1
 
     def _on_monitor(self, replica: str, frames: list[bytes]) -> None:
@@ -151,15 +155,20 @@ class Subscriber:
 
     # ---- sequence handling ---------------------------------------------------------------
 
-    def _on_message(self, replica: str, seq: int, payload: bytes) -> None:
+    def _on_message(self, replica: str, seq: int, payload: bytes, topic: bytes | None = None
+                    ) -> None:
+        """A live message (``topic`` its first frame; None: not known)."""
         if replica in self._unverified:
             self._verify(replica)
+        if self._origins.foreign(replica, topic, payload):
+            self.foreign_frames += 1
+            return
         last = self.last_seq.get(replica)
         if last is not None:
             if seq == last + 1:
                 if self._replayed:  # (the live duplicates came before this: in order)
                     self._replayed.pop(replica, None)
-                self._apply(replica, seq, payload)
+                self._apply(replica, seq, payload, topic)
                 return
             if replica not in self._legacy and seq <= self._skip_through.get(replica, -1):
                 return
@@ -172,7 +181,7 @@ class Subscriber:
             # none (``_snapshot_after``, a timeout: no ``_skip_through``; an answer's -1
             # is a publisher that sent nothing yet) follows from this message on.
             if self.last_seq[replica] < 0 and replica not in self._skip_through:
-                self._apply(replica, seq, payload)
+                self._apply(replica, seq, payload, topic)
             return
         if last is not None and seq <= last:  # numbering started again: a restart, if
             client = self._replay.get(replica)  # the publisher there now sent it (else a
@@ -200,7 +209,7 @@ class Subscriber:
                     return
             self.resyncs += 1  # its buffer lost the gap, or no answer: follow from here
             self._forget(replica)
-        self._apply(replica, seq, payload)
+        self._apply(replica, seq, payload, topic)
 
     def _verify(self, replica: str) -> None:
         """After a disconnect: make sure ``replica`` is the publisher it was (module doc)."""
@@ -298,16 +307,18 @@ class Subscriber:
         self.router.forget(replica)
         for state in (self.last_seq, self._skip_through, self._last_payload, self._replayed):
             state.pop(replica, None)
+        self._origins.forget(replica)
 
-    def _apply(self, replica: str, seq: int, payload: bytes) -> None:
+    def _apply(self, replica: str, seq: int, payload: bytes, topic: bytes | None = None) -> None:
+        """Apply batch ``seq`` (``topic``: the live frame's, when it is the message at hand)."""
         self.last_seq[replica] = seq
         self._last_payload[replica] = payload
-        self._decode_apply(replica, payload)
+        self._decode_apply(replica, payload, topic)
 
-    def _decode_apply(self, replica: str, payload: bytes) -> None:
-        try:
-            _, events, _ = decode_batch(payload)
-        except DecodeError:
+    def _decode_apply(self, replica: str, payload: bytes, topic: bytes | None = None) -> None:
+        batch = self._origins.decode(payload)
+        if batch is None:
             self.bad_batches += 1
             return
-        self.router.apply(replica, events)
+        self._origins.applied(replica, topic, batch)
+        self.router.apply(replica, batch[1])

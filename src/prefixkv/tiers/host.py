@@ -8,7 +8,10 @@ The tier never moves bytes: it states copies, which the manager hands to the eng
 ``take_kv_ops()`` once a step, before that step's forward pass. A slot is *pinned* while a
 copy stated for it is pending (it is the source of a load or the target of an offload),
 so no later offload in the same plan overwrites it; ``end_step()`` unpins them when the
-plan is drained. Like the device index, a slot is found by its content (parent content
+plan is drained, or, for a plan whose copies still run while the next step is scheduled
+(``end_step(pending=True)``), ``copies_done()`` once the engine reports them done: until
+then no reservation (a store fetch's thread writes the slot at once) or offload takes
+them. Like the device index, a slot is found by its content (parent content
 id, token bytes, extra bytes), keyed by its token bytes and verified against the parent
 id and extra bytes (a content whose token bytes another slot's content has is keyed by
 the whole triple), or chained under the slot holding its parent's content (see
@@ -73,6 +76,10 @@ class HostTier(SlotOffload, SlotLanding):
         # how many times pins were released (``end_step``) or content forgotten (``clear``):
         # a slot pinned while it stays the same is pinned still, and holds what it held
         self.num_unpins = 0
+        # a plan handed out whose copies still run (``end_step(pending=True)``): its pinned
+        # slots, and the ids of those not pinned again since (``hold``)
+        self._flight: list[Block] = []
+        self._flight_ids: set[int] = set()
         self.num_chained = 0  # slots found only as their parent slot's child
         self.chaining = True  # False once the device cut a chain (``stop_chaining``)
 
@@ -127,6 +134,8 @@ class HostTier(SlotOffload, SlotLanding):
         if not pin:
             return
         fresh = []
+        flight = self._flight_ids
+        again = []
         for s in pin:
             if not s.ref_cnt:  # cached: leaves the LRU (inlined unlink; links go stale)
                 prev, nxt = s.prev, s.next
@@ -134,17 +143,38 @@ class HostTier(SlotOffload, SlotLanding):
                 nxt.prev = prev
                 s.ref_cnt = 1
                 fresh.append(s)
-        self._pinned += fresh
+            elif flight and s.block_id in flight:  # pinned by the plan in flight only:
+                flight.discard(s.block_id)  # this step's pin now (``copies_done`` keeps it)
+                again.append(s)
+        self._pinned += fresh + again if again else fresh
         self._cached.forget(len(fresh))
 
-    def end_step(self) -> None:
-        """The plan was handed to the engine: unpin, most recently used last."""
+    def end_step(self, pending: bool = False) -> None:
+        """The plan was handed to the engine: unpin, most recently used last; or,
+        ``pending``, keep the plan's slots pinned until ``copies_done`` (the caller sees
+        that the previous pending plan was reported done first)."""
+        assert not self._flight and not self._flight_ids, "a plan in flight was not reported done"
+        if pending:
+            self._flight, self._flight_ids = self._pinned, {s.block_id for s in self._pinned}
+            self._pinned = []
+            self._landed = []
+            return
         pinned = self._pinned
         for slot in pinned:
             slot.ref_cnt = 0
         self._cached.extend(pinned)
         self._pinned = []
         self._landed = []
+        self.num_unpins += 1
+
+    def copies_done(self) -> None:
+        """The copies of the plan ended with ``end_step(pending=True)`` are done: unpin its
+        slots that this step has not pinned again, most recently used last."""
+        done = [s for s in self._flight if s.block_id in self._flight_ids]
+        for slot in done:
+            slot.ref_cnt = 0
+        self._cached.extend(done)
+        self._flight, self._flight_ids = [], set()
         self.num_unpins += 1
 
     def _take(self) -> Block | None:
@@ -176,6 +206,7 @@ class HostTier(SlotOffload, SlotLanding):
         self.by_chunk.clear()
         self.by_key.clear()
         self._pinned.clear()
+        self._flight, self._flight_ids = [], set()
         assert not self.num_landing, "clear while a store fetch writes into host slots"
         self._cached = FreeBlockQueue()
         self._empty = self.slots[::-1]

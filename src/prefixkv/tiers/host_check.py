@@ -47,9 +47,9 @@ def _check_chains(tier: HostTier, landing: set[int]) -> str | None:
 def check_tier(tier: HostTier) -> str | None:
     """The first inconsistency of ``tier``'s slots, maps, pins and LRU links, None when
     sound: every slot is empty (no content, no pin), cached (in the LRU, unpinned) or
-    pinned (once: ``ref_cnt`` 1), at most once, or else landing (reserved for a store
-    fetch, in no map, no key or, filled, its token bytes, one pin: the slots in no list,
-    as many as ``num_landing`` counts);
+    pinned (once: ``ref_cnt`` 1; by this step or only by a plan in flight), at most
+    once, or else landing (reserved for a store fetch, in no map, no key or, filled, its
+    token bytes, one pin: the slots in no list, as many as ``num_landing`` counts);
     the runs landed in this step are pinned; the maps hold exactly the cached and pinned
     slots that are not chained; a slot
     keyed by its triple is the one ``find`` returns; chains (above)."""
@@ -66,6 +66,11 @@ def check_tier(tier: HostTier) -> str | None:
         if s.ref_cnt != 1 or not _holds(tier, s) or s.block_id in seen:
             return f"bad pinned host slot {s!r}"
         seen.add(s.block_id)
+    for s in tier._flight:  # (pinned for a plan whose copies run, not by this step)
+        if s.block_id in tier._flight_ids:
+            if s.ref_cnt != 1 or not _holds(tier, s) or s.block_id in seen:
+                return f"bad host slot {s!r} of the plan in flight"
+            seen.add(s.block_id)
     pinned = {s.block_id for s in tier._pinned}
     for run, ids in tier._landed:  # (``hold`` does not pin them again: they are pinned)
         if ids != [s.block_id for s in run] or not pinned.issuperset(ids):

@@ -10,20 +10,9 @@ import torch
 from prefixkv.store.server import LocalRedis
 
 from .. import skip_module_without_vllm
-from .replica import BLOCK, Replica, model_dir
+from .replica import BLOCK, Replica
 
 skip_module_without_vllm()
-
-
-@pytest.fixture(scope="module")
-def model():
-    return model_dir()
-
-
-@pytest.fixture
-def redis():
-    with LocalRedis() as server:
-        yield server
 
 
 def prompt(n: int, salt: int = 0) -> list[int]:

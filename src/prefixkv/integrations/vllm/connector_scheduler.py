@@ -50,7 +50,7 @@ class ConnectorStats:
 class _Chain:
     """A request's full blocks as named so far, and how far they are in the store."""
 
-    __slots__ = ("request", "extra", "hashes", "chunks", "extras", "saved")
+    __slots__ = ("request", "extra", "hashes", "chunks", "extras", "saved", "bad")
 
     def __init__(self, request: Any, extra: ExtraKeys | None) -> None:
         self.request, self.extra = request, extra
@@ -58,6 +58,7 @@ class _Chain:
         self.chunks: list[bytes] = []
         self.extras: list[bytes] = []
         self.saved = 0  # blocks [0, saved) are in the store or another request's to save
+        self.bad: int | None = None  # the first block a load of this request failed at
 
 
 class ConnectorScheduler:
@@ -117,6 +118,8 @@ class ConnectorScheduler:
         local, most = num_computed_tokens // bs, (request.num_tokens - 1) // bs
         c = self._chain(request, most)
         c.saved = local
+        if c.bad is not None:  # a load failed there: offered again, it would fail again
+            most = min(most, c.bad)  # (and vLLM would ask again: a request that never runs)
         if local >= most or time.monotonic() < self._quiet_until:
             return 0, False
         prefix = self._link.prefix(c.extra)
@@ -152,13 +155,17 @@ class ConnectorScheduler:
     def on_output(self, finished_recving: set[str], invalid_block_ids: set[int]) -> None:
         """``update_connector_output``: a load whose block failed (store down, or a value
         that failed the content check) leaves that block and the ones after it to be
-        recomputed, and then saved again; a finished load is forgotten."""
+        recomputed, and then saved again, and the request's later lookups stop before
+        it (else the same value is loaded, fails and is recomputed from again, for good,
+        when it is the first block); a finished load is forgotten."""
         if invalid_block_ids:
             for req_id, run in self._loading.items():
                 bad = [i for i, b in enumerate(run.block_ids) if b in invalid_block_ids]
                 c = self._chains.get(req_id)
                 if bad and c is not None:
-                    c.saved = min(c.saved, c.hashes.index(run.hashes[bad[0]]))
+                    first = c.hashes.index(run.hashes[bad[0]])
+                    c.saved = min(c.saved, first)
+                    c.bad = first if c.bad is None else min(c.bad, first)
         for req_id in finished_recving:
             self._loading.pop(req_id, None)
 

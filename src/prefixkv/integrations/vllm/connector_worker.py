@@ -30,7 +30,7 @@ import torch
 
 from ...errors import ConfigError
 from ...extra_keys import ExtraKeys
-from ...store.fetch import Fetch
+from ...store.fetch import FAILED, Fetch
 from ...store.link import StoreLink
 from ...store.writer import StoreWriter
 from .connector_meta import BlockRun, PrefixKVConnectorMetadata
@@ -87,7 +87,11 @@ class ConnectorWorker:
             f = Fetch(run.req_id, None, 0, run.parent, run.chunks, run.extras,
                       list(run.block_ids), views, time.monotonic() + self._link.store.timeout, True)
             self._fetches[id(f)] = (f, run, rows)
-            self._link.submit(f, _salted(run.salt))
+            try:
+                self._link.submit(f, _salted(run.salt))
+            except Exception as exc:  # the fetch threads refused (shut down): the load
+                f.failed, f.stop = exc, FAILED  # fails as a whole, reported as any other
+                self._link.done.append(f)  # (its blocks invalid: vLLM recomputes them)
 
     def save(self, meta: PrefixKVConnectorMetadata) -> None:
         """``wait_for_save``: gather the blocks of ``meta``'s saves and final saves and

@@ -1,0 +1,62 @@
+"""``Origins``: what a replica's frames state of the publisher that sent them.
+
+vLLM 0.33's wire (``(topic, seq, [ts, events, data_parallel_rank])``, numbered from 0
+in each life of a publisher) names no publisher and no life. Two facts of a frame do not
+change within one publisher: its topic frame (a SUB subscription matches a topic
+*prefix*, so ``kv-events`` also takes ``kv-events-dp1``; a proxy may merge several
+publishers' streams into one socket) and its ``data_parallel_rank`` (each DP rank runs a
+publisher of its own). A frame stating another topic or rank than the batches applied
+for the replica since it was last forgotten is another publisher's. What is left (a
+publisher with the same topic and rank on the same socket) is told only by its numbers
+and the replay buffer's answers (``Subscriber``); a restart by the socket's monitor.
+"""
+
+from __future__ import annotations
+
+from .decode import DecodeError, RouterEvent, decode_batch
+
+Batch = tuple[float, list[RouterEvent], int | None]
+
+
+class Origins:
+    """Per replica, the topic frame and rank of the batches applied since it was last
+    forgotten; and the decoding of the payload at hand (checked, then applied: decoded
+    once)."""
+
+    def __init__(self) -> None:
+        self.topic: dict[str, bytes] = {}
+        self.rank: dict[str, int | None] = {}
+        self._decoded: tuple[bytes | None, Batch | None] = (None, None)
+
+    def decode(self, payload: bytes) -> Batch | None:
+        """``decode_batch(payload)``; None when it raises DecodeError. The last payload's
+        answer is kept (the same object again: not decoded twice)."""
+        if self._decoded[0] is not payload:
+            try:
+                self._decoded = payload, decode_batch(payload)
+            except DecodeError:
+                self._decoded = payload, None
+        return self._decoded[1]
+
+    def foreign(self, replica: str, topic: bytes | None, payload: bytes) -> bool:
+        """Whether a live frame (``topic`` its first frame, None: not known) states
+        another topic or rank than ``replica``'s batches. An undecodable payload, or a
+        replica with none applied yet, is not judged here."""
+        known = self.topic.get(replica)
+        if known is not None and topic is not None and topic != known:
+            return True
+        if replica not in self.rank:
+            return False
+        batch = self.decode(payload)
+        return batch is not None and batch[2] != self.rank[replica]
+
+    def applied(self, replica: str, topic: bytes | None, batch: Batch) -> None:
+        """A batch of ``replica``'s was applied (``topic``: its live frame's, None for a
+        replayed batch): the first states what its publisher's frames state."""
+        self.rank.setdefault(replica, batch[2])
+        if topic is not None:
+            self.topic.setdefault(replica, topic)
+
+    def forget(self, replica: str) -> None:
+        self.topic.pop(replica, None)
+        self.rank.pop(replica, None)

@@ -1,0 +1,185 @@
+"""An engine that schedules the next step while this step's copies still run, with host
+memory attached to a shared store on a real Redis: a host slot that this step's load
+reads must not be reserved by the next step's store fetch (its thread writes the slot at
+once) until the engine reports the copies done (``take_kv_ops(pending=True)``,
+``kv_ops_done()``)."""
+
+import time
+
+import pytest
+
+from prefixkv import BlockLoads, KVCacheManager, PlanError, StoreWait
+from waiting import PATIENCE, wait_until
+
+from .test_shared_store import A, admit, computed, manager
+
+B = list(range(50, 63))                 # another three full blocks + 1
+C = list(range(70, 83))
+
+
+def wait_landed(m, rid):
+    deadline = time.monotonic() + PATIENCE
+    while rid not in m.poll_store():
+        assert time.monotonic() < deadline, "a fetch that never ended"
+        time.sleep(0.001)
+
+
+@pytest.fixture
+def loaded(backend, shared):
+    """A store holding A, B and C (payload: the writer's block id, repeated: 0-2, 4-6,
+    8-10); a manager with
+    three host slots, attached, that admitted A from the store and took the step's plan
+    (loads from its three slots) with ``pending=True``: the copies run."""
+    m1 = manager(shared, num_blocks=16)
+    for rid, prompt in (("a", A), ("b", B), ("c", C)):
+        computed(m1, backend, rid, prompt)
+    m = manager(shared, host_blocks=3)
+    memory = [[memoryview(bytearray(8))] for _ in range(3)]
+    m.attach_host_memory(memory)
+    assert admit(m, "x", A).num_cached_tokens == 12
+    (loads,) = [op for op in m.take_kv_ops(pending=True) if isinstance(op, BlockLoads)]
+    read = [bytes(memory[s][0]) for s in loads.src]
+    assert read == [bytes([i]) * 8 for i in range(3)]
+    return m, memory, loads, read
+
+
+def test_a_slot_a_running_load_reads_is_not_fetched_into(loaded):
+    m, memory, loads, read = loaded
+    adm = m.add_request("y", B)       # the next step, scheduled while the loads run
+    # before: a StoreWait whose fetch reserved the three slots the loads read and wrote
+    # B's payloads into them (4, 5, 6) under the running copies
+    assert not isinstance(adm, StoreWait) and adm.num_cached_tokens == 0
+    assert [bytes(memory[s][0]) for s in loads.src] == read
+    m.check_invariants()
+    m.kv_ops_done()                   # the copies are done: the slots may be taken
+    m.take_kv_ops()
+    m.free("y")
+    assert isinstance(m.add_request("z", C), StoreWait)
+    wait_landed(m, "z")
+    assert sorted(bytes(v[0]) for v in memory) == [bytes([i]) * 8 for i in (8, 9, 10)]
+    m.check_invariants()
+
+
+def test_a_slot_hit_again_stays_pinned_for_the_new_plan(loaded):
+    """A slot in flight that the next step loads again is that step's pin as well: the
+    report of the first plan's copies does not unpin it; the new plan's end does."""
+    m, memory, loads, read = loaded
+    m.free("x")
+    m.add_request("y", B)                          # computed: no slot is free to fetch into
+    m.add_request("w", list(range(90, 103)))       # evicts A's device blocks
+    m.free("w")
+    m.free("y")
+    adm = m.add_request("x2", A)                   # A from the slots in flight
+    assert adm.num_cached_tokens == 12 and m.stats.host_hits == 12
+    m.kv_ops_done()
+    assert m._host.num_free == 0                   # pinned for the new plan's loads
+    m.check_invariants()
+    (again,) = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
+    assert sorted(again.src) == sorted(loads.src) and m._host.num_free == 3
+    m.check_invariants()
+
+
+def test_the_order_of_pending_plans_is_enforced(loaded):
+    m = loaded[0]
+    with pytest.raises(PlanError, match="kv_ops_done"):
+        m.take_kv_ops()               # the previous plan's copies were not reported
+    assert m.reset_prefix_cache() is False
+    m.kv_ops_done()
+    with pytest.raises(PlanError, match="without a plan"):
+        m.kv_ops_done()
+    m.take_kv_ops()
+    m.check_invariants()
+
+
+def test_a_pending_plan_without_a_host_tier():
+    m = KVCacheManager(8, 4, seed=0)
+    m.add_request("a", A)
+    assert m.take_kv_ops(pending=True) == []
+    with pytest.raises(PlanError):
+        m.take_kv_ops()
+    m.kv_ops_done()
+    assert m.take_kv_ops() == []
+
+
+def test_pending_plans_against_fetches_machine(backend):
+    """A state machine: admissions of prompts the store holds (fetched into attached host
+    slots), frees, plans taken pending or not, their copies reported done, fetches left
+    to end. While a plan is pending, the host slots it loads from or offloads into keep
+    the bytes they had when it was taken (no fetch thread writes them), and the
+    manager's invariants hold."""
+    import uuid
+
+    from hypothesis import settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+    from prefixkv import BlockOffloads
+    from prefixkv.store import SharedStore, StoreLayout
+
+    from .conftest import always
+
+    prompts = [list(range(1000 * k + 1, 1000 * k + 14)) for k in range(4)]
+
+    class Machine(RuleBasedStateMachine):
+        @initialize()
+        def start(self):
+            shared = SharedStore(backend, StoreLayout(f"t-{uuid.uuid4().hex}", "float32", 8),
+                                 cost=always(), timeout=10.0)
+            writer = manager(shared, num_blocks=16)
+            for k, p in enumerate(prompts):
+                computed(writer, backend, f"w{k}", p)
+            self.m = manager(shared, num_blocks=8, host_blocks=4)
+            self.memory = [[memoryview(bytearray(8))] for _ in range(4)]
+            self.m.attach_host_memory(self.memory)
+            self.rids: dict[str, int] = {}       # admitted or waiting -> prompt index
+            self.n = 0
+            self.flight: dict[int, bytes] | None = None  # a pending plan's slots' bytes
+
+        @rule(k=st.integers(0, 3))
+        def admit(self, k):
+            """An engine's admission: a fetch is let end (its thread writes the slots)
+            and landed, and the request admitted again."""
+            rid = f"r{self.n}"
+            self.n += 1
+            adm = self.m.add_request(rid, prompts[k])
+            if isinstance(adm, StoreWait):
+                link = self.m._store
+                wait_until(lambda: len(link.done) >= self.m._waits.in_flight, "the fetch's end")
+                self.m.poll_store()
+                adm = self.m.add_request(rid, prompts[k])
+            if adm is not None and not isinstance(adm, StoreWait):
+                self.rids[rid] = k
+            elif adm is not None:
+                self.m.free(rid)                  # (still waiting: a retry would fetch again)
+
+        @precondition(lambda self: self.rids)
+        @rule(data=st.data())
+        def free(self, data):
+            rid = data.draw(st.sampled_from(sorted(self.rids)))
+            self.m.free(rid)
+            del self.rids[rid]
+
+        @precondition(lambda self: self.flight is None)
+        @rule(pending=st.booleans())
+        def take(self, pending):
+            ops = self.m.take_kv_ops(pending=pending)
+            if pending:
+                slots = {s for op in ops if isinstance(op, BlockLoads) for s in op.src}
+                slots |= {s for op in ops if isinstance(op, BlockOffloads) for s in op.dst}
+                self.flight = {s: bytes(self.memory[s][0]) for s in slots}
+
+        @precondition(lambda self: self.flight is not None)
+        @rule()
+        def done(self):
+            self.m.kv_ops_done()
+            self.flight = None
+
+        @invariant()
+        def sound(self):
+            if hasattr(self, "m"):
+                self.m.check_invariants()
+                for s, was in (self.flight or {}).items():
+                    assert bytes(self.memory[s][0]) == was, f"slot {s} rewritten in flight"
+
+    Machine.TestCase.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
+    Machine.TestCase().runTest()
