@@ -52,17 +52,30 @@ CASES = (("2k hit (bench_allocator)", "alloc2khit", "off"), ("2k hit (bench_allo
          ("2k hit (bench_allocator), prepared", "alloc2khit+prepared", "on"),
          ("system-prompt, prepared", "system-prompt+prepared", "off"),
          ("system-prompt, prepared", "system-prompt+prepared", "on"),
-         ("chat, prepared", "chat+prepared", "on"), ("pressure, prepared", "pressure+prepared", "on"))
+         ("chat, prepared", "chat+prepared", "on"), ("pressure, prepared", "pressure+prepared", "on"),
+         ("document, prepared", "document+prepared", "on"),
+         ("2k miss (bench_allocator)", "alloc2kmiss", "off"),
+         ("2k miss (bench_allocator)", "alloc2kmiss", "on"),
+         ("chat, prepared", "chat+prepared", "off"), ("document, prepared", "document+prepared", "off"),
+         ("pressure, prepared", "pressure+prepared", "off"),
+         ("nothing (the flush alone)", "piece/noop", "off"))
 """``+prepared``: each step admits a ``Prompt`` (``KVCacheManager.prepare``) made in the
 set-up, the same number whatever the steps (so not counted), as an engine's input
 thread prepares it."""
+FLUSH = 8 << 20  # ``--cold``: bytes written before each step (4x the simulated last level)
+CACHES = ("--I1=32768,8,64", "--D1=32768,8,64", "--LL=2097152,16,64")
+"""``--cold``'s simulated caches: a core's L1 and its share of a last level that other
+work fills meanwhile (a 2 MiB slice)."""
+MAX_STEPS = {"document": 99, "alloc2kmiss": 200}  # (the requests there are after the first)
+MISSES = 201  # the 2k-miss case's prompts, made whatever the steps (so at most 200 steps)
 
 
-def steps(case: str, events: bool, k: int) -> None:
-    """Set up ``case`` and run ``k`` of its steps (what valgrind counts)."""
+def steps(case: str, events: bool, k: int, cold: bool = False) -> None:
+    """Set up ``case`` and run ``k`` of its steps (what valgrind counts); ``cold``: each
+    step after writing ``FLUSH`` bytes (the simulated caches lose what they held)."""
     rng = random.Random(0)
     case, _, prepared = case.partition("+")
-    if case == "alloc2khit":
+    if case.startswith("alloc2k"):
         m = KVCacheManager(10_000, BS, seed=0, enable_events=events, max_events=1 << 20)
         i = 0
         while m.num_cached_blocks < m.num_blocks:  # as bench_allocator's fill_to_capacity
@@ -70,9 +83,14 @@ def steps(case: str, events: bool, k: int) -> None:
             m.free(("fill", i))
             m.take_events()
             i += 1
-        p = list(array("H", rng.randbytes(2 * 2048)))
-        given = m.prepare(p) if prepared else p  # (one Prompt, as the ids are one list)
-        reqs = [(i, given) for i in range(k + 1)]
+        if case == "alloc2khit":
+            p = list(array("H", rng.randbytes(2 * 2048)))
+            given = m.prepare(p) if prepared else p  # (one Prompt, as the ids are one list)
+            reqs = [(i, given) for i in range(k + 1)]
+        else:  # a fresh prompt each step (each a miss that evicts): as many made whatever ``k``
+            made = [list(array("H", rng.randbytes(2 * 2048))) for _ in range(MISSES)]
+            assert k + 1 <= MISSES, f"at most {MISSES - 1} miss steps"
+            reqs = [(i, m.prepare(p) if prepared else p) for i, p in enumerate(made)][:k + 1]
     else:
         name = case.split("/")[0] if not case.startswith("piece/") else "system-prompt"
         wl = builtin(name, 1.0)
@@ -91,12 +109,15 @@ def steps(case: str, events: bool, k: int) -> None:
     m.take_events()
     kept = []  # the batches, left unbuilt (a publisher's thread builds them)
     piece = case[len("piece/"):] if case.startswith("piece/") else None  # (no free)
+    flush = bytearray(FLUSH) if cold else None
     for rid, p in reqs[1:]:
+        if flush is not None:  # the forward pass: the machine's other work takes the caches
+            flush[::64] = bytes(len(flush) // 64)
         if piece is None:
             m.add_request(rid, p)
             kept.append(m.take_pending_events())
             m.free(rid)
-        else:
+        elif piece != "noop":
             a = encode_tokens(p)
             if piece != "encode":
                 chunks = block_chunks(token_buffer(a), 4 * BS, len(a) // BS)
@@ -104,25 +125,41 @@ def steps(case: str, events: bool, k: int) -> None:
                     hits, unlinked = m._index.claim(chunks[:(len(a) - 1) // BS], b"", None)  # type: ignore[union-attr]
                     m._pool.claimed(unlinked)
                     m._pool.unclaim(hits, unlinked)
+    # what the steps made stays out of the collection at exit (it would be counted as theirs:
+    # a run's list of blocks, say, is traversed there, not in a step)
+    gc.freeze()
 
 
-def count(case: str, events: str, k: int) -> int:
-    out = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
-                          "--cachegrind-out-file=/dev/null", sys.executable, __file__, "--run",
-                          case, events, str(k)], capture_output=True, text=True, check=True)
-    line = next(x for x in out.stderr.splitlines() if "I   refs" in x or "I refs" in x)
-    return int(line.split()[-1].replace(",", ""))
+def count(case: str, events: str, k: int, cold: bool = False) -> tuple[int, ...]:
+    """Instructions of the run; ``cold``: also its D1 and last-level data misses
+    (cachegrind's simulated caches: ``CACHES``)."""
+    sim = ["--cache-sim=yes", *CACHES] if cold else ["--cache-sim=no"]
+    out = subprocess.run(["valgrind", "--tool=cachegrind", *sim, "--cachegrind-out-file=/dev/null",
+                          sys.executable, __file__, "--run", case, events, str(k),
+                          *(["cold"] if cold else [])], capture_output=True, text=True, check=True)
+    got = []
+    for label in ("I refs", "D1  misses", "LLd misses")[:3 if cold else 1]:
+        line = next(x for x in out.stderr.splitlines() if label in x.replace("I   refs", "I refs"))
+        got.append(int(line.split(":")[1].split()[0].replace(",", "")))
+    return tuple(got)
 
 
-def instructions(k: int, only: str | None) -> None:
+def instructions(k: int, only: str | None, cold: bool) -> None:
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed")
-    print(f"| case | events | instructions a step ({k} steps) |\n|---|---|---:|")
+    if cold:
+        print(f"| case | events | instructions a step ({k} steps, cold) | D1 misses | LL misses |"
+              "\n|---|---|---:|---:|---:|")
+    else:
+        print(f"| case | events | instructions a step ({k} steps) |\n|---|---|---:|")
     for label, case, events in CASES:
         if only is not None and only not in label:
             continue
-        per = (count(case, events, k) - count(case, events, 0)) // k
-        print(f"| {label} | {events} | {per:,} |", flush=True)
+        n = min(k, MAX_STEPS.get(case.split("+")[0], k))
+        per = [(a - b) // n for a, b in zip(count(case, events, n, cold),
+                                             count(case, events, 0, cold), strict=True)]
+        steps_note = f" ({n} steps)" if n != k else ""
+        print(f"| {label}{steps_note} | {events} | {' | '.join(f'{x:,}' for x in per)} |", flush=True)
 
 
 def cold(rounds: int, name: str) -> None:
@@ -179,7 +216,7 @@ def cold(rounds: int, name: str) -> None:
 def main() -> None:
     if sys.argv[1:2] == ["--run"]:
         case, events, k = sys.argv[2:5]
-        steps(case, events == "on", int(k))
+        steps(case, events == "on", int(k), sys.argv[5:6] == ["cold"])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=("instructions", "cold"))
@@ -187,9 +224,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workload", default="system-prompt")
     ap.add_argument("--only", default=None, help="instructions: the cases whose label has this")
+    ap.add_argument("--cold", action="store_true", help="instructions: each step after the "
+                    "simulated caches were flushed, with their data misses a step (module doc)")
     args = ap.parse_args()
     if args.what == "instructions":
-        instructions(args.steps, args.only)
+        instructions(args.steps, args.only, args.cold)
     else:
         cold(args.rounds, args.workload)
 

@@ -54,36 +54,13 @@ from pathlib import Path
 # this tree's prefixkv, or the one at $PREFIXKV_SRC (an A/B of two commits, run in turn)
 sys.path.insert(0, os.environ.get("PREFIXKV_SRC") or str(Path(__file__).resolve().parents[1] / "src"))
 
-import torch  # noqa: E402  (vLLM's KV spec names a dtype)
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils.hashing import xxhash  # noqa: E402
-from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-)
-from vllm.v1.request import Request  # noqa: E402
-
 from prefixkv import KVCacheManager  # noqa: E402
 from prefixkv.bench.workloads import builtin  # noqa: E402
 from prefixkv.fleet.publisher import EventPublisher  # noqa: E402
+from vllm_side import BS, vllm_manager, vllm_request  # noqa: E402
 
-BS = 16
 POOL = 10_000
 CLOCK = time.thread_time_ns
-init_none_hash(xxhash)
-HASHER = get_request_block_hasher(BS, xxhash)
-SAMPLING = SamplingParams(max_tokens=16)
-
-
-def vllm_manager(events: bool, pool: int = POOL) -> VllmManager:
-    spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=64, dtype=torch.float16)
-    cfg = KVCacheConfig(num_blocks=pool, kv_cache_tensors=[],
-                        kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)])
-    return VllmManager(cfg, max_model_len=40_000, scheduler_block_size=BS, hash_block_size=BS,
-                       enable_caching=True, enable_kv_cache_events=events)
 
 
 def admit(kind: str, m, rid: str, tokens: list[int]) -> tuple[int, int, object]:
@@ -95,7 +72,7 @@ def admit(kind: str, m, rid: str, tokens: list[int]) -> tuple[int, int, object]:
         assert ok is not None
         return t, t, rid
     t0 = CLOCK()
-    req = Request(rid, tokens, SAMPLING, None, block_hasher=HASHER)
+    req = vllm_request(rid, tokens)
     t1 = CLOCK()
     blocks, hit, *_ = m.get_computed_blocks(req)
     ok = m.allocate_slots(req, len(tokens) - hit, num_new_computed_tokens=hit,
@@ -119,7 +96,7 @@ def prompt(rng: random.Random, n: int) -> list[int]:
 
 def run(rounds: int) -> list[dict]:
     rng = random.Random(0)
-    managers = {("vLLM", e): vllm_manager(e) for e in (False, True)}
+    managers = {("vLLM", e): vllm_manager(e, POOL) for e in (False, True)}
     managers.update({("prefixkv", e): KVCacheManager(POOL, BS, seed=0, enable_events=e,
                                                      max_events=1 << 20) for e in (False, True)})
     for (kind, _), m in managers.items():

@@ -199,3 +199,27 @@ def test_num_blocks_to_allocate_is_net_of_the_steps_release():
     with pytest.raises(RequestError, match="require_full_fit"):
         m.add_request("b", [1, 2], require_full_fit=1)
     m.check_invariants()
+
+
+def test_release_unread_releases_what_the_next_step_would_and_nothing_more():
+    m = manager(num_blocks=11)
+    m.add_request("a", list(range(1, 17)))              # 16 tokens: 4 blocks a group
+    assert m.add_request("b", list(range(1, 6))).num_cached_tokens == 4  # a's block 0, 1 new a group
+    assert m.num_free_blocks == 0
+    before = m.get_block_ids("a")
+    # the next step at 16 reads 9..16: the window's blocks 0, 1 go; block 0 is b's too
+    assert m.num_blocks_released("a") == 1
+    assert m.release_unread("a") == 1
+    assert m.num_free_blocks == 1
+    null = m.null_block_id
+    assert m.get_block_ids("a") == (before[0], (null, null, *before[1][2:]))
+    assert m.num_blocks_released("a") == m.release_unread("a") == 0   # nothing more to go
+    m.check_invariants()
+    assert m.append_tokens("a", [17]) is None           # 2 new blocks, 1 free: short
+    m.free("b")
+    assert m.append_tokens("a", [17]) is not None       # the step itself, as before
+    m.check_invariants()
+    for call in (m.release_unread, m.num_blocks_released):
+        with pytest.raises(RequestError):
+            call("nobody")
+

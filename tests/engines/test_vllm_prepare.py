@@ -269,6 +269,31 @@ def test_prompts_with_extra_inputs_are_prepared_with_them():
     assert t.admit(t.build("e3", None, prompt_embeds=embeds + 1), prompt_taken=True)[0] == 0
 
 
+def test_mixed_prompts_with_the_same_ids_and_embeds_but_another_mask_do_not_share():
+    # A chat prompt mixing token ids and prompt_embeds (vLLM's ``prompt_is_token_ids``):
+    # embedded positions carry id 0 and the full-length embeds tensor zeros at token
+    # positions. So a real token 0 beside an embedded span reads, in ids and embeds, the
+    # same as one more embedded row of zeros: only the mask tells the model which input
+    # it ran on, and two such prompts computed different KV.
+    tokens = list(range(1, 41))
+    tokens[20] = 0
+    embeds = torch.zeros(40, 2)
+    embeds[10:20] = torch.arange(20.0).reshape(10, 2) + 1
+
+    def mask(embedded: range) -> list[bool]:
+        return [i not in embedded for i in range(40)]
+
+    t = Twins()
+    a = t.build("a", tokens, prompt_embeds=embeds, prompt_is_token_ids=mask(range(10, 20)))
+    assert t.admit(a, prompt_taken=True)[0] == 0
+    t.computed(a)
+    again = t.build("a2", tokens, prompt_embeds=embeds.clone(), prompt_is_token_ids=mask(range(10, 20)))
+    assert t.admit(again, prompt_taken=True)[0] == 32
+    b = t.build("b", tokens, prompt_embeds=embeds.clone(), prompt_is_token_ids=mask(range(10, 21)))
+    assert [list(r.all_token_ids) for r in b] == [list(a[0].all_token_ids)] * 2  # the same ids
+    assert t.admit(b, prompt_taken=True)[0] == 0  # position 20: token 0 in a, zeros in b
+
+
 def test_a_prompt_prepare_refuses_still_builds_and_is_refused_at_admission_as_before():
     t = Twins()
     a = t.build("a", [1, 2, -3])  # prefixkv takes ids in [0, 2**32)

@@ -8,12 +8,15 @@ decode steps (``allocate_slots`` for a running request, outputs appended), finis
 What the scheduler reads must agree (SPEC.md §6): the hit on admission, whether an
 allocation fits, the blocks each request holds (counts), the free count and usage,
 ``get_num_common_prefix_blocks``, ``reset_prefix_cache``'s answer and the prefix-cache
-stats. Block ids differ by design (the order of each pool's free blocks: prefixkv takes
-blocks with no content before it evicts a cached one, vLLM pops its queue's head): their
+stats; on hybrid models (vLLM's ``HybridKVCacheCoordinator``: full attention and sliding
+windows), also the null entries of each group's table (the blocks a window released).
+Block ids differ by design (the order of each pool's free blocks: prefixkv takes blocks
+with no content before it evicts a cached one, vLLM pops its queue's head): their
 counts are compared, and hits only until the first eviction in either manager (events),
 after which each depends on what each evicted. At every step, in both managers, a hit
 must be true: each block it returns holds, per a model of what every request wrote
-where, the prompt's own tokens (and salt). Needs vllm installed."""
+where, the prompt's own prefix up to it (and salt) in its group, and a window group's
+null entries lie below what the first query reads. Needs vllm installed."""
 
 from __future__ import annotations
 
@@ -36,18 +39,23 @@ from .test_vllm_plugin import config, full  # noqa: E402
 BS = 4
 MAX_LEN = 40  # vLLM's engine refuses a pool that cannot hold one request of this length
 SLOTS = 4  # logical requests at a time
+NULL = 0  # vLLM's null block: a window group's entries below what its queries read
 
 
 @dataclass
 class Side:
     """One manager, its requests (one ``Request`` per logical slot) and a model of the KV
-    each block holds: block id -> (salt, the tokens written into it), for full blocks."""
+    each block holds: block id -> (group, salt, every token up to the block's end), for
+    full blocks (a block's KV in any layer depends on the whole prefix before it).
+    ``windows``: what each group's queries read: None (full attention), ``("sliding",
+    W)`` (the last W positions) or ``("chunked", C)`` (the query's own C-token chunk)."""
 
     m: Any
+    windows: tuple[tuple[str, int] | None, ...] = (None,)
     reqs: dict[int, Any] = field(default_factory=dict)
     live: set[int] = field(default_factory=set)
     remote: set[int] = field(default_factory=set)  # waiting for remote KV (an async load)
-    held: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    held: dict[int, tuple[Any, ...] | None] = field(default_factory=dict)
     evicted: bool = False
 
     def note_events(self) -> None:
@@ -57,24 +65,43 @@ class Side:
             self.evicted = True
 
     def wrote(self, slot: int) -> None:
-        """The request in ``slot`` computed its tokens up to num_computed_tokens."""
+        """The request in ``slot`` computed its tokens up to num_computed_tokens; its
+        blocks past them hold nothing known yet."""
         r = self.reqs[slot]
-        ids = self.m.get_block_ids(r.request_id)[0]
         toks = list(r.all_token_ids)
-        for j in range(r.num_computed_tokens // BS):
-            self.held[ids[j]] = (r.cache_salt, *toks[j * BS:(j + 1) * BS])
+        for g, ids in enumerate(self.m.get_block_ids(r.request_id)):
+            full = r.num_computed_tokens // BS
+            for j, b in enumerate(ids):
+                if b != NULL:
+                    self.held[b] = (g, r.cache_salt, *toks[:(j + 1) * BS]) if j < full else None
 
     def check_hit(self, slot: int, blocks: Any, hit: int) -> None:
+        """Every block of the hit holds the prompt's prefix up to it in its group, and a
+        group's null entries lie wholly below what a query at ``hit`` reads."""
         r = self.reqs[slot]
         toks = list(r.all_token_ids)
-        ids = blocks.get_block_ids()[0] if hit else []
-        assert len(ids) * BS == hit, (ids, hit)
-        for j, b in enumerate(ids):
-            assert self.held.get(b) == (r.cache_salt, *toks[j * BS:(j + 1) * BS]), (
-                f"wrong KV: block {b} holds {self.held.get(b)} for block {j} of {toks}")
+        for g, ids in enumerate(blocks.get_block_ids() if hit else [[] for _ in self.windows]):
+            assert len(ids) * BS == hit, (g, ids, hit)
+            reach = _first_needed(self.windows[g], hit)
+            for j, b in enumerate(ids):
+                if b == NULL:
+                    assert (j + 1) * BS <= reach, f"group {g} lost block {j} a query at {hit} reads"
+                else:
+                    assert self.held.get(b) == (g, r.cache_salt, *toks[:(j + 1) * BS]), (
+                        f"wrong KV: group {g} block {b} holds {self.held.get(b)} for block {j} of {toks}")
 
 
-def _managers(num_blocks: int) -> tuple[Side, Side]:
+def _first_needed(window: tuple[str, int] | None, pos: int) -> int:
+    """The first position a query at ``pos`` reads in a group of ``window``."""
+    if window is None:
+        return 0
+    kind, n = window
+    return max(0, pos - n + 1) if kind == "sliding" else pos - pos % n
+
+
+def _managers(num_blocks: int, specs: tuple[Any, ...] | None = None) -> tuple[Side, Side]:
+    """prefixkv's plug-in and vLLM's own manager over groups ``specs`` (one full-attention
+    group by default)."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
     from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -82,10 +109,14 @@ def _managers(num_blocks: int) -> tuple[Side, Side]:
     from prefixkv.integrations.vllm import KVCacheManager as Ours
 
     init_none_hash(sha256)
+    specs = specs or (full(BS),)
+    windows = tuple(("sliding", s.sliding_window) if getattr(s, "sliding_window", None)
+                    else ("chunked", s.attention_chunk_size) if getattr(s, "attention_chunk_size", None)
+                    else None for s in specs)
     kw = dict(max_model_len=MAX_LEN, scheduler_block_size=BS, hash_block_size=BS, log_stats=True,
               enable_kv_cache_events=True)
-    return (Side(Ours(config(full(BS), num_blocks=num_blocks), **kw)),
-            Side(Theirs(config(full(BS), num_blocks=num_blocks), **kw)))
+    return (Side(Ours(config(*specs, num_blocks=num_blocks), **kw), windows),
+            Side(Theirs(config(*specs, num_blocks=num_blocks), **kw), windows))
 
 
 def _request(rid: str, tokens: list[int], salt: str | None) -> Any:
@@ -195,7 +226,7 @@ def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[list
             else:
                 r.status, r.num_computed_tokens = RequestStatus.PREEMPTED, 0
                 r.num_preemptions += 1
-    elif op == "evict" and live and slot not in ours.remote:
+    elif op == "evict" and live and slot not in ours.remote and len(ours.windows) == 1:
         for s in sides:  # (vLLM's _update_requests_with_invalid_blocks, _handle_invalid_blocks)
             r = s.reqs[slot]
             ids = s.m.get_block_ids(r.request_id)[0]
@@ -203,7 +234,7 @@ def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[list
             if j < len(ids):
                 s.m.evict_blocks(set(ids[j:]))
                 for b in ids[j:]:
-                    s.held.pop(b, None)
+                    s.held[b] = None
                 r.num_computed_tokens = min(r.num_computed_tokens, j * BS)
     elif op == "reset":
         answers = [s.m.reset_prefix_cache() for s in sides]
@@ -222,6 +253,7 @@ def _compare(sides: tuple[Side, Side], same_hits: bool) -> None:
         rid = ours.reqs[slot].request_id
         mine, vllms = ours.m.get_block_ids(rid), theirs.m.get_block_ids(rid)
         assert [len(g) for g in mine] == [len(g) for g in vllms], (rid, mine, vllms)
+        assert [g.count(NULL) for g in mine] == [g.count(NULL) for g in vllms], (rid, mine, vllms)
         assert ours.m.get_num_common_prefix_blocks(rid) == theirs.m.get_num_common_prefix_blocks(rid)
         cached = [s.m.estimate_cached_tokens(s.reqs[slot]) for s in sides]
         assert cached[0] == cached[1], (rid, cached)
@@ -314,6 +346,39 @@ def test_the_cached_token_estimate_leaves_out_blocks_evict_blocks_uncached(evict
     assert answers[0] == answers[1], answers
     last = max((j + 1 for j in range(8) if j not in evict), default=0) * BS
     assert answers[0][:2] == [last, last]
+
+
+def test_a_block_of_one_token_whose_load_is_pending_is_not_a_hit():
+    # block_size 1, an async load of 8 tokens: prefixkv schedules one token at admission,
+    # which filled block 0 and made it findable before its KV landed: b hit it (wrong KV,
+    # or none if the load then failed). vLLM caches nothing of a load before it lands.
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.request import Request, RequestStatus
+
+    from prefixkv.integrations.vllm import KVCacheManager as Ours
+
+    init_none_hash(sha256)
+    spec = FullAttentionSpec(block_size=1, num_kv_heads=1, head_size=1, dtype=torch.float32)
+
+    def make(rid: str) -> Any:
+        return Request(request_id=rid, prompt_token_ids=list(range(10)), pooling_params=None,
+                       sampling_params=_request("x", [1], None).sampling_params,
+                       block_hasher=get_request_block_hasher(1, sha256))
+
+    answers = []
+    for cls in (Ours, Theirs):
+        m = cls(config(spec, num_blocks=40), max_model_len=MAX_LEN, scheduler_block_size=1, hash_block_size=1)
+        a, b = make("a"), make("b")
+        assert m.allocate_slots(a, 0, num_external_computed_tokens=8, delay_cache_blocks=True) is not None
+        a.status, a.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, 8
+        pending = m.get_computed_blocks(b)[1]
+        m.cache_blocks(a, 8)  # the load landed
+        answers.append((pending, m.get_computed_blocks(b)[1]))
+    assert answers[0][0] == answers[1][0] == 0
+    assert (answers[0][1], answers[1][1]) == (0, 8)  # prefixkv: block 0 stays uncached (a miss)
 
 
 def test_a_prompt_past_max_model_len_is_refused_before_any_change():

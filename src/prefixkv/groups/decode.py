@@ -28,7 +28,7 @@ Growth = tuple[tuple[int, ...], ...]
 
 class GroupDecoder(GroupAdmitter):
     """``extend``, ``append_tokens``, ``append_step``, ``reserve``,
-    ``num_blocks_to_allocate``; see
+    ``num_blocks_to_allocate``, ``num_blocks_released``, ``release_unread``; see
     ``HybridKVCacheManager``."""
 
     def _step_requests(self, request_ids: Sequence[Hashable],
@@ -126,6 +126,33 @@ class GroupDecoder(GroupAdmitter):
         per_group = blocks_for(num_slots, self.block_size) - len(req.tables[0])
         return max(0, per_group * len(self.groups) - self._going(req)[1])
 
+    def release_unread(self, request_id: Hashable) -> int:
+        """Release now, in every windowed group, the blocks that the request's next step
+        (at ``num_scheduled_tokens``) would release first: vLLM's ``allocate_slots``
+        frees them even when it then refuses the step. Call it only when the request's
+        last step ran. Returns how many went back to the pool (held by no other).
+        Raises RequestError (unknown id)."""
+        req = self._get(request_id)
+        going, freed = self._going(req)
+        if going is not None:
+            self._release(req, going)
+            req.step_start = req.num_scheduled
+        return freed
+
+    def _release(self, req: GroupRequest, going: list[list[Block | None]] | None) -> None:
+        if going is not None:
+            for g, part in enumerate(going):
+                self._released[g] += len(part)
+            self._pool.release(req.release(going))  # type: ignore[arg-type]
+            req.plan_release(self.groups, self.block_size)
+
+    def num_blocks_released(self, request_id: Hashable) -> int:
+        """Blocks that the window release of the request's next step (at
+        ``num_scheduled_tokens``) returns to the pool: those no other request holds (0
+        when no window moves past a block). Changes nothing. Raises RequestError
+        (unknown id)."""
+        return self._going(self._get(request_id))[1]
+
     def _going(self, req: GroupRequest) -> tuple[list[list[Block | None]] | None, int]:
         """The blocks each group releases when a step starts at ``num_scheduled`` (None
         when none does), and how many of them return to the pool (held by no other)."""
@@ -180,11 +207,7 @@ class GroupDecoder(GroupAdmitter):
             except ConfigError:
                 del req.tokens[n:]
                 raise
-        if going is not None:
-            for g, part in enumerate(going):
-                self._released[g] += len(part)
-            self._pool.release(req.release(going))  # type: ignore[arg-type]
-            req.plan_release(self.groups, bs)
+        self._release(req, going)
         added = self._take(req, per_group) if per_group > 0 else self._nothing
         req.num_scheduled = total
         req.step_start = start

@@ -87,7 +87,9 @@ class StoredRun(Deferred):
     def __init__(self, hasher: Hasher, parent: Block | None, blocks: list[Block],
                  chunks: list[bytes], extras: list[bytes], extra: ExtraKeys | None,
                  first: int, bs: int, spares: dict[int, Block] | None) -> None:
-        super().__init__(_num_runs(len(blocks), spares))
+        # (``Deferred.__init__`` inlined, and the count of a run without spares: one
+        # StoredRun an admission, on the scheduler's thread)
+        self.count = 1 if spares is None else _num_runs(len(blocks), spares)
         self.hasher, self.parent, self.blocks = hasher, parent, blocks
         self.chunks, self.extras, self.extra = chunks, extras, extra
         self.first, self.bs, self.spares = first, bs, spares
@@ -178,12 +180,3 @@ class Announcer:
         parent = req.blocks[first - 1].hash if first else None
         self._sink.extend(announce(run, hashes, parent, chunks, first, self._bs,
                                    req.keys.extra, spares))
-
-    def _defer(self, req: Request, first: int, chunks: list[bytes], extras: list[bytes],
-               spares: dict[int, Block] | None) -> None:
-        """Announce blocks ``first..`` of ``req`` just stored, when the log is taken."""
-        blocks = req.blocks
-        self._sink.defer(StoredRun(
-            self._hasher, blocks[first - 1] if first else None,
-            blocks[first:first + len(chunks)], chunks, extras, req.keys.extra, first,
-            self._bs, spares))

@@ -125,7 +125,7 @@ class ContentIndex(ContentRecorder):
         if mm is not None:
             return None
         hits: list[Block] = []
-        cid = unlinked = 0
+        cid = held = 0
         get, by_key = self._by_chunk.get, self._by_key
         p = _NO_PARENT
         b: Block | None
@@ -144,12 +144,13 @@ class ContentIndex(ContentRecorder):
                 prev, nxt = b.prev, b.next
                 prev.next = nxt
                 nxt.prev = prev
-                unlinked += 1
+            else:  # (the held ones are counted: the unlinking branch costs more already)
+                held += 1
             b.ref_cnt = r + 1
             hits.append(b)
             cid = b.content_id
             p = b
-        return hits, unlinked
+        return hits, len(hits) - held
 
     def drop(self, blocks: Sequence[Block]) -> None:
         """The eviction step for cached blocks the pool takes from its free queue (each

@@ -17,7 +17,7 @@ from ..core.request import Request
 from ..event_log import EventSink
 from ..events import DEVICE
 from ..hashing import block_chunks, token_bytes
-from .announce import Announcer, Fresh, Prepared
+from .announce import Announcer, Fresh, Prepared, StoredRun
 from .hasher import Hasher
 
 if TYPE_CHECKING:
@@ -221,8 +221,10 @@ class ContentRecorder(Announcer):
             self._announce(req, first, chunks, hashes)
             if self.fresh is not None:
                 self._note_fresh(self.fresh, req, first, len(hashes))
-        elif self.lazy:
-            self._defer(req, first, chunks, extras, spares)
+        elif self.lazy:  # announced when the log is taken: one StoredRun for the run
+            self._sink.defer(StoredRun(self._hasher, blocks[first - 1] if first else None,
+                                       blocks[first:first + len(chunks)], chunks, extras,
+                                       req.keys.extra, first, self._bs, spares))
 
     def adopt(self, blocks: Sequence[Block], slots: Sequence[Block], chunks: Sequence[bytes],
               parent: Block | None, run: bool) -> None:

@@ -112,3 +112,28 @@ def test_connector_config_reads_and_refuses():
                 {"redis_url": "r", "model": ""}, {"redis_url": "r", "other": 1}):
         with pytest.raises(ConfigError):
             ConnectorConfig.from_extra(bad)
+
+
+def test_an_abort_after_the_load_was_stated_still_sends_the_load_and_saves_nothing(sched):
+    # vLLM's finish_requests holds the blocks of an aborted WAITING_FOR_REMOTE_KVS request
+    # whose load started (update_state_after_alloc came, from the schedule or from
+    # _drain_deferred_loads) until the workers report it received: so the load must still
+    # reach them (else vLLM holds the blocks for ever), nothing of it may be saved, and a
+    # second finish, or an invalid block reported for it, changes nothing
+    from vllm.v1.request import RequestStatus
+
+    r = request("d", list(range(300, 300 + 4 * BS + 1)))
+    sched.num_new_matched_tokens(r, 0)
+    chain = sched._chains["d"]
+    prefix = sched._link.prefix(chain.extra)
+    sched._backend.put([(prefix + h.hex().encode(), b"v") for h in chain.hashes[:2]])
+    assert sched.num_new_matched_tokens(r, 0) == (2 * BS, True)
+    sched.after_alloc(r, [5, 6, 7, 8, 9], 2 * BS)
+    r.status, r.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, 2 * BS
+    assert sched.finished(r, [5, 6, 7, 8, 9]) is False  # vLLM holds them: no delay of ours
+    assert sched.finished(r, [5, 6, 7, 8, 9]) is False
+    sched.on_output(set(), {6})
+    meta = sched.build_meta(output(), ids())
+    assert [(run.req_id, run.block_ids) for run in meta.loads] == [("d", (5, 6))]
+    assert meta.saves == meta.finals == [] and sched.saved == []
+    assert sched.build_meta(output(d=1), ids(5, 6, 7, 8, 9)).saves == []  # (an id vLLM reuses)

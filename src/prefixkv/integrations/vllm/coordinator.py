@@ -65,6 +65,21 @@ class CoordinatorView:
         held = len(core.get_block_ids(key))
         return max(0, blocks_for(num_tokens, self.block_size) - held)
 
+    def short_of_blocks(self, key: int, num_tokens: int, keep: int) -> bool:
+        """Whether covering ``num_tokens`` positions of the live request ``key`` would
+        leave fewer than ``keep`` blocks free, as vLLM's ``allocate_slots`` decides it:
+        the blocks a window releases at the step's start count as free first (vLLM
+        frees them before it counts), so a step may fit with fewer than ``keep`` free
+        now when its release returns more than it takes."""
+        core, bs = self._manager.core, self.block_size
+        rows = core.get_block_ids(key)
+        if not self._manager._hybrid:
+            rows = (rows,)
+        covered = max(num_tokens, core.num_scheduled_tokens(key))
+        need = len(rows) * max(0, blocks_for(covered, bs) - len(rows[0]))
+        released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
+        return need > int(core.num_free_blocks) + released - keep
+
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
                                    new_computed_blocks: Sequence[Sequence[Any]], num_encoder_tokens: int,
                                    total_computed_tokens: int, num_local_computed_tokens: int,

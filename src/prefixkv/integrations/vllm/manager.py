@@ -151,12 +151,13 @@ class KVCacheManager:
     def estimate_cached_tokens(self, request: Request) -> int:
         """vLLM's estimate: tokens up to the end of the request's last block still holding
         cached content, the least over groups. A block ``evict_blocks`` uncached while
-        the request held it holds none (nor does a null block): after vLLM's scheduler
+        the request held it holds none (nor does a null block: a window group that
+        released every full block of the request counts 0): after vLLM's scheduler
         evicts a request's tail from its first invalid block, that block's start."""
         rid = request.request_id
         n = self.num_cached_tokens(rid)
-        evicted = self._evicted.get(rid)
-        if not n or not evicted:
+        evicted = self._evicted.get(rid, ())
+        if not n or not (evicted or self._hybrid):  # (a window's released blocks: null)
             return n
         full = n // self.block_size
         return self.block_size * min(

@@ -18,11 +18,12 @@ shrinks) and the streaming-session update (``Scheduler._update_request_as_sessio
 ``resumable`` requests: tokens cut and extended in place, multimodal features added).
 So the Prompt is used while the request has no output, is not resumable, and its token
 list is the very list object it was prepared from with the same count of tokens; and its
-LoRA request, cache salt, multimodal feature list (object and length) and prompt
-embeddings are those it was prepared from. Everything else (outputs appended, a prompt
-cut, then grown back by an output, a re-admission after preemption with outputs, a
-session, a token list or any of those inputs replaced, a request built by another
-hasher or for another manager, a prompt ``prepare`` refused) admits the ids, as before.
+LoRA request, cache salt, multimodal feature list (object and length), prompt
+embeddings and their mask are those it was prepared from. Everything else (outputs
+appended, a prompt cut, then grown back by an output, a re-admission after preemption
+with outputs, a session, a token list or any of those inputs replaced, a request built
+by another hasher or for another manager, a prompt ``prepare`` refused) admits the ids,
+as before.
 Each check is O(1): the point is to keep the scheduler's thread off the prompt's length.
 
 The record of a request is held weakly (it goes with the ``Request``), written once on
@@ -59,13 +60,14 @@ class _Record:
     mm: Any
     num_mm: int
     embeds: Any
+    mask: Any
 
     def describes(self, request: Any) -> bool:
         return (core_tokens(request) is self.tokens and request.num_tokens == self.num_tokens
                 and not request.num_output_tokens and not request.resumable
                 and request.lora_request is self.lora and request.cache_salt == self.salt
                 and request.mm_features is self.mm and len(request.mm_features) == self.num_mm
-                and request.prompt_embeds is self.embeds)
+                and request.prompt_embeds is self.embeds and request.prompt_is_token_ids is self.mask)
 
 
 class PreparedPrompts:
@@ -103,7 +105,8 @@ class PreparedPrompts:
             return
         mm = request.mm_features
         self._records[request] = _Record(prompt, tokens, len(tokens), request.lora_request,
-                                         request.cache_salt, mm, len(mm), request.prompt_embeds)
+                                         request.cache_salt, mm, len(mm), request.prompt_embeds,
+                                         request.prompt_is_token_ids)
         self.prepared += 1
 
     def prompt_of(self, request: Any) -> Prompt | None:

@@ -5,9 +5,10 @@ Read: ``all_token_ids`` (prompt then outputs, as known so far), ``num_tokens``,
 ``num_computed_tokens``, ``num_preemptions``, ``skip_reading_prefix_cache``,
 ``cache_salt``, ``lora_request`` (``lora_name`` is hashed, ``lora_int_id`` goes into
 events), ``mm_features`` (``identifier``, ``mm_position.offset`` / ``.length``) and
-``prompt_embeds``: positions fed by embeddings rather than tokens carry a placeholder
-token id, so the embeddings' bytes enter the identity as one more multimodal-style key
-over the whole prompt (a digest), and only requests with the same embeddings share.
+``prompt_embeds`` with ``prompt_is_token_ids``: positions fed by embeddings rather than
+tokens carry a placeholder token id, so the embeddings' bytes and the positions they feed
+enter the identity as one more multimodal-style key over the whole prompt (a digest), and
+only requests with the same embeddings in the same places share.
 """
 
 from __future__ import annotations
@@ -29,12 +30,18 @@ def core_tokens(request: Any) -> Sequence[int]:
 
 
 def _embeds_key(request: Any) -> tuple[MultiModalInput, ...]:
+    """The embeddings' key: a digest of their bytes and of which positions they feed
+    (``prompt_is_token_ids``; None: all of them). In a mixed prompt an embedded position
+    carries id 0 and a token position a row of zeros, so the ids and the embeds alone do
+    not say whether the model read a token 0 or a zero embedding there."""
     embeds = getattr(request, "prompt_embeds", None)
     if embeds is None:
         return ()
     data = embeds.detach().cpu().contiguous().view(-1).view(dtype=__import__("torch").uint8)
-    digest = hashlib.sha256(bytes(data.numpy())).hexdigest()
-    return (MultiModalInput("prompt_embeds:" + digest, 0, max(1, request.num_prompt_tokens)),)
+    digest = hashlib.sha256(bytes(data.numpy()))
+    is_token = getattr(request, "prompt_is_token_ids", None)
+    digest.update(b"all" if is_token is None else bytes(map(bool, is_token)))
+    return (MultiModalInput("prompt_embeds:" + digest.hexdigest(), 0, max(1, request.num_prompt_tokens)),)
 
 
 def extra_keys_of(request: Any) -> ExtraKeys | None:

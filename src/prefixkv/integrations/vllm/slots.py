@@ -134,6 +134,11 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
         m.core.free(key, num_computed_tokens=adm.num_cached_tokens)
         raise RequestError(f"request {request.request_id!r}: the cache holds {adm.num_cached_tokens} "
                            f"of its tokens, not the {hit} get_computed_blocks reported")
+    recorded, bs = (hit + scheduled) // m.block_size, m.block_size
+    if recorded > cache_to // bs:  # the one token scheduled filled a block (block_size 1):
+        # its KV is not there before the load lands, so no other request may find it
+        early = range(cache_to // bs, recorded)
+        m.core.uncache_blocks([ids[j] for ids in adm.group_block_ids for j in early])
     m._next_key += 1
     m._keys[request.request_id] = key
     k = hit // m.block_size
@@ -146,15 +151,16 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
               num_new_computed_tokens: int, num_external_computed_tokens: int, num_lookahead_tokens: int,
               delay_cache_blocks: bool, full_sequence_must_fit: bool, keep: int) -> KVCacheBlocks | None:
     """``allocate_slots`` for the live request ``key``: the blocks added, or None when
-    the pool, less ``keep`` blocks, is short (nothing changed)."""
+    the pool, less ``keep`` blocks, is short (nothing changed but, as in vLLM, the
+    release of the blocks no window reads any more)."""
     computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
     slots = min(computed + num_new_tokens + num_lookahead_tokens, m.max_model_len)
     cache_to = request.num_computed_tokens if delay_cache_blocks else computed + num_new_tokens
-    if full_sequence_must_fit:
-        slots_fit = max(slots, min(request.num_tokens, m.max_model_len))
-        if m.coordinator.blocks_to_grow(key, slots_fit) > m.core.num_free_blocks - keep:
-            return None
-    if m.coordinator.blocks_to_grow(key, slots) > m.core.num_free_blocks - keep:
+    short = m.coordinator.short_of_blocks
+    if (full_sequence_must_fit and short(key, max(slots, min(request.num_tokens, m.max_model_len)), keep)) \
+            or short(key, slots, keep):
+        if m._hybrid:  # as vLLM, which frees what no window reads before it counts
+            m.core.release_unread(key)
         return None
     return m._blocks.of(grow(m, key, request, min(cache_to, request.num_tokens), slots))
 
