@@ -151,6 +151,11 @@ class Wire:
         self.prompts = itertools.count()
         self.sub.start()
         await_subscribed(self.sub)  # PUB drops messages sent before the subscription arrives
+        # the publisher's own batches come first, as a running replica's do: they state its
+        # rank (0), so a fuzzed batch stating another is another publisher's, refused
+        # (tests/router/test_subscriber_foreign.py); had one come first, the replica's own
+        # would be the foreign ones
+        assert self.good_batch_applied()
 
     def send(self, payload):
         self.pub.send_multipart((TOPIC, next(self.seq).to_bytes(8, "big"), payload))
@@ -208,3 +213,17 @@ def test_the_fuzzed_subscriber_counted_what_it_skipped(wire):
     health = wire.sub.health()
     assert health["counters"]["bad_batches"] == before + 3
     assert health["alive"] and health["counters"]["errors"] == 0
+
+
+def test_a_foreign_batch_first_after_a_forget_does_not_lock_the_replica_out(wire):
+    """A gap (no replay buffer: a resync) forgets the replica's index; the frame that
+    caused it is undecodable, so no batch states the origin again; then a batch of
+    another rank. It was taken as the new origin, and every later batch of the
+    replica's own rank refused as foreign, for ever (the fuzzer found it)."""
+    next(wire.seq)  # a number never sent: the next frame opens a gap
+    wire.send(b"\xc0")
+    mgr = KVCacheManager(8, BS, hash_mode="sha256", enable_events=True)
+    mgr.add_request("x", [7] * (2 * BS))
+    wire.send(encode_batch(mgr.take_events(), block_size=BS, dp_rank=3))
+    assert wire.good_batch_applied()
+    assert wire.router.cached_tokens([7] * (2 * BS) + [1])["r"] == 0

@@ -5,8 +5,11 @@ in each life of a publisher) names no publisher and no life. Two facts of a fram
 change within one publisher: its topic frame (a SUB subscription matches a topic
 *prefix*, so ``kv-events`` also takes ``kv-events-dp1``; a proxy may merge several
 publishers' streams into one socket) and its ``data_parallel_rank`` (each DP rank runs a
-publisher of its own). A frame stating another topic or rank than the batches applied
-for the replica since it was last forgotten is another publisher's. What is left (a
+publisher of its own), nor across a publisher's restarts. A frame stating another topic
+or rank than the first batch applied for the replica is another publisher's. The origin
+is kept when the replica's index is forgotten (a gap, a restart): were it learnt again,
+a foreign frame arriving first after the forget would become the origin and the
+replica's own frames would be refused from then on. What is left (a
 publisher with the same topic and rank on the same socket) is told only by its numbers
 and the replay buffer's answers (``Subscriber``); a restart by the socket's monitor.
 """
@@ -19,8 +22,8 @@ Batch = tuple[float, list[RouterEvent], int | None]
 
 
 class Origins:
-    """Per replica, the topic frame and rank of the batches applied since it was last
-    forgotten; and the decoding of the payload at hand (checked, then applied: decoded
+    """Per replica, the topic frame and rank of the first batch applied for it (kept
+    when the replica is forgotten); and the decoding of the payload at hand (checked, then applied: decoded
     once)."""
 
     def __init__(self) -> None:
@@ -56,7 +59,3 @@ class Origins:
         self.rank.setdefault(replica, batch[2])
         if topic is not None:
             self.topic.setdefault(replica, topic)
-
-    def forget(self, replica: str) -> None:
-        self.topic.pop(replica, None)
-        self.rank.pop(replica, None)

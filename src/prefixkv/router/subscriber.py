@@ -307,7 +307,9 @@ class Subscriber:
         self.router.forget(replica)
         for state in (self.last_seq, self._skip_through, self._last_payload, self._replayed):
             state.pop(replica, None)
-        self._origins.forget(replica)
+        # (its origin stays: a restarted or resynced publisher states the same topic and
+        # rank, and a foreign frame that came first after a forget would otherwise become
+        # the origin and lock the replica's own frames out: origin.py)
 
     def _apply(self, replica: str, seq: int, payload: bytes, topic: bytes | None = None) -> None:
         """Apply batch ``seq`` (``topic``: the live frame's, when it is the message at hand)."""
