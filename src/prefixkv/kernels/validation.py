@@ -24,6 +24,7 @@ __all__ = [
 
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, *FP8_DTYPES)
 MAX_HEAD_DIM = 256
+FLOAT_LIMIT = torch.finfo(torch.float32).max / 2  # half of float32's max: times log2(e) it stays finite
 INDEX_DTYPE = torch.int32
 SLOT_DTYPES = (torch.int32, torch.int64)
 
@@ -243,10 +244,12 @@ def check_attention(
         )
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
-    if not (_real(softmax_scale) and math.isfinite(softmax_scale) and softmax_scale > 0):
-        raise UnsupportedError(f"softmax_scale must be a finite float > 0, got {softmax_scale!r}")
-    if not (_real(softcap) and math.isfinite(softcap) and softcap >= 0):
-        raise UnsupportedError(f"softcap must be a finite float >= 0 (0: off), got {softcap!r}")
+    # Both are scaled by log2(e) in float32 in the kernels: at most FLOAT_LIMIT stays finite.
+    if not (_real(softmax_scale) and 0 < softmax_scale <= FLOAT_LIMIT):
+        raise UnsupportedError(f"softmax_scale must be a float in (0, {FLOAT_LIMIT:.3g}], "
+                               f"got {softmax_scale!r}")
+    if not (_real(softcap) and 0 <= softcap <= FLOAT_LIMIT):
+        raise UnsupportedError(f"softcap must be a float in [0, {FLOAT_LIMIT:.3g}] (0: off), got {softcap!r}")
     left, right = _window(window_size, causal)
     check_window_reach(left, right, block_table.shape[1] * block_size, q.shape[0])
     if out is not None:
