@@ -81,8 +81,8 @@ def run_case(torch, kernels, timer, case: dict, shape: dict) -> dict:
     plain_keys = batch * keys_read(q_len, kv_len, block_q(model, q_len))
     own = kv_len - shared_blocks * bs
     packed = batch * q_len
-    cascade_keys = (batch * keys_read(q_len, own, block_q(model, q_len))
-                    + -(-packed // block_q(model, packed)) * shared_blocks * bs)
+    cascade_keys = (batch * keys_read(q_len, own, block_q(model, q_len, lse=True))  # both passes: LSE out
+                    + -(-packed // block_q(model, packed, lse=True)) * shared_blocks * bs)
     return dict(case, kv_len=kv_len, plain_ms=plain_ms, cascade_ms=cascade_ms, speedup=plain_ms / cascade_ms,
                 plain_mb=plain_keys * key_bytes / 1e6, cascade_mb=cascade_keys * key_bytes / 1e6,
                 max_abs_diff=diff, **graphs)

@@ -89,3 +89,24 @@ def test_imports_neither_torch_nor_triton():
     code = ("import sys, prefixkv.bench.cascade_bytes; "
             "assert 'torch' not in sys.modules and 'triton' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cascade_passes_count_the_tiles_of_their_lse_output():
+    """cascade_attention's two passes return the LSE (for the merge), and an LSE call
+    never takes the 256-row PREFILL_TILE: 128 rows, 32 query positions a tile. The count
+    took the plain call's tiles for them, so it read the prefix pass of 64 decoding
+    members as one tile (it is two) and a long prefill's own part in half the tiles."""
+    ids = [[0, 1, 2 + i] for i in range(64)]
+    got = step_keys(SHAPE, [SharedPrefix(2, tuple(range(64)))], ids, [40] * 64, [1] * 64, 16)
+    assert got == (64 * 41, 64 * 9 + 2 * 32, 64)  # 64 rows: 2 tiles of 32 over the prefix
+    # 2 x 100 new tokens after 32 shared: plain tiles of 64 positions (228 keys each);
+    # cascade's own part in tiles of 32 (292 each) and the prefix for 200 rows (7 tiles)
+    ids = [[0, 1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 9, 10, 11, 12, 13, 14, 15]]
+    got = step_keys(SHAPE, [SharedPrefix(2, (0, 1))], ids, [32, 32], [100, 100], 16)
+    assert got == (2 * 228, 2 * 292 + 7 * 32, 2)
+
+
+def test_a_step_without_a_group_runs_the_plain_kernel():
+    """No group: the engine calls the plain kernel (cascade's LSE tiles would read more)."""
+    got = step_keys(SHAPE, [], [[0, 1, 2, 3, 4, 5, 6]], [0], [100], 16)
+    assert got == (164, 164, 0)

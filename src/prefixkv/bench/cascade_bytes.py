@@ -14,7 +14,10 @@ row's position), so a request of ``q_len`` new tokens on ``kv_len`` keys reads
 Cascade: the groups come from ``KVCacheManager.shared_prefixes`` and
 ``build_cascade_batch`` (the real metadata): pass 2 reads each request's keys past its
 group's prefix as above, pass 1 reads each group's prefix once per tile of its packed
-query rows. Bytes: keys x KV heads x head_dim x 2 (K and V) x element size, one layer.
+query rows; both passes return the LSE, so their tiles are those of an LSE call (128
+rows at most: a long prefill's own part takes twice the tiles of the plain call's 256).
+A step that keeps no group runs the plain kernel. Bytes: keys x KV heads x head_dim x 2
+(K and V) x element size, one layer.
 
 Imports neither torch nor triton at import time (the command line stays light): the
 calls that count import ``prefixkv.kernels`` (torch) and its tiling (triton).
@@ -88,18 +91,23 @@ def block_q(shape: ModelShape, max_q_len: int, *, lse: bool = False) -> int:
 def step_keys(shape: ModelShape, groups: Sequence[SharedPrefix], block_ids: Sequence[Sequence[int]],
               num_computed: Sequence[int], num_new: Sequence[int], block_size: int) -> StepKeys:
     """Keys one KV head loads for one step of a batch (the arguments of
-    ``build_cascade_batch``), without cascade and with it."""
+    ``build_cascade_batch``), without cascade and with it. With it: a step whose batch
+    keeps no group runs the plain kernel; otherwise both passes take the tiles of a call
+    that returns the LSE (they do, for the merge), which never has the 256-row prefill
+    tile."""
     from ..kernels import build_cascade_batch
 
-    bq = block_q(shape, max(num_new))
-    plain = sum(keys_read(q, c + q, bq) for c, q in zip(num_computed, num_new, strict=True))
+    plain_q = block_q(shape, max(num_new))
+    plain = sum(keys_read(q, c + q, plain_q) for c, q in zip(num_computed, num_new, strict=True))
     cb = build_cascade_batch(groups, block_ids, num_computed, num_new, block_size)
-    shift = [s * block_size for s in cb.shift_blocks.tolist()]
-    cascade = sum(keys_read(q, c + q - s, bq) for c, q, s in zip(num_computed, num_new, shift, strict=True))
     cu, used = cb.cu_seqlens_q.tolist(), cb.seqused_k.tolist()
-    if used:
-        bq1 = block_q(shape, cb.max_seqlen_q)
-        cascade += sum(-(-(cu[g + 1] - cu[g]) // bq1) * used[g] for g in range(len(used)))
+    if not used:
+        return StepKeys(plain, plain, 0)
+    own_q, prefix_q = block_q(shape, max(num_new), lse=True), block_q(shape, cb.max_seqlen_q, lse=True)
+    shift = [s * block_size for s in cb.shift_blocks.tolist()]
+    cascade = sum(keys_read(q, c + q - s, own_q)
+                  for c, q, s in zip(num_computed, num_new, shift, strict=True))
+    cascade += sum(-(-(cu[g + 1] - cu[g]) // prefix_q) * used[g] for g in range(len(used)))
     return StepKeys(plain, cascade, sum(s > 0 for s in shift))
 
 
