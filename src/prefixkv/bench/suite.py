@@ -1,5 +1,5 @@
 """The whole ``prefixkv bench`` run: workloads x allocators, capacity, sweep, host tiers,
-replicas sharing a store, layer groups, e2e, report."""
+replicas sharing a store, layer groups, cascade attention's KV bytes, e2e, report."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from .capacity import (
     sweep,
     sweep_sizes,
 )
+from .cascade_bytes import CASCADE_WORKLOADS, run_cascade
 from .cost import PrefillCost, allocator_share
 from .errors import BenchError
 from .hosttier import HOST_FACTORS, HOST_WORKLOADS, TransferCost, host_tier_sweep
@@ -47,6 +48,7 @@ class BenchConfig:
     e2e: bool = True
     host_tiers: bool = True
     store_replicas: bool = True
+    cascade: bool = True
     groups: tuple[str, ...] = tuple(MIXES)
     plots: bool = True
     out: Path = field(default_factory=lambda: Path("prefixkv-bench"))
@@ -77,6 +79,8 @@ def check_config(cfg: BenchConfig) -> None:
     not a finite number > 0 or makes a built-in workload too big, a ``pool_blocks`` over
     ``MAX_POOL_FLAG``; and a layer mix not in ``layer_groups.MIXES``. Raises BenchError."""
     check_scale(cfg.scale, cfg.workloads)
+    if cfg.cascade:
+        check_scale(cfg.scale, CASCADE_WORKLOADS)
     unknown = [name for name in cfg.groups if name not in MIXES]
     if unknown:
         raise BenchError(f"--groups: unknown layer mix {unknown[0]!r}; choose from "
@@ -177,6 +181,7 @@ def run_bench(cfg: BenchConfig, stream: TextIO | None = None) -> dict[str, Any]:
     replays += len(HOST_FACTORS) * len(tiered)
     shared = [wl for wl in workloads if cfg.store_replicas and wl.name in REPLICA_WORKLOADS]
     progress = Progress(replays + 2 * len(shared) + 2 * len(cfg.groups)
+                        + len(CASCADE_WORKLOADS) * cfg.cascade
                         + int(cfg.e2e) * (1 + bool(tiered)), cfg.progress, stream)
     cost = PrefillCost()
     data: dict[str, Any] = {"machine": machine(), "config": cfg.to_dict(), "workloads": [],
@@ -193,6 +198,8 @@ def run_bench(cfg: BenchConfig, stream: TextIO | None = None) -> dict[str, Any]:
             data["replicas"] = run_replicas(shared, cfg.block_size, cfg.seed, progress.tick)
         if cfg.groups:
             data["groups"] = run_groups(cfg.groups, cfg.seed, progress.tick, cfg.scale)
+        if cfg.cascade:
+            data["cascade"] = run_cascade(cfg.scale, cfg.seed, cfg.block_size, progress.tick)
         if cfg.e2e:
             progress.tick("end to end (model + kernels)")
             from .e2e import run_e2e  # torch stays out of this module's imports
