@@ -7,6 +7,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -110,3 +112,20 @@ def test_a_step_without_a_group_runs_the_plain_kernel():
     """No group: the engine calls the plain kernel (cascade's LSE tiles would read more)."""
     got = step_keys(SHAPE, [], [[0, 1, 2, 3, 4, 5, 6]], [0], [100], 16)
     assert got == (164, 164, 0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(members=st.integers(2, 100), shared=st.integers(1, 4), own=st.lists(st.integers(0, 40), min_size=1,
+                                                                            max_size=100))
+def test_a_decode_step_saves_the_prefix_of_each_member_but_its_groups_tiles(members, shared, own):
+    """Decode (one new token each): cascade saves members - tiles prefix reads of the
+    shared tokens, where the prefix pass packs the members' rows into tiles of
+    block_q(members, lse)."""
+    own = [own[i % len(own)] for i in range(members)]
+    ids = [list(range(shared)) + [100 + 10 * i + j for j in range(-(-(o + 1) // 16))]
+           for i, o in enumerate(own)]
+    computed = [16 * shared + o for o in own]
+    got = step_keys(SHAPE, [SharedPrefix(shared, tuple(range(members)))], ids, computed, [1] * members, 16)
+    tiles = -(-members // block_q(SHAPE, members, lse=True))
+    assert got.plain == sum(c + 1 for c in computed) and got.grouped == members
+    assert got.plain - got.cascade == (members - tiles) * 16 * shared
