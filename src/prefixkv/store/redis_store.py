@@ -24,11 +24,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, check_flag
 from .fetch import YIELD_EVERY
 from .nodes import Nodes
 from .protocol import ReadOutcome
 from .resp import Address, Resp, RespError, pack
+
+URL_SCHEMES = ("redis://", "rediss://", "unix://")
+"""The URL schemes a ``RedisStore`` takes (redis-py's)."""
 
 
 class RedisStore:
@@ -39,8 +42,10 @@ class RedisStore:
     a Redis Cluster node. ``ca_certs``: for rediss://, the PEM file of the certificate
     authorities to trust (default: the system's); the server's name or IP must match its
     certificate.
-    Raises ConfigError for a timeout or ttl out of range, ImportError without redis-py,
-    ValueError (redis-py's) for a malformed URL."""
+    Raises ConfigError for a timeout or ttl out of range, a URL that is not a str of
+    those schemes, a ``cluster`` that is not a bool or an empty ``ca_certs``, all before
+    redis-py is imported; ImportError without redis-py, ValueError (redis-py's) for a
+    URL of those schemes that redis-py cannot parse."""
 
     def __init__(self, url: str, *, timeout: float = 0.25, ttl: int = 86400,
                  cluster: bool = False, ca_certs: str | None = None) -> None:
@@ -48,6 +53,12 @@ class RedisStore:
             raise ConfigError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
         if type(ttl) is not int or ttl <= 0:
             raise ConfigError(f"ttl must be a positive int (seconds), got {ttl!r}")
+        if type(url) is not str or not url.startswith(URL_SCHEMES):
+            raise ConfigError(f"url must be a str starting with one of {', '.join(URL_SCHEMES)}, "
+                              f"got {url!r}")
+        check_flag("cluster", cluster, ConfigError)
+        if ca_certs is not None and (type(ca_certs) is not str or not ca_certs):
+            raise ConfigError(f"ca_certs must be None or a PEM file's path, got {ca_certs!r}")
         import redis
         from redis.backoff import NoBackoff
         from redis.connection import SSLConnection, parse_url
