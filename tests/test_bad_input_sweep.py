@@ -225,3 +225,14 @@ def test_every_bad_argument_of_a_store_constructor_is_a_typed_error_before_any_c
 def test_a_bad_host_tier_size_is_a_typed_error(num_slots):
     with pytest.raises(PrefixKVError):
         _host_tier(num_slots)
+
+
+def test_the_bench_s_error_is_a_prefixkv_error():
+    """A caller of ``prefixkv.bench`` (its ``replay``, ``ReportDir``, the suite's checks)
+    catches every input mistake as ``PrefixKVError``, as for the rest of prefixkv."""
+    from prefixkv.bench.errors import BenchError
+    from prefixkv.bench.outdir import ReportDir
+
+    assert issubclass(BenchError, PrefixKVError)
+    with pytest.raises(PrefixKVError):
+        ReportDir(__import__("pathlib").Path(__file__))          # a file, not a folder
