@@ -236,3 +236,18 @@ def test_the_bench_s_error_is_a_prefixkv_error():
     assert issubclass(BenchError, PrefixKVError)
     with pytest.raises(PrefixKVError):
         ReportDir(__import__("pathlib").Path(__file__))          # a file, not a folder
+
+
+@pytest.mark.parametrize("max_running", [0, -1, True, 1.5, math.nan, "x", None])
+def test_a_bad_replay_cap_is_a_bench_error_before_anything_is_admitted(max_running):
+    """``prefixkv.bench.replay``'s ``max_running``: 0 or less blamed the first request
+    ("does not fit in an empty pool"), NaN lifted the cap, a str or None raised
+    TypeError mid-run, True and 1.5 were taken as caps."""
+    from prefixkv.bench.errors import BenchError
+    from prefixkv.bench.replay import replay
+    from prefixkv.bench.workloads import system_prompt
+
+    alloc = KVCacheManager(512, 16)
+    with pytest.raises(BenchError, match="max_running"):
+        replay(alloc, system_prompt(scale=0.05), "prefixkv", max_running=max_running)
+    assert alloc.num_free_blocks == 512 and alloc.num_cached_blocks == 0
