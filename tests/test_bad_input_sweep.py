@@ -251,3 +251,33 @@ def test_a_bad_replay_cap_is_a_bench_error_before_anything_is_admitted(max_runni
     with pytest.raises(BenchError, match="max_running"):
         replay(alloc, system_prompt(scale=0.05), "prefixkv", max_running=max_running)
     assert alloc.num_free_blocks == 512 and alloc.num_cached_blocks == 0
+
+
+@pytest.mark.parametrize("name", ["system-prompt", "chat", "document", "pressure", "skewed"])
+def test_a_built_in_workload_refuses_a_bad_scale_or_seed(name):
+    """``prefixkv.bench.workloads``' builders, called as a library: a scale of 0 or less
+    built one request, NaN and inf raised ValueError/OverflowError from ``round``, a str
+    TypeError, 2**70 ran for ever (drawing tokens); a seed that is not an int (True,
+    1.5, "1", None) was formatted into the stream's name, so seed True was not seed 1.
+    Each is a BenchError before a token is drawn, as ``--scale`` is on the command line."""
+    import signal
+
+    from prefixkv.bench.errors import BenchError
+    from prefixkv.bench.workloads import builtin
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("built for more than 10 s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    try:
+        for scale in [0, -1, math.nan, math.inf, True, "x", None, 2**70]:
+            signal.alarm(10)
+            with pytest.raises(BenchError, match="scale"):
+                builtin(name, scale)
+            signal.alarm(0)
+        for seed in [True, 1.5, "1", None]:
+            with pytest.raises(BenchError, match="seed"):
+                builtin(name, 0.05, seed)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -192,8 +192,8 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .bench import report
     from .bench.errors import BenchError
     from .bench.outdir import ReportDir
-    from .bench.suite import BenchConfig, check_scale, run_bench
-    from .bench.workloads import BUILTIN
+    from .bench.suite import BenchConfig, run_bench
+    from .bench.workloads import BUILTIN, check_scale
 
     if args.replicas:
         from .bench.fleet_report import DEFAULT_WORKLOADS, run_fleet, table, write_fleet

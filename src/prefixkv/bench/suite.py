@@ -3,12 +3,10 @@ replicas sharing a store, layer groups, e2e, report."""
 
 from __future__ import annotations
 
-import math
 import os
 import platform
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -31,7 +29,7 @@ from .progress import Progress
 from .replay import replay
 from .store_replicas import REPLICA_WORKLOADS, run_replicas
 from .trace import load_trace
-from .workloads import BUILTIN, Workload, builtin, token_bound
+from .workloads import BUILTIN, Workload, builtin, check_scale
 
 
 @dataclass
@@ -83,28 +81,6 @@ def check_config(cfg: BenchConfig) -> None:
                          f"{', '.join(MIXES)} or none")
     if cfg.pool_blocks is not None and not 1 <= cfg.pool_blocks <= limits.MAX_POOL_FLAG:
         raise BenchError(f"--pool-blocks must be 1..{limits.MAX_POOL_FLAG:,}, got {cfg.pool_blocks:,}")
-
-
-def check_scale(scale: float, workloads: Iterable[str]) -> None:
-    """Refuse a ``--scale`` that is not a finite number > 0, or that makes a built-in
-    workload of ``workloads`` (``"trace"`` is skipped) hold more than
-    ``limits.MAX_TRACE_TOKENS`` tokens. The largest scale that fits is known first, so a
-    scale far past it (1e308) is refused without counting its requests, which would
-    overflow. Raises BenchError."""
-    if not (math.isfinite(scale) and scale > 0):
-        raise BenchError(f"--scale must be a finite number > 0, got {scale}")
-    cap = limits.MAX_TRACE_TOKENS
-    for name in workloads:
-        if name == "trace":
-            continue
-        at_scale_1, each = token_bound(name, 1.0)
-        most = (cap // each) / (at_scale_1 // each)  # requests (chat: sessions) that fit
-        bound = token_bound(name, scale)[0] if scale <= 2 * most else None
-        if bound is None or bound > cap:
-            held = f"{bound:,}" if bound is not None else f"{scale:g} times its {at_scale_1:,}"
-            raise BenchError(f"--scale {scale:g}: the {name} workload would hold up to "
-                             f"{held} tokens, over the cap of {cap:,} "
-                             f"(limits.MAX_TRACE_TOKENS); it fits up to --scale {most:.3g}")
 
 
 def check_pools(workloads: list[Workload], cfg: BenchConfig) -> None:
