@@ -281,3 +281,32 @@ def test_a_built_in_workload_refuses_a_bad_scale_or_seed(name):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("block_size", NOT_COUNT)
+def test_a_bad_block_size_for_a_tenants_key_prefix_is_a_typed_error(block_size):
+    """``SharedStore.key_prefix``: 0 and True named a namespace no manager uses (a manager
+    refuses them), -1 raised OverflowError, a str or float AttributeError."""
+    from prefixkv.store import SharedStore, StoreLayout
+
+    shared = SharedStore(_Backend(), StoreLayout("m", "bf16", 64))
+    with pytest.raises(PrefixKVError, match="block_size"):
+        shared.key_prefix(block_size)
+
+
+@pytest.mark.parametrize(("sentinels", "service"), [
+    ([], "svc"), ("x", "svc"), (None, "svc"), ([("127.0.0.1", "x")], "svc"), ([("", 26379)], "svc"),
+    ([("127.0.0.1", 0)], "svc"), ([("127.0.0.1", True)], "svc"), ([("127.0.0.1", 26379, 1)], "svc"),
+    ([("127.0.0.1", 26379)], ""), ([("127.0.0.1", 26379)], None), ([("127.0.0.1", 26379)], b"svc")])
+def test_bad_sentinels_or_service_are_a_typed_error_before_any_connection(sentinels, service,
+                                                                           monkeypatch):
+    """``RedisStore.from_sentinel``: an empty list asked no sentinel and blamed the
+    service (MasterNotFoundError), a str or None raised ValueError or TypeError from
+    redis-py; now ConfigError before redis-py is imported."""
+    import sys
+
+    from prefixkv.store import RedisStore
+
+    monkeypatch.setitem(sys.modules, "redis", None)
+    with pytest.raises(PrefixKVError):
+        RedisStore.from_sentinel(sentinels, service)

@@ -34,6 +34,16 @@ URL_SCHEMES = ("redis://", "rediss://", "unix://")
 """The URL schemes a ``RedisStore`` takes (redis-py's)."""
 
 
+def _check_sentinels(sentinels: object, service: object) -> None:
+    ok = (isinstance(sentinels, (list, tuple)) and len(sentinels) > 0 and all(
+        isinstance(s, (list, tuple)) and len(s) == 2 and type(s[0]) is str and s[0]
+        and type(s[1]) is int and 0 < s[1] < 65536 for s in sentinels))
+    if not ok:
+        raise ConfigError(f"sentinels must be a non-empty list of (host, port) pairs, got {sentinels!r}")
+    if type(service) is not str or not service:
+        raise ConfigError(f"service must be a non-empty str (the master's name), got {service!r}")
+
+
 class RedisStore:
     """A Redis/Valkey server (or cluster) at ``url``: ``redis://host:port/db``,
     ``rediss://user:password@host:port`` (TLS, ACL user), ``unix:///path/redis.sock``.
@@ -91,7 +101,11 @@ class RedisStore:
         sentinel-managed client (a new connection asks for the master), and a fetch that
         fails as a whole asks the sentinels again (on the fetcher's thread) before it
         raises, so the next fetch reads from the master they name then. Raises
-        redis-py's MasterNotFoundError when no sentinel knows the service."""
+        redis-py's MasterNotFoundError when no sentinel knows the service; ConfigError,
+        before any connection, unless ``sentinels`` is a non-empty list of ``(host,
+        port)`` pairs (a non-empty str, an int in 1..65535) and ``service`` a non-empty
+        str."""
+        _check_sentinels(sentinels, service)
         from redis.backoff import NoBackoff
         from redis.retry import Retry
         from redis.sentinel import Sentinel
