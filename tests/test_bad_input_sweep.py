@@ -310,3 +310,44 @@ def test_bad_sentinels_or_service_are_a_typed_error_before_any_connection(sentin
     monkeypatch.setitem(sys.modules, "redis", None)
     with pytest.raises(PrefixKVError):
         RedisStore.from_sentinel(sentinels, service)
+
+
+def test_a_value_encoded_from_a_wide_memoryview_decodes():
+    """``encode_value`` wrote ``len(payload)`` as the payload's length: a memoryview of
+    float32 (or int16, ...) counts items, not bytes, so its value never decoded, and
+    every such write was a silent miss for every reader."""
+    import array
+
+    from prefixkv.store import decode_value, encode_value
+
+    view = memoryview(array.array("f", [1.0, 2.0, 3.0]))
+    value = encode_value(b"head", view)
+    assert value == encode_value(b"head", view.tobytes())
+    assert decode_value(value, b"head", view.nbytes) == view.tobytes()
+
+
+@pytest.mark.parametrize(("head", "payload"), [
+    (None, b"p"), ("h", b"p"), (b"h", None), (b"h", "p"), (b"h", 5),
+    (b"h", memoryview(bytearray(8))[::2])])
+def test_a_bad_value_part_is_a_typed_error(head, payload):
+    """``encode_value``: a str, None or int raised TypeError from bytes.join, xxhash or
+    len; a strided view could not be hashed."""
+    from prefixkv.store import encode_value
+
+    with pytest.raises(PrefixKVError):
+        encode_value(head, payload)
+
+
+def test_a_wide_memoryview_payload_lands_in_host_slots():
+    """``write_payload`` compared ``len(payload)`` with the slot's bytes: a float32 view
+    of the right size was refused (ConfigError: 'a payload of 8 bytes for host slots
+    of 32'), and one of a quarter the size taken."""
+    torch = pytest.importorskip("torch")
+    from prefixkv.store.torch_io import write_payload
+
+    k_host, v_host = torch.zeros(2, 4, dtype=torch.float32), torch.zeros(2, 4, dtype=torch.float32)
+    data = torch.arange(8, dtype=torch.float32)
+    write_payload(k_host, v_host, 1, memoryview(data.numpy()))
+    assert k_host[1].tolist() == [0, 1, 2, 3] and v_host[1].tolist() == [4, 5, 6, 7]
+    with pytest.raises(PrefixKVError):
+        write_payload(k_host, v_host, 0, memoryview(data[:2].numpy()))
