@@ -44,7 +44,10 @@ class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
 
 def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        value = int(text)
+        try:
+            value = int(text)
+        except ValueError:  # argparse would name this function in its message
+            raise argparse.ArgumentTypeError(f"must be an int, got {text[:40]!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
         if high is not None and value > high:
