@@ -6,6 +6,7 @@ imported, nothing admitted), never an untyped error, a hang or a silent acceptan
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -235,3 +236,29 @@ def test_a_wide_memoryview_payload_lands_in_host_slots():
     assert k_host[1].tolist() == [0, 1, 2, 3] and v_host[1].tolist() == [4, 5, 6, 7]
     with pytest.raises(PrefixKVError):
         write_payload(k_host, v_host, 0, memoryview(data[:2].numpy()))
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("block_size", 0), ("block_size", -1), ("block_size", True), ("block_size", 1.5), ("block_size", "x"),
+    ("block_size", None), ("pool_blocks", 0), ("pool_blocks", "x"), ("pool_blocks", 1.5),
+    ("pool_blocks", True), ("seed", True), ("seed", "x"), ("seed", None), ("workloads", ("bogus",)),
+    ("workloads", "system-prompt"), ("workloads", ("skewed",)), ("workloads", ()), ("e2e", "no"),
+    ("e2e", None), ("host_tiers", 1), ("store_replicas", "yes"), ("plots", 0), ("progress", "x"),
+    ("groups", "gemma3-like"), ("scale", "1")])
+def test_a_bad_bench_config_is_refused_before_any_work(field, value, monkeypatch):
+    """``run_bench(BenchConfig(...))`` as a library: the CLI's parser checked these, the
+    library did not: block_size 0 raised ZeroDivisionError, a str TypeError, a workload
+    name KeyError (a str of names was read letter by letter), e2e="no" ValueError after
+    the replays, and True passed for an int. Now BenchError before anything runs."""
+    from prefixkv.bench import suite
+    from prefixkv.bench.errors import BenchError
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("work started before the config was checked")
+
+    monkeypatch.setattr(suite, "builtin", forbidden)
+    monkeypatch.setattr(suite, "run_workload", forbidden)
+    cfg = suite.BenchConfig(workloads=("system-prompt",), scale=0.02, e2e=False, host_tiers=False,
+                            store_replicas=False, groups=(), plots=False, progress=False)
+    with pytest.raises(BenchError, match=f"{field}|--{field.replace('_', '-')}"):
+        suite.run_bench(dataclasses.replace(cfg, **{field: value}))

@@ -22,7 +22,7 @@ from .capacity import (
     sweep_sizes,
 )
 from .cost import PrefillCost, allocator_share
-from .errors import BenchError
+from .errors import BenchError, shorten
 from .hosttier import HOST_FACTORS, HOST_WORKLOADS, TransferCost, host_tier_sweep
 from .layer_groups import MIXES, run_groups
 from .progress import Progress
@@ -73,7 +73,11 @@ def machine() -> dict[str, Any]:
 def check_config(cfg: BenchConfig) -> None:
     """Refuse, before any work, what would not fit the caps of ``limits``: a scale that is
     not a finite number > 0 or makes a built-in workload too big, a ``pool_blocks`` over
-    ``MAX_POOL_FLAG``; and a layer mix not in ``layer_groups.MIXES``. Raises BenchError."""
+    ``MAX_POOL_FLAG``; a layer mix not in ``layer_groups.MIXES``; and what the command
+    line's parser refuses, for a config built in code: a workload name not in ``BUILTIN``
+    (or ``"trace"``), a block size or seed that is not an int, a switch that is not a
+    bool. Raises BenchError."""
+    _check_fields(cfg)
     check_scale(cfg.scale, cfg.workloads)
     unknown = [name for name in cfg.groups if name not in MIXES]
     if unknown:
@@ -81,6 +85,27 @@ def check_config(cfg: BenchConfig) -> None:
                          f"{', '.join(MIXES)} or none")
     if cfg.pool_blocks is not None and not 1 <= cfg.pool_blocks <= limits.MAX_POOL_FLAG:
         raise BenchError(f"--pool-blocks must be 1..{limits.MAX_POOL_FLAG:,}, got {cfg.pool_blocks:,}")
+
+
+def _check_fields(cfg: BenchConfig) -> None:
+    names = cfg.workloads
+    if (not isinstance(names, (tuple, list)) or not names
+            or any(name not in (*BUILTIN, "trace") for name in names)):
+        raise BenchError(f"BenchConfig.workloads must be a non-empty tuple of "
+                         f"{', '.join((*BUILTIN, 'trace'))}, got {shorten(names)}")
+    for name in ("block_size", "seed"):
+        value = getattr(cfg, name)
+        if type(value) is not int or (name == "block_size" and value < 1):
+            raise BenchError(f"BenchConfig.{name} must be an int{' >= 1' * (name == 'block_size')}, "
+                             f"got {shorten(value)}")
+    if cfg.pool_blocks is not None and type(cfg.pool_blocks) is not int:
+        raise BenchError(f"BenchConfig.pool_blocks must be None or an int, got {shorten(cfg.pool_blocks)}")
+    for name in ("e2e", "host_tiers", "store_replicas", "plots", "progress"):
+        value = getattr(cfg, name)
+        if type(value) is not bool and not (name == "progress" and value is None):
+            raise BenchError(f"BenchConfig.{name} must be True or False, got {shorten(value)}")
+    if not isinstance(cfg.groups, (tuple, list)):
+        raise BenchError(f"BenchConfig.groups must be a tuple of layer mixes, got {shorten(cfg.groups)}")
 
 
 def check_pools(workloads: list[Workload], cfg: BenchConfig) -> None:
