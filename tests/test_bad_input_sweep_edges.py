@@ -262,3 +262,37 @@ def test_a_bad_bench_config_is_refused_before_any_work(field, value, monkeypatch
                             store_replicas=False, groups=(), plots=False, progress=False)
     with pytest.raises(BenchError, match=f"{field}|--{field.replace('_', '-')}"):
         suite.run_bench(dataclasses.replace(cfg, **{field: value}))
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("replicas", 0), ("replicas", True), ("replicas", 1.5), ("replicas", "x"), ("replicas", 10**6),
+    ("rate", math.nan), ("rate", math.inf), ("rate", "x"), ("rate", True), ("rate", -1),
+    ("block_size", 0), ("block_size", "x"), ("block_size", True), ("pool_blocks", 0),
+    ("pool_blocks", -1), ("pool_blocks", 1.5), ("max_running", 0), ("max_running", math.nan),
+    ("max_running", "x"), ("approx_ttl", 0), ("approx_ttl", -1), ("approx_ttl", math.nan),
+    ("approx_ttl", "x"), ("route", "random")])
+def test_a_bad_fleet_simulation_argument_is_a_bench_error_before_any_replica(name, value):
+    """``prefixkv.bench.replicas.simulate``: max_running 0 or NaN looped for ever (no
+    request ever admitted), a million replicas too (a pool each), block_size 0 raised
+    ZeroDivisionError, a str TypeError, pool_blocks 0 meant the default and True one
+    replica; the checks there were were plain ValueErrors."""
+    import signal
+
+    from prefixkv.bench.errors import BenchError
+    from prefixkv.bench.replicas import simulate
+    from prefixkv.bench.workloads import builtin
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("ran for more than 10 s")
+
+    args: dict[str, Any] = dict(replicas=2, route="prefix", rate=0.5, block_size=16, pool_blocks=None,
+                                max_running=64, approx_ttl=200.0)
+    args[name] = value
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        with pytest.raises(BenchError, match=name):
+            simulate(builtin("chat", 0.1), args.pop("replicas"), args.pop("route"), **args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from . import __version__
 from .bench.layer_groups import MIXES
-from .bench.limits import MAX_POOL_FLAG
+from .bench.limits import MAX_POOL_FLAG, MAX_REPLICAS
 
 WORKLOADS = ("all", "system-prompt", "chat", "document", "pressure", "skewed", "trace")
 FLEET_ROUTES = ("round-robin", "least-loaded", "pure-prefix", "prefix", "cost", "cost-approx")
@@ -146,7 +146,7 @@ def _group_mixes(text: str) -> tuple[str, ...]:
 
 
 def _int_list(text: str) -> list[int]:
-    parse = _int_in(1, 1024)
+    parse = _int_in(1, MAX_REPLICAS)
     return [parse(part) for part in text.split(",")]
 
 
