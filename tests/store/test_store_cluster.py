@@ -157,7 +157,7 @@ def test_a_put_with_a_master_down_stores_what_the_live_masters_take(cluster):
     again = [(k, b"x" * 8) for k in keys]
     assert backend.put(again) == len(lost)
     assert all(live[node_of[k]].get(k) == b"x" * 8 for k in keys if node_of[k] != victim)
-    assert sum(len(c) for c in backend._nodes.idle.values()) <= 2      # one idle link per live node
+    assert sum(len(c) for c in backend._idle.values()) <= 2      # one idle link per live node
     # the engine's writer thread: the dead master's values counted one by one, never raised
     writer = StoreWriter(backend, batch=len(keys))
     for k in keys:

@@ -13,20 +13,19 @@ the nodes' replies: one round trip per node involved, overlapping. A key the clu
 moved (MOVED/ASK, resharding) or a node that is down fails its keys (misses, refused
 writes) and the slot map is read again on the next call. Found through Sentinel
 (``from_sentinel``), a store follows a failover: a fetch that fails as a whole asks the
-sentinels for the master again. The connections and the slot map are ``Nodes``'
-(store/nodes.py).
+sentinels for the master again.
 """
 
 from __future__ import annotations
 
 import ssl
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import ConfigError, check_flag
 from .fetch import YIELD_EVERY
-from .nodes import Nodes
 from .protocol import ReadOutcome
 from .resp import Address, Resp, RespError, pack
 
@@ -85,11 +84,17 @@ class RedisStore:
         self.ttl, self.cluster, self.timeout = ttl, cluster, float(timeout)
         parts = parse_url(url)  # type: ignore[no-untyped-call]
         secure = parts.get("connection_class") is SSLConnection
-        home: Address = (("unix", parts["path"]) if "path" in parts
-                         else ("tcp", parts.get("host", "localhost"), int(parts.get("port", 6379))))
-        self._nodes = Nodes(home, cluster=cluster, username=parts.get("username"),
-                            password=parts.get("password"), db=int(parts.get("db") or 0),
-                            tls=ssl.create_default_context(cafile=ca_certs) if secure else None)
+        self._auth = dict(username=parts.get("username"), password=parts.get("password"),
+                          db=int(parts.get("db") or 0),
+                          tls=ssl.create_default_context(cafile=ca_certs) if secure else None)
+        self._home: Address = (("unix", parts["path"]) if "path" in parts
+                      else ("tcp", parts.get("host", "localhost"), int(parts.get("port", 6379))))
+        self._idle: dict[Address, list[Resp]] = {}
+        self._lock = threading.Lock()
+        self._slots: list[Address] | None = None  # cluster: the node of each of 16384 slots
+        # cluster: every node a slot map named, kept when the map is dropped: the map is
+        # read again from any of them, so a dead home node does not take the store down
+        self._nodes: set[Address] = set()
         self._sentinel: tuple[Any, str] | None = None  # (redis-py Sentinel, service name)
 
     @classmethod
@@ -174,16 +179,16 @@ class RedisStore:
         sent: list[tuple[Resp, list[int]]] = []
         failure: Exception | None = None
         answered = False
-        for node, idx in self._nodes.groups(keys, deadline()).items():
+        for node, idx in self._groups(keys, deadline()).items():
             conn: Resp | None = None
             try:
-                conn = self._nodes.take(node, deadline())
+                conn = self._take(node, deadline())
                 conn.send(b"".join([command(i) for i in idx]), deadline())
                 sent.append((conn, idx))
             except Exception as exc:
                 if conn is not None:
                     conn.close()
-                failure = self._nodes.failed(idx, replies, exc)
+                failure = self._failed(idx, replies, exc)
         for conn, idx in sent:
             pos, until = 0, deadline()
             try:
@@ -192,11 +197,11 @@ class RedisStore:
                     answered = True
                     pos += 1
                     if isinstance(reply, RespError):
-                        self._nodes.forget_slots()
-                self._nodes.give(conn)
+                        self._slots = None
+                self._give(conn)
             except Exception as exc:
                 conn.close()
-                failure = self._nodes.failed(idx[pos:], replies, exc)
+                failure = self._failed(idx[pos:], replies, exc)
         if failure is not None and not answered:
             raise failure
         return replies
@@ -205,18 +210,18 @@ class RedisStore:
                   deadline: float) -> list[ReadOutcome]:
         """``StoreBackend.read_into``: pipelined GETs, one round trip per node. Raises
         when no node answered (OSError, ConnectionError, TimeoutError at the deadline)."""
-        groups = self._nodes.groups(keys, deadline)
+        groups = self._groups(keys, deadline)
         out: list[ReadOutcome] = [None] * len(keys)
         sent: list[tuple[Resp, list[int]]] = []
         failure: Exception | None = None
         answered = False
         for node, idx in groups.items():  # send every node its GETs, then read
             try:
-                conn = self._nodes.take(node, deadline)
+                conn = self._take(node, deadline)
                 conn.send(b"".join([pack(b"GET", keys[i]) for i in idx]), deadline)
                 sent.append((conn, idx))
             except Exception as exc:
-                failure = self._nodes.failed(idx, out, exc)
+                failure = self._failed(idx, out, exc)
         for conn, idx in sent:
             pos = 0
             try:
@@ -228,11 +233,11 @@ class RedisStore:
                     if not pos % YIELD_EVERY:
                         time.sleep(0)  # let the scheduler's thread have the GIL
                     if isinstance(r, RespError) and str(r).startswith(("MOVED", "ASK")):
-                        self._nodes.forget_slots()  # resharded: read the map again next time
-                self._nodes.give(conn)
+                        self._slots = None  # resharded: read the map again next time
+                self._give(conn)
             except Exception as exc:
                 conn.close()
-                failure = self._nodes.failed(idx[pos:], out, exc)
+                failure = self._failed(idx[pos:], out, exc)
         if failure is not None and not answered:
             if self._sentinel is not None:
                 self._follow()
@@ -242,7 +247,13 @@ class RedisStore:
     def close(self) -> None:
         """Close the connections (a later call opens new ones)."""
         self.client.close()
-        self._nodes.close()
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for c in conns:
+                c.close()
+
+    # ---- connections and nodes ---------------------------------------------------------
 
     def _follow(self) -> None:
         """Read from the master the sentinels name now (after a fetch failed as a whole:
@@ -253,4 +264,74 @@ class RedisStore:
             host, port = sentinel.discover_master(service)
         except Exception:
             return
-        self._nodes.move_home(("tcp", host, int(port)))
+        home: Address = ("tcp", host, int(port))
+        if home != self._home:
+            old, self._home = self._home, home
+            with self._lock:
+                stale = self._idle.pop(old, [])
+            for conn in stale:
+                conn.close()
+
+    def _failed(self, idx: list[int], out: list[Any], exc: Exception) -> Exception:
+        """Keys ``idx`` failed with ``exc`` (their node is down or past the deadline)."""
+        for i in idx:
+            out[i] = exc
+        if self.cluster:
+            self._slots = None  # a node went away: read the map again next time
+        return exc
+
+    def _take(self, node: Address, deadline: float) -> Resp:
+        """An idle connection to ``node`` that is still open (one the server closed,
+        say by a restart while it was idle, is dropped: its first use would fail the
+        whole call), else a new one."""
+        while True:
+            with self._lock:
+                idle = self._idle.get(node)
+                conn = idle.pop() if idle else None
+            if conn is None:
+                break
+            if conn.idle_ok():
+                return conn
+            conn.close()
+        conn = Resp(node, **self._auth)
+        conn.open(deadline)
+        return conn
+
+    def _give(self, conn: Resp) -> None:
+        with self._lock:
+            self._idle.setdefault(conn.address, []).append(conn)
+
+    def _groups(self, keys: Sequence[bytes], deadline: float) -> dict[Address, list[int]]:
+        """The keys' indices by the node that serves them."""
+        if not self.cluster:
+            return {self._home: list(range(len(keys)))}
+        from redis.crc import key_slot
+        slots = self._slots or self._read_slots(deadline)
+        groups: dict[Address, list[int]] = {}
+        for i, k in enumerate(keys):
+            groups.setdefault(slots[key_slot(k)], []).append(i)
+        return groups
+
+    def _read_slots(self, deadline: float) -> list[Address]:
+        """The cluster's slot map (CLUSTER SLOTS), from the first node that answers: the
+        URL's node, then every node an earlier map named."""
+        nodes = [self._home, *sorted(self._nodes - {self._home})]
+        failure: Exception = ConnectionError("no cluster node answered")
+        for node in nodes:
+            try:
+                conn = self._take(node, deadline)
+                conn.send(pack(b"CLUSTER", b"SLOTS"), deadline)
+                ranges = conn.reply(deadline)
+                self._give(conn)
+            except Exception as exc:
+                failure = exc
+                continue
+            if isinstance(ranges, list):
+                slots: list[Address] = [self._home] * 16384
+                for lo, hi, master, *_ in ranges:
+                    host = master[0].decode() or self._home[1]
+                    slots[lo:hi + 1] = [("tcp", host, int(master[1]))] * (hi - lo + 1)
+                self._slots = slots
+                self._nodes.update(slots)
+                return slots
+        raise failure
