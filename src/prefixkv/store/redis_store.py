@@ -24,23 +24,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ConfigError, check_flag
 from .fetch import YIELD_EVERY
 from .protocol import ReadOutcome
+from .redis_args import check_sentinels, check_store_args
 from .resp import Address, Resp, RespError, pack
-
-URL_SCHEMES = ("redis://", "rediss://", "unix://")
-"""The URL schemes a ``RedisStore`` takes (redis-py's)."""
-
-
-def _check_sentinels(sentinels: object, service: object) -> None:
-    ok = (isinstance(sentinels, (list, tuple)) and len(sentinels) > 0 and all(
-        isinstance(s, (list, tuple)) and len(s) == 2 and type(s[0]) is str and s[0]
-        and type(s[1]) is int and 0 < s[1] < 65536 for s in sentinels))
-    if not ok:
-        raise ConfigError(f"sentinels must be a non-empty list of (host, port) pairs, got {sentinels!r}")
-    if type(service) is not str or not service:
-        raise ConfigError(f"service must be a non-empty str (the master's name), got {service!r}")
 
 
 class RedisStore:
@@ -58,16 +45,7 @@ class RedisStore:
 
     def __init__(self, url: str, *, timeout: float = 0.25, ttl: int = 86400,
                  cluster: bool = False, ca_certs: str | None = None) -> None:
-        if type(timeout) not in (int, float) or not 0 < timeout < float("inf"):
-            raise ConfigError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
-        if type(ttl) is not int or ttl <= 0:
-            raise ConfigError(f"ttl must be a positive int (seconds), got {ttl!r}")
-        if type(url) is not str or not url.startswith(URL_SCHEMES):
-            raise ConfigError(f"url must be a str starting with one of {', '.join(URL_SCHEMES)}, "
-                              f"got {url!r}")
-        check_flag("cluster", cluster, ConfigError)
-        if ca_certs is not None and (type(ca_certs) is not str or not ca_certs):
-            raise ConfigError(f"ca_certs must be None or a PEM file's path, got {ca_certs!r}")
+        check_store_args(url, timeout, ttl, cluster, ca_certs)
         import redis
         from redis.backoff import NoBackoff
         from redis.connection import SSLConnection, parse_url
@@ -110,7 +88,7 @@ class RedisStore:
         before any connection, unless ``sentinels`` is a non-empty list of ``(host,
         port)`` pairs (a non-empty str, an int in 1..65535) and ``service`` a non-empty
         str."""
-        _check_sentinels(sentinels, service)
+        check_sentinels(sentinels, service)
         from redis.backoff import NoBackoff
         from redis.retry import Retry
         from redis.sentinel import Sentinel
