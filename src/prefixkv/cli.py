@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from . import __version__
 from .bench.layer_groups import MIXES
-from .bench.limits import MAX_POOL_FLAG
+from .bench.limits import MAX_POOL_FLAG, MAX_REPLICAS
 
 WORKLOADS = ("all", "system-prompt", "chat", "document", "pressure", "skewed", "trace")
 FLEET_ROUTES = ("round-robin", "least-loaded", "pure-prefix", "prefix", "cost", "cost-approx")
@@ -44,7 +44,10 @@ class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
 
 def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        value = int(text)
+        try:
+            value = int(text)
+        except ValueError:  # argparse would name this function in its message
+            raise argparse.ArgumentTypeError(f"must be an int, got {text[:40]!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
         if high is not None and value > high:
@@ -148,7 +151,7 @@ def _group_mixes(text: str) -> tuple[str, ...]:
 
 
 def _int_list(text: str) -> list[int]:
-    parse = _int_in(1, 1024)
+    parse = _int_in(1, MAX_REPLICAS)
     return [parse(part) for part in text.split(",")]
 
 
@@ -197,8 +200,8 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .bench import report
     from .bench.errors import BenchError
     from .bench.outdir import ReportDir
-    from .bench.suite import BenchConfig, check_scale, run_bench
-    from .bench.workloads import BUILTIN
+    from .bench.suite import BenchConfig, run_bench
+    from .bench.workloads import BUILTIN, check_scale
 
     if args.replicas:
         from .bench.fleet_report import DEFAULT_WORKLOADS, run_fleet, table, write_fleet

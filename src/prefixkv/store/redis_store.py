@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ConfigError
 from .fetch import YIELD_EVERY
 from .protocol import ReadOutcome
+from .redis_args import check_sentinels, check_store_args
 from .resp import Address, Resp, RespError, pack
 
 
@@ -38,15 +38,14 @@ class RedisStore:
     a Redis Cluster node. ``ca_certs``: for rediss://, the PEM file of the certificate
     authorities to trust (default: the system's); the server's name or IP must match its
     certificate.
-    Raises ConfigError for a timeout or ttl out of range, ImportError without redis-py,
-    ValueError (redis-py's) for a malformed URL."""
+    Raises ConfigError for a timeout or ttl out of range, a URL that is not a str of
+    those schemes, a ``cluster`` that is not a bool or an empty ``ca_certs``, all before
+    redis-py is imported; ImportError without redis-py, ValueError (redis-py's) for a
+    URL of those schemes that redis-py cannot parse."""
 
     def __init__(self, url: str, *, timeout: float = 0.25, ttl: int = 86400,
                  cluster: bool = False, ca_certs: str | None = None) -> None:
-        if type(timeout) not in (int, float) or not 0 < timeout < float("inf"):
-            raise ConfigError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
-        if type(ttl) is not int or ttl <= 0:
-            raise ConfigError(f"ttl must be a positive int (seconds), got {ttl!r}")
+        check_store_args(url, timeout, ttl, cluster, ca_certs)
         import redis
         from redis.backoff import NoBackoff
         from redis.connection import SSLConnection, parse_url
@@ -85,7 +84,11 @@ class RedisStore:
         sentinel-managed client (a new connection asks for the master), and a fetch that
         fails as a whole asks the sentinels again (on the fetcher's thread) before it
         raises, so the next fetch reads from the master they name then. Raises
-        redis-py's MasterNotFoundError when no sentinel knows the service."""
+        redis-py's MasterNotFoundError when no sentinel knows the service; ConfigError,
+        before any connection, unless ``sentinels`` is a non-empty list of ``(host,
+        port)`` pairs (a non-empty str, an int in 1..65535) and ``service`` a non-empty
+        str."""
+        check_sentinels(sentinels, service)
         from redis.backoff import NoBackoff
         from redis.retry import Retry
         from redis.sentinel import Sentinel
