@@ -74,6 +74,10 @@ class RedisStore:
         # cluster: every node a slot map named, kept when the map is dropped: the map is
         # read again from any of them, so a dead home node does not take the store down
         self._nodes: set[Address] = set()
+        # cluster: nodes whose last call failed (down, or hung past a deadline), the most
+        # recent last; the map is read from them last, so a hung node (it accepts, never
+        # answers) does not spend every map read's deadline
+        self._failing: dict[Address, None] = {}
         self._sentinel: tuple[Any, str] | None = None  # (redis-py Sentinel, service name)
 
     @classmethod
@@ -163,7 +167,7 @@ class RedisStore:
             except Exception as exc:
                 if conn is not None:
                     conn.close()
-                failure = self._failed(idx, replies, exc)
+                failure = self._failed(node, idx, replies, exc)
         for conn, idx in sent:
             pos, until = 0, deadline()
             try:
@@ -176,7 +180,7 @@ class RedisStore:
                 self._give(conn)
             except Exception as exc:
                 conn.close()
-                failure = self._failed(idx[pos:], replies, exc)
+                failure = self._failed(conn.address, idx[pos:], replies, exc)
         if failure is not None and not answered:
             raise failure
         return replies
@@ -196,7 +200,7 @@ class RedisStore:
                 conn.send(b"".join([pack(b"GET", keys[i]) for i in idx]), deadline)
                 sent.append((conn, idx))
             except Exception as exc:
-                failure = self._failed(idx, out, exc)
+                failure = self._failed(node, idx, out, exc)
         for conn, idx in sent:
             pos = 0
             try:
@@ -212,7 +216,7 @@ class RedisStore:
                 self._give(conn)
             except Exception as exc:
                 conn.close()
-                failure = self._failed(idx[pos:], out, exc)
+                failure = self._failed(conn.address, idx[pos:], out, exc)
         if failure is not None and not answered:
             if self._sentinel is not None:
                 self._follow()
@@ -247,13 +251,20 @@ class RedisStore:
             for conn in stale:
                 conn.close()
 
-    def _failed(self, idx: list[int], out: list[Any], exc: Exception) -> Exception:
+    def _failed(self, node: Address, idx: list[int], out: list[Any], exc: Exception) -> Exception:
         """Keys ``idx`` failed with ``exc`` (their node is down or past the deadline)."""
         for i in idx:
             out[i] = exc
         if self.cluster:
             self._slots = None  # a node went away: read the map again next time
+            self._suspect(node)
         return exc
+
+    def _suspect(self, node: Address) -> None:
+        """``node`` failed a call: the slot map is read from it last."""
+        with self._lock:
+            self._failing.pop(node, None)
+            self._failing[node] = None
 
     def _take(self, node: Address, deadline: float) -> Resp:
         """An idle connection to ``node`` that is still open (one the server closed,
@@ -273,8 +284,11 @@ class RedisStore:
         return conn
 
     def _give(self, conn: Resp) -> None:
+        """``conn`` answered all it was asked: idle again, its node no longer suspect."""
         with self._lock:
             self._idle.setdefault(conn.address, []).append(conn)
+            if self._failing:
+                self._failing.pop(conn.address, None)
 
     def _groups(self, keys: Sequence[bytes], deadline: float) -> dict[Address, list[int]]:
         """The keys' indices by the node that serves them."""
@@ -289,16 +303,24 @@ class RedisStore:
 
     def _read_slots(self, deadline: float) -> list[Address]:
         """The cluster's slot map (CLUSTER SLOTS), from the first node that answers: the
-        URL's node, then every node an earlier map named."""
-        nodes = [self._home, *sorted(self._nodes - {self._home})]
+        URL's node, then every node an earlier map named; those whose last call failed
+        last (a hung node would take the whole deadline), the most recent failure last."""
+        with self._lock:
+            failing = [n for n in self._failing if n == self._home or n in self._nodes]
+        nodes = [n for n in [self._home, *sorted(self._nodes - {self._home})]
+                 if n not in failing] + failing
         failure: Exception = ConnectionError("no cluster node answered")
         for node in nodes:
+            conn = None
             try:
                 conn = self._take(node, deadline)
                 conn.send(pack(b"CLUSTER", b"SLOTS"), deadline)
                 ranges = conn.reply(deadline)
                 self._give(conn)
             except Exception as exc:
+                if conn is not None:
+                    conn.close()
+                self._suspect(node)
                 failure = exc
                 continue
             if isinstance(ranges, list):
