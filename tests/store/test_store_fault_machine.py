@@ -75,6 +75,17 @@ class FaultMachine(base.SharedStoreMachine):
             self._client().set(dst, self._client().get(src))
             self.faults += 1
 
+    @precondition(lambda self: self.up and len(self.keys) > 1 and bool(self.seen))
+    @rule(data=st.data())
+    def overwrite_then_fetch_elsewhere(self, data):
+        """Another block's value under a key of a chain, then the chain admitted by the
+        other engine, its fetch run at once: the case that serves wrong KV when a value
+        is taken for another content's."""
+        self.overwrite_with_another_block(data)
+        self.elsewhere(data, [])
+        self.settle(0)
+        self.settle(1)
+
     @precondition(lambda self: self.up and bool(self.keys))
     @rule(data=st.data())
     def delete_key(self, data):
