@@ -155,32 +155,35 @@ class RedisStore:
         if not keys:
             return []
         replies: list[object] = [None] * len(keys)
-        sent: list[tuple[Resp, list[int]]] = []
         failure: Exception | None = None
         answered = False
-        for node, idx in self._groups(keys, deadline()).items():
-            conn: Resp | None = None
-            try:
-                conn = self._take(node, deadline())
-                conn.send(b"".join([command(i) for i in idx]), deadline())
-                sent.append((conn, idx))
-            except Exception as exc:
-                if conn is not None:
+        for nodes in self._rounds(self._groups(keys, deadline())):
+            sent: list[tuple[Resp, list[int]]] = []
+            for node, idx in nodes:
+                conn: Resp | None = None
+                fair = time.monotonic() < deadline()  # (else another node took its time)
+                try:
+                    conn = self._take(node, deadline())
+                    conn.send(b"".join([command(i) for i in idx]), deadline())
+                    sent.append((conn, idx))
+                except Exception as exc:
+                    if conn is not None:
+                        conn.close()
+                    failure = self._failed(node, idx, replies, exc, fair)
+            for conn, idx in sent:
+                pos, until = 0, deadline()
+                fair = time.monotonic() < until
+                try:
+                    for i in idx:
+                        replies[i] = reply = conn.reply(until)
+                        answered = True
+                        pos += 1
+                        if isinstance(reply, RespError):
+                            self._slots = None
+                    self._give(conn)
+                except Exception as exc:
                     conn.close()
-                failure = self._failed(node, idx, replies, exc)
-        for conn, idx in sent:
-            pos, until = 0, deadline()
-            try:
-                for i in idx:
-                    replies[i] = reply = conn.reply(until)
-                    answered = True
-                    pos += 1
-                    if isinstance(reply, RespError):
-                        self._slots = None
-                self._give(conn)
-            except Exception as exc:
-                conn.close()
-                failure = self._failed(conn.address, idx[pos:], replies, exc)
+                    failure = self._failed(conn.address, idx[pos:], replies, exc, fair)
         if failure is not None and not answered:
             raise failure
         return replies
@@ -189,34 +192,36 @@ class RedisStore:
                   deadline: float) -> list[ReadOutcome]:
         """``StoreBackend.read_into``: pipelined GETs, one round trip per node. Raises
         when no node answered (OSError, ConnectionError, TimeoutError at the deadline)."""
-        groups = self._groups(keys, deadline)
         out: list[ReadOutcome] = [None] * len(keys)
-        sent: list[tuple[Resp, list[int]]] = []
         failure: Exception | None = None
         answered = False
-        for node, idx in groups.items():  # send every node its GETs, then read
-            try:
-                conn = self._take(node, deadline)
-                conn.send(b"".join([pack(b"GET", keys[i]) for i in idx]), deadline)
-                sent.append((conn, idx))
-            except Exception as exc:
-                failure = self._failed(node, idx, out, exc)
-        for conn, idx in sent:
-            pos = 0
-            try:
-                for i in idx:
-                    views = buffers[i]
-                    out[i] = r = conn.bulk_into(views, sum([v.nbytes for v in views]), deadline)
-                    answered = True
-                    pos += 1
-                    if not pos % YIELD_EVERY:
-                        time.sleep(0)  # let the scheduler's thread have the GIL
-                    if isinstance(r, RespError) and str(r).startswith(("MOVED", "ASK")):
-                        self._slots = None  # resharded: read the map again next time
-                self._give(conn)
-            except Exception as exc:
-                conn.close()
-                failure = self._failed(conn.address, idx[pos:], out, exc)
+        for nodes in self._rounds(self._groups(keys, deadline)):
+            sent: list[tuple[Resp, list[int]]] = []
+            for node, idx in nodes:  # send every node its GETs, then read
+                # (not fair: another node took its time; one node: nothing to suspect)
+                fair = self.cluster and time.monotonic() < deadline
+                try:
+                    conn = self._take(node, deadline)
+                    conn.send(b"".join([pack(b"GET", keys[i]) for i in idx]), deadline)
+                    sent.append((conn, idx))
+                except Exception as exc:
+                    failure = self._failed(node, idx, out, exc, fair)
+            for conn, idx in sent:
+                pos, fair = 0, self.cluster and time.monotonic() < deadline
+                try:
+                    for i in idx:
+                        views = buffers[i]
+                        out[i] = r = conn.bulk_into(views, sum([v.nbytes for v in views]), deadline)
+                        answered = True
+                        pos += 1
+                        if not pos % YIELD_EVERY:
+                            time.sleep(0)  # let the scheduler's thread have the GIL
+                        if isinstance(r, RespError) and str(r).startswith(("MOVED", "ASK")):
+                            self._slots = None  # resharded: read the map again next time
+                    self._give(conn)
+                except Exception as exc:
+                    conn.close()
+                    failure = self._failed(conn.address, idx[pos:], out, exc, fair)
         if failure is not None and not answered:
             if self._sentinel is not None:
                 self._follow()
@@ -251,13 +256,17 @@ class RedisStore:
             for conn in stale:
                 conn.close()
 
-    def _failed(self, node: Address, idx: list[int], out: list[Any], exc: Exception) -> Exception:
-        """Keys ``idx`` failed with ``exc`` (their node is down or past the deadline)."""
+    def _failed(self, node: Address, idx: list[int], out: list[Any], exc: Exception,
+                fair: bool = True) -> Exception:
+        """Keys ``idx`` failed with ``exc`` (their node is down or past the deadline);
+        ``fair``: the node was asked with time left (a node asked once another had
+        taken the whole deadline failed through no fault of its own: not suspect)."""
         for i in idx:
             out[i] = exc
         if self.cluster:
             self._slots = None  # a node went away: read the map again next time
-            self._suspect(node)
+            if fair:
+                self._suspect(node)
         return exc
 
     def _suspect(self, node: Address) -> None:
@@ -289,6 +298,18 @@ class RedisStore:
             self._idle.setdefault(conn.address, []).append(conn)
             if self._failing:
                 self._failing.pop(conn.address, None)
+
+    def _rounds(self, groups: dict[Address, list[int]]) -> list[list[tuple[Address, list[int]]]]:
+        """The nodes of ``groups`` in the rounds a call asks them: the nodes whose last
+        call failed after the others have answered (a host that is down may take the
+        whole deadline to connect to: asked first, it left the others' replies unread)."""
+        if not self._failing:
+            return [list(groups.items())]
+        with self._lock:
+            failing = set(self._failing)
+        rounds = [[g for g in groups.items() if g[0] not in failing],
+                  [g for g in groups.items() if g[0] in failing]]
+        return [r for r in rounds if r]
 
     def _groups(self, keys: Sequence[bytes], deadline: float) -> dict[Address, list[int]]:
         """The keys' indices by the node that serves them."""
