@@ -28,6 +28,7 @@ from ..errors import ConfigError
 from .fetch import YIELD_EVERY
 from .protocol import ReadOutcome
 from .resp import Address, Resp, RespError, pack
+from .slot_map import SlotMap
 
 
 class RedisStore:
@@ -70,14 +71,7 @@ class RedisStore:
                       else ("tcp", parts.get("host", "localhost"), int(parts.get("port", 6379))))
         self._idle: dict[Address, list[Resp]] = {}
         self._lock = threading.Lock()
-        self._slots: list[Address] | None = None  # cluster: the node of each of 16384 slots
-        # cluster: every node a slot map named, kept when the map is dropped: the map is
-        # read again from any of them, so a dead home node does not take the store down
-        self._nodes: set[Address] = set()
-        # cluster: nodes whose last call failed (down, or hung past a deadline), the most
-        # recent last; the map is read from them last, so a hung node (it accepts, never
-        # answers) does not spend every map read's deadline
-        self._failing: dict[Address, None] = {}
+        self._map = SlotMap()  # cluster: the node of each slot, the nodes, the suspects
         self._sentinel: tuple[Any, str] | None = None  # (redis-py Sentinel, service name)
 
     @classmethod
@@ -157,7 +151,7 @@ class RedisStore:
         replies: list[object] = [None] * len(keys)
         failure: Exception | None = None
         answered = False
-        for nodes in self._rounds(self._groups(keys, deadline())):
+        for nodes in self._map.rounds(self._groups(keys, deadline())):
             sent: list[tuple[Resp, list[int]]] = []
             for node, idx in nodes:
                 conn: Resp | None = None
@@ -179,7 +173,7 @@ class RedisStore:
                         answered = True
                         pos += 1
                         if isinstance(reply, RespError):
-                            self._slots = None
+                            self._map.slots = None
                     self._give(conn)
                 except Exception as exc:
                     conn.close()
@@ -195,7 +189,7 @@ class RedisStore:
         out: list[ReadOutcome] = [None] * len(keys)
         failure: Exception | None = None
         answered = False
-        for nodes in self._rounds(self._groups(keys, deadline)):
+        for nodes in self._map.rounds(self._groups(keys, deadline)):
             sent: list[tuple[Resp, list[int]]] = []
             for node, idx in nodes:  # send every node its GETs, then read
                 # (not fair: another node took its time; one node: nothing to suspect)
@@ -217,7 +211,7 @@ class RedisStore:
                         if not pos % YIELD_EVERY:
                             time.sleep(0)  # let the scheduler's thread have the GIL
                         if isinstance(r, RespError) and str(r).startswith(("MOVED", "ASK")):
-                            self._slots = None  # resharded: read the map again next time
+                            self._map.slots = None  # resharded: read the map again next time
                     self._give(conn)
                 except Exception as exc:
                     conn.close()
@@ -264,16 +258,10 @@ class RedisStore:
         for i in idx:
             out[i] = exc
         if self.cluster:
-            self._slots = None  # a node went away: read the map again next time
+            self._map.slots = None  # a node went away: read the map again next time
             if fair:
-                self._suspect(node)
+                self._map.suspect(node)
         return exc
-
-    def _suspect(self, node: Address) -> None:
-        """``node`` failed a call: the slot map is read from it last."""
-        with self._lock:
-            self._failing.pop(node, None)
-            self._failing[node] = None
 
     def _take(self, node: Address, deadline: float) -> Resp:
         """An idle connection to ``node`` that is still open (one the server closed,
@@ -296,42 +284,24 @@ class RedisStore:
         """``conn`` answered all it was asked: idle again, its node no longer suspect."""
         with self._lock:
             self._idle.setdefault(conn.address, []).append(conn)
-            if self._failing:
-                self._failing.pop(conn.address, None)
-
-    def _rounds(self, groups: dict[Address, list[int]]) -> list[list[tuple[Address, list[int]]]]:
-        """The nodes of ``groups`` in the rounds a call asks them: the nodes whose last
-        call failed after the others have answered (a host that is down may take the
-        whole deadline to connect to: asked first, it left the others' replies unread)."""
-        if not self._failing:
-            return [list(groups.items())]
-        with self._lock:
-            failing = set(self._failing)
-        rounds = [[g for g in groups.items() if g[0] not in failing],
-                  [g for g in groups.items() if g[0] in failing]]
-        return [r for r in rounds if r]
+        self._map.answered(conn.address)
 
     def _groups(self, keys: Sequence[bytes], deadline: float) -> dict[Address, list[int]]:
         """The keys' indices by the node that serves them."""
         if not self.cluster:
             return {self._home: list(range(len(keys)))}
         from redis.crc import key_slot
-        slots = self._slots or self._read_slots(deadline)
+        slots = self._map.slots or self._read_slots(deadline)
         groups: dict[Address, list[int]] = {}
         for i, k in enumerate(keys):
             groups.setdefault(slots[key_slot(k)], []).append(i)
         return groups
 
     def _read_slots(self, deadline: float) -> list[Address]:
-        """The cluster's slot map (CLUSTER SLOTS), from the first node that answers: the
-        URL's node, then every node an earlier map named; those whose last call failed
-        last (a hung node would take the whole deadline), the most recent failure last."""
-        with self._lock:
-            failing = [n for n in self._failing if n == self._home or n in self._nodes]
-        nodes = [n for n in [self._home, *sorted(self._nodes - {self._home})]
-                 if n not in failing] + failing
+        """The cluster's slot map (CLUSTER SLOTS), from the first node that answers, in
+        ``SlotMap.askers``' order."""
         failure: Exception = ConnectionError("no cluster node answered")
-        for node in nodes:
+        for node in self._map.askers(self._home):
             conn = None
             try:
                 conn = self._take(node, deadline)
@@ -341,15 +311,9 @@ class RedisStore:
             except Exception as exc:
                 if conn is not None:
                     conn.close()
-                self._suspect(node)
+                self._map.suspect(node)
                 failure = exc
                 continue
             if isinstance(ranges, list):
-                slots: list[Address] = [self._home] * 16384
-                for lo, hi, master, *_ in ranges:
-                    host = master[0].decode() or self._home[1]
-                    slots[lo:hi + 1] = [("tcp", host, int(master[1]))] * (hi - lo + 1)
-                self._slots = slots
-                self._nodes.update(slots)
-                return slots
+                return self._map.learn(ranges, self._home)
         raise failure
