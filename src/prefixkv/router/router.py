@@ -234,11 +234,11 @@ class Router:
             views = [self._view(r, len(hashes), runs.get(r, (0, 0))) for r in candidates]
             pick = candidates[self.scorer.pick(views, self._turn)]
             run = runs.get(pick, (0, 0))[0]
+        self.index.routed(pick, hashes)  # first: what it raises leaves the tallies as they were
         self._turn += 1
         self.in_flight[pick] += 1
         self.routed[pick] += 1
         self.loads.routed(pick, len(hashes) - run, len(hashes), self.clock())
-        self.index.routed(pick, hashes)
         return Choice(pick, run * self.block_size)
 
     def finish(self, replica: str) -> None:
