@@ -7,6 +7,7 @@ import pytest
 from prefixkv import KVCacheManager
 from prefixkv.fleet.publisher import EventPublisher
 from prefixkv.fleet.replay import END_SEQ, ReplayBuffer
+from prefixkv.fleet.wire import encode_batch
 from prefixkv.router import Router
 from prefixkv.router.subscriber import Subscriber
 from waiting import LIVE, PATIENCE, await_subscribed, poll_until, wait_until
@@ -123,8 +124,16 @@ def test_legacy_publisher_gaps_and_restart_by_sequence_numbers():
         step(pub, mgr, "c", P[2])
         wait_for(sub, 1)
         assert sub.gaps_filled == 1 and [router.cached_tokens(p)["r"] for p in P[:3]] == [12] * 3
-        sub._on_message("r", 0, pub.replay.since(0)[0][1])  # numbering starts again: a restart
-        assert sub.restarts == 1 and [router.cached_tokens(p)["r"] for p in P[:3]] == [12, 0, 0]
+        # numbering starts again, and the buffer there is a new life's (it holds that very
+        # batch 0, not the batch applied last): a restart
+        # (the old life's buffer held its batch 0 and the batch applied last: a duplicate)
+        mgr.add_request("d", P[3])
+        pub.replay = LegacyReplay(100)
+        new = encode_batch(mgr.take_events(), block_size=BS)
+        pub.replay.add(new)
+        sub._on_message("r", 0, new)
+        assert sub.restarts == 1 and sub.duplicates == 0
+        assert [router.cached_tokens(p)["r"] for p in P[:4]] == [0, 0, 0, 12]
     finally:
         sub.close()
         pub.close()

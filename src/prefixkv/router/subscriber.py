@@ -29,6 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from .buffered import Held, run_to, sent
 from .origin import Origins
 from .replay_client import Answer, ReplayClient, ReplayError, ReplayTimeout
 from .router import Router
@@ -37,7 +38,7 @@ from .sockets import ReplicaSockets
 _log = logging.getLogger(__name__)
 _LAST_SEQ = (1 << 64) - 1  # the largest 8-byte sequence number
 COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "bad_replies",
-            "disconnects", "errors", "foreign_frames")
+            "disconnects", "errors", "foreign_frames", "unsent_frames", "duplicates")
 """The subscriber's counters, as ``health()`` names them."""
 
 
@@ -53,6 +54,7 @@ class Subscriber:
         self.last_seq: dict[str, int] = {}
         self.gaps_filled = self.snapshots = self.resyncs = self.restarts = self.bad_batches = 0
         self.bad_replies = self.disconnects = self.errors = self.foreign_frames = 0
+        self.unsent_frames = self.duplicates = 0
         self.last_error: str | None = None
         self.connected = dict.fromkeys(endpoints, False)
         self._epoch: dict[str, str] = {}
@@ -184,32 +186,46 @@ class Subscriber:
                 self._apply(replica, seq, payload, topic)
             return
         if last is not None and seq <= last:  # numbering started again: a restart, if
-            client = self._replay.get(replica)  # the publisher there now sent it (else a
-            held = client.replayed(seq) if client else None  # foreign or corrupt frame,
-            if held is not None and (seq, payload) not in held:  # not applied)
-                self._verify(replica)
+            held = self._held(replica, seq)  # the publisher there now sent it (else a
+            if held is not None and not sent(held, seq, payload):  # foreign or corrupt
+                self._unsent(replica)  # frame, not applied)
+                return
+            if held is not None and sent(held, last, self._last_payload.get(replica, b"")):
+                self.duplicates += 1  # it sent what was applied last too: an old frame again
                 return
             self.restarts += 1
             self._forget(replica)
             last = None
         start = 0 if last is None else last + 1
-        if seq > start:  # a gap: the publisher's buffer from ``start`` on says what it sent
-            client = self._replay.get(replica)
-            held = client.replayed(start) if client else None
-            if held is not None:
-                sent = [b for b in held if b[0] <= seq]
-                if sent and sent[-1][0] == seq and all(
-                        s == k for k, (s, _) in enumerate(sent, start)):
-                    self.gaps_filled += 1  # (its batch ``seq``, not this message, if they differ)
-                    for s, p in sent:
-                        self._apply(replica, s, p)
-                    return
-                if (seq, payload) not in held:  # not sent by this life (a corrupt or
-                    self._verify(replica)  # foreign frame): not applied; is it still that life?
-                    return
-            self.resyncs += 1  # its buffer lost the gap, or no answer: follow from here
-            self._forget(replica)
+        if seq > start or last is None:  # a gap, or nothing applied (first contact, after
+            # a forget): the publisher's buffer from ``start`` on says what it sent
+            held = self._held(replica, start)
+            run = None if held is None else run_to(held, start, seq, payload)
+            if run is not None:
+                self.gaps_filled += len(run) > 1
+                for s, p in run[:-1]:
+                    self._apply(replica, s, p)
+                self._apply(replica, seq, payload, topic)  # (the message: its topic known)
+                return
+            if held is not None and not sent(held, seq, payload):
+                self._unsent(replica)  # not this life's (buffered.py): is it still that life?
+                return
+            if seq > start:  # its buffer lost the gap, or no answer: follow from here
+                self.resyncs += 1
+                self._forget(replica)
         self._apply(replica, seq, payload, topic)
+
+    def _held(self, replica: str, start: int) -> Held | None:
+        """The replica's buffer from ``start`` (buffered.py); None: no replay endpoint, or
+        no answer."""
+        client = self._replay.get(replica)
+        return client.replayed(start) if client else None
+
+    def _unsent(self, replica: str) -> None:
+        """A live frame the replica's buffer shows its publisher never sent: not applied,
+        counted; the replica is verified (a restarted publisher's buffer lacks it too)."""
+        self.unsent_frames += 1
+        self._verify(replica)
 
     def _verify(self, replica: str) -> None:
         """After a disconnect: make sure ``replica`` is the publisher it was (module doc)."""

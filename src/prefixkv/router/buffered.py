@@ -1,0 +1,26 @@
+"""What a vLLM publisher's replay buffer says of a live frame.
+
+vLLM 0.33's wire names no publisher and no life: the one witness of what the publisher
+on a replica's replay endpoint sent is its buffer's answer to the 8-byte request
+(``ReplayClient.replayed``), ``held``: ``(seq, payload)`` pairs in the order it sent
+them. A frame is that publisher's only if the buffer holds that very pair (the same
+number and bytes: a vLLM batch carries its timestamp, so two batches of two lives or two
+publishers never share both). These functions read an answer; the subscriber decides.
+"""
+
+from __future__ import annotations
+
+Held = list[tuple[int, bytes]]
+
+
+def sent(held: Held, seq: int, payload: bytes) -> bool:
+    """Whether the buffer holds the frame ``(seq, payload)``."""
+    return (seq, payload) in held
+
+
+def run_to(held: Held, start: int, seq: int, payload: bytes) -> Held | None:
+    """The buffer's batches ``start .. seq``, consecutive and ending with this very frame
+    ``(seq, payload)``; None when it lost one of them or did not send the frame."""
+    run = [b for b in held if start <= b[0] <= seq]
+    whole = all(s == k for k, (s, _) in enumerate(run, start))
+    return run if whole and run and run[-1] == (seq, payload) else None
