@@ -1,24 +1,15 @@
 """Feed a Router from N replicas' ZeroMQ event streams (extra ``prefixkv[events]``).
 
 Per replica a SUB socket (the live stream), a monitor of that socket, a ReplayClient on
-its replay socket, and the last sequence number applied. A message ``seq == last + 1``
-is applied; a duplicate of what a replay applied is skipped; anything else (first
-contact, a gap, a smaller ``seq``) is caught up: by prefixkv's map request (missed
-batches, or a snapshot on first contact, after a restart, past the buffer), or, for a
-publisher that does not answer it (vLLM's), by the 8-byte request, forgetting the
-replica when its buffer lost batches or it restarted. Either way a message the
-publisher's answer shows it never sent (a foreign or corrupt frame) is not applied.
-After a disconnect the replica is verified as soon as it is connected again: a new
-epoch, or a vLLM publisher whose buffer does not hold the very batch applied last (a
-batch carries its timestamp, so a new life never repeats one), is a restart. A frame
-whose topic or ``data_parallel_rank`` differs from those of the replica's batches is
-another publisher's and is not applied (``foreign_frames``; origin.py says why). The
-index may understate what a replica holds, never overstate it. docs/router.md
-tabulates each case and its counter.
-
-Nothing from the wire stops the thread: frames, payloads and replay answers are
-checked (``bad_batches``, ``bad_replies``); anything else raised while handling a
-message is counted in ``errors`` (``last_error``, logged). ``health()`` reports it all.
+its replay socket, and the last sequence number applied. ``seq == last + 1`` is applied;
+anything else (first contact, a gap, a smaller ``seq``, a reconnection) is checked with
+the publisher: prefixkv's map request (map_replay.py: missed batches or a snapshot), or
+for a vLLM publisher its buffer's answer to the 8-byte request (buffered.py: a frame it
+does not hold was not sent by it and is not applied). A frame of another topic or rank
+than the replica's is another publisher's (origin.py). The index may understate what a
+replica holds, never overstate it; docs/router.md tabulates each case and its counter.
+Nothing from the wire stops the thread: what it cannot explain is counted (``COUNTERS``,
+``health()``), anything raised while handling a message in ``errors`` (logged).
 """
 
 from __future__ import annotations
@@ -30,13 +21,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from .buffered import Held, run_to, sent
+from .map_replay import ask_map
 from .origin import Origins
-from .replay_client import Answer, ReplayClient, ReplayError, ReplayTimeout
+from .replay_client import Answer
 from .router import Router
 from .sockets import ReplicaSockets
 
 _log = logging.getLogger(__name__)
-_LAST_SEQ = (1 << 64) - 1  # the largest 8-byte sequence number
 COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "bad_replies",
             "disconnects", "errors", "foreign_frames", "unsent_frames", "duplicates")
 """The subscriber's counters, as ``health()`` names them."""
@@ -180,7 +171,7 @@ class Subscriber:
             # The answer, sent after this message arrived, covers it: a message it does
             # not cover was not sent by this life (a dead life's, a foreign or corrupt
             # frame) and is not applied. Only a replica forgotten after bad answers or
-            # none (``_snapshot_after``, a timeout: no ``_skip_through``; an answer's -1
+            # none (map_replay.py: no ``_skip_through``; an answer's -1
             # is a publisher that sent nothing yet) follows from this message on.
             if self.last_seq[replica] < 0 and replica not in self._skip_through:
                 self._apply(replica, seq, payload, topic)
@@ -263,30 +254,23 @@ class Subscriber:
             self._replayed[replica] = dict(batches)
 
     def _catch_up(self, replica: str, last: int | None) -> bool:
-        """Bring ``replica`` up to date by the msgpack replay request; False (and the
-        replica is marked legacy) when it answers in vLLM's form (an end mark). No answer
-        in time forgets the replica, which follows from this message on (``resyncs``)."""
+        """Bring ``replica`` up to date by the msgpack replay request (map_replay.py);
+        False (and the replica is marked legacy) when it answers in vLLM's form (an end
+        mark). Nothing usable (no answer in time, bad answers) forgets the replica, which
+        follows from this message on (``resyncs``)."""
         client = self._replay.get(replica)
         epoch = self._epoch.get(replica)
-        start = 0 if last is None else last + 1
-        try:
-            # past the last 8-byte number only a snapshot can say where the replica is
-            answer = client.ask(epoch, min(start, _LAST_SEQ), force_snapshot=start > _LAST_SEQ
-                                ) if client else None
-            if answer is not None and epoch not in (None, answer.epoch) and answer.snapshot is None:
-                raise ReplayError(f"epoch {answer.epoch!r} follows {epoch!r} without a snapshot")
-        except ReplayTimeout:  # busy or gone: not a vLLM publisher for all that
+        answer, bad = ask_map(client, epoch, 0 if last is None else last + 1, replica
+                              ) if client else (None, 0)
+        self.bad_replies += bad
+        if answer is None:
+            self._legacy.add(replica)
+            return False
+        if not isinstance(answer, Answer):  # LOST
             self.resyncs += 1
             self._forget(replica)
             self.last_seq[replica] = -1  # index what comes next: an understatement
             return True
-        except ReplayError as exc:
-            answer = self._snapshot_after(replica, exc, client, epoch, start)  # type: ignore[arg-type]
-            if answer is None:
-                return True
-        if answer is None:
-            self._legacy.add(replica)
-            return False
         if epoch is not None and answer.epoch != epoch:
             self.restarts += 1
         self._epoch[replica] = answer.epoch
@@ -300,24 +284,6 @@ class Subscriber:
                 self._decode_apply(replica, p)
         self.last_seq[replica] = self._skip_through[replica] = answer.next_seq - 1
         return True
-
-    def _snapshot_after(self, replica: str, exc: ReplayError, client: ReplayClient,
-                        epoch: str | None, start: int) -> Answer | None:
-        """After a malformed answer: a forced snapshot, or None once the replica is
-        forgotten (the snapshot failed too; it then follows from the next message)."""
-        self.bad_replies += 1
-        _log.warning("replica %r: bad replay answer (%s); asking for a snapshot", replica, exc)
-        try:
-            answer = client.ask(epoch, start, force_snapshot=True)
-        except ReplayError as again:
-            self.bad_replies += not isinstance(again, ReplayTimeout)  # no answer: not a bad one
-            answer = None
-        if answer is not None and answer.snapshot is not None:
-            return answer
-        self.resyncs += 1
-        self._forget(replica)
-        self.last_seq[replica] = -1  # index what comes next: an understatement
-        return None
 
     def _forget(self, replica: str) -> None:
         self.router.forget(replica)
