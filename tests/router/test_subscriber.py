@@ -374,3 +374,32 @@ def test_a_publisher_restarted_mid_replay(legacy):
     finally:
         sub.close()
         pub.close()
+
+
+def test_legacy_publisher_restarted_past_the_last_batch_applied_is_a_restart():
+    """A vLLM publisher restarted (its monitor's report not read: drops, a proxy), whose
+    new life numbered past the last batch applied before its first frame came: a gap,
+    whose replay from ``last + 1`` the new life's buffer answered, consecutive. Its
+    batches were applied on top of the old life's entries, which stayed."""
+    pub, mgr, router = make()
+    pub.replay = LegacyReplay(100)
+    sub = connect(pub, router)
+    try:
+        for i in (0, 1):
+            step(pub, mgr, str(i), P[i])
+        wait_for(sub, 2)
+        assert [router.cached_tokens(p)["r"] for p in P[:2]] == [12, 12]
+        pub.replay = LegacyReplay(100)  # the new life, empty, numbers from 0
+        mgr = KVCacheManager(256, BS, hash_mode="sha256", enable_events=True)
+        for i in (2, 3, 4, 5):
+            mgr.add_request(str(i), P[i])
+            last = pub.replay.add(encode_batch(mgr.take_events(), block_size=BS))
+        sub._on_message("r", last, pub.replay.since(last)[0][1])  # seq 3: a gap after 1
+        assert [router.cached_tokens(p)["r"] for p in P] == [0, 0, 12, 12, 12, 12]
+        assert (sub.restarts, sub.resyncs, sub.unsent_frames, sub.last_seq["r"]) == (1, 0, 0, 3)
+        mgr.add_request("6", P[0])  # a frame past the new life's buffer: not applied
+        sub._on_message("r", 9, encode_batch(mgr.take_events(), block_size=BS))
+        assert router.cached_tokens(P[0])["r"] == 0 and sub.unsent_frames == 1
+    finally:
+        sub.close()
+        pub.close()

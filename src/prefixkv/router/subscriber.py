@@ -190,7 +190,13 @@ class Subscriber:
         start = 0 if last is None else last + 1
         if seq > start or last is None:  # a gap, or nothing applied (first contact, after
             # a forget): the publisher's buffer from ``start`` on says what it sent
-            held = self._held(replica, start)
+            held = self._held(replica, last if last is not None and last >= 0 else start)
+            if held is not None and last is not None and last >= 0 and any(
+                    s == last for s, _ in held) and not sent(held, last, self._last_payload[replica]):
+                self._verify(replica)  # its batch ``last`` is not the one applied: a new
+                # life (its monitor's report missed or not read yet), rebuilt from its buffer
+                self.unsent_frames += self._replayed.get(replica, {}).get(seq) != payload
+                return
             run = None if held is None else run_to(held, start, seq, payload)
             if run is not None:
                 self.gaps_filled += len(run) > 1
