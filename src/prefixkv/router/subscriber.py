@@ -157,8 +157,11 @@ class Subscriber:
             self.foreign_frames += 1
             return
         last = self.last_seq.get(replica)
+        # an undecodable frame is checked with its publisher, whose copy may be whole (cut
+        # on the way: taken as applied, its events were lost and the index kept stale entries)
+        whole = replica not in self._replay or self._origins.decode(payload) is not None
         if last is not None:
-            if seq == last + 1:
+            if seq == last + 1 and whole:
                 if self._replayed:  # (the live duplicates came before this: in order)
                     self._replayed.pop(replica, None)
                 self._apply(replica, seq, payload, topic)
@@ -167,6 +170,7 @@ class Subscriber:
                 return
             if seq <= last and self._replayed.get(replica, {}).get(seq) == payload:
                 return  # a vLLM publisher's batch that its verification applied
+        bad = self.bad_batches
         if replica not in self._legacy and self._catch_up(replica, last):
             # The answer, sent after this message arrived, covers it: a message it does
             # not cover was not sent by this life (a dead life's, a foreign or corrupt
@@ -175,6 +179,8 @@ class Subscriber:
             # is a publisher that sent nothing yet) follows from this message on.
             if self.last_seq[replica] < 0 and replica not in self._skip_through:
                 self._apply(replica, seq, payload, topic)
+            else:  # cut on the way, if the publisher's copy of it was not bad too
+                self.unsent_frames += not whole and self.bad_batches == bad
             return
         if last is not None and seq <= last:  # numbering started again: a restart, if
             held = self._held(replica, seq)  # the publisher there now sent it (else a
@@ -188,8 +194,8 @@ class Subscriber:
             self._forget(replica)
             last = None
         start = 0 if last is None else last + 1
-        if seq > start or last is None:  # a gap, or nothing applied (first contact, after
-            # a forget): the publisher's buffer from ``start`` on says what it sent
+        if seq > start or last is None or not whole:  # a gap, nothing applied (first contact,
+            # after a forget), or a cut frame: the publisher's buffer says what it sent
             held = self._held(replica, last if last is not None and last >= 0 else start)
             if held is not None and last is not None and last >= 0 and any(
                     s == last for s, _ in held) and not sent(held, last, self._last_payload[replica]):
