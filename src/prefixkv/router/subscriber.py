@@ -25,7 +25,7 @@ from .map_replay import ask_map
 from .origin import Origins
 from .replay_client import Answer
 from .router import Router
-from .sockets import ReplicaSockets
+from .sockets import ReplicaSockets, check_options, check_timeout
 
 _log = logging.getLogger(__name__)
 COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "bad_replies",
@@ -36,10 +36,12 @@ COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "b
 class Subscriber:
     """``endpoints``: replica -> ``(pub_endpoint, replay_endpoint or None)``.
     ``topic``: subscription prefix ("" takes everything). ``replay_timeout``: seconds.
-    Raises RouterError for a replica the router does not know (before any socket)."""
+    Raises RouterError, before any change or socket, for a replica the router does not
+    know and for arguments of other types or ranges (``sockets.check_options``)."""
 
     def __init__(self, router: Router, endpoints: Mapping[str, tuple[str, str | None]], *,
                  topic: str = "kv-events", replay_timeout: float = 1.0) -> None:
+        check_options(router.replicas, endpoints, topic, replay_timeout)
         self.router = router
         self.replay_timeout_ms = int(replay_timeout * 1000)
         self.last_seq: dict[str, int] = {}
@@ -67,7 +69,9 @@ class Subscriber:
 
     def poll(self, timeout: float = 0.0) -> int:
         """Handle every message waiting now (waiting up to ``timeout`` s for the first);
-        returns how many live messages were handled. Never raises for what it reads."""
+        returns how many live messages were handled. Never raises for what it reads;
+        RouterError for a ``timeout`` that is not a finite number of seconds >= 0."""
+        check_timeout(timeout, "timeout")
         handled = 0
         for sock, frames in self._sockets.messages(timeout):
             try:
