@@ -10,6 +10,10 @@ publishers never share both). These functions read an answer; the subscriber dec
 
 from __future__ import annotations
 
+from typing import Literal
+
+from .replay_client import ReplayClient
+
 Held = list[tuple[int, bytes]]
 
 
@@ -24,3 +28,17 @@ def run_to(held: Held, start: int, seq: int, payload: bytes) -> Held | None:
     run = [b for b in held if start <= b[0] <= seq]
     whole = all(s == k for k, (s, _) in enumerate(run, start))
     return run if whole and run and run[-1] == (seq, payload) else None
+
+
+def verify(client: ReplayClient | None, last: int, payload: bytes | None
+           ) -> tuple[Literal["same", "lost", "new"], Held | None]:
+    """Whether the publisher there now is the life whose batch ``last`` (``payload``) was
+    applied last: ``("same", the batches after it)``; ``("lost", None)`` when it does not
+    answer or its buffer moved past ``last``; ``("new", its history from 0)`` when it has
+    nothing at ``last`` or another batch there (the history None when not whole)."""
+    got = client.stream(last) if client else None
+    if got and got[0] == (last, payload):
+        return "same", got[1:]
+    if got is None or got and got[0][0] > last:
+        return "lost", None
+    return "new", client.stream(0) if client else None

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .buffered import Held, run_to, sent
+from .buffered import Held, run_to, sent, verify
 from .map_replay import ask_map
 from .origin import Origins
 from .replay_client import Answer
@@ -54,13 +54,11 @@ class Subscriber:
         self._skip_through: dict[str, int] = {}  # live duplicates of replayed batches
         self._legacy: set[str] = set()  # replicas that answer only the 8-byte request
         self._last_payload: dict[str, bytes] = {}  # what a vLLM publisher is verified by
-        # batches a vLLM publisher's verification applied past its last: live duplicates
-        # (``_skip_through`` for the 8-byte replay, where a smaller seq means a restart)
-        self._replayed: dict[str, dict[int, bytes]] = {}
+        self._replayed: dict[str, dict[int, bytes]] = {}  # live duplicates of a verification
         self._unverified: set[str] = set()  # disconnected since their last message
         self._origins = Origins()  # (origin.py: another publisher's frames)
         for replica in endpoints:
-            router.forget(replica)  # RouterError for an unknown name; starts it empty
+            router.forget(replica)  # each starts empty
         self._sockets = ReplicaSockets(endpoints, topic, self.replay_timeout_ms)  # sockets.py
         self._replay = self._sockets.replay
         self._stop = threading.Event()
@@ -243,23 +241,18 @@ class Subscriber:
             return
         if last is None or replica not in self._legacy and self._catch_up(replica, last):
             return
-        client = self._replay.get(replica)
-        got = client.stream(last) if client else None
-        if got and got[0] == (last, self._last_payload.get(replica)):
-            self._replay_applied(replica, got[1:])
-            self.gaps_filled += len(got) > 1
+        verdict, got = verify(self._replay.get(replica), last, self._last_payload.get(replica))
+        if verdict == "same" and got is not None:
+            self._replay_applied(replica, got)
+            self.gaps_filled += bool(got)
             return
         self._forget(replica)
-        if got is None or got and got[0][0] > last:  # no answer, or its buffer lost ours
-            self.resyncs += 1
-            return
-        self.restarts += 1  # it has nothing at `last`, or something else there
-        history = client.stream(0) if client else None
-        if history is None:
+        self.restarts += verdict == "new"  # it has nothing at `last`, or something else there
+        if got is None:  # no answer, its buffer lost ours, or a new life's history is not whole
             self.resyncs += 1
             return
         self.last_seq[replica] = -1
-        self._replay_applied(replica, history)
+        self._replay_applied(replica, got)
 
     def _replay_applied(self, replica: str, batches: list[tuple[int, bytes]]) -> None:
         """Apply what a verification replayed, which may arrive live too (kept to tell
