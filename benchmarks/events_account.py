@@ -55,7 +55,7 @@ SKIP = 3  # the first requests of a replay (an empty cache) are not counted
 CLAIM, TAKE, STORE = "claim (hits found, verified, referenced)", "new blocks taken (+ evictions)", \
     "new blocks recorded (store)"
 EVENTS, REST = "events recorded (the deferred run)", "the rest of add_request"
-PARTS = {"ContentIndex.claim": CLAIM, "_agree": CLAIM, "BlockPool.take": TAKE, "BlockPool.take_one": TAKE,
+PARTS = {"ContentIndex.claim": CLAIM, "BlockPool.take": TAKE, "BlockPool.take_one": TAKE,
          "BlockPool._evict": TAKE, "ContentIndex.drop": TAKE, "ContentIndex.drop_one": TAKE,
          "ContentRecorder.store": STORE, "ContentRecorder._held": STORE,
          "ContentRecorder._chain": STORE, "ContentRecorder._enter": STORE,

@@ -134,10 +134,10 @@ def test_an_admission_read_later_still_shows_the_blocks_it_was_given():
 
 @pytest.mark.parametrize("events", [False, True])
 @pytest.mark.parametrize("how", ["evicted", "evicted, one block taken", "reset"])
-def test_a_run_whose_blocks_lost_their_content_is_not_claimed_as_a_span(events, how):
-    # Blocks 0, 1, 2 hold A, B, C recorded in one store: a run begun by block 0, which
-    # ``claim`` may compare in one go. Here all three lose their content and block 0
-    # alone holds A again, recorded by itself: the run must not hand out 1 and 2.
+def test_a_chain_whose_blocks_lost_their_content_is_not_claimed_after_its_head(events, how):
+    # Blocks 0, 1, 2 hold A, B, C recorded in one store (a chain a faster claim might
+    # compare in one go: events-r9.md). Here all three lose their content and block 0
+    # alone holds A again, recorded by itself: 1 and 2 must not be handed out after it.
     m = manager(4, enable_events=events)
     a, b, c = [1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]
     assert m.add_request("a", a + b + c + [0]) == Admission("a", (0, 1, 2, 3), 0, 13)
@@ -157,11 +157,11 @@ def test_a_run_whose_blocks_lost_their_content_is_not_claimed_as_a_span(events, 
     m.check_invariants()
 
 
-def test_a_run_with_its_last_block_taken_alone_is_claimed_block_by_block():
+def test_a_chain_with_its_last_block_taken_alone_is_claimed_up_to_that_block():
     m = manager(4)  # no events: ``take_one`` evicts through the index's ``drop_one``
     a, b, c = [1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]
     assert m.add_request("a", a + b + c + [0]) == Admission("a", (0, 1, 2, 3), 0, 13)
-    m.free("a")  # the run begun by 0: 1, 2; 3 (partial) is empty
+    m.free("a")  # 0, 1, 2 chained; 3 (partial) is empty
     assert m.add_request("x", [20] * 4) == Admission("x", (3,), 0, 4)
     assert m.add_request("y", [21] * 4) == Admission("y", (2,), 0, 4)  # C evicted alone
     m.free("y")

@@ -43,28 +43,6 @@ class _Unlinked:
         return "UNLINKED"
 
 
-class Run:
-    """The blocks one ``store`` recorded after its first block, each the chained child of
-    the one before (its first block's ``starts``): ``blocks``, their token bytes
-    ``chunks``, the extra-key bytes ``extra`` of every one of them. ``ok``: the index's
-    epoch when recorded, while every block of the run (its first block too) still holds
-    that content, found for it (not a spare); -1 from when one of them lost it (the
-    index sets it through each block's ``run``). A run that is ``ok`` is a verified span:
-    ``claim`` compares its token bytes in one list comparison instead of block by block."""
-
-    __slots__ = ("blocks", "chunks", "extra", "ok")
-    blocks: list[Block]
-    chunks: list[bytes]
-    extra: bytes
-    ok: int
-
-    def __repr__(self) -> str:
-        return "NO_RUN" if self is NO_RUN else f"Run(ok={self.ok})"
-
-
-NO_RUN = Run()  # the ``run`` of a block never recorded in one; never ``ok``
-NO_RUN.ok = -1
-
 # Typed as a Block so that the links of a linked block need no None checks on the hot
 # paths; it is only ever compared by identity, never read through.
 UNLINKED: Block = cast("Block", _Unlinked())
@@ -100,9 +78,6 @@ class Block:
     ``chained``: the index finds this block only as its parent's ``child``, not in its
     dicts (see ``ContentIndex``).
     ``prev``/``next``: links of the free queue's cached tier (intrusive list).
-    ``run``: the ``Run`` this block's content was recorded in (the one it invalidates when
-    that content goes; stale, and not ``ok``, once it has); ``starts``: the run whose
-    first block it is, if any (stale likewise).
     """
 
     block_id: int
@@ -119,8 +94,6 @@ class Block:
     chained: bool = False
     prev: Block = UNLINKED
     next: Block = UNLINKED
-    run: Run = NO_RUN
-    starts: Run | None = None
 
     def clear_content(self) -> None:
         """Mark the block as holding no reusable content (``key`` None, not a twin, not

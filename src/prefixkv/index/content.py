@@ -36,7 +36,6 @@ announce a hash once (first block) and withdraw it once (last block).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import islice
 
 from ..core.block import Block, Key
 from ..core.request import Request
@@ -46,22 +45,6 @@ from .content_check import check_index, check_lower_chains, check_request
 from .recording import ContentRecorder
 
 _NO_PARENT = Block(-1)  # the parent of a first block in ``claim``: never given a child
-
-
-def _agree(known: list[bytes], chunks: Sequence[bytes], i: int) -> int:
-    """How many of ``known`` agree with ``chunks[i:]``, from the first: list comparisons
-    (in C), the whole first, then halving."""
-    k = min(len(known), len(chunks) - i)
-    if chunks[i:i + k] == (known if k == len(known) else known[:k]):
-        return k
-    lo, hi = 0, k  # known[:lo] agrees, known[:hi] does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if chunks[i:i + mid] == known[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class ContentIndex(ContentRecorder):
@@ -138,18 +121,15 @@ class ContentIndex(ContentRecorder):
         in place and left stale). Returns the hits and how many of them left the cached
         tier, for ``BlockPool.claimed`` (``BlockPool.unclaim`` undoes it); None, with nothing
         done, with per-block extra keys: then use ``match``. With a tier below, the run is
-        the device's alone: the caller checks whether the tier goes on after it. A hit that
-        begins a ``Run`` still whole takes as many of the run's blocks as agree with the
-        next chunks, compared as one list (docs/design.md, "Runs are verified as spans")."""
+        the device's alone: the caller checks whether the tier goes on after it."""
         if mm is not None:
             return None
         hits: list[Block] = []
         held = 0
-        get, by_key, epoch = self._by_chunk.get, self._by_key, self._epoch
+        get, by_key = self._by_chunk.get, self._by_key
         p = _NO_PARENT  # (its content id is 0, a first block's parent_cid)
         b: Block | None
-        it = iter(chunks)
-        for chunk in it:
+        for chunk in chunks:
             # the parent's last child first: a verified guess saves hashing the chunk
             b = p.child
             if b.key != chunk or b.parent_cid != p.content_id \
@@ -170,27 +150,6 @@ class ContentIndex(ContentRecorder):
                 b.ref_cnt = 1
             hits.append(b)
             p = b
-            run = b.starts
-            if run is None or run.ok != epoch or (run.extra is not base and run.extra != base):
-                continue
-            # b begins a run that still holds what it was recorded with: the chunks that
-            # agree with the prompt's next ones are its blocks' contents, found (``Run``)
-            i = len(hits)
-            k = _agree(run.chunks, chunks, i)
-            if not k:
-                continue
-            span = run.blocks if k == len(run.blocks) else run.blocks[:k]
-            for b in span:
-                if b.ref_cnt:
-                    b.ref_cnt += 1
-                    held += 1
-                else:
-                    b.prev.next = b.next
-                    b.next.prev = b.prev
-                    b.ref_cnt = 1
-            hits += span
-            p = b
-            next(islice(it, k - 1, None), None)  # (the k chunks compared)
         return hits, len(hits) - held
 
     def drop(self, blocks: Sequence[Block]) -> None:
@@ -212,7 +171,6 @@ class ContentIndex(ContentRecorder):
         if not twins and not sink.active:  # the common case: each content goes, unannounced
             keyed = 0
             for b in blocks:  # (a chained block leaves no dict entry)
-                b.run.ok = -1  # (its run, if any, is no longer whole)
                 if b.chained:
                     b.chained = False
                 else:
@@ -226,7 +184,6 @@ class ContentIndex(ContentRecorder):
         gone: list[Block] | None = [] if sink.active and twins else None
         chained = 0
         for b in blocks:  # the common case: a chained block leaves no dict entry
-            b.run.ok = -1
             if b.chained:
                 b.chained = False
                 chained += 1
@@ -263,9 +220,7 @@ class ContentIndex(ContentRecorder):
         """``drop((b,))``: in the common case, without the tuple and the loop."""
         if self._twins or self._sink.active or self._lower is not None:
             self.drop((b,))
-            return
-        b.run.ok = -1
-        if b.chained:
+        elif b.chained:
             b.chained = False
             self._num_chained -= 1
             b.key = None
@@ -315,7 +270,6 @@ class ContentIndex(ContentRecorder):
         """Take ``b`` out of the index: unlist a twin; replace a primary by a held twin,
         or remove its key (and announce it) when it was the last block holding it; an
         evicted content computed in an earlier step goes down to the tier below."""
-        b.run.ok = -1  # (its run, if any, is no longer whole)
         twins = self._twins
         if b.twin:
             listed = twins.get(b.content_id)
@@ -376,7 +330,6 @@ class ContentIndex(ContentRecorder):
         return out
 
     def clear(self) -> None:
-        self._epoch += 1
         self.cut = 0
         self._by_chunk.clear()
         self._by_key.clear()

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from ..core.block import NO_CHILD, Block, ContentKey, Run, key_chunk
+from ..core.block import NO_CHILD, Block, ContentKey, key_chunk
 from ..core.request import Request
 from ..event_log import EventSink
 from ..events import DEVICE
@@ -56,7 +56,6 @@ class ContentRecorder(Announcer):
         # written), which leaves nothing cut off; an engine that lets them run would, and
         # from then on the walk probes the device at every step.
         self.cut = 0
-        self._epoch = 0  # ``clear`` starts another: every run recorded before is not ``ok``
 
     def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> Prepared:
         known = req.prompt_chunks
@@ -176,8 +175,6 @@ class ContentRecorder(Announcer):
         chained = 0
         spares: dict[int, Block] | None = None  # position -> the block held, when deferred
         lower, step = self._lower, self.step
-        run = Run()  # the blocks chained below a first new content: a span for ``claim``
-        run.ok = -1  # (``ok`` below, if the first block is a new content)
         for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras, strict=False):
             b.parent_cid = cid
             b.extra = extra
@@ -188,7 +185,6 @@ class ContentRecorder(Announcer):
                 parent.child = b  # type: ignore[union-attr]
                 b.key = chunk
                 b.chained = True
-                b.run = run
                 chained += 1
                 b.content_id = cid = nid
                 nid += 1
@@ -221,14 +217,6 @@ class ContentRecorder(Announcer):
                 lower.on_device(slot)  # its chained child must be found by ``find`` now
         self._num_chained += chained
         self._next_id = nid
-        if chained and req.keys.mm is None:  # (then every block's extra is ``base``)
-            head = blocks[first]
-            if head.content_id >= fresh:  # a new content: each one after it is chained
-                run.blocks = blocks[first + 1:first + 1 + chained]
-                run.chunks = chunks[1:1 + chained]
-                run.extra = extras[0]
-                run.ok = self._epoch
-                head.run = head.starts = run
         if hashes is not None:
             self._announce(req, first, chunks, hashes)
             if self.fresh is not None:
