@@ -168,7 +168,7 @@ class ContentIndex(ContentRecorder):
         # first (``check`` verifies it when a tier is below).
         if lower is not None:
             lower.demote(blocks, self.step)
-        if not twins and not sink.active:  # the common case: each content goes, unannounced
+        if not twins:  # the common case: each content goes
             keyed = 0
             for b in blocks:  # (a chained block leaves no dict entry)
                 if b.chained:
@@ -178,10 +178,15 @@ class ContentIndex(ContentRecorder):
                     keyed += 1
                 b.key = None
             self._num_chained -= len(blocks) - keyed
+            if sink.active and blocks:  # one BlockRemoved, built now (eager) or when taken
+                if self.lazy:
+                    sink.defer(RemovedRun(list(blocks)))
+                else:
+                    sink.append(removed(list(blocks)))
             return
-        # events on: the blocks whose content goes (all of them unless a spare takes one
-        # over), in one BlockRemoved built now (eager) or when taken (deferred)
-        gone: list[Block] | None = [] if sink.active and twins else None
+        # spares held: the blocks whose content goes (all of them unless a spare takes one
+        # over), announced as above
+        gone: list[Block] | None = [] if sink.active else None
         chained = 0
         for b in blocks:  # the common case: a chained block leaves no dict entry
             if b.chained:
