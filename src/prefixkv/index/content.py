@@ -125,30 +125,30 @@ class ContentIndex(ContentRecorder):
         if mm is not None:
             return None
         hits: list[Block] = []
-        cid = held = 0
+        held = 0
         get, by_key = self._by_chunk.get, self._by_key
-        p = _NO_PARENT
+        p = _NO_PARENT  # (its content id is 0, a first block's parent_cid)
         b: Block | None
         for chunk in chunks:
             # the parent's last child first: a verified guess saves hashing the chunk
             b = p.child
-            if b.key != chunk or b.parent_cid != cid or (b.extra is not base and b.extra != base) \
+            if b.key != chunk or b.parent_cid != p.content_id \
+                    or (b.extra is not base and b.extra != base) \
                     or b.twin:  # (extra is nearly always the same object: ``is`` first)
+                cid = p.content_id
                 b = get(chunk)
                 if b is None or b.parent_cid != cid or b.extra != base:
                     b = by_key.get((cid, chunk, base)) if by_key else None
                     if b is None:
                         break
-            r = b.ref_cnt
-            if not r:
-                prev, nxt = b.prev, b.next
-                prev.next = nxt
-                nxt.prev = prev
-            else:  # (the held ones are counted: the unlinking branch costs more already)
+            if b.ref_cnt:  # (the held ones are counted: the unlinking branch costs more)
+                b.ref_cnt += 1
                 held += 1
-            b.ref_cnt = r + 1
+            else:  # unlinked from the cached tier in place, its own links left stale
+                b.prev.next = b.next
+                b.next.prev = b.prev
+                b.ref_cnt = 1
             hits.append(b)
-            cid = b.content_id
             p = b
         return hits, len(hits) - held
 
@@ -168,7 +168,7 @@ class ContentIndex(ContentRecorder):
         # first (``check`` verifies it when a tier is below).
         if lower is not None:
             lower.demote(blocks, self.step)
-        if not twins and not sink.active:  # the common case: each content goes, unannounced
+        if not twins:  # the common case: each content goes
             keyed = 0
             for b in blocks:  # (a chained block leaves no dict entry)
                 if b.chained:
@@ -178,10 +178,15 @@ class ContentIndex(ContentRecorder):
                     keyed += 1
                 b.key = None
             self._num_chained -= len(blocks) - keyed
+            if sink.active and blocks:  # one BlockRemoved, built now (eager) or when taken
+                if self.lazy:
+                    sink.defer(RemovedRun(list(blocks)))
+                else:
+                    sink.append(removed(list(blocks)))
             return
-        # events on: the blocks whose content goes (all of them unless a spare takes one
-        # over), in one BlockRemoved built now (eager) or when taken (deferred)
-        gone: list[Block] | None = [] if sink.active and twins else None
+        # spares held: the blocks whose content goes (all of them unless a spare takes one
+        # over), announced as above
+        gone: list[Block] | None = [] if sink.active else None
         chained = 0
         for b in blocks:  # the common case: a chained block leaves no dict entry
             if b.chained:

@@ -172,7 +172,7 @@ class ContentRecorder(Announcer):
         parent = blocks[first - 1] if first else None
         cid = parent.content_id if parent is not None else 0
         nid = fresh = self._next_id  # ids from ``fresh`` on are minted by this call
-        chained = 0
+        minted = 0  # ids minted below the chained branch (``_chain`` counts its own blocks)
         spares: dict[int, Block] | None = None  # position -> the block held, when deferred
         lower, step = self._lower, self.step
         for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras, strict=False):
@@ -185,7 +185,6 @@ class ContentRecorder(Announcer):
                 parent.child = b  # type: ignore[union-attr]
                 b.key = chunk
                 b.chained = True
-                chained += 1
                 b.content_id = cid = nid
                 nid += 1
                 parent = b
@@ -212,10 +211,11 @@ class ContentRecorder(Announcer):
             if lower is None or slot is None:
                 b.content_id = cid = nid
                 nid += 1
+                minted += 1
             else:
                 b.content_id = cid = slot.content_id
                 lower.on_device(slot)  # its chained child must be found by ``find`` now
-        self._num_chained += chained
+        self._num_chained += nid - fresh - minted  # (each id the chained branch minted)
         self._next_id = nid
         if hashes is not None:
             self._announce(req, first, chunks, hashes)
