@@ -74,7 +74,7 @@ class StepKeys(NamedTuple):
 def keys_read(q_len: int, kv_len: int, block_q: int) -> int:
     """Keys one KV head's programs of a request load (causal, bottom-right aligned): a
     program of ``block_q`` query positions loads every key up to its last row's position."""
-    return sum(kv_len - q_len + min((t + 1) * block_q, q_len) for t in range(-(-q_len // block_q)))
+    return sum(kv_len - q_len + min((t + 1) * block_q, q_len) for t in range(blocks_for(q_len, block_q)))
 
 
 def block_q(shape: ModelShape, max_q_len: int, *, lse: bool = False) -> int:
@@ -110,7 +110,7 @@ def step_keys(shape: ModelShape, groups: Sequence[SharedPrefix], block_ids: Sequ
     shift = [s * block_size for s in cb.shift_blocks.tolist()]
     cascade = sum(keys_read(q, c + q - s, own_q)
                   for c, q, s in zip(num_computed, num_new, shift, strict=True))
-    cascade += sum(-(-(cu[g + 1] - cu[g]) // prefix_q) * used[g] for g in range(len(used)))
+    cascade += sum(blocks_for(cu[g + 1] - cu[g], prefix_q) * used[g] for g in range(len(used)))
     return StepKeys(plain, cascade, sum(s > 0 for s in shift))
 
 
