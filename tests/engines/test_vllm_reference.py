@@ -431,3 +431,39 @@ def test_the_estimate_after_evict_blocks_agrees_on_a_hybrid_model(evict):
         m.evict_blocks({g[j] for g in ids for j in evict if g[j]})
         answers.append((before, m.estimate_cached_tokens(a)))
     assert answers[0] == answers[1], answers
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_prompts_whose_embeddings_share_a_prefix_hit_it_as_in_vllm(mixed):
+    # two prompts fed by embeddings (prompt_embeds), equal in their first 34 positions:
+    # vLLM hashes each block's own rows, so b hits a's first 8 blocks. Before: prefixkv
+    # keyed every block by a digest of the whole prompt's embeddings and hit nothing.
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request, RequestStatus
+
+    def make(rid: str, last: float, tokens: list[bool] | None) -> Any:
+        embeds = torch.arange(80.0).reshape(40, 2)
+        embeds[35:] += last
+        ids = None
+        if tokens is not None:  # a mixed prompt: token ids where the mask says so
+            ids = [7 if t else 0 for t in tokens]
+            embeds[torch.tensor(tokens)] = 0
+        return Request(request_id=rid, prompt_token_ids=ids, prompt_embeds=embeds,
+                       prompt_is_token_ids=tokens, sampling_params=SamplingParams(max_tokens=8),
+                       pooling_params=None, block_hasher=get_request_block_hasher(BS, sha256))
+
+    mask = [i % 3 == 0 for i in range(40)] if mixed else None
+    answers = []
+    for m in _pair():
+        a = make("a", 0.0, mask)
+        assert m.allocate_slots(a, 40) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 40
+        hits = [m.get_computed_blocks(make("b", 1.0, mask))[1],  # differs from position 35
+                m.get_computed_blocks(make("c", 0.0, mask))[1]]  # the same prompt
+        if mixed:  # position 3 read a token in a, an embedding in d
+            other = [i % 3 == 0 and i != 3 for i in range(40)]
+            hits.append(m.get_computed_blocks(make("d", 0.0, other))[1])
+        answers.append(hits)
+    assert answers[0] == answers[1] == ([32, 36, 0] if mixed else [32, 36]), answers

@@ -83,7 +83,7 @@ class ConnectorScheduler:
         ``num_blocks`` full blocks."""
         c = self._chains.get(request.request_id)
         if c is None or c.request is not request:
-            c = self._chains[request.request_id] = _Chain(request, extra_keys_of(request))
+            c = self._chains[request.request_id] = _Chain(request, extra_keys_of(request, self._bs))
         return self._name(c, num_blocks)
 
     def _name(self, c: _Chain, num_blocks: int) -> _Chain:
