@@ -68,18 +68,16 @@ class Side:
         """The request in ``slot`` computed its tokens up to num_computed_tokens; its
         blocks past them hold nothing known yet."""
         r = self.reqs[slot]
-        toks = list(r.all_token_ids)
         for g, ids in enumerate(self.m.get_block_ids(r.request_id)):
             full = r.num_computed_tokens // BS
             for j, b in enumerate(ids):
                 if b != NULL:
-                    self.held[b] = (g, r.cache_salt, *toks[:(j + 1) * BS]) if j < full else None
+                    self.held[b] = _identity(r, g, (j + 1) * BS) if j < full else None
 
     def check_hit(self, slot: int, blocks: Any, hit: int) -> None:
         """Every block of the hit holds the prompt's prefix up to it in its group, and a
         group's null entries lie wholly below what a query at ``hit`` reads."""
         r = self.reqs[slot]
-        toks = list(r.all_token_ids)
         for g, ids in enumerate(blocks.get_block_ids() if hit else [[] for _ in self.windows]):
             assert len(ids) * BS == hit, (g, ids, hit)
             reach = _first_needed(self.windows[g], hit)
@@ -87,8 +85,18 @@ class Side:
                 if b == NULL:
                     assert (j + 1) * BS <= reach, f"group {g} lost block {j} a query at {hit} reads"
                 else:
-                    assert self.held.get(b) == (g, r.cache_salt, *toks[:(j + 1) * BS]), (
-                        f"wrong KV: group {g} block {b} holds {self.held.get(b)} for block {j} of {toks}")
+                    want = _identity(r, g, (j + 1) * BS)
+                    assert self.held.get(b) == want, (
+                        f"wrong KV: group {g} block {b} holds {self.held.get(b)} for block {j}: {want}")
+
+
+def _identity(r: Any, g: int, end: int) -> tuple[Any, ...]:
+    """What the KV of group ``g`` up to position ``end`` of request ``r`` depends on: the
+    salt, the LoRA adapter, the images placed before ``end`` and every token before it."""
+    images = tuple((f.identifier, f.mm_position.offset, f.mm_position.length)
+                   for f in r.mm_features if f.mm_position.offset < end)
+    lora = r.lora_request.lora_name if r.lora_request else None
+    return (g, r.cache_salt, lora, images, *list(r.all_token_ids)[:end])
 
 
 def _first_needed(window: tuple[str, int] | None, pos: int) -> int:
@@ -119,13 +127,28 @@ def _managers(num_blocks: int, specs: tuple[Any, ...] | None = None) -> tuple[Si
             Side(Theirs(config(*specs, num_blocks=num_blocks), **kw), windows))
 
 
-def _request(rid: str, tokens: list[int], salt: str | None) -> Any:
+IMAGES = {"cat": 3, "dog": 6}  # image -> its placeholder length (fixed by the image)
+
+
+def _request(rid: str, tokens: list[int], salt: str | None, lora: str | None = None,
+             image: tuple[str, int] | None = None) -> Any:
+    """vLLM's Request; ``image``: (image, offset) whose placeholders replace tokens
+    there (vLLM's mm_features)."""
+    from vllm.lora.request import LoRARequest
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
     from vllm.v1.request import Request
 
-    return Request(request_id=rid, prompt_token_ids=list(tokens),
+    tokens, mm = list(tokens), []
+    if image is not None:
+        name, off = image
+        off = min(off, len(tokens))
+        tokens[off:off] = [9] * IMAGES[name]
+        mm.append(MultiModalFeatureSpec(None, "image", name, PlaceholderRange(off, IMAGES[name])))
+    return Request(request_id=rid, prompt_token_ids=tokens, mm_features=mm,
+                   lora_request=LoRARequest(lora, 1 + len(lora), "/" + lora) if lora else None,
                    sampling_params=SamplingParams(max_tokens=8), pooling_params=None,
                    cache_salt=salt, block_hasher=get_request_block_hasher(BS, sha256))
 
@@ -137,14 +160,15 @@ def _stats(m: Any) -> tuple[int, ...]:
 
 
 PROMPT = st.tuples(st.integers(0, 2), st.integers(0, 24), st.lists(st.integers(0, 3), max_size=9),
-                   st.sampled_from([None, None, "tenant"])).map(
-    lambda p: ([100 * p[0] + k for k in range(p[1])] + p[2] or [7], p[3]))
+                   st.sampled_from([None, None, "tenant"]), st.sampled_from([None, None, None, "adapter"]),
+                   st.none() | st.tuples(st.sampled_from(sorted(IMAGES)), st.integers(0, 30))).map(
+    lambda p: ([100 * p[0] + k for k in range(p[1])] + p[2] or [7], *p[3:]))
 OP = st.tuples(st.sampled_from(["admit", "admit", "remote", "step", "step", "step", "free", "preempt",
                                 "reset", "evict"]),
                st.integers(0, SLOTS - 1), st.integers(1, 12), PROMPT, st.integers(0, 11))
 
 
-def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[list[int], str | None],
+def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[Any, ...],
         more: int, serial: int, strict: bool) -> None:
     """``op`` on the request in ``slot`` in both managers: ``k`` tokens scheduled at most
     (``remote``: ``k`` blocks a connector loads asynchronously past the hit, as vLLM's
