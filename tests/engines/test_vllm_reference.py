@@ -15,8 +15,11 @@ with no content before it evicts a cached one, vLLM pops its queue's head): thei
 counts are compared, and hits only until the first eviction in either manager (events),
 after which each depends on what each evicted. At every step, in both managers, a hit
 must be true: each block it returns holds, per a model of what every request wrote
-where, the prompt's own prefix up to it (and salt) in its group, and a window group's
-null entries lie below what the first query reads. Needs vllm installed."""
+where, the prompt's own prefix up to it (and salt, LoRA adapter, images) in its group,
+and a window group's null entries lie below what the first query reads. On one
+full-attention group, prefixkv keeps at least the prefix vLLM keeps of every request,
+evictions or not (it reuses blocks without content before it evicts, and otherwise
+evicts in vLLM's order). Needs vllm installed."""
 
 from __future__ import annotations
 
@@ -145,7 +148,7 @@ def _request(rid: str, tokens: list[int], salt: str | None, lora: str | None = N
     if image is not None:
         name, off = image
         off = min(off, len(tokens))
-        tokens[off:off] = [9] * IMAGES[name]
+        tokens[off:off] = [999] * IMAGES[name]  # (the image token id, never text here)
         mm.append(MultiModalFeatureSpec(None, "image", name, PlaceholderRange(off, IMAGES[name])))
     return Request(request_id=rid, prompt_token_ids=tokens, mm_features=mm,
                    lora_request=LoRARequest(lora, 1 + len(lora), "/" + lora) if lora else None,
@@ -287,6 +290,15 @@ def _compare(sides: tuple[Side, Side], same_hits: bool) -> None:
     stats = [_stats(s.m) for s in sides]
     assert stats[0] == stats[1] or not same_hits, stats
     ours.m.core.check_invariants()
+    if len(ours.windows) == 1:  # prefixkv keeps every prefix vLLM keeps, evictions or not
+        from prefixkv.integrations.vllm.requests import core_tokens, extra_keys_of
+
+        for slot, r in ours.reqs.items():
+            v = theirs.reqs[slot]
+            mine = ours.m.core.lookup(core_tokens(r), extra=extra_keys_of(r, BS))
+            vllms = theirs.m.coordinator.find_longest_cache_hit(v.block_hashes, v.num_tokens - 1)[1]
+            assert mine >= vllms, (f"vLLM keeps {vllms} tokens of {list(r.all_token_ids)} "
+                                   f"cached, prefixkv {mine}")
 
 
 @settings(max_examples=40, deadline=None)
