@@ -107,8 +107,9 @@ class Slots:
         return [p * self.page_size + i for p in pages for i in range(self.page_size)]
 
     def free_segment(self, slots: Any, start_pos: int = 0) -> None:
-        """Free the pages of ``slots`` (page-aligned)."""
-        self.free_pages += [int(s) // self.page_size for s in list(slots)[::self.page_size]]
+        """Free the pages of ``slots`` (page-aligned; a list or an int64 tensor)."""
+        firsts = slots[::self.page_size]
+        self.free_pages += [s // self.page_size for s in getattr(firsts, "tolist", lambda: firsts)()]
 
 
 @dataclass
@@ -136,10 +137,13 @@ class Radix:
 
     def _pages_for(self, r: Req, n: int) -> list[int] | None:
         """Slots of the pages ``r`` needs for ``n`` more tokens, evicting unlocked leaves
-        when short (SGLang's ``alloc_paged_token_slots_extend`` after
-        ``evict(num_tokens)``); None when still short."""
+        when short (SGLang's ``evict(num_tokens)`` before
+        ``alloc_paged_token_slots_extend``); None, evicting nothing, when even evicting
+        every unlocked leaf would leave it short (its scheduler checks that first)."""
         need = -(-(len(r.tokens) + n) // self.P) - len(r.row) // self.P
         short = need - len(self.slots.free_pages)
+        if short > self.tree.evictable_size() // self.P:  # (the scheduler's check first)
+            return None
         if short > 0:
             self.tree.evict(self.sgl.Evict(num_tokens=short * self.P))
         return self.slots.alloc(need)
