@@ -22,8 +22,9 @@ for these modules, and only these, each listed with why:
 
 Driving (what ``scheduler.py`` / ``mem_cache/common.py`` do per request): admission
 matches ``tokens[:-1]`` (one prompt token always left to compute) page-aligned, locks the
-matched node, takes pages for the rest (evicting unlocked leaves, LRU, when short); after
-the prefill the tree is checkpointed (``checkpoint``: insert the computed page-aligned
+matched node, takes pages for the rest (evicting unlocked leaves, LRU, when short), or for
+a first chunk of it (chunked prefill; ``extend`` the next ones); after each prefill chunk
+the tree is checkpointed (``checkpoint``: insert the computed page-aligned
 tokens, free the pages another request inserted first, re-lock); decode takes a page
 when the sequence crosses a page boundary, caching nothing; at finish the computed
 tokens (prompt and outputs but the last sampled one) are checkpointed and the row's
@@ -114,12 +115,13 @@ class Slots:
 
 @dataclass
 class Req:
-    tokens: list[int]  # the model's view: multimodal placeholders already padded
+    tokens: list[int]  # with KV computed (the model's view: image placeholders padded)
     extra_key: str | None
     salt: str | None
     row: list[int] = field(default_factory=list)  # a slot per token with KV (and the tail page)
     protected: int = 0  # tokens of ``row`` the tree owns
     node: Any = None
+    todo: list[int] = field(default_factory=list)  # prompt tokens a chunked prefill has left
 
 
 class Radix:
@@ -148,9 +150,11 @@ class Radix:
             self.tree.evict(self.sgl.Evict(num_tokens=short * self.P))
         return self.slots.alloc(need)
 
-    def admit(self, rid: str, tokens: list[int], extra_key: str | None, salt: str | None) -> int | None:
-        """Admit a request and compute its prompt; returns the hit (tokens), None when
-        the pool cannot hold it even after evicting (nothing held then)."""
+    def admit(self, rid: str, tokens: list[int], extra_key: str | None, salt: str | None,
+              chunk: int | None = None) -> int | None:
+        """Admit a request and compute its prompt, or its first ``chunk`` tokens past the
+        hit (chunked prefill: ``extend`` computes the rest); returns the hit (tokens),
+        None when the pool cannot hold it even after evicting (nothing held then)."""
         r = Req([], extra_key, salt)
         m = self.tree.match_prefix(self.sgl.Match(key=self._key(r, tokens[:-1])))
         hit = m.device_prefix_len
@@ -158,20 +162,36 @@ class Radix:
         self.tree.inc_lock_ref(r.node)
         r.row = [int(x) for x in self.tree.path_device_indices(r.node)]
         r.tokens, r.protected = list(tokens[:hit]), hit
-        new = self._pages_for(r, len(tokens) - hit)
+        n = len(tokens) - hit if chunk is None else min(chunk, len(tokens) - hit)
+        new = self._pages_for(r, n)
         if new is None:
             self.tree.dec_lock_ref(r.node)
             return None
         r.row += new
-        r.tokens = list(tokens)
+        r.tokens, r.todo = list(tokens[:hit + n]), list(tokens[hit + n:])
         self.reqs[rid] = r
         self._checkpoint(r)
         return hit
+
+    def extend(self, rid: str, n: int) -> bool:
+        """The next ``n`` prompt tokens of a chunked prefill are computed (then
+        checkpointed, as after every prefill chunk); False (nothing changed) when no
+        page is left for them."""
+        r = self.reqs[rid]
+        new = self._pages_for(r, n)
+        if new is None:
+            return False
+        r.row += new
+        r.tokens += r.todo[:n]
+        del r.todo[:n]
+        self._checkpoint(r)
+        return True
 
     def decode(self, rid: str, token: int) -> bool:
         """``token`` (sampled) is appended and its KV computed in a decode step. False
         (nothing changed) when no page is left for it."""
         r = self.reqs[rid]
+        assert not r.todo, "decode before the prefill's end"
         if len(r.tokens) == len(r.row):
             new = self._pages_for(r, 1)
             if new is None:

@@ -1,7 +1,8 @@
 """prefixkv's manager beside SGLang 0.5.23's own ``RadixCache`` (from the wheel; the
 stand-ins it needs are listed in ``sglang_radix.py``), driven by one random request stream
 (Hypothesis) as each engine's scheduler drives its cache: admission (hit, then the prompt
-computed), decode steps, finish, and a cache flush; page size 1 and > 1.
+computed, at once or in chunks), decode steps, finish (or an abort mid-prefill), and a
+cache flush; page size 1 and > 1.
 
 What each serves is checked against a model of what each caches, on pools that never
 evict: SGLang keys its tree when a prefill ends and when a request finishes (its
@@ -104,6 +105,7 @@ def test_prefixkv_hits_what_sglangs_radix_cache_hits_and_what_it_decoded(page_si
     model = Model(P)
     live: dict[int, tuple[str, Prompt, list[int]]] = {}  # slot -> (rid, prompt, decoded)
     turns: list[tuple[Prompt, list[int]]] = []  # every request so far: its prompt, decoded
+    done: dict[str, list[int]] = {}  # prompt tokens computed so far, ours and theirs
     for serial, (op, slot, k, prompt) in enumerate(ops):
         if op == "turn" and turns and slot not in live:  # the next turn of a chat
             p, decoded = turns[k % len(turns)]
@@ -113,16 +115,29 @@ def test_prefixkv_hits_what_sglangs_radix_cache_hits_and_what_it_decoded(page_si
             op = "admit"
         if op == "admit" and slot not in live:
             rid = f"r{serial}"
-            mine = ours.add_request(rid, prompt.tokens, extra=prompt.extra())
-            hit = theirs.admit(rid, prompt.view, prompt.lora, prompt.salt)
+            chunk = k if k % 2 else None  # (odd k: a chunked prefill of k tokens first)
+            mine = ours.add_request(rid, prompt.tokens, extra=prompt.extra(), num_new_tokens=chunk)
+            hit = theirs.admit(rid, prompt.view, prompt.lora, prompt.salt, chunk)
             assert mine is not None and hit is not None
-            assert (mine.num_cached_tokens, hit) == (model.hit(model.ours, prompt),
-                                                    model.hit(model.theirs, prompt)), prompt
+            want = (model.hit(model.ours, prompt), model.hit(model.theirs, prompt))
+            assert (mine.num_cached_tokens, hit) == want, (mine.num_cached_tokens, hit, want, prompt)
             assert mine.num_cached_tokens >= hit
-            for into in (model.ours, model.theirs):  # the prefill's end keys the prompt
-                model.add(into, prompt, prompt.view, len(prompt.view))
+            n = len(prompt.view) - hit if chunk is None else min(chunk, len(prompt.view) - hit)
+            done[rid] = [mine.num_cached_tokens + mine.num_new_tokens, hit + n]  # (ours, theirs)
+            for into, d in zip((model.ours, model.theirs), done[rid], strict=True):
+                model.add(into, prompt, prompt.view, d)  # each prefill chunk's end keys it
             live[slot] = (rid, prompt, [])
             turns.append((prompt, live[slot][2]))
+        elif op == "decode" and slot in live and min(done[live[slot][0]]) < len(live[slot][1].view):
+            rid, prompt, _ = live[slot]  # the next chunk of a chunked prefill (on a side
+            left = [len(prompt.view) - d for d in done[rid]]  # whose hit was shorter: more)
+            if left[0]:
+                assert ours.extend(rid, min(k, left[0])) is not None
+            if left[1]:
+                assert theirs.extend(rid, min(k, left[1]))
+            done[rid] = [d + min(k, n) for d, n in zip(done[rid], left, strict=True)]
+            for into, d in zip((model.ours, model.theirs), done[rid], strict=True):
+                model.add(into, prompt, prompt.view, d)
         elif op == "decode" and slot in live:
             rid, prompt, decoded = live[slot]
             for i in range(k):
@@ -130,11 +145,12 @@ def test_prefixkv_hits_what_sglangs_radix_cache_hits_and_what_it_decoded(page_si
                 assert ours.append_tokens(rid, [t]) is not None and theirs.decode(rid, t)
                 decoded.append(t)
             model.add(model.ours, prompt, prompt.view + decoded, len(prompt.view) + len(decoded))
-        elif op == "finish" and slot in live:
+        elif op == "finish" and slot in live:  # (or aborted mid-prefill: its chunks stay keyed)
             rid, prompt, decoded = live.pop(slot)
             ours.free(rid)
             theirs.finish(rid)
-            model.add(model.theirs, prompt, prompt.view + decoded, len(prompt.view) + len(decoded))
+            computed = prompt.view[:done[rid][1]] + decoded
+            model.add(model.theirs, prompt, computed, len(computed))
         elif op == "reset":
             assert ours.reset_prefix_cache() == theirs.reset() == (not live)
             if not live:
