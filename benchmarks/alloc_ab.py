@@ -245,7 +245,7 @@ def workload_rows(pair, plan: Plan, pool: int, log, first: int = 0) -> list[dict
     room (``pool_tokens / 16`` blocks) is free; round r replays the workload of seed r.
     Raises ValueError (before any command) when that room is larger than ``pool``."""
     rows = []
-    rooms = {name: builtin(name, 0.0).pool_tokens // BS for name in plan.workloads}
+    rooms = {name: builtin(name, 1e-9).pool_tokens // BS for name in plan.workloads}  # one request
     if max(rooms.values()) > pool:
         raise ValueError(f"workloads need up to {max(rooms.values())} free blocks ({rooms}); "
                          f"the pool has {pool}")

@@ -24,8 +24,8 @@
    (what the bytes cost the scheduler without its touching them). Two more rows are
    store misses (the store holds other prompts' blocks, not this one's): the fetch
    finds nothing and the re-admission computes every block. Medians over repeats.
-3. Where that time goes (``split``): thread CPU time in named steps of the three calls,
-   and the chain hashes computed on each thread.
+3. Where that time goes (``split``, ``--blocks``): thread CPU time in named steps of the
+   three calls, and the chain hashes computed on each thread.
 4. A deterministic measure of the same (``ops``): the Python bytecode instructions the
    scheduler's thread executes in the three calls of one such hit (4 KiB blocks, each
    hash mode), the fetch run in between on the same thread and not counted.
@@ -251,15 +251,16 @@ def scheduler(backend: RedisStore, repeats: int, connections: int) -> None:
               f"{p99:9.0f} {med['wall'] / 1e3:8.1f}")
 
 
-def split(backend: RedisStore, repeats: int, connections: int) -> None:
-    """Where the scheduler thread's time goes in a store hit of 128 blocks of 4 KiB
-    (sha256): thread CPU microseconds in named steps of each call (each wrapped, ~1 us
-    added per step; nested steps are counted in their callers too), and the chain hashes
-    computed on each thread."""
+def split(backend: RedisStore, repeats: int, connections: int, blocks: int = BLOCKS) -> None:
+    """Where the scheduler thread's time goes in a store hit of ``blocks`` blocks of 4
+    KiB (sha256): thread CPU microseconds in named steps of each call (each wrapped, ~1
+    us added per step; nested steps are counted in their callers too), and the chain
+    hashes computed on each thread."""
     import threading
 
     import prefixkv.index.hasher as hasher
     from prefixkv.core.admission import Admitter
+    from prefixkv.core.pool import BlockPool
     from prefixkv.core.store_waits import StoreWaits
     from prefixkv.index.content import ContentIndex
     from prefixkv.store.link import StoreLink
@@ -269,13 +270,15 @@ def split(backend: RedisStore, repeats: int, connections: int) -> None:
              ("  of which: walk host slots", HostTier, "walk"),
              ("reuse the start's hits and the landed run", StoreWaits, "reuse"),
              ("reserve host slots (drop their content)", HostTier, "reserve"),
+             ("  of which: the LRU walk", HostTier, "_take_plain"),
              ("hand the fetch over (submit)", StoreLink, "submit"),
              ("land the run in its slots", HostTier, "land"),
              ("pin the slots (hold)", HostTier, "hold"),
              ("take device blocks (acquire)", Admitter, "_acquire_loading"),
-             ("  of which: evict (index drop)", ContentIndex, "drop"),
-             ("  of which: offload evicted (demote)", HostTier, "demote"),
-             ("    of which: withdraw orphans", HostTier, "_withdraw_orphans"),
+             ("  of which: evict (walk and index drop)", BlockPool, "_evict"),
+             ("    of which: index drop", ContentIndex, "drop"),
+             ("      of which: offload evicted (demote)", HostTier, "demote"),
+             ("        of which: withdraw orphans", HostTier, "_withdraw_orphans"),
              ("  of which: record loaded (adopt)", ContentIndex, "adopt"),
              ("  of which: state the loads", HostTier, "load")]
     spent: dict[str, float] = {}
@@ -301,11 +304,11 @@ def split(backend: RedisStore, repeats: int, connections: int) -> None:
         setattr(cls, name, wrap(label, getattr(cls, name)))
     hasher.chain_hashes = counted  # type: ignore[assignment]
     try:
-        e = Engine(backend, 4096, BLOCKS, True, connections)
+        e = Engine(backend, 4096, blocks, True, connections)
         m = e.m
         rows: dict[str, list[float]] = {}
         for r in range(repeats + 3):
-            prompt = prompt_of(BLOCKS, 9000 + r)
+            prompt = prompt_of(blocks, 9000 + r)
             fill(e.layout, backend, prompt)
             hashed.clear()
             row = {}
@@ -338,7 +341,7 @@ def split(backend: RedisStore, repeats: int, connections: int) -> None:
                 setattr(cls, name, fn)
         hasher.chain_hashes = chain  # type: ignore[assignment]
     med = {k: statistics.median(v + [0.0] * (repeats - len(v))) for k, v in rows.items()}
-    print(f"\nwhere it goes: store hit, 128 blocks of 4 KiB, sha256; thread CPU us, medians of "
+    print(f"\nwhere it goes: store hit, {blocks} blocks of 4 KiB, sha256; thread CPU us, medians of "
           f"{repeats}")
     print(f"  {'step':42} {'start':>7} {'land':>7} {'readmit':>8}")
     for label, _, _ in steps:
@@ -487,7 +490,7 @@ def main(argv: list[str] | None = None) -> None:
                     default=None, help="run one section")
     ap.add_argument("--rounds", type=int, default=200, help="rounds of the inline section")
     ap.add_argument("--blocks", type=int, nargs="+", default=[BLOCKS],
-                    help="hit sizes of the ops and inline sections, in blocks")
+                    help="hit sizes of the split, ops and inline sections, in blocks")
     args = ap.parse_args(argv)
     url = os.environ.get("PREFIXKV_REDIS_URL")
     server = None if url else LocalRedis()
@@ -506,7 +509,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.only in (None, "scheduler"):
             scheduler(backend, args.repeats, args.connections)
         if args.only in (None, "split"):
-            split(backend, args.repeats, args.connections)
+            for blocks in args.blocks:
+                split(backend, args.repeats, args.connections, blocks)
         if args.only in (None, "ops"):
             ops(backend, args.blocks)
         if args.only in (None, "inline"):

@@ -25,8 +25,6 @@ test suite, which sets it, runs this script in a subprocess.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import re
@@ -40,6 +38,7 @@ from kernel_static import (
     MAX_WARPS_PER_SM,
     SMEM_PER_BLOCK,
     causal_trips,
+    compile_launch,
     loop_loads,
     occupancy,
     parse_ptxas,
@@ -47,7 +46,6 @@ from kernel_static import (
     static_report,
 )
 
-SM90 = ("cuda", 90, 32)
 SPEC = dict(SPEC_PREFILL, kind="attn")
 DECODE = dict(SPEC_DECODE, kind="attn")
 CONFIGS = {
@@ -189,29 +187,6 @@ def record_launch(mods, cfg: dict, tiles=None):
         if not hasattr(recs[attr], "grid"):
             raise RuntimeError("the heuristic chose no split for this config, so there is no combine launch")
     return saved[attr], recs[attr].grid, recs[attr].args, recs[attr].kwargs
-
-
-def compile_launch(jit_fn, args, kwargs, target_tuple=SM90):
-    """Specialise a recorded launch as ``JITFunction.run`` would and compile it; no device."""
-    import triton
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
-
-    target = GPUTarget(*target_tuple)
-    backend = make_backend(target)
-    kwargs = dict(kwargs, debug=False)
-    binder = create_function_from_signature(jit_fn.signature, jit_fn.params, backend)
-    bound, specialization, options = binder(*args, **kwargs)
-    options, signature, constexprs, attrs = jit_fn._pack_args(backend, kwargs, bound, specialization, options)
-    log = io.StringIO()
-    with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
-        knobs.nvidia.dump_ptxas_log = True  # printed only when ptxas runs ...
-        knobs.compilation.always_compile = True  # ... so never take a cached cubin
-        kernel = triton.compile(ASTSource(jit_fn, signature, constexprs, attrs), target=target,
-                                options=options.__dict__)
-    return kernel, log.getvalue()
 
 
 def compile_config(name: str, mods: dict, tiles=None, sass: bool = True) -> dict:

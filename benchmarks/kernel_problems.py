@@ -41,12 +41,6 @@ def attended_pairs(q_len: int, kv_len: int) -> int:
     return q_len * prefix + q_len * (q_len + 1) // 2
 
 
-def keys_read(q_len: int, kv_len: int, bq: int) -> int:
-    """Keys one KV head's programs of a request load (causal, bottom-right aligned): a
-    program of ``bq`` query positions loads every key up to its last row's position."""
-    return sum(kv_len - q_len + min((t + 1) * bq, q_len) for t in range(-(-q_len // bq)))
-
-
 def prefill_flops(cfg: dict) -> int:
     """FLOPs of one call on a ``make_problem`` shape: ``4 * head_dim`` per attended pair and head."""
     pairs = attended_pairs(cfg["q_len"], cfg["prefix"] + cfg["q_len"])

@@ -15,6 +15,8 @@ instructions were inlined at (``_attend_tile`` is inlined into each phase's loop
 from __future__ import annotations
 
 import collections
+import contextlib
+import io
 import re
 import subprocess
 import tempfile
@@ -32,6 +34,7 @@ SMEM_PER_SM, SMEM_PER_BLOCK, SMEM_RESERVED_PER_BLOCK = 228 * 1024, 227 * 1024, 1
 # Programming Guide, arithmetic instruction throughput, cc 9.0). Issue: 4 schedulers per
 # SM, one warp instruction each per clock.
 H100_SMS, H100_CLOCK_HZ = 132, 1.83e9
+SM90 = ("cuda", 90, 32)  # GPUTarget of an ahead-of-time Hopper compile
 MMA_FLOP_PER_CLOCK = {"wgmma": 4096, "mma.sync": 2048, "none": 256}
 EX2_PER_CLOCK, SCHEDULERS = 16, 4
 PEAK_TFLOPS = MMA_FLOP_PER_CLOCK["wgmma"] * H100_SMS * H100_CLOCK_HZ / 1e12
@@ -274,3 +277,26 @@ def shape_ceiling(loops: dict, trips: dict) -> float:
     the same FLOPs, so this is the trip-weighted harmonic mean of the loops' shares."""
     names = [k for k in ("phase2", "phase3") if trips[k]]
     return sum(trips[k] for k in names) / sum(trips[k] / loops[k]["serial"]["peak_fraction"] for k in names)
+
+
+def compile_launch(jit_fn, args, kwargs, target_tuple=SM90):
+    """Specialise a recorded launch as ``JITFunction.run`` would and compile it; no device."""
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget(*target_tuple)
+    backend = make_backend(target)
+    kwargs = dict(kwargs, debug=False)
+    binder = create_function_from_signature(jit_fn.signature, jit_fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = jit_fn._pack_args(backend, kwargs, bound, specialization, options)
+    log = io.StringIO()
+    with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
+        knobs.nvidia.dump_ptxas_log = True  # printed only when ptxas runs ...
+        knobs.compilation.always_compile = True  # ... so never take a cached cubin
+        kernel = triton.compile(ASTSource(jit_fn, signature, constexprs, attrs), target=target,
+                                options=options.__dict__)
+    return kernel, log.getvalue()

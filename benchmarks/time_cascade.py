@@ -28,7 +28,7 @@ import json
 import sys
 from pathlib import Path
 
-from kernel_problems import ROOT, SMOKE, SPEC_PREFILL, Timer, keys_read, open_session, with_device
+from kernel_problems import ROOT, SMOKE, SPEC_PREFILL, Timer, open_session, with_device
 
 GPU_CASES = [dict(name="decode", batch=64, shared=4096, own=512, q_len=1),
              dict(name="decode, long prefix", batch=64, shared=16384, own=256, q_len=1),
@@ -38,10 +38,8 @@ SMOKE_CASES = [dict(name="decode", batch=3, shared=32, own=16, q_len=1),
 
 
 def run_case(torch, kernels, timer, case: dict, shape: dict) -> dict:
-    import triton
-
     from prefixkv import SharedPrefix
-    from prefixkv.kernels.tiling import choose_tiles
+    from prefixkv.bench.cascade_bytes import ModelShape, block_q, keys_read
 
     bs, batch, q_len = shape["block_size"], case["batch"], case["q_len"]
     shared_blocks, own_blocks = case["shared"] // bs, -(-(case["own"] + q_len) // bs)
@@ -78,18 +76,13 @@ def run_case(torch, kernels, timer, case: dict, shape: dict) -> dict:
                 graphs[f"{name}_graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
                 print(f"{case['name']}, {name}: CUDA graph capture failed: {exc}", file=sys.stderr)
 
-    group = shape["heads"] // shape["kv_heads"]
-
-    def block_q(max_q: int) -> int:
-        return choose_tiles(group=group, head_dim=shape["head_dim"], max_seqlen_q=max_q,
-                            on_gpu=True).block_m // triton.next_power_of_2(group)
-
-    key_bytes = shape["kv_heads"] * shape["head_dim"] * 2 * k_cache.element_size()
-    plain_keys = batch * keys_read(q_len, kv_len, block_q(q_len))
+    model = ModelShape(shape["heads"], shape["kv_heads"], shape["head_dim"], k_cache.element_size())
+    key_bytes = model.bytes_per_key
+    plain_keys = batch * keys_read(q_len, kv_len, block_q(model, q_len))
     own = kv_len - shared_blocks * bs
     packed = batch * q_len
-    cascade_keys = (batch * keys_read(q_len, own, block_q(q_len))
-                    + -(-packed // block_q(packed)) * shared_blocks * bs)
+    cascade_keys = (batch * keys_read(q_len, own, block_q(model, q_len, lse=True))  # both passes: LSE out
+                    + -(-packed // block_q(model, packed, lse=True)) * shared_blocks * bs)
     return dict(case, kv_len=kv_len, plain_ms=plain_ms, cascade_ms=cascade_ms, speedup=plain_ms / cascade_ms,
                 plain_mb=plain_keys * key_bytes / 1e6, cascade_mb=cascade_keys * key_bytes / 1e6,
                 max_abs_diff=diff, **graphs)

@@ -12,17 +12,25 @@ from __future__ import annotations
 import ast
 import os
 import pathlib
+from itertools import pairwise
 from typing import NamedTuple
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 
-# (the name an engine is given, the module that defines the class): the name first.
+# (the name an engine is given, the module that defines the class): the name first; and
+# what the scheduler raises when vLLM asks for what prefixkv does not offer.
 ENTRY_POINTS = (
     ("prefixkv.integrations.vllm.Scheduler", "prefixkv.integrations.vllm.scheduler"),
     ("prefixkv.integrations.vllm.AsyncScheduler", "prefixkv.integrations.vllm.scheduler"),
     ("prefixkv.integrations.vllm.KVCacheManager", "prefixkv.integrations.vllm.manager"),
     ("prefixkv.integrations.vllm.connector.PrefixKVConnector", "prefixkv.integrations.vllm.connector"),
     ("prefixkv.integrations.sglang.storage.PrefixKVStorage", "prefixkv.integrations.sglang.storage"),
+    ("prefixkv.integrations.vllm.UnsupportedByPrefixKV", "prefixkv.integrations.vllm.layout"),
+)
+# The other names the integration packages export (their ``__all__``): constants, read
+# from their source as (the exported name, the module that assigns it).
+CONSTANTS = (
+    ("prefixkv.integrations.vllm.VLLM_VERSION", "prefixkv.integrations.vllm.layout"),
 )
 HELP_COLUMNS = "100"
 """The width argparse wraps the command line's help to (it reads ``COLUMNS``)."""
@@ -80,6 +88,20 @@ def entry_point(qual: str, module: str) -> EntryPoint:
             methods.append((node.name, None if is_property else _signature(node), ast.get_docstring(node)))
     bases = [ast.unparse(b) for b in cls.bases]
     return EntryPoint([b for b in bases if not b.startswith("_")], init, ast.get_docstring(cls), methods)
+
+
+def constant(qual: str, module: str) -> tuple[str, str | None]:
+    """``(value as written, docstring or None)`` of the module-level assignment of
+    ``qual``'s name in ``module``: the string literal right after it is its docstring."""
+    name = qual.rsplit(".", 1)[-1]
+    body = _module(module).body
+    for stmt, nxt in pairwise(body):
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name
+                                                for t in stmt.targets):
+            doc = (nxt.value.value if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                   and isinstance(nxt.value.value, str) else None)
+            return ast.unparse(stmt.value), doc
+    raise LookupError(f"{module} assigns no {name} (docs/api_sources.py, CONSTANTS)")
 
 
 def cli_help() -> list[tuple[str, str]]:

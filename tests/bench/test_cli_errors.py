@@ -205,3 +205,14 @@ def test_a_ctrl_c_whose_exception_was_lost_still_exits_130_and_publishes_nothing
     assert capsys.readouterr().err.endswith("prefixkv bench: interrupted\n")
     assert [p.name for p in out.iterdir()] == ["report.md"] and (out / "report.md").read_text() == "old"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+@pytest.mark.parametrize(("argv", "shown"), [
+    (["--pool-blocks", "1.5"], "'1.5'"), (["--block-size", "3.0"], "'3.0'"),
+    (["--replicas", "1,,2"], "''"), (["--replicas", "2,x"], "'x'"), (["--pool-blocks", ""], "''")])
+def test_a_count_that_is_not_an_int_says_so(argv, shown, capsys, monkeypatch):
+    """argparse named our parser in the message ("invalid parse value: '1.5'", "invalid
+    _int_list value: '1,,2'"): the reader learnt a function's name, not what to give."""
+    _no_run(monkeypatch)
+    err = _fails(argv, capsys)
+    assert f"must be an int, got {shown}" in err and "parse" not in err and "_int" not in err, err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,20 @@ def test_a_failed_rename_puts_the_old_report_back(tmp_path, monkeypatch):
         rd.publish()
     rd.discard()
     assert (out / "report.md").read_text() == "old" and _names(tmp_path) == ["res"]
+
+
+@pytest.mark.parametrize("out", ["", ".", "..", "{cwd}", "{cwd}/../{name}"])
+def test_the_current_folder_or_one_holding_it_is_refused(out, tmp_path, monkeypatch):
+    """Replacing the working folder (``--out .``, ``--out ''``) or a folder above it
+    renamed it away under the shell that ran the bench: its working folder was gone
+    (``getcwd`` failed) and the report sat in a new folder of the same name. Refused
+    before anything is created, even when the folder is empty or holds a report."""
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    (cwd / "report.md").write_text("an earlier report\n")
+    monkeypatch.chdir(cwd)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(BenchError, match="working folder"):
+        ReportDir(Path(out.format(cwd=cwd, name=cwd.name)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == before   # no staging folder
+    assert os.getcwd() == str(cwd)

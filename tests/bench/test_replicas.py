@@ -39,9 +39,9 @@ def test_every_request_is_served_once(chat):
 def test_errors(chat):
     with pytest.raises(ValueError, match="route"):
         simulate(chat, 2, "random")
-    with pytest.raises(ValueError, match="replicas >= 1"):
+    with pytest.raises(ValueError, match="replicas must be an int >= 1"):
         simulate(chat, 0, "prefix")
-    with pytest.raises(ValueError, match="rate > 0"):
+    with pytest.raises(ValueError, match="rate must be a finite number > 0"):
         simulate(chat, 2, "prefix", rate=0)
     with pytest.raises(ValueError, match="does not fit alone"):
         simulate(chat, 2, "prefix", pool_blocks=4)

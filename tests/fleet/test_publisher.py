@@ -254,3 +254,23 @@ def test_a_dead_sender_thread_makes_publish_return_false():
     m.add_request("a", list(range(1, 10)))
     assert pub.publish(m.take_events()) is False and pub.dropped_batches == 1
     pub.close()
+
+
+@pytest.mark.parametrize("kw, name", [
+    ({"topic": b"kv-events"}, "topic"), ({"topic": None}, "topic"),
+    ({"heartbeat": "1"}, "heartbeat"), ({"heartbeat": True}, "heartbeat"),
+    ({"heartbeat": float("nan")}, "heartbeat"),
+    ({"hwm": -1}, "hwm"), ({"hwm": "1000"}, "hwm"), ({"hwm": 1.5}, "hwm"),
+    ({"endpoint": 5555}, "endpoint"), ({"replay_endpoint": b"tcp://127.0.0.1:*"}, "replay_endpoint"),
+])
+def test_options_of_other_types_are_wire_errors_before_any_socket(kw, name, monkeypatch):
+    """They raised AttributeError, TypeError or ZeroMQ's errors, some after a socket was
+    made (and left open), or were taken (a heartbeat of True: every second)."""
+    import zmq
+
+    made = []
+    real = zmq.Context.socket
+    monkeypatch.setattr(zmq.Context, "socket", lambda self, *a, **k: made.append(1) or real(self, *a, **k))
+    with pytest.raises(WireError, match=name):
+        EventPublisher(block_size=4, **kw)
+    assert made == []

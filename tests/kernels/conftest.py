@@ -38,6 +38,10 @@ def triton_skip_reason() -> str | None:
     return None
 
 
+# Both backends of the public calls, for tests that hold them to one contract.
+BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(triton_skip_reason() is not None,
+                                                                   reason=str(triton_skip_reason())))]
+
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # The Triton path runs CPU tensors only in the interpreter. On a GPU machine, run the
 # suite without TRITON_INTERPRET to test the compiled kernels on CUDA tensors.

@@ -75,6 +75,12 @@ BAD_CALLS = {
     "causal right": (UnsupportedError, "right -1 or 0", lambda a, k: (a, {**k, "window_size": (4, 2)})),
     "softcap": (UnsupportedError, "softcap", lambda a, k: (a, {**k, "softcap": -1.0})),
     "scale": (UnsupportedError, "softmax_scale", lambda a, k: (a, {**k, "softmax_scale": 0.0})),
+    # past float32 once scaled by log2(e) (kern-r9): 1e39 gave NaN on torch, numbers on Triton;
+    # softcap 3e38 NaN on Triton, numbers on torch
+    "scale past float32": (UnsupportedError, r"softmax_scale must be a float in \(0, 1.7e\+38\]",
+                           _option("softmax_scale", 1e39)),
+    "softcap past float32": (UnsupportedError, r"softcap must be a float in \[0, 1.7e\+38\]",
+                             _option("softcap", 3e38)),
     # flags and scalars of the wrong type: truthy strings and bools must not pass as options
     "causal str": (UnsupportedError, "causal must be True or False, got 'no'", _option("causal", "no")),
     "causal int": (UnsupportedError, "causal must be True or False", _option("causal", 1)),

@@ -39,13 +39,14 @@ class ApproxModel(RuleBasedStateMachine):
         self.index = ApproxIndex(TTL, clock=self.clock)
         self.held: dict[tuple[str, int], set[str]] = {}
         self.guess: dict[tuple[str, int], float] = {}
+        self.now = 0.0  # the clock's forward motion (a step back is no time)
 
     @rule(replica=st.sampled_from(REPLICAS), hashes=keys)
     def routed(self, replica, hashes):
         self.index.routed(replica, hashes)
         for h in hashes:
             if (replica, h) not in self.held:
-                self.guess[(replica, h)] = self.clock.t + TTL
+                self.guess[(replica, h)] = self.now + TTL
 
     @rule(replica=st.sampled_from(REPLICAS), hashes=keys, medium=st.sampled_from(MEDIA))
     def store(self, replica, hashes, medium):
@@ -70,13 +71,14 @@ class ApproxModel(RuleBasedStateMachine):
         self.held = {k: m for k, m in self.held.items() if k[0] != replica}
         self.guess = {k: t for k, t in self.guess.items() if k[0] != replica}
 
-    @rule(dt=st.sampled_from([0.0, 1.0, 2.5, TTL, 7.0]))
+    @rule(dt=st.sampled_from([0.0, 1.0, 2.5, TTL, 7.0, -3.0, -50.0]))
     def tick(self, dt):
-        self.clock.t += dt
+        self.clock.t += dt  # a step back is no time passing: now stays
+        self.now += max(dt, 0.0)
 
     def _media(self, replica, h):
         media = set(self.held.get((replica, h), ()))
-        if self.guess.get((replica, h), -1.0) > self.clock.t:
+        if self.guess.get((replica, h), -1.0) > self.now:
             media.add("GPU")
         return media
 
@@ -145,18 +147,60 @@ def test_expiry_is_exactly_at_the_ttl():
 
 
 def test_a_clock_that_jumps_back_or_forward():
+    # a step back counted at face value: the guess made at 100 held until 105 of the
+    # clock stepped back to 0 (104 s more), and b's, made after the step, waited behind it
     clock, index = _fresh()
     clock.t = 100.0
     index.routed("a", [1])
-    clock.t = 0.0  # back: the guess made at 100 still holds until 105 of this clock
+    clock.t = 0.0  # back: no time passes
     index.routed("b", [2])
+    assert index.steps_back == 1
+    clock.t = 4.0
     assert index.prefix_runs([1], ["a"]) == {"a": (1, 1)}
-    clock.t = 104.0
-    assert index.prefix_runs([1], ["a"]) == {"a": (1, 1)}
-    clock.t = 1e12  # forward: every guess is gone
+    assert index.prefix_runs([2], ["b"]) == {"b": (1, 1)}
+    clock.t = 5.0  # TTL of forward motion since both guesses
     assert index.prefix_runs([1], ["a"]) == {} and index.prefix_runs([2], ["b"]) == {}
+    index.routed("a", [3])
+    clock.t = 1e12  # forward: every guess is gone
+    assert index.prefix_runs([3], ["a"]) == {}
     assert index.num_blocks("a") == index.num_blocks("b") == 0
     assert not index._until and not index._queue
+
+
+def test_a_guess_made_after_a_step_back_expires_on_time():
+    # it was queued behind the guesses made before the step and outlived its TTL by the
+    # whole step back (a day here)
+    clock, index = _fresh()
+    clock.t = 86400.0
+    index.routed("a", [1])
+    clock.t = 0.0
+    index.routed("b", [2])
+    clock.t = TTL
+    assert index.prefix_runs([2], ["b"]) == {}
+    assert index.num_blocks("a") == index.num_blocks("b") == 0
+
+
+def test_a_clock_reading_that_is_not_a_finite_number_is_refused_before_any_change():
+    from prefixkv.router import ApproxIndexError
+
+    clock, index = _fresh()
+    router = Router(["a", "b"], block_size=4, index=index, clock=lambda: 0.0)
+    # round-robin reads the index only to record the guess: it counted the request first
+    rr = Router(["a", "b"], block_size=4, index=index, clock=lambda: 0.0, policy="round-robin")
+    index.routed("a", [1])
+    for bad in (float("nan"), float("inf"), -float("inf"), None, True):
+        clock.t = bad  # type: ignore[assignment]
+        for call in (lambda: index.routed("b", [2]), lambda: index.prefix_runs([1], ["a"]),
+                     lambda: index.num_blocks("a"), lambda: router.route(list(range(8))),
+                     lambda: rr.route(list(range(8)))):
+            with pytest.raises(ApproxIndexError):
+                call()
+        for r in (router, rr):
+            assert r.in_flight == {"a": 0, "b": 0} and r.routed == {"a": 0, "b": 0}
+    clock.t = 1.0
+    assert index.prefix_runs([1, 2], ["a", "b"]) == {"a": (1, 1)}
+    clock.t = TTL
+    assert index.prefix_runs([1], ["a"]) == {}
 
 
 def test_a_replica_cleared_while_its_guesses_live_and_routed_again():

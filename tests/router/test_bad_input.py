@@ -152,3 +152,20 @@ def test_a_redis_index_that_went_away_leaves_the_router_as_it_was(tmp_path):
     with pytest.raises(redis.exceptions.ConnectionError):
         router.apply("b", [Stored((1,), None, "GPU")])
     assert (dict(router.last_heard), dict(router.in_flight), dict(router.routed)) == before
+
+
+def test_router_arguments_of_other_types_are_router_errors():
+    # a str of names was read as one name per character; a clock that is not callable
+    # failed at the first route; apply(name, None) raised TypeError
+    from prefixkv.router import Router, RouterError, Stored
+
+    with pytest.raises(RouterError, match="str"):
+        Router("ab", block_size=4)
+    with pytest.raises(RouterError, match="clock"):
+        Router(["a"], block_size=4, clock=5.0)  # type: ignore[arg-type]
+    router = Router(["a"], block_size=4)
+    router.apply("a", [Stored((1, 2), None, "GPU")])
+    for bad in (None, 7, "Stored"):
+        with pytest.raises(RouterError, match="events"):
+            router.apply("a", bad)  # type: ignore[arg-type]
+    assert router.index.num_blocks("a") == 2

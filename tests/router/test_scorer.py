@@ -269,3 +269,18 @@ def test_what_is_remembered_since_a_report_stays_bounded():
     assert loads.since_blocks["a"] == sum(b for _, _, b in loads.since["a"]) == 2 * (MAX_SINCE + 50)
     router.report_load("a", ReplicaLoad(0.0), read_at=float(MAX_SINCE + 40))
     assert loads.since_blocks["a"] == 2 * 10  # the ten routed at or after the read
+
+
+def test_a_replica_without_capacity_is_costed_in_the_same_unit_as_the_others():
+    # "a" states its pool (1000 blocks) and is half full; "b" states none and is idle.
+    # Costed in blocks beside a's cost in pools, b looked 36 times as loaded as a.
+    views = [view("a", n=4, active=500.0, cap=1000), view("b", n=4, active=10.0)]
+    assert CostScorer().pick(views, 0) == 1
+    assert CostScorer().cost(views[1], 1000) == pytest.approx((4 + 10 + 4) / 1000)
+    # the fill-in is the mean of the capacities stated among the candidates
+    three = [view("a", n=4, active=150.0, cap=100), view("b", n=4, active=150.0, cap=300),
+             view("c", n=4, active=150.0)]
+    s = CostScorer()
+    assert [s.cost(v, 200) for v in three] == pytest.approx([1.58, 158 / 300, 0.79])
+    assert s.pick(three, 0) == 1
+    assert s.pick(three[:2] + [view("c", n=4, active=90.0)], 0) == 2  # 98/200 < 158/300

@@ -7,6 +7,7 @@ import pytest
 from prefixkv import KVCacheManager
 from prefixkv.fleet.publisher import EventPublisher
 from prefixkv.fleet.replay import END_SEQ, ReplayBuffer
+from prefixkv.fleet.wire import encode_batch
 from prefixkv.router import Router
 from prefixkv.router.subscriber import Subscriber
 from waiting import LIVE, PATIENCE, await_subscribed, poll_until, wait_until
@@ -123,8 +124,16 @@ def test_legacy_publisher_gaps_and_restart_by_sequence_numbers():
         step(pub, mgr, "c", P[2])
         wait_for(sub, 1)
         assert sub.gaps_filled == 1 and [router.cached_tokens(p)["r"] for p in P[:3]] == [12] * 3
-        sub._on_message("r", 0, pub.replay.since(0)[0][1])  # numbering starts again: a restart
-        assert sub.restarts == 1 and [router.cached_tokens(p)["r"] for p in P[:3]] == [12, 0, 0]
+        # numbering starts again, and the buffer there is a new life's (it holds that very
+        # batch 0, not the batch applied last): a restart
+        # (the old life's buffer held its batch 0 and the batch applied last: a duplicate)
+        mgr.add_request("d", P[3])
+        pub.replay = LegacyReplay(100)
+        new = encode_batch(mgr.take_events(), block_size=BS)
+        pub.replay.add(new)
+        sub._on_message("r", 0, new)
+        assert sub.restarts == 1 and sub.duplicates == 0
+        assert [router.cached_tokens(p)["r"] for p in P[:4]] == [0, 0, 0, 12]
     finally:
         sub.close()
         pub.close()
@@ -362,6 +371,35 @@ def test_a_publisher_restarted_mid_replay(legacy):
         wait_until(followed, "the new life followed alone", step=lambda: time.sleep(0.05))
         with sub.lock:
             assert sub.errors == 0 and sub.restarts + sub.resyncs >= 1 and sub.alive
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_legacy_publisher_restarted_past_the_last_batch_applied_is_a_restart():
+    """A vLLM publisher restarted (its monitor's report not read: drops, a proxy), whose
+    new life numbered past the last batch applied before its first frame came: a gap,
+    whose replay from ``last + 1`` the new life's buffer answered, consecutive. Its
+    batches were applied on top of the old life's entries, which stayed."""
+    pub, mgr, router = make()
+    pub.replay = LegacyReplay(100)
+    sub = connect(pub, router)
+    try:
+        for i in (0, 1):
+            step(pub, mgr, str(i), P[i])
+        wait_for(sub, 2)
+        assert [router.cached_tokens(p)["r"] for p in P[:2]] == [12, 12]
+        pub.replay = LegacyReplay(100)  # the new life, empty, numbers from 0
+        mgr = KVCacheManager(256, BS, hash_mode="sha256", enable_events=True)
+        for i in (2, 3, 4, 5):
+            mgr.add_request(str(i), P[i])
+            last = pub.replay.add(encode_batch(mgr.take_events(), block_size=BS))
+        sub._on_message("r", last, pub.replay.since(last)[0][1])  # seq 3: a gap after 1
+        assert [router.cached_tokens(p)["r"] for p in P] == [0, 0, 12, 12, 12, 12]
+        assert (sub.restarts, sub.resyncs, sub.unsent_frames, sub.last_seq["r"]) == (1, 0, 0, 3)
+        mgr.add_request("6", P[0])  # a frame past the new life's buffer: not applied
+        sub._on_message("r", 9, encode_batch(mgr.take_events(), block_size=BS))
+        assert router.cached_tokens(P[0])["r"] == 0 and sub.unsent_frames == 1
     finally:
         sub.close()
         pub.close()

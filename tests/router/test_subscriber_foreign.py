@@ -124,3 +124,56 @@ def test_a_restarted_publishers_frame_numbered_next_is_a_restart(legacy):
     finally:
         sub.close()
         pub.close()
+
+
+@pytest.mark.parametrize("dp_rank", [0, 1])
+def test_a_foreign_frame_numbered_0_at_first_contact_is_not_applied(dp_rank):
+    """Before the replica's first batch, a frame numbered 0 of another publisher (the
+    same rank, or another) was applied unchecked: its prompt indexed there, and its rank
+    learnt as the replica's origin, refusing the replica's own frames from then on. The
+    vLLM publisher's buffer (empty) shows it never sent it."""
+    pub, mgr, router = make()
+    pub.replay = LegacyReplay(100)
+    sub = Subscriber(router, {"r": (pub.endpoint, pub.replay_endpoint)}, replay_timeout=LIVE)
+    try:
+        await_subscribed(sub)
+        with sub.lock:
+            sub._on_message("r", 0, other_batch(P[5], dp_rank), b"kv-events")
+        assert router.cached_tokens(P[5])["r"] == 0 and sub.unsent_frames == 1
+        step(pub, mgr, "a", P[0])                   # the replica's own seq 0
+        assert poll_until(sub, lambda: router.cached_tokens(P[0])["r"] == 12)
+        with sub.lock:  # a foreign frame 0 again, now that seq 0 is the replica's
+            sub._on_message("r", 0, other_batch(P[4], 0), b"kv-events")
+        assert router.cached_tokens(P[4])["r"] == 0 and sub.unsent_frames == 2
+        step(pub, mgr, "b", P[1])
+        assert poll_until(sub, lambda: router.cached_tokens(P[1])["r"] == 12)
+        assert router.cached_tokens(P[0])["r"] == 12 and router.cached_tokens(P[5])["r"] == 0
+        assert (sub.restarts, sub.resyncs, sub.errors, sub.foreign_frames) == (0, 0, 0, 0)
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_a_vllm_publishers_frame_again_is_a_duplicate_not_a_restart():
+    """A frame delivered twice, or late (reordered behind a later one the gap replay
+    already applied): its buffer holds it and the batch applied last. It was taken for
+    a restart: the replica forgotten and rebuilt (or, its buffer past the start, lost)."""
+    pub, mgr, router = make()
+    pub.replay = LegacyReplay(100)
+    sub = Subscriber(router, {"r": (pub.endpoint, pub.replay_endpoint)}, replay_timeout=LIVE)
+    try:
+        await_subscribed(sub)
+        for i in (0, 1, 2):
+            step(pub, mgr, str(i), P[i])
+        assert poll_until(sub, lambda: sub.last_seq.get("r") == 2)
+        frames = dict(pub.replay.since(0))
+        with sub.lock:
+            for seq in (1, 0, 2):
+                sub._on_message("r", seq, frames[seq], b"kv-events")
+        assert [router.cached_tokens(p)["r"] for p in P[:3]] == [12] * 3
+        assert (sub.restarts, sub.resyncs) == (0, 0)
+        assert (sub.duplicates, sub.unsent_frames) == (3, 0)
+        assert sub.health()["counters"]["duplicates"] == 3
+    finally:
+        sub.close()
+        pub.close()

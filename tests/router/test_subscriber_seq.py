@@ -230,3 +230,27 @@ def test_a_foreign_frame_numbered_below_a_vllm_publishers_last_is_not_a_restart(
     step(pub, mgr, "b", P[1])
     assert poll_until(sub, lambda: router.cached_tokens(P[1])["r"] == 12)
     assert router.cached_tokens(P[0])["r"] == 12 and sub.restarts == 0
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_frame_cut_on_the_way_is_replaced_by_the_publishers_copy(legacy):
+    """A frame numbered next whose payload was cut on the way (undecodable) was taken as
+    applied: its events lost, the index kept what its removals removed, and no gap was
+    seen after it. The publisher's buffer holds the whole batch (test_vllm_wire_fuzz
+    found it)."""
+    pub, mgr, router, sub = follow(LegacyReplay(100) if legacy else None)
+    try:
+        step(pub, mgr, "b", P[1])
+        (sock,) = sub._sockets.subs
+        assert sock.poll(PATIENCE * 1000)
+        topic, seq, payload = sock.recv_multipart()
+        with sub.lock:
+            sub._on_message("r", int.from_bytes(seq, "big"), payload[:len(payload) // 2], topic)
+        assert [router.cached_tokens(p)["r"] for p in P[:2]] == [12, 12]
+        assert (sub.last_seq["r"], sub.bad_batches, sub.unsent_frames, sub.resyncs) == (1, 0, 1, 0)
+        step(pub, mgr, "c", P[2])
+        wait_for(sub, 1)
+        assert router.cached_tokens(P[2])["r"] == 12 and sub.restarts == sub.errors == 0
+    finally:
+        sub.close()
+        pub.close()

@@ -130,9 +130,92 @@ def test_the_urls_node_killed_costs_its_keys_only_on_every_later_call(cluster):
     backend.close()
 
 
-def read(backend, keys):
+def test_the_urls_node_hung_costs_its_keys_only_on_every_later_call(cluster):
+    # A hung node (paused here; a partitioned one answers as little) accepts connections
+    # and never replies. After its keys failed, the map was dropped and read again from
+    # the URL's node first, which took the whole deadline: every key of every node
+    # failed, on every call, for as long as it hung.
+    import os
+    import signal
+
+    writer = RedisStore(cluster.url, cluster=True, timeout=LIVE)
+    home = cluster.ports[1]
+    keys = [f"{uuid.uuid4().hex}-{i}".encode() for i in range(24)]
+    node_of = {k: writer.client.get_node_from_key(k).port for k in keys}
+    keys.sort(key=lambda k: node_of[k] == home)             # the hung node's keys last
+    first_lost = next(i for i, k in enumerate(keys) if node_of[k] == home)
+    assert 0 < first_lost < len(keys)
+    assert writer.put([(k, k.ljust(40, b".")) for k in keys]) == 0
+    stall = 3.0  # (the hung node's bound: a healthy node answers well within it)
+    backend = RedisStore(f"redis://127.0.0.1:{home}", cluster=True, timeout=stall)
+    assert read(backend, keys)[0] == [True] * len(keys)    # the map is known now
+    pid = cluster._procs[home].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for _ in range(2):
+            out, bufs = read(backend, keys, seconds=stall)
+            assert out[:first_lost] == [True] * first_lost
+            assert all(bytes(b[0]) == k.ljust(40, b".") for k, b in zip(keys[:first_lost], bufs,
+                                                                          strict=False))
+            assert isinstance(out[first_lost], Exception)
+            assert backend.held(keys) == first_lost
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    writer.close()
+    backend.close()
+
+
+def test_a_host_that_is_down_costs_its_keys_only_on_every_later_call(cluster, monkeypatch):
+    # A host that is down (crashed, cut off) answers no connect: each one takes the
+    # whole deadline. Its node was asked in key order: the nodes asked after it were not
+    # sent their keys in time, those asked before it had their replies left unread past
+    # the deadline: every key failed, on every call, until the cluster failed it over.
+    import socket
+
+    hung = socket.socket()                                  # a listener that never accepts,
+    hung.bind(("127.0.0.1", 0))                             # its queue full: connects hang
+    hung.listen(0)
+    fillers = []
+    for _ in range(2):
+        try:
+            fillers.append(socket.create_connection(hung.getsockname(), timeout=0.5))
+        except OSError:
+            break
+    down = ("tcp", "127.0.0.1", hung.getsockname()[1])
+    victim = ("tcp", "127.0.0.1", cluster.ports[2])
+    writer = RedisStore(cluster.url, cluster=True, timeout=LIVE)
+    keys = [f"{uuid.uuid4().hex}-{i}".encode() for i in range(30)]
+    node_of = {k: ("tcp", "127.0.0.1", writer.client.get_node_from_key(k).port) for k in keys}
+    assert writer.put([(k, k.ljust(40, b".")) for k in keys]) == 0
+    lead = next(k for k in keys if node_of[k] != victim)      # a live node's key first
+    keys.remove(lead)
+    keys.insert(0, lead)
+    first_lost = next(i for i, k in enumerate(keys) if node_of[k] == victim)
+    assert 0 < first_lost and len({node_of[k] for k in keys[first_lost:]}) == 3
+    real = RedisStore._read_slots
+    monkeypatch.setattr(RedisStore, "_read_slots", lambda self, deadline: [  # the victim's
+        down if a == victim else a for a in real(self, deadline)])       # host is down
+    stall = 2.0  # (the down host's bound: a healthy node answers well within it)
+    backend = RedisStore(cluster.url, cluster=True, timeout=stall)
+    with pytest.raises(TimeoutError):  # the first call: no node answered in time
+        read(backend, keys, seconds=stall)
+    for _ in range(2):
+        out, bufs = read(backend, keys, seconds=stall)
+        assert [k for k, o in zip(keys, out, strict=True) if o is not True] == [
+            k for k in keys if node_of[k] == victim]
+        assert all(isinstance(o, Exception) or bytes(b[0]) == k.ljust(40, b".")
+                   for k, b, o in zip(keys, bufs, out, strict=True))
+        assert backend.held(keys) == first_lost
+    for f in fillers:
+        f.close()
+    hung.close()
+    writer.close()
+    backend.close()
+
+
+def read(backend, keys, seconds=LIVE):
     bufs = [[memoryview(bytearray(40))] for _ in keys]
-    return backend.read_into(keys, bufs, time.monotonic() + LIVE), bufs
+    return backend.read_into(keys, bufs, time.monotonic() + seconds), bufs
 
 
 def test_a_put_with_a_master_down_stores_what_the_live_masters_take(cluster):
@@ -166,3 +249,29 @@ def test_a_put_with_a_master_down_stores_what_the_live_masters_take(cluster):
     assert (writer.written, writer.errors, writer.dropped) == (len(keys) - len(lost), len(lost), 0)
     backend.close()
     admin.close()
+
+
+def test_the_acl_recipe_for_a_cluster_in_docs_security_md_suffices(cluster):
+    """docs/security.md's ACL line for a cluster, run on every node as written (user and
+    password replaced): a store made with that user writes, checks and fetches a chain.
+    The single-server line alone is not enough on a cluster (redis-py's cluster client
+    and the slot map need two more commands): the store could not even be made."""
+    import pathlib
+    import re
+    import shlex
+
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    recipes = [shlex.split(line) for line in re.findall(r"^ACL SETUSER .*$", doc, flags=re.M)]
+    on_cluster = [r for r in recipes if "+cluster|slots" in r]
+    assert len(on_cluster) == 1, "docs/security.md gives no ACL line for a Redis Cluster"
+    rules = [(">s3cret" if rule.startswith(">") else rule) for rule in on_cluster[0][3:]]
+    for port in cluster.ports:
+        redis.Redis(port=port).execute_command("ACL", "SETUSER", "fleet", *rules)
+    url = cluster.url.replace("redis://", "redis://fleet:s3cret@")
+    user = RedisStore(url, cluster=True, timeout=LIVE)
+    shared = SharedStore(user, StoreLayout(uuid.uuid4().hex, "f32", 8), cost=always(), timeout=LIVE)
+    puts = computed(manager(shared), user, "a", DOC)
+    assert len(puts) == 10 and user.held([p.key for p in puts]) == 10
+    m = manager(shared)
+    assert from_store(m, DOC) == 40 and m.stats.store_errors == 0
+    assert user.put([(b"elsewhere", b"v")]) == 1    # outside ~prefixkv:*: refused, counted

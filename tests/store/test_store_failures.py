@@ -145,7 +145,7 @@ def test_bad_local_server_arguments():
 
 def test_missing_extras_and_bad_urls_raise(monkeypatch):
     with pytest.raises(ValueError):
-        RedisStore("http://localhost:6379")          # not a redis URL (redis-py's error)
+        RedisStore("http://localhost:6379")          # not a redis URL: ConfigError, a ValueError
     monkeypatch.setitem(sys.modules, "redis", None)
     with pytest.raises(ImportError):
         RedisStore("redis://localhost")

@@ -6,6 +6,7 @@ parser), ``limits`` (caps on tokens and pools), ``errors``, ``replay`` (schedule
 accounting), ``capacity`` (what fits, pool sweeps), ``cost`` (estimated prefill time of
 the saved tokens), ``suite`` (a whole run), ``report`` / ``plots`` (outputs), ``outdir``
 (the output folder, replaced whole), ``progress``, ``e2e``, ``layer_groups`` (what
-per-group tables buy a hybrid model).
+per-group tables buy a hybrid model), ``cascade_bytes`` (KV bytes read per step with and
+without cascade attention).
 Nothing here imports torch at import time.
 """

@@ -3,11 +3,14 @@ line and exits 2."""
 
 from __future__ import annotations
 
+from ..errors import PrefixKVError
 
-class BenchError(ValueError):
+
+class BenchError(PrefixKVError):
     """The bench cannot run as asked: a request larger than the pool, a workload or pool
     over the caps of ``limits``, an output folder that cannot take the report. The
-    message is one line and says what to change."""
+    message is one line and says what to change. A ``PrefixKVError`` (a ``ValueError``),
+    as every caller mistake prefixkv raises."""
 
 
 def shorten(value: object, width: int = 60) -> str:

@@ -29,3 +29,6 @@ MAX_POOL_BLOCKS = 2**20
 
 MAX_POOL_FLAG = MAX_POOL_BLOCKS // 2
 """``--pool-blocks`` at most: its sweep goes to twice that."""
+
+MAX_REPLICAS = 1024
+"""Replicas of a simulated fleet (``--replicas``) at most: a pool each."""

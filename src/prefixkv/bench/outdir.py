@@ -25,13 +25,21 @@ class ReportDir:
     """Checks ``path`` and creates the staging folder; ``staging`` is where to write.
 
     ``path`` must be absent, or a folder (not a symbolic link) holding only files a report
-    writes (``FILES``), so that replacing it deletes nothing else. Raises BenchError,
-    before any work, when it is a file or a link, holds other files, or the folder or its
-    staging sibling cannot be created.
+    writes (``FILES``), so that replacing it deletes nothing else, and neither the working
+    folder nor one above it (renamed away, it would leave the caller's shell in a deleted
+    folder). Raises BenchError, before any work, when it is a file or a link, holds other
+    files, is or holds the working folder, or the folder or its staging sibling cannot be
+    created.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path).absolute()
+        here = Path.cwd()
+        if here == self.path.resolve() or self.path.resolve() in here.parents:
+            shown = str(path) or "''"
+            raise BenchError(f"--out {shown} is the working folder or holds it: replacing "
+                             f"it would leave this shell in a deleted folder; give a folder "
+                             f"inside it (the default: prefixkv-bench)")
         _check(self.path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

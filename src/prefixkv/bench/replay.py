@@ -39,7 +39,7 @@ from typing import Any
 from ..allocator import Allocator
 from ..errors import PromptTooLongError
 from ..results import BlockLoads, BlockOffloads, StoreWait
-from .errors import BenchError
+from .errors import BenchError, shorten
 from .workloads import BenchRequest, Workload
 
 __all__ = ["MAX_RUNNING", "BenchError", "ReplayResult", "replay"]
@@ -131,8 +131,11 @@ def replay(alloc: Allocator, workload: Workload, name: str, *,
 
     Raises BenchError when a request cannot run even alone in the pool (the allocator's
     PromptTooLongError, or a None with nothing running). Does not check
-    the allocator's invariants and does not free anything it did not admit.
+    the allocator's invariants and does not free anything it did not admit. Raises
+    BenchError, before anything is admitted, for a ``max_running`` that is not an int >= 1.
     """
+    if type(max_running) is not int or max_running < 1:
+        raise BenchError(f"max_running must be an int >= 1, got {shorten(max_running)}")
     bs = alloc.block_size
     res = ReplayResult(workload.name, name, alloc.num_blocks, bs, requests=len(workload.requests))
     reserved_of = getattr(alloc, "reserved_tokens", None)

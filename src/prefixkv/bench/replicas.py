@@ -28,6 +28,7 @@ it and decodes); mean and 90th percentile. Why this models TTFT: docs/router.md.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
@@ -39,6 +40,8 @@ from ..router import Router, decode_batch
 from ..router.approx import ApproxIndex
 from ..router.load import ReplicaLoad
 from ..router.scorer import AffinityScorer, CostScorer
+from .errors import BenchError, shorten
+from .limits import MAX_POOL_BLOCKS, MAX_REPLICAS
 from .workloads import BenchRequest, Workload
 
 POLICIES = ("round-robin", "least-loaded", "pure-prefix", "prefix", "cost", "cost-approx")
@@ -106,6 +109,22 @@ class _Replica:
         self.since: dict[str, int] = {}
 
 
+def _check(route: str, replicas: int, block_size: int, pool_blocks: int | None, rate: float,
+           max_running: int, approx_ttl: float) -> None:
+    if route not in POLICIES:
+        raise BenchError(f"route must be one of {', '.join(POLICIES)}, got {shorten(route)}")
+    counts = dict(replicas=(replicas, MAX_REPLICAS), block_size=(block_size, None),
+                  pool_blocks=(1 if pool_blocks is None else pool_blocks, MAX_POOL_BLOCKS),
+                  max_running=(max_running, None))
+    for name, (value, most) in counts.items():
+        if type(value) is not int or value < 1 or (most is not None and value > most):
+            bound = f" <= {most:,}" if most is not None else ""
+            raise BenchError(f"{name} must be an int >= 1{bound}, got {shorten(value)}")
+    for name, number in (("rate", rate), ("approx_ttl", approx_ttl)):
+        if type(number) not in (int, float) or not (math.isfinite(number) and number > 0):
+            raise BenchError(f"{name} must be a finite number > 0, got {shorten(number)}")
+
+
 def simulate(workload: Workload, replicas: int, route: str, *, block_size: int = 16,
              pool_blocks: int | None = None, rate: float = 0.5, max_running: int = 64,
              approx_ttl: float = 200.0, **router_options: object) -> FleetResult:
@@ -113,11 +132,12 @@ def simulate(workload: Workload, replicas: int, route: str, *, block_size: int =
     of POLICIES). ``pool_blocks``: each replica's pool (default: the workload's pool).
     ``rate``: new requests per replica per step. ``approx_ttl``: steps an ``ApproxIndex``
     guess lasts (``cost-approx``). ``router_options``: Router keywords (load_weight,
-    balance, scorer, ...). Raises ValueError for an unknown route, ``replicas`` < 1,
-    ``rate`` <= 0, or a request that cannot run alone in a pool."""
-    if route not in POLICIES or replicas < 1 or not rate > 0:
-        raise ValueError(f"need route in {POLICIES}, replicas >= 1, rate > 0; got "
-                         f"{route!r}, {replicas}, {rate}")
+    balance, scorer, ...). Raises BenchError (a ValueError), before any replica is made,
+    for an unknown route, ``replicas`` not an int in 1..``limits.MAX_REPLICAS``, a
+    ``block_size``, ``pool_blocks`` or ``max_running`` not an int >= 1, a ``rate`` or
+    ``approx_ttl`` not a finite number > 0; and for a request that cannot run alone in a
+    pool."""
+    _check(route, replicas, block_size, pool_blocks, rate, max_running, approx_ttl)
     num_blocks = pool_blocks or workload.pool_tokens // block_size
     fleet = [_Replica(f"r{i}", num_blocks, block_size) for i in range(replicas)]
     by_name = {r.name: r for r in fleet}
@@ -194,7 +214,7 @@ def _step(rep: _Replica, res: FleetResult, max_running: int) -> list[str]:
         assert not isinstance(adm, StoreWait), "the fleet's replicas have no shared store"
         if adm is None:
             if not rep.running:
-                raise ValueError(f"request {req.rid!r} does not fit alone in a pool of "
+                raise BenchError(f"request {req.rid!r} does not fit alone in a pool of "
                                  f"{mgr.num_blocks} blocks")
             break
         rep.waiting.popleft()

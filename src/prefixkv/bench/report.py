@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .cascade_bytes import CASCADE_COLUMNS, cascade_note, cascade_rows
 from .hosttier import HOST_COLUMNS, host_note, host_rows, readmitted_cell
 from .layer_groups import GROUP_COLUMNS, group_note, group_rows
 from .plots import PLOTS, write_plots
@@ -139,10 +140,21 @@ def group_parts(data: dict[str, Any], markdown: bool = False) -> list[str]:
             group_note(data["groups"]) + ("." if markdown else "")]
 
 
+def cascade_parts(data: dict[str, Any], markdown: bool = False) -> list[str]:
+    """The cascade-attention table and its note, if that section ran."""
+    cascade = data.get("cascade")
+    if cascade is None:
+        return []
+    if "skipped" in cascade:
+        return [f"cascade attention skipped: {cascade['skipped']}"]
+    return [table(CASCADE_COLUMNS, cascade_rows(cascade["rows"]), markdown=markdown, text_columns=1),
+            cascade_note(cascade) + ("." if markdown else "")]
+
+
 def terminal(data: dict[str, Any]) -> str:
     """The summary printed at the end of a run."""
     parts = [table(COLUMNS, rows(data)), share_note(data), *host_parts(data), *replica_parts(data),
-             *group_parts(data)]
+             *group_parts(data), *cascade_parts(data)]
     e2e = data.get("e2e")
     if e2e and "turns" in e2e:
         parts.append(f"end to end ({e2e['device']}, {e2e['model']}):")
@@ -195,6 +207,10 @@ def markdown(data: dict[str, Any], plots: list[str]) -> str:
     if "groups" in data:
         out += ["## Layer groups (hybrid models)", ""]
         for part in group_parts(data, markdown=True):
+            out += [part, ""]
+    if "cascade" in data:
+        out += ["## Cascade attention: KV read per step", ""]
+        for part in cascade_parts(data, markdown=True):
             out += [part, ""]
     e2e = data.get("e2e")
     if e2e and "turns" in e2e:

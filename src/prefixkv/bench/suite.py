@@ -1,14 +1,12 @@
 """The whole ``prefixkv bench`` run: workloads x allocators, capacity, sweep, host tiers,
-replicas sharing a store, layer groups, e2e, report."""
+replicas sharing a store, layer groups, cascade attention's KV bytes, e2e, report."""
 
 from __future__ import annotations
 
-import math
 import os
 import platform
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -23,15 +21,16 @@ from .capacity import (
     sweep,
     sweep_sizes,
 )
+from .cascade_bytes import CASCADE_WORKLOADS, run_cascade
 from .cost import PrefillCost, allocator_share
-from .errors import BenchError
+from .errors import BenchError, shorten
 from .hosttier import HOST_FACTORS, HOST_WORKLOADS, TransferCost, host_tier_sweep
 from .layer_groups import MIXES, run_groups
 from .progress import Progress
 from .replay import replay
 from .store_replicas import REPLICA_WORKLOADS, run_replicas
 from .trace import load_trace
-from .workloads import BUILTIN, Workload, builtin, token_bound
+from .workloads import BUILTIN, Workload, builtin, check_scale
 
 
 @dataclass
@@ -47,6 +46,7 @@ class BenchConfig:
     e2e: bool = True
     host_tiers: bool = True
     store_replicas: bool = True
+    cascade: bool = True
     groups: tuple[str, ...] = tuple(MIXES)
     plots: bool = True
     out: Path = field(default_factory=lambda: Path("prefixkv-bench"))
@@ -75,8 +75,14 @@ def machine() -> dict[str, Any]:
 def check_config(cfg: BenchConfig) -> None:
     """Refuse, before any work, what would not fit the caps of ``limits``: a scale that is
     not a finite number > 0 or makes a built-in workload too big, a ``pool_blocks`` over
-    ``MAX_POOL_FLAG``; and a layer mix not in ``layer_groups.MIXES``. Raises BenchError."""
+    ``MAX_POOL_FLAG``; a layer mix not in ``layer_groups.MIXES``; and what the command
+    line's parser refuses, for a config built in code: a workload name not in ``BUILTIN``
+    (or ``"trace"``), a block size or seed that is not an int, a switch that is not a
+    bool. Raises BenchError."""
+    _check_fields(cfg)
     check_scale(cfg.scale, cfg.workloads)
+    if cfg.cascade:
+        check_scale(cfg.scale, CASCADE_WORKLOADS)
     unknown = [name for name in cfg.groups if name not in MIXES]
     if unknown:
         raise BenchError(f"--groups: unknown layer mix {unknown[0]!r}; choose from "
@@ -85,26 +91,25 @@ def check_config(cfg: BenchConfig) -> None:
         raise BenchError(f"--pool-blocks must be 1..{limits.MAX_POOL_FLAG:,}, got {cfg.pool_blocks:,}")
 
 
-def check_scale(scale: float, workloads: Iterable[str]) -> None:
-    """Refuse a ``--scale`` that is not a finite number > 0, or that makes a built-in
-    workload of ``workloads`` (``"trace"`` is skipped) hold more than
-    ``limits.MAX_TRACE_TOKENS`` tokens. The largest scale that fits is known first, so a
-    scale far past it (1e308) is refused without counting its requests, which would
-    overflow. Raises BenchError."""
-    if not (math.isfinite(scale) and scale > 0):
-        raise BenchError(f"--scale must be a finite number > 0, got {scale}")
-    cap = limits.MAX_TRACE_TOKENS
-    for name in workloads:
-        if name == "trace":
-            continue
-        at_scale_1, each = token_bound(name, 1.0)
-        most = (cap // each) / (at_scale_1 // each)  # requests (chat: sessions) that fit
-        bound = token_bound(name, scale)[0] if scale <= 2 * most else None
-        if bound is None or bound > cap:
-            held = f"{bound:,}" if bound is not None else f"{scale:g} times its {at_scale_1:,}"
-            raise BenchError(f"--scale {scale:g}: the {name} workload would hold up to "
-                             f"{held} tokens, over the cap of {cap:,} "
-                             f"(limits.MAX_TRACE_TOKENS); it fits up to --scale {most:.3g}")
+def _check_fields(cfg: BenchConfig) -> None:
+    names = cfg.workloads
+    if (not isinstance(names, (tuple, list)) or not names
+            or any(name not in (*BUILTIN, "trace") for name in names)):
+        raise BenchError(f"BenchConfig.workloads must be a non-empty tuple of "
+                         f"{', '.join((*BUILTIN, 'trace'))}, got {shorten(names)}")
+    for name in ("block_size", "seed"):
+        value = getattr(cfg, name)
+        if type(value) is not int or (name == "block_size" and value < 1):
+            raise BenchError(f"BenchConfig.{name} must be an int{' >= 1' * (name == 'block_size')}, "
+                             f"got {shorten(value)}")
+    if cfg.pool_blocks is not None and type(cfg.pool_blocks) is not int:
+        raise BenchError(f"BenchConfig.pool_blocks must be None or an int, got {shorten(cfg.pool_blocks)}")
+    for name in ("e2e", "host_tiers", "store_replicas", "plots", "progress"):
+        value = getattr(cfg, name)
+        if type(value) is not bool and not (name == "progress" and value is None):
+            raise BenchError(f"BenchConfig.{name} must be True or False, got {shorten(value)}")
+    if not isinstance(cfg.groups, (tuple, list)):
+        raise BenchError(f"BenchConfig.groups must be a tuple of layer mixes, got {shorten(cfg.groups)}")
 
 
 def check_pools(workloads: list[Workload], cfg: BenchConfig) -> None:
@@ -177,6 +182,7 @@ def run_bench(cfg: BenchConfig, stream: TextIO | None = None) -> dict[str, Any]:
     replays += len(HOST_FACTORS) * len(tiered)
     shared = [wl for wl in workloads if cfg.store_replicas and wl.name in REPLICA_WORKLOADS]
     progress = Progress(replays + 2 * len(shared) + 2 * len(cfg.groups)
+                        + len(CASCADE_WORKLOADS) * cfg.cascade
                         + int(cfg.e2e) * (1 + bool(tiered)), cfg.progress, stream)
     cost = PrefillCost()
     data: dict[str, Any] = {"machine": machine(), "config": cfg.to_dict(), "workloads": [],
@@ -193,6 +199,8 @@ def run_bench(cfg: BenchConfig, stream: TextIO | None = None) -> dict[str, Any]:
             data["replicas"] = run_replicas(shared, cfg.block_size, cfg.seed, progress.tick)
         if cfg.groups:
             data["groups"] = run_groups(cfg.groups, cfg.seed, progress.tick, cfg.scale)
+        if cfg.cascade:
+            data["cascade"] = run_cascade(cfg.scale, cfg.seed, cfg.block_size, progress.tick)
         if cfg.e2e:
             progress.tick("end to end (model + kernels)")
             from .e2e import run_e2e  # torch stays out of this module's imports

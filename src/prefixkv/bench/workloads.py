@@ -12,10 +12,14 @@ requests, token for token.
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..extra_keys import ExtraKeys
+from . import limits
+from .errors import BenchError, shorten
 
 VOCAB = 32000
 TOKEN_IDS = tuple(range(VOCAB))
@@ -55,6 +59,14 @@ class Workload:
         return sum(len(r.prompt) for r in self.requests)
 
 
+def _checked(name: str, scale: float, seed: int) -> None:
+    """Refuse, before a token is drawn, what ``check_scale`` refuses, and a seed that is
+    not an int (it names the token stream: seed True must not pass for seed 1)."""
+    check_scale(scale, [name])
+    if type(seed) is not int:
+        raise BenchError(f"--seed must be an int, got {shorten(seed)}")
+
+
 def _count(base: int, scale: float) -> int:
     return max(1, round(base * scale))
 
@@ -65,6 +77,7 @@ def _tokens(rng: random.Random, n: int) -> tuple[int, ...]:
 
 def system_prompt(scale: float = 1.0, seed: int = 0) -> Workload:
     """A 2048-token system prompt shared by every request, each with its own question."""
+    _checked("system-prompt", scale, seed)
     rng = random.Random(f"system-prompt/{seed}")
     system = _tokens(rng, 2048)
     reqs = tuple(
@@ -78,6 +91,7 @@ def system_prompt(scale: float = 1.0, seed: int = 0) -> Workload:
 def chat(scale: float = 1.0, seed: int = 0, turns: int = 6) -> Workload:
     """Multi-turn sessions behind a 512-token shared system prompt; every turn re-sends
     the whole history (previous prompt + answer) plus a new user message."""
+    _checked("chat", scale, seed)
     rng = random.Random(f"chat/{seed}")
     system = _tokens(rng, 512)
     sessions = _count(24, scale)
@@ -96,6 +110,7 @@ def chat(scale: float = 1.0, seed: int = 0, turns: int = 6) -> Workload:
 
 def document(scale: float = 1.0, seed: int = 0) -> Workload:
     """One 32768-token document followed by 100 different questions."""
+    _checked("document", scale, seed)
     rng = random.Random(f"document/{seed}")
     doc = _tokens(rng, 32768)
     reqs = tuple(
@@ -109,6 +124,7 @@ def document(scale: float = 1.0, seed: int = 0) -> Workload:
 def pressure(scale: float = 1.0, seed: int = 0) -> Workload:
     """48 distinct 1024-token prefixes, picked with a skewed (Zipf-like) popularity, in a
     pool of 8192 slots: the working set is six times the pool, so eviction never stops."""
+    _checked("pressure", scale, seed)
     rng = random.Random(f"pressure/{seed}")
     prefixes = [_tokens(rng, 1024) for _ in range(48)]
     weights = [1.0 / (k + 1) for k in range(len(prefixes))]
@@ -124,6 +140,7 @@ def skewed(scale: float = 1.0, seed: int = 0) -> Workload:
     """A fleet's skew: three hot 2048-token prefixes take 80% of the requests (50/20/10%),
     the rest each have a cold 1024-token prefix of their own, all with unique suffixes.
     Sending every request of a hot prefix where it is cached overloads that replica."""
+    _checked("skewed", scale, seed)
     rng = random.Random(f"skewed/{seed}")
     hot = [_tokens(rng, 2048) for _ in range(3)]
     reqs = []
@@ -156,6 +173,28 @@ def token_bound(name: str, scale: float = 1.0) -> tuple[int, int]:
     not in ``BUILTIN``."""
     count, each = _SIZES[name]
     return _count(count, scale) * each, each
+
+
+def check_scale(scale: float, workloads: Iterable[str]) -> None:
+    """Refuse a ``--scale`` that is not a finite number > 0, or that makes a built-in
+    workload of ``workloads`` (``"trace"`` is skipped) hold more than
+    ``limits.MAX_TRACE_TOKENS`` tokens. The largest scale that fits is known first, so a
+    scale far past it (1e308) is refused without counting its requests, which would
+    overflow. Raises BenchError."""
+    if type(scale) not in (int, float) or not (math.isfinite(scale) and scale > 0):
+        raise BenchError(f"--scale must be a finite number > 0, got {shorten(scale)}")
+    cap = limits.MAX_TRACE_TOKENS
+    for name in workloads:
+        if name == "trace":
+            continue
+        at_scale_1, each = token_bound(name, 1.0)
+        most = (cap // each) / (at_scale_1 // each)  # requests (chat: sessions) that fit
+        bound = token_bound(name, scale)[0] if scale <= 2 * most else None
+        if bound is None or bound > cap:
+            held = f"{bound:,}" if bound is not None else f"{scale:g} times its {at_scale_1:,}"
+            raise BenchError(f"--scale {scale:g}: the {name} workload would hold up to "
+                             f"{held} tokens, over the cap of {cap:,} "
+                             f"(limits.MAX_TRACE_TOKENS); it fits up to --scale {most:.3g}")
 
 
 def builtin(name: str, scale: float = 1.0, seed: int = 0) -> Workload:

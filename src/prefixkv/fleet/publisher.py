@@ -49,8 +49,10 @@ class EventPublisher:
         buffer_steps: batches kept for replay (> 0).
         max_queue: batches waiting for the thread before ``publish`` drops (> 0).
         heartbeat: seconds of silence before an empty batch is sent (None: never).
+        hwm: ZeroMQ's high-water mark of each socket, in messages (0: no limit).
 
-    Raises WireError for an option out of range (before any socket is opened).
+    Raises WireError for an option out of range or of another type (an endpoint or topic
+    that is not a str) before any socket is opened.
     """
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:*", replay_endpoint: str | None = None,
@@ -61,8 +63,15 @@ class EventPublisher:
         for name, value in (("buffer_steps", buffer_steps), ("max_queue", max_queue)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise WireError(f"{name} must be an int >= 1, got {value!r}")
-        if heartbeat is not None and not heartbeat > 0:
+        if heartbeat is not None and (isinstance(heartbeat, bool) or not isinstance(
+                heartbeat, (int, float)) or not heartbeat > 0):
             raise WireError(f"heartbeat must be > 0 seconds or None, got {heartbeat!r}")
+        if not isinstance(hwm, int) or isinstance(hwm, bool) or hwm < 0:
+            raise WireError(f"hwm must be an int >= 0 (0: no limit), got {hwm!r}")
+        for name, text in (("topic", topic), ("endpoint", endpoint),
+                           ("replay_endpoint", replay_endpoint or "")):
+            if not isinstance(text, str):
+                raise WireError(f"{name} must be a str, got {text!r}")
         import zmq
 
         self.block_size, self.hash_format, self.dp_rank = block_size, hash_format, dp_rank

@@ -12,6 +12,12 @@ from .announce import Prepared
 
 
 class Index(Protocol):
+    """What the pool and the manager ask of an index of full blocks: find a run of blocks
+    by their content (``match``, ``claim``), record and forget blocks' identities
+    (``prepare``/``store``, ``drop``, ``uncache``, ``clear``), and check itself against
+    the pool (``check``). ``ContentIndex`` is the prefix cache, ``NoIndex`` never finds
+    anything; the manager picks one by ``enable_caching``."""
+
     hashing: bool
     """Whether ``prepare`` computes chain hashes (someone needs them: events, tiers)."""
 

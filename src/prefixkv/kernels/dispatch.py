@@ -61,7 +61,8 @@ def write_kv_cache(
         ShapeError, DtypeError, DeviceError, UnsupportedError: bad tensors (also caches
             in which two slots share memory: an expanded view, or ``v_cache`` overlapping
             ``k_cache``; and an input that shares memory with a cache, such as a ``key``
-            that is a view of ``k_cache``), before any write.
+            that is a view of ``k_cache``; and a cache block or key/value token whose
+            offsets reach 2^31 elements), before any write.
         ArgumentTypeError: a tensor argument is not a ``torch.Tensor``.
         MetadataError: ``checked=True`` and a slot is out of range or given twice
             (-1 aside), before any write.
@@ -206,7 +207,8 @@ def paged_prefill_attention(
         causal: mask keys after each query's own position.
         window_size: ``None`` or ``(left, right)`` as in FlashAttention: query at position
             p attends keys ``p - left .. p + right``; ``-1`` is unbounded; with ``causal``
-            right must be -1 or 0.
+            right must be -1 or 0; a side wider than 2^30 is clamped to 2^30 (unbounded in
+            effect).
         softcap: if > 0, scores become ``softcap * tanh(scores / softcap)`` (after scaling).
         out: optional ``[total_q, num_heads, head_dim]`` tensor of q's dtype to write into
             (any strides in which no two entries share memory): ``q`` itself (in place),
@@ -239,7 +241,9 @@ def paged_prefill_attention(
 
     Raises:
         ShapeError, DtypeError, DeviceError, UnsupportedError: bad arguments (also a flag
-            that is not a bool, a float option that is a bool), before any write.
+            that is not a bool, a float option that is a bool; a cache block or q/out token
+            whose offsets reach 2^31 elements; a window side > 0 with
+            ``max_blocks * block_size + total_q + side >= 2^31``), before any write.
         ArgumentTypeError: a tensor argument is not a ``torch.Tensor``.
         MetadataError: ``checked=True`` and a metadata value is out of range (see
             ``checked``), naming the request and the value, before any write.

@@ -15,6 +15,7 @@ import torch
 from .errors import ArgumentTypeError, DeviceError, DtypeError, ShapeError, UnsupportedError
 from .fp8 import FP8_DTYPES, QUERY_DTYPES, check_scale, is_fp8
 from .overlap import caches_overlap, check_apart, check_reads_apart
+from .reach import WINDOW_CAP, check_int32_reach, check_window_reach
 
 __all__ = [
     "AttentionShape", "check_write_kv", "check_attention", "check_sinks", "check_tensors", "check_flags",
@@ -23,6 +24,7 @@ __all__ = [
 
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, *FP8_DTYPES)
 MAX_HEAD_DIM = 256
+FLOAT_LIMIT = torch.finfo(torch.float32).max / 2  # half of float32's max: times log2(e) it stays finite
 INDEX_DTYPE = torch.int32
 SLOT_DTYPES = (torch.int32, torch.int64)
 
@@ -100,6 +102,8 @@ def _check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     if k_cache.shape[1] < 1 or k_cache.shape[2] < 1:
         raise ShapeError(f"block_size and num_kv_heads must be >= 1, got cache shape {tuple(k_cache.shape)}")
     _same_device("v_cache", v_cache, k_cache.device)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_int32_reach(name, t, (1, 2, 3), "block")
 
 
 def _check_input_dtype(name: str, t: torch.Tensor, cache_dtype: torch.dtype,
@@ -136,6 +140,7 @@ def check_write_kv(
             )
         _check_input_dtype(name, t, k_cache.dtype, (*QUERY_DTYPES, torch.float32))
         _same_device(name, t, k_cache.device)
+        check_int32_reach(name, t, (1, 2), "token")
     if value.shape[0] != key.shape[0]:
         raise ShapeError(f"key has {key.shape[0]} tokens, value has {value.shape[0]}")
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] != key.shape[0]:
@@ -169,7 +174,9 @@ def _window(window_size: object, causal: bool) -> tuple[int, int]:
         if right > 0:
             raise UnsupportedError(f"causal=True allows window right -1 or 0, got {right}")
         right = 0
-    return left, right
+    # Wider than WINDOW_CAP is unbounded in effect (every key of a row of at most
+    # 2^30 - total_q keys is inside it, see check_window_reach), and fits int32.
+    return min(left, WINDOW_CAP), min(right, WINDOW_CAP)
 
 
 def check_attention(
@@ -209,6 +216,10 @@ def check_attention(
     if num_heads < 1 or num_heads % num_kv_heads:
         raise ShapeError(f"num_heads {num_heads} must be a positive multiple of num_kv_heads {num_kv_heads}")
     _check_input_dtype("q", q, k_cache.dtype, QUERY_DTYPES)
+    check_int32_reach("q", q, (1, 2), "token")
+    if return_lse and (num_heads - 1) * q.shape[0] >= 2**31:  # the LSE is [num_heads, total_q]
+        raise ShapeError(f"return_lse with {num_heads} heads x {q.shape[0]} rows: the LSE's head offsets "
+                         "pass 2^31 elements (int32 in the kernels)")
     device = q.device
     _same_device("k_cache", k_cache, device)
     if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
@@ -233,17 +244,21 @@ def check_attention(
         )
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
-    if not (_real(softmax_scale) and math.isfinite(softmax_scale) and softmax_scale > 0):
-        raise UnsupportedError(f"softmax_scale must be a finite float > 0, got {softmax_scale!r}")
-    if not (_real(softcap) and math.isfinite(softcap) and softcap >= 0):
-        raise UnsupportedError(f"softcap must be a finite float >= 0 (0: off), got {softcap!r}")
+    # Both are scaled by log2(e) in float32 in the kernels: at most FLOAT_LIMIT stays finite.
+    if not (_real(softmax_scale) and 0 < softmax_scale <= FLOAT_LIMIT):
+        raise UnsupportedError(f"softmax_scale must be a float in (0, {FLOAT_LIMIT:.3g}], "
+                               f"got {softmax_scale!r}")
+    if not (_real(softcap) and 0 <= softcap <= FLOAT_LIMIT):
+        raise UnsupportedError(f"softcap must be a float in [0, {FLOAT_LIMIT:.3g}] (0: off), got {softcap!r}")
     left, right = _window(window_size, causal)
+    check_window_reach(left, right, block_table.shape[1] * block_size, q.shape[0])
     if out is not None:
         if out.shape != q.shape:
             raise ShapeError(f"out shape {tuple(out.shape)} != q shape {tuple(q.shape)}")
         if out.dtype != q.dtype:
             raise DtypeError(f"out dtype {out.dtype} != q dtype {q.dtype}")
         _same_device("out", out, device)
+        check_int32_reach("out", out, (1, 2), "token")
         # out may be q itself (each row's output lands where only its own query was read)
         same_q = out.data_ptr() == q.data_ptr() and out.stride() == q.stride()
         check_apart("paged_prefill_attention", {"out": out}, {

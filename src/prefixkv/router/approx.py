@@ -6,12 +6,20 @@ ApproxKvIndexer does), after which they are forgotten unless routed again (a lat
 prompt sharing the prefix renews them). It is a guess: a replica may have evicted the
 blocks sooner, or kept them longer; the TTL bounds how stale a guess can be.
 
+The TTL is counted in the clock's forward motion: a reading below the last one (an
+injected clock stepped back) counts as no time passing (``steps_back`` counts them).
+Taken at face value, a step back of a day kept every guess made before it for a day
+more, and a guess made after it waited in the expiry queue behind those. A reading that
+is not a finite number raises ApproxIndexError before anything changes (a NaN compares
+false with every expiry: nothing would expire again).
+
 Events, if some replica does send them, are applied as by ``InProcessIndex`` (a stored
 block is held until removed, without TTL).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -21,13 +29,15 @@ from .index import GPU, Hash, InProcessIndex
 
 
 class ApproxIndexError(PrefixKVError):
-    """A TTL that is not a positive number (a bool is not one)."""
+    """A TTL that is not a positive number (a bool is not one), or a clock reading that
+    is not a finite number."""
 
 
 class ApproxIndex:
     """Satisfies ``BlockIndex``. ``ttl``: seconds a routed prompt's blocks count as held
-    (> 0); ``clock``: seconds, monotonic (tests pass a fake one). Raises ApproxIndexError
-    for a bad ``ttl``."""
+    (> 0); ``clock``: seconds (tests pass a fake one; a step back counts as no time, module
+    doc). Raises ApproxIndexError for a bad ``ttl``; every call that reads the clock
+    raises it, before any change, for a reading that is not a finite number."""
 
     def __init__(self, ttl: float = 120.0, *, clock: Callable[[], float] = time.monotonic) -> None:
         if not (isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and ttl > 0):
@@ -38,28 +48,47 @@ class ApproxIndex:
         self._queue: deque[tuple[float, str, Sequence[Hash]]] = deque()  # in expiry order
         # stored by an event, on these media: no TTL (until every medium is removed)
         self._held: dict[tuple[str, Hash], set[str]] = {}
+        self._now: float | None = None  # the clock's forward motion, as a time
+        self._last: float | None = None  # the last reading
+        self.steps_back = 0
+        """How many clock readings were below the one before (counted as no time)."""
 
     def routed(self, replica: str, hashes: Sequence[Hash]) -> None:
         """Count ``hashes`` as held by ``replica`` (on the GPU) for ``ttl`` from now."""
         if not hashes:
             return
-        self._expire()
-        until, held = self.clock() + self.ttl, self._held
+        until, held = self._expire() + self.ttl, self._held
         # once each: a hash twice in the queue entry was deleted twice on expiry (KeyError)
         guessed = [h for h in dict.fromkeys(hashes) if (replica, h) not in held]
         self._index.store(replica, guessed, GPU)
         self._until.update(((replica, h), until) for h in guessed)
         self._queue.append((until, replica, guessed))
 
-    def _expire(self) -> None:
-        """Forget the blocks whose last routing is ``ttl`` old."""
-        now, queue, until = self.clock(), self._queue, self._until
+    def _time(self) -> float:
+        """The clock's forward motion so far, as a time (module doc); ApproxIndexError
+        for a reading that is not a finite number."""
+        t = self.clock()
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise ApproxIndexError(f"the clock must read a finite number of seconds, got {t!r}")
+        if self._now is None or self._last is None:
+            self._now = float(t)
+        elif t >= self._last:
+            self._now += t - self._last
+        else:
+            self.steps_back += 1
+        self._last = float(t)
+        return self._now
+
+    def _expire(self) -> float:
+        """Forget the blocks whose last routing is ``ttl`` old; returns the time now."""
+        now, queue, until = self._time(), self._queue, self._until
         while queue and queue[0][0] <= now:
             _, replica, hashes = queue.popleft()
             gone = [h for h in hashes if until.get((replica, h), now + 1) <= now]
             for h in gone:
                 del until[(replica, h)]
             self._index.remove(replica, gone, GPU)
+        return now
 
     def store(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
         """See ``BlockIndex.store``: held on ``medium`` until removed. An event outranks

@@ -11,7 +11,8 @@ is kept when the replica's index is forgotten (a gap, a restart): were it learnt
 a foreign frame arriving first after the forget would become the origin and the
 replica's own frames would be refused from then on. What is left (a
 publisher with the same topic and rank on the same socket) is told only by its numbers
-and the replay buffer's answers (``Subscriber``); a restart by the socket's monitor.
+and the replay buffer's answers (``Subscriber``: ``unsent_frames``, buffered.py); a
+restart by the socket's monitor.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ class Choice:
 
 class Router:
     """Args:
-        replicas: replica names (non-empty, distinct).
+        replicas: replica names (non-empty, distinct; a list, not one str).
         block_size, hash_mode, seed: the replicas' manager settings (``block_hashes``).
         hash_format: how the replicas' publishers send hashes, "int" or "bytes".
         index: a BlockIndex (default: a new InProcessIndex).
@@ -93,7 +93,11 @@ class Router:
                  stale_after: float | None = None, scorer: Scorer | None = None,
                  capacity: dict[str, int] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        if isinstance(replicas, str):  # (its characters are no list of names)
+            raise RouterError(f"replicas must be a list of names, got the str {replicas!r}")
         names = list(replicas)
+        if not callable(clock):
+            raise RouterError(f"clock must be a callable returning seconds, got {clock!r}")
         if not names or len(set(names)) != len(names) or not all(isinstance(r, str) for r in names):
             raise RouterError(f"replicas must be distinct names, at least one: {names!r}")
         if policy not in POLICIES:
@@ -134,9 +138,12 @@ class Router:
         Only the replica's scored group is indexed (module doc). A ``Stored`` that states
         a block size other than the router's is not indexed (its hashes cannot match a
         prompt's): it is counted in ``block_size_mismatches`` and logged once. Raises
-        RouterError, before applying any, for an unknown replica or an item of
-        ``events`` that is not a ``Stored``, ``Removed`` or ``Cleared``."""
+        RouterError, before applying any, for an unknown replica, ``events`` that are no
+        iterable (or a str), or an item that is not a ``Stored``, ``Removed`` or ``Cleared``."""
         self._known(replica)
+        if isinstance(events, (str, bytes)) or not isinstance(events, Iterable):
+            raise RouterError(f"apply({replica!r}): events must be a list of router events, "
+                              f"got {events!r}"[:200])
         events = list(events)
         odd = [ev for ev in events if not isinstance(ev, (Stored, Removed, Cleared))]
         if odd:
@@ -234,11 +241,11 @@ class Router:
             views = [self._view(r, len(hashes), runs.get(r, (0, 0))) for r in candidates]
             pick = candidates[self.scorer.pick(views, self._turn)]
             run = runs.get(pick, (0, 0))[0]
+        self.index.routed(pick, hashes)  # first: what it raises leaves the tallies as they were
         self._turn += 1
         self.in_flight[pick] += 1
         self.routed[pick] += 1
         self.loads.routed(pick, len(hashes) - run, len(hashes), self.clock())
-        self.index.routed(pick, hashes)
         return Choice(pick, run * self.block_size)
 
     def finish(self, replica: str) -> None:

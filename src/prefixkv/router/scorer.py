@@ -17,7 +17,11 @@ position of the one to use. Two scorers:
   prompt than all others picked; ``CostScorer``'s doc), and the pick the lowest cost
   (``temperature`` 0) or
   drawn with probability ``softmax(-cost / (temperature * mean cost))``. Dividing by
-  each replica's capacity (its pool, in blocks) lets a larger replica carry more.
+  each replica's capacity (its pool, in blocks) lets a larger replica carry more. Costs
+  are compared in one unit: where some candidates state a capacity and others do not,
+  one that does not is costed as if its pool were the mean of those stated (a cost in
+  blocks beside costs in pools would make it look hundreds of times as loaded); where
+  none does, costs are in blocks.
 """
 
 from __future__ import annotations
@@ -175,11 +179,13 @@ class CostScorer:
         self.busy_threshold, self.cpu_weight = busy_threshold, cpu_weight
         self._rng = random.Random(seed)
 
-    def cost(self, v: ReplicaView) -> float:
-        """The cost of serving the prompt on ``v`` (module doc)."""
+    def cost(self, v: ReplicaView, default_capacity: float | None = None) -> float:
+        """The cost of serving the prompt on ``v`` (module doc): in blocks over ``v``'s
+        capacity, or over ``default_capacity`` when ``v`` states none (None: in blocks)."""
         blocks = self.prefill_weight * (v.prefill_blocks + v.prompt_blocks - self._cached(v)) \
             + v.active_blocks + v.prompt_blocks
-        return blocks / v.capacity if v.capacity else blocks
+        capacity = v.capacity or default_capacity
+        return blocks / capacity if capacity else blocks
 
     def pick(self, views: Sequence[ReplicaView], turn: int) -> int:
         """See ``Scorer.pick``: the lowest cost, or a draw by cost (module doc)."""
@@ -192,7 +198,9 @@ class CostScorer:
                        ] or allowed
         if self.balance is not None and (holder := self._holder(views, allowed)) is not None:
             return holder
-        costs = [self.cost(views[i]) for i in allowed]
+        stated = [c for i in allowed if (c := views[i].capacity)]
+        fill = sum(stated) / len(stated) if stated else None  # one unit for all (module doc)
+        costs = [self.cost(views[i], fill) for i in allowed]
         low = min(costs)
         # extreme options can overflow a cost, or the mean, to inf: an infinite cost
         # weighs 0 and the scale is the finite costs' mean (inf - inf would be NaN)

@@ -8,12 +8,42 @@ handling (``subscriber.py``) decides what they mean.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from .replay_client import ReplayClient
+from .router import RouterError
 
-__all__ = ["ReplicaSockets"]
+__all__ = ["ReplicaSockets", "check_options", "check_timeout"]
+
+
+def check_options(replicas: Collection[str], endpoints: object, topic: object,
+                  replay_timeout: object) -> None:
+    """RouterError unless ``endpoints`` maps replicas among ``replicas`` to ``(pub
+    endpoint str, replay endpoint str or None)``, ``topic`` is a str and
+    ``replay_timeout`` a finite number of seconds > 0 (checked before any socket)."""
+    if not isinstance(endpoints, Mapping):
+        raise RouterError(f"endpoints must map replicas to (pub, replay), got {endpoints!r}")
+    for replica, pair in endpoints.items():
+        if replica not in replicas:
+            raise RouterError(f"unknown replica {replica!r}; known: {list(replicas)}")
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
+                and (pair[1] is None or isinstance(pair[1], str))):
+            raise RouterError(f"endpoints[{replica!r}] must be (pub endpoint, replay endpoint "
+                              f"or None), strs, got {pair!r}")
+    if not isinstance(topic, str):
+        raise RouterError(f"topic must be a str, got {topic!r}")
+    check_timeout(replay_timeout, "replay_timeout", positive=True)
+
+
+def check_timeout(value: object, name: str, *, positive: bool = False) -> None:
+    """RouterError unless ``value`` is a finite number of seconds ``>= 0`` (``> 0`` when
+    ``positive``); a bool is not one. (ZeroMQ reads a negative wait as for ever.)"""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+            value) or value < 0 or positive and value == 0:
+        raise RouterError(f"{name} must be a finite number of seconds {'>' if positive else '>='}"
+                          f" 0, got {value!r}")
 
 
 class ReplicaSockets:

@@ -1,24 +1,15 @@
 """Feed a Router from N replicas' ZeroMQ event streams (extra ``prefixkv[events]``).
 
 Per replica a SUB socket (the live stream), a monitor of that socket, a ReplayClient on
-its replay socket, and the last sequence number applied. A message ``seq == last + 1``
-is applied; a duplicate of what a replay applied is skipped; anything else (first
-contact, a gap, a smaller ``seq``) is caught up: by prefixkv's map request (missed
-batches, or a snapshot on first contact, after a restart, past the buffer), or, for a
-publisher that does not answer it (vLLM's), by the 8-byte request, forgetting the
-replica when its buffer lost batches or it restarted. Either way a message the
-publisher's answer shows it never sent (a foreign or corrupt frame) is not applied.
-After a disconnect the replica is verified as soon as it is connected again: a new
-epoch, or a vLLM publisher whose buffer does not hold the very batch applied last (a
-batch carries its timestamp, so a new life never repeats one), is a restart. A frame
-whose topic or ``data_parallel_rank`` differs from those of the replica's batches is
-another publisher's and is not applied (``foreign_frames``; origin.py says why). The
-index may understate what a replica holds, never overstate it. docs/router.md
-tabulates each case and its counter.
-
-Nothing from the wire stops the thread: frames, payloads and replay answers are
-checked (``bad_batches``, ``bad_replies``); anything else raised while handling a
-message is counted in ``errors`` (``last_error``, logged). ``health()`` reports it all.
+its replay socket, and the last sequence number applied. ``seq == last + 1`` is applied;
+anything else (first contact, a gap, a smaller ``seq``, a reconnection) is checked with
+the publisher: prefixkv's map request (map_replay.py: missed batches or a snapshot), or
+for a vLLM publisher its buffer's answer to the 8-byte request (buffered.py: a frame it
+does not hold was not sent by it and is not applied). A frame of another topic or rank
+than the replica's is another publisher's (origin.py). The index may understate what a
+replica holds, never overstate it; docs/router.md tabulates each case and its counter.
+Nothing from the wire stops the thread: what it cannot explain is counted (``COUNTERS``,
+``health()``), anything raised while handling a message in ``errors`` (logged).
 """
 
 from __future__ import annotations
@@ -29,43 +20,45 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from .buffered import Held, run_to, sent, verify
+from .map_replay import ask_map
 from .origin import Origins
-from .replay_client import Answer, ReplayClient, ReplayError, ReplayTimeout
+from .replay_client import Answer
 from .router import Router
-from .sockets import ReplicaSockets
+from .sockets import ReplicaSockets, check_options, check_timeout
 
 _log = logging.getLogger(__name__)
-_LAST_SEQ = (1 << 64) - 1  # the largest 8-byte sequence number
 COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "bad_replies",
-            "disconnects", "errors", "foreign_frames")
+            "disconnects", "errors", "foreign_frames", "unsent_frames", "duplicates")
 """The subscriber's counters, as ``health()`` names them."""
 
 
 class Subscriber:
     """``endpoints``: replica -> ``(pub_endpoint, replay_endpoint or None)``.
     ``topic``: subscription prefix ("" takes everything). ``replay_timeout``: seconds.
-    Raises RouterError for a replica the router does not know (before any socket)."""
+    Raises RouterError, before any change or socket, for a replica the router does not
+    know and for arguments of other types or ranges (``sockets.check_options``)."""
 
     def __init__(self, router: Router, endpoints: Mapping[str, tuple[str, str | None]], *,
                  topic: str = "kv-events", replay_timeout: float = 1.0) -> None:
+        check_options(router.replicas, endpoints, topic, replay_timeout)
         self.router = router
         self.replay_timeout_ms = int(replay_timeout * 1000)
         self.last_seq: dict[str, int] = {}
         self.gaps_filled = self.snapshots = self.resyncs = self.restarts = self.bad_batches = 0
         self.bad_replies = self.disconnects = self.errors = self.foreign_frames = 0
+        self.unsent_frames = self.duplicates = 0
         self.last_error: str | None = None
         self.connected = dict.fromkeys(endpoints, False)
         self._epoch: dict[str, str] = {}
         self._skip_through: dict[str, int] = {}  # live duplicates of replayed batches
         self._legacy: set[str] = set()  # replicas that answer only the 8-byte request
         self._last_payload: dict[str, bytes] = {}  # what a vLLM publisher is verified by
-        # batches a vLLM publisher's verification applied past its last: live duplicates
-        # (``_skip_through`` for the 8-byte replay, where a smaller seq means a restart)
-        self._replayed: dict[str, dict[int, bytes]] = {}
+        self._replayed: dict[str, dict[int, bytes]] = {}  # live duplicates of a verification
         self._unverified: set[str] = set()  # disconnected since their last message
         self._origins = Origins()  # (origin.py: another publisher's frames)
         for replica in endpoints:
-            router.forget(replica)  # RouterError for an unknown name; starts it empty
+            router.forget(replica)  # each starts empty
         self._sockets = ReplicaSockets(endpoints, topic, self.replay_timeout_ms)  # sockets.py
         self._replay = self._sockets.replay
         self._stop = threading.Event()
@@ -74,7 +67,9 @@ class Subscriber:
 
     def poll(self, timeout: float = 0.0) -> int:
         """Handle every message waiting now (waiting up to ``timeout`` s for the first);
-        returns how many live messages were handled. Never raises for what it reads."""
+        returns how many live messages were handled. Never raises for what it reads;
+        RouterError for a ``timeout`` that is not a finite number of seconds >= 0."""
+        check_timeout(timeout, "timeout")
         handled = 0
         for sock, frames in self._sockets.messages(timeout):
             try:
@@ -164,8 +159,11 @@ class Subscriber:
             self.foreign_frames += 1
             return
         last = self.last_seq.get(replica)
+        # an undecodable frame is checked with its publisher, whose copy may be whole (cut
+        # on the way: taken as applied, its events were lost and the index kept stale entries)
+        whole = replica not in self._replay or self._origins.decode(payload) is not None
         if last is not None:
-            if seq == last + 1:
+            if seq == last + 1 and whole:
                 if self._replayed:  # (the live duplicates came before this: in order)
                     self._replayed.pop(replica, None)
                 self._apply(replica, seq, payload, topic)
@@ -174,42 +172,65 @@ class Subscriber:
                 return
             if seq <= last and self._replayed.get(replica, {}).get(seq) == payload:
                 return  # a vLLM publisher's batch that its verification applied
+        bad = self.bad_batches
         if replica not in self._legacy and self._catch_up(replica, last):
             # The answer, sent after this message arrived, covers it: a message it does
             # not cover was not sent by this life (a dead life's, a foreign or corrupt
             # frame) and is not applied. Only a replica forgotten after bad answers or
-            # none (``_snapshot_after``, a timeout: no ``_skip_through``; an answer's -1
+            # none (map_replay.py: no ``_skip_through``; an answer's -1
             # is a publisher that sent nothing yet) follows from this message on.
             if self.last_seq[replica] < 0 and replica not in self._skip_through:
                 self._apply(replica, seq, payload, topic)
+            else:  # cut on the way, if the publisher's copy of it was not bad too
+                self.unsent_frames += not whole and self.bad_batches == bad
             return
         if last is not None and seq <= last:  # numbering started again: a restart, if
-            client = self._replay.get(replica)  # the publisher there now sent it (else a
-            held = client.replayed(seq) if client else None  # foreign or corrupt frame,
-            if held is not None and (seq, payload) not in held:  # not applied)
-                self._verify(replica)
+            held = self._held(replica, seq)  # the publisher there now sent it (else a
+            if held is not None and not sent(held, seq, payload):  # foreign or corrupt
+                self._unsent(replica)  # frame, not applied)
+                return
+            if held is not None and sent(held, last, self._last_payload.get(replica, b"")):
+                self.duplicates += 1  # it sent what was applied last too: an old frame again
                 return
             self.restarts += 1
             self._forget(replica)
             last = None
         start = 0 if last is None else last + 1
-        if seq > start:  # a gap: the publisher's buffer from ``start`` on says what it sent
-            client = self._replay.get(replica)
-            held = client.replayed(start) if client else None
-            if held is not None:
-                sent = [b for b in held if b[0] <= seq]
-                if sent and sent[-1][0] == seq and all(
-                        s == k for k, (s, _) in enumerate(sent, start)):
-                    self.gaps_filled += 1  # (its batch ``seq``, not this message, if they differ)
-                    for s, p in sent:
-                        self._apply(replica, s, p)
-                    return
-                if (seq, payload) not in held:  # not sent by this life (a corrupt or
-                    self._verify(replica)  # foreign frame): not applied; is it still that life?
-                    return
-            self.resyncs += 1  # its buffer lost the gap, or no answer: follow from here
-            self._forget(replica)
+        if seq > start or last is None or not whole:  # a gap, nothing applied (first contact,
+            # after a forget), or a cut frame: the publisher's buffer says what it sent
+            held = self._held(replica, last if last is not None and last >= 0 else start)
+            if held is not None and last is not None and last >= 0 and any(
+                    s == last for s, _ in held) and not sent(held, last, self._last_payload[replica]):
+                self._verify(replica)  # its batch ``last`` is not the one applied: a new
+                # life (its monitor's report missed or not read yet), rebuilt from its buffer
+                self.unsent_frames += self._replayed.get(replica, {}).get(seq) != payload
+                return
+            run = None if held is None else run_to(held, start, seq, payload)
+            if run is not None:
+                self.gaps_filled += len(run) > 1
+                for s, p in run[:-1]:
+                    self._apply(replica, s, p)
+                self._apply(replica, seq, payload, topic)  # (the message: its topic known)
+                return
+            if held is not None and not sent(held, seq, payload):
+                self._unsent(replica)  # not this life's (buffered.py): is it still that life?
+                return
+            if seq > start:  # its buffer lost the gap, or no answer: follow from here
+                self.resyncs += 1
+                self._forget(replica)
         self._apply(replica, seq, payload, topic)
+
+    def _held(self, replica: str, start: int) -> Held | None:
+        """The replica's buffer from ``start`` (buffered.py); None: no replay endpoint, or
+        no answer."""
+        client = self._replay.get(replica)
+        return client.replayed(start) if client else None
+
+    def _unsent(self, replica: str) -> None:
+        """A live frame the replica's buffer shows its publisher never sent: not applied,
+        counted; the replica is verified (a restarted publisher's buffer lacks it too)."""
+        self.unsent_frames += 1
+        self._verify(replica)
 
     def _verify(self, replica: str) -> None:
         """After a disconnect: make sure ``replica`` is the publisher it was (module doc)."""
@@ -220,23 +241,18 @@ class Subscriber:
             return
         if last is None or replica not in self._legacy and self._catch_up(replica, last):
             return
-        client = self._replay.get(replica)
-        got = client.stream(last) if client else None
-        if got and got[0] == (last, self._last_payload.get(replica)):
-            self._replay_applied(replica, got[1:])
-            self.gaps_filled += len(got) > 1
+        verdict, got = verify(self._replay.get(replica), last, self._last_payload.get(replica))
+        if verdict == "same" and got is not None:
+            self._replay_applied(replica, got)
+            self.gaps_filled += bool(got)
             return
         self._forget(replica)
-        if got is None or got and got[0][0] > last:  # no answer, or its buffer lost ours
-            self.resyncs += 1
-            return
-        self.restarts += 1  # it has nothing at `last`, or something else there
-        history = client.stream(0) if client else None
-        if history is None:
+        self.restarts += verdict == "new"  # it has nothing at `last`, or something else there
+        if got is None:  # no answer, its buffer lost ours, or a new life's history is not whole
             self.resyncs += 1
             return
         self.last_seq[replica] = -1
-        self._replay_applied(replica, history)
+        self._replay_applied(replica, got)
 
     def _replay_applied(self, replica: str, batches: list[tuple[int, bytes]]) -> None:
         """Apply what a verification replayed, which may arrive live too (kept to tell
@@ -247,30 +263,23 @@ class Subscriber:
             self._replayed[replica] = dict(batches)
 
     def _catch_up(self, replica: str, last: int | None) -> bool:
-        """Bring ``replica`` up to date by the msgpack replay request; False (and the
-        replica is marked legacy) when it answers in vLLM's form (an end mark). No answer
-        in time forgets the replica, which follows from this message on (``resyncs``)."""
+        """Bring ``replica`` up to date by the msgpack replay request (map_replay.py);
+        False (and the replica is marked legacy) when it answers in vLLM's form (an end
+        mark). Nothing usable (no answer in time, bad answers) forgets the replica, which
+        follows from this message on (``resyncs``)."""
         client = self._replay.get(replica)
         epoch = self._epoch.get(replica)
-        start = 0 if last is None else last + 1
-        try:
-            # past the last 8-byte number only a snapshot can say where the replica is
-            answer = client.ask(epoch, min(start, _LAST_SEQ), force_snapshot=start > _LAST_SEQ
-                                ) if client else None
-            if answer is not None and epoch not in (None, answer.epoch) and answer.snapshot is None:
-                raise ReplayError(f"epoch {answer.epoch!r} follows {epoch!r} without a snapshot")
-        except ReplayTimeout:  # busy or gone: not a vLLM publisher for all that
+        answer, bad = ask_map(client, epoch, 0 if last is None else last + 1, replica
+                              ) if client else (None, 0)
+        self.bad_replies += bad
+        if answer is None:
+            self._legacy.add(replica)
+            return False
+        if not isinstance(answer, Answer):  # LOST
             self.resyncs += 1
             self._forget(replica)
             self.last_seq[replica] = -1  # index what comes next: an understatement
             return True
-        except ReplayError as exc:
-            answer = self._snapshot_after(replica, exc, client, epoch, start)  # type: ignore[arg-type]
-            if answer is None:
-                return True
-        if answer is None:
-            self._legacy.add(replica)
-            return False
         if epoch is not None and answer.epoch != epoch:
             self.restarts += 1
         self._epoch[replica] = answer.epoch
@@ -284,24 +293,6 @@ class Subscriber:
                 self._decode_apply(replica, p)
         self.last_seq[replica] = self._skip_through[replica] = answer.next_seq - 1
         return True
-
-    def _snapshot_after(self, replica: str, exc: ReplayError, client: ReplayClient,
-                        epoch: str | None, start: int) -> Answer | None:
-        """After a malformed answer: a forced snapshot, or None once the replica is
-        forgotten (the snapshot failed too; it then follows from the next message)."""
-        self.bad_replies += 1
-        _log.warning("replica %r: bad replay answer (%s); asking for a snapshot", replica, exc)
-        try:
-            answer = client.ask(epoch, start, force_snapshot=True)
-        except ReplayError as again:
-            self.bad_replies += not isinstance(again, ReplayTimeout)  # no answer: not a bad one
-            answer = None
-        if answer is not None and answer.snapshot is not None:
-            return answer
-        self.resyncs += 1
-        self._forget(replica)
-        self.last_seq[replica] = -1  # index what comes next: an understatement
-        return None
 
     def _forget(self, replica: str) -> None:
         self.router.forget(replica)

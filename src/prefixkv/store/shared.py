@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, check_positive
 from ..extra_keys import ExtraKeys
 from ..hashing import make_hash_fn
 from .cost import FetchCost
@@ -73,7 +73,9 @@ class SharedStore:
                    cache_salt: str | None = None) -> bytes:
         """``b"prefixkv:<namespace>:"``: the keys of managers with this block size, hash
         mode and seed, for requests with ``cache_salt`` (an ACL key pattern per tenant).
-        Raises ConfigError as ``bind`` and for a bad hash mode or seed."""
+        Raises ConfigError as ``bind``, for a bad hash mode or seed, and for a block size
+        that is not a positive int."""
+        check_positive("block_size", block_size)
         fn, root = make_hash_fn(hash_mode, seed)
         extra = ExtraKeys(cache_salt=cache_salt) if cache_salt is not None else None
         return self.bind(hash_mode, seed, root, block_size, None, None).prefix(extra)

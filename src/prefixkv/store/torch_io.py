@@ -17,6 +17,7 @@ import torch
 
 from ..errors import ConfigError
 from ..results import KVOp, StoreFetched, StorePut
+from .record import payload_bytes
 from .writer import StoreWriter
 
 
@@ -58,10 +59,11 @@ def write_payload(k_host: torch.Tensor, v_host: torch.Tensor, slot: int,
     Raises ConfigError when its length is not the slot's (another layout or dtype)."""
     k, v = k_host[slot], v_host[slot]
     nk, nv = k.numel() * k.element_size(), v.numel() * v.element_size()
-    if len(payload) != nk + nv:
-        raise ConfigError(f"a payload of {len(payload)} bytes for host slots of {nk + nv}: "
+    view = payload_bytes(payload)
+    if view.nbytes != nk + nv:
+        raise ConfigError(f"a payload of {view.nbytes} bytes for host slots of {nk + nv}: "
                           f"the StoreLayout's block_bytes must match the caches")
-    raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    raw = torch.frombuffer(bytearray(view), dtype=torch.uint8)
     k.copy_(raw[:nk].view(k.dtype).view(k.shape))
     v.copy_(raw[nk:].view(v.dtype).view(v.shape))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 
+from ..errors import ConfigError, check_positive
 from ..results import StorePut
 from .protocol import StoreBackend
 from .record import encode_value
@@ -19,9 +20,15 @@ from .record import encode_value
 class StoreWriter:
     """Writes to ``backend`` from one daemon thread; at most ``max_pending`` values wait,
     sent ``batch`` at a time. ``dropped``/``errors``/``written``: values dropped (queue
-    full), values refused or lost in failed batches, values written."""
+    full), values refused or lost in failed batches, values written. Raises ConfigError,
+    before the thread starts, for a ``max_pending`` or ``batch`` that is not a positive
+    int (``queue.Queue`` takes 0 or less as no bound) or a backend without ``put``."""
 
     def __init__(self, backend: StoreBackend, *, max_pending: int = 1024, batch: int = 64) -> None:
+        check_positive("max_pending", max_pending)
+        check_positive("batch", batch)
+        if not callable(getattr(backend, "put", None)):
+            raise ConfigError(f"backend must be a StoreBackend (with put), got {backend!r}")
         self._backend, self._batch = backend, batch
         self._queue: queue.Queue[tuple[bytes, bytes]] = queue.Queue(max_pending)
         self.dropped = self.errors = self.written = 0

@@ -298,19 +298,40 @@ def test_concurrent_writers_and_readers_serve_only_what_was_written(sgl, redis):
     assert sum(b.pages.written for b, _ in writers) == 32
 
 
+def refused_before_any_read_or_write(sgl, redis, bad_places, match, first_token):
+    """Each of ``bad_places`` (two pages' host indices) is refused by batch_get_v1 and
+    batch_set_v1 with ConfigError ``match``: no page read into the pool, none counted
+    as a hit, none stored; the same pages at whole pages inside the pool are read."""
+    writer, wpool = replica(sgl, redis.url)
+    reader, rpool = replica(sgl, redis.url)
+    fill(wpool, first_token)
+    keys = page_hashes(sgl, tokens(2 * PAGE, first_token), PAGE)
+    assert writer.batch_set_v1(keys, indices(0, 2)) == [True, True]
+    others = page_hashes(sgl, tokens(2 * PAGE, first_token + 100), PAGE)
+    for bad in bad_places(rpool):
+        with pytest.raises(ConfigError, match=match):
+            reader.batch_get_v1(keys, bad)
+        assert torch.count_nonzero(rpool.kv_buffer) == 0 and reader.pages.hits == 0
+        with pytest.raises(ConfigError, match=match):
+            writer.batch_set_v1(others, bad)
+    assert reader.batch_exists(others) == 0
+    assert reader.batch_get_v1(keys, indices(8, 2)) == [True, True]
+    assert torch.equal(rpool.kv_buffer[:, :, 8:16], wpool.kv_buffer[:, :, 0:8])
+
+
 def test_host_indices_outside_the_pool_are_refused_before_any_read_or_write(sgl, redis):
     # Before: batch_get_v1 read the pages (counted as hits), wrote those before the bad
     # index into the pool, then the pool raised IndexError; batch_set_v1 raised it too.
-    writer, wpool = replica(sgl, redis.url)
-    reader, rpool = replica(sgl, redis.url)
-    fill(wpool, 10)
-    keys = page_hashes(sgl, tokens(2 * PAGE, 1900), PAGE)
-    assert writer.batch_set_v1(keys, indices(0, 2)) == [True, True]
-    for bad in (torch.cat([indices(8, 1), indices(rpool.size, 1)]),
-                torch.cat([indices(8, 1), indices(-PAGE, 1)])):
-        with pytest.raises(ConfigError, match="host pool"):
-            reader.batch_get_v1(keys, bad)
-        assert torch.count_nonzero(rpool.kv_buffer) == 0 and reader.pages.hits == 0
-        with pytest.raises(ConfigError, match="host pool"):
-            writer.batch_set_v1(page_hashes(sgl, tokens(2 * PAGE, 2000), PAGE), bad)
-    assert reader.batch_exists(page_hashes(sgl, tokens(2 * PAGE, 2000), PAGE)) == 0
+    refused_before_any_read_or_write(sgl, redis, lambda pool: (
+        torch.cat([indices(8, 1), indices(pool.size, 1)]),
+        torch.cat([indices(8, 1), indices(-PAGE, 1)])), "host pool", 1900)
+
+
+def test_host_indices_that_are_not_whole_pages_are_refused_before_any_read_or_write(sgl, redis):
+    # Before: only each page's first index was read (and checked to lie in the pool):
+    # a page starting mid-page (2 with pages of 4) was read into rows 2..5, half of
+    # the next page; a page whose indices skip ([8, 13, 14, 15]) was read into rows
+    # 8..11, which the call never named; batch_set_v1 stored rows the caller did not name.
+    refused_before_any_read_or_write(sgl, redis, lambda pool: (
+        torch.cat([indices(16, 1), indices(2, 1)]),
+        torch.cat([indices(16, 1), torch.tensor([8, 13, 14, 15])])), "whole pages", 2100)

