@@ -193,7 +193,7 @@ def render_class(qual: str, cls: type) -> list[str]:
         lines += ["```", f"{cls.__name__}{sig}", "```", ""]
     lines += render_doc(inspect.getdoc(cls) if cls.__doc__ else None)
     if dataclasses.is_dataclass(cls):
-        fields = dataclasses.fields(cls)
+        fields = [f for f in dataclasses.fields(cls) if not f.name.startswith("_")]  # (private)
         if fields:
             lines += ["Fields:", ""]
             for f in fields:

@@ -14,7 +14,8 @@ a shared text prefix before an image is still shared.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from bisect import bisect_left
+from dataclasses import dataclass, field
 
 from .errors import ExtraKeysError
 
@@ -66,6 +67,10 @@ class ExtraKeys:
     cache_salt: str | None = None
     mm: tuple[MultiModalInput, ...] = ()
     lora_id: int | None = None
+    # many inputs: their positions by offset, the offsets, and the furthest end so far
+    # (``for_range`` finds a block's inputs by bisection, not by a pass over them all)
+    _by_offset: tuple[tuple[int, ...], list[int], list[int]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("lora", "cache_salt"):
@@ -80,6 +85,13 @@ class ExtraKeys:
             raise ExtraKeysError("ExtraKeys.lora_id needs the adapter's name in ExtraKeys.lora")
         if not isinstance(self.mm, tuple) or not all(isinstance(m, MultiModalInput) for m in self.mm):
             raise ExtraKeysError(f"ExtraKeys.mm must be a tuple of MultiModalInput, got {self.mm!r}")
+        if len(self.mm) > _BISECT_FROM:
+            order = tuple(sorted(range(len(self.mm)), key=lambda i: self.mm[i].offset))
+            ends, reach = [], 0
+            for i in order:
+                reach = max(reach, self.mm[i].offset + self.mm[i].length)
+                ends.append(reach)
+            object.__setattr__(self, "_by_offset", (order, [self.mm[i].offset for i in order], ends))
 
     def base_bytes(self) -> bytes:
         """The tagged encoding of the keys that apply to every block (LoRA, salt)."""
@@ -95,7 +107,17 @@ class ExtraKeys:
     def for_range(self, start: int, end: int) -> ExtraKeys | None:
         """The keys that enter the hash of the block of tokens ``[start, end)``: LoRA, salt
         and the multimodal inputs overlapping it; None when there are none."""
-        mm = tuple(m for m in self.mm if m.offset < end and m.offset + m.length > start)
+        if self._by_offset is None:
+            mm = tuple(m for m in self.mm if m.offset < end and m.offset + m.length > start)
+        else:  # inputs whose offset is < end, back from the last while one may reach start
+            order, offsets, reach = self._by_offset
+            k, hits = bisect_left(offsets, end) - 1, []
+            while k >= 0 and reach[k] > start:
+                m = self.mm[order[k]]
+                if m.offset + m.length > start:
+                    hits.append(order[k])
+                k -= 1
+            mm = tuple(self.mm[i] for i in sorted(hits))
         if self.lora is None and self.cache_salt is None and not mm:
             return None
         return self if mm == self.mm else ExtraKeys(self.lora, self.cache_salt, mm, self.lora_id)
@@ -113,6 +135,9 @@ class ExtraKeys:
             for i in range(first, last + 1):
                 out[i] += tagged
         return out
+
+
+_BISECT_FROM = 16  # inputs past which ``for_range`` bisects
 
 
 def _utf8(name: str, value: str) -> None:

@@ -15,8 +15,11 @@ with no content before it evicts a cached one, vLLM pops its queue's head): thei
 counts are compared, and hits only until the first eviction in either manager (events),
 after which each depends on what each evicted. At every step, in both managers, a hit
 must be true: each block it returns holds, per a model of what every request wrote
-where, the prompt's own prefix up to it (and salt) in its group, and a window group's
-null entries lie below what the first query reads. Needs vllm installed."""
+where, the prompt's own prefix up to it (and salt, LoRA adapter, images) in its group,
+and a window group's null entries lie below what the first query reads. On one
+full-attention group, prefixkv keeps at least the prefix vLLM keeps of every request,
+evictions or not (it reuses blocks without content before it evicts, and otherwise
+evicts in vLLM's order). Needs vllm installed."""
 
 from __future__ import annotations
 
@@ -68,18 +71,16 @@ class Side:
         """The request in ``slot`` computed its tokens up to num_computed_tokens; its
         blocks past them hold nothing known yet."""
         r = self.reqs[slot]
-        toks = list(r.all_token_ids)
         for g, ids in enumerate(self.m.get_block_ids(r.request_id)):
             full = r.num_computed_tokens // BS
             for j, b in enumerate(ids):
                 if b != NULL:
-                    self.held[b] = (g, r.cache_salt, *toks[:(j + 1) * BS]) if j < full else None
+                    self.held[b] = _identity(r, g, (j + 1) * BS) if j < full else None
 
     def check_hit(self, slot: int, blocks: Any, hit: int) -> None:
         """Every block of the hit holds the prompt's prefix up to it in its group, and a
         group's null entries lie wholly below what a query at ``hit`` reads."""
         r = self.reqs[slot]
-        toks = list(r.all_token_ids)
         for g, ids in enumerate(blocks.get_block_ids() if hit else [[] for _ in self.windows]):
             assert len(ids) * BS == hit, (g, ids, hit)
             reach = _first_needed(self.windows[g], hit)
@@ -87,8 +88,18 @@ class Side:
                 if b == NULL:
                     assert (j + 1) * BS <= reach, f"group {g} lost block {j} a query at {hit} reads"
                 else:
-                    assert self.held.get(b) == (g, r.cache_salt, *toks[:(j + 1) * BS]), (
-                        f"wrong KV: group {g} block {b} holds {self.held.get(b)} for block {j} of {toks}")
+                    want = _identity(r, g, (j + 1) * BS)
+                    assert self.held.get(b) == want, (
+                        f"wrong KV: group {g} block {b} holds {self.held.get(b)} for block {j}: {want}")
+
+
+def _identity(r: Any, g: int, end: int) -> tuple[Any, ...]:
+    """What the KV of group ``g`` up to position ``end`` of request ``r`` depends on: the
+    salt, the LoRA adapter, the images placed before ``end`` and every token before it."""
+    images = tuple((f.identifier, f.mm_position.offset, f.mm_position.length)
+                   for f in r.mm_features if f.mm_position.offset < end)
+    lora = r.lora_request.lora_name if r.lora_request else None
+    return (g, r.cache_salt, lora, images, *list(r.all_token_ids)[:end])
 
 
 def _first_needed(window: tuple[str, int] | None, pos: int) -> int:
@@ -119,13 +130,28 @@ def _managers(num_blocks: int, specs: tuple[Any, ...] | None = None) -> tuple[Si
             Side(Theirs(config(*specs, num_blocks=num_blocks), **kw), windows))
 
 
-def _request(rid: str, tokens: list[int], salt: str | None) -> Any:
+IMAGES = {"cat": 3, "dog": 6}  # image -> its placeholder length (fixed by the image)
+
+
+def _request(rid: str, tokens: list[int], salt: str | None, lora: str | None = None,
+             image: tuple[str, int] | None = None) -> Any:
+    """vLLM's Request; ``image``: (image, offset) whose placeholders replace tokens
+    there (vLLM's mm_features)."""
+    from vllm.lora.request import LoRARequest
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
     from vllm.v1.request import Request
 
-    return Request(request_id=rid, prompt_token_ids=list(tokens),
+    tokens, mm = list(tokens), []
+    if image is not None:
+        name, off = image
+        off = min(off, len(tokens))
+        tokens[off:off] = [999] * IMAGES[name]  # (the image token id, never text here)
+        mm.append(MultiModalFeatureSpec(None, "image", name, PlaceholderRange(off, IMAGES[name])))
+    return Request(request_id=rid, prompt_token_ids=tokens, mm_features=mm,
+                   lora_request=LoRARequest(lora, 1 + len(lora), "/" + lora) if lora else None,
                    sampling_params=SamplingParams(max_tokens=8), pooling_params=None,
                    cache_salt=salt, block_hasher=get_request_block_hasher(BS, sha256))
 
@@ -137,14 +163,15 @@ def _stats(m: Any) -> tuple[int, ...]:
 
 
 PROMPT = st.tuples(st.integers(0, 2), st.integers(0, 24), st.lists(st.integers(0, 3), max_size=9),
-                   st.sampled_from([None, None, "tenant"])).map(
-    lambda p: ([100 * p[0] + k for k in range(p[1])] + p[2] or [7], p[3]))
+                   st.sampled_from([None, None, "tenant"]), st.sampled_from([None, None, None, "adapter"]),
+                   st.none() | st.tuples(st.sampled_from(sorted(IMAGES)), st.integers(0, 30))).map(
+    lambda p: ([100 * p[0] + k for k in range(p[1])] + p[2] or [7], *p[3:]))
 OP = st.tuples(st.sampled_from(["admit", "admit", "remote", "step", "step", "step", "free", "preempt",
                                 "reset", "evict"]),
                st.integers(0, SLOTS - 1), st.integers(1, 12), PROMPT, st.integers(0, 11))
 
 
-def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[list[int], str | None],
+def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[Any, ...],
         more: int, serial: int, strict: bool) -> None:
     """``op`` on the request in ``slot`` in both managers: ``k`` tokens scheduled at most
     (``remote``: ``k`` blocks a connector loads asynchronously past the hit, as vLLM's
@@ -263,6 +290,15 @@ def _compare(sides: tuple[Side, Side], same_hits: bool) -> None:
     stats = [_stats(s.m) for s in sides]
     assert stats[0] == stats[1] or not same_hits, stats
     ours.m.core.check_invariants()
+    if len(ours.windows) == 1:  # prefixkv keeps every prefix vLLM keeps, evictions or not
+        from prefixkv.integrations.vllm.requests import core_tokens, extra_keys_of
+
+        for slot, r in ours.reqs.items():
+            v = theirs.reqs[slot]
+            mine = ours.m.core.lookup(core_tokens(r), extra=extra_keys_of(r, BS))
+            vllms = theirs.m.coordinator.find_longest_cache_hit(v.block_hashes, v.num_tokens - 1)[1]
+            assert mine >= vllms, (f"vLLM keeps {vllms} tokens of {list(r.all_token_ids)} "
+                                   f"cached, prefixkv {mine}")
 
 
 @settings(max_examples=40, deadline=None)
@@ -431,3 +467,39 @@ def test_the_estimate_after_evict_blocks_agrees_on_a_hybrid_model(evict):
         m.evict_blocks({g[j] for g in ids for j in evict if g[j]})
         answers.append((before, m.estimate_cached_tokens(a)))
     assert answers[0] == answers[1], answers
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_prompts_whose_embeddings_share_a_prefix_hit_it_as_in_vllm(mixed):
+    # two prompts fed by embeddings (prompt_embeds), equal in their first 34 positions:
+    # vLLM hashes each block's own rows, so b hits a's first 8 blocks. Before: prefixkv
+    # keyed every block by a digest of the whole prompt's embeddings and hit nothing.
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request, RequestStatus
+
+    def make(rid: str, last: float, tokens: list[bool] | None) -> Any:
+        embeds = torch.arange(80.0).reshape(40, 2)
+        embeds[35:] += last
+        ids = None
+        if tokens is not None:  # a mixed prompt: token ids where the mask says so
+            ids = [7 if t else 0 for t in tokens]
+            embeds[torch.tensor(tokens)] = 0
+        return Request(request_id=rid, prompt_token_ids=ids, prompt_embeds=embeds,
+                       prompt_is_token_ids=tokens, sampling_params=SamplingParams(max_tokens=8),
+                       pooling_params=None, block_hasher=get_request_block_hasher(BS, sha256))
+
+    mask = [i % 3 == 0 for i in range(40)] if mixed else None
+    answers = []
+    for m in _pair():
+        a = make("a", 0.0, mask)
+        assert m.allocate_slots(a, 40) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 40
+        hits = [m.get_computed_blocks(make("b", 1.0, mask))[1],  # differs from position 35
+                m.get_computed_blocks(make("c", 0.0, mask))[1]]  # the same prompt
+        if mixed:  # position 3 read a token in a, an embedding in d
+            other = [i % 3 == 0 and i != 3 for i in range(40)]
+            hits.append(m.get_computed_blocks(make("d", 0.0, other))[1])
+        answers.append(hits)
+    assert answers[0] == answers[1] == ([32, 36, 0] if mixed else [32, 36]), answers

@@ -84,7 +84,7 @@ class ConnectorScheduler:
         ``num_blocks`` full blocks."""
         c = self._chains.get(request.request_id)
         if c is None or c.request is not request:
-            c = self._chains[request.request_id] = _Chain(request, extra_keys_of(request))
+            c = self._chains[request.request_id] = _Chain(request, extra_keys_of(request, self._bs))
         return self._name(c, num_blocks)
 
     def _name(self, c: _Chain, num_blocks: int) -> _Chain:
@@ -94,7 +94,7 @@ class ConnectorScheduler:
         read: they are read again, and the blocks named so far are kept up to the first
         whose extra-key bytes changed (none, as vLLM places the new inputs past them)."""
         if _num_mm(c.request) != c.num_mm:
-            c.extra, c.num_mm = extra_keys_of(c.request), _num_mm(c.request)
+            c.extra, c.num_mm = extra_keys_of(c.request, self._bs), _num_mm(c.request)
             named = len(c.hashes)
             now = (c.extra.block_bytes(named, self._bs) if c.extra is not None
                    else [b""] * named)

@@ -79,7 +79,7 @@ class KVCacheManager:
         events = enable_kv_cache_events or metrics_collector is not None
         self.core, offset = build_core(layout, enable_caching=enable_caching, enable_events=events)
         # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
-        self.prepared_prompts = PreparedPrompts(self.core.prepare)
+        self.prepared_prompts = PreparedPrompts(self.core.prepare, bs)
         self._blocks = Blocks(layout.num_blocks, self.num_kv_cache_groups, offset)
         self.empty_kv_cache_blocks = self._blocks.empty
         # stats, metrics notes and events (telemetry.py)

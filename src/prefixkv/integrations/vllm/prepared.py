@@ -75,10 +75,11 @@ class PreparedPrompts:
 
     ``prepare`` is the manager's (``KVCacheManager.prepare`` or the hybrid manager's):
     it reads only configuration fixed when the manager was built, so it may run on any
-    thread once the manager exists."""
+    thread once the manager exists. ``block_size``: the manager's (the extra keys of
+    prompt embeddings are per block)."""
 
-    def __init__(self, prepare: Prepare) -> None:
-        self._prepare = prepare
+    def __init__(self, prepare: Prepare, block_size: int) -> None:
+        self._prepare, self._block_size = prepare, block_size
         # a request -> its record, or None when prepare refused its prompt
         self._records: WeakKeyDictionary[Any, _Record | None] = WeakKeyDictionary()
         self.prepared = 0  # Prompts made (counts for tests and benchmarks)
@@ -98,7 +99,7 @@ class PreparedPrompts:
             return
         tokens: Sequence[int] = core_tokens(request)
         try:
-            extra: ExtraKeys | None = extra_keys_of(request)
+            extra: ExtraKeys | None = extra_keys_of(request, self._block_size)
             prompt = self._prepare(tokens, extra=extra)
         except PrefixKVError:
             self._records[request] = None

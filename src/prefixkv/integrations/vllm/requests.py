@@ -6,9 +6,10 @@ Read: ``all_token_ids`` (prompt then outputs, as known so far), ``num_tokens``,
 ``cache_salt``, ``lora_request`` (``lora_name`` is hashed, ``lora_int_id`` goes into
 events), ``mm_features`` (``identifier``, ``mm_position.offset`` / ``.length``) and
 ``prompt_embeds`` with ``prompt_is_token_ids``: positions fed by embeddings rather than
-tokens carry a placeholder token id, so the embeddings' bytes and the positions they feed
-enter the identity as one more multimodal-style key over the whole prompt (a digest), and
-only requests with the same embeddings in the same places share.
+tokens carry a placeholder token id, so each block's embedding rows and which of its
+positions they feed enter its identity as one more multimodal-style key (a digest per
+block, as vLLM hashes each block's rows): requests share the blocks up to the first one
+whose embeddings or mask differ.
 """
 
 from __future__ import annotations
@@ -29,30 +30,38 @@ def core_tokens(request: Any) -> Sequence[int]:
     return out
 
 
-def _embeds_key(request: Any) -> tuple[MultiModalInput, ...]:
-    """The embeddings' key: a digest of their bytes and of which positions they feed
-    (``prompt_is_token_ids``; None: all of them). In a mixed prompt an embedded position
-    carries id 0 and a token position a row of zeros, so the ids and the embeds alone do
-    not say whether the model read a token 0 or a zero embedding there."""
+def _embeds_keys(request: Any, block_size: int) -> tuple[MultiModalInput, ...]:
+    """The embeddings' keys, one per block of the prompt: a digest of the block's rows
+    and of which of its positions they feed (``prompt_is_token_ids``; None: all of them),
+    so prompts whose embeddings share a prefix share its blocks, as in vLLM (which hashes
+    each block's rows). In a mixed prompt an embedded position carries id 0 and a token
+    position a row of zeros, so the ids and the embeds alone do not say whether the model
+    read a token 0 or a zero embedding there: the mask enters each block's key too."""
     embeds = getattr(request, "prompt_embeds", None)
     if embeds is None:
         return ()
-    data = embeds.detach().cpu().contiguous().view(-1).view(dtype=__import__("torch").uint8)
-    digest = hashlib.sha256(bytes(data.numpy()))
+    torch = __import__("torch")
+    data = embeds.detach().cpu().contiguous()
     is_token = getattr(request, "prompt_is_token_ids", None)
-    digest.update(b"all" if is_token is None else bytes(map(bool, is_token)))
-    return (MultiModalInput("prompt_embeds:" + digest.hexdigest(), 0, max(1, request.num_prompt_tokens)),)
+    n = max(1, request.num_prompt_tokens)
+    keys = []
+    for start in range(0, n, block_size):
+        end = min(start + block_size, n)
+        digest = hashlib.sha256(bytes(data[start:end].reshape(-1).view(dtype=torch.uint8).numpy()))
+        digest.update(b"all" if is_token is None else bytes(map(bool, is_token[start:end])))
+        keys.append(MultiModalInput("prompt_embeds:" + digest.hexdigest(), start, end - start))
+    return tuple(keys)
 
 
-def extra_keys_of(request: Any) -> ExtraKeys | None:
-    """The request's ExtraKeys, None when it has none. Raises ExtraKeysError when one is
-    malformed."""
+def extra_keys_of(request: Any, block_size: int) -> ExtraKeys | None:
+    """The request's ExtraKeys for a manager of ``block_size`` (the embeddings' keys are
+    per block), None when it has none. Raises ExtraKeysError when one is malformed."""
     lora = getattr(request, "lora_request", None)
     name = getattr(lora, "lora_name", None)
     salt = getattr(request, "cache_salt", None)
     mm = tuple(MultiModalInput(f.identifier, f.mm_position.offset, f.mm_position.length)
                for f in getattr(request, "mm_features", None) or ())
-    mm += _embeds_key(request)
+    mm += _embeds_keys(request, block_size)
     if name is None and salt is None and not mm:
         return None
     lora_id = getattr(lora, "lora_int_id", None) if name is not None else None
