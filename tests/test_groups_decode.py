@@ -223,3 +223,47 @@ def test_release_unread_releases_what_the_next_step_would_and_nothing_more():
         with pytest.raises(RequestError):
             call("nobody")
 
+
+
+def test_rewind_forgets_the_tokens_after_it_and_the_step_recomputing_them_moves_windows_at_its_start():
+    # 12 tokens scheduled in one chunk: blocks 0..2 a group, cached. Back to 4 (blocks 1, 2
+    # invalid): a step recomputing 4..13 starts at 4, whose query reads 0..4 in the 8-token
+    # window: nothing is released, and blocks 1, 2 are cached anew with their tokens
+    m = manager(num_blocks=12)
+    prompt = list(range(1, 13))
+    m.add_request("a", prompt)
+    before = m.get_block_ids("a")
+    assert m.num_cached_blocks == 6
+    m.rewind("a", 4)
+    assert (m.num_tokens("a"), m.num_scheduled_tokens("a")) == (4, 4)
+    assert m.get_block_ids("a") == before and m.num_cached_blocks == 2   # slots kept, content gone
+    assert m.lookup(prompt + [0]) == 4
+    m.check_invariants()
+    assert m.append_tokens("a", prompt[4:] + [13]) == ((7,), (8,))
+    assert m.get_block_ids("a") == (before[0] + (7,), before[1] + (8,))
+    assert m.lookup(prompt + [0]) == 12
+    m.check_invariants()
+    # the next step starts at 13 and reads 6..13: the window's block 0 goes
+    assert m.append_tokens("a", [14]) == ((), ())
+    assert m.get_block_ids("a")[1][0] == m.null_block_id
+    m.check_invariants()
+
+
+def test_rewind_leaves_released_entries_released_and_checks_its_count():
+    m = manager(num_blocks=12)
+    m.add_request("a", list(range(1, 17)))
+    m.append_tokens("a", [17])                          # at 16: the window's blocks 0, 1 go
+    null = m.null_block_id
+    assert m.get_block_ids("a")[1][:2] == (null, null)
+    before = m.get_block_ids("a")
+    for bad in (-1, 18, 2.0, None):
+        with pytest.raises(RequestError):
+            m.rewind("a", bad)
+    with pytest.raises(RequestError):
+        m.rewind("nobody", 0)
+    assert m.get_block_ids("a") == before and m.num_tokens("a") == 17
+    m.rewind("a", 12)                                   # 12..16 recomputed: reads 5..
+    assert m.get_block_ids("a") == before
+    assert m.append_tokens("a", [13, 14, 15, 16, 17]) == ((), ())
+    assert m.get_block_ids("a")[1][:3] == (null, null, before[1][2])
+    m.check_invariants()

@@ -139,6 +139,33 @@ class GroupDecoder(GroupAdmitter):
             req.step_start = req.num_scheduled
         return freed
 
+    def rewind(self, request_id: Hashable, num_tokens: int) -> None:
+        """Take the request back to its first ``num_tokens`` tokens, all scheduled: the
+        engine recomputes from there (the KV after it turned out invalid, e.g. a failed
+        load; vLLM's scheduler then sets its computed tokens back). The tokens after it
+        are forgotten: give them again with ``append_tokens``, in the step that
+        recomputes them, so that the windows move at its start. The request's full
+        blocks after it lose their content (its KV is rewritten in place: blocks another
+        request shares must get the same tokens again) and stay in the tables as
+        reserved slots; they are cached anew as the tokens come back. What the windows
+        released stays released, as vLLM's null entries do. Raises RequestError
+        (unknown id, ``num_tokens`` outside ``[0, num_scheduled_tokens]``)."""
+        req = self._get(request_id)
+        check_count("num_tokens", num_tokens, 0, req.num_scheduled)
+        full = num_tokens // self.block_size
+        if full < len(req.nodes):
+            self._index.uncache([b for t in req.tables for b in t[full:len(req.nodes)] if b is not None])
+            old = req.nodes[-1]
+            del req.nodes[full:]
+            self._table.hold(req.nodes[-1] if req.nodes else None)
+            self._table.unhold(old)
+        if num_tokens < len(req.tokens):
+            del req.tokens[num_tokens:]
+            req.prompt = None  # (no longer the request's tokens)
+        req.num_reserved = max(req.num_reserved, req.num_scheduled)
+        req.num_scheduled = num_tokens
+        req.num_cached = min(req.num_cached, full * self.block_size)
+
     def _release(self, req: GroupRequest, going: list[list[Block | None]] | None) -> None:
         if going is not None:
             for g, part in enumerate(going):
@@ -210,7 +237,7 @@ class GroupDecoder(GroupAdmitter):
         self._release(req, going)
         added = self._take(req, per_group) if per_group > 0 else self._nothing
         req.num_scheduled = total
-        req.step_start = start
+        req.step_start = max(start, req.step_start)  # (after a rewind: what was released stays)
         if req.prompt is not None and total >= n:  # the prefill's last chunk
             req.prompt = None
         if prepared is not None:
