@@ -267,3 +267,29 @@ def test_rewind_leaves_released_entries_released_and_checks_its_count():
     assert m.append_tokens("a", [13, 14, 15, 16, 17]) == ((), ())
     assert m.get_block_ids("a")[1][:3] == (null, null, before[1][2])
     m.check_invariants()
+
+
+def test_an_admission_with_external_tokens_takes_no_window_block_below_its_first_query():
+    # 12 of 16 tokens loaded from elsewhere: the first query sits at 12 and reads 5..12 of
+    # the 8-token window, so the window's block 0 is a released entry (never written,
+    # never cached) and the admission takes 4 + 3 blocks
+    m = manager(num_blocks=16)
+    null = m.null_block_id
+    adm = m.add_request("a", list(range(1, 17)), num_external_tokens=12)
+    assert adm.group_block_ids == ((1, 2, 3, 4), (null, 5, 6, 7))
+    assert (m.num_free_blocks, m.num_cached_blocks) == (8, 7)
+    assert m.lookup(list(range(1, 17)) + [0]) == 16
+    m.check_invariants()
+    # one token scheduled, slots reserved to 12 (vLLM's asynchronous load): 3 + 2 blocks;
+    # when the load lands (scheduled then), its blocks are cached but the released one
+    adm = m.add_request("b", list(range(50, 66)), num_new_tokens=1, num_lookahead_tokens=11,
+                        num_external_tokens=12)
+    assert adm.group_block_ids == ((8, 9, 10), (null, 11, 12))
+    assert (m.num_free_blocks, m.num_cached_blocks) == (3, 7)
+    m.check_invariants()
+    assert m.extend("b", 11) == ((), ())
+    assert m.num_cached_blocks == 7 + 3 + 2
+    assert m.lookup(list(range(50, 66))) == 12
+    m.check_invariants()
+    with pytest.raises(RequestError):
+        m.add_request("c", [1, 2], num_external_tokens=-1)

@@ -124,7 +124,7 @@ class GroupDecoder(GroupAdmitter):
         req = self._get(request_id)
         check_count("num_slots", num_slots, 0, None)
         per_group = blocks_for(num_slots, self.block_size) - len(req.tables[0])
-        return max(0, per_group * len(self.groups) - self._going(req)[1])
+        return max(0, per_group * len(self.groups) - self._going(req, req.num_scheduled)[1])
 
     def release_unread(self, request_id: Hashable) -> int:
         """Release now, in every windowed group, the blocks that the request's next step
@@ -133,10 +133,10 @@ class GroupDecoder(GroupAdmitter):
         last step ran. Returns how many went back to the pool (held by no other).
         Raises RequestError (unknown id)."""
         req = self._get(request_id)
-        going, freed = self._going(req)
+        going, freed = self._going(req, req.num_scheduled)
         if going is not None:
             self._release(req, going)
-            req.step_start = req.num_scheduled
+            req.step_start = max(req.step_start, req.num_scheduled)
         return freed
 
     def rewind(self, request_id: Hashable, num_tokens: int) -> None:
@@ -165,6 +165,7 @@ class GroupDecoder(GroupAdmitter):
         req.num_reserved = max(req.num_reserved, req.num_scheduled)
         req.num_scheduled = num_tokens
         req.num_cached = min(req.num_cached, full * self.block_size)
+        req.next_release = 0  # (its next step takes the general path, which keeps step_start)
 
     def _release(self, req: GroupRequest, going: list[list[Block | None]] | None) -> None:
         if going is not None:
@@ -178,12 +179,13 @@ class GroupDecoder(GroupAdmitter):
         ``num_scheduled_tokens``) returns to the pool: those no other request holds (0
         when no window moves past a block). Changes nothing. Raises RequestError
         (unknown id)."""
-        return self._going(self._get(request_id))[1]
+        req = self._get(request_id)
+        return self._going(req, req.num_scheduled)[1]
 
-    def _going(self, req: GroupRequest) -> tuple[list[list[Block | None]] | None, int]:
-        """The blocks each group releases when a step starts at ``num_scheduled`` (None
-        when none does), and how many of them return to the pool (held by no other)."""
-        start, bs = req.num_scheduled, self.block_size
+    def _going(self, req: GroupRequest, start: int) -> tuple[list[list[Block | None]] | None, int]:
+        """The blocks each group releases when a step starts at ``start`` (None when none
+        does), and how many of them return to the pool (held by no other)."""
+        bs = self.block_size
         if start < req.next_release:
             return None, 0
         going = [t[req.cut[g]:spec.num_unread(start, bs)]
@@ -220,7 +222,7 @@ class GroupDecoder(GroupAdmitter):
         ``new_tokens`` and cover ``[0, total)`` in every group; None on shortage (nothing
         changed). ``prepared``: the full blocks' data when the caller computed it."""
         bs, start = self.block_size, req.num_scheduled
-        going, freed = self._going(req)
+        going, freed = self._going(req, start)
         per_group = blocks_for(total, bs) - len(req.tables[0])
         if per_group * len(self.groups) > self._pool.num_free + freed:
             return None

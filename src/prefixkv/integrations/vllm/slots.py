@@ -121,11 +121,13 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     cache_to = min(hit if delay else computed + num_new_tokens, len(prompt))
     scheduled = max(cache_to - hit, 1)  # prefixkv schedules at least one token
     key = m._next_key
+    # a load's tokens: no query reads below the windows' reach at their end (vLLM: null blocks)
+    loaded = {"num_external_tokens": computed - hit} if m._hybrid else {}
     try:
         adm = m.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
                                  resumed=request.num_preemptions > 0, read_cache=read,
                                  num_lookahead_tokens=max(0, slots - hit - scheduled),
-                                 require_full_fit=full_fit, keep_free=keep)
+                                 require_full_fit=full_fit, keep_free=keep, **loaded)
     except PromptTooLongError:
         return None  # vLLM's answer: None (its max_model_len check keeps such prompts out)
     if adm is None:
