@@ -226,14 +226,15 @@ def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[list
             else:
                 r.status, r.num_computed_tokens = RequestStatus.PREEMPTED, 0
                 r.num_preemptions += 1
-    elif op == "evict" and live and slot not in ours.remote and len(ours.windows) == 1:
+    elif op == "evict" and live and slot not in ours.remote:
         for s in sides:  # (vLLM's _update_requests_with_invalid_blocks, _handle_invalid_blocks)
             r = s.reqs[slot]
-            ids = s.m.get_block_ids(r.request_id)[0]
+            rows = s.m.get_block_ids(r.request_id)
             j = min(k, r.num_computed_tokens // BS)
-            if j < len(ids):
-                s.m.evict_blocks(set(ids[j:]))
-                for b in ids[j:]:
+            if j < len(rows[0]):
+                gone = {b for ids in rows for b in ids[j:] if b != NULL}
+                s.m.evict_blocks(gone)
+                for b in gone:
                     s.held[b] = None
                 r.num_computed_tokens = min(r.num_computed_tokens, j * BS)
     elif op == "reset":
