@@ -141,6 +141,8 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
         # its KV is not there before the load lands, so no other request may find it
         early = range(cache_to // bs, recorded)
         m.core.uncache_blocks([ids[j] for ids in adm.group_block_ids for j in early])
+        # and estimate_cached_tokens leaves them out, as vLLM's (nothing cached yet)
+        m._evicted[request.request_id] = {(g, j) for g in range(len(adm.group_block_ids)) for j in early}
     m._next_key += 1
     m._keys[request.request_id] = key
     k = hit // m.block_size
