@@ -223,3 +223,73 @@ def test_release_unread_releases_what_the_next_step_would_and_nothing_more():
         with pytest.raises(RequestError):
             call("nobody")
 
+
+
+def test_rewind_forgets_the_tokens_after_it_and_the_step_recomputing_them_moves_windows_at_its_start():
+    # 12 tokens scheduled in one chunk: blocks 0..2 a group, cached. Back to 4 (blocks 1, 2
+    # invalid): a step recomputing 4..13 starts at 4, whose query reads 0..4 in the 8-token
+    # window: nothing is released, and blocks 1, 2 are cached anew with their tokens
+    m = manager(num_blocks=12)
+    prompt = list(range(1, 13))
+    m.add_request("a", prompt)
+    before = m.get_block_ids("a")
+    assert m.num_cached_blocks == 6
+    m.rewind("a", 4)
+    assert (m.num_tokens("a"), m.num_scheduled_tokens("a")) == (4, 4)
+    assert m.get_block_ids("a") == before and m.num_cached_blocks == 2   # slots kept, content gone
+    assert m.lookup(prompt + [0]) == 4
+    m.check_invariants()
+    assert m.append_tokens("a", prompt[4:] + [13]) == ((7,), (8,))
+    assert m.get_block_ids("a") == (before[0] + (7,), before[1] + (8,))
+    assert m.lookup(prompt + [0]) == 12
+    m.check_invariants()
+    # the next step starts at 13 and reads 6..13: the window's block 0 goes
+    assert m.append_tokens("a", [14]) == ((), ())
+    assert m.get_block_ids("a")[1][0] == m.null_block_id
+    m.check_invariants()
+
+
+def test_rewind_leaves_released_entries_released_and_checks_its_count():
+    m = manager(num_blocks=12)
+    m.add_request("a", list(range(1, 17)))
+    m.append_tokens("a", [17])                          # at 16: the window's blocks 0, 1 go
+    null = m.null_block_id
+    assert m.get_block_ids("a")[1][:2] == (null, null)
+    before = m.get_block_ids("a")
+    for bad in (-1, 18, 2.0, None):
+        with pytest.raises(RequestError):
+            m.rewind("a", bad)
+    with pytest.raises(RequestError):
+        m.rewind("nobody", 0)
+    assert m.get_block_ids("a") == before and m.num_tokens("a") == 17
+    m.rewind("a", 12)                                   # 12..16 recomputed: reads 5..
+    assert m.get_block_ids("a") == before
+    assert m.append_tokens("a", [13, 14, 15, 16, 17]) == ((), ())
+    assert m.get_block_ids("a")[1][:3] == (null, null, before[1][2])
+    m.check_invariants()
+
+
+def test_an_admission_with_external_tokens_takes_no_window_block_below_its_first_query():
+    # 12 of 16 tokens loaded from elsewhere: the first query sits at 12 and reads 5..12 of
+    # the 8-token window, so the window's block 0 is a released entry (never written,
+    # never cached) and the admission takes 4 + 3 blocks
+    m = manager(num_blocks=16)
+    null = m.null_block_id
+    adm = m.add_request("a", list(range(1, 17)), num_external_tokens=12)
+    assert adm.group_block_ids == ((1, 2, 3, 4), (null, 5, 6, 7))
+    assert (m.num_free_blocks, m.num_cached_blocks) == (8, 7)
+    assert m.lookup(list(range(1, 17)) + [0]) == 16
+    m.check_invariants()
+    # one token scheduled, slots reserved to 12 (vLLM's asynchronous load): 3 + 2 blocks;
+    # when the load lands (scheduled then), its blocks are cached but the released one
+    adm = m.add_request("b", list(range(50, 66)), num_new_tokens=1, num_lookahead_tokens=11,
+                        num_external_tokens=12)
+    assert adm.group_block_ids == ((8, 9, 10), (null, 11, 12))
+    assert (m.num_free_blocks, m.num_cached_blocks) == (3, 7)
+    m.check_invariants()
+    assert m.extend("b", 11) == ((), ())
+    assert m.num_cached_blocks == 7 + 3 + 2
+    assert m.lookup(list(range(50, 66))) == 12
+    m.check_invariants()
+    with pytest.raises(RequestError):
+        m.add_request("c", [1, 2], num_external_tokens=-1)

@@ -208,6 +208,35 @@ class HybridMachine(RuleBasedStateMachine):
             self._write(r, self.scheduled[r] - 1, self.scheduled[r])
         self.last = None
 
+    @rule(rid=live, back=st.integers(0, 12))
+    def rewind_and_recompute(self, rid, back):
+        # the KV after a point turned out invalid (a failed load): back to it, then the
+        # step recomputing the same tokens (blocks other requests share are rewritten in
+        # place). The point lies where every group's window still holds what a query
+        # there reads (below, the engine would read released blocks: vLLM's scheduler
+        # does, prefixkv as it)
+        if rid not in self.tokens:
+            return
+        s, cuts = self.scheduled[rid], [ids.count(self.null) for ids in self.m.get_block_ids(rid)]
+        p = max(0, s - back)
+        while p <= s and any(g.num_unread(p, BS) < c for g, c in zip(self.groups, cuts, strict=True)):
+            p += 1
+        if p > s:
+            return
+        gone = self.tokens[rid][p:]
+        self.m.rewind(rid, p)
+        self.tokens[rid] = self.tokens[rid][:p]
+        self.reserved[rid] = max(self.reserved[rid], s)
+        self.scheduled[rid] = p
+        self.m.check_invariants()
+        n = s - p
+        if n:  # (the tables cover them: never short)
+            assert self.m.append_tokens(rid, gone[:n]) is not None
+            self.tokens[rid] += gone[:n]
+            self.scheduled[rid] += n
+            self._write(rid, p, p + n)
+            self.last = None  # (aborting it would leave the same KV in blocks it shares)
+
     @rule(rid=live, n=st.integers(0, 9))
     def reserve(self, rid, n):
         if rid not in self.tokens:
@@ -272,7 +301,8 @@ class HybridMachine(RuleBasedStateMachine):
         self.last = None
         if rid in self.tokens:
             assert list(self.m.preempt(rid)) == self.tokens[rid]
-            self.preempted.append((self.tokens[rid], self.extra[rid]))
+            if self.tokens[rid]:  # (none: rewound to 0)
+                self.preempted.append((self.tokens[rid], self.extra[rid]))
             self._forget(rid)
 
     @rule()

@@ -308,6 +308,39 @@ class ManagerMachine(RuleBasedStateMachine):
         del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.reserved[rid]
         self.last = None
 
+    @rule(prompt=prompts, extra=salts, ok=st.integers(0, 3))
+    def a_load_fails(self, prompt, extra, ok):
+        """An admission's plan runs but its loads from the host tier after the first
+        ``ok`` fail: the engine uncaches the request's blocks from the first failed one
+        on and drops the request, before its forward pass (with no load failed: as if
+        its step never ran). No later hit may serve them."""
+        self.last = None
+        rid = self._new_id()
+        adm = self._add(rid, prompt, extra=extra)
+        if adm is None:
+            return
+        blocks = self.m.get_block_ids(rid)
+        failed: list[int] = []
+        for op in self.m.take_kv_ops():
+            if isinstance(op, BlockOffloads):
+                for src, dst in zip(op.src, op.dst, strict=True):
+                    self.host_kv[dst] = list(self.kv[src])
+            elif isinstance(op, BlockLoads):
+                failed = []
+                for i, (src, dst) in enumerate(zip(op.src, op.dst, strict=True)):
+                    self.kv[dst] = list(self.host_kv[src]) if i < ok else ["failed"] * self.bs
+                    failed += [dst] if i >= ok else []
+            else:
+                self.kv[op.dst] = list(self.kv[op.src])
+        for b in failed:
+            self.kv[b] = ["failed"] * self.bs
+        first = min((blocks.index(b) for b in failed), default=adm.num_cached_tokens // self.bs)
+        self.m.uncache_blocks(blocks[first:])
+        self.m.check_invariants()
+        for b in blocks[first:]:  # (whatever the step would have written there: never)
+            self.kv[b] = ["failed"] * self.bs
+        self.m.free(rid, num_computed_tokens=min(first * self.bs, adm.num_cached_tokens))
+
     @rule(rid=consumes(live))
     def free(self, rid):
         self.last = None

@@ -60,6 +60,8 @@ class Side:
     remote: set[int] = field(default_factory=set)  # waiting for remote KV (an async load)
     held: dict[int, tuple[Any, ...] | None] = field(default_factory=dict)
     evicted: bool = False
+    diverged: bool = False  # the two hits differed (after an eviction): states apart from here
+    hit: int = 0  # the last admission's
 
     def note_events(self) -> None:
         from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved
@@ -198,6 +200,7 @@ def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[Any,
             new = s.m.allocate_slots(r, n, hit, blocks, num_lookahead_tokens=more % 4,
                                      reserved_blocks=more // 4)
             answers.append((hit if strict else None, new is None))
+            s.hit = hit
             if new is not None:
                 s.m.record_prefix_cache_stats(r, hit)
                 r.status = RequestStatus.RUNNING
@@ -216,6 +219,7 @@ def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[Any,
                 r, 0, hit, blocks, num_external_computed_tokens=ext, delay_cache_blocks=True,
                 reserved_blocks=more // 4)
             answers.append((hit if strict else None, ext if strict else None, new is None))
+            s.hit = hit
             if new is not None:
                 s.m.record_prefix_cache_stats(r, hit)
                 r.status, r.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, hit + ext
@@ -253,14 +257,15 @@ def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[Any,
             else:
                 r.status, r.num_computed_tokens = RequestStatus.PREEMPTED, 0
                 r.num_preemptions += 1
-    elif op == "evict" and live and slot not in ours.remote and len(ours.windows) == 1:
+    elif op == "evict" and live and slot not in ours.remote:
         for s in sides:  # (vLLM's _update_requests_with_invalid_blocks, _handle_invalid_blocks)
             r = s.reqs[slot]
-            ids = s.m.get_block_ids(r.request_id)[0]
+            rows = s.m.get_block_ids(r.request_id)
             j = min(k, r.num_computed_tokens // BS)
-            if j < len(ids):
-                s.m.evict_blocks(set(ids[j:]))
-                for b in ids[j:]:
+            if j < len(rows[0]):
+                gone = {b for ids in rows for b in ids[j:] if b != NULL}
+                s.m.evict_blocks(gone)
+                for b in gone:
                     s.held[b] = None
                 r.num_computed_tokens = min(r.num_computed_tokens, j * BS)
     elif op == "reset":
@@ -268,12 +273,20 @@ def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[Any,
         if answers[0]:
             for s in sides:
                 s.held.clear()
-    if answers:
+    if op in ("admit", "remote") and answers and ours.hit != theirs.hit:
+        # (only after an eviction: each pool evicted its own blocks, and prefixkv caches
+        # what a request recomputes after evict_blocks again, where vLLM does not)
+        assert not strict, (op, ours.hit, theirs.hit)
+        ours.diverged = True
+    if answers and not ours.diverged:
         assert answers[0] == answers[1], (op, answers)
 
 
 def _compare(sides: tuple[Side, Side], same_hits: bool) -> None:
     ours, theirs = sides
+    if ours.diverged:  # each side's own hits checked true in _do; the counts differ
+        ours.m.core.check_invariants()
+        return
     assert ours.m.block_pool.get_num_free_blocks() == theirs.m.block_pool.get_num_free_blocks()
     assert ours.m.usage == pytest.approx(theirs.m.usage)
     for slot in ours.live:
@@ -415,6 +428,41 @@ def test_a_block_of_one_token_whose_load_is_pending_is_not_a_hit():
         answers.append((pending, m.get_computed_blocks(b)[1]))
     assert answers[0][0] == answers[1][0] == 0
     assert (answers[0][1], answers[1][1]) == (0, 8)  # prefixkv: block 0 stays uncached (a miss)
+
+
+@pytest.mark.parametrize("window", [None, 8])
+@pytest.mark.parametrize("n", [1, 3])
+def test_the_cached_token_estimate_of_a_pending_load_of_one_token_blocks_is_0(window, n):
+    # block_size 1, an n-token prompt loaded asynchronously: nothing is cached before the
+    # load lands (vLLM: 0). Before: prefixkv said 1, the block of the one token it
+    # schedules at admission (uncached, as the test above shows). The Hypothesis run of
+    # the hybrid reference at block_size 1 found it.
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+    from vllm.v1.request import Request, RequestStatus
+
+    from prefixkv.integrations.vllm import KVCacheManager as Ours
+
+    init_none_hash(sha256)
+    kw: dict[str, Any] = dict(block_size=1, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    specs = [FullAttentionSpec(**kw)] + ([SlidingWindowSpec(**kw, sliding_window=window)] if window else [])
+    answers = []
+    for cls in (Ours, Theirs):
+        m = cls(config(*specs, num_blocks=40), max_model_len=MAX_LEN, scheduler_block_size=1,
+                hash_block_size=1)
+        a = Request(request_id="a", prompt_token_ids=[7] * n, pooling_params=None,
+                    sampling_params=_request("x", [1], None).sampling_params,
+                    block_hasher=get_request_block_hasher(1, sha256))
+        assert m.allocate_slots(a, 0, num_external_computed_tokens=n, delay_cache_blocks=True) is not None
+        a.status, a.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, n
+        answers.append([m.estimate_cached_tokens(a)])
+        m.cache_blocks(a, n)  # the load landed
+        answers[-1].append(m.estimate_cached_tokens(a))
+    # once it landed: the same, but where the load's one block is the one prefixkv
+    # scheduled at admission: it stays uncached (docs/integration.md), its estimate 0
+    assert answers == [[0, n if n > 1 else 0], [0, n]]
 
 
 def test_a_prompt_past_max_model_len_is_refused_before_any_change():

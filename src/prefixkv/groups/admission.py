@@ -109,7 +109,7 @@ class GroupAdmitter:
         self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt, *,
         extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
         read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
-        keep_free: int = 0,
+        keep_free: int = 0, num_external_tokens: int = 0,
     ) -> GroupAdmission | None:
         """Admit a request: find the longest cached prefix every group can serve, take
         references on the blocks each group needs of it, allocate every group's blocks
@@ -118,6 +118,11 @@ class GroupAdmitter:
         (``num_lookahead_tokens`` slots are reserved in every group; ``require_full_fit``
         asks for every group's blocks of the whole prompt, windows not deducted;
         ``keep_free`` blocks must stay free besides what this call takes).
+        ``num_external_tokens``: tokens after the cached prefix whose KV an outside source
+        writes (a connector's load; scheduled or reserved as the other counts say): the
+        request's first query sits after them, so a windowed group takes no block that
+        only positions below its reach hold (their entries are released ones, never
+        written nor cached; vLLM gives them its null block).
 
         Returns the GroupAdmission, or None when the pool is short of blocks (nothing
         changed). Raises PromptTooLongError when it can never fit (``groups.fit``: its
@@ -131,6 +136,7 @@ class GroupAdmitter:
             check_count("num_new_tokens", num_new_tokens, 1, None)
         check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
         check_count("keep_free", keep_free, 0, None)
+        check_count("num_external_tokens", num_external_tokens, 0, None)
         check_flag("resumed", resumed, RequestError)
         check_flag("require_full_fit", require_full_fit, RequestError)
         req, nodes, prompt = self._find(request_id, prompt_token_ids, extra,
@@ -145,27 +151,28 @@ class GroupAdmitter:
         num_cached = k * bs
         todo = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
         total = num_cached + todo
-        cuts, hits = self._window_hits(nodes)
+        first = min(num_cached + num_external_tokens, n)  # the first query's position
+        cuts, hits = self._window_hits(nodes, first)
         held = [b for h in hits for b in h]
-        per_group = blocks_for(total + num_lookahead_tokens, bs) - k
-        fit = blocks_for(n, bs) - k if require_full_fit else per_group
-        if not self._pool.can_acquire(held, max(per_group * len(self.groups) + keep_free,
-                                                fit * len(self.groups))):
+        covered = blocks_for(total + num_lookahead_tokens, bs)
+        per_group = [max(0, covered - max(k, c)) for c in cuts]  # (a window's: none below its cut)
+        fit = (blocks_for(n, bs) - k) * len(self.groups) if require_full_fit else 0
+        if not self._pool.can_acquire(held, max(sum(per_group) + keep_free, fit)):
             return None
         last = total // bs
         prepared = (self._prepare(req, k, last, nodes[-1] if nodes else None, prompt)
                     if last > k else None)
-        fresh = self._pool.acquire(held, per_group * len(self.groups))[len(held):]
+        fresh = self._pool.acquire(held, sum(per_group))[len(held):]
         for g, h in enumerate(hits):
-            new = fresh[g * per_group:(g + 1) * per_group]
+            new, fresh = fresh[:per_group[g]], fresh[per_group[g]:]
             self._index.own(g, new)
-            req.tables[g] = [None] * cuts[g] + h + new  # type: ignore[operator]
-            req.cut[g] = cuts[g]
+            req.tables[g] = [None] * min(cuts[g], covered) + h + new  # type: ignore[operator]
+            req.cut[g] = min(cuts[g], covered)
             self._hit_blocks[g] += len(h)
         req.plan_release(self.groups, bs)
         req.nodes = nodes
         self._table.hold(nodes[-1] if nodes else None)
-        req.num_cached = req.step_start = num_cached
+        req.num_cached, req.step_start = num_cached, first
         req.num_scheduled = total
         req.num_reserved = total + num_lookahead_tokens
         if total < n:  # its chunks and hashes serve the prefill's next chunks (``extend``)
@@ -193,11 +200,14 @@ class GroupAdmitter:
         return tuple((null,) * cut + tuple(b.block_id for b in h)  # type: ignore[misc]
                      for cut, h in zip(cuts, hits, strict=True))
 
-    def _window_hits(self, nodes: list[Prefix]) -> tuple[list[int], list[list[Block]]]:
-        """Per group, how many leading blocks of the hit ``nodes`` its window no longer
-        reads, and the blocks of the rest, in token order."""
+    def _window_hits(self, nodes: list[Prefix], first: int | None = None
+                     ) -> tuple[list[int], list[list[Block]]]:
+        """Per group, how many leading blocks its window no longer reads at ``first``
+        (default: the hit's end), and the blocks of the hit ``nodes`` past them, in
+        token order."""
         k, bs, find = len(nodes), self.block_size, self._index.find
-        cuts = [s.num_unread(k * bs, bs) for s in self.groups]
+        at = k * bs if first is None else first
+        cuts = [s.num_unread(at, bs) for s in self.groups]
         return cuts, [[find(g, nodes[j]) for j in range(cuts[g], k)]  # type: ignore[misc]
                       for g in range(len(self.groups))]
 

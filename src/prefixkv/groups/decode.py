@@ -124,7 +124,7 @@ class GroupDecoder(GroupAdmitter):
         req = self._get(request_id)
         check_count("num_slots", num_slots, 0, None)
         per_group = blocks_for(num_slots, self.block_size) - len(req.tables[0])
-        return max(0, per_group * len(self.groups) - self._going(req)[1])
+        return max(0, per_group * len(self.groups) - self._going(req, req.num_scheduled)[1])
 
     def release_unread(self, request_id: Hashable) -> int:
         """Release now, in every windowed group, the blocks that the request's next step
@@ -133,11 +133,39 @@ class GroupDecoder(GroupAdmitter):
         last step ran. Returns how many went back to the pool (held by no other).
         Raises RequestError (unknown id)."""
         req = self._get(request_id)
-        going, freed = self._going(req)
+        going, freed = self._going(req, req.num_scheduled)
         if going is not None:
             self._release(req, going)
-            req.step_start = req.num_scheduled
+            req.step_start = max(req.step_start, req.num_scheduled)
         return freed
+
+    def rewind(self, request_id: Hashable, num_tokens: int) -> None:
+        """Take the request back to its first ``num_tokens`` tokens, all scheduled: the
+        engine recomputes from there (the KV after it turned out invalid, e.g. a failed
+        load; vLLM's scheduler then sets its computed tokens back). The tokens after it
+        are forgotten: give them again with ``append_tokens``, in the step that
+        recomputes them, so that the windows move at its start. The request's full
+        blocks after it lose their content (its KV is rewritten in place: blocks another
+        request shares must get the same tokens again) and stay in the tables as
+        reserved slots; they are cached anew as the tokens come back. What the windows
+        released stays released, as vLLM's null entries do. Raises RequestError
+        (unknown id, ``num_tokens`` outside ``[0, num_scheduled_tokens]``)."""
+        req = self._get(request_id)
+        check_count("num_tokens", num_tokens, 0, req.num_scheduled)
+        full = num_tokens // self.block_size
+        if full < len(req.nodes):
+            self._index.uncache([b for t in req.tables for b in t[full:len(req.nodes)] if b is not None])
+            old = req.nodes[-1]
+            del req.nodes[full:]
+            self._table.hold(req.nodes[-1] if req.nodes else None)
+            self._table.unhold(old)
+        if num_tokens < len(req.tokens):
+            del req.tokens[num_tokens:]
+            req.prompt = None  # (no longer the request's tokens)
+        req.num_reserved = max(req.num_reserved, req.num_scheduled)
+        req.num_scheduled = num_tokens
+        req.num_cached = min(req.num_cached, full * self.block_size)
+        req.next_release = 0  # (its next step takes the general path, which keeps step_start)
 
     def _release(self, req: GroupRequest, going: list[list[Block | None]] | None) -> None:
         if going is not None:
@@ -151,12 +179,13 @@ class GroupDecoder(GroupAdmitter):
         ``num_scheduled_tokens``) returns to the pool: those no other request holds (0
         when no window moves past a block). Changes nothing. Raises RequestError
         (unknown id)."""
-        return self._going(self._get(request_id))[1]
+        req = self._get(request_id)
+        return self._going(req, req.num_scheduled)[1]
 
-    def _going(self, req: GroupRequest) -> tuple[list[list[Block | None]] | None, int]:
-        """The blocks each group releases when a step starts at ``num_scheduled`` (None
-        when none does), and how many of them return to the pool (held by no other)."""
-        start, bs = req.num_scheduled, self.block_size
+    def _going(self, req: GroupRequest, start: int) -> tuple[list[list[Block | None]] | None, int]:
+        """The blocks each group releases when a step starts at ``start`` (None when none
+        does), and how many of them return to the pool (held by no other)."""
+        bs = self.block_size
         if start < req.next_release:
             return None, 0
         going = [t[req.cut[g]:spec.num_unread(start, bs)]
@@ -193,7 +222,7 @@ class GroupDecoder(GroupAdmitter):
         ``new_tokens`` and cover ``[0, total)`` in every group; None on shortage (nothing
         changed). ``prepared``: the full blocks' data when the caller computed it."""
         bs, start = self.block_size, req.num_scheduled
-        going, freed = self._going(req)
+        going, freed = self._going(req, start)
         per_group = blocks_for(total, bs) - len(req.tables[0])
         if per_group * len(self.groups) > self._pool.num_free + freed:
             return None
@@ -210,7 +239,7 @@ class GroupDecoder(GroupAdmitter):
         self._release(req, going)
         added = self._take(req, per_group) if per_group > 0 else self._nothing
         req.num_scheduled = total
-        req.step_start = start
+        req.step_start = max(start, req.step_start)  # (after a rewind: what was released stays)
         if req.prompt is not None and total >= n:  # the prefill's last chunk
             req.prompt = None
         if prepared is not None:

@@ -56,14 +56,14 @@ class GroupIndex:
         for b in blocks:
             owner[b.block_id] = g
 
-    def store(self, g: int, blocks: Sequence[Block], nodes: Sequence[Prefix], first: int,
+    def store(self, g: int, blocks: Sequence[Block | None], nodes: Sequence[Prefix], first: int,
               tokens: array[int], extras: Sequence[ExtraKeys | None], block_size: int) -> None:
         """Record that ``blocks`` (group ``g``'s blocks ``first..``) hold ``nodes``;
         ``tokens``/``extras[i]`` (ExtraKeys or None) are for the events."""
         entries, sink, spec = self.entries[g], self._sink, self.specs[g]
         for i, (b, node) in enumerate(zip(blocks, nodes, strict=True)):
-            if node.pid in entries:
-                continue  # the group holds this prefix already: b stays without content
+            if b is None or node.pid in entries:
+                continue  # released (by a rewound request), or the group holds this prefix already
             entries[node.pid] = b
             self.nodes[b.block_id] = node
             b.key = node.key

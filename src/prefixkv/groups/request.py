@@ -9,7 +9,8 @@ the block holding positions ``j*bs .. (j+1)*bs - 1`` in that group, or None wher
 group released it (no query of the request reads it any more): a prefix of the table,
 ``cut[g]`` entries long, in groups whose spec releases. ``nodes[j]`` is the prefix id of
 full block j (every full scheduled block has one); the request holds a reference on the last.
-``step_start``: where the last scheduled step began (its queries sit at and after it).
+``step_start``: where the last scheduled step began (its queries sit at and after it);
+after a ``rewind``, which undoes no release, it may lie past ``num_scheduled``.
 ``next_release``: the first step start at which some group releases a block.
 """
 

@@ -121,11 +121,13 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     cache_to = min(hit if delay else computed + num_new_tokens, len(prompt))
     scheduled = max(cache_to - hit, 1)  # prefixkv schedules at least one token
     key = m._next_key
+    # a load's tokens: no query reads below the windows' reach at their end (vLLM: null blocks)
+    loaded = {"num_external_tokens": computed - hit} if m._hybrid else {}
     try:
         adm = m.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
                                  resumed=request.num_preemptions > 0, read_cache=read,
                                  num_lookahead_tokens=max(0, slots - hit - scheduled),
-                                 require_full_fit=full_fit, keep_free=keep)
+                                 require_full_fit=full_fit, keep_free=keep, **loaded)
     except PromptTooLongError:
         return None  # vLLM's answer: None (its max_model_len check keeps such prompts out)
     if adm is None:
@@ -139,6 +141,8 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
         # its KV is not there before the load lands, so no other request may find it
         early = range(cache_to // bs, recorded)
         m.core.uncache_blocks([ids[j] for ids in adm.group_block_ids for j in early])
+        # and estimate_cached_tokens leaves them out, as vLLM's (nothing cached yet)
+        m._evicted[request.request_id] = {(g, j) for g in range(len(adm.group_block_ids)) for j in early}
     m._next_key += 1
     m._keys[request.request_id] = key
     k = hit // m.block_size
@@ -153,6 +157,10 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
     """``allocate_slots`` for the live request ``key``: the blocks added, or None when
     the pool, less ``keep`` blocks, is short (nothing changed but, as in vLLM, the
     release of the blocks no window reads any more)."""
+    if m._hybrid and request.num_computed_tokens < m.core.num_scheduled_tokens(key):
+        # vLLM set it back (evict_blocks: invalid KV), and recomputes from there: so do the
+        # windows, which would otherwise move at the old, later position
+        m.core.rewind(key, request.num_computed_tokens)
     computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
     slots = min(computed + num_new_tokens + num_lookahead_tokens, m.max_model_len)
     cache_to = request.num_computed_tokens if delay_cache_blocks else computed + num_new_tokens
