@@ -70,6 +70,18 @@ class Nodes:
         conn.open(deadline)
         return conn
 
+    def send(self, node: Address, data: bytes, deadline: float) -> Resp:
+        """A connection to ``node`` (``take``) with ``data`` (packed commands) sent on
+        it by ``deadline``. A connection the send failed on is closed before the error
+        is raised: the server would still read, and answer, the part it got."""
+        conn = self.take(node, deadline)
+        try:
+            conn.send(data, deadline)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
     def give(self, conn: Resp) -> None:
         """``conn`` answered all it was asked: idle again, its node no longer suspect."""
         with self._lock:
@@ -122,8 +134,7 @@ class Nodes:
         for node in self.map.askers(self.home):
             conn = None
             try:
-                conn = self.take(node, deadline)
-                conn.send(pack(b"CLUSTER", b"SLOTS"), deadline)
+                conn = self.send(node, pack(b"CLUSTER", b"SLOTS"), deadline)
                 ranges = conn.reply(deadline)
                 self.give(conn)
             except Exception as exc:

@@ -153,15 +153,11 @@ class RedisStore:
         for asked in nodes.rounds(keys, deadline()):
             sent: list[tuple[Resp, list[int]]] = []
             for node, idx in asked:
-                conn: Resp | None = None
                 fair = time.monotonic() < deadline()  # (else another node took its time)
                 try:
-                    conn = nodes.take(node, deadline())
-                    conn.send(b"".join([command(i) for i in idx]), deadline())
-                    sent.append((conn, idx))
+                    sent.append((nodes.send(node, b"".join([command(i) for i in idx]),
+                                            deadline()), idx))
                 except Exception as exc:
-                    if conn is not None:
-                        conn.close()
                     failure = nodes.failed(node, idx, replies, exc, fair)
             for conn, idx in sent:
                 pos, until = 0, deadline()
@@ -195,9 +191,8 @@ class RedisStore:
                 # (not fair: another node took its time; one node: nothing to suspect)
                 fair = self.cluster and time.monotonic() < deadline
                 try:
-                    conn = nodes.take(node, deadline)
-                    conn.send(b"".join([pack(b"GET", keys[i]) for i in idx]), deadline)
-                    sent.append((conn, idx))
+                    sent.append((nodes.send(node, b"".join([pack(b"GET", keys[i]) for i in idx]),
+                                            deadline), idx))
                 except Exception as exc:
                     failure = nodes.failed(node, idx, out, exc, fair)
             for conn, idx in sent:
