@@ -12,6 +12,7 @@ from prefixkv import KVCacheManager, StoreWait
 from prefixkv.results import StorePut
 from prefixkv.store import RedisStore, SharedStore, StoreLayout, StoreWriter
 from prefixkv.store.local_cluster import LocalCluster
+from prefixkv.store.nodes import Nodes
 from prefixkv.store.resp import Resp
 from waiting import LIVE
 
@@ -192,8 +193,8 @@ def test_a_host_that_is_down_costs_its_keys_only_on_every_later_call(cluster, mo
     keys.insert(0, lead)
     first_lost = next(i for i, k in enumerate(keys) if node_of[k] == victim)
     assert 0 < first_lost and len({node_of[k] for k in keys[first_lost:]}) == 3
-    real = RedisStore._read_slots
-    monkeypatch.setattr(RedisStore, "_read_slots", lambda self, deadline: [  # the victim's
+    real = Nodes._read_slots
+    monkeypatch.setattr(Nodes, "_read_slots", lambda self, deadline: [  # the victim's
         down if a == victim else a for a in real(self, deadline)])       # host is down
     stall = 2.0  # (the down host's bound: a healthy node answers well within it)
     backend = RedisStore(cluster.url, cluster=True, timeout=stall)
@@ -240,7 +241,7 @@ def test_a_put_with_a_master_down_stores_what_the_live_masters_take(cluster):
     again = [(k, b"x" * 8) for k in keys]
     assert backend.put(again) == len(lost)
     assert all(live[node_of[k]].get(k) == b"x" * 8 for k in keys if node_of[k] != victim)
-    assert sum(len(c) for c in backend._idle.values()) <= 2      # one idle link per live node
+    assert sum(len(c) for c in backend._nodes.idle.values()) <= 2      # one idle link per live node
     # the engine's writer thread: the dead master's values counted one by one, never raised
     writer = StoreWriter(backend, batch=len(keys))
     for k in keys:

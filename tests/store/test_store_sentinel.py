@@ -108,7 +108,7 @@ def sentinel(servers):
 def test_a_store_found_through_sentinel(sentinel, layout):
     watcher, master = sentinel
     backend = RedisStore.from_sentinel([("127.0.0.1", watcher)], "prefixkv", timeout=LIVE)
-    assert backend._home == ("tcp", "127.0.0.1", master)
+    assert backend._nodes.home == ("tcp", "127.0.0.1", master)
     shared = SharedStore(backend, layout, cost=always(), timeout=LIVE)
     manager = lambda: KVCacheManager(16, 4, hash_mode="sha256", host_blocks=12, store=shared)  # noqa: E731
     assert len(computed(manager(), backend, "a", DOC)) == 10
@@ -167,7 +167,7 @@ def test_the_store_follows_a_failover(servers, layout):
     first, second = fetched(DOC), fetched(DOC)         # the first, on the old address,
     assert first[:2] == (0, []) and first[2].store_errors == 1   # fails and asks the sentinel:
     assert second[:2] == (40, expected)                # the replica's copy, exact
-    assert backend._home == ("tcp", "127.0.0.1", replica)
+    assert backend._nodes.home == ("tcp", "127.0.0.1", replica)
 
     other = [100 + t for t in DOC]                      # writes go to the new master
     assert len(computed(manager(), backend, "b", other)) == 10

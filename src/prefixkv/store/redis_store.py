@@ -19,16 +19,15 @@ sentinels for the master again.
 from __future__ import annotations
 
 import ssl
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .fetch import YIELD_EVERY
+from .nodes import Nodes
 from .protocol import ReadOutcome
 from .redis_args import check_sentinels, check_store_args
 from .resp import Address, Resp, RespError, pack
-from .slot_map import SlotMap
 
 
 class RedisStore:
@@ -63,15 +62,11 @@ class RedisStore:
         self.ttl, self.cluster, self.timeout = ttl, cluster, float(timeout)
         parts = parse_url(url)  # type: ignore[no-untyped-call]
         secure = parts.get("connection_class") is SSLConnection
-        self._auth = dict(username=parts.get("username"), password=parts.get("password"),
-                          db=int(parts.get("db") or 0),
-                          tls=ssl.create_default_context(cafile=ca_certs) if secure else None)
-        self._home: Address = (("unix", parts["path"]) if "path" in parts
-                      else ("tcp", parts.get("host", "localhost"), int(parts.get("port", 6379))))
-        self._idle: dict[Address, list[Resp]] = {}
-        self._lock = threading.Lock()
-        self._map = SlotMap()  # cluster: the node of each slot, the nodes, the suspects
-        self._sentinel: tuple[Any, str] | None = None  # (redis-py Sentinel, service name)
+        home: Address = (("unix", parts["path"]) if "path" in parts
+                         else ("tcp", parts.get("host", "localhost"), int(parts.get("port", 6379))))
+        self._nodes = Nodes(home, cluster=cluster, username=parts.get("username"),
+                            password=parts.get("password"), db=int(parts.get("db") or 0),
+                            tls=ssl.create_default_context(cafile=ca_certs) if secure else None)
 
     @classmethod
     def from_sentinel(cls, sentinels: Sequence[tuple[str, int]], service: str, *, db: int = 0,
@@ -101,7 +96,7 @@ class RedisStore:
         store.client = sentinel.master_for(  # type: ignore[no-untyped-call]
             service, db=db, password=password, socket_timeout=timeout,
             socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
-        store._sentinel = (sentinel, service)
+        store._nodes.sentinel = (sentinel, service)
         return store
 
     def held(self, keys: Sequence[bytes]) -> int:
@@ -151,22 +146,19 @@ class RedisStore:
         again on the next call. Raises when no node answered (never for no keys)."""
         if not keys:
             return []
+        nodes = self._nodes
         replies: list[object] = [None] * len(keys)
         failure: Exception | None = None
         answered = False
-        for nodes in self._map.rounds(self._groups(keys, deadline())):
+        for asked in nodes.rounds(keys, deadline()):
             sent: list[tuple[Resp, list[int]]] = []
-            for node, idx in nodes:
-                conn: Resp | None = None
+            for node, idx in asked:
                 fair = time.monotonic() < deadline()  # (else another node took its time)
                 try:
-                    conn = self._take(node, deadline())
-                    conn.send(b"".join([command(i) for i in idx]), deadline())
-                    sent.append((conn, idx))
+                    sent.append((nodes.send(node, b"".join([command(i) for i in idx]),
+                                            deadline()), idx))
                 except Exception as exc:
-                    if conn is not None:
-                        conn.close()
-                    failure = self._failed(node, idx, replies, exc, fair)
+                    failure = nodes.failed(node, idx, replies, exc, fair)
             for conn, idx in sent:
                 pos, until = 0, deadline()
                 fair = time.monotonic() < until
@@ -176,11 +168,11 @@ class RedisStore:
                         answered = True
                         pos += 1
                         if isinstance(reply, RespError):
-                            self._map.slots = None
-                    self._give(conn)
+                            nodes.map.slots = None
+                    nodes.give(conn)
                 except Exception as exc:
                     conn.close()
-                    failure = self._failed(conn.address, idx[pos:], replies, exc, fair)
+                    failure = nodes.failed(conn.address, idx[pos:], replies, exc, fair)
         if failure is not None and not answered:
             raise failure
         return replies
@@ -189,20 +181,20 @@ class RedisStore:
                   deadline: float) -> list[ReadOutcome]:
         """``StoreBackend.read_into``: pipelined GETs, one round trip per node. Raises
         when no node answered (OSError, ConnectionError, TimeoutError at the deadline)."""
+        nodes = self._nodes
         out: list[ReadOutcome] = [None] * len(keys)
         failure: Exception | None = None
         answered = False
-        for nodes in self._map.rounds(self._groups(keys, deadline)):
+        for asked in nodes.rounds(keys, deadline):
             sent: list[tuple[Resp, list[int]]] = []
-            for node, idx in nodes:  # send every node its GETs, then read
+            for node, idx in asked:  # send every node its GETs, then read
                 # (not fair: another node took its time; one node: nothing to suspect)
                 fair = self.cluster and time.monotonic() < deadline
                 try:
-                    conn = self._take(node, deadline)
-                    conn.send(b"".join([pack(b"GET", keys[i]) for i in idx]), deadline)
-                    sent.append((conn, idx))
+                    sent.append((nodes.send(node, b"".join([pack(b"GET", keys[i]) for i in idx]),
+                                            deadline), idx))
                 except Exception as exc:
-                    failure = self._failed(node, idx, out, exc, fair)
+                    failure = nodes.failed(node, idx, out, exc, fair)
             for conn, idx in sent:
                 pos, fair = 0, self.cluster and time.monotonic() < deadline
                 try:
@@ -214,109 +206,17 @@ class RedisStore:
                         if not pos % YIELD_EVERY:
                             time.sleep(0)  # let the scheduler's thread have the GIL
                         if isinstance(r, RespError) and str(r).startswith(("MOVED", "ASK")):
-                            self._map.slots = None  # resharded: read the map again next time
-                    self._give(conn)
+                            nodes.map.slots = None  # resharded: read the map again next time
+                    nodes.give(conn)
                 except Exception as exc:
                     conn.close()
-                    failure = self._failed(conn.address, idx[pos:], out, exc, fair)
+                    failure = nodes.failed(conn.address, idx[pos:], out, exc, fair)
         if failure is not None and not answered:
-            if self._sentinel is not None:
-                self._follow()
+            nodes.follow()
             raise failure
         return out
 
     def close(self) -> None:
         """Close the connections (a later call opens new ones)."""
         self.client.close()
-        with self._lock:
-            idle, self._idle = self._idle, {}
-        for conns in idle.values():
-            for c in conns:
-                c.close()
-
-    # ---- connections and nodes ---------------------------------------------------------
-
-    def _follow(self) -> None:
-        """Read from the master the sentinels name now (after a fetch failed as a whole:
-        the master may have failed over). No master named (a failover under way, the
-        sentinels down): the next failed fetch asks again."""
-        sentinel, service = self._sentinel  # type: ignore[misc]
-        try:
-            host, port = sentinel.discover_master(service)
-        except Exception:
-            return
-        home: Address = ("tcp", host, int(port))
-        if home != self._home:
-            old, self._home = self._home, home
-            with self._lock:
-                stale = self._idle.pop(old, [])
-            for conn in stale:
-                conn.close()
-
-    def _failed(self, node: Address, idx: list[int], out: list[Any], exc: Exception,
-                fair: bool = True) -> Exception:
-        """Keys ``idx`` failed with ``exc`` (their node is down or past the deadline);
-        ``fair``: the node was asked with time left (a node asked once another had
-        taken the whole deadline failed through no fault of its own: not suspect)."""
-        for i in idx:
-            out[i] = exc
-        if self.cluster:
-            self._map.slots = None  # a node went away: read the map again next time
-            if fair:
-                self._map.suspect(node)
-        return exc
-
-    def _take(self, node: Address, deadline: float) -> Resp:
-        """An idle connection to ``node`` that is still open (one the server closed,
-        say by a restart while it was idle, is dropped: its first use would fail the
-        whole call), else a new one."""
-        while True:
-            with self._lock:
-                idle = self._idle.get(node)
-                conn = idle.pop() if idle else None
-            if conn is None:
-                break
-            if conn.idle_ok():
-                return conn
-            conn.close()
-        conn = Resp(node, **self._auth)
-        conn.open(deadline)
-        return conn
-
-    def _give(self, conn: Resp) -> None:
-        """``conn`` answered all it was asked: idle again, its node no longer suspect."""
-        with self._lock:
-            self._idle.setdefault(conn.address, []).append(conn)
-        self._map.answered(conn.address)
-
-    def _groups(self, keys: Sequence[bytes], deadline: float) -> dict[Address, list[int]]:
-        """The keys' indices by the node that serves them."""
-        if not self.cluster:
-            return {self._home: list(range(len(keys)))}
-        from redis.crc import key_slot
-        slots = self._map.slots or self._read_slots(deadline)
-        groups: dict[Address, list[int]] = {}
-        for i, k in enumerate(keys):
-            groups.setdefault(slots[key_slot(k)], []).append(i)
-        return groups
-
-    def _read_slots(self, deadline: float) -> list[Address]:
-        """The cluster's slot map (CLUSTER SLOTS), from the first node that answers, in
-        ``SlotMap.askers``' order."""
-        failure: Exception = ConnectionError("no cluster node answered")
-        for node in self._map.askers(self._home):
-            conn = None
-            try:
-                conn = self._take(node, deadline)
-                conn.send(pack(b"CLUSTER", b"SLOTS"), deadline)
-                ranges = conn.reply(deadline)
-                self._give(conn)
-            except Exception as exc:
-                if conn is not None:
-                    conn.close()
-                self._map.suspect(node)
-                failure = exc
-                continue
-            if isinstance(ranges, list):
-                return self._map.learn(ranges, self._home)
-        raise failure
+        self._nodes.close()

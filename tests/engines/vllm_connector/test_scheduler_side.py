@@ -114,6 +114,15 @@ def test_connector_config_reads_and_refuses():
             ConnectorConfig.from_extra(bad)
 
 
+def store_holds(sched, r, n: int) -> None:
+    """Put ``r``'s first ``n`` blocks in the store; its lookup finds them."""
+    sched.num_new_matched_tokens(r, 0)
+    chain = sched._chains[r.request_id]
+    prefix = sched._link.prefix(chain.extra)
+    sched._backend.put([(prefix + h.hex().encode(), b"v") for h in chain.hashes[:n]])
+    assert sched.num_new_matched_tokens(r, 0) == (n * BS, True)
+
+
 def test_an_abort_after_the_load_was_stated_still_sends_the_load_and_saves_nothing(sched):
     # vLLM's finish_requests holds the blocks of an aborted WAITING_FOR_REMOTE_KVS request
     # whose load started (update_state_after_alloc came, from the schedule or from
@@ -123,11 +132,7 @@ def test_an_abort_after_the_load_was_stated_still_sends_the_load_and_saves_nothi
     from vllm.v1.request import RequestStatus
 
     r = request("d", list(range(300, 300 + 4 * BS + 1)))
-    sched.num_new_matched_tokens(r, 0)
-    chain = sched._chains["d"]
-    prefix = sched._link.prefix(chain.extra)
-    sched._backend.put([(prefix + h.hex().encode(), b"v") for h in chain.hashes[:2]])
-    assert sched.num_new_matched_tokens(r, 0) == (2 * BS, True)
+    store_holds(sched, r, 2)
     sched.after_alloc(r, [5, 6, 7, 8, 9], 2 * BS)
     r.status, r.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, 2 * BS
     assert sched.finished(r, [5, 6, 7, 8, 9]) is False  # vLLM holds them: no delay of ours
@@ -170,3 +175,26 @@ def test_a_streaming_session_that_adds_an_image_names_its_blocks_with_it(sched):
     fresh.mm_features = [image("image-A", 2 * BS, BS)]
     sched.num_new_matched_tokens(fresh, 0)
     assert sched._chains["f"].hashes[2:3] == list(saved["s1"])
+
+
+def test_a_load_that_fails_after_its_chain_was_renamed_is_recomputed(sched):
+    """A load in flight, then an image reported inside its blocks (the chain's names
+    past it dropped and named again with the image), then a block of the load fails:
+    the failed block's old name was looked up in the renamed chain (ValueError, out of
+    ``update_connector_output``); now the block's place in the request is known from
+    the load: it and the ones after it are saved again once recomputed, and later
+    lookups stop before it."""
+    r = request("g", list(range(500, 500 + 4 * BS + 1)))
+    r.mm_features = []
+    store_holds(sched, r, 3)
+    sched.after_alloc(r, [5, 6, 7, 8, 9], 3 * BS)
+    (load,) = sched.build_meta(output(), ids()).loads
+    r.mm_features.append(image("image-A", BS, BS))            # inside the load's block 1
+    sched.num_new_matched_tokens(r, 3 * BS)                    # renames blocks 1 on
+    assert sched._chains["g"].hashes[1] != load.hashes[1]
+    sched.on_output(set(), {7})                                # block 2 (device 7) failed
+    sched.on_output({"g"}, set())
+    assert sched._chains["g"].bad == 2                          # later lookups stop there
+    r.num_computed_tokens = 2 * BS                              # recomputed from block 2
+    (save,) = sched.build_meta(output(g=2 * BS + 1), ids(5, 6, 7, 8, 9)).saves
+    assert save.block_ids == (7, 8)

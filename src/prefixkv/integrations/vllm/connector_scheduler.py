@@ -73,7 +73,8 @@ class ConnectorScheduler:
         self._fn, self._root, self._retry_after = fn, root, retry_after
         self._chains: dict[str, _Chain] = {}
         self._loads: list[BlockRun] = []
-        self._loading: dict[str, BlockRun] = {}  # loads not reported finished yet
+        # loads not reported finished yet, each with the index of its first block
+        self._loading: dict[str, tuple[int, BlockRun]] = {}
         self._finals: list[BlockRun] = []
         self.saved: list[tuple[Any, int, int]] = []  # (request, first, end) handed to save
         self._quiet_until = 0.0
@@ -160,7 +161,7 @@ class ConnectorScheduler:
         self._name(c, end)  # (named by the lookup already, unless vLLM deferred it)
         run = self._run(c, start, end, block_ids[start:end])
         self._loads.append(run)
-        self._loading[request.request_id] = run
+        self._loading[request.request_id] = (start, run)
         self.stats.load_blocks += end - start
         c.saved = end
 
@@ -169,13 +170,15 @@ class ConnectorScheduler:
         that failed the content check) leaves that block and the ones after it to be
         recomputed, and then saved again, and the request's later lookups stop before
         it (else the same value is loaded, fails and is recomputed from again, for good,
-        when it is the first block); a finished load is forgotten."""
+        when it is the first block); a finished load is forgotten. The failed block is
+        placed by the load's own first block, not by its name: the chain may have been
+        named again since (a streaming session's new inputs)."""
         if invalid_block_ids:
-            for req_id, run in self._loading.items():
+            for req_id, (start, run) in self._loading.items():
                 bad = [i for i, b in enumerate(run.block_ids) if b in invalid_block_ids]
                 c = self._chains.get(req_id)
                 if bad and c is not None:
-                    first = c.hashes.index(run.hashes[bad[0]])
+                    first = start + bad[0]
                     c.saved = min(c.saved, first)
                     c.bad = first if c.bad is None else min(c.bad, first)
         for req_id in finished_recving:
