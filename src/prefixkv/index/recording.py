@@ -1,8 +1,8 @@
 """The recording half of ``ContentIndex``: its state, and how the content of blocks that
 became full is recorded (``prepare``, ``store``, ``store_filled``) or came from the tier
 below (``adopt``): chained or keyed, spares for equal content. Hashes, events and store
-writes are in ``announce.py``; finding (``match``, ``claim``), eviction and checks in
-``content.py``.
+writes are in ``announce.py``; spares leaving the index (``uncache``, ``release_spare``)
+in ``spares.py``; finding (``match``, ``claim``), eviction and checks in ``content.py``.
 """
 
 from __future__ import annotations
