@@ -1,6 +1,7 @@
-"""The part of ``ContentRecorder`` that names contents outside the process: chain hashes
-(only when consumed), ``BlockStored``/``BlockRemoved`` events and the contents a shared
-store will write. It reads the recorder's state (set by ``ContentRecorder.__init__``).
+"""The part of ``ContentRecorder`` that names contents outside the process: the blocks
+to record, prepared with their chain hashes (``prepare``: hashes only when consumed),
+``BlockStored``/``BlockRemoved`` events and the contents a shared store will write. It
+reads the recorder's state (set by ``ContentRecorder.__init__``).
 
 Events are run-level, as vLLM's: one ``BlockStored`` for each run of blocks a call
 stores (split only where a block is a spare), one ``BlockRemoved`` for each batch of
@@ -24,6 +25,7 @@ are one bytes object (4 bytes a token), not ints.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -32,6 +34,7 @@ from ..core.request import Request
 from ..event_log import Deferred
 from ..events import BlockRemoved, BlockStored, Event
 from ..extra_keys import ExtraKeys
+from ..hashing import block_chunks, token_bytes
 from .content_check import chunk_of as _chunk
 from .hasher import Hasher
 
@@ -44,6 +47,8 @@ Prepared = tuple[list[bytes], list[bytes], list[bytes] | None]
 # A content the shared store will write: the block, its content id, its parent's hash,
 # its token bytes, the request's extra keys.
 Fresh = tuple[Block, int, bytes, bytes, ExtraKeys | None]
+_U32 = struct.Struct("<I")
+
 
 def announce(blocks: Sequence[Block], hashes: Sequence[bytes], parent: bytes | None,
              chunks: Sequence[bytes], first: int, bs: int, extra: ExtraKeys | None,
@@ -149,6 +154,28 @@ class Announcer:
         root = parent.hash if parent is not None else self._hasher.root
         assert root is not None, f"{parent!r} was stored without its chain hash"
         return chunks, extras, self._hasher.chain(root, chunks, extras)
+
+    def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> Prepared:
+        known = req.prompt_chunks
+        if known is not None and last <= len(known):
+            chunks = known[first:last]
+            known_hashes = req.prompt_hashes  # prepared: hashed where it was prepared
+            if known_hashes is not None and self.hashing and not self.lazy:
+                assert parent is None or parent.hash == known_hashes[first - 1], \
+                    "a prepared prompt's chain hashes are those of the blocks it hits"
+                return chunks, req.keys.of_blocks(first, last), known_hashes[first:last]
+        else:
+            bs = self._bs
+            chunks = block_chunks(token_bytes(req.tokens[first * bs:last * bs]), 4 * bs,
+                                  last - first)
+        return self._hashed(parent, chunks, req.keys.of_blocks(first, last))
+
+    def prepare_next(self, req: Request, token: int) -> Prepared:
+        """``prepare`` for the block that ``token``, appended next, fills."""
+        bs, n = self._bs, req.num_scheduled
+        j = n // bs
+        chunks = [token_bytes(req.tokens[j * bs:n]) + _U32.pack(token)]
+        return self._hashed(req.blocks[j - 1] if j else None, chunks, req.keys.of_blocks(j, j + 1))
 
     def _note_fresh(self, fresh: list[Fresh], req: Request, first: int, count: int) -> None:
         """Remember in ``fresh`` the contents first recorded now, for the shared store's

@@ -1,13 +1,13 @@
 """The recording half of ``ContentIndex``: its state, and how the content of blocks that
-became full is recorded (``prepare``, ``store``, ``store_filled``) or came from the tier
-below (``adopt``): chained or keyed, spares for equal content. Hashes, events and store
-writes are in ``announce.py``; spares leaving the index (``uncache``, ``release_spare``)
-in ``spares.py``; finding (``match``, ``claim``), eviction and checks in ``content.py``.
+became full is recorded (``store``, ``store_filled``) or came from the tier below
+(``adopt``): chained or keyed, spares for equal content. The blocks to record with their
+hashes (``prepare``), events and store writes are in ``announce.py``; spares leaving the
+index (``uncache``, ``release_spare``) in ``spares.py``; finding (``match``, ``claim``),
+eviction and checks in ``content.py``.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
@@ -16,14 +16,11 @@ from ..core.block import NO_CHILD, Block, ContentKey, key_chunk
 from ..core.request import Request
 from ..event_log import EventSink
 from ..events import DEVICE
-from ..hashing import block_chunks, token_bytes
 from .announce import Announcer, Fresh, Prepared, StoredRun
 from .hasher import Hasher
 
 if TYPE_CHECKING:
     from .lower import LowerTier
-
-_U32 = struct.Struct("<I")
 
 
 class ContentRecorder(Announcer):
@@ -56,28 +53,6 @@ class ContentRecorder(Announcer):
         # written), which leaves nothing cut off; an engine that lets them run would, and
         # from then on the walk probes the device at every step.
         self.cut = 0
-
-    def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> Prepared:
-        known = req.prompt_chunks
-        if known is not None and last <= len(known):
-            chunks = known[first:last]
-            known_hashes = req.prompt_hashes  # prepared: hashed where it was prepared
-            if known_hashes is not None and self.hashing and not self.lazy:
-                assert parent is None or parent.hash == known_hashes[first - 1], \
-                    "a prepared prompt's chain hashes are those of the blocks it hits"
-                return chunks, req.keys.of_blocks(first, last), known_hashes[first:last]
-        else:
-            bs = self._bs
-            chunks = block_chunks(token_bytes(req.tokens[first * bs:last * bs]), 4 * bs,
-                                  last - first)
-        return self._hashed(parent, chunks, req.keys.of_blocks(first, last))
-
-    def prepare_next(self, req: Request, token: int) -> Prepared:
-        """``prepare`` for the block that ``token``, appended next, fills."""
-        bs, n = self._bs, req.num_scheduled
-        j = n // bs
-        chunks = [token_bytes(req.tokens[j * bs:n]) + _U32.pack(token)]
-        return self._hashed(req.blocks[j - 1] if j else None, chunks, req.keys.of_blocks(j, j + 1))
 
     def store_filled(self, req: Request, j: int) -> None:
         """Record block ``j`` of ``req``, which the last token appended filled (decode).
