@@ -29,6 +29,7 @@ from typing import Any, cast
 
 from ..event_log import PendingEvents
 from ..events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from .bind import bound
 from .replay import ReplayBuffer
 from .wire import WireError, check_options, group_fields, group_of, pack, to_wire_events, wire_hash
 
@@ -94,12 +95,12 @@ class EventPublisher:
         self._resync = False  # a snapshot is due: it states the batches in ``_behind``
         self._behind: list[_Item] = []  # batches published since a drop, not queued
         self._ctx: Any = zmq.Context.instance()
-        self._pub = _bound(self._ctx.socket(zmq.PUB), endpoint, hwm)
+        self._pub = bound(self._ctx.socket(zmq.PUB), endpoint, hwm)
         self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self._replay = None
         self.replay_endpoint: str | None = None
         if replay_endpoint is not None:
-            self._replay = _bound(self._ctx.socket(zmq.ROUTER), replay_endpoint, hwm)
+            self._replay = bound(self._ctx.socket(zmq.ROUTER), replay_endpoint, hwm)
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self._closed = False
         self._running = True  # until ``_run`` returns or raises (cheaper than is_alive())
@@ -283,21 +284,3 @@ class EventPublisher:
         self.published_batches += 1  # before sending: a reader who got it sees the count
         self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
         self._last_sent = time.monotonic()
-
-
-def _bound(sock, endpoint: str, hwm: int, wait: float = 2.0):  # type: ignore[no-untyped-def]
-    """``sock`` bound to ``endpoint``. A restarted replica rebinds its old port, which
-    ZeroMQ releases asynchronously after close: retry for up to ``wait`` seconds."""
-    import zmq
-
-    sock.set_hwm(hwm)
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            sock.bind(endpoint)
-            return sock
-        except zmq.ZMQError as exc:
-            if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
-                sock.close(linger=0)
-                raise
-            time.sleep(0.05)
