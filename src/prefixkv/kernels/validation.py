@@ -1,4 +1,5 @@
-"""Argument checks shared by every backend, so that all of them reject the same calls.
+"""Argument checks shared by every backend, so that all of them reject the same calls (the
+checks on any one argument, which these build on, are in ``arguments.py``).
 
 Only shapes, dtypes, devices and Python scalars are inspected: nothing here reads a
 tensor's values, so the checks never synchronise with the device (checked mode, which
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import ArgumentTypeError, DeviceError, DtypeError, ShapeError, UnsupportedError
+from .arguments import _real, _same_device, check_flags, check_tensors
+from .errors import DtypeError, ShapeError, UnsupportedError
 from .fp8 import FP8_DTYPES, QUERY_DTYPES, check_scale, is_fp8
 from .overlap import caches_overlap, check_apart, check_reads_apart
 from .reach import WINDOW_CAP, check_int32_reach, check_window_reach
@@ -50,38 +52,6 @@ class AttentionShape:
     def group(self) -> int:
         """Query heads sharing one KV head (1: MHA, num_heads: MQA)."""
         return self.num_heads // self.num_kv_heads
-
-
-def check_tensors(**tensors: object) -> None:
-    """Each keyword argument is a ``torch.Tensor``.
-
-    Raises:
-        ArgumentTypeError: naming the first that is not.
-    """
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-
-
-def check_flags(**flags: object) -> None:
-    """Each keyword argument is a ``bool`` (not merely truthy: ``causal="no"`` is a mistake).
-
-    Raises:
-        UnsupportedError: naming the first that is not.
-    """
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise UnsupportedError(f"{name} must be True or False, got {value!r}")
-
-
-def _real(value: object) -> bool:
-    """An int or float that is not a bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _same_device(name: str, t: torch.Tensor, device: torch.device) -> None:
-    if t.device != device:
-        raise DeviceError(f"{name} is on {t.device}, expected {device} like the others")
 
 
 def _check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .arguments import _same_device
 from .errors import ArgumentTypeError, DtypeError, ShapeError, UnsupportedError
 from .overlap import check_apart
-from .validation import _same_device
 
 if TYPE_CHECKING:
     from .validation import AttentionShape
