@@ -119,6 +119,16 @@ class PrefixKVConnector(KVConnectorBase_V1, SupportsHMA):
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._sched().finished(request, block_ids), None
 
+    def has_pending_block_frees(self) -> bool:
+        """False, always. A finished request's blocks that a final save still reads
+        stay allocated until the workers report the save sent (``request_finished``
+        returned True; vLLM frees them on ``finished_sending``), so this answer never
+        decides when blocks are freed: vLLM 0.33's scheduler reads it only when an
+        allocation fails, and True would make it wait instead of preempting. The held
+        blocks come back one step later, and may be too few to help: waiting on them
+        could stall the batch for nothing, a preemption only costs a recompute."""
+        return False
+
     def take_events(self) -> list[Any]:
         """vLLM ``BlockStored`` events (medium ``STORAGE``, vLLM's block hashes, so that
         routers that follow vLLM's events see them) for the blocks handed to the workers
