@@ -20,8 +20,8 @@ def server():
 def pages(server, layout=LAYOUT, **kw) -> PageStore:
     """A page store whose calls to the live server get ``LIVE`` seconds (the default,
     0.25 s, is for a server that answers in milliseconds; a busy CI machine may not)."""
-    return PageStore(RedisStore(server.url, timeout=LIVE), layout, 4, retry_after=0,
-                     **{"timeout": LIVE, **kw})
+    return PageStore(RedisStore(server.url, timeout=LIVE), layout, 4,
+                     **{"timeout": LIVE, "retry_after": 0, **kw})
 
 
 def test_put_held_get_and_the_content_check(server):
@@ -43,7 +43,49 @@ def test_store_down_is_misses_and_dropped_writes():
         s.stop()
         assert store.held(["aa"]) == 0 and store.get(["aa"]) == [None]
         assert not store.put([("aa", b"12345678")])
-        assert store.errors == 3
+        assert (store.failed_calls, store.failed_reads, store.failed_writes) == (3, 1, 1)
+
+
+def test_failed_calls_and_the_pages_they_cost_are_counted_apart():
+    """One counter mixed failed calls (one for a whole batch) with failed keys (one
+    each) and refused writes (one per call, however many pages): pages asked for did
+    not add up to what was counted. Now every page read is one of hits, misses,
+    rejected, failed_reads; every page written one of written, failed_writes."""
+    with LocalRedis() as s:
+        store = pages(s, timeout=0.2)
+        assert store.put([("aa", b"12345678"), ("bb", b"abcdefgh")])
+        store.backend.client.rpush(store.key("cc"), b"x")  # another type: fails alone
+        assert store.get(["aa", "cc", "dd"]) == [b"12345678", None, None]
+        assert (store.hits, store.misses, store.failed_reads, store.failed_calls) == (1, 1, 1, 0)
+        s.stop()
+        assert store.get(["aa", "bb"]) == [None, None]  # one call failed: two pages not read
+        assert store.held(["aa", "bb"]) == 0
+        assert not store.put([("aa", b"12345678"), ("bb", b"abcdefgh"), ("dd", b"01234567")])
+        assert (store.failed_calls, store.failed_reads, store.failed_writes) == (3, 3, 3)
+        assert store.hits + store.misses + store.rejected + store.failed_reads == 5
+        assert store.written + store.failed_writes == 5
+
+
+def test_pages_asked_while_the_store_is_left_alone_are_counted_not_called():
+    with LocalRedis() as s:
+        store = pages(s, timeout=0.2, retry_after=60.0)
+        s.stop()
+        assert store.get(["aa"]) == [None]  # fails: left alone for retry_after
+        assert store.get(["aa", "bb"]) == [None, None]  # not asked
+        assert not store.put([("aa", b"12345678")])
+        assert (store.failed_calls, store.failed_reads, store.failed_writes) == (1, 3, 1)
+
+
+def test_a_full_store_counts_each_refused_page():
+    layout = StoreLayout("pages-test", "bfloat16", 64 << 10)
+    with LocalRedis(maxmemory=2 << 20, policy="noeviction") as s:
+        store = pages(s, layout)
+        payload = bytes(64 << 10)
+        results = [store.put([(f"p{i}-{j}", payload) for j in range(4)]) for i in range(16)]
+        assert results[0] and not results[-1]
+        assert store.failed_calls == 0  # the calls answered: the store refused pages
+        assert store.written + store.failed_writes == 64
+        assert store.failed_writes > results.count(False)  # one a page, not one a call
 
 
 def test_bad_input_raises(server):

@@ -28,7 +28,7 @@ def paused(server, readers, refused):
     pid = server._proc.pid
     os.kill(pid, signal.SIGSTOP)                      # mid-batch: the threads are busy
     try:
-        wait_until(lambda: refused[0] and all(b.pages.errors for b, _ in readers),
+        wait_until(lambda: refused[0] and all(b.pages.failed_reads for b, _ in readers),
                    "calls that met the paused server")
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -37,7 +37,7 @@ def paused(server, readers, refused):
 def killed_and_restarted(server, readers, refused):
     """Paused mid-batch, killed (its data gone), started again on the same socket."""
     os.kill(server._proc.pid, signal.SIGSTOP)
-    wait_until(lambda: refused[0] and all(b.pages.errors for b, _ in readers),
+    wait_until(lambda: refused[0] and all(b.pages.failed_reads for b, _ in readers),
                "calls that met the paused server")
     server._proc.kill()                               # (SIGKILL reaches a stopped process)
     server._proc.wait(PATIENCE)

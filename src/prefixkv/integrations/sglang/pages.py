@@ -36,9 +36,15 @@ _FRAME = len(encode_value(b"", b""))  # a value's bytes besides its head and pay
 
 class PageStore:
     """Pages of ``layout.block_bytes`` bytes (``page_size`` tokens) in ``backend``.
-    ``hits``/``misses``/``rejected``/``errors``/``written``: pages read and checked,
-    pages not held, values that failed the content check, failed store calls, pages
-    written. ``timeout``: seconds a read may take in all. Raises ConfigError for a
+    Counters, in pages unless named: ``hits`` (read and checked), ``misses`` (not
+    held), ``rejected`` (values that failed the content check), ``failed_reads`` (not
+    read: their key failed on its own, their whole call failed, or the store was left
+    alone after a failure), ``written``, ``failed_writes`` (refused by the store, e.g.
+    full, their call failed, or the store was left alone); ``failed_calls``: store
+    calls (``held``, ``get``, ``put``) that failed as a whole, each leaving the store
+    alone for ``retry_after`` seconds. Every page ``get`` is asked for is one of hits,
+    misses, rejected, failed_reads; every page ``put`` is given, one of written,
+    failed_writes. ``timeout``: seconds a read may take in all. Raises ConfigError for a
     layout that is not a StoreLayout, a page size that is not a positive int, a
     non-positive ``timeout`` or a negative ``retry_after``."""
 
@@ -58,7 +64,8 @@ class PageStore:
         ns = hashlib.sha256(b"prefixkv-sglang\0" + self._digest + page_size.to_bytes(4, "little"))
         self.prefix = f"prefixkv:sglang:{ns.hexdigest()[:24]}:".encode()
         self._quiet_until = 0.0
-        self.hits = self.misses = self.rejected = self.errors = self.written = 0
+        self.hits = self.misses = self.rejected = self.failed_reads = 0
+        self.written = self.failed_writes = self.failed_calls = 0
 
     def key(self, page: str) -> bytes:
         """The store key of page hash ``page``. Raises ConfigError for a page hash that
@@ -89,6 +96,7 @@ class PageStore:
         round trip per server, bounded by ``timeout``."""
         keys = [self.key(p) for p in pages]
         if not keys or self._quiet():
+            self.failed_reads += len(keys)
             return [None] * len(keys)
         heads = [self.head(p) for p in pages]
         size = self.layout.block_bytes
@@ -100,6 +108,7 @@ class PageStore:
                 raise ValueError(f"the store answered {len(outcomes)} of {len(keys)} keys")
         except Exception:
             self._failed()
+            self.failed_reads += len(keys)
             return [None] * len(keys)
         out: list[bytes | None] = []
         for outcome, head, buf in zip(outcomes, heads, bufs, strict=True):
@@ -111,7 +120,7 @@ class PageStore:
             elif outcome is True or type(outcome) is int:  # checked and refused, or a
                 self.rejected += 1  # value of another length
             else:  # this key failed on its own
-                self.errors += 1
+                self.failed_reads += 1
             out.append(payload)
         return out
 
@@ -128,19 +137,21 @@ class PageStore:
         if not values:
             return True
         if self._quiet():
+            self.failed_writes += len(values)
             return False
         try:
             refused = self.backend.put(values) or 0
         except Exception:
             self._failed()
+            self.failed_writes += len(values)
             return False
         self.written += len(values) - refused
-        self.errors += 1 if refused else 0
+        self.failed_writes += refused
         return not refused
 
     def _quiet(self) -> bool:
         return time.monotonic() < self._quiet_until
 
     def _failed(self) -> None:
-        self.errors += 1
+        self.failed_calls += 1
         self._quiet_until = time.monotonic() + self.retry_after

@@ -93,7 +93,8 @@ class PrefixKVStorage(HiCacheStorage):
 
     @property
     def pages(self) -> PageStore:
-        """The page store (its counters: hits, misses, rejected, errors, written;
+        """The page store (its counters: hits, misses, rejected, failed_reads, written,
+        failed_writes, failed_calls: see ``PageStore``;
         ``get_stats`` stays SGLang's: its collector takes only its own StorageMetrics).
         Raises ConfigError before ``register_mem_pool_host``."""
         if self._pages is None:
