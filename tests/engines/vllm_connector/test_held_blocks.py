@@ -5,8 +5,11 @@ reads them; ``has_pending_block_frees`` stays False (see the connector)."""
 
 from __future__ import annotations
 
+import torch
+
 from .. import skip_module_without_vllm
 from .replica import BLOCK, Replica
+from .test_connector import expected_kv
 
 skip_module_without_vllm()
 
@@ -51,3 +54,41 @@ def test_a_final_save_holds_the_blocks_until_the_worker_reports_it_sent(model, r
     assert set(a.tables["r2"]) & set(held)  # r2 runs in the blocks the save read
     a.worker.worker.flush()
     assert a.worker.worker.stats.saved == 2 + 1 + free  # the prefill, the final, r2
+
+
+def test_the_final_save_holds_the_kv_of_its_request_not_of_the_next_one(model, redis):
+    """The hazard itself: were r1's blocks freed at finish, r2's forward would write
+    them before the final save's gather (same step), and the store would hold r2's
+    KV under r1's names, checksummed as read: a later hit, wrong KV."""
+    a = Replica(model, redis.url, num_blocks=8)
+    connector = a.scheduler.connector
+    a.add("r1", prompt(2 * BLOCK - 1), max_tokens=2)
+    a.step()  # the prefill: block 0 saved with it
+
+    build = connector.build_connector_meta
+
+    def save_at_finish(out):
+        # block 1 left to the final save alone (as when its last token, sampled in
+        # the step before, was not known when this step was planned)
+        meta = build(out)
+        meta.saves.clear()
+        connector.scheduler._chains["r1"].saved = 1
+        return meta
+
+    connector.build_connector_meta = save_at_finish
+    a.step()  # decodes token 31 and finishes
+    del connector.build_connector_meta
+    assert a.worker.worker.stats.saved == 1 and "r1" in a.scheduler.requests
+    tokens = prompt(2 * BLOCK - 1) + [7]  # (the stand-in model samples 7)
+    usable = a.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1  # (block 0: null)
+    a.add("r2", prompt(usable * BLOCK)[::-1], max_tokens=1)  # every block, r1's too
+    a.run()
+    a.worker.worker.flush()
+
+    b = Replica(model, redis.url)
+    b.add("r3", tokens + [5])
+    b.run()
+    assert b.worker.worker.stats.loaded == 2
+    expect = expected_kv(tokens, 1)
+    got = b.block_kv(b.tables["r3"][1])
+    assert all(torch.equal(g, e) for g, e in zip(got, expect, strict=True))
