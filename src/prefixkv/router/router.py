@@ -133,6 +133,7 @@ class Router:
         self.routed = dict.fromkeys(names, 0)
         self.last_heard: dict[str, float] = {}
         self.block_size_mismatches = dict.fromkeys(names, 0)
+        self.lossy = dict.fromkeys(names, 0)  # batches lost since the index was emptied
         self._scored: dict[str, int | None] = {}
         self._turn = 0
 
@@ -171,6 +172,7 @@ class Router:
             elif isinstance(ev, Cleared):
                 index.clear(replica)
                 scored.pop(replica, None)
+                self.lossy[replica] = 0  # (nothing left to be stale)
         self.last_heard[replica] = heard
 
     def scored_group(self, replica: str) -> int | None:
@@ -185,6 +187,17 @@ class Router:
         self._known(replica)
         self.index.clear(replica)
         self._scored.pop(replica, None)
+        self.lossy[replica] = 0
+
+    def lost(self, replica: str) -> None:
+        """A batch of ``replica``'s events was lost (undecodable, its place in the stream
+        taken): its removals may be missed, so the index may overstate what it holds until
+        it is emptied (``forget``, an ``AllBlocksCleared``). Counted in ``lossy``, which
+        the scorer sees (``ReplicaView.lossy``); nothing is dropped (a newer publisher's
+        event type in every batch would otherwise empty the index at each one).
+        Raises RouterError for an unknown replica."""
+        self._known(replica)
+        self.lossy[replica] += 1
 
     def live(self) -> list[str]:
         """Replicas heard from within ``stale_after`` of the clock's forward motion (every
@@ -279,7 +292,7 @@ class Router:
         return ReplicaView(replica, n, runs[0], runs[1], self.in_flight[replica],
                            loads.prefill_blocks(replica), loads.active_blocks(replica),
                            loads.capacity.get(replica), None if rep is None else rep.kv_usage,
-                           self.routed[replica])
+                           self.routed[replica], self.lossy[replica])
 
     # ---- a replica configured unlike the router (kept apart from scoring) -----------------
 
