@@ -269,3 +269,42 @@ def test_bad_options_are_refused_before_any_thread_starts():
             MetricsPoller(router, urls, **kw)
     with pytest.raises(RouterError, match="unknown replica"):
         router.drop_load("z")
+
+
+def test_a_step_back_of_the_clock_keeps_no_silent_replicas_load(servers):
+    # found by audit: staleness compared raw readings, so after a step back of a day the
+    # load of a replica never read again stayed reported for a day more
+    clock = Clock()
+    clock.now = 86400.0
+    gone = servers()
+    router = router_for(["gone"], clock)
+    with MetricsPoller(router, {"gone": gone.url}, period=LIVE, timeout=LIVE,
+                       stale_periods=2) as poller:
+        poller.scrape()
+        poller.apply()
+        gone.stop()
+        clock.now = 0.0  # back a day: no time passes
+        poller.apply()
+        assert not poller.health()["replicas"]["gone"]["stale"]
+        clock.now = 2.5 * LIVE  # 2.5 periods of forward motion since the read
+        poller.apply()
+        h = poller.health()["replicas"]["gone"]
+        assert h["stale"] and h["age"] == pytest.approx(2.5 * LIVE)
+        assert "gone" not in router.loads.reported
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "1", None])
+def test_a_clock_reading_that_is_not_a_finite_number_is_refused_before_any_change(servers, bad):
+    clock = Clock()
+    srv = servers()
+    router = router_for(["a"], clock)
+    with MetricsPoller(router, {"a": srv.url}, period=LIVE, timeout=LIVE) as poller:
+        poller.scrape()
+        clock.now = bad
+        with pytest.raises(RouterError, match="finite"):
+            poller.apply()  # (a NaN limit: nothing would go stale again)
+        with pytest.raises(RouterError, match="finite"):
+            poller.scrape()
+        assert router.loads.reported == {}  # the load read before is not applied either
+        clock.now = 101.0
+        assert poller.apply() == 1 and poller.health()["replicas"]["a"]["scrapes"] == 1

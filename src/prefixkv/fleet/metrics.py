@@ -24,11 +24,15 @@ not counted (vLLM counts them apart too); they are in the manager's ``preempted_
 - ``prefixkv:router_stream_events_total`` (counter, label ``event``): what the
   subscriber met on the streams (``bad_batches``, ``bad_replies``, ``restarts``,
   ``disconnects``, ``resyncs``, ``snapshots``, ``gaps_filled``, ``errors``,
-  ``foreign_frames``, ``unsent_frames``, ``duplicates``: ``subscriber.COUNTERS``)
+  ``foreign_frames``, ``unsent_frames``, ``duplicates``, ``lossy_batches``:
+  ``subscriber.COUNTERS``)
 - ``prefixkv:router_replica_connected`` (gauge, label ``replica``): 1 while its SUB
   socket is connected
 - ``prefixkv:router_block_size_mismatches_total`` (counter, label ``replica``): stored
   blocks not indexed because the replica's block size differs from the router's
+- ``prefixkv:router_replica_lossy_batches`` (gauge, label ``replica``): batches of its
+  events lost (undecodable) since its index was last emptied; above 0 the index may
+  hold blocks the replica removed since
 - ``prefixkv:router_load_scrapes_total`` / ``prefixkv:router_load_scrape_failures_total``
   (counters, label ``replica``): the router's ``MetricsPoller`` reads of the replica's
   ``/metrics``, and those that failed (refused, timed out, not Prometheus text, ...)
@@ -139,6 +143,9 @@ class HealthMetrics:
         self.mismatches = Counter("prefixkv:router_block_size_mismatches",
                                   "Stored blocks not indexed: the replica's block size differs.",
                                   ("replica",), registry=reg)
+        self.lossy = Gauge("prefixkv:router_replica_lossy_batches",
+                           "Batches of the replica's events lost since its index was emptied.",
+                           ("replica",), registry=reg)
         self.load_scrapes = Counter("prefixkv:router_load_scrapes",
                                     "Reads of the replica's /metrics by the router's poller.",
                                     ("replica",), registry=reg)
@@ -166,6 +173,7 @@ class HealthMetrics:
             self._advance(self.stream_events.labels(name), ("stream", name), total)
         for replica, state in health["replicas"].items():
             self.connected.labels(replica).set(1 if state["connected"] else 0)
+            self.lossy.labels(replica).set(state["lossy"])
             self._advance(self.mismatches.labels(replica), ("mismatch", replica),
                           state["block_size_mismatches"])
 

@@ -19,12 +19,12 @@ block is held until removed, without TTL).
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import PrefixKVError
+from .clock import ForwardClock
 from .index import GPU, Hash, InProcessIndex
 
 
@@ -48,10 +48,12 @@ class ApproxIndex:
         self._queue: deque[tuple[float, str, Sequence[Hash]]] = deque()  # in expiry order
         # stored by an event, on these media: no TTL (until every medium is removed)
         self._held: dict[tuple[str, Hash], set[str]] = {}
-        self._now: float | None = None  # the clock's forward motion, as a time
-        self._last: float | None = None  # the last reading
-        self.steps_back = 0
+        self._time = ForwardClock(clock, ApproxIndexError)  # (clock.py)
+
+    @property
+    def steps_back(self) -> int:
         """How many clock readings were below the one before (counted as no time)."""
+        return self._time.steps_back
 
     def routed(self, replica: str, hashes: Sequence[Hash]) -> None:
         """Count ``hashes`` as held by ``replica`` (on the GPU) for ``ttl`` from now."""
@@ -63,21 +65,6 @@ class ApproxIndex:
         self._index.store(replica, guessed, GPU)
         self._until.update(((replica, h), until) for h in guessed)
         self._queue.append((until, replica, guessed))
-
-    def _time(self) -> float:
-        """The clock's forward motion so far, as a time (module doc); ApproxIndexError
-        for a reading that is not a finite number."""
-        t = self.clock()
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-            raise ApproxIndexError(f"the clock must read a finite number of seconds, got {t!r}")
-        if self._now is None or self._last is None:
-            self._now = float(t)
-        elif t >= self._last:
-            self._now += t - self._last
-        else:
-            self.steps_back += 1
-        self._last = float(t)
-        return self._now
 
     def _expire(self) -> float:
         """Forget the blocks whose last routing is ``ttl`` old; returns the time now."""

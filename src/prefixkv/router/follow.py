@@ -28,7 +28,7 @@ class ReplicaFollower:
         self.last_seq: dict[str, int] = {}
         self.gaps_filled = self.snapshots = self.resyncs = self.restarts = self.bad_batches = 0
         self.bad_replies = self.disconnects = self.errors = self.foreign_frames = 0
-        self.unsent_frames = self.duplicates = 0
+        self.unsent_frames = self.duplicates = self.lossy_batches = 0
         self.last_error: str | None = None
         self.connected = dict.fromkeys(endpoints, False)
         self._epoch: dict[str, str] = {}
@@ -129,8 +129,10 @@ class ReplicaFollower:
 
     def _decode_apply(self, replica: str, payload: bytes, topic: bytes | None = None) -> None:
         batch = self._origins.decode(payload)
-        if batch is None:
-            self.bad_batches += 1
+        if batch is None:  # taken as the replica's (in order, or its publisher's copy):
+            self.bad_batches += 1  # its events are lost, removals maybe among them
+            self.lossy_batches += 1
+            self.router.lost(replica)
             return
         self._origins.applied(replica, topic, batch)
         self.router.apply(replica, batch[1])

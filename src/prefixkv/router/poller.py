@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from .clock import ForwardClock
 from .load import ReplicaLoad, from_metrics
 from .router import Router, RouterError
 
@@ -55,6 +56,7 @@ class MetricsPoller:
         num_blocks: polled replica -> its pool in blocks (>= 1), passed to
             ``from_metrics`` (None, or a replica left out: the router's ``capacity``).
         clock: seconds; must be the router's clock (default: the router's ``clock``).
+            Staleness counts its forward motion (a step back is no time: ``clock.py``).
 
     Raises RouterError for a bad option, before any thread starts.
     """
@@ -91,14 +93,15 @@ class MetricsPoller:
         self.stale_periods = stale_periods
         self.num_blocks = pools
         self.clock = router.clock if clock is None else clock
+        self._clock = ForwardClock(self.clock, RouterError)  # staleness: forward motion
         self._lock = threading.Lock()  # guards the scrape thread's side below
-        self._latest: dict[str, tuple[float, ReplicaLoad]] = {}  # not yet applied
+        self._latest: dict[str, tuple[float, float, ReplicaLoad]] = {}  # not yet applied
         self._scrapes = dict.fromkeys(urls, 0)
         self._failures = dict.fromkeys(urls, 0)
         self._last_error: dict[str, str | None] = dict.fromkeys(urls)
         self._loop_errors = 0
         # the router thread's side (apply, health)
-        self._started = self.clock()
+        self._started = self._clock()
         self._read_at: dict[str, float] = {}
         self._stale: set[str] = set()
         self._stale_spells = dict.fromkeys(urls, 0)
@@ -111,7 +114,8 @@ class MetricsPoller:
     def scrape(self) -> None:
         """One round: scrape every replica now (16 at once) and keep what came back for
         the next ``apply``. Blocks about ``timeout`` seconds per 16 replicas at most. A
-        failed scrape is counted, never raised; RuntimeError after ``close``."""
+        failed scrape is counted, never raised; RuntimeError after ``close``, RouterError
+        for a clock reading that is not a finite number (the thread counts it in ``loop_errors``)."""
         list(self._pool.map(self._scrape_one, self.urls))
 
     def start(self) -> None:
@@ -133,7 +137,7 @@ class MetricsPoller:
         self._thread.start()
 
     def _scrape_one(self, replica: str) -> None:
-        read_at = self.clock()
+        read_at, at = self._clock.read()  # (a bad reading: RouterError, loop_errors)
         try:
             text = _fetch(self.urls[replica], self.timeout, self.max_bytes)
             load = from_metrics(text, num_blocks=self.num_blocks.get(replica))
@@ -144,7 +148,7 @@ class MetricsPoller:
             return
         with self._lock:
             self._scrapes[replica] += 1
-            self._latest[replica] = (read_at, load)
+            self._latest[replica] = (read_at, at, load)
 
     # ---- the router thread's side --------------------------------------------------------
 
@@ -153,13 +157,13 @@ class MetricsPoller:
         call (``Router.report_load`` with when it was read), then drop the load of every
         replica not read for ``stale_periods`` periods (``Router.drop_load``; once per
         stale spell). Returns how many loads were reported."""
+        limit = self._clock() - self.stale_periods * self.period  # (before any change)
         with self._lock:
             latest, self._latest = self._latest, {}
-        for replica, (read_at, load) in latest.items():
+        for replica, (read_at, at, load) in latest.items():
             self.router.report_load(replica, load, read_at)
-            self._read_at[replica] = read_at
+            self._read_at[replica] = at
             self._stale.discard(replica)
-        limit = self.clock() - self.stale_periods * self.period
         for replica in self.urls:
             if replica not in self._stale and self._read_at.get(replica, self._started) < limit:
                 self._stale.add(replica)
@@ -173,7 +177,7 @@ class MetricsPoller:
         ``stale`` (its load is dropped now, as of the last ``apply``), ``stale_spells``
         (times it became stale), ``age`` (seconds since the newest applied load was read;
         None: never). Call it on the router's thread."""
-        now = self.clock()
+        now = self._clock()
         with self._lock:
             return {"alive": self.alive, "loop_errors": self._loop_errors, "replicas": {
                 r: {"scrapes": self._scrapes[r], "failures": self._failures[r],

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from ..errors import PrefixKVError
 from ..hashing import block_hashes
+from .clock import ForwardClock
 from .decode import Cleared, Removed, RouterEvent, Stored
 from .index import BlockIndex, InProcessIndex
 from .load import LoadBook, ReplicaLoad
@@ -78,9 +79,12 @@ class Router:
         capacity: each replica's pool in blocks (a report's ``num_blocks`` replaces it).
         stale_after: seconds (>= 0) without a batch after which a replica is silent
             (None: never).
-        clock: seconds, monotonic (tests pass a fake one).
+        clock: seconds, monotonic (tests pass a fake one). Staleness counts its forward
+            motion: a step back is no time (``clock.py``; ``clock_steps_back``).
 
-    Raises RouterError (bad option) or ConfigError (bad hashing settings) at construction.
+    Raises RouterError (bad option) or ConfigError (bad hashing settings) at construction;
+    every call that reads the clock raises RouterError, before any change, for a reading
+    that is not a finite number.
 
     Not thread-safe: one thread routes and applies events and loads; with a
     ``Subscriber`` thread feeding it, hold ``subscriber.lock`` around ``route``.
@@ -124,10 +128,12 @@ class Router:
         self.scorer: Scorer = scorer
         self.loads = LoadBook(self.replicas, block_size, capacity)
         self.stale_after, self.clock = stale_after, clock
+        self._time = ForwardClock(clock, RouterError)  # (clock.py)
         self.in_flight = dict.fromkeys(names, 0)
         self.routed = dict.fromkeys(names, 0)
         self.last_heard: dict[str, float] = {}
         self.block_size_mismatches = dict.fromkeys(names, 0)
+        self.lossy = dict.fromkeys(names, 0)  # batches lost since the index was emptied
         self._scored: dict[str, int | None] = {}
         self._turn = 0
 
@@ -148,6 +154,7 @@ class Router:
         odd = [ev for ev in events if not isinstance(ev, (Stored, Removed, Cleared))]
         if odd:
             raise RouterError(f"apply({replica!r}): not a router event: {odd[0]!r}")
+        heard = self._time()
         index, scored = self.index, self._scored
         for ev in events:
             if isinstance(ev, Stored):
@@ -165,7 +172,8 @@ class Router:
             elif isinstance(ev, Cleared):
                 index.clear(replica)
                 scored.pop(replica, None)
-        self.last_heard[replica] = self.clock()
+                self.lossy[replica] = 0  # (nothing left to be stale)
+        self.last_heard[replica] = heard
 
     def scored_group(self, replica: str) -> int | None:
         """The layer group whose blocks the index mirrors for ``replica`` (module doc);
@@ -179,29 +187,50 @@ class Router:
         self._known(replica)
         self.index.clear(replica)
         self._scored.pop(replica, None)
+        self.lossy[replica] = 0
+
+    def lost(self, replica: str) -> None:
+        """A batch of ``replica``'s events was lost (undecodable, its place in the stream
+        taken): its removals may be missed, so the index may overstate what it holds until
+        it is emptied (``forget``, an ``AllBlocksCleared``). Counted in ``lossy``, which
+        the scorer sees (``ReplicaView.lossy``); nothing is dropped (a newer publisher's
+        event type in every batch would otherwise empty the index at each one).
+        Raises RouterError for an unknown replica."""
+        self._known(replica)
+        self.lossy[replica] += 1
 
     def live(self) -> list[str]:
-        """Replicas heard from within ``stale_after`` (every replica when None)."""
+        """Replicas heard from within ``stale_after`` of the clock's forward motion (every
+        replica when None). Raises RouterError for a clock reading that is no finite number."""
+        return self._live(self._time())
+
+    def _live(self, now: float) -> list[str]:
         if self.stale_after is None:
             return list(self.replicas)
-        now = self.clock()
         return [r for r in self.replicas
                 if now - self.last_heard.get(r, float("-inf")) <= self.stale_after]
+
+    @property
+    def clock_steps_back(self) -> int:
+        """How many clock readings were below the one before (counted as no time)."""
+        return self._time.steps_back
 
     def report_load(self, replica: str, load: ReplicaLoad, read_at: float | None = None
                     ) -> None:
         """What ``replica`` publishes of its load (``load.from_metrics`` reads it from its
         ``/metrics``); it replaces the router's estimate of what it sent there before
-        ``read_at`` (the router's ``clock`` when the report was read; None: now).
+        ``read_at`` (a reading of the router's ``clock`` when the report was read, taken since
+        its last step back, if any; None: now).
         Raises RouterError for an unknown replica, a ``load`` that is not a
-        ``ReplicaLoad`` or a ``read_at`` that is not a finite number."""
+        ``ReplicaLoad``, a ``read_at`` or clock reading that is not a finite number."""
         self._known(replica)
         if not isinstance(load, ReplicaLoad):
             raise RouterError(f"report_load({replica!r}): not a ReplicaLoad: {load!r}")
         if read_at is not None and not (_real(read_at) and math.isfinite(read_at)):
             raise RouterError(f"report_load({replica!r}): read_at must be a finite time, "
                               f"got {read_at!r}")
-        self.loads.report(replica, load, read_at)
+        self._time()  # (the last step back, if any, is seen before ``read_at`` is placed)
+        self.loads.report(replica, load, None if read_at is None else self._time.at(read_at))
 
     def drop_load(self, replica: str) -> None:
         """Forget ``replica``'s last report (too old to trust): its load is the router's
@@ -228,7 +257,8 @@ class Router:
     def route(self, token_ids: Sequence[int], extra: object = None) -> Choice:
         """Pick a replica for a prompt and count it in flight there (``finish`` ends it).
         Raises what ``block_hashes`` raises for a bad prompt or extra keys."""
-        candidates = self.live() or list(self.replicas)
+        now = self._time()  # (a bad reading: RouterError before any change)
+        candidates = self._live(now) or list(self.replicas)
         k = len(candidates)
         candidates = [candidates[(self._turn + i) % k] for i in range(k)]  # rotate the ties
         hashes = self.prompt_hashes(token_ids, extra)
@@ -245,7 +275,7 @@ class Router:
         self._turn += 1
         self.in_flight[pick] += 1
         self.routed[pick] += 1
-        self.loads.routed(pick, len(hashes) - run, len(hashes), self.clock())
+        self.loads.routed(pick, len(hashes) - run, len(hashes), now)
         return Choice(pick, run * self.block_size)
 
     def finish(self, replica: str) -> None:
@@ -262,7 +292,7 @@ class Router:
         return ReplicaView(replica, n, runs[0], runs[1], self.in_flight[replica],
                            loads.prefill_blocks(replica), loads.active_blocks(replica),
                            loads.capacity.get(replica), None if rep is None else rep.kv_usage,
-                           self.routed[replica])
+                           self.routed[replica], self.lossy[replica])
 
     # ---- a replica configured unlike the router (kept apart from scoring) -----------------
 

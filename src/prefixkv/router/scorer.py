@@ -47,7 +47,9 @@ class ReplicaView:
     ``in_flight``: requests the router sent there, not finished. ``prefill_blocks`` and
     ``active_blocks``: its load (``LoadBook``); ``capacity``: its pool in blocks, None when
     unknown; ``kv_usage``: as last published, None when never; ``routed``: requests the
-    router sent there since it started, finished or not."""
+    router sent there since it started, finished or not; ``lossy``: batches of its events
+    lost (undecodable) since its index was last emptied (``Router.lossy``: > 0, ``run``
+    may overstate what it holds; the built-in scorers do not use it)."""
 
     replica: str
     prompt_blocks: int
@@ -59,6 +61,7 @@ class ReplicaView:
     capacity: int | None
     kv_usage: float | None
     routed: int = 0
+    lossy: int = 0
 
 
 class Scorer(Protocol):

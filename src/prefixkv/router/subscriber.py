@@ -27,7 +27,8 @@ from .sockets import ReplicaSockets, check_options, check_timeout
 
 _log = logging.getLogger(__name__)
 COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "bad_replies",
-            "disconnects", "errors", "foreign_frames", "unsent_frames", "duplicates")
+            "disconnects", "errors", "foreign_frames", "unsent_frames", "duplicates",
+            "lossy_batches")
 """The subscriber's counters, as ``health()`` names them."""
 
 
@@ -84,14 +85,16 @@ class Subscriber(ReplicaFollower):
         """``counters`` (name -> count, the names of ``COUNTERS``), ``last_error``,
         ``alive``, and per replica (``replicas``): ``connected``, ``last_seq`` (None: not
         following), ``protocol`` ("prefixkv" or "vllm": which replay form it answers;
-        None before it was asked), and ``block_size_mismatches`` (the router's count, see
-        ``Router.apply``)."""
+        None before it was asked), ``block_size_mismatches`` (the router's count, see
+        ``Router.apply``) and ``lossy`` (``Router.lossy``: batches of its events lost
+        since its index was last emptied; > 0, the index may overstate what it holds)."""
         out: dict[str, Any] = {"counters": {name: getattr(self, name) for name in COUNTERS}}
         out.update(last_error=self.last_error, alive=self.alive, replicas={
             r: {"connected": self.connected[r], "last_seq": self.last_seq.get(r),
                 "protocol": "vllm" if r in self._legacy else
                             "prefixkv" if r in self._epoch else None,
-                "block_size_mismatches": self.router.block_size_mismatches[r]}
+                "block_size_mismatches": self.router.block_size_mismatches[r],
+                "lossy": self.router.lossy[r]}
             for r in self.connected})
         return out
 
