@@ -198,3 +198,53 @@ def test_a_load_that_fits_only_without_the_blocks_below_its_window_fits(delay):
         answers.append(None if new is None else ([g.count(NULL) for g in m.get_block_ids("a")],
                                                  m.block_pool.get_num_free_blocks()))
     assert answers[0] == answers[1] == (([0, 1], 0) if delay else None)
+
+
+def test_with_async_scheduling_a_window_keeps_what_the_chunk_in_flight_reads():
+    # async scheduling: chunk 0..8 of a 16-token prompt is in flight (vLLM counts it
+    # computed) when chunk 8..16 is scheduled. vLLM releases on the processed basis
+    # (computed - in flight = 0): the 4-token window's block 0, which the queries 0..8
+    # still read, stays. Before: prefixkv released it at its scheduled 8 ((NULL, 4):
+    # a block back in the pool that another request could take and overwrite while
+    # the step in flight reads it)
+    from vllm.v1.request import RequestStatus
+
+    answers = []
+    for m in _hybrid_pair(12, full(BS), _window(4)):
+        a = _request("a", list(range(16)), None)
+        assert m.allocate_slots(a, 8) is not None
+        a.status, a.num_computed_tokens, a.num_in_flight_tokens = RequestStatus.RUNNING, 8, 8
+        assert m.allocate_slots(a, 8) is not None
+        answers.append((m.get_block_ids("a")[1][0] != NULL, m.block_pool.get_num_free_blocks()))
+        # its output lands: the next step releases what no query at 16 reads, as vLLM's
+        a.num_computed_tokens, a.num_in_flight_tokens = 16, 0
+        a.append_output_token_ids(9)
+        assert m.allocate_slots(a, 1) is not None
+        answers.append(([g.count(NULL) for g in m.get_block_ids("a")], m.block_pool.get_num_free_blocks()))
+    assert answers[:2] == answers[2:] == [(True, 3), ([0, 3], 4)]
+
+
+def test_async_decode_moves_windows_at_known_tokens_only_as_vllm_does():
+    # async decode: each step is scheduled before the previous one's token is known
+    # (one in flight, vLLM's num_tokens behind computed by one). prefixkv schedules only
+    # known tokens, so its windows never move past the step in flight: the tables and
+    # the free count match vLLM's at every step
+    from vllm.v1.request import RequestStatus
+
+    answers: list[list[Any]] = []
+    for m in _hybrid_pair(14, full(BS), _window(3)):
+        seen: list[Any] = []
+        a = _request("a", list(range(6)), None)
+        assert m.allocate_slots(a, 6) is not None
+        a.status, a.num_computed_tokens, a.num_in_flight_tokens = RequestStatus.RUNNING, 6, 6
+        for step in range(10):  # step's output lands after the next step is scheduled
+            assert m.allocate_slots(a, 1) is not None
+            a.num_computed_tokens += 1
+            a.num_in_flight_tokens += 1
+            a.num_in_flight_tokens -= 6 if step == 0 else 1  # the previous step's output
+            a.append_output_token_ids(20 + step)
+            m.cache_blocks(a, a.num_computed_tokens - a.num_in_flight_tokens)
+            seen.append((m.get_block_ids("a"), m.block_pool.get_num_free_blocks()))
+        answers.append(seen)
+    assert answers[0] == answers[1]
+
