@@ -248,3 +248,18 @@ def test_async_decode_moves_windows_at_known_tokens_only_as_vllm_does():
         answers.append(seen)
     assert answers[0] == answers[1]
 
+
+def test_a_finished_request_hands_the_connector_the_window_vllm_hands():
+    # vLLM's scheduler calls remove_skipped_blocks when a request finishes, before it
+    # gives the block table to the connector: the 4-token window's blocks 0..2 become the
+    # null block and go back to the pool. Before: prefixkv's no-op handed the connector
+    # blocks 0..2 too (held, so their KV was sound, but saved where vLLM saves none)
+    answers = []
+    for m in _hybrid_pair(12, full(BS), _window(4)):
+        a = _request("a", list(range(16)), None)
+        assert m.allocate_slots(a, 16) is not None
+        a.num_computed_tokens = 16
+        m.remove_skipped_blocks("a", 16, num_prompt_tokens=16)
+        answers.append((m.get_block_ids_for_computed_tokens("a", 16)[1], m.block_pool.get_num_free_blocks()))
+    assert answers[0][0][:3] == answers[1][0][:3] == [NULL] * 3
+    assert answers[0][1] == answers[1][1] == 6
