@@ -81,9 +81,10 @@ CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "num_blocks_to_allocate": (("live", 16), {}),
     "num_blocks_released": (("live",), {}),
     "release_unread": (("live",), {}),
+    "bound_release": (("live", 8), {}),
 }
 HYBRID_ONLY_MISSING = {"shared_prefixes"}
-HYBRID_ONLY = {"num_blocks_to_allocate", "num_blocks_released", "release_unread"}
+HYBRID_ONLY = {"num_blocks_to_allocate", "num_blocks_released", "release_unread", "bound_release"}
 
 
 def _variants(name: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:

@@ -224,6 +224,28 @@ def test_release_unread_releases_what_the_next_step_would_and_nothing_more():
             call("nobody")
 
 
+def test_bound_release_keeps_what_a_query_at_the_bound_reads_until_lifted():
+    # 16 tokens scheduled: a step at 16 reads 9..16 of the 8-token window (blocks 0, 1
+    # would go). Bound at 8 (a step in flight starts there, reading 1..8): only what no
+    # query at 8 reads may go, i.e. nothing; the bound lifted, blocks 0, 1 go
+    m = manager(num_blocks=12)
+    m.add_request("a", list(range(1, 17)))
+    before = m.get_block_ids("a")
+    m.bound_release("a", 8)
+    assert m.num_blocks_released("a") == m.release_unread("a") == 0
+    assert m.append_tokens("a", [17]) is not None       # grows, releasing nothing
+    assert m.get_block_ids("a")[1][:4] == before[1]
+    m.check_invariants()
+    with pytest.raises(RequestError):
+        m.bound_release("a", -1)
+    m.bound_release("a", None)
+    assert m.release_unread("a") == 2
+    null = m.null_block_id
+    assert m.get_block_ids("a")[1][:2] == (null, null)
+    m.check_invariants()
+    with pytest.raises(RequestError):
+        m.bound_release("nobody", 0)
+
 
 def test_rewind_forgets_the_tokens_after_it_and_the_step_recomputing_them_moves_windows_at_its_start():
     # 12 tokens scheduled in one chunk: blocks 0..2 a group, cached. Back to 4 (blocks 1, 2

@@ -198,3 +198,97 @@ def test_a_load_that_fits_only_without_the_blocks_below_its_window_fits(delay):
         answers.append(None if new is None else ([g.count(NULL) for g in m.get_block_ids("a")],
                                                  m.block_pool.get_num_free_blocks()))
     assert answers[0] == answers[1] == (([0, 1], 0) if delay else None)
+
+
+def test_with_async_scheduling_a_window_keeps_what_the_chunk_in_flight_reads():
+    # async scheduling: chunk 0..8 of a 16-token prompt is in flight (vLLM counts it
+    # computed) when chunk 8..16 is scheduled. vLLM releases on the processed basis
+    # (computed - in flight = 0): the 4-token window's block 0, which the queries 0..8
+    # still read, stays. Before: prefixkv released it at its scheduled 8 ((NULL, 4):
+    # a block back in the pool that another request could take and overwrite while
+    # the step in flight reads it)
+    from vllm.v1.request import RequestStatus
+
+    answers = []
+    for m in _hybrid_pair(12, full(BS), _window(4)):
+        a = _request("a", list(range(16)), None)
+        assert m.allocate_slots(a, 8) is not None
+        a.status, a.num_computed_tokens, a.num_in_flight_tokens = RequestStatus.RUNNING, 8, 8
+        assert m.allocate_slots(a, 8) is not None
+        answers.append((m.get_block_ids("a")[1][0] != NULL, m.block_pool.get_num_free_blocks()))
+        # its output lands: the next step releases what no query at 16 reads, as vLLM's
+        a.num_computed_tokens, a.num_in_flight_tokens = 16, 0
+        a.append_output_token_ids(9)
+        assert m.allocate_slots(a, 1) is not None
+        answers.append(([g.count(NULL) for g in m.get_block_ids("a")], m.block_pool.get_num_free_blocks()))
+    assert answers[:2] == answers[2:] == [(True, 3), ([0, 3], 4)]
+
+
+def test_async_decode_moves_windows_at_known_tokens_only_as_vllm_does():
+    # async decode: each step is scheduled before the previous one's token is known
+    # (one in flight, vLLM's num_tokens behind computed by one). prefixkv schedules only
+    # known tokens, so its windows never move past the step in flight: the tables and
+    # the free count match vLLM's at every step
+    from vllm.v1.request import RequestStatus
+
+    answers: list[list[Any]] = []
+    for m in _hybrid_pair(14, full(BS), _window(3)):
+        seen: list[Any] = []
+        a = _request("a", list(range(6)), None)
+        assert m.allocate_slots(a, 6) is not None
+        a.status, a.num_computed_tokens, a.num_in_flight_tokens = RequestStatus.RUNNING, 6, 6
+        for step in range(10):  # step's output lands after the next step is scheduled
+            assert m.allocate_slots(a, 1) is not None
+            a.num_computed_tokens += 1
+            a.num_in_flight_tokens += 1
+            a.num_in_flight_tokens -= 6 if step == 0 else 1  # the previous step's output
+            a.append_output_token_ids(20 + step)
+            m.cache_blocks(a, a.num_computed_tokens - a.num_in_flight_tokens)
+            seen.append((m.get_block_ids("a"), m.block_pool.get_num_free_blocks()))
+        answers.append(seen)
+    assert answers[0] == answers[1]
+    assert answers[0][-1][0][1].count(NULL) == 3  # (the window moved: the test can fail)
+
+
+def test_a_finished_request_hands_the_connector_the_window_vllm_hands():
+    # vLLM's scheduler calls remove_skipped_blocks when a request finishes, before it
+    # gives the block table to the connector: the 4-token window's blocks 0..2 become the
+    # null block and go back to the pool. Before: prefixkv's no-op handed the connector
+    # blocks 0..2 too (held, so their KV was sound, but saved where vLLM saves none)
+    answers = []
+    for m in _hybrid_pair(12, full(BS), _window(4)):
+        a = _request("a", list(range(16)), None)
+        assert m.allocate_slots(a, 16) is not None
+        a.num_computed_tokens = 16
+        m.remove_skipped_blocks("a", 16, num_prompt_tokens=16)
+        answers.append((m.get_block_ids_for_computed_tokens("a", 16)[1], m.block_pool.get_num_free_blocks()))
+    assert answers[0][0][:3] == answers[1][0][:3] == [NULL] * 3
+    assert answers[0][1] == answers[1][1] == 6
+
+
+def test_spec_decode_roll_backs_move_windows_where_vllm_does():
+    # speculative decoding: each step schedules 1 + 3 draft tokens, some rejected (vLLM
+    # sets computed back). prefixkv schedules only known tokens (the drafts are not in
+    # all_token_ids), so a roll-back never undoes a window's move; windows move only as
+    # far as the last allocate_slots' processed tokens, as vLLM's, which moves them
+    # there only. Before bound_release: cache_blocks(16) grew prefixkv's request from 14
+    # and released the window's block 2 there, a step before vLLM (free 8 against 7)
+    from vllm.v1.request import RequestStatus
+
+    answers: list[list[Any]] = []
+    for m in _hybrid_pair(16, full(BS), _window(3)):
+        seen: list[Any] = []
+        a = _request("a", list(range(6)), None)
+        assert m.allocate_slots(a, 6) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 6
+        a.append_output_token_ids(30)
+        for step, rejected in enumerate([0, 2, 3, 1, 3, 0, 2]):
+            a.spec_token_ids = [40, 41, 42]
+            assert m.allocate_slots(a, 4, num_lookahead_tokens=3) is not None
+            a.num_computed_tokens += 4 - rejected
+            a.append_output_token_ids([50 + step] * (4 - rejected))
+            m.cache_blocks(a, a.num_computed_tokens)
+            seen.append((m.get_block_ids("a"), m.block_pool.get_num_free_blocks()))
+        answers.append(seen)
+    assert answers[0] == answers[1]
+    assert answers[0][-1][0][1].count(NULL) == 4  # (the window moved: the test can fail)

@@ -28,7 +28,8 @@ Growth = tuple[tuple[int, ...], ...]
 
 class GroupDecoder(GroupAdmitter):
     """``extend``, ``append_tokens``, ``append_step``, ``reserve``,
-    ``num_blocks_to_allocate``, ``num_blocks_released``, ``release_unread``; see
+    ``num_blocks_to_allocate``, ``num_blocks_released``, ``release_unread``,
+    ``bound_release``; see
     ``HybridKVCacheManager``."""
 
     def _step_requests(self, request_ids: Sequence[Hashable],
@@ -139,6 +140,17 @@ class GroupDecoder(GroupAdmitter):
             req.step_start = max(req.step_start, req.num_scheduled)
         return freed
 
+    def bound_release(self, request_id: Hashable, num_tokens: int | None) -> None:
+        """From now on, release windows' blocks as if each step started at most at
+        ``num_tokens``: keep what a query there still reads (a step the engine scheduled
+        but has not run yet, e.g. vLLM's async scheduling, whose steps in flight start
+        there). None lifts the bound. Releases nothing. Raises RequestError (unknown id,
+        ``num_tokens`` < 0)."""
+        req = self._get(request_id)
+        if num_tokens is not None:
+            check_count("num_tokens", num_tokens, 0, None)
+        req.release_bound = num_tokens
+
     def rewind(self, request_id: Hashable, num_tokens: int) -> None:
         """Take the request back to its first ``num_tokens`` tokens, all scheduled: the
         engine recomputes from there (the KV after it turned out invalid, e.g. a failed
@@ -186,6 +198,8 @@ class GroupDecoder(GroupAdmitter):
         """The blocks each group releases when a step starts at ``start`` (None when none
         does), and how many of them return to the pool (held by no other)."""
         bs = self.block_size
+        if req.release_bound is not None:
+            start = min(start, req.release_bound)
         if start < req.next_release:
             return None, 0
         going = [t[req.cut[g]:spec.num_unread(start, bs)]

@@ -12,6 +12,7 @@ full block j (every full scheduled block has one); the request holds a reference
 ``step_start``: where the last scheduled step began (its queries sit at and after it);
 after a ``rewind``, which undoes no release, it may lie past ``num_scheduled``.
 ``next_release``: the first step start at which some group releases a block.
+``release_bound``: None, or a position no window release goes past (``bound_release``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from .spec import GroupSpec
 
 class GroupRequest:
     __slots__ = ("request_id", "tokens", "keys", "tables", "cut", "nodes", "num_cached",
-                 "num_scheduled", "num_reserved", "step_start", "next_release", "prompt")
+                 "num_scheduled", "num_reserved", "step_start", "next_release", "release_bound",
+                 "prompt")
 
     def __init__(self, request_id: Hashable, tokens: array[int], keys: RequestKeys, num_groups: int) -> None:
         self.request_id = request_id
@@ -43,6 +45,7 @@ class GroupRequest:
         self.num_reserved = 0
         self.step_start = 0
         self.next_release = 0
+        self.release_bound: int | None = None
         self.prompt: Prompt | None = None  # a prepared prompt, until its prefill is scheduled
 
     def release(self, going: Sequence[Sequence[Block]]) -> list[Block]:

@@ -258,8 +258,17 @@ class KVCacheManager:
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
-        """Nothing to do: prefixkv's hybrid manager releases the blocks that leave every
-        window itself, when a request's tokens are cached."""
+        """Release the request's blocks that no window reads at
+        ``processed_computed_tokens`` (its tokens whose steps ran; vLLM's scheduler calls
+        it when a request finishes, before it hands the block table to a connector): the
+        table then shows vLLM's null block there, as vLLM's. Growth releases such blocks
+        itself; one-group models and requests holding none: nothing happens.
+        ``num_prompt_tokens`` is for group kinds prefixkv does not offer (unused)."""
+        key = self._keys.get(request_id)
+        if key is None or not self._hybrid:
+            return
+        self.core.bound_release(key, max(0, processed_computed_tokens))
+        self.core.release_unread(key)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Make these blocks' content unfindable (KV a connector failed to load). Raises

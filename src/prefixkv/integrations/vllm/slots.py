@@ -162,6 +162,9 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
         # windows, which would otherwise move at the old, later position
         m.core.rewind(key, request.num_computed_tokens)
     computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
+    if m._hybrid:  # as vLLM, windows move at the tokens processed: steps in flight (async
+        # scheduling) still read from where they start, which is before computed
+        m.core.bound_release(key, max(0, computed - request.num_in_flight_tokens))
     slots = min(computed + num_new_tokens + num_lookahead_tokens, m.max_model_len)
     cache_to = request.num_computed_tokens if delay_cache_blocks else computed + num_new_tokens
     short = m.coordinator.short_of_blocks
