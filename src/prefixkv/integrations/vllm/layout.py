@@ -4,7 +4,8 @@ vLLM describes a model's KV cache as a ``KVCacheConfig``: ``num_blocks`` blocks 
 is vLLM's null block) and one ``KVCacheGroupSpec`` per group of layers that share a
 block table. ``read_layout`` maps each group's spec to a ``prefixkv.groups.GroupSpec``
 (full attention, MLA included; sliding window; chunked local attention) and refuses,
-before anything is built, whatever prefixkv does not offer, naming it.
+before anything is built, whatever prefixkv does not offer, naming it;
+``check_options`` does so for the manager's other arguments.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from prefixkv.core.manager import KVCacheManager
 from prefixkv.errors import ConfigError
 from prefixkv.groups import GroupSpec, HybridKVCacheManager, chunked_local, full_attention, sliding_window
 
-__all__ = ["VLLM_VERSION", "Layout", "UnsupportedByPrefixKV", "build_core", "read_layout"]
+__all__ = ["VLLM_VERSION", "Layout", "UnsupportedByPrefixKV", "build_core", "check_options", "read_layout"]
 
 VLLM_VERSION = "0.33.0"
 """The vLLM release this integration is written against and tested with (pinned)."""
@@ -108,6 +109,19 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
         raise UnsupportedByPrefixKV(f"num_blocks must leave a block beside vLLM's null "
                                     f"block, got {kv_cache_config.num_blocks}")
     return Layout(groups, sizes[0], kv_cache_config.num_blocks, specs)
+
+
+def check_options(*, use_eagle: bool, num_hash_lookahead_tokens: int, watermark: float) -> None:
+    """Raises UnsupportedByPrefixKV for the manager's arguments prefixkv does not offer:
+    EAGLE's shortened hits (``use_eagle``), lookahead hashing
+    (``num_hash_lookahead_tokens`` > 0), a negative ``watermark``."""
+    if use_eagle:
+        raise UnsupportedByPrefixKV("prefixkv does not offer EAGLE's shortened hits (use_eagle)")
+    if num_hash_lookahead_tokens:
+        raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead hashing "
+                                    f"(num_hash_lookahead_tokens={num_hash_lookahead_tokens})")
+    if watermark < 0:
+        raise UnsupportedByPrefixKV(f"watermark must be >= 0, got {watermark}")
 
 
 def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool) -> tuple[Any, int]:

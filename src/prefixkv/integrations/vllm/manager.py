@@ -6,7 +6,8 @@ group runs on ``prefixkv.KVCacheManager``, full / sliding-window / chunked-local
 
 How ``get_computed_blocks``, ``allocate_slots`` and ``cache_blocks`` map vLLM's token
 layout onto prefixkv, and where admission takes a request's tokens from: slots.py (the
-hit, admission and growth); the prefixkv manager a layout runs on: ``layout.build_core``.
+hit, admission and growth); freeing, released and evicted blocks: release.py; the prefixkv
+manager a layout runs on: ``layout.build_core``.
 
 The differences from vLLM's manager, and the tests of vLLM that show them, are listed in
 docs/integration.md ("With vLLM").
@@ -14,7 +15,7 @@ docs/integration.md ("With vLLM").
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -26,10 +27,11 @@ from vllm.v1.request import Request
 from prefixkv.core.block import blocks_for
 
 from .coordinator import CoordinatorView
-from .layout import UnsupportedByPrefixKV, build_core, read_layout
+from .layout import build_core, check_options, read_layout
 from .pool import BlockPoolView, Blocks
 from .popped import PoppedBlocks
 from .prepared import PreparedPrompts
+from .release import estimate_cached, evict, free_popped, free_request, pop_for_free, release_skipped
 from .requests import reads_cache
 from .slots import allocate, grow, lookup
 from .telemetry import Telemetry
@@ -54,13 +56,8 @@ class KVCacheManager:
                              hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
                              pcp_world_size=pcp_world_size,
                              enable_mamba_shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint)
-        if use_eagle:
-            raise UnsupportedByPrefixKV("prefixkv does not offer EAGLE's shortened hits (use_eagle)")
-        if num_hash_lookahead_tokens:
-            raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead hashing "
-                                        f"(num_hash_lookahead_tokens={num_hash_lookahead_tokens})")
-        if watermark < 0:
-            raise UnsupportedByPrefixKV(f"watermark must be >= 0, got {watermark}")
+        check_options(use_eagle=use_eagle, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+                      watermark=watermark)
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.block_size = bs = layout.block_size
@@ -87,7 +84,8 @@ class KVCacheManager:
                                     metrics_collector=metrics_collector,
                                     enable_kv_cache_events=enable_kv_cache_events)
         self.block_pool = BlockPoolView(self._blocks, layout.num_blocks, bs, enable_caching,
-                                        self._free_popped, self._evict, lambda: self.core.num_free_blocks,
+                                        lambda b: free_popped(self, b), lambda ids: self.evict_blocks(ids),
+                                        lambda: self.core.num_free_blocks,
                                         self._telemetry.built_events)
         self.coordinator = CoordinatorView(self, layout)
         self._keys: dict[Hashable, int] = {}  # vLLM request id -> prefixkv's id of the request
@@ -154,15 +152,7 @@ class KVCacheManager:
         the request held it holds none (nor does a null block: a window group that
         released every full block of the request counts 0): after vLLM's scheduler
         evicts a request's tail from its first invalid block, that block's start."""
-        rid = request.request_id
-        n = self.num_cached_tokens(rid)
-        evicted = self._evicted.get(rid, ())
-        if not n or not (evicted or self._hybrid):  # (a window's released blocks: null)
-            return n
-        full = n // self.block_size
-        return self.block_size * min(
-            max((j + 1 for j, i in enumerate(row[:full]) if i and (g, j) not in evicted), default=0)
-            for g, row in enumerate(self.get_block_ids(rid)))
+        return estimate_cached(self, request.request_id)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         """0 per group, as vLLM's (cascade attention is gone from vLLM)."""
@@ -234,27 +224,13 @@ class KVCacheManager:
         it schedules them, and makes KV that never landed unfindable itself
         (``evict_blocks``), so ``request.num_computed_tokens`` is not read here. A
         request holding none: nothing happens."""
-        key = self._keys.pop(request.request_id, None)
-        self._evicted.pop(request.request_id, None)
-        if key is not None:
-            self.core.free(key)
+        free_request(self, request.request_id)
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         """Forget the request but keep its blocks held: the returned blocks (in token
         order, fresh objects of this call) go back with ``block_pool.free_blocks`` later.
         Empty for a request holding none."""
-        key = self._keys.pop(request.request_id, None)
-        self._evicted.pop(request.request_id, None)
-        if key is None:
-            return []
-        blocks = [KVCacheBlock(i) for g in self._blocks.vllm_ids(self._ids(key)) for i in g]
-        self._popped.hand_out(key, blocks)
-        return blocks
-
-    def _free_popped(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Free the requests whose popped blocks these are (all checked before any change)."""
-        for key in self._popped.take_back(blocks):
-            self.core.free(key)
+        return pop_for_free(self, request.request_id)
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
@@ -264,31 +240,12 @@ class KVCacheManager:
         table then shows vLLM's null block there, as vLLM's. Growth releases such blocks
         itself; one-group models and requests holding none: nothing happens.
         ``num_prompt_tokens`` is for group kinds prefixkv does not offer (unused)."""
-        key = self._keys.get(request_id)
-        if key is None or not self._hybrid:
-            return
-        self.core.bound_release(key, max(0, processed_computed_tokens))
-        self.core.release_unread(key)
+        release_skipped(self, request_id, processed_computed_tokens)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Make these blocks' content unfindable (KV a connector failed to load). Raises
         RequestError for ids that are not vLLM block ids (nothing changes)."""
-        self.core.uncache_blocks(self._blocks.core_ids(block_ids))
-        # Where live requests held them cached, for estimate_cached_tokens: by (group,
-        # block index), which keeps its block until the request goes (a window's released
-        # block may come back to the same request elsewhere). Such a block never regains
-        # content: caching goes forward from the request's cached blocks. (A block not yet
-        # cached loses nothing and is cached as usual.) Rare: failed loads only.
-        gone = set(block_ids)
-        for rid in self.live_request_ids():
-            cached = self.num_cached_tokens(rid) // self.block_size
-            at = {(g, j) for g, row in enumerate(self.get_block_ids(rid))
-                  for j, i in enumerate(row[:cached]) if i in gone}
-            if at:
-                self._evicted.setdefault(rid, set()).update(at)
-
-    def _evict(self, block_ids: set[int]) -> None:
-        self.evict_blocks(block_ids)
+        evict(self, block_ids)
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached block when none is in use; whether it did."""

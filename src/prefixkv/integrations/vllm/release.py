@@ -1,0 +1,92 @@
+"""What ``manager.KVCacheManager`` gives back or unmarks, over prefixkv's manager: a
+request's blocks when it goes (``free``, ``pop_blocks_for_free`` and the pool's
+``free_blocks`` of popped blocks), the blocks no window reads any more
+(``remove_skipped_blocks``), and the content a connector failed to load
+(``evict_blocks``), with the estimate that leaves that content out
+(``estimate_cached_tokens``).
+
+Functions of the manager ``m``, whose methods state their contracts; they read and
+change its request map, block table and its note of evicted blocks (``m._evicted``),
+and hold no state of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+if TYPE_CHECKING:
+    from .manager import KVCacheManager
+
+__all__ = ["estimate_cached", "evict", "forget", "free_popped", "free_request", "pop_for_free",
+           "release_skipped"]
+
+
+def forget(m: KVCacheManager, request_id: str) -> int | None:
+    """Drop the request's vLLM id and evicted-block note; prefixkv's id of it, None
+    when it held no blocks. Its blocks stay held."""
+    m._evicted.pop(request_id, None)
+    return m._keys.pop(request_id, None)
+
+
+def free_request(m: KVCacheManager, request_id: str) -> None:
+    """``m.free`` (its contract is there) of the request ``request_id``."""
+    key = forget(m, request_id)
+    if key is not None:
+        m.core.free(key)
+
+
+def pop_for_free(m: KVCacheManager, request_id: str) -> list[KVCacheBlock]:
+    """``m.pop_blocks_for_free`` (its contract is there) of the request ``request_id``."""
+    key = forget(m, request_id)
+    if key is None:
+        return []
+    blocks = [KVCacheBlock(i) for g in m._blocks.vllm_ids(m._ids(key)) for i in g]
+    m._popped.hand_out(key, blocks)
+    return blocks
+
+
+def free_popped(m: KVCacheManager, blocks: Iterable[KVCacheBlock]) -> None:
+    """Free the requests whose popped blocks these are (all checked before any change)."""
+    for key in m._popped.take_back(blocks):
+        m.core.free(key)
+
+
+def release_skipped(m: KVCacheManager, request_id: str, processed_computed_tokens: int) -> None:
+    """``m.remove_skipped_blocks`` (its contract is there)."""
+    key = m._keys.get(request_id)
+    if key is None or not m._hybrid:
+        return
+    m.core.bound_release(key, max(0, processed_computed_tokens))
+    m.core.release_unread(key)
+
+
+def evict(m: KVCacheManager, block_ids: set[int]) -> None:
+    """``m.evict_blocks`` (its contract is there)."""
+    m.core.uncache_blocks(m._blocks.core_ids(block_ids))
+    # Where live requests held them cached, for estimate_cached_tokens: by (group,
+    # block index), which keeps its block until the request goes (a window's released
+    # block may come back to the same request elsewhere). Such a block never regains
+    # content: caching goes forward from the request's cached blocks. (A block not yet
+    # cached loses nothing and is cached as usual.) Rare: failed loads only.
+    gone = set(block_ids)
+    for rid in m.live_request_ids():
+        cached = m.num_cached_tokens(rid) // m.block_size
+        at = {(g, j) for g, row in enumerate(m.get_block_ids(rid))
+              for j, i in enumerate(row[:cached]) if i in gone}
+        if at:
+            m._evicted.setdefault(rid, set()).update(at)
+
+
+def estimate_cached(m: KVCacheManager, request_id: str) -> int:
+    """``m.estimate_cached_tokens`` (its contract is there) of the request ``request_id``."""
+    n = m.num_cached_tokens(request_id)
+    evicted = m._evicted.get(request_id, ())
+    if not n or not (evicted or m._hybrid):  # (a window's released blocks: null)
+        return n
+    full = n // m.block_size
+    return m.block_size * min(
+        max((j + 1 for j, i in enumerate(row[:full]) if i and (g, j) not in evicted), default=0)
+        for g, row in enumerate(m.get_block_ids(request_id)))
