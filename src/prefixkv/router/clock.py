@@ -15,6 +15,11 @@ import threading
 from collections.abc import Callable
 
 
+def real(value: object) -> bool:
+    """``value`` is an int or a float, not a bool (a time or a span of seconds may be)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class ForwardClock:
     """``clock``'s readings as forward motion (module doc). ``error``: the exception
     class raised for a bad reading. Thread-safe (a poller's scrape threads read it)."""

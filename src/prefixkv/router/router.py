@@ -35,7 +35,6 @@ apply).
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -43,16 +42,16 @@ from dataclasses import dataclass
 
 from ..errors import PrefixKVError
 from ..hashing import block_hashes
-from .clock import ForwardClock
+from .clock import ForwardClock, real
 from .decode import Cleared, Removed, RouterEvent, Stored
 from .index import BlockIndex, InProcessIndex
 from .load import LoadBook, ReplicaLoad
+from .marks import IndexMarks
 from .scorer import AffinityScorer, ReplicaView, Scorer, ScorerError
 
 POLICIES = ("prefix", "round-robin", "least-loaded")
 FULL_KIND = "full_attention"
 _MASK64 = (1 << 64) - 1
-_log = logging.getLogger(__name__)
 
 
 class RouterError(PrefixKVError):
@@ -118,7 +117,7 @@ class Router:
                 isinstance(c, int) and not isinstance(c, bool) and c >= 1
                 for c in capacity.values())):
             raise RouterError(f"capacity must map replicas to blocks >= 1, got {capacity!r}")
-        if stale_after is not None and not (_real(stale_after) and stale_after >= 0):
+        if stale_after is not None and not (real(stale_after) and stale_after >= 0):
             raise RouterError(f"stale_after must be seconds >= 0 or None, got {stale_after!r}")
         block_hashes([], block_size, hash_mode=hash_mode, seed=seed)  # ConfigError early
         self.replicas = tuple(names)
@@ -132,8 +131,8 @@ class Router:
         self.in_flight = dict.fromkeys(names, 0)
         self.routed = dict.fromkeys(names, 0)
         self.last_heard: dict[str, float] = {}
-        self.block_size_mismatches = dict.fromkeys(names, 0)
-        self.lossy = dict.fromkeys(names, 0)  # batches lost since the index was emptied
+        self._marks = IndexMarks(names, block_size)  # the counts beside the index (marks.py)
+        self.block_size_mismatches, self.lossy = self._marks.block_size_mismatches, self._marks.lossy
         self._scored: dict[str, int | None] = {}
         self._turn = 0
 
@@ -158,8 +157,7 @@ class Router:
         index, scored = self.index, self._scored
         for ev in events:
             if isinstance(ev, Stored):
-                if ev.block_size is not None and ev.block_size != self.block_size:
-                    self._mismatched(replica, ev.block_size)
+                if self._marks.mismatched(replica, ev.block_size):
                     continue
                 if replica not in scored and ev.kind in (None, FULL_KIND):
                     scored[replica] = ev.group
@@ -172,7 +170,7 @@ class Router:
             elif isinstance(ev, Cleared):
                 index.clear(replica)
                 scored.pop(replica, None)
-                self.lossy[replica] = 0  # (nothing left to be stale)
+                self._marks.emptied(replica)
         self.last_heard[replica] = heard
 
     def scored_group(self, replica: str) -> int | None:
@@ -187,7 +185,7 @@ class Router:
         self._known(replica)
         self.index.clear(replica)
         self._scored.pop(replica, None)
-        self.lossy[replica] = 0
+        self._marks.emptied(replica)
 
     def lost(self, replica: str) -> None:
         """A batch of ``replica``'s events was lost (undecodable, its place in the stream
@@ -197,7 +195,7 @@ class Router:
         event type in every batch would otherwise empty the index at each one).
         Raises RouterError for an unknown replica."""
         self._known(replica)
-        self.lossy[replica] += 1
+        self._marks.lost(replica)
 
     def live(self) -> list[str]:
         """Replicas heard from within ``stale_after`` of the clock's forward motion (every
@@ -226,7 +224,7 @@ class Router:
         self._known(replica)
         if not isinstance(load, ReplicaLoad):
             raise RouterError(f"report_load({replica!r}): not a ReplicaLoad: {load!r}")
-        if read_at is not None and not (_real(read_at) and math.isfinite(read_at)):
+        if read_at is not None and not (real(read_at) and math.isfinite(read_at)):
             raise RouterError(f"report_load({replica!r}): read_at must be a finite time, "
                               f"got {read_at!r}")
         self._time()  # (the last step back, if any, is seen before ``read_at`` is placed)
@@ -294,21 +292,6 @@ class Router:
                            loads.capacity.get(replica), None if rep is None else rep.kv_usage,
                            self.routed[replica], self.lossy[replica])
 
-    # ---- a replica configured unlike the router (kept apart from scoring) -----------------
-
-    def _mismatched(self, replica: str, block_size: int) -> None:
-        """Count a ``Stored`` of another block size; warn on the replica's first."""
-        if not self.block_size_mismatches[replica]:
-            _log.warning("replica %r announces block_size %d, the router hashes prompts in "
-                         "blocks of %d: its blocks cannot match and are not indexed",
-                         replica, block_size, self.block_size)
-        self.block_size_mismatches[replica] += 1
-
     def _known(self, replica: str) -> None:
         if replica not in self.in_flight:
             raise RouterError(f"unknown replica {replica!r}; known: {list(self.replicas)}")
-
-
-def _real(value: object) -> bool:
-    """``value`` is an int or a float, not a bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
