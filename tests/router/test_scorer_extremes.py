@@ -11,24 +11,28 @@ view = st.builds(
     ReplicaView, st.sampled_from("abcd"), st.integers(0, 8), st.integers(0, 8),
     st.integers(0, 8), st.integers(0, 10**6), big, big,
     st.one_of(st.none(), st.sampled_from([1, 7, 10**9])),
-    st.one_of(st.none(), st.sampled_from([0.0, 0.5, 0.95, 1.0])), st.integers(0, 10**6))
+    st.one_of(st.none(), st.sampled_from([0.0, 0.5, 0.95, 1.0])), st.integers(0, 10**6),
+    st.integers(0, 2))
 
 
 def _consistent(v: ReplicaView) -> ReplicaView:
     run = min(v.run, v.prompt_blocks)
     return ReplicaView(v.replica, v.prompt_blocks, run, min(v.gpu_run, run), v.in_flight,
-                       v.prefill_blocks, v.active_blocks, v.capacity, v.kv_usage, v.routed)
+                       v.prefill_blocks, v.active_blocks, v.capacity, v.kv_usage, v.routed,
+                       v.lossy)
 
 
 views = st.lists(view.map(_consistent), min_size=1, max_size=5)
 balances = st.sampled_from([1.0, 1.1, 2.0, 1e300, float("inf")])
+lossy_weights = st.sampled_from([0.0, 5e-324, 0.5, 1.0])
 
 
 @settings(max_examples=50, deadline=None)
-@given(views, balances, st.sampled_from([0.0, 1.0, 1e300]), st.sampled_from([0.0, 0.5, 1.0]))
-def test_affinity_picks_a_candidate(vs, balance, load_weight, cpu_weight):
+@given(views, balances, st.sampled_from([0.0, 1.0, 1e300]), st.sampled_from([0.0, 0.5, 1.0]),
+       lossy_weights)
+def test_affinity_picks_a_candidate(vs, balance, load_weight, cpu_weight, lossy_weight):
     make = lambda: AffinityScorer(balance=balance, load_weight=load_weight,  # noqa: E731
-                                  cpu_weight=cpu_weight)
+                                  cpu_weight=cpu_weight, lossy_weight=lossy_weight)
     pick = make().pick(vs, 0)
     assert 0 <= pick < len(vs) and make().pick(vs, 0) == pick
 
@@ -36,10 +40,11 @@ def test_affinity_picks_a_candidate(vs, balance, load_weight, cpu_weight):
 @settings(max_examples=50, deadline=None)
 @given(views, st.one_of(st.none(), balances), st.sampled_from([1e-300, 1.0, 2.0, 1e300]),
        st.sampled_from([0.0, 5e-324, 1e-300, 0.5, 1e300, float("inf")]),
-       st.sampled_from([None, 0.5, 1.0]))
-def test_cost_picks_a_candidate(vs, balance, prefill_weight, temperature, busy):
+       st.sampled_from([None, 0.5, 1.0]), lossy_weights)
+def test_cost_picks_a_candidate(vs, balance, prefill_weight, temperature, busy, lossy_weight):
     make = lambda: CostScorer(balance=balance, prefill_weight=prefill_weight,  # noqa: E731
-                              temperature=temperature, busy_threshold=busy, seed=3)
+                              temperature=temperature, busy_threshold=busy, seed=3,
+                              lossy_weight=lossy_weight)
     picks = [make().pick(vs, 0) for _ in range(2)]
     assert 0 <= picks[0] < len(vs) and picks[0] == picks[1]
 

@@ -22,6 +22,14 @@ position of the one to use. Two scorers:
   one that does not is costed as if its pool were the mean of those stated (a cost in
   blocks beside costs in pools would make it look hundreds of times as loaded); where
   none does, costs are in blocks.
+
+Both credit a replica's cached run the same way (``credited``): a GPU block 1, a CPU
+block ``cpu_weight``, and the whole times ``lossy_weight`` (default 0.5) while the
+replica's index is marked lossy (``ReplicaView.lossy`` > 0: a batch of its events was
+lost, removals perhaps among them, so its run may name blocks it no longer holds) until
+the index is emptied (``Router.forget``, an ``AllBlocksCleared``). A stale long run so
+loses to a sound replica's real run over half its length; 0 counts a lossy replica's
+hits as misses, 1 ignores the mark.
 """
 
 from __future__ import annotations
@@ -49,7 +57,8 @@ class ReplicaView:
     unknown; ``kv_usage``: as last published, None when never; ``routed``: requests the
     router sent there since it started, finished or not; ``lossy``: batches of its events
     lost (undecodable) since its index was last emptied (``Router.lossy``: > 0, ``run``
-    may overstate what it holds; the built-in scorers do not use it)."""
+    may overstate what it holds; the built-in scorers discount its run by their
+    ``lossy_weight``, module doc)."""
 
     replica: str
     prompt_blocks: int
@@ -62,6 +71,18 @@ class ReplicaView:
     kv_usage: float | None
     routed: int = 0
     lossy: int = 0
+
+
+def credited(v: ReplicaView, cpu_weight: float, lossy_weight: float) -> float:
+    """Blocks of the prompt ``v`` caches as the built-in scorers count them (module doc):
+    ``gpu_run + cpu_weight * (run - gpu_run)``, times ``lossy_weight`` when ``v.lossy``."""
+    cached = v.gpu_run + cpu_weight * (v.run - v.gpu_run)
+    return cached * lossy_weight if v.lossy else cached
+
+
+def _check_lossy_weight(lossy_weight: float) -> None:
+    if not 0 <= lossy_weight <= 1:
+        raise ScorerError(f"need 0 <= lossy_weight <= 1; got {lossy_weight}")
 
 
 class Scorer(Protocol):
@@ -77,16 +98,19 @@ class AffinityScorer:
     candidates are those with ``in_flight + 1 <= ceil(balance * (total + 1) / N)`` (the
     least loaded always is); score = ``(gpu_run + cpu_weight * (run - gpu_run)) / n -
     load_weight * in_flight / (mean in_flight + 1)``; highest wins, ties to the least
-    loaded, then the first in rotation. Raises ScorerError unless ``balance >= 1`` (an
-    infinite one: no cap), ``load_weight`` is finite and ``>= 0`` (an infinite weight
-    times 0 in flight is NaN) and ``0 <= cpu_weight <= 1``."""
+    loaded, then the first in rotation; a lossy replica's runs count ``lossy_weight``
+    (module doc). Raises ScorerError unless ``balance >= 1`` (an infinite one: no cap),
+    ``load_weight`` is finite and ``>= 0`` (an infinite weight times 0 in flight is NaN),
+    ``0 <= cpu_weight <= 1`` and ``0 <= lossy_weight <= 1``."""
 
     def __init__(self, *, load_weight: float = 1.0, balance: float = 1.25,
-                 cpu_weight: float = 0.5) -> None:
+                 cpu_weight: float = 0.5, lossy_weight: float = 0.5) -> None:
         if not balance >= 1 or not 0 <= load_weight < math.inf or not 0 <= cpu_weight <= 1:
             raise ScorerError(f"need balance >= 1, finite load_weight >= 0, 0 <= cpu_weight <= 1; "
                               f"got {balance}, {load_weight}, {cpu_weight}")
+        _check_lossy_weight(lossy_weight)
         self.load_weight, self.balance, self.cpu_weight = load_weight, balance, cpu_weight
+        self.lossy_weight = lossy_weight
 
     def pick(self, views: Sequence[ReplicaView], turn: int) -> int:
         """See ``Scorer.pick``: the highest score under the cap (class doc)."""
@@ -97,7 +121,7 @@ class AffinityScorer:
         for i in allowed:
             v = views[i]
             n = max(1, v.prompt_blocks)
-            score = (v.gpu_run + self.cpu_weight * (v.run - v.gpu_run)) / n \
+            score = credited(v, self.cpu_weight, self.lossy_weight) / n \
                 - self.load_weight * v.in_flight / (mean + 1)
             key = (score, -v.in_flight)
             if best_key is None or key > best_key:
@@ -145,7 +169,9 @@ class CostScorer:
     ``busy_threshold`` in (0, 1] or None; ``cpu_weight`` in [0, 1]: how much of a block
     cached on the CPU counts as cached; ``balance`` >= 1 or None (Dynamo's cost alone,
     which may send most requests of a hot prefix to the replica holding it): bounded
-    load around the cost, in three rules (``hold`` >= 1 decisions for the first):
+    load around the cost, in three rules (``hold`` >= 1 decisions for the first);
+    ``lossy_weight`` in [0, 1]: how much of a lossy replica's cached run counts (module
+    doc), in the cost and in the rules alike:
 
     1. Only replicas under the cap on requests in flight are candidates (``under_cap``,
        rounded down), its mean held at the highest it was over the last ``hold``
@@ -168,7 +194,8 @@ class CostScorer:
 
     def __init__(self, *, prefill_weight: float = 1.0, temperature: float = 0.0,
                  busy_threshold: float | None = 0.95, cpu_weight: float = 0.5,
-                 balance: float | None = None, hold: int = 64, seed: int = 0) -> None:
+                 balance: float | None = None, hold: int = 64, seed: int = 0,
+                 lossy_weight: float = 0.5) -> None:
         if not 0 < prefill_weight < math.inf or not temperature >= 0 or not 0 <= cpu_weight <= 1 or (
                 busy_threshold is not None and not 0 < busy_threshold <= 1) or (
                 balance is not None and not balance >= 1) or not hold >= 1:
@@ -176,6 +203,8 @@ class CostScorer:
                               f"0 < busy_threshold <= 1 or None, balance >= 1 or None, hold >= 1; "
                               f"got {prefill_weight}, {temperature}, {cpu_weight}, "
                               f"{busy_threshold}, {balance}, {hold}")
+        _check_lossy_weight(lossy_weight)
+        self.lossy_weight = lossy_weight
         self.balance = balance
         self._means: deque[float] = deque(maxlen=hold)  # requests in flight per replica
         self.prefill_weight, self.temperature = prefill_weight, temperature
@@ -215,8 +244,8 @@ class CostScorer:
         return self._rng.choices(allowed, weights)[0]
 
     def _cached(self, v: ReplicaView) -> float:
-        """Blocks of the prompt ``v`` caches, a CPU block counting ``cpu_weight``."""
-        return v.gpu_run + self.cpu_weight * (v.run - v.gpu_run)
+        """Blocks of the prompt ``v`` caches as credited (``credited``)."""
+        return credited(v, self.cpu_weight, self.lossy_weight)
 
     def _balanced(self, views: Sequence[ReplicaView], balance: float) -> list[int]:
         """Rules 1 and 2 (class doc): under the cap in flight; then, if those all cache

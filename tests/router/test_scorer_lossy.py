@@ -1,0 +1,67 @@
+"""The built-in scorers discount a lossy replica's hits (``lossy_weight``): its index may
+hold blocks a lost batch removed, so a stale long run must not win over a sound replica's
+real shorter one."""
+
+import pytest
+
+from prefixkv.router import AffinityScorer, CostScorer, ReplicaView, Router, ScorerError, Stored
+
+BS = 4
+
+
+def view(name, *, run, gpu=None, lossy=0, n=8):
+    return ReplicaView(name, n, run, run if gpu is None else gpu, 0, 0.0, 0.0, None, None,
+                       0, lossy)
+
+
+# (found by the audit of fleet-r9b's mark: no built-in scorer read ``ReplicaView.lossy``,
+# so a replica whose index may be stale won every route its stale entries matched)
+SCORERS = [AffinityScorer, CostScorer, lambda **kw: CostScorer(balance=1.1, **kw)]
+IDS = ["affinity", "cost", "cost-balanced"]
+
+
+@pytest.mark.parametrize("make", SCORERS, ids=IDS)
+def test_a_lossy_replicas_stale_long_hit_loses_to_a_sound_shorter_one(make):
+    stale, sound = view("a", run=8, lossy=1), view("b", run=5)
+    assert make().pick([stale, sound], 0) == 1
+    assert make().pick([sound, stale], 0) == 0  # not rotation: the same either way round
+    # its hits are discounted, not ignored: a run twice the sound one's still wins
+    assert make().pick([view("a", run=8, lossy=1), view("b", run=3)], 0) == 0
+    # the same runs on a sound index: the longer one wins, as before
+    assert make().pick([view("a", run=8), sound], 0) == 0
+
+
+@pytest.mark.parametrize("make", SCORERS, ids=IDS)
+def test_lossy_weight_one_ignores_the_mark_and_zero_counts_its_hits_as_misses(make):
+    stale, sound = view("a", run=8, lossy=3), view("b", run=5)
+    assert make(lossy_weight=1.0).pick([stale, sound], 0) == 0
+    assert make(lossy_weight=0.0).pick([view("a", run=8, lossy=1), view("b", run=1)], 0) == 1
+
+
+def test_the_discount_applies_to_cpu_blocks_too():
+    s = CostScorer(cpu_weight=0.5, lossy_weight=0.5)
+    # 4 GPU + 4 CPU blocks: 6 credited, halved to 3: 5 blocks to compute
+    assert s.cost(view("a", run=8, gpu=4, lossy=1)) == 5 + 8
+    assert s.cost(view("a", run=8, gpu=4)) == 2 + 8
+
+
+@pytest.mark.parametrize("make", [AffinityScorer, CostScorer], ids=["affinity", "cost"])
+@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), float("inf")])
+def test_lossy_weight_out_of_range_is_rejected(make, bad):
+    with pytest.raises(ScorerError, match="lossy_weight"):
+        make(lossy_weight=bad)
+
+
+@pytest.mark.parametrize("make", SCORERS, ids=IDS)
+def test_the_router_routes_off_a_lossy_index_until_it_is_forgotten(make):
+    router = Router(["a", "b"], block_size=BS, scorer=make())
+    prompt = list(range(1, 33))  # 8 blocks
+    hashes = router.prompt_hashes(prompt)
+    router.apply("a", [Stored(tuple(hashes), None, "GPU")])
+    router.apply("b", [Stored(tuple(hashes[:5]), None, "GPU")])
+    router.lost("a")  # a batch of a's events lost: its 8 blocks may be stale
+    assert router.route(prompt).replica == "b"
+    router.finish("b")
+    router.forget("a")  # emptied and rebuilt from what it holds now
+    router.apply("a", [Stored(tuple(hashes), None, "GPU")])
+    assert router.lossy["a"] == 0 and router.route(prompt).replica == "a"
