@@ -157,12 +157,13 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
     """``allocate_slots`` for the live request ``key``: the blocks added, or None when
     the pool, less ``keep`` blocks, is short (nothing changed but, as in vLLM, the
     release of the blocks no window reads any more)."""
-    if m._hybrid and request.num_computed_tokens < m.core.num_scheduled_tokens(key):
-        # vLLM set it back (evict_blocks: invalid KV), and recomputes from there: so do the
-        # windows, which would otherwise move at the old, later position
-        m.core.rewind(key, request.num_computed_tokens)
     computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
-    if m._hybrid:  # as vLLM, windows move at the tokens processed: steps in flight (async
+    if m._hybrid:
+        if request.num_computed_tokens < m.core.num_scheduled_tokens(key):
+            # vLLM set it back (evict_blocks: invalid KV), and recomputes from there: so do
+            # the windows, which would otherwise move at the old, later position
+            m.core.rewind(key, request.num_computed_tokens)
+        # as vLLM, windows move at the tokens processed: steps in flight (async
         # scheduling) still read from where they start, which is before computed
         m.core.bound_release(key, max(0, computed - request.num_in_flight_tokens))
     slots = min(computed + num_new_tokens + num_lookahead_tokens, m.max_model_len)
