@@ -92,3 +92,17 @@ def test_caps_and_logits_over_the_range_match_the_reference(softcap, scale):
     # LSE ~ softcap at huge logits: its float32 rounding is relative to that.
     torch.testing.assert_close(got_lse, want_lse, atol=2e-4 * softcap, rtol=2e-4)
 
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("scale, softcap", [(None, 1.1754943508222875e-38), (1e30, 1e30 / 1.7e38)],
+                         ids=["smallest-cap", "largest-ratio"])
+def test_the_smallest_caps_accepted_give_uniform_attention(backend, scale, softcap):
+    # Every capped score is within +-softcap (~0): each row is the mean of the values it
+    # sees, a zero query too (its score 0 was 0 / 0 or 0 * inf with smaller caps).
+    case = make_case([2, 1], [9, 6], num_kv_heads=1, group=1, head_dim=16, block_size=4,
+                     device=PRIMARY_DEVICE, seed=2)
+    case.q[0] = 0.0
+    out = paged_prefill_attention(*case.args, softmax_scale=scale, softcap=softcap, backend=backend)
+    k0, k1 = case.dense_v
+    want = torch.stack([k0[:8].mean(0), k0.mean(0), k1.mean(0)])  # causal: row 0 sees keys 0..7
+    torch.testing.assert_close(out.cpu(), want.cpu(), **tolerance(torch.float32))

@@ -79,8 +79,14 @@ BAD_CALLS = {
     # softcap 3e38 NaN on Triton, numbers on torch
     "scale past float32": (UnsupportedError, r"softmax_scale must be a float in \(0, 1.7e\+38\]",
                            _option("softmax_scale", 1e39)),
-    "softcap past float32": (UnsupportedError, r"softcap must be a float in \[0, 1.7e\+38\]",
+    "softcap past float32": (UnsupportedError, r"softcap must be 0 \(off\) or a float in \[1.18e-38, 1.7e\+",
                              _option("softcap", 3e38)),
+    # below float32's normal range, or a scale / softcap past it: a score of 0 became NaN
+    # (0 / 0, 0 * inf): 1e-46 on both backends, 1e-40 / 1e-46 on torch, 1e30 / 1e-10 on Triton (kern-r10)
+    "softcap below float32": (UnsupportedError, r"softcap must be 0 \(off\) or a float in \[1.18e-38",
+                              _option("softcap", 1e-46)),
+    "scale / softcap past float32": (UnsupportedError, r"softmax_scale / softcap must be at most 1.7e\+38",
+                                     lambda a, k: (a, {**k, "softmax_scale": 1e30, "softcap": 1e-10})),
     # flags and scalars of the wrong type: truthy strings and bools must not pass as options
     "causal str": (UnsupportedError, "causal must be True or False, got 'no'", _option("causal", "no")),
     "causal int": (UnsupportedError, "causal must be True or False", _option("causal", 1)),

@@ -209,7 +209,8 @@ def paged_prefill_attention(
             p attends keys ``p - left .. p + right``; ``-1`` is unbounded; with ``causal``
             right must be -1 or 0; a side wider than 2^30 is clamped to 2^30 (unbounded in
             effect).
-        softcap: if > 0, scores become ``softcap * tanh(scores / softcap)`` (after scaling).
+        softcap: if > 0, scores become ``softcap * tanh(scores / softcap)`` (after scaling);
+            0 or in ``[1.18e-38, 1.7e38]``, with ``softmax_scale / softcap <= 1.7e38``.
         out: optional ``[total_q, num_heads, head_dim]`` tensor of q's dtype to write into
             (any strides in which no two entries share memory): ``q`` itself (in place),
             or memory that no other argument shares (ShapeError otherwise).

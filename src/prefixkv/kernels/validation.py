@@ -27,6 +27,7 @@ __all__ = [
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, *FP8_DTYPES)
 MAX_HEAD_DIM = 256
 FLOAT_LIMIT = torch.finfo(torch.float32).max / 2  # half of float32's max: times log2(e) it stays finite
+FLOAT_TINY = torch.finfo(torch.float32).tiny  # float32's smallest normal number
 INDEX_DTYPE = torch.int32
 SLOT_DTYPES = (torch.int32, torch.int64)
 
@@ -218,8 +219,14 @@ def check_attention(
     if not (_real(softmax_scale) and 0 < softmax_scale <= FLOAT_LIMIT):
         raise UnsupportedError(f"softmax_scale must be a float in (0, {FLOAT_LIMIT:.3g}], "
                                f"got {softmax_scale!r}")
-    if not (_real(softcap) and 0 <= softcap <= FLOAT_LIMIT):
-        raise UnsupportedError(f"softcap must be a float in [0, {FLOAT_LIMIT:.3g}] (0: off), got {softcap!r}")
+    if not (_real(softcap) and (softcap == 0 or FLOAT_TINY <= softcap <= FLOAT_LIMIT)):
+        raise UnsupportedError(f"softcap must be 0 (off) or a float in [{FLOAT_TINY:.3g}, "
+                               f"{FLOAT_LIMIT:.3g}], got {softcap!r}")
+    # Scores are divided by softcap in float32 (the kernel multiplies by the ratio): a cap
+    # that is 0 in float32, or a ratio that is inf, makes a score of 0 NaN (0 / 0, 0 * inf).
+    if softcap > 0 and softmax_scale / softcap > FLOAT_LIMIT:
+        raise UnsupportedError(f"softmax_scale / softcap must be at most {FLOAT_LIMIT:.3g} (float32), got "
+                               f"{softmax_scale!r} / {softcap!r}")
     left, right = _window(window_size, causal)
     check_window_reach(left, right, block_table.shape[1] * block_size, q.shape[0])
     if out is not None:
