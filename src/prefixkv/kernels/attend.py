@@ -1,7 +1,7 @@
-"""Key tiles of the attention kernel: load K/V through the block table, score, and fold
-into the running (max, sum, output) of the online softmax.
+"""Key tiles of the attention kernel: score (K/V read through the block table by
+``gather.py``) and fold into the running (max, sum, output) of the online softmax.
 
-Inlined into each phase loop of ``attention._paged_prefill_kernel`` (masked or not by the
+Inlined into each phase loop of ``prefill_kernel._paged_prefill_kernel`` (masked or not by the
 ``MASKED`` constexpr). Scores live in the exp2 domain: ``s * qk_scale`` with
 ``qk_scale = softmax_scale * log2(e)`` applied inside the max and as one FMA in the exp2
 argument, so the scaled tile is never materialised.
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from .gather import _block_ids, _keys, _offsets, _tile_offsets, _values
 
 
 @triton.jit
@@ -44,86 +46,6 @@ def _max(a, b):  # type: ignore[no-untyped-def]  # Triton JIT
 
 
 @triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
-def _block_ids(  # type: ignore[no-untyped-def]  # Triton JIT
-    start_n, phase_hi, bt_row, last_block, stride_bc,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PER_BLOCK_IDS: tl.constexpr,
-):
-    """Block ids (int64, clamped into the cache) of the keys ``start_n ..``, read from the
-    block-table row ``bt_row``: ``[BLOCK_N // BLOCK_SIZE, 1]`` with ``PER_BLOCK_IDS``, else
-    ``[BLOCK_N]``."""
-    if PER_BLOCK_IDS:
-        # No left window and BLOCK_N % BLOCK_SIZE == 0: tiles start on multiples of BLOCK_N,
-        # so a tile is whole blocks: one block id per block, [NB] -> [NB, BLOCK_SIZE] ->
-        # [BLOCK_N], instead of one per key.
-        NB: tl.constexpr = BLOCK_N // BLOCK_SIZE
-        b = start_n // BLOCK_SIZE + tl.arange(0, NB)  # [NB]
-        if MASKED:
-            blk = tl.load(bt_row + b * stride_bc, mask=b * BLOCK_SIZE < phase_hi, other=0)
-        else:
-            blk = tl.load(bt_row + b * stride_bc)
-        ids = tl.minimum(blk.to(tl.uint32), last_block).to(tl.int64)[:, None]  # [NB, 1], clamped as below
-    else:
-        col = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
-        # Key positions are >= 0: divided as uint32, with no signed rounding fix-up (60 SASS
-        # instructions fewer a pass of the unmasked loop on triton 3.6, sm_90 compile).
-        page = (col.to(tl.uint32) // BLOCK_SIZE).to(tl.int32)
-        if MASKED:
-            blk = tl.load(bt_row + page * stride_bc, mask=col < phase_hi, other=0)
-        else:
-            blk = tl.load(bt_row + page * stride_bc)
-        # A bad id reads a wrong block, never outside the cache: as uint32 a negative id is
-        # above last_block, so one unsigned min clamps both ends (to the last block).
-        ids = tl.minimum(blk.to(tl.uint32), last_block).to(tl.int64)
-    return ids
-
-
-@triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
-def _offsets(  # type: ignore[no-untyped-def]  # Triton JIT
-    blk, start_n, stride_b, stride_s, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    PER_BLOCK_IDS: tl.constexpr,
-):
-    """Offsets ``[BLOCK_N]`` (int64) of the keys ``start_n ..`` in a cache of block stride
-    ``stride_b`` and slot stride ``stride_s``, from their :func:`_block_ids`."""
-    # int64 before the multiply: block * stride passes 2^31 in large caches.
-    if PER_BLOCK_IDS:
-        slot = tl.arange(0, BLOCK_SIZE)[None, :]  # [1, BLOCK_SIZE]
-        off = tl.reshape(blk * stride_b + slot * stride_s, [BLOCK_N])
-    else:
-        slot = ((start_n + tl.arange(0, BLOCK_N)).to(tl.uint32) % BLOCK_SIZE).to(tl.int32)  # as in _block_ids
-        off = blk * stride_b + slot * stride_s
-    return off
-
-
-@triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
-def _tile_offsets(  # type: ignore[no-untyped-def]  # Triton JIT
-    start_n, phase_hi, bt_row, last_block, stride_bc, stride_b, stride_s,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PER_BLOCK_IDS: tl.constexpr,
-):
-    """:func:`_offsets` of the keys ``start_n ..``, reading their block ids."""
-    blk = _block_ids(start_n, phase_hi, bt_row, last_block, stride_bc, BLOCK_SIZE, BLOCK_N, MASKED,
-                     PER_BLOCK_IDS)
-    return _offsets(blk, start_n, stride_b, stride_s, BLOCK_SIZE, BLOCK_N, PER_BLOCK_IDS)
-
-
-@triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
-def _keys(  # type: ignore[no-untyped-def]  # Triton JIT
-    q, d, d_ok, k_off, start_n, phase_hi, k_base, stride_kd,
-    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr, MASKED: tl.constexpr,
-):
-    """K^T of the keys ``start_n ..`` at ``k_off``: ``[DIM_P2, BLOCK_N]`` in q's dtype."""
-    if MASKED:
-        col_ok = start_n + tl.arange(0, BLOCK_N) < phase_hi  # never load past the phase (or kv_len)
-        k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd,
-                    mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # [DIM_P2, BLOCK_N]
-    elif HEAD_DIM != DIM_P2:  # whole tiles, padded head_dim: mask the dims only
-        k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd, mask=d_ok[:, None], other=0.0)
-    else:
-        k = tl.load(k_base + k_off[None, :] + d[:, None] * stride_kd)
-    # fp8 caches: widen to q's dtype in registers; their scales are folded into qk_scale and the output.
-    return k.to(q.dtype)
-
-
-@triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
 def _score(  # type: ignore[no-untyped-def]  # Triton JIT
     q, d, d_ok, start_n, phase_hi, k_base, bt_row, last_block, stride_bc, stride_kb, stride_ks, stride_kd,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
@@ -134,23 +56,6 @@ def _score(  # type: ignore[no-untyped-def]  # Triton JIT
                           BLOCK_SIZE, BLOCK_N, MASKED, PER_BLOCK_IDS)
     k = _keys(q, d, d_ok, k_off, start_n, phase_hi, k_base, stride_kd, BLOCK_N, HEAD_DIM, DIM_P2, MASKED)
     return tl.dot(q, k, input_precision=DOT_PRECISION)
-
-
-@triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
-def _values(  # type: ignore[no-untyped-def]  # Triton JIT
-    q, d, d_ok, v_off, start_n, phase_hi, v_base, stride_vd,
-    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr, MASKED: tl.constexpr,
-):
-    """V of the keys ``start_n ..`` at ``v_off``: ``[BLOCK_N, DIM_P2]`` in q's dtype."""
-    if MASKED:
-        col_ok = start_n + tl.arange(0, BLOCK_N) < phase_hi
-        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd,
-                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, DIM_P2]
-    elif HEAD_DIM != DIM_P2:
-        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd, mask=d_ok[None, :], other=0.0)
-    else:
-        v = tl.load(v_base + v_off[:, None] + d[None, :] * stride_vd)
-    return v.to(q.dtype)  # fp8 caches: widened in registers, as K
 
 
 @triton.jit  # type: ignore[untyped-decorator]  # Triton JIT
