@@ -122,6 +122,26 @@ def test_a_cascade_for_another_batch_or_a_table_that_is_no_tensor_is_rejected():
         cascade_attention(*args, cascade, backend="torch")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_cascade_built_for_another_block_size_is_rejected_before_any_write(backend):
+    # Built with blocks of 4 for a cache of 5-slot blocks (the requests hold two lookahead
+    # blocks each, so their tokens fit either way): the prefix pass read 4 keys of each
+    # shared block and the own part skipped 5, silently (1.03 off on both backends; kern-r10).
+    groups, ids, computed, new, q, k_cache, v_cache = _batch(seed=3)
+    device = PRIMARY_DEVICE if backend == "triton" else "cpu"
+    args = list(_args(ids, computed, new, q, k_cache, v_cache, torch.float32, device))
+    ids = [row + [30 + 2 * i, 31 + 2 * i] for i, row in enumerate(ids)]
+    args[3] = build_block_table(ids, max_blocks=8, pad_id=BLOCKS - 1, device=device)
+    cascade = build_cascade_batch([SharedPrefix(3, (0, 1, 3))], ids, computed, new, BS - 1, device=device)
+    out = torch.full_like(args[0], 7.0)
+    with pytest.raises(ShapeError, match="built for blocks of 4 tokens .* the cache's blocks hold 5"):
+        cascade_attention(*args, cascade, out=out, backend=backend)
+    assert (out == 7.0).all()
+    right = build_cascade_batch([SharedPrefix(3, (0, 1, 3))], ids, computed, new, BS, device=device)
+    torch.testing.assert_close(cascade_attention(*args, right, backend=backend),
+                               paged_prefill_attention_reference(*args), **tolerance(torch.float32))
+
+
 def test_groups_that_do_not_share_their_blocks_are_rejected():
     groups, ids, computed, new, *_ = _batch()
     with pytest.raises(BatchError, match="request 2 does not hold"):

@@ -221,12 +221,14 @@ def cascade_attention(
     as before): group decoding requests (docs/kv_layout.md).
 
     Raises:
-        ArgumentTypeError: ``q`` or ``block_table`` is not a ``torch.Tensor``.
+        ArgumentTypeError: ``q``, ``k_cache`` or ``block_table`` is not a ``torch.Tensor``.
         ShapeError: ``cascade`` does not fit this batch (its shift per request, its rows
-            outside q), ``out`` shares memory with ``block_table`` or the cascade's
-            tensors; and everything ``paged_prefill_attention`` raises, before any write.
+            outside q, a ``block_size`` other than the cache's), ``out`` shares memory with
+            ``block_table`` or the cascade's tensors; and everything
+            ``paged_prefill_attention`` raises, before any write.
     """
-    check_cascade(cascade.shift_blocks, cascade.rows, q, block_table)
+    check_cascade(cascade.shift_blocks, cascade.rows, cascade.block_table, cascade.max_seqlen_k, q, k_cache,
+                  block_table)
     if isinstance(out, torch.Tensor):  # pass 2 checks out against its own arguments only
         check_reads_apart("cascade_attention", {"out": out}, {
             "block_table": block_table, "cascade.shift_blocks": cascade.shift_blocks,

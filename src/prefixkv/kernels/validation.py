@@ -252,20 +252,29 @@ def check_attention(
     )
 
 
-def check_cascade(shift_blocks: torch.Tensor, rows: torch.Tensor, q: object, block_table: object) -> None:
-    """A cascade batch (its ``shift_blocks`` ``[batch]`` and ``rows``) fits the call's ``q``
-    and ``block_table``: one shift per request, no more rows than q has.
+def check_cascade(shift_blocks: torch.Tensor, rows: torch.Tensor, prefix_table: torch.Tensor,
+                  prefix_keys: int, q: object, k_cache: object, block_table: object) -> None:
+    """A cascade batch (its ``shift_blocks`` ``[batch]``, ``rows``, and ``prefix_table``
+    ``[num_groups, width]`` of ``prefix_keys`` = its ``max_seqlen_k``) fits the call: one
+    shift per request, no more rows than q has, and a prefix of whole blocks of the cache's
+    size (the groups' longest is ``width`` blocks).
 
     Raises:
-        ArgumentTypeError: ``q`` or ``block_table`` is not a ``torch.Tensor``.
-        ShapeError: the cascade is for another batch.
+        ArgumentTypeError: ``q``, ``k_cache`` or ``block_table`` is not a ``torch.Tensor``.
+        ShapeError: the cascade is for another batch, or was built for another block size.
     """
-    check_tensors(q=q, block_table=block_table)
+    check_tensors(q=q, k_cache=k_cache, block_table=block_table)
     assert isinstance(q, torch.Tensor) and isinstance(block_table, torch.Tensor)
+    assert isinstance(k_cache, torch.Tensor)
     batch = block_table.shape[0] if block_table.dim() == 2 else -1
     if shift_blocks.shape != (batch,) or rows.numel() > q.shape[0]:
         raise ShapeError(f"cascade is for {shift_blocks.shape[0]} requests and {rows.numel()} rows; this "
                          f"batch has {batch} requests and {q.shape[0]} rows")
+    block_size = k_cache.shape[1] if k_cache.dim() == 4 else -1
+    if prefix_table.shape[0] and prefix_keys != prefix_table.shape[1] * block_size:
+        raise ShapeError(f"cascade was built for blocks of {prefix_keys / prefix_table.shape[1]:g} tokens "
+                         f"(its longest prefix: {prefix_keys} tokens in {prefix_table.shape[1]} blocks); the "
+                         f"cache's blocks hold {block_size}")
 
 
 def check_sinks(sinks: torch.Tensor | None, q: torch.Tensor) -> None:
