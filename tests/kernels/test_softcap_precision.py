@@ -3,7 +3,9 @@ logits, against torch.tanh in float64 and a float64 dense attention.
 
 ``scores -> softcap * tanh(scores / softcap)``: with a large cap, ``scores / softcap`` is
 small, and tanh must keep its relative precision there, or the cap multiplies an absolute
-error of ~1e-7 into the scores (1e-3 at a cap of 1e4).
+error of ~1e-7 into the scores (1e-3 at a cap of 1e4). Caps up to
+``attention.EXP_TANH_MAX_CAP`` take tanh's exp form (``attend._tanh``, absolute error
+~1e-7), larger ones its precise form (``attend._tanh_precise``).
 """
 
 from __future__ import annotations
@@ -21,30 +23,45 @@ from .conftest import PRIMARY_DEVICE
 pytestmark = pytest.mark.usefixtures("needs_triton")
 
 ULP = 2.0 ** -23  # float32's relative spacing at 1
+MAGS = torch.logspace(-30, 7, 1500, dtype=torch.float64).float()  # tiny .. past saturation
+SPECIALS = [0.0, -0.0, 0.5, -0.5, float("inf"), float("-inf"), 3.4e38, -3.4e38]
 
 
-def _tanh_triton(x: torch.Tensor) -> torch.Tensor:
+def _tanh_triton(x: torch.Tensor, precise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the kernel's tanh of ``x``, torch.tanh in float64) on the host, float64."""
     from .tanh_probe import tanh_triton  # imports triton
 
-    return tanh_triton(x)
+    x = x.to(PRIMARY_DEVICE)
+    return tanh_triton(x, precise).cpu().double(), torch.tanh(x.cpu().double())
 
 
-def test_tanh_keeps_float32_precision_over_the_whole_range():
-    mags = torch.logspace(-30, 7, 1500, dtype=torch.float64).float()  # tiny .. past saturation
-    specials = torch.tensor([0.0, -0.0, 0.5, -0.5, float("inf"), float("-inf"), 3.4e38, -3.4e38])
-    x = torch.cat([mags, -mags, specials]).to(PRIMARY_DEVICE)
-    got = _tanh_triton(x).cpu().double()
-    want = torch.tanh(x.cpu().double())
-    assert torch.isfinite(got).all()
-    assert (got.abs() <= 1.0).all()
+@pytest.mark.parametrize("precise", [True, False], ids=["precise", "exp-form"])
+def test_tanh_saturates_exactly_and_is_nan_only_for_nan(precise):
+    got, _ = _tanh_triton(torch.tensor(SPECIALS + [float("nan")]), precise)
+    assert got[4:8].tolist() == [1.0, -1.0, 1.0, -1.0]
+    assert got[:4].abs().tolist()[:2] == [0.0, 0.0] and torch.isnan(got[-1])
+    got, _ = _tanh_triton(torch.cat([MAGS, -MAGS]), precise)
+    assert torch.isfinite(got).all() and (got.abs() <= 1.0).all()
+
+
+def test_precise_tanh_keeps_float32_relative_precision_over_the_whole_range():
+    x = torch.cat([MAGS, -MAGS, torch.tensor(SPECIALS)])
+    got, want = _tanh_triton(x, precise=True)
     rel = (got - want).abs() / want.abs().clamp_min(1e-300)
     worst = int(rel.argmax())
     # torch.tanh in float32 is within ~1 ulp; allow 4 (the GPU's exp2 and division are approximate).
     x_w, got_w, want_w = (float(t[worst]) for t in (x, got, want))
     assert rel.max() <= 4 * ULP, f"tanh({x_w!r}) = {got_w!r}, not {want_w!r}"
-    assert got[-4:].tolist() == [1.0, -1.0, 1.0, -1.0]  # saturates exactly
     assert math.copysign(1.0, float(got[-7])) == -1.0  # tanh(-0.0) = -0.0
-    assert torch.isnan(_tanh_triton(torch.tensor([float("nan")], device=PRIMARY_DEVICE))).all()
+
+
+def test_exp_form_tanh_is_within_two_ulp_of_one_and_loses_relative_precision_near_zero():
+    # What EXP_TANH_MAX_CAP rests on: an absolute bound, so a capped score is off by at most
+    # cap * 2.4e-7; near 0 the relative error is large (why larger caps take the precise form).
+    got, want = _tanh_triton(torch.cat([MAGS, -MAGS]), precise=False)
+    assert (got - want).abs().max() <= 2 * ULP
+    tiny = torch.cat([MAGS, MAGS]) < 1e-7
+    assert ((got - want).abs() / want.abs())[tiny].max() > 0.5
 
 
 def _dense64(case, scale: float, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,3 +123,27 @@ def test_the_smallest_caps_accepted_give_uniform_attention(backend, scale, softc
     k0, k1 = case.dense_v
     want = torch.stack([k0[:8].mean(0), k0.mean(0), k1.mean(0)])  # causal: row 0 sees keys 0..7
     torch.testing.assert_close(out.cpu(), want.cpu(), **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("softcap, mode", [(0.0, 0), (30.0, 1), (50.0, 1), (100.0, 1), (100.5, 2), (1e4, 2)])
+def test_the_launch_takes_the_precise_tanh_only_past_the_exp_forms_range(monkeypatch, softcap, mode):
+    from prefixkv.kernels import attention
+
+    assert attention.softcap_mode(softcap) == mode
+    modes = []
+    kernel = attention._paged_prefill_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                modes.append(kwargs["SOFTCAP"])
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(attention, "_paged_prefill_kernel", Recorder())
+    case = make_case([2, 1], [9, 6], num_kv_heads=1, group=1, head_dim=16, block_size=4,
+                     device=PRIMARY_DEVICE, seed=2)
+    got = paged_prefill_attention(*case.args, softcap=softcap, backend="triton")
+    want = paged_prefill_attention(*case.args, softcap=softcap, backend="torch")
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
+    assert modes == [mode]

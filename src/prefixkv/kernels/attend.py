@@ -21,9 +21,15 @@ from .gather import _block_ids, _keys, _offsets, _tile_offsets, _values
 
 @triton.jit
 def _tanh(x):  # type: ignore[no-untyped-def]  # Triton JIT
-    # tanh to float32 precision at every |x| (softcap's large caps make x small); exactly
-    # +-1 from |x| ~ 9 on, NaN only for a NaN x. (1 - 2 / (e^(2x) + 1) lost every digit
-    # near 0: an absolute 1e-7 there, which the cap multiplies into the scores.)
+    # 1 - 2 / (e^(2x) + 1): saturates to exactly +-1, never NaN.
+    return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
+def _tanh_precise(x):  # type: ignore[no-untyped-def]  # Triton JIT
+    # tanh to float32 precision at every |x|: exactly +-1 from |x| ~ 9 on, NaN only for a
+    # NaN x. (_tanh cancels near 0 and keeps an absolute ~1.6e-7 there, which a large cap
+    # multiplies into the scores: 1e-3 at a cap of 1e4.)
     # |x| < 0.5: x * P(x^2), an odd polynomial fitted to tanh(x) / x (error 3e-10).
     # Else sign(x) (1 - e) / (1 + e) with e = e^(-2|x|) in [0, e^-1]: no cancellation, no
     # overflow (e^(+2|x|) would be inf past |x| ~ 44).
@@ -66,10 +72,14 @@ def _softmax(  # type: ignore[no-untyped-def]  # Triton JIT
 ):
     """The online softmax of the scores ``s`` of the keys ``start_n ..``: mask, new running max
     ``m_new``, ``alpha = exp2(m_i - m_new)`` (the rescale of what came before) and
-    ``p = exp2(s - m_new)`` ``[BLOCK_M, BLOCK_N]`` fp32."""
+    ``p = exp2(s - m_new)`` ``[BLOCK_M, BLOCK_N]`` fp32. ``SOFTCAP``: 0 none, 1 capped with
+    :func:`_tanh`, 2 with :func:`_tanh_precise` (:func:`attention.softcap_mode`)."""
     col = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
-    if SOFTCAP:
-        s = softcap_log2 * _tanh(s * qk_scale)  # qk_scale = softmax_scale / softcap here
+    if SOFTCAP == 2:  # a large cap (attention.softcap_mode): tanh's precise form
+        s = softcap_log2 * _tanh_precise(s * qk_scale)  # qk_scale = softmax_scale / softcap here
+        s_scale = 1.0
+    elif SOFTCAP:
+        s = softcap_log2 * _tanh(s * qk_scale)
         s_scale = 1.0
     else:
         # qk_scale = softmax_scale * log2(e) (> 0): scores in the exp2 domain are s * qk_scale,

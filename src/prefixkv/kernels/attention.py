@@ -26,6 +26,17 @@ from .workspace import SplitWorkspace
 __all__ = ["paged_prefill_attention_triton"]
 
 _LOG2E = 1.4426950408889634
+# Caps up to this take tanh's exp form (attend._tanh): it is within ~1.6e-7 of tanh, so
+# scores within cap * 1.6e-7 (1.6e-5 at 100, about a float32 dot product's own rounding);
+# larger caps its precise form (attend._tanh_precise), 12 instructions a score more on
+# sm_90 (docs/kernels.md, "Softcap").
+EXP_TANH_MAX_CAP = 100.0
+
+
+def softcap_mode(softcap: float) -> int:
+    """The kernel's ``SOFTCAP`` constexpr for a validated ``softcap``: 0 off, 1 tanh's exp
+    form (caps up to :data:`EXP_TANH_MAX_CAP`: Gemma 2's 50 and 30), 2 its precise form."""
+    return 0 if softcap == 0 else 1 if softcap <= EXP_TANH_MAX_CAP else 2
 
 
 def paged_prefill_attention_triton(
@@ -116,7 +127,7 @@ def paged_prefill_attention_triton(
         DIM_P2=max(16, triton.next_power_of_2(shape.head_dim)), BLOCK_SIZE=shape.block_size,
         BLOCK_M=block_m, BLOCK_N=config.block_n,
         HAS_LEFT=shape.window_left >= 0, HAS_RIGHT=shape.window_right >= 0,
-        SOFTCAP=shape.softcap > 0, HAS_SINKS=sinks is not None, KV_FP8=kv_fp8,
+        SOFTCAP=softcap_mode(shape.softcap), HAS_SINKS=sinks is not None, KV_FP8=kv_fp8,
         RETURN_LSE=return_lse,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None, SPLIT=num_splits > 1,
         PER_BLOCK_IDS=per_block_ids(shape.window_left >= 0, config.block_n, shape.block_size),
