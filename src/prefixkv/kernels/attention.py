@@ -29,7 +29,7 @@ _LOG2E = 1.4426950408889634
 # Caps up to this take tanh's exp form (attend._tanh): it is within ~1.6e-7 of tanh, so
 # scores within cap * 1.6e-7 (1.6e-5 at 100, about a float32 dot product's own rounding);
 # larger caps its precise form (attend._tanh_precise), 12 instructions a score more on
-# sm_90 (docs/kernels.md, "Softcap").
+# sm_90 (docs/kernels.md, "Softcap's tanh").
 EXP_TANH_MAX_CAP = 100.0
 
 
