@@ -23,6 +23,8 @@ from .conftest import PRIMARY_DEVICE
 pytestmark = pytest.mark.usefixtures("needs_triton")
 
 ULP = 2.0 ** -23  # float32's relative spacing at 1
+# A GPU's exp2 and fp32 division are approximate (2 ulp each): its bounds are twice the interpreter's.
+SLACK = 2 if PRIMARY_DEVICE == "cuda" else 1
 MAGS = torch.logspace(-30, 7, 1500, dtype=torch.float64).float()  # tiny .. past saturation
 SPECIALS = [0.0, -0.0, 0.5, -0.5, float("inf"), float("-inf"), 3.4e38, -3.4e38]
 
@@ -49,17 +51,18 @@ def test_precise_tanh_keeps_float32_relative_precision_over_the_whole_range():
     got, want = _tanh_triton(x, precise=True)
     rel = (got - want).abs() / want.abs().clamp_min(1e-300)
     worst = int(rel.argmax())
-    # torch.tanh in float32 is within ~1 ulp; allow 4 (the GPU's exp2 and division are approximate).
+    # torch.tanh in float32 is within ~1 ulp; allow 4 (8 on a GPU).
     x_w, got_w, want_w = (float(t[worst]) for t in (x, got, want))
-    assert rel.max() <= 4 * ULP, f"tanh({x_w!r}) = {got_w!r}, not {want_w!r}"
+    assert rel.max() <= 4 * SLACK * ULP, f"tanh({x_w!r}) = {got_w!r}, not {want_w!r}"
     assert math.copysign(1.0, float(got[-7])) == -1.0  # tanh(-0.0) = -0.0
 
 
 def test_exp_form_tanh_is_within_two_ulp_of_one_and_loses_relative_precision_near_zero():
     # What EXP_TANH_MAX_CAP rests on: an absolute bound, so a capped score is off by at most
-    # cap * 2.4e-7; near 0 the relative error is large (why larger caps take the precise form).
+    # cap * 2.4e-7 (4.8e-7 on a GPU); near 0 the relative error is large (why larger caps take
+    # the precise form).
     got, want = _tanh_triton(torch.cat([MAGS, -MAGS]), precise=False)
-    assert (got - want).abs().max() <= 2 * ULP
+    assert (got - want).abs().max() <= 2 * SLACK * ULP
     tiny = torch.cat([MAGS, MAGS]) < 1e-7
     assert ((got - want).abs() / want.abs())[tiny].max() > 0.5
 
@@ -79,8 +82,8 @@ def _dense64(case, scale: float, softcap: float) -> tuple[torch.Tensor, torch.Te
     return torch.stack(outs), torch.stack(lses, 1)
 
 
-@pytest.mark.parametrize("softcap", [1e2, 1e3, 1e4])
-def test_large_caps_keep_the_scores_float32_exact(softcap):
+@pytest.mark.parametrize("softcap, slack", [(1e2, 3.0), (1e3, 1.0), (1e4, 1.0)])
+def test_large_caps_keep_the_scores_float32_exact(softcap, slack):
     # Scores of order 1 under a cap of 1e2..1e4: tanh's argument is 1e-2..1e-5, where the
     # old 1 - 2 / (e^2x + 1) kept only an absolute 1e-7 (scores off by up to 1.2e-3).
     case = make_case([1, 1, 1], [37, 54, 9], num_kv_heads=2, group=2, head_dim=32, block_size=5,
@@ -89,10 +92,11 @@ def test_large_caps_keep_the_scores_float32_exact(softcap):
     got, got_lse = paged_prefill_attention(*case.args, softmax_scale=scale, softcap=softcap,
                                            return_lse=True, backend="triton")
     want, want_lse = _dense64(case, scale, softcap)
-    # The torch backend (float32 too) is within 3e-6 / 7e-6 here; the old tanh was 2e-5 / 7e-5 off at a
-    # cap of 1e3 and 1.4e-4 / 9e-4 at 1e4.
-    torch.testing.assert_close(got.cpu().double(), want, atol=8e-6, rtol=0)
-    torch.testing.assert_close(got_lse.cpu().double(), want_lse, atol=2e-5, rtol=0)
+    # The torch backend (float32 too) is within 3e-6 / 7e-6 here; the exp form alone was 2e-5 /
+    # 7e-5 off at a cap of 1e3 and 1.4e-4 / 9e-4 at 1e4. A cap of 100 keeps the exp form (2e-6 /
+    # 7e-6 in the interpreter): slack for a GPU's approximate exp2 and division.
+    torch.testing.assert_close(got.cpu().double(), want, atol=8e-6 * slack, rtol=0)
+    torch.testing.assert_close(got_lse.cpu().double(), want_lse, atol=2e-5 * slack, rtol=0)
 
 
 @pytest.mark.parametrize("softcap", [1.0, 30.0, 1e4])

@@ -26,10 +26,11 @@ from .workspace import SplitWorkspace
 __all__ = ["paged_prefill_attention_triton"]
 
 _LOG2E = 1.4426950408889634
-# Caps up to this take tanh's exp form (attend._tanh): it is within ~1.6e-7 of tanh, so
-# scores within cap * 1.6e-7 (1.6e-5 at 100, about a float32 dot product's own rounding);
-# larger caps its precise form (attend._tanh_precise), 12 instructions a score more on
-# sm_90 (docs/kernels.md, "Softcap's tanh").
+# Caps up to this take tanh's exp form (attend._tanh): within ~1.6e-7 of tanh (~5e-7 with
+# a GPU's approximate exp2 and division), so scores within cap * 5e-7 (5e-5 at 100: about
+# the float32 rounding of a dot product giving scores of that size); larger caps its
+# precise form (attend._tanh_precise), 12 instructions a score more on sm_90
+# (docs/kernels.md, "Softcap's tanh").
 EXP_TANH_MAX_CAP = 100.0
 
 
