@@ -77,6 +77,7 @@ class PrefixKVStorage(HiCacheStorage):
         self.backend_timeout = extra.get("timeout", 0.25)
         self.backend = RedisStore(url, timeout=self.backend_timeout, ttl=extra.get("ttl", 86400))
         self._pages: PageStore | None = None
+        self._page_like: tuple[torch.dtype, int] = (torch.uint8, 0)
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Bind the host pool whose pages this backend moves: its dtype, page size,
@@ -87,6 +88,7 @@ class PrefixKVStorage(HiCacheStorage):
         text = (f"sglang|{self._model}|{ranks}|pp{c.pp_rank}/{c.pp_size}"
                 f"|cp{c.attn_cp_rank}/{c.attn_cp_size}|{mem_pool_host.layout}")
         dummy = mem_pool_host.get_dummy_flat_data_page()
+        self._page_like = (dummy.dtype, dummy.numel())
         layout = StoreLayout(text, str(mem_pool_host.dtype), dummy.numel() * dummy.element_size())
         self._pages = PageStore(self.backend, layout, mem_pool_host.page_size,
                                 timeout=self.backend_timeout, retry_after=self._retry_after)
@@ -142,6 +144,15 @@ class PrefixKVStorage(HiCacheStorage):
                                   f"{rows[first].tolist()[:8]}")
         return starts
 
+    def _is_page(self, t: object) -> bool:
+        """Whether ``t`` is a tensor of one host page: the pool's dtype, a page's elements."""
+        dtype, numel = self._page_like
+        return isinstance(t, torch.Tensor) and t.dtype == dtype and t.numel() == numel
+
+    def _page_text(self) -> str:
+        dtype, numel = self._page_like
+        return f"tensor of {numel} {dtype} (a host page)"
+
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
         return self.batch_get([key], [target_location])[0]
 
@@ -150,17 +161,17 @@ class PrefixKVStorage(HiCacheStorage):
         """Each page written into its flat target tensor (``get_dummy_flat_data_page``),
         or a new flat tensor where none is given; None where it is not a checked hit.
         Raises ConfigError (nothing read or written) when the targets are not one a page,
-        or one is neither None nor a contiguous tensor of the page's bytes."""
+        or one is neither None nor a contiguous page tensor of the host pool's dtype and
+        element count."""
+        pages = self.pages  # (ConfigError before register_mem_pool_host)
         targets = list(target_locations) if target_locations is not None else [None] * len(keys)
         self._places(keys, targets, "target locations")
-        size = self.pages.layout.block_bytes
         for i, t in enumerate(targets):
-            if t is not None and not (isinstance(t, torch.Tensor) and t.is_contiguous()
-                                      and t.numel() * t.element_size() == size):
-                raise ConfigError(f"target location {i} must be a contiguous tensor of {size} "
-                                  f"bytes (a page), got {_described(t)}")
+            if t is not None and not (self._is_page(t) and t.is_contiguous()):
+                raise ConfigError(f"target location {i} must be a contiguous {self._page_text()}, "
+                                  f"got {_described(t)}")
         out: list[torch.Tensor | None] = []
-        for payload, target in zip(self.pages.get(keys), targets, strict=True):
+        for payload, target in zip(pages.get(keys), targets, strict=True):
             if payload is None:
                 out.append(None)
                 continue
@@ -178,9 +189,15 @@ class PrefixKVStorage(HiCacheStorage):
     def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
                   target_sizes: Any = None) -> bool:
         """Store each page tensor under its key; True when the store took them all.
-        Raises ConfigError (nothing stored) when the values are not one a page."""
+        Raises ConfigError (nothing stored) when the values are not one a page, or one
+        is not a page tensor of the host pool's dtype and element count (a page of
+        another dtype with the same bytes would read back as other KV)."""
+        pages = self.pages  # (ConfigError before register_mem_pool_host)
         self._places(keys, values, "values")
-        return self.pages.put([(k, _page_bytes(v)) for k, v in zip(keys, values, strict=True)])
+        for i, v in enumerate(values):
+            if not self._is_page(v):
+                raise ConfigError(f"value {i} must be a {self._page_text()}, got {_described(v)}")
+        return pages.put([(k, _page_bytes(v)) for k, v in zip(keys, values, strict=True)])
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:

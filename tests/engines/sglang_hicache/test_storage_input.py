@@ -1,0 +1,41 @@
+"""Bad input from SGLang's side of PrefixKVStorage (SGLang 0.5.23's own storage
+interface and loader, a real Redis): refused with ConfigError before anything is read,
+stored or written to host memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prefixkv.errors import ConfigError
+
+from .test_storage import PAGE, fill, page_hashes, redis, replica, sgl, tokens  # noqa: F401
+
+
+def test_flat_pages_of_another_dtype_are_refused_before_any_read_or_write(sgl, redis):  # noqa: F811
+    # Before: only the byte count was checked. batch_set stored a float16 page (or a
+    # float32 page of half the elements) for a bfloat16 pool: read back as bfloat16 it is
+    # other KV, and it passes the content check (the bytes are what was written). A
+    # batch_get target of another dtype took the page's bytes, and SGLang's generic
+    # path then converts its values into the pool (set_from_flat_data_page): other KV.
+    # A value that is not a tensor raised AttributeError.
+    writer, wpool = replica(sgl, redis.url, interface_v1=0)
+    reader, rpool = replica(sgl, redis.url, interface_v1=0)
+    fill(wpool, 31)
+    keys = page_hashes(sgl, tokens(2 * PAGE, 2300), PAGE)
+    page = wpool.get_data_page(0)
+    for bad in (page.view(torch.float16), page.view(torch.float32), page.tolist(),
+                bytes(page.view(torch.uint8).numpy())):
+        with pytest.raises(ConfigError, match="value 1"):
+            writer.batch_set(keys, [page, bad])
+        with pytest.raises(ConfigError, match="value 0"):
+            writer.set(keys[0], bad)
+    assert reader.batch_exists(keys) == 0 and writer.pages.written == 0
+    assert writer.batch_set(keys, [page, wpool.get_data_page(PAGE)])
+    good = rpool.get_dummy_flat_data_page()
+    for bad in (torch.zeros_like(good, dtype=torch.float16),
+                torch.zeros(good.numel() // 2, dtype=torch.float32)):
+        with pytest.raises(ConfigError, match="target location 1"):
+            reader.batch_get(keys, [good, bad])
+        assert torch.count_nonzero(good) == 0 and reader.pages.hits == 0
+    assert torch.equal(reader.batch_get(keys, [good, None])[0], page)
