@@ -9,7 +9,7 @@ import torch
 
 from prefixkv.errors import ConfigError
 
-from .test_storage import PAGE, fill, page_hashes, redis, replica, sgl, tokens  # noqa: F401
+from .test_storage import PAGE, fill, indices, page_hashes, redis, replica, sgl, tokens  # noqa: F401
 
 
 def test_flat_pages_of_another_dtype_are_refused_before_any_read_or_write(sgl, redis):  # noqa: F811
@@ -39,3 +39,22 @@ def test_flat_pages_of_another_dtype_are_refused_before_any_read_or_write(sgl, r
             reader.batch_get(keys, [good, bad])
         assert torch.count_nonzero(good) == 0 and reader.pages.hits == 0
     assert torch.equal(reader.batch_get(keys, [good, None])[0], page)
+
+
+def test_two_pages_read_into_one_host_page_are_refused_before_any_read_or_write(sgl, redis):  # noqa: F811
+    # Before: batch_get_v1 read both pages into host page 8 (the second overwrote the
+    # first) and answered [True, True]: SGLang would take page 0's tokens as held there,
+    # with page 1's KV. batch_set_v1 stored one host page under two keys.
+    writer, wpool = replica(sgl, redis.url)
+    reader, rpool = replica(sgl, redis.url)
+    fill(wpool, 32)
+    keys = page_hashes(sgl, tokens(2 * PAGE, 2500), PAGE)
+    assert writer.batch_set_v1(keys, indices(0, 2)) == [True, True]
+    twice = torch.cat([indices(8, 1), indices(8, 1)])
+    with pytest.raises(ConfigError, match="twice"):
+        reader.batch_get_v1(keys, twice)
+    assert torch.count_nonzero(rpool.kv_buffer) == 0 and reader.pages.hits == 0
+    others = page_hashes(sgl, tokens(2 * PAGE, 2600), PAGE)
+    with pytest.raises(ConfigError, match="twice"):
+        writer.batch_set_v1(others, twice)
+    assert reader.batch_exists(others) == 0

@@ -126,7 +126,8 @@ class PrefixKVStorage(HiCacheStorage):
         would address the pool's last pages: SGLang's pools index from the end) and
         each page's indices are one whole page, ``start .. start + page_size - 1`` with
         ``start`` a multiple of ``page_size`` (the pool moves a page from its first
-        index: any other indices would read or write rows the call did not name)."""
+        index: any other indices would read or write rows the call did not name), and no
+        host page is named twice."""
         pool, size = self.mem_pool_host, self.pages.page_size
         self._places(keys, host_indices, "host indices", size)
         starts = [int(host_indices[i * size]) for i in range(len(keys))]
@@ -134,6 +135,10 @@ class PrefixKVStorage(HiCacheStorage):
         if bad:
             raise ConfigError(f"host indices {bad[:4]} start pages outside the host pool "
                               f"(0 .. {pool.size - size})")
+        if len(set(starts)) != len(starts):
+            twice = sorted({i for i in starts if starts.count(i) > 1})
+            raise ConfigError(f"host pages {twice[:4]} named twice in one call (pages that "
+                              "share a host page would overwrite each other)")
         if keys:
             rows = torch.as_tensor(host_indices).reshape(len(keys), size).to("cpu", torch.int64)
             whole = (rows - rows[:, :1] == torch.arange(size)).all(dim=1) & (rows[:, 0] % size == 0)
@@ -203,8 +208,8 @@ class PrefixKVStorage(HiCacheStorage):
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         """Page ``i`` read into the host pool at ``host_indices[i * page_size]``; True
         for each page that was a checked hit. Raises ConfigError (nothing read or
-        written) unless ``host_indices`` has ``page_size`` entries a page, each page
-        inside the pool."""
+        written) unless ``host_indices`` has ``page_size`` entries a page, each a whole
+        page inside the pool, none named twice."""
         pool, starts = self.mem_pool_host, self._host_pages(keys, host_indices)
         done = []
         for start, page in zip(starts, self.batch_get(keys), strict=True):
@@ -217,7 +222,7 @@ class PrefixKVStorage(HiCacheStorage):
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         """Page ``i`` written from the host pool at ``host_indices[i * page_size]``.
         Raises ConfigError (nothing stored) unless ``host_indices`` has ``page_size``
-        entries a page, each page inside the pool."""
+        entries a page, each a whole page inside the pool, none named twice."""
         pool, starts = self.mem_pool_host, self._host_pages(keys, host_indices)
         items = [(k, _page_bytes(pool.get_data_page(start, flat=True)))
                  for start, k in zip(starts, keys, strict=True)]
