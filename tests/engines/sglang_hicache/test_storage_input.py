@@ -58,3 +58,23 @@ def test_two_pages_read_into_one_host_page_are_refused_before_any_read_or_write(
     with pytest.raises(ConfigError, match="twice"):
         writer.batch_set_v1(others, twice)
     assert reader.batch_exists(others) == 0
+
+
+def test_host_indices_that_are_not_integers_are_refused_before_any_read_or_write(sgl, redis):  # noqa: F811
+    # Before: each page's start went through int(): fractional rows (8.5 .. 11.5) read
+    # the page into rows 8..11, and a list of strings ("8", ...) was read as rows; a
+    # list with a non-number, None or a 0-d tensor raised TypeError or ValueError.
+    writer, wpool = replica(sgl, redis.url)
+    reader, rpool = replica(sgl, redis.url)
+    fill(wpool, 33)
+    keys = page_hashes(sgl, tokens(PAGE, 2700), PAGE)
+    assert writer.batch_set_v1(keys, indices(0, 1)) == [True]
+    for bad in (indices(8, 1).double() + 0.5, indices(8, 1).float(),
+                [str(i) for i in range(8, 8 + PAGE)], [8, 9, None, 11], None,
+                torch.tensor(8)):
+        with pytest.raises(ConfigError, match="host indices"):
+            reader.batch_get_v1(keys, bad)
+        assert torch.count_nonzero(rpool.kv_buffer) == 0 and reader.pages.hits == 0
+        with pytest.raises(ConfigError, match="host indices"):
+            writer.batch_set_v1(page_hashes(sgl, tokens(PAGE, 2800), PAGE), bad)
+    assert reader.batch_get_v1(keys, list(range(8, 8 + PAGE))) == [True]

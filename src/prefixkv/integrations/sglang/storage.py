@@ -22,6 +22,7 @@ not loaded, so SGLang stops its prefetch there and computes the rest. Not offere
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
@@ -115,14 +116,18 @@ class PrefixKVStorage(HiCacheStorage):
         """Raise ConfigError unless ``places`` (targets, values or host indices) has
         ``per_page`` entries for each of ``keys``: checked before anything is read or
         written, so a mismatched call changes nothing."""
-        if len(places) != len(keys) * per_page:
-            raise ConfigError(f"{len(keys)} pages but {len(places)} {what}"
+        try:
+            given = len(places)
+        except TypeError:  # (None, a number, a 0-d tensor)
+            raise ConfigError(f"{what} must be a sequence, got {_described(places)}") from None
+        if given != len(keys) * per_page:
+            raise ConfigError(f"{len(keys)} pages but {given} {what}"
                               + (f" ({per_page} a page)" if per_page > 1 else ""))
 
     def _host_pages(self, keys: list[str], host_indices: Any) -> list[int]:
         """The host pool index of each page's first token (``host_indices[i * page_size]``).
         Raises ConfigError, before anything is read or written, unless there are
-        ``page_size`` indices a page, each page lies inside the pool (a negative one
+        ``page_size`` integer indices a page, each page lies inside the pool (a negative one
         would address the pool's last pages: SGLang's pools index from the end) and
         each page's indices are one whole page, ``start .. start + page_size - 1`` with
         ``start`` a multiple of ``page_size`` (the pool moves a page from its first
@@ -130,23 +135,30 @@ class PrefixKVStorage(HiCacheStorage):
         host page is named twice."""
         pool, size = self.mem_pool_host, self.pages.page_size
         self._places(keys, host_indices, "host indices", size)
-        starts = [int(host_indices[i * size]) for i in range(len(keys))]
+        if not keys:
+            return []
+        try:
+            given = torch.as_tensor(host_indices)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ConfigError(f"host indices must be integers: {exc}") from None
+        if given.dtype == torch.bool or given.is_floating_point() or given.is_complex():
+            raise ConfigError(f"host indices must be integers, got {given.dtype}")
+        rows = given.reshape(len(keys), size).to("cpu", torch.int64)
+        starts = rows[:, 0].tolist()
         bad = [i for i in starts if not 0 <= i <= pool.size - size]
         if bad:
             raise ConfigError(f"host indices {bad[:4]} start pages outside the host pool "
                               f"(0 .. {pool.size - size})")
-        if len(set(starts)) != len(starts):
-            twice = sorted({i for i in starts if starts.count(i) > 1})
+        twice = sorted(i for i, n in Counter(starts).items() if n > 1)
+        if twice:
             raise ConfigError(f"host pages {twice[:4]} named twice in one call (pages that "
                               "share a host page would overwrite each other)")
-        if keys:
-            rows = torch.as_tensor(host_indices).reshape(len(keys), size).to("cpu", torch.int64)
-            whole = (rows - rows[:, :1] == torch.arange(size)).all(dim=1) & (rows[:, 0] % size == 0)
-            if not bool(whole.all()):
-                first = int((~whole).nonzero()[0, 0])
-                raise ConfigError(f"host indices must be whole pages ({size} consecutive from a "
-                                  f"multiple of {size}); page {first} has "
-                                  f"{rows[first].tolist()[:8]}")
+        whole = (rows - rows[:, :1] == torch.arange(size)).all(dim=1) & (rows[:, 0] % size == 0)
+        if not bool(whole.all()):
+            first = int((~whole).nonzero()[0, 0])
+            raise ConfigError(f"host indices must be whole pages ({size} consecutive from a "
+                              f"multiple of {size}); page {first} has "
+                              f"{rows[first].tolist()[:8]}")
         return starts
 
     def _is_page(self, t: object) -> bool:
