@@ -159,3 +159,17 @@ def test_sglangs_own_fault_injector_and_prefetch_policies_never_load_wrong_kv(
         loaded_any += got
     if policy == "wait_complete":
         assert loaded_any > 0
+
+
+@pytest.mark.parametrize("mla", [False, True])
+def test_a_host_layout_without_flat_pages_is_refused_when_sglang_attaches_the_backend(
+        s, redis, mla):
+    # Before: the backend attached to a page_unified host pool (its dummy page has a
+    # size), then every backup raised ValueError('Unsupported layout') from
+    # get_data_page inside SGLang's backup thread ('HiCache backup failed'), and a
+    # prefetch would have read and counted pages before set_from_flat_data_page raised.
+    from prefixkv.errors import ConfigError
+
+    with pytest.raises(ValueError, match="flat pages") as refused:
+        Engine(s, redis.url, layout="page_unified", mla=mla)
+    assert isinstance(refused.value.__cause__, ConfigError)  # (SGLang wraps it)

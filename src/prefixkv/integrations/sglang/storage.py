@@ -82,13 +82,26 @@ class PrefixKVStorage(HiCacheStorage):
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Bind the host pool whose pages this backend moves: its dtype, page size,
-        layout and page bytes enter the StoreLayout (and so every key and value head)."""
+        layout and page bytes enter the StoreLayout (and so every key and value head).
+        Raises ConfigError (SGLang's attach then fails) for a host layout whose pages
+        SGLang's pool cannot hand out flat (``get_data_page``), e.g. ``page_unified``:
+        every page call would raise in SGLang's storage threads."""
+        dummy = mem_pool_host.get_dummy_flat_data_page()
+        try:
+            page = mem_pool_host.get_data_page(0, flat=True)
+        except (ValueError, NotImplementedError, RuntimeError, IndexError) as exc:
+            raise ConfigError(f"the host pool's {mem_pool_host.layout!r} layout has no flat "
+                              f"pages ({exc}): use layer_first, page_first, page_first_direct "
+                              "or page_head (--hicache-mem-layout)") from exc
+        if (page.dtype, page.numel()) != (dummy.dtype, dummy.numel()):
+            raise ConfigError(f"the host pool's {mem_pool_host.layout!r} layout has no flat "
+                              f"pages: a page is {page.numel()} {page.dtype}, its dummy "
+                              f"page {dummy.numel()} {dummy.dtype}")
         super().register_mem_pool_host(mem_pool_host)
         c = self.config
         ranks = "mla" if c.is_mla_model else f"tp{c.tp_rank}/{c.tp_size}"
         text = (f"sglang|{self._model}|{ranks}|pp{c.pp_rank}/{c.pp_size}"
                 f"|cp{c.attn_cp_rank}/{c.attn_cp_size}|{mem_pool_host.layout}")
-        dummy = mem_pool_host.get_dummy_flat_data_page()
         self._page_like = (dummy.dtype, dummy.numel())
         layout = StoreLayout(text, str(mem_pool_host.dtype), dummy.numel() * dummy.element_size())
         self._pages = PageStore(self.backend, layout, mem_pool_host.page_size,
