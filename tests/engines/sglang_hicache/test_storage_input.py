@@ -78,3 +78,20 @@ def test_host_indices_that_are_not_integers_are_refused_before_any_read_or_write
         with pytest.raises(ConfigError, match="host indices"):
             writer.batch_set_v1(page_hashes(sgl, tokens(PAGE, 2800), PAGE), bad)
     assert reader.batch_get_v1(keys, list(range(8, 8 + PAGE))) == [True]
+
+
+def test_unknown_extra_config_keys_are_refused_before_connecting(sgl):  # noqa: F811
+    # Before: a misspelt key ("tll", "time_out", "retry-after", "Model") was ignored, so
+    # pages lived a day instead of the hour asked, or a new weights revision named in a
+    # misspelt "model" key shared the old revision's pages (other KV).
+    from prefixkv.integrations.sglang.storage import PrefixKVStorage
+
+    from .test_storage import config
+
+    for typo in ("tll", "time_out", "retry-after", "Model", "redis_uri"):
+        cfg = config(sgl, "redis://127.0.0.1:1/0", **{typo: 1})
+        with pytest.raises(ConfigError, match=typo):
+            PrefixKVStorage(cfg, {})
+    # (file_storage_path: SGLang adds it when launched with --file-storage-path)
+    PrefixKVStorage(config(sgl, "redis://127.0.0.1:1/0", ttl=60, model="m@2",
+                           file_storage_path="/tmp/x"), {})

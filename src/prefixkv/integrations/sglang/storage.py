@@ -39,6 +39,13 @@ from .pages import PageStore
 
 __all__ = ["PrefixKVStorage"]
 
+# extra_config keys: SGLang's for a dynamic backend (its factory and controller read
+# them; it adds file_storage_path when launched with --file-storage-path), then ours.
+# SGLang pops its own tuning keys (prefetch_threshold, tp_lcm_size, ...) before it makes
+# the backend.
+_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface_v1",
+                   "file_storage_path", "redis_url", "ttl", "timeout", "retry_after", "model"})
+
 
 def _page_bytes(page: torch.Tensor) -> bytes:
     """The bytes of a page tensor (any dtype), in its flat element order."""
@@ -58,11 +65,18 @@ class PrefixKVStorage(HiCacheStorage):
     page lives, 86400), ``timeout`` (seconds per store call, 0.25), ``retry_after``
     (seconds without store calls after a failure, 1.0), ``model`` (the model's name in
     the layout, default ``storage_config.model_name``: set a revision here when weights
-    change under one name). Raises ConfigError for a missing ``redis_url`` or a value
-    out of range, before connecting."""
+    change under one name). SGLang's own keys of the ``dynamic`` backend
+    (``backend_name``, ``module_path``, ``class_name``, ``interface_v1``, and
+    ``file_storage_path``, which it adds) are allowed.
+    Raises ConfigError for a missing ``redis_url``, a value out of range or a key that
+    is none of these (a misspelt key would be ignored), before connecting."""
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
         extra = dict(storage_config.extra_config or {})
+        unknown = sorted(str(k) for k in extra if k not in _KEYS)
+        if unknown:
+            raise ConfigError(f"PrefixKVStorage: unknown extra_config keys {unknown}; "
+                              f"known: {sorted(_KEYS)}")
         url = extra.get("redis_url")
         if type(url) is not str or not url:
             raise ConfigError("PrefixKVStorage needs extra_config['redis_url'], e.g. "
