@@ -95,3 +95,24 @@ def test_unknown_extra_config_keys_are_refused_before_connecting(sgl):  # noqa: 
     # (file_storage_path: SGLang adds it when launched with --file-storage-path)
     PrefixKVStorage(config(sgl, "redis://127.0.0.1:1/0", ttl=60, model="m@2",
                            file_storage_path="/tmp/x"), {})
+
+
+def test_a_host_pools_page_format_tag_keeps_its_pages_apart_under_a_model_revision(sgl, redis):  # noqa: F811
+    # SGLang tags the model name it hands a backend with the host pool's
+    # storage_format_tag (a page byte format of its own: "pages persisted in another
+    # format miss instead of loading"). Before: extra_config['model'] replaced that
+    # name, tag and all, and the layout did not name the tag: a tagged pool read an
+    # untagged pool's pages of the same dtype and size (other KV).
+    from .engine import HostPool
+
+    class Tagged(HostPool):
+        storage_format_tag = "unified-token-major"
+
+    writer, wpool = replica(sgl, redis.url, model="test/model@2")
+    fill(wpool, 34)
+    keys = page_hashes(sgl, tokens(2 * PAGE, 2900), PAGE)
+    assert writer.batch_set_v1(keys, indices(0, 2)) == [True, True]
+    tagged, _ = replica(sgl, redis.url, pool=Tagged(64, PAGE), model="test/model@2")
+    assert tagged.batch_exists(keys) == 0
+    assert tagged.batch_get_v1(keys, indices(8, 2)) == [False, False]
+    assert replica(sgl, redis.url, model="test/model@2")[0].batch_exists(keys) == 2

@@ -96,7 +96,8 @@ class PrefixKVStorage(HiCacheStorage):
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Bind the host pool whose pages this backend moves: its dtype, page size,
-        layout and page bytes enter the StoreLayout (and so every key and value head).
+        layout, page bytes and page format tag (``storage_format_tag``, when it has
+        one) enter the StoreLayout (and so every key and value head).
         Raises ConfigError (SGLang's attach then fails) for a host layout whose pages
         SGLang's pool cannot hand out flat (``get_data_page``), e.g. ``page_unified``:
         every page call would raise in SGLang's storage threads."""
@@ -116,6 +117,9 @@ class PrefixKVStorage(HiCacheStorage):
         ranks = "mla" if c.is_mla_model else f"tp{c.tp_rank}/{c.tp_size}"
         text = (f"sglang|{self._model}|{ranks}|pp{c.pp_rank}/{c.pp_size}"
                 f"|cp{c.attn_cp_rank}/{c.attn_cp_size}|{mem_pool_host.layout}")
+        tag = getattr(mem_pool_host, "storage_format_tag", None)
+        if tag is not None:  # (SGLang tags its model name with it; ``model`` replaces that)
+            text += f"|format={tag}"
         self._page_like = (dummy.dtype, dummy.numel())
         layout = StoreLayout(text, str(mem_pool_host.dtype), dummy.numel() * dummy.element_size())
         self._pages = PageStore(self.backend, layout, mem_pool_host.page_size,
