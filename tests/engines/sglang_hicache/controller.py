@@ -1,9 +1,12 @@
-"""SGLang 0.5.23's own HiCacheController, device pools, allocator and host pools on a
+"""SGLang 0.5.23's own cache controllers, device pools, allocator and host pools on a
 CPU, with prefixkv's backend made by its ``dynamic`` factory: the storage threads
 (prefetch, prefetch I/O, prefetch sync, backup) are SGLang's, and call the backend as
 they do in a server.
 
-What runs as shipped: ``HiCacheController`` (attach, its storage config, the hit query
+What runs as shipped: ``HybridCacheController`` (the class a 0.5.23 server builds for
+every model, over a ``HostPoolGroup`` of one KV entry made by SGLang's
+``build_pool_entry``, as its ``build_kv_only_group`` does) and its base
+``HiCacheController`` (attach, its storage config, the hit query
 ``_storage_hit_query``, ``_page_transfer`` batch by batch, ``_page_backup``, the
 zero-copy and generic page functions, ``terminate_prefetch``), ``MHATokenToKVPool`` /
 ``MLATokenToKVPool`` (device pools, on the CPU), ``PagedTokenToKVPoolAllocator``,
@@ -20,6 +23,13 @@ dependencies (``pip install --no-deps``):
   ``DeepSeekV4TokenToKVPool`` class. The controller only asks ``isinstance`` of it
   (rank-replicated compressed MLA); the real module imports DeepGEMM's wrappers and,
   through them, the multimodal configs (torchvision).
+- ``sglang.srt.observability.metrics_collector`` (when no test registered it, the same
+  as tests/engines/sglang_radix.py's): the four names ``base_prefix_cache`` imports;
+  the real module imports the model configs (their quantization methods). Metrics are
+  off here.
+- The host pool is built with the arguments SGLang's ``build_kv_host_pool`` passes, read
+  from its launch flags there (``get_memory()``, not published here): ratio 4, the
+  test's layout.
 - The scheduler's side (``UnifiedRadixCache``, which imports the whole server):
   ``Engine.prefetch`` does what its ``_drain_and_alloc_storage_hit``,
   ``_drain_ack_prefetch`` and ``check_prefetch_progress`` do with one operation: take
@@ -59,6 +69,7 @@ from waiting import PATIENCE as WAIT
 from .engine import _EXAMPLE
 
 STAND_INS = ("orjson (when missing)", "sglang.srt.mem_cache.deepseek_v4_memory_pool",
+             "sglang.srt.observability.metrics_collector",
              "the scheduler's side of a prefetch and a backup (Engine)")
 
 
@@ -93,8 +104,7 @@ def _real_utils() -> None:
     """SGLang's ``sglang.srt.utils`` as shipped (``load`` registers it bare), and the
     real modules in place of tests/engines/sglang_radix.py's stand-ins, when a test of
     this process registered them (modules without a file)."""
-    for name in ("sglang.srt.utils.common", "sglang.srt.mem_cache.memory_pool",
-                 "sglang.srt.observability.metrics_collector"):
+    for name in ("sglang.srt.utils.common", "sglang.srt.mem_cache.memory_pool"):
         if name in sys.modules and getattr(sys.modules[name], "__file__", None) is None:
             del sys.modules[name]
     module = sys.modules["sglang.srt.utils"]
@@ -130,10 +140,23 @@ def load() -> types.SimpleNamespace:
         stand_in = types.ModuleType(name)
         stand_in.DeepSeekV4TokenToKVPool = type("DeepSeekV4TokenToKVPool", (), {})  # type: ignore[attr-defined]
         sys.modules[name] = stand_in
+    name = "sglang.srt.observability.metrics_collector"
+    if name not in sys.modules:
+        importlib.import_module("sglang.srt.observability")  # (the real package, bare)
+        stand_in = types.ModuleType(name)
+        stand_in.STAT_LOGGER_ROLE_RADIX_CACHE = "radix_cache"  # type: ignore[attr-defined]
+        stand_in.RadixCacheMetricsCollector = object  # type: ignore[attr-defined]
+        stand_in.radix_cache_metric_labels = None  # type: ignore[attr-defined]
+        stand_in.resolve_collector_class = None  # type: ignore[attr-defined]
+        sys.modules[name] = stand_in
     try:
         from sglang.srt.managers import cache_controller
         from sglang.srt.mem_cache import memory_pool, utils
         from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
+        from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+        from sglang.srt.mem_cache.hicache_storage import PoolName
+        from sglang.srt.mem_cache.hybrid_cache import hybrid_cache_controller, hybrid_pool_assembler
+        from sglang.srt.mem_cache.pool_host import HostPoolGroup
         from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
         from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
         from sglang.srt.runtime_context import get_parallel
@@ -141,6 +164,8 @@ def load() -> types.SimpleNamespace:
         pytest.skip(f"SGLang's cache controller does not import here: {exc}")
     return types.SimpleNamespace(
         sgl=sgl, cc=cache_controller, memory_pool=memory_pool, utils=utils,
+        Hybrid=hybrid_cache_controller.HybridCacheController, Handle=CacheRequestHandle,
+        entry=hybrid_pool_assembler.build_pool_entry, Group=HostPoolGroup, KV=PoolName.KV,
         Allocator=PagedTokenToKVPoolAllocator, MHAHost=MHATokenToKVPoolHost,
         MLAHost=MLATokenToKVPoolHost, get_parallel=get_parallel)
 
@@ -152,14 +177,16 @@ class Engine:
     """One SGLang rank's KV tiers: device pool, allocator, host pool and the cache
     controller with prefixkv's backend attached (``dynamic``), as a scheduler builds
     them. ``mla``: DeepSeek-style latent KV (``kv_lora_rank`` 16 + rope 8), else MHA
-    (2 KV heads of 8). ``layout``: the host pool's (``--hicache-mem-layout``)."""
+    (2 KV heads of 8). ``layout``: the host pool's (``--hicache-mem-layout``).
+    ``hybrid``: the server's ``HybridCacheController`` over a ``HostPoolGroup``, else
+    the base ``HiCacheController`` over the host pool itself."""
 
     def __init__(self, s: types.SimpleNamespace, url: str, *, page: int = 4,
                  layout: str = "layer_first", mla: bool = False, model: str = "test/model",
                  tp_rank: int = 0, tp_size: int = 1, interface_v1: int = 1,
                  dtype: torch.dtype = torch.bfloat16, layers: int = 2, tokens: int = 64,
-                 **extra: Any) -> None:
-        self.s, self.page = s, page
+                 hybrid: bool = True, **extra: Any) -> None:
+        self.s, self.page, self.hybrid = s, page, hybrid
         if mla:
             device = s.memory_pool.MLATokenToKVPool(tokens, page, dtype, 16, 8, layers, "cpu", False)
             info = device.get_device_pool_infos()[0].buffer_info
@@ -178,15 +205,24 @@ class Engine:
                   "class_name": "PrefixKVStorage", "interface_v1": interface_v1,
                   "redis_url": url, "retry_after": 0, "timeout": 10.0, **extra}
         with s.get_parallel().override(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1,
-                                       attn_dcp_size=1,
-                                       attn_dcp_rank=0):
-            self.cc = s.cc.HiCacheController(
-                allocator, host, page, None, threading.Event(), io_backend="direct",
-                storage_backend="dynamic", model_name=model,
-                storage_backend_extra_config=config)
+                                       attn_dcp_size=1, attn_dcp_rank=0, dcp_enabled=False):
+            if hybrid:
+                group = s.Group([s.entry(name=s.KV, host_pool=host, device_pool=device,
+                                         layer_mapping={i: i for i in range(layers)},
+                                         transfer_layer_id_max=layers, is_anchor=True)])
+                self.cc = s.Hybrid(allocator, group, page, None, threading.Event(),
+                                   io_backend="direct", storage_backend="dynamic",
+                                   model_name=model, storage_backend_extra_config=config,
+                                   transfer_layer_id_max=layers)
+            else:
+                self.cc = s.cc.HiCacheController(
+                    allocator, host, page, None, threading.Event(), io_backend="direct",
+                    storage_backend="dynamic", model_name=model,
+                    storage_backend_extra_config=config)
         self.backend = self.cc.storage_backend
 
     def close(self) -> None:
+        """Detach the backend (SGLang's detach: stops the storage threads, closes it)."""
         self.cc.detach_storage_backend()
 
     def fill(self, host_indices: torch.Tensor, seed: int) -> None:
@@ -230,7 +266,9 @@ class Engine:
         ``completed_tokens``) and the host pages they landed in, in order.
         ``on_hit``: called after the hit query, before the pages are read."""
         seed = self.s.utils.storage_namespace_seed(None, salt)
-        op = self.cc.prefetch(f"r{next(_rids)}", tokens, last_hash=seed)
+        rid = f"r{next(_rids)}"
+        op = self.cc.prefetch(self.s.Handle(rid, 0) if self.hybrid else rid, tokens,
+                              last_hash=seed)
         hit = self.cc.prefetch_hit_queue.get(timeout=WAIT)
         assert hit is op
         if op.storage_hit_count == 0:
