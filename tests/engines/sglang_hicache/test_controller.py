@@ -178,3 +178,21 @@ def test_a_host_layout_without_flat_pages_is_refused_when_sglang_attaches_the_ba
     error = refused.value  # (HiCacheController wraps it in a ValueError; the hybrid one not)
     assert isinstance(error, ConfigError) or isinstance(error.__cause__, ConfigError)
 
+
+def test_a_side_pool_of_a_hybrid_model_is_refused_when_sglang_registers_it(s, redis):
+    # Before: SGLang's HybridCacheController registered every host pool of the group
+    # (Mamba, SWA, DSA indexer, draft SWA) and the backend took them; then each hit
+    # query with side pools (batch_exists_v2) and each side-pool read or backup
+    # (batch_get_v2, batch_set_v2) raised NotImplementedError in SGLang's threads:
+    # no page ever loaded, an error logged per request.
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+
+    from prefixkv.errors import ConfigError
+
+    engine = Engine(s, redis.url)
+    backend = engine.backend
+    assert set(backend.registered_pools) == {PoolName.KV}  # (the group's KV anchor)
+    for name in (PoolName.MAMBA, PoolName.SWA, PoolName.INDEXER, PoolName.DRAFT_SWA):
+        with pytest.raises(ConfigError, match=str(name)):
+            backend.register_mem_host_pool_v2(engine.host, name)
+    assert set(backend.registered_pools) == {PoolName.KV}

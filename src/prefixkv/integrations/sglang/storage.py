@@ -17,7 +17,8 @@ memory, with ``interface_v1``) or ``batch_get``/``batch_set`` (through flat page
 tensors, without it), from its prefetch and backup threads, never the scheduler's.
 Keys are SGLang's own page hashes. A page that fails the content check is reported as
 not loaded, so SGLang stops its prefetch there and computes the rest. Not offered: the
-``*_v2`` calls of hybrid models (Mamba, SWA, DSA pools), which the base class rejects.
+``*_v2`` calls of hybrid models (Mamba, SWA, DSA pools): their side pools are refused
+when SGLang registers them, so such a model does not attach the backend.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
+    PoolName,
 )
 
 from ...errors import ConfigError
@@ -124,6 +126,18 @@ class PrefixKVStorage(HiCacheStorage):
         layout = StoreLayout(text, str(mem_pool_host.dtype), dummy.numel() * dummy.element_size())
         self._pages = PageStore(self.backend, layout, mem_pool_host.page_size,
                                 timeout=self.backend_timeout, retry_after=self._retry_after)
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """Take SGLang's KV pool (its hybrid controller registers every pool of its host
+        pool group, the KV anchor included); raise ConfigError (SGLang's attach then
+        fails) for any other pool (Mamba, SWA, DSA indexer, draft SWA): its pages move
+        through the ``*_v2`` calls, which this backend does not offer, so every hit
+        query and side-pool transfer of that model would raise in SGLang's threads."""
+        if host_pool_name != PoolName.KV:
+            raise ConfigError(f"PrefixKVStorage stores KV pages only; the model's "
+                              f"{str(host_pool_name)!r} host pool needs SGLang's *_v2 "
+                              "storage calls (hybrid models: Mamba, SWA, DSA)")
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
 
     @property
     def pages(self) -> PageStore:
