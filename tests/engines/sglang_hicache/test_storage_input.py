@@ -116,3 +116,24 @@ def test_a_host_pools_page_format_tag_keeps_its_pages_apart_under_a_model_revisi
     assert tagged.batch_exists(keys) == 0
     assert tagged.batch_get_v1(keys, indices(8, 2)) == [False, False]
     assert replica(sgl, redis.url, model="test/model@2")[0].batch_exists(keys) == 2
+
+
+def test_clear_says_that_it_cleared_nothing(sgl, redis, caplog):  # noqa: F811
+    # SGLang's POST /hicache/storage-backend/clear (and a PD role switch) call clear()
+    # and report "cleared successfully" whatever it does. Before: clear() did nothing
+    # and said nothing, so an operator clearing after an in-place weight update
+    # (update_weights_from_disk; SGLang's flush_cache leaves L3 alone) kept being served
+    # the old weights' pages. The store is shared and never scanned: it still clears
+    # nothing, and now logs a warning saying so and what to do.
+    import logging
+
+    backend, pool = replica(sgl, redis.url)
+    fill(pool, 35)
+    keys = page_hashes(sgl, tokens(PAGE, 3100), PAGE)
+    assert backend.batch_set_v1(keys, indices(0, 1)) == [True]
+    with caplog.at_level(logging.WARNING, logger="prefixkv.integrations.sglang.storage"):
+        backend.clear()
+    assert backend.batch_exists(keys) == 1
+    warned = [r.getMessage() for r in caplog.records
+              if r.name == "prefixkv.integrations.sglang.storage"]
+    assert warned and "not cleared" in warned[0] and "model" in warned[0]

@@ -23,6 +23,7 @@ when SGLang registers them, so such a model does not attach the backend.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from typing import Any
 
@@ -40,6 +41,8 @@ from ...store.redis_store import RedisStore
 from .pages import PageStore
 
 __all__ = ["PrefixKVStorage"]
+
+_log = logging.getLogger(__name__)
 
 # extra_config keys: SGLang's for a dynamic backend (its factory and controller read
 # them; it adds file_storage_path when launched with --file-storage-path), then ours.
@@ -286,8 +289,14 @@ class PrefixKVStorage(HiCacheStorage):
         return [self.pages.put(items)] * len(keys)
 
     def clear(self) -> None:
-        """Nothing: the store is shared by replicas and never scanned; pages expire
-        (``ttl``) or are evicted by the server."""
+        """Nothing is cleared (the store is shared by replicas and never scanned; pages
+        expire after ``ttl`` or are evicted by the server), and a warning says so: SGLang
+        reports its clear as done whatever a backend does. After an in-place weight
+        update, re-attach the backend with a new ``extra_config['model']`` revision."""
+        _log.warning("PrefixKVStorage.clear: the shared store is not cleared (pages of %s "
+                     "expire after their ttl); after a weight update re-attach the backend "
+                     "with a new extra_config['model'] revision (DELETE, then PUT "
+                     "/hicache/storage-backend)", self._model)
 
     def close(self) -> None:
         self.backend.close()
