@@ -16,7 +16,7 @@ another page (a key mix-up), by another model, rank, dtype or layout (stale or f
 truncated or corrupted, is a miss, never KV. The token ids themselves never reach a
 storage backend in SGLang; the page hash stands for them (a SHA-256 chain).
 
-A failing store (down, slow past ``timeout``, full) costs misses or dropped writes: the
+A failing store (down, slow past a read's deadline, full) costs misses or dropped writes: the
 error is counted and the store is left alone for ``retry_after`` seconds. Values are
 read straight into one buffer each (``StoreBackend.read_into``) and checked there.
 """
@@ -44,12 +44,15 @@ class PageStore:
     calls (``held``, ``get``, ``put``) that failed as a whole, each leaving the store
     alone for ``retry_after`` seconds. Every page ``get`` is asked for is one of hits,
     misses, rejected, failed_reads; every page ``put`` is given, one of written,
-    failed_writes. ``timeout``: seconds a read may take in all. Raises ConfigError for a
-    layout that is not a StoreLayout, a page size that is not a positive int, a
-    non-positive ``timeout`` or a negative ``retry_after``."""
+    failed_writes. A read of n pages may take ``timeout`` seconds plus the time its bytes
+    take at ``read_rate`` bytes a second (SGLang reads up to 128 pages a call: 1 GiB of
+    8 MiB pages). Raises ConfigError for a layout that is not a StoreLayout, a page size
+    that is not a positive int, a non-positive ``timeout`` or ``read_rate`` or a
+    negative ``retry_after``."""
 
     def __init__(self, backend: StoreBackend, layout: StoreLayout, page_size: int, *,
-                 timeout: float = 0.25, retry_after: float = 1.0) -> None:
+                 timeout: float = 0.25, retry_after: float = 1.0,
+                 read_rate: float = 5e8) -> None:
         if not isinstance(layout, StoreLayout):
             raise ConfigError(f"layout must be a StoreLayout, got {layout!r}")
         if type(page_size) is not int or page_size <= 0:
@@ -58,8 +61,12 @@ class PageStore:
             raise ConfigError(f"retry_after must be a finite number >= 0, got {retry_after!r}")
         if type(timeout) not in (int, float) or not 0 < timeout < float("inf"):
             raise ConfigError(f"timeout must be a positive finite number, got {timeout!r}")
+        if type(read_rate) not in (int, float) or not 0 < read_rate < float("inf"):
+            raise ConfigError(f"read_rate must be a positive finite number of bytes a second, "
+                              f"got {read_rate!r}")
         self.backend, self.layout, self.page_size = backend, layout, page_size
         self.timeout, self.retry_after = float(timeout), float(retry_after)
+        self.read_rate = float(read_rate)
         self._digest = layout.digest()
         ns = hashlib.sha256(b"prefixkv-sglang\0" + self._digest + page_size.to_bytes(4, "little"))
         self.prefix = f"prefixkv:sglang:{ns.hexdigest()[:24]}:".encode()
@@ -93,7 +100,8 @@ class PageStore:
     def get(self, pages: Sequence[str]) -> list[bytes | None]:
         """The checked payload of each page, None where the store holds none, the value
         fails the content check, or the store fails (then every page is None). One
-        round trip per server, bounded by ``timeout``."""
+        round trip per server, bounded by ``timeout`` plus the values' bytes at
+        ``read_rate``."""
         keys = [self.key(p) for p in pages]
         if not keys or self._quiet():
             self.failed_reads += len(keys)
@@ -102,8 +110,9 @@ class PageStore:
         size = self.layout.block_bytes
         bufs = [bytearray(len(h) + _FRAME + size) for h in heads]
         try:
-            outcomes = self.backend.read_into(keys, [[memoryview(b)] for b in bufs],
-                                              time.monotonic() + self.timeout)
+            deadline = (time.monotonic() + self.timeout
+                        + sum(len(b) for b in bufs) / self.read_rate)
+            outcomes = self.backend.read_into(keys, [[memoryview(b)] for b in bufs], deadline)
             if len(outcomes) != len(keys):
                 raise ValueError(f"the store answered {len(outcomes)} of {len(keys)} keys")
         except Exception:

@@ -49,7 +49,8 @@ _log = logging.getLogger(__name__)
 # SGLang pops its own tuning keys (prefetch_threshold, tp_lcm_size, ...) before it makes
 # the backend.
 _KEYS = frozenset({"backend_name", "module_path", "class_name", "interface_v1",
-                   "file_storage_path", "redis_url", "ttl", "timeout", "retry_after", "model"})
+                   "file_storage_path", "redis_url", "ttl", "timeout", "read_rate",
+                   "retry_after", "model"})
 
 
 def _page_bytes(page: torch.Tensor) -> bytes:
@@ -67,7 +68,8 @@ def _described(t: object) -> str:
 class PrefixKVStorage(HiCacheStorage):
     """The backend SGLang makes as ``PrefixKVStorage(storage_config, kwargs)``.
     ``storage_config.extra_config`` keys: ``redis_url`` (required), ``ttl`` (seconds a
-    page lives, 86400), ``timeout`` (seconds per store call, 0.25), ``retry_after``
+    page lives, 86400), ``timeout`` (seconds per store call, 0.25; a read also gets its
+    bytes' time at ``read_rate``, bytes a second, 5e8), ``retry_after``
     (seconds without store calls after a failure, 1.0), ``model`` (the model's name in
     the layout, default ``storage_config.model_name``: set a revision here when weights
     change under one name). SGLang's own keys of the ``dynamic`` backend
@@ -95,6 +97,10 @@ class PrefixKVStorage(HiCacheStorage):
         if type(self._retry_after) not in (int, float) or not 0 <= self._retry_after < float("inf"):
             raise ConfigError(f"retry_after must be a finite number >= 0, got {self._retry_after!r}")
         self.backend_timeout = extra.get("timeout", 0.25)
+        self._read_rate = extra.get("read_rate", 5e8)
+        if type(self._read_rate) not in (int, float) or not 0 < self._read_rate < float("inf"):
+            raise ConfigError(f"read_rate must be a positive finite number of bytes a second, "
+                              f"got {self._read_rate!r}")
         self.backend = RedisStore(url, timeout=self.backend_timeout, ttl=extra.get("ttl", 86400))
         self._pages: PageStore | None = None
         self._page_like: tuple[torch.dtype, int] = (torch.uint8, 0)
@@ -128,7 +134,8 @@ class PrefixKVStorage(HiCacheStorage):
         self._page_like = (dummy.dtype, dummy.numel())
         layout = StoreLayout(text, str(mem_pool_host.dtype), dummy.numel() * dummy.element_size())
         self._pages = PageStore(self.backend, layout, mem_pool_host.page_size,
-                                timeout=self.backend_timeout, retry_after=self._retry_after)
+                                timeout=self.backend_timeout, retry_after=self._retry_after,
+                                read_rate=self._read_rate)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         """Take SGLang's KV pool (its hybrid controller registers every pool of its host
