@@ -7,7 +7,13 @@ deadline before ``read_rate``: emulated with a read rate so high that the bytes 
 nothing) and ``timeout`` plus the batch's bytes at the default ``read_rate`` (5e8 B/s).
 Reports pages read per call and the call's seconds, per round.
 
-    python benchmarks/sglang_read_deadline.py [--pages 128] [--mib 8] [--rounds 3]
+``--sglang``: instead, SGLang's zero-copy read (``PrefixKVStorage.batch_get_v1``, the
+backend made by SGLang's own factory as examples/sglang_storage.py makes it) of the same
+128 pages into a host pool shaped as Llama-3.1-8B's (32 layers, 8 KV heads of 128,
+bf16, 64-token pages: 8 MiB), with a 10 s timeout: the seconds a batch takes on SGLang's
+prefetch I/O thread, read, checked and written into host memory.
+
+    python benchmarks/sglang_read_deadline.py [--pages 128] [--mib 8] [--rounds 3] [--sglang]
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ def main() -> None:
     args.add_argument("--pages", type=int, default=128)
     args.add_argument("--mib", type=int, default=8)
     args.add_argument("--rounds", type=int, default=3)
+    args.add_argument("--sglang", action="store_true")
     a = args.parse_args()
+    if a.sglang:
+        return sglang_reads(a.pages, a.rounds)
     size = a.mib << 20
     layout = StoreLayout("sglang-read-deadline", "bfloat16", size)
     keys = [f"p{i}" for i in range(a.pages)]
@@ -50,6 +59,39 @@ def main() -> None:
                 took = time.monotonic() - start
                 print(f"| {r} | {name} | {sum(g is not None for g in got)} of {a.pages} "
                       f"| {took:.2f} |")
+    print(f"load average after: {os.getloadavg()}")
+
+
+def sglang_reads(pages: int, rounds: int) -> None:
+    """``batch_get_v1`` of ``pages`` Llama-3.1-8B pages, ``rounds`` times (see above)."""
+    import pathlib
+    import runpy
+
+    import torch
+
+    example = runpy.run_path(str(pathlib.Path(__file__).resolve().parents[1] / "examples"
+                                 / "sglang_storage.py"))
+    sgl, page = example["load"](), 64
+    keys = example["page_hashes"](sgl, [(i * 7) % 30000 + 1 for i in range(pages * page)], page)
+    print(f"load average before: {os.getloadavg()}")
+    with LocalRedis() as server:
+        pools = [example["HostPool"](pages * page, page, layers=32, heads=8, head_dim=128)
+                 for _ in range(2)]
+        (writer, wpool), (reader, rpool) = [
+            (example["backend"](sgl, server.url, pool, "bench/llama-8b", timeout=10.0), pool)
+            for pool in pools]
+        wpool.kv_buffer.copy_(torch.randn(wpool.kv_buffer.shape))
+        everything = torch.arange(pages * page)
+        for i in range(0, pages, 8):
+            assert all(writer.batch_set_v1(keys[i:i + 8], everything[i * page:(i + 8) * page]))
+        print("| round | pages loaded | seconds |")
+        print("|---|---|---|")
+        for r in range(rounds):
+            start = time.monotonic()
+            got = reader.batch_get_v1(keys, everything)
+            took = time.monotonic() - start
+            print(f"| {r} | {sum(got)} of {pages} | {took:.2f} |")
+        assert torch.equal(rpool.kv_buffer, wpool.kv_buffer)
     print(f"load average after: {os.getloadavg()}")
 
 

@@ -196,3 +196,13 @@ def test_a_side_pool_of_a_hybrid_model_is_refused_when_sglang_registers_it(s, re
         with pytest.raises(ConfigError, match=str(name)):
             backend.register_mem_host_pool_v2(engine.host, name)
     assert set(backend.registered_pools) == {PoolName.KV}
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float16, torch.float32])
+def test_kv_of_other_dtypes_round_trips_bit_for_bit(s, redis, dtype):
+    a, b = Engine(s, redis.url, dtype=dtype), Engine(s, redis.url, dtype=dtype)
+    toks = tokens(16, 21000 + 100 * [torch.float8_e4m3fn, torch.float16, torch.float32].index(dtype))
+    done, written = a.backup(toks, seed=60)
+    got, loaded = b.prefetch(toks)
+    assert done == got == 16 and same(written, loaded)
+    assert Engine(s, redis.url).prefetch(toks)[0] == 0      # (bfloat16 KV: other pages)

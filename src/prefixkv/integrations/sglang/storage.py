@@ -249,8 +249,7 @@ class PrefixKVStorage(HiCacheStorage):
                 continue
             if target is None:
                 target = self.mem_pool_host.get_dummy_flat_data_page()
-            raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-            target.view(-1).copy_(raw.view(target.dtype))
+            target.view(-1).copy_(torch.frombuffer(payload, dtype=target.dtype))
             out.append(target)
         return out
 
@@ -278,11 +277,12 @@ class PrefixKVStorage(HiCacheStorage):
         written) unless ``host_indices`` has ``page_size`` entries a page, each a whole
         page inside the pool, none named twice."""
         pool, starts = self.mem_pool_host, self._host_pages(keys, host_indices)
+        dtype = self._page_like[0]
         done = []
-        for start, page in zip(starts, self.batch_get(keys), strict=True):
-            if page is not None:
-                pool.set_from_flat_data_page(start, page)
-            done.append(page is not None)
+        for start, payload in zip(starts, self.pages.get(keys), strict=True):
+            if payload is not None:  # (the checked buffer itself: one copy, into the pool)
+                pool.set_from_flat_data_page(start, torch.frombuffer(payload, dtype=dtype))
+            done.append(payload is not None)
         return done
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
