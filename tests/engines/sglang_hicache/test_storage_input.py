@@ -157,3 +157,22 @@ def test_a_malformed_redis_url_is_refused_before_connecting(sgl):  # noqa: F811
         except ConfigError:
             continue
         raise AssertionError(f"{url} was taken")
+
+
+def test_decode_context_parallel_ranks_are_refused_before_connecting(sgl):  # noqa: F811
+    # With DCP each rank of an MLA model holds its own slice of a page (SGLang's file
+    # backend names dcp_rank in its keys). Before: the layout named neither dcp_rank nor
+    # dcp_size, so DCP ranks 0 and 1 wrote different bytes under one key and each read
+    # the other's as its own (other KV); the host indices are logical there, the pool's
+    # size physical. SGLang 0.5.23's controller refuses L3 with DCP for backends other
+    # than file and Mooncake before making one; this holds for any other caller.
+    from prefixkv.integrations.sglang.storage import PrefixKVStorage
+
+    for rank in (0, 1):
+        cfg = sgl.storage.HiCacheStorageConfig(
+            tp_rank=rank, tp_size=2, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+            is_mla_model=True, enable_storage_metrics=False, is_page_first_layout=False,
+            model_name="test/mla", dcp_size=2, dcp_rank=rank, logical_page_size=2 * PAGE,
+            extra_config={"redis_url": "redis://127.0.0.1:1/0"})
+        with pytest.raises(ConfigError, match="dcp"):
+            PrefixKVStorage(cfg, {})

@@ -75,8 +75,9 @@ class PrefixKVStorage(HiCacheStorage):
     change under one name). SGLang's own keys of the ``dynamic`` backend
     (``backend_name``, ``module_path``, ``class_name``, ``interface_v1``, and
     ``file_storage_path``, which it adds) are allowed.
-    Raises ConfigError for a missing ``redis_url``, a value out of range or a key that
-    is none of these (a misspelt key would be ignored), before connecting."""
+    Raises ConfigError for a missing ``redis_url``, a value out of range, a key that
+    is none of these (a misspelt key would be ignored) or decode context parallelism
+    (``dcp_size`` > 1: a rank holds a slice of each page), before connecting."""
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
         extra = dict(storage_config.extra_config or {})
@@ -88,6 +89,11 @@ class PrefixKVStorage(HiCacheStorage):
         if type(url) is not str or not url:
             raise ConfigError("PrefixKVStorage needs extra_config['redis_url'], e.g. "
                               "'redis://127.0.0.1:6379/0'")
+        if getattr(storage_config, "dcp_size", 1) != 1:
+            raise ConfigError(f"PrefixKVStorage does not take decode context parallelism "
+                              f"(dcp_size {storage_config.dcp_size}): a DCP rank holds a "
+                              "slice of each page (SGLang 0.5.23 offers L3 with DCP on its "
+                              "file and Mooncake backends only)")
         model = extra.get("model", storage_config.model_name)
         if type(model) is not str or not model:
             raise ConfigError(f"a model name is needed (extra_config['model']), got {model!r}")
