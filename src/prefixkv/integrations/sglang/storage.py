@@ -24,7 +24,6 @@ when SGLang registers them, so such a model does not attach the backend.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from typing import Any
 
 import torch
@@ -38,31 +37,25 @@ from sglang.srt.mem_cache.hicache_storage import (
 from ...errors import ConfigError
 from ...store.record import StoreLayout
 from ...store.redis_store import RedisStore
+from .arguments import (
+    PageLike,
+    check_keys,
+    check_places,
+    described,
+    flat_page_like,
+    host_page_starts,
+    is_page,
+    page_text,
+)
 from .pages import PageStore
 
 __all__ = ["PrefixKVStorage"]
 
 _log = logging.getLogger(__name__)
 
-# extra_config keys: SGLang's for a dynamic backend (its factory and controller read
-# them; it adds file_storage_path when launched with --file-storage-path), then ours.
-# SGLang pops its own tuning keys (prefetch_threshold, tp_lcm_size, ...) before it makes
-# the backend.
-_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface_v1",
-                   "file_storage_path", "redis_url", "ttl", "timeout", "read_rate",
-                   "retry_after", "model"})
-
-
 def _page_bytes(page: torch.Tensor) -> bytes:
     """The bytes of a page tensor (any dtype), in its flat element order."""
     return page.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
-
-
-def _described(t: object) -> str:
-    """A target's shape, dtype and contiguity, or its type (for error messages)."""
-    if isinstance(t, torch.Tensor):
-        return f"{tuple(t.shape)} {t.dtype}{'' if t.is_contiguous() else ' (not contiguous)'}"
-    return type(t).__name__
 
 
 class PrefixKVStorage(HiCacheStorage):
@@ -81,10 +74,7 @@ class PrefixKVStorage(HiCacheStorage):
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
         extra = dict(storage_config.extra_config or {})
-        unknown = sorted(str(k) for k in extra if k not in _KEYS)
-        if unknown:
-            raise ConfigError(f"PrefixKVStorage: unknown extra_config keys {unknown}; "
-                              f"known: {sorted(_KEYS)}")
+        check_keys(extra)
         url = extra.get("redis_url")
         if type(url) is not str or not url:
             raise ConfigError("PrefixKVStorage needs extra_config['redis_url'], e.g. "
@@ -109,7 +99,7 @@ class PrefixKVStorage(HiCacheStorage):
                               f"got {self._read_rate!r}")
         self.backend = RedisStore(url, timeout=self.backend_timeout, ttl=extra.get("ttl", 86400))
         self._pages: PageStore | None = None
-        self._page_like: tuple[torch.dtype, int] = (torch.uint8, 0)
+        self._page_like: PageLike = (torch.uint8, 0)
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Bind the host pool whose pages this backend moves: its dtype, page size,
@@ -118,17 +108,7 @@ class PrefixKVStorage(HiCacheStorage):
         Raises ConfigError (SGLang's attach then fails) for a host layout whose pages
         SGLang's pool cannot hand out flat (``get_data_page``), e.g. ``page_unified``:
         every page call would raise in SGLang's storage threads."""
-        dummy = mem_pool_host.get_dummy_flat_data_page()
-        try:
-            page = mem_pool_host.get_data_page(0, flat=True)
-        except (ValueError, NotImplementedError, RuntimeError, IndexError) as exc:
-            raise ConfigError(f"the host pool's {mem_pool_host.layout!r} layout has no flat "
-                              f"pages ({exc}): use layer_first, page_first, page_first_direct "
-                              "or page_head (--hicache-mem-layout)") from exc
-        if (page.dtype, page.numel()) != (dummy.dtype, dummy.numel()):
-            raise ConfigError(f"the host pool's {mem_pool_host.layout!r} layout has no flat "
-                              f"pages: a page is {page.numel()} {page.dtype}, its dummy "
-                              f"page {dummy.numel()} {dummy.dtype}")
+        like = flat_page_like(mem_pool_host)
         super().register_mem_pool_host(mem_pool_host)
         c = self.config
         ranks = "mla" if c.is_mla_model else f"tp{c.tp_rank}/{c.tp_size}"
@@ -137,8 +117,9 @@ class PrefixKVStorage(HiCacheStorage):
         tag = getattr(mem_pool_host, "storage_format_tag", None)
         if tag is not None:  # (SGLang tags its model name with it; ``model`` replaces that)
             text += f"|format={tag}"
-        self._page_like = (dummy.dtype, dummy.numel())
-        layout = StoreLayout(text, str(mem_pool_host.dtype), dummy.numel() * dummy.element_size())
+        self._page_like = like
+        page_bytes = like[1] * torch.empty(0, dtype=like[0]).element_size()
+        layout = StoreLayout(text, str(mem_pool_host.dtype), page_bytes)
         self._pages = PageStore(self.backend, layout, mem_pool_host.page_size,
                                 timeout=self.backend_timeout, retry_after=self._retry_after,
                                 read_rate=self._read_rate)
@@ -173,63 +154,10 @@ class PrefixKVStorage(HiCacheStorage):
         """How many of ``keys``, from the first, the store holds (one round trip)."""
         return self.pages.held(keys)
 
-    def _places(self, keys: list[str], places: Any, what: str, per_page: int = 1) -> None:
-        """Raise ConfigError unless ``places`` (targets, values or host indices) has
-        ``per_page`` entries for each of ``keys``: checked before anything is read or
-        written, so a mismatched call changes nothing."""
-        try:
-            given = len(places)
-        except TypeError:  # (None, a number, a 0-d tensor)
-            raise ConfigError(f"{what} must be a sequence, got {_described(places)}") from None
-        if given != len(keys) * per_page:
-            raise ConfigError(f"{len(keys)} pages but {given} {what}"
-                              + (f" ({per_page} a page)" if per_page > 1 else ""))
-
-    def _host_pages(self, keys: list[str], host_indices: Any) -> list[int]:
-        """The host pool index of each page's first token (``host_indices[i * page_size]``).
-        Raises ConfigError, before anything is read or written, unless there are
-        ``page_size`` integer indices a page, each page lies inside the pool (a negative one
-        would address the pool's last pages: SGLang's pools index from the end) and
-        each page's indices are one whole page, ``start .. start + page_size - 1`` with
-        ``start`` a multiple of ``page_size`` (the pool moves a page from its first
-        index: any other indices would read or write rows the call did not name), and no
-        host page is named twice."""
-        pool, size = self.mem_pool_host, self.pages.page_size
-        self._places(keys, host_indices, "host indices", size)
-        if not keys:
-            return []
-        try:
-            given = torch.as_tensor(host_indices)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise ConfigError(f"host indices must be integers: {exc}") from None
-        if given.dtype == torch.bool or given.is_floating_point() or given.is_complex():
-            raise ConfigError(f"host indices must be integers, got {given.dtype}")
-        rows = given.reshape(len(keys), size).to("cpu", torch.int64)
-        starts = rows[:, 0].tolist()
-        bad = [i for i in starts if not 0 <= i <= pool.size - size]
-        if bad:
-            raise ConfigError(f"host indices {bad[:4]} start pages outside the host pool "
-                              f"(0 .. {pool.size - size})")
-        twice = sorted(i for i, n in Counter(starts).items() if n > 1)
-        if twice:
-            raise ConfigError(f"host pages {twice[:4]} named twice in one call (pages that "
-                              "share a host page would overwrite each other)")
-        whole = (rows - rows[:, :1] == torch.arange(size)).all(dim=1) & (rows[:, 0] % size == 0)
-        if not bool(whole.all()):
-            first = int((~whole).nonzero()[0, 0])
-            raise ConfigError(f"host indices must be whole pages ({size} consecutive from a "
-                              f"multiple of {size}); page {first} has "
-                              f"{rows[first].tolist()[:8]}")
-        return starts
-
-    def _is_page(self, t: object) -> bool:
-        """Whether ``t`` is a tensor of one host page: the pool's dtype, a page's elements."""
-        dtype, numel = self._page_like
-        return isinstance(t, torch.Tensor) and t.dtype == dtype and t.numel() == numel
-
-    def _page_text(self) -> str:
-        dtype, numel = self._page_like
-        return f"tensor of {numel} {dtype} (a host page)"
+    def _starts(self, keys: list[str], host_indices: Any) -> list[int]:
+        """Each page's first host index; ConfigError as ``arguments.host_page_starts``."""
+        return host_page_starts(len(keys), host_indices, self.pages.page_size,
+                                self.mem_pool_host.size)
 
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
         return self.batch_get([key], [target_location])[0]
@@ -243,11 +171,11 @@ class PrefixKVStorage(HiCacheStorage):
         element count."""
         pages = self.pages  # (ConfigError before register_mem_pool_host)
         targets = list(target_locations) if target_locations is not None else [None] * len(keys)
-        self._places(keys, targets, "target locations")
+        check_places(len(keys), targets, "target locations")
         for i, t in enumerate(targets):
-            if t is not None and not (self._is_page(t) and t.is_contiguous()):
-                raise ConfigError(f"target location {i} must be a contiguous {self._page_text()}, "
-                                  f"got {_described(t)}")
+            if t is not None and not (is_page(t, self._page_like) and t.is_contiguous()):
+                raise ConfigError(f"target location {i} must be a contiguous "
+                                  f"{page_text(self._page_like)}, got {described(t)}")
         out: list[torch.Tensor | None] = []
         for payload, target in zip(pages.get(keys), targets, strict=True):
             if payload is None:
@@ -270,10 +198,11 @@ class PrefixKVStorage(HiCacheStorage):
         is not a page tensor of the host pool's dtype and element count (a page of
         another dtype with the same bytes would read back as other KV)."""
         pages = self.pages  # (ConfigError before register_mem_pool_host)
-        self._places(keys, values, "values")
+        check_places(len(keys), values, "values")
         for i, v in enumerate(values):
-            if not self._is_page(v):
-                raise ConfigError(f"value {i} must be a {self._page_text()}, got {_described(v)}")
+            if not is_page(v, self._page_like):
+                raise ConfigError(f"value {i} must be a {page_text(self._page_like)}, "
+                                  f"got {described(v)}")
         return pages.put([(k, _page_bytes(v)) for k, v in zip(keys, values, strict=True)])
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
@@ -282,7 +211,7 @@ class PrefixKVStorage(HiCacheStorage):
         for each page that was a checked hit. Raises ConfigError (nothing read or
         written) unless ``host_indices`` has ``page_size`` entries a page, each a whole
         page inside the pool, none named twice."""
-        pool, starts = self.mem_pool_host, self._host_pages(keys, host_indices)
+        pool, starts = self.mem_pool_host, self._starts(keys, host_indices)
         dtype = self._page_like[0]
         done = []
         for start, payload in zip(starts, self.pages.get(keys), strict=True):
@@ -296,7 +225,7 @@ class PrefixKVStorage(HiCacheStorage):
         """Page ``i`` written from the host pool at ``host_indices[i * page_size]``.
         Raises ConfigError (nothing stored) unless ``host_indices`` has ``page_size``
         entries a page, each a whole page inside the pool, none named twice."""
-        pool, starts = self.mem_pool_host, self._host_pages(keys, host_indices)
+        pool, starts = self.mem_pool_host, self._starts(keys, host_indices)
         items = [(k, _page_bytes(pool.get_data_page(start, flat=True)))
                  for start, k in zip(starts, keys, strict=True)]
         return [self.pages.put(items)] * len(keys)
