@@ -176,3 +176,19 @@ def test_decode_context_parallel_ranks_are_refused_before_connecting(sgl):  # no
             extra_config={"redis_url": "redis://127.0.0.1:1/0"})
         with pytest.raises(ConfigError, match="dcp"):
             PrefixKVStorage(cfg, {})
+
+
+def test_a_host_pool_without_any_flat_page_is_refused_with_config_error(sgl, redis):  # noqa: F811
+    # SGLang's MXFP8 host pool raises NotImplementedError from all three flat-page calls
+    # (its scales live outside kv_buffer). Before: get_dummy_flat_data_page was called
+    # outside the check, so attaching raised that NotImplementedError, not ConfigError.
+    from .engine import HostPool
+
+    class NoFlatPages(HostPool):
+        def get_dummy_flat_data_page(self):
+            raise NotImplementedError("MXFP8 KV host pool does not expose flat storage pages")
+
+        get_data_page = set_from_flat_data_page = get_dummy_flat_data_page
+
+    with pytest.raises(ConfigError, match="flat"):
+        replica(sgl, redis.url, pool=NoFlatPages(64, PAGE))

@@ -35,10 +35,11 @@ def check_keys(extra: dict[Any, Any]) -> None:
 
 def flat_page_like(mem_pool_host: Any) -> PageLike:
     """The dtype and element count of ``mem_pool_host``'s flat pages. Raises ConfigError
-    for a host layout whose pages SGLang's pool cannot hand out flat (``get_data_page``),
-    e.g. ``page_unified``: every page call would raise in SGLang's storage threads."""
-    dummy = mem_pool_host.get_dummy_flat_data_page()
+    for a host pool that cannot hand out flat pages (``get_data_page``,
+    ``get_dummy_flat_data_page``), e.g. a ``page_unified`` layout or SGLang's MXFP8 pool:
+    every page call would raise in SGLang's storage threads."""
     try:
+        dummy = mem_pool_host.get_dummy_flat_data_page()
         page = mem_pool_host.get_data_page(0, flat=True)
     except (ValueError, NotImplementedError, RuntimeError, IndexError) as exc:
         raise ConfigError(f"the host pool's {mem_pool_host.layout!r} layout has no flat "
