@@ -173,6 +173,15 @@ def load() -> types.SimpleNamespace:
 _rids = itertools.count()
 
 
+@pytest.fixture(autouse=True)
+def closing() -> Any:
+    """Close every Engine a test made (each holds four SGLang storage threads, which
+    would otherwise poll their queues for the rest of the process)."""
+    yield
+    while Engine.live:
+        Engine.live[-1].close()
+
+
 class Engine:
     """One SGLang rank's KV tiers: device pool, allocator, host pool and the cache
     controller with prefixkv's backend attached (``dynamic``), as a scheduler builds
@@ -220,10 +229,16 @@ class Engine:
                     storage_backend="dynamic", model_name=model,
                     storage_backend_extra_config=config)
         self.backend = self.cc.storage_backend
+        Engine.live.append(self)
+
+    live: list[Engine] = []
+    """Engines not closed yet (``closing`` closes them after each test)."""
 
     def close(self) -> None:
         """Detach the backend (SGLang's detach: stops the storage threads, closes it)."""
-        self.cc.detach_storage_backend()
+        if self in Engine.live:
+            Engine.live.remove(self)
+            self.cc.detach_storage_backend()
 
     def fill(self, host_indices: torch.Tensor, seed: int) -> None:
         """Random KV in the host rows ``host_indices`` (what a device-to-host copy writes)."""

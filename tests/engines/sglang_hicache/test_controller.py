@@ -12,7 +12,7 @@ import torch
 
 from prefixkv.store.server import LocalRedis
 
-from .controller import Engine, load
+from .controller import Engine, closing, load  # noqa: F401
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]
 

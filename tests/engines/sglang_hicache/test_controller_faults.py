@@ -13,7 +13,7 @@ import pytest
 
 from prefixkv.store.server import LocalRedis
 
-from .controller import Engine
+from .controller import Engine, closing  # noqa: F401
 from .test_controller import no_errors_in_sglang_threads, redis, s, same, tokens  # noqa: F401
 from .test_storage import PAGE, fill, indices, page_hashes, replica, sgl  # noqa: F401
 
