@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 from prefixkv.store.server import LocalRedis
 
@@ -95,3 +96,26 @@ def test_a_partly_refused_backup_reports_exactly_the_pages_not_stored(sgl):  # n
         if not 0 < held < 8 or backend.pages.failed_writes == 0:
             raise RuntimeError(f"no partly refused batch to check (held {held})")
         assert results == [True] * held + [False] * (8 - held)
+
+
+def test_a_partly_failed_read_reports_exactly_the_pages_not_loaded(sgl, redis):  # noqa: F811
+    """Pages 1 (absent), 3 (another type) and 5 (another page's value) fail; 0, 2 and 4
+    are read into their own host pages and nowhere else."""
+    writer, wpool = replica(sgl, redis.url)
+    reader, rpool = replica(sgl, redis.url)
+    fill(wpool, 80)
+    keys = page_hashes(sgl, tokens(6 * PAGE, 40000), PAGE)
+    assert writer.batch_set_v1(keys, indices(0, 6)) == [True] * 6
+    client, pages = writer.backend.client, writer.pages
+    client.delete(pages.key(keys[1]))
+    client.delete(pages.key(keys[3]))
+    client.rpush(pages.key(keys[3]), b"x")
+    client.set(pages.key(keys[5]), client.get(pages.key(keys[4])))
+    rpool.kv_buffer.fill_(-1.0)
+    expected = rpool.kv_buffer.clone()
+    assert reader.batch_get_v1(keys, indices(8, 6)) == [True, False, True, False, True, False]
+    for i in (0, 2, 4):
+        expected[:, :, 8 + i * PAGE:8 + (i + 1) * PAGE] = wpool.kv_buffer[:, :, i * PAGE:(i + 1) * PAGE]
+    assert torch.equal(rpool.kv_buffer, expected)
+    p = reader.pages
+    assert (p.hits, p.misses, p.failed_reads, p.rejected) == (3, 1, 1, 1)
