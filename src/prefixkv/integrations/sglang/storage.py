@@ -53,6 +53,7 @@ __all__ = ["PrefixKVStorage"]
 
 _log = logging.getLogger(__name__)
 
+
 def _page_bytes(page: torch.Tensor) -> bytes:
     """The bytes of a page tensor (any dtype), in its flat element order."""
     return page.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
@@ -105,9 +106,9 @@ class PrefixKVStorage(HiCacheStorage):
         """Bind the host pool whose pages this backend moves: its dtype, page size,
         layout, page bytes and page format tag (``storage_format_tag``, when it has
         one) enter the StoreLayout (and so every key and value head).
-        Raises ConfigError (SGLang's attach then fails) for a host layout whose pages
-        SGLang's pool cannot hand out flat (``get_data_page``), e.g. ``page_unified``:
-        every page call would raise in SGLang's storage threads."""
+        Raises ConfigError (SGLang's attach then fails) for a host pool that cannot hand
+        out flat pages (``arguments.flat_page_like``: a ``page_unified`` layout, SGLang's
+        MXFP8 pool): every page call would raise in SGLang's storage threads."""
         like = flat_page_like(mem_pool_host)
         super().register_mem_pool_host(mem_pool_host)
         c = self.config
