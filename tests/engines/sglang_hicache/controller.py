@@ -162,6 +162,10 @@ def load() -> types.SimpleNamespace:
         from sglang.srt.runtime_context import get_parallel
     except ImportError as exc:
         pytest.skip(f"SGLang's cache controller does not import here: {exc}")
+    try:
+        utils.get_storage_hash_str([1], None, page_size=1)  # (built on first use)
+    except RuntimeError as exc:
+        pytest.skip(f"SGLang's native page hash could not be built: {exc.__cause__ or exc}")
     return types.SimpleNamespace(
         sgl=sgl, cc=cache_controller, memory_pool=memory_pool, utils=utils,
         Hybrid=hybrid_cache_controller.HybridCacheController, Handle=CacheRequestHandle,
