@@ -98,6 +98,22 @@ class HostPool:
         self.kv_buffer[:, :, index:index + self.page_size] = data_page.reshape(shape)
 
 
+def backend(sgl: types.SimpleNamespace, url: str, pool: HostPool, model: str,
+            **extra: object) -> object:
+    """A PrefixKVStorage made as SGLang's cache controller makes it (its factory, the
+    ``dynamic`` backend, the extra config naming ours), bound to ``pool``."""
+    config = sgl.storage.HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=False,
+        model_name=model, extra_config={
+            "backend_name": "prefixkv", "class_name": "PrefixKVStorage",
+            "module_path": "prefixkv.integrations.sglang.storage", "interface_v1": 1,
+            "redis_url": url, **extra})
+    made = sgl.factory.create_backend("dynamic", config, pool)
+    made.register_mem_pool_host(pool)
+    return made
+
+
 def main(argv: list[str] | None = None) -> None:
     from prefixkv.store.server import LocalRedis
 
@@ -107,21 +123,10 @@ def main(argv: list[str] | None = None) -> None:
     sgl, page = load(), 16
     keys = page_hashes(sgl, [(i * 13) % 5000 + 1 for i in range(n * page)], page)
     with LocalRedis() as redis:
-        backends = []
-        for _ in range(2):
-            pool = HostPool(4 * n * page, page)
-            config = sgl.storage.HiCacheStorageConfig(
-                tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-                is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=False,
-                model_name="example/model", extra_config={
-                    "backend_name": "prefixkv", "class_name": "PrefixKVStorage",
-                    "module_path": "prefixkv.integrations.sglang.storage", "interface_v1": 1,
-                    # a generous bound (0.25 s by default): this machine's CPUs may be shared
-                    "redis_url": redis.url, "timeout": 10.0})
-            backend = sgl.factory.create_backend("dynamic", config, pool)
-            backend.register_mem_pool_host(pool)
-            backends.append((backend, pool))
-        (a, apool), (b, bpool) = backends
+        pools = [HostPool(4 * n * page, page) for _ in range(2)]
+        # a generous bound (0.25 s by default): this machine's CPUs may be shared
+        (a, apool), (b, bpool) = [(backend(sgl, redis.url, pool, "example/model", timeout=10.0),
+                                   pool) for pool in pools]
         apool.kv_buffer.copy_(torch.randn(apool.kv_buffer.shape))
         wrote = a.batch_set_v1(keys, torch.arange(n * page))
         held = b.batch_exists(keys)

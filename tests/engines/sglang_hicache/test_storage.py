@@ -188,7 +188,8 @@ def test_config_errors_come_before_any_connection(sgl):
     from prefixkv.integrations.sglang.storage import PrefixKVStorage
 
     cfg = config(sgl, "redis://127.0.0.1:1/0")
-    for bad in ({"redis_url": None}, {"retry_after": -1}, {"ttl": 0}, {"timeout": 0}, {"model": ""}):
+    for bad in ({"redis_url": None}, {"retry_after": -1}, {"ttl": 0}, {"timeout": 0}, {"model": ""},
+                {"read_rate": 0}):
         cfg.extra_config = {**config(sgl, "redis://127.0.0.1:1/0").extra_config, **bad}
         with pytest.raises(ConfigError):
             PrefixKVStorage(cfg, {})

@@ -17,11 +17,13 @@ memory, with ``interface_v1``) or ``batch_get``/``batch_set`` (through flat page
 tensors, without it), from its prefetch and backup threads, never the scheduler's.
 Keys are SGLang's own page hashes. A page that fails the content check is reported as
 not loaded, so SGLang stops its prefetch there and computes the rest. Not offered: the
-``*_v2`` calls of hybrid models (Mamba, SWA, DSA pools), which the base class rejects.
+``*_v2`` calls of hybrid models (Mamba, SWA, DSA pools): their side pools are refused
+when SGLang registers them, so such a model does not attach the backend.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -29,14 +31,27 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
+    PoolName,
 )
 
 from ...errors import ConfigError
 from ...store.record import StoreLayout
 from ...store.redis_store import RedisStore
+from .arguments import (
+    PageLike,
+    check_keys,
+    check_places,
+    described,
+    flat_page_like,
+    host_page_starts,
+    is_page,
+    page_text,
+)
 from .pages import PageStore
 
 __all__ = ["PrefixKVStorage"]
+
+_log = logging.getLogger(__name__)
 
 
 def _page_bytes(page: torch.Tensor) -> bytes:
@@ -44,28 +59,32 @@ def _page_bytes(page: torch.Tensor) -> bytes:
     return page.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
 
 
-def _described(t: object) -> str:
-    """A target's shape, dtype and contiguity, or its type (for error messages)."""
-    if isinstance(t, torch.Tensor):
-        return f"{tuple(t.shape)} {t.dtype}{'' if t.is_contiguous() else ' (not contiguous)'}"
-    return type(t).__name__
-
-
 class PrefixKVStorage(HiCacheStorage):
     """The backend SGLang makes as ``PrefixKVStorage(storage_config, kwargs)``.
     ``storage_config.extra_config`` keys: ``redis_url`` (required), ``ttl`` (seconds a
-    page lives, 86400), ``timeout`` (seconds per store call, 0.25), ``retry_after``
+    page lives, 86400), ``timeout`` (seconds per store call, 0.25; a read also gets its
+    bytes' time at ``read_rate``, bytes a second, 5e8), ``retry_after``
     (seconds without store calls after a failure, 1.0), ``model`` (the model's name in
     the layout, default ``storage_config.model_name``: set a revision here when weights
-    change under one name). Raises ConfigError for a missing ``redis_url`` or a value
-    out of range, before connecting."""
+    change under one name). SGLang's own keys of the ``dynamic`` backend
+    (``backend_name``, ``module_path``, ``class_name``, ``interface_v1``, and
+    ``file_storage_path``, which it adds) are allowed.
+    Raises ConfigError for a missing ``redis_url``, a value out of range, a key that
+    is none of these (a misspelt key would be ignored) or decode context parallelism
+    (``dcp_size`` > 1: a rank holds a slice of each page), before connecting."""
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
         extra = dict(storage_config.extra_config or {})
+        check_keys(extra)
         url = extra.get("redis_url")
         if type(url) is not str or not url:
             raise ConfigError("PrefixKVStorage needs extra_config['redis_url'], e.g. "
                               "'redis://127.0.0.1:6379/0'")
+        if getattr(storage_config, "dcp_size", 1) != 1:
+            raise ConfigError(f"PrefixKVStorage does not take decode context parallelism "
+                              f"(dcp_size {storage_config.dcp_size}): a DCP rank holds a "
+                              "slice of each page (SGLang 0.5.23 offers L3 with DCP on its "
+                              "file and Mooncake backends only)")
         model = extra.get("model", storage_config.model_name)
         if type(model) is not str or not model:
             raise ConfigError(f"a model name is needed (extra_config['model']), got {model!r}")
@@ -75,21 +94,48 @@ class PrefixKVStorage(HiCacheStorage):
         if type(self._retry_after) not in (int, float) or not 0 <= self._retry_after < float("inf"):
             raise ConfigError(f"retry_after must be a finite number >= 0, got {self._retry_after!r}")
         self.backend_timeout = extra.get("timeout", 0.25)
+        self._read_rate = extra.get("read_rate", 5e8)
+        if type(self._read_rate) not in (int, float) or not 0 < self._read_rate < float("inf"):
+            raise ConfigError(f"read_rate must be a positive finite number of bytes a second, "
+                              f"got {self._read_rate!r}")
         self.backend = RedisStore(url, timeout=self.backend_timeout, ttl=extra.get("ttl", 86400))
         self._pages: PageStore | None = None
+        self._page_like: PageLike = (torch.uint8, 0)
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Bind the host pool whose pages this backend moves: its dtype, page size,
-        layout and page bytes enter the StoreLayout (and so every key and value head)."""
+        layout, page bytes and page format tag (``storage_format_tag``, when it has
+        one) enter the StoreLayout (and so every key and value head).
+        Raises ConfigError (SGLang's attach then fails) for a host pool that cannot hand
+        out flat pages (``arguments.flat_page_like``: a ``page_unified`` layout, SGLang's
+        MXFP8 pool): every page call would raise in SGLang's storage threads."""
+        like = flat_page_like(mem_pool_host)
         super().register_mem_pool_host(mem_pool_host)
         c = self.config
         ranks = "mla" if c.is_mla_model else f"tp{c.tp_rank}/{c.tp_size}"
         text = (f"sglang|{self._model}|{ranks}|pp{c.pp_rank}/{c.pp_size}"
                 f"|cp{c.attn_cp_rank}/{c.attn_cp_size}|{mem_pool_host.layout}")
-        dummy = mem_pool_host.get_dummy_flat_data_page()
-        layout = StoreLayout(text, str(mem_pool_host.dtype), dummy.numel() * dummy.element_size())
+        tag = getattr(mem_pool_host, "storage_format_tag", None)
+        if tag is not None:  # (SGLang tags its model name with it; ``model`` replaces that)
+            text += f"|format={tag}"
+        self._page_like = like
+        page_bytes = like[1] * torch.empty(0, dtype=like[0]).element_size()
+        layout = StoreLayout(text, str(mem_pool_host.dtype), page_bytes)
         self._pages = PageStore(self.backend, layout, mem_pool_host.page_size,
-                                timeout=self.backend_timeout, retry_after=self._retry_after)
+                                timeout=self.backend_timeout, retry_after=self._retry_after,
+                                read_rate=self._read_rate)
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """Take SGLang's KV pool (its hybrid controller registers every pool of its host
+        pool group, the KV anchor included); raise ConfigError (SGLang's attach then
+        fails) for any other pool (Mamba, SWA, DSA indexer, draft SWA): its pages move
+        through the ``*_v2`` calls, which this backend does not offer, so every hit
+        query and side-pool transfer of that model would raise in SGLang's threads."""
+        if host_pool_name != PoolName.KV:
+            raise ConfigError(f"PrefixKVStorage stores KV pages only; the model's "
+                              f"{str(host_pool_name)!r} host pool needs SGLang's *_v2 "
+                              "storage calls (hybrid models: Mamba, SWA, DSA)")
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
 
     @property
     def pages(self) -> PageStore:
@@ -109,38 +155,10 @@ class PrefixKVStorage(HiCacheStorage):
         """How many of ``keys``, from the first, the store holds (one round trip)."""
         return self.pages.held(keys)
 
-    def _places(self, keys: list[str], places: Any, what: str, per_page: int = 1) -> None:
-        """Raise ConfigError unless ``places`` (targets, values or host indices) has
-        ``per_page`` entries for each of ``keys``: checked before anything is read or
-        written, so a mismatched call changes nothing."""
-        if len(places) != len(keys) * per_page:
-            raise ConfigError(f"{len(keys)} pages but {len(places)} {what}"
-                              + (f" ({per_page} a page)" if per_page > 1 else ""))
-
-    def _host_pages(self, keys: list[str], host_indices: Any) -> list[int]:
-        """The host pool index of each page's first token (``host_indices[i * page_size]``).
-        Raises ConfigError, before anything is read or written, unless there are
-        ``page_size`` indices a page, each page lies inside the pool (a negative one
-        would address the pool's last pages: SGLang's pools index from the end) and
-        each page's indices are one whole page, ``start .. start + page_size - 1`` with
-        ``start`` a multiple of ``page_size`` (the pool moves a page from its first
-        index: any other indices would read or write rows the call did not name)."""
-        pool, size = self.mem_pool_host, self.pages.page_size
-        self._places(keys, host_indices, "host indices", size)
-        starts = [int(host_indices[i * size]) for i in range(len(keys))]
-        bad = [i for i in starts if not 0 <= i <= pool.size - size]
-        if bad:
-            raise ConfigError(f"host indices {bad[:4]} start pages outside the host pool "
-                              f"(0 .. {pool.size - size})")
-        if keys:
-            rows = torch.as_tensor(host_indices).reshape(len(keys), size).to("cpu", torch.int64)
-            whole = (rows - rows[:, :1] == torch.arange(size)).all(dim=1) & (rows[:, 0] % size == 0)
-            if not bool(whole.all()):
-                first = int((~whole).nonzero()[0, 0])
-                raise ConfigError(f"host indices must be whole pages ({size} consecutive from a "
-                                  f"multiple of {size}); page {first} has "
-                                  f"{rows[first].tolist()[:8]}")
-        return starts
+    def _starts(self, keys: list[str], host_indices: Any) -> list[int]:
+        """Each page's first host index; ConfigError as ``arguments.host_page_starts``."""
+        return host_page_starts(len(keys), host_indices, self.pages.page_size,
+                                self.mem_pool_host.size)
 
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
         return self.batch_get([key], [target_location])[0]
@@ -150,24 +168,23 @@ class PrefixKVStorage(HiCacheStorage):
         """Each page written into its flat target tensor (``get_dummy_flat_data_page``),
         or a new flat tensor where none is given; None where it is not a checked hit.
         Raises ConfigError (nothing read or written) when the targets are not one a page,
-        or one is neither None nor a contiguous tensor of the page's bytes."""
+        or one is neither None nor a contiguous page tensor of the host pool's dtype and
+        element count."""
+        pages = self.pages  # (ConfigError before register_mem_pool_host)
         targets = list(target_locations) if target_locations is not None else [None] * len(keys)
-        self._places(keys, targets, "target locations")
-        size = self.pages.layout.block_bytes
+        check_places(len(keys), targets, "target locations")
         for i, t in enumerate(targets):
-            if t is not None and not (isinstance(t, torch.Tensor) and t.is_contiguous()
-                                      and t.numel() * t.element_size() == size):
-                raise ConfigError(f"target location {i} must be a contiguous tensor of {size} "
-                                  f"bytes (a page), got {_described(t)}")
+            if t is not None and not (is_page(t, self._page_like) and t.is_contiguous()):
+                raise ConfigError(f"target location {i} must be a contiguous "
+                                  f"{page_text(self._page_like)}, got {described(t)}")
         out: list[torch.Tensor | None] = []
-        for payload, target in zip(self.pages.get(keys), targets, strict=True):
+        for payload, target in zip(pages.get(keys), targets, strict=True):
             if payload is None:
                 out.append(None)
                 continue
             if target is None:
                 target = self.mem_pool_host.get_dummy_flat_data_page()
-            raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-            target.view(-1).copy_(raw.view(target.dtype))
+            target.view(-1).copy_(torch.frombuffer(payload, dtype=target.dtype))
             out.append(target)
         return out
 
@@ -178,37 +195,51 @@ class PrefixKVStorage(HiCacheStorage):
     def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
                   target_sizes: Any = None) -> bool:
         """Store each page tensor under its key; True when the store took them all.
-        Raises ConfigError (nothing stored) when the values are not one a page."""
-        self._places(keys, values, "values")
-        return self.pages.put([(k, _page_bytes(v)) for k, v in zip(keys, values, strict=True)])
+        Raises ConfigError (nothing stored) when the values are not one a page, or one
+        is not a page tensor of the host pool's dtype and element count (a page of
+        another dtype with the same bytes would read back as other KV)."""
+        pages = self.pages  # (ConfigError before register_mem_pool_host)
+        check_places(len(keys), values, "values")
+        for i, v in enumerate(values):
+            if not is_page(v, self._page_like):
+                raise ConfigError(f"value {i} must be a {page_text(self._page_like)}, "
+                                  f"got {described(v)}")
+        return pages.put([(k, _page_bytes(v)) for k, v in zip(keys, values, strict=True)])
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         """Page ``i`` read into the host pool at ``host_indices[i * page_size]``; True
         for each page that was a checked hit. Raises ConfigError (nothing read or
-        written) unless ``host_indices`` has ``page_size`` entries a page, each page
-        inside the pool."""
-        pool, starts = self.mem_pool_host, self._host_pages(keys, host_indices)
+        written) unless ``host_indices`` has ``page_size`` entries a page, each a whole
+        page inside the pool, none named twice."""
+        pool, starts = self.mem_pool_host, self._starts(keys, host_indices)
+        dtype = self._page_like[0]
         done = []
-        for start, page in zip(starts, self.batch_get(keys), strict=True):
-            if page is not None:
-                pool.set_from_flat_data_page(start, page)
-            done.append(page is not None)
+        for start, payload in zip(starts, self.pages.get(keys), strict=True):
+            if payload is not None:  # (the checked buffer itself: one copy, into the pool)
+                pool.set_from_flat_data_page(start, torch.frombuffer(payload, dtype=dtype))
+            done.append(payload is not None)
         return done
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         """Page ``i`` written from the host pool at ``host_indices[i * page_size]``.
         Raises ConfigError (nothing stored) unless ``host_indices`` has ``page_size``
-        entries a page, each page inside the pool."""
-        pool, starts = self.mem_pool_host, self._host_pages(keys, host_indices)
+        entries a page, each a whole page inside the pool, none named twice."""
+        pool, starts = self.mem_pool_host, self._starts(keys, host_indices)
         items = [(k, _page_bytes(pool.get_data_page(start, flat=True)))
                  for start, k in zip(starts, keys, strict=True)]
         return [self.pages.put(items)] * len(keys)
 
     def clear(self) -> None:
-        """Nothing: the store is shared by replicas and never scanned; pages expire
-        (``ttl``) or are evicted by the server."""
+        """Nothing is cleared (the store is shared by replicas and never scanned; pages
+        expire after ``ttl`` or are evicted by the server), and a warning says so: SGLang
+        reports its clear as done whatever a backend does. After an in-place weight
+        update, re-attach the backend with a new ``extra_config['model']`` revision."""
+        _log.warning("PrefixKVStorage.clear: the shared store is not cleared (pages of %s "
+                     "expire after their ttl); after a weight update re-attach the backend "
+                     "with a new extra_config['model'] revision (DELETE, then PUT "
+                     "/hicache/storage-backend)", self._model)
 
     def close(self) -> None:
         self.backend.close()
