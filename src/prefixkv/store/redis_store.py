@@ -39,9 +39,9 @@ class RedisStore:
     authorities to trust (default: the system's); the server's name or IP must match its
     certificate.
     Raises ConfigError for a timeout or ttl out of range, a URL that is not a str of
-    those schemes, a ``cluster`` that is not a bool or an empty ``ca_certs``, all before
-    redis-py is imported; ImportError without redis-py, ValueError (redis-py's) for a
-    URL of those schemes that redis-py cannot parse."""
+    those schemes or does not name one server and one database (``check_url``), a
+    ``cluster`` that is not a bool or an empty ``ca_certs``, all before redis-py is
+    imported; ImportError without redis-py."""
 
     def __init__(self, url: str, *, timeout: float = 0.25, ttl: int = 86400,
                  cluster: bool = False, ca_certs: str | None = None) -> None:

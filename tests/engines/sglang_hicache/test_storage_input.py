@@ -139,12 +139,6 @@ def test_clear_says_that_it_cleared_nothing(sgl, redis, caplog):  # noqa: F811
     assert warned and "not cleared" in warned[0] and "model" in warned[0]
 
 
-@pytest.mark.xfail(strict=True, raises=(AssertionError, ValueError), reason=(
-    "RedisStore's URL check (src/prefixkv/store/redis_args.py, tiers-r10's) checks the "
-    "scheme only: redis-py's parse_url raises a plain ValueError for a port out of range, "
-    "drops a database path that is not a number (redis://h/abc: database 0) and joins a "
-    "nested one (redis://h/1/2: database 12), so pages land in a database the operator "
-    "did not name"))
 def test_a_malformed_redis_url_is_refused_before_connecting(sgl):  # noqa: F811
     from prefixkv.integrations.sglang.storage import PrefixKVStorage
 
