@@ -158,3 +158,27 @@ def test_a_multimodal_identifier_cannot_spell_a_prompt_embeddings_key():
     _computed(m, "att", zeros, mm_features=_features(victim_keys.mm))  # image KV, computed
     assert _hit(m, zeros, mm_features=_features(victim_keys.mm)) == 32  # (the case can fail)
     assert _hit(m, zeros, prompt_embeds=_embeds(0)) == 0
+
+
+def test_the_connectors_lookup_asks_only_the_requests_own_namespace():
+    """A core manager (tenant a, salt "a") writes its blocks to the store; the vLLM
+    connector's lookup finds them for a vLLM request with salt "a" (the key builders
+    agree) and asks no key of a's for a request with another salt or none."""
+    from prefixkv import ExtraKeys, KVCacheManager
+    from prefixkv.hashing import make_hash_fn
+    from prefixkv.integrations.vllm.connector_scheduler import ConnectorScheduler
+    from test_tenant_store import DictStore, _computed, _shared
+
+    backend = DictStore()
+    puts = _computed(KVCacheManager(8, BS, hash_mode="sha256", host_blocks=4, store=_shared(backend)),
+                     backend, "w", PROMPT, ExtraKeys(cache_salt="a"))
+    assert len(puts) == 2
+    fn, root = make_hash_fn("sha256", None)
+    link = _shared(backend).bind("sha256", None, root, BS, None, None)
+    sched = ConnectorScheduler(link, backend, BS, fn, root, retry_after=0)
+    assert sched.num_new_matched_tokens(_request("a", PROMPT, cache_salt="a"), 0) == (32, True)
+    for i, kw in enumerate([dict(cache_salt="b"), {}, dict(cache_salt="a\x00"),
+                            dict(cache_salt="a", lora_request=_lora("x", 1))]):
+        backend.asked.clear()
+        assert sched.num_new_matched_tokens(_request(f"r{i}", PROMPT, **kw), 0) == (0, False), kw
+        assert backend.asked and not set(backend.asked) & {p.key for p in puts}, kw
