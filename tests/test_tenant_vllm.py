@@ -21,14 +21,24 @@ BS = 16
 PROMPT = list(range(1, 41))  # two full blocks a hit may reach
 
 
-def _manager(num_blocks: int = 11) -> Any:
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+def _manager(num_blocks: int = 11, hybrid: bool = False) -> Any:
+    """The plug-in over one full-attention group, or (``hybrid``) a full group and a
+    32-token sliding window (two tables, a hit every group can serve)."""
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
 
     from prefixkv.integrations.vllm import KVCacheManager
 
     spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                           kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+    groups = [KVCacheGroupSpec(["l0"], spec)]
+    if hybrid:
+        groups.append(KVCacheGroupSpec(["l1"], SlidingWindowSpec(
+            block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=32)))
+    config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     return KVCacheManager(config, max_model_len=8192, scheduler_block_size=BS, hash_block_size=BS)
 
 
@@ -86,10 +96,11 @@ APART: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 }
 
 
+@pytest.mark.parametrize("hybrid", [False, True])
 @pytest.mark.parametrize("pair", list(APART))
-def test_vllm_requests_of_two_tenants_never_share_a_block(pair):
+def test_vllm_requests_of_two_tenants_never_share_a_block(pair, hybrid):
     first, second = APART[pair]
-    m = _manager()
+    m = _manager(22 if hybrid else 11, hybrid)
     _computed(m, "a", PROMPT, **first)
     assert _hit(m, PROMPT, **first) == 32  # the same keys share: the case can fail
     assert _hit(m, PROMPT, **second) == 0
