@@ -161,7 +161,8 @@ def test_a_flood_of_store_fetches_does_not_fail_another_tenants_admission():
     """Tenant b's admissions reserve every host slot for their store fetches (still
     running); tenant a's admission then finds no slot to fetch into: it is admitted
     and computes (or waits for a slot), never an error, and its device hit is served."""
-    from test_tenant_store import DictStore, _computed, _shared
+    from prefixkv.store import FetchCost, SharedStore
+    from test_tenant_store import LAYOUT, DictStore, _computed, _shared
 
     class _Held:
         """An executor that keeps each job until ``run`` (fetches stay in flight)."""
@@ -181,9 +182,8 @@ def test_a_flood_of_store_fetches_does_not_fail_another_tenants_admission():
     writer = KVCacheManager(16, BS, hash_mode="sha256", host_blocks=4, store=_shared(backend))
     for i in range(2):
         _computed(writer, backend, f"w{i}", _prompt(2000 + 100 * i), B)
-    shared = _shared(backend)
     held = _Held()
-    shared._executor = held  # (the executor the store's fetches run on)
+    shared = SharedStore(backend, LAYOUT, cost=FetchCost(1.0), executor=held)
     m = KVCacheManager(16, BS, hash_mode="sha256", host_blocks=4, store=shared)
     assert isinstance(m.add_request("a", _prompt(1000), extra=A), StoreWait)  # (a miss)
     held.run()
