@@ -21,9 +21,10 @@ BS = 16
 PROMPT = list(range(1, 41))  # two full blocks a hit may reach
 
 
-def _manager(num_blocks: int = 11, hybrid: bool = False) -> Any:
+def _manager(num_blocks: int = 11, hybrid: bool = False, **kw: Any) -> Any:
     """The plug-in over one full-attention group, or (``hybrid``) a full group and a
-    32-token sliding window (two tables, a hit every group can serve)."""
+    32-token sliding window (two tables, a hit every group can serve); ``kw``: more of
+    the manager's keywords."""
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
         KVCacheConfig,
@@ -39,7 +40,7 @@ def _manager(num_blocks: int = 11, hybrid: bool = False) -> Any:
         groups.append(KVCacheGroupSpec(["l1"], SlidingWindowSpec(
             block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=32)))
     config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
-    return KVCacheManager(config, max_model_len=8192, scheduler_block_size=BS, hash_block_size=BS)
+    return KVCacheManager(config, max_model_len=8192, scheduler_block_size=BS, hash_block_size=BS, **kw)
 
 
 def _request(rid: str, tokens: list[int], **kw: Any) -> Any:
@@ -207,3 +208,23 @@ def test_a_lora_name_repointed_at_another_adapter_is_not_served_the_old_kv():
     _computed(m, "a", PROMPT, lora_request=_lora("x", 1))
     assert _hit(m, PROMPT, lora_request=_lora("x", 1)) == 32  # (the case can fail)
     assert _hit(m, PROMPT, lora_request=_lora("x", 2, "/adapters/x-v2")) == 0
+
+
+def test_the_plug_ins_events_name_no_block_of_two_tenants_alike():
+    """vLLM's ``BlockStored`` from the plug-in: each tenant's blocks under hashes of its
+    own (a subscriber learns nothing of a's prompt from b's or the unsalted stream's
+    hashes); the salt is in the keys, in clear (security.md section 5)."""
+    from vllm.distributed.kv_events import BlockStored
+
+    m = _manager(40, enable_kv_cache_events=True)
+    hashes: dict[str, list[Any]] = {}
+    for name, kw in [("a", dict(cache_salt="a")), ("b", dict(cache_salt="b")), ("none", {}),
+                     ("lora a", dict(lora_request=_lora("a", 1)))]:
+        assert m.allocate_slots(_request(name, PROMPT, **kw), len(PROMPT)) is not None
+        stored = [e for e in m.take_events() if isinstance(e, BlockStored)]
+        hashes[name] = [h for e in stored for h in e.block_hashes]
+        assert len(hashes[name]) == 2
+        if "cache_salt" in kw:
+            assert all(keys is not None and kw["cache_salt"] in keys for e in stored for keys in e.extra_keys)
+    every = [h for hs in hashes.values() for h in hs]
+    assert len(set(every)) == len(every)
