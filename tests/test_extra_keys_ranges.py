@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,4 +51,19 @@ def test_the_keys_of_every_block_of_a_long_embedded_prompt_cost_per_block_not_pe
     finally:
         sys.settrace(None)
     assert [g.mm for g in got] == [(m,) for m in e.mm]
-    assert lines < 40 * n, lines
+    assert lines < 48 * n, lines  # (per block: the bisection and a checked ExtraKeys)
+
+
+def test_a_lora_path_enters_the_keys_and_needs_a_name():
+    from prefixkv.errors import ExtraKeysError
+
+    a = ExtraKeys(lora="sql", lora_path="/w/v1")
+    b = ExtraKeys(lora="sql", lora_path="/w/v2")
+    assert a.base_bytes() != b.base_bytes() != ExtraKeys(lora="sql").base_bytes()
+    assert ExtraKeys(lora="sql", lora_path="/w/v1").base_bytes() == a.base_bytes()
+    e = ExtraKeys(lora="sql", lora_path="/w", mm=(MultiModalInput("i", 0, 4), MultiModalInput("j", 8, 4)))
+    assert e.for_range(0, 4).lora_path == "/w"
+    for bad in ({"lora_path": "/w"}, {"lora": "x", "lora_path": ""}, {"lora": "x", "lora_path": 3},
+                {"lora": "x", "lora_path": "\ud800"}):
+        with pytest.raises(ExtraKeysError, match="lora_path"):
+            ExtraKeys(**bad)

@@ -138,13 +138,6 @@ def test_a_prepared_prompt_is_not_taken_once_the_requests_salt_changed():
     assert m.get_computed_blocks(r)[1] == 32 and m.prepared_prompts.taken == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "integrations/vllm/requests.py extra_keys_of passes cache_salt='' to ExtraKeys, which "
-    "raises ExtraKeysError on the scheduler's thread (get_computed_blocks): one request "
-    "stops the engine for every tenant. vLLM's renderer forwards '' for prompt-embeds "
-    "inputs (renderers/base.py _process_embeds) and its own manager hashes no salt for it "
-    "(kv_cache_utils: `if ... request.cache_salt`). Fix (vllm-r10): read a falsy salt as "
-    "None, as vLLM does."))
 def test_an_empty_salt_is_read_as_vllm_reads_it():
     m = _manager()
     _computed(m, "a", PROMPT)
@@ -152,14 +145,6 @@ def test_an_empty_salt_is_read_as_vllm_reads_it():
     assert _hit(m, PROMPT, cache_salt="a") == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "integrations/vllm/requests.py _embeds_keys encodes a block's prompt-embeddings key as "
-    "a multimodal input with the str hash 'prompt_embeds:<sha256 hex>': a multimodal "
-    "feature whose identifier is that string (vLLM takes a client's multi_modal_uuids as "
-    "identifiers) at the same range encodes to the same bytes, so image KV is served to "
-    "an embeddings prompt and back. vLLM keeps them apart (a ('prompt_embeds', bytes) "
-    "tuple vs a str). Fix (vllm-r10): a key no str identifier can encode to, e.g. bytes "
-    "starting with b'\\xff' (never in UTF-8), or a tag of its own in ExtraKeys."))
 def test_a_multimodal_identifier_cannot_spell_a_prompt_embeddings_key():
     from prefixkv.integrations.vllm.requests import extra_keys_of
 
@@ -196,13 +181,6 @@ def test_the_connectors_lookup_asks_only_the_requests_own_namespace():
         assert backend.asked and not set(backend.asked) & {p.key for p in puts}, kw
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "integrations/vllm/requests.py extra_keys_of hashes the LoRA name alone: a name "
-    "re-pointed at another adapter (vLLM's load_lora_adapter with a new lora_path) is "
-    "served the KV the old adapter computed. vLLM 0.33 hashes (name, path) for exactly "
-    "this (kv_cache_utils._gen_lora_extra_hash_keys). Fix (vllm-r10): the path must enter "
-    "the key, e.g. a key of its own per request (as the embeddings' keys), or a LoRA "
-    "identity of name and path in ExtraKeys."))
 def test_a_lora_name_repointed_at_another_adapter_is_not_served_the_old_kv():
     m = _manager()
     _computed(m, "a", PROMPT, lora_request=_lora("x", 1))

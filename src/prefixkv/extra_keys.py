@@ -55,7 +55,11 @@ class ExtraKeys:
     """The request's keys besides its tokens. Two requests share cached blocks only when
     these are equal for the blocks concerned.
 
-    ``lora``: adapter name (None for the base model); it is what enters the hash.
+    ``lora``: adapter name (None for the base model); it enters the hash.
+    ``lora_path``: where the adapter's weights were loaded from, when the engine lets a
+    name be re-pointed at other weights (vLLM's ``lora_path``): it enters the hash too,
+    so KV computed with the old weights is never served under the new ones; None: the
+    name alone is the identity.
     ``cache_salt``: tenant namespace; requests with different salts never share a block.
     ``mm``: multimodal inputs. ``lora_id``: the engine's integer id of the adapter, carried
     into events (vLLM's ``lora_id`` field) but not hashed: the name is the identity.
@@ -67,6 +71,7 @@ class ExtraKeys:
     cache_salt: str | None = None
     mm: tuple[MultiModalInput, ...] = ()
     lora_id: int | None = None
+    lora_path: str | None = None
     # many inputs: their positions by offset, the offsets, and the furthest end so far
     # (``for_range`` finds a block's inputs by bisection, not by a pass over them all)
     _by_offset: tuple[tuple[int, ...], list[int], list[int]] | None = field(
@@ -83,6 +88,8 @@ class ExtraKeys:
             raise ExtraKeysError(f"ExtraKeys.lora_id must be None or an int >= 0, got {self.lora_id!r}")
         if self.lora_id is not None and self.lora is None:
             raise ExtraKeysError("ExtraKeys.lora_id needs the adapter's name in ExtraKeys.lora")
+        if self.lora_path is not None:
+            _check_lora_path(self.lora, self.lora_path)
         if not isinstance(self.mm, tuple) or not all(isinstance(m, MultiModalInput) for m in self.mm):
             raise ExtraKeysError(f"ExtraKeys.mm must be a tuple of MultiModalInput, got {self.mm!r}")
         if len(self.mm) > _BISECT_FROM:
@@ -99,6 +106,9 @@ class ExtraKeys:
         if self.lora is not None:
             raw = self.lora.encode()
             out += b"L" + _U32.pack(len(raw)) + raw
+            if self.lora_path is not None:
+                raw = self.lora_path.encode()
+                out += b"P" + _U32.pack(len(raw)) + raw
         if self.cache_salt is not None:
             raw = self.cache_salt.encode()
             out += b"S" + _U32.pack(len(raw)) + raw
@@ -120,7 +130,8 @@ class ExtraKeys:
             mm = tuple(self.mm[i] for i in sorted(hits))
         if self.lora is None and self.cache_salt is None and not mm:
             return None
-        return self if mm == self.mm else ExtraKeys(self.lora, self.cache_salt, mm, self.lora_id)
+        return self if mm == self.mm else ExtraKeys(self.lora, self.cache_salt, mm, self.lora_id,
+                                                           self.lora_path)
 
     def block_bytes(self, num_blocks: int, block_size: int) -> list[bytes]:
         """The encoding for each of the first ``num_blocks`` blocks: base keys plus the
@@ -138,6 +149,14 @@ class ExtraKeys:
 
 
 _BISECT_FROM = 16  # inputs past which ``for_range`` bisects
+
+
+def _check_lora_path(lora: str | None, path: object) -> None:
+    if not isinstance(path, str) or path == "":
+        raise ExtraKeysError(f"ExtraKeys.lora_path must be None or a non-empty str, got {path!r}")
+    _utf8("ExtraKeys.lora_path", path)
+    if lora is None:
+        raise ExtraKeysError("ExtraKeys.lora_path needs the adapter's name in ExtraKeys.lora")
 
 
 def _utf8(name: str, value: str) -> None:

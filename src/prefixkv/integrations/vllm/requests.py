@@ -3,10 +3,12 @@ identity of its KV (prefixkv's ``ExtraKeys``). It never keeps or changes the req
 
 Read: ``all_token_ids`` (prompt then outputs, as known so far), ``num_tokens``,
 ``num_computed_tokens``, ``num_preemptions``, ``skip_reading_prefix_cache``,
-``cache_salt``, ``lora_request`` (``lora_name`` is hashed, ``lora_int_id`` goes into
-events), ``mm_features`` (``identifier``, ``mm_position.offset`` / ``.length``) and
-``prompt_embeds`` with ``prompt_is_token_ids``: positions fed by embeddings rather than
-tokens carry a placeholder token id, so each block's embedding rows and which of its
+``cache_salt`` (an empty one is no salt, as in vLLM), ``lora_request``
+(``lora_name`` and ``lora_path`` are hashed, as vLLM hashes both, so a name re-pointed at
+other weights misses; ``lora_int_id`` goes into events), ``mm_features``
+(``identifier``, ``mm_position.offset`` / ``.length``) and ``prompt_embeds`` with
+``prompt_is_token_ids``: positions fed by embeddings rather than tokens carry a
+placeholder token id, so each block's embedding rows and which of its
 positions they feed enter its identity as one more multimodal-style key (a digest per
 block, as vLLM hashes each block's rows): requests share the blocks up to the first one
 whose embeddings or mask differ.
@@ -30,6 +32,11 @@ def core_tokens(request: Any) -> Sequence[int]:
     return out
 
 
+EMBEDS_TAG = b"\xffprompt_embeds:"
+"""The first bytes of an embeddings key: 0xff starts no UTF-8 text, so no multimodal
+identifier (a str, encoded as UTF-8) can spell one, whatever a client names its inputs."""
+
+
 def _embeds_keys(request: Any, block_size: int) -> tuple[MultiModalInput, ...]:
     """The embeddings' keys, one per block of the prompt: a digest of the block's rows
     and of which of its positions they feed (``prompt_is_token_ids``; None: all of them),
@@ -49,7 +56,7 @@ def _embeds_keys(request: Any, block_size: int) -> tuple[MultiModalInput, ...]:
         end = min(start + block_size, n)
         digest = hashlib.sha256(bytes(data[start:end].reshape(-1).view(dtype=torch.uint8).numpy()))
         digest.update(b"all" if is_token is None else bytes(map(bool, is_token[start:end])))
-        keys.append(MultiModalInput("prompt_embeds:" + digest.hexdigest(), start, end - start))
+        keys.append(MultiModalInput(EMBEDS_TAG + digest.digest(), start, end - start))
     return tuple(keys)
 
 
@@ -58,14 +65,15 @@ def extra_keys_of(request: Any, block_size: int) -> ExtraKeys | None:
     per block), None when it has none. Raises ExtraKeysError when one is malformed."""
     lora = getattr(request, "lora_request", None)
     name = getattr(lora, "lora_name", None)
-    salt = getattr(request, "cache_salt", None)
+    salt = getattr(request, "cache_salt", None) or None  # vLLM reads '' as no salt
     mm = tuple(MultiModalInput(f.identifier, f.mm_position.offset, f.mm_position.length)
                for f in getattr(request, "mm_features", None) or ())
     mm += _embeds_keys(request, block_size)
     if name is None and salt is None and not mm:
         return None
     lora_id = getattr(lora, "lora_int_id", None) if name is not None else None
-    return ExtraKeys(lora=name, cache_salt=salt, mm=mm, lora_id=lora_id)
+    path = (getattr(lora, "lora_path", None) or None) if name is not None else None
+    return ExtraKeys(lora=name, cache_salt=salt, mm=mm, lora_id=lora_id, lora_path=path)
 
 
 def reads_cache(request: Any) -> bool:
