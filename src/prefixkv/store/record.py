@@ -34,7 +34,9 @@ class StoreLayout:
     (weights, layers, KV heads, head size, NHD...; any text that changes when the KV
     would), ``dtype`` the element type, ``block_bytes`` the KV payload of one block for
     all layers, K and V (e.g. 2 x layers x block_size x kv_heads x head_dim x itemsize).
-    Raises ConfigError for an empty name or dtype, or a size that is not a positive int."""
+    Raises ConfigError for an empty name or dtype, one holding a NUL (the digest's
+    separator: ``("m\\0f16", "x")`` would name the layout ``("m", "f16\\0x")`` names) or
+    not encodable as UTF-8, or a size that is not a positive int."""
 
     model: str
     dtype: str
@@ -43,8 +45,9 @@ class StoreLayout:
     def __post_init__(self) -> None:
         for name in ("model", "dtype"):
             value = getattr(self, name)
-            if type(value) is not str or not value:
-                raise ConfigError(f"StoreLayout.{name} must be a non-empty str, got {value!r}")
+            if type(value) is not str or not value or "\0" in value or not _utf8(value):
+                raise ConfigError(f"StoreLayout.{name} must be a non-empty UTF-8 str without "
+                                  f"a NUL, got {value!r}")
         b = self.block_bytes
         if type(b) is not int or b <= 0:
             raise ConfigError(f"StoreLayout.block_bytes must be a positive int, got {b!r}")
@@ -53,6 +56,14 @@ class StoreLayout:
         """16 bytes naming this layout (in every value's head and in the key namespace)."""
         text = f"{self.model}\0{self.dtype}\0{self.block_bytes}".encode()
         return hashlib.sha256(b"prefixkv-layout\0" + text).digest()[:16]
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def block_head(layout: bytes, block_size: int, parent: bytes, tokens: bytes, extra: bytes) -> bytes:
