@@ -551,3 +551,43 @@ def test_prompts_whose_embeddings_share_a_prefix_hit_it_as_in_vllm(mixed):
             hits.append(m.get_computed_blocks(make("d", 0.0, other))[1])
         answers.append(hits)
     assert answers[0] == answers[1] == ([32, 36, 0] if mixed else [32, 36]), answers
+
+
+def test_the_events_extra_keys_have_vllms_shape_block_by_block():
+    # vLLM 0.33 publishes per block: the LoRA name, (identifier, offset minus the block's
+    # first token) for each image overlapping it, the salt on the first block only
+    # (kv_cache_utils.to_event_extra_keys). Before: absolute offsets, and the salt on
+    # every block, so a consumer that reads vLLM's keys (llm-d) saw other keys.
+    from vllm.distributed.kv_events import BlockStored
+
+    got = []
+    for m in _pair(enable_kv_cache_events=True):
+        r = _request("r", list(range(1, 24)), "tenant-x", lora="sql", image=("dog", 6))
+        m.get_computed_blocks(r)
+        assert m.allocate_slots(r, r.num_tokens) is not None
+        stored = [e for e in m.take_events() if isinstance(e, BlockStored)]
+        got.append(([k for e in stored for k in e.extra_keys],
+                    [(e.lora_name, e.lora_id) for e in stored]))
+    assert got[0] == got[1], got
+
+
+def test_the_events_keys_of_a_salted_embedded_prompt_have_vllms_shape():
+    # per block: the salt (first block only) then the block's embeddings digest, bare
+    # bytes of 32 (the digests differ: prefixkv's also covers the token/embedding mask)
+    from vllm.distributed.kv_events import BlockStored
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request
+
+    shapes = []
+    for m in _pair(enable_kv_cache_events=True):
+        r = Request(request_id="e", prompt_token_ids=None, prompt_embeds=torch.arange(24.0).reshape(12, 2),
+                    sampling_params=SamplingParams(max_tokens=8), pooling_params=None,
+                    cache_salt="tenant-x", block_hasher=get_request_block_hasher(BS, sha256))
+        m.get_computed_blocks(r)
+        assert m.allocate_slots(r, r.num_tokens) is not None
+        keys = [k for e in m.take_events() if isinstance(e, BlockStored) for k in e.extra_keys]
+        shapes.append([tuple(x if isinstance(x, str) else (type(x).__name__, len(x)) for x in k)
+                       for k in keys])
+    assert shapes[0] == shapes[1] == [("tenant-x", ("bytes", 32))] + [(("bytes", 32),)] * 2, shapes
