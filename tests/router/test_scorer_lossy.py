@@ -4,7 +4,7 @@ real shorter one."""
 
 import pytest
 
-from prefixkv.router import AffinityScorer, CostScorer, ReplicaView, Router, ScorerError, Stored
+from prefixkv.router import AffinityScorer, CostScorer, ReplicaView, Router, RouterError, ScorerError, Stored
 
 BS = 4
 
@@ -65,3 +65,35 @@ def test_the_router_routes_off_a_lossy_index_until_it_is_forgotten(make):
     router.forget("a")  # emptied and rebuilt from what it holds now
     router.apply("a", [Stored(tuple(hashes), None, "GPU")])
     assert router.lossy["a"] == 0 and router.route(prompt).replica == "a"
+
+
+def test_the_routers_keywords_set_lossy_weight_on_its_default_scorer():
+    # (found by fleet-r10's check of every tunable: Router(...) had no lossy_weight, so
+    # the default scorer's discount could be changed only by building the scorer)
+    router = Router(["a", "b"], block_size=BS, lossy_weight=0.0)
+    assert router.scorer.lossy_weight == 0.0  # type: ignore[attr-defined]
+    prompt = list(range(1, 33))
+    hashes = router.prompt_hashes(prompt)
+    router.apply("a", [Stored(tuple(hashes), None, "GPU")])
+    router.apply("b", [Stored(tuple(hashes[:1]), None, "GPU")])
+    router.lost("a")  # at weight 0 its 8 stale blocks count as misses: b's 1 block wins
+    assert router.route(prompt).replica == "b"
+    defaults = Router(["a"], block_size=BS).scorer
+    assert (defaults.load_weight, defaults.balance, defaults.cpu_weight,  # type: ignore[attr-defined]
+            defaults.lossy_weight) == (1.0, 1.25, 0.5, 0.5)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("kw", [{"lossy_weight": 1.5}, {"lossy_weight": float("nan")},
+                                {"lossy_weight": "0.5"}, {"balance": "2"},
+                                {"cpu_weight": -1.0}, {"load_weight": float("inf")}])
+def test_the_routers_scorer_keywords_out_of_range_are_router_errors(kw):
+    with pytest.raises(RouterError):
+        Router(["a"], block_size=BS, **kw)
+
+
+@pytest.mark.parametrize("kw", [{"lossy_weight": 0.0}, {"load_weight": 0.0}, {"balance": 2.0},
+                                {"cpu_weight": 1.0}])
+def test_scorer_keywords_beside_a_scorer_are_refused_not_ignored(kw):
+    # they tuned the default scorer only: with scorer= given they were silently dropped
+    with pytest.raises(RouterError, match="scorer"):
+        Router(["a"], block_size=BS, scorer=CostScorer(), **kw)

@@ -73,8 +73,10 @@ class Router:
         hash_format: how the replicas' publishers send hashes, "int" or "bytes".
         index: a BlockIndex (default: a new InProcessIndex).
         policy: one of POLICIES.
-        load_weight, balance, cpu_weight: the default scorer's (module doc; balance >= 1).
-        scorer: picks among the candidates (default: ``AffinityScorer`` with the three above).
+        load_weight, balance, cpu_weight, lossy_weight: the default scorer's (module doc,
+            ``AffinityScorer``; None: its default). Given with ``scorer``: RouterError (a
+            scorer carries its own; they would be ignored).
+        scorer: picks among the candidates (default: ``AffinityScorer`` with the four above).
         capacity: each replica's pool in blocks (a report's ``num_blocks`` replaces it).
         stale_after: seconds (>= 0) without a batch after which a replica is silent
             (None: never).
@@ -92,7 +94,8 @@ class Router:
     def __init__(self, replicas: Sequence[str], *, block_size: int, hash_mode: str = "sha256",
                  seed: int | bytes | None = None, hash_format: str = "int",
                  index: BlockIndex | None = None, policy: str = "prefix",
-                 load_weight: float = 1.0, balance: float = 1.25, cpu_weight: float = 0.5,
+                 load_weight: float | None = None, balance: float | None = None,
+                 cpu_weight: float | None = None, lossy_weight: float | None = None,
                  stale_after: float | None = None, scorer: Scorer | None = None,
                  capacity: dict[str, int] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -107,11 +110,15 @@ class Router:
             raise RouterError(f"policy must be one of {POLICIES}, got {policy!r}")
         if hash_format not in ("int", "bytes"):
             raise RouterError(f"hash_format must be 'int' or 'bytes', got {hash_format!r}")
+        tunables = {k: v for k, v in (("load_weight", load_weight), ("balance", balance),
+                    ("cpu_weight", cpu_weight), ("lossy_weight", lossy_weight)) if v is not None}
+        if scorer is not None and tunables:
+            raise RouterError(f"{sorted(tunables)} tune the default scorer; with scorer= "
+                              f"they would be ignored: set them on the scorer")
         if scorer is None:
             try:
-                scorer = AffinityScorer(load_weight=load_weight, balance=balance,
-                                        cpu_weight=cpu_weight)
-            except ScorerError as exc:
+                scorer = AffinityScorer(**tunables)
+            except (ScorerError, TypeError) as exc:  # (TypeError: a str compared to a number)
                 raise RouterError(str(exc)) from exc
         if capacity is not None and (set(capacity) - set(names) or not all(
                 isinstance(c, int) and not isinstance(c, bool) and c >= 1
