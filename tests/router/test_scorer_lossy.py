@@ -97,3 +97,18 @@ def test_scorer_keywords_beside_a_scorer_are_refused_not_ignored(kw):
     # they tuned the default scorer only: with scorer= given they were silently dropped
     with pytest.raises(RouterError, match="scorer"):
         Router(["a"], block_size=BS, scorer=CostScorer(), **kw)
+
+
+def test_a_choice_states_that_its_cached_tokens_come_from_a_lossy_index():
+    # (fleet-r10: Choice.cached_tokens gave a lossy replica's raw run with nothing to say
+    # it may overstate, while the scorer itself had discounted it)
+    router = Router(["a"], block_size=BS)
+    prompt = list(range(1, 33))
+    router.apply("a", [Stored(tuple(router.prompt_hashes(prompt)), None, "GPU")])
+    sound = router.route(prompt)
+    assert (sound.cached_tokens, sound.lossy) == (32, False)
+    router.lost("a")
+    stale = router.route(prompt)
+    assert (stale.cached_tokens, stale.lossy) == (32, True)
+    router.forget("a")
+    assert router.route(prompt) == router.route(prompt).__class__("a", 0, False)

@@ -47,7 +47,7 @@ from .decode import Cleared, Removed, RouterEvent, Stored
 from .index import BlockIndex, InProcessIndex
 from .load import LoadBook, ReplicaLoad
 from .marks import IndexMarks
-from .scorer import AffinityScorer, ReplicaView, Scorer, ScorerError
+from .scorer import ReplicaView, Scorer, ScorerError, default_scorer
 
 POLICIES = ("prefix", "round-robin", "least-loaded")
 FULL_KIND = "full_attention"
@@ -60,10 +60,15 @@ class RouterError(PrefixKVError):
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """The replica picked and how many prompt tokens it is predicted to hold."""
+    """The replica picked and how many prompt tokens the index says it holds.
+    ``lossy``: the replica's index is marked lossy (``Router.lossy``: a batch of its
+    events was lost, removals perhaps among them), so ``cached_tokens`` may overstate
+    what it holds: an upper bound no longer, only what its index says. The scorer
+    credited that run at its ``lossy_weight``."""
 
     replica: str
     cached_tokens: int
+    lossy: bool = False
 
 
 class Router:
@@ -110,16 +115,11 @@ class Router:
             raise RouterError(f"policy must be one of {POLICIES}, got {policy!r}")
         if hash_format not in ("int", "bytes"):
             raise RouterError(f"hash_format must be 'int' or 'bytes', got {hash_format!r}")
-        tunables = {k: v for k, v in (("load_weight", load_weight), ("balance", balance),
-                    ("cpu_weight", cpu_weight), ("lossy_weight", lossy_weight)) if v is not None}
-        if scorer is not None and tunables:
-            raise RouterError(f"{sorted(tunables)} tune the default scorer; with scorer= "
-                              f"they would be ignored: set them on the scorer")
-        if scorer is None:
-            try:
-                scorer = AffinityScorer(**tunables)
-            except (ScorerError, TypeError) as exc:  # (TypeError: a str compared to a number)
-                raise RouterError(str(exc)) from exc
+        try:
+            scorer = default_scorer(scorer, load_weight=load_weight, balance=balance,
+                                    cpu_weight=cpu_weight, lossy_weight=lossy_weight)
+        except ScorerError as exc:
+            raise RouterError(str(exc)) from exc
         if capacity is not None and (set(capacity) - set(names) or not all(
                 isinstance(c, int) and not isinstance(c, bool) and c >= 1
                 for c in capacity.values())):
@@ -255,7 +255,8 @@ class Router:
         return [int.from_bytes(d, "big") & _MASK64 for d in digests]
 
     def cached_tokens(self, token_ids: Sequence[int], extra: object = None) -> dict[str, int]:
-        """Predicted cached prompt tokens per replica (any medium), from the index."""
+        """Cached prompt tokens per replica (any medium) as the index says; a replica
+        with ``lossy[replica] > 0`` may hold fewer (``Choice.lossy``)."""
         runs = self.index.prefix_runs(self.prompt_hashes(token_ids, extra), self.replicas)
         return {r: runs.get(r, (0, 0))[0] * self.block_size for r in self.replicas}
 
@@ -281,7 +282,7 @@ class Router:
         self.in_flight[pick] += 1
         self.routed[pick] += 1
         self.loads.routed(pick, len(hashes) - run, len(hashes), now)
-        return Choice(pick, run * self.block_size)
+        return Choice(pick, run * self.block_size, self.lossy[pick] > 0)
 
     def finish(self, replica: str) -> None:
         """A request routed to ``replica`` has finished (the oldest one in flight there,

@@ -93,6 +93,22 @@ class Scorer(Protocol):
         ``turn``) of the replica to route to."""
 
 
+def default_scorer(scorer: Scorer | None, **tunables: float | None) -> Scorer:
+    """``scorer``, or when None an ``AffinityScorer`` with the ``tunables`` that are not
+    None (the router's keywords). Raises ScorerError for a tunable out of range or of
+    another type, and for tunables given beside a ``scorer`` (they would be ignored)."""
+    given = {k: v for k, v in tunables.items() if v is not None}
+    if scorer is not None:
+        if given:
+            raise ScorerError(f"{sorted(given)} tune the default scorer; with scorer= they "
+                              f"would be ignored: set them on the scorer")
+        return scorer
+    try:
+        return AffinityScorer(**given)
+    except TypeError as exc:  # a str compared to a number, an unknown name
+        raise ScorerError(f"scorer tunables {given!r}: {exc}"[:300]) from None
+
+
 class AffinityScorer:
     """Prefix affinity under a bounded-load cap (the router's historical policy):
     candidates are those with ``in_flight + 1 <= ceil(balance * (total + 1) / N)`` (the
