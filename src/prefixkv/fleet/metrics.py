@@ -24,7 +24,8 @@ not counted (vLLM counts them apart too); they are in the manager's ``preempted_
 - ``prefixkv:router_stream_events_total`` (counter, label ``event``): what the
   subscriber met on the streams (``bad_batches``, ``bad_replies``, ``restarts``,
   ``disconnects``, ``resyncs``, ``snapshots``, ``gaps_filled``, ``errors``,
-  ``foreign_frames``, ``unsent_frames``, ``duplicates``, ``lossy_batches``:
+  ``foreign_frames``, ``unsent_frames``, ``duplicates``, ``lossy_batches``,
+  ``earlier_frames``:
   ``subscriber.COUNTERS``)
 - ``prefixkv:router_replica_connected`` (gauge, label ``replica``): 1 while its SUB
   socket is connected

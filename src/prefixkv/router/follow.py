@@ -28,7 +28,7 @@ class ReplicaFollower:
         self.last_seq: dict[str, int] = {}
         self.gaps_filled = self.snapshots = self.resyncs = self.restarts = self.bad_batches = 0
         self.bad_replies = self.disconnects = self.errors = self.foreign_frames = 0
-        self.unsent_frames = self.duplicates = self.lossy_batches = 0
+        self.unsent_frames = self.duplicates = self.lossy_batches = self.earlier_frames = 0
         self.last_error: str | None = None
         self.connected = dict.fromkeys(endpoints, False)
         self._epoch: dict[str, str] = {}

@@ -28,7 +28,7 @@ from .sockets import ReplicaSockets, check_options, check_timeout
 _log = logging.getLogger(__name__)
 COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "bad_replies",
             "disconnects", "errors", "foreign_frames", "unsent_frames", "duplicates",
-            "lossy_batches")
+            "lossy_batches", "earlier_frames")
 """The subscriber's counters, as ``health()`` names them."""
 
 
@@ -149,8 +149,12 @@ class Subscriber(ReplicaFollower):
         # an undecodable frame is checked with its publisher, whose copy may be whole (cut
         # on the way: taken as applied, its events were lost and the index kept stale entries)
         whole = replica not in self._replay or self._origins.decode(payload) is not None
+        # the next number, stamped before the batch applied last: another publisher's
+        # with the same topic and rank, or the clock set back (origin.py); asked below
+        earlier = last is not None and seq == last + 1 and self._origins.earlier(replica, payload)
+        self.earlier_frames += earlier
         if last is not None:
-            if seq == last + 1 and whole:
+            if seq == last + 1 and whole and not earlier:
                 if self._replayed:  # (the live duplicates came before this: in order)
                     self._replayed.pop(replica, None)
                 self._apply(replica, seq, payload, topic)
@@ -166,7 +170,7 @@ class Subscriber(ReplicaFollower):
             # frame) and is not applied. Only a replica forgotten after bad answers or
             # none (map_replay.py: no ``_skip_through``; an answer's -1
             # is a publisher that sent nothing yet) follows from this message on.
-            if self.last_seq[replica] < 0 and replica not in self._skip_through:
+            if self.last_seq[replica] < 0 and replica not in self._skip_through and not earlier:
                 self._apply(replica, seq, payload, topic)
             else:  # cut on the way, if the publisher's copy of it was not bad too
                 self.unsent_frames += not whole and self.bad_batches == bad
@@ -183,8 +187,9 @@ class Subscriber(ReplicaFollower):
             self._forget(replica)
             last = None
         start = 0 if last is None else last + 1
-        if seq > start or last is None or not whole:  # a gap, nothing applied (first contact,
-            # after a forget), or a cut frame: the publisher's buffer says what it sent
+        if seq > start or last is None or not whole or earlier:  # a gap, nothing applied
+            # (first contact, after a forget), a cut or an earlier-stamped frame: the
+            # publisher's buffer says what it sent
             held = self._held(replica, last if last is not None and last >= 0 else start)
             if held is not None and last is not None and last >= 0 and any(
                     s == last for s, _ in held) and not sent(held, last, self._last_payload[replica]):
@@ -202,7 +207,11 @@ class Subscriber(ReplicaFollower):
             if held is not None and not sent(held, seq, payload):
                 self._unsent(replica)  # not this life's (buffered.py): is it still that life?
                 return
-            if seq > start:  # its buffer lost the gap, or no answer: follow from here
-                self.resyncs += 1
-                self._forget(replica)
+            if seq > start or earlier:  # its buffer lost the gap, or no answer: follow
+                self.resyncs += 1  # from here (an earlier-stamped frame unjudged: not
+                self._forget(replica)  # applied, nor the index kept: it understates)
+                if earlier:
+                    self.last_seq[replica], self._last_payload[replica] = seq, payload
+                    self._origins.passed(replica, payload)
+                    return
         self._apply(replica, seq, payload, topic)
