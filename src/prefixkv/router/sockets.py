@@ -15,7 +15,10 @@ from typing import Any
 from .replay_client import ReplayClient
 from .router import RouterError
 
-__all__ = ["ReplicaSockets", "check_options", "check_timeout"]
+__all__ = ["PER_SOCKET", "ReplicaSockets", "check_options", "check_timeout"]
+PER_SOCKET = 1000
+"""Messages one ``messages`` call takes per socket, at most (ZeroMQ's default receive
+high-water mark: about what a socket holds)."""
 
 
 def check_options(replicas: Collection[str], endpoints: object, topic: object,
@@ -73,19 +76,23 @@ class ReplicaSockets:
                 self.replay[replica] = ReplayClient(self._ctx, replay, replay_timeout_ms, topic.encode())
 
     def messages(self, timeout: float) -> Iterator[tuple[Any, list[bytes]]]:
-        """Every message waiting now, as ``(socket, frames)``, until none is (waiting up
-        to ``timeout`` s for the first). Of the sockets ready together, the monitors come
+        """The messages waiting now, as ``(socket, frames)``, until none is (waiting up
+        to ``timeout`` s for the first), at most ``PER_SOCKET`` per socket: a publisher
+        that sends faster than they are handled must not hold the caller (it held one
+        ``poll`` for 139,500 messages). Of the sockets ready together, the monitors come
         first: a disconnect must be known before the messages that follow it."""
         import zmq
 
+        budget = PER_SOCKET * (len(self.subs) + len(self.monitors))
         ready = dict(self._poller.poll(int(timeout * 1000)))
-        while ready:
+        while ready and budget > 0:
             for sock in sorted(ready, key=lambda s: s not in self.monitors):
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     continue
                 yield sock, frames
+                budget -= 1
             ready = dict(self._poller.poll(0))
 
     @staticmethod

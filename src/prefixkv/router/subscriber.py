@@ -51,8 +51,10 @@ class Subscriber(ReplicaFollower):
         self.lock = threading.Lock()  # held while the index changes (thread mode)
 
     def poll(self, timeout: float = 0.0) -> int:
-        """Handle every message waiting now (waiting up to ``timeout`` s for the first);
-        returns how many live messages were handled. Never raises for what it reads;
+        """Handle the messages waiting now (waiting up to ``timeout`` s for the first),
+        at most ``sockets.PER_SOCKET`` per socket (what is left waits for the next call:
+        a publisher that never pauses cannot hold the caller); returns how many live
+        messages were handled. Never raises for what it reads;
         RouterError for a ``timeout`` that is not a finite number of seconds >= 0."""
         check_timeout(timeout, "timeout")
         handled = 0
