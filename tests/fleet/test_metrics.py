@@ -47,7 +47,8 @@ def test_health_metrics_expose_publisher_and_subscriber_failures():
     met = HealthMetrics(model_name="m", engine="3")
     pub = {"sender_alive": True, "send_errors": 2}
     sub = {"alive": False, "counters": {"restarts": 1, "bad_batches": 4},
-           "replicas": {"r": {"connected": False, "block_size_mismatches": 3, "lossy": 2}}}
+           "replicas": {"r": {"connected": False, "block_size_mismatches": 3, "lossy": 2,
+                                 "index_refused": 6}}}
     met.observe_publisher(pub)
     met.observe_subscriber(sub)
     met.observe_publisher({"sender_alive": False, "send_errors": 5})
@@ -64,6 +65,7 @@ def test_health_metrics_expose_publisher_and_subscriber_failures():
         ("prefixkv:router_stream_events_total", "bad_batches"): 4,
         ("prefixkv:router_replica_connected", "r"): 0,
         ("prefixkv:router_block_size_mismatches_total", "r"): 3,
+        ("prefixkv:router_index_refused_total", "r"): 6,
         ("prefixkv:router_replica_lossy_batches", "r"): 2}
 
 

@@ -77,3 +77,40 @@ def test_a_medium_with_the_separator_is_credited_and_cleared(index, request):
     assert index.prefix_runs([1, 2], ["a"]) == {} and index.num_blocks("a") == 0
     if request.node.callspec.params["index"] == "redis":
         assert index.client.keys(f"{index.ns}:*") == []
+
+
+def test_the_in_process_index_caps_each_replicas_entries():
+    # (fleet-r10: a publisher announcing without end grew the router's index, ~500 bytes
+    # an entry, without bound; past the cap its blocks are not indexed, only counted)
+    index = InProcessIndex(max_per_replica=4)
+    index.store("a", [1, 2, 3, 4, 5, 6], "GPU")
+    index.store("b", [1, 2, 3], "GPU")
+    assert index.num_blocks("a") == 4 and index.refused == {"a": 2}
+    assert index.prefix_runs([1, 2, 3, 4, 5, 6], ["a", "b"]) == {"a": (4, 4), "b": (3, 3)}
+    index.store("a", [1, 2], "GPU")  # held already: no entry more, none refused
+    index.store("a", [1], "CPU")  # a new medium is an entry
+    assert index.num_blocks("a") == 4 and index.refused == {"a": 3}
+    index.remove("a", [4], "GPU")
+    index.store("a", [1], "CPU")
+    assert index.num_blocks("a") == 4 and index.refused == {"a": 3}
+    index.clear("a")
+    index.store("a", [7, 8, 9, 10], "GPU")
+    assert index.num_blocks("a") == 4 and index.prefix_runs([7, 8, 9, 10], ["a"]) == {"a": (4, 4)}
+    assert len(index._holders) == 7  # 1, 2, 3 (b) and 7..10: nothing left of what was refused
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "8"])
+def test_a_cap_that_is_no_count_is_a_config_error(bad):
+    from prefixkv.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_per_replica"):
+        InProcessIndex(max_per_replica=bad)
+
+
+def test_the_default_cap_is_large_and_none_lifts_it():
+    from prefixkv.router.index import MAX_PER_REPLICA
+
+    assert InProcessIndex().max_per_replica == MAX_PER_REPLICA == 1 << 21
+    index = InProcessIndex(max_per_replica=None)
+    index.store("a", list(range(10)), "GPU")
+    assert index.num_blocks("a") == 10 and index.refused == {}

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 
+import msgpack
+
 from prefixkv.router import Router
 from prefixkv.router.sockets import PER_SOCKET
 from prefixkv.router.subscriber import Subscriber
@@ -50,3 +52,24 @@ def test_poll_returns_while_a_publisher_floods_the_socket():
         flood.wait()
         if sub is not None:
             sub.close()
+
+
+def test_a_publisher_announcing_without_end_fills_its_index_to_the_cap_only():
+    from prefixkv.router import InProcessIndex
+
+    router = Router(["r", "s"], block_size=BS, index=InProcessIndex(max_per_replica=64))
+    sub = Subscriber(router, {"r": ("tcp://127.0.0.1:1", None), "s": ("tcp://127.0.0.1:2", None)})
+    try:
+        for seq in range(10):  # 10 batches of 50 new blocks each
+            hashes = list(range(seq * 50, seq * 50 + 50))
+            payload = msgpack.packb([1.0, [{"type": "BlockStored", "block_hashes": hashes,
+                                            "parent_block_hash": None, "token_ids": [],
+                                            "block_size": BS}], 0])
+            with sub.lock:
+                sub._on_message("r", seq, payload, b"kv-events")
+        assert router.index.num_blocks("r") == 64
+        health = sub.health()
+        assert health["replicas"]["r"]["index_refused"] == 500 - 64
+        assert health["replicas"]["s"]["index_refused"] == 0 and sub.errors == 0
+    finally:
+        sub.close()

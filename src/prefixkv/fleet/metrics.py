@@ -31,6 +31,9 @@ not counted (vLLM counts them apart too); they are in the manager's ``preempted_
   socket is connected
 - ``prefixkv:router_block_size_mismatches_total`` (counter, label ``replica``): stored
   blocks not indexed because the replica's block size differs from the router's
+- ``prefixkv:router_index_refused_total`` (counter, label ``replica``): blocks not
+  indexed because the replica's index reached its cap (``InProcessIndex``
+  ``max_per_replica``)
 - ``prefixkv:router_replica_lossy_batches`` (gauge, label ``replica``): batches of its
   events lost (undecodable) since its index was last emptied; above 0 the index may
   hold blocks the replica removed since
@@ -144,6 +147,9 @@ class HealthMetrics:
         self.mismatches = Counter("prefixkv:router_block_size_mismatches",
                                   "Stored blocks not indexed: the replica's block size differs.",
                                   ("replica",), registry=reg)
+        self.refused = Counter("prefixkv:router_index_refused",
+                               "Stored blocks not indexed: the replica's index is at its cap.",
+                               ("replica",), registry=reg)
         self.lossy = Gauge("prefixkv:router_replica_lossy_batches",
                            "Batches of the replica's events lost since its index was emptied.",
                            ("replica",), registry=reg)
@@ -177,6 +183,8 @@ class HealthMetrics:
             self.lossy.labels(replica).set(state["lossy"])
             self._advance(self.mismatches.labels(replica), ("mismatch", replica),
                           state["block_size_mismatches"])
+            self._advance(self.refused.labels(replica), ("refused", replica),
+                          state.get("index_refused", 0))
 
     def observe_poller(self, health: Mapping[str, Any]) -> None:
         """Update from ``MetricsPoller.health()``."""

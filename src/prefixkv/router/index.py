@@ -8,11 +8,18 @@ replica holds (on any medium, and on the GPU alone).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from ..errors import ConfigError
+
 Hash = int | bytes
 GPU = "GPU"
+MAX_PER_REPLICA = 1 << 21
+"""``InProcessIndex``'s default cap on one replica's entries (2,097,152: a large GPU pool
+and a host tier many times its size)."""
+_log = logging.getLogger(__name__)
 
 
 class BlockIndex(Protocol):
@@ -44,22 +51,56 @@ class BlockIndex(Protocol):
 class InProcessIndex:
     """A dict per key: ``{hash: {replica: set of media}}`` plus each replica's keys (for
     ``clear``). Scoring intersects the holders of consecutive keys with set operations,
-    so a 2k-token prompt (128 blocks of 16) costs ~128 C-level set intersections."""
+    so a 2k-token prompt (128 blocks of 16) costs ~128 C-level set intersections.
 
-    def __init__(self) -> None:
+    ``max_per_replica``: (hash, medium) entries one replica may have (None: no cap; at
+    ~500 bytes an entry the default is ~1 GB). A store past it is not indexed, counted in
+    ``refused`` (replica -> entries), and logged once per replica: a publisher that
+    announces without end (a defect, a hostile peer) cannot grow the router's memory
+    without bound, and its index only understates. Raises ConfigError for a cap that is
+    not an int >= 1 or None."""
+
+    def __init__(self, max_per_replica: int | None = MAX_PER_REPLICA) -> None:
+        if max_per_replica is not None and (isinstance(max_per_replica, bool) or not isinstance(
+                max_per_replica, int) or max_per_replica < 1):
+            raise ConfigError(f"max_per_replica must be an int >= 1 or None, "
+                              f"got {max_per_replica!r}")
+        self.max_per_replica = max_per_replica
+        self.refused: dict[str, int] = {}
         self._holders: dict[Hash, dict[str, set[str]]] = {}
         self._keys: dict[str, set[Hash]] = {}
+        self._count: dict[str, int] = {}  # (hash, medium) entries per replica
         self._gpu_only = True  # no other medium seen: gpu_run == run, one pass suffices
 
     def store(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
-        """See ``BlockIndex.store``."""
+        """See ``BlockIndex.store``; past ``max_per_replica`` entries, not indexed (class
+        doc)."""
         holders, keys = self._holders, self._keys.setdefault(replica, set())
         if medium != GPU:
             self._gpu_only = False
-        for h in hashes:
+        cap, count = self.max_per_replica, self._count.get(replica, 0)
+        for i, h in enumerate(hashes):
             media = holders.setdefault(h, {}).setdefault(replica, set())
+            if medium in media:
+                continue
+            if cap is not None and count >= cap:
+                if not media:  # (made just now: leave no empty entry)
+                    by_replica = holders[h]
+                    del by_replica[replica]
+                    if not by_replica:
+                        del holders[h]
+                self._refuse(replica, len(hashes) - i)
+                break
             media.add(medium)
-        keys.update(hashes)
+            keys.add(h)
+            count += 1
+        self._count[replica] = count
+
+    def _refuse(self, replica: str, n: int) -> None:
+        if not self.refused.get(replica):
+            _log.warning("replica %r announces more than %d blocks: the rest are not indexed "
+                         "(InProcessIndex max_per_replica)", replica, self.max_per_replica)
+        self.refused[replica] = self.refused.get(replica, 0) + n
 
     def remove(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
         """See ``BlockIndex.remove``."""
@@ -69,7 +110,9 @@ class InProcessIndex:
             media = by_replica.get(replica) if by_replica else None
             if media is None:
                 continue
-            media.discard(medium)
+            if medium in media:
+                media.discard(medium)
+                self._count[replica] -= 1
             if not media:
                 del by_replica[replica]  # type: ignore[union-attr]
                 keys.discard(h)  # type: ignore[union-attr]
@@ -79,6 +122,7 @@ class InProcessIndex:
     def clear(self, replica: str) -> None:
         """See ``BlockIndex.clear``."""
         holders = self._holders
+        self._count.pop(replica, None)
         for h in self._keys.pop(replica, ()):
             by_replica = holders[h]
             del by_replica[replica]
@@ -96,7 +140,7 @@ class InProcessIndex:
 
     def num_blocks(self, replica: str) -> int:
         """See ``BlockIndex.num_blocks``."""
-        return sum(len(self._holders[h][replica]) for h in self._keys.get(replica, ()))
+        return self._count.get(replica, 0)
 
     def routed(self, replica: str, hashes: Sequence[Hash]) -> None:
         """See ``BlockIndex.routed``: ignored (the events say what the replica holds)."""

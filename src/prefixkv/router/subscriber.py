@@ -88,15 +88,18 @@ class Subscriber(ReplicaFollower):
         ``alive``, and per replica (``replicas``): ``connected``, ``last_seq`` (None: not
         following), ``protocol`` ("prefixkv" or "vllm": which replay form it answers;
         None before it was asked), ``block_size_mismatches`` (the router's count, see
-        ``Router.apply``) and ``lossy`` (``Router.lossy``: batches of its events lost
-        since its index was last emptied; > 0, the index may overstate what it holds)."""
+        ``Router.apply``), ``lossy`` (``Router.lossy``: batches of its events lost
+        since its index was last emptied; > 0, the index may overstate what it holds)
+        and ``index_refused`` (blocks not indexed: its index at its cap,
+        ``InProcessIndex.refused``; 0 for an index without a cap)."""
         out: dict[str, Any] = {"counters": {name: getattr(self, name) for name in COUNTERS}}
+        refused = getattr(self.router.index, "refused", {})  # (InProcessIndex's cap)
         out.update(last_error=self.last_error, alive=self.alive, replicas={
             r: {"connected": self.connected[r], "last_seq": self.last_seq.get(r),
                 "protocol": "vllm" if r in self._legacy else
                             "prefixkv" if r in self._epoch else None,
                 "block_size_mismatches": self.router.block_size_mismatches[r],
-                "lossy": self.router.lossy[r]}
+                "lossy": self.router.lossy[r], "index_refused": refused.get(r, 0)}
             for r in self.connected})
         return out
 
