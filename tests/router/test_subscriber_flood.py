@@ -10,11 +10,12 @@ import sys
 import threading
 
 import msgpack
+import pytest
 
 from prefixkv.router import Router
 from prefixkv.router.sockets import PER_SOCKET
 from prefixkv.router.subscriber import Subscriber
-from waiting import PATIENCE, await_subscribed
+from waiting import PATIENCE, await_subscribed, poll_until, wait_until
 
 BS = 4
 
@@ -73,3 +74,39 @@ def test_a_publisher_announcing_without_end_fills_its_index_to_the_cap_only():
         assert health["replicas"]["s"]["index_refused"] == 0 and sub.errors == 0
     finally:
         sub.close()
+
+
+def test_a_message_over_max_message_bytes_is_never_read():
+    # (fleet-r10: no socket capped a message's size, so one peer could make the router
+    # read a frame of any size into memory; ZeroMQ now disconnects it first)
+    import zmq
+
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.bind("tcp://127.0.0.1:*")
+    router = Router(["r"], block_size=BS)
+    sub = Subscriber(router, {"r": (pub.getsockopt_string(zmq.LAST_ENDPOINT), None)},
+                     max_message_bytes=1 << 20)
+    try:
+        await_subscribed(sub)
+        pub.send_multipart((b"kv-events", (0).to_bytes(8, "big"), b"\x00" * (2 << 20)))
+        wait_until(lambda: sub.disconnects >= 1, "the oversized message's disconnect",
+                   step=lambda: sub.poll(0.05))
+        await_subscribed(sub)  # ZeroMQ connects again by itself
+        good = msgpack.packb([1.0, [{"type": "BlockStored", "block_hashes": [7, 8],
+                                     "parent_block_hash": None, "token_ids": [],
+                                     "block_size": BS}], 0])
+        pub.send_multipart((b"kv-events", (1).to_bytes(8, "big"), good))
+        assert poll_until(sub, lambda: router.index.num_blocks("r") == 2)
+        assert sub.bad_batches == 0 and sub.errors == 0  # the big one was never read
+    finally:
+        sub.close()
+        pub.close(linger=0)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "1"])
+def test_max_message_bytes_that_is_no_count_is_a_router_error(bad):
+    from prefixkv.router import RouterError
+
+    with pytest.raises(RouterError, match="max_message_bytes"):
+        Subscriber(Router(["r"], block_size=BS), {"r": ("tcp://127.0.0.1:1", None)},
+                   max_message_bytes=bad)

@@ -54,15 +54,18 @@ class ReplayClient:
     socket's identity, which is gone, and drops it (ZeroMQ drops what a ROUTER cannot
     route); it is never read as the next request's answer."""
 
-    def __init__(self, ctx: Any, endpoint: str, timeout_ms: int, topic: bytes = b"") -> None:
+    def __init__(self, ctx: Any, endpoint: str, timeout_ms: int, topic: bytes = b"",
+                 max_message_bytes: int = -1) -> None:
         self._ctx, self._endpoint = ctx, endpoint
         self.timeout_ms, self.topic = timeout_ms, topic
+        self.max_message_bytes = max_message_bytes  # (ZeroMQ's MAXMSGSIZE; -1: none)
         self._connect()
 
     def _connect(self) -> None:
         import zmq
 
         self.sock = self._ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         self.sock.connect(self._endpoint)
 
     def _abandon(self) -> None:

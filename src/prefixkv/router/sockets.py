@@ -15,17 +15,26 @@ from typing import Any
 from .replay_client import ReplayClient
 from .router import RouterError
 
-__all__ = ["PER_SOCKET", "ReplicaSockets", "check_options", "check_timeout"]
+__all__ = ["MAX_MESSAGE_BYTES", "PER_SOCKET", "ReplicaSockets", "check_options", "check_timeout"]
 PER_SOCKET = 1000
 """Messages one ``messages`` call takes per socket, at most (ZeroMQ's default receive
 high-water mark: about what a socket holds)."""
+MAX_MESSAGE_BYTES = 1 << 28
+"""The default cap on one message's bytes (256 MiB; ZeroMQ's ``MAXMSGSIZE`` on every
+SUB and replay socket): a peer that sends a larger one is disconnected, never read into
+memory."""
 
 
 def check_options(replicas: Collection[str], endpoints: object, topic: object,
-                  replay_timeout: object) -> None:
+                  replay_timeout: object, max_message_bytes: object = MAX_MESSAGE_BYTES
+                  ) -> None:
     """RouterError unless ``endpoints`` maps replicas among ``replicas`` to ``(pub
-    endpoint str, replay endpoint str or None)``, ``topic`` is a str and
-    ``replay_timeout`` a finite number of seconds > 0 (checked before any socket)."""
+    endpoint str, replay endpoint str or None)``, ``topic`` is a str,
+    ``replay_timeout`` a finite number of seconds > 0 and ``max_message_bytes`` an int
+    >= 1 (checked before any socket)."""
+    if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) or not (
+            1 <= max_message_bytes < 1 << 63):
+        raise RouterError(f"max_message_bytes must be an int >= 1, got {max_message_bytes!r}")
     if not isinstance(endpoints, Mapping):
         raise RouterError(f"endpoints must map replicas to (pub, replay), got {endpoints!r}")
     for replica, pair in endpoints.items():
@@ -52,10 +61,11 @@ def check_timeout(value: object, name: str, *, positive: bool = False) -> None:
 class ReplicaSockets:
     """The sockets of ``endpoints`` (replica -> ``(pub_endpoint, replay_endpoint or
     None)``), connected at construction: SUB sockets subscribed to ``topic``, replay
-    clients waiting ``replay_timeout_ms`` for an answer."""
+    clients waiting ``replay_timeout_ms`` for an answer; every socket reads messages of
+    at most ``max_message_bytes`` (``MAX_MESSAGE_BYTES``)."""
 
     def __init__(self, endpoints: Mapping[str, tuple[str, str | None]], topic: str,
-                 replay_timeout_ms: int) -> None:
+                 replay_timeout_ms: int, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         import zmq
 
         self._ctx: Any = zmq.Context.instance()
@@ -63,8 +73,10 @@ class ReplicaSockets:
         self.subs: dict[Any, str] = {}  # SUB socket -> its replica
         self.monitors: dict[Any, str] = {}  # monitor socket -> its replica
         self.replay: dict[str, ReplayClient] = {}
+        self._endpoints = {replica: pub for replica, (pub, _) in endpoints.items()}
         for replica, (pub, replay) in endpoints.items():
             sub = self._ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
             sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
             monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
             sub.connect(pub)
@@ -73,7 +85,8 @@ class ReplicaSockets:
             self._poller.register(monitor, zmq.POLLIN)
             self._poller.register(sub, zmq.POLLIN)
             if replay is not None:
-                self.replay[replica] = ReplayClient(self._ctx, replay, replay_timeout_ms, topic.encode())
+                self.replay[replica] = ReplayClient(self._ctx, replay, replay_timeout_ms,
+                                                    topic.encode(), max_message_bytes)
 
     def messages(self, timeout: float) -> Iterator[tuple[Any, list[bytes]]]:
         """The messages waiting now, as ``(socket, frames)``, until none is (waiting up
@@ -119,6 +132,20 @@ class ReplicaSockets:
                 sub.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+
+    def reconnect(self, replica: str) -> None:
+        """Connect ``replica``'s SUB socket again after its connection ended. ZeroMQ
+        reconnects by itself after a connection error, but not after a protocol error
+        (a message over ``MAXMSGSIZE``, a malformed frame): the replica's stream would
+        stop for good. A connection still retrying is replaced by the new one."""
+        import zmq
+
+        sub = next(sock for sock, r in self.subs.items() if r == replica)
+        try:
+            sub.disconnect(self._endpoints[replica])
+        except zmq.ZMQError:  # (no such connection left)
+            pass
+        sub.connect(self._endpoints[replica])
 
     def close(self) -> None:
         """Close every socket and replay client."""

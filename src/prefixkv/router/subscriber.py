@@ -23,7 +23,7 @@ from typing import Any
 from .buffered import run_to, sent
 from .follow import ReplicaFollower
 from .router import Router
-from .sockets import ReplicaSockets, check_options, check_timeout
+from .sockets import MAX_MESSAGE_BYTES, ReplicaSockets, check_options, check_timeout
 
 _log = logging.getLogger(__name__)
 COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "bad_replies",
@@ -35,16 +35,23 @@ COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "b
 class Subscriber(ReplicaFollower):
     """``endpoints``: replica -> ``(pub_endpoint, replay_endpoint or None)``.
     ``topic``: subscription prefix ("" takes everything). ``replay_timeout``: seconds.
+    ``max_message_bytes``: the largest message read (``sockets.MAX_MESSAGE_BYTES``,
+    256 MiB): a publisher or replay endpoint sending a larger one is disconnected by
+    ZeroMQ before it is read (counted in ``disconnects``; the replica is verified, its
+    batch lost or replayed, as after any disconnect), so no peer can make the router
+    read an unbounded message into memory.
     Raises RouterError, before any change or socket, for a replica the router does not
     know and for arguments of other types or ranges (``sockets.check_options``)."""
 
     def __init__(self, router: Router, endpoints: Mapping[str, tuple[str, str | None]], *,
-                 topic: str = "kv-events", replay_timeout: float = 1.0) -> None:
-        check_options(router.replicas, endpoints, topic, replay_timeout)
+                 topic: str = "kv-events", replay_timeout: float = 1.0,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        check_options(router.replicas, endpoints, topic, replay_timeout, max_message_bytes)
         super().__init__(router, endpoints, replay_timeout)
         for replica in endpoints:
             router.forget(replica)  # each starts empty
-        self._sockets = ReplicaSockets(endpoints, topic, self.replay_timeout_ms)  # sockets.py
+        self._sockets = ReplicaSockets(endpoints, topic, self.replay_timeout_ms,  # sockets.py
+                                       max_message_bytes)
         self._replay = self._sockets.replay
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -130,6 +137,7 @@ class Subscriber(ReplicaFollower):
             self.connected[replica] = False
             self._unverified.add(replica)
             self._sockets.drop_queued(replica)  # sent by the connection that died
+            self._sockets.reconnect(replica)  # (ZeroMQ may not: a message over the cap)
             return
         self.connected[replica] = True  # a handshake with a publisher succeeded
         if replica in self._unverified:
