@@ -40,7 +40,7 @@ TOPIC = "kv-events"
 PROMPTS = [list(range(1, 13)), list(range(1, 9)) + [7, 7, 7, 7], [5] * 8, list(range(20, 28)),
            list(range(30, 42)), [9] * 12]
 FATES = ("deliver", "deliver", "deliver", "drop", "twice", "hold", "truncate")
-TAPS = ("whole", "no_end", "early_end", "restart")
+TAPS = ("whole", "no_end", "early_end", "restart", "reversed", "doubled", "other_topic")
 
 
 def vllm_publisher(kv, ports, buffer_steps):
@@ -89,7 +89,9 @@ class Tap:
     vLLM's replay socket and the answer back, as ``faults`` (consumed one a request)
     say: ``whole``; ``no_end`` (the first batch, no end mark); ``early_end`` (the first
     batch, then the end mark); ``restart`` (the first batch, then the publisher restarts,
-    nothing more)."""
+    nothing more); ``reversed`` (every batch, last first); ``doubled`` (the first batch
+    again after the last); ``other_topic`` (the first batch under a unicode topic the
+    subscription does not match)."""
 
     def __init__(self, port, restart):
         ctx = zmq.Context.instance()
@@ -119,8 +121,15 @@ class Tap:
             fault = self.faults.pop(0) if self.faults else "whole"
             if fault == "restart" and self.restarted >= 1:
                 fault = "no_end"
-            if fault == "whole":
-                send = answer
+            if fault in ("whole", "reversed", "doubled", "other_topic"):
+                send, end = answer[:-1], answer[-1:]
+                if fault == "reversed":  # the batches in another order than sent
+                    send = send[::-1]
+                elif fault == "doubled":  # a batch twice, the second out of its place
+                    send = send + send[:1]
+                elif fault == "other_topic" and send:  # one batch of a topic not followed
+                    send = [(b"", "kv-événements".encode(), *send[0][2:]), *send[1:]]
+                send = send + end
             else:
                 send = answer[:min(1, len(answer) - 1)]
                 if fault == "early_end":
