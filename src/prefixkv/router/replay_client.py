@@ -121,10 +121,13 @@ class ReplayClient:
         batches, in the order it sent them (consecutive or not); None when there is no
         such answer (no end mark in time, a message of another shape or topic). The
         whole reply must come within ``STREAM_TIMEOUTS`` timeouts: a publisher that
-        streams without end cannot hold the subscriber."""
+        streams without end cannot hold the subscriber; and its payloads must add up to
+        at most ``max_message_bytes`` (when set; else None): one that streams more cannot
+        fill the subscriber's memory (a vLLM buffer of 10,000 steps is far less)."""
         self._drain()
         self.sock.send_multipart((b"", start.to_bytes(8, "big")))
         got: list[tuple[int, bytes]] = []
+        room = self.max_message_bytes if self.max_message_bytes > 0 else None
         deadline = time.monotonic() + STREAM_TIMEOUTS * self.timeout_ms / 1000
         while time.monotonic() < deadline and self.sock.poll(self.timeout_ms):
             frames = self.sock.recv_multipart()
@@ -136,6 +139,10 @@ class ReplayClient:
                 return None
             if seq_bytes == END_SEQ:
                 return got
+            if room is not None:
+                room -= len(payload)
+                if room < 0:
+                    break  # (the rest, if any, would come late: abandoned below)
             got.append((int.from_bytes(seq_bytes, "big"), payload))
         self._abandon()  # no end mark in time: the rest would come late
         return None
@@ -143,9 +150,12 @@ class ReplayClient:
     def _drain(self, wait_ms: int = 0) -> bool:
         """Drop what is left of the answer under way, waiting up to ``wait_ms`` for each
         message until its end mark; whether the end mark came (else the caller abandons
-        the socket). With ``wait_ms`` 0, before a request: drops anything unread."""
+        the socket). With ``wait_ms`` 0, before a request: drops anything unread. Gives
+        up after ``STREAM_TIMEOUTS`` timeouts in all, whatever comes: a peer that
+        streams without end cannot hold it (it did, for ever)."""
         ended = False
-        while self.sock.poll(wait_ms):
+        deadline = time.monotonic() + STREAM_TIMEOUTS * max(wait_ms, self.timeout_ms) / 1000
+        while time.monotonic() < deadline and self.sock.poll(wait_ms):
             frames = self.sock.recv_multipart()
             if _replayed(frames)[0] == END_SEQ:
                 wait_ms, ended = 0, True
