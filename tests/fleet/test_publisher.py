@@ -262,6 +262,8 @@ def test_a_dead_sender_thread_makes_publish_return_false():
     ({"heartbeat": float("nan")}, "heartbeat"),
     ({"hwm": -1}, "hwm"), ({"hwm": "1000"}, "hwm"), ({"hwm": 1.5}, "hwm"),
     ({"endpoint": 5555}, "endpoint"), ({"replay_endpoint": b"tcp://127.0.0.1:*"}, "replay_endpoint"),
+    # (fleet-r10: a str that is no UTF-8 raised UnicodeEncodeError)
+    ({"topic": "kv-\udc80"}, "topic"), ({"endpoint": "tcp://\ud800:*"}, "endpoint"),
 ])
 def test_options_of_other_types_are_wire_errors_before_any_socket(kw, name, monkeypatch):
     """They raised AttributeError, TypeError or ZeroMQ's errors, some after a socket was

@@ -24,6 +24,11 @@ def indexed():
     ({"a": GOOD, "b": (1, None)}, {}),
     ({"a": GOOD, "b": ("tcp://127.0.0.1:1", b"x")}, {}),
     ({"a": GOOD}, {"topic": b"kv-events"}),
+    # (fleet-r10: text that is no UTF-8 raised UnicodeEncodeError after the index was
+    # forgotten)
+    ({"a": GOOD}, {"topic": "kv-\udc80"}),
+    ({"a": GOOD, "b": ("tcp://127.0.0.1:\udc80", None)}, {}),
+    ({"a": GOOD, "b": ("tcp://127.0.0.1:1", "tcp://\ud800")}, {}),
     *[({"a": GOOD}, {"replay_timeout": t}) for t in (0, -1.0, math.nan, math.inf, True, "1")],
 ])
 def test_bad_arguments_are_refused_before_any_index_is_forgotten(endpoints, kw):

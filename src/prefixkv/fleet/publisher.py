@@ -71,8 +71,8 @@ class EventPublisher:
             raise WireError(f"hwm must be an int >= 0 (0: no limit), got {hwm!r}")
         for name, text in (("topic", topic), ("endpoint", endpoint),
                            ("replay_endpoint", replay_endpoint or "")):
-            if not isinstance(text, str):
-                raise WireError(f"{name} must be a str, got {text!r}")
+            if not isinstance(text, str) or not _utf8(text):
+                raise WireError(f"{name} must be a str of UTF-8 text, got {text!r}"[:200])
         import zmq
 
         self.block_size, self.hash_format, self.dp_rank = block_size, hash_format, dp_rank
@@ -284,3 +284,12 @@ class EventPublisher:
         self.published_batches += 1  # before sending: a reader who got it sees the count
         self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
         self._last_sent = time.monotonic()
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (a lone surrogate does not)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -40,13 +40,25 @@ def check_options(replicas: Collection[str], endpoints: object, topic: object,
     for replica, pair in endpoints.items():
         if replica not in replicas:
             raise RouterError(f"unknown replica {replica!r}; known: {list(replicas)}")
-        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
-                and (pair[1] is None or isinstance(pair[1], str))):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and _utf8(pair[0])
+                and (pair[1] is None or _utf8(pair[1]))):
             raise RouterError(f"endpoints[{replica!r}] must be (pub endpoint, replay endpoint "
                               f"or None), strs, got {pair!r}")
-    if not isinstance(topic, str):
-        raise RouterError(f"topic must be a str, got {topic!r}")
+    if not _utf8(topic):
+        raise RouterError(f"topic must be a str of UTF-8 text, got {topic!r}"[:200])
     check_timeout(replay_timeout, "replay_timeout", positive=True)
+
+
+def _utf8(text: object) -> bool:
+    """Whether ``text`` is a str that encodes as UTF-8 (ZeroMQ's endpoints and the topic
+    frame; a lone surrogate does not)."""
+    if not isinstance(text, str):
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_timeout(value: object, name: str, *, positive: bool = False) -> None:
