@@ -249,3 +249,14 @@ def test_a_ttl_that_is_not_seconds_is_refused():
         with pytest.raises(ApproxIndexError):
             ApproxIndex(bad)  # type: ignore[arg-type]
     assert issubclass(ApproxIndexError, PrefixKVError)
+
+
+def test_an_approx_index_states_what_its_cap_refused():
+    # (fleet-r10: its inner InProcessIndex has the per-replica cap; the subscriber's
+    # health reads ``refused`` off the router's index, which ApproxIndex did not have)
+    from prefixkv.router.index import InProcessIndex
+
+    index = ApproxIndex(60.0, clock=lambda: 0.0)
+    index._index = InProcessIndex(max_per_replica=3)
+    index.routed("a", [1, 2, 3, 4, 5])
+    assert index.refused == {"a": 2} and index.num_blocks("a") == 3

@@ -51,6 +51,12 @@ class ApproxIndex:
         self._time = ForwardClock(clock, ApproxIndexError)  # (clock.py)
 
     @property
+    def refused(self) -> dict[str, int]:
+        """Blocks not indexed per replica: its entries at ``InProcessIndex``'s cap
+        (``max_per_replica``, the default; guesses and events alike)."""
+        return self._index.refused
+
+    @property
     def steps_back(self) -> int:
         """How many clock readings were below the one before (counted as no time)."""
         return self._time.steps_back
