@@ -15,7 +15,7 @@ import pytest
 
 from prefixkv import KVCacheManager
 from prefixkv.fleet import publisher as publisher_module
-from prefixkv.fleet.wire import encode_batch
+from prefixkv.fleet.wire import encode_batch, to_wire_events
 from prefixkv.router.subscriber import Subscriber
 from waiting import LIVE, await_subscribed, poll_until
 
@@ -126,3 +126,47 @@ def test_a_stamp_that_is_no_plausible_time_judges_no_next_frame(stamp):
     finally:
         sub.close()
         pub.close()
+
+
+def test_vllms_own_publishers_a_twin_behind_a_proxy_is_not_applied():
+    """Two of vLLM 0.33's own ``ZmqEventPublisher`` (rank 0, one topic) merged by a
+    proxy onto the replica's socket; the replay endpoint is the replica's. The twin's
+    clock is a minute behind: its batch 1 arrives numbered ``last + 1``."""
+    from fleet.test_vllm_interop import free_ports, publish, vllm_publisher
+    from fleet.vllm_kv_events import kv_events
+    from prefixkv.router import Router
+
+    from .test_subscriber_foreign import Proxy
+
+    kv = kv_events()
+    ports, (twin_port,) = free_ports(2), free_ports(1)
+    pub = vllm_publisher(kv, ports)
+    twin = kv.ZmqEventPublisher(0, endpoint=f"tcp://*:{twin_port}", replay_endpoint=None,
+                                topic="kv-events")
+    proxy = Proxy(f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{twin_port}")
+    router = Router(["v"], block_size=BS)
+    sub = Subscriber(router, {"v": (proxy.endpoint, f"tcp://127.0.0.1:{ports[1]}")},
+                     replay_timeout=LIVE)
+    mgr = KVCacheManager(256, BS, hash_mode="sha256", enable_events=True)
+    other = KVCacheManager(256, BS, hash_mode="sha256", enable_events=True)
+    try:
+        await_subscribed(sub)
+        publish(kv, pub, mgr, "a", P[0])  # the replica's batch 0 (replayed if lost)
+        assert poll_until(sub, lambda: router.cached_tokens(P[0])["v"] == 12)
+        time.sleep(0.2)  # (the subscription reached the twin through the proxy too)
+        for i, prompt in enumerate((P[4], P[5])):  # the twin's batches 0 and 1
+            other.add_request(str(i), prompt)
+            events = [{"BlockStored": kv.BlockStored, "BlockRemoved": kv.BlockRemoved}[
+                m.pop("type")](**m) for m in to_wire_events(other.take_events(), BS)]
+            twin.publish(kv.KVEventBatch(ts=time.time() - 60, events=events))
+        assert poll_until(sub, lambda: sub.earlier_frames == 1)
+        assert router.cached_tokens(P[5])["v"] == 0  # (12 before, until the replica's next)
+        publish(kv, pub, mgr, "b", P[1])  # the replica's own batch 1
+        assert poll_until(sub, lambda: router.cached_tokens(P[1])["v"] == 12)
+        assert [router.cached_tokens(p)["v"] for p in P] == [12, 12, 0, 0, 0, 0]
+        assert (sub.restarts, sub.resyncs, sub.errors) == (0, 0, 0), sub.health()
+    finally:
+        sub.close()
+        proxy.close()
+        twin.shutdown()
+        pub.shutdown()
