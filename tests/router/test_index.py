@@ -3,6 +3,7 @@
 import pytest
 
 from prefixkv.router import InProcessIndex
+from prefixkv.router.index import MAX_MEDIA, MAX_PER_REPLICA
 
 
 def backends():
@@ -79,24 +80,27 @@ def test_a_medium_with_the_separator_is_credited_and_cleared(index, request):
         assert index.client.keys(f"{index.ns}:*") == []
 
 
-def test_the_in_process_index_caps_each_replicas_entries():
+def test_the_in_process_index_caps_each_replicas_blocks_and_media():
     # (fleet-r10: a publisher announcing without end grew the router's index, ~500 bytes
-    # an entry, without bound; past the cap its blocks are not indexed, only counted)
+    # a block, without bound; past the cap its blocks are not indexed, only counted)
     index = InProcessIndex(max_per_replica=4)
     index.store("a", [1, 2, 3, 4, 5, 6], "GPU")
     index.store("b", [1, 2, 3], "GPU")
     assert index.num_blocks("a") == 4 and index.refused == {"a": 2}
     assert index.prefix_runs([1, 2, 3, 4, 5, 6], ["a", "b"]) == {"a": (4, 4), "b": (3, 3)}
-    index.store("a", [1, 2], "GPU")  # held already: no entry more, none refused
-    index.store("a", [1], "CPU")  # a new medium is an entry
-    assert index.num_blocks("a") == 4 and index.refused == {"a": 3}
+    index.store("a", [1, 2], "GPU")  # held already: none refused
+    index.store("a", [1], "CPU")  # a block held on one more medium is no block more
+    assert index.num_blocks("a") == 5 and index.refused == {"a": 2}
     index.remove("a", [4], "GPU")
-    index.store("a", [1], "CPU")
-    assert index.num_blocks("a") == 4 and index.refused == {"a": 3}
+    index.store("a", [7, 8], "GPU")  # room for one
+    assert index.prefix_runs([7, 8], ["a"]) == {"a": (1, 1)} and index.refused == {"a": 3}
     index.clear("a")
     index.store("a", [7, 8, 9, 10], "GPU")
     assert index.num_blocks("a") == 4 and index.prefix_runs([7, 8, 9, 10], ["a"]) == {"a": (4, 4)}
     assert len(index._holders) == 7  # 1, 2, 3 (b) and 7..10: nothing left of what was refused
+    for i in range(MAX_MEDIA + 2):  # media names past MAX_MEDIA: not indexed
+        index.store("b", [1], f"m{i}")
+    assert index.num_blocks("b") == 3 + MAX_MEDIA - 1 and index.refused["b"] == 3
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "8"])
@@ -108,7 +112,6 @@ def test_a_cap_that_is_no_count_is_a_config_error(bad):
 
 
 def test_the_default_cap_is_large_and_none_lifts_it():
-    from prefixkv.router.index import MAX_PER_REPLICA
 
     assert InProcessIndex().max_per_replica == MAX_PER_REPLICA == 1 << 21
     index = InProcessIndex(max_per_replica=None)

@@ -17,8 +17,11 @@ from ..errors import ConfigError
 Hash = int | bytes
 GPU = "GPU"
 MAX_PER_REPLICA = 1 << 21
-"""``InProcessIndex``'s default cap on one replica's entries (2,097,152: a large GPU pool
+"""``InProcessIndex``'s default cap on one replica's blocks (2,097,152: a large GPU pool
 and a host tier many times its size)."""
+MAX_MEDIA = 8
+"""Media names one replica's blocks may be on in ``InProcessIndex`` (engines use two or
+three: GPU, CPU, disk)."""
 _log = logging.getLogger(__name__)
 
 
@@ -53,12 +56,12 @@ class InProcessIndex:
     ``clear``). Scoring intersects the holders of consecutive keys with set operations,
     so a 2k-token prompt (128 blocks of 16) costs ~128 C-level set intersections.
 
-    ``max_per_replica``: (hash, medium) entries one replica may have (None: no cap; at
-    ~500 bytes an entry the default is ~1 GB). A store past it is not indexed, counted in
-    ``refused`` (replica -> entries), and logged once per replica: a publisher that
-    announces without end (a defect, a hostile peer) cannot grow the router's memory
-    without bound, and its index only understates. Raises ConfigError for a cap that is
-    not an int >= 1 or None."""
+    ``max_per_replica``: blocks (distinct hashes) one replica may have (None: no cap; at
+    ~500 bytes a block on one medium the default is ~1 GB), on at most ``MAX_MEDIA``
+    media names. A store past either is not indexed, counted in ``refused`` (replica ->
+    blocks), and logged once per replica: a publisher that announces without end (a
+    defect, a hostile peer) cannot grow the router's memory without bound, and its index
+    only understates. Raises ConfigError for a cap that is not an int >= 1 or None."""
 
     def __init__(self, max_per_replica: int | None = MAX_PER_REPLICA) -> None:
         if max_per_replica is not None and (isinstance(max_per_replica, bool) or not isinstance(
@@ -69,37 +72,40 @@ class InProcessIndex:
         self.refused: dict[str, int] = {}
         self._holders: dict[Hash, dict[str, set[str]]] = {}
         self._keys: dict[str, set[Hash]] = {}
-        self._count: dict[str, int] = {}  # (hash, medium) entries per replica
+        self._media: dict[str, set[str]] = {}  # media names each replica used
         self._gpu_only = True  # no other medium seen: gpu_run == run, one pass suffices
 
     def store(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
-        """See ``BlockIndex.store``; past ``max_per_replica`` entries, not indexed (class
-        doc)."""
+        """See ``BlockIndex.store``; past ``max_per_replica`` blocks or ``MAX_MEDIA``
+        media, not indexed (class doc)."""
         holders, keys = self._holders, self._keys.setdefault(replica, set())
+        media_used = self._media.setdefault(replica, set())
+        if medium not in media_used:
+            if len(media_used) >= MAX_MEDIA:
+                self._refuse(replica, len(hashes))
+                return
+            media_used.add(medium)
         if medium != GPU:
             self._gpu_only = False
-        cap, count = self.max_per_replica, self._count.get(replica, 0)
+        cap = self.max_per_replica
+        if cap is None or len(keys) + len(hashes) <= cap:  # (far from the cap: no check each)
+            for h in hashes:
+                holders.setdefault(h, {}).setdefault(replica, set()).add(medium)
+            keys.update(hashes)
+            return
         for i, h in enumerate(hashes):
-            media = holders.setdefault(h, {}).setdefault(replica, set())
-            if medium in media:
-                continue
-            if cap is not None and count >= cap:
-                if not media:  # (made just now: leave no empty entry)
-                    by_replica = holders[h]
-                    del by_replica[replica]
-                    if not by_replica:
-                        del holders[h]
-                self._refuse(replica, len(hashes) - i)
-                break
-            media.add(medium)
-            keys.add(h)
-            count += 1
-        self._count[replica] = count
+            if h not in keys:
+                if len(keys) >= cap:
+                    self._refuse(replica, len(hashes) - i)
+                    return
+                keys.add(h)
+            holders.setdefault(h, {}).setdefault(replica, set()).add(medium)
 
     def _refuse(self, replica: str, n: int) -> None:
         if not self.refused.get(replica):
-            _log.warning("replica %r announces more than %d blocks: the rest are not indexed "
-                         "(InProcessIndex max_per_replica)", replica, self.max_per_replica)
+            _log.warning("replica %r announces more than %d blocks or %d media: the rest are "
+                         "not indexed (InProcessIndex max_per_replica)", replica,
+                         self.max_per_replica, MAX_MEDIA)
         self.refused[replica] = self.refused.get(replica, 0) + n
 
     def remove(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
@@ -110,9 +116,7 @@ class InProcessIndex:
             media = by_replica.get(replica) if by_replica else None
             if media is None:
                 continue
-            if medium in media:
-                media.discard(medium)
-                self._count[replica] -= 1
+            media.discard(medium)
             if not media:
                 del by_replica[replica]  # type: ignore[union-attr]
                 keys.discard(h)  # type: ignore[union-attr]
@@ -122,7 +126,7 @@ class InProcessIndex:
     def clear(self, replica: str) -> None:
         """See ``BlockIndex.clear``."""
         holders = self._holders
-        self._count.pop(replica, None)
+        self._media.pop(replica, None)
         for h in self._keys.pop(replica, ()):
             by_replica = holders[h]
             del by_replica[replica]
@@ -140,7 +144,7 @@ class InProcessIndex:
 
     def num_blocks(self, replica: str) -> int:
         """See ``BlockIndex.num_blocks``."""
-        return self._count.get(replica, 0)
+        return sum(len(self._holders[h][replica]) for h in self._keys.get(replica, ()))
 
     def routed(self, replica: str, hashes: Sequence[Hash]) -> None:
         """See ``BlockIndex.routed``: ignored (the events say what the replica holds)."""
