@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from . import __version__
 from .bench.layer_groups import MIXES
-from .bench.limits import MAX_POOL_FLAG, MAX_REPLICAS
+from .bench.limits import MAX_BLOCK_SIZE, MAX_POOL_FLAG, MAX_REPLICAS
 
 WORKLOADS = ("all", "system-prompt", "chat", "document", "pressure", "skewed", "trace")
 FLEET_ROUTES = ("round-robin", "least-loaded", "pure-prefix", "prefix", "cost", "cost-approx")
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--pool-blocks", type=_int_in(1, MAX_POOL_FLAG), metavar="N",
                        help="KV pool size in blocks for every workload (default: each "
                        "workload's own); the capacity sweep spans 1/16x to 2x of it")
-    bench.add_argument("--block-size", type=_int_in(1), default=16, metavar="N",
+    bench.add_argument("--block-size", type=_int_in(1, MAX_BLOCK_SIZE), default=16, metavar="N",
                        help="token slots per KV block")
     bench.add_argument("--seed", type=int, default=0,
                        help="seed of the synthetic token ids (same seed, same requests)")

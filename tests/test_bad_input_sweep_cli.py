@@ -1,0 +1,37 @@
+"""The sweep, at the command line: ``prefixkv bench`` given a bad value of each argument
+exits 2 with one ``error:`` line that names the argument, never a traceback (exit 1) and
+never a message that names prefixkv's own helpers instead of the argument."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixkv.cli import main
+
+QUICK = ["--workload", "chat", "--scale", "0.05", "--no-e2e", "--no-host-tiers", "--no-cascade",
+         "--groups", "none", "--no-plots"]
+
+
+def _refused(argv: list[str], capsys, tmp_path) -> str:
+    try:
+        code = main(["bench", *argv, "--out", str(tmp_path / "out")])
+    except SystemExit as exc:  # argparse
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert err.startswith("prefixkv bench: error: ") and err.count("\n") == 1, err[-2000:]
+    return err
+
+
+@pytest.mark.parametrize("argv", [
+    # a block of 2**32 tokens or more: the store's name of a layout holds the size in 4
+    # bytes (OverflowError, exit 1, from the store section of the report)
+    ["--block-size", str(2**32), *QUICK],
+    ["--block-size", str(2**70), *QUICK],
+    # the fleet: a block size that leaves each replica's pool 0 blocks (ConfigError, exit 1)
+    ["--replicas", "2", "--route", "prefix", "--workload", "chat", "--scale", "0.05",
+     "--block-size", str(2**40)],
+], ids=["block-size-2^32", "block-size-2^70", "fleet-block-size-2^40"])
+def test_a_bad_bench_argument_is_one_error_line_not_a_traceback(argv, capsys, tmp_path):
+    err = _refused(argv, capsys, tmp_path)
+    assert "--block-size" in err or "pool" in err, err
