@@ -28,10 +28,12 @@ def _refused(argv: list[str], capsys, tmp_path) -> str:
     # bytes (OverflowError, exit 1, from the store section of the report)
     ["--block-size", str(2**32), *QUICK],
     ["--block-size", str(2**70), *QUICK],
-    # the fleet: a block size that leaves each replica's pool 0 blocks (ConfigError, exit 1)
+    # the fleet: a pool of one block that cannot hold a request (BenchError, exit 1), and a
+    # block size that leaves each replica's pool 0 blocks (ConfigError, exit 1)
+    ["--replicas", "2", "--route", "prefix", "--workload", "chat", "--scale", "0.05", "--pool-blocks", "1"],
     ["--replicas", "2", "--route", "prefix", "--workload", "chat", "--scale", "0.05",
      "--block-size", str(2**40)],
-], ids=["block-size-2^32", "block-size-2^70", "fleet-block-size-2^40"])
+], ids=["block-size-2^32", "block-size-2^70", "fleet-pool-of-one", "fleet-block-size-2^40"])
 def test_a_bad_bench_argument_is_one_error_line_not_a_traceback(argv, capsys, tmp_path):
     err = _refused(argv, capsys, tmp_path)
     assert "--block-size" in err or "pool" in err, err

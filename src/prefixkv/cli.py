@@ -213,10 +213,10 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error("--groups is a section of the report, not of the --replicas run")
         try:
             check_scale(args.scale, names)
-        except BenchError as exc:
+            data = run_fleet(args.replicas, routes, names, scale=args.scale, seed=args.seed,
+                             block_size=args.block_size, pool_blocks=args.pool_blocks)
+        except BenchError as exc:  # refused before its replicas, or a request no pool holds
             return _refused(exc)
-        data = run_fleet(args.replicas, routes, names, scale=args.scale, seed=args.seed,
-                         block_size=args.block_size, pool_blocks=args.pool_blocks)
         _check_interrupt()
         for note in write_fleet(data, args.out, args.plots):
             print(f"note: {note}", file=sys.stderr)
