@@ -37,3 +37,11 @@ def _refused(argv: list[str], capsys, tmp_path) -> str:
 def test_a_bad_bench_argument_is_one_error_line_not_a_traceback(argv, capsys, tmp_path):
     err = _refused(argv, capsys, tmp_path)
     assert "--block-size" in err or "pool" in err, err
+
+
+@pytest.mark.parametrize("flag,value", [("--scale", "abc"), ("--scale", "1e400x"), ("--scale", "")])
+def test_a_number_that_does_not_parse_names_the_argument_not_a_helper(flag, value, capsys, tmp_path):
+    """argparse names the type function of a ValueError ("invalid _positive_float value"):
+    the parser says what was wanted instead."""
+    err = _refused([flag, value], capsys, tmp_path)
+    assert "_positive_float" not in err and "must be a finite number > 0" in err, err
