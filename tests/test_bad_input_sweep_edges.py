@@ -296,3 +296,21 @@ def test_a_bad_fleet_simulation_argument_is_a_bench_error_before_any_replica(nam
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.xfail(strict=True, reason="OverflowError from prefixkv/store/link.py (the layout's scope holds "
+                   "the block size in 4 bytes); neither KVCacheManager (core/) nor the store checks it")
+@pytest.mark.parametrize("block_size", [2**32, 2**70])
+def test_a_block_size_the_store_cannot_name_is_a_typed_error_before_any_thread(block_size):
+    """A manager over a shared store whose block size does not fit the store's name of a
+    layout (4 bytes): a ``PrefixKVError`` naming ``block_size``, before the store's
+    fetcher threads start; the store stays usable by a valid manager."""
+    import threading
+
+    from prefixkv.store import SharedStore, StoreLayout
+
+    store = SharedStore(_Backend(), StoreLayout("m", "bf16", 64))
+    threads = threading.active_count()
+    with pytest.raises(PrefixKVError, match="block_size"):
+        KVCacheManager(16, block_size, hash_mode="sha256", host_blocks=4, store=store)
+    assert threading.active_count() == threads
