@@ -314,3 +314,51 @@ def test_a_block_size_the_store_cannot_name_is_a_typed_error_before_any_thread(b
     with pytest.raises(PrefixKVError, match="block_size"):
         KVCacheManager(16, block_size, hash_mode="sha256", host_blocks=4, store=store)
     assert threading.active_count() == threads
+
+
+NOT_INT_OR_SMALL: list[Any] = [None, -1, 0, 1.5, math.nan, math.inf, True, "x", [], object()]
+
+
+def _bench_builders() -> dict[str, Callable[[Any], Any]]:
+    """name -> a call of a bench builder with the named argument replaced (a valid call
+    with any good value)."""
+    from prefixkv.bench import e2e, e2e_host, fleet_bound, workloads
+
+    wl = workloads.builtin("chat", 0.05, 0)
+    return {
+        "chat(turns)": lambda v: workloads.chat(0.05, 0, turns=v),
+        "ttft_floor(replicas)": lambda v: fleet_bound.ttft_floor(wl, v, 1.15),
+        "ttft_floor(imbalance)": lambda v: fleet_bound.ttft_floor(wl, 2, v),
+        "ttft_floor(block_size)": lambda v: fleet_bound.ttft_floor(wl, 2, 1.15, v),
+        "replicas_used(replicas)": lambda v: fleet_bound.replicas_used(8, v, 1.15),
+        "replicas_used(imbalance)": lambda v: fleet_bound.replicas_used(8, 2, v),
+        "E2EConfig(turns)": lambda v: e2e.E2EConfig(turns=v),
+        "E2EConfig(block_size)": lambda v: e2e.E2EConfig(block_size=v),
+        "E2EHostConfig(prefixes)": lambda v: e2e_host.E2EHostConfig(prefixes=v),
+        "E2EHostConfig(host_factor)": lambda v: e2e_host.E2EHostConfig(host_factor=v),
+    }
+
+
+@pytest.mark.parametrize("name", list(_bench_builders()))
+def test_a_bench_builder_refuses_a_bad_size_with_a_bench_error_naming_it(name):
+    """The bench's builders beyond ``--scale`` and ``--seed``: ``chat(turns=0)`` built an
+    empty workload, ``turns=True`` one turn; ``ttft_floor`` divided by zero replicas and
+    took NaN to ``int``; an ``E2EConfig(turns=0)`` was a ValueError from the engine after
+    the model was built, ``E2EHostConfig(prefixes=0)`` an IndexError. Each refuses, with
+    the argument's name, before any work: as the CLI refuses ``--scale``."""
+    from prefixkv.bench.errors import BenchError
+
+    call = _bench_builders()[name]
+    param = name[name.index("(") + 1:-1]
+    problems = []
+    for v in NOT_INT_OR_SMALL if "imbalance" not in param else [None, 0.5, math.nan, math.inf, "x", []]:
+        try:
+            call(v)
+        except BenchError as e:
+            if param not in str(e):
+                problems.append(f"{v!r}: the message does not name {param}: {e}")
+        except Exception as e:  # noqa: BLE001 (the point: which untyped errors escape)
+            problems.append(f"{v!r}: {type(e).__name__}: {e}")
+        else:
+            problems.append(f"{v!r}: accepted")
+    assert problems == []
