@@ -7,6 +7,7 @@ imported, nothing admitted), never an untyped error, a hang or a silent acceptan
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,18 @@ class _Backend:
 
     def read_into(self, keys: Any, buffers: Any, deadline: float) -> list[None]:
         return [None] * len(keys)
+
+
+def _refusal(call: Callable[[], object], error: type[Exception], name: str | None = None) -> str | None:
+    """None when ``call()`` raises ``error`` (whose message names ``name``, when given);
+    otherwise what went wrong: accepted, an untyped error, or a message naming nothing."""
+    try:
+        call()
+    except error as e:
+        return None if name is None or name in str(e) else f"the message does not name {name}: {e}"
+    except Exception as e:  # noqa: BLE001 (the point: which untyped errors escape)
+        return f"{type(e).__name__}: {e}"
+    return "accepted"
 
 
 Constructor = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], dict[str, list[Any]]]
@@ -94,15 +107,11 @@ def test_every_bad_argument_of_a_store_constructor_is_a_typed_error_before_any_c
                 i = params.index(param)
                 call_args, call_kw = args[:i] + (v,) + args[i + 1:], kw
             threads = threading.active_count()
-            try:
-                make(*call_args, **call_kw)
-            except PrefixKVError:
-                if threading.active_count() != threads:
-                    problems.append(f"{param}={v!r}: raised after starting a thread")
-            except Exception as e:  # noqa: BLE001 (the point: which untyped errors escape)
-                problems.append(f"{param}={v!r}: {type(e).__name__}: {e}")
-            else:
-                problems.append(f"{param}={v!r}: accepted")
+            problem = _refusal(functools.partial(make, *call_args, **call_kw), PrefixKVError)
+            if problem is None and threading.active_count() != threads:
+                problem = "raised after starting a thread"
+            if problem is not None:
+                problems.append(f"{param}={v!r}: {problem}")
     assert problems == []
 
 
@@ -352,13 +361,7 @@ def test_a_bench_builder_refuses_a_bad_size_with_a_bench_error_naming_it(name):
     param = name[name.index("(") + 1:-1]
     problems = []
     for v in NOT_INT_OR_SMALL if "imbalance" not in param else [None, 0.5, math.nan, math.inf, "x", []]:
-        try:
-            call(v)
-        except BenchError as e:
-            if param not in str(e):
-                problems.append(f"{v!r}: the message does not name {param}: {e}")
-        except Exception as e:  # noqa: BLE001 (the point: which untyped errors escape)
-            problems.append(f"{v!r}: {type(e).__name__}: {e}")
-        else:
-            problems.append(f"{v!r}: accepted")
+        problem = _refusal(functools.partial(call, v), BenchError, param)
+        if problem is not None:
+            problems.append(f"{v!r}: {problem}")
     assert problems == []
