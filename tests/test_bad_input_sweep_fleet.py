@@ -140,6 +140,10 @@ ALIASES = {"endpoints": ("replica",), "urls": ("URL",)}
 
 # (constructor, parameter) -> the first value the sweep found wanting, as of this file's
 # commit (prefixkv/router/ and prefixkv/fleet/ are not this file's owner's to fix).
+# Each contradicts its class's docstring, which promises a typed error: Router's
+# "RouterError (bad option)", the scorers' ScorerError, MetricsPoller's and Subscriber's
+# RouterError "for arguments of other types or ranges", EventPublisher's WireError "for an
+# option out of range or of another type".
 DEFECTS: dict[tuple[str, str], str] = {
     ("Router", "replicas"): "replicas=None: TypeError: 'NoneType' object is not iterable",
     ("Router", "load_weight"): "load_weight=None: TypeError: '<=' not supported",
