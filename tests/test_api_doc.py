@@ -183,3 +183,39 @@ def test_every_name_the_docs_and_examples_import_is_in_the_reference():
                     missing.add(f"{module}.{name} ({path.name})")
     assert not missing, ("imported by the docs or examples but missing from docs/api.md (add the "
                          "module to PACKAGES in docs/make_api.py):\n  " + "\n  ".join(sorted(missing)))
+
+
+DOWNSTREAM = '''
+from prefixkv import ExtraKeys, KVCacheManager, PrefixKVError
+from prefixkv.groups import HybridKVCacheManager, full_attention
+
+m = KVCacheManager(16, 4)
+reveal_type(m.add_request("a", [1, 2, 3], extra=ExtraKeys(cache_salt="t")))
+h = HybridKVCacheManager([full_attention()], 16, 4)
+reveal_type(h.get_block_ids("a"))
+wrong: str = m.lookup([1, 2])
+try:
+    m.free("a")
+except PrefixKVError as e:
+    reveal_type(e)
+'''
+
+
+def test_a_downstream_mypy_sees_prefixkv_s_types(tmp_path):
+    """An engine author's ``mypy --strict`` over their own file, against the installed
+    prefixkv (not this checkout's source: no path to it is given): prefixkv ships
+    ``py.typed``, so mypy reads its annotations (a missing marker is an error: "installed,
+    but missing library stubs or py.typed marker") and finds the one mistake the file
+    makes, a ``lookup`` count assigned to a str."""
+    api = pytest.importorskip("mypy.api")
+    (tmp_path / "engine.py").write_text(DOWNSTREAM)
+    (tmp_path / "mypy.ini").write_text("[mypy]\n")  # not the repository's settings
+    out, err, status = api.run([str(tmp_path / "engine.py"), "--strict", "--no-incremental",
+                                "--config-file", str(tmp_path / "mypy.ini")])
+    assert "prefixkv.results.Admission | prefixkv.results.StoreWait | None" in out, out + err
+    assert 'Revealed type is "tuple[tuple[builtins.int, ...], ...]"' in out or \
+        'Revealed type is "tuple[tuple[int, ...], ...]"' in out, out
+    assert 'Revealed type is "prefixkv.errors.PrefixKVError"' in out, out
+    errors = [line for line in out.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and "engine.py:9:" in errors[0] and '"int"' in errors[0], out
+    assert status == 1
