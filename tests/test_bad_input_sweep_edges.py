@@ -365,3 +365,39 @@ def test_a_bench_builder_refuses_a_bad_size_with_a_bench_error_naming_it(name):
         if problem is not None:
             problems.append(f"{v!r}: {problem}")
     assert problems == []
+
+
+def _view(n: int = 64) -> memoryview:
+    return memoryview(bytearray(n))
+
+
+_UNTYPED_ATTACH = pytest.mark.xfail(strict=True, reason="TypeError from prefixkv/core/store_waits.py "
+                                    "(attach: len() of a non-sequence, memoryview() of a non-buffer, a "
+                                    "cast of a strided view); its docstring promises ConfigError. core/ "
+                                    "is runs-r10's")
+
+
+@pytest.mark.parametrize("buffers", [
+    pytest.param(None, marks=_UNTYPED_ATTACH, id="None"),
+    pytest.param(5, marks=_UNTYPED_ATTACH, id="int"),
+    pytest.param([_view()] * 4, marks=_UNTYPED_ATTACH, id="flat-views"),
+    pytest.param([None] * 4, marks=_UNTYPED_ATTACH, id="slots-None"),
+    pytest.param([[object()]] * 4, marks=_UNTYPED_ATTACH, id="not-buffers"),
+    pytest.param([[_view(128)[::2]]] * 4, marks=_UNTYPED_ATTACH, id="strided-view"),
+    pytest.param([[_view()]] * 3, id="3-slots"),
+    pytest.param([[_view(32)]] * 4, id="short"),
+    pytest.param([[memoryview(bytes(64))]] * 4, id="read-only"),
+])
+def test_bad_host_memory_is_a_config_error_before_any_change(buffers):
+    """``attach_host_memory`` on a manager with a store and 4 host slots of 64 bytes:
+    anything but 4 sequences of writable views of 64 bytes in all is a ``PrefixKVError``
+    (its docstring: ConfigError), and the manager stays as it was (still no memory
+    attached: a valid attach afterwards works)."""
+    from prefixkv.store import SharedStore, StoreLayout
+
+    mgr = KVCacheManager(16, 4, hash_mode="sha256", host_blocks=4,
+                         store=SharedStore(_Backend(), StoreLayout("m", "bf16", 64)))
+    with pytest.raises(PrefixKVError):
+        mgr.attach_host_memory(buffers)
+    mgr.attach_host_memory([[_view()] for _ in range(4)])
+    mgr.check_invariants()
