@@ -401,3 +401,23 @@ def test_bad_host_memory_is_a_config_error_before_any_change(buffers):
         mgr.attach_host_memory(buffers)
     mgr.attach_host_memory([[_view()] for _ in range(4)])
     mgr.check_invariants()
+
+
+@pytest.mark.xfail(strict=True, reason="prefixkv/engine/hybrid.py raises a plain ValueError (its docstring "
+                   "says so) and, for None, a TypeError: not the PrefixKVError every other caller "
+                   "mistake is; engine/ is not this file's owner's")
+@pytest.mark.parametrize("layer_groups", [None, [0], [0, 5], [-1, -1], [True, True], [0.0, 0.0]],
+                         ids=["None", "short", "unknown-group", "negative", "bools", "floats"])
+def test_bad_layer_groups_of_the_hybrid_runner_are_a_typed_error(layer_groups):
+    """``HybridModelRunner`` over a 2-layer model and 2 groups: ``layer_groups`` that does
+    not give one group index (an int, not a bool) per layer is a ``PrefixKVError`` naming
+    ``layer_groups``, before any cache is allocated."""
+    pytest.importorskip("torch")
+    from prefixkv.engine import LlamaConfig, TinyLlama
+    from prefixkv.engine.hybrid import HybridModelRunner
+    from prefixkv.groups import full_attention, sliding_window
+
+    model = TinyLlama(LlamaConfig())
+    assert model.cfg.num_layers == 2
+    with pytest.raises(PrefixKVError, match="layer_groups"):
+        HybridModelRunner(model, [full_attention(), sliding_window(8)], layer_groups, 16, 4)
