@@ -55,10 +55,9 @@ def _constructors(router: Any) -> dict[str, Constructor]:
     from prefixkv.router.subscriber import Subscriber
 
     return {
-        "Router": (Router, (["a", "b"],), dict(block_size=4, hash_mode="sha256", hash_format="int",
-                                              index=None, policy="prefix", load_weight=1.0,
-                                              balance=1.25, cpu_weight=0.5, stale_after=None,
-                                              scorer=None, capacity=None),
+        # each parameter swept alone beside block_size (the scorer's keywords beside a scorer
+        # are a mistake of their own)
+        "Router": (Router, (["a", "b"],), dict(block_size=4),
                    dict(replicas=NOT_NAMES, block_size=NOT_COUNT, hash_mode=[None, "", "md5", 5],
                         hash_format=[None, "", "hex", 5], policy=[None, "", "best", 5],
                         load_weight=NOT_WEIGHT, balance=[None, 0.5, math.nan, "1", True, object()],
@@ -112,11 +111,11 @@ def _sweep(name: str, param: str) -> list[str]:
     before = _state(router)
     problems = []
     for v in bad[param]:
-        if param in kw:
-            call_args, call_kw = args, {**kw, param: v}
-        else:
-            i = params.index(param)
+        i = params.index(param)
+        if i < len(args):
             call_args, call_kw = args[:i] + (v,) + args[i + 1:], kw
+        else:
+            call_args, call_kw = args, {**kw, param: v}
         threads = threading.active_count()
         try:
             _close(make(*call_args, **call_kw))
