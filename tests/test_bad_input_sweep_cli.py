@@ -45,3 +45,10 @@ def test_a_number_that_does_not_parse_names_the_argument_not_a_helper(flag, valu
     the parser says what was wanted instead."""
     err = _refused([flag, value], capsys, tmp_path)
     assert "_positive_float" not in err and "must be a finite number > 0" in err, err
+
+
+def test_a_replica_count_named_twice_is_refused_as_a_layer_mix_named_twice_is(capsys, tmp_path):
+    """``--replicas 2,2`` ran the same fleet twice and printed its rows twice."""
+    err = _refused(["--replicas", "2,2", "--route", "prefix", "--workload", "chat", "--scale", "0.05"],
+                   capsys, tmp_path)
+    assert "--replicas" in err and "twice" in err, err

@@ -155,7 +155,10 @@ def _group_mixes(text: str) -> tuple[str, ...]:
 
 def _int_list(text: str) -> list[int]:
     parse = _int_in(1, MAX_REPLICAS)
-    return [parse(part) for part in text.split(",")]
+    counts = [parse(part) for part in text.split(",")]
+    if len(set(counts)) != len(counts):  # the same fleet run twice, its rows printed twice
+        raise argparse.ArgumentTypeError(f"a replica count named twice in {text[:80]!r}")
+    return counts
 
 
 _SIGNALS: list[int] = []  # SIGINTs received while ``main`` runs
