@@ -52,3 +52,23 @@ def test_a_replica_count_named_twice_is_refused_as_a_layer_mix_named_twice_is(ca
     err = _refused(["--replicas", "2,2", "--route", "prefix", "--workload", "chat", "--scale", "0.05"],
                    capsys, tmp_path)
     assert "--replicas" in err and "twice" in err, err
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    # the fleet runs built-in workloads: a trace given beside --replicas was dropped unsaid
+    (["--replicas", "2", "--route", "prefix", "--scale", "0.05", "--trace", "my.jsonl"], "--trace"),
+    # --route picks the fleet's routes: without --replicas it was dropped unsaid
+    (["--route", "prefix", *QUICK], "--route"),
+    (["--route", "all", *QUICK], "--route"),
+])
+def test_an_option_the_run_would_ignore_is_refused(argv, named, capsys, tmp_path, monkeypatch):
+    """An option that the run asked for does not use is an error, as ``--groups`` beside
+    ``--replicas`` is, never silently dropped; refused before any work."""
+    from prefixkv.bench import fleet_report, suite
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("work started before the options were checked")
+    monkeypatch.setattr(suite, "run_bench", forbidden)
+    monkeypatch.setattr(fleet_report, "run_fleet", forbidden)
+    err = _refused(argv, capsys, tmp_path)
+    assert named in err, err

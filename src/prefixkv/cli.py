@@ -134,8 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="simulate a fleet of N replicas behind the router instead (e.g. "
                        "1,2,4,8,16; system-prompt, chat and skewed unless --workload names one); "
                        "writes fleet.md, fleet.json, fleet.png")
-    bench.add_argument("--route", choices=("all", *FLEET_ROUTES), default="all",
-                       help="routing policy of the fleet simulation")
+    bench.add_argument("--route", choices=("all", *FLEET_ROUTES), default=None,
+                       help="routing policy of the fleet simulation (with --replicas; default: all)")
     bench.set_defaults(command_parser=bench)  # its usage errors name `prefixkv bench`
     return parser
 
@@ -211,10 +211,10 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     if args.replicas:
         from .bench.fleet_report import DEFAULT_WORKLOADS, run_fleet, table, write_fleet
-        routes = FLEET_ROUTES if args.route == "all" else (args.route,)
+        routes = FLEET_ROUTES if args.route in (None, "all") else (args.route,)
         names = DEFAULT_WORKLOADS if args.workload in (None, "all") else (args.workload,)
-        if "trace" in names:
-            parser.error("--replicas runs the built-in workloads, not a trace")
+        if "trace" in names or args.trace is not None:
+            parser.error("--replicas runs the built-in workloads, not a trace (--trace, --workload trace)")
         if args.groups is not None:
             parser.error("--groups is a section of the report, not of the --replicas run")
         try:
@@ -228,6 +228,8 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             print(f"note: {note}", file=sys.stderr)
         print(table(data) + f"\n\nreport: {args.out / 'fleet.md'}")
         return 0
+    if args.route is not None:
+        parser.error("--route picks the routes of a fleet simulation: add --replicas N")
     workload = args.workload or ("trace" if args.trace else "all")
     if workload == "skewed":
         parser.error("--workload skewed is a fleet workload: add --replicas N")
