@@ -31,9 +31,17 @@ import api_sources  # noqa: E402 (docs/ is not a package: found beside this scri
 # prefixkv[events] and prefixkv[metrics] (the test extra has both). The engine entry
 # points (prefixkv.integrations) import vLLM or SGLang, so they are read from their source
 # instead (docs/api_sources.py), after the packages, and so is the command line.
-PACKAGES = ("prefixkv", "prefixkv.index", "prefixkv.kernels", "prefixkv.engine", "prefixkv.router",
-            "prefixkv.store", "prefixkv.groups", "prefixkv.tiers", "prefixkv.fleet.publisher",
-            "prefixkv.fleet.metrics")
+PACKAGES = ("prefixkv", "prefixkv.index", "prefixkv.kernels", "prefixkv.engine", "prefixkv.engine.hybrid",
+            "prefixkv.router", "prefixkv.router.subscriber", "prefixkv.router.redis_index",
+            "prefixkv.store", "prefixkv.store.torch_io", "prefixkv.groups", "prefixkv.tiers",
+            "prefixkv.fleet.publisher", "prefixkv.fleet.wire", "prefixkv.fleet.metrics")
+# Modules without an ``__all__`` whose calls the docs and examples import: the names they
+# are documented by (the rest of such a module is its own helpers).
+NAMES = {"prefixkv.engine.hybrid": ("HybridModelRunner",),
+         "prefixkv.router.subscriber": ("Subscriber",),
+         "prefixkv.router.redis_index": ("RedisIndex",),
+         "prefixkv.store.torch_io": ("kv_block_bytes", "host_slot_views", "run_store_ops"),
+         "prefixkv.fleet.wire": ("encode_batch", "WireError")}
 INTEGRATIONS = "prefixkv.integrations"
 CLI = "the command line"
 COMMAND = "python docs/make_api.py > docs/api.md"
@@ -54,9 +62,10 @@ def _clean(text: str) -> str:
 
 
 def public_names(package: str) -> list[str]:
-    """The names a package exports (its ``__all__``), or its public classes."""
+    """The names a package exports (its ``__all__``), those ``NAMES`` gives it, or its
+    public classes."""
     mod = importlib.import_module(package)
-    names = getattr(mod, "__all__", None)
+    names = getattr(mod, "__all__", None) or NAMES.get(package)
     if names is None:
         names = [n for n, v in vars(mod).items()
                  if not n.startswith("_") and inspect.isclass(v) and v.__module__.startswith(package)]

@@ -148,3 +148,74 @@ def test_every_exported_name_of_every_subpackage_is_in_the_reference():
     assert not missing, ("exported but missing from docs/api.md (add the package to "
                          "PACKAGES in docs/make_api.py, or the entry point to "
                          "docs/api_sources.py):\n  " + "\n  ".join(missing))
+
+
+_IMPORT = re.compile(r"^\s*from (prefixkv(?:\.\w+)*) import \(?([\w, \n]+?)\)?\s*(?:#.*)?$", re.M)
+
+
+def test_every_name_the_docs_and_examples_import_is_in_the_reference():
+    """What README.md, docs/*.md and examples/ tell a reader to import (``from prefixkv.X
+    import name``) has its entry in docs/api.md: under that module, or the same object under
+    another name (``prefixkv.store.server.LocalRedis`` is ``prefixkv.store.LocalRedis``). The
+    bench's own helpers (``prefixkv.bench``), which the examples borrow to measure, are
+    ``prefixkv bench``'s, not the library's. Subscriber, encode_batch and the store's torch
+    ops, which the docs' own code imports, were missing."""
+    sections = _sections((ROOT / "docs" / "api.md").read_text())
+    documented = set()
+    for head in sections:
+        qual = head.split(" ", 1)[-1]
+        parent, _, name = qual.rpartition(".")
+        if parent.startswith("prefixkv") and "(" not in qual:
+            try:
+                documented.add(id(getattr(importlib.import_module(parent), name)))
+            except (ImportError, AttributeError):
+                pass
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "examples").glob("*.py"))]
+    missing = set()
+    for path in texts:
+        for module, names in _IMPORT.findall(path.read_text()):
+            if module.startswith(("prefixkv.bench", "prefixkv.integrations")):
+                continue  # the bench's helpers; the integrations are listed from source
+            for name in filter(None, re.split(r"[\s,]+", names)):
+                value = getattr(importlib.import_module(module), name)
+                if not inspect.ismodule(value) and id(value) not in documented:
+                    missing.add(f"{module}.{name} ({path.name})")
+    assert not missing, ("imported by the docs or examples but missing from docs/api.md (add the "
+                         "module to PACKAGES in docs/make_api.py):\n  " + "\n  ".join(sorted(missing)))
+
+
+DOWNSTREAM = '''
+from prefixkv import ExtraKeys, KVCacheManager, PrefixKVError
+from prefixkv.groups import HybridKVCacheManager, full_attention
+
+m = KVCacheManager(16, 4)
+reveal_type(m.add_request("a", [1, 2, 3], extra=ExtraKeys(cache_salt="t")))
+h = HybridKVCacheManager([full_attention()], 16, 4)
+reveal_type(h.get_block_ids("a"))
+wrong: str = m.lookup([1, 2])
+try:
+    m.free("a")
+except PrefixKVError as e:
+    reveal_type(e)
+'''
+
+
+def test_a_downstream_mypy_sees_prefixkv_s_types(tmp_path):
+    """An engine author's ``mypy --strict`` over their own file, against the installed
+    prefixkv (not this checkout's source: no path to it is given): prefixkv ships
+    ``py.typed``, so mypy reads its annotations (a missing marker is an error: "installed,
+    but missing library stubs or py.typed marker") and finds the one mistake the file
+    makes, a ``lookup`` count assigned to a str."""
+    api = pytest.importorskip("mypy.api")
+    (tmp_path / "engine.py").write_text(DOWNSTREAM)
+    (tmp_path / "mypy.ini").write_text("[mypy]\n")  # not the repository's settings
+    out, err, status = api.run([str(tmp_path / "engine.py"), "--strict", "--no-incremental",
+                                "--config-file", str(tmp_path / "mypy.ini")])
+    assert "prefixkv.results.Admission | prefixkv.results.StoreWait | None" in out, out + err
+    assert 'Revealed type is "tuple[tuple[builtins.int, ...], ...]"' in out or \
+        'Revealed type is "tuple[tuple[int, ...], ...]"' in out, out
+    assert 'Revealed type is "prefixkv.errors.PrefixKVError"' in out, out
+    errors = [line for line in out.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and "engine.py:9:" in errors[0] and '"int"' in errors[0], out
+    assert status == 1

@@ -82,14 +82,19 @@ CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "num_blocks_released": (("live",), {}),
     "release_unread": (("live",), {}),
     "bound_release": (("live", 8), {}),
+    "rewind": (("live", 9), {}),
 }
 HYBRID_ONLY_MISSING = {"shared_prefixes"}
-HYBRID_ONLY = {"num_blocks_to_allocate", "num_blocks_released", "release_unread", "bound_release"}
+HYBRID_ONLY = {"num_blocks_to_allocate", "num_blocks_released", "release_unread", "bound_release", "rewind"}
+# keywords only the hybrid manager's call takes (a valid value each)
+HYBRID_KW: dict[str, dict[str, Any]] = {"add_request": {"num_external_tokens": 4}}
 
 
-def _variants(name: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+def _variants(name: str, hybrid: bool) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
     """The call with each argument in turn replaced by each bad value."""
     args, kw = CALLS[name]
+    if hybrid:
+        kw = {**kw, **HYBRID_KW.get(name, {})}
     out = []
     for i in range(len(args)):
         out += [(f"{name} arg{i}={v!r}", args[:i] + (v,) + args[i + 1:], kw) for v in BAD]
@@ -100,7 +105,7 @@ def _variants(name: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
 
 def _sweep(make: Callable[[], Any], name: str) -> list[str]:
     problems = []
-    for label, args, kw in _variants(name):
+    for label, args, kw in _variants(name, make is _hybrid):
         ours, twin = _drive(make()), _drive(make())
         try:
             getattr(ours, name)(*args, **kw)
@@ -128,3 +133,17 @@ def test_every_bad_argument_of_the_core_manager_is_a_typed_error_before_any_chan
 @pytest.mark.parametrize("name", sorted(set(CALLS) - HYBRID_ONLY_MISSING))
 def test_every_bad_argument_of_the_hybrid_manager_is_a_typed_error_before_any_change(name):
     assert _sweep(_hybrid, name) == []
+
+
+@pytest.mark.xfail(strict=True, reason="take_kv_ops(pending=...) takes any truthy object as True "
+                   "(prefixkv/core/step_outputs.py; core/ is runs-r10's)")
+@pytest.mark.parametrize("pending", [None, 1, "x", [], object()])
+def test_a_non_bool_pending_is_a_typed_error_before_the_plan_is_taken(pending):
+    """``take_kv_ops(pending=...)`` is a switch: anything but True or False is a caller's
+    mistake, refused with the plan left in place (as ``add_request``'s switches are)."""
+    ours, twin = _drive(_core()), _drive(_core())
+    ours.add_request("new", list(range(14)))
+    twin.add_request("new", list(range(14)))
+    with pytest.raises(PrefixKVError, match="pending"):
+        ours.take_kv_ops(pending=pending)
+    assert _observed(ours) == _observed(twin)

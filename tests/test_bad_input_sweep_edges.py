@@ -7,6 +7,7 @@ imported, nothing admitted), never an untyped error, a hang or a silent acceptan
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,18 @@ class _Backend:
 
     def read_into(self, keys: Any, buffers: Any, deadline: float) -> list[None]:
         return [None] * len(keys)
+
+
+def _refusal(call: Callable[[], object], error: type[Exception], name: str | None = None) -> str | None:
+    """None when ``call()`` raises ``error`` (whose message names ``name``, when given);
+    otherwise what went wrong: accepted, an untyped error, or a message naming nothing."""
+    try:
+        call()
+    except error as e:
+        return None if name is None or name in str(e) else f"the message does not name {name}: {e}"
+    except Exception as e:  # noqa: BLE001 (the point: which untyped errors escape)
+        return f"{type(e).__name__}: {e}"
+    return "accepted"
 
 
 Constructor = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], dict[str, list[Any]]]
@@ -94,15 +107,11 @@ def test_every_bad_argument_of_a_store_constructor_is_a_typed_error_before_any_c
                 i = params.index(param)
                 call_args, call_kw = args[:i] + (v,) + args[i + 1:], kw
             threads = threading.active_count()
-            try:
-                make(*call_args, **call_kw)
-            except PrefixKVError:
-                if threading.active_count() != threads:
-                    problems.append(f"{param}={v!r}: raised after starting a thread")
-            except Exception as e:  # noqa: BLE001 (the point: which untyped errors escape)
-                problems.append(f"{param}={v!r}: {type(e).__name__}: {e}")
-            else:
-                problems.append(f"{param}={v!r}: accepted")
+            problem = _refusal(functools.partial(make, *call_args, **call_kw), PrefixKVError)
+            if problem is None and threading.active_count() != threads:
+                problem = "raised after starting a thread"
+            if problem is not None:
+                problems.append(f"{param}={v!r}: {problem}")
     assert problems == []
 
 
@@ -296,3 +305,119 @@ def test_a_bad_fleet_simulation_argument_is_a_bench_error_before_any_replica(nam
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.xfail(strict=True, reason="OverflowError from prefixkv/store/link.py (the layout's scope holds "
+                   "the block size in 4 bytes); neither KVCacheManager (core/) nor the store checks it")
+@pytest.mark.parametrize("block_size", [2**32, 2**70])
+def test_a_block_size_the_store_cannot_name_is_a_typed_error_before_any_thread(block_size):
+    """A manager over a shared store whose block size does not fit the store's name of a
+    layout (4 bytes): a ``PrefixKVError`` naming ``block_size``, before the store's
+    fetcher threads start; the store stays usable by a valid manager."""
+    import threading
+
+    from prefixkv.store import SharedStore, StoreLayout
+
+    store = SharedStore(_Backend(), StoreLayout("m", "bf16", 64))
+    threads = threading.active_count()
+    with pytest.raises(PrefixKVError, match="block_size"):
+        KVCacheManager(16, block_size, hash_mode="sha256", host_blocks=4, store=store)
+    assert threading.active_count() == threads
+
+
+NOT_INT_OR_SMALL: list[Any] = [None, -1, 0, 1.5, math.nan, math.inf, True, "x", [], object()]
+
+
+def _bench_builders() -> dict[str, Callable[[Any], Any]]:
+    """name -> a call of a bench builder with the named argument replaced (a valid call
+    with any good value)."""
+    from prefixkv.bench import e2e, e2e_host, fleet_bound, workloads
+
+    wl = workloads.builtin("chat", 0.05, 0)
+    return {
+        "chat(turns)": lambda v: workloads.chat(0.05, 0, turns=v),
+        "ttft_floor(replicas)": lambda v: fleet_bound.ttft_floor(wl, v, 1.15),
+        "ttft_floor(imbalance)": lambda v: fleet_bound.ttft_floor(wl, 2, v),
+        "ttft_floor(block_size)": lambda v: fleet_bound.ttft_floor(wl, 2, 1.15, v),
+        "replicas_used(replicas)": lambda v: fleet_bound.replicas_used(8, v, 1.15),
+        "replicas_used(imbalance)": lambda v: fleet_bound.replicas_used(8, 2, v),
+        "E2EConfig(turns)": lambda v: e2e.E2EConfig(turns=v),
+        "E2EConfig(block_size)": lambda v: e2e.E2EConfig(block_size=v),
+        "E2EHostConfig(prefixes)": lambda v: e2e_host.E2EHostConfig(prefixes=v),
+        "E2EHostConfig(host_factor)": lambda v: e2e_host.E2EHostConfig(host_factor=v),
+    }
+
+
+@pytest.mark.parametrize("name", list(_bench_builders()))
+def test_a_bench_builder_refuses_a_bad_size_with_a_bench_error_naming_it(name):
+    """The bench's builders beyond ``--scale`` and ``--seed``: ``chat(turns=0)`` built an
+    empty workload, ``turns=True`` one turn; ``ttft_floor`` divided by zero replicas and
+    took NaN to ``int``; an ``E2EConfig(turns=0)`` was a ValueError from the engine after
+    the model was built, ``E2EHostConfig(prefixes=0)`` an IndexError. Each refuses, with
+    the argument's name, before any work: as the CLI refuses ``--scale``."""
+    from prefixkv.bench.errors import BenchError
+
+    call = _bench_builders()[name]
+    param = name[name.index("(") + 1:-1]
+    problems = []
+    for v in NOT_INT_OR_SMALL if "imbalance" not in param else [None, 0.5, math.nan, math.inf, "x", []]:
+        problem = _refusal(functools.partial(call, v), BenchError, param)
+        if problem is not None:
+            problems.append(f"{v!r}: {problem}")
+    assert problems == []
+
+
+def _view(n: int = 64) -> memoryview:
+    return memoryview(bytearray(n))
+
+
+_UNTYPED_ATTACH = pytest.mark.xfail(strict=True, reason="TypeError from prefixkv/core/store_waits.py "
+                                    "(attach: len() of a non-sequence, memoryview() of a non-buffer, a "
+                                    "cast of a strided view); its docstring promises ConfigError. core/ "
+                                    "is runs-r10's")
+
+
+@pytest.mark.parametrize("buffers", [
+    pytest.param(None, marks=_UNTYPED_ATTACH, id="None"),
+    pytest.param(5, marks=_UNTYPED_ATTACH, id="int"),
+    pytest.param([_view()] * 4, marks=_UNTYPED_ATTACH, id="flat-views"),
+    pytest.param([None] * 4, marks=_UNTYPED_ATTACH, id="slots-None"),
+    pytest.param([[object()]] * 4, marks=_UNTYPED_ATTACH, id="not-buffers"),
+    pytest.param([[_view(128)[::2]]] * 4, marks=_UNTYPED_ATTACH, id="strided-view"),
+    pytest.param([[_view()]] * 3, id="3-slots"),
+    pytest.param([[_view(32)]] * 4, id="short"),
+    pytest.param([[memoryview(bytes(64))]] * 4, id="read-only"),
+])
+def test_bad_host_memory_is_a_config_error_before_any_change(buffers):
+    """``attach_host_memory`` on a manager with a store and 4 host slots of 64 bytes:
+    anything but 4 sequences of writable views of 64 bytes in all is a ``PrefixKVError``
+    (its docstring: ConfigError), and the manager stays as it was (still no memory
+    attached: a valid attach afterwards works)."""
+    from prefixkv.store import SharedStore, StoreLayout
+
+    mgr = KVCacheManager(16, 4, hash_mode="sha256", host_blocks=4,
+                         store=SharedStore(_Backend(), StoreLayout("m", "bf16", 64)))
+    with pytest.raises(PrefixKVError):
+        mgr.attach_host_memory(buffers)
+    mgr.attach_host_memory([[_view()] for _ in range(4)])
+    mgr.check_invariants()
+
+
+@pytest.mark.xfail(strict=True, reason="prefixkv/engine/hybrid.py raises a plain ValueError (its docstring "
+                   "says so) and, for None, a TypeError: not the PrefixKVError every other caller "
+                   "mistake is; engine/ is not this file's owner's")
+@pytest.mark.parametrize("layer_groups", [None, [0], [0, 5], [-1, -1], [True, True], [0.0, 0.0]],
+                         ids=["None", "short", "unknown-group", "negative", "bools", "floats"])
+def test_bad_layer_groups_of_the_hybrid_runner_are_a_typed_error(layer_groups):
+    """``HybridModelRunner`` over a 2-layer model and 2 groups: ``layer_groups`` that does
+    not give one group index (an int, not a bool) per layer is a ``PrefixKVError`` naming
+    ``layer_groups``, before any cache is allocated."""
+    pytest.importorskip("torch")
+    from prefixkv.engine import LlamaConfig, TinyLlama
+    from prefixkv.engine.hybrid import HybridModelRunner
+    from prefixkv.groups import full_attention, sliding_window
+
+    model = TinyLlama(LlamaConfig())
+    assert model.cfg.num_layers == 2
+    with pytest.raises(PrefixKVError, match="layer_groups"):
+        HybridModelRunner(model, [full_attention(), sliding_window(8)], layer_groups, 16, 4)

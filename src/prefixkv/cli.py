@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from . import __version__
 from .bench.layer_groups import MIXES
-from .bench.limits import MAX_POOL_FLAG, MAX_REPLICAS
+from .bench.limits import MAX_BLOCK_SIZE, MAX_POOL_FLAG, MAX_REPLICAS
 
 WORKLOADS = ("all", "system-prompt", "chat", "document", "pressure", "skewed", "trace")
 FLEET_ROUTES = ("round-robin", "least-loaded", "pure-prefix", "prefix", "cost", "cost-approx")
@@ -57,7 +57,10 @@ def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:  # argparse would name this function in its message
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text[:40]!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
@@ -94,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--pool-blocks", type=_int_in(1, MAX_POOL_FLAG), metavar="N",
                        help="KV pool size in blocks for every workload (default: each "
                        "workload's own); the capacity sweep spans 1/16x to 2x of it")
-    bench.add_argument("--block-size", type=_int_in(1), default=16, metavar="N",
+    bench.add_argument("--block-size", type=_int_in(1, MAX_BLOCK_SIZE), default=16, metavar="N",
                        help="token slots per KV block")
     bench.add_argument("--seed", type=int, default=0,
                        help="seed of the synthetic token ids (same seed, same requests)")
@@ -131,8 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="simulate a fleet of N replicas behind the router instead (e.g. "
                        "1,2,4,8,16; system-prompt, chat and skewed unless --workload names one); "
                        "writes fleet.md, fleet.json, fleet.png")
-    bench.add_argument("--route", choices=("all", *FLEET_ROUTES), default="all",
-                       help="routing policy of the fleet simulation")
+    bench.add_argument("--route", choices=("all", *FLEET_ROUTES), default=None,
+                       help="routing policy of the fleet simulation (with --replicas; default: all)")
     bench.set_defaults(command_parser=bench)  # its usage errors name `prefixkv bench`
     return parser
 
@@ -152,7 +155,10 @@ def _group_mixes(text: str) -> tuple[str, ...]:
 
 def _int_list(text: str) -> list[int]:
     parse = _int_in(1, MAX_REPLICAS)
-    return [parse(part) for part in text.split(",")]
+    counts = [parse(part) for part in text.split(",")]
+    if len(set(counts)) != len(counts):  # the same fleet run twice, its rows printed twice
+        raise argparse.ArgumentTypeError(f"a replica count named twice in {text[:80]!r}")
+    return counts
 
 
 _SIGNALS: list[int] = []  # SIGINTs received while ``main`` runs
@@ -205,23 +211,25 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     if args.replicas:
         from .bench.fleet_report import DEFAULT_WORKLOADS, run_fleet, table, write_fleet
-        routes = FLEET_ROUTES if args.route == "all" else (args.route,)
+        routes = FLEET_ROUTES if args.route in (None, "all") else (args.route,)
         names = DEFAULT_WORKLOADS if args.workload in (None, "all") else (args.workload,)
-        if "trace" in names:
-            parser.error("--replicas runs the built-in workloads, not a trace")
+        if "trace" in names or args.trace is not None:
+            parser.error("--replicas runs the built-in workloads, not a trace (--trace, --workload trace)")
         if args.groups is not None:
             parser.error("--groups is a section of the report, not of the --replicas run")
         try:
             check_scale(args.scale, names)
-        except BenchError as exc:
+            data = run_fleet(args.replicas, routes, names, scale=args.scale, seed=args.seed,
+                             block_size=args.block_size, pool_blocks=args.pool_blocks)
+        except BenchError as exc:  # refused before its replicas, or a request no pool holds
             return _refused(exc)
-        data = run_fleet(args.replicas, routes, names, scale=args.scale, seed=args.seed,
-                         block_size=args.block_size, pool_blocks=args.pool_blocks)
         _check_interrupt()
         for note in write_fleet(data, args.out, args.plots):
             print(f"note: {note}", file=sys.stderr)
         print(table(data) + f"\n\nreport: {args.out / 'fleet.md'}")
         return 0
+    if args.route is not None:
+        parser.error("--route picks the routes of a fleet simulation: add --replicas N")
     workload = args.workload or ("trace" if args.trace else "all")
     if workload == "skewed":
         parser.error("--workload skewed is a fleet workload: add --replicas N")

@@ -22,13 +22,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .errors import check_sizes
+
 if TYPE_CHECKING:
     from ..engine import ChatResult, Engine
 
 
 @dataclass(frozen=True)
 class E2EConfig:
-    """Sizes of the end-to-end chat: kept small so that it runs in seconds on 2 CPU cores."""
+    """Sizes of the end-to-end chat: kept small so that it runs in seconds on 2 CPU cores.
+    Each an int >= 1 (``num_blocks`` at most ``limits.MAX_POOL_BLOCKS``, ``block_size``
+    at most ``limits.MAX_BLOCK_SIZE``): BenchError otherwise, when the config is made."""
 
     conversations: int = 4
     turns: int = 4
@@ -38,6 +42,9 @@ class E2EConfig:
     repeats: int = 5
     num_blocks: int = 512
     block_size: int = 16
+
+    def __post_init__(self) -> None:
+        check_sizes(self)
 
 
 def turn_ttfts(turns: Sequence[Any], marks: Sequence[float]) -> list[float]:

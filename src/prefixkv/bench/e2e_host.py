@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .errors import check_sizes
+
 if TYPE_CHECKING:
     from ..engine import RequestOutput
 
@@ -22,7 +24,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class E2EHostConfig:
     """Sizes of the run: ``prefixes`` shared prefixes asked ``rounds`` times in rotation,
-    one request at a time in ``num_blocks`` device blocks (two requests' worth)."""
+    one request at a time in ``num_blocks`` device blocks (two requests' worth). Each an
+    int >= 1, as ``E2EConfig``'s (BenchError when the config is made)."""
 
     prefixes: int = 4
     rounds: int = 3
@@ -33,6 +36,9 @@ class E2EHostConfig:
     host_factor: int = 16
     block_size: int = 16
     repeats: int = 2
+
+    def __post_init__(self) -> None:
+        check_sizes(self)
 
 
 def run_e2e_host(seed: int = 0, cfg: E2EHostConfig | None = None) -> dict[str, Any]:

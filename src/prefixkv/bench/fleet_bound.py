@@ -36,11 +36,18 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from .errors import check_int, check_real
+from .limits import MAX_BLOCK_SIZE, MAX_REPLICAS
 from .workloads import BenchRequest, Workload
 
 
 def replicas_used(requests: int, replicas: int, imbalance: float) -> int:
-    """The fewest replicas a route within ``imbalance`` can send ``requests`` to."""
+    """The fewest replicas a route within ``imbalance`` can send ``requests`` to. Raises
+    BenchError for ``requests`` not an int >= 0, ``replicas`` not an int in
+    1..``limits.MAX_REPLICAS``, ``imbalance`` not a finite number >= 1."""
+    check_int("requests", requests, 0)
+    check_int("replicas", replicas, 1, MAX_REPLICAS)
+    check_real("imbalance", imbalance, 1.0)
     most = math.floor(imbalance * requests / replicas)  # requests one replica may get
     return min(replicas, math.ceil(requests / most)) if most else replicas
 
@@ -48,7 +55,11 @@ def replicas_used(requests: int, replicas: int, imbalance: float) -> int:
 def ttft_floor(workload: Workload, replicas: int, imbalance: float, block_size: int = 16) -> float:
     """A lower bound (module doc) on the mean TTFT proxy, in tokens, and on the prefill
     computed per request, of every route with imbalance at most ``imbalance`` on
-    ``workload`` at ``replicas`` replicas of ``block_size``."""
+    ``workload`` at ``replicas`` replicas of ``block_size``. Raises BenchError, before
+    any work, as ``replicas_used`` does and for ``block_size`` not an int in
+    1..``limits.MAX_BLOCK_SIZE``."""
+    replicas_used(0, replicas, imbalance)  # its checks
+    check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
     reqs = workload.requests
     chains = [_chain(r, block_size) for r in reqs]
     holders: dict[int, set[int]] = defaultdict(set)

@@ -15,6 +15,10 @@ from __future__ import annotations
 MAX_REQUEST_TOKENS = 2**20
 """Prompt (with the history it continues) + output tokens of one request: a 1M context."""
 
+MAX_BLOCK_SIZE = MAX_REQUEST_TOKENS
+"""``--block-size`` at most: a larger block never fills in any request (and the shared
+store names a layout's block size in 4 bytes)."""
+
 MAX_TRACE_TOKENS = 2**24
 """All requests of one workload (a trace, or a built-in one at ``--scale``) together,
 every continued prompt counted with its history: a chain of n turns of k tokens counts

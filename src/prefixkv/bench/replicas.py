@@ -41,7 +41,7 @@ from ..router.approx import ApproxIndex
 from ..router.load import ReplicaLoad
 from ..router.scorer import AffinityScorer, CostScorer
 from .errors import BenchError, shorten
-from .limits import MAX_POOL_BLOCKS, MAX_REPLICAS
+from .limits import MAX_BLOCK_SIZE, MAX_POOL_BLOCKS, MAX_REPLICAS
 from .workloads import BenchRequest, Workload
 
 POLICIES = ("round-robin", "least-loaded", "pure-prefix", "prefix", "cost", "cost-approx")
@@ -113,7 +113,7 @@ def _check(route: str, replicas: int, block_size: int, pool_blocks: int | None, 
            max_running: int, approx_ttl: float) -> None:
     if route not in POLICIES:
         raise BenchError(f"route must be one of {', '.join(POLICIES)}, got {shorten(route)}")
-    counts = dict(replicas=(replicas, MAX_REPLICAS), block_size=(block_size, None),
+    counts = dict(replicas=(replicas, MAX_REPLICAS), block_size=(block_size, MAX_BLOCK_SIZE),
                   pool_blocks=(1 if pool_blocks is None else pool_blocks, MAX_POOL_BLOCKS),
                   max_running=(max_running, None))
     for name, (value, most) in counts.items():
@@ -134,11 +134,12 @@ def simulate(workload: Workload, replicas: int, route: str, *, block_size: int =
     guess lasts (``cost-approx``). ``router_options``: Router keywords (load_weight,
     balance, scorer, ...). Raises BenchError (a ValueError), before any replica is made,
     for an unknown route, ``replicas`` not an int in 1..``limits.MAX_REPLICAS``, a
-    ``block_size``, ``pool_blocks`` or ``max_running`` not an int >= 1, a ``rate`` or
+    ``block_size`` (at most ``limits.MAX_BLOCK_SIZE``), ``pool_blocks`` or ``max_running``
+    not an int >= 1, a ``rate`` or
     ``approx_ttl`` not a finite number > 0; and for a request that cannot run alone in a
     pool."""
     _check(route, replicas, block_size, pool_blocks, rate, max_running, approx_ttl)
-    num_blocks = pool_blocks or workload.pool_tokens // block_size
+    num_blocks = pool_blocks or max(1, workload.pool_tokens // block_size)
     fleet = [_Replica(f"r{i}", num_blocks, block_size) for i in range(replicas)]
     by_name = {r.name: r for r in fleet}
     res = FleetResult(workload.name, replicas, route)

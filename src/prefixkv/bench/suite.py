@@ -99,9 +99,10 @@ def _check_fields(cfg: BenchConfig) -> None:
                          f"{', '.join((*BUILTIN, 'trace'))}, got {shorten(names)}")
     for name in ("block_size", "seed"):
         value = getattr(cfg, name)
-        if type(value) is not int or (name == "block_size" and value < 1):
-            raise BenchError(f"BenchConfig.{name} must be an int{' >= 1' * (name == 'block_size')}, "
-                             f"got {shorten(value)}")
+        bounded = name == "block_size"
+        if type(value) is not int or (bounded and not 1 <= value <= limits.MAX_BLOCK_SIZE):
+            raise BenchError(f"BenchConfig.{name} must be an int"
+                             f"{f' in 1..{limits.MAX_BLOCK_SIZE:,}' * bounded}, got {shorten(value)}")
     if cfg.pool_blocks is not None and type(cfg.pool_blocks) is not int:
         raise BenchError(f"BenchConfig.pool_blocks must be None or an int, got {shorten(cfg.pool_blocks)}")
     for name in ("e2e", "host_tiers", "store_replicas", "plots", "progress"):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..extra_keys import ExtraKeys
 from . import limits
-from .errors import BenchError, shorten
+from .errors import BenchError, check_int, shorten
 
 VOCAB = 32000
 TOKEN_IDS = tuple(range(VOCAB))
@@ -88,10 +88,17 @@ def system_prompt(scale: float = 1.0, seed: int = 0) -> Workload:
                     "(32-256 tokens), 16-128 output tokens", reqs, 65536)
 
 
+MAX_TURNS = 64
+"""``chat``'s turns at most: each re-sends its history, so a session's tokens grow as the
+square of its turns (64 turns at scale 1: about ``limits.MAX_TRACE_TOKENS``)."""
+
+
 def chat(scale: float = 1.0, seed: int = 0, turns: int = 6) -> Workload:
     """Multi-turn sessions behind a 512-token shared system prompt; every turn re-sends
-    the whole history (previous prompt + answer) plus a new user message."""
+    the whole history (previous prompt + answer) plus a new user message. ``turns``: an
+    int in 1..``MAX_TURNS`` (BenchError otherwise)."""
     _checked("chat", scale, seed)
+    check_int("turns", turns, 1, MAX_TURNS)
     rng = random.Random(f"chat/{seed}")
     system = _tokens(rng, 512)
     sessions = _count(24, scale)
