@@ -135,8 +135,6 @@ def test_every_bad_argument_of_the_hybrid_manager_is_a_typed_error_before_any_ch
     assert _sweep(_hybrid, name) == []
 
 
-@pytest.mark.xfail(strict=True, reason="take_kv_ops(pending=...) takes any truthy object as True "
-                   "(prefixkv/core/step_outputs.py; core/ is runs-r10's)")
 @pytest.mark.parametrize("pending", [None, 1, "x", [], object()])
 def test_a_non_bool_pending_is_a_typed_error_before_the_plan_is_taken(pending):
     """``take_kv_ops(pending=...)`` is a switch: anything but True or False is a caller's

@@ -81,7 +81,9 @@ class StepOutputs(Decoder):
         and calls ``kv_ops_done()`` once they are done: until then those slots stay
         pinned (no reservation or offload takes them; ``reset_prefix_cache`` returns
         False). Raises PlanError, before anything changes, while a plan taken with
-        ``pending=True`` was not reported done."""
+        ``pending=True`` was not reported done, or when ``pending`` is not a bool."""
+        if type(pending) is not bool:
+            raise PlanError(f"pending must be True or False, got {pending!r}")
         if self._ops_pending:
             raise PlanError("the previous plan was taken with pending=True and its copies "
                             "were not reported done: call kv_ops_done() before take_kv_ops()")
