@@ -403,9 +403,6 @@ def test_bad_host_memory_is_a_config_error_before_any_change(buffers):
     mgr.check_invariants()
 
 
-@pytest.mark.xfail(strict=True, reason="prefixkv/engine/hybrid.py raises a plain ValueError (its docstring "
-                   "says so) and, for None, a TypeError: not the PrefixKVError every other caller "
-                   "mistake is; engine/ is not this file's owner's")
 @pytest.mark.parametrize("layer_groups", [None, [0], [0, 5], [-1, -1], [True, True], [0.0, 0.0]],
                          ids=["None", "short", "unknown-group", "negative", "bools", "floats"])
 def test_bad_layer_groups_of_the_hybrid_runner_are_a_typed_error(layer_groups):

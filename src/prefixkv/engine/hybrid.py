@@ -48,18 +48,18 @@ class HybridModelRunner:
     """Runs ``model`` whose layer ``l`` belongs to group ``layer_groups[l]`` of ``groups``,
     over per-layer caches ``k_cache, v_cache: [num_layers, num_blocks, block_size,
     num_kv_heads, head_dim]`` on ``device`` (the backend as ``ModelRunner``'s).
-    Raises ValueError when ``layer_groups`` does not name a group for every layer, and
-    ConfigError for a chunked local group whose chunk is not a multiple of
+    Raises ConfigError when ``layer_groups`` is not a sequence naming a group (an int
+    index, not a bool) for every layer, and for a chunked local group whose chunk is not a multiple of
     ``block_size`` (a chunk must start at a block)."""
 
     def __init__(self, model: TinyLlama, groups: Sequence[GroupSpec], layer_groups: Sequence[int],
                  num_blocks: int, block_size: int, *, device: torch.device | str = "cpu",
                  backend: str | None = None, poison: bool = True) -> None:
         cfg = model.cfg
-        if len(layer_groups) != cfg.num_layers or not all(
+        if not isinstance(layer_groups, Sequence) or len(layer_groups) != cfg.num_layers or not all(
                 type(g) is int and 0 <= g < len(groups) for g in layer_groups):
-            raise ValueError(f"layer_groups must give one of {len(groups)} groups for each of "
-                             f"{cfg.num_layers} layers, got {list(layer_groups)}")
+            raise ConfigError(f"layer_groups must give one of {len(groups)} groups for each of "
+                             f"{cfg.num_layers} layers, got {layer_groups!r}")
         for spec in groups:
             if spec.kind == CHUNKED and spec.tokens % block_size:
                 raise ConfigError(f"a chunked local group of {spec.tokens} tokens needs chunks "
