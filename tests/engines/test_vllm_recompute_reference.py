@@ -109,3 +109,40 @@ def test_a_request_preempted_in_the_step_that_scheduled_it_leaves_its_new_blocks
         a.status, a.num_computed_tokens = RequestStatus.PREEMPTED, 0
         hits.append(m.get_computed_blocks(_request("c", [*range(16), 5], None))[1])
     assert hits == [computed // BS * BS, 16]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS) + ["full+window3"])
+def test_async_scheduling_with_rejected_drafts_moves_and_frees_as_vllm_does(layout):
+    # async scheduling and speculative decoding together (AsyncScheduler's calls): each
+    # step schedules 1 + 3 drafts before the previous step's output is known (counted
+    # computed and in flight); that output then rejects some drafts (computed set
+    # back). prefixkv schedules known tokens only, so a set-back never reaches below
+    # what it cached (no rewind), and windows move at computed less in flight: the
+    # tables' null entries and the free count match vLLM's at every step
+    from vllm.v1.request import RequestStatus
+
+    pairs = _hybrid_pair(30, full(BS), _window(3)) if layout == "full+window3" else LAYOUTS[layout]()
+    answers: list[list[Any]] = []
+    for m in pairs:
+        seen: list[Any] = []
+        a = _request("a", list(range(6)), None)
+        assert m.allocate_slots(a, 6) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 6
+        a.append_output_token_ids(30)
+        for step, rejected in enumerate([0, 2, 3, 1, 3, 0, 2, 1]):
+            a.spec_token_ids = [40, 41, 42]
+            assert m.allocate_slots(a, 4, num_lookahead_tokens=3) is not None
+            a.num_computed_tokens += 4
+            a.num_in_flight_tokens += 4
+            if step:  # the previous step's output lands after this one was scheduled
+                a.num_in_flight_tokens -= 4
+                a.num_computed_tokens -= rejected
+                a.append_output_token_ids([50 + step] * (4 - rejected))
+                m.cache_blocks(a, a.num_computed_tokens - a.num_in_flight_tokens)
+            if m is pairs[0]:  # (no rewind: what prefixkv cached stays computed)
+                assert m.core.num_scheduled_tokens(m.key_of("a")) <= a.num_computed_tokens
+            seen.append(([[b == 0 for b in g] for g in m.get_block_ids("a")],
+                         m.block_pool.get_num_free_blocks()))
+        answers.append(seen)
+    assert answers[0] == answers[1]
+    assert (layout == "full") == (not any(any(g) for g in answers[0][-1][0]))  # (windows moved)
