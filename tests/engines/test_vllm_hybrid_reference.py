@@ -292,3 +292,24 @@ def test_spec_decode_roll_backs_move_windows_where_vllm_does():
         answers.append(seen)
     assert answers[0] == answers[1]
     assert answers[0][-1][0][1].count(NULL) == 4  # (the window moved: the test can fail)
+
+
+def test_a_recompute_below_what_a_window_released_reads_the_null_block_in_both():
+    # a 3-token window: 16 tokens admitted as a synchronous load (12 external) plus 4
+    # computed; the window has released blocks 0..1 (the null block in both tables).
+    # Block 2 then turns out invalid (kv_load_failure_policy="recompute"): vLLM
+    # recomputes from 8, whose query reads 6..8, in block 1, which is gone: the null
+    # block, in vLLM's table as in prefixkv's (vLLM's own wrong KV: prefixkv cannot bring
+    # back what a window released). The random stream leaves this case out (its evict).
+    from vllm.v1.request import RequestStatus
+
+    tables = []
+    for m in _hybrid_pair(12, _window(3)):
+        a = _request("a", list(range(16)), None)
+        assert m.allocate_slots(a, 4, num_external_computed_tokens=12) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 16
+        a.num_computed_tokens = 8  # (vLLM's scheduler, for block 2)
+        a.append_output_token_ids(9)
+        assert m.allocate_slots(a, 9) is not None
+        tables.append([b == NULL for b in m.get_block_ids("a")[0]])
+    assert tables[0] == tables[1] and tables[0][:2] == [True, True]  # (block 1: read at 8)

@@ -199,7 +199,9 @@ def test_an_async_load_is_admitted_when_the_whole_prompt_fits():
 
 def test_a_freed_request_leaves_what_was_cached_findable():
     # vLLM's scheduler counts scheduled tokens as computed when it schedules them; the
-    # manager does not second-guess it from request.num_computed_tokens
+    # manager does not second-guess it from a waiting request's num_computed_tokens (as
+    # vLLM's own tests free them: test_prefix_caching.py; a running or finished one's:
+    # test_vllm_recompute_reference.py)
     m = manager()
     a = request("a", list(range(16)))
     m.allocate_slots(a, 16)

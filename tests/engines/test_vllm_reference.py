@@ -13,7 +13,9 @@ windows), also the null entries of each group's table (the blocks a window relea
 Block ids differ by design (the order of each pool's free blocks: prefixkv takes blocks
 with no content before it evicts a cached one, vLLM pops its queue's head): their
 counts are compared, and hits only until the first eviction in either manager (events),
-after which each depends on what each evicted. At every step, in both managers, a hit
+after which each depends on what each evicted; once hits differ, each side runs the
+stream by its own state, and a request admitted alike on both and computed as far holds
+tables as long, with the same null entries. At every step, in both managers, a hit
 must be true: each block it returns holds, per a model of what every request wrote
 where, the prompt's own prefix up to it (and salt, LoRA adapter, images) in its group,
 and a window group's null entries lie below what the first query reads. On one
@@ -62,6 +64,7 @@ class Side:
     evicted: bool = False
     diverged: bool = False  # the two hits differed (after an eviction): states apart from here
     hit: int = 0  # the last admission's
+    hits: dict[int, int | None] = field(default_factory=dict)  # slot -> its admission's hit
 
     def note_events(self) -> None:
         from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved
@@ -175,116 +178,126 @@ OP = st.tuples(st.sampled_from(["admit", "admit", "remote", "step", "step", "ste
 
 def _do(sides: tuple[Side, Side], op: str, slot: int, k: int, prompt: tuple[Any, ...],
         more: int, serial: int, strict: bool) -> None:
-    """``op`` on the request in ``slot`` in both managers: ``k`` tokens scheduled at most
-    (``remote``: ``k`` blocks a connector loads asynchronously past the hit, as vLLM's
-    scheduler admits a request that then waits for remote KV; its next ``step`` lands
-    them; ``evict``: the KV of its block ``k`` turned out invalid, and vLLM's scheduler
-    evicts it and the request's blocks after it, then recomputes from there);
-    ``more``: the lookahead slots (``more % 4``) and the blocks to keep free
-    (``reserved_blocks``, ``more // 4``)."""
-    from vllm.v1.request import RequestStatus
-
+    """``op`` on the request in ``slot`` in both managers (``_do_one``), each side by its
+    own state (once hits diverged after an eviction, a request may run on one side
+    only); their answers must agree until then."""
     ours, theirs = sides
-    present = slot in ours.reqs and not ours.reqs[slot].is_finished()
-    live = slot in ours.live
-    answers = []
-    if op in ("admit", "remote") and not present:  # a new request arrives
-        for s in sides:
-            s.reqs[slot] = _request(f"r{serial}", *prompt)
-    if op == "admit" and not live:
-        for s in sides:
-            r = s.reqs[slot]
-            blocks, hit, _ = s.m.get_computed_blocks(r)
-            s.check_hit(slot, blocks, hit)
-            n = min(k, r.num_tokens - hit)  # a chunk of the step's budget
-            new = s.m.allocate_slots(r, n, hit, blocks, num_lookahead_tokens=more % 4,
-                                     reserved_blocks=more // 4)
-            answers.append((hit if strict else None, new is None))
-            s.hit = hit
-            if new is not None:
-                s.m.record_prefix_cache_stats(r, hit)
-                r.status = RequestStatus.RUNNING
-                r.num_computed_tokens = hit + n
-                s.live.add(slot)
-                s.wrote(slot)
-                if r.num_computed_tokens == r.num_tokens:
-                    r.append_output_token_ids(1000 + serial)
-    elif op == "remote" and not live:
-        for s in sides:
-            r = s.reqs[slot]
-            blocks, hit, _ = s.m.get_computed_blocks(r)
-            s.check_hit(slot, blocks, hit)
-            ext = min(k, (r.num_tokens - hit) // BS) * BS
-            new = None if not ext else s.m.allocate_slots(
-                r, 0, hit, blocks, num_external_computed_tokens=ext, delay_cache_blocks=True,
-                reserved_blocks=more // 4)
-            answers.append((hit if strict else None, ext if strict else None, new is None))
-            s.hit = hit
-            if new is not None:
-                s.m.record_prefix_cache_stats(r, hit)
-                r.status, r.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, hit + ext
-                s.live.add(slot)
-                s.remote.add(slot)
-    elif op == "step" and slot in ours.remote:  # the load landed (_update_waiting_for_remote_kv)
-        for s in sides:
-            r = s.reqs[slot]
-            s.m.cache_blocks(r, r.num_computed_tokens)
-            s.wrote(slot)
-            s.remote.discard(slot)
-            r.status = RequestStatus.WAITING
-            if r.num_computed_tokens == r.num_tokens:
-                r.num_computed_tokens -= 1
-    elif op == "step" and live and ours.reqs[slot].num_tokens < MAX_LEN - 1:
-        for s in sides:
-            r = s.reqs[slot]
-            n = min(k, r.num_tokens - r.num_computed_tokens)
-            new = s.m.allocate_slots(r, n, num_lookahead_tokens=more % 4, reserved_blocks=more // 4)
-            answers.append(new is None)
-            if new is not None:
-                r.status = RequestStatus.RUNNING
-                r.num_computed_tokens += n
-                s.wrote(slot)
-                if r.num_computed_tokens == r.num_tokens:
-                    r.append_output_token_ids(1000 + serial)
-    elif op in ("free", "preempt") and live and not (op == "preempt" and slot in ours.remote):
-        for s in sides:
-            r = s.reqs[slot]
-            s.m.free(r)
-            s.live.discard(slot)
-            s.remote.discard(slot)
-            if op == "free":
-                r.status = RequestStatus.FINISHED_STOPPED
-            else:
-                r.status, r.num_computed_tokens = RequestStatus.PREEMPTED, 0
-                r.num_preemptions += 1
-    elif op == "evict" and live and slot not in ours.remote:
-        for s in sides:  # (vLLM's _update_requests_with_invalid_blocks, _handle_invalid_blocks)
-            r = s.reqs[slot]
-            rows = s.m.get_block_ids(r.request_id)
-            j = min(k, r.num_computed_tokens // BS)
-            if j < len(rows[0]):
-                gone = {b for ids in rows for b in ids[j:] if b != NULL}
-                s.m.evict_blocks(gone)
-                for b in gone:
-                    s.held[b] = None
-                r.num_computed_tokens = min(r.num_computed_tokens, j * BS)
-    elif op == "reset":
-        answers = [s.m.reset_prefix_cache() for s in sides]
-        if answers[0]:
-            for s in sides:
-                s.held.clear()
-    if op in ("admit", "remote") and answers and ours.hit != theirs.hit:
+    answers = [_do_one(s, op, slot, k, prompt, more, serial, strict) for s in sides]
+    if op in ("admit", "remote") and answers[0] is not None and ours.hit != theirs.hit:
         # (only after an eviction: each pool evicted its own blocks, and prefixkv caches
         # what a request recomputes after evict_blocks again, where vLLM does not)
         assert not strict, (op, ours.hit, theirs.hit)
         ours.diverged = True
-    if answers and not ours.diverged:
+    if answers[0] is not None and not ours.diverged:
         assert answers[0] == answers[1], (op, answers)
+
+
+def _do_one(s: Side, op: str, slot: int, k: int, prompt: tuple[Any, ...], more: int,
+            serial: int, strict: bool) -> Any:
+    """``op`` on the request in ``slot`` of one side; its answer (None: nothing to
+    compare): ``k`` tokens scheduled at most (``remote``: ``k`` blocks a connector
+    loads asynchronously past the hit, as vLLM's scheduler admits a request that then
+    waits for remote KV; its next ``step`` lands them; ``evict``: the KV of its block
+    ``k`` turned out invalid, and vLLM's scheduler evicts it and the request's blocks
+    after it, then recomputes from there); ``more``: the lookahead slots (``more % 4``)
+    and the blocks to keep free (``reserved_blocks``, ``more // 4``)."""
+    from vllm.v1.request import RequestStatus
+
+    present = slot in s.reqs and not s.reqs[slot].is_finished()
+    live = slot in s.live
+    if op in ("admit", "remote") and not present:  # a new request arrives
+        s.reqs[slot] = _request(f"r{serial}", *prompt)
+    r = s.reqs.get(slot)
+    if op == "admit" and not live:
+        blocks, hit, _ = s.m.get_computed_blocks(r)
+        s.check_hit(slot, blocks, hit)
+        n = min(k, r.num_tokens - hit)  # a chunk of the step's budget
+        new = s.m.allocate_slots(r, n, hit, blocks, num_lookahead_tokens=more % 4,
+                                 reserved_blocks=more // 4)
+        s.hit, s.hits[slot] = hit, hit
+        if new is not None:
+            s.m.record_prefix_cache_stats(r, hit)
+            r.status = RequestStatus.RUNNING
+            r.num_computed_tokens = hit + n
+            s.live.add(slot)
+            s.wrote(slot)
+            if r.num_computed_tokens == r.num_tokens:
+                r.append_output_token_ids(1000 + serial)
+        return (hit if strict else None, new is None)
+    if op == "remote" and not live:
+        blocks, hit, _ = s.m.get_computed_blocks(r)
+        s.check_hit(slot, blocks, hit)
+        ext = min(k, (r.num_tokens - hit) // BS) * BS
+        new = None if not ext else s.m.allocate_slots(
+            r, 0, hit, blocks, num_external_computed_tokens=ext, delay_cache_blocks=True,
+            reserved_blocks=more // 4)
+        s.hit, s.hits[slot] = hit, hit
+        if new is not None:
+            s.m.record_prefix_cache_stats(r, hit)
+            r.status, r.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, hit + ext
+            s.live.add(slot)
+            s.remote.add(slot)
+        return (hit if strict else None, ext if strict else None, new is None)
+    if op == "step" and slot in s.remote:  # the load landed (_update_waiting_for_remote_kv)
+        s.m.cache_blocks(r, r.num_computed_tokens)
+        s.wrote(slot)
+        s.remote.discard(slot)
+        r.status = RequestStatus.WAITING
+        if r.num_computed_tokens == r.num_tokens:
+            r.num_computed_tokens -= 1
+    elif op == "step" and live and r.num_tokens < MAX_LEN - 1:
+        n = min(k, r.num_tokens - r.num_computed_tokens)
+        new = s.m.allocate_slots(r, n, num_lookahead_tokens=more % 4, reserved_blocks=more // 4)
+        if new is not None:
+            r.status = RequestStatus.RUNNING
+            r.num_computed_tokens += n
+            s.wrote(slot)
+            if r.num_computed_tokens == r.num_tokens:
+                r.append_output_token_ids(1000 + serial)
+        return new is None
+    elif op in ("free", "preempt") and live and not (op == "preempt" and slot in s.remote):
+        if op == "free":  # (vLLM marks it finished, then frees it)
+            r.status = RequestStatus.FINISHED_STOPPED
+        s.m.free(r)
+        s.live.discard(slot)
+        s.remote.discard(slot)
+        if op == "preempt":
+            r.status, r.num_computed_tokens = RequestStatus.PREEMPTED, 0
+            r.num_preemptions += 1
+    elif op == "evict" and live and slot not in s.remote:
+        # (vLLM's _update_requests_with_invalid_blocks, _handle_invalid_blocks)
+        rows = s.m.get_block_ids(r.request_id)
+        j = min(k, r.num_computed_tokens // BS)
+        # not where the recompute would read what a window released: vLLM reads its null
+        # block there (test_vllm_hybrid_reference.py: ..._reads_the_null_block_in_both)
+        reads = [_first_needed(w, j * BS) // BS for w in s.windows]
+        if j < len(rows[0]) and all(NULL not in ids[a:j] for a, ids in zip(reads, rows, strict=True)):
+            gone = {b for ids in rows for b in ids[j:] if b != NULL}
+            s.m.evict_blocks(gone)
+            for b in gone:
+                s.held[b] = None
+            r.num_computed_tokens = min(r.num_computed_tokens, j * BS)
+    elif op == "reset":
+        done = s.m.reset_prefix_cache()
+        if done:
+            s.held.clear()
+        return done
+    return None
 
 
 def _compare(sides: tuple[Side, Side], same_hits: bool) -> None:
     ours, theirs = sides
-    if ours.diverged:  # each side's own hits checked true in _do; the counts differ
+    if ours.diverged:  # each side's own hits checked true in _do; the counts differ, but
+        # a request that both sides admitted with the same hit and ran alike since (the
+        # same computed tokens) holds a table as long, with the same null entries
+        for slot in ours.live & theirs.live:
+            r, v = ours.reqs[slot], theirs.reqs[slot]
+            if ours.hits.get(slot) != theirs.hits.get(slot) or r.num_computed_tokens != v.num_computed_tokens:
+                continue
+            mine, vllms = ours.m.get_block_ids(r.request_id), theirs.m.get_block_ids(v.request_id)
+            assert [len(g) for g in mine] == [len(g) for g in vllms], (r.request_id, mine, vllms)
+            assert [g.count(NULL) for g in mine] == [g.count(NULL) for g in vllms], (
+                r.request_id, mine, vllms)
         ours.m.core.check_invariants()
         return
     assert ours.m.block_pool.get_num_free_blocks() == theirs.m.block_pool.get_num_free_blocks()
@@ -303,7 +316,10 @@ def _compare(sides: tuple[Side, Side], same_hits: bool) -> None:
     stats = [_stats(s.m) for s in sides]
     assert stats[0] == stats[1] or not same_hits, stats
     ours.m.core.check_invariants()
-    if len(ours.windows) == 1:  # prefixkv keeps every prefix vLLM keeps, evictions or not
+    if ours.windows == (None,):  # prefixkv keeps every prefix vLLM keeps, evictions or not
+        # (one full-attention group: a window group keeps one block per prefix, so a
+        # prefix whose indexed block was evicted while a copy is still held is lost,
+        # where vLLM finds the copy: groups/index.py)
         from prefixkv.integrations.vllm.requests import core_tokens, extra_keys_of
 
         for slot, r in ours.reqs.items():

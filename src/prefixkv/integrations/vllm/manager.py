@@ -220,17 +220,18 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first; what was cached stays findable until
-        evicted, as in vLLM: its scheduler counts scheduled tokens as computed as soon as
-        it schedules them, and makes KV that never landed unfindable itself
-        (``evict_blocks``), so ``request.num_computed_tokens`` is not read here. A
-        request holding none: nothing happens."""
-        free_request(self, request.request_id)
+        evicted, as in vLLM, but for the full blocks past ``request.num_computed_tokens``
+        (vLLM set the count back for invalid KV, or preempts the request in the step
+        that scheduled it: ``release.uncache_set_back``), which vLLM's own manager
+        leaves findable. A request holding none: nothing happens."""
+        free_request(self, request)
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         """Forget the request but keep its blocks held: the returned blocks (in token
         order, fresh objects of this call) go back with ``block_pool.free_blocks`` later.
-        Empty for a request holding none."""
-        return pop_for_free(self, request.request_id)
+        Empty for a request holding none. Blocks past computed tokens vLLM set back:
+        as ``free``."""
+        return pop_for_free(self, request)
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:

@@ -16,12 +16,13 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
 __all__ = ["estimate_cached", "evict", "forget", "free_popped", "free_request", "pop_for_free",
-           "release_skipped"]
+           "release_skipped", "uncache_set_back"]
 
 
 def forget(m: KVCacheManager, request_id: str) -> int | None:
@@ -31,18 +32,46 @@ def forget(m: KVCacheManager, request_id: str) -> int | None:
     return m._keys.pop(request_id, None)
 
 
-def free_request(m: KVCacheManager, request_id: str) -> None:
-    """``m.free`` (its contract is there) of the request ``request_id``."""
-    key = forget(m, request_id)
+def uncache_set_back(m: KVCacheManager, key: int, request: Request) -> None:
+    """Make unfindable the cached full blocks of the live request ``key`` past the
+    tokens vLLM counts computed, as the request goes: their KV is not sound. vLLM's
+    scheduler counts fewer than prefixkv cached when (1) it set the count back to a
+    block's start, that block's KV found invalid (``kv_load_failure_policy=
+    "recompute"``, which calls no ``evict_blocks``), and the request goes before it
+    recomputed them; (2) it preempts a running request in the very step that scheduled
+    it (priority policy), whose new tokens were cached but never computed. vLLM's own
+    manager leaves such blocks findable. From the block holding the first uncomputed
+    token for a running request; for a finished one, from the next whole block (vLLM
+    recomputes a loaded prompt's last token for its logits: set back inside a block
+    whose KV was loaded). A waiting request's count is not read (a load landed: its
+    blocks up to the count are sound; vLLM's own tests free such requests uncounted)."""
+    bs, n = m.block_size, request.num_computed_tokens
+    if request.status == RequestStatus.RUNNING:
+        start = n // bs
+    elif request.is_finished():
+        start = -(-n // bs)
+    else:
+        return
+    end = m.core.num_scheduled_tokens(key) // bs
+    if start < end:
+        null = getattr(m.core, "null_block_id", None)
+        m.core.uncache_blocks([i for ids in m._ids(key) for i in ids[start:end] if i != null])
+
+
+def free_request(m: KVCacheManager, request: Request) -> None:
+    """``m.free`` (its contract is there) of ``request``."""
+    key = forget(m, request.request_id)
     if key is not None:
+        uncache_set_back(m, key, request)
         m.core.free(key)
 
 
-def pop_for_free(m: KVCacheManager, request_id: str) -> list[KVCacheBlock]:
-    """``m.pop_blocks_for_free`` (its contract is there) of the request ``request_id``."""
-    key = forget(m, request_id)
+def pop_for_free(m: KVCacheManager, request: Request) -> list[KVCacheBlock]:
+    """``m.pop_blocks_for_free`` (its contract is there) of ``request``."""
+    key = forget(m, request.request_id)
     if key is None:
         return []
+    uncache_set_back(m, key, request)
     blocks = [KVCacheBlock(i) for g in m._blocks.vllm_ids(m._ids(key)) for i in g]
     m._popped.hand_out(key, blocks)
     return blocks

@@ -1,0 +1,148 @@
+"""vLLM 0.33 setting a running request's computed tokens back (KV its connector failed
+to load, ``kv_load_failure_policy="recompute"``: ``Scheduler._update_requests_with_invalid_blocks``
+truncates ``num_computed_tokens`` at the first invalid block and, under this policy, calls
+no ``evict_blocks``), beside vLLM's own ``KVCacheManager`` from the wheel: what the plug-in
+keeps findable then, on one full-attention group and on hybrid models. Needs vllm
+installed."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from . import skip_module_without_vllm
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+skip_module_without_vllm()
+torch = pytest.importorskip("torch")
+
+from .test_vllm_hybrid_reference import _hybrid_pair, _window  # noqa: E402
+from .test_vllm_plugin import full  # noqa: E402
+from .test_vllm_reference import BS, _pair, _request  # noqa: E402
+
+LAYOUTS = {"full": lambda: _pair(), "window5": lambda: _hybrid_pair(30, _window(5)),
+           "full+window8": lambda: _hybrid_pair(30, full(BS), _window(8))}
+
+
+def _set_back(m: Any, rid: str, tokens: int, to: int) -> Any:
+    """A request of ``tokens`` tokens, all computed, then set back to ``to`` (its block
+    ``to // BS`` turned out invalid)."""
+    from vllm.v1.request import RequestStatus
+
+    a = _request(rid, list(range(tokens)), None)
+    assert m.allocate_slots(a, tokens) is not None
+    a.status, a.num_computed_tokens = RequestStatus.RUNNING, tokens
+    a.num_computed_tokens = to  # vLLM's scheduler, after the step's output
+    return a
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("goes", ["preempted", "aborted", "popped"])
+def test_a_request_that_goes_before_recomputing_its_invalid_blocks_leaves_none_findable(layout, goes):
+    # 24 tokens computed, then block 1 turns out invalid: vLLM sets the request back to
+    # 4 and would recompute 4..24 in place; it is preempted (or aborted) first. vLLM's
+    # own manager leaves blocks 1..5 cached, their KV the failed load's (or computed
+    # over it): a later request hits all 24 tokens (wrong KV; asserted below as vLLM's
+    # answer). Before: prefixkv freed them findable too (24); now the full blocks past
+    # the computed tokens are uncached when the request goes (4)
+    from vllm.v1.request import RequestStatus
+
+    hits = []
+    for m in LAYOUTS[layout]():
+        a = _set_back(m, "a", 24, 4)
+        if goes != "preempted":  # (vLLM marks it finished, then frees it)
+            a.status = RequestStatus.FINISHED_ABORTED
+        if goes == "popped":  # (a connector's held blocks: given back later)
+            m.block_pool.free_blocks(m.pop_blocks_for_free(a))
+        else:
+            m.free(a)
+        if goes == "preempted":  # (vLLM frees it running, then resets its count)
+            a.status, a.num_computed_tokens = RequestStatus.PREEMPTED, 0
+        hits.append(m.get_computed_blocks(_request("c", [*range(24), 5], None))[1])
+    assert hits == [4, 24]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("aborted", [False, True])
+def test_a_last_token_replayed_after_a_load_keeps_its_block_findable(layout, aborted):
+    # an async load of a whole 16-token prompt lands: vLLM sets the request back by one
+    # token (its last is recomputed for logits), not for invalid KV. Freed then (as
+    # vLLM's own tests free waiting requests, or aborted), its 4 loaded blocks stay
+    # findable in both managers (a block-aligned prompt: the set-back ends inside the
+    # last full block, whose KV is sound)
+    from vllm.v1.request import RequestStatus
+
+    hits = []
+    for m in LAYOUTS[layout]():
+        a = _request("a", list(range(16)), None)
+        assert m.allocate_slots(a, 0, num_external_computed_tokens=16, delay_cache_blocks=True) is not None
+        a.status, a.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, 16
+        m.cache_blocks(a, 16)  # the load landed
+        a.status, a.num_computed_tokens = RequestStatus.WAITING, 15
+        if aborted:
+            a.status = RequestStatus.FINISHED_ABORTED
+        m.free(a)
+        hits.append(m.get_computed_blocks(_request("c", [*range(16), 5], None))[1])
+    assert hits == [16, 16]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("computed", [8, 6])
+def test_a_request_preempted_in_the_step_that_scheduled_it_leaves_its_new_blocks_unfindable(layout, computed):
+    # vLLM's priority policy preempts a running request already scheduled in this step
+    # (Scheduler.schedule: "preempted_req in scheduled_running_reqs"): allocate_slots
+    # cached its chunk up to 16, then it is freed with the count of before the step.
+    # vLLM's own manager leaves the chunk's blocks findable though their KV was never
+    # written (a later request hits 16). Before: prefixkv did too; now they go unfindable
+    # from the block holding the first uncomputed token on
+    from vllm.v1.request import RequestStatus
+
+    hits = []
+    for m in LAYOUTS[layout]():
+        a = _request("a", list(range(16)), None)
+        assert m.allocate_slots(a, computed) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, computed
+        assert m.allocate_slots(a, 16 - computed) is not None  # scheduled, then preempted
+        m.free(a)
+        a.status, a.num_computed_tokens = RequestStatus.PREEMPTED, 0
+        hits.append(m.get_computed_blocks(_request("c", [*range(16), 5], None))[1])
+    assert hits == [computed // BS * BS, 16]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS) + ["full+window3"])
+def test_async_scheduling_with_rejected_drafts_moves_and_frees_as_vllm_does(layout):
+    # async scheduling and speculative decoding together (AsyncScheduler's calls): each
+    # step schedules 1 + 3 drafts before the previous step's output is known (counted
+    # computed and in flight); that output then rejects some drafts (computed set
+    # back). prefixkv schedules known tokens only, so a set-back never reaches below
+    # what it cached (no rewind), and windows move at computed less in flight: the
+    # tables' null entries and the free count match vLLM's at every step
+    from vllm.v1.request import RequestStatus
+
+    pairs = _hybrid_pair(30, full(BS), _window(3)) if layout == "full+window3" else LAYOUTS[layout]()
+    answers: list[list[Any]] = []
+    for m in pairs:
+        seen: list[Any] = []
+        a = _request("a", list(range(6)), None)
+        assert m.allocate_slots(a, 6) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 6
+        a.append_output_token_ids(30)
+        for step, rejected in enumerate([0, 2, 3, 1, 3, 0, 2, 1]):
+            a.spec_token_ids = [40, 41, 42]
+            assert m.allocate_slots(a, 4, num_lookahead_tokens=3) is not None
+            a.num_computed_tokens += 4
+            a.num_in_flight_tokens += 4
+            if step:  # the previous step's output lands after this one was scheduled
+                a.num_in_flight_tokens -= 4
+                a.num_computed_tokens -= rejected
+                a.append_output_token_ids([50 + step] * (4 - rejected))
+                m.cache_blocks(a, a.num_computed_tokens - a.num_in_flight_tokens)
+            if m is pairs[0]:  # (no rewind: what prefixkv cached stays computed)
+                assert m.core.num_scheduled_tokens(m.key_of("a")) <= a.num_computed_tokens
+            seen.append(([[b == 0 for b in g] for g in m.get_block_ids("a")],
+                         m.block_pool.get_num_free_blocks()))
+        answers.append(seen)
+    assert answers[0] == answers[1]
+    assert (layout == "full") == (not any(any(g) for g in answers[0][-1][0]))  # (windows moved)
