@@ -55,3 +55,18 @@ def test_blocks_computed_on_top_of_an_uncached_block_are_not_written(backend, la
     got = [bytes(op.payload) for op in reader.take_kv_ops() if isinstance(op, StoreFetched)]
     assert got == [kv(A[:BS * (j + 1)]) for j in range(len(got))]
     assert len(got) == 4
+
+
+def test_a_hit_block_uncached_drops_the_writes_of_the_blocks_computed_after_it(backend, layout):
+    """Found by the tiers reference machine: ``b`` hit blocks 0 and 1 and computed 2
+    and 3; block 0 then turned out invalid, named alone. Block 1, a hit, has no pending
+    write, so the writes of 2 and 3 (whose parent is block 1) were kept."""
+    m = manager(SharedStore(backend, layout, cost=always(), timeout=LIVE))
+    admit(m, "a", A[:8] + [0])
+    m.take_kv_ops()
+    assert len(puts(m)) == 2
+    assert admit(m, "b", A).num_cached_tokens == 8
+    m.take_kv_ops()
+    m.uncache_blocks([m.get_block_ids("b")[0]])
+    m.check_invariants()
+    assert puts(m) == []

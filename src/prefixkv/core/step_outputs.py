@@ -132,19 +132,27 @@ class StepOutputs(Decoder):
 
     def _drop_puts(self, invalid: list[Block]) -> None:
         """Drop the pending store writes (if any) of the contents of ``invalid`` blocks
-        (their KV turned out invalid: ``uncache_blocks``) and of every content recorded
-        on top of them: a step that computed a block after an invalid one read that KV,
-        and its chain hash keys the value for every replica (it would overwrite another
-        replica's right KV, and be served from then on). Before the index forgets them."""
+        (their KV turned out invalid: ``uncache_blocks``) and of every content computed
+        on top of them (a live request's blocks after one, or a content whose parent is
+        one): a step that computed such a block read that KV, and its chain hash keys the
+        value for every replica (it would overwrite another replica's right KV, and be
+        served from then on). Before the index forgets them."""
         bad = {b.hash for b in invalid if b.key is not None and b.hash is not None}
         index = self._index
         if self._store is None or not bad or not isinstance(index, ContentIndex) or index.fresh is None:
             return
+        named = set(map(id, invalid))
+        after: set[int] = set()  # (ids of the blocks from an invalid one on, per request)
+        for req in self._requests.values():
+            k = next((k for k, b in enumerate(req.blocks) if id(b) in named), -1)
+            if k >= 0:
+                after.update(map(id, req.blocks[k:]))
         kept: list[list[Fresh]] = [[], []]
         for out, pending in zip(kept, (self._computing, index.fresh), strict=True):
             for entry in pending:  # (oldest first: a parent's entry before its children's)
                 b, cid, parent = entry[0], entry[1], entry[2]
-                if b.content_id == cid and b.hash is not None and (parent in bad or b.hash in bad):
+                if b.content_id == cid and b.hash is not None and (
+                        id(b) in after or parent in bad or b.hash in bad):
                     bad.add(b.hash)
                 else:
                     out.append(entry)
