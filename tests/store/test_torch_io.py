@@ -46,6 +46,25 @@ def test_a_payload_goes_from_a_device_block_to_a_host_slot_bit_exact(dtype):
         write_payload(k_host, v_host, 0, payload[:-2])
 
 
+@pytest.mark.parametrize("layout", ["slot-major", "strided"])
+def test_write_payload_writes_only_its_slot_from_a_view_in_place_or_not(layout):
+    """Contiguous CPU slots are written from the payload in place (no copy of it); a
+    slot that is not contiguous (a host cache ``[L, slots, ...]``) through a copy."""
+    k = torch.randn(L, N, BS, H, D).to(torch.bfloat16)
+    v = torch.randn(L, N, BS, H, D).to(torch.bfloat16)
+    payload = memoryview(bytearray(block_payload(k, v, 2))).cast("B")
+    if layout == "slot-major":
+        k_host = torch.zeros(3, L, BS, H, D, dtype=k.dtype)
+        v_host = torch.zeros_like(k_host)
+    else:
+        k_host = torch.zeros(L, 3, BS, H, D, dtype=k.dtype).transpose(0, 1)
+        v_host = torch.zeros(L, 3, BS, H, D, dtype=k.dtype).transpose(0, 1)
+        assert not k_host[1].is_contiguous()
+    write_payload(k_host, v_host, 1, payload)
+    assert torch.equal(k_host[1], k[:, 2]) and torch.equal(v_host[1], v[:, 2])
+    assert not k_host[0].any() and not v_host[2].any()
+
+
 def test_run_store_ops_runs_puts_and_fetches_and_returns_the_rest():
     k = torch.randn(L, N, BS, H, D)
     v = torch.randn(L, N, BS, H, D)

@@ -189,11 +189,14 @@ class KVCacheManager(StepOutputs):
     def uncache_blocks(self, block_ids: Iterable[int]) -> None:
         """Make the content of these blocks unfindable (their KV turned out invalid, e.g.
         a load that failed) while live requests hold them; a block no request holds is
-        left as it is. Raises RequestError for an id outside the pool, or ``block_ids``
-        not an iterable (nothing changes)."""
+        left as it is. The shared store's pending writes of these blocks and of every
+        block computed on top of them are dropped. Raises RequestError for an id outside
+        the pool, or ``block_ids`` not an iterable (nothing changes)."""
         blocks = self._pool.blocks
         ids = check_block_ids(block_ids, len(blocks))
-        self._index.uncache([blocks[i] for i in ids if blocks[i].ref_cnt > 0], cut=True)
+        held = [blocks[i] for i in ids if blocks[i].ref_cnt > 0]
+        self._drop_puts(held)  # (the store's pending writes: before the index forgets)
+        self._index.uncache(held, cut=True)
 
     def preempt(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> tuple[int, ...]:
         """Free a running request (as ``free``, same ``num_computed_tokens``) and return

@@ -9,8 +9,10 @@ from ..errors import PlanError
 from ..event_log import PendingEvents
 from ..events import AllBlocksCleared, Event
 from ..index import ContentIndex
+from ..index.announce import Fresh
 from ..results import KVOp
 from ..stats import PrefixCacheStats
+from .block import Block
 from .decode import Decoder
 
 
@@ -129,3 +131,31 @@ class StepOutputs(Decoder):
         assert index.fresh is not None, "a store's index notes fresh contents"
         self._computing, index.fresh = index.fresh, []
         return ops
+
+    def _drop_puts(self, invalid: list[Block]) -> None:
+        """Drop the pending store writes (if any) of the contents of ``invalid`` blocks
+        (their KV turned out invalid: ``uncache_blocks``) and of every content computed
+        on top of them (a live request's blocks after one, or a content whose parent is
+        one): a step that computed such a block read that KV, and its chain hash keys the
+        value for every replica (it would overwrite another replica's right KV, and be
+        served from then on). Before the index forgets them."""
+        bad = {b.hash for b in invalid if b.key is not None and b.hash is not None}
+        index = self._index
+        if self._store is None or not bad or not isinstance(index, ContentIndex) or index.fresh is None:
+            return
+        named = set(map(id, invalid))
+        after: set[int] = set()  # (ids of the blocks from an invalid one on, per request)
+        for req in self._requests.values():
+            k = next((k for k, b in enumerate(req.blocks) if id(b) in named), -1)
+            if k >= 0:
+                after.update(map(id, req.blocks[k:]))
+        kept: list[list[Fresh]] = [[], []]
+        for out, pending in zip(kept, (self._computing, index.fresh), strict=True):
+            for entry in pending:  # (oldest first: a parent's entry before its children's)
+                b, cid, parent = entry[0], entry[1], entry[2]
+                if b.content_id == cid and b.hash is not None and (
+                        id(b) in after or parent in bad or b.hash in bad):
+                    bad.add(b.hash)
+                else:
+                    out.append(entry)
+        self._computing, index.fresh = kept

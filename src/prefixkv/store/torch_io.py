@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy
 import torch
 
 from ..errors import ConfigError
@@ -63,7 +64,12 @@ def write_payload(k_host: torch.Tensor, v_host: torch.Tensor, slot: int,
     if view.nbytes != nk + nv:
         raise ConfigError(f"a payload of {view.nbytes} bytes for host slots of {nk + nv}: "
                           f"the StoreLayout's block_bytes must match the caches")
-    raw = torch.frombuffer(bytearray(view), dtype=torch.uint8)
+    if k.device.type == v.device.type == "cpu" and k.is_contiguous() and v.is_contiguous():
+        src = numpy.frombuffer(view, numpy.uint8)  # (no copy: the payload is read in place)
+        k.view(-1).view(torch.uint8).numpy()[:] = src[:nk]
+        v.view(-1).view(torch.uint8).numpy()[:] = src[nk:]
+        return
+    raw = torch.frombuffer(bytearray(view), dtype=torch.uint8)  # (writable: a copy)
     k.copy_(raw[:nk].view(k.dtype).view(k.shape))
     v.copy_(raw[nk:].view(v.dtype).view(v.shape))
 
