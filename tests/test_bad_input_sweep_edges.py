@@ -371,22 +371,22 @@ def _view(n: int = 64) -> memoryview:
     return memoryview(bytearray(n))
 
 
-_UNTYPED_ATTACH = pytest.mark.xfail(strict=True, reason="TypeError from prefixkv/core/store_waits.py "
-                                    "(attach: len() of a non-sequence, memoryview() of a non-buffer, a "
-                                    "cast of a strided view); its docstring promises ConfigError. core/ "
-                                    "is runs-r10's")
+_SHARED = _view()
 
 
 @pytest.mark.parametrize("buffers", [
-    pytest.param(None, marks=_UNTYPED_ATTACH, id="None"),
-    pytest.param(5, marks=_UNTYPED_ATTACH, id="int"),
-    pytest.param([_view()] * 4, marks=_UNTYPED_ATTACH, id="flat-views"),
-    pytest.param([None] * 4, marks=_UNTYPED_ATTACH, id="slots-None"),
-    pytest.param([[object()]] * 4, marks=_UNTYPED_ATTACH, id="not-buffers"),
-    pytest.param([[_view(128)[::2]]] * 4, marks=_UNTYPED_ATTACH, id="strided-view"),
+    pytest.param(None, id="None"),
+    pytest.param(5, id="int"),
+    pytest.param([_view()] * 4, id="flat-views"),
+    pytest.param([None] * 4, id="slots-None"),
+    pytest.param([[object()]] * 4, id="not-buffers"),
+    pytest.param([[_view(128)[::2]]] * 4, id="strided-view"),
     pytest.param([[_view()]] * 3, id="3-slots"),
     pytest.param([[_view(32)]] * 4, id="short"),
     pytest.param([[memoryview(bytes(64))]] * 4, id="read-only"),
+    pytest.param([[_SHARED]] * 4, id="one-buffer-for-every-slot"),
+    pytest.param([[_view(32), _view(32)] for _ in range(3)] + [[_SHARED[:32], _SHARED[16:48]]],
+                 id="overlapping-views"),
 ])
 def test_bad_host_memory_is_a_config_error_before_any_change(buffers):
     """``attach_host_memory`` on a manager with a store and 4 host slots of 64 bytes:

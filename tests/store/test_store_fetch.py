@@ -270,7 +270,7 @@ def test_attached_memory_must_fit_the_slots(backend, layout):
     for bad in (good[:3], [[memoryview(bytearray(7))]] * 4, [[memoryview(bytes(8))]] * 4):
         with pytest.raises(ConfigError):
             m.attach_host_memory(bad)
-    m.attach_host_memory([[memoryview(bytearray(3)), memoryview(bytearray(5))]] * 4)
+    m.attach_host_memory([[memoryview(bytearray(3)), memoryview(bytearray(5))] for _ in range(4)])
     with pytest.raises(ConfigError):
         KVCacheManager(8, 4).attach_host_memory(good)
 

@@ -20,6 +20,7 @@ is freed. The request's next admission then finds those slots like any host hit.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 from collections.abc import Hashable, Sequence
 from functools import partial
@@ -65,23 +66,20 @@ class StoreWaits:
     def attach(self, buffers: Sequence[Sequence[memoryview]]) -> None:
         """Fetches read straight into these buffers: ``buffers[slot]``, writable byte
         views whose lengths add up to the layout's ``block_bytes``. Raises ConfigError
-        (nothing changes) for another number of slots, a size or a read-only view, and
-        while fetches are under way (they read into the memory attached when they
+        (nothing changes) for another number of slots, a size, a read-only or strided
+        view, views that share memory (two slots' fetches would write over each other),
+        and while fetches are under way (they read into the memory attached when they
         started: their runs would land where the new memory holds no payload)."""
         if self.in_flight:
             raise ConfigError(f"{self.in_flight} store fetches are under way: attach host "
                               f"memory once they landed (poll_store)")
         slots, want = len(self.host.slots), self.link.payload
+        if not isinstance(buffers, Sequence) or isinstance(buffers, (str, bytes, memoryview)):
+            raise ConfigError(f"host memory must be a list of each slot's views, got {buffers!r}")
         if len(buffers) != slots:
             raise ConfigError(f"host memory for {len(buffers)} slots, the tier has {slots}")
-        views = []
-        for i, views_i in enumerate(buffers):
-            vs = [memoryview(v).cast("B") for v in views_i]
-            if sum(v.nbytes for v in vs) != want or any(v.readonly for v in vs):
-                raise ConfigError(f"host slot {i}: writable views of {want} bytes in all "
-                                  f"(the StoreLayout's block_bytes), got "
-                                  f"{[(v.nbytes, 'ro' if v.readonly else 'rw') for v in vs]}")
-            views.append(vs)
+        views = [_slot_views(i, views_i, want) for i, views_i in enumerate(buffers)]
+        _check_apart(views)
         self.memory = views
 
     def _staging(self, slots: list[Block]) -> list[list[memoryview]]:
@@ -250,3 +248,28 @@ class StoreWaits:
                 self.link.stats.store_errors += 1
                 out.append(rid)
         return out
+
+
+def _slot_views(i: int, views_i: object, want: int) -> list[memoryview]:
+    """Slot ``i``'s views as flat writable byte views of ``want`` bytes in all."""
+    if not isinstance(views_i, Sequence) or isinstance(views_i, (str, bytes, memoryview)):
+        raise ConfigError(f"host slot {i}: a list of writable views, got {views_i!r}")
+    try:
+        vs = [memoryview(v).cast("B") for v in views_i]
+    except TypeError as exc:  # not a buffer, or not C-contiguous
+        raise ConfigError(f"host slot {i}: views must be C-contiguous writable buffers ({exc})") from None
+    if sum(v.nbytes for v in vs) != want or any(v.readonly for v in vs):
+        raise ConfigError(f"host slot {i}: writable views of {want} bytes in all "
+                          f"(the StoreLayout's block_bytes), got "
+                          f"{[(v.nbytes, 'ro' if v.readonly else 'rw') for v in vs]}")
+    return vs
+
+
+def _check_apart(views: list[list[memoryview]]) -> None:
+    """No two views share a byte (each a writable flat view: its address is ctypes')."""
+    spans = sorted((ctypes.addressof(ctypes.c_char.from_buffer(v)), v.nbytes, i)
+                   for i, vs in enumerate(views) for v in vs if v.nbytes)
+    for (a, n, i), (b, _, j) in zip(spans, spans[1:]):
+        if b < a + n:
+            raise ConfigError(f"host slots {min(i, j)} and {max(i, j)}: views share memory "
+                              f"(each slot's fetches need memory of their own)")
