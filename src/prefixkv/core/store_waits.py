@@ -24,6 +24,7 @@ import ctypes
 import mmap
 from collections.abc import Hashable, Sequence
 from functools import partial
+from itertools import pairwise
 from typing import Any
 
 from ..errors import ConfigError, check_count
@@ -269,7 +270,7 @@ def _check_apart(views: list[list[memoryview]]) -> None:
     """No two views share a byte (each a writable flat view: its address is ctypes')."""
     spans = sorted((ctypes.addressof(ctypes.c_char.from_buffer(v)), v.nbytes, i)
                    for i, vs in enumerate(views) for v in vs if v.nbytes)
-    for (a, n, i), (b, _, j) in zip(spans, spans[1:]):
+    for (a, n, i), (b, _, j) in pairwise(spans):
         if b < a + n:
             raise ConfigError(f"host slots {min(i, j)} and {max(i, j)}: views share memory "
                               f"(each slot's fetches need memory of their own)")
