@@ -307,8 +307,6 @@ def test_a_bad_fleet_simulation_argument_is_a_bench_error_before_any_replica(nam
         signal.signal(signal.SIGALRM, previous)
 
 
-@pytest.mark.xfail(strict=True, reason="OverflowError from prefixkv/store/link.py (the layout's scope holds "
-                   "the block size in 4 bytes); neither KVCacheManager (core/) nor the store checks it")
 @pytest.mark.parametrize("block_size", [2**32, 2**70])
 def test_a_block_size_the_store_cannot_name_is_a_typed_error_before_any_thread(block_size):
     """A manager over a shared store whose block size does not fit the store's name of a

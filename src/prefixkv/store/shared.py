@@ -84,7 +84,11 @@ class SharedStore:
              chain: Any) -> StoreLink:
         """The link a manager uses (``chain``: its ``Hasher.chain``). Raises ConfigError
         unless the chain hashes are the same in every process: ``hash_mode="sha256"``,
-        or ``"xxhash"`` with a seed."""
+        or ``"xxhash"`` with a seed, and for a ``block_size`` past what a value's head
+        names (4 bytes: below 2**32)."""
+        if not 0 < block_size < 1 << 32:
+            raise ConfigError(f"a shared store names a block_size in 4 bytes: block_size must be "
+                              f"below 2**32, got {block_size}")
         if hash_mode == "xxhash" and seed is None:
             raise ConfigError("a shared store needs block hashes that are equal in every "
                               "process: use hash_mode='sha256' or give xxhash a seed")
