@@ -71,10 +71,6 @@ def test_a_paused_server_costs_misses_within_the_bound_then_serves_again(s, capl
         no_errors_in_sglang_threads(caplog)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "StoreBackend.put (src/prefixkv/store, tiers-r10's) answers how many values the "
-    "store refused, not which: batch_set_v1 can only answer False for every page of a "
-    "batch with a refused page, though the pages before it were stored"))
 def test_a_partly_refused_backup_reports_exactly_the_pages_not_stored(sgl):  # noqa: F811
     from .engine import HostPool
 

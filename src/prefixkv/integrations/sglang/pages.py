@@ -142,9 +142,17 @@ class PageStore:
         return out
 
     def put(self, items: Sequence[tuple[str, bytes | memoryview]]) -> bool:
-        """Store each ``(page, payload)``; True when the store took them all. A payload
-        of the wrong size raises ConfigError before anything is sent; a failing store
-        returns False (counted)."""
+        """Store each ``(page, payload)``; True when the store took them all (as
+        ``put_pages``)."""
+        return all(self.put_pages(items))
+
+    def put_pages(self, items: Sequence[tuple[str, bytes | memoryview]]) -> list[bool]:
+        """Store each ``(page, payload)``; for each, True when the store holds it after
+        the call. A payload of the wrong size raises ConfigError before anything is sent;
+        a failing store gives False for every page (counted). When the store refuses
+        some values (a full server), one existence check says how many pages from the
+        first it holds: those are True, the rest False (a page stored after a refused
+        one is reported False, never the other way round)."""
         values = []
         for page, payload in items:
             if len(payload) != self.layout.block_bytes:
@@ -152,19 +160,26 @@ class PageStore:
                                   f"{self.layout.block_bytes}")
             values.append((self.key(page), encode_value(self.head(page), payload)))
         if not values:
-            return True
+            return []
         if self._quiet():
             self.failed_writes += len(values)
-            return False
+            return [False] * len(values)
         try:
             refused = self.backend.put(values) or 0
         except Exception:
             self._failed()
             self.failed_writes += len(values)
-            return False
+            return [False] * len(values)
         self.written += len(values) - refused
         self.failed_writes += refused
-        return not refused
+        if not refused:
+            return [True] * len(values)
+        try:
+            held = self.backend.held([k for k, _ in values]) if refused < len(values) else 0
+        except Exception:
+            self._failed()
+            held = 0
+        return [i < held for i in range(len(values))]
 
     def _quiet(self) -> bool:
         return time.monotonic() < self._quiet_until

@@ -223,13 +223,15 @@ class PrefixKVStorage(HiCacheStorage):
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
-        """Page ``i`` written from the host pool at ``host_indices[i * page_size]``.
-        Raises ConfigError (nothing stored) unless ``host_indices`` has ``page_size``
-        entries a page, each a whole page inside the pool, none named twice."""
+        """Page ``i`` written from the host pool at ``host_indices[i * page_size]``; True
+        for each page the store holds after the call (``PageStore.put_pages``: a partly
+        refused batch answers per page). Raises ConfigError (nothing stored) unless
+        ``host_indices`` has ``page_size`` entries a page, each a whole page inside the
+        pool, none named twice."""
         pool, starts = self.mem_pool_host, self._starts(keys, host_indices)
         items = [(k, _page_bytes(pool.get_data_page(start, flat=True)))
                  for start, k in zip(starts, keys, strict=True)]
-        return [self.pages.put(items)] * len(keys)
+        return self.pages.put_pages(items)
 
     def clear(self) -> None:
         """Nothing is cleared (the store is shared by replicas and never scanned; pages
