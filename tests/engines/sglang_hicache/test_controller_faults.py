@@ -9,7 +9,6 @@ import os
 import signal
 import time
 
-import pytest
 import torch
 
 from prefixkv.store.server import LocalRedis
