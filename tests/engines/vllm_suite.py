@@ -56,6 +56,17 @@ CONNECTOR_FILES = tuple(f"tests/v1/kv_connector/unit/{name}.py" for name in (
         "test_simple_cpu_offload_connector"))
 FILES = CORE_FILES + CONNECTOR_FILES
 
+# Tests whose prefixkv run builds vLLM's own manager, by the start of their ids, and why:
+# the swap does not reach them (Comparison.missed), so both runs are vLLM's.
+NOT_SWAPPED = {
+    "tests/v1/core/test_scheduler.py::test_diffusion_": (
+        "vLLM's DiffusionScheduler (create_scheduler's scheduler_cls): prefixkv offers no "
+        "diffusion scheduler class"),
+    "tests/v1/core/test_scheduler.py::test_sync_diffusion_": (
+        "vLLM's DiffusionScheduler (create_scheduler's scheduler_cls): prefixkv offers no "
+        "diffusion scheduler class"),
+}
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -66,6 +77,13 @@ class Comparison:
     prepared_prompts_taken: int = 0
     """Admissions, over the prefixkv runs, that took a Prompt prepared when the request was
     built (vllm_swap.py)."""
+    unswapped: frozenset[str] = frozenset()
+    """Tests whose prefixkv run built no prefixkv manager (they test vLLM's own parts:
+    kv_cache_utils, a BlockPool or coordinator built directly, ...): they say nothing of
+    prefixkv's."""
+    missed: frozenset[str] = frozenset()
+    """Tests whose prefixkv run built vLLM's own manager: a construction the swap
+    (vllm_swap.py) did not reach."""
 
     @property
     def passed_vllm(self) -> set[str]:
@@ -83,9 +101,10 @@ class Comparison:
     def summary(self) -> str:
         return (f"vLLM {VERSION} tests ({len(self.vllm)} run twice): "
                 f"{len(self.passed_vllm)} pass with vLLM's manager, "
-                f"{len(self.passed_both)} of them with prefixkv's; "
+                f"{len(self.passed_both)} of them with prefixkv's "
+                f"({len(self.passed_both - self.unswapped)} of those built prefixkv's manager); "
                 f"{len(self.lost)} do not; {self.prepared_prompts_taken} admissions on prefixkv "
-                f"took a prepared Prompt")
+                f"took a prepared Prompt; {len(self.missed)} prefixkv runs built vLLM's manager")
 
 
 def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
@@ -132,29 +151,58 @@ def outcomes(junit: pathlib.Path) -> dict[tuple[str, str], str]:
     """(test id without the manager, manager) -> passed / failed / error / skipped."""
     out: dict[tuple[str, str], str] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
-        path = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
-        m = _ID.match(case.get("name", ""))
-        if m is None:
+        test = _test_id(case)
+        if test is None:
             continue
-        name = m["base"] + (f"[{m['params']}]" if m["params"] else "")
         kinds = {child.tag for child in case}
         result = ("failed" if "failure" in kinds else "error" if "error" in kinds
                   else "skipped" if "skipped" in kinds else "passed")
-        out[(f"{path}::{name}", m["manager"])] = result
+        out[test] = result
     return out
 
 
-def prepared_prompts_taken(junit: pathlib.Path) -> int:
-    """The sum of the tests' ``prepared_prompts_taken`` properties (vllm_swap.py)."""
-    return sum(int(p.get("value", 0)) for p in ET.parse(junit).getroot().iter("property")
-               if p.get("name") == "prepared_prompts_taken")
+def _test_id(case: ET.Element) -> tuple[str, str] | None:
+    """(test id without the manager, manager) of a junit testcase; None for one that
+    is not a run of vllm_swap's."""
+    path = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
+    m = _ID.match(case.get("name", ""))
+    if m is None:
+        return None
+    return f"{path}::{m['base']}" + (f"[{m['params']}]" if m["params"] else ""), m["manager"]
+
+
+def failures(junit: pathlib.Path) -> dict[str, str]:
+    """Test id (without the manager) -> the message of its prefixkv run's failure or
+    error (the exception's last line, as junit records it)."""
+    out = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        test = _test_id(case)
+        if test is not None and test[1] == "prefixkv":
+            for child in case:
+                if child.tag in ("failure", "error"):
+                    out[test[0]] = child.get("message", "")
+    return out
+
+
+def properties(junit: pathlib.Path) -> dict[str, dict[str, int]]:
+    """Test id (without the manager) -> the properties its prefixkv run recorded
+    (vllm_swap.py: ``prepared_prompts_taken``, ``prefixkv_managers``, ``vllm_managers``)."""
+    out: dict[str, dict[str, int]] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        test = _test_id(case)
+        if test is not None and test[1] == "prefixkv":
+            out[test[0]] = {p.get("name", ""): int(p.get("value", 0)) for p in case.iter("property")}
+    return out
 
 
 def compare(junits: list[pathlib.Path]) -> Comparison:
     res = {k: v for j in junits for k, v in outcomes(j).items()}
+    props = {t: p for j in junits for t, p in properties(j).items()}
     return Comparison({t: o for (t, m), o in res.items() if m == "vllm"},
                       {t: o for (t, m), o in res.items() if m == "prefixkv"},
-                      sum(prepared_prompts_taken(j) for j in junits))
+                      sum(p.get("prepared_prompts_taken", 0) for p in props.values()),
+                      frozenset(t for t, p in props.items() if not p.get("prefixkv_managers")),
+                      frozenset(t for t, p in props.items() if p.get("vllm_managers")))
 
 
 def documented_differences(doc: pathlib.Path = DOC) -> dict[str, str]:
@@ -178,7 +226,11 @@ def expand(listed: dict[str, str], tests: set[str]) -> dict[str, set[str]]:
 
 
 if __name__ == "__main__":
-    result = compare(run(tuple(sys.argv[1:]) or FILES))
+    junits = run(tuple(sys.argv[1:]) or FILES)
+    result = compare(junits)
     print(result.summary())
+    why = {t: m for j in junits for t, m in failures(j).items()}
     for t in sorted(result.lost):
-        print("  lost:", t, result.prefixkv.get(t))
+        print("  lost:", t, result.prefixkv.get(t), why.get(t, "")[:160])
+    for t in sorted(result.missed):
+        print("  built vLLM's manager on the prefixkv run:", t)
