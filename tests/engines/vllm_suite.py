@@ -37,17 +37,25 @@ VLLM_TREE = ROOT / ".cache" / "engines" / f"vllm-{VERSION}"
 DOC = ROOT / "docs" / "integration.md"
 MANAGERS = ("vllm", "prefixkv")
 
-# vLLM's test files the suite runs: the scheduler's, the prefix cache's, and those under
-# tests/v1/kv_connector/unit that import and run on a CPU machine.
+# vLLM's test files the suite runs: those of tests/v1/core that build a scheduler or a
+# KV cache manager vllm_swap.py swaps and run on a CPU machine, and those under
+# tests/v1/kv_connector/unit that do. Not run, from tests/v1/core (docs/integration.md):
+# files that build no manager (test_kv_cache_metrics, test_kv_sharing,
+# test_single_type_kv_cache_manager, prefix_cache/test_partial_prefix_cache_primitives:
+# vLLM's own block pool, per-group managers and helpers, the same code in both runs),
+# files that need a model's weights, tokenizer or processor (test_reset_prefix_cache_e2e,
+# prefix_cache/test_hybrid_prefix_cache_hit_rate: a served model;
+# test_priority_scheduler_random: Qwen2.5-VL's processor and torchvision).
 # Two groups, each run in processes of its own (modules of one group set process-wide
 # state at import that the other group's tests do not expect). Under kv_connector/unit:
 # the files that build a scheduler, import on a CPU and pass on vLLM's manager here; the
 # others test connectors' transports, not the manager.
-CORE_FILES = (
-    "tests/v1/core/test_scheduler.py",
-    "tests/v1/core/test_async_scheduler.py",
-    "tests/v1/core/test_prefix_caching.py",
-)
+CORE_FILES = tuple(f"tests/v1/core/{name}.py" for name in (
+        "test_scheduler", "test_async_scheduler", "test_prefix_caching",
+        "test_deferred_block_free", "test_prefix_replay", "test_priority_preemption_bug",
+        "test_worker_slot_overflow",
+        "prefix_cache/test_mamba_eagle_resume_checkpoint",
+        "prefix_cache/test_partial_prefix_cache_hits"))
 CONNECTOR_FILES = tuple(f"tests/v1/kv_connector/unit/{name}.py" for name in (
         "test_cache_pollution_prevention", "test_decode_bench_connector", "test_error_propagation",
         "test_invalid_blocks_correctness", "test_kv_load_failure_recovery", "test_lmcache_connector",
