@@ -53,7 +53,7 @@ MANAGERS = ("vllm", "prefixkv")
 CORE_FILES = tuple(f"tests/v1/core/{name}.py" for name in (
         "test_scheduler", "test_async_scheduler", "test_prefix_caching",
         "test_deferred_block_free", "test_prefix_replay", "test_priority_preemption_bug",
-        "test_worker_slot_overflow",
+        "test_swa_inflight_window_free", "test_worker_slot_overflow",
         "prefix_cache/test_mamba_eagle_resume_checkpoint",
         "prefix_cache/test_partial_prefix_cache_hits"))
 CONNECTOR_FILES = tuple(f"tests/v1/kv_connector/unit/{name}.py" for name in (
