@@ -8,9 +8,26 @@ runs); without it this fails, it does not skip.
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from . import vllm_suite
+
+
+def test_checkouts_sharing_the_cache_write_apart(tmp_path: pathlib.Path) -> None:
+    """Worktrees link one ``.cache``; each one's suite writes (and reads back) its own
+    junit files there, not the same ones."""
+    shared = tmp_path / "main" / ".cache"
+    (shared / "engines").mkdir(parents=True)
+    checkouts = [tmp_path / "main", tmp_path / "wt" / "a", tmp_path / "wt" / "b"]
+    for c in checkouts[1:]:
+        c.mkdir(parents=True)
+        (c / ".cache").symlink_to(shared)
+    paths = [vllm_suite.default_junit(c) for c in checkouts]
+    assert all(p.parent.resolve() == (shared / "engines").resolve() for p in paths)
+    assert len({p.resolve() for p in paths}) == 3
+    assert vllm_suite.default_junit(checkouts[1]) == paths[1]  # the same checkout: the same files
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ The harness (used by tests/engines/test_vllm_suite.py, so by ``make test``):
   there) and the plugin ``vllm_swap`` (the manager: each test runs as ``[vllm-...]`` on
   vLLM's own manager and as ``[prefixkv-...]`` on prefixkv's scheduler plugin); they are
   processes forked by ``vllm_fork.py`` once it has imported vLLM (see there), and their
-  output goes to ``.cache/engines/vllm-suite-<group>.log``;
+  output goes to ``.cache/engines/vllm-suite-<checkout>-<group>.log`` (``default_junit``);
 - ``compare`` pairs the two runs of each test.
 
 By hand (from the repository root, after ``make install-vllm``)::
@@ -115,6 +115,18 @@ class Comparison:
                 f"took a prepared Prompt; {len(self.missed)} prefixkv runs built vLLM's manager")
 
 
+def default_junit(root: pathlib.Path = ROOT) -> pathlib.Path:
+    """Where ``run`` writes by default: ``.cache/engines/vllm-suite-<checkout>.xml``
+    (``-<group>.xml`` and ``.log`` beside it), named after the checkout ``root`` (its
+    folder's name and a digest of its path). Checkouts that share one ``.cache`` (git
+    worktrees linking it) run the suite at the same time without writing, and reading,
+    each other's files."""
+    import hashlib
+
+    where = str(root.resolve()).encode()
+    return root / ".cache" / "engines" / f"vllm-suite-{root.name}-{hashlib.sha256(where).hexdigest()[:8]}.xml"
+
+
 def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
         extra: tuple[str, ...] = ()) -> list[pathlib.Path]:
     """Run ``files`` of vLLM's tests on both managers: one pytest run per group of files
@@ -126,7 +138,7 @@ def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
     if not (VLLM_TREE / "tests" / "__init__.py").exists():
         raise FileNotFoundError(f"{VLLM_TREE}/tests is missing: run `make install-vllm` "
                                 f"(python tests/engines/fetch.py vllm)")
-    base = junit or (ROOT / ".cache" / "engines" / "vllm-suite.xml")
+    base = junit or default_junit()
     core = tuple(f for f in files if f in CORE_FILES)
     groups = [g for g in (core, tuple(f for f in files if f not in CORE_FILES)) if g]
     env = dict(os.environ, VLLM_SUITE_MANAGERS=",".join(MANAGERS))
