@@ -48,6 +48,13 @@ MODELS: dict[str, dict[str, object]] = {
         "do_layer_norm_before": True, "activation_function": "relu", "torch_dtype": "float16",
         "bos_token_id": 2, "eos_token_id": 2, "pad_token_id": 1,
     },
+    "facebook/opt-350m": {
+        "architectures": ["OPTForCausalLM"], "model_type": "opt", "hidden_size": 1024,
+        "num_hidden_layers": 24, "num_attention_heads": 16, "ffn_dim": 4096,
+        "vocab_size": 50272, "max_position_embeddings": 2048, "word_embed_proj_dim": 512,
+        "do_layer_norm_before": False, "activation_function": "relu", "torch_dtype": "float16",
+        "bos_token_id": 2, "eos_token_id": 2, "pad_token_id": 1,
+    },
     "meta-llama/Llama-3.2-1B-Instruct": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
         "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,

@@ -11,7 +11,7 @@ The harness (used by tests/engines/test_vllm_suite.py, so by ``make test``):
   there) and the plugin ``vllm_swap`` (the manager: each test runs as ``[vllm-...]`` on
   vLLM's own manager and as ``[prefixkv-...]`` on prefixkv's scheduler plugin); they are
   processes forked by ``vllm_fork.py`` once it has imported vLLM (see there), and their
-  output goes to ``.cache/engines/vllm-suite-<group>.log``;
+  output goes to ``.cache/engines/vllm-suite-<checkout>-<group>.log`` (``default_junit``);
 - ``compare`` pairs the two runs of each test.
 
 By hand (from the repository root, after ``make install-vllm``)::
@@ -37,24 +37,45 @@ VLLM_TREE = ROOT / ".cache" / "engines" / f"vllm-{VERSION}"
 DOC = ROOT / "docs" / "integration.md"
 MANAGERS = ("vllm", "prefixkv")
 
-# vLLM's test files the suite runs: the scheduler's, the prefix cache's, and those under
-# tests/v1/kv_connector/unit that import and run on a CPU machine.
+# vLLM's test files the suite runs: those of tests/v1/core that build a scheduler or a
+# KV cache manager vllm_swap.py swaps and run on a CPU machine, and those under
+# tests/v1/kv_connector/unit that do. Not run, from tests/v1/core (docs/integration.md):
+# files that build no manager (test_kv_cache_metrics, test_kv_sharing,
+# test_single_type_kv_cache_manager, prefix_cache/test_partial_prefix_cache_primitives:
+# vLLM's own block pool, per-group managers and helpers, the same code in both runs),
+# files that need a model's weights, tokenizer or processor (test_reset_prefix_cache_e2e,
+# prefix_cache/test_hybrid_prefix_cache_hit_rate: a served model;
+# test_priority_scheduler_random: Qwen2.5-VL's processor and torchvision).
 # Two groups, each run in processes of its own (modules of one group set process-wide
 # state at import that the other group's tests do not expect). Under kv_connector/unit:
 # the files that build a scheduler, import on a CPU and pass on vLLM's manager here; the
 # others test connectors' transports, not the manager.
-CORE_FILES = (
-    "tests/v1/core/test_scheduler.py",
-    "tests/v1/core/test_async_scheduler.py",
-    "tests/v1/core/test_prefix_caching.py",
-)
+CORE_FILES = tuple(f"tests/v1/core/{name}.py" for name in (
+        "test_scheduler", "test_async_scheduler", "test_prefix_caching",
+        "test_deferred_block_free", "test_prefix_replay", "test_priority_preemption_bug",
+        "test_swa_inflight_window_free", "test_worker_slot_overflow"))
+# tests/v1/core/prefix_cache's: run in the second group, beside the connector files (the
+# same outcomes as in the first; the two groups then take about as long, side by side).
+PREFIX_CACHE_FILES = tuple(f"tests/v1/core/prefix_cache/{name}.py" for name in (
+        "test_mamba_eagle_resume_checkpoint", "test_partial_prefix_cache_hits"))
 CONNECTOR_FILES = tuple(f"tests/v1/kv_connector/unit/{name}.py" for name in (
         "test_cache_pollution_prevention", "test_decode_bench_connector", "test_error_propagation",
         "test_invalid_blocks_correctness", "test_kv_load_failure_recovery", "test_lmcache_connector",
         "test_multi_connector", "test_nixl_simple_cpu_offload", "test_remote_decode_lifecycle",
         "test_remote_prefill_lifecycle", "test_scheduler_kv_connector_override",
         "test_simple_cpu_offload_connector"))
-FILES = CORE_FILES + CONNECTOR_FILES
+FILES = CORE_FILES + CONNECTOR_FILES + PREFIX_CACHE_FILES
+
+# Tests whose prefixkv run builds vLLM's own manager, by the start of their ids, and why:
+# the swap does not reach them (Comparison.missed), so both runs are vLLM's.
+NOT_SWAPPED = {
+    "tests/v1/core/test_scheduler.py::test_diffusion_": (
+        "vLLM's DiffusionScheduler (create_scheduler's scheduler_cls): prefixkv offers no "
+        "diffusion scheduler class"),
+    "tests/v1/core/test_scheduler.py::test_sync_diffusion_": (
+        "vLLM's DiffusionScheduler (create_scheduler's scheduler_cls): prefixkv offers no "
+        "diffusion scheduler class"),
+}
 
 
 @dataclass(frozen=True)
@@ -66,6 +87,13 @@ class Comparison:
     prepared_prompts_taken: int = 0
     """Admissions, over the prefixkv runs, that took a Prompt prepared when the request was
     built (vllm_swap.py)."""
+    unswapped: frozenset[str] = frozenset()
+    """Tests whose prefixkv run built no prefixkv manager (they test vLLM's own parts:
+    kv_cache_utils, a BlockPool or coordinator built directly, ...): they say nothing of
+    prefixkv's."""
+    missed: frozenset[str] = frozenset()
+    """Tests whose prefixkv run built vLLM's own manager: a construction the swap
+    (vllm_swap.py) did not reach."""
 
     @property
     def passed_vllm(self) -> set[str]:
@@ -83,15 +111,28 @@ class Comparison:
     def summary(self) -> str:
         return (f"vLLM {VERSION} tests ({len(self.vllm)} run twice): "
                 f"{len(self.passed_vllm)} pass with vLLM's manager, "
-                f"{len(self.passed_both)} of them with prefixkv's; "
+                f"{len(self.passed_both)} of them with prefixkv's "
+                f"({len(self.passed_both - self.unswapped)} of those built prefixkv's manager); "
                 f"{len(self.lost)} do not; {self.prepared_prompts_taken} admissions on prefixkv "
-                f"took a prepared Prompt")
+                f"took a prepared Prompt; {len(self.missed)} prefixkv runs built vLLM's manager")
+
+
+def default_junit(root: pathlib.Path = ROOT) -> pathlib.Path:
+    """Where ``run`` writes by default: ``.cache/engines/vllm-suite-<checkout>.xml``
+    (``-<group>.xml`` and ``.log`` beside it), named after the checkout ``root`` (its
+    folder's name and a digest of its path). Checkouts that share one ``.cache`` (git
+    worktrees linking it) run the suite at the same time without writing, and reading,
+    each other's files."""
+    import hashlib
+
+    where = str(root.resolve()).encode()
+    return root / ".cache" / "engines" / f"vllm-suite-{root.name}-{hashlib.sha256(where).hexdigest()[:8]}.xml"
 
 
 def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
         extra: tuple[str, ...] = ()) -> list[pathlib.Path]:
     """Run ``files`` of vLLM's tests on both managers: one pytest run per group of files
-    (core, connectors), side by side in processes forked from one that imported vLLM
+    (core; connectors and prefix_cache), side by side in processes forked from one that imported vLLM
     (``vllm_fork.py``), each running every test on vLLM's manager and then on prefixkv's
     (vLLM's modules and the test files are imported and collected once for both); returns
     their junit xml files. Raises FileNotFoundError when the fetched tree is missing (run
@@ -99,7 +140,7 @@ def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
     if not (VLLM_TREE / "tests" / "__init__.py").exists():
         raise FileNotFoundError(f"{VLLM_TREE}/tests is missing: run `make install-vllm` "
                                 f"(python tests/engines/fetch.py vllm)")
-    base = junit or (ROOT / ".cache" / "engines" / "vllm-suite.xml")
+    base = junit or default_junit()
     core = tuple(f for f in files if f in CORE_FILES)
     groups = [g for g in (core, tuple(f for f in files if f not in CORE_FILES)) if g]
     env = dict(os.environ, VLLM_SUITE_MANAGERS=",".join(MANAGERS))
@@ -132,29 +173,58 @@ def outcomes(junit: pathlib.Path) -> dict[tuple[str, str], str]:
     """(test id without the manager, manager) -> passed / failed / error / skipped."""
     out: dict[tuple[str, str], str] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
-        path = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
-        m = _ID.match(case.get("name", ""))
-        if m is None:
+        test = _test_id(case)
+        if test is None:
             continue
-        name = m["base"] + (f"[{m['params']}]" if m["params"] else "")
         kinds = {child.tag for child in case}
         result = ("failed" if "failure" in kinds else "error" if "error" in kinds
                   else "skipped" if "skipped" in kinds else "passed")
-        out[(f"{path}::{name}", m["manager"])] = result
+        out[test] = result
     return out
 
 
-def prepared_prompts_taken(junit: pathlib.Path) -> int:
-    """The sum of the tests' ``prepared_prompts_taken`` properties (vllm_swap.py)."""
-    return sum(int(p.get("value", 0)) for p in ET.parse(junit).getroot().iter("property")
-               if p.get("name") == "prepared_prompts_taken")
+def _test_id(case: ET.Element) -> tuple[str, str] | None:
+    """(test id without the manager, manager) of a junit testcase; None for one that
+    is not a run of vllm_swap's."""
+    path = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
+    m = _ID.match(case.get("name", ""))
+    if m is None:
+        return None
+    return f"{path}::{m['base']}" + (f"[{m['params']}]" if m["params"] else ""), m["manager"]
+
+
+def failures(junit: pathlib.Path) -> dict[str, str]:
+    """Test id (without the manager) -> the message of its prefixkv run's failure or
+    error (the exception's last line, as junit records it)."""
+    out = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        test = _test_id(case)
+        if test is not None and test[1] == "prefixkv":
+            for child in case:
+                if child.tag in ("failure", "error"):
+                    out[test[0]] = child.get("message", "")
+    return out
+
+
+def properties(junit: pathlib.Path) -> dict[str, dict[str, int]]:
+    """Test id (without the manager) -> the properties its prefixkv run recorded
+    (vllm_swap.py: ``prepared_prompts_taken``, ``prefixkv_managers``, ``vllm_managers``)."""
+    out: dict[str, dict[str, int]] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        test = _test_id(case)
+        if test is not None and test[1] == "prefixkv":
+            out[test[0]] = {p.get("name", ""): int(p.get("value", 0)) for p in case.iter("property")}
+    return out
 
 
 def compare(junits: list[pathlib.Path]) -> Comparison:
     res = {k: v for j in junits for k, v in outcomes(j).items()}
+    props = {t: p for j in junits for t, p in properties(j).items()}
     return Comparison({t: o for (t, m), o in res.items() if m == "vllm"},
                       {t: o for (t, m), o in res.items() if m == "prefixkv"},
-                      sum(prepared_prompts_taken(j) for j in junits))
+                      sum(p.get("prepared_prompts_taken", 0) for p in props.values()),
+                      frozenset(t for t, p in props.items() if not p.get("prefixkv_managers")),
+                      frozenset(t for t, p in props.items() if p.get("vllm_managers")))
 
 
 def documented_differences(doc: pathlib.Path = DOC) -> dict[str, str]:
@@ -178,7 +248,11 @@ def expand(listed: dict[str, str], tests: set[str]) -> dict[str, set[str]]:
 
 
 if __name__ == "__main__":
-    result = compare(run(tuple(sys.argv[1:]) or FILES))
+    junits = run(tuple(sys.argv[1:]) or FILES)
+    result = compare(junits)
     print(result.summary())
+    why = {t: m for j in junits for t, m in failures(j).items()}
     for t in sorted(result.lost):
-        print("  lost:", t, result.prefixkv.get(t))
+        print("  lost:", t, result.prefixkv.get(t), why.get(t, "")[:160])
+    for t in sorted(result.missed):
+        print("  built vLLM's manager on the prefixkv run:", t)

@@ -6,9 +6,12 @@ one more parameter, ``kv_manager`` (``vllm`` or ``prefixkv``), which pytest puts
 in its id: ``[vllm-...]`` / ``[prefixkv-...]`` (``[vllm]`` / ``[prefixkv]`` when it had
 none).
 
-With ``prefixkv``, the test's module and vLLM's test helpers (``HELPERS``: the
-``create_scheduler`` modules of tests/v1/core and tests/v1/kv_connector/unit) see
-prefixkv's classes under vLLM's names, for the duration of the test:
+With ``prefixkv``, the test's module and every other module of vLLM's test tree imported
+by then (the ``tests`` package: the test helpers of ``HELPERS``, the ``create_scheduler``
+modules of tests/v1/core and tests/v1/kv_connector/unit, imported first, and test files
+whose helpers other files import, such as test_prefix_caching.py's
+``make_kv_cache_manager``) see prefixkv's classes under vLLM's names, for the duration of
+the test:
 
 - ``Scheduler`` -> ``prefixkv.integrations.vllm.Scheduler`` and ``AsyncScheduler`` ->
   ``prefixkv.integrations.vllm.AsyncScheduler``: what ``--scheduler-cls`` would select;
@@ -24,8 +27,14 @@ prefixkv's classes under vLLM's names, for the duration of the test:
   were built, and their ids otherwise. Each test records how many admissions took a
   Prompt (the junit property ``prepared_prompts_taken``; vllm_suite.py sums them).
 
+Each ``prefixkv`` run also records how many prefixkv managers it began to build
+(``prefixkv_managers``, refused ones included) and how many of vLLM's own
+(``vllm_managers``: a construction the swap did not reach, such as vLLM's
+``DiffusionScheduler``, a class prefixkv does not offer); vllm_suite.py reports both.
+
 Nothing of vLLM is patched: its scheduler, request, configs and connectors are the
-installed wheel's. With ``vllm`` nothing is swapped (the baseline).
+installed wheel's (its ``KVCacheManager.__init__`` is wrapped, in ``prefixkv`` runs, by
+one that counts and calls it). With ``vllm`` nothing is swapped (the baseline).
 """
 
 from __future__ import annotations
@@ -59,6 +68,31 @@ def _swaps() -> dict[str, Any]:
     return {"Scheduler": (Scheduler, plugin.Scheduler),
             "AsyncScheduler": (AsyncScheduler, plugin.AsyncScheduler),
             "KVCacheManager": (KVCacheManager, plugin.KVCacheManager)}
+
+
+def _test_modules(module: Any) -> list[Any]:
+    """The test's module and every module of vLLM's test tree imported so far (the
+    ``tests`` package: helpers such as ``create_scheduler``, and test files whose
+    helpers other test files import, as test_worker_slot_overflow.py imports
+    ``create_scheduler_with_priority`` from test_scheduler.py)."""
+    import sys
+
+    return [module, *(m for name, m in list(sys.modules.items())
+                      if m is not None and m is not module and name.startswith("tests."))]
+
+
+def _count_constructions(cls: type, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the constructions of ``cls`` begun from now on, refused ones included
+    (a one-item list)."""
+    count = [0]
+    init = cls.__init__
+
+    def counting_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        count[0] += 1
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "__init__", counting_init)
+    return count
 
 
 def _prepare_for_the_latest_manager(modules: list[Any], monkeypatch: pytest.MonkeyPatch) -> list[Any]:
@@ -97,21 +131,28 @@ def kv_manager(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     """Which manager this run of the test uses; swaps the names for ``prefixkv``."""
     which: str = getattr(request, "param", "vllm")
     built: list[Any] = []
+    ours, missed = [0], [0]
     if which == "prefixkv":
         import importlib
 
-        modules = [request.module]
         for name in HELPERS:
             try:
-                modules.append(importlib.import_module(name))
+                importlib.import_module(name)
             except ImportError:
                 pass
-        for name, (theirs, ours) in _swaps().items():
+        modules = _test_modules(request.module)
+        swaps = _swaps()
+        for name, (vllms, plugins) in swaps.items():
             for mod in modules:
-                if getattr(mod, name, None) is theirs:
-                    monkeypatch.setattr(mod, name, ours)
+                if getattr(mod, name, None) is vllms:
+                    monkeypatch.setattr(mod, name, plugins)
         built = _prepare_for_the_latest_manager(modules, monkeypatch)
+        vllm_manager, prefixkv_manager = swaps["KVCacheManager"]
+        ours = _count_constructions(prefixkv_manager, monkeypatch)
+        missed = _count_constructions(vllm_manager, monkeypatch)
     yield which
     if which == "prefixkv":
         taken = sum(m.prepared_prompts.taken for m in built)
         request.node.user_properties.append(("prepared_prompts_taken", taken))
+        request.node.user_properties.append(("prefixkv_managers", ours[0]))
+        request.node.user_properties.append(("vllm_managers", missed[0]))

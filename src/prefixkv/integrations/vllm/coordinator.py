@@ -21,7 +21,8 @@ class GroupView:
     """One group, as vLLM's ``SingleTypeKVCacheManager`` shows it: ``block_size``,
     ``kv_cache_spec``, and read-only snapshots of prefixkv's state in vLLM's shapes
     (``req_to_blocks``: live request id -> its blocks in this group; ``num_cached_block``:
-    live request id -> its cached full blocks), which vLLM's tests inspect."""
+    live request id -> its cached full blocks; ``_null_block``), which vLLM's tests
+    inspect."""
 
     retains_longer_hit = False
 
@@ -30,6 +31,12 @@ class GroupView:
         self.kv_cache_group_id = group_id
         self.block_size = block_size
         self.kv_cache_spec = spec
+
+    @property
+    def _null_block(self) -> Any:
+        """vLLM's null block, the entry of ``req_to_blocks`` where a window released a
+        block (the name vLLM's manager keeps it under, which its tests read)."""
+        return self._manager.block_pool.null_block
 
     @property
     def req_to_blocks(self) -> dict[str, list[Any]]:
