@@ -6,6 +6,7 @@ planned) keeps its blocks until the worker reports that save sent."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from .. import skip_module_without_vllm
@@ -46,7 +47,8 @@ def test_async_scheduling_holds_a_finished_requests_blocks_until_its_final_save_
     a.add("r1", [(i * 11) % 997 + 1 for i in range(2 * BLOCK - 1)], max_tokens=2)
     seen: list[tuple[str, list[int], int, bool]] = []
     pending = None
-    for _ in range(12):  # schedule N+1, then process N's output (vLLM's batch queue)
+    for _ in range(400):  # schedule N+1, then process N's output (vLLM's batch queue)
+        time.sleep(0.005)  # (r1 is skipped until its lookup, on another thread, is back)
         out = sched.schedule()
         ran = _work(a, out) if out.total_num_scheduled_tokens or out.kv_connector_metadata else None
         if pending is not None:

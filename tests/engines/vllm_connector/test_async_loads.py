@@ -15,7 +15,7 @@ import torch
 from waiting import wait_until
 
 from .. import skip_module_without_vllm
-from .replica import BLOCK, Replica
+from .replica import BLOCK, Replica, looked_up
 from .test_connector import expected_kv, prompt, saved_by_a
 
 skip_module_without_vllm()
@@ -57,6 +57,7 @@ def test_a_fetch_landing_after_its_request_was_aborted(model, redis, lands):
     idle = free_blocks(b)
     b.add("r2", tokens)
     pid = redis._proc.pid
+    looked_up(b)
     out = b.step(after_schedule=lambda: os.kill(pid, signal.SIGSTOP))  # lookup done
     try:
         assert not out.num_scheduled_tokens

@@ -10,7 +10,7 @@ import torch
 from prefixkv.store.server import LocalRedis
 
 from .. import skip_module_without_vllm
-from .replica import BLOCK, Replica
+from .replica import BLOCK, Replica, looked_up
 
 skip_module_without_vllm()
 
@@ -49,6 +49,7 @@ def test_second_replica_loads_the_first_ones_blocks(model, redis, layouts):
     assert a.worker.worker.stats.saved == 5
 
     b.add("r2", tokens)
+    looked_up(b)  # (r2 skipped until the lookup thread answered)
     out = b.step()  # lookup: 5 blocks held -> waiting for their load
     assert not out.num_scheduled_tokens
     b.run()
@@ -131,6 +132,7 @@ def test_redis_down_costs_recompute_never_an_error(model):
         assert a.worker.worker.stats.saved == 4
         b = Replica(model, server.url)
         b.add("r2", tokens)
+        looked_up(b)
         b.step(after_schedule=server.stop)  # the lookup found 4 blocks; the store goes down
         b.run()
         w = b.worker.worker.stats

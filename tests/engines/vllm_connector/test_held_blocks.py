@@ -13,13 +13,17 @@ from .test_connector import expected_kv
 
 skip_module_without_vllm()
 
+# SYNC: these tests place each request's admission in a given step (r2 must wait for r1's
+# held blocks, not for its lookup): the lookup is made on the scheduler's thread
+# (``lookup_thread=False``), answered in the step that asks.
+
 
 def prompt(n: int) -> list[int]:
     return [(i * 11) % 997 + 1 for i in range(n)]
 
 
 def test_a_final_save_holds_the_blocks_until_the_worker_reports_it_sent(model, redis):
-    a = Replica(model, redis.url, num_blocks=8)
+    a = Replica(model, redis.url, num_blocks=8, lookup_thread=False)  # SYNC
     connector = a.scheduler.connector
     pool = a.scheduler.kv_cache_manager.block_pool
     a.add("r1", prompt(2 * BLOCK), max_tokens=2)
@@ -60,7 +64,7 @@ def test_the_final_save_holds_the_kv_of_its_request_not_of_the_next_one(model, r
     """The hazard itself: were r1's blocks freed at finish, r2's forward would write
     them before the final save's gather (same step), and the store would hold r2's
     KV under r1's names, checksummed as read: a later hit, wrong KV."""
-    a = Replica(model, redis.url, num_blocks=8)
+    a = Replica(model, redis.url, num_blocks=8, lookup_thread=False)  # SYNC
     connector = a.scheduler.connector
     a.add("r1", prompt(2 * BLOCK - 1), max_tokens=2)
     a.step()  # the prefill: block 0 saved with it

@@ -106,10 +106,13 @@ def test_connector_config_reads_and_refuses():
 
     cfg = ConnectorConfig.from_extra({"redis_url": "redis://h:1/0", "retry_after": 0, "ttl": 60})
     assert (cfg.retry_after, cfg.ttl, cfg.timeout, cfg.hash_seed) == (0, 60, 0.25, None)
+    assert cfg.lookup_thread is True
+    assert ConnectorConfig.from_extra({"redis_url": "r", "lookup_thread": False}).lookup_thread is False
     for bad in ({}, {"redis_url": ""}, {"redis_url": "r", "ttl": 1.5}, {"redis_url": "r", "ttl": "9"},
                 {"redis_url": "r", "timeout": 0}, {"redis_url": "r", "retry_after": -1},
                 {"redis_url": "r", "lookup_timeout": float("inf")}, {"redis_url": "r", "hash_seed": -1},
-                {"redis_url": "r", "model": ""}, {"redis_url": "r", "other": 1}):
+                {"redis_url": "r", "model": ""}, {"redis_url": "r", "other": 1},
+                {"redis_url": "r", "lookup_thread": 1}, {"redis_url": "r", "lookup_thread": "no"}):
         with pytest.raises(ConfigError):
             ConnectorConfig.from_extra(bad)
 

@@ -33,6 +33,7 @@ from ...store.redis_store import RedisStore
 from ...store.shared import SharedStore
 from ...store.writer import StoreWriter
 from .connector_config import ConnectorConfig, store_layout
+from .connector_lookup import Lookups
 from .connector_meta import PrefixKVConnectorMetadata
 from .connector_scheduler import ConnectorScheduler
 from .connector_worker import ConnectorWorker, WorkerStats
@@ -77,8 +78,9 @@ class PrefixKVConnector(KVConnectorBase_V1, SupportsHMA):
             backend = RedisStore(cfg.redis_url, timeout=cfg.lookup_timeout, ttl=cfg.ttl)
             store = SharedStore(backend, layout, retry_after=cfg.retry_after)
             link = store.bind("sha256", cfg.hash_seed, root, block_size, None, None)
+            lookups = Lookups(backend, cfg.lookup_timeout) if cfg.lookup_thread else None
             self.scheduler = ConnectorScheduler(link, backend, block_size, fn, root,
-                                                retry_after=cfg.retry_after)
+                                                retry_after=cfg.retry_after, lookups=lookups)
         else:
             backend = RedisStore(cfg.redis_url, timeout=cfg.timeout, ttl=cfg.ttl)
             store = SharedStore(backend, layout, timeout=cfg.timeout, retry_after=cfg.retry_after,
@@ -195,3 +197,5 @@ class PrefixKVConnector(KVConnectorBase_V1, SupportsHMA):
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.close()
+        if self.scheduler is not None:
+            self.scheduler.close()

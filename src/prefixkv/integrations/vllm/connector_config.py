@@ -4,7 +4,10 @@
     redis_url      the store (required): redis://host:port/db, rediss://..., unix://...
     ttl            seconds a block lives in the store (86400)
     timeout        seconds a worker's store call may take (fetch, save) (0.25)
-    lookup_timeout seconds the scheduler's lookup (EXISTS) may take (0.02)
+    lookup_timeout seconds a lookup (EXISTS) may take once sent (0.02)
+    lookup_thread  a bool: look up on the connector's own thread, the scheduler told
+                   "not yet" until the answer is back (True); False: on the
+                   scheduler's thread, which waits for it (up to lookup_timeout)
     retry_after    seconds without store calls after a failure (1.0)
     hash_seed      an int: the sha256 chain's seed, equal on every replica (None: fixed)
     model          the model's name in the layout (default: vLLM's model and revision;
@@ -34,6 +37,7 @@ class ConnectorConfig:
     ttl: int
     timeout: float
     lookup_timeout: float
+    lookup_thread: bool
     retry_after: float
     hash_seed: int | None
     model: str | None
@@ -45,7 +49,7 @@ class ConnectorConfig:
         """Read ``kv_connector_extra_config``. Raises ConfigError for a missing
         ``redis_url``, an unknown key, or a value of the wrong type or range."""
         extra = dict(extra or {})
-        known = {"redis_url", "hash_seed", "model", *_NUMBERS}
+        known = {"redis_url", "hash_seed", "model", "lookup_thread", *_NUMBERS}
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ConfigError(f"unknown kv_connector_extra_config keys {unknown}; known: {sorted(known)}")
@@ -64,11 +68,14 @@ class ConnectorConfig:
                                   f"{'int' if key in _INTS else 'number'} {bound}, got {v!r}")
             values[key] = v
         seed, model = extra.get("hash_seed"), extra.get("model")
+        thread = extra.get("lookup_thread", True)
+        if type(thread) is not bool:
+            raise ConfigError(f"lookup_thread must be a bool, got {thread!r}")
         if seed is not None and (type(seed) is not int or seed < 0):
             raise ConfigError(f"hash_seed must be an int >= 0 or None, got {seed!r}")
         if model is not None and (type(model) is not str or not model):
             raise ConfigError(f"model must be a non-empty str, got {model!r}")
-        return cls(redis_url=url, hash_seed=seed, model=model, **values)
+        return cls(redis_url=url, hash_seed=seed, model=model, lookup_thread=thread, **values)
 
 
 def store_layout(vllm_config: Any, kv_cache_config: Any, model: str | None, tp_rank: int) -> StoreLayout:

@@ -5,8 +5,11 @@ Blocks are named in the store by prefixkv's chain hashes (``prefixkv.hashing``, 
 with the configured seed), so every replica, and every prefixkv manager with the same
 ``StoreLayout``, finds the others' blocks::
 
-    lookup     held = EXISTS of the blocks past the local hit (one round trip, bounded by
-               lookup_timeout); answer (held blocks x block_size, load_async=True)
+    lookup     held = EXISTS of the blocks past the local hit, sent with the step's
+               other lookups from the lookup thread (``connector_lookup``): None (ask
+               again next step) until it is back, then (held blocks x block_size,
+               load_async=True); 0 when it failed or passed lookup_timeout. Without
+               that thread (``lookups`` None), one EXISTS on the scheduler's thread
     alloc      the held blocks' fresh device ids -> a load (``BlockRun``) for the workers
     each step  blocks that this step's forward pass completes, whose tokens are known
                -> saves; a finished request's last full blocks -> a final save, its
@@ -31,6 +34,7 @@ from ...extra_keys import ExtraKeys
 from ...hashing import HashFn, chain, encode_tokens, token_bytes
 from ...store.link import StoreLink
 from ...store.protocol import StoreBackend
+from .connector_lookup import FAILED, Lookups
 from .connector_meta import BlockRun, PrefixKVConnectorMetadata
 from .requests import extra_keys_of
 
@@ -64,12 +68,14 @@ class _Chain:
 
 class ConnectorScheduler:
     """``link``: the store as rank 0's workers see it (its keys); ``backend``: the
-    client for lookups (its timeout bounds the time a lookup may take on the
-    scheduler's thread); ``fn``/``root``: the chain hash and its root."""
+    client for lookups (its timeout bounds the time a lookup may take);
+    ``fn``/``root``: the chain hash and its root; ``lookups``: the lookup thread's
+    queue (None: each lookup is made on the caller's thread)."""
 
     def __init__(self, link: StoreLink, backend: StoreBackend, block_size: int, fn: HashFn,
-                 root: bytes, *, retry_after: float = 1.0) -> None:
+                 root: bytes, *, retry_after: float = 1.0, lookups: Lookups | None = None) -> None:
         self._link, self._backend, self._bs = link, backend, block_size
+        self._lookups = lookups
         self._fn, self._root, self._retry_after = fn, root, retry_after
         self._chains: dict[str, _Chain] = {}
         self._loads: list[BlockRun] = []
@@ -122,11 +128,12 @@ class ConnectorScheduler:
                         tuple(c.hashes[start:end]), tuple(c.chunks[start:end]),
                         tuple(c.extras[start:end]), tuple(block_ids))
 
-    def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+    def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         """``get_num_new_matched_tokens``: the tokens of the full blocks past
         ``num_computed_tokens`` (block-aligned) that the store holds, from there on,
         leaving the last prompt token to compute; and whether they load asynchronously
-        (always, when there are any)."""
+        (always, when there are any). With ``lookups``: None (cannot tell yet) until
+        the request's lookup is back."""
         bs = self._bs
         local, most = num_computed_tokens // bs, (request.num_tokens - 1) // bs
         c = self._chain(request, most)
@@ -137,10 +144,18 @@ class ConnectorScheduler:
             return 0, False
         prefix = self._link.prefix(c.extra)
         keys = [prefix + h.hex().encode() for h in c.hashes[local:most]]
+        if self._lookups is not None:
+            got = self._lookups.answer(request.request_id, local, keys)
+            if got is None:
+                return None, False
+            held = got
+        else:
+            try:
+                held = int(self._backend.held(keys))
+            except Exception:
+                held = FAILED
         self.stats.lookups += 1
-        try:
-            held = int(self._backend.held(keys))
-        except Exception:
+        if held == FAILED:
             self.stats.store_errors += 1
             self._quiet_until = time.monotonic() + self._retry_after
             return 0, False
@@ -149,7 +164,11 @@ class ConnectorScheduler:
 
     def after_alloc(self, request: Any, block_ids: Sequence[int], num_external_tokens: int) -> None:
         """``update_state_after_alloc``: ``block_ids`` are all the request's blocks (group
-        0); a load is stated for the ``num_external_tokens`` past the local hit."""
+        0); a load is stated for the ``num_external_tokens`` past the local hit. The
+        request's lookup is used up (asked again, say after a preemption, it is made
+        again)."""
+        if self._lookups is not None:
+            self._lookups.forget(request.request_id)
         c = self._chains.get(request.request_id)
         if c is None or c.request is not request:  # admitted without our lookup
             c = self._chain(request, 0)
@@ -185,9 +204,12 @@ class ConnectorScheduler:
             self._loading.pop(req_id, None)
 
     def build_meta(self, scheduler_output: Any, block_ids_of: Any) -> PrefixKVConnectorMetadata:
-        """``build_connector_meta``: the loads stated since the last step, the saves of
-        the blocks this step completes (``block_ids_of(req_id)``: the request's block
-        ids) and the final saves of finished requests."""
+        """``build_connector_meta``: sends the step's lookups; the loads stated since
+        the last step, the saves of the blocks this step completes
+        (``block_ids_of(req_id)``: the request's block ids) and the final saves of
+        finished requests."""
+        if self._lookups is not None:
+            self._lookups.flush()  # this step's lookups, one pipeline
         meta = PrefixKVConnectorMetadata(loads=self._loads, finals=self._finals)
         self._loads, self._finals = [], []
         spec = scheduler_output.scheduled_spec_decode_tokens or {}
@@ -222,6 +244,8 @@ class ConnectorScheduler:
         blocks of a load in flight until it lands."""
         c = self._chains.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)
+        if self._lookups is not None:
+            self._lookups.forget(request.request_id)
         if c is None or c.request is not request:
             return False
         if getattr(getattr(request, "status", None), "name", None) == "WAITING_FOR_REMOTE_KVS":
@@ -232,6 +256,15 @@ class ConnectorScheduler:
             return False
         self._finals.append(run)
         return True
+
+    def pending(self) -> int:
+        """Requests whose lookup is kept (asked, in flight, or answered and not used)."""
+        return 0 if self._lookups is None else self._lookups.pending()
+
+    def close(self) -> None:
+        """Stop the lookup thread, if any."""
+        if self._lookups is not None:
+            self._lookups.close()
 
 
 def _num_mm(request: Any) -> int:
