@@ -220,10 +220,10 @@ class Subscriber(ReplicaFollower):
             if held is not None and not sent(held, seq, payload):
                 self._unsent(replica)  # not this life's (buffered.py): is it still that life?
                 return
-            if seq > start or earlier:  # its buffer lost the gap, or no answer: follow
-                self.resyncs += 1  # from here (an earlier-stamped frame unjudged: not
-                self._forget(replica)  # applied, nor the index kept: it understates)
-                if earlier:
+            if seq > start or earlier or not whole:  # its buffer lost the gap, or no
+                self.resyncs += 1  # answer: follow from here (an earlier-stamped or cut
+                self._forget(replica)  # frame unjudged: not applied, nor the index kept,
+                if earlier or not whole:  # whose entries its removals may have ended)
                     self.last_seq[replica], self._last_payload[replica] = seq, payload
                     self._origins.passed(replica, payload)
                     return
