@@ -171,23 +171,23 @@ def test_every_bad_argument_of_a_fleet_constructor_is_a_typed_error_before_any_c
     assert _sweep(name, param) == []
 
 
-_OBSERVE_DEFECT = pytest.mark.xfail(strict=True, reason=(
-    "prefixkv/fleet/metrics.py: CacheMetrics.observe takes NaN usage and negative counts, and "
-    "fails on other bad arguments with an untyped error (ValueError/TypeError/AttributeError), "
-    "mostly after counting the stats: a retry counts the step twice"))
-
-
 @pytest.mark.parametrize(("param", "value"), [
-    pytest.param("stats", None, marks=_OBSERVE_DEFECT, id="stats-None"),
-    pytest.param("usage", "x", marks=_OBSERVE_DEFECT, id="usage-str"),
-    pytest.param("usage", math.nan, marks=_OBSERVE_DEFECT, id="usage-nan"),
-    pytest.param("events", None, marks=_OBSERVE_DEFECT, id="events-None"),
-    pytest.param("dropped_batches", "x", marks=_OBSERVE_DEFECT, id="dropped-str"),
-    pytest.param("dropped_batches", -1, marks=_OBSERVE_DEFECT, id="dropped-negative"),
-    pytest.param("hits_by_source", {"device": -1}, marks=_OBSERVE_DEFECT, id="hits-negative"),
-    pytest.param("hits_by_source", {"device": "x"}, marks=_OBSERVE_DEFECT, id="hits-str"),
-    pytest.param("num_waiting", "x", marks=_OBSERVE_DEFECT, id="waiting-str"),
-    pytest.param("num_running", object(), marks=_OBSERVE_DEFECT, id="running-object"),
+    pytest.param("stats", None, id="stats-None"),
+    pytest.param("usage", "x", id="usage-str"),
+    pytest.param("usage", math.nan, id="usage-nan"),
+    pytest.param("events", None, id="events-None"),
+    pytest.param("dropped_batches", "x", id="dropped-str"),
+    pytest.param("dropped_batches", -1, id="dropped-negative"),
+    pytest.param("hits_by_source", {"device": -1}, id="hits-negative"),
+    pytest.param("hits_by_source", {"device": "x"}, id="hits-str"),
+    pytest.param("num_waiting", "x", id="waiting-str"),
+    pytest.param("num_running", object(), id="running-object"),
+    pytest.param("num_running", -1, id="running-negative"),
+    pytest.param("usage", 1.5, id="usage-above-1"),
+    pytest.param("usage", True, id="usage-bool"),
+    pytest.param("events", 5, id="events-int"),
+    pytest.param("hits_by_source", {5: 1}, id="hits-int-source"),
+    pytest.param("stats", "negative", id="stats-negative-queries"),
 ])
 def test_a_bad_observation_is_a_typed_error_before_any_metric_moves(param, value):
     """``CacheMetrics.observe`` given one bad argument: a ``PrefixKVError`` naming it,
@@ -201,6 +201,8 @@ def test_a_bad_observation_is_a_typed_error_before_any_metric_moves(param, value
     metrics = CacheMetrics(CollectorRegistry())
     metrics.observe(PrefixCacheStats(requests=1, queries=8, hits=4), 0.25)
     before = metrics.exposition()
+    if value == "negative":
+        value = PrefixCacheStats(requests=1, queries=-10, hits=5)
     kwargs: dict[str, Any] = {"stats": PrefixCacheStats(requests=1, queries=10, hits=5), "usage": 0.5,
                               param: value}
     with pytest.raises(PrefixKVError, match=param):
