@@ -38,9 +38,15 @@ def check_publisher_options(endpoint: object, replay_endpoint: object, topic: ob
         raise WireError(f"topic must be a str of UTF-8 text, got {topic!r}"[:200])
     for name, text in (("endpoint", endpoint), ("replay_endpoint", replay_endpoint)):
         if name == "endpoint" or text is not None:
-            if not _utf8(text) or not _ENDPOINT.fullmatch(str(text)):
+            if not is_endpoint(text):
                 raise WireError(f"{name} must be a ZeroMQ endpoint str (transport://address, "
                                 f"as tcp://127.0.0.1:*), got {text!r}"[:200])
+
+
+def is_endpoint(text: object) -> bool:
+    """Whether ``text`` is a ZeroMQ endpoint: a str of UTF-8 text ``transport://address``
+    (ZeroMQ itself refuses anything else with ZMQError, after the socket was made)."""
+    return _utf8(text) and _ENDPOINT.fullmatch(str(text)) is not None
 
 
 def _utf8(text: object) -> bool:
