@@ -169,3 +169,19 @@ def test_router_arguments_of_other_types_are_router_errors():
         with pytest.raises(RouterError, match="events"):
             router.apply("a", bad)  # type: ignore[arg-type]
     assert router.index.num_blocks("a") == 2
+
+
+@pytest.mark.parametrize("pair", [("x", None), ("", None), ("tcp://127.0.0.1:5999", "x"),
+                                  ("tcp://127.0.0.1:5999", "")])
+def test_a_subscriber_endpoint_that_is_not_transport_address_is_refused_before_any_change(pair):
+    # ZeroMQ's connect raised ZMQError, after the subscriber had emptied the replica's
+    # index (router.forget) and opened sockets
+    pytest.importorskip("zmq")
+    from prefixkv.router import Router, RouterError, Stored
+    from prefixkv.router.subscriber import Subscriber
+
+    router = Router(["a"], block_size=4)
+    router.apply("a", [Stored(tuple(router.prompt_hashes(list(range(8)))), None, "GPU")])
+    with pytest.raises(RouterError, match="endpoints"):
+        Subscriber(router, {"a": pair})
+    assert router.cached_tokens(list(range(8)))["a"] == 8

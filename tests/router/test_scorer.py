@@ -123,7 +123,7 @@ def test_balance_holds_the_cap_in_flight_as_the_fleet_drains():
         s = CostScorer(balance=1.1, hold=hold)
         s.pick(busy, 0)
         assert (s.pick(drained, 1) == 0) is home
-    with pytest.raises(ScorerError, match="hold >= 1"):
+    with pytest.raises(ScorerError, match="hold must be an int in \\[1, "):
         CostScorer(hold=0)
 
 

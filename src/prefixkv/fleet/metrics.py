@@ -50,8 +50,38 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..errors import PrefixKVError
 from ..events import BlockRemoved
 from ..stats import PrefixCacheStats
+
+
+class MetricsError(PrefixKVError):
+    """A bad argument to ``CacheMetrics.observe`` (refused before any series moves)."""
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _checked(stats: object, usage: object, events: object, hits_by_source: object,
+             **counts: object) -> tuple[list[object], dict[str, int] | None]:
+    """``observe``'s arguments checked (its doc): the events as a list (an iterator is
+    read once, here) and ``hits_by_source`` as a dict; MetricsError otherwise."""
+    if not isinstance(stats, PrefixCacheStats) or not (_count(stats.queries) and _count(stats.hits)):
+        raise MetricsError(f"stats must be a PrefixCacheStats with queries and hits ints >= 0, "
+                           f"got {stats!r}"[:300])
+    if isinstance(usage, bool) or not isinstance(usage, (int, float)) or not 0 <= usage <= 1:
+        raise MetricsError(f"usage must be a number in [0, 1], got {usage!r}"[:200])
+    for name, value in counts.items():
+        if value is not None and not _count(value):
+            raise MetricsError(f"{name} must be an int >= 0 or None, got {value!r}"[:200])
+    if hits_by_source is not None and not (isinstance(hits_by_source, Mapping) and all(
+            isinstance(k, str) and _count(n) for k, n in hits_by_source.items())):
+        raise MetricsError(f"hits_by_source must map sources (str) to hit tokens (ints >= 0), "
+                           f"got {hits_by_source!r}"[:300])
+    if not isinstance(events, Iterable):
+        raise MetricsError(f"events must be an iterable of events, got {events!r}"[:200])
+    return list(events), None if hits_by_source is None else dict(hits_by_source)
 
 
 class CacheMetrics:
@@ -96,7 +126,16 @@ class CacheMetrics:
         manager's ``usage`` now, the step's events (evictions are counted from them),
         the publisher's cumulative ``dropped_batches``, hit tokens per medium (default:
         all hits from "GPU", the only medium before tiers exist), and the engine's
-        waiting and running requests now (None: the gauge keeps its value)."""
+        waiting and running requests now (None: the gauge keeps its value).
+
+        Raises MetricsError, before any series moves (a retry does not count the step
+        twice), unless ``stats`` is a PrefixCacheStats with ``queries`` and ``hits`` ints
+        >= 0, ``usage`` a number in [0, 1], ``events`` an iterable, ``hits_by_source``
+        None or a mapping of str to ints >= 0, and each of ``dropped_batches``,
+        ``num_waiting`` and ``num_running`` None or an int >= 0."""
+        events, sources = _checked(stats, usage, events, hits_by_source,
+                                   dropped_batches=dropped_batches, num_waiting=num_waiting,
+                                   num_running=num_running)
         queries, hits, usage_g, evictions, dropped = self._series
         queries.inc(stats.queries)
         hits.inc(stats.hits)
@@ -105,7 +144,7 @@ class CacheMetrics:
         if dropped_batches is not None and dropped_batches > self._dropped_seen:
             dropped.inc(dropped_batches - self._dropped_seen)
             self._dropped_seen = dropped_batches
-        for source, n in (hits_by_source or {"GPU": stats.hits}).items():
+        for source, n in (sources or {"GPU": stats.hits}).items():
             self._by_source.labels(*self._labels, source).inc(n)
         for gauge, value in ((self.waiting, num_waiting), (self.running, num_running)):
             if value is not None:

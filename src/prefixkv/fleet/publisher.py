@@ -30,6 +30,7 @@ from typing import Any, cast
 from ..event_log import PendingEvents
 from ..events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .bind import bound
+from .options import check_publisher_options
 from .replay import ReplayBuffer
 from .wire import WireError, check_options, group_fields, group_of, pack, to_wire_events, wire_hash
 
@@ -47,7 +48,7 @@ class EventPublisher:
         topic: first frame of each message ("kv-events" is what vLLM's example uses).
         hash_format: "int" (vLLM's default, low 64 bits) or "bytes" (whole digest).
         dp_rank: data-parallel rank written in every batch.
-        buffer_steps: batches kept for replay (> 0).
+        buffer_steps: batches kept for replay (> 0, at most ``options.MAX_BUFFER_STEPS``).
         max_queue: batches waiting for the thread before ``publish`` drops (> 0).
         heartbeat: seconds of silence before an empty batch is sent (None: never).
         hwm: ZeroMQ's high-water mark of each socket, in messages (0: no limit).
@@ -61,18 +62,8 @@ class EventPublisher:
                  dp_rank: int = 0, buffer_steps: int = 10_000, max_queue: int = 1024,
                  heartbeat: float | None = 1.0, hwm: int = 100_000) -> None:
         check_options(block_size, hash_format, dp_rank)
-        for name, value in (("buffer_steps", buffer_steps), ("max_queue", max_queue)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise WireError(f"{name} must be an int >= 1, got {value!r}")
-        if heartbeat is not None and (isinstance(heartbeat, bool) or not isinstance(
-                heartbeat, (int, float)) or not heartbeat > 0):
-            raise WireError(f"heartbeat must be > 0 seconds or None, got {heartbeat!r}")
-        if not isinstance(hwm, int) or isinstance(hwm, bool) or hwm < 0:
-            raise WireError(f"hwm must be an int >= 0 (0: no limit), got {hwm!r}")
-        for name, text in (("topic", topic), ("endpoint", endpoint),
-                           ("replay_endpoint", replay_endpoint or "")):
-            if not isinstance(text, str) or not _utf8(text):
-                raise WireError(f"{name} must be a str of UTF-8 text, got {text!r}"[:200])
+        check_publisher_options(endpoint, replay_endpoint, topic, buffer_steps, max_queue,
+                                heartbeat, hwm)
         import zmq
 
         self.block_size, self.hash_format, self.dp_rank = block_size, hash_format, dp_rank
@@ -285,11 +276,3 @@ class EventPublisher:
         self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
         self._last_sent = time.monotonic()
 
-
-def _utf8(text: str) -> bool:
-    """Whether ``text`` encodes as UTF-8 (a lone surrogate does not)."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True

@@ -36,6 +36,7 @@ from typing import Any
 
 from .clock import ForwardClock
 from .load import ReplicaLoad, from_metrics
+from .options import check_blocks, check_int, check_number, check_router
 from .router import Router, RouterError
 
 
@@ -58,36 +59,34 @@ class MetricsPoller:
         clock: seconds; must be the router's clock (default: the router's ``clock``).
             Staleness counts its forward motion (a step back is no time: ``clock.py``).
 
-    Raises RouterError for a bad option, before any thread starts.
+    Raises RouterError for a bad option (of another type or range; a ``router`` that is
+    not a Router), before any thread starts.
     """
 
     def __init__(self, router: Router, urls: Mapping[str, str], *, period: float = 1.0,
                  timeout: float = 0.5, stale_periods: int = 3, max_bytes: int = 1 << 22,
                  num_blocks: Mapping[str, int] | None = None,
                  clock: Callable[[], float] | None = None) -> None:
+        replicas = check_router("router", router, RouterError)
+        if not isinstance(urls, Mapping):
+            raise RouterError(f"urls must map replicas to metrics URLs, got {urls!r}"[:200])
         urls = dict(urls)
-        unknown = set(urls) - set(router.replicas)
+        unknown = set(urls) - set(replicas)
         if not urls or unknown:
             raise RouterError(f"urls must name router replicas, at least one; unknown: "
-                              f"{sorted(unknown)}, known: {list(router.replicas)}")
+                              f"{sorted(unknown)}, known: {list(replicas)}")
         for name, url in urls.items():
             parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
             if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
                 raise RouterError(f"metrics URL of {name!r} must be http(s)://host..., got "
                                   f"{url!r}")
-        numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                      for x in (period, timeout, stale_periods, max_bytes))
-        if not (numbers and period > 0 and 0 < timeout <= period
-                and isinstance(stale_periods, int) and stale_periods >= 1 and max_bytes >= 1):
-            raise RouterError(f"need period > 0, 0 < timeout <= period, stale_periods >= 1 "
-                              f"(int), max_bytes >= 1; got {period}, {timeout}, "
-                              f"{stale_periods!r}, {max_bytes}")
-        pools = dict(num_blocks or {})
-        if set(pools) - set(urls) or not all(isinstance(n, int) and not isinstance(n, bool)
-                                              and n >= 1 for n in pools.values()):
-            # refused here: otherwise every scrape of the replica fails at from_metrics
-            raise RouterError(f"num_blocks must map polled replicas to blocks >= 1, got "
-                              f"{pools!r}")
+        check_number("period", period, RouterError, lambda v: v > 0, "seconds > 0")
+        check_number("timeout", timeout, RouterError, lambda v: 0 < v <= period,
+                     f"seconds > 0 and <= period ({period})")
+        check_int("stale_periods", stale_periods, RouterError, 1)
+        check_int("max_bytes", max_bytes, RouterError, 1)
+        # refused here: otherwise every scrape of the replica fails at from_metrics
+        pools = check_blocks("num_blocks", num_blocks, RouterError, urls)
         self.router, self.urls = router, urls
         self.period, self.timeout, self.max_bytes = period, timeout, max_bytes
         self.stale_periods = stale_periods

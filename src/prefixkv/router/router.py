@@ -47,6 +47,7 @@ from .decode import Cleared, Removed, RouterEvent, Stored
 from .index import BlockIndex, InProcessIndex
 from .load import LoadBook, ReplicaLoad
 from .marks import IndexMarks
+from .options import INDEX_METHODS, check_blocks, check_methods, check_names
 from .scorer import ReplicaView, Scorer, ScorerError, default_scorer
 
 POLICIES = ("prefix", "round-robin", "least-loaded")
@@ -73,10 +74,10 @@ class Choice:
 
 class Router:
     """Args:
-        replicas: replica names (non-empty, distinct; a list, not one str).
+        replicas: replica names (at least one, distinct, each a non-empty str; not one str).
         block_size, hash_mode, seed: the replicas' manager settings (``block_hashes``).
         hash_format: how the replicas' publishers send hashes, "int" or "bytes".
-        index: a BlockIndex (default: a new InProcessIndex).
+        index: a BlockIndex, its methods checked (default: a new InProcessIndex).
         policy: one of POLICIES.
         load_weight, balance, cpu_weight, lossy_weight: the default scorer's (module doc,
             ``AffinityScorer``; None: its default). Given with ``scorer``: RouterError (a
@@ -104,13 +105,9 @@ class Router:
                  stale_after: float | None = None, scorer: Scorer | None = None,
                  capacity: dict[str, int] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if isinstance(replicas, str):  # (its characters are no list of names)
-            raise RouterError(f"replicas must be a list of names, got the str {replicas!r}")
-        names = list(replicas)
+        names = check_names("replicas", replicas, RouterError)
         if not callable(clock):
             raise RouterError(f"clock must be a callable returning seconds, got {clock!r}")
-        if not names or len(set(names)) != len(names) or not all(isinstance(r, str) for r in names):
-            raise RouterError(f"replicas must be distinct names, at least one: {names!r}")
         if policy not in POLICIES:
             raise RouterError(f"policy must be one of {POLICIES}, got {policy!r}")
         if hash_format not in ("int", "bytes"):
@@ -120,10 +117,11 @@ class Router:
                                     cpu_weight=cpu_weight, lossy_weight=lossy_weight)
         except ScorerError as exc:
             raise RouterError(str(exc)) from exc
-        if capacity is not None and (set(capacity) - set(names) or not all(
-                isinstance(c, int) and not isinstance(c, bool) and c >= 1
-                for c in capacity.values())):
-            raise RouterError(f"capacity must map replicas to blocks >= 1, got {capacity!r}")
+        capacity = check_blocks("capacity", capacity, RouterError, names) or None
+        if index is not None:
+            check_methods("index", index, RouterError, INDEX_METHODS)
+        if scorer is not None:
+            check_methods("scorer", scorer, RouterError, ("pick",))
         if stale_after is not None and not (real(stale_after) and stale_after >= 0):
             raise RouterError(f"stale_after must be seconds >= 0 or None, got {stale_after!r}")
         block_hashes([], block_size, hash_mode=hash_mode, seed=seed)  # ConfigError early

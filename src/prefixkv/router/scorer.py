@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import PrefixKVError
+from .options import check_int, check_number
 
 
 class ScorerError(PrefixKVError):
@@ -80,9 +81,14 @@ def credited(v: ReplicaView, cpu_weight: float, lossy_weight: float) -> float:
     return cached * lossy_weight if v.lossy else cached
 
 
-def _check_lossy_weight(lossy_weight: float) -> None:
-    if not 0 <= lossy_weight <= 1:
-        raise ScorerError(f"need 0 <= lossy_weight <= 1; got {lossy_weight}")
+def _fraction(name: str, value: object) -> None:
+    """ScorerError unless ``value`` is a number in [0, 1] (a weight of a block)."""
+    check_number(name, value, ScorerError, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+
+
+def _balance(value: object) -> None:
+    """ScorerError unless ``value`` is a number >= 1 (inf: no cap)."""
+    check_number("balance", value, ScorerError, lambda v: v >= 1, "a number >= 1")
 
 
 class Scorer(Protocol):
@@ -117,14 +123,15 @@ class AffinityScorer:
     loaded, then the first in rotation; a lossy replica's runs count ``lossy_weight``
     (module doc). Raises ScorerError unless ``balance >= 1`` (an infinite one: no cap),
     ``load_weight`` is finite and ``>= 0`` (an infinite weight times 0 in flight is NaN),
-    ``0 <= cpu_weight <= 1`` and ``0 <= lossy_weight <= 1``."""
+    ``0 <= cpu_weight <= 1`` and ``0 <= lossy_weight <= 1`` (numbers, not bools)."""
 
     def __init__(self, *, load_weight: float = 1.0, balance: float = 1.25,
                  cpu_weight: float = 0.5, lossy_weight: float = 0.5) -> None:
-        if not balance >= 1 or not 0 <= load_weight < math.inf or not 0 <= cpu_weight <= 1:
-            raise ScorerError(f"need balance >= 1, finite load_weight >= 0, 0 <= cpu_weight <= 1; "
-                              f"got {balance}, {load_weight}, {cpu_weight}")
-        _check_lossy_weight(lossy_weight)
+        _balance(balance)
+        check_number("load_weight", load_weight, ScorerError, lambda v: 0 <= v < math.inf,
+                     "a finite number >= 0")
+        _fraction("cpu_weight", cpu_weight)
+        _fraction("lossy_weight", lossy_weight)
         self.load_weight, self.balance, self.cpu_weight = load_weight, balance, cpu_weight
         self.lossy_weight = lossy_weight
 
@@ -185,7 +192,8 @@ class CostScorer:
     ``busy_threshold`` in (0, 1] or None; ``cpu_weight`` in [0, 1]: how much of a block
     cached on the CPU counts as cached; ``balance`` >= 1 or None (Dynamo's cost alone,
     which may send most requests of a hot prefix to the replica holding it): bounded
-    load around the cost, in three rules (``hold`` >= 1 decisions for the first);
+    load around the cost, in three rules (``hold`` decisions, an int in [1, 2**32], for the
+    first);
     ``lossy_weight`` in [0, 1]: how much of a lossy replica's cached run counts (module
     doc), in the cost and in the rules alike:
 
@@ -205,21 +213,25 @@ class CostScorer:
        cost: Dynamo's cost moves a session when its replica's active blocks outweigh
        the history's prefill, and the session's later turns then follow it there.
 
-    Raises ScorerError for values out of range (an infinite ``prefill_weight`` too: times
-    0 blocks to compute it is NaN)."""
+    Raises ScorerError for values out of range or of another type (a bool is not a
+    number; an infinite ``prefill_weight`` too: times 0 blocks to compute it is NaN)."""
 
     def __init__(self, *, prefill_weight: float = 1.0, temperature: float = 0.0,
                  busy_threshold: float | None = 0.95, cpu_weight: float = 0.5,
                  balance: float | None = None, hold: int = 64, seed: int = 0,
                  lossy_weight: float = 0.5) -> None:
-        if not 0 < prefill_weight < math.inf or not temperature >= 0 or not 0 <= cpu_weight <= 1 or (
-                busy_threshold is not None and not 0 < busy_threshold <= 1) or (
-                balance is not None and not balance >= 1) or not hold >= 1:
-            raise ScorerError(f"need finite prefill_weight > 0, temperature >= 0, 0 <= cpu_weight <= 1, "
-                              f"0 < busy_threshold <= 1 or None, balance >= 1 or None, hold >= 1; "
-                              f"got {prefill_weight}, {temperature}, {cpu_weight}, "
-                              f"{busy_threshold}, {balance}, {hold}")
-        _check_lossy_weight(lossy_weight)
+        check_number("prefill_weight", prefill_weight, ScorerError, lambda v: 0 < v < math.inf,
+                     "a finite number > 0")
+        check_number("temperature", temperature, ScorerError, lambda v: v >= 0,
+                     "a number >= 0")
+        _fraction("cpu_weight", cpu_weight)
+        if busy_threshold is not None:
+            check_number("busy_threshold", busy_threshold, ScorerError, lambda v: 0 < v <= 1,
+                         "a number in (0, 1] or None")
+        if balance is not None:
+            _balance(balance)
+        check_int("hold", hold, ScorerError, 1, 1 << 32)  # (a deque's length: memory)
+        _fraction("lossy_weight", lossy_weight)
         self.lossy_weight = lossy_weight
         self.balance = balance
         self._means: deque[float] = deque(maxlen=hold)  # requests in flight per replica

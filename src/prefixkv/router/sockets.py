@@ -12,6 +12,7 @@ import math
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
+from ..fleet.options import is_endpoint
 from .replay_client import ReplayClient
 from .router import RouterError
 
@@ -29,7 +30,7 @@ def check_options(replicas: Collection[str], endpoints: object, topic: object,
                   replay_timeout: object, max_message_bytes: object = MAX_MESSAGE_BYTES
                   ) -> None:
     """RouterError unless ``endpoints`` maps replicas among ``replicas`` to ``(pub
-    endpoint str, replay endpoint str or None)``, ``topic`` is a str,
+    endpoint, replay endpoint or None)``, ZeroMQ endpoint strs (``transport://address``), ``topic`` is a str,
     ``replay_timeout`` a finite number of seconds > 0 and ``max_message_bytes`` an int
     >= 1 (checked before any socket)."""
     if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) or not (
@@ -40,10 +41,11 @@ def check_options(replicas: Collection[str], endpoints: object, topic: object,
     for replica, pair in endpoints.items():
         if replica not in replicas:
             raise RouterError(f"unknown replica {replica!r}; known: {list(replicas)}")
-        if not (isinstance(pair, tuple) and len(pair) == 2 and _utf8(pair[0])
-                and (pair[1] is None or _utf8(pair[1]))):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and is_endpoint(pair[0])
+                and (pair[1] is None or is_endpoint(pair[1]))):
             raise RouterError(f"endpoints[{replica!r}] must be (pub endpoint, replay endpoint "
-                              f"or None), strs, got {pair!r}")
+                              f"or None), each a ZeroMQ endpoint str (transport://address), "
+                              f"got {pair!r}"[:300])
     if not _utf8(topic):
         raise RouterError(f"topic must be a str of UTF-8 text, got {topic!r}"[:200])
     check_timeout(replay_timeout, "replay_timeout", positive=True)

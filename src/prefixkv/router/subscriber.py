@@ -22,7 +22,8 @@ from typing import Any
 
 from .buffered import run_to, sent
 from .follow import ReplicaFollower
-from .router import Router
+from .options import check_router
+from .router import Router, RouterError
 from .sockets import MAX_MESSAGE_BYTES, ReplicaSockets, check_options, check_timeout
 
 _log = logging.getLogger(__name__)
@@ -40,13 +41,15 @@ class Subscriber(ReplicaFollower):
     ZeroMQ before it is read (counted in ``disconnects``; the replica is verified, its
     batch lost or replayed, as after any disconnect), so no peer can make the router
     read an unbounded message into memory.
-    Raises RouterError, before any change or socket, for a replica the router does not
-    know and for arguments of other types or ranges (``sockets.check_options``)."""
+    Raises RouterError, before any change or socket, for a ``router`` that is not a
+    Router, for a replica the router does not know and for arguments of other types or
+    ranges (``sockets.check_options``)."""
 
     def __init__(self, router: Router, endpoints: Mapping[str, tuple[str, str | None]], *,
                  topic: str = "kv-events", replay_timeout: float = 1.0,
                  max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
-        check_options(router.replicas, endpoints, topic, replay_timeout, max_message_bytes)
+        check_options(check_router("router", router, RouterError), endpoints, topic,
+                      replay_timeout, max_message_bytes)
         super().__init__(router, endpoints, replay_timeout)
         for replica in endpoints:
             router.forget(replica)  # each starts empty
@@ -220,10 +223,10 @@ class Subscriber(ReplicaFollower):
             if held is not None and not sent(held, seq, payload):
                 self._unsent(replica)  # not this life's (buffered.py): is it still that life?
                 return
-            if seq > start or earlier:  # its buffer lost the gap, or no answer: follow
-                self.resyncs += 1  # from here (an earlier-stamped frame unjudged: not
-                self._forget(replica)  # applied, nor the index kept: it understates)
-                if earlier:
+            if seq > start or earlier or not whole:  # its buffer lost the gap, or no
+                self.resyncs += 1  # answer: follow from here (an earlier-stamped or cut
+                self._forget(replica)  # frame unjudged: not applied, nor the index kept,
+                if earlier or not whole:  # whose entries its removals may have ended)
                     self.last_seq[replica], self._last_payload[replica] = seq, payload
                     self._origins.passed(replica, payload)
                     return
