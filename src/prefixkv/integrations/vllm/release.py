@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.request import Request, RequestStatus
 
+from prefixkv.core.block import blocks_for
+
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
@@ -49,7 +51,7 @@ def uncache_set_back(m: KVCacheManager, key: int, request: Request) -> None:
     if request.status == RequestStatus.RUNNING:
         start = n // bs
     elif request.is_finished():
-        start = -(-n // bs)
+        start = blocks_for(n, bs)
     else:
         return
     end = m.core.num_scheduled_tokens(key) // bs
