@@ -43,6 +43,53 @@ class _Unlinked:
         return "UNLINKED"
 
 
+class Run:
+    """A run of blocks one ``store`` recorded after a first new content (``head``, which
+    is not one of them), each the chained child of the one before: ``blocks`` in chain
+    order, their token bytes ``chunks``, the extra-key bytes ``extra`` of every one.
+
+    ``ok``: the index's epoch when recorded, while every block of the run (and the head)
+    still holds that content, found for it (not a spare); -1 from when one of them lost
+    it (the index marks it through each block's ``run``). An ``ok`` run is a verified
+    span: ``claim`` compares its token bytes as one list instead of block by block.
+
+    ``shared``: the blocks' reference count is ``n``, one count for all of them (each
+    block's ``counted`` is this run): they are held by exactly the same requests, so a
+    claim or a release of the whole run changes one count. Any change to one block's
+    count alone (``Block.ref_cnt`` set) first gives every block its own count again
+    (``dissolve``); so does the run's loss of ``ok``. A shared run is ``ok``."""
+
+    __slots__ = ("blocks", "chunks", "extra", "ok", "n", "shared")
+
+    def __init__(self, blocks: list[Block], chunks: list[bytes], extra: bytes, ok: int) -> None:
+        self.blocks = blocks
+        self.chunks = chunks
+        self.extra = extra
+        self.ok = ok
+        self.n = 0
+        self.shared = False
+
+    def dissolve(self) -> None:
+        """Give each block its own count again (the shared one), not shared from now on."""
+        if self.shared:
+            self.shared = False
+            n = self.n
+            for b in self.blocks:
+                b.refs = n
+                b.counted = None
+
+    def broken(self) -> None:
+        """One of the blocks (or the head) lost its content: not ``ok``, not shared."""
+        self.ok = -1
+        if self.shared:
+            self.dissolve()
+
+    def __repr__(self) -> str:
+        return f"Run(ok={self.ok}, n={self.n if self.shared else None}, len={len(self.blocks)})"
+
+
+NO_RUN = Run([], [], b"", -1)  # the ``run`` of a block never recorded in one; never ``ok``
+
 # Typed as a Block so that the links of a linked block need no None checks on the hot
 # paths; it is only ever compared by identity, never read through.
 UNLINKED: Block = cast("Block", _Unlinked())
@@ -56,7 +103,8 @@ NO_CHILD: Block = cast("Block", _NoChild())
 class Block:
     """One physical KV block.
 
-    ``ref_cnt``: how many live requests hold it.
+    ``ref_cnt``: how many live requests hold it (a property: ``refs``, the block's own
+    count, unless the block is one of a shared ``Run``'s, ``counted``, whose ``n`` it is).
     ``key``: the index key of its content once full and recorded (see ``ContentIndex``),
     None while it holds no reusable content (partial, never computed, or reused); while
     it is None, the content fields are stale and meaningless (not cleared: the next fill
@@ -78,10 +126,13 @@ class Block:
     ``chained``: the index finds this block only as its parent's ``child``, not in its
     dicts (see ``ContentIndex``).
     ``prev``/``next``: links of the free queue's cached tier (intrusive list).
+    ``run``: the ``Run`` this block's content was recorded in, or whose head it is (the
+    one it marks broken when that content goes; stale, not ``ok``, once it has);
+    ``starts``: the run whose head it is, if any (stale likewise).
     """
 
     block_id: int
-    ref_cnt: int = 0
+    refs: int = 0
     key: Key | None = None
     parent_cid: int = 0
     extra: bytes = b""
@@ -94,6 +145,21 @@ class Block:
     chained: bool = False
     prev: Block = UNLINKED
     next: Block = UNLINKED
+    run: Run = NO_RUN
+    starts: Run | None = None
+    counted: Run | None = None
+
+    @property
+    def ref_cnt(self) -> int:
+        r = self.counted
+        return self.refs if r is None else r.n
+
+    @ref_cnt.setter
+    def ref_cnt(self, n: int) -> None:  # one block's count alone: its run's is dissolved
+        r = self.counted
+        if r is not None:
+            r.dissolve()
+        self.refs = n
 
     def clear_content(self) -> None:
         """Mark the block as holding no reusable content (``key`` None, not a twin, not

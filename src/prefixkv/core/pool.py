@@ -59,12 +59,14 @@ class BlockPool:
         The caller checked ``can_acquire``."""
         unlinked = 0
         for b in hits:
-            if not b.ref_cnt:  # a free cache hit leaves the cached tier (inlined unlink)
+            if b.counted is not None:  # (one block's count alone: see ``Run``)
+                b.counted.dissolve()
+            if not b.refs:  # a free cache hit leaves the cached tier (inlined unlink)
                 prev, nxt = b.prev, b.next  # (b's own links go stale: never read again
                 prev.next = nxt  # until it is linked anew)
                 nxt.prev = prev
                 unlinked += 1
-            b.ref_cnt += 1
+            b.refs += 1
         self._cached.forget(unlinked)
         return hits + self.take(n) if n else hits[:]
 
@@ -78,11 +80,23 @@ class BlockPool:
         the hits that left the cached tier where they were. In reverse order, each
         block's stale links name its neighbours as they were when it left."""
         self._cached.forget(-unlinked)
+        last = None  # the shared run whose count this undid (its blocks are consecutive)
         for b in reversed(hits):
-            b.ref_cnt -= 1
-            if not b.ref_cnt:
-                b.prev.next = b
-                b.next.prev = b
+            r = b.counted
+            if r is None:
+                b.refs -= 1
+                if b.refs:
+                    continue
+            elif r is last:
+                if r.n:
+                    continue
+            else:
+                r.n -= 1
+                last = r
+                if r.n:
+                    continue
+            b.prev.next = b
+            b.next.prev = b
 
     def take(self, n: int) -> list[Block]:
         """Hand out ``n`` free blocks with refcount 1, empty ones first, then the least
@@ -92,8 +106,8 @@ class BlockPool:
         taken = empty[len(empty) - k:]
         del empty[len(empty) - k:]
         taken.reverse()
-        for b in taken:
-            b.ref_cnt = 1
+        for b in taken:  # (an empty block is no shared run's: those hold content)
+            b.refs = 1
         if n > k:
             taken += self._evict(n - k)
         return taken
@@ -108,8 +122,10 @@ class BlockPool:
             b = self._cached.popleft()
             if b is None:
                 return None
+            if b.counted is not None:
+                b.counted.dissolve()
             self.index.drop_one(b)
-        b.ref_cnt = 1
+        b.refs = 1
         return b
 
     def _evict(self, n: int) -> list[Block]:
@@ -123,7 +139,9 @@ class BlockPool:
         blocks = [b] * n  # (each entry set below: a store, no call, per block)
         for i in range(n):
             blocks[i] = b
-            b.ref_cnt = 1
+            if b.counted is not None:  # (its run is broken by ``drop`` below anyway)
+                b.counted.dissolve()
+            b.refs = 1
             b = b.next
         head.next, b.prev = b, head
         self._cached.forget(n)
@@ -138,19 +156,40 @@ class BlockPool:
         that content, if free, takes the spare's place in the LRU order."""
         to_cache = []
         empty = self._empty
-        for b in blocks:
-            b.ref_cnt -= 1
-            if b.ref_cnt == 0:
-                if b.key is None:
-                    empty.append(b)
-                elif not b.twin:
-                    to_cache.append(b)
+        given = list(blocks)
+        last = None  # the shared run released last (see ``Run``): one count for its blocks
+        for i, b in enumerate(given):
+            r = b.counted
+            if r is None:
+                b.refs -= 1
+                if b.refs:
+                    continue
+            elif r is last:
+                if r.n:
+                    continue
+            else:
+                k = len(r.blocks)  # released whole, consecutively: one count; else each alone
+                span = given[i:i + k]
+                if span == r.blocks or span[::-1] == r.blocks:
+                    r.n -= 1
+                    last = r
+                    if r.n:
+                        continue
                 else:
-                    primary = self.index.release_spare(b)
-                    empty.append(b)
-                    if primary is not None:  # free, so in the cached tier
-                        self._cached.remove(primary)
-                        to_cache.append(primary)
+                    r.dissolve()
+                    b.refs -= 1
+                    if b.refs:
+                        continue
+            if b.key is None:  # b's last reference went
+                empty.append(b)
+            elif not b.twin:
+                to_cache.append(b)
+            else:
+                primary = self.index.release_spare(b)
+                empty.append(b)
+                if primary is not None:  # free, so in the cached tier
+                    self._cached.remove(primary)
+                    to_cache.append(primary)
         self._cached.extend(to_cache)
 
     def reset(self) -> bool:
@@ -158,6 +197,8 @@ class BlockPool:
         if self.num_free != len(self.blocks):
             return False
         for b in self.blocks:
+            if b.counted is not None:
+                b.counted.dissolve()
             b.prev = b.next = UNLINKED
             b.clear_content()
         self._cached = FreeBlockQueue()

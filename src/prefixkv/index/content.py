@@ -36,15 +36,33 @@ announce a hash once (first block) and withdraw it once (last block).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 
 from ..core.block import Block
 from ..core.request import Request
 from ..events import DEVICE, Event
 from .announce import RemovedRun, removed
 from .content_check import check_index, check_lower_chains, check_request
+from .run_check import check_runs
 from .spares import SpareIndex
 
 _NO_PARENT = Block(-1)  # the parent of a first block in ``claim``: never given a child
+
+
+def _agree(known: list[bytes], chunks: Sequence[bytes], i: int) -> int:
+    """How many of ``known`` agree with ``chunks[i:]``, from the first (they do not all):
+    list comparisons in C, halving the stretch where they part (each element compared
+    about twice in all)."""
+    lo, hi = 0, min(len(known), len(chunks) - i)  # known[:lo] agrees; known[:hi] may not
+    if hi and chunks[i:i + hi] == known[:hi]:
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if chunks[i + lo:i + mid] == known[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class ContentIndex(SpareIndex):
@@ -126,10 +144,11 @@ class ContentIndex(SpareIndex):
             return None
         hits: list[Block] = []
         held = 0
-        get, by_key = self._by_chunk.get, self._by_key
+        get, by_key, epoch = self._by_chunk.get, self._by_key, self._epoch
         p = _NO_PARENT  # (its content id is 0, a first block's parent_cid)
         b: Block | None
-        for chunk in chunks:
+        it = iter(chunks)
+        for chunk in it:
             # the parent's last child first: a verified guess saves hashing the chunk
             b = p.child
             if b.key != chunk or b.parent_cid != p.content_id \
@@ -141,15 +160,56 @@ class ContentIndex(SpareIndex):
                     b = by_key.get((cid, chunk, base)) if by_key else None
                     if b is None:
                         break
-            if b.ref_cnt:  # (the held ones are counted: the unlinking branch costs more)
-                b.ref_cnt += 1
+            if b.counted is not None:  # (one block's count alone: see ``Run``)
+                b.counted.dissolve()
+            if b.refs:  # (the held ones are counted: the unlinking branch costs more)
+                b.refs += 1
                 held += 1
             else:  # unlinked from the cached tier in place, its own links left stale
                 b.prev.next = b.next
                 b.next.prev = b.prev
-                b.ref_cnt = 1
+                b.refs = 1
             hits.append(b)
             p = b
+            run = b.starts
+            if run is None or run.ok != epoch or (run.extra is not base and run.extra != base):
+                continue
+            # b heads a run that still holds what it was recorded with: as many of its
+            # blocks as agree with the prompt's next chunks are the blocks found for them
+            i = len(hits)
+            known = run.blocks
+            k = len(known)
+            if chunks[i:i + k] == run.chunks:
+                span = known
+                if run.shared:  # one count for the run; free: its blocks leave the tier
+                    if run.n:
+                        held += k
+                    else:
+                        for b in span:
+                            b.prev.next = b.next
+                            b.next.prev = b.prev
+                    run.n += 1
+                    hits += span
+                    p = span[-1]
+                    next(islice(it, k - 1, None), None)  # (the k chunks compared)
+                    continue
+            else:
+                k = _agree(run.chunks, chunks, i)
+                if not k:
+                    continue
+                span = known[:k]
+                run.dissolve()  # (a part of it claimed: each block counted alone)
+            for b in span:
+                if b.refs:
+                    b.refs += 1
+                    held += 1
+                else:
+                    b.prev.next = b.next
+                    b.next.prev = b.prev
+                    b.refs = 1
+            hits += span
+            p = span[-1]
+            next(islice(it, k - 1, None), None)
         return hits, len(hits) - held
 
     def drop(self, blocks: Sequence[Block]) -> None:
@@ -171,6 +231,8 @@ class ContentIndex(SpareIndex):
         if not twins:  # the common case: each content goes
             keyed = 0
             for b in blocks:  # (a chained block leaves no dict entry)
+                b.run.ok = -1  # (its run, if any, is no longer whole; the pool took b
+                # alone, so the run was dissolved: ``BlockPool._evict``)
                 if b.chained:
                     b.chained = False
                 else:
@@ -189,6 +251,7 @@ class ContentIndex(SpareIndex):
         gone: list[Block] | None = [] if sink.active else None
         chained = 0
         for b in blocks:  # the common case: a chained block leaves no dict entry
+            b.run.ok = -1
             if b.chained:
                 b.chained = False
                 chained += 1
@@ -217,7 +280,9 @@ class ContentIndex(SpareIndex):
         """``drop((b,))``: in the common case, without the tuple and the loop."""
         if self._twins or self._sink.active or self._lower is not None:
             self.drop((b,))
-        elif b.chained:
+            return
+        b.run.broken()
+        if b.chained:
             b.chained = False
             self._num_chained -= 1
             b.key = None
@@ -237,6 +302,7 @@ class ContentIndex(SpareIndex):
         return out
 
     def clear(self) -> None:
+        self._epoch += 1  # (every run recorded so far is not ``ok``)
         self.cut = 0
         self._by_chunk.clear()
         self._by_key.clear()
@@ -248,7 +314,8 @@ class ContentIndex(SpareIndex):
         return check_index(self._by_chunk, self._by_key, self._twins,
                            self.hashing and not self.lazy, blocks,
                            self._num_chained, self._lower is not None, not self.cut) or (
-            check_lower_chains(self._lower, blocks) if self._lower is not None else None)
+            check_lower_chains(self._lower, blocks) if self._lower is not None else None) or (
+            check_runs(blocks, self._epoch))
 
     def check_request(self, req: Request, block_size: int) -> str | None:
         """The first full scheduled block of ``req`` whose content is not its own."""
