@@ -55,11 +55,15 @@ class Run:
 
     ``shared``: the blocks' reference count is ``n``, one count for all of them (each
     block's ``counted`` is this run): they are held by exactly the same requests, so a
-    claim or a release of the whole run changes one count. Any change to one block's
-    count alone (``Block.ref_cnt`` set) first gives every block its own count again
-    (``dissolve``); so does the run's loss of ``ok``. A shared run is ``ok``."""
+    claim or a release of the whole run changes one count. A run becomes shared when a
+    claim takes all of its blocks, each free, at once. Any change to one block's count
+    alone (``Block.ref_cnt`` set), any removal of one of them from the free queue alone,
+    and the loss of any block's content first give every block its own count again
+    (``dissolve``). While ``n`` is 0 the blocks are consecutive in the free queue's cached
+    tier, in the order of ``blocks`` (``fwd``) or the reverse: a claim takes them out of
+    it as one segment."""
 
-    __slots__ = ("blocks", "chunks", "extra", "ok", "n", "shared")
+    __slots__ = ("blocks", "chunks", "extra", "ok", "n", "shared", "fwd")
 
     def __init__(self, blocks: list[Block], chunks: list[bytes], extra: bytes, ok: int) -> None:
         self.blocks = blocks
@@ -68,6 +72,7 @@ class Run:
         self.ok = ok
         self.n = 0
         self.shared = False
+        self.fwd = False
 
     def dissolve(self) -> None:
         """Give each block its own count again (the shared one), not shared from now on."""

@@ -91,10 +91,12 @@ class BlockPool:
                 if r.n:
                     continue
             else:
-                r.n -= 1
-                last = r
-                if r.n:
+                if r.n > 1:
+                    r.n -= 1
+                    last = r
                     continue
+                r.dissolve()  # (its blocks go back where each was, which need not be
+                b.refs = 0  # consecutive: each counted alone; the others drop theirs below)
             b.prev.next = b
             b.next.prev = b
 
@@ -170,8 +172,10 @@ class BlockPool:
             else:
                 k = len(r.blocks)  # released whole, consecutively: one count; else each alone
                 span = given[i:i + k]
-                if span == r.blocks or span[::-1] == r.blocks:
+                fwd = span == r.blocks
+                if fwd or span[::-1] == r.blocks:
                     r.n -= 1
+                    r.fwd = fwd  # (the order its blocks join the cached tier in, at 0)
                     last = r
                     if r.n:
                         continue
@@ -188,6 +192,8 @@ class BlockPool:
                 primary = self.index.release_spare(b)
                 empty.append(b)
                 if primary is not None:  # free, so in the cached tier
+                    if primary.counted is not None:  # (leaves its run's segment)
+                        primary.counted.dissolve()
                     self._cached.remove(primary)
                     to_cache.append(primary)
         self._cached.extend(to_cache)

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import islice
 
-from ..core.block import Block
+from ..core.block import Block, Run
 from ..core.request import Request
 from ..events import DEVICE, Event
 from .announce import RemovedRun, removed
@@ -63,6 +63,24 @@ def _agree(known: list[bytes], chunks: Sequence[bytes], i: int) -> int:
         else:
             hi = mid
     return lo
+
+
+def _split(run: Run, k: int) -> list[Block]:
+    """Cut ``run`` after its first ``k`` blocks (a claim agrees with those alone): the
+    rest become a run of their own, headed by the ``k``-th, shared alike (one segment
+    each while free). Returns the blocks ``run`` keeps."""
+    known = run.blocks
+    tail = Run(known[k:], run.chunks[k:], run.extra, run.ok)
+    run.blocks = known = known[:k]
+    run.chunks = run.chunks[:k]
+    known[-1].starts = tail
+    for b in tail.blocks:
+        b.run = tail
+    if run.shared:
+        tail.shared, tail.n, tail.fwd = True, run.n, run.fwd
+        for b in tail.blocks:
+            b.counted = tail
+    return known
 
 
 class ContentIndex(SpareIndex):
@@ -179,37 +197,41 @@ class ContentIndex(SpareIndex):
             i = len(hits)
             known = run.blocks
             k = len(known)
-            if chunks[i:i + k] == run.chunks:
-                span = known
-                if run.shared:  # one count for the run; free: its blocks leave the tier
-                    if run.n:
-                        held += k
-                    else:
-                        for b in span:
-                            b.prev.next = b.next
-                            b.next.prev = b.prev
-                    run.n += 1
-                    hits += span
-                    p = span[-1]
-                    next(islice(it, k - 1, None), None)  # (the k chunks compared)
-                    continue
-            else:
+            if known[0].parent_cid != b.content_id:  # (b holds other content since)
+                continue
+            if chunks[i:i + k] != run.chunks:
                 k = _agree(run.chunks, chunks, i)
                 if not k:
                     continue
-                span = known[:k]
-                run.dissolve()  # (a part of it claimed: each block counted alone)
-            for b in span:
-                if b.refs:
-                    b.refs += 1
-                    held += 1
+                known = _split(run, k)  # (the part claimed, a run of its own from now on)
+            if run.shared:  # one count for the run; free, it leaves the tier as one segment
+                if run.n:  # (consecutive there: ``Run``)
+                    held += k
+                elif run.fwd:
+                    known[0].prev.next = known[-1].next
+                    known[-1].next.prev = known[0].prev
                 else:
-                    b.prev.next = b.next
-                    b.next.prev = b.prev
-                    b.refs = 1
-            hits += span
-            p = span[-1]
-            next(islice(it, k - 1, None), None)
+                    known[-1].prev.next = known[0].next
+                    known[0].next.prev = known[-1].prev
+                run.n += 1
+            else:
+                was = held
+                for b in known:
+                    if b.refs:
+                        b.refs += 1
+                        held += 1
+                    else:
+                        b.prev.next = b.next
+                        b.next.prev = b.prev
+                        b.refs = 1
+                if held == was:  # each was free: held by this request alone from now on,
+                    run.shared = True  # one count for them all
+                    run.n = 1
+                    for b in known:
+                        b.counted = run
+            hits += known
+            p = known[-1]
+            next(islice(it, k - 1, None), None)  # (the k chunks compared)
         return hits, len(hits) - held
 
     def drop(self, blocks: Sequence[Block]) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from ..core.block import NO_CHILD, Block, ContentKey, Run, key_chunk
+from ..core.block import NO_CHILD, NO_RUN, Block, ContentKey, Run, key_chunk
 from ..core.request import Request
 from ..event_log import EventSink
 from ..events import DEVICE
@@ -151,6 +151,8 @@ class ContentRecorder(Announcer):
         minted = 0  # ids minted below the chained branch (``_chain`` counts its own blocks)
         spares: dict[int, Block] | None = None  # position -> the block held, when deferred
         lower, step = self._lower, self.step
+        # the blocks chained below a first new content: a span for ``claim`` (``Run``)
+        run = Run([], [], b"", -1) if lower is None and req.keys.mm is None else NO_RUN
         for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras, strict=False):
             b.parent_cid = cid
             b.extra = extra
@@ -161,6 +163,7 @@ class ContentRecorder(Announcer):
                 parent.child = b  # type: ignore[union-attr]
                 b.key = chunk
                 b.chained = True
+                b.run = run
                 b.content_id = cid = nid
                 nid += 1
                 parent = b
@@ -193,8 +196,14 @@ class ContentRecorder(Announcer):
                 lower.on_device(slot)  # its chained child must be found by ``find`` now
         self._num_chained += nid - fresh - minted  # (each id the chained branch minted)
         self._next_id = nid
-        if nid - fresh - minted > 1 and lower is None and req.keys.mm is None:
-            self._run(blocks, first, chunks, extras[0], fresh)
+        if nid - fresh - minted > 1 and run is not NO_RUN and blocks[first].content_id >= fresh:
+            # a new first content: every block after it is chained, each marked with run
+            head = blocks[first]
+            run.blocks = blocks[first + 1:first + len(chunks)]
+            run.chunks = list(chunks[1:])
+            run.extra = extras[0]
+            run.ok = self._epoch
+            head.starts = run
         if hashes is not None:
             self._announce(req, first, chunks, hashes)
             if self.fresh is not None:
@@ -203,28 +212,6 @@ class ContentRecorder(Announcer):
             self._sink.defer(StoredRun(self._hasher, blocks[first - 1] if first else None,
                                        blocks[first:first + len(chunks)], chunks, extras,
                                        req.keys.extra, first, self._bs, spares))
-
-    def _run(self, blocks: list[Block], first: int, chunks: list[bytes], extra: bytes,
-             fresh: int) -> None:
-        """Record the blocks chained after ``blocks[first]`` by this ``store`` as a
-        ``Run`` headed by it, if it is a new content (then every block after it is): a
-        span ``claim`` verifies at once; one count for its blocks while each is held by
-        this request alone (refcount 1, as a block just taken is)."""
-        head = blocks[first]
-        if head.content_id < fresh:  # (a spare, or the head of the chained ones is later)
-            return
-        k = len(chunks)
-        members = blocks[first + 1:first + k]
-        run = Run(members, list(chunks[1:]), extra, self._epoch)
-        head.run = head.starts = run
-        shared = [b.refs for b in members].count(1) == k - 1
-        if shared:
-            run.shared = True
-            run.n = 1
-        for b in members:
-            b.run = run
-            if shared:
-                b.counted = run
 
     def adopt(self, blocks: Sequence[Block], slots: Sequence[Block], chunks: Sequence[bytes],
               parent: Block | None, run: bool) -> None:
