@@ -54,6 +54,7 @@ class ContentRecorder(Announcer):
         # from then on the walk probes the device at every step.
         self.cut = 0
         self._epoch = 0  # ``clear`` starts another: every run recorded before is not ``ok``
+        self.runs = True  # record runs (``Run``); off, every block is claimed alone
 
     def store_filled(self, req: Request, j: int) -> None:
         """Record block ``j`` of ``req``, which the last token appended filled (decode).
@@ -152,7 +153,7 @@ class ContentRecorder(Announcer):
         spares: dict[int, Block] | None = None  # position -> the block held, when deferred
         lower, step = self._lower, self.step
         # the blocks chained below a first new content: a span for ``claim`` (``Run``)
-        run = Run([], [], b"", -1) if lower is None and req.keys.mm is None else NO_RUN
+        run = Run([], [], b"", -1) if self.runs and lower is None and req.keys.mm is None else NO_RUN
         for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras, strict=False):
             b.parent_cid = cid
             b.extra = extra
