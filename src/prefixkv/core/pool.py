@@ -13,6 +13,7 @@ removes content from the index (``uncache`` does it for KV that was never comput
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import islice
 from typing import Protocol
 
 from .block import UNLINKED, Block
@@ -155,48 +156,57 @@ class BlockPool:
         the free queue: cached ones as most recently used, in the order given (so of
         blocks released together the first given is evicted first), the rest into the
         empty tier. A spare copy of a cached content goes empty, and the block holding
-        that content, if free, takes the spare's place in the LRU order."""
-        to_cache = []
+        that content, if free, takes the spare's place in the LRU order. The blocks of a
+        shared run (``Run``), given together, drop one count; at 0 they join as one."""
+        to_cache: list[Block] = []
         empty = self._empty
-        given = list(blocks)
-        last = None  # the shared run released last (see ``Run``): one count for its blocks
-        for i, b in enumerate(given):
+        it = iter(blocks)
+        for b in it:
             r = b.counted
             if r is None:
                 b.refs -= 1
                 if b.refs:
                     continue
-            elif r is last:
-                if r.n:
-                    continue
-            else:
-                k = len(r.blocks)  # released whole, consecutively: one count; else each alone
-                span = given[i:i + k]
-                fwd = span == r.blocks
-                if fwd or span[::-1] == r.blocks:
-                    r.n -= 1
-                    r.fwd = fwd  # (the order its blocks join the cached tier in, at 0)
-                    last = r
-                    if r.n:
-                        continue
+                if b.key is None:
+                    empty.append(b)
+                elif not b.twin:
+                    to_cache.append(b)
                 else:
-                    r.dissolve()
-                    b.refs -= 1
-                    if b.refs:
-                        continue
-            if b.key is None:  # b's last reference went
-                empty.append(b)
-            elif not b.twin:
-                to_cache.append(b)
-            else:
-                primary = self.index.release_spare(b)
-                empty.append(b)
-                if primary is not None:  # free, so in the cached tier
-                    if primary.counted is not None:  # (leaves its run's segment)
-                        primary.counted.dissolve()
-                    self._cached.remove(primary)
-                    to_cache.append(primary)
+                    self._spare_freed(b, to_cache)
+                continue
+            span = [b, *islice(it, len(r.blocks) - 1)]
+            fwd = span == r.blocks
+            if fwd or span[::-1] == r.blocks:  # (a request's blocks, forward or reversed)
+                r.n -= 1
+                if not r.n:  # each holds its content, found (not a spare)
+                    r.fwd = fwd  # (the order they join the cached tier in)
+                    to_cache += span
+                continue
+            for x in span:  # given otherwise: each counted alone
+                if x.counted is not None:
+                    x.counted.dissolve()
+            for x in span:
+                x.refs -= 1
+                if x.refs:
+                    continue
+                if x.key is None:
+                    empty.append(x)
+                elif not x.twin:
+                    to_cache.append(x)
+                else:
+                    self._spare_freed(x, to_cache)
         self._cached.extend(to_cache)
+
+    def _spare_freed(self, b: Block, to_cache: list[Block]) -> None:
+        """Spare ``b``'s last reference went: it goes empty, and the block holding its
+        content, if free, takes its place in ``to_cache`` (see ``release``)."""
+        primary = self.index.release_spare(b)
+        self._empty.append(b)
+        if primary is not None:  # free, so in the cached tier
+            if primary.counted is not None:  # (leaves its run's segment)
+                primary.counted.dissolve()
+            self._cached.remove(primary)
+            to_cache.append(primary)
 
     def reset(self) -> bool:
         """Drop all cached content if no block is in use; returns whether it did."""
