@@ -156,6 +156,7 @@ class Block:
 
     @property
     def ref_cnt(self) -> int:
+        """How many live requests hold the block (its run's one count, if shared)."""
         r = self.counted
         return self.refs if r is None else r.n
 
