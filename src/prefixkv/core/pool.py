@@ -162,8 +162,7 @@ class BlockPool:
         empty = self._empty
         it = iter(blocks)
         for b in it:
-            r = b.counted
-            if r is None:
+            if b.counted is None:
                 b.refs -= 1
                 if b.refs:
                     continue
@@ -174,6 +173,7 @@ class BlockPool:
                 else:
                     self._spare_freed(b, to_cache)
                 continue
+            r = b.counted
             span = [b, *islice(it, len(r.blocks) - 1)]
             fwd = span == r.blocks
             if fwd or span[::-1] == r.blocks:  # (a request's blocks, forward or reversed)
