@@ -71,6 +71,11 @@ def both(a: KVCacheManager, b: KVCacheManager, call: str, *args, **kw):
           ("admit", 6, 1, [7], None, True), ("admit", 6, 4, [], None, True)], 8, False)
 # (a run's head made unfindable while held, then refilled with other content: the run
 # after it must not be claimed after that content)
+@example([("admit", 0, 1, [], None, False)] * 4 + [
+    ("admit", 4, 5, [], None, False), ("admit", 0, 4, [], None, True), ("uncache", [7]),
+    ("admit", 0, 4, [], None, False)], 10, False)
+# (a block of a run that is not shared loses its content: the claim that takes the run
+# whole must check each block)
 @given(st.lists(ops, min_size=5, max_size=40), st.sampled_from([10, 12, 16, 24]), st.booleans())
 def test_runs_match_the_per_block_pool(steps, num_blocks, events):
     a = KVCacheManager(num_blocks, BS, seed=0, enable_events=events)

@@ -48,10 +48,12 @@ class Run:
     is not one of them), each the chained child of the one before: ``blocks`` in chain
     order, their token bytes ``chunks``, the extra-key bytes ``extra`` of every one.
 
-    ``ok``: the index's epoch when recorded, while every block of the run (and the head)
-    still holds that content, found for it (not a spare); -1 from when one of them lost
-    it (the index marks it through each block's ``run``). An ``ok`` run is a verified
-    span: ``claim`` compares its token bytes as one list instead of block by block.
+    ``ok``: the index's epoch when recorded (``reset`` starts another), -1 once known
+    broken. A run that is not shared may be stale (a block's content lost since): the
+    claim that first takes it whole checks each block as a hit is checked, then makes
+    it shared. A shared run holds its content: the loss of any block's content breaks it
+    (``broken``). So ``claim`` compares its token bytes as one list, instead of block by
+    block, and checks its first block's parent id against the head's content id.
 
     ``shared``: the blocks' reference count is ``n``, one count for all of them (each
     block's ``counted`` is this run): they are held by exactly the same requests, so a
@@ -93,7 +95,6 @@ class Run:
         return f"Run(ok={self.ok}, n={self.n if self.shared else None}, len={len(self.blocks)})"
 
 
-NO_RUN = Run([], [], b"", -1)  # the ``run`` of a block never recorded in one; never ``ok``
 
 # Typed as a Block so that the links of a linked block need no None checks on the hot
 # paths; it is only ever compared by identity, never read through.
@@ -131,9 +132,8 @@ class Block:
     ``chained``: the index finds this block only as its parent's ``child``, not in its
     dicts (see ``ContentIndex``).
     ``prev``/``next``: links of the free queue's cached tier (intrusive list).
-    ``run``: the ``Run`` this block's content was recorded in, or whose head it is (the
-    one it marks broken when that content goes; stale, not ``ok``, once it has);
-    ``starts``: the run whose head it is, if any (stale likewise).
+    ``starts``: the run whose head it is, if any (may be stale: see ``Run``).
+    ``counted``: the shared run whose count is this block's, if any.
     """
 
     block_id: int
@@ -150,7 +150,6 @@ class Block:
     chained: bool = False
     prev: Block = UNLINKED
     next: Block = UNLINKED
-    run: Run = NO_RUN
     starts: Run | None = None
     counted: Run | None = None
 

@@ -125,8 +125,8 @@ class BlockPool:
             b = self._cached.popleft()
             if b is None:
                 return None
-            if b.counted is not None:
-                b.counted.dissolve()
+            if b.counted is not None:  # (its content goes)
+                b.counted.broken()
             self.index.drop_one(b)
         b.refs = 1
         return b
@@ -142,8 +142,8 @@ class BlockPool:
         blocks = [b] * n  # (each entry set below: a store, no call, per block)
         for i in range(n):
             blocks[i] = b
-            if b.counted is not None:  # (its run is broken by ``drop`` below anyway)
-                b.counted.dissolve()
+            if b.counted is not None:  # (its content goes below: its run is broken)
+                b.counted.broken()
             b.refs = 1
             b = b.next
         head.next, b.prev = b, head

@@ -68,14 +68,12 @@ def _agree(known: list[bytes], chunks: Sequence[bytes], i: int) -> int:
 def _split(run: Run, k: int) -> list[Block]:
     """Cut ``run`` after its first ``k`` blocks (a claim agrees with those alone): the
     rest become a run of their own, headed by the ``k``-th, shared alike (one segment
-    each while free). Returns the blocks ``run`` keeps."""
+    each while free), or not. Returns the blocks ``run`` keeps."""
     known = run.blocks
     tail = Run(known[k:], run.chunks[k:], run.extra, run.ok)
     run.blocks = known = known[:k]
     run.chunks = run.chunks[:k]
     known[-1].starts = tail
-    for b in tail.blocks:
-        b.run = tail
     if run.shared:
         tail.shared, tail.n, tail.fwd = True, run.n, run.fwd
         for b in tail.blocks:
@@ -192,8 +190,8 @@ class ContentIndex(SpareIndex):
             run = b.starts
             if run is None or run.ok != epoch or (run.extra is not base and run.extra != base):
                 continue
-            # b heads a run that still holds what it was recorded with: as many of its
-            # blocks as agree with the prompt's next chunks are the blocks found for them
+            # b heads a run: as many of its blocks as agree with the prompt's next chunks
+            # are the blocks found for them (a shared run holds its content; ``Run``)
             i = len(hits)
             known = run.blocks
             k = len(known)
@@ -214,7 +212,17 @@ class ContentIndex(SpareIndex):
                     known[-1].prev.next = known[0].next
                     known[0].next.prev = known[-1].prev
                 run.n += 1
-            else:
+            else:  # (stale, maybe: each block checked as a hit is, before any is taken)
+                q = b
+                for x, chunk in zip(known, run.chunks, strict=True):
+                    if x.key != chunk or x.twin or x.parent_cid != q.content_id or x.extra != base:
+                        break
+                    q = x
+                else:
+                    q = _NO_PARENT
+                if q is not _NO_PARENT:  # one was not: the blocks go one by one
+                    run.ok = -1
+                    continue
                 was = held
                 for b in known:
                     if b.refs:
@@ -253,8 +261,6 @@ class ContentIndex(SpareIndex):
         if not twins:  # the common case: each content goes
             keyed = 0
             for b in blocks:  # (a chained block leaves no dict entry)
-                b.run.ok = -1  # (its run, if any, is no longer whole; the pool took b
-                # alone, so the run was dissolved: ``BlockPool._evict``)
                 if b.chained:
                     b.chained = False
                 else:
@@ -273,7 +279,6 @@ class ContentIndex(SpareIndex):
         gone: list[Block] | None = [] if sink.active else None
         chained = 0
         for b in blocks:  # the common case: a chained block leaves no dict entry
-            b.run.ok = -1
             if b.chained:
                 b.chained = False
                 chained += 1
@@ -303,7 +308,6 @@ class ContentIndex(SpareIndex):
         if self._twins or self._sink.active or self._lower is not None:
             self.drop((b,))
             return
-        b.run.broken()
         if b.chained:
             b.chained = False
             self._num_chained -= 1

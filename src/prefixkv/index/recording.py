@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from ..core.block import NO_CHILD, NO_RUN, Block, ContentKey, Run, key_chunk
+from ..core.block import NO_CHILD, Block, ContentKey, Run, key_chunk
 from ..core.request import Request
 from ..event_log import EventSink
 from ..events import DEVICE
@@ -153,7 +153,6 @@ class ContentRecorder(Announcer):
         spares: dict[int, Block] | None = None  # position -> the block held, when deferred
         lower, step = self._lower, self.step
         # the blocks chained below a first new content: a span for ``claim`` (``Run``)
-        run = Run([], [], b"", -1) if self.runs and lower is None and req.keys.mm is None else NO_RUN
         for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras, strict=False):
             b.parent_cid = cid
             b.extra = extra
@@ -164,7 +163,6 @@ class ContentRecorder(Announcer):
                 parent.child = b  # type: ignore[union-attr]
                 b.key = chunk
                 b.chained = True
-                b.run = run
                 b.content_id = cid = nid
                 nid += 1
                 parent = b
@@ -197,14 +195,11 @@ class ContentRecorder(Announcer):
                 lower.on_device(slot)  # its chained child must be found by ``find`` now
         self._num_chained += nid - fresh - minted  # (each id the chained branch minted)
         self._next_id = nid
-        if nid - fresh - minted > 1 and run is not NO_RUN and blocks[first].content_id >= fresh:
-            # a new first content: every block after it is chained, each marked with run
-            head = blocks[first]
-            run.blocks = blocks[first + 1:first + len(chunks)]
-            run.chunks = list(chunks[1:])
-            run.extra = extras[0]
-            run.ok = self._epoch
-            head.starts = run
+        if nid - fresh - minted > 1 and blocks[first].content_id >= fresh and self.runs \
+                and lower is None and req.keys.mm is None:
+            # a new first content: every block after it is chained, a run (``Run``)
+            blocks[first].starts = Run(blocks[first + 1:first + len(chunks)], list(chunks[1:]),
+                                       extras[0], self._epoch)
         if hashes is not None:
             self._announce(req, first, chunks, hashes)
             if self.fresh is not None:

@@ -10,43 +10,42 @@ from ..core.block import Block, Run, key_chunk
 
 
 def check_runs(blocks: Sequence[Block], epoch: int) -> str | None:
-    """The first inconsistency of the runs ``blocks`` belong to, None when sound: each
-    block counted through a run is one of its blocks, the run shared and every block of
-    it counted through it, one segment of the cached tier while free; the blocks of each
-    ``ok`` run (of this ``epoch``) hold its chunks, each the child of the one before, found
-    (not spares). (A run's head is verified by the claim that reaches it.)"""
-    seen: set[int] = set()  # the shared runs checked
-    spans: set[int] = set()  # the ok runs checked
+    """The first inconsistency of the shared runs ``blocks`` belong to, None when sound:
+    each block counted through a run is one of its blocks, the run shared and every
+    block of it counted through it, its count not negative, one segment of the cached
+    tier while free; and the run ``ok`` (of this ``epoch``), its blocks holding its chunks,
+    each the child of the one before, found (not spares). (A run that is not shared may
+    be stale: the claim that makes it shared checks it.)"""
+    seen: set[int] = set()
     for b in blocks:
-        c = b.counted
-        if c is not None and id(c) not in seen:
-            r = c
-            seen.add(id(r))
-            if not r.shared or not any(x is b for x in r.blocks):
-                return f"{b!r} is counted through {r!r}, which is not shared or not its"
-            if any(x.counted is not r for x in r.blocks):
-                return f"a block of shared {r!r} is not counted through it"
-            if r.n < 0:
-                return f"shared {r!r} has a negative count"
-            if not r.n and not _consecutive(r):
-                return f"free shared {r!r}: its blocks are not one segment of the cached tier"
-        r = b.run
-        if r.ok == epoch and id(r) not in spans:
-            spans.add(id(r))
-            problem = _check_span(r)
-            if problem:
-                return problem
+        r = b.counted
+        if r is None or id(r) in seen:
+            continue
+        seen.add(id(r))
+        if not r.shared or not any(x is b for x in r.blocks):
+            return f"{b!r} is counted through {r!r}, which is not shared or not its"
+        if any(x.counted is not r for x in r.blocks):
+            return f"a block of shared {r!r} is not counted through it"
+        if r.n < 0:
+            return f"shared {r!r} has a negative count"
+        if not r.n and not _consecutive(r):
+            return f"free shared {r!r}: its blocks are not one segment of the cached tier"
+        if r.ok != epoch:
+            return f"shared {r!r} is not ok"
+        problem = _check_span(r)
+        if problem:
+            return problem
     return None
 
 
 def _check_span(run: Run) -> str | None:
     if len(run.chunks) != len(run.blocks) or not run.blocks:
-        return f"ok {run!r}: its chunks are not its blocks'"
+        return f"{run!r}: its chunks are not its blocks'"
     p = None
     for b, chunk in zip(run.blocks, run.chunks, strict=True):
-        if b.run is not run or b.key is None or key_chunk(b.key) != chunk or b.twin \
+        if b.key is None or key_chunk(b.key) != chunk or b.twin \
                 or b.extra != run.extra or (p is not None and b.parent_cid != p.content_id):
-            return f"ok {run!r}: {b!r} no longer holds what the run recorded"
+            return f"shared {run!r}: {b!r} no longer holds what the run recorded"
         p = b
     return None
 
