@@ -127,6 +127,7 @@ class BlockPool:
                 return None
             if b.counted is not None:  # (its content goes)
                 b.counted.broken()
+            b.starts = None
             self.index.drop_one(b)
         b.refs = 1
         return b
@@ -145,6 +146,7 @@ class BlockPool:
             if b.counted is not None:  # (its content goes below: its run is broken)
                 b.counted.broken()
             b.refs = 1
+            b.starts = None  # (a run it headed is of no use now: not kept alive by it)
             b = b.next
         head.next, b.prev = b, head
         self._cached.forget(n)

@@ -198,7 +198,7 @@ class ContentRecorder(Announcer):
         if nid - fresh - minted > 1 and blocks[first].content_id >= fresh and self.runs \
                 and lower is None and req.keys.mm is None:
             # a new first content: every block after it is chained, a run (``Run``)
-            blocks[first].starts = Run(blocks[first + 1:first + len(chunks)], list(chunks[1:]),
+            blocks[first].starts = Run(blocks[first + 1:first + len(chunks)], chunks[1:],
                                        extras[0], self._epoch)
         if hashes is not None:
             self._announce(req, first, chunks, hashes)
