@@ -22,7 +22,8 @@ PKG = pathlib.Path(prefixkv.__file__).parent
 TYPES = {"errors", "extra_keys", "hashing", "events", "event_log", "results", "stats", "allocator"}
 CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "core.sharing"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.spares",
-         "index.announce", "index.none", "index.hasher", "index.content_check", "index.lower"}
+         "index.announce", "index.none", "index.hasher", "index.content_check", "index.lower",
+         "index.run_check"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.host_landing",
          "tiers.host_offload"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",

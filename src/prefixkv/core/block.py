@@ -43,6 +43,59 @@ class _Unlinked:
         return "UNLINKED"
 
 
+class Run:
+    """A run of blocks one ``store`` recorded after a first new content (``head``, which
+    is not one of them), each the chained child of the one before: ``blocks`` in chain
+    order, their token bytes ``chunks``, the extra-key bytes ``extra`` of every one.
+
+    ``ok``: the index's epoch when recorded (``reset`` starts another), -1 once known
+    broken. A run that is not shared may be stale (a block's content lost since): the
+    claim that first takes it whole checks each block as a hit is checked, then makes
+    it shared. A shared run holds its content: the loss of any block's content breaks it
+    (``broken``). So ``claim`` compares its token bytes as one list, instead of block by
+    block, and checks its first block's parent id against the head's content id.
+
+    ``shared``: the blocks' reference count is ``n``, one count for all of them (each
+    block's ``counted`` is this run): they are held by exactly the same requests, so a
+    claim or a release of the whole run changes one count. A run becomes shared when a
+    claim takes all of its blocks, each free, at once. Any change to one block's count
+    alone (``Block.ref_cnt`` set), any removal of one of them from the free queue alone,
+    and the loss of any block's content first give every block its own count again
+    (``dissolve``). While ``n`` is 0 the blocks are consecutive in the free queue's cached
+    tier, in the order of ``blocks`` (``fwd``) or the reverse: a claim takes them out of
+    it as one segment."""
+
+    __slots__ = ("blocks", "chunks", "extra", "ok", "n", "shared", "fwd")
+
+    def __init__(self, blocks: list[Block], chunks: list[bytes], extra: bytes, ok: int) -> None:
+        self.blocks = blocks
+        self.chunks = chunks
+        self.extra = extra
+        self.ok = ok
+        self.n = 0
+        self.shared = False
+        self.fwd = False
+
+    def dissolve(self) -> None:
+        """Give each block its own count again (the shared one), not shared from now on."""
+        if self.shared:
+            self.shared = False
+            n = self.n
+            for b in self.blocks:
+                b.refs = n
+                b.counted = None
+
+    def broken(self) -> None:
+        """One of the blocks (or the head) lost its content: not ``ok``, not shared."""
+        self.ok = -1
+        if self.shared:
+            self.dissolve()
+
+    def __repr__(self) -> str:
+        return f"Run(ok={self.ok}, n={self.n if self.shared else None}, len={len(self.blocks)})"
+
+
+
 # Typed as a Block so that the links of a linked block need no None checks on the hot
 # paths; it is only ever compared by identity, never read through.
 UNLINKED: Block = cast("Block", _Unlinked())
@@ -56,7 +109,8 @@ NO_CHILD: Block = cast("Block", _NoChild())
 class Block:
     """One physical KV block.
 
-    ``ref_cnt``: how many live requests hold it.
+    ``ref_cnt``: how many live requests hold it (a property: ``refs``, the block's own
+    count, unless the block is one of a shared ``Run``'s, ``counted``, whose ``n`` it is).
     ``key``: the index key of its content once full and recorded (see ``ContentIndex``),
     None while it holds no reusable content (partial, never computed, or reused); while
     it is None, the content fields are stale and meaningless (not cleared: the next fill
@@ -78,10 +132,12 @@ class Block:
     ``chained``: the index finds this block only as its parent's ``child``, not in its
     dicts (see ``ContentIndex``).
     ``prev``/``next``: links of the free queue's cached tier (intrusive list).
+    ``starts``: the run whose head it is, if any (may be stale: see ``Run``).
+    ``counted``: the shared run whose count is this block's, if any.
     """
 
     block_id: int
-    ref_cnt: int = 0
+    refs: int = 0
     key: Key | None = None
     parent_cid: int = 0
     extra: bytes = b""
@@ -94,6 +150,21 @@ class Block:
     chained: bool = False
     prev: Block = UNLINKED
     next: Block = UNLINKED
+    starts: Run | None = None
+    counted: Run | None = None
+
+    @property
+    def ref_cnt(self) -> int:
+        """How many live requests hold the block (its run's one count, if shared)."""
+        r = self.counted
+        return self.refs if r is None else r.n
+
+    @ref_cnt.setter
+    def ref_cnt(self, n: int) -> None:  # one block's count alone: its run's is dissolved
+        r = self.counted
+        if r is not None:
+            r.dissolve()
+        self.refs = n
 
     def clear_content(self) -> None:
         """Mark the block as holding no reusable content (``key`` None, not a twin, not

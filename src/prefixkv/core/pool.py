@@ -13,6 +13,7 @@ removes content from the index (``uncache`` does it for KV that was never comput
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import islice
 from typing import Protocol
 
 from .block import UNLINKED, Block
@@ -59,12 +60,14 @@ class BlockPool:
         The caller checked ``can_acquire``."""
         unlinked = 0
         for b in hits:
-            if not b.ref_cnt:  # a free cache hit leaves the cached tier (inlined unlink)
+            if b.counted is not None:  # (one block's count alone: see ``Run``)
+                b.counted.dissolve()
+            if not b.refs:  # a free cache hit leaves the cached tier (inlined unlink)
                 prev, nxt = b.prev, b.next  # (b's own links go stale: never read again
                 prev.next = nxt  # until it is linked anew)
                 nxt.prev = prev
                 unlinked += 1
-            b.ref_cnt += 1
+            b.refs += 1
         self._cached.forget(unlinked)
         return hits + self.take(n) if n else hits[:]
 
@@ -78,11 +81,25 @@ class BlockPool:
         the hits that left the cached tier where they were. In reverse order, each
         block's stale links name its neighbours as they were when it left."""
         self._cached.forget(-unlinked)
+        last = None  # the shared run whose count this undid (its blocks are consecutive)
         for b in reversed(hits):
-            b.ref_cnt -= 1
-            if not b.ref_cnt:
-                b.prev.next = b
-                b.next.prev = b
+            r = b.counted
+            if r is None:
+                b.refs -= 1
+                if b.refs:
+                    continue
+            elif r is last:
+                if r.n:
+                    continue
+            else:
+                if r.n > 1:
+                    r.n -= 1
+                    last = r
+                    continue
+                r.dissolve()  # (its blocks go back where each was, which need not be
+                b.refs = 0  # consecutive: each counted alone; the others drop theirs below)
+            b.prev.next = b
+            b.next.prev = b
 
     def take(self, n: int) -> list[Block]:
         """Hand out ``n`` free blocks with refcount 1, empty ones first, then the least
@@ -92,8 +109,8 @@ class BlockPool:
         taken = empty[len(empty) - k:]
         del empty[len(empty) - k:]
         taken.reverse()
-        for b in taken:
-            b.ref_cnt = 1
+        for b in taken:  # (an empty block is no shared run's: those hold content)
+            b.refs = 1
         if n > k:
             taken += self._evict(n - k)
         return taken
@@ -108,8 +125,11 @@ class BlockPool:
             b = self._cached.popleft()
             if b is None:
                 return None
+            if b.counted is not None:  # (its content goes)
+                b.counted.broken()
+            b.starts = None
             self.index.drop_one(b)
-        b.ref_cnt = 1
+        b.refs = 1
         return b
 
     def _evict(self, n: int) -> list[Block]:
@@ -123,7 +143,10 @@ class BlockPool:
         blocks = [b] * n  # (each entry set below: a store, no call, per block)
         for i in range(n):
             blocks[i] = b
-            b.ref_cnt = 1
+            if b.counted is not None:  # (its content goes below: its run is broken)
+                b.counted.broken()
+            b.refs = 1
+            b.starts = None  # (a run it headed is of no use now: not kept alive by it)
             b = b.next
         head.next, b.prev = b, head
         self._cached.forget(n)
@@ -135,29 +158,65 @@ class BlockPool:
         the free queue: cached ones as most recently used, in the order given (so of
         blocks released together the first given is evicted first), the rest into the
         empty tier. A spare copy of a cached content goes empty, and the block holding
-        that content, if free, takes the spare's place in the LRU order."""
-        to_cache = []
+        that content, if free, takes the spare's place in the LRU order. The blocks of a
+        shared run (``Run``), given together, drop one count; at 0 they join as one."""
+        to_cache: list[Block] = []
         empty = self._empty
-        for b in blocks:
-            b.ref_cnt -= 1
-            if b.ref_cnt == 0:
+        it = iter(blocks)
+        for b in it:
+            if b.counted is None:
+                b.refs -= 1
+                if b.refs:
+                    continue
                 if b.key is None:
                     empty.append(b)
                 elif not b.twin:
                     to_cache.append(b)
                 else:
-                    primary = self.index.release_spare(b)
-                    empty.append(b)
-                    if primary is not None:  # free, so in the cached tier
-                        self._cached.remove(primary)
-                        to_cache.append(primary)
+                    self._spare_freed(b, to_cache)
+                continue
+            r = b.counted
+            span = [b, *islice(it, len(r.blocks) - 1)]
+            fwd = span == r.blocks
+            if fwd or span[::-1] == r.blocks:  # (a request's blocks, forward or reversed)
+                r.n -= 1
+                if not r.n:  # each holds its content, found (not a spare)
+                    r.fwd = fwd  # (the order they join the cached tier in)
+                    to_cache += span
+                continue
+            for x in span:  # given otherwise: each counted alone
+                if x.counted is not None:
+                    x.counted.dissolve()
+            for x in span:
+                x.refs -= 1
+                if x.refs:
+                    continue
+                if x.key is None:
+                    empty.append(x)
+                elif not x.twin:
+                    to_cache.append(x)
+                else:
+                    self._spare_freed(x, to_cache)
         self._cached.extend(to_cache)
+
+    def _spare_freed(self, b: Block, to_cache: list[Block]) -> None:
+        """Spare ``b``'s last reference went: it goes empty, and the block holding its
+        content, if free, takes its place in ``to_cache`` (see ``release``)."""
+        primary = self.index.release_spare(b)
+        self._empty.append(b)
+        if primary is not None:  # free, so in the cached tier
+            if primary.counted is not None:  # (leaves its run's segment)
+                primary.counted.dissolve()
+            self._cached.remove(primary)
+            to_cache.append(primary)
 
     def reset(self) -> bool:
         """Drop all cached content if no block is in use; returns whether it did."""
         if self.num_free != len(self.blocks):
             return False
         for b in self.blocks:
+            if b.counted is not None:
+                b.counted.dissolve()
             b.prev = b.next = UNLINKED
             b.clear_content()
         self._cached = FreeBlockQueue()

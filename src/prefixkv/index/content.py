@@ -36,15 +36,49 @@ announce a hash once (first block) and withdraw it once (last block).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 
-from ..core.block import Block
+from ..core.block import Block, Run
 from ..core.request import Request
 from ..events import DEVICE, Event
 from .announce import RemovedRun, removed
 from .content_check import check_index, check_lower_chains, check_request
+from .run_check import check_runs
 from .spares import SpareIndex
 
 _NO_PARENT = Block(-1)  # the parent of a first block in ``claim``: never given a child
+
+
+def _agree(known: list[bytes], chunks: Sequence[bytes], i: int) -> int:
+    """How many of ``known`` agree with ``chunks[i:]``, from the first (they do not all):
+    list comparisons in C, halving the stretch where they part (each element compared
+    about twice in all)."""
+    lo, hi = 0, min(len(known), len(chunks) - i)  # known[:lo] agrees; known[:hi] may not
+    if hi and chunks[i:i + hi] == known[:hi]:
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if chunks[i + lo:i + mid] == known[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _split(run: Run, k: int) -> list[Block]:
+    """Cut ``run`` after its first ``k`` blocks (a claim agrees with those alone): the
+    rest become a run of their own, headed by the ``k``-th, shared alike (one segment
+    each while free), or not. Returns the blocks ``run`` keeps."""
+    known = run.blocks
+    tail = Run(known[k:], run.chunks[k:], run.extra, run.ok)
+    run.blocks = known = known[:k]
+    run.chunks = run.chunks[:k]
+    known[-1].starts = tail
+    if run.shared:
+        tail.shared, tail.n, tail.fwd = True, run.n, run.fwd
+        for b in tail.blocks:
+            b.counted = tail
+    return known
 
 
 class ContentIndex(SpareIndex):
@@ -126,10 +160,11 @@ class ContentIndex(SpareIndex):
             return None
         hits: list[Block] = []
         held = 0
-        get, by_key = self._by_chunk.get, self._by_key
+        get, by_key, epoch = self._by_chunk.get, self._by_key, self._epoch
         p = _NO_PARENT  # (its content id is 0, a first block's parent_cid)
         b: Block | None
-        for chunk in chunks:
+        it = iter(chunks)
+        for chunk in it:
             # the parent's last child first: a verified guess saves hashing the chunk
             b = p.child
             if b.key != chunk or b.parent_cid != p.content_id \
@@ -141,15 +176,70 @@ class ContentIndex(SpareIndex):
                     b = by_key.get((cid, chunk, base)) if by_key else None
                     if b is None:
                         break
-            if b.ref_cnt:  # (the held ones are counted: the unlinking branch costs more)
-                b.ref_cnt += 1
+            if b.counted is not None:  # (one block's count alone: see ``Run``)
+                b.counted.dissolve()
+            if b.refs:  # (the held ones are counted: the unlinking branch costs more)
+                b.refs += 1
                 held += 1
             else:  # unlinked from the cached tier in place, its own links left stale
                 b.prev.next = b.next
                 b.next.prev = b.prev
-                b.ref_cnt = 1
+                b.refs = 1
             hits.append(b)
             p = b
+            run = b.starts
+            if run is None or run.ok != epoch or (run.extra is not base and run.extra != base):
+                continue
+            # b heads a run: as many of its blocks as agree with the prompt's next chunks
+            # are the blocks found for them (a shared run holds its content; ``Run``)
+            i = len(hits)
+            known = run.blocks
+            k = len(known)
+            if known[0].parent_cid != b.content_id:  # (b holds other content since)
+                continue
+            if chunks[i:i + k] != run.chunks:
+                k = _agree(run.chunks, chunks, i)
+                if not k:
+                    continue
+                known = _split(run, k)  # (the part claimed, a run of its own from now on)
+            if run.shared:  # one count for the run; free, it leaves the tier as one segment
+                if run.n:  # (consecutive there: ``Run``)
+                    held += k
+                elif run.fwd:
+                    known[0].prev.next = known[-1].next
+                    known[-1].next.prev = known[0].prev
+                else:
+                    known[-1].prev.next = known[0].next
+                    known[0].next.prev = known[-1].prev
+                run.n += 1
+            else:  # (stale, maybe: each block checked as a hit is, before any is taken)
+                q = b
+                for x, chunk in zip(known, run.chunks, strict=True):
+                    if x.key != chunk or x.twin or x.parent_cid != q.content_id or x.extra != base:
+                        break
+                    q = x
+                else:
+                    q = _NO_PARENT
+                if q is not _NO_PARENT:  # one was not: the blocks go one by one
+                    run.ok = -1
+                    continue
+                was = held
+                for b in known:
+                    if b.refs:
+                        b.refs += 1
+                        held += 1
+                    else:
+                        b.prev.next = b.next
+                        b.next.prev = b.prev
+                        b.refs = 1
+                if held == was:  # each was free: held by this request alone from now on,
+                    run.shared = True  # one count for them all
+                    run.n = 1
+                    for b in known:
+                        b.counted = run
+            hits += known
+            p = known[-1]
+            next(islice(it, k - 1, None), None)  # (the k chunks compared)
         return hits, len(hits) - held
 
     def drop(self, blocks: Sequence[Block]) -> None:
@@ -217,7 +307,8 @@ class ContentIndex(SpareIndex):
         """``drop((b,))``: in the common case, without the tuple and the loop."""
         if self._twins or self._sink.active or self._lower is not None:
             self.drop((b,))
-        elif b.chained:
+            return
+        if b.chained:
             b.chained = False
             self._num_chained -= 1
             b.key = None
@@ -237,6 +328,7 @@ class ContentIndex(SpareIndex):
         return out
 
     def clear(self) -> None:
+        self._epoch += 1  # (every run recorded so far is not ``ok``)
         self.cut = 0
         self._by_chunk.clear()
         self._by_key.clear()
@@ -248,7 +340,8 @@ class ContentIndex(SpareIndex):
         return check_index(self._by_chunk, self._by_key, self._twins,
                            self.hashing and not self.lazy, blocks,
                            self._num_chained, self._lower is not None, not self.cut) or (
-            check_lower_chains(self._lower, blocks) if self._lower is not None else None)
+            check_lower_chains(self._lower, blocks) if self._lower is not None else None) or (
+            check_runs(blocks, self._epoch))
 
     def check_request(self, req: Request, block_size: int) -> str | None:
         """The first full scheduled block of ``req`` whose content is not its own."""

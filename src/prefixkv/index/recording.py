@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from ..core.block import NO_CHILD, Block, ContentKey, key_chunk
+from ..core.block import NO_CHILD, Block, ContentKey, Run, key_chunk
 from ..core.request import Request
 from ..event_log import EventSink
 from ..events import DEVICE
@@ -53,6 +53,8 @@ class ContentRecorder(Announcer):
         # written), which leaves nothing cut off; an engine that lets them run would, and
         # from then on the walk probes the device at every step.
         self.cut = 0
+        self._epoch = 0  # ``clear`` starts another: every run recorded before is not ``ok``
+        self.runs = True  # record runs (``Run``); off, every block is claimed alone
 
     def store_filled(self, req: Request, j: int) -> None:
         """Record block ``j`` of ``req``, which the last token appended filled (decode).
@@ -150,6 +152,7 @@ class ContentRecorder(Announcer):
         minted = 0  # ids minted below the chained branch (``_chain`` counts its own blocks)
         spares: dict[int, Block] | None = None  # position -> the block held, when deferred
         lower, step = self._lower, self.step
+        # the blocks chained below a first new content: a span for ``claim`` (``Run``)
         for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras, strict=False):
             b.parent_cid = cid
             b.extra = extra
@@ -192,6 +195,11 @@ class ContentRecorder(Announcer):
                 lower.on_device(slot)  # its chained child must be found by ``find`` now
         self._num_chained += nid - fresh - minted  # (each id the chained branch minted)
         self._next_id = nid
+        if nid - fresh - minted > 1 and blocks[first].content_id >= fresh and self.runs \
+                and lower is None and req.keys.mm is None:
+            # a new first content: every block after it is chained, a run (``Run``)
+            blocks[first].starts = Run(blocks[first + 1:first + len(chunks)], chunks[1:],
+                                       extras[0], self._epoch)
         if hashes is not None:
             self._announce(req, first, chunks, hashes)
             if self.fresh is not None:

@@ -67,6 +67,8 @@ class SpareIndex(ContentRecorder):
         """Take ``b`` out of the index: unlist a twin; replace a primary by a held twin,
         or remove its key (and announce it) when it was the last block holding it; an
         evicted content computed in an earlier step goes down to the tier below."""
+        if b.counted is not None:  # (its shared run is no longer whole)
+            b.counted.broken()
         twins = self._twins
         if b.twin:
             listed = twins.get(b.content_id)

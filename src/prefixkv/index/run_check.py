@@ -1,0 +1,58 @@
+"""What ``check_invariants()`` verifies of the runs (``core.block.Run``): one count for
+the blocks of a shared run, and a run still ``ok`` holding what it was recorded with.
+Builds messages only for what is wrong."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..core.block import Block, Run, key_chunk
+
+
+def check_runs(blocks: Sequence[Block], epoch: int) -> str | None:
+    """The first inconsistency of the shared runs ``blocks`` belong to, None when sound:
+    each block counted through a run is one of its blocks, the run shared and every
+    block of it counted through it, its count not negative, one segment of the cached
+    tier while free; and the run ``ok`` (of this ``epoch``), its blocks holding its chunks,
+    each the child of the one before, found (not spares). (A run that is not shared may
+    be stale: the claim that makes it shared checks it.)"""
+    seen: set[int] = set()
+    for b in blocks:
+        r = b.counted
+        if r is None or id(r) in seen:
+            continue
+        seen.add(id(r))
+        if not r.shared or not any(x is b for x in r.blocks):
+            return f"{b!r} is counted through {r!r}, which is not shared or not its"
+        if any(x.counted is not r for x in r.blocks):
+            return f"a block of shared {r!r} is not counted through it"
+        if r.n < 0:
+            return f"shared {r!r} has a negative count"
+        if not r.n and not _consecutive(r):
+            return f"free shared {r!r}: its blocks are not one segment of the cached tier"
+        if r.ok != epoch:
+            return f"shared {r!r} is not ok"
+        problem = _check_span(r)
+        if problem:
+            return problem
+    return None
+
+
+def _check_span(run: Run) -> str | None:
+    if len(run.chunks) != len(run.blocks) or not run.blocks:
+        return f"{run!r}: its chunks are not its blocks'"
+    p = None
+    for b, chunk in zip(run.blocks, run.chunks, strict=True):
+        if b.key is None or key_chunk(b.key) != chunk or b.twin \
+                or b.extra != run.extra or (p is not None and b.parent_cid != p.content_id):
+            return f"shared {run!r}: {b!r} no longer holds what the run recorded"
+        p = b
+    return None
+
+
+def _consecutive(run: Run) -> bool:
+    """Whether the run's blocks are linked one after the other in the cached tier, in
+    the order ``fwd`` says."""
+    known = run.blocks
+    order = known if run.fwd else known[::-1]
+    return all(a.next is b and b.prev is a for a, b in zip(order, order[1:], strict=False))
