@@ -100,3 +100,32 @@ def test_check_invariants_finds_a_spare_the_index_lost(how):
         match = "spare .* does not match the block"
     with pytest.raises(InvariantError, match=match):
         m.check_invariants()
+
+
+def test_uncaching_a_primary_hands_its_prefix_to_the_spare_and_uncaching_a_spare_empties_it():
+    m = twins(13, enable_events=True)
+    m.take_events()
+    a1, b1 = [t[1] for t in m.get_block_ids("a")], [t[1] for t in m.get_block_ids("b")]
+    m.uncache_blocks(a1)  # a's KV there turned out invalid: b's copies hold the prefix
+    assert [e for e in m.take_events() if isinstance(e, GroupBlockRemoved)] == []
+    assert [t[1] for t in m.lookup_block_ids([1, 2, 3, 4, 5, 6, 7, 8, 9])] == b1
+    m.check_invariants()
+    m.uncache_blocks(b1)  # the last copies: the prefix goes, withdrawn once per group
+    removed = [e for e in m.take_events() if isinstance(e, GroupBlockRemoved)]
+    assert sorted((e.group_idx, e.block_ids[0]) for e in removed) == list(enumerate(b1))
+    assert m.lookup([1, 2, 3, 4, 5, 6, 7, 8, 9]) == 4
+    m.check_invariants()
+    m.free("a")
+    m.free("b")  # blocks 1 of both went empty: first out, nothing of them cached
+    assert set(m.free_block_order()[:4]) == {*a1, *b1}
+    m.check_invariants()
+
+
+def test_uncaching_a_spare_leaves_the_primary_found():
+    m = twins(13)
+    a1, b1 = [t[1] for t in m.get_block_ids("a")], [t[1] for t in m.get_block_ids("b")]
+    m.uncache_blocks(b1)
+    assert [t[1] for t in m.lookup_block_ids([1, 2, 3, 4, 5, 6, 7, 8, 9])] == a1
+    m.free("b")
+    assert set(m.free_block_order()[:2]) == set(b1)
+    m.check_invariants()
