@@ -313,3 +313,40 @@ def test_a_recompute_below_what_a_window_released_reads_the_null_block_in_both()
         assert m.allocate_slots(a, 9) is not None
         tables.append([b == NULL for b in m.get_block_ids("a")[0]])
     assert tables[0] == tables[1] and tables[0][:2] == [True, True]  # (block 1: read at 8)
+
+
+@pytest.mark.parametrize("groups", ["window5", "full+window8"])
+def test_a_prefix_whose_indexed_block_was_evicted_stays_found_in_its_held_copy(groups):
+    # a and b share a 6-token prompt (b hits block 0) and decode the same two tokens: each
+    # fills its own block 1 (a's first, then b's copy). a finishes, c (fresh tokens) takes
+    # every free block, evicting a's block 1 while b still holds its copy. vLLM keeps
+    # every copy under its hash and finds b's: d, resending a's 8 tokens, hits 8 in both
+    # groups. Before: prefixkv's groups index kept one block per prefix (the copy held no
+    # content), so the prefix was lost with a's block: 4 (vllm-r10's seed/window5 case)
+    from vllm.v1.request import RequestStatus
+
+    answers = []
+    for m in _hybrid_pair(2 * 5 + 1, *HYBRIDS[groups]()):
+        a, b = _request("a", list(range(6)), None), _request("b", list(range(6)), None)
+        assert m.allocate_slots(a, 6) is not None
+        blocks, hit, _ = m.get_computed_blocks(b)
+        assert hit == 4 and m.allocate_slots(b, 2, hit, blocks) is not None
+        for r in (a, b):
+            r.status, r.num_computed_tokens = RequestStatus.RUNNING, 6
+        for t in (6, 7):
+            for r in (a, b):
+                r.append_output_token_ids(t)
+                assert m.allocate_slots(r, 1) is not None
+                r.num_computed_tokens += 1
+        a.status = RequestStatus.FINISHED_STOPPED
+        m.free(a)
+        c = _request("c", list(range(100, 100 + 4 * m.block_pool.get_num_free_blocks()
+                                     // len(HYBRIDS[groups]()))), None)
+        assert m.allocate_slots(c, c.num_tokens) is not None
+        c.status = RequestStatus.FINISHED_STOPPED
+        m.free(c)
+        d = _request("d", list(range(8)) + [50], None)
+        blocks, hit, _ = m.get_computed_blocks(d)
+        answers.append((hit, [len(g) for g in blocks.get_block_ids()]))
+    assert answers[1][0] == 8  # (vLLM finds b's copy: the case holds)
+    assert answers[0] == answers[1]

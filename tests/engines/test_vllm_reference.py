@@ -18,10 +18,11 @@ stream by its own state, and a request admitted alike on both and computed as fa
 tables as long, with the same null entries. At every step, in both managers, a hit
 must be true: each block it returns holds, per a model of what every request wrote
 where, the prompt's own prefix up to it (and salt, LoRA adapter, images) in its group,
-and a window group's null entries lie below what the first query reads. On one
-full-attention group, prefixkv keeps at least the prefix vLLM keeps of every request,
-evictions or not (it reuses blocks without content before it evicts, and otherwise
-evicts in vLLM's order). Needs vllm installed."""
+and a window group's null entries lie below what the first query reads. Until hits
+diverge, prefixkv keeps at least the prefix vLLM keeps of every request, evictions or
+not, on one full-attention group and on the hybrid layouts (it reuses blocks without
+content before it evicts, and a prefix stays findable while a copy of it is held, as
+vLLM's every copy under its hash). Needs vllm installed."""
 
 from __future__ import annotations
 
@@ -316,18 +317,16 @@ def _compare(sides: tuple[Side, Side], same_hits: bool) -> None:
     stats = [_stats(s.m) for s in sides]
     assert stats[0] == stats[1] or not same_hits, stats
     ours.m.core.check_invariants()
-    if ours.windows == (None,):  # prefixkv keeps every prefix vLLM keeps, evictions or not
-        # (one full-attention group: a window group keeps one block per prefix, so a
-        # prefix whose indexed block was evicted while a copy is still held is lost,
-        # where vLLM finds the copy: groups/index.py)
-        from prefixkv.integrations.vllm.requests import core_tokens, extra_keys_of
+    # prefixkv keeps every prefix vLLM keeps, evictions or not, on every layout (a copy
+    # vLLM finds under its hash, prefixkv finds as a spare that took over: groups/index.py)
+    from prefixkv.integrations.vllm.requests import core_tokens, extra_keys_of
 
-        for slot, r in ours.reqs.items():
-            v = theirs.reqs[slot]
-            mine = ours.m.core.lookup(core_tokens(r), extra=extra_keys_of(r, BS))
-            vllms = theirs.m.coordinator.find_longest_cache_hit(v.block_hashes, v.num_tokens - 1)[1]
-            assert mine >= vllms, (f"vLLM keeps {vllms} tokens of {list(r.all_token_ids)} "
-                                   f"cached, prefixkv {mine}")
+    for slot, r in ours.reqs.items():
+        v = theirs.reqs[slot]
+        mine = ours.m.core.lookup(core_tokens(r), extra=extra_keys_of(r, BS))
+        vllms = theirs.m.coordinator.find_longest_cache_hit(v.block_hashes, v.num_tokens - 1)[1]
+        assert mine >= vllms, (f"vLLM keeps {vllms} tokens of {list(r.all_token_ids)} "
+                               f"cached, prefixkv {mine}")
 
 
 @settings(max_examples=40, deadline=None)

@@ -6,18 +6,22 @@ because each group looks only in its own dict. ``owner[block_id]`` is the group 
 was last handed to, which routes an eviction to the right dict.
 
 A block holds content when ``nodes[block_id]`` is its ``Prefix`` node, whose key its
-``key`` is (``content_id`` its pid, ``hash`` the node's chain hash). A group keeps one
-block per prefix: a second block that computes a prefix the group already holds (two
-requests prefilling the same text at once) stays without content and goes back empty
-when released (no spare copies, unlike the core's ``ContentIndex``: such a prefix becomes
-unfindable in that group if the indexed block is evicted first, which can cost a hit,
-never correctness).
+``key`` is (``content_id`` its pid, ``hash`` the node's chain hash). A group finds one
+block per prefix, its primary (``entries``); a second block that computes a prefix the
+group already holds (two requests decoding the same text) is a spare (``twin``, listed in
+``twins``), as the core's ``ContentIndex`` keeps them: when the primary is evicted or
+uncached, a held twin takes its place, so the prefix stays findable while any block of
+the group holds it (vLLM keeps every copy under its hash). A twin whose last reference
+goes returns empty, and the primary, if free, takes the twin's place in the LRU order
+(``release_spare``). Events announce a prefix once per group (its first block) and
+withdraw it once (its last).
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ..core.block import Block
 from ..event_log import EventSink
@@ -37,6 +41,7 @@ class GroupIndex:
                  sink: EventSink) -> None:
         self.specs = tuple(specs)
         self.entries: list[dict[int, Block]] = [{} for _ in specs]
+        self.twins: list[dict[int, list[Block]]] = [{} for _ in specs]  # pid -> held spares
         self.owner = [-1] * num_blocks
         self.nodes: list[Prefix | None] = [None] * num_blocks  # block id -> the prefix held
         self.table = table
@@ -59,16 +64,22 @@ class GroupIndex:
     def store(self, g: int, blocks: Sequence[Block | None], nodes: Sequence[Prefix], first: int,
               tokens: array[int], extras: Sequence[ExtraKeys | None], block_size: int) -> None:
         """Record that ``blocks`` (group ``g``'s blocks ``first..``) hold ``nodes``;
-        ``tokens``/``extras[i]`` (ExtraKeys or None) are for the events."""
-        entries, sink, spec = self.entries[g], self._sink, self.specs[g]
+        ``tokens``/``extras[i]`` (ExtraKeys or None) are for the events. A block whose
+        prefix the group holds already becomes a spare of it (no event)."""
+        entries, sink, spec, held = self.entries[g], self._sink, self.specs[g], self.nodes
         for i, (b, node) in enumerate(zip(blocks, nodes, strict=True)):
-            if b is None or node.pid in entries:
-                continue  # released (by a rewound request), or the group holds this prefix already
-            entries[node.pid] = b
-            self.nodes[b.block_id] = node
+            if b is None or held[b.block_id] is not None:
+                continue  # released (by a rewound request), or recorded already
+            held[b.block_id] = node
             b.key = node.key
             b.content_id, b.hash = node.pid, node.hash
             node.refs += 1
+            if node.pid in entries:  # the group holds this prefix already: a spare
+                b.twin = True
+                self.twins[g].setdefault(node.pid, []).append(b)
+                continue
+            b.twin = False
+            entries[node.pid] = b
             if sink.active:
                 assert node.hash is not None, f"{node!r}: events need its chain hash"
                 j = first + i
@@ -95,12 +106,36 @@ class GroupIndex:
                 self._unindex(b)
 
     def _unindex(self, b: Block) -> None:
+        """Take ``b``'s content out of its group: a spare is unlisted; a primary with a
+        held spare hands the prefix to it (still announced); else the prefix goes from
+        the group (withdrawn). ``b`` holds no content after."""
         g = self.owner[b.block_id]
         node = self.nodes[b.block_id]
-        assert node is not None and self.entries[g].get(node.pid) is b, b
-        del self.entries[g][node.pid]
+        assert node is not None, b
         self.nodes[b.block_id] = None
         b.key = None
+        twins = self.twins[g]
+        if b.twin:
+            b.twin = False
+            listed = twins[node.pid]
+            listed.remove(b)
+            if not listed:
+                del twins[node.pid]
+            self.table.unhold(node)
+            return
+        assert self.entries[g].get(node.pid) is b, b
+        heirs = twins.get(node.pid)
+        if heirs:
+            heir = heirs.pop()
+            if not heirs:
+                del twins[node.pid]
+            heir.twin = False
+            self.entries[g][node.pid] = heir
+            # (the snapshot restates the announcement with the heir's id)
+            heir.event = None if b.event is None else replace(b.event, block_ids=(heir.block_id,))
+            self.table.unhold(node)
+            return
+        del self.entries[g][node.pid]
         if self._sink.active:
             assert node.hash is not None, f"{node!r} was announced without its chain hash"
             spec = self.specs[g]
@@ -110,7 +145,14 @@ class GroupIndex:
         self.table.unhold(node)
 
     def release_spare(self, block: Block) -> Block | None:
-        raise AssertionError(f"{block!r}: groups keep no spare copies")
+        """Forget a spare whose last reference went (it returns empty); the primary of
+        its prefix in its group when that sits free (the pool moves it to the spare's
+        place in the LRU order), else None."""
+        g, node = self.owner[block.block_id], self.nodes[block.block_id]
+        assert block.twin and node is not None, block
+        self._unindex(block)
+        primary = self.entries[g].get(node.pid)
+        return primary if primary is not None and not primary.ref_cnt else None
 
     def snapshot(self) -> list[Event]:
         """One GroupBlockStored per indexed block, group by group, parents first."""
@@ -125,32 +167,50 @@ class GroupIndex:
     def clear(self) -> None:
         for e in self.entries:
             e.clear()
+        for t in self.twins:
+            t.clear()
         self.nodes = [None] * len(self.nodes)
         self.table.clear()
 
     def check(self, blocks: Sequence[Block]) -> str | None:
-        """The first block or entry that disagrees, None when sound."""
+        """The first block, entry or spare that disagrees, None when sound."""
         for g, entries in enumerate(self.entries):
             for pid, b in entries.items():
-                node = self.nodes[b.block_id]
-                if node is None or node.pid != pid or b.key is not node.key \
-                        or self.owner[b.block_id] != g or b.content_id != pid or b.twin:
+                if self._holds(b, g, pid) or b.twin:
                     return f"group {g}: entry {pid} -> {b!r} does not match the block"
+            for pid, listed in self.twins[g].items():
+                if pid not in entries or not listed:
+                    return f"group {g}: spares {listed!r} of prefix {pid}, which it does not find"
+                for b in listed:
+                    if self._holds(b, g, pid) or not b.twin or not b.ref_cnt \
+                            or listed.count(b) != 1:
+                        return f"group {g}: spare {b!r} of prefix {pid} does not match the block"
         for b in blocks:
             node = self.nodes[b.block_id]
             if (b.key is None) != (node is None):
                 return f"block {b.block_id}: key {b.key!r} but prefix {node!r}"
             if node is not None:
                 g = self.owner[b.block_id]
-                if g < 0 or self.entries[g].get(node.pid) is not b:
+                if g < 0 or (b not in self.twins[g].get(node.pid, ()) if b.twin
+                             else self.entries[g].get(node.pid) is not b):
                     return f"block {b.block_id} has content but is not indexed in its group {g}"
         return None
 
+    def _holds(self, b: Block, g: int, pid: int) -> str | None:
+        """Why ``b``, listed under prefix ``pid`` of group ``g``, does not hold it."""
+        node = self.nodes[b.block_id]
+        if node is None or node.pid != pid or b.key is not node.key \
+                or self.owner[b.block_id] != g or b.content_id != pid:
+            return f"{b!r} holds {node!r}"
+        return None
+
     def node_refs(self) -> dict[int, int]:
-        """pid -> indexed blocks under it, over every group."""
+        """pid -> blocks holding it (primaries and spares), over every group."""
         refs: dict[int, int] = {}
-        for entries in self.entries:
+        for entries, twins in zip(self.entries, self.twins, strict=True):
             for pid in entries:
                 refs[pid] = refs.get(pid, 0) + 1
+            for pid, listed in twins.items():
+                refs[pid] = refs.get(pid, 0) + len(listed)
         return refs
 
