@@ -3,6 +3,7 @@ state changes; expected shortage is a ``None`` result, never an exception."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Mapping
 from typing import TypeVar
 
@@ -162,3 +163,14 @@ def check_new_request(live: Mapping[Hashable, object], request_id: Hashable) -> 
 def _unhashable(request_id: object, exc: Exception) -> RequestError:
     return RequestError(f"request id must be hashable, got {type(request_id).__name__} "
                         f"(looking it up raised {exc!r})")
+
+
+_ENDPOINT = re.compile(r"[a-z][a-z0-9+.-]*://\S+")  # ZeroMQ's transport://address
+
+
+def is_endpoint(text: object) -> bool:
+    """Whether ``text`` is a ZeroMQ endpoint: a str of UTF-8 text ``transport://address``
+    (ZeroMQ itself refuses anything else with ZMQError, after the socket was made). Here,
+    below both the publisher (fleet) and the router, which check their endpoints alike."""
+    return (isinstance(text, str) and not any("\ud800" <= c <= "\udfff" for c in text)
+            and _ENDPOINT.fullmatch(text) is not None)

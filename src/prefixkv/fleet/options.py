@@ -5,15 +5,13 @@ replay buffer's allocation).
 
 from __future__ import annotations
 
-import re
-
+from ..errors import is_endpoint
 from .wire import WireError
 
 MAX_BUFFER_STEPS = 1 << 32
 """The most batches a replay buffer may keep (vLLM's default is 10,000; a larger count
 is a mistake, and past ``sys.maxsize`` Python cannot even size the buffer)."""
 
-_ENDPOINT = re.compile(r"[a-z][a-z0-9+.-]*://\S+")  # ZeroMQ's transport://address
 
 
 def check_publisher_options(endpoint: object, replay_endpoint: object, topic: object,
@@ -41,12 +39,6 @@ def check_publisher_options(endpoint: object, replay_endpoint: object, topic: ob
             if not is_endpoint(text):
                 raise WireError(f"{name} must be a ZeroMQ endpoint str (transport://address, "
                                 f"as tcp://127.0.0.1:*), got {text!r}"[:200])
-
-
-def is_endpoint(text: object) -> bool:
-    """Whether ``text`` is a ZeroMQ endpoint: a str of UTF-8 text ``transport://address``
-    (ZeroMQ itself refuses anything else with ZMQError, after the socket was made)."""
-    return _utf8(text) and _ENDPOINT.fullmatch(str(text)) is not None
 
 
 def _utf8(text: object) -> bool:

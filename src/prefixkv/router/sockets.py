@@ -12,7 +12,7 @@ import math
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from ..fleet.options import is_endpoint
+from ..errors import is_endpoint
 from .replay_client import ReplayClient
 from .router import RouterError
 
