@@ -46,7 +46,8 @@ class _Unlinked:
 class Run:
     """A run of blocks one ``store`` recorded after a first new content (``head``, which
     is not one of them), each the chained child of the one before: ``blocks`` in chain
-    order, their token bytes ``chunks``, the extra-key bytes ``extra`` of every one.
+    order; ``chunks``: the head's token bytes, then theirs (the list ``store`` was given:
+    not copied); the extra-key bytes ``extra`` of every one.
 
     ``ok``: the index's epoch when recorded (``reset`` starts another), -1 once known
     broken. A run that is not shared may be stale (a block's content lost since): the

@@ -70,9 +70,9 @@ def _split(run: Run, k: int) -> list[Block]:
     rest become a run of their own, headed by the ``k``-th, shared alike (one segment
     each while free), or not. Returns the blocks ``run`` keeps."""
     known = run.blocks
-    tail = Run(known[k:], run.chunks[k:], run.extra, run.ok)
+    tail = Run(known[k:], run.chunks[k:], run.extra, run.ok)  # (headed by known[k - 1])
     run.blocks = known = known[:k]
-    run.chunks = run.chunks[:k]
+    run.chunks = run.chunks[:k + 1]
     known[-1].starts = tail
     if run.shared:
         tail.shared, tail.n, tail.fwd = True, run.n, run.fwd
@@ -197,9 +197,10 @@ class ContentIndex(SpareIndex):
             k = len(known)
             if known[0].parent_cid != b.content_id:  # (b holds other content since)
                 continue
-            if chunks[i:i + k] != run.chunks:
-                k = _agree(run.chunks, chunks, i)
-                if not k:
+            if chunks[i - 1:i + k] != run.chunks:  # (the head's chunk first, as recorded)
+                # (-1: b's differs: b was emptied and refilled since, its ``starts`` stale)
+                k = _agree(run.chunks, chunks, i - 1) - 1
+                if k <= 0:
                     continue
                 known = _split(run, k)  # (the part claimed, a run of its own from now on)
             if run.shared:  # one count for the run; free, it leaves the tier as one segment
@@ -214,7 +215,7 @@ class ContentIndex(SpareIndex):
                 run.n += 1
             else:  # (stale, maybe: each block checked as a hit is, before any is taken)
                 q = b
-                for x, chunk in zip(known, run.chunks, strict=True):
+                for x, chunk in zip(known, islice(run.chunks, 1, None), strict=True):
                     if x.key != chunk or x.twin or x.parent_cid != q.content_id or x.extra != base:
                         break
                     q = x

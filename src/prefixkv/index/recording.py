@@ -152,8 +152,8 @@ class ContentRecorder(Announcer):
         minted = 0  # ids minted below the chained branch (``_chain`` counts its own blocks)
         spares: dict[int, Block] | None = None  # position -> the block held, when deferred
         lower, step = self._lower, self.step
-        # the blocks chained below a first new content: a span for ``claim`` (``Run``)
-        for b, chunk, extra in zip(blocks[first:first + len(chunks)], chunks, extras, strict=False):
+        span = blocks[first:first + len(chunks)]  # (less its head, a ``Run``'s blocks below)
+        for b, chunk, extra in zip(span, chunks, extras, strict=False):
             b.parent_cid = cid
             b.extra = extra
             b.step = step
@@ -198,8 +198,10 @@ class ContentRecorder(Announcer):
         if nid - fresh - minted > 1 and blocks[first].content_id >= fresh and self.runs \
                 and lower is None and req.keys.mm is None:
             # a new first content: every block after it is chained, a run (``Run``)
-            blocks[first].starts = Run(blocks[first + 1:first + len(chunks)], chunks[1:],
-                                       extras[0], self._epoch)
+            # (the span and the store's chunks, the head's first: not copied again)
+            head = span[0]
+            del span[0]  # (a move of the pointers: no count touched)
+            head.starts = Run(span, chunks, extras[0], self._epoch)
         if hashes is not None:
             self._announce(req, first, chunks, hashes)
             if self.fresh is not None:
