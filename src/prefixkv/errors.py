@@ -165,6 +165,12 @@ def _unhashable(request_id: object, exc: Exception) -> RequestError:
                         f"(looking it up raised {exc!r})")
 
 
+def is_utf8(text: object) -> bool:
+    """Whether ``text`` is a str that encodes as UTF-8: one without a lone surrogate (the
+    only code points UTF-8 cannot encode)."""
+    return isinstance(text, str) and not any("\ud800" <= c <= "\udfff" for c in text)
+
+
 _ENDPOINT = re.compile(r"[a-z][a-z0-9+.-]*://\S+")  # ZeroMQ's transport://address
 
 
@@ -172,5 +178,4 @@ def is_endpoint(text: object) -> bool:
     """Whether ``text`` is a ZeroMQ endpoint: a str of UTF-8 text ``transport://address``
     (ZeroMQ itself refuses anything else with ZMQError, after the socket was made). Here,
     below both the publisher (fleet) and the router, which check their endpoints alike."""
-    return (isinstance(text, str) and not any("\ud800" <= c <= "\udfff" for c in text)
-            and _ENDPOINT.fullmatch(text) is not None)
+    return is_utf8(text) and _ENDPOINT.fullmatch(str(text)) is not None

@@ -5,7 +5,7 @@ replay buffer's allocation).
 
 from __future__ import annotations
 
-from ..errors import is_endpoint
+from ..errors import is_endpoint, is_utf8
 from .wire import WireError
 
 MAX_BUFFER_STEPS = 1 << 32
@@ -32,16 +32,10 @@ def check_publisher_options(endpoint: object, replay_endpoint: object, topic: ob
         raise WireError(f"heartbeat must be > 0 seconds or None, got {heartbeat!r}")
     if not isinstance(hwm, int) or isinstance(hwm, bool) or hwm < 0:
         raise WireError(f"hwm must be an int >= 0 (0: no limit), got {hwm!r}")
-    if not _utf8(topic):
+    if not is_utf8(topic):
         raise WireError(f"topic must be a str of UTF-8 text, got {topic!r}"[:200])
     for name, text in (("endpoint", endpoint), ("replay_endpoint", replay_endpoint)):
         if name == "endpoint" or text is not None:
             if not is_endpoint(text):
                 raise WireError(f"{name} must be a ZeroMQ endpoint str (transport://address, "
                                 f"as tcp://127.0.0.1:*), got {text!r}"[:200])
-
-
-def _utf8(text: object) -> bool:
-    """Whether ``text`` is a str that encodes as UTF-8: one without a lone surrogate (the
-    only code points UTF-8 cannot encode; an endpoint or topic is short)."""
-    return isinstance(text, str) and not any("\ud800" <= c <= "\udfff" for c in text)

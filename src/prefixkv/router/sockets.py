@@ -12,7 +12,7 @@ import math
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from ..errors import is_endpoint
+from ..errors import is_endpoint, is_utf8
 from .replay_client import ReplayClient
 from .router import RouterError
 
@@ -46,21 +46,9 @@ def check_options(replicas: Collection[str], endpoints: object, topic: object,
             raise RouterError(f"endpoints[{replica!r}] must be (pub endpoint, replay endpoint "
                               f"or None), each a ZeroMQ endpoint str (transport://address), "
                               f"got {pair!r}"[:300])
-    if not _utf8(topic):
+    if not is_utf8(topic):
         raise RouterError(f"topic must be a str of UTF-8 text, got {topic!r}"[:200])
     check_timeout(replay_timeout, "replay_timeout", positive=True)
-
-
-def _utf8(text: object) -> bool:
-    """Whether ``text`` is a str that encodes as UTF-8 (ZeroMQ's endpoints and the topic
-    frame; a lone surrogate does not)."""
-    if not isinstance(text, str):
-        return False
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def check_timeout(value: object, name: str, *, positive: bool = False) -> None:

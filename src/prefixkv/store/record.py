@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from ..errors import ConfigError
+from ..errors import ConfigError, is_utf8
 
 MAGIC = b"PKV\x01"
 _HEAD = struct.Struct("<4s16sIH")
@@ -45,7 +45,7 @@ class StoreLayout:
     def __post_init__(self) -> None:
         for name in ("model", "dtype"):
             value = getattr(self, name)
-            if type(value) is not str or not value or "\0" in value or not _utf8(value):
+            if type(value) is not str or not value or "\0" in value or not is_utf8(value):
                 raise ConfigError(f"StoreLayout.{name} must be a non-empty UTF-8 str without "
                                   f"a NUL, got {value!r}")
         b = self.block_bytes
@@ -56,14 +56,6 @@ class StoreLayout:
         """16 bytes naming this layout (in every value's head and in the key namespace)."""
         text = f"{self.model}\0{self.dtype}\0{self.block_bytes}".encode()
         return hashlib.sha256(b"prefixkv-layout\0" + text).digest()[:16]
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def block_head(layout: bytes, block_size: int, parent: bytes, tokens: bytes, extra: bytes) -> bytes:
