@@ -41,9 +41,16 @@ def test_refuses_without_cuda(capsys):
 SESSION = SCRIPT.parent / "gpu_session.sh"
 
 
+SESSION_SETTINGS = frozenset({"SESSION_S", "TESTS_S", "BENCH_S", "CASCADE_S", "PROFILE_S", "TUNE_S",
+                              "PROFILE_TILES", "TUNE_SHAPES", "TEST_JOBS", "TUNE_JOBS", "PREFIXKV_COMMIT"})
+
+
 def _session(*args: str, out: Path, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    # The session's own settings (PROFILE_TILES, TESTS_S...) stay out: a test run from inside a
+    # gpu_session.sh started with some of them set must check the script's defaults.
+    inherited = {k: v for k, v in os.environ.items() if k not in SESSION_SETTINGS}
     return subprocess.run(["bash", str(SESSION), *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OUT": str(out), "PYTHON": sys.executable, **env})
+                          env={**inherited, "OUT": str(out), "PYTHON": sys.executable, **env})
 
 
 @pytest.fixture(scope="module")

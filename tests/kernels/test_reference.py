@@ -15,7 +15,7 @@ from prefixkv.kernels import (
 )
 
 from .cases import make_case
-from .conftest import triton_skip_reason
+from .conftest import PRIMARY_DEVICE, triton_skip_reason
 
 
 def naive_attention(case, *, scale, causal, window, softcap):
@@ -105,10 +105,12 @@ def test_a_hand_worked_row_with_sink_softcap_and_window(backend):
     c2, c3 = 2 * math.tanh(1.0), 2 * math.tanh(1.5)
     total = math.exp(c2) + math.exp(c3) + math.exp(0.5)
     cu, used = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([4], dtype=torch.int32)
+    device = PRIMARY_DEVICE if backend == "triton" else "cpu"  # compiled Triton takes CUDA tensors
+    args = [t.to(device) for t in (q, k_cache, v_cache, table, cu, used)]
     out, lse = paged_prefill_attention(
-        q, k_cache, v_cache, table, cu, used, 1, 4, softmax_scale=1.0, softcap=2.0, window_size=(1, 0),
-        sinks=torch.tensor([0.5]), return_lse=True, backend=backend)
+        *args, 1, 4, softmax_scale=1.0, softcap=2.0, window_size=(1, 0),
+        sinks=torch.tensor([0.5], device=device), return_lse=True, backend=backend)
     want = torch.zeros(8)
     want[1] = (3 * math.exp(c2) + 4 * math.exp(c3)) / total
-    torch.testing.assert_close(out[0, 0], want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[0, 0].cpu(), want, atol=1e-5, rtol=1e-5)
     assert lse.shape == (1, 1) and math.isclose(lse.item(), math.log(total), rel_tol=1e-5)

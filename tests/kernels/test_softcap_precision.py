@@ -95,8 +95,8 @@ def test_large_caps_keep_the_scores_float32_exact(softcap, slack):
     # The torch backend (float32 too) is within 3e-6 / 7e-6 here; the exp form alone was 2e-5 /
     # 7e-5 off at a cap of 1e3 and 1.4e-4 / 9e-4 at 1e4. A cap of 100 keeps the exp form (2e-6 /
     # 7e-6 in the interpreter): slack for a GPU's approximate exp2 and division.
-    torch.testing.assert_close(got.cpu().double(), want, atol=8e-6 * slack, rtol=0)
-    torch.testing.assert_close(got_lse.cpu().double(), want_lse, atol=2e-5 * slack, rtol=0)
+    torch.testing.assert_close(got.cpu().double(), want.cpu(), atol=8e-6 * slack, rtol=0)
+    torch.testing.assert_close(got_lse.cpu().double(), want_lse.cpu(), atol=2e-5 * slack, rtol=0)
 
 
 @pytest.mark.parametrize("softcap", [1.0, 30.0, 1e4])
