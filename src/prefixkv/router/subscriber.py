@@ -24,7 +24,7 @@ from .buffered import run_to, sent
 from .follow import ReplicaFollower
 from .options import check_router
 from .router import Router, RouterError
-from .sockets import MAX_MESSAGE_BYTES, ReplicaSockets, check_options, check_timeout
+from .sockets import MAX_MESSAGE_BYTES, PING, ReplicaSockets, check_options, check_timeout
 
 _log = logging.getLogger(__name__)
 COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "bad_replies",
@@ -40,21 +40,24 @@ class Subscriber(ReplicaFollower):
     256 MiB): a publisher or replay endpoint sending a larger one is disconnected by
     ZeroMQ before it is read (counted in ``disconnects``; the replica is verified, its
     batch lost or replayed, as after any disconnect), so no peer can make the router
-    read an unbounded message into memory.
+    read an unbounded message into memory. ``ping``: seconds between ZeroMQ heartbeats
+    on each SUB connection (``sockets.PING``, 1 s); one with no answer for three of them
+    is dropped (``disconnects``) and made again: a host that vanished without closing
+    its connections is noticed (``ReplicaSockets``; None: never noticed).
     Raises RouterError, before any change or socket, for a ``router`` that is not a
     Router, for a replica the router does not know and for arguments of other types or
     ranges (``sockets.check_options``)."""
 
     def __init__(self, router: Router, endpoints: Mapping[str, tuple[str, str | None]], *,
                  topic: str = "kv-events", replay_timeout: float = 1.0,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, ping: float | None = PING) -> None:
         check_options(check_router("router", router, RouterError), endpoints, topic,
-                      replay_timeout, max_message_bytes)
+                      replay_timeout, max_message_bytes, ping)
         super().__init__(router, endpoints, replay_timeout)
         for replica in endpoints:
             router.forget(replica)  # each starts empty
         self._sockets = ReplicaSockets(endpoints, topic, self.replay_timeout_ms,  # sockets.py
-                                       max_message_bytes)
+                                       max_message_bytes, ping)
         self._replay = self._sockets.replay
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
