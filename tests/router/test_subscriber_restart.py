@@ -11,7 +11,7 @@ from prefixkv.router.decode import Stored
 from prefixkv.router.subscriber import Subscriber
 from router.blackhole import Blackhole
 from router.test_subscriber import step, wait_for
-from waiting import LIVE, await_subscribed, poll_until
+from waiting import LIVE, PATIENCE, await_subscribed, poll_until, wait_until
 
 BS = 4
 P = [list(range(100 * i + 1, 100 * i + 13)) for i in range(4)]  # 3 blocks each
@@ -92,3 +92,42 @@ def test_a_ping_out_of_range_is_a_router_error_before_any_change(bad):
     with pytest.raises(RouterError, match="ping"):
         Subscriber(router, {"r": ("tcp://127.0.0.1:1", None)}, ping=bad)
     assert router.index.num_blocks("r") == 1  # not forgotten
+
+
+def test_route_does_not_wait_for_a_replay_under_way():
+    """The subscriber's thread held ``subscriber.lock``, which ``route`` callers take,
+    for the whole of a message's handling, replay requests included: a replay endpoint
+    slow to answer (busy, or gone: up to ``replay_timeout``, ten of them for a streamed
+    answer) held every ``route`` call that long. The lock is taken only to change the
+    index now."""
+    import msgpack
+    import zmq
+
+    pub, mgr = publisher(replay=None)
+    server = zmq.Context.instance().socket(zmq.ROUTER)  # a replay endpoint that waits
+    server.bind("tcp://127.0.0.1:*")
+    router = Router(["r"], block_size=BS)
+    sub = Subscriber(router, {"r": (pub.endpoint, server.getsockopt_string(zmq.LAST_ENDPOINT))},
+                     replay_timeout=LIVE)
+    try:
+        sub.start()
+        await_subscribed(sub)
+        step(pub, mgr, "a", P[0])               # first contact: a snapshot is asked
+        assert server.poll(PATIENCE * 1000)
+        ident, _, body = server.recv_multipart()
+        assert msgpack.unpackb(body) == {"start_seq": 0}
+        assert sub.lock.acquire(blocking=False)  # a route call would not wait
+        try:
+            assert router.route(P[0]).cached_tokens == 0
+        finally:
+            sub.lock.release()
+        router.finish("r")
+        answer = {"publisher_epoch": "e", "next_seq": 1, "replayed_batches": [],
+                  "snapshot": pub.replay.since(0)[0][1]}
+        server.send_multipart([ident, b"", msgpack.packb(answer)])
+        wait_until(lambda: router.cached_tokens(P[0])["r"] == 12, "the snapshot applied")
+        assert sub.snapshots == 1 and sub.errors == 0
+    finally:
+        sub.close()
+        pub.close()
+        server.close(linger=0)

@@ -61,7 +61,6 @@ class Subscriber(ReplicaFollower):
         self._replay = self._sockets.replay
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.lock = threading.Lock()  # held while the index changes (thread mode)
 
     def poll(self, timeout: float = 0.0) -> int:
         """Handle the messages waiting now (waiting up to ``timeout`` s for the first),
@@ -72,15 +71,16 @@ class Subscriber(ReplicaFollower):
         check_timeout(timeout, "timeout")
         handled = 0
         for sock, frames in self._sockets.messages(timeout):
-            try:
-                with self.lock:
-                    handled += self._on_frames(sock, frames)
+            try:  # (the lock is taken where the index changes: follow.py)
+                handled += self._on_frames(sock, frames)
             except Exception as exc:  # a defect, not bad input (that is checked): go on
                 self._failed(exc)
         return handled
 
     def start(self) -> None:
-        """Poll in a background thread until ``close``."""
+        """Poll in a background thread until ``close``. Take ``lock`` around ``route``
+        calls then: the thread holds it while it changes the index, never while it waits
+        for a replay answer."""
         def loop() -> None:
             while not self._stop.is_set():
                 try:
