@@ -59,8 +59,9 @@ class ReplicaFollower:
         """After a disconnect: make sure ``replica`` is the publisher it was (module doc)."""
         self._unverified.discard(replica)
         last = self.last_seq.get(replica)
-        if last is not None and last < 0:  # nothing applied since it was forgotten
-            self._forget(replica)
+        if last is not None and (last < 0 or replica in self._legacy and replica not in
+                                 self._last_payload):  # nothing applied since it was
+            self._forget(replica)  # forgotten (a resync on a cut frame: nothing to compare)
             return
         if last is None or replica not in self._legacy and self._catch_up(replica, last):
             return

@@ -210,7 +210,7 @@ class Subscriber(ReplicaFollower):
             # (first contact, after a forget), a cut or an earlier-stamped frame: the
             # publisher's buffer says what it sent
             held = self._held(replica, last if last is not None and last >= 0 else start)
-            if held is not None and last is not None and last >= 0 and any(
+            if held is not None and last is not None and replica in self._last_payload and any(
                     s == last for s, _ in held) and not sent(held, last, self._last_payload[replica]):
                 self._verify(replica)  # its batch ``last`` is not the one applied: a new
                 # life (its monitor's report missed or not read yet), rebuilt from its buffer
@@ -229,8 +229,8 @@ class Subscriber(ReplicaFollower):
             if seq > start or earlier or not whole:  # its buffer lost the gap, or no
                 self.resyncs += 1  # answer: follow from here (an earlier-stamped or cut
                 self._forget(replica)  # frame unjudged: not applied, nor the index kept,
-                if earlier or not whole:  # whose entries its removals may have ended)
-                    self.last_seq[replica], self._last_payload[replica] = seq, payload
-                    self._origins.passed(replica, payload)
-                    return
+                if earlier or not whole:  # whose entries its removals may have ended;
+                    self.last_seq[replica] = seq  # no payload kept: none was applied, and
+                    self._origins.passed(replica, payload)  # its copy, compared with this
+                    return  # one, made the live publisher pass for a new life)
         self._apply(replica, seq, payload, topic)
