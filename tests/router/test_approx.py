@@ -260,3 +260,24 @@ def test_an_approx_index_states_what_its_cap_refused():
     index._index = InProcessIndex(max_per_replica=3)
     index.routed("a", [1, 2, 3, 4, 5])
     assert index.refused == {"a": 2} and index.num_blocks("a") == 3
+
+
+def test_what_the_cap_refuses_is_not_kept_beside_it():
+    """The inner index refuses a replica's blocks past its cap, but ApproxIndex kept each
+    event-stored one in its own book of media (and each guess in its expiry book) all
+    the same: a publisher announcing new blocks without end grew the router's memory
+    without bound, past the per-replica cap meant to bound it."""
+    from prefixkv.router.index import InProcessIndex
+
+    index = ApproxIndex(60.0, clock=lambda: 0.0)
+    index._index = InProcessIndex(max_per_replica=3)
+    for i in range(20):
+        index.store("a", [10 * i + k for k in range(5)], "GPU")
+    index.routed("a", list(range(1000, 1100)))
+    index.routed("b", [1, 2])
+    assert index.num_blocks("a") == 3 and index.refused == {"a": 197}
+    kept = {h for (r, h) in index._held if r == "a"}
+    assert kept == {0, 1, 2}                       # what the inner index holds, no more
+    assert [k for k in index._until if k[0] == "a"] == []
+    assert sum(len(hashes) for _, r, hashes in index._queue if r == "a") == 0
+    assert index.prefix_runs([1, 2], ["b"]) == {"b": (2, 2)}  # other replicas unaffected

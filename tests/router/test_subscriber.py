@@ -232,7 +232,14 @@ def test_a_restart_without_heartbeats_is_caught_at_reconnection(legacy):
 def test_a_batch_of_the_old_life_read_after_the_restart_is_not_applied(legacy):
     """A batch the old publisher sent before it died, still queued in the SUB socket when
     the new one is verified, is not the new life's: applied after the verification (its
-    seq followed the new life's last), it left an entry nothing would ever remove."""
+    seq followed the new life's last), it left an entry nothing would ever remove.
+
+    CI timed out once waiting for the restart. The new life's frames may go out before
+    the SUB's subscription reaches it (a PUB drops them unsaid), so it sends heartbeats,
+    whose next number shows such a gap; and a verification asked on the old life's
+    replay connection before ZeroMQ has read its end is lost there (no answer: the
+    replica forgotten, the restart not counted; the replay socket is made again at every
+    disconnect since, test_subscriber_restart.py)."""
     pub, mgr, router = make()
     if legacy:
         pub.replay = LegacyReplay(100)
@@ -247,13 +254,13 @@ def test_a_batch_of_the_old_life_read_after_the_restart_is_not_applied(legacy):
         pub.close()
         (monitor,) = sub._sockets.monitors
         assert monitor.poll(PATIENCE * 1000)      # the disconnect is known before seq 1
-        pub, mgr, _ = make(endpoint=endpoints[0], replay=endpoints[1])
+        pub, mgr, _ = make(endpoint=endpoints[0], replay=endpoints[1], heartbeat=0.05)
         if legacy:
             pub.replay = LegacyReplay(100)
         step(pub, mgr, "c", P[2])                 # the new life's seq 0
         assert poll_until(sub, lambda: sub.restarts == 1)
-        step(pub, mgr, "d", P[3])
-        assert poll_until(sub, lambda: router.cached_tokens(P[3])["r"] == 12)
+        step(pub, mgr, "d", P[3])                 # (lost on the way: the heartbeat after it
+        assert poll_until(sub, lambda: router.cached_tokens(P[3])["r"] == 12)  # shows the gap)
         assert [router.cached_tokens(p)["r"] for p in P[:4]] == [0, 0, 12, 12]
         assert router.index.num_blocks("r") == 6 and sub.errors == 0
     finally:

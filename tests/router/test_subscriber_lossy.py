@@ -8,7 +8,7 @@ import pytest
 
 from prefixkv import KVCacheManager
 from prefixkv.fleet.wire import encode_batch
-from prefixkv.router import Router
+from prefixkv.router import Router, Stored
 from prefixkv.router.scorer import AffinityScorer
 from prefixkv.router.subscriber import Subscriber
 
@@ -83,3 +83,29 @@ def test_a_frame_that_is_no_message_marks_nothing(following):
     (sock,) = sub._sockets.subs
     sub._on_frames(sock, [b"kv-events", b"\x00"])  # not (topic, 8-byte seq, payload)
     assert sub.bad_batches == 1 and sub.lossy_batches == 0 and router.lossy["r"] == 0
+
+
+def test_a_block_a_lost_batch_removed_is_routed_to_as_a_hit_until_the_index_is_emptied(following):
+    """(fleet-r10's open risk, answered) Without a replay endpoint a cut frame is applied
+    as lossy: the blocks its removals ended stay indexed and are routed to as hits,
+    flagged (``Choice.lossy``) and credited at ``lossy_weight``; nothing in time bounds
+    it: later batches that do not name those blocks leave them; a sound replica's real
+    run of over ``lossy_weight`` of it wins; a forget or an ``AllBlocksCleared`` ends it."""
+    from prefixkv.events import BlockRemoved
+    from prefixkv.hashing import block_hashes
+
+    sub, router, mgr, _ = following
+    evicted = BlockRemoved(block_hashes(P[0], BS, hash_mode="sha256"), [0, 1, 2])
+    sub._on_message("r", 1, encode_batch([evicted], block_size=BS)[:-2])  # cut on the way
+    assert router.lossy["r"] == 1 and router.cached_tokens(P[0])["r"] == 12
+    for seq in range(2, 6):  # the replica goes on: its own batches, none names P[0]
+        mgr.add_request(str(seq), [seq] * 4)
+        sub._on_message("r", seq, encode_batch(mgr.take_events(), block_size=BS))
+    choice = router.route(P[0])
+    assert (choice.replica, choice.cached_tokens, choice.lossy) == ("r", 12, True)
+    router.finish("r")
+    router.apply("s", [Stored(tuple(router.prompt_hashes(P[0])[:2]), None, "GPU")])
+    assert router.route(P[0]).replica == "s"  # 2 real blocks > 3 * lossy_weight (0.5)
+    router.finish("s")
+    router.forget("r")
+    assert router.cached_tokens(P[0])["r"] == 0 and router.lossy["r"] == 0

@@ -67,10 +67,20 @@ class ApproxIndex:
             return
         until, held = self._expire() + self.ttl, self._held
         # once each: a hash twice in the queue entry was deleted twice on expiry (KeyError)
-        guessed = [h for h in dict.fromkeys(hashes) if (replica, h) not in held]
-        self._index.store(replica, guessed, GPU)
+        guessed = self._indexed(replica, [h for h in dict.fromkeys(hashes)
+                                          if (replica, h) not in held], GPU)
         self._until.update(((replica, h), until) for h in guessed)
         self._queue.append((until, replica, guessed))
+
+    def _indexed(self, replica: str, hashes: Sequence[Hash], medium: str) -> Sequence[Hash]:
+        """Store ``hashes`` in the inner index; returns those it took. Past its cap it
+        refuses the rest of a store from the first block it cannot take (``refused``
+        counts them): they are not kept here either, or this index's own books (media,
+        expiries) grew without bound past the cap meant to bound the router's memory."""
+        before = self._index.refused.get(replica, 0)
+        self._index.store(replica, hashes, medium)
+        refused = self._index.refused.get(replica, 0) - before
+        return hashes[:len(hashes) - refused] if refused else hashes
 
     def _expire(self) -> float:
         """Forget the blocks whose last routing is ``ttl`` old; returns the time now."""
@@ -89,9 +99,8 @@ class ApproxIndex:
         (a guess kept without its TTL would outlive every event)."""
         guessed = [h for h in hashes if self._until.pop((replica, h), None) is not None]
         self._index.remove(replica, guessed, GPU)
-        for h in hashes:
+        for h in self._indexed(replica, hashes, medium):
             self._held.setdefault((replica, h), set()).add(medium)
-        self._index.store(replica, hashes, medium)
 
     def remove(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
         """See ``BlockIndex.remove``: a block stays held while an event says it is on

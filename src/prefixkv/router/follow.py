@@ -7,6 +7,7 @@ decided in ``subscriber.py`` (module doc there).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
 from .buffered import Held, verify
@@ -38,6 +39,9 @@ class ReplicaFollower:
         self._replayed: dict[str, dict[int, bytes]] = {}  # live duplicates of a verification
         self._unverified: set[str] = set()  # disconnected since their last message
         self._origins = Origins()  # (origin.py: another publisher's frames)
+        # held while the index changes, never while a replay is asked: a ``route`` caller
+        # takes it too (re-entrant: a caller may hold it around a call that takes it)
+        self.lock = threading.RLock()
 
     def _held(self, replica: str, start: int) -> Held | None:
         """The replica's buffer from ``start`` (buffered.py); None: no replay endpoint, or
@@ -55,12 +59,17 @@ class ReplicaFollower:
         """After a disconnect: make sure ``replica`` is the publisher it was (module doc)."""
         self._unverified.discard(replica)
         last = self.last_seq.get(replica)
-        if last is not None and last < 0:  # nothing applied since it was forgotten
-            self._forget(replica)
+        if last is not None and (last < 0 or replica in self._legacy and replica not in
+                                 self._last_payload):  # nothing applied since it was
+            self._forget(replica)  # forgotten (a resync on a cut frame: nothing to compare)
             return
         if last is None or replica not in self._legacy and self._catch_up(replica, last):
             return
         verdict, got = verify(self._replay.get(replica), last, self._last_payload.get(replica))
+        with self.lock:  # (the answer applied as one change)
+            self._verified(replica, verdict, got)
+
+    def _verified(self, replica: str, verdict: str, got: Held | None) -> None:
         if verdict == "same" and got is not None:
             self._replay_applied(replica, got)
             self.gaps_filled += bool(got)
@@ -91,6 +100,10 @@ class ReplicaFollower:
         answer, bad = ask_map(client, epoch, 0 if last is None else last + 1, replica
                               ) if client else (None, 0)
         self.bad_replies += bad
+        with self.lock:  # (the answer applied as one change)
+            return self._caught_up(replica, epoch, answer)
+
+    def _caught_up(self, replica: str, epoch: str | None, answer: Answer | str | None) -> bool:
         if answer is None:
             self._legacy.add(replica)
             return False
@@ -114,7 +127,8 @@ class ReplicaFollower:
         return True
 
     def _forget(self, replica: str) -> None:
-        self.router.forget(replica)
+        with self.lock:
+            self.router.forget(replica)
         for state in (self.last_seq, self._skip_through, self._last_payload, self._replayed):
             state.pop(replica, None)
         # (its origin stays: a restarted or resynced publisher states the same topic and
@@ -132,7 +146,9 @@ class ReplicaFollower:
         if batch is None:  # taken as the replica's (in order, or its publisher's copy):
             self.bad_batches += 1  # its events are lost, removals maybe among them
             self.lossy_batches += 1
-            self.router.lost(replica)
+            with self.lock:
+                self.router.lost(replica)
             return
         self._origins.applied(replica, topic, batch)
-        self.router.apply(replica, batch[1])
+        with self.lock:
+            self.router.apply(replica, batch[1])

@@ -70,6 +70,14 @@ class ReplayClient:
 
     def _abandon(self) -> None:
         """The request under way ends without its whole answer: a new socket (class doc)."""
+        self.renew()
+
+    def renew(self) -> None:
+        """Close the socket and connect a new one. The subscriber renews it whenever the
+        replica's SUB connection ends: the publisher's host may have gone, and a request
+        sent on a connection whose end ZeroMQ has not read yet (or never will: a host
+        that vanished sends nothing) is lost, which cost a ``replay_timeout`` and the
+        replica's index (forgotten, not rebuilt). Never while a request is under way."""
         self.sock.close(linger=0)
         self._connect()
 

@@ -16,10 +16,15 @@ from ..errors import is_endpoint, is_utf8
 from .replay_client import ReplayClient
 from .router import RouterError
 
-__all__ = ["MAX_MESSAGE_BYTES", "PER_SOCKET", "ReplicaSockets", "check_options", "check_timeout"]
+__all__ = ["MAX_MESSAGE_BYTES", "MAX_PING", "PER_SOCKET", "PING", "ReplicaSockets", "check_options",
+           "check_timeout"]
 PER_SOCKET = 1000
 """Messages one ``messages`` call takes per socket, at most (ZeroMQ's default receive
 high-water mark: about what a socket holds)."""
+PING = 1.0
+"""The default seconds between pings on each SUB connection (``ReplicaSockets``)."""
+MAX_PING = 600.0
+"""The longest ``ping`` (three of them must fit ZeroMQ's int of milliseconds, with room)."""
 MAX_MESSAGE_BYTES = 1 << 28
 """The default cap on one message's bytes (256 MiB; ZeroMQ's ``MAXMSGSIZE`` on every
 SUB and replay socket): a peer that sends a larger one is disconnected, never read into
@@ -27,12 +32,18 @@ memory."""
 
 
 def check_options(replicas: Collection[str], endpoints: object, topic: object,
-                  replay_timeout: object, max_message_bytes: object = MAX_MESSAGE_BYTES
-                  ) -> None:
+                  replay_timeout: object, max_message_bytes: object = MAX_MESSAGE_BYTES,
+                  ping: object = PING) -> None:
     """RouterError unless ``endpoints`` maps replicas among ``replicas`` to ``(pub
     endpoint, replay endpoint or None)``, ZeroMQ endpoint strs (``transport://address``), ``topic`` is a str,
-    ``replay_timeout`` a finite number of seconds > 0 and ``max_message_bytes`` an int
-    >= 1 (checked before any socket)."""
+    ``replay_timeout`` a finite number of seconds > 0, ``max_message_bytes`` an int
+    >= 1 and ``ping`` None or a number of seconds from 0.001 to ``MAX_PING`` (checked
+    before any socket)."""
+    if ping is not None:
+        check_timeout(ping, "ping", positive=True)
+        if not 0.001 <= ping <= MAX_PING:  # type: ignore[operator]
+            raise RouterError(f"ping must be None or seconds from 0.001 to {MAX_PING}, "
+                              f"got {ping!r}")
     if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) or not (
             1 <= max_message_bytes < 1 << 63):
         raise RouterError(f"max_message_bytes must be an int >= 1, got {max_message_bytes!r}")
@@ -64,10 +75,18 @@ class ReplicaSockets:
     """The sockets of ``endpoints`` (replica -> ``(pub_endpoint, replay_endpoint or
     None)``), connected at construction: SUB sockets subscribed to ``topic``, replay
     clients waiting ``replay_timeout_ms`` for an answer; every socket reads messages of
-    at most ``max_message_bytes`` (``MAX_MESSAGE_BYTES``)."""
+    at most ``max_message_bytes`` (``MAX_MESSAGE_BYTES``).
+
+    ``ping`` (seconds; None: none): each SUB connection sends ZeroMQ's heartbeat (a ZMTP
+    PING, answered by the publisher's ZeroMQ itself, vLLM's too) at that interval and is
+    dropped after three without any answer or message: a connection to a host that
+    vanished (crashed, cut off) is otherwise never known to be dead, since a SUB socket
+    sends nothing once subscribed: it waited on it for ever, the replica's restart
+    unheard and the old life's index kept."""
 
     def __init__(self, endpoints: Mapping[str, tuple[str, str | None]], topic: str,
-                 replay_timeout_ms: int, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 replay_timeout_ms: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 ping: float | None = PING) -> None:
         import zmq
 
         self._ctx: Any = zmq.Context.instance()
@@ -80,6 +99,9 @@ class ReplicaSockets:
             sub = self._ctx.socket(zmq.SUB)
             sub.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
             sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+            if ping is not None:
+                sub.setsockopt(zmq.HEARTBEAT_IVL, max(1, round(ping * 1000)))
+                sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, round(ping * 3000)))
             monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
             sub.connect(pub)
             self.subs[sub] = replica
@@ -139,8 +161,12 @@ class ReplicaSockets:
         """Connect ``replica``'s SUB socket again after its connection ended. ZeroMQ
         reconnects by itself after a connection error, but not after a protocol error
         (a message over ``MAXMSGSIZE``, a malformed frame): the replica's stream would
-        stop for good. A connection still retrying is replaced by the new one."""
+        stop for good. A connection still retrying is replaced by the new one. Its
+        replay client gets a new socket too (``ReplayClient.renew``)."""
         import zmq
+
+        if replica in self.replay:
+            self.replay[replica].renew()
 
         sub = next(sock for sock, r in self.subs.items() if r == replica)
         try:

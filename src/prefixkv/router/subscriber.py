@@ -24,7 +24,7 @@ from .buffered import run_to, sent
 from .follow import ReplicaFollower
 from .options import check_router
 from .router import Router, RouterError
-from .sockets import MAX_MESSAGE_BYTES, ReplicaSockets, check_options, check_timeout
+from .sockets import MAX_MESSAGE_BYTES, PING, ReplicaSockets, check_options, check_timeout
 
 _log = logging.getLogger(__name__)
 COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "bad_replies",
@@ -40,25 +40,27 @@ class Subscriber(ReplicaFollower):
     256 MiB): a publisher or replay endpoint sending a larger one is disconnected by
     ZeroMQ before it is read (counted in ``disconnects``; the replica is verified, its
     batch lost or replayed, as after any disconnect), so no peer can make the router
-    read an unbounded message into memory.
+    read an unbounded message into memory. ``ping``: seconds between ZeroMQ heartbeats
+    on each SUB connection (``sockets.PING``, 1 s); one with no answer for three of them
+    is dropped (``disconnects``) and made again: a host that vanished without closing
+    its connections is noticed (``ReplicaSockets``; None: never noticed).
     Raises RouterError, before any change or socket, for a ``router`` that is not a
     Router, for a replica the router does not know and for arguments of other types or
     ranges (``sockets.check_options``)."""
 
     def __init__(self, router: Router, endpoints: Mapping[str, tuple[str, str | None]], *,
                  topic: str = "kv-events", replay_timeout: float = 1.0,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, ping: float | None = PING) -> None:
         check_options(check_router("router", router, RouterError), endpoints, topic,
-                      replay_timeout, max_message_bytes)
+                      replay_timeout, max_message_bytes, ping)
         super().__init__(router, endpoints, replay_timeout)
         for replica in endpoints:
             router.forget(replica)  # each starts empty
         self._sockets = ReplicaSockets(endpoints, topic, self.replay_timeout_ms,  # sockets.py
-                                       max_message_bytes)
+                                       max_message_bytes, ping)
         self._replay = self._sockets.replay
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.lock = threading.Lock()  # held while the index changes (thread mode)
 
     def poll(self, timeout: float = 0.0) -> int:
         """Handle the messages waiting now (waiting up to ``timeout`` s for the first),
@@ -69,15 +71,16 @@ class Subscriber(ReplicaFollower):
         check_timeout(timeout, "timeout")
         handled = 0
         for sock, frames in self._sockets.messages(timeout):
-            try:
-                with self.lock:
-                    handled += self._on_frames(sock, frames)
+            try:  # (the lock is taken where the index changes: follow.py)
+                handled += self._on_frames(sock, frames)
             except Exception as exc:  # a defect, not bad input (that is checked): go on
                 self._failed(exc)
         return handled
 
     def start(self) -> None:
-        """Poll in a background thread until ``close``."""
+        """Poll in a background thread until ``close``. Take ``lock`` around ``route``
+        calls then: the thread holds it while it changes the index, never while it waits
+        for a replay answer."""
         def loop() -> None:
             while not self._stop.is_set():
                 try:
@@ -207,7 +210,7 @@ class Subscriber(ReplicaFollower):
             # (first contact, after a forget), a cut or an earlier-stamped frame: the
             # publisher's buffer says what it sent
             held = self._held(replica, last if last is not None and last >= 0 else start)
-            if held is not None and last is not None and last >= 0 and any(
+            if held is not None and last is not None and replica in self._last_payload and any(
                     s == last for s, _ in held) and not sent(held, last, self._last_payload[replica]):
                 self._verify(replica)  # its batch ``last`` is not the one applied: a new
                 # life (its monitor's report missed or not read yet), rebuilt from its buffer
@@ -226,8 +229,8 @@ class Subscriber(ReplicaFollower):
             if seq > start or earlier or not whole:  # its buffer lost the gap, or no
                 self.resyncs += 1  # answer: follow from here (an earlier-stamped or cut
                 self._forget(replica)  # frame unjudged: not applied, nor the index kept,
-                if earlier or not whole:  # whose entries its removals may have ended)
-                    self.last_seq[replica], self._last_payload[replica] = seq, payload
-                    self._origins.passed(replica, payload)
-                    return
+                if earlier or not whole:  # whose entries its removals may have ended;
+                    self.last_seq[replica] = seq  # no payload kept: none was applied, and
+                    self._origins.passed(replica, payload)  # its copy, compared with this
+                    return  # one, made the live publisher pass for a new life)
         self._apply(replica, seq, payload, topic)
