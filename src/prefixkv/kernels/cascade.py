@@ -23,119 +23,17 @@ counts the engine already has, so the launch reads no tensor value on the host.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
 import torch
 
-from ..results import SharedPrefix
 from .backend import resolve_backend
-from .batch import _counts, _is_int, _sequence, build_block_table, build_cu_seqlens_q, check_tokens_fit
+from .cascade_batch import CascadeBatch, build_cascade_batch
 from .dispatch import paged_prefill_attention
-from .errors import BatchError, DeviceError, DtypeError, ShapeError
+from .errors import DeviceError, DtypeError, MetadataError, ShapeError
 from .overlap import check_reads_apart
 from .validation import check_cascade, check_tensors
 from .workspace import SplitWorkspace
 
 __all__ = ["CascadeBatch", "build_cascade_batch", "cascade_attention", "merge_attention"]
-
-
-@dataclass(frozen=True, slots=True)
-class CascadeBatch:
-    """The prefix pass's metadata and each request's shift, built by :func:`build_cascade_batch`."""
-
-    shift_blocks: torch.Tensor  # [batch] int64: shared blocks of each request (0: in no group)
-    rows: torch.Tensor  # [num_rows] int64: q rows of the groups' members, group after group
-    block_table: torch.Tensor  # [num_groups, max_shared_blocks] int32: each group's shared blocks
-    cu_seqlens_q: torch.Tensor  # [num_groups + 1] int32 over the packed rows
-    seqused_k: torch.Tensor  # [num_groups] int32: shared tokens of each group
-    max_seqlen_q: int
-    max_seqlen_k: int
-    prefix_tokens_read: int  # host count: shared tokens x groups (what pass 1 reads once per tile)
-
-    @property
-    def num_groups(self) -> int:
-        """Groups kept (each reads its shared prefix in pass 1)."""
-        return self.seqused_k.shape[0]
-
-
-def build_cascade_batch(
-    groups: Sequence[SharedPrefix],
-    block_ids: Sequence[Sequence[int]],
-    num_computed: Sequence[int],
-    num_new: Sequence[int],
-    block_size: int,
-    *,
-    device: torch.device | str | None = None,
-) -> CascadeBatch:
-    """Metadata of the prefix pass from the manager's groups and the step's counts.
-
-    ``groups``: ``SharedPrefix`` (members: positions in the batch). Each group keeps the
-    blocks that all members hold *and* that lie wholly before every member's first new
-    token (``num_computed[i] // block_size``): a block being computed in this step holds
-    keys some member's queries must see causally, so it stays in the own part. A group
-    left with no block, or with fewer than two members, is dropped (its requests run
-    whole in pass 2).
-
-    Raises:
-        BatchError: mismatched lengths, a count that is not an int >= 0 (``block_size``:
-            >= 1; a group's ``num_blocks``), a member that is not an int, outside the batch
-            or in two groups, or members whose block ids differ inside the claimed prefix
-            (wrong groups would serve one request another's KV), ``block_ids`` or a row of
-            it not a sequence, or a request whose tokens need more blocks than it lists (as
-            :func:`~prefixkv.kernels.build_slot_mapping`); before any tensor is built.
-    """
-    block_ids = [_sequence(f"block_ids[{i}]", ids) for i, ids in enumerate(_sequence("block_ids", block_ids))]
-    batch = len(block_ids)
-    if len(num_computed) != batch or len(num_new) != batch:
-        raise BatchError(f"block_ids, num_computed, num_new have {batch}, {len(num_computed)}, "
-                         f"{len(num_new)} entries; one per request")
-    num_computed, num_new = _counts("num_computed", num_computed), _counts("num_new", num_new)
-    if not _is_int(block_size) or block_size < 1:
-        raise BatchError(f"block_size must be an int >= 1, got {block_size!r}")
-    # A group's table is its first member's blocks: counts past them padded it with a
-    # block id no member holds, read as the shared prefix.
-    check_tokens_fit(block_ids, num_computed, num_new, block_size)
-    starts = [0]
-    for n in num_new:
-        starts.append(starts[-1] + n)
-    shift, seen = [0] * batch, set()
-    kept: list[tuple[int, list[int]]] = []
-    for g in groups:
-        if not isinstance(g, SharedPrefix):
-            raise BatchError(f"groups must hold SharedPrefix, got {g!r}")
-        if not _is_int(g.num_blocks) or g.num_blocks < 0 or not isinstance(g.members, (tuple, list)):
-            raise BatchError(f"a group needs num_blocks an int >= 0 and members a tuple of ints, got {g!r}")
-        for i in g.members:
-            if not _is_int(i):
-                raise BatchError(f"group members must be ints (positions in the batch), got {i!r} in {g!r}")
-            if not 0 <= i < batch or i in seen:
-                raise BatchError(f"group member {i} is outside the batch of {batch} or in two groups")
-            seen.add(i)
-        if len(g.members) < 2:
-            continue  # nothing to share: the member (if any) runs whole in pass 2
-        n = min([g.num_blocks] + [num_computed[i] // block_size for i in g.members])
-        lead = list(block_ids[g.members[0]][:n])
-        for i in g.members:
-            if list(block_ids[i][:n]) != lead:
-                raise BatchError(f"request {i} does not hold the group's first {n} blocks {lead}")
-        if n > 0:
-            kept.append((n, list(g.members)))
-            for i in g.members:
-                shift[i] = n
-    rows = [r for _, members in kept for i in members for r in range(starts[i], starts[i + 1])]
-    packed = [sum(num_new[i] for i in members) for _, members in kept]
-    tables = [list(block_ids[members[0]][:n]) for n, members in kept]
-    return CascadeBatch(
-        shift_blocks=torch.tensor(shift, dtype=torch.int64, device=device),
-        rows=torch.tensor(rows, dtype=torch.int64, device=device),
-        block_table=build_block_table(tables, device=device),
-        cu_seqlens_q=build_cu_seqlens_q(packed, device=device),
-        seqused_k=torch.tensor([n * block_size for n, _ in kept], dtype=torch.int32, device=device),
-        max_seqlen_q=max(packed, default=0),
-        max_seqlen_k=max((n * block_size for n, _ in kept), default=0),
-        prefix_tokens_read=sum(n * block_size for n, _ in kept),
-    )
 
 
 def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
@@ -213,7 +111,9 @@ def cascade_attention(
     once per query tile of the group instead of once per request's tile. ``out`` may be
     ``q`` itself.
 
-    ``cascade``: from :func:`build_cascade_batch` for this batch. Two attention passes
+    ``cascade``: from :func:`build_cascade_batch` for this batch (its counts: checked
+    against ``q``'s rows and the block table's width on every call, against the values of
+    ``cu_seqlens_q`` and ``seqused_k`` with ``checked``). Two attention passes
     and a merge of the groups' rows (torch ops; no host synchronisation). Measured on an
     H100: it pays on decode steps replayed in a CUDA graph (1.17x the plain kernel after a
     shared 4k-token prefix, 2.55x after 16k), not called eagerly (its launches are then
@@ -221,14 +121,17 @@ def cascade_attention(
     as before): group decoding requests (docs/kv_layout.md).
 
     Raises:
-        ArgumentTypeError: ``q``, ``k_cache`` or ``block_table`` is not a ``torch.Tensor``.
-        ShapeError: ``cascade`` does not fit this batch (its shift per request, its rows
-            outside q, a ``block_size`` other than the cache's), ``out`` shares memory with
-            ``block_table`` or the cascade's tensors; and everything
-            ``paged_prefill_attention`` raises, before any write.
+        ArgumentTypeError: ``q``, ``k_cache``, ``block_table``, ``cu_seqlens_q`` or
+            ``seqused_k`` is not a ``torch.Tensor``.
+        ShapeError: ``cascade`` does not fit this batch (its requests, q's rows, a block
+            table narrower than its requests' blocks, a ``block_size`` other than the
+            cache's), ``out`` shares memory with ``block_table`` or the cascade's tensors;
+            and everything ``paged_prefill_attention`` raises, before any write.
+        DeviceError: the cascade's tensors or ``block_table`` are not on q's device.
+        MetadataError: ``checked`` and ``cu_seqlens_q`` or ``seqused_k`` are not the counts
+            the cascade was built from (a batch of other ``num_new`` with as many rows).
     """
-    check_cascade(cascade.shift_blocks, cascade.rows, cascade.block_table, cascade.max_seqlen_k, q, k_cache,
-                  block_table)
+    _check_fits(cascade, q, k_cache, block_table, cu_seqlens_q, seqused_k, checked)
     if isinstance(out, torch.Tensor):  # pass 2 checks out against its own arguments only
         check_reads_apart("cascade_attention", {"out": out}, {
             "block_table": block_table, "cascade.shift_blocks": cascade.shift_blocks,
@@ -274,3 +177,46 @@ def cascade_attention(
         out.index_copy_(0, rows, merged.to(out.dtype))
         lse.index_copy_(1, rows, merged_lse)
     return (out, lse) if return_lse else out
+
+
+def _check_fits(cascade: CascadeBatch, q: object, k_cache: object, block_table: object, cu_seqlens_q: object,
+                seqused_k: object, checked: bool) -> None:
+    """The cascade was built for this batch, as far as the host can tell (docstring of
+    :func:`cascade_attention`); ``checked``: also by the metadata's values (a sync)."""
+    check_cascade(cascade.shift_blocks, cascade.rows, cascade.block_table, cascade.max_seqlen_k, q, k_cache,
+                  block_table)
+    check_tensors(cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k)
+    assert isinstance(q, torch.Tensor) and isinstance(k_cache, torch.Tensor)
+    assert isinstance(block_table, torch.Tensor) and isinstance(seqused_k, torch.Tensor)
+    assert isinstance(cu_seqlens_q, torch.Tensor)
+    if q.shape[0] != cascade.total_q:
+        raise ShapeError(f"cascade is for {cascade.total_q} rows of q (the new tokens of its "
+                         f"{len(cascade.num_new)} requests); q has {q.shape[0]}")
+    if k_cache.dim() == 4 and k_cache.shape[1] != cascade.block_size:
+        raise ShapeError(f"cascade was built for blocks of {cascade.block_size} tokens; the cache's blocks "
+                         f"hold {k_cache.shape[1]}")
+    if block_table.shape[1] < cascade.table_width:
+        raise ShapeError(f"block_table has {block_table.shape[1]} columns; the cascade's requests fill up "
+                         f"to {cascade.table_width} blocks")
+    for name in ("shift_blocks", "rows", "block_table", "cu_seqlens_q", "seqused_k", "own_cols",
+                 "shift_tokens"):
+        t = getattr(cascade, name)
+        if t.device != q.device:
+            raise DeviceError(f"cascade.{name} is on {t.device}, expected {q.device} like q")
+    if block_table.device != q.device:
+        raise DeviceError(f"block_table is on {block_table.device}, expected {q.device} like q")
+    if checked:
+        starts = [0]
+        for n in cascade.num_new:
+            starts.append(starts[-1] + n)
+        _same_counts("cu_seqlens_q", cu_seqlens_q, starts, "new tokens")
+        _same_counts("seqused_k", seqused_k, list(cascade.seq_lens), "keys")
+
+
+def _same_counts(name: str, t: torch.Tensor, want: list[int], what: str) -> None:
+    got = t.tolist() if t.dim() == 1 else None
+    if got != want:
+        i = next((i for i, (a, b) in enumerate(zip(got or [], want, strict=False)) if a != b), None)
+        where = f"entry {i}: {got[i]} where the cascade has {want[i]}" if got and i is not None else \
+            f"{got!r} where the cascade has {want}"
+        raise MetadataError(f"cascade was built from other {what} than this batch's {name} ({where})")
