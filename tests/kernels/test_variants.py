@@ -37,7 +37,7 @@ RECORDER = textwrap.dedent("""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
-    from prefixkv.kernels import attention, split_kv, tiling, write_kv
+    from prefixkv.kernels import attention, cascade_merge, split_kv, tiling, write_kv
     from prefixkv.kernels import AttentionSpec, alloc_split_workspace, warmup
 
     backend = make_backend(GPUTarget("cuda", 90, 32))
@@ -54,7 +54,7 @@ RECORDER = textwrap.dedent("""
             return launch
 
     for mod, name in ((attention, "_paged_prefill_kernel"), (split_kv, "_combine_splits_kernel"),
-                      (write_kv, "_write_kv_kernel")):
+                      (write_kv, "_write_kv_kernel"), (cascade_merge, "_merge_rows_kernel")):
         setattr(mod, name, Recorder(getattr(mod, name)))
     tiling.gpu_tiles = lambda device: True  # meta tensors take the GPU's tiles and split rule
 """)

@@ -17,8 +17,14 @@ equals one pass over all keys up to rounding. Sinks join pass 2 only (counted on
 Sliding windows are not supported here (the prefix pass has no per-row window).
 
 The groups come from the scheduler (``KVCacheManager.shared_prefixes``); they are turned
-into metadata tensors on the host by :func:`build_cascade_batch` with the per-request
-counts the engine already has, so the launch reads no tensor value on the host.
+into metadata tensors on the host by :func:`build_cascade_batch` (``cascade_batch.py``)
+with the per-request counts the engine already has, so the launch reads no tensor value
+on the host.
+
+Host work per call on the Triton path, with a group: the prefix pass (on a view of q when
+the groups' rows are one range, else a gather of them), one gather of the block table by
+the batch's precomputed columns and one subtraction for the own part's keys, the own
+pass, and one merge launch in place (``cascade_merge.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +37,6 @@ from .dispatch import paged_prefill_attention
 from .errors import DeviceError, DtypeError, MetadataError, ShapeError
 from .overlap import check_reads_apart
 from .validation import check_cascade, check_tensors
-from .workspace import SplitWorkspace
 
 __all__ = ["CascadeBatch", "build_cascade_batch", "cascade_attention", "merge_attention"]
 
@@ -113,12 +118,13 @@ def cascade_attention(
 
     ``cascade``: from :func:`build_cascade_batch` for this batch (its counts: checked
     against ``q``'s rows and the block table's width on every call, against the values of
-    ``cu_seqlens_q`` and ``seqused_k`` with ``checked``). Two attention passes
-    and a merge of the groups' rows (torch ops; no host synchronisation). Measured on an
-    H100: it pays on decode steps replayed in a CUDA graph (1.17x the plain kernel after a
-    shared 4k-token prefix, 2.55x after 16k), not called eagerly (its launches are then
-    host-bound) and not for prefilling requests (their packed rows need as many tiles
-    as before): group decoding requests (docs/kv_layout.md).
+    ``cu_seqlens_q`` and ``seqused_k`` with ``checked``). Two attention passes and a
+    merge of the groups' rows (no host synchronisation); with no group kept, the plain
+    call. Measured on an H100 (run 7, before the per-call index builds and copies were
+    cut): 1.18x the plain kernel on decode steps replayed in a CUDA graph after a shared
+    4k-token prefix, 2.49x after 16k; called eagerly its launches were host-bound (0.34x);
+    a chunked prefill read twice the keys (its packed rows take the LSE's 128-row tiles,
+    the plain call 256) and took 3x as long: group decoding requests (docs/kv_layout.md).
 
     Raises:
         ArgumentTypeError: ``q``, ``k_cache``, ``block_table``, ``cu_seqlens_q`` or
@@ -136,46 +142,44 @@ def cascade_attention(
         check_reads_apart("cascade_attention", {"out": out}, {
             "block_table": block_table, "cascade.shift_blocks": cascade.shift_blocks,
             "cascade.rows": cascade.rows, "cascade.block_table": cascade.block_table,
-            "cascade.cu_seqlens_q": cascade.cu_seqlens_q, "cascade.seqused_k": cascade.seqused_k})
+            "cascade.cu_seqlens_q": cascade.cu_seqlens_q, "cascade.seqused_k": cascade.seqused_k,
+            "cascade.own_cols": cascade.own_cols, "cascade.shift_tokens": cascade.shift_tokens})
 
     def attend(q_: torch.Tensor, table: torch.Tensor, cu: torch.Tensor, used: torch.Tensor, max_q: int,
-               max_k: int, causal_: bool, out_: torch.Tensor | None, sinks_: torch.Tensor | None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        got = paged_prefill_attention(q_, k_cache, v_cache, table, cu, used, max_q, max_k,
-                                      softmax_scale=softmax_scale, causal=causal_, softcap=softcap, out=out_,
-                                      return_lse=True, sinks=sinks_, k_scale=k_scale, v_scale=v_scale,
-                                      backend=backend, checked=checked)
-        assert isinstance(got, tuple)
-        return got
+               max_k: int, causal_: bool, out_: torch.Tensor | None, lse_: bool, sinks_: torch.Tensor | None
+               ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return paged_prefill_attention(q_, k_cache, v_cache, table, cu, used, max_q, max_k,
+                                       softmax_scale=softmax_scale, causal=causal_, softcap=softcap, out=out_,
+                                       return_lse=lse_, sinks=sinks_, k_scale=k_scale, v_scale=v_scale,
+                                       backend=backend, checked=checked)
 
-    # Pass 2 first: it validates the whole call before anything is written.
-    width = block_table.shape[1]
-    shift = cascade.shift_blocks.to(block_table.device)
-    cols = torch.arange(width, device=block_table.device)[None, :] + shift[:, None]
-    cols = torch.clamp(cols, max=width - 1)
-    own_table = block_table.gather(1, cols)  # [batch, width]: row i from its first unshared block
-    own_used = (seqused_k - (shift * k_cache.shape[1]).to(seqused_k.dtype)).to(seqused_k.dtype)
-    # The groups' q rows are gathered before pass 2 writes: ``out`` may be ``q`` itself.
-    rows = cascade.rows.to(q.device)
-    q_rows = q.index_select(0, rows) if rows.numel() else q
-    out, lse = attend(q, own_table, cu_seqlens_q, own_used, max_seqlen_q, max_seqlen_k, causal, out, sinks)
+    if not cascade.prefix_groups:
+        return attend(q, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, causal, out,
+                      return_lse, sinks)
+
+    rows = cascade.rows
     if rows.numel():
+        # Pass 1 first: it reads the groups' q rows before pass 2 writes out, which may be q.
         # All shared keys precede every row: no mask (and, on few tiles, the keys split).
-        pre, pre_lse = attend(q_rows, cascade.block_table, cascade.cu_seqlens_q,
-                              cascade.seqused_k, cascade.max_seqlen_q, cascade.max_seqlen_k,
-                              False, None, None)
-        own, own_lse = out.index_select(0, rows), lse.index_select(1, rows)
+        span = cascade.rows_span
+        q_rows = q[span[0]:span[1]] if span is not None else q.index_select(0, rows)
+        pre, pre_lse = attend(q_rows, cascade.block_table, cascade.cu_seqlens_q, cascade.seqused_k,
+                              cascade.max_seqlen_q, cascade.max_seqlen_k, False, None, True, None)
+    own_table = block_table.gather(1, cascade.own_cols)  # [batch, own_width]: from each first own block
+    own_used = seqused_k - cascade.shift_tokens  # [batch]: keys past the shared prefix
+    own_max = min(max_seqlen_k, own_table.shape[1] * cascade.block_size) if isinstance(max_seqlen_k, int) \
+        else max_seqlen_k  # (not an int: pass 2 names it)
+    out, lse = attend(q, own_table, cu_seqlens_q, own_used, max_seqlen_q, own_max, causal, out, True, sinks)
+    if rows.numel():
         if resolve_backend(backend, q.device) == "triton":
-            from .split_kv import combine_splits
+            from .cascade_merge import merge_rows
 
-            merged, merged_lse = torch.empty_like(pre), torch.empty_like(pre_lse)
-            both = SplitWorkspace(torch.stack([own.float(), pre.float()]), torch.stack([own_lse, pre_lse]),
-                                  torch.arange(rows.numel(), dtype=torch.int32, device=q.device), 1, 1)
-            combine_splits(both, merged, merged_lse)  # the two passes as two splits of each row
+            merge_rows(out, lse, pre, pre_lse, rows)  # in place: the rows' own part with their prefix
         else:
-            merged, merged_lse = merge_attention(own, own_lse, pre, pre_lse)
-        out.index_copy_(0, rows, merged.to(out.dtype))
-        lse.index_copy_(1, rows, merged_lse)
+            merged, merged_lse = merge_attention(out.index_select(0, rows), lse.index_select(1, rows), pre,
+                                                 pre_lse)
+            out.index_copy_(0, rows, merged.to(out.dtype))
+            lse.index_copy_(1, rows, merged_lse)
     return (out, lse) if return_lse else out
 
 
