@@ -19,7 +19,9 @@ Sliding windows are not supported here (the prefix pass has no per-row window).
 The groups come from the scheduler (``KVCacheManager.shared_prefixes``); they are turned
 into metadata tensors on the host by :func:`build_cascade_batch` (``cascade_batch.py``)
 with the per-request counts the engine already has, so the launch reads no tensor value
-on the host.
+on the host. A call whose two passes would load more keys than the plain call
+(``cascade_cost.py``: a chunked prefill's packed rows take the LSE's 128-row tiles, the
+plain call 256) runs the plain call instead.
 
 Host work per call on the Triton path, with a group: the prefix pass (on a view of q when
 the groups' rows are one range, else a gather of them), one gather of the block table by
@@ -31,11 +33,15 @@ from __future__ import annotations
 
 import torch
 
+from .arguments import check_flags
 from .backend import resolve_backend
 from .cascade_batch import CascadeBatch, build_cascade_batch
+from .cascade_cost import cascade_keys
 from .dispatch import paged_prefill_attention
 from .errors import DeviceError, DtypeError, MetadataError, ShapeError
+from .fp8 import is_fp8
 from .overlap import check_reads_apart
+from .tiling import gpu_tiles
 from .validation import check_cascade, check_tensors
 
 __all__ = ["CascadeBatch", "build_cascade_batch", "cascade_attention", "merge_attention"]
@@ -110,6 +116,7 @@ def cascade_attention(
     v_scale: torch.Tensor | None = None,
     backend: str | None = None,
     checked: bool = False,
+    force: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """:func:`~prefixkv.kernels.paged_prefill_attention` of the same batch (same arguments,
     same result up to rounding, no sliding window), reading each group's shared prefix
@@ -119,12 +126,15 @@ def cascade_attention(
     ``cascade``: from :func:`build_cascade_batch` for this batch (its counts: checked
     against ``q``'s rows and the block table's width on every call, against the values of
     ``cu_seqlens_q`` and ``seqused_k`` with ``checked``). Two attention passes and a
-    merge of the groups' rows (no host synchronisation); with no group kept, the plain
-    call. Measured on an H100 (run 7, before the per-call index builds and copies were
-    cut): 1.18x the plain kernel on decode steps replayed in a CUDA graph after a shared
-    4k-token prefix, 2.49x after 16k; called eagerly its launches were host-bound (0.34x);
-    a chunked prefill read twice the keys (its packed rows take the LSE's 128-row tiles,
-    the plain call 256) and took 3x as long: group decoding requests (docs/kv_layout.md).
+    merge of the groups' rows (no host synchronisation). Where the two passes would load
+    as many keys as the plain call or more (:func:`~prefixkv.kernels.cascade_keys` with
+    the launches' tiles: a chunked prefill's packed rows take the LSE's 128-row tiles, the
+    plain call 256), or no group is kept, the plain call runs instead, unless ``force``.
+    Measured on an H100 (run 7, before the per-call index builds and copies were cut and
+    before this choice): 1.18x the plain kernel on decode steps replayed in a CUDA graph
+    after a shared 4k-token prefix, 2.49x after 16k; called eagerly its launches were
+    host-bound (0.34x); a chunked prefill read twice the keys and took 3x as long (now:
+    the plain call). Group decoding requests (docs/kv_layout.md).
 
     Raises:
         ArgumentTypeError: ``q``, ``k_cache``, ``block_table``, ``cu_seqlens_q`` or
@@ -134,9 +144,11 @@ def cascade_attention(
             cache's), ``out`` shares memory with ``block_table`` or the cascade's tensors;
             and everything ``paged_prefill_attention`` raises, before any write.
         DeviceError: the cascade's tensors or ``block_table`` are not on q's device.
+        UnsupportedError: ``force`` is not a bool.
         MetadataError: ``checked`` and ``cu_seqlens_q`` or ``seqused_k`` are not the counts
             the cascade was built from (a batch of other ``num_new`` with as many rows).
     """
+    check_flags(force=force)
     _check_fits(cascade, q, k_cache, block_table, cu_seqlens_q, seqused_k, checked)
     if isinstance(out, torch.Tensor):  # pass 2 checks out against its own arguments only
         check_reads_apart("cascade_attention", {"out": out}, {
@@ -153,7 +165,7 @@ def cascade_attention(
                                        return_lse=lse_, sinks=sinks_, k_scale=k_scale, v_scale=v_scale,
                                        backend=backend, checked=checked)
 
-    if not cascade.prefix_groups:
+    if not force and not _pays(cascade, q, k_cache, max_seqlen_q, return_lse):
         return attend(q, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, causal, out,
                       return_lse, sinks)
 
@@ -224,3 +236,18 @@ def _same_counts(name: str, t: torch.Tensor, want: list[int], what: str) -> None
         where = f"entry {i}: {got[i]} where the cascade has {want[i]}" if got and i is not None else \
             f"{got!r} where the cascade has {want}"
         raise MetadataError(f"cascade was built from other {what} than this batch's {name} ({where})")
+
+
+def _pays(cascade: CascadeBatch, q: torch.Tensor, k_cache: torch.Tensor, max_seqlen_q: int,
+          return_lse: bool) -> bool:
+    """Cascade's passes load fewer keys than the plain call (True for shapes no launch
+    takes: the passes then raise what the plain call would)."""
+    if not cascade.prefix_groups:
+        return False
+    if q.dim() != 3 or k_cache.dim() != 4 or not k_cache.shape[2] or q.shape[1] % k_cache.shape[2] \
+            or not isinstance(max_seqlen_q, int):
+        return True
+    return cascade_keys(cascade, group=q.shape[1] // k_cache.shape[2], head_dim=q.shape[2],
+                        max_seqlen_q=max(1, max_seqlen_q), on_gpu=gpu_tiles(q.device),
+                        elem_bytes=q.element_size(), return_lse=return_lse,
+                        kv_fp8=is_fp8(k_cache.dtype)).pays
