@@ -122,3 +122,22 @@ def test_the_merge_kernel_matches_merge_attention_in_place(dtype):
     tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=1e-3, rtol=1e-3)
     torch.testing.assert_close(out.cpu(), want_out, **tol)
     torch.testing.assert_close(lse.cpu(), want_lse, **tol)
+
+
+def test_the_host_benchmark_runs_and_counts():
+    """benchmarks/cascade_host.py (a child: it stubs the kernels for good): its table, and
+    the chunked prefill run as the one plain launch its key count picks."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "cascade_host.py"
+    run = subprocess.run([sys.executable, str(script), "--calls", "1", "--rounds", "1"], capture_output=True,
+                         text=True, timeout=600, env={**os.environ})
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in run.stdout.splitlines()
+            if line.startswith("| decode") or line.startswith("| chunked")}
+    assert len(rows) == 9, run.stdout
+    assert "| 0 (-) | 1 (attention 1) |" in rows[("chunked prefill", "cascade")]
+    assert "cascade merge 1" in rows[("decode", "cascade")] and "gather 1" in rows[("decode", "cascade")]

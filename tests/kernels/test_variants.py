@@ -189,9 +189,11 @@ CASCADE_CHILD = RECORDER + textwrap.dedent("""
                for r in range(batch)]
         groups = build_cascade_batch([SharedPrefix(shared // 16, tuple(range(batch)))], ids,
                                      [kv_len - q_len] * batch, [q_len] * batch, 16, device="meta")
-        cascade_attention(torch.empty(batch * q_len, 32, 128, dtype=torch.bfloat16, **meta), cache, cache,
-                          torch.empty(batch, width, **i32), torch.empty(batch + 1, **i32),
-                          torch.empty(batch, **i32), q_len, kv_len, groups, sinks=torch.empty(32, **meta))
+        for force in (False, True):  # the call's choice (the plain call for a long prefill), both passes
+            cascade_attention(torch.empty(batch * q_len, 32, 128, dtype=torch.bfloat16, **meta), cache, cache,
+                              torch.empty(batch, width, **i32), torch.empty(batch + 1, **i32),
+                              torch.empty(batch, **i32), q_len, kv_len, groups, sinks=torch.empty(32, **meta),
+                              force=force)
     json.dump(dict(calls=len(keys), missing=sorted(set(keys) - warm)), sys.stdout)
 """)
 

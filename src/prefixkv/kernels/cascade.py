@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import torch
 
+from . import tiling
 from .arguments import check_flags
 from .backend import resolve_backend
 from .cascade_batch import CascadeBatch, build_cascade_batch
@@ -41,7 +42,6 @@ from .dispatch import paged_prefill_attention
 from .errors import DeviceError, DtypeError, MetadataError, ShapeError
 from .fp8 import is_fp8
 from .overlap import check_reads_apart
-from .tiling import gpu_tiles
 from .validation import check_cascade, check_tensors
 
 __all__ = ["CascadeBatch", "build_cascade_batch", "cascade_attention", "merge_attention"]
@@ -248,6 +248,6 @@ def _pays(cascade: CascadeBatch, q: torch.Tensor, k_cache: torch.Tensor, max_seq
             or not isinstance(max_seqlen_q, int):
         return True
     return cascade_keys(cascade, group=q.shape[1] // k_cache.shape[2], head_dim=q.shape[2],
-                        max_seqlen_q=max(1, max_seqlen_q), on_gpu=gpu_tiles(q.device),
+                        max_seqlen_q=max(1, max_seqlen_q), on_gpu=tiling.gpu_tiles(q.device),
                         elem_bytes=q.element_size(), return_lse=return_lse,
                         kv_fp8=is_fp8(k_cache.dtype)).pays

@@ -109,7 +109,8 @@ def build_cascade_batch(
     # padding (never read: the own keys end inside it). need >= 1 keeps the index in range.
     need = [max(1, blocks_for(n, block_size)) for n in seq_lens]
     width = max([1] + [b - s for b, s in zip(need, shift, strict=True)])
-    cols = [[min(s + j, b - 1) for j in range(width)] for s, b in zip(shift, need, strict=True)]
+    cols = torch.minimum(torch.tensor(shift, dtype=torch.int64)[:, None] + torch.arange(width)[None, :],
+                         torch.tensor(need, dtype=torch.int64)[:, None] - 1)  # [batch, width]
     by_q_len: dict[int, list[int]] = {}
     for q_len, keys, s in zip(num_new, seq_lens, shift, strict=True):
         sums = by_q_len.setdefault(q_len, [0, 0, 0])
@@ -124,7 +125,7 @@ def build_cascade_batch(
         max_seqlen_q=max(packed, default=0),
         max_seqlen_k=max((n * block_size for n, _ in kept), default=0),
         prefix_tokens_read=sum(n * block_size for n, _ in kept),
-        own_cols=torch.tensor(cols, dtype=torch.int64, device=device).reshape(batch, width),
+        own_cols=cols.to(device) if device is not None else cols,
         shift_tokens=torch.tensor([s * block_size for s in shift], dtype=torch.int32, device=device),
         block_size=block_size, total_q=starts[-1], table_width=max(need, default=1),
         num_new=tuple(num_new), seq_lens=tuple(seq_lens),
