@@ -93,7 +93,9 @@ step_tests() {
         "$PY" -m pytest "${args[@]}" tests/kernels/test_tiling.py
         return
     fi
-    "$PY" -c "import xdist" 2> /dev/null && args+=(-n "${TEST_JOBS:-8}")
+    # loadgroup: the tests of one module-scoped fixture that runs a subprocess (the sm_90
+    # compile, the smoke session) share a worker (xdist_group), instead of one run a worker.
+    "$PY" -c "import xdist" 2> /dev/null && args+=(-n "${TEST_JOBS:-8}" --dist loadgroup)
     "$PY" -c "import pytest_timeout" 2> /dev/null && args+=(--timeout 150 -o timeout_method=thread)
     # Unset: conftest then runs every Triton test on CUDA tensors through compiled kernels.
     env -u TRITON_INTERPRET "$PY" -m pytest "${args[@]}" tests/kernels

@@ -167,7 +167,7 @@ def test_after_warmup_launches_with_a_split_workspace_compile_nothing():
 
 
 # cascade_attention: its own-part pass returns the LSE, its prefix pass is non-causal and
-# splits on few tiles, and the two merge like two splits.
+# splits on few tiles, and the two merge in a kernel of their own (cascade_merge).
 CASCADE_CHILD = RECORDER + textwrap.dedent("""
     from prefixkv import SharedPrefix
     from prefixkv.kernels import build_cascade_batch, cascade, cascade_attention, dispatch
