@@ -68,3 +68,13 @@ def test_a_run_that_finishes_or_stops_at_a_failure_prints_nothing_more(tmp_path)
     assert "1 failed, 2 passed" in out and "did not finish" not in out, out
     out = _pytest(tmp_path, "-x").communicate(timeout=60)[0]  # test_after never starts: not a hang
     assert "1 failed, 1 passed" in out and "did not finish" not in out, out
+
+
+def test_a_worker_that_crashed_is_named_by_xdist_not_listed_again(tmp_path):
+    pytest.importorskip("xdist")
+    (tmp_path / "test_cases.py").write_text("import os\n\ndef test_crashes():\n    os._exit(3)\n")
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "unfinished", "-n", "1",
+           "test_cases.py"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120).stdout
+    assert "crashed while running 'test_cases.py::test_crashes'" in out and "did not finish" not in out, out

@@ -34,7 +34,7 @@ class Unfinished:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # A worker that crashes mid-test sends no teardown; xdist then reports the test
         # failed in its "???" call: that is an end too (named in its failure already).
-        if report.when == "teardown" or (report.failed and report.location[0] == "???"):
+        if report.when in ("teardown", "???"):
             self.finished.add(report.nodeid)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
