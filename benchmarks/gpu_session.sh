@@ -8,7 +8,8 @@
 # 10-minute command:
 #   env    nvidia-smi (queries only), Python/torch/triton versions, CPU count
 #   tests  python3 -m pytest tests/kernels on CUDA: TRITON_INTERPRET unset, so conftest
-#          runs the compiled kernels (bf16 included); pytest-xdist/-timeout when present
+#          runs the compiled kernels (bf16 included); pytest-xdist/-timeout when present;
+#          a run cut short lists the tests it did not finish ("tests that did not finish")
 #   bench  benchmarks/bench_kernels.py: SPEC shape, sweep, decode, split decode
 #   cascade benchmarks/time_cascade.py: plain against cascade attention on shared prefixes
 #   profile Nsight Compute (ncu, where installed) on the SPEC prefill, one run per tile of
@@ -36,7 +37,7 @@ for arg in "$@"; do
     case $arg in
         --smoke) SMOKE=1 ;;
         env | tests | bench | cascade | profile | tune) STEPS+=("$arg") ;;
-        -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
         *) echo "gpu_session.sh: unknown argument '$arg' (steps: env tests bench cascade profile tune; --smoke)" >&2
            exit 2 ;;
     esac
@@ -81,13 +82,21 @@ EOF
 }
 
 step_tests() {
-    local args=(-q -rs -p no:cacheprovider --durations=15)
+    # A run cut short must name what it did not finish: tests/kernels/unfinished.py (from
+    # conftest) lists the tests started and never finished and those never started;
+    # faulthandler dumps every thread's stack of a test past 120 s (from a watchdog thread:
+    # also a test blocked in C, which pytest-timeout's signal method never interrupts); the
+    # thread method ends such a test's worker, and xdist names the test it crashed in.
+    # The order is fixed (no pytest-randomly), so two runs lose the same tests.
+    local args=(-q -rs -p no:cacheprovider -p no:randomly --durations=15 -o faulthandler_timeout=120)
     if [ "$SMOKE" = 1 ]; then
         "$PY" -m pytest "${args[@]}" tests/kernels/test_tiling.py
         return
     fi
-    "$PY" -c "import xdist" 2> /dev/null && args+=(-n "${TEST_JOBS:-8}")
-    "$PY" -c "import pytest_timeout" 2> /dev/null && args+=(--timeout 150)
+    # loadgroup: the tests of one module-scoped fixture that runs a subprocess (the sm_90
+    # compile, the smoke session) share a worker (xdist_group), instead of one run a worker.
+    "$PY" -c "import xdist" 2> /dev/null && args+=(-n "${TEST_JOBS:-8}" --dist loadgroup)
+    "$PY" -c "import pytest_timeout" 2> /dev/null && args+=(--timeout 150 -o timeout_method=thread)
     # Unset: conftest then runs every Triton test on CUDA tensors through compiled kernels.
     env -u TRITON_INTERPRET "$PY" -m pytest "${args[@]}" tests/kernels
 }

@@ -14,11 +14,14 @@ Plain: ``paged_prefill_attention`` (every request's tiles read the whole prefix)
 ``cascade_attention`` with ``build_cascade_batch`` of that group (the prefix read once per
 tile of the group's packed rows, the own parts as before, merged by log-sum-exp); its
 metadata is built once outside the timing, as an engine builds it on the host per step.
-Both outputs are compared (max abs diff). KV bytes: keys each call's programs load, from
-the tiles ``choose_tiles`` picks on a GPU (one program of ``block_q`` query positions and
-one KV head loads every key its rows may attend), x KV heads x head_dim x 2 (K, V) x
-element size. ``--smoke``: tiny shapes through the Triton interpreter on a CPU (the script
-works; the timings mean nothing). Writes ``cascade-<device>.json`` and ``.md``.
+The call runs both passes only where ``cascade_keys`` counts fewer keys for them than
+for the plain call, else the plain call; where it picks plain, the two passes are timed
+too (``force=True``, "forced"). Both outputs are compared (max abs diff). KV bytes:
+``cascade_keys``, keys each call's programs load, from the tiles ``choose_tiles`` picks on
+a GPU (one program of ``block_q`` query positions and one KV head loads every key its
+rows may attend), x KV heads x head_dim x 2 (K, V) x element size. ``--smoke``: tiny
+shapes through the Triton interpreter on a CPU (the script works; the timings mean
+nothing). Writes ``cascade-<device>.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ SMOKE_CASES = [dict(name="decode", batch=3, shared=32, own=16, q_len=1),
 
 def run_case(torch, kernels, timer, case: dict, shape: dict) -> dict:
     from prefixkv import SharedPrefix
-    from prefixkv.bench.cascade_bytes import ModelShape, block_q, keys_read
 
     bs, batch, q_len = shape["block_size"], case["batch"], case["q_len"]
     shared_blocks, own_blocks = case["shared"] // bs, -(-(case["own"] + q_len) // bs)
@@ -62,30 +64,32 @@ def run_case(torch, kernels, timer, case: dict, shape: dict) -> dict:
     # The timed calls write the outputs compared: on a CPU the timer makes one call, and
     # the interpreter's launches are the smoke's whole cost (a separate call for the
     # comparison doubled it).
+    # Counted with the GPU's tiles (also in the smoke): what the call's choice rests on there.
+    keys = kernels.cascade_keys(cascade, group=shape["heads"] // shape["kv_heads"],
+                                head_dim=shape["head_dim"], max_seqlen_q=q_len, on_gpu=True,
+                                elem_bytes=q.element_size())
     plain_out, cascade_out = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
     plain_ms = timer(lambda: kernels.paged_prefill_attention(*args, out=plain_out, backend="triton"))
     cascade_ms = timer(lambda: kernels.cascade_attention(*args, cascade, out=cascade_out, backend="triton"))
     diff = (plain_out.float() - cascade_out.float()).abs().max().item()
-    graphs = {}
+    timed = dict(plain_ms=plain_ms, cascade_ms=cascade_ms, speedup=plain_ms / cascade_ms)
+    if shape["device"] == "cuda" and not keys.pays:  # the call ran plain: time the two passes too
+        forced_out = torch.full_like(q, float("nan"))
+        timed["forced_ms"] = timer(lambda: kernels.cascade_attention(*args, cascade, out=forced_out,
+                                                                     backend="triton", force=True))
+        diff = max(diff, (plain_out.float() - forced_out.float()).abs().max().item())
     if shape["device"] == "cuda":  # replayed as engines run decode steps: no host time between launches
         for name, fn in (("plain", lambda: kernels.paged_prefill_attention(*args, backend="triton")),
                          ("cascade", lambda: kernels.cascade_attention(*args, cascade, backend="triton"))):
             try:
-                graphs[f"{name}_graph_ms"] = timer(captured(torch, fn))
+                timed[f"{name}_graph_ms"] = timer(captured(torch, fn))
             except Exception as exc:  # a capture failure is a result to report, not a lost run
-                graphs[f"{name}_graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                timed[f"{name}_graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
                 print(f"{case['name']}, {name}: CUDA graph capture failed: {exc}", file=sys.stderr)
-
-    model = ModelShape(shape["heads"], shape["kv_heads"], shape["head_dim"], k_cache.element_size())
-    key_bytes = model.bytes_per_key
-    plain_keys = batch * keys_read(q_len, kv_len, block_q(model, q_len))
-    own = kv_len - shared_blocks * bs
-    packed = batch * q_len
-    cascade_keys = (batch * keys_read(q_len, own, block_q(model, q_len, lse=True))  # both passes: LSE out
-                    + -(-packed // block_q(model, packed, lse=True)) * shared_blocks * bs)
-    return dict(case, kv_len=kv_len, plain_ms=plain_ms, cascade_ms=cascade_ms, speedup=plain_ms / cascade_ms,
-                plain_mb=plain_keys * key_bytes / 1e6, cascade_mb=cascade_keys * key_bytes / 1e6,
-                max_abs_diff=diff, **graphs)
+    key_bytes = shape["kv_heads"] * shape["head_dim"] * 2 * k_cache.element_size()  # K and V, every KV head
+    return dict(case, kv_len=kv_len, picks="cascade" if keys.pays else "plain",
+                plain_mb=keys.plain * key_bytes / 1e6, cascade_mb=keys.cascade * key_bytes / 1e6,
+                max_abs_diff=diff, **timed)
 
 
 def captured(torch, fn):
@@ -112,18 +116,21 @@ def markdown(result: dict) -> str:
     if result["smoke"]:
         lines += ["Smoke run: tiny shapes through the Triton interpreter; the timings mean nothing.", ""]
     lines += ["Graph: the same call captured in a CUDA graph and replayed (no host time between its "
-              "launches, as engines run decode steps); eager: called from Python each time.", "",
-              "| case | batch | shared | own | q_len | plain ms | cascade ms | plain / cascade | "
-              "graph: plain ms | graph: cascade ms | graph: plain / cascade | plain MB | cascade MB | "
-              "max abs diff |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "launches, as engines run decode steps); eager: called from Python each time. Picks: "
+              "what cascade_attention runs, by cascade_keys (both passes where they load fewer keys, "
+              "else the plain call); forced: both passes anyway (`force=True`), timed where it picks "
+              "plain. MB: cascade_keys of both passes, with the GPU's tiles.", "",
+              "| case | batch | shared | own | q_len | picks | plain ms | cascade ms | plain / cascade | "
+              "forced ms | graph: plain ms | graph: cascade ms | graph: plain / cascade | plain MB | "
+              "cascade MB | max abs diff |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["cases"]:
         nan = float("nan")
-        gp, gc = r.get("plain_graph_ms", nan), r.get("cascade_graph_ms", nan)
+        gp, gc, forced = r.get("plain_graph_ms", nan), r.get("cascade_graph_ms", nan), r.get("forced_ms")
         lines.append(f"| {r['name']} | {r['batch']} | {r['shared']} | {r['own']} | {r['q_len']} | "
-                     f"{r['plain_ms']:.3f} | {r['cascade_ms']:.3f} | {r['speedup']:.2f}x | {gp:.3f} | "
-                     f"{gc:.3f} | {gp / gc:.2f}x | {r['plain_mb']:.1f} | {r['cascade_mb']:.1f} | "
-                     f"{r['max_abs_diff']:.1e} |")
+                     f"{r['picks']} | {r['plain_ms']:.3f} | {r['cascade_ms']:.3f} | {r['speedup']:.2f}x | "
+                     f"{'-' if forced is None else f'{forced:.3f}'} | {gp:.3f} | {gc:.3f} | {gp / gc:.2f}x | "
+                     f"{r['plain_mb']:.1f} | {r['cascade_mb']:.1f} | {r['max_abs_diff']:.1e} |")
     return "\n".join(lines) + "\n"
 
 

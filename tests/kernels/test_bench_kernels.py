@@ -53,6 +53,11 @@ def _session(*args: str, out: Path, timeout: float = 120, **env: str) -> subproc
                           env={**inherited, "OUT": str(out), "PYTHON": sys.executable, **env})
 
 
+# The tests of the smoke session on one xdist worker (gpu_session.sh: --dist loadgroup):
+# its fixture is per module and per worker, and each run is the whole session's smoke.
+SMOKE_GROUP = pytest.mark.xdist_group("gpu-session-smoke")
+
+
 @pytest.fixture(scope="module")
 def smoke_session(tmp_path_factory, warm_python) -> tuple[subprocess.CompletedProcess, Path]:
     """One ``gpu_session.sh --smoke`` run, every step, and its $OUT: the session runs
@@ -80,6 +85,7 @@ def _step_ok(session: tuple[subprocess.CompletedProcess, Path], step: str) -> No
     assert f"\n{step}: rc 0," in log, run.stdout[-3000:] + run.stderr[-3000:]
 
 
+@SMOKE_GROUP
 def test_smoke_run_writes_json_and_markdown(smoke_session):
     _step_ok(smoke_session, "bench")
     _, out = smoke_session
@@ -92,6 +98,7 @@ def test_smoke_run_writes_json_and_markdown(smoke_session):
     assert {"## SPEC shape", "## Split-KV decode"} <= headings
 
 
+@SMOKE_GROUP
 def test_smoke_tune_compiles_ahead_and_checks_every_candidate(smoke_session):
     _step_ok(smoke_session, "tune")
     run, out = smoke_session
@@ -173,6 +180,7 @@ def test_gpu_session_refuses_without_cuda(tmp_path, warm_python):
     assert "no CUDA device" in (tmp_path / "gpu-session.log").read_text()
 
 
+@SMOKE_GROUP
 def test_gpu_session_smoke_runs_every_step_into_out(smoke_session):
     run, out = smoke_session
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

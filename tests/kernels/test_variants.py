@@ -37,7 +37,7 @@ RECORDER = textwrap.dedent("""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
-    from prefixkv.kernels import attention, split_kv, tiling, write_kv
+    from prefixkv.kernels import attention, cascade_merge, split_kv, tiling, write_kv
     from prefixkv.kernels import AttentionSpec, alloc_split_workspace, warmup
 
     backend = make_backend(GPUTarget("cuda", 90, 32))
@@ -54,7 +54,7 @@ RECORDER = textwrap.dedent("""
             return launch
 
     for mod, name in ((attention, "_paged_prefill_kernel"), (split_kv, "_combine_splits_kernel"),
-                      (write_kv, "_write_kv_kernel")):
+                      (write_kv, "_write_kv_kernel"), (cascade_merge, "_merge_rows_kernel")):
         setattr(mod, name, Recorder(getattr(mod, name)))
     tiling.gpu_tiles = lambda device: True  # meta tensors take the GPU's tiles and split rule
 """)
@@ -167,9 +167,10 @@ def test_after_warmup_launches_with_a_split_workspace_compile_nothing():
 
 
 # cascade_attention: its own-part pass returns the LSE, its prefix pass is non-causal and
-# splits on few tiles, and the two merge like two splits.
+# splits on few tiles, and the two merge in a kernel of their own (cascade_merge).
 CASCADE_CHILD = RECORDER + textwrap.dedent("""
-    from prefixkv.kernels import CascadeBatch, cascade, cascade_attention, dispatch
+    from prefixkv import SharedPrefix
+    from prefixkv.kernels import build_cascade_batch, cascade, cascade_attention, dispatch
     cascade.resolve_backend = dispatch.resolve_backend = lambda backend, device: "triton"  # meta tensors
     meta = dict(device="meta")
     i32 = dict(dtype=torch.int32, **meta)
@@ -183,15 +184,16 @@ CASCADE_CHILD = RECORDER + textwrap.dedent("""
         kv_len = shared + 512 + q_len
         width = -(-kv_len // 16)
         cache = torch.empty(batch * width, 16, 8, 128, dtype=torch.bfloat16, **meta)
-        groups = CascadeBatch(
-            shift_blocks=torch.empty(batch, dtype=torch.int64, **meta),
-            rows=torch.empty(batch * q_len, dtype=torch.int64, **meta),
-            block_table=torch.empty(1, shared // 16, **i32), cu_seqlens_q=torch.empty(2, **i32),
-            seqused_k=torch.empty(1, **i32), max_seqlen_q=batch * q_len,
-            max_seqlen_k=shared, prefix_tokens_read=shared)
-        cascade_attention(torch.empty(batch * q_len, 32, 128, dtype=torch.bfloat16, **meta), cache, cache,
-                          torch.empty(batch, width, **i32), torch.empty(batch + 1, **i32),
-                          torch.empty(batch, **i32), q_len, kv_len, groups, sinks=torch.empty(32, **meta))
+        own = width - shared // 16
+        ids = [list(range(shared // 16)) + [shared // 16 + r * own + j for j in range(own)]
+               for r in range(batch)]
+        groups = build_cascade_batch([SharedPrefix(shared // 16, tuple(range(batch)))], ids,
+                                     [kv_len - q_len] * batch, [q_len] * batch, 16, device="meta")
+        for force in (False, True):  # the call's choice (the plain call for a long prefill), both passes
+            cascade_attention(torch.empty(batch * q_len, 32, 128, dtype=torch.bfloat16, **meta), cache, cache,
+                              torch.empty(batch, width, **i32), torch.empty(batch + 1, **i32),
+                              torch.empty(batch, **i32), q_len, kv_len, groups, sinks=torch.empty(32, **meta),
+                              force=force)
     json.dump(dict(calls=len(keys), missing=sorted(set(keys) - warm)), sys.stdout)
 """)
 

@@ -24,6 +24,7 @@ from .batch import (
     build_slot_mapping,
 )
 from .cascade import CascadeBatch, build_cascade_batch, cascade_attention, merge_attention
+from .cascade_cost import CascadeKeys, cascade_keys
 from .dispatch import paged_prefill_attention, write_kv_cache
 from .errors import (
     ArgumentTypeError,
@@ -52,6 +53,7 @@ __all__ = [
     "BatchError",
     "BlockIdError",
     "CascadeBatch",
+    "CascadeKeys",
     "DeviceError",
     "DtypeError",
     "FP8_DTYPES",
@@ -72,6 +74,7 @@ __all__ = [
     "build_seqused_k",
     "build_slot_mapping",
     "cascade_attention",
+    "cascade_keys",
     "copy_blocks",
     "load_blocks",
     "merge_attention",

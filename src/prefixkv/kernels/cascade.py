@@ -17,125 +17,34 @@ equals one pass over all keys up to rounding. Sinks join pass 2 only (counted on
 Sliding windows are not supported here (the prefix pass has no per-row window).
 
 The groups come from the scheduler (``KVCacheManager.shared_prefixes``); they are turned
-into metadata tensors on the host by :func:`build_cascade_batch` with the per-request
-counts the engine already has, so the launch reads no tensor value on the host.
+into metadata tensors on the host by :func:`build_cascade_batch` (``cascade_batch.py``)
+with the per-request counts the engine already has, so the launch reads no tensor value
+on the host. A call whose two passes would load more keys than the plain call
+(``cascade_cost.py``: a chunked prefill's packed rows take the LSE's 128-row tiles, the
+plain call 256) runs the plain call instead.
+
+Host work per call on the Triton path, with a group: the prefix pass (on a view of q when
+the groups' rows are one range, else a gather of them), one gather of the block table by
+the batch's precomputed columns and one subtraction for the own part's keys, the own
+pass, and one merge launch in place (``cascade_merge.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
 import torch
 
-from ..results import SharedPrefix
+from . import tiling
+from .arguments import check_flags
 from .backend import resolve_backend
-from .batch import _counts, _is_int, _sequence, build_block_table, build_cu_seqlens_q, check_tokens_fit
+from .cascade_batch import CascadeBatch, build_cascade_batch
+from .cascade_cost import cascade_keys
 from .dispatch import paged_prefill_attention
-from .errors import BatchError, DeviceError, DtypeError, ShapeError
+from .errors import DeviceError, DtypeError, MetadataError, ShapeError
+from .fp8 import is_fp8
 from .overlap import check_reads_apart
 from .validation import check_cascade, check_tensors
-from .workspace import SplitWorkspace
 
 __all__ = ["CascadeBatch", "build_cascade_batch", "cascade_attention", "merge_attention"]
-
-
-@dataclass(frozen=True, slots=True)
-class CascadeBatch:
-    """The prefix pass's metadata and each request's shift, built by :func:`build_cascade_batch`."""
-
-    shift_blocks: torch.Tensor  # [batch] int64: shared blocks of each request (0: in no group)
-    rows: torch.Tensor  # [num_rows] int64: q rows of the groups' members, group after group
-    block_table: torch.Tensor  # [num_groups, max_shared_blocks] int32: each group's shared blocks
-    cu_seqlens_q: torch.Tensor  # [num_groups + 1] int32 over the packed rows
-    seqused_k: torch.Tensor  # [num_groups] int32: shared tokens of each group
-    max_seqlen_q: int
-    max_seqlen_k: int
-    prefix_tokens_read: int  # host count: shared tokens x groups (what pass 1 reads once per tile)
-
-    @property
-    def num_groups(self) -> int:
-        """Groups kept (each reads its shared prefix in pass 1)."""
-        return self.seqused_k.shape[0]
-
-
-def build_cascade_batch(
-    groups: Sequence[SharedPrefix],
-    block_ids: Sequence[Sequence[int]],
-    num_computed: Sequence[int],
-    num_new: Sequence[int],
-    block_size: int,
-    *,
-    device: torch.device | str | None = None,
-) -> CascadeBatch:
-    """Metadata of the prefix pass from the manager's groups and the step's counts.
-
-    ``groups``: ``SharedPrefix`` (members: positions in the batch). Each group keeps the
-    blocks that all members hold *and* that lie wholly before every member's first new
-    token (``num_computed[i] // block_size``): a block being computed in this step holds
-    keys some member's queries must see causally, so it stays in the own part. A group
-    left with no block, or with fewer than two members, is dropped (its requests run
-    whole in pass 2).
-
-    Raises:
-        BatchError: mismatched lengths, a count that is not an int >= 0 (``block_size``:
-            >= 1; a group's ``num_blocks``), a member that is not an int, outside the batch
-            or in two groups, or members whose block ids differ inside the claimed prefix
-            (wrong groups would serve one request another's KV), ``block_ids`` or a row of
-            it not a sequence, or a request whose tokens need more blocks than it lists (as
-            :func:`~prefixkv.kernels.build_slot_mapping`); before any tensor is built.
-    """
-    block_ids = [_sequence(f"block_ids[{i}]", ids) for i, ids in enumerate(_sequence("block_ids", block_ids))]
-    batch = len(block_ids)
-    if len(num_computed) != batch or len(num_new) != batch:
-        raise BatchError(f"block_ids, num_computed, num_new have {batch}, {len(num_computed)}, "
-                         f"{len(num_new)} entries; one per request")
-    num_computed, num_new = _counts("num_computed", num_computed), _counts("num_new", num_new)
-    if not _is_int(block_size) or block_size < 1:
-        raise BatchError(f"block_size must be an int >= 1, got {block_size!r}")
-    # A group's table is its first member's blocks: counts past them padded it with a
-    # block id no member holds, read as the shared prefix.
-    check_tokens_fit(block_ids, num_computed, num_new, block_size)
-    starts = [0]
-    for n in num_new:
-        starts.append(starts[-1] + n)
-    shift, seen = [0] * batch, set()
-    kept: list[tuple[int, list[int]]] = []
-    for g in groups:
-        if not isinstance(g, SharedPrefix):
-            raise BatchError(f"groups must hold SharedPrefix, got {g!r}")
-        if not _is_int(g.num_blocks) or g.num_blocks < 0 or not isinstance(g.members, (tuple, list)):
-            raise BatchError(f"a group needs num_blocks an int >= 0 and members a tuple of ints, got {g!r}")
-        for i in g.members:
-            if not _is_int(i):
-                raise BatchError(f"group members must be ints (positions in the batch), got {i!r} in {g!r}")
-            if not 0 <= i < batch or i in seen:
-                raise BatchError(f"group member {i} is outside the batch of {batch} or in two groups")
-            seen.add(i)
-        if len(g.members) < 2:
-            continue  # nothing to share: the member (if any) runs whole in pass 2
-        n = min([g.num_blocks] + [num_computed[i] // block_size for i in g.members])
-        lead = list(block_ids[g.members[0]][:n])
-        for i in g.members:
-            if list(block_ids[i][:n]) != lead:
-                raise BatchError(f"request {i} does not hold the group's first {n} blocks {lead}")
-        if n > 0:
-            kept.append((n, list(g.members)))
-            for i in g.members:
-                shift[i] = n
-    rows = [r for _, members in kept for i in members for r in range(starts[i], starts[i + 1])]
-    packed = [sum(num_new[i] for i in members) for _, members in kept]
-    tables = [list(block_ids[members[0]][:n]) for n, members in kept]
-    return CascadeBatch(
-        shift_blocks=torch.tensor(shift, dtype=torch.int64, device=device),
-        rows=torch.tensor(rows, dtype=torch.int64, device=device),
-        block_table=build_block_table(tables, device=device),
-        cu_seqlens_q=build_cu_seqlens_q(packed, device=device),
-        seqused_k=torch.tensor([n * block_size for n, _ in kept], dtype=torch.int32, device=device),
-        max_seqlen_q=max(packed, default=0),
-        max_seqlen_k=max((n * block_size for n, _ in kept), default=0),
-        prefix_tokens_read=sum(n * block_size for n, _ in kept),
-    )
 
 
 def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
@@ -207,70 +116,138 @@ def cascade_attention(
     v_scale: torch.Tensor | None = None,
     backend: str | None = None,
     checked: bool = False,
+    force: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """:func:`~prefixkv.kernels.paged_prefill_attention` of the same batch (same arguments,
     same result up to rounding, no sliding window), reading each group's shared prefix
     once per query tile of the group instead of once per request's tile. ``out`` may be
     ``q`` itself.
 
-    ``cascade``: from :func:`build_cascade_batch` for this batch. Two attention passes
-    and a merge of the groups' rows (torch ops; no host synchronisation). Measured on an
-    H100: it pays on decode steps replayed in a CUDA graph (1.17x the plain kernel after a
-    shared 4k-token prefix, 2.55x after 16k), not called eagerly (its launches are then
-    host-bound) and not for prefilling requests (their packed rows need as many tiles
-    as before): group decoding requests (docs/kv_layout.md).
+    ``cascade``: from :func:`build_cascade_batch` for this batch (its counts: checked
+    against ``q``'s rows and the block table's width on every call, against the values of
+    ``cu_seqlens_q`` and ``seqused_k`` with ``checked``). Two attention passes and a
+    merge of the groups' rows (no host synchronisation). Where the two passes would load
+    as many keys as the plain call or more (:func:`~prefixkv.kernels.cascade_keys` with
+    the launches' tiles: a chunked prefill's packed rows take the LSE's 128-row tiles, the
+    plain call 256), or no group is kept, the plain call runs instead, unless ``force``.
+    Measured on an H100 (run 7, before the per-call index builds and copies were cut and
+    before this choice): 1.18x the plain kernel on decode steps replayed in a CUDA graph
+    after a shared 4k-token prefix, 2.49x after 16k; called eagerly its launches were
+    host-bound (0.34x); a chunked prefill read twice the keys and took 3x as long (now:
+    the plain call). Group decoding requests (docs/kv_layout.md).
 
     Raises:
-        ArgumentTypeError: ``q``, ``k_cache`` or ``block_table`` is not a ``torch.Tensor``.
-        ShapeError: ``cascade`` does not fit this batch (its shift per request, its rows
-            outside q, a ``block_size`` other than the cache's), ``out`` shares memory with
-            ``block_table`` or the cascade's tensors; and everything
-            ``paged_prefill_attention`` raises, before any write.
+        ArgumentTypeError: ``q``, ``k_cache``, ``block_table``, ``cu_seqlens_q`` or
+            ``seqused_k`` is not a ``torch.Tensor``.
+        ShapeError: ``cascade`` does not fit this batch (its requests, q's rows, a block
+            table narrower than its requests' blocks, a ``block_size`` other than the
+            cache's), ``out`` shares memory with ``block_table`` or the cascade's tensors;
+            and everything ``paged_prefill_attention`` raises, before any write.
+        DeviceError: the cascade's tensors or ``block_table`` are not on q's device.
+        UnsupportedError: ``force`` is not a bool.
+        MetadataError: ``checked`` and ``cu_seqlens_q`` or ``seqused_k`` are not the counts
+            the cascade was built from (a batch of other ``num_new`` with as many rows).
     """
-    check_cascade(cascade.shift_blocks, cascade.rows, cascade.block_table, cascade.max_seqlen_k, q, k_cache,
-                  block_table)
+    check_flags(force=force)
+    _check_fits(cascade, q, k_cache, block_table, cu_seqlens_q, seqused_k, checked)
     if isinstance(out, torch.Tensor):  # pass 2 checks out against its own arguments only
         check_reads_apart("cascade_attention", {"out": out}, {
             "block_table": block_table, "cascade.shift_blocks": cascade.shift_blocks,
             "cascade.rows": cascade.rows, "cascade.block_table": cascade.block_table,
-            "cascade.cu_seqlens_q": cascade.cu_seqlens_q, "cascade.seqused_k": cascade.seqused_k})
+            "cascade.cu_seqlens_q": cascade.cu_seqlens_q, "cascade.seqused_k": cascade.seqused_k,
+            "cascade.own_cols": cascade.own_cols, "cascade.shift_tokens": cascade.shift_tokens})
 
     def attend(q_: torch.Tensor, table: torch.Tensor, cu: torch.Tensor, used: torch.Tensor, max_q: int,
-               max_k: int, causal_: bool, out_: torch.Tensor | None, sinks_: torch.Tensor | None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        got = paged_prefill_attention(q_, k_cache, v_cache, table, cu, used, max_q, max_k,
-                                      softmax_scale=softmax_scale, causal=causal_, softcap=softcap, out=out_,
-                                      return_lse=True, sinks=sinks_, k_scale=k_scale, v_scale=v_scale,
-                                      backend=backend, checked=checked)
-        assert isinstance(got, tuple)
-        return got
+               max_k: int, causal_: bool, out_: torch.Tensor | None, lse_: bool, sinks_: torch.Tensor | None
+               ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return paged_prefill_attention(q_, k_cache, v_cache, table, cu, used, max_q, max_k,
+                                       softmax_scale=softmax_scale, causal=causal_, softcap=softcap, out=out_,
+                                       return_lse=lse_, sinks=sinks_, k_scale=k_scale, v_scale=v_scale,
+                                       backend=backend, checked=checked)
 
-    # Pass 2 first: it validates the whole call before anything is written.
-    width = block_table.shape[1]
-    shift = cascade.shift_blocks.to(block_table.device)
-    cols = torch.arange(width, device=block_table.device)[None, :] + shift[:, None]
-    cols = torch.clamp(cols, max=width - 1)
-    own_table = block_table.gather(1, cols)  # [batch, width]: row i from its first unshared block
-    own_used = (seqused_k - (shift * k_cache.shape[1]).to(seqused_k.dtype)).to(seqused_k.dtype)
-    # The groups' q rows are gathered before pass 2 writes: ``out`` may be ``q`` itself.
-    rows = cascade.rows.to(q.device)
-    q_rows = q.index_select(0, rows) if rows.numel() else q
-    out, lse = attend(q, own_table, cu_seqlens_q, own_used, max_seqlen_q, max_seqlen_k, causal, out, sinks)
+    if not force and not _pays(cascade, q, k_cache, max_seqlen_q, return_lse):
+        return attend(q, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, causal, out,
+                      return_lse, sinks)
+
+    rows = cascade.rows
     if rows.numel():
+        # Pass 1 first: it reads the groups' q rows before pass 2 writes out, which may be q.
         # All shared keys precede every row: no mask (and, on few tiles, the keys split).
-        pre, pre_lse = attend(q_rows, cascade.block_table, cascade.cu_seqlens_q,
-                              cascade.seqused_k, cascade.max_seqlen_q, cascade.max_seqlen_k,
-                              False, None, None)
-        own, own_lse = out.index_select(0, rows), lse.index_select(1, rows)
+        span = cascade.rows_span
+        q_rows = q[span[0]:span[1]] if span is not None else q.index_select(0, rows)
+        pre, pre_lse = attend(q_rows, cascade.block_table, cascade.cu_seqlens_q, cascade.seqused_k,
+                              cascade.max_seqlen_q, cascade.max_seqlen_k, False, None, True, None)
+    own_table = block_table.gather(1, cascade.own_cols)  # [batch, own_width]: from each first own block
+    own_used = seqused_k - cascade.shift_tokens  # [batch]: keys past the shared prefix
+    own_max = min(max_seqlen_k, own_table.shape[1] * cascade.block_size) if isinstance(max_seqlen_k, int) \
+        else max_seqlen_k  # (not an int: pass 2 names it)
+    out, lse = attend(q, own_table, cu_seqlens_q, own_used, max_seqlen_q, own_max, causal, out, True, sinks)
+    if rows.numel():
         if resolve_backend(backend, q.device) == "triton":
-            from .split_kv import combine_splits
+            from .cascade_merge import merge_rows
 
-            merged, merged_lse = torch.empty_like(pre), torch.empty_like(pre_lse)
-            both = SplitWorkspace(torch.stack([own.float(), pre.float()]), torch.stack([own_lse, pre_lse]),
-                                  torch.arange(rows.numel(), dtype=torch.int32, device=q.device), 1, 1)
-            combine_splits(both, merged, merged_lse)  # the two passes as two splits of each row
+            merge_rows(out, lse, pre, pre_lse, rows)  # in place: the rows' own part with their prefix
         else:
-            merged, merged_lse = merge_attention(own, own_lse, pre, pre_lse)
-        out.index_copy_(0, rows, merged.to(out.dtype))
-        lse.index_copy_(1, rows, merged_lse)
+            merged, merged_lse = merge_attention(out.index_select(0, rows), lse.index_select(1, rows), pre,
+                                                 pre_lse)
+            out.index_copy_(0, rows, merged.to(out.dtype))
+            lse.index_copy_(1, rows, merged_lse)
     return (out, lse) if return_lse else out
+
+
+def _check_fits(cascade: CascadeBatch, q: object, k_cache: object, block_table: object, cu_seqlens_q: object,
+                seqused_k: object, checked: bool) -> None:
+    """The cascade was built for this batch, as far as the host can tell (docstring of
+    :func:`cascade_attention`); ``checked``: also by the metadata's values (a sync)."""
+    check_cascade(cascade.shift_blocks, cascade.rows, cascade.block_table, cascade.max_seqlen_k, q, k_cache,
+                  block_table)
+    check_tensors(cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k)
+    assert isinstance(q, torch.Tensor) and isinstance(k_cache, torch.Tensor)
+    assert isinstance(block_table, torch.Tensor) and isinstance(seqused_k, torch.Tensor)
+    assert isinstance(cu_seqlens_q, torch.Tensor)
+    if q.shape[0] != cascade.total_q:
+        raise ShapeError(f"cascade is for {cascade.total_q} rows of q (the new tokens of its "
+                         f"{len(cascade.num_new)} requests); q has {q.shape[0]}")
+    if k_cache.dim() == 4 and k_cache.shape[1] != cascade.block_size:
+        raise ShapeError(f"cascade was built for blocks of {cascade.block_size} tokens; the cache's blocks "
+                         f"hold {k_cache.shape[1]}")
+    if block_table.shape[1] < cascade.table_width:
+        raise ShapeError(f"block_table has {block_table.shape[1]} columns; the cascade's requests fill up "
+                         f"to {cascade.table_width} blocks")
+    for name in ("shift_blocks", "rows", "block_table", "cu_seqlens_q", "seqused_k", "own_cols",
+                 "shift_tokens"):
+        t = getattr(cascade, name)
+        if t.device != q.device:
+            raise DeviceError(f"cascade.{name} is on {t.device}, expected {q.device} like q")
+    if block_table.device != q.device:
+        raise DeviceError(f"block_table is on {block_table.device}, expected {q.device} like q")
+    if checked:
+        starts = [0]
+        for n in cascade.num_new:
+            starts.append(starts[-1] + n)
+        _same_counts("cu_seqlens_q", cu_seqlens_q, starts, "new tokens")
+        _same_counts("seqused_k", seqused_k, list(cascade.seq_lens), "keys")
+
+
+def _same_counts(name: str, t: torch.Tensor, want: list[int], what: str) -> None:
+    got = t.tolist() if t.dim() == 1 else None
+    if got != want:
+        i = next((i for i, (a, b) in enumerate(zip(got or [], want, strict=False)) if a != b), None)
+        where = f"entry {i}: {got[i]} where the cascade has {want[i]}" if got and i is not None else \
+            f"{got!r} where the cascade has {want}"
+        raise MetadataError(f"cascade was built from other {what} than this batch's {name} ({where})")
+
+
+def _pays(cascade: CascadeBatch, q: torch.Tensor, k_cache: torch.Tensor, max_seqlen_q: int,
+          return_lse: bool) -> bool:
+    """Cascade's passes load fewer keys than the plain call (True for shapes no launch
+    takes: the passes then raise what the plain call would)."""
+    if not cascade.prefix_groups:
+        return False
+    if q.dim() != 3 or k_cache.dim() != 4 or not k_cache.shape[2] or q.shape[1] % k_cache.shape[2] \
+            or not isinstance(max_seqlen_q, int):
+        return True
+    return cascade_keys(cascade, group=q.shape[1] // k_cache.shape[2], head_dim=q.shape[2],
+                        max_seqlen_q=max(1, max_seqlen_q), on_gpu=tiling.gpu_tiles(q.device),
+                        elem_bytes=q.element_size(), return_lse=return_lse,
+                        kv_fp8=is_fp8(k_cache.dtype)).pays

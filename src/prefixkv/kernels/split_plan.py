@@ -30,17 +30,19 @@ class SplitPlan:
     split_q: int
     split_keys: int
     ws: SplitWorkspace | None
+    fresh: bool = False  # ws was allocated for this launch: its row map is clear already
 
     def kernel_args(self, out: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
         """The kernel's workspace pointers (partials, their LSE, the row map) and their 7
-        strides. Splitting, the row map is cleared first: rows this launch does not split
-        stay out of the merge. Not splitting, ``out`` three times and zero strides
-        (pointers the kernel never reads: its SPLIT switch is off)."""
+        strides. Splitting, the row map of a reused workspace is cleared first: rows this
+        launch does not split stay out of the merge. Not splitting, ``out`` three times and
+        zero strides (pointers the kernel never reads: its SPLIT switch is off)."""
         if self.num_splits <= 1:
             return (out, out, out), (0,) * 7
         ws = self.ws
         assert ws is not None, "a split launch without its workspace"
-        ws.row_tok.fill_(-1)
+        if not self.fresh:  # (a fresh one was made full of -1: a second fill is a launch more)
+            ws.row_tok.fill_(-1)
         return (ws.part, ws.part_lse, ws.row_tok), (*ws.part.stride(), *ws.part_lse.stride())
 
 
@@ -73,4 +75,4 @@ def plan_splits(shape: AttentionShape, config: TileConfig, split_workspace: Spli
     if num_splits > 1:
         ws = alloc_split_workspace(num_splits, shape.batch, shape.num_heads, shape.head_dim, device,
                                    split_q=split_q, min_keys=split_keys)
-    return SplitPlan(num_splits, split_q, split_keys, ws)
+    return SplitPlan(num_splits, split_q, split_keys, ws, fresh=ws is not None)

@@ -174,7 +174,7 @@ def _cascade_passes(spec: AttentionSpec, on_gpu: bool) -> list[tuple[AttentionSp
 
 def warmup(spec: AttentionSpec, device: torch.device | str) -> int:
     """Launch each variant of :func:`attention_variants` (and, with ``spec.cascade``, of
-    cascade's two passes) and the cache write once, on a one-token problem, so Triton
+    cascade's two passes and its merge) and the cache write once, on a one-token problem, so Triton
     compiles (and caches) them before serving; returns the number of launches. Writes
     nothing but its own scratch tensors.
 
@@ -209,4 +209,9 @@ def warmup(spec: AttentionSpec, device: torch.device | str) -> int:
                                            window_size=window, softcap=spec.softcap,
                                            return_lse=launch.return_lse, sinks=sinks, config=config,
                                            k_scale=k_scale, v_scale=v_scale)
-    return 1 + sum(len(variants) for _, _, variants in passes)
+    if spec.cascade:  # the merge of its two passes: one more kernel
+        from .cascade_merge import merge_rows
+
+        lse = torch.zeros(spec.num_heads, 1, device=device)
+        merge_rows(q.clone(), lse, q, lse.clone(), torch.zeros(1, dtype=torch.int64, device=device))
+    return 1 + sum(len(variants) for _, _, variants in passes) + spec.cascade
