@@ -69,6 +69,7 @@ class Admitter:
                               f"{store!r}, enable_caching={enable_caching}, host_blocks={host_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self._max_slots = num_blocks * block_size  # (``_check_fits``: within it, all fit)
         self.enable_caching = enable_caching
         self.vocab_size = vocab_size
         fn, root = make_hash_fn(hash_mode, seed)
@@ -274,14 +275,16 @@ class Admitter:
         ``num_lookahead_tokens`` and ``require_full_fit`` (None: a lookup); it is
         refused with PromptTooLongError, before any claim, if it can never fit."""
         if isinstance(prompt_token_ids, Prompt):  # prepared: checked, encoded and cut already
-            p = unpack_prompt(prompt_token_ids, extra, self._config)
+            p = prompt_token_ids
+            if p.config is not self._config or extra is not None:  # (this manager's own: valid)
+                unpack_prompt(p, extra, self._config)  # raises PromptError, or it is valid
             tokens, keys, chunks = p.tokens[:], p.keys, p.chunks  # (decode appends to its copy)
         else:
             p = None
             tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
                                                  self.vocab_size)
         n, bs = len(tokens), self.block_size
-        if admit is not None:
+        if admit is not None and n + admit[1] > self._max_slots:  # (else it always fits)
             self._check_fits(n, *admit)
         req = Request(request_id, tokens, keys)
         req.prompt_chunks = chunks
@@ -309,7 +312,7 @@ class Admitter:
         its prefill is done) and this call's at best (a chunk scheduled with no hit before
         it, and the lookahead); ``full_fit`` asks for no more than the whole prompt's."""
         bs = self.block_size
-        if n + lookahead <= self.num_blocks * bs:  # the most either count can need
+        if n + lookahead <= self._max_slots:  # the most either count can need
             return
         first = n if num_new is None else min(n, num_new)
         need = max(blocks_for(n, bs), blocks_for(first + lookahead, bs))
