@@ -32,6 +32,7 @@ from ..index import ContentIndex, Hasher, NoIndex
 from ..index.announce import Fresh
 from ..results import Admission, StoreWait
 from ..stats import StatsCounter
+from ..store.fetch import Fetch
 from ..store.shared import SharedStore
 from ..tiers import HostTier
 from .block import Block, blocks_for, key_chunk
@@ -153,22 +154,25 @@ class Admitter:
                                ("require_full_fit", require_full_fit)):
                 check_flag(name, flag, RequestError)
         admit = (num_new_tokens, num_lookahead_tokens, require_full_fit)
-        fetch = self._waits.take(request_id) if self._waits is not None else None
-        if isinstance(fetch, StoreWait):  # (its input raises as it would without a wait)
-            self._find(None, prompt_token_ids, extra, False, admit)
-            return fetch
-        # a re-admission whose fetch landed may skip the walk: ``reuse`` answers what it finds
         waits = self._waits
-        reused = waits.reuse(fetch, prompt_token_ids, extra) if fetch and read_cache and waits else None
-        d = None  # (``reuse``'s: how many hits are device blocks, which come first)
+        fetch: Fetch | None = None
+        reused = d = None  # (d, ``reuse``'s: how many hits are device blocks, which come first)
+        if waits is not None:
+            got = waits.take(request_id)
+            if isinstance(got, StoreWait):  # (its input raises as it would without a wait)
+                self._find(None, prompt_token_ids, extra, False, admit)
+                return got
+            fetch = got
+            # a re-admission whose fetch landed may skip the walk: ``reuse`` answers what it finds
+            reused = waits.reuse(fetch, prompt_token_ids, extra) if fetch and read_cache else None
         if reused is None:
             req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache, admit)
         else:
             (req, hits, d), claimed = reused, None
             self._check_fits(len(req.tokens), *admit)
         n, bs = len(req.tokens), self.block_size
-        if fetch is None and self._waits is not None and read_cache and len(hits) < (n - 1) // bs:
-            wait = self._waits.start(req, hits, req.prompt_chunks, (n - 1) // bs,  # type: ignore[arg-type]
+        if fetch is None and waits is not None and read_cache and len(hits) < (n - 1) // bs:
+            wait = waits.start(req, hits, req.prompt_chunks, (n - 1) // bs,  # type: ignore[arg-type]
                                      prompt_token_ids)
             if wait is not None:
                 return wait
@@ -180,8 +184,9 @@ class Admitter:
             pool.claimed(claimed)
         loads, held = self._split(hits, d) if self._host is not None and claimed is None else ((), hits)
         need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
-        fit = blocks_for(n, bs) - len(held) if require_full_fit else need
-        take = max(need + keep_free, fit)  # (claimed hits have left the free ones already)
+        take = need + keep_free  # (claimed hits have left the free ones already)
+        if require_full_fit:
+            take = max(take, blocks_for(n, bs) - len(held))
         if not (take <= pool.num_free if claimed is not None else pool.can_acquire(held, take)):
             if claimed is not None:
                 pool.unclaim(hits, claimed)
