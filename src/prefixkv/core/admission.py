@@ -173,7 +173,7 @@ class Admitter:
         n, bs = len(req.tokens), self.block_size
         if fetch is None and waits is not None and read_cache and len(hits) < (n - 1) // bs:
             wait = waits.start(req, hits, req.prompt_chunks, (n - 1) // bs,  # type: ignore[arg-type]
-                                     prompt_token_ids)
+                               prompt_token_ids)
             if wait is not None:
                 return wait
         num_cached = len(hits) * bs

@@ -44,7 +44,9 @@ POLL_S = 0.001
 looks for the next one every ``POLL_S`` seconds instead of sleeping on the queue until a
 ``publish`` wakes it: so ``publish`` wakes no thread, a system call the scheduler's thread
 paid each step (~3 µs a step measured, benchmarks/results/events-r11.md); a batch waits
-at most ``POLL_S`` more before it is sent."""
+at most ``POLL_S`` more before it is sent. While it polls, the thread asks for the GIL
+every ``POLL_S``: a scheduler's thread that holds it past ``sys.getswitchinterval()``
+(5 ms) hands it over then, for a look at the queue, as to any thread that waits for it."""
 LINGER_S = 0.25
 """How long after its last batch the thread keeps polling before it sleeps on the queue
 again (an idle engine costs no wake-ups but the heartbeat's)."""
