@@ -19,6 +19,12 @@ from dataclasses import dataclass, field
 
 from .errors import ExtraKeysError
 
+EMBEDS_TAG = b"\xffprompt_embeds:"
+"""The first bytes of a ``MultiModalInput.hash`` that stands for a block's prompt
+embeddings (a digest of its rows: ``integrations.vllm.requests``), not a multimodal
+input: 0xff starts no UTF-8 text, so no str identifier can spell one. Events announce
+it as vLLM does, the bare digest after the salt (``fleet.wire.vllm_extra_keys``)."""
+
 _U32 = struct.Struct("<I")
 _U64x2 = struct.Struct("<QQ")
 

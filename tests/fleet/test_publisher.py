@@ -53,6 +53,28 @@ def test_frames_numbering_and_payload(ctx):
         sub.close(linger=0)
 
 
+def test_batches_are_sent_while_the_thread_polls_and_after_it_sleeps_again(ctx, monkeypatch):
+    """After a batch the thread polls the queue (``POLL_S``), so ``publish`` wakes
+    nobody; past ``LINGER_S`` without one it sleeps on the queue again and ``publish``
+    wakes it. Every batch is sent either way, in order. (Each state is asserted with a
+    margin: LINGER_S short where it must have passed, PATIENCE where it must not.)"""
+    from prefixkv.fleet import publisher
+
+    steps = [*stepped_manager(), *stepped_manager()]
+    with EventPublisher(block_size=4, heartbeat=None) as pub:
+        sub = sub_to(ctx, pub)
+        monkeypatch.setattr(publisher, "LINGER_S", 0.05)
+        assert pub.publish(steps[0]) and recv(sub)[1] == (0).to_bytes(8, "big")
+        time.sleep(0.2)  # past LINGER_S: the thread waits on the queue again
+        assert pub._busy_until < time.monotonic()
+        monkeypatch.setattr(publisher, "LINGER_S", PATIENCE)
+        assert pub.publish(steps[1]) and recv(sub)[1] == (1).to_bytes(8, "big")  # woken
+        assert pub._busy_until > time.monotonic()  # polling: the next publish wakes nobody
+        for seq in (2, 3):
+            assert pub.publish(steps[seq]) and recv(sub)[1] == seq.to_bytes(8, "big")
+        sub.close(linger=0)
+
+
 @pytest.mark.parametrize("kind", [zmq.REQ, zmq.DEALER])
 def test_replay_since_k(ctx, kind):
     with EventPublisher(replay_endpoint="tcp://127.0.0.1:*", block_size=4,

@@ -32,6 +32,7 @@ from ..index import ContentIndex, Hasher, NoIndex
 from ..index.announce import Fresh
 from ..results import Admission, StoreWait
 from ..stats import StatsCounter
+from ..store.fetch import Fetch
 from ..store.shared import SharedStore
 from ..tiers import HostTier
 from .block import Block, blocks_for, key_chunk
@@ -69,6 +70,7 @@ class Admitter:
                               f"{store!r}, enable_caching={enable_caching}, host_blocks={host_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self._max_slots = num_blocks * block_size  # (``_check_fits``: within it, all fit)
         self.enable_caching = enable_caching
         self.vocab_size = vocab_size
         fn, root = make_hash_fn(hash_mode, seed)
@@ -152,23 +154,26 @@ class Admitter:
                                ("require_full_fit", require_full_fit)):
                 check_flag(name, flag, RequestError)
         admit = (num_new_tokens, num_lookahead_tokens, require_full_fit)
-        fetch = self._waits.take(request_id) if self._waits is not None else None
-        if isinstance(fetch, StoreWait):  # (its input raises as it would without a wait)
-            self._find(None, prompt_token_ids, extra, False, admit)
-            return fetch
-        # a re-admission whose fetch landed may skip the walk: ``reuse`` answers what it finds
         waits = self._waits
-        reused = waits.reuse(fetch, prompt_token_ids, extra) if fetch and read_cache and waits else None
-        d = None  # (``reuse``'s: how many hits are device blocks, which come first)
+        fetch: Fetch | None = None
+        reused = d = None  # (d, ``reuse``'s: how many hits are device blocks, which come first)
+        if waits is not None:
+            got = waits.take(request_id)
+            if isinstance(got, StoreWait):  # (its input raises as it would without a wait)
+                self._find(None, prompt_token_ids, extra, False, admit)
+                return got
+            fetch = got
+            # a re-admission whose fetch landed may skip the walk: ``reuse`` answers what it finds
+            reused = waits.reuse(fetch, prompt_token_ids, extra) if fetch and read_cache else None
         if reused is None:
             req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache, admit)
         else:
             (req, hits, d), claimed = reused, None
             self._check_fits(len(req.tokens), *admit)
         n, bs = len(req.tokens), self.block_size
-        if fetch is None and self._waits is not None and read_cache and len(hits) < (n - 1) // bs:
-            wait = self._waits.start(req, hits, req.prompt_chunks, (n - 1) // bs,  # type: ignore[arg-type]
-                                     prompt_token_ids)
+        if fetch is None and waits is not None and read_cache and len(hits) < (n - 1) // bs:
+            wait = waits.start(req, hits, req.prompt_chunks, (n - 1) // bs,  # type: ignore[arg-type]
+                               prompt_token_ids)
             if wait is not None:
                 return wait
         num_cached = len(hits) * bs
@@ -179,8 +184,9 @@ class Admitter:
             pool.claimed(claimed)
         loads, held = self._split(hits, d) if self._host is not None and claimed is None else ((), hits)
         need = blocks_for(total + num_lookahead_tokens, bs) - len(held)
-        fit = blocks_for(n, bs) - len(held) if require_full_fit else need
-        take = max(need + keep_free, fit)  # (claimed hits have left the free ones already)
+        take = need + keep_free  # (claimed hits have left the free ones already)
+        if require_full_fit:
+            take = max(take, blocks_for(n, bs) - len(held))
         if not (take <= pool.num_free if claimed is not None else pool.can_acquire(held, take)):
             if claimed is not None:
                 pool.unclaim(hits, claimed)
@@ -274,14 +280,16 @@ class Admitter:
         ``num_lookahead_tokens`` and ``require_full_fit`` (None: a lookup); it is
         refused with PromptTooLongError, before any claim, if it can never fit."""
         if isinstance(prompt_token_ids, Prompt):  # prepared: checked, encoded and cut already
-            p = unpack_prompt(prompt_token_ids, extra, self._config)
+            p = prompt_token_ids
+            if p.config is not self._config or extra is not None:  # (this manager's own: valid)
+                unpack_prompt(p, extra, self._config)  # raises PromptError, or it is valid
             tokens, keys, chunks = p.tokens[:], p.keys, p.chunks  # (decode appends to its copy)
         else:
             p = None
             tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
                                                  self.vocab_size)
         n, bs = len(tokens), self.block_size
-        if admit is not None:
+        if admit is not None and n + admit[1] > self._max_slots:  # (else it always fits)
             self._check_fits(n, *admit)
         req = Request(request_id, tokens, keys)
         req.prompt_chunks = chunks
@@ -309,7 +317,7 @@ class Admitter:
         its prefill is done) and this call's at best (a chunk scheduled with no hit before
         it, and the lookahead); ``full_fit`` asks for no more than the whole prompt's."""
         bs = self.block_size
-        if n + lookahead <= self.num_blocks * bs:  # the most either count can need
+        if n + lookahead <= self._max_slots:  # the most either count can need
             return
         first = n if num_new is None else min(n, num_new)
         need = max(blocks_for(n, bs), blocks_for(first + lookahead, bs))

@@ -6,13 +6,14 @@ scheduler (extra ``prefixkv[events]``: pyzmq + msgpack).
 
 ``publish`` only puts the batch on a bounded queue: a list of events, or a
 ``PendingEvents`` (``take_pending_events()``) that the thread builds, so that the chain
-hashes are computed off the scheduler's thread. The thread follows every batch, in
-order, in a mirror of the hashes the replica holds. When the queue is full the batch is
-dropped and counted, and the thread discards what is still queued (following it in the
-mirror) and sends a *snapshot* instead (``AllBlocksCleared`` then one
-``BlockStored`` per medium and layer group holding every held hash, parent nil, no
-tokens, as vLLM's own snapshots look), so a consumer that applies the stream in order
-is exact again. The thread numbers batches 0, 1, 2, ...,
+hashes are computed off the scheduler's thread. While batches keep coming the thread
+polls the queue every millisecond (``POLL_S``), so that ``publish`` wakes no thread.
+The thread follows every batch, in order, in a mirror of the hashes the replica holds.
+When the queue is full the batch is dropped and counted, and the thread discards what
+is still queued (following it in the mirror) and sends a *snapshot* instead
+(``AllBlocksCleared`` then one ``BlockStored`` per medium and layer group holding every
+held hash, parent nil, no tokens, as vLLM's own snapshots look), so a consumer that
+applies the stream in order is exact again. The thread numbers batches 0, 1, 2, ...,
 keeps the last ``buffer_steps`` for replay and answers replay requests on the ROUTER
 socket; when idle for ``heartbeat`` seconds it sends an empty batch, so that a router can
 tell a quiet replica from a dead one.
@@ -37,6 +38,18 @@ from .wire import WireError, check_options, group_fields, group_of, pack, to_wir
 _EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
 _Item = list[Event] | PendingEvents  # a step's events
 _log = logging.getLogger(__name__)
+
+POLL_S = 0.001
+"""While batches keep coming (the last one taken less than ``LINGER_S`` ago), the thread
+looks for the next one every ``POLL_S`` seconds instead of sleeping on the queue until a
+``publish`` wakes it: so ``publish`` wakes no thread, a system call the scheduler's thread
+paid each step (~3 µs a step measured, benchmarks/results/events-r11.md); a batch waits
+at most ``POLL_S`` more before it is sent. While it polls, the thread asks for the GIL
+every ``POLL_S``: a scheduler's thread that holds it past ``sys.getswitchinterval()``
+(5 ms) hands it over then, for a look at the queue, as to any thread that waits for it."""
+LINGER_S = 0.25
+"""How long after its last batch the thread keeps polling before it sleeps on the queue
+again (an idle engine costs no wake-ups but the heartbeat's)."""
 
 
 class EventPublisher:
@@ -96,6 +109,7 @@ class EventPublisher:
         self._closed = False
         self._running = True  # until ``_run`` returns or raises (cheaper than is_alive())
         self._last_sent = time.monotonic()
+        self._busy_until = 0.0  # (monotonic) the thread polls the queue until then: ``_step``
         self._thread = threading.Thread(target=self._run, name="prefixkv-events", daemon=True)
         self._thread.start()
 
@@ -200,12 +214,15 @@ class EventPublisher:
                 time.sleep(0.05)  # a fault that repeats must not spin
 
     def _step(self) -> bool:
-        """One turn of the thread; True when ``close`` was asked."""
+        """One turn of the thread; True when ``close`` was asked. Within ``LINGER_S`` of
+        the last batch taken it looks for the next one every ``POLL_S`` (``publish`` then wakes
+        nobody); otherwise it waits on the queue (the next ``publish`` wakes it)."""
         if self._replay is not None:
             while self._replay.poll(0):
                 self.replay.serve(self._replay, self._snapshot, self.topic)
+        polling = time.monotonic() < self._busy_until
         try:
-            item = self._queue.get(timeout=0.02)
+            item = self._queue.get_nowait() if polling else self._queue.get(timeout=0.02)
         except queue.Empty:
             if self._resync:  # after a failed step: restate what the replica holds
                 stop = self._drain()
@@ -213,9 +230,12 @@ class EventPublisher:
                 return stop
             if self.heartbeat is not None and time.monotonic() - self._last_sent >= self.heartbeat:
                 self._send(pack([time.time(), [], self.dp_rank]))
+            if polling:
+                time.sleep(POLL_S)
             return False
         if item is None:
             return True
+        self._busy_until = time.monotonic() + LINGER_S
         events = self._mirror(item)
         if self._resync:  # the snapshot covers this item and all queued ones
             stop = self._drain()

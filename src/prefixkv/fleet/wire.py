@@ -22,8 +22,9 @@ digest (16 bytes for xxhash, 32 for sha256) as msgpack bin.
 
 Extra keys (``extra_keys``, one entry per block): as vLLM 0.33 publishes them, untagged:
 the LoRA name, ``(identifier, offset in the block)`` per multimodal input overlapping
-the block, and the cache salt on a request's first block only (``_extra_entry``;
-the events carry each run's position in its request, so the offsets are always known).
+the block, the cache salt on a request's first block only, and a block's
+prompt-embeddings digest, bare (``vllm_extra_keys``; the events carry each run's position
+in its request, so the offsets are always known).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 
 from ..errors import PrefixKVError
 from ..events import AllBlocksCleared, BlockRemoved, BlockStored
+from ..extra_keys import EMBEDS_TAG, ExtraKeys
 
 VLLM_VERSION = "0.33"
 HASH_FORMATS = ("int", "bytes")
@@ -89,24 +91,31 @@ def group_fields(group: tuple[int, str | None, int | None]) -> dict[str, Any]:
     return out
 
 
-def _extra_entry(ev: BlockStored, i: int) -> tuple[Any, ...] | None:
-    """The ``extra_keys`` entry of block i of run ``ev`` as vLLM 0.33 publishes it
-    (``kv_cache_utils.to_event_extra_keys`` of ``generate_block_hash_extra_keys``): the
-    LoRA name; then each multimodal input overlapping the block as ``(identifier, its
-    offset minus the block's first token)`` (negative when it began in an earlier block;
-    a bytes identifier as hex); then the cache salt, on a request's first block only.
-    None when empty."""
-    x = ev.extra
-    if x is None:
+def vllm_extra_keys(extra: ExtraKeys | None, start: int, block_size: int) -> tuple[Any, ...] | None:
+    """The ``extra_keys`` entry vLLM 0.33 publishes for the block of tokens ``[start,
+    start + block_size)`` of a request with these keys (``kv_cache_utils.to_event_extra_keys``
+    of ``generate_block_hash_extra_keys``): the LoRA name; each multimodal input overlapping
+    the block as ``(identifier, its offset minus start)`` (negative when it began in an
+    earlier block; a bytes identifier as hex: vLLM's identifiers are str, a digest in hex);
+    the cache salt when ``start`` is 0; then the block's prompt-embeddings digest, bare
+    bytes (an input tagged ``EMBEDS_TAG``). None when empty. The one builder of both
+    event paths: this wire and the vLLM plug-in's events (``integrations.vllm.events``)."""
+    own = extra.for_range(start, start + block_size) if extra is not None else None
+    if own is None:
         return None
-    out: list[Any] = [x.lora] if x.lora is not None else []
-    if x.mm:
-        bs = ev.block_size
-        start = (ev.first_block + i) * bs
-        out += [(m.hash if isinstance(m.hash, str) else m.hash.hex(), m.offset - start)
-                for m in x.mm if m.offset < start + bs and m.offset + m.length > start]
-    if x.cache_salt is not None and ev.first_block + i == 0:
-        out.append(x.cache_salt)
+    out: list[Any] = [own.lora] if own.lora is not None else []
+    embeds: list[bytes] = []
+    for m in own.mm:
+        h = m.hash
+        if isinstance(h, str):
+            out.append((h, m.offset - start))
+        elif h.startswith(EMBEDS_TAG):
+            embeds.append(h[len(EMBEDS_TAG):])
+        else:
+            out.append((h.hex(), m.offset - start))
+    if own.cache_salt is not None and start == 0:
+        out.append(own.cache_salt)
+    out += embeds
     return tuple(out) if out else None
 
 
@@ -117,9 +126,12 @@ def _lora(ev: BlockStored) -> tuple[int | None, str | None]:
 
 def _extra_keys(ev: BlockStored) -> list[tuple[Any, ...] | None]:
     """The ``extra_keys`` entries of every block of ``ev``."""
-    if ev.extra is None:
+    x = ev.extra
+    if x is None:
         return [None] * len(ev.block_hashes)
-    return [_extra_entry(ev, i) for i in range(len(ev.block_hashes))]
+    bs = ev.block_size
+    return [vllm_extra_keys(x, j * bs, bs)
+            for j in range(ev.first_block, ev.first_block + len(ev.block_hashes))]
 
 
 def _stored(run: list[BlockStored], block_size: int, fmt: str) -> dict[str, Any]:

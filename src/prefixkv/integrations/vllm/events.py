@@ -6,11 +6,11 @@ prefixkv announces a run of blocks per ``BlockStored``, as vLLM does; consecutiv
 that continue one chain (each one's parent is the previous one's last hash) in the same
 group with the same LoRA and medium become one ``BlockStored``. Hashes are prefixkv's
 chain hashes (bytes; the manager's ``hash_mode``). ``extra_keys`` per block are vLLM
-0.33's (``kv_cache_utils.to_event_extra_keys``): the LoRA name; each multimodal input
-overlapping the block as ``(identifier, its offset minus the block's first token)``
-(negative when it began in an earlier block); the cache salt on a request's first
-block only; a block's prompt-embeddings digest, bare (prefixkv hashes the salt into every
-block of a salted request, but announces it as vLLM does).
+0.33's, built as the fleet wire builds them (``prefixkv.fleet.wire.vllm_extra_keys``):
+the LoRA name; each multimodal input overlapping the block as ``(identifier, its offset
+minus the block's first token)``; the cache salt on a request's first block only; a
+block's prompt-embeddings digest, bare (prefixkv hashes the salt into every block of a
+salted request, but announces it as vLLM does).
 """
 
 from __future__ import annotations
@@ -21,27 +21,9 @@ from typing import Any
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 from prefixkv import events as core
-from prefixkv.extra_keys import ExtraKeys
-
-from .requests import EMBEDS_TAG
+from prefixkv.fleet.wire import vllm_extra_keys
 
 __all__ = ["to_vllm_events"]
-
-
-def _extra_keys(extra: ExtraKeys | None, start: int) -> tuple[Any, ...] | None:
-    """The keys of the block whose first token is ``start`` (``extra``: its own)."""
-    if extra is None:
-        return None
-    keys: list[Any] = [extra.lora] if extra.lora is not None else []
-    embeds = []  # (vLLM's order: LoRA, images, salt, embeddings)
-    for m in extra.mm:
-        if isinstance(m.hash, bytes) and m.hash.startswith(EMBEDS_TAG):
-            embeds.append(m.hash[len(EMBEDS_TAG):])
-        else:
-            keys.append((m.hash, m.offset - start))
-    if extra.cache_salt is not None and start == 0:
-        keys.append(extra.cache_salt)
-    return tuple(keys + embeds) or None
 
 
 def to_vllm_events(events: Iterable[core.Event], block_size: int,
@@ -55,9 +37,9 @@ def to_vllm_events(events: Iterable[core.Event], block_size: int,
             extra = e.extra
             lora, lora_id = (extra.lora, extra.lora_id) if extra is not None else (None, None)
             n = len(e.block_hashes)
+            bs = e.block_size
             keys: list[tuple[Any, ...] | None] = [None] * n if extra is None else \
-                [_extra_keys(e.block_extra(i), (e.first_block + i) * e.block_size)
-                 for i in range(n)]
+                [vllm_extra_keys(extra, j * bs, bs) for j in range(e.first_block, e.first_block + n)]
             last = out[-1] if out else None
             if (isinstance(last, BlockStored) and last.group_idx == group
                     and e.parent_block_hash == last.block_hashes[-1]

@@ -20,9 +20,9 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from prefixkv.extra_keys import ExtraKeys, MultiModalInput
+from prefixkv.extra_keys import EMBEDS_TAG, ExtraKeys, MultiModalInput
 
-__all__ = ["core_tokens", "extra_keys_of", "reads_cache"]
+__all__ = ["EMBEDS_TAG", "core_tokens", "extra_keys_of", "reads_cache"]
 
 
 def core_tokens(request: Any) -> Sequence[int]:
@@ -31,10 +31,6 @@ def core_tokens(request: Any) -> Sequence[int]:
     out: Sequence[int] = getattr(tokens, "_x", tokens)
     return out
 
-
-EMBEDS_TAG = b"\xffprompt_embeds:"
-"""The first bytes of an embeddings key: 0xff starts no UTF-8 text, so no multimodal
-identifier (a str, encoded as UTF-8) can spell one, whatever a client names its inputs."""
 
 
 def _embeds_keys(request: Any, block_size: int) -> tuple[MultiModalInput, ...]:
