@@ -32,9 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import ConfigError
-from ...store.fetch import _checked
 from ...store.protocol import StoreBackend
-from ...store.record import StoreLayout, block_head, encode_value
+from ...store.record import StoreLayout, block_head, encode_value, value_checked
 
 _FRAME = len(encode_value(b"", b""))  # a value's bytes besides its head and payload
 
@@ -165,7 +164,7 @@ class PageStore:
         out: list[bytearray | None] = []
         hits = misses = rejected = failed = 0
         for outcome, head, front, buf in zip(outcomes, heads, fronts, payloads, strict=True):
-            ok = outcome is True and _checked(front, head, [memoryview(buf)], size)
+            ok = outcome is True and value_checked(front, head, [memoryview(buf)], size)
             payload = buf if ok else None
             if payload is not None:
                 hits += 1
