@@ -218,7 +218,7 @@ class KVCacheManager(StepOutputs):
             raise RequestError(f"request {request_id!r} cannot rewind to {num_tokens}: blocks "
                                f"{shared} are held by other requests too")
         self._drop_puts(tail)  # (before the index forgets)
-        self._index.uncache(tail)
+        self._index.uncache(tail, cut=True)  # (a cached child of one may stay keyed)
         if req.num_scheduled == len(req.tokens) > num_tokens:
             self._num_prefilling += 1
         req.num_reserved = max(req.num_reserved, req.num_scheduled)
