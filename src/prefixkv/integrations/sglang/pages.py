@@ -73,7 +73,7 @@ class PageStore:
 
     def __init__(self, backend: StoreBackend, layout: StoreLayout, page_size: int, *,
                  timeout: float = 0.25, retry_after: float = 1.0,
-                 read_rate: float = 5e8) -> None:
+                 read_rate: float = 1e8) -> None:
         if not isinstance(layout, StoreLayout):
             raise ConfigError(f"layout must be a StoreLayout, got {layout!r}")
         if type(page_size) is not int or page_size <= 0:
