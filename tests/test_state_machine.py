@@ -333,7 +333,8 @@ class ManagerMachine(RuleBasedStateMachine):
         from the first failed one on, rewinds it there and recomputes the rest in the
         same blocks, which are then findable again (before ``rewind``, they stayed
         unfindable while the request lived). With no host load failed, a connector's
-        load into block ``bad`` did, when no other request holds it or a block after."""
+        load into block ``bad`` past the device hits did (a block of this admission's
+        own), when no other request holds it or a block after."""
         self.last = None
         rid = self._new_id()
         adm = self._add(rid, prompt, extra=extra)
@@ -344,6 +345,7 @@ class ManagerMachine(RuleBasedStateMachine):
         start = adm.num_cached_tokens
         stop = start + adm.num_new_tokens
         others = {b for r in self.tokens for b in self.m.get_block_ids(r)}
+        bad += start // self.bs
         if not failed and bad < stop // self.bs and not others & set(blocks[bad:stop // self.bs]):
             failed = [blocks[bad]]
             for b in blocks[bad:]:
