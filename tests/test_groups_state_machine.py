@@ -160,6 +160,21 @@ class HybridMachine(RuleBasedStateMachine):
         rids = [self._admit(prompt, extra, chunk, prepared=prepared) for _ in range(times)]
         return multiple(*[r for r in rids if isinstance(r, str)])
 
+    @rule(target=live, parent=live, toks=st.lists(st.integers(0, 9), min_size=1, max_size=6),
+          twin_first=st.booleans())
+    def decode_twin(self, parent, toks, twin_first):
+        """A new request of ``parent``'s text so far, then both decode ``toks``: each
+        fills its own blocks with the same prefixes, the second a spare (twin) of the
+        first in its group (the free and preempt rules then release either first)."""
+        if parent not in self.tokens or self.scheduled[parent] != len(self.tokens[parent]):
+            return multiple()
+        twin = self._admit(list(self.tokens[parent]), self.extra[parent], None)
+        if not isinstance(twin, str):
+            return multiple()
+        for rid in (twin, parent) if twin_first else (parent, twin):
+            self.append(rid, toks)
+        return twin
+
     @rule(rid=live, n=st.integers(1, 7))
     def extend(self, rid, n):
         if rid not in self.tokens or self.scheduled[rid] == len(self.tokens[rid]):

@@ -308,18 +308,9 @@ class ManagerMachine(RuleBasedStateMachine):
         del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.reserved[rid]
         self.last = None
 
-    @rule(prompt=prompts, extra=salts, ok=st.integers(0, 3))
-    def a_load_fails(self, prompt, extra, ok):
-        """An admission's plan runs but its loads from the host tier after the first
-        ``ok`` fail: the engine uncaches the request's blocks from the first failed one
-        on and drops the request, before its forward pass (with no load failed: as if
-        its step never ran). No later hit may serve them."""
-        self.last = None
-        rid = self._new_id()
-        adm = self._add(rid, prompt, extra=extra)
-        if adm is None:
-            return
-        blocks = self.m.get_block_ids(rid)
+    def _plan_with_failed_loads(self, ok):
+        """Run the step's plan with its loads after the first ``ok`` failed; the device
+        blocks they were loading into, their KV marked failed."""
         failed: list[int] = []
         for op in self.m.take_kv_ops():
             if isinstance(op, BlockOffloads):
@@ -334,6 +325,58 @@ class ManagerMachine(RuleBasedStateMachine):
                 self.kv[op.dst] = list(self.kv[op.src])
         for b in failed:
             self.kv[b] = ["failed"] * self.bs
+        return failed
+
+    @rule(target=live, prompt=prompts, extra=salts, ok=st.integers(0, 3), bad=st.integers(0, 3))
+    def a_load_fails_and_is_recomputed(self, prompt, extra, ok, bad):
+        """As ``a_load_fails``, but the engine keeps the request: it uncaches its blocks
+        from the first failed one on, rewinds it there and recomputes the rest in the
+        same blocks, which are then findable again (before ``rewind``, they stayed
+        unfindable while the request lived). With no host load failed, a connector's
+        load into block ``bad`` past the device hits did (a block of this admission's
+        own), when no other request holds it or a block after."""
+        self.last = None
+        rid = self._new_id()
+        adm = self._add(rid, prompt, extra=extra)
+        if adm is None:
+            return None
+        blocks = self.m.get_block_ids(rid)
+        failed = self._plan_with_failed_loads(ok)
+        start = adm.num_cached_tokens
+        stop = start + adm.num_new_tokens
+        others = {b for r in self.tokens for b in self.m.get_block_ids(r)}
+        bad += start // self.bs
+        if not failed and bad < stop // self.bs and not others & set(blocks[bad:stop // self.bs]):
+            failed = [blocks[bad]]
+            for b in blocks[bad:]:
+                self.kv[b] = ["failed"] * self.bs
+        if failed:
+            first = min(blocks.index(b) for b in failed)
+            self.m.uncache_blocks(blocks[first:])
+            self.m.check_invariants()
+            self.m.rewind(rid, first * self.bs)
+            self.m.check_invariants()
+            assert self.m.extend(rid, stop - first * self.bs) == ()
+            start = min(start, first * self.bs)  # (the step computes from there)
+        self.tokens[rid] = list(prompt)
+        self.extra[rid] = extra
+        self.scheduled[rid] = self.reserved[rid] = stop
+        self._write(rid, start, stop)
+        return rid
+
+    @rule(prompt=prompts, extra=salts, ok=st.integers(0, 3))
+    def a_load_fails(self, prompt, extra, ok):
+        """An admission's plan runs but its loads from the host tier after the first
+        ``ok`` fail: the engine uncaches the request's blocks from the first failed one
+        on and drops the request, before its forward pass (with no load failed: as if
+        its step never ran). No later hit may serve them."""
+        self.last = None
+        rid = self._new_id()
+        adm = self._add(rid, prompt, extra=extra)
+        if adm is None:
+            return
+        blocks = self.m.get_block_ids(rid)
+        failed = self._plan_with_failed_loads(ok)
         first = min((blocks.index(b) for b in failed), default=adm.num_cached_tokens // self.bs)
         self.m.uncache_blocks(blocks[first:])
         self.m.check_invariants()

@@ -98,8 +98,14 @@ class Plan:
 
 @settings(max_examples=50, deadline=None)
 @given(host_blocks=st.sampled_from([0, 6]), prompts=st.lists(PROMPTS, min_size=2, max_size=6),
-       data=st.data())
-def test_requests_go_on_after_their_blocks_are_uncached_and_no_hit_is_invalid(host_blocks, prompts, data):
+       recompute=st.booleans(), data=st.data())
+def test_requests_go_on_after_their_blocks_are_uncached_and_no_hit_is_invalid(host_blocks, prompts,
+                                                                              recompute, data):
+    """``recompute``: the engine keeps a request whose load failed, rewinds it to the
+    failed block and recomputes from there (``rewind``, ``extend``), after dropping the
+    requests that hit that KV: the recomputed blocks are found again (before ``rewind``,
+    never while the request lived). Every live request whose blocks all hold valid KV
+    is found whole."""
     m = KVCacheManager(12, BS, hash_mode="sha256", enable_events=True, host_blocks=host_blocks)
     kv = Plan(m)
     live: dict[str, list[int]] = {}
@@ -123,6 +129,16 @@ def test_requests_go_on_after_their_blocks_are_uncached_and_no_hit_is_invalid(ho
             for b in ids[j:full]:  # it and what was computed on top of it
                 kv.valid.pop(b, None)
             m.check_invariants()
+            if recompute:
+                for r in [r for r in live if r != rid and set(m.get_block_ids(r)) & set(ids[j:full])]:
+                    m.free(r, num_computed_tokens=0)  # (they hit KV never valid)
+                    del live[r]
+                m.rewind(rid, j * BS)
+                assert m.extend(rid, len(prompt) - j * BS) is not None  # (the blocks are held)
+                kv.run()
+                for k in range(j, full):
+                    kv.valid[ids[k]] = tuple(prompt[:(k + 1) * BS])
+                m.check_invariants()
         for other in list(live):
             op = data.draw(st.sampled_from(["keep", "grow", "free"]))
             if op == "grow":
@@ -143,3 +159,7 @@ def test_requests_go_on_after_their_blocks_are_uncached_and_no_hit_is_invalid(ho
                 m.free(other)
                 del live[other]
             m.check_invariants()
+        for r, toks in live.items():
+            held = m.get_block_ids(r)[:len(toks) // BS]
+            if all(kv.valid.get(b) == tuple(toks[:(k + 1) * BS]) for k, b in enumerate(held)):
+                assert m.lookup(toks + [0]) >= len(held) * BS, (r, held)

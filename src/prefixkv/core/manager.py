@@ -198,6 +198,33 @@ class KVCacheManager(StepOutputs):
         self._drop_puts(held)  # (the store's pending writes: before the index forgets)
         self._index.uncache(held, cut=True)
 
+    def rewind(self, request_id: Hashable, num_tokens: int) -> None:
+        """Take the request back to its first ``num_tokens`` scheduled tokens, to be
+        recomputed (KV after them turned out invalid: ``uncache_blocks``; vLLM then sets
+        its computed tokens back). Its tokens stay known: ``extend`` schedules them again
+        in the step that recomputes them, and the full blocks they fill are cached anew
+        (before, a block ``uncache_blocks`` emptied stayed unfindable while its request
+        lived, recomputed or not). Its full blocks from ``num_tokens`` on lose their
+        content and pending store writes, and stay in its table as reserved slots.
+        Raises RequestError (unknown id, ``num_tokens`` outside ``[0,
+        num_scheduled_tokens]``, or one of those blocks held by another request too,
+        which must be freed or preempted first), before any change."""
+        req = self._get(request_id)
+        check_count("num_tokens", num_tokens, 0, req.num_scheduled)
+        full = num_tokens // self.block_size
+        tail = req.blocks[full:req.num_scheduled // self.block_size]
+        shared = [b.block_id for b in tail if b.ref_cnt > 1]
+        if shared:
+            raise RequestError(f"request {request_id!r} cannot rewind to {num_tokens}: blocks "
+                               f"{shared} are held by other requests too")
+        self._drop_puts(tail)  # (before the index forgets)
+        self._index.uncache(tail, cut=True)  # (a cached child of one may stay keyed)
+        if req.num_scheduled == len(req.tokens) > num_tokens:
+            self._num_prefilling += 1
+        req.num_reserved = max(req.num_reserved, req.num_scheduled)
+        req.num_scheduled = num_tokens
+        req.num_cached = min(req.num_cached, full * self.block_size)
+
     def preempt(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> tuple[int, ...]:
         """Free a running request (as ``free``, same ``num_computed_tokens``) and return
         all its known token ids (prompt and generated), to pass to ``add_request(...,

@@ -60,20 +60,21 @@ class HybridKVCacheManager(GroupDecoder):
         if parent.num_scheduled != len(parent.tokens):
             raise RequestError(f"cannot fork {parent_id!r} before its prefill is fully scheduled")
         full = parent.num_scheduled // self.block_size
-        shared = [[b for b in t[:full] if b is not None] for t in parent.tables]
-        held: list[Block] = [b for s in shared for b in s]
-        per_group = len(parent.tables[0]) - full
-        if not self._pool.can_acquire(held, per_group * len(self.groups)):
+        held: list[Block] = [b for t in parent.tables for b in t[:full] if b is not None]
+        # the entries from ``full`` on are copied on write; a released one (None) stays
+        # released: a rewind can take a request back before blocks its windows released
+        need = sum(b is not None for t in parent.tables for b in t[full:])
+        if not self._pool.can_acquire(held, need):
             return None
-        fresh = self._pool.acquire(held, per_group * len(self.groups))[len(held):]
+        fresh = iter(self._pool.acquire(held, need)[len(held):])
         child = GroupRequest(child_id, parent.tokens[:], parent.keys, len(self.groups))
         copies = []
-        for g, (table, s) in enumerate(zip(parent.tables, shared, strict=True)):
-            new = fresh[g * per_group:(g + 1) * per_group]
-            self._index.own(g, new)
-            child.tables[g] = table[:parent.cut[g]] + s + new  # type: ignore[operator]
-            copies += [GroupBlockCopy(a.block_id, b.block_id, g)  # type: ignore[union-attr]
-                       for a, b in zip(table[full:], new, strict=True)]
+        for g, table in enumerate(parent.tables):
+            new = [None if b is None else next(fresh) for b in table[full:]]
+            self._index.own(g, [b for b in new if b is not None])
+            child.tables[g] = table[:full] + new
+            copies += [GroupBlockCopy(a.block_id, b.block_id, g)
+                       for a, b in zip(table[full:], new, strict=True) if a is not None and b is not None]
         child.cut = parent.cut[:]
         child.num_reserved = parent.num_reserved
         child.next_release = parent.next_release

@@ -23,10 +23,8 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-import xxhash
-
 from .protocol import StoreBackend
-from .record import block_head
+from .record import block_head, value_checked
 
 _TAIL = struct.Struct("<Q16s")
 
@@ -141,7 +139,7 @@ def read_part(f: Fetch, backend: StoreBackend, start: int, stop: int, payload_le
     states = f.states
     for i, outcome, head, front in zip(range(start, stop), outcomes, heads, fronts, strict=True):
         if outcome is True:
-            states[i] = OK if _checked(front, head, f.buffers[i], payload_len) else REJECTED
+            states[i] = OK if value_checked(front, head, f.buffers[i], payload_len) else REJECTED
         elif outcome is None:
             states[i] = ABSENT
         elif isinstance(outcome, int):
@@ -174,16 +172,3 @@ def finish(f: Fetch, payload_len: int) -> None:
     if not f.staged:  # (attached memory: the views were the reads' only)
         f.buffers = []
 
-
-def _checked(front: bytearray, head: bytes, payload: Sequence[memoryview], payload_len: int) -> bool:
-    """Whether a value read as ``front`` (head and tail) and ``payload`` is exactly a
-    value for ``head`` whose payload matches its checksum (read in place: no copy)."""
-    if front[:len(head)] != head:
-        return False
-    n, checksum = _TAIL.unpack_from(front, len(head))
-    if n != payload_len:
-        return False
-    h = xxhash.xxh3_128()
-    for view in payload:
-        h.update(view)
-    return bool(h.digest() == checksum)

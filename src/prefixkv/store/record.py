@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import xxhash
@@ -100,3 +101,20 @@ def decode_value(value: object, head: bytes, payload_len: int) -> bytes | None:
     if n != payload_len or xxhash.xxh3_128_digest(payload) != checksum:
         return None
     return payload
+
+
+def value_checked(front: bytearray, head: bytes, payload: Sequence[memoryview],
+                  payload_len: int) -> bool:
+    """Whether a value read in parts, ``front`` (its head and tail: ``len(head)`` plus
+    the tail's bytes) and ``payload`` (views its payload was read into, in order), is
+    exactly a value for ``head`` with a ``payload_len``-byte payload that matches its
+    checksum (``decode_value`` for a value read in place: no copy)."""
+    if front[:len(head)] != head:
+        return False
+    n, checksum = _TAIL.unpack_from(front, len(head))
+    if n != payload_len:
+        return False
+    h = xxhash.xxh3_128()
+    for view in payload:
+        h.update(view)
+    return bool(h.digest() == checksum)

@@ -26,15 +26,30 @@ copy).
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ...errors import ConfigError
-from ...store.fetch import _checked
 from ...store.protocol import StoreBackend
-from ...store.record import StoreLayout, block_head, encode_value
+from ...store.record import StoreLayout, block_head, encode_value, value_checked
 
 _FRAME = len(encode_value(b"", b""))  # a value's bytes besides its head and payload
+
+
+@dataclass(frozen=True, slots=True)
+class PageCounts:
+    """A ``PageStore``'s counters read at one instant (``PageStore.counts``): every call
+    it reflects, it reflects whole."""
+
+    hits: int
+    misses: int
+    rejected: int
+    failed_reads: int
+    written: int
+    failed_writes: int
+    failed_calls: int
 
 
 class PageStore:
@@ -51,11 +66,14 @@ class PageStore:
     take at ``read_rate`` bytes a second (SGLang reads up to 128 pages a call: 1 GiB of
     8 MiB pages). Raises ConfigError for a layout that is not a StoreLayout, a page size
     that is not a positive int, a non-positive ``timeout`` or ``read_rate`` or a
-    negative ``retry_after``."""
+    negative ``retry_after``.
+    SGLang calls it from three threads (prefetch, its I/O pool, backup): a call adds
+    its counts in one step under a lock, so ``counts()`` is a consistent set (the
+    attributes read one by one may straddle a call)."""
 
     def __init__(self, backend: StoreBackend, layout: StoreLayout, page_size: int, *,
                  timeout: float = 0.25, retry_after: float = 1.0,
-                 read_rate: float = 5e8) -> None:
+                 read_rate: float = 1e8) -> None:
         if not isinstance(layout, StoreLayout):
             raise ConfigError(f"layout must be a StoreLayout, got {layout!r}")
         if type(page_size) is not int or page_size <= 0:
@@ -74,8 +92,26 @@ class PageStore:
         ns = hashlib.sha256(b"prefixkv-sglang\0" + self._digest + page_size.to_bytes(4, "little"))
         self.prefix = f"prefixkv:sglang:{ns.hexdigest()[:24]}:".encode()
         self._quiet_until = 0.0
+        self._lock = threading.Lock()  # the counters' (a call adds its counts in one step)
         self.hits = self.misses = self.rejected = self.failed_reads = 0
         self.written = self.failed_writes = self.failed_calls = 0
+
+    def counts(self) -> PageCounts:
+        """The counters as one consistent set: no call is in it in part."""
+        with self._lock:
+            return PageCounts(self.hits, self.misses, self.rejected, self.failed_reads,
+                              self.written, self.failed_writes, self.failed_calls)
+
+    def _count(self, hits: int = 0, misses: int = 0, rejected: int = 0, failed_reads: int = 0,
+               written: int = 0, failed_writes: int = 0, failed_calls: int = 0) -> None:
+        with self._lock:
+            self.hits += hits
+            self.misses += misses
+            self.rejected += rejected
+            self.failed_reads += failed_reads
+            self.written += written
+            self.failed_writes += failed_writes
+            self.failed_calls += failed_calls
 
     def key(self, page: str) -> bytes:
         """The store key of page hash ``page``. Raises ConfigError for a page hash that
@@ -108,7 +144,7 @@ class PageStore:
         ``read_rate``."""
         keys = [self.key(p) for p in pages]
         if not keys or self._quiet():
-            self.failed_reads += len(keys)
+            self._count(failed_reads=len(keys))
             return [None] * len(keys)
         heads = [self.head(p) for p in pages]
         size = self.layout.block_bytes
@@ -123,22 +159,23 @@ class PageStore:
             if len(outcomes) != len(keys):
                 raise ValueError(f"the store answered {len(outcomes)} of {len(keys)} keys")
         except Exception:
-            self._failed()
-            self.failed_reads += len(keys)
+            self._failed(failed_reads=len(keys))
             return [None] * len(keys)
         out: list[bytearray | None] = []
+        hits = misses = rejected = failed = 0
         for outcome, head, front, buf in zip(outcomes, heads, fronts, payloads, strict=True):
-            ok = outcome is True and _checked(front, head, [memoryview(buf)], size)
+            ok = outcome is True and value_checked(front, head, [memoryview(buf)], size)
             payload = buf if ok else None
             if payload is not None:
-                self.hits += 1
+                hits += 1
             elif outcome is None:
-                self.misses += 1
+                misses += 1
             elif outcome is True or type(outcome) is int:  # checked and refused, or a
-                self.rejected += 1  # value of another length
+                rejected += 1  # value of another length
             else:  # this key failed on its own
-                self.failed_reads += 1
+                failed += 1
             out.append(payload)
+        self._count(hits=hits, misses=misses, rejected=rejected, failed_reads=failed)
         return out
 
     def put(self, items: Sequence[tuple[str, bytes | memoryview]]) -> bool:
@@ -162,16 +199,14 @@ class PageStore:
         if not values:
             return []
         if self._quiet():
-            self.failed_writes += len(values)
+            self._count(failed_writes=len(values))
             return [False] * len(values)
         try:
             refused = self.backend.put(values) or 0
         except Exception:
-            self._failed()
-            self.failed_writes += len(values)
+            self._failed(failed_writes=len(values))
             return [False] * len(values)
-        self.written += len(values) - refused
-        self.failed_writes += refused
+        self._count(written=len(values) - refused, failed_writes=refused)
         if not refused:
             return [True] * len(values)
         try:
@@ -184,6 +219,8 @@ class PageStore:
     def _quiet(self) -> bool:
         return time.monotonic() < self._quiet_until
 
-    def _failed(self) -> None:
-        self.failed_calls += 1
+    def _failed(self, failed_reads: int = 0, failed_writes: int = 0) -> None:
+        """Count a store call that failed whole (with the pages it cost) and leave the
+        store alone for ``retry_after`` seconds."""
         self._quiet_until = time.monotonic() + self.retry_after
+        self._count(failed_reads=failed_reads, failed_writes=failed_writes, failed_calls=1)

@@ -63,7 +63,7 @@ class PrefixKVStorage(HiCacheStorage):
     """The backend SGLang makes as ``PrefixKVStorage(storage_config, kwargs)``.
     ``storage_config.extra_config`` keys: ``redis_url`` (required), ``ttl`` (seconds a
     page lives, 86400), ``timeout`` (seconds per store call, 0.25; a read also gets its
-    bytes' time at ``read_rate``, bytes a second, 5e8), ``retry_after``
+    bytes' time at ``read_rate``, bytes a second, 1e8), ``retry_after``
     (seconds without store calls after a failure, 1.0), ``model`` (the model's name in
     the layout, default ``storage_config.model_name``: set a revision here when weights
     change under one name). SGLang's own keys of the ``dynamic`` backend
@@ -94,7 +94,7 @@ class PrefixKVStorage(HiCacheStorage):
         if type(self._retry_after) not in (int, float) or not 0 <= self._retry_after < float("inf"):
             raise ConfigError(f"retry_after must be a finite number >= 0, got {self._retry_after!r}")
         self.backend_timeout = extra.get("timeout", 0.25)
-        self._read_rate = extra.get("read_rate", 5e8)
+        self._read_rate = extra.get("read_rate", 1e8)
         if type(self._read_rate) not in (int, float) or not 0 < self._read_rate < float("inf"):
             raise ConfigError(f"read_rate must be a positive finite number of bytes a second, "
                               f"got {self._read_rate!r}")
