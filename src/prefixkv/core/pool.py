@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import Protocol
 
-from .block import UNLINKED, Block
+from .block import UNLINKED, Block, RunCounts
 from .free_queue import FreeBlockQueue
 
 
@@ -33,11 +33,13 @@ class PoolIndex(Protocol):
 
 class BlockPool:
     """``num_blocks`` blocks, created once, and the ``index`` that finds their content.
+    ``runs``: the counts of the index's runs (``Run``), if it records any.
     Not thread-safe: one scheduler thread owns it."""
 
-    def __init__(self, num_blocks: int, index: PoolIndex) -> None:
+    def __init__(self, num_blocks: int, index: PoolIndex, runs: RunCounts | None = None) -> None:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.index = index
+        self.runs = RunCounts() if runs is None else runs  # (none: each count stays 0)
         self._empty = self.blocks[::-1]  # pop from the end: block 0 is used first
         self._cached = FreeBlockQueue()
 
@@ -141,13 +143,20 @@ class BlockPool:
         head, _ = self._cached.ends()
         b = head.next
         blocks = [b] * n  # (each entry set below: a store, no call, per block)
-        for i in range(n):
-            blocks[i] = b
-            if b.counted is not None:  # (its content goes below: its run is broken)
-                b.counted.broken()
-            b.refs = 1
-            b.starts = None  # (a run it headed is of no use now: not kept alive by it)
-            b = b.next
+        if self.runs.free:  # a free shared run's blocks may be among them
+            for i in range(n):
+                blocks[i] = b
+                if b.counted is not None:  # (its content goes below: its run is broken)
+                    b.counted.broken()
+                b.refs = 1
+                b.starts = None  # (a run it headed is of no use now: not kept alive by it)
+                b = b.next
+        else:  # no block in the cached tier is counted through a run
+            for i in range(n):
+                blocks[i] = b
+                b.refs = 1
+                b.starts = None
+                b = b.next
         head.next, b.prev = b, head
         self._cached.forget(n)
         self.index.drop(blocks)
@@ -162,6 +171,19 @@ class BlockPool:
         shared run (``Run``), given together, drop one count; at 0 they join as one."""
         to_cache: list[Block] = []
         empty = self._empty
+        if not self.runs.shared:  # no block is counted through a run
+            for b in blocks:
+                b.refs -= 1
+                if b.refs:
+                    continue
+                if b.key is None:
+                    empty.append(b)
+                elif not b.twin:
+                    to_cache.append(b)
+                else:
+                    self._spare_freed(b, to_cache)
+            self._cached.extend(to_cache)
+            return
         it = iter(blocks)
         for b in it:
             if b.counted is None:
@@ -181,6 +203,7 @@ class BlockPool:
             if fwd or span[::-1] == r.blocks:  # (a request's blocks, forward or reversed)
                 r.n -= 1
                 if not r.n:  # each holds its content, found (not a spare)
+                    r.counts.free += 1
                     r.fwd = fwd  # (the order they join the cached tier in)
                     to_cache += span
                 continue

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from ..core.block import NO_CHILD, Block, ContentKey, Run, key_chunk
+from ..core.block import NO_CHILD, Block, ContentKey, Run, RunCounts, key_chunk
 from ..core.request import Request
 from ..event_log import EventSink
 from ..events import DEVICE
@@ -55,6 +55,7 @@ class ContentRecorder(Announcer):
         self.cut = 0
         self._epoch = 0  # ``clear`` starts another: every run recorded before is not ``ok``
         self.runs = True  # record runs (``Run``); off, every block is claimed alone
+        self.run_counts = RunCounts()  # (the pool reads them: ``BlockPool``)
 
     def store_filled(self, req: Request, j: int) -> None:
         """Record block ``j`` of ``req``, which the last token appended filled (decode).
@@ -201,7 +202,7 @@ class ContentRecorder(Announcer):
             # (the span and the store's chunks, the head's first: not copied again)
             head = span[0]
             del span[0]  # (a move of the pointers: no count touched)
-            head.starts = Run(span, chunks, extras[0], self._epoch)
+            head.starts = Run(span, chunks, extras[0], self._epoch, self.run_counts)
         if hashes is not None:
             self._announce(req, first, chunks, hashes)
             if self.fresh is not None:
