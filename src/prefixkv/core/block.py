@@ -79,9 +79,14 @@ class Run:
     tier, in the order of ``blocks`` (``fwd``) or the reverse: a claim takes them out of
     it as one segment.
 
+    ``linked``: the blocks' links (``prev``/``next``) still chain them in the order
+    ``fwd`` says, as the last release that freed them linked them (a claim takes them out
+    as one segment, leaving those links; nothing writes a held block's links): the next
+    release that frees them in that order links its two ends alone.
+
     ``counts``: the index's ``RunCounts``, kept as ``shared`` and ``n`` change."""
 
-    __slots__ = ("blocks", "chunks", "extra", "ok", "n", "shared", "fwd", "counts")
+    __slots__ = ("blocks", "chunks", "extra", "ok", "n", "shared", "fwd", "linked", "counts")
 
     def __init__(self, blocks: list[Block], chunks: list[bytes], extra: bytes, ok: int,
                  counts: RunCounts) -> None:
@@ -92,12 +97,13 @@ class Run:
         self.n = 0
         self.shared = False
         self.fwd = False
+        self.linked = False
         self.counts = counts
 
     def dissolve(self) -> None:
         """Give each block its own count again (the shared one), not shared from now on."""
         if self.shared:
-            self.shared = False
+            self.shared = self.linked = False
             n = self.n
             self.counts.shared -= 1
             if not n:

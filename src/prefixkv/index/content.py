@@ -76,7 +76,7 @@ def _split(run: Run, k: int) -> list[Block]:
     run.chunks = run.chunks[:k + 1]
     known[-1].starts = tail
     if run.shared:
-        tail.shared, tail.n, tail.fwd = True, run.n, run.fwd
+        tail.shared, tail.n, tail.fwd, tail.linked = True, run.n, run.fwd, run.linked
         counts.shared += 1
         if not run.n:
             counts.free += 1
