@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import islice
+from operator import attrgetter
 
 from ..core.block import Block, Run
 from ..core.request import Request
@@ -46,6 +47,7 @@ from .content_check import check_index, check_lower_chains, check_request
 from .run_check import check_runs
 from .spares import SpareIndex
 
+_REFS = attrgetter("refs")
 _NO_PARENT = Block(-1)  # the parent of a first block in ``claim``: never given a child
 
 
@@ -239,9 +241,13 @@ class ContentIndex(SpareIndex):
                         b.prev.next = b.next
                         b.next.prev = b.prev
                         b.refs = 1
-                if held == was:  # each was free: held by this request alone from now on,
-                    run.shared = True  # one count for them all
-                    run.n = 1
+                # each was free (held by this request alone from now on), or each is held
+                # as many times (each count changes with the run's from now on, until one
+                # changes alone; counted in C): one count for them all
+                if held == was or held - was == k and list(
+                        map(_REFS, known)).count(known[0].refs) == k:
+                    run.shared = True
+                    run.n = known[0].refs
                     run.counts.shared += 1
                     for b in known:
                         b.counted = run
