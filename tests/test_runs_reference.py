@@ -76,6 +76,17 @@ def both(a: KVCacheManager, b: KVCacheManager, call: str, *args, **kw):
     ("admit", 0, 4, [], None, False)], 10, False)
 # (a block of a run that is not shared loses its content: the claim that takes the run
 # whole must check each block)
+# (a run claimed whole while held, each block as many times: one count from then on;
+# split while held, freed in another order, claimed again while one part is free)
+@example([("admit", 0, 7, [], None, True), ("admit", 0, 7, [], None, True),
+          ("admit", 0, 7, [], None, True), ("admit", 2, 4, [], None, True), ("free", 0, None),
+          ("admit", 0, 7, [], None, True), ("free", 2, None), ("free", 0, None),
+          ("admit", 0, 6, [], None, True), ("fork", 0), ("admit", 0, 7, [], None, False)],
+         24, True)
+# (held as many times but not by the same requests: one holds a prefix of another's)
+@example([("admit", 0, 4, [], None, True), ("admit", 5, 9, [], None, True),
+          ("admit", 0, 9, [], None, True), ("free", 1, None), ("admit", 5, 9, [], None, True),
+          ("free", 0, None), ("free", 0, None), ("admit", 5, 9, [], None, False)], 16, False)
 @given(st.lists(ops, min_size=5, max_size=40), st.sampled_from([10, 12, 16, 24]), st.booleans())
 def test_runs_match_the_per_block_pool(steps, num_blocks, events):
     a = KVCacheManager(num_blocks, BS, seed=0, enable_events=events)
@@ -122,3 +133,25 @@ def test_runs_match_the_per_block_pool(steps, num_blocks, events):
             a.take_pending_events()
             b.take_pending_events()
         same(a, b, live)
+
+
+def test_a_run_held_when_claimed_whole_keeps_one_count():
+    """A run that is held when a claim takes it whole (a system prompt under steady
+    traffic: never free) gets one count when each block is held as many times; its
+    release by each holder changes that count, and the last joins the cached tier as
+    one segment."""
+    m = KVCacheManager(32, BS, seed=0)
+    tokens = [t for u in CHAINS[0] for t in UNITS[u]]
+    m.add_request("a", tokens)
+    m.add_request("b", tokens)  # (the run of a's store, less the block of b's last token)
+    run = [m._pool.blocks[i] for i in m.get_block_ids("b")[1:6]]
+    shared = run[0].counted
+    assert shared is not None and shared.n == 2 and all(x.counted is shared for x in run)
+    m.add_request("c", tokens)
+    assert shared.n == 3 and all(x.ref_cnt == 3 for x in run)
+    m.free("a")
+    m.free("c")
+    assert shared.n == 1 and run[0].counted is shared
+    m.free("b")
+    assert shared.n == 0 and shared.linked
+    m.check_invariants()

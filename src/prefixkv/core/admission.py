@@ -79,7 +79,8 @@ class Admitter:
         self._hasher = Hasher(fn, root, callable(hash_mode))
         self._index = (ContentIndex(self._hasher, self._events, block_size, lower=self._host)
                        if enable_caching else NoIndex())
-        self._pool = BlockPool(num_blocks, self._index)
+        self._pool = BlockPool(num_blocks, self._index, self._index.run_counts
+                               if isinstance(self._index, ContentIndex) else None)
         self._requests: dict[Hashable, Request] = {}
         self._num_prefilling = 0  # live requests with prompt tokens not yet scheduled
         self._stats = StatsCounter()

@@ -43,6 +43,19 @@ class _Unlinked:
         return "UNLINKED"
 
 
+class RunCounts:
+    """How many of one index's runs are ``shared``, and how many of those are ``free``
+    (count 0: their blocks are in the cached tier). While none is free no block the pool
+    evicts is counted through a run, and while none is shared no block it releases is:
+    it skips those per-block checks (each count changes per run, never per block)."""
+
+    __slots__ = ("shared", "free")
+
+    def __init__(self) -> None:
+        self.shared = 0
+        self.free = 0
+
+
 class Run:
     """A run of blocks one ``store`` recorded after a first new content (``head``, which
     is not one of them), each the chained child of the one before: ``blocks`` in chain
@@ -64,11 +77,19 @@ class Run:
     and the loss of any block's content first give every block its own count again
     (``dissolve``). While ``n`` is 0 the blocks are consecutive in the free queue's cached
     tier, in the order of ``blocks`` (``fwd``) or the reverse: a claim takes them out of
-    it as one segment."""
+    it as one segment.
 
-    __slots__ = ("blocks", "chunks", "extra", "ok", "n", "shared", "fwd")
+    ``linked``: the blocks' links (``prev``/``next``) still chain them in the order
+    ``fwd`` says, as the last release that freed them linked them (a claim takes them out
+    as one segment, leaving those links; nothing writes a held block's links): the next
+    release that frees them in that order links its two ends alone.
 
-    def __init__(self, blocks: list[Block], chunks: list[bytes], extra: bytes, ok: int) -> None:
+    ``counts``: the index's ``RunCounts``, kept as ``shared`` and ``n`` change."""
+
+    __slots__ = ("blocks", "chunks", "extra", "ok", "n", "shared", "fwd", "linked", "counts")
+
+    def __init__(self, blocks: list[Block], chunks: list[bytes], extra: bytes, ok: int,
+                 counts: RunCounts) -> None:
         self.blocks = blocks
         self.chunks = chunks
         self.extra = extra
@@ -76,12 +97,17 @@ class Run:
         self.n = 0
         self.shared = False
         self.fwd = False
+        self.linked = False
+        self.counts = counts
 
     def dissolve(self) -> None:
         """Give each block its own count again (the shared one), not shared from now on."""
         if self.shared:
-            self.shared = False
+            self.shared = self.linked = False
             n = self.n
+            self.counts.shared -= 1
+            if not n:
+                self.counts.free -= 1
             for b in self.blocks:
                 b.refs = n
                 b.counted = None

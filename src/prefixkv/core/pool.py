@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import Protocol
 
-from .block import UNLINKED, Block
+from .block import UNLINKED, Block, RunCounts
 from .free_queue import FreeBlockQueue
 
 
@@ -33,11 +33,13 @@ class PoolIndex(Protocol):
 
 class BlockPool:
     """``num_blocks`` blocks, created once, and the ``index`` that finds their content.
+    ``runs``: the counts of the index's runs (``Run``), if it records any.
     Not thread-safe: one scheduler thread owns it."""
 
-    def __init__(self, num_blocks: int, index: PoolIndex) -> None:
+    def __init__(self, num_blocks: int, index: PoolIndex, runs: RunCounts | None = None) -> None:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.index = index
+        self.runs = RunCounts() if runs is None else runs  # (none: each count stays 0)
         self._empty = self.blocks[::-1]  # pop from the end: block 0 is used first
         self._cached = FreeBlockQueue()
 
@@ -141,13 +143,20 @@ class BlockPool:
         head, _ = self._cached.ends()
         b = head.next
         blocks = [b] * n  # (each entry set below: a store, no call, per block)
-        for i in range(n):
-            blocks[i] = b
-            if b.counted is not None:  # (its content goes below: its run is broken)
-                b.counted.broken()
-            b.refs = 1
-            b.starts = None  # (a run it headed is of no use now: not kept alive by it)
-            b = b.next
+        if self.runs.free:  # a free shared run's blocks may be among them
+            for i in range(n):
+                blocks[i] = b
+                if b.counted is not None:  # (its content goes below: its run is broken)
+                    b.counted.broken()
+                b.refs = 1
+                b.starts = None  # (a run it headed is of no use now: not kept alive by it)
+                b = b.next
+        else:  # no block in the cached tier is counted through a run
+            for i in range(n):
+                blocks[i] = b
+                b.refs = 1
+                b.starts = None
+                b = b.next
         head.next, b.prev = b, head
         self._cached.forget(n)
         self.index.drop(blocks)
@@ -159,30 +168,66 @@ class BlockPool:
         blocks released together the first given is evicted first), the rest into the
         empty tier. A spare copy of a cached content goes empty, and the block holding
         that content, if free, takes the spare's place in the LRU order. The blocks of a
-        shared run (``Run``), given together, drop one count; at 0 they join as one."""
-        to_cache: list[Block] = []
+        shared run (``Run``), given together, drop one count; at 0 they join as one
+        segment (its two ends linked, when its own links still chain them)."""
         empty = self._empty
-        it = iter(blocks)
-        for b in it:
-            if b.counted is None:
+        _, tail = self._cached.ends()
+        last = tail.prev  # each block joining is linked after ``last`` in place
+        added = 0
+        if not self.runs.shared:  # no block is counted through a run
+            for b in blocks:
                 b.refs -= 1
                 if b.refs:
                     continue
                 if b.key is None:
                     empty.append(b)
                 elif not b.twin:
-                    to_cache.append(b)
+                    last.next = b
+                    b.prev = last
+                    last = b
+                    added += 1
                 else:
-                    self._spare_freed(b, to_cache)
-                continue
+                    last = self._spare_freed(b, last)
+            last.next = tail
+            tail.prev = last
+            self._cached.forget(-added)
+            return
+        it = iter(blocks)
+        for b in it:
             r = b.counted
+            if r is None:
+                b.refs -= 1
+                if b.refs:
+                    continue
+                if b.key is None:
+                    empty.append(b)
+                elif not b.twin:
+                    last.next = b
+                    b.prev = last
+                    last = b
+                    added += 1
+                else:
+                    last = self._spare_freed(b, last)
+                continue
             span = [b, *islice(it, len(r.blocks) - 1)]
             fwd = span == r.blocks
             if fwd or span[::-1] == r.blocks:  # (a request's blocks, forward or reversed)
                 r.n -= 1
-                if not r.n:  # each holds its content, found (not a spare)
-                    r.fwd = fwd  # (the order they join the cached tier in)
-                    to_cache += span
+                if r.n:
+                    continue
+                r.counts.free += 1  # each holds its content, found (not a spare)
+                added += len(span)
+                if r.linked and r.fwd == fwd:  # one segment: its ends
+                    last.next = b
+                    b.prev = last
+                    last = span[-1]
+                    continue
+                r.fwd = fwd  # (the order they join the cached tier in)
+                r.linked = True
+                for x in span:
+                    last.next = x
+                    x.prev = last
+                    last = x
                 continue
             for x in span:  # given otherwise: each counted alone
                 if x.counted is not None:
@@ -194,21 +239,35 @@ class BlockPool:
                 if x.key is None:
                     empty.append(x)
                 elif not x.twin:
-                    to_cache.append(x)
+                    last.next = x
+                    x.prev = last
+                    last = x
+                    added += 1
                 else:
-                    self._spare_freed(x, to_cache)
-        self._cached.extend(to_cache)
+                    last = self._spare_freed(x, last)
+        last.next = tail
+        tail.prev = last
+        self._cached.forget(-added)
 
-    def _spare_freed(self, b: Block, to_cache: list[Block]) -> None:
+    def _spare_freed(self, b: Block, last: Block) -> Block:
         """Spare ``b``'s last reference went: it goes empty, and the block holding its
-        content, if free, takes its place in ``to_cache`` (see ``release``)."""
+        content, if free, takes its place after ``last``, the block ``release`` linked
+        last (the cached tier's links after it are not written yet). Returns the new
+        last."""
         primary = self.index.release_spare(b)
         self._empty.append(b)
-        if primary is not None:  # free, so in the cached tier
-            if primary.counted is not None:  # (leaves its run's segment)
-                primary.counted.dissolve()
-            self._cached.remove(primary)
-            to_cache.append(primary)
+        if primary is None:
+            return last
+        if primary.counted is not None:  # free, so in the cached tier: leaves its run's
+            primary.counted.dissolve()  # segment
+        if primary is last:  # the most recently used already
+            return last
+        prev, nxt = primary.prev, primary.next  # (``next`` is written: a block follows)
+        prev.next = nxt
+        nxt.prev = prev
+        last.next = primary
+        primary.prev = last
+        return primary
 
     def reset(self) -> bool:
         """Drop all cached content if no block is in use; returns whether it did."""

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import islice
+from operator import attrgetter
 
 from ..core.block import Block, Run
 from ..core.request import Request
@@ -46,6 +47,7 @@ from .content_check import check_index, check_lower_chains, check_request
 from .run_check import check_runs
 from .spares import SpareIndex
 
+_REFS = attrgetter("refs")
 _NO_PARENT = Block(-1)  # the parent of a first block in ``claim``: never given a child
 
 
@@ -70,12 +72,16 @@ def _split(run: Run, k: int) -> list[Block]:
     rest become a run of their own, headed by the ``k``-th, shared alike (one segment
     each while free), or not. Returns the blocks ``run`` keeps."""
     known = run.blocks
-    tail = Run(known[k:], run.chunks[k:], run.extra, run.ok)  # (headed by known[k - 1])
+    counts = run.counts
+    tail = Run(known[k:], run.chunks[k:], run.extra, run.ok, counts)  # (headed by known[k - 1])
     run.blocks = known = known[:k]
     run.chunks = run.chunks[:k + 1]
     known[-1].starts = tail
     if run.shared:
-        tail.shared, tail.n, tail.fwd = True, run.n, run.fwd
+        tail.shared, tail.n, tail.fwd, tail.linked = True, run.n, run.fwd, run.linked
+        counts.shared += 1
+        if not run.n:
+            counts.free += 1
         for b in tail.blocks:
             b.counted = tail
     return known
@@ -206,12 +212,14 @@ class ContentIndex(SpareIndex):
             if run.shared:  # one count for the run; free, it leaves the tier as one segment
                 if run.n:  # (consecutive there: ``Run``)
                     held += k
-                elif run.fwd:
-                    known[0].prev.next = known[-1].next
-                    known[-1].next.prev = known[0].prev
                 else:
-                    known[-1].prev.next = known[0].next
-                    known[0].next.prev = known[-1].prev
+                    run.counts.free -= 1
+                    if run.fwd:
+                        known[0].prev.next = known[-1].next
+                        known[-1].next.prev = known[0].prev
+                    else:
+                        known[-1].prev.next = known[0].next
+                        known[0].next.prev = known[-1].prev
                 run.n += 1
             else:  # (stale, maybe: each block checked as a hit is, before any is taken)
                 q = b
@@ -233,9 +241,14 @@ class ContentIndex(SpareIndex):
                         b.prev.next = b.next
                         b.next.prev = b.prev
                         b.refs = 1
-                if held == was:  # each was free: held by this request alone from now on,
-                    run.shared = True  # one count for them all
-                    run.n = 1
+                # each was free (held by this request alone from now on), or each is held
+                # as many times (each count changes with the run's from now on, until one
+                # changes alone; counted in C): one count for them all
+                if held == was or held - was == k and list(
+                        map(_REFS, known)).count(known[0].refs) == k:
+                    run.shared = True
+                    run.n = known[0].refs
+                    run.counts.shared += 1
                     for b in known:
                         b.counted = run
             hits += known
@@ -342,7 +355,7 @@ class ContentIndex(SpareIndex):
                            self.hashing and not self.lazy, blocks,
                            self._num_chained, self._lower is not None, not self.cut) or (
             check_lower_chains(self._lower, blocks) if self._lower is not None else None) or (
-            check_runs(blocks, self._epoch))
+            check_runs(blocks, self._epoch, self.run_counts))
 
     def check_request(self, req: Request, block_size: int) -> str | None:
         """The first full scheduled block of ``req`` whose content is not its own."""

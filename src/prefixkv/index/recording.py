@@ -8,11 +8,11 @@ eviction and checks in ``content.py``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from itertools import islice
+from collections.abc import Iterable, Sequence
+from itertools import chain, islice
 from typing import TYPE_CHECKING
 
-from ..core.block import NO_CHILD, Block, ContentKey, Run, key_chunk
+from ..core.block import NO_CHILD, Block, ContentKey, Run, RunCounts, key_chunk
 from ..core.request import Request
 from ..event_log import EventSink
 from ..events import DEVICE
@@ -55,6 +55,7 @@ class ContentRecorder(Announcer):
         self.cut = 0
         self._epoch = 0  # ``clear`` starts another: every run recorded before is not ``ok``
         self.runs = True  # record runs (``Run``); off, every block is claimed alone
+        self.run_counts = RunCounts()  # (the pool reads them: ``BlockPool``)
 
     def store_filled(self, req: Request, j: int) -> None:
         """Record block ``j`` of ``req``, which the last token appended filled (decode).
@@ -153,29 +154,23 @@ class ContentRecorder(Announcer):
         spares: dict[int, Block] | None = None  # position -> the block held, when deferred
         lower, step = self._lower, self.step
         span = blocks[first:first + len(chunks)]  # (less its head, a ``Run``'s blocks below)
-        for b, chunk, extra in zip(span, chunks, extras, strict=False):
+        it = zip(span, chunks, extras, strict=False)
+        new: Iterable[tuple[Block, bytes, bytes]] = ()  # the rest, once each content is new
+        for item in it:
+            if cid >= fresh:  # the parent's content is new: so is each from here on (below)
+                new = chain((item,), it)
+                break
+            b, chunk, extra = item
             b.parent_cid = cid
             b.extra = extra
-            b.step = step
-            if cid >= fresh:  # the parent's content is new: nothing is held under it yet (no
-                # slot either) and its child is stale: b is its chained child (a new content
-                # has a parent: ids from ``fresh`` on are minted in this loop, for a block)
-                parent.child = b  # type: ignore[union-attr]
-                b.key = chunk
-                b.chained = True
-                b.content_id = cid = nid
-                nid += 1
-                parent = b
+            held = self._held(parent, cid, chunk, extra)
+            if held is not None:  # equal content is held: b is its spare
+                cid = self._add_twin(b, held)
+                if self.lazy:  # (rare: a position found without a counter per block)
+                    spares = spares or {}
+                    spares[blocks.index(b, first) - first] = held
+                parent = held
                 continue
-            else:
-                held = self._held(parent, cid, chunk, extra)
-                if held is not None:  # equal content is held: b is its spare
-                    cid = self._add_twin(b, held)
-                    if self.lazy:  # (rare: a position found without a counter per block)
-                        spares = spares or {}
-                        spares[blocks.index(b, first) - first] = held
-                    parent = held
-                    continue
             if parent is not None and self._may_chain(parent):
                 self._chain(parent, b, chunk)
             else:
@@ -193,6 +188,20 @@ class ContentRecorder(Announcer):
             else:
                 b.content_id = cid = slot.content_id
                 lower.on_device(slot)  # its chained child must be found by ``find`` now
+        for b, chunk, extra in new:  # nothing is held under a new content yet (no slot
+            # either) and its child is stale: b is its chained child (ids from ``fresh``
+            # on are minted here and above, for a block)
+            b.parent_cid = cid
+            b.extra = extra
+            parent.child = b  # type: ignore[union-attr]
+            b.key = chunk
+            b.chained = True
+            b.content_id = cid = nid
+            nid += 1
+            parent = b
+        if lower is not None:  # (the step a content was recorded in: read by the tier alone)
+            for b in span:
+                b.step = step
         self._num_chained += nid - fresh - minted  # (each id the chained branch minted)
         self._next_id = nid
         if nid - fresh - minted > 1 and blocks[first].content_id >= fresh and self.runs \
@@ -201,7 +210,7 @@ class ContentRecorder(Announcer):
             # (the span and the store's chunks, the head's first: not copied again)
             head = span[0]
             del span[0]  # (a move of the pointers: no count touched)
-            head.starts = Run(span, chunks, extras[0], self._epoch)
+            head.starts = Run(span, chunks, extras[0], self._epoch, self.run_counts)
         if hashes is not None:
             self._announce(req, first, chunks, hashes)
             if self.fresh is not None:

@@ -7,17 +7,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import islice
 
-from ..core.block import Block, Run, key_chunk
+from ..core.block import Block, Run, RunCounts, key_chunk
 
 
-def check_runs(blocks: Sequence[Block], epoch: int) -> str | None:
+def check_runs(blocks: Sequence[Block], epoch: int, counts: RunCounts) -> str | None:
     """The first inconsistency of the shared runs ``blocks`` belong to, None when sound:
     each block counted through a run is one of its blocks, the run shared and every
     block of it counted through it, its count not negative, one segment of the cached
-    tier while free; and the run ``ok`` (of this ``epoch``), its blocks holding its chunks,
-    each the child of the one before, found (not spares). (A run that is not shared may
-    be stale: the claim that makes it shared checks it.)"""
+    tier while free, its own links chaining its blocks while ``linked``; and the run
+    ``ok`` (of this ``epoch``), its blocks holding its chunks, each the child of the one
+    before, found (not spares); ``counts`` as many shared and free shared runs as there
+    are. (A run that is not shared may be stale: the claim that makes it shared checks
+    it.)"""
     seen: set[int] = set()
+    free = 0
     for b in blocks:
         r = b.counted
         if r is None or id(r) in seen:
@@ -29,13 +32,18 @@ def check_runs(blocks: Sequence[Block], epoch: int) -> str | None:
             return f"a block of shared {r!r} is not counted through it"
         if r.n < 0:
             return f"shared {r!r} has a negative count"
-        if not r.n and not _consecutive(r):
-            return f"free shared {r!r}: its blocks are not one segment of the cached tier"
+        if (not r.n or r.linked) and not _consecutive(r):
+            return (f"shared {r!r}: its blocks are not one segment of the cached tier (free)"
+                    f" or not chained by their own links (held, linked)")
+        free += not r.n
         if r.ok != epoch:
             return f"shared {r!r} is not ok"
         problem = _check_span(r)
         if problem:
             return problem
+    if (counts.shared, counts.free) != (len(seen), free):
+        return (f"run counts {counts.shared} shared, {counts.free} free: there are "
+                f"{len(seen)} and {free}")
     return None
 
 
@@ -52,8 +60,8 @@ def _check_span(run: Run) -> str | None:
 
 
 def _consecutive(run: Run) -> bool:
-    """Whether the run's blocks are linked one after the other in the cached tier, in
-    the order ``fwd`` says."""
+    """Whether the run's blocks are linked one after the other, in the order ``fwd``
+    says (in the cached tier when free)."""
     known = run.blocks
     order = known if run.fwd else known[::-1]
     return all(a.next is b and b.prev is a for a, b in zip(order, order[1:], strict=False))
