@@ -156,17 +156,19 @@ class GroupAdmitter:
         held = [b for h in hits for b in h]
         covered = blocks_for(total + num_lookahead_tokens, bs)
         per_group = [max(0, covered - max(k, c)) for c in cuts]  # (a window's: none below its cut)
-        fit = (blocks_for(n, bs) - k) * len(self.groups) if require_full_fit else 0
-        if not self._pool.can_acquire(held, max(sum(per_group) + keep_free, fit)):
+        taken = [min(p, 1) if s.sparse else p for p, s in zip(per_group, self.groups, strict=True)]
+        fit = self._num_fresh(blocks_for(n, bs) - k) if require_full_fit else 0
+        if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
             return None
         last = total // bs
         prepared = (self._prepare(req, k, last, nodes[-1] if nodes else None, prompt)
                     if last > k else None)
-        fresh = self._pool.acquire(held, sum(per_group))[len(held):]
+        fresh = self._pool.acquire(held, sum(taken))[len(held):]
         for g, h in enumerate(hits):
-            new, fresh = fresh[:per_group[g]], fresh[per_group[g]:]
+            new, fresh = fresh[:taken[g]], fresh[taken[g]:]
             self._index.own(g, new)
-            req.tables[g] = [None] * min(cuts[g], covered) + h + new  # type: ignore[operator]
+            gap = [None] * (per_group[g] - taken[g])  # (a sparse group's: up to its last entry)
+            req.tables[g] = [None] * min(cuts[g], covered) + h + gap + new  # type: ignore[operator]
             req.cut[g] = min(cuts[g], covered)
             self._hit_blocks[g] += len(h)
         req.plan_release(self.groups, bs)
@@ -273,6 +275,13 @@ class GroupAdmitter:
         self._table.hold(nodes[-1])
         self._table.unhold(old)
         req.nodes += nodes
+
+    def _num_fresh(self, per_group: int) -> int:
+        """Blocks that ``per_group`` new entries in every group's table take: one in a
+        sparse group (its last entry; none for none), ``per_group`` in the others."""
+        if per_group <= 0:
+            return 0
+        return sum(1 if s.sparse else per_group for s in self.groups)
 
     def _ids(self, req: GroupRequest) -> list[list[int]]:
         null = self.null_block_id

@@ -5,7 +5,8 @@ known. ``HybridKVCacheManager`` extends this class; admission is in ``GroupAdmit
     | released (null) | held: hits, computed, scheduled | new (this call) | reserved |
     0            cut[g] * bs                      num_scheduled            total   num_reserved
 
-Every group's table covers ``[0, max(num_scheduled, num_reserved))``. A step that starts at
+Every group's table covers ``[0, max(num_scheduled, num_reserved))``; a sparse (Mamba)
+group's new entries are empty but the last (``GroupSpec.sparse``). A step that starts at
 ``s`` first releases, in each windowed group, the leading blocks no query at or after ``s``
 reads; blocks it releases count as free for the step's own allocation.
 """
@@ -110,7 +111,7 @@ class GroupDecoder(GroupAdmitter):
         check_count("num_slots", num_slots, 0, None)
         covered = req.num_scheduled + num_slots
         per_group = blocks_for(covered, self.block_size) - len(req.tables[0])
-        if per_group * len(self.groups) > self._pool.num_free:
+        if self._num_fresh(per_group) > self._pool.num_free:
             return None
         added = self._take(req, per_group) if per_group > 0 else self._nothing
         req.num_reserved = max(req.num_reserved, covered)
@@ -125,7 +126,7 @@ class GroupDecoder(GroupAdmitter):
         req = self._get(request_id)
         check_count("num_slots", num_slots, 0, None)
         per_group = blocks_for(num_slots, self.block_size) - len(req.tables[0])
-        return max(0, per_group * len(self.groups) - self._going(req, req.num_scheduled)[1])
+        return max(0, self._num_fresh(per_group) - self._going(req, req.num_scheduled)[1])
 
     def release_unread(self, request_id: Hashable) -> int:
         """Release now, in every windowed group, the blocks that the request's next step
@@ -182,8 +183,8 @@ class GroupDecoder(GroupAdmitter):
     def _release(self, req: GroupRequest, going: list[list[Block | None]] | None) -> None:
         if going is not None:
             for g, part in enumerate(going):
-                self._released[g] += len(part)
-            self._pool.release(req.release(going))  # type: ignore[arg-type]
+                self._released[g] += sum(b is not None for b in part)
+            self._pool.release(req.release(going))
             req.plan_release(self.groups, self.block_size)
 
     def num_blocks_released(self, request_id: Hashable) -> int:
@@ -204,7 +205,7 @@ class GroupDecoder(GroupAdmitter):
             return None, 0
         going = [t[req.cut[g]:spec.num_unread(start, bs)]
                  for g, (spec, t) in enumerate(zip(self.groups, req.tables, strict=True))]
-        return going, sum(b.ref_cnt == 1 for part in going for b in part)  # type: ignore[union-attr]
+        return going, sum(b is not None and b.ref_cnt == 1 for part in going for b in part)
 
     def _roomy(self, req: GroupRequest) -> bool:
         """Whether one more token at ``num_scheduled`` lands in a block the tables have,
@@ -238,7 +239,7 @@ class GroupDecoder(GroupAdmitter):
         bs, start = self.block_size, req.num_scheduled
         going, freed = self._going(req, start)
         per_group = blocks_for(total, bs) - len(req.tables[0])
-        if per_group * len(self.groups) > self._pool.num_free + freed:
+        if self._num_fresh(per_group) > self._pool.num_free + freed:
             return None
         n, first, last = len(req.tokens), start // bs, total // bs
         if new_tokens is not None:
@@ -261,13 +262,15 @@ class GroupDecoder(GroupAdmitter):
         return added
 
     def _take(self, req: GroupRequest, per_group: int) -> Growth:
-        """Append ``per_group`` free blocks to each group's table (the caller checked
-        they are there); their ids, per group."""
-        fresh = self._pool.take(per_group * len(self.groups))
+        """Append ``per_group`` entries to each group's table, free blocks but for a
+        sparse group's jumped-over ones (the caller checked the blocks are there); the
+        ids of the blocks, per group."""
+        fresh = self._pool.take(self._num_fresh(per_group))
         added = []
         for g, table in enumerate(req.tables):
-            new = fresh[g * per_group:(g + 1) * per_group]
+            n = min(per_group, 1) if self.groups[g].sparse else per_group
+            new, fresh = fresh[:n], fresh[n:]
             self._index.own(g, new)
-            table += new
+            table += [None] * (per_group - n) + new  # type: ignore[operator]
             added.append(tuple([b.block_id for b in new]))
         return tuple(added)

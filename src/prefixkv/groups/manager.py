@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 
 from ..core.block import Block
-from ..errors import RequestError, check_block_ids, check_count, check_new_request
+from ..errors import ConfigError, RequestError, check_block_ids, check_count, check_new_request
 from ..event_log import PendingEvents
 from ..events import AllBlocksCleared, Event
 from ..stats import PrefixCacheStats
@@ -54,8 +54,11 @@ class HybridKVCacheManager(GroupDecoder):
         released entries); each group's partial last block (and any reserved block) is
         copied on write (the copies are in the result and in ``take_kv_ops()``). Returns
         None when those blocks cannot be had (nothing changed). Raises RequestError (unknown parent, child
-        id in use, parent's prefill not fully scheduled)."""
+        id in use, parent's prefill not fully scheduled), ConfigError when a group is
+        sparse (Mamba: a fork would need its state block copied, not offered)."""
         parent = self._get(parent_id)
+        if any(s.sparse for s in self.groups):
+            raise ConfigError("fork is not offered for a model with a Mamba (sparse) group")
         check_new_request(self._requests, child_id)
         if parent.num_scheduled != len(parent.tokens):
             raise RequestError(f"cannot fork {parent_id!r} before its prefill is fully scheduled")
