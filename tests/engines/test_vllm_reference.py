@@ -66,6 +66,12 @@ class Side:
     diverged: bool = False  # the two hits differed (after an eviction): states apart from here
     hit: int = 0  # the last admission's
     hits: dict[int, int | None] = field(default_factory=dict)  # slot -> its admission's hit
+    aligned: bool = False  # a prefill chunk but the last ends on a block boundary (vLLM's
+    # scheduler beside an align-mode Mamba group: need_mamba_block_aligned_split)
+
+    def chunk(self, computed: int, n: int, total: int) -> int:
+        """The tokens scheduled of ``n`` asked from ``computed`` (of ``total``)."""
+        return n if not self.aligned or computed + n >= total else (computed + n) // BS * BS - computed
 
     def note_events(self) -> None:
         from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved
@@ -133,8 +139,9 @@ def _managers(num_blocks: int, specs: tuple[Any, ...] | None = None) -> tuple[Si
                     else None for s in specs)
     kw = dict(max_model_len=MAX_LEN, scheduler_block_size=BS, hash_block_size=BS, log_stats=True,
               enable_kv_cache_events=True)
-    return (Side(Ours(config(*specs, num_blocks=num_blocks), **kw), windows),
-            Side(Theirs(config(*specs, num_blocks=num_blocks), **kw), windows))
+    aligned = any(type(s).__name__ == "MambaSpec" for s in specs)
+    return (Side(Ours(config(*specs, num_blocks=num_blocks), **kw), windows, aligned=aligned),
+            Side(Theirs(config(*specs, num_blocks=num_blocks), **kw), windows, aligned=aligned))
 
 
 IMAGES = {"cat": 3, "dog": 6}  # image -> its placeholder length (fixed by the image)
@@ -213,7 +220,9 @@ def _do_one(s: Side, op: str, slot: int, k: int, prompt: tuple[Any, ...], more: 
     if op == "admit" and not live:
         blocks, hit, _ = s.m.get_computed_blocks(r)
         s.check_hit(slot, blocks, hit)
-        n = min(k, r.num_tokens - hit)  # a chunk of the step's budget
+        n = s.chunk(hit, min(k, r.num_tokens - hit), r.num_tokens)  # a chunk of the step's budget
+        if n <= 0:
+            return None
         new = s.m.allocate_slots(r, n, hit, blocks, num_lookahead_tokens=more % 4,
                                  reserved_blocks=more // 4)
         s.hit, s.hits[slot] = hit, hit
@@ -248,7 +257,9 @@ def _do_one(s: Side, op: str, slot: int, k: int, prompt: tuple[Any, ...], more: 
         if r.num_computed_tokens == r.num_tokens:
             r.num_computed_tokens -= 1
     elif op == "step" and live and r.num_tokens < MAX_LEN - 1:
-        n = min(k, r.num_tokens - r.num_computed_tokens)
+        n = s.chunk(r.num_computed_tokens, min(k, r.num_tokens - r.num_computed_tokens), r.num_tokens)
+        if n <= 0:
+            return None
         new = s.m.allocate_slots(r, n, num_lookahead_tokens=more % 4, reserved_blocks=more // 4)
         if new is not None:
             r.status = RequestStatus.RUNNING
