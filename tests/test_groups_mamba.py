@@ -5,10 +5,13 @@ free order is known (fresh blocks in id order)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
+from hypothesis.stateful import invariant, multiple, precondition, rule
 
 from prefixkv.errors import ConfigError, PromptTooLongError
 from prefixkv.groups import HybridKVCacheManager, full_attention, mamba, sliding_window
 from prefixkv.groups.fit import least_blocks
+from test_groups_state_machine import HybridMachine
 
 BS = 4
 N = 0  # the null block of a manager whose groups release blocks
@@ -75,3 +78,86 @@ def test_fork_and_window_size_are_refused_for_mamba():
     with pytest.raises(ConfigError):
         type(mamba())("mamba", 3)
     m.check_invariants()
+
+
+class MambaMachine(HybridMachine):
+    """The hybrid state machine on full attention beside a Mamba group: the forward pass
+    reads the state a step starts from in the block before it and writes the state at
+    its end in the block of its last position; every hit must hand the right state. Not
+    driven here: ``reserve`` past a step's end (the step's state would land in an entry
+    it jumped over: docs/integration.md, Mamba layers), and a recompute from a position
+    whose state no block holds (vLLM reads its null block there)."""
+
+    groups = (full_attention(), mamba())
+    num_blocks = 20
+
+    def _state(self, g, rid, end):
+        return "state", g, self.extra[rid], tuple(self.tokens[rid][:end])
+
+    def _forward(self, rid, start, stop):
+        self.start[rid] = start
+        for g, ids in enumerate(self.m.get_block_ids(rid)):
+            if not self.groups[g].sparse:
+                for pos in range(start, stop):
+                    assert ids[pos // BS] != self.null, (g, pos)
+                    self.kv[ids[pos // BS]][pos % BS] = self._kv_of(g, rid, pos)
+                continue
+            if start:  # the state the step starts from
+                b = ids[(start - 1) // BS]
+                assert b != self.null and self.kv[b][0] == self._state(g, rid, start), (rid, g, start, ids)
+            b = ids[(stop - 1) // BS]
+            assert b != self.null, (rid, g, stop, ids)
+            self.kv[b][0] = self._state(g, rid, stop)
+
+    def _resumable(self, rid, p):
+        g = next(g for g, s in enumerate(self.groups) if s.sparse)
+        ids = self.m.get_block_ids(rid)[g]
+        b = ids[(p - 1) // BS] if p else None
+        return p == 0 or (b != self.null and self.kv[b][0] == self._state(g, rid, p))
+
+    @rule(target=HybridMachine.live, parent=HybridMachine.live)
+    def fork(self, parent):
+        if parent in self.tokens:
+            with pytest.raises(ConfigError, match="Mamba"):
+                self.m.fork(parent, self._new_id())
+        return multiple()
+
+    @rule()
+    def fork_chain(self):
+        pass
+
+    @rule()
+    def reserve(self):
+        pass
+
+    @precondition(lambda self: self.last is not None and self.last[0] in self.tokens)
+    @rule()
+    def abort_before_step_ran(self):
+        rid, start, stop = self.last
+        for g, ids in enumerate(self.m.get_block_ids(rid)):
+            if self.groups[g].sparse:
+                self.kv[ids[(stop - 1) // BS]][0] = "never computed"
+                continue
+            for pos in range(start, stop):
+                self.kv[ids[pos // BS]][pos % BS] = "never computed"
+        self.m.free(rid, num_computed_tokens=start)
+        self._forget(rid)
+        self.last = None
+
+    @invariant()
+    def no_group_reads_kv_it_does_not_hold(self):
+        for rid in self.tokens:
+            for g, (spec, ids) in enumerate(zip(self.groups, self.m.get_block_ids(rid), strict=True)):
+                assert len(ids) == -(-max(self.scheduled[rid], self.reserved[rid]) // BS)
+                n = self.scheduled[rid]
+                if spec.sparse:  # the state at the scheduled end, in the block of its last position
+                    assert not n or self.kv[ids[(n - 1) // BS]][0] == self._state(g, rid, n), (rid, n, ids)
+                    continue
+                assert self.null not in ids
+                for pos in range(n):
+                    assert self.kv[ids[pos // BS]][pos % BS] == self._kv_of(g, rid, pos), (rid, g, pos)
+        assert all(v is None for v in self.kv[self.null])
+
+
+TestMambaMachine = MambaMachine.TestCase
+TestMambaMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)

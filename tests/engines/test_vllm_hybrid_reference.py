@@ -70,7 +70,8 @@ def test_on_hybrid_models_they_agree_on_hits_and_on_the_blocks_windows_free(grou
     # entries of each table (blocks a window released, and a Mamba group's between the
     # blocks of its steps) and the free count after each call; a step begins
     # (new_step_starts) before some calls. Beside a Mamba group (vLLM's MambaManager,
-    # mamba_cache_mode="align"), no lookahead slots nor connector loads (refused: mamba.py)
+    # mamba_cache_mode="align"), no lookahead slots, connector loads nor evict_blocks
+    # (refused: mamba.py)
     mamba = groups in MAMBA_HYBRIDS
     specs = (MAMBA_HYBRIDS if mamba else HYBRIDS)[groups]()
     sides = _managers(len(specs) * MAX_LEN // BS + extra_blocks, specs)
@@ -79,7 +80,7 @@ def test_on_hybrid_models_they_agree_on_hits_and_on_the_blocks_windows_free(grou
             for s in sides:
                 s.m.new_step_starts()
         if mamba:
-            op, more = "admit" if op == "remote" else op, more - more % 4
+            op, more = {"remote": "admit", "evict": "step"}.get(op, op), more - more % 4
         _step(sides, op, slot, k, prompt, more, serial)
 
 
@@ -432,7 +433,7 @@ def test_mamba_outside_align_mode_or_with_speculative_blocks_is_refused_at_const
                            scheduler_block_size=BS, hash_block_size=BS)
 
 
-def test_lookahead_and_connector_loads_beside_a_mamba_group_are_refused_before_any_change():
+def test_lookahead_connector_loads_and_evict_beside_a_mamba_group_are_refused_before_any_change():
     from prefixkv.integrations.vllm import UnsupportedByPrefixKV
 
     m = _hybrid_pair(30, full(BS), _mamba())[0]
@@ -443,3 +444,7 @@ def test_lookahead_and_connector_loads_beside_a_mamba_group_are_refused_before_a
         assert m.block_pool.get_num_free_blocks() == 29 and not m.live_request_ids()
     with pytest.raises(UnsupportedByPrefixKV, match="Mamba"):
         m.get_computed_blocks_for_connector(a)
+    assert m.allocate_slots(a, 10) is not None
+    with pytest.raises(UnsupportedByPrefixKV, match="Mamba"):
+        m.evict_blocks(set(m.get_block_ids("a")[0]))
+    assert m.num_cached_tokens("a") == 8

@@ -83,6 +83,7 @@ class GroupAdmitter:
         self._hit_blocks = [0] * len(specs)
         self._kv_ops: list[GroupBlockCopy] = []
         self._nothing: tuple[tuple[int, ...], ...] = ((),) * len(specs)
+        self._sparse = tuple(g for g, s in enumerate(specs) if s.sparse)
         # what ``prepare`` reads, fixed from here on (as ``KVCacheManager``'s)
         self._config = (block_size, vocab_size, fn, root)
         self._prompt_hasher = self._hasher if self._index.hashing else None
@@ -156,7 +157,11 @@ class GroupAdmitter:
         held = [b for h in hits for b in h]
         covered = blocks_for(total + num_lookahead_tokens, bs)
         per_group = [max(0, covered - max(k, c)) for c in cuts]  # (a window's: none below its cut)
-        taken = [min(p, 1) if s.sparse else p for p, s in zip(per_group, self.groups, strict=True)]
+        # a sparse group takes the block where this step ends only (its lookahead slots
+        # get theirs when a step ends there: decode.py), if past the hit and its cut
+        end = blocks_for(total, bs) - 1
+        taken = [int(covered - p <= end) if s.sparse else p
+                 for p, s in zip(per_group, self.groups, strict=True)]
         fit = self._num_fresh(blocks_for(n, bs) - k) if require_full_fit else 0
         if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
             return None
@@ -167,8 +172,12 @@ class GroupAdmitter:
         for g, h in enumerate(hits):
             new, fresh = fresh[:taken[g]], fresh[taken[g]:]
             self._index.own(g, new)
-            gap = [None] * (per_group[g] - taken[g])  # (a sparse group's: up to its last entry)
-            req.tables[g] = [None] * min(cuts[g], covered) + h + gap + new  # type: ignore[operator]
+            row: list[Block | None] = list(new)
+            if self.groups[g].sparse:  # (None but where the step ends)
+                row = [None] * per_group[g]
+                if new:
+                    row[end - (covered - per_group[g])] = new[0]
+            req.tables[g] = [None] * min(cuts[g], covered) + h + row
             req.cut[g] = min(cuts[g], covered)
             self._hit_blocks[g] += len(h)
         req.plan_release(self.groups, bs)

@@ -104,7 +104,9 @@ class GroupDecoder(GroupAdmitter):
         """Make every group's table cover ``num_slots`` positions past the scheduled
         tokens, whose tokens are not known yet (speculative lookahead; a step scheduled
         before its sampled token arrives). Appending those tokens later needs no new
-        block. Releases nothing (windows move when tokens are scheduled). Returns the ids
+        block (a sparse, Mamba, group takes its block at the last reserved position, as
+        a step's end: a step that then ends short of it takes one where it ends).
+        Releases nothing (windows move when tokens are scheduled). Returns the ids
         of blocks added, per group, or None on shortage (nothing changed). Raises
         RequestError (unknown id, ``num_slots`` < 0)."""
         req = self._get(request_id)
@@ -208,11 +210,13 @@ class GroupDecoder(GroupAdmitter):
         return going, sum(b is not None and b.ref_cnt == 1 for part in going for b in part)
 
     def _roomy(self, req: GroupRequest) -> bool:
-        """Whether one more token at ``num_scheduled`` lands in a block the tables have,
-        fills no block and moves no window past a block (it then only appends)."""
+        """Whether one more token at ``num_scheduled`` lands in a block the tables have
+        (a sparse group's included: its state goes there), fills no block and moves no
+        window past a block (it then only appends)."""
         n, bs = req.num_scheduled, self.block_size
         return n % bs != bs - 1 and n < req.next_release and (
-            n % bs != 0 or n < len(req.tables[0]) * bs)
+            n % bs != 0 or n < len(req.tables[0]) * bs) and (
+            not self._sparse or all(req.tables[g][n // bs] is not None for g in self._sparse))
 
     def _prepare_fills(self, reqs: list[GroupRequest], new: Sequence[int]) -> dict[int, Prepared]:
         """What the blocks filled by this step need (chunks, extras, hashes), computed
@@ -239,7 +243,8 @@ class GroupDecoder(GroupAdmitter):
         bs, start = self.block_size, req.num_scheduled
         going, freed = self._going(req, start)
         per_group = blocks_for(total, bs) - len(req.tables[0])
-        if self._num_fresh(per_group) > self._pool.num_free + freed:
+        holes = self._holes(req, total) if per_group <= 0 else []
+        if self._num_fresh(per_group) + len(holes) > self._pool.num_free + freed:
             return None
         n, first, last = len(req.tokens), start // bs, total // bs
         if new_tokens is not None:
@@ -252,7 +257,7 @@ class GroupDecoder(GroupAdmitter):
                 del req.tokens[n:]
                 raise
         self._release(req, going)
-        added = self._take(req, per_group) if per_group > 0 else self._nothing
+        added = self._take(req, per_group) if per_group > 0 else self._fill(req, total, holes)
         req.num_scheduled = total
         req.step_start = max(start, req.step_start)  # (after a rewind: what was released stays)
         if req.prompt is not None and total >= n:  # the prefill's last chunk
@@ -260,6 +265,25 @@ class GroupDecoder(GroupAdmitter):
         if prepared is not None:
             self._record(req, first, prepared)
         return added
+
+    def _holes(self, req: GroupRequest, total: int) -> list[int]:
+        """The sparse groups whose entry where a step ending at ``total`` writes its state
+        is empty (reserved slots the step stops short of, or a recompute after a
+        ``rewind``): each takes a block there."""
+        j = blocks_for(total, self.block_size) - 1
+        return [g for g, s in enumerate(self.groups) if s.sparse and req.tables[g][j] is None]
+
+    def _fill(self, req: GroupRequest, total: int, holes: list[int]) -> Growth:
+        """A free block into each of ``holes`` (the caller checked they are there)."""
+        if not holes:
+            return self._nothing
+        j, fresh = blocks_for(total, self.block_size) - 1, self._pool.take(len(holes))
+        added: list[tuple[int, ...]] = [()] * len(self.groups)
+        for g, b in zip(holes, fresh, strict=True):
+            self._index.own(g, [b])
+            req.tables[g][j] = b
+            added[g] = (b.block_id,)
+        return tuple(added)
 
     def _take(self, req: GroupRequest, per_group: int) -> Growth:
         """Append ``per_group`` entries to each group's table, free blocks but for a

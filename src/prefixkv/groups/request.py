@@ -8,7 +8,7 @@ slots reserved past the scheduled tokens, whose tokens are not known yet); entry
 the block holding positions ``j*bs .. (j+1)*bs - 1`` in that group, or None where the
 group released it (no query of the request reads it any more): a prefix of the table,
 ``cut[g]`` entries long, in groups whose spec releases (a ``sparse`` group, Mamba, also
-has None past its cut, where a step jumped over positions; its last entry is a block).
+has None past its cut: the positions steps jumped over, and reserved slots).
 ``nodes[j]`` is the prefix id of full block j (every full scheduled block has one); the
 request holds a reference on the last.
 ``step_start``: where the last scheduled step began (its queries sit at and after it);
@@ -83,8 +83,7 @@ class GroupRequest:
             parent = node.pid
         for g, (spec, table) in enumerate(zip(specs, self.tables, strict=True)):
             cut = self.cut[g]
-            gaps = spec.sparse and (len(table) == cut or table[-1] is not None)
-            if len(table) != want or (not gaps and any(b is None for b in table[cut:])) or \
+            if len(table) != want or (not spec.sparse and any(b is None for b in table[cut:])) or \
                     any(b is not None for b in table[:cut]):
                 return f"request {rid!r} group {g}: table {table} for {want} blocks, cut {cut}"
             if cut > spec.num_unread(self.step_start, bs):
