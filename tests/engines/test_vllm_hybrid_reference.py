@@ -448,3 +448,17 @@ def test_lookahead_connector_loads_and_evict_beside_a_mamba_group_are_refused_be
     with pytest.raises(UnsupportedByPrefixKV, match="Mamba"):
         m.evict_blocks(set(m.get_block_ids("a")[0]))
     assert m.num_cached_tokens("a") == 8
+
+
+def test_the_shared_prefix_junction_beside_mamba_is_vllms():
+    # a's 12-token prompt is computed in one step: full attention caches blocks 0..2, the
+    # Mamba group the state at 12 only. b shares 8 tokens: no Mamba state at 8, so no
+    # hit, but vLLM reports the junction at 8 (its scheduler ends b's chunk there, so
+    # that the state at 8 is cached). Before: prefixkv reported 0
+    answers = []
+    for m in _hybrid_pair(30, full(BS), _mamba()):
+        assert m.allocate_slots(_request("a", list(range(12)), None), 12) is not None
+        m.new_step_starts()
+        _, hit, junction = m.get_computed_blocks(_request("b", [*range(8), 50, 51, 52, 53, 54], None))
+        answers.append((hit, junction))
+    assert answers[0] == answers[1] == (0, 8)

@@ -218,7 +218,7 @@ def _do_one(s: Side, op: str, slot: int, k: int, prompt: tuple[Any, ...], more: 
         s.reqs[slot] = _request(f"r{serial}", *prompt)
     r = s.reqs.get(slot)
     if op == "admit" and not live:
-        blocks, hit, _ = s.m.get_computed_blocks(r)
+        blocks, hit, junction = s.m.get_computed_blocks(r)
         s.check_hit(slot, blocks, hit)
         n = s.chunk(hit, min(k, r.num_tokens - hit), r.num_tokens)  # a chunk of the step's budget
         if n <= 0:
@@ -234,7 +234,8 @@ def _do_one(s: Side, op: str, slot: int, k: int, prompt: tuple[Any, ...], more: 
             s.wrote(slot)
             if r.num_computed_tokens == r.num_tokens:
                 r.append_output_token_ids(1000 + serial)
-        return (hit if strict else None, new is None)
+        # (the shared-prefix junction: prefixkv reports it beside a Mamba group only)
+        return (hit if strict else None, junction if strict and s.aligned else None, new is None)
     if op == "remote" and not live:
         blocks, hit, _ = s.m.get_computed_blocks(r)
         s.check_hit(slot, blocks, hit)

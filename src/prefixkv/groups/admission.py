@@ -224,10 +224,12 @@ class GroupAdmitter:
 
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt,
               extra: ExtraKeys | None,
-              read_cache: bool) -> tuple[GroupRequest, list[Prefix], Prompt | None]:
+              read_cache: bool, alone: list[int] | None = None
+              ) -> tuple[GroupRequest, list[Prefix], Prompt | None]:
         """Check and encode a prompt (or take a prepared one); the prefix ids of its hit
         (at most all blocks but the one holding the last token), and the Prompt if it was
-        one. No side effects."""
+        one; ``alone[g]`` set to the blocks group ``g`` alone would serve, when given.
+        No side effects."""
         if isinstance(prompt_token_ids, Prompt):
             prompt: Prompt | None = unpack_prompt(prompt_token_ids, extra, self._config)
             tokens, keys, chunks = prompt_token_ids.tokens[:], prompt_token_ids.keys, \
@@ -244,6 +246,11 @@ class GroupAdmitter:
         nodes = self._table.walk(chunks, keys.of_blocks(0, limit), limit)
         find = self._index.find
         k = longest_hit(self.groups, bs, len(nodes), lambda g, j: find(g, nodes[j]) is not None)
+        if alone is not None:
+            for g, spec in enumerate(self.groups):
+                def held(_: int, j: int, g: int = g) -> bool:
+                    return find(g, nodes[j]) is not None
+                alone[g] = longest_hit((spec,), bs, len(nodes), held)
         return req, nodes[:k], prompt
 
     def _prepare(self, req: GroupRequest, first: int, last: int, parent: Prefix | None,

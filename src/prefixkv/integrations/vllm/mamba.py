@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 from vllm.v1.request import Request
 
 from .layout import UnsupportedByPrefixKV
+from .slots import admission_prompt
 
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
-__all__ = ["StepCache", "check_call", "noting"]
+__all__ = ["StepCache", "check_call", "junction", "noting"]
 
 
 def check_call(m: KVCacheManager, num_lookahead_tokens: int, num_external_computed_tokens: int) -> None:
@@ -41,9 +42,12 @@ def check_call(m: KVCacheManager, num_lookahead_tokens: int, num_external_comput
 class StepCache:
     """The chain hashes each Mamba group cached since the step began (module docstring)."""
 
-    def __init__(self, groups: tuple[int, ...]) -> None:
+    def __init__(self, groups: tuple[int, ...], first: int = 0) -> None:
         self.groups = groups
         """The Mamba groups' indices."""
+        self.first = first
+        """The group vLLM's coordinator looks a hit up in first (full attention's, if
+        any, else group 0): its own hit is ``junction``'s."""
         self._cached: set[tuple[int, Any]] = set()
 
     def clear(self) -> None:
@@ -87,3 +91,18 @@ def noting(m: KVCacheManager, request: Request, hit: int, run: Any) -> Any:
         if last > first:
             m._mamba.note(request, m.get_block_ids(request.request_id), first, last, 0)
     return out
+
+
+def junction(m: KVCacheManager, request: Request, hit: int, max_cache_hit_length: int | None) -> int:
+    """vLLM's ``shared_prefix_boundary`` (``get_computed_blocks``' third value) beside a
+    Mamba group: the prefix the first group of vLLM's lookup (``StepCache.first``) alone
+    could serve, capped at ``max_cache_hit_length``, when longer than the ``hit`` all
+    groups serve (a shared prefix whose Mamba state no block holds: vLLM's scheduler ends
+    the request's chunk there, so that its state is cached); else 0."""
+    if not m._mamba.groups or not m.prefix_cache_lookup_enabled(request):
+        return 0
+    prompt, extra = admission_prompt(m, request)
+    alone: int = m.core.lookup_per_group(prompt, extra=extra)[m._mamba.first]
+    if max_cache_hit_length is not None:
+        alone = min(alone, max_cache_hit_length // m.block_size * m.block_size)
+    return alone if alone > hit else 0

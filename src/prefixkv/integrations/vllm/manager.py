@@ -28,7 +28,7 @@ from prefixkv.core.block import blocks_for
 
 from .coordinator import CoordinatorView
 from .layout import UnsupportedByPrefixKV, build_core, check_options, read_layout
-from .mamba import StepCache, check_call, noting
+from .mamba import StepCache, check_call, junction, noting
 from .pool import BlockPoolView, Blocks
 from .popped import PoppedBlocks
 from .prepared import PreparedPrompts
@@ -74,7 +74,8 @@ class KVCacheManager:
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self._hybrid = layout.hybrid
-        self._mamba = StepCache(tuple(g for g, s in enumerate(layout.groups) if s.sparse))  # mamba.py
+        self._mamba = StepCache(tuple(g for g, s in enumerate(layout.groups) if s.sparse),  # mamba.py
+                                next((g for g, s in enumerate(layout.groups) if not s.releases), 0))
         events = enable_kv_cache_events or metrics_collector is not None
         self.core, offset = build_core(layout, enable_caching=enable_caching, enable_events=events)
         # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
@@ -173,10 +174,12 @@ class KVCacheManager:
                             ) -> tuple[KVCacheBlocks, int, int]:
         """The cached prefix a waiting request would reuse now: its blocks per group (vLLM's
         null block where a window no longer reads one), its tokens (a multiple of
-        block_size, at most ``num_tokens - 1``) and 0 (no shared-prefix
-        boundary: no sparse-retention group). Changes nothing. A hit longer than
-        ``max_cache_hit_length`` is reported as none (prefixkv takes a hit whole)."""
-        return *lookup(self, request, max_cache_hit_length), 0
+        block_size, at most ``num_tokens - 1``) and the shared-prefix boundary (beside
+        a Mamba group, vLLM's junction: ``mamba.junction``; else 0). Changes nothing. A
+        hit longer than ``max_cache_hit_length`` is reported as none (prefixkv takes a
+        hit whole)."""
+        blocks, n = lookup(self, request, max_cache_hit_length)
+        return blocks, n, junction(self, request, n, max_cache_hit_length)
 
     def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
                                           ) -> tuple[KVCacheBlocks, int, int, bool]:
