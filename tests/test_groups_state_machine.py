@@ -85,6 +85,10 @@ class HybridMachine(RuleBasedStateMachine):
                 assert ids[pos // BS] != self.null, (g, pos)
                 self.kv[ids[pos // BS]][pos % BS] = self._kv_of(g, rid, pos)
 
+    def _resumable(self, rid, p):
+        """Whether a recompute may start at ``p`` (a Mamba machine: where a state is)."""
+        return True
+
     def _snapshot(self, rid=None):
         return (self.m.free_block_order(), self.m.stats, self.m.num_cached_blocks,
                 self.m.get_block_ids(rid) if rid is not None else None)
@@ -234,7 +238,8 @@ class HybridMachine(RuleBasedStateMachine):
             return
         s, cuts = self.scheduled[rid], [ids.count(self.null) for ids in self.m.get_block_ids(rid)]
         p = max(0, s - back)
-        while p <= s and any(g.num_unread(p, BS) < c for g, c in zip(self.groups, cuts, strict=True)):
+        while p <= s and (any(g.num_unread(p, BS) < c for g, c in zip(self.groups, cuts, strict=True))
+                          or not self._resumable(rid, p)):
             p += 1
         if p > s:
             return

@@ -38,6 +38,12 @@ def _chunked(tokens: int) -> Any:
                                      attention_chunk_size=tokens)
 
 
+def _mamba() -> Any:
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    return MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align")
+
+
 HYBRIDS = {  # (full attention first or not, windows shorter and longer than a block, chunks)
     "full+window8": lambda: (full(BS), _window(8)),
     "window6+full": lambda: (_window(6), full(BS)),
@@ -48,16 +54,33 @@ HYBRIDS = {  # (full attention first or not, windows shorter and longer than a b
 }
 
 
-@pytest.mark.parametrize("groups", list(HYBRIDS))
+MAMBA_HYBRIDS = {  # (vLLM's Qwen3-Next / Nemotron-H layouts: Mamba beside attention)
+    "full+mamba": lambda: (full(BS), _mamba()),
+    "mamba+full+mamba": lambda: (_mamba(), full(BS), _mamba()),
+    "window6+mamba": lambda: (_window(6), _mamba()),
+}
+
+
+@pytest.mark.parametrize("groups", list(HYBRIDS) + list(MAMBA_HYBRIDS))
 @settings(max_examples=50, deadline=None)
 @given(extra_blocks=st.integers(1, 16), ops=st.lists(OP, min_size=8, max_size=40))
 def test_on_hybrid_models_they_agree_on_hits_and_on_the_blocks_windows_free(groups, extra_blocks, ops):
     # vLLM's HybridKVCacheCoordinator beside prefixkv's hybrid manager: hits (every group's
     # blocks true to the prompt's prefix, a null block only below the window), the null
-    # entries of each table (blocks a window released) and the free count after each call
-    specs = HYBRIDS[groups]()
+    # entries of each table (blocks a window released, and a Mamba group's between the
+    # blocks of its steps) and the free count after each call; a step begins
+    # (new_step_starts) before some calls. Beside a Mamba group (vLLM's MambaManager,
+    # mamba_cache_mode="align"), no lookahead slots, connector loads nor evict_blocks
+    # (refused: mamba.py)
+    mamba = groups in MAMBA_HYBRIDS
+    specs = (MAMBA_HYBRIDS if mamba else HYBRIDS)[groups]()
     sides = _managers(len(specs) * MAX_LEN // BS + extra_blocks, specs)
     for serial, (op, slot, k, prompt, more) in enumerate(ops):
+        if k % (6 if mamba else 4) == 0:  # (a Mamba hit cached in the same step waits)
+            for s in sides:
+                s.m.new_step_starts()
+        if mamba:
+            op, more = {"remote": "admit", "evict": "step"}.get(op, op), more - more % 4
         _step(sides, op, slot, k, prompt, more, serial)
 
 
@@ -350,3 +373,92 @@ def test_a_prefix_whose_indexed_block_was_evicted_stays_found_in_its_held_copy(g
         answers.append((hit, [len(g) for g in blocks.get_block_ids()]))
     assert answers[1][0] == 8  # (vLLM finds b's copy: the case holds)
     assert answers[0] == answers[1]
+
+
+def test_a_new_request_does_not_start_from_a_mamba_state_cached_in_the_same_step():
+    # a computes 8 of its 10 tokens: its Mamba block 1 (the state after 8) is cached in
+    # this step, written by this step's forward pass. b, sharing those 8 tokens, hits them
+    # in the same step: vLLM's MambaManager answers "more blocks than the pool has", and
+    # b waits a step (prefixkv: mamba.StepCache); after new_step_starts both admit it
+    answers = []
+    for m in _hybrid_pair(30, full(BS), _mamba()):
+        a = _request("a", list(range(10)), None)
+        assert m.allocate_slots(a, 8) is not None
+        b = _request("b", [*range(8), 50, 51], None)
+        blocks, hit, _ = m.get_computed_blocks(b)
+        first = m.allocate_slots(b, 2, hit, blocks)
+        free = m.block_pool.get_num_free_blocks()
+        m.new_step_starts()
+        blocks, hit, _ = m.get_computed_blocks(b)
+        second = m.allocate_slots(b, 2, hit, blocks)
+        answers.append((hit, first is None, free, second is not None, m.get_block_ids("b")[1].count(NULL),
+                        m.block_pool.get_num_free_blocks()))
+    assert answers[0] == answers[1] == (8, True, 26, True, 1, 24)
+
+
+def test_a_mamba_group_takes_one_block_per_step_and_nulls_the_positions_it_jumps():
+    # a 30-token prompt in chunks of 12 and 13, then a decode step: vLLM's align mode takes
+    # the block of each chunk's last position only (null entries between), and releases
+    # the state block of the step before (the copy source) at the next step
+    from vllm.v1.request import RequestStatus
+
+    answers = []
+    for m in _hybrid_pair(30, full(BS), _mamba()):
+        a = _request("a", list(range(30)), None)
+        seen = []
+        for n in (12, 13, 5):
+            assert m.allocate_slots(a, n) is not None
+            a.status = RequestStatus.RUNNING
+            a.num_computed_tokens += n
+            seen.append(([b != NULL for b in m.get_block_ids("a")[1]], m.block_pool.get_num_free_blocks()))
+        a.append_output_token_ids(9)
+        assert m.allocate_slots(a, 1) is not None
+        seen.append(([b != NULL for b in m.get_block_ids("a")[1]], m.block_pool.get_num_free_blocks()))
+        answers.append(seen)
+    assert answers[0] == answers[1]
+    assert answers[0][1][0] == [False, False, True, False, False, False, True]  # (the test can fail)
+
+
+def test_mamba_outside_align_mode_or_with_speculative_blocks_is_refused_at_construction():
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV
+
+    for kw in ({"mamba_cache_mode": "none"}, {"mamba_cache_mode": "all"},
+               {"mamba_cache_mode": "align", "num_speculative_blocks": 1},
+               {"mamba_cache_mode": "align", "num_prefill_checkpoint_blocks": 1}):
+        spec = MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,), **kw)
+        with pytest.raises(UnsupportedByPrefixKV, match="Mamba"):
+            KVCacheManager(config(full(BS), spec, num_blocks=20), max_model_len=MAX_LEN,
+                           scheduler_block_size=BS, hash_block_size=BS)
+
+
+def test_lookahead_connector_loads_and_evict_beside_a_mamba_group_are_refused_before_any_change():
+    from prefixkv.integrations.vllm import UnsupportedByPrefixKV
+
+    m = _hybrid_pair(30, full(BS), _mamba())[0]
+    a = _request("a", list(range(10)), None)
+    for kw in ({"num_lookahead_tokens": 2}, {"num_external_computed_tokens": 4}):
+        with pytest.raises(UnsupportedByPrefixKV, match="Mamba"):
+            m.allocate_slots(a, 4, **kw)
+        assert m.block_pool.get_num_free_blocks() == 29 and not m.live_request_ids()
+    with pytest.raises(UnsupportedByPrefixKV, match="Mamba"):
+        m.get_computed_blocks_for_connector(a)
+    assert m.allocate_slots(a, 10) is not None
+    with pytest.raises(UnsupportedByPrefixKV, match="Mamba"):
+        m.evict_blocks(set(m.get_block_ids("a")[0]))
+    assert m.num_cached_tokens("a") == 8
+
+
+def test_the_shared_prefix_junction_beside_mamba_is_vllms():
+    # a's 12-token prompt is computed in one step: full attention caches blocks 0..2, the
+    # Mamba group the state at 12 only. b shares 8 tokens: no Mamba state at 8, so no
+    # hit, but vLLM reports the junction at 8 (its scheduler ends b's chunk there, so
+    # that the state at 8 is cached). Before: prefixkv reported 0
+    answers = []
+    for m in _hybrid_pair(30, full(BS), _mamba()):
+        assert m.allocate_slots(_request("a", list(range(12)), None), 12) is not None
+        m.new_step_starts()
+        _, hit, junction = m.get_computed_blocks(_request("b", [*range(8), 50, 51, 52, 53, 54], None))
+        answers.append((hit, junction))
+    assert answers[0] == answers[1] == (0, 8)

@@ -1,16 +1,27 @@
 """Layer groups: models that mix full attention with sliding-window or chunked local
-attention. ``HybridKVCacheManager`` keeps a block table per group over one shared pool,
-releases blocks that leave every future window, and reports the longest prefix every
-group can serve (``prefixkv.groups.hits``). Pure Python, like the core."""
+attention, or with Mamba (state-space) layers. ``HybridKVCacheManager`` keeps a block
+table per group over one shared pool, releases blocks that leave every future window,
+and reports the longest prefix every group can serve (``prefixkv.groups.hits``). Pure
+Python, like the core."""
 
 from .events import GroupBlockRemoved, GroupBlockStored
 from .hits import longest_hit
 from .manager import HybridKVCacheManager
 from .results import GroupAdmission, GroupBlockCopy, GroupDecodeStep, GroupFork, GroupStats
-from .spec import CHUNKED, FULL, SLIDING, GroupSpec, chunked_local, full_attention, sliding_window
+from .spec import (
+    CHUNKED,
+    FULL,
+    MAMBA,
+    SLIDING,
+    GroupSpec,
+    chunked_local,
+    full_attention,
+    mamba,
+    sliding_window,
+)
 
 __all__ = [
     "CHUNKED", "FULL", "GroupAdmission", "GroupBlockCopy", "GroupBlockRemoved", "GroupBlockStored",
-    "GroupDecodeStep", "GroupFork", "GroupSpec", "GroupStats", "HybridKVCacheManager", "SLIDING",
-    "chunked_local", "full_attention", "longest_hit", "sliding_window",
+    "GroupDecodeStep", "GroupFork", "GroupSpec", "GroupStats", "HybridKVCacheManager", "MAMBA",
+    "SLIDING", "chunked_local", "full_attention", "longest_hit", "mamba", "sliding_window",
 ]

@@ -83,6 +83,7 @@ class GroupAdmitter:
         self._hit_blocks = [0] * len(specs)
         self._kv_ops: list[GroupBlockCopy] = []
         self._nothing: tuple[tuple[int, ...], ...] = ((),) * len(specs)
+        self._sparse = tuple(g for g, s in enumerate(specs) if s.sparse)
         # what ``prepare`` reads, fixed from here on (as ``KVCacheManager``'s)
         self._config = (block_size, vocab_size, fn, root)
         self._prompt_hasher = self._hasher if self._index.hashing else None
@@ -156,17 +157,27 @@ class GroupAdmitter:
         held = [b for h in hits for b in h]
         covered = blocks_for(total + num_lookahead_tokens, bs)
         per_group = [max(0, covered - max(k, c)) for c in cuts]  # (a window's: none below its cut)
-        fit = (blocks_for(n, bs) - k) * len(self.groups) if require_full_fit else 0
-        if not self._pool.can_acquire(held, max(sum(per_group) + keep_free, fit)):
+        # a sparse group takes the block where this step ends only (its lookahead slots
+        # get theirs when a step ends there: decode.py), if past the hit and its cut
+        end = blocks_for(total, bs) - 1
+        taken = [int(covered - p <= end) if s.sparse else p
+                 for p, s in zip(per_group, self.groups, strict=True)]
+        fit = self._num_fresh(blocks_for(n, bs) - k) if require_full_fit else 0
+        if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
             return None
         last = total // bs
         prepared = (self._prepare(req, k, last, nodes[-1] if nodes else None, prompt)
                     if last > k else None)
-        fresh = self._pool.acquire(held, sum(per_group))[len(held):]
+        fresh = self._pool.acquire(held, sum(taken))[len(held):]
         for g, h in enumerate(hits):
-            new, fresh = fresh[:per_group[g]], fresh[per_group[g]:]
+            new, fresh = fresh[:taken[g]], fresh[taken[g]:]
             self._index.own(g, new)
-            req.tables[g] = [None] * min(cuts[g], covered) + h + new  # type: ignore[operator]
+            row: list[Block | None] = list(new)
+            if self.groups[g].sparse:  # (None but where the step ends)
+                row = [None] * per_group[g]
+                if new:
+                    row[end - (covered - per_group[g])] = new[0]
+            req.tables[g] = [None] * min(cuts[g], covered) + h + row
             req.cut[g] = min(cuts[g], covered)
             self._hit_blocks[g] += len(h)
         req.plan_release(self.groups, bs)
@@ -213,10 +224,12 @@ class GroupAdmitter:
 
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt,
               extra: ExtraKeys | None,
-              read_cache: bool) -> tuple[GroupRequest, list[Prefix], Prompt | None]:
+              read_cache: bool, alone: list[int] | None = None
+              ) -> tuple[GroupRequest, list[Prefix], Prompt | None]:
         """Check and encode a prompt (or take a prepared one); the prefix ids of its hit
         (at most all blocks but the one holding the last token), and the Prompt if it was
-        one. No side effects."""
+        one; ``alone[g]`` set to the blocks group ``g`` alone would serve, when given.
+        No side effects."""
         if isinstance(prompt_token_ids, Prompt):
             prompt: Prompt | None = unpack_prompt(prompt_token_ids, extra, self._config)
             tokens, keys, chunks = prompt_token_ids.tokens[:], prompt_token_ids.keys, \
@@ -233,6 +246,11 @@ class GroupAdmitter:
         nodes = self._table.walk(chunks, keys.of_blocks(0, limit), limit)
         find = self._index.find
         k = longest_hit(self.groups, bs, len(nodes), lambda g, j: find(g, nodes[j]) is not None)
+        if alone is not None:
+            for g, spec in enumerate(self.groups):
+                def held(_: int, j: int, g: int = g) -> bool:
+                    return find(g, nodes[j]) is not None
+                alone[g] = longest_hit((spec,), bs, len(nodes), held)
         return req, nodes[:k], prompt
 
     def _prepare(self, req: GroupRequest, first: int, last: int, parent: Prefix | None,
@@ -259,20 +277,32 @@ class GroupAdmitter:
         return chunks, extras, hashes
 
     def _record(self, req: GroupRequest, first: int, prepared: Prepared) -> None:
-        """Give full blocks ``first..`` their prefix ids and index them in every group;
-        move the request's hold to its new last block."""
+        """Give full blocks ``first..`` their prefix ids and index them in every group
+        (in a sparse group, only the block ending where the step ends, at
+        ``num_scheduled``: the others hold a state from before their end); move the
+        request's hold to its new last block."""
         chunks, extras, hashes = prepared
         last = first + len(chunks)
         old = req.nodes[-1] if req.nodes else None
         nodes = self._table.extend(old, chunks, extras, hashes)
         events = ([req.keys.for_event(j, self.block_size) for j in range(first, last)]
                   if self._index.hashing else None)
+        ends = req.num_scheduled == last * self.block_size
         for g, table in enumerate(req.tables):
             part = table[first:last]
+            if self.groups[g].sparse:  # (a block a step ran past holds the state it had then)
+                part = [None if j < len(part) - 1 or not ends else b for j, b in enumerate(part)]
             self._index.store(g, part, nodes, first, req.tokens, events, self.block_size)  # type: ignore[arg-type]
         self._table.hold(nodes[-1])
         self._table.unhold(old)
         req.nodes += nodes
+
+    def _num_fresh(self, per_group: int) -> int:
+        """Blocks that ``per_group`` new entries in every group's table take: one in a
+        sparse group (its last entry; none for none), ``per_group`` in the others."""
+        if per_group <= 0:
+            return 0
+        return sum(1 if s.sparse else per_group for s in self.groups)
 
     def _ids(self, req: GroupRequest) -> list[list[int]]:
         null = self.null_block_id

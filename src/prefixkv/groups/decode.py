@@ -5,7 +5,8 @@ known. ``HybridKVCacheManager`` extends this class; admission is in ``GroupAdmit
     | released (null) | held: hits, computed, scheduled | new (this call) | reserved |
     0            cut[g] * bs                      num_scheduled            total   num_reserved
 
-Every group's table covers ``[0, max(num_scheduled, num_reserved))``. A step that starts at
+Every group's table covers ``[0, max(num_scheduled, num_reserved))``; a sparse (Mamba)
+group's new entries are empty but the last (``GroupSpec.sparse``). A step that starts at
 ``s`` first releases, in each windowed group, the leading blocks no query at or after ``s``
 reads; blocks it releases count as free for the step's own allocation.
 """
@@ -103,14 +104,16 @@ class GroupDecoder(GroupAdmitter):
         """Make every group's table cover ``num_slots`` positions past the scheduled
         tokens, whose tokens are not known yet (speculative lookahead; a step scheduled
         before its sampled token arrives). Appending those tokens later needs no new
-        block. Releases nothing (windows move when tokens are scheduled). Returns the ids
+        block (a sparse, Mamba, group takes its block at the last reserved position, as
+        a step's end: a step that then ends short of it takes one where it ends).
+        Releases nothing (windows move when tokens are scheduled). Returns the ids
         of blocks added, per group, or None on shortage (nothing changed). Raises
         RequestError (unknown id, ``num_slots`` < 0)."""
         req = self._get(request_id)
         check_count("num_slots", num_slots, 0, None)
         covered = req.num_scheduled + num_slots
         per_group = blocks_for(covered, self.block_size) - len(req.tables[0])
-        if per_group * len(self.groups) > self._pool.num_free:
+        if self._num_fresh(per_group) > self._pool.num_free:
             return None
         added = self._take(req, per_group) if per_group > 0 else self._nothing
         req.num_reserved = max(req.num_reserved, covered)
@@ -125,7 +128,7 @@ class GroupDecoder(GroupAdmitter):
         req = self._get(request_id)
         check_count("num_slots", num_slots, 0, None)
         per_group = blocks_for(num_slots, self.block_size) - len(req.tables[0])
-        return max(0, per_group * len(self.groups) - self._going(req, req.num_scheduled)[1])
+        return max(0, self._num_fresh(per_group) - self._going(req, req.num_scheduled)[1])
 
     def release_unread(self, request_id: Hashable) -> int:
         """Release now, in every windowed group, the blocks that the request's next step
@@ -182,8 +185,8 @@ class GroupDecoder(GroupAdmitter):
     def _release(self, req: GroupRequest, going: list[list[Block | None]] | None) -> None:
         if going is not None:
             for g, part in enumerate(going):
-                self._released[g] += len(part)
-            self._pool.release(req.release(going))  # type: ignore[arg-type]
+                self._released[g] += sum(b is not None for b in part)
+            self._pool.release(req.release(going))
             req.plan_release(self.groups, self.block_size)
 
     def num_blocks_released(self, request_id: Hashable) -> int:
@@ -204,14 +207,16 @@ class GroupDecoder(GroupAdmitter):
             return None, 0
         going = [t[req.cut[g]:spec.num_unread(start, bs)]
                  for g, (spec, t) in enumerate(zip(self.groups, req.tables, strict=True))]
-        return going, sum(b.ref_cnt == 1 for part in going for b in part)  # type: ignore[union-attr]
+        return going, sum(b is not None and b.ref_cnt == 1 for part in going for b in part)
 
     def _roomy(self, req: GroupRequest) -> bool:
-        """Whether one more token at ``num_scheduled`` lands in a block the tables have,
-        fills no block and moves no window past a block (it then only appends)."""
+        """Whether one more token at ``num_scheduled`` lands in a block the tables have
+        (a sparse group's included: its state goes there), fills no block and moves no
+        window past a block (it then only appends)."""
         n, bs = req.num_scheduled, self.block_size
         return n % bs != bs - 1 and n < req.next_release and (
-            n % bs != 0 or n < len(req.tables[0]) * bs)
+            n % bs != 0 or n < len(req.tables[0]) * bs) and (
+            not self._sparse or all(req.tables[g][n // bs] is not None for g in self._sparse))
 
     def _prepare_fills(self, reqs: list[GroupRequest], new: Sequence[int]) -> dict[int, Prepared]:
         """What the blocks filled by this step need (chunks, extras, hashes), computed
@@ -238,7 +243,8 @@ class GroupDecoder(GroupAdmitter):
         bs, start = self.block_size, req.num_scheduled
         going, freed = self._going(req, start)
         per_group = blocks_for(total, bs) - len(req.tables[0])
-        if per_group * len(self.groups) > self._pool.num_free + freed:
+        holes = self._holes(req, total) if per_group <= 0 else []
+        if self._num_fresh(per_group) + len(holes) > self._pool.num_free + freed:
             return None
         n, first, last = len(req.tokens), start // bs, total // bs
         if new_tokens is not None:
@@ -251,7 +257,7 @@ class GroupDecoder(GroupAdmitter):
                 del req.tokens[n:]
                 raise
         self._release(req, going)
-        added = self._take(req, per_group) if per_group > 0 else self._nothing
+        added = self._take(req, per_group) if per_group > 0 else self._fill(req, total, holes)
         req.num_scheduled = total
         req.step_start = max(start, req.step_start)  # (after a rewind: what was released stays)
         if req.prompt is not None and total >= n:  # the prefill's last chunk
@@ -260,14 +266,35 @@ class GroupDecoder(GroupAdmitter):
             self._record(req, first, prepared)
         return added
 
+    def _holes(self, req: GroupRequest, total: int) -> list[int]:
+        """The sparse groups whose entry where a step ending at ``total`` writes its state
+        is empty (reserved slots the step stops short of, or a recompute after a
+        ``rewind``): each takes a block there."""
+        j = blocks_for(total, self.block_size) - 1
+        return [g for g, s in enumerate(self.groups) if s.sparse and req.tables[g][j] is None]
+
+    def _fill(self, req: GroupRequest, total: int, holes: list[int]) -> Growth:
+        """A free block into each of ``holes`` (the caller checked they are there)."""
+        if not holes:
+            return self._nothing
+        j, fresh = blocks_for(total, self.block_size) - 1, self._pool.take(len(holes))
+        added: list[tuple[int, ...]] = [()] * len(self.groups)
+        for g, b in zip(holes, fresh, strict=True):
+            self._index.own(g, [b])
+            req.tables[g][j] = b
+            added[g] = (b.block_id,)
+        return tuple(added)
+
     def _take(self, req: GroupRequest, per_group: int) -> Growth:
-        """Append ``per_group`` free blocks to each group's table (the caller checked
-        they are there); their ids, per group."""
-        fresh = self._pool.take(per_group * len(self.groups))
+        """Append ``per_group`` entries to each group's table, free blocks but for a
+        sparse group's jumped-over ones (the caller checked the blocks are there); the
+        ids of the blocks, per group."""
+        fresh = self._pool.take(self._num_fresh(per_group))
         added = []
         for g, table in enumerate(req.tables):
-            new = fresh[g * per_group:(g + 1) * per_group]
+            n = min(per_group, 1) if self.groups[g].sparse else per_group
+            new, fresh = fresh[:n], fresh[n:]
             self._index.own(g, new)
-            table += new
+            table += [None] * (per_group - n) + new  # type: ignore[operator]
             added.append(tuple([b.block_id for b in new]))
         return tuple(added)

@@ -7,9 +7,10 @@ PromptTooLongError what needs more than the pool has, where a ``None`` would mea
 An admission of ``n`` tokens that finds ``k`` cached blocks holds, in group ``g``, the
 hits its window still reads (``k - num_unread_g(k*bs)``) and fresh blocks up to the
 scheduled tokens and the lookahead (``blocks_for(total + lookahead) - k``), the same
-count in every group (``require_full_fit``: for the whole prompt). Once the prompt's last
+count in every group (``require_full_fit``: for the whole prompt), but one in a sparse
+(Mamba) group, which takes a block for the last position only. Once the prompt's last
 step starts at ``s <= n - 1``, group ``g`` holds at least ``blocks_for(n) -
-num_unread_g(n - 1)``.
+num_unread_g(n - 1)`` (a sparse group: 1).
 """
 
 from __future__ import annotations
@@ -27,15 +28,16 @@ def least_blocks(groups: Sequence[GroupSpec], block_size: int, n: int, num_new: 
     whatever the cache holds. The admission's part is the least over every hit length
     only when it exceeds ``capacity`` (the two extremes are tried first, and when one of
     them fits, that is enough to know). Pure."""
-    bs, width = block_size, len(groups)
-    done = sum(blocks_for(n, bs) - s.num_unread(n - 1, bs) for s in groups)
+    bs = block_size
+    done = sum(1 if s.sparse else blocks_for(n, bs) - s.num_unread(n - 1, bs) for s in groups)
 
     def call(k: int) -> int:  # blocks held right after an admission that hit k blocks
         cached = k * bs
         total = n if num_new is None else min(n, cached + num_new)
         per_group = blocks_for(total + lookahead, bs) - k
         fresh = max(per_group, blocks_for(n, bs) - k) if full_fit else per_group
-        return fresh * width + sum(k - s.num_unread(cached, bs) for s in groups)
+        return sum(min(fresh, 1) if s.sparse else fresh for s in groups) + sum(
+            k - s.num_unread(cached, bs) for s in groups)
 
     most = (n - 1) // bs  # hit blocks at most: the last token is always computed
     best = min(call(0), call(most))  # the usual extremes: a chunk after no hit, the whole

@@ -16,12 +16,14 @@ preemption, reset and the queries.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 
 from ..core.block import Block
-from ..errors import RequestError, check_block_ids, check_count, check_new_request
+from ..core.prompt import Prompt
+from ..errors import ConfigError, RequestError, check_block_ids, check_count, check_new_request
 from ..event_log import PendingEvents
 from ..events import AllBlocksCleared, Event
+from ..extra_keys import ExtraKeys
 from ..stats import PrefixCacheStats
 from .decode import GroupDecoder
 from .request import GroupRequest, tail_first
@@ -54,8 +56,11 @@ class HybridKVCacheManager(GroupDecoder):
         released entries); each group's partial last block (and any reserved block) is
         copied on write (the copies are in the result and in ``take_kv_ops()``). Returns
         None when those blocks cannot be had (nothing changed). Raises RequestError (unknown parent, child
-        id in use, parent's prefill not fully scheduled)."""
+        id in use, parent's prefill not fully scheduled), ConfigError when a group is
+        sparse (Mamba: a fork would need its state block copied, not offered)."""
         parent = self._get(parent_id)
+        if any(s.sparse for s in self.groups):
+            raise ConfigError("fork is not offered for a model with a Mamba (sparse) group")
         check_new_request(self._requests, child_id)
         if parent.num_scheduled != len(parent.tokens):
             raise RequestError(f"cannot fork {parent_id!r} before its prefill is fully scheduled")
@@ -143,6 +148,17 @@ class HybridKVCacheManager(GroupDecoder):
         return True
 
     # ---- queries ---------------------------------------------------------------------
+
+    def lookup_per_group(self, prompt_token_ids: Sequence[int] | Prompt, *,
+                         extra: ExtraKeys | None = None) -> tuple[int, ...]:
+        """Per group, the tokens of the longest prefix of this prompt (at most all its
+        blocks but the one holding its last token) that the group alone could serve now:
+        where ``lookup``, which every group must serve, is shorter, a shared prefix some
+        group has not cached (vLLM's Mamba junction). Changes nothing. Raises as
+        ``add_request`` for bad input."""
+        alone = [0] * len(self.groups)
+        self._find(None, prompt_token_ids, extra, True, alone)
+        return tuple(k * self.block_size for k in alone)
 
     def get_block_ids(self, request_id: Hashable) -> tuple[tuple[int, ...], ...]:
         """The request's block ids per group, in token order (``null_block_id`` where a

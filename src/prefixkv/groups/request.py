@@ -7,8 +7,10 @@ Each group's table covers ``[0, max(num_scheduled, num_reserved))`` (``num_reser
 slots reserved past the scheduled tokens, whose tokens are not known yet); entry j is
 the block holding positions ``j*bs .. (j+1)*bs - 1`` in that group, or None where the
 group released it (no query of the request reads it any more): a prefix of the table,
-``cut[g]`` entries long, in groups whose spec releases. ``nodes[j]`` is the prefix id of
-full block j (every full scheduled block has one); the request holds a reference on the last.
+``cut[g]`` entries long, in groups whose spec releases (a ``sparse`` group, Mamba, also
+has None past its cut: the positions steps jumped over, and reserved slots).
+``nodes[j]`` is the prefix id of full block j (every full scheduled block has one); the
+request holds a reference on the last.
 ``step_start``: where the last scheduled step began (its queries sit at and after it);
 after a ``rewind``, which undoes no release, it may lie past ``num_scheduled``.
 ``next_release``: the first step start at which some group releases a block.
@@ -48,14 +50,15 @@ class GroupRequest:
         self.release_bound: int | None = None
         self.prompt: Prompt | None = None  # a prepared prompt, until its prefill is scheduled
 
-    def release(self, going: Sequence[Sequence[Block]]) -> list[Block]:
+    def release(self, going: Sequence[Sequence[Block | None]]) -> list[Block]:
         """Replace each group's blocks in ``going`` (the next ones after its cut) by None
         and return them in release order (``tail_first``)."""
         out: list[tuple[int, Block]] = []
         for g, part in enumerate(going):
             if part:
                 cut = self.cut[g]
-                out += zip(range(cut, cut + len(part)), part, strict=True)
+                out += [(j, b) for j, b in zip(range(cut, cut + len(part)), part, strict=True)
+                        if b is not None]  # (a sparse group's jumped-over entries)
                 self.tables[g][cut:cut + len(part)] = [None] * len(part)
                 self.cut[g] = cut + len(part)
         return tail_first(out)
@@ -80,7 +83,7 @@ class GroupRequest:
             parent = node.pid
         for g, (spec, table) in enumerate(zip(specs, self.tables, strict=True)):
             cut = self.cut[g]
-            if len(table) != want or any(b is None for b in table[cut:]) or \
+            if len(table) != want or (not spec.sparse and any(b is None for b in table[cut:])) or \
                     any(b is not None for b in table[:cut]):
                 return f"request {rid!r} group {g}: table {table} for {want} blocks, cut {cut}"
             if cut > spec.num_unread(self.step_start, bs):

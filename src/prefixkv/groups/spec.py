@@ -5,6 +5,7 @@ A query at position ``p`` of a group reads the keys ``first_needed(p) .. p``:
     full attention        first_needed(p) = 0
     sliding window of W   first_needed(p) = max(0, p - W + 1)     (W keys, p included)
     chunked local of C    first_needed(p) = (p // C) * C          (p's chunk so far)
+    Mamba (state space)   first_needed(p) = max(0, p - 1)         (the state after p - 1)
 
 ``first_needed`` never decreases as ``p`` grows, so once a request's next query sits at
 ``s``, the keys below ``first_needed(s)`` are read by no future query of it. Two policies
@@ -17,6 +18,14 @@ follow, both in whole blocks of ``block_size`` positions (block j holds position
   ``num_unread(k*bs, bs) .. k-1`` is cached in the group (``prefixkv.groups.hits``).
 
 The sliding window is the kernels' ``window_size=(W - 1, 0)`` (``window_size``).
+
+A Mamba group holds recurrent states, not keys: block j holds the state after position
+``(j+1)*bs - 1`` (once its positions are all computed), and a step that computes up to
+``e`` writes only the block of its last position, ``blocks_for(e) - 1``. Its table is
+``sparse``: the entries a step jumps over stay empty (vLLM's null block, vLLM's
+``mamba_cache_mode="align"``), and it reads the state of the block before the step,
+which the next step releases. For hits and release it is the window of 2 above: a
+prefix of ``k`` blocks is served by block ``k-1`` alone.
 """
 
 from __future__ import annotations
@@ -33,13 +42,15 @@ SLIDING = "sliding_window"
 """The kind of a sliding-window group."""
 CHUNKED = "chunked_local_attention"
 """The kind of a chunked local attention group."""
-KINDS = (FULL, SLIDING, CHUNKED)
+MAMBA = "mamba"
+"""The kind of a Mamba (state-space) group: block-aligned state checkpoints."""
+KINDS = (FULL, SLIDING, CHUNKED, MAMBA)
 
 
 @dataclass(frozen=True, slots=True)
 class GroupSpec:
     """One attention group. ``kind``: one of ``KINDS``; ``tokens``: the window W
-    (sliding) or the chunk C (chunked local), 0 for full attention.
+    (sliding) or the chunk C (chunked local), 0 for full attention and Mamba.
     Raises ConfigError for an unknown kind or a size that does not fit the kind."""
 
     kind: str
@@ -48,9 +59,10 @@ class GroupSpec:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError(f"group kind must be one of {KINDS}, got {self.kind!r}")
-        ok = type(self.tokens) is int and (self.tokens == 0 if self.kind == FULL else self.tokens > 0)
+        sizeless = self.kind in (FULL, MAMBA)
+        ok = type(self.tokens) is int and (self.tokens == 0 if sizeless else self.tokens > 0)
         if not ok:
-            want = "0" if self.kind == FULL else "a positive int"
+            want = "0" if sizeless else "a positive int"
             raise ConfigError(f"a {self.kind} group takes tokens={want}, got {self.tokens!r}")
 
     @property
@@ -58,12 +70,20 @@ class GroupSpec:
         """Whether blocks of this group leave every future query's reach."""
         return self.kind != FULL
 
+    @property
+    def sparse(self) -> bool:
+        """Whether a step takes a block only for its last position (Mamba): the entries
+        before it, up to the table's old end, stay empty (module docstring)."""
+        return self.kind == MAMBA
+
     def first_needed(self, pos: int) -> int:
         """The lowest key position that a query at ``pos`` or later reads."""
         if self.kind == SLIDING:
             return max(0, pos - self.tokens + 1)
         if self.kind == CHUNKED:
             return pos - pos % self.tokens
+        if self.kind == MAMBA:
+            return max(0, pos - 1)
         return 0
 
     def num_unread(self, pos: int, block_size: int) -> int:
@@ -76,6 +96,8 @@ class GroupSpec:
         edge = (cut + 1) * block_size  # first_needed(p) must reach it
         if self.kind == SLIDING:
             return edge + self.tokens - 1
+        if self.kind == MAMBA:
+            return edge + 1
         if self.kind == CHUNKED:
             return blocks_for(edge, self.tokens) * self.tokens  # (rounded up to a whole chunk)
         return sys.maxsize
@@ -84,9 +106,9 @@ class GroupSpec:
     def window_size(self) -> tuple[int, int] | None:
         """The kernels' ``window_size`` for this group: None (full attention) or
         ``(W - 1, 0)``. Raises ConfigError for chunked local attention, which a
-        ``(left, right)`` window cannot express."""
-        if self.kind == CHUNKED:
-            raise ConfigError("chunked local attention has no (left, right) window_size")
+        ``(left, right)`` window cannot express, and for Mamba (no attention)."""
+        if self.kind in (CHUNKED, MAMBA):
+            raise ConfigError(f"a {self.kind} group has no (left, right) window_size")
         return (self.tokens - 1, 0) if self.kind == SLIDING else None
 
 
@@ -105,3 +127,9 @@ def chunked_local(chunk: int) -> GroupSpec:
     """A group of chunked local attention layers (Llama 4): a query sees the keys of its
     own ``chunk``-token chunk up to itself. Raises ConfigError unless chunk > 0."""
     return GroupSpec(CHUNKED, chunk)
+
+
+def mamba() -> GroupSpec:
+    """A group of Mamba (state-space) layers whose states are cached at block
+    boundaries (vLLM's ``mamba_cache_mode="align"``): see the module docstring."""
+    return GroupSpec(MAMBA)

@@ -57,6 +57,7 @@ class CoordinatorView:
 
     def __init__(self, manager: KVCacheManager, layout: Layout) -> None:
         self._manager = manager
+        self._sparse = tuple(g.sparse for g in layout.groups)  # (Mamba: one block per step)
         self.block_size = layout.block_size
         self.single_type_managers = tuple(GroupView(manager, g, layout.block_size, spec)
                                           for g, spec in enumerate(layout.specs))
@@ -83,7 +84,8 @@ class CoordinatorView:
         if not self._manager._hybrid:
             rows = (rows,)
         covered = max(num_tokens, core.num_scheduled_tokens(key))
-        need = len(rows) * max(0, blocks_for(covered, bs) - len(rows[0]))
+        per_group = max(0, blocks_for(covered, bs) - len(rows[0]))
+        need = sum(min(per_group, 1) if sparse else per_group for sparse in self._sparse)
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
         return need > int(core.num_free_blocks) + released - keep
 
@@ -94,10 +96,11 @@ class CoordinatorView:
                                    prefill_end: int = 0) -> int:
         """Blocks the request needs from the pool to cover ``num_tokens`` positions: for a
         live request, beyond those it holds; for a new one, every group's blocks less
-        the hit's (``new_computed_blocks``)."""
+        the hit's (``new_computed_blocks``); a Mamba group takes one block at most."""
         key = self._manager.key_of(request_id)
         if key is not None:
             return self.blocks_to_grow(key, num_tokens)
         per_group = blocks_for(num_tokens, self.block_size)
-        return sum(max(0, per_group - len(hit)) for hit in new_computed_blocks) + per_group * max(
-            0, len(self.single_type_managers) - len(new_computed_blocks))
+        hits = [len(h) for h in new_computed_blocks] + [0] * (len(self._sparse) - len(new_computed_blocks))
+        return sum(min(1, max(0, per_group - h)) if sparse else max(0, per_group - h)
+                   for h, sparse in zip(hits, self._sparse, strict=False))

@@ -3,7 +3,8 @@
 vLLM describes a model's KV cache as a ``KVCacheConfig``: ``num_blocks`` blocks (block 0
 is vLLM's null block) and one ``KVCacheGroupSpec`` per group of layers that share a
 block table. ``read_layout`` maps each group's spec to a ``prefixkv.groups.GroupSpec``
-(full attention, MLA included; sliding window; chunked local attention) and refuses,
+(full attention, MLA included; sliding window; chunked local attention; Mamba in
+``align`` mode) and refuses,
 before anything is built, whatever prefixkv does not offer, naming it;
 ``check_options`` does so for the manager's other arguments.
 """
@@ -17,13 +18,21 @@ from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
+    MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
 
 from prefixkv.core.manager import KVCacheManager
 from prefixkv.errors import ConfigError
-from prefixkv.groups import GroupSpec, HybridKVCacheManager, chunked_local, full_attention, sliding_window
+from prefixkv.groups import (
+    GroupSpec,
+    HybridKVCacheManager,
+    chunked_local,
+    full_attention,
+    mamba,
+    sliding_window,
+)
 
 __all__ = ["VLLM_VERSION", "Layout", "UnsupportedByPrefixKV", "build_core", "check_options", "read_layout"]
 
@@ -65,13 +74,28 @@ def _group_of(spec: Any) -> GroupSpec:
         return sliding_window(spec.sliding_window)
     if kind is ChunkedLocalAttentionSpec:
         return chunked_local(spec.attention_chunk_size)
-    what = {"MambaSpec": "Mamba (state-space) layers",
-            "CrossAttentionSpec": "encoder-decoder cross-attention caches",
+    if kind is MambaSpec:
+        return _mamba_group(spec)
+    what = {"CrossAttentionSpec": "encoder-decoder cross-attention caches",
             "EncoderOnlyAttentionSpec": "encoder-only attention caches"}.get(kind.__name__)
     what = what or (f"HiSparse caches ({kind.__name__})" if "HiSparse" in kind.__name__
                     else f"KV cache spec {kind.__name__}")
     raise UnsupportedByPrefixKV(f"prefixkv does not offer {what}; supported: full attention "
-                                f"(MLA included), sliding window, chunked local attention")
+                                f"(MLA included), sliding window, chunked local attention, "
+                                f"Mamba with mamba_cache_mode='align'")
+
+
+def _mamba_group(spec: MambaSpec) -> GroupSpec:
+    """A Mamba group in vLLM's ``align`` mode without speculative or prefill-checkpoint
+    blocks; refused otherwise, naming what is missing."""
+    if spec.mamba_cache_mode != "align":
+        raise UnsupportedByPrefixKV(f"prefixkv offers Mamba layers with mamba_cache_mode='align' "
+                                    f"only, got {spec.mamba_cache_mode!r}")
+    for name in ("num_speculative_blocks", "num_prefill_checkpoint_blocks"):
+        if getattr(spec, name):
+            raise UnsupportedByPrefixKV(f"prefixkv does not offer Mamba's {name} "
+                                        f"(got {getattr(spec, name)}; 0 is offered)")
+    return mamba()
 
 
 def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, hash_block_size: int,
@@ -79,7 +103,8 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
                 enable_mamba_shared_prefix_checkpoint: bool = False) -> Layout:
     """The layout of ``kv_cache_config``. Raises UnsupportedByPrefixKV for what prefixkv
     does not offer: a group spec other than full / sliding-window / chunked-local
-    attention (Mamba, HiSparse, encoder-only and cross-attention caches, ...), a HiSparse
+    attention and align-mode Mamba (Mamba in another mode or with speculative or
+    prefill-checkpoint blocks, HiSparse, encoder-only and cross-attention caches, ...), a HiSparse
     host pool, decode or prefill context parallelism (``dcp_world_size`` or
     ``pcp_world_size`` > 1), groups of different block sizes, a hash block size other
     than the block size (partial-block hits), Mamba's shared-prefix checkpoints."""

@@ -27,7 +27,8 @@ from vllm.v1.request import Request
 from prefixkv.core.block import blocks_for
 
 from .coordinator import CoordinatorView
-from .layout import build_core, check_options, read_layout
+from .layout import UnsupportedByPrefixKV, build_core, check_options, read_layout
+from .mamba import StepCache, check_call, junction, noting
 from .pool import BlockPoolView, Blocks
 from .popped import PoppedBlocks
 from .prepared import PreparedPrompts
@@ -73,6 +74,8 @@ class KVCacheManager:
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self._hybrid = layout.hybrid
+        self._mamba = StepCache(tuple(g for g, s in enumerate(layout.groups) if s.sparse),  # mamba.py
+                                next((g for g, s in enumerate(layout.groups) if not s.releases), 0))
         events = enable_kv_cache_events or metrics_collector is not None
         self.core, offset = build_core(layout, enable_caching=enable_caching, enable_events=events)
         # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
@@ -142,9 +145,11 @@ class KVCacheManager:
 
     def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int
                                           ) -> tuple[list[int], ...]:
-        """``get_block_ids`` clipped to the blocks covering ``num_computed_tokens``."""
+        """``get_block_ids`` clipped to the blocks covering ``num_computed_tokens``, but
+        for Mamba groups, whole (vLLM clips attention groups only)."""
         n = blocks_for(num_computed_tokens, self.block_size)
-        return tuple(ids[:n] for ids in self.get_block_ids(request_id))
+        return tuple(ids if g in self._mamba.groups else ids[:n]
+                     for g, ids in enumerate(self.get_block_ids(request_id)))
 
     def estimate_cached_tokens(self, request: Request) -> int:
         """vLLM's estimate: tokens up to the end of the request's last block still holding
@@ -169,15 +174,20 @@ class KVCacheManager:
                             ) -> tuple[KVCacheBlocks, int, int]:
         """The cached prefix a waiting request would reuse now: its blocks per group (vLLM's
         null block where a window no longer reads one), its tokens (a multiple of
-        block_size, at most ``num_tokens - 1``) and 0 (no shared-prefix
-        boundary: no sparse-retention group). Changes nothing. A hit longer than
-        ``max_cache_hit_length`` is reported as none (prefixkv takes a hit whole)."""
-        return *lookup(self, request, max_cache_hit_length), 0
+        block_size, at most ``num_tokens - 1``) and the shared-prefix boundary (beside
+        a Mamba group, vLLM's junction: ``mamba.junction``; else 0). Changes nothing. A
+        hit longer than ``max_cache_hit_length`` is reported as none (prefixkv takes a
+        hit whole)."""
+        blocks, n = lookup(self, request, max_cache_hit_length)
+        return blocks, n, junction(self, request, n, max_cache_hit_length)
 
     def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
                                           ) -> tuple[KVCacheBlocks, int, int, bool]:
-        """``get_computed_blocks`` and False: hits never diverge between groups here (no
-        Mamba group)."""
+        """``get_computed_blocks`` and False: hits never diverge between groups here.
+        Raises UnsupportedByPrefixKV beside a Mamba group (vLLM's per-group hits)."""
+        if self._mamba.groups:
+            raise UnsupportedByPrefixKV("prefixkv does not offer a connector's per-group hits "
+                                        "beside a Mamba group")
         return *self.get_computed_blocks(request, max_cache_hit_length), False
 
     def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks:
@@ -201,10 +211,18 @@ class KVCacheManager:
         ``get_computed_blocks`` reported, and PromptTooLongError for a request to admit
         of more than ``max_model_len`` tokens (vLLM refuses such prompts before they
         reach its manager, which has no answer for them: it gives slots for
-        ``max_model_len`` of their tokens, or with KV events on raises IndexError)."""
-        return allocate(self, request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-                        num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
-                        full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
+        ``max_model_len`` of their tokens, or with KV events on raises IndexError).
+        Beside a Mamba group: UnsupportedByPrefixKV for lookahead or external tokens,
+        and None for a new request whose hit ends on a state cached this step (mamba.py)."""
+        def run() -> KVCacheBlocks | None:
+            return allocate(self, request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                            num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
+                            full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
+        if not self._mamba.groups:
+            return run()
+        check_call(self, num_lookahead_tokens, num_external_computed_tokens)
+        out: KVCacheBlocks | None = noting(self, request, num_new_computed_tokens, run)
+        return out
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Make the request's full blocks up to ``num_computed_tokens`` findable (the tokens
@@ -214,7 +232,7 @@ class KVCacheManager:
             return
         target = min(num_computed_tokens, request.num_tokens)
         if target > self.core.num_scheduled_tokens(key):
-            grow(self, key, request, target, 0)
+            noting(self, request, 0, lambda: grow(self, key, request, target, 0))
 
     # ---- free ---------------------------------------------------------------------------
 
@@ -245,7 +263,11 @@ class KVCacheManager:
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Make these blocks' content unfindable (KV a connector failed to load). Raises
-        RequestError for ids that are not vLLM block ids (nothing changes)."""
+        RequestError for ids that are not vLLM block ids, UnsupportedByPrefixKV beside
+        a Mamba group (the recompute would start from a state no block may hold; vLLM's
+        reads its null block), nothing changed."""
+        if self._mamba.groups:
+            raise UnsupportedByPrefixKV("prefixkv does not offer evict_blocks beside a Mamba group")
         evict(self, block_ids)
 
     def reset_prefix_cache(self) -> bool:
@@ -259,8 +281,10 @@ class KVCacheManager:
 
     def new_step_starts(self) -> None:
         """A step begins: prefixkv's per-step plan is drained (no copies are ever planned:
-        vLLM's scheduler forks nothing)."""
+        vLLM's scheduler forks nothing), and the Mamba states cached in the last one are
+        forgotten (mamba.py)."""
         self.core.take_kv_ops()
+        self._mamba.clear()
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
         """Count the request's lookup in the stats (with ``log_stats``, when it reads the cache)."""

@@ -1,0 +1,108 @@
+"""What a Mamba group (``prefixkv.groups.mamba``, vLLM's ``mamba_cache_mode="align"``)
+adds to ``manager.KVCacheManager``: the calls it refuses, and vLLM's rule that a new
+request does not start from a Mamba state cached in the same step.
+
+vLLM's ``MambaManager`` answers "more blocks than the pool has" for a new request whose
+hit ends on a Mamba block whose content (its chain hash, in that group) was cached since
+the step began (``new_step_starts``): that state is written by the step's own forward
+pass, so the request waits for the next step (``allocate_slots`` returns None).
+``StepCache`` keeps those hashes: the ``request.block_hashes`` of the blocks each Mamba
+group made findable in this step, by any request.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.request import Request
+
+from .layout import UnsupportedByPrefixKV
+from .slots import admission_prompt
+
+if TYPE_CHECKING:
+    from .manager import KVCacheManager
+
+__all__ = ["StepCache", "check_call", "junction", "noting"]
+
+
+def check_call(m: KVCacheManager, num_lookahead_tokens: int, num_external_computed_tokens: int) -> None:
+    """Raises UnsupportedByPrefixKV, before any change, for what prefixkv does not offer
+    beside a Mamba group: lookahead slots (vLLM's align mode leaves them out of its
+    Mamba group only) and tokens a connector loads."""
+    if not m._mamba.groups:
+        return
+    if num_lookahead_tokens:
+        raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead slots beside a Mamba group "
+                                    f"(num_lookahead_tokens={num_lookahead_tokens})")
+    if num_external_computed_tokens:
+        raise UnsupportedByPrefixKV(f"prefixkv does not offer connector-loaded tokens beside a Mamba "
+                                    f"group (num_external_computed_tokens={num_external_computed_tokens})")
+
+
+class StepCache:
+    """The chain hashes each Mamba group cached since the step began (module docstring)."""
+
+    def __init__(self, groups: tuple[int, ...], first: int = 0) -> None:
+        self.groups = groups
+        """The Mamba groups' indices."""
+        self.first = first
+        """The group vLLM's coordinator looks a hit up in first (full attention's, if
+        any, else group 0): its own hit is ``junction``'s."""
+        self._cached: set[tuple[int, Any]] = set()
+
+    def clear(self) -> None:
+        """A step begins."""
+        self._cached.clear()
+
+    def note(self, request: Request, rows: tuple[list[int], ...], first: int, last: int,
+             null: int) -> None:
+        """The request's full blocks ``first .. last - 1`` were made findable now: note
+        those a Mamba group holds (``rows``: its vLLM block ids per group; ``null``: the
+        null block's id, an entry the step jumped over)."""
+        hashes = request.block_hashes
+        for g in self.groups:
+            row = rows[g]
+            for j in range(first, min(last, len(row), len(hashes))):
+                if row[j] != null:
+                    self._cached.add((g, hashes[j]))
+
+    def defers(self, request: Request, num_hit_tokens: int, block_size: int) -> bool:
+        """Whether a new request with a hit of ``num_hit_tokens`` must wait a step: its
+        hit ends on a block some Mamba group cached in this step."""
+        j = num_hit_tokens // block_size - 1
+        if j < 0 or not self._cached or j >= len(request.block_hashes):
+            return False
+        h = request.block_hashes[j]
+        return any((g, h) in self._cached for g in self.groups)
+
+
+def noting(m: KVCacheManager, request: Request, hit: int, run: Any) -> Any:
+    """``run()`` (an allocation or caching call on ``request``, whose new request has a
+    hit of ``hit`` tokens), with the Mamba groups' cached blocks noted; None without
+    running it when a new request's hit must wait a step (``StepCache.defers``)."""
+    bs, key = m.block_size, m._keys.get(request.request_id)
+    if key is None and hit and m._mamba.defers(request, hit, bs):
+        return None
+    first = hit // bs if key is None else m.core.num_scheduled_tokens(key) // bs
+    out = run()
+    key = m._keys.get(request.request_id)
+    if key is not None and m.enable_caching:
+        last = m.core.num_scheduled_tokens(key) // bs
+        if last > first:
+            m._mamba.note(request, m.get_block_ids(request.request_id), first, last, 0)
+    return out
+
+
+def junction(m: KVCacheManager, request: Request, hit: int, max_cache_hit_length: int | None) -> int:
+    """vLLM's ``shared_prefix_boundary`` (``get_computed_blocks``' third value) beside a
+    Mamba group: the prefix the first group of vLLM's lookup (``StepCache.first``) alone
+    could serve, capped at ``max_cache_hit_length``, when longer than the ``hit`` all
+    groups serve (a shared prefix whose Mamba state no block holds: vLLM's scheduler ends
+    the request's chunk there, so that its state is cached); else 0."""
+    if not m._mamba.groups or not m.prefix_cache_lookup_enabled(request):
+        return 0
+    prompt, extra = admission_prompt(m, request)
+    alone: int = m.core.lookup_per_group(prompt, extra=extra)[m._mamba.first]
+    if max_cache_hit_length is not None:
+        alone = min(alone, max_cache_hit_length // m.block_size * m.block_size)
+    return alone if alone > hit else 0
