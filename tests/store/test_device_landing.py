@@ -263,3 +263,24 @@ def test_uncache_blocks_leaves_a_run_being_filled_as_it_is(backend, layout):
     m.check_invariants()
     assert m.add_request("b", A).num_cached_tokens == 12
     m.check_invariants()
+
+
+def test_a_readmission_that_finds_the_pool_short_gives_the_fetchs_blocks_back(backend, layout):
+    """The engine may leave such a request waiting (or forget it): it holds nothing, its
+    run stays cached, and its next admission finds it (found by the tiers' reference
+    machine: an engine that dropped the request left the run's blocks held)."""
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    ex.run()
+    assert m.poll_store() == ["b"]
+    m.add_request("h", list(range(50, 70)), read_cache=False)   # the pool's other 5 blocks
+    assert m.num_free_blocks == 0
+    assert m.add_request("b", A) is None             # short of the tail's block
+    assert m.num_free_blocks == 3                    # the run given back, cached
+    m.check_invariants()
+    m.free("h")
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 12
+    m.free("b")
+    assert m.num_free_blocks == 8 and m.reset_prefix_cache()
+    m.check_invariants()

@@ -184,6 +184,8 @@ class Admitter:
         if not (take <= pool.num_free if claimed is not None else pool.can_acquire(held, take)):
             if claimed is not None:
                 pool.unclaim(hits, claimed)
+            if fetch is not None:  # (its run stays cached; the wait goes on)
+                self._waits.give_back(fetch)  # type: ignore[union-attr]
             return None
         first, last = len(hits), total // bs
         try:

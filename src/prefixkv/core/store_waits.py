@@ -245,6 +245,13 @@ class StoreWaits:
             self._release(f)
         return True
 
+    def give_back(self, f: Fetch) -> None:
+        """The re-admission of ``f``'s request found the pool short (None): a fetch that
+        ended gives back the blocks it holds (cached: its run stays findable), so that
+        a request the engine leaves waiting holds nothing meanwhile."""
+        if f.ended and f in self.holders:
+            self._release(f)
+
     def _release(self, f: Fetch) -> None:
         """Give the blocks ``f`` holds back to the pool (the tail first, as ``free``)."""
         self.holders.discard(f)
