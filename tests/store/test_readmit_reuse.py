@@ -90,8 +90,8 @@ def test_the_start_device_hits_and_the_landed_run_are_reused(backend, shared, ta
     stored(shared, backend, P)
     landed(m, "r", P)                       # fetches blocks 2..4
     hits, adm = readmit_as_walk(m, "r", P)
-    assert taken == [True] and [type(h) is HostSlot for h in hits] == [False] * 2 + [True] * 3
-    assert m.stats.store_hits == 12
+    assert taken == [True] and [type(h) is HostSlot for h in hits] == [False] * 5   # landed on
+    assert m.stats.store_hits == 12                                               # the device
 
 
 @pytest.mark.parametrize("position", [0, 9, 19])  # in the first, a middle, the last block
@@ -112,11 +112,19 @@ def test_a_prompt_with_other_extra_keys_is_walked(backend, shared, taken):
     assert taken == [False] and hits == []
 
 
+def slots_alone(m):
+    """Another request holds all of ``m``'s pool but 4 blocks: a run of 5 lands in host
+    slots alone (the pool cannot give it device blocks); ``free`` it once landed."""
+    m.add_request("h", list(range(300, 349)), read_cache=False)
+
+
 @pytest.mark.parametrize("refilled", [False, True])
 def test_a_landed_slot_taken_before_the_readmission_is_walked(backend, shared, taken, refilled):
     stored(shared, backend, P)
     m = manager(shared, host_blocks=6)
+    slots_alone(m)
     landed(m, "r", P)                       # slots 0..4 land; slot 5 stays empty
+    m.free("h", num_computed_tokens=0)
     m.take_kv_ops()                         # the step ran: the landed slots are cached
     stored(shared, backend, list(range(40, 49)))
     if refilled:                            # s takes 2 slots: the empty one, then the least
@@ -126,6 +134,17 @@ def test_a_landed_slot_taken_before_the_readmission_is_walked(backend, shared, t
     assert (m._host.slots[0].key is not None) == refilled
     hits, _ = readmit_as_walk(m, "r", P)
     assert taken == [False] and hits == []
+
+
+def test_a_run_landed_on_the_device_is_reused_whatever_the_slots_do(backend, shared, taken):
+    stored(shared, backend, P)
+    m = manager(shared, host_blocks=6)
+    landed(m, "r", P)                       # on the device too, held for r
+    m.take_kv_ops()
+    stored(shared, backend, list(range(40, 49)))
+    landed(m, "s", list(range(40, 49)))     # takes a slot of r's run
+    hits, _ = readmit_as_walk(m, "r", P)
+    assert taken == [True] and len(hits) == 5
 
 
 def test_a_landed_run_is_known_pinned_until_the_step_ends(backend, shared, taken):
@@ -145,21 +164,42 @@ def test_a_landed_run_is_known_pinned_until_the_step_ends(backend, shared, taken
 def test_a_landed_run_cleared_by_a_reset_before_the_readmission_is_walked(backend, shared, taken):
     stored(shared, backend, P)
     m = manager(shared)
+    slots_alone(m)
     landed(m, "r", P)                       # pinned, in the same step, when the cache is reset
+    m.free("h", num_computed_tokens=0)
     assert m.reset_prefix_cache()
     hits, _ = readmit_as_walk(m, "r", P)
     assert taken == [False] and hits == []
 
 
-@pytest.mark.parametrize("tokens", [25, 32])
-def test_a_start_device_hit_evicted_before_the_readmission_is_walked(backend, shared, taken, tokens):
+def test_a_run_landed_on_the_device_holds_off_a_reset_until_readmitted(backend, shared, taken):
+    stored(shared, backend, P)
+    m = manager(shared)
+    landed(m, "r", P)
+    assert not m.reset_prefix_cache()       # r holds its device blocks (as a running request)
+    hits, _ = readmit_as_walk(m, "r", P)
+    assert taken == [True] and len(hits) == 5
+
+
+def two_on_the_device(shared, backend):
+    """A manager of 8 blocks and 5 slots whose device holds P's first two blocks (the
+    store: all of P's)."""
     m = manager(shared, num_blocks=8, host_blocks=5)
     m.add_request("d", P[:9], read_cache=False)  # blocks 0 and 1 on the device
     m.take_kv_ops()
     m.take_kv_ops()
     m.free("d")
     stored(shared, backend, P)
+    return m
+
+
+@pytest.mark.parametrize("tokens", [25, 32])
+def test_a_start_device_hit_evicted_before_the_readmission_is_walked(backend, shared, taken, tokens):
+    m = two_on_the_device(shared, backend)
+    m.add_request("h", list(range(300, 313)), read_cache=False)   # the pool short: the run
     landed(m, "r", P)                       # device hits 0, 1; fetches 2..4 into 3 slots
+    assert m._waits.waiting["r"].devices is None   # lands in slots alone, holding nothing
+    m.free("h", num_computed_tokens=0)
     m.take_kv_ops()
     # x takes the 6 empty blocks and evicts one device hit (25 tokens: into its last
     # block, which holds no content) or both (32: both hold x's content); the evicted
@@ -173,16 +213,38 @@ def test_a_start_device_hit_evicted_before_the_readmission_is_walked(backend, sh
     assert taken == [False] and len(hits) == 5
 
 
+def test_start_device_hits_are_held_until_the_readmission(backend, shared, taken):
+    m = two_on_the_device(shared, backend)
+    landed(m, "r", P)                       # device hits 0, 1 held; the run in 3 blocks
+    m.take_kv_ops()
+    assert m.num_free_blocks == 3
+    assert m.add_request("x", list(range(60, 85)), read_cache=False) is None   # no eviction
+    hits, _ = readmit_as_walk(m, "r", P)
+    assert taken == [True] and len(hits) == 5
+
+
 @pytest.mark.parametrize("extra", [None, IMAGE])
 def test_content_the_device_got_meanwhile_is_hit_there(backend, shared, taken, extra):
     stored(shared, backend, P, extra)
     m = manager(shared)
+    slots_alone(m)
     landed(m, "r", P, extra)
+    m.free("h", num_computed_tokens=0)
     other = m.add_request("o", P, extra=extra)  # loads the landed slots: the device holds them
     assert other.num_cached_tokens == 20
     hits, adm = readmit_as_walk(m, "r", P, extra)
     assert taken == [False] and [type(h) is HostSlot for h in hits] == [False] * 5
     assert adm.block_ids[:5] == other.block_ids[:5]
+
+
+def test_another_request_shares_a_run_landed_on_the_device(backend, shared, taken):
+    stored(shared, backend, P)
+    m = manager(shared)
+    landed(m, "r", P)
+    other = m.add_request("o", P)           # hits r's landed blocks on the device
+    assert other.num_cached_tokens == 20
+    hits, adm = readmit_as_walk(m, "r", P)
+    assert taken == [True] and adm.block_ids[:5] == other.block_ids[:5]
 
 
 def test_a_device_cut_off_from_its_parents_content_is_walked(backend, shared, taken):

@@ -53,10 +53,10 @@ def setup(backend, layout, prompt=A, **kw):
     return KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=shared), ex, shared
 
 
-def test_a_wait_answers_the_same_until_polled_and_holds_nothing(backend, layout):
+def test_a_wait_answers_the_same_until_polled_and_holds_only_its_runs_blocks(backend, layout):
     m, ex, _ = setup(backend, layout)
     assert m.add_request("b", A) == StoreWait("b", 3)
-    assert m.num_free_blocks == 8 and m.stats.requests == 0
+    assert m.num_free_blocks == 5 and m.stats.requests == 0   # the run's device blocks
     with pytest.raises(RequestError):
         m.get_block_ids("b")                         # not live
     ex.run()
@@ -91,9 +91,9 @@ def test_a_fetch_whose_request_left_lands_as_cached_content(backend, layout):
     ex.run()
     assert m.poll_store() == []                      # nobody to tell
     m.check_invariants()
-    assert m.lookup(A) == 12                         # host slots hold it
+    assert m.lookup(A) == 12 and m.num_free_blocks == 8   # device blocks hold it, free
     adm = m.add_request("c", A)
-    assert adm.num_cached_tokens == 12 and m.stats.host_hits == 12 and m.stats.store_hits == 0
+    assert adm.num_cached_tokens == 12 and m.stats.host_hits == 0 and m.stats.store_hits == 0
 
 
 @pytest.mark.parametrize("prompt, extra, error", [
@@ -156,9 +156,10 @@ def test_a_fork_cannot_take_the_id_of_a_request_waiting_on_the_store(backend, la
     m.check_invariants()
     m.free("b")                                      # the wait ends; nothing else was live
     m.free("p")
-    assert m.num_free_blocks == 8
+    assert m.num_free_blocks == 5                    # (the fetch holds its run's blocks)
     ex.run()
     m.poll_store()
+    assert m.num_free_blocks == 8
     m.check_invariants()
 
 
@@ -219,6 +220,9 @@ def test_reset_waits_for_fetches_under_way(backend, layout):
     assert not m.reset_prefix_cache()
     ex.run()
     m.poll_store()
+    assert not m.reset_prefix_cache()                # b holds its landed run
+    m.add_request("b", A)
+    m.free("b")
     assert m.reset_prefix_cache()
     m.check_invariants()
 

@@ -58,8 +58,14 @@ def test_a_run_whose_token_bytes_a_slot_holds_under_another_parent_lands_beside_
 def _waiting(backend, layout):
     """A manager whose store holds X's two blocks, and X waiting on their fetch, run."""
     m, ex = _manager(backend, layout)
+    # the pool held by another request but for one block: the run lands in host slots
+    # alone (not in device blocks: ``test_device_landing``), the slots' landing record
+    # is what these tests are about
+    m.add_request("h", list(range(200, 228)), read_cache=False)
     assert m.add_request("x", X) == StoreWait("x", 2)
+    assert m._waits.waiting["x"].devices is None
     ex.run()
+    m.free("h", num_computed_tokens=0)
     return m
 
 

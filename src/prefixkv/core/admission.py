@@ -90,7 +90,7 @@ class Admitter:
         if store is not None:  # the store's keys are chain hashes: every block needs its own
             self._store = store.bind(hash_mode, seed, root, block_size, self._stats, self._hasher.chain)
             self._waits = StoreWaits(self._store, self._host, self._index, self._events,  # type: ignore[arg-type]
-                                     block_size, root)
+                                     block_size, root, self._pool)
             self._index.hashing = True
             self._index.fresh = []  # type: ignore[union-attr]
         # what ``prepare`` reads, all fixed from here on: a Prompt is valid for any manager
@@ -191,6 +191,8 @@ class Admitter:
         if not (take <= pool.num_free if claimed is not None else pool.can_acquire(held, take)):
             if claimed is not None:
                 pool.unclaim(hits, claimed)
+            if fetch is not None:  # (its run stays cached; the wait goes on)
+                self._waits.give_back(fetch)  # type: ignore[union-attr]
             return None
         first, last = len(hits), total // bs
         try:
@@ -200,8 +202,17 @@ class Admitter:
             if claimed is not None:
                 pool.unclaim(hits, claimed)
             raise
-        fetched = (len(fetch.cids) if reused else sum(h.content_id in fetch.cids for h in loads)
-                   ) if fetch else 0
+        fetched = loaded = 0  # blocks of the fetch's run among the hits; of them, host loads
+        if fetch:
+            if fetch.on_device:  # (landed on the device: device hits; the host hits before
+                # the run went up with it, their loads stated then)
+                fetched = len(fetch.cids) if reused else sum(h.content_id in fetch.cids for h in hits)
+                loaded = -fetch.promoted
+            else:
+                fetched = loaded = (len(fetch.cids) if reused
+                                    else sum(h.content_id in fetch.cids for h in loads))
+        taken = reused is not None and fetch is not None and fetch.on_device  # the fetch's
+        # held blocks are the hits
         if claimed is not None:  # ``hits`` is the claim's own list
             if need > 1:
                 hits += pool.take(need)
@@ -210,6 +221,8 @@ class Admitter:
                 assert b is not None, "a free block was counted above"
                 hits.append(b)
             req.blocks = hits
+        elif taken:  # (each holds the fetch's reference: the request's now)
+            req.blocks = hits + pool.take(need) if need else hits
         else:
             req.blocks = (pool.acquire(hits, need) if not loads
                           else self._acquire_loading(req, hits, held, need))
@@ -227,8 +240,8 @@ class Admitter:
             req.grow_room()
         self._requests[request_id] = req
         if fetch is not None:  # the wait is over
-            self._waits.cancel(request_id)  # type: ignore[union-attr]
-        self._stats.record(n, num_cached, resumed, (len(loads) - fetched) * bs, fetched * bs)
+            self._waits.cancel(request_id, bool(taken))  # type: ignore[union-attr]
+        self._stats.record(n, num_cached, resumed, (len(loads) - loaded) * bs, fetched * bs)
         return Admission.of(request_id, req.blocks, num_cached, num_new)
 
     @staticmethod

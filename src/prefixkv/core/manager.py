@@ -94,7 +94,8 @@ class KVCacheManager(StepOutputs):
     def poll_store(self) -> list[Hashable]:
         """Land the store fetches that ended since the last call, and return the ids of
         the waiting requests (``StoreWait``) whose wait is over: their next
-        ``add_request`` admits them with what arrived (checked) as host hits, or computes
+        ``add_request`` admits them with what arrived (checked) as hits (device blocks
+        the fetch held for them, or host slots), or computes
         what did not (the fetch failed, found nothing, or passed ``SharedStore.timeout``).
         Call it once a step, before admitting (it never waits; without a store it
         returns [])."""
@@ -163,8 +164,9 @@ class KVCacheManager(StepOutputs):
         are made unfindable, so no later request hits KV that was never written. Default:
         every scheduled token was computed. (Requests that hit those blocks in the same
         step must not run without them either.) A request that waits on the store
-        (``StoreWait``) holds nothing: its wait is forgotten (its fetch still lands), and
-        its ``num_computed_tokens`` can only be 0.
+        (``StoreWait``) is not live: its wait is forgotten (its fetch still lands, and
+        gives back the device blocks it holds: at once if it landed, else then), and its
+        ``num_computed_tokens`` can only be 0.
         Raises RequestError for an unknown or already freed id, or a count outside
         ``[0, num_scheduled_tokens]``.
         """
@@ -195,6 +197,10 @@ class KVCacheManager(StepOutputs):
         blocks = self._pool.blocks
         ids = check_block_ids(block_ids, len(blocks))
         held = [blocks[i] for i in ids if blocks[i].ref_cnt > 0]
+        landing = getattr(self._index, "landing", None)
+        if landing:  # (blocks a store fetch fills: no findable content yet, as a free block)
+            apart = {id(b) for run in landing.values() for b in run}
+            held = [b for b in held if id(b) not in apart]
         self._drop_puts(held)  # (the store's pending writes: before the index forgets)
         self._index.uncache(held, cut=True)
 
@@ -241,9 +247,9 @@ class KVCacheManager(StepOutputs):
         return tokens
 
     def reset_prefix_cache(self) -> bool:
-        """Drop all cached content, only when no block is in use, no store fetch is under
-        way and no plan's copies run (``take_kv_ops(pending=True)``). Returns whether it
-        did."""
+        """Drop all cached content, only when no block is in use (a store fetch's held
+        blocks included), no store fetch is under way and no plan's copies run
+        (``take_kv_ops(pending=True)``). Returns whether it did."""
         if self._ops_pending or self._waits is not None and self._waits.in_flight \
                 or not self._pool.reset():
             return False
@@ -315,6 +321,8 @@ class KVCacheManager(StepOutputs):
             for b in req.blocks:
                 refs[b.block_id] = refs.get(b.block_id, 0) + 1
         for b in self._copies.pins:
+            refs[b.block_id] = refs.get(b.block_id, 0) + 1
+        for b in self._waits.holds() if self._waits is not None else ():  # store fetches'
             refs[b.block_id] = refs.get(b.block_id, 0) + 1
         self._require(self._pool.check(refs))
         self._require(self._copies.check(self._pool.blocks,

@@ -7,21 +7,67 @@ the scheduler's thread at ``poll``: it keys the part of the run that still conti
 the request's chain (the device or host may have got a block's content meanwhile, or
 the prefix before the run may have left) in its host slots, and frees every other
 reserved slot. A run the fetcher did not fill is filled here.
+
+A fetch that also lands in device blocks (``Fetch.devices``: taken at the start, held by
+the fetch) has them filled on the fetcher's thread as well (``fill_device``): every
+block but the first keyed and chained under the one before, under the fresh content ids
+of the slots, the first keyless. ``land`` then makes the whole run findable on the
+device with one write (``ContentIndex.land_run``) and states the slots' copies into
+the blocks (``BlockLoads``, after the plan's ``StoreFetched``): the re-admission takes
+the blocks as device hits, with nothing to record, pin or copy. A run that does not
+continue the request's device hits exactly (a host hit before it, a block's content
+that came meanwhile) lands in the host slots only, and the blocks go back empty.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import islice
 from typing import Any
 
 from ..events import BlockStored
 from ..results import StoreFetched
 from ..store.fetch import Fetch
-from ..tiers import HostTier
+from ..tiers import HostSlot, HostTier
 from ..tiers.host_index import HOST
 from ..tiers.host_landing import fill_landing
+from .block import Block
 from .request import Request
 
-__all__ = ["fetch_ready", "land"]
+__all__ = ["fetch_ready", "fill_device", "land"]
+
+
+def fill_device(blocks: Sequence[Block], parent_cid: int, extras: Sequence[bytes],
+                cids: Sequence[int], hashes: Sequence[bytes], chunks: Sequence[bytes],
+                step: int) -> None:
+    """Write the content fields of held device ``blocks`` for ``ContentIndex.land_run``:
+    block i's parent (block i - 1's content, or ``parent_cid``), ``extras[i]``,
+    ``cids[i]``, ``hashes[i]``, ``step``, no event, each its predecessor's ``child``;
+    then every block but the first keyed by ``chunks[i]`` and chained (after every
+    parent id). May run on a fetcher's thread, as ``fill_landing`` for slots: the blocks
+    are in no map and no free queue, the first has no key, and every other one's parent
+    id is a fresh id that nothing findable holds until the first is keyed, so no walk
+    and no guess through a stale ``child`` link (which compares the key and the parent
+    id) stops at one."""
+    prev: Block | None = None
+    for b, extra, cid, h in zip(blocks, extras, cids, hashes, strict=True):
+        b.parent_cid, b.extra, b.content_id, b.hash, b.step = parent_cid, extra, cid, h, step
+        b.event, b.twin, b.chained = None, False, False
+        if prev is not None:
+            prev.child = b
+        parent_cid, prev = cid, b
+    for b, chunk in zip(islice(blocks, 1, None), islice(chunks, 1, None), strict=True):
+        b.key = chunk
+        b.chained = True
+
+
+def _emptied(blocks: Sequence[Block]) -> list[Block]:
+    """``blocks`` (filled or not, never keyed in a map) with no content again, reversed
+    (as a request releases its blocks: the tail first)."""
+    for b in blocks:
+        b.key = None
+        b.chained = False
+    return list(reversed(blocks))
 
 
 def fetch_ready(f: Fetch) -> None:
@@ -41,6 +87,11 @@ def fetch_ready(f: Fetch) -> None:
     f.slot_ids = [s.block_id for s in slots]
     fill_landing(slots, f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run],
                  f.chunks[:run])
+    if f.devices is not None and run:
+        devices = f.devices[:run]
+        f.device_ids = [b.block_id for b in devices]
+        fill_device(devices, f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run],
+                    f.chunks[:run], f.step)
     if f.staged:  # the run's ``StoreFetched`` ops (new objects: the fetcher's to make)
         f.fetched = [StoreFetched(s.block_id, b[0].toreadonly())
                      for s, b in zip(slots, f.buffers, strict=False)]
@@ -48,10 +99,15 @@ def fetch_ready(f: Fetch) -> None:
     f.filled = True
 
 
-def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> None:
+def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> list[Block]:
     """Land the run of ended fetch ``f`` that still continues its request's chain in its
     slots of ``host`` (``index``: the manager's content index, ``events``: its event
-    sink); free the other slots. Called once per fetch, on the scheduler's thread."""
+    sink), and in its device blocks when it continues its held device hits exactly, and
+    host hits after them, which go up now to the device blocks the start took for them
+    (``f.up``) (``f.on_device`` then counts the run's blocks); free the other slots. Returns the blocks the
+    fetch holds and no longer needs (device blocks emptied, and its hits when no block
+    landed on the device), for the pool to take back, tail first. Called once per
+    fetch, on the scheduler's thread."""
     req: Request = f.req
     chunks = req.prompt_chunks  # (kept: the request was never admitted under this object)
     assert chunks is not None, "a fetch of a request without its chunks"
@@ -74,6 +130,18 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
         hits = index.match(chunks[:end], keys.base, None) if held else []
     start = len(hits) if len(hits) >= first else end
     slots = f.slots
+    devices, gone = f.devices, []
+    if devices is not None:
+        index.landing.pop(id(f), None)
+        d = len(f.held)
+        if (start == first < end and hits[:d] == f.held  # (identity: blocks are not equal)
+                and list(map(type, hits)).count(HostSlot) == first - d == len(f.up)):
+            if d < first:
+                _promote(f, hits, d, index, host)
+        else:  # the run lands in the slots alone, if at all
+            gone = _emptied(devices) + f.up[::-1] + f.held[::-1]
+            f.devices, f.held, f.up = None, [], []
+            devices = None
     if start < end:
         lo, hi, bs = start - first, end - first, block_size
         parent_cid = hits[-1].content_id if hits else 0
@@ -111,5 +179,45 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
                              for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]
         if lo or hi < len(slots):
             host.unreserve(slots[:lo] + slots[hi:])
+        if devices is not None:  # (``lo`` is 0: checked above)
+            gone = _on_device(f, devices, hi, cids, filled, parent_cid, hits, run, index, host)
     else:
         host.unreserve(slots)
+    return gone
+
+
+def _promote(f: Fetch, hits: list[Any], d: int, index: Any, host: HostTier) -> None:
+    """The host slots ``hits[d:]`` (after the fetch's held device hits ``hits[:d]``) go
+    up to the device blocks the start took for them (``f.up``), as an admission loads
+    host hits (pinned, their content recorded, their copies stated); ``hits`` names the
+    blocks from then on."""
+    slots = hits[d:]
+    host.hold(slots)
+    new, f.up = f.up, []
+    chunks = f.req.prompt_chunks
+    index.adopt(new, slots, chunks[d:len(hits)], hits[d - 1] if d else None, True)
+    host.load(slots, new)
+    f.held = f.held + new
+    f.promoted = len(new)
+    hits[d:] = new
+
+
+def _on_device(f: Fetch, devices: list[Block], hi: int, cids: Sequence[int], filled: bool,
+               parent_cid: int, hits: list[Any], slots: list[Block], index: Any,
+               host: HostTier) -> list[Block]:
+    """``land``'s device half: the run's first ``hi`` device blocks findable under the
+    last of ``hits`` (the fetch's held device hits), the slots' copies into them stated;
+    the device blocks past the run are returned, emptied."""
+    run = devices if hi == len(devices) else devices[:hi]
+    step = index.step
+    if not filled:  # (new ids, or the fetcher did not fill them)
+        fill_device(run, parent_cid, f.extras[:hi], cids, f.hashes[:hi], f.chunks[:hi], step)
+    elif f.step != step:  # (copied in by this step's plan: not offloaded before a later one)
+        for b in run:
+            b.step = step
+    index.land_run(run, f.chunks[0], hits[-1] if hits else None, slots)
+    src = f.slot_ids if filled and len(f.slot_ids) == hi else [s.block_id for s in slots]
+    dst = f.device_ids if filled and len(f.device_ids) == hi else [b.block_id for b in run]
+    host.load_ids(src, dst)
+    f.on_device = hi
+    return _emptied(devices[hi:]) if hi < len(devices) else []

@@ -35,6 +35,7 @@ from ..store.fetch import Fetch
 from ..store.link import StoreLink
 from ..tiers import HostSlot, HostTier
 from .block import Block
+from .pool import BlockPool
 from .prompt import Prompt
 from .request import Request
 from .store_landing import fetch_ready, land
@@ -55,8 +56,10 @@ class StoreWaits:
     content index, ``events`` its event sink, ``root`` its chain's root hash."""
 
     def __init__(self, link: StoreLink, host: HostTier, index: Any, events: Any,
-                 block_size: int, root: bytes) -> None:
+                 block_size: int, root: bytes, pool: BlockPool) -> None:
         self.link, self.host, self.index, self.events = link, host, index, events
+        self.pool = pool
+        self.holders: set[Fetch] = set()  # fetches holding device blocks (``Fetch.devices``)
         self.block_size, self.root = block_size, root
         self.waiting: dict[Hashable, Fetch] = {}
         self.in_flight = 0  # fetches submitted and not landed
@@ -103,18 +106,25 @@ class StoreWaits:
         for an executor that refused the fetch: counted in ``store_errors``, and the
         store is left alone for ``retry_after``, as after a fetch that failed as a
         whole)."""
-        link, host = self.link, self.host
+        link, host, pool = self.link, self.host, self.pool
         first = len(hits)
+        kinds = list(map(type, hits)) if hits else []
+        d = kinds.count(Block)  # device hits; the run lands on the device when they come
+        on_device = kinds[:d].count(Block) == d  # first (the host's hits go up at the landing)
+        held = [h for h in hits if type(h) is HostSlot] if hits else None
         n = min(limit - first, link.max_fetch, host.num_free)
+        if on_device and n > pool.num_free - [b.ref_cnt for b in hits[:d]].count(0) - (first - d):
+            on_device = False  # (the pool is short: the run lands in host slots alone)
         now = link.store.clock()
         if n <= 0 or not link.worth(n, now):
             return None
-        held = [h for h in hits if type(h) is HostSlot] if hits else None
         if held:  # pinned for this step: no reservation takes a slot the request hits
             host.hold(held)
         slots = host.reserve(n)
         if not slots:
             return None
+        if on_device:  # the device hits held (a reference each) and the run's blocks taken
+            taken = pool.acquire(hits[:d] if held else hits, len(slots) + first - d)
         memory = self.memory
         staged = memory is None
         if staged and self._stage is None:
@@ -131,10 +141,19 @@ class StoreWaits:
         f.planned = self.index.new_ids(len(slots))
         f.parent_cid = hits[-1].content_id if hits else 0
         f.ready = fetch_ready  # (store_landing.py)
+        if on_device:
+            f.devices, f.held, f.step = taken[first:], taken[:d], self.index.step
+            if first > d:
+                f.up = taken[d:first]
+            self.index.landing[id(f)] = f.devices
+            self.holders.add(f)
         try:
             link.submit(f, req.keys.extra)
         except Exception:  # the executor refused (shut down): a fetch failed as a whole
             host.unreserve(slots)
+            if on_device:
+                del self.index.landing[id(f)]
+                self._release(f)
             link.stats.store_errors += 1
             link.quiet_until = now + link.store.retry_after
             return None
@@ -182,11 +201,18 @@ class StoreWaits:
                else encode_tokens(prompt) != req.tokens)  # (``ids``: None without a list)
               or (extra is not keys.extra and (type(extra) is not ExtraKeys or extra != keys.extra))):
             return None
+        devices = f.devices
+        if f.on_device and devices is not None:  # the hits and the run on the device, held
+            hits = f.held  # by the fetch (the host's hits went up at the landing)
         # each still holds its content (a device hit that does is still the index's entry
         # for it: only ``uncache`` makes one a spare, and then ``index.cut`` is set)
         for b, c in zip(hits, f.hit_cids, strict=True):
             if b.key is None or b.content_id != c:
                 return None
+        if f.on_device and devices is not None:  # (held since they landed: they hold it)
+            landed = devices if f.on_device == len(devices) else devices[:f.on_device]
+            return req, hits + landed, len(hits) + len(landed)  # (the walk's limit: no
+            # block after them is looked for)
         landed = f.slots if len(cids) == len(f.slots) else f.slots[:len(cids)]
         if f.landed_at != self.host.num_unpins:  # (else pinned since they landed: they do)
             c = cids.start  # (one loop, no pair or int objects: measured faster than maps)
@@ -203,10 +229,49 @@ class StoreWaits:
             return None
         return req, hits + landed, d
 
-    def cancel(self, request_id: Hashable) -> bool:
+    def cancel(self, request_id: Hashable, taken: bool = False) -> bool:
         """The request was admitted, or left while it waited: forget the wait (its fetch
-        still lands). Whether it waited. ``request_id`` is hashable."""
-        return self.waiting.pop(request_id, None) is not None
+        still lands). Whether it waited. ``request_id`` is hashable. ``taken``: the
+        request took the blocks its fetch held (the device hits and the landed run: the
+        re-admission's ``reuse``); else a fetch that ended gives them back now, and one
+        that runs still when it lands."""
+        f = self.waiting.pop(request_id, None)
+        if f is None:
+            return False
+        if taken:
+            self.holders.discard(f)
+            f.held, f.devices = [], None
+        elif f.ended and f in self.holders:
+            self._release(f)
+        return True
+
+    def give_back(self, f: Fetch) -> None:
+        """The re-admission of ``f``'s request found the pool short (None): a fetch that
+        ended gives back the blocks it holds (cached: its run stays findable), so that
+        a request the engine leaves waiting holds nothing meanwhile."""
+        if f.ended and f in self.holders:
+            self._release(f)
+
+    def _release(self, f: Fetch) -> None:
+        """Give the blocks ``f`` holds back to the pool (the tail first, as ``free``)."""
+        self.holders.discard(f)
+        devices = f.devices
+        out = f.up[::-1] + f.held[::-1]  # (``up``: empty blocks)
+        f.up = []
+        if devices is not None:  # (a fetch that ended holds the blocks of its run alone)
+            k = f.on_device if f.ended else len(devices)
+            out = devices[k - 1::-1] + out if k else out
+        f.held, f.devices = [], None
+        self.pool.release(out)
+
+    def holds(self) -> list[Block]:
+        """Every device block the fetches hold (a reference each), for the checks."""
+        out: list[Block] = []
+        for f in self.holders:
+            out += f.held + f.up
+            if f.devices is not None:
+                out += f.devices if not f.ended else f.devices[:f.on_device]
+        return out
 
     def leave(self, request_id: Hashable, num_computed_tokens: int | None) -> Request | None:
         """``free`` or ``preempt`` of ``request_id``: when it waits, forget the wait (it
@@ -224,7 +289,7 @@ class StoreWaits:
             return None
         if num_computed_tokens is not None:
             check_count("num_computed_tokens", num_computed_tokens, 0, 0)
-        del self.waiting[request_id]
+        self.cancel(request_id)
         return f.req  # type: ignore[no-any-return]
 
     def poll(self) -> list[Hashable]:
@@ -240,9 +305,15 @@ class StoreWaits:
             self.in_flight -= 1
             self.reserved -= len(f.slots)
             self.link.ended(f, now)
-            land(f, self.host, self.index, self.events, self.block_size)  # (store_landing.py)
+            gone = land(f, self.host, self.index, self.events, self.block_size)  # (store_landing.py)
+            if gone:
+                self.pool.release(gone)
             if self.waiting.get(f.request_id) is f and not f.expired:
                 out.append(f.request_id)
+            elif f in self.holders:  # (its request left, or computes: past the deadline)
+                self._release(f)
+            if not f.devices:
+                self.holders.discard(f)
         for rid, f in self.waiting.items():
             if not f.ended and not f.expired and now > f.deadline + GRACE:
                 f.expired = True  # the request computes; the slots wait for the threads

@@ -348,9 +348,13 @@ class ContentIndex(SpareIndex):
         self._by_key.clear()
         self._twins.clear()
         self._num_chained = 0
+        assert not self.landing, "clear while a store fetch fills device blocks"
 
     def check(self, blocks: Sequence[Block]) -> str | None:
         # (deferred events: a block's hash is set when the log is taken)
+        if self.landing:  # (filled on a fetcher's thread: not the index's until landed)
+            apart = {id(b) for run in self.landing.values() for b in run}
+            blocks = [b for b in blocks if id(b) not in apart]
         return check_index(self._by_chunk, self._by_key, self._twins,
                            self.hashing and not self.lazy, blocks,
                            self._num_chained, self._lower is not None, not self.cut) or (

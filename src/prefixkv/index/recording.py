@@ -56,6 +56,9 @@ class ContentRecorder(Announcer):
         self._epoch = 0  # ``clear`` starts another: every run recorded before is not ``ok``
         self.runs = True  # record runs (``Run``); off, every block is claimed alone
         self.run_counts = RunCounts()  # (the pool reads them: ``BlockPool``)
+        # device blocks a store fetch fills on its thread, not findable yet (``land_run``
+        # makes them so): by the fetch's id; ``check`` passes them by
+        self.landing: dict[int, list[Block]] = {}
 
     def store_filled(self, req: Request, j: int) -> None:
         """Record block ``j`` of ``req``, which the last token appended filled (decode).
@@ -261,14 +264,40 @@ class ContentRecorder(Announcer):
                 prev = b
             self._num_chained += len(blocks) - 1
         if self._sink.active:  # each announced again, on the device
-            sink = self._sink
-            for b, s in zip(blocks, slots, strict=False):
-                if s.event is None:
-                    b.event = None
-                else:
-                    assert s.hash is not None, f"host slot {s!r} was announced without its hash"
-                    b.event = s.event.block_of(s.hash, b.block_id, DEVICE)
-                    sink.append(b.event)
+            self._announce_up(blocks, slots)
+
+    def _announce_up(self, blocks: Sequence[Block], slots: Sequence[Block]) -> None:
+        """Each of device ``blocks`` announced again, on the device, with the event of
+        the host slot beside it in ``slots`` (their contents); none for a slot without."""
+        sink = self._sink
+        for b, s in zip(blocks, slots, strict=False):
+            if s.event is None:
+                b.event = None
+            else:
+                assert s.hash is not None, f"host slot {s!r} was announced without its hash"
+                b.event = s.event.block_of(s.hash, b.block_id, DEVICE)
+                sink.append(b.event)
+
+    def land_run(self, blocks: Sequence[Block], chunk: bytes, parent: Block | None,
+                 slots: Sequence[Block]) -> None:
+        """Make findable, in one write, a run of held device ``blocks`` whose content
+        fields a store fetch wrote (``core.store_landing.fill_device``): each block after
+        the first chained under the one before (key and ``chained`` set) under content ids
+        nothing findable holds, the first with no key. Key the first (token bytes
+        ``chunk``), or chain it under ``parent`` (the device block before it, None from
+        the first block; the device holds none of the run's contents); count the rest as
+        chained. ``slots``: host slots holding the same contents (landed), whose events
+        announce each block again, on the device, when events are recorded."""
+        b = blocks[0]
+        if parent is not None and self._may_chain(parent):
+            self._chain(parent, b, chunk)
+        else:
+            self._key(b, chunk)
+            if parent is not None:
+                parent.child = b
+        self._num_chained += len(blocks) - 1
+        if self._sink.active:
+            self._announce_up(blocks, slots)
 
     def _key(self, b: Block, chunk: bytes) -> None:
         """Key new content ``b`` in the dicts (by its token bytes, or by its triple when

@@ -64,7 +64,8 @@ class Fetch:
                  "buffers", "views", "staged", "deadline", "started", "ended", "expired", "cids",
                  "hits", "hit_cids", "ids", "ids_given", "planned", "parent_cid", "ready",
                  "landed_at", "hashes", "filled", "unique", "keyed", "slot_ids", "fetched",
-                 "keys", "heads", "states", "run", "stop", "failed", "nbytes", "seconds", "left", "lock")
+                 "keys", "heads", "states", "run", "stop", "failed", "nbytes", "seconds", "left", "lock",
+                 "devices", "held", "up", "step", "on_device", "promoted", "device_ids")
 
     def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
                  chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
@@ -84,6 +85,16 @@ class Fetch:
         self.parent_cid = 0  # the content id before block ``first`` at the start
         self.landed_at = -1  # the host tier's ``num_unpins`` when its run landed in ``slots[0:]``
         self.ready: Callable[[Fetch], None] | None = None
+        # landing in device blocks too: the device blocks the run will occupy (one per
+        # slot), and the device hits before it, each held (a reference) by the fetch until
+        # its request takes them or the fetch gives them back; ``step``: the manager's
+        # step at the start; ``on_device``: how many of ``devices`` landed (findable)
+        self.devices: list[Any] | None = None
+        self.held: list[Any] = []
+        self.up: list[Any] = []  # blocks taken for the host hits, which go up at the landing
+        self.step = 0
+        self.on_device = 0
+        self.promoted = 0  # host hits that went up to device blocks at the landing
         # ---- written by the fetcher threads ----
         self.hashes: list[bytes] = []
         self.keys: list[bytes] = []
@@ -97,6 +108,7 @@ class Fetch:
         self.keyed: dict[bytes, Any] | None = None  # (``ready``'s too)
         self.fetched: list[Any] = []  # (``ready``'s: the run's StoreFetched ops, when staged)
         self.slot_ids: list[int] = []  # (``ready``'s: the run's slots' ids)
+        self.device_ids: list[int] = []  # (``ready``'s: the run's device blocks' ids)
         self.lock = threading.Lock()
 
 

@@ -106,6 +106,13 @@ class HostTier(SlotOffload, SlotLanding):
         self.load_dst += map(_BLOCK_ID, devices)
         self.num_loaded += len(slots)
 
+    def load_ids(self, slot_ids: list[int], device_ids: list[int]) -> None:
+        """``load`` by ids, for a store fetch's run landed in slots (pinned since) and in
+        the device blocks beside them: the ids join the step's one ``BlockLoads``."""
+        self.load_src += slot_ids
+        self.load_dst += device_ids
+        self.num_loaded += len(slot_ids)
+
     def take_loads(self) -> list[BlockLoads]:
         """The step's loads as one op (none when there are none), and forget them."""
         ops = _batch(BlockLoads, self.load_src, self.load_dst)

@@ -1,0 +1,286 @@
+"""A store fetch that continues device hits (or starts at the first block) lands in the
+device blocks its run will occupy: the start takes them (and holds its device hits),
+the fetcher fills their content, ``poll_store`` keys the first one after the content
+check, and the re-admission takes them as device hits. These tests check what that
+must never do: give a request a block whose load has not landed and been checked, let
+another request's walk find the run before its first block is keyed, key a run (or
+the part of it) that failed the check, or leak a block when the fetch ends late,
+never, twice or after its request left. Block size 4, 8-byte payloads, fetches run
+when the test says (``Manual``)."""
+
+import time
+
+import pytest
+
+from prefixkv import BlockLoads, KVCacheManager, StoreFetched, StoreWait
+from prefixkv.store import SharedStore
+from prefixkv.store.fetch import REJECTED
+from waiting import LIVE
+
+from .conftest import always
+from .test_shared_store import A, computed
+from .test_store_fetch import Manual, setup
+
+
+def _keyed(m):
+    """Ids of the device blocks that hold content (a key)."""
+    return {b.block_id for b in m._pool.blocks if b.key is not None}
+
+
+def test_the_run_lands_in_device_blocks_held_since_the_start(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    f = m._waits.waiting["b"]
+    devices = list(f.devices)
+    assert len(devices) == 3 and m.num_free_blocks == 5   # held by the fetch
+    m.check_invariants()
+    ex.run()                                        # filled on the "fetcher's" thread
+    assert [b.key is None for b in devices] == [True, False, False]
+    assert m.lookup(A) == 0 and m.lookup_block_ids(A) == ()   # not findable yet
+    m.check_invariants()
+    assert m.poll_store() == ["b"]
+    ops = m.take_kv_ops()
+    loads = [op for op in ops if isinstance(op, BlockLoads)]
+    assert loads == [BlockLoads(tuple(s.block_id for s in f.slots), tuple(b.block_id for b in devices))]
+    assert m.lookup_block_ids(A) == tuple(b.block_id for b in devices)   # on the device now
+    m.check_invariants()
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 12 and adm.block_ids[:3] == tuple(b.block_id for b in devices)
+    assert m.stats.store_hits == 12 and m.stats.host_hits == 0
+    assert not m.take_kv_ops()                      # nothing to load again
+    m.check_invariants()
+    m.free("b")
+    assert m.num_free_blocks == 8
+    m.check_invariants()
+
+
+def test_another_request_never_gets_a_block_before_it_landed(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    ex.run()
+    f = m._waits.waiting["b"]
+    # another request with the same prompt, before the landing: its own wait, none of b's
+    # blocks (its start does not find them)
+    other = m.add_request("c", A)
+    assert isinstance(other, StoreWait)
+    g = m._waits.waiting["c"]
+    assert not set(map(id, f.devices)) & set(map(id, g.devices))
+    m.check_invariants()
+    ex.run()
+    assert m.poll_store() == ["b", "c"]              # both land: c's run lost the race
+    m.check_invariants()
+    adm_b = m.add_request("b", A)
+    adm_c = m.add_request("c", A)
+    assert adm_b.num_cached_tokens == adm_c.num_cached_tokens == 12
+    assert adm_b.block_ids[:3] == adm_c.block_ids[:3]   # c shares what b's fetch landed
+    m.check_invariants()
+    m.free("b")
+    m.free("c")
+    assert m.num_free_blocks == 8
+    m.check_invariants()
+
+
+def test_a_guess_through_a_stale_child_link_misses_a_filled_run(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    ex.run()
+    f = m._waits.waiting["b"]
+    first, second = f.devices[0], f.devices[1]
+    assert first.child is second and second.key is not None
+    # a block whose content is the run's parent, as a stale guess would see it: the
+    # filled blocks carry fresh content ids, which nothing findable holds
+    assert second.parent_cid == first.content_id and first.key is None
+    assert first.content_id not in {b.content_id for b in m._pool.blocks
+                                    if b.key is not None and b not in f.devices}
+    assert m.lookup(A) == 0
+
+
+@pytest.mark.parametrize("bad", [0, 1, 2])
+def test_a_run_that_failed_the_check_is_never_keyed(backend, layout, bad):
+    puts = computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
+                                   store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
+                    backend, "w", A)
+    backend.client.set(puts[bad].key, b"not a value")   # block ``bad`` fails its check
+    ex = Manual()
+    m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
+                       store=SharedStore(backend, layout, cost=always(), timeout=LIVE, executor=ex))
+    m.add_request("b", A)
+    f = m._waits.waiting["b"]
+    devices = list(f.devices)
+    ex.run()
+    assert f.run == bad and f.stop == REJECTED
+    m.check_invariants()
+    assert m.poll_store() == ["b"]
+    m.check_invariants()
+    assert not _keyed(m) & {b.block_id for b in devices[bad:]}   # the rest never keyed
+    assert m.lookup(A) == 4 * bad and m.num_free_blocks == 8 - bad
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 4 * bad
+    m.free("b")
+    assert m.num_free_blocks == 8
+    m.check_invariants()
+
+
+def test_a_fetch_whose_request_left_gives_its_blocks_back_cached(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    m.free("b")                                    # left before the fetch ended
+    m.check_invariants()
+    assert m.num_free_blocks == 5                  # the fetch holds them still
+    ex.run()
+    assert m.poll_store() == []
+    assert m.num_free_blocks == 8                  # given back, its run cached
+    m.check_invariants()
+    assert m.lookup(A) == 12
+
+
+def test_a_fetch_whose_request_left_after_the_landing_gives_its_blocks_back(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    ex.run()
+    assert m.poll_store() == ["b"]
+    assert m.num_free_blocks == 5
+    m.free("b")
+    assert m.num_free_blocks == 8 and m.lookup(A) == 12
+    m.check_invariants()
+
+
+def test_a_fetch_delivered_twice_holds_nothing_twice(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    ex.run()
+    f = m._store.done[0]
+    m._store.done.append(f)
+    assert m.poll_store() == ["b"]
+    m.check_invariants()
+    m.add_request("b", A)
+    m._store.done.append(f)
+    assert m.poll_store() == []
+    m.free("b")
+    assert m.num_free_blocks == 8
+    m.check_invariants()
+
+
+def test_a_fetch_past_its_deadline_keeps_its_blocks_until_it_ends(backend, layout):
+    m, ex, shared = setup(backend, layout, timeout=0.05)
+    m.add_request("b", A)
+    time.sleep(0.2)
+    assert m.poll_store() == ["b"]                  # past the deadline: b computes
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 0
+    m.check_invariants()
+    m.free("b")
+    assert m.num_free_blocks == 5                   # the fetch holds its blocks still
+    ex.run()                                         # (the fetcher returns, late)
+    m.poll_store()
+    assert m.num_free_blocks == 8
+    m.check_invariants()
+
+
+def test_a_fetch_that_never_ends_is_the_only_holder_of_its_blocks(backend, layout):
+    m, ex, _ = setup(backend, layout, timeout=0.05)
+    m.add_request("b", A)
+    m.free("b")
+    m.check_invariants()                            # the held blocks are the fetch's
+    assert m.num_free_blocks == 5 and not m.reset_prefix_cache()
+
+
+def test_staged_payloads_are_copied_into_slots_then_loaded_into_the_blocks(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    f = m._waits.waiting["b"]
+    ex.run()
+    m.poll_store()
+    ops = m.take_kv_ops()
+    kinds = [type(op) for op in ops]
+    assert kinds == [StoreFetched] * 3 + [BlockLoads]   # the payloads before the loads
+    assert ops[-1].dst == tuple(b.block_id for b in f.devices)
+
+
+def _first_block_in_a_slot(m):
+    """A's first block computed on the device, then evicted into a host slot."""
+    m.add_request("d", A[:5], read_cache=False)
+    m.take_kv_ops()
+    m.free("d")
+    m.add_request("z", list(range(100, 129)), read_cache=False)   # evicts it into a slot
+    m.take_kv_ops()
+    m.free("z")
+    m.take_kv_ops()
+
+
+def test_a_host_hit_before_the_run_goes_up_with_it_at_the_landing(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    _first_block_in_a_slot(m)
+    assert m.lookup(A) == 4 and m.lookup_block_ids(A) == ()       # in the host alone
+    assert m.add_request("b", A) == StoreWait("b", 2)
+    f = m._waits.waiting["b"]
+    up, devices = list(f.up), list(f.devices)
+    assert len(up) == 1 and len(devices) == 2 and f.held == []
+    m.check_invariants()
+    ex.run()
+    assert m.poll_store() == ["b"]
+    m.check_invariants()
+    assert m.lookup_block_ids(A) == tuple(b.block_id for b in up + devices)
+    (loads,) = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
+    assert loads.dst == tuple(b.block_id for b in up + devices)
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 12
+    assert (m.stats.host_hits, m.stats.store_hits) == (4, 8)
+    m.check_invariants()
+    m.free("b")
+    assert m.num_free_blocks == 8
+    m.check_invariants()
+
+
+def test_a_host_hit_gone_before_the_landing_lands_the_run_in_slots_alone(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    _first_block_in_a_slot(m)
+    assert m.add_request("b", A) == StoreWait("b", 2)
+    m.take_kv_ops()                                  # the host hit's pin ends with the step
+    slot = m._waits.waiting["b"].hits[0]
+    m._host._drop(slot)                              # its content goes (as an eviction would)
+    m._host._cached.remove(slot)
+    slot.ref_cnt = 0
+    m._host._empty.append(slot)
+    m.check_invariants()
+    ex.run()
+    assert m.poll_store() == ["b"]                   # nothing continues: nothing landed
+    m.check_invariants()
+    assert m.num_free_blocks == 8 and m.lookup(A) == 0
+
+
+def test_uncache_blocks_leaves_a_run_being_filled_as_it_is(backend, layout):
+    """Before its landing the run holds no findable content (like a free block): an
+    ``uncache_blocks`` naming its blocks changes nothing (it once unkeyed the filled
+    blocks out of the index's count)."""
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    f = m._waits.waiting["b"]
+    ex.run()
+    m.uncache_blocks([b.block_id for b in f.devices])
+    m.check_invariants()
+    assert m.poll_store() == ["b"]
+    m.check_invariants()
+    assert m.add_request("b", A).num_cached_tokens == 12
+    m.check_invariants()
+
+
+def test_a_readmission_that_finds_the_pool_short_gives_the_fetchs_blocks_back(backend, layout):
+    """The engine may leave such a request waiting (or forget it): it holds nothing, its
+    run stays cached, and its next admission finds it (found by the tiers' reference
+    machine: an engine that dropped the request left the run's blocks held)."""
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    ex.run()
+    assert m.poll_store() == ["b"]
+    m.add_request("h", list(range(50, 70)), read_cache=False)   # the pool's other 5 blocks
+    assert m.num_free_blocks == 0
+    assert m.add_request("b", A) is None             # short of the tail's block
+    assert m.num_free_blocks == 3                    # the run given back, cached
+    m.check_invariants()
+    m.free("h")
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 12
+    m.free("b")
+    assert m.num_free_blocks == 8 and m.reset_prefix_cache()
+    m.check_invariants()
