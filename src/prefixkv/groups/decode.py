@@ -66,7 +66,8 @@ class GroupDecoder(GroupAdmitter):
             except OverflowError:
                 self._step_encode(token_ids)  # raises the TokenError
             req.num_scheduled = n + 1
-            req.step_start = n
+            if n > req.step_start:  # (after a rewind it may lie past n: what was released stays)
+                req.step_start = n
             return self._nothing
         new = self._step_encode(token_ids)
         return self._grow(req, req.num_scheduled + len(new), new)
@@ -90,7 +91,8 @@ class GroupDecoder(GroupAdmitter):
             if self._roomy(req):
                 req.tokens.append(new[i])
                 req.num_scheduled = n + 1
-                req.step_start = n
+                if n > req.step_start:  # (as in append_tokens)
+                    req.step_start = n
                 continue
             added = self._grow(req, n + 1, new[i:i + 1], fills.get(id(req)))
             if added is None:
@@ -160,7 +162,9 @@ class GroupDecoder(GroupAdmitter):
         blocks after it lose their content (its KV is rewritten in place: blocks another
         request shares must get the same tokens again) and stay in the tables as
         reserved slots; they are cached anew as the tokens come back. What the windows
-        released stays released, as vLLM's null entries do. Raises RequestError
+        released stays released, as vLLM's null entries do, even where a query at
+        ``num_tokens`` reads it (vLLM's scheduler sets a one-group windowed model back
+        there too; the recompute reads null entries). Raises RequestError
         (unknown id, ``num_tokens`` outside ``[0, num_scheduled_tokens]``)."""
         req = self._get(request_id)
         check_count("num_tokens", num_tokens, 0, req.num_scheduled)
@@ -177,7 +181,7 @@ class GroupDecoder(GroupAdmitter):
         req.num_reserved = max(req.num_reserved, req.num_scheduled)
         req.num_scheduled = num_tokens
         req.num_cached = min(req.num_cached, full * self.block_size)
-        req.next_release = 0  # (its next step takes the general path, which keeps step_start)
+        req.next_release = 0  # (its next step takes the general path)
 
     def _release(self, req: GroupRequest, going: list[list[Block | None]] | None) -> None:
         if going is not None:
