@@ -7,9 +7,11 @@ block_size is 3; block 0 is the null block.
 
 import pytest
 
+from prefixkv import RequestError
 from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, sliding_window
 
 WINDOWED = (full_attention(), chunked_local(6), sliding_window(7))
+SLIDING = (full_attention(), sliding_window(7))
 
 
 def manager(groups=WINDOWED, num_blocks=24):
@@ -54,3 +56,87 @@ def test_release_unread_after_a_rewind_past_released_blocks_keeps_them_released(
     m.append_step(["r1"], [2])
     m.check_invariants()
     assert m.get_block_ids("r1") == before
+
+
+def forked_rewound(groups=SLIDING):
+    """r2 (10 tokens) forked to r7, which shares its full blocks 0..2; r2 rewound to 7:
+    positions 7, 8 (tokens 2, 0) lie in block 2, which r7 still reads."""
+    m = manager(groups)
+    m.add_request("r2", [2, 2, 0, 0, 1, 0, 2, 2, 0, 0])
+    assert m.fork("r2", "r7") is not None
+    m.rewind("r2", 7)
+    m.check_invariants()
+    return m
+
+
+def snapshot(m, *rids):
+    return ([(m.get_block_ids(r), m.num_tokens(r), m.num_scheduled_tokens(r)) for r in rids],
+            m.num_free_blocks, m.num_cached_blocks)
+
+
+@pytest.mark.parametrize("groups", [(full_attention(),), SLIDING])
+def test_append_tokens_refuses_other_tokens_in_a_block_a_fork_sibling_shares(groups):
+    # before: accepted, r2 rewrote r7's block 2 with the KV of tokens 2, 1 (r7 holds 2, 0),
+    # and check_invariants raised "request 'r7' group 0: block 2 holds another prefix"
+    m = forked_rewound(groups)
+    before = snapshot(m, "r2", "r7")
+    with pytest.raises(RequestError, match="position 8 would rewrite block 2"):
+        m.append_tokens("r2", [2, 1])
+    assert snapshot(m, "r2", "r7") == before
+    m.check_invariants()
+    assert m.append_tokens("r2", [2, 0]) == ((),) * len(groups)   # the same tokens: its KV again
+    m.check_invariants()
+    assert m.get_block_ids("r2")[0][2] == m.get_block_ids("r7")[0][2]
+    m.add_request("r8", [2, 2, 0, 0, 1, 0, 2, 2, 0, 0])             # block 2 is found again
+    assert m.get_block_ids("r8")[0][:3] == m.get_block_ids("r7")[0][:3]
+    m.check_invariants()
+
+
+def test_append_step_refuses_other_tokens_in_a_shared_block_before_any_change():
+    # the one-token paths (the fast one at 8 after the step at 7) check it as well, and a
+    # step refused for one request changes none of the others
+    m = forked_rewound()
+    m.append_step(["r2"], [2])                           # at 7: as before
+    m.check_invariants()
+    m.add_request("r9", [5, 6])
+    before = snapshot(m, "r2", "r7", "r9")
+    with pytest.raises(RequestError, match="position 8"):
+        m.append_step(["r9", "r2"], [7, 1])
+    with pytest.raises(RequestError, match="position 8"):
+        m.append_tokens("r2", [1])
+    assert snapshot(m, "r2", "r7", "r9") == before
+    assert m.append_step(["r9", "r2"], [7, 0]).short == ()
+    m.check_invariants()
+
+
+def test_a_block_no_other_request_shares_any_more_takes_other_tokens():
+    m = forked_rewound()
+    m.free("r7")
+    assert m.append_tokens("r2", [2, 1, 5]) is not None
+    assert m.num_tokens("r2") == 10
+    m.check_invariants()
+
+
+def test_a_second_rewind_keeps_what_the_first_pinned_past_its_tokens():
+    # rewound to 7, then to 6 before 7, 8 came back: 6 must be 2 again, and 7, 8 still
+    # 2, 0 (forgotten twice: the second rewind's request held only 7 tokens)
+    m = forked_rewound()
+    m.rewind("r2", 6)
+    m.check_invariants()
+    for bad in ([2, 2, 1], [0]):
+        with pytest.raises(RequestError):
+            m.append_tokens("r2", bad)
+    m.append_tokens("r2", [2, 2, 0])
+    m.check_invariants()
+
+
+def test_a_request_that_hit_the_blocks_pins_them_too():
+    m = manager()
+    m.add_request("a", [1, 2, 3, 4, 5, 6, 7])
+    m.add_request("b", [1, 2, 3, 4, 5, 6, 9])            # hits a's blocks 0, 1
+    assert m.get_block_ids("b")[0][:2] == m.get_block_ids("a")[0][:2]
+    m.rewind("a", 4)
+    with pytest.raises(RequestError, match="position 5 would rewrite block 1"):
+        m.append_tokens("a", [5, 0])
+    m.append_tokens("a", [5, 6, 8])
+    m.check_invariants()

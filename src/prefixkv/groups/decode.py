@@ -19,6 +19,7 @@ from ..core.request import step_requests
 from ..errors import ConfigError, RequestError, check_chunk, check_count
 from ..index.announce import Prepared
 from .admission import GroupAdmitter
+from .pins import RewindPins
 from .request import GroupRequest
 from .results import GroupDecodeStep
 
@@ -39,6 +40,8 @@ class GroupDecoder(GroupAdmitter):
 
     _num_prefilling = 1  # no count of prefilling requests is kept here: always check
 
+    _pins: RewindPins | None = None  # (made by the first rewind: most managers never rewind)
+
     def extend(self, request_id: Hashable, num_new_tokens: int) -> Growth | None:
         """Schedule the next ``num_new_tokens`` known tokens (the next prefill chunk).
         Returns the ids of blocks added, per group, or None on shortage (nothing
@@ -50,13 +53,17 @@ class GroupDecoder(GroupAdmitter):
     def append_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> Growth | None:
         """Append sampled tokens and schedule them (decode). Returns the ids of blocks
         added, per group, or None on shortage (nothing changed). Raises RequestError
-        (unknown id, prefill not fully scheduled), TokenError (bad ids or container)."""
+        (unknown id, prefill not fully scheduled, a token unlike the one a ``rewind``
+        forgot in a block another request shares), TokenError (bad ids or container)."""
         req = self._get(request_id)
         n = req.num_scheduled
         if n != len(req.tokens):
             raise RequestError(
                 f"request {request_id!r} has {len(req.tokens) - n} prompt "
                 f"tokens not yet scheduled: call extend() before append_tokens()")
+        pins = self._pins
+        if pins and request_id in pins:
+            pins.check(req, self._step_encode(token_ids), self.block_size)
         if type(token_ids) is list and len(token_ids) == 1 and self._roomy(req) \
                 and self.vocab_size is None and type(token_ids[0]) is int:
             # the hot path: one token into a block that has room and does not fill, and no
@@ -79,10 +86,16 @@ class GroupDecoder(GroupAdmitter):
         one token (windows release first); requests that need new blocks and cannot get
         them (in the order given, earlier ones first) are left unchanged and listed in
         ``short``. Raises (before any change) RequestError (unknown or repeated id,
-        lengths differ, prefill not fully scheduled), TokenError (bad ids), ConfigError
-        (a hash_mode callable failed on a block this step fills)."""
+        lengths differ, prefill not fully scheduled, a token ``append_tokens`` refuses
+        after a ``rewind``), TokenError (bad ids), ConfigError (a hash_mode callable
+        failed on a block this step fills)."""
         reqs = self._step_requests(request_ids, token_ids)
         new = self._step_encode(token_ids)
+        pins = self._pins
+        if pins:
+            for i, req in enumerate(reqs):
+                if req.request_id in pins:
+                    pins.check(req, new[i:i + 1], self.block_size)
         fills = self._prepare_fills(reqs, new)
         grown: list[tuple[Hashable, Growth]] = []
         short: list[Hashable] = []
@@ -159,8 +172,9 @@ class GroupDecoder(GroupAdmitter):
         load; vLLM's scheduler then sets its computed tokens back). The tokens after it
         are forgotten: give them again with ``append_tokens``, in the step that
         recomputes them, so that the windows move at its start. The request's full
-        blocks after it lose their content (its KV is rewritten in place: blocks another
-        request shares must get the same tokens again) and stay in the tables as
+        blocks after it lose their content (its KV is rewritten in place: while another
+        request shares one, ``append_tokens`` / ``append_step`` refuse tokens unlike
+        those it held there) and stay in the tables as
         reserved slots; they are cached anew as the tokens come back. What the windows
         released stays released, as vLLM's null entries do, even where a query at
         ``num_tokens`` reads it (vLLM's scheduler sets a one-group windowed model back
@@ -168,6 +182,9 @@ class GroupDecoder(GroupAdmitter):
         (unknown id, ``num_tokens`` outside ``[0, num_scheduled_tokens]``)."""
         req = self._get(request_id)
         check_count("num_tokens", num_tokens, 0, req.num_scheduled)
+        if self._pins is None:
+            self._pins = RewindPins()
+        self._pins.rewind(req, num_tokens, self.block_size, self._requests)
         full = num_tokens // self.block_size
         if full < len(req.nodes):
             self._index.uncache([b for t in req.tables for b in t[full:len(req.nodes)] if b is not None])
