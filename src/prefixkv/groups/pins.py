@@ -7,8 +7,8 @@ would give it KV computed for other tokens. ``HybridKVCacheManager.rewind`` pins
     | kept | pinned: the old tokens, up to the end of the last shared block | free |
     0   num_tokens (rewound to)                                        end
 
-A pin holds while its blocks are shared: a position whose block no other request holds
-any more takes any token.
+A token changes the KV of every position after it: a pinned position takes another token
+only when no block from its own on is shared any more.
 """
 
 from __future__ import annotations
@@ -75,8 +75,9 @@ class RewindPins:
 
     def check(self, req: GroupRequest, new: array[int], block_size: int) -> None:
         """Raise RequestError when ``new``, scheduled from ``req.num_scheduled`` on,
-        differs from a pinned token in a block another request still shares. Changes
-        nothing (but drops a pin ``req`` is past, or one of a request no longer live)."""
+        differs from a pinned token at or before a block another request still shares
+        (a token changes the KV of every position after it). Changes nothing (but drops
+        a pin ``req`` is past, or one of a request no longer live)."""
         rid, n = req.request_id, req.num_scheduled
         pin = self._pins.get(rid)
         if pin is None:
@@ -84,11 +85,16 @@ class RewindPins:
         if pin.req is not req or n >= pin.end:
             del self._pins[rid]
             return
-        for p in range(max(n, pin.start), min(n + len(new), pin.end)):
+        first, stop = max(n, pin.start), min(n + len(new), pin.end)
+        for p in range(first, stop):
             was, got = pin.tokens[p - pin.start], new[p - n]
-            if was != got and _shared(req, p // block_size):
+            if was == got:
+                continue
+            shared = [j for j in range(p // block_size, pin.end // block_size) if _shared(req, j)]
+            if shared:
                 raise RequestError(
-                    f"request {rid!r}: token {got} at position {p} would rewrite block "
-                    f"{p // block_size}, which another request shares and which holds token "
-                    f"{was} there (it was rewound): give the same tokens again, or free or "
-                    f"preempt the other request first")
+                    f"request {rid!r}: token {got} at position {p} (it held {was} before "
+                    f"its rewind) would change the KV of block {shared[-1]}, which another "
+                    f"request shares: give the same tokens again, or free or preempt the "
+                    f"other request first")
+            return  # (no block from there on is shared: the rest is free)
