@@ -62,15 +62,17 @@ class RewindPins:
             del pins[other]
         old = pins.pop(rid, None)
         n = req.num_scheduled
-        known = req.tokens[num_tokens:n]
-        end = num_tokens
-        if old is not None and old.end > n:
-            known += old.tokens[n - old.start:]
-            end = old.end
-        shared = [j for j in range(num_tokens // block_size, n // block_size) if _shared(req, j)]
-        if shared:
-            end = max(end, (shared[-1] + 1) * block_size)
+        if old is not None and old.end <= n:
+            old = None  # (the request is past it; else what it pins past n is still owed)
+        end = num_tokens if old is None else old.end
+        last = next((j for j in range(n // block_size - 1, num_tokens // block_size - 1, -1)
+                     if _shared(req, j)), None)  # (the last full block another holds)
+        if last is not None:
+            end = max(end, (last + 1) * block_size)
         if end > num_tokens:
+            known = req.tokens[num_tokens:n]
+            if old is not None:
+                known += old.tokens[n - old.start:]
             pins[rid] = _Pin(req, num_tokens, known[:end - num_tokens])
 
     def check(self, req: GroupRequest, new: array[int], block_size: int) -> None:
