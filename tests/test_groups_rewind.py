@@ -6,6 +6,8 @@ block_size is 3; block 0 is the null block.
 """
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixkv import RequestError
 from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, sliding_window
@@ -160,3 +162,46 @@ def test_a_token_before_a_shared_block_is_pinned_too():
     assert snapshot(m, "r5", "r6") == before
     m.append_tokens("r6", [0, 0, 0, 0])
     m.check_invariants()
+
+
+LAYOUTS = [(full_attention(),), SLIDING, (sliding_window(4),), WINDOWED]
+OP = st.sampled_from(["fork", "fork", "rewind", "rewind", "append", "append", "step", "free", "unread"])
+OPS = st.lists(st.tuples(OP, st.integers(0, 3), st.integers(0, 12),
+                         st.lists(st.integers(0, 2), max_size=4)), max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(layout=st.integers(0, len(LAYOUTS) - 1), bs=st.sampled_from([1, 3]),
+       prompt=st.lists(st.integers(0, 2), min_size=3, max_size=12), ops=OPS)
+def test_rewinds_beside_forks_keep_every_shared_block_and_refuse_before_any_change(
+        layout, bs, prompt, ops):
+    # forks share blocks, rewinds forget tokens and appends give any (often other)
+    # tokens: a call either goes through with the tables sound (no shared block holds
+    # another prefix, no released block still read) or raises RequestError changing
+    # nothing
+    m = HybridKVCacheManager(list(LAYOUTS[layout]), 40, bs, seed=0)
+    m.add_request("r0", prompt)
+    live = ["r0"]
+    for n, (op, who, k, tokens) in enumerate(ops):
+        if not live:
+            break
+        rid = live[who % len(live)]
+        before = snapshot(m, *live)
+        try:
+            if op == "fork":
+                if m.fork(rid, f"r{n + 1}") is not None:
+                    live.append(f"r{n + 1}")
+            elif op == "rewind":
+                m.rewind(rid, min(k, m.num_scheduled_tokens(rid)))
+            elif op == "append" and tokens:
+                m.append_tokens(rid, tokens)
+            elif op == "step":
+                m.append_step([rid], tokens[:1] or [0])
+            elif op == "free":
+                m.free(rid)
+                live.remove(rid)
+            elif op == "unread":
+                m.release_unread(rid)
+        except RequestError:
+            assert snapshot(m, *live) == before
+        m.check_invariants()
