@@ -20,6 +20,7 @@ from ..core.request import step_requests
 from ..errors import ConfigError, RequestError, check_chunk, check_count
 from ..index.announce import Prepared
 from .admission import GroupAdmitter
+from .pins import RewindPins
 from .request import GroupRequest
 from .results import GroupDecodeStep
 
@@ -40,6 +41,8 @@ class GroupDecoder(GroupAdmitter):
 
     _num_prefilling = 1  # no count of prefilling requests is kept here: always check
 
+    _pins: RewindPins | None = None  # (made by the first rewind: most managers never rewind)
+
     def extend(self, request_id: Hashable, num_new_tokens: int) -> Growth | None:
         """Schedule the next ``num_new_tokens`` known tokens (the next prefill chunk).
         Returns the ids of blocks added, per group, or None on shortage (nothing
@@ -51,13 +54,17 @@ class GroupDecoder(GroupAdmitter):
     def append_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> Growth | None:
         """Append sampled tokens and schedule them (decode). Returns the ids of blocks
         added, per group, or None on shortage (nothing changed). Raises RequestError
-        (unknown id, prefill not fully scheduled), TokenError (bad ids or container)."""
+        (unknown id, prefill not fully scheduled, a token unlike the one a ``rewind``
+        forgot in a block another request shares), TokenError (bad ids or container)."""
         req = self._get(request_id)
         n = req.num_scheduled
         if n != len(req.tokens):
             raise RequestError(
                 f"request {request_id!r} has {len(req.tokens) - n} prompt "
                 f"tokens not yet scheduled: call extend() before append_tokens()")
+        pins = self._pins
+        if pins and request_id in pins:
+            pins.check(req, self._step_encode(token_ids), self.block_size)
         if type(token_ids) is list and len(token_ids) == 1 and self._roomy(req) \
                 and self.vocab_size is None and type(token_ids[0]) is int:
             # the hot path: one token into a block that has room and does not fill, and no
@@ -67,7 +74,8 @@ class GroupDecoder(GroupAdmitter):
             except OverflowError:
                 self._step_encode(token_ids)  # raises the TokenError
             req.num_scheduled = n + 1
-            req.step_start = n
+            if n > req.step_start:  # (after a rewind it may lie past n: what was released stays)
+                req.step_start = n
             return self._nothing
         new = self._step_encode(token_ids)
         return self._grow(req, req.num_scheduled + len(new), new)
@@ -79,10 +87,16 @@ class GroupDecoder(GroupAdmitter):
         one token (windows release first); requests that need new blocks and cannot get
         them (in the order given, earlier ones first) are left unchanged and listed in
         ``short``. Raises (before any change) RequestError (unknown or repeated id,
-        lengths differ, prefill not fully scheduled), TokenError (bad ids), ConfigError
-        (a hash_mode callable failed on a block this step fills)."""
+        lengths differ, prefill not fully scheduled, a token ``append_tokens`` refuses
+        after a ``rewind``), TokenError (bad ids), ConfigError (a hash_mode callable
+        failed on a block this step fills)."""
         reqs = self._step_requests(request_ids, token_ids)
         new = self._step_encode(token_ids)
+        pins = self._pins
+        if pins:
+            for i, req in enumerate(reqs):
+                if req.request_id in pins:
+                    pins.check(req, new[i:i + 1], self.block_size)
         fills = self._prepare_fills(reqs, new)
         grown: list[tuple[Hashable, Growth]] = []
         short: list[Hashable] = []
@@ -91,7 +105,8 @@ class GroupDecoder(GroupAdmitter):
             if self._roomy(req):
                 req.tokens.append(new[i])
                 req.num_scheduled = n + 1
-                req.step_start = n
+                if n > req.step_start:  # (as in append_tokens)
+                    req.step_start = n
                 continue
             added = self._grow(req, n + 1, new[i:i + 1], fills.get(id(req)))
             if added is None:
@@ -160,13 +175,19 @@ class GroupDecoder(GroupAdmitter):
         load; vLLM's scheduler then sets its computed tokens back). The tokens after it
         are forgotten: give them again with ``append_tokens``, in the step that
         recomputes them, so that the windows move at its start. The request's full
-        blocks after it lose their content (its KV is rewritten in place: blocks another
-        request shares must get the same tokens again) and stay in the tables as
+        blocks after it lose their content (its KV is rewritten in place: while another
+        request shares one, ``append_tokens`` / ``append_step`` refuse tokens unlike
+        those it held there) and stay in the tables as
         reserved slots; they are cached anew as the tokens come back. What the windows
-        released stays released, as vLLM's null entries do. Raises RequestError
+        released stays released, as vLLM's null entries do, even where a query at
+        ``num_tokens`` reads it (vLLM's scheduler sets a one-group windowed model back
+        there too; the recompute reads null entries). Raises RequestError
         (unknown id, ``num_tokens`` outside ``[0, num_scheduled_tokens]``)."""
         req = self._get(request_id)
         check_count("num_tokens", num_tokens, 0, req.num_scheduled)
+        if self._pins is None:
+            self._pins = RewindPins()
+        self._pins.rewind(req, num_tokens, self.block_size, self._requests)
         full = num_tokens // self.block_size
         if full < len(req.nodes):
             self._index.uncache([b for t in req.tables for b in t[full:len(req.nodes)] if b is not None])
@@ -180,7 +201,7 @@ class GroupDecoder(GroupAdmitter):
         req.num_reserved = max(req.num_reserved, req.num_scheduled)
         req.num_scheduled = num_tokens
         req.num_cached = min(req.num_cached, full * self.block_size)
-        req.next_release = 0  # (its next step takes the general path, which keeps step_start)
+        req.next_release = 0  # (its next step takes the general path)
 
     def _release(self, req: GroupRequest, going: list[list[Block | None]] | None) -> None:
         if going is not None:
