@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import triton
 
+from ..core.block import blocks_for
 from .cascade_batch import CascadeBatch
 from .tiling import choose_tiles
 
@@ -67,7 +68,7 @@ def cascade_keys(cascade: CascadeBatch, *, group: int, head_dim: int, max_seqlen
         cascade_keys_ += _keys_read_sum(q_len, requests, own, own_q)
     if cascade.prefix_groups:
         prefix_q = block_q(cascade.max_seqlen_q, True)
-        cascade_keys_ += sum(-(-rows // prefix_q) * keys for rows, keys in cascade.prefix_groups)
+        cascade_keys_ += sum(blocks_for(rows, prefix_q) * keys for rows, keys in cascade.prefix_groups)
     return CascadeKeys(plain, cascade_keys_)
 
 
@@ -76,5 +77,5 @@ def _keys_read_sum(q_len: int, requests: int, kv_lens: int, block_q: int) -> int
     keys add up to ``kv_lens`` (the formula is linear in the keys)."""
     if q_len <= 0:
         return 0
-    tiles = -(-q_len // block_q)
+    tiles = blocks_for(q_len, block_q)
     return tiles * (kv_lens - requests * q_len) + requests * (block_q * tiles * (tiles - 1) // 2 + q_len)
