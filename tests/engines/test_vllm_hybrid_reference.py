@@ -462,3 +462,32 @@ def test_the_shared_prefix_junction_beside_mamba_is_vllms():
         _, hit, junction = m.get_computed_blocks(_request("b", [*range(8), 50, 51, 52, 53, 54], None))
         answers.append((hit, junction))
     assert answers[0] == answers[1] == (0, 8)
+
+
+def test_blocks_a_step_releases_in_several_groups_are_evicted_in_vllms_order():
+    # chunked12+window6 (the random stream's case, trimmed): r24's step at 13 releases
+    # the chunk group's blocks 0..2 and the window's block 1 (its block 0 went a step
+    # before). vLLM frees them group by group, each group's tail first (15 14 13, then
+    # 17), and the next evictions take 14 and 13: the window's block 1 stays, and with
+    # it the hit at 12, which reads no chunk block below 12. Before: prefixkv queued them
+    # by position over all groups (15, 14 and 17, then 13) and evicted the window's block
+    # 1: "vLLM keeps 12 tokens ... prefixkv 0"
+    n = None
+    ops = [("admit", 0, 1, ([7], n, n, n), 0),
+           ("admit", 2, 6, (list(range(14)), "tenant", "adapter", n), 3),
+           ("step", 0, 1, ([7], n, n, n), 0), ("admit", 3, 1, ([7], n, n, n), 0),
+           ("free", 0, 1, ([7], n, n, n), 0), ("step", 0, 1, ([7], n, n, n), 1),
+           ("admit", 1, 8, ([*range(200, 214), 0, 0, 0], n, n, n), 0),
+           ("admit", 0, 11, ([0, 1, 2, 3, 4, 5, 1, 0, 0, 0, 0, 0, 0], n, n, n), 0),
+           ("admit", 0, 3, ([7], n, n, n), 0), ("step", 1, 3, ([7], n, n, n), 0),
+           ("step", 0, 4, ([7], n, n, n), 0), ("admit", 0, 1, ([7], n, n, n), 0),
+           ("step", 0, 1, ([7], n, n, n), 3), ("step", 1, 1, ([7], n, n, n), 0),
+           ("step", 1, 1, ([7], n, n, n), 0)]
+    specs = HYBRIDS["chunked12+window6"]()
+    sides = _managers(len(specs) * MAX_LEN // BS + 3, specs)
+    for serial, (op, slot, k, prompt, more) in enumerate(ops):
+        if k % 4 == 0:  # (as the random stream: a step begins)
+            for s in sides:
+                s.m.new_step_starts()
+        _step(sides, op, slot, k, prompt, more, serial)
+    assert sides[0].evicted and sides[1].evicted  # (the case holds: both evicted)

@@ -52,16 +52,18 @@ class GroupRequest:
 
     def release(self, going: Sequence[Sequence[Block | None]]) -> list[Block]:
         """Replace each group's blocks in ``going`` (the next ones after its cut) by None
-        and return them in release order (``tail_first``)."""
-        out: list[tuple[int, Block]] = []
+        and return them in release order: group by group, each group's last block first,
+        as vLLM's ``remove_skipped_blocks`` frees them (so the same ones are evicted
+        first: by position over all groups, a chunked group's blocks 0..2 outlived the
+        window's block 1 that the hit at 12 reads, which vLLM keeps)."""
+        out: list[Block] = []
         for g, part in enumerate(going):
             if part:
                 cut = self.cut[g]
-                out += [(j, b) for j, b in zip(range(cut, cut + len(part)), part, strict=True)
-                        if b is not None]  # (a sparse group's jumped-over entries)
-                self.tables[g][cut:cut + len(part)] = [None] * len(part)
+                out += [b for b in reversed(part) if b is not None]  # (a sparse group's
+                self.tables[g][cut:cut + len(part)] = [None] * len(part)  # jumped-over entries)
                 self.cut[g] = cut + len(part)
-        return tail_first(out)
+        return out
 
     def plan_release(self, specs: Sequence[GroupSpec], block_size: int) -> None:
         """Set ``next_release`` from the groups' cuts."""
