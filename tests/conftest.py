@@ -122,6 +122,8 @@ def warm_python():
         yield sys.executable
         return
     script = Path(warm.__file__).resolve()
+    _WARM_SERVER_ENV.clear()  # (what the server starts with: _warm_env restores it for tests)
+    _WARM_SERVER_ENV.update({k: v for k, v in os.environ.items() if _warm_pinned(k)})
     folder = Path(tempfile.mkdtemp(prefix="warm-python-"))  # short: a socket path has 107 bytes
     sock, wrapper = folder / "socket", folder / "python"
     server = subprocess.Popen([sys.executable, str(script), "serve", str(sock), str(os.getpid())],
@@ -144,6 +146,31 @@ def warm_python():
             server.wait()
         server.stdout.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+_WARM_SERVER_ENV: dict[str, str] = {}
+
+
+def _warm_pinned(name: str) -> bool:
+    import warm_python as warm
+
+    return name.startswith(warm._PINNED) or name in warm._STARTUP
+
+
+@pytest.fixture(autouse=True)
+def _warm_env(request, monkeypatch):
+    """For a test that uses ``warm_python``: the variables the server pins (TORCH*, TRITON*,
+    ...) as they were when it started. Importing vLLM in a worker sets some of them
+    (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_AUTOTUNING, PYTORCH_NVML_BASED_CUDA_CHECK...);
+    a test after such an import in the same worker got the real interpreter, and
+    test_warm_python.py failed in CI when pytest-xdist put a vLLM file on its worker
+    between the server's start and it."""
+    if "warm_python" in request.fixturenames and request.getfixturevalue("warm_python") != sys.executable:
+        for name in [k for k in os.environ if _warm_pinned(k) and k not in _WARM_SERVER_ENV]:
+            monkeypatch.delenv(name)
+        for name, value in _WARM_SERVER_ENV.items():
+            monkeypatch.setenv(name, value)
+    yield
 
 
 @pytest.fixture
