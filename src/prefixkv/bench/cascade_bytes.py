@@ -98,20 +98,14 @@ def step_keys(shape: ModelShape, groups: Sequence[SharedPrefix], block_ids: Sequ
     keeps no group runs the plain kernel; otherwise both passes take the tiles of a call
     that returns the LSE (they do, for the merge), which never has the 256-row prefill
     tile."""
-    from ..kernels import build_cascade_batch
+    from ..kernels import build_cascade_batch, cascade_keys
 
-    plain_q = block_q(shape, max(num_new))
-    plain = sum(keys_read(q, c + q, plain_q) for c, q in zip(num_computed, num_new, strict=True))
     cb = build_cascade_batch(groups, block_ids, num_computed, num_new, block_size)
-    cu, used = cb.cu_seqlens_q.tolist(), cb.seqused_k.tolist()
-    if not used:
-        return StepKeys(plain, plain, 0)
-    own_q, prefix_q = block_q(shape, max(num_new), lse=True), block_q(shape, cb.max_seqlen_q, lse=True)
-    shift = [s * block_size for s in cb.shift_blocks.tolist()]
-    cascade = sum(keys_read(q, c + q - s, own_q)
-                  for c, q, s in zip(num_computed, num_new, shift, strict=True))
-    cascade += sum(blocks_for(cu[g + 1] - cu[g], prefix_q) * used[g] for g in range(len(used)))
-    return StepKeys(plain, cascade, sum(s > 0 for s in shift))
+    keys = cascade_keys(cb, group=shape.heads // shape.kv_heads, head_dim=shape.head_dim,
+                        max_seqlen_q=max(num_new), elem_bytes=shape.elem_bytes)
+    if not cb.prefix_groups:
+        return StepKeys(keys.plain, keys.plain, 0)
+    return StepKeys(keys.plain, keys.cascade, int((cb.shift_blocks > 0).sum()))
 
 
 @dataclass(slots=True)
