@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from test_index import Mirror
-
 from prefixkv import KVCacheManager
 from prefixkv.hashing import chain, encode_tokens, token_bytes
+from test_index import Mirror
 
 BS = 4
 PROMPT = list(range(13))  # three full blocks
@@ -105,3 +104,51 @@ def test_descendants_of_descendants_go_too_keyed_or_chained():
     assert _predicted(mirror, PROMPT) == m.lookup(PROMPT) == 4
     assert _predicted(mirror, other) == m.lookup(other) == 4
     m.check_invariants()
+
+
+def test_host_slots_recorded_under_a_forgotten_device_content_go_too():
+    m = KVCacheManager(5, BS, hash_mode="sha256", enable_events=True, host_blocks=6)
+    mirror = Mirror(m, "sha256", None)
+    ids = _cached_prompt(m)
+    m.take_kv_ops()  # (a later step: its evictions offload)
+    m.add_request("f", list(range(100, 113)))  # evicts blocks 2 and 1: host slots
+    assert m.take_kv_ops()[0].src == (ids[2], ids[1])
+    m.free("f")
+    assert _announced(mirror, PROMPT) == [True] * 3  # block 0 on the device, 1 and 2 host
+    m.add_request("a", PROMPT[:4] + [99])  # hits block 0 alone
+    m.rewind("a", 0)
+    m.check_invariants()
+    assert _announced(mirror, PROMPT) == [False] * 3  # before: the slots of 1 and 2 still
+    m.extend("a", 5)  # block 0 recomputed: a new content id, the same hash
+    m.take_kv_ops()
+    m.check_invariants()
+    assert _predicted(mirror, PROMPT) == m.lookup(PROMPT) == 4  # before: events 12
+    m.free("a")
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("pending", [False, True])
+def test_host_slots_offloaded_into_in_the_same_step_go_empty_once_unpinned(pending):
+    m = KVCacheManager(5, BS, hash_mode="sha256", enable_events=True, host_blocks=6)
+    mirror = Mirror(m, "sha256", None)
+    ids = _cached_prompt(m)
+    m.take_kv_ops()
+    m.add_request("a", PROMPT[:4] + [99])  # hits block 0 alone
+    m.add_request("f", list(range(100, 109)))  # evicts blocks 2 and 1 into slots, pinned
+    m.rewind("a", 0)  # (before the plan is taken: the slots are pinned still)
+    m.check_invariants()
+    assert _announced(mirror, PROMPT) == [False] * 3
+    ops = m.take_kv_ops(pending=pending)
+    assert ops[0].src == (ids[2], ids[1])  # (the engine still copies them: harmless)
+    if pending:
+        m.check_invariants()
+        m.kv_ops_done()
+    m.check_invariants()
+    m.extend("a", 5)
+    m.take_kv_ops()
+    m.check_invariants()
+    assert _predicted(mirror, PROMPT) == m.lookup(PROMPT) == 4
+    m.free("a")
+    m.free("f")
+    m.check_invariants()
+    assert m.lookup(PROMPT) == 4

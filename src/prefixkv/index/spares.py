@@ -59,26 +59,27 @@ class SpareIndex(ContentRecorder):
         return self._forget_below(gone) if gone is not None else []
 
     def _forget_below(self, gone: list[Block]) -> list[Block]:
-        """Take out of the index every content found under one of ``gone``'s contents
-        (which just left it), and under those, and so on: no lookup could reach them, so
-        they go as any forgotten content does (announced gone; their held spares and
-        held blocks keep no findable content, a block held by several requests kept as
-        an unlisted spare, as ``uncache`` keeps one). Their KV may have been computed on
-        top of the KV found invalid, so they are not offered again when that content is
-        recomputed (under a new content id). Returns those that were free, now empty.
-        One pass over the keyed contents per generation of descendants (chained ones are
-        their parent's ``child``): this runs only when a content is forgotten."""
+        """Take out of the index every content recorded under one of ``gone``'s contents
+        (which just left it), and under those, and so on, device blocks and host slots:
+        no lookup could reach them, so they go as any forgotten content does (announced
+        gone; their held spares and held blocks keep no findable content, a block held by
+        several requests kept as an unlisted spare, as ``uncache`` keeps one). Their KV
+        may have been computed on top of the KV found invalid, so they are not offered
+        again when that content is recomputed (under a new content id). Returns the
+        device blocks that were free, now empty. One pass over the keyed contents per
+        generation of descendants (chained ones are their parent's ``child``): this runs
+        only when a content is forgotten."""
         lost = {b.content_id for b in gone}
         freed: list[Block] = []
-        twins = self._twins
-        while gone:
+        twins, lower = self._twins, self._lower
+        while lost:
             kids = [c for b in gone if (c := b.child).chained and not c.twin
                     and c.parent_cid == b.content_id and c.key is not None]
             if self._by_key:
                 kids += [c for c in self._by_key.values() if c.parent_cid in lost]
             kids += [c for c in self._by_chunk.values() if c.parent_cid in lost]
+            below = lower.forget_under(lost) if lower is not None else []
             for d in kids:  # (found: each the block found for its content)
-                lost.add(d.content_id)
                 for t in twins.pop(d.content_id, ()):  # held spares hold nothing findable now
                     t.key = None
                     t.twin = False
@@ -92,6 +93,7 @@ class SpareIndex(ContentRecorder):
                 else:
                     d.key = None
             gone = kids
+            lost = {d.content_id for d in kids} | {s.content_id for s in below}
         return freed
 
     def _entry(self, key: Key | None) -> Block | None:
