@@ -66,35 +66,47 @@ class SpareIndex(ContentRecorder):
         several requests kept as an unlisted spare, as ``uncache`` keeps one). Their KV
         may have been computed on top of the KV found invalid, so they are not offered
         again when that content is recomputed (under a new content id). Returns the
-        device blocks that were free, now empty. One pass over the keyed contents per
-        generation of descendants (chained ones are their parent's ``child``): this runs
-        only when a content is forgotten."""
+        device blocks that were free, now empty. Costs one pass over the keyed contents
+        (and the tier's), and one more each time a pass finds some (their children may
+        come before them in the dicts' order); chained descendants are walked through
+        ``child``. This runs only when a content is forgotten."""
         lost = {b.content_id for b in gone}
         freed: list[Block] = []
-        twins, lower = self._twins, self._lower
-        while lost:
-            kids = [c for b in gone if (c := b.child).chained and not c.twin
-                    and c.parent_cid == b.content_id and c.key is not None]
-            if self._by_key:
-                kids += [c for c in self._by_key.values() if c.parent_cid in lost]
-            kids += [c for c in self._by_chunk.values() if c.parent_cid in lost]
+        lower = self._lower
+        kids = _chained_below(gone, lost)
+        while True:
+            keyed = []
+            for home in (self._by_key, self._by_chunk):
+                for c in home.values():
+                    if c.parent_cid in lost:  # (lost at once: a child after it in the
+                        keyed.append(c)  # dict's order is found in this same pass)
+                        lost.add(c.content_id)
+            kids += keyed
+            kids += _chained_below(keyed, lost)
             below = lower.forget_under(lost) if lower is not None else []
-            for d in kids:  # (found: each the block found for its content)
-                for t in twins.pop(d.content_id, ()):  # held spares hold nothing findable now
-                    t.key = None
-                    t.twin = False
-                self._unindex(d)
-                if not d.ref_cnt:
-                    d.key = None
-                    d.starts = None
-                    freed.append(d)
-                elif d.ref_cnt > 1:
-                    d.twin = True
-                else:
-                    d.key = None
-            gone = kids
-            lost = {d.content_id for d in kids} | {s.content_id for s in below}
-        return freed
+            for s in below:
+                lost.add(s.content_id)
+            for d in kids:
+                self._forget(d, freed)
+            if not keyed and not below:
+                return freed
+            kids = []
+
+    def _forget(self, d: Block, freed: list[Block]) -> None:
+        """``_forget_below``'s step for one block found for its content: its held spares
+        and it keep no findable content; appended to ``freed`` when free."""
+        for t in self._twins.pop(d.content_id, ()):
+            t.key = None
+            t.twin = False
+        self._unindex(d)
+        if not d.ref_cnt:
+            d.key = None
+            d.starts = None
+            freed.append(d)
+        elif d.ref_cnt > 1:
+            d.twin = True
+        else:
+            d.key = None
 
     def _entry(self, key: Key | None) -> Block | None:
         """The block keyed under ``key`` in the dicts, if any."""
@@ -167,3 +179,17 @@ class SpareIndex(ContentRecorder):
             return None
         return primary
 
+
+def _chained_below(blocks: list[Block], lost: set[int]) -> list[Block]:
+    """The chained descendants of ``blocks`` (each the block found for its content, or
+    just forgotten): each one's chained child, its chained child, and so on; their
+    content ids join ``lost``."""
+    out = []
+    for b in blocks:
+        c = b.child
+        while c.chained and not c.twin and c.parent_cid == b.content_id and c.key is not None:
+            out.append(c)
+            lost.add(c.content_id)
+            b = c
+            c = b.child
+    return out
