@@ -152,3 +152,43 @@ def test_host_slots_offloaded_into_in_the_same_step_go_empty_once_unpinned(pendi
     m.free("f")
     m.check_invariants()
     assert m.lookup(PROMPT) == 4
+
+
+@pytest.mark.parametrize("host_blocks", [0, 6])
+def test_blocks_a_request_fills_after_its_block_was_uncached_are_not_announced(host_blocks):
+    m = KVCacheManager(16, BS, hash_mode="sha256", enable_events=True, host_blocks=host_blocks)
+    mirror = Mirror(m, "sha256", None)
+    m.add_request("a", PROMPT[:9])
+    m.uncache_blocks([m.get_block_ids("a")[1]])  # a load into block 1 failed; a goes on
+    m.append_tokens("a", PROMPT[9:13])  # block 2 fills, computed on top of the invalid KV
+    m.take_kv_ops()
+    m.check_invariants()
+    assert _announced(mirror, PROMPT) == [True, False, False]  # before: block 2 announced
+    m.free("a")
+    m.add_request("c", PROMPT[:8] + [77])  # computes block 1 again (a new content id)
+    m.take_kv_ops()
+    m.check_invariants()
+    assert _predicted(mirror, PROMPT) == m.lookup(PROMPT) == 8  # before: events 12
+
+
+def test_with_a_host_tier_no_hit_reads_a_block_computed_on_top_of_a_failed_load():
+    m = KVCacheManager(6, BS, hash_mode="sha256", host_blocks=6)
+    m.add_request("gone", PROMPT[:9])
+    m.free("gone")
+    m.take_kv_ops()
+    m.add_request("f", list(range(100, 121)))  # evicts gone's blocks 1 and 0: host slots
+    m.take_kv_ops()
+    m.free("f")
+    assert m.add_request("a", PROMPT[:9]).num_cached_tokens == 8  # loads both slots
+    a = m.get_block_ids("a")
+    m.take_kv_ops()
+    m.uncache_blocks([a[1]])  # the load into block 1 failed; a goes on
+    m.append_tokens("a", PROMPT[9:13])  # block 2: its KV read block 1's invalid KV
+    m.take_kv_ops()
+    m.check_invariants()
+    # block 1's content is still in its slot; block 2 must not be found after it
+    assert m.lookup(PROMPT) == 8  # before: 12
+    m.free("a")
+    adm = m.add_request("b", PROMPT)
+    assert adm.num_cached_tokens == 8  # before: 12, a hit on a's block 2
+    m.check_invariants()
