@@ -192,7 +192,10 @@ class KVCacheManager(StepOutputs):
         """Make the content of these blocks unfindable (their KV turned out invalid, e.g.
         a load that failed) while live requests hold them; a block no request holds is
         left as it is. The shared store's pending writes of these blocks and of every
-        block computed on top of them are dropped. Raises RequestError for an id outside
+        block computed on top of them are dropped. A content that leaves the index so
+        takes the cached blocks recorded under it along (and theirs: withdrawn, free ones
+        empty), and blocks its request fills after it are not findable until ``rewind``
+        recomputes them. Raises RequestError for an id outside
         the pool, or ``block_ids`` not an iterable (nothing changes)."""
         blocks = self._pool.blocks
         ids = check_block_ids(block_ids, len(blocks))
