@@ -269,6 +269,14 @@ class BlockPool:
         primary.prev = last
         return primary
 
+    def emptied(self, blocks: Sequence[Block]) -> None:
+        """Free cached ``blocks`` whose content the index just forgot (``Index.uncache``:
+        descendants of KV found invalid) leave the cached tier for the empty one, where
+        ``take`` reuses them first."""
+        if blocks:
+            self._cached.remove_all(list(blocks))
+            self._empty += blocks
+
     def reset(self) -> bool:
         """Drop all cached content if no block is in use; returns whether it did."""
         if self.num_free != len(self.blocks):

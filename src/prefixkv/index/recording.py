@@ -17,6 +17,7 @@ from ..core.request import Request
 from ..event_log import EventSink
 from ..events import DEVICE
 from .announce import Announcer, Fresh, Prepared, StoredRun
+from .cut_off import cut_off, record_cut_off
 from .hasher import Hasher
 
 if TYPE_CHECKING:
@@ -151,6 +152,11 @@ class ContentRecorder(Announcer):
         chunks, extras, hashes = prepared
         blocks = req.blocks
         parent = blocks[first - 1] if first else None
+        if parent is not None and (parent.key is None or parent.twin) \
+                and cut_off(parent, self._by_chunk, self._by_key):  # (rare: ``cut_off.py``)
+            self._next_id = record_cut_off(blocks[first:first + len(chunks)], parent, extras,
+                                           hashes, self._next_id, self.step)
+            return
         cid = parent.content_id if parent is not None else 0
         nid = fresh = self._next_id  # ids from ``fresh`` on are minted by this call
         minted = 0  # ids minted below the chained branch (``_chain`` counts its own blocks)
