@@ -239,14 +239,14 @@ class ContentRecorder(Announcer):
         # deferred event holds the list too)
         run = head.starts = Run(span, chunks[:] if self.lazy else chunks, extra, self._epoch,
                                 self.run_counts)
-        for b, chunk in zip(span, islice(chunks, 1, None), strict=False):
+        end = nid + len(span)
+        for b, chunk, c in zip(span, islice(chunks, 1, None), range(nid, end), strict=False):
             b.parent_cid = cid
             b.extra = extra
             parent.child = b
             b.key = chunk
             b.chained = True
-            b.content_id = cid = nid
-            nid += 1
+            b.content_id = cid = c
             b.counted = run
             b.next = parent  # (the head's links too: harmless, it is held and is linked
             parent.prev = b  # anew when released)
@@ -254,7 +254,7 @@ class ContentRecorder(Announcer):
         run.shared = run.linked = True
         run.n = 1
         self.run_counts.shared += 1
-        return nid
+        return end
 
     def adopt(self, blocks: Sequence[Block], slots: Sequence[Block], chunks: Sequence[bytes],
               parent: Block | None, run: bool) -> None:
