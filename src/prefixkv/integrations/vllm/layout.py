@@ -136,12 +136,15 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
     return Layout(groups, sizes[0], kv_cache_config.num_blocks, specs)
 
 
-def check_options(*, use_eagle: bool, num_hash_lookahead_tokens: int, watermark: float) -> None:
+def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens: int,
+                  watermark: float) -> None:
     """Raises UnsupportedByPrefixKV for the manager's arguments prefixkv does not offer:
-    EAGLE's shortened hits (``use_eagle``), lookahead hashing
+    EAGLE's shortened hits (``use_eagle``) beside other groups (one full-attention
+    group is offered: its hit drops its last block, as vLLM's), lookahead hashing
     (``num_hash_lookahead_tokens`` > 0), a negative ``watermark``."""
-    if use_eagle:
-        raise UnsupportedByPrefixKV("prefixkv does not offer EAGLE's shortened hits (use_eagle)")
+    if use_eagle and layout.hybrid:
+        raise UnsupportedByPrefixKV("prefixkv offers EAGLE's shortened hits (use_eagle) on one "
+                                    "full-attention group only")
     if num_hash_lookahead_tokens:
         raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead hashing "
                                     f"(num_hash_lookahead_tokens={num_hash_lookahead_tokens})")

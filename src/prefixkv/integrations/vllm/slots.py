@@ -46,15 +46,16 @@ def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
            ) -> tuple[KVCacheBlocks, int]:
     """``m.get_computed_blocks`` (its contract is there) less its last 0: the hit's
     blocks per group and tokens, noted to the metrics collector; none when the request
-    does not read the cache or the hit is longer than ``max_cache_hit_length``."""
+    does not read the cache. The hit is the longest within ``max_cache_hit_length``
+    (None: no cap); with ``m.use_eagle`` (one group), less its last block, as vLLM's."""
     if not m.prefix_cache_lookup_enabled(request):
         return m.empty_kv_cache_blocks, 0
     prompt, extra = admission_prompt(m, request)
-    hit = m.core.lookup_block_ids(prompt, extra=extra)
+    hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=max_cache_hit_length)
     ids = hit if m._hybrid else (hit,)  # a window's unread blocks: the null block
+    if m.use_eagle and ids[0]:  # (EAGLE recomputes the hit's last block: layout.check_options)
+        ids = tuple(g[:-1] for g in ids)
     n, blocks = len(ids[0]) * m.block_size, m._blocks.of(ids)
-    if max_cache_hit_length is not None and n > max_cache_hit_length:
-        return m.empty_kv_cache_blocks, 0
     if n:
         m._telemetry.on_accessed(blocks)
     return blocks, n
@@ -126,6 +127,7 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     try:
         adm = m.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
                                  resumed=request.num_preemptions > 0, read_cache=read,
+                                 max_hit_tokens=hit if read else None,
                                  num_lookahead_tokens=max(0, slots - hit - scheduled),
                                  require_full_fit=full_fit, keep_free=keep, **loaded)
     except PromptTooLongError:

@@ -1,0 +1,83 @@
+"""The hit vLLM's scheduler asks for under a cap: ``max_cache_hit_length`` (the longest
+hit every group serves within it, then admitted as reported) and EAGLE's shortened hit
+(``use_eagle``: one full-attention group drops the hit's last block, as vLLM's
+``FullAttentionManager`` does). Exact vLLM block ids; block_size 16. Needs vllm
+installed (``make install-vllm``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixkv import RequestError
+
+from . import skip_module_without_vllm
+from .test_vllm_plugin import BS, config, full, manager, request, window
+
+skip_module_without_vllm()
+
+
+def primed(m, tokens):
+    """``m`` with a request of ``tokens`` computed and freed (its full blocks cached)."""
+    a = request("a", tokens)
+    assert m.allocate_slots(a, len(tokens)) is not None
+    a.num_computed_tokens = len(tokens)
+    m.free(a)
+
+
+@pytest.mark.parametrize(("n", "hit"), [(48, 16), (37, 16), (33, 16), (32, 0), (17, 0)])
+def test_eagle_hit_drops_its_last_block(n, hit):
+    m = manager(use_eagle=True)
+    primed(m, list(range(48)))  # blocks 1, 2, 3 cached
+    b = request("b", list(range(n)))
+    blocks, got, _ = m.get_computed_blocks(b)
+    assert got == hit and blocks.get_block_ids() == ([1][:hit // BS],)
+    new = m.allocate_slots(b, n - hit, hit, blocks)
+    assert new is not None
+    assert m.get_block_ids("b")[0][:hit // BS] == [1][:hit // BS]
+    # the dropped block is computed again into a block of b's own
+    assert 2 not in m.get_block_ids("b")[0]
+
+
+def test_without_eagle_the_same_prompt_hits_both_blocks():
+    m = manager()
+    primed(m, list(range(48)))
+    assert m.get_computed_blocks(request("b", list(range(48))))[1] == 32
+
+
+def test_a_capped_one_group_hit_is_its_blocks_below_the_cap():
+    m = manager()
+    primed(m, list(range(48)))
+    b = request("b", list(range(48)))
+    blocks, hit, _ = m.get_computed_blocks(b, max_cache_hit_length=31)
+    assert hit == 16 and blocks.get_block_ids() == ([1],)
+    assert m.allocate_slots(b, 32, hit, blocks).get_block_ids() == ([4, 5],)
+    assert m.get_block_ids("b") == ([1, 4, 5],)
+
+
+def test_a_capped_hybrid_hit_is_the_longest_the_window_serves_below_the_cap():
+    from prefixkv.integrations.vllm import KVCacheManager
+
+    # full attention and a 32-token window (a query at p reads p-31 .. p); a's window
+    # block 2 (positions 32..47) is evicted: a hit of 4 blocks reads window blocks 2, 3
+    m = KVCacheManager(config(full(), window(), num_blocks=31), max_model_len=8192,
+                       scheduler_block_size=BS, hash_block_size=BS)
+    a = request("a", list(range(97)))
+    m.allocate_slots(a, 97)
+    a_full, a_window = m.get_block_ids("a")
+    m.evict_blocks({a_window[2]})
+    b = request("b", list(range(97)))
+    assert m.get_computed_blocks(b)[1] == 96                      # window blocks 4, 5
+    assert m.get_computed_blocks(b, max_cache_hit_length=95)[1] == 80   # 3, 4
+    blocks, hit, _ = m.get_computed_blocks(b, max_cache_hit_length=64)
+    assert hit == 32 and blocks.get_block_ids() == (a_full[:2], a_window[:2])
+    new = m.allocate_slots(b, 65, hit, blocks)
+    assert new is not None and [ids[:2] for ids in m.get_block_ids("b")] == [a_full[:2], a_window[:2]]
+
+
+def test_an_admission_whose_hit_is_not_the_reported_one_is_refused():
+    m = manager()
+    primed(m, list(range(48)))
+    b = request("b", list(range(48)))
+    with pytest.raises(RequestError, match="not the 48"):
+        m.allocate_slots(b, 16, 48)  # (more than the cache holds: not a lookup's answer)
+    assert m.get_block_ids("b") == ([],)
