@@ -1,6 +1,7 @@
 """``max_hit_tokens``: an admission (and a lookup) that may use at most so many cached
 tokens, on the one-group manager and on the hybrid one (where the capped hit is the
-longest prefix every group serves within the cap, not the longest hit cut short).
+longest prefix every group serves within the cap, not the longest hit cut short); and
+the hybrid manager's ``peek``: a hit needs the block after it cached too (vLLM's EAGLE).
 
 block_size is 4 throughout.
 """
@@ -74,6 +75,38 @@ def test_hybrid_bad_cap_is_refused_before_any_change(bad):
                  lambda: m.lookup(PROMPT, max_hit_tokens=bad),
                  lambda: m.lookup_block_ids(PROMPT, max_hit_tokens=bad)):
         with pytest.raises(RequestError, match="max_hit_tokens"):
+            call()
+    assert m.num_free_blocks == free
+    m.check_invariants()
+
+
+def test_hybrid_peek_needs_the_block_after_the_hit_in_every_group():
+    m = hybrid_with_a_hole()
+    a = m.get_block_ids("a")
+    # 6 blocks cached: a hit of 6 would peek at block 6 (not a full block): 5, peeking at 5
+    assert m.lookup(PROMPT) == 24 and m.lookup(PROMPT, peek=True) == 20
+    # the block peeked at may hold the prompt's last token
+    assert m.lookup(PROMPT[:24], peek=True) == 20
+    # 21 tokens: a hit of 4 would peek at block 4 (fine) and read the window's block 2
+    # (gone): the longest is 1 block (peeking at block 1), where without peeking a hit
+    # of 5 reads the window's blocks 3, 4
+    assert m.lookup(PROMPT[:21]) == 20 and m.lookup(PROMPT[:21], peek=True) == 4
+    assert m.lookup(PROMPT, peek=True, max_hit_tokens=16) == 4
+    ids = m.lookup_block_ids(PROMPT, peek=True)
+    assert ids == (a[0][:5], (0, 0, 0, a[1][3], a[1][4]))
+    adm = m.add_request("b", PROMPT, peek=True)
+    assert adm is not None and adm.num_cached_tokens == 20
+    assert tuple(t[:5] for t in adm.group_block_ids) == ids
+    m.check_invariants()
+
+
+def test_hybrid_bad_peek_is_refused_before_any_change():
+    m = hybrid_with_a_hole()
+    free = m.num_free_blocks
+    for call in (lambda: m.add_request("b", PROMPT, peek="yes"),
+                 lambda: m.lookup(PROMPT, peek=1),
+                 lambda: m.lookup_block_ids(PROMPT, peek=None)):
+        with pytest.raises(RequestError, match="peek"):
             call()
     assert m.num_free_blocks == free
     m.check_invariants()

@@ -111,6 +111,7 @@ class GroupAdmitter:
         extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
         read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
         keep_free: int = 0, num_external_tokens: int = 0, max_hit_tokens: int | None = None,
+        peek: bool = False,
     ) -> GroupAdmission | None:
         """Admit a request: find the longest cached prefix every group can serve, take
         references on the blocks each group needs of it, allocate every group's blocks
@@ -126,7 +127,10 @@ class GroupAdmitter:
         written nor cached; vLLM gives them its null block).
         ``max_hit_tokens``: a hit of at most this many tokens (None: no cap): the longest
         prefix every group serves within it, not the longest hit cut short (a window's
-        blocks there may be gone).
+        blocks there may be gone). ``peek``: a hit of ``k > 0`` blocks needs block ``k``
+        cached too in every group but a sparse one (vLLM's EAGLE, which matches one block
+        past the hit and drops it; ``prefixkv.groups.hits``); it may be the prompt's
+        last full block, even the one holding its last token.
 
         Returns the GroupAdmission, or None when the pool is short of blocks (nothing
         changed). Raises PromptTooLongError when it can never fit (``groups.fit``: its
@@ -145,7 +149,8 @@ class GroupAdmitter:
         check_flag("require_full_fit", require_full_fit, RequestError)
         req, nodes, prompt = self._find(request_id, prompt_token_ids, extra,
                                         check_flag("read_cache", read_cache, RequestError),
-                                        max_hit_tokens=max_hit_tokens)
+                                        max_hit_tokens=max_hit_tokens,
+                                        peek=check_flag("peek", peek, RequestError))
         n, bs, k = len(req.tokens), self.block_size, len(nodes)
         usable = self.num_blocks - (self._null is not None)
         if blocks_for(n + num_lookahead_tokens, bs) * len(self.groups) > usable:  # else it fits
@@ -199,22 +204,24 @@ class GroupAdmitter:
         return GroupAdmission(request_id, self._ids(req), num_cached, todo)
 
     def lookup(self, prompt_token_ids: Sequence[int] | Prompt, *,
-               extra: ExtraKeys | None = None, max_hit_tokens: int | None = None) -> int:
-        """Tokens of this prompt that an admission now (with this ``max_hit_tokens``)
-        would find cached in every group. Changes nothing. Raises as ``add_request`` for
-        bad input."""
-        return len(self._find(None, prompt_token_ids, extra, True,
-                              max_hit_tokens=max_hit_tokens)[1]) * self.block_size
+               extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,
+               peek: bool = False) -> int:
+        """Tokens of this prompt that an admission now (with this ``max_hit_tokens`` and
+        ``peek``) would find cached in every group. Changes nothing. Raises as
+        ``add_request`` for bad input."""
+        return len(self._find(None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
+                              peek=check_flag("peek", peek, RequestError))[1]) * self.block_size
 
     def lookup_block_ids(self, prompt_token_ids: Sequence[int] | Prompt, *,
-                         extra: ExtraKeys | None = None, max_hit_tokens: int | None = None
-                         ) -> tuple[tuple[int, ...], ...]:
+                         extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,
+                         peek: bool = False) -> tuple[tuple[int, ...], ...]:
         """Per group, the blocks of the prefix ``lookup`` finds, in token order, as an
         admission now would put them in its tables: ``null_block_id`` for the leading
         blocks that the group's window no longer reads. Changes nothing. Raises as
         ``add_request`` for bad input."""
-        cuts, hits = self._window_hits(self._find(None, prompt_token_ids, extra, True,
-                                                  max_hit_tokens=max_hit_tokens)[1])
+        cuts, hits = self._window_hits(self._find(
+            None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
+            peek=check_flag("peek", peek, RequestError))[1])
         null = self.null_block_id
         return tuple((null,) * cut + tuple(b.block_id for b in h)  # type: ignore[misc]
                      for cut, h in zip(cuts, hits, strict=True))
@@ -233,13 +240,14 @@ class GroupAdmitter:
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt,
               extra: ExtraKeys | None,
               read_cache: bool, alone: list[int] | None = None,
-              max_hit_tokens: int | None = None
+              max_hit_tokens: int | None = None, peek: bool = False
               ) -> tuple[GroupRequest, list[Prefix], Prompt | None]:
         """Check and encode a prompt (or take a prepared one); the prefix ids of its hit
         (at most ``hit_limit``'s blocks: all but the one holding the last token, and
-        within ``max_hit_tokens``), and the Prompt if it was one; ``alone[g]`` set to the
-        blocks group ``g`` alone would serve, when given. No side effects (but the check
-        of ``max_hit_tokens``)."""
+        within ``max_hit_tokens``; with ``peek``, the block after it is looked at too), and
+        the Prompt if it was one; ``alone[g]`` set to the blocks group ``g`` alone would
+        serve (without peeking), when given. No side effects (but the check of
+        ``max_hit_tokens``)."""
         if max_hit_tokens is not None:
             check_count("max_hit_tokens", max_hit_tokens, 0, None)
         if isinstance(prompt_token_ids, Prompt):
@@ -255,9 +263,14 @@ class GroupAdmitter:
         limit = hit_limit(n, bs, max_hit_tokens)
         if not read_cache or not limit:
             return req, [], prompt
-        nodes = self._table.walk(chunks, keys.of_blocks(0, limit), limit)
+        walked = min(n // bs, limit + 1) if peek else limit  # (peek: block ``limit`` too)
+        nodes = self._table.walk(chunks, keys.of_blocks(0, walked), walked)
         find = self._index.find
-        k = longest_hit(self.groups, bs, len(nodes), lambda g, j: find(g, nodes[j]) is not None)
+        top = min(limit, len(nodes) - 1) if peek else len(nodes)
+        if top <= 0:
+            return req, [], prompt
+        k = longest_hit(self.groups, bs, top, lambda g, j: find(g, nodes[j]) is not None,
+                        [peek and not s.sparse for s in self.groups])
         if alone is not None:
             for g, spec in enumerate(self.groups):
                 def held(_: int, j: int, g: int = g) -> bool:
