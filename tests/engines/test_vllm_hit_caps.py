@@ -1,8 +1,9 @@
 """The hit vLLM's scheduler asks for under a cap: ``max_cache_hit_length`` (the longest
 hit every group serves within it, then admitted as reported) and EAGLE's shortened hit
 (``use_eagle``: one full-attention group drops the hit's last block, as vLLM's
-``FullAttentionManager`` does). Exact vLLM block ids; block_size 16. Needs vllm
-installed (``make install-vllm``)."""
+``FullAttentionManager`` does; beside a window every group matches one block past the
+hit, then drops it). Exact vLLM block ids; block_size 16. Needs vllm installed
+(``make install-vllm``); test_vllm_eagle_reference.py runs streams beside vLLM's own."""
 
 from __future__ import annotations
 
@@ -14,6 +15,23 @@ from . import skip_module_without_vllm
 from .test_vllm_plugin import BS, config, full, manager, request, window
 
 skip_module_without_vllm()
+
+
+def chunked():
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
+
+    from .test_vllm_plugin import torch
+
+    return ChunkedLocalAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                                     attention_chunk_size=32)
+
+
+def align_mamba():
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from .test_vllm_plugin import torch
+
+    return MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align")
 
 
 def primed(m, tokens):
@@ -81,3 +99,54 @@ def test_an_admission_whose_hit_is_not_the_reported_one_is_refused():
     with pytest.raises(RequestError, match="not the 48"):
         m.allocate_slots(b, 16, 48)  # (more than the cache holds: not a lookup's answer)
     assert m.get_block_ids("b") == ([],)
+
+
+def test_eagle_beside_a_window_needs_the_block_after_the_hit_in_both_groups():
+    from prefixkv.integrations.vllm import KVCacheManager
+
+    # full attention and a 32-token window: a hit of h blocks needs window blocks h-2 ..
+    # h (h peeked); a's window block 3 (48..63) evicted
+    m = KVCacheManager(config(full(), window(), num_blocks=31), max_model_len=8192,
+                       scheduler_block_size=BS, hash_block_size=BS, use_eagle=True)
+    a = request("a", list(range(97)))
+    m.allocate_slots(a, 97)
+    a_full, a_window = m.get_block_ids("a")
+    # the prompt's 6 full blocks: a hit of 5 peeks at block 5, the last full one
+    assert m.get_computed_blocks(request("b", list(range(97))))[1] == 80
+    m.evict_blocks({a_window[3]})
+    b = request("b", list(range(97)))
+    # hits of 5..3 read or peek at window block 3; 2 peeks at block 2 and reads 0, 1
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert hit == 32 and blocks.get_block_ids() == (a_full[:2], a_window[:2])
+    assert m.allocate_slots(b, 65, hit, blocks) is not None
+    assert [ids[:2] for ids in m.get_block_ids("b")] == [a_full[:2], a_window[:2]]
+    # one window group alone (vLLM's unitary coordinator): the block peeked at lies
+    # within the cap (num_tokens - 1): 33 tokens, cap 32, a hit of 1 peeking at block 1
+    w = KVCacheManager(config(window(), num_blocks=11), max_model_len=8192,
+                       scheduler_block_size=BS, hash_block_size=BS, use_eagle=True)
+    primed(w, list(range(48)))
+    assert w.get_computed_blocks(request("c", list(range(33))))[1] == 16
+    assert w.get_computed_blocks(request("c", list(range(48))))[1] == 16
+
+
+@pytest.mark.parametrize(("specs", "named"), [
+    (lambda: (full(), window(), window(64)), "one other group spec"),
+    (lambda: (window(), window(64)), "one other group spec"),
+    (lambda: (full(), align_mamba()), "full-attention and sliding-window groups only"),
+    (lambda: (full(), chunked()), "full-attention and sliding-window groups only"),
+])
+def test_eagle_where_vllm_finds_its_hit_otherwise_is_refused(specs, named):
+    from prefixkv.integrations.vllm import UnsupportedByPrefixKV
+
+    with pytest.raises(UnsupportedByPrefixKV, match=named):
+        manager(*specs(), use_eagle=True)
+
+
+def test_eagle_on_some_groups_only_is_refused():
+    from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV
+
+    cfg = config(full(), window())
+    cfg.kv_cache_groups[0].is_eagle_group = True
+    with pytest.raises(UnsupportedByPrefixKV, match="some groups only"):
+        KVCacheManager(cfg, max_model_len=8192, scheduler_block_size=BS, hash_block_size=BS,
+                       use_eagle=True)
