@@ -9,7 +9,7 @@ block_size is 4 throughout.
 import pytest
 
 from prefixkv import KVCacheManager, RequestError
-from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
+from prefixkv.groups import HybridKVCacheManager, full_attention, mamba, sliding_window
 
 PROMPT = list(range(1, 26))  # 25 tokens: 6 full blocks, a hit of 6 at most
 
@@ -100,11 +100,35 @@ def test_hybrid_peek_needs_the_block_after_the_hit_in_every_group():
     m.check_invariants()
 
 
+def test_hybrid_peek_in_some_groups_only():
+    m = hybrid_with_a_hole()
+    a = m.get_block_ids("a")
+    # 21 tokens: peeking in the full-attention group only, a hit of 4 peeks at its block
+    # 4 (cached) and reads the window's blocks 2, 3: 2 is gone, so a hit of 2 (the window
+    # reads 0, 1; the full group peeks at its block 2)
+    assert m.lookup(PROMPT[:21], peek=(True, False)) == 8
+    # peeking in the window group only: a hit of 4 reads and peeks at 2..4: 1 block
+    assert m.lookup(PROMPT[:21], peek=(False, True)) == 4
+    assert m.lookup(PROMPT[:21], peek=(False, False)) == m.lookup(PROMPT[:21]) == 20
+    assert m.lookup(PROMPT, peek=(True, False)) == 20
+    assert m.lookup_block_ids(PROMPT, peek=(True, False)) == (a[0][:5], (0, 0, 0, a[1][3], a[1][4]))
+
+
+def test_peek_is_never_a_mamba_groups():
+    m = HybridKVCacheManager([full_attention(), mamba()], 32, 4, seed=0)
+    assert m.add_request("a", PROMPT) is not None
+    assert m.lookup(PROMPT, peek=True) == m.lookup(PROMPT, peek=(True, False))
+    with pytest.raises(RequestError, match="peek"):
+        m.lookup(PROMPT, peek=(True, True))
+
+
 def test_hybrid_bad_peek_is_refused_before_any_change():
     m = hybrid_with_a_hole()
     free = m.num_free_blocks
     for call in (lambda: m.add_request("b", PROMPT, peek="yes"),
+                 lambda: m.add_request("b", PROMPT, peek=(True,)),
                  lambda: m.lookup(PROMPT, peek=1),
+                 lambda: m.lookup(PROMPT, peek=(1, 0)),
                  lambda: m.lookup_block_ids(PROMPT, peek=None)):
         with pytest.raises(RequestError, match="peek"):
             call()

@@ -37,7 +37,7 @@ class UncachedHybridManager(HybridKVCacheManager):
                     resumed: bool = False, read_cache: bool = True, num_lookahead_tokens: int = 0,
                     require_full_fit: bool = False, keep_free: int = 0,
                     num_external_tokens: int = 0, max_hit_tokens: int | None = None,
-                    peek: bool = False) -> GroupAdmission | None:
+                    peek: bool | Sequence[bool] = False) -> GroupAdmission | None:
         """As ``HybridKVCacheManager.add_request`` with ``read_cache=False``."""
         return super().add_request(request_id, prompt_token_ids, extra=extra,
                                    num_new_tokens=num_new_tokens, resumed=resumed,
@@ -48,7 +48,7 @@ class UncachedHybridManager(HybridKVCacheManager):
 
     def lookup(self, prompt_token_ids: Sequence[int] | Prompt, *,
                extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,
-               peek: bool = False) -> int:
+               peek: bool | Sequence[bool] = False) -> int:
         """0, after checking the input as ``HybridKVCacheManager.lookup`` does."""
         super().lookup(prompt_token_ids, extra=extra, max_hit_tokens=max_hit_tokens, peek=peek)
         return 0

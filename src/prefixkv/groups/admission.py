@@ -111,7 +111,7 @@ class GroupAdmitter:
         extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
         read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
         keep_free: int = 0, num_external_tokens: int = 0, max_hit_tokens: int | None = None,
-        peek: bool = False,
+        peek: bool | Sequence[bool] = False,
     ) -> GroupAdmission | None:
         """Admit a request: find the longest cached prefix every group can serve, take
         references on the blocks each group needs of it, allocate every group's blocks
@@ -128,9 +128,10 @@ class GroupAdmitter:
         ``max_hit_tokens``: a hit of at most this many tokens (None: no cap): the longest
         prefix every group serves within it, not the longest hit cut short (a window's
         blocks there may be gone). ``peek``: a hit of ``k > 0`` blocks needs block ``k``
-        cached too in every group but a sparse one (vLLM's EAGLE, which matches one block
-        past the hit and drops it; ``prefixkv.groups.hits``); it may be the prompt's
-        last full block, even the one holding its last token.
+        cached too in every group but a sparse one (True), or in the groups a sequence
+        of one bool per group names (never a sparse one): vLLM's EAGLE, which matches one
+        block past the hit and drops it (``prefixkv.groups.hits``); it may be the
+        prompt's last full block, even the one holding its last token.
 
         Returns the GroupAdmission, or None when the pool is short of blocks (nothing
         changed). Raises PromptTooLongError when it can never fit (``groups.fit``: its
@@ -150,7 +151,7 @@ class GroupAdmitter:
         req, nodes, prompt = self._find(request_id, prompt_token_ids, extra,
                                         check_flag("read_cache", read_cache, RequestError),
                                         max_hit_tokens=max_hit_tokens,
-                                        peek=check_flag("peek", peek, RequestError))
+                                        peek=self._peeking(peek))
         n, bs, k = len(req.tokens), self.block_size, len(nodes)
         usable = self.num_blocks - (self._null is not None)
         if blocks_for(n + num_lookahead_tokens, bs) * len(self.groups) > usable:  # else it fits
@@ -205,23 +206,23 @@ class GroupAdmitter:
 
     def lookup(self, prompt_token_ids: Sequence[int] | Prompt, *,
                extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,
-               peek: bool = False) -> int:
+               peek: bool | Sequence[bool] = False) -> int:
         """Tokens of this prompt that an admission now (with this ``max_hit_tokens`` and
         ``peek``) would find cached in every group. Changes nothing. Raises as
         ``add_request`` for bad input."""
         return len(self._find(None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
-                              peek=check_flag("peek", peek, RequestError))[1]) * self.block_size
+                              peek=self._peeking(peek))[1]) * self.block_size
 
     def lookup_block_ids(self, prompt_token_ids: Sequence[int] | Prompt, *,
                          extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,
-                         peek: bool = False) -> tuple[tuple[int, ...], ...]:
+                         peek: bool | Sequence[bool] = False) -> tuple[tuple[int, ...], ...]:
         """Per group, the blocks of the prefix ``lookup`` finds, in token order, as an
         admission now would put them in its tables: ``null_block_id`` for the leading
         blocks that the group's window no longer reads. Changes nothing. Raises as
         ``add_request`` for bad input."""
         cuts, hits = self._window_hits(self._find(
             None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
-            peek=check_flag("peek", peek, RequestError))[1])
+            peek=self._peeking(peek))[1])
         null = self.null_block_id
         return tuple((null,) * cut + tuple(b.block_id for b in h)  # type: ignore[misc]
                      for cut, h in zip(cuts, hits, strict=True))
@@ -240,11 +241,12 @@ class GroupAdmitter:
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt,
               extra: ExtraKeys | None,
               read_cache: bool, alone: list[int] | None = None,
-              max_hit_tokens: int | None = None, peek: bool = False
+              max_hit_tokens: int | None = None, peek: Sequence[bool] = ()
               ) -> tuple[GroupRequest, list[Prefix], Prompt | None]:
         """Check and encode a prompt (or take a prepared one); the prefix ids of its hit
         (at most ``hit_limit``'s blocks: all but the one holding the last token, and
-        within ``max_hit_tokens``; with ``peek``, the block after it is looked at too), and
+        within ``max_hit_tokens``; in the groups ``peek`` names (``_peeking``), the block
+        after it is looked at too), and
         the Prompt if it was one; ``alone[g]`` set to the blocks group ``g`` alone would
         serve (without peeking), when given. No side effects (but the check of
         ``max_hit_tokens``)."""
@@ -263,20 +265,36 @@ class GroupAdmitter:
         limit = hit_limit(n, bs, max_hit_tokens)
         if not read_cache or not limit:
             return req, [], prompt
-        walked = min(n // bs, limit + 1) if peek else limit  # (peek: block ``limit`` too)
+        peeks = any(peek)
+        walked = min(n // bs, limit + 1) if peeks else limit  # (peek: block ``limit`` too)
         nodes = self._table.walk(chunks, keys.of_blocks(0, walked), walked)
         find = self._index.find
-        top = min(limit, len(nodes) - 1) if peek else len(nodes)
+        top = min(limit, len(nodes) - 1) if peeks else len(nodes)
         if top <= 0:
             return req, [], prompt
-        k = longest_hit(self.groups, bs, top, lambda g, j: find(g, nodes[j]) is not None,
-                        [peek and not s.sparse for s in self.groups])
+        k = longest_hit(self.groups, bs, top, lambda g, j: find(g, nodes[j]) is not None, peek)
         if alone is not None:
             for g, spec in enumerate(self.groups):
                 def held(_: int, j: int, g: int = g) -> bool:
                     return find(g, nodes[j]) is not None
                 alone[g] = longest_hit((spec,), bs, len(nodes), held)
         return req, nodes[:k], prompt
+
+    def _peeking(self, peek: bool | Sequence[bool]) -> tuple[bool, ...]:
+        """``peek`` as one bool per group (True: every group but a sparse one). Raises
+        RequestError for anything else: not a bool nor a sequence of one bool per group,
+        or True for a sparse group."""
+        if peek is True or peek is False:
+            return tuple(peek and not s.sparse for s in self.groups)
+        try:
+            out = tuple(peek)
+        except TypeError:
+            out = ()
+        if len(out) != len(self.groups) or any(type(p) is not bool for p in out) or any(
+                p and s.sparse for p, s in zip(out, self.groups, strict=True)):
+            raise RequestError(f"peek must be a bool or one bool per group ({len(self.groups)}; "
+                               f"False for a sparse group), got {peek!r}")
+        return out
 
     def _prepare(self, req: GroupRequest, first: int, last: int, parent: Prefix | None,
                  prompt: Prompt | None = None) -> Prepared:
