@@ -31,10 +31,14 @@ LAYOUTS = {
     "window6+full": lambda: (_window(6), full(BS)),
     "full+window13+full": lambda: (full(BS), _window(13), full(BS)),
 }
+FLAGGED = {"full+window8": (0,), "window6+full": (0,), "full+window13+full": (2,)}
+"""vLLM's ``is_eagle_group`` where its draft model's layers are: on one group (the others
+of its spec follow it)."""
 
 
-def eagle_managers(num_blocks: int, specs: tuple[Any, ...]) -> list[Side]:
-    """prefixkv's plug-in and vLLM's own manager over ``specs``, both with EAGLE."""
+def eagle_managers(num_blocks: int, specs: tuple[Any, ...], flagged: tuple[int, ...] = ()) -> list[Side]:
+    """prefixkv's plug-in and vLLM's own manager over ``specs``, both with EAGLE, the
+    groups ``flagged`` marked ``is_eagle_group`` (none: vLLM takes every group)."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
     from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -46,16 +50,22 @@ def eagle_managers(num_blocks: int, specs: tuple[Any, ...]) -> list[Side]:
                     for s in specs)
     kw = dict(max_model_len=MAX_LEN, scheduler_block_size=BS, hash_block_size=BS, log_stats=True,
               enable_kv_cache_events=True, use_eagle=True)
-    return [Side(Ours(config(*specs, num_blocks=num_blocks), **kw), windows),
-            Side(Theirs(config(*specs, num_blocks=num_blocks), **kw), windows)]
+    def cfg() -> Any:
+        c = config(*specs, num_blocks=num_blocks)
+        for g in flagged:
+            c.kv_cache_groups[g].is_eagle_group = True
+        return c
+    return [Side(Ours(cfg(), **kw), windows), Side(Theirs(cfg(), **kw), windows)]
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", list(LAYOUTS) + [f"{k}, flagged {v}" for k, v in FLAGGED.items()])
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(extra_blocks=st.integers(1, 16), ops=st.lists(OP, min_size=8, max_size=40))
 def test_with_eagle_they_agree_on_hits_and_tables(layout, extra_blocks, ops):
-    specs = LAYOUTS[layout]()
-    sides = eagle_managers(len(specs) * MAX_LEN // BS + extra_blocks, specs)
+    name, _, flagged = layout.partition(", flagged ")
+    specs = LAYOUTS[name]()
+    sides = eagle_managers(len(specs) * MAX_LEN // BS + extra_blocks, specs,
+                           FLAGGED[name] if flagged else ())
     for serial, (op, slot, k, prompt, more) in enumerate(ops):
         if k % 4 == 0:
             for s in sides:

@@ -142,11 +142,21 @@ def test_eagle_where_vllm_finds_its_hit_otherwise_is_refused(specs, named):
         manager(*specs(), use_eagle=True)
 
 
-def test_eagle_on_some_groups_only_is_refused():
-    from prefixkv.integrations.vllm import KVCacheManager, UnsupportedByPrefixKV
+def test_eagle_flagged_on_the_draft_models_group_peeks_there_only():
+    from prefixkv.integrations.vllm import KVCacheManager
 
-    cfg = config(full(), window())
+    # as test_eagle_beside_a_window_needs_the_block_after_the_hit_in_both_groups, but
+    # vLLM flags the full-attention group only (is_eagle_group: its draft model's layers):
+    # a hit of 5 peeks at the full group's block 5 and reads window blocks 3 (gone), 4;
+    # a hit of 3 reads window blocks 1, 2
+    cfg = config(full(), window(), num_blocks=31)
     cfg.kv_cache_groups[0].is_eagle_group = True
-    with pytest.raises(UnsupportedByPrefixKV, match="some groups only"):
-        KVCacheManager(cfg, max_model_len=8192, scheduler_block_size=BS, hash_block_size=BS,
+    m = KVCacheManager(cfg, max_model_len=8192, scheduler_block_size=BS, hash_block_size=BS,
                        use_eagle=True)
+    assert m.eagle_groups == (True, False)
+    a = request("a", list(range(97)))
+    m.allocate_slots(a, 97)
+    a_full, a_window = m.get_block_ids("a")
+    m.evict_blocks({a_window[3]})
+    blocks, hit, _ = m.get_computed_blocks(request("b", list(range(97))))
+    assert hit == 48 and blocks.get_block_ids() == (a_full[:3], [0, *a_window[1:3]])

@@ -34,7 +34,8 @@ from prefixkv.groups import (
     sliding_window,
 )
 
-__all__ = ["VLLM_VERSION", "Layout", "UnsupportedByPrefixKV", "build_core", "check_options", "read_layout"]
+__all__ = ["VLLM_VERSION", "Layout", "UnsupportedByPrefixKV", "build_core", "check_options", "eagle_layout",
+           "read_layout"]
 
 VLLM_VERSION = "0.33.0"
 """The vLLM release this integration is written against and tested with (pinned)."""
@@ -147,7 +148,7 @@ def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens:
     hit: ``eagle_layout``), lookahead hashing (``num_hash_lookahead_tokens`` > 0), a
     negative ``watermark``."""
     if use_eagle:
-        eagle_layout(layout)
+        eagle_layout(layout)  # (its refusals)
 
     if num_hash_lookahead_tokens:
         raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead hashing "
@@ -156,21 +157,20 @@ def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens:
         raise UnsupportedByPrefixKV(f"watermark must be >= 0, got {watermark}")
 
 
-def eagle_layout(layout: Layout) -> None:
-    """Raises UnsupportedByPrefixKV unless prefixkv finds EAGLE's shortened hits on
-    ``layout`` as vLLM 0.33 does: every group full attention or sliding window (vLLM's
-    chunked local attention refuses EAGLE; beside Mamba, vLLM moves Mamba's checkpoints
-    to EAGLE's replay boundary), no group flagged ``is_eagle_group`` or all of them, and
-    at most two distinct specs, one of them full attention when two (vLLM's hit is then
-    one pass; with more it applies the dropped block once per candidate, and a group that
-    already dropped it is checked again without: ``kv_cache_coordinator``)."""
+def eagle_layout(layout: Layout) -> tuple[bool, ...]:
+    """The groups that match one block past an EAGLE hit (vLLM 0.33: the groups flagged
+    ``is_eagle_group``, its draft model's, and those of the same spec; every group when
+    none is flagged). Raises UnsupportedByPrefixKV unless prefixkv finds EAGLE's
+    shortened hits on ``layout`` as vLLM does: every group full attention or sliding
+    window (vLLM's chunked local attention refuses EAGLE; beside Mamba, vLLM moves
+    Mamba's checkpoints to EAGLE's replay boundary), and at most two distinct specs, one
+    of them full attention when two (vLLM's hit is then one pass; with more it applies
+    the dropped block once per candidate, and a group that already dropped it is checked
+    again without: ``kv_cache_coordinator``)."""
     kinds = {g.kind for g in layout.groups}
     if not kinds <= {"full_attention", "sliding_window"}:
         raise UnsupportedByPrefixKV(f"prefixkv offers EAGLE's shortened hits (use_eagle) on "
                                     f"full-attention and sliding-window groups only, got {sorted(kinds)}")
-    if any(layout.eagle_flags) and not all(layout.eagle_flags):
-        raise UnsupportedByPrefixKV("prefixkv does not offer EAGLE's shortened hits on some "
-                                    f"groups only (is_eagle_group: {list(layout.eagle_flags)})")
     distinct: list[Any] = []
     for spec in layout.specs:
         if spec not in distinct:
@@ -179,6 +179,9 @@ def eagle_layout(layout: Layout) -> None:
         raise UnsupportedByPrefixKV(f"prefixkv offers EAGLE's shortened hits (use_eagle) beside "
                                     f"one other group spec at most, a full-attention one of the "
                                     f"two, got {len(distinct)} specs")
+    flags = layout.eagle_flags if any(layout.eagle_flags) else (True,) * len(layout.specs)
+    return tuple(any(f for s, f in zip(layout.specs, flags, strict=True) if s == spec)
+                 for spec in layout.specs)
 
 
 def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool) -> tuple[Any, int]:

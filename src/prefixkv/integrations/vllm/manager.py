@@ -27,7 +27,7 @@ from vllm.v1.request import Request
 from prefixkv.core.block import blocks_for
 
 from .coordinator import CoordinatorView
-from .layout import UnsupportedByPrefixKV, build_core, check_options, read_layout
+from .layout import UnsupportedByPrefixKV, build_core, check_options, eagle_layout, read_layout
 from .mamba import StepCache, check_call, junction, noting
 from .pool import BlockPoolView, Blocks
 from .popped import PoppedBlocks
@@ -66,7 +66,9 @@ class KVCacheManager:
         self.enable_kv_cache_events = enable_kv_cache_events
         # set by prefixkv's Scheduler when its publisher builds events (handoff.py)
         self.hands_off_events = False
-        self.use_eagle = use_eagle  # (a hit drops its last block: slots.lookup)
+        self.use_eagle = use_eagle  # (a hit drops its last block: slots.eagle_hit)
+        # the groups that match one block past an EAGLE hit (layout.eagle_layout)
+        self.eagle_groups = eagle_layout(layout) if use_eagle else ()
         self.log_stats = log_stats
         self.metrics_collector = metrics_collector
         self.num_kv_cache_groups = len(layout.groups)

@@ -69,15 +69,15 @@ def eagle_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKey
     (vLLM's unitary coordinator) that block lies within the cap (``num_tokens - 1`` by
     default): one full-attention group drops the last block of its hit; with several,
     the hit is within the cap and the block after it may be the prompt's last full one
-    (``peek``)."""
+    (``peek``, in ``m.eagle_groups``)."""
     if not m._hybrid:
         hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap)
         return (hit[:-1],)
     if m.num_kv_cache_groups == 1:
         bs = m.block_size
         cap = max(0, ((num_tokens - 1 if cap is None else cap) // bs - 1) * bs)
-    out: tuple[tuple[int, ...], ...] = m.core.lookup_block_ids(prompt, extra=extra,
-                                                               max_hit_tokens=cap, peek=True)
+    out: tuple[tuple[int, ...], ...] = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap,
+                                                               peek=m.eagle_groups)
     return out
 
 
