@@ -160,3 +160,17 @@ def test_eagle_flagged_on_the_draft_models_group_peeks_there_only():
     m.evict_blocks({a_window[3]})
     blocks, hit, _ = m.get_computed_blocks(request("b", list(range(97))))
     assert hit == 48 and blocks.get_block_ids() == (a_full[:3], [0, *a_window[1:3]])
+
+
+def test_multi_module_mtp_re_prefillable_tokens_are_refused():
+    from prefixkv.integrations.vllm import UnsupportedByPrefixKV
+
+    # vLLM's coordinator caches num_computed - (num_prefill_lookahead - 1) tokens (the
+    # drafter may prefill the last ones again); prefixkv would cache them all
+    with pytest.raises(UnsupportedByPrefixKV, match="num_prefill_lookahead=3"):
+        manager(use_eagle=True, num_prefill_lookahead=3)
+    with pytest.raises(UnsupportedByPrefixKV, match="num_prefill_lookahead=2"):
+        manager(full(), window(), num_prefill_lookahead=2)
+    # EAGLE's one token ahead (1), and no caching: offered
+    assert manager(use_eagle=True, num_prefill_lookahead=1).use_eagle
+    assert not manager(num_prefill_lookahead=4, enable_caching=False).enable_caching

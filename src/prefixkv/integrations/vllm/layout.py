@@ -141,14 +141,21 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
 
 
 def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens: int,
-                  watermark: float) -> None:
+                  watermark: float, num_prefill_lookahead: int = 0, enable_caching: bool = True) -> None:
     """Raises UnsupportedByPrefixKV for the manager's arguments prefixkv does not offer:
     EAGLE's shortened hits (``use_eagle``) but with full-attention and sliding-window
     groups of at most two specs, full attention one of them when two (vLLM's one-pass
-    hit: ``eagle_layout``), lookahead hashing (``num_hash_lookahead_tokens`` > 0), a
-    negative ``watermark``."""
+    hit: ``eagle_layout``), lookahead hashing (``num_hash_lookahead_tokens`` > 0),
+    multi-module MTP's re-prefillable tokens with caching on (``num_prefill_lookahead``
+    > 1: vLLM leaves the last ``num_prefill_lookahead - 1`` computed tokens uncached, as
+    the drafter may prefill them again), a negative ``watermark``."""
     if use_eagle:
         eagle_layout(layout)  # (its refusals)
+    if enable_caching and num_prefill_lookahead > 1:
+        raise UnsupportedByPrefixKV(f"prefixkv does not offer multi-module MTP's re-prefillable "
+                                    f"tokens (num_prefill_lookahead={num_prefill_lookahead}: vLLM "
+                                    f"caches the last {num_prefill_lookahead - 1} computed tokens "
+                                    f"late)")
 
     if num_hash_lookahead_tokens:
         raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead hashing "

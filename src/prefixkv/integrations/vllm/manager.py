@@ -58,7 +58,8 @@ class KVCacheManager:
                              pcp_world_size=pcp_world_size,
                              enable_mamba_shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint)
         check_options(layout, use_eagle=use_eagle, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
-                      watermark=watermark)
+                      watermark=watermark, num_prefill_lookahead=num_prefill_lookahead,
+                      enable_caching=enable_caching)
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.block_size = bs = layout.block_size
