@@ -24,6 +24,14 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def hit_limit(num_tokens: int, block_size: int, max_hit_tokens: int | None = None) -> int:
+    """The most blocks a cache hit of a ``num_tokens``-token prompt may have: all but the
+    one holding its last token (computed anew: its logits are needed), and at most
+    ``max_hit_tokens // block_size`` when a cap is given."""
+    limit = (num_tokens - 1) // block_size
+    return limit if max_hit_tokens is None else min(limit, max_hit_tokens // block_size)
+
+
 class _NoChild:
     """The ``child`` of a block without one: fails every check a guess must pass."""
 

@@ -82,12 +82,14 @@ class KVCacheManager(StepOutputs):
                               self._prompt_hasher, self._config)
 
     def lookup(self, prompt_token_ids: Sequence[int] | Prompt, *,
-               extra: ExtraKeys | None = None) -> int:
-        """Tokens of this prompt that an admission now would find cached on the device
-        and in host slots. Changes nothing (no references, no stats, no LRU update) and
-        never asks the shared store. Takes a ``Prompt`` as ``add_request`` does. Raises
-        as ``add_request`` for bad input."""
-        return len(self._find(None, prompt_token_ids, extra, True, None)[1]) * self.block_size
+               extra: ExtraKeys | None = None, max_hit_tokens: int | None = None) -> int:
+        """Tokens of this prompt that an admission now (with this ``max_hit_tokens``)
+        would find cached on the device and in host slots. Changes nothing (no
+        references, no stats, no LRU update) and never asks the shared store. Takes a
+        ``Prompt`` as ``add_request`` does. Raises as ``add_request`` for bad input."""
+        if max_hit_tokens is not None:
+            check_count("max_hit_tokens", max_hit_tokens, 0, None)
+        return len(self._find(None, prompt_token_ids, extra, True, None, max_hit_tokens)[1]) * self.block_size
 
     # ---- the shared store's fetches -------------------------------------------------------
 
@@ -114,11 +116,14 @@ class KVCacheManager(StepOutputs):
         self._waits.attach(buffers)
 
     def lookup_block_ids(self, prompt_token_ids: Sequence[int] | Prompt, *,
-                         extra: ExtraKeys | None = None) -> tuple[int, ...]:
+                         extra: ExtraKeys | None = None, max_hit_tokens: int | None = None
+                         ) -> tuple[int, ...]:
         """The device blocks of the prefix ``lookup`` finds, in token order (it stops at
         the first block that is not in the device pool: host tier, store). Changes
         nothing. Takes a ``Prompt``. Raises as ``add_request`` for bad input."""
-        hits = self._find(None, prompt_token_ids, extra, True, None)[1]
+        if max_hit_tokens is not None:
+            check_count("max_hit_tokens", max_hit_tokens, 0, None)
+        hits = self._find(None, prompt_token_ids, extra, True, None, max_hit_tokens)[1]
         out = []
         for b in hits:
             if type(b) is not Block:

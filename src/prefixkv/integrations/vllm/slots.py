@@ -46,18 +46,39 @@ def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
            ) -> tuple[KVCacheBlocks, int]:
     """``m.get_computed_blocks`` (its contract is there) less its last 0: the hit's
     blocks per group and tokens, noted to the metrics collector; none when the request
-    does not read the cache or the hit is longer than ``max_cache_hit_length``."""
+    does not read the cache. The hit is the longest within ``max_cache_hit_length``
+    (None: no cap); with ``m.use_eagle``, as vLLM's EAGLE finds it (``eagle_hit``)."""
     if not m.prefix_cache_lookup_enabled(request):
         return m.empty_kv_cache_blocks, 0
     prompt, extra = admission_prompt(m, request)
-    hit = m.core.lookup_block_ids(prompt, extra=extra)
-    ids = hit if m._hybrid else (hit,)  # a window's unread blocks: the null block
+    if m.use_eagle:
+        ids = eagle_hit(m, prompt, extra, request.num_tokens, max_cache_hit_length)
+    else:
+        hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=max_cache_hit_length)
+        ids = hit if m._hybrid else (hit,)  # a window's unread blocks: the null block
     n, blocks = len(ids[0]) * m.block_size, m._blocks.of(ids)
-    if max_cache_hit_length is not None and n > max_cache_hit_length:
-        return m.empty_kv_cache_blocks, 0
     if n:
         m._telemetry.on_accessed(blocks)
     return blocks, n
+
+
+def eagle_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None,
+              num_tokens: int, cap: int | None) -> tuple[tuple[int, ...], ...]:
+    """The hit's blocks per group as vLLM 0.33's EAGLE finds it (``layout.eagle_layout``
+    says where): a group matches one block past the hit and drops it. With one group
+    (vLLM's unitary coordinator) that block lies within the cap (``num_tokens - 1`` by
+    default): one full-attention group drops the last block of its hit; with several,
+    the hit is within the cap and the block after it may be the prompt's last full one
+    (``peek``, in ``m.eagle_groups``)."""
+    if not m._hybrid:
+        hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap)
+        return (hit[:-1],)
+    if m.num_kv_cache_groups == 1:
+        bs = m.block_size
+        cap = max(0, ((num_tokens - 1 if cap is None else cap) // bs - 1) * bs)
+    out: tuple[tuple[int, ...], ...] = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap,
+                                                               peek=m.eagle_groups)
+    return out
 
 
 def allocate(m: KVCacheManager, request: Request, num_new_tokens: int, num_new_computed_tokens: int,
@@ -126,6 +147,7 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     try:
         adm = m.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
                                  resumed=request.num_preemptions > 0, read_cache=read,
+                                 max_hit_tokens=hit if read else None,
                                  num_lookahead_tokens=max(0, slots - hit - scheduled),
                                  require_full_fit=full_fit, keep_free=keep, **loaded)
     except PromptTooLongError:
