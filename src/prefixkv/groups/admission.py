@@ -141,7 +141,8 @@ class GroupAdmitter:
         check_flag("resumed", resumed, RequestError)
         check_flag("require_full_fit", require_full_fit, RequestError)
         req, nodes, prompt = self._find(request_id, prompt_token_ids, extra,
-                                        check_flag("read_cache", read_cache, RequestError))
+                                        check_flag("read_cache", read_cache, RequestError),
+                                        admit=True)
         n, bs, k = len(req.tokens), self.block_size, len(nodes)
         usable = self.num_blocks - (self._null is not None)
         if blocks_for(n + num_lookahead_tokens, bs) * len(self.groups) > usable:  # else it fits
@@ -224,16 +225,23 @@ class GroupAdmitter:
 
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt,
               extra: ExtraKeys | None,
-              read_cache: bool, alone: list[int] | None = None
+              read_cache: bool, alone: list[int] | None = None, *, admit: bool = False
               ) -> tuple[GroupRequest, list[Prefix], Prompt | None]:
         """Check and encode a prompt (or take a prepared one); the prefix ids of its hit
         (at most all blocks but the one holding the last token), and the Prompt if it was
         one; ``alone[g]`` set to the blocks group ``g`` alone would serve, when given.
-        No side effects."""
+        ``admit``: the request is admitted (it gets its own token array; else it is a
+        lookup's, which reads a prepared prompt's). No side effects."""
         if isinstance(prompt_token_ids, Prompt):
             prompt: Prompt | None = unpack_prompt(prompt_token_ids, extra, self._config)
-            tokens, keys, chunks = prompt_token_ids.tokens[:], prompt_token_ids.keys, \
-                prompt_token_ids.chunks  # (a copy of the tokens: decode appends to them)
+            keys, chunks = prompt_token_ids.keys, prompt_token_ids.chunks
+            if not admit:  # a lookup: the tokens are read, never written
+                tokens = prompt_token_ids.tokens
+            else:  # the request's own (decode appends to them): ``prepare``'s copy, once
+                try:
+                    tokens = prompt_token_ids.spare.pop()
+                except IndexError:
+                    tokens = prompt_token_ids.tokens[:]
         else:
             prompt = None
             tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
