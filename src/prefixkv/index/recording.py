@@ -55,6 +55,9 @@ class ContentRecorder(Announcer):
         self.cut = 0
         self._epoch = 0  # ``clear`` starts another: every run recorded before is not ``ok``
         self.runs = True  # record runs (``Run``); off, every block is claimed alone
+        # calls that took content from device blocks (``drop``, ``drop_one``, ``uncache``):
+        # a run recorded (or checked whole) while this count was what it is now is whole
+        self.losses = 0
         self.run_counts = RunCounts()  # (the pool reads them: ``BlockPool``)
         # device blocks a store fetch fills on its thread, not findable yet (``land_run``
         # makes them so): by the fetch's id; ``check`` passes them by
@@ -213,7 +216,8 @@ class ContentRecorder(Announcer):
             # (the span and the store's chunks, the head's first: not copied again)
             head = span[0]
             del span[0]  # (a move of the pointers: no count touched)
-            head.starts = Run(span, chunks, extras[0], self._epoch, self.run_counts)
+            head.starts = Run(span, chunks, extras[0], self._epoch, self.losses,
+                              self.run_counts)
         if hashes is not None:
             self._announce(req, first, chunks, hashes)
             if self.fresh is not None:

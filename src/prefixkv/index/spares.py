@@ -34,6 +34,7 @@ class SpareIndex(ContentRecorder):
         ``cut``: blocks after these in their requests may stay findable (``uncache_blocks``
         names any blocks, not a request's whole tail), cut off from their parent's content
         as a spare's children are."""
+        self.losses += 1  # (``Run.seen``)
         for b in blocks:
             if b.key is None:
                 continue
