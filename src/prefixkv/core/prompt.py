@@ -35,7 +35,8 @@ class Prompt:
     ``add_request``, ``lookup`` or ``lookup_block_ids`` in place of the token ids.
 
     Immutable (attributes cannot be set; the arrays and lists it holds are never written
-    by prefixkv, and must not be by anyone). Read ``token_ids``, ``extra``,
+    by prefixkv, and must not be by anyone, but ``spare``: the copy of the tokens that
+    the first admission takes for its request). Read ``token_ids``, ``extra``,
     ``block_hashes`` and ``len()``; the other attributes are the manager's.
     """
 
