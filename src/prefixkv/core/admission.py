@@ -39,7 +39,7 @@ from .block import Block, blocks_for, hit_limit, key_chunk
 from .copies import CopyPlan
 from .pool import BlockPool
 from .prompt import Prompt, encode_prompt, unpack_prompt
-from .request import Request
+from .request import GROW_AT, Request, grow_room
 from .store_waits import StoreWaits
 
 
@@ -201,6 +201,8 @@ class Admitter:
                 pool.unclaim(hits, claimed)
             if fetch is not None:  # (its run stays cached; the wait goes on)
                 self._waits.give_back(fetch)  # type: ignore[union-attr]
+            elif isinstance(req.prompt, Prompt):  # its tokens, unwritten: the next admission's
+                req.prompt.spare.append(req.tokens)
             return None
         first, last = len(hits), total // bs
         try:
@@ -244,8 +246,6 @@ class Admitter:
         req.prompt = None
         if req.prompt_hashes is None or total == n:  # (a prepared prompt's chunks and hashes
             req.prompt_chunks = req.prompt_hashes = None  # serve its next chunks: ``extend``)
-        if n >= 4096:
-            req.grow_room()
         self._requests[request_id] = req
         if fetch is not None:  # the wait is over
             self._waits.cancel(request_id, bool(taken))  # type: ignore[union-attr]
@@ -299,18 +299,30 @@ class Admitter:
         """Check and encode a prompt and find its cached prefix (at most all blocks but
         the one holding the last token, and ``hit_limit``'s): the request, the hits and, when ``admit`` and
         the index claimed them (took their references), how many left the cached tier;
-        else None, and no side effects. ``admit``: an admission's ``num_new_tokens``,
+        else None, and no side effects (but a prepared prompt's spare tokens taken, for an
+        admission). ``admit``: an admission's ``num_new_tokens``,
         ``num_lookahead_tokens`` and ``require_full_fit`` (None: a lookup); it is
         refused with PromptTooLongError, before any claim, if it can never fit."""
         if isinstance(prompt_token_ids, Prompt):  # prepared: checked, encoded and cut already
             p = prompt_token_ids
             if p.config is not self._config or extra is not None:  # (this manager's own: valid)
                 unpack_prompt(p, extra, self._config)  # raises PromptError, or it is valid
-            tokens, keys, chunks = p.tokens[:], p.keys, p.chunks  # (decode appends to its copy)
+            keys, chunks = p.keys, p.chunks
+            if admit is None:  # a lookup: the request's tokens are read, never written
+                tokens = p.tokens
+            else:  # the request's own array (decode appends to it): the copy ``prepare``
+                try:  # made, grown, for the first admission (``pop``: one taker, whatever
+                    tokens = p.spare.pop()  # the threads), else a copy
+                except IndexError:
+                    tokens = p.tokens[:]
+                    if len(tokens) >= GROW_AT:
+                        grow_room(tokens)
         else:
             p = None
             tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
                                                  self.vocab_size)
+            if admit is not None and len(tokens) >= GROW_AT:
+                grow_room(tokens)
         n, bs = len(tokens), self.block_size
         if admit is not None and n + admit[1] > self._max_slots:  # (else it always fits)
             self._check_fits(n, *admit)

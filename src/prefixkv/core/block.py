@@ -74,9 +74,12 @@ class Run:
     ``ok``: the index's epoch when recorded (``reset`` starts another), -1 once known
     broken. A run that is not shared may be stale (a block's content lost since): the
     claim that first takes it whole checks each block as a hit is checked, then makes
-    it shared. A shared run holds its content: the loss of any block's content breaks it
-    (``broken``). So ``claim`` compares its token bytes as one list, instead of block by
-    block, and checks its first block's parent id against the head's content id.
+    it shared; unless ``seen``, the index's count of content losses when the run was
+    last known whole (recorded or checked), is still that count: no block anywhere
+    has lost its content since, so none of these has. A shared run holds its content:
+    the loss of any block's content breaks it (``broken``). So ``claim`` compares its
+    token bytes as one list, instead of block by block, and checks its first block's
+    parent id against the head's content id.
 
     ``shared``: the blocks' reference count is ``n``, one count for all of them (each
     block's ``counted`` is this run): they are held by exactly the same requests, so a
@@ -99,14 +102,16 @@ class Run:
 
     ``counts``: the index's ``RunCounts``, kept as ``shared`` and ``n`` change."""
 
-    __slots__ = ("blocks", "chunks", "extra", "ok", "n", "shared", "fwd", "linked", "counts")
+    __slots__ = ("blocks", "chunks", "extra", "ok", "seen", "n", "shared", "fwd", "linked",
+                 "counts")
 
     def __init__(self, blocks: list[Block], chunks: list[bytes], extra: bytes, ok: int,
-                 counts: RunCounts) -> None:
+                 seen: int, counts: RunCounts) -> None:
         self.blocks = blocks
         self.chunks = chunks
         self.extra = extra
         self.ok = ok
+        self.seen = seen
         self.n = 0
         self.shared = False
         self.fwd = False

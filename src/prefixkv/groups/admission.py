@@ -151,7 +151,7 @@ class GroupAdmitter:
         req, nodes, prompt = self._find(request_id, prompt_token_ids, extra,
                                         check_flag("read_cache", read_cache, RequestError),
                                         max_hit_tokens=max_hit_tokens,
-                                        peek=self._peeking(peek))
+                                        peek=self._peeking(peek), admit=True)
         n, bs, k = len(req.tokens), self.block_size, len(nodes)
         usable = self.num_blocks - (self._null is not None)
         if blocks_for(n + num_lookahead_tokens, bs) * len(self.groups) > usable:  # else it fits
@@ -241,21 +241,28 @@ class GroupAdmitter:
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt,
               extra: ExtraKeys | None,
               read_cache: bool, alone: list[int] | None = None,
-              max_hit_tokens: int | None = None, peek: Sequence[bool] = ()
-              ) -> tuple[GroupRequest, list[Prefix], Prompt | None]:
+              max_hit_tokens: int | None = None, peek: Sequence[bool] = (), *,
+              admit: bool = False) -> tuple[GroupRequest, list[Prefix], Prompt | None]:
         """Check and encode a prompt (or take a prepared one); the prefix ids of its hit
         (at most ``hit_limit``'s blocks: all but the one holding the last token, and
         within ``max_hit_tokens``; in the groups ``peek`` names (``_peeking``), the block
         after it is looked at too), and
         the Prompt if it was one; ``alone[g]`` set to the blocks group ``g`` alone would
-        serve (without peeking), when given. No side effects (but the check of
-        ``max_hit_tokens``)."""
+        serve (without peeking), when given. ``admit``: the request is admitted (it gets
+        its own token array; else it is a lookup's, which reads a prepared prompt's). No
+        side effects (but the check of ``max_hit_tokens``)."""
         if max_hit_tokens is not None:
             check_count("max_hit_tokens", max_hit_tokens, 0, None)
         if isinstance(prompt_token_ids, Prompt):
             prompt: Prompt | None = unpack_prompt(prompt_token_ids, extra, self._config)
-            tokens, keys, chunks = prompt_token_ids.tokens[:], prompt_token_ids.keys, \
-                prompt_token_ids.chunks  # (a copy of the tokens: decode appends to them)
+            keys, chunks = prompt_token_ids.keys, prompt_token_ids.chunks
+            if not admit:  # a lookup: the tokens are read, never written
+                tokens = prompt_token_ids.tokens
+            else:  # the request's own (decode appends to them): ``prepare``'s copy, once
+                try:
+                    tokens = prompt_token_ids.spare.pop()
+                except IndexError:
+                    tokens = prompt_token_ids.tokens[:]
         else:
             prompt = None
             tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,

@@ -57,6 +57,9 @@ class ContentRecorder(Announcer):
         self.cut = 0
         self._epoch = 0  # ``clear`` starts another: every run recorded before is not ``ok``
         self.runs = True  # record runs (``Run``); off, every block is claimed alone
+        # calls that took content from device blocks (``drop``, ``drop_one``, ``uncache``):
+        # a run recorded (or checked whole) while this count was what it is now is whole
+        self.losses = 0
         self.run_counts = RunCounts()  # (the pool reads them: ``BlockPool``)
         # device blocks a store fetch fills on its thread, not findable yet (``land_run``
         # makes them so): by the fetch's id; ``check`` passes them by
@@ -244,7 +247,7 @@ class ContentRecorder(Announcer):
         # (the run owns its chunks, ``Run.truncate`` cuts them in place: a copy when a
         # deferred event holds the list too)
         run = head.starts = Run(span, chunks[:] if self.lazy else chunks, extra, self._epoch,
-                                self.run_counts)
+                                self.losses, self.run_counts)
         end = nid + len(span)
         for b, chunk, c in zip(span, islice(chunks, 1, None), range(nid, end), strict=False):
             b.parent_cid = cid

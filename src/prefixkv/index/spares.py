@@ -38,6 +38,7 @@ class SpareIndex(ContentRecorder):
         A content that leaves the index so takes its cached descendants with it
         (``_forget_below``). Returns those of them that were free: the pool moves them
         to its empty tier (``BlockPool.emptied``)."""
+        self.losses += 1  # (``Run.seen``)
         gone: list[Block] | None = None  # the blocks whose content left the index
         for b in blocks:
             if b.key is None:
