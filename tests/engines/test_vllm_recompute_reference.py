@@ -146,3 +146,30 @@ def test_async_scheduling_with_rejected_drafts_moves_and_frees_as_vllm_does(layo
         answers.append(seen)
     assert answers[0] == answers[1]
     assert (layout == "full") == (not any(any(g) for g in answers[0][-1][0]))  # (windows moved)
+
+
+@pytest.mark.parametrize(("layout", "want"), [("window5", 20), ("full+window8", 8)])
+def test_a_recompute_over_what_a_window_released_is_not_cached_again(layout, want):
+    # wrongkv-r12: 24 tokens computed, a step at 24 (the window releases its blocks
+    # below 20, resp. 17), then block 2 turns out invalid: vLLM sets the request back to
+    # 8 and recomputes 8..25, reading the window's null entries there (KV gone). vLLM's
+    # own manager leaves the blocks cached, their KV recomputed from that wrong context,
+    # and a later request hits all 24 tokens. Before: prefixkv cached the recomputed
+    # blocks again, and hit 24 too; now only what was computed over sound KV is found
+    # (window5: the window's block 4, 16..19, released to the pool from the first pass)
+    from vllm.v1.request import RequestStatus
+
+    hits = []
+    for m in LAYOUTS[layout]():
+        a = _request("a", list(range(24)), None)
+        assert m.allocate_slots(a, 24) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 24
+        a.append_output_token_ids(100)
+        assert m.allocate_slots(a, 1) is not None
+        assert list(m.get_block_ids("a")[-1][:4]) == [0, 0, 0, 0]  # (vLLM's null block)
+        a.num_computed_tokens = 8                    # (after the step at 24 ran: 25, set back)
+        assert m.allocate_slots(a, 17) is not None
+        a.num_computed_tokens = 25
+        hits.append(m.get_computed_blocks(_request("c", [*range(24), 5], None))[1])
+    assert hits == [want, 24]
+

@@ -87,6 +87,7 @@ class HybridKVCacheManager(GroupDecoder):
         self._table.hold(child.nodes[-1] if child.nodes else None)
         child.num_scheduled, child.step_start = parent.num_scheduled, parent.step_start
         child.num_cached = full * self.block_size
+        child.tainted_from = parent.tainted_from  # (its KV is the parent's)
         self._kv_ops += copies
         self._requests[child_id] = child
         return GroupFork(child_id, tuple(map(tuple, self._ids(child))), tuple(copies))
