@@ -173,3 +173,49 @@ def test_a_recompute_over_what_a_window_released_is_not_cached_again(layout, wan
         hits.append(m.get_computed_blocks(_request("c", [*range(24), 5], None))[1])
     assert hits == [want, 24]
 
+
+@pytest.mark.parametrize("evicted", [True, False])
+def test_a_plain_model_caches_what_it_recomputes_after_a_set_back_again(evicted):
+    # a full-attention model: block 1 on turns out invalid (evict_blocks names them, as
+    # vLLM's scheduler does before failing a request) and vLLM sets the request back to
+    # 4. Before, the plug-in rewound only hybrid models: the recomputed blocks stayed
+    # unfindable while the request lived (4, as vLLM's own manager); now they are cached
+    # as recomputed. Set back with no evict_blocks (kv_load_failure_policy="recompute"),
+    # they are uncached at the recompute's start (the KV of the failed load is not
+    # served meanwhile) and cached again
+    from vllm.v1.request import RequestStatus
+
+    hits = []
+    for m in LAYOUTS["full"]():
+        a = _request("a", list(range(24)), None)
+        assert m.allocate_slots(a, 24) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 24
+        if evicted:
+            m.evict_blocks(set(m.get_block_ids("a")[0][1:]))
+        a.num_computed_tokens = 4
+        assert m.allocate_slots(a, 20) is not None
+        a.num_computed_tokens = 24
+        hits.append(m.get_computed_blocks(_request("c", [*range(24), 5], None))[1])
+    assert hits == [24, 4 if evicted else 24]
+
+
+def test_a_plain_model_set_back_beside_a_request_sharing_its_blocks_goes_on():
+    # b hit a's blocks 0..5; a is set back to 4 (b keeps its count: vLLM recomputes a
+    # shared invalid block once). prefixkv's rewind refuses while b holds them, changing
+    # nothing: the step goes on as before (the blocks evicted stay unfindable)
+    from vllm.v1.request import RequestStatus
+
+    m = LAYOUTS["full"]()[0]
+    a = _request("a", list(range(24)), None)
+    assert m.allocate_slots(a, 24) is not None
+    a.status, a.num_computed_tokens = RequestStatus.RUNNING, 24
+    b = _request("b", [*range(24), 7], None)
+    blocks, hit = m.get_computed_blocks(b)[:2]
+    assert hit == 24 and m.allocate_slots(b, 1, hit, blocks) is not None
+    m.evict_blocks(set(m.get_block_ids("a")[0][1:]))
+    before = m.get_block_ids("a")
+    a.num_computed_tokens = 4
+    assert m.allocate_slots(a, 20) is not None
+    assert m.get_block_ids("a") == before
+    assert m.core.num_scheduled_tokens(m.key_of("a")) == 24
+    assert m.get_computed_blocks(_request("c", [*range(24), 5], None))[1] == 4
