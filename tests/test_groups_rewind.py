@@ -242,6 +242,25 @@ def test_a_mamba_recompute_from_a_state_no_block_holds_is_never_cached():
     m2.check_invariants()
 
 
+def test_reads_released_says_where_a_recompute_would_read_lost_kv():
+    # the 4-token window at 12 released blocks 0..2: a step from 9..11 reads 6..8, from
+    # 12 on nothing released; from 0 it would write and then read released entries (the
+    # null block). An admission whose load ends at 12 is the same below 12
+    m = manager((full_attention(), sliding_window(4)), 20)
+    m.add_request("a", list(range(1, 13)))
+    m.append_tokens("a", [13])
+    assert [m.reads_released("a", p) for p in (0, 6, 11, 12, 13)] == [True, True, True, False, False]
+    m.add_request("b", list(range(20, 32)), num_new_tokens=1, num_lookahead_tokens=11,
+                  num_external_tokens=12)
+    assert [m.reads_released("b", p) for p in (0, 1)] == [True, True]
+    m.extend("b", 11)                                    # the load landed
+    assert m.reads_released("b", 8) and not m.reads_released("b", 12)
+    for bad in (-1, 14):
+        with pytest.raises(RequestError):
+            m.reads_released("a", bad)
+    m.check_invariants()
+
+
 LAYOUTS = [(full_attention(),), SLIDING, (sliding_window(4),), WINDOWED]
 OP = st.sampled_from(["fork", "fork", "rewind", "rewind", "append", "append", "step", "free", "unread"])
 OPS = st.lists(st.tuples(OP, st.integers(0, 3), st.integers(0, 12),

@@ -219,3 +219,49 @@ def test_a_plain_model_set_back_beside_a_request_sharing_its_blocks_goes_on():
     assert m.get_block_ids("a") == before
     assert m.core.num_scheduled_tokens(m.key_of("a")) == 24
     assert m.get_computed_blocks(_request("c", [*range(24), 5], None))[1] == 4
+
+
+def test_an_async_load_that_failed_below_its_end_is_recomputed_uncached_on_a_window_model():
+    # wrongkv-r12: a 24-token prompt loaded whole (async); the 5-token window takes no
+    # block below 20 (the query after the load reads 20..24: vLLM's null block). Block 5
+    # fails: vLLM sets the request back to 20, caches what landed, and recomputes
+    # 20..24, reading the null entries at 16..19 (KV gone). No rewind is seen (prefixkv
+    # scheduled exactly 20). vLLM's own manager serves the recomputed block (24, wrong
+    # KV); before, prefixkv did too; now the recompute is tainted: 0
+    from vllm.v1.request import RequestStatus
+
+    hits = []
+    for m in LAYOUTS["window5"]():
+        a = _request("a", list(range(24)), None)
+        assert m.allocate_slots(a, 0, num_external_computed_tokens=24, delay_cache_blocks=True) is not None
+        a.status, a.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, 24
+        assert list(m.get_block_ids("a")[0][:5]) == [0] * 5
+        a.num_computed_tokens = 20                   # _update_requests_with_invalid_blocks
+        m.cache_blocks(a, 20)                        # _update_waiting_for_remote_kv
+        a.status = RequestStatus.WAITING
+        assert m.allocate_slots(a, 4) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 24
+        hits.append(m.get_computed_blocks(_request("c", [*range(24), 5], None))[1])
+    assert hits == [0, 24]
+
+
+@pytest.mark.parametrize(("window", "want"), [(5, 0), (4, 24)])
+def test_the_last_token_recomputed_after_a_whole_load_over_a_released_entry_is_not_cached(window, want):
+    # a 24-token prompt loaded whole lands; vLLM recomputes its last token (for logits).
+    # The window's blocks below the load's end's reach are null: with a window of 5 the
+    # query at 23 reads 19, gone, and block 5 gets that position's KV computed over it
+    # (vLLM's own manager keeps serving it: 24). Before: prefixkv re-cached block 5 (24);
+    # now it is not (0: nothing sound is left to hit). A window of 4 reads 20..23: sound
+    from vllm.v1.request import RequestStatus
+
+    hits = []
+    for m in _hybrid_pair(30, _window(window)):
+        a = _request("a", list(range(24)), None)
+        assert m.allocate_slots(a, 0, num_external_computed_tokens=24, delay_cache_blocks=True) is not None
+        a.status, a.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, 24
+        m.cache_blocks(a, 24)
+        a.status, a.num_computed_tokens = RequestStatus.WAITING, 23
+        assert m.allocate_slots(a, 1) is not None
+        a.status, a.num_computed_tokens = RequestStatus.RUNNING, 24
+        hits.append(m.get_computed_blocks(_request("c", [*range(24), 5], None))[1])
+    assert hits == [want, 24]

@@ -158,8 +158,11 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
     the pool, less ``keep`` blocks, is short (nothing changed but, as in vLLM, the
     release of the blocks no window reads any more)."""
     computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
-    if request.num_computed_tokens < m.core.num_scheduled_tokens(key):
-        rewind(m, key, request.num_computed_tokens)
+    n, scheduled = request.num_computed_tokens, m.core.num_scheduled_tokens(key)
+    if n < scheduled or (m._hybrid and n == scheduled and num_new_tokens and m.core.reads_released(key, n)):
+        # (the second: vLLM computes what a load was to write, which failed, where the
+        # windows gave back what the query after the load would not read)
+        rewind(m, key, n)
     if m._hybrid:
         # as vLLM, windows move at the tokens processed: steps in flight (async
         # scheduling) still read from where they start, which is before computed
