@@ -420,6 +420,14 @@ class HybridMachine(RuleBasedStateMachine):
             reserved = 0 if self.null is None else 1
             assert self.m.num_free_blocks == self.num_blocks - reserved
 
+    @invariant()
+    def reads_released_is_where_a_window_released_what_a_query_reads(self):
+        if any(g.sparse for g in self.groups):
+            return  # (a Mamba state: test_groups_rewind.py)
+        for rid in self.tokens:
+            for p in range(self.scheduled[rid] + 1):
+                assert self.m.reads_released(rid, p) == self._lost(rid, p), (rid, p)
+
     def _candidates(self):
         """Prompts a later request may bring: the known prefixes, each live and
         preempted request's tokens, one more token each."""

@@ -186,6 +186,8 @@ class HybridKVCacheManager(GroupDecoder):
         ``num_tokens`` outside ``[0, num_scheduled_tokens]``)."""
         req = self._get(request_id)
         check_count("num_tokens", num_tokens, 0, req.num_scheduled)
+        if num_tokens >= req.step_start and not self._sparse:
+            return False  # (what the windows released no query at the last step's start read)
         return reads_lost(self.groups, req, num_tokens, self.block_size)
 
     @property
