@@ -59,8 +59,9 @@ class RunCounts:
 class Run:
     """A run of blocks one ``store`` recorded after a first new content (``head``, which
     is not one of them), each the chained child of the one before: ``blocks`` in chain
-    order; ``chunks``: the head's token bytes, then theirs (the list ``store`` was given:
-    not copied); the extra-key bytes ``extra`` of every one.
+    order; ``chunks``: the head's token bytes, then theirs (the run's own list: the one
+    ``store`` was given, copied only when a deferred event holds it too); the extra-key
+    bytes ``extra`` of every one.
 
     ``ok``: the index's epoch when recorded (``reset`` starts another), -1 once known
     broken. A run that is not shared may be stale (a block's content lost since): the
@@ -71,18 +72,22 @@ class Run:
 
     ``shared``: the blocks' reference count is ``n``, one count for all of them (each
     block's ``counted`` is this run): they are held by exactly the same requests, so a
-    claim or a release of the whole run changes one count. A run becomes shared when a
+    claim or a release of the whole run changes one count. A run is shared from its
+    ``store`` on (its blocks are the storing request's alone), or becomes shared when a
     claim takes all of its blocks, each free, at once. Any change to one block's count
     alone (``Block.ref_cnt`` set), any removal of one of them from the free queue alone,
     and the loss of any block's content first give every block its own count again
-    (``dissolve``). While ``n`` is 0 the blocks are consecutive in the free queue's cached
-    tier, in the order of ``blocks`` (``fwd``) or the reverse: a claim takes them out of
-    it as one segment.
+    (``dissolve``); an eviction that takes its last blocks alone (not ``fwd``) cuts
+    them off instead (``truncate``: the rest keep their content). While ``n`` is 0 the
+    blocks are consecutive in the free queue's cached tier, in the order of ``blocks``
+    (``fwd``) or the reverse: a claim, or an eviction, takes them out of it as one
+    segment.
 
     ``linked``: the blocks' links (``prev``/``next``) still chain them in the order
-    ``fwd`` says, as the last release that freed them linked them (a claim takes them out
-    as one segment, leaving those links; nothing writes a held block's links): the next
-    release that frees them in that order links its two ends alone.
+    ``fwd`` says, as the last release that freed them linked them, or as ``store``
+    linked them for the release that frees its request, tail first (a claim takes them
+    out as one segment, leaving those links; nothing else writes a held block's links):
+    the next release that frees them in that order links its two ends alone.
 
     ``counts``: the index's ``RunCounts``, kept as ``shared`` and ``n`` change."""
 
@@ -111,6 +116,25 @@ class Run:
             for b in self.blocks:
                 b.refs = n
                 b.counted = None
+
+    def evicted(self) -> None:
+        """Every block of this free shared run is being evicted at once: broken (its
+        content goes), not shared; the caller clears each block's ``counted`` and sets its
+        count as it takes it (no pass to dissolve)."""
+        self.ok = -1
+        self.shared = self.linked = False
+        self.counts.shared -= 1
+        self.counts.free -= 1
+
+    def truncate(self, keep: int) -> list[Block]:
+        """Cut this free shared run after its first ``keep`` blocks (``0 < keep <
+        len(blocks)``; their content stays, one segment still): the blocks cut off, last
+        first (the order the cached tier holds them in when not ``fwd``), for the
+        eviction to take (their ``counted`` is the caller's to clear)."""
+        gone = self.blocks[:keep - 1:-1]
+        del self.blocks[keep:]
+        del self.chunks[keep + 1:]
+        return gone
 
     def broken(self) -> None:
         """One of the blocks (or the head) lost its content: not ``ok``, not shared."""

@@ -357,7 +357,7 @@ class ContentIndex(SpareIndex):
             blocks = [b for b in blocks if id(b) not in apart]
         return check_index(self._by_chunk, self._by_key, self._twins,
                            self.hashing and not self.lazy, blocks,
-                           self._num_chained, self._lower is not None, not self.cut) or (
+                           self._num_chained, self._lower is not None) or (
             check_lower_chains(self._lower, blocks) if self._lower is not None else None) or (
             check_runs(blocks, self._epoch, self.run_counts))
 
