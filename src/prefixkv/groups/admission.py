@@ -329,10 +329,12 @@ class GroupAdmitter:
     def _record(self, req: GroupRequest, first: int, prepared: Prepared) -> None:
         """Give full blocks ``first..`` their prefix ids and index them in every group
         (in a sparse group, only the block ending where the step ends, at
-        ``num_scheduled``: the others hold a state from before their end); move the
-        request's hold to its new last block."""
+        ``num_scheduled``: the others hold a state from before their end; none from
+        the request's ``tainted_from`` on); move the request's hold to its new last
+        block."""
         chunks, extras, hashes = prepared
         last = first + len(chunks)
+        sound = last if req.tainted_from is None else max(first, req.tainted_from // self.block_size)
         old = req.nodes[-1] if req.nodes else None
         nodes = self._table.extend(old, chunks, extras, hashes)
         events = ([req.keys.for_event(j, self.block_size) for j in range(first, last)]
@@ -342,6 +344,8 @@ class GroupAdmitter:
             part = table[first:last]
             if self.groups[g].sparse:  # (a block a step ran past holds the state it had then)
                 part = [None if j < len(part) - 1 or not ends else b for j, b in enumerate(part)]
+            if sound < last:  # (its KV read lost KV: never findable)
+                part = part[:sound - first] + [None] * (last - sound)
             self._index.store(g, part, nodes, first, req.tokens, events, self.block_size)  # type: ignore[arg-type]
         self._table.hold(nodes[-1])
         self._table.unhold(old)

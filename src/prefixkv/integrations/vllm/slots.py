@@ -37,7 +37,7 @@ from .requests import core_tokens, extra_keys_of
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
-__all__ = ["admission_prompt", "admit", "allocate", "grow", "grow_live", "lookup"]
+__all__ = ["admission_prompt", "admit", "allocate", "grow", "grow_live", "lookup", "rewind"]
 
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
@@ -180,11 +180,12 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
     the pool, less ``keep`` blocks, is short (nothing changed but, as in vLLM, the
     release of the blocks no window reads any more)."""
     computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
+    n, scheduled = request.num_computed_tokens, m.core.num_scheduled_tokens(key)
+    if n < scheduled or (m._hybrid and n == scheduled and num_new_tokens and m.core.reads_released(key, n)):
+        # (the second: vLLM computes what a load was to write, which failed, where the
+        # windows gave back what the query after the load would not read)
+        rewind(m, key, n)
     if m._hybrid:
-        if request.num_computed_tokens < m.core.num_scheduled_tokens(key):
-            # vLLM set it back (evict_blocks: invalid KV), and recomputes from there: so do
-            # the windows, which would otherwise move at the old, later position
-            m.core.rewind(key, request.num_computed_tokens)
         # as vLLM, windows move at the tokens processed: steps in flight (async
         # scheduling) still read from where they start, which is before computed
         m.core.bound_release(key, max(0, computed - request.num_in_flight_tokens))
@@ -197,6 +198,24 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
             m.core.release_unread(key)
         return None
     return m._blocks.of(grow(m, key, request, min(cache_to, request.num_tokens), slots))
+
+
+def rewind(m: KVCacheManager, key: int, num_computed_tokens: int) -> None:
+    """vLLM set the live request ``key`` back to ``num_computed_tokens`` (KV found
+    invalid: a failed load) and recomputes from there: so does prefixkv. Its full blocks
+    from there lose their content and are cached anew as the recompute schedules them
+    (unless the recompute reads what a window released: never, groups/taint.py); the
+    windows move at the recompute's start, not at the old, later position. The plain
+    manager refuses, changing nothing, while another request holds one of those blocks
+    (vLLM recomputes a shared invalid block once, in place, for all): the request then
+    goes on as before, the blocks it recomputes not cached again while it lives."""
+    if m._hybrid:
+        m.core.rewind(key, num_computed_tokens)
+        return
+    try:
+        m.core.rewind(key, num_computed_tokens)
+    except RequestError:  # (the only refusal left: a block another request holds)
+        pass
 
 
 def grow(m: KVCacheManager, key: int, request: Request, cache_to: int, slots: int
