@@ -89,8 +89,9 @@ def _softmax(  # type: ignore[no-untyped-def]  # Triton JIT
         if HAS_RIGHT:
             # One compare a score: each row's limit is the phase end or its right window edge,
             # whichever comes first (window_right <= 2^30: no overflow, validation._window).
-            limit = tl.minimum(pos + window_right + 1, phase_hi)  # [BLOCK_M]
-            allowed = col[None, :] < limit[:, None]  # [BLOCK_M, BLOCK_N]
+            # The column offsets (iota) against each row's limit less the tile's start.
+            limit = tl.minimum(pos + window_right + 1, phase_hi) - start_n  # [BLOCK_M]
+            allowed = tl.arange(0, BLOCK_N)[None, :] < limit[:, None]  # [BLOCK_M, BLOCK_N]
         else:
             allowed = (col < phase_hi)[None, :]  # broadcast to [BLOCK_M, BLOCK_N] below
         if HAS_LEFT:
