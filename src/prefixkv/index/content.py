@@ -354,6 +354,7 @@ class ContentIndex(SpareIndex):
         self._by_chunk.clear()
         self._by_key.clear()
         self._twins.clear()
+        self._kids.clear()
         self._num_chained = 0
         assert not self.landing, "clear while a store fetch fills device blocks"
 
@@ -366,7 +367,8 @@ class ContentIndex(SpareIndex):
                            self.hashing and not self.lazy, blocks,
                            self._num_chained, self._lower is not None) or (
             check_lower_chains(self._lower, blocks) if self._lower is not None else None) or (
-            check_runs(blocks, self._epoch, self.run_counts))
+            check_runs(blocks, self._epoch, self.run_counts)) or (
+            self._kids.check(self._by_chunk, self._by_key))
 
     def check_request(self, req: Request, block_size: int) -> str | None:
         """The first full scheduled block of ``req`` whose content is not its own."""

@@ -12,13 +12,14 @@ from collections.abc import Iterable, Sequence
 from itertools import chain, islice
 from typing import TYPE_CHECKING
 
-from ..core.block import NO_CHILD, Block, ContentKey, Run, RunCounts, key_chunk
+from ..core.block import NO_CHILD, Block, ContentKey, Key, Run, RunCounts, key_chunk
 from ..core.request import Request
 from ..event_log import EventSink
 from ..events import DEVICE
 from .announce import Announcer, Fresh, Prepared, StoredRun
 from .cut_off import cut_off, record_cut_off
 from .hasher import Hasher
+from .kids import Kids
 
 if TYPE_CHECKING:
     from .lower import LowerTier
@@ -34,6 +35,7 @@ class ContentRecorder(Announcer):
         self._by_key: dict[ContentKey, Block] = {}
         self._twins: dict[int, list[Block]] = {}  # content id -> held spares
         self._num_chained = 0  # blocks found through their parent's ``child`` alone
+        self._kids = Kids()  # keyed contents' keys by parent content id (``kids.py``)
         self._next_id = 1
         self._hasher = hasher
         self._sink = sink
@@ -186,10 +188,11 @@ class ContentRecorder(Announcer):
                 continue
             if parent is not None and self._may_chain(parent):
                 self._chain(parent, b, chunk)
-            else:
+            elif parent is not None:
                 self._key(b, chunk)
-                if parent is not None:  # the guess ``claim`` tries first after the parent
-                    parent.child = b
+                parent.child = b  # the guess ``claim`` tries first after the parent
+            else:  # a first block: not noted as a child (``Kids``)
+                self._key_first(b, chunk)
             parent = b
             # a new content; one content, one id: recomputed while a host slot keeps it,
             # it takes the slot's id, so the slot's children stay findable below it
@@ -343,13 +346,21 @@ class ContentRecorder(Announcer):
 
     def _key(self, b: Block, chunk: bytes) -> None:
         """Key new content ``b`` in the dicts (by its token bytes, or by its triple when
-        those are another content's key)."""
+        those are another content's key), noted as its parent's child (``Kids``)."""
+        key = self._key_first(b, chunk)
+        if b.parent_cid:  # (a first block's parent, 0, is never forgotten: ``kids.py``)
+            self._kids.note(b.parent_cid, key, self._by_chunk, self._by_key)
+
+    def _key_first(self, b: Block, chunk: bytes) -> Key:
+        """``_key`` for a first block (parent content 0), which is noted nowhere; returns
+        the key."""
         b.chained = False
         if self._by_chunk.setdefault(chunk, b) is b:
             b.key = chunk
-        else:
-            b.key = key = (b.parent_cid, chunk, b.extra)
-            self._by_key[key] = b
+            return chunk
+        b.key = key = (b.parent_cid, chunk, b.extra)
+        self._by_key[key] = b
+        return key
 
     def _add_twin(self, b: Block, held: Block) -> int:
         """Equal content is already held by ``held``: ``b`` becomes its spare. A content

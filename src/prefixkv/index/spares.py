@@ -67,31 +67,44 @@ class SpareIndex(ContentRecorder):
         several requests kept as an unlisted spare, as ``uncache`` keeps one). Their KV
         may have been computed on top of the KV found invalid, so they are not offered
         again when that content is recomputed (under a new content id). Returns the
-        device blocks that were free, now empty. Costs one pass over the keyed contents
-        (and the tier's), and one more each time a pass finds some (their children may
-        come before them in the dicts' order); chained descendants are walked through
-        ``child``. This runs only when a content is forgotten."""
+        device blocks that were free, now empty. On the device the walk costs the
+        descendants alone: a content's chained child is its ``child``, its keyed ones
+        are noted under its id (``Kids``). With a tier below, each round passes over the
+        tier's maps once (``LowerTier.forget_under``), and one more round follows a round
+        that dropped slots. This runs only when a content is forgotten."""
         lost = {b.content_id for b in gone}
         freed: list[Block] = []
         lower = self._lower
-        kids = _chained_below(gone, lost)
+        kids, by_chunk, by_key = self._kids, self._by_chunk, self._by_key
+        by_parent = kids.by_parent
+        todo: list[Block] = list(gone)  # blocks whose content left: their children next
+        found: list[Block] = []  # device descendants, each the block found for its content
         while True:
-            keyed = []
-            for home in (self._by_key, self._by_chunk):
-                for c in home.values():
-                    if c.parent_cid in lost:  # (lost at once: a child after it in the
-                        keyed.append(c)  # dict's order is found in this same pass)
-                        lost.add(c.content_id)
-            kids += keyed
-            kids += _chained_below(keyed, lost)
+            while todo:
+                b = todo.pop()
+                cid = b.content_id
+                c = b.child  # (a device block's chained child; a slot's is the tier's)
+                if c.chained and c.parent_cid == cid and not c.twin and c.key is not None \
+                        and type(b) is Block and c.content_id not in lost:
+                    lost.add(c.content_id)
+                    found.append(c)
+                    todo.append(c)
+                keys = by_parent.pop(cid, None) if by_parent else None
+                if keys is not None:
+                    for c in kids.live(cid, keys, by_chunk, by_key):
+                        if c.content_id not in lost:
+                            lost.add(c.content_id)
+                            found.append(c)
+                            todo.append(c)
             below = lower.forget_under(lost) if lower is not None else []
-            for s in below:
+            for s in below:  # (device children of a slot's content are keyed: ``drop``)
                 lost.add(s.content_id)
-            for d in kids:
+            todo += below
+            for d in found:
                 self._forget(d, freed)
-            if not keyed and not below:
+            if not below:
                 return freed
-            kids = []
+            found = []
 
     def _forget(self, d: Block, freed: list[Block]) -> None:
         """``_forget_below``'s step for one block found for its content: its held spares
@@ -179,18 +192,3 @@ class SpareIndex(ContentRecorder):
         if primary is None or primary.ref_cnt or primary.content_id != block.content_id:
             return None
         return primary
-
-
-def _chained_below(blocks: list[Block], lost: set[int]) -> list[Block]:
-    """The chained descendants of ``blocks`` (each the block found for its content, or
-    just forgotten): each one's chained child, its chained child, and so on; their
-    content ids join ``lost``."""
-    out = []
-    for b in blocks:
-        c = b.child
-        while c.chained and not c.twin and c.parent_cid == b.content_id and c.key is not None:
-            out.append(c)
-            lost.add(c.content_id)
-            b = c
-            c = b.child
-    return out
