@@ -12,6 +12,12 @@ each, so the walk's pass over the keyed contents sees them all):
 - ``admit``: the same prompt admitted (8 new blocks recorded: ``store``);
 - ``decode``: 16 tokens appended one by one to a live request (one block filled:
   ``store_filled``);
+- ``admit-fork``: a prompt sharing the first 2 of a cached 8-block prompt's blocks, then
+  6 new ones (the cached block 2 displaced from block 1's chained child: keyed, and noted
+  as block 1's child on a tree with ``index/kids.py``);
+- ``fork-stream``: 3000 such forks of one cached prompt, each admitted and freed (the
+  pool full: each evicts), bytecodes per fork (on a tree with ``index/kids.py``, its
+  sweeps of stale keys included);
 - ``abort``: ``free(..., num_computed_tokens=0)`` of a freshly admitted request (8 of its
   own blocks forgotten, no descendant);
 - ``rewind-hit``: a request that hit block 0 of a cached 8-block prompt rewinds to 0
@@ -71,6 +77,22 @@ def cases(cached: int, events: bool) -> dict[str, int]:
     m.add_request("d", prompt(3))
     out["decode"] = count(lambda: [m.append_tokens("d", [5]) for _ in range(16)])
     m.free("d")
+    m.add_request("q", prompt(6))
+    m.free("q")
+    fork = prompt(6)[:2 * BS] + [9_000 + j for j in range(6 * BS)] + [7]
+    out["admit-fork"] = count(lambda: m.add_request("k", fork))
+    m.free("k")
+    s = KVCacheManager(cached + 64, BS, seed=0, enable_events=events)
+    s.add_request("s", prompt(6))
+    s.free("s")
+
+    def forks() -> None:
+        for i in range(3000):
+            s.add_request(i, prompt(6)[:2 * BS] + [10_000 * (i + 1) + j for j in range(6 * BS)]
+                          + [7])
+            s.free(i)
+    out["fork-stream"] = count(forks) // 3000
+    s.check_invariants()
     m.add_request("x", prompt(4))
     out["abort"] = count(lambda: m.free("x", num_computed_tokens=0))
     m.add_request("p", prompt(5))
