@@ -270,3 +270,13 @@ def test_a_slot_is_pinned_once_however_often_it_is_held():
     assert s.ref_cnt == 1 and tier._pinned == [s] and tier.check() is None
     s.ref_cnt = 2                                    # a pin counted twice
     assert "bad pinned host slot" in tier.check()
+
+
+def test_the_check_reports_a_slot_counted_through_a_run():
+    """The tier writes a slot's ``refs`` itself (no property call): a slot that a run
+    counted would be miscounted, so ``check`` names it."""
+    from prefixkv.core.block import Run, RunCounts
+    tier = HostTier(2, EventLog(0))
+    assert tier.check() is None
+    tier.slots[1].counted = Run([tier.slots[1]], [b"x", b"y"], b"", 0, RunCounts())
+    assert "counted through a run" in tier.check()

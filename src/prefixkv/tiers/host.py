@@ -144,11 +144,11 @@ class HostTier(SlotOffload, SlotLanding):
         flight = self._flight_ids
         again = []
         for s in pin:
-            if not s.ref_cnt:  # cached: leaves the LRU (inlined unlink; links go stale)
+            if not s.refs:  # cached: leaves the LRU (inlined unlink; links go stale)
                 prev, nxt = s.prev, s.next
                 prev.next = nxt
                 nxt.prev = prev
-                s.ref_cnt = 1
+                s.refs = 1
                 fresh.append(s)
             elif flight and s.block_id in flight:  # pinned by the plan in flight only:
                 flight.discard(s.block_id)  # this step's pin now (``copies_done`` keeps it)
@@ -168,7 +168,7 @@ class HostTier(SlotOffload, SlotLanding):
             return
         pinned = self._pinned
         for slot in pinned:
-            slot.ref_cnt = 0
+            slot.refs = 0
         self._cached.extend(pinned)
         self._pinned = []
         self._landed = []
@@ -179,7 +179,7 @@ class HostTier(SlotOffload, SlotLanding):
         slots that this step has not pinned again, most recently used last."""
         done = [s for s in self._flight if s.block_id in self._flight_ids]
         for slot in done:
-            slot.ref_cnt = 0
+            slot.refs = 0
         self._cached.extend(done)
         self._flight, self._flight_ids = [], set()
         self.num_unpins += 1
@@ -207,7 +207,7 @@ class HostTier(SlotOffload, SlotLanding):
         self.fetches = []
         self._landed = []
         for s in self.slots:
-            s.key, s.prev, s.next, s.ref_cnt, s.chained = None, UNLINKED, UNLINKED, 0, False
+            s.key, s.prev, s.next, s.refs, s.chained = None, UNLINKED, UNLINKED, 0, False
         self.num_chained = 0
         self.chaining = True  # (the device's index was cleared too: nothing is cut)
         self.by_chunk.clear()

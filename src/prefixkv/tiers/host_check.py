@@ -54,6 +54,9 @@ def check_tier(tier: HostTier) -> str | None:
     slots that are not chained; a slot
     keyed by its triple is the one ``find`` returns; chains (above)."""
     seen: set[int] = set()
+    for s in tier.slots:  # (the tier writes ``refs`` itself: no slot's count is a run's)
+        if s.counted is not None:
+            return f"host slot {s!r} is counted through a run"
     for s in tier._empty:
         if s.key is not None or s.ref_cnt or s.chained:
             return f"bad empty host slot {s!r}"

@@ -69,7 +69,7 @@ class SlotLanding(SlotIndex):
         out = empty[len(empty) - k:][::-1]  # (the order ``_take`` would give)
         del empty[len(empty) - k:]
         for s in out:
-            s.ref_cnt = 1
+            s.refs = 1
         if len(out) < n and self._cached.size:  # (these get their pin there)
             if not self.num_chained and not self._sink.active and not self.by_key:
                 self._take_plain(out, n - len(out))
@@ -150,7 +150,7 @@ class SlotLanding(SlotIndex):
         taken = 0
         while taken < n and s is not tail:
             self._drop(s)  # (links untouched: the run is unlinked at once below)
-            s.ref_cnt = 1
+            s.refs = 1
             out.append(s)
             taken += 1
             s = s.next
@@ -170,7 +170,7 @@ class SlotLanding(SlotIndex):
         for i in range(k):
             del by_chunk[s.key]  # type: ignore[arg-type]  # (KeyError: no content)
             s.key = None
-            s.ref_cnt = 1
+            s.refs = 1
             taken[i] = s
             s = s.next
         head.next, s.prev = s, head
@@ -182,6 +182,6 @@ class SlotLanding(SlotIndex):
         empty again."""
         self.num_landing -= len(slots)
         for s in slots:
-            s.ref_cnt = 0
+            s.refs = 0
             s.key = None
             self._empty.append(s)

@@ -117,7 +117,7 @@ class SlotOffload(SlotIndex):
                     pend, pend_chunk = s, chunk
                     s.key, s.parent_cid, s.extra = chunk, parent_cid, extra
                     s.content_id, s.hash = b.content_id, b.hash
-                    s.ref_cnt = 1
+                    s.refs = 1
                     pin(s)
                     src.append(b.block_id)
                     dst.append(s.block_id)
@@ -132,7 +132,7 @@ class SlotOffload(SlotIndex):
             if pend is not None:  # held in a slot already: the run ends
                 self._enter(pend)
                 pend = None
-            if not s.ref_cnt:  # held in a cached slot, not pinned: refresh
+            if not s.refs:  # held in a cached slot, not pinned: refresh
                 prev, nxt = s.prev, s.next
                 prev.next = nxt
                 nxt.prev = prev
@@ -145,8 +145,10 @@ class SlotOffload(SlotIndex):
         if refreshed:
             cached.forget(len(refreshed))
             cached.extend(refreshed)
-        if lost >= 0:  # (the common case checked here: no offload of the step is a child
-            # of a lost content, so nothing is withdrawn, without a lookup of each)
+        if lost >= 0 and dst:  # (the common case checked here: no offload of the step is
+            # a child of a lost content, so nothing is withdrawn, without a lookup of each;
+            # with no offload in the step, nothing is looked at: ``isdisjoint`` would go
+            # through every lost block even for an empty set)
             gone, slots = blocks[lost:], self.slots
             if not {slots[i].parent_cid for i in dst}.isdisjoint(map(_CONTENT_ID, gone)):
                 self._withdraw_orphans(gone, step)
@@ -167,7 +169,7 @@ class SlotOffload(SlotIndex):
                 gone.add(s.content_id)
                 dropped.add(i)
                 self._drop(s)  # (announced gone: its BlockStored went out in this batch)
-                s.ref_cnt = 0
+                s.refs = 0
                 self._empty.append(s)
         if dropped:
             kept = [i for i in range(len(dst)) if i not in dropped]
