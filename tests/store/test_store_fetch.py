@@ -42,21 +42,22 @@ class Manual:
             fn(*args)
 
 
-def setup(backend, layout, prompt=A, **kw):
+def setup(backend, layout, prompt=A, host_blocks=4, **kw):
     """A store holding ``prompt``'s blocks (A's three unless given; written by another
-    manager), and a manager whose fetches run when the test says."""
+    manager), and a manager with ``host_blocks`` slots whose fetches run when the test
+    says."""
     computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
                             store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
              backend, "w", prompt)
     ex = Manual()
     shared = SharedStore(backend, layout, cost=always(), **{"timeout": LIVE, "executor": ex, **kw})
-    return KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=shared), ex, shared
+    return KVCacheManager(8, 4, hash_mode="sha256", host_blocks=host_blocks, store=shared), ex, shared
 
 
 def test_a_wait_answers_the_same_until_polled_and_holds_only_its_runs_blocks(backend, layout):
     m, ex, _ = setup(backend, layout)
     assert m.add_request("b", A) == StoreWait("b", 3)
-    assert m.num_free_blocks == 5 and m.stats.requests == 0   # the run's device blocks
+    assert m.num_free_blocks == 4 and m.stats.requests == 0   # the run's device blocks, the tail's
     with pytest.raises(RequestError):
         m.get_block_ids("b")                         # not live
     ex.run()
@@ -156,7 +157,7 @@ def test_a_fork_cannot_take_the_id_of_a_request_waiting_on_the_store(backend, la
     m.check_invariants()
     m.free("b")                                      # the wait ends; nothing else was live
     m.free("p")
-    assert m.num_free_blocks == 5                    # (the fetch holds its run's blocks)
+    assert m.num_free_blocks == 4                    # (the fetch holds its run's blocks, the tail's)
     ex.run()
     m.poll_store()
     assert m.num_free_blocks == 8

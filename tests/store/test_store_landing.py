@@ -21,9 +21,11 @@ C5 = bytes([5, 0, 0, 0, 6, 0, 0, 0, 7, 0, 0, 0, 8, 0, 0, 0])
 
 def _manager(backend, layout):
     """A manager whose store holds X's two blocks (written by another manager), its
-    fetches run when the test says (``Manual.run``), host slots with memory attached."""
-    m, ex, _ = setup(backend, layout, X)
-    m.attach_host_memory([[memoryview(bytearray(8))] for _ in range(4)])
+    fetches run when the test says (``Manual.run``), 5 host slots with memory attached
+    (X's start evicts 2 of Z's blocks, for its run and the block after it: they take the
+    2 slots its fetch leaves empty, and Y's slot stays)."""
+    m, ex, _ = setup(backend, layout, X, host_blocks=5)
+    m.attach_host_memory([[memoryview(bytearray(8))] for _ in range(5)])
     return m, ex
 
 

@@ -139,8 +139,8 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
             if d < first:
                 _promote(f, hits, d, index, host)
         else:  # the run lands in the slots alone, if at all
-            gone = _emptied(devices) + f.up[::-1] + f.held[::-1]
-            f.devices, f.held, f.up = None, [], []
+            gone = f.tail + _emptied(devices) + f.up[::-1] + f.held[::-1]
+            f.devices, f.held, f.up, f.tail = None, [], [], []
             devices = None
     if start < end:
         lo, hi, bs = start - first, end - first, block_size

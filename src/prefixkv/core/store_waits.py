@@ -113,7 +113,7 @@ class StoreWaits:
         on_device = kinds[:d].count(Block) == d  # first (the host's hits go up at the landing)
         held = [h for h in hits if type(h) is HostSlot] if hits else None
         n = min(limit - first, link.max_fetch, host.num_free)
-        if on_device and n > pool.num_free - [b.ref_cnt for b in hits[:d]].count(0) - (first - d):
+        if on_device and n >= pool.num_free - [b.ref_cnt for b in hits[:d]].count(0) - (first - d):
             on_device = False  # (the pool is short: the run lands in host slots alone)
         now = link.store.clock()
         if n <= 0 or not link.worth(n, now):
@@ -123,8 +123,9 @@ class StoreWaits:
         slots = host.reserve(n)
         if not slots:
             return None
-        if on_device:  # the device hits held (a reference each) and the run's blocks taken
-            taken = pool.acquire(hits[:d] if held else hits, len(slots) + first - d)
+        if on_device:  # the device hits held (a reference each), the run's blocks taken,
+            # and the block the re-admission's first token after the run opens (``tail``)
+            taken = pool.acquire(hits[:d] if held else hits, len(slots) + first - d + 1)
         memory = self.memory
         staged = memory is None
         if staged and self._stage is None:
@@ -142,7 +143,8 @@ class StoreWaits:
         f.parent_cid = hits[-1].content_id if hits else 0
         f.ready = fetch_ready  # (store_landing.py)
         if on_device:
-            f.devices, f.held, f.step = taken[first:], taken[:d], self.index.step
+            f.devices, f.held, f.step = taken[first:-1], taken[:d], self.index.step
+            f.tail = taken[-1:]
             if first > d:
                 f.up = taken[d:first]
             self.index.landing[id(f)] = f.devices
@@ -245,6 +247,29 @@ class StoreWaits:
             self._release(f)
         return True
 
+    def spare(self, f: Fetch, taken: bool) -> int:
+        """At the re-admission of ``f``'s request: how many of the blocks it asks for the
+        fetch holds already (``Fetch.tail``, taken at the start for the block that the
+        first token after the run opens) when the request takes the fetch's blocks
+        (``taken``: ``reuse`` answered); else that block goes back to the pool now,
+        before the admission counts the free blocks, and none is."""
+        if taken:
+            return len(f.tail)
+        if f.tail:
+            self.pool.release(f.tail)
+            f.tail = []
+        return 0
+
+    def tail(self, f: Fetch, need: int) -> list[Block]:
+        """The ``need`` new blocks of a re-admission that takes ``f``'s blocks: the ones
+        ``spare`` counted first, the rest from the pool (the caller checked that it has
+        them); a spare block that is not needed goes back."""
+        spare, f.tail = f.tail, []
+        if need < len(spare):
+            self.pool.release(spare[need:])
+            return spare[:need]
+        return spare + self.pool.take(need - len(spare)) if need > len(spare) else spare
+
     def give_back(self, f: Fetch) -> None:
         """The re-admission of ``f``'s request found the pool short (None): a fetch that
         ended gives back the blocks it holds (cached: its run stays findable), so that
@@ -256,8 +281,8 @@ class StoreWaits:
         """Give the blocks ``f`` holds back to the pool (the tail first, as ``free``)."""
         self.holders.discard(f)
         devices = f.devices
-        out = f.up[::-1] + f.held[::-1]  # (``up``: empty blocks)
-        f.up = []
+        out = f.tail + f.up[::-1] + f.held[::-1]  # (``tail``, ``up``: empty blocks)
+        f.up = f.tail = []
         if devices is not None:  # (a fetch that ended holds the blocks of its run alone)
             k = f.on_device if f.ended else len(devices)
             out = devices[k - 1::-1] + out if k else out
@@ -268,7 +293,7 @@ class StoreWaits:
         """Every device block the fetches hold (a reference each), for the checks."""
         out: list[Block] = []
         for f in self.holders:
-            out += f.held + f.up
+            out += f.held + f.up + f.tail
             if f.devices is not None:
                 out += f.devices if not f.ended else f.devices[:f.on_device]
         return out
