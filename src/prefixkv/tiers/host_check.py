@@ -74,6 +74,10 @@ def check_tier(tier: HostTier) -> str | None:
             if s.ref_cnt != 1 or not _holds(tier, s) or s.block_id in seen:
                 return f"bad host slot {s!r} of the plan in flight"
             seen.add(s.block_id)
+    for s in tier._transit + tier._flight_transit:  # (a device run's payload: no content)
+        if s.refs != 1 or s.key is not None or s.chained or s.block_id in seen:
+            return f"bad host slot in transit {s!r}"
+        seen.add(s.block_id)
     pinned = {s.block_id for s in tier._pinned}
     for run, ids in tier._landed:  # (``hold`` does not pin them again: they are pinned)
         if ids != [s.block_id for s in run] or not pinned.issuperset(ids):
@@ -86,7 +90,8 @@ def check_tier(tier: HostTier) -> str | None:
             return f"bad landing host slot {s!r}"
     if len(landing) != tier.num_landing:
         return f"{len(landing)} host slots are in no list, {tier.num_landing} are landing"
-    held = len(tier.slots) - len(tier._empty) - tier.num_landing
+    held = (len(tier.slots) - len(tier._empty) - tier.num_landing - len(tier._transit)
+            - len(tier._flight_transit))
     if len(tier) != held:
         return f"host maps hold {len(tier)} for {held} slots"
     for key, s in tier.by_key.items():

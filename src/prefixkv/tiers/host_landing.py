@@ -3,7 +3,12 @@ reserved for a fetch to write into, filled by a fetcher's thread, keyed when the
 scheduler lands the run, or given back empty.
 
     free slot --reserve--> landing --fill_landing (fetcher)--> filled --land--> pinned
-                                   \\--unreserve (nothing came)--> empty
+                                   |                                  \\--transit--> in transit
+                                   \\--unreserve (nothing came)--> empty     (empty once
+                                                                            unpinned)
+
+A slot in transit holds the payload of a run that landed in device blocks: pinned until
+the loads out of it ran, keyless, in no map.
 
 A landing slot is in no map and in no list of the tier (``num_landing`` counts them),
 and is pinned once: nothing takes it. Nothing finds it either: no probe (it is in no
@@ -55,6 +60,7 @@ class SlotLanding(SlotIndex):
     _cached: FreeBlockQueue
     _pinned: list[Block]
     num_landing: int
+    _transit: list[Block]  # slots in transit (``transit``): pinned, keyless, empty once unpinned
     # the runs landed in this step with the fetcher's list of their slot ids (pinned
     # since: only ``end_step`` unpins a landed slot), for ``hold`` and ``load``
     _landed: list[tuple[list[Block], list[int]]]
@@ -140,6 +146,15 @@ class SlotLanding(SlotIndex):
             self._sink.append(event)
             for i, s in enumerate(slots):  # (each slot's own, for its removal and copies)
                 s.event = event.block(i, s.block_id, HOST)
+
+    def transit(self, slots: list[Block]) -> None:
+        """Landing ``slots`` hold a checked run that lands in device blocks (the store
+        fetch's): they only hold its payload until the loads out of them ran, in no map
+        (no key), and go empty once the plan is drained (``end_step``), or once its
+        copies are done (``copies_done``). Nothing finds them: the host tier does not keep
+        content the device holds that it would otherwise unkey at the next reservation."""
+        self.num_landing -= len(slots)
+        self._transit += slots  # (ref_cnt is 1 already)
 
     def _take_lru(self, out: list[Block], n: int) -> None:
         """Append to ``out`` up to ``n`` least recently used cached slots, their content

@@ -176,5 +176,5 @@ class SlotOffload(SlotIndex):
             self.offload_src, self.offload_dst = [src[i] for i in kept], [dst[i] for i in kept]
             self._pinned = [s for s in self._pinned if s.key is not None]
             # (a request loading one would hold its lost ancestor's content on the device)
-            assert all(self.slots[t].key is not None for t in self.load_src), \
+            assert not {dst[i] for i in dropped}.intersection(self.load_src), \
                 "a slot withdrawn with its lost ancestor is loaded in this step"
