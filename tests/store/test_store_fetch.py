@@ -396,13 +396,16 @@ def test_a_host_hit_then_a_run_landed_in_the_step_load_in_one_op_in_order(backen
     """The re-admission loads a host hit and the run that landed after it in this step:
     the hit is pinned, the run stays pinned once (not walked again: ``hold`` takes its
     ids from the landing), and the one BlockLoads names every slot in the prompt's order."""
-    m, ex, _ = setup(backend, layout)
+    m, ex, _ = setup(backend, layout, host_blocks=8)   # (h's evicted blocks: empty slots)
     block0_on_host(m)
+    pool_short(m)                                    # (the run lands in the slots alone)
+    m.take_kv_ops()
     assert isinstance(m.add_request("b", A), StoreWait)
     f = m._waits.waiting["b"]
     hit = f.hits[0]
     ex.run()
-    assert m.poll_store() == ["b"]
+    assert m.poll_store() == ["b"] and f.devices is None
+    m.free("h")
     adm = m.add_request("b", A)
     assert adm.num_cached_tokens == 12
     m.check_invariants()

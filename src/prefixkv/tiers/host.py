@@ -195,9 +195,8 @@ class HostTier(SlotOffload, SlotLanding):
         self.num_unpins += 1
 
     def _transit_done(self, slots: list[Block]) -> None:
-        """Slots in transit whose loads ran go empty (reused first: ``reserve`` pops them)."""
-        for slot in slots:
-            slot.refs = 0
+        """Slots in transit whose loads ran go empty (reused first: ``reserve`` pops them;
+        their counts are 0 already)."""
         self._empty += slots
 
     def _take(self) -> Block | None:

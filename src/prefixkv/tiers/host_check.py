@@ -49,7 +49,8 @@ def check_tier(tier: HostTier) -> str | None:
     sound: every slot is empty (no content, no pin), cached (in the LRU, unpinned) or
     pinned (once: ``ref_cnt`` 1; by this step or only by a plan in flight), at most
     once, or else landing (reserved for a store fetch, in no map, no key or, filled, its
-    token bytes, one pin: the slots in no list, as many as ``num_landing`` counts);
+    token bytes, count 0: the slots in no list, as many as ``num_landing`` counts), or
+    in transit (keyless, count 0, in ``_transit`` or ``_flight_transit``);
     the runs landed in this step are pinned; the maps hold exactly the cached and pinned
     slots that are not chained; a slot
     keyed by its triple is the one ``find`` returns; chains (above)."""
@@ -75,7 +76,7 @@ def check_tier(tier: HostTier) -> str | None:
                 return f"bad host slot {s!r} of the plan in flight"
             seen.add(s.block_id)
     for s in tier._transit + tier._flight_transit:  # (a device run's payload: no content)
-        if s.refs != 1 or s.key is not None or s.chained or s.block_id in seen:
+        if s.refs or s.key is not None or s.chained or s.block_id in seen:
             return f"bad host slot in transit {s!r}"
         seen.add(s.block_id)
     pinned = {s.block_id for s in tier._pinned}
@@ -85,7 +86,7 @@ def check_tier(tier: HostTier) -> str | None:
     landing = [s for s in tier.slots if s.block_id not in seen]  # (nowhere else)
     for s in landing:
         key = s.key
-        if (s.ref_cnt != 1 or s.chained or not (key is None or type(key) is bytes)
+        if (s.ref_cnt or s.chained or not (key is None or type(key) is bytes)
                 or (key is not None and tier.by_chunk.get(key) is s)):
             return f"bad landing host slot {s!r}"
     if len(landing) != tier.num_landing:
