@@ -7,12 +7,12 @@ scheduler lands the run, or given back empty.
                                    \\--unreserve (nothing came)--> empty     (empty once
                                                                             unpinned)
 
-A slot in transit holds the payload of a run that landed in device blocks: pinned until
-the loads out of it ran, keyless, in no map.
+A slot in transit holds the payload of a run that landed in device blocks until the
+loads out of it ran: keyless, in no map, in a list the tier takes nothing from.
 
 A landing slot is in no map and in no list of the tier (``num_landing`` counts them),
-with a count of 0: nothing takes it all the same. Nothing finds it either: no probe (it is in no
-map), and no guess through a stale ``child`` link, which compares the key and the
+with a count of 0: nothing takes it all the same. Nothing finds it either: no probe (it
+is in no map), and no guess through a stale ``child`` link, which compares the key and the
 parent's content id: the run's first slot has no key until it lands, and every other
 slot's parent id is one of the ids the fetch was given at its start, which nothing
 findable holds before that first slot lands.
