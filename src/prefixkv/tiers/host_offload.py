@@ -10,13 +10,10 @@ the content is lost, and so are the step's offloads of its descendants
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import attrgetter
 
 from ..core.block import Block, key_chunk
 from ..core.free_queue import FreeBlockQueue
 from .host_index import HOST, SlotIndex, withdrawn
-
-_CONTENT_ID = attrgetter("content_id")
 
 
 class SlotOffload(SlotIndex):
@@ -149,8 +146,10 @@ class SlotOffload(SlotIndex):
             # a child of a lost content, so nothing is withdrawn, without a lookup of each;
             # with no offload in the step, nothing is looked at: ``isdisjoint`` would go
             # through every lost block even for an empty set)
-            gone, slots = blocks[lost:], self.slots
-            if not {slots[i].parent_cid for i in dst}.isdisjoint(map(_CONTENT_ID, gone)):
+            gone, slots = blocks[lost:], self.slots  # (the ids listed by a comprehension:
+            # its specialized attribute reads beat ``map(attrgetter)``'s, 38 against 61 us
+            # for 2048 blocks, measured alternated in one process, load 5)
+            if not {slots[i].parent_cid for i in dst}.isdisjoint([b.content_id for b in gone]):
                 self._withdraw_orphans(gone, step)
 
     def _withdraw_orphans(self, lost: Sequence[Block], step: int) -> None:
