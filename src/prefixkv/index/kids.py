@@ -61,7 +61,8 @@ class Kids:
         return out
 
     def sweep(self, by_chunk: dict[bytes, Block], by_key: dict[ContentKey, Block]) -> None:
-        """Drop stale and repeated keys; parents left with none go."""
+        """Drop stale and repeated keys; parents left with none go. In place: a caller may
+        hold ``by_parent`` across a call that keys a block."""
         kept: dict[int, list[Key]] = {}
         n = 0
         for cid, keys in self.by_parent.items():
@@ -70,7 +71,8 @@ class Kids:
             if live:
                 kept[cid] = live
                 n += len(live)
-        self.by_parent = kept
+        self.by_parent.clear()
+        self.by_parent.update(kept)
         self.noted = n
         self.limit = max(FLOOR, 2 * n)
 
