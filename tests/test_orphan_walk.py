@@ -95,8 +95,8 @@ def test_the_keys_noted_stay_bounded_and_exact_across_sweeps(monkeypatch):
         m.add_request(i, shared + [100 + i] * BS + [1])
         m.free(i)
         m.check_invariants()
-        live = sum(map(len, index._kids.by_parent.values()))
-        assert index._kids.noted == live <= max(kids.FLOOR, 2 * m.num_cached_blocks) + 1
+        # (keys of evicted suffixes go stale; without sweeps 200 would be held)
+        assert index._kids.noted <= 2 * max(kids.FLOOR, m.num_cached_blocks) + 1
     m.add_request("a", shared[:4] + [99])  # hits the shared block 0 alone
     m.rewind("a", 0)
     m.check_invariants()
@@ -104,18 +104,18 @@ def test_the_keys_noted_stay_bounded_and_exact_across_sweeps(monkeypatch):
     assert not index._kids.by_parent
 
 
-PROMPTS = st.lists(st.integers(0, 2), min_size=1, max_size=4).map(
-    lambda xs: [t for x in xs for t in [x] * BS] + [7])
+PROMPTS = st.lists(st.integers(0, 3), min_size=2, max_size=4).map(  # (forks under block 0)
+    lambda xs: [0] * BS + [t for x in xs[1:] for t in [x] * BS] + [7])
 
 
-@settings(deadline=None, max_examples=50)
+@settings(deadline=None, max_examples=200)
 @given(ops=st.lists(st.tuples(st.sampled_from(["add", "add", "free", "abort", "rewind", "uncache"]),
                               st.integers(0, 4), PROMPTS), min_size=6, max_size=40),
        tier=st.sampled_from([0, 4]))
 def test_streams_with_sweeps_keep_the_map_exact(ops, tier):
-    old, kids.FLOOR = kids.FLOOR, 2
+    old, kids.FLOOR = kids.FLOOR, 0  # (a sweep at nearly every note)
     try:
-        m = KVCacheManager(12, BS, hash_mode="sha256", enable_events=True, host_blocks=tier)
+        m = KVCacheManager(16, BS, hash_mode="sha256", enable_events=True, host_blocks=tier)
         mirror = Mirror(m, "sha256", None)
         live: set[int] = set()
         seen: list[list[int]] = []
