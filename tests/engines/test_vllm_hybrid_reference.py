@@ -499,3 +499,30 @@ def test_blocks_a_step_releases_in_several_groups_are_evicted_in_vllms_order():
                 s.m.new_step_starts()
         _step(sides, op, slot, k, prompt, more, serial)
     assert sides[0].evicted and sides[1].evicted  # (the case holds: both evicted)
+
+
+def test_a_refused_step_after_a_load_landed_changes_no_cached_count():
+    # a's whole 16-token prompt loads asynchronously and lands; vLLM's scheduler sets its
+    # computed tokens to 15 (it recomputes the last one for its logits). The step then
+    # does not fit (reserved_blocks): vLLM refuses it having changed nothing but the
+    # window release, so its estimate stays 16 and b, sharing those 16 tokens, hits 16.
+    # Before: prefixkv rewound a to 15 before it counted (block 3 uncached in every group)
+    # and then refused: estimate 0 (window3 holds block 3 only), b's hit 12 (the hybrid
+    # reference stream, window3+full+window13, seed 11)
+    from vllm.v1.request import RequestStatus
+
+    answers = []
+    for m in _hybrid_pair(3 * 6 + 1, *HYBRIDS["window3+full+window13"]()):
+        a = _request("a", list(range(16)), None)
+        assert m.allocate_slots(a, 0, num_external_computed_tokens=16, delay_cache_blocks=True) is not None
+        a.status, a.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, 16
+        m.cache_blocks(a, 16)  # (the load landed: _update_waiting_for_remote_kv)
+        a.status, a.num_computed_tokens = RequestStatus.WAITING, 15
+        free = m.block_pool.get_num_free_blocks()
+        refused = m.allocate_slots(a, 1, reserved_blocks=free + 1) is None
+        nulls = [g.count(NULL) for g in m.get_block_ids("a")]
+        b = _request("b", [*range(16), 50], None)
+        answers.append((refused, m.estimate_cached_tokens(a), nulls, m.block_pool.get_num_free_blocks(),
+                        m.get_computed_blocks(b)[1]))
+    assert answers[1] == (True, 16, [3, 0, 1], 10, 16)  # (vLLM's: the case holds)
+    assert answers[0] == answers[1]
