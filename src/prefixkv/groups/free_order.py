@@ -36,15 +36,25 @@ def free_order(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest,
     docstring). ``cached(g, j)``: whether group ``g`` finds block ``j`` of the request's
     prefix (``j < len(req.nodes)``), by any block; ``longer``: whether a longer prefix
     than the request's exists (hits past it may need its blocks)."""
-    base = [(g, j, b) for g, t in enumerate(req.tables) for j in range(len(t) - 1, -1, -1)
-            if (b := t[j]) is not None]
     k = len(req.nodes)
-    # the blocks whose place matters: cached content this release frees (a spare's place
-    # goes to its primary when that is free)
-    joining = {id(b) for _, j, b in base if j < k and b.ref_cnt == 1 and b.key is not None}
-    if not joining or len(specs) == 1:
-        return [b for _, _, b in base]
-    return _Cascade(specs, block_size, k, cached, longer).order(base, joining)
+    base: list[Block] = []
+    # per group, the blocks whose place matters (None elsewhere): cached content this
+    # release frees (a spare's place goes to its primary when that is free)
+    at: list[list[Block | None]] = []
+    moves = False
+    for t in req.tables:
+        row: list[Block | None] = [None] * k
+        for j in range(len(t) - 1, -1, -1):
+            b = t[j]
+            if b is not None:
+                base.append(b)
+                if j < k and b.key is not None and b.ref_cnt == 1:
+                    row[j] = b
+                    moves = True
+        at.append(row)
+    if not moves or len(specs) == 1:
+        return base
+    return _Cascade(specs, block_size, k, cached, longer, at).order(req.tables)
 
 
 class _Cascade:
@@ -52,81 +62,107 @@ class _Cascade:
     blocks of use to them. Past ``top`` a hit needs no block below k but full
     attention's: those hits are one, ``tail`` (alive only where a longer prefix is)."""
 
-    def __init__(self, specs: Sequence[GroupSpec], bs: int, k: int,
-                 cached: Callable[[int, int], bool], longer: bool) -> None:
-        self.specs, self.k = specs, k
+    def __init__(self, specs: Sequence[GroupSpec], bs: int, k: int, cached: Callable[[int, int], bool],
+                 longer: bool, at: list[list[Block | None]]) -> None:
+        self.specs, self.k, self.at = specs, k, at
         top = k + max(_reach(s, bs) for s in specs) if longer else k
         self.top = top
-        self.firsts = [[s.num_unread(h * bs, bs) if s.releases else 0 for h in range(top + 1)]
-                       for s in specs]
-        alive = [False] * (top + 2)
-        missing = []  # per group: blocks below j that the group does not find
-        for g in range(len(specs)):
-            row = [0]
-            for j in range(k):
-                row.append(row[-1] + (not cached(g, j)))
-            missing.append(row)
-        for h in range(1, top + 1):
-            alive[h] = all(m[min(h, k)] == m[min(f[h], k)] for m, f in zip(missing, self.firsts, strict=True))
-        self.alive = alive
-        self.tail = longer and alive[top]
-        # union-find over h: the next alive at or above, the last alive at or below
-        self.up = [h if alive[h] or h == top + 1 else h + 1 for h in range(top + 2)]
-        self.down = [h if alive[h] or h == 0 else h - 1 for h in range(top + 2)]
-        # per windowed group, block j's hits: (j, last[g][j]]
-        self.last: list[list[int]] = []
+        self.windows = [g for g, s in enumerate(specs) if s.releases]
+        self.fulls = [g for g, s in enumerate(specs) if not s.releases]
+        # firsts[g][h]: the first block a hit of h blocks needs in windowed group g
+        self.firsts: list[list[int]] = [[] for _ in specs]
+        alive = [True] * (top + 2)
+        alive[0] = alive[top + 1] = False
         for g, s in enumerate(specs):
-            row, h = [], 0
+            miss, row = 0, [0]  # blocks below j the group does not find
             for j in range(k):
-                while h < top and self.firsts[g][h + 1] <= j:
+                miss += not cached(g, j)
+                row.append(miss)
+            if s.releases:
+                self.firsts[g] = f = [s.num_unread(h * bs, bs) for h in range(top + 1)]
+                for h in range(1, top + 1):
+                    if alive[h] and row[min(h, k)] != row[min(f[h], k)]:
+                        alive[h] = False
+            elif miss:
+                for h in range(1, top + 1):
+                    if alive[h] and row[min(h, k)]:
+                        alive[h] = False
+        self.tail = longer and alive[top]
+        # the last alive at or below h (union-find, halved paths), and at or above
+        self.down = [h if alive[h] or h == 0 else h - 1 for h in range(top + 2)]
+        self.up = [h if alive[h] or h == top + 1 else h + 1 for h in range(top + 2)]
+        # per windowed group, block j's hits: (j, last[g][j]]
+        self.last: list[list[int]] = [[] for _ in specs]
+        for g in self.windows:
+            f, row, h = self.firsts[g], [], 0
+            for j in range(k):
+                while h < top and f[h + 1] <= j:
                     h += 1
-                row.append(h if s.releases else top)
-            self.last.append(row)
+                row.append(h)
+            self.last[g] = row
+        self.placed = [bytearray(k) for _ in specs]
+        # windowed groups' blocks not placed yet: once none is left, beside one full group,
+        # placing a block frees nothing more (that group's blocks above it went before)
+        self.pending = sum(b is not None for g in self.windows for b in at[g])
+        self.freed: list[tuple[int, int, Block]] = []  # (group, -j, block): vLLM's order
 
-    def _find(self, links: list[int], h: int) -> int:
-        while links[h] != h:
-            links[h] = links[links[h]]
-            h = links[h]
+    def _below(self, h: int) -> int:
+        """The longest hit alive of at most ``h`` blocks (0: none)."""
+        down = self.down
+        while down[h] != h:
+            down[h] = down[down[h]]
+            h = down[h]
         return h
 
-    def of_use(self, g: int, j: int) -> bool:
+    def _of_use(self, g: int, j: int) -> bool:
         """Whether a hit alive needs block j of group g."""
         if not self.specs[g].releases:
-            return self.tail or self._find(self.down, self.top) > j
-        return self._find(self.up, j + 1) <= self.last[g][j]
+            return self.tail or self._below(self.top) > j
+        up, h = self.up, j + 1
+        while up[h] != h:
+            up[h] = up[up[h]]
+            h = up[h]
+        return h <= self.last[g][j]
 
-    def order(self, base: list[tuple[int, int, Block]], joining: set[int]) -> list[Block]:
-        k = self.k
-        self.out: list[Block] = []
-        self.placed: set[int] = set()
-        self.at: list[dict[int, Block]] = [{} for _ in self.specs]
-        for g, j, b in base:
-            if id(b) in joining:
-                self.at[g][j] = b
-        self.full_next = [k - 1] * len(self.specs)  # full groups: blocks above are placed
-        for g, j, b in base:  # first what is of no use already
-            if j in self.at[g] and not self.of_use(g, j):
-                self._put(b)
-        rank = {id(b): i for i, (_, _, b) in enumerate(base)}
-        self.freed: list[Block] = []
-        for g, j, b in base:
-            if id(b) in self.placed:
-                continue
-            self._put(b)
-            if j in self.at[g]:
-                self.freed = []
-                self._kill(g, j)
-                self.out += sorted(self.freed, key=lambda x: rank[id(x)])  # (in vLLM's order)
-        return self.out
+    def order(self, tables: list[list[Block | None]]) -> list[Block]:
+        at, placed, out = self.at, self.placed, []
+        for g, row in enumerate(at):  # first what is of no use already
+            for j in range(self.k - 1, -1, -1):
+                b = row[j]
+                if b is not None and not self._of_use(g, j):
+                    out.append(b)
+                    placed[g][j] = 1
+                    self.pending -= self.specs[g].releases
+        self.full_next = [self.k - 1] * len(self.specs)  # full groups: blocks above are placed
+        alone = len(self.fulls) <= 1
+        for g, t in enumerate(tables):
+            row, done = at[g], placed[g]
+            for j in range(len(t) - 1, -1, -1):
+                b = t[j]
+                if b is None:
+                    continue
+                if j >= self.k or row[j] is None:
+                    out.append(b)
+                elif not done[j]:
+                    out.append(b)
+                    done[j] = 1
+                    if self.pending == 0 and alone:
+                        continue
+                    self.pending -= self.specs[g].releases
+                    self._kill(g, j)
+                    if self.freed:
+                        self.freed.sort(key=lambda x: (x[0], x[1]))
+                        out += [x[2] for x in self.freed]
+                        self.freed = []
+        return out
 
-    def _put(self, b: Block) -> None:
-        self.out.append(b)
-        self.placed.add(id(b))
-
-    def _free(self, b: Block) -> None:
-        """``b`` is of no use now: it goes right after the block just placed."""
-        self.freed.append(b)
-        self.placed.add(id(b))
+    def _free(self, g: int, j: int) -> None:
+        """Block j of group g is of no use now: it goes right after the block placed."""
+        b = self.at[g][j]
+        if b is not None and not self.placed[g][j]:
+            self.placed[g][j] = 1
+            self.pending -= self.specs[g].releases
+            self.freed.append((g, -j, b))
 
     def _kill(self, g: int, j: int) -> None:
         """Block j of group g is placed: the hits that need it die, and what is then
@@ -134,30 +170,25 @@ class _Cascade:
         full = not self.specs[g].releases
         if full:
             self.tail = False
-        h = self._find(self.down, self.top if full else self.last[g][j])
+        h = self._below(self.top if full else self.last[g][j])
         while h > j:  # (downward: each death looks at the blocks just below it)
             self._die(h)
-            h = self._find(self.down, h - 1)
-        if not self.tail:
-            top = self._find(self.down, self.top)  # the longest hit alive (0: none)
-            for g2, s in enumerate(self.specs):
-                if not s.releases:
-                    while self.full_next[g2] >= top:
-                        b = self.at[g2].get(self.full_next[g2])
-                        if b is not None and id(b) not in self.placed:
-                            self._free(b)
-                        self.full_next[g2] -= 1
+            h = self._below(h - 1)
+        if not self.tail and self.fulls:
+            top = self._below(self.top)  # the longest hit alive (0: none)
+            for g2 in self.fulls:
+                while self.full_next[g2] >= top:
+                    self._free(g2, self.full_next[g2])
+                    self.full_next[g2] -= 1
 
     def _die(self, h: int) -> None:
-        self.alive[h] = False
         self.up[h], self.down[h] = h + 1, h - 1
-        below = self._find(self.down, h - 1)  # blocks under it keep that hit
-        for g, s in enumerate(self.specs):
-            if s.releases:
-                for j in range(max(below, self.firsts[g][h]), min(h, self.k)):
-                    b = self.at[g].get(j)
-                    if b is not None and id(b) not in self.placed and not self.of_use(g, j):
-                        self._free(b)
+        below = self._below(h - 1)  # blocks under it keep that hit
+        for g in self.windows:
+            row, done = self.at[g], self.placed[g]
+            for j in range(max(below, self.firsts[g][h]), min(h, self.k)):
+                if row[j] is not None and not done[j] and not self._of_use(g, j):
+                    self._free(g, j)
 
 
 def _reach(spec: GroupSpec, block_size: int) -> int:
