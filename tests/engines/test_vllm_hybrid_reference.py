@@ -65,7 +65,8 @@ MAMBA_HYBRIDS = {  # (vLLM's Qwen3-Next / Nemotron-H layouts: Mamba beside atten
 # layouts since a finished request's blocks join the free queue in vLLM's order, each
 # block no hit can use moved ahead (groups/free_order.py; by position over all groups
 # before, which lost hits vLLM keeps: hybrid-r11b's seed 27024654), and since a refused
-# step no longer rewinds a request (window3+full+window13, seed 11): random examples again.
+# step no longer rewinds a request (hybrid-r11b's window3+full+window13 report): random
+# examples again.
 @pytest.mark.parametrize("groups", list(HYBRIDS) + list(MAMBA_HYBRIDS))
 @settings(max_examples=50, deadline=None)
 @given(extra_blocks=st.integers(1, 16), ops=st.lists(OP, min_size=8, max_size=40))
@@ -504,8 +505,9 @@ def test_a_refused_step_after_a_load_landed_changes_no_cached_count():
     # does not fit (reserved_blocks): vLLM refuses it having changed nothing but the
     # window release, so its estimate stays 16 and b, sharing those 16 tokens, hits 16.
     # Before: prefixkv rewound a to 15 before it counted (block 3 uncached in every group)
-    # and then refused: estimate 0 (window3 holds block 3 only), b's hit 12 (the hybrid
-    # reference stream, window3+full+window13, seed 11)
+    # and then refused: estimate 0 and b's hit 0 (window3 holds block 3 only: the load
+    # took no block below its reach). hybrid-r11b saw the estimate drop (16 -> 12) in the
+    # hybrid reference stream on window3+full+window13
     from vllm.v1.request import RequestStatus
 
     answers = []
