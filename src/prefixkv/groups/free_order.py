@@ -126,8 +126,9 @@ class _Cascade:
 
     def order(self, tables: list[list[Block | None]]) -> list[Block]:
         at, placed, out = self.at, self.placed, []
-        for g, row in enumerate(at):  # first what is of no use already
-            for j in range(self.k - 1, -1, -1):
+        low = self.k if self.tail else self._below(self.top)  # full groups' blocks from
+        for g, row in enumerate(at):  # it on, and windows' of no use, go first
+            for j in range(self.k - 1, -1 if self.specs[g].releases else low - 1, -1):
                 b = row[j]
                 if b is not None and not self._of_use(g, j):
                     out.append(b)
