@@ -36,6 +36,7 @@ from kernel_problems import ROOT, SPEC_DECODE, SPEC_PREFILL, SPLIT_DECODE
 from kernel_static import (
     MAX_REGS_PER_THREAD,
     MAX_WARPS_PER_SM,
+    MMA_FLOP_PER_CLOCK,
     SMEM_PER_BLOCK,
     causal_trips,
     compile_launch,
@@ -53,6 +54,9 @@ CONFIGS = {
     # The loop with QK^T a tile ahead and PV behind (the tile triton 3.7+ took until run 3):
     # kept compiled, spill-free, as the tune's candidate and the tests' guard of the overlap.
     "prefill-spec-qk-ahead": dict(SPEC, tiles="128x64w8s3a"),
+    # The 256-row tile with a three-deep K/V ring (num_stages 5): the static model's best
+    # tile for the SPEC shape (the ring hides the round trip), measured below 256 x 128 (run 6).
+    "prefill-spec-deep-ring": dict(SPEC, tiles="256x64w8s5"),
     "decode": DECODE,
     **{f"{n}-{dt}": dict(c, dtype=f"float{dt[2:]}") for dt in ("fp16", "fp32") for n, c in
        (("prefill", SPEC), ("decode", DECODE))},
@@ -232,20 +236,34 @@ def compile_config(name: str, mods: dict, tiles=None, sass: bool = True) -> dict
 
 def whole_shape(cfg: dict, c: dict, loops: dict) -> dict | None:
     """The config's key tiles per KV head and request (:func:`causal_trips`) and the serial
-    model's share of peak over all of them (:func:`shape_ceiling`); None unless the
-    kernel is causal, windowless and unsplit and both key loops were found."""
+    model's share of peak over all of them (:func:`shape_ceiling`), with memory
+    (``peak_fraction``) and without (``without_memory``); ``main_loop``: the loop that
+    takes most of the shape's clocks, ``main_share`` that part, ``bound`` what bounds it;
+    ``port_cap``: the most any schedule of that loop's tile could reach at the model's L2
+    port floor (its wgmma clocks over its K/V bytes' port clocks, at most 1). None unless
+    the kernel is causal, windowless and unsplit and both key loops were found."""
     if (not cfg.get("causal", True) or cfg.get("window_size") is not None or c.get("SPLIT")
             or not {"phase2", "phase3"} <= loops.keys()):
         return None
     trips = causal_trips(prefix=cfg["prefix"], q_len=cfg["q_len"], group_p2=c["GROUP_P2"],
                          block_m=c["BLOCK_M"], block_n=c["BLOCK_N"])
-    return dict(trips, peak_fraction=round(shape_ceiling(loops, trips), 4))
+    clocks = {k: trips[k] * loops[k]["serial"]["clocks"] for k in ("phase2", "phase3")}
+    main = max(clocks, key=clocks.__getitem__)
+    mma = 4 * c["BLOCK_M"] * c["BLOCK_N"] * c["DIM_P2"] / MMA_FLOP_PER_CLOCK["wgmma"]
+    port = loops[main]["serial"]["units"].get("l2")
+    return dict(trips, peak_fraction=round(shape_ceiling(loops, trips), 4),
+                without_memory=round(shape_ceiling(loops, trips, "peak_fraction_without_memory"), 4),
+                main_loop=main, main_share=round(clocks[main] / sum(clocks.values()), 4),
+                bound=loops[main]["serial"]["bound"],
+                port_cap=round(min(1.0, mma / port), 4) if port else None)
 
 
 def flags(r: dict) -> list[str]:
     """Red flags of one compiled row, against the Hopper limits."""
     out = [f"{r['n_spills']} B of register spills"] if r["n_spills"] else []
     out += [f"{r['n_regs']} registers, the 255 cap"] if r["n_regs"] >= MAX_REGS_PER_THREAD else []
+    out += [f"ptxas serialised every wgmma ({why}): a wait after each one"
+            for why in r.get("wgmma_serialized", [])]
     out += [f"{r['shared']} B smem, over the {SMEM_PER_BLOCK} B a block may "
             "use"] if r["shared"] > SMEM_PER_BLOCK else []
     out += [f"{r['loop_loads']['sync']} tile loads in loops not "
@@ -269,24 +287,46 @@ def _tile_text(r: dict) -> str:
             + (", QK ahead" if c.get("QK_AHEAD") else "")) if "BLOCK_M" in c else "-"
 
 
+def _shares(row: dict, loop: str) -> tuple[str, str, str]:
+    """Instructions a tile and the serial model's % of peak with and without memory of one
+    loop of a report row, or of the whole shape (``loop`` "whole shape"); "-" where an
+    older report lacks a figure."""
+    if loop == "whole shape":
+        w, loops = row.get("shape_ceiling"), row["sass"]["loops"]
+        if not w:
+            return "-", "-", "-"
+        trips = {k: w[k] for k in ("phase2", "phase3")}
+        without = ("-" if not all("peak_fraction_without_memory" in loops[k].get("serial", {}) for k in trips)
+                   else f"{100 * shape_ceiling(loops, trips, 'peak_fraction_without_memory'):.1f}")
+        return "-", f"{100 * w['peak_fraction']:.1f}", without
+    t = row["sass"]["loops"][loop]
+    ser = t.get("serial", {})
+    without = ser.get("peak_fraction_without_memory")
+    return (str(t["instructions"]), f"{100 * ser['peak_fraction']:.1f}" if ser else "-",
+            "-" if without is None else f"{100 * without:.1f}")
+
+
 def before_after(before: dict, after: dict) -> list[str]:
-    """Markdown rows comparing the key loops of the configs both reports compiled."""
+    """Markdown rows comparing the key loops, and the whole shape, of the configs both
+    reports compiled."""
     old = {r["name"]: r for r in before["configs"] if r["ok"]}
     lines = [f"## Before and after (before: triton {before['triton']}, `{before.get('source', '?')}`)", "",
-             "| config | loop | before: tile | regs / spills (B) | serial % peak | after: tile "
-             "| regs / spills (B) | serial % peak |", "|---|---|---|---|---|---|---|---|"]
+             "Serial model, % of peak with memory / without.", "",
+             "| config | loop | before: tile | regs / spills (B) | instr/tile | serial % peak | after: tile "
+             "| regs / spills (B) | instr/tile | serial % peak |", "|---" * 10 + "|"]
     for r in after["configs"]:
         b = old.get(r["name"])
         if not (b and r["ok"] and r.get("sass") and b.get("sass")):
             continue
-        for loop, t in r["sass"]["loops"].items():
-            bt = b["sass"]["loops"].get(loop)
-            if bt is None:
+        for loop in [*r["sass"]["loops"], "whole shape"]:
+            if loop != "whole shape" and loop not in b["sass"]["loops"]:
                 continue
-            was = f"{100 * bt['serial']['peak_fraction']:.1f}" if "serial" in bt else "-"  # older reports
+            (bi, bw, bo), (ai, aw, ao) = _shares(b, loop), _shares(r, loop)
+            if loop == "whole shape" and "-" in (bw, aw):
+                continue
             lines.append(f"| {r['name']} | {loop} | {_tile_text(b)} | {b['n_regs']} / {b['n_spills']} | "
-                         f"{was} | {_tile_text(r)} | {r['n_regs']} / {r['n_spills']} | "
-                         f"{100 * t['serial']['peak_fraction']:.1f} |")
+                         f"{bi} | {bw} / {bo} | {_tile_text(r)} | {r['n_regs']} / {r['n_spills']} | "
+                         f"{ai} | {aw} / {ao} |")
     return lines + [""]
 
 
@@ -349,14 +389,24 @@ def markdown(result: dict, reading: str = "", before: dict | None = None) -> str
     lines += ["", "## Whole shape (serial model)", "",
               "Each key loop's serial clocks per tile weighted by the key tiles it runs for the "
               "config's shape (causal, no window, no split; per request and KV head, as the kernel "
-              "bounds its phases): the share of peak of all the shape's key tiles together.", "",
-              "| config | query tiles | phase 2 tiles | phase 3 tiles | phase 2 tiles per phase 3 tile "
-              "| % peak |", "|---|---|---|---|---|---|"]
+              "bounds its phases): the share of peak of all the shape's key tiles together, with "
+              "memory and without (the model before run 3). Main loop: the loop with most of the "
+              "shape's clocks, its share of them, and what bounds it; L2 port cap: the most any "
+              "schedule of that tile could reach with its K/V bytes at the model's port floor "
+              "(24 B/clk); ptxas's notes that it serialised the wgmma (C751x), if any.", "",
+              "| config | tile | query tiles | phase 2 tiles | phase 3 tiles | phase 2 tiles per phase 3 "
+              "tile | % peak | % peak without memory | main loop (share of clocks) | bound | L2 port cap "
+              "| wgmma serialised by ptxas |", "|---" * 12 + "|"]
     for r in rows:
         if w := r.get("shape_ceiling"):
             ratio = f"{w['phase2'] / w['phase3']:.1f}" if w["phase3"] else "-"
-            lines.append(f"| {r['name']} | {w['query_tiles']} | {w['phase2']} | {w['phase3']} | {ratio} "
-                         f"| **{100 * w['peak_fraction']:.1f}** |")
+            serial = ", ".join(c.split(":")[0] for c in r.get("wgmma_serialized", [])) or "no"
+            extra = (f"{100 * w['without_memory']:.1f} | {w['main_loop']} ({100 * w['main_share']:.1f}%) | "
+                     f"{w['bound']} | " + (f"{100 * w['port_cap']:.1f}" if w.get("port_cap") else "-")
+                     if "without_memory" in w else "- | - | - | -")  # reports before these columns
+            lines.append(f"| {r['name']} | {_tile_text(r)} | {w['query_tiles']} | {w['phase2']} | "
+                         f"{w['phase3']} | {ratio} | **{100 * w['peak_fraction']:.1f}** | {extra} | "
+                         f"{serial} |")
     if before is not None:
         lines += [""] + before_after(before, result)
     lines += ["", "## Flags (computed)", ""]

@@ -46,15 +46,26 @@ _WHERE = re.compile(r'File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (
 _MMA = re.compile(r"\b(HGMMA|HMMA)\.")
 
 
+# ptxas's "Potential Performance Loss" notes that it serialised the wgmma instructions
+# (C7510-C7515: a wait after each one, so no MMA overlaps anything), with their reason.
+_WGMMA_SERIAL = re.compile(r"\((C751\d)\) Potential Performance Loss: wgmma\.mma_async instructions are "
+                           r"serialized due to (.*)$", re.M)
+_FUNCTION = re.compile(r"\s*(?:(?:in |for )?(?:the function )?'[^']*'|in line \d+)")  # where: dropped
+
+
 def parse_ptxas(log: str) -> dict:
-    """Registers, spill bytes and stack frame from a ``ptxas -v`` log."""
+    """Registers, spill bytes and stack frame from a ``ptxas -v`` log, and
+    ``wgmma_serialized``: ptxas's notes that it serialised the wgmma instructions
+    (``"C7511: insufficient register resources for the wgmma pipeline"``; empty when none)."""
     regs = re.search(r"Used (\d+) registers", log)
     spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
     if not regs or not spill:
         raise RuntimeError(f"no resource usage in the ptxas log:\n{log[-2000:]}")
     stack, stores, loads = map(int, spill.groups())
+    serial = sorted({f"{code}: {_FUNCTION.sub('', why).strip(' .')}"
+                     for code, why in _WGMMA_SERIAL.findall(log)})
     return {"n_regs": int(regs.group(1)), "n_spills": stores + loads, "spill_stores": stores,
-            "spill_loads": loads, "stack_frame": stack}
+            "spill_loads": loads, "stack_frame": stack, "wgmma_serialized": serial}
 
 
 _TILE = r"tensor<\d+x\d+x"  # a 2-D (tile) operand; block-table and q loads are 1-D or outside loops
@@ -270,13 +281,15 @@ def causal_trips(*, prefix: int, q_len: int, group_p2: int, block_m: int, block_
     return out
 
 
-def shape_ceiling(loops: dict, trips: dict) -> float:
+def shape_ceiling(loops: dict, trips: dict, key: str = "peak_fraction") -> float:
     """Share of peak of a shape's key loops under the serial model: the wgmma clocks of all
     its key tiles over their serial clocks, each loop weighted by its trip count (``loops``:
     :func:`static_report`'s, ``trips``: :func:`causal_trips`'s). Every tile of a shape has
-    the same FLOPs, so this is the trip-weighted harmonic mean of the loops' shares."""
+    the same FLOPs, so this is the trip-weighted harmonic mean of the loops' shares.
+    ``key``: which share of the serial model (``"peak_fraction_without_memory"``: the
+    model before memory joined)."""
     names = [k for k in ("phase2", "phase3") if trips[k]]
-    return sum(trips[k] for k in names) / sum(trips[k] / loops[k]["serial"]["peak_fraction"] for k in names)
+    return sum(trips[k] for k in names) / sum(trips[k] / loops[k]["serial"][key] for k in names)
 
 
 def compile_launch(jit_fn, args, kwargs, target_tuple=SM90):

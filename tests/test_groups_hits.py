@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixkv import ConfigError
-from prefixkv.groups import GroupSpec, chunked_local, full_attention, longest_hit, sliding_window
+from prefixkv.groups import GroupSpec, chunked_local, full_attention, longest_hit, mamba, sliding_window
 
 specs = st.one_of(
     st.just(full_attention()),
@@ -37,6 +37,47 @@ def test_longest_hit_equals_brute_force_and_probes_each_block_once(groups, bs, d
 
     assert longest_hit(groups, bs, limit, probe) == brute_force(groups, bs, limit, cached)
     assert len(probes) == len(set(probes))
+
+
+def brute_force_peek(groups, bs, limit, cached, peek):
+    """The largest k every group accepts, where a peeking group also needs block k
+    cached (k > 0), trying every k."""
+    def accepts(g, k):
+        lo = 0 if not groups[g].releases else groups[g].first_needed(k * bs) // bs
+        return k == 0 or all(cached[g][j] for j in range(lo, k + peek[g]))
+    return max(k for k in range(limit + 1) if all(accepts(g, k) for g in range(len(groups))))
+
+
+@settings(max_examples=400, deadline=None)
+@given(groups=st.lists(st.one_of(specs, st.just(mamba())), min_size=1, max_size=4),
+       bs=st.integers(1, 5), data=st.data())
+def test_longest_hit_with_peeking_groups_equals_brute_force_and_probes_each_block_once(groups, bs, data):
+    limit = data.draw(st.integers(0, 12))
+    peek = data.draw(st.lists(st.booleans(), min_size=len(groups), max_size=len(groups)))
+    cached = [data.draw(st.lists(st.booleans(), min_size=limit + 1, max_size=limit + 1)) for _ in groups]
+    probes = []
+
+    def probe(g, j):
+        assert 0 <= j < limit + peek[g]
+        probes.append((g, j))
+        return cached[g][j]
+
+    got = longest_hit(groups, bs, limit, probe, peek)
+    assert got == brute_force_peek(groups, bs, limit, cached, peek)
+    assert len(probes) == len(set(probes))
+
+
+def test_a_peeking_group_needs_the_block_after_the_hit():
+    bs, both = 4, [full_attention(), sliding_window(8)]   # the window reads blocks k-2, k-1
+    everything = lambda g, j: True  # noqa: E731
+    assert longest_hit(both, bs, 5, everything, (True, True)) == 5      # block 5 probed too
+    assert longest_hit(both, bs, 5, lambda g, j: j < 5, (True, True)) == 4
+    # the window's block 3 gone: without peeking, k=5 reads 3, 4 (no), k=3 reads 1, 2
+    assert longest_hit(both, bs, 5, lambda g, j: g == 0 or j != 3) == 3
+    # peeking, k=3 needs block 3 as well: k=2 (blocks 0, 1, and 2 peeked)
+    assert longest_hit(both, bs, 5, lambda g, j: g == 0 or j != 3, (True, True)) == 2
+    assert longest_hit(both, bs, 5, lambda g, j: j != 0, (True, True)) == 0
+    assert longest_hit([full_attention()], bs, 3, lambda g, j: j < 1, (True,)) == 0
 
 
 def test_a_window_needs_only_its_blocks_and_a_miss_inside_it_drops_the_hit_below_the_miss():

@@ -92,7 +92,9 @@ class MambaMachine(HybridMachine):
     num_blocks = 20
 
     def _state(self, g, rid, end):
-        return "state", g, self.extra[rid], tuple(self.tokens[rid][:end])
+        sound = "state", g, self.extra[rid], tuple(self.tokens[rid][:end])
+        t = self.taint[rid]
+        return sound if t is None or end <= t else ("lost", *sound)
 
     def _forward(self, rid, start, stop):
         self.start[rid] = start
@@ -102,8 +104,8 @@ class MambaMachine(HybridMachine):
                     assert ids[pos // BS] != self.null, (g, pos)
                     self.kv[ids[pos // BS]][pos % BS] = self._kv_of(g, rid, pos)
                 continue
-            if start:  # the state the step starts from
-                b = ids[(start - 1) // BS]
+            if start and (self.taint[rid] is None or start < self.taint[rid]):  # the state
+                b = ids[(start - 1) // BS]  # the step starts from (a lost one: any)
                 assert b != self.null and self.kv[b][0] == self._state(g, rid, start), (rid, g, start, ids)
             b = ids[(stop - 1) // BS]
             assert b != self.null, (rid, g, stop, ids)
@@ -125,6 +127,11 @@ class MambaMachine(HybridMachine):
     @rule()
     def fork_chain(self):
         pass
+
+    def _lost(self, rid, p):
+        """A recompute from ``p`` starts from a state no block holds (the base rule then
+        rewinds there: the state written from there on is a lost one, never to be hit)."""
+        return not self._resumable(rid, p)
 
     @rule()
     def reserve(self):
@@ -149,12 +156,13 @@ class MambaMachine(HybridMachine):
         for rid in self.tokens:
             for g, (spec, ids) in enumerate(zip(self.groups, self.m.get_block_ids(rid), strict=True)):
                 assert len(ids) == -(-max(self.scheduled[rid], self.reserved[rid]) // BS)
-                n = self.scheduled[rid]
+                n, t = self.scheduled[rid], self.taint[rid]
                 if spec.sparse:  # the state at the scheduled end, in the block of its last position
-                    assert not n or self.kv[ids[(n - 1) // BS]][0] == self._state(g, rid, n), (rid, n, ids)
+                    assert not n or (t is not None and n > t) or \
+                        self.kv[ids[(n - 1) // BS]][0] == self._state(g, rid, n), (rid, n, ids)
                     continue
                 assert self.null not in ids
-                for pos in range(n):
+                for pos in range(n if t is None else min(n, t)):  # (past a taint: unknown)
                     assert self.kv[ids[pos // BS]][pos % BS] == self._kv_of(g, rid, pos), (rid, g, pos)
         assert all(v is None for v in self.kv[self.null])
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixkv import RequestError
-from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, sliding_window
+from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, mamba, sliding_window
 
 WINDOWED = (full_attention(), chunked_local(6), sliding_window(7))
 SLIDING = (full_attention(), sliding_window(7))
@@ -161,6 +161,103 @@ def test_a_token_before_a_shared_block_is_pinned_too():
         m.append_tokens("r6", [2, 0])
     assert snapshot(m, "r5", "r6") == before
     m.append_tokens("r6", [0, 0, 0, 0])
+    m.check_invariants()
+
+
+def test_a_recompute_over_released_window_entries_is_never_cached():
+    # wrongkv-r12: 12 tokens, a step at 12 (the 4-token window reads 9..12: its blocks
+    # 0..2 go), then back to 6: the recompute of 6..12 reads 3..5 and 6..8 in the window
+    # group, released (vLLM's null block), so its KV, in every group, is computed from a
+    # wrong context. Before: the recomputed full-attention blocks 3, 4 and window block 8
+    # were cached again and a later request with the same prompt hit all 12 tokens
+    # (((1, 2, 3, 4, 11), (0, 0, 0, 8, 12)): wrong KV); now it hits the 6 sound ones
+    m = manager((full_attention(), sliding_window(4)), 20)
+    prompt = list(range(1, 13))
+    assert m.add_request("a", prompt).group_block_ids == ((1, 2, 3, 4), (5, 6, 7, 8))
+    assert m.append_tokens("a", [13]) == ((9,), (10,))
+    null = m.null_block_id
+    assert m.get_block_ids("a") == ((1, 2, 3, 4, 9), (null, null, null, 8, 10))
+    m.rewind("a", 6)
+    assert m.append_tokens("a", prompt[6:] + [13]) == ((), ())
+    assert m.get_block_ids("a") == ((1, 2, 3, 4, 9), (null, null, null, 8, 10))
+    m.check_invariants()
+    assert m.lookup(prompt + [0]) == 6
+    assert m.lookup_block_ids(prompt + [0]) == ((1, 2), (null, 6))
+    assert m.append_tokens("a", [14, 15, 16]) == ((11,), (12,))  # nor its later blocks
+    assert m.lookup(prompt + [13, 14, 15, 0]) == 6    # (full attention reads all of it)
+    adm = m.add_request("b", prompt + [0])
+    assert adm.num_cached_tokens == 6
+    assert adm.group_block_ids == ((1, 2, 13, 14, 15), (null, 6, 16, 17, 18))
+    m.check_invariants()
+
+
+def test_requests_sharing_a_block_a_lost_recompute_rewrites_are_not_cached_from_there():
+    # sliding window of 7 only. r2 forks a after a's step at 12 (blocks 0, 1 released),
+    # then a goes back to 6: its recompute rewrites blocks 2, 3, which r2 shares, over
+    # lost KV, and r2's later blocks read them. Before: r2's blocks 5, 6 were cached and
+    # a request with r2's 21 tokens hit them all (the window at 21 reads blocks 5, 6
+    # only); now r2 is tainted from 6 as well, and so is a fork of a (the hit: the sound
+    # blocks 0, 1, released to the pool still cached)
+    m = manager((sliding_window(7),), 30)
+    prompt = list(range(1, 13))
+    m.add_request("a", prompt)
+    m.append_tokens("a", [13])
+    null = m.null_block_id
+    assert m.get_block_ids("a") == ((null, null, 3, 4, 5),)
+    assert m.fork("a", "r2") is not None
+    m.rewind("a", 6)
+    m.check_invariants()
+    m.append_tokens("a", prompt[6:] + [13])
+    more = [14, 15, 16, 17, 18, 19, 20, 21]
+    assert m.append_tokens("r2", more) is not None
+    assert m.get_block_ids("r2") == ((null, null, 3, 4, 6, 7, 8),)
+    assert m.lookup(prompt + [13] + more + [0]) == 6
+    assert m.fork("a", "r3") is not None
+    m.append_tokens("r3", more)
+    assert m.lookup(prompt + [13] + more + [0]) == 6
+    m.check_invariants()
+
+
+def test_a_mamba_recompute_from_a_state_no_block_holds_is_never_cached():
+    # block_size 3. A Mamba group keeps the state where a step ends, in the block of its
+    # last position: a rewind to 6 (step 0..6 ended there, block 1 recorded) recomputes
+    # from a held state and is cached again; to 7 (no state after 6.. 7) or to 3 (block 0
+    # jumped over) it is not (before: cached, a hit served the state of another prefix)
+    m = manager((full_attention(), mamba()), 30)
+    prompt = list(range(1, 16))
+    m.add_request("a", prompt, num_new_tokens=6)
+    m.extend("a", 6)                                     # 6..12: block 1 still held
+    m.rewind("a", 6)
+    m.append_tokens("a", prompt[6:12])
+    assert m.lookup(prompt) == 12
+    m.rewind("a", 7)
+    m.append_tokens("a", prompt[7:15])
+    assert m.lookup(prompt + [0]) == 6
+    m.check_invariants()
+    m2 = manager((full_attention(), mamba()), 30)
+    m2.add_request("a", prompt, num_new_tokens=12)
+    m2.rewind("a", 3)
+    m2.append_tokens("a", prompt[3:15])
+    assert m2.lookup(prompt + [0]) == 0
+    m2.check_invariants()
+
+
+def test_reads_released_says_where_a_recompute_would_read_lost_kv():
+    # the 4-token window at 12 released blocks 0..2: a step from 9..11 reads 6..8, from
+    # 12 on nothing released; from 0 it would write and then read released entries (the
+    # null block). An admission whose load ends at 12 is the same below 12
+    m = manager((full_attention(), sliding_window(4)), 20)
+    m.add_request("a", list(range(1, 13)))
+    m.append_tokens("a", [13])
+    assert [m.reads_released("a", p) for p in (0, 6, 11, 12, 13)] == [True, True, True, False, False]
+    m.add_request("b", list(range(20, 32)), num_new_tokens=1, num_lookahead_tokens=11,
+                  num_external_tokens=12)
+    assert [m.reads_released("b", p) for p in (0, 1)] == [True, True]
+    m.extend("b", 11)                                    # the load landed
+    assert m.reads_released("b", 8) and not m.reads_released("b", 12)
+    for bad in (-1, 14):
+        with pytest.raises(RequestError):
+            m.reads_released("a", bad)
     m.check_invariants()
 
 

@@ -8,7 +8,15 @@ first query on) is held and holds exactly that; released entries are the null bl
 which is never written, and lie wholly below that window. A consumer mirrors the events
 per ``(group, hash)``; brute force over every hit length on that mirror must equal
 ``lookup``.
+
+A rewind past what a window released makes the recompute read lost KV (vLLM's null
+block): the store then writes a "lost" value from there on (``taint``: per request, the
+first such position; a request sharing a block the recompute rewrites gets it from the
+first position rewritten there). Every hit ``lookup_block_ids`` finds must hold exactly
+the sound KV of the prompt looked up: never a lost value.
 """
+
+from collections import defaultdict
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -57,6 +65,7 @@ class HybridMachine(RuleBasedStateMachine):
         self.scheduled: dict[str, int] = {}
         self.reserved: dict[str, int] = {}  # slots the tables cover past the tokens
         self.start: dict[str, int] = {}  # first position of the request's last step
+        self.taint: dict[str, int | None] = defaultdict(lambda: None)  # first position written over lost KV
         self.extra: dict[str, ExtraKeys | None] = {}
         self.preempted: list[tuple[list[int], ExtraKeys | None]] = []
         self.last = None
@@ -70,7 +79,9 @@ class HybridMachine(RuleBasedStateMachine):
             self.kv[op.dst] = list(self.kv[op.src])
 
     def _kv_of(self, g, rid, pos):
-        return g, self.extra[rid], tuple(self.tokens[rid][:pos + 1])
+        sound = g, self.extra[rid], tuple(self.tokens[rid][:pos + 1])
+        t = self.taint[rid]
+        return sound if t is None or pos < t else ("lost", *sound)
 
     def _write(self, rid, start, stop):
         self._run_copies()
@@ -80,9 +91,12 @@ class HybridMachine(RuleBasedStateMachine):
     def _forward(self, rid, start, stop):
         """The forward pass writes positions ``start..stop-1`` of ``rid`` in every group."""
         self.start[rid] = start
+        t = self.taint[rid]
         for g, ids in enumerate(self.m.get_block_ids(rid)):
             for pos in range(start, stop):
-                assert ids[pos // BS] != self.null, (g, pos)
+                if ids[pos // BS] == self.null:  # (a recompute over a released window: vLLM
+                    assert t is not None and pos >= t, (g, pos)  # writes its null block)
+                    continue
                 self.kv[ids[pos // BS]][pos % BS] = self._kv_of(g, rid, pos)
 
     def _resumable(self, rid, p):
@@ -117,6 +131,7 @@ class HybridMachine(RuleBasedStateMachine):
 
     def _forget(self, rid):
         del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.start[rid]
+        self.taint.pop(rid, None)
         del self.reserved[rid]
 
     # ---- rules -------------------------------------------------------------------
@@ -264,6 +279,53 @@ class HybridMachine(RuleBasedStateMachine):
             self._write(rid, p, p + n)
             self.last = None  # (aborting it would leave the same KV in blocks it shares)
 
+    def _lost(self, rid, p):
+        """Whether a recompute of ``rid`` from ``p`` reads KV a window released."""
+        cuts = [ids.count(self.null) for ids in self.m.get_block_ids(rid)]
+        return any(g.num_unread(p, BS) < c for g, c in zip(self.groups, cuts, strict=True))
+
+    @rule(rid=live, pick=st.integers(0, 40), tail=st.lists(st.integers(0, 9), max_size=5))
+    def rewind_past_released(self, rid, pick, tail):
+        # the same, from a point where a window already released what a query there
+        # reads (vLLM's scheduler does it: the recompute reads its null block): from
+        # there the store writes lost KV, also into the blocks shared with other
+        # requests (the same tokens again: pins), which hold lost KV from there on
+        if rid not in self.tokens:
+            return
+        s = self.scheduled[rid]
+        points = [p for p in range(s) if self._lost(rid, p)]
+        if not points:
+            return
+        p = points[pick % len(points)]
+        mine = self.m.get_block_ids(rid)
+        rewritten = {(g, b) for g, ids in enumerate(mine) for b in ids[p // BS:] if b != self.null}
+        for other in self.tokens:
+            if other != rid:
+                js = [j for g, ids in enumerate(self.m.get_block_ids(other))
+                      for j, b in enumerate(ids) if j >= p // BS and (g, b) in rewritten]
+                if js:
+                    first = max(p, min(js) * BS)
+                    t = self.taint[other]
+                    self.taint[other] = first if t is None else min(t, first)
+        gone = self.tokens[rid][p:]
+        self.m.rewind(rid, p)
+        t = self.taint[rid]
+        self.taint[rid] = p if t is None else min(t, p)
+        self.tokens[rid] = self.tokens[rid][:p]
+        self.reserved[rid] = max(self.reserved[rid], s)
+        self.scheduled[rid] = p
+        self.m.check_invariants()
+        first = gone[:s - p]  # (the tables cover them: never short)
+        for toks in (first, gone[s - p:] + tail):
+            n = self.scheduled[rid]
+            if toks and self.m.append_tokens(rid, toks) is not None:
+                self.tokens[rid] += toks
+                self.scheduled[rid] += len(toks)
+                self._write(rid, n, n + len(toks))
+            else:
+                assert toks is not first
+            self.last = None
+
     @rule(rid=live, n=st.integers(0, 9))
     def reserve(self, rid, n):
         if rid not in self.tokens:
@@ -294,6 +356,7 @@ class HybridMachine(RuleBasedStateMachine):
         self.scheduled[child] = self.scheduled[parent]
         self.reserved[child] = self.reserved[parent]
         self.start[child] = self.start[parent]
+        self.taint[child] = self.taint[parent]
         return child
 
     @rule(rid=live, call=st.sampled_from(["extend", "append", "reserve", "fork", "add", "free",
@@ -331,7 +394,7 @@ class HybridMachine(RuleBasedStateMachine):
         to member i (the parent is member 0); free the members in ``gone`` (pruned before
         the step ran); admit ``prompt`` (it may take a freed block); then run the copies
         and the forward pass."""
-        models = (self.tokens, self.extra, self.scheduled, self.reserved, self.start)
+        models = (self.tokens, self.extra, self.scheduled, self.reserved, self.start, self.taint)
         return fork_chain_step(self, parent, depth, gone, toks, prompt, models, self._run_copies)
 
     @precondition(lambda self: self.last is not None and self.last[0] in self.tokens)
@@ -380,16 +443,46 @@ class HybridMachine(RuleBasedStateMachine):
             for g, (spec, ids) in enumerate(zip(self.groups, self.m.get_block_ids(rid), strict=True)):
                 assert len(ids) == -(-max(self.scheduled[rid], self.reserved[rid]) // BS)
                 reach = spec.first_needed(self.start[rid])
+                t = self.taint[rid]
                 for j, b in enumerate(ids):
                     if b == self.null:
-                        assert spec.releases and (j + 1) * BS <= reach, (rid, g, j)
-                for pos in range(reach, self.scheduled[rid]):
+                        assert spec.releases and ((j + 1) * BS <= reach or t is not None), (rid, g, j)
+                for pos in range(reach, self.scheduled[rid] if t is None else min(t, self.scheduled[rid])):
                     b = ids[pos // BS]
-                    assert self.kv[b][pos % BS] == self._kv_of(g, rid, pos), (rid, g, pos)
+                    if b != self.null:  # (below a lost recompute's start: released)
+                        assert self.kv[b][pos % BS] == self._kv_of(g, rid, pos), (rid, g, pos)
         assert all(v is None for v in self.kv[self.null]) if self.null is not None else True
         if not self.tokens:
             reserved = 0 if self.null is None else 1
             assert self.m.num_free_blocks == self.num_blocks - reserved
+
+    @invariant()
+    def reads_released_is_where_a_window_released_what_a_query_reads(self):
+        if any(g.sparse for g in self.groups):
+            return  # (a Mamba state: test_groups_rewind.py)
+        for rid in self.tokens:
+            for p in range(self.scheduled[rid] + 1):
+                assert self.m.reads_released(rid, p) == self._lost(rid, p), (rid, p)
+
+    def _candidates(self):
+        """Prompts a later request may bring: the known prefixes, each live and
+        preempted request's tokens, one more token each."""
+        out = [(p + [0], None) for p in PREFIXES]
+        out += [(t + [0], self.extra[r]) for r, t in self.tokens.items()]
+        return out + [(t + [0], e) for t, e in self.preempted]
+
+    @invariant()
+    def hits_hold_sound_kv(self):
+        # what a later request would hit holds the KV of exactly its tokens, computed over
+        # sound KV (never a lost recompute's, nor one of a block never computed)
+        for prompt, extra in self._candidates():
+            for g, ids in enumerate(self.m.lookup_block_ids(prompt, extra=extra)):
+                if self.groups[g].sparse:
+                    continue  # (states: MambaMachine checks the hits it takes)
+                for j, b in enumerate(ids):
+                    if b != self.null:
+                        for pos in range(j * BS, (j + 1) * BS):
+                            assert self.kv[b][pos % BS] == (g, extra, tuple(prompt[:pos + 1])), (g, j, b)
 
     @invariant()
     def events_predict_lookup(self):
@@ -405,10 +498,7 @@ class HybridMachine(RuleBasedStateMachine):
                 assert isinstance(ev, BlockRemoved)
                 for h in ev.block_hashes:
                     del self.mirror[(ev.group_idx, h)]
-        candidates = [(p + [0], None) for p in PREFIXES]
-        candidates += [(t + [0], self.extra[r]) for r, t in self.tokens.items()]
-        candidates += [(t + [0], e) for t, e in self.preempted]
-        for prompt, extra in candidates:
+        for prompt, extra in self._candidates():
             limit = (len(prompt) - 1) // BS
             base = extra.base_bytes() if extra else b""
             hashes, _ = chain(self.hash_fn, self.root,

@@ -2,6 +2,7 @@
 admitted by ``add_request`` exactly as its token ids would be."""
 
 import hashlib
+import sys
 import threading
 
 import pytest
@@ -134,6 +135,38 @@ def test_one_prompt_admitted_twice_decodes_into_two_token_stores():
     m.check_invariants()
 
 
+def test_the_first_admission_takes_the_copy_prepare_made():
+    m = KVCacheManager(8, BS)
+    p = m.prepare(P)
+    spare = p.spare[0]
+    assert spare == p.tokens and spare is not p.tokens
+    assert m.lookup(p) == 0 and m.lookup_block_ids(p) == () and p.spare == [spare]  # (not a lookup's)
+    m.add_request("a", p)
+    assert p.spare == [] and m._requests["a"].tokens is spare  # no copy on the scheduler's thread
+    m.append_tokens("a", [100])
+    m.add_request("b", p)  # later admissions copy
+    assert m._requests["b"].tokens is not spare and m._requests["b"].tokens is not p.tokens
+    m.append_tokens("b", [7])
+    assert p.token_ids == tuple(P) and m.num_tokens("a") == m.num_tokens("b") == len(P) + 1
+    # refused (the pool is short now): the copy it took goes back, unwritten, for the next
+    q = m.prepare([9] * 21)
+    taken = q.spare[0]
+    assert m.add_request("c", q) is None and q.spare == [taken] and taken == q.tokens
+    m.free("a")
+    m.free("b")
+    assert m.add_request("c", q) is not None and m._requests["c"].tokens is taken
+    m.check_invariants()
+
+
+def test_a_long_prompts_copy_has_room_to_grow():
+    m = KVCacheManager(4096, 16)
+    p = m.prepare(list(range(5000)))
+    assert sys.getsizeof(p.spare[0]) >= sys.getsizeof(p.tokens[:]) + 4 * 64  # (grown: room kept)
+    m.add_request("a", p)
+    m.append_tokens("a", [1])
+    assert p.token_ids == tuple(range(5000)) and m.num_tokens("a") == 5001
+
+
 @pytest.mark.parametrize("kw", [
     {}, {"enable_events": True}, {"enable_events": True, "host_blocks": 3},
     {"host_blocks": 3}, {"enable_events": True, "hash_mode": lambda b: hashlib.sha256(b).digest()[:8]},
@@ -246,6 +279,7 @@ def test_hybrid_manager_admits_prepared_prompts():
     for rid in ("a", "b"):
         assert plain.add_request(rid, P, extra=SALT) == prepared.add_request(rid, p)
         assert plain.take_events() == prepared.take_events()
+    assert p.spare == []  # "a" took the copy prepare made
     prepared.append_tokens("a", [50])
     assert prepared.num_tokens("b") == len(P) and p.token_ids == tuple(P)
     assert prepared.lookup(p) == plain.lookup(P, extra=SALT) == 20

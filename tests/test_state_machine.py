@@ -72,6 +72,9 @@ class ManagerMachine(RuleBasedStateMachine):
         self.scheduled: dict[str, int] = {}
         self.extra: dict[str, ExtraKeys | None] = {}
         self.preempted: list[tuple[list[int], ExtraKeys | None]] = []
+        # every prompt admitted (and the tokens a request held when it went): the
+        # prompts ``events_predict_lookup`` asks of, cached or long gone
+        self.seen: dict[tuple[tuple[int, ...], ExtraKeys | None], None] = {}
         self.last = None
         self.next_id = 0
         self.steps = 0
@@ -172,6 +175,10 @@ class ManagerMachine(RuleBasedStateMachine):
     def _add(self, rid, prompt, **kw):
         """``add_request``; None also for a PromptTooLongError (a re-admission grown past
         the pool), which must need more blocks than the pool has."""
+        if not isinstance(prompt, list):  # (a Prompt)
+            self.seen[tuple(prompt.token_ids), prompt.extra] = None
+        else:
+            self.seen[tuple(prompt), kw.get("extra")] = None
         try:
             return self.m.add_request(rid, prompt, **kw)
         except PromptTooLongError:
@@ -179,6 +186,7 @@ class ManagerMachine(RuleBasedStateMachine):
             return None
 
     def _forget(self, rid):
+        self.seen[tuple(self.tokens[rid]), self.extra[rid]] = None
         del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.reserved[rid]
 
     @rule(rid=live, n=st.integers(1, 6))
@@ -281,7 +289,7 @@ class ManagerMachine(RuleBasedStateMachine):
         for pos in range(start, stop):
             self.kv[blocks[pos // self.bs]][pos % self.bs] = "never computed"
         self.m.free(rid, num_computed_tokens=start)
-        del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.reserved[rid]
+        self._forget(rid)
         self.last = None
 
     @precondition(lambda self: self.last is not None and self.last[0] in self.tokens)
@@ -305,7 +313,7 @@ class ManagerMachine(RuleBasedStateMachine):
             assert adm.num_cached_tokens == full, adm
             self.m.free(other, num_computed_tokens=0)
         self._run_plan()  # what the second admission evicted is still offloaded
-        del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.reserved[rid]
+        self._forget(rid)
         self.last = None
 
     def _plan_with_failed_loads(self, ok):
@@ -333,8 +341,8 @@ class ManagerMachine(RuleBasedStateMachine):
         from the first failed one on, rewinds it there and recomputes the rest in the
         same blocks, which are then findable again (before ``rewind``, they stayed
         unfindable while the request lived). With no host load failed, a connector's
-        load into block ``bad`` past the device hits did (a block of this admission's
-        own), when no other request holds it or a block after."""
+        load into block ``bad`` did (a device hit too: its cached children, and theirs,
+        go with its content), when no other request holds it or a block after."""
         self.last = None
         rid = self._new_id()
         adm = self._add(rid, prompt, extra=extra)
@@ -345,7 +353,6 @@ class ManagerMachine(RuleBasedStateMachine):
         start = adm.num_cached_tokens
         stop = start + adm.num_new_tokens
         others = {b for r in self.tokens for b in self.m.get_block_ids(r)}
-        bad += start // self.bs
         if not failed and bad < stop // self.bs and not others & set(blocks[bad:stop // self.bs]):
             failed = [blocks[bad]]
             for b in blocks[bad:]:
@@ -389,13 +396,14 @@ class ManagerMachine(RuleBasedStateMachine):
         self.last = None
         if rid in self.tokens:
             self.m.free(rid)
-            del self.tokens[rid], self.scheduled[rid], self.extra[rid], self.reserved[rid]
+            self._forget(rid)
 
     @rule(rid=consumes(live))
     def preempt(self, rid):
         self.last = None
         if rid in self.tokens:
             assert list(self.m.preempt(rid)) == self.tokens[rid]
+            self.seen[tuple(self.tokens[rid]), self.extra[rid]] = None
             self.preempted.append((self.tokens.pop(rid), self.extra.pop(rid)))
             del self.scheduled[rid], self.reserved[rid]
 
@@ -459,6 +467,7 @@ class ManagerMachine(RuleBasedStateMachine):
         candidates = [(p + [0], None) for p in PREFIXES]
         candidates += [(t + [0], self.extra[r]) for r, t in self.tokens.items()]
         candidates += [(t + [0], e) for t, e in self.preempted]
+        candidates += [(list(t) + [0], e) for t, e in self.seen]
         for prompt, extra in candidates:
             n = (len(prompt) - 1) // self.bs
             base = extra.base_bytes() if extra else b""

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from prefixkv import BlockLoads, BlockOffloads, KVCacheManager
 from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
+from test_index import Mirror
 
 BS = 4
 
@@ -105,11 +106,16 @@ def test_requests_go_on_after_their_blocks_are_uncached_and_no_hit_is_invalid(ho
     failed block and recomputes from there (``rewind``, ``extend``), after dropping the
     requests that hit that KV: the recomputed blocks are found again (before ``rewind``,
     never while the request lived). Every live request whose blocks all hold valid KV
-    is found whole."""
+    is found whole. The events describe what ``lookup`` finds, for every prompt seen
+    (before: blocks computed on top of an uncached one, or cached under it, stayed
+    announced, and a recomputation of it made the events count them)."""
     m = KVCacheManager(12, BS, hash_mode="sha256", enable_events=True, host_blocks=host_blocks)
+    mirror = Mirror(m, "sha256", None)
     kv = Plan(m)
     live: dict[str, list[int]] = {}
+    seen: set[tuple[int, ...]] = set()
     for i, prompt in enumerate(prompts):
+        seen.add(tuple(prompt))
         rid = f"r{i}"
         adm = m.add_request(rid, prompt)
         m.check_invariants()
@@ -131,7 +137,7 @@ def test_requests_go_on_after_their_blocks_are_uncached_and_no_hit_is_invalid(ho
             m.check_invariants()
             if recompute:
                 for r in [r for r in live if r != rid and set(m.get_block_ids(r)) & set(ids[j:full])]:
-                    m.free(r, num_computed_tokens=0)  # (they hit KV never valid)
+                    m.free(r, num_computed_tokens=j * BS)  # (they read KV never valid from j)
                     del live[r]
                 m.rewind(rid, j * BS)
                 assert m.extend(rid, len(prompt) - j * BS) is not None  # (the blocks are held)
@@ -147,6 +153,7 @@ def test_requests_go_on_after_their_blocks_are_uncached_and_no_hit_is_invalid(ho
                 if m.append_tokens(other, toks) is not None:
                     kv.run()
                     live[other] += toks
+                    seen.add(tuple(live[other]))
                     ids = m.get_block_ids(other)
                     first = before // BS
                     broken = any(ids[k] not in kv.valid for k in range(first))
@@ -163,3 +170,6 @@ def test_requests_go_on_after_their_blocks_are_uncached_and_no_hit_is_invalid(ho
             held = m.get_block_ids(r)[:len(toks) // BS]
             if all(kv.valid.get(b) == tuple(toks[:(k + 1) * BS]) for k, b in enumerate(held)):
                 assert m.lookup(toks + [0]) >= len(held) * BS, (r, held)
+        mirror.drain()
+        for toks in seen:
+            assert mirror.predict([*toks, 0]) == m.lookup([*toks, 0]), toks

@@ -21,7 +21,7 @@ skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
 from .test_vllm_plugin import config, full  # noqa: E402
-from .test_vllm_reference import BS, MAX_LEN, NULL, OP, _compare, _do, _managers, _request  # noqa: E402
+from .test_vllm_reference import BS, MAX_LEN, NULL, OP, _compare, _do, _first_needed, _managers, _request  # noqa: E402
 
 
 def _window(tokens: int) -> Any:
@@ -91,11 +91,30 @@ def test_on_hybrid_models_they_agree_on_hits_and_on_the_blocks_windows_free(grou
 
 
 def _step(sides: list[Any], op: str, slot: int, k: int, prompt: Any, more: int, serial: int) -> None:
-    strict = not (sides[0].evicted or sides[1].evicted)
+    if op == "step" and _reads_released(sides[1], slot):
+        # vLLM's step reads its null block where a window released what it reads (a
+        # landed load's last token recomputed, or a failed load's rest): wrong KV, which
+        # vLLM caches and prefixkv does not (groups/taint.py), so hits may differ from
+        # here on: each side is checked by its own state, as after diverging hits
+        sides[0].diverged = True
+    strict = not (sides[0].evicted or sides[1].evicted or sides[0].diverged)
     _do(sides, op, slot, k, prompt, more, serial, strict)
     for s in sides:
         s.note_events()
     _compare(sides, strict)
+
+
+def _reads_released(side: Any, slot: int) -> bool:
+    """Whether the next step of the request in ``slot`` (a windowed model's, no Mamba)
+    reads a null entry of its table: a position its first query reads that a window
+    released."""
+    r = side.reqs.get(slot)
+    if side.aligned or r is None or slot not in side.live or slot in side.remote:
+        return False
+    start = r.num_computed_tokens
+    rows = side.m.get_block_ids(r.request_id)
+    return any(NULL in ids[_first_needed(w, start) // BS:(start - 1) // BS + 1]
+               for w, ids in zip(side.windows, rows, strict=True) if w is not None and start)
 
 
 def test_evict_blocks_on_a_window_only_model_frees_what_vllm_frees():

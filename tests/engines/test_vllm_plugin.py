@@ -85,7 +85,7 @@ def request(rid: str, tokens: list[int]) -> Request:
     ((cross_attention,), {}, "cross-attention"),
     ((full, lambda: full(32)), {}, "different block sizes"),
     ((full,), {"dcp_world_size": 2}, "context parallelism"),
-    ((full,), {"use_eagle": True}, "EAGLE"),
+    ((full, window, lambda: window(64)), {"use_eagle": True}, "EAGLE"),
     ((full,), {"num_hash_lookahead_tokens": 2}, "lookahead hashing"),
     ((full,), {"enable_mamba_shared_prefix_checkpoint": True}, "shared-prefix checkpoints"),
 ])

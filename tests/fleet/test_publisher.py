@@ -75,6 +75,25 @@ def test_batches_are_sent_while_the_thread_polls_and_after_it_sleeps_again(ctx, 
         sub.close(linger=0)
 
 
+def test_publish_does_not_wait_for_the_thread_restating_the_replica(ctx):
+    """While the thread holds the lock (a snapshot sorts every held hash, long for a
+    large replica), ``publish`` does not wait for it: it never blocks (its contract); it
+    waited on the lock before."""
+    import threading
+
+    steps = list(stepped_manager())
+    with EventPublisher(block_size=4, heartbeat=None) as pub:
+        sub = sub_to(ctx, pub)
+        done = threading.Event()
+        with pub._lock:  # (as ``_snapshot`` and ``_drain`` hold it)
+            t = threading.Thread(target=lambda: (pub.publish(steps[0]), done.set()))
+            t.start()
+            assert done.wait(10), "publish waited for the thread's lock"
+        t.join()
+        assert recv(sub)[1] == (0).to_bytes(8, "big")
+        sub.close(linger=0)
+
+
 @pytest.mark.parametrize("kind", [zmq.REQ, zmq.DEALER])
 def test_replay_since_k(ctx, kind):
     with EventPublisher(replay_endpoint="tcp://127.0.0.1:*", block_size=4,

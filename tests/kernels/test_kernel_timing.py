@@ -187,5 +187,45 @@ def test_goal_shape_trips_and_ceiling():
     9248 * 1024 / (9184 * 1274 + 64 * 1936) = 9469952 / 11824320 = 0.80089."""
     trips = kernel_static.causal_trips(prefix=8192, q_len=2048, group_p2=4, block_m=128, block_n=64)
     assert trips == {"query_tiles": 64, "phase2": 9184, "phase3": 64}
-    loops = {k: {"serial": {"peak_fraction": 1024 / clk}} for k, clk in (("phase2", 1274), ("phase3", 1936))}
+    loops = {k: {"serial": {"peak_fraction": 1024 / clk, "peak_fraction_without_memory": 1024 / (clk - 200)}}
+             for k, clk in (("phase2", 1274), ("phase3", 1936))}
     assert kernel_static.shape_ceiling(loops, trips) == pytest.approx(9469952 / 11824320)
+    # Without memory (200 clocks a tile fewer here): 9248 * 1024 / (9184 * 1074 + 64 * 1736).
+    assert kernel_static.shape_ceiling(loops, trips, "peak_fraction_without_memory") == pytest.approx(
+        9469952 / (9184 * 1074 + 64 * 1736))
+
+
+def test_whole_shape_names_the_main_loop_its_bound_and_the_port_cap():
+    """The SPEC shape at 128 x 64 (the trips above): phase 2 takes 9184 * 2752 of the
+    9184 * 2752 + 64 * 3988 clocks (99.0%); its tile's 1024 wgmma clocks against 40960 B of
+    cp.async at 24 B a clock (1706.7 clocks) cap any schedule at 60%."""
+    import compile_kernels
+
+    loops = {k: {"serial": {"clocks": clk, "peak_fraction": 1024 / clk, "bound": bound,
+                            "peak_fraction_without_memory": frac, "units": {"l2": 40960 / 24}}}
+             for k, clk, bound, frac in (("phase2", 2752, "memory round trip", 0.8258),
+                                         ("phase3", 3988, "issue", 0.5193))}
+    cfg = {"prefix": 8192, "q_len": 2048}
+    c = {"GROUP_P2": 4, "BLOCK_M": 128, "BLOCK_N": 64, "DIM_P2": 128}
+    got = compile_kernels.whole_shape(cfg, c, loops)
+    assert (got["main_loop"], got["bound"], got["port_cap"]) == ("phase2", "memory round trip", 0.6)
+    assert got["main_share"] == round(9184 * 2752 / (9184 * 2752 + 64 * 3988), 4) == 0.99
+    assert got["peak_fraction"] == round(9248 * 1024 / (9184 * 2752 + 64 * 3988), 4)
+    assert got["without_memory"] == round(9248 / (9184 / 0.8258 + 64 / 0.5193), 4)
+    assert compile_kernels.whole_shape(dict(cfg, causal=False), c, loops) is None
+
+
+def test_parse_ptxas_reads_wgmma_serialisation():
+    """ptxas's note that it serialised every wgmma (a wait after each one) is kept with its
+    reason, the function's name dropped; a log without one gives none."""
+    use = ("ptxas info    : Used 255 registers, 496 bytes stack frame, 560 bytes spill stores, "
+           "544 bytes spill loads")
+    note = ("ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+            "due to insufficient register resources for the wgmma pipeline in the function "
+            "'_paged_prefill_kernel'")
+    assert kernel_static.parse_ptxas(use)["wgmma_serialized"] == []
+    got = kernel_static.parse_ptxas(f"{use}\n{note}\n")
+    assert got["wgmma_serialized"] == ["C7511: insufficient register resources for the wgmma pipeline"]
+    assert (got["n_regs"], got["n_spills"], got["stack_frame"]) == (255, 1104, 496)
+    newer = note.replace("in the function '_paged_prefill_kernel'", "in line 3640")  # ptxas of triton 3.9
+    assert kernel_static.parse_ptxas(f"{use}\n{newer}\n")["wgmma_serialized"] == got["wgmma_serialized"]

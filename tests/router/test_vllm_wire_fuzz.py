@@ -168,7 +168,6 @@ class VllmWire(RuleBasedStateMachine):
         # its live socket reaches nothing: the frames are handed to it (``_on_frames``)
         self.sub = Subscriber(self.router, {"v": (f"tcp://127.0.0.1:{free_ports(1)[0]}",
                                                   self.tap.endpoint)}, replay_timeout=0.2)
-        (self.sock,) = self.sub._sockets.subs
         self.held: list[list[bytes]] = []
         self.next_id = self.restarts = self.seen = 0
 
@@ -190,7 +189,8 @@ class VllmWire(RuleBasedStateMachine):
     def _handle(self, frames):
         self._monitor()
         with self.sub.lock:
-            self.sub._on_frames(self.sock, frames)
+            (sock,) = self.sub._sockets.subs  # (a disconnect replaces it)
+            self.sub._on_frames(sock, frames)
         self._monitor()
 
     def _monitor(self):

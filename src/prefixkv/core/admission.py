@@ -35,11 +35,11 @@ from ..stats import StatsCounter
 from ..store.fetch import Fetch
 from ..store.shared import SharedStore
 from ..tiers import HostTier
-from .block import Block, blocks_for, key_chunk
+from .block import Block, blocks_for, hit_limit, key_chunk
 from .copies import CopyPlan
 from .pool import BlockPool
 from .prompt import Prompt, encode_prompt, unpack_prompt
-from .request import Request
+from .request import GROW_AT, Request, grow_room
 from .store_waits import StoreWaits
 
 
@@ -103,7 +103,7 @@ class Admitter:
         self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt, *,
         extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
         read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
-        keep_free: int = 0,
+        keep_free: int = 0, max_hit_tokens: int | None = None,
     ) -> Admission | StoreWait | None:
         """Admit a request: find its longest cached prefix, take references on those
         blocks, allocate blocks for the tokens scheduled now and record the full ones.
@@ -127,6 +127,9 @@ class Admitter:
         hits other requests hold take nothing); ``require_full_fit`` still checks the
         whole prompt against every free block: vLLM's ``reserved_blocks`` (and
         watermark), which constrain the current allocation, not the whole prompt.
+        ``max_hit_tokens``: use at most this many cached tokens (the hit is cut to the
+        whole blocks below it; None: no cap), e.g. an engine that must recompute the
+        prefix's last block (vLLM's EAGLE) or caps a hit (vLLM's ``max_cache_hit_length``).
 
         ``prompt_token_ids`` may be a ``Prompt`` from ``prepare`` (then ``extra`` must be
         None: the Prompt carries it): its checks, encoding, block chunks and chain hashes
@@ -154,6 +157,8 @@ class Admitter:
             for name, flag in (("resumed", resumed), ("read_cache", read_cache),
                                ("require_full_fit", require_full_fit)):
                 check_flag(name, flag, RequestError)
+        if max_hit_tokens is not None:
+            check_count("max_hit_tokens", max_hit_tokens, 0, None)
         admit = (num_new_tokens, num_lookahead_tokens, require_full_fit)
         waits = self._waits
         fetch: Fetch | None = None
@@ -165,15 +170,18 @@ class Admitter:
                 return got
             fetch = got
             # a re-admission whose fetch landed may skip the walk: ``reuse`` answers what it finds
-            reused = waits.reuse(fetch, prompt_token_ids, extra) if fetch and read_cache else None
+            reused = (waits.reuse(fetch, prompt_token_ids, extra)
+                      if fetch and read_cache and max_hit_tokens is None else None)  # (capped: the walk)
         if reused is None:
-            req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache, admit)
+            req, hits, claimed = self._find(request_id, prompt_token_ids, extra, read_cache, admit,
+                                            max_hit_tokens)
         else:
             (req, hits, d), claimed = reused, None
             self._check_fits(len(req.tokens), *admit)
         n, bs = len(req.tokens), self.block_size
-        if fetch is None and waits is not None and read_cache and len(hits) < (n - 1) // bs:
-            wait = waits.start(req, hits, req.prompt_chunks, (n - 1) // bs,  # type: ignore[arg-type]
+        limit = hit_limit(n, bs, max_hit_tokens)
+        if fetch is None and waits is not None and read_cache and len(hits) < limit:
+            wait = waits.start(req, hits, req.prompt_chunks, limit,  # type: ignore[arg-type]
                                prompt_token_ids)
             if wait is not None:
                 return wait
@@ -193,6 +201,8 @@ class Admitter:
                 pool.unclaim(hits, claimed)
             if fetch is not None:  # (its run stays cached; the wait goes on)
                 self._waits.give_back(fetch)  # type: ignore[union-attr]
+            elif isinstance(req.prompt, Prompt):  # its tokens, unwritten: the next admission's
+                req.prompt.spare.append(req.tokens)
             return None
         first, last = len(hits), total // bs
         try:
@@ -236,8 +246,6 @@ class Admitter:
         req.prompt = None
         if req.prompt_hashes is None or total == n:  # (a prepared prompt's chunks and hashes
             req.prompt_chunks = req.prompt_hashes = None  # serve its next chunks: ``extend``)
-        if n >= 4096:
-            req.grow_room()
         self._requests[request_id] = req
         if fetch is not None:  # the wait is over
             self._waits.cancel(request_id, bool(taken))  # type: ignore[union-attr]
@@ -286,22 +294,35 @@ class Admitter:
 
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt,
               extra: ExtraKeys | None, read_cache: bool,
-              admit: tuple[int | None, int, bool] | None) -> tuple[Request, list[Block], int | None]:
+              admit: tuple[int | None, int, bool] | None, max_hit_tokens: int | None = None
+              ) -> tuple[Request, list[Block], int | None]:
         """Check and encode a prompt and find its cached prefix (at most all blocks but
-        the one holding the last token): the request, the hits and, when ``admit`` and
+        the one holding the last token, and ``hit_limit``'s): the request, the hits and, when ``admit`` and
         the index claimed them (took their references), how many left the cached tier;
-        else None, and no side effects. ``admit``: an admission's ``num_new_tokens``,
+        else None, and no side effects (but a prepared prompt's spare tokens taken, for an
+        admission). ``admit``: an admission's ``num_new_tokens``,
         ``num_lookahead_tokens`` and ``require_full_fit`` (None: a lookup); it is
         refused with PromptTooLongError, before any claim, if it can never fit."""
         if isinstance(prompt_token_ids, Prompt):  # prepared: checked, encoded and cut already
             p = prompt_token_ids
             if p.config is not self._config or extra is not None:  # (this manager's own: valid)
                 unpack_prompt(p, extra, self._config)  # raises PromptError, or it is valid
-            tokens, keys, chunks = p.tokens[:], p.keys, p.chunks  # (decode appends to its copy)
+            keys, chunks = p.keys, p.chunks
+            if admit is None:  # a lookup: the request's tokens are read, never written
+                tokens = p.tokens
+            else:  # the request's own array (decode appends to it): the copy ``prepare``
+                try:  # made, grown, for the first admission (``pop``: one taker, whatever
+                    tokens = p.spare.pop()  # the threads), else a copy
+                except IndexError:
+                    tokens = p.tokens[:]
+                    if len(tokens) >= GROW_AT:
+                        grow_room(tokens)
         else:
             p = None
             tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
                                                  self.vocab_size)
+            if admit is not None and len(tokens) >= GROW_AT:
+                grow_room(tokens)
         n, bs = len(tokens), self.block_size
         if admit is not None and n + admit[1] > self._max_slots:  # (else it always fits)
             self._check_fits(n, *admit)
@@ -311,7 +332,7 @@ class Admitter:
             req.prompt, req.prompt_hashes = p, p.hashes
         if not read_cache:
             return req, [], None
-        limit = (n - 1) // bs
+        limit = hit_limit(n, bs, max_hit_tokens)
         probe = chunks if limit == len(chunks) else chunks[:limit]
         claim = admit is not None and self._store is None
         claimed = self._index.claim(probe, keys.base, keys.mm) if claim else None

@@ -24,6 +24,14 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def hit_limit(num_tokens: int, block_size: int, max_hit_tokens: int | None = None) -> int:
+    """The most blocks a cache hit of a ``num_tokens``-token prompt may have: all but the
+    one holding its last token (computed anew: its logits are needed), and at most
+    ``max_hit_tokens // block_size`` when a cap is given."""
+    limit = (num_tokens - 1) // block_size
+    return limit if max_hit_tokens is None else min(limit, max_hit_tokens // block_size)
+
+
 class _NoChild:
     """The ``child`` of a block without one: fails every check a guess must pass."""
 
@@ -59,41 +67,51 @@ class RunCounts:
 class Run:
     """A run of blocks one ``store`` recorded after a first new content (``head``, which
     is not one of them), each the chained child of the one before: ``blocks`` in chain
-    order; ``chunks``: the head's token bytes, then theirs (the list ``store`` was given:
-    not copied); the extra-key bytes ``extra`` of every one.
+    order; ``chunks``: the head's token bytes, then theirs (the run's own list: the one
+    ``store`` was given, copied only when a deferred event holds it too); the extra-key
+    bytes ``extra`` of every one.
 
     ``ok``: the index's epoch when recorded (``reset`` starts another), -1 once known
     broken. A run that is not shared may be stale (a block's content lost since): the
     claim that first takes it whole checks each block as a hit is checked, then makes
-    it shared. A shared run holds its content: the loss of any block's content breaks it
-    (``broken``). So ``claim`` compares its token bytes as one list, instead of block by
-    block, and checks its first block's parent id against the head's content id.
+    it shared; unless ``seen``, the index's count of content losses when the run was
+    last known whole (recorded or checked), is still that count: no block anywhere
+    has lost its content since, so none of these has. A shared run holds its content:
+    the loss of any block's content breaks it (``broken``). So ``claim`` compares its
+    token bytes as one list, instead of block by block, and checks its first block's
+    parent id against the head's content id.
 
     ``shared``: the blocks' reference count is ``n``, one count for all of them (each
     block's ``counted`` is this run): they are held by exactly the same requests, so a
-    claim or a release of the whole run changes one count. A run becomes shared when a
+    claim or a release of the whole run changes one count. A run is shared from its
+    ``store`` on (its blocks are the storing request's alone), or becomes shared when a
     claim takes all of its blocks, each free, at once. Any change to one block's count
     alone (``Block.ref_cnt`` set), any removal of one of them from the free queue alone,
     and the loss of any block's content first give every block its own count again
-    (``dissolve``). While ``n`` is 0 the blocks are consecutive in the free queue's cached
-    tier, in the order of ``blocks`` (``fwd``) or the reverse: a claim takes them out of
-    it as one segment.
+    (``dissolve``); an eviction that takes its last blocks alone (not ``fwd``) cuts
+    them off instead (``truncate``: the rest keep their content). While ``n`` is 0 the
+    blocks are consecutive in the free queue's cached tier, in the order of ``blocks``
+    (``fwd``) or the reverse: a claim, or an eviction, takes them out of it as one
+    segment.
 
     ``linked``: the blocks' links (``prev``/``next``) still chain them in the order
-    ``fwd`` says, as the last release that freed them linked them (a claim takes them out
-    as one segment, leaving those links; nothing writes a held block's links): the next
-    release that frees them in that order links its two ends alone.
+    ``fwd`` says, as the last release that freed them linked them, or as ``store``
+    linked them for the release that frees its request, tail first (a claim takes them
+    out as one segment, leaving those links; nothing else writes a held block's links):
+    the next release that frees them in that order links its two ends alone.
 
     ``counts``: the index's ``RunCounts``, kept as ``shared`` and ``n`` change."""
 
-    __slots__ = ("blocks", "chunks", "extra", "ok", "n", "shared", "fwd", "linked", "counts")
+    __slots__ = ("blocks", "chunks", "extra", "ok", "seen", "n", "shared", "fwd", "linked",
+                 "counts")
 
     def __init__(self, blocks: list[Block], chunks: list[bytes], extra: bytes, ok: int,
-                 counts: RunCounts) -> None:
+                 seen: int, counts: RunCounts) -> None:
         self.blocks = blocks
         self.chunks = chunks
         self.extra = extra
         self.ok = ok
+        self.seen = seen
         self.n = 0
         self.shared = False
         self.fwd = False
@@ -111,6 +129,25 @@ class Run:
             for b in self.blocks:
                 b.refs = n
                 b.counted = None
+
+    def evicted(self) -> None:
+        """Every block of this free shared run is being evicted at once: broken (its
+        content goes), not shared; the caller clears each block's ``counted`` and sets its
+        count as it takes it (no pass to dissolve)."""
+        self.ok = -1
+        self.shared = self.linked = False
+        self.counts.shared -= 1
+        self.counts.free -= 1
+
+    def truncate(self, keep: int) -> list[Block]:
+        """Cut this free shared run after its first ``keep`` blocks (``0 < keep <
+        len(blocks)``; their content stays, one segment still): the blocks cut off, last
+        first (the order the cached tier holds them in when not ``fwd``), for the
+        eviction to take (their ``counted`` is the caller's to clear)."""
+        gone = self.blocks[:keep - 1:-1]
+        del self.blocks[keep:]
+        del self.chunks[keep + 1:]
+        return gone
 
     def broken(self) -> None:
         """One of the blocks (or the head) lost its content: not ``ok``, not shared."""

@@ -82,12 +82,14 @@ class KVCacheManager(StepOutputs):
                               self._prompt_hasher, self._config)
 
     def lookup(self, prompt_token_ids: Sequence[int] | Prompt, *,
-               extra: ExtraKeys | None = None) -> int:
-        """Tokens of this prompt that an admission now would find cached on the device
-        and in host slots. Changes nothing (no references, no stats, no LRU update) and
-        never asks the shared store. Takes a ``Prompt`` as ``add_request`` does. Raises
-        as ``add_request`` for bad input."""
-        return len(self._find(None, prompt_token_ids, extra, True, None)[1]) * self.block_size
+               extra: ExtraKeys | None = None, max_hit_tokens: int | None = None) -> int:
+        """Tokens of this prompt that an admission now (with this ``max_hit_tokens``)
+        would find cached on the device and in host slots. Changes nothing (no
+        references, no stats, no LRU update) and never asks the shared store. Takes a
+        ``Prompt`` as ``add_request`` does. Raises as ``add_request`` for bad input."""
+        if max_hit_tokens is not None:
+            check_count("max_hit_tokens", max_hit_tokens, 0, None)
+        return len(self._find(None, prompt_token_ids, extra, True, None, max_hit_tokens)[1]) * self.block_size
 
     # ---- the shared store's fetches -------------------------------------------------------
 
@@ -114,11 +116,14 @@ class KVCacheManager(StepOutputs):
         self._waits.attach(buffers)
 
     def lookup_block_ids(self, prompt_token_ids: Sequence[int] | Prompt, *,
-                         extra: ExtraKeys | None = None) -> tuple[int, ...]:
+                         extra: ExtraKeys | None = None, max_hit_tokens: int | None = None
+                         ) -> tuple[int, ...]:
         """The device blocks of the prefix ``lookup`` finds, in token order (it stops at
         the first block that is not in the device pool: host tier, store). Changes
         nothing. Takes a ``Prompt``. Raises as ``add_request`` for bad input."""
-        hits = self._find(None, prompt_token_ids, extra, True, None)[1]
+        if max_hit_tokens is not None:
+            check_count("max_hit_tokens", max_hit_tokens, 0, None)
+        hits = self._find(None, prompt_token_ids, extra, True, None, max_hit_tokens)[1]
         out = []
         for b in hits:
             if type(b) is not Block:
@@ -177,7 +182,7 @@ class KVCacheManager(StepOutputs):
             check_count("num_computed_tokens", num_computed_tokens, 0, req.num_scheduled)
             bs = self.block_size
             first = max(num_computed_tokens, req.num_cached) // bs
-            self._index.uncache(req.blocks[first:req.num_scheduled // bs])
+            self._pool.emptied(self._index.uncache(req.blocks[first:req.num_scheduled // bs]))
         del self._requests[request_id]
         if req.num_scheduled < len(req.tokens):
             self._num_prefilling -= 1
@@ -192,7 +197,10 @@ class KVCacheManager(StepOutputs):
         """Make the content of these blocks unfindable (their KV turned out invalid, e.g.
         a load that failed) while live requests hold them; a block no request holds is
         left as it is. The shared store's pending writes of these blocks and of every
-        block computed on top of them are dropped. Raises RequestError for an id outside
+        block computed on top of them are dropped. A content that leaves the index so
+        takes the cached blocks recorded under it along (and theirs: withdrawn, free ones
+        empty), and blocks its request fills after it are not findable until ``rewind``
+        recomputes them. Raises RequestError for an id outside
         the pool, or ``block_ids`` not an iterable (nothing changes)."""
         blocks = self._pool.blocks
         ids = check_block_ids(block_ids, len(blocks))
@@ -202,7 +210,7 @@ class KVCacheManager(StepOutputs):
             apart = {id(b) for run in landing.values() for b in run}
             held = [b for b in held if id(b) not in apart]
         self._drop_puts(held)  # (the store's pending writes: before the index forgets)
-        self._index.uncache(held, cut=True)
+        self._pool.emptied(self._index.uncache(held, cut=True))
 
     def rewind(self, request_id: Hashable, num_tokens: int) -> None:
         """Take the request back to its first ``num_tokens`` scheduled tokens, to be
@@ -224,7 +232,7 @@ class KVCacheManager(StepOutputs):
             raise RequestError(f"request {request_id!r} cannot rewind to {num_tokens}: blocks "
                                f"{shared} are held by other requests too")
         self._drop_puts(tail)  # (before the index forgets)
-        self._index.uncache(tail, cut=True)  # (a cached child of one may stay keyed)
+        self._pool.emptied(self._index.uncache(tail, cut=True))  # (and their cached children)
         if req.num_scheduled == len(req.tokens) > num_tokens:
             self._num_prefilling += 1
         req.num_reserved = max(req.num_reserved, req.num_scheduled)

@@ -144,13 +144,36 @@ class BlockPool:
         b = head.next
         blocks = [b] * n  # (each entry set below: a store, no call, per block)
         if self.runs.free:  # a free shared run's blocks may be among them
-            for i in range(n):
+            i = 0
+            while i < n:
+                r = b.counted
+                if r is not None:  # the first of a free shared run's blocks met: they are
+                    # consecutive from here in the cached tier (its content goes below)
+                    k = len(r.blocks)
+                    if k <= n - i:  # all of them: from its list, not its links, and no
+                        seg = r.blocks if r.fwd else r.blocks[::-1]  # pass to dissolve
+                        r.evicted()
+                    elif not r.fwd:  # its last blocks (children first): the run keeps the
+                        k = n - i  # rest, still shared and free (their content stays)
+                        seg = r.truncate(len(r.blocks) - k)
+                    else:  # its first blocks: the rest are counted alone from now on
+                        r.broken()
+                        seg = None
+                    if seg is not None:
+                        assert seg[0] is b, (seg[0], b)
+                        b = seg[-1].next
+                        blocks[i:i + k] = seg
+                        for x in seg:
+                            x.counted = None
+                            x.refs = 1
+                            x.starts = None  # (a run it headed: see below)
+                        i += k
+                        continue
                 blocks[i] = b
-                if b.counted is not None:  # (its content goes below: its run is broken)
-                    b.counted.broken()
                 b.refs = 1
                 b.starts = None  # (a run it headed is of no use now: not kept alive by it)
                 b = b.next
+                i += 1
         else:  # no block in the cached tier is counted through a run
             for i in range(n):
                 blocks[i] = b
@@ -268,6 +291,14 @@ class BlockPool:
         last.next = primary
         primary.prev = last
         return primary
+
+    def emptied(self, blocks: Sequence[Block]) -> None:
+        """Free cached ``blocks`` whose content the index just forgot (``Index.uncache``:
+        descendants of KV found invalid) leave the cached tier for the empty one, where
+        ``take`` reuses them first."""
+        if blocks:
+            self._cached.remove_all(list(blocks))
+            self._empty += blocks
 
     def reset(self) -> bool:
         """Drop all cached content if no block is in use; returns whether it did."""

@@ -11,7 +11,9 @@ enters the engine: its ``Request`` hashes its blocks on the engine's input threa
 A prepared prompt is tied to its manager's configuration (block size, vocabulary size,
 hash function and seed), never to its state: it stays valid while the cache changes, and
 may be admitted any number of times (n > 1 sampling, re-admission after preemption, a
-``StoreWait`` retried), each admission with its own copy of the tokens.
+``StoreWait`` retried), each admission with its own copy of the tokens. The first
+admission's copy is made here too (``spare``): the request owns its token array, which
+decoding appends to, and copying a prompt is work that does not depend on the pool.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ..extra_keys import ExtraKeys, check_extra
 from ..hashing import block_chunks, encode_tokens, token_buffer
 from ..index.hasher import Hasher
 from .block import blocks_for
-from .request import PLAIN_KEYS, RequestKeys
+from .request import GROW_AT, PLAIN_KEYS, RequestKeys, grow_room
 
 
 class Prompt:
@@ -33,22 +35,30 @@ class Prompt:
     ``add_request``, ``lookup`` or ``lookup_block_ids`` in place of the token ids.
 
     Immutable (attributes cannot be set; the arrays and lists it holds are never written
-    by prefixkv, and must not be by anyone). Read ``token_ids``, ``extra``,
+    by prefixkv, and must not be by anyone, but ``spare``: the copy of the tokens that
+    the first admission takes for its request). Read ``token_ids``, ``extra``,
     ``block_hashes`` and ``len()``; the other attributes are the manager's.
     """
 
-    __slots__ = ("tokens", "keys", "chunks", "hashes", "config")
+    __slots__ = ("tokens", "keys", "chunks", "hashes", "config", "spare")
 
     tokens: array[int]
     keys: RequestKeys
     chunks: list[bytes]
     hashes: list[bytes] | None
     config: tuple[Hashable, ...]
+    spare: list[array[int]]
 
     def __init__(self, tokens: array[int], keys: RequestKeys, chunks: list[bytes],
                  hashes: list[bytes] | None, config: tuple[Hashable, ...]) -> None:
+        # ``spare``: a copy of ``tokens`` (with room to grow when long, as ``grow_room``
+        # leaves it) that the first admission takes for its request (``list.pop``: one
+        # taker, whatever the threads); later admissions copy ``tokens``
+        spare = array(tokens.typecode, tokens)
+        if len(spare) >= GROW_AT:
+            grow_room(spare)
         for name, value in (("tokens", tokens), ("keys", keys), ("chunks", chunks),
-                            ("hashes", hashes), ("config", config)):
+                            ("hashes", hashes), ("config", config), ("spare", [spare])):
             object.__setattr__(self, name, value)
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -23,6 +23,18 @@ from ..hashing import encode_tokens
 from .block import Block, blocks_for
 
 _ROOM = encode_tokens([0] * 64)  # the canonical token array type, 64 slots
+GROW_AT = 4096
+"""Token arrays at least this long are grown at admission (``grow_room``); below it the
+copy that growing avoids costs about what growing does."""
+
+
+def grow_room(tokens: array[int]) -> None:
+    """Grow a long token array once (a request's, at admission or in ``prepare``), so
+    that the first tokens appended to it do not copy it: array over-allocates on growth
+    and keeps the room when shrunk (~50 µs for 32k tokens here)."""
+    n = len(tokens)
+    tokens.extend(_ROOM)
+    del tokens[n:]
 
 
 class RequestKeys:
@@ -86,16 +98,6 @@ class Request:
         self.prompt_chunks: list[bytes] | None = None
         self.prompt: object = None
         self.prompt_hashes: list[bytes] | None = None
-
-    def grow_room(self) -> None:
-        """Grow a long prompt's token array once, while admission is paying for the
-        prompt anyway: array over-allocates on growth and keeps the room when shrunk, so
-        the first decoded tokens do not copy a long prompt (~50 µs for 32k tokens here;
-        below 4k tokens the copy costs about what this does, so callers skip it)."""
-        tokens = self.tokens
-        n = len(tokens)
-        tokens.extend(_ROOM)
-        del tokens[n:]
 
     def fork(self, request_id: Hashable, block_size: int) -> Request:
         """A child with a copy of the tokens, the same keys and counters; no blocks.

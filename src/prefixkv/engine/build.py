@@ -36,18 +36,21 @@ class UncachedHybridManager(HybridKVCacheManager):
                     extra: ExtraKeys | None = None, num_new_tokens: int | None = None,
                     resumed: bool = False, read_cache: bool = True, num_lookahead_tokens: int = 0,
                     require_full_fit: bool = False, keep_free: int = 0,
-                    num_external_tokens: int = 0) -> GroupAdmission | None:
+                    num_external_tokens: int = 0, max_hit_tokens: int | None = None,
+                    peek: bool | Sequence[bool] = False) -> GroupAdmission | None:
         """As ``HybridKVCacheManager.add_request`` with ``read_cache=False``."""
         return super().add_request(request_id, prompt_token_ids, extra=extra,
                                    num_new_tokens=num_new_tokens, resumed=resumed,
                                    read_cache=False, num_lookahead_tokens=num_lookahead_tokens,
                                    require_full_fit=require_full_fit, keep_free=keep_free,
-                                   num_external_tokens=num_external_tokens)
+                                   num_external_tokens=num_external_tokens,
+                                   max_hit_tokens=max_hit_tokens, peek=peek)
 
     def lookup(self, prompt_token_ids: Sequence[int] | Prompt, *,
-               extra: ExtraKeys | None = None) -> int:
+               extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,
+               peek: bool | Sequence[bool] = False) -> int:
         """0, after checking the input as ``HybridKVCacheManager.lookup`` does."""
-        super().lookup(prompt_token_ids, extra=extra)
+        super().lookup(prompt_token_ids, extra=extra, max_hit_tokens=max_hit_tokens, peek=peek)
         return 0
 
 

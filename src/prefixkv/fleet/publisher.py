@@ -117,8 +117,10 @@ class EventPublisher:
 
     def publish(self, events: Sequence[object] | PendingEvents) -> bool:
         """Queue one step's events, ``mgr.take_events()`` or ``mgr.take_pending_events()``
-        (built by the thread: the scheduler's thread computes no hash); never blocks. An
-        empty batch is not sent. Returns False when the batch was dropped (counted in
+        (built by the thread: the scheduler's thread computes no hash); never blocks,
+        not even while the thread restates the replica in a snapshot (the common case
+        takes no lock). Call it from one thread (the scheduler's). An empty batch is not
+        sent. Returns False when the batch was dropped (counted in
         ``dropped_batches``): the queue was full (a snapshot follows, which states it),
         or the sender thread is no longer running (``health()["sender_alive"]``; nothing
         will be sent, and a ``PendingEvents`` is built by whoever takes the manager's
@@ -141,6 +143,16 @@ class EventPublisher:
                 if not isinstance(ev, _EVENTS):
                     raise WireError(f"not a prefixkv event: {type(ev).__name__}")
             item = cast("list[Event]", list(events))
+        # The common case, without the lock: no snapshot due, none of its batches left
+        # (``_behind``), room in the queue. Only this caller puts; the thread, restating
+        # (``_drain``, under the lock), clears ``_resync``, empties the queue, then takes
+        # ``_behind``: so a batch put here while it drains is either taken in the drain,
+        # with no earlier batch in ``_behind`` to come after it, or queued after it, and
+        # sent after the snapshot; a ``_resync`` the thread sets after the check here
+        # is followed by a drain that takes this batch (or the snapshot precedes it).
+        if not self._resync and not self._behind and self._queue.qsize() < self._max_queue:
+            self._queue.put(item)
+            return True
         with self._lock:
             if self._resync:  # a snapshot is due, which states this batch too
                 self._behind.append(item)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Hashable, Sequence
 
-from ..core.block import Block, blocks_for
+from ..core.block import Block, blocks_for, hit_limit
 from ..core.pool import BlockPool
 from ..core.prompt import Prompt, encode_prompt, prepare_prompt, unpack_prompt
 from ..errors import (
@@ -110,7 +110,8 @@ class GroupAdmitter:
         self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt, *,
         extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
         read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
-        keep_free: int = 0, num_external_tokens: int = 0,
+        keep_free: int = 0, num_external_tokens: int = 0, max_hit_tokens: int | None = None,
+        peek: bool | Sequence[bool] = False,
     ) -> GroupAdmission | None:
         """Admit a request: find the longest cached prefix every group can serve, take
         references on the blocks each group needs of it, allocate every group's blocks
@@ -124,6 +125,13 @@ class GroupAdmitter:
         request's first query sits after them, so a windowed group takes no block that
         only positions below its reach hold (their entries are released ones, never
         written nor cached; vLLM gives them its null block).
+        ``max_hit_tokens``: a hit of at most this many tokens (None: no cap): the longest
+        prefix every group serves within it, not the longest hit cut short (a window's
+        blocks there may be gone). ``peek``: a hit of ``k > 0`` blocks needs block ``k``
+        cached too in every group but a sparse one (True), or in the groups a sequence
+        of one bool per group names (never a sparse one): vLLM's EAGLE, which matches one
+        block past the hit and drops it (``prefixkv.groups.hits``); it may be the
+        prompt's last full block, even the one holding its last token.
 
         Returns the GroupAdmission, or None when the pool is short of blocks (nothing
         changed). Raises PromptTooLongError when it can never fit (``groups.fit``: its
@@ -141,7 +149,9 @@ class GroupAdmitter:
         check_flag("resumed", resumed, RequestError)
         check_flag("require_full_fit", require_full_fit, RequestError)
         req, nodes, prompt = self._find(request_id, prompt_token_ids, extra,
-                                        check_flag("read_cache", read_cache, RequestError))
+                                        check_flag("read_cache", read_cache, RequestError),
+                                        max_hit_tokens=max_hit_tokens,
+                                        peek=self._peeking(peek), admit=True)
         n, bs, k = len(req.tokens), self.block_size, len(nodes)
         usable = self.num_blocks - (self._null is not None)
         if blocks_for(n + num_lookahead_tokens, bs) * len(self.groups) > usable:  # else it fits
@@ -195,18 +205,24 @@ class GroupAdmitter:
         return GroupAdmission(request_id, self._ids(req), num_cached, todo)
 
     def lookup(self, prompt_token_ids: Sequence[int] | Prompt, *,
-               extra: ExtraKeys | None = None) -> int:
-        """Tokens of this prompt that an admission now would find cached in every group.
-        Changes nothing. Raises as ``add_request`` for bad input."""
-        return len(self._find(None, prompt_token_ids, extra, True)[1]) * self.block_size
+               extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,
+               peek: bool | Sequence[bool] = False) -> int:
+        """Tokens of this prompt that an admission now (with this ``max_hit_tokens`` and
+        ``peek``) would find cached in every group. Changes nothing. Raises as
+        ``add_request`` for bad input."""
+        return len(self._find(None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
+                              peek=self._peeking(peek))[1]) * self.block_size
 
     def lookup_block_ids(self, prompt_token_ids: Sequence[int] | Prompt, *,
-                         extra: ExtraKeys | None = None) -> tuple[tuple[int, ...], ...]:
+                         extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,
+                         peek: bool | Sequence[bool] = False) -> tuple[tuple[int, ...], ...]:
         """Per group, the blocks of the prefix ``lookup`` finds, in token order, as an
         admission now would put them in its tables: ``null_block_id`` for the leading
         blocks that the group's window no longer reads. Changes nothing. Raises as
         ``add_request`` for bad input."""
-        cuts, hits = self._window_hits(self._find(None, prompt_token_ids, extra, True)[1])
+        cuts, hits = self._window_hits(self._find(
+            None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
+            peek=self._peeking(peek))[1])
         null = self.null_block_id
         return tuple((null,) * cut + tuple(b.block_id for b in h)  # type: ignore[misc]
                      for cut, h in zip(cuts, hits, strict=True))
@@ -224,34 +240,68 @@ class GroupAdmitter:
 
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt,
               extra: ExtraKeys | None,
-              read_cache: bool, alone: list[int] | None = None
-              ) -> tuple[GroupRequest, list[Prefix], Prompt | None]:
+              read_cache: bool, alone: list[int] | None = None,
+              max_hit_tokens: int | None = None, peek: Sequence[bool] = (), *,
+              admit: bool = False) -> tuple[GroupRequest, list[Prefix], Prompt | None]:
         """Check and encode a prompt (or take a prepared one); the prefix ids of its hit
-        (at most all blocks but the one holding the last token), and the Prompt if it was
-        one; ``alone[g]`` set to the blocks group ``g`` alone would serve, when given.
-        No side effects."""
+        (at most ``hit_limit``'s blocks: all but the one holding the last token, and
+        within ``max_hit_tokens``; in the groups ``peek`` names (``_peeking``), the block
+        after it is looked at too), and
+        the Prompt if it was one; ``alone[g]`` set to the blocks group ``g`` alone would
+        serve (without peeking), when given. ``admit``: the request is admitted (it gets
+        its own token array; else it is a lookup's, which reads a prepared prompt's). No
+        side effects (but the check of ``max_hit_tokens``)."""
+        if max_hit_tokens is not None:
+            check_count("max_hit_tokens", max_hit_tokens, 0, None)
         if isinstance(prompt_token_ids, Prompt):
             prompt: Prompt | None = unpack_prompt(prompt_token_ids, extra, self._config)
-            tokens, keys, chunks = prompt_token_ids.tokens[:], prompt_token_ids.keys, \
-                prompt_token_ids.chunks  # (a copy of the tokens: decode appends to them)
+            keys, chunks = prompt_token_ids.keys, prompt_token_ids.chunks
+            if not admit:  # a lookup: the tokens are read, never written
+                tokens = prompt_token_ids.tokens
+            else:  # the request's own (decode appends to them): ``prepare``'s copy, once
+                try:
+                    tokens = prompt_token_ids.spare.pop()
+                except IndexError:
+                    tokens = prompt_token_ids.tokens[:]
         else:
             prompt = None
             tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
                                                  self.vocab_size)
         n, bs = len(tokens), self.block_size
         req = GroupRequest(request_id, tokens, keys, len(self.groups))
-        limit = (n - 1) // bs
+        limit = hit_limit(n, bs, max_hit_tokens)
         if not read_cache or not limit:
             return req, [], prompt
-        nodes = self._table.walk(chunks, keys.of_blocks(0, limit), limit)
+        peeks = any(peek)
+        walked = min(n // bs, limit + 1) if peeks else limit  # (peek: block ``limit`` too)
+        nodes = self._table.walk(chunks, keys.of_blocks(0, walked), walked)
         find = self._index.find
-        k = longest_hit(self.groups, bs, len(nodes), lambda g, j: find(g, nodes[j]) is not None)
+        top = min(limit, len(nodes) - 1) if peeks else len(nodes)
+        if top <= 0:
+            return req, [], prompt
+        k = longest_hit(self.groups, bs, top, lambda g, j: find(g, nodes[j]) is not None, peek)
         if alone is not None:
             for g, spec in enumerate(self.groups):
                 def held(_: int, j: int, g: int = g) -> bool:
                     return find(g, nodes[j]) is not None
                 alone[g] = longest_hit((spec,), bs, len(nodes), held)
         return req, nodes[:k], prompt
+
+    def _peeking(self, peek: bool | Sequence[bool]) -> tuple[bool, ...]:
+        """``peek`` as one bool per group (True: every group but a sparse one). Raises
+        RequestError for anything else: not a bool nor a sequence of one bool per group,
+        or True for a sparse group."""
+        if peek is True or peek is False:
+            return tuple(peek and not s.sparse for s in self.groups)
+        try:
+            out = tuple(peek)
+        except TypeError:
+            out = ()
+        if len(out) != len(self.groups) or any(type(p) is not bool for p in out) or any(
+                p and s.sparse for p, s in zip(out, self.groups, strict=True)):
+            raise RequestError(f"peek must be a bool or one bool per group ({len(self.groups)}; "
+                               f"False for a sparse group), got {peek!r}")
+        return out
 
     def _prepare(self, req: GroupRequest, first: int, last: int, parent: Prefix | None,
                  prompt: Prompt | None = None) -> Prepared:
@@ -279,10 +329,12 @@ class GroupAdmitter:
     def _record(self, req: GroupRequest, first: int, prepared: Prepared) -> None:
         """Give full blocks ``first..`` their prefix ids and index them in every group
         (in a sparse group, only the block ending where the step ends, at
-        ``num_scheduled``: the others hold a state from before their end); move the
-        request's hold to its new last block."""
+        ``num_scheduled``: the others hold a state from before their end; none from
+        the request's ``tainted_from`` on); move the request's hold to its new last
+        block."""
         chunks, extras, hashes = prepared
         last = first + len(chunks)
+        sound = last if req.tainted_from is None else max(first, req.tainted_from // self.block_size)
         old = req.nodes[-1] if req.nodes else None
         nodes = self._table.extend(old, chunks, extras, hashes)
         events = ([req.keys.for_event(j, self.block_size) for j in range(first, last)]
@@ -292,6 +344,8 @@ class GroupAdmitter:
             part = table[first:last]
             if self.groups[g].sparse:  # (a block a step ran past holds the state it had then)
                 part = [None if j < len(part) - 1 or not ends else b for j, b in enumerate(part)]
+            if sound < last:  # (its KV read lost KV: never findable)
+                part = part[:sound - first] + [None] * (last - sound)
             self._index.store(g, part, nodes, first, req.tokens, events, self.block_size)  # type: ignore[arg-type]
         self._table.hold(nodes[-1])
         self._table.unhold(old)

@@ -23,6 +23,7 @@ from .admission import GroupAdmitter
 from .pins import RewindPins
 from .request import GroupRequest
 from .results import GroupDecodeStep
+from .taint import reads_lost, sharers, taint
 
 Growth = tuple[tuple[int, ...], ...]
 """Block ids added, one tuple per group, in group order."""
@@ -181,14 +182,24 @@ class GroupDecoder(GroupAdmitter):
         reserved slots; they are cached anew as the tokens come back. What the windows
         released stays released, as vLLM's null entries do, even where a query at
         ``num_tokens`` reads it (vLLM's scheduler sets a one-group windowed model back
-        there too; the recompute reads null entries). Raises RequestError
-        (unknown id, ``num_tokens`` outside ``[0, num_scheduled_tokens]``)."""
+        there too; the recompute reads null entries): the KV recomputed from there is
+        then never cached (it was computed over lost KV: groups/taint.py), nor that of
+        another request which shares a block the recompute rewrites, from the first
+        position rewritten there on (its cached blocks from there lose their content).
+        Raises RequestError (unknown id, ``num_tokens`` outside ``[0,
+        num_scheduled_tokens]``)."""
         req = self._get(request_id)
         check_count("num_tokens", num_tokens, 0, req.num_scheduled)
         if self._pins is None:
             self._pins = RewindPins()
         self._pins.rewind(req, num_tokens, self.block_size, self._requests)
         full = num_tokens // self.block_size
+        if reads_lost(self.groups, req, num_tokens, self.block_size):
+            for other, first in sharers(req, num_tokens, self._requests.values(), self.block_size):
+                self._index.uncache([b for t in other.tables
+                                     for b in t[first // self.block_size:len(other.nodes)] if b is not None])
+                taint(other, first)
+            taint(req, num_tokens)
         if full < len(req.nodes):
             self._index.uncache([b for t in req.tables for b in t[full:len(req.nodes)] if b is not None])
             old = req.nodes[-1]

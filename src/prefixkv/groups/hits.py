@@ -25,32 +25,41 @@ from .spec import GroupSpec
 
 
 def longest_hit(specs: Sequence[GroupSpec], block_size: int, limit: int,
-                cached: Callable[[int, int], bool]) -> int:
+                cached: Callable[[int, int], bool], peek: Sequence[bool] = ()) -> int:
     """The largest ``k`` in ``[0, limit]`` that every group accepts (module docstring).
     ``cached(g, j)``: whether block ``j`` of the prefix is cached in group ``g`` (called
-    at most once per ``(g, j)``, only for ``j < limit``)."""
+    at most once per ``(g, j)``, only for ``j < limit``, and ``j <= limit`` in a group
+    that peeks).
+
+    ``peek[g]`` (default: no group): group ``g`` accepts a hit ``k > 0`` only when block
+    ``k`` is cached too, beside the blocks it reads (vLLM's EAGLE: its groups match one
+    block past the hit, then drop it). Then a miss at ``j`` rejects every ``k`` in
+    ``[j, ...]`` that reads it, so the candidate drops to ``j - 1``."""
+    shift = [int(bool(p)) for p in peek] + [0] * (len(specs) - len(peek))
     k = limit
     for g, spec in enumerate(specs):
         if not spec.releases:
             run = 0
-            while run < k and cached(g, run):
+            while run < k + shift[g] and cached(g, run):
                 run += 1
-            k = run
+            k = max(0, run - shift[g])
     windowed = [g for g, s in enumerate(specs) if s.releases]
-    low = {g: k for g in windowed}  # blocks low[g] .. k-1 are known cached in g
+    # blocks low[g] .. k - 1 + shift[g] (the last one the candidate reads) are known cached in g
+    low = {g: k + shift[g] for g in windowed}
     settled = False
     while not settled:
         settled = True
         for g in windowed:
+            if not k:
+                break  # (no hit: every group accepts it)
             need = specs[g].num_unread(k * block_size, block_size)
-            j = min(low[g], k) - 1
+            j = min(low[g], k + shift[g]) - 1
             while j >= need and cached(g, j):
                 j -= 1
-            if j >= need:  # a miss at j: no candidate above j can be served by g
-                k = j
+            if j >= need:  # a miss at j: no candidate from j + 1 - shift[g] on can be served by g
+                k = max(0, j - shift[g])
                 for h in windowed:
-                    low[h] = min(low[h], k)
-                low[g] = k
+                    low[h] = min(low[h], k + shift[h])
                 settled = False
                 break
             low[g] = min(low[g], max(need, 0))

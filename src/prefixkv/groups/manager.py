@@ -29,6 +29,7 @@ from .decode import GroupDecoder
 from .free_order import free_order
 from .request import GroupRequest
 from .results import GroupBlockCopy, GroupFork, GroupStats
+from .taint import reads_lost
 
 
 class HybridKVCacheManager(GroupDecoder):
@@ -88,6 +89,7 @@ class HybridKVCacheManager(GroupDecoder):
         self._table.hold(child.nodes[-1] if child.nodes else None)
         child.num_scheduled, child.step_start = parent.num_scheduled, parent.step_start
         child.num_cached = full * self.block_size
+        child.tainted_from = parent.tainted_from  # (its KV is the parent's)
         self._kv_ops += copies
         self._requests[child_id] = child
         return GroupFork(child_id, tuple(map(tuple, self._ids(child))), tuple(copies))
@@ -182,6 +184,19 @@ class HybridKVCacheManager(GroupDecoder):
         """Tokens of the request that have slots (computed or scheduled). Raises
         RequestError for an unknown id."""
         return self._get(request_id).num_scheduled
+
+    def reads_released(self, request_id: Hashable, num_tokens: int) -> bool:
+        """Whether a step of the request computing from ``num_tokens`` would read KV its
+        tables no longer hold: an entry a window released (after a ``rewind``, or below
+        an admission's ``num_external_tokens`` whose load then failed), or a Mamba state
+        no block holds. ``rewind`` to such a point keeps what is computed from there
+        uncached (groups/taint.py). Changes nothing. Raises RequestError (unknown id,
+        ``num_tokens`` outside ``[0, num_scheduled_tokens]``)."""
+        req = self._get(request_id)
+        check_count("num_tokens", num_tokens, 0, req.num_scheduled)
+        if num_tokens >= req.step_start and not self._sparse:
+            return False  # (what the windows released no query at the last step's start read)
+        return reads_lost(self.groups, req, num_tokens, self.block_size)
 
     @property
     def num_free_blocks(self) -> int:

@@ -15,6 +15,9 @@ request holds a reference on the last.
 after a ``rewind``, which undoes no release, it may lie past ``num_scheduled``.
 ``next_release``: the first step start at which some group releases a block.
 ``release_bound``: None, or a position no window release goes past (``bound_release``).
+``tainted_from``: None, or the first position whose KV the request computes from a
+context it lost (a recompute after a ``rewind`` past what a window released: taint.py);
+no full block holding a position at or after it is cached.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from .spec import GroupSpec
 class GroupRequest:
     __slots__ = ("request_id", "tokens", "keys", "tables", "cut", "nodes", "num_cached",
                  "num_scheduled", "num_reserved", "step_start", "next_release", "release_bound",
-                 "prompt")
+                 "prompt", "tainted_from")
 
     def __init__(self, request_id: Hashable, tokens: array[int], keys: RequestKeys, num_groups: int) -> None:
         self.request_id = request_id
@@ -49,6 +52,7 @@ class GroupRequest:
         self.next_release = 0
         self.release_bound: int | None = None
         self.prompt: Prompt | None = None  # a prepared prompt, until its prefill is scheduled
+        self.tainted_from: int | None = None
 
     def release(self, going: Sequence[Sequence[Block | None]]) -> list[Block]:
         """Replace each group's blocks in ``going`` (the next ones after its cut) by None
@@ -95,5 +99,10 @@ class GroupRequest:
                 b = table[j]
                 if b is not None and b.key is not None and b.key is not self.nodes[j].key:
                     return f"request {rid!r} group {g}: block {j} holds another prefix"
+            if self.tainted_from is not None:
+                for j in range(self.tainted_from // bs, len(self.nodes)):
+                    if (b := table[j]) is not None and b.key is not None:
+                        return (f"request {rid!r} group {g}: block {j} is cached, but its KV "
+                                f"was computed from {self.tainted_from} on over lost KV")
         return None
 

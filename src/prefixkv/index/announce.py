@@ -157,18 +157,22 @@ class Announcer:
 
     def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> Prepared:
         known = req.prompt_chunks
+        keys = req.keys  # (``of_blocks`` inlined for the common case: one call an admission)
+        extras = [keys.base] * (last - first) if keys.mm is None else keys.of_blocks(first, last)
         if known is not None and last <= len(known):
             chunks = known[first:last]
+            if not self.hashing or self.lazy:  # (``_hashed``'s first case, inlined)
+                return chunks, extras, None
             known_hashes = req.prompt_hashes  # prepared: hashed where it was prepared
-            if known_hashes is not None and self.hashing and not self.lazy:
+            if known_hashes is not None:
                 assert parent is None or parent.hash == known_hashes[first - 1], \
                     "a prepared prompt's chain hashes are those of the blocks it hits"
-                return chunks, req.keys.of_blocks(first, last), known_hashes[first:last]
+                return chunks, extras, known_hashes[first:last]
         else:
             bs = self._bs
             chunks = block_chunks(token_bytes(req.tokens[first * bs:last * bs]), 4 * bs,
                                   last - first)
-        return self._hashed(parent, chunks, req.keys.of_blocks(first, last))
+        return self._hashed(parent, chunks, extras)
 
     def prepare_next(self, req: Request, token: int) -> Prepared:
         """``prepare`` for the block that ``token``, appended next, fills."""

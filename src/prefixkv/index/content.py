@@ -73,7 +73,8 @@ def _split(run: Run, k: int) -> list[Block]:
     each while free), or not. Returns the blocks ``run`` keeps."""
     known = run.blocks
     counts = run.counts
-    tail = Run(known[k:], run.chunks[k:], run.extra, run.ok, counts)  # (headed by known[k - 1])
+    tail = Run(known[k:], run.chunks[k:], run.extra, run.ok, run.seen,  # (headed by
+               counts)  # known[k - 1])
     run.blocks = known = known[:k]
     run.chunks = run.chunks[:k + 1]
     known[-1].starts = tail
@@ -221,17 +222,21 @@ class ContentIndex(SpareIndex):
                         known[-1].prev.next = known[0].next
                         known[0].next.prev = known[-1].prev
                 run.n += 1
-            else:  # (stale, maybe: each block checked as a hit is, before any is taken)
-                q = b
-                for x, chunk in zip(known, islice(run.chunks, 1, None), strict=True):
-                    if x.key != chunk or x.twin or x.parent_cid != q.content_id or x.extra != base:
-                        break
-                    q = x
-                else:
-                    q = _NO_PARENT
-                if q is not _NO_PARENT:  # one was not: the blocks go one by one
-                    run.ok = -1
-                    continue
+            else:  # (stale, maybe: each block checked as a hit is, before any is taken,
+                # unless no block has lost its content since the run was known whole)
+                if run.seen != self.losses:
+                    q = b
+                    for x, chunk in zip(known, islice(run.chunks, 1, None), strict=True):
+                        if x.key != chunk or x.twin or x.parent_cid != q.content_id \
+                                or x.extra != base:
+                            break
+                        q = x
+                    else:
+                        q = _NO_PARENT
+                    if q is not _NO_PARENT:  # one was not: the blocks go one by one
+                        run.ok = -1
+                        continue
+                    run.seen = self.losses
                 was = held
                 for b in known:
                     if b.refs:
@@ -261,6 +266,7 @@ class ContentIndex(SpareIndex):
         the index's entry for its key): a held twin takes over the content, or the
         content goes (and is announced gone)."""
         twins, sink, lower = self._twins, self._sink, self._lower
+        self.losses += 1  # (``Run.seen``)
         if lower is not None and (twins or sink.active):  # per block: events in tier order
             for b in blocks:
                 self._unindex(b, evicting=True)
@@ -322,6 +328,7 @@ class ContentIndex(SpareIndex):
         if self._twins or self._sink.active or self._lower is not None:
             self.drop((b,))
             return
+        self.losses += 1  # (``Run.seen``)
         if b.chained:
             b.chained = False
             self._num_chained -= 1
@@ -357,7 +364,7 @@ class ContentIndex(SpareIndex):
             blocks = [b for b in blocks if id(b) not in apart]
         return check_index(self._by_chunk, self._by_key, self._twins,
                            self.hashing and not self.lazy, blocks,
-                           self._num_chained, self._lower is not None, not self.cut) or (
+                           self._num_chained, self._lower is not None) or (
             check_lower_chains(self._lower, blocks) if self._lower is not None else None) or (
             check_runs(blocks, self._epoch, self.run_counts))
 

@@ -21,12 +21,12 @@ def chunk_of(b: Block) -> bytes:
 
 def check_index(by_chunk: dict[bytes, Block], by_key: dict[ContentKey, Block],
                 twins: dict[int, list[Block]], hashing: bool,
-                blocks: Sequence[Block], num_chained: int, tiered: bool,
-                uncut: bool) -> str | None:
+                blocks: Sequence[Block], num_chained: int, tiered: bool) -> str | None:
     """The first inconsistency between a ContentIndex's maps and ``blocks``, None when sound.
-    ``tiered``: a tier is below, whose walk may reach any content: no chained block may be
-    cut off from its parent's content (without a tier such a block is merely unfindable);
-    and while ``uncut`` (nothing was uncached), no block found at all may be."""
+    No block found may be cut off from its parent's content (an orphan: no lookup reaches
+    it, yet events announce it; ``uncache`` takes a forgotten content's descendants with
+    it, and blocks filled under it later record no key). ``tiered``: a tier is below,
+    whose walk may reach any content: no chained block may be either."""
     keyed: dict[int, Block] = {}  # content id -> the block keyed in the dicts for it
     homes: tuple[dict[bytes, Block] | dict[ContentKey, Block], ...] = (by_chunk, by_key)
     for home in homes:
@@ -71,10 +71,9 @@ def check_index(by_chunk: dict[bytes, Block], by_key: dict[ContentKey, Block],
         found[b.content_id] = b
     if len(chained) != num_chained:
         return f"{len(chained)} chained blocks, the index counts {num_chained}"
-    if tiered and uncut:
-        for b in found.values():
-            if b.parent_cid and b.parent_cid not in found:
-                return f"block {b.block_id} is found but its parent's content is not on the device"
+    for b in found.values():
+        if b.parent_cid and b.parent_cid not in found:
+            return f"block {b.block_id} is found but its parent's content is not on the device"
     for b in chained:  # found through the block found for its parent's content, if any
         p = found.get(b.parent_cid)
         if p is None and tiered:

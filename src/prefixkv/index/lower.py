@@ -31,5 +31,9 @@ class LowerTier(Protocol):
     def on_device(self, s: Block) -> None:
         """Slot ``s``'s content is on the device now."""
 
+    def forget_under(self, lost: set[int]) -> list[Block]:
+        """Drop, announced gone, every slot holding a content recorded under one of the
+        content ids ``lost`` (the device forgot them); returns those slots."""
+
     def stop_chaining(self) -> None:
         """Key every chained slot and chain no more (the device cut a chain)."""

@@ -44,8 +44,8 @@ class NoIndex:
     def drop_one(self, block: Block) -> None:
         pass
 
-    def uncache(self, blocks: Sequence[Block], cut: bool = False) -> None:
-        pass
+    def uncache(self, blocks: Sequence[Block], cut: bool = False) -> list[Block]:
+        return []
 
     def release_spare(self, block: Block) -> Block | None:
         return None

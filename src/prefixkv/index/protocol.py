@@ -68,9 +68,11 @@ class Index(Protocol):
     def drop_one(self, block: Block) -> None:
         """``drop((block,))``."""
 
-    def uncache(self, blocks: Sequence[Block], cut: bool = False) -> None:
+    def uncache(self, blocks: Sequence[Block], cut: bool = False) -> list[Block]:
         """Make held ``blocks`` unfindable: their KV was never computed. ``cut``: blocks
-        after them in their requests may stay findable."""
+        after them in their requests may stay findable. A content that leaves the index
+        takes its cached descendants with it; returns those that were free (now empty),
+        for ``BlockPool.emptied``."""
 
     def release_spare(self, block: Block) -> Block | None:
         """Forget a spare whose last reference went; returns the block now holding that

@@ -17,10 +17,12 @@ from ..core.request import Request
 from ..event_log import EventSink
 from ..events import DEVICE
 from .announce import Announcer, Fresh, Prepared, StoredRun
+from .cut_off import cut_off, record_cut_off
 from .hasher import Hasher
 
 if TYPE_CHECKING:
     from .lower import LowerTier
+
 
 
 class ContentRecorder(Announcer):
@@ -55,6 +57,9 @@ class ContentRecorder(Announcer):
         self.cut = 0
         self._epoch = 0  # ``clear`` starts another: every run recorded before is not ``ok``
         self.runs = True  # record runs (``Run``); off, every block is claimed alone
+        # calls that took content from device blocks (``drop``, ``drop_one``, ``uncache``):
+        # a run recorded (or checked whole) while this count was what it is now is whole
+        self.losses = 0
         self.run_counts = RunCounts()  # (the pool reads them: ``BlockPool``)
         # device blocks a store fetch fills on its thread, not findable yet (``land_run``
         # makes them so): by the fetch's id; ``check`` passes them by
@@ -151,6 +156,11 @@ class ContentRecorder(Announcer):
         chunks, extras, hashes = prepared
         blocks = req.blocks
         parent = blocks[first - 1] if first else None
+        if parent is not None and (parent.key is None or parent.twin) \
+                and cut_off(parent, self._by_chunk, self._by_key):  # (rare: ``cut_off.py``)
+            self._next_id = record_cut_off(blocks[first:first + len(chunks)], parent, extras,
+                                           hashes, self._next_id, self.step)
+            return
         cid = parent.content_id if parent is not None else 0
         nid = fresh = self._next_id  # ids from ``fresh`` on are minted by this call
         minted = 0  # ids minted below the chained branch (``_chain`` counts its own blocks)
@@ -191,29 +201,28 @@ class ContentRecorder(Announcer):
             else:
                 b.content_id = cid = slot.content_id
                 lower.on_device(slot)  # its chained child must be found by ``find`` now
-        for b, chunk, extra in new:  # nothing is held under a new content yet (no slot
-            # either) and its child is stale: b is its chained child (ids from ``fresh``
-            # on are minted here and above, for a block)
-            b.parent_cid = cid
-            b.extra = extra
-            parent.child = b  # type: ignore[union-attr]
-            b.key = chunk
-            b.chained = True
-            b.content_id = cid = nid
-            nid += 1
-            parent = b
+        if new and len(span) > 2 and span[0].content_id >= fresh and self.runs \
+                and lower is None and req.keys.mm is None:
+            # a new first content: every block after it is chained, a run (``Run``; the
+            # span and the store's chunks, the head's first: not copied again)
+            nid = self._record_run(span, chunks, extras[0], cid, nid)
+        else:
+            for b, chunk, extra in new:  # nothing is held under a new content yet (no
+                # slot either) and its child is stale: b is its chained child (ids from
+                # ``fresh`` on are minted here and above, for a block)
+                b.parent_cid = cid
+                b.extra = extra
+                parent.child = b  # type: ignore[union-attr]
+                b.key = chunk
+                b.chained = True
+                b.content_id = cid = nid
+                nid += 1
+                parent = b
         if lower is not None:  # (the step a content was recorded in: read by the tier alone)
             for b in span:
                 b.step = step
         self._num_chained += nid - fresh - minted  # (each id the chained branch minted)
         self._next_id = nid
-        if nid - fresh - minted > 1 and blocks[first].content_id >= fresh and self.runs \
-                and lower is None and req.keys.mm is None:
-            # a new first content: every block after it is chained, a run (``Run``)
-            # (the span and the store's chunks, the head's first: not copied again)
-            head = span[0]
-            del span[0]  # (a move of the pointers: no count touched)
-            head.starts = Run(span, chunks, extras[0], self._epoch, self.run_counts)
         if hashes is not None:
             self._announce(req, first, chunks, hashes)
             if self.fresh is not None:
@@ -222,6 +231,39 @@ class ContentRecorder(Announcer):
             self._sink.defer(StoredRun(self._hasher, blocks[first - 1] if first else None,
                                        blocks[first:first + len(chunks)], chunks, extras,
                                        req.keys.extra, first, self._bs, spares))
+
+    def _record_run(self, span: list[Block], chunks: list[bytes], extra: bytes, cid: int,
+                    nid: int) -> int:
+        """``store``'s chained rest as a run: ``span[0]``, new content ``cid``, heads the
+        rest of ``span`` (``chunks``: the head's token bytes, then theirs), each the chained
+        child of the one before under a new id from ``nid`` on (returns the next). The
+        blocks ``store`` records are held by the storing request alone (new blocks, or
+        ones it reserved: a fork shares full blocks only, which are recorded already), so
+        they are one count from here on (``shared``, ``n`` 1), linked in the order a
+        release frees them (the tail first: ``fwd`` False): the release that frees them
+        links the run's two ends alone, and the eviction takes them as one list."""
+        head = parent = span[0]
+        del span[0]  # (a move of the pointers: no count touched)
+        # (the run owns its chunks, ``Run.truncate`` cuts them in place: a copy when a
+        # deferred event holds the list too)
+        run = head.starts = Run(span, chunks[:] if self.lazy else chunks, extra, self._epoch,
+                                self.losses, self.run_counts)
+        end = nid + len(span)
+        for b, chunk, c in zip(span, islice(chunks, 1, None), range(nid, end), strict=False):
+            b.parent_cid = cid
+            b.extra = extra
+            parent.child = b
+            b.key = chunk
+            b.chained = True
+            b.content_id = cid = c
+            b.counted = run
+            b.next = parent  # (the head's links too: harmless, it is held and is linked
+            parent.prev = b  # anew when released)
+            parent = b
+        run.shared = run.linked = True
+        run.n = 1
+        self.run_counts.shared += 1
+        return end
 
     def adopt(self, blocks: Sequence[Block], slots: Sequence[Block], chunks: Sequence[bytes],
               parent: Block | None, run: bool) -> None:

@@ -25,7 +25,7 @@ class SpareIndex(ContentRecorder):
             assert isinstance(key, tuple), f"a keyed block without a key: {key!r}"
             del self._by_key[key]
 
-    def uncache(self, blocks: Sequence[Block], cut: bool = False) -> None:
+    def uncache(self, blocks: Sequence[Block], cut: bool = False) -> list[Block]:
         """Make held ``blocks`` unfindable: their KV was never computed. A block that
         another request holds too (it hit the block in the same step) keeps its content
         id, as a spare that is never found, so that request's later blocks still key
@@ -33,11 +33,21 @@ class SpareIndex(ContentRecorder):
         block must be dropped too, before its step runs: its KV would be read unwritten.)
         ``cut``: blocks after these in their requests may stay findable (``uncache_blocks``
         names any blocks, not a request's whole tail), cut off from their parent's content
-        as a spare's children are."""
+        as a spare's children are.
+
+        A content that leaves the index so takes its cached descendants with it
+        (``_forget_below``). Returns those of them that were free: the pool moves them
+        to its empty tier (``BlockPool.emptied``)."""
+        self.losses += 1  # (``Run.seen``)
+        gone: list[Block] | None = None  # the blocks whose content left the index
         for b in blocks:
             if b.key is None:
                 continue
-            self._unindex(b)
+            if self._unindex(b):
+                if gone is None:
+                    gone = [b]
+                else:
+                    gone.append(b)
             if b.ref_cnt > 1 or cut:
                 if self._lower is not None:  # blocks after it are cut off (``cut``)
                     self.cut += 1
@@ -47,6 +57,57 @@ class SpareIndex(ContentRecorder):
             else:
                 b.key = None
                 b.twin = False
+        return self._forget_below(gone) if gone is not None else []
+
+    def _forget_below(self, gone: list[Block]) -> list[Block]:
+        """Take out of the index every content recorded under one of ``gone``'s contents
+        (which just left it), and under those, and so on, device blocks and host slots:
+        no lookup could reach them, so they go as any forgotten content does (announced
+        gone; their held spares and held blocks keep no findable content, a block held by
+        several requests kept as an unlisted spare, as ``uncache`` keeps one). Their KV
+        may have been computed on top of the KV found invalid, so they are not offered
+        again when that content is recomputed (under a new content id). Returns the
+        device blocks that were free, now empty. Costs one pass over the keyed contents
+        (and the tier's), and one more each time a pass finds some (their children may
+        come before them in the dicts' order); chained descendants are walked through
+        ``child``. This runs only when a content is forgotten."""
+        lost = {b.content_id for b in gone}
+        freed: list[Block] = []
+        lower = self._lower
+        kids = _chained_below(gone, lost)
+        while True:
+            keyed = []
+            for home in (self._by_key, self._by_chunk):
+                for c in home.values():
+                    if c.parent_cid in lost:  # (lost at once: a child after it in the
+                        keyed.append(c)  # dict's order is found in this same pass)
+                        lost.add(c.content_id)
+            kids += keyed
+            kids += _chained_below(keyed, lost)
+            below = lower.forget_under(lost) if lower is not None else []
+            for s in below:
+                lost.add(s.content_id)
+            for d in kids:
+                self._forget(d, freed)
+            if not keyed and not below:
+                return freed
+            kids = []
+
+    def _forget(self, d: Block, freed: list[Block]) -> None:
+        """``_forget_below``'s step for one block found for its content: its held spares
+        and it keep no findable content; appended to ``freed`` when free."""
+        for t in self._twins.pop(d.content_id, ()):
+            t.key = None
+            t.twin = False
+        self._unindex(d)
+        if not d.ref_cnt:
+            d.key = None
+            d.starts = None
+            freed.append(d)
+        elif d.ref_cnt > 1:
+            d.twin = True
+        else:
+            d.key = None
 
     def _entry(self, key: Key | None) -> Block | None:
         """The block keyed under ``key`` in the dicts, if any."""
@@ -63,10 +124,11 @@ class SpareIndex(ContentRecorder):
             assert isinstance(key, tuple), f"a keyed block without a key: {key!r}"
             self._by_key[key] = b
 
-    def _unindex(self, b: Block, evicting: bool = False) -> None:
+    def _unindex(self, b: Block, evicting: bool = False) -> bool:
         """Take ``b`` out of the index: unlist a twin; replace a primary by a held twin,
         or remove its key (and announce it) when it was the last block holding it; an
-        evicted content computed in an earlier step goes down to the tier below."""
+        evicted content computed in an earlier step goes down to the tier below. Returns
+        whether the content left the index (the last case)."""
         if b.counted is not None:  # (its shared run is no longer whole)
             b.counted.broken()
         twins = self._twins
@@ -74,17 +136,17 @@ class SpareIndex(ContentRecorder):
             listed = twins.get(b.content_id)
             if listed is not None and b in listed:
                 self._unlist(b)
-            return
+            return False
         if b.chained:  # found through its parent alone (so no spare is held)
             b.chained = False
             self._num_chained -= 1
         elif self._entry(b.key) is not b:
-            return
+            return False
         elif b.content_id in twins:
             heir = self._unlist(twins[b.content_id][-1])
             heir.twin = False
             self._rekey(b.key, heir)
-            return
+            return False
         else:
             self._unkey(b.key)
         if self._lower is not None:  # the content goes: a chained child is keyed (see drop)
@@ -97,6 +159,7 @@ class SpareIndex(ContentRecorder):
             self._sink.append(removed((b,)))
         if evicting and self._lower is not None:
             self._lower.demote((b,), self.step)
+        return True
 
     def _unlist(self, b: Block) -> Block:
         listed = self._twins[b.content_id]
@@ -117,3 +180,17 @@ class SpareIndex(ContentRecorder):
             return None
         return primary
 
+
+def _chained_below(blocks: list[Block], lost: set[int]) -> list[Block]:
+    """The chained descendants of ``blocks`` (each the block found for its content, or
+    just forgotten): each one's chained child, its chained child, and so on; their
+    content ids join ``lost``."""
+    out = []
+    for b in blocks:
+        c = b.child
+        while c.chained and not c.twin and c.parent_cid == b.content_id and c.key is not None:
+            out.append(c)
+            lost.add(c.content_id)
+            b = c
+            c = b.child
+    return out

@@ -86,9 +86,14 @@ def _softmax(  # type: ignore[no-untyped-def]  # Triton JIT
         # applied inside the max and as one FMA in the exp2 argument below.
         s_scale = qk_scale
     if MASKED:
-        allowed = (col < phase_hi)[None, :]  # broadcast to [BLOCK_M, BLOCK_N] below
         if HAS_RIGHT:
-            allowed = allowed & (col[None, :] <= pos[:, None] + window_right)
+            # One compare a score: each row's limit is the phase end or its right window edge,
+            # whichever comes first (window_right <= 2^30: no overflow, validation._window).
+            # The column offsets (iota) against each row's limit less the tile's start.
+            limit = tl.minimum(pos + window_right + 1, phase_hi) - start_n  # [BLOCK_M]
+            allowed = tl.arange(0, BLOCK_N)[None, :] < limit[:, None]  # [BLOCK_M, BLOCK_N]
+        else:
+            allowed = (col < phase_hi)[None, :]  # broadcast to [BLOCK_M, BLOCK_N] below
         if HAS_LEFT:
             allowed = allowed & (col[None, :] >= pos[:, None] - window_left)
         s = tl.where(allowed, s, float("-inf"))

@@ -153,7 +153,8 @@ Measured on an H100 with triton 3.6 (run 3, benchmarks/results/tune-nvidia-h100-
 471.4 TFLOP/s on the SPEC shape, ahead of every 128-row tile by 1.31x or more (128 x 128:
 360.5; 128 x 64 with ``qk_ahead``, the tile 3.7+ took until then on the strength of the
 static model: 341.9). It spills (1104 B on 3.6: 7 local loads and 6 stores a pass of the
-cached-prefix loop; 1580 B on 3.9: 41 and 33; sm_90 compile) and still wins: with
+cached-prefix loop; 1580 B on 3.9: 41 and 33, 1808 B since the one-compare causal mask;
+sm_90 compile) and still wins: with
 ``num_stages`` 2 to 4 the K/V ring of every tile is two buffers deep on 3.6 to 3.9, so
 a pass waits at its top for the tile loaded in the pass before, and the 256-row tile's
 passes, 4x the work of a 128 x 64 pass for 2x the bytes, hide that round trip where

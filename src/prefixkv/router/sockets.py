@@ -95,22 +95,31 @@ class ReplicaSockets:
         self.monitors: dict[Any, str] = {}  # monitor socket -> its replica
         self.replay: dict[str, ReplayClient] = {}
         self._endpoints = {replica: pub for replica, (pub, _) in endpoints.items()}
-        for replica, (pub, replay) in endpoints.items():
-            sub = self._ctx.socket(zmq.SUB)
-            sub.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
-            sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-            if ping is not None:
-                sub.setsockopt(zmq.HEARTBEAT_IVL, max(1, round(ping * 1000)))
-                sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, round(ping * 3000)))
-            monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
-            sub.connect(pub)
-            self.subs[sub] = replica
-            self.monitors[monitor] = replica
-            self._poller.register(monitor, zmq.POLLIN)
-            self._poller.register(sub, zmq.POLLIN)
+        self._topic = topic.encode()
+        self._max_message_bytes = max_message_bytes
+        self._ping = ping
+        for replica, (_, replay) in endpoints.items():
+            self._open(replica)
             if replay is not None:
                 self.replay[replica] = ReplayClient(self._ctx, replay, replay_timeout_ms,
-                                                    topic.encode(), max_message_bytes)
+                                                    self._topic, max_message_bytes)
+
+    def _open(self, replica: str) -> None:
+        """A new SUB socket on ``replica``'s publisher, with its monitor, both polled."""
+        import zmq
+
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
+        sub.setsockopt(zmq.SUBSCRIBE, self._topic)
+        if self._ping is not None:
+            sub.setsockopt(zmq.HEARTBEAT_IVL, max(1, round(self._ping * 1000)))
+            sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, round(self._ping * 3000)))
+        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        sub.connect(self._endpoints[replica])
+        self.subs[sub] = replica
+        self.monitors[monitor] = replica
+        self._poller.register(monitor, zmq.POLLIN)
+        self._poller.register(sub, zmq.POLLIN)
 
     def messages(self, timeout: float) -> Iterator[tuple[Any, list[bytes]]]:
         """The messages waiting now, as ``(socket, frames)``, until none is (waiting up
@@ -124,6 +133,8 @@ class ReplicaSockets:
         ready = dict(self._poller.poll(int(timeout * 1000)))
         while ready and budget > 0:
             for sock in sorted(ready, key=lambda s: s not in self.monitors):
+                if sock not in self.subs and sock not in self.monitors:
+                    continue  # replaced (``reconnect``) since the poll: closed
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
@@ -140,40 +151,32 @@ class ReplicaSockets:
 
         return bool(parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED)
 
-    def drop_queued(self, replica: str) -> None:
-        """Drop the messages waiting in ``replica``'s SUB socket at a disconnect: the
-        connection that died sent them, but they would be read after the verification
-        (``Subscriber._verify``), as if the publisher found then (maybe a new life,
-        numbering from 0 again) had sent them. What the publisher did not restart for is
-        not lost: the verification replays everything after the batch applied last.
-        (ZeroMQ queues a connection's messages before it reports its end, so none of them
-        follows.)"""
-        import zmq
-
-        sub = next(sock for sock, r in self.subs.items() if r == replica)
-        for _ in range(sub.getsockopt(zmq.RCVHWM) or 1 << 20):  # what one pipe can hold
-            try:
-                sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-
     def reconnect(self, replica: str) -> None:
-        """Connect ``replica``'s SUB socket again after its connection ended. ZeroMQ
-        reconnects by itself after a connection error, but not after a protocol error
-        (a message over ``MAXMSGSIZE``, a malformed frame): the replica's stream would
-        stop for good. A connection still retrying is replaced by the new one. Its
-        replay client gets a new socket too (``ReplayClient.renew``)."""
-        import zmq
+        """Replace ``replica``'s SUB socket (and its monitor) by a new one connected to
+        the same publisher, after its connection ended. ZeroMQ reconnects by itself after
+        a connection error, but not after a protocol error (a message over
+        ``MAXMSGSIZE``, a malformed frame): the replica's stream would stop for good.
 
+        The old socket is closed with what it still holds unread: the connection that
+        died sent it, and it would be read after the verification (``Subscriber._verify``)
+        as if the publisher found then (maybe a new life, numbering from 0 again) had sent
+        it; what the publisher did not restart for is not lost: the verification replays
+        everything after the batch applied last. A new socket, not ``disconnect`` and
+        ``connect`` on the old one: libzmq aborts the process (``Assertion failed: !_more
+        (src/fq.cpp:80)``) when a disconnected connection's pipe ends while a message of
+        it is read part-way, which a socket never read again cannot do. Its replay client
+        gets a new socket too (``ReplayClient.renew``)."""
         if replica in self.replay:
             self.replay[replica].renew()
-
         sub = next(sock for sock, r in self.subs.items() if r == replica)
-        try:
-            sub.disconnect(self._endpoints[replica])
-        except zmq.ZMQError:  # (no such connection left)
-            pass
-        sub.connect(self._endpoints[replica])
+        monitor = next(sock for sock, r in self.monitors.items() if r == replica)
+        for sock in (sub, monitor):
+            self._poller.unregister(sock)
+        del self.subs[sub], self.monitors[monitor]
+        sub.disable_monitor()
+        monitor.close(linger=0)
+        sub.close(linger=0)
+        self._open(replica)
 
     def close(self) -> None:
         """Close every socket and replay client."""

@@ -142,8 +142,8 @@ class Subscriber(ReplicaFollower):
             self.disconnects += 1
             self.connected[replica] = False
             self._unverified.add(replica)
-            self._sockets.drop_queued(replica)  # sent by the connection that died
-            self._sockets.reconnect(replica)  # (ZeroMQ may not: a message over the cap)
+            # a new socket: what the dead connection sent and is unread goes with the old
+            self._sockets.reconnect(replica)  # (ZeroMQ may not reconnect: a message over the cap)
             return
         self.connected[replica] = True  # a handshake with a publisher succeeded
         if replica in self._unverified:

@@ -82,6 +82,7 @@ class HostTier(SlotOffload, SlotLanding):
         self._flight_ids: set[int] = set()
         self.num_chained = 0  # slots found only as their parent slot's child
         self.chaining = True  # False once the device cut a chain (``stop_chaining``)
+        self.num_emptied = 0  # pinned slots with no content (``forget_under``)
 
     def take_offloads(self) -> list[BlockOffloads]:
         """The step's offloads as one op (none when there are none), and forget them
@@ -169,7 +170,7 @@ class HostTier(SlotOffload, SlotLanding):
         pinned = self._pinned
         for slot in pinned:
             slot.ref_cnt = 0
-        self._cached.extend(pinned)
+        self._cached.extend(self._unpinned(pinned))
         self._pinned = []
         self._landed = []
         self.num_unpins += 1
@@ -180,7 +181,7 @@ class HostTier(SlotOffload, SlotLanding):
         done = [s for s in self._flight if s.block_id in self._flight_ids]
         for slot in done:
             slot.ref_cnt = 0
-        self._cached.extend(done)
+        self._cached.extend(self._unpinned(done))
         self._flight, self._flight_ids = [], set()
         self.num_unpins += 1
 
@@ -210,6 +211,7 @@ class HostTier(SlotOffload, SlotLanding):
             s.key, s.prev, s.next, s.ref_cnt, s.chained = None, UNLINKED, UNLINKED, 0, False
         self.num_chained = 0
         self.chaining = True  # (the device's index was cleared too: nothing is cut)
+        self.num_emptied = 0
         self.by_chunk.clear()
         self.by_key.clear()
         self._pinned.clear()

@@ -62,15 +62,20 @@ def check_tier(tier: HostTier) -> str | None:
         if s.ref_cnt or not _holds(tier, s):
             return f"bad cached host slot {s!r}"
         seen.add(s.block_id)
+    emptied = 0  # pinned slots whose content the device's uncache dropped (``forget_under``)
     for s in tier._pinned:
-        if s.ref_cnt != 1 or not _holds(tier, s) or s.block_id in seen:
+        if s.ref_cnt != 1 or not (s.key is None or _holds(tier, s)) or s.block_id in seen:
             return f"bad pinned host slot {s!r}"
+        emptied += s.key is None
         seen.add(s.block_id)
     for s in tier._flight:  # (pinned for a plan whose copies run, not by this step)
         if s.block_id in tier._flight_ids:
-            if s.ref_cnt != 1 or not _holds(tier, s) or s.block_id in seen:
+            if s.ref_cnt != 1 or not (s.key is None or _holds(tier, s)) or s.block_id in seen:
                 return f"bad host slot {s!r} of the plan in flight"
+            emptied += s.key is None
             seen.add(s.block_id)
+    if emptied != tier.num_emptied:
+        return f"{emptied} pinned host slots hold no content, counted {tier.num_emptied}"
     pinned = {s.block_id for s in tier._pinned}
     for run, ids in tier._landed:  # (``hold`` does not pin them again: they are pinned)
         if ids != [s.block_id for s in run] or not pinned.issuperset(ids):
@@ -83,7 +88,7 @@ def check_tier(tier: HostTier) -> str | None:
             return f"bad landing host slot {s!r}"
     if len(landing) != tier.num_landing:
         return f"{len(landing)} host slots are in no list, {tier.num_landing} are landing"
-    held = len(tier.slots) - len(tier._empty) - tier.num_landing
+    held = len(tier.slots) - len(tier._empty) - tier.num_landing - emptied
     if len(tier) != held:
         return f"host maps hold {len(tier)} for {held} slots"
     for key, s in tier.by_key.items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..core.block import NO_CHILD, Block, ContentKey
+from ..core.free_queue import FreeBlockQueue
 from ..event_log import EventSink
 from ..events import BlockRemoved, BlockStored
 
@@ -49,7 +50,10 @@ class SlotIndex:
     by_key: dict[ContentKey, Block]
     num_chained: int
     chaining: bool
+    num_emptied: int
     _sink: EventSink
+    _empty: list[Block]
+    _cached: FreeBlockQueue
 
     def __len__(self) -> int:
         return len(self.by_chunk) + len(self.by_key) + self.num_chained
@@ -126,6 +130,39 @@ class SlotIndex:
                 s.chained = False
                 self._enter(s)
         self.num_chained = 0
+
+    def forget_under(self, lost: set[int]) -> list[Block]:
+        """Drop, announced gone, every slot holding a content recorded under one of the
+        content ids ``lost`` (contents the device forgot: ``ContentIndex.uncache``); its
+        chained child is keyed, for the caller's next call with the dropped slots' ids.
+        A cached slot goes empty; a pinned one keeps its pin, with no content, and goes
+        empty when unpinned (``num_emptied`` counts those). Returns the slots dropped.
+        One pass over the maps (a slot under a content the device held is keyed)."""
+        slots = [s for s in self.by_chunk.values() if s.parent_cid in lost]
+        if self.by_key:
+            slots += [s for s in self.by_key.values() if s.parent_cid in lost]
+        for s in slots:
+            self._drop(s)
+            if s.ref_cnt:
+                self.num_emptied += 1
+            else:
+                self._cached.remove(s)
+                self._empty.append(s)
+        return slots
+
+    def _unpinned(self, slots: list[Block]) -> list[Block]:
+        """Of ``slots``, just unpinned, those with content (for the LRU); the rest,
+        dropped while pinned (``forget_under``), go empty."""
+        if not self.num_emptied:
+            return slots
+        kept = []
+        for s in slots:
+            if s.key is None:
+                self._empty.append(s)
+                self.num_emptied -= 1
+            else:
+                kept.append(s)
+        return kept
 
     def _enter(self, s: Block) -> None:
         """Key slot ``s`` (its key: its token bytes) in the maps: by those bytes, or by

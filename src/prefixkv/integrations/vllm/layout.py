@@ -34,7 +34,8 @@ from prefixkv.groups import (
     sliding_window,
 )
 
-__all__ = ["VLLM_VERSION", "Layout", "UnsupportedByPrefixKV", "build_core", "check_options", "read_layout"]
+__all__ = ["VLLM_VERSION", "Layout", "UnsupportedByPrefixKV", "build_core", "check_options", "eagle_layout",
+           "read_layout"]
 
 VLLM_VERSION = "0.33.0"
 """The vLLM release this integration is written against and tested with (pinned)."""
@@ -47,12 +48,14 @@ class UnsupportedByPrefixKV(ConfigError):
 @dataclass(frozen=True, slots=True)
 class Layout:
     """What the manager needs of a ``KVCacheConfig``: the groups in vLLM's order, their
-    common block size, vLLM's ``num_blocks`` (null block included) and vLLM's specs."""
+    common block size, vLLM's ``num_blocks`` (null block included), vLLM's specs and
+    which groups vLLM flags as EAGLE's (``is_eagle_group``: its draft model's layers)."""
 
     groups: tuple[GroupSpec, ...]
     block_size: int
     num_blocks: int
     specs: tuple[Any, ...]
+    eagle_flags: tuple[bool, ...] = ()
 
     @property
     def hybrid(self) -> bool:
@@ -133,20 +136,59 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
     if kv_cache_config.num_blocks < 2:
         raise UnsupportedByPrefixKV(f"num_blocks must leave a block beside vLLM's null "
                                     f"block, got {kv_cache_config.num_blocks}")
-    return Layout(groups, sizes[0], kv_cache_config.num_blocks, specs)
+    flags = tuple(bool(getattr(g, "is_eagle_group", False)) for g in kv_cache_config.kv_cache_groups)
+    return Layout(groups, sizes[0], kv_cache_config.num_blocks, specs, flags)
 
 
-def check_options(*, use_eagle: bool, num_hash_lookahead_tokens: int, watermark: float) -> None:
+def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens: int,
+                  watermark: float, num_prefill_lookahead: int = 0, enable_caching: bool = True) -> None:
     """Raises UnsupportedByPrefixKV for the manager's arguments prefixkv does not offer:
-    EAGLE's shortened hits (``use_eagle``), lookahead hashing
-    (``num_hash_lookahead_tokens`` > 0), a negative ``watermark``."""
+    EAGLE's shortened hits (``use_eagle``) but with full-attention and sliding-window
+    groups of at most two specs, full attention one of them when two (vLLM's one-pass
+    hit: ``eagle_layout``), lookahead hashing (``num_hash_lookahead_tokens`` > 0),
+    multi-module MTP's re-prefillable tokens with caching on (``num_prefill_lookahead``
+    > 1: vLLM leaves the last ``num_prefill_lookahead - 1`` computed tokens uncached, as
+    the drafter may prefill them again), a negative ``watermark``."""
     if use_eagle:
-        raise UnsupportedByPrefixKV("prefixkv does not offer EAGLE's shortened hits (use_eagle)")
+        eagle_layout(layout)  # (its refusals)
+    if enable_caching and num_prefill_lookahead > 1:
+        raise UnsupportedByPrefixKV(f"prefixkv does not offer multi-module MTP's re-prefillable "
+                                    f"tokens (num_prefill_lookahead={num_prefill_lookahead}: vLLM "
+                                    f"caches the last {num_prefill_lookahead - 1} computed tokens "
+                                    f"late)")
+
     if num_hash_lookahead_tokens:
         raise UnsupportedByPrefixKV(f"prefixkv does not offer lookahead hashing "
                                     f"(num_hash_lookahead_tokens={num_hash_lookahead_tokens})")
     if watermark < 0:
         raise UnsupportedByPrefixKV(f"watermark must be >= 0, got {watermark}")
+
+
+def eagle_layout(layout: Layout) -> tuple[bool, ...]:
+    """The groups that match one block past an EAGLE hit (vLLM 0.33: the groups flagged
+    ``is_eagle_group``, its draft model's, and those of the same spec; every group when
+    none is flagged). Raises UnsupportedByPrefixKV unless prefixkv finds EAGLE's
+    shortened hits on ``layout`` as vLLM does: every group full attention or sliding
+    window (vLLM's chunked local attention refuses EAGLE; beside Mamba, vLLM moves
+    Mamba's checkpoints to EAGLE's replay boundary), and at most two distinct specs, one
+    of them full attention when two (vLLM's hit is then one pass; with more it applies
+    the dropped block once per candidate, and a group that already dropped it is checked
+    again without: ``kv_cache_coordinator``)."""
+    kinds = {g.kind for g in layout.groups}
+    if not kinds <= {"full_attention", "sliding_window"}:
+        raise UnsupportedByPrefixKV(f"prefixkv offers EAGLE's shortened hits (use_eagle) on "
+                                    f"full-attention and sliding-window groups only, got {sorted(kinds)}")
+    distinct: list[Any] = []
+    for spec in layout.specs:
+        if spec not in distinct:
+            distinct.append(spec)
+    if len(distinct) > 2 or (len(distinct) == 2 and not any(type(s) in _FULL for s in distinct)):
+        raise UnsupportedByPrefixKV(f"prefixkv offers EAGLE's shortened hits (use_eagle) beside "
+                                    f"one other group spec at most, a full-attention one of the "
+                                    f"two, got {len(distinct)} specs")
+    flags = layout.eagle_flags if any(layout.eagle_flags) else (True,) * len(layout.specs)
+    return tuple(any(f for s, f in zip(layout.specs, flags, strict=True) if s == spec)
+                 for spec in layout.specs)
 
 
 def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool) -> tuple[Any, int]:

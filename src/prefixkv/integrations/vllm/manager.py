@@ -27,7 +27,7 @@ from vllm.v1.request import Request
 from prefixkv.core.block import blocks_for
 
 from .coordinator import CoordinatorView
-from .layout import UnsupportedByPrefixKV, build_core, check_options, read_layout
+from .layout import UnsupportedByPrefixKV, build_core, check_options, eagle_layout, read_layout
 from .mamba import StepCache, check_call, junction, noting
 from .pool import BlockPoolView, Blocks
 from .popped import PoppedBlocks
@@ -43,7 +43,7 @@ __all__ = ["KVCacheManager"]
 class KVCacheManager:
     """vLLM's KVCacheManager calls over prefixkv (see the module docstring). Raises
     UnsupportedByPrefixKV at construction for what prefixkv does not offer, and for
-    EAGLE's shortened hits (``use_eagle``) and lookahead hashing
+    EAGLE's shortened hits (``use_eagle``) beside other groups and lookahead hashing
     (``num_hash_lookahead_tokens`` > 0)."""
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, scheduler_block_size: int,
@@ -57,8 +57,9 @@ class KVCacheManager:
                              hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
                              pcp_world_size=pcp_world_size,
                              enable_mamba_shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint)
-        check_options(use_eagle=use_eagle, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
-                      watermark=watermark)
+        check_options(layout, use_eagle=use_eagle, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+                      watermark=watermark, num_prefill_lookahead=num_prefill_lookahead,
+                      enable_caching=enable_caching)
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.block_size = bs = layout.block_size
@@ -66,7 +67,9 @@ class KVCacheManager:
         self.enable_kv_cache_events = enable_kv_cache_events
         # set by prefixkv's Scheduler when its publisher builds events (handoff.py)
         self.hands_off_events = False
-        self.use_eagle = False
+        self.use_eagle = use_eagle  # (a hit drops its last block: slots.eagle_hit)
+        # the groups that match one block past an EAGLE hit (layout.eagle_layout)
+        self.eagle_groups = eagle_layout(layout) if use_eagle else ()
         self.log_stats = log_stats
         self.metrics_collector = metrics_collector
         self.num_kv_cache_groups = len(layout.groups)
@@ -175,9 +178,9 @@ class KVCacheManager:
         """The cached prefix a waiting request would reuse now: its blocks per group (vLLM's
         null block where a window no longer reads one), its tokens (a multiple of
         block_size, at most ``num_tokens - 1``) and the shared-prefix boundary (beside
-        a Mamba group, vLLM's junction: ``mamba.junction``; else 0). Changes nothing. A
-        hit longer than ``max_cache_hit_length`` is reported as none (prefixkv takes a
-        hit whole)."""
+        a Mamba group, vLLM's junction: ``mamba.junction``; else 0). Changes nothing.
+        The hit is the longest every group serves within ``max_cache_hit_length``; with
+        ``use_eagle``, less its last block (vLLM's EAGLE recomputes it)."""
         blocks, n = lookup(self, request, max_cache_hit_length)
         return blocks, n, junction(self, request, n, max_cache_hit_length)
 

@@ -37,7 +37,7 @@ from .requests import core_tokens, extra_keys_of
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
-__all__ = ["admission_prompt", "admit", "allocate", "grow", "grow_live", "lookup"]
+__all__ = ["admission_prompt", "admit", "allocate", "grow", "grow_live", "lookup", "rewind"]
 
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
@@ -46,18 +46,39 @@ def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
            ) -> tuple[KVCacheBlocks, int]:
     """``m.get_computed_blocks`` (its contract is there) less its last 0: the hit's
     blocks per group and tokens, noted to the metrics collector; none when the request
-    does not read the cache or the hit is longer than ``max_cache_hit_length``."""
+    does not read the cache. The hit is the longest within ``max_cache_hit_length``
+    (None: no cap); with ``m.use_eagle``, as vLLM's EAGLE finds it (``eagle_hit``)."""
     if not m.prefix_cache_lookup_enabled(request):
         return m.empty_kv_cache_blocks, 0
     prompt, extra = admission_prompt(m, request)
-    hit = m.core.lookup_block_ids(prompt, extra=extra)
-    ids = hit if m._hybrid else (hit,)  # a window's unread blocks: the null block
+    if m.use_eagle:
+        ids = eagle_hit(m, prompt, extra, request.num_tokens, max_cache_hit_length)
+    else:
+        hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=max_cache_hit_length)
+        ids = hit if m._hybrid else (hit,)  # a window's unread blocks: the null block
     n, blocks = len(ids[0]) * m.block_size, m._blocks.of(ids)
-    if max_cache_hit_length is not None and n > max_cache_hit_length:
-        return m.empty_kv_cache_blocks, 0
     if n:
         m._telemetry.on_accessed(blocks)
     return blocks, n
+
+
+def eagle_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None,
+              num_tokens: int, cap: int | None) -> tuple[tuple[int, ...], ...]:
+    """The hit's blocks per group as vLLM 0.33's EAGLE finds it (``layout.eagle_layout``
+    says where): a group matches one block past the hit and drops it. With one group
+    (vLLM's unitary coordinator) that block lies within the cap (``num_tokens - 1`` by
+    default): one full-attention group drops the last block of its hit; with several,
+    the hit is within the cap and the block after it may be the prompt's last full one
+    (``peek``, in ``m.eagle_groups``)."""
+    if not m._hybrid:
+        hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap)
+        return (hit[:-1],)
+    if m.num_kv_cache_groups == 1:
+        bs = m.block_size
+        cap = max(0, ((num_tokens - 1 if cap is None else cap) // bs - 1) * bs)
+    out: tuple[tuple[int, ...], ...] = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap,
+                                                               peek=m.eagle_groups)
+    return out
 
 
 def allocate(m: KVCacheManager, request: Request, num_new_tokens: int, num_new_computed_tokens: int,
@@ -126,6 +147,7 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     try:
         adm = m.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
                                  resumed=request.num_preemptions > 0, read_cache=read,
+                                 max_hit_tokens=hit if read else None,
                                  num_lookahead_tokens=max(0, slots - hit - scheduled),
                                  require_full_fit=full_fit, keep_free=keep, **loaded)
     except PromptTooLongError:
@@ -158,6 +180,11 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
     the pool, less ``keep`` blocks, is short (nothing changed but, as in vLLM, the
     release of the blocks no window reads any more)."""
     computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
+    n, scheduled = request.num_computed_tokens, m.core.num_scheduled_tokens(key)
+    # (the second: vLLM computes what a load was to write, which failed, where the
+    # windows gave back what the query after the load would not read)
+    back = n < scheduled or bool(m._hybrid and n == scheduled and num_new_tokens
+                                 and m.core.reads_released(key, n))
     if m._hybrid:
         # as vLLM, windows move at the tokens processed: steps in flight (async
         # scheduling) still read from where they start, which is before computed
@@ -166,20 +193,36 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
     cache_to = request.num_computed_tokens if delay_cache_blocks else computed + num_new_tokens
     # counted before the rewind below, which a refusal must not make (it uncaches the
     # request's blocks past the count, whose KV may be sound: a landed load whose last
-    # token vLLM recomputes); the count is the same either way: the tables keep their
-    # length, and the bound above caps the release at or below the rewound position
+    # token vLLM recomputes, before the recompute); the count is the same either way: the
+    # tables keep their length, and the bound above caps the release at or below the
+    # rewound position
     short = m.coordinator.short_of_blocks
     if (full_sequence_must_fit and short(key, max(slots, min(request.num_tokens, m.max_model_len)), keep)) \
             or short(key, slots, keep):
         if m._hybrid:  # as vLLM, which frees what no window reads before it counts
             m.core.release_unread(key)
         return None
-    if m._hybrid and request.num_computed_tokens < m.core.num_scheduled_tokens(key):
-        # vLLM set it back (evict_blocks: invalid KV, or a landed load's last token), and
-        # recomputes from there: so do the windows, which would otherwise move at the
-        # old, later position
-        m.core.rewind(key, request.num_computed_tokens)
+    if back:
+        rewind(m, key, n)
     return m._blocks.of(grow(m, key, request, min(cache_to, request.num_tokens), slots))
+
+
+def rewind(m: KVCacheManager, key: int, num_computed_tokens: int) -> None:
+    """vLLM set the live request ``key`` back to ``num_computed_tokens`` (KV found
+    invalid: a failed load) and recomputes from there: so does prefixkv. Its full blocks
+    from there lose their content and are cached anew as the recompute schedules them
+    (unless the recompute reads what a window released: never, groups/taint.py); the
+    windows move at the recompute's start, not at the old, later position. The plain
+    manager refuses, changing nothing, while another request holds one of those blocks
+    (vLLM recomputes a shared invalid block once, in place, for all): the request then
+    goes on as before, the blocks it recomputes not cached again while it lives."""
+    if m._hybrid:
+        m.core.rewind(key, num_computed_tokens)
+        return
+    try:
+        m.core.rewind(key, num_computed_tokens)
+    except RequestError:  # (the only refusal left: a block another request holds)
+        pass
 
 
 def grow(m: KVCacheManager, key: int, request: Request, cache_to: int, slots: int
