@@ -270,3 +270,29 @@ def test_a_slot_is_pinned_once_however_often_it_is_held():
     assert s.ref_cnt == 1 and tier._pinned == [s] and tier.check() is None
     s.ref_cnt = 2                                    # a pin counted twice
     assert "bad pinned host slot" in tier.check()
+
+
+def test_the_check_reports_a_slot_counted_through_a_run():
+    """The tier writes a slot's ``refs`` itself (no property call): a slot that a run
+    counted would be miscounted, so ``check`` names it."""
+    from prefixkv.core.block import Run, RunCounts
+    tier = HostTier(2, EventLog(0))
+    assert tier.check() is None
+    tier.slots[1].counted = Run([tier.slots[1]], [b"x", b"y"], b"", 0, 0, RunCounts())
+    assert "counted through a run" in tier.check()
+
+
+def test_slots_in_transit_are_pinned_keyless_then_empty():
+    """A store run that lands in device blocks leaves its slots in transit: pinned until
+    the plan is drained (or its copies reported done), in no map, then empty."""
+    tier = HostTier(3, EventLog(0))
+    slots = tier.reserve(2)
+    tier.transit(slots)
+    assert tier.check() is None and tier.num_free == 1 and len(tier) == 0
+    slots[0].key = b"x"                             # content in transit: found by nothing
+    assert "in transit" in tier.check()
+    slots[0].key = None
+    tier.end_step(pending=True)                     # the copies run
+    assert tier.check() is None and tier.num_free == 1
+    tier.copies_done()
+    assert tier.check() is None and tier.num_free == 3 and not any(s.ref_cnt for s in slots)

@@ -178,14 +178,19 @@ def test_fetches_are_bounded_by_max_fetch_and_by_free_host_slots(backend, layout
                       A) == 4
 
 
-def test_fetched_blocks_are_announced_on_the_host_then_the_device(backend, shared):
+def test_fetched_blocks_landed_on_the_device_are_announced_there_alone(backend, shared):
+    """The host slots only held the payload until the loads ran (issue 25, store-r12):
+    the tier keeps none of it, and announces nothing."""
     m1, m2 = manager(shared), manager(shared, enable_events=True)
     computed(m1, backend, "a", A)
     admit(m2, "b", A[:5])
     events = [e for e in m2.take_events() if isinstance(e, BlockStored)]
     assert [(e.medium, list(e.block_ids), e.token_ids) for e in events] == [
-        ("CPU", [0], [1, 2, 3, 4]), ("GPU", [0], [1, 2, 3, 4])]
+        ("GPU", [0], [1, 2, 3, 4])]
     assert events[0].parent_block_hash is None
+    m2.take_kv_ops()
+    assert len(m2._host) == 0 and m2._host.num_free == len(m2._host.slots)
+    m2.check_invariants()
 
 
 def test_the_writer_sends_puts_from_its_thread(backend, shared):

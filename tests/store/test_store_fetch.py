@@ -42,21 +42,22 @@ class Manual:
             fn(*args)
 
 
-def setup(backend, layout, prompt=A, **kw):
+def setup(backend, layout, prompt=A, host_blocks=4, **kw):
     """A store holding ``prompt``'s blocks (A's three unless given; written by another
-    manager), and a manager whose fetches run when the test says."""
+    manager), and a manager with ``host_blocks`` slots whose fetches run when the test
+    says."""
     computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
                             store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
              backend, "w", prompt)
     ex = Manual()
     shared = SharedStore(backend, layout, cost=always(), **{"timeout": LIVE, "executor": ex, **kw})
-    return KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=shared), ex, shared
+    return KVCacheManager(8, 4, hash_mode="sha256", host_blocks=host_blocks, store=shared), ex, shared
 
 
 def test_a_wait_answers_the_same_until_polled_and_holds_only_its_runs_blocks(backend, layout):
     m, ex, _ = setup(backend, layout)
     assert m.add_request("b", A) == StoreWait("b", 3)
-    assert m.num_free_blocks == 5 and m.stats.requests == 0   # the run's device blocks
+    assert m.num_free_blocks == 4 and m.stats.requests == 0   # the run's device blocks, the tail's
     with pytest.raises(RequestError):
         m.get_block_ids("b")                         # not live
     ex.run()
@@ -156,7 +157,7 @@ def test_a_fork_cannot_take_the_id_of_a_request_waiting_on_the_store(backend, la
     m.check_invariants()
     m.free("b")                                      # the wait ends; nothing else was live
     m.free("p")
-    assert m.num_free_blocks == 5                    # (the fetch holds its run's blocks)
+    assert m.num_free_blocks == 4                    # (the fetch holds its run's blocks, the tail's)
     ex.run()
     m.poll_store()
     assert m.num_free_blocks == 8
@@ -307,8 +308,16 @@ def test_the_fetcher_makes_the_slots_views_from_the_memory_attached_at_the_start
 
 # ---- the landing's work done on the fetcher's thread (``Fetch.ready``) ------------------
 
+def pool_short(m, blocks=5):
+    """Another request ("h") holds ``blocks`` of ``m``'s 8 blocks: a run of A's lands in
+    host slots alone (the pool cannot give it device blocks); ``free`` it before the
+    re-admission."""
+    m.add_request("h", list(range(200, 200 + 4 * blocks)), read_cache=False)
+
+
 def test_the_fetcher_fills_the_slots_and_they_stay_unfindable_until_landed(backend, layout):
     m, ex, _ = setup(backend, layout)
+    pool_short(m)
     m.add_request("b", A)
     ex.run()                                         # the fetcher's thread, here
     f = m._store.done[0]
@@ -325,7 +334,28 @@ def test_the_fetcher_fills_the_slots_and_they_stay_unfindable_until_landed(backe
     m.check_invariants()
     assert m.poll_store() == ["b"] and m.lookup(A) == 12
     m.check_invariants()
+    m.free("h")
     assert m.add_request("b", A).num_cached_tokens == 12 and m.stats.store_hits == 12
+
+
+def test_the_slots_of_a_run_that_lands_on_the_device_stay_keyless_then_go_empty(backend, layout):
+    """Its slots hold the payload until the loads out of them ran (issue 25, store-r12):
+    the fetcher fills them without keys, the landing keys the device blocks alone, and
+    the slots go empty once the step ran; the tier keeps none of the run."""
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    ex.run()
+    f = m._store.done[0]
+    assert f.filled and f.devices is not None and not any(s.key for s in f.slots)
+    assert m.poll_store() == ["b"] and m.lookup_block_ids(A) == tuple(b.block_id for b in f.devices)
+    assert not any(s.key for s in f.slots) and len(m._host) == 0 and m._host.num_free == 1
+    m.check_invariants()
+    loads = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
+    assert loads == [BlockLoads(tuple(s.block_id for s in f.slots), tuple(b.block_id for b in f.devices))]
+    assert m._host.num_free == 4 and len(m._host) == 0        # empty once the step ran
+    m.check_invariants()
+    assert m.add_request("b", A).num_cached_tokens == 12 and m.stats.store_hits == 12
+    m.check_invariants()
 
 
 def block0_on_host(m):
@@ -343,11 +373,13 @@ def test_a_filled_run_is_missed_by_a_stale_guess_until_it_lands(backend, layout)
     """The fetcher keys every slot of the run but the first: a guess that reaches the
     first (the ``child`` link of the slot holding its parent's content, left from an
     earlier use of these slots) finds no key there, though the parent id matches."""
-    m, ex, _ = setup(backend, layout)
+    m, ex, _ = setup(backend, layout, host_blocks=8)   # (h's evicted blocks: empty slots)
     block0_on_host(m)
+    pool_short(m)
+    m.take_kv_ops()
     assert isinstance(m.add_request("b", A), StoreWait)
     f = m._waits.waiting["b"]
-    assert f.first == 1 and len(f.slots) == 2
+    assert f.first == 1 and len(f.slots) == 2 and f.devices is None
     f.hits[0].child = f.slots[0]                     # the stale guess
     ex.run()
     assert f.filled and f.slots[0].parent_cid == f.hits[0].content_id
@@ -356,6 +388,7 @@ def test_a_filled_run_is_missed_by_a_stale_guess_until_it_lands(backend, layout)
     m.check_invariants()
     assert m.poll_store() == ["b"] and m.lookup(A) == 12
     m.check_invariants()
+    m.free("h")
     assert m.add_request("b", A).num_cached_tokens == 12
 
 
@@ -363,13 +396,16 @@ def test_a_host_hit_then_a_run_landed_in_the_step_load_in_one_op_in_order(backen
     """The re-admission loads a host hit and the run that landed after it in this step:
     the hit is pinned, the run stays pinned once (not walked again: ``hold`` takes its
     ids from the landing), and the one BlockLoads names every slot in the prompt's order."""
-    m, ex, _ = setup(backend, layout)
+    m, ex, _ = setup(backend, layout, host_blocks=8)   # (h's evicted blocks: empty slots)
     block0_on_host(m)
+    pool_short(m)                                    # (the run lands in the slots alone)
+    m.take_kv_ops()
     assert isinstance(m.add_request("b", A), StoreWait)
     f = m._waits.waiting["b"]
     hit = f.hits[0]
     ex.run()
-    assert m.poll_store() == ["b"]
+    assert m.poll_store() == ["b"] and f.devices is None
+    m.free("h")
     adm = m.add_request("b", A)
     assert adm.num_cached_tokens == 12
     m.check_invariants()
@@ -390,6 +426,7 @@ def test_a_fill_that_fails_on_the_fetcher_is_done_at_the_landing(backend, layout
 
     monkeypatch.setattr(store_waits, "fetch_ready", broken)  # the name start() hands the fetch
     m, ex, _ = setup(backend, layout)
+    pool_short(m)
     m.add_request("b", A)
     ex.run()
     f = m._store.done[0]
@@ -397,12 +434,14 @@ def test_a_fill_that_fails_on_the_fetcher_is_done_at_the_landing(backend, layout
     assert m.poll_store() == ["b"]
     assert [s.content_id for s in f.slots] == list(f.planned)   # filled by the scheduler
     m.check_invariants()
+    m.free("h")
     assert m.add_request("b", A).num_cached_tokens == 12 and m.stats.store_hits == 12
 
 
 def test_a_run_that_repeats_a_block_is_keyed_by_content(backend, layout):
     rep = [1, 2, 3, 4] * 3 + [9]                     # three blocks of equal tokens
     m, ex, _ = setup(backend, layout, rep)
+    pool_short(m)
     m.add_request("b", rep)
     ex.run()
     assert not m._store.done[0].unique
@@ -410,5 +449,6 @@ def test_a_run_that_repeats_a_block_is_keyed_by_content(backend, layout):
     assert len(m._host.by_chunk) == 1 and len(m._host.by_key) == 2
     m.check_invariants()
     assert m.lookup(rep) == 12
+    m.free("h")
     assert m.add_request("b", rep).num_cached_tokens == 12
     m.check_invariants()

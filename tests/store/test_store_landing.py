@@ -19,16 +19,16 @@ C9 = bytes([9, 0, 0, 0] * 4)             # the token bytes of (9 9 9 9), uint32 
 C5 = bytes([5, 0, 0, 0, 6, 0, 0, 0, 7, 0, 0, 0, 8, 0, 0, 0])
 
 
-def _manager(backend, layout):
+def _manager(backend, layout, host_blocks=4):
     """A manager whose store holds X's two blocks (written by another manager), its
     fetches run when the test says (``Manual.run``), host slots with memory attached."""
-    m, ex, _ = setup(backend, layout, X)
-    m.attach_host_memory([[memoryview(bytearray(8))] for _ in range(4)])
+    m, ex, _ = setup(backend, layout, X, host_blocks=host_blocks)
+    m.attach_host_memory([[memoryview(bytearray(8))] for _ in range(host_blocks)])
     return m, ex
 
 
 def test_a_run_whose_token_bytes_a_slot_holds_under_another_parent_lands_beside_it(backend, layout):
-    m, ex = _manager(backend, layout)
+    m, ex = _manager(backend, layout, 8)   # (h's 5 evicted blocks go to empty slots)
     m.add_request("y", Y, read_cache=False)
     m.take_kv_ops()
     m.free("y")
@@ -38,6 +38,8 @@ def test_a_run_whose_token_bytes_a_slot_holds_under_another_parent_lands_beside_
     m.take_kv_ops()
     y = m._host.slots[0]
     assert m._host.by_chunk[C9] is y and m.lookup(Y) == 8   # keyed by its token bytes
+    m.add_request("h", list(range(200, 224)), read_cache=False)   # 6 blocks: x's run lands
+    m.take_kv_ops()                                                # in slots alone
     assert m.add_request("x", X) == StoreWait("x", 2)  # (9 9 9 9) under the root: a miss
     ex.run()
     f = m._store.done[0]
@@ -49,6 +51,7 @@ def test_a_run_whose_token_bytes_a_slot_holds_under_another_parent_lands_beside_
     assert a.key == (0, C9, b"") and m._host.by_key[a.key] is a   # X's: its whole content
     assert m._host.by_chunk[C5] is b
     assert m.lookup(Y) == 8 and m.lookup(X) == 8     # both, each under its own parent
+    m.free("h")
     adm = m.add_request("x", X)
     assert adm.num_cached_tokens == 8
     assert m.take_kv_ops()[-1] == BlockLoads((a.block_id, b.block_id), tuple(adm.block_ids[:2]))

@@ -65,12 +65,20 @@ def test_a_slot_hit_again_stays_pinned_for_the_new_plan(loaded):
     report of the first plan's copies does not unpin it; the new plan's end does."""
     m, memory, loads, read = loaded
     m.free("x")
+    m.kv_ops_done()                                # (A's run is on the device alone: the
+    m.take_kv_ops()                                # slots only held its payload)
+    m.add_request("v", list(range(110, 139)), read_cache=False)   # 8 blocks: A's go down
+    m.take_kv_ops()
+    m.free("v")
+    assert m.add_request("x1", A).num_cached_tokens == 12 and m.stats.host_hits == 12
+    (loads,) = [op for op in m.take_kv_ops(pending=True) if isinstance(op, BlockLoads)]
+    m.free("x1")                                   # the loads from A's slots run
     m.add_request("y", B)                          # computed: no slot is free to fetch into
     m.add_request("w", list(range(90, 103)))       # evicts A's device blocks
     m.free("w")
     m.free("y")
     adm = m.add_request("x2", A)                   # A from the slots in flight
-    assert adm.num_cached_tokens == 12 and m.stats.host_hits == 12
+    assert adm.num_cached_tokens == 12 and m.stats.host_hits == 24
     m.kv_ops_done()
     assert m._host.num_free == 0                   # pinned for the new plan's loads
     m.check_invariants()

@@ -196,7 +196,11 @@ class Admitter:
         take = need + keep_free  # (claimed hits have left the free ones already)
         if require_full_fit:
             take = max(take, blocks_for(n, bs) - len(held))
-        if not (take <= pool.num_free if claimed is not None else pool.can_acquire(held, take)):
+        taken = reused is not None and fetch is not None and fetch.on_device  # the fetch's
+        # held blocks are the hits; the block it took for the tokens after them is a new one
+        spare = self._waits.spare(fetch, bool(taken)) if fetch is not None else 0  # type: ignore[union-attr]
+        if not (take <= pool.num_free if claimed is not None
+                else pool.can_acquire(held, take - spare)):
             if claimed is not None:
                 pool.unclaim(hits, claimed)
             if fetch is not None:  # (its run stays cached; the wait goes on)
@@ -221,8 +225,6 @@ class Admitter:
             else:
                 fetched = loaded = (len(fetch.cids) if reused
                                     else sum(h.content_id in fetch.cids for h in loads))
-        taken = reused is not None and fetch is not None and fetch.on_device  # the fetch's
-        # held blocks are the hits
         if claimed is not None:  # ``hits`` is the claim's own list
             if need > 1:
                 hits += pool.take(need)
@@ -232,7 +234,7 @@ class Admitter:
                 hits.append(b)
             req.blocks = hits
         elif taken:  # (each holds the fetch's reference: the request's now)
-            req.blocks = hits + pool.take(need) if need else hits
+            req.blocks = hits + self._waits.tail(fetch, need) if need or spare else hits  # type: ignore[union-attr,arg-type]
         else:
             req.blocks = (pool.acquire(hits, need) if not loads
                           else self._acquire_loading(req, hits, held, need))

@@ -14,7 +14,9 @@ block but the first keyed and chained under the one before, under the fresh cont
 of the slots, the first keyless. ``land`` then makes the whole run findable on the
 device with one write (``ContentIndex.land_run``) and states the slots' copies into
 the blocks (``BlockLoads``, after the plan's ``StoreFetched``): the re-admission takes
-the blocks as device hits, with nothing to record, pin or copy. A run that does not
+the blocks as device hits, with nothing to record, pin or copy. Its slots are in transit
+(``HostTier.transit``): the fetcher wrote no key into them, the landing keys none, and they
+go empty once the loads ran (the host tier keeps none of the run). A run that does not
 continue the request's device hits exactly (a host hit before it, a block's content
 that came meanwhile) lands in the host slots only, and the blocks go back empty.
 """
@@ -86,7 +88,8 @@ def fetch_ready(f: Fetch) -> None:
     f.keyed = keyed if f.unique else None
     f.slot_ids = [s.block_id for s in slots]
     fill_landing(slots, f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run],
-                 f.chunks[:run])
+                 f.chunks[:run] if f.devices is None else None)  # (a device run's slots
+    # stay keyless: ``land`` puts them in transit, or keys them all if the run lands there alone)
     if f.devices is not None and run:
         devices = f.devices[:run]
         f.device_ids = [b.block_id for b in devices]
@@ -131,6 +134,7 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
     start = len(hits) if len(hits) >= first else end
     slots = f.slots
     devices, gone = f.devices, []
+    keys_filled = devices is None  # (``fetch_ready`` keys the slots of a host run only)
     if devices is not None:
         index.landing.pop(id(f), None)
         d = len(f.held)
@@ -139,8 +143,8 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
             if d < first:
                 _promote(f, hits, d, index, host)
         else:  # the run lands in the slots alone, if at all
-            gone = _emptied(devices) + f.up[::-1] + f.held[::-1]
-            f.devices, f.held, f.up = None, [], []
+            gone = f.tail + _emptied(devices) + f.up[::-1] + f.held[::-1]
+            f.devices, f.held, f.up, f.tail = None, [], [], []
             devices = None
     if start < end:
         lo, hi, bs = start - first, end - first, block_size
@@ -151,6 +155,21 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
             # order snapshots announce contents in; the landing fills the slots)
             cids, filled = index.new_ids(hi - lo), False
         f.cids = cids
+        if devices is not None:  # (``lo`` is 0: checked above) the run goes on in the
+            # device blocks; its slots only hold the payload until the loads ran
+            run = slots if hi == len(slots) else slots[:hi]
+            if events.active:  # (announced on the device alone: ``land_run``)
+                _transit_events(f, run, hits, req, start, end, block_size)
+            host.transit(run)
+            f.keyed = None  # (the fetcher's map: for a run in the slots alone)
+            if hi < len(slots):
+                host.unreserve(slots[hi:])
+            if f.fetched:  # (stated by the fetcher: ``fetch_ready``)
+                host.fetches += f.fetched
+            elif f.staged:
+                host.fetches += [StoreFetched(s.block_id, b[0].toreadonly())
+                                 for s, b in zip(run, f.buffers, strict=False)]
+            return _on_device(f, devices, hi, cids, filled, parent_cid, hits, run, index, host)
         event = None
         if events.active:
             extra = req.keys.extra
@@ -167,8 +186,9 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
         else:
             run, run_chunks, extras, hashes, fetched = (
                 slots[lo:hi], f.chunks[lo:hi], f.extras[lo:hi], f.hashes[lo:hi], f.fetched[lo:hi])
-        host.land(run, parent_cid, run_chunks, extras, cids, hashes, event, filled=filled,
-                  unique=f.unique, keyed=f.keyed if whole else None, ids=ids)
+        host.land(run, parent_cid, run_chunks, extras, cids, hashes, event,
+                  filled=filled and keys_filled, unique=f.unique,
+                  keyed=f.keyed if whole else None, ids=ids)
         f.keyed = None  # (it may be the tier's map now)
         if not lo:  # (``reuse`` checks ``slots[:len(cids)]``)
             f.landed_at = host.num_unpins
@@ -179,11 +199,27 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
                              for i, s in zip(range(lo, hi), slots[lo:hi], strict=True)]
         if lo or hi < len(slots):
             host.unreserve(slots[:lo] + slots[hi:])
-        if devices is not None:  # (``lo`` is 0: checked above)
-            gone = _on_device(f, devices, hi, cids, filled, parent_cid, hits, run, index, host)
     else:
         host.unreserve(slots)
     return gone
+
+
+def _transit_events(f: Fetch, run: list[Block], hits: list[Any], req: Request, start: int,
+                  end: int, bs: int) -> None:
+    """Give the slots in transit ``run`` (blocks ``start..end - 1`` of ``req``) the chain hash
+    and one-block event of the content each carries up, which ``ContentIndex.land_run``
+    announces on the device (the slots' own run event is never announced: the host tier
+    does not keep them)."""
+    extra = req.keys.extra
+    lo, hi = start - f.first, end - f.first
+    hashes = f.hashes[lo:hi]
+    event = BlockStored(tuple(hashes), hits[-1].hash if hits else None,
+                        b"".join(f.chunks[lo:hi]), tuple(s.block_id for s in run),
+                        None if extra is None else extra.for_range(start * bs, end * bs),
+                        start, HOST)
+    for i, (s, h) in enumerate(zip(run, hashes, strict=True)):
+        s.hash = h
+        s.event = event.block(i, s.block_id, HOST)
 
 
 def _promote(f: Fetch, hits: list[Any], d: int, index: Any, host: HostTier) -> None:

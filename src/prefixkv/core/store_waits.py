@@ -3,9 +3,11 @@
 An admission whose prefix continues past the device and host into the store does not
 wait for it: ``start`` reserves host slots, hands a ``Fetch`` to the store's fetcher
 threads and answers ``StoreWait``. ``poll`` lands each fetch that ended: the run of
-blocks that passed the content check (on the fetcher's thread) takes its host slots as
-ordinary host content, as if the device had offloaded it, and every other reserved slot
-is freed. The request's next admission then finds those slots like any host hit. So:
+blocks that passed the content check (on the fetcher's thread) becomes device content in
+the blocks the start took (its slots held the payload until the loads ran), or, when the
+start could take none, takes its host slots as ordinary host content, as if the device
+had offloaded it; every other reserved slot is freed. The request's next admission then
+takes those blocks, or finds those slots like any host hit (``store_landing.py``). So:
 
 - a fetch that fails, times out or finds nothing lands nothing: the blocks are computed;
 - a fetch that ends after its request left (``cancel``) lands all the same (cached);
@@ -20,14 +22,10 @@ is freed. The request's next admission then finds those slots like any host hit.
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 from collections.abc import Hashable, Sequence
-from functools import partial
-from itertools import pairwise
 from typing import Any
 
-from ..errors import ConfigError, check_count
+from ..errors import check_count
 from ..extra_keys import ExtraKeys
 from ..hashing import encode_tokens
 from ..results import StoreWait
@@ -39,12 +37,7 @@ from .pool import BlockPool
 from .prompt import Prompt
 from .request import Request
 from .store_landing import fetch_ready, land
-
-
-def _attached(memory: list[list[memoryview]], slots: list[Block]) -> list[list[memoryview]]:
-    """The views of ``slots`` in attached ``memory`` (``Fetch.views``: a fetcher calls it)."""
-    return [memory[s.block_id] for s in slots]
-
+from .store_memory import FetchMemory
 
 GRACE = 0.05
 """Seconds past a fetch's deadline before ``poll`` gives up on it (its threads return by
@@ -64,38 +57,12 @@ class StoreWaits:
         self.waiting: dict[Hashable, Fetch] = {}
         self.in_flight = 0  # fetches submitted and not landed
         self.reserved = 0  # their slots (landing in the host tier)
-        self.memory: list[list[memoryview]] | None = None  # host slots' bytes, when attached
-        self._stage: memoryview | None = None  # else: payloads land here
+        self.buffers = FetchMemory(link.payload, len(host.slots))  # (the payloads' memory)
 
     def attach(self, buffers: Sequence[Sequence[memoryview]]) -> None:
-        """Fetches read straight into these buffers: ``buffers[slot]``, writable byte
-        views whose lengths add up to the layout's ``block_bytes``. Raises ConfigError
-        (nothing changes) for another number of slots, a size, a read-only or strided
-        view, views that share memory (two slots' fetches would write over each other),
-        and while fetches are under way (they read into the memory attached when they
-        started: their runs would land where the new memory holds no payload)."""
-        if self.in_flight:
-            raise ConfigError(f"{self.in_flight} store fetches are under way: attach host "
-                              f"memory once they landed (poll_store)")
-        slots, want = len(self.host.slots), self.link.payload
-        if not isinstance(buffers, Sequence) or isinstance(buffers, (str, bytes, memoryview)):
-            raise ConfigError(f"host memory must be a list of each slot's views, got {buffers!r}")
-        if len(buffers) != slots:
-            raise ConfigError(f"host memory for {len(buffers)} slots, the tier has {slots}")
-        views = [_slot_views(i, views_i, want) for i, views_i in enumerate(buffers)]
-        _check_apart(views)
-        self.memory = views
-
-    def _staging(self, slots: list[Block]) -> list[list[memoryview]]:
-        """Buffers of the manager's own for ``slots``' payloads, which the plan's
-        ``StoreFetched`` ops then copy (without ``attach``; a fetcher thread calls it):
-        one area of anonymous memory for every slot, mapped once (by ``start``, on the
-        scheduler's thread), whose pages are touched only as fetches write them. A
-        slot's buffer is reused only once the slot is reserved again, in a later step
-        than the plan that named it."""
-        size, area = self.link.payload, self._stage
-        assert area is not None, "start maps the staging area before a fetch is submitted"
-        return [[area[s.block_id * size:(s.block_id + 1) * size]] for s in slots]
+        """Fetches read straight into these buffers (``FetchMemory.attach``: raises
+        ConfigError, nothing changed, for bad buffers and while fetches are under way)."""
+        self.buffers.attach(buffers, self.in_flight)
 
     def start(self, req: Request, hits: list[Any], chunks: Sequence[bytes], limit: int,
               prompt: Sequence[int] | Prompt | None = None) -> StoreWait | None:
@@ -113,7 +80,7 @@ class StoreWaits:
         on_device = kinds[:d].count(Block) == d  # first (the host's hits go up at the landing)
         held = [h for h in hits if type(h) is HostSlot] if hits else None
         n = min(limit - first, link.max_fetch, host.num_free)
-        if on_device and n > pool.num_free - [b.ref_cnt for b in hits[:d]].count(0) - (first - d):
+        if on_device and n >= pool.num_free - [b.ref_cnt for b in hits[:d]].count(0) - (first - d):
             on_device = False  # (the pool is short: the run lands in host slots alone)
         now = link.store.clock()
         if n <= 0 or not link.worth(n, now):
@@ -123,16 +90,13 @@ class StoreWaits:
         slots = host.reserve(n)
         if not slots:
             return None
-        if on_device:  # the device hits held (a reference each) and the run's blocks taken
-            taken = pool.acquire(hits[:d] if held else hits, len(slots) + first - d)
-        memory = self.memory
-        staged = memory is None
-        if staged and self._stage is None:
-            self._stage = memoryview(mmap.mmap(-1, link.payload * len(host.slots)))
+        if on_device:  # the device hits held (a reference each), the run's blocks taken,
+            # and the block the re-admission's first token after the run opens (``tail``)
+            taken = pool.acquire(hits[:d] if held else hits, len(slots) + first - d + 1)
+        staged, views = self.buffers.views()
         f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
                   chunks[first:first + len(slots)], req.keys.of_blocks(first, first + len(slots)),
-                  slots, [], now + link.store.timeout, staged,
-                  self._staging if memory is None else partial(_attached, memory))
+                  slots, [], now + link.store.timeout, staged, views)
         f.hits, f.hit_cids = hits, [h.content_id for h in hits] if hits else []
         if type(prompt) is list:  # (and a copy: the caller may change its list meanwhile)
             f.ids, f.ids_given = prompt[:], prompt
@@ -142,7 +106,8 @@ class StoreWaits:
         f.parent_cid = hits[-1].content_id if hits else 0
         f.ready = fetch_ready  # (store_landing.py)
         if on_device:
-            f.devices, f.held, f.step = taken[first:], taken[:d], self.index.step
+            f.devices, f.held, f.step = taken[first:-1], taken[:d], self.index.step
+            f.tail = taken[-1:]
             if first > d:
                 f.up = taken[d:first]
             self.index.landing[id(f)] = f.devices
@@ -245,6 +210,29 @@ class StoreWaits:
             self._release(f)
         return True
 
+    def spare(self, f: Fetch, taken: bool) -> int:
+        """At the re-admission of ``f``'s request: how many of the blocks it asks for the
+        fetch holds already (``Fetch.tail``, taken at the start for the block that the
+        first token after the run opens) when the request takes the fetch's blocks
+        (``taken``: ``reuse`` answered); else that block goes back to the pool now,
+        before the admission counts the free blocks, and none is."""
+        if taken:
+            return len(f.tail)
+        if f.tail:
+            self.pool.release(f.tail)
+            f.tail = []
+        return 0
+
+    def tail(self, f: Fetch, need: int) -> list[Block]:
+        """The ``need`` new blocks of a re-admission that takes ``f``'s blocks: the ones
+        ``spare`` counted first, the rest from the pool (the caller checked that it has
+        them); a spare block that is not needed goes back."""
+        spare, f.tail = f.tail, []
+        if need < len(spare):
+            self.pool.release(spare[need:])
+            return spare[:need]
+        return spare + self.pool.take(need - len(spare)) if need > len(spare) else spare
+
     def give_back(self, f: Fetch) -> None:
         """The re-admission of ``f``'s request found the pool short (None): a fetch that
         ended gives back the blocks it holds (cached: its run stays findable), so that
@@ -256,8 +244,8 @@ class StoreWaits:
         """Give the blocks ``f`` holds back to the pool (the tail first, as ``free``)."""
         self.holders.discard(f)
         devices = f.devices
-        out = f.up[::-1] + f.held[::-1]  # (``up``: empty blocks)
-        f.up = []
+        out = f.tail + f.up[::-1] + f.held[::-1]  # (``tail``, ``up``: empty blocks)
+        f.up = f.tail = []
         if devices is not None:  # (a fetch that ended holds the blocks of its run alone)
             k = f.on_device if f.ended else len(devices)
             out = devices[k - 1::-1] + out if k else out
@@ -268,7 +256,7 @@ class StoreWaits:
         """Every device block the fetches hold (a reference each), for the checks."""
         out: list[Block] = []
         for f in self.holders:
-            out += f.held + f.up
+            out += f.held + f.up + f.tail
             if f.devices is not None:
                 out += f.devices if not f.ended else f.devices[:f.on_device]
         return out
@@ -320,28 +308,3 @@ class StoreWaits:
                 self.link.stats.store_errors += 1
                 out.append(rid)
         return out
-
-
-def _slot_views(i: int, views_i: object, want: int) -> list[memoryview]:
-    """Slot ``i``'s views as flat writable byte views of ``want`` bytes in all."""
-    if not isinstance(views_i, Sequence) or isinstance(views_i, (str, bytes, memoryview)):
-        raise ConfigError(f"host slot {i}: a list of writable views, got {views_i!r}")
-    try:
-        vs = [memoryview(v).cast("B") for v in views_i]
-    except TypeError as exc:  # not a buffer, or not C-contiguous
-        raise ConfigError(f"host slot {i}: views must be C-contiguous writable buffers ({exc})") from None
-    if sum(v.nbytes for v in vs) != want or any(v.readonly for v in vs):
-        raise ConfigError(f"host slot {i}: writable views of {want} bytes in all "
-                          f"(the StoreLayout's block_bytes), got "
-                          f"{[(v.nbytes, 'ro' if v.readonly else 'rw') for v in vs]}")
-    return vs
-
-
-def _check_apart(views: list[list[memoryview]]) -> None:
-    """No two views share a byte (each a writable flat view: its address is ctypes')."""
-    spans = sorted((ctypes.addressof(ctypes.c_char.from_buffer(v)), v.nbytes, i)
-                   for i, vs in enumerate(views) for v in vs if v.nbytes)
-    for (a, n, i), (b, _, j) in pairwise(spans):
-        if b < a + n:
-            raise ConfigError(f"host slots {min(i, j)} and {max(i, j)}: views share memory "
-                              f"(each slot's fetches need memory of their own)")

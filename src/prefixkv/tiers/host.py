@@ -72,6 +72,8 @@ class HostTier(SlotOffload, SlotLanding):
         self._landed = []
         self._held: tuple[Sequence[Block], list[int] | None] = ((), None)  # ``hold``'s, for ``load``
         self.num_landing = 0  # slots a store fetch writes into (the slots nowhere else)
+        self._transit = []  # a device run's payload, loaded from these in this step's plan
+        self._flight_transit: list[Block] = []  # (and in the plan in flight)
         self.num_offloaded = self.num_loaded = 0
         # how many times pins were released (``end_step``) or content forgotten (``clear``):
         # a slot pinned while it stays the same is pinned still, and holds what it held
@@ -145,11 +147,11 @@ class HostTier(SlotOffload, SlotLanding):
         flight = self._flight_ids
         again = []
         for s in pin:
-            if not s.ref_cnt:  # cached: leaves the LRU (inlined unlink; links go stale)
+            if not s.refs:  # cached: leaves the LRU (inlined unlink; links go stale)
                 prev, nxt = s.prev, s.next
                 prev.next = nxt
                 nxt.prev = prev
-                s.ref_cnt = 1
+                s.refs = 1
                 fresh.append(s)
             elif flight and s.block_id in flight:  # pinned by the plan in flight only:
                 flight.discard(s.block_id)  # this step's pin now (``copies_done`` keeps it)
@@ -161,15 +163,20 @@ class HostTier(SlotOffload, SlotLanding):
         """The plan was handed to the engine: unpin, most recently used last; or,
         ``pending``, keep the plan's slots pinned until ``copies_done`` (the caller sees
         that the previous pending plan was reported done first)."""
-        assert not self._flight and not self._flight_ids, "a plan in flight was not reported done"
+        assert not self._flight and not self._flight_ids and not self._flight_transit, \
+            "a plan in flight was not reported done"
         if pending:
             self._flight, self._flight_ids = self._pinned, {s.block_id for s in self._pinned}
             self._pinned = []
             self._landed = []
+            self._flight_transit, self._transit = self._transit, []
             return
+        if self._transit:
+            self._transit_done(self._transit)
+            self._transit = []
         pinned = self._pinned
         for slot in pinned:
-            slot.ref_cnt = 0
+            slot.refs = 0
         self._cached.extend(self._unpinned(pinned))
         self._pinned = []
         self._landed = []
@@ -180,10 +187,18 @@ class HostTier(SlotOffload, SlotLanding):
         slots that this step has not pinned again, most recently used last."""
         done = [s for s in self._flight if s.block_id in self._flight_ids]
         for slot in done:
-            slot.ref_cnt = 0
+            slot.refs = 0
         self._cached.extend(self._unpinned(done))
         self._flight, self._flight_ids = [], set()
+        if self._flight_transit:
+            self._transit_done(self._flight_transit)
+            self._flight_transit = []
         self.num_unpins += 1
+
+    def _transit_done(self, slots: list[Block]) -> None:
+        """Slots in transit whose loads ran go empty (reused first: ``reserve`` pops them;
+        their counts are 0 already)."""
+        self._empty += slots
 
     def _take(self) -> Block | None:
         """A free slot: an empty one, else the least recently used cached one."""
@@ -208,7 +223,7 @@ class HostTier(SlotOffload, SlotLanding):
         self.fetches = []
         self._landed = []
         for s in self.slots:
-            s.key, s.prev, s.next, s.ref_cnt, s.chained = None, UNLINKED, UNLINKED, 0, False
+            s.key, s.prev, s.next, s.refs, s.chained = None, UNLINKED, UNLINKED, 0, False
         self.num_chained = 0
         self.chaining = True  # (the device's index was cleared too: nothing is cut)
         self.num_emptied = 0
@@ -216,6 +231,7 @@ class HostTier(SlotOffload, SlotLanding):
         self.by_key.clear()
         self._pinned.clear()
         self._flight, self._flight_ids = [], set()
+        self._transit, self._flight_transit = [], []
         assert not self.num_landing, "clear while a store fetch writes into host slots"
         self._cached = FreeBlockQueue()
         self._empty = self.slots[::-1]

@@ -49,11 +49,15 @@ def check_tier(tier: HostTier) -> str | None:
     sound: every slot is empty (no content, no pin), cached (in the LRU, unpinned) or
     pinned (once: ``ref_cnt`` 1; by this step or only by a plan in flight), at most
     once, or else landing (reserved for a store fetch, in no map, no key or, filled, its
-    token bytes, one pin: the slots in no list, as many as ``num_landing`` counts);
+    token bytes, count 0: the slots in no list, as many as ``num_landing`` counts), or
+    in transit (keyless, count 0, in ``_transit`` or ``_flight_transit``);
     the runs landed in this step are pinned; the maps hold exactly the cached and pinned
     slots that are not chained; a slot
     keyed by its triple is the one ``find`` returns; chains (above)."""
     seen: set[int] = set()
+    for s in tier.slots:  # (the tier writes ``refs`` itself: no slot's count is a run's)
+        if s.counted is not None:
+            return f"host slot {s!r} is counted through a run"
     for s in tier._empty:
         if s.key is not None or s.ref_cnt or s.chained:
             return f"bad empty host slot {s!r}"
@@ -76,6 +80,10 @@ def check_tier(tier: HostTier) -> str | None:
             seen.add(s.block_id)
     if emptied != tier.num_emptied:
         return f"{emptied} pinned host slots hold no content, counted {tier.num_emptied}"
+    for s in tier._transit + tier._flight_transit:  # (a device run's payload: no content)
+        if s.refs or s.key is not None or s.chained or s.block_id in seen:
+            return f"bad host slot in transit {s!r}"
+        seen.add(s.block_id)
     pinned = {s.block_id for s in tier._pinned}
     for run, ids in tier._landed:  # (``hold`` does not pin them again: they are pinned)
         if ids != [s.block_id for s in run] or not pinned.issuperset(ids):
@@ -83,12 +91,13 @@ def check_tier(tier: HostTier) -> str | None:
     landing = [s for s in tier.slots if s.block_id not in seen]  # (nowhere else)
     for s in landing:
         key = s.key
-        if (s.ref_cnt != 1 or s.chained or not (key is None or type(key) is bytes)
+        if (s.ref_cnt or s.chained or not (key is None or type(key) is bytes)
                 or (key is not None and tier.by_chunk.get(key) is s)):
             return f"bad landing host slot {s!r}"
     if len(landing) != tier.num_landing:
         return f"{len(landing)} host slots are in no list, {tier.num_landing} are landing"
-    held = len(tier.slots) - len(tier._empty) - tier.num_landing - emptied
+    held = (len(tier.slots) - len(tier._empty) - tier.num_landing - emptied
+            - len(tier._transit) - len(tier._flight_transit))
     if len(tier) != held:
         return f"host maps hold {len(tier)} for {held} slots"
     for key, s in tier.by_key.items():

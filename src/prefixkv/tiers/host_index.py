@@ -29,9 +29,12 @@ def withdrawn(announced: BlockStored, slot_id: int) -> BlockRemoved:
 
 class HostSlot(Block):
     """A host slot: a Block whose ``block_id`` is the slot index and whose ``ref_cnt``
-    is 1 while the slot is pinned (a copy stated for it is pending, or a store fetch
-    writes into it), else 0. ``key``: the token bytes, or the content triple when
-    another slot's content is keyed by those bytes (as in the device index). A slot with
+    is 1 while the slot is pinned (a copy stated for it is pending), else 0 (a slot a
+    store fetch writes into, or in transit, is in no list the tier takes from: its count
+    is 0, and nothing takes it). A slot is never one of a ``Run``'s (``counted`` stays
+    None): the tier reads and writes its own count, ``refs``, with no property call.
+    ``key``: the token bytes, or the content triple when another slot's content is keyed
+    by those bytes (as in the device index). A slot with
     content is cached (in the LRU, ``ref_cnt`` 0) or pinned (``ref_cnt`` > 0).
     ``chained``: found only as the ``child`` of the slot holding its parent's content
     (offloaded with it in one batch), in no map; its key is its token bytes."""

@@ -3,11 +3,16 @@ reserved for a fetch to write into, filled by a fetcher's thread, keyed when the
 scheduler lands the run, or given back empty.
 
     free slot --reserve--> landing --fill_landing (fetcher)--> filled --land--> pinned
-                                   \\--unreserve (nothing came)--> empty
+                                   |                                  \\--transit--> in transit
+                                   \\--unreserve (nothing came)--> empty     (empty once
+                                                                            unpinned)
+
+A slot in transit holds the payload of a run that landed in device blocks until the
+loads out of it ran: keyless, in no map, in a list the tier takes nothing from.
 
 A landing slot is in no map and in no list of the tier (``num_landing`` counts them),
-and is pinned once: nothing takes it. Nothing finds it either: no probe (it is in no
-map), and no guess through a stale ``child`` link, which compares the key and the
+with a count of 0: nothing takes it all the same. Nothing finds it either: no probe (it
+is in no map), and no guess through a stale ``child`` link, which compares the key and the
 parent's content id: the run's first slot has no key until it lands, and every other
 slot's parent id is one of the ids the fetch was given at its start, which nothing
 findable holds before that first slot lands.
@@ -55,6 +60,7 @@ class SlotLanding(SlotIndex):
     _cached: FreeBlockQueue
     _pinned: list[Block]
     num_landing: int
+    _transit: list[Block]  # slots in transit (``transit``): pinned, keyless, empty once unpinned
     # the runs landed in this step with the fetcher's list of their slot ids (pinned
     # since: only ``end_step`` unpins a landed slot), for ``hold`` and ``load``
     _landed: list[tuple[list[Block], list[int]]]
@@ -62,15 +68,15 @@ class SlotLanding(SlotIndex):
     def reserve(self, n: int) -> list[Block]:
         """Up to ``n`` free slots for a store fetch to write into (empty ones first, then
         the least recently used cached ones, their content dropped): each is *landing*
-        (no content, in no map, pinned across steps, named by no op) until ``land`` or
-        ``unreserve``. Pinned slots are never taken, so fewer may be returned."""
+        (no content, in no map, in no list of the tier, so nothing takes it across steps;
+        named by no op) until ``land``, ``transit`` or ``unreserve``. Its count stays 0
+        (no loop writes one per slot). Pinned slots are never taken, so fewer may be
+        returned."""
         empty = self._empty
         k = min(n, len(empty))
         out = empty[len(empty) - k:][::-1]  # (the order ``_take`` would give)
         del empty[len(empty) - k:]
-        for s in out:
-            s.ref_cnt = 1
-        if len(out) < n and self._cached.size:  # (these get their pin there)
+        if len(out) < n and self._cached.size:
             if not self.num_chained and not self._sink.active and not self.by_key:
                 self._take_plain(out, n - len(out))
             else:
@@ -133,7 +139,9 @@ class SlotLanding(SlotIndex):
                 else:
                     s.key = key = (s.parent_cid, chunk, s.extra)
                     by_key[key] = s
-        self._pinned += slots  # (ref_cnt is 1 already)
+        for s in slots:  # pinned from now on (a landing slot's count is 0)
+            s.refs = 1
+        self._pinned += slots
         if ids is not None:
             self._landed.append((slots, ids))
         if event is not None:
@@ -141,16 +149,24 @@ class SlotLanding(SlotIndex):
             for i, s in enumerate(slots):  # (each slot's own, for its removal and copies)
                 s.event = event.block(i, s.block_id, HOST)
 
+    def transit(self, slots: list[Block]) -> None:
+        """Landing ``slots`` hold a checked run that lands in device blocks (the store
+        fetch's): they only hold its payload until the loads out of them ran, in no map
+        (no key), and go empty once the plan is drained (``end_step``), or once its
+        copies are done (``copies_done``). Nothing finds them: the host tier does not keep
+        content the device holds that it would otherwise unkey at the next reservation."""
+        self.num_landing -= len(slots)
+        self._transit += slots  # (their counts stay 0: in this list, nothing takes them)
+
     def _take_lru(self, out: list[Block], n: int) -> None:
         """Append to ``out`` up to ``n`` least recently used cached slots, their content
-        dropped, each pinned once (as ``_take_cached`` n times; the common case in one
+        dropped (as ``_take_cached`` n times; the common case in one
         loop of its own: ``_take_plain``, which ``reserve`` calls then)."""
         head, tail = self._cached.ends()
         s = head.next  # (a slot until ``tail``)
         taken = 0
         while taken < n and s is not tail:
             self._drop(s)  # (links untouched: the run is unlinked at once below)
-            s.ref_cnt = 1
             out.append(s)
             taken += 1
             s = s.next
@@ -170,7 +186,6 @@ class SlotLanding(SlotIndex):
         for i in range(k):
             del by_chunk[s.key]  # type: ignore[arg-type]  # (KeyError: no content)
             s.key = None
-            s.ref_cnt = 1
             taken[i] = s
             s = s.next
         head.next, s.prev = s, head
@@ -182,6 +197,5 @@ class SlotLanding(SlotIndex):
         empty again."""
         self.num_landing -= len(slots)
         for s in slots:
-            s.ref_cnt = 0
             s.key = None
-            self._empty.append(s)
+        self._empty += slots

@@ -10,13 +10,10 @@ the content is lost, and so are the step's offloads of its descendants
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import attrgetter
 
 from ..core.block import Block, key_chunk
 from ..core.free_queue import FreeBlockQueue
 from .host_index import HOST, SlotIndex, withdrawn
-
-_CONTENT_ID = attrgetter("content_id")
 
 
 class SlotOffload(SlotIndex):
@@ -117,7 +114,7 @@ class SlotOffload(SlotIndex):
                     pend, pend_chunk = s, chunk
                     s.key, s.parent_cid, s.extra = chunk, parent_cid, extra
                     s.content_id, s.hash = b.content_id, b.hash
-                    s.ref_cnt = 1
+                    s.refs = 1
                     pin(s)
                     src.append(b.block_id)
                     dst.append(s.block_id)
@@ -132,7 +129,7 @@ class SlotOffload(SlotIndex):
             if pend is not None:  # held in a slot already: the run ends
                 self._enter(pend)
                 pend = None
-            if not s.ref_cnt:  # held in a cached slot, not pinned: refresh
+            if not s.refs:  # held in a cached slot, not pinned: refresh
                 prev, nxt = s.prev, s.next
                 prev.next = nxt
                 nxt.prev = prev
@@ -145,10 +142,14 @@ class SlotOffload(SlotIndex):
         if refreshed:
             cached.forget(len(refreshed))
             cached.extend(refreshed)
-        if lost >= 0:  # (the common case checked here: no offload of the step is a child
-            # of a lost content, so nothing is withdrawn, without a lookup of each)
-            gone, slots = blocks[lost:], self.slots
-            if not {slots[i].parent_cid for i in dst}.isdisjoint(map(_CONTENT_ID, gone)):
+        if lost >= 0 and dst:  # (the common case checked here: no offload of the step is
+            # a child of a lost content, so nothing is withdrawn, without a lookup of each;
+            # with no offload in the step, nothing is looked at: ``isdisjoint`` would go
+            # through every lost block even for an empty set)
+            gone, slots = blocks[lost:], self.slots  # (the ids listed by a comprehension:
+            # its specialized attribute reads beat ``map(attrgetter)``'s, 38 against 61 us
+            # for 2048 blocks, measured alternated in one process, load 5)
+            if not {slots[i].parent_cid for i in dst}.isdisjoint([b.content_id for b in gone]):
                 self._withdraw_orphans(gone, step)
 
     def _withdraw_orphans(self, lost: Sequence[Block], step: int) -> None:
@@ -167,12 +168,12 @@ class SlotOffload(SlotIndex):
                 gone.add(s.content_id)
                 dropped.add(i)
                 self._drop(s)  # (announced gone: its BlockStored went out in this batch)
-                s.ref_cnt = 0
+                s.refs = 0
                 self._empty.append(s)
         if dropped:
             kept = [i for i in range(len(dst)) if i not in dropped]
             self.offload_src, self.offload_dst = [src[i] for i in kept], [dst[i] for i in kept]
             self._pinned = [s for s in self._pinned if s.key is not None]
             # (a request loading one would hold its lost ancestor's content on the device)
-            assert all(self.slots[t].key is not None for t in self.load_src), \
+            assert not {dst[i] for i in dropped}.intersection(self.load_src), \
                 "a slot withdrawn with its lost ancestor is loaded in this step"
