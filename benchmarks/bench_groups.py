@@ -26,9 +26,13 @@ What it does not show: a better hit rate for gemma3-like. Released window blocks
 free queue as cached, most recently used at release time (as vLLM's
 remove_skipped_blocks does), so the early blocks of a document's sliding groups, which a
 hit on the whole document does not need, still take cache room and outlive older
-documents' full-attention blocks; with one request at a time both tables cache the same
-documents here (28.1%). gpt-oss-like's rate rises (90.9% -> 96.5%) because its in-flight
-request holds less of the pool.
+documents' full-attention blocks: 26.3% against 28.1% here. It was 28.1% too before
+4032903, which releases a step's window blocks group by group (vLLM's order) instead of by
+position (run at 4032903^ and 4032903). A finished request's blocks go in that order too,
+but a block no hit can use any more moves ahead (groups/free_order.py): in vLLM's plain
+order the all-full rows fall to 20.7% and 86.4% (run with that order patched in).
+gpt-oss-like's rate rises (90.9% -> 96.5%) because its in-flight request holds less of the
+pool.
 """
 
 

@@ -32,7 +32,7 @@ from hypothesis.stateful import (
 )
 
 from fork_chain import fork_chain_step
-from prefixkv import AllBlocksCleared, BlockRemoved, BlockStored, ExtraKeys, PromptTooLongError
+from prefixkv import AllBlocksCleared, BlockRemoved, BlockStored, ExtraKeys, PrefixKVError, PromptTooLongError
 from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, sliding_window
 from prefixkv.groups.fit import least_blocks
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
@@ -104,8 +104,12 @@ class HybridMachine(RuleBasedStateMachine):
         return True
 
     def _snapshot(self, rid=None):
-        return (self.m.free_block_order(), self.m.stats, self.m.num_cached_blocks,
-                self.m.get_block_ids(rid) if rid is not None else None)
+        """What a refused call must leave as it was: the pool's order, stats, every live
+        request's tables and counts, and the hit of each live request's tokens."""
+        m = self.m
+        return (m.free_block_order(), m.stats, m.num_cached_blocks, m.num_free_blocks, m.group_stats(),
+                {r: (m.get_block_ids(r), m.num_tokens(r), m.num_scheduled_tokens(r),
+                     m.lookup(self.tokens[r] + [0], extra=self.extra[r])) for r in self.tokens})
 
     def _new_id(self):
         self.next_id += 1
@@ -236,9 +240,10 @@ class HybridMachine(RuleBasedStateMachine):
                 assert ids == before[r]
                 continue
             added = grown.get(r, ((),) * len(self.groups))
-            assert all(i[len(i) - len(a):] == a or spec.sparse and set(a) <= set(i)  # (a Mamba
-                       for spec, i, a in zip(self.groups, ids, added, strict=True))  # step fills
-            # the empty entry where it ends: an admission's lookahead slots)
+            for i, a, old in zip(ids, added, before[r], strict=True):  # (at the end, or a
+                # Mamba entry the step ends on, empty before: test_groups_mamba's holes)
+                new = [b for j, b in enumerate(i) if (j >= len(old) or b != old[j]) and b != self.null]
+                assert new == list(a), (r, old, i, a)
             self.tokens[r].append(t)
             self.scheduled[r] += 1
             self._write(r, self.scheduled[r] - 1, self.scheduled[r])
@@ -338,8 +343,10 @@ class HybridMachine(RuleBasedStateMachine):
         if parent not in self.tokens or self.scheduled[parent] != len(self.tokens[parent]):
             return multiple()
         child = self._new_id()
+        before = self._snapshot()
         got = self.m.fork(parent, child)
         if got is None:
+            assert self._snapshot() == before and self.m.take_kv_ops() == []
             return multiple()
         self.last = None
         self._run_copies()
@@ -351,6 +358,33 @@ class HybridMachine(RuleBasedStateMachine):
         self.start[child] = self.start[parent]
         self.taint[child] = self.taint[parent]
         return child
+
+    @rule(rid=live, call=st.sampled_from(["extend", "append", "reserve", "fork", "add", "free",
+                                          "rewind", "step", "uncache"]))
+    def refused(self, rid, call):
+        """A call refused with a typed error (bad input) changes nothing."""
+        if rid not in self.tokens:
+            return
+        m, n = self.m, self.scheduled[rid]
+        calls = {
+            "extend": lambda: m.extend(rid, len(self.tokens[rid]) - n + 1),
+            "append": lambda: m.append_tokens(rid, [1, -1]),
+            "reserve": lambda: m.reserve(rid, -1),
+            "fork": lambda: m.fork(rid, rid),
+            "add": lambda: m.add_request(rid, [1, 2, 3]),
+            "free": lambda: m.free(rid, num_computed_tokens=n + 1),
+            "rewind": lambda: m.rewind(rid, n + 1),
+            "step": lambda: m.append_step([rid, rid], [1, 2]),
+            "uncache": lambda: m.uncache_blocks([self.num_blocks]),
+        }
+        before = self._snapshot()
+        try:
+            calls[call]()
+        except PrefixKVError:
+            pass
+        else:
+            raise AssertionError(f"{call} was not refused")
+        assert self._snapshot() == before, call
 
     @rule(target=live, parent=live, depth=st.integers(1, 3), gone=st.sets(st.integers(0, 3)),
           toks=st.lists(st.integers(0, 9), max_size=4), prompt=st.none() | prompts)

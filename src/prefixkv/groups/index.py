@@ -55,6 +55,11 @@ class GroupIndex:
         """The block of group ``g`` holding ``node``'s prefix, if any."""
         return self.entries[g].get(node.pid)
 
+    def num_blocks_of(self, node: Prefix) -> int:
+        """Blocks of every group that hold ``node``'s prefix (primaries and spares)."""
+        pid = node.pid
+        return sum((pid in e) + len(t.get(pid, ())) for e, t in zip(self.entries, self.twins, strict=True))
+
     def own(self, g: int, blocks: Sequence[Block]) -> None:
         """Blocks just taken from the pool now belong to group ``g``."""
         owner = self.owner

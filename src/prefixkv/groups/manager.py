@@ -26,7 +26,8 @@ from ..events import AllBlocksCleared, Event
 from ..extra_keys import ExtraKeys
 from ..stats import PrefixCacheStats
 from .decode import GroupDecoder
-from .request import GroupRequest, tail_first
+from .free_order import free_order
+from .request import GroupRequest
 from .results import GroupBlockCopy, GroupFork, GroupStats
 from .taint import reads_lost
 
@@ -94,8 +95,11 @@ class HybridKVCacheManager(GroupDecoder):
         return GroupFork(child_id, tuple(map(tuple, self._ids(child))), tuple(copies))
 
     def free(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> None:
-        """Release a request's blocks in every group, the block ending the longest prefix
-        first; cached ones stay findable in their group until evicted.
+        """Release a request's blocks in every group; cached ones stay findable in their
+        group until evicted, which takes first those released first: vLLM's order (group
+        by group, each group's tail first), but a block no hit of the request's prefix
+        can use goes ahead as soon as it becomes so (free_order.py): however many of
+        them are evicted, every hit of its prefix that vLLM's order keeps is kept.
         ``num_computed_tokens``: as ``KVCacheManager.free`` (full blocks past it were
         never computed and become unfindable); blocks a window already released are not
         reached, so pass at least the start of the last step scheduled (what an engine
@@ -109,8 +113,12 @@ class HybridKVCacheManager(GroupDecoder):
             for t in req.tables:
                 self._index.uncache([b for b in t[first:req.num_scheduled // bs] if b is not None])
         del self._requests[request_id]
-        self._pool.release(tail_first([(j, b) for t in req.tables for j, b in enumerate(t)
-                                       if b is not None]))
+        find, nodes = self._index.find, req.nodes
+        # a longer prefix exists (a child, or another request ending here): a reference on
+        # the last node beside its blocks' and the request's own
+        longer = bool(nodes) and nodes[-1].refs > self._index.num_blocks_of(nodes[-1]) + 1
+        self._pool.release(free_order(self.groups, self.block_size, req,
+                                      lambda g, j: find(g, nodes[j]) is not None, longer))
         self._table.unhold(req.nodes[-1] if req.nodes else None)
 
     def preempt(self, request_id: Hashable, *,

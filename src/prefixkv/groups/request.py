@@ -106,10 +106,3 @@ class GroupRequest:
                                 f"was computed from {self.tainted_from} on over lost KV")
         return None
 
-
-def tail_first(placed: list[tuple[int, Block]]) -> list[Block]:
-    """Blocks given with their positions, the highest position first (groups in order
-    among equals): of blocks released together, the one ending the longest prefix is
-    evicted first."""
-    placed.sort(key=lambda p: -p[0])
-    return [b for _, b in placed]

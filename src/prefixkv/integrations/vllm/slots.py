@@ -181,22 +181,29 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
     release of the blocks no window reads any more)."""
     computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
     n, scheduled = request.num_computed_tokens, m.core.num_scheduled_tokens(key)
-    if n < scheduled or (m._hybrid and n == scheduled and num_new_tokens and m.core.reads_released(key, n)):
-        # (the second: vLLM computes what a load was to write, which failed, where the
-        # windows gave back what the query after the load would not read)
-        rewind(m, key, n)
+    # (the second: vLLM computes what a load was to write, which failed, where the
+    # windows gave back what the query after the load would not read)
+    back = n < scheduled or bool(m._hybrid and n == scheduled and num_new_tokens
+                                 and m.core.reads_released(key, n))
     if m._hybrid:
         # as vLLM, windows move at the tokens processed: steps in flight (async
         # scheduling) still read from where they start, which is before computed
         m.core.bound_release(key, max(0, computed - request.num_in_flight_tokens))
     slots = min(computed + num_new_tokens + num_lookahead_tokens, m.max_model_len)
     cache_to = request.num_computed_tokens if delay_cache_blocks else computed + num_new_tokens
+    # counted before the rewind below, which a refusal must not make (it uncaches the
+    # request's blocks past the count, whose KV may be sound: a landed load whose last
+    # token vLLM recomputes, before the recompute); the count is the same either way: the
+    # tables keep their length, and the bound above caps the release at or below the
+    # rewound position
     short = m.coordinator.short_of_blocks
     if (full_sequence_must_fit and short(key, max(slots, min(request.num_tokens, m.max_model_len)), keep)) \
             or short(key, slots, keep):
         if m._hybrid:  # as vLLM, which frees what no window reads before it counts
             m.core.release_unread(key)
         return None
+    if back:
+        rewind(m, key, n)
     return m._blocks.of(grow(m, key, request, min(cache_to, request.num_tokens), slots))
 
 
