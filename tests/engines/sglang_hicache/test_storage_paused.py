@@ -56,6 +56,7 @@ def test_a_server_paused_or_restarted_mid_batch_costs_misses_never_wrong_kv(sgl,
         for _, pool in writers:
             fill(pool, 21)                            # the same KV for the same pages
         expected = writers[0][1].kv_buffer.clone()
+        probe, _ = replica(sgl, server.url, timeout=0.3)
         readers = [replica(sgl, server.url, timeout=0.3) for _ in range(2)]
         errors: list[str] = []
         refused = [0]
@@ -94,6 +95,9 @@ def test_a_server_paused_or_restarted_mid_batch_costs_misses_never_wrong_kv(sgl,
             hits = [b.pages.hits for b, _ in readers]
             wait_until(lambda: all(b.pages.hits > h for (b, _), h in zip(readers, hits, strict=True)),
                        "hits again once the server is back")
+            # (a server started again empty holds what the writers wrote since: a hit may
+            # come before every page is written again; a backend of its own asks)
+            wait_until(lambda: probe.batch_exists(keys) == PAGES, "every page written again")
         finally:
             stop.set()
             for t in threads:
