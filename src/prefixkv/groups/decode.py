@@ -201,7 +201,8 @@ class GroupDecoder(GroupAdmitter):
                 taint(other, first)
             taint(req, num_tokens)
         if full < len(req.nodes):
-            self._index.uncache([b for t in req.tables for b in t[full:len(req.nodes)] if b is not None])
+            self._pool.emptied(self._index.uncache(
+                [b for t in req.tables for b in t[full:len(req.nodes)] if b is not None]))
             old = req.nodes[-1]
             del req.nodes[full:]
             self._table.hold(req.nodes[-1] if req.nodes else None)

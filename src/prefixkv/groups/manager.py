@@ -107,7 +107,8 @@ class HybridKVCacheManager(GroupDecoder):
             bs = self.block_size
             first = max(num_computed_tokens, req.num_cached) // bs
             for t in req.tables:
-                self._index.uncache([b for b in t[first:req.num_scheduled // bs] if b is not None])
+                self._pool.emptied(self._index.uncache(
+                    [b for b in t[first:req.num_scheduled // bs] if b is not None]))
         del self._requests[request_id]
         self._pool.release(tail_first([(j, b) for t in req.tables for j, b in enumerate(t)
                                        if b is not None]))
@@ -124,13 +125,13 @@ class HybridKVCacheManager(GroupDecoder):
     def uncache_blocks(self, block_ids: Iterable[int]) -> None:
         """As ``KVCacheManager.uncache_blocks``: make the content of these blocks
         unfindable in their group (their KV turned out invalid) while live requests hold
-        them; a block no request holds is left as it is. A windowed group may still
-        serve a longer prefix without such a block (the window has passed it): name a
-        request's blocks after it too, as vLLM does. Raises RequestError for an id outside
+        them; a block no request holds is left as it is. A prefix left in no block of a
+        group goes from every group with its descendants (``GroupIndex.uncache``), and
+        what a request fills after a block named here is never found. Raises RequestError for an id outside
         the pool, or ``block_ids`` not an iterable (nothing changes)."""
         blocks = self._pool.blocks
         ids = check_block_ids(block_ids, len(blocks))
-        self._index.uncache([blocks[i] for i in ids if blocks[i].ref_cnt > 0])
+        self._pool.emptied(self._index.uncache([blocks[i] for i in ids if blocks[i].ref_cnt > 0]))
 
     def reset_prefix_cache(self) -> bool:
         """Drop all cached content in every group, only when no request holds a block

@@ -11,6 +11,12 @@ A node lives while something refers to it: each block indexed under it (in any g
 each child node, and each live request whose last recorded block it is (so a request's
 later blocks always extend a live chain). The last reference dropped removes the node and
 drops one reference on its parent. Ids are never reused.
+
+A node whose KV turned out invalid is ``lost`` (``forget``): it leaves the table with its
+descendants, so no walk reaches them and the same tokens computed again get a new node;
+the first lost node lets go of its parent. Lost nodes live on while a block or request
+refers to them, and the nodes extending one are lost too (never entered in the table):
+what a request computes after a lost block read that block's KV.
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ from ..core.block import ContentKey
 class Prefix:
     """A node: ``pid`` (its id, > 0), ``parent`` (None for a first block), ``key`` (the
     table key: parent pid, token bytes, extra bytes), ``refs``, ``hash`` (the chain hash,
-    when events are recorded, else None)."""
+    when events are recorded, else None), ``lost`` (out of the table: ``forget``)."""
 
-    __slots__ = ("pid", "parent", "key", "refs", "hash")
+    __slots__ = ("pid", "parent", "key", "refs", "hash", "lost")
 
-    def __init__(self, pid: int, parent: Prefix | None, key: ContentKey, hash: bytes | None) -> None:
+    def __init__(self, pid: int, parent: Prefix | None, key: ContentKey, hash: bytes | None,
+                 lost: bool = False) -> None:
         self.pid, self.parent, self.key, self.refs, self.hash = pid, parent, key, 0, hash
+        self.lost = lost
 
     def __repr__(self) -> str:
         return f"Prefix(pid={self.pid}, refs={self.refs})"
@@ -62,20 +70,32 @@ class PrefixTable:
         return out
 
     def extend(self, parent: Prefix | None, chunks: Sequence[bytes], extras: Sequence[bytes],
-               hashes: Sequence[bytes] | None) -> list[Prefix]:
+               hashes: Sequence[bytes] | None, cut: bool = False) -> list[Prefix]:
         """The nodes of the blocks after ``parent`` holding ``chunks``: found, or created
-        (with ``hashes[i]`` as chain hash). A created node refers to its parent."""
+        (with ``hashes[i]`` as chain hash). A created node refers to its parent. After a
+        lost ``parent``, or with ``cut`` (the request's block of ``parent`` lost its KV
+        while the prefix stays: ``GroupIndex.cut_off``), every node is a new lost one,
+        outside the table (the first refers to no parent in the table)."""
         nodes = self._nodes
         out: list[Prefix] = []
+        lost = cut or (parent is not None and parent.lost)
         for i, (chunk, extra) in enumerate(zip(chunks, extras, strict=True)):
             key = (parent.pid if parent is not None else 0, chunk, extra)
-            node = nodes.get(key)
-            if node is None:
-                node = Prefix(self._next, parent, key, hashes[i] if hashes is not None else None)
+            h = hashes[i] if hashes is not None else None
+            if lost:
+                node = Prefix(self._next, parent if parent is not None and parent.lost else None,
+                              key, h, True)
                 self._next += 1
-                nodes[key] = node
-                if parent is not None:
-                    parent.refs += 1
+                if node.parent is not None:
+                    node.parent.refs += 1
+            else:
+                found = nodes.get(key)
+                if found is None:
+                    found = nodes[key] = Prefix(self._next, parent, key, h)
+                    self._next += 1
+                    if parent is not None:
+                        parent.refs += 1
+                node = found
             out.append(node)
             parent = node
         return out
@@ -92,8 +112,37 @@ class PrefixTable:
             assert node.refs >= 0, node
             if node.refs:
                 return
-            del self._nodes[node.key]
+            if not node.lost:
+                del self._nodes[node.key]
             node = node.parent
+
+    def forget(self, roots: Sequence[Prefix]) -> list[Prefix]:
+        """Mark ``roots`` (nodes in the table) and every node of the table descending from
+        one lost, and take them out of the table; each lost node whose parent stays lets
+        go of it (the parent may go). Returns the nodes lost, ``roots`` first, in order.
+        One pass over the table."""
+        out = list(dict.fromkeys(roots))
+        lost = dict.fromkeys([r.pid for r in out], True)
+        for node in list(self._nodes.values()):
+            path: list[Prefix] = []
+            x: Prefix | None = node
+            while x is not None and x.pid not in lost:
+                path.append(x)
+                x = x.parent
+            found = x is not None and lost[x.pid]
+            for y in path:
+                lost[y.pid] = found
+                if found:
+                    out.append(y)
+        for node in out:
+            del self._nodes[node.key]
+            node.lost = True
+        for node in out:
+            parent = node.parent
+            if parent is not None and not parent.lost:
+                node.parent = None
+                self.unhold(parent)
+        return out
 
     def clear(self) -> None:
         self._nodes.clear()
