@@ -150,3 +150,22 @@ def test_a_request_whose_block_lost_its_kv_while_a_spare_keeps_the_prefix_comput
     assert mirror.announced(0, prompt) == [True, True, True]
     m.free("b")
     m.check_invariants()
+
+
+def test_the_blocks_a_request_computed_after_a_block_that_failed_to_load_go_with_it():
+    # found by the groups state machine's fail_load rule: b's block 0 is a spare of a's
+    # (the prefix stays found); b's block 1, computed on b's block 0, stayed found
+    m, mirror = _manager()
+    m.add_request("a", [1, 2, 3, 4, 0])
+    m.add_request("b", [1, 2, 3, 4])  # no hit (the block holding its last token)
+    assert m.append_tokens("b", [0, 5, 6, 7, 8]) is not None  # b's block 1
+    (a_ids,), (b_ids,) = m.get_block_ids("a"), m.get_block_ids("b")
+    assert a_ids[0] != b_ids[0]
+    m.uncache_blocks([b_ids[0]])  # its load failed
+    m.check_invariants()
+    prompt = [1, 2, 3, 4, 0, 5, 6, 7, 0]
+    assert m.lookup(prompt) == 4  # a's block 0; before: 8 (b's block 1)
+    assert mirror.announced(0, prompt) == [True, False]
+    m.free("b")
+    m.check_invariants()
+    assert m.lookup(prompt) == 4
