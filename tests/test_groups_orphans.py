@@ -169,3 +169,31 @@ def test_the_blocks_a_request_computed_after_a_block_that_failed_to_load_go_with
     m.free("b")
     m.check_invariants()
     assert m.lookup(prompt) == 4
+
+
+def test_a_prefix_whose_only_reference_was_a_forgotten_child_stays_for_the_request_rewound_to_it():
+    # found by the groups state machine (rewind_past_released, then rewind_and_recompute):
+    # r1's tainted blocks hold no prefix, so its node before the forgotten one was held by
+    # that child alone; forget let go of it (out of the table) while r1 still listed it,
+    # and the rewind to it then held a node outside the table: KeyError in unhold
+    from test_groups_state_machine import HybridMachine
+
+    class Draws:
+        def __init__(self, *vals):
+            self.vals = list(vals)
+
+        def draw(self, strategy):
+            return self.vals.pop(0)
+
+    machine = HybridMachine()
+    machine.setup()
+    r1 = machine.add_known_prefix(0, 0)
+    r2 = machine.fork(r1)
+    machine.step(Draws([r1], [0]))
+    machine.free(r2)
+    machine.rewind_past_released(r1, 0, [0, 0])
+    machine.consistent()
+    machine.rewind_and_recompute(r1, 1)  # before: KeyError
+    machine.consistent()
+    machine.hits_hold_sound_kv()
+    machine.events_predict_lookup()
