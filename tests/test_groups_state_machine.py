@@ -38,6 +38,7 @@ from prefixkv.groups.fit import least_blocks
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
 
 BS = 4
+BAD = "KV of a failed load, or computed on it"
 PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4], [1, 2, 3, 4, 9, 9, 9, 9],
             [9, 9, 9, 9, 5, 6, 7, 8, 5, 6, 7, 8]]
 
@@ -68,6 +69,7 @@ class HybridMachine(RuleBasedStateMachine):
         self.taint: dict[str, int | None] = defaultdict(lambda: None)  # first position written over lost KV
         self.extra: dict[str, ExtraKeys | None] = {}
         self.preempted: list[tuple[list[int], ExtraKeys | None]] = []
+        self.failed: list[tuple[list[int], ExtraKeys | None]] = []  # decoded on a failed load
         self.last = None
         self.next_id = 0
 
@@ -326,6 +328,54 @@ class HybridMachine(RuleBasedStateMachine):
                 assert toks is not first
             self.last = None
 
+    @rule(rid=live, back=st.integers(1, 3), recompute=st.booleans(),
+          toks=st.lists(st.integers(0, 9), min_size=1, max_size=6))
+    def fail_load(self, rid, back, recompute, toks):
+        """A load into ``rid``'s full block ``j`` (``back`` blocks before its last full
+        one) failed: its KV there is garbage (``BAD``) and ``uncache_blocks`` names it.
+        Then the request either recomputes from ``j`` (a rewind, where every window still
+        holds what a query there reads) or decodes ``toks`` on top of it (their KV is
+        garbage too) and goes. No later hit may hand out any of it: the next admissions'
+        KV checks read what they hit, and the events must still predict ``lookup``.
+        Only where no other live request holds a block of ``rid`` from ``j`` on."""
+        if rid not in self.tokens or self.scheduled[rid] != len(self.tokens[rid]):
+            return
+        s = self.scheduled[rid]
+        j = s // BS - back
+        mine = self.m.get_block_ids(rid)
+        failed = [ids[j] for ids in mine if j >= 0 and ids[j] != self.null]
+        others = {b for r in self.tokens if r != rid for ids in self.m.get_block_ids(r) for b in ids}
+        if not failed or others & {b for ids in mine for b in ids[j:]}:
+            return
+        self.last = None
+        for b in failed:
+            self.kv[b] = [BAD] * BS
+        self.m.uncache_blocks(failed)
+        self.m.check_invariants()
+        p = j * BS
+        cuts = [ids.count(self.null) for ids in mine]
+        if recompute and self._resumable(rid, p) and all(
+                g.num_unread(p, BS) >= c for g, c in zip(self.groups, cuts, strict=True)):
+            gone = self.tokens[rid][p:]
+            self.m.rewind(rid, p)
+            self.tokens[rid] = self.tokens[rid][:p]
+            self.reserved[rid] = max(self.reserved[rid], s)
+            self.scheduled[rid] = p
+            assert self.m.append_tokens(rid, gone) is not None
+            self.tokens[rid] += gone
+            self.scheduled[rid] = s
+            self._write(rid, p, s)
+            self.last = None
+            return
+        if self.m.append_tokens(rid, toks) is not None:
+            for ids in self.m.get_block_ids(rid):
+                for pos in range(s, s + len(toks)):
+                    if ids[pos // BS] != self.null:
+                        self.kv[ids[pos // BS]][pos % BS] = BAD
+            self.failed = [*self.failed[-3:], (self.tokens[rid] + toks, self.extra[rid])]
+        self.m.free(rid)
+        self._forget(rid)
+
     @rule(rid=live, n=st.integers(0, 9))
     def reserve(self, rid, n):
         if rid not in self.tokens:
@@ -466,10 +516,11 @@ class HybridMachine(RuleBasedStateMachine):
 
     def _candidates(self):
         """Prompts a later request may bring: the known prefixes, each live and
-        preempted request's tokens, one more token each."""
+        preempted request's tokens and those decoded on a failed load, one more token
+        each."""
         out = [(p + [0], None) for p in PREFIXES]
         out += [(t + [0], self.extra[r]) for r, t in self.tokens.items()]
-        return out + [(t + [0], e) for t, e in self.preempted]
+        return out + [(t + [0], e) for t, e in self.preempted + self.failed]
 
     @invariant()
     def hits_hold_sound_kv(self):

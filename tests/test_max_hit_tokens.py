@@ -44,11 +44,13 @@ def test_one_group_bad_cap_is_refused_before_any_change(bad):
 
 def hybrid_with_a_hole() -> HybridKVCacheManager:
     """full + a window of 8 (a query at p reads p-7 .. p); "a" holds the prompt and its
-    window group's block 2 (positions 8..11) lost its content."""
+    window group's block 2 (positions 8..11) lost its content alone, as an eviction
+    takes it (``uncache_blocks`` would forget the prefix and what follows it too:
+    tests/test_groups_orphans.py)."""
     m = HybridKVCacheManager([full_attention(), sliding_window(8)], 32, 4, seed=0)
     adm = m.add_request("a", PROMPT)
     assert adm is not None
-    m.uncache_blocks([adm.group_block_ids[1][2]])
+    m._index.drop_one(m._pool.blocks[adm.group_block_ids[1][2]])
     return m
 
 

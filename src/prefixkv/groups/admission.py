@@ -336,7 +336,8 @@ class GroupAdmitter:
         last = first + len(chunks)
         sound = last if req.tainted_from is None else max(first, req.tainted_from // self.block_size)
         old = req.nodes[-1] if req.nodes else None
-        nodes = self._table.extend(old, chunks, extras, hashes)
+        cut = old is not None and not old.lost and self._index.cut_off(req.tables, first - 1)
+        nodes = self._table.extend(old, chunks, extras, hashes, cut)
         events = ([req.keys.for_event(j, self.block_size) for j in range(first, last)]
                   if self._index.hashing else None)
         ends = req.num_scheduled == last * self.block_size

@@ -196,12 +196,14 @@ class GroupDecoder(GroupAdmitter):
         full = num_tokens // self.block_size
         if reads_lost(self.groups, req, num_tokens, self.block_size):
             for other, first in sharers(req, num_tokens, self._requests.values(), self.block_size):
-                self._index.uncache([b for t in other.tables
-                                     for b in t[first // self.block_size:len(other.nodes)] if b is not None])
+                self._pool.emptied(self._index.uncache(
+                    [b for t in other.tables
+                     for b in t[first // self.block_size:len(other.nodes)] if b is not None]))
                 taint(other, first)
             taint(req, num_tokens)
         if full < len(req.nodes):
-            self._index.uncache([b for t in req.tables for b in t[full:len(req.nodes)] if b is not None])
+            self._pool.emptied(self._index.uncache(
+                [b for t in req.tables for b in t[full:len(req.nodes)] if b is not None]))
             old = req.nodes[-1]
             del req.nodes[full:]
             self._table.hold(req.nodes[-1] if req.nodes else None)

@@ -70,11 +70,12 @@ class GroupIndex:
               tokens: array[int], extras: Sequence[ExtraKeys | None], block_size: int) -> None:
         """Record that ``blocks`` (group ``g``'s blocks ``first..``) hold ``nodes``;
         ``tokens``/``extras[i]`` (ExtraKeys or None) are for the events. A block whose
-        prefix the group holds already becomes a spare of it (no event)."""
+        prefix the group holds already becomes a spare of it (no event); one of a lost
+        prefix (computed after KV found invalid) holds none."""
         entries, sink, spec, held = self.entries[g], self._sink, self.specs[g], self.nodes
         for i, (b, node) in enumerate(zip(blocks, nodes, strict=True)):
-            if b is None or held[b.block_id] is not None:
-                continue  # released (by a rewound request), or recorded already
+            if b is None or held[b.block_id] is not None or node.lost:
+                continue  # released (by a rewound request), recorded already, or lost
             held[b.block_id] = node
             b.key = node.key
             b.content_id, b.hash = node.pid, node.hash
@@ -104,11 +105,47 @@ class GroupIndex:
         """``drop((block,))``."""
         self._unindex(block)
 
-    def uncache(self, blocks: Sequence[Block]) -> None:
-        """Held ``blocks`` whose KV was never computed lose their content."""
+    def uncache(self, blocks: Sequence[Block]) -> list[Block]:
+        """Held ``blocks`` whose KV is invalid (never computed, or a failed load) lose
+        their content. A block of a prefix its group holds in another block too (a spare,
+        or a primary with a spare) is unlisted (``_unindex``: the other keeps it found);
+        the other prefixes are forgotten (``PrefixTable.forget``) with every descendant,
+        and each block of any group holding one loses its content (withdrawn). Returns
+        the free blocks that lost it (the pool moves them to its empty tier:
+        ``BlockPool.emptied``)."""
+        held, owner = self.nodes, self.owner
+        roots: list[Prefix] = []
         for b in blocks:
-            if b.key is not None:
+            node = held[b.block_id]
+            if node is None:
+                continue
+            if b.twin or self.twins[owner[b.block_id]].get(node.pid):
                 self._unindex(b)
+            else:
+                roots.append(node)
+        freed: list[Block] = []
+        for node in self.table.forget([n for n in roots if not n.lost]) if roots else ():
+            for g, entries in enumerate(self.entries):
+                for spare in self.twins[g].get(node.pid, ())[::-1]:
+                    self._unindex(spare)
+                primary = entries.get(node.pid)
+                if primary is not None:
+                    self._unindex(primary)
+                    if not primary.ref_cnt:
+                        freed.append(primary)
+        return freed
+
+    def cut_off(self, tables: Sequence[Sequence[Block | None]], j: int) -> bool:
+        """Whether a request's block ``j`` (``tables``: its block table per group) holds
+        no content in some group that keys every block it computes (not sparse): its KV
+        was found invalid (``uncache``), so what the request computes after it is lost
+        (``PrefixTable.extend``'s ``cut``)."""
+        for spec, t in zip(self.specs, tables, strict=True):
+            if not spec.sparse and 0 <= j < len(t):
+                b = t[j]
+                if b is not None and b.key is None:
+                    return True
+        return False
 
     def _unindex(self, b: Block) -> None:
         """Take ``b``'s content out of its group: a spare is unlisted; a primary with a

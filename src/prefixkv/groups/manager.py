@@ -111,7 +111,8 @@ class HybridKVCacheManager(GroupDecoder):
             bs = self.block_size
             first = max(num_computed_tokens, req.num_cached) // bs
             for t in req.tables:
-                self._index.uncache([b for b in t[first:req.num_scheduled // bs] if b is not None])
+                self._pool.emptied(self._index.uncache(
+                    [b for b in t[first:req.num_scheduled // bs] if b is not None]))
         del self._requests[request_id]
         find, nodes = self._index.find, req.nodes
         # a longer prefix exists (a child, or another request ending here): a reference on
@@ -132,13 +133,22 @@ class HybridKVCacheManager(GroupDecoder):
     def uncache_blocks(self, block_ids: Iterable[int]) -> None:
         """As ``KVCacheManager.uncache_blocks``: make the content of these blocks
         unfindable in their group (their KV turned out invalid) while live requests hold
-        them; a block no request holds is left as it is. A windowed group may still
-        serve a longer prefix without such a block (the window has passed it): name a
-        request's blocks after it too, as vLLM does. Raises RequestError for an id outside
-        the pool, or ``block_ids`` not an iterable (nothing changes)."""
+        them; a block no request holds is left as it is. Each live request holding one
+        loses the content of its full blocks after it too, in every group (computed on
+        top of it). A prefix left in no block of a group goes from every group with its
+        descendants (``GroupIndex.uncache``), and what a request fills after such a block
+        is never found. Raises RequestError for an id outside the pool, or ``block_ids``
+        not an iterable (nothing changes)."""
         blocks = self._pool.blocks
         ids = check_block_ids(block_ids, len(blocks))
-        self._index.uncache([blocks[i] for i in ids if blocks[i].ref_cnt > 0])
+        going = [blocks[i] for i in ids if blocks[i].ref_cnt > 0]
+        named = {b.block_id for b in going}
+        for req in self._requests.values() if named else ():
+            n = len(req.nodes)
+            first = min((j for t in req.tables for j, b in enumerate(t[:n])
+                         if b is not None and b.block_id in named), default=n)
+            going += [b for t in req.tables for b in t[first + 1:n] if b is not None]
+        self._pool.emptied(self._index.uncache(going))
 
     def reset_prefix_cache(self) -> bool:
         """Drop all cached content in every group, only when no request holds a block

@@ -11,6 +11,13 @@ A node lives while something refers to it: each block indexed under it (in any g
 each child node, and each live request whose last recorded block it is (so a request's
 later blocks always extend a live chain). The last reference dropped removes the node and
 drops one reference on its parent. Ids are never reused.
+
+A node whose KV turned out invalid is ``lost`` (``forget``): it leaves the table with its
+descendants, so no walk reaches them and the same tokens computed again get a new node;
+a lost node keeps its reference on its parent (counted in the parent's ``lost_kids``, as
+no child in the table names it). Lost nodes live on while a block or request
+refers to them, and the nodes extending one are lost too (never entered in the table):
+what a request computes after a lost block read that block's KV.
 """
 
 from __future__ import annotations
@@ -23,12 +30,16 @@ from ..core.block import ContentKey
 class Prefix:
     """A node: ``pid`` (its id, > 0), ``parent`` (None for a first block), ``key`` (the
     table key: parent pid, token bytes, extra bytes), ``refs``, ``hash`` (the chain hash,
-    when events are recorded, else None)."""
+    when events are recorded, else None), ``lost`` (out of the table: ``forget``),
+    ``lost_kids`` (the references lost children hold on it)."""
 
-    __slots__ = ("pid", "parent", "key", "refs", "hash")
+    __slots__ = ("pid", "parent", "key", "refs", "hash", "lost", "lost_kids")
 
-    def __init__(self, pid: int, parent: Prefix | None, key: ContentKey, hash: bytes | None) -> None:
+    def __init__(self, pid: int, parent: Prefix | None, key: ContentKey, hash: bytes | None,
+                 lost: bool = False) -> None:
         self.pid, self.parent, self.key, self.refs, self.hash = pid, parent, key, 0, hash
+        self.lost = lost
+        self.lost_kids = 0
 
     def __repr__(self) -> str:
         return f"Prefix(pid={self.pid}, refs={self.refs})"
@@ -62,20 +73,32 @@ class PrefixTable:
         return out
 
     def extend(self, parent: Prefix | None, chunks: Sequence[bytes], extras: Sequence[bytes],
-               hashes: Sequence[bytes] | None) -> list[Prefix]:
+               hashes: Sequence[bytes] | None, cut: bool = False) -> list[Prefix]:
         """The nodes of the blocks after ``parent`` holding ``chunks``: found, or created
-        (with ``hashes[i]`` as chain hash). A created node refers to its parent."""
+        (with ``hashes[i]`` as chain hash). A created node refers to its parent. After a
+        lost ``parent``, or with ``cut`` (the request's block of ``parent`` lost its KV
+        while the prefix stays: ``GroupIndex.cut_off``), every node is a new lost one,
+        outside the table."""
         nodes = self._nodes
         out: list[Prefix] = []
+        lost = cut or (parent is not None and parent.lost)
         for i, (chunk, extra) in enumerate(zip(chunks, extras, strict=True)):
             key = (parent.pid if parent is not None else 0, chunk, extra)
-            node = nodes.get(key)
-            if node is None:
-                node = Prefix(self._next, parent, key, hashes[i] if hashes is not None else None)
+            h = hashes[i] if hashes is not None else None
+            if lost:
+                node = Prefix(self._next, parent, key, h, True)
                 self._next += 1
-                nodes[key] = node
                 if parent is not None:
                     parent.refs += 1
+                    parent.lost_kids += not parent.lost
+            else:
+                found = nodes.get(key)
+                if found is None:
+                    found = nodes[key] = Prefix(self._next, parent, key, h)
+                    self._next += 1
+                    if parent is not None:
+                        parent.refs += 1
+                node = found
             out.append(node)
             parent = node
         return out
@@ -87,20 +110,52 @@ class PrefixTable:
 
     def unhold(self, node: Prefix | None) -> None:
         """Drop a reference; a node left with none goes, and so may its ancestors."""
+        kid_lost = False
         while node is not None:
             node.refs -= 1
             assert node.refs >= 0, node
+            if kid_lost and not node.lost:
+                node.lost_kids -= 1
             if node.refs:
                 return
-            del self._nodes[node.key]
+            if not node.lost:
+                del self._nodes[node.key]
+            kid_lost = node.lost
             node = node.parent
+
+    def forget(self, roots: Sequence[Prefix]) -> list[Prefix]:
+        """Mark ``roots`` (nodes in the table) and every node of the table descending from
+        one lost, and take them out of the table; each lost node whose parent stays keeps
+        its reference on it (``lost_kids``: a request may still hold that parent, or
+        rewind to it). Returns the nodes lost, ``roots`` first, in order.
+        One pass over the table."""
+        out = list(dict.fromkeys(roots))
+        lost = dict.fromkeys([r.pid for r in out], True)
+        for node in list(self._nodes.values()):
+            path: list[Prefix] = []
+            x: Prefix | None = node
+            while x is not None and x.pid not in lost:
+                path.append(x)
+                x = x.parent
+            found = x is not None and lost[x.pid]
+            for y in path:
+                lost[y.pid] = found
+                if found:
+                    out.append(y)
+        for node in out:
+            del self._nodes[node.key]
+            node.lost = True
+        for node in out:
+            if node.parent is not None and not node.parent.lost:
+                node.parent.lost_kids += 1
+        return out
 
     def clear(self) -> None:
         self._nodes.clear()
 
     def check(self, refs: dict[int, int]) -> str | None:
         """The first node whose count differs from ``refs`` (pid -> references held by
-        blocks and requests, children added here), None when sound."""
+        blocks and requests, children added here, lost ones too), None when sound."""
         want = dict(refs)
         for node in self._nodes.values():
             if node.parent is not None:
@@ -108,6 +163,8 @@ class PrefixTable:
                     return f"{node!r} has a parent that is not in the table"
                 want[node.parent.pid] = want.get(node.parent.pid, 0) + 1
         for node in self._nodes.values():
-            if node.refs != want.get(node.pid, 0) or not node.refs:
+            want[node.pid] = want.get(node.pid, 0) + node.lost_kids
+        for node in self._nodes.values():
+            if node.refs != want.get(node.pid, 0) or not node.refs or node.lost_kids < 0:
                 return f"{node!r}: {want.get(node.pid, 0)} references found"
         return None

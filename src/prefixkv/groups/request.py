@@ -10,7 +10,9 @@ group released it (no query of the request reads it any more): a prefix of the t
 ``cut[g]`` entries long, in groups whose spec releases (a ``sparse`` group, Mamba, also
 has None past its cut: the positions steps jumped over, and reserved slots).
 ``nodes[j]`` is the prefix id of full block j (every full scheduled block has one); the
-request holds a reference on the last.
+request holds a reference on the last. After a lost one (KV found invalid:
+``PrefixTable.forget``) every later one is lost, and its blocks hold no prefix, unless a
+request sharing one recomputed it (the same tokens, under a new prefix id).
 ``step_start``: where the last scheduled step began (its queries sit at and after it);
 after a ``rewind``, which undoes no release, it may lie past ``num_scheduled``.
 ``next_release``: the first step start at which some group releases a block.
@@ -96,8 +98,10 @@ class GroupRequest:
                 return (f"request {rid!r} group {g}: {cut} blocks released, but a query at "
                         f"{self.step_start} still reads block {spec.num_unread(self.step_start, bs)}")
             for j in range(cut, len(self.nodes)):
-                b = table[j]
-                if b is not None and b.key is not None and b.key is not self.nodes[j].key:
+                b, node = table[j], self.nodes[j]
+                if b is not None and b.key is not None and (  # (a lost prefix's block, which
+                        b.key[1:] != node.key[1:] if node.lost  # a sharer recomputed: the
+                        else b.key is not node.key):  # same tokens under a new prefix)
                     return f"request {rid!r} group {g}: block {j} holds another prefix"
             if self.tainted_from is not None:
                 for j in range(self.tainted_from // bs, len(self.nodes)):
