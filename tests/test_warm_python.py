@@ -146,7 +146,7 @@ def _children(pid: int) -> list[int]:
             with open(f"/proc/{entry}/stat") as f:
                 if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
                     out.append(int(entry))
-        except FileNotFoundError:  # it exited meanwhile
+        except (FileNotFoundError, ProcessLookupError):  # it exited meanwhile
             pass
     return out
 
@@ -155,7 +155,7 @@ def _running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or the read
         return False
 
 
