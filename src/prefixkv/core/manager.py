@@ -200,11 +200,18 @@ class KVCacheManager(StepOutputs):
         block computed on top of them are dropped. A content that leaves the index so
         takes the cached blocks recorded under it along (and theirs: withdrawn, free ones
         empty), and blocks its request fills after it are not findable until ``rewind``
-        recomputes them. Raises RequestError for an id outside
+        recomputes them. Each live request holding one loses the content of its full
+        blocks after it too (computed on top of it), also when another block keeps the
+        named one's content findable (a spare). Raises RequestError for an id outside
         the pool, or ``block_ids`` not an iterable (nothing changes)."""
         blocks = self._pool.blocks
         ids = check_block_ids(block_ids, len(blocks))
         held = [blocks[i] for i in ids if blocks[i].ref_cnt > 0]
+        named = {id(b) for b in held}
+        for req in self._requests.values() if named else ():  # (computed on top of them)
+            full = req.num_scheduled // self.block_size
+            first = next((j for j, b in enumerate(req.blocks[:full]) if id(b) in named), full)
+            held += req.blocks[first + 1:full]
         landing = getattr(self._index, "landing", None)
         if landing:  # (blocks a store fetch fills: no findable content yet, as a free block)
             apart = {id(b) for run in landing.values() for b in run}
