@@ -192,3 +192,56 @@ def test_with_a_host_tier_no_hit_reads_a_block_computed_on_top_of_a_failed_load(
     adm = m.add_request("b", PROMPT)
     assert adm.num_cached_tokens == 8  # before: 12, a hit on a's block 2
     m.check_invariants()
+
+
+@pytest.mark.parametrize("host_blocks", [0, 6])
+def test_the_blocks_a_request_computed_after_a_failed_spare_go_with_it(host_blocks):
+    # as the groups' test_the_blocks_a_request_computed_after_a_block_that_failed_to_load_
+    # go_with_it: b's block 0 is a spare of a's (the content stays found through a's); b's
+    # block 1, recorded before the failure and computed on it, stayed found
+    m = KVCacheManager(16, BS, hash_mode="sha256", enable_events=True, host_blocks=host_blocks)
+    mirror = Mirror(m, "sha256", None)
+    m.add_request("a", [1, 2, 3, 4, 0])
+    m.add_request("b", [1, 2, 3, 4])  # no hit (the block holding its last token)
+    m.append_tokens("b", [0, 5, 6, 7, 8])  # b's block 1
+    assert (m.get_block_ids("a"), m.get_block_ids("b")) == ((0, 1), (2, 3, 4))
+    m.take_kv_ops()
+    m.uncache_blocks([2])  # the load into b's block 0 failed
+    m.take_kv_ops()
+    m.check_invariants()
+    prompt = [1, 2, 3, 4, 0, 5, 6, 7, 0]
+    assert _announced(mirror, prompt) == [True, False]  # before: [True, True]
+    assert _predicted(mirror, prompt) == m.lookup(prompt) == 4  # a's block 0; before: 8
+    m.free("b")
+    m.take_kv_ops()
+    m.check_invariants()
+    assert _predicted(mirror, prompt) == m.lookup(prompt) == 4
+    assert m.add_request("c", prompt).num_cached_tokens == 4  # before: 8, b's block 1
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("host_blocks", [0, 6])
+def test_a_request_that_hit_a_block_computed_on_a_failed_spare_loses_its_later_blocks(host_blocks):
+    # c hit b's block 1 (computed on b's failed spare) and computed its block 2 on it; d's
+    # block 1 (computed on a's sound block 0) keeps that content found: c's block 2 stayed
+    m = KVCacheManager(32, BS, hash_mode="sha256", enable_events=True, host_blocks=host_blocks)
+    mirror = Mirror(m, "sha256", None)
+    m.add_request("a", [1, 2, 3, 4, 0])
+    m.add_request("b", [1, 2, 3, 4])  # no hit: b's block 0 is a spare of a's
+    m.append_tokens("b", [0, 5, 6, 7, 8])  # b's block 1
+    assert m.add_request("c", [1, 2, 3, 4, 0, 5, 6, 7, 9, 9, 9, 9, 1]).num_cached_tokens == 8
+    m.add_request("d", [1, 2, 3, 4, 0, 5, 6, 7])  # its block 1: a spare of b's, sound
+    assert [m.get_block_ids(r) for r in "abcd"] == [(0, 1), (2, 3, 4), (0, 3, 5, 6), (0, 7)]
+    m.take_kv_ops()
+    m.uncache_blocks([2])  # the load into b's block 0 failed
+    m.take_kv_ops()
+    m.check_invariants()
+    prompt = [1, 2, 3, 4, 0, 5, 6, 7, 9, 9, 9, 9, 0]
+    assert _announced(mirror, prompt) == [True, True, False]  # before: c's block 2 too
+    assert _predicted(mirror, prompt) == m.lookup(prompt) == 8  # d's block 1; before: 12
+    m.free("b")
+    m.free("c")
+    m.take_kv_ops()
+    m.check_invariants()
+    assert m.add_request("e", prompt).num_cached_tokens == 8  # before: 12, c's block 2
+    m.check_invariants()

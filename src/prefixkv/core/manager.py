@@ -19,6 +19,7 @@ from ..extra_keys import ExtraKeys
 from ..results import Fork, SharedPrefix
 from .block import Block
 from .prompt import Prompt, prepare_prompt
+from .request import computed_on
 from .sharing import shared_prefixes
 from .step_outputs import StepOutputs
 
@@ -200,11 +201,16 @@ class KVCacheManager(StepOutputs):
         block computed on top of them are dropped. A content that leaves the index so
         takes the cached blocks recorded under it along (and theirs: withdrawn, free ones
         empty), and blocks its request fills after it are not findable until ``rewind``
-        recomputes them. Raises RequestError for an id outside
+        recomputes them. Each live request holding one loses the content of its full
+        blocks after it too (computed on top of it), also when another block keeps the
+        named one's content findable (a spare), and so on for a request holding one of
+        those. Raises RequestError for an id outside
         the pool, or ``block_ids`` not an iterable (nothing changes)."""
         blocks = self._pool.blocks
         ids = check_block_ids(block_ids, len(blocks))
         held = [blocks[i] for i in ids if blocks[i].ref_cnt > 0]
+        if held:  # (and the blocks live requests computed on top of them)
+            held = computed_on(self._requests.values(), held, self.block_size)
         landing = getattr(self._index, "landing", None)
         if landing:  # (blocks a store fetch fills: no findable content yet, as a free block)
             apart = {id(b) for run in landing.values() for b in run}
