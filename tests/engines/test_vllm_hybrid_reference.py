@@ -90,6 +90,19 @@ def test_on_hybrid_models_they_agree_on_hits_and_on_the_blocks_windows_free(grou
         _step(sides, op, slot, k, prompt, more, serial)
 
 
+def _replay_chunked_window(ops: list[Any], extra_blocks: int) -> list[Any]:
+    """The two sides after ``ops`` on chunked12+window6 (a step begins as in the random
+    stream), with ``extra_blocks`` past what the longest requests need."""
+    specs = HYBRIDS["chunked12+window6"]()
+    sides = _managers(len(specs) * MAX_LEN // BS + extra_blocks, specs)
+    for serial, (op, slot, k, prompt, more) in enumerate(ops):
+        if k % 4 == 0:
+            for s in sides:
+                s.m.new_step_starts()
+        _step(sides, op, slot, k, prompt, more, serial)
+    return sides
+
+
 def _step(sides: list[Any], op: str, slot: int, k: int, prompt: Any, more: int, serial: int) -> None:
     if op == "step" and _reads_released(sides[1], slot):
         # vLLM's step reads its null block where a window released what it reads (a
@@ -508,13 +521,7 @@ def test_blocks_a_step_releases_in_several_groups_are_evicted_in_vllms_order():
            ("step", 0, 4, ([7], n, n, n), 0), ("admit", 0, 1, ([7], n, n, n), 0),
            ("step", 0, 1, ([7], n, n, n), 3), ("step", 1, 1, ([7], n, n, n), 0),
            ("step", 1, 1, ([7], n, n, n), 0)]
-    specs = HYBRIDS["chunked12+window6"]()
-    sides = _managers(len(specs) * MAX_LEN // BS + 3, specs)
-    for serial, (op, slot, k, prompt, more) in enumerate(ops):
-        if k % 4 == 0:  # (as the random stream: a step begins)
-            for s in sides:
-                s.m.new_step_starts()
-        _step(sides, op, slot, k, prompt, more, serial)
+    sides = _replay_chunked_window(ops, 3)
     assert sides[0].evicted and sides[1].evicted  # (the case holds: both evicted)
 
 
@@ -598,11 +605,5 @@ def test_the_random_streams_case_of_a_finished_requests_free_order():
         ("step", 2, 6, ([7], n, n, n), 0), ("step", 3, 9, ([7], n, n, n), 2),
         ("free", 0, 1, ([7], n, n, n), 0), ("free", 2, 1, ([7], n, n, n), 0),
         ("admit", 0, 9, ([0] * 9, n, n, n), 0)]
-    specs = HYBRIDS["chunked12+window6"]()
-    sides = _managers(len(specs) * MAX_LEN // BS + 2, specs)
-    for serial, (op, slot, k, prompt, more) in enumerate(ops):
-        if k % 4 == 0:  # (as the random stream: a step begins)
-            for s in sides:
-                s.m.new_step_starts()
-        _step(sides, op, slot, k, prompt, more, serial)
+    sides = _replay_chunked_window(ops, 2)
     assert sides[0].evicted and sides[1].evicted  # (the case holds: both evicted)
