@@ -1,0 +1,149 @@
+"""FlashAttention-3's ping-pong schedule in Gluon, compiled for sm_90a (issue 27 item 2; a probe).
+
+Not part of the library: a second prefill kernel (``gluon_pingpong_kernel.py``), written to
+see whether the schedule that Triton's language cannot emit (two consumer warpgroups taking
+turns on the tensor cores, a wgmma wait on one of two groups) can be stated in Gluon on
+triton 3.6-3.9, and what the serial static model makes of its SASS
+(``kernel_pingpong.py``: ``kernel_timing.py``'s rules, two warpgroups replayed side by
+side). Gluon has no interpreter, so only a GPU can check its results
+(``tests/kernels/test_gluon_pingpong.py``; ``--time`` here).
+
+Compile and model (no GPU; one triton version a run, ``PYTHONPATH=<that triton>`` for
+another); check and time on a GPU::
+
+    python benchmarks/gluon_pingpong.py [--layout dense|paged|both] [--block-n 32] [--stages 4] [--out F.json]
+    python benchmarks/gluon_pingpong.py --time [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from gluon_pingpong_kernel import BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, WG_ROWS, attn_pingpong, launch_args, run
+
+
+def compile_pingpong(layout: str, *, block_n: int = BLOCK_N, stages: int = STAGES, page: int = 16):
+    """AOT-compile the kernel for sm_90a on meta tensors (no GPU): ``(CompiledKernel, ptxas log)``."""
+    import torch
+
+    from kernel_static import compile_launch
+
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    n_keys, kv_heads = 4096, 8
+    q = torch.empty(kv_heads * BLOCK_M * 8, HEAD_DIM, **meta)
+    if layout == "dense":
+        k = torch.empty(kv_heads * n_keys, HEAD_DIM, **meta)
+    else:
+        k = torch.empty(n_keys // page, page, kv_heads, HEAD_DIM, **meta)
+    table = torch.empty(n_keys // page, dtype=torch.int32, device="meta")
+    _, args, kwargs = launch_args(q, k, k, torch.empty_like(q), table, kv_heads=kv_heads, batch=1,
+                                  n_keys=n_keys, sm_scale=0.088, page=page if layout == "paged" else None,
+                                  block_n=block_n, stages=stages)
+    return compile_launch(attn_pingpong, args, kwargs)
+
+
+def dense_kv(cache, block_table, kv_heads: int):
+    """A paged cache ``[num_blocks, page, kv_heads, D]`` read through ``block_table``
+    ``[batch, pages]`` as the dense ``[batch * kv_heads * keys, D]`` rows of the kernel."""
+    batch, pages = block_table.shape
+    kv = cache[block_table.long()]  # [batch, pages, page, kv_heads, D]
+    return kv.permute(0, 3, 1, 2, 4).reshape(batch * kv_heads * pages * cache.shape[1], cache.shape[-1])
+
+
+def reference(q, k, v, *, kv_heads: int, batch: int, n_keys: int, sm_scale: float):
+    """Every query row attends all ``n_keys`` keys of its request and KV head (fp32)."""
+    seqs = batch * kv_heads
+    qf, kf, vf = (t.float().view(seqs, -1, t.shape[-1]) for t in (q, k, v))
+    p = (qf @ kf.transpose(1, 2) * sm_scale).softmax(-1)
+    return (p @ vf).reshape(q.shape)
+
+
+def problem(torch, *, batch: int, kv_heads: int, n_keys: int, rows: int, page: int | None, seed: int = 0):
+    """Random bf16 Q (``rows`` a KV head), K/V (dense, or paged with shuffled block ids)
+    and the block table, on CUDA."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(batch * kv_heads * rows, HEAD_DIM, generator=gen, **bf)
+    if page is None:
+        kv = [torch.randn(batch * kv_heads * n_keys, HEAD_DIM, generator=gen, **bf) for _ in range(2)]
+        table = torch.zeros(batch, 1, dtype=torch.int32, device="cuda")
+    else:
+        blocks = batch * n_keys // page
+        kv = [torch.randn(blocks, page, kv_heads, HEAD_DIM, generator=gen, **bf) for _ in range(2)]
+        table = torch.randperm(blocks, generator=gen, device="cuda").to(torch.int32).view(batch, -1)
+    return q, kv[0], kv[1], table
+
+
+def time_goal_shape() -> list[dict]:
+    """On a GPU: the goal shape's cached-prefix attention (8 requests x 8 KV heads, 2048
+    positions x 4 query heads against 8192 cached keys, no mask), dense and paged: error
+    against the fp32 reference and TFLOP/s (``triton.testing.do_bench``)."""
+    import torch
+    import triton
+
+    shape = dict(batch=8, kv_heads=8, n_keys=8192)
+    rows, sm_scale, out = 2048 * 4, HEAD_DIM ** -0.5, []
+    for page in (None, 16):
+        q, k, v, table = problem(torch, rows=rows, page=page, **shape)
+        dense = (k, v) if page is None else (dense_kv(k, table, 8), dense_kv(v, table, 8))
+        kw = dict(shape, sm_scale=sm_scale, page=page)
+        want = reference(q, *dense, sm_scale=sm_scale, **shape)
+        err = (run(q, k, v, table, **kw).float() - want).abs().max()
+        ms = triton.testing.do_bench(lambda: run(q, k, v, table, **kw))  # noqa: B023
+        flops = 4 * q.shape[0] * shape["n_keys"] * HEAD_DIM
+        out.append(dict(layout="dense" if page is None else f"paged {page}", max_abs_err=float(err), ms=ms,
+                        tflops=round(flops / ms / 1e9, 1)))
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layout", choices=("dense", "paged", "both"), default="both")
+    p.add_argument("--stages", type=int, default=STAGES)
+    p.add_argument("--block-n", type=int, default=BLOCK_N)
+    p.add_argument("--out", type=Path, help="write the rows as JSON here")
+    p.add_argument("--time", action="store_true", help="on a GPU: check and time the goal shape instead")
+    p.add_argument("--dump", type=Path, help="write each compile's ttgir/ptx/sass here")
+    opts = p.parse_args(argv)
+    import triton
+
+    if opts.time:
+        rows = time_goal_shape()
+        if opts.out:
+            opts.out.write_text(json.dumps(rows, indent=2) + "\n")
+        return 0
+    from kernel_pingpong import innermost, pingpong_clocks, producer_loop
+    from kernel_static import disassemble, loops, parse_ptxas
+
+    rows = []
+    for layout in ("dense", "paged") if opts.layout == "both" else (opts.layout,):
+        kernel, log = compile_pingpong(layout, block_n=opts.block_n, stages=opts.stages)
+        res = parse_ptxas(log)
+        sass = disassemble(kernel.asm["cubin"])
+        bodies = innermost(loops(sass))
+        res["loops"] = [len(b) for b in bodies]
+        res["model"] = pingpong_clocks(bodies, rows=WG_ROWS, block_n=opts.block_n, dim=HEAD_DIM,
+                                       stages=opts.stages, tile_bytes=2 * opts.block_n * HEAD_DIM * 2,
+                                       producer=producer_loop(sass))
+        res["producer_instructions"] = len(producer_loop(sass))
+        rows.append(dict(triton=triton.__version__, layout=layout, block_n=opts.block_n, stages=opts.stages,
+                         shared=kernel.metadata.shared, **res))
+        print(json.dumps(rows[-1]))
+        if opts.dump:
+            opts.dump.mkdir(parents=True, exist_ok=True)
+            stem = opts.dump / f"{layout}-n{opts.block_n}-s{opts.stages}-{triton.__version__}"
+            for ext in ("ttgir", "ptx"):
+                Path(f"{stem}.{ext}").write_text(kernel.asm[ext])
+            Path(f"{stem}.sass").write_text(sass)
+            Path(f"{stem}.ptxas.log").write_text(log)
+    if opts.out:
+        opts.out.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

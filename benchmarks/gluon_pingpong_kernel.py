@@ -1,0 +1,229 @@
+"""The Gluon kernel of ``gluon_pingpong.py`` and its launch (a probe; see that module).
+
+FlashAttention-3's ping-pong schedule, sm_90a: 256 query rows a CTA, head_dim 128, bf16,
+``TILE``-key tiles in a ring of ``NB`` shared-memory buffers. Three partitions:
+
+- the producer (1 warp): Q once, then each key tile's K and V by TMA (dense: one copy a
+  tile; paged: one copy a page, its block id read from the block table);
+- two consumers (a warpgroup each, 128 rows each): pass j issues QK^T(j) and PV(j-1) as
+  two wgmma groups, waits for the first alone (``warpgroup_mma_wait(1)``), takes the
+  softmax of tile j across PV(j-1), then waits for PV(j-1) and rescales the accumulator.
+  The two warpgroups take turns to issue their MMAs (``turn`` mbarriers), so one's
+  softmax runs while the other's MMAs hold the tensor cores.
+
+No mask: every query row attends every key of its request and KV head (the goal shape's
+cached-prefix loop). Imported, it clears ``TRITON_INTERPRET`` (Gluon has no interpreter).
+"""
+
+from __future__ import annotations
+
+import os
+
+HEAD_DIM, BLOCK_N, WG_ROWS, STAGES = 128, 32, 128, 4
+BLOCK_M = 2 * WG_ROWS  # two consumer warpgroups
+
+os.environ.pop("TRITON_INTERPRET", None)  # Gluon has no interpreter: before triton is imported
+
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# The TMA load's name moved: async_copy_global_to_shared (3.6-3.8), async_load (3.9, the old
+# name raises).
+tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, row0, kv_row0, kv_head,
+              n_tiles):
+    q_bar, k_ready, v_ready, empty, turn = bars
+    NB: gl.constexpr = k_bufs.type.shape[0]
+    TILE: gl.constexpr = k_bufs.type.shape[1]
+    D: gl.constexpr = k_bufs.type.shape[2]
+    # paged: a box is one page of one KV head (constexprs do not reach a worker partition as
+    # such: its arguments arrive as values, so the page size comes from the descriptor)
+    PAGE: gl.constexpr = k_desc.block_type.shape[0]
+    PAGED: gl.constexpr = PAGE < TILE
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma_load(q_desc, [row0, 0], q_bar, q_smem.index(0))
+    tma_load(q_desc, [row0 + q_desc.block_type.shape[0], 0], q_bar, q_smem.index(1))
+    for j in range(n_tiles):
+        s = j % NB
+        mbarrier.wait(empty.index(s), ((j // NB) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(s), TILE * D * 2)
+        mbarrier.expect(v_ready.index(s), TILE * D * 2)
+        if PAGED:  # the cache as [num_blocks * PAGE, kv_heads * D]: a page of a head is a box
+            for p in gl.static_range(TILE // PAGE):
+                at = [gl.load(block_table + j * (TILE // PAGE) + p) * PAGE, kv_head * D]
+                tma_load(k_desc, at, k_ready.index(s), k_bufs.index(s).slice(p * PAGE, PAGE))
+                tma_load(v_desc, at, v_ready.index(s), v_bufs.index(s).slice(p * PAGE, PAGE))
+        else:
+            tma_load(k_desc, [kv_row0 + j * TILE, 0], k_ready.index(s), k_bufs.index(s))
+            tma_load(v_desc, [kv_row0 + j * TILE, 0], v_ready.index(s), v_bufs.index(s))
+
+
+@gluon.jit
+def _softmax(sc, m_i, l_i, qk_scale):
+    sc = sc * qk_scale
+    m_new = gl.maximum(m_i, gl.max(sc, 1))
+    p = gl.exp2(sc - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    return p, m_new, l_i * alpha + gl.sum(p, 1), alpha
+
+
+@gluon.jit
+def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_tiles, qk_scale):
+    q_bar, k_ready, v_ready, empty, turn = bars
+    NB: gl.constexpr = k_bufs.type.shape[0]
+    TILE: gl.constexpr = k_bufs.type.shape[1]
+    D: gl.constexpr = k_bufs.type.shape[2]
+    ROWS: gl.constexpr = q_smem.type.shape[1]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, TILE, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    q = q_smem.index(wg)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, rows_s)
+    l_i = gl.full([ROWS], 0.0, gl.float32, rows_s)
+    acc = gl.zeros([ROWS, D], gl.float32, o_layout)
+    zero_s = gl.zeros([ROWS, TILE], gl.float32, s_layout)
+    mbarrier.wait(q_bar, 0)
+    # tile 0: QK^T alone
+    mbarrier.wait(k_ready.index(0), 0)
+    mbarrier.wait(turn.index(wg), 1 - wg)
+    qk = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    mbarrier.arrive(turn.index(1 - wg), count=1)
+    sc = warpgroup_mma_wait(0, deps=[qk])
+    pj, m_i, l_i, alpha = _softmax(sc, m_i, l_i, qk_scale)
+    p = gl.convert_layout(pj.to(gl.bfloat16), p_layout)
+    for j in range(1, n_tiles):
+        s = j % NB
+        prev = (j + NB - 1) % NB
+        mbarrier.wait(k_ready.index(s), (j // NB) & 1)
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // NB) & 1)
+        mbarrier.wait(turn.index(wg), (j & 1) ^ (1 - wg))  # my turn on the tensor cores
+        qk = warpgroup_mma(q, k_bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p, v_bufs.index(prev), acc, is_async=True)  # PV(j-1): a second group
+        mbarrier.arrive(turn.index(1 - wg), count=1)  # the other warpgroup's turn
+        sc = warpgroup_mma_wait(1, deps=[qk])  # QK^T(j) done; PV(j-1) may run on
+        pj, m_i, l_i, alpha = _softmax(sc, m_i, l_i, qk_scale)
+        acc = warpgroup_mma_wait(0, deps=[acc])  # PV(j-1) done: its K/V buffers may go
+        mbarrier.arrive(empty.index(prev), count=1)
+        acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
+        p = gl.convert_layout(pj.to(gl.bfloat16), p_layout)
+    last = (n_tiles + NB - 1) % NB
+    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // NB) & 1)
+    acc = warpgroup_mma(p, v_bufs.index(last), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    mbarrier.arrive(empty.index(last), count=1)
+    out = acc / gl.convert_layout(l_i, rows_o)[:, None]
+    r = row0 + wg * ROWS + gl.arange(0, ROWS, rows_o)
+    c = gl.arange(0, D, gl.SliceLayout(0, o_layout))
+    gl.store(o_ptr + r[:, None] * D + c[None, :], out.to(gl.bfloat16))
+
+
+@gluon.jit
+def _consumer0(q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_tiles, qk_scale):
+    _consumer(0, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_tiles, qk_scale)
+
+
+@gluon.jit
+def _consumer1(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, o_ptr, row0, kv_row0,
+               kv_head, n_tiles, qk_scale):
+    _consumer(1, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_tiles, qk_scale)
+
+
+@gluon.jit
+def _producer_w(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, o_ptr, row0, kv_row0,
+                kv_head, n_tiles, qk_scale):
+    _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, row0, kv_row0, kv_head,
+              n_tiles)
+
+
+@gluon.jit
+def attn_pingpong(q_desc, k_desc, v_desc, o_ptr, block_table, n_keys, qk_scale,
+                  TILE: gl.constexpr, NB: gl.constexpr):
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    # grid (query tiles, KV heads, requests): Q/O rows [request, KV head, row], dense K/V rows
+    # [request, KV head, key], the paged block table [request, n_keys // page]
+    kv_head = gl.program_id(1)
+    seq = gl.program_id(2) * gl.num_programs(1) + kv_head
+    row0 = (seq * gl.num_programs(0) + gl.program_id(0)) * 2 * ROWS
+    kv_row0 = seq * n_keys
+    n_tiles = n_keys // TILE
+    block_table += gl.program_id(2) * (n_keys // k_desc.block_type.shape[0])
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS, D], q_desc.layout)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, D], gl.bfloat16)
+    k_bufs = gl.allocate_shared_memory(gl.bfloat16, [NB, TILE, D], kv_layout)
+    v_bufs = gl.allocate_shared_memory(gl.bfloat16, [NB, TILE, D], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(NB):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both consumers release a buffer
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    fence_async_shared()
+    bars = (q_bar, k_ready, v_ready, empty, turn)
+    args = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, o_ptr, row0, kv_row0,
+            kv_head, n_tiles, qk_scale)
+    gl.warp_specialize([
+        (_consumer0, (q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_tiles, qk_scale)),
+        (_consumer1, args),
+        (_producer_w, args),
+    ], [4, 1], [240, 24])
+
+
+def descriptors(q, k, v, page: int | None = None, block_n: int = BLOCK_N):
+    """Host TMA descriptors: Q ``[rows, D]`` (rows: [request, KV head, query position x the
+    query heads of that KV head], arranged ahead); K/V dense ``[rows, D]`` (rows: [request,
+    KV head, key]), or paged (``page``: the block size): prefixkv's ``[num_blocks,
+    block_size, kv_heads, D]`` cache seen as ``[num_blocks * block_size, kv_heads * D]``, a
+    box ``[block_size, D]``: one page of one KV head at ``[block * block_size, kv_head * D]``."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    def desc(t, rows, box):
+        lay = gl.NVMMASharedLayout.get_default_for(box, gl.bfloat16)
+        return TensorDescriptor(t, [rows, t.shape[-1] * (t.shape[2] if t.dim() == 4 else 1)],
+                                [t.shape[-1] * (t.shape[2] if t.dim() == 4 else 1), 1], box, lay)
+
+    q_desc = desc(q, q.shape[0], [WG_ROWS, HEAD_DIM])
+    if page is None:
+        return q_desc, desc(k, k.shape[0], [block_n, HEAD_DIM]), desc(v, v.shape[0], [block_n, HEAD_DIM])
+    rows = k.shape[0] * k.shape[1]
+    return q_desc, desc(k, rows, [page, HEAD_DIM]), desc(v, rows, [page, HEAD_DIM])
+
+
+def launch_args(q, k, v, o, block_table, *, kv_heads: int, batch: int, n_keys: int, sm_scale: float,
+                page: int | None = None, block_n: int = BLOCK_N, stages: int = STAGES):
+    """``(grid, args, kwargs)`` of one launch; ``q``/``o``: ``[batch * kv_heads * R, D]``
+    with R a multiple of ``BLOCK_M``; ``block_table``: ``[batch, n_keys // page]`` int32."""
+    if n_keys % block_n or q.shape[0] % (batch * kv_heads * BLOCK_M):
+        raise ValueError(f"n_keys must be a multiple of {block_n} and the rows of a KV head of {BLOCK_M}")
+    grid = (q.shape[0] // (batch * kv_heads * BLOCK_M), kv_heads, batch)
+    args = (*descriptors(q, k, v, page, block_n), o, block_table, n_keys, sm_scale * 1.4426950408889634)
+    return grid, args, dict(TILE=block_n, NB=stages, num_warps=4, maxnreg=168)
+
+
+def run(q, k, v, table, **kw):
+    """Launch the kernel (CUDA, sm_90): the output ``[rows, D]``."""
+    o = q.new_empty(q.shape)
+    grid, args, kwargs = launch_args(q, k, v, o, table, **kw)
+    attn_pingpong[grid](*args[:3], o, *args[4:], **kwargs)
+    return o
