@@ -118,6 +118,7 @@ def main(argv=None) -> int:
         return 0
     from kernel_pingpong import innermost, pingpong_clocks, producer_loop
     from kernel_static import disassemble, loops, parse_ptxas
+    from kernel_timing import decode, tile_clocks
 
     rows = []
     for layout in ("dense", "paged") if opts.layout == "both" else (opts.layout,):
@@ -126,10 +127,21 @@ def main(argv=None) -> int:
         sass = disassemble(kernel.asm["cubin"])
         bodies = innermost(loops(sass))
         res["loops"] = [len(b) for b in bodies]
-        res["model"] = pingpong_clocks(bodies, rows=WG_ROWS, block_n=opts.block_n, dim=HEAD_DIM,
-                                       stages=opts.stages, tile_bytes=2 * opts.block_n * HEAD_DIM * 2,
-                                       producer=producer_loop(sass))
+        shape = dict(rows=WG_ROWS, block_n=opts.block_n, dim=HEAD_DIM, stages=opts.stages,
+                     tile_bytes=2 * opts.block_n * HEAD_DIM * 2, producer=producer_loop(sass))
+        res["model"] = pingpong_clocks(bodies, **shape)
+        # the model with every instruction holding the schedulers longer (no latencies in it)
+        res["issue_scale"] = {x: pingpong_clocks(bodies, **shape, issue_scale=x)["peak_fraction"]
+                              for x in (1.05, 1.1, 1.2)}
         res["producer_instructions"] = len(producer_loop(sass))
+        # the wgmma waits of each consumer loop (N of WARPGROUP.DEPBAR.LE gsb0, N), and one
+        # consumer loop under kernel_timing's one-loop model: alone (its own overlap only),
+        # and as that model credits two independent CTAs (each filling the other's waits)
+        res["group_waits"] = [[op.max_groups for op in map(decode, (i.text for i in b))
+                               if op.kind == "group_wait"] for b in bodies]
+        one = dict(block_m=WG_ROWS, block_n=opts.block_n, dim=HEAD_DIM, num_warps=4, mma="wgmma")
+        res["one_warpgroup"] = {c: tile_clocks(bodies[0], **one, ctas_per_sm=c)["peak_fraction"]
+                                for c in (1, 2)}
         rows.append(dict(triton=triton.__version__, layout=layout, block_n=opts.block_n, stages=opts.stages,
                          shared=kernel.metadata.shared, **res))
         print(json.dumps(rows[-1]))

@@ -70,9 +70,10 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table,
 
 @gluon.jit
 def _softmax(sc, m_i, l_i, qk_scale):
-    sc = sc * qk_scale
-    m_new = gl.maximum(m_i, gl.max(sc, 1))
-    p = gl.exp2(sc - m_new[:, None])
+    """Online softmax of a score tile: the row maxima kept scaled, so the scale and the
+    max's subtraction are one FFMA a score."""
+    m_new = gl.maximum(m_i, gl.max(sc, 1) * qk_scale)
+    p = gl.exp2(sc * qk_scale - m_new[:, None])
     alpha = gl.exp2(m_i - m_new)
     return p, m_new, l_i * alpha + gl.sum(p, 1), alpha
 

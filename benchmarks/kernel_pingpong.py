@@ -92,6 +92,8 @@ def roles(bodies: Sequence[Sequence[Instr]]) -> dict[int, str]:
     waits, arrives = [named(b, "wait") for b in bodies], [named(b, "arrive") for b in bodies]
     out = {}
     for b in set().union(*waits, *arrives):
+        if any(b in w and b in a for w, a in zip(waits, arrives, strict=True)):
+            raise ValueError(f"barrier {b:#x} is waited on and arrived on by one loop: not a ping-pong")
         if any(b in waits[k] and b in arrives[1 - k] for k in (0, 1)):
             out[b] = "turn"
         elif not any(b in a for a in arrives):
@@ -99,7 +101,7 @@ def roles(bodies: Sequence[Sequence[Instr]]) -> dict[int, str]:
         elif not any(b in w for w in waits):
             out[b] = "release"
         else:
-            raise ValueError(f"barrier {b:#x} is waited on and arrived on by one loop: not a ping-pong")
+            raise ValueError(f"barrier {b:#x} is waited on by both loops, arrived on by one: not a ping-pong")
     return out
 
 
@@ -117,20 +119,23 @@ class _Stream:
 
 
 def pingpong_clocks(bodies: Sequence[Sequence[Instr]], *, rows: int, block_n: int, dim: int, stages: int,
-                    tile_bytes: int, producer: Sequence[Instr] = (), passes: int = PASSES) -> dict:
+                    tile_bytes: int, producer: Sequence[Instr] = (), issue_scale: float = 1.0,
+                    passes: int = PASSES) -> dict:
     """Clocks of one key tile (both warpgroups) under the model above, and what bounds them.
 
     ``bodies``: the two consumer loops (first: the one whose turn comes first); ``rows``:
     query rows of one warpgroup; ``tile_bytes``: K and V bytes of one key tile; ``producer``:
     the producer's loop (one warp: its instructions add a quarter clock each to the issue
-    unit, not to the replay). ``units["smem"]`` (HGMMA operand bytes at
-    ``SMEM_BYTES_PER_CLOCK``) is reported beside the model, and ``peak_fraction_with_smem``
-    takes it as one more unit."""
+    unit, not to the replay). ``smem`` (the HGMMA operands read from shared memory and the
+    tile's K/V written into it, at ``SMEM_BYTES_PER_CLOCK``) is reported beside the model,
+    and ``peak_fraction_with_smem`` takes it as one more unit. ``issue_scale``: clocks an
+    instruction holds the schedulers, in units of the model's one (a sensitivity knob: the
+    model has no ALU or shuffle latencies, so a real pass issues slower than it says)."""
     if len(bodies) != 2:
         raise ValueError(f"a ping-pong has two consumer loops, got {len(bodies)}")
     role = roles(bodies)
     streams = [_Stream(b) for b in bodies]
-    issue, ex2 = WARPS / SCHEDULERS, WARPS * 32 / EX2_PER_CLOCK
+    issue, ex2 = WARPS / SCHEDULERS * issue_scale, WARPS * 32 / EX2_PER_CLOCK
     shared = {"issue": 0.0, "tc": 0.0, "mufu": 0.0, "port": 0.0}
     tokens: dict[int, list[float]] = {b: [] for b, r in role.items() if r == "turn"}
     first_turn = next(b for i in bodies[0] if (m := mbarrier_op(i.text)) and m[0] == "wait"
@@ -207,7 +212,7 @@ def pingpong_clocks(bodies: Sequence[Sequence[Instr]], *, rows: int, block_n: in
              "issue": len(ops) * issue + len(producer) / SCHEDULERS,
              "ex2": sum(op.kind == "ex2" for op in ops) * ex2, "l2": tile_bytes / L2_BYTES_PER_CLOCK}
     clocks = max(period, *units.values())
-    smem = sum(smem_bytes(i.text) for body in bodies for i in body) / SMEM_BYTES_PER_CLOCK
+    smem = (sum(smem_bytes(i.text) for body in bodies for i in body) + tile_bytes) / SMEM_BYTES_PER_CLOCK
     busiest = max(units, key=units.get)
     fraction = flops / MMA_FLOP_PER_CLOCK["wgmma"] / clocks
     return {"clocks": round(clocks, 1), "period": round(period, 1),

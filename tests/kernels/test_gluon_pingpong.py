@@ -1,0 +1,60 @@
+"""The Gluon ping-pong probe (``benchmarks/gluon_pingpong_kernel.py``) against the fp32
+reference, on a Hopper GPU only.
+
+Gluon has no interpreter, so nothing here runs without CUDA; the kernel's wgmma needs
+sm_90 (Blackwell has no wgmma). The probe is not part of the library: these tests are
+what a GPU session checks before it times the kernel (``gpu_session.sh``'s ``gluon``
+step; ``benchmarks/results/kernels-sm90-gluon-pingpong.md`` for the static figures).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import HAS_CUDA, torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _hopper_reason() -> str | None:
+    if not HAS_CUDA:
+        return "needs a CUDA GPU (Gluon has no interpreter)"
+    if torch.cuda.get_device_capability()[0] != 9:
+        return "the kernel's wgmma needs sm_90"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_hopper_reason() is not None, reason=str(_hopper_reason()))
+
+
+@pytest.fixture(scope="module")
+def pingpong():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gluon_pingpong
+
+    return gluon_pingpong
+
+
+# 1, 2, 5 and 32 key tiles of 32 (fewer tiles than the ring's 4 buffers, more, and the
+# ring wrapping 8 times); a scale of 1 makes the rows' maxima move tile to tile, so the
+# accumulator's rescale (alpha) matters.
+@pytest.mark.parametrize("n_keys", [32, 64, 160, 1024])
+@pytest.mark.parametrize("page", [None, 16], ids=["dense", "paged16"])
+@pytest.mark.parametrize("sm_scale", [128 ** -0.5, 1.0])
+def test_matches_the_fp32_reference(pingpong, n_keys, page, sm_scale):
+    batch, kv_heads, rows = 2, 2, 2 * pingpong.BLOCK_M  # two query tiles a (request, KV head)
+    q, k, v, table = pingpong.problem(torch, batch=batch, kv_heads=kv_heads, n_keys=n_keys, rows=rows,
+                                      page=page, seed=n_keys)
+    dense = (k, v) if page is None else (pingpong.dense_kv(k, table, kv_heads), pingpong.dense_kv(v, table, kv_heads))
+    shape = dict(batch=batch, kv_heads=kv_heads, n_keys=n_keys, sm_scale=sm_scale)
+    out = pingpong.run(q, k, v, table, page=page, **shape)
+    torch.testing.assert_close(out.float(), pingpong.reference(q, *dense, **shape), atol=2e-2, rtol=2e-2)
+
+
+def test_refuses_keys_that_are_not_whole_tiles(pingpong):
+    q, k, v, table = pingpong.problem(torch, batch=1, kv_heads=1, n_keys=48, rows=pingpong.BLOCK_M, page=16)
+    with pytest.raises(ValueError, match="multiple of"):
+        pingpong.run(q, k, v, table, batch=1, kv_heads=1, n_keys=48, sm_scale=1.0, page=16)
