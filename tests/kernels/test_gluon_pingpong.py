@@ -48,7 +48,7 @@ def test_matches_the_fp32_reference(pingpong, n_keys, page, sm_scale):
     batch, kv_heads, rows = 2, 2, 2 * pingpong.BLOCK_M  # two query tiles a (request, KV head)
     q, k, v, table = pingpong.problem(torch, batch=batch, kv_heads=kv_heads, n_keys=n_keys, rows=rows,
                                       page=page, seed=n_keys)
-    dense = (k, v) if page is None else (pingpong.dense_kv(k, table, kv_heads), pingpong.dense_kv(v, table, kv_heads))
+    dense = (k, v) if page is None else tuple(pingpong.dense_kv(t, table, kv_heads) for t in (k, v))
     shape = dict(batch=batch, kv_heads=kv_heads, n_keys=n_keys, sm_scale=sm_scale)
     out = pingpong.run(q, k, v, table, page=page, **shape)
     torch.testing.assert_close(out.float(), pingpong.reference(q, *dense, **shape), atol=2e-2, rtol=2e-2)

@@ -58,7 +58,8 @@ SHAPE = dict(rows=64, block_n=64, dim=128)
 
 
 def test_roles_of_the_barriers(model):
-    assert model.roles(_pair(model, 10)) == {0x200c0: "data", 0x20100: "release", 0x20120: "turn", 0x20128: "turn"}
+    roles = {0x200c0: "data", 0x20100: "release", 0x20120: "turn", 0x20128: "turn"}
+    assert model.roles(_pair(model, 10)) == roles
     one = _loop(model, wait_turn=0x20120, arrive_turn=0x20120, softmax=1)
     with pytest.raises(ValueError, match="not a ping-pong"):
         model.roles([one, one])
