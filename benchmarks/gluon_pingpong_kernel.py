@@ -79,7 +79,48 @@ def _softmax(sc, m_i, l_i, qk_scale):
 
 
 @gluon.jit
-def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_tiles, qk_scale):
+def _pass(j, MASKED: gl.constexpr, wg: gl.constexpr, q, k_bufs, v_bufs, bars, acc, p, m_i, l_i, qk_scale,
+          qpos):
+    """Pass j >= 1 of a consumer: QK^T(j) and PV(j-1) issued in its turn, the softmax of
+    tile j across PV(j-1); ``MASKED``: keys past a row's position (``qpos``) left out."""
+    q_bar, k_ready, v_ready, empty, turn = bars
+    NB: gl.constexpr = k_bufs.type.shape[0]
+    TILE: gl.constexpr = k_bufs.type.shape[1]
+    ROWS: gl.constexpr = acc.type.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, TILE, 16])
+    rows_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    s = j % NB
+    prev = (j + NB - 1) % NB
+    mbarrier.wait(k_ready.index(s), (j // NB) & 1)
+    mbarrier.wait(v_ready.index(prev), ((j - 1) // NB) & 1)
+    mbarrier.wait(turn.index(wg), (j & 1) ^ (1 - wg))  # my turn on the tensor cores
+    zero_s = gl.zeros([ROWS, TILE], gl.float32, s_layout)
+    qk = warpgroup_mma(q, k_bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    acc = warpgroup_mma(p, v_bufs.index(prev), acc, is_async=True)  # PV(j-1): a second group
+    mbarrier.arrive(turn.index(1 - wg), count=1)  # the other warpgroup's turn
+    sc = warpgroup_mma_wait(1, deps=[qk])  # QK^T(j) done; PV(j-1) may run on
+    if MASKED:
+        sc = _mask(sc, j * TILE, qpos)
+    pj, m_i, l_i, alpha = _softmax(sc, m_i, l_i, qk_scale)
+    acc = warpgroup_mma_wait(0, deps=[acc])  # PV(j-1) done: its K/V buffers may go
+    mbarrier.arrive(empty.index(prev), count=1)
+    acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
+    return acc, gl.convert_layout(pj.to(gl.bfloat16), p.type.layout), m_i, l_i
+
+
+@gluon.jit
+def _mask(sc, key0, qpos):
+    """Scores of keys past their row's position (``qpos``, one a row) to -inf."""
+    keys = key0 + gl.arange(0, sc.type.shape[1], gl.SliceLayout(0, sc.type.layout))
+    return gl.where(keys[None, :] <= qpos[:, None], sc, float("-inf"))
+
+
+@gluon.jit
+def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_full, n_tiles, qpos0, group,
+              qk_scale):
+    """One consumer warpgroup: rows ``row0 + wg * ROWS ..``; tiles 1 .. n_full - 1 unmasked,
+    n_full .. n_tiles - 1 masked (row i's position: ``qpos0 + i // group``)."""
     q_bar, k_ready, v_ready, empty, turn = bars
     NB: gl.constexpr = k_bufs.type.shape[0]
     TILE: gl.constexpr = k_bufs.type.shape[1]
@@ -94,34 +135,24 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_til
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     q = q_smem.index(wg)
+    qpos = qpos0 + (wg * ROWS + gl.arange(0, ROWS, rows_s)) // group
     m_i = gl.full([ROWS], float("-inf"), gl.float32, rows_s)
     l_i = gl.full([ROWS], 0.0, gl.float32, rows_s)
     acc = gl.zeros([ROWS, D], gl.float32, o_layout)
-    zero_s = gl.zeros([ROWS, TILE], gl.float32, s_layout)
     mbarrier.wait(q_bar, 0)
-    # tile 0: QK^T alone
+    # tile 0: QK^T alone, masked (it holds key 0, which every row attends)
     mbarrier.wait(k_ready.index(0), 0)
     mbarrier.wait(turn.index(wg), 1 - wg)
-    qk = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    qk = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), gl.zeros([ROWS, TILE], gl.float32, s_layout),
+                       use_acc=False, is_async=True)
     mbarrier.arrive(turn.index(1 - wg), count=1)
-    sc = warpgroup_mma_wait(0, deps=[qk])
+    sc = _mask(warpgroup_mma_wait(0, deps=[qk]), 0, qpos)
     pj, m_i, l_i, alpha = _softmax(sc, m_i, l_i, qk_scale)
     p = gl.convert_layout(pj.to(gl.bfloat16), p_layout)
-    for j in range(1, n_tiles):
-        s = j % NB
-        prev = (j + NB - 1) % NB
-        mbarrier.wait(k_ready.index(s), (j // NB) & 1)
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // NB) & 1)
-        mbarrier.wait(turn.index(wg), (j & 1) ^ (1 - wg))  # my turn on the tensor cores
-        qk = warpgroup_mma(q, k_bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        acc = warpgroup_mma(p, v_bufs.index(prev), acc, is_async=True)  # PV(j-1): a second group
-        mbarrier.arrive(turn.index(1 - wg), count=1)  # the other warpgroup's turn
-        sc = warpgroup_mma_wait(1, deps=[qk])  # QK^T(j) done; PV(j-1) may run on
-        pj, m_i, l_i, alpha = _softmax(sc, m_i, l_i, qk_scale)
-        acc = warpgroup_mma_wait(0, deps=[acc])  # PV(j-1) done: its K/V buffers may go
-        mbarrier.arrive(empty.index(prev), count=1)
-        acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
-        p = gl.convert_layout(pj.to(gl.bfloat16), p_layout)
+    for j in range(1, n_full):
+        acc, p, m_i, l_i = _pass(j, False, wg, q, k_bufs, v_bufs, bars, acc, p, m_i, l_i, qk_scale, qpos)
+    for j in range(gl.maximum(n_full, 1), n_tiles):
+        acc, p, m_i, l_i = _pass(j, True, wg, q, k_bufs, v_bufs, bars, acc, p, m_i, l_i, qk_scale, qpos)
     last = (n_tiles + NB - 1) % NB
     mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // NB) & 1)
     acc = warpgroup_mma(p, v_bufs.index(last), acc, is_async=True)
@@ -134,25 +165,25 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_til
 
 
 @gluon.jit
-def _consumer0(q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_tiles, qk_scale):
-    _consumer(0, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_tiles, qk_scale)
+def _consumer0(q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_full, n_tiles, qpos0, group, qk_scale):
+    _consumer(0, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_full, n_tiles, qpos0, group, qk_scale)
 
 
 @gluon.jit
 def _consumer1(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, o_ptr, row0, kv_row0,
-               kv_head, n_tiles, qk_scale):
-    _consumer(1, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_tiles, qk_scale)
+               kv_head, n_full, n_tiles, qpos0, group, qk_scale):
+    _consumer(1, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_full, n_tiles, qpos0, group, qk_scale)
 
 
 @gluon.jit
 def _producer_w(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, o_ptr, row0, kv_row0,
-                kv_head, n_tiles, qk_scale):
+                kv_head, n_full, n_tiles, qpos0, group, qk_scale):
     _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, row0, kv_row0, kv_head,
               n_tiles)
 
 
 @gluon.jit
-def attn_pingpong(q_desc, k_desc, v_desc, o_ptr, block_table, n_keys, qk_scale,
+def attn_pingpong(q_desc, k_desc, v_desc, o_ptr, block_table, n_keys, qk_scale, causal, prefix, group,
                   TILE: gl.constexpr, NB: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
@@ -162,7 +193,17 @@ def attn_pingpong(q_desc, k_desc, v_desc, o_ptr, block_table, n_keys, qk_scale,
     seq = gl.program_id(2) * gl.num_programs(1) + kv_head
     row0 = (seq * gl.num_programs(0) + gl.program_id(0)) * 2 * ROWS
     kv_row0 = seq * n_keys
-    n_tiles = n_keys // TILE
+    # causal: the CTA's positions p0 .. (rows r: position r // group, the query heads of
+    # one KV head side by side) see the keys before prefix + p0 whole, and the next
+    # 2 * ROWS // group keys masked (the diagonal); else every key, none masked
+    p0 = gl.program_id(0) * (2 * ROWS // group)
+    n_full = n_keys // TILE
+    n_tiles = n_full
+    qpos0 = n_keys
+    if causal != 0:
+        n_full = (prefix + p0) // TILE
+        n_tiles = n_full + (2 * ROWS // group + TILE - 1) // TILE
+        qpos0 = prefix + p0
     block_table += gl.program_id(2) * (n_keys // k_desc.block_type.shape[0])
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS, D], q_desc.layout)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, D], gl.bfloat16)
@@ -183,9 +224,9 @@ def attn_pingpong(q_desc, k_desc, v_desc, o_ptr, block_table, n_keys, qk_scale,
     fence_async_shared()
     bars = (q_bar, k_ready, v_ready, empty, turn)
     args = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, o_ptr, row0, kv_row0,
-            kv_head, n_tiles, qk_scale)
+            kv_head, n_full, n_tiles, qpos0, group, qk_scale)
     gl.warp_specialize([
-        (_consumer0, (q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_tiles, qk_scale)),
+        (_consumer0, (q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_full, n_tiles, qpos0, group, qk_scale)),
         (_consumer1, args),
         (_producer_w, args),
     ], [4, 1], [240, 24])
@@ -212,13 +253,23 @@ def descriptors(q, k, v, page: int | None = None, block_n: int = BLOCK_N):
 
 
 def launch_args(q, k, v, o, block_table, *, kv_heads: int, batch: int, n_keys: int, sm_scale: float,
-                page: int | None = None, block_n: int = BLOCK_N, stages: int = STAGES):
+                page: int | None = None, causal: bool = False, group: int = 4, block_n: int = BLOCK_N,
+                stages: int = STAGES):
     """``(grid, args, kwargs)`` of one launch; ``q``/``o``: ``[batch * kv_heads * R, D]``
-    with R a multiple of ``BLOCK_M``; ``block_table``: ``[batch, n_keys // page]`` int32."""
+    with R a multiple of ``BLOCK_M``; ``block_table``: ``[batch, n_keys // page]`` int32.
+    ``causal``: R is ``group`` rows (query heads) for each of the last ``R // group`` of
+    the ``n_keys`` positions, each attending the keys up to its own; else every row
+    attends every key."""
+    rows = q.shape[0] // (batch * kv_heads)
     if n_keys % block_n or q.shape[0] % (batch * kv_heads * BLOCK_M):
         raise ValueError(f"n_keys must be a multiple of {block_n} and the rows of a KV head of {BLOCK_M}")
-    grid = (q.shape[0] // (batch * kv_heads * BLOCK_M), kv_heads, batch)
-    args = (*descriptors(q, k, v, page, block_n), o, block_table, n_keys, sm_scale * 1.4426950408889634)
+    prefix = n_keys - rows // group
+    if causal and (rows % group or prefix < 0 or prefix % block_n or BLOCK_M // group % block_n):
+        raise ValueError(f"causal: {rows} rows of {group} heads after a prefix of {prefix} keys do not "
+                         f"fall on {block_n}-key tiles")
+    grid = (rows // BLOCK_M, kv_heads, batch)
+    args = (*descriptors(q, k, v, page, block_n), o, block_table, n_keys, sm_scale * 1.4426950408889634,
+            int(causal), prefix, group)
     return grid, args, dict(TILE=block_n, NB=stages, num_warps=4, maxnreg=168)
 
 

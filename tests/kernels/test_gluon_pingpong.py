@@ -45,11 +45,24 @@ def pingpong():
 @pytest.mark.parametrize("page", [None, 16], ids=["dense", "paged16"])
 @pytest.mark.parametrize("sm_scale", [128 ** -0.5, 1.0])
 def test_matches_the_fp32_reference(pingpong, n_keys, page, sm_scale):
+    _check(pingpong, n_keys=n_keys, page=page, sm_scale=sm_scale, causal=False)
+
+
+# Causal: 128 new positions (two query tiles of 64 positions x 4 heads) after 0, 32, 96
+# and 992 cached keys: the first tile's keys all on the diagonal (no unmasked pass), one
+# unmasked pass, several, and the ring wrapped.
+@pytest.mark.parametrize("prefix", [0, 32, 96, 992])
+@pytest.mark.parametrize("page", [None, 16], ids=["dense", "paged16"])
+def test_causal_matches_the_fp32_reference(pingpong, prefix, page):
+    _check(pingpong, n_keys=prefix + 2 * pingpong.BLOCK_M // 4, page=page, sm_scale=1.0, causal=True)
+
+
+def _check(pingpong, *, n_keys: int, page: int | None, sm_scale: float, causal: bool) -> None:
     batch, kv_heads, rows = 2, 2, 2 * pingpong.BLOCK_M  # two query tiles a (request, KV head)
     q, k, v, table = pingpong.problem(torch, batch=batch, kv_heads=kv_heads, n_keys=n_keys, rows=rows,
                                       page=page, seed=n_keys)
     dense = (k, v) if page is None else tuple(pingpong.dense_kv(t, table, kv_heads) for t in (k, v))
-    shape = dict(batch=batch, kv_heads=kv_heads, n_keys=n_keys, sm_scale=sm_scale)
+    shape = dict(batch=batch, kv_heads=kv_heads, n_keys=n_keys, sm_scale=sm_scale, causal=causal)
     out = pingpong.run(q, k, v, table, page=page, **shape)
     torch.testing.assert_close(out.float(), pingpong.reference(q, *dense, **shape), atol=2e-2, rtol=2e-2)
 
@@ -58,3 +71,7 @@ def test_refuses_keys_that_are_not_whole_tiles(pingpong):
     q, k, v, table = pingpong.problem(torch, batch=1, kv_heads=1, n_keys=48, rows=pingpong.BLOCK_M, page=16)
     with pytest.raises(ValueError, match="multiple of"):
         pingpong.run(q, k, v, table, batch=1, kv_heads=1, n_keys=48, sm_scale=1.0, page=16)
+    # causal: 64 new positions cannot be the last of 32 keys
+    q, k, v, table = pingpong.problem(torch, batch=1, kv_heads=1, n_keys=32, rows=pingpong.BLOCK_M, page=16)
+    with pytest.raises(ValueError, match="causal"):
+        pingpong.run(q, k, v, table, batch=1, kv_heads=1, n_keys=32, sm_scale=1.0, page=16, causal=True)
