@@ -144,12 +144,18 @@ def model_report(sass: str, *, block_n: int, stages: int) -> dict:
     # overlap only), and as that model credits two independent CTAs filling each other's waits
     out["issue_scale"] = {x: pingpong_clocks(pairs["phase2"], **shape, issue_scale=x)["peak_fraction"]
                           for x in (1.05, 1.1, 1.2)}
+    # ... and with the results' latencies (kernel_pingpong.LATENCY, assumed)
+    out["with_latency"] = {k: pingpong_clocks(v, **shape, latency=True) for k, v in pairs.items()}
     one = dict(block_m=WG_ROWS, block_n=block_n, dim=HEAD_DIM, num_warps=4, mma="wgmma")
     out["one_warpgroup"] = {c: tile_clocks(bodies[0], **one, ctas_per_sm=c)["peak_fraction"] for c in (1, 2)}
     trips = causal_trips(prefix=8192, q_len=2048, group_p2=4, block_m=BLOCK_M, block_n=block_n)
-    frac = {k: out["model"][k]["peak_fraction"] for k in pairs}
-    whole = (trips["phase2"] + trips["phase3"]) / sum(trips[k] / frac[k] for k in pairs)
-    out["whole_shape"] = dict(trips, peak_fraction=round(whole, 4))
+
+    def whole(runs: dict, key: str = "peak_fraction") -> float:
+        return round(sum(trips[k] for k in pairs) / sum(trips[k] / runs[k][key] for k in pairs), 4)
+
+    out["whole_shape"] = dict(trips, peak_fraction=whole(out["model"]),
+                              with_smem=whole(out["model"], "peak_fraction_with_smem"),
+                              with_latency=whole(out["with_latency"]))
     return out
 
 

@@ -39,6 +39,12 @@ from kernel_static import EX2_PER_CLOCK, MMA_FLOP_PER_CLOCK, PEAK_TFLOPS, SCHEDU
 from kernel_timing import L2_BYTES_PER_CLOCK, L2_LATENCY, Op, decode
 
 PASSES = 12
+# Result latencies (clocks from issue to a dependent issue) for the replay with latencies
+# (``latency=True``), by opcode prefix: assumed, not measured here (microbenchmarks of
+# Volta-Ampere put dependent FP32/INT issue at about 4 clocks and warp shuffles at 20-30;
+# MUFU's here adds to its unit time). kernel_timing's model has none.
+LATENCY = {"SHFL": 24.0, "MUFU": 20.0, "": 4.0}
+_DST = re.compile(r"R(\d+)")
 SMEM_BYTES_PER_CLOCK = 128  # shared memory, per SM (not in kernel_timing's model: stated apart)
 _HGMMA_OPERANDS = re.compile(r"HGMMA\.(\d+)x(\d+)x(\d+)\.\S+\s+R\d+,\s*(\S+)")
 _MBAR = re.compile(r"^SYNCS\.(PHASECHK\.TRANS64\.TRYWAIT|ARRIVE\.\S+)\s.*?\[[^\]]*?(0x[0-9a-f]+)\]")
@@ -105,11 +111,27 @@ def roles(bodies: Sequence[Sequence[Instr]]) -> dict[int, str]:
     return out
 
 
+def result_latency(text: str) -> tuple[tuple[int, ...], float]:
+    """Registers an ALU, shuffle or MUFU instruction writes and their latency
+    (:data:`LATENCY`); ``((), 0)`` for others (MMAs, barriers, waits, branches, stores)."""
+    body = re.sub(r"^@!?U?P\w+\s+", "", text.strip())
+    opcode, _, operands = body.partition(" ")
+    if opcode.startswith(("HGMMA", "HMMA", "WARPGROUP", "BAR", "SYNCS", "BRA", "ST", "DEPBAR", "U")):
+        return (), 0.0
+    fields = operands.split(",")
+    dst = fields[1 if opcode.startswith("SHFL") else 0].strip() if len(fields) > 1 else ""  # SHFL: P, R, ..
+    if not (m := _DST.fullmatch(dst)):
+        return (), 0.0
+    n, wide = int(m.group(1)), ".64" in opcode or ".WIDE" in opcode
+    return ((n, n + 1) if wide else (n,)), next(v for k, v in LATENCY.items() if opcode.startswith(k))
+
+
 class _Stream:
     """One warpgroup's replay state."""
 
     def __init__(self, body: Sequence[Instr]):
         self.ops: list[Op] = [decode(i.text) for i in body]
+        self.results = [result_latency(i.text) for i in body]
         self.mbar = [mbarrier_op(i.text) for i in body]
         self.pc, self.passes, self.t = 0, 0, 0.0
         self.ready: dict[int, float] = {}
@@ -120,7 +142,7 @@ class _Stream:
 
 def pingpong_clocks(bodies: Sequence[Sequence[Instr]], *, rows: int, block_n: int, dim: int, stages: int,
                     tile_bytes: int, producer: Sequence[Instr] = (), issue_scale: float = 1.0,
-                    passes: int = PASSES) -> dict:
+                    latency: bool = False, passes: int = PASSES) -> dict:
     """Clocks of one key tile (both warpgroups) under the model above, and what bounds them.
 
     ``bodies``: the two consumer loops (first: the one whose turn comes first); ``rows``:
@@ -130,7 +152,9 @@ def pingpong_clocks(bodies: Sequence[Sequence[Instr]], *, rows: int, block_n: in
     tile's K/V written into it, at ``SMEM_BYTES_PER_CLOCK``) is reported beside the model,
     and ``peak_fraction_with_smem`` takes it as one more unit. ``issue_scale``: clocks an
     instruction holds the schedulers, in units of the model's one (a sensitivity knob: the
-    model has no ALU or shuffle latencies, so a real pass issues slower than it says)."""
+    model has no ALU or shuffle latencies, so a real pass issues slower than it says);
+    ``latency``: a result is ready :data:`LATENCY` clocks after its instruction issues
+    (kernel_timing's model: when issued)."""
     if len(bodies) != 2:
         raise ValueError(f"a ping-pong has two consumer loops, got {len(bodies)}")
     role = roles(bodies)
@@ -193,6 +217,10 @@ def pingpong_clocks(bodies: Sequence[Sequence[Instr]], *, rows: int, block_n: in
             shared["mufu"] = max(t, shared["mufu"]) + ex2
             for r in op.dst:
                 s.ready[r] = shared["mufu"]
+        if latency:
+            regs, lat = s.results[s.pc]
+            for r in regs:
+                s.ready[r] = max(s.ready.get(r, 0.0), t + lat)
         if mb and mb[0] == "wait" and role[mb[1]] == "turn":
             s.turns_waited[mb[1]] = s.turns_waited.get(mb[1], 0) + 1
         elif mb and mb[0] == "arrive" and role[mb[1]] == "turn":

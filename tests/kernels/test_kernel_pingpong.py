@@ -30,7 +30,8 @@ def model():
     return kernel_pingpong
 
 
-def _loop(model, *, wait_turn: int, arrive_turn: int, softmax: int, hgmma: int = 8) -> list:
+def _loop(model, *, wait_turn: int, arrive_turn: int, softmax: int, hgmma: int = 8,
+          step: str = "FADD R30, R31, R32") -> list:
     """A consumer pass: a data wait, its turn, ``hgmma`` 64x128x16 MMAs (64 clocks each) in
     one group, the other's turn, a wait for the group, ``softmax`` plain instructions, a
     buffer released, the backward branch."""
@@ -42,7 +43,7 @@ def _loop(model, *, wait_turn: int, arrive_turn: int, softmax: int, hgmma: int =
             "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], R24, gsb0",
             f"@!P0 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR4+{arrive_turn:#x}], RZ",
             "WARPGROUP.DEPBAR.LE gsb0, 0x0",
-            *["FADD R30, R31, R32"] * softmax,
+            *[step] * softmax,
             "@!P0 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [R6+URZ+0x20100], RZ",
             "@P1 BRA `(.L_x_9)"]
     return [Instr(0x100 + 16 * n, t, None) for n, t in enumerate(text)]
@@ -78,6 +79,26 @@ def test_a_softmax_longer_than_the_mma_falls_off(model):
     512 + 2 x 800 clocks (traced by hand), not max(2 x 512, 2 x 800)."""
     slow = model.pingpong_clocks(_pair(model, 800), **SHAPE, stages=4, tile_bytes=0)
     assert slow["bound"] == "waits" and slow["clocks"] == pytest.approx(512 + 2 * 800, rel=0.01)
+
+
+def test_latencies_lengthen_a_dependent_softmax(model):
+    """200 dependent FADDs: 200 issue clocks in the model (under the other's 512 of MMA);
+    with 4 clocks from issue to a dependent issue, 800: a warpgroup's pass is its MMA and
+    its chain, 1312 clocks, for the 1024 of MMA of both (traced by hand)."""
+    chain = [_loop(model, wait_turn=a, arrive_turn=b, softmax=200, step="FADD R30, R30, R32")
+             for a, b in ((0x20120, 0x20128), (0x20128, 0x20120))]
+    fast = model.pingpong_clocks(chain, **SHAPE, stages=4, tile_bytes=0)
+    assert fast["peak_fraction"] == pytest.approx(1.0, abs=0.01)
+    late = model.pingpong_clocks(chain, **SHAPE, stages=4, tile_bytes=0, latency=True)
+    assert late["clocks"] == pytest.approx(512 + 800, rel=0.02)
+
+
+def test_result_latency_reads_the_destination(model):
+    assert model.result_latency("SHFL.BFLY PT, R204, R19, 0x2, 0x1f") == ((204,), 24.0)
+    assert model.result_latency("@!P0 MUFU.EX2 R5, R6") == ((5,), 20.0)
+    assert model.result_latency("IMAD.WIDE.U32 R4, R5, R6, R7") == ((4, 5), 4.0)
+    assert model.result_latency("R2UR UR40, R200") == ((), 0.0)  # a uniform register: not tracked
+    assert model.result_latency("HGMMA.64x32x16.F32.BF16 R168, gdesc[UR36], RZ, !UPT") == ((), 0.0)
 
 
 def test_the_ring_and_the_l2_port_bound_the_pass(model):
