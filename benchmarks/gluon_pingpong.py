@@ -22,7 +22,8 @@ import json
 import sys
 from pathlib import Path
 
-from gluon_pingpong_kernel import BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, WG_ROWS, attn_pingpong, launch_args, run  # noqa: F401
+from gluon_pingpong_kernel import BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, WG_ROWS, attn_pingpong, launch_args
+from kernel_problems import SPEC_PREFILL
 
 
 def compile_pingpong(layout: str, *, block_n: int = BLOCK_N, stages: int = STAGES, page: int = 16):
@@ -95,21 +96,23 @@ def time_goal_shape(tolerance: float = 2e-2) -> list[dict]:
     import torch
     import triton
 
-    prefix, q_len, group = 8192, 2048, 4
-    shape = dict(batch=8, kv_heads=8, n_keys=prefix + q_len)
-    sm_scale, out, seqs = HEAD_DIM ** -0.5, [], [0, 8 * 8 - 1]
+    spec = SPEC_PREFILL
+    prefix, q_len, group = spec["prefix"], spec["q_len"], spec["heads"] // spec["kv_heads"]
+    shape = dict(batch=spec["batch"], kv_heads=spec["kv_heads"], n_keys=prefix + q_len)
+    n_seqs = shape["batch"] * shape["kv_heads"]
+    sm_scale, out, seqs = HEAD_DIM ** -0.5, [], [0, n_seqs - 1]
     pairs = q_len * prefix + q_len * (q_len + 1) // 2  # a (request, query head)
     flops = 4 * HEAD_DIM * pairs * group * shape["kv_heads"] * shape["batch"]
-    for page in (None, 16):
+    for page in (None, spec["block_size"]):
         q, k, v, table = problem(torch, rows=q_len * group, page=page, **shape)
-        dense = (k, v) if page is None else tuple(dense_kv(t, table, 8) for t in (k, v))
+        dense = (k, v) if page is None else tuple(dense_kv(t, table, shape["kv_heads"]) for t in (k, v))
         o = q.new_empty(q.shape)
         grid, args, kwargs = launch_args(q, k, v, o, table, **shape, sm_scale=sm_scale, page=page,
                                          causal=True)
         attn_pingpong[grid](*args, **kwargs)
-        pick = [t.view(64, -1, HEAD_DIM)[seqs].reshape(-1, HEAD_DIM) for t in (q, *dense)]
+        pick = [t.view(n_seqs, -1, HEAD_DIM)[seqs].reshape(-1, HEAD_DIM) for t in (q, *dense)]
         want = reference(*pick, kv_heads=2, batch=1, n_keys=shape["n_keys"], sm_scale=sm_scale, causal=True)
-        err = float((o.view(64, -1, HEAD_DIM)[seqs].reshape(-1, HEAD_DIM).float() - want).abs().max())
+        err = float((o.view(n_seqs, -1, HEAD_DIM)[seqs].reshape(-1, HEAD_DIM).float() - want).abs().max())
         ms = triton.testing.do_bench(lambda: attn_pingpong[grid](*args, **kwargs))  # noqa: B023
         out.append(dict(layout="dense" if page is None else f"paged {page}", max_abs_err=err,
                         ok=err <= tolerance, ms=round(ms, 4), tflops=round(flops / ms / 1e9, 1)))
@@ -148,7 +151,9 @@ def model_report(sass: str, *, block_n: int, stages: int) -> dict:
     out["with_latency"] = {k: pingpong_clocks(v, **shape, latency=True) for k, v in pairs.items()}
     one = dict(block_m=WG_ROWS, block_n=block_n, dim=HEAD_DIM, num_warps=4, mma="wgmma")
     out["one_warpgroup"] = {c: tile_clocks(bodies[0], **one, ctas_per_sm=c)["peak_fraction"] for c in (1, 2)}
-    trips = causal_trips(prefix=8192, q_len=2048, group_p2=4, block_m=BLOCK_M, block_n=block_n)
+    spec = SPEC_PREFILL
+    trips = causal_trips(prefix=spec["prefix"], q_len=spec["q_len"], block_m=BLOCK_M, block_n=block_n,
+                         group_p2=spec["heads"] // spec["kv_heads"])
 
     def whole(runs: dict, key: str = "peak_fraction") -> float:
         return round(sum(trips[k] for k in pairs) / sum(trips[k] / runs[k][key] for k in pairs), 4)

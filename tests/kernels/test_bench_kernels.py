@@ -210,7 +210,8 @@ def test_kernel_benchmarks_import_only_the_shared_helpers():
     import ast
 
     scripts = {p.stem: p for p in SCRIPT.parent.glob("*.py")}
-    helpers = {"kernel_problems", "kernel_static", "kernel_timing", "kernel_versus",
+    helpers = {"kernel_problems", "kernel_static", "kernel_timing", "kernel_versus", "kernel_pingpong",
+               "gluon_pingpong_kernel",
                "alloc_ab", "alloc_ab_report", "alloc_replay", "alloc_worker", "vllm_side"}
     for name, path in scripts.items():
         tree = ast.parse(path.read_text())
