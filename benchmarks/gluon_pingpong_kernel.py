@@ -11,8 +11,12 @@ FlashAttention-3's ping-pong schedule, sm_90a: 256 query rows a CTA, head_dim 12
   The two warpgroups take turns to issue their MMAs (``turn`` mbarriers), so one's
   softmax runs while the other's MMAs hold the tensor cores.
 
-No mask: every query row attends every key of its request and KV head (the goal shape's
-cached-prefix loop). Imported, it clears ``TRITON_INTERPRET`` (Gluon has no interpreter).
+Q and O are rows [request, KV head, position x query head] (the query heads of one KV
+head side by side; arranged ahead of the launch, not the library's ``[tokens, heads, D]``).
+Causal (a runtime flag): each consumer runs the keys before the CTA's first position
+unmasked, then the CTA's diagonal (``2 * WG_ROWS // group`` keys) in a masked loop of its
+own; else every row attends every key, no mask. Imported, it clears ``TRITON_INTERPRET``
+(Gluon has no interpreter).
 """
 
 from __future__ import annotations
@@ -263,6 +267,10 @@ def launch_args(q, k, v, o, block_table, *, kv_heads: int, batch: int, n_keys: i
     rows = q.shape[0] // (batch * kv_heads)
     if n_keys % block_n or q.shape[0] % (batch * kv_heads * BLOCK_M):
         raise ValueError(f"n_keys must be a multiple of {block_n} and the rows of a KV head of {BLOCK_M}")
+    if stages < 2:  # a pass frees tile j - 1 only after it has issued QK^T(j)
+        raise ValueError(f"the K/V ring needs at least 2 buffers, got {stages}")
+    if page is not None and (block_n % page or page >= block_n):  # the producer tells by page < tile
+        raise ValueError(f"the block size ({page}) must divide the {block_n}-key tile and be smaller")
     prefix = n_keys - rows // group
     if causal and (rows % group or prefix < 0 or prefix % block_n or BLOCK_M // group % block_n):
         raise ValueError(f"causal: {rows} rows of {group} heads after a prefix of {prefix} keys do not "
@@ -277,5 +285,5 @@ def run(q, k, v, table, **kw):
     """Launch the kernel (CUDA, sm_90): the output ``[rows, D]``."""
     o = q.new_empty(q.shape)
     grid, args, kwargs = launch_args(q, k, v, o, table, **kw)
-    attn_pingpong[grid](*args[:3], o, *args[4:], **kwargs)
+    attn_pingpong[grid](*args, **kwargs)
     return o

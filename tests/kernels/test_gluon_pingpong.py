@@ -70,10 +70,13 @@ def _check(pingpong, *, n_keys: int, page: int | None, sm_scale: float, causal: 
     torch.testing.assert_close(out.float(), pingpong.reference(q, *dense, **shape), atol=2e-2, rtol=2e-2)
 
 
-def test_refuses_keys_that_are_not_whole_tiles(pingpong):
+def test_refuses_what_the_kernel_cannot_run(pingpong):
     q, k, v, table = pingpong.problem(torch, batch=1, kv_heads=1, n_keys=48, rows=pingpong.BLOCK_M, page=16)
     with pytest.raises(ValueError, match="multiple of"):
         pingpong.run(q, k, v, table, batch=1, kv_heads=1, n_keys=48, sm_scale=1.0, page=16)
+    for bad, match in ((dict(stages=1), "at least 2 buffers"), (dict(page=32), "block size")):
+        with pytest.raises(ValueError, match=match):
+            pingpong.run(q, k, v, table, batch=1, kv_heads=1, n_keys=64, sm_scale=1.0, **{"page": 16, **bad})
     # causal: 64 new positions cannot be the last of 32 keys
     q, k, v, table = pingpong.problem(torch, batch=1, kv_heads=1, n_keys=32, rows=pingpong.BLOCK_M, page=16)
     with pytest.raises(ValueError, match="causal"):
