@@ -19,7 +19,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gluon_pingpong.py"
-pytestmark = pytest.mark.xdist_group("compile-sm90")
+# The compile fixture is per module and per xdist worker: one worker runs the module
+# (gpu_session.sh: --dist loadgroup), beside test_compile_sm90's.
+pytestmark = pytest.mark.xdist_group("compile-gluon")
 
 
 @pytest.fixture(scope="module")
