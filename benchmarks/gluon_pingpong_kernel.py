@@ -11,8 +11,9 @@ FlashAttention-3's ping-pong schedule, sm_90a: 256 query rows a CTA, head_dim 12
   The two warpgroups take turns to issue their MMAs (``turn`` mbarriers), so one's
   softmax runs while the other's MMAs hold the tensor cores.
 
-Q and O are rows [request, KV head, position x query head] (the query heads of one KV
-head side by side; arranged ahead of the launch, not the library's ``[tokens, heads, D]``).
+Q and O are the library's ``[tokens, heads, D]``, each request's new tokens in a row (all
+requests of one length); a consumer's Q is one 3-D TMA box, 32 positions x the query heads
+of its KV head, read as 128 rows (row r: position r // group, head r % group).
 Causal (a runtime flag): each consumer runs the keys before the CTA's first position
 unmasked, then the CTA's diagonal (``2 * WG_ROWS // group`` keys) in a masked loop of its
 own; else every row attends every key, no mask. Imported, it clears ``TRITON_INTERPRET``
@@ -44,7 +45,7 @@ tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_glob
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, row0, kv_row0, kv_head,
+def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, tok0, kv_row0, kv_head,
               n_tiles):
     q_bar, k_ready, v_ready, empty, turn = bars
     NB: gl.constexpr = k_bufs.type.shape[0]
@@ -54,9 +55,12 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table,
     # such: its arguments arrive as values, so the page size comes from the descriptor)
     PAGE: gl.constexpr = k_desc.block_type.shape[0]
     PAGED: gl.constexpr = PAGE < TILE
+    # Q: [tokens, heads, D], a box the query heads of this KV head at POS positions (a consumer's)
+    POS: gl.constexpr = q_desc.block_type.shape[0]
+    G: gl.constexpr = q_desc.block_type.shape[1]
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma_load(q_desc, [row0, 0], q_bar, q_smem.index(0))
-    tma_load(q_desc, [row0 + q_desc.block_type.shape[0], 0], q_bar, q_smem.index(1))
+    tma_load(q_desc, [tok0, kv_head * G, 0], q_bar, q_smem.index(0))
+    tma_load(q_desc, [tok0 + POS, kv_head * G, 0], q_bar, q_smem.index(1))
     for j in range(n_tiles):
         s = j % NB
         mbarrier.wait(empty.index(s), ((j // NB) & 1) ^ 1)
@@ -121,15 +125,17 @@ def _mask(sc, key0, qpos):
 
 
 @gluon.jit
-def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_full, n_tiles, qpos0, group,
-              qk_scale):
-    """One consumer warpgroup: rows ``row0 + wg * ROWS ..``; tiles 1 .. n_full - 1 unmasked,
-    n_full .. n_tiles - 1 masked (row i's position: ``qpos0 + i // group``)."""
+def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, bars, o_base, tok_stride, n_full, n_tiles, qpos0,
+              group, qk_scale):
+    """One consumer warpgroup: its rows ``wg * ROWS ..`` of the CTA (row r: position r //
+    group, query head r % group of the KV head's; O at ``o_base``, ``tok_stride`` elements a
+    token); tiles 1 .. n_full - 1 unmasked, n_full .. n_tiles - 1 masked (row r's key limit:
+    ``qpos0 + r // group``)."""
     q_bar, k_ready, v_ready, empty, turn = bars
     NB: gl.constexpr = k_bufs.type.shape[0]
     TILE: gl.constexpr = k_bufs.type.shape[1]
     D: gl.constexpr = k_bufs.type.shape[2]
-    ROWS: gl.constexpr = q_smem.type.shape[1]
+    ROWS: gl.constexpr = q_smem.type.shape[1] * q_smem.type.shape[2]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, TILE, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -138,7 +144,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_ful
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    q = q_smem.index(wg)
+    q = q_smem.index(wg).reshape([ROWS, D])
     qpos = qpos0 + (wg * ROWS + gl.arange(0, ROWS, rows_s)) // group
     m_i = gl.full([ROWS], float("-inf"), gl.float32, rows_s)
     l_i = gl.full([ROWS], 0.0, gl.float32, rows_s)
@@ -163,53 +169,56 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_ful
     acc = warpgroup_mma_wait(0, deps=[acc])
     mbarrier.arrive(empty.index(last), count=1)
     out = acc / gl.convert_layout(l_i, rows_o)[:, None]
-    r = row0 + wg * ROWS + gl.arange(0, ROWS, rows_o)
+    r = wg * ROWS + gl.arange(0, ROWS, rows_o)
     c = gl.arange(0, D, gl.SliceLayout(0, o_layout))
-    gl.store(o_ptr + r[:, None] * D + c[None, :], out.to(gl.bfloat16))
+    at = (r // group) * tok_stride + (r % group) * D  # row r: its token and query head
+    gl.store(o_base + at[:, None] + c[None, :], out.to(gl.bfloat16))
 
 
 @gluon.jit
-def _consumer0(q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_full, n_tiles, qpos0, group, qk_scale):
-    _consumer(0, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_full, n_tiles, qpos0, group, qk_scale)
+def _consumer0(q_smem, k_bufs, v_bufs, bars, o_base, tok_stride, n_full, n_tiles, qpos0, group, qk_scale):
+    _consumer(0, q_smem, k_bufs, v_bufs, bars, o_base, tok_stride, n_full, n_tiles, qpos0, group, qk_scale)
 
 
 @gluon.jit
-def _consumer1(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, o_ptr, row0, kv_row0,
-               kv_head, n_full, n_tiles, qpos0, group, qk_scale):
-    _consumer(1, q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_full, n_tiles, qpos0, group, qk_scale)
+def _consumer1(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, o_base, tok_stride, tok0,
+               kv_row0, kv_head, n_full, n_tiles, qpos0, group, qk_scale):
+    _consumer(1, q_smem, k_bufs, v_bufs, bars, o_base, tok_stride, n_full, n_tiles, qpos0, group, qk_scale)
 
 
 @gluon.jit
-def _producer_w(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, o_ptr, row0, kv_row0,
-                kv_head, n_full, n_tiles, qpos0, group, qk_scale):
-    _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, row0, kv_row0, kv_head,
+def _producer_w(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, o_base, tok_stride, tok0,
+                kv_row0, kv_head, n_full, n_tiles, qpos0, group, qk_scale):
+    _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, tok0, kv_row0, kv_head,
               n_tiles)
 
 
 @gluon.jit
-def attn_pingpong(q_desc, k_desc, v_desc, o_ptr, block_table, n_keys, qk_scale, causal, prefix, group,
-                  TILE: gl.constexpr, NB: gl.constexpr):
-    ROWS: gl.constexpr = q_desc.block_type.shape[0]
-    D: gl.constexpr = q_desc.block_type.shape[1]
-    # grid (query tiles, KV heads, requests): Q/O rows [request, KV head, row], dense K/V rows
-    # [request, KV head, key], the paged block table [request, n_keys // page]
+def attn_pingpong(q_desc, k_desc, v_desc, o_ptr, block_table, n_keys, qk_scale, causal, prefix, group, q_len,
+                  heads, TILE: gl.constexpr, NB: gl.constexpr):
+    POS: gl.constexpr = q_desc.block_type.shape[0]  # positions a consumer warpgroup
+    G: gl.constexpr = q_desc.block_type.shape[1]  # query heads a KV head (= group)
+    D: gl.constexpr = q_desc.block_type.shape[2]
+    # grid (query tiles, KV heads, requests): Q/O [tokens, heads, D] (a request's q_len new
+    # tokens in a row), dense K/V rows [request, KV head, key], the block table [request,
+    # n_keys // page]. A CTA: 2 * POS positions x the G query heads of its KV head.
     kv_head = gl.program_id(1)
     seq = gl.program_id(2) * gl.num_programs(1) + kv_head
-    row0 = (seq * gl.num_programs(0) + gl.program_id(0)) * 2 * ROWS
+    p0 = gl.program_id(0) * 2 * POS
+    tok0 = gl.program_id(2) * q_len + p0
+    o_base = o_ptr + (tok0 * heads + kv_head * G) * D
     kv_row0 = seq * n_keys
-    # causal: the CTA's positions p0 .. (rows r: position r // group, the query heads of
-    # one KV head side by side) see the keys before prefix + p0 whole, and the next
-    # 2 * ROWS // group keys masked (the diagonal); else every key, none masked
-    p0 = gl.program_id(0) * (2 * ROWS // group)
+    # causal: the CTA's positions p0 .. see the keys before prefix + p0 whole and the next
+    # 2 * POS keys masked (the diagonal); else every key, none masked
     n_full = n_keys // TILE
     n_tiles = n_full
     qpos0 = n_keys
     if causal != 0:
         n_full = (prefix + p0) // TILE
-        n_tiles = n_full + (2 * ROWS // group + TILE - 1) // TILE
+        n_tiles = n_full + (2 * POS + TILE - 1) // TILE
         qpos0 = prefix + p0
     block_table += gl.program_id(2) * (n_keys // k_desc.block_type.shape[0])
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS, D], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, POS, G, D], q_desc.layout)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, D], gl.bfloat16)
     k_bufs = gl.allocate_shared_memory(gl.bfloat16, [NB, TILE, D], kv_layout)
     v_bufs = gl.allocate_shared_memory(gl.bfloat16, [NB, TILE, D], kv_layout)
@@ -227,57 +236,71 @@ def attn_pingpong(q_desc, k_desc, v_desc, o_ptr, block_table, n_keys, qk_scale, 
         mbarrier.init(turn.index(i), count=1)
     fence_async_shared()
     bars = (q_bar, k_ready, v_ready, empty, turn)
-    args = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, o_ptr, row0, kv_row0,
-            kv_head, n_full, n_tiles, qpos0, group, qk_scale)
+    tok_stride = heads * D
+    args = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, block_table, o_base, tok_stride, tok0,
+            kv_row0, kv_head, n_full, n_tiles, qpos0, group, qk_scale)
     gl.warp_specialize([
-        (_consumer0, (q_smem, k_bufs, v_bufs, bars, o_ptr, row0, n_full, n_tiles, qpos0, group, qk_scale)),
+        (_consumer0, (q_smem, k_bufs, v_bufs, bars, o_base, tok_stride, n_full, n_tiles, qpos0, group,
+                      qk_scale)),
         (_consumer1, args),
         (_producer_w, args),
     ], [4, 1], [240, 24])
 
 
-def descriptors(q, k, v, page: int | None = None, block_n: int = BLOCK_N):
-    """Host TMA descriptors: Q ``[rows, D]`` (rows: [request, KV head, query position x the
-    query heads of that KV head], arranged ahead); K/V dense ``[rows, D]`` (rows: [request,
-    KV head, key]), or paged (``page``: the block size): prefixkv's ``[num_blocks,
-    block_size, kv_heads, D]`` cache seen as ``[num_blocks * block_size, kv_heads * D]``, a
-    box ``[block_size, D]``: one page of one KV head at ``[block * block_size, kv_head * D]``."""
+def descriptors(q, k, v, page: int | None = None, block_n: int = BLOCK_N, group: int = 4):
+    """Host TMA descriptors: Q ``[tokens, heads, D]`` (the library's), a box ``[WG_ROWS //
+    group, group, D]``: a consumer's positions x the query heads of one KV head; K/V dense
+    ``[rows, D]`` (rows: [request, KV head, key]), or paged (``page``: the block size):
+    prefixkv's ``[num_blocks, block_size, kv_heads, D]`` cache seen as ``[num_blocks *
+    block_size, kv_heads * D]``, a box ``[block_size, D]``: one page of one KV head at
+    ``[block * block_size, kv_head * D]``."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    def desc(t, rows, box):
+    def desc(t, shape, box):
         lay = gl.NVMMASharedLayout.get_default_for(box, gl.bfloat16)
-        return TensorDescriptor(t, [rows, t.shape[-1] * (t.shape[2] if t.dim() == 4 else 1)],
-                                [t.shape[-1] * (t.shape[2] if t.dim() == 4 else 1), 1], box, lay)
+        strides = [1]
+        for n in reversed(shape[1:]):
+            strides.insert(0, strides[0] * n)
+        return TensorDescriptor(t, shape, strides, box, lay)
 
-    q_desc = desc(q, q.shape[0], [WG_ROWS, HEAD_DIM])
+    tokens, heads, dim = q.shape
+    q_desc = desc(q, [tokens, heads, dim], [WG_ROWS // group, group, dim])
     if page is None:
-        return q_desc, desc(k, k.shape[0], [block_n, HEAD_DIM]), desc(v, v.shape[0], [block_n, HEAD_DIM])
-    rows = k.shape[0] * k.shape[1]
-    return q_desc, desc(k, rows, [page, HEAD_DIM]), desc(v, rows, [page, HEAD_DIM])
+        return q_desc, desc(k, list(k.shape), [block_n, dim]), desc(v, list(v.shape), [block_n, dim])
+    shape = [k.shape[0] * k.shape[1], k.shape[2] * k.shape[3]]
+    return q_desc, desc(k, shape, [page, dim]), desc(v, shape, [page, dim])
 
 
 def launch_args(q, k, v, o, block_table, *, kv_heads: int, batch: int, n_keys: int, sm_scale: float,
-                page: int | None = None, causal: bool = False, group: int = 4, block_n: int = BLOCK_N,
-                stages: int = STAGES):
-    """``(grid, args, kwargs)`` of one launch; ``q``/``o``: ``[batch * kv_heads * R, D]``
-    with R a multiple of ``BLOCK_M``; ``block_table``: ``[batch, n_keys // page]`` int32.
-    ``causal``: R is ``group`` rows (query heads) for each of the last ``R // group`` of
-    the ``n_keys`` positions, each attending the keys up to its own; else every row
-    attends every key."""
-    rows = q.shape[0] // (batch * kv_heads)
-    if n_keys % block_n or q.shape[0] % (batch * kv_heads * BLOCK_M):
-        raise ValueError(f"n_keys must be a multiple of {block_n} and the rows of a KV head of {BLOCK_M}")
+                page: int | None = None, causal: bool = False, block_n: int = BLOCK_N, stages: int = STAGES):
+    """``(grid, args, kwargs)`` of one launch. ``q``/``o``: ``[batch * q_len, heads, D]``
+    (each request's q_len new tokens in a row; query head h reads KV head h // (heads //
+    kv_heads)); K/V: dense ``[batch * kv_heads * n_keys, D]`` or the paged cache;
+    ``block_table``: ``[batch, n_keys // page]`` int32. ``causal``: the q_len tokens are
+    the last of the ``n_keys`` positions, each attending the keys up to its own; else every
+    query attends every key."""
+    tokens, heads, _ = q.shape
+    group, q_len = heads // kv_heads, tokens // batch
+    if group == 0 or heads % kv_heads or WG_ROWS % group:
+        raise ValueError(f"{heads} query heads over {kv_heads} KV heads: the heads of a KV head must divide "
+                         f"{WG_ROWS}")
+    if tokens % batch or q_len % (BLOCK_M // group):
+        raise ValueError(f"{tokens} tokens of {batch} requests: a request's tokens must fill tiles of "
+                         f"{BLOCK_M // group} positions")
+    if n_keys % block_n:
+        raise ValueError(f"n_keys must be a multiple of {block_n}, got {n_keys}")
     if stages < 2:  # a pass frees tile j - 1 only after it has issued QK^T(j)
         raise ValueError(f"the K/V ring needs at least 2 buffers, got {stages}")
     if page is not None and (block_n % page or page >= block_n):  # the producer tells by page < tile
         raise ValueError(f"the block size ({page}) must divide the {block_n}-key tile and be smaller")
-    prefix = n_keys - rows // group
-    if causal and (rows % group or prefix < 0 or prefix % block_n or BLOCK_M // group % block_n):
-        raise ValueError(f"causal: {rows} rows of {group} heads after a prefix of {prefix} keys do not "
-                         f"fall on {block_n}-key tiles")
-    grid = (rows // BLOCK_M, kv_heads, batch)
-    args = (*descriptors(q, k, v, page, block_n), o, block_table, n_keys, sm_scale * 1.4426950408889634,
-            int(causal), prefix, group)
+    prefix = n_keys - q_len
+    if causal and (prefix < 0 or prefix % block_n or BLOCK_M // group % block_n):
+        raise ValueError(f"causal: {q_len} new tokens after a prefix of {prefix} keys do not fall on "
+                         f"{block_n}-key tiles")
+    grid = (q_len // (BLOCK_M // group), kv_heads, batch)
+    qk_scale = sm_scale * 1.4426950408889634  # exp2 of log2(e) x
+    args = (*descriptors(q, k, v, page, block_n, group), o, block_table, n_keys, qk_scale, int(causal),
+            prefix, group, q_len, heads)
     return grid, args, dict(TILE=block_n, NB=stages, num_warps=4, maxnreg=168)
 
 

@@ -41,6 +41,9 @@ def pingpong():
     return types.SimpleNamespace(**vars(gluon_pingpong), run=gluon_pingpong_kernel.run)
 
 
+Q_LEN = 128  # new tokens a request: two query tiles of 64 positions x 4 query heads
+
+
 # 1, 2, 5 and 32 key tiles of 32 (fewer tiles than the ring's 4 buffers, more, and the
 # ring wrapping 8 times); a scale of 1 makes the rows' maxima move tile to tile, so the
 # accumulator's rescale (alpha) matters.
@@ -57,12 +60,12 @@ def test_matches_the_fp32_reference(pingpong, n_keys, page, sm_scale):
 @pytest.mark.parametrize("prefix", [0, 32, 96, 992])
 @pytest.mark.parametrize("page", [None, 16], ids=["dense", "paged16"])
 def test_causal_matches_the_fp32_reference(pingpong, prefix, page):
-    _check(pingpong, n_keys=prefix + 2 * pingpong.BLOCK_M // 4, page=page, sm_scale=1.0, causal=True)
+    _check(pingpong, n_keys=prefix + Q_LEN, page=page, sm_scale=1.0, causal=True)
 
 
 def _check(pingpong, *, n_keys: int, page: int | None, sm_scale: float, causal: bool) -> None:
-    batch, kv_heads, rows = 2, 2, 2 * pingpong.BLOCK_M  # two query tiles a (request, KV head)
-    q, k, v, table = pingpong.problem(torch, batch=batch, kv_heads=kv_heads, n_keys=n_keys, rows=rows,
+    batch, kv_heads = 2, 2
+    q, k, v, table = pingpong.problem(torch, batch=batch, kv_heads=kv_heads, n_keys=n_keys, q_len=Q_LEN,
                                       page=page, seed=n_keys)
     dense = (k, v) if page is None else tuple(pingpong.dense_kv(t, table, kv_heads) for t in (k, v))
     shape = dict(batch=batch, kv_heads=kv_heads, n_keys=n_keys, sm_scale=sm_scale, causal=causal)
@@ -71,13 +74,11 @@ def _check(pingpong, *, n_keys: int, page: int | None, sm_scale: float, causal: 
 
 
 def test_refuses_what_the_kernel_cannot_run(pingpong):
-    q, k, v, table = pingpong.problem(torch, batch=1, kv_heads=1, n_keys=48, rows=pingpong.BLOCK_M, page=16)
-    with pytest.raises(ValueError, match="multiple of"):
-        pingpong.run(q, k, v, table, batch=1, kv_heads=1, n_keys=48, sm_scale=1.0, page=16)
-    for bad, match in ((dict(stages=1), "at least 2 buffers"), (dict(page=32), "block size")):
+    q, k, v, table = pingpong.problem(torch, batch=1, kv_heads=1, n_keys=64, q_len=64, page=16)
+    for bad, match in ((dict(n_keys=48), "multiple of 32"), (dict(stages=1), "at least 2 buffers"),
+                       (dict(page=32), "block size"), (dict(kv_heads=8), "heads of a KV head"),
+                       (dict(batch=3), "tokens of 3 requests"),
+                       (dict(n_keys=32, causal=True), "causal")):  # 64 new tokens are not the last of 32
+        shape = {"batch": 1, "kv_heads": 1, "n_keys": 64, "sm_scale": 1.0, "page": 16, **bad}
         with pytest.raises(ValueError, match=match):
-            pingpong.run(q, k, v, table, batch=1, kv_heads=1, n_keys=64, sm_scale=1.0, **{"page": 16, **bad})
-    # causal: 64 new positions cannot be the last of 32 keys
-    q, k, v, table = pingpong.problem(torch, batch=1, kv_heads=1, n_keys=32, rows=pingpong.BLOCK_M, page=16)
-    with pytest.raises(ValueError, match="causal"):
-        pingpong.run(q, k, v, table, batch=1, kv_heads=1, n_keys=32, sm_scale=1.0, page=16, causal=True)
+            pingpong.run(q, k, v, table, **shape)
