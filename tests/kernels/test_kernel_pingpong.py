@@ -152,5 +152,5 @@ def test_pingpong_compiles_without_spills_and_waits_for_one_of_two_groups(compil
         roles = row["model"][phase]["roles"]
         assert sorted(roles.values()) == ["data", "data", "release", "turn", "turn"]
     assert row["loops"]["phase3"][0] > row["loops"]["phase2"][0]  # the mask's instructions
-    # the goal shape's whole ceiling under the model (0.94-0.95 on triton 3.9 when written)
+    # the goal shape's whole ceiling under the model (0.93-0.94 on triton 3.6-3.9 when written)
     assert row["whole_shape"]["peak_fraction"] >= 0.8, row["model"]
