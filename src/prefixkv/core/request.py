@@ -164,19 +164,23 @@ def step_requests(live: Mapping[Hashable, _R], get: Callable[[Hashable], _R], pr
     return reqs
 
 
-def computed_on(reqs: Iterable[Request], blocks: list[Block], block_size: int) -> list[Block]:
-    """``blocks`` and, for each of ``reqs`` holding one, its full scheduled blocks after
-    it (their KV read it), repeated for what that adds (a request that hit such a later
+def computed_on(tables: Iterable[Sequence[Sequence[Block | None]]], blocks: list[Block]) -> list[Block]:
+    """``blocks`` and the blocks live requests computed on top of them. ``tables``: per
+    live request, its block rows (one per group; None where a window released one), each
+    cut to its full scheduled blocks. A request holding one of the blocks going, at
+    index j of some row, loses its entries after j in every row (their KV read it),
+    repeated for what that adds until nothing joins (a request that hit such a later
     block computed its own on top of it too): each block once, ``blocks`` first."""
-    reqs = list(reqs)
-    going, out, grew = {id(b) for b in blocks}, list(blocks), True
+    rows_of = [list(rows) for rows in tables]
+    going, out, grew = set(blocks), list(blocks), True
     while grew:
         grew = False
-        for req in reqs:
-            full = req.num_scheduled // block_size
-            first = next((j for j, b in enumerate(req.blocks[:full]) if id(b) in going), full)
-            later = [b for b in req.blocks[first + 1:full] if id(b) not in going]
-            going.update(map(id, later))
+        for rows in rows_of:
+            first = min((j for row in rows for j, b in enumerate(row) if b in going), default=None)
+            if first is None:
+                continue
+            later = [b for row in rows for b in row[first + 1:] if b is not None and b not in going]
+            going.update(later)
             out += later
             grew = grew or bool(later)
     return out
