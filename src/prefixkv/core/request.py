@@ -13,7 +13,7 @@ A request is its content (token ids and the keys that, with them, determine its 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from operator import attrgetter
 from typing import Protocol, TypeVar
 
@@ -162,25 +162,3 @@ def step_requests(live: Mapping[Hashable, _R], get: Callable[[Hashable], _R], pr
     if k > 1 and len(set(reqs)) != k:  # requests hash by identity: cheaper than ids
         raise RequestError("a request id appears twice in one step")
     return reqs
-
-
-def computed_on(tables: Iterable[Sequence[Sequence[Block | None]]], blocks: list[Block]) -> list[Block]:
-    """``blocks`` and the blocks live requests computed on top of them. ``tables``: per
-    live request, its block rows (one per group; None where a window released one), each
-    cut to its full scheduled blocks. A request holding one of the blocks going, at
-    index j of some row, loses its entries after j in every row (their KV read it),
-    repeated for what that adds until nothing joins (a request that hit such a later
-    block computed its own on top of it too): each block once, ``blocks`` first."""
-    rows_of = [list(rows) for rows in tables]
-    going, out, grew = set(blocks), list(blocks), True
-    while grew:
-        grew = False
-        for rows in rows_of:
-            first = min((j for row in rows for j, b in enumerate(row) if b in going), default=None)
-            if first is None:
-                continue
-            later = [b for row in rows for b in row[first + 1:] if b is not None and b not in going]
-            going.update(later)
-            out += later
-            grew = grew or bool(later)
-    return out

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 
 from ..core.block import Block
+from ..core.dependents import computed_on
 from ..core.prompt import Prompt
-from ..core.request import computed_on
 from ..errors import ConfigError, RequestError, check_block_ids, check_count, check_new_request
 from ..event_log import PendingEvents
 from ..events import AllBlocksCleared, Event
@@ -145,8 +145,7 @@ class HybridKVCacheManager(GroupDecoder):
         ids = check_block_ids(block_ids, len(blocks))
         going = [blocks[i] for i in ids if blocks[i].ref_cnt > 0]
         if going:  # (and what live requests computed on top of them, hits of it included)
-            going = computed_on(([t[:len(r.nodes)] for t in r.tables]
-                                 for r in self._requests.values()), going)
+            going = computed_on(((r.tables, len(r.nodes)) for r in self._requests.values()), going)
         self._pool.emptied(self._index.uncache(going))
 
     def reset_prefix_cache(self) -> bool:
