@@ -23,6 +23,10 @@ each, so the walk's pass over the keyed contents sees them all):
 - ``rewind-hit``: a request that hit block 0 of a cached 8-block prompt rewinds to 0
   (block 0 forgotten; on the fixed tree, its 7 cached descendants go too).
 
+``--groups LIVE`` runs ``free``, ``admit``, ``decode``, ``abort`` and ``rewind-hit`` on
+``HybridKVCacheManager`` (full attention beside a 32-token window) instead, with LIVE
+other live requests of 128 full blocks each (their prefixes fill its prefix table).
+
 ``--chain LIVE,BLOCKS,DEPTHS`` (e.g. ``1000,128,1/4/16``) measures ``uncache_blocks`` of
 one block instead, on each manager (``core``: ``KVCacheManager``; ``full`` and
 ``full+window``: ``HybridKVCacheManager``): LIVE live requests of BLOCKS full blocks each;
@@ -145,6 +149,29 @@ def chain_manager(kind: str, live: int, blocks: int, depth: int
     return m, named, prev + [0]
 
 
+def group_cases(live: int) -> dict[str, int]:
+    m = HybridKVCacheManager(LAYOUTS["full+window"], live * 130 + 64, BS, seed=0)
+    for i in range(live):
+        m.add_request(("l", i), [2_000_000 + i * 1_000 + j for j in range(128 * BS + 1)])
+    out = {}
+    m.add_request("f", prompt(1))
+    out["free"] = count(lambda: m.free("f"))
+    out["admit"] = count(lambda: m.add_request("g", prompt(2)))
+    m.free("g")
+    m.add_request("d", prompt(3))
+    out["decode"] = count(lambda: [m.append_tokens("d", [5]) for _ in range(16)])
+    m.free("d")
+    m.add_request("x", prompt(4))
+    out["abort"] = count(lambda: m.free("x", num_computed_tokens=0))
+    m.add_request("p", prompt(5))
+    m.free("p")
+    m.add_request("h", prompt(5)[:BS] + [99])
+    out["rewind-hit"] = count(lambda: m.rewind("h", 0))
+    m.free("h")
+    m.check_invariants()
+    return out
+
+
 def chain_cases(live: int, blocks: int, depths: list[int]) -> None:
     print("| manager | depth | bytecodes | wall ms | hit of the last link after |")
     print("|---|---|---|---|---|")
@@ -166,9 +193,15 @@ def main() -> None:
     ap.add_argument("--cached", default="0,1000,10000")
     ap.add_argument("--events", action="store_true")
     ap.add_argument("--chain", default=None)
+    ap.add_argument("--groups", default=None)
     a = ap.parse_args()
     import prefixkv
     print(f"src: {prefixkv.__file__}  events: {a.events}")
+    if a.groups is not None:
+        print("| live requests | " + " | ".join(group_cases(0)) + " |")
+        for live in map(int, a.groups.split(",")):
+            print(f"| {live} | " + " | ".join(map(str, group_cases(live).values())) + " |")
+        return
     if a.chain is not None:
         live, blocks, depths = a.chain.split(",")
         chain_cases(int(live), int(blocks), [int(d) for d in depths.split("/")])

@@ -278,3 +278,26 @@ def test_a_request_holding_no_failed_block_keeps_what_it_computed(layout):
         assert mirror.announced(g, prompt) == [True, True, True]
     m.free("d")
     m.check_invariants()
+
+
+def test_a_prefix_lists_its_children_within_a_bound_and_forgets_them_all():
+    # forget walks a forgotten prefix's descendants through its children (kids); children
+    # that left the table (their blocks evicted) stay listed until the list outgrows
+    # twice the prefix's references (as one is listed), then are swept
+    m, mirror = _manager([full_attention(), sliding_window(8)], 12)
+    shared = [1, 2, 3, 4, 5, 6, 7, 8]
+    m.add_request("a", shared + [0])
+    node = m._requests["a"].nodes[1]  # the prefix of block 1, held by a
+    for i in range(60):  # a child each under block 1; a small pool evicts the older ones
+        m.add_request(i, shared + [100 + i] * 4 + [0])
+        assert len(node.kids) <= 20  # (unswept: every child ever, 60; 12 blocks hold few)
+        m.free(i)
+        m.check_invariants()  # (every child in the table is listed)
+    assert m.lookup(shared + [159] * 4 + [0]) == 12
+    w, f = m.get_block_ids("a")
+    m.uncache_blocks([w[1], f[1]])  # a's load of block 1 failed: every child goes
+    m.check_invariants()
+    assert m.lookup(shared + [159] * 4 + [0]) == 4
+    assert mirror.announced(1, shared + [159] * 4) == [True, False, False]
+    m.free("a")
+    m.check_invariants()
