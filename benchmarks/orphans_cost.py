@@ -82,9 +82,8 @@ def prompt(tag: int) -> list[int]:
     return [tag * 100 + j for j in range(8 * BS)] + [7]
 
 
-def cases(cached: int, events: bool) -> dict[str, int]:
-    out = {}
-    m = manager(cached, events)
+def basic(m: KVCacheManager | HybridKVCacheManager, out: dict[str, int]) -> None:
+    """``free``, ``admit`` and ``decode`` on ``m``, into ``out``."""
     m.add_request("f", prompt(1))
     out["free"] = count(lambda: m.free("f"))
     out["admit"] = count(lambda: m.add_request("g", prompt(2)))
@@ -92,6 +91,24 @@ def cases(cached: int, events: bool) -> dict[str, int]:
     m.add_request("d", prompt(3))
     out["decode"] = count(lambda: [m.append_tokens("d", [5]) for _ in range(16)])
     m.free("d")
+
+
+def forgets(m: KVCacheManager | HybridKVCacheManager, out: dict[str, int]) -> None:
+    """``abort`` and ``rewind-hit`` on ``m``, into ``out``."""
+    m.add_request("x", prompt(4))
+    out["abort"] = count(lambda: m.free("x", num_computed_tokens=0))
+    m.add_request("p", prompt(5))
+    m.free("p")
+    m.add_request("h", prompt(5)[:BS] + [99])
+    out["rewind-hit"] = count(lambda: m.rewind("h", 0))
+    m.free("h")
+    m.check_invariants()
+
+
+def cases(cached: int, events: bool) -> dict[str, int]:
+    out = {}
+    m = manager(cached, events)
+    basic(m, out)
     m.add_request("q", prompt(6))
     m.free("q")
     fork = prompt(6)[:2 * BS] + [9_000 + j for j in range(6 * BS)] + [7]
@@ -108,14 +125,7 @@ def cases(cached: int, events: bool) -> dict[str, int]:
             s.free(i)
     out["fork-stream"] = count(forks) // 3000
     s.check_invariants()
-    m.add_request("x", prompt(4))
-    out["abort"] = count(lambda: m.free("x", num_computed_tokens=0))
-    m.add_request("p", prompt(5))
-    m.free("p")
-    m.add_request("h", prompt(5)[:BS] + [99])
-    out["rewind-hit"] = count(lambda: m.rewind("h", 0))
-    m.free("h")
-    m.check_invariants()
+    forgets(m, out)
     return out
 
 
@@ -153,22 +163,9 @@ def group_cases(live: int) -> dict[str, int]:
     m = HybridKVCacheManager(LAYOUTS["full+window"], live * 130 + 64, BS, seed=0)
     for i in range(live):
         m.add_request(("l", i), [2_000_000 + i * 1_000 + j for j in range(128 * BS + 1)])
-    out = {}
-    m.add_request("f", prompt(1))
-    out["free"] = count(lambda: m.free("f"))
-    out["admit"] = count(lambda: m.add_request("g", prompt(2)))
-    m.free("g")
-    m.add_request("d", prompt(3))
-    out["decode"] = count(lambda: [m.append_tokens("d", [5]) for _ in range(16)])
-    m.free("d")
-    m.add_request("x", prompt(4))
-    out["abort"] = count(lambda: m.free("x", num_computed_tokens=0))
-    m.add_request("p", prompt(5))
-    m.free("p")
-    m.add_request("h", prompt(5)[:BS] + [99])
-    out["rewind-hit"] = count(lambda: m.rewind("h", 0))
-    m.free("h")
-    m.check_invariants()
+    out: dict[str, int] = {}
+    basic(m, out)
+    forgets(m, out)
     return out
 
 
