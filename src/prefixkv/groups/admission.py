@@ -40,7 +40,7 @@ from .lookup import hit_nodes, peeking, window_hits
 from .prefixes import Prefix, PrefixTable
 from .request import GroupRequest
 from .results import GroupAdmission, GroupBlockCopy
-from .spec import GroupSpec
+from .spec import GroupSpec, group_specs
 
 
 class GroupAdmitter:
@@ -51,12 +51,7 @@ class GroupAdmitter:
         hash_mode: str | HashFn = "xxhash", seed: int | bytes | None = None,
         enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
     ) -> None:
-        try:
-            specs = tuple(groups)
-        except TypeError:
-            raise ConfigError(f"groups must be a sequence of GroupSpec, got {groups!r}") from None
-        if not specs or not all(isinstance(s, GroupSpec) for s in specs):
-            raise ConfigError(f"groups must be a non-empty sequence of GroupSpec, got {groups!r}")
+        specs = group_specs(groups)
         check_positive("num_blocks", num_blocks, MAX_BLOCKS)
         check_positive("block_size", block_size)
         check_flag("enable_events", enable_events, ConfigError)
