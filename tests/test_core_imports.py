@@ -23,7 +23,7 @@ TYPES = {"errors", "extra_keys", "hashing", "events", "event_log", "results", "s
 CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "core.sharing"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.spares",
          "index.announce", "index.none", "index.hasher", "index.content_check", "index.lower",
-         "index.run_check", "index.cut_off", "index.kids"}
+         "index.run_check", "index.cut_off", "index.kids", "index.pending"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.host_landing",
          "tiers.host_offload"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
