@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from prefixkv import ExtraKeys, KVCacheManager, PromptTooLongError
 from prefixkv.core.block import Block
 from prefixkv.core.prompt import encode_prompt
-from prefixkv.index.pending import child_of, content_of
+from prefixkv.index.pending import child_of, content_id_of, content_of
 
 BS = 4
 BLOCKS = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9], [1, 2, 3, 4][::-1]]
@@ -39,7 +39,7 @@ def per_block_match(index, chunks: list[bytes], base: bytes) -> list[Block]:
                 if c is None:
                     break
         hits.append(c)
-        cid, parent = c.content_id, c
+        cid, parent = content_id_of(c), c
     return hits
 
 
@@ -53,7 +53,7 @@ def scan_match(blocks: list[Block], chunks: list[bytes], base: bytes) -> list[Bl
         if not found:
             break
         hits.append(found[0])
-        cid = found[0].content_id
+        cid = content_id_of(found[0])
     return hits
 
 

@@ -114,15 +114,16 @@ class Run:
     ``counts``: the index's ``RunCounts``, kept as ``shared`` and ``n`` change.
 
     ``pending``: recorded by a miss's ``store`` without writing its blocks' content (see
-    ``index/pending.py``): each block has its ``content_id``, ``counted`` and links, the
-    last block its whole content; the others have no key (``key`` None, not ``chained``)
-    until the index writes them (``RunCounts.settle``), which it does before anything
-    but a claim of the whole run, a release or an eviction reads one of them. Pending
-    implies shared: ``dissolve`` settles it first. ``pcid``: the head's content id (the
-    first block's ``parent_cid``, which a pending run has not written)."""
+    ``index/pending.py``): each block has its ``counted`` and links, the last block its
+    whole content; the others have no key (``key`` None, not ``chained``; ``content_id``
+    stale) until the index writes them (``RunCounts.settle``), which it does before
+    anything but a claim of the whole run, a release or an eviction reads one of them.
+    Pending implies shared: ``dissolve`` settles it first. ``pcid``: the head's content
+    id (the first block's ``parent_cid``); ``cid0``: the first block's content id (block
+    i's is ``cid0 + i``)."""
 
     __slots__ = ("blocks", "chunks", "extra", "ok", "seen", "n", "shared", "fwd", "linked",
-                 "counts", "pending", "pcid")
+                 "counts", "pending", "pcid", "cid0")
 
     def __init__(self, blocks: list[Block], chunks: list[bytes], extra: bytes, ok: int,
                  seen: int, counts: RunCounts, pcid: int = 0) -> None:
@@ -138,6 +139,7 @@ class Run:
         self.counts = counts
         self.pending = False
         self.pcid = pcid
+        self.cid0 = 0
 
     def dissolve(self) -> None:
         """Give each block its own count again (the shared one), not shared from now on
@@ -189,9 +191,10 @@ class Run:
 
     def write_last(self) -> None:
         """Write the content of a pending run's last block (chained under the one before)."""
-        blocks = self.blocks
-        b = blocks[-1]
-        b.parent_cid = blocks[-2].content_id if len(blocks) > 1 else self.pcid
+        k = len(self.blocks)
+        b = self.blocks[-1]
+        b.content_id = self.cid0 + k - 1
+        b.parent_cid = self.cid0 + k - 2 if k > 1 else self.pcid
         b.extra = self.extra
         b.key = self.chunks[-1]
         b.chained = True

@@ -168,10 +168,16 @@ class BlockPool:
                         if pending:  # one record: nothing of it for the index to drop
                             keyless = keyless or []
                             keyless.append((i, i + k))
-                        for x in seg:
-                            x.counted = None
-                            x.refs = 1
-                            x.starts = None  # (a run it headed: see below)
+                        if pending:  # each block's own count is 1 already (as
+                            # recorded: nothing writes it while counted through a run);
+                            # they head no run (a stale ``starts`` is checked by a claim)
+                            for x in seg:
+                                x.counted = None
+                        else:
+                            for x in seg:
+                                x.counted = None
+                                x.refs = 1
+                                x.starts = None  # (a run it headed: see below)
                         i += k
                         continue
                 blocks[i] = b

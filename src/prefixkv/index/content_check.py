@@ -79,11 +79,11 @@ def check_index(by_chunk: dict[bytes, Block], by_key: dict[ContentKey, Block],
         cid = run.pcid
         for i, b in enumerate(run.blocks):
             content = (cid, run.chunks[i + 1], run.extra)
-            if content in contents or b.content_id in found or b.content_id in twins:
+            cid = run.cid0 + i
+            if content in contents or cid in found or cid in twins:
                 return f"block {b.block_id} of {run!r} holds a content another block holds"
             contents.add(content)
-            found[b.content_id] = b
-            cid = b.content_id
+            found[cid] = b
     if len(chained) != num_chained:
         return f"{len(chained)} chained blocks, the index counts {num_chained}"
     for b in found.values():  # (a pending run's head: below)
@@ -109,18 +109,20 @@ def check_request(req: Request, block_size: int) -> str | None:
     name its content id as their parent's, as when it was stored."""
     keys = req.keys.of_blocks(0, req.num_scheduled // block_size)
     cid = 0
+    at: dict[int, dict[int, int]] = {}  # a pending run's blocks' places, by run
     for j, extra in enumerate(keys):
         b = req.blocks[j]
         chunk = token_bytes(req.tokens[j * block_size:(j + 1) * block_size])
         r = b.counted
         if r is not None and r.pending:  # its content is its run's record
-            i = b.content_id - r.blocks[0].content_id
-            if not 0 <= i < len(r.blocks) or r.blocks[i] is not b or (
-                    r.pcid if i == 0 else r.blocks[i - 1].content_id, r.chunks[i + 1],
+            if id(r) not in at:
+                at[id(r)] = {id(x): i for i, x in enumerate(r.blocks)}
+            i = at[id(r)][id(b)]
+            if (r.pcid if i == 0 else r.cid0 + i - 1, r.chunks[i + 1],
                     r.extra) != (cid, chunk, extra):
                 return (f"request {req.request_id!r} block {j} (id {b.block_id}) of pending "
                         f"{r!r} does not hold the request's content")
-            cid = b.content_id
+            cid = r.cid0 + i
             continue
         if b.key is None and b.ref_cnt and b.parent_cid == cid:
             cid = b.content_id

@@ -3,13 +3,13 @@ and the blocks' content is written only when something reads one of them alone.
 
 A 32k-token miss stores ~2,048 new blocks, each the chained child of the one before.
 Written eagerly, each block takes nine writes (its content, its parent's ``child``, the
-run's count and links); a pending run writes four a block, the ones the pool and a
-claim of the whole run read (``content_id``, ``counted``, ``prev``/``next``), and the
-whole content of its last block (a claim of the run goes on from it, a decoded block is
-stored under it). Its other blocks have no key (``key`` None, not ``chained``):
+run's count and links); a pending run writes three a block, the ones the pool and a
+claim of the whole run read (``counted``, ``prev``/``next``), and the whole content of
+its last block (a claim of the run goes on from it, a decoded block is stored under it).
+Its other blocks have no key (``key`` None, not ``chained``, a stale ``content_id``):
 
     head ──child──> b0 ··· b1 ··· ... ··· b(k-1)      ─── written, ··· not yet
-    run.pcid = head's content id; b(i).content_id consecutive; run.chunks[i + 1]: b(i)'s
+    run.pcid = head's content id; b(i)'s: run.cid0 + i; run.chunks[i + 1]: b(i)'s tokens
 
 Who reads what:
 - a claim reaching the head takes the run whole from ``head.starts`` (its chunks compared
@@ -18,7 +18,9 @@ Who reads what:
 - the pool's release and eviction use its count and links alone; an eviction that takes
   the whole run, or cuts its tail off (``Run.truncate``), has no dict entry to remove:
   the index is not given those blocks (``BlockPool._evict``), and the run clears its own
-  last block's key (``Run.evicted``) or writes its new last one (``Run.truncate``);
+  last block's key (``Run.evicted``) or writes its new last one (``Run.truncate``); each
+  block's own count is 1 from the store on (nothing writes it while the run counts
+  them), so the eviction writes one field a block (``counted``);
 - anything else settles it first: ``Run.dissolve`` (a block's count changed alone, the
   run broken), a ``store`` or decoded block under one of its blocks or under its head
   (``settle_near``), a spare of any content (``settle_all``: its children get keyed),
@@ -41,14 +43,11 @@ _NO_PARENT = Block(-1)  # the parent of a first block in the walk: never given a
 
 def record_pending(head: Block, span: list[Block], cid: int, nid: int, run: Run) -> int:
     """Record ``span`` (the run's blocks, chained after ``head``, whose content id is
-    ``cid``) as pending ``run``, each under a new content id from ``nid`` on (returns the
-    next). Writes ``content_id``, ``counted`` and the links, tail first (as
-    ``_record_run`` links them), the head's ``child`` and the last block's whole
-    content."""
-    end = nid + len(span)
+    ``cid``) as pending ``run``, under new content ids from ``nid`` on (returns the
+    next). Writes ``counted`` and the links, tail first (as ``_record_run`` links them),
+    the head's ``child`` and the last block's whole content."""
     prev = head
-    for b, c in zip(span, range(nid, end), strict=False):
-        b.content_id = c
+    for b in span:
         b.counted = run
         b.next = prev  # (the head's links too: harmless, it is held and is linked anew
         prev.prev = b  # when released)
@@ -56,26 +55,28 @@ def record_pending(head: Block, span: list[Block], cid: int, nid: int, run: Run)
     head.child = span[0]
     run.pending = True
     run.pcid = cid
+    run.cid0 = nid
     run.write_last()
     run.counts.pending.add(run)
-    return end
+    return nid + len(span)
 
 
-def write_pending(run: Run, head_cid: int) -> None:
-    """Write the content of every block of pending ``run`` (``head_cid``: the head's
-    content id) as an eager store would have: each its parent's ``child``, chained. The
-    head's ``child`` is the first block already."""
-    cid = head_cid
+def write_pending(run: Run) -> None:
+    """Write the content of every block of pending ``run`` as an eager store would have:
+    each its parent's ``child``, chained. The head's ``child`` is the first block
+    already."""
+    cid = run.pcid
     extra = run.extra
     parent: Block | None = None
-    for b, chunk in zip(run.blocks, islice(run.chunks, 1, None), strict=False):
+    for b, chunk, c in zip(run.blocks, islice(run.chunks, 1, None),
+                           range(run.cid0, run.cid0 + len(run.blocks)), strict=False):
         b.parent_cid = cid
         b.extra = extra
         b.key = chunk
         b.chained = True
+        b.content_id = cid = c
         if parent is not None:
             parent.child = b
-        cid = b.content_id
         parent = b
 
 
@@ -85,9 +86,8 @@ def content_of(b: Block) -> tuple[int, bytes, bytes] | None:
     and tests (a hot path reads the fields)."""
     r = b.counted
     if r is not None and r.pending:
-        i = b.content_id - r.blocks[0].content_id
-        assert r.blocks[i] is b, f"{b!r}: not at its content id's place in {r!r}"
-        return (r.pcid if i == 0 else r.blocks[i - 1].content_id, r.chunks[i + 1], r.extra)
+        i = r.blocks.index(b)
+        return (r.pcid if i == 0 else r.cid0 + i - 1, r.chunks[i + 1], r.extra)
     if b.key is None:
         return None
     return (b.parent_cid, b.key if isinstance(b.key, bytes) else b.key[1], b.extra)
@@ -98,7 +98,7 @@ def child_of(b: Block) -> Block:
     the run); for tests."""
     r = b.counted
     if r is not None and r.pending and b is not r.blocks[-1]:
-        return r.blocks[b.content_id - r.blocks[0].content_id + 1]
+        return r.blocks[r.blocks.index(b) + 1]
     return b.child
 
 
@@ -142,3 +142,11 @@ def walk_pending(chunks: Sequence[bytes], base: bytes, get: Callable[[bytes], Bl
         hits += known[:j]
         break
     return hits
+
+
+def content_id_of(b: Block) -> int:
+    """``b.content_id``, a pending run's block's from its run's record; for tests."""
+    r = b.counted
+    if r is not None and r.pending:
+        return r.cid0 + r.blocks.index(b)
+    return b.content_id

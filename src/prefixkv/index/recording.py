@@ -118,7 +118,7 @@ class ContentRecorder(Announcer):
     def _settle(self, run: Run) -> None:
         """Write pending ``run``'s blocks' content (``pending.py``): ordinary chained blocks
         from now on."""
-        write_pending(run, run.pcid)
+        write_pending(run)
         run.pending = False
         self.run_counts.pending.discard(run)
         self._num_chained += len(run.blocks)

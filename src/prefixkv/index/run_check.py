@@ -80,17 +80,20 @@ def _check_span(run: Run) -> str | None:
 
 def _check_pending(run: Run) -> str | None:
     """A pending run (``pending.py``): no block has a key but the last, which holds its
-    content; consecutive content ids from the first (``check_request`` and the index's
-    check rely on them); one of the index's pending runs."""
+    content (content id ``cid0`` + its place); each block's own count (``refs``, unread
+    while counted through the run) 1, as ``store`` recorded it; one of the index's
+    pending runs."""
     known = run.blocks
-    first = known[0].content_id
-    for i, b in enumerate(known[:-1]):
-        if b.key is not None or b.chained or b.twin or b.content_id != first + i:
-            return f"pending {run!r}: {b!r} has a key, or not the run's content id"
+    for b in known[:-1]:
+        if b.key is not None or b.chained or b.twin:
+            return f"pending {run!r}: {b!r} has a key"
+    if any(b.refs != 1 for b in known):  # (the eviction of a pending run relies on it)
+        return f"pending {run!r}: a block's own count is not 1"
     last = known[-1]
-    if last.content_id != first + len(known) - 1 or last.key != run.chunks[-1] \
-            or not last.chained or last.twin or last.extra != run.extra or last.parent_cid \
-            != (known[-2].content_id if len(known) > 1 else run.pcid):
+    k = len(known)
+    if last.content_id != run.cid0 + k - 1 or last.key != run.chunks[-1] \
+            or not last.chained or last.twin or last.extra != run.extra \
+            or last.parent_cid != (run.cid0 + k - 2 if k > 1 else run.pcid):
         return f"pending {run!r}: its last block {last!r} does not hold its content"
     if run not in run.counts.pending:
         return f"pending {run!r} is not among its index's pending runs"
