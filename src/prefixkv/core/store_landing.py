@@ -144,7 +144,7 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
                 _promote(f, hits, d, index, host)
         else:  # the run lands in the slots alone, if at all
             gone = f.tail + _emptied(devices) + f.up[::-1] + f.held[::-1]
-            f.devices, f.held, f.up, f.tail = None, [], [], []
+            f.devices, f.held, f.up, f.tail, f.blocks = None, [], [], [], None
             devices = None
     if start < end:
         lo, hi, bs = start - first, end - first, block_size
@@ -256,4 +256,7 @@ def _on_device(f: Fetch, devices: list[Block], hi: int, cids: Sequence[int], fil
     dst = f.device_ids if filled and len(f.device_ids) == hi else [b.block_id for b in run]
     host.load_ids(src, dst)
     f.on_device = hi
-    return _emptied(devices[hi:]) if hi < len(devices) else []
+    if hi == len(devices):  # (``blocks``: the held hits and the whole run, as landed)
+        return []
+    f.blocks = None
+    return _emptied(devices[hi:])

@@ -65,7 +65,7 @@ class Fetch:
                  "hits", "hit_cids", "ids", "ids_given", "planned", "parent_cid", "ready",
                  "landed_at", "hashes", "filled", "unique", "keyed", "slot_ids", "fetched",
                  "keys", "heads", "states", "run", "stop", "failed", "nbytes", "seconds", "left", "lock",
-                 "devices", "held", "up", "tail", "step", "on_device", "promoted", "device_ids")
+                 "devices", "held", "up", "tail", "blocks", "step", "on_device", "promoted", "device_ids")
 
     def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
                  chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
@@ -93,6 +93,9 @@ class Fetch:
         self.held: list[Any] = []
         self.up: list[Any] = []  # blocks taken for the host hits, which go up at the landing
         self.tail: list[Any] = []  # an empty block for the prompt's tokens after the run
+        # ``held`` and ``devices`` in one list (the start's, no copy), while they are
+        # exactly what the request takes (the run landed whole): its re-admission's blocks
+        self.blocks: list[Any] | None = None
         self.step = 0
         self.on_device = 0
         self.promoted = 0  # host hits that went up to device blocks at the landing
