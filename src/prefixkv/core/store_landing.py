@@ -77,15 +77,21 @@ def fetch_ready(f: Fetch) -> None:
     (``fill_landing``: everything ``land`` would write but the first slot's key, which
     makes the run findable), note whether
     the run's token chunks are distinct (``HostTier.land``'s ``unique``) and, if they
-    are, map them to the slots (its ``keyed``: a dict of the fetch's own, which the
-    scheduler merges into the tier's map when it lands the whole run), list the slots'
+    are and the run lands in host slots alone, map them to the slots (its ``keyed``: a
+    dict of the fetch's own, which the scheduler merges into the tier's map when it
+    lands the whole run; a device run's slots are keyed only when it lands there alone,
+    after a lost race: ``land`` maps them then), list the slots'
     ids (``slot_ids``, for the loads) and, in staging buffers, state the run's copies
     into its slots (``fetched``)."""
     run = f.run
     slots = f.slots[:run]
-    keyed = dict(zip(f.chunks[:run], slots, strict=True))
-    f.unique = len(keyed) == run
-    f.keyed = keyed if f.unique else None
+    if f.devices is None:
+        keyed = dict(zip(f.chunks[:run], slots, strict=True))
+        f.unique = len(keyed) == run
+        f.keyed = keyed if f.unique else None
+    else:  # (a device run's slots are keyed only if it lands in them alone, a lost race:
+        # no map the landing would free on the scheduler's thread; ``land`` builds it then)
+        f.unique = len(set(f.chunks[:run])) == run
     f.slot_ids = [s.block_id for s in slots]
     fill_landing(slots, f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run],
                  f.chunks[:run] if f.devices is None else None)  # (a device run's slots
