@@ -95,7 +95,7 @@ class StoreWaits:
             taken = pool.acquire(hits[:d] if held else hits, len(slots) + first - d + 1)
         staged, views = self.buffers.views()
         f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
-                  chunks[first:first + len(slots)], req.keys.of_blocks(first, first + len(slots)),
+                  chunks, req.keys.of_blocks(first, first + len(slots)),  # (``prepare`` cuts)
                   slots, [], now + link.store.timeout, staged, views)
         f.hits, f.hit_cids = hits, [h.content_id for h in hits] if hits else []
         if type(prompt) is list:  # (and a copy: the caller may change its list meanwhile)
