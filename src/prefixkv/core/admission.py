@@ -27,7 +27,7 @@ from ..errors import (
 )
 from ..event_log import EventLog, NullSink
 from ..extra_keys import ExtraKeys
-from ..hashing import HashFn, encode_tokens, make_hash_fn
+from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
 from ..index import ContentIndex, Hasher, NoIndex
 from ..index.announce import Fresh
 from ..results import Admission, StoreWait
@@ -309,7 +309,7 @@ class Admitter:
             p = prompt_token_ids
             if p.config is not self._config or extra is not None:  # (this manager's own: valid)
                 unpack_prompt(p, extra, self._config)  # raises PromptError, or it is valid
-            keys, chunks = p.keys, p.chunks
+            keys, chunks, data = p.keys, p.chunks, p.data
             if admit is None:  # a lookup: the request's tokens are read, never written
                 tokens = p.tokens
             else:  # the request's own array (decode appends to it): the copy ``prepare``
@@ -323,6 +323,7 @@ class Admitter:
             p = None
             tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
                                                  self.vocab_size)
+            data = None
             if admit is not None and len(tokens) >= GROW_AT:
                 grow_room(tokens)
         n, bs = len(tokens), self.block_size
@@ -337,7 +338,9 @@ class Admitter:
         limit = hit_limit(n, bs, max_hit_tokens)
         probe = chunks if limit == len(chunks) else chunks[:limit]
         claim = admit is not None and self._store is None
-        claimed = self._index.claim(probe, keys.base, keys.mm) if claim else None
+        claimed = (self._index.claim(probe, keys.base, keys.mm,
+                                     token_bytes(tokens) if data is None else data)
+                   if claim else None)
         if claimed is not None:
             hits, host = claimed[0], self._host
             if host is None or len(hits) == limit or host.find(

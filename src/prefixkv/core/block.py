@@ -67,9 +67,8 @@ class RunCounts:
 class Run:
     """A run of blocks one ``store`` recorded after a first new content (``head``, which
     is not one of them), each the chained child of the one before: ``blocks`` in chain
-    order; ``chunks``: the head's token bytes, then theirs (the run's own list: the one
-    ``store`` was given, copied only when a deferred event holds it too); the extra-key
-    bytes ``extra`` of every one.
+    order; ``data``: the head's token bytes, then theirs, in one piece (one memcmp
+    compares the run with a prompt); the extra-key bytes ``extra`` of every one.
 
     ``ok``: the index's epoch when recorded (``reset`` starts another), -1 once known
     broken. A run that is not shared may be stale (a block's content lost since): the
@@ -78,8 +77,8 @@ class Run:
     last known whole (recorded or checked), is still that count: no block anywhere
     has lost its content since, so none of these has. A shared run holds its content:
     the loss of any block's content breaks it (``broken``). So ``claim`` compares its
-    token bytes as one list, instead of block by block, and checks its first block's
-    parent id against the head's content id.
+    token bytes as one bytes object, instead of block by block, and checks its first
+    block's parent id against the head's content id.
 
     ``shared``: the blocks' reference count is ``n``, one count for all of them (each
     block's ``counted`` is this run): they are held by exactly the same requests, so a
@@ -102,13 +101,13 @@ class Run:
 
     ``counts``: the index's ``RunCounts``, kept as ``shared`` and ``n`` change."""
 
-    __slots__ = ("blocks", "chunks", "extra", "ok", "seen", "n", "shared", "fwd", "linked",
+    __slots__ = ("blocks", "data", "extra", "ok", "seen", "n", "shared", "fwd", "linked",
                  "counts")
 
-    def __init__(self, blocks: list[Block], chunks: list[bytes], extra: bytes, ok: int,
+    def __init__(self, blocks: list[Block], data: bytes, extra: bytes, ok: int,
                  seen: int, counts: RunCounts) -> None:
         self.blocks = blocks
-        self.chunks = chunks
+        self.data = data
         self.extra = extra
         self.ok = ok
         self.seen = seen
@@ -145,8 +144,9 @@ class Run:
         first (the order the cached tier holds them in when not ``fwd``), for the
         eviction to take (their ``counted`` is the caller's to clear)."""
         gone = self.blocks[:keep - 1:-1]
+        width = len(self.data) // (len(self.blocks) + 1)
         del self.blocks[keep:]
-        del self.chunks[keep + 1:]
+        self.data = self.data[:(keep + 1) * width]
         return gone
 
     def broken(self) -> None:
