@@ -146,7 +146,12 @@ class Admitter:
         container), ExtraKeysError, ConfigError (a hash_mode callable failed), PromptError
         (a RequestError: a Prompt prepared under another configuration, or with ``extra``).
         """
-        check_new_request(self._requests, request_id)
+        try:  # (``check_new_request``'s probe inline: a new id costs no call)
+            live = request_id in self._requests
+        except Exception:
+            live = True
+        if live:
+            check_new_request(self._requests, request_id)  # raises RequestError
         if num_new_tokens is not None:
             check_count("num_new_tokens", num_new_tokens, 1, None)
         if num_lookahead_tokens or num_lookahead_tokens.__class__ is not int:  # (None, [], 0.0)
@@ -179,10 +184,10 @@ class Admitter:
             (req, hits, d), claimed = reused, None
             self._check_fits(len(req.tokens), *admit)
         n, bs = len(req.tokens), self.block_size
-        limit = hit_limit(n, bs, max_hit_tokens)
-        if fetch is None and waits is not None and read_cache and len(hits) < limit:
+        if fetch is None and waits is not None and read_cache:
+            limit = hit_limit(n, bs, max_hit_tokens)
             wait = waits.start(req, hits, req.prompt_chunks, limit,  # type: ignore[arg-type]
-                               prompt_token_ids)
+                               prompt_token_ids) if len(hits) < limit else None
             if wait is not None:
                 return wait
         num_cached = len(hits) * bs
@@ -335,7 +340,8 @@ class Admitter:
             req.prompt, req.prompt_hashes = p, p.hashes
         if not read_cache:
             return req, [], None
-        limit = hit_limit(n, bs, max_hit_tokens)
+        # (``hit_limit``, uncapped inline: all blocks but the one holding the last token)
+        limit = (n - 1) // bs if max_hit_tokens is None else hit_limit(n, bs, max_hit_tokens)
         probe = chunks if limit == len(chunks) else chunks[:limit]
         claim = admit is not None and self._store is None
         claimed = (self._index.claim(probe, keys.base, keys.mm,
