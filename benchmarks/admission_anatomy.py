@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this tre
 
 from prefixkv import KVCacheManager  # noqa: E402
 from prefixkv.bench.workloads import builtin  # noqa: E402
-from prefixkv.hashing import block_chunks, encode_tokens, token_buffer  # noqa: E402
+from prefixkv.hashing import block_chunks, encode_tokens, token_buffer, token_bytes  # noqa: E402
 
 BS = 16
 CASES = (("2k hit (bench_allocator)", "alloc2khit", "off"), ("2k hit (bench_allocator)", "alloc2khit", "on"),
@@ -122,7 +122,7 @@ def steps(case: str, events: bool, k: int, cold: bool = False) -> None:
             if piece != "encode":
                 chunks = block_chunks(token_buffer(a), 4 * BS, len(a) // BS)
                 if piece == "claim":
-                    hits, unlinked = m._index.claim(chunks[:(len(a) - 1) // BS], b"", None)  # type: ignore[union-attr]
+                    hits, unlinked = m._index.claim(chunks[:(len(a) - 1) // BS], b"", None, token_bytes(a))  # type: ignore[union-attr]
                     m._pool.claimed(unlinked)
                     m._pool.unclaim(hits, unlinked)
     # what the steps made stays out of the collection at exit (it would be counted as theirs:

@@ -169,3 +169,40 @@ def test_a_chain_with_its_last_block_taken_alone_is_claimed_up_to_that_block():
     got = m.add_request("g", a + b + c + [0])
     assert got.block_ids[:2] == (0, 1) and got.num_cached_tokens == 8
     m.check_invariants()
+
+
+LONG = list(range(1000, 1032))  # eight full blocks: a head and a run of seven
+
+
+@pytest.mark.parametrize("prepared", [False, True])
+def test_a_capped_hit_stops_inside_a_run_at_the_cap(prepared):
+    """The claim compares a run with the prompt's token bytes in one piece, which go on
+    past the blocks it may hit: the cap (and the last token's block) bound it."""
+    m = manager(16)
+    m.add_request("a", LONG + [1])
+    m.free("a")
+    p = LONG + [2]
+    got = m.add_request("b", m.prepare(p) if prepared else p, max_hit_tokens=13)
+    assert got.num_cached_tokens == 12 and got.block_ids[:3] == (0, 1, 2)
+    m.check_invariants()
+    m.free("b")
+    got = m.add_request("c", m.prepare(LONG) if prepared else LONG)  # (the last block: computed)
+    assert got.num_cached_tokens == 28 and got.block_ids[:7] == (0, 1, 2, 3, 4, 5, 6)
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("prepared", [False, True])
+@pytest.mark.parametrize("parts", [1, 2, 5, 7])
+def test_a_prompt_that_parts_from_a_run_is_claimed_up_to_where_they_part(prepared, parts):
+    m = manager(16)
+    m.add_request("a", LONG + [1])
+    m.free("a")
+    p = LONG[:4 * parts] + [7] * (32 - 4 * parts) + [3]  # block ``parts`` differs
+    got = m.add_request("b", m.prepare(p) if prepared else p)
+    assert got.num_cached_tokens == 4 * parts
+    assert got.block_ids[:parts] == tuple(range(parts))
+    m.check_invariants()
+    m.free("b")
+    got = m.add_request("c", LONG + [5])  # both parts found again (the rest: a run of its own)
+    assert got.num_cached_tokens == 32 and got.block_ids[:8] == tuple(range(8))
+    m.check_invariants()

@@ -106,6 +106,26 @@ def test_a_pending_batch_builds_once_and_the_older_ones_first():
     assert m.take_pending_events().empty and m.take_pending_events().build() == []
 
 
+def test_a_step_that_recorded_nothing_hands_off_one_shared_empty_batch():
+    """Nothing recorded: no batch is made (one object serves every such step, as most
+    decode steps are), yet each ``build()`` is a list of its own, and the batch of the
+    next step that records something is built as before."""
+    m = KVCacheManager(8, BS, enable_events=True)
+    m.add_request("a", list(range(9)))
+    assert m.take_pending_events().build()  # (the store of block 0, deferred)
+    first, second = m.take_pending_events(), m.take_pending_events()
+    assert first is second and first.empty and first.is_built
+    got = first.build()
+    got.append("not an event")  # a caller's own list
+    assert first.build() == [] and second.build() == []
+    m.free("a")
+    m.add_request("b", [100 + t for t in range(9)])
+    m.add_request("c", list(range(200, 220)))  # evicts: stored and removed
+    pending = m.take_pending_events()
+    assert pending is not first and len(pending.build()) >= 2
+    assert m.take_pending_events() is first
+
+
 def test_events_off_hand_off_an_empty_batch():
     m = KVCacheManager(8, BS)
     m.add_request("a", list(range(9)))

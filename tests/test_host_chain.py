@@ -278,7 +278,7 @@ def test_the_check_reports_a_slot_counted_through_a_run():
     from prefixkv.core.block import Run, RunCounts
     tier = HostTier(2, EventLog(0))
     assert tier.check() is None
-    tier.slots[1].counted = Run([tier.slots[1]], [b"x", b"y"], b"", 0, 0, RunCounts())
+    tier.slots[1].counted = Run([tier.slots[1]], b"xy", b"", 0, 0, RunCounts())
     assert "counted through a run" in tier.check()
 
 

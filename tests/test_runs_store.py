@@ -50,7 +50,7 @@ def test_an_eviction_of_a_runs_last_blocks_cuts_it_and_the_rest_stays_found():
     for m in (a, b):  # 3 empty blocks, then a's last two (children first)
         assert m.add_request("b", B).block_ids == (5, 6, 7, 4, 3)
     assert run.shared and run.n == 0 and [x.block_id for x in run.blocks] == [1, 2]
-    assert len(run.chunks) == 3  # (the head's, then its blocks')
+    assert len(run.data) == 3 * 4 * BS  # (the head's token bytes, then its blocks')
     assert a._pool.blocks[4].counted is a._pool.blocks[6].counted is not run  # (b's run now)
     assert same(a, b) == [2, 1, 0]
     for m in (a, b):  # the head, then the cut run as one segment; a's 4th block is gone

@@ -62,7 +62,7 @@ class NullSink:
         return []
 
     def take_pending(self) -> PendingEvents | None:
-        return PendingEvents.built([])
+        return NOTHING
 
     def clear(self) -> None:
         pass
@@ -152,7 +152,10 @@ class EventLog:
 
     def take_pending(self) -> PendingEvents | None:
         """``take()``, the deferred items left for ``PendingEvents.build()``: None when
-        events were dropped since the last take (the caller restates the index now)."""
+        events were dropped since the last take (the caller restates the index now);
+        ``NOTHING`` when nothing was recorded (a decode step's: no object made)."""
+        if not self._events and not self._lost:
+            return NOTHING
         if self._lost or not self._deferred:
             out = self.take()
             return None if out is None else PendingEvents.built(out)
@@ -210,10 +213,11 @@ class PendingEvents:
         return not self._items if self._events is None else not self._events
 
     def build(self) -> list[Event]:
-        """The events, oldest first, as ``take()`` would have returned them."""
+        """The events, oldest first, as ``take()`` would have returned them (``NOTHING``:
+        a new empty list each call)."""
         done = self._events
         if done is not None:
-            return done
+            return done if done or self is not NOTHING else []
         with self._lock:
             todo: list[PendingEvents] = []
             p: PendingEvents | None = self
@@ -227,6 +231,10 @@ class PendingEvents:
         assert self._events is not None
         return self._events
 
+
+NOTHING = PendingEvents.built([])
+"""The batch of every step that recorded no event (``take_pending()``: one object for
+them all, which publishers pass over at once: ``EventPublisher.publish``)."""
 
 EventSink = NullSink | EventLog
 """Where a manager's parts record events: a log, or nothing when events are off."""

@@ -302,3 +302,27 @@ def test_scheduler_example_schedules_every_step_as_vllm_does(capsys):
     out = capsys.readouterr().out
     assert "step 4: b computed 32, scheduled 5" in out
     assert "b found 32 tokens cached; every step equals vLLM's own scheduler's" in out
+
+
+def test_a_decode_steps_slots_cost_no_pass_over_the_requests_blocks():
+    """``allocate_slots`` for one more token of a live request counts its blocks
+    (``num_blocks_held``) instead of listing their ids: O(1) whatever its length."""
+    m = manager()
+    tokens = list(range(100, 100 + 8 * BS + 3))
+    r = request("a", tokens)
+    blocks, hit, _ = m.get_computed_blocks(r)
+    assert m.allocate_slots(r, len(tokens) - hit, hit, blocks) is not None
+    r.num_computed_tokens = len(tokens)
+    core = m.core
+    held = core.num_blocks_held(m.key_of("a"))
+    assert held == len(core.get_block_ids(m.key_of("a"))) == 9
+
+    def listed(key):
+        raise AssertionError("a decode step listed the request's block ids")
+    core.get_block_ids = listed
+    for _ in range(BS):  # (one of them opens a block)
+        r.append_output_token_ids(7)
+        assert m.allocate_slots(r, 1) is not None
+        r.num_computed_tokens += 1
+    del core.get_block_ids
+    assert core.num_blocks_held(m.key_of("a")) == len(core.get_block_ids(m.key_of("a"))) == 10

@@ -27,7 +27,7 @@ from ..errors import (
 )
 from ..event_log import EventLog, NullSink
 from ..extra_keys import ExtraKeys
-from ..hashing import HashFn, encode_tokens, make_hash_fn
+from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
 from ..index import ContentIndex, Hasher, NoIndex
 from ..index.announce import Fresh
 from ..results import Admission, StoreWait
@@ -146,7 +146,12 @@ class Admitter:
         container), ExtraKeysError, ConfigError (a hash_mode callable failed), PromptError
         (a RequestError: a Prompt prepared under another configuration, or with ``extra``).
         """
-        check_new_request(self._requests, request_id)
+        try:  # (``check_new_request``'s probe inline: a new id costs no call)
+            live = request_id in self._requests
+        except Exception:
+            live = True
+        if live:
+            check_new_request(self._requests, request_id)  # raises RequestError
         if num_new_tokens is not None:
             check_count("num_new_tokens", num_new_tokens, 1, None)
         if num_lookahead_tokens or num_lookahead_tokens.__class__ is not int:  # (None, [], 0.0)
@@ -179,10 +184,10 @@ class Admitter:
             (req, hits, d), claimed = reused, None
             self._check_fits(len(req.tokens), *admit)
         n, bs = len(req.tokens), self.block_size
-        limit = hit_limit(n, bs, max_hit_tokens)
-        if fetch is None and waits is not None and read_cache and len(hits) < limit:
+        if fetch is None and waits is not None and read_cache:
+            limit = hit_limit(n, bs, max_hit_tokens)
             wait = waits.start(req, hits, req.prompt_chunks, limit,  # type: ignore[arg-type]
-                               prompt_token_ids)
+                               prompt_token_ids) if len(hits) < limit else None
             if wait is not None:
                 return wait
         num_cached = len(hits) * bs
@@ -312,7 +317,7 @@ class Admitter:
             p = prompt_token_ids
             if p.config is not self._config or extra is not None:  # (this manager's own: valid)
                 unpack_prompt(p, extra, self._config)  # raises PromptError, or it is valid
-            keys, chunks = p.keys, p.chunks
+            keys, chunks, data = p.keys, p.chunks, p.data
             if admit is None:  # a lookup: the request's tokens are read, never written
                 tokens = p.tokens
             else:  # the request's own array (decode appends to it): the copy ``prepare``
@@ -326,6 +331,7 @@ class Admitter:
             p = None
             tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
                                                  self.vocab_size)
+            data = None
             if admit is not None and len(tokens) >= GROW_AT:
                 grow_room(tokens)
         n, bs = len(tokens), self.block_size
@@ -337,10 +343,13 @@ class Admitter:
             req.prompt, req.prompt_hashes = p, p.hashes
         if not read_cache:
             return req, [], None
-        limit = hit_limit(n, bs, max_hit_tokens)
+        # (``hit_limit``, uncapped inline: all blocks but the one holding the last token)
+        limit = (n - 1) // bs if max_hit_tokens is None else hit_limit(n, bs, max_hit_tokens)
         probe = chunks if limit == len(chunks) else chunks[:limit]
         claim = admit is not None and self._store is None
-        claimed = self._index.claim(probe, keys.base, keys.mm) if claim else None
+        claimed = (self._index.claim(probe, keys.base, keys.mm,
+                                     token_bytes(tokens) if data is None else data)
+                   if claim else None)
         if claimed is not None:
             hits, host = claimed[0], self._host
             if host is None or len(hits) == limit or host.find(

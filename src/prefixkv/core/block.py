@@ -78,9 +78,8 @@ def _no_pending(run: Run) -> None:
 class Run:
     """A run of blocks one ``store`` recorded after a first new content (``head``, which
     is not one of them), each the chained child of the one before: ``blocks`` in chain
-    order; ``chunks``: the head's token bytes, then theirs (the run's own list: the one
-    ``store`` was given, copied only when a deferred event holds it too); the extra-key
-    bytes ``extra`` of every one.
+    order; ``data``: the head's token bytes, then theirs, in one piece (one memcmp
+    compares the run with a prompt); the extra-key bytes ``extra`` of every one.
 
     ``ok``: the index's epoch when recorded (``reset`` starts another), -1 once known
     broken. A run that is not shared may be stale (a block's content lost since): the
@@ -89,8 +88,8 @@ class Run:
     last known whole (recorded or checked), is still that count: no block anywhere
     has lost its content since, so none of these has. A shared run holds its content:
     the loss of any block's content breaks it (``broken``). So ``claim`` compares its
-    token bytes as one list, instead of block by block, and checks its first block's
-    parent id against the head's content id.
+    token bytes as one bytes object, instead of block by block, and checks its first
+    block's parent id against the head's content id.
 
     ``shared``: the blocks' reference count is ``n``, one count for all of them (each
     block's ``counted`` is this run): they are held by exactly the same requests, so a
@@ -122,13 +121,13 @@ class Run:
     id (the first block's ``parent_cid``); ``cid0``: the first block's content id (block
     i's is ``cid0 + i``)."""
 
-    __slots__ = ("blocks", "chunks", "extra", "ok", "seen", "n", "shared", "fwd", "linked",
+    __slots__ = ("blocks", "data", "extra", "ok", "seen", "n", "shared", "fwd", "linked",
                  "counts", "pending", "pcid", "cid0")
 
-    def __init__(self, blocks: list[Block], chunks: list[bytes], extra: bytes, ok: int,
+    def __init__(self, blocks: list[Block], data: bytes, extra: bytes, ok: int,
                  seen: int, counts: RunCounts, pcid: int = 0) -> None:
         self.blocks = blocks
-        self.chunks = chunks
+        self.data = data
         self.extra = extra
         self.ok = ok
         self.seen = seen
@@ -180,8 +179,9 @@ class Run:
         pending: its old last block's key is cleared (the index holds none of the blocks
         cut off), its new last block's content written."""
         gone = self.blocks[:keep - 1:-1]
+        width = len(self.data) // (len(self.blocks) + 1)
         del self.blocks[keep:]
-        del self.chunks[keep + 1:]
+        self.data = self.data[:(keep + 1) * width]
         if self.pending:
             old = gone[0]
             old.key = None
@@ -196,8 +196,14 @@ class Run:
         b.content_id = self.cid0 + k - 1
         b.parent_cid = self.cid0 + k - 2 if k > 1 else self.pcid
         b.extra = self.extra
-        b.key = self.chunks[-1]
+        b.key = self.chunk(k)
         b.chained = True
+
+    def chunk(self, i: int) -> bytes:
+        """The token bytes recorded for the run's ``i``-th block counted from its head
+        (0: the head's; ``i``: ``blocks[i - 1]``'s), a slice of ``data``."""
+        width = len(self.data) // (len(self.blocks) + 1)
+        return self.data[i * width:(i + 1) * width]
 
     def broken(self) -> None:
         """One of the blocks (or the head) lost its content: not ``ok``, not shared."""

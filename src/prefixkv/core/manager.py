@@ -280,6 +280,11 @@ class KVCacheManager(StepOutputs):
         """The request's block ids in token order. Raises RequestError for an unknown id."""
         return tuple(map(_ID, self._get(request_id).blocks))
 
+    def num_blocks_held(self, request_id: Hashable) -> int:
+        """How many blocks the request holds: ``len(get_block_ids(request_id))`` without
+        the tuple (O(1)). Raises RequestError for an unknown id."""
+        return len(self._get(request_id).blocks)
+
     def shared_prefixes(self, request_ids: Sequence[Hashable]) -> list[SharedPrefix]:
         """Which of these requests hold the same first blocks (a shared system prompt, one
         document asked many questions, forks): for each group, the positions of its

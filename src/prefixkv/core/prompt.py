@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import PromptError, TokenError
 from ..extra_keys import ExtraKeys, check_extra
-from ..hashing import block_chunks, encode_tokens, token_buffer
+from ..hashing import block_chunks, encode_tokens, token_buffer, token_bytes
 from ..index.hasher import Hasher
 from .block import blocks_for
 from .request import GROW_AT, PLAIN_KEYS, RequestKeys, grow_room
@@ -40,11 +40,12 @@ class Prompt:
     ``block_hashes`` and ``len()``; the other attributes are the manager's.
     """
 
-    __slots__ = ("tokens", "keys", "chunks", "hashes", "config", "spare")
+    __slots__ = ("tokens", "keys", "chunks", "data", "hashes", "config", "spare")
 
     tokens: array[int]
     keys: RequestKeys
     chunks: list[bytes]
+    data: bytes
     hashes: list[bytes] | None
     config: tuple[Hashable, ...]
     spare: list[array[int]]
@@ -57,8 +58,11 @@ class Prompt:
         spare = array(tokens.typecode, tokens)
         if len(spare) >= GROW_AT:
             grow_room(spare)
+        # ``data``: the tokens' bytes in one piece, which ``chunks`` cut (``Index.claim``
+        # compares a run of cached blocks with it as one memcmp)
         for name, value in (("tokens", tokens), ("keys", keys), ("chunks", chunks),
-                            ("hashes", hashes), ("config", config), ("spare", [spare])):
+                            ("data", token_bytes(tokens)), ("hashes", hashes),
+                            ("config", config), ("spare", [spare])):
             object.__setattr__(self, name, value)
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
-from ..event_log import PendingEvents
+from ..event_log import NOTHING, PendingEvents
 from ..events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .bind import bound
 from .options import check_publisher_options
@@ -132,6 +132,8 @@ class EventPublisher:
             self.dropped_batches += 1
             return False
         item: _Item
+        if events is NOTHING:  # (a step that recorded nothing: most decode steps)
+            return True
         if isinstance(events, PendingEvents):
             if events.empty:
                 return True

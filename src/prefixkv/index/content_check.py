@@ -78,7 +78,7 @@ def check_index(by_chunk: dict[bytes, Block], by_key: dict[ContentKey, Block],
     for run in pending:
         cid = run.pcid
         for i, b in enumerate(run.blocks):
-            content = (cid, run.chunks[i + 1], run.extra)
+            content = (cid, run.chunk(i + 1), run.extra)
             cid = run.cid0 + i
             if content in contents or cid in found or cid in twins:
                 return f"block {b.block_id} of {run!r} holds a content another block holds"
@@ -118,7 +118,7 @@ def check_request(req: Request, block_size: int) -> str | None:
             if id(r) not in at:
                 at[id(r)] = {id(x): i for i, x in enumerate(r.blocks)}
             i = at[id(r)][id(b)]
-            if (r.pcid if i == 0 else r.cid0 + i - 1, r.chunks[i + 1],
+            if (r.pcid if i == 0 else r.cid0 + i - 1, r.chunk(i + 1),
                     r.extra) != (cid, chunk, extra):
                 return (f"request {req.request_id!r} block {j} (id {b.block_id}) of pending "
                         f"{r!r} does not hold the request's content")

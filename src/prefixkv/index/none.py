@@ -22,8 +22,8 @@ class NoIndex:
               start: list[Block] | None = None) -> list[Block]:
         return []
 
-    def claim(self, chunks: Sequence[bytes], base: bytes,
-              mm: Sequence[bytes] | None) -> tuple[list[Block], int]:
+    def claim(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None,
+              data: bytes) -> tuple[list[Block], int]:
         return [], 0
 
     def prepare(self, req: object, first: int, last: int, parent: object) -> None:

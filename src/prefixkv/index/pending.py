@@ -9,10 +9,10 @@ its last block (a claim of the run goes on from it, a decoded block is stored un
 Its other blocks have no key (``key`` None, not ``chained``, a stale ``content_id``):
 
     head ──child──> b0 ··· b1 ··· ... ··· b(k-1)      ─── written, ··· not yet
-    run.pcid = head's content id; b(i)'s: run.cid0 + i; run.chunks[i + 1]: b(i)'s tokens
+    run.pcid = head's content id; b(i)'s: run.cid0 + i; run.chunk(i + 1): b(i)'s tokens
 
 Who reads what:
-- a claim reaching the head takes the run whole from ``head.starts`` (its chunks compared
+- a claim reaching the head takes the run whole from ``head.starts`` (its token bytes compared
   as one list, ``pcid`` for the first block's parent), or ``settle``s it before cutting
   it (``_split``);
 - the pool's release and eviction use its count and links alone; an eviction that takes
@@ -34,7 +34,6 @@ most once, so the work settled runs add up to is bounded by the eager stores'.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import islice
 
 from ..core.block import Block, ContentKey, Run
 
@@ -68,8 +67,11 @@ def write_pending(run: Run) -> None:
     cid = run.pcid
     extra = run.extra
     parent: Block | None = None
-    for b, chunk, c in zip(run.blocks, islice(run.chunks, 1, None),
-                           range(run.cid0, run.cid0 + len(run.blocks)), strict=False):
+    data = run.data
+    width = len(data) // (len(run.blocks) + 1)
+    for b, at, c in zip(run.blocks, range(width, len(data), width),
+                        range(run.cid0, run.cid0 + len(run.blocks)), strict=False):
+        chunk = data[at:at + width]
         b.parent_cid = cid
         b.extra = extra
         b.key = chunk
@@ -87,7 +89,7 @@ def content_of(b: Block) -> tuple[int, bytes, bytes] | None:
     r = b.counted
     if r is not None and r.pending:
         i = r.blocks.index(b)
-        return (r.pcid if i == 0 else r.cid0 + i - 1, r.chunks[i + 1], r.extra)
+        return (r.pcid if i == 0 else r.cid0 + i - 1, r.chunk(i + 1), r.extra)
     if b.key is None:
         return None
     return (b.parent_cid, b.key if isinstance(b.key, bytes) else b.key[1], b.extra)
@@ -128,16 +130,18 @@ def walk_pending(chunks: Sequence[bytes], base: bytes, get: Callable[[bytes], Bl
         r = c.starts
         if r is None or not r.pending or r.ok != epoch or r.pcid != cid or r.extra != base:
             continue
-        known, recorded = r.blocks, r.chunks
+        known, recorded = r.blocks, r.data
         k = len(known)
-        if chunks[i:i + k] == recorded[1:]:
+        width = len(recorded) // (k + 1)
+        if b"".join(chunks[i:i + k]) == recorded[width:]:
             hits += known
             b = known[-1]
             cid = b.content_id
             i += k
             continue
         j = 0
-        while i + j < n and j < k and chunks[i + j] == recorded[j + 1]:
+        while i + j < n and j < k \
+                and chunks[i + j] == recorded[(j + 1) * width:(j + 2) * width]:
             j += 1
         hits += known[:j]
         break

@@ -32,14 +32,17 @@ class Index(Protocol):
         ``base`` where given. ``start``: the device's run as ``claim`` found it (then
         undone), from which a tier below continues the walk. Changes nothing."""
 
-    def claim(self, chunks: Sequence[bytes], base: bytes,
-              mm: Sequence[bytes] | None) -> tuple[list[Block], int] | None:
+    def claim(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None,
+              data: bytes) -> tuple[list[Block], int] | None:
         """``match`` that takes a reference on each hit in the same pass (a hit with no
         reference leaves the pool's cached tier, unlinked in place): the hits and how
         many left the cached tier, which the caller hands to ``BlockPool.claimed``, or
         to ``BlockPool.unclaim`` to undo it exactly. None, with nothing done, when this
         index cannot do it in one pass for these keys (then ``match``). With a tier below,
-        the hits are the device's only; the caller checks whether the tier continues them."""
+        the hits are the device's only; the caller checks whether the tier continues them.
+        ``data``: ``chunks`` in one piece, ``b"".join(chunks)`` or a longer bytes that
+        starts with it (a prompt's token bytes: ``Prompt.data``): many blocks recorded
+        together are compared with it at once."""
 
     def prepare(self, req: Request, first: int, last: int, parent: Block | None) -> Prepared | None:
         """Everything needed to record full blocks ``first..last-1`` of ``req``, the

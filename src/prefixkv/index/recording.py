@@ -243,7 +243,7 @@ class ContentRecorder(Announcer):
         if new and len(span) > 2 and span[0].content_id >= fresh and self.runs \
                 and lower is None and req.keys.mm is None:
             # a new first content: every block after it is chained, a run (``Run``; the
-            # span and the store's chunks, the head's first: not copied again)
+            # span, the head's first, not copied again)
             at = nid
             nid = self._record_run(span, chunks, extras[0], cid, nid)
             minted += nid - at  # (``_record_run`` counts its own chained blocks)
@@ -285,10 +285,8 @@ class ContentRecorder(Announcer):
         links the run's two ends alone, and the eviction takes them as one list."""
         head = parent = span[0]
         del span[0]  # (a move of the pointers: no count touched)
-        # (the run owns its chunks, ``Run.truncate`` cuts them in place: a copy when a
-        # deferred event holds the list too)
-        run = head.starts = Run(span, chunks[:] if self.lazy else chunks, extra, self._epoch,
-                                self.losses, self.run_counts, cid)
+        run = head.starts = Run(span, b"".join(chunks), extra, self._epoch, self.losses,
+                                self.run_counts, cid)
         run.shared = run.linked = True
         run.n = 1
         self.run_counts.shared += 1

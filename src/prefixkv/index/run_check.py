@@ -5,7 +5,6 @@ Builds messages only for what is wrong."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import islice
 
 from ..core.block import Block, Run, RunCounts, key_chunk
 
@@ -65,13 +64,14 @@ def check_runs(blocks: Sequence[Block], epoch: int, counts: RunCounts,
 
 
 def _check_span(run: Run) -> str | None:
-    if len(run.chunks) != len(run.blocks) + 1 or not run.blocks:
-        return f"{run!r}: its chunks are not its blocks'"
+    width, rest = divmod(len(run.data), len(run.blocks) + 1)
+    if rest or not run.blocks:
+        return f"{run!r}: its token bytes are not its blocks'"
     if run.pending:
         return _check_pending(run)
     p = None
-    for b, chunk in zip(run.blocks, islice(run.chunks, 1, None), strict=True):
-        if b.key is None or key_chunk(b.key) != chunk or b.twin \
+    for j, b in enumerate(run.blocks, 1):
+        if b.key is None or key_chunk(b.key) != run.data[j * width:(j + 1) * width] or b.twin \
                 or b.extra != run.extra or (p is not None and b.parent_cid != p.content_id):
             return f"{run!r}: {b!r} no longer holds what the run recorded"
         p = b
@@ -91,7 +91,7 @@ def _check_pending(run: Run) -> str | None:
         return f"pending {run!r}: a block's own count is not 1"
     last = known[-1]
     k = len(known)
-    if last.content_id != run.cid0 + k - 1 or last.key != run.chunks[-1] \
+    if last.content_id != run.cid0 + k - 1 or last.key != run.chunk(k) \
             or not last.chained or last.twin or last.extra != run.extra \
             or last.parent_cid != (run.cid0 + k - 2 if k > 1 else run.pcid):
         return f"pending {run!r}: its last block {last!r} does not hold its content"

@@ -58,6 +58,8 @@ class CoordinatorView:
     def __init__(self, manager: KVCacheManager, layout: Layout) -> None:
         self._manager = manager
         self._sparse = tuple(g.sparse for g in layout.groups)  # (Mamba: one block per step)
+        self._num_sparse = sum(self._sparse)
+        self._num_dense = len(self._sparse) - self._num_sparse
         self.block_size = layout.block_size
         self.single_type_managers = tuple(GroupView(manager, g, layout.block_size, spec)
                                           for g, spec in enumerate(layout.specs))
@@ -80,12 +82,11 @@ class CoordinatorView:
         frees them before it counts), so a step may fit with fewer than ``keep`` free
         now when its release returns more than it takes."""
         core, bs = self._manager.core, self.block_size
-        rows = core.get_block_ids(key)
-        if not self._manager._hybrid:
-            rows = (rows,)
+        # (blocks held: counted, not listed, with one group; a decode step's check is O(1))
+        held = len(core.get_block_ids(key)[0]) if self._manager._hybrid else core.num_blocks_held(key)
         covered = max(num_tokens, core.num_scheduled_tokens(key))
-        per_group = max(0, blocks_for(covered, bs) - len(rows[0]))
-        need = sum(min(per_group, 1) if sparse else per_group for sparse in self._sparse)
+        per_group = max(0, blocks_for(covered, bs) - held)
+        need = per_group * self._num_dense + min(per_group, 1) * self._num_sparse
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
         return need > int(core.num_free_blocks) + released - keep
 

@@ -16,6 +16,7 @@ docs/integration.md ("With vLLM").
 from __future__ import annotations
 
 from collections.abc import Hashable
+from functools import partial
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -217,14 +218,15 @@ class KVCacheManager:
         ``max_model_len`` of their tokens, or with KV events on raises IndexError).
         Beside a Mamba group: UnsupportedByPrefixKV for lookahead or external tokens,
         and None for a new request whose hit ends on a state cached this step (mamba.py)."""
-        def run() -> KVCacheBlocks | None:
-            return allocate(self, request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-                            num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
-                            full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
+        # (no closure: its cells would be made on every call, decode steps' included)
+        args = (self, request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
+                full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
         if not self._mamba.groups:
-            return run()
+            return allocate(*args)
         check_call(self, num_lookahead_tokens, num_external_computed_tokens)
-        out: KVCacheBlocks | None = noting(self, request, num_new_computed_tokens, run)
+        out: KVCacheBlocks | None = noting(self, request, num_new_computed_tokens,
+                                           partial(allocate, *args))
         return out
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:

@@ -229,24 +229,29 @@ def grow(m: KVCacheManager, key: int, request: Request, cache_to: int, slots: in
          ) -> tuple[tuple[int, ...], ...]:
     """Cache up to ``cache_to`` (tokens from ``request.all_token_ids``), then reserve up
     to ``slots``; the blocks added per group. The pool was checked."""
-    core, added = m.core, [tuple[int, ...]() for _ in range(m.num_kv_cache_groups)]
-
-    def took(r: Any) -> None:
-        assert r is not None, "growth was short of blocks after the pool was checked"
-        for g, ids in enumerate(r if m._hybrid else (r,)):
-            added[g] += ids
-
+    core, hybrid = m.core, m._hybrid
+    added: list[tuple[int, ...]] = [()] * m.num_kv_cache_groups  # (no closure: a decode step's)
     held, scheduled = core.num_tokens(key), core.num_scheduled_tokens(key)
     if cache_to > scheduled:
         if min(cache_to, held) > scheduled:
-            took(core.extend(key, min(cache_to, held) - scheduled))
+            _took(added, core.extend(key, min(cache_to, held) - scheduled), hybrid)
         if cache_to > held:
-            took(core.append_tokens(key, core_tokens(request)[held:cache_to]))
+            _took(added, core.append_tokens(key, core_tokens(request)[held:cache_to]), hybrid)
         scheduled = cache_to
     if slots > scheduled:
-        took(core.reserve(key, slots - scheduled))
+        _took(added, core.reserve(key, slots - scheduled), hybrid)
     m._telemetry.on_allocated(added)
     return tuple(added)
+
+
+def _took(added: list[tuple[int, ...]], got: Any, hybrid: bool) -> None:
+    """Add a growth call's new block ids (per group when ``hybrid``) to ``added``."""
+    assert got is not None, "growth was short of blocks after the pool was checked"
+    if not hybrid:
+        added[0] += got
+        return
+    for g, ids in enumerate(got):
+        added[g] += ids
 
 
 

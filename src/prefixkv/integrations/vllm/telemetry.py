@@ -87,8 +87,10 @@ class Telemetry:
         ``metrics_collector`` needing them now), a ``PendingVllmEvents`` that the
         publisher's thread builds: the chain hashes are not computed here."""
         if hands_off and self.enable_kv_cache_events and self.metrics_collector is None:
-            return PendingVllmEvents(self.core.take_pending_events(), self.block_size,
-                                     self._spec_of_group)
+            pending = self.core.take_pending_events()
+            if pending.empty:  # (a step that recorded nothing, most decode steps: the
+                return []  # scheduler publishes nothing, or its connector's events alone)
+            return PendingVllmEvents(pending, self.block_size, self._spec_of_group)
         return self.built_events()
 
     def built_events(self) -> list[Any]:
