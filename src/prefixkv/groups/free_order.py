@@ -19,182 +19,315 @@ What is not known here is taken as alive: hits longer than the request's own pre
 (another request may hold their blocks), and blocks of the prefix cached elsewhere, even
 in the free queue ahead of this batch (they may be taken before, so the order never
 counts on them to kill a hit).
+
+Cost: once no windowed group has a block left to place and at most one group is full
+attention, placing a block frees nothing more, and the rest goes in vLLM's order as
+slices. Before that, the work is per block of the windows' held tail (a window's reach
+past its cut) and per hit that those blocks reach; hits are looked at lazily (a dead
+stretch is skipped in one step from the block that kills it), and where a group misses
+blocks is fetched in slices, from the top down (``found``). A long request beside a
+window of W tokens thus costs O(W / block_size) in Python plus C-speed passes over its
+tables (benchmarks/bench_free_order.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from itertools import chain, compress, repeat
+from operator import gt, is_not, itemgetter, neg, or_
+from typing import cast
 
 from ..core.block import Block
+from .free_runs import Found, Misses, held, once, reach, steady
 from .request import GroupRequest
 from .spec import GroupSpec
 
+_FLIP = bytes.maketrans(b"\x00\x01", b"\x01\x00")
+_RANK = itemgetter(0, 1)
+_BLOCK = itemgetter(2)
+
 
 def free_order(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest,
-               cached: Callable[[int, int], bool], longer: bool) -> list[Block]:
+               found: Found, longer: bool) -> list[Block]:
     """The request's blocks (not None), in the order to release them (module
-    docstring). ``cached(g, j)``: whether group ``g`` finds block ``j`` of the request's
-    prefix (``j < len(req.nodes)``), by any block; ``longer``: whether a longer prefix
+    docstring). ``found``: as ``free_runs.Found``; ``longer``: whether a longer prefix
     than the request's exists (hits past it may need its blocks)."""
-    k = len(req.nodes)
-    base: list[Block] = []
-    # per group, the blocks whose place matters (None elsewhere): cached content this
-    # release frees (a spare's place goes to its primary when that is free)
-    at: list[list[Block | None]] = []
-    moves = False
-    for t in req.tables:
-        row: list[Block | None] = [None] * k
-        for j in range(len(t) - 1, -1, -1):
-            b = t[j]
-            if b is not None:
-                base.append(b)
-                if j < k and b.key is not None and b.ref_cnt == 1:
-                    row[j] = b
-                    moves = True
-        at.append(row)
-    if not moves or len(specs) == 1:
-        return base
-    return _Cascade(specs, block_size, k, cached, longer, at).order(req.tables)
+    if req.nodes and len(specs) > 1:
+        cascade = _Cascade(specs, block_size, req, found, longer)
+        if cascade.moves:
+            return cascade.order()
+    return list(filter(None, chain.from_iterable(map(reversed, req.tables))))
 
 
 class _Cascade:
     """The hits of the request's prefix, 1 .. ``top`` blocks, alive or dead, and the
     blocks of use to them. Past ``top`` a hit needs no block below k but full
-    attention's: those hits are one, ``tail`` (alive only where a longer prefix is)."""
+    attention's: those hits are one, ``tail`` (alive only where a longer prefix is).
 
-    def __init__(self, specs: Sequence[GroupSpec], bs: int, k: int, cached: Callable[[int, int], bool],
-                 longer: bool, at: list[list[Block | None]]) -> None:
-        self.specs, self.k, self.at = specs, k, at
-        top = k + max(_reach(s, bs) for s in specs) if longer else k
-        self.top = top
+    A hit is alive unless a pointer says otherwise: ``down[h]`` (``up[h]``) is set once
+    h is known dead, and every hit strictly between it and h is dead too."""
+
+    def __init__(self, specs: Sequence[GroupSpec], bs: int, req: GroupRequest, found: Found,
+                 longer: bool) -> None:
+        k = len(req.nodes)
+        self.specs, self.bs, self.k, self.tables = specs, bs, k, req.tables
+        self.top = top = k + max(reach(s, bs) for s in specs) if longer else k
+        self.rel = [s.releases for s in specs]
+        self.steady = [steady(s, bs) for s in specs]
         self.windows = [g for g, s in enumerate(specs) if s.releases]
         self.fulls = [g for g, s in enumerate(specs) if not s.releases]
-        # firsts[g][h]: the first block a hit of h blocks needs in windowed group g
-        self.firsts: list[list[int]] = [[] for _ in specs]
-        alive = [True] * (top + 2)
-        alive[0] = alive[top + 1] = False
-        for g, s in enumerate(specs):
-            miss, row = 0, [0]  # blocks below j the group does not find
-            for j in range(k):
-                miss += not cached(g, j)
-                row.append(miss)
-            if s.releases:
-                self.firsts[g] = f = [s.num_unread(h * bs, bs) for h in range(top + 1)]
-                for h in range(1, top + 1):
-                    if alive[h] and row[min(h, k)] != row[min(f[h], k)]:
-                        alive[h] = False
-            elif miss:
-                for h in range(1, top + 1):
-                    if alive[h] and row[min(h, k)]:
-                        alive[h] = False
-        self.tail = longer and alive[top]
-        # the last alive at or below h (union-find, halved paths), and at or above
-        self.down = [h if alive[h] or h == 0 else h - 1 for h in range(top + 2)]
-        self.up = [h if alive[h] or h == top + 1 else h + 1 for h in range(top + 2)]
-        # per windowed group, block j's hits: (j, last[g][j]]
-        self.last: list[list[int]] = [[] for _ in specs]
+        self.misses = [Misses(found, g, k) for g in range(len(specs))]
+        self.down: dict[int, int] = {}
+        self.up: dict[int, int] = {}
+        self.seen: set[int] = set()  # hits found alive at the start
+        self.placed = [bytearray(len(t)) for t in req.tables]
+        # windowed groups' blocks whose place matters, from ``start[g]`` (below it the
+        # table is empty); full groups' are asked (``once``) where visited
+        self.at: list[list[Block | None]] = [[] for _ in specs]
+        self.start = [0] * len(specs)
+        self.pending = 0  # windowed groups' blocks not placed yet
         for g in self.windows:
-            f, row, h = self.firsts[g], [], 0
-            for j in range(k):
-                while h < top and f[h + 1] <= j:
-                    h += 1
-                row.append(h)
-            self.last[g] = row
-        self.placed = [bytearray(k) for _ in specs]
-        # windowed groups' blocks not placed yet: once none is left, beside one full group,
-        # placing a block frees nothing more (that group's blocks above it went before)
-        self.pending = sum(b is not None for g in self.windows for b in at[g])
+            t, c = req.tables[g], min(req.cut[g], k)
+            if t[:c].count(None) != c:
+                c = 0
+            row: list[Block | None] = [None] * k
+            flags = held(t[c:k])
+            if flags.count(1) == k - c:
+                row[c:k] = t[c:k]
+            else:
+                for j in compress(range(c, k), flags):
+                    row[j] = t[j]
+            self.pending += flags.count(1)
+            self.at[g], self.start[g] = row, c
+        self.moves = self.pending > 0 or any(
+            any(map(once, reversed(req.tables[g][:k]))) for g in self.fulls)
+        self.tail = longer and self._alive(top)
         self.freed: list[tuple[int, int, Block]] = []  # (group, -j, block): vLLM's order
+
+    def _alive(self, h: int) -> bool:
+        """Whether hit h (not killed) was alive at the start; a dead one gets pointers
+        past the stretch of hits that its missed blocks kill."""
+        if h in self.seen:
+            return True
+        k, bs, hi = self.k, self.bs, min(h, self.k)
+        low, high = h, -1  # the stretch (low, high] is dead
+        for g, s in enumerate(self.specs):
+            lo = min(s.num_unread(h * bs, bs), k) if s.releases else 0
+            q = self.misses[g].last(lo, hi) if lo < hi else -1
+            if q < 0:
+                continue
+            if not s.releases:  # (every hit above the first miss needs it)
+                low, high = min(low, self.misses[g].at[0]), self.top
+            elif self.steady[g]:  # (every hit needs its own last block: one in the run)
+                first, end = self.misses[g].run(q)
+                low, high = min(low, first), max(high, self._last(g, end))
+            else:
+                low, high = min(low, q), max(high, self._last(g, q))
+        if high < 0:
+            self.seen.add(h)
+            return True
+        self.down[h], self.up[h] = low, high + 1
+        return False
+
+    def _alive_down(self, low: int, hi: int) -> int:
+        """The least ``h >= low`` with every hit ``h .. hi`` alive (``hi + 1``: none),
+        at once: where the groups miss blocks, and the pointers, in C-speed passes."""
+        k, bs = self.k, self.bs
+        for g, s in enumerate(self.specs):
+            lo = min(s.num_unread(low * bs, bs), k) if s.releases else 0
+            q = self.misses[g].last(lo, min(hi, k)) if lo < min(hi, k) else -1
+            if q >= 0:
+                low = max(low, self._last(g, q) + 1 if s.releases else hi + 1)
+        hits = range(hi, low - 1, -1)
+        return max(low, next(compress(hits, map(self.down.__contains__, hits)), low - 1) + 1)
+
+    def _last(self, g: int, j: int) -> int:
+        """The longest hit that needs block j of windowed group g (those above j do)."""
+        return min(self.top, (self.specs[g].release_at(j, self.bs) - 1) // self.bs)
 
     def _below(self, h: int) -> int:
         """The longest hit alive of at most ``h`` blocks (0: none)."""
-        down = self.down
-        while down[h] != h:
-            down[h] = down[down[h]]
-            h = down[h]
+        return self._walk(self.down, h, 0)
+
+    def _above(self, h: int) -> int:
+        """The shortest hit alive of at least ``h`` blocks (top + 1: none)."""
+        return self._walk(self.up, h, self.top + 1)
+
+    def _walk(self, ptrs: dict[int, int], h: int, end: int) -> int:
+        """From hit h along ``ptrs`` to the first hit alive, or ``end`` (the pointers
+        never pass it); the hits walked over then point there."""
+        path = []
+        while h != end:
+            nxt = ptrs.get(h)
+            if nxt is None:
+                if self._alive(h):
+                    break
+                nxt = ptrs[h]
+            path.append(h)
+            h = nxt
+        for x in path[:-1]:
+            ptrs[x] = h
         return h
 
     def _of_use(self, g: int, j: int) -> bool:
         """Whether a hit alive needs block j of group g."""
-        if not self.specs[g].releases:
+        if not self.rel[g]:
             return self.tail or self._below(self.top) > j
-        up, h = self.up, j + 1
-        while up[h] != h:
-            up[h] = up[up[h]]
-            h = up[h]
-        return h <= self.last[g][j]
+        return self._above(j + 1) <= self._last(g, j)
 
-    def order(self, tables: list[list[Block | None]]) -> list[Block]:
-        at, placed, out = self.at, self.placed, []
-        low = self.k if self.tail else self._below(self.top)  # full groups' blocks from
-        for g, row in enumerate(at):  # it on, and windows' of no use, go first
-            for j in range(self.k - 1, -1 if self.specs[g].releases else low - 1, -1):
-                b = row[j]
+    def _block(self, g: int, j: int) -> Block | None:
+        """Block j of group g if its place matters, else None."""
+        if j >= self.k:
+            return None
+        if self.rel[g]:
+            return self.at[g][j]
+        b = self.tables[g][j]
+        return b if once(b) else None
+
+    def order(self) -> list[Block]:
+        k, placed = self.k, self.placed
+        out: list[Block] = []
+        low = k if self.tail else self._below(self.top)  # full groups' blocks from
+        for g, s in enumerate(self.specs):  # it on, and windows' of no use, go first
+            done, first = placed[g], k  # (blocks from first on are of use)
+            if self.steady[g] and self.start[g] < k:  # (hit j + 1 needs block j)
+                first = max(self.start[g], self._alive_down(self.start[g] + 1, self._last(g, k - 1)) - 1)
+            for j in range(first - 1, self.start[g] - 1 if s.releases else low - 1, -1):
+                b = self._block(g, j)
                 if b is not None and not self._of_use(g, j):
                     out.append(b)
-                    placed[g][j] = 1
-                    self.pending -= self.specs[g].releases
-        self.full_next = [self.k - 1] * len(self.specs)  # full groups: blocks above are placed
-        alone = len(self.fulls) <= 1
-        for g, t in enumerate(tables):
-            row, done = at[g], placed[g]
-            for j in range(len(t) - 1, -1, -1):
-                b = t[j]
-                if b is None:
-                    continue
-                if j >= self.k or row[j] is None:
-                    out.append(b)
-                elif not done[j]:
-                    out.append(b)
                     done[j] = 1
-                    if self.pending == 0 and alone:
-                        continue
-                    self.pending -= self.specs[g].releases
-                    self._kill(g, j)
-                    if self.freed:
-                        self.freed.sort(key=lambda x: (x[0], x[1]))
-                        out += [x[2] for x in self.freed]
-                        self.freed = []
+                    self.pending -= s.releases
+        self.full_next = low - 1  # full groups: their blocks above it are placed
+        alone = len(self.fulls) <= 1
+        for g, t in enumerate(self.tables):
+            done, releases, j = placed[g], self.rel[g], len(t) - 1
+            while j >= self.start[g]:
+                if self.pending == 0 and alone:  # (placing a block frees nothing now)
+                    for g2 in range(g, len(self.tables)):
+                        self._rest(g2, j if g2 == g else len(self.tables[g2]) - 1, out)
+                    return out
+                b = t[j]
+                if b is not None and not done[j]:
+                    if self._block(g, j) is None:
+                        out.append(b)
+                    elif (last := self._lockstep(g, j, out)) <= j:
+                        j = last
+                    else:
+                        out.append(b)
+                        done[j] = 1
+                        self.pending -= releases
+                        self._kill(g, j)
+                        if self.freed:
+                            self.freed.sort(key=_RANK)
+                            out += map(_BLOCK, self.freed)
+                            self.freed.clear()
+                j -= 1
         return out
+
+    def _rest(self, g: int, last: int, out: list[Block]) -> None:
+        """Group g's blocks ``last`` down to 0 that are not placed, in vLLM's order."""
+        t, done, lo = self.tables[g], self.placed[g], self.start[g]
+        if last < lo:
+            return
+        mid = done.find(1, lo, last + 1)  # (from the lowest placed block up: by flags)
+        mid = last + 1 if mid < 0 else mid
+        if mid <= last:
+            out += filter(None, compress(t[mid:last + 1][::-1], done[mid:last + 1][::-1].translate(_FLIP)))
+        below = t[lo:mid]
+        below.reverse()
+        out += filter(None, below) if None in below else cast("list[Block]", below)
 
     def _free(self, g: int, j: int) -> None:
         """Block j of group g is of no use now: it goes right after the block placed."""
-        b = self.at[g][j]
+        b = self._block(g, j)
         if b is not None and not self.placed[g][j]:
             self.placed[g][j] = 1
-            self.pending -= self.specs[g].releases
+            self.pending -= self.rel[g]
             self.freed.append((g, -j, b))
 
     def _kill(self, g: int, j: int) -> None:
         """Block j of group g is placed: the hits that need it die, and what is then
         of no use goes next."""
-        full = not self.specs[g].releases
+        full = not self.rel[g]
         if full:
             self.tail = False
-        h = self._below(self.top if full else self.last[g][j])
+        h = self._below(self.top if full else self._last(g, j))
         while h > j:  # (downward: each death looks at the blocks just below it)
             self._die(h)
             h = self._below(h - 1)
         if not self.tail and self.fulls:
             top = self._below(self.top)  # the longest hit alive (0: none)
-            for g2 in self.fulls:
-                while self.full_next[g2] >= top:
-                    self._free(g2, self.full_next[g2])
-                    self.full_next[g2] -= 1
+            if self.full_next >= top:  # (full groups' blocks top .. full_next, at once)
+                lo, hi = top, self.full_next + 1
+                for g2 in self.fulls:
+                    new = self._present(g2, lo, hi)
+                    done = self.placed[g2]
+                    done[lo:hi] = bytes(map(or_, done[lo:hi], new))
+                    blocks = cast("list[Block]", self.tables[g2][lo:hi])  # (None where new is 0)
+                    self.freed += compress(zip(repeat(g2), map(neg, range(lo, hi)), blocks), new)
+                self.full_next = top - 1
 
     def _die(self, h: int) -> None:
         self.up[h], self.down[h] = h + 1, h - 1
         below = self._below(h - 1)  # blocks under it keep that hit
         for g in self.windows:
             row, done = self.at[g], self.placed[g]
-            for j in range(max(below, self.firsts[g][h]), min(h, self.k)):
+            first = max(below, self.start[g], self.specs[g].num_unread(h * self.bs, self.bs))
+            for j in range(first, min(h, self.k)):
                 if row[j] is not None and not done[j] and not self._of_use(g, j):
                     self._free(g, j)
 
+    def _present(self, g: int, lo: int, hi: int) -> bytes:
+        """1 for each block lo .. hi-1 of group g whose place matters and is not placed
+        yet (``hi <= k``)."""
+        if self.rel[g]:
+            here = bytes(map(is_not, self.at[g][lo:hi], repeat(None)))
+        else:
+            here = held(self.tables[g][lo:hi])
+        return bytes(map(gt, here, self.placed[g][lo:hi]))
 
-def _reach(spec: GroupSpec, block_size: int) -> int:
-    """Blocks past a block j up to the last hit that needs it (1 + the blocks a query
-    reads behind it); 0 for full attention (every hit above j needs it)."""
-    if not spec.releases:
-        return 0
-    return spec.release_at(0, block_size) // block_size + 1
+    def _lockstep(self, d: int, top: int, out: list[Block]) -> int:
+        """Rounds of one shape, at once, from block ``top`` of group ``d`` (the next to
+        place) down: in round j, block j of d is placed and kills hit j + 1, the longest
+        alive (hit j lives on), and then every other group's block j goes, where its
+        place matters and it is not placed yet (no hit alive needs it). Returns the last
+        round's j (``top + 1``: not one round of that shape). A round per block in
+        Python would cost as much as the rest of the order together."""
+        if self.tail or (self.fulls and self.full_next != top) or self._below(self.top) != top + 1:
+            return top + 1
+        span = 64
+        while True:  # rounds top .. low: every group's flags stay as at top (d's: 1)
+            low = floor = max(0, top + 1 - span)
+            cols = []
+            for g in self.windows + self.fulls:  # (the windows' flags are cheap: bound first)
+                f = self._present(g, low, top + 1)
+                on = f[-1]
+                if g == d and not on:
+                    return top + 1
+                low += f.rfind(b"\x00" if on else b"\x01") + 1
+                if on:
+                    cols.append(g)
+            if low > floor or floor == 0:
+                break
+            span *= 8
+        low = self._alive_down(low, top)
+        if low >= top:  # (one round or none: the general path)
+            return top + 1
+        n = top + 1 - low
+        cols.sort()
+        cols.remove(d)
+        cols.insert(0, d)
+        step = len(cols)
+        rounds: list[Block | None] = [None] * (n * step)
+        for i, g in enumerate(cols):
+            rounds[i::step] = self.tables[g][low:top + 1][::-1]
+            self.placed[g][low:top + 1] = b"\x01" * n
+            self.pending -= n * self.rel[g]
+        out += cast("list[Block]", rounds)
+        dead = range(low + 1, top + 2)
+        self.down.update(zip(dead, repeat(low)))
+        self.up.update(zip(dead, repeat(top + 2)))
+        if self.fulls:
+            self.full_next = low - 1
+        return low
