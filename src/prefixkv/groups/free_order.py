@@ -253,9 +253,22 @@ class _Cascade:
         if full:
             self.tail = False
         h = self._below(self.top if full else self._last(g, j))
-        while h > j:  # (downward: each death looks at the blocks just below it)
-            self._die(h)
-            h = self._below(h - 1)
+        spans = []
+        while h > j:  # (each stretch of hits alive at once, downward)
+            low = max(j + 1, min(h, self._alive_down(j + 1, h)))
+            dead = range(low, h + 1)
+            self.down.update(zip(dead, repeat(low - 1)))
+            self.up.update(zip(dead, repeat(h + 1)))
+            spans.append((low, h))
+            h = self._below(low - 1)
+        k, bs = self.k, self.bs
+        for low, h in spans:  # (windowed blocks that only those hits read: of no use now)
+            for g2 in self.windows:
+                row, done = self.at[g2], self.placed[g2]
+                a, b = max(self.start[g2], min(self.specs[g2].num_unread(low * bs, bs), k)), min(h, k)
+                for j2 in compress(range(a, b), map(is_not, row[a:b], repeat(None))) if a < b else ():
+                    if not done[j2] and not self._of_use(g2, j2):
+                        self._free(g2, j2)
         if not self.tail and self.fulls:
             top = self._below(self.top)  # the longest hit alive (0: none)
             if self.full_next >= top:  # (full groups' blocks top .. full_next, at once)
@@ -267,16 +280,6 @@ class _Cascade:
                     blocks = cast("list[Block]", self.tables[g2][lo:hi])  # (None where new is 0)
                     self.freed += compress(zip(repeat(g2), map(neg, range(lo, hi)), blocks), new)
                 self.full_next = top - 1
-
-    def _die(self, h: int) -> None:
-        self.up[h], self.down[h] = h + 1, h - 1
-        below = self._below(h - 1)  # blocks under it keep that hit
-        for g in self.windows:
-            row, done = self.at[g], self.placed[g]
-            first = max(below, self.start[g], self.specs[g].num_unread(h * self.bs, self.bs))
-            for j in range(first, min(h, self.k)):
-                if row[j] is not None and not done[j] and not self._of_use(g, j):
-                    self._free(g, j)
 
     def _present(self, g: int, lo: int, hi: int) -> bytes:
         """1 for each block lo .. hi-1 of group g whose place matters and is not placed
