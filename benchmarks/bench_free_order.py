@@ -31,12 +31,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import prefixkv.groups.decode as decode_module
 import prefixkv.groups.manager as manager_module
 from prefixkv.bench.opcodes import count_opcodes
 from prefixkv.core.block import Block
 from prefixkv.core.request import RequestKeys
 from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
 from prefixkv.groups.free_order import free_order
+from prefixkv.groups.release_order import release_order
 from prefixkv.groups.request import GroupRequest
 
 BS = 16
@@ -110,6 +112,31 @@ def free_variants(ref: Any) -> dict[str, Callable[..., list[Block]]]:
     return {"new": free_order, "hybrid-r12": old, "vLLM plain": plain}
 
 
+GEMMA = [full_attention()] + [sliding_window(1024)] * 5
+
+
+def _decoding(k: int) -> HybridKVCacheManager:
+    """gemma3-like groups, a k-block prompt prefilled, decoded up to a block's last slot."""
+    m = HybridKVCacheManager(GEMMA, k + 6 * 1200, BS, seed=0)
+    n = k * BS - 1
+    assert m.add_request("r", list(range(1000, 1000 + n)), num_new_tokens=8192) is not None
+    while m.num_scheduled_tokens("r") < n:
+        assert m.extend("r", min(8192, n - m.num_scheduled_tokens("r"))) is not None
+    for t in range(BS + 1):  # (the windows' release moves to one block per boundary)
+        assert m.append_tokens("r", [7 + t]) is not None
+    while (m.num_scheduled_tokens("r") + 1) % BS:
+        assert m.append_tokens("r", [7]) is not None
+    return m
+
+
+def _plain_release(specs: Any, bs: int, req: GroupRequest, going: Any, finds: Any) -> list[Block]:
+    return req.release(going)
+
+
+def step_variants() -> dict[str, Callable[..., list[Block]]]:
+    return {"new": release_order, "vLLM plain": _plain_release}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=7)
@@ -136,7 +163,22 @@ def main() -> None:
             dt = time.perf_counter() - t0
             manager_module.free_order = free_order
             best["free", name] = min(best.get(("free", name), dt), dt)
-    ops = {(case, name): count_opcodes(fn) for case, fns in cases.items() for name, fn in fns.items()}
+    for _ in range(args.reps):
+        for name, fn in step_variants().items():
+            m = _decoding(k)
+            decode_module.release_order = fn  # type: ignore[assignment]
+            t0 = time.perf_counter()
+            m.append_tokens("r", [7])  # (releases one block of each window)
+            dt = time.perf_counter() - t0
+            decode_module.release_order = release_order
+            best["decode step, gemma3-like", name] = min(best.get(("decode step, gemma3-like", name), dt), dt)
+    ops: dict[tuple[str, str], int] = {}
+    for name, fn in step_variants().items():
+        m = _decoding(k)
+        decode_module.release_order = fn  # type: ignore[assignment]
+        ops["decode step, gemma3-like", name] = count_opcodes(lambda m=m: m.append_tokens("r", [7]))
+        decode_module.release_order = release_order
+    ops.update({(case, name): count_opcodes(fn) for case, fns in cases.items() for name, fn in fns.items()})
     for name, fn in variants.items():
         m, rid = _finished(k)
         manager_module.free_order = fn  # type: ignore[assignment]

