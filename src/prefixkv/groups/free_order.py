@@ -173,7 +173,8 @@ class _Cascade:
         """Whether a hit alive needs block j of group g."""
         if not self.rel[g]:
             return self.tail or self._below(self.top) > j
-        return self._above(j + 1) <= self._last(g, j)
+        # (no hit alive above j: the common answer once a full group's block is placed)
+        return self._below(self.top) > j and self._above(j + 1) <= self._last(g, j)
 
     def _block(self, g: int, j: int) -> Block | None:
         """Block j of group g if its place matters, else None."""
@@ -190,8 +191,11 @@ class _Cascade:
         low = k if self.tail else self._below(self.top)  # full groups' blocks from
         for g, s in enumerate(self.specs):  # it on, and windows' of no use, go first
             done, first = placed[g], k  # (blocks from first on are of use)
-            if self.steady[g] and self.start[g] < k:  # (hit j + 1 needs block j)
-                first = max(self.start[g], self._alive_down(self.start[g] + 1, self._last(g, k - 1)) - 1)
+            if self.steady[g] and self.start[g] < k:  # (hit j + 1 needs block j, and
+                hi = self._last(g, k - 1)  # the hits alive live .. hi need blocks from
+                live = self._alive_down(self.start[g] + 1, hi)  # num_unread(live * bs) on)
+                if live <= hi:
+                    first = max(self.start[g], min(s.num_unread(live * self.bs, self.bs), live - 1))
             for j in range(first - 1, self.start[g] - 1 if s.releases else low - 1, -1):
                 b = self._block(g, j)
                 if b is not None and not self._of_use(g, j):
