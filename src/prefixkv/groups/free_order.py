@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import chain, compress, repeat
-from operator import gt, is_not, itemgetter, neg, or_
+from operator import gt, is_not, itemgetter, or_
 from typing import cast
 
 from ..core.block import Block
@@ -103,6 +103,7 @@ class _Cascade:
             any(map(once, reversed(req.tables[g][:k]))) for g in self.fulls)
         self.tail = longer and self._alive(top)
         self.freed: list[tuple[int, int, Block]] = []  # (group, -j, block): vLLM's order
+        self.bulk: dict[int, list[Block]] = {}  # full groups' blocks freed, last first
 
     def _alive(self, h: int) -> bool:
         """Whether hit h (not killed) was alive at the start; a dead one gets pointers
@@ -222,10 +223,8 @@ class _Cascade:
                         done[j] = 1
                         self.pending -= releases
                         self._kill(g, j)
-                        if self.freed:
-                            self.freed.sort(key=_RANK)
-                            out += map(_BLOCK, self.freed)
-                            self.freed.clear()
+                        if self.freed or self.bulk:
+                            self._flush(out)
                 j -= 1
         return out
 
@@ -241,6 +240,19 @@ class _Cascade:
         below = t[lo:mid]
         below.reverse()
         out += filter(None, below) if None in below else cast("list[Block]", below)
+
+    def _flush(self, out: list[Block]) -> None:
+        """The blocks freed by the last placement, in vLLM's order (by group, each
+        group's last first)."""
+        freed, i = sorted(self.freed, key=_RANK), 0
+        for g in sorted(self.bulk):
+            while i < len(freed) and freed[i][0] < g:
+                out.append(freed[i][2])
+                i += 1
+            out += self.bulk[g]
+        out += map(_BLOCK, freed[i:])
+        self.freed.clear()
+        self.bulk.clear()
 
     def _free(self, g: int, j: int) -> None:
         """Block j of group g is of no use now: it goes right after the block placed."""
@@ -282,7 +294,7 @@ class _Cascade:
                     done = self.placed[g2]
                     done[lo:hi] = bytes(map(or_, done[lo:hi], new))
                     blocks = cast("list[Block]", self.tables[g2][lo:hi])  # (None where new is 0)
-                    self.freed += compress(zip(repeat(g2), map(neg, range(lo, hi)), blocks), new)
+                    self.bulk[g2] = list(compress(blocks[::-1], new[::-1]))
                 self.full_next = top - 1
 
     def _present(self, g: int, lo: int, hi: int) -> bytes:
