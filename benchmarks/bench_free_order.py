@@ -1,11 +1,12 @@
-"""The order a finished hybrid request's blocks join the free queue (groups/free_order.py):
-its cost against vLLM's plain order and against hybrid-r12's cascade (the reference copy,
-tests/free_order_reference.py), alternated in one process.
+"""The order a finished hybrid request's blocks join the free queue (groups/free_order.py),
+and a step's released blocks (groups/release_order.py): their cost against vLLM's plain
+order and against hybrid-r12's cascade (the reference copy, tests/free_order_reference.py),
+alternated in one process. Results: benchmarks/results/free-order-cpu.md.
 
     python benchmarks/bench_free_order.py [--reps 7] [--blocks 8192]
 
-Two settings, each a full-attention group beside a sliding window of 4096 tokens, block
-size 16 (so 8192 blocks a group is a 131,072-token request):
+Three settings; the first two a full-attention group beside a sliding window of 4096
+tokens, block size 16 (so 8192 blocks a group is a 131,072-token request):
 
 - order: the ordering function alone, on a request's tables as a finished prefill leaves
   them (the window's blocks below its cut released, every block cached and held once),
@@ -14,6 +15,9 @@ size 16 (so 8192 blocks a group is a 131,072-token request):
 - free: ``HybridKVCacheManager.free`` of such a request (prefilled in chunks of 8192),
   with the new order, hybrid-r12's (``find`` per block, as its manager asked), and vLLM's
   plain order (group by group, tail first, no block moved).
+- decode step: gemma3-like groups (full attention and five windows of 1024), a request
+  of ``--blocks`` blocks decoding across a block boundary, so that one step releases one
+  block of each window: ``append_tokens`` with release_order.py or vLLM's order.
 
 Each variant's time is the min over ``--reps`` rounds, the variants alternating within a
 round; Python bytecodes executed (sys.settrace, opcode events) are counted in a separate
