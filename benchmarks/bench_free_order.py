@@ -15,9 +15,11 @@ tokens, block size 16 (so 8192 blocks a group is a 131,072-token request):
 - free: ``HybridKVCacheManager.free`` of such a request (prefilled in chunks of 8192),
   with the new order, hybrid-r12's (``find`` per block, as its manager asked), and vLLM's
   plain order (group by group, tail first, no block moved).
-- decode step: gemma3-like groups (full attention and five windows of 1024), a request
-  of ``--blocks`` blocks decoding across a block boundary, so that one step releases one
-  block of each window: ``append_tokens`` with release_order.py or vLLM's order.
+- steps: gemma3-like groups (full attention and five windows of 1024), a request of
+  ``--blocks`` blocks decoding up to a block boundary; ``append_tokens`` of one token,
+  which releases one block of each window (release_order.py keeps vLLM's order), and the
+  same after a step of 64 tokens, which releases four of each, with release_order.py or
+  vLLM's order.
 
 Each variant's time is the min over ``--reps`` rounds, the variants alternating within a
 round; Python bytecodes executed (sys.settrace, opcode events) are counted in a separate
@@ -167,21 +169,25 @@ def main() -> None:
             dt = time.perf_counter() - t0
             manager_module.free_order = free_order
             best["free", name] = min(best.get(("free", name), dt), dt)
-    for _ in range(args.reps):
-        for name, fn in step_variants().items():
-            m = _decoding(k)
-            decode_module.release_order = fn  # type: ignore[assignment]
-            t0 = time.perf_counter()
-            m.append_tokens("r", [7])  # (releases one block of each window)
-            dt = time.perf_counter() - t0
-            decode_module.release_order = release_order
-            best["decode step, gemma3-like", name] = min(best.get(("decode step, gemma3-like", name), dt), dt)
+    # (a step releases what no query from its start on reads: after a 64-token step, the
+    # next step releases four blocks of each window)
+    steps = {"decode step, gemma3-like": 0, "step after 64 tokens, gemma3-like": 64}
     ops: dict[tuple[str, str], int] = {}
-    for name, fn in step_variants().items():
-        m = _decoding(k)
-        decode_module.release_order = fn  # type: ignore[assignment]
-        ops["decode step, gemma3-like", name] = count_opcodes(lambda m=m: m.append_tokens("r", [7]))
-        decode_module.release_order = release_order
+    for _ in range(args.reps + 1):  # (the last round counts bytecodes)
+        for case, tokens in steps.items():  # (one block of each window released; four)
+            for name, fn in step_variants().items():
+                m = _decoding(k)
+                if tokens:
+                    assert m.append_tokens("r", [7] * tokens) is not None
+                decode_module.release_order = fn  # type: ignore[assignment]
+                if _ == args.reps:
+                    ops[case, name] = count_opcodes(lambda m=m: m.append_tokens("r", [7]))
+                else:
+                    t0 = time.perf_counter()
+                    m.append_tokens("r", [7])
+                    dt = time.perf_counter() - t0
+                    best[case, name] = min(best.get((case, name), dt), dt)
+                decode_module.release_order = release_order
     ops.update({(case, name): count_opcodes(fn) for case, fns in cases.items() for name, fn in fns.items()})
     for name, fn in variants.items():
         m, rid = _finished(k)

@@ -14,8 +14,11 @@ benchmarks/results/groups-cpu.md).
 Only the windowed groups are looked at (a step releases no full-attention block): their
 hits are taken as served by the full groups, which is what the request's own held blocks
 do, and where it is not so a hit taken as alive only keeps a block from moving ahead.
-Cost: Python work per released block and per hit that reads one (a window's reach),
-whatever the request's length.
+A batch of one block per window (a decode step crossing a block boundary) keeps vLLM's
+order: moving ahead could only put a block whose hits are dead already before the others,
+and the cascade would cost several times the release (benchmarks/results/free-order-cpu.md).
+Otherwise the cost is Python work per released block and per hit that reads one (a
+window's reach), whatever the request's length, and C-speed copies of the windows' tables.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ def release_order(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest
     docstring). ``finds(g, nodes)``: whether group ``g`` finds each of ``nodes``
     (``GroupIndex.finds``)."""
     windows = [g for g, part in enumerate(going) if part and specs[g].releases]
-    if len(windows) < 2:
-        return req.release(going)
+    if len(windows) < 2 or all(len(going[g]) == 1 for g in windows):
+        return req.release(going)  # (one block each, a decode step's: little to move)
     view = GroupRequest(req.request_id, req.tokens, req.keys, len(windows))
     view.nodes = nodes = req.nodes
     view.cut = [req.cut[g] for g in windows]
