@@ -38,7 +38,8 @@ from operator import gt, is_not, itemgetter, or_
 from typing import cast
 
 from ..core.block import Block
-from .free_runs import Found, Misses, held, once, reach, steady
+from .free_hits import Hits
+from .free_runs import Found, held, once, reach
 from .request import GroupRequest
 from .spec import GroupSpec
 
@@ -62,10 +63,7 @@ def free_order(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest,
 class _Cascade:
     """The hits of the request's prefix, 1 .. ``top`` blocks, alive or dead, and the
     blocks of use to them. Past ``top`` a hit needs no block below k but full
-    attention's: those hits are one, ``tail`` (alive only where a longer prefix is).
-
-    A hit is alive unless a pointer says otherwise: ``down[h]`` (``up[h]``) is set once
-    h is known dead, and every hit strictly between it and h is dead too."""
+    attention's: those hits are one, ``tail`` (alive only where a longer prefix is)."""
 
     def __init__(self, specs: Sequence[GroupSpec], bs: int, req: GroupRequest, found: Found,
                  longer: bool) -> None:
@@ -73,13 +71,9 @@ class _Cascade:
         self.specs, self.bs, self.k, self.tables = specs, bs, k, req.tables
         self.top = top = k + max(reach(s, bs) for s in specs) if longer else k
         self.rel = [s.releases for s in specs]
-        self.steady = [steady(s, bs) for s in specs]
         self.windows = [g for g, s in enumerate(specs) if s.releases]
         self.fulls = [g for g, s in enumerate(specs) if not s.releases]
-        self.misses = [Misses(found, g, k) for g in range(len(specs))]
-        self.down: dict[int, int] = {}
-        self.up: dict[int, int] = {}
-        self.seen: set[int] = set()  # hits found alive at the start
+        self.hits = Hits(specs, bs, k, top, found)
         self.placed = [bytearray(len(t)) for t in req.tables]
         # windowed groups' blocks whose place matters, from ``start[g]`` (below it the
         # table is empty); full groups' are asked (``once``) where visited
@@ -101,81 +95,16 @@ class _Cascade:
             self.at[g], self.start[g] = row, c
         self.moves = self.pending > 0 or any(
             any(map(once, reversed(req.tables[g][:k]))) for g in self.fulls)
-        self.tail = longer and self._alive(top)
+        self.tail = longer and self.hits.alive(top)
         self.freed: list[tuple[int, int, Block]] = []  # (group, -j, block): vLLM's order
         self.bulk: dict[int, list[Block]] = {}  # full groups' blocks freed, last first
-
-    def _alive(self, h: int) -> bool:
-        """Whether hit h (not killed) was alive at the start; a dead one gets pointers
-        past the stretch of hits that its missed blocks kill."""
-        if h in self.seen:
-            return True
-        k, bs, hi = self.k, self.bs, min(h, self.k)
-        low, high = h, -1  # the stretch (low, high] is dead
-        for g, s in enumerate(self.specs):
-            lo = min(s.num_unread(h * bs, bs), k) if s.releases else 0
-            q = self.misses[g].last(lo, hi) if lo < hi else -1
-            if q < 0:
-                continue
-            if not s.releases:  # (every hit above the first miss needs it)
-                low, high = min(low, self.misses[g].at[0]), self.top
-            elif self.steady[g]:  # (every hit needs its own last block: one in the run)
-                first, end = self.misses[g].run(q)
-                low, high = min(low, first), max(high, self._last(g, end))
-            else:
-                low, high = min(low, q), max(high, self._last(g, q))
-        if high < 0:
-            self.seen.add(h)
-            return True
-        self.down[h], self.up[h] = low, high + 1
-        return False
-
-    def _alive_down(self, low: int, hi: int) -> int:
-        """The least ``h >= low`` with every hit ``h .. hi`` alive (``hi + 1``: none),
-        at once: where the groups miss blocks, and the pointers, in C-speed passes."""
-        k, bs = self.k, self.bs
-        for g, s in enumerate(self.specs):
-            lo = min(s.num_unread(low * bs, bs), k) if s.releases else 0
-            q = self.misses[g].last(lo, min(hi, k)) if lo < min(hi, k) else -1
-            if q >= 0:
-                low = max(low, self._last(g, q) + 1 if s.releases else hi + 1)
-        hits = range(hi, low - 1, -1)
-        return max(low, next(compress(hits, map(self.down.__contains__, hits)), low - 1) + 1)
-
-    def _last(self, g: int, j: int) -> int:
-        """The longest hit that needs block j of windowed group g (those above j do)."""
-        return min(self.top, (self.specs[g].release_at(j, self.bs) - 1) // self.bs)
-
-    def _below(self, h: int) -> int:
-        """The longest hit alive of at most ``h`` blocks (0: none)."""
-        return self._walk(self.down, h, 0)
-
-    def _above(self, h: int) -> int:
-        """The shortest hit alive of at least ``h`` blocks (top + 1: none)."""
-        return self._walk(self.up, h, self.top + 1)
-
-    def _walk(self, ptrs: dict[int, int], h: int, end: int) -> int:
-        """From hit h along ``ptrs`` to the first hit alive, or ``end`` (the pointers
-        never pass it); the hits walked over then point there."""
-        path = []
-        while h != end:
-            nxt = ptrs.get(h)
-            if nxt is None:
-                if self._alive(h):
-                    break
-                nxt = ptrs[h]
-            path.append(h)
-            h = nxt
-        for x in path[:-1]:
-            ptrs[x] = h
-        return h
 
     def _of_use(self, g: int, j: int) -> bool:
         """Whether a hit alive needs block j of group g."""
         if not self.rel[g]:
-            return self.tail or self._below(self.top) > j
+            return self.tail or self.hits.below(self.top) > j
         # (no hit alive above j: the common answer once a full group's block is placed)
-        return self._below(self.top) > j and self._above(j + 1) <= self._last(g, j)
+        return self.hits.below(self.top) > j and self.hits.above(j + 1) <= self.hits.last(g, j)
 
     def _block(self, g: int, j: int) -> Block | None:
         """Block j of group g if its place matters, else None."""
@@ -189,12 +118,12 @@ class _Cascade:
     def order(self) -> list[Block]:
         k, placed = self.k, self.placed
         out: list[Block] = []
-        low = k if self.tail else self._below(self.top)  # full groups' blocks from
+        low = k if self.tail else self.hits.below(self.top)  # full groups' blocks from
         for g, s in enumerate(self.specs):  # it on, and windows' of no use, go first
             done, first = placed[g], k  # (blocks from first on are of use)
-            if self.steady[g] and self.start[g] < k:  # (hit j + 1 needs block j, and
-                hi = self._last(g, k - 1)  # the hits alive live .. hi need blocks from
-                live = self._alive_down(self.start[g] + 1, hi)  # num_unread(live * bs) on)
+            if self.hits.steady[g] and self.start[g] < k:  # (hit j + 1 needs block j, and
+                hi = self.hits.last(g, k - 1)  # the hits alive live .. hi need blocks from
+                live = self.hits.alive_down(self.start[g] + 1, hi)  # num_unread(live * bs) on)
                 if live <= hi:
                     first = max(self.start[g], min(s.num_unread(live * self.bs, self.bs), live - 1))
             for j in range(first - 1, self.start[g] - 1 if s.releases else low - 1, -1):
@@ -268,15 +197,13 @@ class _Cascade:
         full = not self.rel[g]
         if full:
             self.tail = False
-        h = self._below(self.top if full else self._last(g, j))
+        h = self.hits.below(self.top if full else self.hits.last(g, j))
         spans = []
         while h > j:  # (each stretch of hits alive at once, downward)
-            low = max(j + 1, min(h, self._alive_down(j + 1, h)))
-            dead = range(low, h + 1)
-            self.down.update(zip(dead, repeat(low - 1)))
-            self.up.update(zip(dead, repeat(h + 1)))
+            low = max(j + 1, min(h, self.hits.alive_down(j + 1, h)))
+            self.hits.kill(low, h)
             spans.append((low, h))
-            h = self._below(low - 1)
+            h = self.hits.below(low - 1)
         k, bs = self.k, self.bs
         for low, h in spans:  # (windowed blocks that only those hits read: of no use now)
             for g2 in self.windows:
@@ -286,7 +213,7 @@ class _Cascade:
                     if not done[j2] and not self._of_use(g2, j2):
                         self._free(g2, j2)
         if not self.tail and self.fulls:
-            top = self._below(self.top)  # the longest hit alive (0: none)
+            top = self.hits.below(self.top)  # the longest hit alive (0: none)
             if self.full_next >= top:  # (full groups' blocks top .. full_next, at once)
                 lo, hi = top, self.full_next + 1
                 for g2 in self.fulls:
@@ -313,7 +240,7 @@ class _Cascade:
         place matters and it is not placed yet (no hit alive needs it). Returns the last
         round's j (``top + 1``: not one round of that shape). A round per block in
         Python would cost as much as the rest of the order together."""
-        if self.tail or (self.fulls and self.full_next != top) or self._below(self.top) != top + 1:
+        if self.tail or (self.fulls and self.full_next != top) or self.hits.below(self.top) != top + 1:
             return top + 1
         span = 64
         while True:  # rounds top .. low: every group's flags stay as at top (d's: 1)
@@ -330,7 +257,7 @@ class _Cascade:
             if low > floor or floor == 0:
                 break
             span *= 8
-        low = self._alive_down(low, top)
+        low = self.hits.alive_down(low, top)
         if low >= top:  # (one round or none: the general path)
             return top + 1
         n = top + 1 - low
@@ -344,9 +271,7 @@ class _Cascade:
             self.placed[g][low:top + 1] = b"\x01" * n
             self.pending -= n * self.rel[g]
         out += cast("list[Block]", rounds)
-        dead = range(low + 1, top + 2)
-        self.down.update(zip(dead, repeat(low)))
-        self.up.update(zip(dead, repeat(top + 2)))
+        self.hits.kill(low + 1, top + 1)
         if self.fulls:
             self.full_next = low - 1
         return low
