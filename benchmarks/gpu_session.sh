@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole GPU session in one command (benchmarks/README.md): run from any directory as
 #
-#   bash benchmarks/gpu_session.sh [--smoke] [env] [tests] [bench] [cascade] [profile] [tune]
+#   bash benchmarks/gpu_session.sh [--smoke] [env] [tests] [bench] [cascade] [profile] [gluon] [tune]
 #
-# Steps (all six when none is named), each under its own `timeout` so that one slow step
+# Steps (all seven when none is named), each under its own `timeout` so that one slow step
 # cannot eat the others, all inside one session deadline that fits the device tool's
 # 10-minute command:
 #   env    nvidia-smi (queries only), Python/torch/triton versions, CPU count
@@ -14,16 +14,21 @@
 #   cascade benchmarks/time_cascade.py: plain against cascade attention on shared prefixes
 #   profile Nsight Compute (ncu, where installed) on the SPEC prefill, one run per tile of
 #          benchmarks/kernel_profile.py, into ncu-profile.txt; without ncu, timings only
+#   gluon  benchmarks/gluon_pingpong.py --time: the Gluon ping-pong probe (not the library's
+#          kernel) checked against the fp32 reference and timed on the goal shape's
+#          cached-prefix attention, dense and paged, into the log (its correctness tests,
+#          tests/kernels/test_gluon_pingpong.py, run in the tests step)
 #   tune   benchmarks/tune_kernels.py, its budget cut to the time that is left
 # Everything goes to $OUT (unset: benchmarks/results): gpu-session.log (all output), the
 # kernels-, cascade- and tune-<device>.json/.md of the three scripts and ncu-profile.txt:
 # 8 files at most (the device tool brings back 8).
 # --smoke runs the same steps on tiny shapes (the interpreter without a GPU; tests: only
-# tests/kernels/test_tiling.py) to check the script itself; tests/kernels/test_bench_kernels.py
+# tests/kernels/test_tiling.py; gluon: the probe's sm_90a compile and static model, as
+# Gluon has no interpreter) to check the script itself; tests/kernels/test_bench_kernels.py
 # runs it once and checks the bench's and the tune's smoke results in its $OUT.
 #
 # Environment: OUT, PYTHON (python3), SESSION_S (570: the deadline for all steps),
-# TESTS_S (200), BENCH_S (170), CASCADE_S (90), PROFILE_S (240), TUNE_S (400): caps per
+# TESTS_S (200), BENCH_S (170), CASCADE_S (90), PROFILE_S (240), GLUON_S (60), TUNE_S (400): caps per
 # step, PROFILE_TILES (all four of kernel_profile.py), TUNE_SHAPES (all three), TEST_JOBS (8: xdist
 # workers), TUNE_JOBS (compile processes of the tune), PREFIXKV_COMMIT (the commit to
 # record, ahead of the copy's .git, which the device tool can leave stale).
@@ -36,13 +41,13 @@ STEPS=()
 for arg in "$@"; do
     case $arg in
         --smoke) SMOKE=1 ;;
-        env | tests | bench | cascade | profile | tune) STEPS+=("$arg") ;;
-        -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
-        *) echo "gpu_session.sh: unknown argument '$arg' (steps: env tests bench cascade profile tune; --smoke)" >&2
+        env | tests | bench | cascade | profile | gluon | tune) STEPS+=("$arg") ;;
+        -h | --help) sed -n '2,34p' "$0"; exit 0 ;;
+        *) echo "gpu_session.sh: unknown argument '$arg' (steps: env tests bench cascade profile gluon tune; --smoke)" >&2
            exit 2 ;;
     esac
 done
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(env tests bench cascade profile tune)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(env tests bench cascade profile gluon tune)
 
 PY=${PYTHON:-python3}
 OUT=${OUT:-$ROOT/benchmarks/results}
@@ -130,6 +135,16 @@ step_profile() {
     return $rc
 }
 
+step_gluon() {
+    # Gluon has no interpreter: the smoke compiles the paged kernel for sm_90a and runs the
+    # static model on its SASS (what benchmarks/results/kernels-sm90-gluon-pingpong.md reports)
+    if [ "$SMOKE" = 1 ]; then
+        env -u TRITON_INTERPRET "$PY" benchmarks/gluon_pingpong.py --layout paged
+        return
+    fi
+    env -u TRITON_INTERPRET "$PY" benchmarks/gluon_pingpong.py --time
+}
+
 step_tune() {
     local limit=$1 jobs=()
     [ -n "${TUNE_JOBS:-}" ] && jobs=(--jobs "$TUNE_JOBS")
@@ -164,6 +179,7 @@ for step in "${STEPS[@]}"; do
         bench) run_step bench "${BENCH_S:-170}" ;;
         cascade) run_step cascade "${CASCADE_S:-90}" ;;
         profile) run_step profile "${PROFILE_S:-240}" ;;
+        gluon) run_step gluon "${GLUON_S:-60}" ;;
         tune) run_step tune "${TUNE_S:-400}" ;;
     esac
 done

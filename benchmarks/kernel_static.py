@@ -293,7 +293,8 @@ def shape_ceiling(loops: dict, trips: dict, key: str = "peak_fraction") -> float
 
 
 def compile_launch(jit_fn, args, kwargs, target_tuple=SM90):
-    """Specialise a recorded launch as ``JITFunction.run`` would and compile it; no device."""
+    """Specialise a recorded launch as ``JITFunction.run`` would and compile it; no device.
+    A Gluon kernel (``gluon.jit``) compiles from its own AST source (``GluonASTSource``)."""
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
@@ -306,6 +307,8 @@ def compile_launch(jit_fn, args, kwargs, target_tuple=SM90):
     binder = create_function_from_signature(jit_fn.signature, jit_fn.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = jit_fn._pack_args(backend, kwargs, bound, specialization, options)
+    if getattr(jit_fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: N814
     log = io.StringIO()
     with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
         knobs.nvidia.dump_ptxas_log = True  # printed only when ptxas runs ...

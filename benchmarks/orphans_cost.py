@@ -22,15 +22,30 @@ each, so the walk's pass over the keyed contents sees them all):
   own blocks forgotten, no descendant);
 - ``rewind-hit``: a request that hit block 0 of a cached 8-block prompt rewinds to 0
   (block 0 forgotten; on the fixed tree, its 7 cached descendants go too).
+
+``--groups LIVE`` runs ``free``, ``admit``, ``decode``, ``abort`` and ``rewind-hit`` on
+``HybridKVCacheManager`` (full attention beside a 32-token window) instead, with LIVE
+other live requests of 128 full blocks each (their prefixes fill its prefix table).
+
+``--chain LIVE,BLOCKS,DEPTHS`` (e.g. ``1000,128,1/4/16``) measures ``uncache_blocks`` of
+one block instead, on each manager (``core``: ``KVCacheManager``; ``full`` and
+``full+window``: ``HybridKVCacheManager``): LIVE live requests of BLOCKS full blocks each;
+among them ``b``, whose block 0 is a spare of ``a``'s and whose later blocks were computed
+on it, and a chain of DEPTH requests, each hitting one more block of the one before (the
+first hits b's block 1) and computing the rest of its blocks on it. The call names b's
+block 0. Bytecodes (traced) and wall time (untraced, one call: each needs a fresh build)
+per call, and the hit of the last link's prompt after it (the same in both builds).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 
 from prefixkv import KVCacheManager
+from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
 
 BS = 4
 
@@ -67,9 +82,8 @@ def prompt(tag: int) -> list[int]:
     return [tag * 100 + j for j in range(8 * BS)] + [7]
 
 
-def cases(cached: int, events: bool) -> dict[str, int]:
-    out = {}
-    m = manager(cached, events)
+def basic(m: KVCacheManager | HybridKVCacheManager, out: dict[str, int]) -> None:
+    """``free``, ``admit`` and ``decode`` on ``m``, into ``out``."""
     m.add_request("f", prompt(1))
     out["free"] = count(lambda: m.free("f"))
     out["admit"] = count(lambda: m.add_request("g", prompt(2)))
@@ -77,6 +91,24 @@ def cases(cached: int, events: bool) -> dict[str, int]:
     m.add_request("d", prompt(3))
     out["decode"] = count(lambda: [m.append_tokens("d", [5]) for _ in range(16)])
     m.free("d")
+
+
+def forgets(m: KVCacheManager | HybridKVCacheManager, out: dict[str, int]) -> None:
+    """``abort`` and ``rewind-hit`` on ``m``, into ``out``."""
+    m.add_request("x", prompt(4))
+    out["abort"] = count(lambda: m.free("x", num_computed_tokens=0))
+    m.add_request("p", prompt(5))
+    m.free("p")
+    m.add_request("h", prompt(5)[:BS] + [99])
+    out["rewind-hit"] = count(lambda: m.rewind("h", 0))
+    m.free("h")
+    m.check_invariants()
+
+
+def cases(cached: int, events: bool) -> dict[str, int]:
+    out = {}
+    m = manager(cached, events)
+    basic(m, out)
     m.add_request("q", prompt(6))
     m.free("q")
     fork = prompt(6)[:2 * BS] + [9_000 + j for j in range(6 * BS)] + [7]
@@ -93,24 +125,84 @@ def cases(cached: int, events: bool) -> dict[str, int]:
             s.free(i)
     out["fork-stream"] = count(forks) // 3000
     s.check_invariants()
-    m.add_request("x", prompt(4))
-    out["abort"] = count(lambda: m.free("x", num_computed_tokens=0))
-    m.add_request("p", prompt(5))
-    m.free("p")
-    m.add_request("h", prompt(5)[:BS] + [99])
-    out["rewind-hit"] = count(lambda: m.rewind("h", 0))
-    m.free("h")
-    m.check_invariants()
+    forgets(m, out)
     return out
+
+
+LAYOUTS = {"full": [full_attention()], "full+window": [full_attention(), sliding_window(32)]}
+
+
+def chain_manager(kind: str, live: int, blocks: int, depth: int
+                  ) -> tuple[KVCacheManager | HybridKVCacheManager, list[int], list[int]]:
+    """The ``--chain`` scene: the manager, the block ids to name (b's block 0, per group)
+    and the last link's prompt."""
+    n = live * (blocks + 2) + 64
+    m: KVCacheManager | HybridKVCacheManager = (
+        KVCacheManager(n, BS, seed=0) if kind == "core"
+        else HybridKVCacheManager(LAYOUTS[kind], n, BS, seed=0))
+    x0 = [1, 2, 3, 4]
+    m.add_request("a", x0 + [0])
+    m.add_request("b", x0)  # no hit: its block 0 is a spare of a's
+    tail = blocks * BS + 1
+
+    def fresh(tag: int, k: int) -> list[int]:
+        return [1_000_000 + tag * 10_000 + j for j in range(k)]
+    m.append_tokens("b", fresh(0, tail - BS))
+    prev = x0 + fresh(0, tail - BS)
+    for i in range(1, depth + 1):  # link i hits blocks 0..i: block i computed by link i-1
+        prev = prev[:(i + 1) * BS] + fresh(i, tail - (i + 1) * BS)
+        m.add_request(("c", i), prev)
+    for i in range(live - depth - 2):
+        m.add_request(("x", i), fresh(100 + i, tail))
+    ids = m.get_block_ids("b")
+    named = [ids[0]] if kind == "core" else [t[0] for t in ids]  # type: ignore[union-attr]
+    return m, named, prev + [0]
+
+
+def group_cases(live: int) -> dict[str, int]:
+    m = HybridKVCacheManager(LAYOUTS["full+window"], live * 130 + 64, BS, seed=0)
+    for i in range(live):
+        m.add_request(("l", i), [2_000_000 + i * 1_000 + j for j in range(128 * BS + 1)])
+    out: dict[str, int] = {}
+    basic(m, out)
+    forgets(m, out)
+    return out
+
+
+def chain_cases(live: int, blocks: int, depths: list[int]) -> None:
+    print("| manager | depth | bytecodes | wall ms | hit of the last link after |")
+    print("|---|---|---|---|---|")
+    for kind in ("core", *LAYOUTS):
+        for d in depths:
+            m, named, last = chain_manager(kind, live, blocks, d)
+            ops = count(lambda m=m, named=named: m.uncache_blocks(named))  # type: ignore[misc]
+            hit = m.lookup(last)
+            m, named, last = chain_manager(kind, live, blocks, d)
+            t = time.perf_counter()
+            m.uncache_blocks(named)
+            ms = (time.perf_counter() - t) * 1e3
+            assert m.lookup(last) == hit
+            print(f"| {kind} | {d} | {ops} | {ms:.2f} | {hit} |")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cached", default="0,1000,10000")
     ap.add_argument("--events", action="store_true")
+    ap.add_argument("--chain", default=None)
+    ap.add_argument("--groups", default=None)
     a = ap.parse_args()
     import prefixkv
     print(f"src: {prefixkv.__file__}  events: {a.events}")
+    if a.groups is not None:
+        print("| live requests | " + " | ".join(group_cases(0)) + " |")
+        for live in map(int, a.groups.split(",")):
+            print(f"| {live} | " + " | ".join(map(str, group_cases(live).values())) + " |")
+        return
+    if a.chain is not None:
+        live, blocks, depths = a.chain.split(",")
+        chain_cases(int(live), int(blocks), [int(d) for d in depths.split("/")])
+        return
     print("| cached contents | " + " | ".join(cases(0, a.events)) + " |")
     for c in map(int, a.cached.split(",")):
         r = cases(c, a.events)

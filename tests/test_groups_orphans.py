@@ -9,6 +9,8 @@ of 13 tokens, the last block read a's invalid block 1)."""
 
 from __future__ import annotations
 
+import pytest
+
 from prefixkv import AllBlocksCleared, BlockRemoved, BlockStored
 from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
@@ -197,3 +199,105 @@ def test_a_prefix_whose_only_reference_was_a_forgotten_child_stays_for_the_reque
     machine.consistent()
     machine.hits_hold_sound_kv()
     machine.events_predict_lookup()
+
+
+LAYOUTS = {"full": (FULL,), "full+window": (FULL, sliding_window(8))}
+
+
+def _spare_chain(groups):
+    """a's block 0, b's spare of it and b's block 1 on it; c hits b's block 1 and computes
+    its block 2 on it; d's block 1 is a spare of b's (computed on a's sound block 0)."""
+    m, mirror = _manager(groups, 40)
+    m.add_request("a", [1, 2, 3, 4, 0])
+    m.add_request("b", [1, 2, 3, 4])  # no hit (the block holding its last token)
+    assert m.append_tokens("b", [0, 5, 6, 7, 8]) is not None  # b's block 1
+    assert m.add_request("c", [1, 2, 3, 4, 0, 5, 6, 7, 9, 9, 9, 9, 1]).num_cached_tokens == 8
+    assert m.add_request("d", [1, 2, 3, 4, 0, 5, 6, 7]).num_cached_tokens == 4
+    ids = {r: m.get_block_ids(r) for r in "abcd"}
+    for t in range(len(groups)):
+        assert ids["c"][t][:2] == (ids["a"][t][0], ids["b"][t][1])  # c read b's block 1
+        assert ids["d"][t][0] == ids["a"][t][0] and ids["b"][t][0] != ids["a"][t][0]
+    return m, mirror, ids
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_request_that_hit_a_block_computed_on_a_failed_spare_loses_its_later_blocks(layout):
+    # as the core's test (tests/test_orphans.py): uncache_blocks took the blocks after a
+    # named one only from the requests holding a named block, so c's block 2 (computed
+    # on b's block 1, computed on b's failed block 0) stayed found: d's spare keeps the
+    # prefix of block 1, and with it its child
+    groups = LAYOUTS[layout]
+    m, mirror, ids = _spare_chain(groups)
+    m.uncache_blocks([t[0] for t in ids["b"]])  # the load into b's block 0 failed
+    m.check_invariants()
+    prompt = [1, 2, 3, 4, 0, 5, 6, 7, 9, 9, 9, 9, 0]
+    assert m.lookup(prompt) == 8  # d's block 1; before: 12 (c's block 2)
+    for g in range(len(groups)):
+        assert mirror.announced(g, prompt) == [True, True, False]  # before: c's block 2 too
+    m.free("b")
+    m.free("c")
+    m.check_invariants()
+    assert m.add_request("e", prompt).num_cached_tokens == 8  # before: 12
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_chain_of_hits_on_blocks_computed_on_a_failed_one_goes_to_its_end(layout):
+    # e hit c's block 2 (itself on b's block 1, on b's failed block 0) and computed its
+    # block 3; d's block 2, on its sound block 1, is a spare of c's: the chain is followed
+    # until nothing new joins it
+    groups = LAYOUTS[layout]
+    m, mirror, ids = _spare_chain(groups)
+    deep = [1, 2, 3, 4, 0, 5, 6, 7, 9, 9, 9, 9, 3, 3, 3, 3, 1]
+    assert m.append_tokens("d", [9, 9, 9, 9, 3]) is not None  # d's block 2
+    assert m.add_request("e", deep).num_cached_tokens == 12
+    assert m.get_block_ids("e")[0][2] == m.get_block_ids("c")[0][2]
+    m.uncache_blocks([t[0] for t in ids["b"]])
+    m.check_invariants()
+    assert m.lookup(deep[:16] + [0]) == 12  # d's blocks 1 and 2; before: 16 (e's block 3)
+    for g in range(len(groups)):
+        assert mirror.announced(g, deep[:16]) == [True, True, True, False]
+    m.free("e")
+    m.check_invariants()
+    assert m.add_request("g", deep[:16] + [0]).num_cached_tokens == 12
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_request_holding_no_failed_block_keeps_what_it_computed(layout):
+    # d computed its block 1 on a's sound block 0: the failure of b's spare of it takes
+    # b's blocks after it and c's, not d's
+    groups = LAYOUTS[layout]
+    m, mirror, ids = _spare_chain(groups)
+    assert m.append_tokens("d", [2, 2, 2, 2, 2]) is not None  # d's block 2, on d's block 1
+    m.uncache_blocks([t[0] for t in ids["b"]])
+    m.check_invariants()
+    prompt = [1, 2, 3, 4, 0, 5, 6, 7, 2, 2, 2, 2, 0]
+    assert m.lookup(prompt) == 12
+    for g in range(len(groups)):
+        assert mirror.announced(g, prompt) == [True, True, True]
+    m.free("d")
+    m.check_invariants()
+
+
+def test_a_prefix_lists_its_children_within_a_bound_and_forgets_them_all():
+    # forget walks a forgotten prefix's descendants through its children (kids); children
+    # that left the table (their blocks evicted) stay listed until the list outgrows
+    # twice the prefix's references (as one is listed), then are swept
+    m, mirror = _manager([full_attention(), sliding_window(8)], 12)
+    shared = [1, 2, 3, 4, 5, 6, 7, 8]
+    m.add_request("a", shared + [0])
+    node = m._requests["a"].nodes[1]  # the prefix of block 1, held by a
+    for i in range(60):  # a child each under block 1; a small pool evicts the older ones
+        m.add_request(i, shared + [100 + i] * 4 + [0])
+        assert len(node.kids) <= 20  # (unswept: every child ever, 60; 12 blocks hold few)
+        m.free(i)
+        m.check_invariants()  # (every child in the table is listed)
+    assert m.lookup(shared + [159] * 4 + [0]) == 12
+    w, f = m.get_block_ids("a")
+    m.uncache_blocks([w[1], f[1]])  # a's load of block 1 failed: every child goes
+    m.check_invariants()
+    assert m.lookup(shared + [159] * 4 + [0]) == 4
+    assert mirror.announced(1, shared + [159] * 4) == [True, False, False]
+    m.free("a")
+    m.check_invariants()

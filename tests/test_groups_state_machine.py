@@ -376,6 +376,68 @@ class HybridMachine(RuleBasedStateMachine):
         self.m.free(rid)
         self._forget(rid)
 
+    @rule(target=live, rid=live, toks=st.lists(st.integers(0, 9), min_size=BS, max_size=BS + 3),
+          tail=st.lists(st.integers(0, 9), min_size=BS + 1, max_size=2 * BS + 1),
+          more=st.lists(st.integers(0, 9), max_size=5))
+    def fail_load_under_hits(self, rid, toks, tail, more):
+        """The chain through hits: ``b`` computes ``rid``'s last full block J again (a
+        spare of it) and, on it, a block J+1 of ``toks``; ``c`` hits b's block J+1 and
+        computes its ``tail`` on it; ``d`` computes block J+1 again on rid's sound block
+        J (a spare of b's: the prefix stays found). Then b's load of block J is found to
+        have failed: b's KV from J on is garbage, and so is c's from the first of those
+        blocks it holds (what it computed read them). ``uncache_blocks`` names b's block
+        J alone; c decodes ``more`` over garbage; b and c go, d stays. Only where no
+        other live request holds a block made garbage."""
+        if rid not in self.tokens or self.scheduled[rid] != len(self.tokens[rid]) \
+                or len(self.tokens[rid]) < BS:
+            return multiple()
+        extra, full = self.extra[rid], len(self.tokens[rid]) // BS
+        j = full - 1
+        b = self._admit(self.tokens[rid][:full * BS], extra, None)
+        if not isinstance(b, str):
+            return multiple()
+        self.append(b, toks)
+        made = [b]
+        if len(self.tokens[b]) >= (j + 2) * BS:
+            made.append(self._admit(self.tokens[b][:(j + 2) * BS] + tail, extra, None))
+            made.append(self._admit(self.tokens[b][:(j + 2) * BS], extra, None))
+        made = [r for r in made if isinstance(r, str)]
+        if len(made) < 3:
+            return multiple(*made)
+        b, c, d = made
+        null = self.null
+        rows = self.m.get_block_ids(b)
+        bad = {ids[i] for ids in rows for i in range(j, len(ids)) if ids[i] != null}
+        k = min((i for ids in self.m.get_block_ids(c) for i, x in enumerate(ids) if x in bad),
+                default=None)
+        if k is not None:  # (c read b's garbage from block k on)
+            bad |= {ids[i] for ids in self.m.get_block_ids(c) for i in range(k, len(ids))
+                    if ids[i] != null}
+        held = {x for r in self.tokens if r not in (b, c) for ids in self.m.get_block_ids(r)
+                for x in ids}
+        if held & bad:
+            return multiple(*made)
+        self.last = None
+        for x in bad:
+            self.kv[x] = [BAD] * BS
+        self.m.uncache_blocks([ids[j] for ids in rows if ids[j] != null])
+        self.m.check_invariants()
+        s = self.scheduled[c]
+        if more and k is None:
+            self.append(c, more)
+        elif more and self.m.append_tokens(c, more) is not None:
+            self.tokens[c] += more
+            self.scheduled[c] += len(more)
+            for ids in self.m.get_block_ids(c):
+                for pos in range(s, s + len(more)):
+                    if ids[pos // BS] != null:
+                        self.kv[ids[pos // BS]][pos % BS] = BAD
+        self.failed = [*self.failed[-2:], (self.tokens[b], extra), (self.tokens[c], extra)]
+        for r in (b, c):
+            self.m.free(r)
+            self._forget(r)
+        return d
+
     @rule(rid=live, n=st.integers(0, 9))
     def reserve(self, rid, n):
         if rid not in self.tokens:

@@ -11,6 +11,7 @@ device announces it (medium "CPU"); a slot whose announced content is dropped wi
 first.
 """
 
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -146,3 +147,36 @@ class HostTierMachine(RuleBasedStateMachine):
 
 
 TestHostTierMachine = HostTierMachine.TestCase
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5])
+@pytest.mark.parametrize("empties", [0, 1, 4])
+def test_reserve_takes_empty_slots_in_the_order_take_gives_them(n, empties):
+    """``reserve`` takes the empty slots first, in the order ``_take`` pops them (all of
+    them: the stack itself, reversed in place), then cached ones; the tier's empty stack
+    keeps the rest, and a later ``_take`` pops what it would have."""
+    def tier():
+        t = HostTier(4, EventLog(100))
+        t._empty = t._empty[:empties]
+        return t
+    a, b = tier(), tier()
+    got = [s.block_id for s in a.reserve(n)]
+    want = [b._empty.pop().block_id for _ in range(min(n, empties))]
+    assert got == want and a.num_landing == len(got)
+    assert [s.block_id for s in a._empty] == [s.block_id for s in b._empty]
+    if a._empty:
+        assert a.reserve(1)[0].block_id == b._take().block_id
+
+
+@pytest.mark.parametrize("before", [0, 1, 3, 5])
+def test_load_ids_join_the_steps_loads_in_order(before):
+    """``load_ids`` after ``before`` loads stated in the step: one ``BlockLoads``, the
+    earlier ids first, whichever list the tier keeps (it takes the caller's longer ones)."""
+    t = HostTier(8, EventLog(100))
+    t.load_src, t.load_dst = list(range(before)), list(range(100, 100 + before))
+    src, dst = [50, 51, 52], [150, 151, 152]
+    t.load_ids(src, dst)
+    (op,) = t.take_loads()
+    assert op.src == (*range(before), 50, 51, 52)
+    assert op.dst == (*range(100, 100 + before), 150, 151, 152)
+    assert not t.take_loads()

@@ -568,6 +568,14 @@ class BlockSizeOneManagerMachine(ManagerMachine):
     num_blocks = 20
 
 
+class FastPathBlockSizeOneManagerMachine(BlockSizeOneManagerMachine):
+    """Blocks of one token without events: each miss records a long pending run
+    (``index/pending.py``), which the small pool evicts whole or cuts at its tail, and
+    hits, forks, decodes and uncaches write."""
+
+    events = False
+
+
 class BlockSizeThreeHostTierManagerMachine(HostTierManagerMachine):
     """Blocks of three tokens (not a power of two) and a host tier."""
 
@@ -598,5 +606,7 @@ TestHostTierChainManagerMachine.settings = settings(max_examples=100, stateful_s
                                                     deadline=None)
 TestBlockSizeOneManagerMachine = BlockSizeOneManagerMachine.TestCase
 TestBlockSizeOneManagerMachine.settings = SETTINGS
+TestFastPathBlockSizeOneManagerMachine = FastPathBlockSizeOneManagerMachine.TestCase
+TestFastPathBlockSizeOneManagerMachine.settings = SETTINGS
 TestBlockSizeThreeHostTierManagerMachine = BlockSizeThreeHostTierManagerMachine.TestCase
 TestBlockSizeThreeHostTierManagerMachine.settings = SETTINGS

@@ -271,6 +271,28 @@ def test_evicted_blocks_of_a_hybrid_model_are_no_longer_hit():
     assert m.get_computed_blocks(request("b", list(range(40))))[1] == BS
 
 
+def test_evict_blocks_takes_what_a_request_computed_on_a_hit_of_a_block_computed_on_the_failed_one():
+    # b computed block 0 again (a spare of a's) and block 1 on it; c hit b's block 1 and
+    # computed block 2 on it; d computed both again (its block 1 a spare of b's, sound).
+    # b's block 0 failed to load: before, c's block 2 stayed found (a hit of 48 tokens)
+    from prefixkv.integrations.vllm import KVCacheManager
+
+    m = KVCacheManager(config(full(), window(), num_blocks=40), max_model_len=8192,
+                       scheduler_block_size=BS, hash_block_size=BS)
+    p0, p1, p2 = list(range(BS)), list(range(100, 100 + BS)), list(range(200, 200 + BS))
+    assert m.allocate_slots(request("a", p0 + [0]), 17) is not None
+    assert m.allocate_slots(request("b", p0 + p1 + [8]), 33) is not None  # no hit asked
+    c = request("c", p0 + p1 + p2 + [1])
+    blocks, n, _ = m.get_computed_blocks(c)
+    assert n == 32 and m.allocate_slots(c, 49 - n, n, blocks) is not None
+    assert m.allocate_slots(request("d", p0 + p1 + [5]), 33) is not None  # no hit asked
+    b_ids, c_ids = m.get_block_ids("b"), m.get_block_ids("c")
+    assert all(cg[1] == bg[1] for bg, cg in zip(b_ids, c_ids, strict=True))
+    m.evict_blocks({ids[0] for ids in b_ids})
+    m.core.check_invariants()
+    assert m.get_computed_blocks(request("e", p0 + p1 + p2 + [0]))[1] == 32  # before: 48
+
+
 def test_scheduler_example_schedules_every_step_as_vllm_does(capsys):
     """examples/vllm_scheduler.py: vLLM's scheduler class picked from
     ``SchedulerConfig.scheduler_cls`` runs on prefixkv's manager, hits the shared prompt

@@ -41,8 +41,9 @@ def test_refuses_without_cuda(capsys):
 SESSION = SCRIPT.parent / "gpu_session.sh"
 
 
-SESSION_SETTINGS = frozenset({"SESSION_S", "TESTS_S", "BENCH_S", "CASCADE_S", "PROFILE_S", "TUNE_S",
-                              "PROFILE_TILES", "TUNE_SHAPES", "TEST_JOBS", "TUNE_JOBS", "PREFIXKV_COMMIT"})
+SESSION_SETTINGS = frozenset({"SESSION_S", "TESTS_S", "BENCH_S", "CASCADE_S", "PROFILE_S", "GLUON_S",
+                              "TUNE_S", "PROFILE_TILES", "TUNE_SHAPES", "TEST_JOBS", "TUNE_JOBS",
+                              "PREFIXKV_COMMIT"})
 
 
 def _session(*args: str, out: Path, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
@@ -188,8 +189,10 @@ def test_gpu_session_smoke_runs_every_step_into_out(smoke_session):
     assert names == {"gpu-session.log", "kernels-smoke.json", "kernels-smoke.md", "tune-smoke.json",
                      "tune-smoke.md", "cascade-smoke.json", "cascade-smoke.md"}
     log = (out / "gpu-session.log").read_text()
-    for step in ("env", "tests", "bench", "cascade", "profile", "tune"):
+    for step in ("env", "tests", "bench", "cascade", "profile", "gluon", "tune"):
         assert f"=== {step} (limit" in log and f"\n{step}: rc 0," in log
+    # the gluon step's smoke: the ping-pong probe compiled for sm_90a and its static model
+    assert '"layout": "paged"' in log and '"n_spills": 0' in log
     cascade = json.loads((out / "cascade-smoke.json").read_text())
     assert [c["name"] for c in cascade["cases"]] == ["decode", "chunked prefill"]
     assert all(c["max_abs_diff"] < 1e-2 and c["cascade_mb"] < c["plain_mb"] for c in cascade["cases"])
@@ -207,7 +210,8 @@ def test_kernel_benchmarks_import_only_the_shared_helpers():
     import ast
 
     scripts = {p.stem: p for p in SCRIPT.parent.glob("*.py")}
-    helpers = {"kernel_problems", "kernel_static", "kernel_timing", "kernel_versus",
+    helpers = {"kernel_problems", "kernel_static", "kernel_timing", "kernel_versus", "kernel_pingpong",
+               "gluon_pingpong_kernel",
                "alloc_ab", "alloc_ab_report", "alloc_replay", "alloc_worker", "vllm_side"}
     for name, path in scripts.items():
         tree = ast.parse(path.read_text())

@@ -251,9 +251,42 @@ def test_a_host_hit_before_the_run_goes_up_with_it_at_the_landing(backend, layou
     assert m.lookup_block_ids(A) == tuple(b.block_id for b in up + devices)
     (loads,) = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
     assert loads.dst == tuple(b.block_id for b in up + devices)
+    tail = f.tail[0]
     adm = m.add_request("b", A)
     assert adm.num_cached_tokens == 12
+    assert adm.block_ids == tuple(b.block_id for b in up + devices + [tail])
     assert (m.stats.host_hits, m.stats.store_hits) == (4, 8)
+    assert f.blocks is None and f.devices is None and not f.held   # the request's now
+    m.check_invariants()
+    m.free("b")
+    assert m.num_free_blocks == 8
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("lookahead", [0, 4, 8])
+def test_the_readmission_takes_the_starts_block_list_and_grows_it(backend, layout, lookahead):
+    """A run landed whole on the device: the re-admission's blocks are the list the
+    start took (held hits, run) with the tail block after it, and more from the pool
+    for a lookahead, with no copy of it (``Fetch.blocks``, handed over: issue 25, a
+    2049-block list copied three times per re-admission); the request grows that list
+    as it decodes, and the fetch keeps no reference to it."""
+    m, ex, _ = setup(backend, layout)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    f = m._waits.waiting["b"]
+    taken, tail, devices = f.blocks, f.tail[0], list(f.devices)
+    assert taken == devices and tail not in taken
+    ex.run()
+    assert m.poll_store() == ["b"]
+    assert f.blocks is taken
+    adm = m.add_request("b", A, num_lookahead_tokens=lookahead)
+    assert m._get("b").blocks is taken and f.blocks is None
+    ids = tuple(b.block_id for b in devices + [tail])
+    assert adm.num_cached_tokens == 12 and adm.block_ids[:4] == ids
+    assert len(adm.block_ids) == 4 + lookahead // 4
+    assert m.num_free_blocks == 4 - lookahead // 4
+    m.check_invariants()
+    m.append_tokens("b", [99] * 8)                    # decode: the list grows in place
+    assert m.get_block_ids("b")[:4] == ids and adm.block_ids[:4] == ids
     m.check_invariants()
     m.free("b")
     assert m.num_free_blocks == 8

@@ -205,8 +205,12 @@ def test_a_write_while_the_server_sleeps_is_counted_and_the_writer_goes_on(serve
 @pytest.mark.parametrize("when", ["idle", "mid-fetch"])
 def test_the_stores_connections_killed_cost_at_most_that_fetch(server, when, monkeypatch):
     """``CLIENT KILL TYPE normal``: while the reads' connections are pooled, the next
-    fetch opens new ones and hits; right after a fetch sent its GETs, that fetch hits
-    (the replies were out) or fails whole (one error, a miss) and the next one hits."""
+    fetch opens new ones and hits; right after a fetch sent its first GETs, that fetch
+    hits (the replies were out), or serves its first part alone (two connections, one
+    part each: the second part's were not), or fails whole (one error, a miss); the next
+    one hits. (Found flaky at load ~10: a kill after each part's send, from both fetcher
+    threads at once, opened a second admin connection, counted as the store's; and the
+    test knew no half hit: store-r13, the case's steps repeated under load.)"""
     backend, shared, layout = setup(server, f"kill-{when}")
     w = Engine(shared)
     w.compute("w", PROMPT)
@@ -214,6 +218,7 @@ def test_the_stores_connections_killed_cost_at_most_that_fetch(server, when, mon
     e = Engine(SharedStore(backend, layout, cost=always(), timeout=LIVE, retry_after=0))
     assert e.probe(PROMPT) == 32
     killer = admin(server)
+    killer.ping()                                    # (its connection: not the store's)
     files = fds()
     if when == "idle":
         assert killer.client_kill_filter(_type="normal", skipme=True) >= 1
@@ -221,17 +226,17 @@ def test_the_stores_connections_killed_cost_at_most_that_fetch(server, when, mon
     else:
         from prefixkv.store import resp
 
-        send = resp.Resp.send
+        send, once = resp.Resp.send, threading.Lock()
 
         def send_then_kill(self, data, deadline):
             send(self, data, deadline)
-            if b"GET" in data:
+            if b"GET" in data and once.acquire(blocking=False):   # (the first part's send)
                 killer.client_kill_filter(_type="normal", skipme=True)
 
         monkeypatch.setattr(resp.Resp, "send", send_then_kill)
         got = e.probe(PROMPT)
         monkeypatch.undo()
-        assert (got, e.m.stats.store_errors) in ((32, 0), (0, 1))
+        assert (got, e.m.stats.store_errors) in ((32, 0), (16, 1), (0, 1))
         e.quiet()
         assert e.probe(PROMPT) == 32
     e.quiet()

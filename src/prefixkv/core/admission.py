@@ -199,7 +199,8 @@ class Admitter:
         taken = reused is not None and fetch is not None and fetch.on_device  # the fetch's
         # held blocks are the hits; the block it took for the tokens after them is a new one
         spare = self._waits.spare(fetch, bool(taken)) if fetch is not None else 0  # type: ignore[union-attr]
-        if not (take <= pool.num_free if claimed is not None
+        if not (take <= pool.num_free if claimed is not None  # (taken: the fetch holds
+                else take - spare <= pool.num_free if taken  # every hit: none is free)
                 else pool.can_acquire(held, take - spare)):
             if claimed is not None:
                 pool.unclaim(hits, claimed)
@@ -233,8 +234,10 @@ class Admitter:
                 assert b is not None, "a free block was counted above"
                 hits.append(b)
             req.blocks = hits
-        elif taken:  # (each holds the fetch's reference: the request's now)
-            req.blocks = hits + self._waits.tail(fetch, need) if need or spare else hits  # type: ignore[union-attr,arg-type]
+        elif taken:  # (each holds the fetch's reference: the request's now; ``hits`` is
+            if need or spare:  # a list ``reuse`` handed over, grown in place)
+                hits += self._waits.tail(fetch, need)  # type: ignore[union-attr,arg-type]
+            req.blocks = hits
         else:
             req.blocks = (pool.acquire(hits, need) if not loads
                           else self._acquire_loading(req, hits, held, need))
@@ -259,8 +262,8 @@ class Admitter:
         """The hits that are not device blocks (host slots, fetched blocks: to load), and
         the device blocks; in the common case (the device blocks first), two slices.
         ``device``: how many device blocks come first and are all there are, if known."""
-        if device is not None:
-            return hits[device:], hits[:device]
+        if device is not None:  # (all of them: the list itself, not a copy)
+            return (hits[device:], hits[:device]) if device < len(hits) else ([], hits)
         kinds = list(map(type, hits))
         n = kinds.count(Block)
         if n == len(hits):

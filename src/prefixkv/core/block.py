@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -40,6 +41,7 @@ class _NoChild:
     chained = twin = False
     parent_cid = content_id = -1
     extra = None
+    counted = starts = None
 
 
 class _Unlinked:
@@ -55,13 +57,22 @@ class RunCounts:
     """How many of one index's runs are ``shared``, and how many of those are ``free``
     (count 0: their blocks are in the cached tier). While none is free no block the pool
     evicts is counted through a run, and while none is shared no block it releases is:
-    it skips those per-block checks (each count changes per run, never per block)."""
+    it skips those per-block checks (each count changes per run, never per block).
+    ``pending``: the runs whose blocks' content is not written yet (``Run.pending``);
+    ``settle``: the index's call that writes a pending run's content (``Run.dissolve``
+    needs it before the blocks are counted alone)."""
 
-    __slots__ = ("shared", "free")
+    __slots__ = ("shared", "free", "pending", "settle")
 
     def __init__(self) -> None:
         self.shared = 0
         self.free = 0
+        self.pending: set[Run] = set()
+        self.settle: Callable[[Run], None] = _no_pending
+
+
+def _no_pending(run: Run) -> None:
+    raise AssertionError(f"{run!r} is pending in an index that records none")
 
 
 class Run:
@@ -100,13 +111,22 @@ class Run:
     out as one segment, leaving those links; nothing else writes a held block's links):
     the next release that frees them in that order links its two ends alone.
 
-    ``counts``: the index's ``RunCounts``, kept as ``shared`` and ``n`` change."""
+    ``counts``: the index's ``RunCounts``, kept as ``shared`` and ``n`` change.
+
+    ``pending``: recorded by a miss's ``store`` without writing its blocks' content (see
+    ``index/pending.py``): each block has its ``counted`` and links, the last block its
+    whole content; the others have no key (``key`` None, not ``chained``; ``content_id``
+    stale) until the index writes them (``RunCounts.settle``), which it does before
+    anything but a claim of the whole run, a release or an eviction reads one of them.
+    Pending implies shared: ``dissolve`` settles it first. ``pcid``: the head's content
+    id (the first block's ``parent_cid``); ``cid0``: the first block's content id (block
+    i's is ``cid0 + i``)."""
 
     __slots__ = ("blocks", "chunks", "extra", "ok", "seen", "n", "shared", "fwd", "linked",
-                 "counts")
+                 "counts", "pending", "pcid", "cid0")
 
     def __init__(self, blocks: list[Block], chunks: list[bytes], extra: bytes, ok: int,
-                 seen: int, counts: RunCounts) -> None:
+                 seen: int, counts: RunCounts, pcid: int = 0) -> None:
         self.blocks = blocks
         self.chunks = chunks
         self.extra = extra
@@ -117,9 +137,15 @@ class Run:
         self.fwd = False
         self.linked = False
         self.counts = counts
+        self.pending = False
+        self.pcid = pcid
+        self.cid0 = 0
 
     def dissolve(self) -> None:
-        """Give each block its own count again (the shared one), not shared from now on."""
+        """Give each block its own count again (the shared one), not shared from now on
+        (a pending run's content written first)."""
+        if self.pending:
+            self.counts.settle(self)
         if self.shared:
             self.shared = self.linked = False
             n = self.n
@@ -133,21 +159,45 @@ class Run:
     def evicted(self) -> None:
         """Every block of this free shared run is being evicted at once: broken (its
         content goes), not shared; the caller clears each block's ``counted`` and sets its
-        count as it takes it (no pass to dissolve)."""
+        count as it takes it (no pass to dissolve). A pending run's blocks hold no key but
+        the last one's, cleared here: the index has none of them to drop."""
         self.ok = -1
         self.shared = self.linked = False
         self.counts.shared -= 1
         self.counts.free -= 1
+        if self.pending:
+            self.pending = False
+            self.counts.pending.discard(self)
+            last = self.blocks[-1]
+            last.key = None
+            last.chained = False
 
     def truncate(self, keep: int) -> list[Block]:
         """Cut this free shared run after its first ``keep`` blocks (``0 < keep <
         len(blocks)``; their content stays, one segment still): the blocks cut off, last
         first (the order the cached tier holds them in when not ``fwd``), for the
-        eviction to take (their ``counted`` is the caller's to clear)."""
+        eviction to take (their ``counted`` is the caller's to clear). A pending run stays
+        pending: its old last block's key is cleared (the index holds none of the blocks
+        cut off), its new last block's content written."""
         gone = self.blocks[:keep - 1:-1]
         del self.blocks[keep:]
         del self.chunks[keep + 1:]
+        if self.pending:
+            old = gone[0]
+            old.key = None
+            old.chained = False
+            self.write_last()
         return gone
+
+    def write_last(self) -> None:
+        """Write the content of a pending run's last block (chained under the one before)."""
+        k = len(self.blocks)
+        b = self.blocks[-1]
+        b.content_id = self.cid0 + k - 1
+        b.parent_cid = self.cid0 + k - 2 if k > 1 else self.pcid
+        b.extra = self.extra
+        b.key = self.chunks[-1]
+        b.chained = True
 
     def broken(self) -> None:
         """One of the blocks (or the head) lost its content: not ``ok``, not shared."""
@@ -156,7 +206,8 @@ class Run:
             self.dissolve()
 
     def __repr__(self) -> str:
-        return f"Run(ok={self.ok}, n={self.n if self.shared else None}, len={len(self.blocks)})"
+        return (f"Run(ok={self.ok}, n={self.n if self.shared else None}, len={len(self.blocks)}"
+                f"{', pending' if self.pending else ''})")
 
 
 

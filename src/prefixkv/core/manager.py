@@ -18,8 +18,8 @@ from ..events import AllBlocksCleared
 from ..extra_keys import ExtraKeys
 from ..results import Fork, SharedPrefix
 from .block import Block
+from .dependents import computed_on
 from .prompt import Prompt, prepare_prompt
-from .request import computed_on
 from .sharing import shared_prefixes
 from .step_outputs import StepOutputs
 
@@ -210,7 +210,9 @@ class KVCacheManager(StepOutputs):
         ids = check_block_ids(block_ids, len(blocks))
         held = [blocks[i] for i in ids if blocks[i].ref_cnt > 0]
         if held:  # (and the blocks live requests computed on top of them)
-            held = computed_on(self._requests.values(), held, self.block_size)
+            bs = self.block_size
+            held = computed_on((((r.blocks,), r.num_scheduled // bs)
+                                for r in self._requests.values()), held)
         landing = getattr(self._index, "landing", None)
         if landing:  # (blocks a store fetch fills: no findable content yet, as a free block)
             apart = {id(b) for run in landing.values() for b in run}

@@ -143,6 +143,7 @@ class BlockPool:
         head, _ = self._cached.ends()
         b = head.next
         blocks = [b] * n  # (each entry set below: a store, no call, per block)
+        keyless: list[tuple[int, int]] | None = None  # spans of pending runs' blocks
         if self.runs.free:  # a free shared run's blocks may be among them
             i = 0
             while i < n:
@@ -150,6 +151,7 @@ class BlockPool:
                 if r is not None:  # the first of a free shared run's blocks met: they are
                     # consecutive from here in the cached tier (its content goes below)
                     k = len(r.blocks)
+                    pending = r.pending  # (no key in the index: ``Run.pending``)
                     if k <= n - i:  # all of them: from its list, not its links, and no
                         seg = r.blocks if r.fwd else r.blocks[::-1]  # pass to dissolve
                         r.evicted()
@@ -163,10 +165,19 @@ class BlockPool:
                         assert seg[0] is b, (seg[0], b)
                         b = seg[-1].next
                         blocks[i:i + k] = seg
-                        for x in seg:
-                            x.counted = None
-                            x.refs = 1
-                            x.starts = None  # (a run it headed: see below)
+                        if pending:  # one record: nothing of it for the index to drop
+                            keyless = keyless or []
+                            keyless.append((i, i + k))
+                        if pending:  # each block's own count is 1 already (as
+                            # recorded: nothing writes it while counted through a run);
+                            # they head no run (a stale ``starts`` is checked by a claim)
+                            for x in seg:
+                                x.counted = None
+                        else:
+                            for x in seg:
+                                x.counted = None
+                                x.refs = 1
+                                x.starts = None  # (a run it headed: see below)
                         i += k
                         continue
                 blocks[i] = b
@@ -182,7 +193,7 @@ class BlockPool:
                 b = b.next
         head.next, b.prev = b, head
         self._cached.forget(n)
-        self.index.drop(blocks)
+        self.index.drop(blocks if keyless is None else _outside(blocks, keyless))
         return blocks
 
     def release(self, blocks: Iterable[Block]) -> None:
@@ -323,8 +334,9 @@ class BlockPool:
             if b.block_id in seen or b.ref_cnt or b.key is not None:
                 return f"bad or repeated empty-tier block {b!r}"
             seen.add(b.block_id)
-        for b in self._cached:
-            if b.block_id in seen or b.ref_cnt or b.key is None or b.twin:
+        for b in self._cached:  # (a pending run's blocks have no key yet: ``Run``)
+            if b.block_id in seen or b.ref_cnt or b.twin or (b.key is None and (
+                    b.counted is None or not b.counted.pending)):
                 return f"bad or repeated cached-tier block {b!r}"
             seen.add(b.block_id)
         broken = self._cached.broken_link()
@@ -339,3 +351,14 @@ class BlockPool:
         if len(seen) != self.num_free:
             return f"free queue holds {len(seen)} != num_free {self.num_free}"
         return self.index.check(self.blocks)
+
+
+def _outside(blocks: list[Block], spans: list[tuple[int, int]]) -> list[Block]:
+    """The blocks of ``blocks`` outside ``spans`` (ascending, disjoint index ranges)."""
+    out: list[Block] = []
+    at = 0
+    for i, j in spans:
+        out += blocks[at:i]
+        at = j
+    out += blocks[at:]
+    return out

@@ -13,7 +13,7 @@ A request is its content (token ids and the keys that, with them, determine its 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from operator import attrgetter
 from typing import Protocol, TypeVar
 
@@ -162,21 +162,3 @@ def step_requests(live: Mapping[Hashable, _R], get: Callable[[Hashable], _R], pr
     if k > 1 and len(set(reqs)) != k:  # requests hash by identity: cheaper than ids
         raise RequestError("a request id appears twice in one step")
     return reqs
-
-
-def computed_on(reqs: Iterable[Request], blocks: list[Block], block_size: int) -> list[Block]:
-    """``blocks`` and, for each of ``reqs`` holding one, its full scheduled blocks after
-    it (their KV read it), repeated for what that adds (a request that hit such a later
-    block computed its own on top of it too): each block once, ``blocks`` first."""
-    reqs = list(reqs)
-    going, out, grew = {id(b) for b in blocks}, list(blocks), True
-    while grew:
-        grew = False
-        for req in reqs:
-            full = req.num_scheduled // block_size
-            first = next((j for j, b in enumerate(req.blocks[:full]) if id(b) in going), full)
-            later = [b for b in req.blocks[first + 1:full] if id(b) not in going]
-            going.update(map(id, later))
-            out += later
-            grew = grew or bool(later)
-    return out

@@ -77,15 +77,21 @@ def fetch_ready(f: Fetch) -> None:
     (``fill_landing``: everything ``land`` would write but the first slot's key, which
     makes the run findable), note whether
     the run's token chunks are distinct (``HostTier.land``'s ``unique``) and, if they
-    are, map them to the slots (its ``keyed``: a dict of the fetch's own, which the
-    scheduler merges into the tier's map when it lands the whole run), list the slots'
+    are and the run lands in host slots alone, map them to the slots (its ``keyed``: a
+    dict of the fetch's own, which the scheduler merges into the tier's map when it
+    lands the whole run; a device run's slots are keyed only when it lands there alone,
+    after a lost race: ``land`` maps them then), list the slots'
     ids (``slot_ids``, for the loads) and, in staging buffers, state the run's copies
     into its slots (``fetched``)."""
     run = f.run
     slots = f.slots[:run]
-    keyed = dict(zip(f.chunks[:run], slots, strict=True))
-    f.unique = len(keyed) == run
-    f.keyed = keyed if f.unique else None
+    if f.devices is None:
+        keyed = dict(zip(f.chunks[:run], slots, strict=True))
+        f.unique = len(keyed) == run
+        f.keyed = keyed if f.unique else None
+    else:  # (a device run's slots are keyed only if it lands in them alone, a lost race:
+        # no map the landing would free on the scheduler's thread; ``land`` builds it then)
+        f.unique = len(set(f.chunks[:run])) == run
     f.slot_ids = [s.block_id for s in slots]
     fill_landing(slots, f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run],
                  f.chunks[:run] if f.devices is None else None)  # (a device run's slots
@@ -144,7 +150,7 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
                 _promote(f, hits, d, index, host)
         else:  # the run lands in the slots alone, if at all
             gone = f.tail + _emptied(devices) + f.up[::-1] + f.held[::-1]
-            f.devices, f.held, f.up, f.tail = None, [], [], []
+            f.devices, f.held, f.up, f.tail, f.blocks = None, [], [], [], None
             devices = None
     if start < end:
         lo, hi, bs = start - first, end - first, block_size
@@ -254,6 +260,10 @@ def _on_device(f: Fetch, devices: list[Block], hi: int, cids: Sequence[int], fil
     index.land_run(run, f.chunks[0], hits[-1] if hits else None, slots)
     src = f.slot_ids if filled and len(f.slot_ids) == hi else [s.block_id for s in slots]
     dst = f.device_ids if filled and len(f.device_ids) == hi else [b.block_id for b in run]
-    host.load_ids(src, dst)
+    host.load_ids(src, dst)  # (the tier's lists now, maybe)
+    f.slot_ids, f.device_ids = [], []
     f.on_device = hi
-    return _emptied(devices[hi:]) if hi < len(devices) else []
+    if hi == len(devices):  # (``blocks``: the held hits and the whole run, as landed)
+        return []
+    f.blocks = None
+    return _emptied(devices[hi:])

@@ -95,7 +95,7 @@ class StoreWaits:
             taken = pool.acquire(hits[:d] if held else hits, len(slots) + first - d + 1)
         staged, views = self.buffers.views()
         f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
-                  chunks[first:first + len(slots)], req.keys.of_blocks(first, first + len(slots)),
+                  chunks, req.keys.of_blocks(first, first + len(slots)),  # (``prepare`` cuts)
                   slots, [], now + link.store.timeout, staged, views)
         f.hits, f.hit_cids = hits, [h.content_id for h in hits] if hits else []
         if type(prompt) is list:  # (and a copy: the caller may change its list meanwhile)
@@ -106,8 +106,9 @@ class StoreWaits:
         f.parent_cid = hits[-1].content_id if hits else 0
         f.ready = fetch_ready  # (store_landing.py)
         if on_device:
-            f.devices, f.held, f.step = taken[first:-1], taken[:d], self.index.step
-            f.tail = taken[-1:]
+            f.tail = [taken.pop()]
+            f.devices, f.held, f.step = taken[first:], taken[:d], self.index.step
+            f.blocks = taken  # (the held hits, the blocks for the host hits, the run's)
             if first > d:
                 f.up = taken[d:first]
             self.index.landing[id(f)] = f.devices
@@ -175,6 +176,8 @@ class StoreWaits:
             if b.key is None or b.content_id != c:
                 return None
         if f.on_device and devices is not None:  # (held since they landed: they hold it)
+            if f.on_device == len(devices) and f.blocks is not None:  # the start's list,
+                return req, f.blocks, len(f.blocks)  # held and run: no per-block work
             landed = devices if f.on_device == len(devices) else devices[:f.on_device]
             return req, hits + landed, len(hits) + len(landed)  # (the walk's limit: no
             # block after them is looked for)
@@ -205,7 +208,7 @@ class StoreWaits:
             return False
         if taken:
             self.holders.discard(f)
-            f.held, f.devices = [], None
+            f.held, f.devices, f.blocks = [], None, None
         elif f.ended and f in self.holders:
             self._release(f)
         return True
@@ -249,7 +252,7 @@ class StoreWaits:
         if devices is not None:  # (a fetch that ended holds the blocks of its run alone)
             k = f.on_device if f.ended else len(devices)
             out = devices[k - 1::-1] + out if k else out
-        f.held, f.devices = [], None
+        f.held, f.devices, f.blocks = [], None, None
         self.pool.release(out)
 
     def holds(self) -> list[Block]:

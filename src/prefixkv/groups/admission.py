@@ -35,12 +35,12 @@ from ..index import Hasher
 from ..index.announce import Prepared
 from ..stats import StatsCounter
 from .fit import least_blocks
-from .hits import longest_hit
 from .index import GroupIndex
+from .lookup import hit_nodes, peeking, window_hits
 from .prefixes import Prefix, PrefixTable
 from .request import GroupRequest
 from .results import GroupAdmission, GroupBlockCopy
-from .spec import GroupSpec
+from .spec import GroupSpec, group_specs
 
 
 class GroupAdmitter:
@@ -51,12 +51,7 @@ class GroupAdmitter:
         hash_mode: str | HashFn = "xxhash", seed: int | bytes | None = None,
         enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
     ) -> None:
-        try:
-            specs = tuple(groups)
-        except TypeError:
-            raise ConfigError(f"groups must be a sequence of GroupSpec, got {groups!r}") from None
-        if not specs or not all(isinstance(s, GroupSpec) for s in specs):
-            raise ConfigError(f"groups must be a non-empty sequence of GroupSpec, got {groups!r}")
+        specs = group_specs(groups)
         check_positive("num_blocks", num_blocks, MAX_BLOCKS)
         check_positive("block_size", block_size)
         check_flag("enable_events", enable_events, ConfigError)
@@ -151,7 +146,7 @@ class GroupAdmitter:
         req, nodes, prompt = self._find(request_id, prompt_token_ids, extra,
                                         check_flag("read_cache", read_cache, RequestError),
                                         max_hit_tokens=max_hit_tokens,
-                                        peek=self._peeking(peek), admit=True)
+                                        peek=peeking(self.groups, peek), admit=True)
         n, bs, k = len(req.tokens), self.block_size, len(nodes)
         usable = self.num_blocks - (self._null is not None)
         if blocks_for(n + num_lookahead_tokens, bs) * len(self.groups) > usable:  # else it fits
@@ -163,7 +158,7 @@ class GroupAdmitter:
         todo = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
         total = num_cached + todo
         first = min(num_cached + num_external_tokens, n)  # the first query's position
-        cuts, hits = self._window_hits(nodes, first)
+        cuts, hits = window_hits(self.groups, self._index.find, bs, nodes, first)
         held = [b for h in hits for b in h]
         covered = blocks_for(total + num_lookahead_tokens, bs)
         per_group = [max(0, covered - max(k, c)) for c in cuts]  # (a window's: none below its cut)
@@ -211,7 +206,7 @@ class GroupAdmitter:
         ``peek``) would find cached in every group. Changes nothing. Raises as
         ``add_request`` for bad input."""
         return len(self._find(None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
-                              peek=self._peeking(peek))[1]) * self.block_size
+                              peek=peeking(self.groups, peek))[1]) * self.block_size
 
     def lookup_block_ids(self, prompt_token_ids: Sequence[int] | Prompt, *,
                          extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,
@@ -220,23 +215,12 @@ class GroupAdmitter:
         admission now would put them in its tables: ``null_block_id`` for the leading
         blocks that the group's window no longer reads. Changes nothing. Raises as
         ``add_request`` for bad input."""
-        cuts, hits = self._window_hits(self._find(
+        cuts, hits = window_hits(self.groups, self._index.find, self.block_size, self._find(
             None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
-            peek=self._peeking(peek))[1])
+            peek=peeking(self.groups, peek))[1])
         null = self.null_block_id
         return tuple((null,) * cut + tuple(b.block_id for b in h)  # type: ignore[misc]
                      for cut, h in zip(cuts, hits, strict=True))
-
-    def _window_hits(self, nodes: list[Prefix], first: int | None = None
-                     ) -> tuple[list[int], list[list[Block]]]:
-        """Per group, how many leading blocks its window no longer reads at ``first``
-        (default: the hit's end), and the blocks of the hit ``nodes`` past them, in
-        token order."""
-        k, bs, find = len(nodes), self.block_size, self._index.find
-        at = k * bs if first is None else first
-        cuts = [s.num_unread(at, bs) for s in self.groups]
-        return cuts, [[find(g, nodes[j]) for j in range(cuts[g], k)]  # type: ignore[misc]
-                      for g in range(len(self.groups))]
 
     def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt,
               extra: ExtraKeys | None,
@@ -245,7 +229,7 @@ class GroupAdmitter:
               admit: bool = False) -> tuple[GroupRequest, list[Prefix], Prompt | None]:
         """Check and encode a prompt (or take a prepared one); the prefix ids of its hit
         (at most ``hit_limit``'s blocks: all but the one holding the last token, and
-        within ``max_hit_tokens``; in the groups ``peek`` names (``_peeking``), the block
+        within ``max_hit_tokens``; in the groups ``peek`` names (``peeking``), the block
         after it is looked at too), and
         the Prompt if it was one; ``alone[g]`` set to the blocks group ``g`` alone would
         serve (without peeking), when given. ``admit``: the request is admitted (it gets
@@ -267,41 +251,13 @@ class GroupAdmitter:
             prompt = None
             tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
                                                  self.vocab_size)
-        n, bs = len(tokens), self.block_size
+        n = len(tokens)
         req = GroupRequest(request_id, tokens, keys, len(self.groups))
-        limit = hit_limit(n, bs, max_hit_tokens)
+        limit = hit_limit(n, self.block_size, max_hit_tokens)
         if not read_cache or not limit:
             return req, [], prompt
-        peeks = any(peek)
-        walked = min(n // bs, limit + 1) if peeks else limit  # (peek: block ``limit`` too)
-        nodes = self._table.walk(chunks, keys.of_blocks(0, walked), walked)
-        find = self._index.find
-        top = min(limit, len(nodes) - 1) if peeks else len(nodes)
-        if top <= 0:
-            return req, [], prompt
-        k = longest_hit(self.groups, bs, top, lambda g, j: find(g, nodes[j]) is not None, peek)
-        if alone is not None:
-            for g, spec in enumerate(self.groups):
-                def held(_: int, j: int, g: int = g) -> bool:
-                    return find(g, nodes[j]) is not None
-                alone[g] = longest_hit((spec,), bs, len(nodes), held)
-        return req, nodes[:k], prompt
-
-    def _peeking(self, peek: bool | Sequence[bool]) -> tuple[bool, ...]:
-        """``peek`` as one bool per group (True: every group but a sparse one). Raises
-        RequestError for anything else: not a bool nor a sequence of one bool per group,
-        or True for a sparse group."""
-        if peek is True or peek is False:
-            return tuple(peek and not s.sparse for s in self.groups)
-        try:
-            out = tuple(peek)
-        except TypeError:
-            out = ()
-        if len(out) != len(self.groups) or any(type(p) is not bool for p in out) or any(
-                p and s.sparse for p, s in zip(out, self.groups, strict=True)):
-            raise RequestError(f"peek must be a bool or one bool per group ({len(self.groups)}; "
-                               f"False for a sparse group), got {peek!r}")
-        return out
+        return req, hit_nodes(self.groups, self._table, self._index.find, self.block_size,
+                              chunks, keys, n, limit, peek, alone), prompt
 
     def _prepare(self, req: GroupRequest, first: int, last: int, parent: Prefix | None,
                  prompt: Prompt | None = None) -> Prepared:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 
 from ..core.block import Block
+from ..core.dependents import computed_on
 from ..core.prompt import Prompt
 from ..errors import ConfigError, RequestError, check_block_ids, check_count, check_new_request
 from ..event_log import PendingEvents
@@ -135,19 +136,16 @@ class HybridKVCacheManager(GroupDecoder):
         unfindable in their group (their KV turned out invalid) while live requests hold
         them; a block no request holds is left as it is. Each live request holding one
         loses the content of its full blocks after it too, in every group (computed on
-        top of it). A prefix left in no block of a group goes from every group with its
-        descendants (``GroupIndex.uncache``), and what a request fills after such a block
-        is never found. Raises RequestError for an id outside the pool, or ``block_ids``
-        not an iterable (nothing changes)."""
+        top of it), and so on for a request holding one of those (it hit it, and
+        computed its own after it: ``computed_on``). A prefix left in no block of a
+        group goes from every group with its descendants (``GroupIndex.uncache``), and
+        what a request fills after such a block is never found. Raises RequestError for
+        an id outside the pool, or ``block_ids`` not an iterable (nothing changes)."""
         blocks = self._pool.blocks
         ids = check_block_ids(block_ids, len(blocks))
         going = [blocks[i] for i in ids if blocks[i].ref_cnt > 0]
-        named = {b.block_id for b in going}
-        for req in self._requests.values() if named else ():
-            n = len(req.nodes)
-            first = min((j for t in req.tables for j, b in enumerate(t[:n])
-                         if b is not None and b.block_id in named), default=n)
-            going += [b for t in req.tables for b in t[first + 1:n] if b is not None]
+        if going:  # (and what live requests computed on top of them, hits of it included)
+            going = computed_on(((r.tables, len(r.nodes)) for r in self._requests.values()), going)
         self._pool.emptied(self._index.uncache(going))
 
     def reset_prefix_cache(self) -> bool:

@@ -18,6 +18,13 @@ a lost node keeps its reference on its parent (counted in the parent's ``lost_ki
 no child in the table names it). Lost nodes live on while a block or request
 refers to them, and the nodes extending one are lost too (never entered in the table):
 what a request computes after a lost block read that block's KV.
+
+Each node lists the children entered in the table under it (``kids``), so ``forget``
+walks a forgotten node's descendants alone. A child is listed when it is entered and
+never unlisted when it leaves the table (unhold, the hot path, writes nothing there): a
+listed child is in the table only while it is not lost and something refers to it, and
+the list is swept of the others when it outgrows twice its parent's references (each
+child in the table holds one), so its length stays within a constant of them.
 """
 
 from __future__ import annotations
@@ -31,15 +38,17 @@ class Prefix:
     """A node: ``pid`` (its id, > 0), ``parent`` (None for a first block), ``key`` (the
     table key: parent pid, token bytes, extra bytes), ``refs``, ``hash`` (the chain hash,
     when events are recorded, else None), ``lost`` (out of the table: ``forget``),
-    ``lost_kids`` (the references lost children hold on it)."""
+    ``lost_kids`` (the references lost children hold on it), ``kids`` (None, or the
+    children entered in the table under it, stale ones among them: see the module)."""
 
-    __slots__ = ("pid", "parent", "key", "refs", "hash", "lost", "lost_kids")
+    __slots__ = ("pid", "parent", "key", "refs", "hash", "lost", "lost_kids", "kids")
 
     def __init__(self, pid: int, parent: Prefix | None, key: ContentKey, hash: bytes | None,
                  lost: bool = False) -> None:
         self.pid, self.parent, self.key, self.refs, self.hash = pid, parent, key, 0, hash
         self.lost = lost
         self.lost_kids = 0
+        self.kids: list[Prefix] | None = None
 
     def __repr__(self) -> str:
         return f"Prefix(pid={self.pid}, refs={self.refs})"
@@ -98,6 +107,13 @@ class PrefixTable:
                     self._next += 1
                     if parent is not None:
                         parent.refs += 1
+                        kids = parent.kids
+                        if kids is None:
+                            parent.kids = [found]
+                        else:
+                            if len(kids) > 2 * parent.refs + 4:  # (found: no reference yet)
+                                kids[:] = [k for k in kids if k.refs and not k.lost]
+                            kids.append(found)
                 node = found
             out.append(node)
             parent = node
@@ -127,24 +143,23 @@ class PrefixTable:
         """Mark ``roots`` (nodes in the table) and every node of the table descending from
         one lost, and take them out of the table; each lost node whose parent stays keeps
         its reference on it (``lost_kids``: a request may still hold that parent, or
-        rewind to it). Returns the nodes lost, ``roots`` first, in order.
-        One pass over the table."""
+        rewind to it). Returns the nodes lost, ``roots`` first, then each one's
+        descendants, parents before children. Walks the descendants alone (``kids``)."""
         out = list(dict.fromkeys(roots))
-        lost = dict.fromkeys([r.pid for r in out], True)
-        for node in list(self._nodes.values()):
-            path: list[Prefix] = []
-            x: Prefix | None = node
-            while x is not None and x.pid not in lost:
-                path.append(x)
-                x = x.parent
-            found = x is not None and lost[x.pid]
-            for y in path:
-                lost[y.pid] = found
-                if found:
-                    out.append(y)
+        for node in out:
+            node.lost = True
+        i = 0
+        while i < len(out):  # (out grows as the walk goes: each node once, a tree)
+            kids = out[i].kids
+            i += 1
+            if kids:
+                for kid in kids:
+                    if kid.refs and not kid.lost:  # (in the table: see the module)
+                        kid.lost = True
+                        out.append(kid)
         for node in out:
             del self._nodes[node.key]
-            node.lost = True
+            node.kids = None
         for node in out:
             if node.parent is not None and not node.parent.lost:
                 node.parent.lost_kids += 1
@@ -157,10 +172,13 @@ class PrefixTable:
         """The first node whose count differs from ``refs`` (pid -> references held by
         blocks and requests, children added here, lost ones too), None when sound."""
         want = dict(refs)
+        listed = {id(k) for node in self._nodes.values() for k in node.kids or ()}
         for node in self._nodes.values():
             if node.parent is not None:
                 if self._nodes.get(node.parent.key) is not node.parent:
                     return f"{node!r} has a parent that is not in the table"
+                if id(node) not in listed:
+                    return f"{node!r} is not listed among its parent's kids"
                 want[node.parent.pid] = want.get(node.parent.pid, 0) + 1
         for node in self._nodes.values():
             want[node.pid] = want.get(node.pid, 0) + node.lost_kids

@@ -31,6 +31,7 @@ prefix of ``k`` blocks is served by block ``k-1`` alone.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..core.block import blocks_for
@@ -133,3 +134,15 @@ def mamba() -> GroupSpec:
     """A group of Mamba (state-space) layers whose states are cached at block
     boundaries (vLLM's ``mamba_cache_mode="align"``): see the module docstring."""
     return GroupSpec(MAMBA)
+
+
+def group_specs(groups: Sequence[GroupSpec]) -> tuple[GroupSpec, ...]:
+    """``groups`` as a tuple, checked: a non-empty sequence of GroupSpecs. Raises
+    ConfigError for anything else."""
+    try:
+        specs = tuple(groups)
+    except TypeError:
+        raise ConfigError(f"groups must be a sequence of GroupSpec, got {groups!r}") from None
+    if not specs or not all(isinstance(s, GroupSpec) for s in specs):
+        raise ConfigError(f"groups must be a non-empty sequence of GroupSpec, got {groups!r}")
+    return specs

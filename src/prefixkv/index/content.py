@@ -44,6 +44,7 @@ from ..core.request import Request
 from ..events import DEVICE, Event
 from .announce import RemovedRun, removed
 from .content_check import check_index, check_lower_chains, check_request
+from .pending import walk_pending
 from .run_check import check_runs
 from .spares import SpareIndex
 
@@ -71,10 +72,12 @@ def _split(run: Run, k: int) -> list[Block]:
     """Cut ``run`` after its first ``k`` blocks (a claim agrees with those alone): the
     rest become a run of their own, headed by the ``k``-th, shared alike (one segment
     each while free), or not. Returns the blocks ``run`` keeps."""
+    if run.pending:  # (written first: the blocks at the cut are read alone)
+        run.counts.settle(run)
     known = run.blocks
     counts = run.counts
     tail = Run(known[k:], run.chunks[k:], run.extra, run.ok, run.seen,  # (headed by
-               counts)  # known[k - 1])
+               counts, known[k - 1].content_id)  # known[k - 1])
     run.blocks = known = known[:k]
     run.chunks = run.chunks[:k + 1]
     known[-1].starts = tail
@@ -94,10 +97,16 @@ class ContentIndex(SpareIndex):
     evicted content and continues a chain past the device's misses (``HostTier``)."""
 
     def __len__(self) -> int:
-        return len(self._by_chunk) + len(self._by_key) + self._num_chained
+        return len(self._by_chunk) + len(self._by_key) + self._num_chained + sum(
+            len(r.blocks) for r in self.run_counts.pending)
 
     def match(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None, *,
               start: list[Block] | None = None) -> list[Block]:
+        if self.run_counts.pending:  # (walks read each block's content: written first,
+            if mm is None and self._lower is None:  # unless the walk passes runs whole)
+                return walk_pending(chunks, base, self._by_chunk.get, self._by_key,
+                                    self._epoch)
+            self.settle_all()
         if self._lower is None:
             return self._walk(chunks, base, mm)
         if start is not None:  # the device's run, claimed already
@@ -202,7 +211,8 @@ class ContentIndex(SpareIndex):
             i = len(hits)
             known = run.blocks
             k = len(known)
-            if known[0].parent_cid != b.content_id:  # (b holds other content since)
+            if (run.pcid if run.pending else known[0].parent_cid) != b.content_id:
+                # (b holds other content since)
                 continue
             if chunks[i - 1:i + k] != run.chunks:  # (the head's chunk first, as recorded)
                 # (-1: b's differs: b was emptied and refilled since, its ``starts`` stale)
@@ -356,6 +366,7 @@ class ContentIndex(SpareIndex):
         self._twins.clear()
         self._kids.clear()
         self._num_chained = 0
+        assert not self.run_counts.pending, "clear while a pending run is held or cached"
         assert not self.landing, "clear while a store fetch fills device blocks"
 
     def check(self, blocks: Sequence[Block]) -> str | None:
@@ -365,9 +376,10 @@ class ContentIndex(SpareIndex):
             blocks = [b for b in blocks if id(b) not in apart]
         return check_index(self._by_chunk, self._by_key, self._twins,
                            self.hashing and not self.lazy, blocks,
-                           self._num_chained, self._lower is not None) or (
+                           self._num_chained, self._lower is not None,
+                           self.run_counts.pending) or (
             check_lower_chains(self._lower, blocks) if self._lower is not None else None) or (
-            check_runs(blocks, self._epoch, self.run_counts)) or (
+            check_runs(blocks, self._epoch, self.run_counts, self.losses)) or (
             self._kids.check(self._by_chunk, self._by_key))
 
     def check_request(self, req: Request, block_size: int) -> str | None:

@@ -3,10 +3,10 @@ index and of each live request's blocks. Builds messages only for what is wrong.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
-from ..core.block import Block, ContentKey, key_chunk
+from ..core.block import Block, ContentKey, Run, key_chunk
 from ..core.request import Request
 from ..hashing import token_bytes
 
@@ -21,12 +21,16 @@ def chunk_of(b: Block) -> bytes:
 
 def check_index(by_chunk: dict[bytes, Block], by_key: dict[ContentKey, Block],
                 twins: dict[int, list[Block]], hashing: bool,
-                blocks: Sequence[Block], num_chained: int, tiered: bool) -> str | None:
+                blocks: Sequence[Block], num_chained: int, tiered: bool,
+                pending: Collection[Run] = ()) -> str | None:
     """The first inconsistency between a ContentIndex's maps and ``blocks``, None when sound.
     No block found may be cut off from its parent's content (an orphan: no lookup reaches
     it, yet events announce it; ``uncache`` takes a forgotten content's descendants with
     it, and blocks filled under it later record no key). ``tiered``: a tier is below,
-    whose walk may reach any content: no chained block may be either."""
+    whose walk may reach any content: no chained block may be either. ``pending``: the
+    pending runs (``pending.py``), whose contents are their records', each block the
+    chained child of the one before (the first its head's ``child``), outside
+    ``num_chained``."""
     keyed: dict[int, Block] = {}  # content id -> the block keyed in the dicts for it
     homes: tuple[dict[bytes, Block] | dict[ContentKey, Block], ...] = (by_chunk, by_key)
     for home in homes:
@@ -49,6 +53,8 @@ def check_index(by_chunk: dict[bytes, Block], by_key: dict[ContentKey, Block],
     contents: set[tuple[int, bytes, bytes]] = set()
     chained = []
     for b in blocks:
+        if b.counted is not None and b.counted.pending:
+            continue  # (below)
         if b.key is None:
             if b.chained:
                 return f"block {b.block_id} is chained without content"
@@ -69,11 +75,25 @@ def check_index(by_chunk: dict[bytes, Block], by_key: dict[ContentKey, Block],
             return f"block {b.block_id} holds a content that another block is found for"
         contents.add(content)
         found[b.content_id] = b
+    for run in pending:
+        cid = run.pcid
+        for i, b in enumerate(run.blocks):
+            content = (cid, run.chunks[i + 1], run.extra)
+            cid = run.cid0 + i
+            if content in contents or cid in found or cid in twins:
+                return f"block {b.block_id} of {run!r} holds a content another block holds"
+            contents.add(content)
+            found[cid] = b
     if len(chained) != num_chained:
         return f"{len(chained)} chained blocks, the index counts {num_chained}"
-    for b in found.values():
-        if b.parent_cid and b.parent_cid not in found:
+    for b in found.values():  # (a pending run's head: below)
+        if b.parent_cid and b.parent_cid not in found and (
+                b.counted is None or not b.counted.pending):
             return f"block {b.block_id} is found but its parent's content is not on the device"
+    for run in pending:  # reached through its head alone
+        p = found.get(run.pcid)
+        if p is None or p.child is not run.blocks[0] or p.starts is not run:
+            return f"pending {run!r} is not its head's run and child"
     for b in chained:  # found through the block found for its parent's content, if any
         p = found.get(b.parent_cid)
         if p is None and tiered:
@@ -89,9 +109,21 @@ def check_request(req: Request, block_size: int) -> str | None:
     name its content id as their parent's, as when it was stored."""
     keys = req.keys.of_blocks(0, req.num_scheduled // block_size)
     cid = 0
+    at: dict[int, dict[int, int]] = {}  # a pending run's blocks' places, by run
     for j, extra in enumerate(keys):
         b = req.blocks[j]
         chunk = token_bytes(req.tokens[j * block_size:(j + 1) * block_size])
+        r = b.counted
+        if r is not None and r.pending:  # its content is its run's record
+            if id(r) not in at:
+                at[id(r)] = {id(x): i for i, x in enumerate(r.blocks)}
+            i = at[id(r)][id(b)]
+            if (r.pcid if i == 0 else r.cid0 + i - 1, r.chunks[i + 1],
+                    r.extra) != (cid, chunk, extra):
+                return (f"request {req.request_id!r} block {j} (id {b.block_id}) of pending "
+                        f"{r!r} does not hold the request's content")
+            cid = r.cid0 + i
+            continue
         if b.key is None and b.ref_cnt and b.parent_cid == cid:
             cid = b.content_id
             continue

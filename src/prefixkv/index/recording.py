@@ -20,6 +20,7 @@ from .announce import Announcer, Fresh, Prepared, StoredRun
 from .cut_off import cut_off, record_cut_off
 from .hasher import Hasher
 from .kids import Kids
+from .pending import record_pending, write_pending
 
 if TYPE_CHECKING:
     from .lower import LowerTier
@@ -59,10 +60,12 @@ class ContentRecorder(Announcer):
         self.cut = 0
         self._epoch = 0  # ``clear`` starts another: every run recorded before is not ``ok``
         self.runs = True  # record runs (``Run``); off, every block is claimed alone
+        self.pending_runs = True  # a miss's run recorded pending (``pending.py``); off, eagerly
         # calls that took content from device blocks (``drop``, ``drop_one``, ``uncache``):
         # a run recorded (or checked whole) while this count was what it is now is whole
         self.losses = 0
         self.run_counts = RunCounts()  # (the pool reads them: ``BlockPool``)
+        self.run_counts.settle = self._settle
         # device blocks a store fetch fills on its thread, not findable yet (``land_run``
         # makes them so): by the fetch's id; ``check`` passes them by
         self.landing: dict[int, list[Block]] = {}
@@ -77,6 +80,8 @@ class ContentRecorder(Announcer):
         mm = req.keys.mm
         extra = req.keys.base if mm is None or j >= len(mm) else mm[j]
         parent = req.blocks[j - 1] if j else None
+        if parent is not None and self.run_counts.pending:
+            self._settle_near(parent)
         if self.hashing or parent is None:
             self.store(req, j, self._hashed(parent, [chunk], [extra]))
             return
@@ -110,6 +115,30 @@ class ContentRecorder(Announcer):
             b.content_id = slot.content_id
             lower.on_device(slot)
 
+    def _settle(self, run: Run) -> None:
+        """Write pending ``run``'s blocks' content (``pending.py``): ordinary chained blocks
+        from now on."""
+        write_pending(run)
+        run.pending = False
+        self.run_counts.pending.discard(run)
+        self._num_chained += len(run.blocks)
+
+    def settle_all(self) -> None:
+        """Write every pending run's content (a reader that may meet any of them)."""
+        for run in list(self.run_counts.pending):
+            self._settle(run)
+
+    def _settle_near(self, parent: Block) -> None:
+        """Settle the pending run ``parent`` is a block of (but its last, written), or
+        heads: new content recorded under ``parent`` reads and writes its ``child`` (and a
+        content held there must be found)."""
+        r = parent.counted
+        if r is not None and r.pending and parent is not r.blocks[-1]:
+            self._settle(r)
+        r = parent.starts
+        if r is not None and r.pending:
+            self._settle(r)
+
     def _may_chain(self, parent: Block) -> bool:
         """Whether a new content under ``parent`` may be found through ``parent.child``
         alone: ``parent`` is the block found for its content (not a spare, not emptied),
@@ -120,7 +149,10 @@ class ContentRecorder(Announcer):
 
     def _held(self, parent: Block | None, cid: int, chunk: bytes, extra: bytes) -> Block | None:
         """The block found for content ``(cid, chunk, extra)``, if one holds it: the
-        parent's chained child, or a dict entry. Changes nothing."""
+        parent's chained child, or a dict entry. Changes nothing but a pending run's
+        writes (``pending.py``)."""
+        if parent is not None and self.run_counts.pending:
+            self._settle_near(parent)
         c = parent.child if parent is not None else NO_CHILD
         if c.key == chunk and c.parent_cid == cid and c.extra == extra and not c.twin:
             return c
@@ -132,7 +164,9 @@ class ContentRecorder(Announcer):
     def holds(self, parent: Block | None, chunk: bytes, extra: bytes) -> bool:
         """Whether a device block holds the content ``chunk``/``extra`` under ``parent``'s
         content (None: a first block), as ``match`` would find it after ``parent``.
-        Changes nothing."""
+        Changes nothing but pending runs' writes."""
+        if self.run_counts.pending:
+            self.settle_all()
         return self._held(parent, parent.content_id if parent is not None else 0,
                           chunk, extra) is not None
 
@@ -158,6 +192,8 @@ class ContentRecorder(Announcer):
         chunks, extras, hashes = prepared
         blocks = req.blocks
         parent = blocks[first - 1] if first else None
+        if parent is not None and self.run_counts.pending:
+            self._settle_near(parent)
         if parent is not None and (parent.key is None or parent.twin) \
                 and cut_off(parent, self._by_chunk, self._by_key):  # (rare: ``cut_off.py``)
             self._next_id = record_cut_off(blocks[first:first + len(chunks)], parent, extras,
@@ -208,7 +244,9 @@ class ContentRecorder(Announcer):
                 and lower is None and req.keys.mm is None:
             # a new first content: every block after it is chained, a run (``Run``; the
             # span and the store's chunks, the head's first: not copied again)
+            at = nid
             nid = self._record_run(span, chunks, extras[0], cid, nid)
+            minted += nid - at  # (``_record_run`` counts its own chained blocks)
         else:
             for b, chunk, extra in new:  # nothing is held under a new content yet (no
                 # slot either) and its child is stale: b is its chained child (ids from
@@ -250,7 +288,12 @@ class ContentRecorder(Announcer):
         # (the run owns its chunks, ``Run.truncate`` cuts them in place: a copy when a
         # deferred event holds the list too)
         run = head.starts = Run(span, chunks[:] if self.lazy else chunks, extra, self._epoch,
-                                self.losses, self.run_counts)
+                                self.losses, self.run_counts, cid)
+        run.shared = run.linked = True
+        run.n = 1
+        self.run_counts.shared += 1
+        if self.pending_runs and not self.hashing:  # (no event reads the blocks' content)
+            return record_pending(head, span, cid, nid, run)
         end = nid + len(span)
         for b, chunk, c in zip(span, islice(chunks, 1, None), range(nid, end), strict=False):
             b.parent_cid = cid
@@ -263,10 +306,8 @@ class ContentRecorder(Announcer):
             b.next = parent  # (the head's links too: harmless, it is held and is linked
             parent.prev = b  # anew when released)
             parent = b
-        run.shared = run.linked = True
-        run.n = 1
-        self.run_counts.shared += 1
-        return end
+        self._num_chained += len(span)  # (``store`` counts the ids minted: a pending
+        return end  # run's blocks are counted through ``RunCounts.pending`` instead)
 
     def adopt(self, blocks: Sequence[Block], slots: Sequence[Block], chunks: Sequence[bytes],
               parent: Block | None, run: bool) -> None:
@@ -365,6 +406,8 @@ class ContentRecorder(Announcer):
     def _add_twin(self, b: Block, held: Block) -> int:
         """Equal content is already held by ``held``: ``b`` becomes its spare. A content
         with spares is keyed in the dicts, and so are its children (see ``_may_chain``)."""
+        if self.run_counts.pending:
+            self.settle_all()
         c = held.child
         if c.chained and c.parent_cid == held.content_id:
             self._enter(c)

@@ -38,6 +38,8 @@ class SpareIndex(ContentRecorder):
         A content that leaves the index so takes its cached descendants with it
         (``_forget_below``). Returns those of them that were free: the pool moves them
         to its empty tier (``BlockPool.emptied``)."""
+        if self.run_counts.pending:  # (the walk below reads each descendant's content)
+            self.settle_all()
         self.losses += 1  # (``Run.seen``)
         gone: list[Block] | None = None  # the blocks whose content left the index
         for b in blocks:

@@ -45,7 +45,9 @@ class Fetch:
     ops), or, when ``views`` is given, ``views(slots)``, called by the fetcher (one
     view per slot is per-block work the scheduler's thread need not do). ``parent``:
     the chain hash before block ``first``; ``chunks``/``extras``: the blocks' token and
-    extra-key bytes. ``deadline``: the ``time.monotonic()`` instant by which it ends,
+    extra-key bytes (``chunks`` may be the request's whole list, from block 0: the
+    fetcher then takes the run's part of it, on its thread, before anything reads it:
+    ``prepare``). ``deadline``: the ``time.monotonic()`` instant by which it ends,
     whatever the store does. ``hits``/``hit_cids``: the blocks the admission found before
     block ``first`` and the content ids they held then, and ``ids_given``/``ids``: the
     list of token ids it was given, if a list, and a copy (None without one) (the
@@ -65,7 +67,7 @@ class Fetch:
                  "hits", "hit_cids", "ids", "ids_given", "planned", "parent_cid", "ready",
                  "landed_at", "hashes", "filled", "unique", "keyed", "slot_ids", "fetched",
                  "keys", "heads", "states", "run", "stop", "failed", "nbytes", "seconds", "left", "lock",
-                 "devices", "held", "up", "tail", "step", "on_device", "promoted", "device_ids")
+                 "devices", "held", "up", "tail", "blocks", "step", "on_device", "promoted", "device_ids")
 
     def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
                  chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
@@ -93,6 +95,9 @@ class Fetch:
         self.held: list[Any] = []
         self.up: list[Any] = []  # blocks taken for the host hits, which go up at the landing
         self.tail: list[Any] = []  # an empty block for the prompt's tokens after the run
+        # ``held`` and ``devices`` in one list (the start's, no copy), while they are
+        # exactly what the request takes (the run landed whole): its re-admission's blocks
+        self.blocks: list[Any] | None = None
         self.step = 0
         self.on_device = 0
         self.promoted = 0  # host hits that went up to device blocks at the landing
@@ -118,6 +123,8 @@ def prepare(f: Fetch, chain: Callable[..., list[bytes]], digest: bytes, block_si
     """The fetcher's first step: chain hashes, keys and heads; returns the parts
     ``(start, stop)`` to read, at most ``parts``."""
     n = len(f.slots)
+    if len(f.chunks) != n:  # the request's whole list: the run's part (a copy that touches
+        f.chunks = f.chunks[f.first:f.first + n]  # every chunk: not on the scheduler's thread)
     if f.views is not None:
         f.buffers = f.views(f.slots)
     f.hashes = hashes = chain(f.parent, f.chunks, f.extras)

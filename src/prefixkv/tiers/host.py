@@ -111,9 +111,16 @@ class HostTier(SlotOffload, SlotLanding):
 
     def load_ids(self, slot_ids: list[int], device_ids: list[int]) -> None:
         """``load`` by ids, for a store fetch's run landed in slots (pinned since) and in
-        the device blocks beside them: the ids join the step's one ``BlockLoads``."""
-        self.load_src += slot_ids
-        self.load_dst += device_ids
+        the device blocks beside them: the ids join the step's one ``BlockLoads``. The
+        lists become the tier's when they are the longer ones (the step's earlier ids
+        moved in front, no count touched): the caller no longer reads them."""
+        if len(self.load_src) < len(slot_ids):
+            slot_ids[:0] = self.load_src
+            device_ids[:0] = self.load_dst
+            self.load_src, self.load_dst = slot_ids, device_ids
+        else:
+            self.load_src += slot_ids
+            self.load_dst += device_ids
         self.num_loaded += len(slot_ids)
 
     def take_loads(self) -> list[BlockLoads]:

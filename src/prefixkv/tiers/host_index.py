@@ -10,6 +10,7 @@ whose parent's content is on the device is keyed (``on_device``)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import islice
 
 from ..core.block import NO_CHILD, Block, ContentKey
 from ..core.free_queue import FreeBlockQueue
@@ -83,7 +84,7 @@ class SlotIndex:
         s: Block | None
         if device is None:
             get, g = self.by_chunk.get, NO_CHILD  # (a device block's child is no slot)
-            for chunk in chunks[len(hits):]:
+            for chunk in islice(chunks, len(hits), None):  # (no copy: the walk stops early)
                 s = g
                 if s.key != chunk or s.parent_cid != cid or s.extra != extra:
                     s = get(chunk)

@@ -74,8 +74,13 @@ class SlotLanding(SlotIndex):
         returned."""
         empty = self._empty
         k = min(n, len(empty))
-        out = empty[len(empty) - k:][::-1]  # (the order ``_take`` would give)
-        del empty[len(empty) - k:]
+        if k == len(empty):  # every empty slot (a fetch as large as the last one): the
+            out = empty  # list itself, reversed in place (no copy, no count touched)
+            out.reverse()  # (the order ``_take`` would give)
+            self._empty = []
+        else:
+            out = empty[:len(empty) - k - 1:-1]
+            del empty[len(empty) - k:]
         if len(out) < n and self._cached.size:
             if not self.num_chained and not self._sink.active and not self.by_key:
                 self._take_plain(out, n - len(out))

@@ -1,0 +1,152 @@
+"""Pending runs: a miss's ``store`` records its run (``core.block.Run``) as one record,
+and the blocks' content is written only when something reads one of them alone.
+
+A 32k-token miss stores ~2,048 new blocks, each the chained child of the one before.
+Written eagerly, each block takes nine writes (its content, its parent's ``child``, the
+run's count and links); a pending run writes three a block, the ones the pool and a
+claim of the whole run read (``counted``, ``prev``/``next``), and the whole content of
+its last block (a claim of the run goes on from it, a decoded block is stored under it).
+Its other blocks have no key (``key`` None, not ``chained``, a stale ``content_id``):
+
+    head ──child──> b0 ··· b1 ··· ... ··· b(k-1)      ─── written, ··· not yet
+    run.pcid = head's content id; b(i)'s: run.cid0 + i; run.chunks[i + 1]: b(i)'s tokens
+
+Who reads what:
+- a claim reaching the head takes the run whole from ``head.starts`` (its chunks compared
+  as one list, ``pcid`` for the first block's parent), or ``settle``s it before cutting
+  it (``_split``);
+- the pool's release and eviction use its count and links alone; an eviction that takes
+  the whole run, or cuts its tail off (``Run.truncate``), has no dict entry to remove:
+  the index is not given those blocks (``BlockPool._evict``), and the run clears its own
+  last block's key (``Run.evicted``) or writes its new last one (``Run.truncate``); each
+  block's own count is 1 from the store on (nothing writes it while the run counts
+  them), so the eviction writes one field a block (``counted``);
+- anything else settles it first: ``Run.dissolve`` (a block's count changed alone, the
+  run broken), a ``store`` or decoded block under one of its blocks or under its head
+  (``settle_near``), a spare of any content (``settle_all``: its children get keyed),
+  ``match``, ``holds``, ``uncache``;
+- ``check_invariants`` verifies a pending run as it is, without settling it.
+
+Settling costs what the eager store would have cost, once per run: a run is settled at
+most once, so the work settled runs add up to is bounded by the eager stores'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import islice
+
+from ..core.block import Block, ContentKey, Run
+
+_NO_PARENT = Block(-1)  # the parent of a first block in the walk: never given a child
+
+
+def record_pending(head: Block, span: list[Block], cid: int, nid: int, run: Run) -> int:
+    """Record ``span`` (the run's blocks, chained after ``head``, whose content id is
+    ``cid``) as pending ``run``, under new content ids from ``nid`` on (returns the
+    next). Writes ``counted`` and the links, tail first (as ``_record_run`` links them),
+    the head's ``child`` and the last block's whole content."""
+    prev = head
+    for b in span:
+        b.counted = run
+        b.next = prev  # (the head's links too: harmless, it is held and is linked anew
+        prev.prev = b  # when released)
+        prev = b
+    head.child = span[0]
+    run.pending = True
+    run.pcid = cid
+    run.cid0 = nid
+    run.write_last()
+    run.counts.pending.add(run)
+    return nid + len(span)
+
+
+def write_pending(run: Run) -> None:
+    """Write the content of every block of pending ``run`` as an eager store would have:
+    each its parent's ``child``, chained. The head's ``child`` is the first block
+    already."""
+    cid = run.pcid
+    extra = run.extra
+    parent: Block | None = None
+    for b, chunk, c in zip(run.blocks, islice(run.chunks, 1, None),
+                           range(run.cid0, run.cid0 + len(run.blocks)), strict=False):
+        b.parent_cid = cid
+        b.extra = extra
+        b.key = chunk
+        b.chained = True
+        b.content_id = cid = c
+        if parent is not None:
+            parent.child = b
+        parent = b
+
+
+def content_of(b: Block) -> tuple[int, bytes, bytes] | None:
+    """The content ``(parent content id, token bytes, extra bytes)`` block ``b`` holds, a
+    pending run's block's read from its run's record; None without content. For checks
+    and tests (a hot path reads the fields)."""
+    r = b.counted
+    if r is not None and r.pending:
+        i = r.blocks.index(b)
+        return (r.pcid if i == 0 else r.cid0 + i - 1, r.chunks[i + 1], r.extra)
+    if b.key is None:
+        return None
+    return (b.parent_cid, b.key if isinstance(b.key, bytes) else b.key[1], b.extra)
+
+
+def child_of(b: Block) -> Block:
+    """``b.child`` as it will be once ``b``'s pending run is written (the next block of
+    the run); for tests."""
+    r = b.counted
+    if r is not None and r.pending and b is not r.blocks[-1]:
+        return r.blocks[r.blocks.index(b) + 1]
+    return b.child
+
+
+def walk_pending(chunks: Sequence[bytes], base: bytes, get: Callable[[bytes], Block | None],
+                 by_key: dict[ContentKey, Block], epoch: int) -> list[Block]:
+    """``ContentIndex._walk`` (one extra-key bytes ``base`` for every block) while runs are
+    pending, without writing them: a found block that heads a pending run (``starts``,
+    of this ``epoch``) is followed by as many of the run's blocks as agree with the next
+    chunks, as ``claim`` takes them. A walk that parts from a pending run ends there: no
+    content is recorded under a pending block (a store under one writes its run first)."""
+    hits: list[Block] = []
+    cid, b, i, n = 0, _NO_PARENT, 0, len(chunks)
+    c: Block | None
+    while i < n:
+        chunk = chunks[i]
+        c = b.child
+        if c.key != chunk or c.parent_cid != cid or c.extra != base or c.twin:
+            c = get(chunk)
+            if c is None or c.parent_cid != cid or c.extra != base:
+                c = by_key.get((cid, chunk, base)) if by_key else None
+                if c is None:
+                    break
+        hits.append(c)
+        cid = c.content_id
+        b = c
+        i += 1
+        r = c.starts
+        if r is None or not r.pending or r.ok != epoch or r.pcid != cid or r.extra != base:
+            continue
+        known, recorded = r.blocks, r.chunks
+        k = len(known)
+        if chunks[i:i + k] == recorded[1:]:
+            hits += known
+            b = known[-1]
+            cid = b.content_id
+            i += k
+            continue
+        j = 0
+        while i + j < n and j < k and chunks[i + j] == recorded[j + 1]:
+            j += 1
+        hits += known[:j]
+        break
+    return hits
+
+
+def content_id_of(b: Block) -> int:
+    """``b.content_id``, a pending run's block's from its run's record; for tests."""
+    r = b.counted
+    if r is not None and r.pending:
+        return r.cid0 + r.blocks.index(b)
+    return b.content_id
