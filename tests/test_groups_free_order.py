@@ -76,7 +76,7 @@ def batches(draw):
 def test_the_free_order_keeps_every_hit_vllms_order_keeps_after_each_eviction(batch):
     specs, req, cached, longer, where = batch
     k = len(req.nodes)
-    out = free_order(specs, BS, req, lambda g, j: cached[g][j], longer)
+    out = free_order(specs, BS, req, lambda g, lo, hi: cached[g][lo:hi], longer)
     vllm = [b for t in req.tables for b in reversed(t) if b is not None]
     assert sorted(b.block_id for b in out) == sorted(b.block_id for b in vllm)
 
@@ -105,3 +105,70 @@ def test_the_free_order_keeps_every_hit_vllms_order_keeps_after_each_eviction(ba
     # the blocks placed while of use come in vLLM's order
     rank = {id(b): i for i, b in enumerate(vllm)}
     assert [rank[id(b)] for b in of_use_placed] == sorted(rank[id(b)] for b in of_use_placed)
+
+
+# The layouts of tests/engines/test_vllm_hybrid_reference.py (HYBRIDS, MAMBA_HYBRIDS)
+W, C, F, M = sliding_window, chunked_local, full_attention, mamba
+LAYOUTS = [[F(), W(8)], [W(6), F()], [W(3), F(), W(13)], [W(5)], [F(), C(8)], [C(12), W(6)],
+           [F(), M()], [M(), F(), M()], [W(6), M()]]
+
+
+def _table(rng, spec, g, k, extra, ids, shape):
+    """One group's table and what it finds: as a request leaves them (released prefix,
+    held tail, a partial block past k), or rougher (``shape`` "random")."""
+    if shape == "random":
+        cut = rng.randint(0, k) if spec.releases else 0
+    else:  # the cut a step at k*BS leaves, or a step before it
+        cut = max(0, spec.num_unread(k * BS, BS) - rng.choice([0, 0, 1, 3])) if spec.releases else 0
+    shared = rng.choice([0, 0, rng.randint(0, k)])  # a prefix another request holds
+    evicted = rng.choice([0, rng.randint(0, k), k])  # released blocks evicted from the bottom
+    row, found = [None] * cut, []
+    for j in range(cut):
+        found.append(j >= evicted if shape != "random" else rng.random() < 0.6)
+    for j in range(cut, k + extra):
+        if spec.sparse and j < k - 1 and rng.random() < 0.5:
+            row.append(None)
+            if j < k:
+                found.append(rng.random() < 0.5)
+            continue
+        b = Block(next(ids), refs=2 if j < shared or rng.random() < 0.05 else 1)
+        content = j < k and (shape != "random" or rng.random() < 0.85)
+        b.key = ("content", g, j) if content and rng.random() < 0.97 else None
+        row.append(b)
+        if j < k:
+            found.append(b.key is not None or rng.random() < 0.3)
+    return row, found
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), layout=st.sampled_from(LAYOUTS + [None]),
+       k=st.sampled_from([0, 1, 3, 9, 40, 200]), shape=st.sampled_from(["request", "random"]),
+       longer=st.booleans())
+def test_the_free_order_is_the_reference_cascades_on_long_and_rough_tables(seed, layout, k, shape, longer):
+    # the cascade is lazy and places the rest in slices: its order is hybrid-r12's
+    # (tests/free_order_reference.py, a copy of it), block for block
+    import random
+
+    from free_order_reference import free_order as reference
+
+    rng = random.Random(seed)
+    specs = layout or [rng.choice(SPECS) for _ in range(rng.randint(2, 3))]
+    ids = iter(range(1, 10**6))
+    tables, cached = [], []
+    for g, s in enumerate(specs):
+        row, found = _table(rng, s, g, k, rng.choice([0, 1, 2]), ids, shape)
+        tables.append(row)
+        cached.append(found)
+    req = GroupRequest("r", array("q"), RequestKeys.of(None, 0, BS), len(specs))
+    req.tables = tables
+    req.cut = [len(t) - len([b for b in t if b is not None]) if s.releases and not s.sparse else 0
+               for s, t in zip(specs, tables, strict=True)]
+    req.nodes = [object()] * k
+
+    def found(g, lo, hi):
+        assert 0 <= lo < hi <= k, (lo, hi, k)
+        return cached[g][lo:hi]
+
+    out = free_order(specs, BS, req, found, longer)
+    want = reference(specs, BS, req, lambda g, j: cached[g][j], longer)
+    assert [b.block_id for b in out] == [b.block_id for b in want]

@@ -21,6 +21,7 @@ from ..errors import ConfigError, RequestError, check_chunk, check_count
 from ..index.announce import Prepared
 from .admission import GroupAdmitter
 from .pins import RewindPins
+from .release_order import release_order
 from .request import GroupRequest
 from .results import GroupDecodeStep
 from .taint import reads_lost, sharers, taint
@@ -220,7 +221,7 @@ class GroupDecoder(GroupAdmitter):
         if going is not None:
             for g, part in enumerate(going):
                 self._released[g] += sum(b is not None for b in part)
-            self._pool.release(req.release(going))
+            self._pool.release(release_order(self.groups, self.block_size, req, going, self._index.finds))
             req.plan_release(self.groups, self.block_size)
 
     def num_blocks_released(self, request_id: Hashable) -> int:

@@ -19,42 +19,49 @@ What is not known here is taken as alive: hits longer than the request's own pre
 (another request may hold their blocks), and blocks of the prefix cached elsewhere, even
 in the free queue ahead of this batch (they may be taken before, so the order never
 counts on them to kill a hit).
+
+Cost: once no windowed group has a block left to place and at most one group is full
+attention, placing a block frees nothing more, and the rest goes in vLLM's order as
+slices. Before that, rounds of one shape (group d's block j placed kills hit j + 1, and
+every other group's block j follows) go as slices too (``_lockstep``); the rest is work
+per block of the windows' held tail (a window's reach past its cut) and per hit those
+blocks reach. Hits are looked at lazily (free_hits.py: a dead stretch is skipped in one
+step from the blocks that kill it, and killed in one), and where a group misses blocks is
+fetched in slices, from the top down (``found``). A long request beside a window of W
+tokens thus costs at most O(W / block_size) in Python plus C-speed passes over its tables
+(benchmarks/results/free-order-cpu.md: 2,810 bytecodes for 16,384 blocks; free about twice
+vLLM's plain order). The order is hybrid-r12's, block for block
+(tests/free_order_reference.py keeps that cascade as the reference).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from itertools import chain, compress, repeat
+from operator import gt, is_not, itemgetter, or_
+from typing import cast
 
 from ..core.block import Block
+from .free_hits import Hits
+from .free_runs import Found, held, once, reach
 from .request import GroupRequest
 from .spec import GroupSpec
 
+_FLIP = bytes.maketrans(b"\x00\x01", b"\x01\x00")
+_RANK = itemgetter(0, 1)
+_BLOCK = itemgetter(2)
+
 
 def free_order(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest,
-               cached: Callable[[int, int], bool], longer: bool) -> list[Block]:
+               found: Found, longer: bool) -> list[Block]:
     """The request's blocks (not None), in the order to release them (module
-    docstring). ``cached(g, j)``: whether group ``g`` finds block ``j`` of the request's
-    prefix (``j < len(req.nodes)``), by any block; ``longer``: whether a longer prefix
+    docstring). ``found``: as ``free_runs.Found``; ``longer``: whether a longer prefix
     than the request's exists (hits past it may need its blocks)."""
-    k = len(req.nodes)
-    base: list[Block] = []
-    # per group, the blocks whose place matters (None elsewhere): cached content this
-    # release frees (a spare's place goes to its primary when that is free)
-    at: list[list[Block | None]] = []
-    moves = False
-    for t in req.tables:
-        row: list[Block | None] = [None] * k
-        for j in range(len(t) - 1, -1, -1):
-            b = t[j]
-            if b is not None:
-                base.append(b)
-                if j < k and b.key is not None and b.ref_cnt == 1:
-                    row[j] = b
-                    moves = True
-        at.append(row)
-    if not moves or len(specs) == 1:
-        return base
-    return _Cascade(specs, block_size, k, cached, longer, at).order(req.tables)
+    if req.nodes and len(specs) > 1:
+        cascade = _Cascade(specs, block_size, req, found, longer)
+        if cascade.moves:
+            return cascade.order()
+    return list(filter(None, chain.from_iterable(map(reversed, req.tables))))
 
 
 class _Cascade:
@@ -62,139 +69,213 @@ class _Cascade:
     blocks of use to them. Past ``top`` a hit needs no block below k but full
     attention's: those hits are one, ``tail`` (alive only where a longer prefix is)."""
 
-    def __init__(self, specs: Sequence[GroupSpec], bs: int, k: int, cached: Callable[[int, int], bool],
-                 longer: bool, at: list[list[Block | None]]) -> None:
-        self.specs, self.k, self.at = specs, k, at
-        top = k + max(_reach(s, bs) for s in specs) if longer else k
-        self.top = top
+    def __init__(self, specs: Sequence[GroupSpec], bs: int, req: GroupRequest, found: Found,
+                 longer: bool) -> None:
+        k = len(req.nodes)
+        self.specs, self.bs, self.k, self.tables = specs, bs, k, req.tables
+        self.top = top = k + max(reach(s, bs) for s in specs) if longer else k
+        self.rel = [s.releases for s in specs]
         self.windows = [g for g, s in enumerate(specs) if s.releases]
         self.fulls = [g for g, s in enumerate(specs) if not s.releases]
-        # firsts[g][h]: the first block a hit of h blocks needs in windowed group g
-        self.firsts: list[list[int]] = [[] for _ in specs]
-        alive = [True] * (top + 2)
-        alive[0] = alive[top + 1] = False
-        for g, s in enumerate(specs):
-            miss, row = 0, [0]  # blocks below j the group does not find
-            for j in range(k):
-                miss += not cached(g, j)
-                row.append(miss)
-            if s.releases:
-                self.firsts[g] = f = [s.num_unread(h * bs, bs) for h in range(top + 1)]
-                for h in range(1, top + 1):
-                    if alive[h] and row[min(h, k)] != row[min(f[h], k)]:
-                        alive[h] = False
-            elif miss:
-                for h in range(1, top + 1):
-                    if alive[h] and row[min(h, k)]:
-                        alive[h] = False
-        self.tail = longer and alive[top]
-        # the last alive at or below h (union-find, halved paths), and at or above
-        self.down = [h if alive[h] or h == 0 else h - 1 for h in range(top + 2)]
-        self.up = [h if alive[h] or h == top + 1 else h + 1 for h in range(top + 2)]
-        # per windowed group, block j's hits: (j, last[g][j]]
-        self.last: list[list[int]] = [[] for _ in specs]
+        self.hits = Hits(specs, bs, k, top, found)
+        self.placed = [bytearray(len(t)) for t in req.tables]
+        # windowed groups' blocks whose place matters, from ``start[g]`` (below it the
+        # table is empty); full groups' are asked (``once``) where visited
+        self.at: list[list[Block | None]] = [[] for _ in specs]
+        self.start = [0] * len(specs)
+        self.pending = 0  # windowed groups' blocks not placed yet
         for g in self.windows:
-            f, row, h = self.firsts[g], [], 0
-            for j in range(k):
-                while h < top and f[h + 1] <= j:
-                    h += 1
-                row.append(h)
-            self.last[g] = row
-        self.placed = [bytearray(k) for _ in specs]
-        # windowed groups' blocks not placed yet: once none is left, beside one full group,
-        # placing a block frees nothing more (that group's blocks above it went before)
-        self.pending = sum(b is not None for g in self.windows for b in at[g])
+            t, c = req.tables[g], min(req.cut[g], k)
+            if t[:c].count(None) != c:
+                c = 0
+            row: list[Block | None] = [None] * k
+            flags = held(t[c:k])
+            if flags.count(1) == k - c:
+                row[c:k] = t[c:k]
+            else:
+                for j in compress(range(c, k), flags):
+                    row[j] = t[j]
+            self.pending += flags.count(1)
+            self.at[g], self.start[g] = row, c
+        self.moves = self.pending > 0 or any(
+            any(map(once, reversed(req.tables[g][:k]))) for g in self.fulls)
+        self.tail = longer and self.hits.alive(top)
         self.freed: list[tuple[int, int, Block]] = []  # (group, -j, block): vLLM's order
-
-    def _below(self, h: int) -> int:
-        """The longest hit alive of at most ``h`` blocks (0: none)."""
-        down = self.down
-        while down[h] != h:
-            down[h] = down[down[h]]
-            h = down[h]
-        return h
+        self.bulk: dict[int, list[Block]] = {}  # full groups' blocks freed, last first
 
     def _of_use(self, g: int, j: int) -> bool:
         """Whether a hit alive needs block j of group g."""
-        if not self.specs[g].releases:
-            return self.tail or self._below(self.top) > j
-        up, h = self.up, j + 1
-        while up[h] != h:
-            up[h] = up[up[h]]
-            h = up[h]
-        return h <= self.last[g][j]
+        if not self.rel[g]:
+            return self.tail or self.hits.below(self.top) > j
+        # (no hit alive above j: the common answer once a full group's block is placed)
+        return self.hits.below(self.top) > j and self.hits.above(j + 1) <= self.hits.last(g, j)
 
-    def order(self, tables: list[list[Block | None]]) -> list[Block]:
-        at, placed, out = self.at, self.placed, []
-        low = self.k if self.tail else self._below(self.top)  # full groups' blocks from
-        for g, row in enumerate(at):  # it on, and windows' of no use, go first
-            for j in range(self.k - 1, -1 if self.specs[g].releases else low - 1, -1):
-                b = row[j]
+    def _block(self, g: int, j: int) -> Block | None:
+        """Block j of group g if its place matters, else None."""
+        if j >= self.k:
+            return None
+        if self.rel[g]:
+            return self.at[g][j]
+        b = self.tables[g][j]
+        return b if once(b) else None
+
+    def order(self) -> list[Block]:
+        k, placed = self.k, self.placed
+        out: list[Block] = []
+        low = k if self.tail else self.hits.below(self.top)  # full groups' blocks from
+        for g, s in enumerate(self.specs):  # it on, and windows' of no use, go first
+            done, first = placed[g], k  # (blocks from first on are of use)
+            if self.hits.steady[g] and self.start[g] < k:  # (hit j + 1 needs block j, and
+                hi = self.hits.last(g, k - 1)  # the hits alive live .. hi need blocks from
+                live = self.hits.alive_down(self.start[g] + 1, hi)  # num_unread(live * bs) on)
+                if live <= hi:
+                    first = max(self.start[g], min(s.num_unread(live * self.bs, self.bs), live - 1))
+            for j in range(first - 1, self.start[g] - 1 if s.releases else low - 1, -1):
+                b = self._block(g, j)
                 if b is not None and not self._of_use(g, j):
                     out.append(b)
-                    placed[g][j] = 1
-                    self.pending -= self.specs[g].releases
-        self.full_next = [self.k - 1] * len(self.specs)  # full groups: blocks above are placed
-        alone = len(self.fulls) <= 1
-        for g, t in enumerate(tables):
-            row, done = at[g], placed[g]
-            for j in range(len(t) - 1, -1, -1):
-                b = t[j]
-                if b is None:
-                    continue
-                if j >= self.k or row[j] is None:
-                    out.append(b)
-                elif not done[j]:
-                    out.append(b)
                     done[j] = 1
-                    if self.pending == 0 and alone:
-                        continue
-                    self.pending -= self.specs[g].releases
-                    self._kill(g, j)
-                    if self.freed:
-                        self.freed.sort(key=lambda x: (x[0], x[1]))
-                        out += [x[2] for x in self.freed]
-                        self.freed = []
+                    self.pending -= s.releases
+        self.full_next = low - 1  # full groups: their blocks above it are placed
+        alone = len(self.fulls) <= 1
+        for g, t in enumerate(self.tables):
+            done, releases, j = placed[g], self.rel[g], len(t) - 1
+            while j >= self.start[g]:
+                if self.pending == 0 and alone:  # (placing a block frees nothing now)
+                    for g2 in range(g, len(self.tables)):
+                        self._rest(g2, j if g2 == g else len(self.tables[g2]) - 1, out)
+                    return out
+                b = t[j]
+                if b is not None and not done[j]:
+                    if self._block(g, j) is None:
+                        out.append(b)
+                    elif (last := self._lockstep(g, j, out)) <= j:
+                        j = last
+                    else:
+                        out.append(b)
+                        done[j] = 1
+                        self.pending -= releases
+                        self._kill(g, j)
+                        if self.freed or self.bulk:
+                            self._flush(out)
+                j -= 1
         return out
+
+    def _rest(self, g: int, last: int, out: list[Block]) -> None:
+        """Group g's blocks ``last`` down to 0 that are not placed, in vLLM's order."""
+        t, done, lo = self.tables[g], self.placed[g], self.start[g]
+        if last < lo:
+            return
+        mid = done.find(1, lo, last + 1)  # (from the lowest placed block up: by flags)
+        mid = last + 1 if mid < 0 else mid
+        if mid <= last:
+            out += filter(None, compress(t[mid:last + 1][::-1], done[mid:last + 1][::-1].translate(_FLIP)))
+        below = t[lo:mid]
+        below.reverse()
+        out += filter(None, below) if None in below else cast("list[Block]", below)
+
+    def _flush(self, out: list[Block]) -> None:
+        """The blocks freed by the last placement, in vLLM's order (by group, each
+        group's last first)."""
+        freed, i = sorted(self.freed, key=_RANK), 0
+        for g in sorted(self.bulk):
+            while i < len(freed) and freed[i][0] < g:
+                out.append(freed[i][2])
+                i += 1
+            out += self.bulk[g]
+        out += map(_BLOCK, freed[i:])
+        self.freed.clear()
+        self.bulk.clear()
 
     def _free(self, g: int, j: int) -> None:
         """Block j of group g is of no use now: it goes right after the block placed."""
-        b = self.at[g][j]
+        b = self._block(g, j)
         if b is not None and not self.placed[g][j]:
             self.placed[g][j] = 1
-            self.pending -= self.specs[g].releases
+            self.pending -= self.rel[g]
             self.freed.append((g, -j, b))
 
     def _kill(self, g: int, j: int) -> None:
         """Block j of group g is placed: the hits that need it die, and what is then
         of no use goes next."""
-        full = not self.specs[g].releases
+        full = not self.rel[g]
         if full:
             self.tail = False
-        h = self._below(self.top if full else self.last[g][j])
-        while h > j:  # (downward: each death looks at the blocks just below it)
-            self._die(h)
-            h = self._below(h - 1)
+        h = self.hits.below(self.top if full else self.hits.last(g, j))
+        spans = []
+        while h > j:  # (each stretch of hits alive at once, downward)
+            low = max(j + 1, min(h, self.hits.alive_down(j + 1, h)))
+            self.hits.kill(low, h)
+            spans.append((low, h))
+            h = self.hits.below(low - 1)
+        k, bs = self.k, self.bs
+        for low, h in spans:  # (windowed blocks that only those hits read: of no use now)
+            for g2 in self.windows:
+                row, done = self.at[g2], self.placed[g2]
+                a, b = max(self.start[g2], min(self.specs[g2].num_unread(low * bs, bs), k)), min(h, k)
+                for j2 in compress(range(a, b), map(is_not, row[a:b], repeat(None))) if a < b else ():
+                    if not done[j2] and not self._of_use(g2, j2):
+                        self._free(g2, j2)
         if not self.tail and self.fulls:
-            top = self._below(self.top)  # the longest hit alive (0: none)
-            for g2 in self.fulls:
-                while self.full_next[g2] >= top:
-                    self._free(g2, self.full_next[g2])
-                    self.full_next[g2] -= 1
+            top = self.hits.below(self.top)  # the longest hit alive (0: none)
+            if self.full_next >= top:  # (full groups' blocks top .. full_next, at once)
+                lo, hi = top, self.full_next + 1
+                for g2 in self.fulls:
+                    new = self._present(g2, lo, hi)
+                    done = self.placed[g2]
+                    done[lo:hi] = bytes(map(or_, done[lo:hi], new))
+                    blocks = cast("list[Block]", self.tables[g2][lo:hi])  # (None where new is 0)
+                    self.bulk[g2] = list(compress(blocks[::-1], new[::-1]))
+                self.full_next = top - 1
 
-    def _die(self, h: int) -> None:
-        self.up[h], self.down[h] = h + 1, h - 1
-        below = self._below(h - 1)  # blocks under it keep that hit
-        for g in self.windows:
-            row, done = self.at[g], self.placed[g]
-            for j in range(max(below, self.firsts[g][h]), min(h, self.k)):
-                if row[j] is not None and not done[j] and not self._of_use(g, j):
-                    self._free(g, j)
+    def _present(self, g: int, lo: int, hi: int) -> bytes:
+        """1 for each block lo .. hi-1 of group g whose place matters and is not placed
+        yet (``hi <= k``)."""
+        if self.rel[g]:
+            here = bytes(map(is_not, self.at[g][lo:hi], repeat(None)))
+        else:
+            here = held(self.tables[g][lo:hi])
+        return bytes(map(gt, here, self.placed[g][lo:hi]))
 
-
-def _reach(spec: GroupSpec, block_size: int) -> int:
-    """Blocks past a block j up to the last hit that needs it (1 + the blocks a query
-    reads behind it); 0 for full attention (every hit above j needs it)."""
-    if not spec.releases:
-        return 0
-    return spec.release_at(0, block_size) // block_size + 1
+    def _lockstep(self, d: int, top: int, out: list[Block]) -> int:
+        """Rounds of one shape, at once, from block ``top`` of group ``d`` (the next to
+        place) down: in round j, block j of d is placed and kills hit j + 1, the longest
+        alive (hit j lives on), and then every other group's block j goes, where its
+        place matters and it is not placed yet (no hit alive needs it). Returns the last
+        round's j (``top + 1``: not one round of that shape). A round per block in
+        Python would cost as much as the rest of the order together."""
+        if self.tail or (self.fulls and self.full_next != top) or self.hits.below(self.top) != top + 1:
+            return top + 1
+        span = 64
+        while True:  # rounds top .. low: every group's flags stay as at top (d's: 1)
+            low = floor = max(0, top + 1 - span)
+            cols = []
+            for g in self.windows + self.fulls:  # (the windows' flags are cheap: bound first)
+                f = self._present(g, low, top + 1)
+                on = f[-1]
+                if g == d and not on:
+                    return top + 1
+                low += f.rfind(b"\x00" if on else b"\x01") + 1
+                if on:
+                    cols.append(g)
+            if low > floor or floor == 0:
+                break
+            span *= 8
+        low = self.hits.alive_down(low, top)
+        if low >= top:  # (one round or none: the general path)
+            return top + 1
+        n = top + 1 - low
+        cols.sort()
+        cols.remove(d)
+        cols.insert(0, d)
+        step = len(cols)
+        rounds: list[Block | None] = [None] * (n * step)
+        for i, g in enumerate(cols):
+            rounds[i::step] = self.tables[g][low:top + 1][::-1]
+            self.placed[g][low:top + 1] = b"\x01" * n
+            self.pending -= n * self.rel[g]
+        out += cast("list[Block]", rounds)
+        self.hits.kill(low + 1, top + 1)
+        if self.fulls:
+            self.full_next = low - 1
+        return low

@@ -20,8 +20,9 @@ withdraw it once (its last).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from operator import attrgetter
 
 from ..core.block import Block
 from ..event_log import EventSink
@@ -31,6 +32,8 @@ from ..hashing import token_bytes
 from .events import GroupBlockRemoved, GroupBlockStored
 from .prefixes import Prefix, PrefixTable
 from .spec import GroupSpec
+
+_PID = attrgetter("pid")
 
 
 class GroupIndex:
@@ -54,6 +57,11 @@ class GroupIndex:
     def find(self, g: int, node: Prefix) -> Block | None:
         """The block of group ``g`` holding ``node``'s prefix, if any."""
         return self.entries[g].get(node.pid)
+
+    def finds(self, g: int, nodes: Sequence[Prefix]) -> Iterator[bool]:
+        """Whether group ``g`` finds each of ``nodes`` (``find`` is not None), in order,
+        at C speed (free_order.py asks it of a long request's whole prefix)."""
+        return map(self.entries[g].__contains__, map(_PID, nodes))
 
     def num_blocks_of(self, node: Prefix) -> int:
         """Blocks of every group that hold ``node``'s prefix (primaries and spares)."""

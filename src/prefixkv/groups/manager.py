@@ -115,12 +115,12 @@ class HybridKVCacheManager(GroupDecoder):
                 self._pool.emptied(self._index.uncache(
                     [b for b in t[first:req.num_scheduled // bs] if b is not None]))
         del self._requests[request_id]
-        find, nodes = self._index.find, req.nodes
+        finds, nodes = self._index.finds, req.nodes
         # a longer prefix exists (a child, or another request ending here): a reference on
         # the last node beside its blocks' and the request's own
         longer = bool(nodes) and nodes[-1].refs > self._index.num_blocks_of(nodes[-1]) + 1
         self._pool.release(free_order(self.groups, self.block_size, req,
-                                      lambda g, j: find(g, nodes[j]) is not None, longer))
+                                      lambda g, lo, hi: finds(g, nodes[lo:hi]), longer))
         self._table.unhold(req.nodes[-1] if req.nodes else None)
 
     def preempt(self, request_id: Hashable, *,
