@@ -4,7 +4,10 @@ its slots are in transit, ``reset_prefix_cache`` with fetches in flight. What mu
 never happen: a block served before its content check or after its content was
 declared invalid, or the events announcing what ``lookup`` does not find."""
 
+import pytest
+
 from prefixkv import BlockLoads, StoreWait
+from prefixkv.errors import RequestError
 
 from .test_shared_store import A, payload
 from .test_store_fetch import setup
@@ -138,6 +141,17 @@ def test_a_reset_after_a_run_landed_in_host_slots_before_its_readmission(backend
     m.check_invariants()
 
 
+# The fetch's hold refuses the rewind (store-r13's part: core/store_waits.py; a fix there
+# must let the fetch give up its device holds on the rewound blocks, in step with the
+# fetcher's thread). Discounting the hold in ``rewind`` alone (tried, 9c0999f) breaks the
+# index: the recompute records the block's content while the fetch still holds it, and
+# check_invariants fails ("index entry for Block(id=0, ref=2, ..., twin) does not match
+# its content"; "0 chained blocks, the index counts 1"): found by test_trust_machine.
+FETCH_HOLD = pytest.mark.xfail(strict=True, raises=RequestError, reason=(
+    "rewind refuses a block a store fetch holds as its device hit: the engine cannot free "
+    "a fetch, so a failed load's recovery waits for the fetch's request to come back"))
+
+
 PROMPT = A[:8] + [77]                        # A's first two blocks, then another token
 
 
@@ -153,12 +167,14 @@ def computed_and_fetching(backend, layout):
     return m, ex, e, r
 
 
+@FETCH_HOLD
 def test_a_rewind_after_a_failed_load_is_not_refused_for_a_fetchs_hold(backend, layout):
     """``r`` computed A's first two blocks; ``q``'s fetch of A's third block holds them
     (its device hits). ``r``'s second block turns out invalid: the engine names it and
     takes ``r`` back to recompute it. The fetch is not a request the engine can free
-    (before: RequestError "blocks [1] are held by other requests too, which must be
-    freed or preempted first"); ``q``, admitted again, is served only valid KV."""
+    (now: RequestError "blocks [1] are held by other requests too, which must be freed
+    or preempted first"); ``q``, admitted again, must be served only valid KV, and the
+    recomputed blocks found again."""
     m, ex, e, r = computed_and_fetching(backend, layout)
     assert m._waits.waiting["q"].held == [m._pool.blocks[i] for i in r.block_ids[:2]]
     m.uncache_blocks([r.block_ids[1]])
@@ -179,6 +195,7 @@ def test_a_rewind_after_a_failed_load_is_not_refused_for_a_fetchs_hold(backend, 
     assert m.lookup(PROMPT) == 8 and m.lookup(A + [0]) == 12
 
 
+@FETCH_HOLD
 def test_a_run_landed_under_a_block_found_invalid_since_is_not_served(backend, layout):
     """As above, but ``q``'s fetch landed (its run on the device, chained under ``r``'s
     second block) before that block was found invalid: the run was computed on it
@@ -201,6 +218,7 @@ def test_a_run_landed_under_a_block_found_invalid_since_is_not_served(backend, l
     m.check_invariants()
 
 
+@FETCH_HOLD
 def test_a_request_that_hit_a_landed_run_rewinds_past_it_while_the_fetch_holds_it(backend, layout):
     """``q``'s fetch landed A's run in device blocks; ``r`` was admitted on it (a hit of
     all three) before ``q`` came back. The load into the run's second block failed:
@@ -223,4 +241,23 @@ def test_a_request_that_hit_a_landed_run_rewinds_past_it_while_the_fetch_holds_i
     e.run()
     e.check_a_hits(q)
     assert q.num_cached_tokens == 4
+    m.check_invariants()
+
+
+@FETCH_HOLD
+def test_a_recompute_of_a_block_a_fetch_holds_keeps_the_index_sound(backend, layout):
+    """The case a rewind that only discounted the fetch's hold broke: ``r`` rewound to
+    its first block (no load failed: the engine took it back) and recomputes both
+    blocks while ``q``'s fetch still holds them."""
+    m, ex, e, r = computed_and_fetching(backend, layout)
+    m.rewind("r", 0)
+    assert m.extend("r", len(PROMPT)) is not None
+    m.check_invariants()
+    e.run()
+    e.compute(PROMPT, r.block_ids)
+    ex.run()
+    assert m.poll_store() == ["q"]
+    q = m.add_request("q", A)
+    e.run()
+    e.check_a_hits(q)
     m.check_invariants()
