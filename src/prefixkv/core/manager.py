@@ -228,21 +228,15 @@ class KVCacheManager(StepOutputs):
         content and pending store writes, and stay in its table as reserved slots.
         Raises RequestError (unknown id, ``num_tokens`` outside ``[0,
         num_scheduled_tokens]``, or one of those blocks held by another request too,
-        which must be freed or preempted first), before any change. A store fetch
-        holding one of them (another request's device hits) does not refuse it."""
+        which must be freed or preempted first), before any change."""
         req = self._get(request_id)
         check_count("num_tokens", num_tokens, 0, req.num_scheduled)
         full = num_tokens // self.block_size
         tail = req.blocks[full:req.num_scheduled // self.block_size]
-        shared = [b for b in tail if b.ref_cnt > 1]
-        if shared and self._waits is not None:  # (a store fetch's hold on its device hits
-            # is no request's: it re-walks the chain when it lands, and takes nothing the
-            # rewind made unfindable)
-            fetches = self._waits.holds()
-            shared = [b for b in shared if b.ref_cnt - fetches.count(b) > 1]
+        shared = [b.block_id for b in tail if b.ref_cnt > 1]
         if shared:
             raise RequestError(f"request {request_id!r} cannot rewind to {num_tokens}: blocks "
-                               f"{[b.block_id for b in shared]} are held by other requests too")
+                               f"{shared} are held by other requests too")
         self._drop_puts(tail)  # (before the index forgets)
         self._pool.emptied(self._index.uncache(tail, cut=True))  # (and their cached children)
         if req.num_scheduled == len(req.tokens) > num_tokens:
