@@ -261,3 +261,26 @@ def test_a_recompute_of_a_block_a_fetch_holds_keeps_the_index_sound(backend, lay
     e.run()
     e.check_a_hits(q)
     m.check_invariants()
+
+
+def test_a_request_preempted_while_its_run_is_in_transit_gets_valid_kv_back(backend, layout):
+    """``b`` is admitted on its landed run (the loads from the slots in transit are in
+    this step's plan) and preempted in the same step, before its step ran; another
+    admission evicts part of what it held; ``b`` comes back: every hit holds A's KV."""
+    m, ex, _ = setup(backend, layout)
+    e = Engine(m)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    ex.run()
+    assert m.poll_store() == ["b"]
+    assert m.add_request("b", A).num_cached_tokens == 12
+    tokens = m.preempt("b", num_computed_tokens=0)
+    x = m.add_request("x", list(range(100, 121)), read_cache=False)  # 6 blocks: evicts
+    assert x is not None
+    e.run()                                             # the payloads, the loads
+    e.compute(list(range(100, 121)), x.block_ids)
+    m.free("x")
+    m.check_invariants()
+    got = _admit_again(m, ex, "b", list(tokens))
+    e.run()
+    e.check_a_hits(got)
+    m.check_invariants()
