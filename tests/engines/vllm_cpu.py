@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import threading
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HF_HOME = ROOT / ".cache" / "engines" / "hf"
@@ -69,14 +70,34 @@ MODELS: dict[str, dict[str, object]] = {
 
 
 def write_hub_cache(home: pathlib.Path = HF_HOME) -> None:
-    """Write each model of ``MODELS`` as a hub cache repo under ``home`` (idempotent)."""
+    """Write each model of ``MODELS`` as a hub cache repo under ``home`` (idempotent).
+
+    Other processes may be reading these files meanwhile: worktrees link one ``.cache``,
+    and every process that imports this module (vLLM's suite, tests/engines/vllm_engine.py)
+    calls this. A file already holding its text is left alone; any other is replaced
+    whole (``_put``), never truncated in place, where a reader saw an empty
+    ``refs/main`` or ``config.json`` and vLLM's ``ModelConfig`` raised "Invalid repository
+    ID 'facebook/opt-125m'" (test_vllm_suite's flake under load)."""
     for name, config in MODELS.items():
         repo = home / "hub" / ("models--" + name.replace("/", "--"))
         snapshot = repo / "snapshots" / REVISION
         snapshot.mkdir(parents=True, exist_ok=True)
         (repo / "refs").mkdir(exist_ok=True)
-        (repo / "refs" / "main").write_text(REVISION)
-        (snapshot / "config.json").write_text(json.dumps(config, indent=1))
+        _put(repo / "refs" / "main", REVISION)
+        _put(snapshot / "config.json", json.dumps(config, indent=1))
+
+
+def _put(path: pathlib.Path, text: str) -> None:
+    """``path`` holds ``text`` afterwards; a reader at any moment sees the old whole file
+    or the new one (a file of this process's own beside it, renamed over it)."""
+    try:
+        if path.read_text() == text:
+            return
+    except FileNotFoundError:
+        pass
+    part = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    part.write_text(text)
+    os.replace(part, path)
 
 
 def configure() -> None:

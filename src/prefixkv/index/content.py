@@ -257,6 +257,9 @@ class ContentIndex(SpareIndex):
                     run.seen = self.losses
                 was = held
                 for b in known:
+                    if b.counted is not None:  # (another run shares it: a run recorded
+                        # since over blocks rewound and computed again; its count alone)
+                        b.counted.dissolve()
                     if b.refs:
                         b.refs += 1
                         held += 1
