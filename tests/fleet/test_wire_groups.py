@@ -59,17 +59,19 @@ def test_group_fields_exact_maps_and_order():
         stored(2, "chunked_local_attention", None, h[2:], h[1], a[8:]),
     ]
     # window 5 released block 0 of group 1, chunk 8 blocks 0 and 1 of group 2: freed group
-    # by group, each group's tail first, as vLLM's remove_skipped_blocks frees them
-    assert m.free_block_order() == [10, 11, 4, 8, 7]
+    # by group, each group's tail first, as vLLM's remove_skipped_blocks frees them, except
+    # that group 2's block 1 (tokens 5-8), which no hit can use (a hit of 4 tokens does not
+    # reach it, one of 8 or more starts a new chunk), goes first (groups/release_order.py)
+    assert m.free_block_order() == [10, 11, 8, 4, 7]
     m.free("a")
-    assert m.free_block_order() == [10, 11, 4, 8, 7, 3, 6, 9, 2, 5, 1]
+    assert m.free_block_order() == [10, 11, 8, 4, 7, 3, 6, 9, 2, 5, 1]
     c = list(range(100, 109))
-    assert m.add_request("c", c).group_block_ids == ((10, 11, 4), (8, 7, 3), (6, 9, 2))
+    assert m.add_request("c", c).group_block_ids == ((10, 11, 8), (4, 7, 3), (6, 9, 2))
     # evicted in free-queue order; removals join only within one group
     wire = to_wire_events(m.take_events(), BS)
     hc = hashes(c)
     assert wire == [
-        removed(1, [h[0]]), removed(2, [h[1], h[0]]), removed(0, [h[2]]),
+        removed(2, [h[1]]), removed(1, [h[0]]), removed(2, [h[0]]), removed(0, [h[2]]),
         removed(1, [h[2]]), removed(2, [h[2]]), removed(0, [h[1]]),
         stored(0, "full_attention", None, hc, None, c[:8]),
         stored(1, "sliding_window", 5, hc, None, c[:8]),
