@@ -13,7 +13,7 @@ Its other blocks have no key (``key`` None, not ``chained``, a stale ``content_i
 
 Who reads what:
 - a claim reaching the head takes the run whole from ``head.starts`` (its token bytes compared
-  as one list, ``pcid`` for the first block's parent), or ``settle``s it before cutting
+  as one bytes object, ``pcid`` for the first block's parent), or ``settle``s it before cutting
   it (``_split``);
 - the pool's release and eviction use its count and links alone; an eviction that takes
   the whole run, or cuts its tail off (``Run.truncate``), has no dict entry to remove:
