@@ -27,7 +27,7 @@ from ..errors import (
 )
 from ..event_log import EventLog, NullSink
 from ..extra_keys import ExtraKeys
-from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
+from ..hashing import HashFn, encode_tokens, make_hash_fn
 from ..index import ContentIndex, Hasher, NoIndex
 from ..index.announce import Fresh
 from ..results import Admission, StoreWait
@@ -317,7 +317,8 @@ class Admitter:
             p = prompt_token_ids
             if p.config is not self._config or extra is not None:  # (this manager's own: valid)
                 unpack_prompt(p, extra, self._config)  # raises PromptError, or it is valid
-            keys, chunks, data = p.keys, p.chunks, p.data
+            keys, data = p.keys, p.data
+            chunks: Sequence[bytes] = p.chunks
             if admit is None:  # a lookup: the request's tokens are read, never written
                 tokens = p.tokens
             else:  # the request's own array (decode appends to it): the copy ``prepare``
@@ -329,9 +330,9 @@ class Admitter:
                         grow_room(tokens)
         else:
             p = None
-            tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
-                                                 self.vocab_size)
-            data = None
+            tokens, keys, cut = encode_prompt(prompt_token_ids, extra, self.block_size,
+                                              self.vocab_size)
+            chunks, data = cut, cut.buf  # (cut as read: a miss reads few)
             if admit is not None and len(tokens) >= GROW_AT:
                 grow_room(tokens)
         n, bs = len(tokens), self.block_size
@@ -347,9 +348,7 @@ class Admitter:
         limit = (n - 1) // bs if max_hit_tokens is None else hit_limit(n, bs, max_hit_tokens)
         probe = chunks if limit == len(chunks) else chunks[:limit]
         claim = admit is not None and self._store is None
-        claimed = (self._index.claim(probe, keys.base, keys.mm,
-                                     token_bytes(tokens) if data is None else data)
-                   if claim else None)
+        claimed = self._index.claim(probe, keys.base, keys.mm, data) if claim else None
         if claimed is not None:
             hits, host = claimed[0], self._host
             if host is None or len(hits) == limit or host.find(

@@ -22,9 +22,10 @@ from array import array
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from ..chunks import Chunks
 from ..errors import PromptError, TokenError
 from ..extra_keys import ExtraKeys, check_extra
-from ..hashing import block_chunks, encode_tokens, token_buffer, token_bytes
+from ..hashing import encode_tokens, token_bytes
 from ..index.hasher import Hasher
 from .block import blocks_for
 from .request import GROW_AT, PLAIN_KEYS, RequestKeys, grow_room
@@ -98,8 +99,9 @@ class Prompt:
 
 
 def encode_prompt(token_ids: Sequence[int], extra: ExtraKeys | None, block_size: int,
-                  vocab_size: int | None) -> tuple[array[int], RequestKeys, list[bytes]]:
-    """Check and encode a prompt: its tokens, keys and full blocks' token bytes. Raises
+                  vocab_size: int | None) -> tuple[array[int], RequestKeys, Chunks]:
+    """Check and encode a prompt: its tokens, keys and full blocks' token bytes (cut
+    as they are read: ``Chunks``; ``Chunks.buf`` is all the tokens' bytes). Raises
     TokenError (empty prompt, bad ids or container), ExtraKeysError."""
     tokens = encode_tokens(token_ids, vocab_size)
     n = len(tokens)
@@ -107,7 +109,7 @@ def encode_prompt(token_ids: Sequence[int], extra: ExtraKeys | None, block_size:
         raise TokenError("the prompt is empty: at least one token is needed")
     keys = PLAIN_KEYS if extra is None else RequestKeys.of(check_extra(extra, n),
                                                            blocks_for(n, block_size), block_size)
-    return tokens, keys, block_chunks(token_buffer(tokens), 4 * block_size, n // block_size)
+    return tokens, keys, Chunks(token_bytes(tokens), 4 * block_size, 0, n // block_size)
 
 
 def prepare_prompt(token_ids: Sequence[int], extra: ExtraKeys | None, block_size: int,
@@ -119,7 +121,8 @@ def prepare_prompt(token_ids: Sequence[int], extra: ExtraKeys | None, block_size
     hash_mode callable failed)."""
     if isinstance(token_ids, Prompt):
         raise PromptError("this prompt is prepared already: pass the Prompt itself")
-    tokens, keys, chunks = encode_prompt(token_ids, extra, block_size, vocab_size)
+    tokens, keys, cut = encode_prompt(token_ids, extra, block_size, vocab_size)
+    chunks = list(cut)  # (a prepared prompt's are cut here, off the scheduler's thread)
     hashes = (hasher.chain(hasher.root, chunks, keys.of_blocks(0, len(chunks)))
               if hasher is not None else None)
     return Prompt(tokens, keys, chunks, hashes, config)
