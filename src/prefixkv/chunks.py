@@ -53,16 +53,19 @@ class Chunks(Sequence[bytes]):
         return self.buf[off:off + self.step]
 
     def __iter__(self) -> Iterator[bytes]:
-        # (in C: 64 chunks a call of a cached ``struct.Struct``, one call as it is reached)
+        # (in C: the first chunk alone, as a miss's claim reads it and stops, then 64 a
+        # call of a cached ``struct.Struct``, one call as it is reached)
         step, buf = self.step, self.buf
-        whole, rest = divmod(self.n, _GROUP)
+        if not self.n:
+            return iter(())
+        whole, rest = divmod(self.n - 1, _GROUP)
         lo, width = self.start * step, step * _GROUP
-        mid = lo + whole * width
-        groups = map(partial(_splitter(step, _GROUP).unpack_from, buf), range(lo, mid, width))
+        mid = lo + step + whole * width
+        parts = chain(((buf[lo:lo + step],),), map(partial(_splitter(step, _GROUP).unpack_from,
+                                                            buf), range(lo + step, mid, width)))
         if rest:
-            last = map(partial(_splitter(step, rest).unpack_from, buf), (mid,))
-            return chain.from_iterable(chain(groups, last))
-        return chain.from_iterable(groups)
+            parts = chain(parts, map(partial(_splitter(step, rest).unpack_from, buf), (mid,)))
+        return chain.from_iterable(parts)
 
     def data(self) -> bytes:
         """The chunks' bytes in one piece (``b"".join(self)``): ``buf`` itself when the
