@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from prefixkv import KVCacheManager
 from prefixkv.chunks import Chunks, joined
-from prefixkv.core.prompt import encode_prompt
+from prefixkv.core.prompt import CUT_LATE, encode_prompt
 from prefixkv.hashing import block_chunks
 
 
@@ -43,13 +43,21 @@ def test_whole_buffer_is_not_copied() -> None:
     assert joined([b"ab", b"cd"]) == b"abcd"
 
 
-def test_encoded_prompt_chunks_and_a_miss_run() -> None:
-    ids = list(range(1000, 1000 + 16 * 130 + 5))
+@pytest.mark.parametrize("full", [CUT_LATE - 1, CUT_LATE, CUT_LATE + 70])
+def test_encoded_prompt_chunks_and_a_miss_run(full: int) -> None:
+    ids = list(range(1000, 1000 + 16 * full + 5))
     tokens, _, chunks = encode_prompt(ids, None, 16, None)
-    assert chunks.buf == tokens.tobytes() and len(chunks) == 130
-    assert list(chunks) == block_chunks(tokens.tobytes(), 64, 130)
-    m = KVCacheManager(300, 16)
+    assert type(chunks) is (list if full < CUT_LATE else Chunks) and len(chunks) == full
+    assert list(chunks) == block_chunks(tokens.tobytes(), 64, full)
+    if isinstance(chunks, Chunks):
+        assert chunks.buf == tokens.tobytes()
+    m = KVCacheManager(full + 100, 16)
     m.add_request("a", ids)  # a miss, stored as a run from the chunks' bytes
     m.free("a")
-    assert m.lookup(ids) == 130 * 16  # all full blocks but none short of the last token
+    assert m.lookup(ids) == full * 16  # all full blocks (the last token is past them)
+    cut = ids[:16 * (full // 2)] + [7] * 40  # a hit that cuts the run
+    assert m.lookup(cut) == 16 * (full // 2)
+    m.add_request("b", cut)
+    m.free("b")
+    assert m.lookup(ids) == full * 16 and m.lookup(cut) == 16 * (full // 2 + 2)
     m.check_invariants()

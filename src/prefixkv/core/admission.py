@@ -13,6 +13,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Hashable, Sequence
 
+from ..chunks import Chunks
 from ..errors import (
     MAX_BLOCKS,
     ConfigError,
@@ -27,7 +28,7 @@ from ..errors import (
 )
 from ..event_log import EventLog, NullSink
 from ..extra_keys import ExtraKeys
-from ..hashing import HashFn, encode_tokens, make_hash_fn
+from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
 from ..index import ContentIndex, Hasher, NoIndex
 from ..index.announce import Fresh
 from ..results import Admission, StoreWait
@@ -317,7 +318,8 @@ class Admitter:
             p = prompt_token_ids
             if p.config is not self._config or extra is not None:  # (this manager's own: valid)
                 unpack_prompt(p, extra, self._config)  # raises PromptError, or it is valid
-            keys, data = p.keys, p.data
+            keys = p.keys
+            data: bytes | None = p.data
             chunks: Sequence[bytes] = p.chunks
             if admit is None:  # a lookup: the request's tokens are read, never written
                 tokens = p.tokens
@@ -331,10 +333,8 @@ class Admitter:
         else:
             p = None
             tokens, keys, cut = encode_prompt(prompt_token_ids, extra, self.block_size,
-                                              self.vocab_size)
-            chunks, data = cut, cut.buf  # (cut as read: a miss reads few)
-            if admit is not None and len(tokens) >= GROW_AT:
-                grow_room(tokens)
+                                              self.vocab_size, admit is not None)
+            chunks, data = cut, cut.buf if type(cut) is Chunks else None
         n, bs = len(tokens), self.block_size
         if admit is not None and n + admit[1] > self._max_slots:  # (else it always fits)
             self._check_fits(n, *admit)
@@ -348,7 +348,9 @@ class Admitter:
         limit = (n - 1) // bs if max_hit_tokens is None else hit_limit(n, bs, max_hit_tokens)
         probe = chunks if limit == len(chunks) else chunks[:limit]
         claim = admit is not None and self._store is None
-        claimed = self._index.claim(probe, keys.base, keys.mm, data) if claim else None
+        claimed = (self._index.claim(probe, keys.base, keys.mm,
+                                     token_bytes(tokens) if data is None else data)
+                   if claim else None)
         if claimed is not None:
             hits, host = claimed[0], self._host
             if host is None or len(hits) == limit or host.find(
