@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import run_state_machine_as_test
 
+import prefixkv.core.prompt as prompt
+import test_state_machine
 from prefixkv import KVCacheManager
 from prefixkv.chunks import Chunks, joined
 from prefixkv.core.prompt import CUT_LATE, encode_prompt
@@ -61,3 +64,15 @@ def test_encoded_prompt_chunks_and_a_miss_run(full: int) -> None:
     m.free("b")
     assert m.lookup(ids) == full * 16 and m.lookup(cut) == 16 * (full // 2 + 2)
     m.check_invariants()
+
+
+@pytest.mark.parametrize("machine", ["ManagerMachine", "DeferredEventsManagerMachine",
+                                     "HostTierManagerMachine", "BlockSizeOneManagerMachine"])
+def test_state_machines_with_every_prompt_cut_late(machine: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manager machines' prompts are short (below ``CUT_LATE``): run some of them with
+    every prompt's chunks a ``Chunks``, events and a host tier included."""
+    monkeypatch.setattr(prompt, "CUT_LATE", 1)
+    run_state_machine_as_test(getattr(test_state_machine, machine),
+                              settings=settings(max_examples=25, stateful_step_count=40,
+                                                deadline=None))
