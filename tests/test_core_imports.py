@@ -1,6 +1,6 @@
 """Layering: the scheduler-side core is pure Python and its imports point only down.
 
-    types   errors, extra_keys, hashing, events, event_log, results, stats, allocator
+    types   errors, extra_keys, hashing, chunks, events, event_log, results, stats, allocator
     core    core.block, core.free_queue, core.request, core.copies, core.sharing,
             core.dependents   <   index, tiers
             <   core.pool, core.admission, core.manager   <   groups
@@ -20,7 +20,7 @@ import sys
 import prefixkv
 
 PKG = pathlib.Path(prefixkv.__file__).parent
-TYPES = {"errors", "extra_keys", "hashing", "events", "event_log", "results", "stats", "allocator"}
+TYPES = {"errors", "extra_keys", "hashing", "chunks", "events", "event_log", "results", "stats", "allocator"}
 CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "core.sharing",
             "core.dependents"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.spares",

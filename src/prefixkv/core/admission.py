@@ -13,6 +13,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Hashable, Sequence
 
+from ..chunks import Chunks
 from ..errors import (
     MAX_BLOCKS,
     ConfigError,
@@ -317,7 +318,9 @@ class Admitter:
             p = prompt_token_ids
             if p.config is not self._config or extra is not None:  # (this manager's own: valid)
                 unpack_prompt(p, extra, self._config)  # raises PromptError, or it is valid
-            keys, chunks, data = p.keys, p.chunks, p.data
+            keys = p.keys
+            data: bytes | None = p.data
+            chunks: Sequence[bytes] = p.chunks
             if admit is None:  # a lookup: the request's tokens are read, never written
                 tokens = p.tokens
             else:  # the request's own array (decode appends to it): the copy ``prepare``
@@ -329,11 +332,9 @@ class Admitter:
                         grow_room(tokens)
         else:
             p = None
-            tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
-                                                 self.vocab_size)
-            data = None
-            if admit is not None and len(tokens) >= GROW_AT:
-                grow_room(tokens)
+            tokens, keys, cut = encode_prompt(prompt_token_ids, extra, self.block_size,
+                                              self.vocab_size, admit is not None)
+            chunks, data = cut, cut.buf if type(cut) is Chunks else None
         n, bs = len(tokens), self.block_size
         if admit is not None and n + admit[1] > self._max_slots:  # (else it always fits)
             self._check_fits(n, *admit)

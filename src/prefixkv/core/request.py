@@ -95,7 +95,7 @@ class Request:
         self.num_cached = 0  # tokens of the prefix computed by others (hits, fork parent)
         self.num_scheduled = 0
         self.num_reserved = 0  # slots covered by blocks; >= num_scheduled when reserved
-        self.prompt_chunks: list[bytes] | None = None
+        self.prompt_chunks: Sequence[bytes] | None = None
         self.prompt: object = None
         self.prompt_hashes: list[bytes] | None = None
 

@@ -239,7 +239,8 @@ class GroupAdmitter:
             check_count("max_hit_tokens", max_hit_tokens, 0, None)
         if isinstance(prompt_token_ids, Prompt):
             prompt: Prompt | None = unpack_prompt(prompt_token_ids, extra, self._config)
-            keys, chunks = prompt_token_ids.keys, prompt_token_ids.chunks
+            keys = prompt_token_ids.keys
+            chunks: Sequence[bytes] = prompt_token_ids.chunks
             if not admit:  # a lookup: the tokens are read, never written
                 tokens = prompt_token_ids.tokens
             else:  # the request's own (decode appends to them): ``prepare``'s copy, once

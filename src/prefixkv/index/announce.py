@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 # What ``_hashed`` prepares for a run: its token chunks, extra-key bytes and chain hashes
 # (None until someone consumes them).
-Prepared = tuple[list[bytes], list[bytes], list[bytes] | None]
+Prepared = tuple[Sequence[bytes], list[bytes], list[bytes] | None]
 # A content the shared store will write: the block, its content id, its parent's hash,
 # its token bytes, the request's extra keys.
 Fresh = tuple[Block, int, bytes, bytes, ExtraKeys | None]
@@ -90,7 +90,7 @@ class StoredRun(Deferred):
                  "spares")
 
     def __init__(self, hasher: Hasher, parent: Block | None, blocks: list[Block],
-                 chunks: list[bytes], extras: list[bytes], extra: ExtraKeys | None,
+                 chunks: Sequence[bytes], extras: list[bytes], extra: ExtraKeys | None,
                  first: int, bs: int, spares: dict[int, Block] | None) -> None:
         # (``Deferred.__init__`` inlined, and the count of a run without spares: one
         # StoredRun an admission, on the scheduler's thread)
@@ -147,7 +147,7 @@ class Announcer:
     _bs: int
     _next_id: int
 
-    def _hashed(self, parent: Block | None, chunks: list[bytes], extras: list[bytes]) -> Prepared:
+    def _hashed(self, parent: Block | None, chunks: Sequence[bytes], extras: list[bytes]) -> Prepared:
         """``(chunks, extras, chain hashes or None)``: hashes only when consumed now."""
         if not self.hashing or self.lazy:
             return chunks, extras, None
@@ -202,7 +202,7 @@ class Announcer:
         self._next_id += n
         return range(self._next_id - n, self._next_id)
 
-    def _announce(self, req: Request, first: int, chunks: list[bytes],
+    def _announce(self, req: Request, first: int, chunks: Sequence[bytes],
                   hashes: list[bytes]) -> None:
         """Give the blocks just stored their chain hash; announce the new contents (eager).
         A spare has its hash and event already (``_add_twin``)."""

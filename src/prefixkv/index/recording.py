@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from itertools import chain, islice
 from typing import TYPE_CHECKING
 
+from ..chunks import joined
 from ..core.block import NO_CHILD, Block, ContentKey, Key, Run, RunCounts, key_chunk
 from ..core.request import Request
 from ..event_log import EventSink
@@ -273,7 +274,7 @@ class ContentRecorder(Announcer):
                                        blocks[first:first + len(chunks)], chunks, extras,
                                        req.keys.extra, first, self._bs, spares))
 
-    def _record_run(self, span: list[Block], chunks: list[bytes], extra: bytes, cid: int,
+    def _record_run(self, span: list[Block], chunks: Sequence[bytes], extra: bytes, cid: int,
                     nid: int) -> int:
         """``store``'s chained rest as a run: ``span[0]``, new content ``cid``, heads the
         rest of ``span`` (``chunks``: the head's token bytes, then theirs), each the chained
@@ -285,7 +286,7 @@ class ContentRecorder(Announcer):
         links the run's two ends alone, and the eviction takes them as one list."""
         head = parent = span[0]
         del span[0]  # (a move of the pointers: no count touched)
-        run = head.starts = Run(span, b"".join(chunks), extra, self._epoch, self.losses,
+        run = head.starts = Run(span, joined(chunks), extra, self._epoch, self.losses,
                                 self.run_counts, cid)
         run.shared = run.linked = True
         run.n = 1
