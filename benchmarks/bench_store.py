@@ -366,24 +366,31 @@ class _Inline:
             fn(*args)
 
 
-def ops(backend: RedisStore, sizes: list[int]) -> None:
+def ops(backend: RedisStore, sizes: list[int], parts: int = 0) -> None:
     """Bytecode instructions of the start, the landing poll and the re-admission of a
     hit of each of ``sizes`` blocks in the scheduler section's steady state: the fourth
     admission of four new prompts (``new``), and the ninth, the prompts admitted again
     in turn as the inline section does (``again``: the host keeps one block of the
-    prompt, so the fetch continues a host hit)."""
+    prompt, so the fetch continues a host hit). ``parts``: also list the start's
+    ``parts`` largest functions (their own instructions) under each row."""
     import sys
+    from collections import Counter
 
     count = [0]
+    by_code: Counter[str] = Counter()
 
     def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
         frame.f_trace_opcodes = True
         if event == "opcode":
             count[0] += 1
+            if parts:
+                code = frame.f_code
+                by_code[f"{code.co_filename.rpartition('prefixkv/')[2]}:{code.co_name}"] += 1
         return tracer
 
     def counted(call):  # type: ignore[no-untyped-def]
         count[0] = 0
+        by_code.clear()
         sys.settrace(tracer)
         try:
             return call(), count[0]
@@ -410,6 +417,7 @@ def ops(backend: RedisStore, sizes: list[int]) -> None:
             prompt = m.prepare(ids) if prepared else ids
             wait, start = counted(partial(m.add_request, "r", prompt))
             assert isinstance(wait, StoreWait), wait
+            top = by_code.most_common(parts)
             ex.run()
             ended, land = counted(m.poll_store)
             assert ended == ["r"], ended
@@ -418,12 +426,14 @@ def ops(backend: RedisStore, sizes: list[int]) -> None:
             m.free("r")
             m.take_kv_ops()
             if r in (3, 8):
-                got["new" if r == 3 else "again"] = (start, land, readmit)
+                got["new" if r == 3 else "again"] = (start, land, readmit, top)
         shared.close()
-        for label, (start, land, readmit) in got.items():
+        for label, (start, land, readmit, top) in got.items():
             print(f"  {blocks:4} blocks {mode:7} {'prepared' if prepared else 'ids':8} "
                   f"{label:5} start {start:6,}  land {land:6,}  readmit {readmit:6,}  "
                   f"sum {start + land + readmit:6,}")
+            for where, k in top:
+                print(f"      start: {k:7,}  {where}")
 
 
 def inline(backend: RedisStore, rounds: int, blocks: int = BLOCKS) -> None:
@@ -489,6 +499,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", choices=["throughput", "scheduler", "split", "ops", "inline"],
                     default=None, help="run one section")
     ap.add_argument("--rounds", type=int, default=200, help="rounds of the inline section")
+    ap.add_argument("--parts", type=int, default=0,
+                    help="ops: list the start's N largest functions (own instructions)")
     ap.add_argument("--blocks", type=int, nargs="+", default=[BLOCKS],
                     help="hit sizes of the split, ops and inline sections, in blocks")
     args = ap.parse_args(argv)
@@ -512,7 +524,7 @@ def main(argv: list[str] | None = None) -> None:
             for blocks in args.blocks:
                 split(backend, args.repeats, args.connections, blocks)
         if args.only in (None, "ops"):
-            ops(backend, args.blocks)
+            ops(backend, args.blocks, args.parts)
         if args.only in (None, "inline"):
             for blocks in args.blocks:
                 inline(backend, args.rounds, blocks)
