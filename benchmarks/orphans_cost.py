@@ -40,33 +40,13 @@ per call, and the hit of the last link's prompt after it (the same in both build
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from collections.abc import Callable
 
 from prefixkv import KVCacheManager
+from prefixkv.bench.opcodes import count_opcodes
 from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
 
 BS = 4
-
-
-def count(fn: Callable[[], object]) -> int:
-    """Bytecodes executed by ``fn()`` (this function's own few included)."""
-    n = 0
-
-    def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
-        nonlocal n
-        frame.f_trace_opcodes = True
-        if event == "opcode":
-            n += 1
-        return tracer
-
-    sys.settrace(tracer)
-    try:
-        fn()
-    finally:
-        sys.settrace(None)
-    return n
 
 
 def manager(cached: int, events: bool) -> KVCacheManager:
@@ -85,22 +65,22 @@ def prompt(tag: int) -> list[int]:
 def basic(m: KVCacheManager | HybridKVCacheManager, out: dict[str, int]) -> None:
     """``free``, ``admit`` and ``decode`` on ``m``, into ``out``."""
     m.add_request("f", prompt(1))
-    out["free"] = count(lambda: m.free("f"))
-    out["admit"] = count(lambda: m.add_request("g", prompt(2)))
+    out["free"] = count_opcodes(lambda: m.free("f"))
+    out["admit"] = count_opcodes(lambda: m.add_request("g", prompt(2)))
     m.free("g")
     m.add_request("d", prompt(3))
-    out["decode"] = count(lambda: [m.append_tokens("d", [5]) for _ in range(16)])
+    out["decode"] = count_opcodes(lambda: [m.append_tokens("d", [5]) for _ in range(16)])
     m.free("d")
 
 
 def forgets(m: KVCacheManager | HybridKVCacheManager, out: dict[str, int]) -> None:
     """``abort`` and ``rewind-hit`` on ``m``, into ``out``."""
     m.add_request("x", prompt(4))
-    out["abort"] = count(lambda: m.free("x", num_computed_tokens=0))
+    out["abort"] = count_opcodes(lambda: m.free("x", num_computed_tokens=0))
     m.add_request("p", prompt(5))
     m.free("p")
     m.add_request("h", prompt(5)[:BS] + [99])
-    out["rewind-hit"] = count(lambda: m.rewind("h", 0))
+    out["rewind-hit"] = count_opcodes(lambda: m.rewind("h", 0))
     m.free("h")
     m.check_invariants()
 
@@ -112,7 +92,7 @@ def cases(cached: int, events: bool) -> dict[str, int]:
     m.add_request("q", prompt(6))
     m.free("q")
     fork = prompt(6)[:2 * BS] + [9_000 + j for j in range(6 * BS)] + [7]
-    out["admit-fork"] = count(lambda: m.add_request("k", fork))
+    out["admit-fork"] = count_opcodes(lambda: m.add_request("k", fork))
     m.free("k")
     s = KVCacheManager(cached + 64, BS, seed=0, enable_events=events)
     s.add_request("s", prompt(6))
@@ -123,7 +103,7 @@ def cases(cached: int, events: bool) -> dict[str, int]:
             s.add_request(i, prompt(6)[:2 * BS] + [10_000 * (i + 1) + j for j in range(6 * BS)]
                           + [7])
             s.free(i)
-    out["fork-stream"] = count(forks) // 3000
+    out["fork-stream"] = count_opcodes(forks) // 3000
     s.check_invariants()
     forgets(m, out)
     return out
@@ -175,7 +155,7 @@ def chain_cases(live: int, blocks: int, depths: list[int]) -> None:
     for kind in ("core", *LAYOUTS):
         for d in depths:
             m, named, last = chain_manager(kind, live, blocks, d)
-            ops = count(lambda m=m, named=named: m.uncache_blocks(named))  # type: ignore[misc]
+            ops = count_opcodes(lambda m=m, named=named: m.uncache_blocks(named))  # type: ignore[misc]
             hit = m.lookup(last)
             m, named, last = chain_manager(kind, live, blocks, d)
             t = time.perf_counter()
