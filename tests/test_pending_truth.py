@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from prefixkv import ExtraKeys, KVCacheManager
 from prefixkv.extra_keys import MultiModalInput
+from test_runs_reference import both
 
 BS = 2
 UNITS = [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10], [11, 12]]
@@ -68,18 +69,6 @@ class Req:
         self.cached = hits  # blocks it was handed as hits (computed by others)
         self.hits = hits  # blocks whose KV the reference holds (hits, or computed)
         self.tainted = 1 << 30  # its blocks from here on were computed on invalid KV
-
-
-def both(a: KVCacheManager, b: KVCacheManager, call: str, *args, **kw):
-    """The call on each; the same answer, or the same exception type."""
-    out = []
-    for m in (a, b):
-        try:
-            out.append(getattr(m, call)(*args, **kw))
-        except Exception as e:  # noqa: BLE001 (compared below: both must raise alike)
-            out.append(type(e))
-    assert out[0] == out[1], (call, args, out)
-    return out[0]
 
 
 def run_steps(steps, num_blocks: int, events: bool) -> None:
