@@ -5,7 +5,10 @@ never happen: a block served before its content check or after its content was
 declared invalid, or the events announcing what ``lookup`` does not find."""
 
 
+import pytest
+
 from prefixkv import BlockLoads, StoreWait
+from prefixkv.errors import RequestError
 
 from .test_shared_store import A, payload
 from .test_store_fetch import setup
@@ -280,4 +283,22 @@ def test_a_request_preempted_while_its_run_is_in_transit_gets_valid_kv_back(back
     got = _admit_again(m, ex, "b", list(tokens))
     e.run()
     e.check_a_hits(got)
+    m.check_invariants()
+
+
+def test_a_rewind_refused_for_another_request_leaves_the_fetchs_holds(backend, layout):
+    """``s`` holds ``r``'s blocks too (it hit them): the rewind of ``r`` is refused, before
+    any change; the fetch, which would give its holds up, keeps them."""
+    m, ex, e, r = computed_and_fetching(backend, layout)
+    s = m.add_request("s", PROMPT)
+    assert s.block_ids[:2] == r.block_ids[:2]
+    f = m._waits.waiting["q"]
+    held = list(f.held)
+    with pytest.raises(RequestError, match="held by other requests too"):
+        m.rewind("r", 4)
+    assert f.held == held and not f.expired
+    m.check_invariants()
+    m.free("s")
+    m.rewind("r", 4)                          # (now the fetch's hold alone: given up)
+    assert f.held == held[:1]
     m.check_invariants()
