@@ -9,7 +9,12 @@ failed loads named to ``uncache_blocks``) with what it lacked, combined with all
 - ``fork`` of a live request (one whose blocks a failed load cut included), and
   preemption of a running request, re-admitted at once or not;
 - ``rewind`` of a live request (a recompute from an earlier point, its blocks then
-  found again once recomputed);
+  found again once recomputed), refused only for a block another live request (or a
+  plan's pending copy) holds too;
+- a block a store fetch holds (its device hits in flight, its run once landed, maybe hit
+  by another request) found invalid (``uncache_blocks``) or rewound: the fetch gives it
+  up (``core/store_giveup.py``), the rewind is never refused for it
+  (``fetch_over_live`` builds the case, ``rewind_a_fetch_hit`` takes it anywhere);
 - the events: every chain ``lookup`` finds is announced, and nothing more (a router
   following the events predicts ``lookup`` for every prompt seen and every live one).
 
@@ -50,6 +55,7 @@ class TrustMachine(tiers.TiersReferenceMachine):
             e.mirror = Mirror(e.m, "sha256", None)
             e.flight = None  # a pending plan's host slots -> their bytes when it was taken
             e.overlap = False  # every plan taken pending (an engine with async scheduling)
+        self.gave_up: set[int] = set()  # fetches a rewind made give up blocks (their ids)
 
     # ---- plans whose copies still run --------------------------------------------------
 
@@ -181,8 +187,12 @@ class TrustMachine(tiers.TiersReferenceMachine):
         n = data.draw(st.integers(0, e.scheduled[rid]))
         try:
             e.m.rewind(rid, n)
-        except RequestError:
-            return  # (a block of it that another request holds too)
+        except RequestError:  # a block of it that another live request holds too, or a
+            # plan's pending copy (never a store fetch's hold: it gives the block up)
+            tail = set(e.m.get_block_ids(rid)[n // BS:e.scheduled[rid] // BS])
+            others = {x for r in e.tokens if r != rid for x in e.m.get_block_ids(r)}
+            assert tail & (others | {b.block_id for b in e.m._copies.pins}), (rid, n)
+            return
         event(f"rewind: {'cut' if rid in e.floor else 'sound'}")
         blocks = e.m.get_block_ids(rid)
         for pos in range(n, e.scheduled[rid]):
@@ -193,6 +203,130 @@ class TrustMachine(tiers.TiersReferenceMachine):
             e.scheduled[rid] = stop
             self._write(e, rid, n, stop)
             if rid in e.floor:  # (recomputed after a rewind: cached anew)
+                e.floor[rid] = max(e.floor[rid], stop // BS * BS)
+
+    # ---- a store fetch's device holds, found invalid -------------------------------------
+
+    def _fetch_hits(self, e):
+        """(request, block position, lowest position, fetch) for each block a store fetch
+        holds (its device hits; its run once landed) that a live request holds too,
+        scheduled past it, when no other live request holds that block or a later one
+        of the request; from the lowest position on, no other live request holds any."""
+        out = []
+        tables = {r: e.m.get_block_ids(r) for r in e.tokens}
+        for f in sorted(e.m._waits.holders, key=lambda f: str(f.request_id)):
+            chain = f.held + (f.devices[:f.on_device] if f.ended and f.devices else [])
+            for b in chain:
+                for rid in sorted(e.tokens):
+                    table = tables[rid]
+                    if rid in e.cut or b.block_id not in table[:e.scheduled[rid] // BS]:
+                        continue
+                    j = lo = table.index(b.block_id)
+                    others = {x for r, t in tables.items() if r != rid for x in t}
+                    if others & set(table[j:e.scheduled[rid] // BS]):
+                        continue
+                    while lo and table[lo - 1] not in others:
+                        lo -= 1
+                    out.append((rid, j, lo, f))
+        return out
+
+    @rule(i=base.side, data=st.data(), pre=st.integers(0, len(base.PREFIXES) - 1),
+          k=st.integers(1, 2), extra=base.salts,
+          when=st.sampled_from(["in flight", "landed", "landed, hit"]),
+          failed=st.booleans(), every=st.booleans(), again=st.booleans(),
+          clear=st.booleans(), twice=st.booleans())
+    def fetch_over_live(self, i, data, pre, k, extra, when, failed, every, again, clear, twice):
+        """The other engine computes a prompt (its blocks written to the store); here a
+        request ``r`` computes its first ``k`` blocks, and a new one ``q`` asks for the
+        whole prompt: its fetch continues ``r``'s blocks into the store, holding them as
+        its device hits. ``when``: the fetch is still in flight, or it landed on the
+        device (the engine admits ``q`` a step later), and maybe another new request hit
+        the landed run. Then one of the held blocks is found invalid
+        (``rewind_a_fetch_hit``; ``twice``: then another, maybe of the same fetch).
+        ``clear``: the engine lets its running requests go first (the pools are small).
+        Each step is one of the machine's own (checked)."""
+        e, other = self.engines[i], 1 - i
+        if clear:
+            for rid in sorted(e.tokens):
+                e.m.free(rid)
+                for held in (e.tokens, e.scheduled, e.extra, e.cut, e.floor):
+                    held.pop(rid, None)
+        prompt = base.PREFIXES[pre] + [0]
+        self.add(other, prompt, extra, None, at_once=True)
+        for _ in range(2):  # (the step that computed it, the one that writes it)
+            self._run_plan(self.engines[other])
+        self.add(i, prompt[:k * BS] + [5], extra, None, at_once=True)
+        self.next_id += 1
+        q = f"r{self.next_id}"
+        self._admit(i, q, prompt, extra, None)
+        f = e.m._waits.waiting.get(q)
+        if f is None or not f.held:
+            event("fetch_over_live: no fetch holding device hits")
+            return
+        if when == "in flight":
+            for _ in range(1 + twice):
+                self.rewind_a_fetch_hit(i, data, failed, every, again)
+            return
+        while self.executor.jobs:  # the fetches end; the engine lands them, and admits
+            self.executor.run()  # the requests listed a step later
+        done = list(e.m._store.done)
+        listed = e.m.poll_store()
+        self.delivered += [(i, f) for f in done]
+        if when == "landed, hit" and f.on_device:
+            self.next_id += 1
+            self._admit(i, f"r{self.next_id}", prompt, extra, None)
+        for _ in range(1 + twice):
+            self.rewind_a_fetch_hit(i, data, failed, every, again)
+        for rid in listed:  # (as ``poll``)
+            if rid in e.waiting:
+                self._admit(i, rid, *e.waiting[rid])
+                assert rid not in e.waiting, "a request listed by poll_store waits again"
+
+    @precondition(lambda self: any(e.m._waits.holders for e in self.engines))
+    @rule(i=base.side, data=st.data(), failed=st.booleans(), every=st.booleans(),
+          again=st.booleans())
+    def rewind_a_fetch_hit(self, i, data, failed, every, again):
+        """A block that a store fetch holds (in flight: a device hit; landed: a hit or its
+        run) and a live request computed or hit turns out invalid (``failed``: its load
+        failed, the engine names it, or with ``every`` it and the request's blocks after
+        it) or the engine takes the request back to recompute from it or earlier: the
+        rewind is never refused for the fetch's hold, the fetch holds none of the
+        rewound blocks after it, and the KV it serves its request later is the base
+        machine's check (``again``: the request recomputes at once)."""
+        e = self.engines[i]
+        self.last = None
+        hits = self._fetch_hits(e)
+        if not hits:
+            event("rewind_a_fetch_hit: no block a live request holds too")
+            return
+        rid, j, lo, f = data.draw(st.sampled_from(hits))
+        table = e.m.get_block_ids(rid)
+        stop = e.scheduled[rid]
+        if failed:
+            e.m.uncache_blocks(table[j:stop // BS] if every else [table[j]])
+            for pos in range(j * BS, stop):
+                e.kv[table[pos // BS]][pos % BS] = "invalid"
+        n = data.draw(st.integers(lo * BS, j * BS))
+        state = "landed" if f.ended else "in flight"
+        e.m.rewind(rid, n)  # (no other live request holds these blocks: never refused)
+        rewound = set(table[n // BS:stop // BS])
+        for g in e.m._waits.holders:
+            chain = g.held + (g.devices[:g.on_device] if g.ended and g.devices else [])
+            assert not rewound & {b.block_id for b in chain}, (rid, n, g.request_id)
+        kept = f in e.m._waits.holders and (f.held or f.on_device)
+        left = "a prefix kept" if kept else "nothing left"
+        again_ = "gave up before, " if id(f) in self.gave_up else ""
+        self.gave_up.add(id(f))  # (for the event's label only)
+        event(f"rewind_a_fetch_hit: {again_}{state}, {'failed' if failed else 'taken back'}, {left}")
+        for pos in range(n, stop):
+            if e.kv[table[pos // BS]][pos % BS] != "invalid":
+                e.kv[table[pos // BS]][pos % BS] = "rewound"
+        e.scheduled[rid] = n
+        if n < stop and again:
+            assert e.m.extend(rid, stop - n) is not None  # (its blocks are held)
+            e.scheduled[rid] = stop
+            self._write(e, rid, n, stop)
+            if rid in e.floor:
                 e.floor[rid] = max(e.floor[rid], stop // BS * BS)
 
     # ---- the events against lookup -------------------------------------------------------

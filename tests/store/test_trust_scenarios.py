@@ -4,6 +4,7 @@ its slots are in transit, ``reset_prefix_cache`` with fetches in flight. What mu
 never happen: a block served before its content check or after its content was
 declared invalid, or the events announcing what ``lookup`` does not find."""
 
+
 import pytest
 
 from prefixkv import BlockLoads, StoreWait
@@ -36,9 +37,11 @@ def test_a_landed_run_whose_load_failed_is_not_served_to_its_readmission(backend
     m.uncache_blocks([devices[1]])
     m.check_invariants()
     assert m.lookup(A) == 4
+    # the fetch gave up the named block and the one after it (empty now: the pool may
+    # hand them out again, as blocks to compute) and holds the first only
+    assert [b.block_id for b in m._waits.holds()] == devices[:1]
     adm = m.add_request("b", A)
     assert adm.num_cached_tokens == 4 and adm.block_ids[0] == devices[0], adm
-    assert not set(adm.block_ids[1:3]) & set(devices[1:]), adm
     m.check_invariants()
     assert m.add_request("c", A).block_ids[:3] == adm.block_ids[:3]
     m.check_invariants()
@@ -141,15 +144,12 @@ def test_a_reset_after_a_run_landed_in_host_slots_before_its_readmission(backend
     m.check_invariants()
 
 
-# The fetch's hold refuses the rewind (store-r13's part: core/store_waits.py; a fix there
-# must let the fetch give up its device holds on the rewound blocks, in step with the
-# fetcher's thread). Discounting the hold in ``rewind`` alone (tried, 9c0999f) breaks the
-# index: the recompute records the block's content while the fetch still holds it, and
-# check_invariants fails ("index entry for Block(id=0, ref=2, ..., twin) does not match
-# its content"; "0 chained blocks, the index counts 1"): found by test_trust_machine.
-FETCH_HOLD = pytest.mark.xfail(strict=True, raises=RequestError, reason=(
-    "rewind refuses a block a store fetch holds as its device hit: the engine cannot free "
-    "a fetch, so a failed load's recovery waits for the fetch's request to come back"))
+# A store fetch holding the rewound blocks (its device hits, or its landed run) gives
+# them up (core/store_giveup.py): before, ``rewind`` refused them (RequestError "held by
+# other requests too") until the fetch's request came back. Discounting the hold in
+# ``rewind`` alone (tried, 9c0999f) broke the index: the recompute records the block's
+# content while the fetch still holds it ("index entry for Block(id=0, ref=2, ..., twin)
+# does not match its content"; found by test_trust_machine).
 
 
 PROMPT = A[:8] + [77]                        # A's first two blocks, then another token
@@ -167,17 +167,18 @@ def computed_and_fetching(backend, layout):
     return m, ex, e, r
 
 
-@FETCH_HOLD
 def test_a_rewind_after_a_failed_load_is_not_refused_for_a_fetchs_hold(backend, layout):
     """``r`` computed A's first two blocks; ``q``'s fetch of A's third block holds them
     (its device hits). ``r``'s second block turns out invalid: the engine names it and
     takes ``r`` back to recompute it. The fetch is not a request the engine can free
-    (now: RequestError "blocks [1] are held by other requests too, which must be freed
-    or preempted first"); ``q``, admitted again, must be served only valid KV, and the
-    recomputed blocks found again."""
+    (before: RequestError "blocks [1] are held by other requests too, which must be freed
+    or preempted first"): it gives up the block; ``q``, admitted again, must be served
+    only valid KV, and the recomputed blocks found again."""
     m, ex, e, r = computed_and_fetching(backend, layout)
-    assert m._waits.waiting["q"].held == [m._pool.blocks[i] for i in r.block_ids[:2]]
+    f = m._waits.waiting["q"]
+    assert f.held == [m._pool.blocks[i] for i in r.block_ids[:2]]
     m.uncache_blocks([r.block_ids[1]])
+    assert f.held == [m._pool.blocks[r.block_ids[0]]]      # the valid prefix: kept
     e.dev[r.block_ids[1]] = "invalid"
     m.rewind("r", 4)
     m.check_invariants()
@@ -195,7 +196,6 @@ def test_a_rewind_after_a_failed_load_is_not_refused_for_a_fetchs_hold(backend, 
     assert m.lookup(PROMPT) == 8 and m.lookup(A + [0]) == 12
 
 
-@FETCH_HOLD
 def test_a_run_landed_under_a_block_found_invalid_since_is_not_served(backend, layout):
     """As above, but ``q``'s fetch landed (its run on the device, chained under ``r``'s
     second block) before that block was found invalid: the run was computed on it
@@ -218,7 +218,6 @@ def test_a_run_landed_under_a_block_found_invalid_since_is_not_served(backend, l
     m.check_invariants()
 
 
-@FETCH_HOLD
 def test_a_request_that_hit_a_landed_run_rewinds_past_it_while_the_fetch_holds_it(backend, layout):
     """``q``'s fetch landed A's run in device blocks; ``r`` was admitted on it (a hit of
     all three) before ``q`` came back. The load into the run's second block failed:
@@ -244,13 +243,14 @@ def test_a_request_that_hit_a_landed_run_rewinds_past_it_while_the_fetch_holds_i
     m.check_invariants()
 
 
-@FETCH_HOLD
 def test_a_recompute_of_a_block_a_fetch_holds_keeps_the_index_sound(backend, layout):
     """The case a rewind that only discounted the fetch's hold broke: ``r`` rewound to
     its first block (no load failed: the engine took it back) and recomputes both
     blocks while ``q``'s fetch still holds them."""
     m, ex, e, r = computed_and_fetching(backend, layout)
     m.rewind("r", 0)
+    f = m._waits.waiting["q"]                 # nothing valid held: q's wait ends (it is
+    assert f.expired and m._waits.holds() == f.devices  # listed), the run's block stays
     assert m.extend("r", len(PROMPT)) is not None
     m.check_invariants()
     e.run()
@@ -283,4 +283,22 @@ def test_a_request_preempted_while_its_run_is_in_transit_gets_valid_kv_back(back
     got = _admit_again(m, ex, "b", list(tokens))
     e.run()
     e.check_a_hits(got)
+    m.check_invariants()
+
+
+def test_a_rewind_refused_for_another_request_leaves_the_fetchs_holds(backend, layout):
+    """``s`` holds ``r``'s blocks too (it hit them): the rewind of ``r`` is refused, before
+    any change; the fetch, which would give its holds up, keeps them."""
+    m, ex, e, r = computed_and_fetching(backend, layout)
+    s = m.add_request("s", PROMPT)
+    assert s.block_ids[:2] == r.block_ids[:2]
+    f = m._waits.waiting["q"]
+    held = list(f.held)
+    with pytest.raises(RequestError, match="held by other requests too"):
+        m.rewind("r", 4)
+    assert f.held == held and not f.expired
+    m.check_invariants()
+    m.free("s")
+    m.rewind("r", 4)                          # (now the fetch's hold alone: given up)
+    assert f.held == held[:1]
     m.check_invariants()

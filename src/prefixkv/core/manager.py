@@ -22,6 +22,7 @@ from .dependents import computed_on
 from .prompt import Prompt, prepare_prompt
 from .sharing import shared_prefixes
 from .step_outputs import StepOutputs
+from .store_giveup import give_up, held_by_others
 
 _ID = attrgetter("block_id")
 
@@ -204,7 +205,11 @@ class KVCacheManager(StepOutputs):
         recomputes them. Each live request holding one loses the content of its full
         blocks after it too (computed on top of it), also when another block keeps the
         named one's content findable (a spare), and so on for a request holding one of
-        those. Raises RequestError for an id outside
+        those. A store fetch holding one of these blocks, or one that lost its content
+        with them (its device hits, or its landed run), gives it up, with every block
+        after it in its chain (``rewind`` then finds them the request's alone); a fetch
+        left with no valid hit before its run landed ends its request's wait (listed by
+        the next ``poll_store``: it computes). Raises RequestError for an id outside
         the pool, or ``block_ids`` not an iterable (nothing changes)."""
         blocks = self._pool.blocks
         ids = check_block_ids(block_ids, len(blocks))
@@ -219,6 +224,8 @@ class KVCacheManager(StepOutputs):
             held = [b for b in held if id(b) not in apart]
         self._drop_puts(held)  # (the store's pending writes: before the index forgets)
         self._pool.emptied(self._index.uncache(held, cut=True))
+        if self._waits is not None and self._waits.holders:  # (a store fetch's holds on
+            give_up(self._waits, held, True)  # them, and on what lost its content with them)
 
     def rewind(self, request_id: Hashable, num_tokens: int) -> None:
         """Take the request back to its first ``num_tokens`` scheduled tokens, to be
@@ -230,15 +237,20 @@ class KVCacheManager(StepOutputs):
         content and pending store writes, and stay in its table as reserved slots.
         Raises RequestError (unknown id, ``num_tokens`` outside ``[0,
         num_scheduled_tokens]``, or one of those blocks held by another request too,
-        which must be freed or preempted first), before any change."""
+        which must be freed or preempted first), before any change. A store fetch
+        holding one of them (another request's device hits, or its run landed on the
+        device) is no such request: it gives them up, as after ``uncache_blocks``."""
         req = self._get(request_id)
         check_count("num_tokens", num_tokens, 0, req.num_scheduled)
         full = num_tokens // self.block_size
         tail = req.blocks[full:req.num_scheduled // self.block_size]
-        shared = [b.block_id for b in tail if b.ref_cnt > 1]
-        if shared:
+        waits = self._waits
+        shared = [b.block_id for b in held_by_others(waits, tail)]  # (a store fetch's hold
+        if shared:  # is given up: ``store_giveup.py``)
             raise RequestError(f"request {request_id!r} cannot rewind to {num_tokens}: blocks "
                                f"{shared} are held by other requests too")
+        if waits is not None and waits.holders:  # (before ``uncache``: the request's alone,
+            give_up(waits, tail, False)  # they lose their content, never kept as spares)
         self._drop_puts(tail)  # (before the index forgets)
         self._pool.emptied(self._index.uncache(tail, cut=True))  # (and their cached children)
         if req.num_scheduled == len(req.tokens) > num_tokens:

@@ -144,7 +144,8 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
     if devices is not None:
         index.landing.pop(id(f), None)
         d = len(f.held)
-        if (start == first < end and hits[:d] == f.held  # (identity: blocks are not equal)
+        if (start == first < end and hits[:d] == f.held  # (identity: blocks are not equal;
+                # a fetch that gave up hits holds less than ``first``: ``store_giveup.py``)
                 and list(map(type, hits)).count(HostSlot) == first - d == len(f.up)):
             if d < first:
                 _promote(f, hits, d, index, host)

@@ -17,7 +17,9 @@ takes those blocks, or finds those slots like any host hit (``store_landing.py``
 - a fetch that loses a race lands only what still continues the chain: blocks whose
   content the device or host got meanwhile are not landed twice, and a run whose
   prefix left the device and host meanwhile is not landed at all;
-- a fetch delivered twice is landed once.
+- a fetch delivered twice is landed once;
+- a fetch holding a device block whose KV is declared invalid (``uncache_blocks``,
+  ``rewind``) gives it up, with every block after it (``store_giveup.py``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class StoreWaits:
         self.holders: set[Fetch] = set()  # fetches holding device blocks (``Fetch.devices``)
         self.block_size, self.root = block_size, root
         self.waiting: dict[Hashable, Fetch] = {}
+        self.given_up: list[Fetch] = []  # waiting fetches left with no valid hit (``store_giveup``)
         self.in_flight = 0  # fetches submitted and not landed
         self.reserved = 0  # their slots (landing in the host tier)
         self.buffers = FetchMemory(link.payload, len(host.slots))  # (the payloads' memory)
@@ -305,6 +308,9 @@ class StoreWaits:
                 self._release(f)
             if not f.devices:
                 self.holders.discard(f)
+        if self.given_up:  # (their requests compute: ``store_giveup.py``)
+            out += [f.request_id for f in self.given_up if self.waiting.get(f.request_id) is f]
+            self.given_up = []
         for rid, f in self.waiting.items():
             if not f.ended and not f.expired and now > f.deadline + GRACE:
                 f.expired = True  # the request computes; the slots wait for the threads
