@@ -35,6 +35,10 @@ on it, and a chain of DEPTH requests, each hitting one more block of the one bef
 first hits b's block 1) and computing the rest of its blocks on it. The call names b's
 block 0. Bytecodes (traced) and wall time (untraced, one call: each needs a fresh build)
 per call, and the hit of the last link's prompt after it (the same in both builds).
+``--recent``: the other live requests are admitted first (a, b and the chain are the
+latest, as a failed load's request is); ``--null``: on ``HybridKVCacheManager`` the call
+names the null block too (a window's released entries in vLLM's block table are its
+id; no request holds it, the manager does).
 """
 
 from __future__ import annotations
@@ -112,30 +116,39 @@ def cases(cached: int, events: bool) -> dict[str, int]:
 LAYOUTS = {"full": [full_attention()], "full+window": [full_attention(), sliding_window(32)]}
 
 
-def chain_manager(kind: str, live: int, blocks: int, depth: int
+def chain_manager(kind: str, live: int, blocks: int, depth: int, recent: bool = False,
+                  null: bool = False
                   ) -> tuple[KVCacheManager | HybridKVCacheManager, list[int], list[int]]:
-    """The ``--chain`` scene: the manager, the block ids to name (b's block 0, per group)
-    and the last link's prompt."""
+    """The ``--chain`` scene: the manager, the block ids to name (b's block 0, per group;
+    with ``null``, the null block's too) and the last link's prompt."""
     n = live * (blocks + 2) + 64
     m: KVCacheManager | HybridKVCacheManager = (
         KVCacheManager(n, BS, seed=0) if kind == "core"
         else HybridKVCacheManager(LAYOUTS[kind], n, BS, seed=0))
-    x0 = [1, 2, 3, 4]
-    m.add_request("a", x0 + [0])
-    m.add_request("b", x0)  # no hit: its block 0 is a spare of a's
     tail = blocks * BS + 1
 
     def fresh(tag: int, k: int) -> list[int]:
         return [1_000_000 + tag * 10_000 + j for j in range(k)]
+
+    def others() -> None:
+        for i in range(live - depth - 2):
+            m.add_request(("x", i), fresh(100 + i, tail))
+    if recent:
+        others()
+    x0 = [1, 2, 3, 4]
+    m.add_request("a", x0 + [0])
+    m.add_request("b", x0)  # no hit: its block 0 is a spare of a's
     m.append_tokens("b", fresh(0, tail - BS))
     prev = x0 + fresh(0, tail - BS)
     for i in range(1, depth + 1):  # link i hits blocks 0..i: block i computed by link i-1
         prev = prev[:(i + 1) * BS] + fresh(i, tail - (i + 1) * BS)
         m.add_request(("c", i), prev)
-    for i in range(live - depth - 2):
-        m.add_request(("x", i), fresh(100 + i, tail))
+    if not recent:
+        others()
     ids = m.get_block_ids("b")
     named = [ids[0]] if kind == "core" else [t[0] for t in ids]  # type: ignore[union-attr]
+    if null and isinstance(m, HybridKVCacheManager) and m.null_block_id is not None:
+        named.append(m.null_block_id)
     return m, named, prev + [0]
 
 
@@ -149,15 +162,16 @@ def group_cases(live: int) -> dict[str, int]:
     return out
 
 
-def chain_cases(live: int, blocks: int, depths: list[int]) -> None:
+def chain_cases(live: int, blocks: int, depths: list[int], recent: bool, null: bool) -> None:
+    print(f"recent: {recent}  null named: {null}")
     print("| manager | depth | bytecodes | wall ms | hit of the last link after |")
     print("|---|---|---|---|---|")
     for kind in ("core", *LAYOUTS):
         for d in depths:
-            m, named, last = chain_manager(kind, live, blocks, d)
+            m, named, last = chain_manager(kind, live, blocks, d, recent, null)
             ops = count_opcodes(lambda m=m, named=named: m.uncache_blocks(named))  # type: ignore[misc]
             hit = m.lookup(last)
-            m, named, last = chain_manager(kind, live, blocks, d)
+            m, named, last = chain_manager(kind, live, blocks, d, recent, null)
             t = time.perf_counter()
             m.uncache_blocks(named)
             ms = (time.perf_counter() - t) * 1e3
@@ -171,6 +185,8 @@ def main() -> None:
     ap.add_argument("--events", action="store_true")
     ap.add_argument("--chain", default=None)
     ap.add_argument("--groups", default=None)
+    ap.add_argument("--recent", action="store_true")
+    ap.add_argument("--null", action="store_true")
     a = ap.parse_args()
     import prefixkv
     print(f"src: {prefixkv.__file__}  events: {a.events}")
@@ -181,7 +197,8 @@ def main() -> None:
         return
     if a.chain is not None:
         live, blocks, depths = a.chain.split(",")
-        chain_cases(int(live), int(blocks), [int(d) for d in depths.split("/")])
+        chain_cases(int(live), int(blocks), [int(d) for d in depths.split("/")], a.recent,
+                    a.null)
         return
     print("| cached contents | " + " | ".join(cases(0, a.events)) + " |")
     for c in map(int, a.cached.split(",")):
