@@ -35,6 +35,16 @@ on it, and a chain of DEPTH requests, each hitting one more block of the one bef
 first hits b's block 1) and computing the rest of its blocks on it. The call names b's
 block 0. Bytecodes (traced) and wall time (untraced, one call: each needs a fresh build)
 per call, and the hit of the last link's prompt after it (the same in both builds).
+``--host SLOTS`` (e.g. ``1000,10000``, at least 400) measures a host tier's paths
+instead, on a ``KVCacheManager`` of 136 blocks with a tier of SLOTS slots, filled by
+prompts of 8 blocks (each evicted, so offloaded, by the later ones): ``offload`` a fresh
+prompt's admission, whose evictions offload a cached prompt's 8 blocks; ``host-hit`` an
+admission that finds its blocks in slots (loads); ``uncache``: ``uncache_blocks`` of a
+live request's block 0, loaded from a slot, whose prompt's 7 later blocks are in slots
+under it (the rest of the tier under other first blocks). Each with the tier chaining
+(as it starts), and not (after a device block was cut off from its parent's content:
+every slot keyed).
+
 ``--recent``: the other live requests are admitted first (a, b and the chain are the
 latest, as a failed load's request is); ``--null``: on ``HybridKVCacheManager`` the call
 names the null block too (a window's released entries in vLLM's block table are its
@@ -152,6 +162,41 @@ def chain_manager(kind: str, live: int, blocks: int, depth: int, recent: bool = 
     return m, named, prev + [0]
 
 
+def host_cases(slots: int, chaining: bool) -> dict[str, int]:
+    m = KVCacheManager(136, BS, seed=0, host_blocks=slots)
+    if not chaining:  # (a block cut off from its parent's content: the tier keys every slot)
+        m.add_request("cut", [1] * 2 * BS + [1])
+        m.uncache_blocks([m.get_block_ids("cut")[0]])
+        m.free("cut")
+    out: dict[str, int] = {}
+
+    def fill(tag: int) -> list[int]:  # (first block [tag]*BS, 7 blocks fresh, one token)
+        return [tag] * BS + [tag * 100 + j for j in range(7 * BS)] + [7]
+    n = slots // 8 + 1
+    for i in range(n):  # each prompt's blocks evicted (offloaded) by the later ones'
+        m.add_request(("f", i), fill(10 + i))
+        m.take_kv_ops()
+        m.free(("f", i))
+    m.take_kv_ops()
+    out["offload"] = count_opcodes(lambda: m.add_request("o", fill(10 ** 6)))
+    m.take_kv_ops()
+    m.free("o")
+    m.take_kv_ops()
+    out["host-hit"] = count_opcodes(lambda: m.add_request("h", fill(10 + n - 20)))
+    m.take_kv_ops()
+    m.free("h")
+    m.take_kv_ops()
+    m.add_request("hold", [10 + n - 30] * BS + [1])  # a prompt in slots: its first block
+    m.take_kv_ops()  # loaded, held; its 7 others stay in slots, under it
+    m.check_invariants()
+    first = m.get_block_ids("hold")[0]
+    before = len(m._host)  # type: ignore[arg-type]
+    out["uncache"] = count_opcodes(lambda: m.uncache_blocks([first]))
+    out["slots dropped"] = before - len(m._host)  # type: ignore[arg-type]
+    m.check_invariants()
+    return out
+
+
 def group_cases(live: int) -> dict[str, int]:
     m = HybridKVCacheManager(LAYOUTS["full+window"], live * 130 + 64, BS, seed=0)
     for i in range(live):
@@ -185,6 +230,7 @@ def main() -> None:
     ap.add_argument("--events", action="store_true")
     ap.add_argument("--chain", default=None)
     ap.add_argument("--groups", default=None)
+    ap.add_argument("--host", default=None)
     ap.add_argument("--recent", action="store_true")
     ap.add_argument("--null", action="store_true")
     a = ap.parse_args()
@@ -194,6 +240,14 @@ def main() -> None:
         print("| live requests | " + " | ".join(group_cases(0)) + " |")
         for live in map(int, a.groups.split(",")):
             print(f"| {live} | " + " | ".join(map(str, group_cases(live).values())) + " |")
+        return
+    if a.host is not None:
+        print("| host slots | chaining | " + " | ".join(host_cases(400, True)) + " |")
+        print("|---" * 6 + "|")
+        for n in map(int, a.host.split(",")):
+            for chaining in (True, False):
+                r = host_cases(n, chaining)
+                print(f"| {n} | {chaining} | " + " | ".join(map(str, r.values())) + " |")
         return
     if a.chain is not None:
         live, blocks, depths = a.chain.split(",")
