@@ -12,6 +12,7 @@ from array import array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from free_order_reference import release_order_whole
 from prefixkv.core.block import Block
 from prefixkv.core.request import RequestKeys
 from prefixkv.groups import full_attention, sliding_window
@@ -92,3 +93,19 @@ def test_the_other_windows_block_follows_the_first_windows_before_its_next():
     out = release_order(specs, BS, req, going, lambda g, nodes: (True for _ in nodes))
     assert [names[id(b)] for b in out] == ["A2", "B2", "A1", "B1", "A0", "B0"]
     assert req.cut == [0, 3, 3] and req.tables[1][:3] == [None] * 3
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 64), size=st.integers(2, 4))
+def test_the_view_without_the_blocks_below_the_cuts_gives_the_whole_tables_order(seed, k, size):
+    # long requests beside short windows and chunks: the view leaves blocks out (shift)
+    rng = random.Random(seed)
+    specs = [rng.choice(SPECS) for _ in range(size)]
+    state = rng.getstate()
+    outs = []
+    for fn in (release_order, release_order_whole):
+        rng.setstate(state)
+        req, going, cached, _ = _step(rng, specs, k)
+        outs.append([b.block_id for b in fn(specs, BS, req, going,
+                                            lambda g, nodes, c=cached: (c[g][j] for j in nodes))])
+    assert outs[0] == outs[1]
