@@ -109,3 +109,33 @@ def test_the_view_without_the_blocks_below_the_cuts_gives_the_whole_tables_order
         outs.append([b.block_id for b in fn(specs, BS, req, going,
                                             lambda g, nodes, c=cached: (c[g][j] for j in nodes))])
     assert outs[0] == outs[1]
+
+
+def test_a_steps_view_holds_the_windows_reach_not_the_request(monkeypatch):
+    # a 400-block request beside two windows of 8 tokens (a reach of 3 blocks): the view
+    # the order is taken on spans a few blocks below the cuts, whatever the length
+    # (before, each window's whole table: 400 entries)
+    import prefixkv.groups.release_order as module
+    specs = [full_attention(), sliding_window(8), sliding_window(8)]
+    req = GroupRequest("r", array("q"), RequestKeys.of(None, 0, BS), 3)
+    ids = iter(range(1, 10**4))
+    for g in range(3):
+        req.tables[g] = [Block(next(ids), refs=1) for _ in range(401)]
+        for j, b in enumerate(req.tables[g]):
+            b.key = ("content", g, j) if j < 400 else None
+    req.nodes = list(range(400))
+    for g in (1, 2):
+        req.tables[g][:390] = [None] * 390
+        req.cut[g] = 390
+    going = [[], req.tables[1][390:393], req.tables[2][390:393]]
+    seen = []
+    real = module.free_order
+
+    def spy(specs, bs, view, found, longer):
+        seen.append((len(view.nodes), [len(t) for t in view.tables]))
+        return real(specs, bs, view, found, longer)
+    monkeypatch.setattr(module, "free_order", spy)
+    order = release_order(specs, BS, req, going, lambda g, nodes: (True for _ in nodes))
+    assert sorted(b.block_id for b in order) == sorted(b.block_id for p in going for b in p)
+    (k, lengths), = seen
+    assert k <= 20 and max(lengths) <= 12
