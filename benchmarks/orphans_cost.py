@@ -33,8 +33,9 @@ one block instead, on each manager (``core``: ``KVCacheManager``; ``full`` and
 among them ``b``, whose block 0 is a spare of ``a``'s and whose later blocks were computed
 on it, and a chain of DEPTH requests, each hitting one more block of the one before (the
 first hits b's block 1) and computing the rest of its blocks on it. The call names b's
-block 0. Bytecodes (traced) and wall time (untraced, one call: each needs a fresh build)
-per call, and the hit of the last link's prompt after it (the same in both builds).
+block 0. Bytecodes (traced; and those of ``computed_on`` alone) and wall time (untraced,
+one call: each needs a fresh build) per call, and the hit of the last link's prompt
+after it (the same in both builds).
 ``--host SLOTS`` (e.g. ``1000,10000``, at least 400) measures a host tier's paths
 instead, on a ``KVCacheManager`` of 136 blocks with a tier of SLOTS slots, filled by
 prompts of 8 blocks (each evicted, so offloaded, by the later ones): ``offload`` a fresh
@@ -207,21 +208,41 @@ def group_cases(live: int) -> dict[str, int]:
     return out
 
 
+def own_ops(m: KVCacheManager | HybridKVCacheManager, named: list[int]) -> int:
+    """Bytecodes of ``computed_on`` alone in ``m.uncache_blocks(named)`` (which it runs)."""
+    import prefixkv.core.manager as core_manager
+    import prefixkv.groups.manager as groups_manager
+    module = core_manager if isinstance(m, KVCacheManager) else groups_manager
+    real, ops = module.computed_on, [0]
+
+    def counted(tables, *rest):  # type: ignore[no-untyped-def]
+        tables = list(tables)
+        ops[0] = count_opcodes(lambda: real(tables, *rest))
+        return real(tables, *rest)
+    module.computed_on = counted  # type: ignore[assignment]
+    try:
+        m.uncache_blocks(named)
+    finally:
+        module.computed_on = real  # type: ignore[assignment]
+    return ops[0]
+
+
 def chain_cases(live: int, blocks: int, depths: list[int], recent: bool, null: bool) -> None:
     print(f"recent: {recent}  null named: {null}")
-    print("| manager | depth | bytecodes | wall ms | hit of the last link after |")
-    print("|---|---|---|---|---|")
+    print("| manager | depth | bytecodes | computed_on's | wall ms | hit of the last link after |")
+    print("|---|---|---|---|---|---|")
     for kind in ("core", *LAYOUTS):
         for d in depths:
             m, named, last = chain_manager(kind, live, blocks, d, recent, null)
             ops = count_opcodes(lambda m=m, named=named: m.uncache_blocks(named))  # type: ignore[misc]
             hit = m.lookup(last)
+            own = own_ops(*chain_manager(kind, live, blocks, d, recent, null)[:2])
             m, named, last = chain_manager(kind, live, blocks, d, recent, null)
             t = time.perf_counter()
             m.uncache_blocks(named)
             ms = (time.perf_counter() - t) * 1e3
             assert m.lookup(last) == hit
-            print(f"| {kind} | {d} | {ops} | {ms:.2f} | {hit} |")
+            print(f"| {kind} | {d} | {ops} | {own} | {ms:.2f} | {hit} |")
 
 
 def main() -> None:
