@@ -18,7 +18,8 @@ tokens, block size 16 (so 8192 blocks a group is a 131,072-token request):
 - steps: gemma3-like groups (full attention and five windows of 1024), a request of
   ``--blocks`` blocks decoding up to a block boundary; ``append_tokens`` of one token,
   which releases one block of each window (release_order.py keeps vLLM's order), and the
-  same after a step of 64 tokens, which releases four of each, with release_order.py or
+  same after a step of 64 tokens, which releases four of each, with release_order.py, its
+  version before deps-r15 (each window's whole table in its view: the reference copy) or
   vLLM's order.
 
 Each variant's time is the min over ``--reps`` rounds, the variants alternating within a
@@ -139,8 +140,9 @@ def _plain_release(specs: Any, bs: int, req: GroupRequest, going: Any, finds: An
     return req.release(going)
 
 
-def step_variants() -> dict[str, Callable[..., list[Block]]]:
-    return {"new": release_order, "vLLM plain": _plain_release}
+def step_variants(ref: Any) -> dict[str, Callable[..., list[Block]]]:
+    return {"new": release_order, "whole tables (before deps-r15)": ref.release_order_whole,
+            "vLLM plain": _plain_release}
 
 
 def main() -> None:
@@ -175,7 +177,7 @@ def main() -> None:
     ops: dict[tuple[str, str], int] = {}
     for _ in range(args.reps + 1):  # (the last round counts bytecodes)
         for case, tokens in steps.items():  # (one block of each window released; four)
-            for name, fn in step_variants().items():
+            for name, fn in step_variants(ref).items():
                 m = _decoding(k)
                 if tokens:
                     assert m.append_tokens("r", [7] * tokens) is not None

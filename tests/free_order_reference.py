@@ -4,7 +4,7 @@ block. Kept as the reference the faster module must equal (tests/test_groups_fre
 and as the old side of benchmarks/bench_free_order.py; not part of the package."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from prefixkv.core.block import Block
 from prefixkv.groups.request import GroupRequest
@@ -179,3 +179,25 @@ def _reach(spec: GroupSpec, block_size: int) -> int:
     if not spec.releases:
         return 0
     return spec.release_at(0, block_size) // block_size + 1
+
+
+def release_order_whole(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest,
+                        going: Sequence[Sequence[Block | None]],
+                        finds: Callable[[int, Sequence[object]], Iterable[bool]]) -> list[Block]:
+    """groups/release_order.py before deps-r15 (its view of the step copied each window's
+    whole table, from block 0): the oracle of the view that leaves the blocks below the
+    cuts out (tests/test_groups_release_order.py), and the old side of
+    benchmarks/bench_free_order.py's steps."""
+    from prefixkv.groups.free_order import free_order as current
+    windows = [g for g, part in enumerate(going) if part and specs[g].releases]
+    if len(windows) < 2 or all(len(going[g]) == 1 for g in windows):
+        return req.release(going)
+    view = GroupRequest(req.request_id, req.tokens, req.keys, len(windows))
+    view.nodes = nodes = req.nodes
+    view.cut = [req.cut[g] for g in windows]
+    empty: list[Block | None] = [None]
+    view.tables = [empty * req.cut[g] + list(going[g]) for g in windows]
+    order = current([specs[g] for g in windows], block_size, view,
+                    lambda i, lo, hi: finds(windows[i], nodes[lo:hi]), True)
+    req.release(going)
+    return order

@@ -27,7 +27,7 @@ INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.s
          "index.announce", "index.none", "index.hasher", "index.content_check", "index.lower",
          "index.run_check", "index.cut_off", "index.kids", "index.pending"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.host_landing",
-         "tiers.host_offload"}
+         "tiers.host_offload", "tiers.host_kids"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
          "store.fetch", "store.link", "store.threads"}
 CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.step_outputs", "core.manager",

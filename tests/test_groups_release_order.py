@@ -12,6 +12,7 @@ from array import array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from free_order_reference import release_order_whole
 from prefixkv.core.block import Block
 from prefixkv.core.request import RequestKeys
 from prefixkv.groups import full_attention, sliding_window
@@ -92,3 +93,49 @@ def test_the_other_windows_block_follows_the_first_windows_before_its_next():
     out = release_order(specs, BS, req, going, lambda g, nodes: (True for _ in nodes))
     assert [names[id(b)] for b in out] == ["A2", "B2", "A1", "B1", "A0", "B0"]
     assert req.cut == [0, 3, 3] and req.tables[1][:3] == [None] * 3
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 64), size=st.integers(2, 4))
+def test_the_view_without_the_blocks_below_the_cuts_gives_the_whole_tables_order(seed, k, size):
+    # long requests beside short windows and chunks: the view leaves blocks out (shift)
+    rng = random.Random(seed)
+    specs = [rng.choice(SPECS) for _ in range(size)]
+    state = rng.getstate()
+    outs = []
+    for fn in (release_order, release_order_whole):
+        rng.setstate(state)
+        req, going, cached, _ = _step(rng, specs, k)
+        outs.append([b.block_id for b in fn(specs, BS, req, going,
+                                            lambda g, nodes, c=cached: (c[g][j] for j in nodes))])
+    assert outs[0] == outs[1]
+
+
+def test_a_steps_view_holds_the_windows_reach_not_the_request(monkeypatch):
+    # a 400-block request beside two windows of 8 tokens (a reach of 3 blocks): the view
+    # the order is taken on spans a few blocks below the cuts, whatever the length
+    # (before, each window's whole table: 400 entries)
+    import prefixkv.groups.release_order as module
+    specs = [full_attention(), sliding_window(8), sliding_window(8)]
+    req = GroupRequest("r", array("q"), RequestKeys.of(None, 0, BS), 3)
+    ids = iter(range(1, 10**4))
+    for g in range(3):
+        req.tables[g] = [Block(next(ids), refs=1) for _ in range(401)]
+        for j, b in enumerate(req.tables[g]):
+            b.key = ("content", g, j) if j < 400 else None
+    req.nodes = list(range(400))
+    for g in (1, 2):
+        req.tables[g][:390] = [None] * 390
+        req.cut[g] = 390
+    going = [[], req.tables[1][390:393], req.tables[2][390:393]]
+    seen = []
+    real = module.free_order
+
+    def spy(specs, bs, view, found, longer):
+        seen.append((len(view.nodes), [len(t) for t in view.tables]))
+        return real(specs, bs, view, found, longer)
+    monkeypatch.setattr(module, "free_order", spy)
+    order = release_order(specs, BS, req, going, lambda g, nodes: (True for _ in nodes))
+    assert sorted(b.block_id for b in order) == sorted(b.block_id for p in going for b in p)
+    (k, lengths), = seen
+    assert k <= 20 and max(lengths) <= 12

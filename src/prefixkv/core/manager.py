@@ -216,8 +216,10 @@ class KVCacheManager(StepOutputs):
         held = [blocks[i] for i in ids if blocks[i].ref_cnt > 0]
         if held:  # (and the blocks live requests computed on top of them)
             bs = self.block_size
+            # (the holds of pending copies and store fetches: no request to look for)
+            outside = self._copies.pins + (self._waits.holds() if self._waits is not None else [])
             held = computed_on((((r.blocks,), r.num_scheduled // bs)
-                                for r in self._requests.values()), held)
+                                for r in self._requests.values()), held, outside)
         landing = getattr(self._index, "landing", None)
         if landing:  # (blocks a store fetch fills: no findable content yet, as a free block)
             apart = {id(b) for run in landing.values() for b in run}

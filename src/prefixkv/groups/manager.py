@@ -145,7 +145,8 @@ class HybridKVCacheManager(GroupDecoder):
         ids = check_block_ids(block_ids, len(blocks))
         going = [blocks[i] for i in ids if blocks[i].ref_cnt > 0]
         if going:  # (and what live requests computed on top of them, hits of it included)
-            going = computed_on(((r.tables, len(r.nodes)) for r in self._requests.values()), going)
+            going = computed_on(((r.tables, len(r.nodes)) for r in self._requests.values()),
+                                going, () if self._null is None else (self._null,))
         self._pool.emptied(self._index.uncache(going))
 
     def reset_prefix_cache(self) -> bool:

@@ -18,18 +18,23 @@ A batch of one block per window (a decode step crossing a block boundary) keeps 
 order: moving ahead could only put a block whose hits are dead already before the others,
 and the cascade would cost several times the release (benchmarks/results/free-order-cpu.md).
 Otherwise the cost is Python work per released block and per hit that reads one (a
-window's reach), whatever the request's length, and C-speed copies of the windows' tables.
+window's reach), whatever the request's length: the order is taken on a view of the
+request that leaves out the blocks below the windows' cuts but the reach of one (shifted
+by a multiple of every chunk, so each group reads the same blocks: ``shift``), whose
+tables are copied at C speed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from math import gcd
 
 from ..core.block import Block
 from .free_order import free_order
+from .free_runs import reach
 from .prefixes import Prefix
 from .request import GroupRequest
-from .spec import GroupSpec
+from .spec import CHUNKED, GroupSpec
 
 
 def release_order(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest,
@@ -42,12 +47,31 @@ def release_order(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest
     windows = [g for g, part in enumerate(going) if part and specs[g].releases]
     if len(windows) < 2 or all(len(going[g]) == 1 for g in windows):
         return req.release(going)  # (one block each, a decode step's: little to move)
+    wspecs = [specs[g] for g in windows]
+    s = shift(wspecs, block_size, min(req.cut[g] for g in windows))
+    nodes = req.nodes
     view = GroupRequest(req.request_id, req.tokens, req.keys, len(windows))
-    view.nodes = nodes = req.nodes
-    view.cut = [req.cut[g] for g in windows]
+    view.nodes = nodes[s:]
+    view.cut = [req.cut[g] - s for g in windows]
     empty: list[Block | None] = [None]
-    view.tables = [empty * req.cut[g] + list(going[g]) for g in windows]
-    order = free_order([specs[g] for g in windows], block_size, view,
-                       lambda i, lo, hi: finds(windows[i], nodes[lo:hi]), True)
+    view.tables = [empty * (req.cut[g] - s) + list(going[g]) for g in windows]
+    order = free_order(wspecs, block_size, view,
+                       lambda i, lo, hi: finds(windows[i], nodes[lo + s:hi + s]), True)
     req.release(going)
     return order
+
+
+def shift(specs: Sequence[GroupSpec], block_size: int, cut: int) -> int:
+    """How many leading blocks the view of a step's release leaves out (all below every
+    window's ``cut``), so that it costs the windows' reach and not the request's length:
+    a multiple of every chunked group's chunk (where each spec reads the same blocks,
+    shifted, as below), leaving more than any spec's ``reach`` below ``cut`` (no hit that
+    reads a released block reads a block below the view, nor one where ``max(0, ...)``
+    clamps ``first_needed``)."""
+    period = 1
+    for spec in specs:
+        if spec.kind == CHUNKED:
+            chunk = spec.tokens // gcd(spec.tokens, block_size)  # (blocks: C / gcd(C, bs)
+            period = period * chunk // gcd(period, chunk)  # is lcm(C, bs) / bs)
+    room = cut - 1 - max(reach(spec, block_size) for spec in specs)
+    return room // period * period if room > 0 else 0

@@ -37,6 +37,7 @@ from ..events import BlockStored
 from ..results import BlockLoads, BlockOffloads, StoreFetched
 from .host_check import check_tier
 from .host_index import HostSlot
+from .host_kids import SlotKids
 from .host_landing import SlotLanding
 from .host_offload import SlotOffload
 
@@ -62,6 +63,7 @@ class HostTier(SlotOffload, SlotLanding):
         self._cached = FreeBlockQueue()
         self.by_chunk = {}
         self.by_key = {}
+        self.kids = SlotKids()  # keyed slots by parent content id (``forget_under``)
         self._sink = sink
         self._pinned: list[Block] = []
         self.offload_src: list[int] = []  # the step's offloads: device block ids, slot ids
@@ -236,6 +238,7 @@ class HostTier(SlotOffload, SlotLanding):
         self.num_emptied = 0
         self.by_chunk.clear()
         self.by_key.clear()
+        self.kids.clear()
         self._pinned.clear()
         self._flight, self._flight_ids = [], set()
         self._transit, self._flight_transit = [], []

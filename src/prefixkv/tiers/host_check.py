@@ -103,4 +103,5 @@ def check_tier(tier: HostTier) -> str | None:
     for key, s in tier.by_key.items():
         if tier.find(s.parent_cid, key[1], s.extra) is not s:
             return f"host slot {s!r} is keyed by its triple but not found by it"
-    return _check_chains(tier, {s.block_id for s in landing}) or tier._cached.broken_link()
+    return (_check_chains(tier, {s.block_id for s in landing}) or tier._cached.broken_link()
+            or tier.kids.check(tier.by_chunk, tier.by_key))

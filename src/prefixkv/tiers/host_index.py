@@ -16,6 +16,7 @@ from ..core.block import NO_CHILD, Block, ContentKey
 from ..core.free_queue import FreeBlockQueue
 from ..event_log import EventSink
 from ..events import BlockRemoved, BlockStored
+from .host_kids import SlotKids
 
 HOST = "CPU"
 """The medium of host slots in events (vLLM's spelling)."""
@@ -45,13 +46,14 @@ class HostSlot(Block):
 
 class SlotIndex:
     """The maps and chains of ``HostTier``'s slots (its ``slots``, ``by_chunk``,
-    ``by_key``, ``num_chained``, ``chaining`` and ``_sink``)."""
+    ``by_key``, ``kids``, ``num_chained``, ``chaining`` and ``_sink``)."""
 
     # A slot is typed as the Block it is (``HostSlot`` only marks it apart from a device
     # block, for ``type(hit) is HostSlot`` in admission).
     slots: list[Block]
     by_chunk: dict[bytes, Block]
     by_key: dict[ContentKey, Block]
+    kids: SlotKids
     num_chained: int
     chaining: bool
     num_emptied: int
@@ -129,11 +131,14 @@ class SlotIndex:
         from its parent's content, see ``ContentIndex.cut``: content may then come up to
         the device under a parent whose slot was never loaded)."""
         self.chaining = False
+        if not self.num_chained:  # (none chained: no pass over the slots, each cut)
+            return
         for s in self.slots:
             if s.chained:
                 s.chained = False
                 self._enter(s)
         self.num_chained = 0
+        self.kids.grown(self.by_chunk, self.by_key)
 
     def forget_under(self, lost: set[int]) -> list[Block]:
         """Drop, announced gone, every slot holding a content recorded under one of the
@@ -141,10 +146,10 @@ class SlotIndex:
         chained child is keyed, for the caller's next call with the dropped slots' ids.
         A cached slot goes empty; a pinned one keeps its pin, with no content, and goes
         empty when unpinned (``num_emptied`` counts those). Returns the slots dropped.
-        One pass over the maps (a slot under a content the device held is keyed)."""
-        slots = [s for s in self.by_chunk.values() if s.parent_cid in lost]
-        if self.by_key:
-            slots += [s for s in self.by_key.values() if s.parent_cid in lost]
+        A slot under a content the device held is keyed, so noted under it (``kids``):
+        the cost is the slots dropped, and a C pass over the smaller of ``lost`` and the
+        contents with notes."""
+        slots = self.kids.take(lost, self.by_chunk, self.by_key)
         for s in slots:
             self._drop(s)
             if s.ref_cnt:
@@ -176,6 +181,10 @@ class SlotIndex:
         if self.by_chunk.setdefault(chunk, s) is not s:
             s.key = key = (s.parent_cid, chunk, s.extra)
             self.by_key[key] = s
+        if s.parent_cid:  # (noted under its parent; the callers check the sweep: ``grown``)
+            kids = self.kids
+            kids.by_parent.setdefault(s.parent_cid, []).append(s)
+            kids.noted += 1
 
     def _key_child(self, s: Block) -> None:
         """Key ``s``'s chained child, if it has one (it is about to be found by a probe)."""

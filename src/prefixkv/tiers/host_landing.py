@@ -144,6 +144,7 @@ class SlotLanding(SlotIndex):
                 else:
                     s.key = key = (s.parent_cid, chunk, s.extra)
                     by_key[key] = s
+        self.kids.note_run(slots, self.by_chunk, self.by_key)  # (each under its parent)
         for s in slots:  # pinned from now on (a landing slot's count is 0)
             s.refs = 1
         self._pinned += slots

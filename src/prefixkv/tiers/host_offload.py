@@ -39,6 +39,8 @@ class SlotOffload(SlotIndex):
         request's tail first), it is chained, as that slot's child, in no map."""
         by_chunk, by_key, cached, sink = self.by_chunk, self.by_key, self._cached, self._sink
         get, empty, pin = by_chunk.get, self._empty, self._pinned.append
+        kids = self.kids
+        note, noted = kids.by_parent.setdefault, 0  # (keyed slots under their parents)
         src, dst = self.offload_src, self.offload_dst
         active = sink.active  # (without events no slot ever has one: nothing to clear)
         head: Block | None = None  # the LRU's ends, once an empty slot is lacking
@@ -111,6 +113,9 @@ class SlotOffload(SlotIndex):
                             if by_chunk.setdefault(k, pend) is not pend:
                                 pend.key = triple = (pend.parent_cid, k, pend.extra)
                                 by_key[triple] = pend
+                            if pend.parent_cid:  # (noted: as _enter)
+                                note(pend.parent_cid, []).append(pend)
+                                noted += 1
                     pend, pend_chunk = s, chunk
                     s.key, s.parent_cid, s.extra = chunk, parent_cid, extra
                     s.content_id, s.hash = b.content_id, b.hash
@@ -137,6 +142,8 @@ class SlotOffload(SlotIndex):
         if pend is not None:
             self._enter(pend)
         self.num_chained += chained
+        kids.noted += noted
+        kids.grown(by_chunk, by_key)
         if taken:
             cached.forget(taken)
         if refreshed:
