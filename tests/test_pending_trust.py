@@ -33,7 +33,7 @@ admits = st.tuples(st.just("admit"), chains, st.integers(1, 14),
                    st.lists(st.integers(1, 8), max_size=3), st.sampled_from([0, 0, 0, 1, 2, 3, 4]),
                    st.none() | st.integers(1, 14), st.none() | st.integers(0, 24),
                    st.booleans(), st.sampled_from([True, True, True, False]),
-                   st.sampled_from([0, 0, 0, 1, 3]))
+                   st.sampled_from([0, 0, 0, 1, 3]), st.booleans())
 ops = st.one_of(
     admits, admits, admits, admits, admits, admits,
     st.tuples(st.just("free"), st.integers(0, 30), st.none() | st.integers(0, 24)),
@@ -99,7 +99,7 @@ class Mirror:
         return k * BS
 
 
-def run_steps(steps, num_blocks: int) -> None:
+def run_steps(steps, num_blocks: int, every: int = 1) -> None:
     a = KVCacheManager(num_blocks, BS, seed=0, hash_mode=MODE)
     b = KVCacheManager(num_blocks, BS, seed=0, hash_mode=MODE)
     b._index.runs = False
@@ -111,17 +111,24 @@ def run_steps(steps, num_blocks: int) -> None:
     seen: list[tuple[list[int], int]] = []
 
     def admit(rid: str, tokens: list[int], extra: int, new, cap, keep: bool, read: bool,
-              ahead: int = 0, resumed: bool = False) -> None:
-        kw = {"extra": EXTRAS[extra], "max_hit_tokens": cap}
-        ids = alike(ms, "lookup_block_ids", tokens, **kw)
+              ahead: int = 0, prepared: bool = False, resumed: bool = False) -> None:
+        kw: dict = {"extra": EXTRAS[extra], "max_hit_tokens": cap}
+        given: object = tokens
+        if prepared:  # (a Prompt prepared once, taken by each manager)
+            try:
+                given = a.prepare(tokens, extra=EXTRAS[extra])
+            except ValueError:
+                return
+            del kw["extra"]
+        ids = alike(ms, "lookup_block_ids", given, **kw)
         if isinstance(ids, type):  # (bad input: a multimodal input past the prompt)
             return
         seen.append((tokens, extra))
-        found = alike(ms, "lookup", tokens, **kw)
+        found = alike(ms, "lookup", given, **kw)
         assert found == len(ids) * BS
         for i, x in enumerate(ids):
             assert truth.get(x) == content(tokens, extra, i), ("lookup", i, x)
-        got = alike(ms, "add_request", rid, tokens, num_new_tokens=new, read_cache=read,
+        got = alike(ms, "add_request", rid, given, num_new_tokens=new, read_cache=read,
                     resumed=resumed, num_lookahead_tokens=ahead, **kw)
         if got is None or isinstance(got, type):
             return
@@ -150,10 +157,10 @@ def run_steps(steps, num_blocks: int) -> None:
 
     for n, op in enumerate(steps):
         if op[0] == "admit":
-            _, ch, k, tail, extra, new, cap, keep, read, ahead = op
+            _, ch, k, tail, extra, new, cap, keep, read, ahead, prepared = op
             tokens = [t for u in (CHAINS[ch] if isinstance(ch, int) else ch)[:k]
                       for t in UNITS[u]] + tail
-            admit(f"r{n}", tokens, extra, new, cap, keep, read, ahead)
+            admit(f"r{n}", tokens, extra, new, cap, keep, read, ahead, prepared)
         elif op[0] == "free" and live:
             rid = sorted(live)[op[1] % len(live)]
             r = live.pop(rid)
@@ -220,8 +227,13 @@ def run_steps(steps, num_blocks: int) -> None:
         assert a.free_block_order() == b.free_block_order() == c.free_block_order()
         for rid in live:
             assert a.get_block_ids(rid) == b.get_block_ids(rid) == c.get_block_ids(rid)
+        assert a.num_cached_blocks == b.num_cached_blocks == c.num_cached_blocks
+        assert a.stats == b.stats == c.stats
+        assert alike(ms, "shared_prefixes", sorted(live)) is not None
         for m in ms:
             m.check_invariants()
+        if n % every:  # (events taken every ``every`` steps: built late, lazily)
+            continue
         mirror.drain()
         for tokens, extra in seen[-8:] + [(r.tokens, r.extra) for r in live.values()]:
             assert mirror.predict(tokens, extra) == c.lookup(tokens, extra=EXTRAS[extra]), (
@@ -230,8 +242,8 @@ def run_steps(steps, num_blocks: int) -> None:
 
 @settings(deadline=None, max_examples=60)
 @given(st.lists(ops, min_size=10, max_size=60), st.sampled_from([8, 12, 16, 24]),
-       st.sampled_from([1, 3, 512]))
-def test_pending_runs_and_late_cuts_hold_the_prompts_own_kv(steps, num_blocks, cut_late):
+       st.sampled_from([1, 3, 512]), st.sampled_from([1, 1, 4]))
+def test_pending_runs_and_late_cuts_hold_the_prompts_own_kv(steps, num_blocks, cut_late, every):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(prompt_module, "CUT_LATE", cut_late)
-        run_steps(steps, num_blocks)
+        run_steps(steps, num_blocks, every)
