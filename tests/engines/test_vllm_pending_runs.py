@@ -17,7 +17,7 @@ from . import skip_module_without_vllm
 skip_module_without_vllm()
 
 from .test_vllm_plugin import config, full  # noqa: E402
-from .test_vllm_reference import BS, MAX_LEN, PROMPT, SLOTS, Side, _compare, _do  # noqa: E402
+from .test_vllm_reference import BS, IMAGES, MAX_LEN, SLOTS, Side, _compare, _do  # noqa: E402
 
 
 def _sides(num_blocks: int) -> tuple[Side, Side]:
@@ -48,7 +48,14 @@ def _sides(num_blocks: int) -> tuple[Side, Side]:
     return ours, theirs
 
 
-# the reference's ops, with chunks up to the whole prompt: a run needs three new blocks
+# the reference's prompts, longer and sharing more: a run needs three new blocks, and a
+# later prompt parts from it at any block
+PROMPT = st.tuples(st.integers(0, 1), st.sampled_from([8, 16, 20, 24]) | st.integers(0, 24),
+                   st.lists(st.integers(0, 3), max_size=8),
+                   st.sampled_from([None, None, "tenant"]), st.sampled_from([None, None, None, "adapter"]),
+                   st.none() | st.tuples(st.sampled_from(sorted(IMAGES)), st.integers(0, 30))).map(
+    lambda p: ([100 * p[0] + k for k in range(p[1])] + p[2] or [7], *p[3:]))
+# the reference's ops, with chunks up to the whole prompt
 OP = st.tuples(st.sampled_from(["admit", "admit", "remote", "step", "step", "step", "free", "preempt",
                                 "reset", "evict"]),
                st.integers(0, SLOTS - 1), st.sampled_from([4, 12, 20, MAX_LEN]) | st.integers(1, 12),
@@ -56,7 +63,7 @@ OP = st.tuples(st.sampled_from(["admit", "admit", "remote", "step", "step", "ste
 PENDING: list[int] = []  # runs recorded pending, over the examples (the test's reach)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(num_blocks=st.integers(MAX_LEN // BS + 1, 30), ops=st.lists(OP, min_size=8, max_size=40))
 def test_the_plugin_without_events_agrees_with_vllm_and_its_hits_are_true(num_blocks, ops):
     sides = _sides(num_blocks)
@@ -75,3 +82,30 @@ def test_the_stream_above_records_pending_runs():
     if not PENDING:
         test_the_plugin_without_events_agrees_with_vllm_and_its_hits_are_true()
     assert max(PENDING) > 0
+
+
+def test_prompts_parting_from_a_pending_run_at_every_block_hit_as_in_vllm():
+    """A 28-token prompt computed and finished leaves a pending run (blocks 1 to 6 after
+    its first); prompts that part from it at every token, or end inside it, hit what
+    vLLM's manager hits, while the run stays pending."""
+    from vllm.v1.request import RequestStatus
+
+    from .test_vllm_reference import _request
+
+    sides = _sides(30)
+    ours = sides[0]
+    base = list(range(28))
+    for s in sides:
+        r = _request("a", base, None)
+        blocks, hit, _ = s.m.get_computed_blocks(r)
+        assert s.m.allocate_slots(r, len(base), hit, blocks) is not None
+        r.num_computed_tokens, r.status = len(base), RequestStatus.FINISHED_STOPPED
+        s.m.free(r)
+    assert len(ours.m.core._index.run_counts.pending) == 1
+    for end in range(1, len(base) + 1):
+        for tail in ([], [999], [999, 998, 997, 996, 995]):
+            hits = [s.m.get_computed_blocks(_request(f"b{end}.{len(tail)}", base[:end] + tail,
+                                                     None))[1] for s in sides]
+            assert hits[0] == hits[1], (end, tail, hits)
+    assert len(ours.m.core._index.run_counts.pending) == 1
+    ours.m.core.check_invariants()
