@@ -33,7 +33,8 @@ admits = st.tuples(st.just("admit"), chains, st.integers(1, 14),
                    st.lists(st.integers(1, 8), max_size=3), st.sampled_from([0, 0, 0, 1, 2, 3, 4]),
                    st.none() | st.integers(1, 14), st.none() | st.integers(0, 24),
                    st.booleans(), st.sampled_from([True, True, True, False]),
-                   st.sampled_from([0, 0, 0, 1, 3]), st.booleans())
+                   st.sampled_from([0, 0, 0, 1, 3]), st.booleans(), st.sampled_from([0, 0, 0, 2]),
+                   st.booleans())
 ops = st.one_of(
     admits, admits, admits, admits, admits, admits,
     st.tuples(st.just("free"), st.integers(0, 30), st.none() | st.integers(0, 24)),
@@ -111,7 +112,8 @@ def run_steps(steps, num_blocks: int, every: int = 1) -> None:
     seen: list[tuple[list[int], int]] = []
 
     def admit(rid: str, tokens: list[int], extra: int, new, cap, keep: bool, read: bool,
-              ahead: int = 0, prepared: bool = False, resumed: bool = False) -> None:
+              ahead: int = 0, prepared: bool = False, keep_free: int = 0,
+              full_fit: bool = False, resumed: bool = False) -> None:
         kw: dict = {"extra": EXTRAS[extra], "max_hit_tokens": cap}
         given: object = tokens
         if prepared:  # (a Prompt prepared once, taken by each manager)
@@ -129,7 +131,8 @@ def run_steps(steps, num_blocks: int, every: int = 1) -> None:
         for i, x in enumerate(ids):
             assert truth.get(x) == content(tokens, extra, i), ("lookup", i, x)
         got = alike(ms, "add_request", rid, given, num_new_tokens=new, read_cache=read,
-                    resumed=resumed, num_lookahead_tokens=ahead, **kw)
+                    resumed=resumed, num_lookahead_tokens=ahead, keep_free=keep_free,
+                    require_full_fit=full_fit, **kw)
         if got is None or isinstance(got, type):
             return
         hits = got.num_cached_tokens // BS
@@ -157,10 +160,10 @@ def run_steps(steps, num_blocks: int, every: int = 1) -> None:
 
     for n, op in enumerate(steps):
         if op[0] == "admit":
-            _, ch, k, tail, extra, new, cap, keep, read, ahead, prepared = op
+            _, ch, k, tail, extra, new, cap, keep, read, ahead, prepared, free, fit = op
             tokens = [t for u in (CHAINS[ch] if isinstance(ch, int) else ch)[:k]
                       for t in UNITS[u]] + tail
-            admit(f"r{n}", tokens, extra, new, cap, keep, read, ahead, prepared)
+            admit(f"r{n}", tokens, extra, new, cap, keep, read, ahead, prepared, free, fit)
         elif op[0] == "free" and live:
             rid = sorted(live)[op[1] % len(live)]
             r = live.pop(rid)
