@@ -70,6 +70,12 @@ class Req:
         self.hits = hits  # blocks whose KV the reference holds (hits, or computed)
         self.tainted = 1 << 30  # its blocks from here on were computed on invalid KV
 
+    def forked(self, hits: int) -> Req:
+        """A fork's child: the same tokens, its first ``hits`` blocks shared."""
+        child = Req(list(self.tokens), self.extra, hits)
+        child.tainted = self.tainted
+        return child
+
 
 def run_steps(steps, num_blocks: int, events: bool) -> None:
     a = KVCacheManager(num_blocks, BS, seed=0, enable_events=events)
@@ -121,10 +127,7 @@ def run_steps(steps, num_blocks: int, events: bool) -> None:
             if a.num_scheduled_tokens(parent) == a.num_tokens(parent):
                 got = both(a, b, "fork", parent, f"f{n}")
                 if got is not None:
-                    p = live[parent]
-                    child = Req(list(p.tokens), p.extra, a.num_tokens(parent) // BS)
-                    child.tainted = p.tainted
-                    live[f"f{n}"] = child
+                    live[f"f{n}"] = live[parent].forked(a.num_tokens(parent) // BS)
         elif op[0] == "extend" and live:
             rid = sorted(live)[op[1] % len(live)]
             left = a.num_tokens(rid) - a.num_scheduled_tokens(rid)
@@ -139,20 +142,7 @@ def run_steps(steps, num_blocks: int, events: bool) -> None:
             named = {x for x in op[1] if x < num_blocks and a._pool.blocks[x].ref_cnt}
             if isinstance(both(a, b, "uncache_blocks", op[1]), type):  # (refused: no change)
                 named = set()
-            grew = True
-            while grew:  # (and every block computed on top of one, by its holders)
-                grew = False
-                for rid, r in live.items():
-                    bids = a.get_block_ids(rid)[:a.num_scheduled_tokens(rid) // BS]
-                    at = next((i for i, x in enumerate(bids) if x in named), None)
-                    if at is not None and at < r.tainted:
-                        r.tainted = at
-                    if r.tainted < len(bids):
-                        more = set(bids[r.tainted:]) - named
-                        if more:
-                            named |= more
-                            grew = True
-            for x in named:
+            for x in spread(a, live, named):
                 truth[x] = None
         elif op[0] == "reset":
             both(a, b, "reset_prefix_cache")
@@ -167,6 +157,25 @@ def run_steps(steps, num_blocks: int, events: bool) -> None:
             assert a.get_block_ids(rid) == b.get_block_ids(rid)
         a.check_invariants()
         b.check_invariants()
+
+
+def spread(a: KVCacheManager, live: dict[str, Req], named: set[int]) -> set[int]:
+    """``named`` (blocks ``uncache_blocks`` found invalid) and every block computed on top
+    of one by its holders, from the first such block of each on; marks them tainted."""
+    grew = True
+    while grew:
+        grew = False
+        for rid, r in live.items():
+            bids = a.get_block_ids(rid)[:a.num_scheduled_tokens(rid) // BS]
+            at = next((i for i, x in enumerate(bids) if x in named), None)
+            if at is not None and at < r.tainted:
+                r.tainted = at
+            if r.tainted < len(bids):
+                more = set(bids[r.tainted:]) - named
+                if more:
+                    named |= more
+                    grew = True
+    return named
 
 
 def compute(a: KVCacheManager, live: dict[str, Req], truth: dict[int, tuple | None]) -> None:
