@@ -99,6 +99,10 @@ class Admitter:
         self._config = (block_size, vocab_size, fn, root)
         self._prompt_hasher = (self._hasher if self._index.hashing
                                and not getattr(self._index, "lazy", False) else None)
+        # ``add_request``'s common case applies: a claiming index that hashes nothing as
+        # it stores (events deferred, or none), no host tier, no shared store
+        self._lean = (isinstance(self._index, ContentIndex) and self._host is None
+                      and store is None and self._prompt_hasher is None)
 
     def add_request(
         self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt, *,
@@ -146,7 +150,81 @@ class Admitter:
         or unhashable, a count or flag out of range), TokenError (empty prompt, bad ids or
         container), ExtraKeysError, ConfigError (a hash_mode callable failed), PromptError
         (a RequestError: a Prompt prepared under another configuration, or with ``extra``).
+
+        The common case runs here, in this one function: a ``Prompt`` this manager
+        prepared (no multimodal keys), no ``extra``, every other argument at its default
+        (``resumed`` False), a new id, a prompt within the pool, an index that claims (no
+        host tier, no shared store) and hashes nothing as it stores (no hash callable
+        with events on). Every other case falls through to ``_admit``, the general path,
+        before anything changes; both give the same result.
         """
+        p = prompt_token_ids
+        requests = self._requests
+        try:  # (``check_new_request``'s probe inline: a new id costs no call)
+            live = request_id in requests
+        except Exception:
+            live = True
+        if (live or not isinstance(p, Prompt) or not self._lean
+                or p.config is not self._config
+                or extra is not None or num_new_tokens is not None or max_hit_tokens is not None
+                or resumed is not False or read_cache is not True or require_full_fit is not False
+                or num_lookahead_tokens.__class__ is not int or num_lookahead_tokens
+                or keep_free.__class__ is not int or keep_free
+                or p.keys.mm is not None
+                or len(p.tokens) > self._max_slots):
+            return self._admit(request_id, prompt_token_ids, extra, num_new_tokens, resumed,
+                               read_cache, num_lookahead_tokens, require_full_fit, keep_free,
+                               max_hit_tokens)
+        try:  # the request's own tokens: the copy ``prepare`` made, else a copy (``_find``)
+            tokens = p.spare.pop()
+        except IndexError:
+            tokens = p.tokens[:]
+            if len(tokens) >= GROW_AT:
+                grow_room(tokens)
+        n, bs, chunks, keys = len(tokens), self.block_size, p.chunks, p.keys
+        req = Request(request_id, tokens, keys)
+        req.prompt_chunks, req.prompt, req.prompt_hashes = chunks, p, p.hashes
+        # the hits: every block but the one holding the last token (``hit_limit``)
+        limit = (n - 1) // bs
+        index = self._index
+        hits, unlinked = index.claim(chunks if limit == len(chunks) else chunks[:limit],  # type: ignore[misc]
+                                     keys.base, None, p.data)
+        first = len(hits)
+        need = (n + bs - 1) // bs - first  # (``blocks_for``; >= 1: the last token's block)
+        pool = self._pool
+        pool.claimed(unlinked)
+        if need > pool.num_free:  # (claimed hits have left the free ones already)
+            pool.unclaim(hits, unlinked)
+            p.spare.append(tokens)  # its tokens, unwritten: the next admission's
+            return None
+        if need > 1:
+            hits += pool.take(need)
+        else:
+            b = pool.take_one()
+            assert b is not None, "a free block was counted above"
+            hits.append(b)
+        req.blocks = hits
+        num_cached = first * bs
+        req.num_cached = num_cached
+        req.num_scheduled = req.num_reserved = n
+        last = n // bs
+        if last > first:  # (``Announcer.prepare``'s case without hashes, inline)
+            index.store(req, first, (chunks[first:last], [keys.base] * (last - first), None))
+        req.prompt = req.prompt_chunks = req.prompt_hashes = None
+        requests[request_id] = req
+        stats = self._stats  # (``StatsCounter.record``, inline)
+        stats.requests += 1
+        stats.queries += n
+        stats.hits += num_cached
+        return Admission.of(request_id, hits, num_cached, n - num_cached)
+
+    def _admit(
+        self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt,
+        extra: ExtraKeys | None, num_new_tokens: int | None, resumed: bool, read_cache: bool,
+        num_lookahead_tokens: int, require_full_fit: bool, keep_free: int,
+        max_hit_tokens: int | None,
+    ) -> Admission | StoreWait | None:
+        """``add_request``'s general path: every case (its arguments, checked here)."""
         try:  # (``check_new_request``'s probe inline: a new id costs no call)
             live = request_id in self._requests
         except Exception:
