@@ -182,8 +182,7 @@ class Admitter:
             if len(tokens) >= GROW_AT:
                 grow_room(tokens)
         n, bs, chunks, keys = len(tokens), self.block_size, p.chunks, p.keys
-        req = Request(request_id, tokens, keys)
-        req.prompt_chunks, req.prompt, req.prompt_hashes = chunks, p, p.hashes
+        req = Request(request_id, tokens, keys)  # (no prompt fields: nothing here reads them)
         # the hits: every block but the one holding the last token (``hit_limit``)
         limit = (n - 1) // bs
         index = self._index
@@ -192,8 +191,9 @@ class Admitter:
         first = len(hits)
         need = (n + bs - 1) // bs - first  # (``blocks_for``; >= 1: the last token's block)
         pool = self._pool
-        pool.claimed(unlinked)
-        if need > pool.num_free:  # (claimed hits have left the free ones already)
+        cached = pool._cached  # (``claimed`` and ``num_free``, inline)
+        cached.size -= unlinked
+        if need > len(pool._empty) + cached.size:  # (claimed hits have left the free ones)
             pool.unclaim(hits, unlinked)
             p.spare.append(tokens)  # its tokens, unwritten: the next admission's
             return None
@@ -209,8 +209,9 @@ class Admitter:
         req.num_scheduled = req.num_reserved = n
         last = n // bs
         if last > first:  # (``Announcer.prepare``'s case without hashes, inline)
-            index.store(req, first, (chunks[first:last], [keys.base] * (last - first), None))
-        req.prompt = req.prompt_chunks = req.prompt_hashes = None
+            w = 4 * bs  # (the chunks' bytes in one piece: a slice of the prompt's)
+            index.store(req, first, (chunks[first:last], [keys.base] * (last - first), None),
+                        p.data[first * w:last * w])
         requests[request_id] = req
         stats = self._stats  # (``StatsCounter.record``, inline)
         stats.requests += 1
