@@ -61,6 +61,7 @@ PARTS = {"ContentIndex.claim": CLAIM, "BlockPool.take": TAKE, "BlockPool.take_on
          "ContentRecorder._chain": STORE, "ContentRecorder._enter": STORE,
          "ContentRecorder._key": STORE, "ContentRecorder._may_chain": STORE,
          "ContentRecorder._add_twin": STORE, "ContentRecorder._record_run": STORE,
+         "ContentRecorder._store_run": STORE,
          "ContentRecorder._key_first": STORE, "Run.__init__": STORE, "Kids.note": STORE,
          "key_chunk": STORE, "Announcer._defer": EVENTS,
          "StoredRun.__init__": EVENTS, "RemovedRun.__init__": EVENTS, "Deferred.__init__": EVENTS,

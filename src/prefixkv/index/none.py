@@ -32,7 +32,7 @@ class NoIndex:
     def prepare_next(self, req: object, token: int) -> None:
         return None
 
-    def store(self, req: object, first: int, prepared: object) -> None:
+    def store(self, req: object, first: int, prepared: object, data: bytes | None = None) -> None:
         pass
 
     def store_filled(self, req: object, j: int) -> None:

@@ -57,9 +57,11 @@ class Index(Protocol):
     def prepare_next(self, req: Request, token: int) -> Prepared | None:
         """``prepare`` for the one block that ``token``, appended next, fills."""
 
-    def store(self, req: Request, first: int, prepared: Prepared | None) -> None:
+    def store(self, req: Request, first: int, prepared: Prepared | None,
+              data: bytes | None = None) -> None:
         """Record the content of ``req.blocks[first:...]`` from ``prepare`` and make it
-        findable; a content already held by another block makes this block a spare."""
+        findable; a content already held by another block makes this block a spare.
+        ``data``: the chunks' bytes in one piece, when the caller has them."""
 
     def store_filled(self, req: Request, j: int) -> None:
         """``prepare`` and ``store`` of block ``j``, which the token just appended to

@@ -13,7 +13,7 @@ from itertools import chain, islice
 from typing import TYPE_CHECKING
 
 from ..chunks import joined
-from ..core.block import NO_CHILD, Block, ContentKey, Key, Run, RunCounts, key_chunk
+from ..core.block import NO_CHILD, Block, ContentKey, Key, Run, RunCounts
 from ..core.request import Request
 from ..event_log import EventSink
 from ..events import DEVICE
@@ -187,9 +187,13 @@ class ContentRecorder(Announcer):
         """Key chained block ``b`` in the dicts: by its token bytes, or by its triple when
         those are another content's key."""
         self._num_chained -= 1
-        self._key(b, key_chunk(b.key))
+        key = self._key_first(b, b.key)  # type: ignore[arg-type]  # (a chained block's key is its bytes)
+        if b.parent_cid:  # (``_key``, inline)
+            self._kids.note(b.parent_cid, key, self._by_chunk, self._by_key)
 
-    def store(self, req: Request, first: int, prepared: Prepared) -> None:
+    def store(self, req: Request, first: int, prepared: Prepared, data: bytes | None = None) -> None:
+        """``Index.store``; ``data``: the chunks' bytes in one piece, if the caller has
+        them (a prepared prompt's: no join)."""
         chunks, extras, hashes = prepared
         blocks = req.blocks
         parent = blocks[first - 1] if first else None
@@ -201,6 +205,12 @@ class ContentRecorder(Announcer):
                                            hashes, self._next_id, self.step)
             return
         cid = parent.content_id if parent is not None else 0
+        if hashes is None and self._lower is None and len(chunks) > 2 and self.runs \
+                and req.keys.mm is None and (parent is None or (
+                    parent.key is not None and not parent.twin
+                    and not (self._twins and cid in self._twins))) \
+                and self._store_run(req, first, parent, cid, chunks, extras, data):
+            return
         nid = fresh = self._next_id  # ids from ``fresh`` on are minted by this call
         minted = 0  # ids minted below the chained branch (``_chain`` counts its own blocks)
         spares: dict[int, Block] | None = None  # position -> the block held, when deferred
@@ -246,7 +256,7 @@ class ContentRecorder(Announcer):
             # a new first content: every block after it is chained, a run (``Run``; the
             # span, the head's first, not copied again)
             at = nid
-            nid = self._record_run(span, chunks, extras[0], cid, nid)
+            nid = self._record_run(span, chunks, joined(chunks), extras[0], cid, nid)
             minted += nid - at  # (``_record_run`` counts its own chained blocks)
         else:
             for b, chunk, extra in new:  # nothing is held under a new content yet (no
@@ -274,10 +284,52 @@ class ContentRecorder(Announcer):
                                        blocks[first:first + len(chunks)], chunks, extras,
                                        req.keys.extra, first, self._bs, spares))
 
-    def _record_run(self, span: list[Block], chunks: Sequence[bytes], extra: bytes, cid: int,
-                    nid: int) -> int:
+    def _store_run(self, req: Request, first: int, parent: Block | None, cid: int,
+                   chunks: Sequence[bytes], extras: list[bytes], data: bytes | None) -> bool:
+        """``store``'s common case in one pass, without its loop: a miss's first block is
+        new content (so is every block after it) chained under ``parent`` (or keyed: a
+        first block), and the rest are a run (``_record_run``); no tier below, no hashes
+        now, no multimodal keys, more than two blocks, ``parent`` (settled) may chain.
+        Returns False, having changed nothing, when the first block's content is held
+        (a spare: ``store``'s loop records it)."""
+        chunk, extra = chunks[0], extras[0]
+        c = parent.child if parent is not None else NO_CHILD  # (``_held``, inline)
+        if c.key == chunk and c.parent_cid == cid and c.extra == extra and not c.twin:
+            return False
+        k = self._by_chunk.get(chunk)
+        if (k is not None and k.parent_cid == cid and k.extra == extra) or (
+                self._by_key and (cid, chunk, extra) in self._by_key):
+            return False
+        blocks = req.blocks
+        b = blocks[first]
+        b.parent_cid = cid
+        b.extra = extra
+        if parent is None:  # a first block: keyed, not noted as a child (``Kids``)
+            self._key_first(b, chunk)
+        else:  # (``_chain``, inline)
+            if c.chained and c.parent_cid == cid:  # the chained child it displaces: keyed
+                # (``_enter``, inline: a chained block's key is its token bytes)
+                self._num_chained -= 1
+                key: Key = self._key_first(c, c.key)  # type: ignore[arg-type]
+                self._kids.note(cid, key, self._by_chunk, self._by_key)
+            parent.child = b
+            b.key = chunk
+            b.chained = True
+            self._num_chained += 1
+        b.content_id = nid = self._next_id
+        self._next_id = self._record_run(blocks[first:first + len(chunks)], chunks,
+                                         joined(chunks) if data is None else data, extra,
+                                         nid, nid + 1)
+        if self.lazy:  # announced when the log is taken: one StoredRun for the run
+            self._sink.defer(StoredRun(self._hasher, parent, blocks[first:first + len(chunks)],
+                                       chunks, extras, req.keys.extra, first, self._bs, None))
+        return True
+
+    def _record_run(self, span: list[Block], chunks: Sequence[bytes], data: bytes,
+                    extra: bytes, cid: int, nid: int) -> int:
         """``store``'s chained rest as a run: ``span[0]``, new content ``cid``, heads the
-        rest of ``span`` (``chunks``: the head's token bytes, then theirs), each the chained
+        rest of ``span`` (``chunks``: the head's token bytes, then theirs; ``data``: the
+        same in one piece), each the chained
         child of the one before under a new id from ``nid`` on (returns the next). The
         blocks ``store`` records are held by the storing request alone (new blocks, or
         ones it reserved: a fork shares full blocks only, which are recorded already), so
@@ -286,7 +338,7 @@ class ContentRecorder(Announcer):
         links the run's two ends alone, and the eviction takes them as one list."""
         head = parent = span[0]
         del span[0]  # (a move of the pointers: no count touched)
-        run = head.starts = Run(span, joined(chunks), extra, self._epoch, self.losses,
+        run = head.starts = Run(span, data, extra, self._epoch, self.losses,
                                 self.run_counts, cid)
         run.shared = run.linked = True
         run.n = 1

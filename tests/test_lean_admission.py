@@ -1,0 +1,90 @@
+"""``add_request``'s common case (a prepared prompt, default arguments: its lean path)
+and ``store``'s (a miss's new run: ``_store_run``) against the general paths they stand
+for: two managers fed the same calls, one of them forced through the general paths,
+must give the same admissions, events, stats, free order and lookups at every step."""
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefixkv import ExtraKeys, KVCacheManager
+
+BS = 4
+
+
+def general(m: KVCacheManager) -> KVCacheManager:
+    """``m`` with both lean paths refused: every admission takes ``_admit``, every store
+    its loop."""
+    m._lean = False
+    m._index._store_run = lambda *args: False  # type: ignore[union-attr]
+    return m
+
+
+def make(events: bool, num_blocks: int) -> KVCacheManager:
+    return KVCacheManager(num_blocks, BS, seed=1, enable_events=events)
+
+
+def same(a: KVCacheManager, b: KVCacheManager, rid: str) -> None:
+    assert a.get_block_ids(rid) == b.get_block_ids(rid)
+    assert a.free_block_order() == b.free_block_order()
+    assert a._stats.total == b._stats.total
+    a.check_invariants()
+    b.check_invariants()
+
+
+@settings(deadline=None, max_examples=40)
+@given(seed=st.integers(0, 2**32 - 1), events=st.booleans(), pending=st.booleans(),
+       num_blocks=st.integers(12, 60))
+def test_the_lean_paths_do_what_the_general_ones_do(seed: int, events: bool, pending: bool,
+                                                    num_blocks: int) -> None:
+    rng = random.Random(seed)
+    lean, slow = make(events, num_blocks), general(make(events, num_blocks))
+    for m in (lean, slow):
+        m._index.pending_runs = pending  # type: ignore[union-attr]
+    heads = [[rng.randrange(50) for _ in range(rng.randint(0, 14))] for _ in range(3)]
+    live: list[str] = []
+    for step in range(40):
+        if live and rng.random() < 0.4:
+            rid = live.pop(rng.randrange(len(live)))
+            lean.free(rid)
+            slow.free(rid)
+            continue
+        tokens = rng.choice(heads) + [rng.randrange(50) for _ in range(rng.randint(1, 30))]
+        rid = f"r{step}"
+        extra = None if rng.random() < 0.7 else ExtraKeys(cache_salt=rng.choice("ab"))
+        p = lean.prepare(tokens, extra=extra)
+        kw = {} if rng.random() < 0.8 else {"num_lookahead_tokens": rng.randint(0, 3)}
+        got = [m.add_request(rid, p if rng.random() < 0.5 else m.prepare(tokens, extra=extra), **kw)
+               for m in (lean, slow)]
+        assert (got[0] is None) == (got[1] is None)
+        if got[0] is not None:
+            assert got[0].block_ids == got[1].block_ids  # type: ignore[union-attr]
+            assert got[0].num_cached_tokens == got[1].num_cached_tokens  # type: ignore[union-attr]
+            assert got[0].num_new_tokens == got[1].num_new_tokens  # type: ignore[union-attr]
+            live.append(rid)
+            same(lean, slow, rid)
+        if events:
+            assert lean.take_events() == slow.take_events()
+        probe = rng.choice(heads) + tokens[:rng.randint(0, len(tokens))]
+        if probe:
+            assert lean.lookup(probe, extra=extra) == slow.lookup(probe, extra=extra)
+
+
+def test_a_prepared_prompt_with_default_arguments_takes_the_lean_path() -> None:
+    """The lean path is the one a plain prepared admission takes (``_admit`` is not
+    called), and a prompt of another manager's preparing is not."""
+    m = make(True, 32)
+    calls: list[str] = []
+    general_path = m._admit
+
+    def spy(*args: object) -> object:
+        calls.append("general")
+        return general_path(*args)  # type: ignore[arg-type]
+
+    m._admit = spy  # type: ignore[method-assign]
+    m.add_request("a", m.prepare(list(range(20))))
+    assert calls == []
+    m.add_request("b", make(True, 32).prepare(list(range(20))))
+    m.add_request("c", list(range(20)))
+    assert calls == ["general", "general"]
