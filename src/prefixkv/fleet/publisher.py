@@ -8,7 +8,8 @@ scheduler (extra ``prefixkv[events]``: pyzmq + msgpack).
 ``PendingEvents`` (``take_pending_events()``) that the thread builds, so that the chain
 hashes are computed off the scheduler's thread. While batches keep coming the thread
 polls the queue every millisecond (``POLL_S``), so that ``publish`` wakes no thread.
-The thread follows every batch, in order, in a mirror of the hashes the replica holds.
+The thread follows every batch, in order, in a mirror of the hashes the replica holds
+(mirror.py).
 When the queue is full the batch is dropped and counted, and the thread discards what
 is still queued (following it in the mirror) and sends a *snapshot* instead
 (``AllBlocksCleared`` then one ``BlockStored`` per medium and layer group holding every
@@ -31,9 +32,10 @@ from typing import Any, cast
 from ..event_log import NOTHING, PendingEvents
 from ..events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .bind import bound
+from .mirror import HeldMirror, snapshot_events
 from .options import check_publisher_options
 from .replay import ReplayBuffer
-from .wire import WireError, check_options, group_fields, group_of, pack, to_wire_events, wire_hash
+from .wire import WireError, check_options, pack, to_wire_events
 
 _EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
 _Item = list[Event] | PendingEvents  # a step's events
@@ -92,9 +94,8 @@ class EventPublisher:
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._max_queue = max_queue
         self.replay = ReplayBuffer(buffer_steps)
-        # (medium, group) -> digests held (the mirror); a hybrid manager announces one
-        # hash once per group that caches it, and withdraws it per group
-        self._held: dict[tuple[str, tuple[int, str, int | None]], set[bytes]] = {}
+        # what the replica holds, as the batches the thread took say (mirror.py)
+        self._held = HeldMirror()
         self._lock = threading.Lock()
         self._resync = False  # a snapshot is due: it states the batches in ``_behind``
         self._behind: list[_Item] = []  # batches published since a drop, not queued
@@ -167,20 +168,6 @@ class EventPublisher:
             self._queue.put(item)
         return True
 
-    def _mirror(self, item: _Item) -> list[Event]:
-        """Follow ``item`` (built now if pending) in the mirror of held hashes; returns
-        its events. Called by the thread, in publishing order."""
-        events = item.build() if isinstance(item, PendingEvents) else item
-        held = self._held
-        for ev in events:
-            if isinstance(ev, BlockStored):
-                held.setdefault((ev.medium, group_of(ev)), set()).update(ev.block_hashes)
-            elif isinstance(ev, BlockRemoved):
-                held.get((ev.medium, group_of(ev)), set()).difference_update(ev.block_hashes)
-            elif isinstance(ev, AllBlocksCleared):
-                held.clear()
-        return events
-
     def close(self, timeout: float = 2.0) -> None:
         """Send what is queued (up to ``timeout`` seconds), stop the thread, close the
         sockets (left to the daemon thread if it has not stopped by then). Idempotent."""
@@ -250,7 +237,7 @@ class EventPublisher:
         if item is None:
             return True
         self._busy_until = time.monotonic() + LINGER_S
-        events = self._mirror(item)
+        events = self._held.follow(item)
         if self._resync:  # the snapshot covers this item and all queued ones
             stop = self._drain()
             self._send(self._snapshot())
@@ -284,7 +271,7 @@ class EventPublisher:
             self._behind = []
         for item in items:
             if item is not None:
-                self._mirror(item)
+                self._held.follow(item)
         return None in items
 
     def _snapshot(self) -> bytes:
@@ -292,15 +279,8 @@ class EventPublisher:
         per medium and group (parent nil, no tokens, the group's fields), as vLLM's
         snapshots look: every batch the thread has followed, none that is still queued."""
         with self._lock:
-            held = {m: sorted(s) for m, s in self._held.items() if s}
-        events: list[dict[str, Any]] = [{"type": "AllBlocksCleared"}]
-        for (medium, group), digests in held.items():
-            events.append({
-                "type": "BlockStored",
-                "block_hashes": [wire_hash(d, self.hash_format) for d in digests],
-                "parent_block_hash": None, "token_ids": [], "block_size": self.block_size,
-                "lora_id": None, "medium": medium, "lora_name": None, **group_fields(group),
-            })
+            held = self._held.sorted_copy()
+        events = snapshot_events(held, self.block_size, self.hash_format)
         self.snapshots += 1
         return pack([time.time(), events, self.dp_rank])
 

@@ -1,9 +1,8 @@
-"""The growth of a hybrid manager's running requests: prefill chunks, decoded tokens (one
-request, or a whole decode step in one call) and slots reserved before their tokens are
-known. ``HybridKVCacheManager`` extends this class; admission is in ``GroupAdmitter``.
-
-    | released (null) | held: hits, computed, scheduled | new (this call) | reserved |
-    0            cut[g] * bs                      num_scheduled            total   num_reserved
+"""The calls that grow a hybrid manager's running requests: prefill chunks, decoded tokens
+(one request, or a whole decode step in one call), slots reserved before their tokens are
+known, window releases asked for by name, and ``rewind``. ``HybridKVCacheManager``
+extends this class; admission is in ``GroupAdmitter``, the mechanism these calls share
+(window release, table growth, recording) in ``GroupGrowth`` (growth.py).
 
 Every group's table covers ``[0, max(num_scheduled, num_reserved))``; a sparse (Mamba)
 group's new entries are empty but the last (``GroupSpec.sparse``). A step that starts at
@@ -15,26 +14,23 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from ..core.block import Block, blocks_for
+from ..core.block import blocks_for
 from ..core.request import step_requests
-from ..errors import ConfigError, RequestError, check_chunk, check_count
-from ..index.announce import Prepared
+from ..errors import RequestError, check_chunk, check_count
 from .admission import GroupAdmitter
+from .growth import GroupGrowth, Growth
 from .pins import RewindPins
-from .release_order import release_order
 from .request import GroupRequest
 from .results import GroupDecodeStep
 from .taint import reads_lost, sharers, taint
 
-Growth = tuple[tuple[int, ...], ...]
-"""Block ids added, one tuple per group, in group order."""
+__all__ = ["GroupDecoder", "Growth"]
 
 
-class GroupDecoder(GroupAdmitter):
+class GroupDecoder(GroupAdmitter, GroupGrowth):
     """``extend``, ``append_tokens``, ``append_step``, ``reserve``,
     ``num_blocks_to_allocate``, ``num_blocks_released``, ``release_unread``,
-    ``bound_release``; see
-    ``HybridKVCacheManager``."""
+    ``bound_release``, ``rewind``; see ``HybridKVCacheManager``."""
 
     def _step_requests(self, request_ids: Sequence[Hashable],
                        token_ids: Sequence[int]) -> list[GroupRequest]:
@@ -217,13 +213,6 @@ class GroupDecoder(GroupAdmitter):
         req.num_cached = min(req.num_cached, full * self.block_size)
         req.next_release = 0  # (its next step takes the general path)
 
-    def _release(self, req: GroupRequest, going: list[list[Block | None]] | None) -> None:
-        if going is not None:
-            for g, part in enumerate(going):
-                self._released[g] += sum(b is not None for b in part)
-            self._pool.release(release_order(self.groups, self.block_size, req, going, self._index.finds))
-            req.plan_release(self.groups, self.block_size)
-
     def num_blocks_released(self, request_id: Hashable) -> int:
         """Blocks that the window release of the request's next step (at
         ``num_scheduled_tokens``) returns to the pool: those no other request holds (0
@@ -231,105 +220,3 @@ class GroupDecoder(GroupAdmitter):
         (unknown id)."""
         req = self._get(request_id)
         return self._going(req, req.num_scheduled)[1]
-
-    def _going(self, req: GroupRequest, start: int) -> tuple[list[list[Block | None]] | None, int]:
-        """The blocks each group releases when a step starts at ``start`` (None when none
-        does), and how many of them return to the pool (held by no other)."""
-        bs = self.block_size
-        if req.release_bound is not None:
-            start = min(start, req.release_bound)
-        if start < req.next_release:
-            return None, 0
-        going = [t[req.cut[g]:spec.num_unread(start, bs)]
-                 for g, (spec, t) in enumerate(zip(self.groups, req.tables, strict=True))]
-        return going, sum(b is not None and b.ref_cnt == 1 for part in going for b in part)
-
-    def _roomy(self, req: GroupRequest) -> bool:
-        """Whether one more token at ``num_scheduled`` lands in a block the tables have
-        (a sparse group's included: its state goes there), fills no block and moves no
-        window past a block (it then only appends)."""
-        n, bs = req.num_scheduled, self.block_size
-        return n % bs != bs - 1 and n < req.next_release and (
-            n % bs != 0 or n < len(req.tables[0]) * bs) and (
-            not self._sparse or all(req.tables[g][n // bs] is not None for g in self._sparse))
-
-    def _prepare_fills(self, reqs: list[GroupRequest], new: Sequence[int]) -> dict[int, Prepared]:
-        """What the blocks filled by this step need (chunks, extras, hashes), computed
-        before any change: a ``hash_mode`` callable may fail, and the step must then
-        change nothing."""
-        bs = self.block_size
-        out: dict[int, Prepared] = {}
-        for req, t in zip(reqs, new, strict=True):
-            n = req.num_scheduled
-            if n % bs == bs - 1:
-                req.tokens.append(t)
-                try:
-                    out[id(req)] = self._prepare(req, n // bs, n // bs + 1,
-                                                 req.nodes[-1] if req.nodes else None)
-                finally:
-                    del req.tokens[n:]
-        return out
-
-    def _grow(self, req: GroupRequest, total: int, new_tokens: Sequence[int] | None,
-              prepared: Prepared | None = None) -> Growth | None:
-        """Release what the step starting at ``num_scheduled`` no longer reads, append
-        ``new_tokens`` and cover ``[0, total)`` in every group; None on shortage (nothing
-        changed). ``prepared``: the full blocks' data when the caller computed it."""
-        bs, start = self.block_size, req.num_scheduled
-        going, freed = self._going(req, start)
-        per_group = blocks_for(total, bs) - len(req.tables[0])
-        holes = self._holes(req, total) if per_group <= 0 else []
-        if self._num_fresh(per_group) + len(holes) > self._pool.num_free + freed:
-            return None
-        n, first, last = len(req.tokens), start // bs, total // bs
-        if new_tokens is not None:
-            req.tokens.extend(new_tokens)
-        if prepared is None and first < last:
-            try:
-                prepared = self._prepare(req, first, last, req.nodes[-1] if req.nodes else None,
-                                         req.prompt)
-            except ConfigError:
-                del req.tokens[n:]
-                raise
-        self._release(req, going)
-        added = self._take(req, per_group) if per_group > 0 else self._fill(req, total, holes)
-        req.num_scheduled = total
-        req.step_start = max(start, req.step_start)  # (after a rewind: what was released stays)
-        if req.prompt is not None and total >= n:  # the prefill's last chunk
-            req.prompt = None
-        if prepared is not None:
-            self._record(req, first, prepared)
-        return added
-
-    def _holes(self, req: GroupRequest, total: int) -> list[int]:
-        """The sparse groups whose entry where a step ending at ``total`` writes its state
-        is empty (reserved slots the step stops short of, or a recompute after a
-        ``rewind``): each takes a block there."""
-        j = blocks_for(total, self.block_size) - 1
-        return [g for g, s in enumerate(self.groups) if s.sparse and req.tables[g][j] is None]
-
-    def _fill(self, req: GroupRequest, total: int, holes: list[int]) -> Growth:
-        """A free block into each of ``holes`` (the caller checked they are there)."""
-        if not holes:
-            return self._nothing
-        j, fresh = blocks_for(total, self.block_size) - 1, self._pool.take(len(holes))
-        added: list[tuple[int, ...]] = [()] * len(self.groups)
-        for g, b in zip(holes, fresh, strict=True):
-            self._index.own(g, [b])
-            req.tables[g][j] = b
-            added[g] = (b.block_id,)
-        return tuple(added)
-
-    def _take(self, req: GroupRequest, per_group: int) -> Growth:
-        """Append ``per_group`` entries to each group's table, free blocks but for a
-        sparse group's jumped-over ones (the caller checked the blocks are there); the
-        ids of the blocks, per group."""
-        fresh = self._pool.take(self._num_fresh(per_group))
-        added = []
-        for g, table in enumerate(req.tables):
-            n = min(per_group, 1) if self.groups[g].sparse else per_group
-            new, fresh = fresh[:n], fresh[n:]
-            self._index.own(g, new)
-            table += [None] * (per_group - n) + new  # type: ignore[operator]
-            added.append(tuple([b.block_id for b in new]))
-        return tuple(added)

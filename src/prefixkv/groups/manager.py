@@ -8,10 +8,11 @@ becomes the null block. Calls check their input and compute what can fail before
 change; a shortage returns None with nothing changed (blocks a call would release count
 as free for it, and stay held when it returns None).
 
-The class is built in three layers, one noun each: ``GroupAdmitter`` (construction,
-``add_request``, ``lookup``; admission.py), ``GroupDecoder`` (``extend``,
-``append_tokens``, ``append_step``, ``reserve``; decode.py), and here forks, frees,
-preemption, reset and the queries.
+The class is built in layers, one noun each: ``GroupParts`` (construction and the
+helpers every path shares; parts.py), ``GroupAdmitter`` (``add_request``, ``lookup``;
+admission.py), ``GroupGrowth`` (window release and table growth; growth.py),
+``GroupDecoder`` (``extend``, ``append_tokens``, ``append_step``, ``reserve``,
+``rewind``; decode.py), and here forks, frees, preemption, reset and the queries.
 """
 
 from __future__ import annotations

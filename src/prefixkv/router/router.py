@@ -19,18 +19,9 @@ Policy "prefix" (the default), for a prompt of ``n`` full blocks:
 
 "round-robin" and "least-loaded" ignore the index (baselines for the simulation).
 
-Layer groups (hybrid models): a replica whose manager has several attention groups
-announces each full block once per group that caches it (``group_idx``). The index
-mirrors one group per replica, so that no block counts twice: its *scored group*, the
-first group the replica announces as full attention (``kv_cache_spec_kind`` absent or
-``"full_attention"``; in practice the lowest) since it was last cleared. Stores and
-removals of its other groups are not indexed (a removal that names no group is). The
-scored group's run is an upper bound of the replica's hit: a windowed group needs only
-the blocks inside its window, which every group computed and cached together, but may
-have evicted one of them since, and the manager then serves less (it checks every
-group; the router only predicts). A model without a full-attention group is scored by
-no group: its replicas score 0 (its hits need the window rule, which the index does not
-apply).
+Layer groups (hybrid models): the index mirrors one group per replica, its *scored
+group*, the first group it announces as full attention since it was last cleared
+(scored.py: the rule, and why its run is an upper bound of the replica's hit).
 """
 
 from __future__ import annotations
@@ -48,10 +39,11 @@ from .index import BlockIndex, InProcessIndex
 from .load import LoadBook, ReplicaLoad
 from .marks import IndexMarks
 from .options import INDEX_METHODS, check_blocks, check_methods, check_names
+from .scored import FULL_KIND as FULL_KIND  # (re-exported: its home before scored.py)
+from .scored import ScoredGroups
 from .scorer import ReplicaView, Scorer, ScorerError, default_scorer
 
 POLICIES = ("prefix", "round-robin", "least-loaded")
-FULL_KIND = "full_attention"
 _MASK64 = (1 << 64) - 1
 
 
@@ -138,7 +130,7 @@ class Router:
         self.last_heard: dict[str, float] = {}
         self._marks = IndexMarks(names, block_size)  # the counts beside the index (marks.py)
         self.block_size_mismatches, self.lossy = self._marks.block_size_mismatches, self._marks.lossy
-        self._scored: dict[str, int | None] = {}
+        self._scored = ScoredGroups(self._marks)  # the group indexed per replica (scored.py)
         self._turn = 0
 
     # ---- what replicas say ---------------------------------------------------------------
@@ -159,23 +151,7 @@ class Router:
         if odd:
             raise RouterError(f"apply({replica!r}): not a router event: {odd[0]!r}")
         heard = self._time()
-        index, scored = self.index, self._scored
-        for ev in events:
-            if isinstance(ev, Stored):
-                if self._marks.mismatched(replica, ev.block_size):
-                    continue
-                if replica not in scored and ev.kind in (None, FULL_KIND):
-                    scored[replica] = ev.group
-                if replica in scored and ev.group == scored[replica]:
-                    index.store(replica, ev.hashes, ev.medium)
-            elif isinstance(ev, Removed):
-                # a removal that names no group is applied: it can only understate
-                if ev.group is None or ev.group == scored.get(replica, ev.group):
-                    index.remove(replica, ev.hashes, ev.medium)
-            elif isinstance(ev, Cleared):
-                index.clear(replica)
-                scored.pop(replica, None)
-                self._marks.emptied(replica)
+        self._scored.apply(self.index, replica, events)
         self.last_heard[replica] = heard
 
     def scored_group(self, replica: str) -> int | None:
@@ -183,14 +159,12 @@ class Router:
         None before it announced one or when its events name no group. Raises
         RouterError for an unknown replica."""
         self._known(replica)
-        return self._scored.get(replica)
+        return self._scored.group(replica)
 
     def forget(self, replica: str) -> None:
         """Drop what the index says ``replica`` holds (a restart, an unrecoverable gap)."""
         self._known(replica)
-        self.index.clear(replica)
-        self._scored.pop(replica, None)
-        self._marks.emptied(replica)
+        self._scored.clear(self.index, replica)
 
     def lost(self, replica: str) -> None:
         """A batch of ``replica``'s events was lost (undecodable, its place in the stream
