@@ -8,8 +8,10 @@ host slots at every step, and sound invariants. Block size 4, 8-byte payloads, f
 run when the test says."""
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from prefixkv import KVCacheManager, StoreWait
+from prefixkv import KVCacheManager, PrefixKVError, StoreWait
 from prefixkv.core.block import key_chunk
 from prefixkv.store import SharedStore
 from waiting import LIVE
@@ -20,6 +22,16 @@ from .test_store_fetch import Manual
 
 P = list(range(100, 125))                          # six full blocks + 1
 Q = list(range(500, 541))                          # a miss: ten full blocks + 1
+
+
+@pytest.fixture
+def stored(backend, layout):
+    """The store holding the blocks of each of ``STORED``."""
+    for i, prompt in enumerate(STORED):
+        computed(KVCacheManager(16, 4, hash_mode="sha256", host_blocks=8,
+                                store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
+                 backend, f"w{i}", prompt)
+    return backend, layout
 
 
 def pair(backend, layout, num_blocks, host_blocks):
@@ -193,3 +205,85 @@ def test_a_landed_run_evicted_whole_is_named_not_unkeyed(backend, layout):
         log.append(seen(m))
 
     log, _ = both(backend, layout, scenario, num_blocks=12, host_blocks=12)
+
+
+STORED = [P, P[:13] + list(range(300, 312)), list(range(700, 733))]
+MISSES = [Q, P[:9] + list(range(950, 970)), list(range(800, 817))]
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("hit"), st.integers(0, 2)),
+    st.tuples(st.just("miss"), st.integers(0, 2)),
+    st.tuples(st.just("free"), st.integers(0, 7)),
+    st.tuples(st.just("fork"), st.integers(0, 7)),
+    st.tuples(st.just("rewind"), st.integers(0, 7), st.integers(0, 30)),
+    st.tuples(st.just("step"))), min_size=1, max_size=20)
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS, num_blocks=st.integers(12, 16), host_blocks=st.integers(2, 9))
+def test_random_steps_agree_with_pending_runs_on_and_off(stored, ops, num_blocks, host_blocks):
+    """Random hits of stored prompts, misses, frees, forks and rewinds: the pending
+    manager answers as the one that writes each block, with sound invariants."""
+    backend, layout = stored
+    logs = []
+    for pending in (True, False):
+        ex = Manual()
+        m = KVCacheManager(num_blocks, 4, hash_mode="sha256", host_blocks=host_blocks,
+                           store=SharedStore(backend, layout, cost=always(), timeout=LIVE,
+                                             executor=ex))
+        m._index.pending_runs = pending
+        live, log, n = [], [], 0
+        for op in ops:
+            try:
+                if op[0] in ("hit", "miss"):
+                    rid = f"r{n}"
+                    n += 1
+                    got = admitted(m, ex, rid, (STORED if op[0] == "hit" else MISSES)[op[1]])
+                    if got[-1] is not None and not isinstance(got[-1], StoreWait):
+                        live.append(rid)
+                    log.append(got)
+                elif op[0] == "step":
+                    log.append(m.take_kv_ops())
+                elif live:
+                    rid = live[op[1] % len(live)]
+                    if op[0] == "free":
+                        m.free(rid)
+                        live.remove(rid)
+                    elif op[0] == "fork":
+                        child = f"r{n}"
+                        n += 1
+                        got = m.fork(rid, child)
+                        if got is not None:
+                            live.append(child)
+                        log.append(got)
+                    else:
+                        m.rewind(rid, min(op[2], m.num_scheduled_tokens(rid)))
+            except PrefixKVError as e:  # (the same typed error from both)
+                log.append(type(e))
+            log.append(seen(m))
+        for rid in live:
+            m.free(rid)
+        log.append(seen(m))
+        logs.append(log)
+    assert logs[0] == logs[1]
+
+
+def test_a_run_landing_from_the_first_block_leaves_other_pending_runs_pending(stored):
+    """The landing of a run from the first block asks whether the device holds that
+    block's content now (``holds``): no pending run's block can (none is a first block
+    or in a dict), so none is written (it wrote every pending run)."""
+    backend, layout = stored
+    runs = []
+
+    def scenario(m, ex, log):
+        log.append((hit(m, ex, "a", STORED[0]), seen(m)))
+        first = _landed(m)
+        log.append((hit(m, ex, "b", STORED[2]), seen(m)))
+        if m._index.pending_runs:
+            runs.append((len(first), len(_landed(m)), all(r in _landed(m) for r in first)))
+        m.free("a")
+        m.free("b")
+        log.append(seen(m))
+
+    both(backend, layout, scenario, num_blocks=24, host_blocks=20)
+    assert runs == [(1, 2, True)]

@@ -165,9 +165,10 @@ class ContentRecorder(Announcer):
     def holds(self, parent: Block | None, chunk: bytes, extra: bytes) -> bool:
         """Whether a device block holds the content ``chunk``/``extra`` under ``parent``'s
         content (None: a first block), as ``match`` would find it after ``parent``.
-        Changes nothing but pending runs' writes."""
-        if self.run_counts.pending:
-            self.settle_all()
+        Changes nothing but the writes of a pending run ``parent`` heads or is in (no
+        other pending block can hold it: none is a first block or in a dict)."""
+        if parent is not None and self.run_counts.pending:  # (its content id read here)
+            self._settle_near(parent)
         return self._held(parent, parent.content_id if parent is not None else 0,
                           chunk, extra) is not None
 
