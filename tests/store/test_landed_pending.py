@@ -8,7 +8,7 @@ host slots at every step, and sound invariants. Block size 4, 8-byte payloads, f
 run when the test says."""
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from prefixkv import KVCacheManager, PrefixKVError, StoreWait
@@ -39,6 +39,11 @@ def pair(backend, layout, num_blocks, host_blocks):
     computed(KVCacheManager(16, 4, hash_mode="sha256", host_blocks=8,
                             store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
              backend, "w", P)
+    return managers(backend, layout, num_blocks, host_blocks)
+
+
+def managers(backend, layout, num_blocks, host_blocks):
+    """Two managers over the store, pending runs on, then off, with their executors."""
     out = []
     for pending in (True, False):
         ex = Manual()
@@ -221,17 +226,15 @@ OPS = st.lists(st.one_of(
 @settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS, num_blocks=st.integers(12, 16), host_blocks=st.integers(2, 9))
+# a run landing under the head of a landed pending run (S1's block 2, P's parent too):
+# ``land_run`` chained it under that head, whose ``child`` is the pending run's first block
+@example(ops=[("miss", 1), ("hit", 1), ("free", 0), ("hit", 0)], num_blocks=13, host_blocks=4)
 def test_random_steps_agree_with_pending_runs_on_and_off(stored, ops, num_blocks, host_blocks):
     """Random hits of stored prompts, misses, frees, forks and rewinds: the pending
     manager answers as the one that writes each block, with sound invariants."""
     backend, layout = stored
     logs = []
-    for pending in (True, False):
-        ex = Manual()
-        m = KVCacheManager(num_blocks, 4, hash_mode="sha256", host_blocks=host_blocks,
-                           store=SharedStore(backend, layout, cost=always(), timeout=LIVE,
-                                             executor=ex))
-        m._index.pending_runs = pending
+    for m, ex in managers(backend, layout, num_blocks, host_blocks):
         live, log, n = [], [], 0
         for op in ops:
             try:

@@ -387,6 +387,8 @@ class ContentRecorder(Announcer):
         the same contents (landed), whose events announce each block again, on the
         device, when events are recorded."""
         b = blocks[0]
+        if parent is not None and self.run_counts.pending:  # (its ``child`` is written)
+            self._settle_near(parent)
         if parent is not None and self._may_chain(parent):
             self._chain(parent, b, chunk)
         else:
