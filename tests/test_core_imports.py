@@ -22,6 +22,7 @@ import prefixkv
 PKG = pathlib.Path(prefixkv.__file__).parent
 TYPES = {"errors", "extra_keys", "hashing", "chunks", "events", "event_log", "results", "stats", "allocator"}
 CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "core.sharing",
+            "core.keyless",
             "core.dependents"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.spares",
          "index.announce", "index.none", "index.hasher", "index.content_check", "index.lower",

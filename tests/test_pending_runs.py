@@ -25,9 +25,9 @@ def spy_drops(m: KVCacheManager) -> list[list[int]]:
     drop = index.drop
     calls: list[list[int]] = []
 
-    def spied(blocks):
-        calls.append([b.block_id for b in blocks])
-        drop(blocks)
+    def spied(blocks, keyless=None):  # (a pending run's blocks are not the index's)
+        calls.append([b.block_id for b in (blocks if keyless is None else keyless.outside(blocks))])
+        drop(blocks, keyless)
     index.drop = spied
     return calls
 

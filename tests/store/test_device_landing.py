@@ -36,8 +36,11 @@ def test_the_run_lands_in_device_blocks_held_since_the_start(backend, layout):
     tail = f.tail[0]                                # (empty: the block after the run)
     assert tail.key is None and tail not in devices
     m.check_invariants()
-    ex.run()                                        # filled on the "fetcher's" thread
-    assert [b.key is None for b in devices] == [True, False, False]
+    ex.run()                                        # filled on the "fetcher's" thread:
+    # one pending run after the first block (no key until keyed at the landing), whose
+    # last block alone holds its key (``fill_pending``)
+    assert [b.key is None for b in devices] == [True, True, False]
+    assert [b.counted is f.pending_run for b in devices] == [False, True, True]
     assert m.lookup(A) == 0 and m.lookup_block_ids(A) == ()   # not findable yet
     m.check_invariants()
     assert m.poll_store() == ["b"]
@@ -111,13 +114,15 @@ def test_a_guess_through_a_stale_child_link_misses_a_filled_run(backend, layout)
     m.add_request("b", A)
     ex.run()
     f = m._waits.waiting["b"]
-    first, second = f.devices[0], f.devices[1]
-    assert first.child is second and second.key is not None
+    first, second, last = f.devices
+    # (a pending run: its last block alone keyed, ``fill_pending``)
+    assert first.child is second and second.child is last and last.key is not None
     # a block whose content is the run's parent, as a stale guess would see it: the
     # filled blocks carry fresh content ids, which nothing findable holds
-    assert second.parent_cid == first.content_id and first.key is None
-    assert first.content_id not in {b.content_id for b in m._pool.blocks
-                                    if b.key is not None and b not in f.devices}
+    assert second.parent_cid == first.content_id and last.parent_cid == second.content_id
+    assert first.key is None and second.key is None
+    assert not {first.content_id, second.content_id} & {
+        b.content_id for b in m._pool.blocks if b.key is not None and b not in f.devices}
     assert m.lookup(A) == 0
 
 

@@ -18,13 +18,14 @@ from typing import Protocol
 
 from .block import UNLINKED, Block, RunCounts
 from .free_queue import FreeBlockQueue
+from .keyless import Keyless
 
 
 class PoolIndex(Protocol):
     """What the pool asks of an index: the eviction step, spares, reset and checks
     (``index.Index`` and the groups' ``GroupIndex`` both satisfy it)."""
 
-    def drop(self, blocks: Sequence[Block]) -> None: ...
+    def drop(self, blocks: Sequence[Block], keyless: Keyless | None = None) -> None: ...
     def drop_one(self, block: Block) -> None: ...
     def release_spare(self, block: Block) -> Block | None: ...
     def clear(self) -> None: ...
@@ -143,7 +144,7 @@ class BlockPool:
         head, _ = self._cached.ends()
         b = head.next
         blocks = [b] * n  # (each entry set below: a store, no call, per block)
-        keyless: list[tuple[int, int]] | None = None  # spans of pending runs' blocks
+        keyless: Keyless | None = None  # spans of pending runs' blocks
         if self.runs.free:  # a free shared run's blocks may be among them
             i = 0
             while i < n:
@@ -154,9 +155,15 @@ class BlockPool:
                     pending = r.pending  # (no key in the index: ``Run.pending``)
                     if k <= n - i:  # all of them: from its list, not its links, and no
                         seg = r.blocks if r.fwd else r.blocks[::-1]  # pass to dissolve
+                        if pending:  # (its record, for the tier below: ``Keyless``)
+                            keyless = keyless or Keyless()
+                            keyless.add(i, r, 0 if r.fwd else k - 1, 1 if r.fwd else -1, k)
                         r.evicted()
                     elif not r.fwd:  # its last blocks (children first): the run keeps the
                         k = n - i  # rest, still shared and free (their content stays)
+                        if pending:
+                            keyless = keyless or Keyless()
+                            keyless.add(i, r, len(r.blocks) - 1, -1, k)
                         seg = r.truncate(len(r.blocks) - k)
                     else:  # its first blocks: the rest are counted alone from now on
                         r.broken()
@@ -166,9 +173,7 @@ class BlockPool:
                         b = seg[-1].next
                         blocks[i:i + k] = seg
                         if pending:  # one record: nothing of it for the index to drop
-                            keyless = keyless or []
-                            keyless.append((i, i + k))
-                        if pending:  # each block's own count is 1 already (as
+                            # (``keyless``); each block's own count is 1 already (as
                             # recorded: nothing writes it while counted through a run);
                             # they head no run (a stale ``starts`` is checked by a claim)
                             for x in seg:
@@ -193,7 +198,7 @@ class BlockPool:
                 b = b.next
         head.next, b.prev = b, head
         self._cached.forget(n)
-        self.index.drop(blocks if keyless is None else _outside(blocks, keyless))
+        self.index.drop(blocks, keyless)
         return blocks
 
     def release(self, blocks: Iterable[Block]) -> None:
@@ -352,13 +357,3 @@ class BlockPool:
             return f"free queue holds {len(seen)} != num_free {self.num_free}"
         return self.index.check(self.blocks)
 
-
-def _outside(blocks: list[Block], spans: list[tuple[int, int]]) -> list[Block]:
-    """The blocks of ``blocks`` outside ``spans`` (ascending, disjoint index ranges)."""
-    out: list[Block] = []
-    at = 0
-    for i, j in spans:
-        out += blocks[at:i]
-        at = j
-    out += blocks[at:]
-    return out

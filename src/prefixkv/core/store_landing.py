@@ -33,10 +33,10 @@ from ..store.fetch import Fetch
 from ..tiers import HostSlot, HostTier
 from ..tiers.host_index import HOST
 from ..tiers.host_landing import fill_landing
-from .block import Block
+from .block import Block, Run, RunCounts
 from .request import Request
 
-__all__ = ["fetch_ready", "fill_device", "land"]
+__all__ = ["fetch_ready", "fill_device", "fill_pending", "land", "unpend"]
 
 
 def fill_device(blocks: Sequence[Block], parent_cid: int, extras: Sequence[bytes],
@@ -63,12 +63,51 @@ def fill_device(blocks: Sequence[Block], parent_cid: int, extras: Sequence[bytes
         b.chained = True
 
 
+def fill_pending(blocks: Sequence[Block], parent_cid: int, extra: bytes, cids: Sequence[int],
+                 hashes: Sequence[bytes], chunks: Sequence[bytes], step: int,
+                 counts: RunCounts) -> Run:
+    """``fill_device`` for a run that lands as one pending run (``index/pending.py``):
+    ``blocks[1:]`` are the run, headed by ``blocks[0]``, all under one ``extra``. Each
+    block's content fields are written as ``fill_device`` writes them but the key: the
+    run's blocks have none but the last, and are counted through the run (one count,
+    held) and linked tail first, as ``record_pending`` leaves them. The run is returned
+    unregistered: ``ContentIndex.land_run`` records it (the blocks are in ``landing``
+    until then: no check reads them); every path that empties the blocks instead clears
+    their ``counted`` (``_emptied``, ``unpend``). On the fetcher's thread."""
+    run = Run(list(islice(blocks, 1, None)), b"".join(chunks), extra, -1, 0, counts, cids[0])
+    run.cid0 = cids[1]
+    run.shared = run.linked = run.pending = True
+    run.n = 1
+    prev: Block | None = None
+    for b, cid, h in zip(blocks, cids, hashes, strict=True):
+        b.parent_cid, b.extra, b.content_id, b.hash, b.step = parent_cid, extra, cid, h, step
+        b.event, b.twin, b.chained, b.key = None, False, False, None
+        if prev is not None:
+            prev.child = b
+            b.counted = run
+            b.next = prev  # (the head's links too: harmless, it is held)
+            prev.prev = b
+        parent_cid, prev = cid, b
+    assert prev is not None
+    prev.key = chunks[-1]  # (the last block's whole content: ``Run.write_last``)
+    prev.chained = True
+    return run
+
+
+def unpend(blocks: Sequence[Block]) -> None:
+    """Blocks ``fill_pending`` counted through a run that will not be recorded: each
+    counted alone again (its own count, 1, is the fetch's)."""
+    for b in blocks:
+        b.counted = None
+
+
 def _emptied(blocks: Sequence[Block]) -> list[Block]:
     """``blocks`` (filled or not, never keyed in a map) with no content again, reversed
     (as a request releases its blocks: the tail first)."""
     for b in blocks:
         b.key = None
         b.chained = False
+        b.counted = None  # (``fill_pending``'s)
     return list(reversed(blocks))
 
 
@@ -99,8 +138,12 @@ def fetch_ready(f: Fetch) -> None:
     if f.devices is not None and run:
         devices = f.devices[:run]
         f.device_ids = [b.block_id for b in devices]
-        fill_device(devices, f.parent_cid, f.extras[:run], f.planned[:run], f.hashes[:run],
-                    f.chunks[:run], f.step)
+        if f.pend is not None and run == len(f.devices) and run > 2:  # one pending run
+            f.pending_run = fill_pending(devices, f.parent_cid, f.extras[0], f.planned[:run],
+                                         f.hashes[:run], f.chunks[:run], f.step, f.pend)
+        else:
+            fill_device(devices, f.parent_cid, f.extras[:run], f.planned[:run],
+                        f.hashes[:run], f.chunks[:run], f.step)
     if f.staged:  # the run's ``StoreFetched`` ops (new objects: the fetcher's to make)
         f.fetched = [StoreFetched(s.block_id, b[0].toreadonly())
                      for s, b in zip(slots, f.buffers, strict=False)]
@@ -253,12 +296,18 @@ def _on_device(f: Fetch, devices: list[Block], hi: int, cids: Sequence[int], fil
     the device blocks past the run are returned, emptied."""
     run = devices if hi == len(devices) else devices[:hi]
     step = index.step
+    pend = f.pending_run
+    if pend is not None and (not filled or hi < len(devices) or index.pend_counts(None) is None):
+        unpend(devices)  # (new ids, a shorter run, spares since the start: written below)
+        pend = f.pending_run = None
+        filled = False
     if not filled:  # (new ids, or the fetcher did not fill them)
         fill_device(run, parent_cid, f.extras[:hi], cids, f.hashes[:hi], f.chunks[:hi], step)
     elif f.step != step:  # (copied in by this step's plan: not offloaded before a later one)
         for b in run:
             b.step = step
-    index.land_run(run, f.chunks[0], hits[-1] if hits else None, slots)
+    index.land_run(run, f.chunks[0], hits[-1] if hits else None, slots, pend)
+    f.pending_run = None
     src = f.slot_ids if filled and len(f.slot_ids) == hi else [s.block_id for s in slots]
     dst = f.device_ids if filled and len(f.device_ids) == hi else [b.block_id for b in run]
     host.load_ids(src, dst)  # (the tier's lists now, maybe)

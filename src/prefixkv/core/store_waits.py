@@ -115,6 +115,7 @@ class StoreWaits:
             if first > d:
                 f.up = taken[d:first]
             self.index.landing[id(f)] = f.devices
+            f.pend = self.index.pend_counts(req.keys.mm)
             self.holders.add(f)
         try:
             link.submit(f, req.keys.extra)

@@ -25,6 +25,7 @@ from dataclasses import replace
 from operator import attrgetter
 
 from ..core.block import Block
+from ..core.keyless import Keyless
 from ..event_log import EventSink
 from ..events import Event
 from ..extra_keys import ExtraKeys
@@ -104,8 +105,10 @@ class GroupIndex:
                     group_idx=g, spec_kind=spec.kind, spec_tokens=spec.tokens)
                 sink.append(ev)
 
-    def drop(self, blocks: Sequence[Block]) -> None:
-        """The eviction step: each free cached block loses its content."""
+    def drop(self, blocks: Sequence[Block], keyless: Keyless | None = None) -> None:
+        """The eviction step: each free cached block loses its content (no run is
+        pending here: ``keyless`` is None)."""
+        assert keyless is None, "a group index records no pending run"
         for b in blocks:
             self._unindex(b)
 

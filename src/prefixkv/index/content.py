@@ -40,11 +40,12 @@ from itertools import islice
 from operator import attrgetter
 
 from ..core.block import Block, Run
+from ..core.keyless import Keyless
 from ..core.request import Request
 from ..events import DEVICE, Event
 from .announce import RemovedRun, removed
 from .content_check import check_index, check_lower_chains, check_request
-from .pending import walk_pending
+from .pending import content_id_of, walk_pending
 from .run_check import check_runs
 from .spares import SpareIndex
 
@@ -104,21 +105,28 @@ class ContentIndex(SpareIndex):
 
     def match(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None, *,
               start: list[Block] | None = None) -> list[Block]:
+        walked = False
         if self.run_counts.pending:  # (walks read each block's content: written first,
-            if mm is None and self._lower is None:  # unless the walk passes runs whole)
-                return walk_pending(chunks, base, self._by_chunk.get, self._by_key,
+            if mm is None and start is None:  # unless the walk passes runs whole)
+                hits = walk_pending(chunks, base, self._by_chunk.get, self._by_key,
                                     self._epoch)
-            self.settle_all()
+                if self._lower is None:
+                    return hits
+                walked = True
+            else:
+                self.settle_all()
         if self._lower is None:
             return self._walk(chunks, base, mm)
-        if start is not None:  # the device's run, claimed already
-            hits: list[Block] = list(start)
+        if walked:  # (the device's part, pending runs passed whole: below, the tier's)
+            pass
+        elif start is not None:  # the device's run, claimed already
+            hits = list(start)
         else:
             hits = self._walk(chunks, base, None) if mm is None else []
         if len(hits) == len(chunks):
             return hits
         lower = self._lower
-        cid = hits[-1].content_id if hits else 0
+        cid = (content_id_of(hits[-1]) if walked else hits[-1].content_id) if hits else 0
         b = hits[-1] if hits else _NO_PARENT
         get, by_key = self._by_chunk.get, self._by_key
         if mm is None and not by_key and not lower.by_key:  # the common case, in the tier
@@ -282,13 +290,15 @@ class ContentIndex(SpareIndex):
             next(islice(it, k - 1, None), None)  # (the k chunks compared)
         return hits, len(hits) - held
 
-    def drop(self, blocks: Sequence[Block]) -> None:
+    def drop(self, blocks: Sequence[Block], keyless: Keyless | None = None) -> None:
         """The eviction step for cached blocks the pool takes from its free queue (each
         the index's entry for its key): a held twin takes over the content, or the
-        content goes (and is announced gone)."""
+        content goes (and is announced gone). ``keyless``: the positions of pending runs'
+        blocks, which no dict holds (the tier below reads their content there)."""
         twins, sink, lower = self._twins, self._sink, self._lower
         self.losses += 1  # (``Run.seen``)
         if lower is not None and (twins or sink.active):  # per block: events in tier order
+            assert keyless is None, "a pending run with spares or events below a tier"
             for b in blocks:
                 self._unindex(b, evicting=True)
                 b.key = None
@@ -298,7 +308,9 @@ class ContentIndex(SpareIndex):
         # parent's use and a request releases its tail first, so the pool evicts children
         # first (``check`` verifies it when a tier is below).
         if lower is not None:
-            lower.demote(blocks, self.step)
+            lower.demote(blocks, self.step, keyless)
+        if keyless is not None:  # (their blocks: nothing to unkey, no event to announce)
+            blocks = keyless.outside(list(blocks))
         if not twins:  # the common case: each content goes
             keyed = 0
             for b in blocks:  # (a chained block leaves no dict entry)
@@ -389,7 +401,8 @@ class ContentIndex(SpareIndex):
                            self.hashing and not self.lazy, blocks,
                            self._num_chained, self._lower is not None,
                            self.run_counts.pending) or (
-            check_lower_chains(self._lower, blocks) if self._lower is not None else None) or (
+            check_lower_chains(self._lower, blocks, self.run_counts.pending)
+            if self._lower is not None else None) or (
             check_runs(blocks, self._epoch, self.run_counts, self.losses)) or (
             self._kids.check(self._by_chunk, self._by_key))
 

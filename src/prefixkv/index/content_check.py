@@ -134,12 +134,16 @@ def check_request(req: Request, block_size: int) -> str | None:
     return None
 
 
-def check_lower_chains(lower: LowerTier, blocks: Sequence[Block]) -> str | None:
+def check_lower_chains(lower: LowerTier, blocks: Sequence[Block],
+                       pending: Collection[Run] = ()) -> str | None:
     """The tier's one rule that keeps its probes exact: no slot is chained (found only
-    through its parent slot) while its parent's content is on the device."""
+    through its parent slot) while its parent's content is on the device (``pending``:
+    the pending runs, whose blocks' contents are their records')."""
     if not lower.num_chained:
         return None
     on_device = {b.content_id for b in blocks if b.key is not None}
+    for r in pending:
+        on_device.update(range(r.cid0, r.cid0 + len(r.blocks)))
     for s in lower.slots:
         if s.chained and s.parent_cid in on_device:
             return f"host slot {s!r} is chained but its parent's content is on the device"

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..core.block import Block, ContentKey
+from ..core.keyless import Keyless
 
 
 class LowerTier(Protocol):
@@ -25,8 +26,9 @@ class LowerTier(Protocol):
              device: Callable[[bytes], Block | None] | None, prev: Block) -> list[Block]:
         """``ContentIndex.match`` past the device's first miss (see ``SlotIndex.walk``)."""
 
-    def demote(self, blocks: Sequence[Block], step: int) -> None:
-        """Keep the content of evicted ``blocks`` recorded before ``step`` in slots."""
+    def demote(self, blocks: Sequence[Block], step: int, keyless: Keyless | None = None) -> None:
+        """Keep the content of evicted ``blocks`` recorded before ``step`` in slots (those
+        at ``keyless``'s positions: pending runs' blocks, their content read there)."""
 
     def on_device(self, s: Block) -> None:
         """Slot ``s``'s content is on the device now."""

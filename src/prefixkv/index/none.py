@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..core.block import Block
+from ..core.keyless import Keyless
 from ..events import Event
 
 
@@ -38,7 +39,7 @@ class NoIndex:
     def store_filled(self, req: object, j: int) -> None:
         pass
 
-    def drop(self, blocks: Sequence[Block]) -> None:
+    def drop(self, blocks: Sequence[Block], keyless: Keyless | None = None) -> None:
         pass
 
     def drop_one(self, block: Block) -> None:

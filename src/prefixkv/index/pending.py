@@ -1,5 +1,9 @@
 """Pending runs: a miss's ``store`` records its run (``core.block.Run``) as one record,
-and the blocks' content is written only when something reads one of them alone.
+and the blocks' content is written only when something reads one of them alone. A store
+fetch's run that lands whole in device blocks is one too (``core.store_landing
+.fill_pending``, on the fetcher's thread; ``ContentIndex.land_run`` records it): its
+blocks' content fields but the key are written as well (parent and content ids, extra
+bytes, hash, step), which the tier below reads when the run is evicted.
 
 A 32k-token miss stores ~2,048 new blocks, each the chained child of the one before.
 Written eagerly, each block takes nine writes (its content, its parent's ``child``, the
@@ -17,14 +21,17 @@ Who reads what:
   it (``_split``);
 - the pool's release and eviction use its count and links alone; an eviction that takes
   the whole run, or cuts its tail off (``Run.truncate``), has no dict entry to remove:
-  the index is not given those blocks (``BlockPool._evict``), and the run clears its own
+  the index unkeys none of those blocks (``BlockPool._evict`` names them: ``core.keyless``;
+  the tier below reads the content of those it keeps from there), and the run clears its own
   last block's key (``Run.evicted``) or writes its new last one (``Run.truncate``); each
   block's own count is 1 from the store on (nothing writes it while the run counts
   them), so the eviction writes one field a block (``counted``);
 - anything else settles it first: ``Run.dissolve`` (a block's count changed alone, the
   run broken), a ``store`` or decoded block under one of its blocks or under its head
-  (``settle_near``), a spare of any content (``settle_all``: its children get keyed),
-  ``match``, ``holds``, ``uncache``;
+  (``settle_near``), host hits adopted under one of its blocks (``adopt``), a spare of
+  any content (``settle_all``: its children get keyed), ``match`` with multimodal keys
+  or a claimed start (without, it walks runs whole, then the tier below), ``holds``,
+  ``uncache``;
 - ``check_invariants`` verifies a pending run as it is, without settling it.
 
 Settling costs what the eager store would have cost, once per run: a run is settled at

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ..core.block import Block
+from ..core.keyless import Keyless
 from ..core.request import Request
 from ..events import Event
 from .announce import Prepared
@@ -67,8 +68,10 @@ class Index(Protocol):
         """``prepare`` and ``store`` of block ``j``, which the token just appended to
         ``req`` filled (decode). Only when ``hash_may_fail`` is False."""
 
-    def drop(self, blocks: Sequence[Block]) -> None:
-        """Remove each block's identity (the eviction step, or KV never computed)."""
+    def drop(self, blocks: Sequence[Block], keyless: Keyless | None = None) -> None:
+        """Remove each block's identity (the eviction step, or KV never computed).
+        ``keyless``: the positions of ``blocks`` that are pending runs' (no key, their
+        content in the spans' records: ``core.keyless``), evicted."""
 
     def drop_one(self, block: Block) -> None:
         """``drop((block,))``."""

@@ -165,9 +165,10 @@ class ContentRecorder(Announcer):
     def holds(self, parent: Block | None, chunk: bytes, extra: bytes) -> bool:
         """Whether a device block holds the content ``chunk``/``extra`` under ``parent``'s
         content (None: a first block), as ``match`` would find it after ``parent``.
-        Changes nothing but pending runs' writes."""
-        if self.run_counts.pending:
-            self.settle_all()
+        Changes nothing but the writes of a pending run ``parent`` heads or is in (no
+        other pending block can hold it: none is a first block or in a dict)."""
+        if parent is not None and self.run_counts.pending:  # (its content id read here)
+            self._settle_near(parent)
         return self._held(parent, parent.content_id if parent is not None else 0,
                           chunk, extra) is not None
 
@@ -371,6 +372,8 @@ class ContentRecorder(Announcer):
         else each is keyed. Without events no block's ``event`` is read (every reader
         asks ``sink.active`` first): it is written only with them."""
         step = self.step
+        if parent is not None and self.run_counts.pending:  # (its ``child`` is written)
+            self._settle_near(parent)
         prev = parent
         first = 1 if run else len(blocks)  # recorded as ``store`` records them; the rest of
         for b, s, chunk in zip(islice(blocks, first), islice(slots, first), chunks,  # a run:
@@ -415,24 +418,42 @@ class ContentRecorder(Announcer):
                 b.event = s.event.block_of(s.hash, b.block_id, DEVICE)
                 sink.append(b.event)
 
+    def pend_counts(self, mm: Sequence[bytes] | None) -> RunCounts | None:
+        """The run counts a store fetch's device run may land as one pending run under
+        (``core.store_landing.fill_pending``), for a request with multimodal extra keys
+        ``mm``; None when it may not (events, spares, keys per block, runs off). Hashes
+        alone allow it (a store's keys): ``fill_pending`` writes each block's."""
+        ok = self.runs and self.pending_runs and not self._sink.active and not self._twins
+        return self.run_counts if ok and mm is None else None
+
     def land_run(self, blocks: Sequence[Block], chunk: bytes, parent: Block | None,
-                 slots: Sequence[Block]) -> None:
+                 slots: Sequence[Block], run: Run | None = None) -> None:
         """Make findable, in one write, a run of held device ``blocks`` whose content
         fields a store fetch wrote (``core.store_landing.fill_device``): each block after
         the first chained under the one before (key and ``chained`` set) under content ids
         nothing findable holds, the first with no key. Key the first (token bytes
         ``chunk``), or chain it under ``parent`` (the device block before it, None from
         the first block; the device holds none of the run's contents); count the rest as
-        chained. ``slots``: host slots holding the same contents (landed), whose events
-        announce each block again, on the device, when events are recorded."""
+        chained, or, given ``run`` (``fill_pending`` wrote them as pending ``run``, the
+        first block its head), record ``run`` as pending. ``slots``: host slots holding
+        the same contents (landed), whose events announce each block again, on the
+        device, when events are recorded."""
         b = blocks[0]
+        if parent is not None and self.run_counts.pending:  # (its ``child`` is written)
+            self._settle_near(parent)
         if parent is not None and self._may_chain(parent):
             self._chain(parent, b, chunk)
         else:
             self._key(b, chunk)
             if parent is not None:
                 parent.child = b
-        self._num_chained += len(blocks) - 1
+        if run is None:
+            self._num_chained += len(blocks) - 1
+        else:  # (``pend_counts`` allowed it at the start; the caller checked it still does)
+            run.ok, run.seen = self._epoch, self.losses
+            b.starts = run
+            self.run_counts.shared += 1
+            self.run_counts.pending.add(run)
         if self._sink.active:
             self._announce_up(blocks, slots)
 

@@ -67,7 +67,8 @@ class Fetch:
                  "hits", "hit_cids", "ids", "ids_given", "planned", "parent_cid", "ready",
                  "landed_at", "hashes", "filled", "unique", "keyed", "slot_ids", "fetched",
                  "keys", "heads", "states", "run", "stop", "failed", "nbytes", "seconds", "left", "lock",
-                 "devices", "held", "up", "tail", "blocks", "step", "on_device", "promoted", "device_ids")
+                 "devices", "held", "up", "tail", "blocks", "step", "on_device", "promoted", "device_ids",
+                 "pend", "pending_run")
 
     def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
                  chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
@@ -101,6 +102,10 @@ class Fetch:
         self.step = 0
         self.on_device = 0
         self.promoted = 0  # host hits that went up to device blocks at the landing
+        # the index's ``RunCounts`` when the device run may land as one pending run
+        # (``index/pending.py``); ``ready`` then records it (``pending_run``), unregistered
+        self.pend: Any = None
+        self.pending_run: Any = None
         # ---- written by the fetcher threads ----
         self.hashes: list[bytes] = []
         self.keys: list[bytes] = []

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from ..core.block import Block, key_chunk
 from ..core.free_queue import FreeBlockQueue
+from ..core.keyless import Keyless
 from .host_index import HOST, SlotIndex, withdrawn
 
 
@@ -27,7 +28,7 @@ class SlotOffload(SlotIndex):
     offload_dst: list[int]
     load_src: list[int]
 
-    def demote(self, blocks: Sequence[Block], step: int) -> None:
+    def demote(self, blocks: Sequence[Block], step: int, keyless: Keyless | None = None) -> None:
         """The content of ``blocks`` (full blocks with content, keyed by their token
         bytes or triple) is leaving the device: their blocks are evicted for reuse. Of
         those recorded before ``step`` (computed by an earlier forward pass; the rest were
@@ -36,7 +37,9 @@ class SlotOffload(SlotIndex):
         the most recently used) or every slot is pinned (then it is lost). The slots taken
         are pinned until the plan is drained. A new slot is keyed one block late: when the
         next block offloaded is its parent and takes a new slot too (the pool evicts a
-        request's tail first), it is chained, as that slot's child, in no map."""
+        request's tail first), it is chained, as that slot's child, in no map. The blocks
+        at ``keyless``'s positions are pending runs' (``index/pending.py``): no key, their
+        content read from the run's record there, for the blocks looked at alone."""
         by_chunk, by_key, cached, sink = self.by_chunk, self.by_key, self._cached, self._sink
         get, empty, pin = by_chunk.get, self._empty, self._pinned.append
         kids = self.kids
@@ -57,7 +60,9 @@ class SlotOffload(SlotIndex):
         for i, b in enumerate(blocks):
             if b.step >= step:
                 continue
-            key, parent_cid, extra = b.key, b.parent_cid, b.extra
+            key, parent_cid, extra, cid = b.key, b.parent_cid, b.extra, b.content_id
+            if key is None and keyless is not None:  # a pending run's block
+                parent_cid, key, extra, cid = keyless.content(i)
             s = get(key) if type(key) is bytes else None  # the common case: one probe
             if s is None or s.parent_cid != parent_cid or s.extra != extra:
                 if isinstance(key, bytes):
@@ -104,7 +109,7 @@ class SlotOffload(SlotIndex):
                         if active and s.event is not None:
                             sink.append(withdrawn(s.event, s.block_id))
                     if pend is not None:
-                        if chaining and pend.parent_cid == b.content_id:
+                        if chaining and pend.parent_cid == cid:
                             s.child = pend  # (the run's head, its last block, is keyed)
                             pend.chained = True
                             chained += 1
@@ -118,7 +123,7 @@ class SlotOffload(SlotIndex):
                                 noted += 1
                     pend, pend_chunk = s, chunk
                     s.key, s.parent_cid, s.extra = chunk, parent_cid, extra
-                    s.content_id, s.hash = b.content_id, b.hash
+                    s.content_id, s.hash = cid, b.hash
                     s.refs = 1
                     pin(s)
                     src.append(b.block_id)
@@ -161,18 +166,32 @@ class SlotOffload(SlotIndex):
                 # reads beat ``map(attrgetter)``'s, 30 against 48 us for 2048 blocks,
                 # alternated in one process: benchmarks/results/store-r13b.md)
                 gone = blocks[lost:]
-                if not parents.isdisjoint([b.content_id for b in gone]):
-                    self._withdraw_orphans(gone, step)
+                if not parents.isdisjoint([b.content_id for b in gone] if keyless is None
+                                          else keyless.content_ids(blocks, lost)):
+                    self._withdraw_orphans(blocks, lost, step, keyless)
 
-    def _withdraw_orphans(self, lost: Sequence[Block], step: int) -> None:
-        """``demote`` lost the contents of ``lost`` (every slot pinned): withdraw the
+    def _withdraw_orphans(self, blocks: Sequence[Block], at: int, step: int,
+                          keyless: Keyless | None) -> None:
+        """``demote`` lost the contents of ``blocks[at:]`` (every slot pinned; those at
+        ``keyless``'s positions pending runs' blocks): withdraw the
         slots the step's offloads fill (pinned, so in no other use) that hold a
         descendant of one. The pool evicts a request's tail first, so children were
         offloaded before their parent; kept, they would stay announced and never be
         found, even once their parent's content is computed again (a new content id)."""
         src, dst = self.offload_src, self.offload_dst
-        gone = {b.content_id for b in lost if b.step < step and b.key is not None
-                and self.find(b.parent_cid, key_chunk(b.key), b.extra) is None}
+        gone = set()
+        for i in range(at, len(blocks)):
+            b = blocks[i]
+            if b.step >= step:
+                continue
+            if b.key is not None:
+                content = (b.parent_cid, key_chunk(b.key), b.extra, b.content_id)
+            elif keyless is not None:
+                content = keyless.content(i)
+            else:
+                continue
+            if self.find(*content[:3]) is None:
+                gone.add(content[3])
         dropped = set()
         for i in range(len(dst) - 1, -1, -1):  # parents first: their offloads came last
             s = self.slots[dst[i]]

@@ -1,0 +1,67 @@
+"""Where an eviction's list of blocks holds pending runs' blocks (``index/pending.py``):
+those have no key, and no dict entry for the index to drop; their content is read from
+their run's record. ``BlockPool._evict`` notes each span as it takes a pending run whole,
+or cuts its tail; the index skips them when it unkeys (``outside``) and the tier below
+reads their content from here when it keeps them (``content``).
+
+    evicted:  b b [p p p p] b [q q] b      p, q: two pending runs' blocks (spans)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .block import Block, Run
+
+
+class Keyless:
+    """The spans of one eviction's list that are pending runs' blocks, each with its
+    run's record as it was when they were taken (``data``, ids, extra bytes)."""
+
+    __slots__ = ("spans",)
+
+    def __init__(self) -> None:
+        # (lo, hi, data, width, first position in the run, +1 or -1, pcid, cid0, extra)
+        self.spans: list[tuple[int, int, bytes, int, int, int, int, int, bytes]] = []
+
+    def add(self, lo: int, run: Run, at: int, step: int, k: int) -> None:
+        """Positions ``lo..lo + k - 1`` of the list hold pending ``run``'s blocks from
+        its block ``at`` on, by ``step`` (1 forward, -1 backward); ``run`` as it is
+        before it is cut (``Run.truncate``) or evicted."""
+        width = len(run.data) // (len(run.blocks) + 1)
+        self.spans.append((lo, lo + k, run.data, width, at, step, run.pcid, run.cid0, run.extra))
+
+    def content(self, i: int) -> tuple[int, bytes, bytes, int]:
+        """The content of the list's block ``i`` (in a span): ``(parent content id, token
+        bytes, extra bytes, content id)``."""
+        for lo, hi, data, width, at, step, pcid, cid0, extra in self.spans:
+            if lo <= i < hi:
+                p = at + step * (i - lo)  # (its position in the run: 0 the head's child)
+                return (pcid if p == 0 else cid0 + p - 1, data[(p + 1) * width:(p + 2) * width],
+                        extra, cid0 + p)
+        raise IndexError(f"position {i} is in no pending span")
+
+    def content_ids(self, blocks: Sequence[Block], start: int) -> list[int]:
+        """The content ids of ``blocks[start:]`` (the spans' from their records: ranges)."""
+        out: list[int] = []
+        at = start
+        for lo, hi, _, _, p, step, _, cid0, _ in self.spans:
+            if hi <= start:
+                continue
+            i = max(lo, start)
+            out += [b.content_id for b in blocks[at:i]]
+            first = cid0 + p + step * (i - lo)  # (block i's position in its run: p + ...)
+            out += range(first, first + step * (hi - i), step)
+            at = hi
+        out += [b.content_id for b in blocks[at:]]
+        return out
+
+    def outside(self, blocks: list[Block]) -> list[Block]:
+        """The blocks of ``blocks`` outside the spans."""
+        out: list[Block] = []
+        at = 0
+        for lo, hi, *_ in self.spans:
+            out += blocks[at:lo]
+            at = hi
+        out += blocks[at:]
+        return out
