@@ -4,6 +4,8 @@ order. The engine runs a plan in order: offloads, loads, then the copies."""
 
 from collections import Counter
 
+import pytest
+
 from prefixkv import (
     Admission,
     BlockCopy,
@@ -206,6 +208,26 @@ def test_a_host_load_in_the_step_may_take_a_freed_chains_blocks_without_their_co
     assert m.add_request("y", [7, 8, 1]) == Admission("y", (3, 4), 2, 1)
     m.check_invariants()
     assert m.take_kv_ops() == [BlockOffloads((4, 3), (1, 2)), BlockLoads((0,), (3,))]
+
+
+@pytest.mark.xfail(strict=True, reason="open: a freed host hit's load target may become a "
+                   "fork's copy destination in the same plan (CopyPlan.check rule 3); found by "
+                   "the late-plan state machine with a host tier")
+def test_a_fork_never_copies_into_a_block_a_load_of_the_plan_writes():
+    m = KVCacheManager(4, 2, seed=0, host_blocks=4)
+    m.add_request("h", [7, 8, 9])
+    m.take_kv_ops()
+    m.free("h")
+    m.add_request("x", [20, 21, 22, 23, 24, 25, 26, 27])  # [7, 8] to host slot 0
+    m.take_kv_ops()
+    m.free("x")
+    m.add_request("a", [0])
+    m.take_kv_ops()
+    assert m.add_request("y", [7, 8, 1]) == Admission("y", (3, 2), 2, 1)  # loads slot 0 -> 3
+    m.free("y", num_computed_tokens=2)  # dropped before its step ran: 3 goes back
+    assert m.add_request("z", [30, 31, 32]) == Admission("z", (2, 1), 0, 3)
+    assert m.fork("a", "b").copies == (BlockCopy(0, 3),)  # 3: the load's target
+    m.check_invariants()
 
 
 def test_the_hybrid_manager_keeps_a_chains_copies_in_order():
