@@ -2,8 +2,23 @@
 (``prefixkv.core.copies``). block_size 2, seed 0; exact block ids, plans and free-queue
 order. The engine runs a plan in order: offloads, loads, then the copies."""
 
-from prefixkv import Admission, BlockCopy, BlockLoads, BlockOffloads, Fork, KVCacheManager
+from collections import Counter
+
+import pytest
+
+from prefixkv import (
+    Admission,
+    BlockCopy,
+    BlockLoads,
+    BlockOffloads,
+    BlockRemoved,
+    BlockStored,
+    Fork,
+    KVCacheManager,
+)
 from prefixkv.groups import GroupBlockCopy, HybridKVCacheManager, full_attention
+from prefixkv.hashing import chain as hash_chain
+from prefixkv.hashing import encode_tokens, make_hash_fn, token_bytes
 
 
 def chain(num_blocks: int = 3, **kw) -> KVCacheManager:
@@ -42,11 +57,11 @@ def test_freeing_the_middle_then_the_tail_drops_the_whole_chain():
     m = chain()
     m.free("b")
     m.free("c")                       # 2 goes, then 1 (only the plan held it), then 0 -> 1
-    assert m.free_block_order() == [1, 2]
+    assert m.free_block_order() == [2, 1]  # (1 went back first: a source before the request)
     m.check_invariants()
     assert m.take_kv_ops() == []
     m.free("a")
-    assert m.free_block_order() == [0, 1, 2]
+    assert m.free_block_order() == [0, 2, 1]
 
 
 def test_a_freed_parent_and_middle_still_feed_the_last_child():
@@ -93,6 +108,68 @@ def test_an_aborted_childs_block_is_unfindable_and_goes_back_without_its_copy():
     m.check_invariants()
 
 
+def forked_under_a_prefix(**kw) -> KVCacheManager:
+    """p ([1, 2, 3, 4, 5]: blocks 0, 1 full, 2 partial; computed in an earlier step) forks
+    c (0, 1, 3; owed 2 -> 3), in a pool of 16."""
+    m = KVCacheManager(16, 2, seed=0, **kw)
+    m.add_request("p", [1, 2, 3, 4, 5])
+    m.take_kv_ops()
+    assert m.fork("p", "c") == Fork("c", (0, 1, 3), (BlockCopy(2, 3),))
+    return m
+
+
+def test_a_block_held_for_its_content_holds_its_prefix_until_the_plan_is_taken():
+    m = forked_under_a_prefix()
+    assert m.append_tokens("c", [6]) == ()  # 3: [5, 6], findable under 1's content
+    m.free("c")                             # its tokens count as computed: 3 held
+    m.free("p")
+    x = m.add_request("x", list(range(10, 35)))  # 13 blocks
+    m.check_invariants()  # (before: x evicted 1, and 3 was found under a content gone)
+    assert x is None
+    assert m.free_block_order() == list(range(4, 16))  # 3 held with 1 and 0; 2 the source
+    assert m.lookup([1, 2, 3, 4, 5, 6, 0]) == 6
+    assert m.take_kv_ops() == [BlockCopy(2, 3)]
+    assert m.free_block_order() == [2, *range(4, 16), 3, 1, 0]  # a child before its parent
+    assert m.add_request("x", list(range(10, 37))).block_ids[-1] == 3  # 14: 3 evicted first
+    assert m.lookup([1, 2, 3, 4, 5, 6, 0]) == 4
+    m.check_invariants()
+
+
+def test_a_router_mirroring_the_events_counts_no_block_that_lookup_cannot_reach():
+    m = forked_under_a_prefix(hash_mode="sha256", enable_events=True)
+    m.append_tokens("c", [6])
+    m.free("c")
+    m.free("p")
+    m.add_request("x", list(range(10, 7 + 2 * m.num_free_blocks)))  # all free blocks but one
+    m.take_kv_ops()
+    m.free("x")
+    m.add_request("y", [1, 2, 3, 4, 9])  # [1, 2, 3, 4] cached, or computed again
+    m.take_kv_ops()
+    mirror: Counter[bytes] = Counter()
+    for ev in m.take_events():
+        assert isinstance(ev, (BlockStored, BlockRemoved)), ev
+        mirror.update({h: 1 if isinstance(ev, BlockStored) else -1 for h in ev.block_hashes})
+    fn, root = make_hash_fn("sha256", 0)
+    hashes, _ = hash_chain(fn, root, token_bytes(encode_tokens([1, 2, 3, 4, 5, 6])), [b""] * 3)
+    seen = next((i for i, h in enumerate(hashes) if mirror[h] <= 0), 3)
+    # (before: x evicted 1 while 3 stayed, announced; y stored 1's hash again: the
+    # router counted 3 blocks, lookup found 2)
+    assert m.lookup([1, 2, 3, 4, 5, 6, 0]) == 2 * seen == 6
+    m.check_invariants()
+
+
+def test_a_source_filled_by_its_freed_parent_goes_back_before_the_blocks_under_it():
+    m = forked_under_a_prefix()
+    assert m.append_tokens("p", [6]) == ()  # 2: [5, 6], findable; still the source of 2 -> 3
+    m.free("p")                             # 2 held by the plan
+    m.free("c")                             # 3 goes back empty: 2 -> 3 dropped, 2 unpinned
+    x = m.add_request("x", list(range(10, 38)))  # 14 blocks: 13 empty, and the LRU one
+    m.check_invariants()  # (before: 2 went back after 1 and 0, x evicted 1: 2 cut off)
+    assert x.block_ids == (3, *range(4, 16), 2)
+    assert m.lookup([1, 2, 3, 4, 5, 6, 0]) == 4
+    assert m.take_kv_ops() == []
+
+
 def host_chain() -> KVCacheManager:
     """Block 0's [7, 8] in host slot 0; a (block 0) -> b (4) -> c (3) forked in one step,
     evicting (offloading) two of x's blocks."""
@@ -127,10 +204,30 @@ def test_a_host_load_in_the_step_may_take_a_freed_chains_blocks_without_their_co
     m = host_chain()
     m.free("b")
     m.free("c")                             # 3 goes, then 4: both copies dropped
-    assert m.free_block_order() == [4, 3, 2, 1]
-    assert m.add_request("y", [7, 8, 1]) == Admission("y", (4, 3), 2, 1)
+    assert m.free_block_order() == [3, 4, 2, 1]  # (4 went back first: a source)
+    assert m.add_request("y", [7, 8, 1]) == Admission("y", (3, 4), 2, 1)
     m.check_invariants()
-    assert m.take_kv_ops() == [BlockOffloads((4, 3), (1, 2)), BlockLoads((0,), (4,))]
+    assert m.take_kv_ops() == [BlockOffloads((4, 3), (1, 2)), BlockLoads((0,), (3,))]
+
+
+@pytest.mark.xfail(strict=True, reason="open: a freed host hit's load target may become a "
+                   "fork's copy destination in the same plan (CopyPlan.check rule 3); found by "
+                   "the late-plan state machine with a host tier")
+def test_a_fork_never_copies_into_a_block_a_load_of_the_plan_writes():
+    m = KVCacheManager(4, 2, seed=0, host_blocks=4)
+    m.add_request("h", [7, 8, 9])
+    m.take_kv_ops()
+    m.free("h")
+    m.add_request("x", [20, 21, 22, 23, 24, 25, 26, 27])  # [7, 8] to host slot 0
+    m.take_kv_ops()
+    m.free("x")
+    m.add_request("a", [0])
+    m.take_kv_ops()
+    assert m.add_request("y", [7, 8, 1]) == Admission("y", (3, 2), 2, 1)  # loads slot 0 -> 3
+    m.free("y", num_computed_tokens=2)  # dropped before its step ran: 3 goes back
+    assert m.add_request("z", [30, 31, 32]) == Admission("z", (2, 1), 0, 3)
+    assert m.fork("a", "b").copies == (BlockCopy(0, 3),)  # 3: the load's target
+    m.check_invariants()
 
 
 def test_the_hybrid_manager_keeps_a_chains_copies_in_order():

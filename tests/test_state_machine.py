@@ -58,6 +58,7 @@ class ManagerMachine(RuleBasedStateMachine):
     num_blocks = NUM_BLOCKS
     events = True  # False: no events, so the index takes its fast paths (evictions in batches)
     drain_every = 1  # events are taken after every n-th step (deferred events pile up)
+    late_plan = False  # True: the plan is taken by a rule of its own (test_state_machine_late_plan)
 
     @initialize()
     def setup(self):
@@ -78,6 +79,10 @@ class ManagerMachine(RuleBasedStateMachine):
         self.last = None
         self.next_id = 0
         self.steps = 0
+
+    def _own_step(self):
+        """Called first by a rule that takes the plan itself (a step of its own): the
+        late-plan machine ends the step under way first."""
 
     def _run_plan(self):
         """The engine's part of a step, before its forward pass: the manager's plan, in
@@ -131,7 +136,7 @@ class ManagerMachine(RuleBasedStateMachine):
             predicted = self.m.lookup(prepared)
             adm = self._add(rid, prepared, num_new_tokens=chunk)
         if adm is None:
-            assert self._snapshot() == before and self.m.take_kv_ops() == []
+            assert self._snapshot() == before and (self.late_plan or self.m.take_kv_ops() == [])
             return None
         assert adm.num_cached_tokens == predicted, (adm.num_cached_tokens, predicted)
         assert adm.num_cached_tokens % self.bs == 0 and adm.num_cached_tokens < len(prompt)
@@ -243,6 +248,7 @@ class ManagerMachine(RuleBasedStateMachine):
         member 0); free the members in ``gone`` (beams pruned before the step ran: freed
         with the tokens computed before it); admit ``prompt`` (it may take a freed block,
         evict and offload, or load a host hit); then run the plan and the forward pass."""
+        self._own_step()
         return fork_chain_step(self, parent, depth, gone, toks, prompt,
                                (self.tokens, self.extra, self.scheduled, self.reserved), self._run_plan)
 
@@ -343,6 +349,7 @@ class ManagerMachine(RuleBasedStateMachine):
         unfindable while the request lived). With no host load failed, a connector's
         load into block ``bad`` did (a device hit too: its cached children, and theirs,
         go with its content), when no other request holds it or a block after."""
+        self._own_step()
         self.last = None
         rid = self._new_id()
         adm = self._add(rid, prompt, extra=extra)
@@ -377,6 +384,7 @@ class ManagerMachine(RuleBasedStateMachine):
         ``ok`` fail: the engine uncaches the request's blocks from the first failed one
         on and drops the request, before its forward pass (with no load failed: as if
         its step never ran). No later hit may serve them."""
+        self._own_step()
         self.last = None
         rid = self._new_id()
         adm = self._add(rid, prompt, extra=extra)
@@ -409,6 +417,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @rule()
     def reset(self):
+        self._own_step()
         self.last = None
         assert self.m.reset_prefix_cache() == (not self.tokens)
         if not self.tokens:

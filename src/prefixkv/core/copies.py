@@ -10,7 +10,12 @@ set*, whatever is forked and freed in between (``check`` verifies each rule):
 2. A copy's destination is held: by a request, or by the plan, because it is the source
    of a later copy (a fork of a fork: ``0 -> 1``, then ``1 -> 2``) or because its content
    is findable (a request may hit it in this step and read what the copy writes). So no
-   allocation of the step takes it either.
+   allocation of the step takes it either. A destination held for its content is held
+   as its request held it: with the blocks before it in the freed request's table, the
+   prefix its content was computed on, released with it when the plan is taken, tail
+   first. (Held alone, its prefix could be evicted before it: a block found with its
+   parent's content gone, which no lookup reaches while the events still announce it,
+   so a router that sees the parent stored again counts a hit that ``lookup`` denies.)
 3. A copy reads its source after the copy into that source, if the source received
    one in this step (the destination of a copy is a fresh block, never the source of an
    earlier copy), and that copy is still pending; no copy touches a block a load of the
@@ -19,29 +24,35 @@ set*, whatever is forked and freed in between (``check`` verifies each rule):
 When a freed request's block is the destination of a pending copy and nothing else
 holds it, the copy is dropped (the block goes back to the pool and may be handed out
 again in the same step) and the pin on its source is released, which may in turn drop
-the copy into that source: ``settle``.
+the copy into that source: ``settle``. A source so released goes back before the freed
+request's blocks: it may hold content computed on them (its request filled it), so it is
+evicted first, a child before its parent, as a request's own blocks are.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 
 from ..results import BlockCopy
 from .block import Block
 
 
 class CopyPlan:
-    """The pending ``BlockCopy``s of the step, in order, and the blocks the plan holds
-    (``pins``: one reference per copy on its source, and one on each destination held
-    for its findable content). ``fresh``: the ids of the step's copy destinations, less
-    those that went back to the pool with their copy dropped."""
+    """The pending ``BlockCopy``s of the step, in order, and the blocks the plan holds:
+    ``pins``, one reference per copy on its source; ``kept``, for each destination held
+    for its findable content, that block and the blocks before it in its freed request's
+    table, tail first (one reference each: the order to release them in). ``fresh``: the
+    ids of the step's copy destinations, less those that went back to the pool with their
+    copy dropped."""
 
-    __slots__ = ("copies", "pins", "fresh")
+    __slots__ = ("copies", "pins", "kept", "fresh")
 
     def __init__(self) -> None:
         self.copies: list[BlockCopy] = []
         self.pins: list[Block] = []
+        self.kept: list[list[Block]] = []
         self.fresh: set[int] = set()
 
     def add(self, sources: Sequence[Block], dests: Sequence[Block]) -> tuple[BlockCopy, ...]:
@@ -56,23 +67,27 @@ class CopyPlan:
         return copies
 
     def settle(self, blocks: Sequence[Block], pool_blocks: Sequence[Block]) -> list[Block]:
-        """A request holding ``blocks`` is being freed; call this before the pool drops
-        its references. A block losing its last reference here that a pending copy
-        writes: if its content is findable, the plan holds it (the copy stays); else the
-        copy is dropped and the pin on the copy's source is released, which repeats the
-        test for that source. Returns the sources unpinned, for the caller to release
-        (after ``blocks``)."""
+        """A request holding ``blocks`` (its table, in token order) is being freed; call
+        this before the pool drops its references. A block losing its last reference here
+        that a pending copy writes: if its content is findable, the plan holds it, with
+        the blocks before it in ``blocks`` (its prefix), and the copy stays; else the copy
+        is dropped and the pin on the copy's source is released, which repeats the test
+        for that source (at the same place in ``blocks``: a fork's copies keep the
+        parent's places, and the child shares the blocks before them). Returns the
+        sources unpinned, for the caller to release before ``blocks``."""
         into = {op.dst: op for op in self.copies}  # destinations are distinct (rule 2)
         going = Counter(b.block_id for b in blocks)  # references about to be dropped
-        work = [b for b in blocks if b.block_id in into]
+        work = [(b, j) for j, b in enumerate(blocks) if b.block_id in into]
         unpinned: list[Block] = []
         while work:
-            d = work.pop()
+            d, j = work.pop()
             if d.ref_cnt > going[d.block_id] or d.block_id not in into:
                 continue  # still held after this free (or settled already)
             if d.key is not None and not d.twin:  # findable: a hit would read the copy
-                d.ref_cnt += 1
-                self.pins.append(d)
+                held = [d, *blocks[j - 1::-1]] if j else [d]
+                for b in held:
+                    b.ref_cnt += 1
+                self.kept.append(held)
                 continue
             s = pool_blocks[into.pop(d.block_id).src]
             self.fresh.discard(d.block_id)
@@ -80,7 +95,7 @@ class CopyPlan:
             unpinned.append(s)
             going[s.block_id] += 1
             if s.block_id in into:
-                work.append(s)
+                work.append((s, j))
         if unpinned:
             self.copies = [op for op in self.copies if op.dst in into]
         return unpinned
@@ -89,7 +104,9 @@ class CopyPlan:
         """The copies, in order, and the blocks to release now that the plan is taken;
         the plan is empty after."""
         out, pins = self.copies, self.pins
-        self.copies, self.pins = [], []
+        for held in self.kept:  # (each a child before its parent: evicted in that order)
+            pins += held
+        self.copies, self.pins, self.kept = [], [], []
         self.fresh.clear()
         return out, pins
 
@@ -116,7 +133,16 @@ class CopyPlan:
             written.add(op.dst)
         if written != self.fresh:
             return f"copies into {sorted(written)}, but {sorted(self.fresh)} are awaiting one"
-        for bid, n in pins.items():
-            if n - sources[bid] not in ((0, 1) if bid in written else (0,)):
-                return f"block {bid}: pinned {n} times by the plan for {sources[bid]} copies"
+        if pins != sources:
+            bid = next(b for b in pins | sources if pins[b] != sources[b])
+            return f"block {bid}: pinned {pins[bid]} times by the plan for {sources[bid]} copies"
+        kept: set[int] = set()
+        for held in self.kept:
+            d = held[0]
+            if d.block_id not in written or d.block_id in kept:
+                return f"block {d.block_id} is held for a copy into it that is not pending"
+            kept.add(d.block_id)
+            if d.key is not None and not d.twin and (held[-1].parent_cid or any(
+                    a.content_id != b.parent_cid for b, a in pairwise(held))):
+                return f"block {d.block_id} is held for its content without its prefix"
         return None

@@ -189,11 +189,13 @@ class KVCacheManager(StepOutputs):
         if req.num_scheduled < len(req.tokens):
             self._num_prefilling -= 1
         # a pending copy into a block going back to the pool must not run (the block may
-        # be a load's target in this step); its source may go back then (copies.py)
-        unpinned = self._copies.settle(req.blocks, self._pool.blocks) if self._copies.copies else ()
+        # be a load's target in this step); its source may go back then, ahead of these
+        # blocks (it may hold content computed on them: copies.py)
+        if self._copies.copies:
+            unpinned = self._copies.settle(req.blocks, self._pool.blocks)
+            if unpinned:
+                self._pool.release(unpinned)
         self._pool.release(reversed(req.blocks))
-        if unpinned:
-            self._pool.release(unpinned)
 
     def uncache_blocks(self, block_ids: Iterable[int]) -> None:
         """Make the content of these blocks unfindable (their KV turned out invalid, e.g.
@@ -355,7 +357,7 @@ class KVCacheManager(StepOutputs):
             self._require(req.check(bs) or self._index.check_request(req, bs))
             for b in req.blocks:
                 refs[b.block_id] = refs.get(b.block_id, 0) + 1
-        for b in self._copies.pins:
+        for b in self._copies.pins + [b for held in self._copies.kept for b in held]:
             refs[b.block_id] = refs.get(b.block_id, 0) + 1
         for b in self._waits.holds() if self._waits is not None else ():  # store fetches'
             refs[b.block_id] = refs.get(b.block_id, 0) + 1
