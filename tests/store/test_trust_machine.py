@@ -202,7 +202,8 @@ class TrustMachine(tiers.TiersReferenceMachine):
             assert e.m.extend(rid, stop - n) is not None  # (its blocks are held)
             e.scheduled[rid] = stop
             self._write(e, rid, n, stop)
-            if rid in e.floor:  # (recomputed after a rewind: cached anew)
+            if rid in e.floor and n <= e.floor[rid]:  # (recomputed from at or below its
+                # floor: cached anew; a rewind above it leaves the blocks below as they were)
                 e.floor[rid] = max(e.floor[rid], stop // BS * BS)
 
     # ---- a store fetch's device holds, found invalid -------------------------------------
@@ -326,7 +327,7 @@ class TrustMachine(tiers.TiersReferenceMachine):
             assert e.m.extend(rid, stop - n) is not None  # (its blocks are held)
             e.scheduled[rid] = stop
             self._write(e, rid, n, stop)
-            if rid in e.floor:
+            if rid in e.floor and n <= e.floor[rid]:
                 e.floor[rid] = max(e.floor[rid], stop // BS * BS)
 
     # ---- the events against lookup -------------------------------------------------------
