@@ -26,7 +26,8 @@ CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "cor
             "core.dependents"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.spares",
          "index.announce", "index.none", "index.hasher", "index.content_check", "index.lower",
-         "index.run_check", "index.cut_off", "index.kids", "index.pending"}
+         "index.run_check", "index.cut_off", "index.kids", "index.pending", "index.chains",
+         "index.landed", "index.dropping"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.host_landing",
          "tiers.host_offload", "tiers.host_kids"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",

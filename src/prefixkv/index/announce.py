@@ -1,7 +1,7 @@
 """The part of ``ContentRecorder`` that names contents outside the process: the blocks
 to record, prepared with their chain hashes (``prepare``: hashes only when consumed),
 ``BlockStored``/``BlockRemoved`` events and the contents a shared store will write. It
-reads the recorder's state (set by ``ContentRecorder.__init__``).
+reads the recorder's state (set by ``ContentChains.__init__``).
 
 Events are run-level, as vLLM's: one ``BlockStored`` for each run of blocks a call
 stores (split only where a block is a spare), one ``BlockRemoved`` for each batch of

@@ -5,7 +5,7 @@ keyed content to find the few recorded under one (chained children are found thr
 
 ``Kids`` maps a parent content id to the index keys (token bytes, or a content triple)
 under which a content recorded under it was keyed in the device index's dicts. A key is
-noted when its block is keyed (``ContentRecorder._key``, the one place a dict entry is
+noted when its block is keyed (``ContentChains._key``, the one place a dict entry is
 made; a spare taking a primary's place keeps the key) and never removed when its entry
 goes: eviction, the hot path, writes nothing here. So a noted key may be stale (its entry
 gone, or holding another parent's content); a reader checks each against the dicts.

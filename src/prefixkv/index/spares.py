@@ -2,7 +2,7 @@
 stay: a held spare (twin) takes a primary's place (``_unindex``), ``uncache`` makes blocks
 whose KV was never computed unfindable, ``release_spare`` lets a spare go, and the dict
 helpers that key, rekey and unkey an entry. Recording is in ``recording.py``; finding
-(``match``, ``claim``), the eviction step (``drop``) and checks in ``content.py``.
+(``match``, ``claim``) in ``content.py``; the eviction step (``drop``) and checks in ``dropping.py``.
 """
 
 from __future__ import annotations
