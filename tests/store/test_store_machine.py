@@ -152,6 +152,7 @@ class SharedStoreMachine(RuleBasedStateMachine):
                 e.host[op.dst] = list(self.meaning[bytes(op.payload)])
             elif isinstance(op, BlockLoads):
                 assert len(op.src) == len(op.dst) > 0, op
+                assert len(set(op.dst)) == len(op.dst), f"a block loaded twice: {op}"
                 for src, dst in zip(op.src, op.dst, strict=True):
                     e.kv[dst] = self._host_kv(e, src)
             else:

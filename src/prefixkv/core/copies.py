@@ -115,7 +115,11 @@ class CopyPlan:
         blocks the plan's loads write), or a pin no copy accounts for; None when sound."""
         pins = Counter(b.block_id for b in self.pins)
         sources = Counter(op.src for op in self.copies)
-        loads = set(loaded)
+        targets = list(loaded)
+        loads = set(targets)
+        if len(loads) < len(targets):
+            twice = sorted(b for b, n in Counter(targets).items() if n > 1)
+            return f"the plan's loads write blocks {twice} twice"
         read: set[int] = set()
         written: set[int] = set()
         for op in self.copies:

@@ -107,9 +107,25 @@ class HostTier(SlotOffload, SlotLanding):
         them with ``hold``): their ids join the step's one ``BlockLoads``."""
         held, ids = self._held
         self._held = ((), None)
+        if self.load_dst:
+            self._drop_loads_into(devices)
         self.load_src += ids if ids is not None and held is slots else [s.block_id for s in slots]
         self.load_dst += map(_BLOCK_ID, devices)
         self.num_loaded += len(slots)
+
+    def _drop_loads_into(self, devices: Sequence[Block]) -> None:
+        """Drop the step's earlier loads into ``devices``: such a block went back to the
+        pool in this step with its load pending (a landed store run given up or evicted
+        in its landing step) and is handed out again, so that load is dead, and the one
+        ``BlockLoads`` must not write a block twice (an engine may run its pairs in any
+        order)."""
+        new = {d.block_id for d in devices}
+        if new.isdisjoint(self.load_dst):
+            return
+        keep = [i for i, d in enumerate(self.load_dst) if d not in new]
+        self.num_loaded -= len(self.load_dst) - len(keep)
+        self.load_src = [self.load_src[i] for i in keep]
+        self.load_dst = [self.load_dst[i] for i in keep]
 
     def load_ids(self, slot_ids: list[int], device_ids: list[int]) -> None:
         """``load`` by ids, for a store fetch's run landed in slots (pinned since) and in
