@@ -50,7 +50,7 @@ def _class(qual: str, module: str) -> ast.ClassDef:
     name = qual.rsplit(".", 1)[-1]
     found = [n for n in _module(module).body if isinstance(n, ast.ClassDef) and n.name == name]
     if not found:
-        raise LookupError(f"{module} defines no class {name} (docs/api_sources.py, ENTRY_POINTS)")
+        raise LookupError(f"{module} defines no class {name} (docs/api_sources.py)")
     return found[0]
 
 
@@ -62,22 +62,27 @@ def _signature(func: ast.FunctionDef) -> str:
     return f"({args}){returns}"
 
 
+Method = tuple[str, str | None, str | None]
+"""``(name, signature or None for a property, docstring or None)``."""
+
+
 class EntryPoint(NamedTuple):
     """What docs/api.md shows of an entry point: its bases as written (private ones left
-    out), the constructor's signature, its docstring, and each public method or property
-    defined in the class: ``(name, signature or None for a property, docstring or None)``."""
+    out), the constructor's signature, its docstring, each public method or property
+    defined in the class, and those it inherits from prefixkv base classes and does not
+    override: ``(base class, its module, its methods)``, nearest base first."""
 
     bases: list[str]
     init: str | None
     doc: str | None
-    methods: list[tuple[str, str | None, str | None]]
+    methods: list[Method]
+    inherited: list[tuple[str, str, list[Method]]]
 
 
-def entry_point(qual: str, module: str) -> EntryPoint:
-    """The class ``qual`` (defined in ``module``), read from its source."""
-    cls = _class(qual, module)
+def _own(cls: ast.ClassDef) -> tuple[str | None, list[Method]]:
+    """The constructor's signature and the public methods ``cls`` defines."""
     init = None
-    methods: list[tuple[str, str | None, str | None]] = []
+    methods: list[Method] = []
     for node in cls.body:
         if not isinstance(node, ast.FunctionDef):
             continue
@@ -86,8 +91,54 @@ def entry_point(qual: str, module: str) -> EntryPoint:
         elif not node.name.startswith("_"):
             is_property = any(isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list)
             methods.append((node.name, None if is_property else _signature(node), ast.get_docstring(node)))
+    return init, methods
+
+
+def _prefixkv_base(base: ast.expr, module: str) -> str | None:
+    """The prefixkv module defining the base class named ``base`` in ``module`` (defined
+    there or imported by name), or None: an engine's class, or a name not plainly bound."""
+    if not isinstance(base, ast.Name):
+        return None
+    tree = _module(module)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == base.id:
+            return module
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == base.id for a in node.names):
+            if node.level:  # relative to ``module``'s package
+                package = module.rsplit(".", node.level)[0]
+                source = f"{package}.{node.module}" if node.module else package
+            else:
+                source = node.module or ""
+            return source if source.split(".")[0] == "prefixkv" else None
+    return None
+
+
+def _inherited(cls: ast.ClassDef, module: str, seen: set[str]) -> list[tuple[str, str, list[Method]]]:
+    """The public methods ``cls``'s prefixkv bases define that no class nearer (named in
+    ``seen``) defines, base by base, depth first in the order the bases are written."""
+    out: list[tuple[str, str, list[Method]]] = []
+    for base in cls.bases:
+        where = _prefixkv_base(base, module)
+        if where is None or not isinstance(base, ast.Name):
+            continue
+        node = _class(base.id, where)
+        methods = [m for m in _own(node)[1] if m[0] not in seen]
+        seen |= {m[0] for m in methods}
+        if methods:
+            out.append((base.id, where, methods))
+        out += _inherited(node, where, seen)
+    return out
+
+
+def entry_point(qual: str, module: str) -> EntryPoint:
+    """The class ``qual`` (defined in ``module``), read from its source, and the public
+    methods it inherits from prefixkv base classes."""
+    cls = _class(qual, module)
+    init, methods = _own(cls)
     bases = [ast.unparse(b) for b in cls.bases]
-    return EntryPoint([b for b in bases if not b.startswith("_")], init, ast.get_docstring(cls), methods)
+    inherited = _inherited(cls, module, {m[0] for m in methods})
+    return EntryPoint([b for b in bases if not b.startswith("_")], init, ast.get_docstring(cls),
+                      methods, inherited)
 
 
 def constant(qual: str, module: str) -> tuple[str, str | None]:

@@ -281,15 +281,23 @@ def render_entry_point(qual: str, module: str) -> list[str]:
     if entry.init is not None:
         lines += ["```", f"{qual.rsplit('.', 1)[-1]}{entry.init}", "```", ""]
     lines += render_doc(entry.doc)
-    if entry.methods:
-        lines += [f"Defined here ({module}):", ""]
-        for name, sig, doc in entry.methods:
+    # where a method states no contract, the engine's base class's applies (not prefixkv's)
+    ours = {name for name, _, _ in entry.inherited}
+    engine = ", ".join(b for b in entry.bases if b not in ours)
+    groups = [(f"Defined here ({module}):", entry.methods)]
+    groups += [(f"Defined in the base class `{name}` ({where}):", methods)
+               for name, where, methods in entry.inherited]
+    for title, methods in groups:
+        if not methods:
+            continue
+        lines += [title, ""]
+        for name, sig, doc in methods:
             head = f"- `{name}{sig}`" if sig is not None else f"- property `{name}`"
             if doc:
                 lines.append(f"{head}: " + doc.split("\n\n")[0].replace("\n", " "))
             else:  # an engine's interface method that adds nothing to its contract
-                lines.append(f"{head}: the contract of the engine's base class ({bases})"
-                             if bases else head)
+                lines.append(f"{head}: the contract of the engine's base class ({engine})"
+                             if engine else head)
         lines.append("")
     return lines
 

@@ -225,3 +225,36 @@ def test_a_downstream_mypy_sees_prefixkv_s_types(tmp_path):
     errors = [line for line in out.splitlines() if ": error:" in line]
     assert len(errors) == 1 and "engine.py:9:" in errors[0] and '"int"' in errors[0], out
     assert status == 1
+
+
+def test_an_entry_point_lists_the_methods_it_inherits_from_prefixkv_bases(tmp_path, monkeypatch):
+    """An entry point's public methods defined in a prefixkv base class (imported
+    relatively, then a base of that base) are listed under the base that defines them;
+    an override is listed once, where it is defined; an engine's base adds nothing."""
+    make_api = _make_api()
+    pkg = tmp_path / "prefixkv" / "fake"
+    pkg.mkdir(parents=True)
+    (pkg / "root.py").write_text(
+        "class Root:\n"
+        "    def deep(self) -> int:\n        \"\"\"From the root.\"\"\"\n        return 0\n\n"
+        "    def stats(self) -> None:\n        \"\"\"Overridden.\"\"\"\n")
+    (pkg / "steps.py").write_text(
+        "from prefixkv.fake.root import Root\n\n\n"
+        "class Steps(Root):\n"
+        "    def take_events(self) -> list[int]:\n        \"\"\"Events since the last call.\"\"\"\n"
+        "        return []\n\n"
+        "    @property\n    def stats(self) -> None:\n        \"\"\"The stats.\"\"\"\n\n"
+        "    def _private(self) -> None:\n        pass\n")
+    (pkg / "entry.py").write_text(
+        "from engine import EngineManager\n\nfrom .steps import Steps\n\n\n"
+        "class Manager(Steps, EngineManager):\n    \"\"\"The manager.\"\"\"\n\n"
+        "    def allocate(self) -> None:\n        pass\n\n"
+        "    def take_events(self) -> list[int]:\n        \"\"\"Overridden here.\"\"\"\n        return [1]\n")
+    monkeypatch.setattr(make_api.api_sources, "SRC", tmp_path)
+    text = "\n".join(make_api.render_entry_point("prefixkv.fake.Manager", "prefixkv.fake.entry"))
+    here, _, rest = text.partition("Defined in the base class `Steps` (prefixkv.fake.steps):")
+    steps, _, root = rest.partition("Defined in the base class `Root` (prefixkv.fake.root):")
+    assert "- `take_events() -> list[int]`: Overridden here." in here
+    assert "- `allocate() -> None`: the contract of the engine's base class (EngineManager)" in here
+    assert steps.strip() == "- property `stats`: The stats."
+    assert root.strip() == "- `deep() -> int`: From the root."

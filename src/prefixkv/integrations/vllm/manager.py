@@ -6,7 +6,8 @@ group runs on ``prefixkv.KVCacheManager``, full / sliding-window / chunked-local
 
 How ``get_computed_blocks``, ``allocate_slots`` and ``cache_blocks`` map vLLM's token
 layout onto prefixkv, and where admission takes a request's tokens from: slots.py (the
-hit, admission and growth); freeing, released and evicted blocks: release.py; the prefixkv
+hit, admission and growth); freeing, released and evicted blocks: release.py; the calls
+made once a step (its start, stats, events, Mamba's no-ops): step_calls.py; the prefixkv
 manager a layout runs on: ``layout.build_core``.
 
 The differences from vLLM's manager, and the tests of vLLM that show them, are listed in
@@ -20,9 +21,8 @@ from functools import partial
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.kv_cache_interface import KVCacheConfig
-from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request
 
 from prefixkv.core.block import blocks_for
@@ -36,13 +36,15 @@ from .prepared import PreparedPrompts
 from .release import estimate_cached, evict, free_popped, free_request, pop_for_free, release_skipped
 from .requests import reads_cache
 from .slots import allocate, grow, lookup
+from .step_calls import StepCalls
 from .telemetry import Telemetry
 
 __all__ = ["KVCacheManager"]
 
 
-class KVCacheManager:
-    """vLLM's KVCacheManager calls over prefixkv (see the module docstring). Raises
+class KVCacheManager(StepCalls):
+    """vLLM's KVCacheManager calls over prefixkv (see the module docstring; the calls
+    made once a step: ``StepCalls``, step_calls.py). Raises
     UnsupportedByPrefixKV at construction for what prefixkv does not offer, and for
     EAGLE's shortened hits (``use_eagle``) beside other groups and lookahead hashing
     (``num_hash_lookahead_tokens`` > 0)."""
@@ -102,12 +104,6 @@ class KVCacheManager:
         self._evicted: dict[str, set[tuple[int, int]]] = {}
 
     # ---- queries ------------------------------------------------------------------------
-
-    @property
-    def prefix_cache_stats(self) -> PrefixCacheStats | None:
-        """The stats gathered since ``make_prefix_cache_stats`` last ran (None without
-        ``log_stats``)."""
-        return self._telemetry.prefix_cache_stats
 
     @property
     def usage(self) -> float:
@@ -282,47 +278,9 @@ class KVCacheManager:
         self._telemetry.on_reset()
         return True
 
-    # ---- per step: stats, events, plans --------------------------------------------------
-
-    def new_step_starts(self) -> None:
-        """A step begins: prefixkv's per-step plan is drained (no copies are ever planned:
-        vLLM's scheduler forks nothing), and the Mamba states cached in the last one are
-        forgotten (mamba.py)."""
-        self.core.take_kv_ops()
-        self._mamba.clear()
+    # ---- stats (the per-step calls: step_calls.py) -------------------------------------
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
         """Count the request's lookup in the stats (with ``log_stats``, when it reads the cache)."""
         if self.prefix_cache_lookup_enabled(request):
             self._telemetry.record_prefix_cache_stats(request, num_hits)
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        """vLLM's PrefixCacheStats since the previous call; None without ``log_stats``."""
-        return self._telemetry.make_prefix_cache_stats()
-
-    def take_events(self) -> list[Any]:
-        """KV events since the previous call as vLLM's ``KVCacheEvent`` objects (empty
-        unless ``enable_kv_cache_events``). With ``hands_off_events`` (prefixkv's
-        ``Scheduler`` sets it when vLLM's ``ZmqEventPublisher`` will build them, and no
-        ``metrics_collector`` needs them now), a ``PendingVllmEvents`` that the
-        publisher's thread builds: the chain hashes are not computed here."""
-        return self._telemetry.take_events(self.hands_off_events)
-
-    def take_new_block_ids(self) -> list[int]:
-        """[]: no group of prefixkv's needs its new blocks zeroed (that is Mamba's)."""
-        return []
-
-    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """Nothing to record (see ``take_new_block_ids``)."""
-
-    def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
-        """No copies: prefixkv never shares a partial block with vLLM's scheduler."""
-        return [], []
-
-    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """{}: boundary states are Mamba's."""
-        return {}
-
-    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
-        """[]: partial tails are Mamba's."""
-        return []
