@@ -165,8 +165,9 @@ class Admitter(GeneralAdmitter):
                     and (num_new_tokens.__class__ is not int or num_new_tokens < 1))
                 or (max_hit_tokens is not None
                     and (max_hit_tokens.__class__ is not int or max_hit_tokens < 0))
-                or resumed.__class__ is not bool or read_cache.__class__ is not bool
-                or require_full_fit.__class__ is not bool
+                or (resumed is not False and resumed is not True)  # (a default: one test)
+                or (read_cache is not True and read_cache is not False)
+                or (require_full_fit is not False and require_full_fit is not True)
                 or num_lookahead_tokens.__class__ is not int or num_lookahead_tokens < 0
                 or keep_free.__class__ is not int or keep_free < 0
                 or len(p.tokens) + num_lookahead_tokens > self._max_slots):
