@@ -8,7 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixkv import ExtraKeys, KVCacheManager
+from prefixkv import ExtraKeys, KVCacheManager, PrefixKVError, Prompt
 
 BS = 4
 
@@ -33,6 +33,36 @@ def same(a: KVCacheManager, b: KVCacheManager, rid: str) -> None:
     b.check_invariants()
 
 
+def admit(m: KVCacheManager, rid: str, p: Prompt, kw: dict[str, object]) -> object:
+    """``m.add_request``'s answer, or the error it raised."""
+    try:
+        return m.add_request(rid, p, **kw)  # type: ignore[arg-type]
+    except PrefixKVError as e:
+        return e
+
+
+def plugin_arguments(rng: random.Random, n: int) -> dict[str, object]:
+    """``add_request``'s other arguments as vLLM's plug-in passes them (slots.admit: a
+    chunk, a capped hit or none read, lookahead, ``keep_free``, ``require_full_fit``, a
+    resumed request), each drawn or left at its default."""
+    kw: dict[str, object] = {}
+    if rng.random() < 0.6:
+        kw["num_new_tokens"] = rng.randint(1, n + 2)
+    if rng.random() < 0.4:
+        kw["max_hit_tokens"] = rng.randint(0, n + 4)
+    if rng.random() < 0.2:
+        kw["read_cache"] = False
+    if rng.random() < 0.5:
+        kw["num_lookahead_tokens"] = rng.randint(0, 9)
+    if rng.random() < 0.4:
+        kw["keep_free"] = rng.randint(0, 12)
+    if rng.random() < 0.4:
+        kw["require_full_fit"] = True
+    if rng.random() < 0.2:
+        kw["resumed"] = True
+    return kw
+
+
 @settings(deadline=None, max_examples=40)
 @given(seed=st.integers(0, 2**32 - 1), events=st.booleans(), pending=st.booleans(),
        num_blocks=st.integers(12, 60))
@@ -54,9 +84,13 @@ def test_the_lean_paths_do_what_the_general_ones_do(seed: int, events: bool, pen
         rid = f"r{step}"
         extra = None if rng.random() < 0.7 else ExtraKeys(cache_salt=rng.choice("ab"))
         p = lean.prepare(tokens, extra=extra)
-        kw = {} if rng.random() < 0.8 else {"num_lookahead_tokens": rng.randint(0, 3)}
-        got = [m.add_request(rid, p if rng.random() < 0.5 else m.prepare(tokens, extra=extra), **kw)
+        kw = {} if rng.random() < 0.5 else plugin_arguments(rng, len(tokens))
+        got = [admit(m, rid, p if rng.random() < 0.5 else m.prepare(tokens, extra=extra), kw)
                for m in (lean, slow)]
+        assert isinstance(got[0], PrefixKVError) == isinstance(got[1], PrefixKVError)
+        if isinstance(got[0], PrefixKVError):  # (refused before any change: both the same)
+            assert type(got[0]) is type(got[1]) and str(got[0]) == str(got[1])
+            got = [None, None]
         assert (got[0] is None) == (got[1] is None)
         if got[0] is not None:
             assert got[0].block_ids == got[1].block_ids  # type: ignore[union-attr]
@@ -64,6 +98,12 @@ def test_the_lean_paths_do_what_the_general_ones_do(seed: int, events: bool, pen
             assert got[0].num_new_tokens == got[1].num_new_tokens  # type: ignore[union-attr]
             live.append(rid)
             same(lean, slow, rid)
+            assert lean._num_prefilling == slow._num_prefilling
+            assert lean.num_scheduled_tokens(rid) == slow.num_scheduled_tokens(rid)
+            if rng.random() < 0.5 and lean.num_scheduled_tokens(rid) < len(tokens):
+                k = rng.randint(1, len(tokens) - lean.num_scheduled_tokens(rid))  # more of a chunk
+                assert lean.extend(rid, k) == slow.extend(rid, k)
+                same(lean, slow, rid)
         if events:
             assert lean.take_events() == slow.take_events()
         probe = rng.choice(heads) + tokens[:rng.randint(0, len(tokens))]
@@ -85,6 +125,13 @@ def test_a_prepared_prompt_with_default_arguments_takes_the_lean_path() -> None:
     m._admit = spy  # type: ignore[method-assign]
     m.add_request("a", m.prepare(list(range(20))))
     assert calls == []
+    # vLLM's plug-in's arguments (slots.admit): a chunk, a capped hit, lookahead, a reserve
+    got = m.add_request("p", m.prepare(list(range(40))), num_new_tokens=9, max_hit_tokens=12,
+                        num_lookahead_tokens=3, keep_free=2, require_full_fit=True, resumed=True)
+    m.add_request("q", m.prepare(list(range(9))), read_cache=False)
+    assert calls == []
+    assert got is not None and got.num_cached_tokens == 12 and got.num_new_tokens == 9  # type: ignore[union-attr]
+    assert m.num_scheduled_tokens("p") == 12 + 9
     m.add_request("b", make(True, 32).prepare(list(range(20))))
     m.add_request("c", list(range(20)))
     assert calls == ["general", "general"]

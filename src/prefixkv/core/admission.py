@@ -146,8 +146,9 @@ class Admitter(GeneralAdmitter):
         (a RequestError: a Prompt prepared under another configuration, or with ``extra``).
 
         The common case runs here, in this one function: a ``Prompt`` this manager
-        prepared (no multimodal keys), no ``extra``, every other argument at its default
-        (``resumed`` False), a new id, a prompt within the pool, an index that claims (no
+        prepared (no multimodal keys), no ``extra``, the counts and flags valid (any
+        values: vLLM's plug-in passes them all), a new id, the prompt and the lookahead
+        within the pool, an index that claims (no
         host tier, no shared store) and hashes nothing as it stores (no hash callable
         with events on). Every other case falls through to ``_admit``, the general path,
         before anything changes; both give the same result.
@@ -159,13 +160,17 @@ class Admitter(GeneralAdmitter):
         except Exception:
             live = True
         if (live or not isinstance(p, Prompt) or not self._lean
-                or p.config is not self._config
-                or extra is not None or num_new_tokens is not None or max_hit_tokens is not None
-                or resumed is not False or read_cache is not True or require_full_fit is not False
-                or num_lookahead_tokens.__class__ is not int or num_lookahead_tokens
-                or keep_free.__class__ is not int or keep_free
-                or p.keys.mm is not None
-                or len(p.tokens) > self._max_slots):
+                or p.config is not self._config or extra is not None or p.keys.mm is not None
+                or (num_new_tokens is not None  # (the counts' and flags' checks: ``_admit``)
+                    and (num_new_tokens.__class__ is not int or num_new_tokens < 1))
+                or (max_hit_tokens is not None
+                    and (max_hit_tokens.__class__ is not int or max_hit_tokens < 0))
+                or (resumed is not False and resumed is not True)  # (a default: one test)
+                or (read_cache is not True and read_cache is not False)
+                or (require_full_fit is not False and require_full_fit is not True)
+                or num_lookahead_tokens.__class__ is not int or num_lookahead_tokens < 0
+                or keep_free.__class__ is not int or keep_free < 0
+                or len(p.tokens) + num_lookahead_tokens > self._max_slots):
             return self._admit(request_id, prompt_token_ids, extra, num_new_tokens, resumed,
                                read_cache, num_lookahead_tokens, require_full_fit, keep_free,
                                max_hit_tokens)
@@ -177,18 +182,30 @@ class Admitter(GeneralAdmitter):
                 grow_room(tokens)
         n, bs, chunks, keys = len(tokens), self.block_size, p.chunks, p.keys
         req = Request(request_id, tokens, keys)  # (no prompt fields: nothing here reads them)
-        # the hits: every block but the one holding the last token (``hit_limit``)
-        limit = (n - 1) // bs
+        # the hits: every block but the one holding the last token, at most the cap's
+        limit = (n - 1) // bs  # (``hit_limit``)
+        if max_hit_tokens is not None and max_hit_tokens // bs < limit:
+            limit = max_hit_tokens // bs
         index = self._index
-        hits, unlinked = index.claim(chunks if limit == len(chunks) else chunks[:limit],  # type: ignore[misc]
-                                     keys.base, None, p.data)
+        if read_cache:
+            hits, unlinked = index.claim(chunks if limit == len(chunks) else chunks[:limit],  # type: ignore[misc]
+                                         keys.base, None, p.data)
+        else:
+            hits, unlinked = [], 0
         first = len(hits)
-        need = (n + bs - 1) // bs - first  # (``blocks_for``; >= 1: the last token's block)
+        num_cached = first * bs
+        total = (n if num_new_tokens is None or num_cached + num_new_tokens >= n
+                 else num_cached + num_new_tokens)  # (>= 1 scheduled: the hit is below n)
+        need = (total + num_lookahead_tokens + bs - 1) // bs - first  # (``blocks_for``; >= 1)
+        take = need + keep_free
+        if require_full_fit and (n + bs - 1) // bs - first > take:
+            take = (n + bs - 1) // bs - first
         pool = self._pool
         cached = pool._cached  # (``claimed`` and ``num_free``, inline)
         cached.size -= unlinked
-        if need > len(pool._empty) + cached.size:  # (claimed hits have left the free ones)
-            pool.unclaim(hits, unlinked)
+        if take > len(pool._empty) + cached.size:  # (claimed hits have left the free ones)
+            if hits:
+                pool.unclaim(hits, unlinked)
             p.spare.append(tokens)  # its tokens, unwritten: the next admission's
             return None
         if need > 1:
@@ -198,20 +215,27 @@ class Admitter(GeneralAdmitter):
             assert b is not None, "a free block was counted above"
             hits.append(b)
         req.blocks = hits
-        num_cached = first * bs
         req.num_cached = num_cached
-        req.num_scheduled = req.num_reserved = n
-        last = n // bs
+        req.num_scheduled = total
+        req.num_reserved = total + num_lookahead_tokens
+        if total < n:  # a chunk: ``extend`` schedules the rest
+            self._num_prefilling += 1
+            if p.hashes is not None:  # (a prepared prompt's serve its next chunks)
+                req.prompt_chunks, req.prompt_hashes = chunks, p.hashes
+        last = total // bs
         if last > first:  # (``Announcer.prepare``'s case without hashes, inline)
             w = 4 * bs  # (the chunks' bytes in one piece: a slice of the prompt's)
             index.store(req, first, (chunks[first:last], [keys.base] * (last - first), None),
                         p.data[first * w:last * w])
         requests[request_id] = req
         stats = self._stats  # (``StatsCounter.record``, inline)
-        stats.requests += 1
-        stats.queries += n
-        stats.hits += num_cached
-        return Admission.of(request_id, hits, num_cached, n - num_cached)
+        if resumed:  # (rare: the call)
+            stats.record(n, num_cached, True)
+        else:
+            stats.requests += 1
+            stats.queries += n
+            stats.hits += num_cached
+        return Admission.of(request_id, hits, num_cached, total - num_cached)
 
     def _get(self, request_id: Hashable) -> Request:
         try:  # every call goes through here, decode included: one dict access when live
