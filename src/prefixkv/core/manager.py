@@ -157,6 +157,8 @@ class KVCacheManager(StepOutputs):
             return None
         child = parent.fork(child_id, self.block_size)
         child.blocks = self._pool.acquire(shared, len(parent.blocks) - full)
+        if self._host is not None and self._host.load_dst:  # (a dead load into a new block)
+            self._host.drop_loads_into(child.blocks[full:])
         copies = self._copies.add(parent.blocks[full:], child.blocks[full:])
         self._requests[child_id] = child
         return Fork(child_id, tuple(map(_ID, child.blocks)), copies)

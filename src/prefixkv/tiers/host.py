@@ -108,17 +108,18 @@ class HostTier(SlotOffload, SlotLanding):
         held, ids = self._held
         self._held = ((), None)
         if self.load_dst:
-            self._drop_loads_into(devices)
+            self.drop_loads_into(devices)
         self.load_src += ids if ids is not None and held is slots else [s.block_id for s in slots]
         self.load_dst += map(_BLOCK_ID, devices)
         self.num_loaded += len(slots)
 
-    def _drop_loads_into(self, devices: Sequence[Block]) -> None:
+    def drop_loads_into(self, devices: Sequence[Block]) -> None:
         """Drop the step's earlier loads into ``devices``: such a block went back to the
         pool in this step with its load pending (a landed store run given up or evicted
-        in its landing step) and is handed out again, so that load is dead, and the one
-        ``BlockLoads`` must not write a block twice (an engine may run its pairs in any
-        order)."""
+        in its landing step, a host hit's request dropped before its step ran) and is
+        handed out again (as a load's target, a fork's copy destination), so that load
+        is dead, and one plan must not write a block twice (an engine may run the pairs
+        of one ``BlockLoads`` in any order; copies run after loads)."""
         new = {d.block_id for d in devices}
         if new.isdisjoint(self.load_dst):
             return
