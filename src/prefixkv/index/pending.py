@@ -30,8 +30,10 @@ Who reads what:
   run broken), a ``store`` or decoded block under one of its blocks or under its head
   (``settle_near``), host hits adopted under one of its blocks (``adopt``), a spare of
   any content (``settle_all``: its children get keyed), ``match`` with multimodal keys
-  or a claimed start (without, it walks runs whole, then the tier below), ``holds``,
-  ``uncache``;
+  or a claimed start (without, it walks runs whole, then the tier below), ``holds``;
+  ``uncache`` settles the runs it reads alone: those of the blocks it names, those they
+  head, and those its walk of forgotten descendants reaches through their heads (a run's
+  head is the block found for its parent content: a descendant the walk reaches);
 - ``check_invariants`` verifies a pending run as it is, without settling it.
 
 Settling costs what the eager store would have cost, once per run: a run is settled at
