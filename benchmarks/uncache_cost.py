@@ -3,15 +3,22 @@ one process (``--against``: another tree's ``src``, e.g. a ``git archive`` of ma
 trees alternated call by call. Results: benchmarks/results/uncache-r16.md.
 
     PYTHONPATH=src python benchmarks/uncache_cost.py --against /tmp/main/src \\
-        [--uncache 1000,128] [--rounds 3]
+        [--uncache 1000,128] [--free 8192] [--rounds 3]
 
 ``--uncache LIVE,BLOCKS``: a ``KVCacheManager`` (block size 4) with LIVE live requests of
 BLOCKS full blocks each and a token, every prompt its own (each request's run pending,
 ``index/pending.py``); ``uncache_blocks`` names block 5 of the latest request (``latest``)
 or of the first one (``first``): 6 of its blocks on (the named one and those its request
 computed on it) lose their content. Per tree: Python bytecodes of the call (``sys.settrace``
-opcode events: the same whatever the load) and its wall time, the min over ``--rounds``
+opcode events: the same whatever the load) and its wall time (the garbage collector run
+before, and off during the call), the min over ``--rounds``
 fresh builds, the trees in turn (AB, then BA, ...); and the pending runs left.
+
+``--free K``: ``HybridKVCacheManager.free`` of a finished request of K blocks a group
+(full attention beside a window of 4096 tokens, block size 16: ``bench_free_order.py``'s
+``free`` case, prefilled in chunks of 8192 tokens), and vLLM's plain order (group by
+group, each tail first) patched in for it on the branch's tree; ``--free 0``: not run.
+Bytecodes, and the min over ``--rounds`` fresh builds (trees in turn).
 
 Each tree's ``prefixkv`` is imported once under its own modules (``sys.modules`` swapped
 in before each of its calls: a lazy import inside it finds its own tree's).
@@ -20,6 +27,7 @@ in before each of its calls: a lazy import inside it finds its own tree's).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -73,6 +81,19 @@ class Tree:
             sys.modules.update(saved)
 
 
+def timed(tree: Tree, fn: Callable[..., Any], *args: Any) -> float:
+    """Milliseconds of one ``fn(*args)`` on ``tree``, the garbage collector run before
+    and kept off during it (the scenes' builds leave it work to do at any call)."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        tree.run(fn, *args)
+        return (time.perf_counter() - start) * 1e3
+    finally:
+        gc.enable()
+
+
 def uncache_scene(tree: Tree, live: int, blocks: int, which: str) -> tuple[Any, list[int]]:
     """The ``--uncache`` scene on ``tree``: the manager and the block id to name."""
     m = tree.mod("prefixkv").KVCacheManager(live * (blocks + 1) + 64, BS, seed=0)
@@ -102,9 +123,7 @@ def uncache_rows(trees: list[Tree], live: int, blocks: int, rounds: int) -> None
             order = trees if r % 2 == 0 else trees[::-1]
             for t in order:
                 m, named = t.run(uncache_scene, t, live, blocks, which)
-                start = time.perf_counter()
-                t.run(m.uncache_blocks, named)
-                times[t.label].append((time.perf_counter() - start) * 1e3)
+                times[t.label].append(timed(t, m.uncache_blocks, named))
                 del m
         for t in trees:
             ts = times[t.label]
@@ -112,10 +131,70 @@ def uncache_rows(trees: list[Tree], live: int, blocks: int, rounds: int) -> None
                   f"{' / '.join(f'{x:.2f}' for x in ts)} | {runs[t.label]} |")
 
 
+FREE_BS = 16
+
+
+def free_scene(tree: Tree, k: int) -> Any:
+    """The ``--free`` scene on ``tree``: the manager, its request "r" finished."""
+    groups = tree.mod("prefixkv.groups")
+    m = groups.HybridKVCacheManager([groups.full_attention(), groups.sliding_window(4096)],
+                                    2 * k + 600, FREE_BS, seed=0)
+    n = k * FREE_BS + 1
+    assert m.add_request("r", list(range(1000, 1000 + n)), num_new_tokens=8192) is not None
+    while m.num_scheduled_tokens("r") < n:
+        assert m.extend("r", min(8192, n - m.num_scheduled_tokens("r"))) is not None
+    return m
+
+
+def _plain(specs: Any, bs: int, req: Any, found: Any, longer: bool) -> list[Any]:
+    return [b for t in req.tables for b in reversed(t) if b is not None]
+
+
+def free_rows(trees: list[Tree], k: int, rounds: int) -> None:
+    print(f"HybridKVCacheManager.free: {k} blocks a group, full attention + window 4096")
+    print("| variant | bytecodes | prefix nodes asked | min ms | ms per round |")
+    print("|---|---:|---:|---:|---|")
+    plain = trees[-1]
+    variants = [(t.label, t, False) for t in trees] + [("vLLM plain order", plain, True)]
+    module = plain.mod("prefixkv.groups.manager")
+    real = module.free_order
+
+    asked: dict[str, int] = {}
+
+    def one(t: Tree, patched: bool, count: bool, label: str = "") -> float:
+        m = t.run(free_scene, t, k)
+        if patched:
+            module.free_order = _plain
+        try:
+            if count:  # (and the nodes the groups' indexes are asked about: C-speed work)
+                finds, n = m._index.finds, [0]
+
+                def counted(g: int, nodes: Any) -> Any:
+                    n[0] += len(nodes)
+                    return finds(g, nodes)
+                m._index.finds = counted
+                ops = float(t.run(count_opcodes, partial(m.free, "r")))
+                asked[label] = n[0]
+                return ops
+            return timed(t, m.free, "r")
+        finally:
+            module.free_order = real
+    ops = {label: int(one(t, p, True, label)) for label, t, p in variants}
+    times: dict[str, list[float]] = {label: [] for label, _, _ in variants}
+    for r in range(rounds):
+        for label, t, p in (variants if r % 2 == 0 else variants[::-1]):
+            times[label].append(one(t, p, False))
+    for label, _, _ in variants:
+        ts = times[label]
+        print(f"| {label} | {ops[label]:,} | {asked[label]:,} | {min(ts):.2f} | "
+              f"{' / '.join(f'{x:.2f}' for x in ts)} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--against", required=True, help="another tree's src (e.g. main's)")
     ap.add_argument("--uncache", default="1000,128")
+    ap.add_argument("--free", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
@@ -124,6 +203,8 @@ def main() -> None:
     if a.uncache:
         live, blocks = map(int, a.uncache.split(","))
         uncache_rows(trees, live, blocks, a.rounds)
+    if a.free:
+        free_rows(trees, a.free, a.rounds)
     print(f"load average: {os.getloadavg()[0]:.2f}")
 
 
