@@ -3,7 +3,7 @@ one process (``--against``: another tree's ``src``, e.g. a ``git archive`` of ma
 trees alternated call by call. Results: benchmarks/results/uncache-r16.md.
 
     PYTHONPATH=src python benchmarks/uncache_cost.py --against /tmp/main/src \\
-        [--uncache 1000,128] [--free 8192] [--rounds 3]
+        [--uncache 1000,128] [--free 8192] [--step 8192] [--rounds 3]
 
 ``--uncache LIVE,BLOCKS``: a ``KVCacheManager`` (block size 4) with LIVE live requests of
 BLOCKS full blocks each and a token, every prompt its own (each request's run pending,
@@ -19,6 +19,12 @@ fresh builds, the trees in turn (AB, then BA, ...); and the pending runs left.
 ``free`` case, prefilled in chunks of 8192 tokens), and vLLM's plain order (group by
 group, each tail first) patched in for it on the branch's tree; ``--free 0``: not run.
 Bytecodes, and the min over ``--rounds`` fresh builds (trees in turn).
+
+``--step K``: a step's release (``bench_free_order.py``'s steps): gemma3-like groups (full
+attention, five windows of 1024 tokens), a request of K blocks decoding, after a step of
+64 tokens; ``append_tokens`` of one token, which releases four blocks of each window
+(``release_order``), on each tree, and with vLLM's order (``GroupRequest.release``)
+patched in on the branch's. Bytecodes, and the min over ``--rounds`` fresh builds.
 
 Each tree's ``prefixkv`` is imported once under its own modules (``sys.modules`` swapped
 in before each of its calls: a lazy import inside it finds its own tree's).
@@ -36,6 +42,7 @@ from functools import partial
 from types import ModuleType
 from typing import Any
 
+from prefixkv.bench import hybrid_scenes
 from prefixkv.bench.opcodes import count_opcodes
 
 BS = 4
@@ -136,58 +143,66 @@ FREE_BS = 16
 
 def free_scene(tree: Tree, k: int) -> Any:
     """The ``--free`` scene on ``tree``: the manager, its request "r" finished."""
-    groups = tree.mod("prefixkv.groups")
-    m = groups.HybridKVCacheManager([groups.full_attention(), groups.sliding_window(4096)],
-                                    2 * k + 600, FREE_BS, seed=0)
-    n = k * FREE_BS + 1
-    assert m.add_request("r", list(range(1000, 1000 + n)), num_new_tokens=8192) is not None
-    while m.num_scheduled_tokens("r") < n:
-        assert m.extend("r", min(8192, n - m.num_scheduled_tokens("r"))) is not None
-    return m
+    return hybrid_scenes.finished(tree.mod("prefixkv.groups"), k, FREE_BS)
 
 
 def _plain(specs: Any, bs: int, req: Any, found: Any, longer: bool) -> list[Any]:
     return [b for t in req.tables for b in reversed(t) if b is not None]
 
 
-def free_rows(trees: list[Tree], k: int, rounds: int) -> None:
-    print(f"HybridKVCacheManager.free: {k} blocks a group, full attention + window 4096")
+def variant_rows(title: str, trees: list[Tree], rounds: int, scene: Callable[[Tree], Any],
+                 call: Callable[[Any], Callable[[], Any]], where: str, name: str,
+                 plain: Callable[..., list[Any]]) -> None:
+    """Rows of ``call(m)()`` on a fresh ``scene(tree)`` per tree, and on the branch's tree
+    with ``plain`` patched in for ``where``'s ``name`` (vLLM's order): bytecodes, the
+    prefix nodes the groups' indexes were asked about (C-speed work that bytecodes do not
+    count), and wall times, the variants in turn (AB.., then ..BA)."""
+    print(title)
     print("| variant | bytecodes | prefix nodes asked | min ms | ms per round |")
     print("|---|---:|---:|---:|---|")
-    plain = trees[-1]
-    variants = [(t.label, t, False) for t in trees] + [("vLLM plain order", plain, True)]
-    module = plain.mod("prefixkv.groups.manager")
-    real = module.free_order
-
+    branch = trees[-1]
+    variants = [(t.label, t, False) for t in trees] + [("vLLM plain order", branch, True)]
+    module = branch.mod(where)
+    real = getattr(module, name)
     asked: dict[str, int] = {}
 
-    def one(t: Tree, patched: bool, count: bool, label: str = "") -> float:
-        m = t.run(free_scene, t, k)
+    def one(label: str, t: Tree, patched: bool, count: bool) -> float:
+        m = t.run(scene, t)
         if patched:
-            module.free_order = _plain
+            setattr(module, name, plain)
         try:
-            if count:  # (and the nodes the groups' indexes are asked about: C-speed work)
-                finds, n = m._index.finds, [0]
+            if not count:
+                return timed(t, call(m))
+            finds, n = m._index.finds, [0]
 
-                def counted(g: int, nodes: Any) -> Any:
-                    n[0] += len(nodes)
-                    return finds(g, nodes)
-                m._index.finds = counted
-                ops = float(t.run(count_opcodes, partial(m.free, "r")))
-                asked[label] = n[0]
-                return ops
-            return timed(t, m.free, "r")
+            def counted(g: int, nodes: Any) -> Any:
+                n[0] += len(nodes)
+                return finds(g, nodes)
+            m._index.finds = counted
+            ops = float(t.run(count_opcodes, call(m)))
+            asked[label] = n[0]
+            return ops
         finally:
-            module.free_order = real
-    ops = {label: int(one(t, p, True, label)) for label, t, p in variants}
+            setattr(module, name, real)
+    ops = {label: int(one(label, t, p, True)) for label, t, p in variants}
     times: dict[str, list[float]] = {label: [] for label, _, _ in variants}
     for r in range(rounds):
         for label, t, p in (variants if r % 2 == 0 else variants[::-1]):
-            times[label].append(one(t, p, False))
+            times[label].append(one(label, t, p, False))
     for label, _, _ in variants:
         ts = times[label]
         print(f"| {label} | {ops[label]:,} | {asked[label]:,} | {min(ts):.2f} | "
               f"{' / '.join(f'{x:.2f}' for x in ts)} |")
+
+
+def step_scene(tree: Tree, k: int) -> Any:
+    """The ``--step`` scene on ``tree``: the manager, its request "r" 64 tokens past a
+    block boundary's decode (the next token's step releases four blocks a window)."""
+    return hybrid_scenes.decoding(tree.mod("prefixkv.groups"), k, FREE_BS, after=64)
+
+
+def _plain_release(specs: Any, bs: int, req: Any, going: Any, finds: Any) -> list[Any]:
+    return req.release(going)  # type: ignore[no-any-return]
 
 
 def main() -> None:
@@ -195,6 +210,7 @@ def main() -> None:
     ap.add_argument("--against", required=True, help="another tree's src (e.g. main's)")
     ap.add_argument("--uncache", default="1000,128")
     ap.add_argument("--free", type=int, default=8192)
+    ap.add_argument("--step", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
@@ -204,7 +220,15 @@ def main() -> None:
         live, blocks = map(int, a.uncache.split(","))
         uncache_rows(trees, live, blocks, a.rounds)
     if a.free:
-        free_rows(trees, a.free, a.rounds)
+        variant_rows(f"HybridKVCacheManager.free: {a.free} blocks a group, full attention + "
+                     "window 4096", trees, a.rounds, partial(free_scene, k=a.free),
+                     lambda m: partial(m.free, "r"), "prefixkv.groups.manager", "free_order",
+                     _plain)
+    if a.step:
+        variant_rows(f"a step's release: {a.step} blocks, gemma3-like, 4 blocks a window "
+                     "released", trees, a.rounds, partial(step_scene, k=a.step),
+                     lambda m: partial(m.append_tokens, "r", [7]), "prefixkv.groups.growth",
+                     "release_order", _plain_release)
     print(f"load average: {os.getloadavg()[0]:.2f}")
 
 
