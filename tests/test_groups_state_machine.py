@@ -641,6 +641,15 @@ class TwoWindowsMachine(HybridMachine):
     num_blocks = 16
 
 
+class TwinWindowsMachine(HybridMachine):
+    """Two copies of one window beside full attention (gemma3-like in small): a step that
+    releases the same blocks in both takes its order in rounds
+    (``release_order.in_rounds``), when every hit reading them is alive."""
+
+    groups = (sliding_window(8), full_attention(), sliding_window(8))
+    num_blocks = 16
+
+
 SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestHybridMachine = HybridMachine.TestCase
 TestHybridMachine.settings = SETTINGS
@@ -648,3 +657,5 @@ TestSlidingOnlyMachine = SlidingOnlyMachine.TestCase
 TestSlidingOnlyMachine.settings = SETTINGS
 TestTwoWindowsMachine = TwoWindowsMachine.TestCase
 TestTwoWindowsMachine.settings = SETTINGS
+TestTwinWindowsMachine = TwinWindowsMachine.TestCase
+TestTwinWindowsMachine.settings = SETTINGS
