@@ -13,7 +13,7 @@ import torch
 import triton
 
 from . import tiling
-from .checked import check_attention_values, check_scale_sink_values
+from .call import AttentionCall
 from .fp8 import is_fp8, unit_scale
 from .interpreter import backport_scalar_index
 from .prefill_kernel import _paged_prefill_kernel
@@ -74,15 +74,11 @@ def paged_prefill_attention_triton(
     depends only on the model's shapes and options, ``max_seqlen_q`` (tile size) and
     whether keys are split (see :mod:`prefixkv.kernels`).
     """
-    shape = check_attention(
+    shape = check_attention(AttentionCall(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, out=out,
-        return_lse=return_lse, checked=checked, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
-    )
-    if checked:
-        check_attention_values(block_table, cu_seqlens_q, seqused_k, shape.total_q, shape.num_blocks,
-                               shape.block_size)
-        check_scale_sink_values(k_scale, v_scale, sinks)
+        return_lse=return_lse, sinks=sinks, k_scale=k_scale, v_scale=v_scale, checked=checked,
+        split_workspace=split_workspace))
     if out is None:
         out = torch.empty_like(q)
     cu_seqlens_q, seqused_k = cu_seqlens_q.contiguous(), seqused_k.contiguous()
@@ -107,10 +103,7 @@ def paged_prefill_attention_triton(
     else:
         qk_scale, softcap_log2 = shape.softmax_scale * _LOG2E, 0.0
     plan = plan_splits(shape, config, split_workspace, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                       block_q=block_q, causal=causal, device=q.device, tensors=dict(
-                           q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
-                           cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k, out=out, sinks=sinks,
-                           k_scale=k_scale, v_scale=v_scale))
+                       block_q=block_q, causal=causal, device=q.device)
     num_splits, split_q, split_keys = plan.num_splits, plan.split_q, plan.split_keys
     ws_args, ws_strides = plan.kernel_args(out)
     grid = (shape.total_q // block_q + shape.batch + 2, shape.num_kv_heads, num_splits)

@@ -6,7 +6,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .checked import check_scale_sink_values, check_slot_values
 from .fp8 import is_fp8, unit_scale
 from .validation import check_write_kv
 
@@ -68,9 +67,6 @@ def write_kv_cache_triton(
     """Triton path of :func:`prefixkv.kernels.write_kv_cache` (same contract)."""
     check_write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale, checked=checked)
     num_blocks, block_size, num_heads, head_dim = k_cache.shape
-    if checked:
-        check_slot_values(slot_mapping, num_blocks, block_size)
-        check_scale_sink_values(k_scale, v_scale)
     num_tokens = key.shape[0]
     if num_tokens == 0:
         return
