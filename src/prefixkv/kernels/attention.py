@@ -14,7 +14,7 @@ import triton
 
 from . import tiling
 from .call import AttentionCall
-from .fp8 import is_fp8, unit_scale
+from .fp8 import is_fp8, kernel_scales
 from .interpreter import backport_scalar_index
 from .prefill_kernel import _paged_prefill_kernel
 from .split_kv import combine_splits
@@ -97,7 +97,7 @@ def paged_prefill_attention_triton(
     block_m = max(config.block_m, group_p2)
     block_q = block_m // group_p2
     kv_fp8 = is_fp8(k_cache.dtype)
-    k_scale_arg, v_scale_arg = (unit_scale(q.device) if t is None else t for t in (k_scale, v_scale))
+    scales, scale_strides = kernel_scales(k_scale, v_scale, q.device)
     if shape.softcap > 0:
         qk_scale, softcap_log2 = shape.softmax_scale / shape.softcap, shape.softcap * _LOG2E
     else:
@@ -110,11 +110,10 @@ def paged_prefill_attention_triton(
     backport_scalar_index()  # the phase loops' bounds are loaded: triton 3.6's interpreter needs it
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, out, out if lse is None else lse,
-        q if sinks is None else sinks, k_scale_arg, v_scale_arg, *ws_args,  # q, out: pointers never read
+        q if sinks is None else sinks, *scales, *ws_args,  # q, out: pointers never read
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(),
         *out.stride(), *(lse.stride() if lse is not None else (0, 0)), *ws_strides, split_q, split_keys,
-        0 if sinks is None else sinks.stride(0),
-        *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale_arg, v_scale_arg)),
+        0 if sinks is None else sinks.stride(0), *scale_strides,
         qk_scale, softcap_log2, shape.window_left, shape.window_right,
         shape.batch, num_splits, shape.total_q, shape.max_blocks * shape.block_size, shape.num_blocks - 1,
         GROUP=group, GROUP_P2=group_p2, HEAD_DIM=shape.head_dim,
