@@ -9,10 +9,11 @@ trees alternated call by call. Results: benchmarks/results/uncache-r16.md.
 BLOCKS full blocks each and a token, every prompt its own (each request's run pending,
 ``index/pending.py``); ``uncache_blocks`` names block 5 of the latest request (``latest``)
 or of the first one (``first``): 6 of its blocks on (the named one and those its request
-computed on it) lose their content. Per tree: Python bytecodes of the call (``sys.settrace``
-opcode events: the same whatever the load) and its wall time (the garbage collector run
-before, and off during the call), the min over ``--rounds``
-fresh builds, the trees in turn (AB, then BA, ...); and the pending runs left.
+computed on it) lose their content; ``spare``: the latest prompt re-sent without its last
+token (its last block computed again: a spare of the latest's). Per tree: Python
+bytecodes of the call (``sys.settrace`` opcode events: the same whatever the load) and
+its wall time (the garbage collector run before, and off during the call), the min over
+``--rounds`` fresh builds, the trees in turn (AB, then BA, ...); the pending runs left.
 
 ``--free K``: ``HybridKVCacheManager.free`` of a finished request of K blocks a group
 (full attention beside a window of 4096 tokens, block size 16: ``bench_free_order.py``'s
@@ -101,36 +102,39 @@ def timed(tree: Tree, fn: Callable[..., Any], *args: Any) -> float:
         gc.enable()
 
 
-def uncache_scene(tree: Tree, live: int, blocks: int, which: str) -> tuple[Any, list[int]]:
-    """The ``--uncache`` scene on ``tree``: the manager and the block id to name."""
+def uncache_scene(tree: Tree, live: int, blocks: int, which: str) -> tuple[Any, Callable[[], Any]]:
+    """The ``--uncache`` scene on ``tree``: the manager and the call to measure."""
     m = tree.mod("prefixkv").KVCacheManager(live * (blocks + 1) + 64, BS, seed=0)
     for i in range(live):
         base = 1_000_000 + i * 10_000
         m.add_request(i, list(range(base, base + blocks * BS + 1)))
+    if which == "spare":  # the latest prompt re-sent block-aligned: its last block, computed
+        base = 1_000_000 + (live - 1) * 10_000  # again, is a spare of the latest's
+        return m, partial(m.add_request, "s", list(range(base, base + blocks * BS)))
     rid = live - 1 if which == "latest" else 0
-    return m, [m.get_block_ids(rid)[5]]
+    return m, partial(m.uncache_blocks, [m.get_block_ids(rid)[5]])
 
 
 def uncache_rows(trees: list[Tree], live: int, blocks: int, rounds: int) -> None:
-    print(f"uncache_blocks: {live} live requests x {blocks} blocks, block 5 named")
-    print("| request named | tree | bytecodes | min ms | ms per round | pending runs "
+    print(f"uncache_blocks (block 5 named), or a spare: {live} live requests x {blocks} blocks")
+    print("| call | tree | bytecodes | min ms | ms per round | pending runs "
           "before -> after |")
     print("|---|---|---:|---:|---|---|")
-    for which in ("latest", "first"):
+    for which in ("latest", "first", "spare"):
         ops: dict[str, int] = {}
         runs: dict[str, str] = {}
         times: dict[str, list[float]] = {t.label: [] for t in trees}
         for t in trees:
-            m, named = t.run(uncache_scene, t, live, blocks, which)
+            m, call = t.run(uncache_scene, t, live, blocks, which)
             before = len(m._index.run_counts.pending)
-            ops[t.label] = t.run(count_opcodes, partial(m.uncache_blocks, named))
+            ops[t.label] = t.run(count_opcodes, call)
             runs[t.label] = f"{before} -> {len(m._index.run_counts.pending)}"
             m.check_invariants()
         for r in range(rounds):
             order = trees if r % 2 == 0 else trees[::-1]
             for t in order:
-                m, named = t.run(uncache_scene, t, live, blocks, which)
-                times[t.label].append(timed(t, m.uncache_blocks, named))
+                m, call = t.run(uncache_scene, t, live, blocks, which)
+                times[t.label].append(timed(t, call))
                 del m
         for t in trees:
             ts = times[t.label]

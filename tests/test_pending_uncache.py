@@ -120,3 +120,21 @@ def test_uncache_among_many_live_runs_agrees_with_no_runs(live, steps, num_block
     was computed for) after 8-16 requests kept live, each with its own runs pending, with
     uncaches weighted up: those of other requests' runs stay pending."""
     run_steps(live + steps, num_blocks, False)
+
+
+def test_a_spare_leaves_another_requests_run_pending():
+    """x re-sends A block-aligned: its last block is computed again (the hit stops one
+    short), and holds what a's block 7 holds: a spare of it. That writes the run a's
+    block 7 is in (cut by x's claim already), not b's (before: every pending run)."""
+    m = manager()
+    m.add_request("a", A)
+    m.add_request("b", B)
+    assert m.add_request("x", A[:32]) == Admission("x", tuple(range(7)) + (18,), 28, 4)
+    assert pending_runs(m) == [[10, 11, 12, 13, 14, 15, 16]]
+    assert m._pool.blocks[18].twin
+    m.check_invariants()
+    assert m.lookup(A) == 32 and m.lookup(B) == 32
+    for rid in ("a", "x", "b"):
+        m.free(rid)
+        m.check_invariants()
+    assert m.lookup(A) == 32 and m.lookup(B) == 32
