@@ -94,3 +94,46 @@ def test_an_abort_during_an_async_load_under_async_scheduling_saves_nothing(mode
     c.add("r4", tokens)
     drain(c)
     assert c.worker.worker.stats.loaded == 5 and kv_is(c, "r4", tokens, 5)
+
+
+def test_an_abort_before_a_deferred_load_started_saves_nothing(model, redis):
+    """vLLM defers the start of an async load (``update_state_after_alloc`` called from
+    a later step's output: ``Scheduler.defer_async_loads``, which vLLM 0.33 sets with
+    HiSparse under async scheduling) while a step that may write the blocks is in
+    flight. A request aborted then is WAITING_FOR_REMOTE_KVS with the tokens to load
+    counted as computed, but vLLM sets its finished status before it calls
+    ``request_finished``: the connector's check of that status never saw
+    WAITING_FOR_REMOTE_KVS, and the aborted request's never-loaded blocks were queued as
+    a final save (garbage under the prompt's true keys, with a checksum of the garbage)."""
+    from vllm.v1.request import RequestStatus
+
+    tokens = prompt(5 * BLOCK + 3, salt=83)
+    saved_by_a(model, redis, tokens)
+    b = _async(model, redis.url)
+    sched = b.scheduler
+    sched.defer_async_loads = True  # (vLLM's HiSparse setting; frees are deferred too)
+    idle = free_blocks(b)
+    r0 = b.add("r0", prompt(2 * BLOCK, salt=89), max_tokens=3 * BLOCK)  # steps in flight
+    aborted: list[bool] = []  # whether vLLM freed r2 at once (no final save held it)
+
+    def abort_while_deferred(out) -> None:
+        if "r2" not in sched.requests and b.computed.get("r0") and not aborted:
+            b.add("r2", tokens)
+        if "r2" in sched.deferred_loads and not aborted:
+            assert sched.requests["r2"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
+            assert sched.finish_requests("r2", RequestStatus.FINISHED_ABORTED)
+            aborted.append("r2" not in sched.requests)
+
+    _pipelined(b, 400, until=lambda: bool(aborted), each=abort_while_deferred)
+    _pipelined(b, 400, until=lambda: not sched.has_requests())
+    assert not sched.has_requests()
+    w = b.worker.worker
+    w.flush()
+    c = Replica(model, redis.url)  # the store still holds A's KV of the prompt
+    c.add("r4", tokens)
+    drain(c)
+    assert c.worker.worker.stats.loaded == 5 and kv_is(c, "r4", tokens, 5)
+    computed = (len(r0.all_token_ids) - 1) // BLOCK  # (the last token is never fed)
+    assert (w.stats.loaded, w.stats.saved) == (0, computed)  # r0's blocks, none of r2's
+    assert free_blocks(b) == idle
+    assert aborted == [True]  # (no load reports a deferred one: vLLM frees at once)
