@@ -46,3 +46,31 @@ def test_shutdown_ends_every_thread_and_connection_of_both_sides(model, redis):
         wait_until(lambda: len(probe.client_list()) == 1, "the connectors' clients closed")
     finally:
         probe.close()
+
+
+def test_shutdown_with_a_load_stuck_on_a_stopped_server_ends_at_its_deadline(model, redis):
+    """The server stops (SIGSTOP) under a load: the worker's shutdown waits for the
+    fetch's deadline, not for the server, and then nothing of the connector runs."""
+    import os
+    import signal
+
+    from .replica import looked_up
+    from .test_connector import saved_by_a
+
+    tokens = prompt(4 * BLOCK + 3, salt=43)
+    saved_by_a(model, redis, tokens)
+    before = set(threading.enumerate())
+    b = Replica(model, redis.url, timeout=0.5)
+    b.add("r2", tokens)
+    looked_up(b)
+    pid = redis._proc.pid
+    try:
+        b.step(after_schedule=lambda: os.kill(pid, signal.SIGSTOP))  # the load starts
+        assert not b.worker.worker._link.done  # (under way)
+        b.scheduler.shutdown()
+        b.worker.shutdown()
+        w = b.worker.worker.stats  # (the fetch landed by the shutdown: failed, counted)
+        assert (w.loaded, w.failed, w.store_errors) == (0, 4, 1)
+        assert _ours(before) == []  # (the server still stopped: nothing waited on it)
+    finally:
+        os.kill(pid, signal.SIGCONT)
