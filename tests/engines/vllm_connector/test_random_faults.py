@@ -1,4 +1,5 @@
-"""Random runs of two vLLM 0.33 replicas (vLLM's own Schedulers, pools small enough to
+"""Random runs of two vLLM 0.33 replicas (vLLM's own Scheduler, or its AsyncScheduler
+pipelined as vLLM's engine core runs it; pools small enough to
 preempt) sharing one real Redis that misbehaves. Replica A serves requests (prefixes of
 two prompts, two tenants, aborts at random steps) and saves them; then stored values are
 corrupted, swapped between keys, replaced by another Redis type or deleted, the server
@@ -70,6 +71,7 @@ class _Run:
         self.aborts: list[dict[str, int]] = [{}, {}]
         self.steps = [0, 0]
         self.names = 0
+        self.check = _check_running
 
     def add(self, which: int, spec: tuple) -> None:
         base, length, own, out, salt, abort_at = spec
@@ -90,7 +92,7 @@ class _Run:
                 replica.scheduler.finish_requests(name, RequestStatus.FINISHED_ABORTED)
         replica.step()
         self.steps[which] += 1
-        _check_running(replica)
+        self.check(replica)
 
     def drain(self, which: tuple[int, ...]) -> None:
         deadline = time.monotonic() + 60
@@ -127,6 +129,91 @@ def test_random_faults_never_put_other_kv_in_a_running_request(model, first, spo
             server.start()
         for which, spec in second:  # (mostly B, A serves more too; an int: the prompt
             if isinstance(spec, int):  # of one of A's first requests, served again)
+                spec = (*first[spec % len(first)][:5], None)
+            run.add(0 if which == 2 else 1, spec)
+        run.drain((0, 1))
+        for replica, blocks in zip(run.replicas, idle, strict=True):
+            assert free_blocks(replica) == blocks
+            replica.scheduler.shutdown()
+            replica.worker.shutdown()
+
+
+class _Pipelined(Replica):
+    """A replica on vLLM's own AsyncScheduler, stepped as vLLM's engine core runs it
+    (step N+1 scheduled and run before step N's output is processed). Its stand-in
+    forward writes a position whose token is not known yet (sampled by the step whose
+    output is still in flight) with the token the stand-in sampler always gives (7)."""
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        super().__init__(*args, **kw)
+        self.config.scheduler_config.async_scheduling = True
+        self.scheduler = AsyncScheduler(vllm_config=self.config, kv_cache_config=self.kv_config,
+                                        structured_output_manager=StructuredOutputManager(
+                                            self.config),
+                                        block_size=BLOCK, log_stats=True)
+        self.pending = None
+
+    def forward(self, out) -> None:
+        from .replica import kv_value
+
+        starts = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+        cached = out.scheduled_cached_reqs
+        starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        for req_id, n in out.num_scheduled_tokens.items():
+            request, ids = self.scheduler.requests[req_id], self.block_ids(req_id)
+            self.tables[req_id] = ids
+            tokens = list(request.all_token_ids)
+            for pos in range(starts[req_id], starts[req_id] + n):
+                token = tokens[pos] if pos < len(tokens) else 7
+                for layer, name in enumerate(sorted(self.kv)):
+                    self.kv[name][ids[pos // BLOCK], :, pos % BLOCK] = kv_value(token, pos, layer)
+
+    def step(self, after_schedule=None):
+        from .test_async_held_blocks import _work
+
+        out = self.scheduler.schedule()
+        ran = _work(self, out) if out.total_num_scheduled_tokens or out.kv_connector_metadata else None
+        if self.pending is not None:
+            self.scheduler.update_from_output(*self.pending)
+        self.pending = (out, ran) if ran is not None else None
+        return out
+
+
+def _check_pipelined(replica: Replica) -> None:
+    for r in replica.scheduler.running:
+        full = r.num_computed_tokens // BLOCK
+        tokens = list(r.all_token_ids)
+        tokens += [7] * (full * BLOCK - len(tokens))  # (sampled, not delivered yet)
+        replica.tables[r.request_id] = replica.block_ids(r.request_id)
+        assert kv_is(replica, r.request_id, tokens, full), (r.request_id, full)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(first=st.lists(_request, min_size=1, max_size=3),
+       spoils=st.lists(_spoil, max_size=3), restart=st.integers(0, 7),
+       second=st.lists(st.tuples(st.integers(0, 2), st.one_of(st.integers(0, 2), _request)),
+                       min_size=1, max_size=4))
+def test_random_faults_under_async_scheduling(model, first, spoils, restart, second):
+    """As above, both replicas on vLLM's AsyncScheduler, pipelined."""
+    with LocalRedis() as server:
+        run = _Run([_Pipelined(model, server.url, layout=lay, num_blocks=14, lookup_timeout=1.0,
+                               timeout=1.0) for lay in ("LBNHC", "LBHNC")])
+        run.check = _check_pipelined
+        idle = [free_blocks(r) for r in run.replicas]
+        for spec in first:
+            run.add(0, spec)
+        run.drain((0,))
+        client = run.replicas[0].worker.worker._link.backend.client
+        for how, pick in spoils:
+            _spoiled(client, how, pick)
+        if restart == 0:
+            server.stop()
+            server.start()
+        for which, spec in second:
+            if isinstance(spec, int):
                 spec = (*first[spec % len(first)][:5], None)
             run.add(0 if which == 2 else 1, spec)
         run.drain((0, 1))
