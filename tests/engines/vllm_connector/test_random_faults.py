@@ -42,8 +42,11 @@ def _check_running(replica: Replica) -> None:
         assert kv_is(replica, r.request_id, list(r.all_token_ids), full), (r.request_id, full)
 
 
-def _spoiled(client, how: str, pick: int) -> None:
+def _spoiled(client, how: str, pick: int, targets: list[bytes]) -> None:
+    """Spoil one stored value, one of ``targets`` when any is stored (the blocks of
+    the prompts served so far: what the next requests may load)."""
     keys = sorted(k for k in client.keys(b"prefixkv:*") if client.type(k) == b"string")
+    keys = [k for k in keys if k in set(targets)] or keys
     if not keys:
         return
     key = keys[pick % len(keys)]
@@ -72,12 +75,22 @@ class _Run:
         self.steps = [0, 0]
         self.names = 0
         self.check = _check_running
+        self.prompts: list[tuple[list[int], str | None]] = []  # (tokens, salt) added
+
+    def targets(self) -> list[bytes]:
+        """The store keys of the full blocks of every prompt added so far."""
+        from .test_store_faults import keys_of
+
+        replica = self.replicas[0]
+        return [k for tokens, salt in self.prompts
+                for k in keys_of(replica, tokens, len(tokens) // BLOCK, salt)]
 
     def add(self, which: int, spec: tuple) -> None:
         base, length, own, out, salt, abort_at = spec
         tokens = _BASES[base][:length] + [(self.names * 13 + j) % 997 + 1 for j in range(own)]
         name = f"q{self.names}"
         self.names += 1
+        self.prompts.append((tokens, salt))
         self.replicas[which].add(name, tokens, max_tokens=out, salt=salt)
         if abort_at is not None:
             self.aborts[which][name] = self.steps[which] + abort_at
@@ -123,7 +136,7 @@ def test_random_faults_never_put_other_kv_in_a_running_request(model, first, spo
         run.drain((0,))
         client = run.replicas[0].worker.worker._link.backend.client
         for how, pick in spoils:
-            _spoiled(client, how, pick)
+            _spoiled(client, how, pick, run.targets())
         if restart == 0:
             server.stop()
             server.start()
@@ -208,7 +221,7 @@ def test_random_faults_under_async_scheduling(model, first, spoils, restart, sec
         run.drain((0,))
         client = run.replicas[0].worker.worker._link.backend.client
         for how, pick in spoils:
-            _spoiled(client, how, pick)
+            _spoiled(client, how, pick, run.targets())
         if restart == 0:
             server.stop()
             server.start()
