@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from prefixkv.store.server import LocalRedis
 
+from ..spoil import spoil_one
 from .controller import Engine, closing  # noqa: F401
 from .test_controller import no_errors_in_sglang_threads, s, same, tokens  # noqa: F401
 
@@ -34,27 +35,6 @@ _ops = st.one_of(
     st.tuples(st.just("spoil"), _how, _pick),
     st.tuples(st.just("restart")),
 )
-
-
-def _spoiled(client, how: str, pick: int) -> None:
-    keys = sorted(k for k in client.keys(b"prefixkv:*") if client.type(k) == b"string")
-    if not keys:
-        return
-    key = keys[pick % len(keys)]
-    if how == "flip":
-        value = bytearray(client.get(key))
-        value[pick % len(value)] ^= 1 << (pick % 8)
-        client.set(key, bytes(value))
-    elif how == "swap" and len(keys) > 1:
-        other = keys[(pick + 1) % len(keys)]
-        a, b = client.get(key), client.get(other)
-        client.set(key, b)
-        client.set(other, a)
-    elif how == "list":
-        client.delete(key)
-        client.rpush(key, b"not a page")
-    else:
-        client.delete(key)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
@@ -89,13 +69,13 @@ def test_random_faults_never_load_a_page_not_written_for_it(s, ops, caplog):  # 
                     _, rank, b, n, m, t, policy, spoil = op  # the other rank prefetches
                     ranks[rank].backup(prompts[b][:n * PAGE], seeds[b, t], _TENANTS[t])
                     if spoil is not None:
-                        _spoiled(client, *spoil)
+                        spoil_one(client, *spoil)
                     done, loaded = ranks[1 - rank].prefetch(prompts[b][:m * PAGE], policy,
                                                             _TENANTS[t], timeout=0.05)
                     assert done == len(loaded) * PAGE and same(pages[b, t], loaded), op
                     loaded_pages += len(loaded)
                 elif op[0] == "spoil":
-                    _spoiled(client, op[1], op[2])
+                    spoil_one(client, op[1], op[2])
                 else:
                     server.stop()
                     server.start()

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from prefixkv.store.server import LocalRedis
 
 from .. import skip_module_without_vllm
+from ..spoil import spoil_one
 from .replica import BLOCK, Replica
 from .test_async_loads import free_blocks, kv_is
 
@@ -40,30 +41,6 @@ def _check_running(replica: Replica) -> None:
         full = r.num_computed_tokens // BLOCK
         replica.tables[r.request_id] = replica.block_ids(r.request_id)
         assert kv_is(replica, r.request_id, list(r.all_token_ids), full), (r.request_id, full)
-
-
-def _spoiled(client, how: str, pick: int, targets: list[bytes]) -> None:
-    """Spoil one stored value, one of ``targets`` when any is stored (the blocks of
-    the prompts served so far: what the next requests may load)."""
-    keys = sorted(k for k in client.keys(b"prefixkv:*") if client.type(k) == b"string")
-    keys = [k for k in keys if k in set(targets)] or keys
-    if not keys:
-        return
-    key = keys[pick % len(keys)]
-    if how == "flip":
-        value = bytearray(client.get(key))
-        value[pick % len(value)] ^= 1 << (pick % 8)
-        client.set(key, bytes(value))
-    elif how == "swap" and len(keys) > 1:
-        other = keys[(pick + 1) % len(keys)]
-        a, b = client.get(key), client.get(other)
-        client.set(key, b)
-        client.set(other, a)
-    elif how == "list":
-        client.delete(key)
-        client.rpush(key, b"not a value")
-    else:
-        client.delete(key)
 
 
 class _Run:
@@ -118,6 +95,29 @@ class _Run:
         for i in which:
             self.replicas[i].worker.worker.flush()
 
+    def play(self, server: LocalRedis, first, spoils, restart: int, second) -> None:
+        """A serves ``first``; ``spoils`` spoil stored values (and the server restarts
+        when ``restart`` is 0); then both serve ``second``; every block goes back."""
+        idle = [free_blocks(r) for r in self.replicas]
+        for spec in first:
+            self.add(0, spec)
+        self.drain((0,))
+        client = self.replicas[0].worker.worker._link.backend.client
+        for how, pick in spoils:
+            spoil_one(client, how, pick, self.targets())
+        if restart == 0:
+            server.stop()
+            server.start()
+        for which, spec in second:  # (mostly B, A serves more too; an int: the prompt
+            if isinstance(spec, int):  # of one of A's first requests, served again)
+                spec = (*first[spec % len(first)][:5], None)
+            self.add(0 if which == 2 else 1, spec)
+        self.drain((0, 1))
+        for replica, blocks in zip(self.replicas, idle, strict=True):
+            assert free_blocks(replica) == blocks
+            replica.scheduler.shutdown()
+            replica.worker.shutdown()
+
 
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(first=st.lists(_request, min_size=1, max_size=3),
@@ -130,25 +130,7 @@ def test_random_faults_never_put_other_kv_in_a_running_request(model, first, spo
     with LocalRedis() as server:
         run = _Run([Replica(model, server.url, layout=lay, num_blocks=14, lookup_timeout=1.0,
                             timeout=1.0) for lay in layouts])
-        idle = [free_blocks(r) for r in run.replicas]
-        for spec in first:
-            run.add(0, spec)
-        run.drain((0,))
-        client = run.replicas[0].worker.worker._link.backend.client
-        for how, pick in spoils:
-            _spoiled(client, how, pick, run.targets())
-        if restart == 0:
-            server.stop()
-            server.start()
-        for which, spec in second:  # (mostly B, A serves more too; an int: the prompt
-            if isinstance(spec, int):  # of one of A's first requests, served again)
-                spec = (*first[spec % len(first)][:5], None)
-            run.add(0 if which == 2 else 1, spec)
-        run.drain((0, 1))
-        for replica, blocks in zip(run.replicas, idle, strict=True):
-            assert free_blocks(replica) == blocks
-            replica.scheduler.shutdown()
-            replica.worker.shutdown()
+        run.play(server, first, spoils, restart, second)
 
 
 class _Pipelined(Replica):
@@ -215,22 +197,4 @@ def test_random_faults_under_async_scheduling(model, first, spoils, restart, sec
         run = _Run([_Pipelined(model, server.url, layout=lay, num_blocks=14, lookup_timeout=1.0,
                                timeout=1.0) for lay in ("LBNHC", "LBHNC")])
         run.check = _check_pipelined
-        idle = [free_blocks(r) for r in run.replicas]
-        for spec in first:
-            run.add(0, spec)
-        run.drain((0,))
-        client = run.replicas[0].worker.worker._link.backend.client
-        for how, pick in spoils:
-            _spoiled(client, how, pick, run.targets())
-        if restart == 0:
-            server.stop()
-            server.start()
-        for which, spec in second:
-            if isinstance(spec, int):
-                spec = (*first[spec % len(first)][:5], None)
-            run.add(0 if which == 2 else 1, spec)
-        run.drain((0, 1))
-        for replica, blocks in zip(run.replicas, idle, strict=True):
-            assert free_blocks(replica) == blocks
-            replica.scheduler.shutdown()
-            replica.worker.shutdown()
+        run.play(server, first, spoils, restart, second)
