@@ -22,7 +22,9 @@ Who reads what:
 - the pool's release and eviction use its count and links alone; an eviction that takes
   the whole run, or cuts its tail off (``Run.truncate``), has no dict entry to remove:
   the index unkeys none of those blocks (``BlockPool._evict`` names them: ``core.keyless``;
-  the tier below reads the content of those it keeps from there), and the run clears its own
+  the tier below reads the content of those it keeps from there; with deferred events the
+  ``BlockRemoved`` names them all, their hashes set by the run's ``StoredRun`` build,
+  which the log runs first), and the run clears its own
   last block's key (``Run.evicted``) or writes its new last one (``Run.truncate``); each
   block's own count is 1 from the store on (nothing writes it while the run counts
   them), so the eviction writes one field a block (``counted``);
@@ -31,7 +33,7 @@ Who reads what:
   (``settle_near``), host hits adopted under one of its blocks (``adopt``), a spare of
   any content (``settle_all``: its children get keyed), ``match`` with multimodal keys
   or a claimed start (without, it walks runs whole, then the tier below), ``holds``,
-  ``uncache``;
+  ``uncache``, a ``snapshot`` (``settle_all``);
 - ``check_invariants`` verifies a pending run as it is, without settling it.
 
 Settling costs what the eager store would have cost, once per run: a run is settled at

@@ -223,8 +223,8 @@ class ContentRecorder(LandedRecorder):
         run.shared = run.linked = True
         run.n = 1
         self.run_counts.shared += 1
-        if self.pending_runs and not self.hashing:  # (no event reads the blocks' content)
-            return record_pending(head, span, cid, nid, run)
+        if self.pending_runs and (not self.hashing or self.lazy):  # (no hash computed now;
+            return record_pending(head, span, cid, nid, run)  # a deferred build reads none)
         end = nid + len(span)
         for b, chunk, c in zip(span, islice(chunks, 1, None), range(nid, end), strict=False):
             b.parent_cid = cid
