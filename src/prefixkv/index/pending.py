@@ -49,26 +49,6 @@ from ..core.block import Block, ContentKey, Run
 _NO_PARENT = Block(-1)  # the parent of a first block in the walk: never given a child
 
 
-def record_pending(head: Block, span: list[Block], cid: int, nid: int, run: Run) -> int:
-    """Record ``span`` (the run's blocks, chained after ``head``, whose content id is
-    ``cid``) as pending ``run``, under new content ids from ``nid`` on (returns the
-    next). Writes ``counted`` and the links, tail first (as ``_record_run`` links them),
-    the head's ``child`` and the last block's whole content."""
-    prev = head
-    for b in span:
-        b.counted = run
-        b.next = prev  # (the head's links too: harmless, it is held and is linked anew
-        prev.prev = b  # when released)
-        prev = b
-    head.child = span[0]
-    run.pending = True
-    run.pcid = cid
-    run.cid0 = nid
-    run.write_last()
-    run.counts.pending.add(run)
-    return nid + len(span)
-
-
 def write_pending(run: Run) -> None:
     """Write the content of every block of pending ``run`` as an eager store would have:
     each its parent's ``child``, chained. The head's ``child`` is the first block
