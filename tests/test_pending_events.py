@@ -4,11 +4,12 @@ that takes a pending run whole (or cuts its tail) names its blocks in its
 ``BlockRemoved`` (their hashes set by the run's build, in log order); a snapshot (the
 log's restatement after an overflow) settles every pending run first.
 
-Three managers take the same ops: pending runs (the default), runs written as they are
-stored (``pending_runs`` off), no runs at all (``runs`` off). After every step the event
+Four managers take the same ops: pending runs (the default), runs written as they are
+stored (``pending_runs`` off), no runs at all (``runs`` off), events built as blocks are
+stored (``lazy`` off: every hash computed then, as with a tier below). After every step the event
 streams must be equal: event for event, and as the bytes a publisher puts on the wire
 (``encode_batch``); so must the answers, the reference counts, the free order and each
-request's blocks, and all three pass ``check_invariants``. The ops: admissions of long
+request's blocks, and all four pass ``check_invariants``. The ops: admissions of long
 chains sharing prefixes (list and prepared prompts, salts, multimodal inputs, chunked,
 capped hits), frees with fewer computed tokens, preemption, forks, chunks, decoded
 tokens, ``uncache_blocks``, ``rewind`` and its recompute, resets, lookups; a small pool
@@ -79,11 +80,14 @@ def each(ms: list[KVCacheManager], call: str, *args: object, **kw: object) -> ob
 
 
 def run(steps: list[tuple], num_blocks: int, host: int, max_events: int) -> int:
-    """The ops on three managers; returns how many steps had a pending run."""
+    """The ops on four managers; returns how many steps had a pending run."""
     ms = [KVCacheManager(num_blocks, BS, seed=0, enable_events=True, max_events=max_events,
-                         host_blocks=host) for _ in range(3)]
+                         host_blocks=host) for _ in range(4)]
     ms[1]._index.pending_runs = False  # type: ignore[union-attr]
     ms[2]._index.runs = False  # type: ignore[union-attr]
+    ms[3]._index.lazy = False  # type: ignore[union-attr]  # (built as stored: hashes now;
+    # it never takes the lean path, which hashes nothing: a Prompt is ``a``'s, whose
+    # ``config`` is not its own, and a list goes to ``_admit``)
     a = ms[0]
     live: list[str] = []
     handed: list[tuple[object, list]] = []  # a's batches, built a few steps late
@@ -146,6 +150,7 @@ def run(steps: list[tuple], num_blocks: int, host: int, max_events: int) -> int:
         each(ms, "take_kv_ops")  # (the step runs: its copies with it)
         want = ms[1].take_events()
         assert ms[2].take_events() == want, n
+        assert ms[3].take_events() == want, n
         handed.append((a.take_pending_events(), want))
         if n % 3 == 2 or n == len(steps) - 1:  # (built late, the pool moved on meanwhile)
             for batch, expected in handed:

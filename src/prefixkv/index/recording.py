@@ -36,7 +36,7 @@ class ContentRecorder(LandedRecorder):
         parent = req.blocks[j - 1] if j else None
         if parent is not None and self.run_counts.pending:
             self._settle_near(parent)
-        if self.hashing or parent is None:
+        if (self.hashing and not self.lazy) or parent is None:  # (deferred: as below)
             self.store(req, j, self._hashed(parent, [chunk], [extra]))
             return
         cid = parent.content_id
@@ -68,7 +68,9 @@ class ContentRecorder(LandedRecorder):
         else:
             b.content_id = slot.content_id
             lower.on_device(slot)
-
+        if self.lazy:  # announced when the log is taken (``store``'s StoredRun, one block)
+            self._sink.defer(StoredRun(self._hasher, parent, [b], [chunk], [extra],
+                                       req.keys.extra, j, bs, None))
 
     def store(self, req: Request, first: int, prepared: Prepared, data: bytes | None = None) -> None:
         """``Index.store``; ``data``: the chunks' bytes in one piece, if the caller has
