@@ -23,7 +23,7 @@ PKG = pathlib.Path(prefixkv.__file__).parent
 TYPES = {"errors", "extra_keys", "hashing", "chunks", "events", "event_log", "results", "stats", "allocator"}
 CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "core.sharing",
             "core.keyless",
-            "core.dependents"}
+            "core.dependents", "core.parent_notes"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.spares",
          "index.announce", "index.none", "index.hasher", "index.content_check", "index.lower",
          "index.run_check", "index.cut_off", "index.kids", "index.pending", "index.chains",

@@ -18,10 +18,8 @@ the sound KV of the prompt looked up: never a lost value.
 
 from collections import defaultdict
 
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    Bundle,
     RuleBasedStateMachine,
     consumes,
     initialize,
@@ -32,27 +30,25 @@ from hypothesis.stateful import (
 )
 
 from fork_chain import fork_chain_step
+from machine_rules import LIVE, SharedRules, case, hit_hashes, prompts_over
 from prefixkv import AllBlocksCleared, BlockRemoved, BlockStored, ExtraKeys, PrefixKVError, PromptTooLongError
 from prefixkv.groups import HybridKVCacheManager, chunked_local, full_attention, sliding_window
 from prefixkv.groups.fit import least_blocks
-from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
+from prefixkv.hashing import make_hash_fn
 
 BS = 4
 BAD = "KV of a failed load, or computed on it"
 PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4], [1, 2, 3, 4, 9, 9, 9, 9],
             [9, 9, 9, 9, 5, 6, 7, 8, 5, 6, 7, 8]]
 
-prompts = st.builds(
-    lambda pre, cut, tail: PREFIXES[pre][:cut] + tail,
-    st.integers(0, len(PREFIXES) - 1), st.integers(0, 12), st.lists(st.integers(0, 9), max_size=14),
-).filter(bool)
+prompts = prompts_over(PREFIXES, 9, 14)
 salts = st.sampled_from([None, ExtraKeys(cache_salt="a")])
 
 
-class HybridMachine(RuleBasedStateMachine):
+class HybridMachine(SharedRules, RuleBasedStateMachine):
     groups = (full_attention(), sliding_window(6), chunked_local(8))
     num_blocks = 28
-    live = Bundle("live")
+    live = LIVE
 
     @initialize()
     def setup(self):
@@ -112,10 +108,6 @@ class HybridMachine(RuleBasedStateMachine):
         return (m.free_block_order(), m.stats, m.num_cached_blocks, m.num_free_blocks, m.group_stats(),
                 {r: (m.get_block_ids(r), m.num_tokens(r), m.num_scheduled_tokens(r),
                      m.lookup(self.tokens[r] + [0], extra=self.extra[r])) for r in self.tokens})
-
-    def _new_id(self):
-        self.next_id += 1
-        return f"r{self.next_id}"
 
     def _add(self, rid, prompt, extra=None, num_new_tokens=None, num_lookahead_tokens=0,
              require_full_fit=False):
@@ -521,13 +513,6 @@ class HybridMachine(RuleBasedStateMachine):
         self.last = None
 
     @rule(rid=consumes(live))
-    def free(self, rid):
-        self.last = None
-        if rid in self.tokens:
-            self.m.free(rid)
-            self._forget(rid)
-
-    @rule(rid=consumes(live))
     def preempt(self, rid):
         self.last = None
         if rid in self.tokens:
@@ -536,18 +521,7 @@ class HybridMachine(RuleBasedStateMachine):
                 self.preempted.append((self.tokens[rid], self.extra[rid]))
             self._forget(rid)
 
-    @rule()
-    def reset(self):
-        self.last = None
-        assert self.m.reset_prefix_cache() == (not self.tokens)
-        if not self.tokens:
-            assert self.m.num_cached_blocks == 0
-
     # ---- invariants --------------------------------------------------------------
-
-    @invariant()
-    def consistent(self):
-        self.m.check_invariants()
 
     @invariant()
     def no_group_reads_kv_it_does_not_hold(self):
@@ -612,12 +586,9 @@ class HybridMachine(RuleBasedStateMachine):
                 for h in ev.block_hashes:
                     del self.mirror[(ev.group_idx, h)]
         for prompt, extra in self._candidates():
-            limit = (len(prompt) - 1) // BS
-            base = extra.base_bytes() if extra else b""
-            hashes, _ = chain(self.hash_fn, self.root,
-                              token_bytes(encode_tokens(prompt[:limit * BS])), [base] * limit)
+            hashes = hit_hashes(self.hash_fn, self.root, prompt, extra, BS)
             cached = [[(g, h) in self.mirror for h in hashes] for g in range(len(self.groups))]
-            assert self.m.lookup(prompt, extra=extra) == BS * brute_force(self.groups, limit, cached)
+            assert self.m.lookup(prompt, extra=extra) == BS * brute_force(self.groups, len(hashes), cached)
 
 
 def brute_force(groups, limit, cached):
@@ -641,10 +612,6 @@ class TwoWindowsMachine(HybridMachine):
     num_blocks = 16
 
 
-SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
-TestHybridMachine = HybridMachine.TestCase
-TestHybridMachine.settings = SETTINGS
-TestSlidingOnlyMachine = SlidingOnlyMachine.TestCase
-TestSlidingOnlyMachine.settings = SETTINGS
-TestTwoWindowsMachine = TwoWindowsMachine.TestCase
-TestTwoWindowsMachine.settings = SETTINGS
+TestHybridMachine = case(HybridMachine, max_examples=60, stateful_step_count=40)
+TestSlidingOnlyMachine = case(SlidingOnlyMachine, max_examples=60, stateful_step_count=40)
+TestTwoWindowsMachine = case(TwoWindowsMachine, max_examples=60, stateful_step_count=40)

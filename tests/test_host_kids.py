@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixkv import KVCacheManager, RequestError
-from prefixkv.tiers.host_kids import FLOOR, SlotKids
+from prefixkv.core.parent_notes import FLOOR
+from prefixkv.tiers.host_kids import SlotKids
 
 BS = 4
 

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixkv import KVCacheManager
+from prefixkv.core import parent_notes
 from prefixkv.errors import RequestError
-from prefixkv.index import kids
 from test_index import Mirror
 
 BS = 4
@@ -87,7 +87,7 @@ def _announced_blocks(mirror: Mirror) -> int:
 
 
 def test_the_keys_noted_stay_bounded_and_exact_across_sweeps(monkeypatch):
-    monkeypatch.setattr(kids, "FLOOR", 4)
+    monkeypatch.setattr(parent_notes, "FLOOR", 4)
     m = KVCacheManager(24, BS, hash_mode="sha256", enable_events=True)
     index = m._index
     shared = list(range(8))  # two full blocks, cached under every suffix below
@@ -96,7 +96,7 @@ def test_the_keys_noted_stay_bounded_and_exact_across_sweeps(monkeypatch):
         m.free(i)
         m.check_invariants()
         # (keys of evicted suffixes go stale; without sweeps 200 would be held)
-        assert index._kids.noted <= 2 * max(kids.FLOOR, m.num_cached_blocks) + 1
+        assert index._kids.noted <= 2 * max(parent_notes.FLOOR, m.num_cached_blocks) + 1
     m.add_request("a", shared[:4] + [99])  # hits the shared block 0 alone
     m.rewind("a", 0)
     m.check_invariants()
@@ -113,7 +113,7 @@ PROMPTS = st.lists(st.integers(0, 3), min_size=2, max_size=4).map(  # (forks und
                               st.integers(0, 4), PROMPTS), min_size=6, max_size=40),
        tier=st.sampled_from([0, 4]))
 def test_streams_with_sweeps_keep_the_map_exact(ops, tier):
-    old, kids.FLOOR = kids.FLOOR, 0  # (a sweep at nearly every note)
+    old, parent_notes.FLOOR = parent_notes.FLOOR, 0  # (a sweep at nearly every note)
     try:
         m = KVCacheManager(16, BS, hash_mode="sha256", enable_events=True, host_blocks=tier)
         mirror = Mirror(m, "sha256", None)
@@ -148,4 +148,4 @@ def test_streams_with_sweeps_keep_the_map_exact(ops, tier):
             for p in seen:
                 assert mirror.predict(p) == m.lookup(p)
     finally:
-        kids.FLOOR = old
+        parent_notes.FLOOR = old

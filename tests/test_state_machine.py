@@ -9,10 +9,8 @@ still held, is caught at the step it happens.
 
 import hashlib
 
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    Bundle,
     RuleBasedStateMachine,
     consumes,
     initialize,
@@ -23,6 +21,7 @@ from hypothesis.stateful import (
 )
 
 from fork_chain import fork_chain_step
+from machine_rules import LIVE, SharedRules, case, hit_hashes, prompts_over
 from prefixkv import (
     AllBlocksCleared,
     BlockCopy,
@@ -33,7 +32,7 @@ from prefixkv import (
     KVCacheManager,
     PromptTooLongError,
 )
-from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
+from prefixkv.hashing import make_hash_fn
 
 BS = 4
 NUM_BLOCKS = 14
@@ -41,16 +40,13 @@ NUM_BLOCKS = 14
 # block after a different first block (only the parent tells them apart).
 PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], [9, 9, 9, 9, 5, 6, 7, 8]]
 
-prompts = st.builds(
-    lambda pre, cut, tail: PREFIXES[pre][:cut] + tail,
-    st.integers(0, len(PREFIXES) - 1), st.integers(0, 8), st.lists(st.integers(0, 12), max_size=9),
-).filter(bool)
+prompts = prompts_over(PREFIXES, 12, 9)
 salts = st.sampled_from([None, ExtraKeys(cache_salt="a"), ExtraKeys(lora="a")])
 
 
-class ManagerMachine(RuleBasedStateMachine):
+class ManagerMachine(SharedRules, RuleBasedStateMachine):
     hash_mode: object = "xxhash"
-    live = Bundle("live")
+    live = LIVE
 
     exact_hash = True  # False: a colliding hash, events can only over-predict
     bs = BS  # block size
@@ -79,10 +75,6 @@ class ManagerMachine(RuleBasedStateMachine):
         self.last = None
         self.next_id = 0
         self.steps = 0
-
-    def _own_step(self):
-        """Called first by a rule that takes the plan itself (a step of its own): the
-        late-plan machine ends the step under way first."""
 
     def _run_plan(self):
         """The engine's part of a step, before its forward pass: the manager's plan, in
@@ -120,10 +112,6 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _snapshot(self):
         return (self.m.free_block_order(), self.m.stats, self.m.num_cached_blocks)
-
-    def _new_id(self):
-        self.next_id += 1
-        return f"r{self.next_id}"
 
     def _admit(self, prompt, extra, chunk, prepared=None):
         """Admit ``prompt``; through ``prepared`` (a Prompt of it) when given."""
@@ -400,13 +388,6 @@ class ManagerMachine(RuleBasedStateMachine):
         self.m.free(rid, num_computed_tokens=min(first * self.bs, adm.num_cached_tokens))
 
     @rule(rid=consumes(live))
-    def free(self, rid):
-        self.last = None
-        if rid in self.tokens:
-            self.m.free(rid)
-            self._forget(rid)
-
-    @rule(rid=consumes(live))
     def preempt(self, rid):
         self.last = None
         if rid in self.tokens:
@@ -414,18 +395,6 @@ class ManagerMachine(RuleBasedStateMachine):
             self.seen[tuple(self.tokens[rid]), self.extra[rid]] = None
             self.preempted.append((self.tokens.pop(rid), self.extra.pop(rid)))
             del self.scheduled[rid], self.reserved[rid]
-
-    @rule()
-    def reset(self):
-        self._own_step()
-        self.last = None
-        assert self.m.reset_prefix_cache() == (not self.tokens)
-        if not self.tokens:
-            assert self.m.num_cached_blocks == 0
-
-    @invariant()
-    def consistent(self):
-        self.m.check_invariants()
 
     @invariant()
     def blocks_hold_each_requests_tokens(self):
@@ -478,12 +447,9 @@ class ManagerMachine(RuleBasedStateMachine):
         candidates += [(t + [0], e) for t, e in self.preempted]
         candidates += [(list(t) + [0], e) for t, e in self.seen]
         for prompt, extra in candidates:
-            n = (len(prompt) - 1) // self.bs
-            base = extra.base_bytes() if extra else b""
-            hashes, _ = chain(self.hash_fn, self.root,
-                              token_bytes(encode_tokens(prompt[:n * self.bs])), [base] * n)
+            hashes = hit_hashes(self.hash_fn, self.root, prompt, extra, self.bs)
             k = 0
-            while k < n and hashes[k] in self.mirror:
+            while k < len(hashes) and hashes[k] in self.mirror:
                 k += 1
             found = self.m.lookup(prompt, extra=extra)
             assert (k * self.bs == found) if self.exact_hash else (k * self.bs >= found), (prompt, k, found)
@@ -591,31 +557,23 @@ class BlockSizeThreeHostTierManagerMachine(HostTierManagerMachine):
     bs = 3
 
 
-SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
-TestManagerMachine = ManagerMachine.TestCase
-TestManagerMachine.settings = SETTINGS
-TestDeferredEventsManagerMachine = DeferredEventsManagerMachine.TestCase
-TestDeferredEventsManagerMachine.settings = settings(max_examples=100, stateful_step_count=60,
-                                                     deadline=None)
-TestHandedOffEventsManagerMachine = HandedOffEventsManagerMachine.TestCase
-TestHandedOffEventsManagerMachine.settings = settings(max_examples=100, stateful_step_count=60,
-                                                      deadline=None)
-TestCollidingManagerMachine = CollidingManagerMachine.TestCase
-TestCollidingManagerMachine.settings = SETTINGS
-TestParentBlindManagerMachine = ParentBlindManagerMachine.TestCase
-TestParentBlindManagerMachine.settings = SETTINGS
-TestFastPathManagerMachine = FastPathManagerMachine.TestCase
-TestFastPathManagerMachine.settings = SETTINGS
-TestHostTierManagerMachine = HostTierManagerMachine.TestCase
-TestHostTierManagerMachine.settings = SETTINGS
-TestHostTierFastPathManagerMachine = HostTierFastPathManagerMachine.TestCase
-TestHostTierFastPathManagerMachine.settings = SETTINGS
-TestHostTierChainManagerMachine = HostTierChainManagerMachine.TestCase
-TestHostTierChainManagerMachine.settings = settings(max_examples=100, stateful_step_count=100,
-                                                    deadline=None)
-TestBlockSizeOneManagerMachine = BlockSizeOneManagerMachine.TestCase
-TestBlockSizeOneManagerMachine.settings = SETTINGS
-TestFastPathBlockSizeOneManagerMachine = FastPathBlockSizeOneManagerMachine.TestCase
-TestFastPathBlockSizeOneManagerMachine.settings = SETTINGS
-TestBlockSizeThreeHostTierManagerMachine = BlockSizeThreeHostTierManagerMachine.TestCase
-TestBlockSizeThreeHostTierManagerMachine.settings = SETTINGS
+TestManagerMachine = case(ManagerMachine, max_examples=60, stateful_step_count=40)
+TestDeferredEventsManagerMachine = case(DeferredEventsManagerMachine, max_examples=100,
+                                        stateful_step_count=60)
+TestHandedOffEventsManagerMachine = case(HandedOffEventsManagerMachine, max_examples=100,
+                                         stateful_step_count=60)
+TestCollidingManagerMachine = case(CollidingManagerMachine, max_examples=60, stateful_step_count=40)
+TestParentBlindManagerMachine = case(ParentBlindManagerMachine, max_examples=60,
+                                     stateful_step_count=40)
+TestFastPathManagerMachine = case(FastPathManagerMachine, max_examples=60, stateful_step_count=40)
+TestHostTierManagerMachine = case(HostTierManagerMachine, max_examples=60, stateful_step_count=40)
+TestHostTierFastPathManagerMachine = case(HostTierFastPathManagerMachine, max_examples=60,
+                                          stateful_step_count=40)
+TestHostTierChainManagerMachine = case(HostTierChainManagerMachine, max_examples=100,
+                                       stateful_step_count=100)
+TestBlockSizeOneManagerMachine = case(BlockSizeOneManagerMachine, max_examples=60,
+                                      stateful_step_count=40)
+TestFastPathBlockSizeOneManagerMachine = case(FastPathBlockSizeOneManagerMachine, max_examples=60,
+                                              stateful_step_count=40)
+TestBlockSizeThreeHostTierManagerMachine = case(BlockSizeThreeHostTierManagerMachine,
+                                                max_examples=60, stateful_step_count=40)

@@ -13,10 +13,10 @@ counted as computed (the default), when the store writes them at the step's end 
 the blocks that still hold their content (``lookup_block_ids``: a hit, a spare, the block
 the plan holds for its content; a block handed out again is not written)."""
 
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import consumes, initialize, invariant, multiple, rule
 
+from machine_rules import case
 from test_state_machine import ManagerMachine, prompts
 
 
@@ -191,8 +191,6 @@ class SmallLatePlanManagerMachine(LatePlanManagerMachine):
 # (A host tier with late plans is not here yet: a request dropped in the step gives back
 # the block a load of the plan writes, and a fork may take it as a copy's destination,
 # which ``CopyPlan.check`` refuses: tests/test_fork_chains.py, the xfail.)
-SETTINGS = settings(max_examples=200, stateful_step_count=50, deadline=None)
-TestLatePlanManagerMachine = LatePlanManagerMachine.TestCase
-TestLatePlanManagerMachine.settings = SETTINGS
-TestSmallLatePlanManagerMachine = SmallLatePlanManagerMachine.TestCase
-TestSmallLatePlanManagerMachine.settings = SETTINGS
+TestLatePlanManagerMachine = case(LatePlanManagerMachine, max_examples=200, stateful_step_count=50)
+TestSmallLatePlanManagerMachine = case(SmallLatePlanManagerMachine, max_examples=200,
+                                       stateful_step_count=50)

@@ -157,3 +157,33 @@ def test_a_workspace_made_by_hand_with_counts_alloc_refuses_is_rejected(backend,
     with pytest.raises(UnsupportedError, match=f"split_workspace.{field} must be an int"):
         paged_prefill_attention(*case.args, out=out, split_workspace=bad, backend=backend)
     assert (out == 7.0).all()
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("heads, error", [(None, ArgumentTypeError), (8, ShapeError)])
+def test_a_bad_workspace_is_rejected_on_a_batch_of_no_new_token_too(backend, heads, error):
+    """Both backends check the workspace before anything else they do. Before: the Triton
+    path checked it while planning the launch, after returning early on a batch of no new
+    token (an engine's idle step), so ``"ws"`` or a workspace of 8 heads passed there
+    silently and raised on the torch path (found folding the backends' shared checks)."""
+    case = make_case([0, 0], [5, 3], num_kv_heads=2, group=2, head_dim=16, block_size=16,
+                     device=PRIMARY_DEVICE)
+    ws = "ws" if heads is None else alloc_split_workspace(2, 2, heads, 16, PRIMARY_DEVICE)
+    with pytest.raises(error, match="split_workspace"):
+        paged_prefill_attention(*case.args, split_workspace=ws, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_checked_mode_reads_values_only_after_the_workspace_is_checked(backend):
+    """A call with a wrong workspace and a bad ``cu_seqlens_q`` value raises the same
+    error on both backends: the workspace's (no device synchronisation), not checked
+    mode's. Before: torch raised ArgumentTypeError, Triton MetadataError (it read the
+    values first)."""
+    case = make_case([2, 1], [5, 3], num_kv_heads=2, group=2, head_dim=16, block_size=16,
+                     device=PRIMARY_DEVICE)
+    args = list(case.args)
+    args[4] = torch.tensor([0, 2, 9], dtype=torch.int32, device=PRIMARY_DEVICE)  # 9 != total_q 3
+    out = torch.full_like(case.q, 7.0)
+    with pytest.raises(ArgumentTypeError, match="split_workspace"):
+        paged_prefill_attention(*args, out=out, split_workspace="ws", checked=True, backend=backend)
+    assert (out == 7.0).all()

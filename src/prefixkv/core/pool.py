@@ -268,22 +268,15 @@ class BlockPool:
                     x.prev = last
                     last = x
                 continue
-            for x in span:  # given otherwise: each counted alone
-                if x.counted is not None:
+            for x in span:  # given otherwise (rare): each counted alone, released as such,
+                if x.counted is not None:  # the cached tier closed at ``last`` meanwhile
                     x.counted.dissolve()
-            for x in span:
-                x.refs -= 1
-                if x.refs:
-                    continue
-                if x.key is None:
-                    empty.append(x)
-                elif not x.twin:
-                    last.next = x
-                    x.prev = last
-                    last = x
-                    added += 1
-                else:
-                    last = self._spare_freed(x, last)
+            last.next = tail
+            tail.prev = last
+            self._cached.forget(-added)
+            added = 0
+            self.release(span)
+            last = tail.prev
         last.next = tail
         tail.prev = last
         self._cached.forget(-added)

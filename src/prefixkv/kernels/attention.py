@@ -13,8 +13,8 @@ import torch
 import triton
 
 from . import tiling
-from .checked import check_attention_values, check_scale_sink_values
-from .fp8 import is_fp8, unit_scale
+from .call import AttentionCall
+from .fp8 import is_fp8, kernel_scales
 from .interpreter import backport_scalar_index
 from .prefill_kernel import _paged_prefill_kernel
 from .split_kv import combine_splits
@@ -74,15 +74,11 @@ def paged_prefill_attention_triton(
     depends only on the model's shapes and options, ``max_seqlen_q`` (tile size) and
     whether keys are split (see :mod:`prefixkv.kernels`).
     """
-    shape = check_attention(
+    shape = check_attention(AttentionCall(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, out=out,
-        return_lse=return_lse, checked=checked, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
-    )
-    if checked:
-        check_attention_values(block_table, cu_seqlens_q, seqused_k, shape.total_q, shape.num_blocks,
-                               shape.block_size)
-        check_scale_sink_values(k_scale, v_scale, sinks)
+        return_lse=return_lse, sinks=sinks, k_scale=k_scale, v_scale=v_scale, checked=checked,
+        split_workspace=split_workspace))
     if out is None:
         out = torch.empty_like(q)
     cu_seqlens_q, seqused_k = cu_seqlens_q.contiguous(), seqused_k.contiguous()
@@ -101,27 +97,23 @@ def paged_prefill_attention_triton(
     block_m = max(config.block_m, group_p2)
     block_q = block_m // group_p2
     kv_fp8 = is_fp8(k_cache.dtype)
-    k_scale_arg, v_scale_arg = (unit_scale(q.device) if t is None else t for t in (k_scale, v_scale))
+    scales, scale_strides = kernel_scales(k_scale, v_scale, q.device)
     if shape.softcap > 0:
         qk_scale, softcap_log2 = shape.softmax_scale / shape.softcap, shape.softcap * _LOG2E
     else:
         qk_scale, softcap_log2 = shape.softmax_scale * _LOG2E, 0.0
     plan = plan_splits(shape, config, split_workspace, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                       block_q=block_q, causal=causal, device=q.device, tensors=dict(
-                           q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
-                           cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k, out=out, sinks=sinks,
-                           k_scale=k_scale, v_scale=v_scale))
+                       block_q=block_q, causal=causal, device=q.device)
     num_splits, split_q, split_keys = plan.num_splits, plan.split_q, plan.split_keys
     ws_args, ws_strides = plan.kernel_args(out)
     grid = (shape.total_q // block_q + shape.batch + 2, shape.num_kv_heads, num_splits)
     backport_scalar_index()  # the phase loops' bounds are loaded: triton 3.6's interpreter needs it
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, out, out if lse is None else lse,
-        q if sinks is None else sinks, k_scale_arg, v_scale_arg, *ws_args,  # q, out: pointers never read
+        q if sinks is None else sinks, *scales, *ws_args,  # q, out: pointers never read
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(),
         *out.stride(), *(lse.stride() if lse is not None else (0, 0)), *ws_strides, split_q, split_keys,
-        0 if sinks is None else sinks.stride(0),
-        *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale_arg, v_scale_arg)),
+        0 if sinks is None else sinks.stride(0), *scale_strides,
         qk_scale, softcap_log2, shape.window_left, shape.window_right,
         shape.batch, num_splits, shape.total_q, shape.max_blocks * shape.block_size, shape.num_blocks - 1,
         GROUP=group, GROUP_P2=group_p2, HEAD_DIM=shape.head_dim,

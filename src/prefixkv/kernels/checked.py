@@ -5,7 +5,8 @@ The default path never looks at the values inside ``slot_mapping``, ``block_tabl
 break CUDA graphs); the kernels instead keep every access inside the given tensors
 (docs/kv_layout.md, "Untrusted metadata"). Checked mode is the debugging switch: it copies
 what it needs to the host, synchronising, and raises :class:`MetadataError` naming the
-request (or token) and the value, before anything is written. Both backends call it.
+request (or token) and the value, before anything is written. The checks of ``validation.py``
+call it last, for both backends, once every check on shapes has passed.
 """
 
 from __future__ import annotations

@@ -71,12 +71,12 @@ def write_kv_cache(
         BackendError: see :func:`resolve_backend`.
     """
     check_tensors(k_cache=k_cache)
-    args = (key, value, k_cache, v_cache, slot_mapping)
+    write = write_kv_cache_reference
     if resolve_backend(backend, k_cache.device) == "triton":
-        from .write_kv import write_kv_cache_triton
+        from . import write_kv  # Triton is imported only here
 
-        return write_kv_cache_triton(*args, k_scale=k_scale, v_scale=v_scale, checked=checked)
-    return write_kv_cache_reference(*args, k_scale=k_scale, v_scale=v_scale, checked=checked)
+        write = write_kv.write_kv_cache_triton
+    write(key, value, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale, checked=checked)
 
 
 @overload
@@ -253,15 +253,12 @@ def paged_prefill_attention(
         BackendError: see :func:`resolve_backend`.
     """
     check_tensors(q=q)
-    args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    attend = paged_prefill_attention_reference
     if resolve_backend(backend, q.device) == "triton":
-        from .attention import paged_prefill_attention_triton
+        from . import attention  # Triton is imported only here
 
-        return paged_prefill_attention_triton(
-            *args, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-            softcap=softcap, out=out, return_lse=return_lse, sinks=sinks, k_scale=k_scale,
-            v_scale=v_scale, checked=checked, split_workspace=split_workspace)
-    return paged_prefill_attention_reference(
-        *args, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-        softcap=softcap, out=out, return_lse=return_lse, sinks=sinks, k_scale=k_scale,
-        v_scale=v_scale, checked=checked, split_workspace=split_workspace)
+        attend = attention.paged_prefill_attention_triton
+    return attend(q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                  softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                  out=out, return_lse=return_lse, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
+                  checked=checked, split_workspace=split_workspace)

@@ -29,8 +29,8 @@ import torch
 
 from .errors import ArgumentTypeError, DeviceError, DtypeError, ShapeError, UnsupportedError
 
-__all__ = ["FP8_DTYPES", "RELATIVE_ERROR", "check_scale", "dequantize", "is_fp8", "quantize", "unit_scale",
-           "valid_scale"]
+__all__ = ["FP8_DTYPES", "RELATIVE_ERROR", "check_scale", "dequantize", "is_fp8", "kernel_scales", "quantize",
+           "unit_scale", "valid_scale"]
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 """The fp8 cache dtypes: a cache of either takes ``k_scale`` / ``v_scale`` and fp16/bf16 queries."""
@@ -78,6 +78,15 @@ def unit_scale(device: torch.device) -> torch.Tensor:
     """A ``[1]`` fp32 tensor of 1.0 on ``device``, made once: the kernels' scale when none is
     given (a fixed address, so a captured CUDA graph keeps pointing at it)."""
     return torch.ones(1, dtype=torch.float32, device=device)
+
+
+def kernel_scales(k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, device: torch.device
+                  ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[int, int]]:
+    """The kernels' ``(k, v)`` scale pointers and their per-head strides, for checked
+    scales: :func:`unit_scale` where one is None, and stride 0 for a per-tensor scale
+    (``[]``/``[1]``: every head reads its one element)."""
+    k, v = (unit_scale(device) if t is None else t for t in (k_scale, v_scale))
+    return (k, v), (k.stride(0) if k.numel() > 1 else 0, v.stride(0) if v.numel() > 1 else 0)
 
 
 def _per_head(scale: torch.Tensor | None, num_kv_heads: int, device: torch.device) -> torch.Tensor:

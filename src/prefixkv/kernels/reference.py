@@ -9,13 +9,17 @@ host; it is written to be obviously right, not fast.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..core.block import blocks_for
-from .checked import check_attention_values, check_scale_sink_values, check_slot_values
+from .call import AttentionCall
 from .fp8 import dequantize, quantize
 from .validation import check_attention, check_write_kv
-from .workspace import check_split_workspace
+
+if TYPE_CHECKING:
+    from .workspace import SplitWorkspace
 
 __all__ = ["write_kv_cache_reference", "paged_prefill_attention_reference"]
 
@@ -34,9 +38,6 @@ def write_kv_cache_reference(
     """Reference of :func:`prefixkv.kernels.write_kv_cache` (same contract)."""
     check_write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale, checked=checked)
     num_blocks, block_size = k_cache.shape[:2]
-    if checked:
-        check_slot_values(slot_mapping, num_blocks, block_size)
-        check_scale_sink_values(k_scale, v_scale)
     keep = (slot_mapping >= 0) & (slot_mapping < num_blocks * block_size)
     slots = slot_mapping[keep].to(torch.int64)
     blocks, offsets = slots // block_size, slots % block_size
@@ -94,7 +95,7 @@ def paged_prefill_attention_reference(
     sinks: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
-    split_workspace: object = None,
+    split_workspace: SplitWorkspace | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Reference of :func:`prefixkv.kernels.paged_prefill_attention` (same contract; a
     ``split_workspace`` is checked and not used: nothing is split here).
@@ -104,19 +105,12 @@ def paged_prefill_attention_reference(
     sink's column is dropped before multiplying by V. A NaN sink is no sink (``-inf``); a
     ``+inf`` sink takes the whole softmax: output 0, LSE ``+inf``.
     """
-    shape = check_attention(
+    shape = check_attention(AttentionCall(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, out=out,
-        return_lse=return_lse, checked=checked, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
-    )
+        return_lse=return_lse, sinks=sinks, k_scale=k_scale, v_scale=v_scale, checked=checked,
+        split_workspace=split_workspace))
     bs, group = shape.block_size, shape.group
-    if split_workspace is not None:
-        check_split_workspace(split_workspace, shape, q.device, dict(
-            q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, cu_seqlens_q=cu_seqlens_q,
-            seqused_k=seqused_k, out=out, sinks=sinks, k_scale=k_scale, v_scale=v_scale))
-    if checked:
-        check_attention_values(block_table, cu_seqlens_q, seqused_k, shape.total_q, shape.num_blocks, bs)
-        check_scale_sink_values(k_scale, v_scale, sinks)
     if out is None:
         out = torch.empty_like(q)
     lse = torch.full((shape.num_heads, shape.total_q), float("-inf"), dtype=torch.float32, device=q.device)

@@ -15,7 +15,7 @@ import torch
 
 from .tiling import MIN_KEYS_PER_SPLIT, TileConfig, choose_num_splits, sm_count
 from .validation import AttentionShape
-from .workspace import SplitWorkspace, alloc_split_workspace, check_split_workspace
+from .workspace import SplitWorkspace, alloc_split_workspace
 
 __all__ = ["SplitPlan", "plan_splits"]
 
@@ -47,22 +47,17 @@ class SplitPlan:
 
 
 def plan_splits(shape: AttentionShape, config: TileConfig, split_workspace: SplitWorkspace | None, *,
-                max_seqlen_q: int, max_seqlen_k: int, block_q: int, causal: bool, device: torch.device,
-                tensors: dict[str, torch.Tensor | None]) -> SplitPlan:
+                max_seqlen_q: int, max_seqlen_k: int, block_q: int, causal: bool, device: torch.device
+                ) -> SplitPlan:
     """The split plan of a launch of ``shape`` on ``device`` with query tiles of ``block_q``
-    positions. With ``split_workspace``: its count, ``split_q`` and ``min_keys``, after
-    checking it fits the call and shares no memory with ``tensors`` (the call's tensors
-    by name). Without: ``config.num_splits`` when set (every request splits, slices of
-    any size: tests reach each slice that way), else the heuristic's count (slices of at
-    least ``MIN_KEYS_PER_SPLIT``); a workspace is allocated when that count is over 1.
-
-    Raises:
-        ArgumentTypeError, ShapeError, DtypeError, DeviceError: as
-            :func:`~prefixkv.kernels.workspace.check_split_workspace`.
+    positions. With ``split_workspace`` (checked already, with the call's other
+    arguments: ``validation.check_attention``): its count, ``split_q`` and ``min_keys``.
+    Without: ``config.num_splits`` when set (every request splits, slices of any size:
+    tests reach each slice that way), else the heuristic's count (slices of at least
+    ``MIN_KEYS_PER_SPLIT``); a workspace is allocated when that count is over 1.
     """
     ws = split_workspace
     if ws is not None:  # fixed grid and workspace (CUDA graphs): per-request splits in any batch
-        check_split_workspace(ws, shape, device, tensors)
         return SplitPlan(ws.num_splits, ws.split_q, ws.min_keys, ws)
     forced = config.num_splits is not None
     num_splits = config.num_splits or choose_num_splits(  # None: the heuristic's count

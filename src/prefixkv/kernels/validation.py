@@ -1,23 +1,30 @@
-"""Argument checks shared by every backend, so that all of them reject the same calls (the
-checks on any one argument, which these build on, are in ``arguments.py``).
+"""Argument checks shared by every backend, so that all of them reject the same calls, in
+the same order (the checks on any one argument, which these build on, are in
+``arguments.py``).
 
-Only shapes, dtypes, devices and Python scalars are inspected: nothing here reads a
-tensor's values, so the checks never synchronise with the device (checked mode, which
-does, lives in ``checked.py``).
+Only shapes, dtypes, devices and Python scalars are inspected, so the checks never
+synchronise with the device, but for checked mode (``checked=True``): its reads of the
+values (``checked.py``) come last, once every other check has passed.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from .arguments import _real, _same_device, check_flags, check_tensors
+from .checked import check_attention_values, check_scale_sink_values, check_slot_values
 from .errors import DtypeError, ShapeError, UnsupportedError
 from .fp8 import FP8_DTYPES, QUERY_DTYPES, check_scale, is_fp8
 from .overlap import caches_overlap, check_apart, check_reads_apart
 from .reach import WINDOW_CAP, check_int32_reach, check_window_reach
+from .workspace import check_split_workspace
+
+if TYPE_CHECKING:
+    from .call import AttentionCall
 
 __all__ = [
     "AttentionShape", "check_write_kv", "check_attention", "check_sinks", "check_tensors", "check_flags",
@@ -98,7 +105,8 @@ def check_write_kv(
     *,
     checked: bool = False,
 ) -> None:
-    """Validate a ``write_kv_cache`` call; see :func:`prefixkv.kernels.write_kv_cache`."""
+    """Validate a ``write_kv_cache`` call (any backend; ``checked``: its slots and scales
+    too, last); see :func:`prefixkv.kernels.write_kv_cache`."""
     check_tensors(key=key, value=value, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
     check_flags(checked=checked)
     _check_caches(k_cache, v_cache)
@@ -127,6 +135,9 @@ def check_write_kv(
     check_reads_apart("write_kv_cache", {"k_cache": k_cache, "v_cache": v_cache},
                       {"key": key, "value": value, "slot_mapping": slot_mapping, "k_scale": k_scale,
                        "v_scale": v_scale})
+    if checked:
+        check_slot_values(slot_mapping, k_cache.shape[0], k_cache.shape[1])
+        check_scale_sink_values(k_scale, v_scale)
 
 
 def _window(window_size: object, causal: bool) -> tuple[int, int]:
@@ -150,34 +161,24 @@ def _window(window_size: object, causal: bool) -> tuple[int, int]:
     return min(left, WINDOW_CAP), min(right, WINDOW_CAP)
 
 
-def check_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seqused_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    *,
-    softmax_scale: float | None,
-    causal: bool,
-    window_size: tuple[int, int] | None,
-    softcap: float,
-    out: torch.Tensor | None,
-    return_lse: bool = False,
-    checked: bool = False,
-    sinks: torch.Tensor | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> AttentionShape:
-    """Validate a ``paged_prefill_attention`` call and return its sizes and options."""
-    check_tensors(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+def check_attention(call: AttentionCall) -> AttentionShape:
+    """Validate a ``paged_prefill_attention`` call and return its sizes and options, in
+    this order on every backend: the arguments, the ``split_workspace`` against them, and
+    with ``checked`` the metadata, scale and sink values (a device synchronisation).
+
+    Raises:
+        everything :func:`prefixkv.kernels.paged_prefill_attention` documents but
+        ``BackendError``.
+    """
+    q, k_cache, block_table = call.q, call.k_cache, call.block_table
+    cu_seqlens_q, seqused_k = call.cu_seqlens_q, call.seqused_k
+    out, softmax_scale, softcap, return_lse = call.out, call.softmax_scale, call.softcap, call.return_lse
+    check_tensors(q=q, k_cache=k_cache, v_cache=call.v_cache, block_table=block_table,
                   cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k)
     if out is not None:
         check_tensors(out=out)
-    check_flags(causal=causal, return_lse=return_lse, checked=checked)
-    _check_caches(k_cache, v_cache)
+    check_flags(causal=call.causal, return_lse=return_lse, checked=call.checked)
+    _check_caches(k_cache, call.v_cache)
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     if num_blocks < 1:  # a bad block id reads block num_blocks - 1: there must be one
         raise ShapeError(f"k_cache has no block (shape {tuple(k_cache.shape)}); attention needs at least one")
@@ -205,12 +206,12 @@ def check_attention(
         if t.dtype != INDEX_DTYPE:
             raise DtypeError(f"{name} dtype {t.dtype}; expected {INDEX_DTYPE}")
         _same_device(name, t, device)
-    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+    for name, n in (("max_seqlen_q", call.max_seqlen_q), ("max_seqlen_k", call.max_seqlen_k)):
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise UnsupportedError(f"{name} must be a Python int >= 0, got {n!r}")
-    if max_seqlen_k > block_table.shape[1] * block_size:
+    if call.max_seqlen_k > block_table.shape[1] * block_size:
         raise ShapeError(
-            f"max_seqlen_k {max_seqlen_k} > block_table capacity "
+            f"max_seqlen_k {call.max_seqlen_k} > block_table capacity "
             f"{block_table.shape[1]} blocks x {block_size} slots"
         )
     if softmax_scale is None:
@@ -227,7 +228,7 @@ def check_attention(
     if softcap > 0 and softmax_scale / softcap > FLOAT_LIMIT:
         raise UnsupportedError(f"softmax_scale / softcap must be at most {FLOAT_LIMIT:.3g} (float32), got "
                                f"{softmax_scale!r} / {softcap!r}")
-    left, right = _window(window_size, causal)
+    left, right = _window(call.window_size, call.causal)
     check_window_reach(left, right, block_table.shape[1] * block_size, q.shape[0])
     if out is not None:
         if out.shape != q.shape:
@@ -238,18 +239,22 @@ def check_attention(
         check_int32_reach("out", out, (1, 2), "token")
         # out may be q itself (each row's output lands where only its own query was read)
         same_q = out.data_ptr() == q.data_ptr() and out.stride() == q.stride()
-        check_apart("paged_prefill_attention", {"out": out}, {
-            "q": None if same_q else q, "k_cache": k_cache, "v_cache": v_cache,
-            "block_table": block_table, "cu_seqlens_q": cu_seqlens_q, "seqused_k": seqused_k,
-            "sinks": sinks, "k_scale": k_scale, "v_scale": v_scale})
-    check_sinks(sinks, q)
-    check_scale("k_scale", k_scale, k_cache)
-    check_scale("v_scale", v_scale, v_cache)
-    return AttentionShape(
+        check_apart("paged_prefill_attention", {"out": out},
+                    call.tensors() | {"out": None, "q": None if same_q else q})
+    check_sinks(call.sinks, q)
+    check_scale("k_scale", call.k_scale, k_cache)
+    check_scale("v_scale", call.v_scale, call.v_cache)
+    shape = AttentionShape(
         total_q=q.shape[0], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
         num_blocks=num_blocks, block_size=block_size, batch=batch, max_blocks=block_table.shape[1],
         softmax_scale=float(softmax_scale), window_left=left, window_right=right, softcap=float(softcap),
     )
+    if call.split_workspace is not None:
+        check_split_workspace(call.split_workspace, shape, q.device, call.tensors())
+    if call.checked:  # last: it reads the values (a device synchronisation)
+        check_attention_values(block_table, cu_seqlens_q, seqused_k, shape.total_q, num_blocks, block_size)
+        check_scale_sink_values(call.k_scale, call.v_scale, call.sinks)
+    return shape
 
 
 def check_cascade(shift_blocks: torch.Tensor, rows: torch.Tensor, prefix_table: torch.Tensor,

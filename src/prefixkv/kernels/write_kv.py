@@ -6,8 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .checked import check_scale_sink_values, check_slot_values
-from .fp8 import is_fp8, unit_scale
+from .fp8 import is_fp8, kernel_scales
 from .validation import check_write_kv
 
 __all__ = ["write_kv_cache_triton"]
@@ -68,17 +67,14 @@ def write_kv_cache_triton(
     """Triton path of :func:`prefixkv.kernels.write_kv_cache` (same contract)."""
     check_write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale, checked=checked)
     num_blocks, block_size, num_heads, head_dim = k_cache.shape
-    if checked:
-        check_slot_values(slot_mapping, num_blocks, block_size)
-        check_scale_sink_values(k_scale, v_scale)
     num_tokens = key.shape[0]
     if num_tokens == 0:
         return
-    k_scale, v_scale = (unit_scale(key.device) if t is None else t for t in (k_scale, v_scale))
+    scales, scale_strides = kernel_scales(k_scale, v_scale, key.device)
     _write_kv_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping, slot_mapping.stride(0), k_scale, v_scale,
+        key, value, k_cache, v_cache, slot_mapping, slot_mapping.stride(0), *scales,
         *key.stride(), *value.stride(), *k_cache.stride(), *v_cache.stride(),
-        *(t.stride(0) if t.numel() > 1 else 0 for t in (k_scale, v_scale)), block_size,
+        *scale_strides, block_size,
         num_blocks * block_size,
         NUM_HEADS=num_heads, HEAD_DIM=head_dim,
         HEADS_P2=triton.next_power_of_2(num_heads), DIM_P2=triton.next_power_of_2(head_dim),

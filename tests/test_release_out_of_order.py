@@ -1,0 +1,37 @@
+"""``BlockPool.release`` given a shared run's blocks in no order of the run (neither its
+chain order nor the reverse; the managers give whole runs, so only a caller of the pool
+does): each block is released alone, in the order given, exactly as after the run was
+dissolved first. Block size 4, a miss of 4 full blocks (recorded as one run)."""
+
+import pytest
+
+from prefixkv import KVCacheManager
+
+BS = 4
+PROMPT = list(range(4 * BS + 1))
+
+
+def admitted(events: bool) -> tuple[KVCacheManager, list]:
+    m = KVCacheManager(8, BS, enable_events=events)
+    m.add_request("a", PROMPT)
+    m.take_kv_ops()
+    req = m._requests.pop("a")  # (the pool's caller, freeing it by hand below)
+    return m, req.blocks
+
+
+@pytest.mark.parametrize("events", [False, True])
+@pytest.mark.parametrize("order", [[2, 0, 4, 1, 3], [1, 3, 2, 0, 4], [4, 1, 0, 2, 3]])
+def test_a_run_given_out_of_order_frees_as_each_block_alone(events, order):
+    m, blocks = admitted(events)
+    run = blocks[1].counted
+    assert run is not None and run.shared and blocks[1] in run.blocks  # (a shared run)
+    m._pool.release([blocks[i] for i in order])
+    ref, ref_blocks = admitted(events)
+    for b in ref_blocks:
+        if b.counted is not None:
+            b.counted.dissolve()
+    ref._pool.release([ref_blocks[i] for i in order])
+    assert m.free_block_order() == ref.free_block_order()
+    assert m.num_free_blocks == ref.num_free_blocks == 8
+    m.check_invariants()
+    assert m.lookup(PROMPT) == ref.lookup(PROMPT) == 4 * BS
