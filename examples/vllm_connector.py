@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import pathlib
+import shutil
 import tempfile
 
 import torch
@@ -205,14 +206,17 @@ def main(argv: list[str] | None = None) -> None:
     opts = args.parse_args(argv)
     tokens = [(i * 31) % 997 + 1 for i in range(opts.prompt_len)]
     model = model_dir()
-    with LocalRedis() as redis:
-        a = Replica(model, redis.url, layout="LBNHC")  # NHD
-        a.add("a-1", tokens)
-        a.run()
-        a.worker.worker.flush()  # (the saves go out on a writer thread)
-        b = Replica(model, redis.url, layout="LBHNC")  # HND, empty caches
-        b.add("b-1", tokens)
-        b.run()
+    try:
+        with LocalRedis() as redis:
+            a = Replica(model, redis.url, layout="LBNHC")  # NHD
+            a.add("a-1", tokens)
+            a.run()
+            a.worker.worker.flush()  # (the saves go out on a writer thread)
+            b = Replica(model, redis.url, layout="LBHNC")  # HND, empty caches
+            b.add("b-1", tokens)
+            b.run()
+    finally:
+        shutil.rmtree(model, ignore_errors=True)
     full = (len(tokens) - 1) // BLOCK
     loaded = b.worker.worker.stats.loaded
     same = all(torch.equal(x, y)

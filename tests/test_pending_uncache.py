@@ -114,12 +114,13 @@ uncaches = st.tuples(st.just("uncache"), st.lists(st.integers(0, 191), min_size=
 
 @settings(deadline=None, max_examples=40)
 @given(many, st.lists(st.one_of(uncaches, uncaches, ops), min_size=4, max_size=30),
-       st.sampled_from([160, 192]))
-def test_uncache_among_many_live_runs_agrees_with_no_runs(live, steps, num_blocks):
+       st.sampled_from([160, 192]), st.booleans())
+def test_uncache_among_many_live_runs_agrees_with_no_runs(live, steps, num_blocks, events):
     """``test_pending_truth``'s differential (runs pending vs none; every hit the KV it
     was computed for) after 8-16 requests kept live, each with its own runs pending, with
-    uncaches weighted up: those of other requests' runs stay pending."""
-    run_steps(live + steps, num_blocks, False)
+    uncaches weighted up: those of other requests' runs stay pending. With events (lazy:
+    runs are recorded pending too, events-r16) and without."""
+    run_steps(live + steps, num_blocks, events)
 
 
 def test_a_spare_leaves_another_requests_run_pending():

@@ -130,6 +130,23 @@ def test_a_writer_whose_queue_is_full_drops():
     assert (writer.written, writer.dropped, len(backend.items)) == (2, 1, 2)
 
 
+def test_a_closed_writer_sent_what_was_queued_ended_its_thread_and_drops_later_writes():
+    """Before, a writer had no way to end its thread: every connector that vLLM shut
+    down left one behind (tests/engines/vllm_connector/test_shutdown.py)."""
+    op = StorePut(0, b"k", b"head")
+    backend = StalledBackend()
+    writer = StoreWriter(backend, max_pending=4, batch=2)
+    for value in (b"1", b"2", b"3"):
+        assert writer.put(op, value)
+    backend.go.set()
+    writer.close()
+    assert not writer._thread.is_alive()
+    assert (writer.written, len(backend.items)) == (3, 3)
+    assert not writer.put(op, b"4") and writer.dropped == 1
+    writer.close()  # (a second call does nothing)
+    writer.flush()  # (nothing queued: returns)
+
+
 @pytest.mark.parametrize("kw", [dict(timeout=0), dict(timeout="1"), dict(ttl=0), dict(ttl=1.5)])
 def test_bad_redis_store_arguments(kw):
     from prefixkv import ConfigError

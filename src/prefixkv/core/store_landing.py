@@ -70,7 +70,7 @@ def fill_pending(blocks: Sequence[Block], parent_cid: int, extra: bytes, cids: S
     ``blocks[1:]`` are the run, headed by ``blocks[0]``, all under one ``extra``. Each
     block's content fields are written as ``fill_device`` writes them but the key: the
     run's blocks have none but the last, and are counted through the run (one count,
-    held) and linked tail first, as ``record_pending`` leaves them. The run is returned
+    held) and linked tail first, as ``_record_run`` leaves them. The run is returned
     unregistered: ``ContentIndex.land_run`` records it (the blocks are in ``landing``
     until then: no check reads them); every path that empties the blocks instead clears
     their ``counted`` (``_emptied``, ``unpend``). On the fetcher's thread."""

@@ -42,8 +42,9 @@ class DroppingIndex(SpareIndex):
         # first (``check`` verifies it when a tier is below).
         if lower is not None:
             lower.demote(blocks, self.step, keyless)
-        if keyless is not None:  # (their blocks: nothing to unkey, no event to announce)
-            blocks = keyless.outside(list(blocks))
+        evicted = blocks  # (each content goes: pending runs' blocks are announced too)
+        if keyless is not None:  # (their blocks: nothing to unkey; their hashes, set by
+            blocks = keyless.outside(list(blocks))  # their run's build, are announced)
         if not twins:  # the common case: each content goes
             keyed = 0
             for b in blocks:  # (a chained block leaves no dict entry)
@@ -54,17 +55,21 @@ class DroppingIndex(SpareIndex):
                     keyed += 1
                 b.key = None
             self._num_chained -= len(blocks) - keyed
-            if sink.active and blocks:  # one BlockRemoved, built now (eager) or when taken
+            if sink.active and evicted:  # one BlockRemoved, built now (eager) or when taken
                 if self.lazy:
-                    sink.defer(RemovedRun(list(blocks)))
+                    sink.defer(RemovedRun(list(evicted)))
                 else:
-                    sink.append(removed(list(blocks)))
+                    sink.append(removed(list(evicted)))
             return
         # spares held: the blocks whose content goes (all of them unless a spare takes one
         # over), announced as above
         gone: list[Block] | None = [] if sink.active else None
         chained = 0
-        for b in blocks:  # the common case: a chained block leaves no dict entry
+        for b in evicted:  # the common case: a chained block leaves no dict entry
+            if b.key is None:  # a pending run's (``keyless``): no spare of it, it goes
+                if gone is not None:
+                    gone.append(b)
+                continue
             if b.chained:
                 b.chained = False
                 chained += 1
@@ -80,8 +85,6 @@ class DroppingIndex(SpareIndex):
         self._num_chained -= chained
         if not sink.active:
             return
-        if gone is None:
-            gone = list(blocks)
         if not gone:
             return
         if self.lazy:
@@ -104,6 +107,8 @@ class DroppingIndex(SpareIndex):
             b.key = None
 
     def snapshot(self, blocks: Sequence[Block]) -> list[Event]:
+        if self.run_counts.pending:  # (each block's content and id read below)
+            self.settle_all()
         primaries = sorted([b for b in blocks if b.key is not None and not b.twin],
                            key=lambda b: b.content_id)  # parents were stored first
         out: list[Event] = []

@@ -22,7 +22,9 @@ Who reads what:
 - the pool's release and eviction use its count and links alone; an eviction that takes
   the whole run, or cuts its tail off (``Run.truncate``), has no dict entry to remove:
   the index unkeys none of those blocks (``BlockPool._evict`` names them: ``core.keyless``;
-  the tier below reads the content of those it keeps from there), and the run clears its own
+  the tier below reads the content of those it keeps from there; with deferred events the
+  ``BlockRemoved`` names them all, their hashes set by the run's ``StoredRun`` build,
+  which the log runs first), and the run clears its own
   last block's key (``Run.evicted``) or writes its new last one (``Run.truncate``); each
   block's own count is 1 from the store on (nothing writes it while the run counts
   them), so the eviction writes one field a block (``counted``);
@@ -31,10 +33,11 @@ Who reads what:
   (``settle_near``), host hits adopted under one of its blocks (``adopt``), a spare of
   one of its blocks or of its head (``_add_twin``: that content and its children get
   keyed; other runs stay pending), ``match`` with multimodal keys
-  or a claimed start (without, it walks runs whole, then the tier below), ``holds``;
-  ``uncache`` settles the runs it reads alone: those of the blocks it names, those they
-  head, and those its walk of forgotten descendants reaches through their heads (a run's
-  head is the block found for its parent content: a descendant the walk reaches);
+  or a claimed start (without, it walks runs whole, then the tier below), ``holds``,
+  a ``snapshot`` (``settle_all``); ``uncache`` settles the runs it reads alone: those of
+  the blocks it names, those they head, and those its walk of forgotten descendants
+  reaches through their heads (a run's head is the block found for its parent content:
+  a descendant the walk reaches);
 - ``check_invariants`` verifies a pending run as it is, without settling it.
 
 Settling costs what the eager store would have cost, once per run: a run is settled at
@@ -48,26 +51,6 @@ from collections.abc import Callable, Sequence
 from ..core.block import Block, ContentKey, Run
 
 _NO_PARENT = Block(-1)  # the parent of a first block in the walk: never given a child
-
-
-def record_pending(head: Block, span: list[Block], cid: int, nid: int, run: Run) -> int:
-    """Record ``span`` (the run's blocks, chained after ``head``, whose content id is
-    ``cid``) as pending ``run``, under new content ids from ``nid`` on (returns the
-    next). Writes ``counted`` and the links, tail first (as ``_record_run`` links them),
-    the head's ``child`` and the last block's whole content."""
-    prev = head
-    for b in span:
-        b.counted = run
-        b.next = prev  # (the head's links too: harmless, it is held and is linked anew
-        prev.prev = b  # when released)
-        prev = b
-    head.child = span[0]
-    run.pending = True
-    run.pcid = cid
-    run.cid0 = nid
-    run.write_last()
-    run.counts.pending.add(run)
-    return nid + len(span)
 
 
 def write_pending(run: Run) -> None:

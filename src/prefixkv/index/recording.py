@@ -19,7 +19,6 @@ from ..core.request import Request
 from .announce import Prepared, StoredRun
 from .cut_off import cut_off, record_cut_off
 from .landed import LandedRecorder
-from .pending import record_pending
 
 
 class ContentRecorder(LandedRecorder):
@@ -37,7 +36,7 @@ class ContentRecorder(LandedRecorder):
         parent = req.blocks[j - 1] if j else None
         if parent is not None and self.run_counts.pending:
             self._settle_near(parent)
-        if self.hashing or parent is None:
+        if (self.hashing and not self.lazy) or parent is None:  # (deferred: as below)
             self.store(req, j, self._hashed(parent, [chunk], [extra]))
             return
         cid = parent.content_id
@@ -69,7 +68,9 @@ class ContentRecorder(LandedRecorder):
         else:
             b.content_id = slot.content_id
             lower.on_device(slot)
-
+        if self.lazy:  # announced when the log is taken (``store``'s StoredRun, one block)
+            self._sink.defer(StoredRun(self._hasher, parent, [b], [chunk], [extra],
+                                       req.keys.extra, j, bs, None))
 
     def store(self, req: Request, first: int, prepared: Prepared, data: bytes | None = None) -> None:
         """``Index.store``; ``data``: the chunks' bytes in one piece, if the caller has
@@ -77,8 +78,12 @@ class ContentRecorder(LandedRecorder):
         chunks, extras, hashes = prepared
         blocks = req.blocks
         parent = blocks[first - 1] if first else None
-        if parent is not None and self.run_counts.pending:
-            self._settle_near(parent)
+        if parent is not None and self.run_counts.pending:  # (``_settle_near``'s tests,
+            pr = parent.counted  # inline: a parent that is a pending run's last block, or
+            ps = parent.starts  # in a run written already, needs no write)
+            if (pr is not None and pr.pending and parent is not pr.blocks[-1]) or (
+                    ps is not None and ps.pending):
+                self._settle_near(parent)
         if parent is not None and (parent.key is None or parent.twin) \
                 and cut_off(parent, self._by_chunk, self._by_key):  # (rare: ``cut_off.py``)
             self._next_id = record_cut_off(blocks[first:first + len(chunks)], parent, extras,
@@ -218,13 +223,30 @@ class ContentRecorder(LandedRecorder):
         links the run's two ends alone, and the eviction takes them as one list."""
         head = parent = span[0]
         del span[0]  # (a move of the pointers: no count touched)
-        run = head.starts = Run(span, data, extra, self._epoch, self.losses,
-                                self.run_counts, cid)
+        counts = self.run_counts
+        run = head.starts = Run(span, data, extra, self._epoch, self.losses, counts, cid)
         run.shared = run.linked = True
         run.n = 1
-        self.run_counts.shared += 1
-        if self.pending_runs and not self.hashing:  # (no event reads the blocks' content)
-            return record_pending(head, span, cid, nid, run)
+        counts.shared += 1
+        if self.pending_runs and (not self.hashing or self.lazy):  # (no hash computed now;
+            # a deferred build reads none) pending (``pending.py``): ``counted`` and the
+            # links a block, tail first; the head's ``child``; the last block's content
+            for b in span:
+                b.counted = run
+                b.next = parent  # (the head's links too: harmless, as below)
+                parent.prev = b
+                parent = b
+            head.child = span[0]
+            run.pending = True
+            run.cid0 = nid
+            nid += len(span)
+            parent.content_id = nid - 1  # (``Run.write_last``, its chunk at hand)
+            parent.parent_cid = nid - 2 if len(span) > 1 else cid
+            parent.extra = extra
+            parent.key = chunks[-1]
+            parent.chained = True
+            counts.pending.add(run)
+            return nid
         end = nid + len(span)
         for b, chunk, c in zip(span, islice(chunks, 1, None), range(nid, end), strict=False):
             b.parent_cid = cid

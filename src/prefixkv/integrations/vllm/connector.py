@@ -74,6 +74,7 @@ class PrefixKVConnector(KVConnectorBase_V1, SupportsHMA):
         self.config, self.layout, self.layout_block_size = cfg, layout, block_size
         self.scheduler: ConnectorScheduler | None = None
         self.worker: ConnectorWorker | None = None
+        backend: RedisStore
         if scheduler:
             backend = RedisStore(cfg.redis_url, timeout=cfg.lookup_timeout, ttl=cfg.ttl)
             store = SharedStore(backend, layout, retry_after=cfg.retry_after)
@@ -90,6 +91,7 @@ class PrefixKVConnector(KVConnectorBase_V1, SupportsHMA):
                               functools.partial(chain_hashes, fn))
             writer = StoreWriter(backend, max_pending=cfg.max_pending)
             self.worker = ConnectorWorker(link, stats, writer, layout.block_bytes)
+        self._backend = backend
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -195,7 +197,10 @@ class PrefixKVConnector(KVConnectorBase_V1, SupportsHMA):
         return self._work().take_invalid()
 
     def shutdown(self) -> None:
+        """End this side's threads (the worker's once its fetches in flight ended and
+        its queued writes were sent) and close its connections to the store."""
         if self.worker is not None:
             self.worker.close()
         if self.scheduler is not None:
             self.scheduler.close()
+        self._backend.close()

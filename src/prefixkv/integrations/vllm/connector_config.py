@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,5 +103,26 @@ def store_layout(vllm_config: Any, kv_cache_config: Any, model: str | None, tp_r
     layers = len(groups[0].layer_names)
     text = (f"vllm|{name}|tp{tp_rank}/{parallel.tensor_parallel_size}|layers{layers}"
             f"|H{spec.num_heads}|N{spec.block_size}|K{spec.head_size}|V{spec.head_size_v}"
-            f"|{spec.kv_quant_mode}")
+            f"|{spec.kv_quant_mode}{_computed_by(mc, spec.dtype)}")
     return StoreLayout(text, str(spec.dtype), layers * spec.unpadded_page_size_bytes)
+
+
+def _computed_by(mc: Any, kv_dtype: Any) -> str:
+    """What changes the KV of one model name and revision besides the cache's shape:
+    the weights' quantization, Hugging Face config overrides (RoPE, ...), and the
+    model's dtype where the cache has another (an fp8 cache). Empty for a model run as
+    it comes, so that its layout, and the keys of its stored blocks, stay as they were."""
+    out = ""
+    quantization = getattr(mc, "quantization", None)
+    if quantization is not None:
+        out += f"|q={quantization}"
+    overrides = getattr(mc, "hf_overrides", None)
+    if callable(overrides):
+        out += f"|hf={overrides.__module__}.{overrides.__qualname__}"
+    elif overrides:
+        text = json.dumps(overrides, sort_keys=True, default=repr)
+        out += f"|hf={hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    dtype = getattr(mc, "dtype", kv_dtype)
+    if str(dtype) != str(kv_dtype):
+        out += f"|compute={dtype}"
+    return out

@@ -54,7 +54,8 @@ class ConnectorStats:
 class _Chain:
     """A request's full blocks as named so far, and how far they are in the store."""
 
-    __slots__ = ("request", "extra", "num_mm", "hashes", "chunks", "extras", "saved", "bad")
+    __slots__ = ("request", "extra", "num_mm", "hashes", "chunks", "extras", "saved", "bad",
+                 "offered")
 
     def __init__(self, request: Any, extra: ExtraKeys | None) -> None:
         self.request, self.extra = request, extra
@@ -64,6 +65,9 @@ class _Chain:
         self.extras: list[bytes] = []
         self.saved = 0  # blocks [0, saved) are in the store or another request's to save
         self.bad: int | None = None  # the first block a load of this request failed at
+        # a load answered to vLLM and not stated yet (``update_state_after_alloc`` not
+        # called since): vLLM may count its tokens computed before any was loaded
+        self.offered = False
 
 
 class ConnectorScheduler:
@@ -137,7 +141,7 @@ class ConnectorScheduler:
         bs = self._bs
         local, most = num_computed_tokens // bs, (request.num_tokens - 1) // bs
         c = self._chain(request, most)
-        c.saved = local
+        c.saved, c.offered = local, False
         if c.bad is not None:  # a load failed there: offered again, it would fail again
             most = min(most, c.bad)  # (and vLLM would ask again: a request that never runs)
         if local >= most or time.monotonic() < self._quiet_until:
@@ -160,6 +164,7 @@ class ConnectorScheduler:
             self._quiet_until = time.monotonic() + self._retry_after
             return 0, False
         self.stats.held_blocks += held
+        c.offered = held > 0
         return held * bs, held > 0
 
     def after_alloc(self, request: Any, block_ids: Sequence[int], num_external_tokens: int) -> None:
@@ -173,6 +178,7 @@ class ConnectorScheduler:
         if c is None or c.request is not request:  # admitted without our lookup
             c = self._chain(request, 0)
             c.saved = request.num_computed_tokens // self._bs
+        c.offered = False
         if num_external_tokens <= 0:
             return
         start = c.saved
@@ -241,14 +247,17 @@ class ConnectorScheduler:
         waiting for its load (``WAITING_FOR_REMOTE_KVS``: vLLM counts the tokens to load
         as computed, but a deferred load has not started and a started one has not
         landed) computed nothing here: nothing is saved, and vLLM itself holds the
-        blocks of a load in flight until it lands."""
+        blocks of a load in flight until it lands. (vLLM sets the finished status
+        before it calls this: a load answered and not stated yet is what tells a
+        deferred one, a started one left ``saved`` at its end.)"""
         c = self._chains.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)
         if self._lookups is not None:
             self._lookups.forget(request.request_id)
         if c is None or c.request is not request:
             return False
-        if getattr(getattr(request, "status", None), "name", None) == "WAITING_FOR_REMOTE_KVS":
+        if c.offered or getattr(getattr(request, "status", None), "name",
+                                None) == "WAITING_FOR_REMOTE_KVS":
             return False
         done = min(request.num_computed_tokens, len(request.all_token_ids)) // self._bs
         run = self._save(c, done, block_ids)

@@ -62,6 +62,7 @@ class ConnectorWorker:
         self._told: set[str] = set()  # the finished ids ``finished`` was given last time
         self.copier: BlockCopier | None = None
         self.stats = stats
+        self._closed = False
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """``register_kv_caches``. Raises ConfigError when a block of the caches is not
@@ -156,10 +157,18 @@ class ConnectorWorker:
         self._writer.flush()
 
     def close(self) -> None:
-        """Wait for the fetches in flight and the queued writes."""
-        self.finished((), wait=True)
+        """Wait for the fetches in flight (each within its deadline) and the queued
+        writes, then end the worker's threads (saver, writer, fetch threads). A second
+        call does nothing. (The connector closes the store's connections.)"""
+        if self._closed:
+            return
+        self._closed = True
+        if self.copier is not None:  # (else no fetch ever started)
+            self.finished((), wait=True)
         self.flush()
         self._saver.shutdown()
+        self._writer.close()
+        self._link.store.close()
 
 
 def _salted(salt: str | None) -> ExtraKeys | None:

@@ -1,0 +1,60 @@
+"""The connector's store layout names everything that changes the KV of one model name
+and revision: a value written by a replica whose weights are quantized another way, whose
+Hugging Face config was overridden (RoPE), or whose model computes in another dtype
+(with an fp8 KV cache, the cache's dtype alone does not tell) is other KV, and must be
+a miss, never loaded. Before, all three named the same keys and passed the check."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .. import skip_module_without_vllm
+from .replica import BLOCK, LAYERS, kv_cache_config, vllm_config
+
+skip_module_without_vllm()
+
+
+def _layout(model: str, kv_dtype: torch.dtype = torch.float16, **change: object):
+    from vllm.config import ModelConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    from prefixkv.integrations.vllm.connector_config import store_layout
+
+    cfg = vllm_config(model, "redis://127.0.0.1:6379/0")
+    cfg.model_config = ModelConfig(model=model, skip_tokenizer_init=True, seed=42,
+                                   **{"dtype": "float16", **change})
+    kv = kv_cache_config(8)
+    if kv_dtype != torch.float16:
+        spec = kv.kv_cache_groups[0].kv_cache_spec
+        spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=spec.num_kv_heads,
+                                 head_size=spec.head_size, dtype=kv_dtype)
+        kv = KVCacheConfig(num_blocks=8, kv_cache_tensors=kv.kv_cache_tensors,
+                           kv_cache_groups=[KVCacheGroupSpec(kv.kv_cache_groups[0].layer_names,
+                                                             spec)])
+    layout = store_layout(cfg, kv, None, 0)
+    assert layout.block_bytes == LAYERS * kv.kv_cache_groups[0].kv_cache_spec.page_size_bytes
+    return layout
+
+
+@pytest.fixture(scope="module")
+def base(model):
+    return _layout(model)
+
+
+@pytest.mark.parametrize("change", [dict(quantization="fp8"),
+                                    dict(hf_overrides={"rope_theta": 123456.0})],
+                         ids=["weights quantized", "config overridden"])
+def test_a_change_to_the_models_kv_changes_the_layout(model, base, change):
+    assert base.digest() != _layout(model, **change).digest()
+
+
+def test_the_models_dtype_is_named_under_an_fp8_cache(model):
+    fp8 = torch.float8_e4m3fn
+    assert _layout(model, fp8).digest() != _layout(model, fp8, dtype="bfloat16").digest()
+
+
+def test_an_unchanged_model_keeps_its_layout(model, base):
+    """Nothing added for a model run as it comes (stored blocks stay reachable)."""
+    assert base.model.endswith("|0")  # (the text as it was: no new fields)
+    assert _layout(model, hf_overrides={}).digest() == base.digest()
