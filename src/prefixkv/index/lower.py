@@ -4,7 +4,7 @@ when a slot's content came up. A protocol, so that the index names no tier."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from ..core.block import Block, ContentKey
@@ -18,6 +18,8 @@ class LowerTier(Protocol):
     """The slots keyed by their content triple (token bytes another slot's key)."""
     num_chained: int
     """Slots found only as their parent slot's chained child."""
+    load_dst: list[int]
+    """The device blocks the step's loads write (empty: no load in the step)."""
 
     def find(self, parent_cid: int, chunk: bytes, extra: bytes) -> Block | None:
         """The slot holding this content (parent content id, token bytes, extra bytes)."""
@@ -29,6 +31,9 @@ class LowerTier(Protocol):
     def demote(self, blocks: Sequence[Block], step: int, keyless: Keyless | None = None) -> None:
         """Keep the content of evicted ``blocks`` recorded before ``step`` in slots (those
         at ``keyless``'s positions: pending runs' blocks, their content read there)."""
+
+    def unload(self, blocks: Iterable[Block]) -> None:
+        """Device ``blocks`` lose their content: the step's loads into them leave the plan."""
 
     def on_device(self, s: Block) -> None:
         """Slot ``s``'s content is on the device now."""
