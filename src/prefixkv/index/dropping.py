@@ -30,10 +30,10 @@ class DroppingIndex(SpareIndex):
         blocks, which no dict holds (the tier below reads their content there)."""
         twins, sink, lower = self._twins, self._sink, self._lower
         self.losses += 1  # (``Run.seen``)
-        if lower is not None and lower.load_dst:  # a load of the step may write one: dead
-            lower.unload(blocks)
         if lower is not None and (twins or sink.active):  # per block: events in tier order
             assert keyless is None, "a pending run with spares or events below a tier"
+            if lower.load_dst:  # (a load of the step into one is dead; else ``demote``
+                lower.unload(blocks)  # looks, at the blocks recorded in this step alone)
             for b in blocks:
                 self._unindex(b, evicting=True)
                 b.key = None

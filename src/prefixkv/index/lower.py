@@ -4,7 +4,7 @@ when a slot's content came up. A protocol, so that the index names no tier."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..core.block import Block, ContentKey
@@ -32,7 +32,7 @@ class LowerTier(Protocol):
         """Keep the content of evicted ``blocks`` recorded before ``step`` in slots (those
         at ``keyless``'s positions: pending runs' blocks, their content read there)."""
 
-    def unload(self, blocks: Iterable[Block]) -> None:
+    def unload(self, blocks: Sequence[Block]) -> None:
         """Device ``blocks`` lose their content: the step's loads into them leave the plan."""
 
     def on_device(self, s: Block) -> None:

@@ -20,8 +20,9 @@ drops the step's loads with every slot's content (``clear``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from operator import attrgetter
+from collections.abc import Sequence
+from itertools import compress
+from operator import attrgetter, not_
 
 from ..core.block import Block
 from ..results import BlockLoads
@@ -49,12 +50,11 @@ class SlotLoads:
         them with ``hold``): their ids join the step's one ``BlockLoads``."""
         held, ids = self._held
         self._held = ((), None)
-        n = len(self.load_dst)
         self.load_src += ids if ids is not None and held is slots else [s.block_id for s in slots]
         self.load_dst += map(_BLOCK_ID, devices)
         self.num_loaded += len(slots)
         if self._loading is not None:
-            self._loading.update(self.load_dst[n:])
+            self._loading.update(map(_BLOCK_ID, devices))
 
     def load_ids(self, slot_ids: list[int], device_ids: list[int]) -> None:
         """``load`` by ids, for a store fetch's run landed in slots (pinned since) and in
@@ -78,7 +78,7 @@ class SlotLoads:
         self.load_src, self.load_dst, self._loading = [], [], None
         return [BlockLoads(tuple(src), tuple(dst))] if src else []
 
-    def unload(self, blocks: Iterable[Block]) -> None:
+    def unload(self, blocks: Sequence[Block]) -> None:
         """Device ``blocks`` lose their content (evicted, or made unfindable): the step's
         loads into any of them leave the plan (they would write a block that holds
         something else by the time the plan runs, or nothing anyone reads). Per block one
@@ -88,15 +88,15 @@ class SlotLoads:
         loading = self._loading
         if loading is None:
             loading = self._loading = set(self.load_dst)
-        ids = list(map(_BLOCK_ID, blocks))
-        if loading.isdisjoint(ids):
+        if loading.isdisjoint(map(_BLOCK_ID, blocks)):  # (the common case: no list built)
             return
-        dead = loading.intersection(ids)
+        dead = loading.intersection(map(_BLOCK_ID, blocks))
         loading -= dead
-        keep = [i for i, d in enumerate(self.load_dst) if d not in dead]
-        self.num_loaded -= len(self.load_dst) - len(keep)
-        self.load_src = [self.load_src[i] for i in keep]
-        self.load_dst = [self.load_dst[i] for i in keep]
+        src, dst = self.load_src, self.load_dst  # (rewritten in C: no bytecode per load)
+        live = list(map(not_, map(dead.__contains__, dst)))
+        self.load_src = list(compress(src, live))
+        self.load_dst = list(compress(dst, live))
+        self.num_loaded -= len(dst) - len(self.load_dst)
 
     def check_loads(self, devices: Sequence[Block]) -> str | None:
         """The first load whose device block does not hold the content of its slot (a
