@@ -216,7 +216,8 @@ class SlotOffload(SlotIndex):
         if dropped:
             kept = [i for i in range(len(dst)) if i not in dropped]
             self.offload_src, self.offload_dst = [src[i] for i in kept], [dst[i] for i in kept]
-            self._pinned = [s for s in self._pinned if s.key is not None]
+            out = {dst[i] for i in dropped}  # (the others stay pinned: a slot emptied while
+            self._pinned = [s for s in self._pinned if s.block_id not in out]  # pinned too)
             # (a request loading one would hold its lost ancestor's content on the device)
-            assert not {dst[i] for i in dropped}.intersection(self.load_src), \
+            assert not out.intersection(self.load_src), \
                 "a slot withdrawn with its lost ancestor is loaded in this step"
