@@ -193,10 +193,8 @@ class LatePlanManagerMachine(ManagerMachine):
         elif others & set(blocks):  # (they would have to go too)
             pass
         elif how == "uncache":
-            self.m.uncache_blocks(blocks)
-            self.m.free(rid, num_computed_tokens=0)
-            for b in blocks:
-                self.kv[b] = ["failed"] * self.bs
+            self.m.uncache_blocks(blocks)  # (their KV is left as it was: an offload of the
+            self.m.free(rid, num_computed_tokens=0)  # step may read it, and nothing finds them)
             self.owed = [w for w in self.owed if w[0] != rid]
             self._forget(rid)
         else:
