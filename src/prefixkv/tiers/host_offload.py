@@ -10,6 +10,7 @@ the content is lost, and so are the step's offloads of its descendants
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import filterfalse
 
 from ..core.block import Block, key_chunk
 from ..core.free_queue import FreeBlockQueue
@@ -216,8 +217,8 @@ class SlotOffload(SlotIndex):
         if dropped:
             kept = [i for i in range(len(dst)) if i not in dropped]
             self.offload_src, self.offload_dst = [src[i] for i in kept], [dst[i] for i in kept]
-            out = {dst[i] for i in dropped}  # (the others stay pinned: a slot emptied while
-            self._pinned = [s for s in self._pinned if s.block_id not in out]  # pinned too)
+            out = {self.slots[dst[i]] for i in dropped}  # (the others stay pinned: a slot
+            self._pinned = list(filterfalse(out.__contains__, self._pinned))  # emptied too)
             # (a request loading one would hold its lost ancestor's content on the device)
-            assert not out.intersection(self.load_src), \
+            assert not {s.block_id for s in out}.intersection(self.load_src), \
                 "a slot withdrawn with its lost ancestor is loaded in this step"
