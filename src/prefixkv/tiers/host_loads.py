@@ -11,11 +11,16 @@ index recorded it: ``adopt``, ``land_run``). The load stays in the plan while th
 holds that content, whoever holds the block: a request freed, aborted or preempted
 before its step ran leaves its hits findable (their KV is the load's), and a request
 may hit them in this step or later. It leaves the plan the moment the block loses that
-content: evicted for reuse (the index's ``drop``: a miss's block, a decode's new block, a
-fork's copy destination, another load's target), or made unfindable (``uncache``: its KV
-or a parent's declared invalid, ``uncache_blocks`` and ``rewind``, a store run given up
-with them). So no plan writes a block twice, nor a block the step computes; a reset
-drops the step's loads with every slot's content (``clear``).
+content: evicted for reuse (a miss's block, a decode's new block, a fork's copy
+destination, another load's target), or made unfindable (``uncache``: its KV or a
+parent's declared invalid, ``uncache_blocks`` and ``rewind``, a store run given up with
+them). So no plan writes a block twice, nor a block the step computes; a reset drops the
+step's loads with every slot's content (``clear``).
+
+A load's block is always recorded in its load's step, so an eviction looks only at the
+evicted blocks recorded in this step, which ``demote`` skips anyway (the index's
+per-block eviction, with events or held spares, asks ``unload`` of all of them: a block
+whose content a held spare takes over is not demoted).
 """
 
 from __future__ import annotations
