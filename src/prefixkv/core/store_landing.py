@@ -44,9 +44,10 @@ def fill_device(blocks: Sequence[Block], parent_cid: int, extras: Sequence[bytes
                 step: int) -> None:
     """Write the content fields of held device ``blocks`` for ``ContentIndex.land_run``:
     block i's parent (block i - 1's content, or ``parent_cid``), ``extras[i]``,
-    ``cids[i]``, ``hashes[i]``, ``step``, no event, each its predecessor's ``child``;
-    then every block but the first keyed by ``chunks[i]`` and chained (after every
-    parent id). May run on a fetcher's thread, as ``fill_landing`` for slots: the blocks
+    ``cids[i]``, ``hashes[i]``, ``step``, no event, each its predecessor's ``child``,
+    each counted alone (a stale ``counted`` cleared: ``BlockPool.take``); then every
+    block but the first keyed by ``chunks[i]`` and chained (after every parent id).
+    May run on a fetcher's thread, as ``fill_landing`` for slots: the blocks
     are in no map and no free queue, the first has no key, and every other one's parent
     id is a fresh id that nothing findable holds until the first is keyed, so no walk
     and no guess through a stale ``child`` link (which compares the key and the parent
@@ -54,7 +55,7 @@ def fill_device(blocks: Sequence[Block], parent_cid: int, extras: Sequence[bytes
     prev: Block | None = None
     for b, extra, cid, h in zip(blocks, extras, cids, hashes, strict=True):
         b.parent_cid, b.extra, b.content_id, b.hash, b.step = parent_cid, extra, cid, h, step
-        b.event, b.twin, b.chained = None, False, False
+        b.event, b.twin, b.chained, b.counted = None, False, False, None
         if prev is not None:
             prev.child = b
         parent_cid, prev = cid, b
@@ -70,7 +71,8 @@ def fill_pending(blocks: Sequence[Block], parent_cid: int, extra: bytes, cids: S
     ``blocks[1:]`` are the run, headed by ``blocks[0]``, all under one ``extra``. Each
     block's content fields are written as ``fill_device`` writes them but the key: the
     run's blocks have none but the last, and are counted through the run (one count,
-    held) and linked tail first, as ``record_pending`` leaves them. The run is returned
+    held) and linked tail first, as ``record_pending`` leaves them; the head is counted
+    alone (a stale ``counted`` cleared: ``BlockPool.take``). The run is returned
     unregistered: ``ContentIndex.land_run`` records it (the blocks are in ``landing``
     until then: no check reads them); every path that empties the blocks instead clears
     their ``counted`` (``_emptied``, ``unpend``). On the fetcher's thread."""
@@ -87,6 +89,8 @@ def fill_pending(blocks: Sequence[Block], parent_cid: int, extra: bytes, cids: S
             b.counted = run
             b.next = prev  # (the head's links too: harmless, it is held)
             prev.prev = b
+        else:  # (the head: counted alone, a stale ``counted`` cleared: ``BlockPool.take``)
+            b.counted = None
         parent_cid, prev = cid, b
     assert prev is not None
     prev.key = chunks[-1]  # (the last block's whole content: ``Run.write_last``)

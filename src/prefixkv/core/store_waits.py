@@ -38,7 +38,7 @@ from .block import Block
 from .pool import BlockPool
 from .prompt import Prompt
 from .request import Request
-from .store_landing import fetch_ready, land
+from .store_landing import fetch_ready, land, unpend
 from .store_memory import FetchMemory
 
 GRACE = 0.05
@@ -95,7 +95,10 @@ class StoreWaits:
             return None
         if on_device:  # the device hits held (a reference each), the run's blocks taken,
             # and the block the re-admission's first token after the run opens (``tail``)
-            taken = pool.acquire(hits[:d] if held else hits, len(slots) + first - d + 1)
+            # (``stale``: a pending run's blocks evicted whole keep its ``counted``, cleared
+            # here for ``up`` and ``tail``, by the fetcher for the run's: ``store_landing``)
+            taken = pool.acquire(hits[:d] if held else hits, 0)
+            taken += pool.take(len(slots) + first - d + 1, True)
         staged, views = self.buffers.views()
         f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
                   chunks, req.keys.of_blocks(first, first + len(slots)),  # (``prepare`` cuts)
@@ -110,6 +113,9 @@ class StoreWaits:
         f.ready = fetch_ready  # (store_landing.py)
         if on_device:
             f.tail = [taken.pop()]
+            unpend(f.tail)
+            if first > d:
+                unpend(taken[d:first])
             f.devices, f.held, f.step = taken[first:], taken[:d], self.index.step
             f.blocks = taken  # (the held hits, the blocks for the host hits, the run's)
             if first > d:
@@ -123,6 +129,7 @@ class StoreWaits:
             host.unreserve(slots)
             if on_device:
                 del self.index.landing[id(f)]
+                unpend(f.devices or ())  # (no fetcher wrote them: their ``counted`` may be stale)
                 self._release(f)
             link.stats.store_errors += 1
             link.quiet_until = now + link.store.retry_after

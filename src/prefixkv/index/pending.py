@@ -25,7 +25,9 @@ Who reads what:
   the tier below reads the content of those it keeps from there), and the run clears its own
   last block's key (``Run.evicted``) or writes its new last one (``Run.truncate``); each
   block's own count is 1 from the store on (nothing writes it while the run counts
-  them), so the eviction writes one field a block (``counted``);
+  them), so the eviction writes one field a block (``counted``), or none for a store
+  fetch's start: the blocks keep the evicted run's ``counted`` (its ``n`` 1) until the
+  fetcher fills them on its thread (``BlockPool.take``'s ``stale``);
 - anything else settles it first: ``Run.dissolve`` (a block's count changed alone, the
   run broken), a ``store`` or decoded block under one of its blocks or under its head
   (``settle_near``), host hits adopted under one of its blocks (``adopt``), a spare of
