@@ -1,5 +1,5 @@
 """A store fetch's run that lands whole in device blocks is one pending run
-(``core.store_landing.fill_pending``, ``index/pending.py``): its eviction names the
+(``core.store_fill.fill_pending``, ``index/pending.py``): its eviction names the
 blocks (``core.keyless``) instead of the index unkeying each, and the host tier reads
 the content of those it keeps from the run's record. Each test runs one scenario on two
 managers over the same store, one landing pending runs, one writing each block (the

@@ -111,7 +111,7 @@ class BlockPool:
         run evicted: its ``n`` is 1, each block's count as taken); the caller clears it
         on each of them before the block is anything but held (released, claimed,
         counted through a run, its count changed): a store fetch's start, whose fetcher
-        writes the blocks of its run on its own thread (``store_landing``)."""
+        writes the blocks of its run on its own thread (``store_fill``)."""
         empty = self._empty
         k = min(n, len(empty))
         taken = empty[len(empty) - k:]

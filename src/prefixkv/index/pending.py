@@ -1,6 +1,6 @@
 """Pending runs: a miss's ``store`` records its run (``core.block.Run``) as one record,
 and the blocks' content is written only when something reads one of them alone. A store
-fetch's run that lands whole in device blocks is one too (``core.store_landing
+fetch's run that lands whole in device blocks is one too (``core.store_fill
 .fill_pending``, on the fetcher's thread; ``ContentIndex.land_run`` records it): its
 blocks' content fields but the key are written as well (parent and content ids, extra
 bytes, hash, step), which the tier below reads when the run is evicted.
