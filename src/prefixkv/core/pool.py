@@ -120,7 +120,11 @@ class BlockPool:
         for b in taken:  # (an empty block is no shared run's: those hold content)
             b.refs = 1
         if n > k:
-            taken += self._evict(n - k, stale)
+            evicted = self._evict(n - k, stale)
+            if k < n - k:  # (the shorter list is the one copied: each entry a reference)
+                evicted[:0] = taken
+                return evicted
+            taken += evicted
         return taken
 
     def take_one(self) -> Block | None:
@@ -160,11 +164,13 @@ class BlockPool:
                     pending = r.pending  # (no key in the index: ``Run.pending``)
                     kept = False
                     if k <= n - i:  # all of them: from its list, not its links, and no
-                        seg = r.blocks if r.fwd else r.blocks[::-1]  # pass to dissolve
+                        seg = r.blocks  # pass to dissolve
                         if pending:  # (its record, for the tier below: ``Keyless``)
                             keyless = keyless or Keyless()
                             keyless.add(i, r, 0 if r.fwd else k - 1, 1 if r.fwd else -1, k)
                         r.evicted()
+                        if not r.fwd:  # (nothing reads an evicted run's list from now on:
+                            seg.reverse()  # in the cached tier's order, in place, no copy)
                         kept = stale and pending  # (each keeps ``counted``: ``take``)
                         if kept:
                             r.n = 1

@@ -98,8 +98,13 @@ class StoreWaits:
             # and the block the re-admission's first token after the run opens (``tail``)
             # (``stale``: a pending run's blocks evicted whole keep its ``counted``, cleared
             # here for ``up`` and ``tail``, by the fetcher for the run's: ``store_fill``)
-            taken = pool.acquire(hits[:d] if held else hits, 0)
-            taken += pool.take(len(slots) + first - d + 1, True)
+            taken = pool.acquire(hits[:d] if held else hits, 0)  # (first: a hit is not
+            if taken:  # evicted) then the new blocks, the hits moved in front (no copy)
+                new = pool.take(len(slots) + first - d + 1, True)
+                new[:0] = taken
+                taken = new
+            else:
+                taken = pool.take(len(slots) + first - d + 1, True)
         staged, views = self.buffers.views()
         f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
                   chunks, req.keys.of_blocks(first, first + len(slots)),  # (``prepare`` cuts)
