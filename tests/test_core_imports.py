@@ -34,7 +34,8 @@ STORE = {"store", "store.protocol", "store.record", "store.shared", "store.write
          "store.fetch", "store.link", "store.threads"}
 CORE_HIGH = {"core", "core.pool", "core.admission", "core.admit_general", "core.decode",
              "core.step_outputs", "core.manager", "core.prompt", "core.store_waits",
-             "core.store_landing", "core.store_memory", "core.store_giveup"}
+             "core.store_landing", "core.store_memory", "core.store_giveup", "core.store_fill",
+             "core.store_reuse"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
           "groups.events", "groups.results", "groups.request", "groups.free_runs", "groups.free_hits",
           "groups.free_order", "groups.release_order", "groups.taint",
