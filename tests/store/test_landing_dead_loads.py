@@ -7,16 +7,13 @@ write a block twice (``HostTier.load`` drops such loads; ``load_ids`` does not).
 by ``test_store_overlap.py``'s state machine (store25-r16, on main at 37f1486): R0 (a
 fetch of prompt 1's first block into block 5, slot 3) lands after R1's run, landed in
 blocks 3-5 and freed in the same step: the plan's loads are ``src=[2, 1, 0, 3], dst=[3,
-4, 5, 5]``. Dropping the dead load at the landing (``host.drop_loads_into(run)`` before
-``load_ids``) was tried: this test then passes, but the state machine fails elsewhere
-("a slot withdrawn with its lost ancestor is loaded in this step",
-``SlotOffload``'s orphan check): left for the dead-load work (deadload-r16)."""
+4, 5, 5]``. Fixed where the load dies (deadload-r16): the start's eviction of block 5 takes the
+dead load out of the plan (``tiers/host_loads.py``), so the landing's load is the
+block's only one."""
 
 import uuid
 
-import pytest
-
-from prefixkv import BlockLoads, InvariantError, StoreWait
+from prefixkv import BlockLoads, StoreWait
 from prefixkv.store import SharedStore, StoreLayout
 from waiting import wait_until
 
@@ -26,8 +23,6 @@ from .test_shared_store import computed, manager
 PROMPTS = [list(range(1000 * k + 1, 1000 * k + 14)) for k in range(3)]   # three blocks + 1
 
 
-@pytest.mark.xfail(strict=True, raises=InvariantError,
-                   reason="a landing does not drop the step's dead loads into its blocks")
 def test_a_landing_drops_the_steps_dead_loads_into_its_blocks(backend):
     shared = SharedStore(backend, StoreLayout(f"t-{uuid.uuid4().hex}", "float32", 8),
                          cost=always(), timeout=10.0)
