@@ -29,12 +29,13 @@ INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.s
          "index.run_check", "index.cut_off", "index.kids", "index.pending", "index.chains",
          "index.landed", "index.dropping"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.host_landing",
-         "tiers.host_offload", "tiers.host_kids"}
+         "tiers.host_offload", "tiers.host_kids", "tiers.host_loads"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
          "store.fetch", "store.link", "store.threads"}
 CORE_HIGH = {"core", "core.pool", "core.admission", "core.admit_general", "core.decode",
              "core.step_outputs", "core.manager", "core.prompt", "core.store_waits",
-             "core.store_landing", "core.store_memory", "core.store_giveup"}
+             "core.store_landing", "core.store_memory", "core.store_giveup", "core.store_fill",
+             "core.store_reuse"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
           "groups.events", "groups.results", "groups.request", "groups.free_runs", "groups.free_hits",
           "groups.free_order", "groups.release_order", "groups.taint",

@@ -91,10 +91,36 @@ class ManagerMachine(SharedRules, RuleBasedStateMachine):
                     self.host_kv[dst] = list(self.kv[src])
             elif isinstance(op, BlockLoads):
                 assert len(op.src) == len(op.dst) > 0, op
+                self._check_loads(op)
                 for src, dst in zip(op.src, op.dst, strict=True):
                     self.kv[dst] = list(self.host_kv[src])
             else:
                 self.kv[op.dst] = list(self.kv[op.src])
+
+    def _check_loads(self, op):
+        """The plan's loads write only blocks that hold what they bring (deadload-r16):
+        each a block live requests hold, full within their scheduled tokens, whose KV
+        each of them expects is the slot's (as the plan's offloads left it; so it is a
+        hit, no miss's block, decode's block or fork's copy), or a block no live request
+        holds whose content is findable (a request may hit it, in this step or later)."""
+        assert len(set(op.dst)) == len(op.dst), op
+        holders: dict[int, list[tuple[str, int]]] = {}
+        for rid in self.tokens:
+            for k, b in enumerate(self.m.get_block_ids(rid)):
+                holders.setdefault(b, []).append((rid, k))
+        for src, dst in zip(op.src, op.dst, strict=True):
+            for rid, k in holders.get(dst, ()):
+                self._check_load_into(rid, k, src, dst)
+            if dst not in holders:
+                blk = self.m._pool.blocks[dst]
+                assert blk.key is not None and not blk.twin, (src, dst, blk)
+
+    def _check_load_into(self, rid, k, src, dst):
+        """Load ``src`` -> ``dst``, block ``k`` of live ``rid``: a hit it expects."""
+        bs = self.bs
+        assert (k + 1) * bs <= self.scheduled[rid], (rid, k, src, dst)
+        expected = [self._kv_of(rid, pos) for pos in range(k * bs, (k + 1) * bs)]
+        assert self.host_kv[src] == expected, (rid, k, src, dst, self.host_kv[src])
 
     def _write(self, rid, start, stop):
         self._run_plan()

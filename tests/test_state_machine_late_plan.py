@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import consumes, initialize, invariant, multiple, rule
 
 from machine_rules import case
-from test_state_machine import ManagerMachine, prompts
+from test_state_machine import PREFIXES, ManagerMachine, prompts
 
 
 class LatePlanManagerMachine(ManagerMachine):
@@ -54,6 +54,14 @@ class LatePlanManagerMachine(ManagerMachine):
                     self.kv[found[pos // self.bs]][pos % self.bs] = (extra, tuple(tokens[:pos + 1]))
         self.owed, self.counted, self.dirty = [], [], False
         self.last = None
+
+    def _check_load_into(self, rid, k, src, dst):
+        """Also: no tokens the step owes fill the block (a load into a block the step
+        computes is dead: before deadload-r16, a rewound hit's)."""
+        ManagerMachine._check_load_into(self, rid, k, src, dst)
+        lo, hi = k * self.bs, (k + 1) * self.bs
+        assert not any(r == rid and s < hi and e > lo for r, s, e in self.owed), \
+            (rid, k, src, dst, self.owed)
 
     @rule(target=ManagerMachine.live, parent=ManagerMachine.live)
     def fork(self, parent):
@@ -163,6 +171,39 @@ class LatePlanManagerMachine(ManagerMachine):
                 self._leave(r, counted, False)
         new = self._admit(prompt, None, None) if prompt is not None else None
         return multiple(*[r for r in (child, new) if r is not None and r in self.tokens])
+
+    @rule(target=ManagerMachine.live, pre=st.integers(0, len(PREFIXES) - 1),
+          tail=st.integers(0, 12), how=st.sampled_from(["free", "abort", "preempt", "uncache",
+                                                        "rewind"]), prompt=prompts)
+    def a_hit_goes_in_its_step(self, pre, tail, how, prompt):
+        """In one step: admit a prompt whose two full blocks were likely seen before (a
+        host tier loads its host hits into fresh blocks), then, before the step ran, free
+        it (its tokens counted), abort it, preempt it, declare its blocks invalid and
+        drop it, or rewind it to its start and recompute it; then admit ``prompt``, which
+        may evict what it released. (Before deadload-r16 a load into a block released so
+        stayed in the plan: into a miss's block, a decode's, a recomputed one.)"""
+        rid = self._admit(PREFIXES[pre] + [tail], None, None)
+        if rid is None:
+            return multiple()
+        self.last = None
+        blocks = self.m.get_block_ids(rid)
+        others = {b for r in self.tokens if r != rid for b in self.m.get_block_ids(r)}
+        if how in ("free", "abort", "preempt"):
+            self._leave(rid, how == "free", how == "preempt")
+        elif others & set(blocks):  # (they would have to go too)
+            pass
+        elif how == "uncache":
+            self.m.uncache_blocks(blocks)  # (their KV is left as it was: an offload of the
+            self.m.free(rid, num_computed_tokens=0)  # step may read it, and nothing finds them)
+            self.owed = [w for w in self.owed if w[0] != rid]
+            self._forget(rid)
+        else:
+            n = self.scheduled[rid]
+            self.m.rewind(rid, 0)
+            assert self.m.extend(rid, n) == ()
+            self.owed = [w for w in self.owed if w[0] != rid] + [(rid, 0, n)]
+        new = self._admit(prompt, None, None)
+        return multiple(*[r for r in (rid, new) if r is not None and r in self.tokens])
 
     # (``test_state_machine``'s rule aborts the request its own step scheduled: not here)
     abort_with_a_request_that_hit_it = None

@@ -1,5 +1,5 @@
 """A store fetch's run that lands whole in device blocks is one pending run
-(``core.store_landing.fill_pending``, ``index/pending.py``): its eviction names the
+(``core.store_fill.fill_pending``, ``index/pending.py``): its eviction names the
 blocks (``core.keyless``) instead of the index unkeying each, and the host tier reads
 the content of those it keeps from the run's record. Each test runs one scenario on two
 managers over the same store, one landing pending runs, one writing each block (the
@@ -27,6 +27,11 @@ Q = list(range(500, 541))                          # a miss: ten full blocks + 1
 @pytest.fixture
 def stored(backend, layout):
     """The store holding the blocks of each of ``STORED``."""
+    return store_all(backend, layout)
+
+
+def store_all(backend, layout):
+    """Write the blocks of each of ``STORED`` to the store; ``(backend, layout)``."""
     for i, prompt in enumerate(STORED):
         computed(KVCacheManager(16, 4, hash_mode="sha256", host_blocks=8,
                                 store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
@@ -42,11 +47,12 @@ def pair(backend, layout, num_blocks, host_blocks):
     return managers(backend, layout, num_blocks, host_blocks)
 
 
-def managers(backend, layout, num_blocks, host_blocks):
-    """Two managers over the store, pending runs on, then off, with their executors."""
+def managers(backend, layout, num_blocks, host_blocks, executor=Manual):
+    """Two managers over the store, pending runs on, then off, with their executors (each
+    an ``executor()``)."""
     out = []
     for pending in (True, False):
-        ex = Manual()
+        ex = executor()
         m = KVCacheManager(num_blocks, 4, hash_mode="sha256", host_blocks=host_blocks,
                            store=SharedStore(backend, layout, cost=always(), timeout=LIVE,
                                              executor=ex))
@@ -214,13 +220,14 @@ def test_a_landed_run_evicted_whole_is_named_not_unkeyed(backend, layout):
 
 STORED = [P, P[:13] + list(range(300, 312)), list(range(700, 733))]
 MISSES = [Q, P[:9] + list(range(950, 970)), list(range(800, 817))]
-OPS = st.lists(st.one_of(
+STEPS = st.one_of(  # (``apply``'s)
     st.tuples(st.just("hit"), st.integers(0, 2)),
     st.tuples(st.just("miss"), st.integers(0, 2)),
     st.tuples(st.just("free"), st.integers(0, 7)),
     st.tuples(st.just("fork"), st.integers(0, 7)),
     st.tuples(st.just("rewind"), st.integers(0, 7), st.integers(0, 30)),
-    st.tuples(st.just("step"))), min_size=1, max_size=20)
+    st.tuples(st.just("step")))
+OPS = st.lists(STEPS, min_size=1, max_size=20)
 
 
 @settings(max_examples=200, deadline=None,
@@ -237,38 +244,47 @@ def test_random_steps_agree_with_pending_runs_on_and_off(stored, ops, num_blocks
     for m, ex in managers(backend, layout, num_blocks, host_blocks):
         live, log, n = [], [], 0
         for op in ops:
-            try:
-                if op[0] in ("hit", "miss"):
-                    rid = f"r{n}"
-                    n += 1
-                    got = admitted(m, ex, rid, (STORED if op[0] == "hit" else MISSES)[op[1]])
-                    if got[-1] is not None and not isinstance(got[-1], StoreWait):
-                        live.append(rid)
-                    log.append(got)
-                elif op[0] == "step":
-                    log.append(m.take_kv_ops())
-                elif live:
-                    rid = live[op[1] % len(live)]
-                    if op[0] == "free":
-                        m.free(rid)
-                        live.remove(rid)
-                    elif op[0] == "fork":
-                        child = f"r{n}"
-                        n += 1
-                        got = m.fork(rid, child)
-                        if got is not None:
-                            live.append(child)
-                        log.append(got)
-                    else:
-                        m.rewind(rid, min(op[2], m.num_scheduled_tokens(rid)))
-            except PrefixKVError as e:  # (the same typed error from both)
-                log.append(type(e))
+            n = apply(m, ex, op, live, log, n)
             log.append(seen(m))
         for rid in live:
             m.free(rid)
         log.append(seen(m))
         logs.append(log)
     assert logs[0] == logs[1]
+
+
+def apply(m, ex, op, live, log, n):
+    """Apply random step ``op`` (``OPS``: a hit or a miss admitted, its fetch run at once;
+    a free, fork or rewind of one of the ``live`` requests; a step's ops taken) to
+    ``m``, its answers appended to ``log`` (a typed error: its type); returns the next
+    request number after ``n``."""
+    try:
+        if op[0] in ("hit", "miss"):
+            rid = f"r{n}"
+            n += 1
+            got = admitted(m, ex, rid, (STORED if op[0] == "hit" else MISSES)[op[1]])
+            if got[-1] is not None and not isinstance(got[-1], StoreWait):
+                live.append(rid)
+            log.append(got)
+        elif op[0] == "step":
+            log.append(m.take_kv_ops())
+        elif live:
+            rid = live[op[1] % len(live)]
+            if op[0] == "free":
+                m.free(rid)
+                live.remove(rid)
+            elif op[0] == "fork":
+                child = f"r{n}"
+                n += 1
+                got = m.fork(rid, child)
+                if got is not None:
+                    live.append(child)
+                log.append(got)
+            else:
+                m.rewind(rid, min(op[2], m.num_scheduled_tokens(rid)))
+    except PrefixKVError as e:  # (the same typed error from both)
+        log.append(type(e))
+    return n
 
 
 def test_a_run_landing_from_the_first_block_leaves_other_pending_runs_pending(stored):

@@ -7,7 +7,7 @@ block_size 4."""
 import pytest
 
 from prefixkv import ExtraKeys, KVCacheManager, PromptError, StoreWait, TokenError
-from prefixkv.core import store_waits
+from prefixkv.core import store_reuse
 
 from .test_readmit_reuse import BS, P, landed, manager, readmit_as_walk, stored
 
@@ -18,13 +18,13 @@ SALT = ExtraKeys(cache_salt="s")
 def encoded(monkeypatch):
     """The prompts ``reuse`` encoded to compare them with the start's."""
     calls = []
-    original = store_waits.encode_tokens
+    original = store_reuse.encode_tokens
 
     def spy(ids, *args):
         calls.append(list(ids))
         return original(ids, *args)
 
-    monkeypatch.setattr(store_waits, "encode_tokens", spy)
+    monkeypatch.setattr(store_reuse, "encode_tokens", spy)
     return calls
 
 

@@ -158,8 +158,10 @@ class Run:
     def evicted(self) -> None:
         """Every block of this free shared run is being evicted at once: broken (its
         content goes), not shared; the caller clears each block's ``counted`` and sets its
-        count as it takes it (no pass to dissolve). A pending run's blocks hold no key but
-        the last one's, cleared here: the index has none of them to drop."""
+        count as it takes it (no pass to dissolve), or, for a pending run taken by a store
+        fetch's start, sets ``n`` to 1 and leaves each block's ``counted`` to its taker
+        (``BlockPool.take``'s ``stale``). A pending run's blocks hold no key but the last
+        one's, cleared here: the index has none of them to drop."""
         self.ok = -1
         self.shared = self.linked = False
         self.counts.shared -= 1

@@ -157,8 +157,6 @@ class KVCacheManager(StepOutputs):
             return None
         child = parent.fork(child_id, self.block_size)
         child.blocks = self._pool.acquire(shared, len(parent.blocks) - full)
-        if self._host is not None and self._host.load_dst:  # (a dead load into a new block)
-            self._host.drop_loads_into(child.blocks[full:])
         copies = self._copies.add(parent.blocks[full:], child.blocks[full:])
         self._requests[child_id] = child
         return Fork(child_id, tuple(map(_ID, child.blocks)), copies)
@@ -367,7 +365,8 @@ class KVCacheManager(StepOutputs):
         self._require(self._copies.check(self._pool.blocks,
                                          self._host.load_dst if self._host is not None else ()))
         if self._host is not None:
-            self._require(self._host.check())
+            self._require(self._host.check()
+                          or self._host.check_loads(self._pool.blocks))
         if self._waits is not None:
             landing = self._host.num_landing  # type: ignore[union-attr]
             self._require(None if landing == self._waits.reserved else

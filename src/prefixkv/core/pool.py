@@ -104,9 +104,14 @@ class BlockPool:
             b.prev.next = b
             b.next.prev = b
 
-    def take(self, n: int) -> list[Block]:
+    def take(self, n: int, stale: bool = False) -> list[Block]:
         """Hand out ``n`` free blocks with refcount 1, empty ones first, then the least
-        recently used cached ones (evicted). The caller checks ``n <= num_free``."""
+        recently used cached ones (evicted). The caller checks ``n <= num_free``.
+        ``stale``: the blocks of a pending run evicted whole keep its ``counted`` (the
+        run evicted: its ``n`` is 1, each block's count as taken); the caller clears it
+        on each of them before the block is anything but held (released, claimed,
+        counted through a run, its count changed): a store fetch's start, whose fetcher
+        writes the blocks of its run on its own thread (``store_fill``)."""
         empty = self._empty
         k = min(n, len(empty))
         taken = empty[len(empty) - k:]
@@ -115,7 +120,11 @@ class BlockPool:
         for b in taken:  # (an empty block is no shared run's: those hold content)
             b.refs = 1
         if n > k:
-            taken += self._evict(n - k)
+            evicted = self._evict(n - k, stale)
+            if k < n - k:  # (the shorter list is the one copied: each entry a reference)
+                evicted[:0] = taken
+                return evicted
+            taken += evicted
         return taken
 
     def take_one(self) -> Block | None:
@@ -135,11 +144,11 @@ class BlockPool:
         b.refs = 1
         return b
 
-    def _evict(self, n: int) -> list[Block]:
+    def _evict(self, n: int, stale: bool = False) -> list[Block]:
         """The eviction step: take the ``n`` least recently used cached free blocks
         (``n`` at most as many as there are), each with refcount 1 now, and drop their
         content from the index. (The queue's pop inlined, its links left stale, so that
-        one loop over the blocks also sets their counts.)"""
+        one loop over the blocks also sets their counts.) ``stale``: see ``take``."""
         assert 0 <= n <= self._cached.size, (n, self._cached.size)
         head, _ = self._cached.ends()
         b = head.next
@@ -153,12 +162,18 @@ class BlockPool:
                     # consecutive from here in the cached tier (its content goes below)
                     k = len(r.blocks)
                     pending = r.pending  # (no key in the index: ``Run.pending``)
+                    kept = False
                     if k <= n - i:  # all of them: from its list, not its links, and no
-                        seg = r.blocks if r.fwd else r.blocks[::-1]  # pass to dissolve
+                        seg = r.blocks  # pass to dissolve
                         if pending:  # (its record, for the tier below: ``Keyless``)
                             keyless = keyless or Keyless()
                             keyless.add(i, r, 0 if r.fwd else k - 1, 1 if r.fwd else -1, k)
                         r.evicted()
+                        if not r.fwd:  # (nothing reads an evicted run's list from now on:
+                            seg.reverse()  # in the cached tier's order, in place, no copy)
+                        kept = stale and pending  # (each keeps ``counted``: ``take``)
+                        if kept:
+                            r.n = 1
                     elif not r.fwd:  # its last blocks (children first): the run keeps the
                         k = n - i  # rest, still shared and free (their content stays)
                         if pending:
@@ -172,17 +187,17 @@ class BlockPool:
                         assert seg[0] is b, (seg[0], b)
                         b = seg[-1].next
                         blocks[i:i + k] = seg
-                        if pending:  # one record: nothing of it for the index to drop
+                        if not pending:
+                            for x in seg:
+                                x.counted = None
+                                x.refs = 1
+                                x.starts = None  # (a run it headed: see below)
+                        elif not kept:  # one record: nothing of it for the index to drop
                             # (``keyless``); each block's own count is 1 already (as
                             # recorded: nothing writes it while counted through a run);
                             # they head no run (a stale ``starts`` is checked by a claim)
                             for x in seg:
                                 x.counted = None
-                        else:
-                            for x in seg:
-                                x.counted = None
-                                x.refs = 1
-                                x.starts = None  # (a run it headed: see below)
                         i += k
                         continue
                 blocks[i] = b

@@ -67,7 +67,9 @@ class StepOutputs(Decoder):
         device blocks evicted now whose KV the forward pass would overwrite, into host
         slots), then every ``StorePut`` (blocks computed by an earlier step, to write to
         the shared store), every ``StoreFetched`` (blocks from the store into host
-        slots), one ``BlockLoads`` (all the step's host hits into fresh device blocks),
+        slots), one ``BlockLoads`` (all the step's host hits into fresh device blocks,
+        less those whose block lost that content since: evicted or made unfindable; a
+        hit's request freed before its step ran leaves it findable, and its load stays),
         then every ``BlockCopy`` (fork copy-on-write, the same as ``Fork.copies``, a
         closed set: a copy's source and every block a later copy reads are held until the
         plan is taken; a copy into a freed request's block that nothing needs is dropped;

@@ -29,7 +29,6 @@ from typing import Any
 
 from ..errors import check_count
 from ..extra_keys import ExtraKeys
-from ..hashing import encode_tokens
 from ..results import StoreWait
 from ..store.fetch import Fetch
 from ..store.link import StoreLink
@@ -38,8 +37,10 @@ from .block import Block
 from .pool import BlockPool
 from .prompt import Prompt
 from .request import Request
+from .store_fill import unpend
 from .store_landing import fetch_ready, land
 from .store_memory import FetchMemory
+from .store_reuse import reuse
 
 GRACE = 0.05
 """Seconds past a fetch's deadline before ``poll`` gives up on it (its threads return by
@@ -95,7 +96,15 @@ class StoreWaits:
             return None
         if on_device:  # the device hits held (a reference each), the run's blocks taken,
             # and the block the re-admission's first token after the run opens (``tail``)
-            taken = pool.acquire(hits[:d] if held else hits, len(slots) + first - d + 1)
+            # (``stale``: a pending run's blocks evicted whole keep its ``counted``, cleared
+            # here for ``up`` and ``tail``, by the fetcher for the run's: ``store_fill``)
+            taken = pool.acquire(hits[:d] if held else hits, 0)  # (first: a hit is not
+            if taken:  # evicted) then the new blocks, the hits moved in front (no copy)
+                new = pool.take(len(slots) + first - d + 1, True)
+                new[:0] = taken
+                taken = new
+            else:
+                taken = pool.take(len(slots) + first - d + 1, True)
         staged, views = self.buffers.views()
         f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
                   chunks, req.keys.of_blocks(first, first + len(slots)),  # (``prepare`` cuts)
@@ -110,6 +119,9 @@ class StoreWaits:
         f.ready = fetch_ready  # (store_landing.py)
         if on_device:
             f.tail = [taken.pop()]
+            unpend(f.tail)
+            if first > d:
+                unpend(taken[d:first])
             f.devices, f.held, f.step = taken[first:], taken[:d], self.index.step
             f.blocks = taken  # (the held hits, the blocks for the host hits, the run's)
             if first > d:
@@ -123,6 +135,7 @@ class StoreWaits:
             host.unreserve(slots)
             if on_device:
                 del self.index.landing[id(f)]
+                unpend(f.devices or ())  # (no fetcher wrote them: their ``counted`` may be stale)
                 self._release(f)
             link.stats.store_errors += 1
             link.quiet_until = now + link.store.retry_after
@@ -144,62 +157,11 @@ class StoreWaits:
     def reuse(self, f: Fetch, prompt: Sequence[int] | Prompt,
               extra: ExtraKeys | None) -> tuple[Request, list[Any], int] | None:
         """At the re-admission of ``f``'s request with ``prompt`` and ``extra``: the
-        request as the start made it, what ``index.match`` would find now and how many
-        of those are device blocks (they come first: the rest are host slots), without
-        walking the index, when the prompt and keys are those the fetch started from (the
-        same ``Prompt`` object; the list of ids the start was given, compared with a copy
-        taken then, not encoded again: an id the caller replaced in its list by an equal
-        value counts as unchanged; else one comparison of the token arrays) and nothing
-        the start found or the fetch landed has moved: the start's hits and the landed
-        run, each still holding the content it held, together reaching the request's last
-        full block but one (nothing left to find past them), and the device not holding
-        the content that follows its own hits (else its walk would go on there, and the
-        hits would be its blocks). None when any of that fails (then
-        ``match`` decides: the answer is the same, only slower). Changes nothing. Raises
-        TokenError for a prompt the walk's encoding refuses (``vocab_size`` was checked at
-        the start: a prompt equal to that one passes it)."""
-        req: Request = f.req
-        keys, index, hits, cids = req.keys, self.index, f.hits, f.cids
-        if index.cut or len(hits) + len(cids) != (len(req.tokens) - 1) // self.block_size:
-            return None  # (``cut``: the walk may find device blocks again after slots; a run
-            # that lost its head, or found nothing, is shorter: the prompt is not encoded)
-        if isinstance(prompt, Prompt):  # (its manager checked its configuration and ``extra``)
-            if prompt is not req.prompt and (prompt.tokens != req.tokens or (
-                    prompt.keys is not keys and prompt.keys.extra != keys.extra)):
-                return None  # (the same Prompt object: nothing to encode or compare)
-        elif ((prompt != f.ids if f.ids is not None and prompt is f.ids_given
-               else encode_tokens(prompt) != req.tokens)  # (``ids``: None without a list)
-              or (extra is not keys.extra and (type(extra) is not ExtraKeys or extra != keys.extra))):
-            return None
-        devices = f.devices
-        if f.on_device and devices is not None:  # the hits and the run on the device, held
-            hits = f.held  # by the fetch (the host's hits went up at the landing)
-        # each still holds its content (a device hit that does is still the index's entry
-        # for it: only ``uncache`` makes one a spare, and then ``index.cut`` is set)
-        for b, c in zip(hits, f.hit_cids, strict=True):
-            if b.key is None or b.content_id != c:
-                return None
-        if f.on_device and devices is not None:  # (held since they landed: they hold it)
-            if f.on_device == len(devices) and f.blocks is not None:  # the start's list,
-                return req, f.blocks, len(f.blocks)  # held and run: no per-block work
-            landed = devices if f.on_device == len(devices) else devices[:f.on_device]
-            return req, hits + landed, len(hits) + len(landed)  # (the walk's limit: no
-            # block after them is looked for)
-        landed = f.slots if len(cids) == len(f.slots) else f.slots[:len(cids)]
-        if f.landed_at != self.host.num_unpins:  # (else pinned since they landed: they do)
-            c = cids.start  # (one loop, no pair or int objects: measured faster than maps)
-            for s in landed:
-                if s.key is None or s.content_id != c:
-                    return None
-                c += 1
-        d = list(map(type, hits)).count(Block)  # the device's hits come first
-        chunks = req.prompt_chunks
-        assert chunks is not None, "a fetch of a request without its chunks"
-        mm = keys.mm
-        if index.holds(hits[d - 1] if d else None, chunks[d],
-                       keys.base if mm is None or d >= len(mm) else mm[d]):
-            return None
-        return req, hits + landed, d
+        request as the start made it, the hits ``index.match`` would find now and how many
+        of them are device blocks, without walking the index, when nothing it would find
+        has moved; else None (``store_reuse.reuse`` says when). Changes nothing. Raises
+        TokenError for a prompt the walk's encoding refuses."""
+        return reuse(f, prompt, extra, self.index, self.host, self.block_size)
 
     def cancel(self, request_id: Hashable, taken: bool = False) -> bool:
         """The request was admitted, or left while it waited: forget the wait (its fetch

@@ -32,6 +32,8 @@ class DroppingIndex(SpareIndex):
         self.losses += 1  # (``Run.seen``)
         if lower is not None and (twins or sink.active):  # per block: events in tier order
             assert keyless is None, "a pending run with spares or events below a tier"
+            if lower.load_dst:  # (a load of the step into one is dead; else ``demote``
+                lower.unload(blocks)  # looks, at the blocks recorded in this step alone)
             for b in blocks:
                 self._unindex(b, evicting=True)
                 b.key = None

@@ -76,7 +76,7 @@ class LandedRecorder(ContentChains):
 
     def pend_counts(self, mm: Sequence[bytes] | None) -> RunCounts | None:
         """The run counts a store fetch's device run may land as one pending run under
-        (``core.store_landing.fill_pending``), for a request with multimodal extra keys
+        (``core.store_fill.fill_pending``), for a request with multimodal extra keys
         ``mm``; None when it may not (events, spares, keys per block, runs off). Hashes
         alone allow it (a store's keys): ``fill_pending`` writes each block's."""
         ok = self.runs and self.pending_runs and not self._sink.active and not self._twins
@@ -85,7 +85,7 @@ class LandedRecorder(ContentChains):
     def land_run(self, blocks: Sequence[Block], chunk: bytes, parent: Block | None,
                  slots: Sequence[Block], run: Run | None = None) -> None:
         """Make findable, in one write, a run of held device ``blocks`` whose content
-        fields a store fetch wrote (``core.store_landing.fill_device``): each block after
+        fields a store fetch wrote (``core.store_fill.fill_device``): each block after
         the first chained under the one before (key and ``chained`` set) under content ids
         nothing findable holds, the first with no key. Key the first (token bytes
         ``chunk``), or chain it under ``parent`` (the device block before it, None from

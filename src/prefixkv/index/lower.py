@@ -18,6 +18,8 @@ class LowerTier(Protocol):
     """The slots keyed by their content triple (token bytes another slot's key)."""
     num_chained: int
     """Slots found only as their parent slot's chained child."""
+    load_dst: list[int]
+    """The device blocks the step's loads write (empty: no load in the step)."""
 
     def find(self, parent_cid: int, chunk: bytes, extra: bytes) -> Block | None:
         """The slot holding this content (parent content id, token bytes, extra bytes)."""
@@ -29,6 +31,9 @@ class LowerTier(Protocol):
     def demote(self, blocks: Sequence[Block], step: int, keyless: Keyless | None = None) -> None:
         """Keep the content of evicted ``blocks`` recorded before ``step`` in slots (those
         at ``keyless``'s positions: pending runs' blocks, their content read there)."""
+
+    def unload(self, blocks: Sequence[Block]) -> None:
+        """Device ``blocks`` lose their content: the step's loads into them leave the plan."""
 
     def on_device(self, s: Block) -> None:
         """Slot ``s``'s content is on the device now."""

@@ -1,6 +1,6 @@
 """Pending runs: a miss's ``store`` records its run (``core.block.Run``) as one record,
 and the blocks' content is written only when something reads one of them alone. A store
-fetch's run that lands whole in device blocks is one too (``core.store_landing
+fetch's run that lands whole in device blocks is one too (``core.store_fill
 .fill_pending``, on the fetcher's thread; ``ContentIndex.land_run`` records it): its
 blocks' content fields but the key are written as well (parent and content ids, extra
 bytes, hash, step), which the tier below reads when the run is evicted.
@@ -27,7 +27,9 @@ Who reads what:
   which the log runs first), and the run clears its own
   last block's key (``Run.evicted``) or writes its new last one (``Run.truncate``); each
   block's own count is 1 from the store on (nothing writes it while the run counts
-  them), so the eviction writes one field a block (``counted``);
+  them), so the eviction writes one field a block (``counted``), or none for a store
+  fetch's start: the blocks keep the evicted run's ``counted`` (its ``n`` 1) until the
+  fetcher fills them on its thread (``BlockPool.take``'s ``stale``);
 - anything else settles it first: ``Run.dissolve`` (a block's count changed alone, the
   run broken), a ``store`` or decoded block under one of its blocks or under its head
   (``settle_near``), host hits adopted under one of its blocks (``adopt``), a spare of

@@ -65,6 +65,8 @@ class SpareIndex(ContentRecorder):
             else:
                 b.key = None
                 b.twin = False
+        if self._lower is not None and self._lower.load_dst:  # (their loads are dead)
+            self._lower.unload(blocks)
         return self._forget_below(gone) if gone is not None else []
 
     def _forget_below(self, gone: list[Block]) -> list[Block]:
@@ -113,6 +115,8 @@ class SpareIndex(ContentRecorder):
             todo += below
             for d in found:
                 self._forget(d, freed)
+            if lower is not None and lower.load_dst:  # (their loads are dead)
+                lower.unload(found)
             if not below:
                 return freed
             found = []

@@ -26,31 +26,22 @@ through ``host_offload`` (``SlotOffload.demote``); store fetches land in slots t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import attrgetter
-from typing import TypeVar
 
 from ..core.block import UNLINKED, Block
 from ..core.free_queue import FreeBlockQueue
 from ..errors import MAX_BLOCKS, check_positive
 from ..event_log import EventSink
 from ..events import BlockStored
-from ..results import BlockLoads, BlockOffloads, StoreFetched
+from ..results import BlockOffloads, StoreFetched
 from .host_check import check_tier
 from .host_index import HostSlot
 from .host_kids import SlotKids
 from .host_landing import SlotLanding
+from .host_loads import SlotLoads
 from .host_offload import SlotOffload
 
-_Op = TypeVar("_Op", BlockOffloads, BlockLoads)
-_BLOCK_ID = attrgetter("block_id")
 
-
-def _batch(kind: type[_Op], src: list[int], dst: list[int]) -> list[_Op]:
-    """``[kind(src, dst)]`` with the ids as tuples, or ``[]`` when there are none."""
-    return [kind(tuple(src), tuple(dst))] if src else []
-
-
-class HostTier(SlotOffload, SlotLanding):
+class HostTier(SlotOffload, SlotLanding, SlotLoads):
     """``num_slots`` host slots. ``sink``: where CPU-medium events go.
     ``by_chunk``/``by_key``: the slots with content, by token bytes and (the rest) by
     content triple; read by the device index's chain walk. Raises ConfigError unless
@@ -70,6 +61,7 @@ class HostTier(SlotOffload, SlotLanding):
         self.offload_dst: list[int] = []
         self.load_src: list[int] = []  # the step's loads: slot ids, device block ids
         self.load_dst: list[int] = []
+        self._loading = None  # (their targets as a set, once ``unload`` needs it)
         self.fetches: list[StoreFetched] = []  # the step's payloads to write (no attached memory)
         self._landed = []
         self._held: tuple[Sequence[Block], list[int] | None] = ((), None)  # ``hold``'s, for ``load``
@@ -92,7 +84,8 @@ class HostTier(SlotOffload, SlotLanding):
         """The step's offloads as one op (none when there are none), and forget them
         (counted in ``num_offloaded`` now)."""
         self.num_offloaded += len(self.offload_src)
-        ops = _batch(BlockOffloads, self.offload_src, self.offload_dst)
+        src, dst = self.offload_src, self.offload_dst
+        ops = [BlockOffloads(tuple(src), tuple(dst))] if src else []
         self.offload_src, self.offload_dst = [], []
         return ops
 
@@ -100,53 +93,6 @@ class HostTier(SlotOffload, SlotLanding):
     def num_free(self) -> int:
         """Slots ``reserve`` could take now (empty, or cached and not pinned)."""
         return len(self._empty) + self._cached.size
-
-    def load(self, slots: Sequence[Block], devices: Sequence[Block]) -> None:
-        """State the copy of each of ``slots`` into the fresh device block beside it in
-        ``devices`` (the slots stay pinned until the plan is drained; the caller pinned
-        them with ``hold``): their ids join the step's one ``BlockLoads``."""
-        held, ids = self._held
-        self._held = ((), None)
-        if self.load_dst:
-            self.drop_loads_into(devices)
-        self.load_src += ids if ids is not None and held is slots else [s.block_id for s in slots]
-        self.load_dst += map(_BLOCK_ID, devices)
-        self.num_loaded += len(slots)
-
-    def drop_loads_into(self, devices: Sequence[Block]) -> None:
-        """Drop the step's earlier loads into ``devices``: such a block went back to the
-        pool in this step with its load pending (a landed store run given up or evicted
-        in its landing step, a host hit's request dropped before its step ran) and is
-        handed out again (as a load's target, a fork's copy destination), so that load
-        is dead, and one plan must not write a block twice (an engine may run the pairs
-        of one ``BlockLoads`` in any order; copies run after loads)."""
-        new = {d.block_id for d in devices}
-        if new.isdisjoint(self.load_dst):
-            return
-        keep = [i for i, d in enumerate(self.load_dst) if d not in new]
-        self.num_loaded -= len(self.load_dst) - len(keep)
-        self.load_src = [self.load_src[i] for i in keep]
-        self.load_dst = [self.load_dst[i] for i in keep]
-
-    def load_ids(self, slot_ids: list[int], device_ids: list[int]) -> None:
-        """``load`` by ids, for a store fetch's run landed in slots (pinned since) and in
-        the device blocks beside them: the ids join the step's one ``BlockLoads``. The
-        lists become the tier's when they are the longer ones (the step's earlier ids
-        moved in front, no count touched): the caller no longer reads them."""
-        if len(self.load_src) < len(slot_ids):
-            slot_ids[:0] = self.load_src
-            device_ids[:0] = self.load_dst
-            self.load_src, self.load_dst = slot_ids, device_ids
-        else:
-            self.load_src += slot_ids
-            self.load_dst += device_ids
-        self.num_loaded += len(slot_ids)
-
-    def take_loads(self) -> list[BlockLoads]:
-        """The step's loads as one op (none when there are none), and forget them."""
-        ops = _batch(BlockLoads, self.load_src, self.load_dst)
-        self.load_src, self.load_dst = [], []
-        return ops
 
     def hold(self, slots: Sequence[Block]) -> None:
         """Pin ``slots`` (they are about to be loaded), so that no offload stated while
@@ -246,6 +192,7 @@ class HostTier(SlotOffload, SlotLanding):
         of the same step may have reserved and read into (attached memory)."""
         self.num_unpins += 1
         self.offload_src, self.offload_dst, self.load_src, self.load_dst = [], [], [], []
+        self._loading = None
         self.fetches = []
         self._landed = []
         for s in self.slots:

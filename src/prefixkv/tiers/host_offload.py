@@ -9,7 +9,8 @@ the content is lost, and so are the step's offloads of its descendants
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from itertools import filterfalse
 
 from ..core.block import Block, key_chunk
 from ..core.free_queue import FreeBlockQueue
@@ -27,6 +28,9 @@ class SlotOffload(SlotIndex):
     offload_src: list[int]
     offload_dst: list[int]
     load_src: list[int]
+    load_dst: list[int]
+
+    unload: Callable[[Sequence[Block]], None]  # (``SlotLoads``'s)
 
     def demote(self, blocks: Sequence[Block], step: int, keyless: Keyless | None = None) -> None:
         """The content of ``blocks`` (full blocks with content, keyed by their token
@@ -39,7 +43,9 @@ class SlotOffload(SlotIndex):
         next block offloaded is its parent and takes a new slot too (the pool evicts a
         request's tail first), it is chained, as that slot's child, in no map. The blocks
         at ``keyless``'s positions are pending runs' (``index/pending.py``): no key, their
-        content read from the run's record there, for the blocks looked at alone."""
+        content read from the run's record there, for the blocks looked at alone. A load
+        of this step into one of them (a block recorded in this step: never offloaded) is
+        dead: it leaves the plan (``unload``)."""
         by_chunk, by_key, cached, sink = self.by_chunk, self.by_key, self._cached, self._sink
         get, empty, pin = by_chunk.get, self._empty, self._pinned.append
         kids = self.kids
@@ -57,8 +63,10 @@ class SlotOffload(SlotIndex):
         s: Block | None
         chaining, chained = self.chaining, 0
         lost = -1  # where contents began to be lost
+        now: list[Block] = []  # blocks recorded in this step: a load of the step may write one
         for i, b in enumerate(blocks):
             if b.step >= step:
+                now.append(b)
                 continue
             key, parent_cid, extra, cid = b.key, b.parent_cid, b.extra, b.content_id
             if key is None and keyless is not None:  # a pending run's block
@@ -154,6 +162,11 @@ class SlotOffload(SlotIndex):
         if refreshed:
             cached.forget(len(refreshed))
             cached.extend(refreshed)
+        if self.load_dst:  # (their loads are dead: ``unload``; past ``lost``, not looked at)
+            if lost >= 0:
+                now += [b for b in blocks[lost:] if b.step >= step]
+            if now:
+                self.unload(now)
         if lost >= 0 and dst:  # (the common case checked here: no offload of the step is
             # a child of a lost content, so nothing is withdrawn, without a lookup of each;
             # with no offload in the step, nothing is looked at: ``isdisjoint`` would go
@@ -204,7 +217,8 @@ class SlotOffload(SlotIndex):
         if dropped:
             kept = [i for i in range(len(dst)) if i not in dropped]
             self.offload_src, self.offload_dst = [src[i] for i in kept], [dst[i] for i in kept]
-            self._pinned = [s for s in self._pinned if s.key is not None]
+            out = {self.slots[dst[i]] for i in dropped}  # (the others stay pinned: a slot
+            self._pinned = list(filterfalse(out.__contains__, self._pinned))  # emptied too)
             # (a request loading one would hold its lost ancestor's content on the device)
-            assert not {dst[i] for i in dropped}.intersection(self.load_src), \
+            assert not {s.block_id for s in out}.intersection(self.load_src), \
                 "a slot withdrawn with its lost ancestor is loaded in this step"
