@@ -38,8 +38,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import prefixkv.groups.decode as decode_module
+import prefixkv.groups as groups_module
+import prefixkv.groups.growth as growth_module  # (calls release_order)
 import prefixkv.groups.manager as manager_module
+from prefixkv.bench import hybrid_scenes
 from prefixkv.bench.opcodes import count_opcodes
 from prefixkv.core.block import Block
 from prefixkv.core.request import RequestKeys
@@ -99,19 +101,15 @@ def order_cases(k: int, ref: Any) -> dict[str, dict[str, Callable[[], object]]]:
 
 
 def _finished(k: int) -> tuple[HybridKVCacheManager, str]:
-    m = HybridKVCacheManager(SPECS, 2 * k + 600, BS, seed=0)
-    n = k * BS + 1
-    prompt = list(range(1000, 1000 + n))
-    assert m.add_request("r", prompt, num_new_tokens=8192) is not None
-    while m.num_scheduled_tokens("r") < n:
-        assert m.extend("r", min(8192, n - m.num_scheduled_tokens("r"))) is not None
-    return m, "r"
+    return hybrid_scenes.finished(groups_module, k, BS), "r"
 
 
 def free_variants(ref: Any) -> dict[str, Callable[..., list[Block]]]:
     def old(specs: Any, bs: int, req: GroupRequest, found: Any, longer: bool) -> list[Block]:
         # hybrid-r12's manager asked ``find(g, nodes[j]) is not None`` per block
-        return ref.free_order(specs, bs, req, lambda g, j: next(iter(found(g, j, j + 1))), longer)
+        # (no flag: the group is known to find it, ``free_runs.finder``)
+        return ref.free_order(specs, bs, req, lambda g, j: next(iter(found(g, j, j + 1)), True),
+                              longer)
 
     def plain(specs: Any, bs: int, req: GroupRequest, found: Any, longer: bool) -> list[Block]:
         return _plain(req.tables)
@@ -119,21 +117,9 @@ def free_variants(ref: Any) -> dict[str, Callable[..., list[Block]]]:
     return {"new": free_order, "hybrid-r12": old, "vLLM plain": plain}
 
 
-GEMMA = [full_attention()] + [sliding_window(1024)] * 5
-
-
 def _decoding(k: int) -> HybridKVCacheManager:
     """gemma3-like groups, a k-block prompt prefilled, decoded up to a block's last slot."""
-    m = HybridKVCacheManager(GEMMA, k + 6 * 1200, BS, seed=0)
-    n = k * BS - 1
-    assert m.add_request("r", list(range(1000, 1000 + n)), num_new_tokens=8192) is not None
-    while m.num_scheduled_tokens("r") < n:
-        assert m.extend("r", min(8192, n - m.num_scheduled_tokens("r"))) is not None
-    for t in range(BS + 1):  # (the windows' release moves to one block per boundary)
-        assert m.append_tokens("r", [7 + t]) is not None
-    while (m.num_scheduled_tokens("r") + 1) % BS:
-        assert m.append_tokens("r", [7]) is not None
-    return m
+    return hybrid_scenes.decoding(groups_module, k, BS)  # type: ignore[no-any-return]
 
 
 def _plain_release(specs: Any, bs: int, req: GroupRequest, going: Any, finds: Any) -> list[Block]:
@@ -181,7 +167,7 @@ def main() -> None:
                 m = _decoding(k)
                 if tokens:
                     assert m.append_tokens("r", [7] * tokens) is not None
-                decode_module.release_order = fn  # type: ignore[assignment]
+                growth_module.release_order = fn  # type: ignore[assignment]
                 if _ == args.reps:
                     ops[case, name] = count_opcodes(lambda m=m: m.append_tokens("r", [7]))
                 else:
@@ -189,7 +175,7 @@ def main() -> None:
                     m.append_tokens("r", [7])
                     dt = time.perf_counter() - t0
                     best[case, name] = min(best.get((case, name), dt), dt)
-                decode_module.release_order = release_order
+                growth_module.release_order = release_order
     ops.update({(case, name): count_opcodes(fn) for case, fns in cases.items() for name, fn in fns.items()})
     for name, fn in variants.items():
         m, rid = _finished(k)

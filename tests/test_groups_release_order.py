@@ -135,7 +135,9 @@ def test_a_steps_view_holds_the_windows_reach_not_the_request(monkeypatch):
         seen.append((len(view.nodes), [len(t) for t in view.tables]))
         return real(specs, bs, view, found, longer)
     monkeypatch.setattr(module, "free_order", spy)
-    order = release_order(specs, BS, req, going, lambda g, nodes: (True for _ in nodes))
+    # (block 389 is found by neither window: the hits at 390 and 391 that read it are
+    # dead, so the order is not the one in rounds, ``in_rounds``, but the cascade's)
+    order = release_order(specs, BS, req, going, lambda g, nodes: (j != 389 for j in nodes))
     assert sorted(b.block_id for b in order) == sorted(b.block_id for p in going for b in p)
     (k, lengths), = seen
     assert k <= 20 and max(lengths) <= 12

@@ -612,6 +612,16 @@ class TwoWindowsMachine(HybridMachine):
     num_blocks = 16
 
 
+class TwinWindowsMachine(HybridMachine):
+    """Two copies of one window beside full attention (gemma3-like in small): a step that
+    releases the same blocks in both takes its order in rounds
+    (``release_order.in_rounds``), when every hit reading them is alive."""
+
+    groups = (sliding_window(8), full_attention(), sliding_window(8))
+    num_blocks = 16
+
+
 TestHybridMachine = case(HybridMachine, max_examples=60, stateful_step_count=40)
 TestSlidingOnlyMachine = case(SlidingOnlyMachine, max_examples=60, stateful_step_count=40)
 TestTwoWindowsMachine = case(TwoWindowsMachine, max_examples=60, stateful_step_count=40)
+TestTwinWindowsMachine = case(TwinWindowsMachine, max_examples=60, stateful_step_count=40)

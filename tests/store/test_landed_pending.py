@@ -306,3 +306,29 @@ def test_a_run_landing_from_the_first_block_leaves_other_pending_runs_pending(st
 
     both(backend, layout, scenario, num_blocks=24, host_blocks=20)
     assert runs == [(1, 2, True)]
+
+
+def test_an_uncache_elsewhere_leaves_a_landed_runs_fetch_its_blocks(backend, layout):
+    """``p``'s run landed (one pending run, held by the fetch until ``p`` comes back);
+    another request's block is found invalid. The fetch gives up only blocks that lost
+    their content, and the landed run's did not: it stays pending (``uncache`` writes the
+    runs it reads alone), and its blocks, with no key yet, are not taken for lost ones
+    (before: the fetch gave up all but the run's head, and the re-admission counted 4 of
+    its 24 tokens as store hits)."""
+    kept = []
+
+    def scenario(m, ex, log):
+        assert isinstance(m.add_request("p", P), StoreWait)
+        ex.run()
+        assert m.poll_store() == ["p"]
+        f = m._waits.waiting["p"]
+        x = m.add_request("x", list(range(900, 909)), read_cache=False)
+        m.uncache_blocks([x.block_ids[0]])
+        log.append((f.on_device, seen(m)))
+        if m._index.pending_runs:
+            kept.append(len(_landed(m)))
+        log.append((m.add_request("p", P), m.stats.store_hits, seen(m)))
+
+    log, _ = both(backend, layout, scenario)
+    assert log[0][0] == 6 and log[1][1] == 24
+    assert kept == [1]

@@ -56,16 +56,19 @@ def held_by_others(waits: StoreWaits | None, blocks: Sequence[Block]) -> list[Bl
 
 def give_up(waits: StoreWaits, blocks: Iterable[Block], lost: bool) -> None:
     """Every fetch of ``waits`` that holds one of ``blocks`` (or, with ``lost``, a block
-    that lost its findable content: no key, or made a spare by ``uncache``; pending runs
-    settled, as ``uncache`` leaves them) gives it up, with every block after it in its
-    chain (see the module's docstring). Called on the scheduler's thread."""
+    that lost its findable content: no key, or made a spare by ``uncache``) gives it up,
+    with every block after it in its chain (see the module's docstring). A block of a
+    pending run has no key yet but holds its content: ``uncache`` writes every run it
+    takes content from, so a run still pending lost none. Called on the scheduler's
+    thread."""
     bad = {id(b) for b in blocks}
     for f in list(waits.holders):
         chain = f.held
         if f.ended and f.devices:
             chain = chain + f.devices[:f.on_device]
         for k, b in enumerate(chain):
-            if id(b) in bad or lost and (b.key is None or b.twin):
+            if id(b) in bad or lost and (b.twin or b.key is None and (
+                    b.counted is None or not b.counted.pending)):
                 _cut(waits, f, k)
                 break
 

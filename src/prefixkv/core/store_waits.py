@@ -276,7 +276,8 @@ class StoreWaits:
             self.given_up = []
         for rid, f in self.waiting.items():
             if not f.ended and not f.expired and now > f.deadline + GRACE:
-                f.expired = True  # the request computes; the slots wait for the threads
+                f.expired = f.late = True  # the request computes; the slots wait for
+                # the threads (counted here: ``StoreLink.ended`` counts no late failure)
                 self.link.stats.store_errors += 1
                 out.append(rid)
         return out

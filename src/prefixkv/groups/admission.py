@@ -191,6 +191,7 @@ class GroupAdmitter(GroupParts):
                                                  self.vocab_size)
         n = len(tokens)
         req = GroupRequest(request_id, tokens, keys, len(self.groups))
+        req.losses = self._index.losses  # (its hits are found now: ``GroupRequest``)
         limit = hit_limit(n, self.block_size, max_hit_tokens)
         if not read_cache or not limit:
             return req, [], prompt

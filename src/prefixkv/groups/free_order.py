@@ -27,7 +27,9 @@ every other group's block j follows) go as slices too (``_lockstep``); the rest 
 per block of the windows' held tail (a window's reach past its cut) and per hit those
 blocks reach. Hits are looked at lazily (free_hits.py: a dead stretch is skipped in one
 step from the blocks that kill it, and killed in one), and where a group misses blocks is
-fetched in slices, from the top down (``found``). A long request beside a window of W
+fetched in slices, from the top down (``found``), but not in a full-attention group known
+to find the whole prefix (the manager's ``free_runs.finder``: no content lost since the
+request's admission). A long request beside a window of W
 tokens thus costs at most O(W / block_size) in Python plus C-speed passes over its tables
 (benchmarks/results/free-order-cpu.md: 2,810 bytecodes for 16,384 blocks; free about twice
 vLLM's plain order). The order is hybrid-r12's, block for block

@@ -1,6 +1,7 @@
 """What ``free_order.py`` asks of a finished request's tables and of the groups' indexes,
 in runs rather than per block: where a group misses the prefix (``Misses``, fetched in
-slices from the top down), which blocks a release frees with their content (``held``),
+slices from the top down; ``finder``: not at all in a full-attention group that is known
+to find the whole prefix), which blocks a release frees with their content (``held``),
 and, per group spec, how far a block's hits reach (``reach``, ``steady``).
 """
 
@@ -10,15 +11,49 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from itertools import compress, count, repeat
 from operator import and_, attrgetter, eq, is_not, not_, sub
+from typing import TYPE_CHECKING
 
 from ..core.block import Block
+from .request import GroupRequest
 from .spec import CHUNKED, GroupSpec
+
+if TYPE_CHECKING:
+    from .index import GroupIndex
 
 Found = Callable[[int, int, int], Iterable[bool]]
 """``found(g, lo, hi)``: whether group ``g`` finds blocks ``lo .. hi-1`` of the request's
-prefix (``0 <= lo < hi <= len(req.nodes)``), by any block, one flag each in order."""
+prefix (``0 <= lo < hi <= len(req.nodes)``), by any block, one flag each in order; or
+no flag at all when it is known to find every one (``finder``)."""
 
 _KEY, _REFS, _COUNTED, _REF_CNT = (attrgetter(a) for a in ("key", "refs", "counted", "ref_cnt"))
+
+
+def finder(index: GroupIndex, req: GroupRequest) -> Found:
+    """``Found`` for ``req``'s prefix: each group's index asked (``GroupIndex.finds``),
+    but a full-attention group (not sparse) while ``req`` is known to find the whole
+    prefix there (``GroupRequest.losses``): no miss, without touching the prefix's
+    nodes (asking would cost a pass over a long request's cold nodes, most of a finished
+    request's order: benchmarks/results/uncache-r16.md)."""
+    finds, nodes = index.finds, req.nodes
+    if req.tainted_from is None and req.losses == index.losses:
+        every = [not s.releases and not s.sparse for s in index.specs]
+        return lambda g, lo, hi: () if every[g] else finds(g, nodes[lo:hi])
+    return lambda g, lo, hi: finds(g, nodes[lo:hi])
+
+
+def unfound(index: GroupIndex, req: GroupRequest) -> str | None:
+    """Where a request that ``finder`` counts on finding its whole prefix in its
+    full-attention groups does not (None: nowhere, or not counted on)."""
+    if req.tainted_from is not None or req.losses != index.losses:
+        return None
+    for g, s in enumerate(index.specs):
+        if not s.releases and not s.sparse:
+            missed = list(index.finds(g, req.nodes)).count(False)
+            if missed:
+                return (f"request {req.request_id!r}: group {g} misses {missed} of its "
+                        f"{len(req.nodes)} prefix blocks, though no content was lost since "
+                        f"its admission (losses {req.losses})")
+    return None
 
 
 class Misses:

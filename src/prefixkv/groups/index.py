@@ -51,6 +51,8 @@ class GroupIndex:
         self.table = table
         self._sink = sink
         self.hashing = sink.active
+        # ``uncache`` calls that took content from a held block (``GroupRequest.losses``)
+        self.losses = 0
 
     def __len__(self) -> int:
         return sum(len(e) for e in self.entries)
@@ -130,6 +132,7 @@ class GroupIndex:
             node = held[b.block_id]
             if node is None:
                 continue
+            self.losses += 1
             if b.twin or self.twins[owner[b.block_id]].get(node.pid):
                 self._unindex(b)
             else:

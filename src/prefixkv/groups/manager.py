@@ -29,6 +29,7 @@ from ..extra_keys import ExtraKeys
 from ..stats import PrefixCacheStats
 from .decode import GroupDecoder
 from .free_order import free_order
+from .free_runs import finder, unfound
 from .request import GroupRequest
 from .results import GroupBlockCopy, GroupFork, GroupStats
 from .taint import reads_lost
@@ -91,7 +92,8 @@ class HybridKVCacheManager(GroupDecoder):
         self._table.hold(child.nodes[-1] if child.nodes else None)
         child.num_scheduled, child.step_start = parent.num_scheduled, parent.step_start
         child.num_cached = full * self.block_size
-        child.tainted_from = parent.tainted_from  # (its KV is the parent's)
+        child.tainted_from, child.losses = parent.tainted_from, parent.losses  # (the
+        # parent's KV, found as the parent's is)
         self._kv_ops += copies
         self._requests[child_id] = child
         return GroupFork(child_id, tuple(map(tuple, self._ids(child))), tuple(copies))
@@ -116,12 +118,12 @@ class HybridKVCacheManager(GroupDecoder):
                 self._pool.emptied(self._index.uncache(
                     [b for b in t[first:req.num_scheduled // bs] if b is not None]))
         del self._requests[request_id]
-        finds, nodes = self._index.finds, req.nodes
+        nodes = req.nodes
         # a longer prefix exists (a child, or another request ending here): a reference on
         # the last node beside its blocks' and the request's own
         longer = bool(nodes) and nodes[-1].refs > self._index.num_blocks_of(nodes[-1]) + 1
         self._pool.release(free_order(self.groups, self.block_size, req,
-                                      lambda g, lo, hi: finds(g, nodes[lo:hi]), longer))
+                                      finder(self._index, req), longer))
         self._table.unhold(req.nodes[-1] if req.nodes else None)
 
     def preempt(self, request_id: Hashable, *,
@@ -283,7 +285,7 @@ class HybridKVCacheManager(GroupDecoder):
             refs[self._null.block_id] = 1
         node_refs = self._index.node_refs()
         for req in self._requests.values():
-            self._require(req.check(self.groups, self.block_size))
+            self._require(req.check(self.groups, self.block_size) or unfound(self._index, req))
             for t in req.tables:
                 for b in t:
                     if b is not None:

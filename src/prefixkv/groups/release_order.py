@@ -21,7 +21,10 @@ Otherwise the cost is Python work per released block and per hit that reads one 
 window's reach), whatever the request's length: the order is taken on a view of the
 request that leaves out the blocks below the windows' cuts but the reach of one (shifted
 by a multiple of every chunk, so each group reads the same blocks: ``shift``), whose
-tables are copied at C speed.
+tables are copied at C speed. Where every window is the same sliding window releasing the
+same blocks, each freeing its content, and every hit that reads one of them is alive
+(gemma3-like's steps, most of the time), the order is known without the cascade
+(``in_rounds``): asking whether those hits are alive is a C-speed pass per window.
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ from math import gcd
 
 from ..core.block import Block
 from .free_order import free_order
-from .free_runs import reach
+from .free_runs import held, reach, steady
 from .prefixes import Prefix
 from .request import GroupRequest
-from .spec import CHUNKED, GroupSpec
+from .spec import CHUNKED, SLIDING, GroupSpec
 
 
 def release_order(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest,
@@ -47,6 +50,10 @@ def release_order(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest
     windows = [g for g, part in enumerate(going) if part and specs[g].releases]
     if len(windows) < 2 or all(len(going[g]) == 1 for g in windows):
         return req.release(going)  # (one block each, a decode step's: little to move)
+    rounds = in_rounds(specs, block_size, req, going, windows, finds)
+    if rounds is not None:
+        req.release(going)
+        return rounds
     wspecs = [specs[g] for g in windows]
     s = shift(wspecs, block_size, min(req.cut[g] for g in windows))
     nodes = req.nodes
@@ -59,6 +66,39 @@ def release_order(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest
                        lambda i, lo, hi: finds(windows[i], nodes[lo + s:hi + s]), True)
     req.release(going)
     return order
+
+
+def in_rounds(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest,
+              going: Sequence[Sequence[Block | None]], windows: Sequence[int],
+              finds: Callable[[int, Sequence[Prefix]], Iterator[bool]]) -> list[Block] | None:
+    """The cascade's order, in rounds, when every windowed group of the step (``windows``)
+    is one sliding window whose hits each read their last block (``steady``) and
+    releases the same blocks ``c .. c+n-1`` (its cut is ``c``), each of them freeing its
+    content (``held``), and every hit that reads one of them is alive (each window finds
+    every block such a hit needs below ``len(req.nodes)``; past it, hits are taken as
+    alive, as the cascade takes them): from j = c+n-1 down, each window's block j, in
+    group order. (The cascade places the first window's block j, which kills the hits
+    that read it, hits j+1 .. the last reading j, the only ones alive that read the other
+    windows' block j, which then follow; hit j reads block j-1 and lives on.) None,
+    with nothing changed, where it is not so; the caller then runs the cascade."""
+    spec, first = specs[windows[0]], windows[0]
+    c, n = req.cut[first], len(going[first])
+    if spec.kind != SLIDING or not steady(spec, block_size) or any(
+            specs[g] != spec or req.cut[g] != c or len(going[g]) != n for g in windows):
+        return None
+    if any(held(going[g]).count(1) != n for g in windows):
+        return None
+    nodes = req.nodes
+    lo = spec.num_unread((c + 1) * block_size, block_size)  # (the hits: c+1 .. last)
+    hi = min(len(nodes), (spec.release_at(c + n - 1, block_size) - 1) // block_size)
+    if lo < hi:
+        span = nodes[lo:hi]
+        if not all(all(finds(g, span)) for g in windows):
+            return None
+    out: list[Block | None] = [None] * (n * len(windows))
+    for i, g in enumerate(windows):
+        out[i::len(windows)] = going[g][::-1]
+    return out  # type: ignore[return-value]  # (no None: each block frees its content)
 
 
 def shift(specs: Sequence[GroupSpec], block_size: int, cut: int) -> int:

@@ -20,6 +20,12 @@ after a ``rewind``, which undoes no release, it may lie past ``num_scheduled``.
 ``tainted_from``: None, or the first position whose KV the request computes from a
 context it lost (a recompute after a ``rewind`` past what a window released: taint.py);
 no full block holding a position at or after it is cached.
+``losses``: the index's ``GroupIndex.losses`` when the request was admitted (a fork: its
+parent's), -1 if unknown. While the index's count is still that and the request is not
+tainted, every full-attention group finds each of its ``nodes`` (``free_runs.finder``
+counts on it; ``free_runs.unfound`` checks it): its hits were found at admission, the
+blocks it computes are recorded (primaries or spares), and a held block loses its
+content only through ``uncache``, which counts.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from .spec import GroupSpec
 class GroupRequest:
     __slots__ = ("request_id", "tokens", "keys", "tables", "cut", "nodes", "num_cached",
                  "num_scheduled", "num_reserved", "step_start", "next_release", "release_bound",
-                 "prompt", "tainted_from")
+                 "prompt", "tainted_from", "losses")
 
     def __init__(self, request_id: Hashable, tokens: array[int], keys: RequestKeys, num_groups: int) -> None:
         self.request_id = request_id
@@ -55,6 +61,7 @@ class GroupRequest:
         self.release_bound: int | None = None
         self.prompt: Prompt | None = None  # a prepared prompt, until its prefill is scheduled
         self.tainted_from: int | None = None
+        self.losses = -1
 
     def release(self, going: Sequence[Sequence[Block | None]]) -> list[Block]:
         """Replace each group's blocks in ``going`` (the next ones after its cut) by None

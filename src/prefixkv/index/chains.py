@@ -161,9 +161,16 @@ class ContentChains(Announcer):
 
     def _add_twin(self, b: Block, held: Block) -> int:
         """Equal content is already held by ``held``: ``b`` becomes its spare. A content
-        with spares is keyed in the dicts, and so are its children (see ``_may_chain``)."""
+        with spares is keyed in the dicts, and so are its children (see ``_may_chain``):
+        the pending run ``held`` is a block of (its last one too: keyed now) or heads is
+        written first; no other run holds such a block."""
         if self.run_counts.pending:
-            self.settle_all()
+            r = held.counted
+            if r is not None and r.pending:
+                self._settle(r)
+            r = held.starts
+            if r is not None and r.pending:
+                self._settle(r)
         c = held.child
         if c.chained and c.parent_cid == held.content_id:
             self._enter(c)

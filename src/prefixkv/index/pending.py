@@ -33,9 +33,13 @@ Who reads what:
 - anything else settles it first: ``Run.dissolve`` (a block's count changed alone, the
   run broken), a ``store`` or decoded block under one of its blocks or under its head
   (``settle_near``), host hits adopted under one of its blocks (``adopt``), a spare of
-  any content (``settle_all``: its children get keyed), ``match`` with multimodal keys
+  one of its blocks or of its head (``_add_twin``: that content and its children get
+  keyed; other runs stay pending), ``match`` with multimodal keys
   or a claimed start (without, it walks runs whole, then the tier below), ``holds``,
-  ``uncache``, a ``snapshot`` (``settle_all``);
+  a ``snapshot`` (``settle_all``); ``uncache`` settles the runs it reads alone: those of
+  the blocks it names, those they head, and those its walk of forgotten descendants
+  reaches through their heads (a run's head is the block found for its parent content:
+  a descendant the walk reaches);
 - ``check_invariants`` verifies a pending run as it is, without settling it.
 
 Settling costs what the eager store would have cost, once per run: a run is settled at

@@ -38,8 +38,14 @@ class SpareIndex(ContentRecorder):
         A content that leaves the index so takes its cached descendants with it
         (``_forget_below``). Returns those of them that were free: the pool moves them
         to its empty tier (``BlockPool.emptied``)."""
-        if self.run_counts.pending:  # (the walk below reads each descendant's content)
-            self.settle_all()
+        if self.run_counts.pending:  # (the runs whose blocks are read here: those of
+            for b in blocks:  # ``blocks`` and those they head; the walk below settles
+                r = b.counted  # each run it reaches, through its head: no other run
+                if r is not None and r.pending:  # holds a descendant (``pending.py``)
+                    self._settle(r)
+                r = b.starts
+                if r is not None and r.pending:
+                    self._settle(r)
         self.losses += 1  # (``Run.seen``)
         gone: list[Block] | None = None  # the blocks whose content left the index
         for b in blocks:
@@ -86,6 +92,9 @@ class SpareIndex(ContentRecorder):
         while True:
             while todo:
                 b = todo.pop()
+                r = b.starts  # a pending run b heads: its blocks are b's descendants
+                if r is not None and r.pending:
+                    self._settle(r)
                 cid = b.content_id
                 c = b.child  # (a device block's chained child; a slot's is the tier's)
                 if c.chained and c.parent_cid == cid and not c.twin and c.key is not None \

@@ -63,7 +63,7 @@ class Fetch:
     call), ``hashes``, ``nbytes``/``seconds`` (measured)."""
 
     __slots__ = ("request_id", "req", "first", "parent", "chunks", "extras", "slots",
-                 "buffers", "views", "staged", "deadline", "started", "ended", "expired", "cids",
+                 "buffers", "views", "staged", "deadline", "started", "ended", "expired", "late", "cids",
                  "hits", "hit_cids", "ids", "ids_given", "planned", "parent_cid", "ready",
                  "landed_at", "hashes", "filled", "unique", "keyed", "slot_ids", "fetched",
                  "keys", "heads", "states", "run", "stop", "failed", "nbytes", "seconds", "left", "lock",
@@ -78,7 +78,10 @@ class Fetch:
         self.chunks, self.extras, self.slots, self.buffers = chunks, extras, slots, buffers
         self.staged, self.views = staged, views
         self.deadline, self.started = deadline, time.monotonic()
-        self.ended = self.expired = False  # landed; past its deadline (the request went on)
+        # landed; its request went on without it (past its deadline, or nothing valid
+        # left before its run: ``core/store_giveup.py``); past its deadline at ``poll``
+        # (counted in ``store_errors`` then, not again when it fails)
+        self.ended = self.expired = self.late = False
         self.cids: range = range(0)  # content ids landed (store hits at the re-admission)
         self.hits: list[Any] = []
         self.hit_cids: list[int] = []

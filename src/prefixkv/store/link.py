@@ -80,7 +80,8 @@ class StoreLink:
         if f.stop == REJECTED:
             self.stats.store_rejected += 1
         elif f.stop == FAILED:
-            if not f.expired:  # (counted when ``poll`` gave up on it)
+            if not f.late:  # (counted when ``poll`` gave up on it at its deadline; one
+                # given up for nothing valid left, ``expired`` too, was not)
                 self.stats.store_errors += 1
             if f.failed is not None:  # the whole call failed: leave the store alone
                 self.quiet_until = now + self.store.retry_after
