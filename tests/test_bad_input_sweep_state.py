@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from deep_fingerprint import fingerprint
 from hostile import HOSTILE
@@ -254,3 +256,31 @@ def test_the_fingerprint_sees_one_reservation_and_one_index_entry(shared_store):
     assert _state(ours) == _state(twin)
     twin.uncache_blocks([twin.free_block_order()[-1]])  # one cached block's index entry
     assert _state(ours) != _state(twin)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(sorted(set(CALLS) - CORE_MISSING)), st.integers(0, 10**6)),
+                min_size=1, max_size=6))
+def test_a_run_of_bad_calls_leaves_the_core_manager_as_its_twin(shared_store, picks):
+    """Bad calls one after another on one manager (each variant as in the sweep; a call
+    that succeeds is made on the twin too): after each, the two agree, and a normal
+    step still runs."""
+    ours, twin = _drive(_core(shared_store)), _drive(_core(shared_store))
+    for name, k in picks:
+        variants = _variants(name)
+        label, variant = variants[k % len(variants)]
+        args, kw = variant()
+        try:
+            got = getattr(ours, name)(*args, **kw)
+        except PrefixKVError:
+            pass
+        else:
+            _finish(ours, got)
+            targs, tkw = variant()
+            _finish(twin, getattr(twin, name)(*targs, **tkw))
+        assert _state(ours) == _state(twin), label
+        ours.check_invariants()
+    ours.kv_ops_done()
+    _admit(ours, "after", list(range(70, 80)))
+    ours.take_kv_ops()
+    ours.check_invariants()
