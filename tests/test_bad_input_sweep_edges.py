@@ -416,3 +416,20 @@ def test_bad_layer_groups_of_the_hybrid_runner_are_a_typed_error(layer_groups):
     assert model.cfg.num_layers == 2
     with pytest.raises(PrefixKVError, match="layer_groups"):
         HybridModelRunner(model, [full_attention(), sliding_window(8)], layer_groups, 16, 4)
+
+
+def test_a_numpy_array_as_hash_mode_is_a_config_error():
+    """make_hash_fn compared the mode with ``==`` first: an array's elementwise answer
+    has no truth value, and numpy's ValueError (not a ConfigError) came out of the
+    manager's constructor and ``SharedStore.key_prefix`` (found by the store sweep of
+    badinput-r16)."""
+    import numpy as np
+
+    from prefixkv import ConfigError, KVCacheManager
+    from prefixkv.store import SharedStore, StoreLayout
+
+    with pytest.raises(ConfigError, match="hash_mode"):
+        KVCacheManager(8, 4, hash_mode=np.array([1, 2]))
+    store = SharedStore(_Backend(), StoreLayout("m", "float32", 8))
+    with pytest.raises(ConfigError, match="hash_mode"):
+        store.key_prefix(4, np.array([1, 2]))
