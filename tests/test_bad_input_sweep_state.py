@@ -121,7 +121,8 @@ OPAQUE = frozenset({"StoreLink", "SharedStore", "FetchThreads", "FetchCost"})
 # call name -> a factory of valid (positional args, keyword args) on a driven manager
 CALLS: dict[str, Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]] = {
     "add_request": lambda: (("new", list(range(50, 64))),
-                            {"num_new_tokens": 5, "num_lookahead_tokens": 1, "keep_free": 1}),
+                            {"extra": None, "num_new_tokens": 5, "num_lookahead_tokens": 1,
+                             "keep_free": 1, "max_hit_tokens": 8}),
     "extend": lambda: (("chunked", 4), {}),
     "append_tokens": lambda: (("live", [3, 4]), {}),
     "append_step": lambda: ((["live"], [3]), {}),
@@ -129,9 +130,9 @@ CALLS: dict[str, Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]] = {
     "fork": lambda: (("live", "child"), {}),
     "free": lambda: (("live",), {"num_computed_tokens": 11}),
     "preempt": lambda: (("live",), {"num_computed_tokens": 8}),
-    "lookup": lambda: ((list(range(9)),), {"max_hit_tokens": 4}),
-    "lookup_block_ids": lambda: ((list(range(9)),), {}),
-    "prepare": lambda: ((list(range(9)),), {}),
+    "lookup": lambda: ((list(range(9)),), {"extra": None, "max_hit_tokens": 4}),
+    "lookup_block_ids": lambda: ((list(range(9)),), {"extra": None}),
+    "prepare": lambda: ((list(range(9)),), {"extra": None}),
     "get_block_ids": lambda: (("live",), {}),
     "num_tokens": lambda: (("live",), {}),
     "num_scheduled_tokens": lambda: (("live",), {}),
