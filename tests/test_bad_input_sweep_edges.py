@@ -416,3 +416,37 @@ def test_bad_layer_groups_of_the_hybrid_runner_are_a_typed_error(layer_groups):
     assert model.cfg.num_layers == 2
     with pytest.raises(PrefixKVError, match="layer_groups"):
         HybridModelRunner(model, [full_attention(), sliding_window(8)], layer_groups, 16, 4)
+
+
+def test_a_numpy_array_as_hash_mode_is_a_config_error():
+    """make_hash_fn compared the mode with ``==`` first: an array's elementwise answer
+    has no truth value, and numpy's ValueError (not a ConfigError) came out of the
+    manager's constructor and ``SharedStore.key_prefix`` (found by the store sweep of
+    badinput-r16)."""
+    import numpy as np
+
+    from prefixkv import ConfigError, KVCacheManager
+    from prefixkv.store import SharedStore, StoreLayout
+
+    with pytest.raises(ConfigError, match="hash_mode"):
+        KVCacheManager(8, 4, hash_mode=np.array([1, 2]))
+    store = SharedStore(_Backend(), StoreLayout("m", "float32", 8))
+    with pytest.raises(ConfigError, match="hash_mode"):
+        store.key_prefix(4, np.array([1, 2]))
+
+
+@pytest.mark.parametrize("bad", [None, "0", 1.5, [0], True, "array"])
+def test_a_token_position_that_is_not_an_int_is_an_extra_keys_error(bad):
+    """``ExtraKeys.for_range`` compared its positions with the inputs' offsets first:
+    TypeError (``>`` between int and str, list, None) or numpy's ValueError for an array
+    came out (found by the ExtraKeys sweep of badinput-r16)."""
+    import numpy as np
+
+    from prefixkv import ExtraKeys, ExtraKeysError, MultiModalInput
+
+    keys = ExtraKeys(mm=(MultiModalInput("img", 0, 4),))
+    value = np.array([0, 1]) if bad == "array" else bad
+    with pytest.raises(ExtraKeysError, match="for_range"):
+        keys.for_range(value, 8)
+    with pytest.raises(ExtraKeysError, match="for_range"):
+        keys.for_range(0, value)

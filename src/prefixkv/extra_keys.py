@@ -122,7 +122,10 @@ class ExtraKeys:
 
     def for_range(self, start: int, end: int) -> ExtraKeys | None:
         """The keys that enter the hash of the block of tokens ``[start, end)``: LoRA, salt
-        and the multimodal inputs overlapping it; None when there are none."""
+        and the multimodal inputs overlapping it; None when there are none. Raises
+        ExtraKeysError unless both are ints (a bool is not)."""
+        if start.__class__ is not int or end.__class__ is not int:
+            raise ExtraKeysError(f"for_range takes int token positions, got {start!r}, {end!r}")
         if self._by_offset is None:
             mm = tuple(m for m in self.mm if m.offset < end and m.offset + m.length > start)
         else:  # inputs whose offset is < end, back from the last while one may reach start

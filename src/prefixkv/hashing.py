@@ -164,13 +164,14 @@ def make_hash_fn(mode: str | HashFn, seed: int | bytes | None) -> tuple[HashFn, 
         if seed < 0:
             raise ConfigError(f"seed must be >= 0, got {seed}")
         seed = seed.to_bytes((seed.bit_length() + 8) // 8, "little")
-    if mode == "xxhash":
+    name = mode if isinstance(mode, str) else None  # (no ``==`` on an array: no truth value)
+    if name == "xxhash":
         fn: HashFn = xxhash.xxh3_128_digest
         seed_bytes = os.urandom(16) if seed is None else seed
-    elif mode == "sha256":
+    elif name == "sha256":
         fn = _sha256
         seed_bytes = b"prefixkv" if seed is None else seed
-    elif callable(mode):
+    elif name is None and callable(mode):
         fn = mode
         seed_bytes = b"" if seed is None else seed
     else:

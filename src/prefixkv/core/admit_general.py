@@ -63,9 +63,10 @@ class GeneralAdmitter:
             check_new_request(self._requests, request_id)  # raises RequestError
         if num_new_tokens is not None:
             check_count("num_new_tokens", num_new_tokens, 1, None)
-        if num_lookahead_tokens or num_lookahead_tokens.__class__ is not int:  # (None, [], 0.0)
+        # (the class first: an object without a truth value, a numpy array, is refused too)
+        if num_lookahead_tokens.__class__ is not int or num_lookahead_tokens:  # (None, [], 0.0)
             check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
-        if keep_free or keep_free.__class__ is not int:
+        if keep_free.__class__ is not int or keep_free:
             check_count("keep_free", keep_free, 0, None)
         if resumed.__class__ is not bool or read_cache is not True or require_full_fit is not False:
             for name, flag in (("resumed", resumed), ("read_cache", read_cache),

@@ -273,5 +273,6 @@ class Router:
                            self.routed[replica], self.lossy[replica])
 
     def _known(self, replica: str) -> None:
-        if replica not in self.in_flight:
+        # (a name first: ``in`` on an unhashable object raises the dict's TypeError)
+        if not isinstance(replica, str) or replica not in self.in_flight:
             raise RouterError(f"unknown replica {replica!r}; known: {list(self.replicas)}")

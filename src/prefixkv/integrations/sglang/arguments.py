@@ -33,6 +33,15 @@ def check_keys(extra: dict[Any, Any]) -> None:
                           f"known: {sorted(KEYS)}")
 
 
+def page_keys(keys: Any) -> list[str]:
+    """``keys`` when it is a list (or tuple) of page keys; ConfigError for anything
+    else: a str (its characters would be taken as keys), a set or a generator (no order
+    to match host pages with, or consumed by a first look), a number."""
+    if type(keys) is not list and type(keys) is not tuple:
+        raise ConfigError(f"page keys must be a list of str, got {described(keys)}")
+    return keys  # type: ignore[return-value]  # (each key: ``PageStore.key``)
+
+
 def flat_page_like(mem_pool_host: Any) -> PageLike:
     """The dtype and element count of ``mem_pool_host``'s flat pages. Raises ConfigError
     for a host pool that cannot hand out flat pages (``get_data_page``,

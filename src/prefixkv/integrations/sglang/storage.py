@@ -45,6 +45,7 @@ from .arguments import (
     flat_page_like,
     host_page_starts,
     is_page,
+    page_keys,
     page_text,
 )
 from .pages import PageStore
@@ -153,11 +154,11 @@ class PrefixKVStorage(HiCacheStorage):
     def batch_exists(self, keys: list[str],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> int:
         """How many of ``keys``, from the first, the store holds (one round trip)."""
-        return self.pages.held(keys)
+        return self.pages.held(page_keys(keys))
 
     def _starts(self, keys: list[str], host_indices: Any) -> list[int]:
         """Each page's first host index; ConfigError as ``arguments.host_page_starts``."""
-        return host_page_starts(len(keys), host_indices, self.pages.page_size,
+        return host_page_starts(len(page_keys(keys)), host_indices, self.pages.page_size,
                                 self.mem_pool_host.size)
 
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
@@ -170,7 +171,7 @@ class PrefixKVStorage(HiCacheStorage):
         Raises ConfigError (nothing read or written) when the targets are not one a page,
         or one is neither None nor a contiguous page tensor of the host pool's dtype and
         element count."""
-        pages = self.pages  # (ConfigError before register_mem_pool_host)
+        pages, keys = self.pages, page_keys(keys)  # (ConfigError before register_mem_pool_host)
         targets = list(target_locations) if target_locations is not None else [None] * len(keys)
         check_places(len(keys), targets, "target locations")
         for i, t in enumerate(targets):
@@ -198,7 +199,7 @@ class PrefixKVStorage(HiCacheStorage):
         Raises ConfigError (nothing stored) when the values are not one a page, or one
         is not a page tensor of the host pool's dtype and element count (a page of
         another dtype with the same bytes would read back as other KV)."""
-        pages = self.pages  # (ConfigError before register_mem_pool_host)
+        pages, keys = self.pages, page_keys(keys)  # (ConfigError before register_mem_pool_host)
         check_places(len(keys), values, "values")
         for i, v in enumerate(values):
             if not is_page(v, self._page_like):

@@ -26,6 +26,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request
 
 from prefixkv.core.block import blocks_for
+from prefixkv.errors import RequestError, check_count
 
 from .coordinator import CoordinatorView
 from .layout import UnsupportedByPrefixKV, build_core, check_options, eagle_layout, read_layout
@@ -111,8 +112,13 @@ class KVCacheManager(StepCalls):
         return self.block_pool.get_usage()
 
     def key_of(self, request_id: Hashable) -> int | None:
-        """prefixkv's id of the live request ``request_id``; None when it holds no blocks."""
-        return self._keys.get(request_id)
+        """prefixkv's id of the live request ``request_id``; None when it holds no blocks.
+        Raises RequestError for an id that is not hashable (vLLM's are str)."""
+        try:
+            return self._keys.get(request_id)
+        except TypeError:  # (an unhashable id: before it, no call changes anything)
+            raise RequestError(f"a request id must be hashable (vLLM's are str), "
+                               f"got {request_id!r}") from None
 
     def live_request_ids(self) -> list[str]:
         """The vLLM ids of the requests holding blocks."""
@@ -121,7 +127,7 @@ class KVCacheManager(StepCalls):
     def num_cached_tokens(self, request_id: str) -> int:
         """Tokens of the live request in its cached (findable) full blocks; 0 when it
         holds none or caching is off."""
-        key = self._keys.get(request_id)
+        key = self.key_of(request_id)
         if key is None or not self.enable_caching:
             return 0
         n: int = self.core.num_scheduled_tokens(key)
@@ -133,12 +139,12 @@ class KVCacheManager(StepCalls):
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """The request's blocks per group (``empty_kv_cache_blocks`` when it holds none)."""
-        key = self._keys.get(request_id)
+        key = self.key_of(request_id)
         return self.empty_kv_cache_blocks if key is None else self._blocks.of(self._ids(key))
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """vLLM's block ids of the request per group (empty lists when it holds none)."""
-        key = self._keys.get(request_id)
+        key = self.key_of(request_id)
         if key is None:
             return tuple([] for _ in range(self.num_kv_cache_groups))
         return self._blocks.vllm_ids(self._ids(key))
@@ -146,7 +152,10 @@ class KVCacheManager(StepCalls):
     def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int
                                           ) -> tuple[list[int], ...]:
         """``get_block_ids`` clipped to the blocks covering ``num_computed_tokens``, but
-        for Mamba groups, whole (vLLM clips attention groups only)."""
+        for Mamba groups, whole (vLLM clips attention groups only). Raises RequestError
+        for a count that is not an int >= 0."""
+        if num_computed_tokens.__class__ is not int or num_computed_tokens < 0:
+            check_count("num_computed_tokens", num_computed_tokens, 0, None)
         n = blocks_for(num_computed_tokens, self.block_size)
         return tuple(ids if g in self._mamba.groups else ids[:n]
                      for g, ids in enumerate(self.get_block_ids(request_id)))
@@ -227,7 +236,10 @@ class KVCacheManager(StepCalls):
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Make the request's full blocks up to ``num_computed_tokens`` findable (the tokens
-        its finished steps computed; capped at what ``request.all_token_ids`` knows)."""
+        its finished steps computed; capped at what ``request.all_token_ids`` knows).
+        Raises RequestError for a count that is not an int >= 0."""
+        if num_computed_tokens.__class__ is not int or num_computed_tokens < 0:
+            check_count("num_computed_tokens", num_computed_tokens, 0, None)
         key = self._keys.get(request.request_id)
         if key is None or not self.enable_caching:
             return
@@ -259,7 +271,11 @@ class KVCacheManager(StepCalls):
         it when a request finishes, before it hands the block table to a connector): the
         table then shows vLLM's null block there, as vLLM's. Growth releases such blocks
         itself; one-group models and requests holding none: nothing happens.
-        ``num_prompt_tokens`` is for group kinds prefixkv does not offer (unused)."""
+        ``num_prompt_tokens`` is for group kinds prefixkv does not offer (unused).
+        Raises RequestError for an unhashable id or a count that is not an int."""
+        if processed_computed_tokens.__class__ is not int:  # (below 0: none processed)
+            raise RequestError(f"processed_computed_tokens must be an int, got {processed_computed_tokens!r}")
+        self.key_of(request_id)
         release_skipped(self, request_id, processed_computed_tokens)
 
     def evict_blocks(self, block_ids: set[int]) -> None:

@@ -90,6 +90,7 @@ def allocate(m: KVCacheManager, request: Request, num_new_tokens: int, num_new_c
     try:  # (one test: an or of ints is negative iff one of them is)
         bad = (num_new_tokens | num_new_computed_tokens | num_lookahead_tokens
                | num_external_computed_tokens | reserved_blocks) < 0
+        bad = bad.__class__ is not bool or bad  # (numpy's: an array or a numpy bool)
     except TypeError:  # None, a float
         bad = True
     if bad:
