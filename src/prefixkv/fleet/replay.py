@@ -20,6 +20,10 @@ from collections import deque
 from collections.abc import Callable
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
+MAX_REQUEST_BYTES = 1024
+"""The largest replay request frame read (ZeroMQ's MAXMSGSIZE on the ROUTER): requests
+are 8 bytes or a map of under 100; a peer sending a larger one is disconnected before
+it is read, so none can make the publisher read a frame of any size into memory."""
 
 
 class ReplayBuffer:
