@@ -4,9 +4,16 @@
   make the publisher read a request of any size into memory (a real request is 8 bytes
   or a map of under 100); one over ``replay.MAX_REQUEST_BYTES`` is now never read
   (ZeroMQ drops the connection);
+- the thread served replay requests for as long as any waited, so a peer sending them
+  faster than they were answered (each 8-byte request is answered with the whole
+  buffer) stopped the replica's batches for as long as it sent; at most
+  ``replay.PER_STEP`` are served between two batches now.
 
 Plus a fuzzer: requests of any frames and bodies leave the server answering.
 """
+
+import subprocess
+import sys
 
 import msgpack
 import zmq
@@ -16,7 +23,7 @@ from hypothesis import strategies as st
 from prefixkv import KVCacheManager
 from prefixkv.fleet.publisher import EventPublisher
 from prefixkv.fleet.replay import END_SEQ, MAX_REQUEST_BYTES
-from waiting import PATIENCE, wait_until
+from waiting import PATIENCE, connect_sub, wait_until
 
 
 def steps(pub, n):
@@ -68,6 +75,43 @@ def test_a_replay_request_over_the_cap_is_never_read():
             peer.disable_monitor()
             monitor.close(linger=0)
             peer.close(linger=0)
+
+
+FLOOD = """
+import sys, zmq
+sock = zmq.Context.instance().socket(zmq.DEALER)
+sock.connect(sys.argv[1])
+n = 0
+while True:
+    sock.send_multipart((b"", (0).to_bytes(8, "big")))
+    n += 1
+    if n == 5000:  # (past both high-water marks: the publisher is reading the flood)
+        print("up", flush=True)
+"""
+
+
+def test_a_flood_of_replay_requests_does_not_stop_the_batches():
+    ctx = zmq.Context.instance()
+    with EventPublisher(replay_endpoint="tcp://127.0.0.1:*", block_size=4,
+                        heartbeat=None) as pub:
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+        connect_sub(sub, pub.endpoint)
+        steps(pub, 50)  # each 8-byte request for 0 is answered with 50 batches
+        wait_until(lambda: pub.replay.next_seq == 50, "50 batches")
+        flood = subprocess.Popen([sys.executable, "-c", FLOOD, pub.replay_endpoint],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert flood.stdout.readline() == "up\n"
+            while sub.poll(0):
+                sub.recv_multipart()
+            steps(pub, 1)
+            assert sub.poll(20_000), "no batch sent while the flood lasted"
+            assert int.from_bytes(sub.recv_multipart()[1], "big") == 50
+        finally:
+            flood.kill()
+            flood.wait()
+            sub.close(linger=0)
 
 
 frames = st.lists(st.binary(max_size=64) | st.sampled_from([

@@ -34,7 +34,7 @@ from ..events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .bind import bound
 from .mirror import HeldMirror, snapshot_events
 from .options import check_publisher_options
-from .replay import MAX_REQUEST_BYTES, ReplayBuffer
+from .replay import MAX_REQUEST_BYTES, PER_STEP, ReplayBuffer
 from .wire import WireError, check_options, pack, to_wire_events
 
 _EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
@@ -221,7 +221,9 @@ class EventPublisher:
         the last batch taken it looks for the next one every ``POLL_S`` (``publish`` then wakes
         nobody); otherwise it waits on the queue (the next ``publish`` wakes it)."""
         if self._replay is not None:
-            while self._replay.poll(0):
+            for _ in range(PER_STEP):  # (replay.py: a flood of requests must not stop us)
+                if not self._replay.poll(0):
+                    break
                 self.replay.serve(self._replay, self._snapshot, self.topic)
         polling = time.monotonic() < self._busy_until
         try:

@@ -24,6 +24,10 @@ MAX_REQUEST_BYTES = 1024
 """The largest replay request frame read (ZeroMQ's MAXMSGSIZE on the ROUTER): requests
 are 8 bytes or a map of under 100; a peer sending a larger one is disconnected before
 it is read, so none can make the publisher read a frame of any size into memory."""
+PER_STEP = 16
+"""Replay requests served between two batches at most: each 8-byte request is answered
+with the whole buffer, so a peer asking faster than that is sent would otherwise stop
+the replica's batches for as long as it asked."""
 
 
 class ReplayBuffer:
