@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PrefixKVError
+from .frames import recv_frames
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 STREAM_TIMEOUTS = 10
@@ -100,7 +101,7 @@ class ReplayClient:
         if not self.sock.poll(self.timeout_ms):
             self._abandon()
             raise ReplayTimeout(f"no replay answer within {self.timeout_ms} ms")
-        frames = self.sock.recv_multipart()
+        frames = recv_frames(self.sock)
         if len(frames) != 2:  # a vLLM publisher read the map as a start: its end mark
             if _replayed(frames)[0] != END_SEQ and not self._drain(self.timeout_ms):
                 self._abandon()
@@ -138,7 +139,7 @@ class ReplayClient:
         room = self.max_message_bytes if self.max_message_bytes > 0 else None
         deadline = time.monotonic() + STREAM_TIMEOUTS * self.timeout_ms / 1000
         while time.monotonic() < deadline and self.sock.poll(self.timeout_ms):
-            frames = self.sock.recv_multipart()
+            frames = recv_frames(self.sock)
             seq_bytes, payload = _replayed(frames)
             if seq_bytes is None or len(frames) == 4 and seq_bytes != END_SEQ \
                     and not frames[1].startswith(self.topic):
@@ -164,7 +165,7 @@ class ReplayClient:
         ended = False
         deadline = time.monotonic() + STREAM_TIMEOUTS * max(wait_ms, self.timeout_ms) / 1000
         while time.monotonic() < deadline and self.sock.poll(wait_ms):
-            frames = self.sock.recv_multipart()
+            frames = recv_frames(self.sock)
             if _replayed(frames)[0] == END_SEQ:
                 wait_ms, ended = 0, True
         return ended
