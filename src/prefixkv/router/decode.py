@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import PrefixKVError
+from .show import show as _show
 
 Hash = int | bytes
 _UINT64 = 1 << 64
@@ -155,12 +156,3 @@ def _is_hash(value: object) -> bool:
     if isinstance(value, bytes):
         return len(value) <= MAX_HASH_BYTES
     return _is_int(value) and 0 <= value < _UINT64  # type: ignore[operator]
-
-
-def _show(value: object) -> str:
-    """A short, safe rendering of a wire value for an error message."""
-    try:
-        text = repr(value)
-    except Exception:  # a repr of wire data cannot fail today; never let it escape
-        text = f"<{type(value).__name__}>"
-    return text[:80]

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import PrefixKVError
 from .frames import recv_frames
+from .show import show
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 STREAM_TIMEOUTS = 10
@@ -189,15 +190,15 @@ def _check(reply: object, start: int) -> Answer:
     ``snapshot`` (with no replayed batches) or ``replayed_batches`` holding exactly the
     ``[seq, bin payload]`` pairs ``start .. next_seq - 1``."""
     if not isinstance(reply, dict):
-        raise ReplayError(f"replay answer must be a map, got {repr(reply)[:80]}")
+        raise ReplayError(f"replay answer must be a map, got {show(reply)}")
     epoch, next_seq = reply.get("publisher_epoch"), reply.get("next_seq")
     batches, snapshot = reply.get("replayed_batches"), reply.get("snapshot")
     if not isinstance(epoch, str):
-        raise ReplayError(f"publisher_epoch must be a str, got {repr(epoch)[:80]}")
+        raise ReplayError(f"publisher_epoch must be a str, got {show(epoch)}")
     if not isinstance(next_seq, int) or isinstance(next_seq, bool) or next_seq < 0:
-        raise ReplayError(f"next_seq must be an int >= 0, got {repr(next_seq)[:80]}")
+        raise ReplayError(f"next_seq must be an int >= 0, got {show(next_seq)}")
     if not isinstance(batches, list):
-        raise ReplayError(f"replayed_batches must be an array, got {repr(batches)[:80]}")
+        raise ReplayError(f"replayed_batches must be an array, got {show(batches)}")
     if snapshot is not None:
         if not isinstance(snapshot, bytes) or batches:
             raise ReplayError("a snapshot answer has a bin snapshot and no replayed batches")
@@ -207,7 +208,7 @@ def _check(reply: object, start: int) -> Answer:
         if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int
                 and item[0] == seq and isinstance(item[1], bytes)):
             raise ReplayError(f"replayed_batches[{seq - start}] must be [{seq}, bin], "
-                              f"got {repr(item)[:80]}")
+                              f"got {show(item)}")
         pairs.append((seq, item[1]))
     if start + len(pairs) != next_seq:
         raise ReplayError(f"replayed_batches cover {start}..{start + len(pairs) - 1}, "
