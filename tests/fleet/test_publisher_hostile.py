@@ -9,6 +9,9 @@
   buffer) stopped the replica's batches for as long as it sent; at most
   ``replay.PER_STEP`` are served between two batches now.
 
+- a request of many frames (each under the cap) was copied whole into a Python list
+  before it was found to have too many; at most 4 are copied now.
+
 Plus a fuzzer: requests of any frames and bodies leave the server answering.
 """
 
@@ -74,6 +77,29 @@ def test_a_replay_request_over_the_cap_is_never_read():
         finally:
             peer.disable_monitor()
             monitor.close(linger=0)
+            peer.close(linger=0)
+
+
+def test_a_request_of_many_frames_is_not_copied_whole():
+    import tracemalloc
+
+    ctx = zmq.Context.instance()
+    with EventPublisher(replay_endpoint="tcp://127.0.0.1:*", block_size=4,
+                        heartbeat=None) as pub:
+        peer = ctx.socket(zmq.DEALER)
+        try:
+            peer.connect(pub.replay_endpoint)
+            steps(pub, 1)
+            wait_until(lambda: pub.replay.next_seq == 1, "a batch")
+            frame = b"q" * MAX_REQUEST_BYTES
+            tracemalloc.start()
+            peer.send_multipart([b""] + [frame] * 4000)  # 4 MB in one request
+            assert ask_8(peer) == [0]  # (one connection: served after the bad one)
+            peak = tracemalloc.get_traced_memory()[1]
+            assert peak < 1 << 20, f"{peak} bytes traced serving one bad request"
+            assert pub.send_errors == 0
+        finally:
+            tracemalloc.stop()
             peer.close(linger=0)
 
 
