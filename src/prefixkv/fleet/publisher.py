@@ -34,7 +34,7 @@ from ..events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .bind import bound
 from .mirror import HeldMirror, snapshot_events
 from .options import check_publisher_options
-from .replay import ReplayBuffer
+from .replay import MAX_REQUEST_BYTES, PER_STEP, ReplayBuffer
 from .wire import WireError, check_options, pack, to_wire_events
 
 _EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
@@ -105,7 +105,9 @@ class EventPublisher:
         self._replay = None
         self.replay_endpoint: str | None = None
         if replay_endpoint is not None:
-            self._replay = bound(self._ctx.socket(zmq.ROUTER), replay_endpoint, hwm)
+            self._replay = self._ctx.socket(zmq.ROUTER)
+            self._replay.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)  # (replay.py)
+            self._replay = bound(self._replay, replay_endpoint, hwm)
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self._closed = False
         self._running = True  # until ``_run`` returns or raises (cheaper than is_alive())
@@ -219,7 +221,9 @@ class EventPublisher:
         the last batch taken it looks for the next one every ``POLL_S`` (``publish`` then wakes
         nobody); otherwise it waits on the queue (the next ``publish`` wakes it)."""
         if self._replay is not None:
-            while self._replay.poll(0):
+            for _ in range(PER_STEP):  # (replay.py: a flood of requests must not stop us)
+                if not self._replay.poll(0):
+                    break
                 self.replay.serve(self._replay, self._snapshot, self.topic)
         polling = time.monotonic() < self._busy_until
         try:

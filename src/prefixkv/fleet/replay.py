@@ -20,6 +20,14 @@ from collections import deque
 from collections.abc import Callable
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
+MAX_REQUEST_BYTES = 1024
+"""The largest replay request frame read (ZeroMQ's MAXMSGSIZE on the ROUTER): requests
+are 8 bytes or a map of under 100; a peer sending a larger one is disconnected before
+it is read, so none can make the publisher read a frame of any size into memory."""
+PER_STEP = 16
+"""Replay requests served between two batches at most: each 8-byte request is answered
+with the whole buffer, so a peer asking faster than that is sent would otherwise stop
+the replica's batches for as long as it asked."""
 
 
 class ReplayBuffer:
@@ -48,7 +56,7 @@ class ReplayBuffer:
         ``topic``: the publisher's topic, the first frame of each replayed batch."""
         from .wire import pack
 
-        frames = sock.recv_multipart()  # type: ignore[attr-defined]
+        frames = _request_frames(sock)
         if len(frames) not in (2, 3) or len(frames) == 3 and frames[1] != b"":
             return
         head, body = tuple(frames[:-1]), frames[-1]
@@ -71,6 +79,20 @@ class ReplayBuffer:
         if not whole:
             out["snapshot"] = snapshot()
         return out
+
+
+def _request_frames(sock: object) -> list[bytes]:
+    """The next request's frames, at most 4 copied: ZeroMQ's MAXMSGSIZE caps a frame, not
+    their number, and a request has 3 (a peer's message of many frames is read and
+    dropped uncopied, never held in a Python list)."""
+    import zmq
+
+    frames = [sock.recv()]  # type: ignore[attr-defined]
+    while sock.getsockopt(zmq.RCVMORE):  # type: ignore[attr-defined]
+        frame = sock.recv(copy=len(frames) < 4)  # type: ignore[attr-defined]
+        if len(frames) < 4:
+            frames.append(frame)
+    return frames
 
 
 def _request(body: bytes) -> tuple[object, int, bool] | None:

@@ -2,7 +2,8 @@
 facts a router needs. Accepts vLLM 0.33's map-encoded events and the positional
 (array) events of older vLLM releases in the same batch.
 
-Every field the decoder reads is type-checked; any payload that does not fit raises
+Every field the decoder reads is type-checked (and a hash's width and a medium name's
+length bounded: the index keeps them per block); any payload that does not fit raises
 DecodeError and nothing else (a subscriber counts it and goes on). Fields it does not
 read (``token_ids``, ``lora_*``, ``extra_keys``, vLLM's newer optional fields) are not
 checked: a replica's extension there must not cost the router its batches.
@@ -13,9 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import PrefixKVError
+from .show import show as _show
 
 Hash = int | bytes
 _UINT64 = 1 << 64
+MAX_HASH_BYTES = 64
+"""The widest bytes block hash decoded (a 512-bit digest; vLLM's and prefixkv's are 32
+or 16 bytes). The index keeps each hash: a wider one would let a replica's blocks cost
+the router any memory under its block cap (``InProcessIndex.max_per_replica``)."""
+MAX_MEDIUM_CHARS = 64
+"""The longest ``medium`` name decoded (engines send "GPU", "CPU", "cpu"); kept per
+block like the hashes."""
 
 
 class DecodeError(PrefixKVError):
@@ -103,9 +112,13 @@ def _event(raw: object) -> RouterEvent:
         raise DecodeError(f"unknown event type {_show(tag)}")
     hashes = raw.get("block_hashes")
     if not isinstance(hashes, list) or not all(_is_hash(h) for h in hashes):
-        raise DecodeError(f"{tag}.block_hashes must be a list of uint64 or bytes, "
+        raise DecodeError(f"{tag}.block_hashes must be a list of uint64 or bytes of at "
+                          f"most {MAX_HASH_BYTES}, "
                           f"got {_show(hashes)}")
     medium = _optional(raw, tag, "medium", str) or "GPU"  # nil: releases before media
+    if len(medium) > MAX_MEDIUM_CHARS:  # type: ignore[arg-type]
+        raise DecodeError(f"{tag}.medium must be at most {MAX_MEDIUM_CHARS} characters, "
+                          f"got {_show(medium)}")
     group = _optional(raw, tag, "group_idx", int)
     if tag == "BlockRemoved":
         return Removed(tuple(hashes), medium, group)  # type: ignore[arg-type]
@@ -139,14 +152,7 @@ def _is_number(value: object) -> bool:
 
 
 def _is_hash(value: object) -> bool:
-    """A block hash as vLLM sends it: a uint64 or a digest's bytes."""
-    return isinstance(value, bytes) or _is_int(value) and 0 <= value < _UINT64  # type: ignore[operator]
-
-
-def _show(value: object) -> str:
-    """A short, safe rendering of a wire value for an error message."""
-    try:
-        text = repr(value)
-    except Exception:  # a repr of wire data cannot fail today; never let it escape
-        text = f"<{type(value).__name__}>"
-    return text[:80]
+    """A block hash as vLLM sends it: a uint64 or a digest's bytes (``MAX_HASH_BYTES``)."""
+    if isinstance(value, bytes):
+        return len(value) <= MAX_HASH_BYTES
+    return _is_int(value) and 0 <= value < _UINT64  # type: ignore[operator]

@@ -60,19 +60,22 @@ def from_metrics(text: str, *, num_blocks: int | None = None) -> ReplicaLoad:
     ``vllm:kv_cache_usage_perc`` (required; the mean over its label sets: vLLM serves one
     per engine of a data-parallel server, each a fraction of that engine's pool) and
     ``vllm:num_requests_waiting`` (summed over its label sets; 0 when absent). A sample
-    is ``name{labels} value [timestamp]``, blanks being spaces or tabs. Raises LoadError
-    when the usage series is missing or a value does not parse."""
+    is ``name{labels} value [timestamp]``, blanks being spaces or tabs (leading ones
+    ignored). Raises LoadError, and only LoadError, when the usage series is missing, a
+    value does not parse or the series sum past the largest float."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     for line in text.splitlines():
+        line = line.lstrip(" \t")
         if not line or line[0] == "#":
             continue
-        name = line.split("{", 1)[0].split(None, 1)[0] if line.strip() else ""
+        words = line.split("{", 1)[0].split(None, 1)
+        name = words[0] if words else ""  # (none: a line of labels only, not our series)
         if name in ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting"):
             # the value follows the labels (whose quoted values may hold anything but
             # the last "}"), or the name when there are none
-            rest = line[line.rindex("}") + 1:] if "{" in line else line[len(name):]
-            try:
+            try:  # (no "}" after a "{": rindex's ValueError)
+                rest = line[line.rindex("}") + 1:] if "{" in line else line[len(name):]
                 v = float(rest.split()[0])
             except (IndexError, ValueError) as exc:
                 raise LoadError(f"bad metrics line {line[:120]!r}") from exc
@@ -83,6 +86,8 @@ def from_metrics(text: str, *, num_blocks: int | None = None) -> ReplicaLoad:
     usage = "vllm:kv_cache_usage_perc"
     if usage not in sums:
         raise LoadError("no vllm:kv_cache_usage_perc series in the metrics")
+    if not all(map(math.isfinite, sums.values())):  # (finite values summing past a float)
+        raise LoadError(f"metrics series summing past the largest float: {sums}")
     return ReplicaLoad(sums[usage] / counts[usage],
                        int(sums.get("vllm:num_requests_waiting", 0)), None, num_blocks)
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PrefixKVError
+from .frames import recv_frames
+from .show import show
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 STREAM_TIMEOUTS = 10
@@ -100,7 +102,7 @@ class ReplayClient:
         if not self.sock.poll(self.timeout_ms):
             self._abandon()
             raise ReplayTimeout(f"no replay answer within {self.timeout_ms} ms")
-        frames = self.sock.recv_multipart()
+        frames = recv_frames(self.sock)
         if len(frames) != 2:  # a vLLM publisher read the map as a start: its end mark
             if _replayed(frames)[0] != END_SEQ and not self._drain(self.timeout_ms):
                 self._abandon()
@@ -138,7 +140,7 @@ class ReplayClient:
         room = self.max_message_bytes if self.max_message_bytes > 0 else None
         deadline = time.monotonic() + STREAM_TIMEOUTS * self.timeout_ms / 1000
         while time.monotonic() < deadline and self.sock.poll(self.timeout_ms):
-            frames = self.sock.recv_multipart()
+            frames = recv_frames(self.sock)
             seq_bytes, payload = _replayed(frames)
             if seq_bytes is None or len(frames) == 4 and seq_bytes != END_SEQ \
                     and not frames[1].startswith(self.topic):
@@ -164,7 +166,7 @@ class ReplayClient:
         ended = False
         deadline = time.monotonic() + STREAM_TIMEOUTS * max(wait_ms, self.timeout_ms) / 1000
         while time.monotonic() < deadline and self.sock.poll(wait_ms):
-            frames = self.sock.recv_multipart()
+            frames = recv_frames(self.sock)
             if _replayed(frames)[0] == END_SEQ:
                 wait_ms, ended = 0, True
         return ended
@@ -188,15 +190,15 @@ def _check(reply: object, start: int) -> Answer:
     ``snapshot`` (with no replayed batches) or ``replayed_batches`` holding exactly the
     ``[seq, bin payload]`` pairs ``start .. next_seq - 1``."""
     if not isinstance(reply, dict):
-        raise ReplayError(f"replay answer must be a map, got {repr(reply)[:80]}")
+        raise ReplayError(f"replay answer must be a map, got {show(reply)}")
     epoch, next_seq = reply.get("publisher_epoch"), reply.get("next_seq")
     batches, snapshot = reply.get("replayed_batches"), reply.get("snapshot")
     if not isinstance(epoch, str):
-        raise ReplayError(f"publisher_epoch must be a str, got {repr(epoch)[:80]}")
+        raise ReplayError(f"publisher_epoch must be a str, got {show(epoch)}")
     if not isinstance(next_seq, int) or isinstance(next_seq, bool) or next_seq < 0:
-        raise ReplayError(f"next_seq must be an int >= 0, got {repr(next_seq)[:80]}")
+        raise ReplayError(f"next_seq must be an int >= 0, got {show(next_seq)}")
     if not isinstance(batches, list):
-        raise ReplayError(f"replayed_batches must be an array, got {repr(batches)[:80]}")
+        raise ReplayError(f"replayed_batches must be an array, got {show(batches)}")
     if snapshot is not None:
         if not isinstance(snapshot, bytes) or batches:
             raise ReplayError("a snapshot answer has a bin snapshot and no replayed batches")
@@ -206,7 +208,7 @@ def _check(reply: object, start: int) -> Answer:
         if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int
                 and item[0] == seq and isinstance(item[1], bytes)):
             raise ReplayError(f"replayed_batches[{seq - start}] must be [{seq}, bin], "
-                              f"got {repr(item)[:80]}")
+                              f"got {show(item)}")
         pairs.append((seq, item[1]))
     if start + len(pairs) != next_seq:
         raise ReplayError(f"replayed_batches cover {start}..{start + len(pairs) - 1}, "

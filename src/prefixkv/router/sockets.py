@@ -13,6 +13,7 @@ from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from ..errors import is_endpoint, is_utf8
+from .frames import recv_frames
 from .replay_client import ReplayClient
 from .router import RouterError
 
@@ -26,9 +27,9 @@ PING = 1.0
 MAX_PING = 600.0
 """The longest ``ping`` (three of them must fit ZeroMQ's int of milliseconds, with room)."""
 MAX_MESSAGE_BYTES = 1 << 28
-"""The default cap on one message's bytes (256 MiB; ZeroMQ's ``MAXMSGSIZE`` on every
+"""The default cap on one frame's bytes (256 MiB; ZeroMQ's ``MAXMSGSIZE`` on every
 SUB and replay socket): a peer that sends a larger one is disconnected, never read into
-memory."""
+memory. ZeroMQ caps no message's number of frames (frames.py)."""
 
 
 def check_options(replicas: Collection[str], endpoints: object, topic: object,
@@ -135,8 +136,8 @@ class ReplicaSockets:
             for sock in sorted(ready, key=lambda s: s not in self.monitors):
                 if sock not in self.subs and sock not in self.monitors:
                     continue  # replaced (``reconnect``) since the poll: closed
-                try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                try:  # (frames.py: a message of many frames is not copied whole)
+                    frames = recv_frames(sock, zmq.NOBLOCK)
                 except zmq.Again:
                     continue
                 yield sock, frames

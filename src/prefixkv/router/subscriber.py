@@ -36,11 +36,12 @@ COUNTERS = ("gaps_filled", "snapshots", "resyncs", "restarts", "bad_batches", "b
 class Subscriber(ReplicaFollower):
     """``endpoints``: replica -> ``(pub_endpoint, replay_endpoint or None)``.
     ``topic``: subscription prefix ("" takes everything). ``replay_timeout``: seconds.
-    ``max_message_bytes``: the largest message read (``sockets.MAX_MESSAGE_BYTES``,
+    ``max_message_bytes``: the largest frame read (``sockets.MAX_MESSAGE_BYTES``,
     256 MiB): a publisher or replay endpoint sending a larger one is disconnected by
     ZeroMQ before it is read (counted in ``disconnects``; the replica is verified, its
-    batch lost or replayed, as after any disconnect), so no peer can make the router
-    read an unbounded message into memory. ``ping``: seconds between ZeroMQ heartbeats
+    batch lost or replayed, as after any disconnect). ZeroMQ bounds no message's number
+    of frames and holds a message whole before it is read; the subscriber copies at
+    most ``frames.MAX_FRAMES`` + 1 of them (frames.py). ``ping``: seconds between ZeroMQ heartbeats
     on each SUB connection (``sockets.PING``, 1 s); one with no answer for three of them
     is dropped (``disconnects``) and made again: a host that vanished without closing
     its connections is noticed (``ReplicaSockets``; None: never noticed).
