@@ -2,7 +2,6 @@
 malformed answers to prefixkv's map request (issue 22.3)."""
 
 import time
-from types import SimpleNamespace
 
 import pytest
 import zmq
@@ -151,8 +150,22 @@ class SilentOnForce(BadAnswers):
     def serve(self, sock, snapshot, topic=b""):
         frames = sock.recv_multipart()
         if b"force_snapshot" not in frames[-1]:
-            super().serve(SimpleNamespace(recv_multipart=lambda: frames,
-                                          send_multipart=sock.send_multipart), snapshot, topic)
+            super().serve(_Read(frames, sock), snapshot, topic)
+
+
+class _Read:
+    """A request already read from ``sock``, read again frame by frame as ``serve``
+    reads a socket (``recv`` and ``RCVMORE``); answers go to ``sock``."""
+
+    def __init__(self, frames, sock):
+        self.frames, self.send_multipart = list(frames), sock.send_multipart
+
+    def recv(self, copy=True):
+        return self.frames.pop(0)
+
+    def getsockopt(self, option):
+        assert option == zmq.RCVMORE
+        return int(bool(self.frames))
 
 
 def test_a_forced_snapshot_not_answered_is_a_resync_not_a_bad_reply():
