@@ -32,7 +32,7 @@ TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.h
          "tiers.host_offload", "tiers.host_kids", "tiers.host_loads"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
          "store.fetch", "store.link", "store.threads"}
-CORE_HIGH = {"core", "core.pool", "core.admission", "core.admit_general", "core.decode",
+CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.admission", "core.admit_general", "core.decode",
              "core.step_outputs", "core.manager", "core.prompt", "core.store_waits",
              "core.store_landing", "core.store_memory", "core.store_giveup", "core.store_fill",
              "core.store_reuse"}

@@ -12,27 +12,15 @@ removes content from the index (``uncache`` does it for KV that was never comput
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from itertools import islice
-from typing import Protocol
-
 from .block import UNLINKED, Block, RunCounts
 from .free_queue import FreeBlockQueue
 from .keyless import Keyless
+from .pool_release import PoolIndex, PoolRelease
+
+__all__ = ["BlockPool", "PoolIndex"]
 
 
-class PoolIndex(Protocol):
-    """What the pool asks of an index: the eviction step, spares, reset and checks
-    (``index.Index`` and the groups' ``GroupIndex`` both satisfy it)."""
-
-    def drop(self, blocks: Sequence[Block], keyless: Keyless | None = None) -> None: ...
-    def drop_one(self, block: Block) -> None: ...
-    def release_spare(self, block: Block) -> Block | None: ...
-    def clear(self) -> None: ...
-    def check(self, blocks: Sequence[Block]) -> str | None: ...
-
-
-class BlockPool:
+class BlockPool(PoolRelease):
     """``num_blocks`` blocks, created once, and the ``index`` that finds their content.
     ``runs``: the counts of the index's runs (``Run``), if it records any.
     Not thread-safe: one scheduler thread owns it."""
@@ -215,114 +203,6 @@ class BlockPool:
         self._cached.forget(n)
         self.index.drop(blocks, keyless)
         return blocks
-
-    def release(self, blocks: Iterable[Block]) -> None:
-        """Drop one reference on each block, in the order given. A block reaching 0 joins
-        the free queue: cached ones as most recently used, in the order given (so of
-        blocks released together the first given is evicted first), the rest into the
-        empty tier. A spare copy of a cached content goes empty, and the block holding
-        that content, if free, takes the spare's place in the LRU order. The blocks of a
-        shared run (``Run``), given together, drop one count; at 0 they join as one
-        segment (its two ends linked, when its own links still chain them)."""
-        empty = self._empty
-        _, tail = self._cached.ends()
-        last = tail.prev  # each block joining is linked after ``last`` in place
-        added = 0
-        if not self.runs.shared:  # no block is counted through a run
-            for b in blocks:
-                b.refs -= 1
-                if b.refs:
-                    continue
-                if b.key is None:
-                    empty.append(b)
-                elif not b.twin:
-                    last.next = b
-                    b.prev = last
-                    last = b
-                    added += 1
-                else:
-                    last = self._spare_freed(b, last)
-            last.next = tail
-            tail.prev = last
-            self._cached.forget(-added)
-            return
-        it = iter(blocks)
-        for b in it:
-            r = b.counted
-            if r is None:
-                b.refs -= 1
-                if b.refs:
-                    continue
-                if b.key is None:
-                    empty.append(b)
-                elif not b.twin:
-                    last.next = b
-                    b.prev = last
-                    last = b
-                    added += 1
-                else:
-                    last = self._spare_freed(b, last)
-                continue
-            span = [b, *islice(it, len(r.blocks) - 1)]
-            fwd = span == r.blocks
-            if fwd or span[::-1] == r.blocks:  # (a request's blocks, forward or reversed)
-                r.n -= 1
-                if r.n:
-                    continue
-                r.counts.free += 1  # each holds its content, found (not a spare)
-                added += len(span)
-                if r.linked and r.fwd == fwd:  # one segment: its ends
-                    last.next = b
-                    b.prev = last
-                    last = span[-1]
-                    continue
-                r.fwd = fwd  # (the order they join the cached tier in)
-                r.linked = True
-                for x in span:
-                    last.next = x
-                    x.prev = last
-                    last = x
-                continue
-            for x in span:  # given otherwise (rare): each counted alone, released as such,
-                if x.counted is not None:  # the cached tier closed at ``last`` meanwhile
-                    x.counted.dissolve()
-            last.next = tail
-            tail.prev = last
-            self._cached.forget(-added)
-            added = 0
-            self.release(span)
-            last = tail.prev
-        last.next = tail
-        tail.prev = last
-        self._cached.forget(-added)
-
-    def _spare_freed(self, b: Block, last: Block) -> Block:
-        """Spare ``b``'s last reference went: it goes empty, and the block holding its
-        content, if free, takes its place after ``last``, the block ``release`` linked
-        last (the cached tier's links after it are not written yet). Returns the new
-        last."""
-        primary = self.index.release_spare(b)
-        self._empty.append(b)
-        if primary is None:
-            return last
-        if primary.counted is not None:  # free, so in the cached tier: leaves its run's
-            primary.counted.dissolve()  # segment
-        if primary is last:  # the most recently used already
-            return last
-        prev, nxt = primary.prev, primary.next  # (``next`` is written: a block follows)
-        prev.next = nxt
-        nxt.prev = prev
-        last.next = primary
-        primary.prev = last
-        return primary
-
-    def emptied(self, blocks: Sequence[Block]) -> None:
-        """Free cached ``blocks`` whose content the index just forgot (``Index.uncache``:
-        descendants of KV found invalid) leave the cached tier for the empty one, where
-        ``take`` reuses them first."""
-        if blocks:
-            self._cached.remove_all(list(blocks))
-            self._empty += blocks
 
     def reset(self) -> bool:
         """Drop all cached content if no block is in use; returns whether it did."""
