@@ -205,6 +205,14 @@ class HostLatePlanManagerMachine(LatePlanManagerMachine):
     host_blocks = 6
 
 
+class TightHostLatePlanManagerMachine(HostLatePlanManagerMachine):
+    """The host tier under a pool of 7 blocks (as ``HostTierManagerMachine``): a step's
+    admissions evict what earlier steps computed, and later ones load it back (host hits
+    are rare in the pool of 14)."""
+
+    num_blocks = 7
+
+
 class SmallHostLatePlanManagerMachine(SmallLatePlanManagerMachine):
     """The small pool with a host tier of 6 slots: nearly every admission evicts, so the
     step's offloads read blocks that earlier steps' forward passes wrote."""
@@ -261,5 +269,7 @@ TestSmallLatePlanManagerMachine = SmallLatePlanManagerMachine.TestCase
 TestSmallLatePlanManagerMachine.settings = SETTINGS
 TestHostLatePlanManagerMachine = HostLatePlanManagerMachine.TestCase
 TestHostLatePlanManagerMachine.settings = SETTINGS
+TestTightHostLatePlanManagerMachine = TightHostLatePlanManagerMachine.TestCase
+TestTightHostLatePlanManagerMachine.settings = SETTINGS
 TestSmallHostLatePlanManagerMachine = SmallHostLatePlanManagerMachine.TestCase
 TestSmallHostLatePlanManagerMachine.settings = SETTINGS
