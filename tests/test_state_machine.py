@@ -378,6 +378,7 @@ class ManagerMachine(SharedRules, RuleBasedStateMachine):
             failed = [blocks[bad]]
             for b in blocks[bad:]:
                 self.kv[b] = ["failed"] * self.bs
+        redo = stop  # where the recompute starts (none: stop)
         if failed:
             first = min(blocks.index(b) for b in failed)
             self.m.uncache_blocks(blocks[first:])
@@ -385,12 +386,18 @@ class ManagerMachine(SharedRules, RuleBasedStateMachine):
             self.m.rewind(rid, first * self.bs)
             self.m.check_invariants()
             assert self.m.extend(rid, stop - first * self.bs) == ()
-            start = min(start, first * self.bs)  # (the step computes from there)
+            redo = first * self.bs
         self.tokens[rid] = list(prompt)
         self.extra[rid] = extra
         self.scheduled[rid] = self.reserved[rid] = stop
-        self._write(rid, start, stop)
+        self._write_loaded(rid, start, redo, stop)
         return rid
+
+    def _write_loaded(self, rid, start, redo, stop):
+        """The writes of ``a_load_fails_and_is_recomputed``, once its plan ran: its
+        admission scheduled ``start..stop``; the recompute, ``redo..stop`` (``redo ==
+        stop``: nothing failed). Here the step computes all of it from the first."""
+        self._write(rid, min(start, redo), stop)
 
     @rule(prompt=prompts, extra=salts, ok=st.integers(0, 3))
     def a_load_fails(self, prompt, extra, ok):

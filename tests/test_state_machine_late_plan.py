@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import consumes, initialize, invariant, multiple, rule
 
 from machine_rules import case
+from prefixkv import BlockLoads, BlockOffloads
 from test_state_machine import PREFIXES, ManagerMachine, prompts
 
 
@@ -205,6 +206,16 @@ class LatePlanManagerMachine(ManagerMachine):
         new = self._admit(prompt, None, None)
         return multiple(*[r for r in (rid, new) if r is not None and r in self.tokens])
 
+    def _write_loaded(self, rid, start, redo, stop):
+        """``a_load_fails_and_is_recomputed`` took its step's plan (its loads ran, some
+        failed): that step's forward pass runs now, before any later plan, and writes the
+        admission's tokens before the first failed block (the manager counts them computed
+        from the next step on, whose plan may offload them); the recompute from ``redo``,
+        scheduled after the plan was taken, is owed to the step under way."""
+        self._forward(rid, start, min(redo, stop))
+        if redo < stop:
+            self._write(rid, redo, stop)
+
     # (``test_state_machine``'s rule aborts the request its own step scheduled: not here)
     abort_with_a_request_that_hit_it = None
 
@@ -219,8 +230,6 @@ class LatePlanManagerMachine(ManagerMachine):
             ManagerMachine.blocks_hold_each_requests_tokens(self)
 
 
-
-
 class SmallLatePlanManagerMachine(LatePlanManagerMachine):
     """Late plans in a pool of 8 blocks of 2 tokens: a step's admissions evict what its
     frees released (the parent of a block the plan holds, before the fix)."""
@@ -229,9 +238,78 @@ class SmallLatePlanManagerMachine(LatePlanManagerMachine):
     num_blocks = 8
 
 
-# (A host tier with late plans is not here yet: a request dropped in the step gives back
-# the block a load of the plan writes, and a fork may take it as a copy's destination,
-# which ``CopyPlan.check`` refuses: tests/test_fork_chains.py, the xfail.)
+class HostLatePlanManagerMachine(LatePlanManagerMachine):
+    """Late plans with a host tier of 6 slots: a step's frees and admissions evict and
+    offload, its admissions load host hits, and a request dropped in the step gives back
+    the block a load of the plan writes (the load leaves the plan when the block loses
+    its content: ``tiers/host_loads.py``)."""
+
+    host_blocks = 6
+
+
+class TightHostLatePlanManagerMachine(HostLatePlanManagerMachine):
+    """The host tier under a pool of 7 blocks (as ``HostTierManagerMachine``): a step's
+    admissions evict what earlier steps computed, and later ones load it back (host hits
+    are rare in the pool of 14)."""
+
+    num_blocks = 7
+
+
+class SmallHostLatePlanManagerMachine(SmallLatePlanManagerMachine):
+    """The small pool with a host tier of 6 slots: nearly every admission evicts, so the
+    step's offloads read blocks that earlier steps' forward passes wrote."""
+
+    host_blocks = 6
+
+
+def test_a_recomputed_admissions_forward_pass_runs_before_the_next_plan():
+    """(Found by HostLatePlanManagerMachine, seed 4, shrunk by hand to 8 blocks of 2.)
+    ``a_load_fails_and_is_recomputed`` takes its step's plan itself. The model owed that
+    step's forward pass to the next ``take_plan``, after the next step's plan, whose
+    offload of the admission's block read it unwritten: the host slot held None, and the
+    request readmitted later loaded None into its first block. The manager was right:
+    the plan it offloads that block in is the one after the block's step's plan (an
+    engine runs a step's forward pass before the next plan), so the slot holds the KV."""
+    st = SmallHostLatePlanManagerMachine()
+    st.setup()
+    plans = []
+    take = st.m.take_kv_ops
+    st.m.take_kv_ops = lambda: plans.append(take()) or plans[-1]
+
+    def checked(rid=None):
+        st.consistent()
+        st.blocks_hold_each_requests_tokens()
+        st.events_predict_lookup()
+        st.every_live_full_block_is_findable()
+        return rid
+
+    kv_01 = [(None, (0,)), (None, (0, 1))]  # the KV of the block of tokens [0, 1]
+    r1 = checked(st.a_load_fails_and_is_recomputed(prompt=[0, 1, 0], extra=None, ok=0, bad=1))
+    assert plans == [[]] and st.m.get_block_ids(r1) == (0, 1)  # no load, nothing failed
+    st.preempt(rid=r1, counted=True)  # the next step: r1 goes, its blocks cached
+    checked()
+    r2 = checked(st._admit(PREFIXES[0] + [0] * 8, None, None))  # the whole pool
+    assert st.m.get_block_ids(r2) == (1, 2, 3, 4, 5, 6, 7, 0)  # block 0 evicted
+    st.take_plan()
+    assert plans[-1] == [BlockOffloads(src=(0,), dst=(0,))]
+    assert st.host_kv[0] == kv_01  # (r1's step's forward pass wrote block 0 before)
+    checked()
+    st.free(rid=r2, counted=True)
+    r3 = checked(st.readmit(prepare=False))  # r1's [0, 1, 0] again: a host hit on slot 0
+    assert st.m.get_block_ids(r3) == (0, 7) and st.owed == [(r3, 2, 3)]
+    st.take_plan()
+    # (r2's tail goes down first: the offload reads block 0 before the load writes it)
+    assert plans[-1] == [BlockOffloads(src=(0, 7), dst=(1, 2)), BlockLoads(src=(0,), dst=(0,))]
+    assert st.kv[0] == kv_01
+    checked()
+
+
 TestLatePlanManagerMachine = case(LatePlanManagerMachine, max_examples=200, stateful_step_count=50)
 TestSmallLatePlanManagerMachine = case(SmallLatePlanManagerMachine, max_examples=200,
                                        stateful_step_count=50)
+TestHostLatePlanManagerMachine = case(HostLatePlanManagerMachine, max_examples=100,
+                                      stateful_step_count=50)
+TestTightHostLatePlanManagerMachine = case(TightHostLatePlanManagerMachine, max_examples=100,
+                                           stateful_step_count=50)
+TestSmallHostLatePlanManagerMachine = case(SmallHostLatePlanManagerMachine, max_examples=100,
+                                           stateful_step_count=50)
