@@ -450,3 +450,52 @@ def test_a_token_position_that_is_not_an_int_is_an_extra_keys_error(bad):
         keys.for_range(value, 8)
     with pytest.raises(ExtraKeysError, match="for_range"):
         keys.for_range(0, value)
+
+
+def _cost_calls() -> dict[str, tuple[Callable[[Any, tuple[Any, ...]], object], tuple[Any, ...]]]:
+    """``FetchCost``'s public questions, each with valid arguments."""
+    return {
+        "worth": (lambda c, a: c.worth(*a), (4, 64, 16, 100.0)),
+        "fetch_seconds": (lambda c, a: c.fetch_seconds(*a), (4096,)),
+        "compute_seconds": (lambda c, a: c.compute_seconds(*a), (64,)),
+        "crossover_tokens": (lambda c, a: c.crossover_tokens(*a), (128.0,)),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_cost_calls()))
+def test_every_bad_argument_of_a_fetch_cost_question_is_a_typed_error(name):
+    """``FetchCost.worth``, ``fetch_seconds``, ``compute_seconds``, ``crossover_tokens``:
+    a str, None, an array or a list raised TypeError/ValueError from the arithmetic, NaN
+    and negative sizes answered quietly (badinput-r16's open item). Each argument, given
+    each value of tests/hostile.py: a ConfigError with the figures unchanged, or the
+    answer a twin gives."""
+    from hostile import HOSTILE, outcome
+    from prefixkv.errors import ConfigError
+    from prefixkv.store import FetchCost
+
+    ask, good = _cost_calls()[name]
+
+    def state(c: Any) -> object:
+        return c.latency, c.bandwidth, list(c._seen)
+
+    def fresh() -> Any:
+        c = FetchCost(2e4)
+        c.observe(4096, 0.002, 1.0)
+        c.measured_at = 1.0
+        return c
+
+    problems = []
+    for slot in range(len(good)):
+        for label, value in HOSTILE.items():
+            def call(c: Any, slot: int = slot, value: Callable[[], Any] = value) -> object:
+                try:
+                    return ask(c, good[:slot] + (value(),) + good[slot + 1:])
+                except PrefixKVError as e:
+                    assert isinstance(e, ConfigError), e
+                    raise
+            problem = outcome(fresh(), fresh(), call, state)
+            problems += [f"{name} {slot}={label}: {problem}"] if problem else []
+    for bad in (-1, math.nan):  # (a size below 0 or NaN was answered, as if a figure)
+        with pytest.raises(ConfigError):
+            ask(fresh(), (bad,) + good[1:])
+    assert problems == []
