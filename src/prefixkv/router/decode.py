@@ -135,6 +135,36 @@ def _event(raw: object) -> RouterEvent:
                   block_size)  # type: ignore[arg-type]
 
 
+def event_problem(event: RouterEvent) -> str | None:
+    """What is wrong with a hand-built event's fields, as the decoder would have found it
+    on the wire (None: nothing): ``hashes`` a tuple or list of hashes (a uint64 or bytes
+    of at most ``MAX_HASH_BYTES``), ``medium`` a str of at most ``MAX_MEDIUM_CHARS``,
+    ``group`` and ``window`` an int or None, ``kind`` a str or None, ``parent`` a hash
+    or None, ``block_size`` an int >= 1 or None (bools are no ints)."""
+    if isinstance(event, Cleared):
+        return None
+    name = type(event).__name__
+    hashes = event.hashes
+    if not isinstance(hashes, (tuple, list)) or not all(_is_hash(h) for h in hashes):
+        return f"{name}.hashes must be a tuple of uint64 or bytes of at most {MAX_HASH_BYTES}"
+    if not isinstance(event.medium, str) or len(event.medium) > MAX_MEDIUM_CHARS:
+        return f"{name}.medium must be a str of at most {MAX_MEDIUM_CHARS} characters"
+    if event.group is not None and not _is_int(event.group):
+        return f"{name}.group must be an int or None"
+    if isinstance(event, Removed):
+        return None
+    if event.parent is not None and not _is_hash(event.parent):
+        return "Stored.parent must be a hash or None"
+    if event.kind is not None and not isinstance(event.kind, str):
+        return "Stored.kind must be a str or None"
+    if event.window is not None and not _is_int(event.window):
+        return "Stored.window must be an int or None"
+    size = event.block_size
+    if size is not None and not (_is_int(size) and size >= 1):
+        return "Stored.block_size must be an int >= 1 or None"
+    return None
+
+
 def _optional(raw: dict[object, object], tag: str, key: str, kind: type) -> object:
     """``raw[key]``, None when absent or nil; DecodeError when of another type."""
     value = raw.get(key)

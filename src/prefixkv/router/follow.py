@@ -150,5 +150,5 @@ class ReplicaFollower:
                 self.router.lost(replica)
             return
         self._origins.applied(replica, topic, batch)
-        with self.lock:
-            self.router.apply(replica, batch[1])
+        with self.lock:  # (decoded: its fields checked, so not ``apply``'s checks again)
+            self.router._apply_decoded(replica, batch[1])

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from ..errors import PrefixKVError
 from ..hashing import block_hashes
 from .clock import ForwardClock, real
-from .decode import Cleared, Removed, RouterEvent, Stored
+from .decode import Cleared, Removed, RouterEvent, Stored, event_problem
 from .index import BlockIndex, InProcessIndex
 from .load import LoadBook, ReplicaLoad
 from .marks import IndexMarks
@@ -141,7 +141,8 @@ class Router:
         a block size other than the router's is not indexed (its hashes cannot match a
         prompt's): it is counted in ``block_size_mismatches`` and logged once. Raises
         RouterError, before applying any, for an unknown replica, ``events`` that are no
-        iterable (or a str), or an item that is not a ``Stored``, ``Removed`` or ``Cleared``."""
+        iterable (or a str), an item that is not a ``Stored``, ``Removed`` or ``Cleared``,
+        or one whose fields the decoder would have refused (``decode.event_problem``)."""
         self._known(replica)
         if isinstance(events, (str, bytes)) or not isinstance(events, Iterable):
             raise RouterError(f"apply({replica!r}): events must be a list of router events, "
@@ -149,7 +150,17 @@ class Router:
         events = list(events)
         odd = [ev for ev in events if not isinstance(ev, (Stored, Removed, Cleared))]
         if odd:
-            raise RouterError(f"apply({replica!r}): not a router event: {odd[0]!r}")
+            raise RouterError(f"apply({replica!r}): not a router event: {odd[0]!r}"[:300])
+        for ev in events:
+            problem = event_problem(ev)
+            if problem is not None:
+                raise RouterError(f"apply({replica!r}): {problem}, got {ev!r}"[:300])
+        self._apply_decoded(replica, events)
+
+    def _apply_decoded(self, replica: str, events: list[RouterEvent]) -> None:
+        """``apply`` for a known ``replica``'s events as ``decode_batch`` returns them
+        (their fields checked on the wire): the subscriber's path, free of ``apply``'s
+        checks. Raises RouterError for a clock reading that is no finite number."""
         heard = self._time()
         self._scored.apply(self.index, replica, events)
         self.last_heard[replica] = heard

@@ -26,6 +26,8 @@ WINDOW = 16
 """Fetches the figures are fitted to."""
 STALE = 10.0
 """Seconds after which a store judged too slow is asked again (its figures re-measured)."""
+_REAL = (float, int)
+_INF = float("inf")
 
 
 class FetchCost:
@@ -48,16 +50,30 @@ class FetchCost:
         self._lock = threading.Lock()  # fetcher threads observe; ``worth`` reads floats
 
     def fetch_seconds(self, nbytes: int) -> float:
-        """The expected time to fetch ``nbytes`` of values."""
+        """The expected time to fetch ``nbytes`` of values. Raises ConfigError unless
+        ``nbytes`` is an int >= 0."""
+        if type(nbytes) is not int or nbytes < 0:
+            raise ConfigError(f"fetch_seconds: nbytes must be an int >= 0, got {nbytes!r}"[:200])
         return self.latency + nbytes / self.bandwidth
 
     def compute_seconds(self, tokens: int) -> float:
-        """The engine's time to prefill ``tokens`` tokens (stated throughput)."""
+        """The engine's time to prefill ``tokens`` tokens (stated throughput). Raises
+        ConfigError unless ``tokens`` is an int >= 0."""
+        if type(tokens) is not int or tokens < 0:
+            raise ConfigError(f"compute_seconds: tokens must be an int >= 0, got {tokens!r}"[:200])
         return tokens / self.prefill_tokens_per_s
 
     def worth(self, num_blocks: int, block_bytes: int, block_size: int, now: float) -> bool:
         """Whether fetching ``num_blocks`` blocks beats computing their tokens, or the
-        figures are stale (then the fetch measures them again)."""
+        figures are stale (then the fetch measures them again). Raises ConfigError
+        unless the three counts are ints (``num_blocks``, ``block_bytes`` >= 0,
+        ``block_size`` >= 1) and ``now`` a finite int or float."""
+        if not (type(num_blocks) is int and type(block_bytes) is int and type(block_size) is int
+                and num_blocks >= 0 and block_bytes >= 0 and block_size > 0
+                and type(now) in _REAL and -_INF < now < _INF):
+            raise ConfigError(f"worth: num_blocks, block_bytes (ints >= 0), block_size (an int "
+                              f">= 1) and now (a finite time), got "
+                              f"{(num_blocks, block_bytes, block_size, now)!r}"[:300])
         # (``fetch_seconds`` < ``compute_seconds``, inlined: the scheduler's thread asks)
         fetch = self.latency + num_blocks * block_bytes / self.bandwidth
         return (fetch < num_blocks * block_size / self.prefill_tokens_per_s
@@ -82,6 +98,11 @@ class FetchCost:
 
     def crossover_tokens(self, bytes_per_token: float) -> float | None:
         """Tokens above which a fetch beats computing them, with these figures; None when
-        it never does (the store moves a token's bytes slower than the engine computes it)."""
+        it never does (the store moves a token's bytes slower than the engine computes it).
+        Raises ConfigError unless ``bytes_per_token`` is a finite number >= 0."""
+        if (not isinstance(bytes_per_token, (int, float)) or isinstance(bytes_per_token, bool)
+                or not 0 <= bytes_per_token < _INF):
+            raise ConfigError(f"crossover_tokens: bytes_per_token must be a finite number >= 0, "
+                              f"got {bytes_per_token!r}"[:200])
         per_token = 1 / self.prefill_tokens_per_s - bytes_per_token / self.bandwidth
         return self.latency / per_token if per_token > 0 else None

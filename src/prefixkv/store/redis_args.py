@@ -10,6 +10,9 @@ from ..errors import ConfigError, check_flag
 
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 """The URL schemes a ``RedisStore`` takes (redis-py's)."""
+MAX_DEADLINE = 2.0**40
+"""The largest ``read_into`` deadline magnitude (some 35,000 years of ``time.monotonic``):
+2**63 overflowed the socket's timeout (OverflowError) after the connection was made."""
 
 
 def check_store_args(url: object, timeout: object, ttl: object, cluster: object,
@@ -66,3 +69,43 @@ def check_sentinels(sentinels: object, service: object) -> None:
         raise ConfigError(f"sentinels must be a non-empty list of (host, port) pairs, got {sentinels!r}")
     if type(service) is not str or not service:
         raise ConfigError(f"service must be a non-empty str (the master's name), got {service!r}")
+
+
+def _shown(value: object) -> str:
+    return repr(value)[:120]
+
+
+def check_keys(call: str, keys: object) -> None:
+    """``keys`` of ``RedisStore.<call>``: a list or tuple of bytes (a str, bytearray or
+    number went to redis-py, which encodes some of them as other keys). Raises
+    ConfigError."""
+    if type(keys) is not list and type(keys) is not tuple or not all(
+            [type(k) is bytes for k in keys]):
+        raise ConfigError(f"{call}: keys must be a list of bytes, got {_shown(keys)}")
+
+
+def check_items(items: object) -> None:
+    """``RedisStore.put``'s ``items``: a list or tuple of ``(key, value)`` pairs, each
+    key bytes and each value bytes, a bytearray or a memoryview. Raises ConfigError."""
+    if type(items) is not list and type(items) is not tuple or not all(
+            [type(i) is tuple and len(i) == 2 and type(i[0]) is bytes
+             and type(i[1]) in (bytes, bytearray, memoryview) for i in items]):
+        raise ConfigError(f"put: items must be a list of (bytes key, bytes value) pairs, "
+                          f"got {_shown(items)}")
+
+
+def check_reads(keys: object, buffers: object, deadline: object) -> None:
+    """``RedisStore.read_into``'s arguments: ``keys`` as ``check_keys``, ``buffers`` a
+    list or tuple of as many lists (or tuples) of writable C-contiguous memoryviews, a
+    ``deadline`` (an int or float) of magnitude below ``MAX_DEADLINE``. Raises ConfigError."""
+    check_keys("read_into", keys)
+    if (type(buffers) is not list and type(buffers) is not tuple
+            or len(buffers) != len(keys)  # type: ignore[arg-type]
+            or not all([type(b) in (list, tuple) and all(
+                [type(v) is memoryview and not v.readonly and v.c_contiguous for v in b])
+                for b in buffers])):
+        raise ConfigError(f"read_into: buffers must be one list of writable contiguous "
+                          f"memoryviews per key, got {_shown(buffers)}")
+    if type(deadline) not in (int, float) or not abs(deadline) < MAX_DEADLINE:  # type: ignore[arg-type]
+        raise ConfigError(f"read_into: deadline must be a time.monotonic() instant (a "
+                          f"number of magnitude below 2**40), got {_shown(deadline)}")

@@ -26,7 +26,7 @@ from typing import Any
 from .fetch import YIELD_EVERY
 from .nodes import Nodes
 from .protocol import ReadOutcome
-from .redis_args import check_sentinels, check_store_args
+from .redis_args import check_items, check_keys, check_reads, check_sentinels, check_store_args
 from .resp import Address, Resp, RespError, pack
 
 
@@ -102,7 +102,9 @@ class RedisStore:
     def held(self, keys: Sequence[bytes]) -> int:
         """``StoreBackend.held``: pipelined EXISTS. Raises redis-py's errors; on a
         cluster, only when no node answered (a node that is down holds none of its keys:
-        the run stops at the first of them, as a fetch's does)."""
+        the run stops at the first of them, as a fetch's does); ConfigError, before any
+        command is sent, unless ``keys`` is a list or tuple of bytes."""
+        check_keys("held", keys)
         if self.cluster:
             until = time.monotonic() + self.timeout
             found = [r == 1 for r in self._on_nodes(keys, lambda i: pack(b"EXISTS", keys[i]),
@@ -123,7 +125,10 @@ class RedisStore:
         error when the server is full under ``noeviction``). On a cluster, a node that is
         down, or a key it moved (MOVED/ASK), refuses that node's values only; the others
         are stored. Raises redis-py's errors (ours on a cluster: OSError,
-        ConnectionError, TimeoutError) when the whole call fails."""
+        ConnectionError, TimeoutError) when the whole call fails; ConfigError, before
+        any command is sent, unless ``items`` is a list or tuple of ``(key, value)``
+        tuples of bytes (a value may be a bytearray or memoryview)."""
+        check_items(items)
         if self.cluster:
             ttl = str(self.ttl).encode()
             replies = self._on_nodes([k for k, _ in items],
@@ -180,7 +185,11 @@ class RedisStore:
     def read_into(self, keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]],
                   deadline: float) -> list[ReadOutcome]:
         """``StoreBackend.read_into``: pipelined GETs, one round trip per node. Raises
-        when no node answered (OSError, ConnectionError, TimeoutError at the deadline)."""
+        when no node answered (OSError, ConnectionError, TimeoutError at the deadline);
+        ConfigError, before any command is sent, for keys that are not bytes, buffers
+        that are not one list of writable contiguous memoryviews per key, or a deadline
+        that is not a finite number (``redis_args.check_reads``)."""
+        check_reads(keys, buffers, deadline)
         nodes = self._nodes
         out: list[ReadOutcome] = [None] * len(keys)
         failure: Exception | None = None
