@@ -570,22 +570,3 @@ def test_every_bad_argument_of_a_redis_store_call_is_a_typed_error_before_any_se
             except Exception as e:  # noqa: BLE001 (the point: which untyped errors escape)
                 problems.append(f"{slot}={label}: {type(e).__name__}: {e}"[:200])
     assert problems == []
-
-
-@pytest.mark.parametrize("keyword", ["host_blocks", "store", "enable_prefix_caching", "hash_fn",
-                                     "block_sizes"])
-def test_an_unknown_keyword_of_the_hybrid_manager_is_a_config_error_naming_its_parameters(keyword):
-    """``HybridKVCacheManager(..., host_blocks=8)`` (a ``KVCacheManager`` keyword it does not
-    take) raised a TypeError naming ``GroupParts.__init__``, a class the caller never
-    wrote (badinput-r16's open item): a ConfigError naming the manager and its own
-    parameters now."""
-    from prefixkv.errors import ConfigError
-    from prefixkv.groups import HybridKVCacheManager, full_attention
-
-    with pytest.raises(ConfigError) as info:
-        HybridKVCacheManager([full_attention()], 24, 4, **{keyword: 8})
-    message = str(info.value)
-    assert "GroupParts" not in message
-    for name in ("HybridKVCacheManager", keyword, "num_blocks", "block_size", "hash_mode",
-                 "seed", "enable_events", "max_events", "vocab_size"):
-        assert name in message

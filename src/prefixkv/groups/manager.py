@@ -49,8 +49,7 @@ class HybridKVCacheManager(GroupDecoder):
     Raises:
         ConfigError: no groups or not GroupSpecs, a size not a positive int (or
             ``num_blocks`` past ``MAX_BLOCKS``), a flag not a bool, a bad hash mode/seed,
-            no block left beside the null block, a keyword it does not take (one of
-            ``KVCacheManager``'s, e.g. ``host_blocks`` or ``store``).
+            no block left beside the null block.
 
     Thread safety: as ``KVCacheManager``'s (one thread makes every call but ``prepare``).
     """

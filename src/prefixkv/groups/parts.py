@@ -38,13 +38,7 @@ class GroupParts:
         self, groups: Sequence[GroupSpec], num_blocks: int, block_size: int = 16, *,
         hash_mode: str | HashFn = "xxhash", seed: int | bytes | None = None,
         enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
-        **unknown: object,
     ) -> None:
-        if unknown:  # (a TypeError would name this class, which the caller never wrote)
-            code = GroupParts.__init__.__code__
-            own = code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
-            raise ConfigError(f"{type(self).__name__} got unknown keyword(s) {sorted(unknown)}; "
-                              f"its parameters: {', '.join(own)} (no host tier, no store)")
         specs = group_specs(groups)
         check_positive("num_blocks", num_blocks, MAX_BLOCKS)
         check_positive("block_size", block_size)
