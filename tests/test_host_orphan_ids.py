@@ -1,13 +1,14 @@
 """Found by the late-plan state machine with a host tier under a pool of 7 blocks
 (``TightHostLatePlanManagerMachine``, 250 examples x 100 steps, ``--hypothesis-seed=36``;
 session 16, not fixed yet). After the last step the event stream announces both blocks of
-``PREFIXES[0][:8]`` (the second one in a host slot, never withdrawn), but ``lookup``
-finds only the first: that step loaded the first block's content from a host slot to the
-device under a fresh content id (16) while the slot that carried its old id (1) was
-reused by the step's offload, so the second block's slot (parent id 1) is reachable from
-nothing and no ``BlockRemoved`` named it. No wrong KV: a router mirroring the events
-counts a block ``lookup`` cannot reach. The steps are the machine's, as Hypothesis
-shrank them."""
+``PREFIXES[0][:8]`` (the second in a host slot, never withdrawn), but ``lookup`` finds
+only the first. The last admission (``[1, 2, 3, 4]``: a miss, its only block holds the
+prompt's last token) evicts a device block whose offload reuses the LRU host slot
+holding the first block's content (content id 1, on no device block); the second
+block's slot is keyed under parent id 1, which now exists nowhere, and no
+``BlockRemoved`` names it (the new block then stores that content under a fresh id). No
+wrong KV: a router mirroring the events counts a block ``lookup`` cannot reach. The
+steps are the machine's, as Hypothesis shrank them."""
 
 import pytest
 
