@@ -29,7 +29,7 @@ INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.s
          "index.run_check", "index.cut_off", "index.kids", "index.pending", "index.chains",
          "index.landed", "index.dropping"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.host_landing",
-         "tiers.host_offload", "tiers.host_kids", "tiers.host_loads"}
+         "tiers.host_offload", "tiers.host_kids", "tiers.host_loads", "tiers.host_orphans"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
          "store.fetch", "store.link", "store.threads"}
 CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.admission", "core.admit_general", "core.decode",

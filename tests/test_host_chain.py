@@ -1,6 +1,8 @@
 """The chained host index: a run of slots offloaded together (children first) keys only
 its head; each other slot is found only as its parent slot's ``child``. block_size 4."""
 
+import pytest
+
 from prefixkv import BlockOffloads, BlockStored, ExtraKeys, KVCacheManager
 from prefixkv.core.block import Block
 from prefixkv.event_log import EventLog
@@ -76,7 +78,11 @@ def test_a_recompute_that_takes_a_chained_slots_id_keys_its_child():
     m.check_invariants()
 
 
-def test_evicting_a_parent_slot_keys_its_chained_child():
+@pytest.mark.parametrize("on_device", [False, True])
+def test_evicting_a_parent_slot_keys_its_chained_child_or_withdraws_it(on_device):
+    """s0's content (1) leaves its slot: its chained child s1 is keyed when the device
+    holds content 1 (the block it last went up to, ``up``), else no lookup can reach it:
+    it is withdrawn, its slot empty."""
     tier = HostTier(3, EventLog(0))
     blocks = []
     for i, c in enumerate([b"a0", b"a1", b"a2"]):
@@ -88,10 +94,16 @@ def test_evicting_a_parent_slot_keys_its_chained_child():
     assert (s1.chained, s2.chained) == (True, True) and s0.child is s1
     tier._cached.remove(s1)  # (no eviction makes a chained slot outlive its parent's slot:
     tier._cached.append(s1)  # the order is forced here, the rule holds anyway)
+    if on_device:
+        tier.on_device(s0, Block(9, key=b"a0", content_id=1))
     tier.demote([Block(7, key=b"x", parent_cid=0, content_id=10),
                  Block(8, key=b"y", parent_cid=0, content_id=11)], 2)  # take s2, then s0
-    assert tier.check() is None
-    assert (s1.chained, tier.num_chained) == (False, 0) and tier.find(1, b"a1", b"") is s1
+    assert tier.check() is None and tier.num_chained == 0
+    if on_device:
+        assert tier.find(1, b"a1", b"") is s1 and len(tier) == 3
+    else:
+        assert tier.find(1, b"a1", b"") is None and s1.key is None and s1 in tier._empty
+        assert len(tier) == 2
 
 
 def test_a_run_ends_at_a_block_whose_slot_is_refreshed():
@@ -207,10 +219,11 @@ def test_a_slot_taken_for_a_fetched_block_drops_its_chain_link():
     tier.end_step()
     tier._cached.remove(s1)  # (forced order, as above: s2, s0, s1)
     tier._cached.append(s1)
-    landing = tier.reserve(2)  # takes s2 (chained), then s0: keys s1
-    assert landing == [s2, s0] and tier.check() is None
+    landing = tier.reserve(2)  # takes s2 (chained), then s0: s1 is under content 1,
+    assert landing == [s2, s0] and tier.check() is None  # which no tier holds: withdrawn
+    assert s1.key is None and tier._empty == [s1]
     tier.land([s2, s0], 0, [b"x", b"y"], [b"", b""], [10, 11], [b"h" * 4, b"i" * 4], None)
-    assert tier.check() is None and tier.num_chained == 0 and tier.find(1, b"a1", b"") is s1
+    assert tier.check() is None and tier.num_chained == 0 and tier.find(1, b"a1", b"") is None
     assert tier.find(0, b"x", b"") is s2 and s2.child is s0  # a landed run, keyed
 
 
@@ -274,8 +287,9 @@ def test_reserving_plain_slots_drops_chunk_and_content_keys():
     tier.land(landing, 0, [b"x", b"x", b"y"], [b"", b"", b""], [1, 2, 3], [b"h"] * 3, None)
     tier.end_step()
     assert len(tier.by_key) == 1 and tier.num_chained == 0
-    again = tier.reserve(2)                          # the two least recently used
-    assert again == landing[:2] and tier.check() is None
+    tier.on_device(landing[1], Block(9, key=b"x", parent_cid=1, content_id=2))  # (so y,
+    again = tier.reserve(2)                          # under it, stays) the two least
+    assert again == landing[:2] and tier.check() is None  # recently used
     assert not tier.by_key and list(tier.by_chunk) == [b"y"]
     assert tier.find(0, b"x", b"") is None and tier.find(1, b"x", b"") is None
     tier.unreserve(again)

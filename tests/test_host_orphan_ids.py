@@ -1,18 +1,16 @@
 """Found by the late-plan state machine with a host tier under a pool of 7 blocks
 (``TightHostLatePlanManagerMachine``, 250 examples x 100 steps, ``--hypothesis-seed=36``;
-session 16, not fixed yet). After the last step the event stream announces both blocks of
-``PREFIXES[0][:8]`` (the second in a host slot, never withdrawn), but ``lookup`` finds
-only the first. The last admission (``[1, 2, 3, 4]``: a miss, its only block holds the
-prompt's last token) evicts a device block whose offload reuses the LRU host slot
-holding the first block's content (content id 1, on no device block); the second
-block's slot is keyed under parent id 1, which now exists nowhere, and no
-``BlockRemoved`` names it (the new block then stores that content under a fresh id). No
-wrong KV: a router mirroring the events counts a block ``lookup`` cannot reach. The
-steps are the machine's, as Hypothesis shrank them."""
+session 16; fixed in session 17: ``tiers/host_orphans.py``). Before the fix, after the
+last step the event stream announced both blocks of ``PREFIXES[0][:8]`` (the second in
+a host slot, never withdrawn), but ``lookup`` found only the first. The last admission
+(``[1, 2, 3, 4]``: a miss, its only block holds the prompt's last token) evicts a device
+block whose offload reuses the LRU host slot holding the first block's content (content
+id 1, on no device block); the second block's slot is keyed under parent id 1, which
+then exists nowhere, and no ``BlockRemoved`` named it (the new block then stores that
+content under a fresh id). No wrong KV: a router mirroring the events counted a block
+``lookup`` cannot reach. The steps are the machine's, as Hypothesis shrank them."""
 
-import pytest
-
-from prefixkv import ExtraKeys
+from prefixkv import BlockRemoved, BlockStored, ExtraKeys, KVCacheManager
 from test_state_machine import PREFIXES
 from test_state_machine_late_plan import TightHostLatePlanManagerMachine
 
@@ -20,8 +18,6 @@ prefixes = PREFIXES
 LORA_A = ExtraKeys(lora="a")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a host slot under a content id that left every tier stays announced")
 def test_a_slot_under_a_content_id_gone_from_every_tier_is_withdrawn():
     state = TightHostLatePlanManagerMachine()
     state.setup()
@@ -74,3 +70,46 @@ def test_a_slot_under_a_content_id_gone_from_every_tier_is_withdrawn():
     state.readmit(prepare=False)
     state.add(chunk=None, extra=None, prompt=[1, 2, 3, 4])
     state.events_predict_lookup()
+
+
+def test_an_offload_that_takes_a_parent_slot_withdraws_the_child_slot_under_it():
+    """A0 comes up from slot 0 and A1 is computed on it; one eviction then offloads A1
+    into slot 3 (keyed under A0's content id, 1) and finds A0 in slot 0 (refreshed before
+    slot 3 is unpinned: slot 0 is the older one). A later offload takes slot 0: content 1
+    is on no device block and in no other slot, so slot 3 can never be reached. Before,
+    it stayed announced: once A0 was computed again (a new content id, the same chain
+    hash) a router mirroring the events counted A0 and A1 where ``lookup`` found A0."""
+    m = KVCacheManager(3, 4, seed=0, host_blocks=4, enable_events=True)
+    h = m._host
+    a = [1, 2, 3, 4, 5, 6, 7, 8]
+    mirror: set[bytes] = set()
+
+    def step(rid, prompt, free=True):
+        m.add_request(rid, prompt)
+        m.take_kv_ops()
+        events = m.take_events()
+        for e in events:
+            for x in e.block_hashes:
+                (mirror.add if isinstance(e, BlockStored) else mirror.discard)(x)
+        if free:
+            m.free(rid)
+        m.check_invariants()
+        return events
+
+    step("a", a[:4] + [99])
+    step("b", list(range(20, 28)) + [98])        # evicts A0: slot 0
+    step("c", a + [97])                          # A0 loads from slot 0; A1 computed
+    step("d", list(range(30, 38)) + [96])        # A1 -> slot 3; A0's slot 0 refreshed
+    s0, s3 = h.slots[0], h.slots[3]
+    assert (s0.content_id, s0.parent_cid, s3.content_id, s3.parent_cid) == (1, 0, 4, 1)
+    assert [s.block_id for s in h._cached] == [1, 2, 0, 3] and m.lookup(a + [0]) == 8
+    step("e", [40, 41, 42, 43, 44])              # takes slot 1
+    hashes = (s0.hash, s3.hash)
+    events = step("f", list(range(50, 59)))      # takes slot 2, then slot 0: content 1 goes
+    removed = [(e.block_ids, e.block_hashes) for e in events
+               if isinstance(e, BlockRemoved) and e.medium == "CPU"]
+    assert [ids for ids, _ in removed] == [(2,), (0,), (3,)]
+    assert removed[1:] == [((0,), (hashes[0],)), ((3,), (hashes[1],))]
+    assert s3.key is None and s3 in h._empty and len(h) == 3
+    step("g", a[:4] + [95], free=False)          # A0 computed again: a new content id
+    assert m.lookup(a + [0]) == 4 and [x in mirror for x in hashes] == [True, False]

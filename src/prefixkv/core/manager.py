@@ -366,7 +366,8 @@ class KVCacheManager(StepOutputs):
                                          self._host.load_dst if self._host is not None else ()))
         if self._host is not None:
             self._require(self._host.check()
-                          or self._host.check_loads(self._pool.blocks))
+                          or self._host.check_loads(self._pool.blocks)
+                          or self._host.check_parents(self._pool.blocks))
         if self._waits is not None:
             landing = self._host.num_landing  # type: ignore[union-attr]
             self._require(None if landing == self._waits.reserved else

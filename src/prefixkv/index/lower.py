@@ -35,8 +35,8 @@ class LowerTier(Protocol):
     def unload(self, blocks: Sequence[Block]) -> None:
         """Device ``blocks`` lose their content: the step's loads into them leave the plan."""
 
-    def on_device(self, s: Block) -> None:
-        """Slot ``s``'s content is on the device now."""
+    def on_device(self, s: Block, device: Block | None = None) -> None:
+        """Slot ``s``'s content is on the device now (in block ``device``, when given)."""
 
     def forget_under(self, lost: set[int]) -> list[Block]:
         """Drop, announced gone, every slot holding a content recorded under one of the

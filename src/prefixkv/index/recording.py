@@ -67,7 +67,7 @@ class ContentRecorder(LandedRecorder):
             self._next_id += 1
         else:
             b.content_id = slot.content_id
-            lower.on_device(slot)
+            lower.on_device(slot, b)
         if self.lazy:  # announced when the log is taken (``store``'s StoredRun, one block)
             self._sink.defer(StoredRun(self._hasher, parent, [b], [chunk], [extra],
                                        req.keys.extra, j, bs, None))
@@ -135,7 +135,7 @@ class ContentRecorder(LandedRecorder):
                 minted += 1
             else:
                 b.content_id = cid = slot.content_id
-                lower.on_device(slot)  # its chained child must be found by ``find`` now
+                lower.on_device(slot, b)  # its chained child must be found by ``find`` now
         if new and len(span) > 2 and span[0].content_id >= fresh and self.runs \
                 and lower is None and req.keys.mm is None:
             # a new first content: every block after it is chained, a run (``Run``; the

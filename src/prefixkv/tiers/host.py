@@ -33,7 +33,7 @@ from ..errors import MAX_BLOCKS, check_positive
 from ..event_log import EventSink
 from ..events import BlockStored
 from ..results import BlockOffloads, StoreFetched
-from .host_check import check_tier
+from .host_check import check_parents, check_tier
 from .host_index import HostSlot
 from .host_kids import SlotKids
 from .host_landing import SlotLanding
@@ -55,6 +55,8 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
         self.by_chunk = {}
         self.by_key = {}
         self.kids = SlotKids()  # keyed slots by parent content id (``forget_under``)
+        self.up = {}  # slot id -> the device block its content last went up to (a guess)
+        self.lent = False  # a recompute took a slot's content id in this step
         self._sink = sink
         self._pinned: list[Block] = []
         self.offload_src: list[int] = []  # the step's offloads: device block ids, slot ids
@@ -137,6 +139,7 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
         that the previous pending plan was reported done first)."""
         assert not self._flight and not self._flight_ids and not self._flight_transit, \
             "a plan in flight was not reported done"
+        self.lent = False
         if pending:
             self._flight, self._flight_ids = self._pinned, {s.block_id for s in self._pinned}
             self._pinned = []
@@ -182,7 +185,10 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
         slot = self._cached.popleft()
         if slot is None:
             return None
+        dropped = [self.orphan(slot)] if slot.content_id in self.kids.by_parent else None
         self._drop(slot)
+        if dropped:
+            self.cut_off(dropped)
         return slot
 
     def clear(self) -> None:
@@ -203,6 +209,8 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
         self.by_chunk.clear()
         self.by_key.clear()
         self.kids.clear()
+        self.up.clear()
+        self.lent = False
         self._pinned.clear()
         self._flight, self._flight_ids = [], set()
         self._transit, self._flight_transit = [], []
@@ -220,3 +228,9 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
     def check(self) -> str | None:
         """The first inconsistency of slots, maps, pins and LRU links, None when sound."""
         return check_tier(self)
+
+    def check_parents(self, devices: Sequence[Block]) -> str | None:
+        """The first slot found under a content that neither ``devices`` (the device
+        pool's blocks) nor a slot holds (an orphan: announced, never reached); None when
+        there is none."""
+        return check_parents(self, devices)

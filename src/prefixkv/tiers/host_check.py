@@ -3,6 +3,7 @@ messages only for what is wrong."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..core.block import Block, key_chunk
@@ -105,3 +106,29 @@ def check_tier(tier: HostTier) -> str | None:
             return f"host slot {s!r} is keyed by its triple but not found by it"
     return (_check_chains(tier, {s.block_id for s in landing}) or tier._cached.broken_link()
             or tier.kids.check(tier.by_chunk, tier.by_key))
+
+
+def check_parents(tier: HostTier, devices: Sequence[Block]) -> str | None:
+    """The first slot with content (found: keyed, or chained) whose parent's content is
+    neither on the device (a block with content among ``devices``, or one of a pending
+    run's) nor in a slot with content: no lookup reaches it, yet its ``BlockStored`` is
+    not withdrawn (an orphan). None when every one is reachable."""
+    held = {s.content_id for s in tier.slots if _found(tier, s)}
+    held.update(b.content_id for b in devices if b.key is not None)
+    runs = {id(r): r for b in devices if (r := b.counted) is not None and r.pending}
+    for r in runs.values():  # (their blocks' contents are their records')
+        held.update(range(r.cid0, r.cid0 + len(r.blocks)))
+    for s in tier.slots:
+        if s.parent_cid and s.parent_cid not in held and _found(tier, s):
+            return f"host slot {s!r} is found under content {s.parent_cid}, held nowhere"
+    return None
+
+
+def _found(tier: HostTier, s: Block) -> bool:
+    """Whether slot ``s`` holds content a lookup may reach through it: chained, or its
+    key's entry in the maps (a landing slot's key is in none)."""
+    key = s.key
+    if key is None:
+        return False
+    return s.chained or (tier.by_chunk.get(key) if type(key) is bytes
+                         else tier.by_key.get(key)) is s  # type: ignore[arg-type]

@@ -54,6 +54,8 @@ class SlotIndex:
     by_chunk: dict[bytes, Block]
     by_key: dict[ContentKey, Block]
     kids: SlotKids
+    up: dict[int, Block]  # slot id -> the device block its content last went up to
+    lent: bool  # a recompute took a slot's content id in this step (``on_device``)
     num_chained: int
     chaining: bool
     num_emptied: int
@@ -116,10 +118,14 @@ class SlotIndex:
             g = c.child
         return hits
 
-    def on_device(self, s: Block) -> None:
+    def on_device(self, s: Block, device: Block | None = None) -> None:
         """Slot ``s``'s content is on the device now (loaded, or recomputed under the
-        slot's id): key it and its chained child, so that ``find`` (which probes only
-        the maps) finds every slot whose parent's content is on the device."""
+        slot's id, in block ``device`` when given: remembered, ``up``): key it and its
+        chained child, so that ``find`` (which probes only the maps) finds every slot
+        whose parent's content is on the device."""
+        if device is not None:  # (a block recorded in this step: evicted in it, it is
+            self.up[s.block_id] = device  # never offloaded, ``demote`` looks at it: ``lent``)
+            self.lent = True
         if s.chained:
             s.chained = False
             self.num_chained -= 1
@@ -142,22 +148,30 @@ class SlotIndex:
 
     def forget_under(self, lost: set[int]) -> list[Block]:
         """Drop, announced gone, every slot holding a content recorded under one of the
-        content ids ``lost`` (contents the device forgot: ``ContentIndex.uncache``); its
-        chained child is keyed, for the caller's next call with the dropped slots' ids.
-        A cached slot goes empty; a pinned one keeps its pin, with no content, and goes
-        empty when unpinned (``num_emptied`` counts those). Returns the slots dropped.
-        A slot under a content the device held is keyed, so noted under it (``kids``):
-        the cost is the slots dropped, and a C pass over the smaller of ``lost`` and the
-        contents with notes."""
-        slots = self.kids.take(lost, self.by_chunk, self.by_key)
-        for s in slots:
-            self._drop(s)
-            if s.ref_cnt:
-                self.num_emptied += 1
-            else:
-                self._cached.remove(s)
-                self._empty.append(s)
-        return slots
+        content ids ``lost`` (contents no tier holds any more, e.g. the device forgot them:
+        ``ContentIndex.uncache``), and the slots chained below each (found only through
+        it); a slot keyed under a dropped one is left for the caller's next call with the
+        dropped slots' ids. A cached slot goes empty; a pinned one keeps its pin,
+        with no content, and goes empty when unpinned (``num_emptied`` counts those).
+        Returns the slots dropped. A slot under a content the device held is keyed, so
+        noted under it (``kids``): the cost is the slots dropped, and a C pass over the
+        smaller of ``lost`` and the contents with notes."""
+        out: list[Block] = []
+        for s in self.kids.take(lost, self.by_chunk, self.by_key):
+            chain = [s]  # s and the slots chained below it, dropped deepest first (so no
+            c = s.child  # child is keyed on the way, nor noted)
+            while c.chained and c.parent_cid == chain[-1].content_id:
+                chain.append(c)
+                c = c.child
+            for x in reversed(chain):
+                self._drop(x)
+                if x.ref_cnt:
+                    self.num_emptied += 1
+                else:
+                    self._cached.remove(x)
+                    self._empty.append(x)
+            out += chain
+        return out
 
     def _unpinned(self, slots: list[Block]) -> list[Block]:
         """Of ``slots``, just unpinned, those with content (for the LRU); the rest,

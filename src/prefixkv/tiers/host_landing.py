@@ -22,11 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import islice
+from operator import attrgetter
 
 from ..core.block import Block
 from ..core.free_queue import FreeBlockQueue
 from ..events import BlockStored
-from .host_index import HOST, SlotIndex
+from .host_index import HOST
+from .host_orphans import SlotOrphans
+
+_CID = attrgetter("content_id")
 
 
 def fill_landing(slots: Sequence[Block], parent_cid: int, extras: Sequence[bytes],
@@ -52,7 +56,7 @@ def fill_landing(slots: Sequence[Block], parent_cid: int, extras: Sequence[bytes
             s.key = chunk
 
 
-class SlotLanding(SlotIndex):
+class SlotLanding(SlotOrphans):
     """``HostTier``'s calls for store fetches (its ``_empty`` stack, ``_cached`` LRU,
     ``_pinned`` list and ``num_landing`` count, besides ``SlotIndex``'s maps)."""
 
@@ -82,10 +86,15 @@ class SlotLanding(SlotIndex):
             out = empty[:len(empty) - k - 1:-1]
             del empty[len(empty) - k:]
         if len(out) < n and self._cached.size:
+            k = len(out)
             if not self.num_chained and not self._sink.active and not self.by_key:
-                self._take_plain(out, n - len(out))
+                self._take_plain(out, n - k)
             else:
-                self._take_lru(out, n - len(out))
+                self._take_lru(out, n - k)
+            by_parent = self.kids.by_parent  # (their contents left the tier: in C, whether
+            if not by_parent.keys().isdisjoint(map(_CID, islice(out, k, None))):  # any has
+                self.cut_off([self.orphan(s) for s in islice(out, k, None)  # notes under it)
+                              if s.content_id in by_parent])
         self.num_landing += len(out)
         return out
 

@@ -41,6 +41,7 @@ class SlotLoads:
     that left the plan before it was taken)."""
 
     slots: list[Block]
+    up: dict[int, Block]  # slot id -> the device block its content last went up to
     load_src: list[int]
     load_dst: list[int]
     num_loaded: int
@@ -55,17 +56,23 @@ class SlotLoads:
         them with ``hold``): their ids join the step's one ``BlockLoads``."""
         held, ids = self._held
         self._held = ((), None)
-        self.load_src += ids if ids is not None and held is slots else [s.block_id for s in slots]
+        if ids is None or held is not slots:
+            ids = [s.block_id for s in slots]
+        self.load_src += ids
+        self.up.update(zip(ids, devices, strict=True))  # (in C: where their contents went)
         self.load_dst += map(_BLOCK_ID, devices)
         self.num_loaded += len(slots)
         if self._loading is not None:
             self._loading.update(map(_BLOCK_ID, devices))
 
-    def load_ids(self, slot_ids: list[int], device_ids: list[int]) -> None:
+    def load_ids(self, slot_ids: list[int], device_ids: list[int],
+                 devices: Sequence[Block]) -> None:
         """``load`` by ids, for a store fetch's run landed in slots (pinned since) and in
-        the device blocks beside them: the ids join the step's one ``BlockLoads``. The
-        lists become the tier's when they are the longer ones (the step's earlier ids
-        moved in front, no count touched): the caller no longer reads them."""
+        the device blocks beside them (``devices``, whose ids ``device_ids`` lists): the
+        ids join the step's one ``BlockLoads``. The lists become the tier's when they are
+        the longer ones (the step's earlier ids moved in front, no count touched): the
+        caller no longer reads them."""
+        self.up.update(zip(slot_ids, devices, strict=True))  # (in C: where their contents went)
         if self._loading is not None:
             self._loading.update(device_ids)
         if len(self.load_src) < len(slot_ids):

@@ -15,16 +15,18 @@ from itertools import filterfalse
 from ..core.block import Block, key_chunk
 from ..core.free_queue import FreeBlockQueue
 from ..core.keyless import Keyless
-from .host_index import HOST, SlotIndex, withdrawn
+from .host_index import HOST, withdrawn
+from .host_orphans import Orphan, SlotOrphans
 
 
-class SlotOffload(SlotIndex):
+class SlotOffload(SlotOrphans):
     """``HostTier``'s offloads (its ``_empty`` stack, ``_cached`` LRU, ``_pinned`` list and
     the step's offload and load ids, besides ``SlotIndex``'s maps)."""
 
     _empty: list[Block]
     _cached: FreeBlockQueue
     _pinned: list[Block]
+    _flight: list[Block]
     offload_src: list[int]
     offload_dst: list[int]
     load_src: list[int]
@@ -49,7 +51,9 @@ class SlotOffload(SlotIndex):
         by_chunk, by_key, cached, sink = self.by_chunk, self.by_key, self._cached, self._sink
         get, empty, pin = by_chunk.get, self._empty, self._pinned.append
         kids = self.kids
-        note, noted = kids.by_parent.setdefault, 0  # (keyed slots under their parents)
+        by_parent = kids.by_parent  # (keyed slots under their parents)
+        note, noted = by_parent.setdefault, 0
+        dropped: list[Orphan] = []  # contents dropped from slots with slots noted under them
         src, dst = self.offload_src, self.offload_dst
         active = sink.active  # (without events no slot ever has one: nothing to clear)
         head: Block | None = None  # the LRU's ends, once an empty slot is lacking
@@ -114,6 +118,8 @@ class SlotOffload(SlotIndex):
                             c.chained = False
                             chained -= 1
                             self._enter(c)
+                        if s.content_id in by_parent:  # (slots may be found through it)
+                            dropped.append(self.orphan(s))
                         if active and s.event is not None:
                             sink.append(withdrawn(s.event, s.block_id))
                     if pend is not None:
@@ -162,35 +168,42 @@ class SlotOffload(SlotIndex):
         if refreshed:
             cached.forget(len(refreshed))
             cached.extend(refreshed)
-        if self.load_dst:  # (their loads are dead: ``unload``; past ``lost``, not looked at)
-            if lost >= 0:
-                now += [b for b in blocks[lost:] if b.step >= step]
-            if now:
-                self.unload(now)
-        if lost >= 0 and dst:  # (the common case checked here: no offload of the step is
-            # a child of a lost content, so nothing is withdrawn, without a lookup of each;
-            # with no offload in the step, nothing is looked at: ``isdisjoint`` would go
-            # through every lost block even for an empty set)
-            slots = self.slots
-            parents = {slots[i].parent_cid for i in dst}
+        if lost >= 0 and (self.load_dst or self.lent):  # (past ``lost``, not looked at)
+            now += [b for b in blocks[lost:] if b.step >= step]
+        if now and self.load_dst:  # (their loads are dead: ``unload``)
+            self.unload(now)
+        if lost >= 0:  # (every slot is pinned: a slot under a lost content is one of the
+            # step's or of the plan in flight; the common case checked here: none is, so
+            # nothing is withdrawn, without a lookup of each)
+            parents = {s.parent_cid for s in self._pinned}
+            if self._flight:
+                parents.update([s.parent_cid for s in self._flight])
             parents.discard(0)  # (a first block's parent: no content, never lost; when
             # the step offloaded first blocks alone, the lost ones are not listed)
             if parents:  # (the ids listed by a comprehension: its specialized attribute
                 # reads beat ``map(attrgetter)``'s, 30 against 48 us for 2048 blocks,
                 # alternated in one process: benchmarks/results/store-r13b.md)
-                gone = blocks[lost:]
-                if not parents.isdisjoint([b.content_id for b in gone] if keyless is None
-                                          else keyless.content_ids(blocks, lost)):
-                    self._withdraw_orphans(blocks, lost, step, keyless)
+                under = parents.intersection([b.content_id for b in blocks[lost:]]
+                                             if keyless is None
+                                             else keyless.content_ids(blocks, lost))
+                if under:
+                    self._withdraw_orphans(blocks, lost, step, keyless, under)
+        if now and self.lent and by_parent:  # evicted, never computed: a slot may have
+            self.left([b for b in now if b.key is not None])  # lent it its id
+        if dropped:
+            self.cut_off(dropped, blocks)
 
     def _withdraw_orphans(self, blocks: Sequence[Block], at: int, step: int,
-                          keyless: Keyless | None) -> None:
+                          keyless: Keyless | None, under: set[int]) -> None:
         """``demote`` lost the contents of ``blocks[at:]`` (every slot pinned; those at
         ``keyless``'s positions pending runs' blocks): withdraw the
         slots the step's offloads fill (pinned, so in no other use) that hold a
-        descendant of one. The pool evicts a request's tail first, so children were
-        offloaded before their parent; kept, they would stay announced and never be
-        found, even once their parent's content is computed again (a new content id)."""
+        descendant of one, then every other slot under one (``withdraw_under``). The
+        pool evicts a request's tail first, so children were offloaded before their
+        parent; kept, they would stay announced and never be found, even once their
+        parent's content is computed again (a new content id). ``under``: the lost
+        contents that a slot of the step's offloads or a note names as a parent (the
+        others are not looked up)."""
         src, dst = self.offload_src, self.offload_dst
         gone = set()
         for i in range(at, len(blocks)):
@@ -203,7 +216,7 @@ class SlotOffload(SlotIndex):
                 content = keyless.content(i)
             else:
                 continue
-            if self.find(*content[:3]) is None:
+            if content[3] in under and self.find(*content[:3]) is None:
                 gone.add(content[3])
         dropped = set()
         for i in range(len(dst) - 1, -1, -1):  # parents first: their offloads came last
@@ -222,3 +235,4 @@ class SlotOffload(SlotIndex):
             # (a request loading one would hold its lost ancestor's content on the device)
             assert not {s.block_id for s in out}.intersection(self.load_src), \
                 "a slot withdrawn with its lost ancestor is loaded in this step"
+        self.withdraw_under(gone)
