@@ -11,6 +11,9 @@ content under a fresh id). No wrong KV: a router mirroring the events counted a 
 ``lookup`` cannot reach. The steps are the machine's, as Hypothesis shrank them."""
 
 from prefixkv import BlockRemoved, BlockStored, ExtraKeys, KVCacheManager
+from prefixkv.core.block import Block
+from prefixkv.event_log import EventLog
+from prefixkv.tiers import HostTier
 from test_state_machine import PREFIXES
 from test_state_machine_late_plan import TightHostLatePlanManagerMachine
 
@@ -113,3 +116,29 @@ def test_an_offload_that_takes_a_parent_slot_withdraws_the_child_slot_under_it()
     assert s3.key is None and s3 in h._empty and len(h) == 3
     step("g", a[:4] + [95], free=False)          # A0 computed again: a new content id
     assert m.lookup(a + [0]) == 4 and [x in mirror for x in hashes] == [True, False]
+
+
+def announced(block_id: int, key: bytes, parent_cid: int, cid: int) -> Block:
+    """An evicted device block with content ``cid`` (token bytes ``key``), announced."""
+    h = bytes([cid]) * 4
+    return Block(block_id, key=key, parent_cid=parent_cid, content_id=cid, hash=h,
+                 event=BlockStored((h,), None, b"", (block_id,), None, 0))
+
+
+def test_a_lost_content_takes_an_earlier_steps_slot_under_it():
+    """C (content 2, under X's content 1) went down in step 1 into slot 0, whose plan is
+    still in flight (pinned); in step 2, Y takes slot 1 and X, evicted, finds every slot
+    pinned: content 1 is lost. Slot 0 is under it: withdrawn (announced removed, empty
+    once its plan is done). Before, only the step's own offloads under a lost content
+    were: slot 0 stayed announced, and nothing could reach it."""
+    tier = HostTier(2, EventLog(100))
+    tier.demote([announced(5, b"c", 1, 2)], 1)      # slot 0, keyed under content 1
+    assert tier.take_offloads()
+    tier.end_step(pending=True)                     # its copy still runs: pinned
+    tier.demote([announced(6, b"y", 0, 3), announced(7, b"x", 0, 1)], 2)  # y: slot 1; x: lost
+    assert tier.check() is None and tier.find(1, b"c", b"") is None
+    removed = [(e.block_ids, e.block_hashes) for e in tier._sink.take() if isinstance(e, BlockRemoved)]
+    assert removed == [((0,), (b"\x02" * 4,))]
+    assert tier.offload_src == [6] and tier.num_emptied == 1
+    tier.copies_done()
+    assert tier.check() is None and [s.block_id for s in tier._empty] == [0]
