@@ -142,3 +142,26 @@ def test_a_lost_content_takes_an_earlier_steps_slot_under_it():
     assert tier.offload_src == [6] and tier.num_emptied == 1
     tier.copies_done()
     assert tier.check() is None and [s.block_id for s in tier._empty] == [0]
+
+
+def test_a_block_recorded_in_its_step_under_a_slots_id_takes_the_slots_under_it_when_evicted():
+    """P's content (1) is in slot 0 and C (2, under 1) in slot 1. In step 2 a recompute
+    gives device block d P's content id (``on_device``); an offload then takes slot 0:
+    d holds content 1, so slot 1 stays. d, recorded in this step (never computed), is
+    evicted in the same step: not offloaded, so content 1 leaves every tier, and slot 1
+    is withdrawn."""
+    tier = HostTier(3, EventLog(100))
+    tier.demote([announced(5, b"p", 0, 1)], 1)      # slot 0
+    tier.demote([announced(6, b"c", 1, 2)], 1)      # slot 1, keyed under content 1
+    tier.take_offloads()
+    tier.end_step()
+    tier._sink.take()
+    d = Block(9, key=b"p", parent_cid=0, content_id=1, step=2)
+    tier.on_device(tier.slots[0], d)                # recomputed under slot 0's id
+    tier.demote([announced(7, b"y", 0, 3), announced(8, b"z", 0, 4)], 2)  # slot 2, then 0
+    assert tier.check() is None and tier.find(1, b"c", b"") is tier.slots[1]
+    assert [e.block_ids for e in tier._sink.take() if isinstance(e, BlockRemoved)] == [(0,)]
+    tier.demote([d], 2)                             # recorded in step 2: not offloaded
+    assert tier.check() is None and tier.find(1, b"c", b"") is None
+    assert [e.block_ids for e in tier._sink.take() if isinstance(e, BlockRemoved)] == [(1,)]
+    assert tier._empty == [tier.slots[1]]
