@@ -1,8 +1,9 @@
 """How evicted device content goes down to the host tier (``HostTier`` is a
 ``SlotOffload``): ``demote`` keeps each content the pool evicts in a slot, stating the
 offload copy, or refreshes the slot that holds it already; when every slot is pinned,
-the content is lost, and so are the step's offloads of its descendants
-(``_withdraw_orphans``).
+the content is lost, and so are the slots of its descendants (``_withdraw_orphans``).
+A slot taken whose content no other tier holds takes the slots under it along
+(``host_orphans``).
 
     evicted device block --demote--> new slot (pinned, offload stated) | held slot (refreshed) | lost
 """
@@ -202,8 +203,8 @@ class SlotOffload(SlotOrphans):
         pool evicts a request's tail first, so children were offloaded before their
         parent; kept, they would stay announced and never be found, even once their
         parent's content is computed again (a new content id). ``under``: the lost
-        contents that a slot of the step's offloads or a note names as a parent (the
-        others are not looked up)."""
+        contents that a pinned slot (this step's, or the plan in flight's) names as its
+        parent (the others are not looked up)."""
         src, dst = self.offload_src, self.offload_dst
         gone = set()
         for i in range(at, len(blocks)):
