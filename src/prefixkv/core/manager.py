@@ -13,16 +13,17 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from operator import attrgetter
 
-from ..errors import ConfigError, RequestError, check_block_ids, check_count, check_new_request
+from ..errors import ConfigError, RequestError, check_count
 from ..events import AllBlocksCleared
 from ..extra_keys import ExtraKeys
 from ..results import Fork, SharedPrefix
+from . import invalidation
 from .block import Block
-from .dependents import computed_on
+from .fork import fork_request
+from .manager_check import check_manager
 from .prompt import Prompt, prepare_prompt
 from .sharing import shared_prefixes
 from .step_outputs import StepOutputs
-from .store_giveup import give_up, held_by_others
 
 _ID = attrgetter("block_id")
 
@@ -144,22 +145,7 @@ class KVCacheManager(StepOutputs):
         Returns None when that block cannot be had (nothing changed). Raises RequestError
         (unknown parent, child id in use: live, or waiting on the store; parent's prefill
         not fully scheduled)."""
-        parent = self._get(parent_id)
-        check_new_request(self._requests, child_id)
-        if self._waits is not None and child_id in self._waits.waiting:  # (its ``free``
-            # would end the wait and leave the child live)
-            raise RequestError(f"request {child_id!r} is waiting on the store (StoreWait)")
-        if parent.num_scheduled != len(parent.tokens):
-            raise RequestError(f"cannot fork {parent_id!r} before its prefill is fully scheduled")
-        full = parent.num_scheduled // self.block_size
-        shared = parent.blocks[:full]
-        if not self._pool.can_acquire(shared, len(parent.blocks) - full):
-            return None
-        child = parent.fork(child_id, self.block_size)
-        child.blocks = self._pool.acquire(shared, len(parent.blocks) - full)
-        copies = self._copies.add(parent.blocks[full:], child.blocks[full:])
-        self._requests[child_id] = child
-        return Fork(child_id, tuple(map(_ID, child.blocks)), copies)
+        return fork_request(self, parent_id, child_id)
 
     def free(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> None:
         """Release a finished, aborted or preempted request's blocks, tail of the chain
@@ -213,23 +199,7 @@ class KVCacheManager(StepOutputs):
         left with no valid hit before its run landed ends its request's wait (listed by
         the next ``poll_store``: it computes). Raises RequestError for an id outside
         the pool, or ``block_ids`` not an iterable (nothing changes)."""
-        blocks = self._pool.blocks
-        ids = check_block_ids(block_ids, len(blocks))
-        held = [blocks[i] for i in ids if blocks[i].ref_cnt > 0]
-        if held:  # (and the blocks live requests computed on top of them)
-            bs = self.block_size
-            # (the holds of pending copies and store fetches: no request to look for)
-            outside = self._copies.pins + (self._waits.holds() if self._waits is not None else [])
-            held = computed_on((((r.blocks,), r.num_scheduled // bs)
-                                for r in self._requests.values()), held, outside)
-        landing = getattr(self._index, "landing", None)
-        if landing:  # (blocks a store fetch fills: no findable content yet, as a free block)
-            apart = {id(b) for run in landing.values() for b in run}
-            held = [b for b in held if id(b) not in apart]
-        self._drop_puts(held)  # (the store's pending writes: before the index forgets)
-        self._pool.emptied(self._index.uncache(held, cut=True))
-        if self._waits is not None and self._waits.holders:  # (a store fetch's holds on
-            give_up(self._waits, held, True)  # them, and on what lost its content with them)
+        invalidation.uncache_blocks(self, block_ids)
 
     def rewind(self, request_id: Hashable, num_tokens: int) -> None:
         """Take the request back to its first ``num_tokens`` scheduled tokens, to be
@@ -244,24 +214,7 @@ class KVCacheManager(StepOutputs):
         which must be freed or preempted first), before any change. A store fetch
         holding one of them (another request's device hits, or its run landed on the
         device) is no such request: it gives them up, as after ``uncache_blocks``."""
-        req = self._get(request_id)
-        check_count("num_tokens", num_tokens, 0, req.num_scheduled)
-        full = num_tokens // self.block_size
-        tail = req.blocks[full:req.num_scheduled // self.block_size]
-        waits = self._waits
-        shared = [b.block_id for b in held_by_others(waits, tail)]  # (a store fetch's hold
-        if shared:  # is given up: ``store_giveup.py``)
-            raise RequestError(f"request {request_id!r} cannot rewind to {num_tokens}: blocks "
-                               f"{shared} are held by other requests too")
-        if waits is not None and waits.holders:  # (before ``uncache``: the request's alone,
-            give_up(waits, tail, False)  # they lose their content, never kept as spares)
-        self._drop_puts(tail)  # (before the index forgets)
-        self._pool.emptied(self._index.uncache(tail, cut=True))  # (and their cached children)
-        if req.num_scheduled == len(req.tokens) > num_tokens:
-            self._num_prefilling += 1
-        req.num_reserved = max(req.num_reserved, req.num_scheduled)
-        req.num_scheduled = num_tokens
-        req.num_cached = min(req.num_cached, full * self.block_size)
+        invalidation.rewind(self, request_id, num_tokens)
 
     def preempt(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> tuple[int, ...]:
         """Free a running request (as ``free``, same ``num_computed_tokens``) and return
@@ -348,26 +301,4 @@ class KVCacheManager(StepOutputs):
     def check_invariants(self) -> None:
         """Verify every count and link (pool, free queue, index, refcounts against the
         live requests, each request's blocks against its tokens). Raises InvariantError."""
-        refs: dict[int, int] = {}
-        bs = self.block_size
-        prefilling = sum(r.num_scheduled < len(r.tokens) for r in self._requests.values())
-        self._require(None if prefilling == self._num_prefilling else
-                      f"{prefilling} requests are prefilling, counted {self._num_prefilling}")
-        for req in self._requests.values():
-            self._require(req.check(bs) or self._index.check_request(req, bs))
-            for b in req.blocks:
-                refs[b.block_id] = refs.get(b.block_id, 0) + 1
-        for b in self._copies.pins + [b for held in self._copies.kept for b in held]:
-            refs[b.block_id] = refs.get(b.block_id, 0) + 1
-        for b in self._waits.holds() if self._waits is not None else ():  # store fetches'
-            refs[b.block_id] = refs.get(b.block_id, 0) + 1
-        self._require(self._pool.check(refs))
-        self._require(self._copies.check(self._pool.blocks,
-                                         self._host.load_dst if self._host is not None else ()))
-        if self._host is not None:
-            self._require(self._host.check()
-                          or self._host.check_loads(self._pool.blocks))
-        if self._waits is not None:
-            landing = self._host.num_landing  # type: ignore[union-attr]
-            self._require(None if landing == self._waits.reserved else
-                          f"{landing} host slots are landing, fetches reserved {self._waits.reserved}")
+        check_manager(self)
