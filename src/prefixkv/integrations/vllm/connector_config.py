@@ -103,8 +103,23 @@ def store_layout(vllm_config: Any, kv_cache_config: Any, model: str | None, tp_r
     layers = len(groups[0].layer_names)
     text = (f"vllm|{name}|tp{tp_rank}/{parallel.tensor_parallel_size}|layers{layers}"
             f"|H{spec.num_heads}|N{spec.block_size}|K{spec.head_size}|V{spec.head_size_v}"
-            f"|{spec.kv_quant_mode}{_computed_by(mc, spec.dtype)}")
+            f"|{spec.kv_quant_mode}{_custom_format(vllm_config.cache_config)}"
+            f"{_computed_by(mc, spec.dtype)}")
     return StoreLayout(text, str(spec.dtype), layers * spec.unpadded_page_size_bytes)
+
+
+def _custom_format(cache_config: Any) -> str:
+    """A ``--kv-cache-dtype`` a platform registered (``register_kv_cache_dtype``) by its
+    name: its bytes are its own, and its quant mode may say nothing of them
+    (``KVQuantMode.CUSTOM`` is an alias of ``OCTAVE_K3V4``: both 12). Empty for vLLM's
+    own dtypes, whose mode, torch dtype and page size tell them apart. vLLM 0.33's KV
+    scales are per layer and static (from the checkpoint, named with its quantization,
+    or 1.0), or per token and head inside the page: none is computed apart from a
+    block at runtime."""
+    from vllm.config.cache import get_kv_cache_dtype_handler
+
+    name = getattr(cache_config, "cache_dtype", "auto")
+    return f"|kv={name}" if get_kv_cache_dtype_handler(str(name)) is not None else ""
 
 
 def _computed_by(mc: Any, kv_dtype: Any) -> str:
