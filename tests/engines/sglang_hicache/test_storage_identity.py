@@ -122,3 +122,18 @@ def test_without_published_flags_the_weights_must_be_named(sgl):  # noqa: F811
     with pytest.raises(ConfigError, match=r"extra_config\['model'\]"):
         PrefixKVStorage(config(sgl, "redis://127.0.0.1:1/0", named=False), {})
     PrefixKVStorage(config(sgl, "redis://127.0.0.1:1/0"), {}).close()  # (named: made)
+
+
+def test_a_named_model_stands_for_the_weights_path(sgl, redis):  # noqa: F811
+    # Replicas may load one checkpoint from other local paths: with extra_config['model']
+    # naming the weights, the path is not named, and they share; the other flags still
+    # are (a named model quantized otherwise is other KV).
+    with launched("/mnt/a/llama-8b"):
+        writer, pool = replica(sgl, redis.url, model="llama-8b@v1")
+    fill(pool, 53)
+    keys = page_hashes(sgl, tokens(2 * PAGE, 5300), PAGE)
+    assert writer.batch_set_v1(keys, indices(0, 2)) == [True, True]
+    with launched("/models/llama-8b"):
+        assert replica(sgl, redis.url, model="llama-8b@v1")[0].batch_exists(keys) == 2
+    with launched("/models/llama-8b", quantization="fp8"):
+        assert replica(sgl, redis.url, model="llama-8b@v1")[0].batch_exists(keys) == 0

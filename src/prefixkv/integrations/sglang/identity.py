@@ -69,14 +69,16 @@ def published() -> Flags | None:
         draft_model_quantization=getattr(s, "speculative_draft_model_quantization", None))
 
 
-def layout_text(name: str, flags: Flags, *, draft_layers: bool) -> str:
+def layout_text(name: str, flags: Flags, *, named: bool, draft_layers: bool) -> str:
     """The text ``flags`` add to a layout named ``name`` (empty for a model run as it
-    comes, served under its model path). ``draft_layers``: whether the host pool's
-    pages hold a draft model's layers too (SGLang packs an EAGLE draft's KV beside the
-    target's), whose weights then change the page as well."""
+    comes, served under its model path). ``named``: ``name`` is the operator's name of
+    the weights (``extra_config['model']``), which then stands for the model path and
+    revision (replicas may load one checkpoint from other paths). ``draft_layers``:
+    whether the host pool's pages hold a draft model's layers too (SGLang packs an
+    EAGLE draft's KV beside the target's), whose weights then change the page as well."""
     out = ""
     weights = _at(flags.model_path, flags.revision)
-    if weights != name:
+    if not named and weights != name:
         out += f"|w={weights}"
     if flags.quantization is not None:
         out += f"|q={flags.quantization}"

@@ -68,9 +68,10 @@ class PrefixKVStorage(HiCacheStorage):
     bytes' time at ``read_rate``, bytes a second, 1e8), ``retry_after``
     (seconds without store calls after a failure, 1.0), ``model`` (the model's name in
     the layout, default ``storage_config.model_name``: set a revision here when weights
-    change under one name). Beside it the layout names what SGLang published of the
-    weights in this process (``identity``: model path and revision, quantization,
-    config overrides, KV cache and model dtypes, KV scales file, a packed draft model).
+    change under one name or path). Beside it the layout names what SGLang published of
+    the weights in this process (``identity``: model path and revision unless ``model``
+    is set, quantization, config overrides, KV cache and model dtypes, KV scales file,
+    a packed draft model).
     SGLang's own keys of the ``dynamic`` backend
     (``backend_name``, ``module_path``, ``class_name``, ``interface_v1``, and
     ``file_storage_path``, which it adds) are allowed.
@@ -106,7 +107,7 @@ class PrefixKVStorage(HiCacheStorage):
         if type(model) is not str or not model:
             raise ConfigError(f"a model name is needed (extra_config['model']), got {model!r}")
         self.config = storage_config
-        self._model = model
+        self._model, self._named = model, named is not None
         self._retry_after = extra.get("retry_after", 1.0)
         if type(self._retry_after) not in (int, float) or not 0 <= self._retry_after < float("inf"):
             raise ConfigError(f"retry_after must be a finite number >= 0, got {self._retry_after!r}")
@@ -139,7 +140,7 @@ class PrefixKVStorage(HiCacheStorage):
             text += f"|format={tag}"
         if self._flags is not None:
             target = getattr(mem_pool_host, "target_layer_num", mem_pool_host.layer_num)
-            text += layout_text(self._model, self._flags,
+            text += layout_text(self._model, self._flags, named=self._named,
                                 draft_layers=mem_pool_host.layer_num > target)
         self._page_like = like
         page_bytes = like[1] * torch.empty(0, dtype=like[0]).element_size()
