@@ -23,8 +23,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from ...errors import ConfigError
-
 
 @dataclass(frozen=True)
 class Flags:
@@ -45,14 +43,12 @@ class Flags:
 
 
 def published() -> Flags | None:
-    """The flags SGLang published in this process, or None where it published none.
-    Raises ConfigError when SGLang's runtime context does not import (a SGLang other
-    than 0.5.23's layout)."""
+    """The flags SGLang published in this process, or None where it published none
+    (or its runtime context does not import: a SGLang other than 0.5.23's layout)."""
     try:
         from sglang.srt.runtime_context import get_context
-    except ImportError as exc:
-        raise ConfigError(f"SGLang's launch flags cannot be read here ({exc}): set "
-                          "extra_config['model'] to name the weights") from exc
+    except ImportError:
+        return None
     context = get_context()
     if not context.is_config_namespace_published("model"):
         return None
