@@ -102,3 +102,33 @@ def test_a_platforms_kv_cache_dtype_is_named(model, custom_kv_dtypes):
             group.kv_cache_spec, dtype=torch.uint8, kv_quant_mode=KVQuantMode.CUSTOM))
         digests.append(store_layout(cfg, kv, None, 0).digest())
     assert digests[0] != digests[1]
+
+
+def test_a_draft_models_weights_are_named(model):
+    # vLLM puts an EAGLE draft's KV layers in the target's group when their specs match
+    # (the connector takes one group): the blocks hold the draft's KV too.
+    import shutil
+
+    from vllm.config import SpeculativeConfig
+
+    from prefixkv.integrations.vllm.connector_config import store_layout
+
+    from .replica import kv_cache_config, model_dir, vllm_config
+
+    drafts = [model_dir(), model_dir()]
+    try:
+        digests = []
+        for draft in [None, *drafts, model]:
+            cfg = vllm_config(model, "redis://127.0.0.1:6379/0")
+            if draft is not None:
+                cfg.speculative_config = SpeculativeConfig(
+                    method="eagle" if draft != model else "ngram", model=draft,
+                    num_speculative_tokens=2, prompt_lookup_max=3,
+                    target_model_config=cfg.model_config,
+                    target_parallel_config=cfg.parallel_config)
+            digests.append(store_layout(cfg, kv_cache_config(8), None, 0).digest())
+    finally:
+        for path in drafts:
+            shutil.rmtree(path, ignore_errors=True)
+    assert len(set(digests[:3])) == 3  # no draft, draft a, draft b
+    assert digests[3] == digests[0]  # (n-gram: no draft weights, the keys stay)
