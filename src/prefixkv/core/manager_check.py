@@ -6,32 +6,41 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..errors import InvariantError
+
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
 
-def check_manager(m: KVCacheManager) -> None:
-    """Raise InvariantError at the first count or link that does not hold."""
+def require(problem: str | None) -> None:
+    """Raise InvariantError with this problem, if there is one."""
+    if problem:
+        raise InvariantError(problem)
+
+
+def check_invariants(self: KVCacheManager) -> None:
+    """Verify every count and link (pool, free queue, index, refcounts against the
+    live requests, each request's blocks against its tokens). Raises InvariantError."""
     refs: dict[int, int] = {}
-    bs = m.block_size
-    prefilling = sum(r.num_scheduled < len(r.tokens) for r in m._requests.values())
-    m._require(None if prefilling == m._num_prefilling else
-               f"{prefilling} requests are prefilling, counted {m._num_prefilling}")
-    for req in m._requests.values():
-        m._require(req.check(bs) or m._index.check_request(req, bs))
+    bs = self.block_size
+    prefilling = sum(r.num_scheduled < len(r.tokens) for r in self._requests.values())
+    require(None if prefilling == self._num_prefilling else
+               f"{prefilling} requests are prefilling, counted {self._num_prefilling}")
+    for req in self._requests.values():
+        require(req.check(bs) or self._index.check_request(req, bs))
         for b in req.blocks:
             refs[b.block_id] = refs.get(b.block_id, 0) + 1
-    for b in m._copies.pins + [b for held in m._copies.kept for b in held]:
+    for b in self._copies.pins + [b for held in self._copies.kept for b in held]:
         refs[b.block_id] = refs.get(b.block_id, 0) + 1
-    for b in m._waits.holds() if m._waits is not None else ():  # store fetches'
+    for b in self._waits.holds() if self._waits is not None else ():  # store fetches'
         refs[b.block_id] = refs.get(b.block_id, 0) + 1
-    m._require(m._pool.check(refs))
-    m._require(m._copies.check(m._pool.blocks,
-                               m._host.load_dst if m._host is not None else ()))
-    if m._host is not None:
-        m._require(m._host.check()
-                   or m._host.check_loads(m._pool.blocks))
-    if m._waits is not None:
-        landing = m._host.num_landing  # type: ignore[union-attr]
-        m._require(None if landing == m._waits.reserved else
-                   f"{landing} host slots are landing, fetches reserved {m._waits.reserved}")
+    require(self._pool.check(refs))
+    require(self._copies.check(self._pool.blocks,
+                               self._host.load_dst if self._host is not None else ()))
+    if self._host is not None:
+        require(self._host.check()
+                   or self._host.check_loads(self._pool.blocks))
+    if self._waits is not None:
+        landing = self._host.num_landing  # type: ignore[union-attr]
+        require(None if landing == self._waits.reserved else
+                   f"{landing} host slots are landing, fetches reserved {self._waits.reserved}")
