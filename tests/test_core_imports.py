@@ -1,7 +1,7 @@
 """Layering: the scheduler-side core is pure Python and its imports point only down.
 
     types   errors, extra_keys, hashing, chunks, events, event_log, results, stats, allocator
-    core    core.block, core.free_queue, core.request, core.copies, core.sharing,
+    core    core.block, core.run, core.free_queue, core.request, core.copies, core.sharing,
             core.dependents   <   index, tiers
             <   core.pool, core.admission, core.manager   <   groups
     store   the store protocol, values, SharedStore, its link, fetches and cost rule,
@@ -21,7 +21,7 @@ import prefixkv
 
 PKG = pathlib.Path(prefixkv.__file__).parent
 TYPES = {"errors", "extra_keys", "hashing", "chunks", "events", "event_log", "results", "stats", "allocator"}
-CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "core.sharing",
+CORE_LOW = {"core.block", "core.run", "core.free_queue", "core.request", "core.copies", "core.sharing",
             "core.keyless",
             "core.dependents", "core.parent_notes"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.spares",

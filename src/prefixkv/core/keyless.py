@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .block import Block, Run
+from .block import Block
+from .run import Run
 
 
 class Keyless:

@@ -12,10 +12,11 @@ removes content from the index (``uncache`` does it for KV that was never comput
 
 from __future__ import annotations
 
-from .block import UNLINKED, Block, RunCounts
+from .block import UNLINKED, Block
 from .free_queue import FreeBlockQueue
 from .keyless import Keyless
 from .pool_release import PoolIndex, PoolRelease
+from .run import RunCounts
 
 __all__ = ["BlockPool", "PoolIndex"]
 

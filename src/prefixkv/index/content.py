@@ -43,7 +43,8 @@ from collections.abc import Sequence
 from itertools import islice
 from operator import attrgetter
 
-from ..core.block import Block, Run
+from ..core.block import Block
+from ..core.run import Run
 from .dropping import DroppingIndex
 from .pending import content_id_of, walk_pending
 

@@ -1,4 +1,4 @@
-"""Pending runs: a miss's ``store`` records its run (``core.block.Run``) as one record,
+"""Pending runs: a miss's ``store`` records its run (``core.run.Run``) as one record,
 and the blocks' content is written only when something reads one of them alone. A store
 fetch's run that lands whole in device blocks is one too (``core.store_fill
 .fill_pending``, on the fetcher's thread; ``ContentIndex.land_run`` records it): its
@@ -50,7 +50,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..core.block import Block, ContentKey, Run
+from ..core.block import Block, ContentKey
+from ..core.run import Run
 
 _NO_PARENT = Block(-1)  # the parent of a first block in the walk: never given a child
 

@@ -14,8 +14,9 @@ from collections.abc import Iterable, Sequence
 from itertools import chain, islice
 
 from ..chunks import joined
-from ..core.block import NO_CHILD, Block, Key, Run
+from ..core.block import NO_CHILD, Block, Key
 from ..core.request import Request
+from ..core.run import Run
 from .announce import Prepared, StoredRun
 from .cut_off import cut_off, record_cut_off
 from .landed import LandedRecorder
