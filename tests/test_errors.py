@@ -299,3 +299,10 @@ def test_reading_an_unknown_or_freed_request_is_a_request_error(make, read):
         with pytest.raises(RequestError, match="unknown request"):
             getattr(m, read)(rid)
     m.check_invariants()
+
+
+def test_a_count_bounded_below_only_states_its_bound_plainly(m):
+    """``num_new_tokens must be an int >= 1``; before: ``an int in >= 1``."""
+    with pytest.raises(RequestError, match=r"num_new_tokens must be an int >= 1, got -1$"):
+        m.add_request("q", [1, 2, 3], num_new_tokens=-1)
+    m.check_invariants()

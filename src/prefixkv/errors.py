@@ -110,8 +110,8 @@ def check_count(name: str, value: object, low: int, high: int | None) -> int:
     not allow)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < low or (
             high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise RequestError(f"{name} must be an int in {bound}, got {value!r}")
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise RequestError(f"{name} must be an int {bound}, got {value!r}")
     return value
 
 
