@@ -306,3 +306,20 @@ def test_a_count_bounded_below_only_states_its_bound_plainly(m):
     with pytest.raises(RequestError, match=r"num_new_tokens must be an int >= 1, got -1$"):
         m.add_request("q", [1, 2, 3], num_new_tokens=-1)
     m.check_invariants()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: KVCacheManager(8, 4, seed=0),
+    lambda: HybridKVCacheManager([full_attention(), sliding_window(4)], 8, 4, seed=0),
+], ids=["manager", "hybrid"])
+def test_an_unknown_id_of_another_type_than_the_live_ones_says_so(make):
+    """An engine that admits by its request id (str) and frees by its batch index (int)
+    is told the types differ; an unknown id of the live ids' type is not."""
+    m = make()
+    m.add_request("req-0", [1, 2, 3, 4, 5])
+    with pytest.raises(RequestError, match=r"1 live; their ids are str, this one is int\)$"):
+        m.free(0)
+    with pytest.raises(RequestError, match=r"already freed; 1 live\)$"):
+        m.free("req-1")
+    assert m.get_block_ids("req-0")
+    m.check_invariants()
