@@ -323,3 +323,13 @@ def test_an_unknown_id_of_another_type_than_the_live_ones_says_so(make):
         m.free("req-1")
     assert m.get_block_ids("req-0")
     m.check_invariants()
+
+
+def test_a_live_id_given_again_says_when_it_is_free_again(m):
+    """add_request and fork onto a live id: the message says the id stays taken until
+    free or preempt. Before: ``request 'live' is already live``, nothing more."""
+    m.add_request("other", [1, 2, 3])
+    for call in (lambda: m.add_request("other", [1, 2]), lambda: m.fork("live", "other")):
+        with pytest.raises(RequestError, match=r"already live \(it holds blocks until free or preempt"):
+            call()
+    m.check_invariants()

@@ -167,7 +167,8 @@ def check_new_request(live: Mapping[Hashable, object], request_id: Hashable) -> 
     except Exception as exc:  # any exception: it is the caller's object that raised
         raise _unhashable(request_id, exc) from None
     if taken:
-        raise RequestError(f"request {request_id!r} is already live")
+        raise RequestError(f"request {request_id!r} is already live (it holds blocks until "
+                           f"free or preempt; give a new request another id)")
 
 
 def _unhashable(request_id: object, exc: Exception) -> RequestError:
