@@ -258,3 +258,15 @@ def test_an_entry_point_lists_the_methods_it_inherits_from_prefixkv_bases(tmp_pa
     assert "- `allocate() -> None`: the contract of the engine's base class (EngineManager)" in here
     assert steps.strip() == "- property `stats`: The stats."
     assert root.strip() == "- `deep() -> int`: From the root."
+
+
+def test_the_package_docstring_names_every_module_the_reference_documents():
+    """``prefixkv``'s docstring, where a reader learns what is public, names each module
+    docs/api.md has a section for. Before, it called ``index`` implementation and left
+    out the five modules the docs import from by path."""
+    import prefixkv
+
+    make_api = _make_api()
+    missing = [p for p in make_api.PACKAGES[1:] if f"``{p}``" not in prefixkv.__doc__]
+    assert not missing, missing
+    assert "``core``, ``index``" not in prefixkv.__doc__
