@@ -340,3 +340,14 @@ def test_host_memory_without_a_store_says_what_the_manager_lacks():
     m = KVCacheManager(8, 4, host_blocks=4)
     with pytest.raises(ConfigError, match=r"built without store= .*host_blocks=N, store=SharedStore"):
         m.attach_host_memory([[memoryview(bytearray(8))]] * 4)
+
+
+@pytest.mark.parametrize("groups", [["full"], [], 8])
+def test_groups_that_are_not_specs_name_the_calls_that_make_them(groups):
+    """A hybrid manager given names, nothing, or its arguments swapped (num_blocks
+    first) is told which calls make a GroupSpec and the argument order. Before: ``groups
+    must be a non-empty sequence of GroupSpec, got ['full']``."""
+    with pytest.raises(ConfigError, match=r"full_attention\(\), sliding_window\(window\), "
+                                          r"chunked_local\(chunk\) or mamba\(\): "
+                                          r"HybridKVCacheManager\(groups, num_blocks, block_size\)"):
+        HybridKVCacheManager(groups, 8, 4)
