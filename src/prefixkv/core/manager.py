@@ -208,8 +208,7 @@ class KVCacheManager:
         Raises ConfigError without a store, for buffers that do not fit, or while store
         fetches are under way (nothing changes)."""
         if self._waits is None:
-            raise ConfigError("attach_host_memory needs a manager with a shared store: this one "
-                              "was built without store= (host_blocks=N, store=SharedStore(...))")
+            raise ConfigError("attach_host_memory: built without store= (host_blocks=N, store=SharedStore)")
         self._waits.attach(buffers)
 
     # ---- queries ---------------------------------------------------------------------
