@@ -28,13 +28,13 @@ from vllm.v1.request import Request
 
 from prefixkv.errors import RequestError, check_count
 
+from . import queries
 from .coordinator import CoordinatorView
 from .layout import UnsupportedByPrefixKV, build_core, check_options, eagle_layout, read_layout
 from .mamba import StepCache, check_call, junction, noting
 from .pool import BlockPoolView, Blocks
 from .popped import PoppedBlocks
 from .prepared import PreparedPrompts
-from .queries import BlockQueries
 from .release import estimate_cached, evict, free_popped, free_request, pop_for_free, release_skipped
 from .requests import reads_cache
 from .slots import allocate, grow, lookup
@@ -44,10 +44,9 @@ from .telemetry import Telemetry
 __all__ = ["KVCacheManager"]
 
 
-class KVCacheManager(BlockQueries, StepCalls):
-    """vLLM's KVCacheManager calls over prefixkv (see the module docstring; the read-only
-    calls on a request's blocks: ``BlockQueries``, queries.py; the calls made once a step:
-    ``StepCalls``, step_calls.py). Raises
+class KVCacheManager(StepCalls):
+    """vLLM's KVCacheManager calls over prefixkv (see the module docstring; the calls
+    made once a step: ``StepCalls``, step_calls.py). Raises
     UnsupportedByPrefixKV at construction for what prefixkv does not offer, and for
     EAGLE's shortened hits (``use_eagle``) beside other groups and lookahead hashing
     (``num_hash_lookahead_tokens`` > 0)."""
@@ -106,7 +105,16 @@ class KVCacheManager(BlockQueries, StepCalls):
         # live request id -> (group, block index) of its blocks evict_blocks uncached
         self._evicted: dict[str, set[tuple[int, int]]] = {}
 
-    # ---- lookup ---------------------------------------------------------------------------
+    # ---- queries: queries.py (read-only, on a request's blocks), but vLLM's estimate -----
+
+    usage = property(queries.usage)
+    key_of = queries.key_of
+    live_request_ids = queries.live_request_ids
+    num_cached_tokens = queries.num_cached_tokens
+    _ids = queries._ids
+    get_blocks = queries.get_blocks
+    get_block_ids = queries.get_block_ids
+    get_block_ids_for_computed_tokens = queries.get_block_ids_for_computed_tokens
 
     def estimate_cached_tokens(self, request: Request) -> int:
         """vLLM's estimate: tokens up to the end of the request's last block still holding
@@ -115,6 +123,10 @@ class KVCacheManager(BlockQueries, StepCalls):
         released every full block of the request counts 0): after vLLM's scheduler
         evicts a request's tail from its first invalid block, that block's start."""
         return estimate_cached(self, request.request_id)
+
+    get_num_common_prefix_blocks = queries.get_num_common_prefix_blocks
+
+    # ---- lookup ---------------------------------------------------------------------------
 
     def prefix_cache_lookup_enabled(self, request: Request) -> bool:
         """Whether the request's admission reads the cache: caching is on and the request
