@@ -39,13 +39,13 @@ from .store_waits import StoreWaits
 
 
 class Admitter(GeneralAdmitter):
-    """Construction and ``add_request``; see ``KVCacheManager`` for the arguments."""
+    """Construction and ``add_request``; see ``KVCacheManager`` for the arguments (its
+    ``__init__`` states them, with their defaults, and calls this one)."""
 
     def __init__(
-        self, num_blocks: int, block_size: int = 16, *, hash_mode: str | HashFn = "xxhash",
-        seed: int | bytes | None = None, enable_caching: bool = True,
-        enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
-        host_blocks: int = 0, store: SharedStore | None = None,
+        self, num_blocks: int, block_size: int, *, hash_mode: str | HashFn,
+        seed: int | bytes | None, enable_caching: bool, enable_events: bool, max_events: int,
+        vocab_size: int | None, host_blocks: int, store: SharedStore | None,
     ) -> None:
         check_positive("num_blocks", num_blocks, MAX_BLOCKS)
         check_positive("block_size", block_size)

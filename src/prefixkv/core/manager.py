@@ -16,7 +16,9 @@ from operator import attrgetter
 from ..errors import ConfigError, RequestError, check_block_ids, check_count, check_new_request
 from ..events import AllBlocksCleared
 from ..extra_keys import ExtraKeys
+from ..hashing import HashFn
 from ..results import Fork, SharedPrefix
+from ..store.shared import SharedStore
 from .block import Block
 from .dependents import computed_on
 from .prompt import Prompt, prepare_prompt
@@ -58,6 +60,19 @@ class KVCacheManager(StepOutputs):
     Thread safety: none, and no lock: one thread (the engine's scheduler) makes every
     call, except ``prepare``, which any thread may call meanwhile.
     """
+
+    def __init__(
+        self, num_blocks: int, block_size: int = 16, *, hash_mode: str | HashFn = "xxhash",
+        seed: int | bytes | None = None, enable_caching: bool = True,
+        enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
+        host_blocks: int = 0, store: SharedStore | None = None,
+    ) -> None:
+        """The arguments and what they raise: the class docstring. (Stated here, not
+        inherited: a wrong keyword's TypeError names this class, and mypy checks it.)"""
+        super().__init__(num_blocks, block_size, hash_mode=hash_mode, seed=seed,
+                         enable_caching=enable_caching, enable_events=enable_events,
+                         max_events=max_events, vocab_size=vocab_size,
+                         host_blocks=host_blocks, store=store)
 
     # ---- admission (Admitter), growth (Decoder) -----------------------------------------
 

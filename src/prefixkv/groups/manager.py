@@ -26,12 +26,14 @@ from ..errors import ConfigError, RequestError, check_block_ids, check_count, ch
 from ..event_log import PendingEvents
 from ..events import AllBlocksCleared, Event
 from ..extra_keys import ExtraKeys
+from ..hashing import HashFn
 from ..stats import PrefixCacheStats
 from .decode import GroupDecoder
 from .free_order import free_order
 from .free_runs import finder, unfound
 from .request import GroupRequest
 from .results import GroupBlockCopy, GroupFork, GroupStats
+from .spec import GroupSpec
 from .taint import reads_lost
 
 
@@ -53,6 +55,16 @@ class HybridKVCacheManager(GroupDecoder):
 
     Thread safety: as ``KVCacheManager``'s (one thread makes every call but ``prepare``).
     """
+
+    def __init__(
+        self, groups: Sequence[GroupSpec], num_blocks: int, block_size: int = 16, *,
+        hash_mode: str | HashFn = "xxhash", seed: int | bytes | None = None,
+        enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
+    ) -> None:
+        """The arguments and what they raise: the class docstring. (Stated here, not
+        inherited: a wrong keyword's TypeError names this class, and mypy checks it.)"""
+        super().__init__(groups, num_blocks, block_size, hash_mode=hash_mode, seed=seed,
+                         enable_events=enable_events, max_events=max_events, vocab_size=vocab_size)
 
     # ---- forks, free, preemption -------------------------------------------------------
 

@@ -32,12 +32,13 @@ from .spec import GroupSpec, group_specs
 
 
 class GroupParts:
-    """Construction and the shared helpers; see ``HybridKVCacheManager`` for the arguments."""
+    """Construction and the shared helpers; see ``HybridKVCacheManager`` for the arguments
+    (its ``__init__`` states them, with their defaults, and calls this one)."""
 
     def __init__(
-        self, groups: Sequence[GroupSpec], num_blocks: int, block_size: int = 16, *,
-        hash_mode: str | HashFn = "xxhash", seed: int | bytes | None = None,
-        enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
+        self, groups: Sequence[GroupSpec], num_blocks: int, block_size: int, *,
+        hash_mode: str | HashFn, seed: int | bytes | None, enable_events: bool,
+        max_events: int, vocab_size: int | None,
     ) -> None:
         specs = group_specs(groups)
         check_positive("num_blocks", num_blocks, MAX_BLOCKS)
