@@ -78,3 +78,25 @@ def test_mypy_checks_the_keywords_callers_pass(tmp_path):
         and '"KVCacheManager"' in errors[0], errors
     assert 'caller.py:5:' in errors[1] and '"host_blocks"' in errors[1] \
         and '"HybridKVCacheManager"' in errors[1], errors
+
+
+def test_build_engine_states_the_engine_s_options():
+    """``build_engine(**engine_kwargs)`` passed an unknown keyword on to ``Engine``, whose
+    TypeError named ``Engine.__init__`` after the model was built; mypy saw ``Any``."""
+    pytest.importorskip("torch")
+    from prefixkv.engine import build_engine
+
+    with pytest.raises(TypeError, match=r"^build_engine\(\) got an unexpected keyword argument "
+                                        r"'max_num_seq'$"):
+        build_engine(max_num_seq=4)  # type: ignore[call-arg]
+
+
+def test_from_sentinel_states_the_constructor_s_options_and_refuses_before_connecting():
+    """``RedisStore.from_sentinel(..., **kw)`` asked the sentinels (a connection) before
+    the constructor refused an unknown keyword; now the call refuses it at once."""
+    pytest.importorskip("redis")
+    from prefixkv.store import RedisStore
+
+    with pytest.raises(TypeError, match=r"from_sentinel\(\) got an unexpected keyword "
+                                        r"argument 'time_out'$"):
+        RedisStore.from_sentinel([("127.0.0.1", 1)], "svc", time_out=0.1)  # type: ignore[call-arg]
