@@ -70,16 +70,16 @@ MAX_SCALAR = 4096
 _LENGTH = {0xC5: 2, 0xC6: 4, 0xDA: 2, 0xDB: 4, 0xC8: 2, 0xC9: 4}  # type byte: length bytes
 
 
-def _scalar(u: Any, payload: bytes) -> object:
-    """The next value if a scalar of at most ``MAX_SCALAR`` bytes; a container is skipped
-    and given as ``UNBUILT``, a longer scalar as ``LONG``."""
+def _scalar(u: Any, payload: bytes, longest: int | None = MAX_SCALAR) -> object:
+    """The next value if a scalar of at most ``longest`` bytes (None: any); a container is
+    skipped and given as ``UNBUILT``, a longer scalar as ``LONG``."""
     at = u.tell()
     b = payload[at]
     if 0x80 <= b <= 0x9F or 0xDC <= b <= 0xDF:
         u.skip()
         return UNBUILT
-    width = _LENGTH.get(b)
-    if width is not None and int.from_bytes(payload[at + 1:at + 1 + width], "big") > MAX_SCALAR:
+    width = _LENGTH.get(b) if longest is not None else None
+    if width is not None and int.from_bytes(payload[at + 1:at + 1 + width], "big") > longest:  # type: ignore[operator]
         u.skip()
         return LONG
     return u.unpack()
@@ -169,4 +169,55 @@ def _hashes(u: Any, payload: bytes, hash_ok: Any) -> object:
                 u.skip()
             return [UNBUILT]
         out.append(h)
+    return out
+
+
+ANSWER = frozenset(("publisher_epoch", "next_seq", "replayed_batches", "snapshot"))
+
+
+def read_answer(payload: bytes) -> object:
+    """A large replay answer (``replay_client``) as ``unpackb`` gives it, but for the
+    fields ``replay_client._check`` reads alone (the rest skipped), ``UNBUILT`` in a
+    container's place where a scalar belongs, and ``replayed_batches`` read up to its
+    first item that is not a ``[scalar, scalar]`` pair (given as ``UNBUILT``, the rest
+    skipped): a frame of empty pairs cost 64x its bytes, unpacked whole. ``UNBUILT`` for
+    an answer that is not a map. Raises msgpack's errors, and ValueError for trailing
+    bytes or a map key that is not a str or bytes (``unpackb``'s strict keys)."""
+    import msgpack
+
+    u = msgpack.Unpacker(raw=False, max_buffer_size=len(payload))
+    u.feed(payload)
+    if not _is_map(payload, 0):
+        u.skip()
+        out: object = UNBUILT
+    else:
+        answer: dict[object, object] = {}
+        for _ in range(u.read_map_header()):
+            key = u.unpack() if not (0x80 <= payload[u.tell()] <= 0x9F
+                                     or 0xDC <= payload[u.tell()] <= 0xDF) else UNBUILT
+            if not isinstance(key, (str, bytes)):
+                raise ValueError("a replay answer's key is not a str or bytes")
+            if key == "replayed_batches" and _is_array(payload, u.tell()):
+                answer[key] = _pairs(u, payload)
+            elif key in ANSWER:
+                answer[key] = _scalar(u, payload, None)
+            else:
+                u.skip()
+        out = answer
+    if u.tell() != len(payload):
+        raise ValueError(f"{len(payload) - u.tell()} bytes after the replay answer")
+    return out
+
+
+def _pairs(u: Any, payload: bytes) -> list[object]:
+    n = u.read_array_header()
+    out: list[object] = []
+    for i in range(n):
+        k = u.read_array_header() if _is_array(payload, u.tell()) else -1
+        if k != 2:  # (not a pair: its elements, or it, and the rest, unread)
+            for _ in range(n - i - 1 + (k < 0) + max(k, 0)):
+                u.skip()
+            out.append(UNBUILT)
+            return out
+        out.append([_scalar(u, payload, None), _scalar(u, payload, None)])
     return out
