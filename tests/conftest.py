@@ -173,6 +173,32 @@ def _warm_env(request, monkeypatch):
     yield
 
 
+@pytest.fixture(autouse=True)
+def store_mistakes():
+    """The records of prefixkv's own mistakes in a store call (src/prefixkv/store/
+    mistakes.py: a backend refused the arguments prefixkv passed it) logged during the
+    test, which fails if any is left: counted as the store's failure and logged once in
+    production, each is a bug here. A test that makes one on purpose takes this fixture
+    and clears the list. (By logger name: nothing of prefixkv is imported here.)"""
+    import logging
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler, logger = Keep(logging.ERROR), logging.getLogger("prefixkv.store.mistakes")
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+    if records:
+        pytest.fail("prefixkv passed a store arguments it refuses: "
+                    + "; ".join(r.getMessage() for r in records)[:2000])
+
+
 @pytest.fixture
 def calling_threads(monkeypatch):
     """``calling_threads(owner, name)``: replace ``owner.name`` (a function, or a method

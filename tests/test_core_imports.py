@@ -31,7 +31,7 @@ INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.s
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.host_landing",
          "tiers.host_offload", "tiers.host_kids", "tiers.host_loads"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
-         "store.fetch", "store.link", "store.threads"}
+         "store.fetch", "store.link", "store.threads", "store.mistakes"}
 CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.admission", "core.admit_general", "core.decode",
              "core.step_outputs", "core.manager", "core.invalidation", "core.forks", "core.manager_check",
              "core.release", "core.lookups",

@@ -112,8 +112,8 @@ class ContentIndex(DroppingIndex):
                 if self._lower is None:
                     return hits
                 walked = True
-            else:
-                self.settle_all()
+            elif mm is None or self._lower is not None:  # (``_walk`` with ``mm`` writes
+                self.settle_all()  # those it reads)
         if self._lower is None:
             return self._walk(chunks, base, mm)
         if walked:  # (the device's part, pending runs passed whole: below, the tier's)
@@ -153,7 +153,10 @@ class ContentIndex(DroppingIndex):
 
     def _walk(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> list[Block]:
         """``match`` without a tier below: each block is its parent's chained child or
-        in the dicts, so the guess is tried first, as ``claim`` does."""
+        in the dicts, so the guess is tried first, as ``claim`` does. With ``mm``, a
+        pending run is written when the walk reaches its head (its blocks are found
+        through the head's ``child`` alone; no other pending block is in a dict or is a
+        first block): the runs the walk reads, not all of them."""
         hits: list[Block] = []
         get, by_key = self._by_chunk.get, self._by_key
         cid, extra, b = 0, base, _NO_PARENT
@@ -161,6 +164,9 @@ class ContentIndex(DroppingIndex):
         for i, chunk in enumerate(chunks):
             if mm is not None:
                 extra = mm[i] if i < len(mm) else base
+                r = b.starts
+                if r is not None and r.pending:
+                    self._settle(r)
             c = b.child
             if c.key != chunk or c.parent_cid != cid or c.extra != extra or c.twin:
                 c = get(chunk)

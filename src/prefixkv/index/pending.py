@@ -34,9 +34,10 @@ Who reads what:
   run broken), a ``store`` or decoded block under one of its blocks or under its head
   (``settle_near``), host hits adopted under one of its blocks (``adopt``), a spare of
   one of its blocks or of its head (``_add_twin``: that content and its children get
-  keyed; other runs stay pending), ``match`` with multimodal keys
-  or a claimed start (without, it walks runs whole, then the tier below), ``holds``,
-  a ``snapshot`` (``settle_all``); ``uncache`` settles the runs it reads alone: those of
+  keyed; other runs stay pending), ``match`` with multimodal keys (the runs whose
+  heads its walk reaches; every run with a tier below) or a claimed start (without
+  either, it walks runs whole, then the tier below), ``holds``, a ``snapshot``
+  (``settle_all``: it reads every block anyway); ``uncache`` settles the runs it reads alone: those of
   the blocks it names, those they head, and those its walk of forgotten descendants
   reaches through their heads (a run's head is the block found for its parent content:
   a descendant the walk reaches);

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+from .mistakes import own_mistake
 from .protocol import StoreBackend
 from .record import block_head, value_checked
 
@@ -162,6 +163,7 @@ def read_part(f: Fetch, backend: StoreBackend, start: int, stop: int, payload_le
         if len(outcomes) != stop - start:
             raise ValueError(f"the store answered {len(outcomes)} of {stop - start} keys")
     except Exception as exc:
+        own_mistake(exc, "StoreBackend.read_into (a store fetch)")
         f.failed = exc
         outcomes = [exc] * (stop - start)
     states = f.states

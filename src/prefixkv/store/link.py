@@ -38,6 +38,7 @@ class StoreLink:
         self.payload = store.layout.block_bytes
         self.block_size = block_size
         self.max_fetch, self.cost = store.max_fetch, store.cost
+        self._worth = store.cost.worth_for(self.payload, block_size)  # (checked once, here)
         self._scope = self.digest + block_size.to_bytes(4, "little") + mode + b"\0" + root
         self._prefixes: dict[str | None, bytes] = {}
         self.quiet_until = 0.0
@@ -65,8 +66,7 @@ class StoreLink:
     def worth(self, num_blocks: int, now: float) -> bool:
         """Whether a fetch of ``num_blocks`` may start now: the store is not being left
         alone, and fetching beats computing (``FetchCost``)."""
-        return now >= self.quiet_until and self.cost.worth(
-            num_blocks, self.payload, self.block_size, now)
+        return now >= self.quiet_until and self._worth(num_blocks, now)
 
     def submit(self, f: Fetch, extra: ExtraKeys | None) -> None:
         """Start ``f`` on the executor (returns at once). Its parts go to that executor

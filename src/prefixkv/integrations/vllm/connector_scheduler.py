@@ -34,6 +34,7 @@ from typing import Any
 from ...extra_keys import ExtraKeys
 from ...hashing import HashFn, chain, encode_tokens, token_bytes
 from ...store.link import StoreLink
+from ...store.mistakes import own_mistake
 from ...store.protocol import StoreBackend
 from .connector_lookup import FAILED, Lookups
 from .connector_meta import BlockRun, PrefixKVConnectorMetadata
@@ -158,7 +159,8 @@ class ConnectorScheduler:
         else:
             try:
                 held = int(self._backend.held(keys))
-            except Exception:
+            except Exception as exc:
+                own_mistake(exc, "StoreBackend.held (vLLM connector)")
                 held = FAILED
         self.stats.lookups += 1
         if held == FAILED:
