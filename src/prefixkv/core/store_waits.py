@@ -172,8 +172,9 @@ class StoreWaits:
         f = self.waiting.pop(request_id, None)
         if f is None:
             return False
-        if taken:
-            self.holders.discard(f)
+        if taken:  # (the request holds them: the fetch holds nothing; its lists are
+            self.holders.discard(f)  # freed off this thread: ``StoreLink.retire``)
+            self.link.retire(f, f.devices)
             f.held, f.devices, f.blocks = [], None, None
         elif f.ended and f in self.holders:
             self._release(f)
