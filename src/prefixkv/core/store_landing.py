@@ -241,7 +241,8 @@ def _on_device(f: Fetch, devices: list[Block], hi: int, cids: Sequence[int], fil
     host.load_ids(src, dst)  # (the tier's lists now, maybe)
     f.slot_ids, f.device_ids = [], []
     f.on_device = hi
-    if hi == len(devices):  # (``blocks``: the held hits and the whole run, as landed)
+    if hi == len(devices):  # (``blocks``: the held hits and the whole run, as landed;
+        f.blocks = f.held + devices  # listed here, where the fetcher just wrote them)
         return []
     f.blocks = None
     return emptied(devices[hi:])

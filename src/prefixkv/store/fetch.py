@@ -99,8 +99,8 @@ class Fetch:
         self.held: list[Any] = []
         self.up: list[Any] = []  # blocks taken for the host hits, which go up at the landing
         self.tail: list[Any] = []  # an empty block for the prompt's tokens after the run
-        # ``held`` and ``devices`` in one list (the start's, no copy), while they are
-        # exactly what the request takes (the run landed whole): its re-admission's blocks
+        # ``held`` and ``devices`` in one list, listed when the run landed whole, while
+        # they are exactly what the request takes: its re-admission's blocks
         self.blocks: list[Any] | None = None
         self.step = 0
         self.on_device = 0
