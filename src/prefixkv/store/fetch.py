@@ -68,7 +68,7 @@ class Fetch:
                  "landed_at", "hashes", "filled", "unique", "keyed", "slot_ids", "fetched",
                  "keys", "heads", "states", "run", "stop", "failed", "nbytes", "seconds", "left", "lock",
                  "devices", "held", "up", "tail", "blocks", "step", "on_device", "promoted", "device_ids",
-                 "pend", "pending_run")
+                 "pend", "pending_run", "front", "joined")
 
     def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
                  chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
@@ -109,6 +109,11 @@ class Fetch:
         # (``index/pending.py``); ``ready`` then records it (``pending_run``), unregistered
         self.pend: Any = None
         self.pending_run: Any = None
+        # the held hits and ``up`` as the start took them (never changed), and, for a
+        # run filled whole, ``front + devices`` listed by the fetcher (``joined``), which
+        # the landing takes as ``blocks`` while ``held`` is still ``front``
+        self.front: list[Any] = []
+        self.joined: list[Any] | None = None
         # ---- written by the fetcher threads ----
         self.hashes: list[bytes] = []
         self.keys: list[bytes] = []
