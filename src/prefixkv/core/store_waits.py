@@ -121,7 +121,7 @@ class StoreWaits:
                 del taken[:first - d]
                 unpend(f.up)
             f.devices, f.held, f.step = taken, kept, self.index.step
-            f.front = kept + f.up if f.up else kept
+            f.front = kept + f.up  # (a list of its own: ``held`` is not it)
             self.index.landing[id(f)] = taken
             f.pend = self.index.pend_counts(req.keys.mm)
             self.holders.add(f)
