@@ -331,3 +331,18 @@ def test_slots_in_transit_are_pinned_keyless_then_empty():
     assert tier.check() is None and tier.num_free == 1
     tier.copies_done()
     assert tier.check() is None and tier.num_free == 3 and not any(s.ref_cnt for s in slots)
+
+
+def test_two_runs_in_transit_in_one_step_leave_the_first_runs_list_as_it_was():
+    """``transit`` keeps the first run's list itself (no copy: each entry copied touches
+    a cold slot, store-r17.md); a second run in the same step joins a new list, so the
+    caller's (a store fetch's ``slots``) is never grown in place."""
+    tier = HostTier(5, EventLog(0))
+    first, second = tier.reserve(2), tier.reserve(2)
+    tier.transit(first)
+    assert tier._transit is first
+    tier.transit(second)
+    assert len(first) == 2 and tier._transit == first + second
+    assert tier.check() is None and tier.num_free == 1 and len(tier) == 0
+    tier.end_step()
+    assert tier.check() is None and tier.num_free == 5 and len(first) == 2
