@@ -81,6 +81,7 @@ def _split(run: Run, k: int, width: int) -> list[Block]:
                counts, known[k - 1].content_id)  # known[k - 1])
     run.blocks = known = known[:k]
     run.data = run.data[:(k + 1) * width]
+    _settle_headed(known[-1])
     known[-1].starts = tail
     if run.shared:
         tail.shared, tail.n, tail.fwd, tail.linked = True, run.n, run.fwd, run.linked
@@ -90,6 +91,16 @@ def _split(run: Run, k: int, width: int) -> list[Block]:
         for b in tail.blocks:
             b.counted = tail
     return known
+
+
+def _settle_headed(b: Block) -> None:
+    """Write the pending run ``b`` heads, if any: ``b`` is the last block of a run that
+    is not pending, which a claim takes whole and goes on from through ``b.child`` (a
+    stale run, ``b`` recorded since as the first block of a miss's run: the pending
+    run's blocks are found only from ``b.starts``, which a cut also overwrites)."""
+    r = b.starts
+    if r is not None and r.pending:
+        r.counts.settle(r)
 
 
 class ContentIndex(DroppingIndex):
@@ -261,6 +272,7 @@ class ContentIndex(DroppingIndex):
                         run.ok = -1
                         continue
                     run.seen = self.losses
+                    _settle_headed(known[-1])  # (stale: its last block recorded since)
                 was = held
                 for b in known:
                     if b.counted is not None:  # (another run shares it: a run recorded
