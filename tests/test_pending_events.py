@@ -172,6 +172,8 @@ def run(steps: list[tuple], num_blocks: int, host: int, max_events: int) -> int:
 @example(seed=3284, n=22, num_blocks=12, host=0, max_events=1 << 20)  # (a stale run cut at a
 # block that heads a pending run since: the cut's tail took its ``starts``, the claim
 # that takes the stale run's part went on through its ``child``, which is pending: a miss)
+@example(seed=4174, n=60, num_blocks=16, host=0, max_events=1 << 20)  # (the same, a stale run
+# checked and taken whole up to such a block)
 @given(st.integers(0, 1 << 32), st.integers(20, 60), st.sampled_from([8, 12, 16, 24]),
        st.sampled_from([0, 0, 0, 6]), st.sampled_from([1 << 20, 1 << 20, 1, 2]))
 def test_pending_runs_announce_what_written_runs_announce(seed, n, num_blocks, host, max_events):
