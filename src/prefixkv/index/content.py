@@ -45,7 +45,7 @@ from operator import attrgetter
 
 from ..core.block import Block, Run
 from .dropping import DroppingIndex
-from .pending import content_id_of, walk_pending
+from .pending import content_id_of, split_pending, walk_pending
 
 _REFS = attrgetter("refs")
 _NO_PARENT = Block(-1)  # the parent of a first block in ``claim``: never given a child
@@ -69,12 +69,10 @@ def _agree(known: bytes, data: bytes, at: int, end: int, width: int) -> int:
 
 
 def _split(run: Run, k: int, width: int) -> list[Block]:
-    """Cut ``run`` after its first ``k`` blocks (a claim agrees with those alone): the
-    rest become a run of their own, headed by the ``k``-th, shared alike (one segment
-    each while free), or not. ``width``: a block's token bytes. Returns the blocks
-    ``run`` keeps."""
-    if run.pending:  # (written first: the blocks at the cut are read alone)
-        run.counts.settle(run)
+    """Cut ``run`` (not pending: ``split_pending``) after its first ``k`` blocks (a claim
+    agrees with those alone): the rest become a run of their own, headed by the ``k``-th,
+    shared alike (one segment each while free), or not. ``width``: a block's token
+    bytes. Returns the blocks ``run`` keeps."""
     known = run.blocks
     counts = run.counts
     tail = Run(known[k:], run.data[k * width:], run.extra, run.ok, run.seen,  # (headed by
@@ -244,7 +242,11 @@ class ContentIndex(DroppingIndex):
                 k = _agree(run.data, data, (i - 1) * width, end, width) - 1
                 if k <= 0:
                     continue
-                known = _split(run, k, width)  # (the part claimed, a run of its own now)
+                if run.pending:  # (the cut written alone: ``split_pending``; one block
+                    known = split_pending(run, k, width)  # leaves the pending runs)
+                    self._num_chained += 1
+                else:
+                    known = _split(run, k, width)  # (the part claimed, a run of its own now)
             if run.shared:  # one count for the run; free, it leaves the tier as one segment
                 if run.n:  # (consecutive there: ``Run``)
                     held += k
