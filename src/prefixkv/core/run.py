@@ -155,7 +155,8 @@ class Run:
         b.content_id = self.cid0 + k - 1
         b.parent_cid = self.cid0 + k - 2 if k > 1 else self.pcid
         b.extra = self.extra
-        b.key = self.chunk(k)
+        data = self.data  # (``chunk(k)``, inline: the last chunk of ``data``)
+        b.key = data[k * (len(data) // (k + 1)):]
         b.chained = True
 
     def chunk(self, i: int) -> bytes:
