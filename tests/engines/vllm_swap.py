@@ -52,6 +52,35 @@ HELPERS = ("tests.v1.core.utils", "tests.v1.kv_connector.unit.utils",
            "tests.v1.kv_connector.unit.offloading_connector.utils")
 
 
+@pytest.fixture()
+def caplog_vllm(caplog: pytest.LogCaptureFixture,
+                monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.LogCaptureFixture]:
+    """``caplog`` that sees vLLM's log records, for the tests that ask for vLLM's fixture of
+    that name: it lives in vLLM's tests/conftest.py, which the suite's ``--confcutdir=tests/v1``
+    leaves out (that conftest imports vLLM's whole engine and GPU test helpers). vLLM's
+    logger does not propagate to the root logger, where ``caplog`` listens: here it does, for
+    the test, with records from INFO up, as vLLM's own fixture gives. vLLM's ``*_once``
+    messages are logged again: the suite runs each test twice in one process, and the
+    ``[prefixkv-...]`` run saw none of those its ``[vllm-...]`` twin had logged
+    (test_dynamic_sd.py::test_dynamic_sd_is_disabled_with_data_parallel failed on prefixkv
+    for a ``warning_once`` logged on vLLM's run)."""
+    import logging
+
+    import vllm.logger
+    from vllm.logger import DEFAULT_LOGGING_CONFIG
+
+    for level in ("debug", "info", "warning", "error"):
+        once = getattr(vllm.logger, f"_print_{level}_once", None)
+        if once is not None:
+            once.cache_clear()
+
+    # (a logging configuration vLLM applies during the test would turn propagation off again)
+    monkeypatch.setitem(DEFAULT_LOGGING_CONFIG["loggers"]["vllm"], "propagate", True)
+    monkeypatch.setattr(logging.getLogger("vllm"), "propagate", True)
+    with caplog.at_level(logging.INFO):
+        yield caplog
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "kv_manager" in metafunc.fixturenames:
         metafunc.parametrize("kv_manager", MANAGERS, indirect=True)
