@@ -51,7 +51,8 @@ CORE_FILES = tuple(f"tests/v1/core/{name}.py" for name in (
         "test_swa_inflight_window_free", "test_worker_slot_overflow"))
 PREFIX_CACHE_FILES = tuple(f"tests/v1/core/prefix_cache/{name}.py" for name in (
         "test_mamba_eagle_resume_checkpoint", "test_partial_prefix_cache_hits"))
-# speculative decoding's dynamic draft length, streaming sessions (resumable requests)
+# speculative decoding's dynamic draft length, streaming sessions (resumable requests; its
+# unittest.TestCase class runs on both managers too: vllm_swap.pytest_pycollect_makeitem)
 SCHEDULER_FILES = ("tests/v1/spec_decode/test_dynamic_sd.py",
                    "tests/v1/streaming_input/test_scheduler_streaming.py")
 CONNECTOR_FILES = tuple(f"tests/v1/kv_connector/unit/{name}.py" for name in (
@@ -63,15 +64,6 @@ CONNECTOR_FILES = tuple(f"tests/v1/kv_connector/unit/{name}.py" for name in (
 FILES = CORE_FILES + PREFIX_CACHE_FILES + SCHEDULER_FILES + CONNECTOR_FILES
 FIRST_GROUP = CORE_FILES + PREFIX_CACHE_FILES + SCHEDULER_FILES
 """The files of the first group (the others: the second)."""
-
-# Tests of the files above not run, by the start of their ids, and why: pytest does not
-# parametrize the methods of a unittest.TestCase, so vllm_swap's manager parameter cannot
-# reach them (they would run once, on vLLM's manager, and compare with nothing).
-DESELECTED = {
-    "tests/v1/streaming_input/test_scheduler_streaming.py::TestStreamingScheduler": (
-        "unittest.TestCase methods: pytest parametrizes no TestCase method, so they could "
-        "run on vLLM's manager only"),
-}
 
 # vLLM's test files that build a scheduler or manager and are not run, and why.
 NOT_RUN = {
@@ -198,9 +190,8 @@ def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
         # --tb=native: Python's own traceback. pytest's own styles parse the whole
         # source file of every frame (vLLM's test and scheduler files run to thousands
         # of lines) for each failure, which cost more than the tests themselves.
-        deselect = [a for t in DESELECTED if t.split("::")[0] in group for a in ("--deselect", t)]
         args = ["-q", "-p", "no:cacheprovider", "-p", "vllm_swap", "--confcutdir=tests/v1", "--tb=native",
-                "-o", "junit_family=xunit1", f"--junitxml={xml}", *deselect, *extra, *group]
+                "-o", "junit_family=xunit1", f"--junitxml={xml}", *extra, *group]
         runs.append({"log": str(xml.with_suffix(".log")), "args": args})
         out.append(xml)
     log = base.with_suffix(".log")
