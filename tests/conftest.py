@@ -58,7 +58,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join([_SITE, *filter(None, [os.environ.get
 # one asking for files while the suite runs, so the four files after the third, which
 # import vLLM in-process (13 s of CPU), go to it and it alone imports vLLM.
 LONGEST_FIRST = (
-    "engines/test_vllm_suite.py",  # ~60 (measured alone): vLLM's own tests, two subprocesses side by side
+    # ~60 (measured alone) before skips-r17's three more of vLLM's files, which took its
+    # subprocesses' CPU from 43.7 to 67.2 s (one run each, load 9-12): vLLM's own tests,
+    # two subprocesses side by side
+    "engines/test_vllm_suite.py",
     "engines/test_vllm_plugin.py",  # ~12, the vLLM import
     "kernels/test_compile_sm90.py",  # ~46
     "engines/vllm_connector/test_connector.py",

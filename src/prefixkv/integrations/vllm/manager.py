@@ -60,8 +60,7 @@ class KVCacheManager(StepCalls):
                  watermark: float = 0.0, enable_mamba_shared_prefix_checkpoint: bool = False) -> None:
         layout = read_layout(kv_cache_config, scheduler_block_size=scheduler_block_size,
                              hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
-                             pcp_world_size=pcp_world_size,
-                             enable_mamba_shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint)
+                             pcp_world_size=pcp_world_size)
         check_options(layout, use_eagle=use_eagle, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
                       watermark=watermark, num_prefill_lookahead=num_prefill_lookahead,
                       enable_caching=enable_caching)
@@ -79,6 +78,9 @@ class KVCacheManager(StepCalls):
         self.metrics_collector = metrics_collector
         self.num_kv_cache_groups = len(layout.groups)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        # enable_mamba_shared_prefix_checkpoint does nothing, as in vLLM 0.33, whose manager acts
+        # on it only with partial-block hits (a Mamba block larger than the hash block), which
+        # read_layout refuses: its flag is then False too
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self._hybrid = layout.hybrid
