@@ -259,14 +259,13 @@ def split(backend: RedisStore, repeats: int, connections: int, blocks: int = BLO
     import threading
 
     import prefixkv.index.hasher as hasher
-    from prefixkv.core.admission import Admitter
     from prefixkv.core.pool import BlockPool
     from prefixkv.core.store_waits import StoreWaits
     from prefixkv.index.content import ContentIndex
     from prefixkv.store.link import StoreLink
     from prefixkv.tiers.host import HostTier
 
-    steps = [("find the prefix (encode, chunk, match)", Admitter, "_find"),
+    steps = [("find the prefix (encode, chunk, match)", KVCacheManager, "_find"),
              ("  of which: walk host slots", HostTier, "walk"),
              ("reuse the start's hits and the landed run", StoreWaits, "reuse"),
              ("reserve host slots (drop their content)", HostTier, "reserve"),
@@ -274,7 +273,7 @@ def split(backend: RedisStore, repeats: int, connections: int, blocks: int = BLO
              ("hand the fetch over (submit)", StoreLink, "submit"),
              ("land the run in its slots", HostTier, "land"),
              ("pin the slots (hold)", HostTier, "hold"),
-             ("take device blocks (acquire)", Admitter, "_acquire_loading"),
+             ("take device blocks (acquire)", KVCacheManager, "_acquire_loading"),
              ("  of which: evict (walk and index drop)", BlockPool, "_evict"),
              ("    of which: index drop", ContentIndex, "drop"),
              ("      of which: offload evicted (demote)", HostTier, "demote"),
@@ -436,6 +435,23 @@ def ops(backend: RedisStore, sizes: list[int], parts: int = 0) -> None:
                 print(f"      start: {k:7,}  {where}")
 
 
+def inline_setup(backend: RedisStore, blocks: int) -> tuple[KVCacheManager, _Inline, SharedStore,
+                                                             list[list[int]]]:
+    """``inline``'s manager (its host slots' memory attached), executor, store and four
+    prompts of ``blocks`` blocks, each written to the store."""
+    layout = StoreLayout(f"bench-inline-{time.time_ns()}", "x", 4096)
+    ex = _Inline()
+    shared = SharedStore(backend, layout, max_fetch=blocks, timeout=60.0, cost=FetchCost(1.0),
+                         executor=ex)
+    m = manager("sha256", shared, blocks)
+    memory = memoryview(bytearray(4096 * (blocks + 1)))
+    m.attach_host_memory([[memory[i * 4096:(i + 1) * 4096]] for i in range(blocks + 1)])
+    prompts = [prompt_of(blocks, 7000 + r) for r in range(4)]
+    for ids in prompts:
+        fill(layout, backend, ids)
+    return m, ex, shared, prompts
+
+
 def inline(backend: RedisStore, rounds: int, blocks: int = BLOCKS) -> None:
     """Thread CPU of the start, the landing poll and the re-admission of a hit of
     ``blocks`` blocks (4 KiB blocks, sha256), the fetch run between them on this thread (as in ``ops``):
@@ -447,16 +463,7 @@ def inline(backend: RedisStore, rounds: int, blocks: int = BLOCKS) -> None:
     same object at the start and the re-admission) in odd ones: both side by side."""
     import gc
 
-    layout = StoreLayout(f"bench-inline-{time.time_ns()}", "x", 4096)
-    ex = _Inline()
-    shared = SharedStore(backend, layout, max_fetch=blocks, timeout=60.0, cost=FetchCost(1.0),
-                         executor=ex)
-    m = manager("sha256", shared, blocks)
-    memory = memoryview(bytearray(4096 * (blocks + 1)))
-    m.attach_host_memory([[memory[i * 4096:(i + 1) * 4096]] for i in range(blocks + 1)])
-    prompts = [prompt_of(blocks, 7000 + r) for r in range(4)]
-    for ids in prompts:
-        fill(layout, backend, ids)
+    m, ex, shared, prompts = inline_setup(backend, blocks)
     rows: dict[str, dict[str, list[float]]] = {
         kind: {"start": [], "land": [], "readmit": []} for kind in ("ids", "prepared")}
     gc.disable()

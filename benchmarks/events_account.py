@@ -68,7 +68,7 @@ PARTS = {"ContentIndex.claim": CLAIM, "BlockPool.take": TAKE, "BlockPool.take_on
          "Run.evicted": TAKE, "Run.truncate": TAKE, "Announcer._defer": EVENTS,
          "StoredRun.__init__": EVENTS, "RemovedRun.__init__": EVENTS, "Deferred.__init__": EVENTS,
          "_num_runs": EVENTS, "EventLog.defer": EVENTS,
-         "StepOutputs.take_pending_events": "take_pending_events",
+         "take_pending_events": "take_pending_events",
          "EventLog.take_pending": "take_pending_events", "PendingEvents.__init__": "take_pending_events",
          "EventPublisher.publish": "publish", "PendingEvents.empty": "publish"}
 """prefixkv's functions -> the part of the step they belong to (others: ``REST``)."""

@@ -55,9 +55,14 @@ def _class(qual: str, module: str) -> ast.ClassDef:
 
 
 def _signature(func: ast.FunctionDef) -> str:
-    """``(args) -> return`` as written, without ``self``."""
-    args = ast.unparse(func.args)
-    args = "" if args == "self" else args.removeprefix("self, ")
+    """``(args) -> return`` as written, without ``self`` (annotated or not: a module
+    function a class lists annotates it with the class)."""
+    spec = func.args
+    if spec.args and spec.args[0].arg == "self":
+        spec = ast.arguments(posonlyargs=spec.posonlyargs, args=spec.args[1:], vararg=spec.vararg,
+                             kwonlyargs=spec.kwonlyargs, kw_defaults=spec.kw_defaults,
+                             kwarg=spec.kwarg, defaults=spec.defaults)
+    args = ast.unparse(spec)
     returns = f" -> {ast.unparse(func.returns)}" if func.returns is not None else ""
     return f"({args}){returns}"
 
@@ -79,11 +84,39 @@ class EntryPoint(NamedTuple):
     inherited: list[tuple[str, str, list[Method]]]
 
 
-def _own(cls: ast.ClassDef) -> tuple[str | None, list[Method]]:
-    """The constructor's signature and the public methods ``cls`` defines."""
+def _listed(node: ast.stmt, module: str) -> tuple[str, ast.FunctionDef, bool] | None:
+    """A class body's ``name = mod.function`` (or ``name = property(mod.function)``),
+    where ``module`` imports ``mod`` from its own package (``from . import mod``): the
+    name, the module function it lists, and whether it is a property; None otherwise."""
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)):
+        return None
+    value, is_property = node.value, False
+    if (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+            and value.func.id == "property" and len(value.args) == 1):
+        value, is_property = value.args[0], True
+    if not (isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name)):
+        return None
+    for imp in _module(module).body:
+        if (isinstance(imp, ast.ImportFrom) and imp.level == 1 and imp.module is None
+                and any((a.asname or a.name) == value.value.id for a in imp.names)):
+            source = f"{module.rsplit('.', 1)[0]}.{value.value.id}"
+            for func in _module(source).body:
+                if isinstance(func, ast.FunctionDef) and func.name == value.attr:
+                    return node.targets[0].id, func, is_property
+    return None
+
+
+def _own(cls: ast.ClassDef, module: str) -> tuple[str | None, list[Method]]:
+    """The constructor's signature and the public methods ``cls`` (defined in
+    ``module``) defines, or lists from a module function (``_listed``)."""
     init = None
     methods: list[Method] = []
     for node in cls.body:
+        listed = _listed(node, module)
+        if listed is not None and not listed[0].startswith("_"):
+            name, func, is_property = listed
+            methods.append((name, None if is_property else _signature(func), ast.get_docstring(func)))
         if not isinstance(node, ast.FunctionDef):
             continue
         if node.name == "__init__":
@@ -122,7 +155,7 @@ def _inherited(cls: ast.ClassDef, module: str, seen: set[str]) -> list[tuple[str
         if where is None or not isinstance(base, ast.Name):
             continue
         node = _class(base.id, where)
-        methods = [m for m in _own(node)[1] if m[0] not in seen]
+        methods = [m for m in _own(node, where)[1] if m[0] not in seen]
         seen |= {m[0] for m in methods}
         if methods:
             out.append((base.id, where, methods))
@@ -134,7 +167,7 @@ def entry_point(qual: str, module: str) -> EntryPoint:
     """The class ``qual`` (defined in ``module``), read from its source, and the public
     methods it inherits from prefixkv base classes."""
     cls = _class(qual, module)
-    init, methods = _own(cls)
+    init, methods = _own(cls, module)
     bases = [ast.unparse(b) for b in cls.bases]
     inherited = _inherited(cls, module, {m[0] for m in methods})
     return EntryPoint([b for b in bases if not b.startswith("_")], init, ast.get_docstring(cls),

@@ -5,7 +5,8 @@
 Documents every name in the ``__all__`` of each package in ``PACKAGES``: classes (signature,
 bases, docstring, dataclass fields, public methods and properties: those defined in the
 class and those it inherits from prefixkv base classes, each marked with where it is
-defined, so that a class's whole surface is under its own heading),
+defined, so that a class's whole surface is under its own heading; a method a class body
+assigns from a module function is marked with the module that holds it),
 functions (signature, docstring) and constants (value, and the string literal written right
 after their assignment, which serves as their docstring). Standard library only; the
 kernels and the engine need torch to be imported. ``tests/test_api_doc.py`` checks that
@@ -155,7 +156,9 @@ def _signature(obj: object) -> str | None:
     def written(a: object) -> object:
         return _Written(a) if isinstance(a, str) else a
 
-    params = [p.replace(annotation=written(p.annotation)) for p in sig.parameters.values()]
+    params = [p.replace(annotation=inspect.Parameter.empty if p.name == "self" else written(p.annotation))
+              for p in sig.parameters.values()]  # (a method written as a module function
+    # annotates ``self`` with its class: the class is the heading already)
     sig = sig.replace(parameters=params, return_annotation=written(sig.return_annotation))
     return _clean(str(sig))
 
@@ -226,6 +229,8 @@ def render_class(qual: str, cls: type) -> list[str]:
                       f"{name}{_signature(func)}", "```", ""]
         if owner is not cls:
             lines += [f"*Defined in the base class `{owner.__name__}`.*", ""]
+        elif getattr(obj, "__module__", cls.__module__) != cls.__module__:  # (a class body's
+            lines += [f"*Written in `{obj.__module__}`.*", ""]  # ``name = module.function``)
         lines += render_doc(member_doc(cls, name, obj))
     return lines
 

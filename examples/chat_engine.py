@@ -25,13 +25,13 @@ from prefixkv.engine import LlamaConfig, SamplingParams, build_engine, run_chat,
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--conversations", type=int, default=4)
-    ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--message-len", type=int, default=24)
-    ap.add_argument("--system-len", type=int, default=96)
-    ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--num-blocks", type=int, default=128)
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--conversations", type=int, default=4, help="chats run side by side")
+    ap.add_argument("--turns", type=int, default=3, help="turns per chat")
+    ap.add_argument("--message-len", type=int, default=24, help="tokens of each user message")
+    ap.add_argument("--system-len", type=int, default=96, help="tokens of the shared system prompt")
+    ap.add_argument("--max-tokens", type=int, default=16, help="tokens generated per reply")
+    ap.add_argument("--num-blocks", type=int, default=128, help="KV blocks in the pool (16 tokens each)")
+    ap.add_argument("--device", default="cpu", help="torch device (cuda: the Triton kernels)")
     args = ap.parse_args(argv)
 
     config = LlamaConfig(num_layers=2)

@@ -255,13 +255,13 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--replicas", type=int, default=3)
-    ap.add_argument("--conversations", type=int, default=5)
-    ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--message-len", type=int, default=24)
-    ap.add_argument("--system-len", type=int, default=128)
-    ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--num-blocks", type=int, default=256)
+    ap.add_argument("--replicas", type=int, default=3, help="engine processes behind the router")
+    ap.add_argument("--conversations", type=int, default=5, help="chats routed")
+    ap.add_argument("--turns", type=int, default=4, help="turns per chat")
+    ap.add_argument("--message-len", type=int, default=24, help="tokens of each user message")
+    ap.add_argument("--system-len", type=int, default=128, help="tokens of the shared system prompt")
+    ap.add_argument("--max-tokens", type=int, default=16, help="tokens generated per reply")
+    ap.add_argument("--num-blocks", type=int, default=256, help="KV blocks in each replica's pool")
     ap.add_argument("--policies", default="prefix,cost,round-robin",
                     help="comma-separated: prefix, cost, round-robin, least-loaded")
     ap.add_argument("--timeout", type=float, default=120.0,

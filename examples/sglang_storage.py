@@ -101,14 +101,16 @@ class HostPool:
 def backend(sgl: types.SimpleNamespace, url: str, pool: HostPool, model: str,
             **extra: object) -> object:
     """A PrefixKVStorage made as SGLang's cache controller makes it (its factory, the
-    ``dynamic`` backend, the extra config naming ours), bound to ``pool``."""
+    ``dynamic`` backend, the extra config naming ours), bound to ``pool``. ``model`` is
+    SGLang's model name and the weights' (``extra_config['model']``): outside an SGLang
+    server no launch flags are published, and the backend refuses to start unnamed."""
     config = sgl.storage.HiCacheStorageConfig(
         tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=False,
         model_name=model, extra_config={
             "backend_name": "prefixkv", "class_name": "PrefixKVStorage",
             "module_path": "prefixkv.integrations.sglang.storage", "interface_v1": 1,
-            "redis_url": url, **extra})
+            "redis_url": url, "model": model, **extra})
     made = sgl.factory.create_backend("dynamic", config, pool)
     made.register_mem_pool_host(pool)
     return made

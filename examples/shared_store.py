@@ -103,8 +103,8 @@ def serve(role: str, url: str, prompt: list[int], max_tokens: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--doc-len", type=int, default=400)
-    ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--doc-len", type=int, default=400, help="tokens of the shared document")
+    ap.add_argument("--max-tokens", type=int, default=12, help="tokens generated per answer")
     ap.add_argument("--ttft", action="store_true",
                     help="time to first token with no, a fast and a slow store")
     ap.add_argument("--serve", nargs=3, metavar=("ROLE", "URL", "PROMPT"), help=argparse.SUPPRESS)

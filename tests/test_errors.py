@@ -299,3 +299,55 @@ def test_reading_an_unknown_or_freed_request_is_a_request_error(make, read):
         with pytest.raises(RequestError, match="unknown request"):
             getattr(m, read)(rid)
     m.check_invariants()
+
+
+def test_a_count_bounded_below_only_states_its_bound_plainly(m):
+    """``num_new_tokens must be an int >= 1``; before: ``an int in >= 1``."""
+    with pytest.raises(RequestError, match=r"num_new_tokens must be an int >= 1, got -1$"):
+        m.add_request("q", [1, 2, 3], num_new_tokens=-1)
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: KVCacheManager(8, 4, seed=0),
+    lambda: HybridKVCacheManager([full_attention(), sliding_window(4)], 8, 4, seed=0),
+], ids=["manager", "hybrid"])
+def test_an_unknown_id_of_another_type_than_the_live_ones_says_so(make):
+    """An engine that admits by its request id (str) and frees by its batch index (int)
+    is told the types differ; an unknown id of the live ids' type is not."""
+    m = make()
+    m.add_request("req-0", [1, 2, 3, 4, 5])
+    with pytest.raises(RequestError, match=r"1 live; their ids are str, this one is int\)$"):
+        m.free(0)
+    with pytest.raises(RequestError, match=r"already freed; 1 live\)$"):
+        m.free("req-1")
+    assert m.get_block_ids("req-0")
+    m.check_invariants()
+
+
+def test_a_live_id_given_again_says_when_it_is_free_again(m):
+    """add_request and fork onto a live id: the message says the id stays taken until
+    free or preempt. Before: ``request 'live' is already live``, nothing more."""
+    m.add_request("other", [1, 2, 3])
+    for call in (lambda: m.add_request("other", [1, 2]), lambda: m.fork("live", "other")):
+        with pytest.raises(RequestError, match=r"already live \(it holds blocks until free or preempt"):
+            call()
+    m.check_invariants()
+
+
+def test_host_memory_without_a_store_says_what_the_manager_lacks():
+    """attach_host_memory on a manager built without ``store=`` names the argument."""
+    m = KVCacheManager(8, 4, host_blocks=4)
+    with pytest.raises(ConfigError, match=r"built without store= \(host_blocks=N, store=SharedStore\)"):
+        m.attach_host_memory([[memoryview(bytearray(8))]] * 4)
+
+
+@pytest.mark.parametrize("groups", [["full"], [], 8])
+def test_groups_that_are_not_specs_name_the_calls_that_make_them(groups):
+    """A hybrid manager given names, nothing, or its arguments swapped (num_blocks
+    first) is told which calls make a GroupSpec and the argument order. Before: ``groups
+    must be a non-empty sequence of GroupSpec, got ['full']``."""
+    with pytest.raises(ConfigError, match=r"full_attention\(\), sliding_window\(window\), "
+                                          r"chunked_local\(chunk\) or mamba\(\): "
+                                          r"HybridKVCacheManager\(groups, num_blocks, block_size\)"):
+        HybridKVCacheManager(groups, 8, 4)

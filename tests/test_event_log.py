@@ -144,3 +144,15 @@ def test_a_hybrid_manager_hands_off_its_events_built():
         mgr.add_request("a", list(range(1, 11)))
     pending = m.take_pending_events()
     assert not pending.empty and pending.build() == ref.take_events() != []
+
+
+def test_a_batch_of_spares_alone_is_empty_once_built():
+    """``empty`` is known without building: a batch taken unbuilt is not empty, though
+    its one item (a ``StoredRun`` of spares alone) builds no event; built, it is."""
+    m = KVCacheManager(16, BS, enable_events=True)
+    m.add_request("a", list(range(8)))
+    m.take_events()
+    m.add_request("b", list(range(8)), read_cache=False)  # (its full blocks: spares)
+    pending = m.take_pending_events()
+    assert not pending.empty and not pending.is_built
+    assert pending.build() == [] and pending.empty

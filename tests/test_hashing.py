@@ -122,3 +122,31 @@ def test_stored_events_carry_the_keys_of_their_own_block():
     m.add_request("b", [7] * 5, extra=ExtraKeys(mm=(MultiModalInput("x", 4, 1),)))
     [run] = m.take_events()
     assert run.extra is None and run.block_extra(0) is None
+
+
+@pytest.mark.parametrize(("tokens", "named"), [
+    ([5, 6, -2, 7], r"token 2 of 4 is -2$"),
+    ((5, 1 << 32), r"token 1 of 2 is 4294967296$"),
+    ([5, 6.0], r"token 1 of 2 is 6\.0$"),
+    ([5, None, 6], r"token 1 of 3 is None$"),
+    ([True, 5], r"token 0 of 2 is True, a bool$"),
+])
+def test_a_bad_token_id_is_named_with_its_position(tokens, named):
+    """An engine handing padded or float logits' ids gets the first bad id and where it
+    is. Before, the message was the array module's (``can't convert negative value to
+    unsigned int``), naming neither; the request is not admitted."""
+    m = KVCacheManager(8, 4)
+    with pytest.raises(TokenError, match=named):
+        m.add_request("a", tokens)
+    assert m.num_free_blocks == 8
+
+
+def test_an_id_past_vocab_size_is_named_with_its_position_and_the_valid_range():
+    """The first id at or past ``vocab_size`` (not the largest), where it is, and the
+    range ids must be in. Before: ``token id 150 is >= vocab_size 100``."""
+    m = KVCacheManager(8, 4, vocab_size=100)
+    with pytest.raises(TokenError, match=r"token 2 of 5 is 120: ids must be in \[0, 100\)"):
+        m.add_request("a", [1, 2, 120, 3, 150])
+    with pytest.raises(TokenError, match=r"token 1 of 2 is 100: ids must be in \[0, 100\)"):
+        m.prepare([0, 100])
+    assert m.num_free_blocks == 8

@@ -324,7 +324,7 @@ def test_a_slot_is_pinned_once_however_often_it_is_held():
 def test_the_check_reports_a_slot_counted_through_a_run():
     """The tier writes a slot's ``refs`` itself (no property call): a slot that a run
     counted would be miscounted, so ``check`` names it."""
-    from prefixkv.core.block import Run, RunCounts
+    from prefixkv.core.run import Run, RunCounts
     tier = HostTier(2, EventLog(0))
     assert tier.check() is None
     tier.slots[1].counted = Run([tier.slots[1]], b"xy", b"", 0, 0, RunCounts())
@@ -345,3 +345,18 @@ def test_slots_in_transit_are_pinned_keyless_then_empty():
     assert tier.check() is None and tier.num_free == 1
     tier.copies_done()
     assert tier.check() is None and tier.num_free == 3 and not any(s.ref_cnt for s in slots)
+
+
+def test_two_runs_in_transit_in_one_step_leave_the_first_runs_list_as_it_was():
+    """``transit`` keeps the first run's list itself (no copy: each entry copied touches
+    a cold slot, store-r17.md); a second run in the same step joins a new list, so the
+    caller's (a store fetch's ``slots``) is never grown in place."""
+    tier = HostTier(5, EventLog(0))
+    first, second = tier.reserve(2), tier.reserve(2)
+    tier.transit(first)
+    assert tier._transit is first
+    tier.transit(second)
+    assert len(first) == 2 and tier._transit == first + second
+    assert tier.check() is None and tier.num_free == 1 and len(tier) == 0
+    tier.end_step()
+    assert tier.check() is None and tier.num_free == 5 and len(first) == 2

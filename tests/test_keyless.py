@@ -1,8 +1,9 @@
 """``core.keyless``: the spans of an eviction's list that are pending runs' blocks, and
 the content read from the run's record for each position."""
 
-from prefixkv.core.block import Block, Run, RunCounts
+from prefixkv.core.block import Block
 from prefixkv.core.keyless import Keyless
+from prefixkv.core.run import Run, RunCounts
 
 
 def run_of(k, pcid=7, cid0=20, width=2):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from prefixkv import ExtraKeys, KVCacheManager, Prompt
@@ -79,8 +79,10 @@ def each(ms: list[KVCacheManager], call: str, *args: object, **kw: object) -> ob
     return out[0]
 
 
-def run(steps: list[tuple], num_blocks: int, host: int, max_events: int) -> int:
-    """The ops on four managers; returns how many steps had a pending run."""
+def run(steps: list[tuple], num_blocks: int, host: int, max_events: int,
+        pending: list[int] | None = None) -> int:
+    """The ops on four managers; returns how many steps had a pending run (``pending``:
+    how many runs were pending after each step, appended)."""
     ms = [KVCacheManager(num_blocks, BS, seed=0, enable_events=True, max_events=max_events,
                          host_blocks=host) for _ in range(4)]
     ms[1]._index.pending_runs = False  # type: ignore[union-attr]
@@ -147,6 +149,8 @@ def run(steps: list[tuple], num_blocks: int, host: int, max_events: int) -> int:
         elif op[0] == "reset":
             each(ms, "reset_prefix_cache")
         pending_seen += bool(a._index.run_counts.pending)  # type: ignore[union-attr]
+        if pending is not None:
+            pending.append(len(a._index.run_counts.pending))  # type: ignore[union-attr]
         each(ms, "take_kv_ops")  # (the step runs: its copies with it)
         want = ms[1].take_events()
         assert ms[2].take_events() == want, n
@@ -169,6 +173,11 @@ def run(steps: list[tuple], num_blocks: int, host: int, max_events: int) -> int:
 
 
 @settings(deadline=None, max_examples=50)
+@example(seed=3284, n=22, num_blocks=12, host=0, max_events=1 << 20)  # (a stale run cut at a
+# block that heads a pending run since: the cut's tail took its ``starts``, the claim
+# that takes the stale run's part went on through its ``child``, which is pending: a miss)
+@example(seed=4174, n=60, num_blocks=16, host=0, max_events=1 << 20)  # (the same, a stale run
+# checked and taken whole up to such a block)
 @given(st.integers(0, 1 << 32), st.integers(20, 60), st.sampled_from([8, 12, 16, 24]),
        st.sampled_from([0, 0, 0, 6]), st.sampled_from([1 << 20, 1 << 20, 1, 2]))
 def test_pending_runs_announce_what_written_runs_announce(seed, n, num_blocks, host, max_events):
@@ -187,3 +196,23 @@ def test_an_eviction_names_pending_runs_blocks_whole_cut_and_beside_spares():
     beside_spares = [admit(2, 2, True), admit(2, 2, True, recompute=True),  # a spare held
                      admit(0, 10, False), admit(3, 8, True), admit(5, 6, True)]
     assert run(beside_spares, 20, 0, 1 << 20) >= 1
+
+
+def test_a_claim_cuts_a_pending_run_into_two_pending_runs():
+    """A claim that agrees with a pending run's first blocks alone cuts it without
+    writing it (``split_pending``): both parts stay pending (the block at the cut
+    written, counted alone); a later claim takes the first part, the block at the cut
+    and the second part, each as the written-runs twin takes them, and an eviction
+    names them as it does."""
+    def admit(c: int, k: int, keep: bool) -> tuple:
+        return ("admit", c, k, [], 0, False, None, None, keep, False)
+    counts: list[int] = []
+    steps = [admit(0, 10, False), admit(1, 7, False),  # 9 blocks pending; cut after 4
+             admit(0, 10, True), admit(3, 8, True), admit(5, 6, True)]  # both parts, evicted
+    assert run(steps, 20, 0, 1 << 20, counts) >= 1
+    assert counts[:2] == [1, 2], counts  # (the cut leaves the two parts pending)
+    counts = []  # cut before its last block (nothing after the block at the cut)
+    last = [admit(0, 10, False), ("admit", 0, 9, [9, 9], 0, True, None, None, False, False),
+            admit(0, 10, True), admit(3, 8, True), admit(5, 6, True)]
+    run(last, 20, 0, 1 << 20, counts)
+    assert counts[:2] == [1, 1], counts

@@ -125,13 +125,15 @@ def test_uncache_among_many_live_runs_agrees_with_no_runs(live, steps, num_block
 
 def test_a_spare_leaves_another_requests_run_pending():
     """x re-sends A block-aligned: its last block is computed again (the hit stops one
-    short), and holds what a's block 7 holds: a spare of it. That writes the run a's
-    block 7 is in (cut by x's claim already), not b's (before: every pending run)."""
+    short), and holds what a's block 7 holds: a spare of it. x's claim cut a's run
+    before block 7 (``split_pending``: the part claimed stays pending, block 7 is written
+    alone), so the spare writes no run: neither a's part nor b's (before: every pending
+    run; then, events-r16, a's whole run, cut by writing it)."""
     m = manager()
     m.add_request("a", A)
     m.add_request("b", B)
     assert m.add_request("x", A[:32]) == Admission("x", tuple(range(7)) + (18,), 28, 4)
-    assert pending_runs(m) == [[10, 11, 12, 13, 14, 15, 16]]
+    assert pending_runs(m) == [[1, 2, 3, 4, 5, 6], [10, 11, 12, 13, 14, 15, 16]]
     assert m._pool.blocks[18].twin
     m.check_invariants()
     assert m.lookup(A) == 32 and m.lookup(B) == 32

@@ -318,3 +318,22 @@ def test_hybrid_chunked_prefill_takes_the_prompts_hashes(monkeypatch):
     prepared.append_tokens("c", [1, 2, 3, 4])  # past the prompt: hashed as it fills
     assert plain.take_events() == prepared.take_events()
     prepared.check_invariants()
+
+
+@pytest.mark.parametrize(("theirs", "named"), [
+    ({"block_size": 2 * BS}, f"block_size {2 * BS} where this manager has {BS}"),
+    ({"vocab_size": 5000}, "vocab_size 5000 where this manager has None"),
+    ({"hash_mode": "sha256"}, "another hash_mode"),
+    ({}, "another chain seed .*same seed="),
+])
+def test_a_foreign_prompt_is_refused_naming_what_differs(theirs, named):
+    """The PromptError says which setting differs, with both values. Before, it printed
+    (block_size, vocab_size) of both managers only: two managers that differ only in
+    their random xxhash seeds (the default) showed ``(16, None) against (16, None)``."""
+    m = KVCacheManager(8, BS)
+    p = KVCacheManager(8, theirs.pop("block_size", BS), **theirs).prepare(P)
+    m.add_request("a", P[:9])
+    before = state(m)
+    with pytest.raises(PromptError, match=named):
+        m.add_request("r", p)
+    assert state(m) == before

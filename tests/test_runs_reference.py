@@ -1,4 +1,4 @@
-"""Runs of blocks (``core.block.Run``: one span verified at once, one count, one free
+"""Runs of blocks (``core.run.Run``: one span verified at once, one count, one free
 segment) against the plain per-block pool, on adversarial op sequences.
 
 Two managers take the same ops: one records runs (the default), the other does not

@@ -7,8 +7,12 @@ The public API is what ``__all__`` lists here and in ``prefixkv.kernels``,
 ``prefixkv.engine``, ``prefixkv.router``, ``prefixkv.store``, ``prefixkv.groups`` and
 ``prefixkv.tiers``, the classes of ``prefixkv.fleet.publisher`` and
 ``prefixkv.fleet.metrics``, the engine entry points in ``prefixkv.integrations`` and the
-``prefixkv`` command (all in docs/api.md); the modules behind them (``core``, ``index``,
-``hashing``, ...) are implementation and may change. The benchmark baselines
+``prefixkv`` command (all in docs/api.md). docs/api.md also has the names the docs and
+examples import from a module: ``prefixkv.engine.hybrid``, ``prefixkv.router.subscriber``,
+``prefixkv.router.redis_index``, ``prefixkv.store.torch_io`` and ``prefixkv.fleet.wire``;
+and ``prefixkv.index``, the index protocol and the two indexes a manager builds for
+itself (for readers of docs/design.md: an engine never passes one). The other modules
+(``core``, ``hashing``, ...) are implementation and may change. The benchmark baselines
 (``ContiguousAllocator``, ``PagedAllocator``) are importable here and from
 ``prefixkv.baselines`` but are not part of the API.
 """

@@ -110,8 +110,8 @@ def check_count(name: str, value: object, low: int, high: int | None) -> int:
     not allow)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < low or (
             high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise RequestError(f"{name} must be an int in {bound}, got {value!r}")
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise RequestError(f"{name} must be an int {bound}, got {value!r}")
     return value
 
 
@@ -144,9 +144,19 @@ def live_request(live: Mapping[Hashable, T], request_id: Hashable) -> T:
         return live[request_id]
     except KeyError:
         raise RequestError(f"unknown request {request_id!r} (never admitted, or already "
-                           f"freed; {len(live)} live)") from None
+                           f"freed; {len(live)} live{_other_types(live, request_id)})") from None
     except Exception as exc:
         raise _unhashable(request_id, exc) from None
+
+
+def _other_types(live: Mapping[Hashable, object], request_id: Hashable) -> str:
+    """``"; their ids are str, this one is int"`` when no live id has the type of
+    ``request_id`` (an engine's index given for its request id, say), else ''."""
+    kinds = {type(k) for k in live}
+    if not kinds or type(request_id) in kinds:
+        return ""
+    names = ", ".join(sorted(k.__name__ for k in kinds))
+    return f"; their ids are {names}, this one is {type(request_id).__name__}"
 
 
 def check_new_request(live: Mapping[Hashable, object], request_id: Hashable) -> None:
@@ -157,7 +167,8 @@ def check_new_request(live: Mapping[Hashable, object], request_id: Hashable) -> 
     except Exception as exc:  # any exception: it is the caller's object that raised
         raise _unhashable(request_id, exc) from None
     if taken:
-        raise RequestError(f"request {request_id!r} is already live")
+        raise RequestError(f"request {request_id!r} is already live (it holds blocks until "
+                           f"free or preempt; give a new request another id)")
 
 
 def _unhashable(request_id: object, exc: Exception) -> RequestError:

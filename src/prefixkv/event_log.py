@@ -159,7 +159,10 @@ class EventLog:
         if self._lost or not self._deferred:
             out = self.take()
             return None if out is None else PendingEvents.built(out)
-        pending = PendingEvents(self._events, self._handed, self._lock)
+        # (``PendingEvents(...)`` inlined: no ``__init__`` frame, one a step)
+        pending = _new_pending(PendingEvents)
+        pending._items, pending._prev, pending._events = self._events, self._handed, None
+        pending._lock, pending.empty = self._lock, False  # (``_events`` holds one item)
         self._handed = pending
         self._events = []
         self._deferred = self._extra = 0
@@ -184,9 +187,13 @@ class PendingEvents:
     list). Building runs every unbuilt batch taken before this one first, under the
     log's lock, so each is built once and all of them in log order, whoever calls.
     Until built, the events' blocks keep the hashes of earlier builds; nothing of the
-    manager but builds reads them (see ``prefixkv.index.announce``)."""
+    manager but builds reads them (see ``prefixkv.index.announce``).
 
-    __slots__ = ("_items", "_prev", "_events", "_lock")
+    ``empty``: whether the batch holds no event, known without building it (a batch
+    taken unbuilt holds at least one item, though an item may build no event: it is
+    empty once built then)."""
+
+    __slots__ = ("_items", "_prev", "_events", "_lock", "empty")
 
     def __init__(self, items: list[Event | Deferred], prev: PendingEvents | None,
                  lock: threading.Lock) -> None:
@@ -194,23 +201,20 @@ class PendingEvents:
         self._prev = prev
         self._events: list[Event] | None = None
         self._lock = lock
+        self.empty = not items
 
     @classmethod
     def built(cls, events: list[Event]) -> PendingEvents:
         """A batch built already (``events``)."""
         pending = cls([], None, threading.Lock())
         pending._events = events
+        pending.empty = not events
         return pending
 
     @property
     def is_built(self) -> bool:
         """Whether ``build()`` has run (it returns at once from then on)."""
         return self._events is not None
-
-    @property
-    def empty(self) -> bool:
-        """Whether the batch holds no event (known without building it)."""
-        return not self._items if self._events is None else not self._events
 
     def build(self) -> list[Event]:
         """The events, oldest first, as ``take()`` would have returned them (``NOTHING``:
@@ -226,11 +230,14 @@ class PendingEvents:
                 p = p._prev
             for p in reversed(todo):
                 p._events = _expand(p._items)
+                p.empty = not p._events
                 p._items = []
                 p._prev = None  # (an old batch is not kept alive by a newer one)
         assert self._events is not None
         return self._events
 
+
+_new_pending = object.__new__
 
 NOTHING = PendingEvents.built([])
 """The batch of every step that recorded no event (``take_pending()``: one object for

@@ -13,6 +13,7 @@ finds blocks by their content (``prefixkv.index.content``).
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 import struct
 import sys
@@ -67,10 +68,31 @@ def encode_tokens(token_ids: Sequence[int], vocab_size: int | None = None) -> ar
         else:
             arr = _from_other(token_ids)
     except (OverflowError, TypeError, ValueError) as exc:
-        raise TokenError(f"token ids must be ints in [0, 2**32): {exc}") from None
+        raise TokenError(f"token ids must be ints in [0, 2**32): {_bad_token(token_ids) or exc}") from None
     if vocab_size is not None and arr and max(arr) >= vocab_size:
-        raise TokenError(f"token id {max(arr)} is >= vocab_size {vocab_size}")
+        i = next(i for i, t in enumerate(arr) if t >= vocab_size)
+        raise TokenError(f"token {i} of {len(arr)} is {arr[i]}: ids must be in [0, {vocab_size}) "
+                         f"(vocab_size {vocab_size})")
     return arr
+
+
+def _bad_token(token_ids: object) -> str:
+    """Where a list or tuple of token ids fails to encode: the first id that is not an
+    int in [0, 2**32), or a bool first or last (see ``_no_bools``), with its position;
+    '' for other containers (their errors say what is wrong). Runs only on failure."""
+    if type(token_ids) is not list and type(token_ids) is not tuple:
+        return ""
+    for i, t in enumerate(token_ids):
+        try:
+            bad = not 0 <= operator.index(t) < 1 << 32
+        except TypeError:
+            bad = True
+        if bad:
+            return f"token {i} of {len(token_ids)} is {t!r}"
+    for i in (0, len(token_ids) - 1):
+        if type(token_ids[i]) is bool:
+            return f"token {i} of {len(token_ids)} is {token_ids[i]!r}, a bool"
+    return ""
 
 
 def _from_other(token_ids: object) -> array[int]:

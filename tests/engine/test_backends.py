@@ -21,6 +21,15 @@ HYBRID = {"sliding": (sliding_window(10), full_attention()),
           "chunked": (chunked_local(8), full_attention())}
 
 
+# The CUDA runs' skip reason: what they add is the device (the compiled kernels). On a CPU the
+# same outputs are checked with caching on and off (tests/engine/test_engine.py, torch;
+# test_hybrid_engine.py::test_build_engine_with_groups) and Triton's interpreter against
+# torch (the tests above).
+NO_CUDA = ("needs a CUDA device: the compiled Triton kernels with caching on and off (on a CPU: "
+           "test_engine.py and test_hybrid_engine.py compare caching on and off, and this file "
+           "the interpreter against torch)")
+
+
 def outputs(num_blocks, config=SMALL, **kw):
     engine = build_engine(config, num_blocks=num_blocks, block_size=8, **kw)
     result = engine.generate(PROMPTS, PARAMS, on_step=lambda r: engine.allocator.check_invariants())
@@ -37,7 +46,7 @@ def test_triton_interpreter_matches_torch_reference():
     assert got == want
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
 def test_cuda_caching_on_and_off_agree():
     on, res = outputs(10, device="cuda", enable_caching=True)
     off, _ = outputs(10, device="cuda", enable_caching=False)
@@ -56,7 +65,7 @@ def test_triton_interpreter_matches_torch_reference_with_layer_groups(groups):
     assert got == want
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
 @pytest.mark.parametrize("groups", HYBRID.values(), ids=HYBRID)
 def test_cuda_caching_on_and_off_agree_with_layer_groups(groups):
     two = dataclasses.replace(SMALL, num_layers=2)

@@ -87,7 +87,6 @@ def request(rid: str, tokens: list[int]) -> Request:
     ((full,), {"dcp_world_size": 2}, "context parallelism"),
     ((full, window, lambda: window(64)), {"use_eagle": True}, "EAGLE"),
     ((full,), {"num_hash_lookahead_tokens": 2}, "lookahead hashing"),
-    ((full,), {"enable_mamba_shared_prefix_checkpoint": True}, "shared-prefix checkpoints"),
 ])
 def test_what_prefixkv_does_not_offer_is_refused_by_name(specs, kw, named):
     from prefixkv.integrations.vllm import UnsupportedByPrefixKV
@@ -95,6 +94,23 @@ def test_what_prefixkv_does_not_offer_is_refused_by_name(specs, kw, named):
     with pytest.raises(UnsupportedByPrefixKV, match=named) as info:
         manager(*(make() for make in specs), **kw)
     assert isinstance(info.value, ConfigError)
+
+
+@pytest.mark.parametrize("specs", [(full,), (full, window)], ids=["full", "full+window"])
+def test_the_mamba_shared_prefix_checkpoint_flag_is_taken_and_does_nothing_as_in_vllm(specs):
+    """vLLM 0.33's manager acts on ``enable_mamba_shared_prefix_checkpoint`` only with
+    partial-block hits (a Mamba group whose block is larger than the hash block:
+    ``coordinator.enable_partial_hash_hits``), which prefixkv refuses; otherwise it takes
+    the flag and does nothing. The plug-in refused the flag on any layout, so vLLM's own
+    tests/v1/streaming_input/test_scheduler_streaming.py::TestStreamingScheduler (whose
+    ``cache_config`` is a MagicMock: every attribute truthy) built no scheduler on
+    prefixkv: all 10 of its tests failed there."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
+
+    theirs = Theirs(config(*(make() for make in specs)), max_model_len=8192, scheduler_block_size=BS,
+                    hash_block_size=BS, enable_caching=True, enable_mamba_shared_prefix_checkpoint=True)
+    ours = manager(*(make() for make in specs), enable_mamba_shared_prefix_checkpoint=True)
+    assert theirs.mamba_shared_prefix_checkpoint is ours.mamba_shared_prefix_checkpoint is False
 
 
 def test_hisparse_and_other_hash_block_sizes_are_refused():

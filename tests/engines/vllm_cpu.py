@@ -22,6 +22,11 @@ local Hugging Face cache    vLLM's ``ModelConfig`` reads the model's ``config.js
 ``VLLM_TARGET_DEVICE=cpu``   vLLM infers its platform from the GPU it finds or from a CPU
                             build; this wheel is the CUDA build on a machine without a GPU,
                             so the variable selects vLLM's own ``CpuPlatform``.
+``caplog_vllm`` fixture     vLLM's fixture of that name lives in its tests/conftest.py, which
+(in ``vllm_swap.py``)       the suite leaves out (``--confcutdir=tests/v1``: that conftest
+                            imports vLLM's engine and GPU helpers); ``vllm_swap`` gives the
+                            tests that ask for it a ``caplog`` that sees vLLM's records, with
+                            vLLM's ``*_once`` messages logged again in each of a test's two runs.
 ==========================  =================================================================
 
 Nothing else is replaced: vLLM's compiled extension (``vllm._C``) is not imported by

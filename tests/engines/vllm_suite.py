@@ -37,34 +37,73 @@ VLLM_TREE = ROOT / ".cache" / "engines" / f"vllm-{VERSION}"
 DOC = ROOT / "docs" / "integration.md"
 MANAGERS = ("vllm", "prefixkv")
 
-# vLLM's test files the suite runs: those of tests/v1/core that build a scheduler or a
-# KV cache manager vllm_swap.py swaps and run on a CPU machine, and those under
-# tests/v1/kv_connector/unit that do. Not run, from tests/v1/core (docs/integration.md):
-# files that build no manager (test_kv_cache_metrics, test_kv_sharing,
-# test_single_type_kv_cache_manager, prefix_cache/test_partial_prefix_cache_primitives:
-# vLLM's own block pool, per-group managers and helpers, the same code in both runs),
-# files that need a model's weights, tokenizer or processor (test_reset_prefix_cache_e2e,
-# prefix_cache/test_hybrid_prefix_cache_hit_rate: a served model;
-# test_priority_scheduler_random: Qwen2.5-VL's processor and torchvision).
+# vLLM's test files the suite runs: every file of vLLM's tests/ that builds a scheduler or
+# a KV cache manager vllm_swap.py swaps and imports on a CPU machine with the modules of
+# tests/engines/vllm-requirements.txt. Those that do not, each with why, are
+# ``NOT_RUN`` below (docs/integration.md lists them too).
 # Two groups, each run in processes of its own (modules of one group set process-wide
-# state at import that the other group's tests do not expect). Under kv_connector/unit:
-# the files that build a scheduler, import on a CPU and pass on vLLM's manager here; the
-# others test connectors' transports, not the manager.
+# state at import that the other group's tests do not expect): the scheduler's and prefix
+# cache's files (tests/v1/core, and the two files elsewhere that build their schedulers
+# with tests/v1/core/utils.py), and the KV connectors' (tests/v1/kv_connector/unit).
 CORE_FILES = tuple(f"tests/v1/core/{name}.py" for name in (
         "test_scheduler", "test_async_scheduler", "test_prefix_caching",
         "test_deferred_block_free", "test_prefix_replay", "test_priority_preemption_bug",
         "test_swa_inflight_window_free", "test_worker_slot_overflow"))
-# tests/v1/core/prefix_cache's: run in the second group, beside the connector files (the
-# same outcomes as in the first; the two groups then take about as long, side by side).
 PREFIX_CACHE_FILES = tuple(f"tests/v1/core/prefix_cache/{name}.py" for name in (
         "test_mamba_eagle_resume_checkpoint", "test_partial_prefix_cache_hits"))
+# speculative decoding's dynamic draft length, streaming sessions (resumable requests; its
+# unittest.TestCase class runs on both managers too: vllm_swap.pytest_pycollect_makeitem)
+SCHEDULER_FILES = ("tests/v1/spec_decode/test_dynamic_sd.py",
+                   "tests/v1/streaming_input/test_scheduler_streaming.py")
 CONNECTOR_FILES = tuple(f"tests/v1/kv_connector/unit/{name}.py" for name in (
         "test_cache_pollution_prevention", "test_decode_bench_connector", "test_error_propagation",
         "test_invalid_blocks_correctness", "test_kv_load_failure_recovery", "test_lmcache_connector",
         "test_multi_connector", "test_nixl_simple_cpu_offload", "test_remote_decode_lifecycle",
         "test_remote_prefill_lifecycle", "test_scheduler_kv_connector_override",
-        "test_simple_cpu_offload_connector"))
-FILES = CORE_FILES + CONNECTOR_FILES + PREFIX_CACHE_FILES
+        "test_simple_cpu_offload_connector", "offloading_connector/test_scheduler"))
+FILES = CORE_FILES + PREFIX_CACHE_FILES + SCHEDULER_FILES + CONNECTOR_FILES
+FIRST_GROUP = CORE_FILES + PREFIX_CACHE_FILES + SCHEDULER_FILES
+"""The files of the first group (the others: the second)."""
+
+# vLLM's test files that build a scheduler or manager and are not run, and why.
+NOT_RUN = {
+    "tests/v1/core/test_kv_cache_metrics.py": "builds no manager: vLLM's metrics collector on bare blocks",
+    "tests/v1/core/test_kv_sharing.py": "builds no manager: a worker helper",
+    "tests/v1/core/test_single_type_kv_cache_manager.py": (
+        "vLLM's per-group managers on vLLM's BlockPool, built directly: internals the plug-in replaces"),
+    "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py": (
+        "vLLM's block pool and hashing helpers, built directly"),
+    "tests/v1/core/test_contiguous_kv_packing.py": (
+        "its passing tests build no manager (vLLM's KV cache grouping and packing helpers); the 3 "
+        "that build "
+        "one give it a SlidingWindowMLASpec or CircularBufferSpec group, refused at construction"),
+    "tests/v1/core/test_mamba_align_chunk_split.py": (
+        "its passing tests build no manager; the 12 that build one ask Mamba's speculative "
+        "blocks (num_speculative_blocks=3), refused at construction"),
+    "tests/v1/engine/test_kv_cache_group_metadata.py": (
+        "builds no manager but in its one test of decode context parallelism (dcp_world_size=8), "
+        "refused at construction"),
+    "tests/v1/simple_kv_offload/test_scheduler.py": (
+        "its passing tests bind the connector to a vLLM BlockPool built directly (no manager); "
+        "the 18 that build one ask decode context parallelism (dcp_world_size=8), refused at "
+        "construction"),
+    "tests/v1/simple_kv_offload/test_kv_events.py": "builds no manager: the connector's events",
+    "tests/v1/kv_connector/unit/offloading_connector/test_events.py": (
+        "builds no manager: the connector's events"),
+    "tests/v1/ec_connector/unit/cpu/scheduler/test_scheduler.py": (
+        "builds no manager: the encoder-cache connector's scheduler side alone"),
+    "tests/v1/kv_connector/unit/test_kv_connector_lifecycle.py": "builds no manager: a worker mixin",
+    "tests/v1/kv_connector/unit/test_bidirectional_kv_transfer.py": (
+        "imports ray (not installed: a cluster runtime)"),
+    "tests/v1/spec_decode/test_dflash_lookahead.py": (
+        "needs the config.json of a DFlash draft model (z-lab/Qwen3-8B-DFlash-b16), which the "
+        "harness does not write (vllm_cpu.MODELS: public configs of plain checkpoints only)"),
+    "tests/v1/core/test_reset_prefix_cache_e2e.py": "LLMEngine loading Qwen3-0.6B's weights",
+    "tests/v1/core/prefix_cache/test_hybrid_prefix_cache_hit_rate.py": "a served Qwen3.5-0.8B, and httpx",
+    "tests/v1/core/test_priority_scheduler_random.py": (
+        "a Qwen2.5-VL-3B scheduler: MultiModalBudget builds the model's processor (tokenizer and "
+        "preprocessor files a hub would give) and model inspection imports torchvision"),
+}
 
 # Tests whose prefixkv run builds vLLM's own manager, by the start of their ids, and why:
 # the swap does not reach them (Comparison.missed), so both runs are vLLM's.
@@ -132,7 +171,7 @@ def default_junit(root: pathlib.Path = ROOT) -> pathlib.Path:
 def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
         extra: tuple[str, ...] = ()) -> list[pathlib.Path]:
     """Run ``files`` of vLLM's tests on both managers: one pytest run per group of files
-    (core; connectors and prefix_cache), side by side in processes forked from one that imported vLLM
+    (``FIRST_GROUP``; the connectors'), side by side in processes forked from one that imported vLLM
     (``vllm_fork.py``), each running every test on vLLM's manager and then on prefixkv's
     (vLLM's modules and the test files are imported and collected once for both); returns
     their junit xml files. Raises FileNotFoundError when the fetched tree is missing (run
@@ -141,8 +180,8 @@ def run(files: tuple[str, ...] = FILES, junit: pathlib.Path | None = None,
         raise FileNotFoundError(f"{VLLM_TREE}/tests is missing: run `make install-vllm` "
                                 f"(python tests/engines/fetch.py vllm)")
     base = junit or default_junit()
-    core = tuple(f for f in files if f in CORE_FILES)
-    groups = [g for g in (core, tuple(f for f in files if f not in CORE_FILES)) if g]
+    first = tuple(f for f in files if f in FIRST_GROUP)
+    groups = [g for g in (first, tuple(f for f in files if f not in FIRST_GROUP)) if g]
     env = dict(os.environ, VLLM_SUITE_MANAGERS=",".join(MANAGERS))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(HERE), env.get("PYTHONPATH", "")])
     out, runs = [], []

@@ -32,6 +32,11 @@ Each ``prefixkv`` run also records how many prefixkv managers it began to build
 (``vllm_managers``: a construction the swap did not reach, such as vLLM's
 ``DiffusionScheduler``, a class prefixkv does not offer); vllm_suite.py reports both.
 
+A ``unittest.TestCase`` class of vLLM's is collected as a plain class whose methods run
+the TestCase's (``pytest_pycollect_makeitem``), so that its tests get the parameter too;
+and the tests that ask for vLLM's ``caplog_vllm`` fixture (from vLLM's tests/conftest.py,
+which ``--confcutdir=tests/v1`` leaves out) get this module's.
+
 Nothing of vLLM is patched: its scheduler, request, configs and connectors are the
 installed wheel's (its ``KVCacheManager.__init__`` is wrapped, in ``prefixkv`` runs, by
 one that counts and calls it). With ``vllm`` nothing is swapped (the baseline).
@@ -50,6 +55,76 @@ MANAGERS = tuple(os.environ.get("VLLM_SUITE_MANAGERS", "vllm,prefixkv").split(",
 process, one process per group of files)."""
 HELPERS = ("tests.v1.core.utils", "tests.v1.kv_connector.unit.utils",
            "tests.v1.kv_connector.unit.offloading_connector.utils")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> pytest.Class | None:
+    """A ``unittest.TestCase`` class of vLLM's tests is collected as a plain class whose
+    methods run the TestCase's (``_parametrizable``): pytest parametrizes no TestCase
+    method, so ``kv_manager`` could not reach them, and they ran on vLLM's manager only
+    (test_scheduler_streaming.py's ``TestStreamingScheduler``)."""
+    import unittest
+
+    if isinstance(obj, type) and issubclass(obj, unittest.TestCase) and obj is not unittest.TestCase:
+        node = pytest.Class.from_parent(collector, name=name)
+        node.obj = _parametrizable(obj)  # (from_parent takes the module's attribute otherwise)
+        return node
+    return None
+
+
+def _parametrizable(case: type) -> type:
+    """A class of the same name and module with one ``test_*`` method per test of the
+    TestCase ``case``: each runs that test (``setUp``, subtests and ``tearDown``
+    included) on a fresh instance, and fails with its tracebacks, or skips with its
+    reason."""
+    import unittest
+
+    def method(name: str) -> Any:
+        def test(self: object) -> None:
+            result = unittest.TestResult()
+            case(name).run(result)
+            problems = [tb for _, tb in result.errors + result.failures]
+            problems += [f"unexpected success: {t}" for t in result.unexpectedSuccesses]
+            if problems:
+                raise AssertionError("\n".join(problems))
+            if result.skipped:
+                pytest.skip(result.skipped[0][1])
+
+        test.__name__ = test.__qualname__ = name
+        return test
+
+    names = unittest.TestLoader().getTestCaseNames(case)
+    return type(case.__name__, (), {"__module__": case.__module__, "__doc__": case.__doc__,
+                                    **{n: method(n) for n in names}})
+
+
+@pytest.fixture()
+def caplog_vllm(caplog: pytest.LogCaptureFixture,
+                monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.LogCaptureFixture]:
+    """``caplog`` that sees vLLM's log records, for the tests that ask for vLLM's fixture of
+    that name: it lives in vLLM's tests/conftest.py, which the suite's ``--confcutdir=tests/v1``
+    leaves out (that conftest imports vLLM's whole engine and GPU test helpers). vLLM's
+    logger does not propagate to the root logger, where ``caplog`` listens: here it does, for
+    the test, with records from INFO up, as vLLM's own fixture gives. vLLM's ``*_once``
+    messages are logged again: the suite runs each test twice in one process, and the
+    ``[prefixkv-...]`` run saw none of those its ``[vllm-...]`` twin had logged
+    (test_dynamic_sd.py::test_dynamic_sd_is_disabled_with_data_parallel failed on prefixkv
+    for a ``warning_once`` logged on vLLM's run)."""
+    import logging
+
+    import vllm.logger
+    from vllm.logger import DEFAULT_LOGGING_CONFIG
+
+    for level in ("debug", "info", "warning", "error"):
+        once = getattr(vllm.logger, f"_print_{level}_once", None)
+        if once is not None:
+            once.cache_clear()
+
+    # (a logging configuration vLLM applies during the test would turn propagation off again)
+    monkeypatch.setitem(DEFAULT_LOGGING_CONFIG["loggers"]["vllm"], "propagate", True)
+    monkeypatch.setattr(logging.getLogger("vllm"), "propagate", True)
+    with caplog.at_level(logging.INFO):
+        yield caplog
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

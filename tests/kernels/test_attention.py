@@ -15,7 +15,7 @@ from prefixkv.kernels import paged_prefill_attention, paged_prefill_attention_re
 from prefixkv.kernels.tiling import TileConfig
 
 from .cases import check, make_case, tolerance
-from .conftest import PRIMARY_DEVICE
+from .conftest import BF16_DOT, PRIMARY_DEVICE
 
 pytestmark = pytest.mark.usefixtures("needs_triton")
 
@@ -79,7 +79,7 @@ def test_mqa_with_many_query_heads(device):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision(device, dtype):
     if dtype == torch.bfloat16 and device == "cpu":
-        pytest.skip("the Triton interpreter computes bf16 tl.dot wrongly; bf16 runs on CUDA only")
+        pytest.skip(BF16_DOT)
     case = make_case([11, 1], [75, 33], num_kv_heads=2, group=4, block_size=16, dtype=dtype, device=device)
     check(case, dtype)
 

@@ -30,7 +30,7 @@ from prefixkv.kernels import (
 from prefixkv.kernels.tiling import TileConfig
 
 from .cases import check, make_case, tolerance
-from .conftest import PRIMARY_DEVICE
+from .conftest import BF16_DOT, PRIMARY_DEVICE
 
 pytestmark = pytest.mark.usefixtures("needs_triton")
 
@@ -161,8 +161,8 @@ def test_drawn_engine_batches(data, block_size, group, head_dim, tile, splits, h
 
 
 
-GPU_ONLY = ("bf16 and fp8 run on CUDA only: the interpreter computes bf16 tl.dot wrongly and rounds "
-            "fp32 -> fp8 unlike the GPU (test_fp8.py)")
+GPU_ONLY = (f"{BF16_DOT}; and the interpreter rounds fp32 -> fp8 unlike the GPU (test_fp8.py): fp8 "
+            "runs on CUDA only")
 
 
 @pytest.mark.skipif(PRIMARY_DEVICE != "cuda", reason=GPU_ONLY)

@@ -22,7 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _hopper_reason() -> str | None:
     if not HAS_CUDA:
-        return "needs a CUDA GPU (Gluon has no interpreter)"
+        # (the argument checks too: imported after triton under TRITON_INTERPRET=1, the kernel
+        # module, which unsets it, fails inside gluon's own import)
+        return ("needs a CUDA GPU: Gluon has no interpreter, and gluon_pingpong_kernel cannot be "
+                "imported where triton runs interpreted (gluon's standard library asserts compiled "
+                "JIT functions)")
     if torch.cuda.get_device_capability()[0] != 9:
         return "the kernel's wgmma needs sm_90"
     return None

@@ -308,3 +308,14 @@ def test_a_clock_reading_that_is_not_a_finite_number_is_refused_before_any_chang
         assert router.loads.reported == {}  # the load read before is not applied either
         clock.now = 101.0
         assert poller.apply() == 1 and poller.health()["replicas"]["a"]["scrapes"] == 1
+
+
+def test_a_second_start_is_a_router_error(servers):
+    """``start``'s documented Raises: a poller runs one thread, started once."""
+    router = router_for(["a"])
+    with MetricsPoller(router, {"a": servers().url}, timeout=LIVE, period=LIVE) as poller:
+        poller.start()
+        thread = poller._thread
+        with pytest.raises(RouterError, match="called twice"):
+            poller.start()
+        assert poller._thread is thread

@@ -251,7 +251,10 @@ def test_a_host_hit_before_the_run_goes_up_with_it_at_the_landing(backend, layou
     assert len(up) == 1 and len(devices) == 2 and f.held == []
     m.check_invariants()
     ex.run()
+    joined = f.joined                       # the request's blocks, listed by the fetcher
+    assert joined == up + devices
     assert m.poll_store() == ["b"]
+    assert f.blocks is joined and f.joined is None   # (the held hits are the start's)
     m.check_invariants()
     assert m.lookup_block_ids(A) == tuple(b.block_id for b in up + devices)
     (loads,) = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
@@ -271,18 +274,21 @@ def test_a_host_hit_before_the_run_goes_up_with_it_at_the_landing(backend, layou
 @pytest.mark.parametrize("lookahead", [0, 4, 8])
 def test_the_readmission_takes_the_starts_block_list_and_grows_it(backend, layout, lookahead):
     """A run landed whole on the device: the re-admission's blocks are the list the
-    start took (held hits, run) with the tail block after it, and more from the pool
-    for a lookahead, with no copy of it (``Fetch.blocks``, handed over: issue 25, a
-    2049-block list copied three times per re-admission); the request grows that list
-    as it decodes, and the fetch keeps no reference to it."""
+    landing made (held hits, run; the start's own list is the run's: store-r17.md) with
+    the tail block after it, and more from the pool for a lookahead, with no copy of it
+    (``Fetch.blocks``, handed over: issue 25, a 2049-block list copied three times per
+    re-admission); the request grows that list as it decodes, and the fetch keeps no
+    reference to it."""
     m, ex, _ = setup(backend, layout)
     assert m.add_request("b", A) == StoreWait("b", 3)
     f = m._waits.waiting["b"]
-    taken, tail, devices = f.blocks, f.tail[0], list(f.devices)
-    assert taken == devices and tail not in taken
+    tail, devices = f.tail[0], list(f.devices)
+    assert f.blocks is None and tail not in devices
     ex.run()
+    joined = f.joined                       # listed by the fetcher, where it wrote them
     assert m.poll_store() == ["b"]
-    assert f.blocks is taken
+    taken = f.blocks
+    assert taken is joined and taken == devices and tail not in taken
     adm = m.add_request("b", A, num_lookahead_tokens=lookahead)
     assert m._get("b").blocks is taken and f.blocks is None
     ids = tuple(b.block_id for b in devices + [tail])

@@ -68,6 +68,7 @@ def test_a_store_start_evicting_a_landed_run_whole_leaves_its_counts_to_the_fetc
         ex.run()
         log += [m.poll_store(), m.add_request("a", STORED[0]), seen(m)]
         m.free("a")
+        runs = [r.blocks for r in m._index.run_counts.pending]
         log += [seen(m), m.add_request("b", STORED[2])]
         assert isinstance(log[-1], StoreWait), log[-1]
         f = m._waits.waiting["b"]
@@ -75,6 +76,7 @@ def test_a_store_start_evicting_a_landed_run_whole_leaves_its_counts_to_the_fetc
             got = stale(m)
             kept.append(len(got))
             assert set(map(id, got)) <= set(map(id, f.devices)), (got, f.devices)
+            assert [f.devices is r for r in runs] == [True]   # S0's own list: not copied
         else:
             assert not stale(m)
         log.append(seen(m))                       # (the checks read the stale blocks' counts)

@@ -39,3 +39,51 @@ def test_the_crossover():
 def test_bad_figures_raise(kw):
     with pytest.raises(ConfigError):
         FetchCost(**{"prefill_tokens_per_s": 1.0, **kw})
+
+
+def test_worth_for_checks_its_figures_once_and_answers_as_worth():
+    """``worth_for(block_bytes, block_size)`` checks those two once (the store link's
+    call ``(num_blocks, now)`` then checks nothing: ``worth``'s checks cost it 77
+    bytecodes a call, the lean call 22, benchmarks/results/fetch_cost_opcodes.md), and
+    answers as ``worth`` for every count, figure and time."""
+    import random
+
+    from hostile import HOSTILE
+
+    c = FetchCost(1000.0)
+    for value in HOSTILE.values():  # (block_bytes >= 0, block_size >= 1: each slot in turn)
+        for slot in (0, 1):
+            args = [4096, 16]
+            args[slot] = value()
+            if type(args[slot]) is int and args[slot] >= slot:
+                assert callable(c.worth_for(*args))
+            else:
+                with pytest.raises(ConfigError, match="worth_for"):
+                    c.worth_for(*args)
+    for bad in ((-1, 16), (4096, 0), (4096, True), (4096.0, 16), (None, 16)):
+        with pytest.raises(ConfigError, match="worth_for"):
+            c.worth_for(*bad)  # type: ignore[arg-type]
+    rng = random.Random(0)
+    for _ in range(500):
+        c = FetchCost(rng.uniform(1, 1e5), latency=rng.uniform(1e-6, 0.1),
+                      bandwidth=rng.uniform(1e3, 1e10))
+        block_bytes, block_size = rng.randrange(0, 1 << 22), rng.randrange(1, 65)
+        lean = c.worth_for(block_bytes, block_size)
+        for _ in range(4):
+            n, now = rng.randrange(0, 4096), c.measured_at + rng.uniform(-1, 2 * STALE)
+            assert lean(n, now) == c.worth(n, block_bytes, block_size, now)
+        c.observe(rng.randrange(0, 1 << 24), rng.uniform(1e-4, 1.0), c.measured_at + 1)
+        n = rng.randrange(0, 4096)
+        assert lean(n, c.measured_at) == c.worth(n, block_bytes, block_size, c.measured_at)
+
+
+def test_worth_for_asks_a_subclass_s_own_worth():
+    """A cost rule that overrides ``worth`` (tests' "always fetch") is asked through it."""
+
+    class Never(FetchCost):
+        def worth(self, num_blocks: int, block_bytes: int, block_size: int, now: float) -> bool:
+            asked.append((num_blocks, block_bytes, block_size, now))
+            return False
+
+    asked: list[tuple[int, int, int, float]] = []
+    assert not Never(1e9).worth_for(64, 4)(3, 5.0) and asked == [(3, 64, 4, 5.0)]

@@ -91,3 +91,24 @@ def test_two_processes_share_a_document_through_the_store(capsys, monkeypatch, w
     out = capsys.readouterr().out
     assert "process       B: cached   96 tokens (from the store   96), computed    9" in out
     assert "equal the no-cache run's: yes" in out
+
+
+def test_caches_that_do_not_match_are_refused_before_any_op():
+    """Host slots of another dtype or block size than the device blocks, or a
+    ``block_dim`` that is not a dimension, raise ConfigError before the first op. Before:
+    the plan's puts went to the writer, then the fetch raised (a ConfigError from
+    ``write_payload``); a bad ``block_dim`` was an IndexError."""
+    k = torch.randn(L, N, BS, H, D)
+    v = torch.randn(L, N, BS, H, D)
+    fetched = block_payload(k, v, 4)
+    for k_host, block_dim, named in (
+            (torch.zeros(2, L, BS, H, D, dtype=torch.float16), 1, "host slots of 512 bytes"),
+            (torch.zeros(2, L, 2 * BS, H, D), 1, "host slots of 2048 bytes"),
+            (torch.zeros(2, L, BS, H, D), 5, r"block_dim must be a dimension .* \[0, 5\)")):
+        writer = Collect()
+        with pytest.raises(ConfigError, match=named):
+            run_store_ops([StorePut(2, b"key", b"head"), StoreFetched(0, fetched)],
+                          k, v, k_host, torch.zeros_like(k_host), writer, block_dim)
+        assert writer.items == [] and not k_host.any()
+    with pytest.raises(ConfigError, match="block_dim"):
+        kv_block_bytes(k, v, -1)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .block import Block, Run
+from .block import Block
+from .run import Run
 
 
 class Keyless:
@@ -56,8 +57,9 @@ class Keyless:
         out += [b.content_id for b in blocks[at:]]
         return out
 
-    def outside(self, blocks: list[Block]) -> list[Block]:
-        """The blocks of ``blocks`` outside the spans."""
+    def outside(self, blocks: Sequence[Block]) -> list[Block]:
+        """The blocks of ``blocks`` outside the spans (a new list: slices of it, no copy
+        of the whole)."""
         out: list[Block] = []
         at = 0
         for lo, hi, *_ in self.spans:

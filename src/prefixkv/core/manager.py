@@ -13,21 +13,39 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from operator import attrgetter
 
-from ..errors import ConfigError, RequestError, check_block_ids, check_count, check_new_request
-from ..events import AllBlocksCleared
+from ..errors import ConfigError, RequestError
+from ..event_log import EventLog, NullSink
 from ..extra_keys import ExtraKeys
-from ..results import Fork, SharedPrefix
-from .block import Block
-from .dependents import computed_on
+from ..hashing import HashFn
+from ..index import ContentIndex, Hasher, NoIndex
+from ..index.announce import Fresh
+from ..results import SharedPrefix
+from ..stats import PrefixCacheStats, StatsCounter
+from ..store.link import StoreLink
+from ..store.shared import SharedStore
+from ..tiers import HostTier
+from . import (
+    admission,
+    admit_general,
+    decode,
+    forks,
+    invalidation,
+    lookups,
+    manager_check,
+    release,
+    step_outputs,
+)
+from .copies import CopyPlan
+from .pool import BlockPool
 from .prompt import Prompt, prepare_prompt
+from .request import Request
 from .sharing import shared_prefixes
-from .step_outputs import StepOutputs
-from .store_giveup import give_up, held_by_others
+from .store_waits import StoreWaits
 
 _ID = attrgetter("block_id")
 
 
-class KVCacheManager(StepOutputs):
+class KVCacheManager:
     """Paged KV blocks for many requests, with automatic prefix caching.
 
     Args:
@@ -59,7 +77,93 @@ class KVCacheManager(StepOutputs):
     call, except ``prepare``, which any thread may call meanwhile.
     """
 
-    # ---- admission (Admitter), growth (Decoder) -----------------------------------------
+    # the state, set once by ``__init__`` (``admission.construct``)
+    num_blocks: int
+    block_size: int
+    enable_caching: bool
+    vocab_size: int | None
+    _max_slots: int  # (num_blocks * block_size: an admission within it needs no fit check)
+    _events: EventLog | NullSink
+    _host: HostTier | None
+    _hasher: Hasher
+    _index: ContentIndex | NoIndex
+    _pool: BlockPool
+    _requests: dict[Hashable, Request]
+    _num_prefilling: int  # live requests with prompt tokens not yet scheduled
+    _stats: StatsCounter
+    _copies: CopyPlan  # the step's fork copies
+    _store: StoreLink | None
+    _waits: StoreWaits | None
+    _computing: list[Fresh]  # contents recorded last step: written to the store next
+    _config: tuple[object, ...]  # what ``prepare`` reads
+    _prompt_hasher: Hasher | None
+    _lean: bool  # ``add_request``'s common case applies
+    _ops_pending = False  # (a plan taken with ``pending=True`` awaits ``kv_ops_done``)
+
+    def __init__(
+        self, num_blocks: int, block_size: int = 16, *, hash_mode: str | HashFn = "xxhash",
+        seed: int | bytes | None = None, enable_caching: bool = True,
+        enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
+        host_blocks: int = 0, store: SharedStore | None = None,
+    ) -> None:
+        admission.construct(self, num_blocks, block_size, hash_mode, seed, enable_caching,
+                            enable_events, max_events, vocab_size, host_blocks, store)
+
+    # The calls. Each line names the module that holds the call's body and contract.
+
+    # ---- admission: core/admission.py (the common case), core/admit_general.py, lookups.py
+    add_request = admission.add_request
+    lookup = lookups.lookup
+    lookup_block_ids = lookups.lookup_block_ids
+    _admit = admit_general._admit
+    _acquire_loading = admit_general._acquire_loading
+    _find = admit_general._find
+    _check_fits = admit_general._check_fits
+    _get = admission._get
+    _encode = admission._encode
+
+    # ---- growth: core/decode.py
+    extend = decode.extend
+    append_tokens = decode.append_tokens
+    append_step = decode.append_step
+    reserve = decode.reserve
+    _append_at_edge = decode._append_at_edge
+    _prepare_fills = decode._prepare_fills
+    _step_requests = decode._step_requests
+    _grow = decode._grow
+
+    # ---- forks (core/forks.py), leaving (core/release.py), invalid KV (core/invalidation.py)
+    fork = forks.fork
+    free = release.free
+    preempt = release.preempt
+    reset_prefix_cache = release.reset_prefix_cache
+    uncache_blocks = invalidation.uncache_blocks
+    rewind = invalidation.rewind
+
+    # ---- a step's outputs: core/step_outputs.py
+    take_kv_ops = step_outputs.take_kv_ops
+    kv_ops_done = step_outputs.kv_ops_done
+    take_events = step_outputs.take_events
+    take_pending_events = step_outputs.take_pending_events
+    take_stats = step_outputs.take_stats
+    _restated = step_outputs._restated
+    _store_puts = step_outputs._store_puts
+    _drop_puts = step_outputs._drop_puts
+
+    # ---- checks: core/manager_check.py
+    check_invariants = manager_check.check_invariants
+
+    @property
+    def stats(self) -> PrefixCacheStats:
+        """Cumulative prefix-cache statistics since creation."""
+        return self._stats.total
+
+    @property
+    def events_dropped(self) -> int:
+        """Events dropped because the log overflowed before it was drained."""
+        return self._events.dropped
+
+    # ---- prompts prepared off the scheduler's thread ---------------------------------------
 
     def prepare(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> Prompt:
         """Do once, on any thread, the work admission does on a prompt that does not
@@ -83,16 +187,6 @@ class KVCacheManager(StepOutputs):
         return prepare_prompt(prompt_token_ids, extra, self.block_size, self.vocab_size,
                               self._prompt_hasher, self._config)
 
-    def lookup(self, prompt_token_ids: Sequence[int] | Prompt, *,
-               extra: ExtraKeys | None = None, max_hit_tokens: int | None = None) -> int:
-        """Tokens of this prompt that an admission now (with this ``max_hit_tokens``)
-        would find cached on the device and in host slots. Changes nothing (no
-        references, no stats, no LRU update) and never asks the shared store. Takes a
-        ``Prompt`` as ``add_request`` does. Raises as ``add_request`` for bad input."""
-        if max_hit_tokens is not None:
-            check_count("max_hit_tokens", max_hit_tokens, 0, None)
-        return len(self._find(None, prompt_token_ids, extra, True, None, max_hit_tokens)[1]) * self.block_size
-
     # ---- the shared store's fetches -------------------------------------------------------
 
     def poll_store(self) -> list[Hashable]:
@@ -114,181 +208,8 @@ class KVCacheManager(StepOutputs):
         Raises ConfigError without a store, for buffers that do not fit, or while store
         fetches are under way (nothing changes)."""
         if self._waits is None:
-            raise ConfigError("attach_host_memory needs a manager with a shared store")
+            raise ConfigError("attach_host_memory: built without store= (host_blocks=N, store=SharedStore)")
         self._waits.attach(buffers)
-
-    def lookup_block_ids(self, prompt_token_ids: Sequence[int] | Prompt, *,
-                         extra: ExtraKeys | None = None, max_hit_tokens: int | None = None
-                         ) -> tuple[int, ...]:
-        """The device blocks of the prefix ``lookup`` finds, in token order (it stops at
-        the first block that is not in the device pool: host tier, store). Changes
-        nothing. Takes a ``Prompt``. Raises as ``add_request`` for bad input."""
-        if max_hit_tokens is not None:
-            check_count("max_hit_tokens", max_hit_tokens, 0, None)
-        hits = self._find(None, prompt_token_ids, extra, True, None, max_hit_tokens)[1]
-        out = []
-        for b in hits:
-            if type(b) is not Block:
-                break
-            out.append(b.block_id)
-        return tuple(out)
-
-    # ---- forks, free, preemption -------------------------------------------------------
-
-    def fork(self, parent_id: Hashable, child_id: Hashable) -> Fork | None:
-        """Create ``child_id`` sharing the parent's full blocks (parallel sampling, beam
-        search). The parent's partial last block is copied on write: the child gets a new
-        block, and the copy is in ``copies`` and in ``take_kv_ops()``. The copy runs
-        before this step's forward pass: fork once the parent's scheduled tokens were
-        computed (after their step ran, as an engine forks after sampling).
-        Returns None when that block cannot be had (nothing changed). Raises RequestError
-        (unknown parent, child id in use: live, or waiting on the store; parent's prefill
-        not fully scheduled)."""
-        parent = self._get(parent_id)
-        check_new_request(self._requests, child_id)
-        if self._waits is not None and child_id in self._waits.waiting:  # (its ``free``
-            # would end the wait and leave the child live)
-            raise RequestError(f"request {child_id!r} is waiting on the store (StoreWait)")
-        if parent.num_scheduled != len(parent.tokens):
-            raise RequestError(f"cannot fork {parent_id!r} before its prefill is fully scheduled")
-        full = parent.num_scheduled // self.block_size
-        shared = parent.blocks[:full]
-        if not self._pool.can_acquire(shared, len(parent.blocks) - full):
-            return None
-        child = parent.fork(child_id, self.block_size)
-        child.blocks = self._pool.acquire(shared, len(parent.blocks) - full)
-        copies = self._copies.add(parent.blocks[full:], child.blocks[full:])
-        self._requests[child_id] = child
-        return Fork(child_id, tuple(map(_ID, child.blocks)), copies)
-
-    def free(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> None:
-        """Release a finished, aborted or preempted request's blocks, tail of the chain
-        first (so of these, the block ending the longest prefix is evicted first). Cached
-        blocks keep their content and stay findable until evicted.
-
-        ``num_computed_tokens``: pass it when the request is dropped before all its
-        scheduled tokens were computed (aborted before its step ran): full blocks past it
-        are made unfindable, so no later request hits KV that was never written. Default:
-        every scheduled token was computed. (Requests that hit those blocks in the same
-        step must not run without them either.) A request that waits on the store
-        (``StoreWait``) is not live: its wait is forgotten (its fetch still lands, and
-        gives back the device blocks it holds: at once if it landed, else then), and its
-        ``num_computed_tokens`` can only be 0.
-        Raises RequestError for an unknown or already freed id, or a count outside
-        ``[0, num_scheduled_tokens]``.
-        """
-        if self._waits is not None and self._waits.leave(request_id, num_computed_tokens) is not None:
-            return  # it waited on the store, holding nothing
-        req = self._get(request_id)
-        if num_computed_tokens is not None:
-            check_count("num_computed_tokens", num_computed_tokens, 0, req.num_scheduled)
-            bs = self.block_size
-            first = max(num_computed_tokens, req.num_cached) // bs
-            self._pool.emptied(self._index.uncache(req.blocks[first:req.num_scheduled // bs]))
-        del self._requests[request_id]
-        if req.num_scheduled < len(req.tokens):
-            self._num_prefilling -= 1
-        # a pending copy into a block going back to the pool must not run (the block may
-        # be a load's target in this step); its source may go back then, ahead of these
-        # blocks (it may hold content computed on them: copies.py)
-        if self._copies.copies:
-            unpinned = self._copies.settle(req.blocks, self._pool.blocks)
-            if unpinned:
-                self._pool.release(unpinned)
-        self._pool.release(reversed(req.blocks))
-
-    def uncache_blocks(self, block_ids: Iterable[int]) -> None:
-        """Make the content of these blocks unfindable (their KV turned out invalid, e.g.
-        a load that failed) while live requests hold them; a block no request holds is
-        left as it is. The shared store's pending writes of these blocks and of every
-        block computed on top of them are dropped. A content that leaves the index so
-        takes the cached blocks recorded under it along (and theirs: withdrawn, free ones
-        empty), and blocks its request fills after it are not findable until ``rewind``
-        recomputes them. Each live request holding one loses the content of its full
-        blocks after it too (computed on top of it), also when another block keeps the
-        named one's content findable (a spare), and so on for a request holding one of
-        those. A store fetch holding one of these blocks, or one that lost its content
-        with them (its device hits, or its landed run), gives it up, with every block
-        after it in its chain (``rewind`` then finds them the request's alone); a fetch
-        left with no valid hit before its run landed ends its request's wait (listed by
-        the next ``poll_store``: it computes). Raises RequestError for an id outside
-        the pool, or ``block_ids`` not an iterable (nothing changes)."""
-        blocks = self._pool.blocks
-        ids = check_block_ids(block_ids, len(blocks))
-        held = [blocks[i] for i in ids if blocks[i].ref_cnt > 0]
-        if held:  # (and the blocks live requests computed on top of them)
-            bs = self.block_size
-            # (the holds of pending copies and store fetches: no request to look for)
-            outside = self._copies.pins + (self._waits.holds() if self._waits is not None else [])
-            held = computed_on((((r.blocks,), r.num_scheduled // bs)
-                                for r in self._requests.values()), held, outside)
-        landing = getattr(self._index, "landing", None)
-        if landing:  # (blocks a store fetch fills: no findable content yet, as a free block)
-            apart = {id(b) for run in landing.values() for b in run}
-            held = [b for b in held if id(b) not in apart]
-        self._drop_puts(held)  # (the store's pending writes: before the index forgets)
-        self._pool.emptied(self._index.uncache(held, cut=True))
-        if self._waits is not None and self._waits.holders:  # (a store fetch's holds on
-            give_up(self._waits, held, True)  # them, and on what lost its content with them)
-
-    def rewind(self, request_id: Hashable, num_tokens: int) -> None:
-        """Take the request back to its first ``num_tokens`` scheduled tokens, to be
-        recomputed (KV after them turned out invalid: ``uncache_blocks``; vLLM then sets
-        its computed tokens back). Its tokens stay known: ``extend`` schedules them again
-        in the step that recomputes them, and the full blocks they fill are cached anew
-        (before, a block ``uncache_blocks`` emptied stayed unfindable while its request
-        lived, recomputed or not). Its full blocks from ``num_tokens`` on lose their
-        content and pending store writes, and stay in its table as reserved slots.
-        Raises RequestError (unknown id, ``num_tokens`` outside ``[0,
-        num_scheduled_tokens]``, or one of those blocks held by another request too,
-        which must be freed or preempted first), before any change. A store fetch
-        holding one of them (another request's device hits, or its run landed on the
-        device) is no such request: it gives them up, as after ``uncache_blocks``."""
-        req = self._get(request_id)
-        check_count("num_tokens", num_tokens, 0, req.num_scheduled)
-        full = num_tokens // self.block_size
-        tail = req.blocks[full:req.num_scheduled // self.block_size]
-        waits = self._waits
-        shared = [b.block_id for b in held_by_others(waits, tail)]  # (a store fetch's hold
-        if shared:  # is given up: ``store_giveup.py``)
-            raise RequestError(f"request {request_id!r} cannot rewind to {num_tokens}: blocks "
-                               f"{shared} are held by other requests too")
-        if waits is not None and waits.holders:  # (before ``uncache``: the request's alone,
-            give_up(waits, tail, False)  # they lose their content, never kept as spares)
-        self._drop_puts(tail)  # (before the index forgets)
-        self._pool.emptied(self._index.uncache(tail, cut=True))  # (and their cached children)
-        if req.num_scheduled == len(req.tokens) > num_tokens:
-            self._num_prefilling += 1
-        req.num_reserved = max(req.num_reserved, req.num_scheduled)
-        req.num_scheduled = num_tokens
-        req.num_cached = min(req.num_cached, full * self.block_size)
-
-    def preempt(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> tuple[int, ...]:
-        """Free a running request (as ``free``, same ``num_computed_tokens``) and return
-        all its known token ids (prompt and generated), to pass to ``add_request(...,
-        resumed=True)`` when it is re-admitted; it will hit whatever is still cached.
-        A request waiting on the store (``StoreWait``) stops waiting, as in ``free``, and
-        its prompt is returned (its re-admission hits what its fetch landed meanwhile).
-        Raises as ``free``."""
-        waits = self._waits
-        waited = waits.leave(request_id, num_computed_tokens) if waits is not None else None
-        if waited is not None:
-            return tuple(waited.tokens)
-        tokens = tuple(self._get(request_id).tokens)
-        self.free(request_id, num_computed_tokens=num_computed_tokens)
-        return tokens
-
-    def reset_prefix_cache(self) -> bool:
-        """Drop all cached content, only when no block is in use (a store fetch's held
-        blocks included), no store fetch is under way and no plan's copies run
-        (``take_kv_ops(pending=True)``). Returns whether it did."""
-        if self._ops_pending or self._waits is not None and self._waits.in_flight \
-                or not self._pool.reset():
-            return False
-        if self._host is not None:
-            self._host.clear()
-        self._events.append(AllBlocksCleared())
-        return True
 
     # ---- queries ---------------------------------------------------------------------
 
@@ -345,30 +266,3 @@ class KVCacheManager(StepOutputs):
         """Free block ids in the order they will be reused (empty ones, then LRU)."""
         return self._pool.free_order()
 
-    def check_invariants(self) -> None:
-        """Verify every count and link (pool, free queue, index, refcounts against the
-        live requests, each request's blocks against its tokens). Raises InvariantError."""
-        refs: dict[int, int] = {}
-        bs = self.block_size
-        prefilling = sum(r.num_scheduled < len(r.tokens) for r in self._requests.values())
-        self._require(None if prefilling == self._num_prefilling else
-                      f"{prefilling} requests are prefilling, counted {self._num_prefilling}")
-        for req in self._requests.values():
-            self._require(req.check(bs) or self._index.check_request(req, bs))
-            for b in req.blocks:
-                refs[b.block_id] = refs.get(b.block_id, 0) + 1
-        for b in self._copies.pins + [b for held in self._copies.kept for b in held]:
-            refs[b.block_id] = refs.get(b.block_id, 0) + 1
-        for b in self._waits.holds() if self._waits is not None else ():  # store fetches'
-            refs[b.block_id] = refs.get(b.block_id, 0) + 1
-        self._require(self._pool.check(refs))
-        self._require(self._copies.check(self._pool.blocks,
-                                         self._host.load_dst if self._host is not None else ()))
-        if self._host is not None:
-            self._require(self._host.check()
-                          or self._host.check_loads(self._pool.blocks)
-                          or self._host.check_parents(self._pool.blocks))
-        if self._waits is not None:
-            landing = self._host.num_landing  # type: ignore[union-attr]
-            self._require(None if landing == self._waits.reserved else
-                          f"{landing} host slots are landing, fetches reserved {self._waits.reserved}")

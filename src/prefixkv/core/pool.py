@@ -12,10 +12,11 @@ removes content from the index (``uncache`` does it for KV that was never comput
 
 from __future__ import annotations
 
-from .block import UNLINKED, Block, RunCounts
+from .block import UNLINKED, Block
 from .free_queue import FreeBlockQueue
 from .keyless import Keyless
 from .pool_release import PoolIndex, PoolRelease
+from .run import RunCounts
 
 __all__ = ["BlockPool", "PoolIndex"]
 
@@ -99,7 +100,10 @@ class BlockPool(PoolRelease):
         run evicted: its ``n`` is 1, each block's count as taken); the caller clears it
         on each of them before the block is anything but held (released, claimed,
         counted through a run, its count changed): a store fetch's start, whose fetcher
-        writes the blocks of its run on its own thread (``store_fill``)."""
+        writes the blocks of its run on its own thread (``store_fill``). The first such
+        run's own list is the eviction's, the other blocks moved in around it (no entry of
+        the run's is copied: each would touch a block, cold by now), and the one returned
+        when fewer empty blocks are taken."""
         empty = self._empty
         k = min(n, len(empty))
         taken = empty[len(empty) - k:]
@@ -142,6 +146,8 @@ class BlockPool(PoolRelease):
         b = head.next
         blocks = [b] * n  # (each entry set below: a store, no call, per block)
         keyless: Keyless | None = None  # spans of pending runs' blocks
+        hole: list[Block] | None = None  # a run kept ``stale``: its own list, at ``at``
+        at = 0
         if self.runs.free:  # a free shared run's blocks may be among them
             i = 0
             while i < n:
@@ -174,7 +180,10 @@ class BlockPool(PoolRelease):
                     if seg is not None:
                         assert seg[0] is b, (seg[0], b)
                         b = seg[-1].next
-                        blocks[i:i + k] = seg
+                        if kept and hole is None:  # (not copied: each entry copied
+                            hole, at = seg, i  # touches a block, cold by now)
+                        else:
+                            blocks[i:i + k] = seg
                         if not pending:
                             for x in seg:
                                 x.counted = None
@@ -201,6 +210,12 @@ class BlockPool(PoolRelease):
                 b = b.next
         head.next, b.prev = b, head
         self._cached.forget(n)
+        if hole is not None:  # the kept run's list becomes the eviction's: the few
+            after = blocks[at + len(hole):]  # blocks around it moved in (no entry of
+            if at:  # the run's is copied; nothing reads an evicted run's list)
+                hole[:0] = blocks[:at]
+            hole += after
+            blocks = hole
         self.index.drop(blocks, keyless)
         return blocks
 

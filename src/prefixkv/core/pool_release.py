@@ -10,9 +10,10 @@ from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import Protocol
 
-from .block import Block, RunCounts
+from .block import Block
 from .free_queue import FreeBlockQueue
 from .keyless import Keyless
+from .run import RunCounts
 
 
 class PoolIndex(Protocol):

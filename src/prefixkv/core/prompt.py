@@ -147,9 +147,23 @@ def unpack_prompt(prompt: Prompt, extra: ExtraKeys | None,
     """``prompt``, checked against the admitting manager's ``config`` and ``extra``
     (which must be None). Raises PromptError; changes nothing."""
     if prompt.config is not config and prompt.config != config:
-        raise PromptError(f"this Prompt was prepared by a manager of another configuration "
-                          f"(block size, vocabulary size, hash or seed): {prompt.config[:2]} "
-                          f"against this manager's {config[:2]}; prepare it with this one")
+        raise PromptError(f"this Prompt was prepared by a manager of another configuration: "
+                          f"{config_difference(prompt.config, config)}; prepare it with the "
+                          f"manager that admits it, or one of equal configuration")
     if extra is not None:
         raise PromptError("extra= given with a Prompt: its extra keys were given to prepare()")
     return prompt
+
+
+def config_difference(theirs: tuple[Hashable, ...], ours: tuple[Hashable, ...]) -> str:
+    """What differs between two managers' prompt configurations ``(block_size,
+    vocab_size, hash function, chain root)``, in words, for a PromptError."""
+    parts = [f"{name} {a!r} where this manager has {b!r}"
+             for name, a, b in (("block_size", theirs[0], ours[0]),
+                                ("vocab_size", theirs[1], ours[1])) if a != b]
+    if theirs[2] != ours[2]:
+        parts.append("another hash_mode (the chain hash names blocks differently)")
+    elif theirs[3] != ours[3]:
+        parts.append("another chain seed (hash_mode='xxhash' without seed= draws a random "
+                     "one per manager: give every manager the same seed=)")
+    return "; ".join(parts)

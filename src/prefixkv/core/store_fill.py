@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import islice
 
-from .block import Block, Run, RunCounts
+from .block import Block
+from .run import Run, RunCounts
 
 __all__ = ["emptied", "fill_device", "fill_pending", "unpend"]
 

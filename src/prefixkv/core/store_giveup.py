@@ -59,8 +59,10 @@ def give_up(waits: StoreWaits, blocks: Iterable[Block], lost: bool) -> None:
     that lost its findable content: no key, or made a spare by ``uncache``) gives it up,
     with every block after it in its chain (see the module's docstring). A block of a
     pending run has no key yet but holds its content: ``uncache`` writes every run it
-    takes content from, so a run still pending lost none. Called on the scheduler's
-    thread."""
+    takes content from, so a run still pending lost none (a path that took a run's
+    content and left it pending, its head's content taken, its head's child rewritten, the
+    run broken or off the index's list, fails ``check_invariants``:
+    tests/test_pending_loss_caught.py). Called on the scheduler's thread."""
     bad = {id(b) for b in blocks}
     for f in list(waits.holders):
         chain = f.held

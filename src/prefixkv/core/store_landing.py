@@ -72,6 +72,10 @@ def fetch_ready(f: Fetch) -> None:
         else:
             fill_device(devices, f.parent_cid, f.extras[:run], f.planned[:run],
                         f.hashes[:run], f.chunks[:run], f.step)
+        if run == len(f.devices):  # the request's blocks if it lands whole (``front``:
+            f.joined = f.front + f.devices  # the start's, never changed; ``devices``
+            # is changed by nothing while the fetch runs): listed where the blocks were
+            # just written, not on the scheduler's thread
     if f.staged:  # the run's ``StoreFetched`` ops (new objects: the fetcher's to make)
         f.fetched = [StoreFetched(s.block_id, b[0].toreadonly())
                      for s, b in zip(slots, f.buffers, strict=False)]
@@ -241,7 +245,10 @@ def _on_device(f: Fetch, devices: list[Block], hi: int, cids: Sequence[int], fil
     host.load_ids(src, dst, run)  # (the tier's lists now, maybe)
     f.slot_ids, f.device_ids = [], []
     f.on_device = hi
-    if hi == len(devices):  # (``blocks``: the held hits and the whole run, as landed)
+    joined, f.joined = f.joined, None
+    if hi == len(devices):  # (``blocks``: the held hits and the whole run, as landed:
+        # the fetcher's list while the held hits are still the start's)
+        f.blocks = joined if joined is not None and f.held == f.front else f.held + devices
         return []
     f.blocks = None
     return emptied(devices[hi:])

@@ -98,13 +98,9 @@ class StoreWaits:
             # and the block the re-admission's first token after the run opens (``tail``)
             # (``stale``: a pending run's blocks evicted whole keep its ``counted``, cleared
             # here for ``up`` and ``tail``, by the fetcher for the run's: ``store_fill``)
-            taken = pool.acquire(hits[:d] if held else hits, 0)  # (first: a hit is not
-            if taken:  # evicted) then the new blocks, the hits moved in front (no copy)
-                new = pool.take(len(slots) + first - d + 1, True)
-                new[:0] = taken
-                taken = new
-            else:
-                taken = pool.take(len(slots) + first - d + 1, True)
+            kept = pool.acquire(hits[:d] if held else hits, 0)  # (first: a hit is not
+            # evicted) then the new blocks: for the host hits, the run's, the tail's
+            taken = pool.take(len(slots) + first - d + 1, True)
         staged, views = self.buffers.views()
         f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
                   chunks, req.keys.of_blocks(first, first + len(slots)),  # (``prepare`` cuts)
@@ -117,16 +113,16 @@ class StoreWaits:
         f.planned = self.index.new_ids(len(slots))
         f.parent_cid = hits[-1].content_id if hits else 0
         f.ready = fetch_ready  # (store_landing.py)
-        if on_device:
-            f.tail = [taken.pop()]
-            unpend(f.tail)
+        if on_device:  # (``taken`` becomes the run's list: no copy of it, whose entries
+            f.tail = [taken.pop()]  # would touch every block, cold; the landing lists
+            unpend(f.tail)  # the request's blocks: ``Fetch.blocks``)
             if first > d:
-                unpend(taken[d:first])
-            f.devices, f.held, f.step = taken[first:], taken[:d], self.index.step
-            f.blocks = taken  # (the held hits, the blocks for the host hits, the run's)
-            if first > d:
-                f.up = taken[d:first]
-            self.index.landing[id(f)] = f.devices
+                f.up = taken[:first - d]
+                del taken[:first - d]
+                unpend(f.up)
+            f.devices, f.held, f.step = taken, kept, self.index.step
+            f.front = kept + f.up  # (a list of its own: ``held`` is not it)
+            self.index.landing[id(f)] = taken
             f.pend = self.index.pend_counts(req.keys.mm)
             self.holders.add(f)
         try:
@@ -172,8 +168,9 @@ class StoreWaits:
         f = self.waiting.pop(request_id, None)
         if f is None:
             return False
-        if taken:
-            self.holders.discard(f)
+        if taken:  # (the request holds them: the fetch holds nothing; its lists are
+            self.holders.discard(f)  # freed off this thread: ``StoreLink.retire``)
+            self.link.retire(f, f.devices)
             f.held, f.devices, f.blocks = [], None, None
         elif f.ended and f in self.holders:
             self._release(f)

@@ -10,7 +10,6 @@ ids are one table or one per group.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any
 
 import torch
 
@@ -58,11 +57,14 @@ def build_engine(config: LlamaConfig | None = None, *, num_blocks: int = 256, bl
                  enable_caching: bool = True, allocator: Allocator | HybridKVCacheManager | None = None,
                  groups: Sequence[GroupSpec] | None = None, layer_groups: Sequence[int] | None = None,
                  device: torch.device | str = "cpu", backend: str | None = None,
-                 enable_events: bool = False, host_blocks: int = 0, **engine_kwargs: Any) -> Engine:
+                 enable_events: bool = False, host_blocks: int = 0, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 2048, chunked_prefill: bool = False,
+                 max_model_len: int | None = None) -> Engine:
     """A TinyLlama engine in one call: model from ``config`` (defaults), a runner with
     ``num_blocks`` x ``block_size`` caches on ``device`` and ``host_blocks`` host slots,
     and ``allocator`` or a fresh ``KVCacheManager(num_blocks, block_size,
-    enable_caching=..., host_blocks=...)``. ``engine_kwargs`` go to ``Engine``.
+    enable_caching=..., host_blocks=...)``. ``max_num_seqs``, ``max_num_batched_tokens``,
+    ``chunked_prefill``, ``max_model_len``: as ``Engine``'s.
 
     A hybrid model: ``groups`` (``GroupSpec`` per group of layers) gives a fresh
     ``HybridKVCacheManager(groups, num_blocks, block_size)`` (``UncachedHybridManager``
@@ -86,16 +88,19 @@ def build_engine(config: LlamaConfig | None = None, *, num_blocks: int = 256, bl
                                    enable_events=enable_events, vocab_size=config.vocab_size,
                                    host_blocks=host_blocks)
     model = TinyLlama(config)
+    runner: HybridModelRunner | ModelRunner
     if isinstance(allocator, HybridKVCacheManager):
         specs = allocator.groups
         layers = layer_groups if layer_groups is not None else [
             layer % len(specs) for layer in range(config.num_layers)]
-        hybrid = HybridModelRunner(model, specs, layers, allocator.num_blocks,
+        runner = HybridModelRunner(model, specs, layers, allocator.num_blocks,
                                    allocator.block_size, device=device, backend=backend,
                                    poison=False)
-        return Engine(hybrid, allocator, **engine_kwargs)
-    if layer_groups is not None:
+    elif layer_groups is not None:
         raise ValueError("layer_groups needs groups (or a HybridKVCacheManager as allocator)")
-    runner = ModelRunner(model, allocator.num_blocks, allocator.block_size, device=device,
-                         backend=backend, host_blocks=host_blocks)
-    return Engine(runner, allocator, **engine_kwargs)
+    else:
+        runner = ModelRunner(model, allocator.num_blocks, allocator.block_size, device=device,
+                             backend=backend, host_blocks=host_blocks)
+    return Engine(runner, allocator, max_num_seqs=max_num_seqs,
+                  max_num_batched_tokens=max_num_batched_tokens,
+                  chunked_prefill=chunked_prefill, max_model_len=max_model_len)

@@ -100,7 +100,9 @@ class EventPublisher:
         self._resync = False  # a snapshot is due: it states the batches in ``_behind``
         self._behind: list[_Item] = []  # batches published since a drop, not queued
         self._ctx: Any = zmq.Context.instance()
-        self._pub = bound(self._ctx.socket(zmq.PUB), endpoint, hwm)
+        pub = self._ctx.socket(zmq.PUB)  # (what a PUB reads is its peers' subscriptions:
+        pub.setsockopt(zmq.MAXMSGSIZE, max(MAX_REQUEST_BYTES, 1 + len(self.topic)))  # small)
+        self._pub = bound(pub, endpoint, hwm)
         self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self._replay = None
         self.replay_endpoint: str | None = None

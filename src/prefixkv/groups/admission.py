@@ -1,5 +1,6 @@
-"""The hybrid manager's admission path and its lookups (``HybridKVCacheManager`` extends
-this class; its parts and shared helpers are in ``GroupParts``, parts.py).
+"""The hybrid manager's admission path and its lookups: functions
+``HybridKVCacheManager``'s body lists (``self`` the manager; its construction and shared
+helpers are in parts.py).
 
 Admission: encode the prompt, walk the prefix ids of its full blocks (``PrefixTable``),
 apply the hit rule over the groups (``longest_hit``), then, before any change, check the
@@ -11,6 +12,7 @@ the hit blocks its window at the hit point needs; its earlier entries are releas
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING
 
 from ..core.block import Block, blocks_for, hit_limit
 from ..core.prompt import Prompt, encode_prompt, prepare_prompt, unpack_prompt
@@ -18,182 +20,185 @@ from ..errors import PromptTooLongError, RequestError, check_count, check_flag, 
 from ..extra_keys import ExtraKeys
 from .fit import least_blocks
 from .lookup import hit_nodes, peeking, window_hits
-from .parts import GroupParts
 from .prefixes import Prefix
 from .request import GroupRequest
 from .results import GroupAdmission
 
+if TYPE_CHECKING:
+    from .manager import HybridKVCacheManager
 
-class GroupAdmitter(GroupParts):
-    """``prepare``, ``add_request``, ``lookup``, ``lookup_block_ids``;
-    see ``HybridKVCacheManager`` for the arguments."""
 
-    def prepare(self, prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> Prompt:
-        """As ``KVCacheManager.prepare``: check, encode and cut the prompt once, on any
-        thread (it reads only the configuration fixed at construction: block size,
-        vocabulary size, hash function and root), with the chain hashes of its full
-        blocks when events are on. A Prompt serves any manager, plain or hybrid, of the
-        same block size, vocabulary size, hash and seed. Raises as
-        ``KVCacheManager.prepare``."""
-        return prepare_prompt(prompt_token_ids, extra, self.block_size, self.vocab_size,
-                              self._prompt_hasher, self._config)
+def prepare(self: HybridKVCacheManager,
+            prompt_token_ids: Sequence[int], *, extra: ExtraKeys | None = None) -> Prompt:
+    """As ``KVCacheManager.prepare``: check, encode and cut the prompt once, on any
+    thread (it reads only the configuration fixed at construction: block size,
+    vocabulary size, hash function and root), with the chain hashes of its full
+    blocks when events are on. A Prompt serves any manager, plain or hybrid, of the
+    same block size, vocabulary size, hash and seed. Raises as
+    ``KVCacheManager.prepare``."""
+    return prepare_prompt(prompt_token_ids, extra, self.block_size, self.vocab_size,
+                          self._prompt_hasher, self._config)
 
-    def add_request(
-        self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt, *,
-        extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
-        read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
-        keep_free: int = 0, num_external_tokens: int = 0, max_hit_tokens: int | None = None,
-        peek: bool | Sequence[bool] = False,
-    ) -> GroupAdmission | None:
-        """Admit a request: find the longest cached prefix every group can serve, take
-        references on the blocks each group needs of it, allocate every group's blocks
-        for the tokens scheduled now and record the full ones. Arguments as
-        ``KVCacheManager.add_request``, a ``Prompt`` from ``prepare`` included
-        (``num_lookahead_tokens`` slots are reserved in every group; ``require_full_fit``
-        asks for every group's blocks of the whole prompt, windows not deducted;
-        ``keep_free`` blocks must stay free besides what this call takes).
-        ``num_external_tokens``: tokens after the cached prefix whose KV an outside source
-        writes (a connector's load; scheduled or reserved as the other counts say): the
-        request's first query sits after them, so a windowed group takes no block that
-        only positions below its reach hold (their entries are released ones, never
-        written nor cached; vLLM gives them its null block).
-        ``max_hit_tokens``: a hit of at most this many tokens (None: no cap): the longest
-        prefix every group serves within it, not the longest hit cut short (a window's
-        blocks there may be gone). ``peek``: a hit of ``k > 0`` blocks needs block ``k``
-        cached too in every group but a sparse one (True), or in the groups a sequence
-        of one bool per group names (never a sparse one): vLLM's EAGLE, which matches one
-        block past the hit and drops it (``prefixkv.groups.hits``); it may be the
-        prompt's last full block, even the one holding its last token.
 
-        Returns the GroupAdmission, or None when the pool is short of blocks (nothing
-        changed). Raises PromptTooLongError when it can never fit (``groups.fit``: its
-        prefill, or this call with its lookahead, needs more blocks than the pool has,
-        whatever is cached), RequestError (id in use or unhashable, a count or flag out of
-        range), TokenError (empty prompt, bad ids or container), ExtraKeysError,
-        ConfigError (a hash_mode callable failed), PromptError.
-        """
-        check_new_request(self._requests, request_id)
-        if num_new_tokens is not None:
-            check_count("num_new_tokens", num_new_tokens, 1, None)
-        check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
-        check_count("keep_free", keep_free, 0, None)
-        check_count("num_external_tokens", num_external_tokens, 0, None)
-        check_flag("resumed", resumed, RequestError)
-        check_flag("require_full_fit", require_full_fit, RequestError)
-        req, nodes, prompt = self._find(request_id, prompt_token_ids, extra,
-                                        check_flag("read_cache", read_cache, RequestError),
-                                        max_hit_tokens=max_hit_tokens,
-                                        peek=peeking(self.groups, peek), admit=True)
-        n, bs, k = len(req.tokens), self.block_size, len(nodes)
-        usable = self.num_blocks - (self._null is not None)
-        if blocks_for(n + num_lookahead_tokens, bs) * len(self.groups) > usable:  # else it fits
-            need = least_blocks(self.groups, bs, n, num_new_tokens, num_lookahead_tokens,
-                                require_full_fit, usable)
-            if need > usable:
-                raise PromptTooLongError(n, need, usable, " usable (all groups' blocks counted together)")
-        num_cached = k * bs
-        todo = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
-        total = num_cached + todo
-        first = min(num_cached + num_external_tokens, n)  # the first query's position
-        cuts, hits = window_hits(self.groups, self._index.find, bs, nodes, first)
-        held = [b for h in hits for b in h]
-        covered = blocks_for(total + num_lookahead_tokens, bs)
-        per_group = [max(0, covered - max(k, c)) for c in cuts]  # (a window's: none below its cut)
-        # a sparse group takes the block where this step ends only (its lookahead slots
-        # get theirs when a step ends there: decode.py), if past the hit and its cut
-        end = blocks_for(total, bs) - 1
-        taken = [int(covered - p <= end) if s.sparse else p
-                 for p, s in zip(per_group, self.groups, strict=True)]
-        fit = self._num_fresh(blocks_for(n, bs) - k) if require_full_fit else 0
-        if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
-            return None
-        last = total // bs
-        prepared = (self._prepare(req, k, last, nodes[-1] if nodes else None, prompt)
-                    if last > k else None)
-        fresh = self._pool.acquire(held, sum(taken))[len(held):]
-        for g, h in enumerate(hits):
-            new, fresh = fresh[:taken[g]], fresh[taken[g]:]
-            self._index.own(g, new)
-            row: list[Block | None] = list(new)
-            if self.groups[g].sparse:  # (None but where the step ends)
-                row = [None] * per_group[g]
-                if new:
-                    row[end - (covered - per_group[g])] = new[0]
-            req.tables[g] = [None] * min(cuts[g], covered) + h + row
-            req.cut[g] = min(cuts[g], covered)
-            self._hit_blocks[g] += len(h)
-        req.plan_release(self.groups, bs)
-        req.nodes = nodes
-        self._table.hold(nodes[-1] if nodes else None)
-        req.num_cached, req.step_start = num_cached, first
-        req.num_scheduled = total
-        req.num_reserved = total + num_lookahead_tokens
-        if total < n:  # its chunks and hashes serve the prefill's next chunks (``extend``)
-            req.prompt = prompt
-        if prepared is not None:
-            self._record(req, k, prepared)
-        self._requests[request_id] = req
-        self._stats.record(n, num_cached, resumed)
-        return GroupAdmission(request_id, self._ids(req), num_cached, todo)
+def add_request(
+    self: HybridKVCacheManager, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt, *,
+    extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
+    read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
+    keep_free: int = 0, num_external_tokens: int = 0, max_hit_tokens: int | None = None,
+    peek: bool | Sequence[bool] = False,
+) -> GroupAdmission | None:
+    """Admit a request: find the longest cached prefix every group can serve, take
+    references on the blocks each group needs of it, allocate every group's blocks
+    for the tokens scheduled now and record the full ones. Arguments as
+    ``KVCacheManager.add_request``, a ``Prompt`` from ``prepare`` included
+    (``num_lookahead_tokens`` slots are reserved in every group; ``require_full_fit``
+    asks for every group's blocks of the whole prompt, windows not deducted;
+    ``keep_free`` blocks must stay free besides what this call takes).
+    ``num_external_tokens``: tokens after the cached prefix whose KV an outside source
+    writes (a connector's load; scheduled or reserved as the other counts say): the
+    request's first query sits after them, so a windowed group takes no block that
+    only positions below its reach hold (their entries are released ones, never
+    written nor cached; vLLM gives them its null block).
+    ``max_hit_tokens``: a hit of at most this many tokens (None: no cap): the longest
+    prefix every group serves within it, not the longest hit cut short (a window's
+    blocks there may be gone). ``peek``: a hit of ``k > 0`` blocks needs block ``k``
+    cached too in every group but a sparse one (True), or in the groups a sequence
+    of one bool per group names (never a sparse one): vLLM's EAGLE, which matches one
+    block past the hit and drops it (``prefixkv.groups.hits``); it may be the
+    prompt's last full block, even the one holding its last token.
 
-    def lookup(self, prompt_token_ids: Sequence[int] | Prompt, *,
-               extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,
-               peek: bool | Sequence[bool] = False) -> int:
-        """Tokens of this prompt that an admission now (with this ``max_hit_tokens`` and
-        ``peek``) would find cached in every group. Changes nothing. Raises as
-        ``add_request`` for bad input."""
-        return len(self._find(None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
-                              peek=peeking(self.groups, peek))[1]) * self.block_size
+    Returns the GroupAdmission, or None when the pool is short of blocks (nothing
+    changed). Raises PromptTooLongError when it can never fit (``groups.fit``: its
+    prefill, or this call with its lookahead, needs more blocks than the pool has,
+    whatever is cached), RequestError (id in use or unhashable, a count or flag out of
+    range), TokenError (empty prompt, bad ids or container), ExtraKeysError,
+    ConfigError (a hash_mode callable failed), PromptError.
+    """
+    check_new_request(self._requests, request_id)
+    if num_new_tokens is not None:
+        check_count("num_new_tokens", num_new_tokens, 1, None)
+    check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
+    check_count("keep_free", keep_free, 0, None)
+    check_count("num_external_tokens", num_external_tokens, 0, None)
+    check_flag("resumed", resumed, RequestError)
+    check_flag("require_full_fit", require_full_fit, RequestError)
+    req, nodes, prompt = self._find(request_id, prompt_token_ids, extra,
+                                    check_flag("read_cache", read_cache, RequestError),
+                                    max_hit_tokens=max_hit_tokens,
+                                    peek=peeking(self.groups, peek), admit=True)
+    n, bs, k = len(req.tokens), self.block_size, len(nodes)
+    usable = self.num_blocks - (self._null is not None)
+    if blocks_for(n + num_lookahead_tokens, bs) * len(self.groups) > usable:  # else it fits
+        need = least_blocks(self.groups, bs, n, num_new_tokens, num_lookahead_tokens,
+                            require_full_fit, usable)
+        if need > usable:
+            raise PromptTooLongError(n, need, usable, " usable (all groups' blocks counted together)")
+    num_cached = k * bs
+    todo = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
+    total = num_cached + todo
+    first = min(num_cached + num_external_tokens, n)  # the first query's position
+    cuts, hits = window_hits(self.groups, self._index.find, bs, nodes, first)
+    held = [b for h in hits for b in h]
+    covered = blocks_for(total + num_lookahead_tokens, bs)
+    per_group = [max(0, covered - max(k, c)) for c in cuts]  # (a window's: none below its cut)
+    # a sparse group takes the block where this step ends only (its lookahead slots
+    # get theirs when a step ends there: decode.py), if past the hit and its cut
+    end = blocks_for(total, bs) - 1
+    taken = [int(covered - p <= end) if s.sparse else p
+             for p, s in zip(per_group, self.groups, strict=True)]
+    fit = self._num_fresh(blocks_for(n, bs) - k) if require_full_fit else 0
+    if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
+        return None
+    last = total // bs
+    prepared = (self._prepare(req, k, last, nodes[-1] if nodes else None, prompt)
+                if last > k else None)
+    fresh = self._pool.acquire(held, sum(taken))[len(held):]
+    for g, h in enumerate(hits):
+        new, fresh = fresh[:taken[g]], fresh[taken[g]:]
+        self._index.own(g, new)
+        row: list[Block | None] = list(new)
+        if self.groups[g].sparse:  # (None but where the step ends)
+            row = [None] * per_group[g]
+            if new:
+                row[end - (covered - per_group[g])] = new[0]
+        req.tables[g] = [None] * min(cuts[g], covered) + h + row
+        req.cut[g] = min(cuts[g], covered)
+        self._hit_blocks[g] += len(h)
+    req.plan_release(self.groups, bs)
+    req.nodes = nodes
+    self._table.hold(nodes[-1] if nodes else None)
+    req.num_cached, req.step_start = num_cached, first
+    req.num_scheduled = total
+    req.num_reserved = total + num_lookahead_tokens
+    if total < n:  # its chunks and hashes serve the prefill's next chunks (``extend``)
+        req.prompt = prompt
+    if prepared is not None:
+        self._record(req, k, prepared)
+    self._requests[request_id] = req
+    self._stats.record(n, num_cached, resumed)
+    return GroupAdmission(request_id, self._ids(req), num_cached, todo)
 
-    def lookup_block_ids(self, prompt_token_ids: Sequence[int] | Prompt, *,
-                         extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,
-                         peek: bool | Sequence[bool] = False) -> tuple[tuple[int, ...], ...]:
-        """Per group, the blocks of the prefix ``lookup`` finds, in token order, as an
-        admission now would put them in its tables: ``null_block_id`` for the leading
-        blocks that the group's window no longer reads. Changes nothing. Raises as
-        ``add_request`` for bad input."""
-        cuts, hits = window_hits(self.groups, self._index.find, self.block_size, self._find(
-            None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
-            peek=peeking(self.groups, peek))[1])
-        null = self.null_block_id
-        return tuple((null,) * cut + tuple(b.block_id for b in h)  # type: ignore[misc]
-                     for cut, h in zip(cuts, hits, strict=True))
 
-    def _find(self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt,
-              extra: ExtraKeys | None,
-              read_cache: bool, alone: list[int] | None = None,
-              max_hit_tokens: int | None = None, peek: Sequence[bool] = (), *,
-              admit: bool = False) -> tuple[GroupRequest, list[Prefix], Prompt | None]:
-        """Check and encode a prompt (or take a prepared one); the prefix ids of its hit
-        (at most ``hit_limit``'s blocks: all but the one holding the last token, and
-        within ``max_hit_tokens``; in the groups ``peek`` names (``peeking``), the block
-        after it is looked at too), and
-        the Prompt if it was one; ``alone[g]`` set to the blocks group ``g`` alone would
-        serve (without peeking), when given. ``admit``: the request is admitted (it gets
-        its own token array; else it is a lookup's, which reads a prepared prompt's). No
-        side effects (but the check of ``max_hit_tokens``)."""
-        if max_hit_tokens is not None:
-            check_count("max_hit_tokens", max_hit_tokens, 0, None)
-        if isinstance(prompt_token_ids, Prompt):
-            prompt: Prompt | None = unpack_prompt(prompt_token_ids, extra, self._config)
-            keys = prompt_token_ids.keys
-            chunks: Sequence[bytes] = prompt_token_ids.chunks
-            if not admit:  # a lookup: the tokens are read, never written
-                tokens = prompt_token_ids.tokens
-            else:  # the request's own (decode appends to them): ``prepare``'s copy, once
-                try:
-                    tokens = prompt_token_ids.spare.pop()
-                except IndexError:
-                    tokens = prompt_token_ids.tokens[:]
-        else:
-            prompt = None
-            tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
-                                                 self.vocab_size)
-        n = len(tokens)
-        req = GroupRequest(request_id, tokens, keys, len(self.groups))
-        req.losses = self._index.losses  # (its hits are found now: ``GroupRequest``)
-        limit = hit_limit(n, self.block_size, max_hit_tokens)
-        if not read_cache or not limit:
-            return req, [], prompt
-        return req, hit_nodes(self.groups, self._table, self._index.find, self.block_size,
-                              chunks, keys, n, limit, peek, alone), prompt
+def lookup(self: HybridKVCacheManager, prompt_token_ids: Sequence[int] | Prompt, *,
+           extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,
+           peek: bool | Sequence[bool] = False) -> int:
+    """Tokens of this prompt that an admission now (with this ``max_hit_tokens`` and
+    ``peek``) would find cached in every group. Changes nothing. Raises as
+    ``add_request`` for bad input."""
+    return len(self._find(None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
+                          peek=peeking(self.groups, peek))[1]) * self.block_size
+
+
+def lookup_block_ids(self: HybridKVCacheManager, prompt_token_ids: Sequence[int] | Prompt, *,
+                     extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,
+                     peek: bool | Sequence[bool] = False) -> tuple[tuple[int, ...], ...]:
+    """Per group, the blocks of the prefix ``lookup`` finds, in token order, as an
+    admission now would put them in its tables: ``null_block_id`` for the leading
+    blocks that the group's window no longer reads. Changes nothing. Raises as
+    ``add_request`` for bad input."""
+    cuts, hits = window_hits(self.groups, self._index.find, self.block_size, self._find(
+        None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
+        peek=peeking(self.groups, peek))[1])
+    null = self.null_block_id
+    return tuple((null,) * cut + tuple(b.block_id for b in h)  # type: ignore[misc]
+                 for cut, h in zip(cuts, hits, strict=True))
+
+
+def _find(self: HybridKVCacheManager, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt,
+          extra: ExtraKeys | None,
+          read_cache: bool, alone: list[int] | None = None,
+          max_hit_tokens: int | None = None, peek: Sequence[bool] = (), *,
+          admit: bool = False) -> tuple[GroupRequest, list[Prefix], Prompt | None]:
+    """Check and encode a prompt (or take a prepared one); the prefix ids of its hit
+    (at most ``hit_limit``'s blocks: all but the one holding the last token, and
+    within ``max_hit_tokens``; in the groups ``peek`` names (``peeking``), the block
+    after it is looked at too), and
+    the Prompt if it was one; ``alone[g]`` set to the blocks group ``g`` alone would
+    serve (without peeking), when given. ``admit``: the request is admitted (it gets
+    its own token array; else it is a lookup's, which reads a prepared prompt's). No
+    side effects (but the check of ``max_hit_tokens``)."""
+    if max_hit_tokens is not None:
+        check_count("max_hit_tokens", max_hit_tokens, 0, None)
+    if isinstance(prompt_token_ids, Prompt):
+        prompt: Prompt | None = unpack_prompt(prompt_token_ids, extra, self._config)
+        keys = prompt_token_ids.keys
+        chunks: Sequence[bytes] = prompt_token_ids.chunks
+        if not admit:  # a lookup: the tokens are read, never written
+            tokens = prompt_token_ids.tokens
+        else:  # the request's own (decode appends to them): ``prepare``'s copy, once
+            try:
+                tokens = prompt_token_ids.spare.pop()
+            except IndexError:
+                tokens = prompt_token_ids.tokens[:]
+    else:
+        prompt = None
+        tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
+                                             self.vocab_size)
+    n = len(tokens)
+    req = GroupRequest(request_id, tokens, keys, len(self.groups))
+    req.losses = self._index.losses  # (its hits are found now: ``GroupRequest``)
+    limit = hit_limit(n, self.block_size, max_hit_tokens)
+    if not read_cache or not limit:
+        return req, [], prompt
+    return req, hit_nodes(self.groups, self._table, self._index.find, self.block_size,
+                          chunks, keys, n, limit, peek, alone), prompt

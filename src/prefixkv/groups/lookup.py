@@ -1,7 +1,7 @@
 """Finding a prompt's hit in the groups: the prefix ids of its full blocks, walked in the
 ``PrefixTable``, cut by the hit rule over the groups (``longest_hit``), and, per group,
 the blocks of that hit its window still reads. Pure reads: no call here changes the
-manager (``GroupAdmitter``'s lookups and admission call them)."""
+manager (its lookups and admission, groups/admission.py, call them)."""
 
 from __future__ import annotations
 

@@ -8,34 +8,39 @@ becomes the null block. Calls check their input and compute what can fail before
 change; a shortage returns None with nothing changed (blocks a call would release count
 as free for it, and stay held when it returns None).
 
-The class is built in layers, one noun each: ``GroupParts`` (construction and the
-helpers every path shares; parts.py), ``GroupAdmitter`` (``add_request``, ``lookup``;
-admission.py), ``GroupGrowth`` (window release and table growth; growth.py),
-``GroupDecoder`` (``extend``, ``append_tokens``, ``append_step``, ``reserve``,
-``rewind``; decode.py), and here forks, frees, preemption, reset and the queries.
+The class body states the whole surface; the long calls are written as functions in a
+module each (``self`` the manager), listed here as ``name = module.function``: parts.py
+(construction and the helpers every path shares), admission.py (``add_request``,
+``lookup``), growth.py (window release and table growth), decode.py (``extend``,
+``append_tokens``, ``append_step``, ``reserve``, ``rewind``), forks.py, release.py (frees,
+preemption, uncache, reset), manager_check.py; the queries are written here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
 
 from ..core.block import Block
-from ..core.dependents import computed_on
+from ..core.pool import BlockPool
 from ..core.prompt import Prompt
-from ..errors import ConfigError, RequestError, check_block_ids, check_count, check_new_request
-from ..event_log import PendingEvents
+from ..errors import check_count
+from ..event_log import EventLog, NullSink, PendingEvents
 from ..events import AllBlocksCleared, Event
 from ..extra_keys import ExtraKeys
-from ..stats import PrefixCacheStats
-from .decode import GroupDecoder
-from .free_order import free_order
-from .free_runs import finder, unfound
+from ..hashing import HashFn
+from ..index import Hasher
+from ..stats import PrefixCacheStats, StatsCounter
+from . import admission, decode, forks, growth, manager_check, parts, release
+from .index import GroupIndex
+from .pins import RewindPins
+from .prefixes import PrefixTable
 from .request import GroupRequest
-from .results import GroupBlockCopy, GroupFork, GroupStats
+from .results import GroupBlockCopy, GroupStats
+from .spec import GroupSpec
 from .taint import reads_lost
 
 
-class HybridKVCacheManager(GroupDecoder):
+class HybridKVCacheManager:
     """Paged KV blocks for a model whose layers form attention groups, with automatic
     prefix caching per group.
 
@@ -54,120 +59,91 @@ class HybridKVCacheManager(GroupDecoder):
     Thread safety: as ``KVCacheManager``'s (one thread makes every call but ``prepare``).
     """
 
-    # ---- forks, free, preemption -------------------------------------------------------
+    # the state, set once by ``__init__`` (``parts.construct``)
+    groups: tuple[GroupSpec, ...]
+    num_blocks: int
+    block_size: int
+    vocab_size: int | None
+    _hasher: Hasher
+    _events: EventLog | NullSink
+    _table: PrefixTable
+    _index: GroupIndex
+    _pool: BlockPool
+    _null: Block | None  # (``null_block_id``)
+    _requests: dict[Hashable, GroupRequest]
+    _stats: StatsCounter
+    _released: list[int]  # per group: blocks released
+    _hit_blocks: list[int]  # per group: hit blocks taken
+    _kv_ops: list[GroupBlockCopy]  # the fork copies since ``take_kv_ops``
+    _nothing: tuple[tuple[int, ...], ...]  # (no block ids in any group)
+    _sparse: tuple[int, ...]  # the sparse (Mamba) groups
+    _config: tuple[object, ...]  # what ``prepare`` reads
+    _prompt_hasher: Hasher | None
+    _num_prefilling = 1  # no count of prefilling requests is kept here: always check
+    _pins: RewindPins | None = None  # (made by the first rewind: most managers never rewind)
 
-    def fork(self, parent_id: Hashable, child_id: Hashable) -> GroupFork | None:
-        """Create ``child_id`` sharing the parent's full blocks in every group (and its
-        released entries); each group's partial last block (and any reserved block) is
-        copied on write (the copies are in the result and in ``take_kv_ops()``). Returns
-        None when those blocks cannot be had (nothing changed). Raises RequestError (unknown parent, child
-        id in use, parent's prefill not fully scheduled), ConfigError when a group is
-        sparse (Mamba: a fork would need its state block copied, not offered)."""
-        parent = self._get(parent_id)
-        if any(s.sparse for s in self.groups):
-            raise ConfigError("fork is not offered for a model with a Mamba (sparse) group")
-        check_new_request(self._requests, child_id)
-        if parent.num_scheduled != len(parent.tokens):
-            raise RequestError(f"cannot fork {parent_id!r} before its prefill is fully scheduled")
-        full = parent.num_scheduled // self.block_size
-        held: list[Block] = [b for t in parent.tables for b in t[:full] if b is not None]
-        # the entries from ``full`` on are copied on write; a released one (None) stays
-        # released: a rewind can take a request back before blocks its windows released
-        need = sum(b is not None for t in parent.tables for b in t[full:])
-        if not self._pool.can_acquire(held, need):
-            return None
-        fresh = iter(self._pool.acquire(held, need)[len(held):])
-        child = GroupRequest(child_id, parent.tokens[:], parent.keys, len(self.groups))
-        copies = []
-        for g, table in enumerate(parent.tables):
-            new = [None if b is None else next(fresh) for b in table[full:]]
-            self._index.own(g, [b for b in new if b is not None])
-            child.tables[g] = table[:full] + new
-            copies += [GroupBlockCopy(a.block_id, b.block_id, g)
-                       for a, b in zip(table[full:], new, strict=True) if a is not None and b is not None]
-        child.cut = parent.cut[:]
-        child.num_reserved = parent.num_reserved
-        child.next_release = parent.next_release
-        child.nodes = parent.nodes[:]
-        self._table.hold(child.nodes[-1] if child.nodes else None)
-        child.num_scheduled, child.step_start = parent.num_scheduled, parent.step_start
-        child.num_cached = full * self.block_size
-        child.tainted_from, child.losses = parent.tainted_from, parent.losses  # (the
-        # parent's KV, found as the parent's is)
-        self._kv_ops += copies
-        self._requests[child_id] = child
-        return GroupFork(child_id, tuple(map(tuple, self._ids(child))), tuple(copies))
+    def __init__(
+        self, groups: Sequence[GroupSpec], num_blocks: int, block_size: int = 16, *,
+        hash_mode: str | HashFn = "xxhash", seed: int | bytes | None = None,
+        enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
+    ) -> None:
+        parts.construct(self, groups, num_blocks, block_size, hash_mode, seed, enable_events,
+                        max_events, vocab_size)
 
-    def free(self, request_id: Hashable, *, num_computed_tokens: int | None = None) -> None:
-        """Release a request's blocks in every group; cached ones stay findable in their
-        group until evicted, which takes first those released first: vLLM's order (group
-        by group, each group's tail first), but a block no hit of the request's prefix
-        can use goes ahead as soon as it becomes so (free_order.py): however many of
-        them are evicted, every hit of its prefix that vLLM's order keeps is kept.
-        ``num_computed_tokens``: as ``KVCacheManager.free`` (full blocks past it were
-        never computed and become unfindable); blocks a window already released are not
-        reached, so pass at least the start of the last step scheduled (what an engine
-        dropping a request before that step ran knows). Raises RequestError for an unknown or
-        freed id, or a count outside ``[0, num_scheduled_tokens]``."""
-        req = self._get(request_id)
-        if num_computed_tokens is not None:
-            check_count("num_computed_tokens", num_computed_tokens, 0, req.num_scheduled)
-            bs = self.block_size
-            first = max(num_computed_tokens, req.num_cached) // bs
-            for t in req.tables:
-                self._pool.emptied(self._index.uncache(
-                    [b for b in t[first:req.num_scheduled // bs] if b is not None]))
-        del self._requests[request_id]
-        nodes = req.nodes
-        # a longer prefix exists (a child, or another request ending here): a reference on
-        # the last node beside its blocks' and the request's own
-        longer = bool(nodes) and nodes[-1].refs > self._index.num_blocks_of(nodes[-1]) + 1
-        self._pool.release(free_order(self.groups, self.block_size, req,
-                                      finder(self._index, req), longer))
-        self._table.unhold(req.nodes[-1] if req.nodes else None)
+    # The calls. Each line names the module that holds the call's body and contract.
 
-    def preempt(self, request_id: Hashable, *,
-                num_computed_tokens: int | None = None) -> tuple[int, ...]:
-        """Free a running request (as ``free``) and return all its known token ids, for
-        ``add_request(..., resumed=True)``. Raises as ``free``."""
-        tokens = tuple(self._get(request_id).tokens)
-        self.free(request_id, num_computed_tokens=num_computed_tokens)
-        return tokens
+    # ---- admission and lookups: groups/admission.py
+    prepare = admission.prepare
+    add_request = admission.add_request
+    lookup = admission.lookup
+    lookup_block_ids = admission.lookup_block_ids
+    _find = admission._find
 
-    def uncache_blocks(self, block_ids: Iterable[int]) -> None:
-        """As ``KVCacheManager.uncache_blocks``: make the content of these blocks
-        unfindable in their group (their KV turned out invalid) while live requests hold
-        them; a block no request holds is left as it is. Each live request holding one
-        loses the content of its full blocks after it too, in every group (computed on
-        top of it), and so on for a request holding one of those (it hit it, and
-        computed its own after it: ``computed_on``). A prefix left in no block of a
-        group goes from every group with its descendants (``GroupIndex.uncache``), and
-        what a request fills after such a block is never found. Raises RequestError for
-        an id outside the pool, or ``block_ids`` not an iterable (nothing changes)."""
-        blocks = self._pool.blocks
-        ids = check_block_ids(block_ids, len(blocks))
-        going = [blocks[i] for i in ids if blocks[i].ref_cnt > 0]
-        if going:  # (and what live requests computed on top of them, hits of it included)
-            going = computed_on(((r.tables, len(r.nodes)) for r in self._requests.values()),
-                                going, () if self._null is None else (self._null,))
-        self._pool.emptied(self._index.uncache(going))
+    # ---- growth: groups/decode.py (the calls), groups/growth.py (their mechanism)
+    extend = decode.extend
+    append_tokens = decode.append_tokens
+    append_step = decode.append_step
+    reserve = decode.reserve
+    num_blocks_to_allocate = decode.num_blocks_to_allocate
+    release_unread = decode.release_unread
+    bound_release = decode.bound_release
+    rewind = decode.rewind
+    num_blocks_released = decode.num_blocks_released
+    _step_requests = decode._step_requests
+    _release = growth._release
+    _going = growth._going
+    _roomy = growth._roomy
+    _prepare_fills = growth._prepare_fills
+    _grow = growth._grow
+    _holes = growth._holes
+    _fill = growth._fill
+    _take = growth._take
 
-    def reset_prefix_cache(self) -> bool:
-        """Drop all cached content in every group, only when no request holds a block
-        (and the pending copies, whose blocks no request holds then). Returns whether it
-        did."""
-        if self._requests:
-            return False
-        self._kv_ops.clear()  # every pending copy writes a block that no request holds
-        if self._null is not None:
-            self._pool.release([self._null])
-        cleared = self._pool.reset()
-        assert cleared, "no request is live, yet a block is held"
-        if self._null is not None:
-            self._null = self._pool.take(1)[0]
-        self._events.clear()
-        self._events.append(AllBlocksCleared())
-        return True
+    # ---- forks (groups/forks.py), leaving and invalid KV (groups/release.py)
+    fork = forks.fork
+    free = release.free
+    preempt = release.preempt
+    uncache_blocks = release.uncache_blocks
+    reset_prefix_cache = release.reset_prefix_cache
+
+    # ---- the helpers every path shares: groups/parts.py
+    _prepare = parts._prepare
+    _record = parts._record
+    _num_fresh = parts._num_fresh
+    _ids = parts._ids
+    _step_encode = parts._step_encode
+    _get = parts._get
+
+    # ---- checks: groups/manager_check.py
+    check_invariants = manager_check.check_invariants
+
+    @property
+    def null_block_id(self) -> int | None:
+        """The block id that fills released positions of windowed groups' tables (block
+        0, reserved for this at construction: never handed to a request, never written,
+        never read by the kernels, which skip keys outside the window); None when no
+        group releases blocks."""
+        return self._null.block_id if self._null is not None else None
 
     # ---- queries ---------------------------------------------------------------------
 
@@ -276,22 +252,3 @@ class HybridKVCacheManager(GroupDecoder):
         out, self._kv_ops = self._kv_ops, []
         return out
 
-    def check_invariants(self) -> None:
-        """Verify every count and link: the pool and free queue, each group's index, the
-        prefix-id table and its references, refcounts against the live requests, each
-        request's tables against its tokens and its windows. Raises InvariantError."""
-        refs: dict[int, int] = {}
-        if self._null is not None:
-            refs[self._null.block_id] = 1
-        node_refs = self._index.node_refs()
-        for req in self._requests.values():
-            self._require(req.check(self.groups, self.block_size) or unfound(self._index, req))
-            for t in req.tables:
-                for b in t:
-                    if b is not None:
-                        refs[b.block_id] = refs.get(b.block_id, 0) + 1
-            if req.nodes:
-                pid = req.nodes[-1].pid
-                node_refs[pid] = node_refs.get(pid, 0) + 1
-        self._require(self._pool.check(refs))
-        self._require(self._table.check(node_refs))

@@ -1,6 +1,5 @@
-"""The hybrid manager's parts and the helpers every path through it shares
-(``HybridKVCacheManager`` extends this class through ``GroupAdmitter`` and
-``GroupDecoder``).
+"""The hybrid manager's construction and the helpers every path through it shares:
+functions ``HybridKVCacheManager``'s body lists (``self`` the manager).
 
 The parts, set once at construction: the group specs, the shared pool, the prefix-id
 table, the per-group index, the requests, the hasher and the event log. The helpers: the
@@ -14,11 +13,11 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING
 
-from ..core.block import Block
 from ..core.pool import BlockPool
 from ..core.prompt import Prompt
-from ..errors import MAX_BLOCKS, ConfigError, InvariantError, check_flag, check_positive, live_request
+from ..errors import MAX_BLOCKS, ConfigError, check_flag, check_positive, live_request
 from ..event_log import EventLog, NullSink
 from ..hashing import HashFn, encode_tokens, make_hash_fn, token_bytes
 from ..index import Hasher
@@ -27,128 +26,122 @@ from ..stats import StatsCounter
 from .index import GroupIndex
 from .prefixes import Prefix, PrefixTable
 from .request import GroupRequest
-from .results import GroupBlockCopy
 from .spec import GroupSpec, group_specs
 
+if TYPE_CHECKING:
+    from .manager import HybridKVCacheManager
 
-class GroupParts:
-    """Construction and the shared helpers; see ``HybridKVCacheManager`` for the arguments."""
 
-    def __init__(
-        self, groups: Sequence[GroupSpec], num_blocks: int, block_size: int = 16, *,
-        hash_mode: str | HashFn = "xxhash", seed: int | bytes | None = None,
-        enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
-    ) -> None:
-        specs = group_specs(groups)
-        check_positive("num_blocks", num_blocks, MAX_BLOCKS)
-        check_positive("block_size", block_size)
-        check_flag("enable_events", enable_events, ConfigError)
-        check_positive("max_events", max_events)
-        if vocab_size is not None:
-            check_positive("vocab_size", vocab_size)
-        reserved = int(any(s.releases for s in specs))
-        if num_blocks <= reserved:
-            raise ConfigError(f"num_blocks must leave a block beside the null block, got {num_blocks}")
-        self.groups = specs
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.vocab_size = vocab_size
-        fn, root = make_hash_fn(hash_mode, seed)
-        self._hasher = Hasher(fn, root, callable(hash_mode))
-        self._events = EventLog(max_events) if enable_events else NullSink()
-        self._table = PrefixTable()
-        self._index = GroupIndex(specs, num_blocks, self._table, self._events)
-        self._pool = BlockPool(num_blocks, self._index)
-        self._null: Block | None = self._pool.take(1)[0] if reserved else None
-        self._requests: dict[Hashable, GroupRequest] = {}
-        self._stats = StatsCounter()
-        self._released = [0] * len(specs)
-        self._hit_blocks = [0] * len(specs)
-        self._kv_ops: list[GroupBlockCopy] = []
-        self._nothing: tuple[tuple[int, ...], ...] = ((),) * len(specs)
-        self._sparse = tuple(g for g, s in enumerate(specs) if s.sparse)
-        # what ``prepare`` reads, fixed from here on (as ``KVCacheManager``'s)
-        self._config = (block_size, vocab_size, fn, root)
-        self._prompt_hasher = self._hasher if self._index.hashing else None
+def construct(
+    self: HybridKVCacheManager, groups: Sequence[GroupSpec], num_blocks: int, block_size: int,
+    hash_mode: str | HashFn, seed: int | bytes | None, enable_events: bool, max_events: int,
+    vocab_size: int | None,
+) -> None:
+    """``HybridKVCacheManager.__init__``: check every argument, then build the parts (see
+    there for the arguments and what raises)."""
+    specs = group_specs(groups)
+    check_positive("num_blocks", num_blocks, MAX_BLOCKS)
+    check_positive("block_size", block_size)
+    check_flag("enable_events", enable_events, ConfigError)
+    check_positive("max_events", max_events)
+    if vocab_size is not None:
+        check_positive("vocab_size", vocab_size)
+    reserved = int(any(s.releases for s in specs))
+    if num_blocks <= reserved:
+        raise ConfigError(f"num_blocks must leave a block beside the null block, got {num_blocks}")
+    self.groups = specs
+    self.num_blocks = num_blocks
+    self.block_size = block_size
+    self.vocab_size = vocab_size
+    fn, root = make_hash_fn(hash_mode, seed)
+    self._hasher = Hasher(fn, root, callable(hash_mode))
+    self._events = EventLog(max_events) if enable_events else NullSink()
+    self._table = PrefixTable()
+    self._index = GroupIndex(specs, num_blocks, self._table, self._events)
+    self._pool = BlockPool(num_blocks, self._index)
+    self._null = self._pool.take(1)[0] if reserved else None
+    self._requests = {}
+    self._stats = StatsCounter()
+    self._released = [0] * len(specs)
+    self._hit_blocks = [0] * len(specs)
+    self._kv_ops = []
+    self._nothing = ((),) * len(specs)
+    self._sparse = tuple(g for g, s in enumerate(specs) if s.sparse)
+    # what ``prepare`` reads, fixed from here on (as ``KVCacheManager``'s)
+    self._config = (block_size, vocab_size, fn, root)
+    self._prompt_hasher = self._hasher if self._index.hashing else None
 
-    @property
-    def null_block_id(self) -> int | None:
-        """The block id that fills released positions of windowed groups' tables (block
-        0, reserved for this at construction: never handed to a request, never written,
-        never read by the kernels, which skip keys outside the window); None when no
-        group releases blocks."""
-        return self._null.block_id if self._null is not None else None
 
-    def _prepare(self, req: GroupRequest, first: int, last: int, parent: Prefix | None,
-                 prompt: Prompt | None = None) -> Prepared:
-        """Token chunks, extra bytes and (when events are on) chain hashes of full blocks
-        ``first..last-1`` (taken from ``prompt`` when it was prepared with them).
-        Changes nothing; raises ConfigError if a hash_mode callable fails."""
-        extras = req.keys.of_blocks(first, last)
-        if prompt is not None and last <= len(prompt.chunks):
-            chunks = prompt.chunks[first:last]
-            if prompt.hashes is not None and self._index.hashing:
-                assert parent is None or parent.hash == prompt.hashes[first - 1], \
-                    "a prepared prompt's chain hashes are those of the prefixes it hits"
-                return chunks, extras, prompt.hashes[first:last]
-        else:
-            bs4 = 4 * self.block_size
-            data = token_bytes(req.tokens[first * self.block_size:last * self.block_size])
-            chunks = [data[o:o + bs4] for o in range(0, len(data), bs4)]
-        hashes = None
-        if self._index.hashing:
-            root = parent.hash if parent is not None else self._hasher.root
-            assert root is not None, "while hashing, every prefix has its chain hash"
-            hashes = self._hasher.chain(root, chunks, extras)
-        return chunks, extras, hashes
+def _prepare(self: HybridKVCacheManager, req: GroupRequest, first: int, last: int, parent: Prefix | None,
+             prompt: Prompt | None = None) -> Prepared:
+    """Token chunks, extra bytes and (when events are on) chain hashes of full blocks
+    ``first..last-1`` (taken from ``prompt`` when it was prepared with them).
+    Changes nothing; raises ConfigError if a hash_mode callable fails."""
+    extras = req.keys.of_blocks(first, last)
+    if prompt is not None and last <= len(prompt.chunks):
+        chunks = prompt.chunks[first:last]
+        if prompt.hashes is not None and self._index.hashing:
+            assert parent is None or parent.hash == prompt.hashes[first - 1], \
+                "a prepared prompt's chain hashes are those of the prefixes it hits"
+            return chunks, extras, prompt.hashes[first:last]
+    else:
+        bs4 = 4 * self.block_size
+        data = token_bytes(req.tokens[first * self.block_size:last * self.block_size])
+        chunks = [data[o:o + bs4] for o in range(0, len(data), bs4)]
+    hashes = None
+    if self._index.hashing:
+        root = parent.hash if parent is not None else self._hasher.root
+        assert root is not None, "while hashing, every prefix has its chain hash"
+        hashes = self._hasher.chain(root, chunks, extras)
+    return chunks, extras, hashes
 
-    def _record(self, req: GroupRequest, first: int, prepared: Prepared) -> None:
-        """Give full blocks ``first..`` their prefix ids and index them in every group
-        (in a sparse group, only the block ending where the step ends, at
-        ``num_scheduled``: the others hold a state from before their end; none from
-        the request's ``tainted_from`` on); move the request's hold to its new last
-        block."""
-        chunks, extras, hashes = prepared
-        last = first + len(chunks)
-        sound = last if req.tainted_from is None else max(first, req.tainted_from // self.block_size)
-        old = req.nodes[-1] if req.nodes else None
-        cut = old is not None and not old.lost and self._index.cut_off(req.tables, first - 1)
-        nodes = self._table.extend(old, chunks, extras, hashes, cut)
-        events = ([req.keys.for_event(j, self.block_size) for j in range(first, last)]
-                  if self._index.hashing else None)
-        ends = req.num_scheduled == last * self.block_size
-        for g, table in enumerate(req.tables):
-            part = table[first:last]
-            if self.groups[g].sparse:  # (a block a step ran past holds the state it had then)
-                part = [None if j < len(part) - 1 or not ends else b for j, b in enumerate(part)]
-            if sound < last:  # (its KV read lost KV: never findable)
-                part = part[:sound - first] + [None] * (last - sound)
-            self._index.store(g, part, nodes, first, req.tokens, events, self.block_size)  # type: ignore[arg-type]
-        self._table.hold(nodes[-1])
-        self._table.unhold(old)
-        req.nodes += nodes
 
-    def _num_fresh(self, per_group: int) -> int:
-        """Blocks that ``per_group`` new entries in every group's table take: one in a
-        sparse group (its last entry; none for none), ``per_group`` in the others."""
-        if per_group <= 0:
-            return 0
-        return sum(1 if s.sparse else per_group for s in self.groups)
+def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared: Prepared) -> None:
+    """Give full blocks ``first..`` their prefix ids and index them in every group
+    (in a sparse group, only the block ending where the step ends, at
+    ``num_scheduled``: the others hold a state from before their end; none from
+    the request's ``tainted_from`` on); move the request's hold to its new last
+    block."""
+    chunks, extras, hashes = prepared
+    last = first + len(chunks)
+    sound = last if req.tainted_from is None else max(first, req.tainted_from // self.block_size)
+    old = req.nodes[-1] if req.nodes else None
+    cut = old is not None and not old.lost and self._index.cut_off(req.tables, first - 1)
+    nodes = self._table.extend(old, chunks, extras, hashes, cut)
+    events = ([req.keys.for_event(j, self.block_size) for j in range(first, last)]
+              if self._index.hashing else None)
+    ends = req.num_scheduled == last * self.block_size
+    for g, table in enumerate(req.tables):
+        part = table[first:last]
+        if self.groups[g].sparse:  # (a block a step ran past holds the state it had then)
+            part = [None if j < len(part) - 1 or not ends else b for j, b in enumerate(part)]
+        if sound < last:  # (its KV read lost KV: never findable)
+            part = part[:sound - first] + [None] * (last - sound)
+        self._index.store(g, part, nodes, first, req.tokens, events, self.block_size)  # type: ignore[arg-type]
+    self._table.hold(nodes[-1])
+    self._table.unhold(old)
+    req.nodes += nodes
 
-    def _ids(self, req: GroupRequest) -> list[list[int]]:
-        null = self.null_block_id
-        return [[null if b is None else b.block_id for b in t] for t in req.tables]  # type: ignore[misc]
 
-    def _step_encode(self, token_ids: Sequence[int]) -> array[int]:
-        return encode_tokens(token_ids, self.vocab_size)
+def _num_fresh(self: HybridKVCacheManager, per_group: int) -> int:
+    """Blocks that ``per_group`` new entries in every group's table take: one in a
+    sparse group (its last entry; none for none), ``per_group`` in the others."""
+    if per_group <= 0:
+        return 0
+    return sum(1 if s.sparse else per_group for s in self.groups)
 
-    def _get(self, request_id: Hashable) -> GroupRequest:
-        try:
-            return self._requests[request_id]
-        except Exception:  # unknown, unhashable, or a __hash__ that raises
-            return live_request(self._requests, request_id)
 
-    @staticmethod
-    def _require(problem: str | None) -> None:
-        if problem:
-            raise InvariantError(problem)
+def _ids(self: HybridKVCacheManager, req: GroupRequest) -> list[list[int]]:
+    null = self.null_block_id
+    return [[null if b is None else b.block_id for b in t] for t in req.tables]  # type: ignore[misc]
+
+
+def _step_encode(self: HybridKVCacheManager, token_ids: Sequence[int]) -> array[int]:
+    return encode_tokens(token_ids, self.vocab_size)
+
+
+def _get(self: HybridKVCacheManager, request_id: Hashable) -> GroupRequest:
+    try:
+        return self._requests[request_id]
+    except Exception:  # unknown, unhashable, or a __hash__ that raises
+        return live_request(self._requests, request_id)

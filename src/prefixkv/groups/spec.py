@@ -139,10 +139,12 @@ def mamba() -> GroupSpec:
 def group_specs(groups: Sequence[GroupSpec]) -> tuple[GroupSpec, ...]:
     """``groups`` as a tuple, checked: a non-empty sequence of GroupSpecs. Raises
     ConfigError for anything else."""
+    made = ("(made by full_attention(), sliding_window(window), chunked_local(chunk) or "
+            "mamba(): HybridKVCacheManager(groups, num_blocks, block_size))")
     try:
         specs = tuple(groups)
     except TypeError:
-        raise ConfigError(f"groups must be a sequence of GroupSpec, got {groups!r}") from None
+        raise ConfigError(f"groups must be a sequence of GroupSpec {made}, got {groups!r}") from None
     if not specs or not all(isinstance(s, GroupSpec) for s in specs):
-        raise ConfigError(f"groups must be a non-empty sequence of GroupSpec, got {groups!r}")
+        raise ConfigError(f"groups must be a non-empty sequence of GroupSpec {made}, got {groups!r}")
     return specs

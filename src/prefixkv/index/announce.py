@@ -123,7 +123,7 @@ class RemovedRun(Deferred):
     __slots__ = ("blocks",)
 
     def __init__(self, blocks: Sequence[Block]) -> None:
-        super().__init__(1)
+        self.count = 1  # (``Deferred.__init__`` inlined: one an eviction)
         self.blocks = blocks
 
     def events(self) -> list[Event]:

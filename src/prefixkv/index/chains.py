@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..core.block import NO_CHILD, Block, ContentKey, Key, Run, RunCounts
+from ..core.block import NO_CHILD, Block, ContentKey, Key
+from ..core.run import Run, RunCounts
 from ..event_log import EventSink
 from .announce import Announcer, Fresh
 from .hasher import Hasher

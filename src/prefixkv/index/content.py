@@ -43,9 +43,10 @@ from collections.abc import Sequence
 from itertools import islice
 from operator import attrgetter
 
-from ..core.block import Block, Run
+from ..core.block import Block
+from ..core.run import Run
 from .dropping import DroppingIndex
-from .pending import content_id_of, walk_pending
+from .pending import content_id_of, split_pending, walk_pending
 
 _REFS = attrgetter("refs")
 _NO_PARENT = Block(-1)  # the parent of a first block in ``claim``: never given a child
@@ -69,18 +70,17 @@ def _agree(known: bytes, data: bytes, at: int, end: int, width: int) -> int:
 
 
 def _split(run: Run, k: int, width: int) -> list[Block]:
-    """Cut ``run`` after its first ``k`` blocks (a claim agrees with those alone): the
-    rest become a run of their own, headed by the ``k``-th, shared alike (one segment
-    each while free), or not. ``width``: a block's token bytes. Returns the blocks
-    ``run`` keeps."""
-    if run.pending:  # (written first: the blocks at the cut are read alone)
-        run.counts.settle(run)
+    """Cut ``run`` (not pending: ``split_pending``) after its first ``k`` blocks (a claim
+    agrees with those alone): the rest become a run of their own, headed by the ``k``-th,
+    shared alike (one segment each while free), or not. ``width``: a block's token
+    bytes. Returns the blocks ``run`` keeps."""
     known = run.blocks
     counts = run.counts
     tail = Run(known[k:], run.data[k * width:], run.extra, run.ok, run.seen,  # (headed by
                counts, known[k - 1].content_id)  # known[k - 1])
     run.blocks = known = known[:k]
     run.data = run.data[:(k + 1) * width]
+    _settle_headed(known[-1])
     known[-1].starts = tail
     if run.shared:
         tail.shared, tail.n, tail.fwd, tail.linked = True, run.n, run.fwd, run.linked
@@ -90,6 +90,16 @@ def _split(run: Run, k: int, width: int) -> list[Block]:
         for b in tail.blocks:
             b.counted = tail
     return known
+
+
+def _settle_headed(b: Block) -> None:
+    """Write the pending run ``b`` heads, if any: ``b`` is the last block of a run that
+    is not pending, which a claim takes whole and goes on from through ``b.child`` (a
+    stale run, ``b`` recorded since as the first block of a miss's run: the pending
+    run's blocks are found only from ``b.starts``, which a cut also overwrites)."""
+    r = b.starts
+    if r is not None and r.pending:
+        r.counts.settle(r)
 
 
 class ContentIndex(DroppingIndex):
@@ -111,8 +121,8 @@ class ContentIndex(DroppingIndex):
                 if self._lower is None:
                     return hits
                 walked = True
-            else:
-                self.settle_all()
+            elif mm is None or self._lower is not None:  # (``_walk`` with ``mm`` writes
+                self.settle_all()  # those it reads)
         if self._lower is None:
             return self._walk(chunks, base, mm)
         if walked:  # (the device's part, pending runs passed whole: below, the tier's)
@@ -152,7 +162,10 @@ class ContentIndex(DroppingIndex):
 
     def _walk(self, chunks: Sequence[bytes], base: bytes, mm: Sequence[bytes] | None) -> list[Block]:
         """``match`` without a tier below: each block is its parent's chained child or
-        in the dicts, so the guess is tried first, as ``claim`` does."""
+        in the dicts, so the guess is tried first, as ``claim`` does. With ``mm``, a
+        pending run is written when the walk reaches its head (its blocks are found
+        through the head's ``child`` alone; no other pending block is in a dict or is a
+        first block): the runs the walk reads, not all of them."""
         hits: list[Block] = []
         get, by_key = self._by_chunk.get, self._by_key
         cid, extra, b = 0, base, _NO_PARENT
@@ -160,6 +173,9 @@ class ContentIndex(DroppingIndex):
         for i, chunk in enumerate(chunks):
             if mm is not None:
                 extra = mm[i] if i < len(mm) else base
+                r = b.starts
+                if r is not None and r.pending:
+                    self._settle(r)
             c = b.child
             if c.key != chunk or c.parent_cid != cid or c.extra != extra or c.twin:
                 c = get(chunk)
@@ -233,7 +249,11 @@ class ContentIndex(DroppingIndex):
                 k = _agree(run.data, data, (i - 1) * width, end, width) - 1
                 if k <= 0:
                     continue
-                known = _split(run, k, width)  # (the part claimed, a run of its own now)
+                if run.pending:  # (the cut written alone: ``split_pending``; one block
+                    known = split_pending(run, k, width)  # leaves the pending runs)
+                    self._num_chained += 1
+                else:
+                    known = _split(run, k, width)  # (the part claimed, a run of its own now)
             if run.shared:  # one count for the run; free, it leaves the tier as one segment
                 if run.n:  # (consecutive there: ``Run``)
                     held += k
@@ -261,6 +281,7 @@ class ContentIndex(DroppingIndex):
                         run.ok = -1
                         continue
                     run.seen = self.losses
+                    _settle_headed(known[-1])  # (stale: its last block recorded since)
                 was = held
                 for b in known:
                     if b.counted is not None:  # (another run shares it: a run recorded

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
-from ..core.block import Block, ContentKey, Run, key_chunk
+from ..core.block import Block, ContentKey, key_chunk
 from ..core.request import Request
+from ..core.run import Run
 from ..hashing import token_bytes
 
 if TYPE_CHECKING:

@@ -46,7 +46,7 @@ class DroppingIndex(SpareIndex):
             lower.demote(blocks, self.step, keyless)
         evicted = blocks  # (each content goes: pending runs' blocks are announced too)
         if keyless is not None:  # (their blocks: nothing to unkey; their hashes, set by
-            blocks = keyless.outside(list(blocks))  # their run's build, are announced)
+            blocks = keyless.outside(blocks)  # their run's build, are announced)
         if not twins:  # the common case: each content goes
             keyed = 0
             for b in blocks:  # (a chained block leaves no dict entry)

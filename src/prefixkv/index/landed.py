@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import islice
 
-from ..core.block import Block, Run, RunCounts
+from ..core.block import Block
+from ..core.run import Run, RunCounts
 from ..events import DEVICE
 from .chains import ContentChains
 

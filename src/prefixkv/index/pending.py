@@ -1,4 +1,4 @@
-"""Pending runs: a miss's ``store`` records its run (``core.block.Run``) as one record,
+"""Pending runs: a miss's ``store`` records its run (``core.run.Run``) as one record,
 and the blocks' content is written only when something reads one of them alone. A store
 fetch's run that lands whole in device blocks is one too (``core.store_fill
 .fill_pending``, on the fetcher's thread; ``ContentIndex.land_run`` records it): its
@@ -17,8 +17,8 @@ Its other blocks have no key (``key`` None, not ``chained``, a stale ``content_i
 
 Who reads what:
 - a claim reaching the head takes the run whole from ``head.starts`` (its token bytes compared
-  as one bytes object, ``pcid`` for the first block's parent), or ``settle``s it before cutting
-  it (``_split``);
+  as one bytes object, ``pcid`` for the first block's parent), or cuts it where the prompt
+  parts from it (``split_pending``: the two blocks at the cut written, both parts pending);
 - the pool's release and eviction use its count and links alone; an eviction that takes
   the whole run, or cuts its tail off (``Run.truncate``), has no dict entry to remove:
   the index unkeys none of those blocks (``BlockPool._evict`` names them: ``core.keyless``;
@@ -34,9 +34,10 @@ Who reads what:
   run broken), a ``store`` or decoded block under one of its blocks or under its head
   (``settle_near``), host hits adopted under one of its blocks (``adopt``), a spare of
   one of its blocks or of its head (``_add_twin``: that content and its children get
-  keyed; other runs stay pending), ``match`` with multimodal keys
-  or a claimed start (without, it walks runs whole, then the tier below), ``holds``,
-  a ``snapshot`` (``settle_all``); ``uncache`` settles the runs it reads alone: those of
+  keyed; other runs stay pending), ``match`` with multimodal keys (the runs whose
+  heads its walk reaches; every run with a tier below) or a claimed start (without
+  either, it walks runs whole, then the tier below), ``holds``, a ``snapshot``
+  (``settle_all``: it reads every block anyway); ``uncache`` settles the runs it reads alone: those of
   the blocks it names, those they head, and those its walk of forgotten descendants
   reaches through their heads (a run's head is the block found for its parent content:
   a descendant the walk reaches);
@@ -50,7 +51,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..core.block import Block, ContentKey, Run
+from ..core.block import Block, ContentKey
+from ..core.run import Run
 
 _NO_PARENT = Block(-1)  # the parent of a first block in the walk: never given a child
 
@@ -75,6 +77,46 @@ def write_pending(run: Run) -> None:
         if parent is not None:
             parent.child = b
         parent = b
+
+
+def split_pending(run: Run, k: int, width: int) -> list[Block]:
+    """``ContentIndex.claim``'s cut of pending ``run`` after its first ``k`` blocks (``0 <
+    k < len(run.blocks)``; ``width``: a block's token bytes) without writing the run:
+    the ``k`` stay a pending run, its new last block's content written; the block after
+    them (the first cut off) is written, chained under it and counted alone (the run's
+    count: it leaves the pending runs, ``_num_chained`` is the caller's); the blocks after
+    that one, if any, are a pending run it heads (as a miss's ``store`` records one),
+    shared alike (one segment while free). Two blocks written, not the run's every one:
+    the claim reads neither part but through its head. Returns the blocks ``run`` keeps."""
+    known = run.blocks
+    counts, data, extra, cid = run.counts, run.data, run.extra, run.cid0 + k
+    last, cut, rest = known[k - 1], known[k], known[k + 1:]
+    run.blocks = known[:k]
+    run.data = data[:(k + 1) * width]
+    run.write_last()
+    last.child = cut
+    last.starts = None  # (stale: it headed no run while pending)
+    cut.parent_cid = cid - 1
+    cut.extra = extra
+    cut.key = data[(k + 1) * width:(k + 2) * width]
+    cut.chained = True
+    cut.content_id = cid
+    cut.counted = None
+    cut.refs = run.n
+    if rest:  # (else ``cut`` was the run's last block: its child and ``starts`` are its own)
+        tail = Run(rest, data[(k + 1) * width:], extra, run.ok, run.seen, counts, cid)
+        tail.pending = True
+        tail.cid0 = cid + 1
+        tail.shared, tail.n, tail.fwd, tail.linked = True, run.n, run.fwd, run.linked
+        counts.shared += 1
+        if not run.n:
+            counts.free += 1
+        counts.pending.add(tail)
+        for b in rest:
+            b.counted = tail
+        cut.starts = tail
+        cut.child = rest[0]
+    return run.blocks
 
 
 def content_of(b: Block) -> tuple[int, bytes, bytes] | None:

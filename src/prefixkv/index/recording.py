@@ -14,8 +14,9 @@ from collections.abc import Iterable, Sequence
 from itertools import chain, islice
 
 from ..chunks import joined
-from ..core.block import NO_CHILD, Block, Key, Run
+from ..core.block import NO_CHILD, Block, Key
 from ..core.request import Request
+from ..core.run import Run
 from .announce import Prepared, StoredRun
 from .cut_off import cut_off, record_cut_off
 from .landed import LandedRecorder
@@ -193,10 +194,17 @@ class ContentRecorder(LandedRecorder):
             self._key_first(b, chunk)
         else:  # (``_chain``, inline)
             if c.chained and c.parent_cid == cid:  # the chained child it displaces: keyed
-                # (``_enter``, inline: a chained block's key is its token bytes)
+                # (``_enter`` and its ``_key_first``, inline: a chained block's key is its
+                # token bytes; one a request under a shared prefix, events-r17)
                 self._num_chained -= 1
-                key: Key = self._key_first(c, c.key)  # type: ignore[arg-type]
-                self._kids.note(cid, key, self._by_chunk, self._by_key)
+                cbytes: bytes = c.key  # type: ignore[assignment]
+                key: Key = cbytes
+                c.chained = False
+                by_chunk = self._by_chunk
+                if by_chunk.setdefault(cbytes, c) is not c:  # (its bytes taken: the triple)
+                    c.key = key = (cid, cbytes, c.extra)
+                    self._by_key[key] = c
+                self._kids.note(cid, key, by_chunk, self._by_key)
             parent.child = b
             b.key = chunk
             b.chained = True

@@ -1,4 +1,4 @@
-"""What ``check_invariants()`` verifies of the runs (``core.block.Run``): one count for
+"""What ``check_invariants()`` verifies of the runs (``core.run.Run``): one count for
 the blocks of a shared run, and a run still ``ok`` holding what it was recorded with.
 Builds messages only for what is wrong."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..core.block import Block, Run, RunCounts, key_chunk
+from ..core.block import Block, key_chunk
+from ..core.run import Run, RunCounts
 
 
 def check_runs(blocks: Sequence[Block], epoch: int, counts: RunCounts,

@@ -187,7 +187,12 @@ def build_slot_mapping(
 
 @dataclass(frozen=True, slots=True)
 class PagedBatch:
-    """The tensors and bounds one ``write_kv_cache`` + ``paged_prefill_attention`` step needs."""
+    """The tensors and bounds one ``write_kv_cache`` + ``paged_prefill_attention`` step
+    needs: ``block_table`` ``[batch, max_blocks]`` int32 (each request's block ids, then
+    padding); ``slot_mapping`` ``[total_new]`` int64 (each new token's cache slot, -1:
+    padding); ``cu_seqlens_q`` ``[batch + 1]`` int32 (where each request's new tokens
+    start in the batch); ``seqused_k`` ``[batch]`` int32 (each request's tokens with KV
+    after this step: cached + new); ``max_seqlen_q``, ``max_seqlen_k``: their maxima."""
 
     block_table: torch.Tensor  # [batch, max_blocks] int32
     slot_mapping: torch.Tensor  # [total_new] int64, -1 = padding
@@ -207,6 +212,14 @@ def build_paged_batch(
     device: torch.device | str | None = None,
 ) -> PagedBatch:
     """All metadata of one step from per-request block ids, cached and new token counts.
+
+    ``block_ids[i]``: request i's blocks in token order (the manager's ``block_ids``);
+    ``num_computed[i]``: its tokens whose KV is in the cache already; ``num_new[i]``: its
+    tokens computed now. ``block_size`` must be the manager's and the caches' (their
+    dimension 1): nothing downstream can tell another one (a block table carries no block
+    size), the kernels would read and write other slots. ``max_blocks``: the table's
+    width, as :func:`build_block_table`. Returns a ``PagedBatch`` on ``device`` (default:
+    the CPU).
 
     Raises:
         BatchError: as :func:`build_slot_mapping` and :func:`build_block_table`.

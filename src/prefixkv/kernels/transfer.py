@@ -119,12 +119,13 @@ def run_kv_ops(ops: Sequence[BlockOffloads | BlockLoads | BlockCopy], device_cac
     """Run a plan from ``take_kv_ops()``: every offload (the ids of all the
     ``BlockOffloads``, in order), then every load (likewise of all the ``BlockLoads``),
     then every copy (in order, as ``copy_blocks``), one transfer per kind over all
-    caches. ``host_caches``: needed when the plan has offloads or loads. Returns the
-    event after the last copy (CUDA), or None (CPU, or an empty plan). Raises as the
-    three calls, before any copy; also ArgumentTypeError for an op of another type or
-    an id that is not an int (a bool, a float: never rounded), ShapeError for host ops
-    without ``host_caches`` or a ``BlockOffloads`` or ``BlockLoads`` whose ``src`` and
-    ``dst`` differ in length."""
+    caches. ``device_caches``, ``host_caches``, ``block_dim``, ``stream``: as
+    ``offload_blocks``; ``host_caches`` is needed when the plan has offloads or loads.
+    Returns the event after the last copy (CUDA), or None (CPU, or an empty plan).
+    Raises as the three calls, before any copy; also ArgumentTypeError for an op of
+    another type or an id that is not an int (a bool, a float: never rounded),
+    ShapeError for host ops without ``host_caches`` or a ``BlockOffloads`` or
+    ``BlockLoads`` whose ``src`` and ``dst`` differ in length."""
     src: dict[type, list[int]] = {BlockOffloads: [], BlockLoads: [], BlockCopy: []}
     dst: dict[type, list[int]] = {BlockOffloads: [], BlockLoads: [], BlockCopy: []}
     for op in ops:

@@ -118,7 +118,9 @@ class MetricsPoller:
         list(self._pool.map(self._scrape_one, self.urls))
 
     def start(self) -> None:
-        """Scrape every ``period`` in a background thread until ``close``."""
+        """Scrape every ``period`` in a background thread until ``close``; the scrapes
+        reach the router only through ``apply``. Raises RouterError when the poller was
+        started before (one thread per poller, started once: make another after ``close``)."""
         if self._thread is not None:
             raise RouterError("MetricsPoller.start() called twice")
 

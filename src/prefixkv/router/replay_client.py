@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PrefixKVError
+from .decode_large import STREAM_FROM, read_answer
 from .frames import recv_frames
 from .show import show
 
@@ -107,8 +108,9 @@ class ReplayClient:
             if _replayed(frames)[0] != END_SEQ and not self._drain(self.timeout_ms):
                 self._abandon()
             return None
-        try:
-            reply = msgpack.unpackb(frames[1], raw=False)
+        try:  # (a large answer read field by field: decode_large.py)
+            reply = (read_answer(frames[1]) if len(frames[1]) >= STREAM_FROM
+                     else msgpack.unpackb(frames[1], raw=False))
         except Exception:  # msgpack raises several unrelated types
             raise ReplayError(f"replay answer is not msgpack: {frames[1][:40]!r}") from None
         return _check(reply, start)

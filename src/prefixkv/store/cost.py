@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 from ..errors import ConfigError
 
@@ -78,6 +79,25 @@ class FetchCost:
         fetch = self.latency + num_blocks * block_bytes / self.bandwidth
         return (fetch < num_blocks * block_size / self.prefill_tokens_per_s
                 or now - self.measured_at > STALE)
+
+    def worth_for(self, block_bytes: int, block_size: int) -> Callable[[int, float], bool]:
+        """``worth`` for blocks of ``block_bytes`` bytes and ``block_size`` tokens, those
+        two checked once, here: the call ``(num_blocks, now)`` checks nothing (prefixkv's
+        store link asks it, on the scheduler's thread, with a count of its own and
+        ``time.monotonic()``). A subclass's own ``worth`` is asked through it. Raises
+        ConfigError unless ``block_bytes`` is an int >= 0 and ``block_size`` one >= 1."""
+        if not (type(block_bytes) is int and type(block_size) is int and block_bytes >= 0
+                and block_size > 0):
+            raise ConfigError(f"worth_for: block_bytes (an int >= 0) and block_size (an int "
+                              f">= 1), got {(block_bytes, block_size)!r}"[:300])
+        if type(self).worth is not FetchCost.worth:
+            return lambda num_blocks, now: self.worth(num_blocks, block_bytes, block_size, now)
+
+        def worth(num_blocks: int, now: float) -> bool:
+            return (self.latency + num_blocks * block_bytes / self.bandwidth
+                    < num_blocks * block_size / self.prefill_tokens_per_s
+                    or now - self.measured_at > STALE)
+        return worth
 
     def observe(self, nbytes: int, seconds: float, now: float) -> None:
         """A fetch moved ``nbytes`` (0: a miss or a failure) in ``seconds``. Called by

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+from .mistakes import own_mistake
 from .protocol import StoreBackend
 from .record import block_head, value_checked
 
@@ -68,7 +69,7 @@ class Fetch:
                  "landed_at", "hashes", "filled", "unique", "keyed", "slot_ids", "fetched",
                  "keys", "heads", "states", "run", "stop", "failed", "nbytes", "seconds", "left", "lock",
                  "devices", "held", "up", "tail", "blocks", "step", "on_device", "promoted", "device_ids",
-                 "pend", "pending_run")
+                 "pend", "pending_run", "front", "joined")
 
     def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
                  chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
@@ -99,8 +100,8 @@ class Fetch:
         self.held: list[Any] = []
         self.up: list[Any] = []  # blocks taken for the host hits, which go up at the landing
         self.tail: list[Any] = []  # an empty block for the prompt's tokens after the run
-        # ``held`` and ``devices`` in one list (the start's, no copy), while they are
-        # exactly what the request takes (the run landed whole): its re-admission's blocks
+        # ``held`` and ``devices`` in one list, listed when the run landed whole, while
+        # they are exactly what the request takes: its re-admission's blocks
         self.blocks: list[Any] | None = None
         self.step = 0
         self.on_device = 0
@@ -109,6 +110,11 @@ class Fetch:
         # (``index/pending.py``); ``ready`` then records it (``pending_run``), unregistered
         self.pend: Any = None
         self.pending_run: Any = None
+        # the held hits and ``up`` as the start took them (never changed), and, for a
+        # run filled whole, ``front + devices`` listed by the fetcher (``joined``), which
+        # the landing takes as ``blocks`` while ``held`` is still ``front``
+        self.front: list[Any] = []
+        self.joined: list[Any] | None = None
         # ---- written by the fetcher threads ----
         self.hashes: list[bytes] = []
         self.keys: list[bytes] = []
@@ -162,6 +168,7 @@ def read_part(f: Fetch, backend: StoreBackend, start: int, stop: int, payload_le
         if len(outcomes) != stop - start:
             raise ValueError(f"the store answered {len(outcomes)} of {stop - start} keys")
     except Exception as exc:
+        own_mistake(exc, "StoreBackend.read_into (a store fetch)")
         f.failed = exc
         outcomes = [exc] * (stop - start)
     states = f.states

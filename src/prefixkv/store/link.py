@@ -23,12 +23,17 @@ from .record import block_head
 if TYPE_CHECKING:
     from .shared import SharedStore
 
+RETIRED_MAX = 16
+"""Fetches ``retire`` keeps for the fetcher threads to free at most; past it, the oldest
+is freed on the caller's thread (no fetch started since: their memory stays bounded)."""
+
 
 class StoreLink:
     """The manager's handle on its store. ``done``: fetches that ended, in the order
     they did (appended by the fetcher threads, drained by the manager's thread).
     ``stats``: has ``store_errors``/``store_rejected`` counts, incremented when a fetch is
-    landed (the manager's thread)."""
+    landed (the manager's thread). ``retired``: fetches the manager is done with, freed
+    by the fetcher threads (``retire``)."""
 
     def __init__(self, store: SharedStore, mode: bytes, root: bytes, block_size: int,
                  stats: Any, chain: Callable[..., list[bytes]] | None) -> None:
@@ -38,10 +43,12 @@ class StoreLink:
         self.payload = store.layout.block_bytes
         self.block_size = block_size
         self.max_fetch, self.cost = store.max_fetch, store.cost
+        self._worth = store.cost.worth_for(self.payload, block_size)  # (checked once, here)
         self._scope = self.digest + block_size.to_bytes(4, "little") + mode + b"\0" + root
         self._prefixes: dict[str | None, bytes] = {}
         self.quiet_until = 0.0
         self.done: deque[Fetch] = deque()
+        self.retired: deque[tuple[Fetch, tuple[Any, ...]]] = deque()
 
     def prefix(self, extra: ExtraKeys | None) -> bytes:
         """``b"prefixkv:<namespace>:"`` for requests with these extra keys (their salt)."""
@@ -65,14 +72,28 @@ class StoreLink:
     def worth(self, num_blocks: int, now: float) -> bool:
         """Whether a fetch of ``num_blocks`` may start now: the store is not being left
         alone, and fetching beats computing (``FetchCost``)."""
-        return now >= self.quiet_until and self.cost.worth(
-            num_blocks, self.payload, self.block_size, now)
+        return now >= self.quiet_until and self._worth(num_blocks, now)
 
     def submit(self, f: Fetch, extra: ExtraKeys | None) -> None:
         """Start ``f`` on the executor (returns at once). Its parts go to that executor
         too, even once ``SharedStore.close`` has dropped it (its shutdown waits for them)."""
         ex = self.store.executor
         ex.submit(self._run, f, self.prefix(extra), ex)
+
+    def retire(self, f: Fetch, *lists: Any) -> None:
+        """The manager's thread is done with ``f`` (landed, taken by its request) and
+        ``lists`` (its device blocks'): their per-block lists (the slots, the run's
+        chunks, hashes and extra bytes, a copy of the token ids), whose objects are cold
+        by now, are freed by the fetcher thread that starts the next fetch (a cache miss
+        per object that the scheduler's thread does not pay: store-r17.md); at most
+        ``RETIRED_MAX`` fetches are kept."""
+        retired = self.retired
+        retired.append((f, lists))
+        if len(retired) > RETIRED_MAX:
+            try:  # (a fetcher may have emptied it meanwhile)
+                retired.popleft()
+            except IndexError:
+                pass
 
     def ended(self, f: Fetch, now: float) -> None:
         """Count what ended ``f`` (the manager's thread, when it lands ``f``; the fetcher
@@ -89,6 +110,12 @@ class StoreLink:
     # ---- the fetcher threads -------------------------------------------------------------
 
     def _run(self, f: Fetch, prefix: bytes, ex: Any) -> None:
+        retired = self.retired
+        while retired:  # (``retire``: freed on this thread)
+            try:
+                retired.popleft()
+            except IndexError:  # (another fetcher thread took the last one)
+                break
         try:
             assert self.chain is not None, "a link bound without a chain hash fetches nothing"
             parts = prepare(f, self.chain, self.digest, self.block_size, prefix, self.payload,

@@ -70,11 +70,13 @@ class RedisStore:
 
     @classmethod
     def from_sentinel(cls, sentinels: Sequence[tuple[str, int]], service: str, *, db: int = 0,
-                      password: str | None = None, **kw: Any) -> RedisStore:
+                      password: str | None = None, timeout: float = 0.25, ttl: int = 86400,
+                      cluster: bool = False, ca_certs: str | None = None) -> RedisStore:
         """A store on the master that Redis Sentinel names for ``service``, asked of the
-        first of ``sentinels`` (``(host, port)``) that answers; ``kw`` as the
-        constructor's. It follows a failover: writes go through redis-py's
-        sentinel-managed client (a new connection asks for the master), and a fetch that
+        first of ``sentinels`` (``(host, port)``) that answers; ``timeout``, ``ttl``,
+        ``cluster``, ``ca_certs`` as the constructor's. It follows a failover: writes go
+        through redis-py's sentinel-managed client (a new connection asks for the
+        master), and a fetch that
         fails as a whole asks the sentinels again (on the fetcher's thread) before it
         raises, so the next fetch reads from the master they name then. Raises
         redis-py's MasterNotFoundError when no sentinel knows the service; ConfigError,
@@ -86,12 +88,12 @@ class RedisStore:
         from redis.retry import Retry
         from redis.sentinel import Sentinel
 
-        timeout = kw.get("timeout", 0.25)
         sentinel = Sentinel(list(sentinels),  # type: ignore[no-untyped-call]
                             socket_timeout=timeout)
         host, port = sentinel.discover_master(service)  # type: ignore[no-untyped-call]
         auth = f":{password}@" if password is not None else ""
-        store = cls(f"redis://{auth}{host}:{port}/{db}", **kw)
+        store = cls(f"redis://{auth}{host}:{port}/{db}", timeout=timeout, ttl=ttl,
+                    cluster=cluster, ca_certs=ca_certs)
         store.client.close()
         store.client = sentinel.master_for(  # type: ignore[no-untyped-call]
             service, db=db, password=password, socket_timeout=timeout,

@@ -11,6 +11,7 @@ same layout and dtype: the ``StoreLayout`` names them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy
@@ -23,7 +24,14 @@ from .writer import StoreWriter
 
 
 def kv_block_bytes(k_cache: torch.Tensor, v_cache: torch.Tensor, block_dim: int = 1) -> int:
-    """Bytes of one block's payload: the ``StoreLayout.block_bytes`` of these caches."""
+    """Bytes of one block's payload, K's and V's: the ``StoreLayout.block_bytes`` of these
+    caches. ``k_cache``, ``v_cache``: device caches whose dimension ``block_dim`` indexes
+    the blocks (``[num_layers, num_blocks, block_size, num_kv_heads, head_dim]`` with the
+    default 1). Raises ConfigError for a ``block_dim`` that is not one of their dimensions."""
+    for c in (k_cache, v_cache):
+        if type(block_dim) is not int or not 0 <= block_dim < c.dim():
+            raise ConfigError(f"block_dim must be a dimension of the caches, in [0, {c.dim()}) "
+                              f"for shape {tuple(c.shape)}, got {block_dim!r}")
     per = [c.numel() // c.shape[block_dim] * c.element_size() for c in (k_cache, v_cache)]
     return sum(per)
 
@@ -81,7 +89,23 @@ def run_store_ops(ops: Sequence[KVOp], k_cache: torch.Tensor, v_cache: torch.Ten
     (``BlockOffloads``, ``BlockLoads``, ``BlockCopy``). Call it first: a ``StorePut`` reads
     a device block that a later load or copy of the plan may overwrite, and a
     ``StoreFetched`` writes a host slot that a later load reads; no offload of the plan
-    writes a fetched slot (it is pinned). Raises ConfigError as ``write_payload``."""
+    writes a fetched slot (it is pinned).
+
+    ``k_cache``, ``v_cache``: the device caches, blocks along ``block_dim``
+    (``[num_layers, num_blocks, block_size, num_kv_heads, head_dim]`` with the default
+    1); ``k_host``, ``v_host``: slot-major host caches ``[num_slots, ...]`` whose slot
+    holds a device block's bytes (``[num_layers, block_size, num_kv_heads, head_dim]``).
+    ``writer``: where puts go (``StoreWriter.put``). Raises ConfigError, before any op
+    runs, for a bad ``block_dim`` (as ``kv_block_bytes``) or host slots whose bytes are
+    not a device block's (another dtype, block size or head layout), and as
+    ``write_payload`` for a fetched payload of another length."""
+    block = kv_block_bytes(k_cache, v_cache, block_dim)
+    slot = sum(math.prod(c.shape[1:]) * c.element_size() for c in (k_host, v_host))
+    if slot != block:
+        raise ConfigError(f"host slots of {slot} bytes (k_host {tuple(k_host.shape)} "
+                          f"{k_host.dtype}) for device blocks of {block} (k_cache "
+                          f"{tuple(k_cache.shape)} {k_cache.dtype}, block_dim {block_dim}): a "
+                          f"host slot must hold one device block, in the same dtype")
     rest: list[KVOp] = []
     for op in ops:
         if type(op) is StorePut:

@@ -14,6 +14,7 @@ import threading
 
 from ..errors import ConfigError, check_positive
 from ..results import StorePut
+from .mistakes import own_mistake
 from .protocol import StoreBackend
 from .record import encode_value
 
@@ -89,7 +90,8 @@ class StoreWriter:
                 refused = self._backend.put(items) or 0  # (each value on its own)
                 self.written += len(items) - refused
                 self.errors += refused
-            except Exception:
+            except Exception as exc:
+                own_mistake(exc, "StoreBackend.put (StoreWriter)")
                 self.errors += len(items)
             for _ in items:
                 q.task_done()

@@ -171,7 +171,10 @@ class SlotLanding(SlotOrphans):
         copies are done (``copies_done``). Nothing finds them: the host tier does not keep
         content the device holds that it would otherwise unkey at the next reservation."""
         self.num_landing -= len(slots)
-        self._transit += slots  # (their counts stay 0: in this list, nothing takes them)
+        # (their counts stay 0: in this list, nothing takes them; the first run's list
+        # itself, not a copy: each entry copied touches a cold slot. Never changed in
+        # place: the caller's list may be it)
+        self._transit = self._transit + slots if self._transit else slots
 
     def _take_lru(self, out: list[Block], n: int) -> None:
         """Append to ``out`` up to ``n`` least recently used cached slots, their content

@@ -192,13 +192,16 @@ class Engine:
     them. ``mla``: DeepSeek-style latent KV (``kv_lora_rank`` 16 + rope 8), else MHA
     (2 KV heads of 8). ``layout``: the host pool's (``--hicache-mem-layout``).
     ``hybrid``: the server's ``HybridCacheController`` over a ``HostPoolGroup``, else
-    the base ``HiCacheController`` over the host pool itself."""
+    the base ``HiCacheController`` over the host pool itself. ``named``: ``model`` names
+    the weights in the extra config too (no launch flags are published here, and the
+    backend takes none from SGLang), else it is SGLang's model name only, as a server
+    launches it."""
 
     def __init__(self, s: types.SimpleNamespace, url: str, *, page: int = 4,
                  layout: str = "layer_first", mla: bool = False, model: str = "test/model",
                  tp_rank: int = 0, tp_size: int = 1, interface_v1: int = 1,
                  dtype: torch.dtype = torch.bfloat16, layers: int = 2, tokens: int = 64,
-                 hybrid: bool = True, **extra: Any) -> None:
+                 hybrid: bool = True, named: bool = True, **extra: Any) -> None:
         self.s, self.page, self.hybrid = s, page, hybrid
         if mla:
             device = s.memory_pool.MLATokenToKVPool(tokens, page, dtype, 16, 8, layers, "cpu", False)
@@ -216,7 +219,8 @@ class Engine:
         allocator = s.Allocator(tokens, page, dtype, "cpu", device, need_sort=False)
         config = {"backend_name": "prefixkv", "module_path": "prefixkv.integrations.sglang.storage",
                   "class_name": "PrefixKVStorage", "interface_v1": interface_v1,
-                  "redis_url": url, "retry_after": 0, "timeout": 10.0, **extra}
+                  "redis_url": url, "retry_after": 0, "timeout": 10.0,
+                  **({"model": model} if named else {}), **extra}
         with s.get_parallel().override(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1,
                                        attn_dcp_size=1, attn_dcp_rank=0, dcp_enabled=False):
             if hybrid:

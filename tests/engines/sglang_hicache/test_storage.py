@@ -26,11 +26,15 @@ def redis():
         yield server
 
 
-def config(sgl, url: str, *, model: str = "test/model", tp_rank: int = 0, **extra):
-    """SGLang's storage config for a dynamic backend naming ours."""
+def config(sgl, url: str, *, model: str = "test/model", tp_rank: int = 0, named: bool = True,
+           **extra):
+    """SGLang's storage config for a dynamic backend naming ours. ``model`` is SGLang's
+    model name and, in ``extra_config`` (unless not ``named``), the weights' name: no
+    launch flags are published in this process, so the backend takes none from SGLang."""
     extra_config = {"backend_name": "prefixkv", "module_path": MODULE,
                     "class_name": "PrefixKVStorage", "interface_v1": 1, "redis_url": url,
-                    "retry_after": 0, "timeout": 10.0, **extra}  # (shared, busy CPUs)
+                    "retry_after": 0, "timeout": 10.0,
+                    **({"model": model} if named else {}), **extra}  # (shared, busy CPUs)
     return sgl.storage.HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=2, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=False,

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import ConfigError
+from ...store.mistakes import own_mistake
 from ...store.protocol import StoreBackend
 from ...store.record import StoreLayout, block_head, encode_value, value_checked
 
@@ -132,7 +133,8 @@ class PageStore:
             return 0
         try:
             return int(self.backend.held(keys))
-        except Exception:
+        except Exception as exc:
+            own_mistake(exc, "StoreBackend.held (SGLang pages)")
             self._failed()
             return 0
 
@@ -158,7 +160,8 @@ class PageStore:
                 deadline)
             if len(outcomes) != len(keys):
                 raise ValueError(f"the store answered {len(outcomes)} of {len(keys)} keys")
-        except Exception:
+        except Exception as exc:
+            own_mistake(exc, "StoreBackend.read_into (SGLang pages)")
             self._failed(failed_reads=len(keys))
             return [None] * len(keys)
         out: list[bytearray | None] = []
@@ -203,7 +206,8 @@ class PageStore:
             return [False] * len(values)
         try:
             refused = self.backend.put(values) or 0
-        except Exception:
+        except Exception as exc:
+            own_mistake(exc, "StoreBackend.put (SGLang pages)")
             self._failed(failed_writes=len(values))
             return [False] * len(values)
         self._count(written=len(values) - refused, failed_writes=refused)
@@ -211,7 +215,8 @@ class PageStore:
             return [True] * len(values)
         try:
             held = self.backend.held([k for k, _ in values]) if refused < len(values) else 0
-        except Exception:
+        except Exception as exc:
+            own_mistake(exc, "StoreBackend.held (SGLang pages, after a put)")
             self._failed()
             held = 0
         return [i < held for i in range(len(values))]

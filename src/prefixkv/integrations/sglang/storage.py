@@ -48,6 +48,7 @@ from .arguments import (
     page_keys,
     page_text,
 )
+from .identity import layout_text, published
 from .pages import PageStore
 
 __all__ = ["PrefixKVStorage"]
@@ -67,12 +68,18 @@ class PrefixKVStorage(HiCacheStorage):
     bytes' time at ``read_rate``, bytes a second, 1e8), ``retry_after``
     (seconds without store calls after a failure, 1.0), ``model`` (the model's name in
     the layout, default ``storage_config.model_name``: set a revision here when weights
-    change under one name). SGLang's own keys of the ``dynamic`` backend
+    change under one name or path). Beside it the layout names what SGLang published of
+    the weights in this process (``identity``: model path and revision unless ``model``
+    is set, quantization, config overrides, KV cache and model dtypes, KV scales file,
+    a packed draft model).
+    SGLang's own keys of the ``dynamic`` backend
     (``backend_name``, ``module_path``, ``class_name``, ``interface_v1``, and
     ``file_storage_path``, which it adds) are allowed.
     Raises ConfigError for a missing ``redis_url``, a value out of range, a key that
-    is none of these (a misspelt key would be ignored) or decode context parallelism
-    (``dcp_size`` > 1: a rank holds a slice of each page), before connecting."""
+    is none of these (a misspelt key would be ignored), decode context parallelism
+    (``dcp_size`` > 1: a rank holds a slice of each page), or a process where SGLang
+    published no launch flags and ``model`` is not set (nothing would tell other
+    weights under one served name apart), before connecting."""
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
         extra = dict(storage_config.extra_config or {})
@@ -86,11 +93,21 @@ class PrefixKVStorage(HiCacheStorage):
                               f"(dcp_size {storage_config.dcp_size}): a DCP rank holds a "
                               "slice of each page (SGLang 0.5.23 offers L3 with DCP on its "
                               "file and Mooncake backends only)")
-        model = extra.get("model", storage_config.model_name)
+        named = extra.get("model")
+        if named is not None and (type(named) is not str or not named):
+            raise ConfigError(f"extra_config['model'] must be a non-empty str, got {named!r}")
+        self._flags = published()
+        if self._flags is None and named is None:
+            raise ConfigError("PrefixKVStorage: SGLang published no launch flags in this process "
+                              "(sglang.srt.runtime_context), so nothing tells the weights behind "
+                              f"model name {storage_config.model_name!r}: set extra_config['model'] "
+                              "to a name that changes whenever the weights, quantization, config "
+                              "overrides, KV cache dtype or KV scales do")
+        model = named if named is not None else storage_config.model_name
         if type(model) is not str or not model:
             raise ConfigError(f"a model name is needed (extra_config['model']), got {model!r}")
         self.config = storage_config
-        self._model = model
+        self._model, self._named = model, named is not None
         self._retry_after = extra.get("retry_after", 1.0)
         if type(self._retry_after) not in (int, float) or not 0 <= self._retry_after < float("inf"):
             raise ConfigError(f"retry_after must be a finite number >= 0, got {self._retry_after!r}")
@@ -106,7 +123,9 @@ class PrefixKVStorage(HiCacheStorage):
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Bind the host pool whose pages this backend moves: its dtype, page size,
         layout, page bytes and page format tag (``storage_format_tag``, when it has
-        one) enter the StoreLayout (and so every key and value head).
+        one) enter the StoreLayout (and so every key and value head), with SGLang's
+        published flags (``identity.layout_text``; a draft model's only when the pool's
+        pages hold draft layers).
         Raises ConfigError (SGLang's attach then fails) for a host pool that cannot hand
         out flat pages (``arguments.flat_page_like``: a ``page_unified`` layout, SGLang's
         MXFP8 pool): every page call would raise in SGLang's storage threads."""
@@ -119,6 +138,10 @@ class PrefixKVStorage(HiCacheStorage):
         tag = getattr(mem_pool_host, "storage_format_tag", None)
         if tag is not None:  # (SGLang tags its model name with it; ``model`` replaces that)
             text += f"|format={tag}"
+        if self._flags is not None:
+            target = getattr(mem_pool_host, "target_layer_num", mem_pool_host.layer_num)
+            text += layout_text(self._model, self._flags, named=self._named,
+                                draft_layers=mem_pool_host.layer_num > target)
         self._page_like = like
         page_bytes = like[1] * torch.empty(0, dtype=like[0]).element_size()
         layout = StoreLayout(text, str(mem_pool_host.dtype), page_bytes)

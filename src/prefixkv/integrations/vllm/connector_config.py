@@ -83,7 +83,9 @@ class ConnectorConfig:
 def store_layout(vllm_config: Any, kv_cache_config: Any, model: str | None, tp_rank: int) -> StoreLayout:
     """The layout of TP rank ``tp_rank``'s blocks: the model (name and revision, or
     ``model``), the tensor-parallel shape, the attention spec (heads, head sizes, block
-    size) and the layers, so that a value written under another of these never serves.
+    size), the layers, what else changes the model's KV (quantization, ``hf_overrides``,
+    the model's dtype under a cache of another, a platform's KV cache dtype) and a draft
+    model of its own weights, so that a value written under another of these never serves.
     Raises ConfigError for what the connector does not support: several KV-cache
     groups (hybrid models), an attention spec other than full attention, pipeline
     parallelism."""
@@ -103,8 +105,35 @@ def store_layout(vllm_config: Any, kv_cache_config: Any, model: str | None, tp_r
     layers = len(groups[0].layer_names)
     text = (f"vllm|{name}|tp{tp_rank}/{parallel.tensor_parallel_size}|layers{layers}"
             f"|H{spec.num_heads}|N{spec.block_size}|K{spec.head_size}|V{spec.head_size_v}"
-            f"|{spec.kv_quant_mode}{_computed_by(mc, spec.dtype)}")
+            f"|{spec.kv_quant_mode}{_custom_format(vllm_config)}"
+            f"{_computed_by(mc, spec.dtype)}{_draft(vllm_config)}")
     return StoreLayout(text, str(spec.dtype), layers * spec.unpadded_page_size_bytes)
+
+
+def _draft(vllm_config: Any) -> str:
+    """A draft model of its own weights (EAGLE, a draft model): its KV layers share the
+    connector's one KV-cache group with the target's, so its blocks hold the draft's KV
+    too. Empty without one, and for drafts of the target's own weights (MTP, n-gram)."""
+    draft = getattr(getattr(vllm_config, "speculative_config", None), "draft_model_config", None)
+    mc = vllm_config.model_config
+    if draft is None or (draft.model, draft.revision) == (mc.model, mc.revision):
+        return ""
+    q = getattr(draft, "quantization", None)
+    return f"|draft={draft.model}@{draft.revision}" + (f"|dq={q}" if q is not None else "")
+
+
+def _custom_format(vllm_config: Any) -> str:
+    """A ``--kv-cache-dtype`` a platform registered (``register_kv_cache_dtype``) by its
+    name: its bytes are its own, and its quant mode may say nothing of them
+    (``KVQuantMode.CUSTOM`` is an alias of ``OCTAVE_K3V4``: both 12). Empty for vLLM's
+    own dtypes, whose mode, torch dtype and page size tell them apart. vLLM 0.33's KV
+    scales are per layer and static (from the checkpoint, named with its quantization,
+    or 1.0), or per token and head inside the page: none is computed apart from a
+    block at runtime."""
+    from vllm.config.cache import get_kv_cache_dtype_handler
+
+    name = getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", "auto")
+    return f"|kv={name}" if get_kv_cache_dtype_handler(str(name)) is not None else ""
 
 
 def _computed_by(mc: Any, kv_dtype: Any) -> str:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
+from ...store.mistakes import own_mistake
 from ...store.protocol import StoreBackend
 from ...store.redis_store import RedisStore
 
@@ -128,7 +129,8 @@ class Lookups:
                 batch, self._sending = self._sending, []
             try:
                 held = held_runs(self._backend, [a.keys for a in batch])
-            except Exception:
+            except Exception as exc:
+                own_mistake(exc, "StoreBackend.held (vLLM connector's lookup thread)")
                 held = [FAILED] * len(batch)
             for a, n in zip(batch, held, strict=True):
                 a.result = n

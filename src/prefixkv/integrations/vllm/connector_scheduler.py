@@ -16,7 +16,8 @@ with the configured seed), so every replica, and every prefixkv manager with the
                free delayed until the workers report it sent
     workers    fetch, content-check and write the load off the model runner's critical
                path; a block that fails the check is reported invalid: vLLM recomputes
-               from it (``kv_load_failure_policy="recompute"``)
+               from it (``kv_load_failure_policy="recompute"``); the request's lookups
+               stop before it until the request saves it again
 
 The lookup reads no value: a held block can still fail the check when a worker reads
 it, and is then a miss, never KV. A failing store costs misses; it is left alone for
@@ -33,6 +34,7 @@ from typing import Any
 from ...extra_keys import ExtraKeys
 from ...hashing import HashFn, chain, encode_tokens, token_bytes
 from ...store.link import StoreLink
+from ...store.mistakes import own_mistake
 from ...store.protocol import StoreBackend
 from .connector_lookup import FAILED, Lookups
 from .connector_meta import BlockRun, PrefixKVConnectorMetadata
@@ -64,7 +66,8 @@ class _Chain:
         self.chunks: list[bytes] = []
         self.extras: list[bytes] = []
         self.saved = 0  # blocks [0, saved) are in the store or another request's to save
-        self.bad: int | None = None  # the first block a load of this request failed at
+        # the first block a load of this request failed at, until the request saves it
+        self.bad: int | None = None
         # a load answered to vLLM and not stated yet (``update_state_after_alloc`` not
         # called since): vLLM may count its tokens computed before any was loaded
         self.offered = False
@@ -156,7 +159,8 @@ class ConnectorScheduler:
         else:
             try:
                 held = int(self._backend.held(keys))
-            except Exception:
+            except Exception as exc:
+                own_mistake(exc, "StoreBackend.held (vLLM connector)")
                 held = FAILED
         self.stats.lookups += 1
         if held == FAILED:
@@ -194,8 +198,9 @@ class ConnectorScheduler:
         """``update_connector_output``: a load whose block failed (store down, or a value
         that failed the content check) leaves that block and the ones after it to be
         recomputed, and then saved again, and the request's later lookups stop before
-        it (else the same value is loaded, fails and is recomputed from again, for good,
-        when it is the first block); a finished load is forgotten. The failed block is
+        it until that save (else the same value is loaded, fails and is recomputed from
+        again, for good, when it is the first block: vLLM asks again at once when a
+        request has no computed token); a finished load is forgotten. The failed block is
         placed by the load's own first block, not by its name: the chain may have been
         named again since (a streaming session's new inputs)."""
         if invalid_block_ids:
@@ -231,12 +236,17 @@ class ConnectorScheduler:
         return meta
 
     def _save(self, c: _Chain, end: int, block_ids: Sequence[int]) -> BlockRun | None:
-        """The save of chain ``c``'s blocks from ``c.saved`` to ``end``, if any."""
+        """The save of chain ``c``'s blocks from ``c.saved`` to ``end``, if any. A save
+        over the block a load of the request failed at ends the stop before it: the
+        store is to hold the request's own KV there (a save dropped or refused leaves
+        the old value, which fails again, and is recomputed and saved again)."""
         start = c.saved
         if end <= start:
             return None
         self._name(c, end)
         c.saved = end
+        if c.bad is not None and start <= c.bad < end:
+            c.bad = None
         self.stats.save_blocks += end - start
         self.saved.append((c.request, start, end))
         return self._run(c, start, end, block_ids[start:end])

@@ -102,15 +102,14 @@ def _mamba_group(spec: MambaSpec) -> GroupSpec:
 
 
 def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, hash_block_size: int,
-                dcp_world_size: int = 1, pcp_world_size: int = 1,
-                enable_mamba_shared_prefix_checkpoint: bool = False) -> Layout:
+                dcp_world_size: int = 1, pcp_world_size: int = 1) -> Layout:
     """The layout of ``kv_cache_config``. Raises UnsupportedByPrefixKV for what prefixkv
     does not offer: a group spec other than full / sliding-window / chunked-local
     attention and align-mode Mamba (Mamba in another mode or with speculative or
     prefill-checkpoint blocks, HiSparse, encoder-only and cross-attention caches, ...), a HiSparse
     host pool, decode or prefill context parallelism (``dcp_world_size`` or
     ``pcp_world_size`` > 1), groups of different block sizes, a hash block size other
-    than the block size (partial-block hits), Mamba's shared-prefix checkpoints."""
+    than the block size (partial-block hits)."""
     if dcp_world_size != 1 or pcp_world_size != 1:
         raise UnsupportedByPrefixKV(
             f"prefixkv does not offer context parallelism (dcp_world_size={dcp_world_size}, "
@@ -118,8 +117,6 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
     if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None:
         raise UnsupportedByPrefixKV("prefixkv does not offer HiSparse (a host pool of "
                                     f"{kv_cache_config.hisparse_host_num_blocks} blocks)")
-    if enable_mamba_shared_prefix_checkpoint:
-        raise UnsupportedByPrefixKV("prefixkv does not offer Mamba's shared-prefix checkpoints")
     specs = tuple(g.kv_cache_spec for g in kv_cache_config.kv_cache_groups)
     if not specs:
         raise UnsupportedByPrefixKV("a KV cache config without groups (attention-free "

@@ -6,9 +6,10 @@ group runs on ``prefixkv.KVCacheManager``, full / sliding-window / chunked-local
 
 How ``get_computed_blocks``, ``allocate_slots`` and ``cache_blocks`` map vLLM's token
 layout onto prefixkv, and where admission takes a request's tokens from: slots.py (the
-hit, admission and growth); freeing, released and evicted blocks: release.py; the calls
-made once a step (its start, stats, events, Mamba's no-ops): step_calls.py; the prefixkv
-manager a layout runs on: ``layout.build_core``.
+hit, admission and growth); freeing, released and evicted blocks: release.py; the
+read-only calls on a request's blocks (their ids, their cached tokens): queries.py; the
+calls made once a step (its start, stats, events, Mamba's no-ops): step_calls.py; the
+prefixkv manager a layout runs on: ``layout.build_core``.
 
 The differences from vLLM's manager, and the tests of vLLM that show them, are listed in
 docs/integration.md ("With vLLM").
@@ -25,9 +26,9 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request
 
-from prefixkv.core.block import blocks_for
 from prefixkv.errors import RequestError, check_count
 
+from . import queries
 from .coordinator import CoordinatorView
 from .layout import UnsupportedByPrefixKV, build_core, check_options, eagle_layout, read_layout
 from .mamba import StepCache, check_call, junction, noting
@@ -59,8 +60,7 @@ class KVCacheManager(StepCalls):
                  watermark: float = 0.0, enable_mamba_shared_prefix_checkpoint: bool = False) -> None:
         layout = read_layout(kv_cache_config, scheduler_block_size=scheduler_block_size,
                              hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
-                             pcp_world_size=pcp_world_size,
-                             enable_mamba_shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint)
+                             pcp_world_size=pcp_world_size)
         check_options(layout, use_eagle=use_eagle, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
                       watermark=watermark, num_prefill_lookahead=num_prefill_lookahead,
                       enable_caching=enable_caching)
@@ -78,6 +78,9 @@ class KVCacheManager(StepCalls):
         self.metrics_collector = metrics_collector
         self.num_kv_cache_groups = len(layout.groups)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        # enable_mamba_shared_prefix_checkpoint does nothing, as in vLLM 0.33, whose manager acts
+        # on it only with partial-block hits (a Mamba block larger than the hash block), which
+        # read_layout refuses: its flag is then False too
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self._hybrid = layout.hybrid
@@ -104,61 +107,16 @@ class KVCacheManager(StepCalls):
         # live request id -> (group, block index) of its blocks evict_blocks uncached
         self._evicted: dict[str, set[tuple[int, int]]] = {}
 
-    # ---- queries ------------------------------------------------------------------------
+    # ---- queries: queries.py (read-only, on a request's blocks), but vLLM's estimate -----
 
-    @property
-    def usage(self) -> float:
-        """Fraction of the usable blocks (vLLM's null block left out) requests hold."""
-        return self.block_pool.get_usage()
-
-    def key_of(self, request_id: Hashable) -> int | None:
-        """prefixkv's id of the live request ``request_id``; None when it holds no blocks.
-        Raises RequestError for an id that is not hashable (vLLM's are str)."""
-        try:
-            return self._keys.get(request_id)
-        except TypeError:  # (an unhashable id: before it, no call changes anything)
-            raise RequestError(f"a request id must be hashable (vLLM's are str), "
-                               f"got {request_id!r}") from None
-
-    def live_request_ids(self) -> list[str]:
-        """The vLLM ids of the requests holding blocks."""
-        return list(self._keys)  # type: ignore[arg-type]
-
-    def num_cached_tokens(self, request_id: str) -> int:
-        """Tokens of the live request in its cached (findable) full blocks; 0 when it
-        holds none or caching is off."""
-        key = self.key_of(request_id)
-        if key is None or not self.enable_caching:
-            return 0
-        n: int = self.core.num_scheduled_tokens(key)
-        return n // self.block_size * self.block_size
-
-    def _ids(self, key: int) -> tuple[tuple[int, ...], ...]:
-        ids = self.core.get_block_ids(key)
-        return ids if self._hybrid else (ids,)
-
-    def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        """The request's blocks per group (``empty_kv_cache_blocks`` when it holds none)."""
-        key = self.key_of(request_id)
-        return self.empty_kv_cache_blocks if key is None else self._blocks.of(self._ids(key))
-
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        """vLLM's block ids of the request per group (empty lists when it holds none)."""
-        key = self.key_of(request_id)
-        if key is None:
-            return tuple([] for _ in range(self.num_kv_cache_groups))
-        return self._blocks.vllm_ids(self._ids(key))
-
-    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int
-                                          ) -> tuple[list[int], ...]:
-        """``get_block_ids`` clipped to the blocks covering ``num_computed_tokens``, but
-        for Mamba groups, whole (vLLM clips attention groups only). Raises RequestError
-        for a count that is not an int >= 0."""
-        if num_computed_tokens.__class__ is not int or num_computed_tokens < 0:
-            check_count("num_computed_tokens", num_computed_tokens, 0, None)
-        n = blocks_for(num_computed_tokens, self.block_size)
-        return tuple(ids if g in self._mamba.groups else ids[:n]
-                     for g, ids in enumerate(self.get_block_ids(request_id)))
+    usage = property(queries.usage)
+    key_of = queries.key_of
+    live_request_ids = queries.live_request_ids
+    num_cached_tokens = queries.num_cached_tokens
+    _ids = queries._ids
+    get_blocks = queries.get_blocks
+    get_block_ids = queries.get_block_ids
+    get_block_ids_for_computed_tokens = queries.get_block_ids_for_computed_tokens
 
     def estimate_cached_tokens(self, request: Request) -> int:
         """vLLM's estimate: tokens up to the end of the request's last block still holding
@@ -168,9 +126,7 @@ class KVCacheManager(StepCalls):
         evicts a request's tail from its first invalid block, that block's start."""
         return estimate_cached(self, request.request_id)
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
-        """0 per group, as vLLM's (cascade attention is gone from vLLM)."""
-        return [0] * self.num_kv_cache_groups
+    get_num_common_prefix_blocks = queries.get_num_common_prefix_blocks
 
     # ---- lookup ---------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """vLLM's own v1 schedulers, running on prefixkv: the classes ``--scheduler-cls`` names.
 
-    --scheduler-cls prefixkv.integrations.vllm.Scheduler        # vLLM's Scheduler
-    --scheduler-cls prefixkv.integrations.vllm.AsyncScheduler   # with --async-scheduling
+    --scheduler-cls prefixkv.integrations.vllm.AsyncScheduler   # vLLM 0.33's default: async scheduling
+    --scheduler-cls prefixkv.integrations.vllm.Scheduler        # with --no-async-scheduling
 
 Each is vLLM's class, run unchanged. vLLM's constructor builds its manager by the name
 ``KVCacheManager`` in ``vllm.v1.core.sched.scheduler`` (there is no hook for it); while

@@ -1,0 +1,44 @@
+"""Lookups that change nothing: how much of a prompt an admission would find now
+(``lookup``), and the device blocks of that prefix (``lookup_block_ids``). Neither asks
+the shared store."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..errors import check_count
+from ..extra_keys import ExtraKeys
+from .block import Block
+from .prompt import Prompt
+
+if TYPE_CHECKING:
+    from .manager import KVCacheManager
+
+
+def lookup(self: KVCacheManager, prompt_token_ids: Sequence[int] | Prompt, *,
+           extra: ExtraKeys | None = None, max_hit_tokens: int | None = None) -> int:
+    """Tokens of this prompt that an admission now (with this ``max_hit_tokens``)
+    would find cached on the device and in host slots. Changes nothing (no
+    references, no stats, no LRU update) and never asks the shared store. Takes a
+    ``Prompt`` as ``add_request`` does. Raises as ``add_request`` for bad input."""
+    if max_hit_tokens is not None:
+        check_count("max_hit_tokens", max_hit_tokens, 0, None)
+    return len(self._find(None, prompt_token_ids, extra, True, None, max_hit_tokens)[1]) * self.block_size
+
+
+def lookup_block_ids(self: KVCacheManager, prompt_token_ids: Sequence[int] | Prompt, *,
+                     extra: ExtraKeys | None = None, max_hit_tokens: int | None = None
+                     ) -> tuple[int, ...]:
+    """The device blocks of the prefix ``lookup`` finds, in token order (it stops at
+    the first block that is not in the device pool: host tier, store). Changes
+    nothing. Takes a ``Prompt``. Raises as ``add_request`` for bad input."""
+    if max_hit_tokens is not None:
+        check_count("max_hit_tokens", max_hit_tokens, 0, None)
+    hits = self._find(None, prompt_token_ids, extra, True, None, max_hit_tokens)[1]
+    out = []
+    for b in hits:
+        if type(b) is not Block:
+            break
+        out.append(b.block_id)
+    return tuple(out)

@@ -1,0 +1,81 @@
+"""Requests leaving: ``free`` (finished, aborted), ``preempt`` (its tokens back to the
+engine for a later re-admission) and ``reset_prefix_cache``. A request's blocks go back
+tail of the chain first, so the block ending the longest prefix is evicted first."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
+
+from ..errors import check_count
+from ..events import AllBlocksCleared
+
+if TYPE_CHECKING:
+    from .manager import KVCacheManager
+
+
+def free(self: KVCacheManager, request_id: Hashable, *, num_computed_tokens: int | None = None) -> None:
+    """Release a finished, aborted or preempted request's blocks, tail of the chain
+    first (so of these, the block ending the longest prefix is evicted first). Cached
+    blocks keep their content and stay findable until evicted.
+
+    ``num_computed_tokens``: pass it when the request is dropped before all its
+    scheduled tokens were computed (aborted before its step ran): full blocks past it
+    are made unfindable, so no later request hits KV that was never written. Default:
+    every scheduled token was computed. (Requests that hit those blocks in the same
+    step must not run without them either.) A request that waits on the store
+    (``StoreWait``) is not live: its wait is forgotten (its fetch still lands, and
+    gives back the device blocks it holds: at once if it landed, else then), and its
+    ``num_computed_tokens`` can only be 0.
+    Raises RequestError for an unknown or already freed id, or a count outside
+    ``[0, num_scheduled_tokens]``.
+    """
+    if self._waits is not None and self._waits.leave(request_id, num_computed_tokens) is not None:
+        return  # it waited on the store, holding nothing
+    req = self._get(request_id)
+    if num_computed_tokens is not None:
+        check_count("num_computed_tokens", num_computed_tokens, 0, req.num_scheduled)
+        bs = self.block_size
+        first = max(num_computed_tokens, req.num_cached) // bs
+        self._pool.emptied(self._index.uncache(req.blocks[first:req.num_scheduled // bs]))
+    del self._requests[request_id]
+    if req.num_scheduled < len(req.tokens):
+        self._num_prefilling -= 1
+    # a pending copy into a block going back to the pool must not run (the block may
+    # be a load's target in this step); its source may go back then, ahead of these
+    # blocks (it may hold content computed on them: copies.py)
+    if self._copies.copies:
+        unpinned = self._copies.settle(req.blocks, self._pool.blocks)
+        if unpinned:
+            self._pool.release(unpinned)
+    self._pool.release(reversed(req.blocks))
+
+
+def preempt(self: KVCacheManager,
+            request_id: Hashable, *, num_computed_tokens: int | None = None) -> tuple[int, ...]:
+    """Free a running request (as ``free``, same ``num_computed_tokens``) and return
+    all its known token ids (prompt and generated), to pass to ``add_request(...,
+    resumed=True)`` when it is re-admitted; it will hit whatever is still cached.
+    A request waiting on the store (``StoreWait``) stops waiting, as in ``free``, and
+    its prompt is returned (its re-admission hits what its fetch landed meanwhile).
+    Raises as ``free``."""
+    waits = self._waits
+    waited = waits.leave(request_id, num_computed_tokens) if waits is not None else None
+    if waited is not None:
+        return tuple(waited.tokens)
+    tokens = tuple(self._get(request_id).tokens)
+    self.free(request_id, num_computed_tokens=num_computed_tokens)
+    return tokens
+
+
+def reset_prefix_cache(self: KVCacheManager) -> bool:
+    """Drop all cached content, only when no block is in use (a store fetch's held
+    blocks included), no store fetch is under way and no plan's copies run
+    (``take_kv_ops(pending=True)``). Returns whether it did."""
+    if self._ops_pending or self._waits is not None and self._waits.in_flight \
+            or not self._pool.reset():
+        return False
+    if self._host is not None:
+        self._host.clear()
+    self._events.append(AllBlocksCleared())
+    return True
