@@ -206,6 +206,19 @@ class LatePlanManagerMachine(ManagerMachine):
         new = self._admit(prompt, None, None)
         return multiple(*[r for r in (rid, new) if r is not None and r in self.tokens])
 
+    @rule()
+    def reset_in_step(self):
+        """``reset_prefix_cache`` in the step, its plan not taken (``reset`` ends the step
+        first): the plan may hold the offloads of what the step's admissions evicted and
+        the loads of a hit freed in the step; a reset drops them with the content (the
+        next plan has none), and it succeeds exactly when no request is live."""
+        self.last = None
+        assert self.m.reset_prefix_cache() == (not self.tokens)
+        if not self.tokens:
+            assert self.m.num_cached_blocks == 0
+            assert self.m.take_kv_ops() == []  # (the step's plan went with the content)
+            self.owed, self.counted, self.dirty = [], [], False
+
     def _write_loaded(self, rid, start, redo, stop):
         """``a_load_fails_and_is_recomputed`` took its step's plan (its loads ran, some
         failed): that step's forward pass runs now, before any later plan, and writes the
