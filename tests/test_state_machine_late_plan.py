@@ -154,13 +154,14 @@ class LatePlanManagerMachine(ManagerMachine):
 
     @rule(target=ManagerMachine.live, parent=ManagerMachine.live, fill_child=st.booleans(),
           tok=st.integers(0, 12), gone=st.sampled_from(["", "c", "p", "cp", "pc"]),
-          counted=st.booleans(), prompt=st.none() | prompts)
-    def fork_fill_free(self, parent, fill_child, tok, gone, counted, prompt):
+          counted=st.booleans(), prompt=st.none() | prompts, preempt=st.booleans())
+    def fork_fill_free(self, parent, fill_child, tok, gone, counted, prompt, preempt):
         """In one step: fork ``parent``, fill the copied block (the child's, or the
-        parent's own: the copy's source), free the child (``c``) and the parent (``p``)
-        in the order ``gone`` gives, then admit ``prompt``, which may evict what they
-        released. (The rules alone reach this rarely: a block the plan holds for its
-        content, or a filled source unpinned, whose prefix the step may evict.)"""
+        parent's own: the copy's source), free (``preempt``: preempt) the child (``c``)
+        and the parent (``p``) in the order ``gone`` gives, then admit ``prompt``, which
+        may evict what they released. (The rules alone reach this rarely: a block the
+        plan holds for its content, or a filled source unpinned, whose prefix the step
+        may evict.)"""
         child = self.fork(parent)
         if not isinstance(child, str):
             return multiple()
@@ -169,7 +170,7 @@ class LatePlanManagerMachine(ManagerMachine):
         for who in gone:
             r = child if who == "c" else parent
             if r in self.tokens:
-                self._leave(r, counted, False)
+                self._leave(r, counted, preempt)
         new = self._admit(prompt, None, None) if prompt is not None else None
         return multiple(*[r for r in (child, new) if r is not None and r in self.tokens])
 
