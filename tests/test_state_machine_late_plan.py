@@ -155,7 +155,7 @@ class LatePlanManagerMachine(ManagerMachine):
     @rule(target=ManagerMachine.live, parent=ManagerMachine.live, fill_child=st.booleans(),
           tok=st.integers(0, 12), gone=st.sampled_from(["", "c", "p", "cp", "pc"]),
           counted=st.booleans(), prompt=st.none() | prompts, preempt=st.booleans())
-    def fork_fill_free(self, parent, fill_child, tok, gone, counted, prompt, preempt):
+    def fork_fill_free(self, parent, fill_child, tok, gone, counted, prompt, preempt=False):
         """In one step: fork ``parent``, fill the copied block (the child's, or the
         parent's own: the copy's source), free (``preempt``: preempt) the child (``c``)
         and the parent (``p``) in the order ``gone`` gives, then admit ``prompt``, which
