@@ -7,10 +7,13 @@ one block, its other full blocks recorded in the step); then ``lookup`` of the s
 prompt finds 8 tokens through x's blocks (0, 1, 3, 5), but block 3 has no key (a
 pending run's block, ``index/pending.py``) and the next admission claims only 4 tokens
 (blocks 0, 1). ``lookup`` and ``add_request`` must agree (the machine's ``_admit``).
-Open: not diagnosed to the line (which of the two is wrong: a pending run's block that
-match walks but claim does not, or one match should not walk)."""
 
-import pytest
+Block 0 heads a settled run whose one block is block 1, and block 1 heads the pending
+run of blocks 3, 5. ``walk_pending`` (lookup) reaches block 1 one block at a time and
+follows its run; ``ContentIndex.claim`` took block 1 as the tail of block 0's run and
+went on with the next chunk through block 1's child, never reading block 1's
+``starts``: block 3 has no key yet, so the claim ended there. Now ``claim`` reads the
+``starts`` of the last block of each run it takes (``index/content.py``)."""
 
 from test_state_machine_late_plan import SmallLatePlanManagerMachine
 
@@ -25,7 +28,6 @@ def _first(x):
     return (values[0] if values else None) if values is not None else x
 
 
-@pytest.mark.xfail(strict=True, reason="lookup finds 8 tokens, the admission claims 4 (open)")
 def test_an_admission_in_the_step_claims_what_lookup_found():
     st = SmallLatePlanManagerMachine()
     st.setup()
@@ -54,4 +56,4 @@ def test_an_admission_in_the_step_claims_what_lookup_found():
     assert st.m.lookup_block_ids(prompt) == (0, 1, 3, 5)
     assert st.m._pool.blocks[3].key is None  # (a pending run's block: keyed later)
     y = st.m.add_request("y", prompt)
-    assert y.num_cached_tokens == 8, y  # (what lookup found before it; it claims 4)
+    assert y.num_cached_tokens == 8, y  # (what lookup found before it; it claimed 4)
