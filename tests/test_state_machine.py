@@ -9,6 +9,7 @@ still held, is caught at the step it happens.
 
 import hashlib
 
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -31,6 +32,7 @@ from prefixkv import (
     ExtraKeys,
     KVCacheManager,
     PromptTooLongError,
+    RequestError,
 )
 from prefixkv.hashing import make_hash_fn
 
@@ -419,6 +421,34 @@ class ManagerMachine(SharedRules, RuleBasedStateMachine):
         for b in blocks[first:]:  # (whatever the step would have written there: never)
             self.kv[b] = ["failed"] * self.bs
         self.m.free(rid, num_computed_tokens=min(first * self.bs, adm.num_cached_tokens))
+
+    @rule(rid=live, back=st.integers(1, 9))
+    def rewind_and_recompute(self, rid, back):
+        """Once its step ran, the KV of the last ``back`` scheduled tokens of ``rid``
+        turns out invalid (a load that failed late, a hit past a host load): the engine
+        rewinds it there and recomputes them in the same blocks, in the next step. A
+        full block among them held by another request too refuses the rewind (a
+        RequestError, nothing changed)."""
+        self._own_step()
+        self.last = None
+        if rid not in self.tokens:
+            return
+        n = self.scheduled[rid]
+        p = max(0, n - back)
+        blocks = self.m.get_block_ids(rid)
+        others = {b for r in self.tokens if r != rid for b in self.m.get_block_ids(r)}
+        if others & set(blocks[p // self.bs:n // self.bs]):
+            before = self._snapshot()
+            with pytest.raises(RequestError):
+                self.m.rewind(rid, p)
+            assert self._snapshot() == before
+            return
+        for pos in range(p, n):
+            self.kv[blocks[pos // self.bs]][pos % self.bs] = "invalid"
+        self.m.rewind(rid, p)
+        self.m.check_invariants()
+        assert self.m.extend(rid, n - p) == ()
+        self._write(rid, p, n)
 
     @rule(rid=consumes(live))
     def preempt(self, rid):

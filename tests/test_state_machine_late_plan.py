@@ -154,13 +154,14 @@ class LatePlanManagerMachine(ManagerMachine):
 
     @rule(target=ManagerMachine.live, parent=ManagerMachine.live, fill_child=st.booleans(),
           tok=st.integers(0, 12), gone=st.sampled_from(["", "c", "p", "cp", "pc"]),
-          counted=st.booleans(), prompt=st.none() | prompts)
-    def fork_fill_free(self, parent, fill_child, tok, gone, counted, prompt):
+          counted=st.booleans(), prompt=st.none() | prompts, preempt=st.booleans())
+    def fork_fill_free(self, parent, fill_child, tok, gone, counted, prompt, preempt=False):
         """In one step: fork ``parent``, fill the copied block (the child's, or the
-        parent's own: the copy's source), free the child (``c``) and the parent (``p``)
-        in the order ``gone`` gives, then admit ``prompt``, which may evict what they
-        released. (The rules alone reach this rarely: a block the plan holds for its
-        content, or a filled source unpinned, whose prefix the step may evict.)"""
+        parent's own: the copy's source), free (``preempt``: preempt) the child (``c``)
+        and the parent (``p``) in the order ``gone`` gives, then admit ``prompt``, which
+        may evict what they released. (The rules alone reach this rarely: a block the
+        plan holds for its content, or a filled source unpinned, whose prefix the step
+        may evict.)"""
         child = self.fork(parent)
         if not isinstance(child, str):
             return multiple()
@@ -169,7 +170,7 @@ class LatePlanManagerMachine(ManagerMachine):
         for who in gone:
             r = child if who == "c" else parent
             if r in self.tokens:
-                self._leave(r, counted, False)
+                self._leave(r, counted, preempt)
         new = self._admit(prompt, None, None) if prompt is not None else None
         return multiple(*[r for r in (child, new) if r is not None and r in self.tokens])
 
@@ -205,6 +206,25 @@ class LatePlanManagerMachine(ManagerMachine):
             self.owed = [w for w in self.owed if w[0] != rid] + [(rid, 0, n)]
         new = self._admit(prompt, None, None)
         return multiple(*[r for r in (rid, new) if r is not None and r in self.tokens])
+
+    @rule()
+    def reset_in_step(self):
+        """``reset_prefix_cache`` in the step, its plan not taken (``reset`` ends the step
+        first): the plan may hold the offloads of what the step's admissions evicted and
+        the loads of a hit freed in the step; a reset drops them with the content (the
+        next plan has none). It succeeds exactly when no request is live and the plan
+        pins no fork copy's source: a fork's child filled the copied block and both
+        left in the step (seed 103, SmallLatePlanManagerMachine: a_hit_goes_in_its_step,
+        reset, fork_fill_free(gone='cp', fill_child=True), reset_in_step), so the copy
+        must still run and its source is a block in use: refusing is right, the caller
+        resets after the step (as ``reset`` does)."""
+        self.last = None
+        ok = not self.tokens and not self.m._copies.pins
+        assert self.m.reset_prefix_cache() == ok
+        if ok:
+            assert self.m.num_cached_blocks == 0
+            assert self.m.take_kv_ops() == []  # (the step's plan went with the content)
+            self.owed, self.counted, self.dirty = [], [], False
 
     def _write_loaded(self, rid, start, redo, stop):
         """``a_load_fails_and_is_recomputed`` took its step's plan (its loads ran, some

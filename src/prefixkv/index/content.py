@@ -231,80 +231,83 @@ class ContentIndex(DroppingIndex):
                 b.refs = 1
             hits.append(b)
             p = b
-            run = b.starts
-            if run is None or run.ok != epoch or (run.extra is not base and run.extra != base):
-                continue
-            # b heads a run: as many of its blocks as agree with the prompt's next chunks
-            # are the blocks found for them (a shared run holds its content; ``Run``)
-            i = len(hits)
-            known = run.blocks
-            k = len(known)
-            if (run.pcid if run.pending else known[0].parent_cid) != b.content_id:
-                # (b holds other content since)
-                continue
-            # (the head's chunk first, as recorded; within the chunks given: a probe may
-            # be cut short of ``data``)
-            if not data.startswith(run.data, (i - 1) * width, end):
-                # (-1: b's differs: b was emptied and refilled since, its ``starts`` stale)
-                k = _agree(run.data, data, (i - 1) * width, end, width) - 1
-                if k <= 0:
-                    continue
-                if run.pending:  # (the cut written alone: ``split_pending``; one block
-                    known = split_pending(run, k, width)  # leaves the pending runs)
-                    self._num_chained += 1
-                else:
-                    known = _split(run, k, width)  # (the part claimed, a run of its own now)
-            if run.shared:  # one count for the run; free, it leaves the tier as one segment
-                if run.n:  # (consecutive there: ``Run``)
-                    held += k
-                else:
-                    run.counts.free -= 1
-                    if run.fwd:
-                        known[0].prev.next = known[-1].next
-                        known[-1].next.prev = known[0].prev
+            while True:  # (a run may end on a block heading another run: a pending
+                # run's blocks have no key, so only its head's ``starts`` reaches them)
+                run = b.starts
+                if run is None or run.ok != epoch or (run.extra is not base and run.extra != base):
+                    break
+                # b heads a run: as many of its blocks as agree with the prompt's next chunks
+                # are the blocks found for them (a shared run holds its content; ``Run``)
+                i = len(hits)
+                known = run.blocks
+                k = len(known)
+                if (run.pcid if run.pending else known[0].parent_cid) != b.content_id:
+                    # (b holds other content since)
+                    break
+                # (the head's chunk first, as recorded; within the chunks given: a probe may
+                # be cut short of ``data``)
+                if not data.startswith(run.data, (i - 1) * width, end):
+                    # (-1: b's differs: b was emptied and refilled since, its ``starts`` stale)
+                    k = _agree(run.data, data, (i - 1) * width, end, width) - 1
+                    if k <= 0:
+                        break
+                    if run.pending:  # (the cut written alone: ``split_pending``; one block
+                        known = split_pending(run, k, width)  # leaves the pending runs)
+                        self._num_chained += 1
                     else:
-                        known[-1].prev.next = known[0].next
-                        known[0].next.prev = known[-1].prev
-                run.n += 1
-            else:  # (stale, maybe: each block checked as a hit is, before any is taken,
-                # unless no block has lost its content since the run was known whole)
-                if run.seen != self.losses:
-                    q = b
-                    for x, chunk in zip(known, islice(chunks, i, i + k), strict=True):
-                        if x.key != chunk or x.twin or x.parent_cid != q.content_id \
-                                or x.extra != base:
+                        known = _split(run, k, width)  # (the part claimed, a run of its own now)
+                if run.shared:  # one count for the run; free, it leaves the tier as one segment
+                    if run.n:  # (consecutive there: ``Run``)
+                        held += k
+                    else:
+                        run.counts.free -= 1
+                        if run.fwd:
+                            known[0].prev.next = known[-1].next
+                            known[-1].next.prev = known[0].prev
+                        else:
+                            known[-1].prev.next = known[0].next
+                            known[0].next.prev = known[-1].prev
+                    run.n += 1
+                else:  # (stale, maybe: each block checked as a hit is, before any is taken,
+                    # unless no block has lost its content since the run was known whole)
+                    if run.seen != self.losses:
+                        q = b
+                        for x, chunk in zip(known, islice(chunks, i, i + k), strict=True):
+                            if x.key != chunk or x.twin or x.parent_cid != q.content_id \
+                                    or x.extra != base:
+                                break
+                            q = x
+                        else:
+                            q = _NO_PARENT
+                        if q is not _NO_PARENT:  # one was not: the blocks go one by one
+                            run.ok = -1
                             break
-                        q = x
-                    else:
-                        q = _NO_PARENT
-                    if q is not _NO_PARENT:  # one was not: the blocks go one by one
-                        run.ok = -1
-                        continue
-                    run.seen = self.losses
-                    _settle_headed(known[-1])  # (stale: its last block recorded since)
-                was = held
-                for b in known:
-                    if b.counted is not None:  # (another run shares it: a run recorded
-                        # since over blocks rewound and computed again; its count alone)
-                        b.counted.dissolve()
-                    if b.refs:
-                        b.refs += 1
-                        held += 1
-                    else:
-                        b.prev.next = b.next
-                        b.next.prev = b.prev
-                        b.refs = 1
-                # each was free (held by this request alone from now on), or each is held
-                # as many times (each count changes with the run's from now on, until one
-                # changes alone; counted in C): one count for them all
-                if held == was or held - was == k and list(
-                        map(_REFS, known)).count(known[0].refs) == k:
-                    run.shared = True
-                    run.n = known[0].refs
-                    run.counts.shared += 1
+                        run.seen = self.losses
+                        _settle_headed(known[-1])  # (stale: its last block recorded since)
+                    was = held
                     for b in known:
-                        b.counted = run
-            hits += known
-            p = known[-1]
-            next(islice(it, k - 1, None), None)  # (the k chunks compared)
+                        if b.counted is not None:  # (another run shares it: a run recorded
+                            # since over blocks rewound and computed again; its count alone)
+                            b.counted.dissolve()
+                        if b.refs:
+                            b.refs += 1
+                            held += 1
+                        else:
+                            b.prev.next = b.next
+                            b.next.prev = b.prev
+                            b.refs = 1
+                    # each was free (held by this request alone from now on), or each is held
+                    # as many times (each count changes with the run's from now on, until one
+                    # changes alone; counted in C): one count for them all
+                    if held == was or held - was == k and list(
+                            map(_REFS, known)).count(known[0].refs) == k:
+                        run.shared = True
+                        run.n = known[0].refs
+                        run.counts.shared += 1
+                        for b in known:
+                            b.counted = run
+                hits += known
+                p = known[-1]
+                b = p
+                next(islice(it, k - 1, None), None)  # (the k chunks compared)
         return hits, len(hits) - held
