@@ -42,6 +42,7 @@ def test_the_machine_taints_who_shares_a_block_a_tainted_recompute_rewrites():
     assert m.m.get_block_ids(r3) == ((0, 2, 3, 5),)
     assert m.taint[r2] == 9 and m.kv[3][1][0] == "lost"
     m.no_group_reads_kv_it_does_not_hold()  # before: AssertionError ('r2', 0, 9)
+    m.the_manager_never_caches_what_the_model_marks_lost()  # (the manager's r2: untainted)
     m.hits_hold_sound_kv()
     m.events_predict_lookup()
     m.consistent()

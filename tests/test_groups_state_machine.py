@@ -551,6 +551,13 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
             assert self.m.num_free_blocks == self.num_blocks - reserved
 
     @invariant()
+    def the_manager_never_caches_what_the_model_marks_lost(self):
+        # its ``tainted_from`` (no block from there on cached) is at or before the model's
+        for rid in self.tokens:
+            t, got = self.taint[rid], self.m._requests[rid].tainted_from
+            assert t is None or (got is not None and got <= t), (rid, got, t)
+
+    @invariant()
     def reads_released_is_where_a_window_released_what_a_query_reads(self):
         if any(g.sparse for g in self.groups):
             return  # (a Mamba state: test_groups_rewind.py)
