@@ -259,6 +259,8 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
             p += 1
         if p > s:
             return
+        if self.taint[rid] is not None:  # (its recompute writes lost KV from there on:
+            self._taint_sharers(rid, max(p, self.taint[rid]))  # into the blocks shared too)
         gone = self.tokens[rid][p:]
         self.m.rewind(rid, p)
         self.tokens[rid] = self.tokens[rid][:p]
@@ -272,6 +274,21 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
             self.scheduled[rid] += n
             self._write(rid, p, p + n)
             self.last = None  # (aborting it would leave the same KV in blocks it shares)
+
+    def _taint_sharers(self, rid, p):
+        """Every other live request holding a block of ``rid`` that a recompute writing
+        lost KV from ``p`` on rewrites holds it too: tainted from the first position
+        rewritten there."""
+        mine = self.m.get_block_ids(rid)
+        rewritten = {(g, b) for g, ids in enumerate(mine) for b in ids[p // BS:] if b != self.null}
+        for other in self.tokens:
+            if other != rid:
+                js = [j for g, ids in enumerate(self.m.get_block_ids(other))
+                      for j, b in enumerate(ids) if j >= p // BS and (g, b) in rewritten]
+                if js:
+                    first = max(p, min(js) * BS)
+                    t = self.taint[other]
+                    self.taint[other] = first if t is None else min(t, first)
 
     def _lost(self, rid, p):
         """Whether a recompute of ``rid`` from ``p`` reads KV a window released."""
@@ -291,16 +308,7 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
         if not points:
             return
         p = points[pick % len(points)]
-        mine = self.m.get_block_ids(rid)
-        rewritten = {(g, b) for g, ids in enumerate(mine) for b in ids[p // BS:] if b != self.null}
-        for other in self.tokens:
-            if other != rid:
-                js = [j for g, ids in enumerate(self.m.get_block_ids(other))
-                      for j, b in enumerate(ids) if j >= p // BS and (g, b) in rewritten]
-                if js:
-                    first = max(p, min(js) * BS)
-                    t = self.taint[other]
-                    self.taint[other] = first if t is None else min(t, first)
+        self._taint_sharers(rid, p)
         gone = self.tokens[rid][p:]
         self.m.rewind(rid, p)
         t = self.taint[rid]
@@ -541,6 +549,13 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
         if not self.tokens:
             reserved = 0 if self.null is None else 1
             assert self.m.num_free_blocks == self.num_blocks - reserved
+
+    @invariant()
+    def the_manager_never_caches_what_the_model_marks_lost(self):
+        # its ``tainted_from`` (no block from there on cached) is at or before the model's
+        for rid in self.tokens:
+            t, got = self.taint[rid], self.m._requests[rid].tainted_from
+            assert t is None or (got is not None and got <= t), (rid, got, t)
 
     @invariant()
     def reads_released_is_where_a_window_released_what_a_query_reads(self):

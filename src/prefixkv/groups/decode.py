@@ -187,6 +187,8 @@ def rewind(self: HybridKVCacheManager, request_id: Hashable, num_tokens: int) ->
     then never cached (it was computed over lost KV: groups/taint.py), nor that of
     another request which shares a block the recompute rewrites, from the first
     position rewritten there on (its cached blocks from there lose their content).
+    So too when the request is tainted already: its recompute writes lost KV again,
+    from where it was tainted (or ``num_tokens``, if later) on.
     Raises RequestError (unknown id, ``num_tokens`` outside ``[0,
     num_scheduled_tokens]``)."""
     req = self._get(request_id)
@@ -195,13 +197,15 @@ def rewind(self: HybridKVCacheManager, request_id: Hashable, num_tokens: int) ->
         self._pins = RewindPins()
     self._pins.rewind(req, num_tokens, self.block_size, self._requests)
     full = num_tokens // self.block_size
-    if reads_lost(self.groups, req, num_tokens, self.block_size):
-        for other, first in sharers(req, num_tokens, self._requests.values(), self.block_size):
+    lost, was = reads_lost(self.groups, req, num_tokens, self.block_size), req.tainted_from
+    if lost or was is not None:  # (a tainted request recomputes lost KV from ``was`` on)
+        start = num_tokens if lost or was is None else max(num_tokens, was)
+        for other, first in sharers(req, start, self._requests.values(), self.block_size):
             self._pool.emptied(self._index.uncache(
                 [b for t in other.tables
                  for b in t[first // self.block_size:len(other.nodes)] if b is not None]))
             taint(other, first)
-        taint(req, num_tokens)
+        taint(req, start)
     if full < len(req.nodes):
         self._pool.emptied(self._index.uncache(
             [b for t in req.tables for b in t[full:len(req.nodes)] if b is not None]))

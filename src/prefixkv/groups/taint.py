@@ -14,7 +14,8 @@ The request keeps running (vLLM's scheduler recomputes there as well); what it c
 is never made findable, so no other request hits it. Another live request that shares a
 block the recompute rewrites holds that KV too: it is tainted from the first position
 rewritten there, and its cached blocks from there on are made unfindable (their KV was
-computed over what the rewind declared invalid).
+computed over what the rewind declared invalid). So too when a tainted request is rewound
+and recomputes again: it reads its own lost KV (from ``tainted_from`` on).
 """
 
 from __future__ import annotations
