@@ -39,19 +39,18 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.environ.get("PREFIXKV_SRC") or str(Path(__file__).resolve().parents[1] / "src"))
 
+from events_steps import SIDES, SKIP  # noqa: E402
 from prefixkv import KVCacheManager  # noqa: E402
 from prefixkv.bench.workloads import builtin  # noqa: E402
 from prefixkv.fleet.publisher import EventPublisher  # noqa: E402
-from vllm_side import BS, vllm_manager, vllm_request  # noqa: E402
+from vllm_side import BS, vllm_manager  # noqa: E402
 
 CLOCK = time.thread_time_ns
-SKIP = 3  # the first requests of a replay (an empty cache) are not counted
 CLAIM, TAKE, STORE = "claim (hits found, verified, referenced)", "new blocks taken (+ evictions)", \
     "new blocks recorded (store)"
 EVENTS, REST = "events recorded (the deferred run)", "the rest of add_request"
@@ -72,37 +71,6 @@ PARTS = {"ContentIndex.claim": CLAIM, "BlockPool.take": TAKE, "BlockPool.take_on
          "EventLog.take_pending": "take_pending_events", "PendingEvents.__init__": "take_pending_events",
          "EventPublisher.publish": "publish", "PendingEvents.empty": "publish"}
 """prefixkv's functions -> the part of the step they belong to (others: ``REST``)."""
-
-
-def prefixkv_step(m: Any, pub: EventPublisher, q: Any) -> list[Callable[[], object]]:
-    p = m.prepare(q.prompt)  # (untimed: an engine's input thread prepares it)
-    pending: list[Any] = []
-    return [lambda: m.add_request(q.rid, p), lambda: pending.append(m.take_pending_events()),
-            lambda: pub.publish(pending[0]), lambda: m.free(q.rid)]
-
-
-def vllm_step(m: Any, pub: Any, q: Any) -> list[Callable[[], object]]:
-    from vllm.distributed.kv_events import KVEventBatch
-
-    req = vllm_request(q.rid, list(q.prompt))  # (its input thread's: module doc)
-    got: list[Any] = []
-
-    def allocate() -> None:
-        blocks, hit = got[0][:2]
-        assert m.allocate_slots(req, len(q.prompt) - hit, num_new_computed_tokens=hit,
-                                new_computed_blocks=blocks) is not None
-
-    def publish() -> None:
-        if got[1]:
-            pub.publish(KVEventBatch(ts=time.time(), events=got[1]))
-
-    return [lambda: got.append(m.get_computed_blocks(req)), allocate,
-            lambda: got.append(m.take_events()), publish, lambda: m.free(req)]
-
-
-SIDES = {"prefixkv": (prefixkv_step, ("add_request", "take_pending_events", "publish")),
-         "vLLM": (vllm_step, ("get_computed_blocks", "allocate_slots", "take_events",
-                              "KVEventBatch + publish"))}
 
 
 def replay(side: str, name: str, pub: Any, forward_s: float, count: bool) -> dict[str, float]:

@@ -20,14 +20,20 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from events_account import BS, SIDES, SKIP, KVCacheManager, builtin, vllm_manager  # noqa: E402
+sys.path.insert(0, os.environ.get("PREFIXKV_SRC") or str(Path(__file__).resolve().parents[1] / "src"))
+
+from events_steps import SIDES, SKIP  # noqa: E402
+from prefixkv import KVCacheManager  # noqa: E402
+from prefixkv.bench.workloads import builtin  # noqa: E402
 from prefixkv.fleet.publisher import EventPublisher  # noqa: E402
+from vllm_side import BS, vllm_manager  # noqa: E402
 
 
 def replay(side: str, name: str, pub: Any) -> tuple[int, collections.Counter[str],
