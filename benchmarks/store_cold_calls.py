@@ -24,9 +24,9 @@ from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_store import inline_setup  # noqa: E402
 from prefixkv import StoreWait  # noqa: E402
 from prefixkv.store import LocalRedis, RedisStore  # noqa: E402
+from store_setup import inline_setup  # noqa: E402
 
 
 def run(backend: RedisStore, blocks: int, rounds: int, sweep: int, where: str) -> None:
