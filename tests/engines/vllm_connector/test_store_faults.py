@@ -149,7 +149,10 @@ def test_a_full_server_refuses_part_of_a_save_and_serves_the_prefix_it_took(mode
             assert (w.loaded, w.failed) == (held, 0)
             assert min(b.computed["r2"]) == held * BLOCK and kv_is(b, "r2", tokens, blocks)
             b.worker.worker.flush()
-            assert b.worker.worker._writer.errors == blocks - held  # (still full)
+            bw = b.worker.worker._writer  # (still full: refused, counted; the server may
+            # have freed a little meanwhile, a client's query buffer its cron shrank, and
+            # taken a few of them: each of the rest is refused and counted)
+            assert bw.errors > 0 and bw.written + bw.errors == blocks - held, (bw.written, bw.errors)
             assert free_blocks(b) == idle
         finally:
             probe.close()
