@@ -93,10 +93,10 @@ def _split(run: Run, k: int, width: int) -> list[Block]:
 
 
 def _settle_headed(b: Block) -> None:
-    """Write the pending run ``b`` heads, if any: ``b`` is the last block of a run that
-    is not pending, which a claim takes whole and goes on from through ``b.child`` (a
-    stale run, ``b`` recorded since as the first block of a miss's run: the pending
-    run's blocks are found only from ``b.starts``, which a cut also overwrites)."""
+    """Write the pending run ``b`` heads, if any, before a cut overwrites ``b.starts``
+    (``b`` the last block the cut keeps: a stale run's, recorded since as the first
+    block of a miss's run, whose pending blocks are found only from ``b.starts``). A
+    claim that takes a run whole needs no write: it follows ``b.starts`` itself."""
     r = b.starts
     if r is not None and r.pending:
         r.counts.settle(r)
@@ -283,7 +283,6 @@ class ContentIndex(DroppingIndex):
                             run.ok = -1
                             break
                         run.seen = self.losses
-                        _settle_headed(known[-1])  # (stale: its last block recorded since)
                     was = held
                     for b in known:
                         if b.counted is not None:  # (another run shares it: a run recorded
