@@ -109,7 +109,11 @@ class KVCacheManager(StepCalls):
 
     # ---- queries: queries.py (read-only, on a request's blocks), but vLLM's estimate -----
 
-    usage = property(queries.usage)
+    @property
+    def usage(self) -> float:
+        """Fraction of the usable blocks (vLLM's null block left out) requests hold."""
+        return self.block_pool.get_usage()
+
     key_of = queries.key_of
     live_request_ids = queries.live_request_ids
     num_cached_tokens = queries.num_cached_tokens

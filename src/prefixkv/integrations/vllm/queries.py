@@ -22,11 +22,6 @@ if TYPE_CHECKING:
     from .manager import KVCacheManager
 
 
-def usage(self: KVCacheManager) -> float:
-    """Fraction of the usable blocks (vLLM's null block left out) requests hold."""
-    return self.block_pool.get_usage()
-
-
 def key_of(self: KVCacheManager, request_id: Hashable) -> int | None:
     """prefixkv's id of the live request ``request_id``; None when it holds no blocks.
     Raises RequestError for an id that is not hashable (vLLM's are str)."""
