@@ -71,9 +71,10 @@ class SharedRules:
     def reset(self):
         self._own_step()
         self.last = None
+        order = self.m.free_block_order()
         assert self.m.reset_prefix_cache() == (not self.tokens)
-        if not self.tokens:
-            assert self.m.num_cached_blocks == 0
+        if not self.tokens:  # (the free order kept, as vLLM's reset keeps its free queue)
+            assert self.m.num_cached_blocks == 0 and self.m.free_block_order() == order
 
     @invariant()
     def consistent(self):

@@ -142,16 +142,20 @@ def test_a_chain_whose_blocks_lost_their_content_is_not_claimed_after_its_head(e
     a, b, c = [1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]
     assert m.add_request("a", a + b + c + [0]) == Admission("a", (0, 1, 2, 3), 0, 13)
     m.free("a")
-    if how == "reset":
-        assert m.reset_prefix_cache()
+    if how == "reset":  # the free order is kept (3, empty, then the chain tail first): a
+        # request on 3, 2, 1 leaves block 0 to hold A alone
+        assert m.reset_prefix_cache() and m.free_block_order() == [3, 2, 1, 0]
+        assert m.add_request("p", [11] * 4 + [12] * 4 + [13] * 3).block_ids == (3, 2, 1)
     else:  # evicted: 3, 2, 1, 0 take other content, freed head first
         assert m.add_request("e", [11] * 4 + [12] * 4 + [13] * 4 + [14] * 4).block_ids == (3, 2, 1, 0)
         m.free("e")
-    if how == "evicted, one block taken":  # one block, taken alone (``take_one``)
+    if how != "evicted":  # one block, taken alone (``take_one``)
         assert m.add_request("f", a) == Admission("f", (0,), 0, 4)
     else:
         assert m.add_request("f", a + [0]).block_ids[0] == 0
     m.free("f")
+    if how == "reset":
+        m.free("p")
     got = m.add_request("g", a + b + c + [0])
     assert got.block_ids[0] == 0 and got.num_cached_tokens == 4
     m.check_invariants()

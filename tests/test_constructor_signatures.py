@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
 import pytest
 
-from prefixkv import KVCacheManager
+from prefixkv import ConfigError, KVCacheManager
 from prefixkv.groups import HybridKVCacheManager, full_attention, sliding_window
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
@@ -49,6 +50,65 @@ def test_the_stated_defaults_build_the_managers_as_before():
     assert m._events.max_events == 5  # type: ignore[attr-defined]
     h = HybridKVCacheManager([full_attention(), sliding_window(8)], 9, 4, vocab_size=50)
     assert (h.num_blocks, h.block_size, h.vocab_size, h.null_block_id) == (9, 4, 50, 0)
+
+
+def _public_classes() -> list[tuple[str, type]]:
+    """Every class docs/api.md documents from the packages (docs/make_api.py's list),
+    protocols left out (not built), by the name it is documented under."""
+    import importlib
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_api", SRC.parent / "docs" / "make_api.py")
+    assert spec is not None and spec.loader is not None
+    make_api = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_api)
+    out = []
+    for package in make_api.PACKAGES:
+        mod = importlib.import_module(package)
+        for name in make_api.public_names(package):
+            obj = getattr(mod, name)
+            if isinstance(obj, type) and not make_api._is_protocol(obj):
+                out.append((f"{package}.{name}", obj))
+    return out
+
+
+def test_every_public_class_names_itself_in_an_unknown_keywords_error():
+    """The sweep: each public class built with a keyword it does not take raises a
+    TypeError naming that class, before anything is built. Before, three named a base
+    class: ``UncachedHybridManager`` (``HybridKVCacheManager.__init__``),
+    ``ContentIndex`` (``ContentChains.__init__``) and ``HostSlot`` (``Block.__init__``)."""
+    pytest.importorskip("torch")  # (the kernels and the engine are documented too)
+    classes = _public_classes()
+    assert len(classes) > 100, len(classes)
+    wrong = {}
+    for qual, cls in classes:
+        name = qual.rsplit(".", 1)[1]
+        try:
+            cls(no_such_keyword=1)
+        except TypeError as e:
+            if not re.match(rf"^{name}(\.__(init|new)__)?\(\) ", str(e)):
+                wrong[qual] = str(e)
+        else:
+            wrong[qual] = "no error"
+    assert not wrong, wrong
+
+
+def test_content_index_refuses_bad_arguments_naming_itself():
+    """``ContentIndex(1, 2, 3)`` raised "'int' object has no attribute 'active'" from
+    its base class's constructor; a missing one named ``ContentChains.__init__``."""
+    from prefixkv.event_log import NullSink
+    from prefixkv.index import ContentIndex, Hasher
+
+    hasher = Hasher(lambda data: b"h", b"root", True)
+    with pytest.raises(ConfigError, match=r"^ContentIndex needs a Hasher and an event sink"):
+        ContentIndex(1, NullSink(), 4)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^ContentIndex needs a Hasher and an event sink"):
+        ContentIndex(hasher, None, 4)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^block_size must be a positive int, got 0$"):
+        ContentIndex(hasher, NullSink(), 0)
+    with pytest.raises(TypeError, match=r"^ContentIndex\.__init__\(\) missing 1 required"):
+        ContentIndex(hasher, NullSink())  # type: ignore[call-arg]
+    assert len(ContentIndex(hasher, NullSink(), 4)) == 0
 
 
 CALLER = '''\

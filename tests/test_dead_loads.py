@@ -122,6 +122,8 @@ def test_a_reset_drops_the_steps_loads(events):
     loaded(m)
     m.free("y")
     assert m.reset_prefix_cache()
-    assert m.add_request("z", [30, 31, 32]) == Admission("z", (0, 1), 0, 3)
+    assert m.free_block_order() == [3, 2, 1, 0]   # kept (y's partial 3 first, 0 last)
+    # z takes every block, 0 (the load's target) too
+    assert m.add_request("z", [30, 31, 32, 33, 34, 35, 36]) == Admission("z", (3, 2, 1, 0), 0, 7)
     m.check_invariants()
     assert m.take_kv_ops() == []

@@ -156,6 +156,23 @@ def test_groups_never_match_each_others_keys_and_events_name_the_group():
     m.check_invariants()
 
 
+def test_a_reset_keeps_the_free_order_and_the_null_block():
+    # vLLM's reset drops the hashes and keeps its free queue: blocks freed last (an
+    # offload of theirs may still read them) are reused last after it too
+    m = manager([FULL, SW8], 12)
+    assert m.add_request("a", list(range(1, 11))).group_block_ids == ((1, 2, 3), (4, 5, 6))
+    assert m.add_request("c", [70] * 5).group_block_ids == ((7, 8), (9, 10))
+    m.free("a")
+    m.free("c")
+    # the partial blocks (empty) first, last freed on top; then the cached ones, LRU first
+    order = [10, 8, 6, 3, 11, 2, 5, 1, 4, 7, 9]
+    assert m.free_block_order() == order
+    assert m.reset_prefix_cache()
+    assert m.null_block_id == 0 and m.free_block_order() == order and m.lookup(list(range(1, 11))) == 0
+    assert m.add_request("e", [80] * 9).group_block_ids == ((10, 8, 6), (3, 11, 2))
+    m.check_invariants()
+
+
 def test_event_log_overflow_restates_every_group():
     m = manager([FULL, SW8], 16, enable_events=True, max_events=3)
     m.add_request("a", list(range(1, 10)))            # 2 full blocks x 2 groups: 4 events

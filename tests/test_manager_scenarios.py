@@ -157,9 +157,12 @@ def test_reset_only_when_nothing_is_in_use():
     assert m.reset_prefix_cache() is False
     m.free("a")
     m.take_events()
+    assert m.free_block_order() == [1, 2, 3, 0]  # a's partial block first, its cached one last
     assert m.reset_prefix_cache() is True
     assert m.take_events() == [AllBlocksCleared()]
-    assert m.free_block_order() == [0, 1, 2, 3] and m.num_cached_blocks == 0
+    # the free order is kept (vLLM's reset keeps its free queue): not block-id order
+    assert m.free_block_order() == [1, 2, 3, 0] and m.num_cached_blocks == 0
+    assert m.add_request("b", [6] * 13).block_ids == (1, 2, 3, 0)
     assert m.lookup([1, 2, 3, 4, 5]) == 0
     m.check_invariants()
 

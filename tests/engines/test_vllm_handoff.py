@@ -110,15 +110,17 @@ def test_prefixkvs_scheduler_hands_off_when_events_go_to_vllms_publisher(tmp_pat
     ZmqEventPublisher."""
     from vllm.distributed.kv_events import NullEventPublisher, ZmqEventPublisher
 
-    from prefixkv.integrations.vllm.scheduler import _Builds
+    from prefixkv.integrations.vllm.scheduler import _build
 
     class VllmLike:
         def __init__(self, publisher, events):
             self.kv_event_publisher = publisher
             self.kv_cache_manager = manager(enable_kv_cache_events=events)
 
-    class Scheduler(_Builds, VllmLike):
-        pass
+    def Scheduler(publisher, events):  # noqa: N802 (as the plug-in's __init__ builds one)
+        s = VllmLike.__new__(VllmLike)
+        _build(s, lambda: VllmLike.__init__(s, publisher, events))
+        return s
 
     zmq_pub = ZmqEventPublisher(0, endpoint=f"ipc://{tmp_path}/kv", topic=TOPIC)
     try:

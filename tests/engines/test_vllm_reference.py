@@ -292,11 +292,23 @@ def _do_one(s: Side, op: str, slot: int, k: int, prompt: tuple[Any, ...], more: 
                 s.held[b] = None
             r.num_computed_tokens = min(r.num_computed_tokens, j * BS)
     elif op == "reset":
+        before = _free_order(s)
         done = s.m.reset_prefix_cache()
         if done:
             s.held.clear()
+            # vLLM's reset drops the hashes and keeps its free queue; prefixkv's keeps
+            # its free order too (tests/engines/test_vllm_reset_order.py: block for block)
+            assert _free_order(s) == before, (before, _free_order(s))
         return done
     return None
+
+
+def _free_order(s: Side) -> list[int]:
+    """vLLM block ids in the order the side's pool hands them out."""
+    m = s.m
+    if hasattr(m, "core"):  # prefixkv's plug-in: its core's ids, shifted to vLLM's
+        return [i + m._blocks.offset for i in m.core.free_block_order()]
+    return [b.block_id for b in m.block_pool.free_block_queue.get_all_free_blocks()]
 
 
 def _compare(sides: tuple[Side, Side], same_hits: bool) -> None:

@@ -220,9 +220,15 @@ class BlockPool(PoolRelease):
         return blocks
 
     def reset(self) -> bool:
-        """Drop all cached content if no block is in use; returns whether it did."""
+        """Drop all cached content if no block is in use; returns whether it did. The
+        free order stays as it was (``free_order``, the order ``take`` hands blocks out:
+        empty ones, then the cached ones least recently used first), every block in the
+        empty tier now: vLLM's ``BlockPool.reset_prefix_cache`` drops the hashes and
+        keeps its free queue, so a block a request freed last (whose KV an offload may
+        still read) is reused last, as before the reset."""
         if self.num_free != len(self.blocks):
             return False
+        order = [*reversed(self._empty), *self._cached]  # (read before the links go)
         for b in self.blocks:
             if b.counted is not None:
                 b.counted.dissolve()
@@ -230,7 +236,8 @@ class BlockPool(PoolRelease):
             b.clear_content()
         self._cached = FreeBlockQueue()
         self.index.clear()
-        self._empty = self.blocks[::-1]
+        order.reverse()  # (the empty tier pops from its end)
+        self._empty = order
         return True
 
     def check(self, expected_refs: dict[int, int]) -> str | None:

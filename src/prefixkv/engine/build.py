@@ -18,6 +18,7 @@ from prefixkv.core.manager import KVCacheManager
 from prefixkv.core.prompt import Prompt
 from prefixkv.extra_keys import ExtraKeys
 from prefixkv.groups import GroupAdmission, GroupSpec, HybridKVCacheManager
+from prefixkv.hashing import HashFn
 
 from .engine import Engine
 from .hybrid import HybridModelRunner
@@ -30,6 +31,16 @@ class UncachedHybridManager(HybridKVCacheManager):
     whole prompt (``read_cache=False``) and ``lookup`` finds nothing. Full blocks are
     still indexed as they fill and evicted as usual, which nobody reads: the "caching
     off" side of an engine's cache on/off comparison."""
+
+    def __init__(
+        self, groups: Sequence[GroupSpec], num_blocks: int, block_size: int = 16, *,
+        hash_mode: str | HashFn = "xxhash", seed: int | bytes | None = None,
+        enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
+    ) -> None:
+        """As ``HybridKVCacheManager``'s (stated here: a wrong argument's TypeError names
+        this class)."""
+        super().__init__(groups, num_blocks, block_size, hash_mode=hash_mode, seed=seed,
+                         enable_events=enable_events, max_events=max_events, vocab_size=vocab_size)
 
     def add_request(self, request_id: Hashable, prompt_token_ids: Sequence[int] | Prompt, *,
                     extra: ExtraKeys | None = None, num_new_tokens: int | None = None,

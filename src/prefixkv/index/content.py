@@ -42,11 +42,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import islice
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from ..core.block import Block
 from ..core.run import Run
+from ..errors import ConfigError, check_positive
+from ..event_log import EventLog, EventSink, NullSink
 from .dropping import DroppingIndex
+from .hasher import Hasher
 from .pending import content_id_of, split_pending, walk_pending
+
+if TYPE_CHECKING:
+    from .lower import LowerTier
 
 _REFS = attrgetter("refs")
 _NO_PARENT = Block(-1)  # the parent of a first block in ``claim``: never given a child
@@ -105,7 +112,16 @@ def _settle_headed(b: Block) -> None:
 class ContentIndex(DroppingIndex):
     """Satisfies ``Index``. ``hasher``/``sink``: chain hashes are computed, and events
     written to ``sink``, only when ``sink.active``. ``lower``: the tier that keeps
-    evicted content and continues a chain past the device's misses (``HostTier``)."""
+    evicted content and continues a chain past the device's misses (``HostTier``).
+    Raises ConfigError for a ``hasher`` not a ``Hasher``, a ``sink`` not a ``NullSink``
+    or ``EventLog``, or a ``block_size`` not a positive int."""
+
+    def __init__(self, hasher: Hasher, sink: EventSink, block_size: int, *,
+                 lower: LowerTier | None = None) -> None:  # (a wrong argument's error names this class)
+        if not isinstance(hasher, Hasher) or not isinstance(sink, NullSink | EventLog):
+            raise ConfigError(f"ContentIndex needs a Hasher and an event sink (NullSink or EventLog), "
+                              f"got {hasher!r} and {sink!r}")
+        super().__init__(hasher, sink, check_positive("block_size", block_size), lower=lower)
 
     def __len__(self) -> int:
         return len(self._by_chunk) + len(self._by_key) + self._num_chained + sum(

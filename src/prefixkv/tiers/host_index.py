@@ -10,6 +10,7 @@ whose parent's content is on the device is keyed (``on_device``)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import islice
 
 from ..core.block import NO_CHILD, Block, ContentKey
@@ -29,7 +30,8 @@ def withdrawn(announced: BlockStored, slot_id: int) -> BlockRemoved:
     return BlockRemoved(announced.block_hashes, (slot_id,), HOST)
 
 
-class HostSlot(Block):
+@dataclass(slots=True, eq=False, repr=False)  # (its own ``__init__``: a wrong argument's
+class HostSlot(Block):  # error names this class; Block's fields, eq and repr)
     """A host slot: a Block whose ``block_id`` is the slot index and whose ``ref_cnt``
     is 1 while the slot is pinned (a copy stated for it is pending), else 0 (a slot a
     store fetch writes into, or in transit, is in no list the tier takes from: its count
@@ -40,8 +42,6 @@ class HostSlot(Block):
     content is cached (in the LRU, ``ref_cnt`` 0) or pinned (``ref_cnt`` > 0).
     ``chained``: found only as the ``child`` of the slot holding its parent's content
     (offloaded with it in one batch), in no map; its key is its token bytes."""
-
-    __slots__ = ()
 
 
 class SlotIndex:

@@ -186,3 +186,12 @@ def test_a_host_pool_without_any_flat_page_is_refused_with_config_error(sgl, red
 
     with pytest.raises(ConfigError, match="flat"):
         replica(sgl, redis.url, pool=NoFlatPages(64, PAGE))
+
+
+def test_an_unknown_keyword_names_the_backend(sgl):  # noqa: F811
+    # (the sweep of tests/test_constructor_signatures.py, for the class SGLang loads)
+    from prefixkv.integrations.sglang.storage import PrefixKVStorage
+
+    with pytest.raises(TypeError, match=r"^PrefixKVStorage\.__init__\(\) got an unexpected keyword "
+                                        r"argument 'no_such_keyword'$"):
+        PrefixKVStorage(None, {}, no_such_keyword=1)  # type: ignore[arg-type, call-arg]
