@@ -21,6 +21,9 @@ with KV events on (``events_steps.py``: admission, take, publish), prefixkv agai
 - ``tlb``: one byte written in each of 8,192 pages (512 KiB of lines: the TLB's
   entries, and the few cache sets a 4 KiB stride maps to; not the whole L2).
 
+Each step is built after the pause and the warm-up (prefixkv's ``prepare``, vLLM's
+``Request()``: untimed, as in ``bench_vllm_events.py``), then timed (admission, take,
+publish; the free untimed after).
 µs a step (this thread's CPU time, the requests after the third, mean), the median of
 ``--rounds`` rounds, fresh managers each round, the sides' order alternating. Load and
 the machine's state move the figures: compare the modes within one run. ``--account``
@@ -139,13 +142,12 @@ def replay(sides: dict[str, Side], kind: str, mode: str, name: str, mib: int) ->
     gc.freeze()
     total = 0
     for i, q in enumerate(wl.requests):
-        *parts, free = me.step(m, q)
-        warm = other.step(m2, q) if other is not None else None
         between(mode, mib)
-        if warm is not None:
-            for part in warm:
+        if other is not None:
+            for part in other.step(m2, q):
                 part()
-        t0 = CLOCK()
+        *parts, free = me.step(m, q)  # (untimed, after the pause, as the bench's: the
+        t0 = CLOCK()  # prompt prepared, vLLM's Request built)
         for part in parts:
             part()
         if i >= SKIP:
