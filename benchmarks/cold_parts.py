@@ -122,6 +122,7 @@ for _i in range(0, len(JUNK), 4096):
 
 
 def between(mode: str, mib: int) -> None:
+    """What ``mode`` runs between two steps (module doc)."""
     if mode == "sleep":
         time.sleep(0.002)
     elif mode == "tlb":
@@ -208,6 +209,8 @@ def main() -> None:
     ap.add_argument("--flush-mib", type=int, default=4)
     ap.add_argument("--account", action="store_true")
     a = ap.parse_args()
+    if not 1 <= a.flush_mib <= len(JUNK) >> 20:
+        ap.error(f"--flush-mib: {a.flush_mib} is not within 1..{len(JUNK) >> 20}")
     modes = a.modes.split(",")
     for mode in modes:
         if mode not in MODES:
