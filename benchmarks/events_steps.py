@@ -1,5 +1,5 @@
-"""(helper) A peer workload's step with KV events on, as ``events_account.py`` and
-``events_functions.py`` replay it: per side (prefixkv, vLLM 0.33), the calls of one
+"""(helper) A peer workload's step with KV events on, as ``events_account.py``,
+``events_functions.py`` and ``cold_parts.py`` replay it: per side (prefixkv, vLLM 0.33), the calls of one
 request's step in order (admit, take the step's events, publish them, free), and the
 labels of the parts. Imports prefixkv and vLLM from the path its importer set up.
 """

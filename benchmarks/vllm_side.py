@@ -21,13 +21,13 @@ HASHER = get_request_block_hasher(BS, xxhash)
 SAMPLING = SamplingParams(max_tokens=16)
 
 
-def vllm_manager(events: bool, pool: int) -> VllmManager:
+def vllm_manager(events: bool, pool: int, cls: type[VllmManager] | None = None) -> VllmManager:
     """vLLM's manager of ``pool`` blocks of ``BS`` tokens, prefix caching on, KV events
-    on or off."""
+    on or off (``cls``: the class, from another import of its module)."""
     spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=64, dtype=torch.float16)
     cfg = KVCacheConfig(num_blocks=pool, kv_cache_tensors=[],
                         kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)])
-    return VllmManager(cfg, max_model_len=40_000, scheduler_block_size=BS, hash_block_size=BS,
+    return (cls or VllmManager)(cfg, max_model_len=40_000, scheduler_block_size=BS, hash_block_size=BS,
                        enable_caching=True, enable_kv_cache_events=events)
 
 
