@@ -242,7 +242,7 @@ def _on_device(f: Fetch, devices: list[Block], hi: int, cids: Sequence[int], fil
     f.pending_run = None
     src = f.slot_ids if filled and len(f.slot_ids) == hi else [s.block_id for s in slots]
     dst = f.device_ids if filled and len(f.device_ids) == hi else [b.block_id for b in run]
-    host.load_ids(src, dst, run)  # (the tier's lists now, maybe)
+    host.load_ids(src, dst)  # (the tier's lists now, maybe)
     f.slot_ids, f.device_ids = [], []
     f.on_device = hi
     joined, f.joined = f.joined, None
