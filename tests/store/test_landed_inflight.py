@@ -133,6 +133,7 @@ OPS = st.lists(st.one_of(
     landed.STEPS,
     st.tuples(st.sampled_from(["start", "refused"]), st.integers(0, 5)),
     st.tuples(st.just("run")),
+    st.tuples(st.just("fill")),  # (the fetches run, landed at a later step's poll)
     st.tuples(st.just("leave"), st.integers(0, 7))), min_size=1, max_size=24)
 
 
@@ -157,9 +158,10 @@ OPS = st.lists(st.one_of(
 def test_random_steps_with_fetches_in_flight_agree_with_pending_runs_on_and_off(
         stored, ops, num_blocks, host_blocks):
     """Starts of fetches (stored prompts and misses) left in flight while requests are
-    freed, forked and rewound, and waits leave; fetches run and land together, their
-    requests admitted again; executors refuse: the pending manager answers as the one
-    that writes each block, with sound invariants at every step."""
+    freed, forked and rewound, and waits leave; fetches run and land together (or run in
+    one step and land in a later one), their requests admitted again; executors refuse:
+    the pending manager answers as the one that writes each block, with sound
+    invariants at every step."""
     backend, layout = stored
     logs = []
     for m, ex in managers(backend, layout, num_blocks, host_blocks):
@@ -186,6 +188,8 @@ def test_random_steps_with_fetches_in_flight_agree_with_pending_runs_on_and_off(
                             del waiting[rid]
                             live.append(rid)
                         log.append(got)
+                elif op[0] == "fill":  # (written in this step, landed in a later one:
+                    ex.run()  # ``_on_device`` rewrites their steps)
                 elif op[0] == "leave":
                     if waiting:
                         rid = list(waiting)[op[1] % len(waiting)]

@@ -66,6 +66,12 @@ def fetch_ready(f: Fetch) -> None:
     if f.devices is not None and run:
         devices = f.devices[:run]
         f.device_ids = [b.block_id for b in devices]
+        # the blocks are written with the manager's step now, the landing's in the
+        # common case (a fetch ends while the engine runs a step, and is landed at the
+        # next ``poll_store``): the landing rewrites each block's step only when a step
+        # ended between (``_on_device``). (A read of the scheduler's int: one that is
+        # stale by then only makes the landing rewrite them.)
+        f.step = f.index.step
         if f.pend is not None and run == len(f.devices) and run > 2:  # one pending run
             f.pending_run = fill_pending(devices, f.parent_cid, f.extras[0], f.planned[:run],
                                          f.hashes[:run], f.chunks[:run], f.step, f.pend)
@@ -235,14 +241,15 @@ def _on_device(f: Fetch, devices: list[Block], hi: int, cids: Sequence[int], fil
         filled = False
     if not filled:  # (new ids, or the fetcher did not fill them)
         fill_device(run, parent_cid, f.extras[:hi], cids, f.hashes[:hi], f.chunks[:hi], step)
-    elif f.step != step:  # (copied in by this step's plan: not offloaded before a later one)
+    elif f.step != step:  # (copied in by this step's plan: not offloaded before a
+        # later one; ``f.step``: the step the fetcher wrote them in, ``fetch_ready``)
         for b in run:
             b.step = step
     index.land_run(run, f.chunks[0], hits[-1] if hits else None, slots, pend)
     f.pending_run = None
     src = f.slot_ids if filled and len(f.slot_ids) == hi else [s.block_id for s in slots]
     dst = f.device_ids if filled and len(f.device_ids) == hi else [b.block_id for b in run]
-    host.load_ids(src, dst, run)  # (the tier's lists now, maybe)
+    host.load_ids(src, dst)  # (the tier's lists now, maybe)
     f.slot_ids, f.device_ids = [], []
     f.on_device = hi
     joined, f.joined = f.joined, None

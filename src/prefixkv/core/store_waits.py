@@ -120,7 +120,7 @@ class StoreWaits:
                 f.up = taken[:first - d]
                 del taken[:first - d]
                 unpend(f.up)
-            f.devices, f.held, f.step = taken, kept, self.index.step
+            f.devices, f.held, f.step, f.index = taken, kept, self.index.step, self.index
             f.front = kept + f.up  # (a list of its own: ``held`` is not it)
             self.index.landing[id(f)] = taken
             f.pend = self.index.pend_counts(req.keys.mm)

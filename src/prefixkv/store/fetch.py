@@ -69,7 +69,7 @@ class Fetch:
                  "landed_at", "hashes", "filled", "unique", "keyed", "slot_ids", "fetched",
                  "keys", "heads", "states", "run", "stop", "failed", "nbytes", "seconds", "left", "lock",
                  "devices", "held", "up", "tail", "blocks", "step", "on_device", "promoted", "device_ids",
-                 "pend", "pending_run", "front", "joined")
+                 "pend", "pending_run", "front", "joined", "index")
 
     def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
                  chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
@@ -95,7 +95,8 @@ class Fetch:
         # landing in device blocks too: the device blocks the run will occupy (one per
         # slot), and the device hits before it, each held (a reference) by the fetch until
         # its request takes them or the fetch gives them back; ``step``: the manager's
-        # step at the start; ``on_device``: how many of ``devices`` landed (findable)
+        # step at the start, then the one the fetcher wrote the blocks in (``ready``);
+        # ``on_device``: how many of ``devices`` landed (findable)
         self.devices: list[Any] | None = None
         self.held: list[Any] = []
         self.up: list[Any] = []  # blocks taken for the host hits, which go up at the landing
@@ -104,6 +105,9 @@ class Fetch:
         # they are exactly what the request takes: its re-admission's blocks
         self.blocks: list[Any] | None = None
         self.step = 0
+        # the manager's content index, for a device run: the fetcher reads its ``step``
+        # when it writes the blocks (``step`` then: the step they were written in)
+        self.index: Any = None
         self.on_device = 0
         self.promoted = 0  # host hits that went up to device blocks at the landing
         # the index's ``RunCounts`` when the device run may land as one pending run

@@ -65,14 +65,13 @@ class SlotLoads:
         if self._loading is not None:
             self._loading.update(map(_BLOCK_ID, devices))
 
-    def load_ids(self, slot_ids: list[int], device_ids: list[int],
-                 devices: Sequence[Block]) -> None:
-        """``load`` by ids, for a store fetch's run landed in slots (pinned since) and in
-        the device blocks beside them (``devices``, whose ids ``device_ids`` lists): the
-        ids join the step's one ``BlockLoads``. The lists become the tier's when they are
-        the longer ones (the step's earlier ids moved in front, no count touched): the
-        caller no longer reads them."""
-        self.up.update(zip(slot_ids, devices, strict=True))  # (in C: where their contents went)
+    def load_ids(self, slot_ids: list[int], device_ids: list[int]) -> None:
+        """``load`` by ids, for a store fetch's run landed in slots in transit and in the
+        device blocks beside them: the ids join the step's one ``BlockLoads``. The lists
+        become the tier's when they are the longer ones (the step's earlier ids moved in
+        front, no count touched): the caller no longer reads them. Unlike ``load``, no
+        ``up`` guess is noted: the slots go empty once the loads ran (``transit``), so no
+        content of theirs is ever dropped with that guess read (``orphan``)."""
         if self._loading is not None:
             self._loading.update(device_ids)
         if len(self.load_src) < len(slot_ids):
