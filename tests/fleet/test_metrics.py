@@ -48,7 +48,7 @@ def test_health_metrics_expose_publisher_and_subscriber_failures():
     pub = {"sender_alive": True, "send_errors": 2}
     sub = {"alive": False, "counters": {"restarts": 1, "bad_batches": 4},
            "replicas": {"r": {"connected": False, "block_size_mismatches": 3, "lossy": 2,
-                                 "index_refused": 6}}}
+                                 "index_refused": 6, "hash_mismatches": 7}}}
     met.observe_publisher(pub)
     met.observe_subscriber(sub)
     met.observe_publisher({"sender_alive": False, "send_errors": 5})
@@ -66,6 +66,7 @@ def test_health_metrics_expose_publisher_and_subscriber_failures():
         ("prefixkv:router_replica_connected", "r"): 0,
         ("prefixkv:router_block_size_mismatches_total", "r"): 3,
         ("prefixkv:router_index_refused_total", "r"): 6,
+        ("prefixkv:router_hash_mismatches_total", "r"): 7,
         ("prefixkv:router_replica_lossy_batches", "r"): 2}
 
 

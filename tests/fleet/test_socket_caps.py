@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import zmq
 
+from prefixkv.fleet.bind import INBOUND_HWM
 from prefixkv.fleet.publisher import EventPublisher
 from prefixkv.fleet.replay import MAX_REQUEST_BYTES
 from prefixkv.router import Router
@@ -32,6 +33,9 @@ def test_every_socket_that_reads_a_peer_caps_its_frames(monkeypatch):
         kinds = {s.type: s.getsockopt(zmq.MAXMSGSIZE) for s in made if s.type != zmq.PAIR}
         assert kinds == {zmq.PUB: MAX_REQUEST_BYTES, zmq.ROUTER: MAX_REQUEST_BYTES,
                          zmq.SUB: 1 << 20, zmq.DEALER: 1 << 20}
+        # (the publisher's: what a peer can queue unread, bind.py)
+        assert {s.type: s.getsockopt(zmq.RCVHWM) for s in made if s.type in (
+            zmq.PUB, zmq.ROUTER)} == {zmq.PUB: INBOUND_HWM, zmq.ROUTER: INBOUND_HWM}
         # (PAIR: the subscriber's monitor sockets, inproc from its own SUB sockets)
         assert all(s.getsockopt_string(zmq.LAST_ENDPOINT).startswith("inproc://")
                    for s in made if s.type == zmq.PAIR)
@@ -61,4 +65,28 @@ def test_a_peer_subscribing_with_a_large_frame_is_disconnected_by_the_publisher(
         monitor.close(linger=0)
         big.close(linger=0)
         fine.close(linger=0)
+        pub.close()
+
+
+def test_a_peer_flooding_the_replay_socket_is_held_to_a_few_messages():
+    """The replay ROUTER queued 100,000 unread messages per peer (``hwm``): a peer that
+    sent 1 KiB requests without reading the answers made the replica hold ~100 MB. Now
+    ``INBOUND_HWM``: ZeroMQ stops reading the peer's connection, and the peer's own sends
+    block after that, its socket's queue and the kernel's buffers."""
+    pub = EventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", block_size=4, heartbeat=None)
+    peer = zmq.Context.instance().socket(zmq.DEALER)
+    peer.connect(pub.replay_endpoint)
+    sent = 0
+    try:
+        junk = b"x" * MAX_REQUEST_BYTES  # (no request: never answered)
+        while sent < 200_000:
+            try:
+                peer.send(junk, zmq.NOBLOCK)
+                sent += 1
+            except zmq.Again:
+                if not peer.poll(500, zmq.POLLOUT):
+                    break  # (nothing taken for half a second: held back)
+        assert sent < 50_000, f"{sent:,} requests of 1 KiB taken"
+    finally:
+        peer.close(linger=0)
         pub.close()

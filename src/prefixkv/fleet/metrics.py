@@ -31,6 +31,9 @@ not counted (vLLM counts them apart too); they are in the manager's ``preempted_
   socket is connected
 - ``prefixkv:router_block_size_mismatches_total`` (counter, label ``replica``): stored
   blocks not indexed because the replica's block size differs from the router's
+- ``prefixkv:router_hash_mismatches_total`` (counter, label ``replica``): stored runs
+  whose hashes the router computes otherwise (``Router.check_hashes``, a sample): the
+  replica hashes with another mode, seed or format, and never hits
 - ``prefixkv:router_index_refused_total`` (counter, label ``replica``): blocks not
   indexed because the replica's index reached its cap (``InProcessIndex``
   ``max_per_replica``)
@@ -186,6 +189,10 @@ class HealthMetrics:
         self.mismatches = Counter("prefixkv:router_block_size_mismatches",
                                   "Stored blocks not indexed: the replica's block size differs.",
                                   ("replica",), registry=reg)
+        self.hash_mismatches = Counter("prefixkv:router_hash_mismatches",
+                                       "Stored runs whose hashes the router computes "
+                                       "otherwise: the replica never hits.",
+                                       ("replica",), registry=reg)
         self.refused = Counter("prefixkv:router_index_refused",
                                "Stored blocks not indexed: the replica's index is at its cap.",
                                ("replica",), registry=reg)
@@ -222,6 +229,8 @@ class HealthMetrics:
             self.lossy.labels(replica).set(state["lossy"])
             self._advance(self.mismatches.labels(replica), ("mismatch", replica),
                           state["block_size_mismatches"])
+            self._advance(self.hash_mismatches.labels(replica), ("hash", replica),
+                          state.get("hash_mismatches", 0))
             self._advance(self.refused.labels(replica), ("refused", replica),
                           state.get("index_refused", 0))
 

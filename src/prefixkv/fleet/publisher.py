@@ -31,7 +31,7 @@ from typing import Any, cast
 
 from ..event_log import NOTHING, PendingEvents
 from ..events import AllBlocksCleared, BlockRemoved, BlockStored, Event
-from .bind import bound
+from .bind import INBOUND_HWM, bound
 from .mirror import HeldMirror, snapshot_events
 from .options import check_publisher_options
 from .replay import MAX_REQUEST_BYTES, PER_STEP, ReplayBuffer
@@ -102,14 +102,14 @@ class EventPublisher:
         self._ctx: Any = zmq.Context.instance()
         pub = self._ctx.socket(zmq.PUB)  # (what a PUB reads is its peers' subscriptions:
         pub.setsockopt(zmq.MAXMSGSIZE, max(MAX_REQUEST_BYTES, 1 + len(self.topic)))  # small)
-        self._pub = bound(pub, endpoint, hwm)
+        self._pub = bound(pub, endpoint, hwm, INBOUND_HWM)
         self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self._replay = None
         self.replay_endpoint: str | None = None
         if replay_endpoint is not None:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)  # (replay.py)
-            self._replay = bound(self._replay, replay_endpoint, hwm)
+            self._replay = bound(self._replay, replay_endpoint, hwm, INBOUND_HWM)
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self._closed = False
         self._running = True  # until ``_run`` returns or raises (cheaper than is_alive())

@@ -7,9 +7,10 @@ length bounded: the index keeps them per block); any payload that does not fit r
 DecodeError and nothing else (a subscriber counts it and goes on). Fields it does not
 read (``token_ids``, ``lora_*``, ``extra_keys``, vLLM's newer optional fields) are not
 checked: a replica's extension there must not cost the router its batches. A payload
-of ``decode_large.STREAM_FROM`` bytes (64 KiB) or more is read field by field, building
+of ``decode_large.STREAM_FROM`` bytes (8 KiB) or more is read field by field, building
 only those fields (decode_large.py): unpacked whole, a frame of empty containers cost
-~70x its bytes.
+~70x its bytes. A smaller one is checked whole before ``unpackb`` (whole.py: nested
+headers announcing items that are not there cost ``unpackb`` a thousand times the bytes).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..errors import PrefixKVError
 from .decode_large import ARRAY_FIELDS as _ARRAY_FIELDS
 from .decode_large import STREAM_FROM, read_batch
 from .show import show as _show
+from .whole import unpack_whole
 
 Hash = int | bytes
 _UINT64 = 1 << 64
@@ -78,8 +80,6 @@ def decode_batch(payload: bytes) -> tuple[float, list[RouterEvent], int | None]:
     KVEventBatch: not msgpack, a batch that is not ``[number, array, int or nil?]``, an
     event that is neither a map nor an array tagged by a known event name, or a field
     the decoder reads holding another type (see the module doc)."""
-    import msgpack
-
     if len(payload) >= STREAM_FROM:  # (read field by field: decode_large.py)
         try:
             ts, events, rank = read_batch(payload, _event, _is_hash, DecodeError)
@@ -92,8 +92,8 @@ def decode_batch(payload: bytes) -> tuple[float, list[RouterEvent], int | None]:
         if rank is not None and not _is_int(rank):
             raise DecodeError(f"data_parallel_rank must be an int or nil, got {_show(rank)}")
         return float(ts), events, rank  # type: ignore[arg-type,return-value]
-    try:
-        batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    try:  # (whole first: what unpackb allocates for headers is then bounded, whole.py)
+        batch = unpack_whole(payload, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
         raise DecodeError(f"not msgpack: {_show(exc)}") from None
     if not isinstance(batch, list) or len(batch) not in (2, 3) or not isinstance(
@@ -106,6 +106,29 @@ def decode_batch(payload: bytes) -> tuple[float, list[RouterEvent], int | None]:
 
 
 def _event(raw: object) -> RouterEvent:
+    """The event of a map or tagged array as msgpack gives it: a fast path for a map whose
+    fields are all of their types (exact types: msgpack makes no subclasses), else
+    ``_checked``, which raises DecodeError naming the field (or agrees)."""
+    if raw.__class__ is dict:
+        get = raw.get
+        tag, hashes, medium, group = (get("type"), get("block_hashes"), get("medium"),
+                                      get("group_idx"))
+        if (tag == "BlockStored" or tag == "BlockRemoved") and hashes.__class__ is list and (
+                medium is None or medium.__class__ is str and len(medium) <= MAX_MEDIUM_CHARS
+        ) and (group is None or group.__class__ is int) and _all_hashes(hashes):
+            if tag == "BlockRemoved":
+                return Removed(tuple(hashes), medium or "GPU", group)
+            parent, size = get("parent_block_hash"), get("block_size")
+            kind, window = get("kv_cache_spec_kind"), get("kv_cache_spec_sliding_window")
+            if (parent is None or _is_hash(parent)) and (
+                    size is None or size.__class__ is int and size >= 1) and (
+                    kind is None or kind.__class__ is str) and (
+                    window is None or window.__class__ is int):
+                return Stored(tuple(hashes), parent, medium or "GPU", group, kind, window, size)
+    return _checked(raw)
+
+
+def _checked(raw: object) -> RouterEvent:
     if isinstance(raw, list):
         tag = raw[0] if raw else None
         if not isinstance(tag, str) or tag not in _ARRAY_FIELDS:
@@ -119,7 +142,7 @@ def _event(raw: object) -> RouterEvent:
     if tag not in ("BlockStored", "BlockRemoved"):
         raise DecodeError(f"unknown event type {_show(tag)}")
     hashes = raw.get("block_hashes")
-    if not isinstance(hashes, list) or not all(_is_hash(h) for h in hashes):
+    if not isinstance(hashes, list) or not _all_hashes(hashes):
         raise DecodeError(f"{tag}.block_hashes must be a list of uint64 or bytes of at "
                           f"most {MAX_HASH_BYTES}, "
                           f"got {_show(hashes)}")
@@ -187,6 +210,21 @@ def _is_int(value: object) -> bool:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, float) or _is_int(value)
+
+
+def _all_hashes(hashes: list[object]) -> bool:
+    """Whether every item is a hash (``_is_hash``), in C-level passes for a list of ints
+    alone or bytes alone (a bool's type is not int); item by item otherwise."""
+    kinds = set(map(type, hashes))
+    if kinds == _INTS:
+        ints: list[int] = hashes  # type: ignore[assignment]
+        return min(ints) >= 0 and max(ints) < _UINT64
+    if kinds == _BYTES:
+        return max(map(len, hashes)) <= MAX_HASH_BYTES  # type: ignore[arg-type]
+    return all(map(_is_hash, hashes))
+
+
+_INTS, _BYTES = {int}, {bytes}
 
 
 def _is_hash(value: object) -> bool:

@@ -21,11 +21,14 @@ without the value (not built).
 
 from __future__ import annotations
 
+import sys
+from array import array
 from typing import Any
 
-STREAM_FROM = 1 << 16
-"""Payloads of this many bytes or more are read here (below it ``unpackb`` builds at most
-~73 x 64 KiB, 4.6 MiB, and is faster)."""
+STREAM_FROM = 1 << 13
+"""Payloads of this many bytes or more are read here; below it ``unpackb`` is as fast or
+faster (a batch of one event of a few blocks: 1.2-1.5x) and, once the payload is known
+whole (whole.py), builds at most ~73 x 8 KiB, 0.6 MB (benchmarks/results/fleet-r18.md)."""
 
 # Positional layout of the pre-0.2x array encoding: tag first, then the fields in the
 # structs' declaration order (fields added later come last; trailing defaults omitted).
@@ -67,6 +70,10 @@ LONG = Unbuilt()
 """A str, bin or ext value past ``MAX_SCALAR`` bytes met where the router reads one: not
 built (every such field it reads is shorter: a hash, a medium, a kind, a tag)."""
 MAX_SCALAR = 4096
+SHORT = bytes(1 if b < 0x80 or 0xA0 <= b <= 0xC4 and b != 0xC1 or 0xCA <= b <= 0xD3
+              or b == 0xD9 or b >= 0xE0 else 0 for b in range(256))
+"""Type bytes of the scalars read at once: at most 255 bytes of str or bin, ints,
+floats, nil, bools (no container, no ext, nothing longer)."""
 _LENGTH = {0xC5: 2, 0xC6: 4, 0xDA: 2, 0xDB: 4, 0xC8: 2, 0xC9: 4}  # type byte: length bytes
 
 
@@ -120,16 +127,18 @@ def _event(u: Any, payload: bytes, hash_ok: Any, error: type[Exception]) -> obje
     at = u.tell()
     raw: dict[object, object] = {}
     if _is_map(payload, at):
-        for _ in range(u.read_map_header()):
-            key = _scalar(u, payload)
+        tell, unpack, skip = u.tell, u.unpack, u.skip
+        for _ in range(u.read_map_header()):  # (a short scalar read at once: ``SHORT``)
+            key = unpack() if SHORT[payload[tell()]] else _scalar(u, payload)
             if key is UNBUILT:  # (``unpackb``: an unhashable key, not msgpack it can build)
                 raise error("not msgpack: a map key that is an array or a map")  # (a LONG
             # key is none of those read: its value is skipped)
-            if key in READ:
-                raw[key] = _hashes(u, payload, hash_ok) if key == "block_hashes" \
-                    else _scalar(u, payload)
+            if key == "block_hashes":
+                raw[key] = _hashes(u, payload, hash_ok)
+            elif key in READ:
+                raw[key] = unpack() if SHORT[payload[tell()]] else _scalar(u, payload)
             else:
-                u.skip()
+                skip()
         return raw
     if not _is_array(payload, at):
         return _scalar(u, payload)
@@ -153,11 +162,20 @@ def _event(u: Any, payload: bytes, hash_ok: Any, error: type[Exception]) -> obje
 
 
 def _hashes(u: Any, payload: bytes, hash_ok: Any) -> object:
-    """A ``block_hashes`` field: its hashes, read one by one, the rest skipped after the
-    first that is not one (given as ``[UNBUILT]``, which no event takes); a field that is
-    not an array, as ``_scalar``."""
-    if not _is_array(payload, u.tell()):
+    """A ``block_hashes`` field: its hashes; a field that is not an array, as ``_scalar``.
+    Items all uint64 or all bin8 of one length are read in C-level passes over their
+    bytes (``_uniform``); others one by one, the rest skipped after the first that is not
+    a hash (given as ``[UNBUILT]``, which no event takes)."""
+    at = u.tell()
+    if not _is_array(payload, at):
         return _scalar(u, payload)
+    b = payload[at]
+    first = at + (1 if b <= 0x9F else 3 if b == 0xDC else 5)
+    same = _uniform(payload, first, b & 0x0F if b <= 0x9F else int.from_bytes(
+        payload[at + 1:first], "big"))
+    if same is not None:
+        u.skip()  # (the field, in C)
+        return same
     n = u.read_array_header()
     out = []
     tell, unpack = u.tell, u.unpack
@@ -170,6 +188,31 @@ def _hashes(u: Any, payload: bytes, hash_ok: Any) -> object:
             return [UNBUILT]
         out.append(h)
     return out
+
+
+def _uniform(payload: bytes, first: int, n: int) -> list[Any] | None:
+    """The ``n`` items from ``payload[first]`` on when all are uint64 (``0xcf`` and 8
+    bytes: every 64-bit hash from 2**32 on) or all bin8 of one length of at most 64 (a
+    digest); None otherwise (the stride's type bytes say so: item i starts at ``first +
+    i * step`` when every item before it had the same length)."""
+    if n == 0 or first + 2 > len(payload):
+        return None
+    step = 9 if payload[first] == 0xCF else payload[first + 1] + 2 if payload[first] == 0xC4 \
+        else 0
+    end = first + step * n
+    if not 2 <= step <= 66 or end > len(payload) or payload[first:end:step].count(
+            payload[first]) != n:
+        return None
+    if step == 9:
+        data = bytearray(payload[first:end])
+        del data[::9]
+        ints = array("Q", data)
+        if sys.byteorder == "little":
+            ints.byteswap()
+        return ints.tolist()
+    if payload[first + 1:end:step].count(step - 2) != n:
+        return None
+    return [payload[i:i + step - 2] for i in range(first + 2, end, step)]
 
 
 ANSWER = frozenset(("publisher_epoch", "next_seq", "replayed_batches", "snapshot"))

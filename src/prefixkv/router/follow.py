@@ -150,5 +150,8 @@ class ReplicaFollower:
                 self.router.lost(replica)
             return
         self._origins.applied(replica, topic, batch)
+        router = self.router
         with self.lock:  # (decoded: its fields checked, so not ``apply``'s checks again)
-            self.router._apply_decoded(replica, batch[1])
+            router._apply_decoded(replica, batch[1])
+            if router._hash_check.due(replica):  # (the first batches of a life: hash_check.py)
+                router.check_hashes(replica, payload)

@@ -18,6 +18,7 @@ from ..errors import PrefixKVError
 from .decode_large import STREAM_FROM, read_answer
 from .frames import recv_frames
 from .show import show
+from .whole import unpack_whole
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 STREAM_TIMEOUTS = 10
@@ -41,6 +42,18 @@ class Answer:
     next_seq: int
     batches: list[tuple[int, bytes]]
     snapshot: bytes | None
+
+
+def read_reply(payload: bytes) -> object:
+    """A map request's answer as msgpack gives it: a large one field by field
+    (``decode_large.read_answer``), a small one once known whole (whole.py: a kilobyte of
+    nested headers announcing items that are not there cost megabytes). Raises
+    ReplayError for one that is not msgpack."""
+    try:
+        return (read_answer(payload) if len(payload) >= STREAM_FROM
+                else unpack_whole(payload, raw=False))
+    except Exception:  # msgpack raises several unrelated types
+        raise ReplayError(f"replay answer is not msgpack: {payload[:40]!r}") from None
 
 
 class ReplayClient:
@@ -108,12 +121,7 @@ class ReplayClient:
             if _replayed(frames)[0] != END_SEQ and not self._drain(self.timeout_ms):
                 self._abandon()
             return None
-        try:  # (a large answer read field by field: decode_large.py)
-            reply = (read_answer(frames[1]) if len(frames[1]) >= STREAM_FROM
-                     else msgpack.unpackb(frames[1], raw=False))
-        except Exception:  # msgpack raises several unrelated types
-            raise ReplayError(f"replay answer is not msgpack: {frames[1][:40]!r}") from None
-        return _check(reply, start)
+        return _check(read_reply(frames[1]), start)
 
     def stream(self, start: int, until: int | None = None) -> list[tuple[int, bytes]] | None:
         """Batches ``start .. until - 1`` (``until`` None: every batch from ``start`` on)

@@ -35,6 +35,7 @@ from ..errors import PrefixKVError
 from ..hashing import block_hashes
 from .clock import ForwardClock, real
 from .decode import Cleared, Removed, RouterEvent, Stored, event_problem
+from .hash_check import HashCheck
 from .index import BlockIndex, InProcessIndex
 from .load import LoadBook, ReplicaLoad
 from .marks import IndexMarks
@@ -130,6 +131,9 @@ class Router:
         self.last_heard: dict[str, float] = {}
         self._marks = IndexMarks(names, block_size)  # the counts beside the index (marks.py)
         self.block_size_mismatches, self.lossy = self._marks.block_size_mismatches, self._marks.lossy
+        self.hash_mismatches = self._marks.hash_mismatches
+        self._hash_check = HashCheck(names, block_size, hash_mode, seed, hash_format, self._marks)
+        self.hash_checked = self._hash_check.checked
         self._scored = ScoredGroups(self._marks)  # the group indexed per replica (scored.py)
         self._turn = 0
 
@@ -165,6 +169,23 @@ class Router:
         self._scored.apply(self.index, replica, events)
         self.last_heard[replica] = heard
 
+    def check_hashes(self, replica: str, payload: bytes) -> None:
+        """Rehash the first stored runs of ``replica`` (``payload``: a batch of its
+        events, as applied) as the router hashes prompts and compare (hash_check.py):
+        a run whose hashes differ is counted in ``hash_mismatches`` and the replica's
+        first is logged (it hashes with another mode, seed or format: no prompt will
+        match its blocks). ``hash_checked`` counts the blocks compared. Reads nothing once
+        the replica's sample is spent (``hash_check.SAMPLE_BLOCKS`` blocks or
+        ``SAMPLE_BATCHES`` batches since its first batch or its last ``forget``); the
+        subscriber calls it for each batch it applies. Raises RouterError for an unknown
+        replica or a ``payload`` that is not bytes; nothing for what the payload holds."""
+        self._known(replica)
+        if not isinstance(payload, bytes):
+            raise RouterError(f"check_hashes({replica!r}): payload must be bytes, "
+                              f"got {type(payload).__name__}")
+        if self._hash_check.due(replica):
+            self._hash_check.check(replica, payload, self._scored.group(replica))
+
     def scored_group(self, replica: str) -> int | None:
         """The layer group whose blocks the index mirrors for ``replica`` (module doc);
         None before it announced one or when its events name no group. Raises
@@ -173,9 +194,11 @@ class Router:
         return self._scored.group(replica)
 
     def forget(self, replica: str) -> None:
-        """Drop what the index says ``replica`` holds (a restart, an unrecoverable gap)."""
+        """Drop what the index says ``replica`` holds (a restart, an unrecoverable gap),
+        and sample its hashes again (``check_hashes``: a new life may hash otherwise)."""
         self._known(replica)
         self._scored.clear(self.index, replica)
+        self._hash_check.rearm(replica)
 
     def lost(self, replica: str) -> None:
         """A batch of ``replica``'s events was lost (undecodable, its place in the stream

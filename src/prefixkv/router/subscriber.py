@@ -102,7 +102,9 @@ class Subscriber(ReplicaFollower):
         ``alive``, and per replica (``replicas``): ``connected``, ``last_seq`` (None: not
         following), ``protocol`` ("prefixkv" or "vllm": which replay form it answers;
         None before it was asked), ``block_size_mismatches`` (the router's count, see
-        ``Router.apply``), ``lossy`` (``Router.lossy``: batches of its events lost
+        ``Router.apply``), ``hash_mismatches`` and ``hash_checked`` (the router's counts
+        of stored runs whose hashes it computes otherwise, and of blocks compared: see
+        ``Router.check_hashes``), ``lossy`` (``Router.lossy``: batches of its events lost
         since its index was last emptied; > 0, the index may overstate what it holds)
         and ``index_refused`` (blocks not indexed: its index at its cap,
         ``InProcessIndex.refused``; 0 for an index without a cap)."""
@@ -113,6 +115,8 @@ class Subscriber(ReplicaFollower):
                 "protocol": "vllm" if r in self._legacy else
                             "prefixkv" if r in self._epoch else None,
                 "block_size_mismatches": self.router.block_size_mismatches[r],
+                "hash_mismatches": self.router.hash_mismatches[r],
+                "hash_checked": self.router.hash_checked[r],
                 "lossy": self.router.lossy[r], "index_refused": refused.get(r, 0)}
             for r in self.connected})
         return out
@@ -143,6 +147,8 @@ class Subscriber(ReplicaFollower):
             self.disconnects += 1
             self.connected[replica] = False
             self._unverified.add(replica)
+            with self.lock:  # (a reconnection may find another life: its hashes sampled)
+                self.router._hash_check.rearm(replica)
             # a new socket: what the dead connection sent and is unread goes with the old
             self._sockets.reconnect(replica)  # (ZeroMQ may not reconnect: a message over the cap)
             return
