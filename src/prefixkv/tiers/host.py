@@ -39,6 +39,7 @@ from .host_kids import SlotKids
 from .host_landing import SlotLanding
 from .host_loads import SlotLoads
 from .host_offload import SlotOffload
+from .host_orphans import no_device
 
 
 class HostTier(SlotOffload, SlotLanding, SlotLoads):
@@ -56,6 +57,7 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
         self.by_key = {}
         self.kids = SlotKids()  # keyed slots by parent content id (``forget_under``)
         self.up = {}  # slot id -> the device block its content last went up to (a guess)
+        self.device = no_device  # the device's keyed block for a content (its index sets it)
         self.lent = False  # a recompute took a slot's content id in this step
         self._sink = sink
         self._pinned: list[Block] = []
