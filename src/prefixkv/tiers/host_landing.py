@@ -185,14 +185,16 @@ class SlotLanding(SlotOrphans):
         head, tail = self._cached.ends()
         s = head.next  # (a slot until ``tail``)
         keys: list[Key] = []
-        while len(keys) < n and s is not tail:
+        taken = 0
+        while taken < n and s is not tail:
             keys.append(s.key)  # type: ignore[arg-type]  # (cached: it has content)
             self._drop(s)  # (links untouched: the run is unlinked at once below)
             out.append(s)
+            taken += 1
             s = s.next
         head.next = s
         s.prev = head
-        self._cached.forget(len(keys))
+        self._cached.forget(taken)
         return keys
 
     def _take_plain(self, out: list[Block], n: int) -> list[Key]:
