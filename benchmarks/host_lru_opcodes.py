@@ -2,8 +2,10 @@
 eviction that finds parents in their slots while it offloads their children into new
 ones (the parents are requeued behind the children at the unpin), an admission's
 ``hold`` of a chain (pinned last first), a store fetch's ``reserve`` (the keys of the
-slots it takes are kept, for the device probe of ``cut_off``). Each on a bare
-``HostTier`` of 64 slots, 32-block runs. Deterministic: counted with ``sys.settrace``
+slots it takes are kept, for the device probe of ``cut_off``), and evictions that lose
+32 contents while every slot is pinned (the pinned slots' parents are read once a step:
+``_pinned_parents``). Each on a bare ``HostTier`` of 64 slots (1024 where named),
+32-block runs. Deterministic: counted with ``sys.settrace``
 (``prefixkv.bench.opcodes``), not timed; run it against two trees to compare:
 
     PYTHONPATH=src python benchmarks/host_lru_opcodes.py
@@ -78,6 +80,20 @@ def hold_chain() -> Callable[[], object]:
     return call
 
 
+def lose_32(slots: int, per_block: bool) -> Callable[[], object]:
+    """32 evicted contents, lost: every one of ``slots`` slots is pinned by this step's
+    offloads (a batch, or a block a call as the pool evicts with events on)."""
+    tier = HostTier(slots, EventLog(100_000))
+    tier.demote([Block(i, key=i.to_bytes(4, "little") * 16, parent_cid=0, content_id=1 + i)
+                 for i in range(slots)], 1)
+    lost = run(3, N, 0, 100_000)
+
+    def call() -> None:
+        for batch in ([b] for b in lost) if per_block else [lost]:
+            tier.demote(batch, 1)
+    return call
+
+
 Setup = Callable[[], Callable[[], object]]
 
 
@@ -94,6 +110,9 @@ def cases() -> list[tuple[str, Setup]]:
          on(lambda: tier_with_prefix(True), refresh_parents_per_block)),
         ("hold of a chain of 64 cached slots + end_step", hold_chain),
         ("reserve of 32 cached slots (no events, no chain)", on(chain_of_64, lambda t: t.reserve(N))),
+        ("32 lost, every slot pinned, a batch (64 slots)", lambda: lose_32(2 * N, False)),
+        ("32 lost, every slot pinned, a block a call (64 slots)", lambda: lose_32(2 * N, True)),
+        ("32 lost, every slot pinned, a block a call (1024 slots)", lambda: lose_32(1024, True)),
     ]
 
 

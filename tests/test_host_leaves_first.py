@@ -71,3 +71,4 @@ def test_a_requeued_slot_taken_again_in_its_step_is_passed_by():
     assert tier.check() is None
     assert tier.find(1, b"b", b"") is None and tier.find(0, b"y", b"") is tier.slots[0]
     assert lru(tier) == [0, 1]
+

@@ -89,6 +89,7 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
         self._requeue: list[Block] = []
         self._flight_requeue: list[Block] = []
         self._above = -1  # the parent content of the last slot requeued (``demote``)
+        self._lost_parents = None  # (``demote``'s lost path: ``_pinned_parents``)
         self.num_chained = 0  # slots found only as their parent slot's child
         self.chaining = True  # False once the device cut a chain (``stop_chaining``)
         self.num_emptied = 0  # pinned slots with no content (``forget_under``)
@@ -259,6 +260,7 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
         self._transit, self._flight_transit = [], []
         self._requeue, self._flight_requeue = [], []
         self._above = -1
+        self._lost_parents = None  # (``_pinned`` was cleared in place)
         assert not self.num_landing, "clear while a store fetch writes into host slots"
         self._cached = FreeBlockQueue()
         self._empty = self.slots[::-1]

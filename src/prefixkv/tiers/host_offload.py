@@ -30,6 +30,8 @@ class SlotOffload(SlotOrphans):
     _flight: list[Block]
     _requeue: list[Block]  # found slots with slots under them, requeued (``end_step``)
     _above: int  # the parent content of the last of them (so requeued too)
+    # (``_pinned_parents``: the lists it read, how much of ``_pinned``, and the ids)
+    _lost_parents: tuple[list[Block], int, list[Block], set[int]] | None
     offload_src: list[int]
     offload_dst: list[int]
     load_src: list[int]
@@ -189,11 +191,7 @@ class SlotOffload(SlotOrphans):
         if lost >= 0:  # (every slot is pinned: a slot under a lost content is one of the
             # step's or of the plan in flight; the common case checked here: none is, so
             # nothing is withdrawn, without a lookup of each)
-            parents = {s.parent_cid for s in self._pinned}
-            if self._flight:
-                parents.update([s.parent_cid for s in self._flight])
-            parents.discard(0)  # (a first block's parent: no content, never lost; when
-            # the step offloaded first blocks alone, the lost ones are not listed)
+            parents = self._pinned_parents()
             if parents:  # (the ids listed by a comprehension: its specialized attribute
                 # reads beat ``map(attrgetter)``'s, 30 against 48 us for 2048 blocks,
                 # alternated in one process: benchmarks/results/store-r13b.md)
@@ -206,6 +204,27 @@ class SlotOffload(SlotOrphans):
             self.left([b for b in now if b.key is not None])  # lent it its id
         if dropped:
             self.cut_off(dropped, blocks)
+
+    def _pinned_parents(self) -> set[int]:
+        """The parent content ids of the pinned slots, this step's and the plan in
+        flight's (``demote``'s lost path), but 0 (a first block's parent: no content,
+        never lost; when the step offloaded first blocks alone, the lost ones are not
+        listed). Built once while those lists stay the lists they are, then extended by
+        the slots pinned since: an eviction a block a call (events on) that loses each
+        block costs the new pins, not every pinned slot, per block (a superset stays
+        right: it only picks the lost contents looked up)."""
+        pinned, flight, known = self._pinned, self._flight, self._lost_parents
+        if known is not None and known[0] is pinned and known[2] is flight \
+                and known[1] <= len(pinned):
+            parents = known[3]
+            parents.update([s.parent_cid for s in pinned[known[1]:]])
+        else:
+            parents = {s.parent_cid for s in pinned}
+            if flight:
+                parents.update([s.parent_cid for s in flight])
+        parents.discard(0)
+        self._lost_parents = (pinned, len(pinned), flight, parents)
+        return parents
 
     def _withdraw_orphans(self, blocks: Sequence[Block], at: int, step: int,
                           keyless: Keyless | None, under: set[int]) -> None:
