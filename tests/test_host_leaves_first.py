@@ -72,3 +72,19 @@ def test_a_requeued_slot_taken_again_in_its_step_is_passed_by():
     assert tier.find(1, b"b", b"") is None and tier.find(0, b"y", b"") is tier.slots[0]
     assert lru(tier) == [0, 1]
 
+
+
+def test_a_parent_found_before_its_childs_plan_is_done_is_taken_after_it():
+    """The child's slot is pinned by the plan in flight when the parent is found: the
+    child is unpinned (``copies_done``) after the parent's refresh, in a step that pins
+    nothing itself; the parent still moves behind it at the step's end."""
+    tier = HostTier(4, EventLog(100))
+    prefix(tier)                                               # slots 0 (content 2), 1 (1)
+    tier.demote([block(7, b"c", 2, 3)], 3)                     # slot 2, under content 2
+    tier.take_offloads()
+    tier.end_step(pending=True)                                # its copy runs: pinned
+    tier.demote([block(5, b"b", 1, 2, 1), block(6, b"a", 0, 1, 1)], 4)  # found: 0, 1
+    tier.copies_done()                                         # slot 2 unpinned: the newest
+    assert lru(tier) == [0, 1, 2]
+    tier.end_step()
+    assert lru(tier) == [2, 0, 1] and tier.check() is None

@@ -171,9 +171,8 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
         self._pinned = []
         self._landed = []
         self.num_unpins += 1
-        if self._requeue:
-            if pinned:  # (else each is more recent than every slot unpinned since)
-                self._move_last(self._requeue)
+        if self._requeue:  # (also when nothing was pinned: a plan in flight may have
+            self._move_last(self._requeue)  # been unpinned after them, ``copies_done``)
             self._requeue = []
             self._above = -1
 
