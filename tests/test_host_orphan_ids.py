@@ -75,13 +75,14 @@ def test_a_slot_under_a_content_id_gone_from_every_tier_is_withdrawn():
     state.events_predict_lookup()
 
 
-def test_an_offload_that_takes_a_parent_slot_withdraws_the_child_slot_under_it():
+def test_an_offload_takes_a_child_slot_before_the_parent_slot_refreshed_with_it():
     """A0 comes up from slot 0 and A1 is computed on it; one eviction then offloads A1
-    into slot 3 (keyed under A0's content id, 1) and finds A0 in slot 0 (refreshed before
-    slot 3 is unpinned: slot 0 is the older one). A later offload takes slot 0: content 1
-    is on no device block and in no other slot, so slot 3 can never be reached. Before,
-    it stayed announced: once A0 was computed again (a new content id, the same chain
-    hash) a router mirroring the events counted A0 and A1 where ``lookup`` found A0."""
+    into slot 3 (keyed under A0's content id, 1) and finds A0 in slot 0. Before
+    (orphan-r17's open risk, fixed by hostlru-r18), slot 0 was refreshed before slot 3
+    was unpinned, so it was the older one: a later offload took it, content 1 left every
+    tier, and slot 3 was withdrawn with it (two host copies lost for one slot). Now slot
+    0 is requeued behind slot 3 at the unpin (``HostTier._move_last``): the leaf goes first,
+    and A0 stays a host hit."""
     m = KVCacheManager(3, 4, seed=0, host_blocks=4, enable_events=True)
     h = m._host
     a = [1, 2, 3, 4, 5, 6, 7, 8]
@@ -102,20 +103,42 @@ def test_an_offload_that_takes_a_parent_slot_withdraws_the_child_slot_under_it()
     step("a", a[:4] + [99])
     step("b", list(range(20, 28)) + [98])        # evicts A0: slot 0
     step("c", a + [97])                          # A0 loads from slot 0; A1 computed
-    step("d", list(range(30, 38)) + [96])        # A1 -> slot 3; A0's slot 0 refreshed
+    step("d", list(range(30, 38)) + [96])        # A1 -> slot 3; A0's slot 0 found
     s0, s3 = h.slots[0], h.slots[3]
     assert (s0.content_id, s0.parent_cid, s3.content_id, s3.parent_cid) == (1, 0, 4, 1)
-    assert [s.block_id for s in h._cached] == [1, 2, 0, 3] and m.lookup(a + [0]) == 8
+    assert [s.block_id for s in h._cached] == [1, 2, 3, 0] and m.lookup(a + [0]) == 8
     step("e", [40, 41, 42, 43, 44])              # takes slot 1
     hashes = (s0.hash, s3.hash)
-    events = step("f", list(range(50, 59)))      # takes slot 2, then slot 0: content 1 goes
+    events = step("f", list(range(50, 59)))      # takes slot 2, then slot 3 (the leaf)
     removed = [(e.block_ids, e.block_hashes) for e in events
                if isinstance(e, BlockRemoved) and e.medium == "CPU"]
-    assert [ids for ids, _ in removed] == [(2,), (0,), (3,)]
-    assert removed[1:] == [((0,), (hashes[0],)), ((3,), (hashes[1],))]
-    assert s3.key is None and s3 in h._empty and len(h) == 3
-    step("g", a[:4] + [95], free=False)          # A0 computed again: a new content id
+    assert removed[1:] == [((3,), (hashes[1],))] and [ids for ids, _ in removed] == [(2,), (3,)]
+    assert s0.content_id == 1 and len(h) == 4
+    assert m.lookup(a + [0]) == 4
+    hits = m.stats.host_hits
+    step("g", a[:4] + [95], free=False)          # A0 a host hit (before: computed again)
+    assert m.stats.host_hits == hits + 4 and h.check_parents(m._pool.blocks) is None
     assert m.lookup(a + [0]) == 4 and [x in mirror for x in hashes] == [True, False]
+
+
+def test_an_offload_that_takes_a_parent_slot_withdraws_the_child_slot_under_it():
+    """P's content (1) went down in step 1 into slot 0, C's (2, under 1) in step 2 into
+    slot 1 (the more recent). In step 3, Y takes slot 2 and Z slot 0: content 1 is on no
+    device block (none went up from it) and in no other slot, so slot 1 can never be
+    reached: withdrawn (announced removed, empty). Before orphan-r17 it stayed announced:
+    once P was computed again (a new content id, the same chain hash) a router mirroring
+    the events counted it where ``lookup`` found nothing."""
+    tier = HostTier(3, EventLog(100))
+    tier.demote([announced(5, b"p", 0, 1)], 1)      # slot 0
+    tier.end_step()
+    tier.demote([announced(6, b"c", 1, 2)], 2)      # slot 1, keyed under content 1
+    tier.end_step()
+    tier._sink.take()
+    tier.demote([announced(7, b"y", 0, 3), announced(8, b"z", 0, 4)], 3)  # slot 2, then 0
+    assert tier.check() is None and tier.find(1, b"c", b"") is None
+    removed = [(e.block_ids, e.block_hashes) for e in tier._sink.take() if isinstance(e, BlockRemoved)]
+    assert removed == [((0,), (b"\x01" * 4,)), ((1,), (b"\x02" * 4,))]
+    assert tier._empty == [tier.slots[1]]
 
 
 def announced(block_id: int, key: bytes, parent_cid: int, cid: int) -> Block:

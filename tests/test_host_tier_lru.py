@@ -5,8 +5,9 @@ gives: the same slots offloaded into, the same LRU order, the same pins, the sam
 The model is the tier's contract written the slow way: a demoted content a slot holds
 moves to the most recently used end at once; a new one takes an empty slot, else the
 least recently used cached one, else it is lost; content recorded in the current step is
-skipped; pinned slots are never taken; ``end_step`` appends the pinned slots, in pinning
-order, as the most recently used. Events: a slot that gets a content announced on the
+skipped; pinned slots are never taken; ``hold`` pins an admission's slots last first
+(its chain's leaves before their parents); ``end_step`` appends the pinned slots, in
+pinning order, as the most recently used. Events: a slot that gets a content announced on the
 device announces it (medium "CPU"); a slot whose announced content is dropped withdraws it
 first.
 """
@@ -71,11 +72,13 @@ class Model:
         return offloads
 
     def hold(self, contents: list[int]) -> None:
+        fresh = []
         for c in contents:
             s = self.slot_of[c]
             if s not in self.pinned:
                 self.lru.remove(s)
-                self.pinned.append(s)
+                fresh.append(s)
+        self.pinned += fresh[::-1]  # (an admission's chain, leaves first)
 
     def end_step(self) -> None:
         self.lru += self.pinned

@@ -77,6 +77,12 @@ class ManagerMachine(SharedRules, RuleBasedStateMachine):
         self.last = None
         self.next_id = 0
         self.steps = 0
+        # the contents whose host slots were withdrawn as unreachable since the last check
+        self.withdrawn: set[int] = set()
+        host = self.m._host
+        if host is not None:
+            withdraw = host.withdraw_under
+            host.withdraw_under = lambda gone: (self.withdrawn.update(gone), withdraw(gone))[1]
 
     def _run_plan(self):
         """The engine's part of a step, before its forward pass: the manager's plan, in
@@ -469,6 +475,22 @@ class ManagerMachine(SharedRules, RuleBasedStateMachine):
         in_use = self.num_blocks - self.m.num_free_blocks
         assert (in_use == 0) == (not self.tokens)
 
+
+    @invariant()
+    def slots_withdrawn_were_unreachable(self):
+        """A host slot is withdrawn under a content only when that content left every
+        tier (hostlru-r18): no device block (the one found for it, or a pending run's)
+        nor slot holds it after the call that withdrew it (a content id never comes back)."""
+        if not self.withdrawn:
+            return
+        gone, self.withdrawn = self.withdrawn, set()
+        for b in self.m._pool.blocks:
+            r = b.counted
+            if r is not None and r.pending:
+                assert not gone.intersection(range(r.cid0, r.cid0 + len(r.blocks))), (b, gone)
+            assert b.key is None or b.twin or b.content_id not in gone, (b, gone)
+        for s in self.m._host.slots:
+            assert s.key is None or s.content_id not in gone, (s, gone)
 
     @invariant()
     def every_live_full_block_is_findable(self):

@@ -37,6 +37,8 @@ class ContentChains(Announcer):
         self._sink = sink
         self._bs = block_size
         self._lower = lower  # the tier that keeps evicted content (HostTier), or None
+        if lower is not None:  # (it asks whether the device still holds a content)
+            lower.device = self.keyed
         self.hashing = sink.active
         # events built when taken (``announce.py``): a tier or a shared store below needs
         # each hash as stored, and a caller's hash callable must fail before any change
@@ -111,6 +113,12 @@ class ContentChains(Announcer):
         if k is not None and k.parent_cid == cid and k.extra == extra:
             return k
         return self._by_key.get((cid, chunk, extra)) if self._by_key else None
+
+    def keyed(self, parent_cid: int, chunk: bytes, extra: bytes) -> Block | None:
+        """The block keyed in the maps for content ``(parent_cid, chunk, extra)``, if one
+        is (a chained block, found through its parent alone, is not looked for). Changes
+        nothing."""
+        return self._held(None, parent_cid, chunk, extra)
 
     def holds(self, parent: Block | None, chunk: bytes, extra: bytes) -> bool:
         """Whether a device block holds the content ``chunk``/``extra`` under ``parent``'s

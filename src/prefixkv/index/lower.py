@@ -20,6 +20,9 @@ class LowerTier(Protocol):
     """Slots found only as their parent slot's chained child."""
     load_dst: list[int]
     """The device blocks the step's loads write (empty: no load in the step)."""
+    device: Callable[[int, bytes, bytes], Block | None]
+    """The device block keyed for a content (parent content id, token bytes, extra
+    bytes), if any: the index sets it to its own ``keyed``."""
 
     def find(self, parent_cid: int, chunk: bytes, extra: bytes) -> Block | None:
         """The slot holding this content (parent content id, token bytes, extra bytes)."""

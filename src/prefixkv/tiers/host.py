@@ -17,7 +17,10 @@ id and extra bytes (a content whose token bytes another slot's content has is ke
 the whole triple), or chained under the slot holding its parent's content (see
 ``host_index``); content ids are the manager's, so a chain can pass from device blocks
 to host slots and back. Free slots: an empty stack, then the cached slots in LRU
-order (the same two tiers as the pool). The calls take an admission's or an eviction's
+order (the same two tiers as the pool), leaves before their parents: an admission's
+slots are pinned last first, and a slot an eviction finds with slots under it moves
+behind the step's new ones when they are unpinned (a parent taken first takes the
+slots under it along, ``host_orphans``). The calls take an admission's or an eviction's
 blocks at once: one Python loop a batch, no call a block. Evicted content comes down
 through ``host_offload`` (``SlotOffload.demote``); store fetches land in slots through
 ``host_landing`` (``SlotLanding``).
@@ -39,6 +42,7 @@ from .host_kids import SlotKids
 from .host_landing import SlotLanding
 from .host_loads import SlotLoads
 from .host_offload import SlotOffload
+from .host_orphans import no_device
 
 
 class HostTier(SlotOffload, SlotLanding, SlotLoads):
@@ -56,6 +60,7 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
         self.by_key = {}
         self.kids = SlotKids()  # keyed slots by parent content id (``forget_under``)
         self.up = {}  # slot id -> the device block its content last went up to (a guess)
+        self.device = no_device  # the device's keyed block for a content (its index sets it)
         self.lent = False  # a recompute took a slot's content id in this step
         self._sink = sink
         self._pinned: list[Block] = []
@@ -78,6 +83,13 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
         # slots, and the ids of those not pinned again since (``hold``)
         self._flight: list[Block] = []
         self._flight_ids: set[int] = set()
+        # slots an eviction found holding its content while slots are noted under it (the
+        # step's new ones, maybe): moved behind the step's pinned slots once those are
+        # unpinned (``_move_last``), so the LRU takes leaves first; for the plan in flight too
+        self._requeue: list[Block] = []
+        self._flight_requeue: list[Block] = []
+        self._above = -1  # the parent content of the last slot requeued (``demote``)
+        self._lost_parents = None  # (``demote``'s lost path: ``_pinned_parents``)
         self.num_chained = 0  # slots found only as their parent slot's child
         self.chaining = True  # False once the device cut a chain (``stop_chaining``)
         self.num_emptied = 0  # pinned slots with no content (``forget_under``)
@@ -130,6 +142,7 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
             elif flight and s.block_id in flight:  # pinned by the plan in flight only:
                 flight.discard(s.block_id)  # this step's pin now (``copies_done`` keeps it)
                 again.append(s)
+        fresh.reverse()  # (unpinned leaves first: children before their parents)
         self._pinned += fresh + again if again else fresh
         self._cached.forget(len(fresh))
 
@@ -145,6 +158,8 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
             self._pinned = []
             self._landed = []
             self._flight_transit, self._transit = self._transit, []
+            self._flight_requeue, self._requeue = self._requeue, []
+            self._above = -1
             return
         if self._transit:
             self._transit_done(self._transit)
@@ -156,6 +171,10 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
         self._pinned = []
         self._landed = []
         self.num_unpins += 1
+        if self._requeue:  # (also when nothing was pinned: a plan in flight may have
+            self._move_last(self._requeue)  # been unpinned after them, ``copies_done``)
+            self._requeue = []
+            self._above = -1
 
     def copies_done(self) -> None:
         """The copies of the plan ended with ``end_step(pending=True)`` are done: unpin its
@@ -165,10 +184,34 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
             slot.refs = 0
         self._cached.extend(self._unpinned(done))
         self._flight, self._flight_ids = [], set()
+        if self._flight_requeue:
+            if done:
+                self._move_last(self._flight_requeue)
+            self._flight_requeue = []
         if self._flight_transit:
             self._transit_done(self._flight_transit)
             self._flight_transit = []
         self.num_unpins += 1
+
+    def _move_last(self, slots: list[Block]) -> None:
+        """Make each of ``slots`` that is still cached (not pinned, holding the content it
+        is found by) the most recently used, in order; the others are passed by. A parent
+        refreshed by the eviction that offloaded its children would else be older than
+        their slots, unpinned after it: taken first, it takes them along (orphans)."""
+        by_chunk, by_key = self.by_chunk, self.by_key
+        _, tail = self._cached.ends()
+        for s in slots:  # (``remove`` and ``append`` inlined: its count stays)
+            key = s.key
+            if s.refs or key is None or not s.chained and (
+                    by_chunk.get(key) if type(key) is bytes else by_key.get(key)) is not s:  # type: ignore[arg-type]
+                continue
+            prev, nxt = s.prev, s.next
+            prev.next = nxt
+            nxt.prev = prev
+            last = tail.prev
+            last.next = s
+            s.prev, s.next = last, tail
+            tail.prev = s
 
     def _transit_done(self, slots: list[Block]) -> None:
         """Slots in transit whose loads ran go empty (reused first: ``reserve`` pops them;
@@ -214,6 +257,9 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
         self._pinned.clear()
         self._flight, self._flight_ids = [], set()
         self._transit, self._flight_transit = [], []
+        self._requeue, self._flight_requeue = [], []
+        self._above = -1
+        self._lost_parents = None  # (``_pinned`` was cleared in place)
         assert not self.num_landing, "clear while a store fetch writes into host slots"
         self._cached = FreeBlockQueue()
         self._empty = self.slots[::-1]

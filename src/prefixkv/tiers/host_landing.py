@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from itertools import islice
 from operator import attrgetter
 
-from ..core.block import Block
+from ..core.block import Block, Key
 from ..core.free_queue import FreeBlockQueue
 from ..events import BlockStored
 from .host_index import HOST
@@ -88,12 +88,13 @@ class SlotLanding(SlotOrphans):
         if len(out) < n and self._cached.size:
             k = len(out)
             if not self.num_chained and not self._sink.active and not self.by_key:
-                self._take_plain(out, n - k)
+                keys = self._take_plain(out, n - k)
             else:
-                self._take_lru(out, n - k)
+                keys = self._take_lru(out, n - k)
             by_parent = self.kids.by_parent  # (their contents left the tier: in C, whether
             if not by_parent.keys().isdisjoint(map(_CID, islice(out, k, None))):  # any has
-                self.cut_off([self.orphan(s) for s in islice(out, k, None)  # notes under it)
+                self.cut_off([self.orphan(s, key)  # notes under it)
+                              for s, key in zip(islice(out, k, None), keys, strict=True)
                               if s.content_id in by_parent])
         self.num_landing += len(out)
         return out
@@ -176,14 +177,17 @@ class SlotLanding(SlotOrphans):
         # place: the caller's list may be it)
         self._transit = self._transit + slots if self._transit else slots
 
-    def _take_lru(self, out: list[Block], n: int) -> None:
+    def _take_lru(self, out: list[Block], n: int) -> list[Key]:
         """Append to ``out`` up to ``n`` least recently used cached slots, their content
         dropped (as ``_take_cached`` n times; the common case in one
-        loop of its own: ``_take_plain``, which ``reserve`` calls then)."""
+        loop of its own: ``_take_plain``, which ``reserve`` calls then). Returns the keys
+        they had (for ``orphan``)."""
         head, tail = self._cached.ends()
         s = head.next  # (a slot until ``tail``)
+        keys: list[Key] = []
         taken = 0
         while taken < n and s is not tail:
+            keys.append(s.key)  # type: ignore[arg-type]  # (cached: it has content)
             self._drop(s)  # (links untouched: the run is unlinked at once below)
             out.append(s)
             taken += 1
@@ -191,24 +195,29 @@ class SlotLanding(SlotOrphans):
         head.next = s
         s.prev = head
         self._cached.forget(taken)
+        return keys
 
-    def _take_plain(self, out: list[Block], n: int) -> None:
+    def _take_plain(self, out: list[Block], n: int) -> list[Key]:
         """``_take_lru`` in the common case, when no slot is chained (so no slot's child
         is), none is keyed by its triple (each is ``by_chunk``'s entry for its key) and
-        no removal is announced: each slot only leaves ``by_chunk``, in one loop."""
+        no removal is announced: each slot only leaves ``by_chunk``, in one loop. Returns
+        the keys they had (for ``orphan``)."""
         cached, by_chunk = self._cached, self.by_chunk
         k = min(n, cached.size)
         head, _ = cached.ends()
         s = head.next  # (a slot: ``k`` of them are linked)
         taken = [s] * k  # (each entry set below: a store, no call, per slot)
+        keys: list[Key] = [b""] * k
         for i in range(k):
-            del by_chunk[s.key]  # type: ignore[arg-type]  # (KeyError: no content)
+            keys[i] = key = s.key  # type: ignore[assignment]  # (KeyError below: none)
+            del by_chunk[key]  # type: ignore[arg-type]
             s.key = None
             taken[i] = s
             s = s.next
         head.next, s.prev = s, head
         cached.forget(k)
         out += taken
+        return keys
 
     def unreserve(self, slots: list[Block]) -> None:
         """Landing ``slots`` that got nothing (or were filled, keys too, and not landed):

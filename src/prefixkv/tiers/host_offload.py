@@ -28,6 +28,10 @@ class SlotOffload(SlotOrphans):
     _cached: FreeBlockQueue
     _pinned: list[Block]
     _flight: list[Block]
+    _requeue: list[Block]  # found slots with slots under them, requeued (``end_step``)
+    _above: int  # the parent content of the last of them (so requeued too)
+    # (``_pinned_parents``: the lists it read, how much of ``_pinned``, and the ids)
+    _lost_parents: tuple[list[Block], int, list[Block], set[int]] | None
     offload_src: list[int]
     offload_dst: list[int]
     load_src: list[int]
@@ -41,7 +45,10 @@ class SlotOffload(SlotOrphans):
         those recorded before ``step`` (computed by an earlier forward pass; the rest were
         never computed), keep each in a slot, stating the offload copy (its two ids join
         the step's one ``BlockOffloads``), unless a slot holds it already (then it becomes
-        the most recently used) or every slot is pinned (then it is lost). The slots taken
+        the most recently used; with slots under it, once more when the step's slots are
+        unpinned, as do the slots above it found in this step, so that the LRU takes
+        leaves first: ``HostTier._move_last``) or every slot is pinned (then it is lost).
+        The slots taken
         are pinned until the plan is drained. A new slot is keyed one block late: when the
         next block offloaded is its parent and takes a new slot too (the pool evicts a
         request's tail first), it is chained, as that slot's child, in no map. The blocks
@@ -63,6 +70,8 @@ class SlotOffload(SlotOrphans):
         # refreshed slots are unlinked here and appended, in order, at the end (or before
         # a slot must be taken from them): the order that moving each at once would give
         refreshed: list[Block] = []
+        late: list[Block] = []  # held slots with slots under them: requeued at the unpin
+        above = self._above  # (and above those: the parent content of the last one)
         pend: Block | None = None  # the last new slot, not keyed yet: chained if its parent
         pend_chunk = b""  # comes next; and its key, its token bytes
         s: Block | None
@@ -154,6 +163,9 @@ class SlotOffload(SlotOrphans):
             if pend is not None:  # held in a slot already: the run ends
                 self._enter(pend)
                 pend = None
+            if cid == above or cid in by_parent:  # slots under it (the step's new ones,
+                late.append(s)  # maybe), or its child is requeued: made more recent than
+                above = s.parent_cid  # them once they are unpinned (``_move_last``)
             if not s.refs:  # held in a cached slot, not pinned: refresh
                 prev, nxt = s.prev, s.next
                 prev.next = nxt
@@ -169,6 +181,9 @@ class SlotOffload(SlotOrphans):
         if refreshed:
             cached.forget(len(refreshed))
             cached.extend(refreshed)
+        if late:
+            self._requeue += late
+            self._above = above
         if lost >= 0 and (self.load_dst or self.lent):  # (past ``lost``, not looked at)
             now += [b for b in blocks[lost:] if b.step >= step]
         if now and self.load_dst:  # (their loads are dead: ``unload``)
@@ -176,11 +191,7 @@ class SlotOffload(SlotOrphans):
         if lost >= 0:  # (every slot is pinned: a slot under a lost content is one of the
             # step's or of the plan in flight; the common case checked here: none is, so
             # nothing is withdrawn, without a lookup of each)
-            parents = {s.parent_cid for s in self._pinned}
-            if self._flight:
-                parents.update([s.parent_cid for s in self._flight])
-            parents.discard(0)  # (a first block's parent: no content, never lost; when
-            # the step offloaded first blocks alone, the lost ones are not listed)
+            parents = self._pinned_parents()
             if parents:  # (the ids listed by a comprehension: its specialized attribute
                 # reads beat ``map(attrgetter)``'s, 30 against 48 us for 2048 blocks,
                 # alternated in one process: benchmarks/results/store-r13b.md)
@@ -193,6 +204,27 @@ class SlotOffload(SlotOrphans):
             self.left([b for b in now if b.key is not None])  # lent it its id
         if dropped:
             self.cut_off(dropped, blocks)
+
+    def _pinned_parents(self) -> set[int]:
+        """The parent content ids of the pinned slots, this step's and the plan in
+        flight's (``demote``'s lost path), but 0 (a first block's parent: no content,
+        never lost; when the step offloaded first blocks alone, the lost ones are not
+        listed). Built once while those lists stay the lists they are, then extended by
+        the slots pinned since: an eviction a block a call (events on) that loses each
+        block costs the new pins, not every pinned slot, per block (a superset stays
+        right: it only picks the lost contents looked up)."""
+        pinned, flight, known = self._pinned, self._flight, self._lost_parents
+        if known is not None and known[0] is pinned and known[2] is flight \
+                and known[1] <= len(pinned):
+            parents = known[3]
+            parents.update([s.parent_cid for s in pinned[known[1]:]])
+        else:
+            parents = {s.parent_cid for s in pinned}
+            if flight:
+                parents.update([s.parent_cid for s in flight])
+        parents.discard(0)
+        self._lost_parents = (pinned, len(pinned), flight, parents)
+        return parents
 
     def _withdraw_orphans(self, blocks: Sequence[Block], at: int, step: int,
                           keyless: Keyless | None, under: set[int]) -> None:

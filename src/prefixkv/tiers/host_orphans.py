@@ -16,26 +16,35 @@ The device forgetting a content (``uncache``) takes the slots under it through
 Whether the device holds a slot's content: the block it last went up to (a load, or a
 recompute under the slot's content id: ``up``, a guess), verified: it holds that content
 id (its key set, or a pending run's that spans the id), and is not one the caller is
-evicting right now. A stale guess (the content went up again into a block no load or
-recompute named: a spare that took it over) withdraws slots the device could still
-reach: they lose their host copies, never their KV; a kept orphan cannot happen (a
-block holding the id holds the content). The slots under a content are found through
+evicting right now; else the block the device's maps key for that content (``device``,
+the index's ``ContentIndex.keyed``), with that id, not being evicted. The guess alone
+goes stale once a held spare takes the content over from the block it names (the block
+evicted, its spare keyed in its place): the maps find the spare. A chained device block
+has no spare, so the guess finds it while it holds the content. So the slots under a
+content go only when it left every tier: cache kept, and a kept orphan cannot happen
+(a block holding the id holds the content).
+The slots under a content are found through
 its notes (``SlotKids``); only contents with notes are looked at, so an eviction whose
 taken slots have none under them costs one dict probe each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..core.block import Block, Key, key_chunk
 from .host_index import SlotIndex
 from .host_kids import keyed_under
 
-Orphan = tuple[int, int, Key | None, bytes, Block | None]
+Orphan = tuple[int, int, Key, bytes, Block | None]
 """A content dropped from a slot that slots may be noted under: its content id, its
-parent's, its key (None: no other slot can hold it now), its extra bytes, and the device
-block it last went up to (None: none known)."""
+parent's, its key (token bytes, or its triple), its extra bytes, and the device block it
+last went up to (None: none known)."""
+
+
+def no_device(parent_cid: int, chunk: bytes, extra: bytes) -> None:
+    """``SlotOrphans.device`` of a tier under no device index: no block is keyed."""
+    return None
 
 
 def held_by(d: Block, cid: int) -> bool:
@@ -52,11 +61,14 @@ class SlotOrphans(SlotIndex):
     ``up``: slot id -> the device block its content last went up to."""
 
     up: dict[int, Block]
+    device: Callable[[int, bytes, bytes], Block | None]  # the device's keyed block, if any
 
-    def orphan(self, s: Block) -> Orphan:
-        """The record of cached slot ``s``'s content, about to be dropped, for
-        ``cut_off``."""
-        return (s.content_id, s.parent_cid, s.key, s.extra, self.up.get(s.block_id))
+    def orphan(self, s: Block, key: Key | None = None) -> Orphan:
+        """The record of cached slot ``s``'s content, about to be dropped (or dropped:
+        then ``key`` is the key it had), for ``cut_off``."""
+        k = s.key if key is None else key
+        assert k is not None, f"slot {s!r} has no content to record"
+        return (s.content_id, s.parent_cid, k, s.extra, self.up.get(s.block_id))
 
     def cut_off(self, dropped: Sequence[Orphan], leaving: Sequence[Block] = ()) -> None:
         """Withdraw the slots under each of the contents ``dropped`` from slots (see
@@ -70,9 +82,14 @@ class SlotOrphans(SlotIndex):
             notes = by_parent.get(cid)
             if notes is None or not any(keyed_under(s, cid, by_chunk, by_key) for s in notes):
                 continue  # (nothing found under it: stale notes)
-            if key is not None and self.find(pcid, key_chunk(key), extra) is not None:
+            chunk = key_chunk(key)
+            if self.find(pcid, chunk, extra) is not None:
                 continue  # kept in a slot again
-            if d is not None and held_by(d, cid):
+            if d is None or not held_by(d, cid):  # (where it went up, else where the maps
+                d = self.device(pcid, chunk, extra)  # key it: a spare took it over)
+                if d is not None and d.content_id != cid:
+                    d = None
+            if d is not None:  # on the device, unless evicted now
                 if apart is None:
                     apart = {id(b) for b in leaving}
                 if id(d) not in apart:
