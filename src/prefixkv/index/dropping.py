@@ -60,7 +60,9 @@ class DroppingIndex(SpareIndex):
             self._num_chained -= chained
             if sink.active and blocks:  # one BlockRemoved, built now (eager) or when taken
                 if self.lazy:  # (pending runs' blocks are announced too)
-                    sink.defer(RemovedRun(list(blocks)))
+                    item = _new_removed(RemovedRun)  # (``RemovedRun(...)`` inlined: no
+                    item.count, item.blocks = 1, list(blocks)  # ``__init__`` frame)
+                    sink.defer(item)
                 else:
                     sink.append(removed(list(blocks)))
             return
@@ -150,3 +152,6 @@ class DroppingIndex(SpareIndex):
     def check_request(self, req: Request, block_size: int) -> str | None:
         """The first full scheduled block of ``req`` whose content is not its own."""
         return check_request(req, block_size)
+
+
+_new_removed = object.__new__
