@@ -2,7 +2,7 @@
 by side in one process (SPEC section 4: at least 8x with events on).
 
     python benchmarks/bench_vllm_events.py [--rounds 6] [--out benchmarks/results]
-    python benchmarks/bench_vllm_events.py --workloads [--rounds 4] [--scale 1] [--out ...]
+    python benchmarks/bench_vllm_events.py --workloads [NAMES] [--rounds 4] [--scale 1] [--out ...]
 
 Needs vllm 0.33.0 importable by the Python that runs it (vLLM's scheduler side is pure
 Python and runs on a CPU), and this tree's ``src`` (put first on the path). The committed
@@ -171,15 +171,16 @@ def replay(kind: str, m, pub, requests, forward_s: float) -> tuple[int, int]:
     return inner, total
 
 
-def run_workloads(rounds: int, scale: float, folder: str, forward_ms: float) -> list[dict]:
-    """Per workload: each side's (scheduler thread, with Request()) ns per round (fresh
-    managers each round)."""
+def run_workloads(rounds: int, scale: float, folder: str, forward_ms: float,
+                  names: tuple[str, ...] = WORKLOADS) -> list[dict]:
+    """Per workload of ``names``: each side's (scheduler thread, with Request()) ns per
+    round (fresh managers each round)."""
     from vllm.distributed.kv_events import ZmqEventPublisher
 
     vllm_pub = ZmqEventPublisher(0, endpoint=f"ipc://{folder}/vllm", topic="kv")
     prefixkv_pub = EventPublisher(block_size=BS, heartbeat=None, max_queue=1 << 16)
     rows = []
-    for name in WORKLOADS:
+    for name in names:
         wl = builtin(name, scale)
         assert all(q.extra is None for q in wl.requests), "no extra keys on vLLM's side here"
         pool = wl.pool_tokens // BS
@@ -283,7 +284,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--out", type=Path, default=None, help="folder for vllm-events-ab.md "
                     "(--workloads: vllm-events-workloads.md)")
-    ap.add_argument("--workloads", action="store_true", help="the peer workloads (module doc)")
+    ap.add_argument("--workloads", nargs="?", const=",".join(WORKLOADS), default=None,
+                    help="the peer workloads (module doc), or those named (comma-separated)")
     ap.add_argument("--scale", type=float, default=1.0, help="--workloads: their scale")
     ap.add_argument("--forward-ms", type=float, default=2.0,
                     help="--workloads: the forward pass after each step (a sleep)")
@@ -291,8 +293,12 @@ def main() -> None:
     command = "python " + " ".join(["benchmarks/bench_vllm_events.py", *sys.argv[1:]])
     if args.workloads:
         with tempfile.TemporaryDirectory() as folder:
+            names = tuple(args.workloads.split(","))
+            for name in names:
+                if name not in WORKLOADS:
+                    ap.error(f"--workloads: {name!r} is not one of {', '.join(WORKLOADS)}")
             md = workloads_markdown(run_workloads(args.rounds, args.scale, folder,
-                                                  args.forward_ms), command, args.rounds,
+                                                  args.forward_ms, names), command, args.rounds,
                                     args.forward_ms)
     else:
         md = markdown(run(args.rounds), command, args.rounds)

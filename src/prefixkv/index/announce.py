@@ -123,7 +123,7 @@ class RemovedRun(Deferred):
     __slots__ = ("blocks",)
 
     def __init__(self, blocks: Sequence[Block]) -> None:
-        self.count = 1  # (``Deferred.__init__`` inlined: one an eviction)
+        self.count = 1  # (``Deferred.__init__`` inlined; this one is in ``DroppingIndex.drop``)
         self.blocks = blocks
 
     def events(self) -> list[Event]:
