@@ -61,6 +61,21 @@ def test_a_different_prompt_at_readmission_is_not_the_started_one(backend, share
     m.check_invariants()
 
 
+@pytest.mark.parametrize(("started", "again"),
+                         [(None, SALT), (SALT, None), (SALT, ExtraKeys(cache_salt="t"))])
+def test_a_prompt_of_the_same_tokens_with_other_extra_keys_is_walked(backend, shared, started, again):
+    """A re-admission with a Prompt of the started tokens but other extra keys (another
+    salt, or none) is not the started one: the landed run is another content's, and the
+    walk finds nothing of it (mutation pass: ``reuse`` comparing the keys by ``is`` or
+    ``==`` the wrong way round handed the landed run over)."""
+    stored(shared, backend, P, started)
+    m = manager(shared)
+    landed(m, "r", m.prepare(P, extra=started))
+    hits, adm = readmit_as_walk(m, "r", m.prepare(P, extra=again))
+    assert hits == [] and adm.num_cached_tokens == 0
+    m.check_invariants()
+
+
 def test_a_prompt_waits_like_its_token_ids(backend, shared):
     stored(shared, backend, P)
     m = manager(shared)
