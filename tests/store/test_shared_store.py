@@ -280,7 +280,9 @@ def test_fetched_blocks_landed_in_host_slots_alone_are_announced_there_with_thei
         backend, shared, stored):
     """A run that lands in host slots alone (the device is short) is announced on the
     host: each block with the slot that holds it, the run's tokens alone (mutation pass:
-    the token bytes ``f.chunks[lo - 1:hi]``, or one slot too many, passed every test)."""
+    the token bytes ``f.chunks[lo - 1:hi]``, or one slot too many, passed every test), and
+    each slot's copy is stated (the staged payloads ``f.fetched[lo - 1:hi]`` of a run
+    shorter than its reservation, none, passed too)."""
     m1, m2 = manager(shared), manager(shared, enable_events=True)
     computed(m1, backend, "a", A[:4 * stored + 1])
     m2.add_request("h", list(range(200, 224)), read_cache=False)   # 6 of the 8 blocks
@@ -297,4 +299,6 @@ def test_fetched_blocks_landed_in_host_slots_alone_are_announced_there_with_thei
     assert len(events[0].block_ids) == stored == len(held)
     assert {i: held[i] for i in events[0].block_ids} == dict(
         zip(events[0].block_ids, events[0].block_hashes, strict=True))
+    fetched = [op for op in m2.take_kv_ops() if isinstance(op, StoreFetched)]
+    assert fetched == [StoreFetched(i, payload(j)) for j, i in enumerate(events[0].block_ids)]
     m2.check_invariants()
