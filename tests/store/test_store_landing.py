@@ -8,15 +8,7 @@ parent. The landing records the run with its slot ids for a load in the same ste
 
 import pytest
 
-from prefixkv import (
-    BlockLoads,
-    BlockOffloads,
-    ExtraKeys,
-    InvariantError,
-    KVCacheManager,
-    MultiModalInput,
-    StoreWait,
-)
+from prefixkv import BlockLoads, ExtraKeys, InvariantError, KVCacheManager, MultiModalInput, StoreWait
 from prefixkv.store import SharedStore
 from waiting import LIVE
 
@@ -176,26 +168,4 @@ def test_a_multimodal_run_from_the_first_block_lands_beside_the_same_tokens_with
     assert m.lookup(A, extra=image) == 12 and m.lookup(A) == 12
     adm = m.add_request("b", A, extra=image)
     assert adm.num_cached_tokens == 12 and m.stats.store_hits == 12
-    m.check_invariants()
-
-
-def test_a_run_filled_a_step_before_it_landed_and_evicted_in_its_landing_step_is_not_loaded(
-        backend, layout):
-    """The fetcher writes the run's device blocks with the step the fetch started in; a
-    landing in a later step states the loads into them in its own step, so they count as
-    recorded in that step: evicted before it ran, their loads are dead and leave the plan
-    (``demote``'s ``unload``), and nothing offloads them (mutation pass: a landing that
-    left the start's step on them left the loads in the plan, writing the slots' KV into
-    blocks another request took; no test failed on it)."""
-    m, ex, _ = setup(backend, layout)
-    assert m.add_request("b", A) == StoreWait("b", 3)
-    ex.run()                                          # filled in the start's step
-    assert m.take_kv_ops() == []                      # a step runs meanwhile
-    assert m.poll_store() == ["b"]                    # landed in the next one
-    assert m.add_request("b", A).block_ids[:3] == (0, 1, 2)
-    m.free("b")
-    z = m.add_request("z", list(range(100, 129)), read_cache=False)   # takes all 8 blocks
-    assert sorted(z.block_ids) == list(range(8))
-    ops = m.take_kv_ops()
-    assert not [op for op in ops if isinstance(op, (BlockLoads, BlockOffloads))], ops
     m.check_invariants()
