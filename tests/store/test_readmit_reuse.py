@@ -82,6 +82,18 @@ def test_the_landed_run_is_reused(backend, shared, taken, extra):
     assert BlockLoads(tuple(h.block_id for h in hits), adm.block_ids[:5]) in m.take_kv_ops()
 
 
+def test_a_block_aligned_prompts_landed_run_is_reused(backend, shared, taken):
+    """A prompt of whole blocks hits all but its last block (its last token is computed):
+    the landed run reaching that far is reused (mutation pass: ``reuse`` asking for
+    ``len(tokens) // block_size`` blocks never reused one; the walk answered the same)."""
+    aligned = P[:20]
+    stored(shared, backend, aligned)
+    m = manager(shared)
+    landed(m, "r", aligned)
+    hits, _ = readmit_as_walk(m, "r", aligned)
+    assert taken == [True] and len(hits) == 4
+
+
 def test_the_start_device_hits_and_the_landed_run_are_reused(backend, shared, taken):
     m = manager(shared)
     m.add_request("d", P[:9], read_cache=False)             # blocks 0 and 1 computed on the device

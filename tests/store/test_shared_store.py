@@ -273,3 +273,32 @@ def test_xxhash_with_one_seed_shares_across_managers(backend, shared):
     computed(m1, backend, "a", A)
     assert from_store(manager(shared, hash_mode="xxhash", seed=11), A) == 12
     assert from_store(manager(shared, hash_mode="xxhash", seed=12), A) == 0
+
+
+@pytest.mark.parametrize("stored", [3, 2])  # blocks of A in the store: all, or fewer than reserved
+def test_fetched_blocks_landed_in_host_slots_alone_are_announced_there_with_their_slots(
+        backend, shared, stored):
+    """A run that lands in host slots alone (the device is short) is announced on the
+    host: each block with the slot that holds it, the run's tokens alone (mutation pass:
+    the token bytes ``f.chunks[lo - 1:hi]``, or one slot too many, passed every test), and
+    each slot's copy is stated (the staged payloads ``f.fetched[lo - 1:hi]`` of a run
+    shorter than its reservation, none, passed too)."""
+    m1, m2 = manager(shared), manager(shared, enable_events=True)
+    computed(m1, backend, "a", A[:4 * stored + 1])
+    m2.add_request("h", list(range(200, 224)), read_cache=False)   # 6 of the 8 blocks
+    m2.take_kv_ops()
+    m2.take_events()
+    assert m2.add_request("b", A) == StoreWait("b", 3)
+    deadline = time.monotonic() + PATIENCE
+    while "b" not in m2.poll_store():
+        assert time.monotonic() < deadline, "a fetch that never ended"
+        time.sleep(0.001)
+    events = [e for e in m2.take_events() if isinstance(e, BlockStored)]
+    held = {s.block_id: s.hash for s in m2._host.slots if s.key is not None}
+    assert [(e.medium, e.token_ids, e.first_block) for e in events] == [("CPU", A[:4 * stored], 0)]
+    assert len(events[0].block_ids) == stored == len(held)
+    assert {i: held[i] for i in events[0].block_ids} == dict(
+        zip(events[0].block_ids, events[0].block_hashes, strict=True))
+    fetched = [op for op in m2.take_kv_ops() if isinstance(op, StoreFetched)]
+    assert fetched == [StoreFetched(i, payload(j)) for j, i in enumerate(events[0].block_ids)]
+    m2.check_invariants()

@@ -83,6 +83,19 @@ def test_a_fetch_delivered_twice_lands_once(backend, layout):
     m.check_invariants()
 
 
+
+def test_a_fetch_delivered_twice_does_not_hold_back_the_next_one(backend, layout):
+    m, ex, _ = setup(backend, layout)
+    m.add_request("b", A)
+    m.add_request("c", list(range(50, 63)))          # not in the store: its fetch finds nothing
+    ex.run()
+    done = m._store.done
+    order = [f.request_id for f in done]
+    assert sorted(order) == ["b", "c"]
+    done.insert(1, done[0])                          # the first delivered again, before the other
+    assert m.poll_store() == order                   # both waits over in this poll
+    m.check_invariants()
+
 def test_a_fetch_whose_request_left_lands_as_cached_content(backend, layout):
     m, ex, _ = setup(backend, layout)
     m.add_request("b", A)

@@ -8,9 +8,13 @@ parent. The landing records the run with its slot ids for a load in the same ste
 
 import pytest
 
-from prefixkv import BlockLoads, InvariantError, StoreWait
+from prefixkv import BlockLoads, ExtraKeys, InvariantError, KVCacheManager, MultiModalInput, StoreWait
+from prefixkv.store import SharedStore
+from waiting import LIVE
 
-from .test_store_fetch import setup
+from .conftest import always
+from .test_shared_store import A, computed
+from .test_store_fetch import Manual, setup
 
 X = [9, 9, 9, 9, 5, 6, 7, 8, 1]          # in the store: (9 9 9 9) under the root
 Y = [1, 2, 3, 4, 9, 9, 9, 9, 0]          # in a host slot: (9 9 9 9) under (1 2 3 4)
@@ -138,3 +142,30 @@ def test_a_run_larger_than_the_host_map_lands_as_the_map(backend, layout):
     m.free("z")
     m.check_invariants()
     assert m.lookup(X) == 8                          # in host slots (kept, or offloaded)
+
+
+def test_a_multimodal_run_from_the_first_block_lands_beside_the_same_tokens_without_it(
+        backend, layout):
+    """``land`` asks what the device holds with the request's own extra keys: a run from
+    block 0 of a prompt with an image is not the same tokens' text-only blocks that came
+    on the device while it was fetched (one probe with the base keys would take them for
+    the run and land nothing)."""
+    image = ExtraKeys(mm=(MultiModalInput("img", 2, 8),))   # in blocks 0..2
+    computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
+                            store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
+             backend, "w", A, extra=image)
+    ex = Manual()
+    m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
+                       store=SharedStore(backend, layout, cost=always(), timeout=LIVE, executor=ex))
+    assert m.add_request("b", A, extra=image) == StoreWait("b", 3)
+    m.add_request("t", A, read_cache=False)           # the same tokens without the image
+    m.take_kv_ops()
+    m.free("t")
+    assert m.lookup(A) == 12 and m.lookup(A, extra=image) == 0
+    ex.run()
+    assert m.poll_store() == ["b"]
+    m.check_invariants()
+    assert m.lookup(A, extra=image) == 12 and m.lookup(A) == 12
+    adm = m.add_request("b", A, extra=image)
+    assert adm.num_cached_tokens == 12 and m.stats.store_hits == 12
+    m.check_invariants()

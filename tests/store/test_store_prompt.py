@@ -9,7 +9,7 @@ import pytest
 from prefixkv import ExtraKeys, KVCacheManager, PromptError, StoreWait, TokenError
 from prefixkv.core import store_reuse
 
-from .test_readmit_reuse import BS, P, landed, manager, readmit_as_walk, stored
+from .test_readmit_reuse import BS, P, landed, manager, readmit_as_walk, stored, taken  # noqa: F401
 
 SALT = ExtraKeys(cache_salt="s")
 
@@ -30,7 +30,8 @@ def encoded(monkeypatch):
 
 @pytest.mark.parametrize("extra", [None, SALT])
 @pytest.mark.parametrize("again", ["same", "equal", "ids"])
-def test_a_readmission_with_the_same_prompt_compares_nothing(backend, shared, encoded, extra, again):
+def test_a_readmission_with_the_same_prompt_compares_nothing(
+        backend, shared, encoded, taken, extra, again):  # noqa: F811 (the fixture ``taken``)
     stored(shared, backend, P, extra)
     m = manager(shared)
     p = m.prepare(P, extra=extra)
@@ -39,6 +40,7 @@ def test_a_readmission_with_the_same_prompt_compares_nothing(backend, shared, en
     given = {"same": p, "equal": m.prepare(P, extra=extra), "ids": P}[again]
     hits, adm = readmit_as_walk(m, "r", given, None if again != "ids" else extra)
     assert adm.num_cached_tokens == (len(P) - 1) // BS * BS
+    assert taken == [True]  # (the landed run handed over, not walked again)
     assert encoded == ([P] if again == "ids" else [])  # (the start had no list to compare with)
     m.add_request("s", p)  # the same Prompt again, as another request: its own tokens
     m.append_tokens("r", [7])
@@ -58,6 +60,21 @@ def test_a_different_prompt_at_readmission_is_not_the_started_one(backend, share
     foreign = KVCacheManager(8, BS, hash_mode="sha256", seed=9).prepare(P)
     with pytest.raises(PromptError):
         m.add_request("x", foreign)
+    m.check_invariants()
+
+
+@pytest.mark.parametrize(("started", "again"),
+                         [(None, SALT), (SALT, None), (SALT, ExtraKeys(cache_salt="t"))])
+def test_a_prompt_of_the_same_tokens_with_other_extra_keys_is_walked(backend, shared, started, again):
+    """A re-admission with a Prompt of the started tokens but other extra keys (another
+    salt, or none) is not the started one: the landed run is another content's, and the
+    walk finds nothing of it (mutation pass: ``reuse`` comparing the keys by ``is`` or
+    ``==`` the wrong way round handed the landed run over)."""
+    stored(shared, backend, P, started)
+    m = manager(shared)
+    landed(m, "r", m.prepare(P, extra=started))
+    hits, adm = readmit_as_walk(m, "r", m.prepare(P, extra=again))
+    assert hits == [] and adm.num_cached_tokens == 0
     m.check_invariants()
 
 
