@@ -144,10 +144,11 @@ def test_router_without_group_fields_and_unknown_kind():
     router = Router(["r"], block_size=BS)
     router.apply("r", [Stored((1, 2), None, "GPU")])              # no group: a one-group stream
     assert router.scored_group("r") is None and router.index.num_blocks("r") == 2
-    router.apply("r", [Removed((1,), "GPU", 3)])                  # no group chosen but None
-    assert router.index.num_blocks("r") == 2
-    router.apply("r", [Removed((1,), "GPU")])
+    router.apply("r", [Removed((3,), "GPU", 3)])  # no scored group yet: a removal naming
+    router.apply("r", [Removed((2,), "GPU", 3)])  # a group is applied (it can only understate)
     assert router.index.num_blocks("r") == 1
+    router.apply("r", [Removed((1,), "GPU")])
+    assert router.index.num_blocks("r") == 0
     other = Router(["r"], block_size=BS)
     other.apply("r", [Stored((1,), None, "GPU", 0, "sliding_window", 8)])
     assert other.scored_group("r") is None and other.index.num_blocks("r") == 0

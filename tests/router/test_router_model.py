@@ -35,7 +35,7 @@ class RouterModel(RuleBasedStateMachine):
         super().__init__()
         self.t = 0.0
         self.held: set[tuple[str, object, str]] = set()
-        self.scored: dict[str, int | None] = {}
+        self.scored: dict[str, int] = {}
         self.heard: dict[str, float] = {}
         self.mismatched = dict.fromkeys(REPLICAS, 0)
         self.routers: list[Router] = []
@@ -62,9 +62,14 @@ class RouterModel(RuleBasedStateMachine):
         if block_size not in (None, BS):
             self.mismatched[replica] += 1
             return
-        if replica not in self.scored and kind in (None, "full_attention"):
+        full = kind in (None, "full_attention")
+        if group is None:  # a one-group replica's store: never the scored group
+            if full:
+                self.held |= {(replica, h, medium) for h in hs}
+            return
+        if replica not in self.scored and full:
             self.scored[replica] = group
-        if replica in self.scored and group == self.scored[replica]:
+        if group == self.scored.get(replica):
             self.held |= {(replica, h, medium) for h in hs}
 
     @rule(replica=replicas, p=prompts, span=runs, medium=st.sampled_from(MEDIA),

@@ -206,7 +206,7 @@ class HashCheck:
         left[1] -= 1
         for run in sample_runs(payload, self._bs, left[0]):
             if run.block_size not in (None, self._bs) or run.kind not in (None, FULL_KIND) \
-                    or scored is not None and run.group != scored:
+                    or None not in (scored, run.group) and run.group != scored:
                 continue
             mine = self._hashes(run.tokens, len(run.hashes))
             if mine is None:

@@ -188,7 +188,7 @@ class Router:
 
     def scored_group(self, replica: str) -> int | None:
         """The layer group whose blocks the index mirrors for ``replica`` (module doc);
-        None before it announced one or when its events name no group. Raises
+        None before it announced one (events that name no group never set it). Raises
         RouterError for an unknown replica."""
         self._known(replica)
         return self._scored.group(replica)

@@ -6,7 +6,10 @@ full block once per group that caches it (``group_idx``). The index mirrors one 
 per replica, so that no block counts twice: its *scored group*, the first group the
 replica announces as full attention (``kv_cache_spec_kind`` absent or
 ``"full_attention"``; in practice the lowest) since it was last cleared. Stores and
-removals of its other groups are not indexed (a removal that names no group is). The
+removals of its other groups are not indexed (a removal that names no group is). A
+store that names no group (vLLM 0.33 names one on every event) is a one-group replica's:
+indexed when full attention, and it never sets the scored group (it once did, and one
+such event, fuzzed, left every later batch of the replica's group 0 out of the index). The
 scored group's run is an upper bound of the replica's hit: a windowed group needs only
 the blocks inside its window, which every group computed and cached together, but may
 have evicted one of them since, and the manager then serves less (it checks every
@@ -35,11 +38,11 @@ class ScoredGroups:
 
     def __init__(self, marks: IndexMarks) -> None:
         self._marks = marks
-        self._scored: dict[str, int | None] = {}
+        self._scored: dict[str, int] = {}
 
     def group(self, replica: str) -> int | None:
-        """The replica's scored group; None before it announced one or when its events
-        name no group."""
+        """The replica's scored group; None before it announced one (events that name no
+        group never set it)."""
         return self._scored.get(replica)
 
     def apply(self, index: BlockIndex, replica: str, events: Sequence[RouterEvent]) -> None:
@@ -50,9 +53,13 @@ class ScoredGroups:
             if isinstance(ev, Stored):
                 if self._marks.mismatched(replica, ev.block_size):
                     continue
+                if ev.group is None:  # a one-group replica's: indexed when full attention
+                    if ev.kind in (None, FULL_KIND):
+                        index.store(replica, ev.hashes, ev.medium)
+                    continue
                 if replica not in scored and ev.kind in (None, FULL_KIND):
                     scored[replica] = ev.group
-                if replica in scored and ev.group == scored[replica]:
+                if ev.group == scored.get(replica):
                     index.store(replica, ev.hashes, ev.medium)
             elif isinstance(ev, Removed):
                 # a removal that names no group is applied: it can only understate
