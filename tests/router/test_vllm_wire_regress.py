@@ -1,6 +1,8 @@
 """Explicit step sequences the vLLM wire state machine (test_vllm_wire_fuzz.py) found,
 replayed as plain tests so a clean clone (no example database) runs them every time."""
 
+from types import SimpleNamespace
+
 from router.test_vllm_wire_fuzz import VllmWire
 
 
@@ -41,3 +43,16 @@ def test_restart_mid_replay_after_lost_end_does_not_overstate():
         ("step", {"cut": 2, "fate": "truncate", "prompt": count}),
         ("sync", {"prompt": five}),
     ])
+
+
+def test_no_precondition_reads_the_taps_thread():
+    """Each rule's preconditions answer alike whatever the tap's thread has done: its
+    ``restarted`` is set when a replay request reaches it, at any time, so a precondition
+    reading it chose another rule for the same draws under load (FlakyStrategyDefinition,
+    seen once). A restart the tap made, sampled or not (``seen``), leaves them as they are."""
+    for restarts in range(3):
+        answers = []
+        for restarted, seen in ((0, 0), (1, 0), (1, 1)):
+            m = SimpleNamespace(restarts=restarts, seen=seen, tap=SimpleNamespace(restarted=restarted))
+            answers.append([all(p(m) for p in r.preconditions) for r in VllmWire.setup_state().rules])
+        assert answers[0] == answers[1] == answers[2], (restarts, answers)

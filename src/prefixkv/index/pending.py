@@ -147,7 +147,11 @@ def walk_pending(chunks: Sequence[bytes], base: bytes, get: Callable[[bytes], Bl
     pending, without writing them: a found block that heads a pending run (``starts``,
     of this ``epoch``) is followed by as many of the run's blocks as agree with the next
     chunks, as ``claim`` takes them. A walk that parts from a pending run ends there: no
-    content is recorded under a pending block (a store under one writes its run first)."""
+    content is recorded under a pending block (a store under one writes its run first).
+    The head's own chunk is not compared with the run's record (``claim`` compares it in
+    the same memcmp): a run of this epoch recorded under the head's content id holds the
+    head's chunk, one content having one id (``run_check.check_runs`` verifies it;
+    tests/test_pending_walk_claim.py compares lookups with the claims after them)."""
     hits: list[Block] = []
     cid, b, i, n = 0, _NO_PARENT, 0, len(chunks)
     c: Block | None

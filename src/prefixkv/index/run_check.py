@@ -22,7 +22,9 @@ def check_runs(blocks: Sequence[Block], epoch: int, counts: RunCounts,
     it.) And no retaken block is served: a run a found block heads (``starts``), ``ok``
     and recorded under its content, that a claim would take without checking each block
     (shared, or not shared while ``losses``, the index's count of content losses, is its
-    ``seen``) holds what it recorded, its blocks counted through it when shared."""
+    ``seen``) holds what it recorded, its blocks counted through it when shared; a
+    pending run's head holds the chunk and extra keys the run recorded for it (what
+    ``claim`` compares and ``walk_pending`` relies on)."""
     seen: set[int] = set()
     free = 0
     for b in blocks:
@@ -52,6 +54,10 @@ def check_runs(blocks: Sequence[Block], epoch: int, counts: RunCounts,
             continue
         if r.shared and id(r) not in seen:
             return f"{b!r} heads shared {r!r}, whose blocks are not counted through it"
+        if r.pending and (key_chunk(b.key) != r.data[:len(r.data) // (len(r.blocks) + 1)]
+                          or b.extra != r.extra):
+            # (``walk_pending`` compares only the chunks after the head: one content, one id)
+            return f"{b!r} heads pending {r!r} under its content but holds other tokens"
         if not r.shared and r.seen == losses:
             problem = _check_span(r)
             if problem:
