@@ -25,8 +25,8 @@ def spy_drops(m: KVCacheManager) -> list[list[int]]:
     drop = index.drop
     calls: list[list[int]] = []
 
-    def spied(blocks, keyless=None):  # (a pending run's blocks are not the index's: no key)
-        calls.append([b.block_id for b in blocks if b.key is not None])
+    def spied(blocks, keyless=None):  # (a pending run's blocks are not the index's)
+        calls.append([b.block_id for b in (blocks if keyless is None else keyless.outside(blocks))])
         drop(blocks, keyless)
     index.drop = spied
     return calls

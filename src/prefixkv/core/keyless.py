@@ -1,8 +1,8 @@
 """Where an eviction's list of blocks holds pending runs' blocks (``index/pending.py``):
 those have no key, and no dict entry for the index to drop; their content is read from
 their run's record. ``BlockPool._evict`` notes each span as it takes a pending run whole,
-or cuts its tail, when a tier below keeps evicted content: the tier reads their content
-from here (``content``, ``content_ids``). (The index skips them by their missing key.)
+or cuts its tail; the index skips them when it unkeys (``outside``) and the tier below
+reads their content from here when it keeps them (``content``).
 
     evicted:  b b [p p p p] b [q q] b      p, q: two pending runs' blocks (spans)
 """
@@ -55,4 +55,15 @@ class Keyless:
             out += range(first, first + step * (hi - i), step)
             at = hi
         out += [b.content_id for b in blocks[at:]]
+        return out
+
+    def outside(self, blocks: Sequence[Block]) -> list[Block]:
+        """The blocks of ``blocks`` outside the spans (a new list: slices of it, no copy
+        of the whole)."""
+        out: list[Block] = []
+        at = 0
+        for lo, hi, *_ in self.spans:
+            out += blocks[at:lo]
+            at = hi
+        out += blocks[at:]
         return out

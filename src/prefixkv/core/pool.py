@@ -142,14 +142,13 @@ class BlockPool(PoolRelease):
         content from the index. (The queue's pop inlined, its links left stale, so that
         one loop over the blocks also sets their counts.) ``stale``: see ``take``."""
         assert 0 <= n <= self._cached.size, (n, self._cached.size)
-        head = self._cached.head  # (``ends``, inlined)
+        head, _ = self._cached.ends()
         b = head.next
         blocks = [b] * n  # (each entry set below: a store, no call, per block)
-        keyless: Keyless | None = None  # spans of pending runs' blocks (a tier below's)
+        keyless: Keyless | None = None  # spans of pending runs' blocks
         hole: list[Block] | None = None  # a run kept ``stale``: its own list, at ``at``
         at = 0
         if self.runs.free:  # a free shared run's blocks may be among them
-            spans = self.runs.spans
             i = 0
             while i < n:
                 r = b.counted
@@ -160,7 +159,7 @@ class BlockPool(PoolRelease):
                     kept = False
                     if k <= n - i:  # all of them: from its list, not its links, and no
                         seg = r.blocks  # pass to dissolve
-                        if pending and spans:  # (its record, for the tier below: ``Keyless``)
+                        if pending:  # (its record, for the tier below: ``Keyless``)
                             keyless = keyless or Keyless()
                             keyless.add(i, r, 0 if r.fwd else k - 1, 1 if r.fwd else -1, k)
                         r.evicted()
@@ -171,7 +170,7 @@ class BlockPool(PoolRelease):
                             r.n = 1
                     elif not r.fwd:  # its last blocks (children first): the run keeps the
                         k = n - i  # rest, still shared and free (their content stays)
-                        if pending and spans:
+                        if pending:
                             keyless = keyless or Keyless()
                             keyless.add(i, r, len(r.blocks) - 1, -1, k)
                         seg = r.truncate(len(r.blocks) - k)
@@ -210,7 +209,7 @@ class BlockPool(PoolRelease):
                 b.starts = None
                 b = b.next
         head.next, b.prev = b, head
-        self._cached.size -= n  # (forget, inlined)
+        self._cached.forget(n)
         if hole is not None:  # the kept run's list becomes the eviction's: the few
             after = blocks[at + len(hole):]  # blocks around it moved in (no entry of
             if at:  # the run's is copied; nothing reads an evicted run's list)

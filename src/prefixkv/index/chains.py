@@ -62,7 +62,6 @@ class ContentChains(Announcer):
         # a run recorded (or checked whole) while this count was what it is now is whole
         self.losses = 0
         self.run_counts = RunCounts()  # (the pool reads them: ``BlockPool``)
-        self.run_counts.spans = lower is not None  # (its demotion reads ``Keyless``)
         self.run_counts.settle = self._settle
         # device blocks a store fetch fills on its thread, not findable yet (``land_run``
         # makes them so): by the fetch's id; ``check`` passes them by

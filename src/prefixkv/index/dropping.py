@@ -44,33 +44,32 @@ class DroppingIndex(SpareIndex):
         # first (``check`` verifies it when a tier is below).
         if lower is not None:
             lower.demote(blocks, self.step, keyless)
+        evicted = blocks  # (each content goes: pending runs' blocks are announced too)
+        if keyless is not None:  # (their blocks: nothing to unkey; their hashes, set by
+            blocks = keyless.outside(blocks)  # their run's build, are announced)
         if not twins:  # the common case: each content goes
-            by_chunk, by_key = self._by_chunk, self._by_key
-            chained = 0
-            for b in blocks:  # (a chained block leaves no dict entry, nor does a pending
-                key = b.key  # run's: no key, its hash, set by its run's build, announced)
+            keyed = 0
+            for b in blocks:  # (a chained block leaves no dict entry)
                 if b.chained:
                     b.chained = False
-                    chained += 1
-                elif type(key) is bytes:  # (``_unkey``, inlined)
-                    del by_chunk[key]
-                elif key is not None:
-                    del by_key[key]  # type: ignore[arg-type]  # (a content triple)
+                else:
+                    self._unkey(b.key)
+                    keyed += 1
                 b.key = None
-            self._num_chained -= chained
-            if sink.active and blocks:  # one BlockRemoved, built now (eager) or when taken
-                if self.lazy:  # (pending runs' blocks are announced too)
+            self._num_chained -= len(blocks) - keyed
+            if sink.active and evicted:  # one BlockRemoved, built now (eager) or when taken
+                if self.lazy:
                     item = _new_removed(RemovedRun)  # (``RemovedRun(...)`` inlined: no
-                    item.count, item.blocks = 1, list(blocks)  # ``__init__`` frame)
+                    item.count, item.blocks = 1, list(evicted)  # ``__init__`` frame)
                     sink.defer(item)
                 else:
-                    sink.append(removed(list(blocks)))
+                    sink.append(removed(list(evicted)))
             return
         # spares held: the blocks whose content goes (all of them unless a spare takes one
         # over), announced as above
         gone: list[Block] | None = [] if sink.active else None
         chained = 0
-        for b in blocks:  # the common case: a chained block leaves no dict entry
+        for b in evicted:  # the common case: a chained block leaves no dict entry
             if b.key is None:  # a pending run's (``keyless``): no spare of it, it goes
                 if gone is not None:
                     gone.append(b)
