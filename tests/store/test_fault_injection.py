@@ -136,6 +136,32 @@ def test_a_trickled_reply_fails_the_fetch_at_its_one_deadline(server):
         proxy.close()
 
 
+def test_a_lookup_of_a_trickled_reply_ends_at_its_one_deadline(server):
+    """``held`` (the vLLM connector's lookup, on the scheduler's thread with
+    ``lookup_thread: false``; SGLang's ``batch_exists``) of P's and Q's 16 keys through a
+    proxy that passes a byte every 50 ms (3.2 s for the replies): it answers the run
+    held before its 0.25 s deadline; it took the whole 3.2 s, each read within its
+    bound. The store answers every key again at full speed."""
+    _, _, puts = stored(server, "trickle-held")
+    keys = [op.key for op, _ in puts]
+    proxy = Trickle(server.socket, size=1, gap=0.05)
+    try:
+        backend = RedisStore(proxy.url, timeout=0.25)
+        assert backend.held(keys) == 16                          # (connected)
+        proxy.slow.set()
+        t = time.monotonic()
+        try:
+            held = backend.held(keys)
+        except TimeoutError:                                     # (no key answered)
+            held = 0
+        assert time.monotonic() - t < 2.0 and held < 16
+        proxy.slow.clear()
+        assert backend.held(keys) == 16
+        backend.close()
+    finally:
+        proxy.close()
+
+
 @pytest.mark.parametrize("fault", ["wrong type", "bad checksum"])
 def test_one_bad_key_mid_chain_ends_the_run_there_and_silences_nothing(server, fault):
     """Block 5 of P's eight becomes a list (GET answers WRONGTYPE), or its payload gets
