@@ -47,12 +47,31 @@ def stored(server, name, prompts=(P, Q), **kw):
     return backend, SharedStore(backend, layout, cost=always(), **kw), w.puts
 
 
-def test_a_server_killed_mid_fetch_serves_nothing_leaks_nothing_and_counts_one_error(server):
+@pytest.fixture(params=["device", "slots"])
+def lands(request):
+    """Where the fault's fetch lands: in the device blocks its start takes, or in its
+    host slots alone (the pool short at the start: ``start``)."""
+    return request.param
+
+
+def start(e, rid, prompt, lands):
+    """Start ``rid``'s fetch of ``prompt`` (8 blocks); for ``lands == "slots"`` while
+    another request holds 2 of the reader's 10 blocks, so the start cannot take the 9 it
+    would land in (it leaves right after)."""
+    if lands == "slots":  # (not read from the store: the server may be down or hung)
+        assert e.m.add_request("h", list(range(700, 705)), read_cache=False).num_new_tokens == 5
+    assert e.m.add_request(rid, prompt) == StoreWait(rid, 8)
+    assert (e.m._waits.waiting[rid].devices is None) == (lands == "slots")
+    if lands == "slots":
+        leave(e, "h")
+
+
+def test_a_server_killed_mid_fetch_serves_nothing_leaks_nothing_and_counts_one_error(server, lands):
     backend, shared, _ = stored(server, "kill")
-    e = warmed(shared)
+    e = warmed(shared, num_blocks=24 if lands == "device" else 10)
     base, before = ledger(e.m), counts(e.m)
     os.kill(server._proc.pid, signal.SIGSTOP)        # (the fetches surely under way)
-    assert e.m.add_request("a", P) == StoreWait("a", 8)
+    start(e, "a", P, lands)
     assert e.m.add_request("c", Q) == StoreWait("c", 8)
     e.m.free("c")                                    # left while it waited
     assert ledger(e.m) != base                       # (the fetches hold slots and blocks)
@@ -163,7 +182,7 @@ def test_a_lookup_of_a_trickled_reply_ends_at_its_one_deadline(server):
 
 
 @pytest.mark.parametrize("fault", ["wrong type", "bad checksum"])
-def test_one_bad_key_mid_chain_ends_the_run_there_and_silences_nothing(server, fault):
+def test_one_bad_key_mid_chain_ends_the_run_there_and_silences_nothing(server, fault, lands):
     """Block 5 of P's eight becomes a list (GET answers WRONGTYPE), or its payload gets
     a flipped byte (the checksum fails): blocks 0-4 are served, each its own KV; block 5
     on are computed; one error or one rejection; and the store stays in use for every
@@ -178,16 +197,17 @@ def test_one_bad_key_mid_chain_ends_the_run_there_and_silences_nothing(server, f
         value = bytearray(admin.get(key))
         value[-1] ^= 1
         admin.set(key, bytes(value))
-    e = warmed(shared)
+    e = warmed(shared, num_blocks=24 if lands == "device" else 10)
     base, before = ledger(e.m), counts(e.m)
-    assert e.m.add_request("a", P) == StoreWait("a", 8)
+    start(e, "a", P, lands)
     assert landed(e, "a", P) == (20, 13)
     error, rejected = (1, 0) if fault == "wrong type" else (0, 1)
     assert counts(e.m) == {"errors": before["errors"] + error,
                            "rejected": before["rejected"] + rejected, "hits": before["hits"] + 20}
+    leave(e, "a")
     assert isinstance(e.m.add_request("b", Q), StoreWait)   # not silenced
     assert landed(e, "b", Q) == (32, 1)
-    leave(e, "a", "b")
+    leave(e, "b")
     assert ledger(e.m) == base
     admin.close()
     backend.close()
