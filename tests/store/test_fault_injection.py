@@ -76,8 +76,9 @@ def test_a_server_killed_mid_fetch_serves_nothing_leaks_nothing_and_counts_one_e
     e.m.free("c")                                    # left while it waited
     assert ledger(e.m) != base                       # (the fetches hold slots and blocks)
     os.kill(server._proc.pid, signal.SIGKILL)
+    # (both fetches end; c's holds the blocks a needs, in "slots", until it lands)
+    wait_until(lambda: (e.m.poll_store(), not e.m._waits.in_flight)[1], "the fetches' end")
     assert landed(e, "a", P) == (0, 33)              # computed: nothing served
-    wait_until(lambda: e.m.poll_store() == [] and not e.m._waits.in_flight, "c's fetch")
     assert counts(e.m) == {**before, "errors": before["errors"] + 2}
     leave(e, "a")
     assert ledger(e.m) == base
