@@ -257,6 +257,18 @@ def test_the_acl_recipe_for_a_cluster_in_docs_security_md_suffices(cluster):
     password replaced): a store made with that user writes, checks and fetches a chain.
     The single-server line alone is not enough on a cluster (redis-py's cluster client
     and the slot map need two more commands): the store could not even be made."""
+    user = RedisStore(acl_user(cluster), cluster=True, timeout=LIVE)
+    shared = SharedStore(user, StoreLayout(uuid.uuid4().hex, "f32", 8), cost=always(), timeout=LIVE)
+    puts = computed(manager(shared), user, "a", DOC)
+    assert len(puts) == 10 and user.held([p.key for p in puts]) == 10
+    m = manager(shared)
+    assert from_store(m, DOC) == 40 and m.stats.store_errors == 0
+    assert user.put([(b"elsewhere", b"v")]) == 1    # outside ~prefixkv:*: refused, counted
+
+
+def acl_user(cluster):
+    """The URL of user ``fleet`` (password ``s3cret``), made on every node of ``cluster``
+    with docs/security.md's ACL line for a cluster, as written."""
     import pathlib
     import re
     import shlex
@@ -268,11 +280,4 @@ def test_the_acl_recipe_for_a_cluster_in_docs_security_md_suffices(cluster):
     rules = [(">s3cret" if rule.startswith(">") else rule) for rule in on_cluster[0][3:]]
     for port in cluster.ports:
         redis.Redis(port=port).execute_command("ACL", "SETUSER", "fleet", *rules)
-    url = cluster.url.replace("redis://", "redis://fleet:s3cret@")
-    user = RedisStore(url, cluster=True, timeout=LIVE)
-    shared = SharedStore(user, StoreLayout(uuid.uuid4().hex, "f32", 8), cost=always(), timeout=LIVE)
-    puts = computed(manager(shared), user, "a", DOC)
-    assert len(puts) == 10 and user.held([p.key for p in puts]) == 10
-    m = manager(shared)
-    assert from_store(m, DOC) == 40 and m.stats.store_errors == 0
-    assert user.put([(b"elsewhere", b"v")]) == 1    # outside ~prefixkv:*: refused, counted
+    return cluster.url.replace("redis://", "redis://fleet:s3cret@")

@@ -5,12 +5,26 @@ once) until the engine reports the copies done (``take_kv_ops(pending=True)``,
 ``kv_ops_done()``)."""
 
 import time
+import uuid
+from types import SimpleNamespace
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
-from prefixkv import BlockLoads, KVCacheManager, PlanError, StoreWait
+from prefixkv import BlockLoads, BlockOffloads, KVCacheManager, PlanError, StoreWait
+from prefixkv.store import SharedStore, StoreLayout
 from waiting import PATIENCE, wait_until
 
+from .conftest import always
 from .test_shared_store import A, admit, computed, manager
 
 B = list(range(50, 63))                 # another three full blocks + 1
@@ -109,85 +123,106 @@ def test_a_pending_plan_without_a_host_tier():
     assert m.take_kv_ops() == []
 
 
-def test_pending_plans_against_fetches_machine(backend):
-    """A state machine: admissions of prompts the store holds (fetched into attached host
-    slots), frees, plans taken pending or not, their copies reported done, fetches left
-    to end. While a plan is pending, the host slots it loads from or offloads into keep
-    the bytes they had when it was taken (no fetch thread writes them), and the
-    manager's invariants hold."""
-    import uuid
+class PendingPlans(RuleBasedStateMachine):
+    """Admissions of prompts the store holds (fetched into attached host slots), frees,
+    plans taken pending or not, their copies reported done, fetches left to end. While a
+    plan is pending, the host slots it loads from or offloads into keep the bytes they
+    had when it was taken (no fetch thread writes them), and the manager's invariants
+    hold. ``backend``: the store's server, set by the test.
 
-    from hypothesis import settings
-    from hypothesis import strategies as st
-    from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+    Every precondition and every draw reads only what the machine itself did (``made``,
+    ``flight``), never what the manager answered: whether an admission was admitted,
+    waits or found the pool short can change with timing (a fetch's measured cost, its
+    deadline, the threads), and a precondition reading it chose other rules for the
+    same draws (Hypothesis's FlakyStrategyDefinition). ``free`` draws a request made and
+    not freed yet, and frees it if it was admitted."""
 
-    from prefixkv import BlockOffloads
-    from prefixkv.store import SharedStore, StoreLayout
-
-    from .conftest import always
-
+    backend = None
     prompts = [list(range(1000 * k + 1, 1000 * k + 14)) for k in range(4)]
 
-    class Machine(RuleBasedStateMachine):
-        @initialize()
-        def start(self):
-            shared = SharedStore(backend, StoreLayout(f"t-{uuid.uuid4().hex}", "float32", 8),
-                                 cost=always(), timeout=10.0)
-            writer = manager(shared, num_blocks=16)
-            for k, p in enumerate(prompts):
-                computed(writer, backend, f"w{k}", p)
-            self.m = manager(shared, num_blocks=8, host_blocks=4)
-            self.memory = [[memoryview(bytearray(8))] for _ in range(4)]
-            self.m.attach_host_memory(self.memory)
-            self.rids: dict[str, int] = {}       # admitted or waiting -> prompt index
-            self.n = 0
-            self.flight: dict[int, bytes] | None = None  # a pending plan's slots' bytes
+    @initialize()
+    def start(self):
+        shared = SharedStore(self.backend, StoreLayout(f"t-{uuid.uuid4().hex}", "float32", 8),
+                             cost=always(), timeout=10.0)
+        writer = manager(shared, num_blocks=16)
+        for k, p in enumerate(self.prompts):
+            computed(writer, self.backend, f"w{k}", p)
+        self.m = manager(shared, num_blocks=8, host_blocks=4)
+        self.memory = [[memoryview(bytearray(8))] for _ in range(4)]
+        self.m.attach_host_memory(self.memory)
+        self.rids: dict[str, int] = {}       # admitted -> prompt index (the manager's answers)
+        self.n = 0                           # requests made (the machine's own record:
+        self.made: set[str] = set()          # their count, and those not freed by ``free``)
+        self.flight: dict[int, bytes] | None = None  # a pending plan's slots' bytes
 
-        @rule(k=st.integers(0, 3))
-        def admit(self, k):
-            """An engine's admission: a fetch is let end (its thread writes the slots)
-            and landed, and the request admitted again."""
-            rid = f"r{self.n}"
-            self.n += 1
-            adm = self.m.add_request(rid, prompts[k])
-            if isinstance(adm, StoreWait):
-                link = self.m._store
-                wait_until(lambda: len(link.done) >= self.m._waits.in_flight, "the fetch's end")
-                self.m.poll_store()
-                adm = self.m.add_request(rid, prompts[k])
-            if adm is not None and not isinstance(adm, StoreWait):
-                self.rids[rid] = k
-            elif adm is not None:
-                self.m.free(rid)                  # (still waiting: a retry would fetch again)
+    @rule(k=st.integers(0, 3))
+    def admit(self, k):
+        """An engine's admission: a fetch is let end (its thread writes the slots)
+        and landed, and the request admitted again."""
+        rid = f"r{self.n}"
+        self.n += 1
+        self.made.add(rid)
+        adm = self.m.add_request(rid, self.prompts[k])
+        if isinstance(adm, StoreWait):
+            link = self.m._store
+            wait_until(lambda: len(link.done) >= self.m._waits.in_flight, "the fetch's end")
+            self.m.poll_store()
+            adm = self.m.add_request(rid, self.prompts[k])
+        if adm is not None and not isinstance(adm, StoreWait):
+            self.rids[rid] = k
+        elif adm is not None:
+            self.m.free(rid)                  # (still waiting: a retry would fetch again)
 
-        @precondition(lambda self: self.rids)
-        @rule(data=st.data())
-        def free(self, data):
-            rid = data.draw(st.sampled_from(sorted(self.rids)))
+    @precondition(lambda self: self.made)
+    @rule(data=st.data())
+    def free(self, data):
+        """Free a request made and not freed yet, if the manager admitted it."""
+        rid = data.draw(st.sampled_from(sorted(self.made)))
+        self.made.remove(rid)
+        if self.rids.pop(rid, None) is not None:
             self.m.free(rid)
-            del self.rids[rid]
 
-        @precondition(lambda self: self.flight is None)
-        @rule(pending=st.booleans())
-        def take(self, pending):
-            ops = self.m.take_kv_ops(pending=pending)
-            if pending:
-                slots = {s for op in ops if isinstance(op, BlockLoads) for s in op.src}
-                slots |= {s for op in ops if isinstance(op, BlockOffloads) for s in op.dst}
-                self.flight = {s: bytes(self.memory[s][0]) for s in slots}
+    @precondition(lambda self: self.flight is None)
+    @rule(pending=st.booleans())
+    def take(self, pending):
+        ops = self.m.take_kv_ops(pending=pending)
+        if pending:
+            slots = {s for op in ops if isinstance(op, BlockLoads) for s in op.src}
+            slots |= {s for op in ops if isinstance(op, BlockOffloads) for s in op.dst}
+            self.flight = {s: bytes(self.memory[s][0]) for s in slots}
 
-        @precondition(lambda self: self.flight is not None)
-        @rule()
-        def done(self):
-            self.m.kv_ops_done()
-            self.flight = None
+    @precondition(lambda self: self.flight is not None)
+    @rule()
+    def done(self):
+        self.m.kv_ops_done()
+        self.flight = None
 
-        @invariant()
-        def sound(self):
-            if hasattr(self, "m"):
-                self.m.check_invariants()
-                for s, was in (self.flight or {}).items():
-                    assert bytes(self.memory[s][0]) == was, f"slot {s} rewritten in flight"
+    @invariant()
+    def sound(self):
+        if hasattr(self, "m"):
+            self.m.check_invariants()
+            for s, was in (self.flight or {}).items():
+                assert bytes(self.memory[s][0]) == was, f"slot {s} rewritten in flight"
 
-    Machine.TestCase.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
-    Machine.TestCase().runTest()
+
+def test_pending_plans_against_fetches_machine(backend):
+    PendingPlans.backend = backend
+    try:
+        run_state_machine_as_test(
+            PendingPlans, settings=settings(max_examples=25, stateful_step_count=30, deadline=None))
+    finally:
+        PendingPlans.backend = None
+
+
+def test_no_precondition_reads_the_managers_answers():
+    """Each rule's preconditions answer alike whatever the manager answered (which
+    requests were admitted: ``rids``), for the same rules run (``made``, ``flight``)."""
+    rules = PendingPlans.setup_state().rules
+    for n in range(3):
+        made = {f"r{i}" for i in range(n)}
+        for flight in (None, {}):
+            answers = []
+            for rids in ({}, {"r0": 0}, dict.fromkeys(made, 0)):
+                state = SimpleNamespace(n=n, made=made, flight=flight, rids=rids)
+                answers.append([all(p(state) for p in r.preconditions) for r in rules])
+            assert answers[0] == answers[1] == answers[2], (n, flight, answers)

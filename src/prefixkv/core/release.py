@@ -37,7 +37,13 @@ def free(self: KVCacheManager, request_id: Hashable, *, num_computed_tokens: int
         check_count("num_computed_tokens", num_computed_tokens, 0, req.num_scheduled)
         bs = self.block_size
         first = max(num_computed_tokens, req.num_cached) // bs
-        self._pool.emptied(self._index.uncache(req.blocks[first:req.num_scheduled // bs]))
+        never = req.blocks[first:req.num_scheduled // bs]
+        # their pending store writes go too: the write is matched to its block by the
+        # content id, which the same content recorded again in the block at once may
+        # take again (a host slot that keeps it lends its id), and would then go out in
+        # this step's plan, before any forward pass computed it (storerisk-r19)
+        self._drop_puts(never)
+        self._pool.emptied(self._index.uncache(never))
     del self._requests[request_id]
     if req.num_scheduled < len(req.tokens):
         self._num_prefilling -= 1

@@ -69,8 +69,18 @@ def fetch_ready(f: Fetch) -> None:
         # the blocks are written with the manager's step now, the landing's in the
         # common case (a fetch ends while the engine runs a step, and is landed at the
         # next ``poll_store``): the landing rewrites each block's step only when a step
-        # ended between (``_on_device``). (A read of the scheduler's int: one that is
-        # stale by then only makes the landing rewrite them.)
+        # ended between (``_on_device``).
+        # Read without a lock, and benign (storerisk-r19; tests/store/
+        # test_landing_step.py forces a step's end between this read and the writes):
+        # the step is one int that only the scheduler's thread changes, only upwards
+        # (``take_kv_ops``), so the value read is at most the landing's; nothing reads
+        # these blocks' fields before the landing (held by the fetch, in no map or free
+        # queue, the first keyless: nothing finds, evicts or offloads them, and the
+        # checks skip ``index.landing``); the landing runs on the scheduler's thread
+        # after ``done`` has handed the fetch over (the deque orders these writes
+        # before it), compares ``f.step``, the value the blocks were written with, to
+        # its own step and writes its own on a difference. So a stale read costs that
+        # loop, never a block marked older than the plan that loads it.
         f.step = f.index.step
         if f.pend is not None and run == len(f.devices) and run > 2:  # one pending run
             f.pending_run = fill_pending(devices, f.parent_cid, f.extras[0], f.planned[:run],

@@ -10,8 +10,10 @@ they go through ours, node by node, as reads do (redis-py's cluster pipeline fai
 whole batch when one node is down). On a Redis Cluster, keys carry no hash tag, so a
 chain's blocks spread over the slots; a call sends each node its keys first, then reads
 the nodes' replies: one round trip per node involved, overlapping. A key the cluster
-moved (MOVED/ASK, resharding) or a node that is down fails its keys (misses, refused
-writes) and the slot map is read again on the next call. Found through Sentinel
+moved (MOVED, resharding done) or a node that is down fails its keys (misses, refused
+writes) and the slot map is read again on the next call; a key of a slot that is
+migrating (ASK) is asked again on the node the reply names (``ASKING``, one more round
+trip for such keys), and the map is kept. Found through Sentinel
 (``from_sentinel``), a store follows a failover: a fetch that fails as a whole asks the
 sentinels for the master again.
 """
@@ -102,32 +104,31 @@ class RedisStore:
         return store
 
     def held(self, keys: Sequence[bytes]) -> int:
-        """``StoreBackend.held``: pipelined EXISTS. Raises redis-py's errors; on a
-        cluster, only when no node answered (a node that is down holds none of its keys:
-        the run stops at the first of them, as a fetch's does); ConfigError, before any
-        command is sent, unless ``keys`` is a list or tuple of bytes."""
+        """``StoreBackend.held``: pipelined EXISTS (one round trip per node), the whole
+        call bounded by one deadline, ``timeout`` seconds from now, however the server
+        trickles its replies (a per-read bound let a reply of a byte every 20 ms hold a
+        64-key lookup 5 s with ``timeout=0.25``: the vLLM connector's lookup on the
+        scheduler's thread). The keys not answered by then are not held: the run stops
+        at the first of them, as at a node that is down. Raises, only when no key was
+        answered, OSError, ConnectionError or TimeoutError (past the deadline; through
+        Sentinel, the sentinels are asked for the master again first); ConfigError,
+        before any command is sent, unless ``keys`` is a list or tuple of bytes."""
         check_keys("held", keys)
-        if self.cluster:
-            until = time.monotonic() + self.timeout
-            found = [r == 1 for r in self._on_nodes(keys, lambda i: pack(b"EXISTS", keys[i]),
-                                                    lambda: until)]
-            return next((i for i, f in enumerate(found) if not f), len(keys))
-        pipe = self.client.pipeline(transaction=False)
-        for k in keys:
-            pipe.exists(k)
-        n = 0
-        for found in pipe.execute(raise_on_error=False):
-            if found is not True and (type(found) is not int or not found):
-                break
-            n += 1
-        return n
+        until = time.monotonic() + self.timeout
+        try:
+            replies = self._on_nodes(keys, lambda i: pack(b"EXISTS", keys[i]), lambda: until)
+        except Exception:
+            self._nodes.follow()
+            raise
+        return next((i for i, r in enumerate(replies) if r != 1), len(keys))
 
     def put(self, items: Sequence[tuple[bytes, bytes]]) -> int:
         """``StoreBackend.put``: pipelined SET with EX ttl; the values refused (an OOM
         error when the server is full under ``noeviction``). On a cluster, a node that is
-        down, or a key it moved (MOVED/ASK), refuses that node's values only; the others
-        are stored. Raises redis-py's errors (ours on a cluster: OSError,
-        ConnectionError, TimeoutError) when the whole call fails; ConfigError, before
+        down, or a key it moved (MOVED), refuses that node's values only; the others
+        are stored (a key of a migrating slot, ASK, is written on the node it names).
+        Raises redis-py's errors (ours on a cluster: OSError, ConnectionError,
+        TimeoutError) when the whole call fails; ConfigError, before
         any command is sent, unless ``items`` is a list or tuple of ``(key, value)``
         tuples of bytes (a value may be a bytearray or memoryview)."""
         check_items(items)
@@ -144,19 +145,22 @@ class RedisStore:
 
     def _on_nodes(self, keys: Sequence[bytes], command: Callable[[int], bytes],
                   deadline: Callable[[], float]) -> list[object]:
-        """Each key's reply to ``command(i)`` (its packed command) on a cluster, sent
-        node by node on connections of ours (redis-py's cluster pipeline fails the whole
+        """Each key's reply to ``command(i)`` (its packed command), sent node by node on
+        connections of ours (on a cluster: redis-py's cluster pipeline fails the whole
         call when one node is down), then read: one round trip per node, overlapping.
         ``deadline()``: the instant by which each step (the slot map, a node's send, a
         node's replies) must be done. A key whose node failed gets the exception; a key
-        the cluster moved gets its MOVED/ASK RespError; either way the slot map is read
-        again on the next call. Raises when no node answered (never for no keys)."""
+        the cluster moved gets its MOVED RespError; either way the slot map is read
+        again on the next call. A key answered ASK (its slot migrating) gets the reply
+        of the node named (``_asking``). Raises when no node answered (never for no
+        keys)."""
         if not keys:
             return []
         nodes = self._nodes
         replies: list[object] = [None] * len(keys)
         failure: Exception | None = None
         answered = False
+        asks: dict[Address, list[int]] = {}
         for asked in nodes.rounds(keys, deadline()):
             sent: list[tuple[Resp, list[int]]] = []
             for node, idx in asked:
@@ -175,14 +179,44 @@ class RedisStore:
                         answered = True
                         pos += 1
                         if isinstance(reply, RespError):
-                            nodes.map.slots = None
+                            _moved(nodes, reply, i, asks)
                     nodes.give(conn)
                 except Exception as exc:
                     conn.close()
                     failure = nodes.failed(conn.address, idx[pos:], replies, exc, fair)
+        if asks:
+            self._asking(asks, command, lambda conn, i: conn.reply(deadline()), replies, deadline())
         if failure is not None and not answered:
             raise failure
         return replies
+
+    def _asking(self, asks: dict[Address, list[int]], command: Callable[[int], bytes],
+                read: Callable[[Resp, int], object], out: list[Any], deadline: float) -> None:
+        """Ask each node an ``-ASK`` reply named (``asks``: node -> key indices; a slot
+        migrating, its key on that node already) for those keys again, each command
+        behind an ``ASKING`` (Redis Cluster's redirection for one command), and put
+        ``read(conn, i)``'s outcome in ``out[i]``. A node that fails fails those keys
+        (their ASK error stays), as a node asked first does; the slot map stays (the
+        slot is still its old master's until the migration ends: MOVED then)."""
+        nodes = self._nodes
+        for node, idx in asks.items():
+            try:
+                conn = nodes.send(node, b"".join([_ASKING + command(i) for i in idx]), deadline)
+            except Exception as exc:
+                nodes.failed(node, [], out, exc)
+                continue
+            try:
+                for i in idx:
+                    ok = conn.reply(deadline)
+                    outcome = read(conn, i)
+                    if ok != b"OK" or isinstance(outcome, RespError):  # (moved again: a miss)
+                        nodes.map.slots = None
+                        outcome = outcome if isinstance(outcome, RespError) else RespError(str(ok))
+                    out[i] = outcome
+                nodes.give(conn)
+            except Exception as exc:
+                conn.close()
+                nodes.failed(node, [], out, exc)
 
     def read_into(self, keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]],
                   deadline: float) -> list[ReadOutcome]:
@@ -196,6 +230,7 @@ class RedisStore:
         out: list[ReadOutcome] = [None] * len(keys)
         failure: Exception | None = None
         answered = False
+        asks: dict[Address, list[int]] = {}
         for asked in nodes.rounds(keys, deadline):
             sent: list[tuple[Resp, list[int]]] = []
             for node, idx in asked:  # send every node its GETs, then read
@@ -216,12 +251,15 @@ class RedisStore:
                         pos += 1
                         if not pos % YIELD_EVERY:
                             time.sleep(0)  # let the scheduler's thread have the GIL
-                        if isinstance(r, RespError) and str(r).startswith(("MOVED", "ASK")):
-                            nodes.map.slots = None  # resharded: read the map again next time
+                        if isinstance(r, RespError):
+                            _moved(nodes, r, i, asks)
                     nodes.give(conn)
                 except Exception as exc:
                     conn.close()
                     failure = nodes.failed(conn.address, idx[pos:], out, exc, fair)
+        if asks:
+            self._asking(asks, lambda i: pack(b"GET", keys[i]), lambda conn, i: conn.bulk_into(
+                buffers[i], sum([v.nbytes for v in buffers[i]]), deadline), out, deadline)
         if failure is not None and not answered:
             nodes.follow()
             raise failure
@@ -231,3 +269,21 @@ class RedisStore:
         """Close the connections (a later call opens new ones)."""
         self.client.close()
         self._nodes.close()
+
+
+_ASKING = pack(b"ASKING")
+
+
+def _moved(nodes: Nodes, reply: RespError, i: int, asks: dict[Address, list[int]]) -> None:
+    """A key answered with an error: ``-ASK slot host:port`` (its slot is migrating and
+    the key is on that node already) lists key ``i`` under that node in ``asks``, to be
+    asked there; ``-MOVED`` (the slot moved) drops the slot map, read again on the next
+    call. Other errors (WRONGTYPE) fail that key alone."""
+    text = str(reply)
+    if text.startswith("ASK "):
+        host, _, port = text.split(" ")[-1].rpartition(":")
+        if port.isdigit():
+            asks.setdefault(("tcp", host or nodes.home[1], int(port)), []).append(i)
+            return
+    if text.startswith(("MOVED", "ASK")):
+        nodes.map.slots = None  # resharded: read the map again next time
