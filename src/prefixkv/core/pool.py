@@ -142,7 +142,7 @@ class BlockPool(PoolRelease):
         content from the index. (The queue's pop inlined, its links left stale, so that
         one loop over the blocks also sets their counts.) ``stale``: see ``take``."""
         assert 0 <= n <= self._cached.size, (n, self._cached.size)
-        head, _ = self._cached.ends()
+        head = self._cached.head  # (``ends``, inlined)
         b = head.next
         blocks = [b] * n  # (each entry set below: a store, no call, per block)
         keyless: Keyless | None = None  # spans of pending runs' blocks
@@ -209,7 +209,7 @@ class BlockPool(PoolRelease):
                 b.starts = None
                 b = b.next
         head.next, b.prev = b, head
-        self._cached.forget(n)
+        self._cached.size -= n  # (``forget``, inlined)
         if hole is not None:  # the kept run's list becomes the eviction's: the few
             after = blocks[at + len(hole):]  # blocks around it moved in (no entry of
             if at:  # the run's is copied; nothing reads an evicted run's list)
