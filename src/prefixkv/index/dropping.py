@@ -56,12 +56,18 @@ class DroppingIndex(SpareIndex):
             out += blocks[at:]
             blocks = out
         if not twins:  # the common case: each content goes
+            by_chunk, by_key = self._by_chunk, self._by_key
             keyed = 0
             for b in blocks:  # (a chained block leaves no dict entry)
                 if b.chained:
                     b.chained = False
                 else:
-                    self._unkey(b.key)
+                    key = b.key  # (``_unkey``, inlined: a call a keyed block)
+                    if type(key) is bytes:
+                        del by_chunk[key]
+                    else:
+                        assert isinstance(key, tuple), f"a keyed block without a key: {b!r}"
+                        del by_key[key]
                     keyed += 1
                 b.key = None
             self._num_chained -= len(blocks) - keyed
