@@ -1,7 +1,9 @@
 """Cache lines a step misses after the forward pass, counted, not timed: a peer workload's
 step with KV events on (prefixkv's side of ``bench_vllm_events.py --workloads``, the
 prompt prepared ahead), replayed under valgrind's callgrind with its cache simulator,
-the caches flushed between steps. Deterministic, whatever the load:
+the caches flushed between steps. The same whatever the load; a change of code that the
+step does not run can still move the figures a little through memory layout (data
+lines by ~0.5%; once document's instructions by 7%: C ``realloc`` moved a buffer or not):
 
     python benchmarks/cold_lines.py [--workloads pressure,chat] [--flush-mib 2]
 
