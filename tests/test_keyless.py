@@ -33,4 +33,3 @@ def test_positions_read_the_runs_record_forward_backward_and_cut():
     assert ks.content_ids(blocks, 3) == [22, 23, 1005, 23, 22, 1008]
     assert ks.content_ids(blocks, 7) == [22, 1008]
     assert ks.content_ids(blocks, 8) == [1008]
-    assert [b.block_id for b in ks.outside(blocks)] == [0, 5, 8]

@@ -25,9 +25,10 @@ def spy_drops(m: KVCacheManager) -> list[list[int]]:
     drop = index.drop
     calls: list[list[int]] = []
 
-    def spied(blocks, keyless=None):  # (a pending run's blocks are not the index's)
-        calls.append([b.block_id for b in (blocks if keyless is None else keyless.outside(blocks))])
-        drop(blocks, keyless)
+    def spied(blocks, skip=(), keyless=None):  # (a pending run's blocks are not the index's)
+        calls.append([b.block_id for i, b in enumerate(blocks)
+                      if not any(lo <= i < hi for lo, hi in skip)])
+        drop(blocks, skip, keyless)
     index.drop = spied
     return calls
 

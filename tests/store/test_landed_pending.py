@@ -203,10 +203,11 @@ def test_a_landed_run_evicted_whole_is_named_not_unkeyed(backend, layout):
             drop = m._index.drop
             calls = []
 
-            def spied(blocks, keyless=None):
-                calls.append((len(blocks), None if keyless is None else
-                              [(lo, hi) for lo, hi, *_ in keyless.spans]))
-                drop(blocks, keyless)
+            def spied(blocks, skip=(), keyless=None):  # (a tier below: records kept)
+                assert (keyless is None) == (not skip), (skip, keyless)
+                assert keyless is None or [(lo, hi) for lo, hi, *_ in keyless.spans] == list(skip)
+                calls.append((len(blocks), list(skip) or None))
+                drop(blocks, skip, keyless)
             m._index.drop = spied
         log.append((m.add_request("q", Q), seen(m)))
         if m._index.pending_runs:

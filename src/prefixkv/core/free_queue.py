@@ -8,8 +8,8 @@ remove from the middle in O(1), and an ``OrderedDict`` would keep a second hash 
 every free block beside the index, paying a dict operation on every release and hit.
 The queue only keeps order; the order in which blocks are appended is the pool's
 eviction policy. A block's links mean something only while it is in the queue: the bulk
-operations (the pool's eviction and its unlink of cache hits, inlined with ``ends`` and
-``forget``) leave them stale rather than spend two writes a block clearing them.
+operations (the pool's eviction and its unlink of cache hits, inlined with ``head``,
+``ends`` and ``forget``) leave them stale rather than spend two writes a block clearing them.
 """
 
 from __future__ import annotations
@@ -20,13 +20,17 @@ from .block import UNLINKED, Block
 
 
 class FreeBlockQueue:
-    __slots__ = ("_head", "_tail", "size")
+    """The cached tier (module doc). ``head``: the head sentinel, read by the pool's
+    eviction, which inlines ``popleft`` (``head.next`` is the least recently used block
+    unless it is the tail); ``size``: the blocks in the queue, read and written there."""
+
+    __slots__ = ("head", "_tail", "size")
 
     def __init__(self) -> None:
-        self._head = Block(-1)
+        self.head = Block(-1)
         self._tail = Block(-1)
-        self._head.next = self._tail
-        self._tail.prev = self._head
+        self.head.next = self._tail
+        self._tail.prev = self.head
         self.size = 0
 
     def __len__(self) -> int:
@@ -65,7 +69,7 @@ class FreeBlockQueue:
         """The head and tail sentinels, for a hot loop that inlines ``popleft`` (the least
         recently used block is ``head.next`` unless that is ``tail``; it unlinks it from
         the head and counts what it took with ``forget``)."""
-        return self._head, self._tail
+        return self.head, self._tail
 
     def forget(self, n: int) -> None:
         """Account for ``n`` blocks the caller unlinked itself (a hot loop that inlines
@@ -83,7 +87,7 @@ class FreeBlockQueue:
 
     def popleft(self) -> Block | None:
         """Unlink and return the least recently used block; None when the queue is empty."""
-        head = self._head
+        head = self.head
         block = head.next
         if block is self._tail:
             return None
@@ -100,14 +104,14 @@ class FreeBlockQueue:
         return block.prev is not UNLINKED
 
     def __iter__(self) -> Iterator[Block]:
-        node = self._head.next
+        node = self.head.next
         while node is not self._tail:
             yield node
             node = node.next
 
     def broken_link(self) -> str | None:
         """A description of the first inconsistent link or count, None when sound."""
-        prev, count = self._head, 0
+        prev, count = self.head, 0
         for b in self:
             if b.prev is not prev:
                 return f"broken prev link at block {b.block_id}"

@@ -1,8 +1,9 @@
 """Where an eviction's list of blocks holds pending runs' blocks (``index/pending.py``):
 those have no key, and no dict entry for the index to drop; their content is read from
-their run's record. ``BlockPool._evict`` notes each span as it takes a pending run whole,
-or cuts its tail; the index skips them when it unkeys (``outside``) and the tier below
-reads their content from here when it keeps them (``content``).
+their run's record. ``BlockPool._evict`` notes each span (``lo, hi``: the index skips
+them when it unkeys) as it takes a pending run whole, or cuts its tail, and when a tier
+below keeps evicted content (``RunCounts.spans``) their records here: the tier reads
+their content (``content``, ``content_ids``).
 
     evicted:  b b [p p p p] b [q q] b      p, q: two pending runs' blocks (spans)
 """
@@ -55,15 +56,4 @@ class Keyless:
             out += range(first, first + step * (hi - i), step)
             at = hi
         out += [b.content_id for b in blocks[at:]]
-        return out
-
-    def outside(self, blocks: Sequence[Block]) -> list[Block]:
-        """The blocks of ``blocks`` outside the spans (a new list: slices of it, no copy
-        of the whole)."""
-        out: list[Block] = []
-        at = 0
-        for lo, hi, *_ in self.spans:
-            out += blocks[at:lo]
-            at = hi
-        out += blocks[at:]
         return out

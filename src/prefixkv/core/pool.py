@@ -142,13 +142,15 @@ class BlockPool(PoolRelease):
         content from the index. (The queue's pop inlined, its links left stale, so that
         one loop over the blocks also sets their counts.) ``stale``: see ``take``."""
         assert 0 <= n <= self._cached.size, (n, self._cached.size)
-        head, _ = self._cached.ends()
+        head = self._cached.head  # (``ends``, inlined)
         b = head.next
         blocks = [b] * n  # (each entry set below: a store, no call, per block)
-        keyless: Keyless | None = None  # spans of pending runs' blocks
+        skip: list[tuple[int, int]] = []  # where pending runs' blocks are (lo, hi)
+        keyless: Keyless | None = None  # their records, for a tier below (``spans``)
         hole: list[Block] | None = None  # a run kept ``stale``: its own list, at ``at``
         at = 0
         if self.runs.free:  # a free shared run's blocks may be among them
+            spans = self.runs.spans
             i = 0
             while i < n:
                 r = b.counted
@@ -159,9 +161,11 @@ class BlockPool(PoolRelease):
                     kept = False
                     if k <= n - i:  # all of them: from its list, not its links, and no
                         seg = r.blocks  # pass to dissolve
-                        if pending:  # (its record, for the tier below: ``Keyless``)
-                            keyless = keyless or Keyless()
-                            keyless.add(i, r, 0 if r.fwd else k - 1, 1 if r.fwd else -1, k)
+                        if pending:  # (no key to drop; its record for the tier below)
+                            skip.append((i, i + k))
+                            if spans:
+                                keyless = keyless or Keyless()
+                                keyless.add(i, r, 0 if r.fwd else k - 1, 1 if r.fwd else -1, k)
                         r.evicted()
                         if not r.fwd:  # (nothing reads an evicted run's list from now on:
                             seg.reverse()  # in the cached tier's order, in place, no copy)
@@ -171,8 +175,10 @@ class BlockPool(PoolRelease):
                     elif not r.fwd:  # its last blocks (children first): the run keeps the
                         k = n - i  # rest, still shared and free (their content stays)
                         if pending:
-                            keyless = keyless or Keyless()
-                            keyless.add(i, r, len(r.blocks) - 1, -1, k)
+                            skip.append((i, n))
+                            if spans:
+                                keyless = keyless or Keyless()
+                                keyless.add(i, r, len(r.blocks) - 1, -1, k)
                         seg = r.truncate(len(r.blocks) - k)
                     else:  # its first blocks: the rest are counted alone from now on
                         r.broken()
@@ -190,7 +196,7 @@ class BlockPool(PoolRelease):
                                 x.refs = 1
                                 x.starts = None  # (a run it headed: see below)
                         elif not kept:  # one record: nothing of it for the index to drop
-                            # (``keyless``); each block's own count is 1 already (as
+                            # (``skip``); each block's own count is 1 already (as
                             # recorded: nothing writes it while counted through a run);
                             # they head no run (a stale ``starts`` is checked by a claim)
                             for x in seg:
@@ -209,14 +215,14 @@ class BlockPool(PoolRelease):
                 b.starts = None
                 b = b.next
         head.next, b.prev = b, head
-        self._cached.forget(n)
+        self._cached.size -= n  # (``forget``, inlined)
         if hole is not None:  # the kept run's list becomes the eviction's: the few
             after = blocks[at + len(hole):]  # blocks around it moved in (no entry of
             if at:  # the run's is copied; nothing reads an evicted run's list)
                 hole[:0] = blocks[:at]
             hole += after
             blocks = hole
-        self.index.drop(blocks, keyless)
+        self.index.drop(blocks, skip, keyless)
         return blocks
 
     def reset(self) -> bool:

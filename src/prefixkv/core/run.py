@@ -17,15 +17,18 @@ class RunCounts:
     it skips those per-block checks (each count changes per run, never per block).
     ``pending``: the runs whose blocks' content is not written yet (``Run.pending``);
     ``settle``: the index's call that writes a pending run's content (``Run.dissolve``
-    needs it before the blocks are counted alone)."""
+    needs it before the blocks are counted alone). ``spans``: whether an eviction keeps
+    the records of the pending runs' blocks it takes (``Keyless``): only a tier below
+    reads them (the index skips those blocks by their positions alone)."""
 
-    __slots__ = ("shared", "free", "pending", "settle")
+    __slots__ = ("shared", "free", "pending", "settle", "spans")
 
     def __init__(self) -> None:
         self.shared = 0
         self.free = 0
         self.pending: set[Run] = set()
         self.settle: Callable[[Run], None] = _no_pending
+        self.spans = False
 
 
 def _no_pending(run: Run) -> None:

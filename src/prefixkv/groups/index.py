@@ -107,10 +107,11 @@ class GroupIndex:
                     group_idx=g, spec_kind=spec.kind, spec_tokens=spec.tokens)
                 sink.append(ev)
 
-    def drop(self, blocks: Sequence[Block], keyless: Keyless | None = None) -> None:
+    def drop(self, blocks: Sequence[Block], skip: Sequence[tuple[int, int]] = (),
+             keyless: Keyless | None = None) -> None:
         """The eviction step: each free cached block loses its content (no run is
-        pending here: ``keyless`` is None)."""
-        assert keyless is None, "a group index records no pending run"
+        pending here: ``skip`` is empty, ``keyless`` None)."""
+        assert not skip and keyless is None, "a group index records no pending run"
         for b in blocks:
             self._unindex(b)
 

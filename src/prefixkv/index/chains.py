@@ -63,6 +63,7 @@ class ContentChains(Announcer):
         self.losses = 0
         self.run_counts = RunCounts()  # (the pool reads them: ``BlockPool``)
         self.run_counts.settle = self._settle
+        self.run_counts.spans = lower is not None  # (its demotion reads ``Keyless``)
         # device blocks a store fetch fills on its thread, not findable yet (``land_run``
         # makes them so): by the fetch's id; ``check`` passes them by
         self.landing: dict[int, list[Block]] = {}

@@ -23,15 +23,17 @@ class DroppingIndex(SpareIndex):
     """``ContentIndex``'s eviction, snapshot, clear and checks (see ``ContentIndex``)."""
 
 
-    def drop(self, blocks: Sequence[Block], keyless: Keyless | None = None) -> None:
+    def drop(self, blocks: Sequence[Block], skip: Sequence[tuple[int, int]] = (),
+             keyless: Keyless | None = None) -> None:
         """The eviction step for cached blocks the pool takes from its free queue (each
         the index's entry for its key): a held twin takes over the content, or the
-        content goes (and is announced gone). ``keyless``: the positions of pending runs'
-        blocks, which no dict holds (the tier below reads their content there)."""
+        content goes (and is announced gone). ``skip``: the spans of pending runs'
+        blocks, which no dict holds; ``keyless``: their records (the tier below reads
+        their content there)."""
         twins, sink, lower = self._twins, self._sink, self._lower
         self.losses += 1  # (``Run.seen``)
         if lower is not None and (twins or sink.active):  # per block: events in tier order
-            assert keyless is None, "a pending run with spares or events below a tier"
+            assert not skip, "a pending run with spares or events below a tier"
             if lower.load_dst:  # (a load of the step into one is dead; else ``demote``
                 lower.unload(blocks)  # looks, at the blocks recorded in this step alone)
             for b in blocks:
@@ -45,15 +47,27 @@ class DroppingIndex(SpareIndex):
         if lower is not None:
             lower.demote(blocks, self.step, keyless)
         evicted = blocks  # (each content goes: pending runs' blocks are announced too)
-        if keyless is not None:  # (their blocks: nothing to unkey; their hashes, set by
-            blocks = keyless.outside(blocks)  # their run's build, are announced)
+        if skip:  # (their blocks: nothing to unkey; their hashes, set by their run's
+            out: list[Block] = []  # build, are announced): the slices between the spans
+            at = 0
+            for lo, hi in skip:
+                out += blocks[at:lo]
+                at = hi
+            out += blocks[at:]
+            blocks = out
         if not twins:  # the common case: each content goes
+            by_chunk, by_key = self._by_chunk, self._by_key
             keyed = 0
             for b in blocks:  # (a chained block leaves no dict entry)
                 if b.chained:
                     b.chained = False
                 else:
-                    self._unkey(b.key)
+                    key = b.key  # (``_unkey``, inlined: a call a keyed block)
+                    if type(key) is bytes:
+                        del by_chunk[key]
+                    else:
+                        assert isinstance(key, tuple), f"a keyed block without a key: {b!r}"
+                        del by_key[key]
                     keyed += 1
                 b.key = None
             self._num_chained -= len(blocks) - keyed

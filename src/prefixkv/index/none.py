@@ -39,7 +39,8 @@ class NoIndex:
     def store_filled(self, req: object, j: int) -> None:
         pass
 
-    def drop(self, blocks: Sequence[Block], keyless: Keyless | None = None) -> None:
+    def drop(self, blocks: Sequence[Block], skip: Sequence[tuple[int, int]] = (),
+             keyless: Keyless | None = None) -> None:
         pass
 
     def drop_one(self, block: Block) -> None:

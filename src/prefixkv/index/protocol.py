@@ -68,10 +68,12 @@ class Index(Protocol):
         """``prepare`` and ``store`` of block ``j``, which the token just appended to
         ``req`` filled (decode). Only when ``hash_may_fail`` is False."""
 
-    def drop(self, blocks: Sequence[Block], keyless: Keyless | None = None) -> None:
+    def drop(self, blocks: Sequence[Block], skip: Sequence[tuple[int, int]] = (),
+             keyless: Keyless | None = None) -> None:
         """Remove each block's identity (the eviction step, or KV never computed).
-        ``keyless``: the positions of ``blocks`` that are pending runs' (no key, their
-        content in the spans' records: ``core.keyless``), evicted."""
+        ``skip``: the spans ``(lo, hi)`` of ``blocks`` that are pending runs' (no key),
+        evicted; ``keyless``: their content, the spans' records (``core.keyless``), when
+        a tier below keeps it (``RunCounts.spans``)."""
 
     def drop_one(self, block: Block) -> None:
         """``drop((block,))``."""
