@@ -77,6 +77,37 @@ def test_the_plugin_without_events_agrees_with_vllm_and_its_hits_are_true(num_bl
         _compare(sides, strict)
 
 
+def test_a_prefix_vllm_keeps_through_kv_computed_on_invalid_kv_is_not_asked_of_prefixkv():
+    """Found by the property above: slot 1 ([0..15], 12 computed) holds the blocks of
+    [0..3] (a hit), [4..7] and [8..11]; slot 0 ([0..7, 0]) hits the first two, and the
+    KV of [4..7] is found invalid (``evict``): prefixkv uncaches [8..11], computed on it,
+    vLLM keeps its hash, and once slot 0 computes [4..7] again vLLM's chain reaches it
+    (16 tokens), prefixkv's stops at 8. The check that prefixkv keeps what vLLM keeps
+    stops there (``Side.tainted``); before, it failed."""
+    def prompt(tokens: list[int]) -> tuple[Any, ...]:
+        return (tokens, None, None, None)
+
+    a = list(range(8))
+    ops = [("admit", 0, 4, prompt(a), 0)] * 2 + [
+        ("admit", 1, 12, prompt(list(range(16))), 0), ("free", 0, 4, prompt(a), 0),
+        ("admit", 0, 4, prompt(a + [0]), 0), ("evict", 0, 1, prompt(a), 0),
+        ("free", 0, 4, prompt(a), 0), ("admit", 0, 4, prompt(a), 0)]
+    sides = _sides(11)
+    ours, theirs = sides
+    for serial, (op, slot, k, p, more) in enumerate(ops):
+        assert not theirs.tainted or op in ("free", "admit")  # (set by the evict)
+        _do(sides, op, slot, k, p, more, serial, not (ours.evicted or theirs.evicted))
+        theirs.note_events()
+        _compare(sides, False)
+    assert ours.tainted and theirs.tainted
+    r = theirs.reqs[1]
+    assert theirs.m.coordinator.find_longest_cache_hit(r.block_hashes, r.num_tokens - 1)[1] == 16
+    from prefixkv.integrations.vllm.requests import core_tokens, extra_keys_of
+
+    r = ours.reqs[1]
+    assert ours.m.core.lookup(core_tokens(r), extra=extra_keys_of(r, BS)) == 8
+
+
 def test_the_stream_above_records_pending_runs():
     """(The property above reaches pending runs: some step had one.)"""
     if not PENDING:

@@ -68,6 +68,7 @@ class Side:
     hits: dict[int, int | None] = field(default_factory=dict)  # slot -> its admission's hit
     aligned: bool = False  # a prefill chunk but the last ends on a block boundary (vLLM's
     # scheduler beside an align-mode Mamba group: need_mamba_block_aligned_split)
+    tainted: bool = False  # KV found invalid under blocks a live request computed on it
 
     def chunk(self, computed: int, n: int, total: int) -> int:
         """The tokens scheduled of ``n`` asked from ``computed`` (of ``total``)."""
@@ -287,6 +288,7 @@ def _do_one(s: Side, op: str, slot: int, k: int, prompt: tuple[Any, ...], more: 
         reads = [_first_needed(w, j * BS) // BS for w in s.windows]
         if j < len(rows[0]) and all(NULL not in ids[a:j] for a, ids in zip(reads, rows, strict=True)):
             gone = {b for ids in rows for b in ids[j:] if b != NULL}
+            s.tainted = s.tainted or any(_computed_on(s, q, gone) for q in s.live)
             s.m.evict_blocks(gone)
             for b in gone:
                 s.held[b] = None
@@ -301,6 +303,20 @@ def _do_one(s: Side, op: str, slot: int, k: int, prompt: tuple[Any, ...], more: 
             assert _free_order(s) == before, (before, _free_order(s))
         return done
     return None
+
+
+def _computed_on(s: Side, slot: int, gone: set[int]) -> bool:
+    """Whether the request in ``slot`` computed a block after one of ``gone`` (whose KV
+    was found invalid), one that ``gone`` leaves: prefixkv uncaches it (computed on
+    invalid KV), vLLM keeps its hash, and reaches it again once the block before it is
+    recomputed."""
+    r = s.reqs[slot]
+    full = r.num_computed_tokens // BS
+    for ids in s.m.get_block_ids(r.request_id):
+        bad = [j for j, b in enumerate(ids[:full]) if b in gone]
+        if bad and any(b != NULL and b not in gone for b in ids[bad[0] + 1:full]):
+            return True
+    return False
 
 
 def _free_order(s: Side) -> list[int]:
@@ -345,7 +361,10 @@ def _compare(sides: tuple[Side, Side], same_hits: bool) -> None:
     assert stats[0] == stats[1] or not same_hits, stats
     ours.m.core.check_invariants()
     # prefixkv keeps every prefix vLLM keeps, evictions or not, on every layout (a copy
-    # vLLM finds under its hash, prefixkv finds as a spare that took over: groups/index.py)
+    # vLLM finds under its hash, prefixkv finds as a spare that took over: groups/index.py),
+    # until KV found invalid had blocks computed on it (vLLM keeps those: not a true prefix)
+    if theirs.tainted:
+        return
     from prefixkv.integrations.vllm.requests import core_tokens, extra_keys_of
 
     for slot, r in ours.reqs.items():
