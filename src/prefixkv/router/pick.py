@@ -38,6 +38,7 @@ def prompt_hashes(router: Router, token_ids: Sequence[int], extra: object) -> li
     """``Router.prompt_hashes``: the full-block hashes with the router's settings."""
     digests = block_hashes(token_ids, router.block_size, hash_mode=router.hash_mode,
                            seed=router.seed, extra=extra)
+    router._hash_check.learn(extra)  # type: ignore[arg-type]  # (checked: a LoRA's path)
     if router.hash_format == "bytes":
         return digests  # type: ignore[return-value]
     return [int.from_bytes(d, "big") & _MASK64 for d in digests]
