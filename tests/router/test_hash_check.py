@@ -15,6 +15,8 @@ import tracemalloc
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixkv import ExtraKeys, KVCacheManager, MultiModalInput
 from prefixkv.fleet.metrics import HealthMetrics
@@ -262,3 +264,44 @@ def test_vllm_salted_and_lora_entries_are_read_as_vllm_sends_them():
         router.check_hashes("a", runs_payload(stored(h[:1] + [5, 6], toks, extra_keys=keys,
                                                      **lora)))
     assert router.hash_checked["a"] == 12 and router.hash_mismatches["a"] == 2
+
+
+requests_st = st.lists(st.tuples(
+    st.integers(1, 6),                                   # full blocks
+    st.sampled_from([None, "ad", "be"]),                 # LoRA
+    st.sampled_from([None, "/w"]),                       # its path
+    st.sampled_from([None, "tenant-x"]),                 # salt
+    st.none() | st.tuples(st.integers(0, 23), st.integers(1, 6)),  # an image: offset, length
+    st.booleans()), min_size=1, max_size=3)              # whether a prompt named the LoRA
+
+
+@settings(max_examples=40, deadline=None)
+@given(requests_st, st.booleans())
+def test_compared_blocks_match_a_reference_and_only_a_wrong_seed_is_flagged(requests, wrong):
+    """Each request its own chain: compared are its blocks before the first one its image
+    overlaps, all when the LoRA's path is known from a prompt (none otherwise)."""
+    mgr = KVCacheManager(256, BS, hash_mode="sha256", seed=2 if wrong else None,
+                         enable_events=True)
+    router = Router(["a"], block_size=BS)
+    named: dict[str, str | None] = {}  # LoRA -> the last path a prompt gave it
+    expect = []  # (blocks compared, its LoRA and path) per request
+    for i, (n, lora, path, salt, image, prompted) in enumerate(requests):
+        prompt = [1000 * (i + 1)] + [i] * (n * BS - 1)
+        mm = () if image is None or image[0] + image[1] > len(prompt) else (
+            MultiModalInput(f"img{i}", *image),)
+        extra = ExtraKeys(lora=lora, cache_salt=salt, mm=mm,
+                          lora_path=None if lora is None else path)
+        if lora is not None and prompted:
+            router.prompt_hashes(prompt, extra)
+            named[lora] = extra.lora_path
+        stores(mgr, (prompt, extra))
+        expect.append((n if not mm else mm[0].offset // BS, lora, extra.lora_path))
+    checked = runs = 0
+    for k, lora, path in expect:
+        if lora is not None and lora not in named:
+            continue  # (its path unknown: not compared)
+        checked += k
+        runs += k > 0 and (wrong or lora is not None and named[lora] != path)
+    feed(router, payload_of(mgr))
+    assert router.hash_checked["a"] == checked
+    assert router.hash_mismatches["a"] == runs
