@@ -140,6 +140,7 @@ def test_runs_that_cannot_be_rehashed_are_not_compared():
         stored([123], [1, 2, 3, 4], extra_keys=[[["img", 0], "salt"]]),  # an image on it
         stored([123], [1, 2, 3, 4], lora_name="ad", extra_keys=[["ad"]]),  # no path known
         stored([123], [1, 2, 3, 4], lora_name="ad"),          # a LoRA without its keys
+        stored([123], [1, 2, 3, 4], lora_id=3),               # a LoRA's id, no name
         stored([123], [1, 2, 3, 4], extra_keys=[["s", "t"]]),  # not vLLM's form
         stored([123], [1, 2, 3, 4], extra_keys=[["s", "t", "u", "v", "w"]]),
         stored([123], [1, 2, 3, 4, 5]),                        # tokens not a block's worth

@@ -165,8 +165,8 @@ def _field(u: Any, payload: bytes, key: str, block_size: int, limit: int) -> obj
 
 
 def _entry(u: Any, payload: bytes) -> object:
-    """One block's ``extra_keys`` entry: None, a tuple of its items (a container among
-    them ``UNBUILT``), or ``UNBUILT`` (not an array, or longer than ``_MAX_KEYS``)."""
+    """One block's ``extra_keys`` entry: None, a tuple of its items (containers
+    ``UNBUILT``), or ``UNBUILT`` (no array, or over ``_MAX_KEYS`` items)."""
     if payload[u.tell()] == 0xC0:
         u.skip()
         return None
@@ -213,8 +213,9 @@ def _cut(raw: dict[object, object], block_size: int, limit: int) -> Sampled | No
     if not (isinstance(hashes, tuple) and isinstance(tokens, tuple)) or tokens[0] != hashes[0] * bs:
         return None  # (no tokens, as a snapshot's runs; or not one block's worth a hash)
     lora = raw.get("lora_name")
-    if lora is not None and (not isinstance(lora, str) or lora == ""):
-        return None
+    if lora is None and raw.get("lora_id") is not None or lora is not None and (
+            not isinstance(lora, str) or lora == ""):
+        return None  # (a LoRA's id without its name: an older engine's; name unknown)
     salt, k = _plain(keys, lora, min(len(hashes[1]), limit, len(tokens[1]) // bs))
     if k <= 0 or not all(_is_hash(h) for h in hashes[1][:k]):
         return None
@@ -248,8 +249,7 @@ class HashCheck:
         a run of that LoRA is rehashed with it (module doc; the last ``MAX_LORAS`` names)."""
         if extra is None or extra.lora is None:
             return
-        paths = self._paths
-        if paths.pop(extra.lora, 0) == 0 and len(paths) >= MAX_LORAS:  # (0: a new name)
+        if (paths := self._paths).pop(extra.lora, 0) == 0 and len(paths) >= MAX_LORAS:
             del paths[next(iter(paths))]
         paths[extra.lora] = extra.lora_path
 
