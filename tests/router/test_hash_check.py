@@ -2,8 +2,10 @@
 never hits and, before hash_check.py, nothing said so (issue 26.3: a default-xxhash
 replica behind a sha256 router). The router rehashes a sample of the stored runs it
 applies (``Router.check_hashes``) and counts those that differ in ``hash_mismatches``;
-runs whose hashes take what the wire does not carry whole (a salt, multimodal inputs, a
-LoRA) are not compared, so they are never flagged falsely."""
+runs whose hashes take what the wire does not carry whole (multimodal inputs, a LoRA
+whose path no prompt gave) are not compared, so they are never flagged falsely; a salt
+and a LoRA are read from the run's extra keys (fleet-r19: before, a replica whose every
+block was salted or of a LoRA was never checked)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import tracemalloc
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixkv import ExtraKeys, KVCacheManager, MultiModalInput
 from prefixkv.fleet.metrics import HealthMetrics
@@ -29,6 +33,8 @@ PROMPT = list(range(1, 30))  # 7 full blocks
 SALTED = ExtraKeys(cache_salt="tenant-x")
 MM = ExtraKeys(mm=(MultiModalInput("img-1", 9, 6),))  # blocks 2 to 3
 LORA = ExtraKeys(lora="ad", lora_id=3, lora_path="/w")
+LORA_SALTED = ExtraKeys(lora="ad", cache_salt="tenant-x", lora_path="/w")
+MM_FIRST = ExtraKeys(mm=(MultiModalInput("img-0", 0, 6),))  # from block 0: not compared
 IDS = itertools.count()  # (request ids: new ones for every call)
 
 
@@ -76,11 +82,8 @@ def test_a_replica_hashing_otherwise_is_counted_and_logged_once(replica, router_
     caplog.set_level(logging.WARNING, "prefixkv.router.router")
     stores(mgr, (PROMPT, extra))
     feed(router, payload_of(mgr))
-    if extra is SALTED:  # (every block's hash takes the salt: nothing compared yet; an
-        assert router.hash_mismatches["a"] == 0  # image from block 2 leaves 0 and 1 plain)
-        stores(mgr, ([5] * 8, None))
-        feed(router, payload_of(mgr))
-    assert router.hash_mismatches == {"a": 1, "b": 0}
+    assert router.hash_mismatches == {"a": 1, "b": 0}  # (an image from block 2 leaves
+    # blocks 0 and 1 compared; the salt is read from block 0's extra keys)
     stores(mgr, ([6] * 8, None), ([8] * 8, None))
     feed(router, payload_of(mgr))
     assert router.hash_mismatches["a"] == 3
@@ -112,7 +115,7 @@ def test_the_sample_is_bounded_and_taken_again_after_forget():
     assert router.hash_checked["a"] == SAMPLE_BLOCKS + 1
     router.forget("a")
     for i in range(SAMPLE_BATCHES):  # batches of nothing to compare bound it too
-        stores(mgr, ([2000 + i] * BS, SALTED))
+        stores(mgr, ([2000 + i] * 8, MM_FIRST))
         feed(router, payload_of(mgr))
     stores(mgr, ([7] * BS, None))
     feed(router, payload_of(mgr))
@@ -134,8 +137,12 @@ def test_runs_that_cannot_be_rehashed_are_not_compared():
     cases = [
         stored([123, 456], []),                              # a snapshot's run: no tokens
         stored([123], [1, 2, 3, 4], parent_block_hash=99),    # not a chain's start
-        stored([123], [1, 2, 3, 4], extra_keys=[["salt"]]),   # keys on its block
-        stored([123], [1, 2, 3, 4], lora_name="ad"),          # a LoRA (its path unsent)
+        stored([123], [1, 2, 3, 4], extra_keys=[[["img", 0], "salt"]]),  # an image on it
+        stored([123], [1, 2, 3, 4], lora_name="ad", extra_keys=[["ad"]]),  # no path known
+        stored([123], [1, 2, 3, 4], lora_name="ad"),          # a LoRA without its keys
+        stored([123], [1, 2, 3, 4], lora_id=3),               # a LoRA's id, no name
+        stored([123], [1, 2, 3, 4], extra_keys=[["s", "t"]]),  # not vLLM's form
+        stored([123], [1, 2, 3, 4], extra_keys=[["s", "t", "u", "v", "w"]]),
         stored([123], [1, 2, 3, 4, 5]),                        # tokens not a block's worth
         stored([123], [1, 2, 3, 4], kv_cache_spec_kind="sliding_window"),
         {**stored([123], [1, 2, 3, 4]), "block_size": 8},      # block_size_mismatches
@@ -191,3 +198,111 @@ def test_the_subscriber_counts_them_in_health_and_metrics():
     finally:
         sub.close()
         pub.close()
+
+
+SALTED_ONLY = [SALTED, LORA, LORA_SALTED, ExtraKeys(lora="ad")]  # (a path or none)
+
+
+def learned(router, extra):
+    """The router hashes a prompt with ``extra`` (a LoRA's path becomes known)."""
+    router.prompt_hashes(PROMPT, extra)
+    return router
+
+
+@pytest.mark.parametrize("extra", SALTED_ONLY, ids=["salt", "lora", "lora+salt", "lora-bare"])
+@pytest.mark.parametrize("replica, wrong", [
+    (dict(hash_mode="sha256"), False), (dict(hash_mode="xxhash"), True),
+    (dict(hash_mode="sha256", seed=1), True)])
+def test_a_replica_whose_every_block_is_salted_or_of_a_lora_is_checked(replica, wrong, extra):
+    mgr = KVCacheManager(256, BS, enable_events=True, **replica)
+    router = learned(Router(["a"], block_size=BS), extra)
+    stores(mgr, (PROMPT, extra), ([9] * 12 + PROMPT, extra), ([3] * 8, extra))
+    feed(router, payload_of(mgr))
+    assert router.hash_checked["a"] == 7 + 10 + 2  # (every block of the three chains)
+    assert router.hash_mismatches["a"] == (3 if wrong else 0)
+    if not wrong:
+        assert router.cached_tokens(PROMPT, extra)["a"] == 28
+
+
+def test_a_lora_is_compared_with_the_path_prompts_give_it():
+    mgr = KVCacheManager(256, BS, hash_mode="sha256", enable_events=True)
+    router = Router(["a"], block_size=BS)
+    stores(mgr, (PROMPT, LORA))
+    feed(router, payload_of(mgr))
+    assert router.hash_checked["a"] == 0  # (no prompt named "ad": its path is unknown)
+    learned(router, ExtraKeys(lora="ad", lora_path="/other"))  # (not the replica's path)
+    stores(mgr, ([3] * 8, LORA))
+    feed(router, payload_of(mgr))
+    assert router.hash_checked["a"] == 2 and router.hash_mismatches["a"] == 1
+    learned(router, LORA)  # (the last path given is the one compared)
+    stores(mgr, ([4] * 8, LORA))
+    feed(router, payload_of(mgr))
+    assert router.hash_checked["a"] == 4 and router.hash_mismatches["a"] == 1
+
+
+def test_the_learned_lora_paths_are_bounded():
+    from prefixkv.router.hash_check import MAX_LORAS
+    router = Router(["a"], block_size=BS)
+    for i in range(MAX_LORAS + 5):
+        router.prompt_hashes(PROMPT, ExtraKeys(lora=f"l{i}", lora_path=f"/p{i}"))
+    learned(router, ExtraKeys(lora="l5", lora_path="/p5"))  # (given again: kept longest)
+    router.prompt_hashes(PROMPT, ExtraKeys(lora="new"))
+    paths = router._hash_check._paths
+    assert len(paths) == MAX_LORAS and "l5" in paths and "l6" not in paths
+    assert list(paths)[-2:] == ["l5", "new"]
+
+
+def test_vllm_salted_and_lora_entries_are_read_as_vllm_sends_them():
+    """vLLM 0.33's ``extra_keys`` of a salted LoRA request: the name on every block, the
+    salt after it on block 0 only (``to_event_extra_keys``), as hand-built events."""
+    router = Router(["a"], block_size=BS)
+    toks = list(range(1, 13))
+    for extra, keys in ((SALTED, [["tenant-x"], None, None]),
+                        (LORA_SALTED, [["ad", "tenant-x"], ["ad"], ["ad"]])):
+        h = learned(router, extra).prompt_hashes(toks, extra)
+        lora = {"lora_name": extra.lora} if extra.lora else {}
+        router.check_hashes("a", runs_payload(stored(h, toks, extra_keys=keys, **lora)))
+        router.check_hashes("a", runs_payload(stored(h[:1] + [5, 6], toks, extra_keys=keys,
+                                                     **lora)))
+    assert router.hash_checked["a"] == 12 and router.hash_mismatches["a"] == 2
+
+
+requests_st = st.lists(st.tuples(
+    st.integers(1, 6),                                   # full blocks
+    st.sampled_from([None, "ad", "be"]),                 # LoRA
+    st.sampled_from([None, "/w"]),                       # its path
+    st.sampled_from([None, "tenant-x"]),                 # salt
+    st.none() | st.tuples(st.integers(0, 23), st.integers(1, 6)),  # an image: offset, length
+    st.booleans()), min_size=1, max_size=3)              # whether a prompt named the LoRA
+
+
+@settings(max_examples=40, deadline=None)
+@given(requests_st, st.booleans())
+def test_compared_blocks_match_a_reference_and_only_a_wrong_seed_is_flagged(requests, wrong):
+    """Each request its own chain: compared are its blocks before the first one its image
+    overlaps, all when the LoRA's path is known from a prompt (none otherwise)."""
+    mgr = KVCacheManager(256, BS, hash_mode="sha256", seed=2 if wrong else None,
+                         enable_events=True)
+    router = Router(["a"], block_size=BS)
+    named: dict[str, str | None] = {}  # LoRA -> the last path a prompt gave it
+    expect = []  # (blocks compared, its LoRA and path) per request
+    for i, (n, lora, path, salt, image, prompted) in enumerate(requests):
+        prompt = [1000 * (i + 1)] + [i] * (n * BS - 1)
+        mm = () if image is None or image[0] + image[1] > len(prompt) else (
+            MultiModalInput(f"img{i}", *image),)
+        extra = ExtraKeys(lora=lora, cache_salt=salt, mm=mm,
+                          lora_path=None if lora is None else path)
+        if lora is not None and prompted:
+            router.prompt_hashes(prompt, extra)
+            named[lora] = extra.lora_path
+        stores(mgr, (prompt, extra))
+        expect.append((n if not mm else mm[0].offset // BS, lora, extra.lora_path))
+    checked = runs = 0
+    for k, lora, path in expect:
+        if lora is not None and lora not in named:
+            continue  # (its path unknown: not compared)
+        checked += k
+        runs += k > 0 and (wrong or lora is not None and named[lora] != path)
+    feed(router, payload_of(mgr))
+    assert router.hash_checked["a"] == checked
+    assert router.hash_mismatches["a"] == runs

@@ -49,7 +49,7 @@ GARBAGE = [b"", b"\xc1", b"\x93\x01", msgpack.packb([1.0, [{"type": "BlockStored
            msgpack.packb([1.0, [{"type": "BlockStored", "block_hashes": [1],
                                  "medium": ["GPU"]}]]),
            msgpack.packb([1.0, [{"type": "BlockStored", "block_hashes": [1],
-                                 "block_size": 0}]]),
+                                 "block_size": -1}]]),
            msgpack.packb([1.0, [["NoSuchEvent", [1]]]]), msgpack.packb("kv"),
            msgpack.packb([float("nan"), [], "rank"]), msgpack.packb([1.0, {}, 0])]
 SHAPES = [(TOPIC,), (TOPIC, b"\x00" * 7, b""), (TOPIC, b"\x00" * 9, b""),

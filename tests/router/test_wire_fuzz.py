@@ -108,7 +108,7 @@ def test_the_issue_examples_are_decode_errors():
 
 @pytest.mark.parametrize("field, value", [
     ("block_hashes", [True]), ("block_hashes", [-1]), ("block_hashes", [2**64 - 1, None]),
-    ("parent_block_hash", [1]), ("parent_block_hash", "x"), ("block_size", 0),
+    ("parent_block_hash", [1]), ("parent_block_hash", "x"), ("block_size", -1),
     ("block_size", "4"), ("group_idx", True), ("kv_cache_spec_kind", 1),
     ("kv_cache_spec_sliding_window", 1.5)])
 def test_each_field_read_is_type_checked(field, value):

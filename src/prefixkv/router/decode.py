@@ -44,7 +44,8 @@ class Stored:
     ``group``: the layer group (vLLM's ``group_idx``; None when the event has none),
     ``kind`` its ``kv_cache_spec_kind`` and ``window`` its sliding window, None when
     absent. ``block_size``: the replica's block size as the event states it (None when
-    not given); metadata, not compared."""
+    not given; 0 when unknown: vLLM 0.33's offloading connector announces a key it holds
+    no metadata for so, without token ids); metadata, not compared."""
 
     hashes: tuple[Hash, ...]
     parent: Hash | None
@@ -121,7 +122,7 @@ def _event(raw: object) -> RouterEvent:
             parent, size = get("parent_block_hash"), get("block_size")
             kind, window = get("kv_cache_spec_kind"), get("kv_cache_spec_sliding_window")
             if (parent is None or _is_hash(parent)) and (
-                    size is None or size.__class__ is int and size >= 1) and (
+                    size is None or size.__class__ is int and size >= 0) and (
                     kind is None or kind.__class__ is str) and (
                     window is None or window.__class__ is int):
                 return Stored(tuple(hashes), parent, medium or "GPU", group, kind, window, size)
@@ -158,8 +159,8 @@ def _checked(raw: object) -> RouterEvent:
         raise DecodeError(f"BlockStored.parent_block_hash must be a hash or nil, "
                           f"got {_show(parent)}")
     block_size = _optional(raw, tag, "block_size", int)
-    if block_size is not None and block_size < 1:  # type: ignore[operator]
-        raise DecodeError(f"BlockStored.block_size must be >= 1, got {block_size}")
+    if block_size is not None and block_size < 0:  # type: ignore[operator]
+        raise DecodeError(f"BlockStored.block_size must be >= 0, got {block_size}")
     return Stored(tuple(hashes), parent, medium, group,  # type: ignore[arg-type]
                   _optional(raw, tag, "kv_cache_spec_kind", str),  # type: ignore[arg-type]
                   _optional(raw, tag, "kv_cache_spec_sliding_window", int),  # type: ignore[arg-type]
@@ -171,7 +172,7 @@ def event_problem(event: RouterEvent) -> str | None:
     on the wire (None: nothing): ``hashes`` a tuple or list of hashes (a uint64 or bytes
     of at most ``MAX_HASH_BYTES``), ``medium`` a str of at most ``MAX_MEDIUM_CHARS``,
     ``group`` and ``window`` an int or None, ``kind`` a str or None, ``parent`` a hash
-    or None, ``block_size`` an int >= 1 or None (bools are no ints)."""
+    or None, ``block_size`` an int >= 0 or None (bools are no ints)."""
     if isinstance(event, Cleared):
         return None
     name = type(event).__name__
@@ -191,8 +192,8 @@ def event_problem(event: RouterEvent) -> str | None:
     if event.window is not None and not _is_int(event.window):
         return "Stored.window must be an int or None"
     size = event.block_size
-    if size is not None and not (_is_int(size) and size >= 1):
-        return "Stored.block_size must be an int >= 1 or None"
+    if size is not None and not (_is_int(size) and size >= 0):
+        return "Stored.block_size must be an int >= 0 or None"
     return None
 
 

@@ -11,12 +11,16 @@ compares them with the hashes announced.
 
 Only blocks whose hashes are known to take nothing the wire omits are compared: those
 of a run whose parent is nil (its first block is a request's first, so the root is the
-router's own), up to the first block that carries extra keys (LoRA, a cache salt, a
-multimodal input, prompt embeddings: their wire form is not what enters the hash: an
-input's length, a LoRA's path are not sent, and a salt is sent on a request's first
-block only, though it enters every block's hash). Nothing is compared for a run whose
-block size differs (``block_size_mismatches``), of a group the router does not score,
-or whose token ids do not fill its blocks (a snapshot's runs carry none).
+router's own), up to the first block with a multimodal input or prompt embeddings (an
+input's length is not sent). A salt and a LoRA enter every block's hash: vLLM 0.33
+sends the LoRA's name in ``lora_name`` and each block's ``extra_keys`` entry, the salt
+after it in the first block's only; blocks whose entries hold just these are rehashed
+with them (``ExtraKeys.base_bytes``). A LoRA's path enters its hash unsent: it is taken
+from the router's prompts (``learn``); a LoRA that no prompt named is not compared.
+Nor is a run of another block size (``block_size_mismatches``), of a group the router
+does not score, on a medium other than the GPU (a KV connector's tier, vLLM 0.33's CPU
+and STORAGE, LMCache's: keyed by the connector, perhaps by its own hash, which says
+nothing of the engine's), or whose token ids do not fill its blocks (a snapshot's).
 
 The sample is bounded: per replica at most ``SAMPLE_BLOCKS`` blocks compared, and at most
 ``SAMPLE_BATCHES`` batches read for them, from its first batch and again after each
@@ -32,20 +36,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TokenError
+from ..errors import ExtraKeysError, TokenError
+from ..extra_keys import ExtraKeys
 from ..hashing import chain_hashes, encode_tokens, make_hash_fn, token_bytes
 from .decode import _is_hash
 from .decode_large import ARRAY_FIELDS, UNBUILT, _is_array, _is_map, _scalar
+from .index import GPU
 from .marks import IndexMarks
 from .scored import FULL_KIND
 
-__all__ = ["SAMPLE_BATCHES", "SAMPLE_BLOCKS", "HashCheck", "sample_runs"]
+__all__ = ["MAX_LORAS", "SAMPLE_BATCHES", "SAMPLE_BLOCKS", "HashCheck", "sample_runs"]
 
 SAMPLE_BLOCKS = 32
 """Blocks compared per replica after each (re)start of its sample (module doc)."""
 SAMPLE_BATCHES = 64
-"""Batches read per replica, at most, for those blocks (a replica whose requests are all
-salted or multimodal gives none: the reading stops there too)."""
+"""Batches read per replica, at most, for those blocks (a replica whose requests all have
+an image in their first block, or a LoRA no prompt named, gives none: it stops there)."""
+MAX_LORAS = 1024
+"""LoRA names whose path the check remembers (the most recently given; module doc)."""
+_MAX_KEYS = 4  # items of an ``extra_keys`` entry read (a LoRA and a salt are 2)
 _MASK64 = (1 << 64) - 1
 _SCALARS = frozenset(("type", "parent_block_hash", "block_size", "medium", "group_idx",
                       "kv_cache_spec_kind", "lora_name", "lora_id"))
@@ -53,9 +62,9 @@ _SCALARS = frozenset(("type", "parent_block_hash", "block_size", "medium", "grou
 
 @dataclass(frozen=True, slots=True)
 class Sampled:
-    """A ``BlockStored`` run that starts a chain, cut to its leading blocks without extra
-    keys: ``hashes`` as announced (wire form), ``tokens`` theirs (``block_size`` each),
-    and the fields that say whether the router indexes it."""
+    """A ``BlockStored`` run that starts a chain, cut to its leading blocks with no extra
+    keys but its ``lora`` and ``salt``: ``hashes`` as announced (wire form), ``tokens``
+    theirs (``block_size`` each), and the fields that say whether the router indexes it."""
 
     hashes: list[object]
     tokens: list[object]
@@ -63,13 +72,16 @@ class Sampled:
     medium: object
     group: object
     kind: object
+    lora: str | None = None
+    salt: str | None = None
 
 
 def sample_runs(payload: bytes, block_size: int, max_blocks: int) -> list[Sampled]:
     """The runs of ``payload`` (a KVEventBatch) that start a chain (``parent_block_hash``
     nil) with token ids filling their blocks (``block_size`` each, the event's own when it
-    states one), each cut to its leading blocks whose ``extra_keys`` entry is nil, at
-    most ``max_blocks`` blocks in all. Anything of another shape gives nothing (the
+    states one), each cut to its leading blocks whose ``extra_keys`` entry holds the
+    run's LoRA name alone (nil without one), the first block's the salt after it (module
+    doc), at most ``max_blocks`` blocks in all. Anything of another shape gives nothing (the
     decoder judges the payload; this reads only what the comparison needs). Never raises."""
     try:
         return _runs(payload, block_size, max_blocks)
@@ -129,8 +141,9 @@ def _read(u: Any, payload: bytes, raw: dict[object, object], name: object, block
 
 def _field(u: Any, payload: bytes, key: str, block_size: int, limit: int) -> object:
     """``(count, first items)`` of an array field (hashes: ``limit``; token ids: ``limit``
-    blocks' worth; extra keys: how many of the first ``limit`` entries lead nil, as a
-    count); None for nil; ``UNBUILT`` for anything else (skipped)."""
+    blocks' worth; extra keys: the first ``limit`` entries, each None, a tuple of its
+    scalars, or ``UNBUILT`` past ``_MAX_KEYS`` items); None for nil; ``UNBUILT`` for
+    anything else (skipped)."""
     at = u.tell()
     if payload[at] == 0xC0:
         u.skip()
@@ -140,18 +153,55 @@ def _field(u: Any, payload: bytes, key: str, block_size: int, limit: int) -> obj
         return UNBUILT
     n = u.read_array_header()
     if key == "extra_keys":
-        plain = 0
-        while plain < min(n, limit) and payload[u.tell()] == 0xC0:
+        entries = [_entry(u, payload) for _ in range(min(n, limit))]
+        for _ in range(n - len(entries)):
             u.skip()
-            plain += 1
-        for _ in range(n - plain):
-            u.skip()
-        return n, plain
+        return n, entries
     take = min(n, limit * block_size if key == "token_ids" else limit)
     items = [_scalar(u, payload) for _ in range(take)]
     for _ in range(n - take):
         u.skip()
     return n, items
+
+
+def _entry(u: Any, payload: bytes) -> object:
+    """One block's ``extra_keys`` entry: None, a tuple of its items (containers
+    ``UNBUILT``), or ``UNBUILT`` (no array, or over ``_MAX_KEYS`` items)."""
+    if payload[u.tell()] == 0xC0:
+        u.skip()
+        return None
+    if not _is_array(payload, u.tell()):
+        u.skip()
+        return UNBUILT
+    n = u.read_array_header()
+    items = tuple(_scalar(u, payload) for _ in range(min(n, _MAX_KEYS)))
+    for _ in range(n - len(items)):
+        u.skip()
+    return items if n <= _MAX_KEYS else UNBUILT
+
+
+def _plain(keys: object, lora: str | None, n: int) -> tuple[str | None, int]:
+    """``(salt, k)``: the first ``k`` blocks' entries (``keys`` as ``_field`` reads it;
+    ``n`` blocks at most) hold the LoRA's name alone (nil without one), the first block's
+    ``salt`` after it when it has one (vLLM 0.33's form: module doc)."""
+    if keys is None:
+        return None, 0 if lora is not None else n  # (no keys: a LoRA's would be there)
+    if not isinstance(keys, tuple) or not keys[1]:
+        return None, 0
+    own = () if lora is None else (lora,)
+    first, salt = keys[1][0], None
+    head = () if first is None else first
+    if not isinstance(head, tuple) or head[:len(own)] != own or len(head) > len(own) + 1:
+        return None, 0
+    if len(head) > len(own):
+        salt = head[-1]
+        if not isinstance(salt, str) or salt == "":
+            return None, 0
+    expect = own or None
+    k = 1
+    while k < min(n, len(keys[1])) and keys[1][k] == expect:
+        k += 1
+    return salt, min(k, n)
 
 
 def _cut(raw: dict[object, object], block_size: int, limit: int) -> Sampled | None:
@@ -162,14 +212,15 @@ def _cut(raw: dict[object, object], block_size: int, limit: int) -> Sampled | No
     bs = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else block_size
     if not (isinstance(hashes, tuple) and isinstance(tokens, tuple)) or tokens[0] != hashes[0] * bs:
         return None  # (no tokens, as a snapshot's runs; or not one block's worth a hash)
-    plain = hashes[0] if keys is None else keys[1] if isinstance(keys, tuple) else 0
-    if raw.get("lora_name") is not None or raw.get("lora_id") is not None:
-        plain = 0  # (a LoRA's hashes take its name, and perhaps its path: not compared)
-    k = min(len(hashes[1]), plain, limit, len(tokens[1]) // bs)
+    lora = raw.get("lora_name")
+    if lora is None and raw.get("lora_id") is not None or lora is not None and (
+            not isinstance(lora, str) or lora == ""):
+        return None  # (a LoRA's id without its name: an older engine's; name unknown)
+    salt, k = _plain(keys, lora, min(len(hashes[1]), limit, len(tokens[1]) // bs))
     if k <= 0 or not all(_is_hash(h) for h in hashes[1][:k]):
         return None
     return Sampled(hashes[1][:k], tokens[1][:k * bs], size, raw.get("medium"),
-                   raw.get("group_idx"), raw.get("kv_cache_spec_kind"))
+                   raw.get("group_idx"), raw.get("kv_cache_spec_kind"), lora, salt)
 
 
 class HashCheck:
@@ -185,12 +236,22 @@ class HashCheck:
         self._bs, self._format, self._marks = block_size, hash_format, marks
         self.checked = dict.fromkeys(replicas, 0)
         self._left: dict[str, list[int]] = {}  # replica -> [blocks, batches] still to read
+        self._paths: dict[str, str | None] = {}  # LoRA name -> its path, as prompts give it
         for replica in replicas:
             self.rearm(replica)
 
     def rearm(self, replica: str) -> None:
         """Sample ``replica`` again from its next batch (a new life may hash otherwise)."""
         self._left[replica] = [SAMPLE_BLOCKS, SAMPLE_BATCHES]
+
+    def learn(self, extra: ExtraKeys | None) -> None:
+        """Remember the path a prompt's ``extra`` (checked) gives its LoRA name, if any:
+        a run of that LoRA is rehashed with it (module doc; the last ``MAX_LORAS`` names)."""
+        if extra is None or extra.lora is None:
+            return
+        if (paths := self._paths).pop(extra.lora, 0) == 0 and len(paths) >= MAX_LORAS:
+            del paths[next(iter(paths))]
+        paths[extra.lora] = extra.lora_path
 
     def due(self, replica: str) -> bool:
         """Whether ``replica``'s next batch is read for the sample."""
@@ -205,10 +266,11 @@ class HashCheck:
             return
         left[1] -= 1
         for run in sample_runs(payload, self._bs, left[0]):
-            if run.block_size not in (None, self._bs) or run.kind not in (None, FULL_KIND) \
+            if run.medium not in (None, GPU) or run.block_size not in (None, self._bs) \
+                    or run.kind not in (None, FULL_KIND) \
                     or None not in (scored, run.group) and run.group != scored:
                 continue
-            mine = self._hashes(run.tokens, len(run.hashes))
+            mine = self._hashes(run, len(run.hashes))
             if mine is None:
                 continue
             left[0] -= len(mine)
@@ -218,16 +280,21 @@ class HashCheck:
         if left[0] <= 0 or left[1] <= 0:
             del self._left[replica]
 
-    def _hashes(self, tokens: list[object], n: int) -> list[int | bytes] | None:
-        """The first ``n`` blocks' hashes of ``tokens`` from the root, in wire form; None
-        when the token ids are not ids (nothing to compare)."""
-        try:
-            data = token_bytes(encode_tokens(tokens))  # type: ignore[arg-type]
-        except TokenError:
+    def _hashes(self, run: Sampled, n: int) -> list[int | bytes] | None:
+        """The first ``n`` blocks' hashes of ``run``'s tokens from the root with its LoRA
+        and salt, in wire form; None when the token ids are not ids or its LoRA's path is
+        unknown (nothing to compare)."""
+        if run.lora is not None and run.lora not in self._paths:
             return None
-        step = 4 * self._bs
+        try:
+            data = token_bytes(encode_tokens(run.tokens))  # type: ignore[arg-type]
+            keys = ExtraKeys(lora=run.lora, cache_salt=run.salt,
+                             lora_path=None if run.lora is None else self._paths[run.lora])
+        except (TokenError, ExtraKeysError):
+            return None
+        step, extra = 4 * self._bs, keys.base_bytes()
         digests = chain_hashes(self._fn, self._root,
-                               [data[i * step:(i + 1) * step] for i in range(n)], [b""] * n)
+                               [data[i * step:(i + 1) * step] for i in range(n)], [extra] * n)
         if self._format == "bytes":
             return list(digests)
         return [int.from_bytes(d, "big") & _MASK64 for d in digests]

@@ -18,6 +18,7 @@ Policy "prefix" (the default), for a prompt of ``n`` full blocks:
    what the replica will hold from it, for engines that publish no events.
 
 "round-robin" and "least-loaded" ignore the index (baselines for the simulation).
+The picking itself (hashes, views, the policies) is pick.py's; ``Router.route`` calls it.
 
 Layer groups (hybrid models): the index mirrors one group per replica, its *scored
 group*, the first group it announces as full attention since it was last cleared
@@ -29,10 +30,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 from ..errors import PrefixKVError
 from ..hashing import block_hashes
+from . import pick
 from .clock import ForwardClock, real
 from .decode import Cleared, Removed, RouterEvent, Stored, event_problem
 from .hash_check import HashCheck
@@ -40,29 +41,16 @@ from .index import BlockIndex, InProcessIndex
 from .load import LoadBook, ReplicaLoad
 from .marks import IndexMarks
 from .options import INDEX_METHODS, check_blocks, check_methods, check_names
+from .pick import Choice as Choice  # (re-exported: its home before pick.py)
 from .scored import FULL_KIND as FULL_KIND  # (re-exported: its home before scored.py)
 from .scored import ScoredGroups
-from .scorer import ReplicaView, Scorer, ScorerError, default_scorer
+from .scorer import Scorer, ScorerError, default_scorer
 
 POLICIES = ("prefix", "round-robin", "least-loaded")
-_MASK64 = (1 << 64) - 1
 
 
 class RouterError(PrefixKVError):
     """A router option out of range, an unknown replica, or ``finish`` without a request."""
-
-
-@dataclass(frozen=True, slots=True)
-class Choice:
-    """The replica picked and how many prompt tokens the index says it holds.
-    ``lossy``: the replica's index is marked lossy (``Router.lossy``: a batch of its
-    events was lost, removals perhaps among them), so ``cached_tokens`` may overstate
-    what it holds: an upper bound no longer, only what its index says. The scorer
-    credited that run at its ``lossy_weight``."""
-
-    replica: str
-    cached_tokens: int
-    lossy: bool = False
 
 
 class Router:
@@ -254,41 +242,18 @@ class Router:
 
     def prompt_hashes(self, token_ids: Sequence[int], extra: object = None) -> list[int | bytes]:
         """The prompt's full-block hashes in wire form (what the index is keyed by)."""
-        digests = block_hashes(token_ids, self.block_size, hash_mode=self.hash_mode,
-                               seed=self.seed, extra=extra)
-        if self.hash_format == "bytes":
-            return digests  # type: ignore[return-value]
-        return [int.from_bytes(d, "big") & _MASK64 for d in digests]
+        return pick.prompt_hashes(self, token_ids, extra)
 
     def cached_tokens(self, token_ids: Sequence[int], extra: object = None) -> dict[str, int]:
         """Cached prompt tokens per replica (any medium) as the index says; a replica
         with ``lossy[replica] > 0`` may hold fewer (``Choice.lossy``)."""
-        runs = self.index.prefix_runs(self.prompt_hashes(token_ids, extra), self.replicas)
-        return {r: runs.get(r, (0, 0))[0] * self.block_size for r in self.replicas}
+        return pick.cached_tokens(self, token_ids, extra)
 
     def route(self, token_ids: Sequence[int], extra: object = None) -> Choice:
         """Pick a replica for a prompt and count it in flight there (``finish`` ends it).
         Raises what ``block_hashes`` raises for a bad prompt or extra keys."""
         now = self._time()  # (a bad reading: RouterError before any change)
-        candidates = self._live(now) or list(self.replicas)
-        k = len(candidates)
-        candidates = [candidates[(self._turn + i) % k] for i in range(k)]  # rotate the ties
-        hashes = self.prompt_hashes(token_ids, extra)
-        if self.policy == "round-robin":
-            pick, run = candidates[0], 0
-        elif self.policy == "least-loaded":
-            pick, run = min(candidates, key=self.in_flight.__getitem__), 0
-        else:
-            runs = self.index.prefix_runs(hashes, candidates) if hashes else {}
-            views = [self._view(r, len(hashes), runs.get(r, (0, 0))) for r in candidates]
-            pick = candidates[self.scorer.pick(views, self._turn)]
-            run = runs.get(pick, (0, 0))[0]
-        self.index.routed(pick, hashes)  # first: what it raises leaves the tallies as they were
-        self._turn += 1
-        self.in_flight[pick] += 1
-        self.routed[pick] += 1
-        self.loads.routed(pick, len(hashes) - run, len(hashes), now)
-        return Choice(pick, run * self.block_size, self.lossy[pick] > 0)
+        return pick.route(self, now, token_ids, extra)  # (pick.py)
 
     def finish(self, replica: str) -> None:
         """A request routed to ``replica`` has finished (the oldest one in flight there,
@@ -298,13 +263,6 @@ class Router:
             raise RouterError(f"finish({replica!r}) with no request in flight there")
         self.in_flight[replica] -= 1
         self.loads.finished(replica)
-
-    def _view(self, replica: str, n: int, runs: tuple[int, int]) -> ReplicaView:
-        loads, rep = self.loads, self.loads.reported.get(replica)
-        return ReplicaView(replica, n, runs[0], runs[1], self.in_flight[replica],
-                           loads.prefill_blocks(replica), loads.active_blocks(replica),
-                           loads.capacity.get(replica), None if rep is None else rep.kv_usage,
-                           self.routed[replica], self.lossy[replica])
 
     def _known(self, replica: str) -> None:
         # (a name first: ``in`` on an unhashable object raises the dict's TypeError)

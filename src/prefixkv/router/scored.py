@@ -16,6 +16,11 @@ have evicted one of them since, and the manager then serves less (it checks ever
 group; the router only predicts). A model without a full-attention group is scored by
 no group: its replicas score 0 (its hits need the window rule, which the index does not
 apply).
+
+A store of block size 0 is not indexed, and not counted as a block size that differs:
+vLLM 0.33's offloading connector announces so an offloaded key it holds no metadata for
+(``_placeholder_stored``: the key's hash, no token ids, on its tier's medium), which the
+router cannot place in a prompt's chain.
 """
 
 from __future__ import annotations
@@ -51,8 +56,8 @@ class ScoredGroups:
         scored = self._scored
         for ev in events:
             if isinstance(ev, Stored):
-                if self._marks.mismatched(replica, ev.block_size):
-                    continue
+                if ev.block_size == 0 or self._marks.mismatched(replica, ev.block_size):
+                    continue  # (0: a connector's placeholder, module doc)
                 if ev.group is None:  # a one-group replica's: indexed when full attention
                     if ev.kind in (None, FULL_KIND):
                         index.store(replica, ev.hashes, ev.medium)
