@@ -118,8 +118,9 @@ class Engine:
         self.shared.close()
 
 
-def raw(backend: RedisStore, n: int, value: bytes, r: int) -> tuple[float, float]:
-    """Seconds of raw redis-py SET and GET of ``n`` values, one pipeline each."""
+def raw(backend: RedisStore, n: int, value: bytes, r: int) -> tuple[float, float, float]:
+    """Seconds of raw redis-py SET and GET of ``n`` values, one pipeline each, and of
+    ``RedisStore.put`` (prefixkv's write) of them."""
     client = backend.client
     keys = [f"bench-raw:{time.time_ns()}:{r}:{i}".encode() for i in range(n)]
     t = time.perf_counter()
@@ -136,18 +137,24 @@ def raw(backend: RedisStore, n: int, value: bytes, r: int) -> tuple[float, float
     t_get = time.perf_counter() - t
     assert all(len(v) == len(value) for v in got)
     client.delete(*keys)
-    return t_set, t_get
+    t = time.perf_counter()
+    assert backend.put([(k, value) for k in keys]) == 0
+    t_put = time.perf_counter() - t
+    client.delete(*keys)
+    return t_set, t_get, t_put
 
 
 def throughput(backend: RedisStore, n: int, repeats: int, connections: int) -> None:
     value = os.urandom(MIB2)
     engines = {"prefixkv fetch, into host slots": Engine(backend, MIB2, n, True, connections),
                "prefixkv fetch, own staging": Engine(backend, MIB2, n, False, connections)}
-    rates: dict[str, list[float]] = {"raw redis-py SET": [], "raw redis-py GET": []}
+    rates: dict[str, list[float]] = {"raw redis-py SET": [], "raw redis-py GET": [],
+                                     "prefixkv RedisStore.put": []}
     ratios: dict[str, list[float]] = {}
     for r in range(repeats + 1):  # the first repeat warms the engines' memory: not counted
-        t_set, t_get = raw(backend, n, value, r)
-        row = {"raw redis-py SET": t_set, "raw redis-py GET": t_get}
+        t_set, t_get, t_put = raw(backend, n, value, r)
+        row = {"raw redis-py SET": t_set, "raw redis-py GET": t_get,
+               "prefixkv RedisStore.put": t_put}
         for name, e in engines.items():
             prompt = prompt_of(n, 1000 * r + len(name))
             fill(e.layout, backend, prompt)

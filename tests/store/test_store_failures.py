@@ -10,7 +10,6 @@ import threading
 import time
 
 import pytest
-import redis
 
 from prefixkv import KVCacheManager, StorePut, StoreWait
 from prefixkv.store import RedisStore, SharedStore, StoreLayout, StoreWriter
@@ -49,7 +48,7 @@ def test_a_store_down_costs_misses_and_comes_back_after_a_restart(server):
     assert (adm.num_cached_tokens, adm.num_new_tokens) == (0, 13)
     assert m2.stats.store_errors == 1
     m2.take_kv_ops()
-    with pytest.raises(redis.exceptions.RedisError):
+    with pytest.raises(OSError):                     # (ConnectionError, TimeoutError too)
         backend.put([(b"k", b"v")])                  # the engine's writes fail too
     server.start()                                   # empty: the data went with the server
     m2.free("b")

@@ -1,19 +1,20 @@
-"""``Nodes``: the connections a ``RedisStore`` reads through, and where each key lives.
+"""``Nodes``: the connections a ``RedisStore`` calls through, and where each key lives.
 
 One server (its address: the URL's, or the master Sentinel names, followed through a
 failover) or a Redis Cluster (a ``SlotMap`` read with CLUSTER SLOTS, dropped when a node
 fails or a key moved, read again on the next call; nodes that failed asked last). Idle
-``Resp`` connections are pooled per node, one per thread at a time.
+``Resp`` connections are pooled per node, one per thread at a time. A key answered ``-ASK``
+(its slot migrating) is asked again on the node named (``redirected``, ``ask_again``).
 """
 
 from __future__ import annotations
 
 import ssl
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .resp import Address, Resp, pack
+from .resp import Address, Packed, Resp, RespError, pack
 from .slot_map import Rounds, SlotMap
 
 
@@ -70,7 +71,7 @@ class Nodes:
         conn.open(deadline)
         return conn
 
-    def send(self, node: Address, data: bytes, deadline: float) -> Resp:
+    def send(self, node: Address, data: bytes | Sequence[Packed], deadline: float) -> Resp:
         """A connection to ``node`` (``take``) with ``data`` (packed commands) sent on
         it by ``deadline``. A connection the send failed on is closed before the error
         is raised: the server would still read, and answer, the part it got."""
@@ -107,6 +108,47 @@ class Nodes:
                 stale = self.idle.pop(old, [])
             for conn in stale:
                 conn.close()
+
+    def redirected(self, reply: RespError, i: int, asks: dict[Address, list[int]]) -> None:
+        """A key answered with an error: ``-ASK slot host:port`` (its slot is migrating and
+        the key is on that node already) lists key ``i`` under that node in ``asks``, to be
+        asked there; ``-MOVED`` (the slot moved) drops the slot map, read again on the next
+        call. Other errors (WRONGTYPE) fail that key alone."""
+        text = str(reply)
+        if text.startswith("ASK "):
+            host, _, port = text.split(" ")[-1].rpartition(":")
+            if port.isdigit():
+                asks.setdefault(("tcp", host or self.home[1], int(port)), []).append(i)
+                return
+        if text.startswith(("MOVED", "ASK")):
+            self.map.slots = None  # resharded: read the map again next time
+
+    def ask_again(self, asks: dict[Address, list[int]], command: Callable[[int], Packed],
+                read: Callable[[Resp, int], object], out: list[Any], deadline: float) -> None:
+        """Ask each node an ``-ASK`` reply named (``asks``: node -> key indices; a slot
+        migrating, its key on that node already) for those keys again, each command
+        behind an ``ASKING`` (Redis Cluster's redirection for one command), and put
+        ``read(conn, i)``'s outcome in ``out[i]``. A node that fails fails those keys
+        (their ASK error stays), as a node asked first does; the slot map stays (the
+        slot is still its old master's until the migration ends: MOVED then)."""
+        for node, idx in asks.items():
+            try:
+                conn = self.send(node, [c for i in idx for c in (_ASKING, command(i))], deadline)
+            except Exception as exc:
+                self.failed(node, [], out, exc)
+                continue
+            try:
+                for i in idx:
+                    ok = conn.reply(deadline)
+                    outcome = read(conn, i)
+                    if ok != b"OK" or isinstance(outcome, RespError):  # (moved again: a miss)
+                        self.map.slots = None
+                        outcome = outcome if isinstance(outcome, RespError) else RespError(str(ok))
+                    out[i] = outcome
+                self.give(conn)
+            except Exception as exc:
+                conn.close()
+                self.failed(node, [], out, exc)
 
     def close(self) -> None:
         """Close every idle connection (a later call opens new ones)."""
@@ -146,3 +188,6 @@ class Nodes:
             if isinstance(ranges, list):
                 return self.map.learn(ranges, self.home)
         raise failure
+
+
+_ASKING = pack(b"ASKING")

@@ -84,6 +84,15 @@ def check_keys(call: str, keys: object) -> None:
         raise ConfigError(f"{call}: keys must be a list of bytes, got {_shown(keys)}")
 
 
+def check_runs(runs: object) -> None:
+    """``RedisStore.held_runs``'s ``runs``: a list or tuple of lists or tuples of bytes
+    keys. Raises ConfigError."""
+    if type(runs) is not list and type(runs) is not tuple:
+        raise ConfigError(f"held_runs: runs must be a list of lists of keys, got {_shown(runs)}")
+    for keys in runs:
+        check_keys("held_runs", keys)
+
+
 def check_items(items: object) -> None:
     """``RedisStore.put``'s ``items``: a list or tuple of ``(key, value)`` pairs, each
     key bytes and each value bytes, a bytearray or a memoryview. Raises ConfigError."""

@@ -2,20 +2,21 @@
 redis-py, with hiredis when installed; imported when a RedisStore is made, never by the
 core).
 
-Reads (``read_into``) go through ``Resp`` connections of their own, pooled, one per
-thread at a time: GETs pipelined, each value received straight into its buffers, the
-whole call bounded by one deadline. Writes and existence checks go through redis-py
-pipelines (``SET ... EX``, ``EXISTS``, no transaction), except on a cluster, where
-they go through ours, node by node, as reads do (redis-py's cluster pipeline fails the
-whole batch when one node is down). On a Redis Cluster, keys carry no hash tag, so a
+Every call goes through ``Resp`` connections of prefixkv's own, pooled, one per thread
+at a time, and is bounded by one deadline for the whole call: reads (``read_into``) are
+pipelined GETs, each value received straight into its buffers; writes pipelined ``SET
+... EX``, each value sent from its own buffer; existence checks pipelined ``EXISTS``
+(redis-py, the client under ``client``, bounds each read, not a call: a server that
+trickles held a call for seconds; its cluster pipeline fails the whole batch when one
+node is down). On a Redis Cluster, keys carry no hash tag, so a
 chain's blocks spread over the slots; a call sends each node its keys first, then reads
 the nodes' replies: one round trip per node involved, overlapping. A key the cluster
 moved (MOVED, resharding done) or a node that is down fails its keys (misses, refused
 writes) and the slot map is read again on the next call; a key of a slot that is
 migrating (ASK) is asked again on the node the reply names (``ASKING``, one more round
 trip for such keys), and the map is kept. Found through Sentinel
-(``from_sentinel``), a store follows a failover: a fetch that fails as a whole asks the
-sentinels for the master again.
+(``from_sentinel``), a store follows a failover: a call that fails as a whole (a write
+also when refused as a whole) asks the sentinels for the master again.
 """
 
 from __future__ import annotations
@@ -23,13 +24,17 @@ from __future__ import annotations
 import ssl
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from .fetch import YIELD_EVERY
 from .nodes import Nodes
 from .protocol import ReadOutcome
-from .redis_args import check_items, check_keys, check_reads, check_sentinels, check_store_args
-from .resp import Address, Resp, RespError, pack
+from .redis_args import check_items, check_keys, check_reads, check_runs, check_sentinels, check_store_args
+from .resp import Address, Packed, Resp, RespError, pack, pack_set
+
+WRITE_FLOOR: Final = 64 << 20
+"""Bytes a second below which ``RedisStore.put`` gives up on a server: a write's
+deadline is its ``timeout`` plus a second for each ``WRITE_FLOOR`` bytes of values."""
 
 
 class RedisStore:
@@ -114,36 +119,63 @@ class RedisStore:
         Sentinel, the sentinels are asked for the master again first); ConfigError,
         before any command is sent, unless ``keys`` is a list or tuple of bytes."""
         check_keys("held", keys)
+        return self._held([keys])[0]
+
+    def held_runs(self, runs: Sequence[Sequence[bytes]]) -> list[int]:
+        """``held`` of each run of keys, all asked in one call: one pipelined EXISTS for
+        every key (one round trip per node) under one deadline, ``timeout`` seconds from
+        now (the vLLM connector's lookup thread asks the runs of a step's requests
+        together). Raises as ``held``; ConfigError, before any command is sent, unless
+        ``runs`` is a list or tuple of such lists of keys."""
+        check_runs(runs)
+        return self._held(runs)
+
+    def _held(self, runs: Sequence[Sequence[bytes]]) -> list[int]:
+        keys = [k for run in runs for k in run]
         until = time.monotonic() + self.timeout
         try:
             replies = self._on_nodes(keys, lambda i: pack(b"EXISTS", keys[i]), lambda: until)
         except Exception:
             self._nodes.follow()
             raise
-        return next((i for i, r in enumerate(replies) if r != 1), len(keys))
+        out, at = [], 0
+        for run in runs:
+            end = at + len(run)
+            out.append(next((i - at for i in range(at, end) if replies[i] != 1), len(run)))
+            at = end
+        return out
 
     def put(self, items: Sequence[tuple[bytes, bytes]]) -> int:
-        """``StoreBackend.put``: pipelined SET with EX ttl; the values refused (an OOM
-        error when the server is full under ``noeviction``). On a cluster, a node that is
-        down, or a key it moved (MOVED), refuses that node's values only; the others
-        are stored (a key of a migrating slot, ASK, is written on the node it names).
-        Raises redis-py's errors (ours on a cluster: OSError, ConnectionError,
-        TimeoutError) when the whole call fails; ConfigError, before
-        any command is sent, unless ``items`` is a list or tuple of ``(key, value)``
-        tuples of bytes (a value may be a bytearray or memoryview)."""
+        """``StoreBackend.put``: pipelined SET with EX ttl (one round trip per node, each
+        value sent from its own buffer); the values refused (an OOM error when the
+        server is full under ``noeviction``). The whole call is bounded by one deadline:
+        ``timeout`` seconds, and one more for each ``WRITE_FLOOR`` bytes of values, from
+        now (a server that takes them in slower, or trickles its replies, fails the
+        values not answered by then: the writer's thread, and ``StoreWriter.close``
+        behind it, never wait longer). On a cluster, a node that is down, or a key it
+        moved (MOVED), refuses that node's values only; the others are stored (a key
+        of a migrating slot, ASK, is written on the node it names). Raises, only when
+        no value was answered, OSError, ConnectionError or TimeoutError; ConfigError,
+        before any command is sent, unless ``items`` is a list or tuple of ``(key,
+        value)`` tuples of bytes (a value may be a bytearray or memoryview). Through
+        Sentinel, a call that fails or is refused as a whole asks the sentinels for the
+        master again."""
         check_items(items)
-        if self.cluster:
-            ttl = str(self.ttl).encode()
-            replies = self._on_nodes([k for k, _ in items],
-                                     lambda i: pack(b"SET", *items[i], b"EX", ttl),
-                                     lambda: time.monotonic() + self.timeout)
-            return sum(r != b"OK" for r in replies)
-        pipe = self.client.pipeline(transaction=False)
-        for k, v in items:
-            pipe.set(k, v, ex=self.ttl)
-        return sum(isinstance(r, Exception) for r in pipe.execute(raise_on_error=False))
+        ttl = str(self.ttl).encode()
+        size = sum([memoryview(v).nbytes for _, v in items])
+        until = time.monotonic() + self.timeout + size / WRITE_FLOOR
+        try:
+            replies = self._on_nodes([k for k, _ in items], lambda i: pack_set(*items[i], ttl),
+                                     lambda: until)
+        except Exception:
+            self._nodes.follow()
+            raise
+        refused = sum([r != b"OK" for r in replies])
+        if refused and refused == len(items):
+            self._nodes.follow()  # (through Sentinel: a master turned replica answers READONLY)
+        return refused
 
-    def _on_nodes(self, keys: Sequence[bytes], command: Callable[[int], bytes],
+    def _on_nodes(self, keys: Sequence[bytes], command: Callable[[int], Packed],
                   deadline: Callable[[], float]) -> list[object]:
         """Each key's reply to ``command(i)`` (its packed command), sent node by node on
         connections of ours (on a cluster: redis-py's cluster pipeline fails the whole
@@ -152,7 +184,7 @@ class RedisStore:
         node's replies) must be done. A key whose node failed gets the exception; a key
         the cluster moved gets its MOVED RespError; either way the slot map is read
         again on the next call. A key answered ASK (its slot migrating) gets the reply
-        of the node named (``_asking``). Raises when no node answered (never for no
+        of the node named (``Nodes.ask_again``). Raises when no node answered (never for no
         keys)."""
         if not keys:
             return []
@@ -166,8 +198,8 @@ class RedisStore:
             for node, idx in asked:
                 fair = time.monotonic() < deadline()  # (else another node took its time)
                 try:
-                    sent.append((nodes.send(node, b"".join([command(i) for i in idx]),
-                                            deadline()), idx))
+                    sent.append((nodes.send(node, [command(i) for i in idx], deadline()),
+                                 idx))
                 except Exception as exc:
                     failure = nodes.failed(node, idx, replies, exc, fair)
             for conn, idx in sent:
@@ -179,44 +211,16 @@ class RedisStore:
                         answered = True
                         pos += 1
                         if isinstance(reply, RespError):
-                            _moved(nodes, reply, i, asks)
+                            nodes.redirected(reply, i, asks)
                     nodes.give(conn)
                 except Exception as exc:
                     conn.close()
                     failure = nodes.failed(conn.address, idx[pos:], replies, exc, fair)
         if asks:
-            self._asking(asks, command, lambda conn, i: conn.reply(deadline()), replies, deadline())
+            nodes.ask_again(asks, command, lambda conn, i: conn.reply(deadline()), replies, deadline())
         if failure is not None and not answered:
             raise failure
         return replies
-
-    def _asking(self, asks: dict[Address, list[int]], command: Callable[[int], bytes],
-                read: Callable[[Resp, int], object], out: list[Any], deadline: float) -> None:
-        """Ask each node an ``-ASK`` reply named (``asks``: node -> key indices; a slot
-        migrating, its key on that node already) for those keys again, each command
-        behind an ``ASKING`` (Redis Cluster's redirection for one command), and put
-        ``read(conn, i)``'s outcome in ``out[i]``. A node that fails fails those keys
-        (their ASK error stays), as a node asked first does; the slot map stays (the
-        slot is still its old master's until the migration ends: MOVED then)."""
-        nodes = self._nodes
-        for node, idx in asks.items():
-            try:
-                conn = nodes.send(node, b"".join([_ASKING + command(i) for i in idx]), deadline)
-            except Exception as exc:
-                nodes.failed(node, [], out, exc)
-                continue
-            try:
-                for i in idx:
-                    ok = conn.reply(deadline)
-                    outcome = read(conn, i)
-                    if ok != b"OK" or isinstance(outcome, RespError):  # (moved again: a miss)
-                        nodes.map.slots = None
-                        outcome = outcome if isinstance(outcome, RespError) else RespError(str(ok))
-                    out[i] = outcome
-                nodes.give(conn)
-            except Exception as exc:
-                conn.close()
-                nodes.failed(node, [], out, exc)
 
     def read_into(self, keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]],
                   deadline: float) -> list[ReadOutcome]:
@@ -252,13 +256,13 @@ class RedisStore:
                         if not pos % YIELD_EVERY:
                             time.sleep(0)  # let the scheduler's thread have the GIL
                         if isinstance(r, RespError):
-                            _moved(nodes, r, i, asks)
+                            nodes.redirected(r, i, asks)
                     nodes.give(conn)
                 except Exception as exc:
                     conn.close()
                     failure = nodes.failed(conn.address, idx[pos:], out, exc, fair)
         if asks:
-            self._asking(asks, lambda i: pack(b"GET", keys[i]), lambda conn, i: conn.bulk_into(
+            nodes.ask_again(asks, lambda i: pack(b"GET", keys[i]), lambda conn, i: conn.bulk_into(
                 buffers[i], sum([v.nbytes for v in buffers[i]]), deadline), out, deadline)
         if failure is not None and not answered:
             nodes.follow()
@@ -269,21 +273,3 @@ class RedisStore:
         """Close the connections (a later call opens new ones)."""
         self.client.close()
         self._nodes.close()
-
-
-_ASKING = pack(b"ASKING")
-
-
-def _moved(nodes: Nodes, reply: RespError, i: int, asks: dict[Address, list[int]]) -> None:
-    """A key answered with an error: ``-ASK slot host:port`` (its slot is migrating and
-    the key is on that node already) lists key ``i`` under that node in ``asks``, to be
-    asked there; ``-MOVED`` (the slot moved) drops the slot map, read again on the next
-    call. Other errors (WRONGTYPE) fail that key alone."""
-    text = str(reply)
-    if text.startswith("ASK "):
-        host, _, port = text.split(" ")[-1].rpartition(":")
-        if port.isdigit():
-            asks.setdefault(("tcp", host or nodes.home[1], int(port)), []).append(i)
-            return
-    if text.startswith(("MOVED", "ASK")):
-        nodes.map.slots = None  # resharded: read the map again next time

@@ -2,7 +2,7 @@
 value straight into the caller's buffers (no bytes object per value, no copy past the
 socket's) and bounds every call by one deadline.
 
-It is the read path of ``RedisStore`` (writes go through redis-py): commands are sent
+It is every call of ``RedisStore`` (reads, writes, existence checks): commands are sent
 pipelined, replies are parsed from a 64 KiB buffer, and a bulk reply as large as a KV
 block is received into its destination views directly. Every receive waits at most until
 the call's deadline, so a server that trickles its answer fails the call at the deadline,
@@ -17,6 +17,7 @@ import socket
 import ssl
 import time
 from collections.abc import Sequence
+from typing import cast
 
 from .protocol import ReadOutcome
 
@@ -29,12 +30,25 @@ class RespError(Exception):
     """An error reply of the server (for one command: WRONGTYPE, MOVED, OOM...)."""
 
 
+Buffer = bytes | bytearray | memoryview
+Packed = bytes | tuple[Buffer, ...]
+"""A packed command: bytes, or a tuple of buffers that are its bytes in order."""
+
+
 def pack(*args: bytes) -> bytes:
     """One command in RESP (an array of bulk strings)."""
     out = [b"*%d\r\n" % len(args)]
     for a in args:
         out.append(b"$%d\r\n%s\r\n" % (len(a), a))
     return b"".join(out)
+
+
+def pack_set(key: bytes, value: Buffer, ex: bytes) -> tuple[Buffer, ...]:
+    """``SET key value EX ex`` packed as three buffers, the value itself the middle one
+    (not copied)."""
+    n = value.nbytes if type(value) is memoryview else len(value)
+    return (b"*5\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(key), key, n), value,
+            b"\r\n$2\r\nEX\r\n$%d\r\n%s\r\n" % (len(ex), ex))
 
 
 class Resp:
@@ -104,11 +118,37 @@ class Resp:
             return False
         return not readable
 
-    def send(self, data: bytes, deadline: float) -> None:
-        """Send ``data`` (packed commands) before ``deadline``."""
+    def send(self, data: bytes | Sequence[Packed], deadline: float) -> None:
+        """Send ``data`` before ``deadline``: packed commands, or a list of them, each
+        bytes or a tuple of buffers (``pack_set``: a large value goes out from its own
+        buffer, not copied; the small parts between large ones go out joined)."""
+        if type(data) is bytes:
+            self._send(data, deadline)
+            return
+        small: list[Buffer] = []
+        size = 0
+        for command in cast("Sequence[Packed]", data):
+            parts = command if isinstance(command, tuple) else (command,)
+            for buf in parts:
+                n = buf.nbytes if type(buf) is memoryview else len(buf)
+                if n >= _CHUNK:
+                    if small:
+                        self._send(b"".join(small), deadline)
+                        small, size = [], 0
+                    self._send(buf, deadline)
+                    continue
+                small.append(buf)
+                size += n
+                if size >= _CHUNK:
+                    self._send(b"".join(small), deadline)
+                    small, size = [], 0
+        if small:
+            self._send(b"".join(small), deadline)
+
+    def _send(self, data: Buffer, deadline: float) -> None:
         sock = self.sock
         assert sock is not None, "send on a closed connection"
-        view, sent = memoryview(data), 0
+        view, sent = memoryview(data).cast("B"), 0
         while sent < len(view):
             sock.settimeout(_left(deadline))
             sent += sock.send(view[sent:])

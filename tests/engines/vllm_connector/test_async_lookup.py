@@ -29,16 +29,15 @@ def saved_by_a(model, redis, tokens) -> None:
 
 
 def store_calls_on(replica: Replica, thread_ids: list[int]) -> None:
-    """Record the thread of every EXISTS the scheduler's store client sends."""
-    backend = replica.scheduler.connector.scheduler._backend
-    client = backend.client
-    pipeline = client.pipeline
+    """Record the thread of every command the scheduler's store sends (its EXISTS)."""
+    nodes = replica.scheduler.connector.scheduler._backend._nodes
+    send = nodes.send
 
-    def recorded(*args, **kwargs):
+    def recorded(*args):
         thread_ids.append(threading.get_ident())
-        return pipeline(*args, **kwargs)
+        return send(*args)
 
-    client.pipeline = recorded
+    nodes.send = recorded
 
 
 def test_a_step_never_waits_on_a_paused_store_and_loads_once_it_answers(model, redis):

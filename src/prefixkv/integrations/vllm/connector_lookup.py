@@ -137,18 +137,9 @@ class Lookups:
 
 
 def held_runs(backend: StoreBackend, runs: Sequence[Sequence[bytes]]) -> list[int]:
-    """For each run of keys, how many the store holds in a row from its first: one
-    pipelined EXISTS for all of them on a plain Redis client, one ``held`` per run
-    otherwise. Raises the backend's errors."""
-    if not isinstance(backend, RedisStore) or backend.cluster:
-        return [backend.held(keys) for keys in runs]
-    pipe = backend.client.pipeline(transaction=False)
-    for keys in runs:
-        for k in keys:
-            pipe.exists(k)
-    replies = iter(pipe.execute(raise_on_error=False))
-    out = []
-    for keys in runs:
-        found = [r is True or (type(r) is int and r > 0) for r in (next(replies) for _ in keys)]
-        out.append(next((i for i, f in enumerate(found) if not f), len(found)))
-    return out
+    """For each run of keys, how many the store holds in a row from its first: a
+    RedisStore asks them all in one call under one deadline (``RedisStore.held_runs``),
+    another backend one ``held`` per run. Raises the backend's errors."""
+    if isinstance(backend, RedisStore):
+        return backend.held_runs(runs)
+    return [backend.held(keys) for keys in runs]
