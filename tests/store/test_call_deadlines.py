@@ -129,3 +129,21 @@ def test_held_runs_refuses_what_is_not_runs_of_bytes_keys_before_any_command(ser
     assert sent == []
     assert backend.held_runs(([b"a"], [b"b", b"c"])) == [0, 0]
     backend.close()
+
+
+@pytest.mark.parametrize("value", [memoryview(bytearray(10))[::2], memoryview(bytearray(1 << 17))[::2],
+                                   "text", 7])
+def test_put_refuses_a_value_it_cannot_send_from_its_memory_before_any_command(server, value):
+    """A memoryview that is not C-contiguous (it has no one run of bytes to send), a str,
+    an int: ConfigError, before anything is sent, the other items of the call not
+    written either (they were a TypeError from the send, the connection lost)."""
+    from prefixkv.errors import ConfigError
+
+    backend = RedisStore(server.url, timeout=LIVE)
+    sent = []
+    send = backend._nodes.send
+    backend._nodes.send = lambda *a: sent.append(1) or send(*a)
+    with pytest.raises(ConfigError, match="put"):
+        backend.put([(b"first", b"v"), (b"k", value)])
+    assert sent == [] and backend.held([b"first"]) == 0
+    backend.close()

@@ -95,10 +95,12 @@ def check_runs(runs: object) -> None:
 
 def check_items(items: object) -> None:
     """``RedisStore.put``'s ``items``: a list or tuple of ``(key, value)`` pairs, each
-    key bytes and each value bytes, a bytearray or a memoryview. Raises ConfigError."""
+    key bytes and each value bytes, a bytearray or a C-contiguous memoryview (sent from
+    its own memory). Raises ConfigError."""
     if type(items) is not list and type(items) is not tuple or not all(
             [type(i) is tuple and len(i) == 2 and type(i[0]) is bytes
-             and type(i[1]) in (bytes, bytearray, memoryview) for i in items]):
+             and (type(i[1]) in (bytes, bytearray)
+                  or type(i[1]) is memoryview and i[1].c_contiguous) for i in items]):
         raise ConfigError(f"put: items must be a list of (bytes key, bytes value) pairs, "
                           f"got {_shown(items)}")
 

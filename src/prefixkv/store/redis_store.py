@@ -157,7 +157,8 @@ class RedisStore:
         of a migrating slot, ASK, is written on the node it names). Raises, only when
         no value was answered, OSError, ConnectionError or TimeoutError; ConfigError,
         before any command is sent, unless ``items`` is a list or tuple of ``(key,
-        value)`` tuples of bytes (a value may be a bytearray or memoryview). Through
+        value)`` tuples of bytes (a value may be a bytearray or a C-contiguous
+        memoryview). Through
         Sentinel, a call that fails or is refused as a whole asks the sentinels for the
         master again."""
         check_items(items)
