@@ -5,29 +5,27 @@ A replica whose manager hashes with another mode, seed or hash format than the r
 ``seed``, ``"bytes"`` hashes to an ``"int"`` router) announces blocks that no prompt's
 hashes ever meet: every route misses there, and nothing else says so. A ``BlockStored``
 carries what the router needs to tell: the run's token ids, its parent's hash and each
-block's extra keys. Where the run starts a chain (parent nil), the router hashes its
-leading blocks as it hashes a prompt (``hashing.chain_hashes`` from its root) and
-compares them with the hashes announced.
+block's extra keys: the router hashes a run's leading blocks as it hashes a prompt
+(``hashing.chain_hashes``) and compares them with the hashes announced.
 
-Only blocks whose hashes are known to take nothing the wire omits are compared: those
-of a run whose parent is nil (its first block is a request's first, so the root is the
-router's own), up to the first block with a multimodal input or prompt embeddings (an
-input's length is not sent). A salt and a LoRA enter every block's hash: vLLM 0.33
-sends the LoRA's name in ``lora_name`` and each block's ``extra_keys`` entry, the salt
-after it in the first block's only; blocks whose entries hold just these are rehashed
-with them (``ExtraKeys.base_bytes``). A LoRA's path enters its hash unsent: it is taken
-from the router's prompts (``learn``); a LoRA that no prompt named is not compared.
-Nor is a run of another block size (``block_size_mismatches``), of a group the router
-does not score, on a medium other than the GPU (a KV connector's tier, vLLM 0.33's CPU
-and STORAGE, LMCache's: keyed by the connector, perhaps by its own hash, which says
-nothing of the engine's), or whose token ids do not fill its blocks (a snapshot's).
+Compared are the blocks of a run whose parent is nil (so the root is the router's own)
+up to its first with a multimodal input or prompt embeddings (their length is unsent).
+A salt and a LoRA enter every block's hash: vLLM 0.33 sends the LoRA's name in
+``lora_name`` and each block's ``extra_keys`` entry, the salt after it in the first
+block's only; blocks whose entries hold just these are rehashed with them. A LoRA's
+path enters its hash unsent: it is taken from the router's prompts (``learn``: the last
+``MAX_PATHS`` paths given each name, so that replicas loading one name from different
+paths each match one); a LoRA that no prompt named is not compared. Nor is a run of
+another block size (``block_size_mismatches``), of a group the router does not score,
+on a medium other than the GPU (a KV connector's tier, vLLM 0.33's CPU and STORAGE,
+LMCache's: keyed by the connector, perhaps by its own hash), or whose token ids do not
+fill its blocks (a snapshot's).
 
 The sample is bounded: per replica at most ``SAMPLE_BLOCKS`` blocks compared, and at most
 ``SAMPLE_BATCHES`` batches read for them, from its first batch and again after each
 ``Router.forget`` (a restart, a resync) and reconnection; then nothing is read, so the
-steady state pays one dict look-up a batch. A payload is read field by field here, and
-only as much of each field as the blocks still to compare need (the rest is skipped
-unbuilt: a batch of 64 KiB of small containers costs what its compared blocks do).
+steady state pays one dict look-up a batch. A payload is read field by field, only as
+far as the blocks still to compare need (the rest is skipped unbuilt).
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ from .index import GPU
 from .marks import IndexMarks
 from .scored import FULL_KIND
 
-__all__ = ["MAX_LORAS", "SAMPLE_BATCHES", "SAMPLE_BLOCKS", "HashCheck", "sample_runs"]
+__all__ = ["MAX_LORAS", "MAX_PATHS", "SAMPLE_BATCHES", "SAMPLE_BLOCKS", "HashCheck", "sample_runs"]
 
 SAMPLE_BLOCKS = 32
 """Blocks compared per replica after each (re)start of its sample (module doc)."""
@@ -53,7 +51,9 @@ SAMPLE_BATCHES = 64
 """Batches read per replica, at most, for those blocks (a replica whose requests all have
 an image in their first block, or a LoRA no prompt named, gives none: it stops there)."""
 MAX_LORAS = 1024
-"""LoRA names whose path the check remembers (the most recently given; module doc)."""
+"""LoRA names whose paths the check remembers (the most recently given; module doc)."""
+MAX_PATHS = 4
+"""Paths the check remembers per LoRA name (the most recently given; module doc)."""
 _MAX_KEYS = 4  # items of an ``extra_keys`` entry read (a LoRA and a salt are 2)
 _MASK64 = (1 << 64) - 1
 _SCALARS = frozenset(("type", "parent_block_hash", "block_size", "medium", "group_idx",
@@ -236,7 +236,7 @@ class HashCheck:
         self._bs, self._format, self._marks = block_size, hash_format, marks
         self.checked = dict.fromkeys(replicas, 0)
         self._left: dict[str, list[int]] = {}  # replica -> [blocks, batches] still to read
-        self._paths: dict[str, str | None] = {}  # LoRA name -> its path, as prompts give it
+        self._paths: dict[str, tuple[str | None, ...]] = {}  # LoRA name -> paths prompts gave
         for replica in replicas:
             self.rearm(replica)
 
@@ -246,12 +246,14 @@ class HashCheck:
 
     def learn(self, extra: ExtraKeys | None) -> None:
         """Remember the path a prompt's ``extra`` (checked) gives its LoRA name, if any:
-        a run of that LoRA is rehashed with it (module doc; the last ``MAX_LORAS`` names)."""
+        a run of that LoRA matches when its hashes are those of one of the name's last
+        ``MAX_PATHS`` paths (module doc; the last ``MAX_LORAS`` names)."""
         if extra is None or extra.lora is None:
             return
-        if (paths := self._paths).pop(extra.lora, 0) == 0 and len(paths) >= MAX_LORAS:
+        if not (known := (paths := self._paths).pop(extra.lora, ())) and len(paths) >= MAX_LORAS:
             del paths[next(iter(paths))]
-        paths[extra.lora] = extra.lora_path
+        path = extra.lora_path
+        paths[extra.lora] = (*[p for p in known if p != path][1 - MAX_PATHS:], path)
 
     def due(self, replica: str) -> bool:
         """Whether ``replica``'s next batch is read for the sample."""
@@ -271,30 +273,29 @@ class HashCheck:
                     or None not in (scored, run.group) and run.group != scored:
                 continue
             mine = self._hashes(run, len(run.hashes))
-            if mine is None:
+            if not mine:
                 continue
-            left[0] -= len(mine)
-            self.checked[replica] += len(mine)
-            if mine != run.hashes:
+            left[0] -= len(run.hashes)
+            self.checked[replica] += len(run.hashes)
+            if run.hashes not in mine:
                 self._marks.hash_mismatched(replica, run.medium)
         if left[0] <= 0 or left[1] <= 0:
             del self._left[replica]
 
-    def _hashes(self, run: Sampled, n: int) -> list[int | bytes] | None:
+    def _hashes(self, run: Sampled, n: int) -> list[list[int | bytes]]:
         """The first ``n`` blocks' hashes of ``run``'s tokens from the root with its LoRA
-        and salt, in wire form; None when the token ids are not ids or its LoRA's path is
-        unknown (nothing to compare)."""
-        if run.lora is not None and run.lora not in self._paths:
-            return None
+        (under each path known for it) and salt, in wire form; none when the token ids
+        are not ids or its LoRA's path is unknown (nothing to compare)."""
+        out: list[list[int | bytes]] = []
         try:
             data = token_bytes(encode_tokens(run.tokens))  # type: ignore[arg-type]
-            keys = ExtraKeys(lora=run.lora, cache_salt=run.salt,
-                             lora_path=None if run.lora is None else self._paths[run.lora])
+            for path in (None,) if run.lora is None else self._paths.get(run.lora, ()):
+                extra = ExtraKeys(lora=run.lora, cache_salt=run.salt, lora_path=path).base_bytes()
+                step = 4 * self._bs
+                digests = chain_hashes(self._fn, self._root, [
+                    data[i * step:(i + 1) * step] for i in range(n)], [extra] * n)
+                out.append(list(digests) if self._format == "bytes"
+                           else [int.from_bytes(d, "big") & _MASK64 for d in digests])
         except (TokenError, ExtraKeysError):
-            return None
-        step, extra = 4 * self._bs, keys.base_bytes()
-        digests = chain_hashes(self._fn, self._root,
-                               [data[i * step:(i + 1) * step] for i in range(n)], [extra] * n)
-        if self._format == "bytes":
-            return list(digests)
-        return [int.from_bytes(d, "big") & _MASK64 for d in digests]
+            return []
+        return out
