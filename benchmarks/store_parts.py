@@ -27,10 +27,10 @@ import prefixkv.core.store_landing as store_landing  # noqa: E402
 import prefixkv.core.store_waits as store_waits  # noqa: E402
 from prefixkv.core.pool import BlockPool  # noqa: E402
 from prefixkv.index.content import ContentIndex  # noqa: E402
-from prefixkv.store import LocalRedis, RedisStore  # noqa: E402
+from prefixkv.store import RedisStore  # noqa: E402
 from prefixkv.store.link import StoreLink  # noqa: E402
 from prefixkv.tiers.host import HostTier  # noqa: E402
-from store_setup import inline_setup  # noqa: E402
+from store_setup import inline_setup, local_backend  # noqa: E402
 
 WRAPPED: list[tuple[Any, list[str]]] = [
     (store_waits.StoreWaits, ["start", "reuse", "cancel", "take"]),
@@ -106,17 +106,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=150)
     args = ap.parse_args()
     wrap_all()
-    server = LocalRedis()
-    backend = RedisStore(server.url, timeout=60.0)
-    try:
+    with local_backend() as backend:
         print(f"load average {os.getloadavg()[0]:.1f}")
         for blocks in args.blocks:
             run(backend, blocks, args.rounds)
         print(f"load average {os.getloadavg()[0]:.1f}")
-    finally:
-        backend.client.flushdb()
-        backend.close()
-        server.close()
 
 
 if __name__ == "__main__":
