@@ -25,8 +25,8 @@ from functools import partial
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from prefixkv import StoreWait  # noqa: E402
-from prefixkv.store import LocalRedis, RedisStore  # noqa: E402
-from store_setup import inline_setup  # noqa: E402
+from prefixkv.store import RedisStore  # noqa: E402
+from store_setup import inline_setup, local_backend  # noqa: E402
 
 
 def run(backend: RedisStore, blocks: int, rounds: int, sweep: int, where: str) -> None:
@@ -74,15 +74,9 @@ def main() -> None:
     ap.add_argument("--sweep", type=int, default=8 << 20)
     ap.add_argument("--where", choices=["start", "land"], default="start")
     args = ap.parse_args()
-    server = LocalRedis()
-    backend = RedisStore(server.url, timeout=60.0)
-    try:
+    with local_backend() as backend:
         for blocks in args.blocks:
             run(backend, blocks, args.rounds, args.sweep, args.where)
-    finally:
-        backend.client.flushdb()
-        backend.close()
-        server.close()
 
 
 if __name__ == "__main__":

