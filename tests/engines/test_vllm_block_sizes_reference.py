@@ -8,7 +8,8 @@ of ``scheduler_block_size`` (the lcm of the groups' sizes), at which every group
 block size ``b_g`` holds, cached, every block a query at ``L`` reads: blocks
 ``first_needed(L) // b_g .. L // b_g - 1``; group ``g``'s block ``j`` is keyed by the
 fine hash at its last hash boundary, ``block_hashes[(j + 1) * b_g // hash - 1]``. Group g's
-hit is ``L // b_g`` entries, the null block below what it reads. Needs vllm installed."""
+hit is ``L // b_g`` entries, the null block below what it reads. And what vLLM caches
+per group once a prompt is computed (``reference_cached``). Needs vllm installed."""
 
 from __future__ import annotations
 
@@ -140,3 +141,35 @@ def test_the_reference_at_one_case_by_hand():
     assert reference_hit(groups, 50, 16, lambda g, j: (g, j) in have) == 0
     have.add((1, 0))
     assert reference_hit(groups, 50, 16, lambda g, j: (g, j) in have) == 16
+
+
+def reference_cached(groups: tuple[tuple[int, int | None], ...], lcm: int, n: int, g: int, j: int) -> bool:
+    """Whether vLLM caches block ``j`` of group ``g`` once a prompt of ``n`` tokens is
+    computed (docs/groups.md, "What is cached"): the group's whole blocks below ``n``
+    rounded down to the lcm; a sliding window's only where a hit at an lcm boundary reads
+    them (the ``cdiv(W - 1, b)`` blocks before each boundary), all of them when those
+    runs cover every block."""
+    b, w = groups[g]
+    if (j + 1) * b > n // lcm * lcm:
+        return False
+    if w is None:
+        return True
+    need, per_boundary = -(-(w - 1) // b), lcm // b
+    return need >= per_boundary or j % per_boundary >= per_boundary - need
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 200))
+def test_the_reference_gives_the_blocks_vllm_caches_per_group(layout, n):
+    groups = LAYOUTS[layout]
+    hash_size = reduce(math.gcd, (b for b, _ in groups))
+    lcm = reduce(math.lcm, (b for b, _ in groups))
+    m = _vllm(groups, hash_size, lcm)
+    r = _request("r", [5 + k % 7 for k in range(n)], hash_size)
+    assert m.allocate_slots(r, n) is not None
+    pool = m.coordinator.block_pool
+    for g, (b, _) in enumerate(groups):
+        got = [pool.get_cached_block(r.block_hashes[(j + 1) * b // hash_size - 1], [g]) is not None
+               for j in range(n // b)]
+        assert got == [reference_cached(groups, lcm, n, g, j) for j in range(n // b)], (g, got)
