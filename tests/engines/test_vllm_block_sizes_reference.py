@@ -19,7 +19,7 @@ from functools import reduce
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from . import skip_module_without_vllm
@@ -69,14 +69,14 @@ def _spec(block_size: int, window: int | None) -> Any:
                              sliding_window=window)
 
 
-def _vllm(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int) -> Any:
+def _vllm(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int, events: bool = False) -> Any:
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.kv_cache_utils import init_none_hash
 
     init_none_hash(sha256)
     return KVCacheManager(config(*(_spec(b, w) for b, w in groups), num_blocks=400), max_model_len=256,
-                          scheduler_block_size=lcm, hash_block_size=hash_size)
+                          scheduler_block_size=lcm, hash_block_size=hash_size, enable_kv_cache_events=events)
 
 
 def _request(rid: str, tokens: list[int], hash_size: int) -> Any:
@@ -173,3 +173,42 @@ def test_the_reference_gives_the_blocks_vllm_caches_per_group(layout, n):
         got = [pool.get_cached_block(r.block_hashes[(j + 1) * b // hash_size - 1], [g]) is not None
                for j in range(n // b)]
         assert got == [reference_cached(groups, lcm, n, g, j) for j in range(n // b)], (g, got)
+
+
+def reference_stored(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int,
+                     n: int) -> set[tuple[int, int, int]]:
+    """What vLLM announces (``BlockStored``) once a prompt of ``n`` tokens is computed, as
+    ``(group, fine hash index, block_size)``: each cached block under its key, with its
+    group's size; and a full-attention group larger than the hash block, when the
+    prompt's last hash boundary before its last token falls inside a block below the
+    lcm-rounded end (only an lcm-aligned prompt), that block's partial entry, announced
+    as one hash block (its tokens the last hash block before the boundary)."""
+    out = set()
+    for g, (b, w) in enumerate(groups):
+        out |= {(g, (j + 1) * b // hash_size - 1, b) for j in range(n // b)
+                if reference_cached(groups, lcm, n, g, j)}
+        boundary = (n - 1) // hash_size * hash_size
+        if w is None and b > hash_size and 0 < boundary <= n // lcm * lcm and boundary % b:
+            out.add((g, boundary // hash_size - 1, hash_size))
+    return out
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 200))
+@example(n=96)  # (a multiple of every layout's lcm: partial entries where a block > hash block)
+def test_the_reference_gives_the_blocks_vllm_announces_per_group(layout, n):
+    from vllm.distributed.kv_events import BlockStored
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    groups = LAYOUTS[layout]
+    hash_size = reduce(math.gcd, (b for b, _ in groups))
+    lcm = reduce(math.lcm, (b for b, _ in groups))
+    m = _vllm(groups, hash_size, lcm, events=True)
+    r = _request("r", [5 + k % 7 for k in range(n)], hash_size)
+    assert m.allocate_slots(r, n) is not None
+    index = {maybe_convert_block_hash(h): i for i, h in enumerate(r.block_hashes)}
+    got = [(e.group_idx, index[h], e.block_size) for e in m.take_events() if isinstance(e, BlockStored)
+           for h in e.block_hashes]
+    assert len(got) == len(set(got))
+    assert set(got) == reference_stored(groups, hash_size, lcm, n)
