@@ -63,7 +63,7 @@ def test_blocks_a_request_fills_after_its_uncached_block_are_not_served():
     m.add_request("c", list(range(8)) + [77])  # recomputes block 1
     m.check_invariants()
     assert m.lookup(list(range(13)) + [0]) == 8  # before: 12 (a's block 2 served)
-    assert m.get_block_ids("c") == ((0, 1, 2),)  # the emptied blocks, reused first
+    assert m.get_block_ids("c") == ((0, 3, 2),)  # the emptied blocks, reused first, a's tail first
     assert mirror.announced(0, list(range(13))) == [True, True, False]  # before: block 2 too
     m.free("c")
     m.check_invariants()

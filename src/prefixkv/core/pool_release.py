@@ -36,14 +36,42 @@ class PoolRelease:
     _empty: list[Block]
     _cached: FreeBlockQueue
 
+    def free(self, blocks: Iterable[Block]) -> None:
+        """``release`` of a request's blocks as its ``free`` gives them (its tail first),
+        except that those going empty are reused in the order given, the first first, as
+        vLLM 0.33's ``BlockPool.free_blocks`` puts them at the front of its queue (so the
+        next request takes the freed request's tail block first, as in vLLM)."""
+        empty = self._empty
+        start = len(empty)
+        self.release(blocks)
+        if len(empty) - start > 1:  # (``take`` pops from the end: the first given last)
+            empty[start:] = empty[start:][::-1]
+
+    def free_groups(self, blocks: Iterable[Block],
+                    tables: Sequence[Sequence[Block | None]]) -> None:
+        """``free`` for a request of several layer groups (``tables``: its blocks, or those
+        it releases, per group): the blocks going empty are reused group by group, the
+        last group's first, each group's in the order given, as vLLM 0.33 frees a hybrid
+        request (one ``free_blocks`` a group, in group order, each to the front)."""
+        empty = self._empty
+        start = len(empty)
+        self.release(blocks)
+        if len(empty) - start > 1:
+            last = len(tables) - 1
+            rank = {id(b): last - g for g, t in enumerate(tables) for b in t if b is not None}
+            going = sorted(empty[start:], key=lambda b: rank.get(id(b), 0))  # (stable)
+            empty[start:] = going[::-1]
+
     def release(self, blocks: Iterable[Block]) -> None:
         """Drop one reference on each block, in the order given. A block reaching 0 joins
         the free queue: cached ones as most recently used, in the order given (so of
         blocks released together the first given is evicted first), the rest into the
-        empty tier. A spare copy of a cached content goes empty, and the block holding
-        that content, if free, takes the spare's place in the LRU order. The blocks of a
-        shared run (``Run``), given together, drop one count; at 0 they join as one
-        segment (its two ends linked, when its own links still chain them)."""
+        empty tier, the last given reused first (blocks a fetch or a plan took back go
+        where they were taken from; a request's ``free``: ``free``). A spare copy of a
+        cached content goes empty, and the block holding that content, if free, takes
+        the spare's place in the LRU order. The blocks of a shared run (``Run``), given
+        together, drop one count; at 0 they join as one segment (its two ends linked,
+        when its own links still chain them)."""
         empty = self._empty
         _, tail = self._cached.ends()
         last = tail.prev  # each block joining is linked after ``last`` in place

@@ -35,7 +35,8 @@ def _release(self: HybridKVCacheManager, req: GroupRequest, going: list[list[Blo
     if going is not None:
         for g, part in enumerate(going):
             self._released[g] += sum(b is not None for b in part)
-        self._pool.release(release_order(self.groups, self.block_size, req, going, self._index.finds))
+        self._pool.free_groups(release_order(self.groups, self.block_size, req, going,
+                                                self._index.finds), going)
         req.plan_release(self.groups, self.block_size)
 
 

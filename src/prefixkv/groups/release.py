@@ -41,8 +41,8 @@ def free(self: HybridKVCacheManager, request_id: Hashable, *, num_computed_token
     # a longer prefix exists (a child, or another request ending here): a reference on
     # the last node beside its blocks' and the request's own
     longer = bool(nodes) and nodes[-1].refs > self._index.num_blocks_of(nodes[-1]) + 1
-    self._pool.release(free_order(self.groups, self.block_size, req,
-                                  finder(self._index, req), longer))
+    self._pool.free_groups(free_order(self.groups, self.block_size, req,
+                                         finder(self._index, req), longer), req.tables)
     self._table.unhold(req.nodes[-1] if req.nodes else None)
 
 
