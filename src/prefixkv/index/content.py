@@ -220,11 +220,13 @@ class ContentIndex(DroppingIndex):
         held = 0
         get, by_key, epoch = self._by_chunk.get, self._by_key, self._epoch
         width = 4 * self._bs
-        end = len(chunks) * width
+        n = len(chunks)
+        end = n * width
         p = _NO_PARENT  # (its content id is 0, a first block's parent_cid)
         b: Block | None
-        it = iter(chunks)
-        for chunk in it:
+        i = 0  # the chunks compared: ``len(hits)`` (an index, not an iterator: a run skips
+        while i < n:  # its chunks with an addition, no ``islice``, a C path cold each step)
+            chunk = chunks[i]
             # the parent's last child first: a verified guess saves hashing the chunk
             b = p.child
             if b.key != chunk or b.parent_cid != p.content_id \
@@ -247,6 +249,7 @@ class ContentIndex(DroppingIndex):
                 b.refs = 1
             hits.append(b)
             p = b
+            i += 1
             while True:  # (a run may end on a block heading another run: a pending
                 # run's blocks have no key, so only its head's ``starts`` reaches them)
                 run = b.starts
@@ -254,7 +257,6 @@ class ContentIndex(DroppingIndex):
                     break
                 # b heads a run: as many of its blocks as agree with the prompt's next chunks
                 # are the blocks found for them (a shared run holds its content; ``Run``)
-                i = len(hits)
                 known = run.blocks
                 k = len(known)
                 if (run.pcid if run.pending else known[0].parent_cid) != b.content_id:
@@ -324,5 +326,5 @@ class ContentIndex(DroppingIndex):
                 hits += known
                 p = known[-1]
                 b = p
-                next(islice(it, k - 1, None), None)  # (the k chunks compared)
+                i += k  # (the k chunks compared)
         return hits, len(hits) - held
