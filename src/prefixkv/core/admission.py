@@ -156,8 +156,8 @@ def add_request(
     """
     p = prompt_token_ids
     requests = self._requests
-    try:  # (``check_new_request``'s probe inline: a new id costs no call)
-        live = request_id in requests
+    try:  # (``check_new_request``'s probe inline: a new id costs no call; ``get``, not
+        live = requests.get(request_id) is not None  # ``in``: a C path claim's probes run)
     except Exception:
         live = True
     if (live or not isinstance(p, Prompt) or not self._lean

@@ -218,7 +218,8 @@ class ContentIndex(DroppingIndex):
             return None
         hits: list[Block] = []
         held = 0
-        get, by_key, epoch = self._by_chunk.get, self._by_key, self._epoch
+        # (``by_chunk.get`` called as a method: no bound method made, a C path cold each step)
+        by_chunk, by_key, epoch = self._by_chunk, self._by_key, self._epoch
         width = 4 * self._bs
         n = len(chunks)
         end = n * width
@@ -233,7 +234,7 @@ class ContentIndex(DroppingIndex):
                     or (b.extra is not base and b.extra != base) \
                     or b.twin:  # (extra is nearly always the same object: ``is`` first)
                 cid = p.content_id
-                b = get(chunk)
+                b = by_chunk.get(chunk)
                 if b is None or b.parent_cid != cid or b.extra != base:
                     b = by_key.get((cid, chunk, base)) if by_key else None
                     if b is None:
