@@ -226,7 +226,7 @@ def add_request(
     last = total // bs
     if last > first:  # (``Announcer.prepare``'s case without hashes, inline)
         w = 4 * bs  # (the chunks' bytes in one piece: a slice of the prompt's)
-        index.store(req, first, (chunks[first:last], [keys.base] * (last - first), None),
+        index.store(req, first, (chunks[first:last], p.extras[first:last], None),
                     p.data[first * w:last * w])
     requests[request_id] = req
     stats = self._stats  # (``StatsCounter.record``, inline)
