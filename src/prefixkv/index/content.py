@@ -57,6 +57,11 @@ if TYPE_CHECKING:
 
 _REFS = attrgetter("refs")
 _NO_PARENT = Block(-1)  # the parent of a first block in ``claim``: never given a child
+_COPIED = 4096
+"""A run's bytes shorter than this are compared with a slice of the prompt's (a copy):
+``startswith`` with offsets parses them through C paths (~35 lines of the interpreter's
+machine code) that are cold after the forward pass; a longer copy costs more than those
+(benchmarks/results/chat-r20.md)."""
 
 
 def _agree(known: bytes, data: bytes, at: int, end: int, width: int) -> int:
@@ -221,6 +226,7 @@ class ContentIndex(DroppingIndex):
         # (``by_chunk.get`` called as a method: no bound method made, a C path cold each step)
         by_chunk, by_key, epoch = self._by_chunk, self._by_key, self._epoch
         width = 4 * self._bs
+        short = _COPIED // width  # (a run of fewer blocks is compared as a slice)
         n = len(chunks)
         end = n * width
         p = _NO_PARENT  # (its content id is 0, a first block's parent_cid)
@@ -265,7 +271,14 @@ class ContentIndex(DroppingIndex):
                     break
                 # (the head's chunk first, as recorded; within the chunks given: a probe may
                 # be cut short of ``data``)
-                if not data.startswith(run.data, (i - 1) * width, end):
+                d = run.data
+                at = (i - 1) * width
+                if k < short:  # (compared as a slice: ``_COPIED``)
+                    e = at + len(d)
+                    same = e <= end and data[at:e] == d
+                else:
+                    same = data.startswith(d, at, end)
+                if not same:
                     # (-1: b's differs: b was emptied and refilled since, its ``starts`` stale)
                     k = _agree(run.data, data, (i - 1) * width, end, width) - 1
                     if k <= 0:
