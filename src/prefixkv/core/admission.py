@@ -156,8 +156,8 @@ def add_request(
     """
     p = prompt_token_ids
     requests = self._requests
-    try:  # (``check_new_request``'s probe inline: a new id costs no call)
-        live = request_id in requests
+    try:  # (``check_new_request``'s probe inline: a new id costs no call; ``get``, not
+        live = requests.get(request_id) is not None  # ``in``: a C path claim's probes run)
     except Exception:
         live = True
     if (live or not isinstance(p, Prompt) or not self._lean
@@ -226,7 +226,7 @@ def add_request(
     last = total // bs
     if last > first:  # (``Announcer.prepare``'s case without hashes, inline)
         w = 4 * bs  # (the chunks' bytes in one piece: a slice of the prompt's)
-        index.store(req, first, (chunks[first:last], [keys.base] * (last - first), None),
+        index.store(req, first, (chunks[first:last], p.extras[first:last], None),
                     p.data[first * w:last * w])
     requests[request_id] = req
     stats = self._stats  # (``StatsCounter.record``, inline)

@@ -105,7 +105,9 @@ class BlockPool(PoolRelease):
         the run's is copied: each would touch a block, cold by now), and the one returned
         when fewer empty blocks are taken."""
         empty = self._empty
-        k = min(n, len(empty))
+        k = len(empty)
+        if n < k:  # (not ``min``: its keyword parsing is ~45 lines of the interpreter's
+            k = n  # machine code, cold after the forward pass; benchmarks/results/chat-r20.md)
         taken = empty[len(empty) - k:]
         del empty[len(empty) - k:]
         taken.reverse()

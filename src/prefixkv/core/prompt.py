@@ -46,18 +46,20 @@ class Prompt:
     ``block_hashes`` and ``len()``; the other attributes are the manager's.
     """
 
-    __slots__ = ("tokens", "keys", "chunks", "data", "hashes", "config", "spare")
+    __slots__ = ("tokens", "keys", "chunks", "extras", "data", "hashes", "config", "spare")
 
     tokens: array[int]
     keys: RequestKeys
     chunks: list[bytes]
+    extras: list[bytes]
     data: bytes
     hashes: list[bytes] | None
     config: tuple[Hashable, ...]
     spare: list[array[int]]
 
     def __init__(self, tokens: array[int], keys: RequestKeys, chunks: list[bytes],
-                 hashes: list[bytes] | None, config: tuple[Hashable, ...]) -> None:
+                 hashes: list[bytes] | None, config: tuple[Hashable, ...],
+                 extras: list[bytes] | None = None) -> None:
         # ``spare``: a copy of ``tokens`` (with room to grow when long, as ``grow_room``
         # leaves it) that the first admission takes for its request (``list.pop``: one
         # taker, whatever the threads); later admissions copy ``tokens``
@@ -65,8 +67,13 @@ class Prompt:
         if len(spare) >= GROW_AT:
             grow_room(spare)
         # ``data``: the tokens' bytes in one piece, which ``chunks`` cut (``Index.claim``
-        # compares a run of cached blocks with it as one memcmp)
+        # compares a run of cached blocks with it as one memcmp); ``extras``: each full
+        # block's extra-key bytes (``add_request`` slices them: no list made by ``*``;
+        # given by ``prepare_prompt``, which hashes with them)
+        if extras is None:
+            extras = keys.of_blocks(0, len(chunks))
         for name, value in (("tokens", tokens), ("keys", keys), ("chunks", chunks),
+                            ("extras", extras),
                             ("data", token_bytes(tokens)), ("hashes", hashes),
                             ("config", config), ("spare", [spare])):
             object.__setattr__(self, name, value)
@@ -137,9 +144,9 @@ def prepare_prompt(token_ids: Sequence[int], extra: ExtraKeys | None, block_size
         raise PromptError("this prompt is prepared already: pass the Prompt itself")
     tokens, keys, cut = encode_prompt(token_ids, extra, block_size, vocab_size)
     chunks = list(cut)  # (a prepared prompt's are cut here, off the scheduler's thread)
-    hashes = (hasher.chain(hasher.root, chunks, keys.of_blocks(0, len(chunks)))
-              if hasher is not None else None)
-    return Prompt(tokens, keys, chunks, hashes, config)
+    extras = keys.of_blocks(0, len(chunks))
+    hashes = hasher.chain(hasher.root, chunks, extras) if hasher is not None else None
+    return Prompt(tokens, keys, chunks, hashes, config, extras)
 
 
 def unpack_prompt(prompt: Prompt, extra: ExtraKeys | None,

@@ -57,6 +57,11 @@ if TYPE_CHECKING:
 
 _REFS = attrgetter("refs")
 _NO_PARENT = Block(-1)  # the parent of a first block in ``claim``: never given a child
+_COPIED = 4096
+"""A run's bytes shorter than this are compared with a slice of the prompt's (a copy):
+``startswith`` with offsets parses them through C paths (~35 lines of the interpreter's
+machine code) that are cold after the forward pass; a longer copy costs more than those
+(benchmarks/results/chat-r20.md)."""
 
 
 def _agree(known: bytes, data: bytes, at: int, end: int, width: int) -> int:
@@ -218,20 +223,24 @@ class ContentIndex(DroppingIndex):
             return None
         hits: list[Block] = []
         held = 0
-        get, by_key, epoch = self._by_chunk.get, self._by_key, self._epoch
+        # (``by_chunk.get`` called as a method: no bound method made, a C path cold each step)
+        by_chunk, by_key, epoch = self._by_chunk, self._by_key, self._epoch
         width = 4 * self._bs
-        end = len(chunks) * width
+        short = _COPIED // width  # (a run of fewer blocks is compared as a slice)
+        n = len(chunks)
+        end = n * width
         p = _NO_PARENT  # (its content id is 0, a first block's parent_cid)
         b: Block | None
-        it = iter(chunks)
-        for chunk in it:
+        i = 0  # the chunks compared: ``len(hits)`` (an index, not an iterator: a run skips
+        while i < n:  # its chunks with an addition, no ``islice``, a C path cold each step)
+            chunk = chunks[i]
             # the parent's last child first: a verified guess saves hashing the chunk
             b = p.child
             if b.key != chunk or b.parent_cid != p.content_id \
                     or (b.extra is not base and b.extra != base) \
                     or b.twin:  # (extra is nearly always the same object: ``is`` first)
                 cid = p.content_id
-                b = get(chunk)
+                b = by_chunk.get(chunk)
                 if b is None or b.parent_cid != cid or b.extra != base:
                     b = by_key.get((cid, chunk, base)) if by_key else None
                     if b is None:
@@ -247,6 +256,7 @@ class ContentIndex(DroppingIndex):
                 b.refs = 1
             hits.append(b)
             p = b
+            i += 1
             while True:  # (a run may end on a block heading another run: a pending
                 # run's blocks have no key, so only its head's ``starts`` reaches them)
                 run = b.starts
@@ -254,7 +264,6 @@ class ContentIndex(DroppingIndex):
                     break
                 # b heads a run: as many of its blocks as agree with the prompt's next chunks
                 # are the blocks found for them (a shared run holds its content; ``Run``)
-                i = len(hits)
                 known = run.blocks
                 k = len(known)
                 if (run.pcid if run.pending else known[0].parent_cid) != b.content_id:
@@ -262,7 +271,14 @@ class ContentIndex(DroppingIndex):
                     break
                 # (the head's chunk first, as recorded; within the chunks given: a probe may
                 # be cut short of ``data``)
-                if not data.startswith(run.data, (i - 1) * width, end):
+                d = run.data
+                at = (i - 1) * width
+                if k < short:  # (compared as a slice: ``_COPIED``)
+                    e = at + len(d)
+                    same = e <= end and data[at:e] == d
+                else:
+                    same = data.startswith(d, at, end)
+                if not same:
                     # (-1: b's differs: b was emptied and refilled since, its ``starts`` stale)
                     k = _agree(run.data, data, (i - 1) * width, end, width) - 1
                     if k <= 0:
@@ -324,5 +340,5 @@ class ContentIndex(DroppingIndex):
                 hits += known
                 p = known[-1]
                 b = p
-                next(islice(it, k - 1, None), None)  # (the k chunks compared)
+                i += k  # (the k chunks compared)
         return hits, len(hits) - held
