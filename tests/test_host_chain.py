@@ -287,11 +287,11 @@ def test_reserving_plain_slots_drops_chunk_and_content_keys():
     tier.land(landing, 0, [b"x", b"x", b"y"], [b"", b"", b""], [1, 2, 3], [b"h"] * 3, None)
     tier.end_step()
     assert len(tier.by_key) == 1 and tier.num_chained == 0
-    tier.on_device(landing[1], Block(9, key=b"x", parent_cid=1, content_id=2))  # (so y,
-    again = tier.reserve(2)                          # under it, stays) the two least
-    assert again == landing[:2] and tier.check() is None  # recently used
-    assert not tier.by_key and list(tier.by_chunk) == [b"y"]
-    assert tier.find(0, b"x", b"") is None and tier.find(1, b"x", b"") is None
+    again = tier.reserve(2)                          # the two least recently used: a
+    assert again == landing[:0:-1] and tier.check() is None  # landed run's, leaves first
+    assert not tier.by_key and list(tier.by_chunk) == [b"x"]   # (y's chunk key, x's triple)
+    assert tier.find(1, b"x", b"") is None and tier.find(2, b"y", b"") is None
+    assert tier.find(0, b"x", b"") is landing[0]
     tier.unreserve(again)
     assert tier.check() is None and tier.num_free == 3 and len(tier) == 1
 

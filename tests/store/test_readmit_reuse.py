@@ -140,14 +140,14 @@ def test_a_landed_slot_taken_before_the_readmission_is_walked(backend, shared, t
     m.take_kv_ops()                         # the step ran: the landed slots are cached
     stored(shared, backend, list(range(40, 49)))
     if refilled:                            # s takes 2 slots: the empty one, then the least
-        landed(m, "s", list(range(40, 49)))  # recent (block 0's), where its block 1 lands
-    else:                                   # ... or is still landing (no content)
-        m.add_request("s", list(range(40, 49)))
-    # s's fetch took slot 0: it lands there still, or landed in device blocks (the slot
+        landed(m, "s", list(range(40, 49)))  # recent (block 4's: a landed run leaves its
+    else:                                   # slots leaves first), where its block 1 lands
+        m.add_request("s", list(range(40, 49)))   # ... or is still landing (no content)
+    # s's fetch took slot 4: it lands there still, or landed in device blocks (the slot
     # holds the payload until the step ran, keyless, then goes empty)
-    assert m._host.slots[0].key is None
+    assert m._host.slots[4].key is None and m._host.slots[3].key is not None
     hits, _ = readmit_as_walk(m, "r", P)
-    assert taken == [False] and hits == []
+    assert taken == [False] and [h.block_id for h in hits] == [0, 1, 2, 3]
 
 
 def test_a_run_landed_on_the_device_is_reused_whatever_the_slots_do(backend, shared, taken):

@@ -293,6 +293,16 @@ def test_attached_memory_must_fit_the_slots(backend, layout):
         KVCacheManager(8, 4).attach_host_memory(good)
 
 
+@pytest.mark.parametrize("slot", [memoryview(bytearray(8)), bytearray(8), "abcdefgh"],
+                         ids=["a-view", "a-buffer", "a-str"])
+def test_a_slot_given_one_buffer_instead_of_a_list_is_told_so(backend, layout, slot):
+    """The common slip (one view per slot, not a list of them) is named as such, not as
+    a buffer that is not one (iterating a view gives ints)."""
+    m, _, _ = setup(backend, layout)
+    with pytest.raises(ConfigError, match=r"^host slot 0: a list of writable views, got "):
+        m.attach_host_memory([slot] * 4)
+
+
 def test_the_fetcher_makes_the_slots_views_from_the_memory_attached_at_the_start(backend, layout):
     """The scheduler's thread hands over the slots, not a view per slot: the fetcher
     makes them, from the memory attached when the fetch started (none can be attached

@@ -42,7 +42,7 @@ class FetchMemory:
             raise ConfigError(f"{in_flight} store fetches are under way: attach host "
                               f"memory once they landed (poll_store)")
         slots, want = self.num_slots, self.payload
-        if not isinstance(buffers, Sequence) or isinstance(buffers, (str, bytes, memoryview)):
+        if not isinstance(buffers, Sequence) or isinstance(buffers, (str, bytes, bytearray, memoryview)):
             raise ConfigError(f"host memory must be a list of each slot's views, got {buffers!r}")
         if len(buffers) != slots:
             raise ConfigError(f"host memory for {len(buffers)} slots, the tier has {slots}")
@@ -75,7 +75,7 @@ class FetchMemory:
 
 def _slot_views(i: int, views_i: object, want: int) -> list[memoryview]:
     """Slot ``i``'s views as flat writable byte views of ``want`` bytes in all."""
-    if not isinstance(views_i, Sequence) or isinstance(views_i, (str, bytes, memoryview)):
+    if not isinstance(views_i, Sequence) or isinstance(views_i, (str, bytes, bytearray, memoryview)):
         raise ConfigError(f"host slot {i}: a list of writable views, got {views_i!r}")
     try:
         vs = [memoryview(v).cast("B") for v in views_i]

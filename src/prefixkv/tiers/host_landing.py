@@ -110,21 +110,22 @@ class SlotLanding(SlotOrphans):
         key them as they go up, which costs more than keying them now) and each its
         predecessor's ``child`` (the walk's guess). All are pinned until the plan is
         drained (a ``StoreFetched`` writing them may be pending, which no offload of the
-        same plan may precede). The caller made sure no slot holds the first content
-        already (the others' parents are new). ``filled``: ``fill_landing`` wrote these
-        slots' fields already (on a fetcher's thread), from a parent that may have been
-        another, with ``chunks`` (keys): only the first slot's parent and key are set
-        here (``extras``, ``cids`` and ``hashes`` are not read). ``unique``: no two of
-        ``chunks`` are equal (then, when no slot's key is one of them either, the slots
-        enter the map in one C call). ``keyed``:
-        ``dict(zip(chunks, slots))``, built where it cost the scheduler nothing (a
-        fetcher's thread), given only when ``unique``: the dicts' stored hashes serve the
-        check and the keying (no token bytes is hashed or read again, and the check
-        probes the smaller of the two maps); it may become the tier's map (the other
-        merged into it, when it is the larger): the caller makes no other use of it.
-        ``ids``: the slots' ids, listed where it cost the scheduler nothing: an admission
-        that loads exactly these slots in this step neither pins them again nor lists
-        their ids (``hold``, ``load``)."""
+        same plan may precede), then unpinned leaves first (the LRU takes the run's last
+        slot first, as the device evicts a request's tail first). The caller made sure
+        no slot holds the first content already (the others' parents are new).
+        ``filled``: ``fill_landing`` wrote these slots' fields already (on a fetcher's
+        thread), from a parent that may have been another, with ``chunks`` (keys): only
+        the first slot's parent and key are set here (``extras``, ``cids`` and
+        ``hashes`` are not read). ``unique``: no two of ``chunks`` are equal (then, when
+        no slot's key is one of them either, the slots enter the map in one C call).
+        ``keyed``: ``dict(zip(chunks, slots))``, built where it cost the scheduler
+        nothing (a fetcher's thread), given only when ``unique``: the dicts' stored
+        hashes serve the check and the keying (no token bytes is hashed or read again,
+        and the check probes the smaller of the two maps); it may become the tier's map
+        (the other merged into it, when it is the larger): the caller makes no other use
+        of it. ``ids``: the slots' ids, listed where it cost the scheduler nothing: an
+        admission that loads exactly these slots in this step neither pins them again
+        nor lists their ids (``hold``, ``load``)."""
         if filled:
             slots[0].parent_cid = parent_cid
         else:
@@ -157,7 +158,8 @@ class SlotLanding(SlotOrphans):
         self.kids.note_run(slots, self.by_chunk, self.by_key)  # (each under its parent)
         for s in slots:  # pinned from now on (a landing slot's count is 0)
             s.refs = 1
-        self._pinned += slots
+        self._pinned += reversed(slots)  # (leaves first, as ``hold``'s: a parent taken
+        # first would cut the slots after it off: tests/store/test_landing_gaps.py)
         if ids is not None:
             self._landed.append((slots, ids))
         if event is not None:
