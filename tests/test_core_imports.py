@@ -27,7 +27,7 @@ CORE_LOW = {"core.block", "core.run", "core.free_queue", "core.request", "core.c
 INDEX = {"index", "index.protocol", "index.content", "index.recording", "index.spares",
          "index.announce", "index.none", "index.hasher", "index.content_check", "index.lower",
          "index.run_check", "index.cut_off", "index.kids", "index.pending", "index.chains",
-         "index.landed", "index.dropping"}
+         "index.landed", "index.dropping", "index.run_cut"}
 TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.host_landing",
          "tiers.host_offload", "tiers.host_kids", "tiers.host_loads", "tiers.host_orphans"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",

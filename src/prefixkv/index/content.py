@@ -34,7 +34,8 @@ announce a hash once (first block) and withdraw it once (last block).
 
 This module finds content (``match``, ``claim``). ``ContentIndex``'s other parts: its state
 (``chains.py``), recording (``recording.py``, ``landed.py``), spares leaving the index
-(``spares.py``), eviction and checks (``dropping.py``).
+(``spares.py``), eviction and checks (``dropping.py``); a claimed run cut where the
+prompt parts from it (``run_cut.py``).
 """
 
 from __future__ import annotations
@@ -45,12 +46,12 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from ..core.block import Block
-from ..core.run import Run
 from ..errors import ConfigError, check_positive
 from ..event_log import EventLog, EventSink, NullSink
 from .dropping import DroppingIndex
 from .hasher import Hasher
 from .pending import content_id_of, split_pending, walk_pending
+from .run_cut import agree, split_run
 
 if TYPE_CHECKING:
     from .lower import LowerTier
@@ -62,56 +63,6 @@ _COPIED = 4096
 ``startswith`` with offsets parses them through C paths (~35 lines of the interpreter's
 machine code) that are cold after the forward pass; a longer copy costs more than those
 (benchmarks/results/chat-r20.md)."""
-
-
-def _agree(known: bytes, data: bytes, at: int, end: int, width: int) -> int:
-    """How many ``width``-byte chunks of ``known`` agree with ``data[at:end]``, from the
-    first (they do not all): memcmps in C (``startswith`` at an offset, the chunks of
-    ``known`` viewed without a copy), halving the stretch where they part."""
-    view = memoryview(known)
-    lo, hi = 0, min(len(known), end - at) // width  # known's first lo agree; hi may not
-    if hi and data.startswith(view[:hi * width], at):
-        return hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if data.startswith(view[lo * width:mid * width], at + lo * width):
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def _split(run: Run, k: int, width: int) -> list[Block]:
-    """Cut ``run`` (not pending: ``split_pending``) after its first ``k`` blocks (a claim
-    agrees with those alone): the rest become a run of their own, headed by the ``k``-th,
-    shared alike (one segment each while free), or not. ``width``: a block's token
-    bytes. Returns the blocks ``run`` keeps."""
-    known = run.blocks
-    counts = run.counts
-    tail = Run(known[k:], run.data[k * width:], run.extra, run.ok, run.seen,  # (headed by
-               counts, known[k - 1].content_id)  # known[k - 1])
-    run.blocks = known = known[:k]
-    run.data = run.data[:(k + 1) * width]
-    _settle_headed(known[-1])
-    known[-1].starts = tail
-    if run.shared:
-        tail.shared, tail.n, tail.fwd, tail.linked = True, run.n, run.fwd, run.linked
-        counts.shared += 1
-        if not run.n:
-            counts.free += 1
-        for b in tail.blocks:
-            b.counted = tail
-    return known
-
-
-def _settle_headed(b: Block) -> None:
-    """Write the pending run ``b`` heads, if any, before a cut overwrites ``b.starts``
-    (``b`` the last block the cut keeps: a stale run's, recorded since as the first
-    block of a miss's run, whose pending blocks are found only from ``b.starts``). A
-    claim that takes a run whole needs no write: it follows ``b.starts`` itself."""
-    r = b.starts
-    if r is not None and r.pending:
-        r.counts.settle(r)
 
 
 class ContentIndex(DroppingIndex):
@@ -280,14 +231,14 @@ class ContentIndex(DroppingIndex):
                     same = data.startswith(d, at, end)
                 if not same:
                     # (-1: b's differs: b was emptied and refilled since, its ``starts`` stale)
-                    k = _agree(run.data, data, (i - 1) * width, end, width) - 1
+                    k = agree(run.data, data, (i - 1) * width, end, width) - 1
                     if k <= 0:
                         break
                     if run.pending:  # (the cut written alone: ``split_pending``; one block
                         known = split_pending(run, k, width)  # leaves the pending runs)
                         self._num_chained += 1
                     else:
-                        known = _split(run, k, width)  # (the part claimed, a run of its own now)
+                        known = split_run(run, k, width)  # (the part claimed, a run of its own now)
                 if run.shared:  # one count for the run; free, it leaves the tier as one segment
                     if run.n:  # (consecutive there: ``Run``)
                         held += k
