@@ -288,12 +288,11 @@ class HashCheck:
         are not ids or its LoRA's path is unknown (nothing to compare)."""
         out: list[list[int | bytes]] = []
         try:
-            data = token_bytes(encode_tokens(run.tokens))  # type: ignore[arg-type]
+            data, step = token_bytes(encode_tokens(run.tokens)), 4 * self._bs  # type: ignore[arg-type]
+            chunks = [data[i * step:(i + 1) * step] for i in range(n)]
             for path in (None,) if run.lora is None else self._paths.get(run.lora, ()):
                 extra = ExtraKeys(lora=run.lora, cache_salt=run.salt, lora_path=path).base_bytes()
-                step = 4 * self._bs
-                digests = chain_hashes(self._fn, self._root, [
-                    data[i * step:(i + 1) * step] for i in range(n)], [extra] * n)
+                digests = chain_hashes(self._fn, self._root, chunks, [extra] * n)
                 out.append(list(digests) if self._format == "bytes"
                            else [int.from_bytes(d, "big") & _MASK64 for d in digests])
         except (TokenError, ExtraKeysError):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import ssl
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from .fetch import YIELD_EVERY
 from .nodes import Nodes
@@ -131,7 +131,7 @@ class RedisStore:
         return self._held(runs)
 
     def _held(self, runs: Sequence[Sequence[bytes]]) -> list[int]:
-        keys = [k for run in runs for k in run]
+        keys = runs[0] if len(runs) == 1 else [k for run in runs for k in run]
         until = time.monotonic() + self.timeout
         try:
             replies = self._on_nodes(keys, lambda i: pack(b"EXISTS", keys[i]), lambda: until)
@@ -198,8 +198,10 @@ class RedisStore:
             sent: list[tuple[Resp, list[int]]] = []
             for node, idx in asked:
                 fair = time.monotonic() < deadline()  # (else another node took its time)
+                cmds = [command(i) for i in idx]  # (bytes joined in C; tuples: values unjoined)
                 try:
-                    sent.append((nodes.send(node, [command(i) for i in idx], deadline()),
+                    sent.append((nodes.send(node, cmds if type(cmds[0]) is tuple
+                                            else b"".join(cast("list[bytes]", cmds)), deadline()),
                                  idx))
                 except Exception as exc:
                     failure = nodes.failed(node, idx, replies, exc, fair)
