@@ -46,6 +46,7 @@ LAYOUTS = {
     "window6@8+full16+window40@32": ((8, 6), (16, None), (32, 40)),
     "window9@16+window30@8": ((16, 9), (8, 30)),
     "window17@16+full8+window9@8": ((16, 17), (8, None), (8, 9)),  # (W - 1 a multiple of b)
+    "window20@16+full24": ((16, 20), (24, None)),  # (hash 8, lcm 48: neither group's size)
 }
 
 
