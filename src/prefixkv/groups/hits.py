@@ -64,3 +64,41 @@ def longest_hit(specs: Sequence[GroupSpec], block_size: int, limit: int,
                 break
             low[g] = min(low[g], max(need, 0))
     return k
+
+
+def longest_sized_hit(specs: Sequence[GroupSpec], sizes: Sequence[int], align: int, limit: int,
+                      cached: Callable[[int, int], bool]) -> int:
+    """The hit, in tokens, when the groups' block sizes differ (vLLM's hybrid layouts,
+    docs/groups.md "Hits"): the largest ``L <= limit``, a multiple of ``align`` (the lcm
+    of ``sizes``, or a multiple of it), at which every group ``g`` holds, cached, the
+    blocks a query at ``L`` reads, ``spec.first_needed(L) // sizes[g] .. L // sizes[g] - 1``.
+    ``cached(g, j)``: block ``j`` (positions ``j*sizes[g] ..``) of the prefix is cached in
+    group ``g``; called at most once per ``(g, j)``, only for blocks below the first
+    candidate. The same search as ``longest_hit``, in tokens: a miss at block ``j`` of
+    group ``g`` rejects every candidate from ``(j + 1) * sizes[g]`` up (each still reads
+    it), so the candidate drops to the aligned length below ``j * sizes[g] + 1``.
+    Checks nothing: ``sizes`` and ``align`` come from ``sizes.BlockSizes``."""
+    top = limit - limit % align if limit > 0 else 0
+    for g, spec in enumerate(specs):
+        if not spec.releases:
+            b, run = sizes[g], 0
+            while run < top // b and cached(g, run):
+                run += 1
+            top = min(top, run * b // align * align)
+    windowed = [g for g, s in enumerate(specs) if s.releases]
+    # blocks known[g] .. top // sizes[g] - 1 are known cached in g (none at first)
+    known = {g: top // sizes[g] for g in windowed}
+    changed = True
+    while changed and top:
+        changed = False
+        for g in windowed:
+            b = sizes[g]
+            need = specs[g].first_needed(top) // b
+            j = min(known[g], top // b) - 1
+            while j >= need and cached(g, j):
+                j -= 1
+            if j >= need:
+                top, changed = j * b // align * align, True
+                break
+            known[g] = need  # (need never rises as top drops)
+    return top

@@ -1,0 +1,107 @@
+"""Layer groups of different block sizes (vLLM's hybrid layouts, docs/groups.md): how
+their blocks are keyed, found and cached, as pure functions of the sizes.
+
+Hashes are computed at ``hash_size`` (a divisor of every group's size; vLLM's
+``hash_block_size``, by default their gcd): fine hash ``i`` chains over positions
+``0 .. (i + 1) * hash_size - 1``. Group ``g``, of block size ``b = k * hash_size``, keys
+its block ``j`` by the fine hash at the block's last boundary::
+
+    positions   | block j of group g: j*b .. (j+1)*b - 1                      |
+    fine hashes | (j*k) ... ((j+1)*k - 1)  <- the key of block j in group g   |
+
+A hit, and what is cached, are whole multiples of ``align`` (vLLM's
+``scheduler_block_size``, by default the lcm of the sizes), so every group holds a
+whole number of blocks there. The hybrid manager does not take such layouts yet
+(docs/groups.md, "What an implementation in prefixkv needs"); these are the rules it
+must follow, each checked against vLLM's manager
+(tests/engines/test_vllm_block_sizes_reference.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import reduce
+
+from ..errors import ConfigError, check_positive
+from .hits import longest_sized_hit
+from .spec import FULL, GroupSpec
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSizes:
+    """The block size of each group, the hash block size and the alignment of hits and
+    caching. Made by ``BlockSizes.of``, which checks them."""
+
+    sizes: tuple[int, ...]
+    hash_size: int
+    align: int
+
+    @classmethod
+    def of(cls, sizes: Sequence[int], hash_size: int | None = None, align: int | None = None) -> BlockSizes:
+        """The sizes of groups of block sizes ``sizes``; ``hash_size`` defaults to their
+        gcd, ``align`` to their lcm. Raises ConfigError: no sizes, a size (or
+        ``hash_size``, ``align``) not a positive int, a size not a multiple of
+        ``hash_size``, ``align`` not a multiple of every size."""
+        try:
+            got = tuple(sizes)
+        except TypeError:
+            raise ConfigError(f"sizes must be a sequence of block sizes, got {sizes!r}") from None
+        if not got:
+            raise ConfigError("sizes must name one block size per group, got none")
+        for b in got:
+            check_positive("a group's block size", b)
+        h = reduce(math.gcd, got) if hash_size is None else check_positive("hash_size", hash_size)
+        a = reduce(math.lcm, got) if align is None else check_positive("align", align)
+        if any(b % h for b in got):
+            raise ConfigError(f"every group's block size must be a multiple of hash_size {h}, got {got}")
+        if any(a % b for b in got):
+            raise ConfigError(f"align must be a multiple of every group's block size, got {a} for {got}")
+        return cls(got, h, a)
+
+    def key_index(self, g: int, j: int) -> int:
+        """The index of the fine hash that keys block ``j`` of group ``g``."""
+        return (j + 1) * (self.sizes[g] // self.hash_size) - 1
+
+    def num_keyed(self, g: int, num_hashes: int) -> int:
+        """Blocks of group ``g`` that ``num_hashes`` fine hashes key (whole blocks only)."""
+        return num_hashes // (self.sizes[g] // self.hash_size)
+
+    def longest_hit(self, specs: Sequence[GroupSpec], limit: int, cached: Callable[[int, int], bool]) -> int:
+        """The hit in tokens, at most ``limit``: ``hits.longest_sized_hit`` at these sizes."""
+        return longest_sized_hit(specs, self.sizes, self.align, limit, cached)
+
+    def caches(self, spec: GroupSpec, g: int, num_tokens: int, j: int) -> bool:
+        """Whether group ``g`` (of spec ``spec``) caches its block ``j`` once ``num_tokens``
+        tokens are computed: a whole block below ``num_tokens`` rounded down to ``align``
+        that a hit can read, one at the first multiple of ``align`` it ends at or
+        before reading it (full attention reads every block; a sliding window of W
+        only the ``cdiv(W - 1, b)`` blocks before each boundary: vLLM's
+        ``reachable_block_mask``). Checked against vLLM for full attention and sliding
+        windows only."""
+        b = self.sizes[g]
+        if j < 0 or (j + 1) * b > num_tokens // self.align * self.align:
+            return False
+        boundary = -(-(j + 1) * b // self.align) * self.align
+        return spec.first_needed(boundary) // b <= j
+
+    def stored(self, specs: Sequence[GroupSpec], num_tokens: int) -> list[tuple[int, int, int]]:
+        """What is announced (vLLM's ``BlockStored``) once a prompt of ``num_tokens``
+        tokens is computed whole, as ``(group, fine hash index, block size)``, group by
+        group in block order: each block ``caches`` names, under its key and its
+        group's size; and in a full-attention group larger than the hash block, the
+        partial entry of the block that holds the prompt's last hash boundary before
+        its last token, when that block lies below the aligned end (so only for a
+        prompt of a multiple of ``align``), announced as one hash block (vLLM's
+        ``cache_partial_block``)."""
+        h, end = self.hash_size, num_tokens // self.align * self.align
+        boundary = (num_tokens - 1) // h * h
+        out = []
+        for g, spec in enumerate(specs):
+            b = self.sizes[g]
+            out += [(g, self.key_index(g, j), b) for j in range(num_tokens // b)
+                    if self.caches(spec, g, num_tokens, j)]
+            if spec.kind == FULL and b > h and 0 < boundary <= end and boundary % b:
+                out.append((g, boundary // h - 1, h))
+        return out
