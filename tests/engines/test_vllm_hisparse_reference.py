@@ -3,10 +3,11 @@
 streams. prefixkv refuses HiSparse (docs/integration.md, "HiSparse"); this reference is
 the specification a prefixkv HiSparse must meet. It tests no prefixkv code.
 
-Scope: one request, prefix caching off, no hits and no external loads (so no host
-publication, copies or restores), one resident and one hot group; a prompt computed in
-chunks, the workers confirming the page copies planned (any subset, any time), and other
-users of the GPU pool taking and giving back blocks. The rules (``Model``):
+Scope: one request at a time (freed, then a new one), prefix caching off, no hits and no
+external loads (so no host publication, copies or restores), one resident and one hot
+group; a prompt computed in chunks, the workers confirming the page copies planned (any
+subset, any time), and other users of the GPU pool taking and giving back blocks. The
+rules (``Model``):
 
 - a step to ``T`` tokens takes, in group order, the host blocks (from the host pool: when
   it lacks them the step fails, whatever the GPU pool holds), the indexer's and the
@@ -23,7 +24,8 @@ users of the GPU pool taking and giving back blocks. The rules (``Model``):
   ``max(blocks_per_request, num_blocks // 10)`` or its row holds the admission window
   (``cdiv(min(max_in_flight_tokens, max_model_len), bs)`` pages);
 - a confirmed copy makes its page clean (unpinned at once when the request holds its hot
-  region and the page is not among the row's last two).
+  region and the page is not among the row's last two);
+- freeing: ``Model.free``; a page in flight keeps its blocks until its copy is confirmed.
 Needs vllm installed."""
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class Model:
     hot_required: bool = False
     valid: set[int] = field(default_factory=set)
     pending: dict[int, int] = field(default_factory=dict)  # transfer id -> page
+    # the transfers of freed requests: transfer id -> (GPU block, host block)
+    orphans: dict[int, tuple[int, int]] = field(default_factory=dict)
     pinned_clean: set[int] = field(default_factory=set)
     unpinned: dict[int, int] = field(default_factory=dict)  # block -> page
     to_send: list[int] = field(default_factory=list)  # transfers planned, not yet sent
@@ -152,8 +156,19 @@ class Model:
         self.pinned_clean.discard(page)
         self.note("unpinned")
 
+    def block_of(self, tid: int) -> int:
+        """The GPU block of transfer ``tid``."""
+        return self.orphans[tid][0] if tid in self.orphans else self.row[self.pending[tid]]
+
     def confirm(self, transfers: list[int]) -> None:
-        for tid in sorted(transfers):  # (the coordinator's dict order: planned order)
+        # (the coordinator's dict order: planned order) first the GPU blocks' references
+        # go, then the host blocks'; a freed request's are the last: to the head
+        for tid in sorted(t for t in transfers if t in self.orphans):
+            self.gpu.appendleft(self.orphans[tid][0])
+        for tid in sorted(transfers):
+            if tid in self.orphans:
+                self.host.appendleft(self.orphans.pop(tid)[1])
+                continue
             page = self.pending.pop(tid)
             self.valid.add(page)
             self.pinned_clean.add(page)
@@ -162,8 +177,41 @@ class Model:
         while self.ready in self.valid:
             self.ready += 1
 
-    def take(self, n: int) -> None:
-        self.taken += self.pop(n)
+    def free(self) -> None:
+        """The request goes (then a new one comes, with a new id). The coordinator first
+        lets go of its clean pages, tail first: unpinned ones stay where they are, the
+        others not in flight are unpinned (to the tail, no longer the request's); then
+        each group gives back what it holds, in group order, tail first, to the head:
+        the host blocks, the indexer's, the row's pages neither unpinned nor in flight,
+        the hot region. A page in flight keeps its blocks until its copy is confirmed."""
+        busy = {page: tid for tid, page in self.pending.items()}
+        for page in reversed(range(len(self.row))):
+            block = self.row[page]
+            if not block or page in busy:
+                continue
+            if block in self.unpinned:
+                del self.unpinned[block]
+            elif page in self.valid:
+                self.gpu.append(block)
+            else:
+                continue
+            self.row[page] = 0
+        for tid, page in self.pending.items():
+            self.orphans[tid] = (self.row[page], self.host_row[page])
+            self.note("freed in flight")
+        self.host.extendleft([b for p, b in enumerate(self.host_row) if p not in busy])
+        self.gpu.extendleft(self.indexer)
+        self.gpu.extendleft([b for p, b in enumerate(self.row) if b and p not in busy])
+        self.gpu.extendleft(self.hot)
+        self.computed = self.ready = 0
+        self.host_row, self.indexer, self.row, self.hot = [], [], [], []
+        self.hot_required = False
+        self.valid, self.pending, self.pinned_clean = set(), {}, set()
+
+    def take(self, n: int) -> list[int]:
+        out = self.pop(n)
+        self.taken += out
+        return out
 
     def give_back(self) -> None:
         for block in reversed(self.taken):
@@ -185,14 +233,16 @@ def vllm_state(manager: Any, coordinator: Any, rid: str) -> dict[str, Any]:
             "pinned_clean": set(state.pinned_clean) if state else set(),
             "unpinned": set(state.unpinned_pages) if state else set(),
             "gpu_free": manager.block_pool.get_num_free_blocks(),
-            "host_free": coordinator.host_manager.block_pool.get_num_free_blocks()}
+            "host_free": coordinator.host_manager.block_pool.get_num_free_blocks(),
+            "in_flight": len(coordinator.pending_spills), "work": coordinator.has_pending_work()}
 
 
 def model_state(m: Model) -> dict[str, Any]:
     return {"host_row": m.host_row, "indexer": m.indexer, "row": m.row, "hot": m.hot,
             "hot_required": m.hot_required, "valid": m.valid, "pending": sorted(m.pending.values()),
             "pinned_clean": m.pinned_clean, "unpinned": set(m.unpinned.values()),
-            "gpu_free": len(m.gpu), "host_free": len(m.host)}
+            "gpu_free": len(m.gpu), "host_free": len(m.host),
+            "in_flight": len(m.pending) + len(m.orphans), "work": bool(m.to_send or m.pending or m.orphans)}
 
 
 def run(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prompt: int,
@@ -214,26 +264,31 @@ def run(num_blocks: int, host_blocks: int, hot_blocks: int, in_flight: int, prom
                 continue
             got = manager.allocate_slots(req, total - m.computed)
             if got is not None:
-                coordinator.advance_scheduled([("r", total)])
+                coordinator.advance_scheduled([(req.request_id, total)])
                 req.num_computed_tokens = total
             assert (got is not None) == m.step(total), (i, op, arg)
         elif op == "confirm":  # every transfer sent; those of ``arg``'s bits confirmed
             sent = coordinator.build_offload_command().page_transfers
             assert [(t.transfer_id, t.resident_block_ids) for t in sent] == [
-                (t, (m.row[m.pending[t]],)) for t in m.to_send], (i, op, arg)
+                (t, (m.block_of(t),)) for t in m.to_send], (i, op, arg)
             m.to_send = []
-            chosen = [t for k, t in enumerate(sorted(m.pending)) if arg >> (k % 16) & 1]
+            chosen = [t for k, t in enumerate(sorted([*m.pending, *m.orphans])) if arg >> (k % 16) & 1]
             coordinator.update_spills({t: 1 for t in chosen}, {t: 1 for t in chosen})
             m.confirm(chosen)
+        elif op == "free":
+            manager.free(req)
+            m.free()
+            req = make_request(f"r{i}", list(range(prompt)))
         elif op == "take":
             n = min(arg, manager.block_pool.get_num_free_blocks())
-            taken += manager.block_pool.get_new_blocks(n)
-            m.take(n)
+            got = manager.block_pool.get_new_blocks(n)
+            assert [b.block_id for b in got] == m.take(n), (i, op, arg)
+            taken += got
         else:
             manager.block_pool.free_blocks(taken)
             taken = []
             m.give_back()
-        assert vllm_state(manager, coordinator, "r") == model_state(m), (i, op, arg)
+        assert vllm_state(manager, coordinator, req.request_id) == model_state(m), (i, op, arg)
     return m
 
 
@@ -253,6 +308,12 @@ SCENARIOS = {
     # the pool's free count at the watermark (3 of 32) asks for nothing; below it, it asks
     "pool-at-watermark": ((32, 12, 1, MAX_LEN, 128), [
         ("step", 96), ("take", 14), ("step", 16), ("step", 16)], {"asked for hot"}),
+    # freed with a page in flight (its blocks wait for the copy), one unpinned (stays in
+    # the pool, no one's), clean ones (unpinned now) and dirty ones; then a new request
+    "free-mid-flight": ((16, 12, 1, 16, 96), [
+        ("step", 16), ("step", 16), ("step", 32), ("confirm", 0b0111), ("step", 16), ("confirm", 0b10),
+        ("free", 0), ("step", 48), ("confirm", ALL), ("take", 12), ("step", 16), ("confirm", ALL)],
+        {"unpinned", "freed in flight"}),
     "host-pool-full": ((32, 3, 1, MAX_LEN, 64), [("step", 48), ("step", 32), ("step", 16)], {"host full"}),
     "pool-below-watermark": ((12, 12, 2, MAX_LEN, 96), [
         ("step", 64), ("step", 16), ("confirm", 5), ("step", 16), ("take", 1), ("give_back", 0),
@@ -270,7 +331,8 @@ def test_scenarios_follow_the_reference(name: str) -> None:
 STEP = st.tuples(st.just("step"), st.integers(1, 40))
 CONFIRM = st.tuples(st.just("confirm"), st.integers(0, ALL))
 OPS = st.lists(st.one_of(STEP, CONFIRM, STEP, CONFIRM, st.tuples(st.just("take"), st.integers(1, 12)),
-                         st.tuples(st.just("give_back"), st.just(0))), min_size=4, max_size=40)
+                         st.tuples(st.just("give_back"), st.just(0)), st.tuples(st.just("free"), st.just(0))),
+               min_size=4, max_size=40)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
