@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from . import skip_module_without_vllm
+from .hisparse_model import BS
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
-BS = 16  # one block size for every group, as HiSparse requires
 REASON = r"HiSparseCoordinator .* docs/integration\.md, \"HiSparse\""
 
 
