@@ -69,6 +69,12 @@ class Layout:
 _FULL = (FullAttentionSpec, MLAAttentionSpec)
 
 
+_HISPARSE = ("vLLM 0.33 runs it in its own managers' insides (a HiSparseCoordinator over its "
+             "HiSparse single-type managers and BlockPool: unpinned pages, a primary host pool "
+             "published late), which prefixkv's pool and groups do not have; "
+             "docs/integration.md, \"HiSparse\"")
+
+
 def _group_of(spec: Any) -> GroupSpec:
     kind = type(spec)
     if kind in _FULL:
@@ -81,8 +87,10 @@ def _group_of(spec: Any) -> GroupSpec:
         return _mamba_group(spec)
     what = {"CrossAttentionSpec": "encoder-decoder cross-attention caches",
             "EncoderOnlyAttentionSpec": "encoder-only attention caches"}.get(kind.__name__)
-    what = what or (f"HiSparse caches ({kind.__name__})" if "HiSparse" in kind.__name__
-                    else f"KV cache spec {kind.__name__}")
+    if "HiSparse" in kind.__name__:
+        raise UnsupportedByPrefixKV(f"prefixkv does not offer HiSparse caches ({kind.__name__}): "
+                                    f"{_HISPARSE}")
+    what = what or f"KV cache spec {kind.__name__}"
     raise UnsupportedByPrefixKV(f"prefixkv does not offer {what}; supported: full attention "
                                 f"(MLA included), sliding window, chunked local attention, "
                                 f"Mamba with mamba_cache_mode='align'")
@@ -115,8 +123,8 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
             f"prefixkv does not offer context parallelism (dcp_world_size={dcp_world_size}, "
             f"pcp_world_size={pcp_world_size}; both must be 1)")
     if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None:
-        raise UnsupportedByPrefixKV("prefixkv does not offer HiSparse (a host pool of "
-                                    f"{kv_cache_config.hisparse_host_num_blocks} blocks)")
+        raise UnsupportedByPrefixKV(f"prefixkv does not offer HiSparse (a host pool of "
+                                    f"{kv_cache_config.hisparse_host_num_blocks} blocks): {_HISPARSE}")
     specs = tuple(g.kv_cache_spec for g in kv_cache_config.kv_cache_groups)
     if not specs:
         raise UnsupportedByPrefixKV("a KV cache config without groups (attention-free "
