@@ -6,6 +6,7 @@ imported, nothing admitted), never an untyped error, a hang or a silent acceptan
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import functools
 import math
@@ -536,7 +537,10 @@ _NOT_BUFFERS: dict[str, Callable[[], Any]] = {
     "bytes, not views": lambda: [[bytearray(4)]],
     "one list too few": lambda: [],
     "a view, not a list": lambda: [memoryview(bytearray(4))],
-    "a strided view": lambda: [[memoryview(bytearray(8))[::2]]]}
+    "a strided view": lambda: [[memoryview(bytearray(8))[::2]]],
+    # 4 bytes in all, but not of bytes: the read counted the items as bytes (review-r21)
+    "a view of one float32": lambda: [[memoryview(array.array("f", [0.0]))]],
+    "a 2-d view": lambda: [[memoryview(bytearray(4)).cast("B", (2, 2))]]}
 
 
 @pytest.mark.parametrize("name", sorted(_redis_calls()))
