@@ -156,7 +156,8 @@ def test_decoder_reads_old_array_events():
 
 @pytest.mark.parametrize("payload", [b"\xc1", msgpack.packb({"ts": 1}), msgpack.packb([1.0, [{"type": "X"}]]),
                                      msgpack.packb([1.0, [{"type": "BlockRemoved", "block_hashes": ["x"]}]]),
-                                     msgpack.packb([1.0, [7]])])
+                                     msgpack.packb([1.0, [7]]),
+                                     None, 5])  # (not bytes: TypeError from len, review-r21)
 def test_decode_errors(payload):
     with pytest.raises(DecodeError):
         decode_batch(payload)
