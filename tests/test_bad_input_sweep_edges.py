@@ -574,3 +574,23 @@ def test_every_bad_argument_of_a_redis_store_call_is_a_typed_error_before_any_se
             except Exception as e:  # noqa: BLE001 (the point: which untyped errors escape)
                 problems.append(f"{slot}={label}: {type(e).__name__}: {e}"[:200])
     assert problems == []
+
+
+@pytest.mark.parametrize("op", [None, ("k", b"h"), {"key": b"k", "head": b"h"}, "StorePut"])
+def test_a_store_writer_given_no_store_put_raises_a_config_error_and_queues_nothing(op):
+    """``StoreWriter.put(op, payload)`` takes a plan's ``StorePut``: anything else was an
+    AttributeError from the caller's thread (``op.key``) (review-r21). Nothing is
+    queued, and a good put after it is written."""
+    from prefixkv import ConfigError, StorePut
+    from prefixkv.store import StoreWriter
+
+    backend = _Backend()
+    writer = StoreWriter(backend)
+    try:
+        with pytest.raises(ConfigError, match="StorePut"):
+            writer.put(op, b"payload")
+        assert writer.put(StorePut(0, b"k", b"h"), b"payload")
+        writer.flush()
+        assert (writer.written, writer.errors, writer.dropped) == (1, 0, 0)
+    finally:
+        writer.close()
