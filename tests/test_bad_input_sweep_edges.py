@@ -233,6 +233,22 @@ def test_a_bad_value_part_is_a_typed_error(head, payload):
         encode_value(head, payload)
 
 
+@pytest.mark.parametrize(("head", "payload_len"), [
+    (None, 4), ("h", 4), (b"h", None), (b"h", -1), (b"h", 1.5),
+    (b"h", True), (b"h", "4")])
+def test_a_bad_head_or_length_to_decode_value_is_a_typed_error(head, payload_len):
+    """``decode_value(value, head, payload_len)`` answers None for any ``value``, but a
+    ``head`` that is not bytes or a length that is not an int >= 0 is the caller's
+    mistake: None or a str head raised TypeError from ``len``/``startswith``, a None or
+    str length TypeError, a bool was taken as 1, a negative or fractional length
+    answered as a miss (review-r21)."""
+    from prefixkv.store import decode_value, encode_value
+
+    value = encode_value(b"h", b"pppp")
+    with pytest.raises(PrefixKVError):
+        decode_value(value, head, payload_len)
+
+
 def test_a_wide_memoryview_payload_lands_in_host_slots():
     """``write_payload`` compared ``len(payload)`` with the slot's bytes: a float32 view
     of the right size was refused (ConfigError: 'a payload of 8 bytes for host slots
