@@ -6,6 +6,7 @@ imported, nothing admitted), never an untyped error, a hang or a silent acceptan
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import functools
 import math
@@ -230,6 +231,22 @@ def test_a_bad_value_part_is_a_typed_error(head, payload):
 
     with pytest.raises(PrefixKVError):
         encode_value(head, payload)
+
+
+@pytest.mark.parametrize(("head", "payload_len"), [
+    (None, 4), ("h", 4), (b"h", None), (b"h", -1), (b"h", 1.5),
+    (b"h", True), (b"h", "4")])
+def test_a_bad_head_or_length_to_decode_value_is_a_typed_error(head, payload_len):
+    """``decode_value(value, head, payload_len)`` answers None for any ``value``, but a
+    ``head`` that is not bytes or a length that is not an int >= 0 is the caller's
+    mistake: None or a str head raised TypeError from ``len``/``startswith``, a None or
+    str length TypeError, a bool was taken as 1, a negative or fractional length
+    answered as a miss (review-r21)."""
+    from prefixkv.store import decode_value, encode_value
+
+    value = encode_value(b"h", b"pppp")
+    with pytest.raises(PrefixKVError):
+        decode_value(value, head, payload_len)
 
 
 def test_a_wide_memoryview_payload_lands_in_host_slots():
@@ -536,7 +553,10 @@ _NOT_BUFFERS: dict[str, Callable[[], Any]] = {
     "bytes, not views": lambda: [[bytearray(4)]],
     "one list too few": lambda: [],
     "a view, not a list": lambda: [memoryview(bytearray(4))],
-    "a strided view": lambda: [[memoryview(bytearray(8))[::2]]]}
+    "a strided view": lambda: [[memoryview(bytearray(8))[::2]]],
+    # 4 bytes in all, but not of bytes: the read counted the items as bytes (review-r21)
+    "a view of one float32": lambda: [[memoryview(array.array("f", [0.0]))]],
+    "a 2-d view": lambda: [[memoryview(bytearray(4)).cast("B", (2, 2))]]}
 
 
 @pytest.mark.parametrize("name", sorted(_redis_calls()))
@@ -570,3 +590,23 @@ def test_every_bad_argument_of_a_redis_store_call_is_a_typed_error_before_any_se
             except Exception as e:  # noqa: BLE001 (the point: which untyped errors escape)
                 problems.append(f"{slot}={label}: {type(e).__name__}: {e}"[:200])
     assert problems == []
+
+
+@pytest.mark.parametrize("op", [None, ("k", b"h"), {"key": b"k", "head": b"h"}, "StorePut"])
+def test_a_store_writer_given_no_store_put_raises_a_config_error_and_queues_nothing(op):
+    """``StoreWriter.put(op, payload)`` takes a plan's ``StorePut``: anything else was an
+    AttributeError from the caller's thread (``op.key``) (review-r21). Nothing is
+    queued, and a good put after it is written."""
+    from prefixkv import ConfigError, StorePut
+    from prefixkv.store import StoreWriter
+
+    backend = _Backend()
+    writer = StoreWriter(backend)
+    try:
+        with pytest.raises(ConfigError, match="StorePut"):
+            writer.put(op, b"payload")
+        assert writer.put(StorePut(0, b"k", b"h"), b"payload")
+        writer.flush()
+        assert (writer.written, writer.errors, writer.dropped) == (1, 0, 0)
+    finally:
+        writer.close()

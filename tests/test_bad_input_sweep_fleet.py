@@ -93,7 +93,9 @@ def _constructors(router: Any) -> dict[str, Constructor]:
                                 buffer_steps=100, max_queue=16, heartbeat=1.0, hwm=1000),
                            dict(endpoint=NOT_ENDPOINT, replay_endpoint=NOT_ENDPOINT[1:],
                                 block_size=NOT_COUNT, topic=NOT_TEXT, hash_format=[None, "", "hex", 5],
-                                dp_rank=[None, -1, 1.5, "0", True], buffer_steps=NOT_COUNT + [2**70],
+                                # (2**64: no msgpack int; every batch then failed in the thread)
+                                dp_rank=[None, -1, 1.5, "0", True, 2**64, 2**70],
+                                buffer_steps=NOT_COUNT + [2**70],
                                 max_queue=NOT_COUNT, heartbeat=[-1, 0, math.nan, "1", True],
                                 hwm=[v for v in NOT_COUNT if v != 0])),
     }

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixkv import ExtraKeys, MultiModalInput
+from prefixkv import ExtraKeys, ExtraKeysError, MultiModalInput
 
 
 def _naive(e: ExtraKeys, start: int, end: int) -> tuple[MultiModalInput, ...]:
@@ -67,3 +67,22 @@ def test_a_lora_path_enters_the_keys_and_needs_a_name():
                 {"lora": "x", "lora_path": "\ud800"}):
         with pytest.raises(ExtraKeysError, match="lora_path"):
             ExtraKeys(**bad)
+
+
+@pytest.mark.parametrize(("num_blocks", "block_size"), [
+    pytest.param(None, 4, id="num_blocks-None"),
+    pytest.param(-1, 4, id="num_blocks-negative"),
+    pytest.param(1.5, 4, id="num_blocks-float"),
+    pytest.param(True, 4, id="num_blocks-bool"),
+    pytest.param(2, 0, id="block_size-zero"),
+    pytest.param(2, -4, id="block_size-negative"),
+    pytest.param(2, None, id="block_size-None"),
+    pytest.param(2, 2.0, id="block_size-float"),
+])
+def test_block_bytes_takes_counts_and_refuses_others_with_an_extra_keys_error(num_blocks, block_size):
+    """``ExtraKeys.block_bytes`` (public) with counts that are not: a block size of 0
+    was a ZeroDivisionError, None a TypeError, and a negative count or block size gave
+    an answer silently (review-r21)."""
+    keys = ExtraKeys(lora="a", mm=(MultiModalInput("h", 2, 4),))
+    with pytest.raises(ExtraKeysError):
+        keys.block_bytes(num_blocks, block_size)

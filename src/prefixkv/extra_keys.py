@@ -144,7 +144,12 @@ class ExtraKeys:
 
     def block_bytes(self, num_blocks: int, block_size: int) -> list[bytes]:
         """The encoding for each of the first ``num_blocks`` blocks: base keys plus the
-        multimodal inputs overlapping that block's token range."""
+        multimodal inputs overlapping that block's token range. Raises ExtraKeysError
+        unless ``num_blocks`` is an int >= 0 and ``block_size`` one >= 1 (a bool is not)."""
+        if num_blocks.__class__ is not int or block_size.__class__ is not int \
+                or num_blocks < 0 or block_size < 1:
+            raise ExtraKeysError(f"block_bytes takes num_blocks (an int >= 0) and block_size "
+                                 f"(an int >= 1), got {num_blocks!r}, {block_size!r}"[:200])
         base = self.base_bytes()
         out = [base] * num_blocks
         for m in self.mm:

@@ -156,7 +156,8 @@ def test_decoder_reads_old_array_events():
 
 @pytest.mark.parametrize("payload", [b"\xc1", msgpack.packb({"ts": 1}), msgpack.packb([1.0, [{"type": "X"}]]),
                                      msgpack.packb([1.0, [{"type": "BlockRemoved", "block_hashes": ["x"]}]]),
-                                     msgpack.packb([1.0, [7]])])
+                                     msgpack.packb([1.0, [7]]),
+                                     None, 5])  # (not bytes: TypeError from len, review-r21)
 def test_decode_errors(payload):
     with pytest.raises(DecodeError):
         decode_batch(payload)
@@ -172,3 +173,25 @@ def test_wire_errors():
     with pytest.raises(WireError, match="not a prefixkv event"):
         encode_batch(["BlockStored"], block_size=4)
     assert AllBlocksCleared() == AllBlocksCleared()
+
+
+@pytest.mark.parametrize(("kw", "word"), [
+    pytest.param(dict(dp_rank=2**64), "dp_rank", id="dp_rank-past-msgpack"),
+    pytest.param(dict(dp_rank=2**70), "dp_rank", id="dp_rank-huge"),
+    pytest.param(dict(ts="x"), "ts", id="ts-str"),
+    pytest.param(dict(ts=[]), "ts", id="ts-list"),
+    pytest.param(dict(ts=True), "ts", id="ts-bool"),
+    pytest.param(dict(ts=float("nan")), "ts", id="ts-nan"),
+    pytest.param(dict(ts=float("inf")), "ts", id="ts-inf"),
+    pytest.param(dict(events=None), "events", id="events-None"),
+    pytest.param(dict(events=5), "events", id="events-int"),
+])
+def test_every_bad_argument_of_encode_batch_is_a_wire_error(kw, word):
+    """``encode_batch`` raises WireError for a bad option or event (its contract): a
+    dp_rank past msgpack's ints was an OverflowError from the packer, a ts that is no
+    number a ValueError or TypeError, and events that are no iterable a TypeError; a
+    NaN or infinite ts was sent, which no consumer can place in time (review-r21)."""
+    args = {"events": [AllBlocksCleared()], "block_size": 4, **kw}
+    events = args.pop("events")
+    with pytest.raises(WireError, match=word):
+        encode_batch(events, **args)

@@ -59,3 +59,16 @@ def test_any_text_is_a_load_or_a_load_error(text, num_blocks):
     except LoadError:
         return
     assert isinstance(load, ReplicaLoad) and 0 <= load.kv_usage <= 1 and load.num_waiting >= 0
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param((USAGE + " 0.5\n").encode(), id="bytes"),  # (an HTTP body not decoded)
+    pytest.param(None, id="None"),
+    pytest.param(5, id="int"),
+])
+def test_metrics_that_are_not_text_are_a_load_error(text):
+    """``from_metrics`` raises LoadError, and only LoadError (its doc): the body of an
+    HTTP response passed as bytes was a TypeError from ``str.split``, None an
+    AttributeError (review-r21)."""
+    with pytest.raises(LoadError, match="str"):
+        from_metrics(text)

@@ -87,3 +87,32 @@ def test_worth_for_asks_a_subclass_s_own_worth():
 
     asked: list[tuple[int, int, int, float]] = []
     assert not Never(1e9).worth_for(64, 4)(3, 5.0) and asked == [(3, 64, 4, 5.0)]
+
+
+@pytest.mark.parametrize(("nbytes", "seconds", "now"), [
+    pytest.param(None, 0.1, 1.0, id="nbytes-None"),
+    pytest.param("x", 0.1, 1.0, id="nbytes-str"),
+    pytest.param(-1, 0.1, 1.0, id="nbytes-negative"),
+    pytest.param(1.5, 0.1, 1.0, id="nbytes-float"),
+    pytest.param(True, 0.1, 1.0, id="nbytes-bool"),
+    pytest.param(100, None, 1.0, id="seconds-None"),
+    pytest.param(100, float("nan"), 1.0, id="seconds-nan"),
+    pytest.param(100, float("inf"), 1.0, id="seconds-inf"),
+    pytest.param(100, -1.0, 1.0, id="seconds-negative"),
+    pytest.param(100, 0.1, float("nan"), id="now-nan"),
+    pytest.param(100, 0.1, None, id="now-None"),
+])
+def test_a_bad_observation_is_a_config_error_and_moves_no_figure(nbytes, seconds, now):
+    """``observe`` is public (a subclass or an engine may feed it): a figure that is no
+    count, duration or time raises ConfigError with the window and figures unchanged.
+    A NaN duration was kept (``max(nan, 1e-6)`` is nan): latency NaN, so no fetch was
+    worth it until the figures went stale, and the NaN stayed in the window for the next
+    15 fetches; None raised TypeError, a str ValueError (review-r21)."""
+    c = FetchCost(1000.0)
+    c.observe(1000, 0.01, 1.0)
+    before = (c.latency, c.bandwidth, c.measured_at, list(c._seen))
+    with pytest.raises(ConfigError, match="observe"):
+        c.observe(nbytes, seconds, now)
+    assert (c.latency, c.bandwidth, c.measured_at, list(c._seen)) == before
+    c.observe(2000, 0.02, 2.0)  # (the fit still works)
+    assert c.latency == c.latency and c.bandwidth == c.bandwidth

@@ -112,3 +112,40 @@ def test_caches_that_do_not_match_are_refused_before_any_op():
         assert writer.items == [] and not k_host.any()
     with pytest.raises(ConfigError, match="block_dim"):
         kv_block_bytes(k, v, -1)
+
+
+def test_caches_without_blocks_or_slots_are_refused():
+    """A device cache with no blocks along ``block_dim`` or host caches with no slots
+    hold no block's bytes: ConfigError, not the ZeroDivisionError of ``kv_block_bytes``
+    (numel / blocks) and ``host_slot_views`` (bytes / slots); a 0-d tensor was an
+    IndexError (review-r21)."""
+    from prefixkv.store.torch_io import host_slot_views
+
+    empty = torch.zeros(L, 0, BS, H, D)
+    with pytest.raises(ConfigError, match="block"):
+        kv_block_bytes(empty, empty)
+    none = torch.zeros(0, L, BS, H, D)
+    with pytest.raises(ConfigError, match="slot"):
+        host_slot_views(none, none)
+    with pytest.raises(ConfigError, match="slot"):  # (a 0-d tensor: IndexError on shape[0])
+        host_slot_views(torch.tensor(1.0), torch.tensor(1.0))
+
+
+def test_arguments_that_are_not_tensors_or_a_writer_are_refused_before_any_op():
+    """``kv_block_bytes``, ``host_slot_views`` and ``run_store_ops`` given None for a
+    cache raised AttributeError (``.dim``, ``.device``, ``.shape``); ``run_store_ops``
+    with no writer raised AttributeError at its first put, and ops that are not a list
+    TypeError (review-r21). Now ConfigError before any op runs."""
+    from prefixkv.store.torch_io import host_slot_views
+
+    k, v = torch.zeros(L, N, BS, H, D), torch.zeros(L, N, BS, H, D)
+    kh, vh = torch.zeros(2, L, BS, H, D), torch.zeros(2, L, BS, H, D)
+    with pytest.raises(ConfigError):
+        kv_block_bytes(None, v)
+    with pytest.raises(ConfigError):
+        host_slot_views(kh, None)
+    ops = [StorePut(1, b"key", b"head")]
+    for args in ((None, k, v, kh, vh, Collect()), (ops, k, None, kh, vh, Collect()),
+                 (ops, k, v, None, vh, Collect()), (ops, k, v, kh, vh, None)):
+        with pytest.raises(ConfigError):
+            run_store_ops(*args)

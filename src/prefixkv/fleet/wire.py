@@ -29,6 +29,7 @@ in its request, so the offsets are always known).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -61,10 +62,13 @@ def wire_hash(digest: bytes, hash_format: str = "int") -> int | bytes:
 
 def check_options(block_size: object, hash_format: object, dp_rank: object) -> None:
     """Raise WireError unless ``block_size`` >= 1, ``hash_format`` in HASH_FORMATS and
-    ``dp_rank`` >= 0 (all ints)."""
+    ``dp_rank`` in [0, 2**63) (all ints; a rank past msgpack's ints failed every batch
+    in the publisher's thread)."""
     for name, value, low in (("block_size", block_size, 1), ("dp_rank", dp_rank, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise WireError(f"{name} must be an int >= {low}, got {value!r}")
+    if dp_rank >= 1 << 63:  # type: ignore[operator]
+        raise WireError(f"dp_rank must be an int below 2**63, got {dp_rank!r}")
     if hash_format not in HASH_FORMATS:
         raise WireError(f"hash_format must be one of {HASH_FORMATS}, got {hash_format!r}")
 
@@ -203,9 +207,14 @@ def to_wire_events(events: Iterable[object], block_size: int,
 def encode_batch(events: Sequence[object], *, block_size: int, hash_format: str = "int",
                  dp_rank: int = 0, ts: float | None = None) -> bytes:
     """One step's events as a msgpack ``KVEventBatch`` payload (the third frame of a
-    published message). ``ts``: seconds since the epoch (default: now).
-    Raises WireError (bad option or event)."""
+    published message). ``ts``: seconds since the epoch, a finite int or float (default:
+    now). Raises WireError (bad option or event; ``events`` not an iterable)."""
     check_options(block_size, hash_format, dp_rank)
+    if ts is not None and (not isinstance(ts, (int, float)) or isinstance(ts, bool)
+                           or not math.isfinite(ts)):
+        raise WireError(f"ts must be None or a finite number of seconds, got {ts!r}"[:200])
+    if not isinstance(events, Iterable):
+        raise WireError(f"events must be a list of prefixkv events, got {type(events).__name__}")
     return pack([time.time() if ts is None else float(ts),
                  to_wire_events(events, block_size, hash_format), dp_rank])
 

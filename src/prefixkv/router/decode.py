@@ -80,7 +80,10 @@ def decode_batch(payload: bytes) -> tuple[float, list[RouterEvent], int | None]:
     nil). Raises DecodeError, and only DecodeError, for anything that is not a
     KVEventBatch: not msgpack, a batch that is not ``[number, array, int or nil?]``, an
     event that is neither a map nor an array tagged by a known event name, or a field
-    the decoder reads holding another type (see the module doc)."""
+    the decoder reads holding another type (see the module doc), or a payload that is
+    not bytes."""
+    if not isinstance(payload, (bytes, bytearray)):
+        raise DecodeError(f"a payload is bytes, got {type(payload).__name__}")
     if len(payload) >= STREAM_FROM:  # (read field by field: decode_large.py)
         try:
             ts, events, rank = read_batch(payload, _event, _is_hash, DecodeError)

@@ -62,7 +62,10 @@ def from_metrics(text: str, *, num_blocks: int | None = None) -> ReplicaLoad:
     ``vllm:num_requests_waiting`` (summed over its label sets; 0 when absent). A sample
     is ``name{labels} value [timestamp]``, blanks being spaces or tabs (leading ones
     ignored). Raises LoadError, and only LoadError, when the usage series is missing, a
-    value does not parse or the series sum past the largest float."""
+    value does not parse or the series sum past the largest float, and for ``text`` that
+    is not a str (an HTTP body not decoded)."""
+    if not isinstance(text, str):
+        raise LoadError(f"metrics must be a str (decode the body), got {type(text).__name__}")
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     for line in text.splitlines():

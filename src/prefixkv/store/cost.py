@@ -102,7 +102,14 @@ class FetchCost:
     def observe(self, nbytes: int, seconds: float, now: float) -> None:
         """A fetch moved ``nbytes`` (0: a miss or a failure) in ``seconds``. Called by
         the fetcher threads (``StoreLink``), several at once: the fit is taken under a
-        lock, and each figure is one float assignment for ``worth`` to read."""
+        lock, and each figure is one float assignment for ``worth`` to read. Raises
+        ConfigError, nothing changed, unless ``nbytes`` is an int >= 0, ``seconds`` a
+        finite number >= 0 and ``now`` a finite number (a NaN duration made the latency
+        NaN: no fetch was worth it until the figures went stale)."""
+        if not (type(nbytes) is int and nbytes >= 0 and type(seconds) in _REAL
+                and 0 <= seconds < _INF and type(now) in _REAL and -_INF < now < _INF):
+            raise ConfigError(f"observe: nbytes (an int >= 0), seconds (a finite number >= 0) "
+                              f"and now (a finite time), got {(nbytes, seconds, now)!r}"[:300])
         with self._lock:
             seen = self._seen
             seen.append((float(nbytes), max(seconds, 1e-6)))

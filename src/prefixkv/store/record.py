@@ -91,7 +91,12 @@ def encode_value(head: bytes, payload: bytes | memoryview) -> bytes:
 def decode_value(value: object, head: bytes, payload_len: int) -> bytes | None:
     """The payload of ``value`` if it is exactly a value for ``head`` with a
     ``payload_len``-byte payload that matches its checksum; None otherwise (any other
-    input, ``None`` and non-bytes included)."""
+    ``value``, ``None`` and non-bytes included). Raises ConfigError for a ``head`` that
+    is not bytes or a ``payload_len`` that is not an int >= 0 (the caller's, not the
+    store's)."""
+    if not isinstance(head, (bytes, bytearray)) or type(payload_len) is not int or payload_len < 0:
+        raise ConfigError(f"decode_value takes a bytes head and an int payload_len >= 0, got "
+                          f"{type(head).__name__}, {payload_len!r}"[:200])
     if type(value) is not bytes or len(value) != len(head) + _TAIL.size + payload_len:
         return None
     if not value.startswith(head):

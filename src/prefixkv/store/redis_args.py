@@ -108,15 +108,20 @@ def check_items(items: object) -> None:
 def check_reads(keys: object, buffers: object, deadline: object) -> None:
     """``RedisStore.read_into``'s arguments: ``keys`` as ``check_keys``, ``buffers`` a
     list or tuple of as many lists (or tuples) of writable C-contiguous memoryviews, a
-    ``deadline`` (an int or float) of magnitude below ``MAX_DEADLINE``. Raises ConfigError."""
+    ``deadline`` (an int or float) of magnitude below ``MAX_DEADLINE``. A view is of bytes
+    (format ``"B"``, one dimension: ``memoryview(x).cast("B")``): a read copies what it
+    receives into byte slices, and one of float32 items (or of two dimensions) failed
+    mid-reply with a ValueError (NotImplementedError), after the GETs were sent, the
+    connection lost and the call counted as the store's failure. Raises ConfigError."""
     check_keys("read_into", keys)
     if (type(buffers) is not list and type(buffers) is not tuple
             or len(buffers) != len(keys)  # type: ignore[arg-type]
-            or not all([type(b) in (list, tuple) and all(
-                [type(v) is memoryview and not v.readonly and v.c_contiguous for v in b])
-                for b in buffers])):
+            or not all([type(b) is list or type(b) is tuple for b in buffers])
+            or not all([type(v) is memoryview and not v.readonly and v.c_contiguous
+                        and v.format == "B" and v.ndim == 1 for b in buffers for v in b])):
         raise ConfigError(f"read_into: buffers must be one list of writable contiguous "
-                          f"memoryviews per key, got {_shown(buffers)}")
+                          f"byte memoryviews (format 'B', one dimension) per key, got "
+                          f"{_shown(buffers)}")
     if type(deadline) not in (int, float) or not abs(deadline) < MAX_DEADLINE:  # type: ignore[arg-type]
         raise ConfigError(f"read_into: deadline must be a time.monotonic() instant (a "
                           f"number of magnitude below 2**40), got {_shown(deadline)}")

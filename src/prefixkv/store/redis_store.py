@@ -230,7 +230,8 @@ class RedisStore:
         """``StoreBackend.read_into``: pipelined GETs, one round trip per node. Raises
         when no node answered (OSError, ConnectionError, TimeoutError at the deadline);
         ConfigError, before any command is sent, for keys that are not bytes, buffers
-        that are not one list of writable contiguous memoryviews per key, or a deadline
+        that are not one list of writable contiguous byte memoryviews (format ``"B"``,
+        one dimension: ``memoryview(x).cast("B")``) per key, or a deadline
         that is not a finite number (``redis_args.check_reads``)."""
         check_reads(keys, buffers, deadline)
         nodes = self._nodes

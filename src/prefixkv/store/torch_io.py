@@ -27,11 +27,17 @@ def kv_block_bytes(k_cache: torch.Tensor, v_cache: torch.Tensor, block_dim: int 
     """Bytes of one block's payload, K's and V's: the ``StoreLayout.block_bytes`` of these
     caches. ``k_cache``, ``v_cache``: device caches whose dimension ``block_dim`` indexes
     the blocks (``[num_layers, num_blocks, block_size, num_kv_heads, head_dim]`` with the
-    default 1). Raises ConfigError for a ``block_dim`` that is not one of their dimensions."""
+    default 1). Raises ConfigError for a ``block_dim`` that is not one of their dimensions,
+    or caches with no block along it."""
     for c in (k_cache, v_cache):
+        if not isinstance(c, torch.Tensor):
+            raise ConfigError(f"the caches must be torch tensors, got {type(c).__name__}")
         if type(block_dim) is not int or not 0 <= block_dim < c.dim():
             raise ConfigError(f"block_dim must be a dimension of the caches, in [0, {c.dim()}) "
                               f"for shape {tuple(c.shape)}, got {block_dim!r}")
+        if c.shape[block_dim] == 0:
+            raise ConfigError(f"caches of shape {tuple(c.shape)} hold no block along "
+                              f"block_dim {block_dim}")
     per = [c.numel() // c.shape[block_dim] * c.element_size() for c in (k_cache, v_cache)]
     return sum(per)
 
@@ -41,9 +47,12 @@ def host_slot_views(k_host: torch.Tensor, v_host: torch.Tensor) -> list[list[mem
     ``[num_slots, ...]``, contiguous, on the CPU, pinned or not): what
     ``KVCacheManager.attach_host_memory`` takes, so fetches read straight into the slots.
     The tensors must outlive the manager's fetches. Raises ConfigError for caches that
-    are not contiguous CPU tensors with one slot per row."""
+    are not contiguous CPU tensors with one slot per row (at least one slot)."""
     for c in (k_host, v_host):
-        if c.device.type != "cpu" or not c.is_contiguous() or c.shape[0] != k_host.shape[0]:
+        if not isinstance(c, torch.Tensor):
+            raise ConfigError(f"host caches must be torch tensors, got {type(c).__name__}")
+        if c.device.type != "cpu" or not c.is_contiguous() or c.dim() == 0 \
+                or k_host.dim() == 0 or c.shape[0] != k_host.shape[0] or c.shape[0] == 0:
             raise ConfigError(f"host caches must be contiguous CPU tensors [num_slots, ...] "
                               f"of equal slots, got {tuple(c.shape)} on {c.device}")
     n = k_host.shape[0]
@@ -98,7 +107,15 @@ def run_store_ops(ops: Sequence[KVOp], k_cache: torch.Tensor, v_cache: torch.Ten
     ``writer``: where puts go (``StoreWriter.put``). Raises ConfigError, before any op
     runs, for a bad ``block_dim`` (as ``kv_block_bytes``) or host slots whose bytes are
     not a device block's (another dtype, block size or head layout), and as
-    ``write_payload`` for a fetched payload of another length."""
+    ``write_payload`` for a fetched payload of another length; ConfigError, before any
+    op runs, for caches that are not tensors, ``ops`` that are not a list or tuple, or
+    a ``writer`` without ``put``."""
+    if not isinstance(ops, (list, tuple)) or not callable(getattr(writer, "put", None)):
+        raise ConfigError(f"run_store_ops takes a plan's ops (a list) and a StoreWriter, got "
+                          f"{type(ops).__name__}, {type(writer).__name__}")
+    for c in (k_host, v_host):
+        if not isinstance(c, torch.Tensor):
+            raise ConfigError(f"host caches must be torch tensors, got {type(c).__name__}")
     block = kv_block_bytes(k_cache, v_cache, block_dim)
     slot = sum(math.prod(c.shape[1:]) * c.element_size() for c in (k_host, v_host))
     if slot != block:

@@ -42,7 +42,10 @@ class StoreWriter:
     def put(self, op: StorePut, payload: bytes | memoryview) -> bool:
         """Queue the write of ``op``'s block, whose KV bytes are ``payload`` (copied
         into the value now). Returns False when the queue was full or the writer
-        closed (dropped)."""
+        closed (dropped). Raises ConfigError, nothing queued, for an ``op`` that is not
+        a ``StorePut`` or a payload that is not bytes or a C-contiguous buffer."""
+        if type(op) is not StorePut:
+            raise ConfigError(f"StoreWriter.put takes a plan's StorePut, got {type(op).__name__}")
         if self._closed:
             self.dropped += 1
             return False
