@@ -87,8 +87,9 @@ class StoreWaits:
         else:
             d, on_device, held = 0, True, None
         n = min(limit - first, link.max_fetch, host.num_free)
-        if on_device and n >= pool.num_free - [b.ref_cnt for b in hits[:d]].count(0) - (first - d):
-            on_device = False  # (the pool is short: the run lands in host slots alone)
+        if on_device:  # (the pool short: the run lands in host slots alone)
+            room = pool.num_free - (first - d)
+            on_device = n < (room - [b.ref_cnt for b in hits[:d]].count(0) if d else room)
         now = link.store.clock()
         if n <= 0 or not link.worth(n, now):
             return None
@@ -102,8 +103,8 @@ class StoreWaits:
             # and the block the re-admission's first token after the run opens (``tail``)
             # (``stale``: a pending run's blocks evicted whole keep its ``counted``, cleared
             # here for ``up`` and ``tail``, by the fetcher for the run's: ``store_fill``)
-            kept = pool.acquire(hits[:d] if held else hits, 0)  # (first: a hit is not
-            # evicted) then the new blocks: for the host hits, the run's, the tail's
+            kept = pool.acquire(hits[:d] if held else hits, 0) if d else []  # (first: a hit
+            # is not evicted) then the new blocks: for the host hits, the run's, the tail's
             taken = pool.take(len(slots) + first - d + 1, True)
         staged, views = self.buffers.views()
         keys = req.keys  # (the run's extra bytes listed by the fetcher: ``prepare``)
