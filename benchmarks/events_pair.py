@@ -18,7 +18,6 @@ of the bench one after the other do not.
 from __future__ import annotations
 
 import gc
-import importlib
 import statistics
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from tree_import import import_tree  # noqa: E402
 from vllm_side import BS, vllm_manager, vllm_request  # noqa: E402
 
 CLOCK = time.thread_time_ns
@@ -37,21 +37,7 @@ OURS = "prefixkv"
 def load(src: str) -> tuple[Any, Any, Any]:
     """The manager, publisher and ``builtin`` of a second import of prefixkv from
     ``src``; the modules imported before stay as they were."""
-    def ours(k: str) -> bool:
-        return k == OURS or k.startswith(OURS + ".")
-    saved = {k: v for k, v in sys.modules.items() if ours(k)}
-    for k in saved:
-        del sys.modules[k]
-    sys.path.insert(0, src)
-    try:
-        top = importlib.import_module(OURS)
-        pub = importlib.import_module(OURS + ".fleet.publisher")
-        wl = importlib.import_module(OURS + ".bench.workloads")
-    finally:
-        sys.path.remove(src)
-        for k in [k for k in sys.modules if ours(k)]:
-            del sys.modules[k]
-        sys.modules.update(saved)
+    top, pub, wl = import_tree(src, OURS, OURS + ".fleet.publisher", OURS + ".bench.workloads")
     return top.KVCacheManager, pub.EventPublisher, wl.builtin
 
 

@@ -42,13 +42,13 @@ class Manual:
             fn(*args)
 
 
-def setup(backend, layout, prompt=A, host_blocks=4, **kw):
+def setup(backend, layout, prompt=A, host_blocks=4, extra=None, **kw):
     """A store holding ``prompt``'s blocks (A's three unless given; written by another
-    manager), and a manager with ``host_blocks`` slots whose fetches run when the test
-    says."""
+    manager, with extra keys ``extra``), and a manager with ``host_blocks`` slots whose
+    fetches run when the test says."""
     computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
                             store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
-             backend, "w", prompt)
+             backend, "w", prompt, extra=extra)
     ex = Manual()
     shared = SharedStore(backend, layout, cost=always(), **{"timeout": LIVE, "executor": ex, **kw})
     return KVCacheManager(8, 4, hash_mode="sha256", host_blocks=host_blocks, store=shared), ex, shared

@@ -8,13 +8,10 @@ parent. The landing records the run with its slot ids for a load in the same ste
 
 import pytest
 
-from prefixkv import BlockLoads, ExtraKeys, InvariantError, KVCacheManager, MultiModalInput, StoreWait
-from prefixkv.store import SharedStore
-from waiting import LIVE
+from prefixkv import BlockLoads, ExtraKeys, InvariantError, MultiModalInput, StoreWait
 
-from .conftest import always
-from .test_shared_store import A, computed
-from .test_store_fetch import Manual, setup
+from .test_shared_store import A
+from .test_store_fetch import setup
 
 X = [9, 9, 9, 9, 5, 6, 7, 8, 1]          # in the store: (9 9 9 9) under the root
 Y = [1, 2, 3, 4, 9, 9, 9, 9, 0]          # in a host slot: (9 9 9 9) under (1 2 3 4)
@@ -151,12 +148,7 @@ def test_a_multimodal_run_from_the_first_block_lands_beside_the_same_tokens_with
     on the device while it was fetched (one probe with the base keys would take them for
     the run and land nothing)."""
     image = ExtraKeys(mm=(MultiModalInput("img", 2, 8),))   # in blocks 0..2
-    computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
-                            store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
-             backend, "w", A, extra=image)
-    ex = Manual()
-    m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
-                       store=SharedStore(backend, layout, cost=always(), timeout=LIVE, executor=ex))
+    m, ex, _ = setup(backend, layout, extra=image)
     assert m.add_request("b", A, extra=image) == StoreWait("b", 3)
     m.add_request("t", A, read_cache=False)           # the same tokens without the image
     m.take_kv_ops()

@@ -79,13 +79,17 @@ class StoreWaits:
         whole)."""
         link, host, pool = self.link, self.host, self.pool
         first = len(hits)
-        kinds = list(map(type, hits)) if hits else []
-        d = kinds.count(Block)  # device hits; the run lands on the device when they come
-        on_device = kinds[:d].count(Block) == d  # first (the host's hits go up at the landing)
-        held = [h for h in hits if type(h) is HostSlot] if hits else None
+        if hits:
+            kinds = list(map(type, hits))
+            d = kinds.count(Block)  # device hits; the run lands on the device when they
+            on_device = kinds[:d].count(Block) == d  # come first (the host's go up at the landing)
+            held = [h for h in hits if type(h) is HostSlot]
+        else:
+            d, on_device, held = 0, True, None
         n = min(limit - first, link.max_fetch, host.num_free)
-        if on_device and n >= pool.num_free - [b.ref_cnt for b in hits[:d]].count(0) - (first - d):
-            on_device = False  # (the pool is short: the run lands in host slots alone)
+        if on_device:  # (the pool short: the run lands in host slots alone)
+            room = pool.num_free - (first - d)
+            on_device = n < (room - [b.ref_cnt for b in hits[:d]].count(0) if d else room)
         now = link.store.clock()
         if n <= 0 or not link.worth(n, now):
             return None
@@ -94,39 +98,45 @@ class StoreWaits:
         slots = host.reserve(n)
         if not slots:
             return None
+        index = self.index
         if on_device:  # the device hits held (a reference each), the run's blocks taken,
             # and the block the re-admission's first token after the run opens (``tail``)
             # (``stale``: a pending run's blocks evicted whole keep its ``counted``, cleared
             # here for ``up`` and ``tail``, by the fetcher for the run's: ``store_fill``)
-            kept = pool.acquire(hits[:d] if held else hits, 0)  # (first: a hit is not
-            # evicted) then the new blocks: for the host hits, the run's, the tail's
+            kept = pool.acquire(hits[:d] if held else hits, 0) if d else []  # (first: a hit
+            # is not evicted) then the new blocks: for the host hits, the run's, the tail's
             taken = pool.take(len(slots) + first - d + 1, True)
         staged, views = self.buffers.views()
+        keys = req.keys  # (the run's extra bytes listed by the fetcher: ``prepare``)
         f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
-                  chunks, req.keys.of_blocks(first, first + len(slots)),  # (``prepare`` cuts)
-                  slots, [], now + link.store.timeout, staged, views)
-        f.hits, f.hit_cids = hits, [h.content_id for h in hits] if hits else []
+                  chunks, [], slots, [], now + link.store.timeout, staged, views, keys.of_blocks)
+        if hits:
+            f.hits, f.hit_cids = hits, [h.content_id for h in hits]
+            f.parent_cid = hits[-1].content_id
         if type(prompt) is list:  # (and a copy: the caller may change its list meanwhile)
             f.ids, f.ids_given = prompt[:], prompt
         # the content ids the slots take if they land (ids are never reused: the ones of
         # slots that do not land are lost), so that a fetcher can fill them (``fetch_ready``)
-        f.planned = self.index.new_ids(len(slots))
-        f.parent_cid = hits[-1].content_id if hits else 0
+        f.planned = index.new_ids(len(slots))
         f.ready = fetch_ready  # (store_landing.py)
         if on_device:  # (``taken`` becomes the run's list: no copy of it, whose entries
-            f.tail = [taken.pop()]  # would touch every block, cold; the landing lists
-            unpend(f.tail)  # the request's blocks: ``Fetch.blocks``)
+            tail = taken.pop()  # would touch every block, cold; the landing lists the
+            tail.counted = None  # request's blocks: ``Fetch.blocks``) (``unpend``, inlined)
+            f.tail = [tail]
             if first > d:
-                f.up = taken[:first - d]
+                f.up = up = taken[:first - d]
                 del taken[:first - d]
-                unpend(f.up)
-            f.devices, f.held, f.step, f.index = taken, kept, self.index.step, self.index
-            f.front = kept + f.up  # (a list of its own: ``held`` is not it)
-            self.index.landing[id(f)] = taken
-            f.pend = self.index.pend_counts(req.keys.mm)
+                for b in up:  # (``unpend``, inlined)
+                    b.counted = None
+                f.front = kept + up  # (a list of its own: ``held`` is not it)
+            else:
+                f.front = kept[:]
+            f.devices, f.held, f.step, f.index = taken, kept, index.step, index
+            index.landing[id(f)] = taken
+            f.pend = index.pend_counts(keys.mm)
             self.holders.add(f)
         try:
-            link.submit(f, req.keys.extra)
+            link.submit(f, keys.extra)
         except Exception:  # the executor refused (shut down): a fetch failed as a whole
             host.unreserve(slots)
             if on_device:

@@ -48,8 +48,10 @@ class Fetch:
     the chain hash before block ``first``; ``chunks``/``extras``: the blocks' token and
     extra-key bytes (``chunks`` may be the request's whole list, from block 0: the
     fetcher then takes the run's part of it, on its thread, before anything reads it:
-    ``prepare``). ``deadline``: the ``time.monotonic()`` instant by which it ends,
-    whatever the store does. ``hits``/``hit_cids``: the blocks the admission found before
+    ``prepare``; it lists ``extras`` there too when ``extras_of`` is given, called with
+    the bounds ``first, first + len(slots)``: a list of one entry per block is not made
+    on the scheduler's thread). ``deadline``: the ``time.monotonic()`` instant by which
+    it ends, whatever the store does. ``hits``/``hit_cids``: the blocks the admission found before
     block ``first`` and the content ids they held then, and ``ids_given``/``ids``: the
     list of token ids it was given, if a list, and a copy (None without one) (the
     scheduler's, for the re-admission's checks that they still do and that it is given
@@ -69,15 +71,23 @@ class Fetch:
                  "landed_at", "hashes", "filled", "unique", "keyed", "slot_ids", "fetched",
                  "keys", "heads", "states", "run", "stop", "failed", "nbytes", "seconds", "left", "lock",
                  "devices", "held", "up", "tail", "blocks", "step", "on_device", "promoted", "device_ids",
-                 "pend", "pending_run", "front", "joined", "index")
+                 "pend", "pending_run", "front", "joined", "index", "extras_of")
+    # set by ``prepare`` on the fetcher's thread, not here on the scheduler's: the reads'
+    # keys, expected heads and states (emptied by ``finish``; a ``prepare`` that failed
+    # leaves ``states`` to its caller), the lock of the parts' count
+    keys: list[bytes]
+    heads: list[bytes]
+    states: list[int]
+    lock: threading.Lock
 
     def __init__(self, request_id: Hashable, req: Any, first: int, parent: bytes,
                  chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
                  buffers: list[list[memoryview]], deadline: float, staged: bool,
-                 views: Callable[[list[Any]], list[list[memoryview]]] | None = None) -> None:
+                 views: Callable[[list[Any]], list[list[memoryview]]] | None = None,
+                 extras_of: Callable[[int, int], list[bytes]] | None = None) -> None:
         self.request_id, self.req, self.first, self.parent = request_id, req, first, parent
         self.chunks, self.extras, self.slots, self.buffers = chunks, extras, slots, buffers
-        self.staged, self.views = staged, views
+        self.staged, self.views, self.extras_of = staged, views, extras_of
         self.deadline, self.started = deadline, time.monotonic()
         # landed; its request went on without it (past its deadline, or nothing valid
         # left before its run: ``core/store_giveup.py``); past its deadline at ``poll``
@@ -121,9 +131,6 @@ class Fetch:
         self.joined: list[Any] | None = None
         # ---- written by the fetcher threads ----
         self.hashes: list[bytes] = []
-        self.keys: list[bytes] = []
-        self.heads: list[bytes] = []
-        self.states: list[int] = []
         self.run, self.stop = 0, OK
         self.failed: Exception | None = None
         self.nbytes, self.seconds = 0, 0.0
@@ -133,7 +140,6 @@ class Fetch:
         self.fetched: list[Any] = []  # (``ready``'s: the run's StoreFetched ops, when staged)
         self.slot_ids: list[int] = []  # (``ready``'s: the run's slots' ids)
         self.device_ids: list[int] = []  # (``ready``'s: the run's device blocks' ids)
-        self.lock = threading.Lock()
 
 
 def prepare(f: Fetch, chain: Callable[..., list[bytes]], digest: bytes, block_size: int, prefix: bytes,
@@ -143,6 +149,9 @@ def prepare(f: Fetch, chain: Callable[..., list[bytes]], digest: bytes, block_si
     n = len(f.slots)
     if len(f.chunks) != n:  # the request's whole list: the run's part (a copy that touches
         f.chunks = f.chunks[f.first:f.first + n]  # every chunk: not on the scheduler's thread)
+    if f.extras_of is not None:  # (a list of n entries: not made on the scheduler's thread)
+        f.extras = f.extras_of(f.first, f.first + n)
+    f.lock = threading.Lock()  # (before any part is read: the parts share it)
     if f.views is not None:
         f.buffers = f.views(f.slots)
     f.hashes = hashes = chain(f.parent, f.chunks, f.extras)

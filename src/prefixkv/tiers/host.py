@@ -144,7 +144,7 @@ class HostTier(SlotOffload, SlotLanding, SlotLoads):
                 again.append(s)
         fresh.reverse()  # (unpinned leaves first: children before their parents)
         self._pinned += fresh + again if again else fresh
-        self._cached.forget(len(fresh))
+        self._cached.size -= len(fresh)  # (``forget``, inlined)
 
     def end_step(self, pending: bool = False) -> None:
         """The plan was handed to the engine: unpin, most recently used last; or,

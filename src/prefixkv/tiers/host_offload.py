@@ -173,11 +173,14 @@ class SlotOffload(SlotOrphans):
                 refreshed.append(s)
         if pend is not None:
             self._enter(pend)
-        self.num_chained += chained
-        kids.noted += noted
-        kids.grown(by_chunk, by_key)
+        if chained:
+            self.num_chained += chained
+        if noted:
+            kids.noted += noted
+        if kids.noted > kids.limit:  # (``grown``, inlined: ``_enter`` notes too)
+            kids.sweep(by_chunk, by_key)
         if taken:
-            cached.forget(taken)
+            cached.size -= taken  # (``forget``, inlined)
         if refreshed:
             cached.forget(len(refreshed))
             cached.extend(refreshed)
