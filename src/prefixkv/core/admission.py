@@ -160,7 +160,7 @@ def add_request(
         live = requests.get(request_id) is not None  # ``in``: a C path claim's probes run)
     except Exception:
         live = True
-    if (live or not isinstance(p, Prompt) or not self._lean
+    if (live or type(p) is not Prompt or not self._lean  # (not ``isinstance``: a cold C path)
             or p.config is not self._config or extra is not None or p.keys.mm is not None
             or (num_new_tokens is not None  # (the counts' and flags' checks: ``_admit``)
                 and (num_new_tokens.__class__ is not int or num_new_tokens < 1))
