@@ -252,7 +252,7 @@ class ContentRecorder(LandedRecorder):
             parent.extra = extra
             parent.key = chunks[-1]
             parent.chained = True
-            counts.pending.add(run)
+            counts.pending[run] = None
             return nid
         end = nid + len(span)
         for b, chunk, c in zip(span, islice(chunks, 1, None), range(nid, end), strict=False):
