@@ -221,7 +221,9 @@ def add_request(
         p.spare.append(tokens)  # its tokens, unwritten: the next admission's
         return None
     if need > 1:
-        hits.extend(pool.take(need))  # (not ``+=``: ``PyNumber_InPlaceAdd``'s C path, cold)
+        # (not ``+=``: ``PyNumber_InPlaceAdd``'s C path, cold; ``stale`` given: a call
+        # with defaults is an opcode of its own, run nowhere else in the step)
+        hits.extend(pool.take(need, False))
     else:
         b = pool.take_one()
         assert b is not None, "a free block was counted above"
