@@ -227,7 +227,9 @@ class ContentIndex(DroppingIndex):
                 at = (i - 1) * width
                 if k < short:  # (compared as a slice: ``_COPIED``)
                     e = at + len(d)
-                    same = e <= end and data[at:e] == d
+                    # (not ``and``: its opcode runs nowhere else in the step, and the
+                    # compare before it is not specialized)
+                    same = data[at:e] == d if e <= end else False
                 else:
                     same = data.startswith(d, at, end)
                 if not same:
