@@ -48,14 +48,7 @@ class Admission:
         """An admission over the first ``len(blocks)`` of the request's block list, whose
         ids are read on demand: the manager only appends to that list, so its first
         entries stay what they are now (no copy is made)."""
-        adm = cls.__new__(cls)
-        adm.request_id = request_id
-        adm.num_cached_tokens = num_cached_tokens
-        adm.num_new_tokens = num_new_tokens
-        adm._blocks = blocks
-        adm._n = len(blocks)
-        adm._ids = None
-        return adm
+        return admission_of(request_id, blocks, num_cached_tokens, num_new_tokens)
 
     @property
     def block_ids(self) -> tuple[int, ...]:
@@ -84,6 +77,25 @@ class Admission:
         return (f"Admission(request_id={self.request_id!r}, block_ids={self.block_ids}, "
                 f"num_cached_tokens={self.num_cached_tokens}, "
                 f"num_new_tokens={self.num_new_tokens})")
+
+
+_new = object.__new__
+
+
+def admission_of(request_id: Hashable, blocks: Sequence[_HasBlockId], num_cached_tokens: int,
+                 num_new_tokens: int) -> Admission:
+    """``Admission.of``, as a function: the manager's admission path calls it so (a
+    classmethod called makes a bound method, ``cm_descr_get``, ``PyMethod_New``: C paths
+    cold after the forward pass; ``object.__new__`` called as ``EventLog.take_pending``
+    calls it, with no attribute looked up on the class)."""
+    adm = _new(Admission)
+    adm.request_id = request_id
+    adm.num_cached_tokens = num_cached_tokens
+    adm.num_new_tokens = num_new_tokens
+    adm._blocks = blocks
+    adm._n = len(blocks)
+    adm._ids = None
+    return adm
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from ..event_log import EventLog, NullSink
 from ..extra_keys import ExtraKeys
 from ..hashing import HashFn, encode_tokens, make_hash_fn
 from ..index import ContentIndex, Hasher, NoIndex
-from ..results import Admission, StoreWait
+from ..results import Admission, StoreWait, admission_of
 from ..stats import StatsCounter
 from ..store.shared import SharedStore
 from ..tiers import HostTier
@@ -160,7 +160,7 @@ def add_request(
         live = requests.get(request_id) is not None  # ``in``: a C path claim's probes run)
     except Exception:
         live = True
-    if (live or not isinstance(p, Prompt) or not self._lean
+    if (live or type(p) is not Prompt or not self._lean  # (not ``isinstance``: a cold C path)
             or p.config is not self._config or extra is not None or p.keys.mm is not None
             or (num_new_tokens is not None  # (the counts' and flags' checks: ``_admit``)
                 and (num_new_tokens.__class__ is not int or num_new_tokens < 1))
@@ -183,24 +183,35 @@ def add_request(
             grow_room(tokens)
     n, bs, chunks, keys = len(tokens), self.block_size, p.chunks, p.keys
     req = Request(request_id, tokens, keys)  # (no prompt fields: nothing here reads them)
+    # the prompt's blocks counted from its full ones, ``n // bs``, without ``//``: its C
+    # path (``long_div``, ~12 lines of machine code) is cold after the forward pass
+    full = len(chunks)
+    blocks = full + 1 if full * bs < n else full  # (``blocks_for(n)``)
     # the hits: every block but the one holding the last token, at most the cap's
-    limit = (n - 1) // bs  # (``hit_limit``)
+    limit = blocks - 1  # (``hit_limit``: ``(n - 1) // bs``)
     if max_hit_tokens is not None and max_hit_tokens // bs < limit:
         limit = max_hit_tokens // bs
     index = self._index
     if read_cache:
-        hits, unlinked = index.claim(chunks if limit == len(chunks) else chunks[:limit],  # type: ignore[misc]
+        hits, unlinked = index.claim(chunks if limit == full else chunks[:limit],  # type: ignore[misc]
                                      keys.base, None, p.data)
     else:
         hits, unlinked = [], 0
     first = len(hits)
     num_cached = first * bs
-    total = (n if num_new_tokens is None or num_cached + num_new_tokens >= n
-             else num_cached + num_new_tokens)  # (>= 1 scheduled: the hit is below n)
-    need = (total + num_lookahead_tokens + bs - 1) // bs - first  # (``blocks_for``; >= 1)
+    if num_new_tokens is None or num_cached + num_new_tokens >= n:
+        total = n  # (>= 1 scheduled: the hit is below n)
+        last = full  # the full blocks scheduled: ``total // bs``
+        need = blocks - first  # (``blocks_for``; >= 1)
+        if num_lookahead_tokens:
+            need = (total + num_lookahead_tokens + bs - 1) // bs - first
+    else:  # a chunk
+        total = num_cached + num_new_tokens
+        last = total // bs
+        need = (total + num_lookahead_tokens + bs - 1) // bs - first
     take = need + keep_free
-    if require_full_fit and (n + bs - 1) // bs - first > take:
-        take = (n + bs - 1) // bs - first
+    if require_full_fit and blocks - first > take:
+        take = blocks - first
     pool = self._pool
     cached = pool._cached  # (``claimed`` and ``num_free``, inline)
     cached.size -= unlinked
@@ -210,7 +221,9 @@ def add_request(
         p.spare.append(tokens)  # its tokens, unwritten: the next admission's
         return None
     if need > 1:
-        hits += pool.take(need)
+        # (not ``+=``: ``PyNumber_InPlaceAdd``'s C path, cold; ``stale`` given: a call
+        # with defaults is an opcode of its own, run nowhere else in the step)
+        hits.extend(pool.take(need, False))
     else:
         b = pool.take_one()
         assert b is not None, "a free block was counted above"
@@ -223,7 +236,6 @@ def add_request(
         self._num_prefilling += 1
         if p.hashes is not None:  # (a prepared prompt's serve its next chunks)
             req.prompt_chunks, req.prompt_hashes = chunks, p.hashes
-    last = total // bs
     if last > first:  # (``Announcer.prepare``'s case without hashes, inline)
         w = 4 * bs  # (the chunks' bytes in one piece: a slice of the prompt's)
         index.store(req, first, (chunks[first:last], p.extras[first:last], None),
@@ -236,7 +248,7 @@ def add_request(
         stats.requests += 1
         stats.queries += n
         stats.hits += num_cached
-    return Admission.of(request_id, hits, num_cached, total - num_cached)
+    return admission_of(request_id, hits, num_cached, total - num_cached)
 
 
 def _get(self: KVCacheManager, request_id: Hashable) -> Request:

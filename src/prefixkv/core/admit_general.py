@@ -20,7 +20,7 @@ from ..errors import (
 from ..extra_keys import ExtraKeys
 from ..hashing import token_bytes
 from ..index import ContentIndex
-from ..results import Admission, StoreWait
+from ..results import Admission, StoreWait, admission_of
 from ..store.fetch import Fetch
 from .block import Block, blocks_for, hit_limit, key_chunk
 from .prompt import Prompt, encode_prompt, unpack_prompt
@@ -152,7 +152,7 @@ def _admit(
     if fetch is not None:  # the wait is over
         self._waits.cancel(request_id, bool(taken))  # type: ignore[union-attr]
     self._stats.record(n, num_cached, resumed, (len(loads) - loaded) * bs, fetched * bs)
-    return Admission.of(request_id, req.blocks, num_cached, num_new)
+    return admission_of(request_id, req.blocks, num_cached, num_new)
 
 
 def _split(hits: list[Block], device: int | None) -> tuple[list[Block], list[Block]]:

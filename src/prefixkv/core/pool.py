@@ -118,7 +118,7 @@ class BlockPool(PoolRelease):
             if k < n - k:  # (the shorter list is the one copied: each entry a reference)
                 evicted[:0] = taken
                 return evicted
-            taken += evicted
+            taken.extend(evicted)  # (as ``add_request`` extends: not ``+=``, a C path of its own)
         return taken
 
     def take_one(self) -> Block | None:

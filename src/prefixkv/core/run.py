@@ -26,7 +26,9 @@ class RunCounts:
     def __init__(self) -> None:
         self.shared = 0
         self.free = 0
-        self.pending: set[Run] = set()
+        # (a dict used as a set: its insert is the C path a step runs anyway, the
+        # request's; ``set.add``'s is cold after the forward pass)
+        self.pending: dict[Run, None] = {}
         self.settle: Callable[[Run], None] = _no_pending
         self.spans = False
 
@@ -128,7 +130,7 @@ class Run:
         self.counts.free -= 1
         if self.pending:
             self.pending = False
-            self.counts.pending.discard(self)
+            self.counts.pending.pop(self, None)
             last = self.blocks[-1]
             last.key = None
             last.chained = False

@@ -139,7 +139,9 @@ class EventPublisher:
         item: _Item
         if events is NOTHING:  # (a step that recorded nothing: most decode steps)
             return True
-        if isinstance(events, PendingEvents):
+        # (``type`` first: 3.11 runs ``type(x)`` with no C call; ``isinstance``'s C path
+        # is cold after the forward pass, and a step's batch is a PendingEvents)
+        if type(events) is PendingEvents or isinstance(events, PendingEvents):
             if events.empty:
                 return True
             item = events

@@ -74,7 +74,7 @@ class ContentChains(Announcer):
         from now on."""
         write_pending(run)
         run.pending = False
-        self.run_counts.pending.discard(run)
+        self.run_counts.pending.pop(run, None)
         self._num_chained += len(run.blocks)
 
     def settle_all(self) -> None:

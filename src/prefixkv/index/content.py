@@ -78,6 +78,7 @@ class ContentIndex(DroppingIndex):
             raise ConfigError(f"ContentIndex needs a Hasher and an event sink (NullSink or EventLog), "
                               f"got {hasher!r} and {sink!r}")
         super().__init__(hasher, sink, check_positive("block_size", block_size), lower=lower)
+        self._short = _COPIED // (4 * block_size)  # (``claim``'s: no ``//`` a step, a cold C path)
 
     def __len__(self) -> int:
         return len(self._by_chunk) + len(self._by_key) + self._num_chained + sum(
@@ -177,7 +178,7 @@ class ContentIndex(DroppingIndex):
         # (``by_chunk.get`` called as a method: no bound method made, a C path cold each step)
         by_chunk, by_key, epoch = self._by_chunk, self._by_key, self._epoch
         width = 4 * self._bs
-        short = _COPIED // width  # (a run of fewer blocks is compared as a slice)
+        short = self._short  # (a run of fewer blocks is compared as a slice)
         n = len(chunks)
         end = n * width
         p = _NO_PARENT  # (its content id is 0, a first block's parent_cid)
@@ -226,7 +227,9 @@ class ContentIndex(DroppingIndex):
                 at = (i - 1) * width
                 if k < short:  # (compared as a slice: ``_COPIED``)
                     e = at + len(d)
-                    same = e <= end and data[at:e] == d
+                    # (not ``and``: its opcode runs nowhere else in the step, and the
+                    # compare before it is not specialized)
+                    same = data[at:e] == d if e <= end else False
                 else:
                     same = data.startswith(d, at, end)
                 if not same:
@@ -288,7 +291,7 @@ class ContentIndex(DroppingIndex):
                         run.counts.shared += 1
                         for b in known:
                             b.counted = run
-                hits += known
+                hits.extend(known)  # (not ``+=``: a C path of its own, cold each step)
                 p = known[-1]
                 b = p
                 i += k  # (the k chunks compared)

@@ -110,6 +110,6 @@ class LandedRecorder(ContentChains):
             run.ok, run.seen = self._epoch, self.losses
             b.starts = run
             self.run_counts.shared += 1
-            self.run_counts.pending.add(run)
+            self.run_counts.pending[run] = None
         if self._sink.active:
             self._announce_up(blocks, slots)

@@ -111,7 +111,7 @@ def split_pending(run: Run, k: int, width: int) -> list[Block]:
         counts.shared += 1
         if not run.n:
             counts.free += 1
-        counts.pending.add(tail)
+        counts.pending[tail] = None
         for b in rest:
             b.counted = tail
         cut.starts = tail

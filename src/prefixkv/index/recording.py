@@ -142,7 +142,7 @@ class ContentRecorder(LandedRecorder):
             # a new first content: every block after it is chained, a run (``Run``; the
             # span, the head's first, not copied again)
             at = nid
-            nid = self._record_run(span, chunks, joined(chunks), extras[0], cid, nid)
+            nid = self._record_run(span[0], span[1:], chunks, joined(chunks), extras[0], cid, nid)
             minted += nid - at  # (``_record_run`` counts its own chained blocks)
         else:
             for b, chunk, extra in new:  # nothing is held under a new content yet (no
@@ -210,7 +210,7 @@ class ContentRecorder(LandedRecorder):
             b.chained = True
             self._num_chained += 1
         b.content_id = nid = self._next_id
-        self._next_id = self._record_run(blocks[first:first + len(chunks)], chunks,
+        self._next_id = self._record_run(b, blocks[first + 1:first + len(chunks)], chunks,
                                          joined(chunks) if data is None else data, extra,
                                          nid, nid + 1)
         if self.lazy:  # announced when the log is taken: one StoredRun for the run
@@ -218,19 +218,18 @@ class ContentRecorder(LandedRecorder):
                                        chunks, extras, req.keys.extra, first, self._bs, None))
         return True
 
-    def _record_run(self, span: list[Block], chunks: Sequence[bytes], data: bytes,
+    def _record_run(self, head: Block, span: list[Block], chunks: Sequence[bytes], data: bytes,
                     extra: bytes, cid: int, nid: int) -> int:
-        """``store``'s chained rest as a run: ``span[0]``, new content ``cid``, heads the
-        rest of ``span`` (``chunks``: the head's token bytes, then theirs; ``data``: the
-        same in one piece), each the chained
+        """``store``'s chained rest as a run: ``head``, new content ``cid``, heads ``span``,
+        the blocks after it (the run's list from now on; ``chunks``: the head's token
+        bytes, then theirs; ``data``: the same in one piece), each the chained
         child of the one before under a new id from ``nid`` on (returns the next). The
         blocks ``store`` records are held by the storing request alone (new blocks, or
         ones it reserved: a fork shares full blocks only, which are recorded already), so
         they are one count from here on (``shared``, ``n`` 1), linked in the order a
         release frees them (the tail first: ``fwd`` False): the release that frees them
         links the run's two ends alone, and the eviction takes them as one list."""
-        head = parent = span[0]
-        del span[0]  # (a move of the pointers: no count touched)
+        parent = head  # (``span`` comes without it: no ``del``, whose C path is cold a step)
         counts = self.run_counts
         run = head.starts = Run(span, data, extra, self._epoch, self.losses, counts, cid)
         run.shared = run.linked = True
@@ -253,7 +252,7 @@ class ContentRecorder(LandedRecorder):
             parent.extra = extra
             parent.key = chunks[-1]
             parent.chained = True
-            counts.pending.add(run)
+            counts.pending[run] = None
             return nid
         end = nid + len(span)
         for b, chunk, c in zip(span, islice(chunks, 1, None), range(nid, end), strict=False):
