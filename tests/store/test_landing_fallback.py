@@ -1,0 +1,93 @@
+"""The landing's own fills, which no test reached (landing-r21's mutation pass): a run
+the fetcher did not fill (its ``ready`` raised, or was never called) lands as the
+fetcher's fill would have it land: the same plan (each slot's staged payload, the
+loads), the same events, the same blocks for the re-admission; and a run shorter than
+its slots (the store holds blocks 0-1 of A's three) is filled by the fetcher, and lands
+those two alone. Block size 4, 8-byte payloads, fetches run when the test says."""
+
+import pytest
+
+from prefixkv import BlockLoads, KVCacheManager, StoreFetched, StoreWait
+from prefixkv.store import SharedStore
+from waiting import LIVE
+
+from .conftest import always
+from .test_shared_store import A, computed, payload
+from .test_store_fetch import Manual, pool_short
+
+
+def _store(backend, layout, stored):
+    """The store holds A's first ``stored`` blocks (written by another manager, from
+    its blocks 0..stored-1: ``payload(i)`` is block i's KV)."""
+    puts = computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
+                                   store=SharedStore(backend, layout, cost=always(), timeout=LIVE)),
+                    backend, "w", A[:4 * stored + 1])
+    assert [p.src for p in puts] == list(range(stored))
+
+
+def _fetch(backend, layout, where, broken):
+    """A manager (8 blocks, 4 slots, events on) whose request b waits on a fetch of A's
+    blocks 0-2 that ran; ``where``: the run lands on the device, or in the slots alone
+    (another request holds 5 blocks: the pool is short); ``broken``: the fetcher's
+    ``ready`` raised before it wrote anything (``StoreLink`` drops the error)."""
+    ex = Manual()
+    m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, enable_events=True,
+                       store=SharedStore(backend, layout, cost=always(), timeout=LIVE, executor=ex))
+    if where == "slots":
+        pool_short(m)
+        m.take_kv_ops()
+    m.take_events()
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    f = m._waits.waiting["b"]
+    assert (f.devices is None) == (where == "slots")
+    if broken:
+        def ready(f):
+            raise RuntimeError("no fill")
+        f.ready = ready
+    ex.run()
+    return m, f
+
+
+def _landed(m):
+    """Poll, then the plan, the events and what b's re-admission gets (its blocks, cached
+    tokens, the store's hits)."""
+    assert m.poll_store() == ["b"]
+    m.check_invariants()
+    ops, events = m.take_kv_ops(), m.take_events()
+    m.check_invariants()
+    if "h" in m._requests:
+        m.free("h")
+    adm = m.add_request("b", A)
+    m.check_invariants()
+    return ops, events, adm, m.take_kv_ops(), m.stats.store_hits
+
+
+BLOCKS = {("device", 3): (0, 1, 2, 3), ("device", 2): (0, 1, 3, 2),   # (3: the tail block,
+          ("slots", 3): (5, 6, 7, 4), ("slots", 2): (5, 6, 7, 4)}     # taken at the start)
+
+
+@pytest.mark.parametrize("stored", [3, 2])
+@pytest.mark.parametrize("where", ["device", "slots"])
+def test_a_run_the_fetcher_did_not_fill_lands_as_a_filled_one(backend, layout, where, stored):
+    """Blocks 0..stored-1 land in slots 0..stored-1, and on the device in blocks
+    0..stored-1, loaded at the landing's step; in the slots alone, loaded by the
+    re-admission into blocks 5-7. Each slot's staged payload is its block's KV. A run
+    the fetcher did not fill: the same plan, events and admission (on main, the
+    device's landing left its slots' content ids unwritten: ``check_invariants`` failed
+    on the loads)."""
+    _store(backend, layout, stored)
+    m, f = _fetch(backend, layout, where, broken=False)
+    assert f.filled and f.run == stored                # (a shorter run too: by the fetcher)
+    want = _landed(m)
+    m, f = _fetch(backend, layout, where, broken=True)
+    assert not f.filled and f.run == stored and f.fetched == []
+    got = _landed(m)
+    assert got == want
+    ops, _, adm, then, hits = got
+    assert hits == 4 * stored and adm.num_cached_tokens == 4 * stored
+    assert adm.block_ids == BLOCKS[where, stored]
+    fetched = [op for op in ops if isinstance(op, StoreFetched)]
+    assert [(op.dst, bytes(op.payload)) for op in fetched] == [(i, payload(i)) for i in range(stored)]
+    (loads,) = [op for op in ops + then if isinstance(op, BlockLoads)]
+    assert loads == BlockLoads(tuple(range(stored)), adm.block_ids[:stored])
+    assert loads in (ops if where == "device" else then)
