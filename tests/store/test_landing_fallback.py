@@ -91,3 +91,38 @@ def test_a_run_the_fetcher_did_not_fill_lands_as_a_filled_one(backend, layout, w
     (loads,) = [op for op in ops + then if isinstance(op, BlockLoads)]
     assert loads == BlockLoads(tuple(range(stored)), adm.block_ids[:stored])
     assert loads in (ops if where == "device" else then)
+
+
+def test_a_pending_run_landed_after_a_spare_appeared_lands_chained(backend, layout):
+    """The fetcher fills A's device run as one pending run (no spare then, no events:
+    ``pend_counts``); before the landing, p and q decode the same block (q's a spare):
+    the landing unpends the run and writes it again, each block keyed and chained,
+    counted alone, as an index with spares records content."""
+    _store(backend, layout, 3)
+    ex = Manual()
+    m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4,
+                       store=SharedStore(backend, layout, cost=always(), timeout=LIVE, executor=ex))
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    f = m._waits.waiting["b"]
+    assert [b.block_id for b in f.devices] == [0, 1, 2] and f.pend is not None
+    ex.run()
+    assert f.filled and f.pending_run is not None
+    m.add_request("p", [50, 51, 52])
+    m.add_request("q", [50, 51, 52])
+    m.append_step(["p", "q"], [53, 53])
+    m.append_step(["p", "q"], [54, 54])              # q's block 5: p's block 4's spare
+    assert m._index.pend_counts(None) is None
+    assert m.poll_store() == ["b"]
+    m.check_invariants()
+    assert m.lookup_block_ids(A) == (0, 1, 2) and f.pending_run is None
+    assert [(b.key is not None, b.chained, b.counted) for b in f.devices] == [
+        (True, False, None), (True, True, None), (True, True, None)]
+    m.take_kv_ops()
+    m.free("p")
+    m.free("q")
+    m.check_invariants()
+    adm = m.add_request("b", A)
+    assert adm.block_ids == (0, 1, 2, 3) and adm.num_cached_tokens == 12
+    m.free("b")
+    m.check_invariants()
+    assert m.lookup_block_ids(A) == (0, 1, 2)
