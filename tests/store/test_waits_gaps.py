@@ -2,10 +2,10 @@
 ``core/store_waits.py``). Block size 4, A's three blocks in the store, 8 device blocks,
 fetches run when the test says."""
 
-from prefixkv import StoreWait
+from prefixkv import BlockLoads, StoreWait
 
 from .test_shared_store import A
-from .test_store_fetch import setup
+from .test_store_fetch import pool_short, setup
 
 
 def test_a_readmission_the_pool_refuses_gives_the_fetchs_blocks_back_once(backend, layout):
@@ -34,4 +34,33 @@ def test_a_readmission_the_pool_refuses_gives_the_fetchs_blocks_back_once(backen
     m.check_invariants()
     m.free("b")
     assert m.num_free_blocks == 8
+    m.check_invariants()
+
+
+def test_a_readmission_walks_when_the_device_got_the_block_after_its_hits(backend, layout):
+    """r leaves A's blocks 0-1 cached in device blocks 0-1; b's fetch of block 2 lands
+    in slot 0 alone (h holds five blocks); c, admitted before b comes back, loads that
+    slot into device block 7. b's re-admission then does not reuse the landed slot
+    (``reuse`` asks the device for the block after its own hits, under block 1): it
+    walks, and shares c's block 7, loading nothing."""
+    m, ex, _ = setup(backend, layout)
+    m.add_request("r", A[:9], read_cache=False)
+    m.take_kv_ops()
+    m.take_kv_ops()
+    m.free("r")
+    pool_short(m)
+    m.take_kv_ops()
+    assert m.add_request("b", A) == StoreWait("b", 1)
+    f = m._waits.waiting["b"]
+    assert [h.block_id for h in f.hits] == [0, 1] and f.devices is None
+    ex.run()
+    assert m.poll_store() == ["b"]
+    m.take_kv_ops()
+    m.free("h")
+    c = m.add_request("c", A)
+    assert c.block_ids[:3] == (0, 1, 7)
+    assert [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)] == [BlockLoads((0,), (7,))]
+    adm = m.add_request("b", A)
+    assert adm.block_ids[:3] == (0, 1, 7) and adm.num_cached_tokens == 12
+    assert not [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
     m.check_invariants()
