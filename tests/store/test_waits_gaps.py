@@ -2,7 +2,9 @@
 ``core/store_waits.py``). Block size 4, A's three blocks in the store, 8 device blocks,
 fetches run when the test says."""
 
-from prefixkv import BlockLoads, StoreWait
+import pytest
+
+from prefixkv import BlockLoads, ExtraKeysError, StoreWait
 
 from .test_shared_store import A
 from .test_store_fetch import pool_short, setup
@@ -63,4 +65,29 @@ def test_a_readmission_walks_when_the_device_got_the_block_after_its_hits(backen
     adm = m.add_request("b", A)
     assert adm.block_ids[:3] == (0, 1, 7) and adm.num_cached_tokens == 12
     assert not [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
+    m.check_invariants()
+
+
+class _EqualToAll:
+    """Not ExtraKeys, but equal to anything (None included)."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+
+def test_a_readmission_given_extra_keys_of_another_type_raises_as_without_a_fetch(
+        backend, layout):
+    """b's run landed; its re-admission is given, for ``extra``, an object that is not
+    ExtraKeys though it compares equal to b's (None): ExtraKeysError, as a walk raises,
+    nothing changed (``reuse`` declines a value of another type before comparing)."""
+    m, ex, _ = setup(backend, layout)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    ex.run()
+    assert m.poll_store() == ["b"]
+    with pytest.raises(ExtraKeysError):
+        m.add_request("b", A, extra=_EqualToAll())
+    m.check_invariants()
+    assert m.add_request("b", A).num_cached_tokens == 12
     m.check_invariants()
