@@ -129,3 +129,21 @@ def test_a_pending_run_landed_after_a_spare_appeared_lands_chained(backend, layo
     m.free("b")
     m.check_invariants()
     assert m.lookup_block_ids(A) == (0, 1, 2)
+
+
+@pytest.mark.parametrize("where", ["device", "slots"])
+def test_a_shorter_run_readmitted_in_its_landing_step_gets_its_blocks_alone(
+        backend, layout, where):
+    """The store holds A's blocks 0-1 of the three fetched: b, admitted again in the
+    step its run landed (its slots pinned since), gets those two and computes the
+    rest; slot 2, given back empty, is not served."""
+    _store(backend, layout, 2)
+    m, f = _fetch(backend, layout, where, broken=False)
+    assert m.poll_store() == ["b"]
+    assert f.slots[2].key is None
+    if where == "slots":
+        m.free("h")
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 8 and adm.num_new_tokens == 5
+    assert m.stats.store_hits == 8
+    m.check_invariants()
