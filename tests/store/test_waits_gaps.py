@@ -7,7 +7,7 @@ import pytest
 from prefixkv import BlockLoads, ExtraKeysError, StoreWait
 
 from .test_shared_store import A
-from .test_store_fetch import pool_short, setup
+from .test_store_fetch import block0_on_host, pool_short, setup
 
 
 def test_a_readmission_the_pool_refuses_gives_the_fetchs_blocks_back_once(backend, layout):
@@ -90,4 +90,20 @@ def test_a_readmission_given_extra_keys_of_another_type_raises_as_without_a_fetc
         m.add_request("b", A, extra=_EqualToAll())
     m.check_invariants()
     assert m.add_request("b", A).num_cached_tokens == 12
+    m.check_invariants()
+
+
+def test_no_fetch_starts_when_the_only_free_slot_is_the_requests_own_hit(backend, layout):
+    """One host slot, holding A's block 0 (cached, unpinned: the tier counts it free).
+    b's admission hits it and pins it for its step, which leaves no slot to reserve for
+    blocks 1-2: no fetch starts (no wait for nothing), and b is admitted on its hit,
+    loaded, computing the rest."""
+    m, ex, _ = setup(backend, layout, host_blocks=1)
+    block0_on_host(m)
+    assert m._host.num_free == 1
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 4 and adm.num_new_tokens == 9
+    assert [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)] == [
+        BlockLoads((0,), (adm.block_ids[0],))]
+    assert ex.jobs == [] and "b" not in m._waits.waiting and m._host.num_landing == 0
     m.check_invariants()
