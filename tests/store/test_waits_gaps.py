@@ -107,3 +107,30 @@ def test_no_fetch_starts_when_the_only_free_slot_is_the_requests_own_hit(backend
         BlockLoads((0,), (adm.block_ids[0],))]
     assert ex.jobs == [] and "b" not in m._waits.waiting and m._host.num_landing == 0
     m.check_invariants()
+
+
+def test_a_readmission_refused_while_its_fetch_runs_leaves_the_run_blocks_held(
+        backend, layout):
+    """b's fetch (A's run, into blocks 0-2, block 3 for the token after it) is past its
+    deadline at a poll (b computes) but still runs; x holds the other four blocks, and
+    b's re-admission with 8 lookahead tokens does not fit. Block 3 goes back, but the
+    run's blocks stay the fetch's until it lands (its fetcher may be writing them: a
+    block given back could be x's by then); once it lands, b finds the run cached."""
+    m, ex, _ = setup(backend, layout)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    f = m._waits.waiting["b"]
+    deadline, f.deadline = f.deadline, -1.0
+    assert m.poll_store() == ["b"] and f.expired and not f.ended
+    f.deadline = deadline                            # (the fetcher's reads: in time)
+    assert m.add_request("x", list(range(100, 113)), read_cache=False).block_ids == (4, 5, 6, 7)
+    assert m.add_request("b", A, num_lookahead_tokens=8) is None
+    assert m.num_free_blocks == 1 and [b.block_id for b in m._waits.holds()] == [0, 1, 2]
+    m.check_invariants()
+    ex.run()
+    assert m.poll_store() == []
+    m.check_invariants()
+    m.free("x")
+    assert m.lookup_block_ids(A) == (0, 1, 2) and m.num_free_blocks == 8
+    adm = m.add_request("b", A)
+    assert adm.block_ids[:3] == (0, 1, 2) and adm.num_cached_tokens == 12
+    m.check_invariants()
