@@ -26,7 +26,7 @@ def test_a_readmission_the_pool_refuses_gives_the_fetchs_blocks_back_once(backen
     assert m.add_request("x", list(range(100, 113)), read_cache=False).block_ids == (4, 5, 6, 7)
     assert m.num_free_blocks == 0
     assert m.add_request("b", A, num_lookahead_tokens=8) is None
-    assert m.num_free_blocks == 4 and not f.tail and not f.up and m._waits.holds() == []
+    assert m.num_free_blocks == 4 and not f.tail and m._waits.holds() == []
     m.check_invariants()
     m.free("x")
     assert m.num_free_blocks == 8
