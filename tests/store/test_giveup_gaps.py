@@ -55,3 +55,35 @@ def test_a_held_hit_found_invalid_after_the_landing_takes_the_run_with_it(backen
     q = m.add_request("q", A)
     assert q.num_cached_tokens == 4 and q.block_ids[0] == b0.block_id
     m.check_invariants()
+
+
+def test_a_shorter_landed_runs_block_found_invalid_gives_back_only_landed_blocks(
+        backend, layout):
+    """The store holds A's blocks 0-1 of the three fetched: they land in device blocks
+    0-1, block 2 goes back empty at the landing. Block 1 named invalid: the fetch gives
+    it back and keeps block 0; block 2, the pool's already, is not given back again."""
+    m, ex, _ = setup(backend, layout, A[:9])          # (the writer computes blocks 0-1)
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    f = m._waits.waiting["b"]
+    d0, d1, d2 = f.devices
+    ex.run()
+    assert m.poll_store() == ["b"] and f.on_device == 2 and d2.ref_cnt == 0
+    m.uncache_blocks([d1.block_id])
+    m.check_invariants()
+    assert m._waits.holds() == [d0, *f.tail] and (d1.ref_cnt, d2.ref_cnt) == (0, 0)
+    assert m.add_request("b", A).num_cached_tokens == 4
+    m.check_invariants()
+
+
+def test_a_fetch_in_flight_that_keeps_a_valid_hit_goes_on_waiting(backend, layout):
+    """q's fetch (not run yet) holds r's two blocks; r's second is named invalid: the
+    fetch keeps the first and q goes on waiting (only a fetch left with no valid hit
+    ends its request's wait)."""
+    m, ex, _, r = computed_and_fetching(backend, layout)
+    f = m._waits.waiting["q"]
+    m.uncache_blocks([r.block_ids[1]])
+    assert len(f.held) == 1 and not f.expired
+    assert m.poll_store() == []
+    ex.run()
+    assert m.poll_store() == ["q"]
+    m.check_invariants()
