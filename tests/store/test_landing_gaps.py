@@ -217,3 +217,37 @@ def test_a_run_whose_every_block_was_computed_meanwhile_lands_nothing(backend, l
     assert adm.num_cached_tokens == 12 and adm.block_ids[:3] == (b0.block_id, *mine[1:3])
     assert m.stats.store_hits == 0
     m.check_invariants()
+
+
+def test_a_run_from_block_0_whose_first_block_came_to_a_slot_meanwhile_lands_after_it(
+        backend, layout):
+    """b's fetch of A's blocks 0-2 and c's of block 0 (A[:5]) both land in slots alone
+    (h holds 7 of the 8 blocks); c's lands first: b's landing finds block 0 in c's slot
+    (the host's probe of a run from block 0, with nothing on the device) and lands
+    blocks 1-2 after it, giving slot 0 back: block 0 is not landed twice."""
+    m, ex = _manager(backend, layout)
+    m.add_request("h", list(range(200, 228)), read_cache=False)
+    m.take_kv_ops()
+    assert m.add_request("b", A) == StoreWait("b", 3)
+    f = m._waits.waiting["b"]
+    b_jobs, ex.jobs = ex.jobs, []
+    assert m.add_request("c", A[:5]) == StoreWait("c", 1)
+    g = m._waits.waiting["c"]
+    assert f.devices is None and g.devices is None
+    assert [s.block_id for s in f.slots] == [0, 1, 2] and [s.block_id for s in g.slots] == [3]
+    ex.run()
+    assert m.poll_store() == ["c"] and m.lookup(A) == 4 and m.lookup_block_ids(A) == ()
+    m.free("c")
+    ex.jobs = b_jobs
+    ex.run()
+    assert m.poll_store() == ["b"]
+    m.check_invariants()
+    assert m.lookup(A) == 12 and m.lookup_block_ids(A) == ()
+    assert m._host.num_free == 1 and f.slots[0].key is None      # slot 0 given back
+    m.take_kv_ops()
+    m.free("h")
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 12 and m.stats.store_hits == 8
+    assert [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)] == [
+        BlockLoads((3, 1, 2), adm.block_ids[:3])]
+    m.check_invariants()

@@ -156,6 +156,9 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
         if devices is not None:  # (``lo`` is 0: checked above) the run goes on in the
             # device blocks; its slots only hold the payload until the loads ran
             run = slots if hi == len(slots) else slots[:hi]
+            if not filled:  # (new ids, or the fetcher did not fill: the loads' sources
+                # hold the content ids their blocks get, as ``fill_landing`` writes them)
+                fill_landing(run, parent_cid, f.extras[:hi], cids, f.hashes[:hi])
             if events.active:  # (announced on the device alone: ``land_run``)
                 _transit_events(f, run, hits, req, start, end, block_size)
             host.transit(run)
