@@ -38,7 +38,7 @@ from .pool import BlockPool
 from .prompt import Prompt
 from .request import Request
 from .store_fill import unpend
-from .store_landing import fetch_ready, land
+from .store_landing import fetch_ready, land, promote
 from .store_memory import FetchMemory
 from .store_reuse import reuse
 
@@ -116,12 +116,12 @@ class StoreWaits:
         if on_device:  # (``taken`` becomes the run's list: no copy of it, whose entries
             f.tail = [taken.pop()]  # would touch every block, cold; the landing lists
             unpend(f.tail)  # the request's blocks: ``Fetch.blocks``)
-            if first > d:
-                f.up = taken[:first - d]
-                del taken[:first - d]
-                unpend(f.up)
+            if held:  # the host hits go up now, into blocks of their own, held with the
+                up = taken[:first - d]  # device hits: loaded as an admission loads them
+                del taken[:first - d]  # (pinned above; ``store_landing.promote``)
+                promote(f, kept, up, held, chunks[d:first], self.index, host)
             f.devices, f.held, f.step, f.index = taken, kept, self.index.step, self.index
-            f.front = kept + f.up  # (a list of its own: ``held`` is not it)
+            f.front = kept[:]  # (a list of its own: ``held`` is not it)
             self.index.landing[id(f)] = taken
             f.pend = self.index.pend_counts(req.keys.mm)
             self.holders.add(f)
@@ -210,8 +210,8 @@ class StoreWaits:
         """Give the blocks ``f`` holds back to the pool (the tail first, as ``free``)."""
         self.holders.discard(f)
         devices = f.devices
-        out = f.tail + f.up[::-1] + f.held[::-1]  # (``tail``, ``up``: empty blocks)
-        f.up = f.tail = []
+        out = f.tail + f.held[::-1]  # (``tail``: an empty block)
+        f.tail = []
         if devices is not None:  # (a fetch that ended holds the blocks of its run alone)
             k = f.on_device if f.ended else len(devices)
             out = devices[k - 1::-1] + out if k else out
@@ -222,7 +222,7 @@ class StoreWaits:
         """Every device block the fetches hold (a reference each), for the checks."""
         out: list[Block] = []
         for f in self.holders:
-            out += f.held + f.up + f.tail
+            out += f.held + f.tail
             if f.devices is not None:
                 out += f.devices if not f.ended else f.devices[:f.on_device]
         return out
