@@ -9,6 +9,7 @@ never, twice or after its request left. Block size 4, 8-byte payloads, fetches r
 when the test says (``Manual``)."""
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -275,6 +276,27 @@ def test_a_host_hit_before_the_run_goes_up_at_the_start(backend, layout):
     assert (m.stats.host_hits, m.stats.store_hits) == (4, 8)
     assert f.blocks is None and f.devices is None and not f.held   # the request's now
     m.check_invariants()
+    m.free("b")
+    assert m.num_free_blocks == 8
+    m.check_invariants()
+
+
+def test_a_host_hit_of_a_fetch_the_executor_refuses_goes_up_once(backend, layout):
+    """Block 0 in a slot, blocks 1-2 in the store, the executor shut down: the fetch is
+    refused, so the admission goes on without it and loads the slot itself; the start
+    took nothing up before the executor took the fetch (a block it had filled would
+    hold block 0's content beside the admission's own: two device blocks for one content)."""
+    refusing = ThreadPoolExecutor(1)
+    refusing.shutdown()
+    m, _, _ = setup(backend, layout, executor=refusing)
+    _first_block_in_a_slot(m)
+    (slot,) = [s for s in m._host.slots if s.key is not None]
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 4 and m.stats.store_errors == 1   # the host hit
+    m.check_invariants()
+    (loads,) = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
+    assert loads == BlockLoads((slot.block_id,), (adm.block_ids[0],))   # once
+    assert m.lookup_block_ids(A[:5]) == (adm.block_ids[0],)
     m.free("b")
     assert m.num_free_blocks == 8
     m.check_invariants()

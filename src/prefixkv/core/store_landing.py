@@ -219,22 +219,23 @@ def _transit_events(f: Fetch, run: list[Block], hits: list[Any], req: Request, s
         s.event = event.block(i, s.block_id, HOST)
 
 
-def promote(f: Fetch, held: list[Block], up: list[Block], slots: list[Any],
-            chunks: Sequence[bytes], index: Any, host: HostTier) -> None:
-    """At the start of fetch ``f`` (``StoreWaits.start``): its host hits ``slots``, after
-    its held device hits ``held`` and pinned for this step (``HostTier.hold``), go up to
-    the empty device blocks ``up`` the start took for them, as an admission loads host
-    hits (their contents, token bytes ``chunks``, recorded in the blocks, chained below
-    the last of ``held``; their copies stated in this step's loads). The blocks join
-    ``held``: the fetch holds them as device hits, so the run lands on the device after
-    them whatever the host tier does with the slots meanwhile, and its landing, its
-    give-backs and its re-admission see device hits alone. (``up``: taken ``stale``, as
-    ``BlockPool.take`` says: each counted alone here first.)"""
-    unpend(up)
-    index.adopt(up, slots, chunks, held[-1] if held else None, True)
-    host.load(slots, up)
-    held += up
-    f.promoted = len(up)
+def promote(f: Fetch, d: int, slots: list[Any], chunks: Sequence[bytes], index: Any,
+            host: HostTier) -> None:
+    """At the start of fetch ``f`` (``StoreWaits.start``, once the executor took it): its
+    host hits ``slots``, pinned for this step (``HostTier.hold``), go up to the empty
+    device blocks the start took for them, ``f.held[d:]`` (after its ``d`` held device
+    hits), as an admission loads host hits (their contents, token bytes ``chunks``,
+    recorded in the blocks, chained below ``f.held[d - 1]``; their copies stated in this
+    step's loads). The fetch holds them as device hits, so the run lands on the device
+    after them whatever the host tier does with the slots meanwhile, and its landing,
+    its give-backs and its re-admission see device hits alone. (The fetcher's thread
+    reads none of these blocks' fields, nor the index: ``fetch_ready`` lists them
+    only.)"""
+    held = f.held
+    blocks = held[d:]
+    index.adopt(blocks, slots, chunks, held[d - 1] if d else None, True)
+    host.load(slots, blocks)
+    f.promoted = len(blocks)
 
 
 def _on_device(f: Fetch, devices: list[Block], hi: int, cids: Sequence[int], filled: bool,

@@ -116,10 +116,11 @@ class StoreWaits:
         if on_device:  # (``taken`` becomes the run's list: no copy of it, whose entries
             f.tail = [taken.pop()]  # would touch every block, cold; the landing lists
             unpend(f.tail)  # the request's blocks: ``Fetch.blocks``)
-            if held:  # the host hits go up now, into blocks of their own, held with the
-                up = taken[:first - d]  # device hits: loaded as an admission loads them
-                del taken[:first - d]  # (pinned above; ``store_landing.promote``)
-                promote(f, kept, up, held, chunks[d:first], self.index, host)
+            if held:  # the host hits' blocks, held after the device hits (empty until
+                up = taken[:first - d]  # the hits go up: below)
+                del taken[:first - d]
+                unpend(up)
+                kept += up
             f.devices, f.held, f.step, f.index = taken, kept, self.index.step, self.index
             f.front = kept[:]  # (a list of its own: ``held`` is not it)
             self.index.landing[id(f)] = taken
@@ -136,6 +137,9 @@ class StoreWaits:
             link.stats.store_errors += 1
             link.quiet_until = now + link.store.retry_after
             return None
+        if on_device and held:  # the host hits go up now (pinned above), as an admission
+            promote(f, d, held, chunks[d:first], self.index, host)  # loads them (a refused
+            # fetch gives their blocks back empty: no content of theirs to forget)
         self.waiting[req.request_id] = f
         self.in_flight += 1
         self.reserved += len(slots)
