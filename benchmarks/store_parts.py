@@ -3,7 +3,7 @@
 fetch run inline after a step ended), each named function below wrapped in this
 thread's CPU clock (``time.thread_time_ns``: inclusive, a nested function counted in
 its caller too, ~0.5 us a wrapper), medians of ``--rounds`` rounds for each hit size.
-Results: benchmarks/results/store25-r20.md.
+Results: benchmarks/results/store25-r20.md, store25b-r21.md.
 
     PYTHONPATH=src python benchmarks/store_parts.py [--blocks 512 2048] [--rounds 150]
 """
@@ -39,7 +39,7 @@ WRAPPED: list[tuple[Any, list[str]]] = [
     (ContentIndex, ["match", "holds", "land_run", "adopt", "new_ids"]),
     (StoreLink, ["worth", "submit", "ended"]),
 ]
-MODULE_WRAPPED = [(store_waits, "land"), (store_landing, "_promote"),
+MODULE_WRAPPED = [(store_waits, "land"), (store_waits, "promote"),
                   (store_landing, "_on_device"), (store_waits, "Fetch")]
 
 spent: defaultdict[str, int] = defaultdict(int)  # ns per label, this call

@@ -9,6 +9,7 @@ never, twice or after its request left. Block size 4, 8-byte payloads, fetches r
 when the test says (``Manual``)."""
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -241,14 +242,23 @@ def _first_block_in_a_slot(m):
     m.take_kv_ops()
 
 
-def test_a_host_hit_before_the_run_goes_up_with_it_at_the_landing(backend, layout):
+def test_a_host_hit_before_the_run_goes_up_at_the_start(backend, layout):
+    """Block 0 in a slot, blocks 1-2 in the store: the start takes the slot up into a
+    device block of the fetch's (its load in the start's step, the block findable and
+    held as a device hit), and the run lands after it on the device (store25b-r21: the
+    landing no longer takes host hits up)."""
     m, ex, _ = setup(backend, layout)
     _first_block_in_a_slot(m)
     assert m.lookup(A) == 4 and m.lookup_block_ids(A) == ()       # in the host alone
+    (slot,) = [s for s in m._host.slots if s.key is not None]
     assert m.add_request("b", A) == StoreWait("b", 2)
     f = m._waits.waiting["b"]
-    up, devices = list(f.up), list(f.devices)
-    assert len(up) == 1 and len(devices) == 2 and f.held == []
+    up, devices = list(f.held), list(f.devices)
+    assert len(up) == 1 and len(devices) == 2 and f.promoted == 1 and f.front == up
+    assert m.lookup_block_ids(A) == (up[0].block_id,)             # on the device now
+    m.check_invariants()
+    (loads,) = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
+    assert loads == BlockLoads((slot.block_id,), (up[0].block_id,))   # in the start's step
     m.check_invariants()
     ex.run()
     joined = f.joined                       # the request's blocks, listed by the fetcher
@@ -258,13 +268,66 @@ def test_a_host_hit_before_the_run_goes_up_with_it_at_the_landing(backend, layou
     m.check_invariants()
     assert m.lookup_block_ids(A) == tuple(b.block_id for b in up + devices)
     (loads,) = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
-    assert loads.dst == tuple(b.block_id for b in up + devices)
+    assert loads.dst == tuple(b.block_id for b in devices)       # the run's alone
     tail = f.tail[0]
     adm = m.add_request("b", A)
     assert adm.num_cached_tokens == 12
     assert adm.block_ids == tuple(b.block_id for b in up + devices + [tail])
     assert (m.stats.host_hits, m.stats.store_hits) == (4, 8)
     assert f.blocks is None and f.devices is None and not f.held   # the request's now
+    m.check_invariants()
+    m.free("b")
+    assert m.num_free_blocks == 8
+    m.check_invariants()
+
+
+def test_a_host_hit_of_a_fetch_the_executor_refuses_goes_up_once(backend, layout):
+    """Block 0 in a slot, blocks 1-2 in the store, the executor shut down: the fetch is
+    refused, so the admission goes on without it and loads the slot itself; the start
+    took nothing up before the executor took the fetch (a block it had filled would
+    hold block 0's content beside the admission's own: two device blocks for one content)."""
+    refusing = ThreadPoolExecutor(1)
+    refusing.shutdown()
+    m, _, _ = setup(backend, layout, executor=refusing)
+    _first_block_in_a_slot(m)
+    (slot,) = [s for s in m._host.slots if s.key is not None]
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 4 and m.stats.store_errors == 1   # the host hit
+    m.check_invariants()
+    (loads,) = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
+    assert loads == BlockLoads((slot.block_id,), (adm.block_ids[0],))   # once
+    assert m.lookup_block_ids(A[:5]) == (adm.block_ids[0],)
+    m.free("b")
+    assert m.num_free_blocks == 8
+    m.check_invariants()
+
+
+def test_a_host_hit_whose_slot_is_taken_before_the_landing_still_leads_the_run(backend, layout):
+    """Block 0 in a slot, blocks 1-2 fetched; after the start's step the slot is taken for
+    other offloads (its content dropped from the host) before the fetch ends: the
+    block 0 the start took up is held on the device, so the run lands after it and the
+    re-admission hits all three blocks (the landing took the slot up before store25b-r21:
+    with the slot gone, the run continued nothing, and every block was computed)."""
+    m, ex, _ = setup(backend, layout)
+    _first_block_in_a_slot(m)
+    assert m.add_request("b", A) == StoreWait("b", 2)
+    f = m._waits.waiting["b"]
+    slot, cid = f.hits[0], f.hits[0].content_id
+    m.take_kv_ops()                                  # the start's step: the slot unpinned
+    for rid, base in (("x", 300), ("y", 400)):       # each evicts cached device blocks
+        m.add_request(rid, list(range(base, base + 13)), read_cache=False)
+        m.take_kv_ops()
+        m.free(rid)
+        m.take_kv_ops()
+    assert slot.key is None or slot.content_id != cid   # block 0 left the host
+    assert m.lookup(A) == 4                          # on the device alone, the fetch's
+    m.check_invariants()
+    ex.run()
+    assert m.poll_store() == ["b"]
+    m.check_invariants()
+    assert m.lookup(A) == 12 and f.on_device == 2
+    adm = m.add_request("b", A)
+    assert adm.num_cached_tokens == 12 and m.stats.store_hits == 8
     m.check_invariants()
     m.free("b")
     assert m.num_free_blocks == 8
@@ -302,23 +365,6 @@ def test_the_readmission_takes_the_starts_block_list_and_grows_it(backend, layou
     m.free("b")
     assert m.num_free_blocks == 8
     m.check_invariants()
-
-
-def test_a_host_hit_gone_before_the_landing_lands_the_run_in_slots_alone(backend, layout):
-    m, ex, _ = setup(backend, layout)
-    _first_block_in_a_slot(m)
-    assert m.add_request("b", A) == StoreWait("b", 2)
-    m.take_kv_ops()                                  # the host hit's pin ends with the step
-    slot = m._waits.waiting["b"].hits[0]
-    m._host._drop(slot)                              # its content goes (as an eviction would)
-    m._host._cached.remove(slot)
-    slot.ref_cnt = 0
-    m._host._empty.append(slot)
-    m.check_invariants()
-    ex.run()
-    assert m.poll_store() == ["b"]                   # nothing continues: nothing landed
-    m.check_invariants()
-    assert m.num_free_blocks == 8 and m.lookup(A) == 0
 
 
 def test_uncache_blocks_leaves_a_run_being_filled_as_it_is(backend, layout):

@@ -108,29 +108,27 @@ def test_a_run_landed_in_host_slots_leaves_them_leaves_first(backend, layout):
     m.check_invariants()
 
 
-def test_a_host_hit_taken_up_at_the_landing_is_pinned_until_the_plan_is_taken(backend, layout):
-    """Block 0 in a slot (pinned by the start for its step, which ends before the fetch
-    does), blocks 1-2 fetched: the landing takes the slot up into the device block the
-    start took for it (``_promote``), pinned again, so that an admission of the same
-    step that evicts device blocks cannot take it for an offload (which runs before the
-    loads: block 0 would be loaded with another block's KV)."""
+def test_a_host_hit_taken_up_at_the_start_is_pinned_until_the_plan_is_taken(backend, layout):
+    """Block 0 in a slot, blocks 1-2 fetched: the start takes the slot up into the device
+    block it took for it (``store_landing.promote``), its load in the start's plan and
+    the slot pinned until that plan is taken (an offload stated meanwhile, which runs
+    before the loads, must not write it: block 0 would be loaded with another block's
+    KV); the landing loads the run alone, and the re-admission takes block 0's block."""
     m, ex = _manager(backend, layout)
     _first_block_in_a_slot(m)
+    (slot,) = [s for s in m._host.slots if s.key is not None]
     assert m.add_request("b", A) == StoreWait("b", 2)
     f = m._waits.waiting["b"]
-    (slot,) = [s for s in m._host.slots if s.key is not None]
-    (up,) = f.up
-    assert m.take_kv_ops() == [] and slot.ref_cnt == 0   # a step ended: unpinned
+    (up,) = f.held
+    assert slot.ref_cnt == 1 and slot in m._host._pinned   # pinned, with its load
+    m.check_invariants()
+    (loads,) = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
+    assert loads == BlockLoads((slot.block_id,), (up.block_id,))
+    assert slot.ref_cnt == 0 and slot.key is not None      # the plan taken: unpinned, kept
     ex.run()
     assert m.poll_store() == ["b"]
-    assert slot.ref_cnt == 1                          # pinned again, with the run's loads
-    m.add_request("y", list(range(500, 513)), read_cache=False)   # evicts 4 device blocks
-    m.check_invariants()
-    ops = m.take_kv_ops()
-    (loads,) = [op for op in ops if isinstance(op, BlockLoads)]
-    offloaded = {d for op in ops if isinstance(op, BlockOffloads) for d in op.dst}
-    assert loads.src[0] == slot.block_id and loads.dst[0] == up.block_id
-    assert slot.block_id not in offloaded
+    (loads,) = [op for op in m.take_kv_ops() if isinstance(op, BlockLoads)]
+    assert up.block_id not in loads.dst and len(loads.dst) == 2
     adm = m.add_request("b", A)
     assert adm.num_cached_tokens == 12 and adm.block_ids[0] == up.block_id
     m.check_invariants()

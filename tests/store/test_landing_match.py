@@ -4,8 +4,8 @@ run's first content may have come by another way. Each test moves one of them be
 the start and the landing (another request admitted in between, as an engine's step
 would) and checks that the landing sees it, whether it walks the index or concludes
 from the start's hits that nothing moved: a run landed on the device beside a copy of
-its own content, or a host hit taken up twice, breaks the index (``check_invariants``)
-and the block ids a lookup gives. Block size 4; A's three blocks in the store.
+its own content breaks the index (``check_invariants``) and the block ids a lookup
+gives. Block size 4; A's three blocks in the store.
 
 (A landing that took the start's hits, found still holding their contents, instead of
 its walk was tried in session 18: each test fails with the hits taken unchecked; with
@@ -16,27 +16,28 @@ from .test_shared_store import A
 from .test_store_fetch import setup
 
 
-def test_a_host_hit_whose_content_went_up_meanwhile_is_not_taken_up_again(backend, layout):
-    """Block 0 in a slot (the start's host hit, to go up with the run); before the
-    landing another request loads that slot into a device block of its own: the run
-    lands in its slots alone, the device keeps that request's copy."""
+def test_a_host_hit_the_start_took_up_is_shared_meanwhile_not_loaded_again(backend, layout):
+    """Block 0 in a slot (the start's host hit): the start takes it up into a device
+    block the fetch holds; before the landing another request hits that block on the
+    device (not the slot: no second copy of it), and the run lands after it on the
+    device. (Before store25b-r21 the landing took the slot up: that request loaded it
+    into a block of its own, and the run then landed in its slots alone.)"""
     m, ex, _ = setup(backend, layout)
     _first_block_in_a_slot(m)
     assert m.add_request("b", A).num_blocks == 2
     f = m._waits.waiting["b"]
-    assert len(f.up) == 1 and f.held == []
-    c = m.add_request("c", A[:5])                    # block 0 goes up: c's block now
-    assert c.num_cached_tokens == 4
-    (b0,) = m._get("c").blocks[:1]
+    (up,) = f.held
+    assert f.promoted == 1
+    c = m.add_request("c", A[:5])                    # block 0: the fetch's block, shared
+    assert c.num_cached_tokens == 4 and c.block_ids[0] == up.block_id
     m.check_invariants()
     ex.run()
     assert m.poll_store() == ["b"]
     m.check_invariants()
-    assert f.devices is None and f.promoted == 0     # (nothing went up for the fetch)
-    assert m.lookup_block_ids(A) == (b0.block_id,)   # the device: c's copy alone
-    assert m.lookup(A) == 12                         # the run in host slots
+    assert f.on_device == 2                          # the run on the device, after it
+    assert m.lookup_block_ids(A) == (up.block_id, *(b.block_id for b in f.devices))
     adm = m.add_request("b", A)
-    assert adm.num_cached_tokens == 12 and adm.block_ids[0] == b0.block_id
+    assert adm.num_cached_tokens == 12 and adm.block_ids[0] == up.block_id
     m.check_invariants()
     for rid in ("b", "c"):
         m.free(rid)
@@ -54,7 +55,7 @@ def test_the_runs_first_content_computed_meanwhile_is_not_landed_twice(backend, 
     assert m.add_request("b", A).num_blocks == 2
     f = m._waits.waiting["b"]
     (b0,) = f.held
-    assert f.up == [] and len(f.devices) == 2
+    assert f.promoted == 0 and len(f.devices) == 2
     c = m.add_request("c", A[:8])                    # hits block 0, computes block 1
     assert c.num_cached_tokens == 4
     c1 = m._get("c").blocks[1]

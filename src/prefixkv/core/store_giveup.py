@@ -1,25 +1,26 @@
 """A store fetch gives up its device holds on blocks whose KV was declared invalid.
 
 A fetch that lands on the device holds device blocks (``StoreWaits.start``): its device
-hits (``Fetch.held``) from the start, and, once it landed, the run's blocks
-(``Fetch.devices[:on_device]``), until its request is admitted again. A live request
-may hold the same blocks: the one that computed the hits, or one that hit the landed
-run before the fetch's request came back. When the engine declares such a block's KV
-invalid (``uncache_blocks``) or takes that request back to recompute it (``rewind``),
-the fetch's hold must not keep the block, nor refuse the rewind (the engine cannot free
-a fetch): the fetch gives up that block and every block after it in its chain (their
-KV was computed on top of it), and keeps the valid prefix before it.
+hits (``Fetch.held``, with the blocks its host hits went up to) from the start, and,
+once it landed, the run's blocks (``Fetch.devices[:on_device]``), until its request is
+admitted again. A live request may hold the same blocks: the one that computed the
+hits, or one that hit the landed run before the fetch's request came back. When the
+engine declares such a block's KV invalid (``uncache_blocks``) or takes that request
+back to recompute it (``rewind``), the fetch's hold must not keep the block, nor refuse
+the rewind (the engine cannot free a fetch): the fetch gives up that block and every
+block after it in its chain (their KV was computed on top of it), and keeps the valid
+prefix before it.
 
-- In flight (not landed): the given-up hits go back at once, with the empty blocks the
-  fetch took for its host hits and for the tokens after the run (``up``, ``tail``: no
-  thread writes them). Its run's blocks (``devices``) stay held until it lands: the
-  fetcher's thread may be filling them (``fill_device``), and a block it no longer
-  held could be another request's by then. The landing then finds that the fetch holds
-  less than the prefix before its run (``len(held) + len(up) < first``) and lands the
-  run in its host slots alone, if its chain is there again by then, giving every
-  device block back (``store_landing.land``, as after a lost race). When no hit is left
-  (nothing valid remains), the request's wait ends: ``poll`` lists it at once (as past
-  its deadline), and its admission computes what it does not find.
+- In flight (not landed): the given-up hits go back at once, with the empty block the
+  fetch took for the tokens after the run (``tail``: no thread writes it). Its run's
+  blocks (``devices``) stay held until it lands: the fetcher's thread may be filling
+  them (``fill_device``), and a block it no longer held could be another request's by
+  then. The landing then finds that the fetch holds less than the prefix before its
+  run (``len(held) < first``) and lands the run in its host slots alone, if its chain
+  is there again by then, giving every device block back (``store_landing.land``, as
+  after a lost race). When no hit is left (nothing valid remains), the request's wait
+  ends: ``poll`` lists it at once (as past its deadline), and its admission computes
+  what it does not find.
 - Landed: the fetcher is done with the blocks; the given-up ones go back at once, with
   ``tail``. The run's landed part (``on_device``, and ``cids``: what the re-admission
   counts as fetched) shrinks to the kept blocks, so ``StoreWaits.reuse`` declines and
@@ -77,10 +78,12 @@ def give_up(waits: StoreWaits, blocks: Iterable[Block], lost: bool) -> None:
 
 def _cut(waits: StoreWaits, f: Fetch, k: int) -> None:
     """``f`` keeps the first ``k`` blocks of its chain (hits, then the landed run) and
-    gives the rest back to the pool, with ``tail`` and ``up``, tail of the chain first."""
+    gives the rest back to the pool, with ``tail``, tail of the chain first."""
     held, d = f.held, len(f.held)
-    out: list[Block] = f.tail + f.up[::-1]
-    f.tail, f.up, f.blocks = [], [], None  # (``blocks``: the request's list no longer)
+    out: list[Block] = f.tail  # (a list of the fetch's own, no longer its ``tail``)
+    f.tail, f.blocks = [], None  # (``blocks``: the request's list no longer)
+    if k < d:  # (the host hits that went up at the start: the last of ``held``)
+        f.promoted = max(0, f.promoted - (d - k))
     if not f.ended:  # (``devices``: the fetcher's until it lands)
         out += held[k:][::-1]
         f.held = held[:k]
@@ -93,7 +96,6 @@ def _cut(waits: StoreWaits, f: Fetch, k: int) -> None:
         out += run[kept:][::-1]
         if k < d:
             out += held[k:][::-1]
-            f.promoted = max(0, f.promoted - (d - k))  # (the host hits that went up: last)
             f.held = held[:k]
         f.on_device, f.cids = kept, f.cids[:kept]
         if not kept:

@@ -16,9 +16,11 @@ device with one write (``ContentIndex.land_run``) and states the slots' copies i
 the blocks (``BlockLoads``, after the plan's ``StoreFetched``): the re-admission takes
 the blocks as device hits, with nothing to record, pin or copy. Its slots are in transit
 (``HostTier.transit``): the fetcher wrote no key into them, the landing keys none, and they
-go empty once the loads ran (the host tier keeps none of the run). A run that does not
-continue the request's device hits exactly (a host hit before it, a block's content
-that came meanwhile) lands in the host slots only, and the blocks go back empty.
+go empty once the loads ran (the host tier keeps none of the run). The request's host
+hits before the run went up at the start (``promote``), into device blocks the fetch
+holds: the run continues device hits alone. A run that does not continue the fetch's
+held device hits exactly (one given up, a block's content that came meanwhile) lands in
+the host slots only, and the blocks go back empty.
 """
 
 from __future__ import annotations
@@ -29,14 +31,14 @@ from typing import Any
 from ..events import BlockStored
 from ..results import StoreFetched
 from ..store.fetch import Fetch
-from ..tiers import HostSlot, HostTier
+from ..tiers import HostTier
 from ..tiers.host_index import HOST
 from ..tiers.host_landing import fill_landing
 from .block import Block
 from .request import Request
 from .store_fill import emptied, fill_device, fill_pending, unpend
 
-__all__ = ["fetch_ready", "land"]
+__all__ = ["fetch_ready", "land", "promote"]
 
 
 def fetch_ready(f: Fetch) -> None:
@@ -102,10 +104,10 @@ def fetch_ready(f: Fetch) -> None:
 def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> list[Block]:
     """Land the run of ended fetch ``f`` that still continues its request's chain in its
     slots of ``host`` (``index``: the manager's content index, ``events``: its event
-    sink), and in its device blocks when it continues its held device hits exactly, and
-    host hits after them, which go up now to the device blocks the start took for them
-    (``f.up``) (``f.on_device`` then counts the run's blocks); free the other slots. Returns the blocks the
-    fetch holds and no longer needs (device blocks emptied, and its hits when no block
+    sink), and in its device blocks when it continues its held device hits exactly (the
+    start's device hits, and its host hits, which went up at the start: ``promote``)
+    (``f.on_device`` then counts the run's blocks); free the other slots. Returns the
+    blocks the fetch holds and no longer needs (device blocks emptied, and its hits when no block
     landed on the device), for the pool to take back, tail first. Called once per
     fetch, on the scheduler's thread."""
     req: Request = f.req
@@ -134,15 +136,12 @@ def land(f: Fetch, host: HostTier, index: Any, events: Any, block_size: int) -> 
     keys_filled = devices is None  # (``fetch_ready`` keys the slots of a host run only)
     if devices is not None:
         index.landing.pop(id(f), None)
-        d = len(f.held)
-        if (start == first < end and hits[:d] == f.held  # (identity: blocks are not equal;
-                # a fetch that gave up hits holds less than ``first``: ``store_giveup.py``)
-                and list(map(type, hits)).count(HostSlot) == first - d == len(f.up)):
-            if d < first:
-                _promote(f, hits, d, index, host)
-        else:  # the run lands in the slots alone, if at all
-            gone = f.tail + emptied(devices) + f.up[::-1] + f.held[::-1]
-            f.devices, f.held, f.up, f.tail, f.blocks = None, [], [], [], None
+        # (the host hits went up at the start: ``promote``; identity: blocks are not
+        # equal; a fetch that gave up hits holds less than ``first``: ``store_giveup.py``)
+        if not (start == first < end and hits == f.held):
+            # the run lands in the slots alone, if at all
+            gone = f.tail + emptied(devices) + f.held[::-1]
+            f.devices, f.held, f.tail, f.blocks = None, [], [], None
             devices = None
     if start < end:
         lo, hi, bs = start - first, end - first, block_size
@@ -223,20 +222,23 @@ def _transit_events(f: Fetch, run: list[Block], hits: list[Any], req: Request, s
         s.event = event.block(i, s.block_id, HOST)
 
 
-def _promote(f: Fetch, hits: list[Any], d: int, index: Any, host: HostTier) -> None:
-    """The host slots ``hits[d:]`` (after the fetch's held device hits ``hits[:d]``) go
-    up to the device blocks the start took for them (``f.up``), as an admission loads
-    host hits (pinned, their content recorded, their copies stated); ``hits`` names the
-    blocks from then on."""
-    slots = hits[d:]
-    host.hold(slots)
-    new, f.up = f.up, []
-    chunks = f.req.prompt_chunks
-    index.adopt(new, slots, chunks[d:len(hits)], hits[d - 1] if d else None, True)
-    host.load(slots, new)
-    f.held = f.held + new
-    f.promoted = len(new)
-    hits[d:] = new
+def promote(f: Fetch, d: int, slots: list[Any], chunks: Sequence[bytes], index: Any,
+            host: HostTier) -> None:
+    """At the start of fetch ``f`` (``StoreWaits.start``, once the executor took it): its
+    host hits ``slots``, pinned for this step (``HostTier.hold``), go up to the empty
+    device blocks the start took for them, ``f.held[d:]`` (after its ``d`` held device
+    hits), as an admission loads host hits (their contents, token bytes ``chunks``,
+    recorded in the blocks, chained below ``f.held[d - 1]``; their copies stated in this
+    step's loads). The fetch holds them as device hits, so the run lands on the device
+    after them whatever the host tier does with the slots meanwhile, and its landing,
+    its give-backs and its re-admission see device hits alone. (The fetcher's thread
+    reads none of these blocks' fields, nor the index: ``fetch_ready`` lists them
+    only.)"""
+    held = f.held
+    blocks = held[d:]
+    index.adopt(blocks, slots, chunks, held[d - 1] if d else None, True)
+    host.load(slots, blocks)
+    f.promoted = len(blocks)
 
 
 def _on_device(f: Fetch, devices: list[Block], hi: int, cids: Sequence[int], filled: bool,

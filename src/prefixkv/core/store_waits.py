@@ -38,7 +38,7 @@ from .pool import BlockPool
 from .prompt import Prompt
 from .request import Request
 from .store_fill import unpend
-from .store_landing import fetch_ready, land
+from .store_landing import fetch_ready, land, promote
 from .store_memory import FetchMemory
 from .store_reuse import reuse
 
@@ -82,7 +82,7 @@ class StoreWaits:
         if hits:
             kinds = list(map(type, hits))
             d = kinds.count(Block)  # device hits; the run lands on the device when they
-            on_device = kinds[:d].count(Block) == d  # come first (the host's go up at the landing)
+            on_device = kinds[:d].count(Block) == d  # come first (the host's go up at the start)
             held = [h for h in hits if type(h) is HostSlot]
         else:
             d, on_device, held = 0, True, None
@@ -123,15 +123,14 @@ class StoreWaits:
             tail = taken.pop()  # would touch every block, cold; the landing lists the
             tail.counted = None  # request's blocks: ``Fetch.blocks``) (``unpend``, inlined)
             f.tail = [tail]
-            if first > d:
-                f.up = up = taken[:first - d]
+            if first > d:  # the host hits' blocks, held after the device hits (empty until
+                up = taken[:first - d]  # the hits go up: below)
                 del taken[:first - d]
                 for b in up:  # (``unpend``, inlined)
                     b.counted = None
-                f.front = kept + up  # (a list of its own: ``held`` is not it)
-            else:
-                f.front = kept[:]
+                kept += up
             f.devices, f.held, f.step, f.index = taken, kept, index.step, index
+            f.front = kept[:]  # (a list of its own: ``held`` is not it)
             index.landing[id(f)] = taken
             f.pend = index.pend_counts(keys.mm)
             self.holders.add(f)
@@ -146,6 +145,9 @@ class StoreWaits:
             link.stats.store_errors += 1
             link.quiet_until = now + link.store.retry_after
             return None
+        if on_device and held:  # the host hits go up now (pinned above), as an admission
+            promote(f, d, held, chunks[d:first], self.index, host)  # loads them (a refused
+            # fetch gives their blocks back empty: no content of theirs to forget)
         self.waiting[req.request_id] = f
         self.in_flight += 1
         self.reserved += len(slots)
@@ -220,8 +222,8 @@ class StoreWaits:
         """Give the blocks ``f`` holds back to the pool (the tail first, as ``free``)."""
         self.holders.discard(f)
         devices = f.devices
-        out = f.tail + f.up[::-1] + f.held[::-1]  # (``tail``, ``up``: empty blocks)
-        f.up = f.tail = []
+        out = f.tail + f.held[::-1]  # (``tail``: an empty block)
+        f.tail = []
         if devices is not None:  # (a fetch that ended holds the blocks of its run alone)
             k = f.on_device if f.ended else len(devices)
             out = devices[k - 1::-1] + out if k else out
@@ -232,7 +234,7 @@ class StoreWaits:
         """Every device block the fetches hold (a reference each), for the checks."""
         out: list[Block] = []
         for f in self.holders:
-            out += f.held + f.up + f.tail
+            out += f.held + f.tail
             if f.devices is not None:
                 out += f.devices if not f.ended else f.devices[:f.on_device]
         return out

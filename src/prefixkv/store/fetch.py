@@ -70,7 +70,7 @@ class Fetch:
                  "hits", "hit_cids", "ids", "ids_given", "planned", "parent_cid", "ready",
                  "landed_at", "hashes", "filled", "unique", "keyed", "slot_ids", "fetched",
                  "keys", "heads", "states", "run", "stop", "failed", "nbytes", "seconds", "left", "lock",
-                 "devices", "held", "up", "tail", "blocks", "step", "on_device", "promoted", "device_ids",
+                 "devices", "held", "tail", "blocks", "step", "on_device", "promoted", "device_ids",
                  "pend", "pending_run", "front", "joined", "index", "extras_of")
     # set by ``prepare`` on the fetcher's thread, not here on the scheduler's: the reads'
     # keys, expected heads and states (emptied by ``finish``; a ``prepare`` that failed
@@ -109,7 +109,6 @@ class Fetch:
         # ``on_device``: how many of ``devices`` landed (findable)
         self.devices: list[Any] | None = None
         self.held: list[Any] = []
-        self.up: list[Any] = []  # blocks taken for the host hits, which go up at the landing
         self.tail: list[Any] = []  # an empty block for the prompt's tokens after the run
         # ``held`` and ``devices`` in one list, listed when the run landed whole, while
         # they are exactly what the request takes: its re-admission's blocks
@@ -119,12 +118,12 @@ class Fetch:
         # when it writes the blocks (``step`` then: the step they were written in)
         self.index: Any = None
         self.on_device = 0
-        self.promoted = 0  # host hits that went up to device blocks at the landing
+        self.promoted = 0  # host hits that went up to device blocks (the last of ``held``)
         # the index's ``RunCounts`` when the device run may land as one pending run
         # (``index/pending.py``); ``ready`` then records it (``pending_run``), unregistered
         self.pend: Any = None
         self.pending_run: Any = None
-        # the held hits and ``up`` as the start took them (never changed), and, for a
+        # the held hits as the start took them (never changed), and, for a
         # run filled whole, ``front + devices`` listed by the fetcher (``joined``), which
         # the landing takes as ``blocks`` while ``held`` is still ``front``
         self.front: list[Any] = []
