@@ -6,6 +6,7 @@ step does not run can still move the figures a little through memory layout (dat
 lines by ~0.5%; once document's instructions by 7%: C ``realloc`` moved a buffer or not):
 
     python benchmarks/cold_lines.py [--workloads pressure,chat] [--flush-mib 2]
+    python benchmarks/cold_lines.py --publish [--count handoff] [--workloads ...]
 
 Each request: ``add_request`` and ``take_pending_events()`` (the step, counted), then,
 not counted, the batch built (as the publisher's thread builds it during the forward
@@ -19,6 +20,11 @@ data lines missed reading (DLmr: code objects, types, dicts, the index's and the
 blocks' state) and writing (DLmw: mostly new objects and buffers). Needs ``valgrind``
 (~20 s a workload). ``PREFIXKV_SRC=DIR``: another tree's prefixkv (an A/B: run both,
 compare the rows).
+
+``--publish``: the step also hands the batch to a live ``EventPublisher`` (heartbeat
+off), as ``bench_vllm_events.py --workloads`` does; its thread builds and sends it
+during the flush (not counted). ``--count handoff``: only the hand-off is counted,
+``take_pending_events()`` and ``publish`` (``add_request`` runs outside the count).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 SRC = os.environ.get("PREFIXKV_SRC") or str(Path(__file__).resolve().parents[1] / "src")
@@ -37,11 +44,12 @@ EVENTS = ("Ir", "ILmr", "DLmr", "DLmw")
 CACHES = ("--D1=32768,8,64", "--LL=1048576,16,64")
 
 
-def child(name: str, flush_mib: float) -> None:
+def child(name: str, flush_mib: float, publish: bool, count: str) -> None:
     """The replay callgrind runs (module doc)."""
     sys.path.insert(0, SRC)
     from prefixkv import KVCacheManager
     from prefixkv.bench.workloads import builtin
+    from prefixkv.fleet.publisher import EventPublisher
 
     wl = builtin(name)
     m = KVCacheManager(wl.pool_tokens // 16, 16, seed=0, enable_events=True,
@@ -50,25 +58,42 @@ def child(name: str, flush_mib: float) -> None:
     junk = bytearray(int(flush_mib * (1 << 20)))
     fills = [bytes([v]) * (len(junk) // 64) for v in (1, 2)]  # (each flush writes)
     taken: list[object] = []
+    pub = EventPublisher(block_size=16, heartbeat=None, max_queue=1 << 16) if publish else None
+
+    def handoff() -> None:
+        if pub is None:
+            taken.append(m.take_pending_events())
+        else:
+            pub.publish(m.take_pending_events())
 
     def step(rid: str, prompt: object) -> None:
         m.add_request(rid, prompt)
-        taken.append(m.take_pending_events())
+        handoff()
 
     ctx = contextvars.copy_context()
     gc.collect()
     gc.freeze()  # (as bench_vllm_events.py)
     for i, (rid, prompt) in enumerate(prompts):
-        ctx.run(step, rid, prompt)
-        batch = taken.pop()
-        if batch is not None:
-            batch.build()  # type: ignore[attr-defined]
+        if count == "handoff":
+            m.add_request(rid, prompt)
+            ctx.run(handoff)
+        else:
+            ctx.run(step, rid, prompt)
+        if pub is None:
+            batch = taken.pop()
+            if batch is not None:
+                batch.build()  # type: ignore[attr-defined]
+        if pub is not None:
+            time.sleep(0.002)  # (its thread builds and sends the batch: before the flush)
         m.free(rid)
         junk[::64] = fills[i & 1]
+    if pub is not None:
+        pub.close(timeout=30)
+        assert pub.health()["published_batches"] == len(prompts), pub.health()
     print(len(prompts))
 
 
-def measure(name: str, flush_mib: float) -> dict[str, float]:
+def measure(name: str, flush_mib: float, publish: bool, count: str) -> dict[str, float]:
     """A step's mean of each of ``EVENTS`` in workload ``name``."""
     with tempfile.TemporaryDirectory() as folder:
         out = f"{folder}/callgrind.out"
@@ -76,7 +101,8 @@ def measure(name: str, flush_mib: float) -> dict[str, float]:
             ["valgrind", "--tool=callgrind", "--cache-sim=yes", *CACHES,
              "--collect-atstart=no", "--toggle-collect=context_run",
              f"--callgrind-out-file={out}", sys.executable, __file__, "--child", name,
-             "--flush-mib", str(flush_mib)], capture_output=True, text=True, check=True,
+             "--flush-mib", str(flush_mib), *(["--publish"] if publish else []),
+             "--count", count], capture_output=True, text=True, check=True,
             env={**os.environ, "PYTHONHASHSEED": "0"})  # (the same dicts each run)
         steps = int(run.stdout.split()[-1])
         lines = Path(out).read_text().splitlines()
@@ -90,16 +116,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="pressure")
     ap.add_argument("--flush-mib", type=float, default=2.0)
+    ap.add_argument("--publish", action="store_true", help="publish each step (module doc)")
+    ap.add_argument("--count", choices=("step", "handoff"), default="step")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.count == "handoff" and not a.publish:
+        ap.error("--count handoff needs --publish")
     if a.child:
-        child(a.child, a.flush_mib)
+        child(a.child, a.flush_mib, a.publish, a.count)
         return
-    print(f"prefixkv from {SRC}; a step's mean (module doc)\n")
+    print(f"prefixkv from {SRC}; a step's mean (module doc); publish: {a.publish}, "
+          f"counted: {a.count}\n")
     print("| workload | " + " | ".join(EVENTS) + " |")
     print("|---|" + "---:|" * len(EVENTS))
     for name in a.workloads.split(","):
-        r = measure(name, a.flush_mib)
+        r = measure(name, a.flush_mib, a.publish, a.count)
         print(f"| {name} | " + " | ".join(f"{r[e]:,.1f}" for e in EVENTS) + " |", flush=True)
 
 
