@@ -80,6 +80,26 @@ def test_run_store_ops_runs_puts_and_fetches_and_returns_the_rest():
     assert torch.equal(k_host[0], k[:, 4]) and torch.equal(v_host[0], v[:, 4])
 
 
+def test_a_bad_fetched_op_is_refused_before_any_put_goes_out():
+    """A fetched payload of another length than a slot's, or for a slot the host caches
+    lack, raises ConfigError before the plan's first op: no put reaches the writer, no slot
+    is written. Before: the puts ahead of it in the plan had gone to the writer (a
+    payload's length), or the error was an IndexError after them (a slot)."""
+    k = torch.randn(L, N, BS, H, D)
+    v = torch.randn(L, N, BS, H, D)
+    fetched = block_payload(k, v, 4)
+    for op, named in ((StoreFetched(1, fetched[:-4]), "payload of"),
+                      (StoreFetched(2, fetched), "host slot 2"),
+                      (StoreFetched(-1, fetched), "host slot -1")):
+        k_host = torch.zeros(2, L, BS, H, D)
+        v_host = torch.zeros_like(k_host)
+        writer = Collect()
+        with pytest.raises(ConfigError, match=named):
+            run_store_ops([StorePut(2, b"key", b"head"), StoreFetched(0, fetched), op],
+                          k, v, k_host, v_host, writer)
+        assert writer.items == [] and not k_host.any() and not v_host.any()
+
+
 def test_two_processes_share_a_document_through_the_store(capsys, monkeypatch, warm_python):
     """Process B loads the document process A computed, computes only its question, and
     generates the tokens of a run without any cache (three Python processes). The example

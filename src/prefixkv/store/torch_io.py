@@ -105,11 +105,11 @@ def run_store_ops(ops: Sequence[KVOp], k_cache: torch.Tensor, v_cache: torch.Ten
     1); ``k_host``, ``v_host``: slot-major host caches ``[num_slots, ...]`` whose slot
     holds a device block's bytes (``[num_layers, block_size, num_kv_heads, head_dim]``).
     ``writer``: where puts go (``StoreWriter.put``). Raises ConfigError, before any op
-    runs, for a bad ``block_dim`` (as ``kv_block_bytes``) or host slots whose bytes are
-    not a device block's (another dtype, block size or head layout), and as
-    ``write_payload`` for a fetched payload of another length; ConfigError, before any
-    op runs, for caches that are not tensors, ``ops`` that are not a list or tuple, or
-    a ``writer`` without ``put``."""
+    runs, for a bad ``block_dim`` (as ``kv_block_bytes``), host slots whose bytes are
+    not a device block's (another dtype, block size or head layout), a fetched payload
+    of another length (as ``write_payload``) or for a slot the host caches lack, caches
+    that are not tensors, ``ops`` that are not a list or tuple, or a ``writer`` without
+    ``put``."""
     if not isinstance(ops, (list, tuple)) or not callable(getattr(writer, "put", None)):
         raise ConfigError(f"run_store_ops takes a plan's ops (a list) and a StoreWriter, got "
                           f"{type(ops).__name__}, {type(writer).__name__}")
@@ -123,6 +123,16 @@ def run_store_ops(ops: Sequence[KVOp], k_cache: torch.Tensor, v_cache: torch.Ten
                           f"{k_host.dtype}) for device blocks of {block} (k_cache "
                           f"{tuple(k_cache.shape)} {k_cache.dtype}, block_dim {block_dim}): a "
                           f"host slot must hold one device block, in the same dtype")
+    slots = k_host.shape[0]
+    for op in ops:  # (checked first: no put goes out before a fetched payload is refused)
+        if type(op) is StoreFetched:
+            if type(op.dst) is not int or not 0 <= op.dst < slots:
+                raise ConfigError(f"a fetched payload for host slot {op.dst!r}: the host "
+                                  f"caches have slots 0..{slots - 1}")
+            if payload_bytes(op.payload).nbytes != block:
+                raise ConfigError(f"a payload of {payload_bytes(op.payload).nbytes} bytes for "
+                                  f"host slots of {block}: the StoreLayout's block_bytes "
+                                  f"must match the caches")
     rest: list[KVOp] = []
     for op in ops:
         if type(op) is StorePut:
