@@ -215,7 +215,7 @@ def test_kernel_benchmarks_import_only_the_shared_helpers():
     helpers = {"kernel_problems", "kernel_static", "kernel_timing", "kernel_versus", "kernel_pingpong",
                "gluon_pingpong_kernel",
                "alloc_ab", "alloc_ab_report", "alloc_replay", "alloc_worker", "vllm_side", "events_steps",
-               "store_setup"}
+               "store_setup", "tree_import"}
     for name, path in scripts.items():
         tree = ast.parse(path.read_text())
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)

@@ -15,7 +15,7 @@ import pytest
 
 from prefixkv import KVCacheManager
 from prefixkv.fleet import publisher as publisher_module
-from prefixkv.fleet.wire import encode_batch, to_wire_events
+from prefixkv.fleet.wire import pack, to_wire_events
 from prefixkv.router.subscriber import Subscriber
 from waiting import LIVE, await_subscribed, poll_until
 
@@ -25,10 +25,12 @@ TOPIC = b"kv-events"
 
 
 def twin_batch(prompt, ts):
-    """A well-formed batch of ``prompt``'s blocks, rank 0, stamped ``ts``."""
+    """A well-formed batch of ``prompt``'s blocks, rank 0, stamped ``ts``: packed here as
+    ``encode_batch`` packs it, for ``encode_batch`` refuses a stamp that is no finite
+    time, which another publisher (or a fuzzed frame) may still send."""
     other = KVCacheManager(64, BS, hash_mode="sha256", enable_events=True)
     other.add_request("x", prompt)
-    return encode_batch(other.take_events(), block_size=BS, dp_rank=0, ts=ts)
+    return pack([float(ts), to_wire_events(other.take_events(), BS, "int"), 0])
 
 
 def following(protocol):

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import reduce
 
+from ..core.block import blocks_for
 from ..errors import ConfigError, check_positive
 from .hits import longest_sized_hit
 from .spec import FULL, GroupSpec
@@ -83,7 +84,7 @@ class BlockSizes:
         b = self.sizes[g]
         if j < 0 or (j + 1) * b > num_tokens // self.align * self.align:
             return False
-        boundary = -(-(j + 1) * b // self.align) * self.align
+        boundary = blocks_for((j + 1) * b, self.align) * self.align  # (the next lcm boundary)
         return spec.first_needed(boundary) // b <= j
 
     def stored(self, specs: Sequence[GroupSpec], num_tokens: int) -> list[tuple[int, int, int]]:
