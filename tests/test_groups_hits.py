@@ -162,3 +162,32 @@ def test_vllm_documented_examples():
     # remove_skipped_blocks: blocks below (num_computed - W + 1) // bs are dropped
     for computed in range(40):
         assert sliding_window(8).num_unread(computed, 4) == max(0, computed - 8 + 1) // 4
+
+
+@pytest.mark.parametrize(("block_size", "limit"), [(0, 4), (-16, 4), (True, 4), (16.0, 4), (None, 4),
+                                                   (16, 4.0), (16, None)])
+def test_longest_hit_refuses_a_bad_block_size_or_limit(block_size, limit):
+    """A block size that is not a positive int (0 was a ZeroDivisionError beside a window,
+    a float a TypeError, deep in the search) or a limit that is not an int: ConfigError
+    before ``cached`` is asked anything."""
+    asked = []
+    with pytest.raises(ConfigError, match="longest_hit"):
+        longest_hit((full_attention(), sliding_window(32)), block_size, limit,
+                    lambda g, j: asked.append((g, j)) or True)
+    assert asked == []
+
+
+@pytest.mark.parametrize(("sizes", "align", "limit"), [((8, 16), 0, 64), ((8, 16), 24, 64),
+                                                       ((8, 0), 16, 64), ((8,), 16, 64),
+                                                       ((8, 16), 16.0, 64), ((8, 16), 16, None)])
+def test_longest_sized_hit_refuses_sizes_that_do_not_divide_align(sizes, align, limit):
+    """Sizes and an alignment ``BlockSizes`` would refuse (a size not dividing ``align``,
+    0, fewer sizes than groups, a float) or a limit that is not an int: ConfigError
+    before ``cached`` is asked anything (0 was a ZeroDivisionError)."""
+    from prefixkv.groups import longest_sized_hit
+
+    asked = []
+    with pytest.raises(ConfigError, match="longest_sized_hit"):
+        longest_sized_hit((full_attention(), sliding_window(32)), sizes, align, limit,
+                          lambda g, j: asked.append((g, j)) or True)
+    assert asked == []

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from ..errors import ConfigError
 from .spec import GroupSpec
 
 
@@ -34,7 +35,11 @@ def longest_hit(specs: Sequence[GroupSpec], block_size: int, limit: int,
     ``peek[g]`` (default: no group): group ``g`` accepts a hit ``k > 0`` only when block
     ``k`` is cached too, beside the blocks it reads (vLLM's EAGLE: its groups match one
     block past the hit, then drop it). Then a miss at ``j`` rejects every ``k`` in
-    ``[j, ...]`` that reads it, so the candidate drops to ``j - 1``."""
+    ``[j, ...]`` that reads it, so the candidate drops to ``j - 1``. Raises ConfigError
+    for a ``block_size`` that is not a positive int or a ``limit`` that is not an int."""
+    if (block_size.__class__ is not int or block_size < 1 or limit.__class__ is not int):
+        raise ConfigError(f"longest_hit needs a positive int block_size and an int limit, "
+                          f"got {block_size!r} and {limit!r}"[:200])
     shift = [int(bool(p)) for p in peek] + [0] * (len(specs) - len(peek))
     k = limit
     for g, spec in enumerate(specs):
@@ -77,7 +82,15 @@ def longest_sized_hit(specs: Sequence[GroupSpec], sizes: Sequence[int], align: i
     candidate. The same search as ``longest_hit``, in tokens: a miss at block ``j`` of
     group ``g`` rejects every candidate from ``(j + 1) * sizes[g]`` up (each still reads
     it), so the candidate drops to the aligned length below ``j * sizes[g] + 1``.
-    Checks nothing: ``sizes`` and ``align`` come from ``sizes.BlockSizes``."""
+    ``sizes`` and ``align`` as ``sizes.BlockSizes`` makes them: raises ConfigError for an
+    ``align`` or a size that is not a positive int, a size that does not divide ``align``,
+    or a ``limit`` that is not an int."""
+    if (align.__class__ is not int or align < 1 or limit.__class__ is not int
+            or len(sizes) < len(specs)
+            or any(b.__class__ is not int or b < 1 or align % b for b in sizes)):
+        raise ConfigError(f"longest_sized_hit needs positive int sizes (one a group) that "
+                          f"divide a positive int align, and an int limit, got sizes "
+                          f"{sizes!r}, align {align!r}, limit {limit!r}"[:200])
     top = limit - limit % align if limit > 0 else 0
     for g, spec in enumerate(specs):
         if not spec.releases:
