@@ -1,12 +1,16 @@
 """The hybrid manager given its sizes as a ``BlockSizes`` (groups/sizes.py
-``manager_sizes``): one size for every group is the one-size manager; what it does not
-serve yet (groups of different block sizes, docs/groups.md) is refused at construction
-with ConfigError, as are sizes for another number of groups."""
+``manager_sizes``): one size for every group is the one-size manager; different sizes
+make a ``SizedHybridKVCacheManager`` (groups/sized.py), checked call for call against
+vLLM's own manager in tests/engines/test_vllm_block_sizes_manager.py and by hand here;
+what it does not serve yet is refused with ConfigError (docs/groups.md), as are sizes
+for another number of groups."""
 
 import pytest
 
 from prefixkv import ConfigError
-from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, sliding_window
+from prefixkv.engine.build import UncachedHybridManager
+from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba, sliding_window
+from prefixkv.groups.sized import SizedHybridKVCacheManager
 
 GROUPS = [full_attention(), sliding_window(12)]
 
@@ -33,9 +37,6 @@ def test_one_size_for_every_group_is_the_one_size_manager():
 
 
 @pytest.mark.parametrize("sizes, match", [
-    (BlockSizes.of([8, 16]), "not served by HybridKVCacheManager yet"),
-    (BlockSizes.of([16, 16], hash_size=8), "not served by HybridKVCacheManager yet"),
-    (BlockSizes.of([16, 16], align=32), "not served by HybridKVCacheManager yet"),
     (BlockSizes.of([8]), r"one block size per group \(2\), got 1"),
     (BlockSizes.of([8, 8, 8]), r"one block size per group \(2\), got 3"),
     (BlockSizes((8, 12), 8, 24), "multiple of hash_size 8"),  # (built around BlockSizes.of)
@@ -45,3 +46,47 @@ def test_sizes_it_does_not_serve_are_refused(sizes, match):
     with pytest.raises(ConfigError, match=match):
         HybridKVCacheManager(GROUPS, 64, sizes)
 
+
+
+@pytest.mark.parametrize("sizes", [BlockSizes.of([8, 16]), BlockSizes.of([16, 16], hash_size=8),
+                                   BlockSizes.of([16, 16], align=32)])
+def test_sizes_that_are_not_one_size_make_the_sized_manager(sizes):
+    m = HybridKVCacheManager(GROUPS, 64, block_size=sizes)
+    assert type(m) is SizedHybridKVCacheManager and m.sizes == sizes and m.block_size == sizes.align
+
+
+def test_what_the_sized_manager_does_not_serve_yet_is_refused():
+    with pytest.raises(ConfigError, match="a Mamba group beside groups of different block sizes"):
+        HybridKVCacheManager([full_attention(), mamba()], 64, BlockSizes.of([8, 16]))
+    with pytest.raises(ConfigError, match="UncachedHybridManager serves one block size"):
+        UncachedHybridManager(GROUPS, 64, BlockSizes.of([8, 16]))  # type: ignore[arg-type]
+    m = HybridKVCacheManager(GROUPS, 64, BlockSizes.of([8, 16]))
+    m.add_request("a", list(range(40)))
+    for call in (lambda: m.rewind("a", 8), lambda: m.fork("a", "b"), lambda: m.uncache_blocks([1]),
+                 lambda: m.lookup(list(range(40)), peek=True)):
+        with pytest.raises(ConfigError, match="not served with groups of different block sizes yet"):
+            call()
+    m.check_invariants()
+
+
+def test_tables_hits_and_caching_at_different_sizes_by_hand():
+    # full attention at 8 beside a 12-token window at 16: hash block 8, lcm 16
+    m = HybridKVCacheManager(GROUPS, 64, BlockSizes.of([8, 16]), enable_events=True)
+    a = m.add_request("a", list(range(40)))  # 5 blocks of 8, 3 of 16; cached up to 32
+    assert [len(t) for t in a.group_block_ids] == [5, 3]
+    stored = [(e.group_idx, e.block_size, len(e.token_ids)) for e in m.take_events()]
+    assert stored == [(0, 8, 8)] * 4 + [(1, 16, 16)] * 2
+    assert m.lookup(list(range(40)) + [1]) == 32  # (aligned to 16, though 40 are in group 0)
+    assert m.lookup(list(range(31)) + [1]) == 16
+    b = m.add_request("b", list(range(33)) + [5] * 7)
+    assert b.num_cached_tokens == 32 and b.group_block_ids[0][:4] == a.group_block_ids[0][:4]
+    # the window at 32 reads 21..32: its block 0 is the null block, its block 1 shared
+    assert b.group_block_ids[1][:2] == (m.null_block_id, a.group_block_ids[1][1])
+    for _ in range(8):  # to 48 tokens: a's blocks up to 48 are recorded at 48
+        m.append_tokens("a", [7])
+    assert m.num_scheduled_tokens("a") == 48 and len(m.get_block_ids("a")[1]) == 3
+    assert [(e.group_idx, e.block_size) for e in m.take_events()] == [(0, 8), (0, 8), (1, 16)]
+    m.check_invariants()
+    m.free("a")
+    m.free("b")
+    m.check_invariants()
