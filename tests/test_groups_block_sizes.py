@@ -6,6 +6,8 @@ what it does not serve yet is refused with ConfigError (docs/groups.md), as are 
 for another number of groups."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixkv import ConfigError
 from prefixkv.engine.build import UncachedHybridManager
@@ -90,3 +92,38 @@ def test_tables_hits_and_caching_at_different_sizes_by_hand():
     m.free("a")
     m.free("b")
     m.check_invariants()
+
+
+LAYOUTS = [  # (block size, window or None) per group: test_vllm_block_sizes_reference's kinds
+    ((8, None), (16, 20)), ((8, 10), (16, None)), ((8, None), (24, None)),
+    ((8, 6), (16, None), (32, 40)), ((16, 17), (8, None), (8, 9)), ((16, 20), (24, None)),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=st.sampled_from(LAYOUTS), n=st.integers(1, 150), chunk=st.integers(1, 150))
+def test_the_events_are_what_block_sizes_says_is_stored(layout, n, chunk):
+    # a prompt of n tokens computed whole, in chunks: one GroupBlockStored per block
+    # BlockSizes.stored names (but its partial tail entries, not served yet), keyed by
+    # the chain hash at the block's last hash boundary, its parent the group's block
+    # before, its tokens the block's; each once, whatever the chunks
+    specs = [full_attention() if w is None else sliding_window(w) for _, w in layout]
+    sizes = BlockSizes.of([b for b, _ in layout])
+    m = HybridKVCacheManager(specs, 200, sizes, enable_events=True, seed=0)
+    prompt = [5 + k % 7 for k in range(n)]
+    m.add_request("r", prompt, num_new_tokens=chunk)
+    while m.num_scheduled_tokens("r") < n:
+        m.extend("r", min(chunk, n - m.num_scheduled_tokens("r")))
+        m.check_invariants()
+    hashes = m.prepare(prompt).hashes
+    fine = {h: i for i, h in enumerate(hashes)}
+    got = []
+    for e in m.take_events():
+        (key,) = e.block_hashes
+        i, b = fine[key], e.block_size
+        j = e.first_block
+        assert (j + 1) * b // sizes.hash_size - 1 == i and e.token_ids == prompt[j * b:(j + 1) * b]
+        assert e.parent_block_hash == (None if j == 0 else hashes[j * b // sizes.hash_size - 1])
+        got.append((e.group_idx, i, b))
+    want = [s for s in sizes.stored(specs, n) if s[2] == sizes.sizes[s[0]]]  # (no partial tails)
+    assert sorted(got) == sorted(want)
