@@ -1,15 +1,17 @@
 """prefixkv's hybrid manager with groups of DIFFERENT block sizes
 (``SizedHybridKVCacheManager``, groups/sized.py) against vLLM 0.33's own
 ``KVCacheManager`` (from the wheel), call for call: random prompts of shared stems are
-admitted (vLLM: ``get_computed_blocks`` then ``allocate_slots`` of the whole prompt),
-decoded a few tokens (one ``allocate_slots`` a token), and freed or kept; after each
-call both give the same hit, the same block ids in every group (the null block where a
-window released one) and the same number of free blocks. Block ids are compared until
+admitted (vLLM: ``get_computed_blocks`` then ``allocate_slots``) and prefilled in
+chunks of a random size (one ``allocate_slots`` / ``extend`` a chunk), decoded a few
+tokens (one ``allocate_slots`` a token), and freed or kept; after each call both give
+the same hit, the same block ids in every group (the null block where a window
+released one) and the same number of free blocks. Block ids are compared until
 prefixkv holds a spare (a second block computing a prefix its group holds: a request
 recomputing the unaligned tail of a hit): vLLM keeps such a copy cached, prefixkv
 empties it when it is freed (groups/index.py), so the free queues differ from there on,
-at any block size; then the tables are compared by their null entries and lengths. The layouts are
-test_vllm_block_sizes_reference.py's, whose reference states the rules. Needs vllm."""
+at any block size; then the tables are compared by their null entries and lengths.
+The layouts are test_vllm_block_sizes_reference.py's, whose reference states the
+rules. Needs vllm."""
 
 from __future__ import annotations
 
@@ -58,8 +60,8 @@ def same_tables(m, shift, rid, theirs, exact):
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @settings(max_examples=25, deadline=None)
-@given(runs=st.lists(st.tuples(PROMPT, st.integers(0, 40), st.booleans()), min_size=1, max_size=6),
-       probe=PROMPT)
+@given(runs=st.lists(st.tuples(PROMPT, st.integers(1, 120), st.integers(0, 40), st.booleans()),
+                    min_size=1, max_size=6), probe=PROMPT)
 def test_the_manager_gives_vllms_hits_and_block_ids_per_group(layout, runs, probe):
     groups = LAYOUTS[layout]
     hash_size = reduce(math.gcd, (b for b, _ in groups))
@@ -68,16 +70,24 @@ def test_the_manager_gives_vllms_hits_and_block_ids_per_group(layout, runs, prob
     m, shift = ours(groups)
     assert m.block_size == lcm
     exact = True
-    for i, (tokens, decode, free) in enumerate(runs):
+    for i, (tokens, chunk, decode, free) in enumerate(runs):
         r = _request(f"r{i}", tokens, hash_size)
         blocks, hit, *_ = v.get_computed_blocks(r)
         assert m.lookup(tokens) == hit
-        assert v.allocate_slots(r, len(tokens) - hit, hit, blocks) is not None
-        got = m.add_request(r.request_id, tokens)
+        step = min(chunk, len(tokens) - hit)
+        assert v.allocate_slots(r, step, hit, blocks) is not None
+        got = m.add_request(r.request_id, tokens, num_new_tokens=chunk)
         assert got is not None and got.num_cached_tokens == hit
-        r.num_computed_tokens = len(tokens)
-        exact = exact and not any(m._index.twins)
-        same_tables(m, shift, r.request_id, v.get_block_ids(r.request_id), exact)
+        r.num_computed_tokens = hit + step
+        while True:
+            exact = exact and not any(m._index.twins)
+            same_tables(m, shift, r.request_id, v.get_block_ids(r.request_id), exact)
+            step = min(chunk, len(tokens) - r.num_computed_tokens)
+            if not step:
+                break
+            assert v.allocate_slots(r, step) is not None
+            assert m.extend(r.request_id, step) is not None
+            r.num_computed_tokens += step
         for t in range(decode):  # (tokens of this request's own: no other computes them)
             r.append_output_token_ids(1000 + 50 * i + t)
             assert v.allocate_slots(r, 1) is not None
