@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixkv import ConfigError
+from prefixkv import ConfigError, PromptTooLongError
 from prefixkv.engine.build import UncachedHybridManager
 from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba, sliding_window
 from prefixkv.groups.sized import SizedHybridKVCacheManager
@@ -127,3 +127,60 @@ def test_the_events_are_what_block_sizes_says_is_stored(layout, n, chunk):
         got.append((e.group_idx, i, b))
     want = [s for s in sizes.stored(specs, n) if s[2] == sizes.sizes[s[0]]]  # (no partial tails)
     assert sorted(got) == sorted(want)
+
+
+OPS = st.lists(st.tuples(st.sampled_from("aaeeeddddrfFl"), st.integers(0, 3), st.integers(1, 60),
+                         st.integers(0, 20)), max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=st.sampled_from(LAYOUTS), pool=st.integers(12, 80), ops=OPS)
+def test_random_calls_keep_the_sized_manager_sound(layout, pool, ops):
+    # admissions (chunks, lookahead, external tokens, capped hits), prefill chunks,
+    # decode steps, reserves and frees on a small pool: after each call the invariants
+    # hold (each group's table at its own size, recorded exactly where BlockSizes.caches
+    # says); a call that returns None changed nothing; num_blocks_to_allocate is what
+    # the next chunk takes
+    specs = [full_attention() if w is None else sliding_window(w) for _, w in layout]
+    m = HybridKVCacheManager(specs, pool, BlockSizes.of([b for b, _ in layout]), enable_events=True)
+    live: dict[int, int] = {}  # request -> its prompt length
+    for op, r, k, x in ops:
+        before = ({q: m.get_block_ids(q) for q in live}, m.num_free_blocks)
+        if op == "a" and r not in live:
+            prompt = [r % 2 * 50 + t % 9 for t in range(k + x)]
+            try:
+                got = m.add_request(r, prompt, num_new_tokens=max(1, k // 2), num_lookahead_tokens=x % 3,
+                                    num_external_tokens=x % 5, max_hit_tokens=None if x % 2 else k)
+            except PromptTooLongError:
+                got = None
+            if got is not None:
+                live[r] = len(prompt)
+        elif op == "e" and r in live and m.num_scheduled_tokens(r) < live[r]:
+            n = min(x + k, live[r] - m.num_scheduled_tokens(r))
+            want = m.num_blocks_to_allocate(r, m.num_scheduled_tokens(r) + n)
+            free = m.num_free_blocks
+            got = m.extend(r, n)
+            if got is not None:  # (net of what the window's release returns)
+                assert max(0, free - m.num_free_blocks) == want
+        elif op == "d":
+            for t in range(x + 1):  # (decode steps: each request's token is its own)
+                ready = [q for q in live if m.num_scheduled_tokens(q) == m.num_tokens(q)]
+                step = m.append_step(ready, [100 + 10 * q + t % 10 for q in ready])
+                for q in step.short:
+                    assert m.get_block_ids(q) == before[0][q]
+                m.check_invariants()
+            got = True
+        elif op == "r" and r in live:
+            got = m.reserve(r, x)
+        elif op in "fF" and r in live:
+            m.free(r, num_computed_tokens=None if op == "f" else m.num_scheduled_tokens(r) // 2)
+            del live[r]
+            got = True
+        elif op == "l":
+            assert m.lookup([r % 2 * 50 + t % 9 for t in range(k)]) % m.block_size == 0
+            got = True
+        else:
+            continue
+        if got is None:
+            assert ({q: m.get_block_ids(q) for q in live}, m.num_free_blocks) == before
+        m.check_invariants()
