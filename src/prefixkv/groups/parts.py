@@ -26,6 +26,7 @@ from ..stats import StatsCounter
 from .index import GroupIndex
 from .prefixes import Prefix, PrefixTable
 from .request import GroupRequest
+from .sizes import BlockSizes, manager_sizes
 from .spec import GroupSpec, group_specs
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 
 def construct(
-    self: HybridKVCacheManager, groups: Sequence[GroupSpec], num_blocks: int, block_size: int,
+    self: HybridKVCacheManager, groups: Sequence[GroupSpec], num_blocks: int, block_size: int | BlockSizes,
     hash_mode: str | HashFn, seed: int | bytes | None, enable_events: bool, max_events: int,
     vocab_size: int | None,
 ) -> None:
@@ -41,7 +42,13 @@ def construct(
     there for the arguments and what raises)."""
     specs = group_specs(groups)
     check_positive("num_blocks", num_blocks, MAX_BLOCKS)
-    check_positive("block_size", block_size)
+    sizes = manager_sizes(specs, block_size)
+    if not sizes.one_size and not self._serves_sizes:
+        from .manager import HybridKVCacheManager
+        from .sized import SizedHybridKVCacheManager
+        if type(self) is not HybridKVCacheManager:  # (a subclass of the one-size manager)
+            raise ConfigError(f"{type(self).__name__} serves one block size, got {sizes}")
+        self.__class__ = SizedHybridKVCacheManager  # (its calls over the same state)
     check_flag("enable_events", enable_events, ConfigError)
     check_positive("max_events", max_events)
     if vocab_size is not None:
@@ -51,7 +58,9 @@ def construct(
         raise ConfigError(f"num_blocks must leave a block beside the null block, got {num_blocks}")
     self.groups = specs
     self.num_blocks = num_blocks
-    self.block_size = block_size
+    self.sizes = sizes
+    self.block_size = sizes.align
+    self._hash_size, self._group_sizes = sizes.hash_size, sizes.sizes
     self.vocab_size = vocab_size
     fn, root = make_hash_fn(hash_mode, seed)
     self._hasher = Hasher(fn, root, callable(hash_mode))
@@ -68,14 +77,14 @@ def construct(
     self._nothing = ((),) * len(specs)
     self._sparse = tuple(g for g, s in enumerate(specs) if s.sparse)
     # what ``prepare`` reads, fixed from here on (as ``KVCacheManager``'s)
-    self._config = (block_size, vocab_size, fn, root)
+    self._config = (sizes.hash_size, vocab_size, fn, root)
     self._prompt_hasher = self._hasher if self._index.hashing else None
 
 
 def _prepare(self: HybridKVCacheManager, req: GroupRequest, first: int, last: int, parent: Prefix | None,
              prompt: Prompt | None = None) -> Prepared:
-    """Token chunks, extra bytes and (when events are on) chain hashes of full blocks
-    ``first..last-1`` (taken from ``prompt`` when it was prepared with them).
+    """Token chunks, extra bytes and (when events are on) chain hashes of full (hash)
+    blocks ``first..last-1`` (taken from ``prompt`` when it was prepared with them).
     Changes nothing; raises ConfigError if a hash_mode callable fails."""
     extras = req.keys.of_blocks(first, last)
     if prompt is not None and last <= len(prompt.chunks):
@@ -85,8 +94,9 @@ def _prepare(self: HybridKVCacheManager, req: GroupRequest, first: int, last: in
                 "a prepared prompt's chain hashes are those of the prefixes it hits"
             return chunks, extras, prompt.hashes[first:last]
     else:
-        bs4 = 4 * self.block_size
-        data = token_bytes(req.tokens[first * self.block_size:last * self.block_size])
+        h = self._hash_size
+        bs4 = 4 * h
+        data = token_bytes(req.tokens[first * h:last * h])
         chunks = [data[o:o + bs4] for o in range(0, len(data), bs4)]
     hashes = None
     if self._index.hashing:

@@ -11,9 +11,10 @@ its block ``j`` by the fine hash at the block's last boundary::
 
 A hit, and what is cached, are whole multiples of ``align`` (vLLM's
 ``scheduler_block_size``, by default the lcm of the sizes), so every group holds a
-whole number of blocks there. The hybrid manager does not take such layouts yet
-(docs/groups.md, "What an implementation in prefixkv needs"); these are the rules it
-must follow, each checked against vLLM's manager
+whole number of blocks there. ``HybridKVCacheManager`` takes a ``BlockSizes`` as its
+``block_size`` (``manager_sizes`` checks it) and serves sizes that are not
+``one_size`` in ``SizedHybridKVCacheManager`` (groups/sized.py) by these rules, each
+checked against vLLM's manager
 (tests/engines/test_vllm_block_sizes_reference.py).
 """
 
@@ -61,6 +62,11 @@ class BlockSizes:
             raise ConfigError(f"align must be a multiple of every group's block size, got {a} for {got}")
         return cls(got, h, a)
 
+    @property
+    def one_size(self) -> bool:
+        """Every group's size is the hash block and the alignment (the one-size manager)."""
+        return self.hash_size == self.align
+
     def key_index(self, g: int, j: int) -> int:
         """The index of the fine hash that keys block ``j`` of group ``g``."""
         return (j + 1) * (self.sizes[g] // self.hash_size) - 1
@@ -106,3 +112,24 @@ class BlockSizes:
             if spec.kind == FULL and b > h and 0 < boundary <= end and boundary % b:
                 out.append((g, boundary // h - 1, h))
         return out
+
+
+def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
+    """The sizes of a hybrid manager of groups ``specs`` given ``block_size``: one
+    positive int for every group, or a ``BlockSizes`` of one size per group (checked
+    again by ``BlockSizes.of``, since a dataclass can be built around its checks).
+    Raises ConfigError: not a positive int nor a ``BlockSizes``, sizes for another
+    number of groups, and (not served yet, docs/groups.md) a Mamba group beside sizes
+    that are not ``one_size``."""
+    if not isinstance(block_size, BlockSizes):
+        b = check_positive("block_size", block_size)
+        return BlockSizes((b,) * len(specs), b, b)
+    got = BlockSizes.of(block_size.sizes, block_size.hash_size, block_size.align)
+    if len(got.sizes) != len(specs):
+        raise ConfigError(f"block_size must name one block size per group ({len(specs)}), "
+                          f"got {len(got.sizes)}: {got.sizes}")
+    if not got.one_size and any(s.sparse for s in specs):
+        raise ConfigError(f"a Mamba group beside groups of different block sizes (or a hash "
+                          f"block or alignment other than the one block size) is not served "
+                          f"by HybridKVCacheManager yet (docs/groups.md), got {got}")
+    return got
