@@ -73,3 +73,31 @@ def test_the_connector_answers_reset_cache_itself():
     from prefixkv.integrations.vllm.connector import PrefixKVConnector
 
     assert PrefixKVConnector.reset_cache is not KVConnectorBase_V1.reset_cache
+
+
+def test_vllms_own_reset_with_the_connector_loads_nothing_saved_before(model, redis):
+    """Through vLLM 0.33's Scheduler: ``reset_prefix_cache(reset_connector=True)``, then
+    the prompt replica a saved before is computed whole on b; once a, reset alike, saves
+    it again, a third replica reset once loads it all."""
+    from .replica import BLOCK, Replica
+
+    tokens = [(i * 5 + 2) % 991 + 1 for i in range(4 * BLOCK + 1)]
+    a = Replica(model, redis.url)
+    a.add("r1", tokens)
+    a.run()
+    a.worker.worker.flush()
+    b = Replica(model, redis.url)
+    assert b.scheduler.reset_prefix_cache(reset_connector=True) is True
+    b.add("r2", tokens)
+    b.run()
+    assert b.scheduler.connector.scheduler.stats.held_blocks == 0
+    assert min(b.computed["r2"]) == 0
+    assert a.scheduler.reset_prefix_cache(reset_connector=True) is True
+    a.add("r3", tokens)
+    a.run()
+    a.worker.worker.flush()
+    c = Replica(model, redis.url)
+    c.scheduler.reset_prefix_cache(reset_connector=True)
+    c.add("r4", tokens)
+    c.run()
+    assert c.worker.worker.stats.loaded == 4 and min(c.computed["r4"]) == 4 * BLOCK
