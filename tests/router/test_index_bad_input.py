@@ -99,3 +99,30 @@ def test_an_approx_index_refuses_to_guess_hashes_that_are_not_wire_hashes(hashes
         ours.routed("b", hashes)
     assert fingerprint(ours, skip=frozenset({"clock"})) == fingerprint(
         twin, skip=frozenset({"clock"}))
+
+
+@pytest.mark.parametrize("call", [
+    lambda ix: ix.store(["a"], [1], "GPU"),
+    lambda ix: ix.store("a", [1, True], "GPU"),
+    lambda ix: ix.store("a", [1, "2"], "GPU"),
+    lambda ix: ix.store("a", [1], ["GPU"]),
+    lambda ix: ix.remove("a", None, "GPU"),
+    lambda ix: ix.clear(["a"]),
+    lambda ix: ix.prefix_runs([1, 2.0], ["a"]),
+    lambda ix: ix.prefix_runs([1], "ab"),
+    lambda ix: ix.num_blocks(None),
+], ids=["list replica", "bool hash", "str hash", "list medium", "None hashes", "clear list",
+        "float run hash", "replicas as str", "None replica"])
+def test_the_redis_index_refuses_the_same_before_any_command(redis_server, request, call):
+    """On 22793bd: a list replica was stored under the name "['a']", a bool hash under the
+    key True, a str hash raised AttributeError (``bytes.hex``), a str of replicas was read
+    one name per character."""
+    from prefixkv.router.redis_index import RedisIndex
+
+    index = RedisIndex(redis_server, namespace=request.node.name)
+    index.store("a", [1, 2], "GPU")
+    before = sorted(redis_server.keys(f"{request.node.name}:*"))
+    with pytest.raises(BlockIndexError):
+        call(index)
+    assert sorted(redis_server.keys(f"{request.node.name}:*")) == before
+    assert index.prefix_runs([1, 2], ["a"]) == {"a": (2, 2)}
