@@ -63,6 +63,25 @@ HOSTILE: dict[str, Callable[[], Any]] = {
 }
 
 
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def variants(good: Callable[[], Call], name: str) -> list[tuple[str, Callable[[], Call]]]:
+    """A call's good arguments (``good()``: args and keywords) with each one in turn
+    replaced by each value of ``HOSTILE``: (label, factory of the arguments)."""
+    args0, kw0 = good()
+    out: list[tuple[str, Callable[[], Call]]] = []
+    for slot in [*range(len(args0)), *kw0]:
+        for label, value in HOSTILE.items():
+            def make(slot: int | str = slot, value: Callable[[], Any] = value) -> Call:
+                args, kw = good()
+                if isinstance(slot, str):
+                    return args, {**kw, slot: value()}
+                return args[:slot] + (value(),) + args[slot + 1:], kw
+            out.append((f"{name} {slot}={label}", make))
+    return out
+
+
 def outcome(ours: Any, twin: Any, call: Callable[[Any], object],
             state: Callable[[Any], object]) -> str | None:
     """``call(ours)``; if it succeeds, ``call(twin)`` too. None when it raised a

@@ -93,10 +93,16 @@ def test_a_write_to_a_trickled_server_ends_at_its_one_deadline(server):
         admin.close()
 
 
-def test_large_values_and_views_go_out_whole_within_their_allowance(server):
+def test_large_values_and_views_go_out_whole_within_their_allowance(server, monkeypatch):
     """Values of 1 MiB beside 3-byte ones, bytes, bytearrays and memoryviews of other
     formats than bytes: stored exactly, with a ``timeout`` far below what 32 MiB take
-    (the byte allowance, ``WRITE_FLOOR``, is what lets them through)."""
+    (the byte allowance, ``WRITE_FLOOR``, is what lets them through). The floor is set
+    to 8 MiB/s here (4 s for the 33 MiB, not 0.5 s: a machine at load 10 missed that;
+    with no allowance they still have 0.01 s); the next test checks the deadline the
+    real floor gives. The held check reads with a live timeout (0.01 s is the write's)."""
+    from prefixkv.store import redis_store
+
+    monkeypatch.setattr(redis_store, "WRITE_FLOOR", 8 << 20)
     admin = redis.Redis(unix_socket_path=server.socket, socket_timeout=LIVE)
     backend = RedisStore(server.url, timeout=0.01)
     big = [bytes([i]) * (1 << 20) for i in range(32)]
@@ -109,9 +115,33 @@ def test_large_values_and_views_go_out_whole_within_their_allowance(server):
     assert backend.put(items) == 0
     for k, v in items:
         assert admin.get(k) == bytes(v)
-    assert backend.held([k for k, _ in items]) == len(items)
-    backend.close()
+    reader = RedisStore(server.url, timeout=LIVE)
+    assert reader.held([k for k, _ in items]) == len(items)
+    for b in (backend, reader):
+        b.close()
     admin.close()
+
+
+def test_a_writes_deadline_is_its_timeout_and_a_second_for_each_write_floor_of_bytes(server):
+    """The deadline ``put`` passes on is ``timeout`` + bytes / ``WRITE_FLOOR`` (64 MiB/s)
+    from the call: what lets 33 MiB through a 0.01 s timeout in the test above."""
+    from prefixkv.store.redis_store import WRITE_FLOOR
+
+    backend = RedisStore(server.url, timeout=0.01)
+    on_nodes, deadlines = backend._on_nodes, []
+
+    def spy(keys, command, until):
+        deadlines.append(until() - start)
+        return on_nodes(keys, command, until)
+
+    backend._on_nodes = spy
+    items = [(b"k%d" % i, b"v" * (1 << 20)) for i in range(3)]
+    start = time.monotonic()
+    assert backend.put(items) == 0
+    took = time.monotonic() - start
+    want = 0.01 + (3 << 20) / WRITE_FLOOR
+    assert WRITE_FLOOR == 64 << 20 and want <= deadlines[0] <= want + took, (deadlines, took)
+    backend.close()
 
 
 @pytest.mark.parametrize("runs", ["ab", [[b"a"], "b"], [[b"a", "b"]], (b"a", b"b"), None])

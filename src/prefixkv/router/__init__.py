@@ -10,15 +10,15 @@ reads from the replicas' ``/metrics`` (``MetricsPoller``, standard library only)
 
 from .approx import ApproxIndex, ApproxIndexError
 from .decode import Cleared, DecodeError, Removed, Stored, decode_batch
-from .index import BlockIndex, InProcessIndex
+from .index import BlockIndex, BlockIndexError, InProcessIndex
 from .load import LoadError, ReplicaLoad, from_metrics
 from .poller import MetricsPoller
 from .router import Choice, Router, RouterError
 from .scorer import AffinityScorer, CostScorer, ReplicaView, Scorer, ScorerError
 
 __all__ = [
-    "AffinityScorer", "ApproxIndex", "ApproxIndexError", "BlockIndex", "Choice", "Cleared",
-    "CostScorer", "DecodeError", "InProcessIndex", "LoadError", "MetricsPoller", "Removed",
-    "ReplicaLoad", "ReplicaView", "Router", "RouterError", "Scorer", "ScorerError", "Stored",
-    "decode_batch", "from_metrics",
+    "AffinityScorer", "ApproxIndex", "ApproxIndexError", "BlockIndex", "BlockIndexError",
+    "Choice", "Cleared", "CostScorer", "DecodeError", "InProcessIndex", "LoadError",
+    "MetricsPoller", "Removed", "ReplicaLoad", "ReplicaView", "Router", "RouterError", "Scorer",
+    "ScorerError", "Stored", "decode_batch", "from_metrics",
 ]

@@ -23,21 +23,21 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
-from ..errors import PrefixKVError
 from .clock import ForwardClock
-from .index import GPU, Hash, InProcessIndex
+from .index import GPU, BlockIndexError, Hash, InProcessIndex, check_call, checked_names
 
 
-class ApproxIndexError(PrefixKVError):
-    """A TTL that is not a positive number (a bool is not one), or a clock reading that
-    is not a finite number."""
+class ApproxIndexError(BlockIndexError):
+    """A TTL that is not a positive number (a bool is not one), a clock reading that is
+    not a finite number, or a call's argument of the wrong type (``BlockIndexError``)."""
 
 
 class ApproxIndex:
     """Satisfies ``BlockIndex``. ``ttl``: seconds a routed prompt's blocks count as held
     (> 0); ``clock``: seconds (tests pass a fake one; a step back counts as no time, module
-    doc). Raises ApproxIndexError for a bad ``ttl``; every call that reads the clock
-    raises it, before any change, for a reading that is not a finite number."""
+    doc). Raises ApproxIndexError for a bad ``ttl``; every call raises it, before any
+    change, for an argument of the wrong type, and every call that reads the clock for a
+    reading that is not a finite number."""
 
     def __init__(self, ttl: float = 120.0, *, clock: Callable[[], float] = time.monotonic) -> None:
         if not (isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and ttl > 0):
@@ -63,6 +63,7 @@ class ApproxIndex:
 
     def routed(self, replica: str, hashes: Sequence[Hash]) -> None:
         """Count ``hashes`` as held by ``replica`` (on the GPU) for ``ttl`` from now."""
+        check_call(ApproxIndexError, replica, hashes)
         if not hashes:
             return
         until, held = self._expire() + self.ttl, self._held
@@ -97,6 +98,7 @@ class ApproxIndex:
         """See ``BlockIndex.store``: held on ``medium`` until removed. An event outranks
         a guess: a block guessed on the GPU is then where the event says, and only there
         (a guess kept without its TTL would outlive every event)."""
+        check_call(ApproxIndexError, replica, hashes, medium)
         guessed = [h for h in hashes if self._until.pop((replica, h), None) is not None]
         self._index.remove(replica, guessed, GPU)
         for h in self._indexed(replica, hashes, medium):
@@ -105,6 +107,7 @@ class ApproxIndex:
     def remove(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
         """See ``BlockIndex.remove``: a block stays held while an event says it is on
         another medium (a later guess must not expire it)."""
+        check_call(ApproxIndexError, replica, hashes, medium)
         held, guess = self._held, medium == GPU  # a guess is on the GPU: other media keep it
         for h in hashes:
             if guess:
@@ -118,6 +121,7 @@ class ApproxIndex:
 
     def clear(self, replica: str) -> None:
         """See ``BlockIndex.clear``."""
+        check_call(ApproxIndexError, replica)
         self._until = {k: t for k, t in self._until.items() if k[0] != replica}
         self._held = {k: m for k, m in self._held.items() if k[0] != replica}
         self._index.clear(replica)
@@ -125,10 +129,13 @@ class ApproxIndex:
     def prefix_runs(self, hashes: Sequence[Hash], replicas: Iterable[str]
                     ) -> dict[str, tuple[int, int]]:
         """See ``BlockIndex.prefix_runs`` (guesses older than ``ttl`` are gone)."""
+        check_call(ApproxIndexError, hashes=hashes)
+        names = checked_names(ApproxIndexError, replicas)
         self._expire()
-        return self._index.prefix_runs(hashes, replicas)
+        return self._index.prefix_runs(hashes, names)
 
     def num_blocks(self, replica: str) -> int:
         """See ``BlockIndex.num_blocks``."""
+        check_call(ApproxIndexError, replica)
         self._expire()
         return self._index.num_blocks(replica)

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PrefixKVError
 
 Hash = int | bytes
 GPU = "GPU"
@@ -23,6 +23,46 @@ MAX_MEDIA = 8
 """Media names one replica's blocks may be on in ``InProcessIndex`` (engines use two or
 three: GPU, CPU, disk)."""
 _log = logging.getLogger(__name__)
+_HASH_TYPES = frozenset({int, bytes})  # exact types: a bool, a numpy int, a str are not hashes
+_SEQUENCES = (list, tuple)
+
+
+class BlockIndexError(PrefixKVError):
+    """A call of an in-process index with a replica or medium name that is not a str,
+    hashes that are not a list or tuple of block hashes (each an int, not a bool, or
+    bytes: what ``decode_batch`` gives), or replicas that are not an iterable of names (a
+    str is one name, not many). Raised before the index changes."""
+
+
+def check_call(error: type[BlockIndexError], replica: object = "", hashes: object = (),
+               medium: object = "") -> None:
+    """Raise ``error`` for an index call's bad argument (``BlockIndexError``'s doc). A
+    store that went on to fail at its first unhashable hash had indexed those before it;
+    a str hash was indexed where no prompt's hash can match it."""
+    if not isinstance(replica, str) or not isinstance(medium, str):
+        raise error(f"replica and medium must be str names, got {_brief(replica)} and "
+                    f"{_brief(medium)}")
+    if hashes.__class__ not in _SEQUENCES or not _HASH_TYPES.issuperset(
+            map(type, hashes)):
+        odd = [h for h in hashes if type(h) not in _HASH_TYPES][:1] if isinstance(
+            hashes, (list, tuple)) else [hashes]
+        raise error(f"hashes must be a list or tuple of ints or bytes, got "
+                    f"{type(hashes).__name__} holding {_brief(odd[0])}")
+
+
+def checked_names(error: type[BlockIndexError], replicas: object) -> set[str]:
+    """``replicas`` as a set of names; raises ``error`` if it is not an iterable of str."""
+    if isinstance(replicas, str) or not isinstance(replicas, Iterable):
+        raise error(f"replicas must be an iterable of names, got {_brief(replicas)}")
+    names = list(replicas)
+    odd = [r for r in names if not isinstance(r, str)]
+    if odd:
+        raise error(f"replicas must be str names, got {_brief(odd[0])}")
+    return set(names)
+
+
+def _brief(value: object) -> str:
+    return f"{type(value).__name__} {value!r}"[:120]
 
 
 class BlockIndex(Protocol):
@@ -61,7 +101,8 @@ class InProcessIndex:
     media names. A store past either is not indexed, counted in ``refused`` (replica ->
     blocks), and logged once per replica: a publisher that announces without end (a
     defect, a hostile peer) cannot grow the router's memory without bound, and its index
-    only understates. Raises ConfigError for a cap that is not an int >= 1 or None."""
+    only understates. Raises ConfigError for a cap that is not an int >= 1 or None; each
+    call raises BlockIndexError for an argument of the wrong type, before any change."""
 
     def __init__(self, max_per_replica: int | None = MAX_PER_REPLICA) -> None:
         if max_per_replica is not None and (isinstance(max_per_replica, bool) or not isinstance(
@@ -78,6 +119,9 @@ class InProcessIndex:
     def store(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
         """See ``BlockIndex.store``; past ``max_per_replica`` blocks or ``MAX_MEDIA``
         media, not indexed (class doc)."""
+        if (replica.__class__ is not str or medium.__class__ is not str or hashes.__class__
+                not in _SEQUENCES or not _HASH_TYPES.issuperset(map(type, hashes))):
+            check_call(BlockIndexError, replica, hashes, medium)  # (the path of every event)
         holders, keys = self._holders, self._keys.setdefault(replica, set())
         media_used = self._media.setdefault(replica, set())
         if medium not in media_used:
@@ -110,6 +154,9 @@ class InProcessIndex:
 
     def remove(self, replica: str, hashes: Sequence[Hash], medium: str) -> None:
         """See ``BlockIndex.remove``."""
+        if (replica.__class__ is not str or medium.__class__ is not str or hashes.__class__
+                not in _SEQUENCES or not _HASH_TYPES.issuperset(map(type, hashes))):
+            check_call(BlockIndexError, replica, hashes, medium)  # (the path of every event)
         holders, keys = self._holders, self._keys.get(replica)
         for h in hashes:
             by_replica = holders.get(h)
@@ -125,6 +172,7 @@ class InProcessIndex:
 
     def clear(self, replica: str) -> None:
         """See ``BlockIndex.clear``."""
+        check_call(BlockIndexError, replica)
         holders = self._holders
         self._media.pop(replica, None)
         for h in self._keys.pop(replica, ()):
@@ -136,7 +184,8 @@ class InProcessIndex:
     def prefix_runs(self, hashes: Sequence[Hash], replicas: Iterable[str]
                     ) -> dict[str, tuple[int, int]]:
         """See ``BlockIndex.prefix_runs``."""
-        runs = _runs(self._holders, hashes, set(replicas), None)
+        check_call(BlockIndexError, hashes=hashes)
+        runs = _runs(self._holders, hashes, checked_names(BlockIndexError, replicas), None)
         if self._gpu_only:
             return {r: (n, n) for r, n in runs.items()}
         gpu = _runs(self._holders, hashes, set(runs), GPU)
@@ -144,6 +193,7 @@ class InProcessIndex:
 
     def num_blocks(self, replica: str) -> int:
         """See ``BlockIndex.num_blocks``."""
+        check_call(BlockIndexError, replica)
         return sum(len(self._holders[h][replica]) for h in self._keys.get(replica, ()))
 
     def routed(self, replica: str, hashes: Sequence[Hash]) -> None:

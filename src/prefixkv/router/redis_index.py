@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .index import Hash
+from .index import BlockIndexError, Hash, check_call, checked_names
 
 # KEYS: block keys..., then the replica's key. ARGV: member, then "{key}|{medium}"...
 _UPDATE = """
@@ -82,7 +82,10 @@ def _text(raw: object) -> str:
 
 
 class RedisIndex:
-    """A BlockIndex over a ``redis.Redis`` client (``decode_responses`` either way)."""
+    """A BlockIndex over a ``redis.Redis`` client (``decode_responses`` either way). Each
+    call raises BlockIndexError, before any command, for an argument of the wrong type
+    (``BlockIndexError``'s doc: a list replica was stored as the name ``"['a']"``, a
+    bool hash as the key ``True``, a str hash raised AttributeError)."""
 
     def __init__(self, client: object, namespace: str = "prefixkv") -> None:
         self.client = client
@@ -91,6 +94,7 @@ class RedisIndex:
         self._runs = client.register_script(_RUNS)  # type: ignore[attr-defined]
 
     def _apply(self, op: str, replica: str, hashes: Sequence[Hash], medium: str) -> None:
+        check_call(BlockIndexError, replica, hashes, medium)
         if not hashes:
             return
         keys, medium = [_key(h) for h in hashes], _medium(medium)
@@ -107,6 +111,7 @@ class RedisIndex:
 
     def clear(self, replica: str) -> None:
         """See ``BlockIndex.clear``."""
+        check_call(BlockIndexError, replica)
         rkey = f"{self.ns}:r:{replica}"
         pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
         for raw in self.client.smembers(rkey):  # type: ignore[attr-defined]
@@ -118,10 +123,11 @@ class RedisIndex:
     def prefix_runs(self, hashes: Sequence[Hash], replicas: Iterable[str]
                     ) -> dict[str, tuple[int, int]]:
         """See ``BlockIndex.prefix_runs``."""
+        check_call(BlockIndexError, hashes=hashes)
+        wanted = checked_names(BlockIndexError, replicas)
         if not hashes:
             return {}
         flat = self._runs(keys=[f"{self.ns}:b:{_key(h)}" for h in hashes], args=["GPU"])
-        wanted = set(replicas)
         out = {}
         for i in range(0, len(flat), 3):
             name = _text(flat[i])
@@ -131,6 +137,7 @@ class RedisIndex:
 
     def num_blocks(self, replica: str) -> int:
         """See ``BlockIndex.num_blocks``."""
+        check_call(BlockIndexError, replica)
         return int(self.client.scard(f"{self.ns}:r:{replica}"))  # type: ignore[attr-defined]
 
     def routed(self, replica: str, hashes: Sequence[Hash]) -> None:

@@ -123,6 +123,11 @@ class PrefixKVConnector(KVConnectorBase_V1, SupportsHMA):
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._sched().finished(request, block_ids), None
 
+    def reset_cache(self) -> bool:
+        """The store's blocks saved so far are no longer found (``ConnectorScheduler
+        .reset``): True."""
+        return self._sched().reset()
+
     def has_pending_block_frees(self) -> bool:
         """False, always. A finished request's blocks that a final save still reads
         stay allocated until the workers report the save sent (``request_finished``

@@ -57,7 +57,7 @@ class _Chain:
     """A request's full blocks as named so far, and how far they are in the store."""
 
     __slots__ = ("request", "extra", "num_mm", "hashes", "chunks", "extras", "saved", "bad",
-                 "offered")
+                 "offered", "stale")
 
     def __init__(self, request: Any, extra: ExtraKeys | None) -> None:
         self.request, self.extra = request, extra
@@ -71,6 +71,8 @@ class _Chain:
         # a load answered to vLLM and not stated yet (``update_state_after_alloc`` not
         # called since): vLLM may count its tokens computed before any was loaded
         self.offered = False
+        # known before a reset (``ConnectorScheduler.reset``): its KV is never saved
+        self.stale = False
 
 
 class ConnectorScheduler:
@@ -84,6 +86,7 @@ class ConnectorScheduler:
         self._link, self._backend, self._bs = link, backend, block_size
         self._lookups = lookups
         self._fn, self._root, self._retry_after = fn, root, retry_after
+        self._first_root, self.resets = root, 0
         self._chains: dict[str, _Chain] = {}
         self._loads: list[BlockRun] = []
         # loads not reported finished yet, each with the index of its first block
@@ -241,7 +244,7 @@ class ConnectorScheduler:
         store is to hold the request's own KV there (a save dropped or refused leaves
         the old value, which fails again, and is recomputed and saved again)."""
         start = c.saved
-        if end <= start:
+        if end <= start or c.stale:
             return None
         self._name(c, end)
         c.saved = end
@@ -274,6 +277,21 @@ class ConnectorScheduler:
         if run is None:
             return False
         self._finals.append(run)
+        return True
+
+    def reset(self) -> bool:
+        """``reset_cache`` (vLLM's ``reset_prefix_cache(reset_connector=True)``, run by
+        ``pause_generation(clear_cache=True)`` around a weight update): blocks are named
+        from a new root (of the first and the count of resets: replicas reset alike
+        share), so nothing saved before is found; requests known now never save (their
+        KV may predate it); loads stated land as stated. True (vLLM's default, None,
+        counted as done while the store served the old weights' KV)."""
+        self.resets += 1
+        self._root = self._fn(self._first_root + b"prefixkv connector reset "
+                              + self.resets.to_bytes(8, "little"))
+        for c in self._chains.values():
+            del c.hashes[:], c.chunks[:], c.extras[:]
+            c.stale = True
         return True
 
     def pending(self) -> int:
