@@ -104,8 +104,8 @@ LAYOUTS = [  # (block size, window or None) per group: test_vllm_block_sizes_ref
 @given(layout=st.sampled_from(LAYOUTS), n=st.integers(1, 150), chunk=st.integers(1, 150))
 def test_the_events_are_what_block_sizes_says_is_stored(layout, n, chunk):
     # a prompt of n tokens computed whole, in chunks: one GroupBlockStored per block
-    # BlockSizes.stored names (but its partial tail entries, not served yet), keyed by
-    # the chain hash at the block's last hash boundary, its parent the group's block
+    # BlockSizes.stored names, its partial tail entries included (one hash block), keyed
+    # by the chain hash at the block's last hash boundary, its parent the group's block
     # before, its tokens the block's; each once, whatever the chunks
     specs = [full_attention() if w is None else sliding_window(w) for _, w in layout]
     sizes = BlockSizes.of([b for b, _ in layout])
@@ -125,8 +125,7 @@ def test_the_events_are_what_block_sizes_says_is_stored(layout, n, chunk):
         assert (j + 1) * b // sizes.hash_size - 1 == i and e.token_ids == prompt[j * b:(j + 1) * b]
         assert e.parent_block_hash == (None if j == 0 else hashes[j * b // sizes.hash_size - 1])
         got.append((e.group_idx, i, b))
-    want = [s for s in sizes.stored(specs, n) if s[2] == sizes.sizes[s[0]]]  # (no partial tails)
-    assert sorted(got) == sorted(want)
+    assert sorted(got) == sorted(sizes.stored(specs, n))
 
 
 OPS = st.lists(st.tuples(st.sampled_from("aaeeeddddrfFl"), st.integers(0, 3), st.integers(1, 60),
