@@ -80,13 +80,14 @@ def _spec(block_size: int, window: int | None) -> Any:
                              sliding_window=window)
 
 
-def _vllm(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int, events: bool = False) -> Any:
+def _vllm(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int, num_blocks: int = 400,
+          events: bool = False) -> Any:
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.kv_cache_utils import init_none_hash
 
     init_none_hash(sha256)
-    return KVCacheManager(config(*(_spec(b, w) for b, w in groups), num_blocks=400), max_model_len=256,
+    return KVCacheManager(config(*(_spec(b, w) for b, w in groups), num_blocks=num_blocks), max_model_len=256,
                           scheduler_block_size=lcm, hash_block_size=hash_size, enable_kv_cache_events=events)
 
 
