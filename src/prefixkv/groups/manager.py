@@ -36,6 +36,7 @@ from .pins import RewindPins
 from .prefixes import PrefixTable
 from .request import GroupRequest
 from .results import GroupBlockCopy, GroupStats
+from .sizes import BlockSizes
 from .spec import GroupSpec
 from .taint import reads_lost
 
@@ -47,14 +48,22 @@ class HybridKVCacheManager:
     Args:
         groups: one ``GroupSpec`` per group of layers (``full_attention()``,
             ``sliding_window(W)``, ``chunked_local(C)``), in the engine's group order.
-        num_blocks, block_size, hash_mode, seed, enable_events, max_events, vocab_size:
+        block_size: one block size (tokens) for every group, or a ``BlockSizes``
+            (``BlockSizes.of(sizes, hash_size, align)``: one size per group, the hash
+            block and the alignment of hits and caching; docs/groups.md). Only sizes
+            that are all one size, with that hash block and alignment, are served yet;
+            the manager is then the one-size one (``sizes`` says what it was given).
+        num_blocks, hash_mode, seed, enable_events, max_events, vocab_size:
             as ``KVCacheManager``. One block is reserved as ``null_block_id`` when some
             group releases blocks. No host tier.
 
     Raises:
         ConfigError: no groups or not GroupSpecs, a size not a positive int (or
             ``num_blocks`` past ``MAX_BLOCKS``), a flag not a bool, a bad hash mode/seed,
-            no block left beside the null block.
+            no block left beside the null block; ``block_size`` a ``BlockSizes`` that
+            ``BlockSizes.of`` refuses, of another number of groups than ``groups``, or
+            (not served yet) of different sizes, or a hash block or alignment other than
+            its one size.
 
     Thread safety: as ``KVCacheManager``'s (one thread makes every call but ``prepare``).
     """
@@ -62,7 +71,8 @@ class HybridKVCacheManager:
     # the state, set once by ``__init__`` (``parts.construct``)
     groups: tuple[GroupSpec, ...]
     num_blocks: int
-    block_size: int
+    sizes: BlockSizes  # per group, the hash block and the alignment (one size: all equal)
+    block_size: int  # the one block size (with different sizes: ``sizes.align``, the lcm)
     vocab_size: int | None
     _hasher: Hasher
     _events: EventLog | NullSink
@@ -83,7 +93,7 @@ class HybridKVCacheManager:
     _pins: RewindPins | None = None  # (made by the first rewind: most managers never rewind)
 
     def __init__(
-        self, groups: Sequence[GroupSpec], num_blocks: int, block_size: int = 16, *,
+        self, groups: Sequence[GroupSpec], num_blocks: int, block_size: int | BlockSizes = 16, *,
         hash_mode: str | HashFn = "xxhash", seed: int | bytes | None = None,
         enable_events: bool = False, max_events: int = 1 << 16, vocab_size: int | None = None,
     ) -> None:

@@ -26,6 +26,7 @@ from ..stats import StatsCounter
 from .index import GroupIndex
 from .prefixes import Prefix, PrefixTable
 from .request import GroupRequest
+from .sizes import BlockSizes, manager_sizes
 from .spec import GroupSpec, group_specs
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 
 def construct(
-    self: HybridKVCacheManager, groups: Sequence[GroupSpec], num_blocks: int, block_size: int,
+    self: HybridKVCacheManager, groups: Sequence[GroupSpec], num_blocks: int, block_size: int | BlockSizes,
     hash_mode: str | HashFn, seed: int | bytes | None, enable_events: bool, max_events: int,
     vocab_size: int | None,
 ) -> None:
@@ -41,7 +42,7 @@ def construct(
     there for the arguments and what raises)."""
     specs = group_specs(groups)
     check_positive("num_blocks", num_blocks, MAX_BLOCKS)
-    check_positive("block_size", block_size)
+    sizes = manager_sizes(specs, block_size)
     check_flag("enable_events", enable_events, ConfigError)
     check_positive("max_events", max_events)
     if vocab_size is not None:
@@ -51,7 +52,8 @@ def construct(
         raise ConfigError(f"num_blocks must leave a block beside the null block, got {num_blocks}")
     self.groups = specs
     self.num_blocks = num_blocks
-    self.block_size = block_size
+    self.sizes = sizes
+    self.block_size = sizes.align
     self.vocab_size = vocab_size
     fn, root = make_hash_fn(hash_mode, seed)
     self._hasher = Hasher(fn, root, callable(hash_mode))
@@ -68,7 +70,7 @@ def construct(
     self._nothing = ((),) * len(specs)
     self._sparse = tuple(g for g, s in enumerate(specs) if s.sparse)
     # what ``prepare`` reads, fixed from here on (as ``KVCacheManager``'s)
-    self._config = (block_size, vocab_size, fn, root)
+    self._config = (sizes.hash_size, vocab_size, fn, root)
     self._prompt_hasher = self._hasher if self._index.hashing else None
 
 

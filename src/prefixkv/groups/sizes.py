@@ -11,7 +11,8 @@ its block ``j`` by the fine hash at the block's last boundary::
 
 A hit, and what is cached, are whole multiples of ``align`` (vLLM's
 ``scheduler_block_size``, by default the lcm of the sizes), so every group holds a
-whole number of blocks there. The hybrid manager does not take such layouts yet
+whole number of blocks there. ``HybridKVCacheManager`` takes a ``BlockSizes`` as its
+``block_size`` (``manager_sizes`` checks it); it does not serve different sizes yet
 (docs/groups.md, "What an implementation in prefixkv needs"); these are the rules it
 must follow, each checked against vLLM's manager
 (tests/engines/test_vllm_block_sizes_reference.py).
@@ -106,3 +107,24 @@ class BlockSizes:
             if spec.kind == FULL and b > h and 0 < boundary <= end and boundary % b:
                 out.append((g, boundary // h - 1, h))
         return out
+
+
+def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
+    """The sizes of a hybrid manager of groups ``specs`` given ``block_size``: one
+    positive int for every group, or a ``BlockSizes`` of one size per group (checked
+    again by ``BlockSizes.of``, since a dataclass can be built around its checks).
+    Raises ConfigError: not a positive int nor a ``BlockSizes``, sizes for another
+    number of groups, and, until the manager serves them (docs/groups.md), groups of
+    different block sizes or a hash block or alignment other than the one size."""
+    if not isinstance(block_size, BlockSizes):
+        b = check_positive("block_size", block_size)
+        return BlockSizes((b,) * len(specs), b, b)
+    got = BlockSizes.of(block_size.sizes, block_size.hash_size, block_size.align)
+    if len(got.sizes) != len(specs):
+        raise ConfigError(f"block_size must name one block size per group ({len(specs)}), "
+                          f"got {len(got.sizes)}: {got.sizes}")
+    if got.sizes[0] != got.hash_size or got.align != got.hash_size:
+        raise ConfigError(f"groups of different block sizes (or a hash block or alignment "
+                          f"other than the one block size) are not served by "
+                          f"HybridKVCacheManager yet (docs/groups.md), got {got}")
+    return got
