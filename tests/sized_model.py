@@ -26,6 +26,10 @@ boundary chains over). The rules, each as vLLM 0.33 runs them:
   whose last reference goes joins the free queue at its head when it holds no key (those
   of one call in that order, before those already there), at its tail when it does
   (vLLM's ``free_blocks``). Taking a block that holds keys evicts them.
+- Twins (``twins``, prefixkv's rule; off: vLLM's): a block that caches a key another
+  block holds is a spare of it, holding no key of its own: freed, it goes to the queue's
+  head (empty) and a free holder of the key moves to the tail in its place; when the
+  holder is evicted, the first held twin takes over (groups/index.py).
 - Events, as prefixkv announces them: a key is stored when its first holder caches it,
   removed when its last holder is evicted (vLLM announces every holder; partial tail
   entries, docs/groups.md, are not modelled).
@@ -56,11 +60,13 @@ class Req:
 
 
 class SizedModel:
-    def __init__(self, groups, num_blocks, hash_size, align, null=True):
+    def __init__(self, groups, num_blocks, hash_size, align, null=True, twins=False):
         self.groups, self.h, self.align = tuple(groups), hash_size, align
         self.free = deque(range(num_blocks))
         # vLLM's null block, block 0 (prefixkv reserves it only where a group releases)
         self.null = self.free.popleft() if null else None
+        self.twins = twins
+        self.spares: dict = {}  # key -> the held twins of its holder (``twins`` on)
         self.refs = [0] * num_blocks
         self.keys: list[list] = [[] for _ in range(num_blocks)]  # the keys a block holds
         self.holders: dict = {}  # key -> the blocks holding it, the first found first
@@ -91,6 +97,10 @@ class SizedModel:
         for x in out:
             for key in self.keys[x]:  # (evicted)
                 self.holders[key].remove(x)
+                if not self.holders[key] and self.spares.get(key):  # (a held twin takes over)
+                    heir = self.spares[key].pop(0)
+                    self.holders[key].append(heir)
+                    self.keys[heir].append(key)
                 if not self.holders[key]:
                     del self.holders[key]
                     self.events.append(("removed", key))
@@ -104,6 +114,12 @@ class SizedModel:
             self.refs[x] -= 1
             if not self.refs[x]:
                 (last if self.keys[x] else first).append(x)
+                for key in [k for k, held in self.spares.items() if x in held]:  # (a twin
+                    self.spares[key].remove(x)  # goes empty; a free holder takes its place)
+                    primary = self.holders[key][0]
+                    if not self.refs[primary]:
+                        (last if primary in last else self.free).remove(primary)
+                        last.append(primary)
         self.free.extendleft(reversed(first))
         self.free.extend(last)
 
@@ -184,6 +200,9 @@ class SizedModel:
                 if x == self.null or not self._reachable(g, j):
                     continue
                 key = self.key(g, r.extra, r.tokens, j)
+                if key in self.holders and self.twins:
+                    self.spares.setdefault(key, []).append(x)
+                    continue
                 if key not in self.holders:
                     self.holders[key] = []
                     self.events.append(("stored", key))
@@ -209,6 +228,7 @@ class SizedModel:
         if self.reqs:
             return False
         self.holders.clear()
+        self.spares.clear()
         self.keys = [[] for _ in self.keys]
         self.events.append(("cleared",))
         return True

@@ -44,7 +44,8 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         num_blocks = sum(-(-MAX_LEN // b) for b, _ in self.groups) + windows + self.extra_blocks
         self.m = HybridKVCacheManager(specs, num_blocks, sizes, hash_mode="sha256", seed=1,
                                       enable_events=True, max_events=1 << 12)
-        self.model = SizedModel(self.groups, num_blocks, sizes.hash_size, sizes.align, null=windows)
+        self.model = SizedModel(self.groups, num_blocks, sizes.hash_size, sizes.align, null=windows,
+                                twins=True)
         self.hash_fn, self.root = make_hash_fn("sha256", 1)
         self.h = sizes.hash_size
         self.names: dict[bytes, tuple] = {}  # a fine hash -> (extra, the tokens it chains over)
