@@ -193,7 +193,7 @@ class SizedModel:
     def _cache(self, r, n):
         n = n // self.align * self.align
         hashed = len(r.tokens) // self.h * self.h
-        for g, (b, w) in enumerate(self.groups):
+        for g, (b, _) in enumerate(self.groups):
             full = min(n, hashed) // b
             for j in range(r.cached[g], full):
                 x = r.tables[g][j]

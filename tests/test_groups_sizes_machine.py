@@ -56,7 +56,8 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     def _name(self, tokens, extra):
         n = len(tokens) // self.h
         base = extra.base_bytes() if extra else b""
-        hashes, _ = chain(self.hash_fn, self.root, token_bytes(encode_tokens(tokens[:n * self.h])), [base] * n)
+        data = token_bytes(encode_tokens(tokens[:n * self.h]))
+        hashes, _ = chain(self.hash_fn, self.root, data, [base] * n)
         for i, h in enumerate(hashes):
             self.names[h] = (extra, tuple(tokens[:(i + 1) * self.h]))
 

@@ -263,4 +263,4 @@ def admission_prompt(m: KVCacheManager, request: Request) -> tuple[Sequence[int]
     prompt = m.prepared_prompts.prompt_of(request)
     if prompt is not None:
         return prompt, None
-    return core_tokens(request), extra_keys_of(request, m.block_size)
+    return core_tokens(request), extra_keys_of(request, m.hash_block_size)
