@@ -1,12 +1,18 @@
 """The hybrid manager given its sizes as a ``BlockSizes`` (groups/sizes.py
-``manager_sizes``): one size for every group is the one-size manager; what it does not
-serve yet (groups of different block sizes, docs/groups.md) is refused at construction
-with ConfigError, as are sizes for another number of groups."""
+``manager_sizes``): one size for every group is the one-size manager; different sizes
+make a ``SizedHybridKVCacheManager`` (groups/sized.py), checked call for call against
+vLLM's own manager in tests/engines/test_vllm_block_sizes_manager.py and by hand here;
+what it does not serve yet is refused with ConfigError (docs/groups.md), as are sizes
+for another number of groups."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from prefixkv import ConfigError
-from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, sliding_window
+from prefixkv import ConfigError, PromptTooLongError
+from prefixkv.engine.build import UncachedHybridManager
+from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba, sliding_window
+from prefixkv.groups.sized import SizedHybridKVCacheManager
 
 GROUPS = [full_attention(), sliding_window(12)]
 
@@ -33,9 +39,6 @@ def test_one_size_for_every_group_is_the_one_size_manager():
 
 
 @pytest.mark.parametrize("sizes, match", [
-    (BlockSizes.of([8, 16]), "not served by HybridKVCacheManager yet"),
-    (BlockSizes.of([16, 16], hash_size=8), "not served by HybridKVCacheManager yet"),
-    (BlockSizes.of([16, 16], align=32), "not served by HybridKVCacheManager yet"),
     (BlockSizes.of([8]), r"one block size per group \(2\), got 1"),
     (BlockSizes.of([8, 8, 8]), r"one block size per group \(2\), got 3"),
     (BlockSizes((8, 12), 8, 24), "multiple of hash_size 8"),  # (built around BlockSizes.of)
@@ -45,3 +48,139 @@ def test_sizes_it_does_not_serve_are_refused(sizes, match):
     with pytest.raises(ConfigError, match=match):
         HybridKVCacheManager(GROUPS, 64, sizes)
 
+
+
+@pytest.mark.parametrize("sizes", [BlockSizes.of([8, 16]), BlockSizes.of([16, 16], hash_size=8),
+                                   BlockSizes.of([16, 16], align=32)])
+def test_sizes_that_are_not_one_size_make_the_sized_manager(sizes):
+    m = HybridKVCacheManager(GROUPS, 64, block_size=sizes)
+    assert type(m) is SizedHybridKVCacheManager and m.sizes == sizes and m.block_size == sizes.align
+
+
+def test_what_the_sized_manager_does_not_serve_yet_is_refused():
+    with pytest.raises(ConfigError, match="a Mamba group beside groups of different block sizes"):
+        HybridKVCacheManager([full_attention(), mamba()], 64, BlockSizes.of([8, 16]))
+    with pytest.raises(ConfigError, match="UncachedHybridManager serves one block size"):
+        UncachedHybridManager(GROUPS, 64, BlockSizes.of([8, 16]))  # type: ignore[arg-type]
+    m = HybridKVCacheManager(GROUPS, 64, BlockSizes.of([8, 16]))
+    m.add_request("a", list(range(40)))
+    for call in (lambda: m.rewind("a", 8), lambda: m.fork("a", "b"), lambda: m.uncache_blocks([1]),
+                 lambda: m.lookup(list(range(40)), peek=True)):
+        with pytest.raises(ConfigError, match="not served with groups of different block sizes yet"):
+            call()
+    m.check_invariants()
+
+
+def test_tables_hits_and_caching_at_different_sizes_by_hand():
+    # full attention at 8 beside a 12-token window at 16: hash block 8, lcm 16
+    m = HybridKVCacheManager(GROUPS, 64, BlockSizes.of([8, 16]), enable_events=True)
+    a = m.add_request("a", list(range(40)))  # 5 blocks of 8, 3 of 16; cached up to 32
+    assert [len(t) for t in a.group_block_ids] == [5, 3]
+    stored = [(e.group_idx, e.block_size, len(e.token_ids)) for e in m.take_events()]
+    assert stored == [(0, 8, 8)] * 4 + [(1, 16, 16)] * 2
+    assert m.lookup(list(range(40)) + [1]) == 32  # (aligned to 16, though 40 are in group 0)
+    assert m.lookup(list(range(31)) + [1]) == 16
+    b = m.add_request("b", list(range(33)) + [5] * 7)
+    assert b.num_cached_tokens == 32 and b.group_block_ids[0][:4] == a.group_block_ids[0][:4]
+    # the window at 32 reads 21..32: its block 0 is the null block, its block 1 shared
+    assert b.group_block_ids[1][:2] == (m.null_block_id, a.group_block_ids[1][1])
+    for _ in range(8):  # to 48 tokens: a's blocks up to 48 are recorded at 48
+        m.append_tokens("a", [7])
+    assert m.num_scheduled_tokens("a") == 48 and len(m.get_block_ids("a")[1]) == 3
+    assert [(e.group_idx, e.block_size) for e in m.take_events()] == [(0, 8), (0, 8), (1, 16)]
+    m.check_invariants()
+    m.free("a")
+    m.free("b")
+    m.check_invariants()
+
+
+LAYOUTS = [  # (block size, window or None) per group: test_vllm_block_sizes_reference's kinds
+    ((8, None), (16, 20)), ((8, 10), (16, None)), ((8, None), (24, None)),
+    ((8, 6), (16, None), (32, 40)), ((16, 17), (8, None), (8, 9)), ((16, 20), (24, None)),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=st.sampled_from(LAYOUTS), n=st.integers(1, 150), chunk=st.integers(1, 150))
+def test_the_events_are_what_block_sizes_says_is_stored(layout, n, chunk):
+    # a prompt of n tokens computed whole, in chunks: one GroupBlockStored per block
+    # BlockSizes.stored names (but its partial tail entries, not served yet), keyed by
+    # the chain hash at the block's last hash boundary, its parent the group's block
+    # before, its tokens the block's; each once, whatever the chunks
+    specs = [full_attention() if w is None else sliding_window(w) for _, w in layout]
+    sizes = BlockSizes.of([b for b, _ in layout])
+    m = HybridKVCacheManager(specs, 200, sizes, enable_events=True, seed=0)
+    prompt = [5 + k % 7 for k in range(n)]
+    m.add_request("r", prompt, num_new_tokens=chunk)
+    while m.num_scheduled_tokens("r") < n:
+        m.extend("r", min(chunk, n - m.num_scheduled_tokens("r")))
+        m.check_invariants()
+    hashes = m.prepare(prompt).hashes
+    fine = {h: i for i, h in enumerate(hashes)}
+    got = []
+    for e in m.take_events():
+        (key,) = e.block_hashes
+        i, b = fine[key], e.block_size
+        j = e.first_block
+        assert (j + 1) * b // sizes.hash_size - 1 == i and e.token_ids == prompt[j * b:(j + 1) * b]
+        assert e.parent_block_hash == (None if j == 0 else hashes[j * b // sizes.hash_size - 1])
+        got.append((e.group_idx, i, b))
+    want = [s for s in sizes.stored(specs, n) if s[2] == sizes.sizes[s[0]]]  # (no partial tails)
+    assert sorted(got) == sorted(want)
+
+
+OPS = st.lists(st.tuples(st.sampled_from("aaeeeddddrfFl"), st.integers(0, 3), st.integers(1, 60),
+                         st.integers(0, 20)), max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=st.sampled_from(LAYOUTS), pool=st.integers(12, 80), ops=OPS)
+def test_random_calls_keep_the_sized_manager_sound(layout, pool, ops):
+    # admissions (chunks, lookahead, external tokens, capped hits), prefill chunks,
+    # decode steps, reserves and frees on a small pool: after each call the invariants
+    # hold (each group's table at its own size, recorded exactly where BlockSizes.caches
+    # says); a call that returns None changed nothing; num_blocks_to_allocate is what
+    # the next chunk takes
+    specs = [full_attention() if w is None else sliding_window(w) for _, w in layout]
+    m = HybridKVCacheManager(specs, pool, BlockSizes.of([b for b, _ in layout]), enable_events=True)
+    live: dict[int, int] = {}  # request -> its prompt length
+    for op, r, k, x in ops:
+        before = ({q: m.get_block_ids(q) for q in live}, m.num_free_blocks)
+        if op == "a" and r not in live:
+            prompt = [r % 2 * 50 + t % 9 for t in range(k + x)]
+            try:
+                got = m.add_request(r, prompt, num_new_tokens=max(1, k // 2), num_lookahead_tokens=x % 3,
+                                    num_external_tokens=x % 5, max_hit_tokens=None if x % 2 else k)
+            except PromptTooLongError:
+                got = None
+            if got is not None:
+                live[r] = len(prompt)
+        elif op == "e" and r in live and m.num_scheduled_tokens(r) < live[r]:
+            n = min(x + k, live[r] - m.num_scheduled_tokens(r))
+            want = m.num_blocks_to_allocate(r, m.num_scheduled_tokens(r) + n)
+            free = m.num_free_blocks
+            got = m.extend(r, n)
+            if got is not None:  # (net of what the window's release returns)
+                assert max(0, free - m.num_free_blocks) == want
+        elif op == "d":
+            for t in range(x + 1):  # (decode steps: each request's token is its own)
+                ready = [q for q in live if m.num_scheduled_tokens(q) == m.num_tokens(q)]
+                step = m.append_step(ready, [100 + 10 * q + t % 10 for q in ready])
+                for q in step.short:
+                    assert m.get_block_ids(q) == before[0][q]
+                m.check_invariants()
+            got = True
+        elif op == "r" and r in live:
+            got = m.reserve(r, x)
+        elif op in "fF" and r in live:
+            m.free(r, num_computed_tokens=None if op == "f" else m.num_scheduled_tokens(r) // 2)
+            del live[r]
+            got = True
+        elif op == "l":
+            assert m.lookup([r % 2 * 50 + t % 9 for t in range(k)]) % m.block_size == 0
+            got = True
+        else:
+            continue
+        if got is None:
+            assert ({q: m.get_block_ids(q) for q in live}, m.num_free_blocks) == before
+        m.check_invariants()

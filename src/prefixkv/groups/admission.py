@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 
 from ..core.block import Block, blocks_for, hit_limit
 from ..core.prompt import Prompt, encode_prompt, prepare_prompt, unpack_prompt
+from ..core.request import RequestKeys
 from ..errors import PromptTooLongError, RequestError, check_count, check_flag, check_new_request
 from ..extra_keys import ExtraKeys
+from ..index.announce import Prepared
 from .fit import least_blocks
 from .lookup import hit_nodes, peeking, window_hits
 from .prefixes import Prefix
@@ -36,7 +38,7 @@ def prepare(self: HybridKVCacheManager,
     blocks when events are on. A Prompt serves any manager, plain or hybrid, of the
     same block size, vocabulary size, hash and seed. Raises as
     ``KVCacheManager.prepare``."""
-    return prepare_prompt(prompt_token_ids, extra, self.block_size, self.vocab_size,
+    return prepare_prompt(prompt_token_ids, extra, self._hash_size, self.vocab_size,
                           self._prompt_hasher, self._config)
 
 
@@ -86,6 +88,14 @@ def add_request(
                                     check_flag("read_cache", read_cache, RequestError),
                                     max_hit_tokens=max_hit_tokens,
                                     peek=peeking(self.groups, peek), admit=True)
+    return self._admit(req, nodes, prompt, num_new_tokens, resumed, num_lookahead_tokens,
+                       require_full_fit, keep_free, num_external_tokens)
+
+
+def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], prompt: Prompt | None,
+           num_new_tokens: int | None, resumed: bool, num_lookahead_tokens: int,
+           require_full_fit: bool, keep_free: int, num_external_tokens: int) -> GroupAdmission | None:
+    """``add_request`` once its arguments are checked and its hit found (``nodes``)."""
     n, bs, k = len(req.tokens), self.block_size, len(nodes)
     usable = self.num_blocks - (self._null is not None)
     if blocks_for(n + num_lookahead_tokens, bs) * len(self.groups) > usable:  # else it fits
@@ -124,7 +134,16 @@ def add_request(
         req.tables[g] = [None] * min(cuts[g], covered) + h + row
         req.cut[g] = min(cuts[g], covered)
         self._hit_blocks[g] += len(h)
-    req.plan_release(self.groups, bs)
+    return self._enter(req, nodes, prompt, prepared, first, total, num_lookahead_tokens, resumed)
+
+
+def _enter(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], prompt: Prompt | None,
+           prepared: Prepared | None, first: int, total: int, num_lookahead_tokens: int,
+           resumed: bool) -> GroupAdmission:
+    """An admission's last part, once its tables are set: the request's counts, its
+    hold on its hit's last prefix id, its new full blocks recorded, its stats."""
+    n, k, num_cached = len(req.tokens), len(nodes), len(nodes) * self._hash_size
+    req.plan_release(self.groups, self._group_sizes)
     req.nodes = nodes
     self._table.hold(nodes[-1] if nodes else None)
     req.num_cached, req.step_start = num_cached, first
@@ -134,9 +153,9 @@ def add_request(
         req.prompt = prompt
     if prepared is not None:
         self._record(req, k, prepared)
-    self._requests[request_id] = req
+    self._requests[req.request_id] = req
     self._stats.record(n, num_cached, resumed)
-    return GroupAdmission(request_id, self._ids(req), num_cached, todo)
+    return GroupAdmission(req.request_id, self._ids(req), num_cached, total - num_cached)
 
 
 def lookup(self: HybridKVCacheManager, prompt_token_ids: Sequence[int] | Prompt, *,
@@ -146,7 +165,7 @@ def lookup(self: HybridKVCacheManager, prompt_token_ids: Sequence[int] | Prompt,
     ``peek``) would find cached in every group. Changes nothing. Raises as
     ``add_request`` for bad input."""
     return len(self._find(None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
-                          peek=peeking(self.groups, peek))[1]) * self.block_size
+                          peek=peeking(self.groups, peek))[1]) * self._hash_size
 
 
 def lookup_block_ids(self: HybridKVCacheManager, prompt_token_ids: Sequence[int] | Prompt, *,
@@ -192,13 +211,22 @@ def _find(self: HybridKVCacheManager, request_id: Hashable, prompt_token_ids: Se
                 tokens = prompt_token_ids.tokens[:]
     else:
         prompt = None
-        tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self.block_size,
+        tokens, keys, chunks = encode_prompt(prompt_token_ids, extra, self._hash_size,
                                              self.vocab_size)
     n = len(tokens)
     req = GroupRequest(request_id, tokens, keys, len(self.groups))
     req.losses = self._index.losses  # (its hits are found now: ``GroupRequest``)
-    limit = hit_limit(n, self.block_size, max_hit_tokens)
-    if not read_cache or not limit:
+    if not read_cache:
         return req, [], prompt
-    return req, hit_nodes(self.groups, self._table, self._index.find, self.block_size,
-                          chunks, keys, n, limit, peek, alone), prompt
+    return req, self._hit_nodes(chunks, keys, n, max_hit_tokens, peek, alone), prompt
+
+
+def _hit_nodes(self: HybridKVCacheManager, chunks: Sequence[bytes], keys: RequestKeys, n: int,
+               max_hit_tokens: int | None, peek: Sequence[bool], alone: list[int] | None) -> list[Prefix]:
+    """``_find``'s hit: the prefix ids of the longest prefix every group serves (at
+    most ``hit_limit``'s blocks; ``alone`` as ``_find``'s). Changes nothing."""
+    limit = hit_limit(n, self.block_size, max_hit_tokens)
+    if not limit:
+        return []
+    return hit_nodes(self.groups, self._table, self._index.find, self.block_size,
+                     chunks, keys, n, limit, peek, alone)

@@ -197,7 +197,7 @@ def rewind(self: HybridKVCacheManager, request_id: Hashable, num_tokens: int) ->
         self._pins = RewindPins()
     self._pins.rewind(req, num_tokens, self.block_size, self._requests)
     full = num_tokens // self.block_size
-    lost, was = reads_lost(self.groups, req, num_tokens, self.block_size), req.tainted_from
+    lost, was = reads_lost(self.groups, req, num_tokens, self._group_sizes), req.tainted_from
     if lost or was is not None:  # (a tainted request recomputes lost KV from ``was`` on)
         start = num_tokens if lost or was is None else max(num_tokens, was)
         for other, first in sharers(req, start, self._requests.values(), self.block_size):

@@ -35,22 +35,27 @@ def _release(self: HybridKVCacheManager, req: GroupRequest, going: list[list[Blo
     if going is not None:
         for g, part in enumerate(going):
             self._released[g] += sum(b is not None for b in part)
-        self._pool.free_groups(release_order(self.groups, self.block_size, req, going,
-                                                self._index.finds), going)
-        req.plan_release(self.groups, self.block_size)
+        self._pool.free_groups(self._release_order(req, going), going)
+        req.plan_release(self.groups, self._group_sizes)
+
+
+def _release_order(self: HybridKVCacheManager, req: GroupRequest,
+                   going: list[list[Block | None]]) -> list[Block]:
+    """``GroupRequest.release(going)``, the blocks in the order to release them
+    (``release_order``)."""
+    return release_order(self.groups, self.block_size, req, going, self._index.finds)
 
 
 def _going(self: HybridKVCacheManager,
            req: GroupRequest, start: int) -> tuple[list[list[Block | None]] | None, int]:
     """The blocks each group releases when a step starts at ``start`` (None when none
     does), and how many of them return to the pool (held by no other)."""
-    bs = self.block_size
     if req.release_bound is not None:
         start = min(start, req.release_bound)
     if start < req.next_release:
         return None, 0
-    going = [t[req.cut[g]:spec.num_unread(start, bs)]
-             for g, (spec, t) in enumerate(zip(self.groups, req.tables, strict=True))]
+    going = [t[c:spec.num_unread(start, b)] for spec, t, c, b in
+             zip(self.groups, req.tables, req.cut, self._group_sizes, strict=True)]
     return going, sum(b is not None and b.ref_cnt == 1 for part in going for b in part)
 
 
@@ -69,7 +74,7 @@ def _prepare_fills(self: HybridKVCacheManager,
     """What the blocks filled by this step need (chunks, extras, hashes), computed
     before any change: a ``hash_mode`` callable may fail, and the step must then
     change nothing."""
-    bs = self.block_size
+    bs = self._hash_size  # (a step fills a prefix id's block)
     out: dict[int, Prepared] = {}
     for req, t in zip(reqs, new, strict=True):
         n = req.num_scheduled

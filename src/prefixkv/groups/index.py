@@ -37,6 +37,14 @@ from .spec import GroupSpec
 _PID = attrgetter("pid")
 
 
+def _up(node: Prefix, n: int) -> Prefix | None:
+    """``node``'s ancestor ``n`` generations up (None past the first block)."""
+    up: Prefix | None = node
+    for _ in range(n):
+        up = up.parent if up is not None else None
+    return up
+
+
 class GroupIndex:
     """Satisfies what ``BlockPool`` asks of an index (``drop``, ``release_spare``,
     ``clear``, ``check``); the manager records and finds content through the rest."""
@@ -78,9 +86,12 @@ class GroupIndex:
             owner[b.block_id] = g
 
     def store(self, g: int, blocks: Sequence[Block | None], nodes: Sequence[Prefix], first: int,
-              tokens: array[int], extras: Sequence[ExtraKeys | None], block_size: int) -> None:
+              tokens: array[int], extras: Sequence[ExtraKeys | None], block_size: int,
+              fine: int = 1) -> None:
         """Record that ``blocks`` (group ``g``'s blocks ``first..``) hold ``nodes``;
-        ``tokens``/``extras[i]`` (ExtraKeys or None) are for the events. A block whose
+        ``tokens``/``extras[i]`` (ExtraKeys or None) are for the events, whose parent
+        is the chain hash of the prefix ``fine`` nodes up (the group's block before,
+        whose node is ``fine`` hash blocks shorter: ``BlockSizes.key_index``). A block whose
         prefix the group holds already becomes a spare of it (no event); one of a lost
         prefix (computed after KV found invalid) holds none."""
         entries, sink, spec, held = self.entries[g], self._sink, self.specs[g], self.nodes
@@ -100,7 +111,8 @@ class GroupIndex:
             if sink.active:
                 assert node.hash is not None, f"{node!r}: events need its chain hash"
                 j = first + i
-                parent = node.parent.hash if node.parent is not None else None
+                up = node.parent if fine == 1 else _up(node, fine)
+                parent = up.hash if up is not None else None
                 ids = token_bytes(tokens[j * block_size:(j + 1) * block_size])
                 b.event = ev = GroupBlockStored(
                     (node.hash,), parent, ids, (b.block_id,), extras[i], j,

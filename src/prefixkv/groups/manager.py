@@ -50,9 +50,10 @@ class HybridKVCacheManager:
             ``sliding_window(W)``, ``chunked_local(C)``), in the engine's group order.
         block_size: one block size (tokens) for every group, or a ``BlockSizes``
             (``BlockSizes.of(sizes, hash_size, align)``: one size per group, the hash
-            block and the alignment of hits and caching; docs/groups.md). Only sizes
-            that are all one size, with that hash block and alignment, are served yet;
-            the manager is then the one-size one (``sizes`` says what it was given).
+            block and the alignment of hits and caching; docs/groups.md). Sizes that
+            are not ``one_size`` make the manager a ``SizedHybridKVCacheManager``
+            (groups/sized.py: what it serves and refuses); one size is the one-size
+            manager (``sizes`` says what it was given).
         num_blocks, hash_mode, seed, enable_events, max_events, vocab_size:
             as ``KVCacheManager``. One block is reserved as ``null_block_id`` when some
             group releases blocks. No host tier.
@@ -62,8 +63,7 @@ class HybridKVCacheManager:
             ``num_blocks`` past ``MAX_BLOCKS``), a flag not a bool, a bad hash mode/seed,
             no block left beside the null block; ``block_size`` a ``BlockSizes`` that
             ``BlockSizes.of`` refuses, of another number of groups than ``groups``, or
-            (not served yet) of different sizes, or a hash block or alignment other than
-            its one size.
+            (not served yet) not ``one_size`` beside a Mamba group or in a subclass.
 
     Thread safety: as ``KVCacheManager``'s (one thread makes every call but ``prepare``).
     """
@@ -71,6 +71,9 @@ class HybridKVCacheManager:
     # the state, set once by ``__init__`` (``parts.construct``)
     groups: tuple[GroupSpec, ...]
     num_blocks: int
+    _serves_sizes = False  # (sizes that are not ``one_size``: ``SizedHybridKVCacheManager``)
+    _hash_size: int  # ``sizes.hash_size``: the prefix ids' (``nodes``') block of tokens
+    _group_sizes: tuple[int, ...]  # ``sizes.sizes``
     sizes: BlockSizes  # per group, the hash block and the alignment (one size: all equal)
     block_size: int  # the one block size (with different sizes: ``sizes.align``, the lcm)
     vocab_size: int | None
@@ -108,6 +111,9 @@ class HybridKVCacheManager:
     lookup = admission.lookup
     lookup_block_ids = admission.lookup_block_ids
     _find = admission._find
+    _admit = admission._admit
+    _enter = admission._enter
+    _hit_nodes = admission._hit_nodes
 
     # ---- growth: groups/decode.py (the calls), groups/growth.py (their mechanism)
     extend = decode.extend
@@ -121,6 +127,7 @@ class HybridKVCacheManager:
     num_blocks_released = decode.num_blocks_released
     _step_requests = decode._step_requests
     _release = growth._release
+    _release_order = growth._release_order
     _going = growth._going
     _roomy = growth._roomy
     _prepare_fills = growth._prepare_fills
@@ -135,6 +142,7 @@ class HybridKVCacheManager:
     preempt = release.preempt
     uncache_blocks = release.uncache_blocks
     reset_prefix_cache = release.reset_prefix_cache
+    _free_order = release._free_order
 
     # ---- the helpers every path shares: groups/parts.py
     _prepare = parts._prepare
@@ -146,6 +154,7 @@ class HybridKVCacheManager:
 
     # ---- checks: groups/manager_check.py
     check_invariants = manager_check.check_invariants
+    _check_request = manager_check._check_request
 
     @property
     def null_block_id(self) -> int | None:
@@ -166,7 +175,7 @@ class HybridKVCacheManager:
         ``add_request`` for bad input."""
         alone = [0] * len(self.groups)
         self._find(None, prompt_token_ids, extra, True, alone)
-        return tuple(k * self.block_size for k in alone)
+        return tuple(k * self._hash_size for k in alone)
 
     def get_block_ids(self, request_id: Hashable) -> tuple[tuple[int, ...], ...]:
         """The request's block ids per group, in token order (``null_block_id`` where a
@@ -194,7 +203,7 @@ class HybridKVCacheManager:
         check_count("num_tokens", num_tokens, 0, req.num_scheduled)
         if num_tokens >= req.step_start and not self._sparse:
             return False  # (what the windows released no query at the last step's start read)
-        return reads_lost(self.groups, req, num_tokens, self.block_size)
+        return reads_lost(self.groups, req, num_tokens, self._group_sizes)
 
     @property
     def num_free_blocks(self) -> int:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from ..core.manager_check import require
 from .free_runs import unfound
+from .request import GroupRequest
 
 if TYPE_CHECKING:
     from .manager import HybridKVCacheManager
@@ -20,7 +21,7 @@ def check_invariants(self: HybridKVCacheManager) -> None:
         refs[self._null.block_id] = 1
     node_refs = self._index.node_refs()
     for req in self._requests.values():
-        require(req.check(self.groups, self.block_size) or unfound(self._index, req))
+        require(self._check_request(req))
         for t in req.tables:
             for b in t:
                 if b is not None:
@@ -30,3 +31,9 @@ def check_invariants(self: HybridKVCacheManager) -> None:
             node_refs[pid] = node_refs.get(pid, 0) + 1
     require(self._pool.check(refs))
     require(self._table.check(node_refs))
+
+
+def _check_request(self: HybridKVCacheManager, req: GroupRequest) -> str | None:
+    """The first way a request's state is unsound (``GroupRequest.check``, and every
+    full-attention group finding its prefix where ``free_runs.unfound`` counts on it)."""
+    return req.check(self.groups, self.sizes) or unfound(self._index, req)

@@ -43,6 +43,12 @@ def construct(
     specs = group_specs(groups)
     check_positive("num_blocks", num_blocks, MAX_BLOCKS)
     sizes = manager_sizes(specs, block_size)
+    if not sizes.one_size and not self._serves_sizes:
+        from .manager import HybridKVCacheManager
+        from .sized import SizedHybridKVCacheManager
+        if type(self) is not HybridKVCacheManager:  # (a subclass of the one-size manager)
+            raise ConfigError(f"{type(self).__name__} serves one block size, got {sizes}")
+        self.__class__ = SizedHybridKVCacheManager  # (its calls over the same state)
     check_flag("enable_events", enable_events, ConfigError)
     check_positive("max_events", max_events)
     if vocab_size is not None:
@@ -54,6 +60,7 @@ def construct(
     self.num_blocks = num_blocks
     self.sizes = sizes
     self.block_size = sizes.align
+    self._hash_size, self._group_sizes = sizes.hash_size, sizes.sizes
     self.vocab_size = vocab_size
     fn, root = make_hash_fn(hash_mode, seed)
     self._hasher = Hasher(fn, root, callable(hash_mode))
@@ -76,8 +83,8 @@ def construct(
 
 def _prepare(self: HybridKVCacheManager, req: GroupRequest, first: int, last: int, parent: Prefix | None,
              prompt: Prompt | None = None) -> Prepared:
-    """Token chunks, extra bytes and (when events are on) chain hashes of full blocks
-    ``first..last-1`` (taken from ``prompt`` when it was prepared with them).
+    """Token chunks, extra bytes and (when events are on) chain hashes of full (hash)
+    blocks ``first..last-1`` (taken from ``prompt`` when it was prepared with them).
     Changes nothing; raises ConfigError if a hash_mode callable fails."""
     extras = req.keys.of_blocks(first, last)
     if prompt is not None and last <= len(prompt.chunks):
@@ -87,8 +94,9 @@ def _prepare(self: HybridKVCacheManager, req: GroupRequest, first: int, last: in
                 "a prepared prompt's chain hashes are those of the prefixes it hits"
             return chunks, extras, prompt.hashes[first:last]
     else:
-        bs4 = 4 * self.block_size
-        data = token_bytes(req.tokens[first * self.block_size:last * self.block_size])
+        h = self._hash_size
+        bs4 = 4 * h
+        data = token_bytes(req.tokens[first * h:last * h])
         chunks = [data[o:o + bs4] for o in range(0, len(data), bs4)]
     hashes = None
     if self._index.hashing:

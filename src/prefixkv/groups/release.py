@@ -12,8 +12,10 @@ from ..errors import check_block_ids, check_count
 from ..events import AllBlocksCleared
 from .free_order import free_order
 from .free_runs import finder
+from .request import GroupRequest
 
 if TYPE_CHECKING:
+    from ..core.block import Block
     from .manager import HybridKVCacheManager
 
 
@@ -31,19 +33,22 @@ def free(self: HybridKVCacheManager, request_id: Hashable, *, num_computed_token
     req = self._get(request_id)
     if num_computed_tokens is not None:
         check_count("num_computed_tokens", num_computed_tokens, 0, req.num_scheduled)
-        bs = self.block_size
-        first = max(num_computed_tokens, req.num_cached) // bs
-        for t in req.tables:
+        first = max(num_computed_tokens, req.num_cached)
+        for t, bs in zip(req.tables, self._group_sizes, strict=True):
             self._pool.emptied(self._index.uncache(
-                [b for b in t[first:req.num_scheduled // bs] if b is not None]))
+                [b for b in t[first // bs:req.num_scheduled // bs] if b is not None]))
     del self._requests[request_id]
     nodes = req.nodes
     # a longer prefix exists (a child, or another request ending here): a reference on
     # the last node beside its blocks' and the request's own
     longer = bool(nodes) and nodes[-1].refs > self._index.num_blocks_of(nodes[-1]) + 1
-    self._pool.free_groups(free_order(self.groups, self.block_size, req,
-                                         finder(self._index, req), longer), req.tables)
+    self._pool.free_groups(self._free_order(req, longer), req.tables)
     self._table.unhold(req.nodes[-1] if req.nodes else None)
+
+
+def _free_order(self: HybridKVCacheManager, req: GroupRequest, longer: bool) -> list[Block]:
+    """The request's blocks in the order ``free`` releases them (``free_order``)."""
+    return free_order(self.groups, self.block_size, req, finder(self._index, req), longer)
 
 
 def preempt(self: HybridKVCacheManager, request_id: Hashable, *,

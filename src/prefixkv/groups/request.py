@@ -38,6 +38,7 @@ from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..hashing import token_bytes
 from .prefixes import Prefix
+from .sizes import BlockSizes
 from .spec import GroupSpec
 
 
@@ -78,40 +79,40 @@ class GroupRequest:
                 self.cut[g] = cut + len(part)
         return out
 
-    def plan_release(self, specs: Sequence[GroupSpec], block_size: int) -> None:
-        """Set ``next_release`` from the groups' cuts."""
-        self.next_release = min(s.release_at(c, block_size) for s, c in zip(specs, self.cut, strict=True))
+    def plan_release(self, specs: Sequence[GroupSpec], sizes: Sequence[int]) -> None:
+        """Set ``next_release`` from the groups' cuts (``sizes``: each group's block size)."""
+        self.next_release = min(s.release_at(c, b) for s, c, b in zip(specs, self.cut, sizes, strict=True))
 
-    def check(self, specs: Sequence[GroupSpec], block_size: int) -> str | None:
+    def check(self, specs: Sequence[GroupSpec], sizes: BlockSizes) -> str | None:
         """The first way the tables disagree with the tokens and the specs, None when
-        sound."""
-        bs, rid = block_size, self.request_id
-        want = blocks_for(max(self.num_scheduled, self.num_reserved), bs)
-        if len(self.nodes) != self.num_scheduled // bs or self.num_scheduled > len(self.tokens):
+        sound (``sizes``: the manager's; ``nodes`` are at ``sizes.hash_size``, group g's
+        block j holds ``nodes[sizes.key_index(g, j)]``)."""
+        h, rid = sizes.hash_size, self.request_id
+        if len(self.nodes) != self.num_scheduled // h or self.num_scheduled > len(self.tokens):
             return (f"request {rid!r}: {len(self.nodes)} prefix ids for {self.num_scheduled} "
                     f"scheduled of {len(self.tokens)} tokens")
         parent = 0
         for j, node in enumerate(self.nodes):
-            chunk = token_bytes(self.tokens[j * bs:(j + 1) * bs])
+            chunk = token_bytes(self.tokens[j * h:(j + 1) * h])
             if node.key != (parent, chunk, self.keys.of_blocks(j, j + 1)[0]):
                 return f"request {rid!r}: prefix id of block {j} does not hold its content"
             parent = node.pid
-        for g, (spec, table) in enumerate(zip(specs, self.tables, strict=True)):
-            cut = self.cut[g]
+        for g, (spec, table, bs) in enumerate(zip(specs, self.tables, sizes.sizes, strict=True)):
+            want, cut = blocks_for(max(self.num_scheduled, self.num_reserved), bs), self.cut[g]
             if len(table) != want or (not spec.sparse and any(b is None for b in table[cut:])) or \
                     any(b is not None for b in table[:cut]):
                 return f"request {rid!r} group {g}: table {table} for {want} blocks, cut {cut}"
             if cut > spec.num_unread(self.step_start, bs):
                 return (f"request {rid!r} group {g}: {cut} blocks released, but a query at "
                         f"{self.step_start} still reads block {spec.num_unread(self.step_start, bs)}")
-            for j in range(cut, len(self.nodes)):
-                b, node = table[j], self.nodes[j]
+            for j in range(cut, self.num_scheduled // bs):
+                b, node = table[j], self.nodes[sizes.key_index(g, j)]
                 if b is not None and b.key is not None and (  # (a lost prefix's block, which
                         b.key[1:] != node.key[1:] if node.lost  # a sharer recomputed: the
                         else b.key is not node.key):  # same tokens under a new prefix)
                     return f"request {rid!r} group {g}: block {j} holds another prefix"
             if self.tainted_from is not None:
-                for j in range(self.tainted_from // bs, len(self.nodes)):
+                for j in range(self.tainted_from // bs, self.num_scheduled // bs):
                     if (b := table[j]) is not None and b.key is not None:
                         return (f"request {rid!r} group {g}: block {j} is cached, but its KV "
                                 f"was computed from {self.tainted_from} on over lost KV")

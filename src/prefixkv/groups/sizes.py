@@ -12,9 +12,9 @@ its block ``j`` by the fine hash at the block's last boundary::
 A hit, and what is cached, are whole multiples of ``align`` (vLLM's
 ``scheduler_block_size``, by default the lcm of the sizes), so every group holds a
 whole number of blocks there. ``HybridKVCacheManager`` takes a ``BlockSizes`` as its
-``block_size`` (``manager_sizes`` checks it); it does not serve different sizes yet
-(docs/groups.md, "What an implementation in prefixkv needs"); these are the rules it
-must follow, each checked against vLLM's manager
+``block_size`` (``manager_sizes`` checks it) and serves sizes that are not
+``one_size`` in ``SizedHybridKVCacheManager`` (groups/sized.py) by these rules, each
+checked against vLLM's manager
 (tests/engines/test_vllm_block_sizes_reference.py).
 """
 
@@ -61,6 +61,11 @@ class BlockSizes:
         if any(a % b for b in got):
             raise ConfigError(f"align must be a multiple of every group's block size, got {a} for {got}")
         return cls(got, h, a)
+
+    @property
+    def one_size(self) -> bool:
+        """Every group's size is the hash block and the alignment (the one-size manager)."""
+        return self.hash_size == self.align
 
     def key_index(self, g: int, j: int) -> int:
         """The index of the fine hash that keys block ``j`` of group ``g``."""
@@ -114,8 +119,8 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
     positive int for every group, or a ``BlockSizes`` of one size per group (checked
     again by ``BlockSizes.of``, since a dataclass can be built around its checks).
     Raises ConfigError: not a positive int nor a ``BlockSizes``, sizes for another
-    number of groups, and, until the manager serves them (docs/groups.md), groups of
-    different block sizes or a hash block or alignment other than the one size."""
+    number of groups, and (not served yet, docs/groups.md) a Mamba group beside sizes
+    that are not ``one_size``."""
     if not isinstance(block_size, BlockSizes):
         b = check_positive("block_size", block_size)
         return BlockSizes((b,) * len(specs), b, b)
@@ -123,8 +128,8 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
     if len(got.sizes) != len(specs):
         raise ConfigError(f"block_size must name one block size per group ({len(specs)}), "
                           f"got {len(got.sizes)}: {got.sizes}")
-    if got.sizes[0] != got.hash_size or got.align != got.hash_size:
-        raise ConfigError(f"groups of different block sizes (or a hash block or alignment "
-                          f"other than the one block size) are not served by "
-                          f"HybridKVCacheManager yet (docs/groups.md), got {got}")
+    if not got.one_size and any(s.sparse for s in specs):
+        raise ConfigError(f"a Mamba group beside groups of different block sizes (or a hash "
+                          f"block or alignment other than the one block size) is not served "
+                          f"by HybridKVCacheManager yet (docs/groups.md), got {got}")
     return got

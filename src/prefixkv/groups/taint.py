@@ -26,13 +26,13 @@ from .request import GroupRequest
 from .spec import GroupSpec
 
 
-def reads_lost(specs: Sequence[GroupSpec], req: GroupRequest, p: int, block_size: int) -> bool:
+def reads_lost(specs: Sequence[GroupSpec], req: GroupRequest, p: int, sizes: Sequence[int]) -> bool:
     """Whether a recompute of ``req`` from ``p`` reads KV its tables no longer hold: a
     window's released entry that a query at ``p`` reads, or a Mamba state other than
     the one after ``p - 1`` (held where the last step ended, ``num_scheduled``, and
     where a step ended on a block's end and its block was recorded: a state block keeps
-    the state where its last step ended)."""
-    for g, spec in enumerate(specs):
+    the state where its last step ended). ``sizes``: each group's block size."""
+    for g, (spec, block_size) in enumerate(zip(specs, sizes, strict=True)):
         if spec.sparse:
             if 0 < p < req.num_scheduled and (
                     p % block_size or (b := req.tables[g][p // block_size - 1]) is None

@@ -1,0 +1,205 @@
+"""The hybrid manager for groups of different block sizes (vLLM's hybrid layouts,
+docs/groups.md): ``HybridKVCacheManager(groups, num_blocks, BlockSizes.of(sizes))``
+makes a ``SizedHybridKVCacheManager`` when the sizes are not ``one_size``.
+
+    tokens       | 0 .. h-1 | h .. 2h-1 | 2h .. 3h-1 | 3h .. 4h-1 | ...
+    prefix ids   | nodes[0] | nodes[1]  | nodes[2]   | nodes[3]   |  (one per hash block)
+    group of 2h  |        block 0       |        block 1          |  keyed nodes[1], nodes[3]
+
+A request's ``nodes`` are the prefix ids of its full hash blocks (``sizes.hash_size``
+tokens each); group g's table holds ``blocks_for(n, sizes.sizes[g])`` entries, its block
+j found under ``nodes[sizes.key_index(g, j)]`` (the fine hash at the block's last
+boundary, as vLLM keys it). A group records (makes findable) its blocks only up to the
+scheduled tokens rounded down to ``sizes.align``, and a window only those a hit can read
+(``BlockSizes.caches``: vLLM's ``reachable_block_mask``); hits are
+``BlockSizes.longest_hit``'s, multiples of ``align`` (sized_admission.py). Windows
+release per group at the group's own size; released and freed blocks go in vLLM's plain
+order (group by group, each group's last block first). Not served yet, refused with
+ConfigError: ``rewind``, ``fork``, ``uncache_blocks``, ``peek``, and (at construction)
+a Mamba group; no partial tail entries (vLLM's ``cache_partial_block``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from itertools import chain
+from typing import NoReturn
+
+from ..core.block import Block, blocks_for
+from ..errors import ConfigError, check_count
+from ..index.announce import Prepared
+from . import sized_admission
+from .growth import Growth
+from .manager import HybridKVCacheManager
+from .request import GroupRequest
+from .results import GroupFork
+
+
+def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared: Prepared) -> None:
+    """Give hash blocks ``first..`` their prefix ids (the request's hold moves to the
+    last), then index in each group its blocks from the aligned end before them
+    (``first`` hash blocks, rounded down to ``align``) up to ``num_scheduled``
+    rounded down to ``align``, where ``BlockSizes.caches`` says."""
+    chunks, extras, hashes = prepared
+    old = req.nodes[-1] if req.nodes else None
+    nodes = self._table.extend(old, chunks, extras, hashes)
+    req.nodes += nodes
+    self._table.hold(nodes[-1])
+    self._table.unhold(old)
+    sizes, h, every = self.sizes, self._hash_size, req.nodes
+    lo = first * h // sizes.align * sizes.align
+    hi = req.num_scheduled // sizes.align * sizes.align
+    for g, (spec, table, b) in enumerate(zip(self.groups, req.tables, self._group_sizes, strict=True)):
+        span = range(lo // b, hi // b)
+        if span:
+            part = [table[j] if sizes.caches(spec, g, hi, j) else None for j in span]
+            keyed = [every[sizes.key_index(g, j)] for j in span]
+            events = ([req.keys.for_event(j, b) for j in span] if self._index.hashing else None)
+            self._index.store(g, part, keyed, span.start, req.tokens, events, b,  # type: ignore[arg-type]
+                              b // h)
+
+
+def _more(self: HybridKVCacheManager, req: GroupRequest, covered: int) -> list[int]:
+    """Per group, the entries its table lacks to cover ``[0, covered)``."""
+    return [max(0, blocks_for(covered, b) - len(t))
+            for b, t in zip(self._group_sizes, req.tables, strict=True)]
+
+
+def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int]) -> Growth:
+    """Append ``more[g]`` free blocks to group g's table (the caller checked they are
+    there); their ids, per group."""
+    fresh = self._pool.take(sum(more))
+    added = []
+    for g, (table, m) in enumerate(zip(req.tables, more, strict=True)):
+        new, fresh = fresh[:m], fresh[m:]
+        self._index.own(g, new)
+        table += new
+        added.append(tuple([b.block_id for b in new]))
+    return tuple(added)
+
+
+def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens: Sequence[int] | None,
+          prepared: Prepared | None = None) -> Growth | None:
+    """As the one-size ``_grow`` (growth.py), each group covering ``[0, total)`` at
+    its own block size, the prefix ids at the hash size."""
+    h, start, n = self._hash_size, req.num_scheduled, len(req.tokens)
+    going, freed = self._going(req, start)
+    more = _more(self, req, total)
+    if sum(more) > self._pool.num_free + freed:
+        return None
+    first, last = start // h, total // h
+    if new_tokens is not None:
+        req.tokens.extend(new_tokens)
+    try:
+        if prepared is None and first < last:
+            prepared = self._prepare(req, first, last, req.nodes[-1] if req.nodes else None, req.prompt)
+    except ConfigError:
+        del req.tokens[n:]  # (a hash_mode callable failed: nothing changes)
+        raise
+    self._release(req, going)
+    added = _take(self, req, more)
+    req.num_scheduled, req.step_start = total, max(start, req.step_start)
+    if total >= n:  # (the prefill's last chunk: its prepared prompt is done with)
+        req.prompt = None
+    if prepared is not None:
+        self._record(req, first, prepared)
+    return added
+
+
+def _roomy(self: HybridKVCacheManager, req: GroupRequest) -> bool:
+    """Whether one more token at ``num_scheduled`` fills no hash block (so no block of
+    any group, nor an aligned end), lands in a block every table has and moves no
+    window past a block."""
+    n, h = req.num_scheduled, self._hash_size
+    return n % h != h - 1 and n < req.next_release and all(
+        n < len(t) * b for t, b in zip(req.tables, self._group_sizes, strict=True))
+
+
+def reserve(self: HybridKVCacheManager, request_id: Hashable, num_slots: int) -> Growth | None:
+    """As ``HybridKVCacheManager.reserve``, each group at its own block size."""
+    req = self._get(request_id)
+    check_count("num_slots", num_slots, 0, None)
+    covered = req.num_scheduled + num_slots
+    more = _more(self, req, covered)
+    if sum(more) > self._pool.num_free:
+        return None
+    req.num_reserved = max(req.num_reserved, covered)
+    return _take(self, req, more)
+
+
+def num_blocks_to_allocate(self: HybridKVCacheManager, request_id: Hashable, num_slots: int) -> int:
+    """As ``HybridKVCacheManager.num_blocks_to_allocate``, each group at its own
+    block size."""
+    req = self._get(request_id)
+    check_count("num_slots", num_slots, 0, None)
+    return max(0, sum(_more(self, req, num_slots)) - self._going(req, req.num_scheduled)[1])
+
+
+def _release_order(self: HybridKVCacheManager, req: GroupRequest,
+                   going: list[list[Block | None]]) -> list[Block]:
+    """vLLM's plain order (``GroupRequest.release``): free_order.py and
+    release_order.py reason about hits of whole blocks at one size."""
+    return req.release(going)
+
+
+def _free_order(self: HybridKVCacheManager, req: GroupRequest, longer: bool) -> list[Block]:
+    """vLLM's plain order: group by group, each group's last block first."""
+    return [b for b in chain.from_iterable(map(reversed, req.tables)) if b is not None]
+
+
+def _check_request(self: HybridKVCacheManager, req: GroupRequest) -> str | None:
+    """``GroupRequest.check``, and each group's block holding content exactly where it
+    is recorded: below the scheduled tokens rounded down to ``align``, where
+    ``BlockSizes.caches`` says (while its prefix id is not lost)."""
+    sizes, n = self.sizes, req.num_scheduled
+    for g, (spec, table) in enumerate(zip(self.groups, req.tables, strict=True)):
+        for j in range(req.cut[g], min(len(table), n // sizes.sizes[g])):
+            b, node = table[j], req.nodes[sizes.key_index(g, j)]
+            if b is not None and not node.lost and (b.key is not None) != sizes.caches(spec, g, n, j):
+                return (f"request {req.request_id!r} group {g}: block {j} "
+                        f"{'holds' if b.key is not None else 'lacks'} content at {n} tokens")
+    return req.check(self.groups, sizes)
+
+
+def _refuse(what: str) -> NoReturn:
+    raise ConfigError(f"{what} is not served with groups of different block sizes yet "
+                      f"(docs/groups.md)")
+
+
+def rewind(self: HybridKVCacheManager, request_id: Hashable, num_tokens: int) -> None:
+    """Not served with different block sizes yet: raises ConfigError."""
+    _refuse("rewind")
+
+
+def fork(self: HybridKVCacheManager, parent_id: Hashable, child_id: Hashable) -> GroupFork | None:
+    """Not served with different block sizes yet: raises ConfigError."""
+    _refuse("fork")
+
+
+def uncache_blocks(self: HybridKVCacheManager, block_ids: Iterable[int]) -> None:
+    """Not served with different block sizes yet: raises ConfigError."""
+    _refuse("uncache_blocks")
+
+
+class SizedHybridKVCacheManager(HybridKVCacheManager):
+    """A ``HybridKVCacheManager`` whose groups' block sizes differ (or whose hash block
+    or alignment is not its one size): made by ``HybridKVCacheManager(groups,
+    num_blocks, block_size=BlockSizes.of(...))``; the module says what differs.
+    ``block_size`` is ``sizes.align``: every hit and every recorded prefix is a
+    multiple of it."""
+
+    _serves_sizes = True
+    _admit = sized_admission._admit
+    _hit_nodes = sized_admission._hit_nodes
+    lookup_block_ids = sized_admission.lookup_block_ids
+    _record = _record
+    _grow = _grow
+    _roomy = _roomy
+    reserve = reserve
+    num_blocks_to_allocate = num_blocks_to_allocate
+    _release_order = _release_order
+    _free_order = _free_order
+    _check_request = _check_request
+    rewind = rewind
+    fork = fork
+    uncache_blocks = uncache_blocks

@@ -1,0 +1,127 @@
+"""Admission and lookups of a hybrid manager whose groups' block sizes differ
+(``SizedHybridKVCacheManager``, sized.py): the hit is ``BlockSizes.longest_hit``'s over
+the prefix ids of the prompt's full hash blocks, a multiple of ``align``; group g takes
+the hit's ``L // b_g`` blocks but those its window no longer reads, and fresh blocks up
+to the scheduled tokens and the lookahead at its own size. The checks before any change
+are ``add_request``'s (admission.py), which calls ``_admit`` here once they pass."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import islice
+from typing import TYPE_CHECKING
+
+from ..core.block import Block, blocks_for
+from ..core.prompt import Prompt
+from ..core.request import RequestKeys
+from ..errors import ConfigError, PromptTooLongError
+from ..extra_keys import ExtraKeys
+from .hits import longest_sized_hit
+from .lookup import peeking
+from .prefixes import Prefix
+from .request import GroupRequest
+from .results import GroupAdmission
+
+if TYPE_CHECKING:
+    from .manager import HybridKVCacheManager
+
+
+def _hit_nodes(self: HybridKVCacheManager, chunks: Sequence[bytes], keys: RequestKeys, n: int,
+               max_hit_tokens: int | None, peek: Sequence[bool], alone: list[int] | None) -> list[Prefix]:
+    """The prefix ids (one per hash block) of the longest prefix, a multiple of
+    ``align`` and at most ``n - 1`` tokens (and ``max_hit_tokens``), that every group
+    serves; ``alone[g]``: the hash blocks group g alone serves (aligned to its own
+    size). Raises ConfigError for ``peek`` (not served with different sizes yet)."""
+    if any(peek):
+        raise ConfigError("peek is not served with groups of different block sizes yet (docs/groups.md)")
+    h, sizes, find = self._hash_size, self.sizes, self._index.find
+    walked = (n - 1 if max_hit_tokens is None else min(n - 1, max_hit_tokens)) // h
+    nodes = self._table.walk(chunks, keys.of_blocks(0, walked), walked)
+
+    def cached(g: int, j: int) -> bool:
+        return find(g, nodes[sizes.key_index(g, j)]) is not None
+    if alone is not None:
+        for g, (spec, b) in enumerate(zip(self.groups, self._group_sizes, strict=True)):
+            alone[g] = longest_sized_hit((spec,), (b,), b, len(nodes) * h,
+                                         lambda _, j, g=g: cached(g, j)) // h  # type: ignore[misc]
+    return nodes[:sizes.longest_hit(self.groups, len(nodes) * h, cached) // h]
+
+
+def _window_hits(self: HybridKVCacheManager, nodes: list[Prefix],
+                 first: int | None = None) -> tuple[list[int], list[list[Block]]]:
+    """Per group, the leading blocks its window no longer reads at ``first`` (default:
+    the hit's end) and the hit's blocks past them (``L // b_g`` in all), in order."""
+    sizes, hit = self.sizes, len(nodes) * self._hash_size
+    at = hit if first is None else first
+    cuts = [s.num_unread(at, b) for s, b in zip(self.groups, sizes.sizes, strict=True)]
+    return cuts, [[self._index.find(g, nodes[sizes.key_index(g, j)])  # type: ignore[misc]
+                   for j in range(cuts[g], hit // b)] for g, b in enumerate(sizes.sizes)]
+
+
+def lookup_block_ids(self: HybridKVCacheManager, prompt_token_ids: Sequence[int] | Prompt, *,
+                     extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,
+                     peek: bool | Sequence[bool] = False) -> tuple[tuple[int, ...], ...]:
+    """As ``HybridKVCacheManager.lookup_block_ids``: group g's ``L // b_g`` entries."""
+    nodes = self._find(None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
+                       peek=peeking(self.groups, peek))[1]
+    null = self.null_block_id
+    cuts, hits = _window_hits(self, nodes)
+    return tuple((null,) * cut + tuple([b.block_id for b in found])  # type: ignore[misc]
+                 for cut, found in zip(cuts, hits, strict=True))
+
+
+def least_blocks(self: HybridKVCacheManager, n: int, num_new: int | None, lookahead: int,
+                 full_fit: bool) -> int:
+    """The fewest blocks, all groups together, that an admission of ``n`` tokens with
+    these arguments and the rest of its prefill need at some point, over every aligned
+    hit it could find (``groups.fit.least_blocks`` at per-group sizes)."""
+    pairs = list(zip(self.groups, self._group_sizes, strict=True))
+    done = sum(blocks_for(n, b) - s.num_unread(n - 1, b) for s, b in pairs)
+
+    def after(hit: int) -> int:  # blocks held right after an admission that hit ``hit`` tokens
+        total = n if num_new is None else min(n, hit + num_new)
+        out = 0
+        for s, b in pairs:
+            fresh = blocks_for(total + lookahead, b) - hit // b
+            if full_fit:
+                fresh = max(fresh, blocks_for(n, b) - hit // b)
+            out += fresh + hit // b - s.num_unread(hit, b)
+        return out
+    return max(done, min(after(hit) for hit in range(0, n, self.sizes.align)))
+
+
+def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], prompt: Prompt | None,
+           num_new_tokens: int | None, resumed: bool, num_lookahead_tokens: int,
+           require_full_fit: bool, keep_free: int, num_external_tokens: int) -> GroupAdmission | None:
+    """``add_request`` once its arguments are checked and its hit found (``nodes``),
+    each group at its own block size."""
+    sizes, h = self._group_sizes, self._hash_size
+    n, k = len(req.tokens), len(nodes)
+    num_cached, usable = k * h, self.num_blocks - (self._null is not None)
+    if sum(blocks_for(n + num_lookahead_tokens, b) for b in sizes) > usable:  # else it fits
+        need = least_blocks(self, n, num_new_tokens, num_lookahead_tokens, require_full_fit)
+        if need > usable:
+            raise PromptTooLongError(n, need, usable, " usable (all groups' blocks counted together)")
+    total = n if num_new_tokens is None else min(n, num_cached + num_new_tokens)
+    first = min(num_cached + num_external_tokens, n)  # the first query's position
+    cuts, hits = _window_hits(self, nodes, first)
+    covered = [blocks_for(total + num_lookahead_tokens, b) for b in sizes]
+    cuts = [min(c, v) for c, v in zip(cuts, covered, strict=True)]  # (a window's: none below its cut)
+    more = [v - c - len(found) for v, c, found in zip(covered, cuts, hits, strict=True)]
+    held = [b for found in hits for b in found]
+    fit = sum(blocks_for(n, b) - num_cached // b for b in sizes) if require_full_fit else 0
+    if not self._pool.can_acquire(held, max(sum(more) + keep_free, fit)):
+        return None
+    prepared = None  # (the new full hash blocks' data: computed before any change)
+    if total // h > k:
+        prepared = self._prepare(req, k, total // h, nodes[-1] if nodes else None, prompt)
+    fresh = iter(self._pool.acquire(held, sum(more))[len(held):])
+    req.cut = cuts
+    for g, (found, m) in enumerate(zip(hits, more, strict=True)):
+        new = list(islice(fresh, m))
+        self._index.own(g, new)
+        req.tables[g] = [*[None] * cuts[g], *found, *new]
+        self._hit_blocks[g] += len(found)
+    return self._enter(req, nodes, prompt, prepared, first, total, num_lookahead_tokens, resumed)
+
+

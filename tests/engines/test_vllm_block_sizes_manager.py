@@ -1,0 +1,108 @@
+"""prefixkv's hybrid manager with groups of DIFFERENT block sizes
+(``SizedHybridKVCacheManager``, groups/sized.py) against vLLM 0.33's own
+``KVCacheManager`` (from the wheel), call for call: random prompts of shared stems are
+admitted (vLLM: ``get_computed_blocks`` then ``allocate_slots``) and prefilled in
+chunks of a random size (one ``allocate_slots`` / ``extend`` a chunk), decoded a few
+tokens (one ``allocate_slots`` a token), and freed or kept; after each call both give
+the same hit, the same block ids in every group (the null block where a window
+released one) and the same number of free blocks. Block ids are compared until
+prefixkv holds a spare (a second block computing a prefix its group holds: a request
+recomputing the unaligned tail of a hit): vLLM keeps such a copy cached, prefixkv
+empties it when it is freed (groups/index.py), so the free queues differ from there on,
+at any block size; then the tables are compared by their null entries and lengths.
+The layouts are test_vllm_block_sizes_reference.py's, whose reference states the
+rules. Needs vllm."""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import reduce
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefixkv.groups import BlockSizes, HybridKVCacheManager
+
+from . import skip_module_without_vllm
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+skip_module_without_vllm()
+pytest.importorskip("torch")
+
+from .test_vllm_block_sizes_reference import LAYOUTS, PROMPT, _request, _vllm, group_specs  # noqa: E402
+
+NUM_BLOCKS = 400  # (_vllm's pool, its null block 0 included)
+
+
+def ours(groups):
+    """prefixkv's manager of a layout, its block ids as vLLM's: vLLM always reserves
+    block 0 as its null block; prefixkv does when a group releases blocks, else its
+    ids start at 0 (one more is added to them)."""
+    sizes = BlockSizes.of([b for b, _ in groups])
+    specs = group_specs(groups)
+    shift = int(not any(s.releases for s in specs))
+    m = HybridKVCacheManager(specs, NUM_BLOCKS - shift, sizes, hash_mode="sha256", seed=0)
+    return m, shift
+
+
+def as_vllms(m, shift, tables, exact):
+    """prefixkv's block ids as vLLM's (exact), or only which are the null block."""
+    null = m.null_block_id
+    return [[0 if b == null else b + shift if exact else -1 for b in ids] for ids in tables]
+
+
+def same_tables(m, shift, rid, theirs, exact):
+    mine = as_vllms(m, shift, m.get_block_ids(rid), exact)
+    assert mine == [[b if exact or b == 0 else -1 for b in ids] for ids in theirs], (rid, mine, theirs)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@settings(max_examples=25, deadline=None)
+@given(runs=st.lists(st.tuples(PROMPT, st.integers(1, 120), st.integers(0, 40), st.booleans()),
+                    min_size=1, max_size=6), probe=PROMPT)
+def test_the_manager_gives_vllms_hits_and_block_ids_per_group(layout, runs, probe):
+    groups = LAYOUTS[layout]
+    hash_size = reduce(math.gcd, (b for b, _ in groups))
+    lcm = reduce(math.lcm, (b for b, _ in groups))
+    v = _vllm(groups, hash_size, lcm)
+    m, shift = ours(groups)
+    assert m.block_size == lcm
+    exact = True
+    for i, (tokens, chunk, decode, free) in enumerate(runs):
+        r = _request(f"r{i}", tokens, hash_size)
+        blocks, hit, *_ = v.get_computed_blocks(r)
+        assert m.lookup(tokens) == hit
+        step = min(chunk, len(tokens) - hit)
+        assert v.allocate_slots(r, step, hit, blocks) is not None
+        got = m.add_request(r.request_id, tokens, num_new_tokens=chunk)
+        assert got is not None and got.num_cached_tokens == hit
+        r.num_computed_tokens = hit + step
+        while True:
+            exact = exact and not any(m._index.twins)
+            same_tables(m, shift, r.request_id, v.get_block_ids(r.request_id), exact)
+            step = min(chunk, len(tokens) - r.num_computed_tokens)
+            if not step:
+                break
+            assert v.allocate_slots(r, step) is not None
+            assert m.extend(r.request_id, step) is not None
+            r.num_computed_tokens += step
+        for t in range(decode):  # (tokens of this request's own: no other computes them)
+            r.append_output_token_ids(1000 + 50 * i + t)
+            assert v.allocate_slots(r, 1) is not None
+            assert m.append_tokens(r.request_id, [1000 + 50 * i + t]) is not None
+            r.num_computed_tokens += 1
+            exact = exact and not any(m._index.twins)
+            same_tables(m, shift, r.request_id, v.get_block_ids(r.request_id), exact)
+        if free:
+            v.free(r)
+            m.free(r.request_id)
+        assert m.num_free_blocks == v.block_pool.get_num_free_blocks()
+        m.check_invariants()
+    r = _request("probe", probe, hash_size)
+    blocks, hit, *_ = v.get_computed_blocks(r)
+    assert m.lookup(probe) == hit
+    want = blocks.get_block_ids() if hit else [[]] * len(groups)
+    assert as_vllms(m, shift, m.lookup_block_ids(probe), exact) == \
+        [[b if exact or b == 0 else -1 for b in ids] for ids in want]
