@@ -70,6 +70,7 @@ class KVCacheManager(StepCalls):
         # the hashes' block size (extra keys of prompt embeddings are cut at it): the
         # groups' one size, or the gcd-like size vLLM hashes at beside groups of different sizes
         self.hash_block_size = layout.sizes.hash_size
+        self.group_sizes = layout.sizes.sizes  # (each group's own block size)
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
         # set by prefixkv's Scheduler when its publisher builds events (handoff.py)
@@ -163,9 +164,10 @@ class KVCacheManager(StepCalls):
         return *self.get_computed_blocks(request, max_cache_hit_length), False
 
     def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks:
-        """``blocks`` cut to the first ``num_computed_tokens`` (a multiple of block_size)."""
-        n = num_computed_tokens // self.block_size
-        return KVCacheBlocks(tuple(list(g[:n]) for g in blocks.blocks))
+        """``blocks`` cut to the first ``num_computed_tokens`` (a multiple of block_size):
+        each group's first ``num_computed_tokens // its block size``."""
+        return KVCacheBlocks(tuple(list(g[:num_computed_tokens // b])
+                                   for g, b in zip(blocks.blocks, self.group_sizes, strict=True)))
 
     # ---- allocation ------------------------------------------------------------------------
 
