@@ -184,3 +184,24 @@ def test_random_calls_keep_the_sized_manager_sound(layout, pool, ops):
         if got is None:
             assert ({q: m.get_block_ids(q) for q in live}, m.num_free_blocks) == before
         m.check_invariants()
+
+
+def test_what_a_request_computes_after_a_block_that_lost_its_kv_is_never_found():
+    # a computes a 40-token prompt (its blocks below 32 recorded), c the same prompt
+    # without reading the cache (its blocks are spares of a's); b hits a's 32 tokens
+    # and ends there; a is freed before any of its tokens were computed: its blocks
+    # lose their content (the prefix stays found in c's spares), so what b computes on
+    # top of them (from its last hit block on: the one-size manager's cut_off) is never
+    # found, as at one block size
+    for sizes in (8, BlockSizes.of([8, 16])):
+        m = HybridKVCacheManager(GROUPS, 80, sizes)
+        prompt = list(range(40))
+        m.add_request("a", prompt)
+        m.add_request("c", prompt, read_cache=False)
+        assert m.add_request("b", prompt[:32] + [7]).num_cached_tokens == 32
+        m.free("a", num_computed_tokens=0)
+        m.check_invariants()
+        for _ in range(23):
+            m.append_tokens("b", [9])
+        m.check_invariants()
+        assert m.lookup(prompt[:32] + [7] + [9] * 23 + [1]) == 32, sizes

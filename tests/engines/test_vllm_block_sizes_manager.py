@@ -1,7 +1,8 @@
 """prefixkv's hybrid manager with groups of DIFFERENT block sizes
 (``SizedHybridKVCacheManager``, groups/sized.py) against vLLM 0.33's own
 ``KVCacheManager`` (from the wheel), call for call: random prompts of shared stems are
-admitted (vLLM: ``get_computed_blocks`` then ``allocate_slots``) and prefilled in
+admitted (vLLM: ``get_computed_blocks`` then ``allocate_slots``, with lookahead slots
+or none) and prefilled in
 chunks of a random size (one ``allocate_slots`` / ``extend`` a chunk), decoded a few
 tokens (one ``allocate_slots`` a token), and freed or kept; after each call both give
 the same hit, the same block ids in every group (the null block where a window
@@ -60,8 +61,8 @@ def same_tables(m, shift, rid, theirs, exact):
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @settings(max_examples=25, deadline=None)
-@given(runs=st.lists(st.tuples(PROMPT, st.integers(1, 120), st.integers(0, 40), st.booleans()),
-                    min_size=1, max_size=6), probe=PROMPT)
+@given(runs=st.lists(st.tuples(PROMPT, st.integers(1, 120), st.integers(0, 40), st.booleans(),
+                              st.sampled_from([0, 0, 1, 5, 17])), min_size=1, max_size=6), probe=PROMPT)
 def test_the_manager_gives_vllms_hits_and_block_ids_per_group(layout, runs, probe):
     groups = LAYOUTS[layout]
     hash_size = reduce(math.gcd, (b for b, _ in groups))
@@ -70,13 +71,13 @@ def test_the_manager_gives_vllms_hits_and_block_ids_per_group(layout, runs, prob
     m, shift = ours(groups)
     assert m.block_size == lcm
     exact = True
-    for i, (tokens, chunk, decode, free) in enumerate(runs):
+    for i, (tokens, chunk, decode, free, ahead) in enumerate(runs):
         r = _request(f"r{i}", tokens, hash_size)
         blocks, hit, *_ = v.get_computed_blocks(r)
         assert m.lookup(tokens) == hit
         step = min(chunk, len(tokens) - hit)
-        assert v.allocate_slots(r, step, hit, blocks) is not None
-        got = m.add_request(r.request_id, tokens, num_new_tokens=chunk)
+        assert v.allocate_slots(r, step, hit, blocks, num_lookahead_tokens=ahead) is not None
+        got = m.add_request(r.request_id, tokens, num_new_tokens=chunk, num_lookahead_tokens=ahead)
         assert got is not None and got.num_cached_tokens == hit
         r.num_computed_tokens = hit + step
         while True:

@@ -39,10 +39,13 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
     """Give hash blocks ``first..`` their prefix ids (the request's hold moves to the
     last), then index in each group its blocks from the aligned end before them
     (``first`` hash blocks, rounded down to ``align``) up to ``num_scheduled``
-    rounded down to ``align``, where ``BlockSizes.caches`` says."""
+    rounded down to ``align``, where ``BlockSizes.caches`` says. After a block the
+    request reads lost its content (``GroupIndex.uncache``, while its prefix stays in
+    another copy), the new prefix ids are lost ones, as the one-size ``_record``'s."""
     chunks, extras, hashes = prepared
     old = req.nodes[-1] if req.nodes else None
-    nodes = self._table.extend(old, chunks, extras, hashes)
+    cut = old is not None and not old.lost and _cut_off(self, req, first * self._hash_size)
+    nodes = self._table.extend(old, chunks, extras, hashes, cut)
     req.nodes += nodes
     self._table.hold(nodes[-1])
     self._table.unhold(old)
@@ -57,6 +60,18 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
             events = ([req.keys.for_event(j, b) for j in span] if self._index.hashing else None)
             self._index.store(g, part, keyed, span.start, req.tokens, events, b,  # type: ignore[arg-type]
                               b // h)
+
+
+def _cut_off(self: HybridKVCacheManager, req: GroupRequest, end: int) -> bool:
+    """Whether, in some group, the block holding position ``end - 1`` was recorded
+    (``BlockSizes.caches`` at ``end``) and holds no content now: its KV was found
+    invalid (``GroupIndex.cut_off``'s question, at each group's own size)."""
+    for g, (spec, table, b) in enumerate(zip(self.groups, req.tables, self._group_sizes, strict=True)):
+        j = (end - 1) // b
+        if j < len(table) and (blk := table[j]) is not None and blk.key is None \
+                and self.sizes.caches(spec, g, end, j):
+            return True
+    return False
 
 
 def _more(self: HybridKVCacheManager, req: GroupRequest, covered: int) -> list[int]:
@@ -148,14 +163,16 @@ def _free_order(self: HybridKVCacheManager, req: GroupRequest, longer: bool) -> 
 
 
 def _check_request(self: HybridKVCacheManager, req: GroupRequest) -> str | None:
-    """``GroupRequest.check``, and each group's block holding content exactly where it
-    is recorded: below the scheduled tokens rounded down to ``align``, where
-    ``BlockSizes.caches`` says (while its prefix id is not lost)."""
-    sizes, n = self.sizes, req.num_scheduled
+    """``GroupRequest.check``, and each group's block holding content only where it is
+    recorded (below the scheduled tokens rounded down to ``align``, where
+    ``BlockSizes.caches`` says), and there while its prefix id is not lost and no
+    content was lost since its admission (``GroupIndex.losses``)."""
+    sizes, n, sound = self.sizes, req.num_scheduled, req.losses == self._index.losses
     for g, (spec, table) in enumerate(zip(self.groups, req.tables, strict=True)):
         for j in range(req.cut[g], min(len(table), n // sizes.sizes[g])):
             b, node = table[j], req.nodes[sizes.key_index(g, j)]
-            if b is not None and not node.lost and (b.key is not None) != sizes.caches(spec, g, n, j):
+            if b is not None and not node.lost and (b.key is not None or sound) and \
+                    (b.key is not None) != sizes.caches(spec, g, n, j):
                 return (f"request {req.request_id!r} group {g}: block {j} "
                         f"{'holds' if b.key is not None else 'lacks'} content at {n} tokens")
     return req.check(self.groups, sizes)
