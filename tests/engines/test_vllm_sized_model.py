@@ -137,9 +137,9 @@ class Pair:
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @settings(max_examples=30, deadline=None)
-@given(extra=st.integers(0, 30), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
+@given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
 def test_the_sized_reference_runs_as_vllms_manager(layout, extra, ops, probe):
-    # a pool from a little over one longest request (constant eviction) to roomy
+    # a pool a little over one longest request: constant eviction, refusals
     groups = LAYOUTS[layout]
     pair = Pair(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 1 + extra)
     for op, a, b in ops:
