@@ -324,10 +324,10 @@ def test_a_slot_is_pinned_once_however_often_it_is_held():
 def test_the_check_reports_a_slot_counted_through_a_run():
     """The tier writes a slot's ``refs`` itself (no property call): a slot that a run
     counted would be miscounted, so ``check`` names it."""
-    from prefixkv.core.run import Run, RunCounts
+    from prefixkv.core.run import RunCounts, new_run
     tier = HostTier(2, EventLog(0))
     assert tier.check() is None
-    tier.slots[1].counted = Run([tier.slots[1]], b"xy", b"", 0, 0, RunCounts())
+    tier.slots[1].counted = new_run([tier.slots[1]], b"xy", b"", 0, 0, RunCounts(), 0)
     assert "counted through a run" in tier.check()
 
 

@@ -31,12 +31,11 @@ from .events import Event
 class Deferred:
     """Events not built yet: ``count`` of them, which ``events()`` builds (exactly once,
     in log order: building them may set state that later items read, such as the chain
-    hashes of the blocks they name)."""
+    hashes of the blocks they name). ``count`` is set by the subclass that makes one
+    (no ``__init__`` here: ``StoredRun`` has none, see ``stored_run``)."""
 
     __slots__ = ("count",)
-
-    def __init__(self, count: int) -> None:
-        self.count = count
+    count: int
 
     def events(self) -> list[Event]:
         raise NotImplementedError

@@ -80,8 +80,8 @@ def _spec(block_size: int, window: int | None) -> Any:
                              sliding_window=window)
 
 
-def _vllm(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int, events: bool = False,
-          num_blocks: int = 400) -> Any:
+def _vllm(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int, num_blocks: int = 400,
+          events: bool = False) -> Any:
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -89,6 +89,18 @@ def _vllm(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int, 
     init_none_hash(sha256)
     return KVCacheManager(config(*(_spec(b, w) for b, w in groups), num_blocks=num_blocks), max_model_len=256,
                           scheduler_block_size=lcm, hash_block_size=hash_size, enable_kv_cache_events=events)
+
+
+def _run(m: Any, rid: str, tokens: list[int], hash_size: int, free: bool) -> tuple[Any, int]:
+    """Admit ``tokens`` as ``rid`` on ``m`` with its hit, computed whole (cached as the
+    manager caches); freed when ``free``. The request and its hit."""
+    r = _request(rid, tokens, hash_size)
+    blocks, hit, *_ = m.get_computed_blocks(r)
+    assert m.allocate_slots(r, len(tokens) - hit, hit, blocks) is not None
+    r.num_computed_tokens = len(tokens)
+    if free:
+        m.free(r)
+    return r, hit
 
 
 def _request(rid: str, tokens: list[int], hash_size: int) -> Any:
@@ -116,12 +128,7 @@ def test_the_reference_gives_vllms_hit_and_blocks_per_group(layout, runs, probe)
     lcm = reduce(math.lcm, (b for b, _ in groups))
     m = _vllm(groups, hash_size, lcm)
     for i, (tokens, free) in enumerate(runs):
-        r = _request(f"r{i}", tokens, hash_size)
-        blocks, hit, *_ = m.get_computed_blocks(r)
-        assert m.allocate_slots(r, len(tokens) - hit, hit, blocks) is not None
-        r.num_computed_tokens = len(tokens)
-        if free:
-            m.free(r)
+        _run(m, f"r{i}", tokens, hash_size, free)
     r = _request("probe", probe, hash_size)
     blocks, hit, *_ = m.get_computed_blocks(r)
     pool = m.coordinator.block_pool
@@ -229,3 +236,49 @@ def test_the_reference_gives_the_blocks_vllm_announces_per_group(layout, n):
     assert len(got) == len(set(got))
     assert set(got) == reference_stored(groups, hash_size, lcm, n)
     assert sorted(got) == sorted(BlockSizes.of([b for b, _ in groups]).stored(group_specs(groups), n))
+
+
+def _hash_and_lcm(groups: tuple[tuple[int, int | None], ...]) -> tuple[int, int]:
+    """vLLM's hash and scheduler block sizes of a layout: the gcd and the lcm of its sizes."""
+    sizes = [b for b, _ in groups]
+    return reduce(math.gcd, sizes), reduce(math.lcm, sizes)
+
+
+def _plugin(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int) -> Any:
+    """prefixkv's plug-in over the layout ``_vllm`` gives vLLM's manager."""
+    from prefixkv.integrations.vllm import KVCacheManager
+
+    return KVCacheManager(config(*(_spec(b, w) for b, w in groups), num_blocks=400), max_model_len=256,
+                          scheduler_block_size=lcm, hash_block_size=hash_size)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@settings(max_examples=40, deadline=None)
+@given(runs=st.lists(st.tuples(PROMPT, st.booleans()), min_size=1, max_size=6), probe=PROMPT)
+def test_prefixkv_gives_vllms_hit_and_true_blocks_per_group(layout, runs, probe):
+    # the third side: prefixkv's plug-in, for the same calls as vLLM's manager, gives
+    # the same hit, each group's table as long with its null entries where vLLM's are,
+    # and each hit block one that holds, in that group, the probe's prefix up to its end
+    groups = LAYOUTS[layout]
+    hash_size, lcm = _hash_and_lcm(groups)
+    sides = [_vllm(groups, hash_size, lcm), _plugin(groups, hash_size, lcm)]
+    holds: list[dict[tuple[int, int], tuple[int, ...]]] = [{}, {}]  # (group, block) -> prefix
+    for i, (tokens, free) in enumerate(runs):
+        for m, held in zip(sides, holds, strict=True):
+            r, hit = _run(m, f"r{i}", tokens, hash_size, False)
+            for g, ((b, _), ids) in enumerate(zip(groups, m.get_block_ids(r.request_id), strict=True)):
+                for j, x in enumerate(ids):
+                    if x != NULL and j >= hit // b:  # (computed here: whole or not)
+                        held[(g, x)] = tuple(tokens[:(j + 1) * b])
+            if free:
+                m.free(r)
+    got = []
+    for m, held in zip(sides, holds, strict=True):
+        r = _request("probe", probe, hash_size)
+        blocks, hit, *_ = m.get_computed_blocks(r)
+        tables = [list(g) for g in blocks.get_block_ids()] if hit else [[] for _ in groups]
+        for g, ((b, _), ids) in enumerate(zip(groups, tables, strict=True)):
+            assert len(ids) * b == hit, (g, ids, hit)
+            assert all(held[(g, x)] == tuple(probe[:(j + 1) * b]) for j, x in enumerate(ids) if x != NULL)
+        got.append((hit, [[x == NULL for x in ids] for ids in tables]))
+    assert got[0] == got[1], got

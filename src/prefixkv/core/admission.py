@@ -182,7 +182,11 @@ def add_request(
         if len(tokens) >= GROW_AT:
             grow_room(tokens)
     n, bs, chunks, keys = len(tokens), self.block_size, p.chunks, p.keys
-    req = Request(request_id, tokens, keys)  # (no prompt fields: nothing here reads them)
+    # (``new_request`` inline, its list not made: ``Request`` has no ``__init__``, whose
+    # call enters the interpreter again from C, paths cold after the forward pass)
+    req = Request()
+    req.request_id, req.tokens, req.keys = request_id, tokens, keys
+    req.prompt_chunks = req.prompt = req.prompt_hashes = None
     # the prompt's blocks counted from its full ones, ``n // bs``, without ``//``: its C
     # path (``long_div``, ~12 lines of machine code) is cold after the forward pass
     full = len(chunks)

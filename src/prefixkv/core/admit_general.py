@@ -24,7 +24,7 @@ from ..results import Admission, StoreWait, admission_of
 from ..store.fetch import Fetch
 from .block import Block, blocks_for, hit_limit, key_chunk
 from .prompt import Prompt, encode_prompt, unpack_prompt
-from .request import GROW_AT, Request, grow_room
+from .request import GROW_AT, Request, grow_room, new_request
 
 if TYPE_CHECKING:
     from .manager import KVCacheManager
@@ -232,7 +232,7 @@ def _find(self: KVCacheManager, request_id: Hashable, prompt_token_ids: Sequence
     n, bs = len(tokens), self.block_size
     if admit is not None and n + admit[1] > self._max_slots:  # (else it always fits)
         self._check_fits(n, *admit)
-    req = Request(request_id, tokens, keys)
+    req = new_request(request_id, tokens, keys)
     req.prompt_chunks = chunks
     if p is not None:
         req.prompt, req.prompt_hashes = p, p.hashes

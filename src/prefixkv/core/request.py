@@ -82,27 +82,27 @@ class Request:
     prompt was prepared: ``prompt``, the ``Prompt`` (compared by identity only), and
     ``prompt_hashes``, the chain hashes of the full blocks if it holds them; a prepared
     prompt's chunks and hashes are kept until its prefill is fully scheduled (its
-    ``extend`` calls read them)."""
+    ``extend`` calls read them). No ``__init__``: ``new_request`` makes one (``add_request``'s
+    common case sets the fields itself), as ``Run``."""
 
     __slots__ = ("request_id", "tokens", "keys", "blocks", "num_cached", "num_scheduled",
                  "num_reserved", "prompt_chunks", "prompt", "prompt_hashes")
 
-    def __init__(self, request_id: Hashable, tokens: array[int], keys: RequestKeys) -> None:
-        self.request_id = request_id
-        self.tokens = tokens
-        self.keys = keys
-        self.blocks: list[Block] = []
-        self.num_cached = 0  # tokens of the prefix computed by others (hits, fork parent)
-        self.num_scheduled = 0
-        self.num_reserved = 0  # slots covered by blocks; >= num_scheduled when reserved
-        self.prompt_chunks: Sequence[bytes] | None = None
-        self.prompt: object = None
-        self.prompt_hashes: list[bytes] | None = None
+    request_id: Hashable
+    tokens: array[int]
+    keys: RequestKeys
+    blocks: list[Block]
+    num_cached: int  # tokens of the prefix computed by others (hits, fork parent)
+    num_scheduled: int
+    num_reserved: int  # slots covered by blocks; >= num_scheduled when reserved
+    prompt_chunks: Sequence[bytes] | None
+    prompt: object
+    prompt_hashes: list[bytes] | None
 
     def fork(self, request_id: Hashable, block_size: int) -> Request:
         """A child with a copy of the tokens, the same keys and counters; no blocks.
         Its cached prefix is the parent's full blocks (computed by the parent)."""
-        child = Request(request_id, array(self.tokens.typecode, self.tokens), self.keys)
+        child = new_request(request_id, array(self.tokens.typecode, self.tokens), self.keys)
         child.num_scheduled = self.num_scheduled
         child.num_reserved = self.num_reserved
         child.num_cached = self.num_scheduled - self.num_scheduled % block_size
@@ -117,6 +117,16 @@ class Request:
                     f"slots (want {want}), {self.num_scheduled} scheduled, "
                     f"{len(self.tokens)} known")
         return None
+
+
+def new_request(request_id: Hashable, tokens: array[int], keys: RequestKeys) -> Request:
+    """A ``Request`` with no blocks yet, nothing cached or scheduled."""
+    req = Request()
+    req.request_id, req.tokens, req.keys = request_id, tokens, keys
+    req.blocks = []
+    req.num_cached = req.num_scheduled = req.num_reserved = 0
+    req.prompt_chunks = req.prompt = req.prompt_hashes = None
+    return req
 
 
 class _Live(Protocol):

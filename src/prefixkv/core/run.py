@@ -81,26 +81,28 @@ class Run:
     anything but a claim of the whole run, a release or an eviction reads one of them.
     Pending implies shared: ``dissolve`` settles it first. ``pcid``: the head's content
     id (the first block's ``parent_cid``); ``cid0``: the first block's content id (block
-    i's is ``cid0 + i``)."""
+    i's is ``cid0 + i``).
+
+    No ``__init__``: ``new_run`` makes one, ``ContentRecorder._record_run`` (a miss's
+    store, once a step) sets the fields itself. A class called with an ``__init__``
+    enters the interpreter again from C (``slot_tp_init``, a frame of its own): paths
+    cold after the forward pass (benchmarks/results/events-r22.md)."""
 
     __slots__ = ("blocks", "data", "extra", "ok", "seen", "n", "shared", "fwd", "linked",
                  "counts", "pending", "pcid", "cid0")
-
-    def __init__(self, blocks: list[Block], data: bytes, extra: bytes, ok: int,
-                 seen: int, counts: RunCounts, pcid: int = 0) -> None:
-        self.blocks = blocks
-        self.data = data
-        self.extra = extra
-        self.ok = ok
-        self.seen = seen
-        self.n = 0
-        self.shared = False
-        self.fwd = False
-        self.linked = False
-        self.counts = counts
-        self.pending = False
-        self.pcid = pcid
-        self.cid0 = 0
+    blocks: list[Block]
+    data: bytes
+    extra: bytes
+    ok: int
+    seen: int
+    n: int
+    shared: bool
+    fwd: bool
+    linked: bool
+    counts: RunCounts
+    pending: bool
+    pcid: int
+    cid0: int
 
     def dissolve(self) -> None:
         """Give each block its own count again (the shared one), not shared from now on
@@ -179,3 +181,16 @@ class Run:
     def __repr__(self) -> str:
         return (f"Run(ok={self.ok}, n={self.n if self.shared else None}, len={len(self.blocks)}"
                 f"{', pending' if self.pending else ''})")
+
+
+def new_run(blocks: list[Block], data: bytes, extra: bytes, ok: int, seen: int,
+            counts: RunCounts, pcid: int) -> Run:
+    """A ``Run`` of ``blocks`` (see there), not shared, linked or pending yet: its first
+    block's parent has content id ``pcid``."""
+    run = Run()
+    run.blocks, run.data, run.extra = blocks, data, extra
+    run.ok, run.seen, run.counts = ok, seen, counts
+    run.n, run.shared, run.fwd = 0, False, False
+    run.linked, run.pending, run.pcid = False, False, pcid
+    run.cid0 = 0
+    return run

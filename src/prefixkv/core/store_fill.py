@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from itertools import islice
 
 from .block import Block
-from .run import Run, RunCounts
+from .run import Run, RunCounts, new_run
 
 __all__ = ["emptied", "fill_device", "fill_pending", "unpend"]
 
@@ -52,7 +52,7 @@ def fill_pending(blocks: Sequence[Block], parent_cid: int, extra: bytes, cids: S
     unregistered: ``ContentIndex.land_run`` records it (the blocks are in ``landing``
     until then: no check reads them); every path that empties the blocks instead clears
     their ``counted`` (``emptied``, ``unpend``). On the fetcher's thread."""
-    run = Run(list(islice(blocks, 1, None)), b"".join(chunks), extra, -1, 0, counts, cids[0])
+    run = new_run(list(islice(blocks, 1, None)), b"".join(chunks), extra, -1, 0, counts, cids[0])
     run.cid0 = cids[1]
     run.shared = run.linked = run.pending = True
     run.n = 1

@@ -105,7 +105,7 @@ class StoreWaits:
             # here for ``up`` and ``tail``, by the fetcher for the run's: ``store_fill``)
             kept = pool.acquire(hits[:d] if held else hits, 0) if d else []  # (first: a hit
             # is not evicted) then the new blocks: for the host hits, the run's, the tail's
-            taken = pool.take(len(slots) + first - d + 1, True)
+            up, taken = pool.take_split(first - d, len(slots) + 1)
         staged, views = self.buffers.views()
         keys = req.keys  # (the run's extra bytes listed by the fetcher: ``prepare``)
         f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
@@ -123,10 +123,8 @@ class StoreWaits:
             tail = taken.pop()  # would touch every block, cold; the landing lists the
             tail.counted = None  # request's blocks: ``Fetch.blocks``) (``unpend``, inlined)
             f.tail = [tail]
-            if first > d:  # the host hits' blocks, held after the device hits (empty until
-                up = taken[:first - d]  # the hits go up: below)
-                del taken[:first - d]
-                for b in up:  # (``unpend``, inlined)
+            if up:  # the host hits' blocks, held after the device hits (empty until
+                for b in up:  # the hits go up: below) (``unpend``, inlined)
                     b.counted = None
                 kept += up
             f.devices, f.held, f.step, f.index = taken, kept, index.step, index

@@ -84,20 +84,21 @@ class StoredRun(Deferred):
     of one request, the first one's parent being ``parent``, None for block 0), built
     when taken (``announce``). ``chunks``/``extras``: their token and extra-key bytes as
     recorded; ``spares``: ``position in blocks -> block found for that content`` of the
-    blocks that were spares when stored (not announced, but given the hash and event)."""
+    blocks that were spares when stored (not announced, but given the hash and event).
+    No ``__init__``: ``stored_run`` makes one (``ContentRecorder._store_run`` sets the
+    fields itself), as ``Run``."""
 
     __slots__ = ("hasher", "parent", "blocks", "chunks", "extras", "extra", "first", "bs",
                  "spares")
-
-    def __init__(self, hasher: Hasher, parent: Block | None, blocks: list[Block],
-                 chunks: Sequence[bytes], extras: list[bytes], extra: ExtraKeys | None,
-                 first: int, bs: int, spares: dict[int, Block] | None) -> None:
-        # (``Deferred.__init__`` inlined, and the count of a run without spares: one
-        # StoredRun an admission, on the scheduler's thread)
-        self.count = 1 if spares is None else _num_runs(len(blocks), spares)
-        self.hasher, self.parent, self.blocks = hasher, parent, blocks
-        self.chunks, self.extras, self.extra = chunks, extras, extra
-        self.first, self.bs, self.spares = first, bs, spares
+    hasher: Hasher
+    parent: Block | None
+    blocks: list[Block]
+    chunks: Sequence[bytes]
+    extras: list[bytes]
+    extra: ExtraKeys | None
+    first: int
+    bs: int
+    spares: dict[int, Block] | None
 
     def events(self) -> list[Event]:
         parent = self.parent.hash if self.parent is not None else None
@@ -106,6 +107,18 @@ class StoredRun(Deferred):
                                    self.chunks, self.extras)
         return announce(self.blocks, hashes, parent, self.chunks, self.first, self.bs,
                         self.extra, self.spares)
+
+
+def stored_run(hasher: Hasher, parent: Block | None, blocks: list[Block],
+               chunks: Sequence[bytes], extras: list[bytes], extra: ExtraKeys | None,
+               first: int, bs: int, spares: dict[int, Block] | None) -> StoredRun:
+    """The ``StoredRun`` of ``blocks`` (see there)."""
+    r = StoredRun()
+    r.count = 1 if spares is None else _num_runs(len(blocks), spares)
+    r.hasher, r.parent, r.blocks = hasher, parent, blocks
+    r.chunks, r.extras, r.extra = chunks, extras, extra
+    r.first, r.bs, r.spares = first, bs, spares
+    return r
 
 
 def _num_runs(n: int, spares: dict[int, Block] | None) -> int:

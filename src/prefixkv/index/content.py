@@ -184,7 +184,9 @@ class ContentIndex(DroppingIndex):
         p = _NO_PARENT  # (its content id is 0, a first block's parent_cid)
         b: Block | None
         i = 0  # the chunks compared: ``len(hits)`` (an index, not an iterator: a run skips
-        while i < n:  # its chunks with an addition, no ``islice``, a C path cold each step)
+        while True:  # its chunks with an addition, no ``islice``, a C path cold each step)
+            if i >= n:  # (not ``while i < n``: the loop is long, so its test's jump needs
+                break  # an ``EXTENDED_ARG``, after which 3.11 leaves the compare generic)
             chunk = chunks[i]
             # the parent's last child first: a verified guess saves hashing the chunk
             b = p.child

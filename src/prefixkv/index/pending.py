@@ -52,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..core.block import Block, ContentKey
-from ..core.run import Run
+from ..core.run import Run, new_run
 
 _NO_PARENT = Block(-1)  # the parent of a first block in the walk: never given a child
 
@@ -104,7 +104,7 @@ def split_pending(run: Run, k: int, width: int) -> list[Block]:
     cut.counted = None
     cut.refs = run.n
     if rest:  # (else ``cut`` was the run's last block: its child and ``starts`` are its own)
-        tail = Run(rest, data[(k + 1) * width:], extra, run.ok, run.seen, counts, cid)
+        tail = new_run(rest, data[(k + 1) * width:], extra, run.ok, run.seen, counts, cid)
         tail.pending = True
         tail.cid0 = cid + 1
         tail.shared, tail.n, tail.fwd, tail.linked = True, run.n, run.fwd, run.linked

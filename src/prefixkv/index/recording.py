@@ -17,7 +17,7 @@ from ..chunks import joined
 from ..core.block import NO_CHILD, Block, Key
 from ..core.request import Request
 from ..core.run import Run
-from .announce import Prepared, StoredRun
+from .announce import Prepared, StoredRun, stored_run
 from .cut_off import cut_off, record_cut_off
 from .landed import LandedRecorder
 
@@ -70,8 +70,8 @@ class ContentRecorder(LandedRecorder):
             b.content_id = slot.content_id
             lower.on_device(slot, b)
         if self.lazy:  # announced when the log is taken (``store``'s StoredRun, one block)
-            self._sink.defer(StoredRun(self._hasher, parent, [b], [chunk], [extra],
-                                       req.keys.extra, j, bs, None))
+            self._sink.defer(stored_run(self._hasher, parent, [b], [chunk], [extra],
+                                        req.keys.extra, j, bs, None))
 
     def store(self, req: Request, first: int, prepared: Prepared, data: bytes | None = None) -> None:
         """``Index.store``; ``data``: the chunks' bytes in one piece, if the caller has
@@ -166,9 +166,9 @@ class ContentRecorder(LandedRecorder):
             if self.fresh is not None:
                 self._note_fresh(self.fresh, req, first, len(hashes))
         elif self.lazy:  # announced when the log is taken: one StoredRun for the run
-            self._sink.defer(StoredRun(self._hasher, blocks[first - 1] if first else None,
-                                       blocks[first:first + len(chunks)], chunks, extras,
-                                       req.keys.extra, first, self._bs, spares))
+            self._sink.defer(stored_run(self._hasher, blocks[first - 1] if first else None,
+                                        blocks[first:first + len(chunks)], chunks, extras,
+                                        req.keys.extra, first, self._bs, spares))
 
     def _store_run(self, req: Request, first: int, parent: Block | None, cid: int,
                    chunks: Sequence[bytes], extras: list[bytes], data: bytes | None) -> bool:
@@ -214,8 +214,12 @@ class ContentRecorder(LandedRecorder):
                                          joined(chunks) if data is None else data, extra,
                                          nid, nid + 1)
         if self.lazy:  # announced when the log is taken: one StoredRun for the run
-            self._sink.defer(StoredRun(self._hasher, parent, blocks[first:first + len(chunks)],
-                                       chunks, extras, req.keys.extra, first, self._bs, None))
+            sr = StoredRun()  # (``stored_run`` inline, no spares: as ``Run()`` above)
+            sr.count = 1
+            sr.hasher, sr.parent, sr.blocks = self._hasher, parent, blocks[first:first + len(chunks)]
+            sr.chunks, sr.extras, sr.extra = chunks, extras, req.keys.extra
+            sr.first, sr.bs, sr.spares = first, self._bs, None
+            self._sink.defer(sr)
         return True
 
     def _record_run(self, head: Block, span: list[Block], chunks: Sequence[bytes], data: bytes,
@@ -231,9 +235,16 @@ class ContentRecorder(LandedRecorder):
         links the run's two ends alone, and the eviction takes them as one list."""
         parent = head  # (``span`` comes without it: no ``del``, whose C path is cold a step)
         counts = self.run_counts
-        run = head.starts = Run(span, data, extra, self._epoch, self.losses, counts, cid)
+        # (``new_run`` inline, shared and linked already: a class called with an
+        # ``__init__`` enters the interpreter again from C, paths cold after the forward
+        # pass; a call of the factory is a frame and a code object more)
+        run = head.starts = Run()
+        run.blocks, run.data, run.extra = span, data, extra
+        run.ok, run.seen, run.counts = self._epoch, self.losses, counts
         run.shared = run.linked = True
         run.n = 1
+        run.fwd = run.pending = False
+        run.pcid, run.cid0 = cid, 0
         counts.shared += 1
         if self.pending_runs and (not self.hashing or self.lazy):  # (no hash computed now;
             # a deferred build reads none) pending (``pending.py``): ``counted`` and the

@@ -5,7 +5,7 @@ run of its own). ``ContentIndex.claim``'s (content.py)."""
 from __future__ import annotations
 
 from ..core.block import Block
-from ..core.run import Run
+from ..core.run import Run, new_run
 
 
 def agree(known: bytes, data: bytes, at: int, end: int, width: int) -> int:
@@ -32,8 +32,8 @@ def split_run(run: Run, k: int, width: int) -> list[Block]:
     bytes. Returns the blocks ``run`` keeps."""
     known = run.blocks
     counts = run.counts
-    tail = Run(known[k:], run.data[k * width:], run.extra, run.ok, run.seen,  # (headed by
-               counts, known[k - 1].content_id)  # known[k - 1])
+    tail = new_run(known[k:], run.data[k * width:], run.extra, run.ok, run.seen,  # (headed by
+                   counts, known[k - 1].content_id)  # known[k - 1])
     run.blocks = known = known[:k]
     run.data = run.data[:(k + 1) * width]
     _settle_headed(known[-1])

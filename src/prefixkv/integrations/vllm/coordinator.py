@@ -61,7 +61,9 @@ class CoordinatorView:
         self._num_sparse = sum(self._sparse)
         self._num_dense = len(self._sparse) - self._num_sparse
         self.block_size = layout.block_size
-        self.single_type_managers = tuple(GroupView(manager, g, layout.block_size, spec)
+        self._sizes = layout.sizes.sizes  # (each group's own block size)
+        self._one_size = layout.one_size
+        self.single_type_managers = tuple(GroupView(manager, g, self._sizes[g], spec)
                                           for g, spec in enumerate(layout.specs))
         self.eagle_group_ids: tuple[int, ...] = ()
         self.num_reprefillable_tokens = 0
@@ -82,11 +84,15 @@ class CoordinatorView:
         frees them before it counts), so a step may fit with fewer than ``keep`` free
         now when its release returns more than it takes."""
         core, bs = self._manager.core, self.block_size
-        # (blocks held: counted, not listed, with one group; a decode step's check is O(1))
-        held = len(core.get_block_ids(key)[0]) if self._manager._hybrid else core.num_blocks_held(key)
         covered = max(num_tokens, core.num_scheduled_tokens(key))
-        per_group = max(0, blocks_for(covered, bs) - held)
-        need = per_group * self._num_dense + min(per_group, 1) * self._num_sparse
+        if self._one_size:
+            # (blocks held: counted, not listed, with one group; a decode step's check is O(1))
+            held = len(core.get_block_ids(key)[0]) if self._manager._hybrid else core.num_blocks_held(key)
+            per_group = max(0, blocks_for(covered, bs) - held)
+            need = per_group * self._num_dense + min(per_group, 1) * self._num_sparse
+        else:  # (each group at its own size; no Mamba beside different sizes: layout.py)
+            need = sum(max(0, blocks_for(covered, b) - len(ids))
+                       for b, ids in zip(self._sizes, core.get_block_ids(key), strict=True))
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
         return need > int(core.num_free_blocks) + released - keep
 
@@ -101,7 +107,6 @@ class CoordinatorView:
         key = self._manager.key_of(request_id)
         if key is not None:
             return self.blocks_to_grow(key, num_tokens)
-        per_group = blocks_for(num_tokens, self.block_size)
         hits = [len(h) for h in new_computed_blocks] + [0] * (len(self._sparse) - len(new_computed_blocks))
-        return sum(min(1, max(0, per_group - h)) if sparse else max(0, per_group - h)
-                   for h, sparse in zip(hits, self._sparse, strict=False))
+        fresh = [max(0, blocks_for(num_tokens, b) - h) for h, b in zip(hits, self._sizes, strict=False)]
+        return sum(min(1, n) if sparse else n for n, sparse in zip(fresh, self._sparse, strict=False))

@@ -29,7 +29,9 @@ __all__ = ["to_vllm_events"]
 def to_vllm_events(events: Iterable[core.Event], block_size: int,
                    spec_of_group: Sequence[tuple[str, int | None]]) -> list[KVCacheEvent]:
     """``events`` (oldest first) as vLLM's events, in the same order. ``spec_of_group[g]``:
-    vLLM's ``(kv_cache_spec_kind, kv_cache_spec_sliding_window)`` of group ``g``."""
+    vLLM's ``(kv_cache_spec_kind, kv_cache_spec_sliding_window)`` of group ``g``. Each
+    ``BlockStored`` has its own event's ``block_size`` (its group's, where groups' sizes
+    differ); ``block_size``, the scheduler's, is not read."""
     out: list[KVCacheEvent] = []
     for e in events:
         group = getattr(e, "group_idx", 0)
@@ -52,7 +54,7 @@ def to_vllm_events(events: Iterable[core.Event], block_size: int,
             kind, window = spec_of_group[group]
             out.append(BlockStored(
                 block_hashes=list(e.block_hashes), parent_block_hash=e.parent_block_hash,
-                token_ids=e.token_ids, block_size=block_size, lora_id=lora_id,
+                token_ids=e.token_ids, block_size=bs, lora_id=lora_id,
                 medium=e.medium, lora_name=lora, extra_keys=keys, group_idx=group,
                 kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window))
         elif isinstance(e, core.BlockRemoved):

@@ -26,6 +26,7 @@ from vllm.v1.kv_cache_interface import (
 from prefixkv.core.manager import KVCacheManager
 from prefixkv.errors import ConfigError
 from prefixkv.groups import (
+    BlockSizes,
     GroupSpec,
     HybridKVCacheManager,
     chunked_local,
@@ -47,15 +48,24 @@ class UnsupportedByPrefixKV(ConfigError):
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """What the manager needs of a ``KVCacheConfig``: the groups in vLLM's order, their
-    common block size, vLLM's ``num_blocks`` (null block included), vLLM's specs and
-    which groups vLLM flags as EAGLE's (``is_eagle_group``: its draft model's layers)."""
+    """What the manager needs of a ``KVCacheConfig``: the groups in vLLM's order, the
+    block size vLLM's scheduler sees (``scheduler_block_size``: the groups' one size, or
+    the lcm of theirs), vLLM's ``num_blocks`` (null block included), vLLM's specs, each
+    group's block size with the hash block size and the alignment of hits (``sizes``:
+    ``hash_block_size`` and ``scheduler_block_size``), and which groups vLLM flags as
+    EAGLE's (``is_eagle_group``: its draft model's layers)."""
 
     groups: tuple[GroupSpec, ...]
     block_size: int
     num_blocks: int
     specs: tuple[Any, ...]
+    sizes: BlockSizes
     eagle_flags: tuple[bool, ...] = ()
+
+    @property
+    def one_size(self) -> bool:
+        """Whether groups, hashes and scheduler share one block size."""
+        return self.sizes.align == self.sizes.hash_size
 
     @property
     def hybrid(self) -> bool:
@@ -116,8 +126,11 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
     attention and align-mode Mamba (Mamba in another mode or with speculative or
     prefill-checkpoint blocks, HiSparse, encoder-only and cross-attention caches, ...), a HiSparse
     host pool, decode or prefill context parallelism (``dcp_world_size`` or
-    ``pcp_world_size`` > 1), groups of different block sizes, a hash block size other
-    than the block size (partial-block hits)."""
+    ``pcp_world_size`` > 1), and where the block sizes of groups, scheduler and hashes
+    are not one (``_check_sizes``): groups of sizes that are not multiples of
+    ``hash_block_size`` or do not divide ``scheduler_block_size``, or beside chunked
+    local attention or Mamba, and a single full-attention group of another size than
+    the scheduler's or the hashes'."""
     if dcp_world_size != 1 or pcp_world_size != 1:
         raise UnsupportedByPrefixKV(
             f"prefixkv does not offer context parallelism (dcp_world_size={dcp_world_size}, "
@@ -130,19 +143,38 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
         raise UnsupportedByPrefixKV("a KV cache config without groups (attention-free "
                                     "models) has no blocks for prefixkv to manage")
     groups = tuple(_group_of(s) for s in specs)
-    sizes = sorted({s.block_size for s in specs})
-    if len(sizes) > 1:
-        raise UnsupportedByPrefixKV(f"prefixkv does not offer groups of different block "
-                                    f"sizes, got {sizes}")
-    if sizes[0] != scheduler_block_size or hash_block_size != scheduler_block_size:
-        raise UnsupportedByPrefixKV(
-            f"prefixkv needs one block size for groups, scheduler and hashes, got groups "
-            f"{sizes[0]}, scheduler {scheduler_block_size}, hash {hash_block_size}")
+    sizes = tuple(s.block_size for s in specs)
+    if set(sizes) != {scheduler_block_size} or hash_block_size != scheduler_block_size:
+        _check_sizes(groups, sizes, scheduler_block_size, hash_block_size)
     if kv_cache_config.num_blocks < 2:
         raise UnsupportedByPrefixKV(f"num_blocks must leave a block beside vLLM's null "
                                     f"block, got {kv_cache_config.num_blocks}")
     flags = tuple(bool(getattr(g, "is_eagle_group", False)) for g in kv_cache_config.kv_cache_groups)
-    return Layout(groups, sizes[0], kv_cache_config.num_blocks, specs, flags)
+    return Layout(groups, scheduler_block_size, kv_cache_config.num_blocks, specs,
+                  BlockSizes.of(sizes, hash_block_size, scheduler_block_size), flags)
+
+
+def _check_sizes(groups: tuple[GroupSpec, ...], sizes: tuple[int, ...], scheduler: int, hashes: int) -> None:
+    """Raises UnsupportedByPrefixKV unless prefixkv's hybrid manager is given the layout
+    of ``groups`` at block ``sizes`` when the scheduler's block size or the hashes' is
+    not the groups' one size (docs/groups.md): full-attention and sliding-window groups,
+    each of a size that is a multiple of ``hashes`` and divides ``scheduler`` (vLLM's
+    own asserts), and not a single full-attention group (``prefixkv.KVCacheManager``,
+    which has one size)."""
+    got = f"got groups {list(sizes)}, scheduler {scheduler}, hash {hashes}"
+    kinds = {g.kind for g in groups}
+    if len(groups) == 1 and kinds == {"full_attention"}:
+        raise UnsupportedByPrefixKV(f"prefixkv needs one block size for a full-attention "
+                                    f"model's group, scheduler and hashes, {got}")
+    if not kinds <= {"full_attention", "sliding_window"}:
+        raise UnsupportedByPrefixKV(f"prefixkv offers groups of different block sizes (or a "
+                                    f"scheduler or hash block size other than theirs) for "
+                                    f"full-attention and sliding-window groups only, got "
+                                    f"{sorted(kinds)}; {got}")
+    if any(b % hashes or scheduler % b for b in sizes):
+        raise UnsupportedByPrefixKV(f"prefixkv offers groups of different block sizes each a "
+                                    f"multiple of the hash block size and a divisor of the "
+                                    f"scheduler's, {got}")
 
 
 def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens: int,
@@ -205,9 +237,16 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool) -> 
     only: the hybrid manager takes no such switch."""
     if layout.hybrid:
         releasing = any(g.releases for g in layout.groups)
-        core: Any = HybridKVCacheManager(
-            layout.groups, layout.num_blocks - (0 if releasing else 1), layout.block_size,
-            hash_mode="sha256", enable_events=enable_events)
+        sizes = layout.block_size if layout.one_size else layout.sizes
+        try:
+            core: Any = HybridKVCacheManager(
+                layout.groups, layout.num_blocks - (0 if releasing else 1), sizes,
+                hash_mode="sha256", enable_events=enable_events)
+        except ConfigError as e:
+            if layout.one_size:
+                raise
+            raise UnsupportedByPrefixKV(f"prefixkv's hybrid manager does not take this layout "
+                                        f"of block sizes ({layout.sizes}): {e}") from e
         return core, 0 if releasing else 1
     core = KVCacheManager(layout.num_blocks - 1, layout.block_size, hash_mode="sha256",
                           enable_caching=enable_caching, enable_events=enable_events)

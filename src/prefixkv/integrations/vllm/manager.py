@@ -67,6 +67,10 @@ class KVCacheManager(StepCalls):
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.block_size = bs = layout.block_size
+        # the hashes' block size (extra keys of prompt embeddings are cut at it): the
+        # groups' one size, or the gcd-like size vLLM hashes at beside groups of different sizes
+        self.hash_block_size = layout.sizes.hash_size
+        self.group_sizes = layout.sizes.sizes  # (each group's own block size)
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
         # set by prefixkv's Scheduler when its publisher builds events (handoff.py)
@@ -89,14 +93,14 @@ class KVCacheManager(StepCalls):
         events = enable_kv_cache_events or metrics_collector is not None
         self.core, offset = build_core(layout, enable_caching=enable_caching, enable_events=events)
         # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
-        self.prepared_prompts = PreparedPrompts(self.core.prepare, bs)
+        self.prepared_prompts = PreparedPrompts(self.core.prepare, self.hash_block_size)
         self._blocks = Blocks(layout.num_blocks, self.num_kv_cache_groups, offset)
         self.empty_kv_cache_blocks = self._blocks.empty
         # stats, metrics notes and events (telemetry.py)
         self._telemetry = Telemetry(self.core, self._blocks, bs, layout.specs, log_stats=log_stats,
                                     metrics_collector=metrics_collector,
                                     enable_kv_cache_events=enable_kv_cache_events)
-        self.block_pool = BlockPoolView(self._blocks, layout.num_blocks, bs, enable_caching,
+        self.block_pool = BlockPoolView(self._blocks, layout.num_blocks, self.hash_block_size, enable_caching,
                                         lambda b: free_popped(self, b), lambda ids: self.evict_blocks(ids),
                                         lambda: self.core.num_free_blocks,
                                         self._telemetry.built_events)
@@ -160,9 +164,10 @@ class KVCacheManager(StepCalls):
         return *self.get_computed_blocks(request, max_cache_hit_length), False
 
     def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks:
-        """``blocks`` cut to the first ``num_computed_tokens`` (a multiple of block_size)."""
-        n = num_computed_tokens // self.block_size
-        return KVCacheBlocks(tuple(list(g[:n]) for g in blocks.blocks))
+        """``blocks`` cut to the first ``num_computed_tokens`` (a multiple of block_size):
+        each group's first ``num_computed_tokens // its block size``."""
+        return KVCacheBlocks(tuple(list(g[:num_computed_tokens // b])
+                                   for g, b in zip(blocks.blocks, self.group_sizes, strict=True)))
 
     # ---- allocation ------------------------------------------------------------------------
 

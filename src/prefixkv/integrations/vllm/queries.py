@@ -73,8 +73,8 @@ def get_block_ids_for_computed_tokens(self: KVCacheManager, request_id: str, num
     for a count that is not an int >= 0."""
     if num_computed_tokens.__class__ is not int or num_computed_tokens < 0:
         check_count("num_computed_tokens", num_computed_tokens, 0, None)
-    n = blocks_for(num_computed_tokens, self.block_size)
-    return tuple(ids if g in self._mamba.groups else ids[:n]
+    n = num_computed_tokens
+    return tuple(ids if g in self._mamba.groups else ids[:blocks_for(n, self.group_sizes[g])]
                  for g, ids in enumerate(self.get_block_ids(request_id)))
 
 

@@ -47,17 +47,19 @@ def uncache_set_back(m: KVCacheManager, key: int, request: Request) -> None:
     recomputes a loaded prompt's last token for its logits: set back inside a block
     whose KV was loaded). A waiting request's count is not read (a load landed: its
     blocks up to the count are sound; vLLM's own tests free such requests uncounted)."""
-    bs, n = m.block_size, request.num_computed_tokens
+    n: int = request.num_computed_tokens
+    scheduled: int = m.core.num_scheduled_tokens(key)
     if request.status == RequestStatus.RUNNING:
-        start = n // bs
+        up = False
     elif request.is_finished():
-        start = blocks_for(n, bs)
+        up = True
     else:
         return
-    end = m.core.num_scheduled_tokens(key) // bs
-    if start < end:
-        null = getattr(m.core, "null_block_id", None)
-        m.core.uncache_blocks([i for ids in m._ids(key) for i in ids[start:end] if i != null])
+    null = getattr(m.core, "null_block_id", None)  # (each group's blocks at its own size)
+    gone = [i for ids, b in zip(m._ids(key), m.group_sizes, strict=True)
+            for i in ids[(blocks_for(n, b) if up else n // b):scheduled // b] if i != null]
+    if gone:
+        m.core.uncache_blocks(gone)
 
 
 def free_request(m: KVCacheManager, request: Request) -> None:
@@ -104,9 +106,9 @@ def evict(m: KVCacheManager, block_ids: set[int]) -> None:
     # cached loses nothing and is cached as usual.) Rare: failed loads only.
     gone = set(block_ids)
     for rid in m.live_request_ids():
-        cached = m.num_cached_tokens(rid) // m.block_size
-        at = {(g, j) for g, row in enumerate(m.get_block_ids(rid))
-              for j, i in enumerate(row[:cached]) if i in gone}
+        cached = m.num_cached_tokens(rid)
+        at = {(g, j) for g, (row, b) in enumerate(zip(m.get_block_ids(rid), m.group_sizes, strict=True))
+              for j, i in enumerate(row[:cached // b]) if i in gone}
         if at:
             m._evicted.setdefault(rid, set()).update(at)
 
@@ -117,7 +119,6 @@ def estimate_cached(m: KVCacheManager, request_id: str) -> int:
     evicted = m._evicted.get(request_id, ())
     if not n or not (evicted or m._hybrid):  # (a window's released blocks: null)
         return n
-    full = n // m.block_size
-    return m.block_size * min(
-        max((j + 1 for j, i in enumerate(row[:full]) if i and (g, j) not in evicted), default=0)
-        for g, row in enumerate(m.get_block_ids(request_id)))
+    return min(  # (each group at its own block size)
+        b * max((j + 1 for j, i in enumerate(row[:n // b]) if i and (g, j) not in evicted), default=0)
+        for g, (row, b) in enumerate(zip(m.get_block_ids(request_id), m.group_sizes, strict=True)))

@@ -56,7 +56,7 @@ def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
     else:
         hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=max_cache_hit_length)
         ids = hit if m._hybrid else (hit,)  # a window's unread blocks: the null block
-    n, blocks = len(ids[0]) * m.block_size, m._blocks.of(ids)
+    n, blocks = len(ids[0]) * m.group_sizes[0], m._blocks.of(ids)
     if n:
         m._telemetry.on_accessed(blocks)
     return blocks, n
@@ -168,8 +168,7 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
         m._evicted[request.request_id] = {(g, j) for g in range(len(adm.group_block_ids)) for j in early}
     m._next_key += 1
     m._keys[request.request_id] = key
-    k = hit // m.block_size
-    new = tuple(ids[k:] for ids in adm.group_block_ids)
+    new = tuple(ids[hit // b:] for ids, b in zip(adm.group_block_ids, m.group_sizes, strict=True))
     m._telemetry.on_allocated(new)
     return m._blocks.of(new)
 
@@ -263,4 +262,4 @@ def admission_prompt(m: KVCacheManager, request: Request) -> tuple[Sequence[int]
     prompt = m.prepared_prompts.prompt_of(request)
     if prompt is not None:
         return prompt, None
-    return core_tokens(request), extra_keys_of(request, m.block_size)
+    return core_tokens(request), extra_keys_of(request, m.hash_block_size)

@@ -1,0 +1,148 @@
+"""tests/sized_model.py's reference of a hybrid manager with groups of DIFFERENT block
+sizes, driven beside vLLM 0.33's own ``KVCacheManager`` (from the wheel) by one random
+stream of admissions (with their hits, in chunks), prefill chunks, decode steps, frees and
+resets: after every call the two hold the same block ids in every group's table, the same
+free queue (ids, in order), the same keys cached (each with as many holders) and give the
+same hit. Calls the reference refuses (short of blocks) are not made on vLLM (it releases
+a window's blocks before it refuses; prefixkv does not). This checks the reference that
+tests/test_groups_sizes_machine.py holds prefixkv's manager to. Needs vllm installed."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from functools import reduce
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sized_model import SizedModel
+
+from . import skip_module_without_vllm
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+skip_module_without_vllm()
+torch = pytest.importorskip("torch")
+
+from .test_vllm_block_sizes_reference import LAYOUTS, _request, _vllm  # noqa: E402
+
+MAX_LEN = 96  # (the longest request: a prompt of 72, decoded up to it)
+STEMS = [[100 * s + k for k in range(60)] for s in range(3)]
+PROMPT = st.tuples(st.integers(0, 2), st.integers(0, 60), st.lists(st.integers(0, 2), max_size=12)).map(
+    lambda p: STEMS[p[0]][:p[1]] + p[2] or [7])
+OP = st.one_of(
+    st.tuples(st.just("add"), PROMPT, st.none() | st.integers(1, 40)),
+    st.tuples(st.just("extend"), st.integers(0, 5), st.integers(1, 40)),
+    st.tuples(st.just("decode"), st.integers(0, 5), st.lists(st.integers(0, 2), min_size=1, max_size=20)),
+    st.tuples(st.just("free"), st.integers(0, 5), st.just(0)),
+    st.tuples(st.just("reset"), st.just(0), st.just(0)),
+)
+
+
+class Pair:
+    """vLLM's manager and the reference, the requests each holds, and a mirror of what
+    vLLM's events say is cached: {key: holders}."""
+
+    def __init__(self, groups: Any, num_blocks: int) -> None:
+        self.groups = groups
+        self.h = reduce(math.gcd, (b for b, _ in groups))
+        self.lcm = reduce(math.lcm, (b for b, _ in groups))
+        self.v = _vllm(groups, self.h, self.lcm, num_blocks, events=True)
+        self.model = SizedModel(groups, num_blocks, self.h, self.lcm)
+        self.reqs: dict[str, Any] = {}
+        self.names: dict[Any, tuple[int, ...]] = {}  # vLLM's hash -> the tokens it chains over
+        self.mirror: Counter[Any] = Counter()
+        self.serial = 0
+
+    def _name(self, r: Any) -> None:
+        from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+        tokens = list(r.all_token_ids)
+        for i, h in enumerate(r.block_hashes):
+            self.names[maybe_convert_block_hash(h)] = tuple(tokens[:(i + 1) * self.h])
+
+    def note_events(self) -> None:
+        from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+        for e in self.v.take_events():
+            if isinstance(e, AllBlocksCleared):
+                self.mirror.clear()
+                continue
+            assert isinstance(e, BlockStored | BlockRemoved), e
+            b = self.groups[e.group_idx][0]
+            for h in e.block_hashes:
+                tokens = self.names[h]
+                if len(tokens) % b:  # (a partial tail entry: not modelled)
+                    continue
+                key = (e.group_idx, None, tokens)
+                self.mirror[key] += 1 if isinstance(e, BlockStored) else -1
+                if not self.mirror[key]:
+                    del self.mirror[key]
+
+    def compare(self, probe: list[int]) -> None:
+        m, pool = self.model, self.v.block_pool
+        for rid in self.reqs:
+            assert [list(ids) for ids in self.v.get_block_ids(rid)] == m.reqs[rid].tables, rid
+        assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == list(m.free)
+        assert dict(self.mirror) == {k: len(v) for k, v in m.holders.items()}
+        r = _request(f"probe{self.serial}", probe, self.h)
+        blocks, hit, *_ = self.v.get_computed_blocks(r)
+        end, ids = m.hit(probe, None)
+        assert hit == end
+        assert [list(g) for g in blocks.get_block_ids()] == ids if hit else not any(ids)
+
+    def do(self, op: str, a: Any, b: Any) -> None:
+        from vllm.v1.request import RequestStatus
+
+        self.serial += 1
+        live = sorted(self.reqs)
+        if op == "add":
+            rid = f"r{self.serial}"
+            r = _request(rid, a, self.h)
+            blocks, hit, *_ = self.v.get_computed_blocks(r)
+            num_new = len(a) - hit if b is None else min(b, len(a) - hit)
+            if self.model.add(rid, a, None, num_new) is None:
+                return
+            assert self.v.allocate_slots(r, num_new, hit, blocks) is not None
+            r.status, r.num_computed_tokens = RequestStatus.RUNNING, hit + num_new
+            self.reqs[rid] = r
+            self._name(r)
+        elif op in ("extend", "decode") and live:
+            rid = live[a % len(live)]
+            r = self.reqs[rid]
+            left = r.num_tokens - r.num_computed_tokens
+            if op == "extend" and left:
+                n, toks = min(b, left), []
+            elif op == "decode" and not left and r.num_tokens + len(b) <= MAX_LEN:
+                n, toks = len(b), list(b)
+            else:
+                return
+            if not self.model.grow(rid, n, toks):
+                return
+            if toks:
+                r.append_output_token_ids(toks)
+            assert self.v.allocate_slots(r, n) is not None
+            r.num_computed_tokens += n
+            self._name(r)
+        elif op == "free" and live:
+            rid = live[a % len(live)]
+            self.v.free(self.reqs.pop(rid))
+            self.model.free_request(rid)
+        elif op == "reset":
+            assert self.v.reset_prefix_cache() == self.model.reset()
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@settings(max_examples=30, deadline=None)
+@given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
+def test_the_sized_reference_runs_as_vllms_manager(layout, extra, ops, probe):
+    # a pool a little over one longest request: constant eviction, refusals
+    groups = LAYOUTS[layout]
+    pair = Pair(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 1 + extra)
+    for op, a, b in ops:
+        pair.do(op, a, b)
+        pair.note_events()
+        pair.compare(probe)

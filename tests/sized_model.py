@@ -1,0 +1,234 @@
+"""A reference of vLLM 0.33's hybrid manager over layer groups of DIFFERENT block sizes
+(docs/groups.md), written from vLLM's rules as plain Python: one pool of numbered blocks,
+each group's table at its own size, hits aligned to ``align`` (the lcm), caching rounded
+down to it, and vLLM's plain free order. tests/engines/test_vllm_sized_model.py drives it
+beside vLLM's own ``KVCacheManager`` (block ids, free queue, hits, cached keys equal);
+tests/test_groups_sizes_machine.py drives prefixkv's hybrid manager beside it.
+
+A group is ``(block size, window)``: window None is full attention, an int a sliding
+window of that many tokens. A block's key in group ``g`` is ``(g, extra, tokens)``, the
+tokens of the whole prefix up to the block's end (what the fine hash at its last hash
+boundary chains over). The rules, each as vLLM 0.33 runs them:
+
+- Hit (``hit``): the largest ``L <= len(tokens) - 1``, a multiple of ``align``, at which
+  every group holds, cached, the blocks a query at ``L`` reads; group g's hit is its
+  ``L // b`` entries, the null block below the window, else the key's first holder.
+- Admission and growth (``add``, ``grow``): a windowed group first releases the blocks
+  below what the step's first query reads (``first_needed(computed) // b``; last first),
+  then each group, in order, takes ``cdiv(slots, b)`` entries from the free queue's head.
+  What the call would release counts as free for it; a call that does not fit changes
+  nothing (prefixkv's rule; vLLM releases anyway).
+- Caching: the scheduled tokens rounded down to ``align``; a group's whole blocks up to
+  there not cached before; a window's only those a hit at an ``align`` boundary reads
+  (vLLM's ``reachable_block_mask``); null blocks never. A key already held gets a second
+  holder (found after the first is evicted).
+- Free order: ``free`` frees group by group, each table's blocks last first; a block
+  whose last reference goes joins the free queue at its head when it holds no key (those
+  of one call in that order, before those already there), at its tail when it does
+  (vLLM's ``free_blocks``). Taking a block that holds keys evicts them.
+- Twins (``twins``, prefixkv's rule; off: vLLM's): a block that caches a key another
+  block holds is a spare of it, holding no key of its own: freed, it goes to the queue's
+  head (empty) and a free holder of the key moves to the tail in its place; when the
+  holder is evicted, the first held twin takes over (groups/index.py).
+- Events, as prefixkv announces them: a key is stored when its first holder caches it,
+  removed when its last holder is evicted (vLLM announces every holder; partial tail
+  entries, docs/groups.md, are not modelled).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+def first_needed(window, pos):
+    """The first position a query at ``pos`` reads."""
+    return 0 if window is None else max(0, pos - window + 1)
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+@dataclass
+class Req:
+    tokens: list
+    extra: object
+    computed: int  # tokens scheduled so far
+    tables: list  # per group: block ids
+    cached: list = field(default_factory=list)  # per group: entries past which caching goes on
+
+
+class SizedModel:
+    def __init__(self, groups, num_blocks, hash_size, align, null=True, twins=False):
+        self.groups, self.h, self.align = tuple(groups), hash_size, align
+        self.free = deque(range(num_blocks))
+        # vLLM's null block, block 0 (prefixkv reserves it only where a group releases)
+        self.null = self.free.popleft() if null else None
+        self.twins = twins
+        self.spares: dict = {}  # key -> the held twins of its holder (``twins`` on)
+        self.refs = [0] * num_blocks
+        self.keys: list[list] = [[] for _ in range(num_blocks)]  # the keys a block holds
+        self.holders: dict = {}  # key -> the blocks holding it, the first found first
+        self.events: list = []  # ("stored" | "removed", key), and ("cleared",)
+        self.reqs: dict = {}
+
+    # ---- keys and hits --------------------------------------------------------------
+
+    def key(self, g, extra, tokens, j):
+        return g, extra, tuple(tokens[:(j + 1) * self.groups[g][0]])
+
+    def hit(self, tokens, extra):
+        """The hit in tokens and each group's hit entries."""
+        limit = len(tokens) - 1
+        for end in range(limit - limit % self.align, 0, -self.align):
+            if all(self.key(g, extra, tokens, j) in self.holders
+                   for g, (b, w) in enumerate(self.groups)
+                   for j in range(first_needed(w, end) // b, end // b)):
+                return end, [[self.null if j < first_needed(w, end) // b
+                              else self.holders[self.key(g, extra, tokens, j)][0]
+                              for j in range(end // b)] for g, (b, w) in enumerate(self.groups)]
+        return 0, [[] for _ in self.groups]
+
+    # ---- the pool -----------------------------------------------------------------
+
+    def _take(self, n):
+        out = [self.free.popleft() for _ in range(n)]
+        for x in out:
+            for key in self.keys[x]:  # (evicted)
+                self.holders[key].remove(x)
+                if not self.holders[key] and self.spares.get(key):  # (a held twin takes over)
+                    heir = self.spares[key].pop(0)
+                    self.holders[key].append(heir)
+                    self.keys[heir].append(key)
+                if not self.holders[key]:
+                    del self.holders[key]
+                    self.events.append(("removed", key))
+            self.keys[x] = []
+            self.refs[x] = 1
+        return out
+
+    def _free(self, ordered):
+        first, last = [], []
+        for x in ordered:
+            self.refs[x] -= 1
+            if not self.refs[x]:
+                (last if self.keys[x] else first).append(x)
+                for key in [k for k, held in self.spares.items() if x in held]:  # (a twin
+                    self.spares[key].remove(x)  # goes empty; a free holder takes its place)
+                    primary = self.holders[key][0]
+                    if not self.refs[primary]:
+                        (last if primary in last else self.free).remove(primary)
+                        last.append(primary)
+        self.free.extendleft(reversed(first))
+        self.free.extend(last)
+
+    def _touch(self, blocks):
+        for x in blocks:
+            if not self.refs[x]:
+                self.free.remove(x)
+            self.refs[x] += 1
+
+    # ---- the calls ----------------------------------------------------------------
+
+    def _releasing(self, r):
+        """Per group, the entries a step of ``r`` from ``r.computed`` releases, last first."""
+        out = []
+        for (b, w), ids in zip(self.groups, r.tables, strict=True):
+            cut, gone = min(first_needed(w, r.computed) // b, len(ids)), []
+            for j in range(cut - 1, -1, -1):
+                if ids[j] == self.null:
+                    break
+                gone.append(j)
+            out.append(gone)
+        return out
+
+    def add(self, rid, tokens, extra, num_new=None):
+        """Admit ``rid`` with its hit, scheduling ``num_new`` tokens (default: the rest).
+        Returns the hit, or None (nothing changed) when it does not fit."""
+        end, hit = self.hit(tokens, extra)
+        num_new = len(tokens) - end if num_new is None else num_new
+        need = 0
+        for (b, w), h in zip(self.groups, hit, strict=True):
+            skip = first_needed(w, end) // b
+            need += max(cdiv(end + num_new, b) - max(skip, len(h)), 0)
+            need += sum(not self.refs[x] for x in h[skip:])
+        if need > len(self.free):
+            return None
+        r = Req(list(tokens), extra, end, [], [])
+        for (b, w), h in zip(self.groups, hit, strict=True):
+            skip = first_needed(w, end) // b
+            self._touch(h[skip:])
+            r.tables.append([self.null] * skip + h[skip:])
+            r.cached.append(len(h))
+        self.reqs[rid] = r
+        self._grow(r, num_new)
+        return end
+
+    def grow(self, rid, num_new, tokens=()):
+        """``tokens`` appended to ``rid`` (decoded), then ``num_new`` tokens scheduled.
+        False (nothing changed) when it does not fit."""
+        r = self.reqs[rid]
+        going = self._releasing(r)
+        releasable = sum(self.refs[r.tables[g][j]] == 1 for g, js in enumerate(going) for j in js)
+        need = sum(max(cdiv(r.computed + num_new, b) - len(ids), 0)
+                   for (b, _), ids in zip(self.groups, r.tables, strict=True))
+        if need > len(self.free) + releasable:
+            return False
+        for g, js in enumerate(going):
+            blocks = [r.tables[g][j] for j in js]
+            for j in js:
+                r.tables[g][j] = self.null
+            self._free(blocks)
+        r.tokens += tokens
+        self._grow(r, num_new)
+        return True
+
+    def _grow(self, r, num_new):
+        r.computed += num_new
+        for (b, _), ids in zip(self.groups, r.tables, strict=True):
+            ids += self._take(max(cdiv(r.computed, b) - len(ids), 0))
+        self._cache(r, min(r.computed, len(r.tokens)))
+
+    def _cache(self, r, n):
+        n = n // self.align * self.align
+        hashed = len(r.tokens) // self.h * self.h
+        for g, (b, _) in enumerate(self.groups):
+            full = min(n, hashed) // b
+            for j in range(r.cached[g], full):
+                x = r.tables[g][j]
+                if x == self.null or not self._reachable(g, j):
+                    continue
+                key = self.key(g, r.extra, r.tokens, j)
+                if key in self.holders and self.twins:
+                    self.spares.setdefault(key, []).append(x)
+                    continue
+                if key not in self.holders:
+                    self.holders[key] = []
+                    self.events.append(("stored", key))
+                self.holders[key].append(x)
+                self.keys[x].append(key)
+            r.cached[g] = max(r.cached[g], full)
+
+    def _reachable(self, g, j):
+        """Whether a hit at some ``align`` boundary reads block ``j`` of group ``g``."""
+        b, w = self.groups[g]
+        if w is None:
+            return True
+        need, per = cdiv(w - 1, b), self.align // b
+        return need >= per or j % per >= per - need
+
+    def free_request(self, rid):
+        r = self.reqs.pop(rid)
+        for ids in r.tables:
+            self._free([x for x in reversed(ids) if x != self.null])
+
+    def reset(self):
+        """vLLM's ``reset_prefix_cache``: only when no request holds a block."""
+        if self.reqs:
+            return False
+        self.holders.clear()
+        self.spares.clear()
+        self.keys = [[] for _ in self.keys]
+        self.events.append(("cleared",))
+        return True

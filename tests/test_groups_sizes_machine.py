@@ -1,0 +1,180 @@
+"""Hypothesis drives prefixkv's hybrid manager over layer groups of DIFFERENT block sizes
+(``block_size`` a ``BlockSizes``) beside tests/sized_model.py's reference of vLLM 0.33's
+manager (itself checked against vLLM's: tests/engines/test_vllm_sized_model.py).
+
+After every call the two must hold the same block ids in every group's table (each group
+at its own size, the null block where a window released), the same free queue (ids, in
+order: vLLM's plain free order), give the same hit (a multiple of the lcm) with the same
+blocks, refuse the same calls (a refused call changes nothing), and announce the same
+keys: each ``BlockStored`` of group g under the fine hash at its blocks' last boundaries,
+with the group's own ``block_size``; ``check_invariants()`` holds throughout.
+"""
+
+from collections import Counter
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, multiple, rule
+
+from machine_rules import LIVE, SharedRules, case, prompts_over
+from prefixkv import AllBlocksCleared, BlockRemoved, BlockStored, ExtraKeys
+from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, sliding_window
+from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
+from sized_model import SizedModel
+
+MAX_LEN = 64  # (no request grows past it)
+PREFIXES = [[1 + k % 7 for k in range(48)], [1 + k % 7 for k in range(20)] + [9] * 28,
+            [9 - k % 5 for k in range(48)]]
+
+prompts = prompts_over(PREFIXES, 9, 10)
+salts = st.sampled_from([None, ExtraKeys(cache_salt="a")])
+
+
+class SizedMachine(SharedRules, RuleBasedStateMachine):
+    """Full attention at 4 beside a 10-token window at 8 (hash 4, lcm 8)."""
+
+    groups = ((4, None), (8, 10))
+    extra_blocks = 4  # past one longest request's blocks (constant eviction)
+    live = LIVE
+
+    @initialize()
+    def setup(self):
+        sizes = BlockSizes.of([b for b, _ in self.groups])
+        specs = [full_attention() if w is None else sliding_window(w) for _, w in self.groups]
+        windows = any(w is not None for _, w in self.groups)
+        num_blocks = sum(-(-MAX_LEN // b) for b, _ in self.groups) + windows + self.extra_blocks
+        self.m = HybridKVCacheManager(specs, num_blocks, sizes, hash_mode="sha256", seed=1,
+                                      enable_events=True, max_events=1 << 12)
+        self.model = SizedModel(self.groups, num_blocks, sizes.hash_size, sizes.align, null=windows,
+                                twins=True)
+        self.hash_fn, self.root = make_hash_fn("sha256", 1)
+        self.h = sizes.hash_size
+        self.names: dict[bytes, tuple] = {}  # a fine hash -> (extra, the tokens it chains over)
+        self.tokens: dict[str, list[int]] = {}
+        self.last = None
+        self.next_id = 0
+
+    def _name(self, tokens, extra):
+        n = len(tokens) // self.h
+        base = extra.base_bytes() if extra else b""
+        data = token_bytes(encode_tokens(tokens[:n * self.h]))
+        hashes, _ = chain(self.hash_fn, self.root, data, [base] * n)
+        for i, h in enumerate(hashes):
+            self.names[h] = (extra, tuple(tokens[:(i + 1) * self.h]))
+
+    def _forget(self, rid):
+        del self.tokens[rid]
+        self.model.free_request(rid)
+
+    def _same_hit(self, prompt, extra):
+        end, ids = self.model.hit(prompt, extra)
+        assert self.m.lookup(prompt, extra=extra) == end, (prompt, end)
+        assert [list(g) for g in self.m.lookup_block_ids(prompt, extra=extra)] == ids, (prompt, ids)
+        return end
+
+    # ---- rules -------------------------------------------------------------------
+
+    @rule(target=live, prompt=prompts, extra=salts, chunk=st.none() | st.integers(1, 30))
+    def add(self, prompt, extra, chunk):
+        rid = self._new_id()
+        end = self._same_hit(prompt, extra)
+        n = len(prompt) - end if chunk is None else min(chunk, len(prompt) - end)
+        adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=n)
+        want = self.model.add(rid, prompt, extra, n)
+        assert (adm is None) == (want is None), (adm, want)
+        if adm is None:
+            return multiple()
+        assert adm.num_cached_tokens == end and adm.num_new_tokens == n
+        assert [list(g) for g in adm.group_block_ids] == self.model.reqs[rid].tables
+        self.tokens[rid] = list(prompt)
+        self._name(prompt, extra)
+        return rid
+
+    @rule(target=live, pre=st.integers(0, len(PREFIXES) - 1), cut=st.integers(1, 48), tail=st.integers(0, 9))
+    def add_known_prefix(self, pre, cut, tail):
+        return self.add(PREFIXES[pre][:cut] + [tail], None, None)
+
+    @rule(rid=live, n=st.integers(1, 30))
+    def extend(self, rid, n):
+        if rid not in self.tokens:
+            return
+        r = self.model.reqs[rid]
+        n = min(n, len(r.tokens) - r.computed)
+        if not n:
+            return
+        got = self.m.extend(rid, n)
+        assert (got is not None) == self.model.grow(rid, n), got
+
+    @rule(rid=live, toks=st.lists(st.integers(0, 9), min_size=1, max_size=12))
+    def append(self, rid, toks):
+        if rid not in self.tokens:
+            return
+        r = self.model.reqs[rid]
+        if r.computed != len(r.tokens) or len(r.tokens) + len(toks) > MAX_LEN:
+            return
+        got = self.m.append_tokens(rid, toks)
+        assert (got is not None) == self.model.grow(rid, len(toks), toks), got
+        if got is not None:
+            self.tokens[rid] += toks
+            self._name(self.tokens[rid], r.extra)
+
+    @rule()
+    def reset(self):
+        assert self.m.reset_prefix_cache() == self.model.reset()
+
+    # ---- invariants --------------------------------------------------------------
+
+    @invariant()
+    def same_tables_and_free_queue(self):
+        for rid in self.tokens:
+            assert [list(g) for g in self.m.get_block_ids(rid)] == self.model.reqs[rid].tables, rid
+        assert self.m.free_block_order() == list(self.model.free)
+        assert self.m.num_free_blocks == len(self.model.free)
+
+    @invariant()
+    def same_events(self):
+        got = []
+        for ev in self.m.take_events():
+            if isinstance(ev, AllBlocksCleared):
+                got.append(("cleared",))
+                continue
+            assert isinstance(ev, BlockStored | BlockRemoved), ev
+            if isinstance(ev, BlockStored):
+                assert ev.block_size == self.groups[ev.group_idx][0], ev
+            kind = "stored" if isinstance(ev, BlockStored) else "removed"
+            got += [(kind, (ev.group_idx, *self.names[h])) for h in ev.block_hashes]
+        want, self.model.events = self.model.events, []
+        assert Counter(got) == Counter(want), (got, want)
+
+    @invariant()
+    def same_hits(self):
+        for prompt in PREFIXES:
+            self._same_hit(prompt, None)
+        for rid, tokens in self.tokens.items():
+            self._same_hit(tokens + [0], self.model.reqs[rid].extra)
+
+
+class WindowsBesideFullMachine(SizedMachine):
+    """A 6-token window at 4, full attention at 8, an 18-token window at 16 (lcm 16)."""
+
+    groups = ((4, 6), (8, None), (16, 18))
+    extra_blocks = 6
+
+
+class LcmOfNeitherMachine(SizedMachine):
+    """A 10-token window at 8 beside full attention at 12: hash 4, lcm 24."""
+
+    groups = ((8, 10), (12, None))
+    extra_blocks = 3
+
+
+class FullOnlyMachine(SizedMachine):
+    """Full attention at 4 and at 12: no group releases, no null block."""
+
+    groups = ((4, None), (12, None))
+    extra_blocks = 2
+
+
+TestSizedMachine = case(SizedMachine, max_examples=60, stateful_step_count=40)
+TestWindowsBesideFullMachine = case(WindowsBesideFullMachine, max_examples=60, stateful_step_count=40)
+TestLcmOfNeitherMachine = case(LcmOfNeitherMachine, max_examples=60, stateful_step_count=40)
+TestFullOnlyMachine = case(FullOnlyMachine, max_examples=60, stateful_step_count=40)
