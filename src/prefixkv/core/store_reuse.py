@@ -15,7 +15,7 @@ from .block import Block
 from .prompt import Prompt
 from .request import Request
 
-__all__ = ["reuse"]
+__all__ = ["reuse", "taken_up"]
 
 
 def reuse(f: Fetch, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None, index: Any,
@@ -78,3 +78,14 @@ def reuse(f: Fetch, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None, ind
                    keys.base if mm is None or d >= len(mm) else mm[d]):
         return None
     return req, hits + landed, d
+
+
+def taken_up(f: Fetch, hits: Sequence[Any]) -> int:
+    """How many of a re-admission's ``hits`` (in block order) are the device blocks the
+    start of ``f`` took its host hits up into (``store_landing.promote``: the last
+    ``f.promoted`` of ``f.front``), each at its place and still holding the content it
+    took up: loaded for this request, so host hits, also when the run did not land on
+    the device (a lost race, a failed check: the fetch gave them back, cached)."""
+    first, front, cids = f.first, f.front, f.hit_cids
+    return sum(1 for i in range(first - f.promoted, min(first, len(hits)))
+               if hits[i] is front[i] and hits[i].content_id == cids[i])
