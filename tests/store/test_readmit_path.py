@@ -5,9 +5,9 @@ Prompt object, every other argument its default) takes its own short path
 one as shipped, one whose ``_readmit`` hands every call to ``_admit``, and requires
 the same answers, raises, block ids, request fields, stats, waits, host slots, plans
 and free order after every step, and sound invariants. Hypothesis draws the steps:
-starts and re-admissions (prepared, token ids, or arguments that leave the short
-path), fetches run and polled in any order, frees, uncached blocks, other requests
-taking the same prefix meanwhile. A real Redis (conftest), block size 4, 8-byte
+starts and re-admissions (prepared, token ids, a tuple, None, or arguments that leave
+the short path), fetches run and polled in any order, frees, uncached blocks, other
+requests taking the same prefix meanwhile. A real Redis (conftest), block size 4, 8-byte
 payloads."""
 
 import pytest
@@ -29,7 +29,7 @@ MISS = list(range(500, 525))                       # in no store: computed
 PROMPTS = [BASE, BASE[:24], BASE[:13], BASE[:8] + [7, 7, 7, 7, 7], BASE[:20] + [3, 3], MISS,
            *OTHERS]
 RIDS = ["a", "b", "c"]
-HOW = ["prompt", "ids", "lookahead", "chunk", "keep", "capped"]
+HOW = ["prompt", "ids", "tuple", "none", "lookahead", "chunk", "keep", "capped"]
 
 steps = st.lists(st.one_of(
     st.tuples(st.just("add"), st.sampled_from(RIDS), st.integers(0, len(PROMPTS) - 1),
@@ -53,15 +53,15 @@ def stored(backend, layout):
 
 @pytest.fixture
 def short(monkeypatch):
-    """How many re-admissions the short path served (``reuse`` answered there)."""
+    """Whether each call of the short path served its re-admission (``unmoved``)."""
     served = []
 
     def spy(*args):
-        out = store_reuse.reuse(*args)
-        served.append(out is not None)
+        out = store_reuse.unmoved(*args)
+        served.append(out)
         return out
 
-    monkeypatch.setattr(store_readmit, "reuse", spy)
+    monkeypatch.setattr(store_readmit, "unmoved", spy)
     return served
 
 
@@ -90,7 +90,8 @@ def call(m, ex, prepared, step):
     try:
         if step[0] == "add":
             _, rid, k, how = step
-            prompt = prepared[k] if how == "prompt" else PROMPTS[k]
+            prompt = {"prompt": prepared[k], "tuple": tuple(PROMPTS[k]),
+                      "none": None}.get(how, PROMPTS[k])
             kw = {"lookahead": {"num_lookahead_tokens": 1}, "chunk": {"num_new_tokens": 2},
                   "keep": {"keep_free": 1}, "capped": {"max_hit_tokens": 8}}.get(how, {})
             return answer(m.add_request(rid, prompt, **kw))
@@ -166,6 +167,9 @@ ROTATION = [step for k in (0, 6, 7, 8, 0, 6) for step in (
 @example(num_blocks=16, host_blocks=8, todo=[
     ("add", "a", 0, "prompt"), ("run",), ("poll",), ("uncache", "b"),
     ("add", "a", 0, "lookahead")])
+@example(num_blocks=16, host_blocks=8, todo=[
+    ("add", "a", 0, "tuple"), ("run",), ("poll",), ("add", "a", 0, "none"),
+    ("add", "a", 0, "prompt")])                # (a start's req.prompt is None, as is None)
 def test_the_short_readmission_does_what_the_general_path_does(stored, num_blocks,
                                                               host_blocks, todo):
     run(stored, num_blocks, todo, host_blocks)

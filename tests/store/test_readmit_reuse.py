@@ -24,7 +24,8 @@ IMAGE = ExtraKeys(mm=(MultiModalInput("img", 2, 8),))  # in blocks 0..2
 @pytest.fixture
 def taken(monkeypatch):
     """Whether each ``reuse`` call answered (True) or left it to the walk (False): the
-    general path's (``StoreWaits.reuse``) and ``_readmit``'s (the same Prompt object)."""
+    general path's (``StoreWaits.reuse``) and ``_readmit``'s (the same Prompt object:
+    ``unmoved``, its checks)."""
     calls = []
     original = StoreWaits.reuse
 
@@ -34,12 +35,12 @@ def taken(monkeypatch):
         return out
 
     def spy_readmit(*args):
-        out = store_reuse.reuse(*args)
-        calls.append(out is not None)
+        out = store_reuse.unmoved(*args)
+        calls.append(out)
         return out
 
     monkeypatch.setattr(StoreWaits, "reuse", spy)
-    monkeypatch.setattr(store_readmit, "reuse", spy_readmit)
+    monkeypatch.setattr(store_readmit, "unmoved", spy_readmit)
     return calls
 
 

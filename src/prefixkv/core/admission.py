@@ -177,7 +177,8 @@ def add_request(
         # Prompt object; every other argument its default) before the arguments' checks:
         # a start pays the lookup alone
         f = waits.waiting.get(request_id) if waits is not None and not live else None
-        if (f is not None and f.blocks is not None and p is f.req.prompt and extra is None
+        if (f is not None and f.blocks is not None and p is f.req.prompt and p is not None
+                and extra is None
                 and num_new_tokens is None and max_hit_tokens is None and resumed is False
                 and read_cache is True and require_full_fit is False
                 and num_lookahead_tokens.__class__ is int and not num_lookahead_tokens

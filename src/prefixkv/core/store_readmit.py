@@ -5,7 +5,7 @@ state ``admission.construct`` sets).
 The common case after ``StoreWait`` and ``poll_store``: the fetch holds the request's
 blocks (its device hits, the blocks its host hits went up to at the start, the landed
 run: ``Fetch.blocks``) and the one empty block the start took for the tokens after them
-(``Fetch.tail``), and ``reuse`` finds that nothing moved. The general path
+(``Fetch.tail``), and nothing moved (``store_reuse.unmoved``: ``reuse``'s answer then). The general path
 (``admit_general._admit``) then checks no count, splits no loads and asks the pool for
 nothing: the request's hits are every full block but the last token's, so the one
 block it needs is the tail, which the fetch holds. What is left of ``_admit`` is here,
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from ..results import Admission, StoreWait, admission_of
 from ..store.fetch import Fetch
 from .prompt import Prompt
-from .store_reuse import reuse
+from .store_reuse import unmoved
 
 if TYPE_CHECKING:
     from .manager import KVCacheManager
@@ -33,15 +33,15 @@ def _readmit(self: KVCacheManager, request_id: Hashable, prompt: Sequence[int] |
     an id no live request has, whose wait is on fetch ``f`` of this manager's store,
     landed whole on the device and held (``Fetch.blocks``; ``add_request`` checked all
     that): the same answer, effects and raises as ``_admit``'s."""
-    reused = reuse(f, prompt, None, self._index, self._host, self.block_size)  # type: ignore[arg-type]
-    if reused is None:  # (``reuse`` returns ``Fetch.blocks`` when it answers)
-        return self._admit(request_id, prompt, None, None, False, True, 0, False, 0, None)
-    req, hits, _ = reused
+    req, hits = f.req, f.blocks
+    assert hits is not None, "a short re-admission of a fetch that holds no blocks"
     n, bs = len(req.tokens), self.block_size
+    if not unmoved(f, n, self._index, bs):  # (``reuse``'s answer: None)
+        return self._admit(request_id, prompt, None, None, False, True, 0, False, 0, None)
     if n > self._max_slots:  # (as ``_admit``: never for the start's prompt)
         self._check_fits(n, None, 0, False)
     # | hits: every full block but the last token's | the tail: the last token's block |
-    num_cached = len(hits) * bs  # (``reuse``: (n - 1) // bs blocks)
+    num_cached = len(hits) * bs  # (``unmoved``: (n - 1) // bs blocks)
     first = len(hits)
     # the tail is a full block (``_admit``'s ``last > first``): its content is recorded
     prepared = (self._index.prepare(req, first, first + 1, hits[-1])

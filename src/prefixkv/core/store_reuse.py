@@ -15,7 +15,7 @@ from .block import Block
 from .prompt import Prompt
 from .request import Request
 
-__all__ = ["reuse", "taken_up"]
+__all__ = ["reuse", "taken_up", "unmoved"]
 
 
 def reuse(f: Fetch, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None, index: Any,
@@ -89,3 +89,16 @@ def taken_up(f: Fetch, hits: Sequence[Any]) -> int:
     first, front, cids = f.first, f.front, f.hit_cids
     return sum(1 for i in range(first - f.promoted, min(first, len(hits)))
                if hits[i] is front[i] and hits[i].content_id == cids[i])
+
+
+def unmoved(f: Fetch, n: int, index: Any, block_size: int) -> bool:
+    """``reuse``'s checks for a fetch ``f`` whose run landed whole on the device, held
+    (``Fetch.blocks``), at a re-admission with the start's Prompt object (``n`` tokens):
+    whether ``reuse`` would answer ``Fetch.blocks`` (True) or None. Changes nothing."""
+    blocks: list[Any] = f.blocks  # type: ignore[assignment]  # (the hits and the run, held:
+    if index.cut or len(blocks) != (n - 1) // block_size:  # as many as ``reuse``'s ``hits``
+        return False  # and ``cids``)
+    for b, c in zip(f.held, f.hit_cids, strict=True):  # (the run's blocks: held since
+        if b.key is None or b.content_id != c:  # they landed)
+            return False
+    return True
