@@ -23,7 +23,7 @@ def test_append_pop_remove_keep_lru_order():
 
 
 def test_popleft_and_remove_clear_the_links_contains_reads():
-    # (mutants-r22: free_queue popleft's link clearing dropped)
+    # (mutants-r22: the link clearing of popleft or remove_all dropped)
     q = FreeBlockQueue()
     a, b, c = Block(0), Block(1), Block(2)
     q.extend([a, b, c])
@@ -33,6 +33,11 @@ def test_popleft_and_remove_clear_the_links_contains_reads():
     q.remove(c)
     assert not q.contains(c) and c.prev is UNLINKED and c.next is UNLINKED
     assert ids(q) == [1] and q.broken_link() is None
+    d, e = Block(3), Block(4)
+    q.extend([d, e])
+    q.remove_all([b, e])
+    assert not any(q.contains(x) or x.prev is not UNLINKED or x.next is not UNLINKED for x in (b, e))
+    assert ids(q) == [3] and len(q) == 1 and q.broken_link() is None
 
 
 def test_broken_link_names_each_kind_of_break():
