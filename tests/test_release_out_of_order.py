@@ -20,7 +20,10 @@ def admitted(events: bool) -> tuple[KVCacheManager, list]:
 
 
 @pytest.mark.parametrize("events", [False, True])
-@pytest.mark.parametrize("order", [[2, 0, 4, 1, 3], [1, 3, 2, 0, 4], [4, 1, 0, 2, 3]])
+# (the last two link block 0 into the cached tier before the run's blocks come:
+# mutants-r22, ``release`` not closing the tier there before releasing them alone)
+@pytest.mark.parametrize("order", [[2, 0, 4, 1, 3], [1, 3, 2, 0, 4], [4, 1, 0, 2, 3],
+                                   [0, 2, 1, 3, 4], [0, 4, 2, 3, 1]])
 def test_a_run_given_out_of_order_frees_as_each_block_alone(events, order):
     m, blocks = admitted(events)
     run = blocks[1].counted
