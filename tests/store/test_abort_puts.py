@@ -68,3 +68,28 @@ def test_a_rewound_blocks_pending_write_is_dropped_when_its_content_comes_back(b
     assert b1 not in puts(m.take_kv_ops())           # the step recomputing it: not yet
     assert puts(m.take_kv_ops()) == [b1]             # the next: recomputed, written
     m.check_invariants()
+
+
+def test_an_uncached_blocks_pending_write_is_dropped_when_its_content_comes_back(backend, layout):
+    # (mutants-r22: ``uncache_blocks`` without its ``_drop_puts`` survived every test) as
+    # above, block 1 named invalid (a failed load) before the rewind that recomputes it
+    shared = SharedStore(backend, layout, cost=always(), timeout=10.0)
+    m = KVCacheManager(3, 4, hash_mode="sha256", host_blocks=4, store=shared)
+    m.add_request("a", X, read_cache=False)
+    m.take_kv_ops()
+    assert puts(m.take_kv_ops()) == [0, 1]
+    m.free("a")
+    m.add_request("z", list(range(100, 112)), read_cache=False)   # evicts X to the host
+    m.take_kv_ops()
+    m.free("z")
+    m.take_kv_ops()
+    adm = m.add_request("b", X)                      # block 1 recorded, the slot's id lent
+    assert adm.num_cached_tokens == 4
+    b1 = adm.block_ids[1]
+    assert not puts(m.take_kv_ops())                 # b's step: scheduled
+    m.uncache_blocks([b1])                           # block 1's KV is invalid
+    m.rewind("b", 4)                                 # (its content gone: nothing to drop)
+    assert m.extend("b", 4) == ()                    # recorded again at once, same block
+    assert b1 not in puts(m.take_kv_ops())           # the step recomputing it: not yet
+    assert puts(m.take_kv_ops()) == [b1]             # the next: recomputed, written
+    m.check_invariants()
