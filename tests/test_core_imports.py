@@ -37,7 +37,7 @@ CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.admission", "core.a
              "core.release", "core.lookups",
              "core.prompt", "core.store_waits",
              "core.store_landing", "core.store_memory", "core.store_giveup", "core.store_fill",
-             "core.store_reuse"}
+             "core.store_reuse", "core.store_readmit"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
           "groups.events", "groups.results", "groups.request", "groups.free_runs", "groups.free_hits",
           "groups.free_order", "groups.release_order", "groups.taint",

@@ -35,6 +35,21 @@ def test_a_live_requests_uncached_block_keeps_the_invariants_and_is_not_found():
     assert m.num_free_blocks == 16
 
 
+
+def test_a_block_no_request_holds_is_left_as_it_is():
+    # (mutants-r22: ``ref_cnt >= 0`` in the held filter took free cached blocks too, and
+    # left them keyless in the cached tier: InvariantError)
+    m = KVCacheManager(8, BS)
+    prompt = list(range(1, 10))
+    a = m.add_request("a", prompt)
+    m.free("a")
+    before = m.free_block_order()
+    assert before == [2, 3, 4, 5, 6, 7, 1, 0]
+    m.uncache_blocks([a.block_ids[0], a.block_ids[1], 5])  # cached and free, free and empty
+    m.check_invariants()
+    assert m.lookup(prompt) == 8 and m.free_block_order() == before
+
+
 def test_with_a_host_tier_the_blocks_after_an_uncached_one_are_cut_off_from_it():
     # before: InvariantError, block 1 is found but its parent's content is not on the device
     m = KVCacheManager(12, BS, hash_mode="sha256", host_blocks=6)

@@ -43,3 +43,48 @@ def test_an_aborted_blocks_pending_write_is_dropped_when_its_content_comes_back(
     assert b1 not in puts(m.take_kv_ops())           # c's step: block 1 not computed yet
     assert puts(m.take_kv_ops()) == [b1]             # the next: computed, written
     m.check_invariants()
+
+
+
+
+def _b_scheduled_under_a_lent_id(backend, layout):
+    """As above up to b's step: b holds X, its block 1 recorded under the host slot's
+    content id, scheduled; its pending write not gone out yet."""
+    shared = SharedStore(backend, layout, cost=always(), timeout=10.0)
+    m = KVCacheManager(3, 4, hash_mode="sha256", host_blocks=4, store=shared)
+    m.add_request("a", X, read_cache=False)
+    m.take_kv_ops()
+    assert puts(m.take_kv_ops()) == [0, 1]
+    m.free("a")
+    m.add_request("z", list(range(100, 112)), read_cache=False)   # evicts X to the host
+    m.take_kv_ops()
+    m.free("z")
+    m.take_kv_ops()
+    adm = m.add_request("b", X)
+    assert adm.num_cached_tokens == 4
+    assert not puts(m.take_kv_ops())                 # b's step: scheduled
+    return m, adm.block_ids[1]
+
+
+def _recomputed_and_written_once(m, b1):
+    assert m.extend("b", 4) == ()                    # recorded again at once, same block
+    assert b1 not in puts(m.take_kv_ops())           # the step recomputing it: not yet
+    assert puts(m.take_kv_ops()) == [b1]             # the next: recomputed, written
+    m.check_invariants()
+
+
+def test_a_rewound_blocks_pending_write_is_dropped_when_its_content_comes_back(backend, layout):
+    # (mutants-r22: ``rewind`` without its ``_drop_puts`` survived every test) block 1's
+    # KV, computed in b's step, turned out invalid
+    m, b1 = _b_scheduled_under_a_lent_id(backend, layout)
+    m.rewind("b", 4)
+    _recomputed_and_written_once(m, b1)
+
+
+def test_an_uncached_blocks_pending_write_is_dropped_when_its_content_comes_back(backend, layout):
+    # (mutants-r22: ``uncache_blocks`` without its ``_drop_puts`` survived every test)
+    # block 1 named invalid (a failed load) before the rewind that recomputes it
+    m, b1 = _b_scheduled_under_a_lent_id(backend, layout)
+    m.uncache_blocks([b1])
+    m.rewind("b", 4)                                 # (its content gone: nothing to drop)
+    _recomputed_and_written_once(m, b1)

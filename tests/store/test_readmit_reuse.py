@@ -10,6 +10,7 @@ import time
 import pytest
 
 from prefixkv import BlockLoads, ExtraKeys, KVCacheManager, MultiModalInput, StorePut, StoreWait
+from prefixkv.core import store_readmit, store_reuse
 from prefixkv.core.store_waits import StoreWaits
 from prefixkv.store import encode_value
 from prefixkv.tiers import HostSlot
@@ -22,7 +23,9 @@ IMAGE = ExtraKeys(mm=(MultiModalInput("img", 2, 8),))  # in blocks 0..2
 
 @pytest.fixture
 def taken(monkeypatch):
-    """Whether each ``reuse`` call answered (True) or left it to the walk (False)."""
+    """Whether each ``reuse`` call answered (True) or left it to the walk (False): the
+    general path's (``StoreWaits.reuse``) and ``_readmit``'s (the same Prompt object:
+    ``unmoved``, its checks)."""
     calls = []
     original = StoreWaits.reuse
 
@@ -31,7 +34,13 @@ def taken(monkeypatch):
         calls.append(out is not None)
         return out
 
+    def spy_readmit(*args):
+        out = store_reuse.unmoved(*args)
+        calls.append(out)
+        return out
+
     monkeypatch.setattr(StoreWaits, "reuse", spy)
+    monkeypatch.setattr(store_readmit, "unmoved", spy_readmit)
     return calls
 
 

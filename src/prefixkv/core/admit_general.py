@@ -25,6 +25,7 @@ from ..store.fetch import Fetch
 from .block import Block, blocks_for, hit_limit, key_chunk
 from .prompt import Prompt, encode_prompt, unpack_prompt
 from .request import GROW_AT, Request, grow_room, new_request
+from .store_reuse import taken_up
 
 if TYPE_CHECKING:
     from .manager import KVCacheManager
@@ -123,6 +124,8 @@ def _admit(
         else:
             fetched = loaded = (len(fetch.cids) if reused
                                 else sum(h.content_id in fetch.cids for h in loads))
+            if fetch.promoted:  # (its host hits went up at the start, for this request)
+                loaded -= taken_up(fetch, hits)
     if claimed is not None:  # ``hits`` is the claim's own list
         if need > 1:
             hits += pool.take(need)

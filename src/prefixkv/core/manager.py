@@ -34,6 +34,7 @@ from . import (
     manager_check,
     release,
     step_outputs,
+    store_readmit,
 )
 from .copies import CopyPlan
 from .pool import BlockPool
@@ -111,11 +112,13 @@ class KVCacheManager:
 
     # The calls. Each line names the module that holds the call's body and contract.
 
-    # ---- admission: core/admission.py (the common case), core/admit_general.py, lookups.py
+    # ---- admission: core/admission.py (the common case), core/admit_general.py,
+    # store_readmit.py (after a store fetch), lookups.py
     add_request = admission.add_request
     lookup = lookups.lookup
     lookup_block_ids = lookups.lookup_block_ids
     _admit = admit_general._admit
+    _readmit = store_readmit._readmit
     _acquire_loading = admit_general._acquire_loading
     _find = admit_general._find
     _check_fits = admit_general._check_fits

@@ -91,9 +91,15 @@ def fetch_ready(f: Fetch) -> None:
             fill_device(devices, f.parent_cid, f.extras[:run], f.planned[:run],
                         f.hashes[:run], f.chunks[:run], f.step)
         if run == len(f.devices):  # the request's blocks if it lands whole (``front``:
-            f.joined = f.front + f.devices  # the start's, never changed; ``devices``
+            joined = f.front + f.devices  # the start's, never changed; ``devices``
             # is changed by nothing while the fetch runs): listed where the blocks were
-            # just written, not on the scheduler's thread
+            # just written, not on the scheduler's thread; grown here by one entry and
+            # back (the list keeps the room), so that the re-admission's append of the
+            # tail block does not reallocate it (a copy of every entry, cold: 16 KiB at
+            # 2048 blocks, measured in benchmarks/results/store25b-r22.md)
+            joined.append(None)
+            joined.pop()
+            f.joined = joined
     if f.staged:  # the run's ``StoreFetched`` ops (new objects: the fetcher's to make)
         f.fetched = [StoreFetched(s.block_id, b[0].toreadonly())
                      for s, b in zip(slots, f.buffers, strict=False)]

@@ -15,7 +15,7 @@ from .block import Block
 from .prompt import Prompt
 from .request import Request
 
-__all__ = ["reuse"]
+__all__ = ["reuse", "taken_up", "unmoved"]
 
 
 def reuse(f: Fetch, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None, index: Any,
@@ -78,3 +78,27 @@ def reuse(f: Fetch, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None, ind
                    keys.base if mm is None or d >= len(mm) else mm[d]):
         return None
     return req, hits + landed, d
+
+
+def taken_up(f: Fetch, hits: Sequence[Any]) -> int:
+    """How many of a re-admission's ``hits`` (in block order) are the device blocks the
+    start of ``f`` took its host hits up into (``store_landing.promote``: the last
+    ``f.promoted`` of ``f.front``), each at its place and still holding the content it
+    took up: loaded for this request, so host hits, also when the run did not land on
+    the device (a lost race, a failed check: the fetch gave them back, cached)."""
+    first, front, cids = f.first, f.front, f.hit_cids
+    return sum(1 for i in range(first - f.promoted, min(first, len(hits)))
+               if hits[i] is front[i] and hits[i].content_id == cids[i])
+
+
+def unmoved(f: Fetch, n: int, index: Any, block_size: int) -> bool:
+    """``reuse``'s checks for a fetch ``f`` whose run landed whole on the device, held
+    (``Fetch.blocks``), at a re-admission with the start's Prompt object (``n`` tokens):
+    whether ``reuse`` would answer ``Fetch.blocks`` (True) or None. Changes nothing."""
+    blocks: list[Any] = f.blocks  # type: ignore[assignment]  # (the hits and the run, held:
+    if index.cut or len(blocks) != (n - 1) // block_size:  # as many as ``reuse``'s ``hits``
+        return False  # and ``cids``)
+    for b, c in zip(f.held, f.hit_cids, strict=True):  # (the run's blocks: held since
+        if b.key is None or b.content_id != c:  # they landed)
+            return False
+    return True

@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import check_count
 from ..extra_keys import ExtraKeys
 from ..results import StoreWait
-from ..store.fetch import Fetch
+from ..store.fetch import OK, Fetch
 from ..store.link import StoreLink
 from ..tiers import HostSlot, HostTier
 from .block import Block
@@ -268,7 +268,8 @@ class StoreWaits:
             f.ended = True
             self.in_flight -= 1
             self.reserved -= len(f.slots)
-            self.link.ended(f, now)
+            if f.stop != OK:  # (a run that ended at a bad or failed value: counted)
+                self.link.ended(f, now)
             gone = land(f, self.host, self.index, self.events, self.block_size)  # (store_landing.py)
             if gone:
                 self.pool.release(gone)

@@ -96,8 +96,8 @@ class StoreLink:
                 pass
 
     def ended(self, f: Fetch, now: float) -> None:
-        """Count what ended ``f`` (the manager's thread, when it lands ``f``; the fetcher
-        fed the cost rule already)."""
+        """Count what ended ``f`` (the manager's thread, when it lands ``f`` and its run
+        stopped at a block that is not ``OK``; the fetcher fed the cost rule already)."""
         if f.stop == REJECTED:
             self.stats.store_rejected += 1
         elif f.stop == FAILED:
