@@ -66,6 +66,7 @@ class SizedModel:
         # vLLM's null block, block 0 (prefixkv reserves it only where a group releases)
         self.null = self.free.popleft() if null else None
         self.twins = twins
+        self.twinned = False  # a twin was ever made (test_groups_sizes_machine.py compares until then)
         self.spares: dict = {}  # key -> the held twins of its holder (``twins`` on)
         self.refs = [0] * num_blocks
         self.keys: list[list] = [[] for _ in range(num_blocks)]  # the keys a block holds
@@ -202,6 +203,7 @@ class SizedModel:
                 key = self.key(g, r.extra, r.tokens, j)
                 if key in self.holders and self.twins:
                     self.spares.setdefault(key, []).append(x)
+                    self.twinned = True
                     continue
                 if key not in self.holders:
                     self.holders[key] = []

@@ -3,7 +3,7 @@ the content read from the run's record for each position."""
 
 from prefixkv.core.block import Block
 from prefixkv.core.keyless import Keyless
-from prefixkv.core.run import Run, RunCounts
+from prefixkv.core.run import RunCounts, new_run
 
 
 def run_of(k, pcid=7, cid0=20, width=2):
@@ -11,7 +11,7 @@ def run_of(k, pcid=7, cid0=20, width=2):
     ``bytes([i, i])``, extra b"x"."""
     blocks = [Block(100 + i) for i in range(k)]
     data = b"hh" + b"".join(bytes([i]) * width for i in range(k))
-    run = Run(blocks, data, b"x", 0, 0, RunCounts(), pcid)
+    run = new_run(blocks, data, b"x", 0, 0, RunCounts(), pcid)
     run.cid0 = cid0
     return run
 
