@@ -31,8 +31,13 @@ boundary chains over). The rules, each as vLLM 0.33 runs them:
   head (empty) and a free holder of the key moves to the tail in its place; when the
   holder is evicted, the first held twin takes over (groups/index.py).
 - Events, as prefixkv announces them: a key is stored when its first holder caches it,
-  removed when its last holder is evicted (vLLM announces every holder; partial tail
-  entries, docs/groups.md, are not modelled).
+  removed when its last holder is evicted (vLLM announces every holder).
+- Partial tail entries (vLLM's ``_cache_partial_tail_block``; docs/groups.md): a
+  full-attention group larger than the hash block, once the prompt's last hash boundary
+  before its last token lies inside one of its cached blocks, stores that boundary's
+  prefix as one more entry of the block (once per block, on a block holding its own key:
+  not on a twin); the entry is removed when the block is evicted (a twin taking over the
+  block's own key gets none).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class Req:
     computed: int  # tokens scheduled so far
     tables: list  # per group: block ids
     cached: list = field(default_factory=list)  # per group: entries past which caching goes on
+    prompt: int = 0  # the prompt's length at admission (vLLM's ``num_prompt_tokens``)
 
 
 class SizedModel:
@@ -72,6 +78,7 @@ class SizedModel:
         self.keys: list[list] = [[] for _ in range(num_blocks)]  # the keys a block holds
         self.holders: dict = {}  # key -> the blocks holding it, the first found first
         self.events: list = []  # ("stored" | "removed", key), and ("cleared",)
+        self.tails: dict = {}  # block -> the partial tail entry it holds besides its keys
         self.reqs: dict = {}
 
     # ---- keys and hits --------------------------------------------------------------
@@ -105,6 +112,8 @@ class SizedModel:
                 if not self.holders[key]:
                     del self.holders[key]
                     self.events.append(("removed", key))
+            if x in self.tails:
+                self.events.append(("removed", self.tails.pop(x)))
             self.keys[x] = []
             self.refs[x] = 1
         return out
@@ -156,7 +165,7 @@ class SizedModel:
             need += sum(not self.refs[x] for x in h[skip:])
         if need > len(self.free):
             return None
-        r = Req(list(tokens), extra, end, [], [])
+        r = Req(list(tokens), extra, end, [], [], len(tokens))
         for (b, w), h in zip(self.groups, hit, strict=True):
             skip = first_needed(w, end) // b
             self._touch(h[skip:])
@@ -211,6 +220,17 @@ class SizedModel:
                 self.holders[key].append(x)
                 self.keys[x].append(key)
             r.cached[g] = max(r.cached[g], full)
+            self._tail(r, g, min(n, hashed))
+
+    def _tail(self, r, g, hi):
+        b, w = self.groups[g]
+        end = (r.prompt - 1) // self.h * self.h
+        if w is not None or b <= self.h or not 0 < end <= hi or not end % b:
+            return
+        x = r.tables[g][end // b]
+        if x != self.null and self.keys[x] and x not in self.tails:
+            self.tails[x] = (g, r.extra, tuple(r.tokens[:end]))
+            self.events.append(("stored", self.tails[x]))
 
     def _reachable(self, g, j):
         """Whether a hit at some ``align`` boundary reads block ``j`` of group ``g``."""
@@ -231,6 +251,7 @@ class SizedModel:
             return False
         self.holders.clear()
         self.spares.clear()
+        self.tails.clear()
         self.keys = [[] for _ in self.keys]
         self.events.append(("cleared",))
         return True

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from prefixkv import ConfigError, PromptTooLongError
 from prefixkv.engine.build import UncachedHybridManager
 from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba, sliding_window
+from prefixkv.groups.events import GroupBlockRemoved
 from prefixkv.groups.sized import SizedHybridKVCacheManager
 
 GROUPS = [full_attention(), sliding_window(12)]
@@ -104,8 +105,8 @@ LAYOUTS = [  # (block size, window or None) per group: test_vllm_block_sizes_ref
 @given(layout=st.sampled_from(LAYOUTS), n=st.integers(1, 150), chunk=st.integers(1, 150))
 def test_the_events_are_what_block_sizes_says_is_stored(layout, n, chunk):
     # a prompt of n tokens computed whole, in chunks: one GroupBlockStored per block
-    # BlockSizes.stored names (but its partial tail entries, not served yet), keyed by
-    # the chain hash at the block's last hash boundary, its parent the group's block
+    # BlockSizes.stored names, its partial tail entries included (one hash block), keyed
+    # by the chain hash at the block's last hash boundary, its parent the group's block
     # before, its tokens the block's; each once, whatever the chunks
     specs = [full_attention() if w is None else sliding_window(w) for _, w in layout]
     sizes = BlockSizes.of([b for b, _ in layout])
@@ -125,8 +126,33 @@ def test_the_events_are_what_block_sizes_says_is_stored(layout, n, chunk):
         assert (j + 1) * b // sizes.hash_size - 1 == i and e.token_ids == prompt[j * b:(j + 1) * b]
         assert e.parent_block_hash == (None if j == 0 else hashes[j * b // sizes.hash_size - 1])
         got.append((e.group_idx, i, b))
-    want = [s for s in sizes.stored(specs, n) if s[2] == sizes.sizes[s[0]]]  # (no partial tails)
-    assert sorted(got) == sorted(want)
+    assert sorted(got) == sorted(sizes.stored(specs, n))
+
+
+def test_a_partial_tail_is_withdrawn_after_its_block_and_restated_after_an_overflow():
+    # full attention at 8 beside full attention at 16: a prompt of 16 tokens puts the
+    # partial tail entry of its hash block 0 (tokens 0..7) in group 1's block 0 (vLLM's
+    # cache_partial_block); when that block is evicted, vLLM withdraws its own entry,
+    # then the tail; an overflowed log restates it after the group's blocks
+    sizes = BlockSizes.of([8, 16])
+    specs = [full_attention(), full_attention()]
+    prompt = list(range(16))
+    m = HybridKVCacheManager(specs, 6, sizes, enable_events=True, seed=0, max_events=2)
+    hashes = m.prepare(prompt).hashes
+    m.add_request("r", prompt)
+    stored = [(e.group_idx, e.block_hashes, e.parent_block_hash, e.token_ids, e.block_size)
+              for e in m.take_events()[1:]]  # (after the AllBlocksCleared of the overflow)
+    assert stored == [(0, (hashes[0],), None, prompt[:8], 8), (0, (hashes[1],), hashes[0], prompt[8:], 8),
+                      (1, (hashes[1],), None, prompt, 16), (1, (hashes[0],), None, prompt[:8], 8)]
+    m = HybridKVCacheManager(specs, 6, sizes, enable_events=True, seed=0)
+    m.add_request("r", prompt)
+    m.free("r")
+    m.take_events()
+    m.add_request("s", [50 + k for k in range(32)])  # (the whole pool: every block evicted)
+    removed = [(e.group_idx, e.block_hashes) for e in m.take_events() if isinstance(e, GroupBlockRemoved)]
+    assert sorted(removed) == sorted((g, (h,)) for g in (0, 1) for h in hashes)
+    assert removed[removed.index((1, (hashes[1],))) + 1] == (1, (hashes[0],))
+    m.check_invariants()
 
 
 OPS = st.lists(st.tuples(st.sampled_from("aaeeeddddrfFl"), st.integers(0, 3), st.integers(1, 60),

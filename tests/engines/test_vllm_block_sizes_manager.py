@@ -6,7 +6,14 @@ or none) and prefilled in
 chunks of a random size (one ``allocate_slots`` / ``extend`` a chunk), decoded a few
 tokens (one ``allocate_slots`` a token), and freed or kept; after each call both give
 the same hit, the same block ids in every group (the null block where a window
-released one) and the same number of free blocks. Block ids are compared until
+released one), the same number of free blocks and the same events (each announced or
+withdrawn entry by group, kind, prefix and size; a partial tail entry, one hash block
+of a full-attention group larger than the hash block, by its parent and tokens too:
+vLLM's ``cache_partial_block``, groups/sized.py ``_tail``). Prompts are cut to a
+multiple of the lcm at random (where partial tails are), and on a small pool every
+request is freed, so entries are evicted and withdrawn (there the run stops at the
+first spare: from then on vLLM evicts other blocks, so hits differ). Block ids and
+events are compared until
 prefixkv holds a spare (a second block computing a prefix its group holds: a request
 recomputing the unaligned tail of a hit): vLLM keeps such a copy cached, prefixkv
 empties it when it is freed (groups/index.py), so the free queues differ from there on,
@@ -32,19 +39,21 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 skip_module_without_vllm()
 pytest.importorskip("torch")
 
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash  # noqa: E402
+
 from .test_vllm_block_sizes_reference import LAYOUTS, PROMPT, _request, _vllm, group_specs  # noqa: E402
 
-NUM_BLOCKS = 400  # (_vllm's pool, its null block 0 included)
+POOLS = (400, 48)  # (_vllm's pool, its null block 0 included)
 
 
-def ours(groups):
+def ours(groups, num_blocks):
     """prefixkv's manager of a layout, its block ids as vLLM's: vLLM always reserves
     block 0 as its null block; prefixkv does when a group releases blocks, else its
     ids start at 0 (one more is added to them)."""
     sizes = BlockSizes.of([b for b, _ in groups])
     specs = group_specs(groups)
     shift = int(not any(s.releases for s in specs))
-    m = HybridKVCacheManager(specs, NUM_BLOCKS - shift, sizes, hash_mode="sha256", seed=0)
+    m = HybridKVCacheManager(specs, num_blocks - shift, sizes, hash_mode="sha256", seed=0, enable_events=True)
     return m, shift
 
 
@@ -59,19 +68,67 @@ def same_tables(m, shift, rid, theirs, exact):
     assert mine == [[b if exact or b == 0 else -1 for b in ids] for ids in theirs], (rid, mine, theirs)
 
 
+def _key(h):
+    """A chain hash as vLLM's events carry it (an int; prefixkv's events carry bytes)."""
+    return h if isinstance(h, int) else maybe_convert_block_hash(h)
+
+
+def entries(events, prefixes, group_sizes, hash_size):
+    """Each entry an event announces or withdraws: (kind, group, prefix tokens, size),
+    with the parent's prefix and the tokens for a partial tail entry. ``prefixes``:
+    each side's chain hash (as vLLM's events carry it) -> the tokens it covers."""
+    out = []
+    for e in events:
+        if not hasattr(e, "block_hashes"):
+            out.append((type(e).__name__,))
+            continue
+        stored = hasattr(e, "token_ids")
+        for h in e.block_hashes:
+            entry = (stored, e.group_idx, prefixes[_key(h)], stored and e.block_size)
+            if stored and e.block_size == hash_size < group_sizes[e.group_idx]:
+                up = e.parent_block_hash
+                entry += (None if up is None else prefixes[_key(up)], list(e.token_ids))
+            out.append(entry)
+    return out
+
+
+def learn(prefixes, hashes, tokens, hash_size):
+    for i, h in enumerate(hashes):
+        prefixes[_key(h)] = tuple(tokens[:(i + 1) * hash_size])
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("num_blocks", POOLS)
 @settings(max_examples=25, deadline=None)
 @given(runs=st.lists(st.tuples(PROMPT, st.integers(1, 120), st.integers(0, 40), st.booleans(),
-                              st.sampled_from([0, 0, 1, 5, 17])), min_size=1, max_size=6), probe=PROMPT)
-def test_the_manager_gives_vllms_hits_and_block_ids_per_group(layout, runs, probe):
+                              st.sampled_from([0, 0, 1, 5, 17]), st.booleans()), min_size=1, max_size=6),
+       probe=PROMPT)
+def test_the_manager_gives_vllms_hits_block_ids_and_events_per_group(layout, num_blocks, runs, probe):
     groups = LAYOUTS[layout]
     hash_size = reduce(math.gcd, (b for b, _ in groups))
     lcm = reduce(math.lcm, (b for b, _ in groups))
-    v = _vllm(groups, hash_size, lcm)
-    m, shift = ours(groups)
+    v = _vllm(groups, hash_size, lcm, events=True, num_blocks=num_blocks)
+    m, shift = ours(groups, num_blocks)
     assert m.block_size == lcm
     exact = True
-    for i, (tokens, chunk, decode, free, ahead) in enumerate(runs):
+    theirs: dict = {}
+    mine: dict = {}
+    group_sizes = [b for b, _ in groups]
+
+    def same_events(r):
+        learn(theirs, r.block_hashes, r.all_token_ids, hash_size)
+        learn(mine, m.prepare(list(r.all_token_ids)).hashes, r.all_token_ids, hash_size)
+        got = entries(m.take_events(), mine, group_sizes, hash_size)
+        want = entries(v.take_events(), theirs, group_sizes, hash_size)
+        if exact:
+            assert got == want, (r.request_id, got, want)
+
+    for i, (tokens, chunk, decode, free, ahead, aligned) in enumerate(runs):
+        tokens = tokens[:len(tokens) // lcm * lcm] if aligned and len(tokens) >= lcm else tokens
+        if num_blocks < 400:  # (every request freed: entries evicted, in the same order until a spare)
+            free = True
+            if not exact:
+                return
         r = _request(f"r{i}", tokens, hash_size)
         blocks, hit, *_ = v.get_computed_blocks(r)
         assert m.lookup(tokens) == hit
@@ -83,6 +140,7 @@ def test_the_manager_gives_vllms_hits_and_block_ids_per_group(layout, runs, prob
         while True:
             exact = exact and not any(m._index.twins)
             same_tables(m, shift, r.request_id, v.get_block_ids(r.request_id), exact)
+            same_events(r)
             step = min(chunk, len(tokens) - r.num_computed_tokens)
             if not step:
                 break
@@ -96,9 +154,11 @@ def test_the_manager_gives_vllms_hits_and_block_ids_per_group(layout, runs, prob
             r.num_computed_tokens += 1
             exact = exact and not any(m._index.twins)
             same_tables(m, shift, r.request_id, v.get_block_ids(r.request_id), exact)
+            same_events(r)
         if free:
             v.free(r)
             m.free(r.request_id)
+            same_events(r)
         assert m.num_free_blocks == v.block_pool.get_num_free_blocks()
         m.check_invariants()
     r = _request("probe", probe, hash_size)

@@ -59,6 +59,8 @@ class GroupIndex:
         self.table = table
         self._sink = sink
         self.hashing = sink.active
+        # block id -> the announced partial tail entry it holds besides its own (sized.py)
+        self.tails: dict[int, GroupBlockStored] = {}
         # ``uncache`` calls that took content from a held block (``GroupRequest.losses``)
         self.losses = 0
 
@@ -203,15 +205,34 @@ class GroupIndex:
             # (the snapshot restates the announcement with the heir's id)
             heir.event = None if b.event is None else replace(b.event, block_ids=(heir.block_id,))
             self.table.unhold(node)
+            if self.tails:
+                self._drop_tail(b, g)
             return
         del self.entries[g][node.pid]
         if self._sink.active:
             assert node.hash is not None, f"{node!r} was announced without its chain hash"
-            spec = self.specs[g]
-            self._sink.append(GroupBlockRemoved(
-                (node.hash,), (b.block_id,), group_idx=g,
-                spec_kind=spec.kind, spec_tokens=spec.tokens))
+            self._withdraw((node.hash,), b, g)
+            if self.tails:
+                self._drop_tail(b, g)
         self.table.unhold(node)
+
+    def _withdraw(self, hashes: Sequence[bytes], b: Block, g: int) -> None:
+        spec = self.specs[g]
+        self._sink.append(GroupBlockRemoved(hashes, (b.block_id,), group_idx=g,
+                                            spec_kind=spec.kind, spec_tokens=spec.tokens))
+
+    def store_tail(self, g: int, b: Block, event: GroupBlockStored) -> None:
+        """Announce ``event``, a partial tail entry (one hash block) that group ``g``'s
+        primary block ``b`` holds besides its own prefix (vLLM's ``cache_partial_block``;
+        groups/sized.py), once; it is withdrawn after ``b``'s own, when ``b`` loses it."""
+        if b.block_id not in self.tails and not b.twin and self.nodes[b.block_id] is not None:
+            self.tails[b.block_id] = event
+            self._sink.append(event)
+
+    def _drop_tail(self, b: Block, g: int) -> None:
+        tail = self.tails.pop(b.block_id, None)
+        if tail is not None:
+            self._withdraw(tail.block_hashes, b, g)
 
     def release_spare(self, block: Block) -> Block | None:
         """Forget a spare whose last reference went (it returns empty); the primary of
@@ -226,11 +247,12 @@ class GroupIndex:
     def snapshot(self) -> list[Event]:
         """One GroupBlockStored per indexed block, group by group, parents first."""
         out: list[Event] = []
-        for entries in self.entries:
+        for g, entries in enumerate(self.entries):
             for pid in sorted(entries):
                 b = entries[pid]
                 if b.event is not None:
                     out.append(b.event)
+            out += [e for e in self.tails.values() if e.group_idx == g]
         return out
 
     def clear(self) -> None:
@@ -238,6 +260,7 @@ class GroupIndex:
             e.clear()
         for t in self.twins:
             t.clear()
+        self.tails.clear()
         self.nodes = [None] * len(self.nodes)
         self.table.clear()
 
@@ -254,6 +277,11 @@ class GroupIndex:
                     if self._holds(b, g, pid) or not b.twin or not b.ref_cnt \
                             or listed.count(b) != 1:
                         return f"group {g}: spare {b!r} of prefix {pid} does not match the block"
+        for i, tail in self.tails.items():
+            node = self.nodes[i]
+            if node is None or self.entries[tail.group_idx].get(node.pid) is None \
+                    or self.entries[tail.group_idx][node.pid].block_id != i:
+                return f"block {i} holds a partial tail entry but is not its group's primary"
         for b in blocks:
             node = self.nodes[b.block_id]
             if (b.key is None) != (node is None):

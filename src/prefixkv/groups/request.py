@@ -45,7 +45,7 @@ from .spec import GroupSpec
 class GroupRequest:
     __slots__ = ("request_id", "tokens", "keys", "tables", "cut", "nodes", "num_cached",
                  "num_scheduled", "num_reserved", "step_start", "next_release", "release_bound",
-                 "prompt", "tainted_from", "losses")
+                 "prompt", "tainted_from", "losses", "num_prompt")
 
     def __init__(self, request_id: Hashable, tokens: array[int], keys: RequestKeys, num_groups: int) -> None:
         self.request_id = request_id
@@ -63,6 +63,7 @@ class GroupRequest:
         self.prompt: Prompt | None = None  # a prepared prompt, until its prefill is scheduled
         self.tainted_from: int | None = None
         self.losses = -1
+        self.num_prompt = len(tokens)  # (vLLM's num_prompt_tokens: where a partial tail is cached)
 
     def release(self, going: Sequence[Sequence[Block | None]]) -> list[Block]:
         """Replace each group's blocks in ``going`` (the next ones after its cut) by None

@@ -16,7 +16,8 @@ scheduled tokens rounded down to ``sizes.align``, and a window only those a hit 
 release per group at the group's own size; released and freed blocks go in vLLM's plain
 order (group by group, each group's last block first). Not served yet, refused with
 ConfigError: ``rewind``, ``fork``, ``uncache_blocks``, ``peek``, and (at construction)
-a Mamba group; no partial tail entries (vLLM's ``cache_partial_block``).
+a Mamba group. With events on, a full-attention group larger than the hash block
+announces the partial tail entry of a prompt of a multiple of ``align`` (``_tail``).
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ from typing import NoReturn
 
 from ..core.block import Block, blocks_for
 from ..errors import ConfigError, check_count
+from ..hashing import token_bytes
 from ..index.announce import Prepared
 from . import sized_admission
+from .events import GroupBlockStored
 from .growth import Growth
 from .manager import HybridKVCacheManager
 from .request import GroupRequest
 from .results import GroupFork
+from .spec import FULL
 
 
 def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared: Prepared) -> None:
@@ -60,6 +64,32 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
             events = ([req.keys.for_event(j, b) for j in span] if self._index.hashing else None)
             self._index.store(g, part, keyed, span.start, req.tokens, events, b,  # type: ignore[arg-type]
                               b // h)
+        if self._index.hashing and spec.kind == FULL and b > h:
+            _tail(self, req, g, table, hi)
+
+
+def _tail(self: HybridKVCacheManager, req: GroupRequest, g: int, table: Sequence[Block | None],
+          hi: int) -> None:
+    """vLLM's ``_cache_partial_tail_block`` for full-attention group ``g``, larger than
+    the hash block, once ``hi`` tokens are cached: the prompt's last hash boundary before
+    its last token, when it lies inside a block of the group at or below ``hi`` (so only
+    for a prompt of a multiple of ``align``: in its last block, full and just recorded),
+    is announced as one more entry of that block, the hash block before the boundary
+    (``BlockSizes.stored``). It never serves a hit (hits look only at whole blocks)."""
+    h, b = self._hash_size, self._group_sizes[g]
+    end = (req.num_prompt - 1) // h * h
+    if not 0 < end <= hi or not end % b:
+        return
+    blk, i = table[end // b], end // h - 1
+    node = req.nodes[i]
+    if blk is None or node.lost:
+        return
+    assert node.hash is not None, f"{node!r}: events need its chain hash"
+    up = node.parent
+    spec = self.groups[g]
+    self._index.store_tail(g, blk, GroupBlockStored(
+        (node.hash,), None if up is None else up.hash, token_bytes(req.tokens[i * h:end]), (blk.block_id,),
+        req.keys.for_event(i, h), i, group_idx=g, spec_kind=spec.kind, spec_tokens=spec.tokens))
 
 
 def _cut_off(self: HybridKVCacheManager, req: GroupRequest, end: int) -> bool:
