@@ -38,13 +38,13 @@ def _read(groups, scheduler, hashes):
 def test_groups_of_different_sizes_are_read_with_their_sizes(groups, scheduler, hashes):
     layout = _read(groups, scheduler, hashes)
     assert layout.sizes == BlockSizes.of([b for b, _ in groups], hashes, scheduler)
-    assert layout.block_size == scheduler and not layout.one_size and layout.hybrid
+    assert layout.block_size == scheduler and not layout.sizes.one_size and layout.hybrid
     assert layout.groups == tuple(full_attention() if w is None else sliding_window(w) for _, w in groups)
 
 
 def test_one_size_reads_as_before():
     layout = _read(((16, None), (16, 20)), 16, 16)
-    assert layout.sizes == BlockSizes((16, 16), 16, 16) and layout.block_size == 16 and layout.one_size
+    assert layout.sizes == BlockSizes((16, 16), 16, 16) and layout.block_size == 16 and layout.sizes.one_size
 
 
 @pytest.mark.parametrize(("make", "scheduler", "hashes", "named"), [

@@ -62,7 +62,7 @@ class CoordinatorView:
         self._num_dense = len(self._sparse) - self._num_sparse
         self.block_size = layout.block_size
         self._sizes = layout.sizes.sizes  # (each group's own block size)
-        self._one_size = layout.one_size
+        self._one_size = layout.sizes.one_size
         self.single_type_managers = tuple(GroupView(manager, g, self._sizes[g], spec)
                                           for g, spec in enumerate(layout.specs))
         self.eagle_group_ids: tuple[int, ...] = ()

@@ -63,11 +63,6 @@ class Layout:
     eagle_flags: tuple[bool, ...] = ()
 
     @property
-    def one_size(self) -> bool:
-        """Whether groups, hashes and scheduler share one block size."""
-        return self.sizes.align == self.sizes.hash_size
-
-    @property
     def hybrid(self) -> bool:
         """Whether it takes ``prefixkv.groups.HybridKVCacheManager`` (several groups, or
         one that is not full attention) rather than ``prefixkv.KVCacheManager``."""
@@ -241,13 +236,13 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool) -> 
     only: the hybrid manager takes no such switch."""
     if layout.hybrid:
         releasing = any(g.releases for g in layout.groups)
-        sizes = layout.block_size if layout.one_size else layout.sizes
+        sizes = layout.block_size if layout.sizes.one_size else layout.sizes
         try:
             core: Any = HybridKVCacheManager(
                 layout.groups, layout.num_blocks - (0 if releasing else 1), sizes,
                 hash_mode="sha256", enable_events=enable_events)
         except ConfigError as e:
-            if layout.one_size:
+            if layout.sizes.one_size:
                 raise
             raise UnsupportedByPrefixKV(f"prefixkv's hybrid manager does not take this layout "
                                         f"of block sizes ({layout.sizes}): {e}") from e
