@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..extra_keys import ExtraKeys
+from ..hashing import HashFn
 from ..results import StorePut
 from .fetch import FAILED, REJECTED, Fetch, finish, prepare, read_part
 from .record import block_head
@@ -26,6 +27,18 @@ if TYPE_CHECKING:
 RETIRED_MAX = 16
 """Fetches ``retire`` keeps for the fetcher threads to free at most; past it, the oldest
 is freed on the caller's thread (no fetch started since: their memory stays bounded)."""
+
+
+def reset_root(fn: HashFn, root: bytes, resets: int) -> bytes:
+    """The root that names blocks in a shared store after the ``resets``-th reset of
+    the prefix cache (``resets`` >= 1) of a process whose first root is ``root`` (chain
+    hash ``fn``). A reset is taken to follow a change of the weights, so nothing saved
+    before it may be found after it; as the root depends only on the first root and
+    the count, processes that reset as often name blocks alike and share again. The
+    vLLM connector chains its blocks' hashes from it; ``KVCacheManager`` keys its
+    store namespace by it (``StoreLink.reset``), its chain hashes (events, routers)
+    unchanged."""
+    return fn(root + b"prefixkv reset " + resets.to_bytes(8, "little"))
 
 
 class StoreLink:
@@ -44,7 +57,9 @@ class StoreLink:
         self.block_size = block_size
         self.max_fetch, self.cost = store.max_fetch, store.cost
         self._worth = store.cost.worth_for(self.payload, block_size)  # (checked once, here)
-        self._scope = self.digest + block_size.to_bytes(4, "little") + mode + b"\0" + root
+        self._base = self.digest + block_size.to_bytes(4, "little") + mode + b"\0"
+        self._root, self.resets = root, 0  # (the first root; resets: ``reset``)
+        self._scope = self._base + root
         self._prefixes: dict[str | None, bytes] = {}
         self.quiet_until = 0.0
         self.done: deque[Fetch] = deque()
@@ -61,6 +76,16 @@ class StoreLink:
             ns = hashlib.sha256(b"prefixkv-ns\0" + self._scope + b"\0" + tag).hexdigest()[:24]
             p = self._prefixes[salt] = f"prefixkv:{ns}:".encode()
         return p
+
+    def reset(self, fn: HashFn) -> None:
+        """The prefix cache was reset (``KVCacheManager.reset_prefix_cache``): from now
+        on, keys (``prefix``, ``put``) are in the namespace of ``reset_root`` of the
+        first root and the count of resets (``fn``: the chain hash). A key made before
+        names the old namespace: a write the engine was handed before lands there,
+        where nothing after the reset looks."""
+        self.resets += 1
+        self._scope = self._base + reset_root(fn, self._root, self.resets)
+        self._prefixes.clear()
 
     def put(self, block_id: int, block_hash: bytes, parent: bytes, chunk: bytes, extra: bytes,
             keys: ExtraKeys | None) -> StorePut:
