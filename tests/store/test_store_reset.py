@@ -67,21 +67,25 @@ def test_contents_computed_before_a_reset_are_never_written_after_it(backend, sh
     assert from_store(twin, A) == 0
 
 
-def test_the_keys_after_a_reset_are_those_of_the_reset_root(backend, shared):
-    """The namespace after the n-th reset is that of ``reset_root`` of the first root
-    and n, whatever the manager did meanwhile (one rule, shared with the connector)."""
-    from prefixkv.store.link import reset_root
+def test_the_keys_after_a_reset_carry_the_reset_roots_tag_within_the_namespace(backend, shared):
+    """After the n-th reset a key is ``<namespace prefix><reset_tag(reset_root(first
+    root, n))><chain hash>``, whatever the manager did meanwhile (one rule, shared with
+    the connector), and stays under the namespace's prefix: a tenant's ACL key pattern
+    (``SharedStore.key_prefix``) still covers it."""
+    from prefixkv import ExtraKeys
+    from prefixkv.store.link import reset_root, reset_tag
 
     m = manager(shared)
     m.reset_prefix_cache()
     m.reset_prefix_cache()
+    salted = ExtraKeys(cache_salt="t7")
     (put, *_) = computed(m, backend, "a", A)
+    (tenant, *_) = computed(m, backend, "b", A, extra=salted)
     fn, root = make_hash_fn("sha256", None)
-    old = shared.bind("sha256", None, root, 4, None, None)
-    named = shared.bind("sha256", None, reset_root(fn, reset_root(fn, root, 1), 1), 4, None, None)
-    again = shared.bind("sha256", None, reset_root(fn, root, 2), 4, None, None)
-    assert put.key.startswith(again.prefix(None))
-    assert not put.key.startswith(old.prefix(None)) and not put.key.startswith(named.prefix(None))
+    for p, salt in ((put, None), (tenant, "t7")):
+        namespace = shared.key_prefix(4, "sha256", cache_salt=salt)
+        assert p.key.startswith(namespace + reset_tag(reset_root(fn, root, 2)))
+        assert len(p.key) == len(namespace) + 25 + 64      # (24 hex, a colon, sha256 hex)
 
 
 def test_a_refused_reset_changes_nothing(backend, shared):

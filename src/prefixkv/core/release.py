@@ -82,8 +82,8 @@ def reset_prefix_cache(self: KVCacheManager, *, keep_store: bool = False) -> boo
 
     With a shared store, a reset is taken to follow a change of the weights (an RL
     trainer's in-place update, around which vLLM resets its connector): from then on the
-    store's blocks are named in a new namespace, of the first root and the count of
-    resets (``store.link.reset_root``, the vLLM connector's rule), so nothing saved
+    store's keys carry a tag of the first root and the count of resets
+    (``store.link.reset_root``, the vLLM connector's rule), so nothing saved
     before is found; the contents computed before whose writes were not planned yet
     are never written; managers that reset as often share again. Writes planned
     before (``StorePut``) keep their old keys: run late, they land where nothing

@@ -35,10 +35,17 @@ def reset_root(fn: HashFn, root: bytes, resets: int) -> bytes:
     hash ``fn``). A reset is taken to follow a change of the weights, so nothing saved
     before it may be found after it; as the root depends only on the first root and
     the count, processes that reset as often name blocks alike and share again. The
-    vLLM connector chains its blocks' hashes from it; ``KVCacheManager`` keys its
-    store namespace by it (``StoreLink.reset``), its chain hashes (events, routers)
-    unchanged."""
+    vLLM connector chains its blocks' hashes from it; ``KVCacheManager`` (``StoreLink
+    .reset``) and the SGLang backend put its ``reset_tag`` in their keys, their chain
+    hashes (events, routers) unchanged."""
     return fn(root + b"prefixkv reset " + resets.to_bytes(8, "little"))
+
+
+def reset_tag(root: bytes) -> bytes:
+    """What a key carries after its namespace once the cache was reset (``root``: the
+    ``reset_root``): ``b"<24 hex>:"``. A block's key before any reset has none, and a
+    chain hash's hex holds no colon, so no key of one reset is a key of another."""
+    return root.hex()[:24].encode() + b":"
 
 
 class StoreLink:
@@ -57,16 +64,18 @@ class StoreLink:
         self.block_size = block_size
         self.max_fetch, self.cost = store.max_fetch, store.cost
         self._worth = store.cost.worth_for(self.payload, block_size)  # (checked once, here)
-        self._base = self.digest + block_size.to_bytes(4, "little") + mode + b"\0"
+        self._scope = self.digest + block_size.to_bytes(4, "little") + mode + b"\0" + root
         self._root, self.resets = root, 0  # (the first root; resets: ``reset``)
-        self._scope = self._base + root
+        self._tag = b""  # after a reset: the reset root's, in every key after the namespace
         self._prefixes: dict[str | None, bytes] = {}
         self.quiet_until = 0.0
         self.done: deque[Fetch] = deque()
         self.retired: deque[tuple[Fetch, tuple[Any, ...]]] = deque()
 
     def prefix(self, extra: ExtraKeys | None) -> bytes:
-        """``b"prefixkv:<namespace>:"`` for requests with these extra keys (their salt)."""
+        """``b"prefixkv:<namespace>:"`` for requests with these extra keys (their salt);
+        after a reset, ``b"prefixkv:<namespace>:<reset>:"`` (``reset``), so a key
+        pattern of the namespace (a tenant's ACL) still covers it."""
         salt = extra.cache_salt if extra is not None else None
         p = self._prefixes.get(salt)
         if p is None:
@@ -74,17 +83,17 @@ class StoreLink:
                 self._prefixes.clear()
             tag = b"-" if salt is None else b"S" + salt.encode()
             ns = hashlib.sha256(b"prefixkv-ns\0" + self._scope + b"\0" + tag).hexdigest()[:24]
-            p = self._prefixes[salt] = f"prefixkv:{ns}:".encode()
+            p = self._prefixes[salt] = f"prefixkv:{ns}:".encode() + self._tag
         return p
 
     def reset(self, fn: HashFn) -> None:
         """The prefix cache was reset (``KVCacheManager.reset_prefix_cache``): from now
-        on, keys (``prefix``, ``put``) are in the namespace of ``reset_root`` of the
-        first root and the count of resets (``fn``: the chain hash). A key made before
-        names the old namespace: a write the engine was handed before lands there,
-        where nothing after the reset looks."""
+        on, keys (``prefix``, ``put``) carry after the namespace the first 24 hex digits
+        of ``reset_root`` of the first root and the count of resets (``fn``: the chain
+        hash). A key made before has another: a write the engine was handed before
+        lands where nothing after the reset looks."""
         self.resets += 1
-        self._scope = self._base + reset_root(fn, self._root, self.resets)
+        self._tag = reset_tag(reset_root(fn, self._root, self.resets))
         self._prefixes.clear()
 
     def put(self, block_id: int, block_hash: bytes, parent: bytes, chunk: bytes, extra: bytes,

@@ -6,8 +6,8 @@ the key already commits to the whole prefix. A value is prefixkv's record
 (``prefixkv.store.record``) whose head names the layout (model, ranks, dtype, page
 bytes, host layout: ``StoreLayout``), the page size and the page's own hash::
 
-    key   = b"prefixkv:sglang:" hex(root)[:24] b":" page hash
-            root = sha256(layout digest, page size); after n clears, reset_root(root, n)
+    key   = b"prefixkv:sglang:" hex(sha256(layout digest, page size))[:24] b":"
+            [after n clears: reset_tag(reset_root(that sha256, n))] page hash
     value = head(layout digest, page size, parent = b"", tokens = page hash, extra = b"")
             | length | xxh3-128 checksum | payload
 
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import ConfigError
-from ...store.link import reset_root
+from ...store.link import reset_root, reset_tag
 from ...store.mistakes import own_mistake
 from ...store.protocol import StoreBackend
 from ...store.record import StoreLayout, block_head, encode_value, value_checked
@@ -43,11 +43,6 @@ _FRAME = len(encode_value(b"", b""))  # a value's bytes besides its head and pay
 
 def _sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
-
-
-def _prefix(root: bytes) -> bytes:
-    """``b"prefixkv:sglang:<namespace>:"`` of a namespace root."""
-    return f"prefixkv:sglang:{root.hex()[:24]}:".encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +98,8 @@ class PageStore:
         self._digest = layout.digest()
         self._root = _sha256(b"prefixkv-sglang\0" + self._digest + page_size.to_bytes(4, "little"))
         self.clears = 0  # (``clear``)
-        self.prefix = _prefix(self._root)
+        self._base = f"prefixkv:sglang:{self._root.hex()[:24]}:".encode()
+        self.prefix = self._base
         self._quiet_until = 0.0
         self._lock = threading.Lock()  # the counters' (a call adds its counts in one step)
         self.hits = self.misses = self.rejected = self.failed_reads = 0
@@ -127,15 +123,16 @@ class PageStore:
             self.failed_calls += failed_calls
 
     def clear(self) -> None:
-        """Leave every page stored so far unfound: from now on keys are in the namespace
-        of ``store.link.reset_root`` of the first one and the count of clears (the rule
-        of a prefix-cache reset), so stores cleared as often share again. Nothing is
+        """Leave every page stored so far unfound: from now on keys carry after the
+        namespace the ``reset_tag`` of ``store.link.reset_root`` of its root and the
+        count of clears (the rule of a prefix-cache reset), so stores cleared as often
+        share again. Nothing is
         deleted (the store is shared and never scanned; old pages expire). A call under
         way keeps the namespace it started in: a write of pages read before the clear
         lands where nothing looks after it."""
         with self._lock:
             self.clears += 1
-            self.prefix = _prefix(reset_root(_sha256, self._root, self.clears))
+            self.prefix = self._base + reset_tag(reset_root(_sha256, self._root, self.clears))
 
     def key(self, page: str) -> bytes:
         """The store key of page hash ``page``. Raises ConfigError for a page hash that

@@ -259,7 +259,7 @@ class PrefixKVStorage(HiCacheStorage):
 
     def clear(self) -> None:
         """Leave every page stored before unfound by this backend (``PageStore.clear``:
-        its keys move to a new namespace, of the first and the count of clears; nothing
+        its keys carry a tag of the count of clears after the namespace; nothing
         is deleted, as the store is shared and never scanned: old pages expire after
         ``ttl``). SGLang calls it on ``POST /hicache/storage-backend/clear`` (after an
         in-place weight update) and on a PD role switch: replicas share again once
