@@ -56,3 +56,19 @@ def test_the_run_evicted_whole_is_the_rest_as_it_came():
     assert rest is own
     assert len(front) == 1 and front[0].counted is None
     after(m, front + rest)
+
+
+@pytest.mark.parametrize(("num_blocks", "u"), [(16, 8), (20, 10)])
+def test_the_run_evicted_whole_is_the_rest_as_it_came_when_the_empty_tier_covers_u(num_blocks, u):
+    """The empty tier holds ``u`` blocks (16: exactly; 20: two more), then the pending
+    run: the rest is still the run's own list, its tail freed first (``take(u + 7, True)``
+    would have copied it after the ``u`` empty ones: it takes more empty blocks than it
+    evicts)."""
+    m = pooled(num_blocks)
+    (run,) = [r for r in m._index.run_counts.pending]
+    own, ids = run.blocks, [b.block_id for b in reversed(run.blocks)]
+    front, rest = m._pool.take_split(u, 7 + num_blocks - 8 - u)
+    assert rest is own
+    assert [b.block_id for b in front] == list(range(8, 8 + u))  # (the miss held 0..7)
+    assert [b.block_id for b in rest] == list(range(8 + u, num_blocks)) + ids
+    after(m, front + rest)
