@@ -170,3 +170,20 @@ def test_a_prepared_prompt_with_a_bad_argument_raises_as_the_general_path(kw) ->
         assert [(a.block_ids, a.num_cached_tokens, a.num_new_tokens) for a in got[:2]] == [
             (tuple(range(30)), 8, 1)] * 2  # (the hit's 2, then 28 for the 1 + 107 slots)
         same(lean, slow, "a")
+
+
+EDGES = [  # (each count at the lowest value it may take, the lookahead at the pool's edge)
+    {"num_new_tokens": 1}, {"max_hit_tokens": 0}, {"num_lookahead_tokens": 0},
+    {"keep_free": 0}, {"num_lookahead_tokens": 32 * BS - 20},
+    {"resumed": False, "read_cache": True, "require_full_fit": False},
+    {"resumed": True, "read_cache": False, "require_full_fit": True},
+]
+
+
+@pytest.mark.parametrize("kw", EDGES)
+def test_a_prepared_prompt_with_arguments_at_their_edges_takes_the_lean_path(kw) -> None:
+    """Valid values at their edges are the common case too: no call of ``_admit``."""
+    m = make(True, 32)
+    m._admit = lambda *args: pytest.fail("the general path")  # type: ignore[method-assign]
+    got = m.add_request("a", m.prepare(list(range(20))), **kw)
+    assert got is not None
