@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from array import array
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from prefixkv.core.block import Block
@@ -144,6 +144,10 @@ def _table(rng, spec, g, k, extra, ids, shape):
 @given(seed=st.integers(0, 2**32 - 1), layout=st.sampled_from(LAYOUTS + [None]),
        k=st.sampled_from([0, 1, 3, 9, 40, 200]), shape=st.sampled_from(["request", "random"]),
        longer=st.booleans())
+# (mutants-r23: ``_flush`` not clearing the full groups' blocks placed at once, ``bulk``,
+# which the next flush then gives again, survived the 300 draws; the 525th draw of a
+# deeper search, a full group between two mamba groups, catches it)
+@example(seed=1391544448, layout=LAYOUTS[7], k=9, shape="request", longer=False)
 def test_the_free_order_is_the_reference_cascades_on_long_and_rough_tables(seed, layout, k, shape, longer):
     # the cascade is lazy and places the rest in slices: its order is hybrid-r12's
     # (tests/free_order_reference.py, a copy of it), block for block
