@@ -183,3 +183,28 @@ def test_the_free_order_is_the_reference_cascades_on_long_and_rough_tables(seed,
     out = free_order(specs, BS, req, found, longer)
     want = reference(specs, BS, req, lambda g, j: cached[g][j], longer)
     assert [b.block_id for b in out] == [b.block_id for b in want]
+
+
+def test_a_window_holding_more_than_64_blocks_is_placed_in_rounds_as_the_reference():
+    """Full attention beside windows of 400 and 1024 tokens (100 and 256 blocks held at
+    block size 4), every block found and held once: ``_lockstep``'s rounds reach past
+    their first span of 64 blocks (mutants-r23: the span not widened, an endless loop, no
+    test reached it; the layouts above hold windows of at most 13 tokens)."""
+    from free_order_reference import free_order as reference
+
+    for specs, k in (([F(), W(400)], 200), ([W(400), F()], 200), ([F(), W(1024)], 600)):
+        ids = iter(range(1, 10**6))
+        req = GroupRequest("r", array("q"), RequestKeys.of(None, 0, BS), len(specs))
+        req.cut = [s.num_unread(k * BS, BS) if s.releases else 0 for s in specs]
+        req.tables = [[None] * c + [Block(next(ids), refs=1) for _ in range(c, k)]
+                      for c in req.cut]
+        req.nodes = [object()] * k
+        for g, t in enumerate(req.tables):
+            for j, b in enumerate(t):
+                if b is not None:
+                    b.key = ("content", g, j)
+        for longer in (False, True):
+            out = free_order(specs, BS, req, lambda g, lo, hi: [True] * (hi - lo), longer)
+            want = reference(specs, BS, req, lambda g, j: True, longer)
+            assert [b.block_id for b in out] == [b.block_id for b in want], (specs, longer)
+            assert len(out) == sum(k - c for c in req.cut)
