@@ -153,6 +153,8 @@ def _table(rng, spec, g, k, extra, ids, shape):
 # prefix's hit alive past a full group's block: draws 605, 46, 131 and 5 of that search)
 @example(seed=1342982369, layout=LAYOUTS[2], k=40, shape="request", longer=True)
 @example(seed=4089858807, layout=LAYOUTS[0], k=9, shape="request", longer=True)
+# (one group is vLLM's order: the cascade is not run; a rough full-attention table)
+@example(seed=3741058122, layout=[F()], k=9, shape="random", longer=False)
 @example(seed=3643416051, layout=LAYOUTS[2], k=40, shape="request", longer=False)
 @example(seed=1036892246, layout=LAYOUTS[1], k=9, shape="random", longer=False)
 def test_the_free_order_is_the_reference_cascades_on_long_and_rough_tables(seed, layout, k, shape, longer):
