@@ -156,6 +156,8 @@ def _table(rng, spec, g, k, extra, ids, shape):
 # (a flush of a window's blocks freed before a full group's placed at once: no draw of
 # 300 reached it)
 @example(seed=3873461239, layout=LAYOUTS[1], k=40, shape="request", longer=False)
+# (``_lockstep`` run where the longest hit alive is not the next: two windows, rough)
+@example(seed=3987960462, layout=LAYOUTS[5], k=200, shape="random", longer=False)
 # (one group is vLLM's order: the cascade is not run; a rough full-attention table)
 @example(seed=3741058122, layout=[F()], k=9, shape="random", longer=False)
 @example(seed=3643416051, layout=LAYOUTS[2], k=40, shape="request", longer=False)
