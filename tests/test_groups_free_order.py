@@ -161,6 +161,11 @@ def _table(rng, spec, g, k, extra, ids, shape):
 # (and its rounds killing one hit too few, or too many: the hit at their lowest block)
 @example(seed=1556517225, layout=None, k=200, shape="random", longer=False)
 @example(seed=619406231, layout=LAYOUTS[5], k=200, shape="random", longer=False)
+# (``_kill``'s next stretch asked one block low; its bulk's ``full_next`` one low; the
+# steady shortcut's last hit asked one block low)
+@example(seed=4137625816, layout=[C(8), F(), W(6)], k=3, shape="request", longer=False)
+@example(seed=211986099, layout=[W(400), F()], k=200, shape="request", longer=True)
+@example(seed=205869172, layout=None, k=3, shape="random", longer=True)
 # (one group is vLLM's order: the cascade is not run; a rough full-attention table)
 @example(seed=3741058122, layout=[F()], k=9, shape="random", longer=False)
 @example(seed=3643416051, layout=LAYOUTS[2], k=40, shape="request", longer=False)
