@@ -21,6 +21,10 @@ blocks' state) and writing (DLmw: mostly new objects and buffers). Needs ``valgr
 (~20 s a workload). ``PREFIXKV_SRC=DIR``: another tree's prefixkv (an A/B: run both,
 compare the rows).
 
+``--late``: each prompt is prepared just before its step (after the previous step's
+flush; not counted), as ``bench_vllm_events.py --workloads`` prepares it: the prompt's
+bytes and chunks are warm, as there. Without it, every prompt is prepared ahead.
+
 ``--publish``: the step also hands the batch to a live ``EventPublisher`` (heartbeat
 off), as ``bench_vllm_events.py --workloads`` does; its thread builds and sends it
 during the flush (not counted). ``--count handoff``: only the hand-off is counted,
@@ -44,7 +48,7 @@ EVENTS = ("Ir", "ILmr", "DLmr", "DLmw")
 CACHES = ("--D1=32768,8,64", "--LL=1048576,16,64")
 
 
-def child(name: str, flush_mib: float, publish: bool, count: str) -> None:
+def child(name: str, flush_mib: float, publish: bool, count: str, late: bool = False) -> None:
     """The replay callgrind runs (module doc)."""
     sys.path.insert(0, SRC)
     from prefixkv import KVCacheManager
@@ -54,7 +58,7 @@ def child(name: str, flush_mib: float, publish: bool, count: str) -> None:
     wl = builtin(name)
     m = KVCacheManager(wl.pool_tokens // 16, 16, seed=0, enable_events=True,
                        max_events=1 << 20)
-    prompts = [(q.rid, m.prepare(q.prompt)) for q in wl.requests]
+    prompts = [(q.rid, q.prompt if late else m.prepare(q.prompt)) for q in wl.requests]
     junk = bytearray(int(flush_mib * (1 << 20)))
     fills = [bytes([v]) * (len(junk) // 64) for v in (1, 2)]  # (each flush writes)
     taken: list[object] = []
@@ -74,6 +78,8 @@ def child(name: str, flush_mib: float, publish: bool, count: str) -> None:
     gc.collect()
     gc.freeze()  # (as bench_vllm_events.py)
     for i, (rid, prompt) in enumerate(prompts):
+        if late:  # (as the bench: prepared just before its step, not counted)
+            prompt = m.prepare(prompt)
         if count == "handoff":
             m.add_request(rid, prompt)
             ctx.run(handoff)
@@ -93,7 +99,8 @@ def child(name: str, flush_mib: float, publish: bool, count: str) -> None:
     print(len(prompts))
 
 
-def measure(name: str, flush_mib: float, publish: bool, count: str) -> dict[str, float]:
+def measure(name: str, flush_mib: float, publish: bool, count: str,
+            late: bool = False) -> dict[str, float]:
     """A step's mean of each of ``EVENTS`` in workload ``name``."""
     with tempfile.TemporaryDirectory() as folder:
         out = f"{folder}/callgrind.out"
@@ -102,7 +109,7 @@ def measure(name: str, flush_mib: float, publish: bool, count: str) -> dict[str,
              "--collect-atstart=no", "--toggle-collect=context_run",
              f"--callgrind-out-file={out}", sys.executable, __file__, "--child", name,
              "--flush-mib", str(flush_mib), *(["--publish"] if publish else []),
-             "--count", count], capture_output=True, text=True, check=True,
+             "--count", count, *(["--late"] if late else [])], capture_output=True, text=True, check=True,
             env={**os.environ, "PYTHONHASHSEED": "0"})  # (the same dicts each run)
         steps = int(run.stdout.split()[-1])
         lines = Path(out).read_text().splitlines()
@@ -118,19 +125,21 @@ def main() -> None:
     ap.add_argument("--flush-mib", type=float, default=2.0)
     ap.add_argument("--publish", action="store_true", help="publish each step (module doc)")
     ap.add_argument("--count", choices=("step", "handoff"), default="step")
+    ap.add_argument("--late", action="store_true", help="prepare each prompt just before "
+                    "its step (module doc)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.count == "handoff" and not a.publish:
         ap.error("--count handoff needs --publish")
     if a.child:
-        child(a.child, a.flush_mib, a.publish, a.count)
+        child(a.child, a.flush_mib, a.publish, a.count, a.late)
         return
     print(f"prefixkv from {SRC}; a step's mean (module doc); publish: {a.publish}, "
-          f"counted: {a.count}\n")
+          f"counted: {a.count}, prepared: {'late' if a.late else 'ahead'}\n")
     print("| workload | " + " | ".join(EVENTS) + " |")
     print("|---|" + "---:|" * len(EVENTS))
     for name in a.workloads.split(","):
-        r = measure(name, a.flush_mib, a.publish, a.count)
+        r = measure(name, a.flush_mib, a.publish, a.count, a.late)
         print(f"| {name} | " + " | ".join(f"{r[e]:,.1f}" for e in EVENTS) + " |", flush=True)
 
 

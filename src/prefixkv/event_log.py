@@ -158,8 +158,8 @@ class EventLog:
         if self._lost or not self._deferred:
             out = self.take()
             return None if out is None else PendingEvents.built(out)
-        # (``PendingEvents(...)`` inlined: no ``__init__`` frame, one a step)
-        pending = _new_pending(PendingEvents)
+        # (``PendingEvents(...)`` inlined: no ``__init__`` frame, one a step; ``_Taken``)
+        pending: PendingEvents = _Taken()
         pending._items, pending._prev, pending._events = self._events, self._handed, None
         pending._lock, pending.empty = self._lock, False  # (``_events`` holds one item)
         self._handed = pending
@@ -236,7 +236,16 @@ class PendingEvents:
         return self._events
 
 
-_new_pending = object.__new__
+class _Taken(PendingEvents):
+    """A ``PendingEvents`` as ``EventLog.take_pending`` makes it, a step's: called with
+    no argument, it runs no ``__init__`` of Python (``object.__init__``, the C slot: the
+    call is ``type_call``, ``object_new``, ``object_init``, paths the step runs anyway),
+    where ``object.__new__(PendingEvents)`` parses an argument tuple in C paths of its
+    own (``tp_new_wrapper``, ``PyTuple_GetSlice``: cold after the forward pass;
+    benchmarks/results/events-r23.md). A ``PendingEvents`` in every other way."""
+
+    __slots__ = ()
+    __init__ = object.__init__
 
 NOTHING = PendingEvents.built([])
 """The batch of every step that recorded no event (``take_pending()``: one object for

@@ -79,16 +79,25 @@ class Admission:
                 f"num_new_tokens={self.num_new_tokens})")
 
 
-_new = object.__new__
+class _Admitted(Admission):
+    """An ``Admission`` as ``admission_of`` makes it: called with no argument, it runs
+    no ``__init__`` of Python (``object.__init__``, the C slot: the call is ``type_call``,
+    ``object_new``, ``object_init``, paths the step runs anyway for its ``Request``),
+    where ``object.__new__(Admission)`` parses an argument tuple in C paths of its own
+    (``tp_new_wrapper``, ``PyTuple_GetSlice``: cold after the forward pass;
+    benchmarks/results/events-r23.md). An ``Admission`` in every other way."""
+
+    __slots__ = ()
+    __init__ = object.__init__
 
 
 def admission_of(request_id: Hashable, blocks: Sequence[_HasBlockId], num_cached_tokens: int,
                  num_new_tokens: int) -> Admission:
     """``Admission.of``, as a function: the manager's admission path calls it so (a
     classmethod called makes a bound method, ``cm_descr_get``, ``PyMethod_New``: C paths
-    cold after the forward pass; ``object.__new__`` called as ``EventLog.take_pending``
-    calls it, with no attribute looked up on the class)."""
-    adm = _new(Admission)
+    cold after the forward pass). The admission is an ``Admission`` of a private
+    subclass (``_Admitted``: made with no ``__init__`` run)."""
+    adm: Admission = _Admitted()
     adm.request_id = request_id
     adm.num_cached_tokens = num_cached_tokens
     adm.num_new_tokens = num_new_tokens

@@ -230,7 +230,8 @@ def add_request(
     pool = self._pool
     cached = pool._cached  # (``claimed`` and ``num_free``, inline)
     cached.size -= unlinked
-    if take > len(pool._empty) + cached.size:  # (claimed hits have left the free ones)
+    if take > len(pool._empty) - pool._lo + cached.size:  # (claimed hits have left the
+        # free ones; the empty tier is ``_empty[_lo:]``)
         if hits:
             pool.unclaim(hits, unlinked)
         p.spare.append(tokens)  # its tokens, unwritten: the next admission's

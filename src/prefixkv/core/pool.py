@@ -3,6 +3,10 @@
 The free queue has two tiers, reused in this order:
 
     empty tier  : free blocks holding no reusable content (a stack: last freed, first used)
+                  ``_empty[_lo:]``, a list of ``num_blocks`` entries that grows down:
+                  ``take`` hands out ``_empty[_lo]`` first and moves ``_lo`` up (a slice,
+                  no ``del``, no reversal), a release writes below ``_lo`` and moves it
+                  down; the entries below ``_lo`` are stale
     cached tier : free blocks whose content the index can find, LRU first (FreeBlockQueue)
 
 so no cached block is evicted while an empty one is free. Eviction (``_evict``) happens
@@ -30,16 +34,17 @@ class BlockPool(PoolRelease):
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.index = index
         self.runs = RunCounts() if runs is None else runs  # (none: each count stays 0)
-        self._empty = self.blocks[::-1]  # pop from the end: block 0 is used first
+        self._empty = self.blocks[:]  # (the empty tier: ``_empty[_lo:]``, block 0 used first)
+        self._lo = 0
         self._cached = FreeBlockQueue()
 
     @property
     def num_free(self) -> int:
-        return len(self._empty) + self._cached.size
+        return len(self._empty) - self._lo + self._cached.size
 
     def free_order(self) -> list[int]:
         """Free block ids in the order ``take`` would hand them out."""
-        return [b.block_id for b in reversed(self._empty)] + [b.block_id for b in self._cached]
+        return [b.block_id for b in self._empty[self._lo:]] + [b.block_id for b in self._cached]
 
     def can_acquire(self, hits: list[Block], n: int) -> bool:
         """Whether ``acquire(hits, n)`` would succeed: the free queue can give ``n``
@@ -104,13 +109,15 @@ class BlockPool(PoolRelease):
         run's own list is the eviction's, the other blocks moved in around it (no entry of
         the run's is copied: each would touch a block, cold by now), and the one returned
         when fewer empty blocks are taken."""
-        empty = self._empty
-        k = len(empty)
+        empty, lo = self._empty, self._lo
+        k = len(empty) - lo
         if n < k:  # (not ``min``: its keyword parsing is ~45 lines of the interpreter's
             k = n  # machine code, cold after the forward pass; benchmarks/results/chat-r20.md)
-        taken = empty[len(empty) - k:]
-        del empty[len(empty) - k:]
-        taken.reverse()
+        # (the empty tier grows down: its first k, in the order handed out; no ``del``
+        # and no ``reverse``, C paths of their own, cold after the forward pass:
+        # benchmarks/results/events-r23.md)
+        taken = empty[lo:lo + k]
+        self._lo = lo + k
         for b in taken:  # (an empty block is no shared run's: those hold content)
             b.refs = 1
         if n > k:
@@ -128,12 +135,10 @@ class BlockPool(PoolRelease):
         evicts nothing and the run's list is the eviction's as it came: no front insertion
         and deletion moving its ~n entries (two passes over a list of 16 KiB at 2048
         blocks, cold: store25a-r22b.md)."""
-        empty = self._empty
-        k = len(empty) - u
-        if k >= 0:  # (``take(u)``, inlined: the empty tier alone)
-            front = empty[k:]
-            del empty[k:]
-            front.reverse()
+        lo = self._lo
+        if len(self._empty) - lo >= u:  # (``take(u)``, inlined: the empty tier alone)
+            front = self._empty[lo:lo + u]
+            self._lo = lo + u
             for b in front:
                 b.refs = 1
             return front, self.take(n, True)
@@ -146,8 +151,10 @@ class BlockPool(PoolRelease):
         """``take(1)[0]`` without the lists (a decoded token opening a block); None,
         with nothing changed, when no block is free."""
         b: Block | None
-        if self._empty:
-            b = self._empty.pop()
+        lo = self._lo
+        if lo < len(self._empty):
+            b = self._empty[lo]
+            self._lo = lo + 1
         else:
             b = self._cached.popleft()
             if b is None:
@@ -257,7 +264,7 @@ class BlockPool(PoolRelease):
         still read) is reused last, as before the reset."""
         if self.num_free != len(self.blocks):
             return False
-        order = [*reversed(self._empty), *self._cached]  # (read before the links go)
+        order = [*self._empty[self._lo:], *self._cached]  # (read before the links go)
         for b in self.blocks:
             if b.counted is not None:
                 b.counted.dissolve()
@@ -265,8 +272,8 @@ class BlockPool(PoolRelease):
             b.clear_content()
         self._cached = FreeBlockQueue()
         self.index.clear()
-        order.reverse()  # (the empty tier pops from its end)
-        self._empty = order
+        self._empty = order  # (all of it the empty tier, in that order)
+        self._lo = 0
         return True
 
     def check(self, expected_refs: dict[int, int]) -> str | None:
@@ -274,7 +281,7 @@ class BlockPool(PoolRelease):
         id -> number of live requests holding it), None when sound. Cheap when sound:
         messages are built only for what is wrong."""
         seen: set[int] = set()
-        for b in self._empty:
+        for b in self._empty[self._lo:]:
             if b.block_id in seen or b.ref_cnt or b.key is not None:
                 return f"bad or repeated empty-tier block {b!r}"
             seen.add(b.block_id)

@@ -33,7 +33,8 @@ class PoolRelease:
 
     index: PoolIndex
     runs: RunCounts
-    _empty: list[Block]
+    _empty: list[Block]  # the empty tier is ``_empty[_lo:]``, handed out from ``_lo`` up
+    _lo: int
     _cached: FreeBlockQueue
 
     def free(self, blocks: Iterable[Block]) -> None:
@@ -41,11 +42,12 @@ class PoolRelease:
         except that those going empty are reused in the order given, the first first, as
         vLLM 0.33's ``BlockPool.free_blocks`` puts them at the front of its queue (so the
         next request takes the freed request's tail block first, as in vLLM)."""
-        empty = self._empty
-        start = len(empty)
+        start = self._lo
         self.release(blocks)
-        if len(empty) - start > 1:  # (``take`` pops from the end: the first given last)
-            empty[start:] = empty[start:][::-1]
+        lo = self._lo
+        if start - lo > 1:  # (the last given went in lowest, ``take``'s first: reversed)
+            empty = self._empty
+            empty[lo:start] = empty[lo:start][::-1]
 
     def free_groups(self, blocks: Iterable[Block],
                     tables: Sequence[Sequence[Block | None]]) -> None:
@@ -53,14 +55,15 @@ class PoolRelease:
         it releases, per group): the blocks going empty are reused group by group, the
         last group's first, each group's in the order given, as vLLM 0.33 frees a hybrid
         request (one ``free_blocks`` a group, in group order, each to the front)."""
-        empty = self._empty
-        start = len(empty)
+        start = self._lo
         self.release(blocks)
-        if len(empty) - start > 1:
+        lo = self._lo
+        if start - lo > 1:
+            empty = self._empty
             last = len(tables) - 1
             rank = {id(b): last - g for g, t in enumerate(tables) for b in t if b is not None}
-            going = sorted(empty[start:], key=lambda b: rank.get(id(b), 0))  # (stable)
-            empty[start:] = going[::-1]
+            going = sorted(empty[lo:start][::-1], key=lambda b: rank.get(id(b), 0))  # (stable,
+            empty[lo:start] = going  # in the order released; ``take`` hands out from ``lo``)
 
     def release(self, blocks: Iterable[Block]) -> None:
         """Drop one reference on each block, in the order given. A block reaching 0 joins
@@ -81,8 +84,9 @@ class PoolRelease:
                 b.refs -= 1
                 if b.refs:
                     continue
-                if b.key is None:
-                    empty.append(b)
+                if b.key is None:  # (pushed on the empty tier, which grows down)
+                    self._lo -= 1
+                    empty[self._lo] = b
                 elif not b.twin:
                     last.next = b
                     b.prev = last
@@ -101,8 +105,9 @@ class PoolRelease:
                 b.refs -= 1
                 if b.refs:
                     continue
-                if b.key is None:
-                    empty.append(b)
+                if b.key is None:  # (pushed on the empty tier, which grows down)
+                    self._lo -= 1
+                    empty[self._lo] = b
                 elif not b.twin:
                     last.next = b
                     b.prev = last
@@ -150,7 +155,8 @@ class PoolRelease:
         last (the cached tier's links after it are not written yet). Returns the new
         last."""
         primary = self.index.release_spare(b)
-        self._empty.append(b)
+        self._lo -= 1  # (pushed on the empty tier)
+        self._empty[self._lo] = b
         if primary is None:
             return last
         if primary.counted is not None:  # free, so in the cached tier: leaves its run's
@@ -170,4 +176,6 @@ class PoolRelease:
         ``take`` reuses them first."""
         if blocks:
             self._cached.remove_all(list(blocks))
-            self._empty += blocks
+            lo = self._lo - len(blocks)  # (pushed in order: the last handed out first)
+            self._empty[lo:self._lo] = list(blocks)[::-1]
+            self._lo = lo

@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
-from ..event_log import NOTHING, PendingEvents
+from ..event_log import NOTHING, PendingEvents, _Taken
 from ..events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from .bind import INBOUND_HWM, bound
 from .mirror import HeldMirror, snapshot_events
@@ -140,11 +140,12 @@ class EventPublisher:
         if events is NOTHING:  # (a step that recorded nothing: most decode steps)
             return True
         # (``type`` first: 3.11 runs ``type(x)`` with no C call; ``isinstance``'s C path
-        # is cold after the forward pass, and a step's batch is a PendingEvents)
-        if type(events) is PendingEvents or isinstance(events, PendingEvents):
-            if events.empty:
+        # is cold after the forward pass, and a step's batch is a ``_Taken``, which mypy
+        # does not narrow ``events`` to)
+        if type(events) is _Taken or isinstance(events, PendingEvents):
+            if events.empty:  # type: ignore[union-attr]
                 return True
-            item = events
+            item = events  # type: ignore[assignment]
         else:
             if not events:
                 return True
