@@ -197,7 +197,7 @@ class GroupIndex:
         assert self.entries[g].get(node.pid) is b, b
         heirs = twins.get(node.pid)
         if heirs:
-            heir = heirs.pop()
+            heir = heirs.pop(0)  # (the first made: vLLM finds the copy it cached first)
             if not heirs:
                 del twins[node.pid]
             heir.twin = False
