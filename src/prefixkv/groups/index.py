@@ -13,8 +13,8 @@ group already holds (two requests decoding the same text) is a spare (``twin``, 
 uncached, the first held twin made takes its place, so the prefix stays findable while
 any block of the group holds it (vLLM keeps every copy under its hash and finds the one
 it cached first). A twin whose last reference goes returns empty, and the primary, if
-free, takes the twin's place in the LRU order (``release_spare``). Events announce a prefix once per group (its first block) and
-withdraw it once (its last).
+free, takes the twin's place in the LRU order (``release_spare``). Events announce a
+prefix once per group (its first block) and withdraw it once (its last).
 """
 
 from __future__ import annotations
