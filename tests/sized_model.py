@@ -32,7 +32,9 @@ boundary chains over). The rules, each as vLLM 0.33 runs them:
 - Twins (``twins``, prefixkv's rule; off: vLLM's): a block that caches a key another
   block holds is a spare of it, holding no key of its own: freed, it goes to the queue's
   head (empty) and a free holder of the key moves to the tail in its place; when the
-  holder is evicted, the first held twin takes over (groups/index.py).
+  holder is evicted, the first held twin takes over (groups/index.py), the copy vLLM
+  then finds (its first cached). Until a twin is freed (``emptied``) the two rules give
+  the same ids, queue and hits; from then on vLLM's queue holds a copy this one emptied.
 - Events, as prefixkv announces them: a key is stored when its first holder caches it,
   removed when its last holder is evicted (vLLM announces every holder).
 - EAGLE (``peek``: one bool per group, vLLM's ``drop_eagle_group_ids`` widened to every
@@ -99,7 +101,7 @@ class SizedModel:
         # vLLM's null block, block 0 (prefixkv reserves it only where a group releases)
         self.null = self.free.popleft() if null else None
         self.twins = twins
-        self.twinned = False  # a twin was ever made (test_groups_sizes_machine.py compares until then)
+        self.emptied = 0  # twins freed empty: from the first on, vLLM's queue holds copies this one does not
         self.spares: dict = {}  # key -> the held twins of its holder (``twins`` on)
         self.refs = [0] * num_blocks
         self.keys: list[list] = [[] for _ in range(num_blocks)]  # the keys a block holds
@@ -200,6 +202,7 @@ class SizedModel:
                 (last if self.keys[x] else first).append(x)
                 for key in [k for k, held in self.spares.items() if x in held]:  # (a twin
                     self.spares[key].remove(x)  # goes empty; a free holder takes its place)
+                    self.emptied += 1
                     primary = self.holders[key][0]
                     if not self.refs[primary]:
                         (last if primary in last else self.free).remove(primary)
@@ -288,7 +291,6 @@ class SizedModel:
                 key = self.key(g, r.extra, r.tokens, j)
                 if key in self.holders and self.twins:
                     self.spares.setdefault(key, []).append(x)
-                    self.twinned = True
                     continue
                 if key not in self.holders:
                     self.holders[key] = []

@@ -230,3 +230,24 @@ def test_what_a_request_computes_after_a_block_that_lost_its_kv_is_never_found()
             m.append_tokens("b", [9])
         m.check_invariants()
         assert m.lookup(prompt[:32] + [7] + [9] * 23 + [1]) == 32, sizes
+
+
+def test_a_hit_names_the_first_cached_copy_once_the_holder_is_evicted():
+    # Full attention at 4 and 12 (hash 4, lcm 12). b and c hit a's first 12 tokens and
+    # recompute its hash blocks 3 and 4 (past the aligned hit): their blocks 3 and 4 in
+    # the group at 4 are spares of a's, b's made first. d evicts a's blocks; vLLM 0.33
+    # then finds the copy it cached first, b's (tests/engines/test_vllm_sized_model.py:
+    # the same ids, one lower, as prefixkv keeps no null block here). Before, c's.
+    stem = [1 + k % 7 for k in range(48)]
+    m = HybridKVCacheManager([full_attention(), full_attention()], 24, BlockSizes.of([4, 12]), seed=0)
+    m.add_request("a", stem[:20] + [0] * 4)
+    m.free("a")
+    m.add_request("b", stem[:25])
+    m.add_request("c", stem[:20] + [9] * 4 + [0])
+    assert m.get_block_ids("b") == ((0, 1, 2, 8, 9, 10, 11), (6, 12, 13))
+    assert m.get_block_ids("c") == ((0, 1, 2, 14, 15, 16, 17), (6, 18, 19))
+    m.add_request("d", [9 - k % 5 for k in range(12)] + [0])
+    assert m.get_block_ids("d") == ((20, 21, 22, 23), (5, 4))  # (a's blocks 5 and 4 evicted)
+    assert m.lookup_block_ids(stem) == ((0, 1, 2, 3, 9, 10), (6, 12))  # (b's block 4)
+    assert m.free_block_order() == [3, 7]
+    m.check_invariants()

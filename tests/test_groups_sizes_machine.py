@@ -57,7 +57,6 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         self.h = sizes.hash_size
         self.names: dict[bytes, tuple] = {}  # a fine hash -> (extra, the tokens it chains over)
         self.tokens: dict[str, list[int]] = {}
-        self.extras: dict[str, object] = {}
         self.last = None
         self.next_id = 0
 
@@ -74,27 +73,6 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         if rid in self.model.reqs:
             self.model.free_request(rid)
 
-    # The two sides are compared (ids, free order, events, hits) until the model makes
-    # its first twin (a block caching a key another block holds); from then on the rules
-    # drive prefixkv alone, checked by its own invariants (``consistent``). Past a twin
-    # this machine found the sides apart (CI of 2c6b06f: which copy a hit names, the free
-    # order, then which blocks are evicted): whose twin rule is right with different
-    # sizes is open (docs/groups.md); test_vllm_block_sizes_manager.py stops at the first
-    # spare copy too.
-    @property
-    def apart(self):
-        return self.model.twinned
-
-    def _alone(self, rid, prompt, extra, chunk):
-        end = self.m.lookup(prompt, extra=extra, peek=self.peek)
-        n = len(prompt) - end if chunk is None else min(chunk, len(prompt) - end)
-        if self.m.add_request(rid, prompt, extra=extra, num_new_tokens=n, peek=self.peek) is None:
-            return multiple()
-        self.tokens[rid] = list(prompt)
-        self.extras[rid] = extra
-        self._name(prompt, extra)
-        return rid
-
     def _same_hit(self, prompt, extra):
         end, ids = self.model.hit(prompt, extra)
         assert self.m.lookup(prompt, extra=extra, peek=self.peek) == end, (prompt, end)
@@ -107,8 +85,6 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     @rule(target=live, prompt=prompts, extra=salts, chunk=st.none() | st.integers(1, 30))
     def add(self, prompt, extra, chunk):
         rid = self._new_id()
-        if self.apart:
-            return self._alone(rid, prompt, extra, chunk)
         end = self._same_hit(prompt, extra)
         n = len(prompt) - end if chunk is None else min(chunk, len(prompt) - end)
         adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=n, peek=self.peek)
@@ -119,7 +95,6 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         assert adm.num_cached_tokens == end and adm.num_new_tokens == n
         assert [list(g) for g in adm.group_block_ids] == self.model.reqs[rid].tables
         self.tokens[rid] = list(prompt)
-        self.extras[rid] = extra
         self._name(prompt, extra)
         return rid
 
@@ -130,11 +105,6 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     @rule(rid=live, n=st.integers(1, 30))
     def extend(self, rid, n):
         if rid not in self.tokens:
-            return
-        if self.apart:
-            n = min(n, self.m.num_tokens(rid) - self.m.num_scheduled_tokens(rid))
-            if n:
-                self.m.extend(rid, n)
             return
         r = self.model.reqs[rid]
         n = min(n, len(r.tokens) - r.computed)
@@ -147,14 +117,6 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     def append(self, rid, toks):
         if rid not in self.tokens:
             return
-        if self.apart:
-            m = self.m
-            if m.num_scheduled_tokens(rid) != m.num_tokens(rid) or m.num_tokens(rid) + len(toks) > MAX_LEN:
-                return
-            if m.append_tokens(rid, toks) is not None:
-                self.tokens[rid] += toks
-                self._name(self.tokens[rid], self.extras[rid])
-            return
         r = self.model.reqs[rid]
         if r.computed != len(r.tokens) or len(r.tokens) + len(toks) > MAX_LEN:
             return
@@ -166,17 +128,12 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
 
     @rule()
     def reset(self):
-        if self.apart:
-            assert self.m.reset_prefix_cache() == (not self.tokens)
-            return
         assert self.m.reset_prefix_cache() == self.model.reset()
 
     # ---- invariants --------------------------------------------------------------
 
     @invariant()
     def same_tables_and_free_queue(self):
-        if self.apart:
-            return
         for rid in self.tokens:
             assert [list(g) for g in self.m.get_block_ids(rid)] == self.model.reqs[rid].tables, rid
         assert self.m.free_block_order() == list(self.model.free)
@@ -185,9 +142,6 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     @invariant()
     def same_events(self):
         got = []
-        if self.apart:
-            self.m.take_events()
-            return
         for ev in self.m.take_events():
             if isinstance(ev, AllBlocksCleared):
                 got.append(("cleared",))
@@ -203,8 +157,6 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
 
     @invariant()
     def same_hits(self):
-        if self.apart:
-            return
         for prompt in PREFIXES:
             self._same_hit(prompt, None)
         for rid, tokens in self.tokens.items():

@@ -129,3 +129,15 @@ def test_uncaching_a_spare_leaves_the_primary_found():
     m.free("b")
     assert set(m.free_block_order()[:2]) == set(b1)
     m.check_invariants()
+
+
+def test_a_primary_hands_its_prefix_to_the_first_spare_made():
+    # a, b and c decode the same text: b's blocks 1 are spares of a's, then c's. When a's
+    # go, b's hold the prefix (vLLM 0.33 finds the copy it cached first); before, c's.
+    m = twins(16)
+    m.add_request("c", [1, 2, 3, 4, 5, 6])
+    m.append_tokens("c", [7, 8])
+    a1, b1 = [t[1] for t in m.get_block_ids("a")], [t[1] for t in m.get_block_ids("b")]
+    m.uncache_blocks(a1)
+    assert [t[1] for t in m.lookup_block_ids([1, 2, 3, 4, 5, 6, 7, 8, 9])] == b1
+    m.check_invariants()

@@ -7,7 +7,10 @@ same hit; with EAGLE too (``use_eagle``, some groups flagged ``is_eagle_group`` 
 the reference's ``peek``), on the layouts vLLM finds its hit for in one pass (two specs at
 most, full attention one of them when two: the plug-in's ``eagle_layout``). Calls the
 reference refuses (short of blocks) are not made on vLLM (it releases a window's blocks
-before it refuses; prefixkv does not). This checks the reference that
+before it refuses; prefixkv does not). The reference with prefixkv's twin rule (``twins``:
+a second block caching a key is a spare of its holder) is held to vLLM's too, exactly,
+until it frees a twin (which it empties: vLLM keeps the copy cached); a concrete run past
+twins holds prefixkv's manager beside the three. This checks the reference that
 tests/test_groups_sizes_machine.py holds prefixkv's manager to. Needs vllm installed."""
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ PROMPT = st.tuples(st.integers(0, 2), st.integers(0, 60), st.lists(st.integers(0
     lambda p: STEMS[p[0]][:p[1]] + p[2] or [7])
 OP = st.one_of(
     st.tuples(st.just("add"), PROMPT, st.none() | st.integers(1, 40)),
+    # an admitted request's tokens (as it left, or as they are) cut short and sent on:
+    # past the aligned hit, the new one recomputes blocks the first cached (twins)
+    st.tuples(st.just("again"), st.tuples(st.integers(0, 5), st.integers(1, 30)),
+              st.none() | st.integers(1, 40)),
     st.tuples(st.just("extend"), st.integers(0, 5), st.integers(1, 40)),
     st.tuples(st.just("decode"), st.integers(0, 5), st.lists(st.integers(0, 2), min_size=1, max_size=20)),
     st.tuples(st.just("free"), st.integers(0, 5), st.just(0)),
@@ -71,9 +78,11 @@ class Pair:
         self.groups = groups
         self.h = reduce(math.gcd, (b for b, _ in groups))
         self.lcm = reduce(math.lcm, (b for b, _ in groups))
+        self.twins: SizedModel | None = None
         if flags is None:
             self.v = _vllm(groups, self.h, self.lcm, num_blocks, events=True, retained=retained)
             self.model = SizedModel(groups, num_blocks, self.h, self.lcm, retained=retained)
+            self.twins = SizedModel(groups, num_blocks, self.h, self.lcm, twins=True, retained=retained)
         else:
             self.v = _eagle_vllm(groups, flags, self.h, self.lcm, num_blocks)
             peek = flags if any(flags) else (True,) * len(groups)
@@ -82,6 +91,7 @@ class Pair:
         self.names: dict[Any, tuple[int, ...]] = {}  # vLLM's hash -> the tokens it chains over
         self.mirror: Counter[Any] = Counter()
         self.serial = 0
+        self.sent: list[Any] = []  # every request admitted
 
     def _name(self, r: Any) -> None:
         from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
@@ -109,32 +119,47 @@ class Pair:
                     del self.mirror[key]
 
     def compare(self, probe: list[int]) -> None:
-        m, pool = self.model, self.v.block_pool
-        for rid in self.reqs:
-            assert [list(ids) for ids in self.v.get_block_ids(rid)] == m.reqs[rid].tables, rid
-        assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == list(m.free)
-        assert dict(self.mirror) == {k: len(v) for k, v in m.holders.items()}
+        if self.twins is not None and self.twins.emptied:  # (from here on its queue differs)
+            self.twins = None
+        pool = self.v.block_pool
         r = _request(f"probe{self.serial}", probe, self.h)
         blocks, hit, *_ = self.v.get_computed_blocks(r)
-        end, ids = m.hit(probe, None)
-        assert hit == end
-        assert [list(g) for g in blocks.get_block_ids()] == ids if hit else not any(ids)
+        for m in (self.model, self.twins):
+            if m is None:
+                continue
+            for rid in self.reqs:
+                assert [list(ids) for ids in self.v.get_block_ids(rid)] == m.reqs[rid].tables, rid
+            assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == list(m.free)
+            # (every copy vLLM caches: the twin rule's holder and its spares)
+            assert dict(self.mirror) == {k: len(v) + len(m.spares.get(k, ())) for k, v in m.holders.items()}
+            end, ids = m.hit(probe, None)
+            assert hit == end
+            assert [list(g) for g in blocks.get_block_ids()] == ids if hit else not any(ids)
+
+    def _models(self) -> list[SizedModel]:
+        return [self.model] if self.twins is None else [self.model, self.twins]
 
     def do(self, op: str, a: Any, b: Any) -> None:
         from vllm.v1.request import RequestStatus
 
         self.serial += 1
         live = sorted(self.reqs)
+        if op == "again" and self.sent:
+            tokens = list(self.sent[a[0] % len(self.sent)].all_token_ids)
+            op, a = "add", tokens[:max(1, min(len(tokens) - a[1], 72))] + [3] * 20
         if op == "add":
             rid = f"r{self.serial}"
             r = _request(rid, a, self.h)
             blocks, hit, *_ = self.v.get_computed_blocks(r)
             num_new = len(a) - hit if b is None else min(b, len(a) - hit)
-            if self.model.add(rid, a, None, num_new) is None:
+            fits = {m.add(rid, a, None, num_new) is not None for m in self._models()}
+            assert len(fits) == 1  # (the twin rule refuses as vLLM's until it frees a twin)
+            if fits != {True}:
                 return
             assert self.v.allocate_slots(r, num_new, hit, blocks) is not None
             r.status, r.num_computed_tokens = RequestStatus.RUNNING, hit + num_new
             self.reqs[rid] = r
+            self.sent.append(r)
             self._name(r)
         elif op in ("extend", "decode") and live:
             rid = live[a % len(live)]
@@ -146,7 +171,9 @@ class Pair:
                 n, toks = len(b), list(b)
             else:
                 return
-            if not self.model.grow(rid, n, toks):
+            fits = {m.grow(rid, n, toks) for m in self._models()}
+            assert len(fits) == 1
+            if fits != {True}:
                 return
             if toks:
                 r.append_output_token_ids(toks)
@@ -156,9 +183,10 @@ class Pair:
         elif op == "free" and live:
             rid = live[a % len(live)]
             self.v.free(self.reqs.pop(rid))
-            self.model.free_request(rid)
+            for m in self._models():
+                m.free_request(rid)
         elif op == "reset":
-            assert self.v.reset_prefix_cache() == self.model.reset()
+            assert {self.v.reset_prefix_cache()} == {m.reset() for m in self._models()}
 
 
 def _eagle_vllm(groups: Any, flags: tuple[bool, ...], hash_size: int, lcm: int, num_blocks: int) -> Any:
@@ -215,3 +243,55 @@ def test_the_sized_reference_keeps_retained_tokens_as_vllms_manager(layout, extr
 def test_the_sized_reference_runs_as_vllms_manager_with_eagle(layout, extra, ops, probe):
     groups, flags = EAGLE[layout]
     _drive(Pair(groups, _pool(groups, extra), flags), ops, probe)
+
+
+def test_past_twins_prefixkv_and_the_references_give_vllms_ids_until_a_twin_is_freed():
+    # Full attention at 4 and at 12 (hash 4, lcm 12). b and c hit a's first 12 tokens
+    # and recompute its hash blocks 3 and 4 in the group at 4 (past the aligned hit):
+    # copies of a's (b's first). d evicts a's blocks 4 and 5: vLLM then finds b's copy
+    # of block 4, the first it cached. Freeing b frees a copy (of a's block 3): vLLM
+    # keeps it cached at its queue's tail, prefixkv empties it (to the head) and moves
+    # a's block 3, free, to its place; from there on each reference holds its own side.
+    from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention
+
+    stem = [1 + k % 7 for k in range(48)]
+    pair = Pair(((4, None), (12, None)), 25)  # vLLM's pool: its null block 0 and 24
+    rule = pair.twins  # (the twin rule's reference, kept past its first freed twin)
+    ours = HybridKVCacheManager([full_attention()] * 2, 24, BlockSizes.of([4, 12]), hash_mode="sha256",
+                                seed=0)
+
+    def up(tables):  # prefixkv's ids as vLLM's (no null block here: one lower)
+        return [[b + 1 for b in ids] for ids in tables]
+
+    def call(op, arg):
+        pair.do(op, sorted(pair.reqs).index(arg) if op == "free" else arg, None)
+        if op == "free":
+            ours.free(arg)
+        else:
+            assert ours.add_request(f"r{pair.serial}", arg) is not None
+        pair.note_events()
+        pair.compare(stem)
+        ours.check_invariants()
+        for rid in pair.reqs:
+            assert up(ours.get_block_ids(rid)) == rule.reqs[rid].tables == list(pair.v.get_block_ids(rid))
+        assert [b + 1 for b in ours.free_block_order()] == list(rule.free)
+        blocks, hit, *_ = pair.v.get_computed_blocks(_request(f"p{pair.serial}", stem, 4))
+        assert ours.lookup(stem) == hit
+        assert up(ours.lookup_block_ids(stem)) == rule.hit(stem, None)[1] == list(blocks.get_block_ids())
+        return [b.block_id for b in pair.v.block_pool.free_block_queue.get_all_free_blocks()]
+
+    call("add", stem[:20] + [0] * 4)  # a: r1
+    call("free", "r1")
+    call("add", stem[:25])  # b: r3
+    assert call("add", stem[:20] + [9] * 4 + [0]) == [21, 22, 23, 24, 6, 5, 4, 8]  # c: r4
+    assert pair.v.get_block_ids("r3") == ([1, 2, 3, 9, 10, 11, 12], [7, 13, 14])
+    assert pair.v.get_block_ids("r4") == ([1, 2, 3, 15, 16, 17, 18], [7, 19, 20])
+    assert rule.spares == {(0, None, tuple(stem[:16])): [9, 15], (0, None, tuple(stem[:20])): [10, 16]}
+    assert call("add", [9 - k % 5 for k in range(12)] + [0]) == [4, 8]  # d: r5 (a's blocks 5, 4 evicted)
+    assert pair.v.get_computed_blocks(_request("p", stem, 4))[0].get_block_ids() == \
+        ([1, 2, 3, 4, 10, 11], [7, 13])  # (b's copy of block 4, vLLM's first; prefixkv's was c's)
+    assert pair.twins is rule and not rule.emptied
+    assert call("free", "r3") == [14, 12, 4, 8, 11, 10, 9, 13]  # b's copy 9 of a's block 3 cached
+    assert pair.twins is None and rule.emptied == 1
+    assert list(rule.free) == [14, 12, 9, 8, 11, 10, 4, 13]  # prefixkv's: 9 empty, a's 4 in its place
+    assert list(pair.model.free) == [14, 12, 4, 8, 11, 10, 9, 13]

@@ -10,11 +10,11 @@ A block holds content when ``nodes[block_id]`` is its ``Prefix`` node, whose key
 block per prefix, its primary (``entries``); a second block that computes a prefix the
 group already holds (two requests decoding the same text) is a spare (``twin``, listed in
 ``twins``), as the core's ``ContentIndex`` keeps them: when the primary is evicted or
-uncached, a held twin takes its place, so the prefix stays findable while any block of
-the group holds it (vLLM keeps every copy under its hash). A twin whose last reference
-goes returns empty, and the primary, if free, takes the twin's place in the LRU order
-(``release_spare``). Events announce a prefix once per group (its first block) and
-withdraw it once (its last).
+uncached, the first held twin made takes its place, so the prefix stays findable while
+any block of the group holds it (vLLM keeps every copy under its hash and finds the one
+it cached first). A twin whose last reference goes returns empty, and the primary, if
+free, takes the twin's place in the LRU order (``release_spare``). Events announce a
+prefix once per group (its first block) and withdraw it once (its last).
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ class GroupIndex:
         assert self.entries[g].get(node.pid) is b, b
         heirs = twins.get(node.pid)
         if heirs:
-            heir = heirs.pop()
+            heir = heirs.pop(0)  # (the first made: vLLM finds the copy it cached first)
             if not heirs:
                 del twins[node.pid]
             heir.twin = False
