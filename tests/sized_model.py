@@ -6,7 +6,9 @@ beside vLLM's own ``KVCacheManager`` (block ids, free queue, hits, cached keys e
 tests/test_groups_sizes_machine.py drives prefixkv's hybrid manager beside it.
 
 A group is ``(block size, window)``: window None is full attention, an int a sliding
-window of that many tokens. A block's key in group ``g`` is ``(g, extra, tokens)``, the
+window of that many tokens, ``"mamba"`` a Mamba group (vLLM's ``MambaManager`` in
+``mamba_cache_mode="align"``, with vLLM's fine-grained partial hits off: hits aligned to
+``align``, no speculative nor checkpoint blocks). A block's key in group ``g`` is ``(g, extra, tokens)``, the
 tokens of the whole prefix up to the block's end (what the fine hash at its last hash
 boundary chains over). The rules, each as vLLM 0.33 runs them:
 
@@ -32,6 +34,16 @@ boundary chains over). The rules, each as vLLM 0.33 runs them:
   holder is evicted, the first held twin takes over (groups/index.py).
 - Events, as prefixkv announces them: a key is stored when its first holder caches it,
   removed when its last holder is evicted (vLLM announces every holder).
+- Mamba (``"mamba"``): a query at ``p`` reads the state after ``p - 1`` (the window of 2
+  below), so a hit at ``L`` needs block ``L // b - 1`` cached, the entries below it null.
+  A step ending at ``e`` takes one block, at entry ``cdiv(e, b) - 1``, when the table is
+  shorter (the entries it jumps over null); one ending in the last entry writes there.
+  A step starting at ``s`` releases every block below ``(s - 1) // b``, last first
+  (vLLM's align-mode ``_remove_blocks_in_range`` skips nulls, never stops at one). Every
+  block is cached (dense retention) once it holds the state at its own end: a step
+  ended exactly there (``Req.exact``; vLLM's scheduler ends align-mode chunks there, so
+  vLLM caches the same blocks: a block a step ran past holds an older state, which
+  prefixkv never caches).
 - Partial tail entries (vLLM's ``_cache_partial_tail_block``; docs/groups.md): a
   full-attention group larger than the hash block, once the prompt's last hash boundary
   before its last token lies inside one of its cached blocks, stores that boundary's
@@ -48,6 +60,8 @@ from dataclasses import dataclass, field
 
 def first_needed(window, pos):
     """The first position a query at ``pos`` reads."""
+    if window == "mamba":
+        return max(0, pos - 1)
     return 0 if window is None else max(0, pos - window + 1)
 
 
@@ -63,6 +77,7 @@ class Req:
     tables: list  # per group: block ids
     cached: list = field(default_factory=list)  # per group: entries past which caching goes on
     prompt: int = 0  # the prompt's length at admission (vLLM's ``num_prompt_tokens``)
+    exact: set = field(default_factory=set)  # (g, j): Mamba block j holds the state at its end
 
 
 class SizedModel:
@@ -148,6 +163,8 @@ class SizedModel:
             cut, gone = min(first_needed(w, r.computed) // b, len(ids)), []
             for j in range(cut - 1, -1, -1):
                 if ids[j] == self.null:
+                    if w == "mamba":
+                        continue
                     break
                 gone.append(j)
             out.append(gone)
@@ -161,13 +178,16 @@ class SizedModel:
         need = 0
         for (b, w), h in zip(self.groups, hit, strict=True):
             skip = first_needed(w, end) // b
-            need += max(cdiv(end + num_new, b) - max(skip, len(h)), 0)
+            fresh = max(cdiv(end + num_new, b) - max(skip, len(h)), 0)
+            need += min(fresh, 1) if w == "mamba" else fresh
             need += sum(not self.refs[x] for x in h[skip:])
         if need > len(self.free):
             return None
         r = Req(list(tokens), extra, end, [], [], len(tokens))
-        for (b, w), h in zip(self.groups, hit, strict=True):
+        for g, ((b, w), h) in enumerate(zip(self.groups, hit, strict=True)):
             skip = first_needed(w, end) // b
+            if w == "mamba" and h:
+                r.exact.add((g, len(h) - 1))
             self._touch(h[skip:])
             r.tables.append([self.null] * skip + h[skip:])
             r.cached.append(len(h))
@@ -181,8 +201,9 @@ class SizedModel:
         r = self.reqs[rid]
         going = self._releasing(r)
         releasable = sum(self.refs[r.tables[g][j]] == 1 for g, js in enumerate(going) for j in js)
-        need = sum(max(cdiv(r.computed + num_new, b) - len(ids), 0)
-                   for (b, _), ids in zip(self.groups, r.tables, strict=True))
+        need = sum(min(fresh, 1) if w == "mamba" else fresh
+                   for (b, w), ids in zip(self.groups, r.tables, strict=True)
+                   if (fresh := max(cdiv(r.computed + num_new, b) - len(ids), 0)))
         if need > len(self.free) + releasable:
             return False
         for g, js in enumerate(going):
@@ -196,18 +217,25 @@ class SizedModel:
 
     def _grow(self, r, num_new):
         r.computed += num_new
-        for (b, _), ids in zip(self.groups, r.tables, strict=True):
-            ids += self._take(max(cdiv(r.computed, b) - len(ids), 0))
+        for g, ((b, w), ids) in enumerate(zip(self.groups, r.tables, strict=True)):
+            fresh = max(cdiv(r.computed, b) - len(ids), 0)
+            if w != "mamba":
+                ids += self._take(fresh)
+                continue
+            if fresh:
+                ids += [self.null] * (fresh - 1) + self._take(1)
+            if r.computed % b == 0:
+                r.exact.add((g, r.computed // b - 1))
         self._cache(r, min(r.computed, len(r.tokens)))
 
     def _cache(self, r, n):
         n = n // self.align * self.align
         hashed = len(r.tokens) // self.h * self.h
-        for g, (b, _) in enumerate(self.groups):
+        for g, (b, w) in enumerate(self.groups):
             full = min(n, hashed) // b
             for j in range(r.cached[g], full):
                 x = r.tables[g][j]
-                if x == self.null or not self._reachable(g, j):
+                if x == self.null or not self._reachable(g, j) or (w == "mamba" and (g, j) not in r.exact):
                     continue
                 key = self.key(g, r.extra, r.tokens, j)
                 if key in self.holders and self.twins:
@@ -235,7 +263,7 @@ class SizedModel:
     def _reachable(self, g, j):
         """Whether a hit at some ``align`` boundary reads block ``j`` of group ``g``."""
         b, w = self.groups[g]
-        if w is None:
+        if w is None or w == "mamba":  # (Mamba: vLLM's dense retention)
             return True
         need, per = cdiv(w - 1, b), self.align // b
         return need >= per or j % per >= per - need

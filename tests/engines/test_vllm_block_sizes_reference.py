@@ -71,9 +71,12 @@ def reference_hit(groups: tuple[tuple[int, int | None], ...], limit: int, align:
     return 0
 
 
-def _spec(block_size: int, window: int | None) -> Any:
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+def _spec(block_size: int, window: int | str | None) -> Any:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
+    if window == "mamba":
+        return MambaSpec(block_size=block_size, shapes=((1, 1),), dtypes=(torch.float32,),
+                         mamba_cache_mode="align")
     if window is None:
         return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     return SlidingWindowSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32,

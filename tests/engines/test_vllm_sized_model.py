@@ -29,6 +29,15 @@ torch = pytest.importorskip("torch")
 
 from .test_vllm_block_sizes_reference import LAYOUTS, _request, _vllm  # noqa: E402
 
+# Mamba beside attention of other sizes, with vLLM's fine-grained partial hits off (a
+# Mamba block no larger than the hash block, or a sliding window larger than it beside):
+# hits and caching aligned to the lcm, as the reference states them
+MAMBA_LAYOUTS = {
+    "full16+mamba8": ((16, None), (8, "mamba")),
+    "mamba8+full24+window20@8": ((8, "mamba"), (24, None), (8, 20)),
+    "window20@16+full8+mamba16": ((16, 20), (8, None), (16, "mamba")),
+}
+
 MAX_LEN = 96  # (the longest request: a prompt of 72, decoded up to it)
 STEMS = [[100 * s + k for k in range(60)] for s in range(3)]
 PROMPT = st.tuples(st.integers(0, 2), st.integers(0, 60), st.lists(st.integers(0, 2), max_size=12)).map(
@@ -48,6 +57,9 @@ class Pair:
 
     def __init__(self, groups: Any, num_blocks: int) -> None:
         self.groups = groups
+        # vLLM's align-mode scheduler ends a chunk at a Mamba block's end (or the
+        # prompt's), and each step starts a new one (no hit on a state cached in it)
+        self.mamba = [b for b, w in groups if w == "mamba"]
         self.h = reduce(math.gcd, (b for b, _ in groups))
         self.lcm = reduce(math.lcm, (b for b, _ in groups))
         self.v = _vllm(groups, self.h, self.lcm, num_blocks, events=True)
@@ -94,16 +106,28 @@ class Pair:
         assert hit == end
         assert [list(g) for g in blocks.get_block_ids()] == ids if hit else not any(ids)
 
+    def _chunk(self, start: int, n: int, total: int) -> int:
+        """``n`` tokens from ``start`` cut to end at every Mamba group's block end (the
+        prompt's end kept; at least one of them)."""
+        end = start + n
+        if not self.mamba or end == total:
+            return n
+        step = reduce(math.lcm, self.mamba)
+        end = end // step * step
+        return end - start if end > start else min(step - start % step, total - start)
+
     def do(self, op: str, a: Any, b: Any) -> None:
         from vllm.v1.request import RequestStatus
 
         self.serial += 1
         live = sorted(self.reqs)
+        if self.mamba:
+            self.v.new_step_starts()
         if op == "add":
             rid = f"r{self.serial}"
             r = _request(rid, a, self.h)
             blocks, hit, *_ = self.v.get_computed_blocks(r)
-            num_new = len(a) - hit if b is None else min(b, len(a) - hit)
+            num_new = len(a) - hit if b is None else self._chunk(hit, min(b, len(a) - hit), len(a))
             if self.model.add(rid, a, None, num_new) is None:
                 return
             assert self.v.allocate_slots(r, num_new, hit, blocks) is not None
@@ -115,9 +139,10 @@ class Pair:
             r = self.reqs[rid]
             left = r.num_tokens - r.num_computed_tokens
             if op == "extend" and left:
-                n, toks = min(b, left), []
+                n, toks = self._chunk(r.num_computed_tokens, min(b, left), r.num_tokens), []
             elif op == "decode" and not left and r.num_tokens + len(b) <= MAX_LEN:
-                n, toks = len(b), list(b)
+                n, toks = len(b), list(b[:1] if self.mamba else b)
+                n = len(toks)
             else:
                 return
             if not self.model.grow(rid, n, toks):
@@ -135,12 +160,12 @@ class Pair:
             assert self.v.reset_prefix_cache() == self.model.reset()
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", list(LAYOUTS) + list(MAMBA_LAYOUTS))
 @settings(max_examples=30, deadline=None)
 @given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
 def test_the_sized_reference_runs_as_vllms_manager(layout, extra, ops, probe):
     # a pool a little over one longest request: constant eviction, refusals
-    groups = LAYOUTS[layout]
+    groups = {**LAYOUTS, **MAMBA_LAYOUTS}[layout]
     pair = Pair(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 1 + extra)
     for op, a, b in ops:
         pair.do(op, a, b)
