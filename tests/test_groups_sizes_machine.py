@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, mu
 
 from machine_rules import LIVE, SharedRules, case, prompts_over
 from prefixkv import AllBlocksCleared, BlockRemoved, BlockStored, ExtraKeys
-from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, sliding_window
+from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba, sliding_window
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
 from sized_model import SizedModel
 
@@ -39,7 +39,8 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     @initialize()
     def setup(self):
         sizes = BlockSizes.of([b for b, _ in self.groups])
-        specs = [full_attention() if w is None else sliding_window(w) for _, w in self.groups]
+        specs = [full_attention() if w is None else mamba() if w == "mamba" else sliding_window(w)
+                 for _, w in self.groups]
         windows = any(w is not None for _, w in self.groups)
         num_blocks = sum(-(-MAX_LEN // b) for b, _ in self.groups) + windows + self.extra_blocks
         self.m = HybridKVCacheManager(specs, num_blocks, sizes, hash_mode="sha256", seed=1,
@@ -224,7 +225,25 @@ class FullOnlyMachine(SizedMachine):
     extra_blocks = 2
 
 
+class MambaBesideFullMachine(SizedMachine):
+    """Full attention at 8 beside Mamba at 4 (hash 4, lcm 8): a Mamba state cached at
+    every block end a step reaches, hits only at multiples of 8."""
+
+    groups = ((8, None), (4, "mamba"))
+    extra_blocks = 3
+
+
+class MambaBesideWindowMachine(SizedMachine):
+    """A 10-token window at 8, full attention at 4, Mamba at 8 (hash 4, lcm 8; vLLM's
+    fine-grained partial hits are off beside such a window)."""
+
+    groups = ((8, 10), (4, None), (8, "mamba"))
+    extra_blocks = 3
+
+
 TestSizedMachine = case(SizedMachine, max_examples=60, stateful_step_count=40)
 TestWindowsBesideFullMachine = case(WindowsBesideFullMachine, max_examples=60, stateful_step_count=40)
 TestLcmOfNeitherMachine = case(LcmOfNeitherMachine, max_examples=60, stateful_step_count=40)
 TestFullOnlyMachine = case(FullOnlyMachine, max_examples=60, stateful_step_count=40)
+TestMambaBesideFullMachine = case(MambaBesideFullMachine, max_examples=60, stateful_step_count=40)
+TestMambaBesideWindowMachine = case(MambaBesideWindowMachine, max_examples=60, stateful_step_count=40)

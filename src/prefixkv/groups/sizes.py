@@ -85,11 +85,14 @@ class BlockSizes:
         that a hit can read, one at the first multiple of ``align`` it ends at or
         before reading it (full attention reads every block; a sliding window of W
         only the ``cdiv(W - 1, b)`` blocks before each boundary: vLLM's
-        ``reachable_block_mask``). Checked against vLLM for full attention and sliding
-        windows only."""
+        ``reachable_block_mask``); a Mamba group every block (vLLM's dense retention:
+        the manager records only those holding the state at their end). Checked against
+        vLLM (tests/engines/test_vllm_sized_model.py)."""
         b = self.sizes[g]
         if j < 0 or (j + 1) * b > num_tokens // self.align * self.align:
             return False
+        if spec.sparse:
+            return True
         boundary = blocks_for((j + 1) * b, self.align) * self.align  # (the next lcm boundary)
         return spec.first_needed(boundary) // b <= j
 
@@ -97,7 +100,8 @@ class BlockSizes:
         """What is announced (vLLM's ``BlockStored``) once a prompt of ``num_tokens``
         tokens is computed whole, as ``(group, fine hash index, block size)``, group by
         group in block order: each block ``caches`` names, under its key and its
-        group's size; and in a full-attention group larger than the hash block, the
+        group's size (a Mamba group's only where the prompt ends: the one block whose
+        state it computed at its end); and in a full-attention group larger than the hash block, the
         partial entry of the block that holds the prompt's last hash boundary before
         its last token, when that block lies below the aligned end (so only for a
         prompt of a multiple of ``align``), announced as one hash block (vLLM's
@@ -108,7 +112,7 @@ class BlockSizes:
         for g, spec in enumerate(specs):
             b = self.sizes[g]
             out += [(g, self.key_index(g, j), b) for j in range(num_tokens // b)
-                    if self.caches(spec, g, num_tokens, j)]
+                    if self.caches(spec, g, num_tokens, j) and not (spec.sparse and (j + 1) * b < num_tokens)]
             if spec.kind == FULL and b > h and 0 < boundary <= end and boundary % b:
                 out.append((g, boundary // h - 1, h))
         return out
@@ -119,8 +123,7 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
     positive int for every group, or a ``BlockSizes`` of one size per group (checked
     again by ``BlockSizes.of``, since a dataclass can be built around its checks).
     Raises ConfigError: not a positive int nor a ``BlockSizes``, sizes for another
-    number of groups, and (not served yet, docs/groups.md) a Mamba group beside sizes
-    that are not ``one_size``."""
+    number of groups."""
     if not isinstance(block_size, BlockSizes):
         b = check_positive("block_size", block_size)
         return BlockSizes((b,) * len(specs), b, b)
@@ -128,8 +131,4 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
     if len(got.sizes) != len(specs):
         raise ConfigError(f"block_size must name one block size per group ({len(specs)}), "
                           f"got {len(got.sizes)}: {got.sizes}")
-    if not got.one_size and any(s.sparse for s in specs):
-        raise ConfigError(f"a Mamba group beside groups of different block sizes (or a hash "
-                          f"block or alignment other than the one block size) is not served "
-                          f"by HybridKVCacheManager yet (docs/groups.md), got {got}")
     return got
