@@ -27,16 +27,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
-from .test_vllm_block_sizes_reference import LAYOUTS, _request, _vllm  # noqa: E402
-
-# Mamba beside attention of other sizes, with vLLM's fine-grained partial hits off (a
-# Mamba block no larger than the hash block, or a sliding window larger than it beside):
-# hits and caching aligned to the lcm, as the reference states them
-MAMBA_LAYOUTS = {
-    "full16+mamba8": ((16, None), (8, "mamba")),
-    "mamba8+full24+window20@8": ((8, "mamba"), (24, None), (8, 20)),
-    "window20@16+full8+mamba16": ((16, 20), (8, None), (16, "mamba")),
-}
+from .test_vllm_block_sizes_reference import LAYOUTS, MAMBA_LAYOUTS, _request, _vllm  # noqa: E402
 
 MAX_LEN = 96  # (the longest request: a prompt of 72, decoded up to it)
 STEMS = [[100 * s + k for k in range(60)] for s in range(3)]
