@@ -40,7 +40,7 @@ from .growth import Growth
 from .manager import HybridKVCacheManager
 from .request import GroupRequest
 from .results import GroupFork
-from .spec import FULL
+from .spec import FULL, MAMBA
 
 
 def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared: Prepared) -> None:
@@ -60,12 +60,13 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
     sizes, h, every = self.sizes, self._hash_size, req.nodes
     lo = first * h // sizes.align * sizes.align
     hi = req.num_scheduled // sizes.align * sizes.align
-    states = req.states or ()
+    states = req.states or ()  # (sparse groups' blocks holding the state at their end)
     for g, (spec, table, b) in enumerate(zip(self.groups, req.tables, self._group_sizes, strict=True)):
         span = range(lo // b, hi // b)
         if span:
-            part = [table[j] if sizes.caches(spec, g, hi, j) and (not spec.sparse or (g, j) in states)
-                    else None for j in span]
+            part = [table[j] if sizes.caches(spec, g, hi, j) else None for j in span]
+            if spec.kind == MAMBA:  # (sparse: only blocks holding the state at their end)
+                part = [x if (g, j) in states else None for j, x in zip(span, part, strict=True)]
             keyed = [every[sizes.key_index(g, j)] for j in span]
             events = ([req.keys.for_event(j, b) for j in span] if self._index.hashing else None)
             self._index.store(g, part, keyed, span.start, req.tokens, events, b,  # type: ignore[arg-type]
@@ -105,7 +106,7 @@ def _cut_off(self: HybridKVCacheManager, req: GroupRequest, end: int) -> bool:
     whose blocks hold states, not keys, is not asked)."""
     for g, (spec, table, b) in enumerate(zip(self.groups, req.tables, self._group_sizes, strict=True)):
         j = (end - 1) // b
-        if not spec.sparse and j < len(table) and (blk := table[j]) is not None and blk.key is None \
+        if spec.kind != MAMBA and j < len(table) and (blk := table[j]) is not None and blk.key is None \
                 and self.sizes.caches(spec, g, end, j):
             return True
     return False
@@ -120,6 +121,8 @@ def _more(self: HybridKVCacheManager, req: GroupRequest, covered: int) -> list[i
 def _fresh(self: HybridKVCacheManager, more: Sequence[int]) -> int:
     """The free blocks that ``more[g]`` new entries per group take: a sparse group's
     only its last (none for none)."""
+    if not self._sparse:
+        return sum(more)
     return sum(min(m, 1) if s.sparse else m for s, m in zip(self.groups, more, strict=True))
 
 
@@ -141,8 +144,16 @@ def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int], ho
     group's jumped-over ones, and a free block into each of ``holes`` (where a step
     ending at ``total`` writes; the caller checked the blocks are there); their ids,
     per group."""
-    fresh = self._pool.take(_fresh(self, more) + len(holes))
     added = []
+    if not self._sparse:
+        fresh = self._pool.take(sum(more))
+        for g, (table, m) in enumerate(zip(req.tables, more, strict=True)):
+            new, fresh = fresh[:m], fresh[m:]
+            self._index.own(g, new)
+            table += new
+            added.append(tuple([b.block_id for b in new]))
+        return tuple(added)
+    fresh = self._pool.take(_fresh(self, more) + len(holes))
     for g, (spec, table, m) in enumerate(zip(self.groups, req.tables, more, strict=True)):
         k = (min(m, 1) if spec.sparse else m) + (g in holes)
         new, fresh = fresh[:k], fresh[k:]
@@ -162,8 +173,12 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
     h, start, n = self._hash_size, req.num_scheduled, len(req.tokens)
     going, freed = self._going(req, start)
     more = _more(self, req, total)
-    holes = _holes(self, req, total) if self._sparse else []
-    if _fresh(self, more) + len(holes) > self._pool.num_free + freed:
+    holes: Sequence[int] = ()
+    if self._sparse:
+        holes = _holes(self, req, total)
+        if _fresh(self, more) + len(holes) > self._pool.num_free + freed:
+            return None
+    elif sum(more) > self._pool.num_free + freed:
         return None
     first, last = start // h, total // h
     if new_tokens is not None:
@@ -176,7 +191,8 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
         raise
     self._release(req, going)
     added = _take(self, req, more, holes, total)
-    sized_admission._mark(self, req, total)
+    if self._sparse:
+        sized_admission._mark(self, req, total)
     req.num_scheduled, req.step_start = total, max(start, req.step_start)
     if total >= n:  # (the prefill's last chunk: its prepared prompt is done with)
         req.prompt = None
@@ -189,10 +205,10 @@ def _roomy(self: HybridKVCacheManager, req: GroupRequest) -> bool:
     """Whether one more token at ``num_scheduled`` fills no hash block (so no block of
     any group, nor an aligned end), lands in a block every table has (a sparse group's
     included: its state goes there) and moves no window past a block."""
-    n, h, sizes = req.num_scheduled, self._hash_size, self._group_sizes
+    n, h = req.num_scheduled, self._hash_size
     return n % h != h - 1 and n < req.next_release and all(
-        n < len(t) * b for t, b in zip(req.tables, sizes, strict=True)) and all(
-        req.tables[g][n // sizes[g]] is not None for g in self._sparse)
+        n < len(t) * b for t, b in zip(req.tables, self._group_sizes, strict=True)) and (
+        not self._sparse or all(req.tables[g][n // self._group_sizes[g]] is not None for g in self._sparse))
 
 
 def reserve(self: HybridKVCacheManager, request_id: Hashable, num_slots: int) -> Growth | None:

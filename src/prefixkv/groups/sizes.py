@@ -28,7 +28,7 @@ from functools import reduce
 from ..core.block import blocks_for
 from ..errors import ConfigError, check_positive
 from .hits import longest_sized_hit
-from .spec import FULL, GroupSpec
+from .spec import FULL, MAMBA, GroupSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +91,7 @@ class BlockSizes:
         b = self.sizes[g]
         if j < 0 or (j + 1) * b > num_tokens // self.align * self.align:
             return False
-        if spec.sparse:
+        if spec.kind == MAMBA:  # (sparse)
             return True
         boundary = blocks_for((j + 1) * b, self.align) * self.align  # (the next lcm boundary)
         return spec.first_needed(boundary) // b <= j
