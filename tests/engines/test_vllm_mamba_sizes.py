@@ -30,12 +30,9 @@ skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
 from .test_vllm_block_sizes_reference import MAMBA_LAYOUTS, _plugin, _request, _vllm  # noqa: E402
+from .test_vllm_sized_model import MAX_LEN, PROMPT  # noqa: E402
 
-MAX_LEN = 96
-STEMS = [[100 * s + k for k in range(60)] for s in range(3)]
-PROMPT = st.tuples(st.integers(0, 2), st.integers(0, 60), st.lists(st.integers(0, 2), max_size=12)).map(
-    lambda p: STEMS[p[0]][:p[1]] + p[2] or [7])
-OP = st.one_of(
+OP = st.one_of(  # (test_vllm_sized_model.py's, a decode step of one token)
     st.tuples(st.just("add"), PROMPT, st.none() | st.integers(1, 40)),
     st.tuples(st.just("extend"), st.integers(0, 5), st.integers(1, 40)),
     st.tuples(st.just("decode"), st.integers(0, 5), st.integers(0, 2)),
