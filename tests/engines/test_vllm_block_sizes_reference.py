@@ -256,11 +256,12 @@ def _hash_and_lcm(groups: tuple[tuple[int, int | None], ...]) -> tuple[int, int]
     return reduce(math.gcd, sizes), reduce(math.lcm, sizes)
 
 
-def _plugin(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int) -> Any:
+def _plugin(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int,
+            num_blocks: int = 400) -> Any:
     """prefixkv's plug-in over the layout ``_vllm`` gives vLLM's manager."""
     from prefixkv.integrations.vllm import KVCacheManager
 
-    return KVCacheManager(config(*(_spec(b, w) for b, w in groups), num_blocks=400), max_model_len=256,
+    return KVCacheManager(config(*(_spec(b, w) for b, w in groups), num_blocks=num_blocks), max_model_len=256,
                           scheduler_block_size=lcm, hash_block_size=hash_size)
 
 

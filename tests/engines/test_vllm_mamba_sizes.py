@@ -6,11 +6,11 @@ ends or the prompt's, as vLLM's align-mode scheduler cuts them), prefill chunks,
 steps of one token and frees, each in a step of its own: after every call the two give
 the same answer, the same block ids in every group's table of every live request, the
 same free block count and the same hit (with its blocks and vLLM's shared-prefix
-junction) for a probe and for each live request's tokens and one more. The pool is large
-enough that no cached block is evicted. The run stops at prefixkv's first spare (a second
-block computing a prefix its group holds: vLLM keeps that copy cached, prefixkv empties
-it when freed, so the free queues differ from there on; groups/index.py, as
-test_vllm_block_sizes_manager.py stops). Needs vllm installed."""
+junction) for a probe and for each live request's tokens and one more. The pool is
+large, or a little over one longest request (refusals and evictions). The run stops at
+prefixkv's first spare (a second block computing a prefix its group holds: vLLM keeps
+that copy cached, prefixkv empties it when freed, so the free queues differ from there
+on; groups/index.py, as test_vllm_block_sizes_manager.py stops). Needs vllm installed."""
 
 from __future__ import annotations
 
@@ -51,11 +51,11 @@ def _chunk(step: int, start: int, n: int, total: int) -> int:
 
 
 class Sides:
-    def __init__(self, groups: Any) -> None:
+    def __init__(self, groups: Any, num_blocks: int = 400) -> None:
         sizes = [b for b, _ in groups]
         self.h, self.lcm = reduce(math.gcd, sizes), reduce(math.lcm, sizes)
         self.step = reduce(math.lcm, [b for b, w in groups if w == "mamba"])
-        self.ms = [_vllm(groups, self.h, self.lcm), _plugin(groups, self.h, self.lcm)]
+        self.ms = [_vllm(groups, self.h, self.lcm, num_blocks), _plugin(groups, self.h, self.lcm, num_blocks)]
         self.reqs: list[dict[str, Any]] = [{}, {}]
         self.serial = 0
         self.hits = 0  # (probes that hit)
@@ -115,11 +115,15 @@ class Sides:
                 m.free(reqs.pop(rid))
 
 
+@pytest.mark.parametrize("small", [False, True])
 @pytest.mark.parametrize("layout", list(MAMBA_LAYOUTS))
 @settings(max_examples=30, deadline=None)
 @given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
-def test_the_plugin_gives_vllms_tables_and_hits_beside_mamba_of_another_size(layout, ops, probe):
-    sides = Sides(MAMBA_LAYOUTS[layout])
+def test_the_plugin_gives_vllms_tables_and_hits_beside_mamba_of_another_size(layout, small, ops, probe):
+    # (small: a pool a little over one longest request, so calls are refused and cached
+    # blocks evicted)
+    groups = MAMBA_LAYOUTS[layout]
+    sides = Sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400)
     for op, a, b in ops:
         sides.do(op, a, b)
         sides.compare(probe)
@@ -145,3 +149,28 @@ def test_a_hit_on_a_mamba_state_cached_in_the_same_step_waits_as_in_vllm():
         blocks, hit, *_ = m.get_computed_blocks(b)
         assert m.allocate_slots(b, 2, hit, blocks) is not None
         assert [list(g) for g in m.get_block_ids("b")] == [[1, 3], [0, 2, 4]]
+
+
+def test_a_step_that_fits_with_one_block_for_mamba_is_not_refused():
+    # full attention at 16 beside Mamba at 8, 6 usable blocks: a chunk of 40 holds 3 + 1;
+    # the next 16 tokens take one full-attention block and one Mamba block (two Mamba
+    # entries, the first jumped over): 2 of the 2 free, which vLLM grants
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    from prefixkv.integrations.vllm import KVCacheManager
+
+    from .test_vllm_block_sizes_reference import _spec
+    from .test_vllm_plugin import config
+
+    init_none_hash(sha256)
+    groups = MAMBA_LAYOUTS["full16+mamba8"]
+    for make in (VllmManager, KVCacheManager):
+        m = make(config(*(_spec(b, w) for b, w in groups), num_blocks=7), max_model_len=256,
+                 scheduler_block_size=16, hash_block_size=8)
+        r = _request("a", list(range(80)), 8)
+        assert m.allocate_slots(r, 40) is not None
+        r.num_computed_tokens = 40
+        assert m.allocate_slots(r, 16) is not None, make
+        assert [list(g) for g in m.get_block_ids("a")] == [[1, 2, 3, 5], [0, 0, 0, 0, 4, 0, 6]]
