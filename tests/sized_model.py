@@ -44,6 +44,19 @@ boundary chains over). The rules, each as vLLM 0.33 runs them:
   ended exactly there (``Req.exact``; vLLM's scheduler ends align-mode chunks there, so
   vLLM caches the same blocks: a block a step ran past holds an older state, which
   prefixkv never caches).
+- EAGLE (``peek``: one bool per group, vLLM's ``drop_eagle_group_ids`` widened to every
+  group of a flagged group's spec; None: no EAGLE): the hit (``_peek_hit``) is vLLM's one
+  pass over the sets of groups of one (block size, window), full attention first, each
+  set taking the candidate down: full attention matches its run of cached blocks within
+  the candidate plus one block (a peeking set) and drops the last, rounded down to
+  ``align``; a window scans down for a run of ``cdiv(W - 1, b)`` (+1 peeking) cached
+  blocks whose top starts an ``align`` boundary (peeking; else ends one), else takes the
+  run reaching block 0, then drops one block (peeking) and rounds down to ``align``
+  after each pop (the literal rule, quirks included). A peeking group caches up to
+  ``min(computed, aligned + b)`` (nothing before the first ``align`` boundary), a
+  window's the ``cdiv(W - 1, b) + 1`` blocks ending at each boundary's first block
+  (``reachable_block_mask`` with ``use_eagle``), and its partial tail entry at the whole
+  prompt's last hash boundary.
 - Partial tail entries (vLLM's ``_cache_partial_tail_block``; docs/groups.md): a
   full-attention group larger than the hash block, once the prompt's last hash boundary
   before its last token lies inside one of its cached blocks, stores that boundary's
@@ -81,8 +94,11 @@ class Req:
 
 
 class SizedModel:
-    def __init__(self, groups, num_blocks, hash_size, align, null=True, twins=False):
+    def __init__(self, groups, num_blocks, hash_size, align, null=True, twins=False, peek=None):
         self.groups, self.h, self.align = tuple(groups), hash_size, align
+        # (vLLM's groups of a flagged group's spec peek too)
+        self.peek = None if peek is None or not any(peek) else tuple(
+            any(f for s, f in zip(self.groups, peek, strict=True) if s == spec) for spec in self.groups)
         self.free = deque(range(num_blocks))
         # vLLM's null block, block 0 (prefixkv reserves it only where a group releases)
         self.null = self.free.popleft() if null else None
@@ -104,6 +120,11 @@ class SizedModel:
     def hit(self, tokens, extra):
         """The hit in tokens and each group's hit entries."""
         limit = len(tokens) - 1
+        if self.peek is not None:
+            end = self._peek_hit(tokens, extra, limit)
+            return end, [[self.null if j < first_needed(w, end) // b
+                          else self.holders[self.key(g, extra, tokens, j)][0]
+                          for j in range(end // b)] for g, (b, w) in enumerate(self.groups)]
         for end in range(limit - limit % self.align, 0, -self.align):
             if all(self.key(g, extra, tokens, j) in self.holders
                    for g, (b, w) in enumerate(self.groups)
@@ -112,6 +133,48 @@ class SizedModel:
                               else self.holders[self.key(g, extra, tokens, j)][0]
                               for j in range(end // b)] for g, (b, w) in enumerate(self.groups)]
         return 0, [[] for _ in self.groups]
+
+    def _peek_hit(self, tokens, extra, limit):
+        """vLLM's hit with EAGLE (module docstring), in tokens."""
+        a, hashed = self.align, len(tokens) // self.h * self.h
+        sets = {}
+        for g, spec in enumerate(self.groups):
+            sets.setdefault(spec, []).append(g)
+        cur = limit
+        for (b, w), gs in sorted(sets.items(), key=lambda kv: kv[0][1] is not None):
+            peek = any(self.peek[g] for g in gs)
+            top = min(cur + b, hashed) // b if peek else cur // b  # (blocks 0 .. top - 1 are looked at)
+
+            def cached(j, gs=gs, b=b):
+                return all(self.key(g, extra, tokens, j) in self.holders for g in gs)
+            if w is None:
+                run = 0
+                while run < top and cached(run):
+                    run += 1
+                cur = max(0, run - peek) * b
+                cur -= cur % a
+                continue
+            need, count, length = cdiv(w - 1, b) + peek, 0, None
+            for i in range(top - 1, -1, -1):
+                if not cached(i):
+                    count = 0
+                    continue
+                if count == 0 and b != a and ((i if peek else i + 1) * b) % a:
+                    continue  # (a run's top must end, or peeking start, an aligned boundary)
+                count += 1
+                if count >= need:
+                    length = i + count
+                    break
+            if length is None:  # the run reaching block 0, rounded down to ``a``
+                length = count
+                while length * b % a:
+                    length -= 1
+            if peek and length:
+                length -= 1
+                while length * b % a:
+                    length -= 1
+            cur = length * b
+        return cur
 
     # ---- the pool -----------------------------------------------------------------
 
@@ -229,10 +292,12 @@ class SizedModel:
         self._cache(r, min(r.computed, len(r.tokens)))
 
     def _cache(self, r, n):
-        n = n // self.align * self.align
+        computed, n = n, n // self.align * self.align
         hashed = len(r.tokens) // self.h * self.h
         for g, (b, w) in enumerate(self.groups):
-            full = min(n, hashed) // b
+            peek = self.peek is not None and self.peek[g]
+            end = min(computed, n + b) if peek and n else n  # (vLLM's get_num_cacheable_tokens)
+            full = min(end, hashed) // b
             for j in range(r.cached[g], full):
                 x = r.tables[g][j]
                 if x == self.null or not self._reachable(g, j) or (w == "mamba" and (g, j) not in r.exact):
@@ -248,11 +313,12 @@ class SizedModel:
                 self.holders[key].append(x)
                 self.keys[x].append(key)
             r.cached[g] = max(r.cached[g], full)
-            self._tail(r, g, min(n, hashed))
+            self._tail(r, g, min(end, hashed))
 
     def _tail(self, r, g, hi):
         b, w = self.groups[g]
-        end = (r.prompt - 1) // self.h * self.h
+        peek = self.peek is not None and self.peek[g]
+        end = (r.prompt if peek else r.prompt - 1) // self.h * self.h
         if w is not None or b <= self.h or not 0 < end <= hi or not end % b:
             return
         x = r.tables[g][end // b]
@@ -265,8 +331,9 @@ class SizedModel:
         b, w = self.groups[g]
         if w is None or w == "mamba":  # (Mamba: vLLM's dense retention)
             return True
-        need, per = cdiv(w - 1, b), self.align // b
-        return need >= per or j % per >= per - need
+        peek = self.peek is not None and self.peek[g]
+        need, per = cdiv(w - 1, b) + peek, self.align // b
+        return need >= per or j >= peek and (j - peek) % per >= per - need
 
     def free_request(self, rid):
         r = self.reqs.pop(rid)

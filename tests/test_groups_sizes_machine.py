@@ -7,7 +7,10 @@ at its own size, the null block where a window released), the same free queue (i
 order: vLLM's plain free order), give the same hit (a multiple of the lcm) with the same
 blocks, refuse the same calls (a refused call changes nothing), and announce the same
 keys: each ``BlockStored`` of group g under the fine hash at its blocks' last boundaries,
-with the group's own ``block_size``; ``check_invariants()`` holds throughout.
+with the group's own ``block_size``; ``check_invariants()`` holds throughout. The EAGLE
+machines peek (``peek``, vLLM's EAGLE: its hit rule and what a peeking group caches) in
+every lookup and admission, and cache for it (``BlockSizes.peek``), as vLLM's manager
+with ``use_eagle`` does.
 """
 
 from collections import Counter
@@ -35,10 +38,11 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     groups = ((4, None), (8, 10))
     extra_blocks = 4  # past one longest request's blocks (constant eviction)
     live = LIVE
+    peek: bool | tuple[bool, ...] = False  # (the EAGLE machines': the groups that peek)
 
     @initialize()
     def setup(self):
-        sizes = BlockSizes.of([b for b, _ in self.groups])
+        sizes = BlockSizes.of([b for b, _ in self.groups], peek=self.peek or ())
         specs = [full_attention() if w is None else mamba() if w == "mamba" else sliding_window(w)
                  for _, w in self.groups]
         windows = any(w is not None for _, w in self.groups)
@@ -46,7 +50,7 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         self.m = HybridKVCacheManager(specs, num_blocks, sizes, hash_mode="sha256", seed=1,
                                       enable_events=True, max_events=1 << 12)
         self.model = SizedModel(self.groups, num_blocks, sizes.hash_size, sizes.align, null=windows,
-                                twins=True)
+                                twins=True, peek=self.peek or None)
         self.hash_fn, self.root = make_hash_fn("sha256", 1)
         self.h = sizes.hash_size
         self.names: dict[bytes, tuple] = {}  # a fine hash -> (extra, the tokens it chains over)
@@ -80,9 +84,9 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         return self.model.twinned
 
     def _alone(self, rid, prompt, extra, chunk):
-        end = self.m.lookup(prompt, extra=extra)
+        end = self.m.lookup(prompt, extra=extra, peek=self.peek)
         n = len(prompt) - end if chunk is None else min(chunk, len(prompt) - end)
-        if self.m.add_request(rid, prompt, extra=extra, num_new_tokens=n) is None:
+        if self.m.add_request(rid, prompt, extra=extra, num_new_tokens=n, peek=self.peek) is None:
             return multiple()
         self.tokens[rid] = list(prompt)
         self.extras[rid] = extra
@@ -91,8 +95,9 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
 
     def _same_hit(self, prompt, extra):
         end, ids = self.model.hit(prompt, extra)
-        assert self.m.lookup(prompt, extra=extra) == end, (prompt, end)
-        assert [list(g) for g in self.m.lookup_block_ids(prompt, extra=extra)] == ids, (prompt, ids)
+        assert self.m.lookup(prompt, extra=extra, peek=self.peek) == end, (prompt, end)
+        got = self.m.lookup_block_ids(prompt, extra=extra, peek=self.peek)
+        assert [list(g) for g in got] == ids, (prompt, ids)
         return end
 
     # ---- rules -------------------------------------------------------------------
@@ -104,7 +109,7 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
             return self._alone(rid, prompt, extra, chunk)
         end = self._same_hit(prompt, extra)
         n = len(prompt) - end if chunk is None else min(chunk, len(prompt) - end)
-        adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=n)
+        adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=n, peek=self.peek)
         want = self.model.add(rid, prompt, extra, n)
         assert (adm is None) == (want is None), (adm, want)
         if adm is None:
@@ -239,6 +244,29 @@ class MambaBesideWindowMachine(SizedMachine):
 
     groups = ((8, 10), (4, None), (8, "mamba"))
     extra_blocks = 3
+class EagleWindowMachine(SizedMachine):
+    """EAGLE on a 14-token window at 4 beside full attention at 8, which does not peek
+    (hash 4, lcm 8): vLLM's layout of a draft model's window group (a peeking hit needs 5
+    cached blocks of the window, or a run from block 0: then it falls a span lower)."""
+
+    groups = ((8, None), (4, 14))
+    extra_blocks = 4
+    peek = (False, True)
+
+
+class EagleEveryGroupMachine(SizedMachine):
+    """EAGLE on full attention at 4 and a 10-token window at 8 (hash 4, lcm 8)."""
+
+    peek = (True, True)
+
+
+class EagleFullMachine(SizedMachine):
+    """EAGLE on full attention at 4 beside full attention at 12, which does not peek
+    (lcm 12: a peeking run drops its block and falls to the span below)."""
+
+    groups = ((4, None), (12, None))
+    extra_blocks = 3
+    peek = (True, False)
 
 
 TestSizedMachine = case(SizedMachine, max_examples=60, stateful_step_count=40)
@@ -247,3 +275,6 @@ TestLcmOfNeitherMachine = case(LcmOfNeitherMachine, max_examples=60, stateful_st
 TestFullOnlyMachine = case(FullOnlyMachine, max_examples=60, stateful_step_count=40)
 TestMambaBesideFullMachine = case(MambaBesideFullMachine, max_examples=60, stateful_step_count=40)
 TestMambaBesideWindowMachine = case(MambaBesideWindowMachine, max_examples=60, stateful_step_count=40)
+TestEagleWindowMachine = case(EagleWindowMachine, max_examples=60, stateful_step_count=40)
+TestEagleEveryGroupMachine = case(EagleEveryGroupMachine, max_examples=60, stateful_step_count=40)
+TestEagleFullMachine = case(EagleFullMachine, max_examples=60, stateful_step_count=40)

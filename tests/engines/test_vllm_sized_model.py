@@ -3,8 +3,11 @@ sizes, driven beside vLLM 0.33's own ``KVCacheManager`` (from the wheel) by one 
 stream of admissions (with their hits, in chunks), prefill chunks, decode steps, frees and
 resets: after every call the two hold the same block ids in every group's table, the same
 free queue (ids, in order), the same keys cached (each with as many holders) and give the
-same hit. Calls the reference refuses (short of blocks) are not made on vLLM (it releases
-a window's blocks before it refuses; prefixkv does not). This checks the reference that
+same hit; with EAGLE too (``use_eagle``, some groups flagged ``is_eagle_group`` or none:
+the reference's ``peek``), on the layouts vLLM finds its hit for in one pass (two specs at
+most, full attention one of them when two: the plug-in's ``eagle_layout``). Calls the
+reference refuses (short of blocks) are not made on vLLM (it releases a window's blocks
+before it refuses; prefixkv does not). This checks the reference that
 tests/test_groups_sizes_machine.py holds prefixkv's manager to. Needs vllm installed."""
 
 from __future__ import annotations
@@ -27,7 +30,24 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
-from .test_vllm_block_sizes_reference import LAYOUTS, MAMBA_LAYOUTS, _request, _vllm  # noqa: E402
+from .test_vllm_block_sizes_reference import LAYOUTS, MAMBA_LAYOUTS, _request, _spec, _vllm  # noqa: E402
+
+# EAGLE layouts: (groups, is_eagle_group flags; all False: vLLM flags every group). No
+# peeking full-attention group is larger than the hash block: vLLM would register the
+# whole prompt's last hash boundary as a partial entry of a block not full yet (promoted
+# when it fills), which neither the reference nor prefixkv's manager serve.
+EAGLE = {
+    "full32+window8@8, the window flagged": (((32, None), (8, 8)), (False, True)),
+    "full32+two windows8@8, one flagged": (((32, None), (8, 8), (8, 8)), (False, False, True)),
+    "full8+window20@16": (((8, None), (16, 20)), (False, False)),
+    "window10@8+full16, the window flagged": (((8, 10), (16, None)), (True, False)),
+    "full8+full24, the first flagged": (((8, None), (24, None)), (True, False)),
+    "window20@16+full24, the window flagged": (((16, 20), (24, None)), (True, False)),
+    "full8+window40@16, the full flagged": (((8, None), (16, 40)), (True, False)),
+    "window9@16+full8": (((16, 9), (8, None)), (False, False)),  # (need 2 >= 1 block a boundary)
+    # (a run from block 0 shorter than a peeking window's need: vLLM's hit falls a span lower)
+    "full16+window40@8, the window flagged": (((16, None), (8, 40)), (False, True)),
+}
 
 MAX_LEN = 96  # (the longest request: a prompt of 72, decoded up to it)
 STEMS = [[100 * s + k for k in range(60)] for s in range(3)]
@@ -46,15 +66,20 @@ class Pair:
     """vLLM's manager and the reference, the requests each holds, and a mirror of what
     vLLM's events say is cached: {key: holders}."""
 
-    def __init__(self, groups: Any, num_blocks: int) -> None:
+    def __init__(self, groups: Any, num_blocks: int, flags: tuple[bool, ...] | None = None) -> None:
         self.groups = groups
         # vLLM's align-mode scheduler ends a chunk at a Mamba block's end (or the
         # prompt's), and each step starts a new one (no hit on a state cached in it)
         self.mamba = [b for b, w in groups if w == "mamba"]
         self.h = reduce(math.gcd, (b for b, _ in groups))
         self.lcm = reduce(math.lcm, (b for b, _ in groups))
-        self.v = _vllm(groups, self.h, self.lcm, num_blocks, events=True)
-        self.model = SizedModel(groups, num_blocks, self.h, self.lcm)
+        if flags is None:
+            self.v = _vllm(groups, self.h, self.lcm, num_blocks, events=True)
+            self.model = SizedModel(groups, num_blocks, self.h, self.lcm)
+        else:
+            self.v = _eagle_vllm(groups, flags, self.h, self.lcm, num_blocks)
+            peek = flags if any(flags) else (True,) * len(groups)
+            self.model = SizedModel(groups, num_blocks, self.h, self.lcm, peek=peek)
         self.reqs: dict[str, Any] = {}
         self.names: dict[Any, tuple[int, ...]] = {}  # vLLM's hash -> the tokens it chains over
         self.mirror: Counter[Any] = Counter()
@@ -151,14 +176,44 @@ class Pair:
             assert self.v.reset_prefix_cache() == self.model.reset()
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS) + list(MAMBA_LAYOUTS))
-@settings(max_examples=30, deadline=None)
-@given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
-def test_the_sized_reference_runs_as_vllms_manager(layout, extra, ops, probe):
-    # a pool a little over one longest request: constant eviction, refusals
-    groups = {**LAYOUTS, **MAMBA_LAYOUTS}[layout]
-    pair = Pair(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 1 + extra)
+def _eagle_vllm(groups: Any, flags: tuple[bool, ...], hash_size: int, lcm: int, num_blocks: int) -> Any:
+    """vLLM's manager with ``use_eagle``, the groups ``flags`` names flagged ``is_eagle_group``."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    init_none_hash(sha256)
+    specs = [KVCacheGroupSpec([f"l{i}"], _spec(b, w), is_eagle_group=f)
+             for i, ((b, w), f) in enumerate(zip(groups, flags, strict=True))]
+    return KVCacheManager(KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=specs),
+                          max_model_len=256, scheduler_block_size=lcm, hash_block_size=hash_size,
+                          enable_kv_cache_events=True, use_eagle=True)
+
+
+def _drive(pair: Pair, ops: Any, probe: list[int]) -> None:
     for op, a, b in ops:
         pair.do(op, a, b)
         pair.note_events()
         pair.compare(probe)
+
+
+def _pool(groups: Any, extra: int) -> int:
+    """A pool a little over one longest request: constant eviction, refusals."""
+    return sum(-(-MAX_LEN // b) for b, _ in groups) + 1 + extra
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS) + list(MAMBA_LAYOUTS))
+@settings(max_examples=30, deadline=None)
+@given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
+def test_the_sized_reference_runs_as_vllms_manager(layout, extra, ops, probe):
+    groups = {**LAYOUTS, **MAMBA_LAYOUTS}[layout]
+    _drive(Pair(groups, _pool(groups, extra)), ops, probe)
+
+
+@pytest.mark.parametrize("layout", list(EAGLE))
+@settings(max_examples=30, deadline=None)
+@given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
+def test_the_sized_reference_runs_as_vllms_manager_with_eagle(layout, extra, ops, probe):
+    groups, flags = EAGLE[layout]
+    _drive(Pair(groups, _pool(groups, extra), flags), ops, probe)

@@ -70,7 +70,7 @@ def warmed(shared, **kw):
     the ledger the faults must give back is taken from it."""
     e = Engine(shared, **{"num_blocks": 24, "host_blocks": 20, **kw})
     assert e.probe(Q) == len(Q) - 1
-    assert e.m.reset_prefix_cache()
+    assert e.m.reset_prefix_cache(keep_store=True)
     return e
 
 

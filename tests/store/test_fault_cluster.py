@@ -148,7 +148,7 @@ def test_a_slot_migrating_under_a_fetch_a_lookup_and_a_write_is_followed_there(c
         assert e.m.add_request("a", P) == StoreWait("a", 8)
         assert landed(e, "a", P) == (32, 1)
         leave(e, "a")
-        assert e.m.reset_prefix_cache()
+        assert e.m.reset_prefix_cache(keep_store=True)
         assert backend.held(keys) == 8
     assert counts(e.m) == {**before, "hits": before["hits"] + 64}
     assert not [d for d in sends if b"SLOTS" in d]           # the map kept

@@ -108,7 +108,7 @@ def test_a_server_paused_mid_fetch_fails_it_at_its_one_deadline_and_serves_after
                              connections=2)
         m = KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=shared)
         assert from_store(m, A) == 12                # connections open, idle in the pool
-        m.reset_prefix_cache()
+        m.reset_prefix_cache(keep_store=True)
         os.kill(server._proc.pid, signal.SIGSTOP)
         try:
             t = time.monotonic()
@@ -121,7 +121,7 @@ def test_a_server_paused_mid_fetch_fails_it_at_its_one_deadline_and_serves_after
         assert m.stats.store_errors == 1 and m._host.num_landing == 0
         m.check_invariants()
         m.free("a", num_computed_tokens=0)
-        m.reset_prefix_cache()
+        m.reset_prefix_cache(keep_store=True)
         assert from_store(m, A) == 12 and m.stats.store_errors == 1
         m.check_invariants()
         backend.close()
@@ -186,7 +186,7 @@ def test_a_server_killed_mid_fetch_fails_it_at_once_and_a_restart_serves_again()
         server.start()                               # empty
         computed(KVCacheManager(8, 4, hash_mode="sha256", host_blocks=4, store=shared),
                  backend, "w2", A)
-        m.reset_prefix_cache()
+        m.reset_prefix_cache(keep_store=True)
         assert from_store(m, A) == 12 and m.stats.store_errors == 1
         m.check_invariants()
         backend.close()
@@ -204,7 +204,7 @@ def test_a_cluster_master_killed_mid_fetch_costs_its_keys_only():
         first_lost = nodes.index(victim)
         m = cluster_manager(shared)
         assert from_store(m, DOC) == 40                 # the map is known, every node read
-        m.reset_prefix_cache()
+        m.reset_prefix_cache(keep_store=True)
         os.kill(c._procs[victim].pid, signal.SIGSTOP)
         t = time.monotonic()
         assert isinstance(m.add_request("b", DOC), StoreWait)

@@ -92,7 +92,7 @@ class Engine:
     def probe(self, prompt):
         """Tokens of ``prompt`` found on the device, host and store, with every hit
         checked; the device and host forgotten first, so the store answers."""
-        assert self.call(self.m.reset_prefix_cache)
+        assert self.call(self.m.reset_prefix_cache, keep_store=True)
         got = self.admit("probe", prompt)
         self.m.free("probe")
         self.run_plan()
@@ -162,7 +162,7 @@ def test_a_server_asleep_mid_fetch_fails_it_at_its_deadline_and_serves_after(ser
     reader = SharedStore(backend, layout, cost=always(), timeout=0.3, retry_after=0, connections=2)
     e = Engine(reader)
     assert e.probe(PROMPT) == 32                     # connections open, pooled
-    e.m.reset_prefix_cache()
+    e.m.reset_prefix_cache(keep_store=True)
     threads, files = threading.active_count(), fds()
     sleeper = asleep(server, 3)
     try:

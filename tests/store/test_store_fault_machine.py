@@ -184,7 +184,7 @@ def test_an_emptied_store_costs_misses_then_serves_again(own_server, fault):
     m.settle(0)
     m.free(0, Drawn("r1"))
     m.free(0, Drawn("r3"))
-    assert m.engines[0].m.reset_prefix_cache()
+    assert m.engines[0].m.reset_prefix_cache(keep_store=True)
     m.add(0, base.PREFIXES[0] + [3], None, None)
     m.settle(0)
     assert m.engines[0].m.stats.store_hits == 12

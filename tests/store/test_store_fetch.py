@@ -139,7 +139,7 @@ def test_a_reset_leaves_no_offload_to_overwrite_a_fetch_into_attached_memory(bac
     m.free("x")
     m.add_request("y", list(range(60, 89)), read_cache=False)   # evicts x's blocks
     m.free("y")
-    assert m.reset_prefix_cache()
+    assert m.reset_prefix_cache(keep_store=True)
     assert m.add_request("b", A) == StoreWait("b", 3)
     ex.run()                                         # the fetch reads into slots 0..2
     for op in m.take_kv_ops():                       # the engine runs the step's plan

@@ -96,6 +96,7 @@ class Engine:
                                        for i in range(host_blocks)])
         self.tokens, self.scheduled, self.extra = {}, {}, {}
         self.waiting = {}  # request id -> (prompt, extra, chunk) of a StoreWait
+        self.weights = 0  # resets that changed the weights: the KV computed now is of these
 
 
 class SharedStoreMachine(RuleBasedStateMachine):
@@ -159,7 +160,9 @@ class SharedStoreMachine(RuleBasedStateMachine):
                 e.kv[op.dst] = list(e.kv[op.src])
 
     def _kv_of(self, e, rid, pos):
-        return e.extra[rid], tuple(e.tokens[rid][:pos + 1])
+        """What the KV at ``pos`` of ``rid`` stands for: its prefix, salt and the
+        weights that computed it (a store hit of other weights' KV is wrong KV)."""
+        return e.extra[rid], tuple(e.tokens[rid][:pos + 1]), e.weights
 
     def _write(self, e, rid, start, stop):
         self._run_plan(e)
@@ -358,13 +361,18 @@ class SharedStoreMachine(RuleBasedStateMachine):
         del e.tokens[rid], e.scheduled[rid], e.extra[rid]
         self.last = None
 
-    @rule(i=side)
-    def reset(self, i):
+    @rule(i=side, weights=st.booleans())
+    def reset(self, i, weights):
         """``reset_prefix_cache``: done only when engine ``i`` holds no block and no
-        fetch of its is under way (requests waiting on landed fetches compute)."""
+        fetch of its is under way (requests waiting on landed fetches compute).
+        ``weights``: the engine's weights change with it (a store hit of KV computed
+        before is then wrong KV: the invariant catches it); else ``keep_store``: only
+        its local caches go. Engines that changed weights as often hold the same ones."""
         e = self.engines[i]
         self.last = None
-        assert e.m.reset_prefix_cache() == (not e.tokens and not e.m._waits.in_flight)
+        done = e.m.reset_prefix_cache(keep_store=not weights)
+        assert done == (not e.tokens and not e.m._waits.in_flight)
+        e.weights += done and weights
 
     @precondition(lambda self: bool(self.keys))
     @rule(data=st.data())
@@ -440,3 +448,39 @@ def test_stores_serve_hits_in_the_machine():
     m.blocks_hold_each_requests_kv()
     m.teardown()
 
+
+
+def _computed_and_written(m, i, prompt):
+    """Engine ``i`` admits ``prompt`` (asking the store), computes it, writes it; the
+    machine's invariant holds (the request's blocks hold its KV, of the engine's
+    weights); then it is freed."""
+    m.add(i, prompt, None, None)
+    while m.executor.jobs:
+        m.fetch_runs(FirstJob())
+    m.poll(i)
+    e = m.engines[i]
+    m._run_plan(e)
+    m._run_plan(e)
+    m.blocks_hold_each_requests_kv()
+    for rid in sorted(e.tokens):
+        e.m.free(rid)
+    e.tokens.clear(), e.scheduled.clear(), e.extra.clear()
+
+
+def test_the_machine_serves_no_kv_of_other_weights():
+    """The reset rule with the weights changed: the engine that computed a prefix
+    finds none of it after its reset (on main the store served it: the invariant failed
+    on KV of the old weights), the other engine still finds it, and once that one has
+    reset as often, both share the blocks computed after."""
+    m = SharedStoreMachine()
+    m.setup()
+    _computed_and_written(m, 0, PREFIXES[0] + [1])
+    m.reset(0, True)
+    _computed_and_written(m, 0, PREFIXES[0] + [2])
+    assert m.engines[0].m.stats.store_hits == 0
+    _computed_and_written(m, 1, PREFIXES[0] + [3])
+    assert m.engines[1].m.stats.store_hits == 12          # the old weights', to the old
+    m.reset(1, True)
+    _computed_and_written(m, 1, PREFIXES[0] + [4])
+    assert m.engines[1].m.stats.store_hits == 24          # the new weights', to the new
+    m.teardown()

@@ -64,9 +64,9 @@ class TiersReferenceMachine(base.SharedStoreMachine):
         the KV a no-cache run computes for it (a write of invalid KV)."""
         last = kv[BS - 1]
         assert isinstance(last, tuple), ("a store write of KV never computed", kv)
-        extra, tokens = last
+        extra, tokens, weights = last
         for k in range(BS):
-            assert kv[k] == (extra, tokens[:len(tokens) - BS + 1 + k]), ("an invalid write", kv)
+            assert kv[k] == (extra, tokens[:len(tokens) - BS + 1 + k], weights), ("an invalid write", kv)
         return last
 
     # ---- uncache_blocks and the recomputation ------------------------------------------
@@ -141,9 +141,9 @@ class TiersReferenceMachine(base.SharedStoreMachine):
                 if r not in e.tokens:
                     del held[r]
 
-    @rule(i=base.side)
-    def reset(self, i):
-        super().reset(i)
+    @rule(i=base.side, weights=st.booleans())
+    def reset(self, i, weights):
+        super().reset(i, weights)
 
     # ---- the store's reference ---------------------------------------------------------
 
@@ -163,9 +163,10 @@ class TiersReferenceMachine(base.SharedStoreMachine):
         e.tokens.clear(), e.scheduled.clear(), e.extra.clear(), e.cut.clear(), e.floor.clear()
         self.last = None
         self.settle(i)
-        assert e.m.reset_prefix_cache()
+        assert e.m.reset_prefix_cache(keep_store=True)
         run = 0
-        while run < (len(prompt) - 1) // BS and self._stored((extra, tuple(prompt[:BS * (run + 1)]))):
+        while run < (len(prompt) - 1) // BS and self._stored(
+                (extra, tuple(prompt[:BS * (run + 1)]), e.weights)):
             run += 1
         run = min(run, len(e.host))
         event(f"probe_store: a run of {run} blocks")

@@ -109,12 +109,14 @@ class TrustMachine(tiers.TiersReferenceMachine):
         for f in done:
             event(f"a fetch landed {'on the device' if f.on_device else 'in host slots, or nothing'}")
 
-    @rule(i=base.side)
-    def reset(self, i):
+    @rule(i=base.side, weights=st.booleans())
+    def reset(self, i, weights):
+        """As the base machine's, refused too while a plan's copies run."""
         e = self.engines[i]
         self.last = None
         expect = not e.tokens and not e.m._waits.in_flight and e.flight is None
-        assert e.m.reset_prefix_cache() == expect
+        assert e.m.reset_prefix_cache(keep_store=not weights) == expect
+        e.weights += expect and weights
 
     @precondition(lambda self: bool(self.seen) and not self.executor.refusing)
     @rule(data=st.data())

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
-from ..errors import check_count
+from ..errors import RequestError, check_count, check_flag
 from ..events import AllBlocksCleared
+from ..index import ContentIndex
 
 if TYPE_CHECKING:
     from .manager import KVCacheManager
@@ -74,14 +75,34 @@ def preempt(self: KVCacheManager,
     return tokens
 
 
-def reset_prefix_cache(self: KVCacheManager) -> bool:
+def reset_prefix_cache(self: KVCacheManager, *, keep_store: bool = False) -> bool:
     """Drop all cached content, only when no block is in use (a store fetch's held
     blocks included), no store fetch is under way and no plan's copies run
-    (``take_kv_ops(pending=True)``). Returns whether it did."""
+    (``take_kv_ops(pending=True)``). Returns whether it did.
+
+    With a shared store, a reset is taken to follow a change of the weights (an RL
+    trainer's in-place update, around which vLLM resets its connector): from then on the
+    store's keys carry a tag of the first root and the count of resets
+    (``store.link.reset_root``, the vLLM connector's rule), so nothing saved
+    before is found; the contents computed before whose writes were not planned yet
+    are never written; managers that reset as often share again. Writes planned
+    before (``StorePut``) keep their old keys: run late, they land where nothing
+    looks. ``keep_store=True``: the weights did not change, only this process's device
+    and host caches are dropped (a cold start); the store's blocks are found as before.
+    Raises RequestError, before anything changes, when ``keep_store`` is not a bool."""
+    check_flag("keep_store", keep_store, RequestError)
     if self._ops_pending or self._waits is not None and self._waits.in_flight \
             or not self._pool.reset():
         return False
     if self._host is not None:
         self._host.clear()
+    if self._store is not None:
+        # contents recorded before the reset, written next step under the namespace
+        # it is in then: with the weights changed, old KV under the new names
+        self._computing = []
+        if isinstance(self._index, ContentIndex) and self._index.fresh is not None:
+            self._index.fresh = []
+        if not keep_store:
+            self._store.reset(self._hasher.fn)
     self._events.append(AllBlocksCleared())
     return True

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from ..core.block import blocks_for
 from ..errors import ConfigError
-from .spec import GroupSpec
+from .spec import FULL, GroupSpec
 
 
 def longest_hit(specs: Sequence[GroupSpec], block_size: int, limit: int,
@@ -114,4 +115,61 @@ def longest_sized_hit(specs: Sequence[GroupSpec], sizes: Sequence[int], align: i
                 top, changed = j * b // align * align, True
                 break
             known[g] = need  # (need never rises as top drops)
+    return top
+
+
+def peeking_sized_hit(specs: Sequence[GroupSpec], sizes: Sequence[int], align: int, limit: int,
+                      hashed: int, cached: Callable[[int, int], bool], peek: Sequence[bool]) -> int:
+    """The hit, in tokens, as vLLM 0.33 finds it with EAGLE when the groups' block sizes
+    differ (docs/groups.md "EAGLE"): ``peek[g]``, group g matches one block past the hit
+    and drops it. Groups of one spec and size form a set, looked up together (a block is
+    cached in a set when it is in each of its groups; the set peeks when one of them
+    does); the sets, full attention first, each take the candidate (first ``limit``)
+    down, in one pass (vLLM's, for at most two sets, full attention one of them when
+    two: the caller checks that). A set of block size ``b`` looks at its blocks below
+    the candidate, plus ``b`` when it peeks (at most ``hashed``, the prompt's full hash
+    blocks, in tokens):
+
+    - full attention: its run of cached blocks from block 0, less one block when it
+      peeks, rounded down to ``align``;
+    - a window W (``per = align // b`` blocks a span): the highest run of
+      ``cdiv(W - 1, b)`` (+1 peeking) cached blocks whose top ends an aligned span
+      (peeking: starts one), the hit ending there (peeking: at the top's start); else
+      the run of cached blocks from 0 up to the highest such top, rounded down to
+      ``align``, less one block when it peeks, rounded down again (so with ``per > 1``
+      a peeking window there falls one span below its run: vLLM's rule, kept).
+
+    ``cached(g, j)``: block ``j`` of group ``g`` is cached (asked only for blocks within
+    ``hashed``)."""
+    sets: dict[tuple[GroupSpec, int], list[int]] = {}
+    for g, key in enumerate(zip(specs, sizes, strict=False)):
+        sets.setdefault(key, []).append(g)
+    top = limit
+    for (spec, b), gs in sorted(sets.items(), key=lambda s: s[0][0].kind != FULL):
+        e = int(any(peek[g] for g in gs))
+        end = (min(top + b, hashed) if e else top) // b  # (blocks 0 .. end - 1 are looked at)
+
+        def held(j: int, gs: list[int] = gs) -> bool:
+            return all(cached(g, j) for g in gs)
+        if spec.kind == FULL:
+            run = 0
+            while run < end and held(run):
+                run += 1
+            top = max(0, run - e) * b // align * align
+            continue
+        per, need = align // b, blocks_for(spec.tokens - 1, b) + e
+        count, length = 0, -1
+        for i in range(end - 1, -1, -1):
+            if not held(i):
+                count = 0
+            elif count or not (i + 1 - e) % per:  # (a run's top: on a span's edge)
+                count += 1
+                if count == need:
+                    length = i + need - e
+                    break
+        if length < 0:  # (the run from block 0)
+            length = count // per * per
+            if e and length:
+                length = (length - 1) // per * per
+        top = length * b
     return top

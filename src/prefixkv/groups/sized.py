@@ -14,14 +14,19 @@ scheduled tokens rounded down to ``sizes.align``, and a window only those a hit 
 (``BlockSizes.caches``: vLLM's ``reachable_block_mask``); hits are
 ``BlockSizes.longest_hit``'s, multiples of ``align`` (sized_admission.py). Windows
 release per group at the group's own size; released and freed blocks go in vLLM's plain
-order (group by group, each group's last block first). Not served yet, refused with
-ConfigError: ``rewind``, ``fork``, ``uncache_blocks``, ``peek``. A Mamba (sparse) group
-takes, at its own size, one block where a step ends (the entries it jumps over empty),
-releases every block below the state it reads, and records only the blocks that hold
-the state at their own end (a step ended there: ``GroupRequest.states``, sized_admission.py ``_mark``);
-its hits are ``longest_hit``'s (the state at the aligned hit), as vLLM's align mode
-with its fine-grained partial hits off. With events on, a full-attention group larger than the hash block
-announces the partial tail entry of a prompt of a multiple of ``align`` (``_tail``).
+order (group by group, each group's last block first). A lookup or admission with
+``peek`` (vLLM's EAGLE) finds its hit by vLLM's EAGLE rule (``hits.peeking_sized_hit``);
+the groups ``sizes.peek`` names cache the block after each aligned end too
+(``BlockSizes.caches``), as vLLM's EAGLE groups. A Mamba (sparse) group takes, at its
+own size, one block where a step ends (the entries it jumps over empty), releases every
+block below the state it reads, and records only the blocks that hold the state at
+their own end (a step ended there: ``GroupRequest.states``, sized_admission.py
+``_mark``); its hits are ``longest_hit``'s (the state at the aligned hit), as vLLM's
+align mode with its fine-grained partial hits off. Not served yet, refused with
+ConfigError: ``rewind``, ``fork``, ``uncache_blocks``, ``peek`` beyond
+``sized_admission.check_peek``. With events on, a full-attention group larger than the
+hash block announces the partial tail entry of a prompt of a multiple of ``align``
+(``_tail``).
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
     """Give hash blocks ``first..`` their prefix ids (the request's hold moves to the
     last), then index in each group its blocks from the aligned end before them
     (``first`` hash blocks, rounded down to ``align``) up to ``num_scheduled``
-    rounded down to ``align``, where ``BlockSizes.caches`` says. After a block the
+    rounded down to ``align`` (in a group ``sizes.peek`` names, one block more),
+    where ``BlockSizes.caches`` says. After a block the
     request reads lost its content (``GroupIndex.uncache``, while its prefix stays in
     another copy), the new prefix ids are lost ones, as the one-size ``_record``'s."""
     chunks, extras, hashes = prepared
@@ -60,11 +66,13 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
     sizes, h, every = self.sizes, self._hash_size, req.nodes
     lo = first * h // sizes.align * sizes.align
     hi = req.num_scheduled // sizes.align * sizes.align
+    n, peek = req.num_scheduled, sizes.peek or (False,) * len(self.groups)
     states = req.states or ()  # (sparse groups' blocks holding the state at their end)
     for g, (spec, table, b) in enumerate(zip(self.groups, req.tables, self._group_sizes, strict=True)):
-        span = range(lo // b, hi // b)
+        end = min(n, hi + b) if peek[g] and hi else hi  # (a peeking group: one block past hi)
+        span = range(lo // b, end // b)
         if span:
-            part = [table[j] if sizes.caches(spec, g, hi, j) else None for j in span]
+            part = [table[j] if sizes.caches(spec, g, n, j) else None for j in span]
             if spec.kind == MAMBA:  # (sparse: only blocks holding the state at their end)
                 part = [x if (g, j) in states else None for j, x in zip(span, part, strict=True)]
             keyed = [every[sizes.key_index(g, j)] for j in span]

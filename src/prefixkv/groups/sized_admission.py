@@ -17,11 +17,12 @@ from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..errors import ConfigError, PromptTooLongError
 from ..extra_keys import ExtraKeys
-from .hits import longest_sized_hit
+from .hits import longest_sized_hit, peeking_sized_hit
 from .lookup import peeking
 from .prefixes import Prefix
 from .request import GroupRequest
 from .results import GroupAdmission
+from .spec import FULL, SLIDING, GroupSpec
 
 if TYPE_CHECKING:
     from .manager import HybridKVCacheManager
@@ -32,20 +33,41 @@ def _hit_nodes(self: HybridKVCacheManager, chunks: Sequence[bytes], keys: Reques
     """The prefix ids (one per hash block) of the longest prefix, a multiple of
     ``align`` and at most ``n - 1`` tokens (and ``max_hit_tokens``), that every group
     serves; ``alone[g]``: the hash blocks group g alone serves (aligned to its own
-    size). Raises ConfigError for ``peek`` (not served with different sizes yet)."""
-    if any(peek):
-        raise ConfigError("peek is not served with groups of different block sizes yet (docs/groups.md)")
+    size). With ``peek``, vLLM's EAGLE hit (``hits.peeking_sized_hit``), which may look
+    at the prompt's last full hash block. Raises ConfigError for a ``peek`` on a layout
+    ``check_peek`` refuses."""
     h, sizes, find = self._hash_size, self.sizes, self._index.find
-    walked = (n - 1 if max_hit_tokens is None else min(n - 1, max_hit_tokens)) // h
+    if any(peek):
+        check_peek(self.groups, sizes.sizes)
+    cap = n - 1 if max_hit_tokens is None else min(n - 1, max_hit_tokens)
+    walked = (min(n, cap + max(sizes.sizes)) if any(peek) else cap) // h
     nodes = self._table.walk(chunks, keys.of_blocks(0, walked), walked)
 
     def cached(g: int, j: int) -> bool:
-        return find(g, nodes[sizes.key_index(g, j)]) is not None
+        i = sizes.key_index(g, j)
+        return i < len(nodes) and find(g, nodes[i]) is not None
+    if any(peek):
+        return nodes[:peeking_sized_hit(self.groups, sizes.sizes, sizes.align, cap, n // h * h, cached,
+                                        peek) // h]
     if alone is not None:
         for g, (spec, b) in enumerate(zip(self.groups, self._group_sizes, strict=True)):
             alone[g] = longest_sized_hit((spec,), (b,), b, len(nodes) * h,
                                          lambda _, j, g=g: cached(g, j)) // h  # type: ignore[misc]
     return nodes[:sizes.longest_hit(self.groups, len(nodes) * h, cached) // h]
+
+
+def check_peek(specs: Sequence[GroupSpec], sizes: Sequence[int]) -> None:
+    """Raises ConfigError unless the sized manager finds a ``peek`` hit (vLLM's EAGLE)
+    on groups ``specs`` of block ``sizes`` as vLLM does: full-attention and
+    sliding-window groups of at most two (spec, size) sets, full attention one of them
+    when two (vLLM's hit is then one pass: ``hits.peeking_sized_hit``)."""
+    sets = set(zip(specs, sizes, strict=True))
+    if any(s.kind not in (FULL, SLIDING) for s in specs) or len(sets) > 2 or (
+            len(sets) == 2 and all(s.kind != FULL for s, _ in sets)):
+        raise ConfigError(f"peek with groups of different block sizes is served on full-attention and "
+                          f"sliding-window groups of two (spec, size) sets at most, full attention one "
+                          f"of them when two (docs/groups.md), got {len(sets)} sets of "
+                          f"{sorted({s.kind for s in specs})}")
 
 
 def _window_hits(self: HybridKVCacheManager, nodes: list[Prefix],

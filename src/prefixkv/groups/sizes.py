@@ -28,7 +28,7 @@ from functools import reduce
 from ..core.block import blocks_for
 from ..errors import ConfigError, check_positive
 from .hits import longest_sized_hit
-from .spec import FULL, MAMBA, GroupSpec
+from .spec import FULL, MAMBA, SLIDING, GroupSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +39,17 @@ class BlockSizes:
     sizes: tuple[int, ...]
     hash_size: int
     align: int
+    peek: tuple[bool, ...] = ()  # per group: it caches for peeking hits (vLLM's EAGLE); (): none
 
     @classmethod
-    def of(cls, sizes: Sequence[int], hash_size: int | None = None, align: int | None = None) -> BlockSizes:
+    def of(cls, sizes: Sequence[int], hash_size: int | None = None, align: int | None = None,
+           peek: Sequence[bool] = ()) -> BlockSizes:
         """The sizes of groups of block sizes ``sizes``; ``hash_size`` defaults to their
-        gcd, ``align`` to their lcm. Raises ConfigError: no sizes, a size (or
-        ``hash_size``, ``align``) not a positive int, a size not a multiple of
-        ``hash_size``, ``align`` not a multiple of every size."""
+        gcd, ``align`` to their lcm. ``peek``: one bool per group (or none): the groups
+        whose blocks are cached for hits that peek (vLLM's EAGLE groups: ``caches``).
+        Raises ConfigError: no sizes, a size (or ``hash_size``, ``align``) not a
+        positive int, a size not a multiple of ``hash_size``, ``align`` not a multiple
+        of every size, ``peek`` not one bool per group."""
         try:
             got = tuple(sizes)
         except TypeError:
@@ -60,7 +64,10 @@ class BlockSizes:
             raise ConfigError(f"every group's block size must be a multiple of hash_size {h}, got {got}")
         if any(a % b for b in got):
             raise ConfigError(f"align must be a multiple of every group's block size, got {a} for {got}")
-        return cls(got, h, a)
+        flags = tuple(peek) if isinstance(peek, Sequence) else None
+        if flags is None or (flags and len(flags) != len(got)) or any(type(p) is not bool for p in flags):
+            raise ConfigError(f"peek must be one bool per group ({len(got)}) or none, got {peek!r}"[:200])
+        return cls(got, h, a, flags if any(flags) else ())
 
     @property
     def one_size(self) -> bool:
@@ -85,14 +92,26 @@ class BlockSizes:
         that a hit can read, one at the first multiple of ``align`` it ends at or
         before reading it (full attention reads every block; a sliding window of W
         only the ``cdiv(W - 1, b)`` blocks before each boundary: vLLM's
-        ``reachable_block_mask``); a Mamba group every block (vLLM's dense retention:
-        the manager records only those holding the state at their end). Checked against
-        vLLM (tests/engines/test_vllm_sized_model.py)."""
-        b = self.sizes[g]
-        if j < 0 or (j + 1) * b > num_tokens // self.align * self.align:
+        ``reachable_block_mask``). A group ``peek`` names (vLLM's EAGLE: a hit
+        matches one block past itself) caches up to ``num_tokens`` rounded down to
+        ``align`` plus one block (at most ``num_tokens``; nothing before the first
+        boundary: vLLM's ``get_num_cacheable_tokens``), and a window the block after
+        each boundary too (``cdiv(W - 1, b) + 1`` blocks ending there; every block
+        when those runs cover an aligned span, block 0 included, as vLLM's mask).
+        A Mamba group caches every block (vLLM's dense retention: the manager records
+        only those holding the state at their end). Checked against vLLM
+        (tests/engines/test_vllm_sized_model.py)."""
+        b, peek = self.sizes[g], bool(self.peek) and self.peek[g]
+        end = num_tokens // self.align * self.align
+        if peek and end:
+            end = min(num_tokens, end + b)
+        if j < 0 or (j + 1) * b > end:
             return False
         if spec.kind == MAMBA:  # (sparse)
             return True
+        if peek and spec.kind != FULL:
+            need, per = blocks_for(spec.tokens - 1, b) + 1, self.align // b
+            return need >= per or (j >= 1 and (j - 1) % per >= per - need)
         boundary = blocks_for((j + 1) * b, self.align) * self.align  # (the next lcm boundary)
         return spec.first_needed(boundary) // b <= j
 
@@ -105,7 +124,8 @@ class BlockSizes:
         partial entry of the block that holds the prompt's last hash boundary before
         its last token, when that block lies below the aligned end (so only for a
         prompt of a multiple of ``align``), announced as one hash block (vLLM's
-        ``cache_partial_block``)."""
+        ``cache_partial_block``; not stated for a full-attention group ``peek`` names
+        larger than the hash block, which the manager refuses)."""
         h, end = self.hash_size, num_tokens // self.align * self.align
         boundary = (num_tokens - 1) // h * h
         out = []
@@ -123,12 +143,36 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
     positive int for every group, or a ``BlockSizes`` of one size per group (checked
     again by ``BlockSizes.of``, since a dataclass can be built around its checks).
     Raises ConfigError: not a positive int nor a ``BlockSizes``, sizes for another
-    number of groups."""
+    number of groups, or a ``peek`` that ``_peeking`` refuses. With sizes that are not
+    ``one_size``, ``peek`` reaches every group of a peeking group's spec and size."""
     if not isinstance(block_size, BlockSizes):
         b = check_positive("block_size", block_size)
         return BlockSizes((b,) * len(specs), b, b)
-    got = BlockSizes.of(block_size.sizes, block_size.hash_size, block_size.align)
+    got = BlockSizes.of(block_size.sizes, block_size.hash_size, block_size.align, block_size.peek)
     if len(got.sizes) != len(specs):
         raise ConfigError(f"block_size must name one block size per group ({len(specs)}), "
                           f"got {len(got.sizes)}: {got.sizes}")
+    if got.peek and not got.one_size:
+        return _peeking(specs, got)
     return got
+
+
+def _peeking(specs: Sequence[GroupSpec], sizes: BlockSizes) -> BlockSizes:
+    """``sizes`` with ``peek`` widened to every group of a peeking group's spec and size
+    (vLLM's EAGLE flag reaches the groups looked up with it). Raises ConfigError for a
+    peeking group that is not full attention nor a sliding window (vLLM's EAGLE refuses
+    chunked local attention), or full attention larger than the hash block (vLLM would
+    register the whole prompt's last hash boundary as a partial entry of a block not
+    full yet, promoted when it fills: not served), and any peek beside a Mamba group."""
+    if any(s.sparse for s in specs):
+        raise ConfigError("peek (vLLM's EAGLE) beside a Mamba group with different block sizes is "
+                          "not served (vLLM moves Mamba's checkpoints to EAGLE's replay boundary; "
+                          "docs/groups.md)")
+    keys = list(zip(specs, sizes.sizes, strict=True))
+    peeks = {key for key, p in zip(keys, sizes.peek, strict=True) if p}
+    for spec, b in peeks:
+        if spec.kind not in (FULL, SLIDING) or (spec.kind == FULL and b > sizes.hash_size):
+            raise ConfigError(f"peek (vLLM's EAGLE) with groups of different block sizes is served on "
+                              f"sliding windows and on full attention of the hash block's size "
+                              f"({sizes.hash_size}), got a {spec.kind} group of {b} (docs/groups.md)")
+    return BlockSizes(sizes.sizes, sizes.hash_size, sizes.align, tuple(key in peeks for key in keys))

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..extra_keys import ExtraKeys
+from ..hashing import HashFn
 from ..results import StorePut
 from .fetch import FAILED, REJECTED, Fetch, finish, prepare, read_part
 from .record import block_head
@@ -26,6 +27,25 @@ if TYPE_CHECKING:
 RETIRED_MAX = 16
 """Fetches ``retire`` keeps for the fetcher threads to free at most; past it, the oldest
 is freed on the caller's thread (no fetch started since: their memory stays bounded)."""
+
+
+def reset_root(fn: HashFn, root: bytes, resets: int) -> bytes:
+    """The root that names blocks in a shared store after the ``resets``-th reset of
+    the prefix cache (``resets`` >= 1) of a process whose first root is ``root`` (chain
+    hash ``fn``). A reset is taken to follow a change of the weights, so nothing saved
+    before it may be found after it; as the root depends only on the first root and
+    the count, processes that reset as often name blocks alike and share again. The
+    vLLM connector chains its blocks' hashes from it; ``KVCacheManager`` (``StoreLink
+    .reset``) and the SGLang backend put its ``reset_tag`` in their keys, their chain
+    hashes (events, routers) unchanged."""
+    return fn(root + b"prefixkv reset " + resets.to_bytes(8, "little"))
+
+
+def reset_tag(root: bytes) -> bytes:
+    """What a key carries after its namespace once the cache was reset (``root``: the
+    ``reset_root``): ``b"<24 hex>:"``. A block's key before any reset has none, and a
+    chain hash's hex holds no colon, so no key of one reset is a key of another."""
+    return root.hex()[:24].encode() + b":"
 
 
 class StoreLink:
@@ -45,13 +65,17 @@ class StoreLink:
         self.max_fetch, self.cost = store.max_fetch, store.cost
         self._worth = store.cost.worth_for(self.payload, block_size)  # (checked once, here)
         self._scope = self.digest + block_size.to_bytes(4, "little") + mode + b"\0" + root
+        self._root, self.resets = root, 0  # (the first root; resets: ``reset``)
+        self._tag = b""  # after a reset: the reset root's, in every key after the namespace
         self._prefixes: dict[str | None, bytes] = {}
         self.quiet_until = 0.0
         self.done: deque[Fetch] = deque()
         self.retired: deque[tuple[Fetch, tuple[Any, ...]]] = deque()
 
     def prefix(self, extra: ExtraKeys | None) -> bytes:
-        """``b"prefixkv:<namespace>:"`` for requests with these extra keys (their salt)."""
+        """``b"prefixkv:<namespace>:"`` for requests with these extra keys (their salt);
+        after a reset, ``b"prefixkv:<namespace>:<reset>:"`` (``reset``), so a key
+        pattern of the namespace (a tenant's ACL) still covers it."""
         salt = extra.cache_salt if extra is not None else None
         p = self._prefixes.get(salt)
         if p is None:
@@ -59,8 +83,18 @@ class StoreLink:
                 self._prefixes.clear()
             tag = b"-" if salt is None else b"S" + salt.encode()
             ns = hashlib.sha256(b"prefixkv-ns\0" + self._scope + b"\0" + tag).hexdigest()[:24]
-            p = self._prefixes[salt] = f"prefixkv:{ns}:".encode()
+            p = self._prefixes[salt] = f"prefixkv:{ns}:".encode() + self._tag
         return p
+
+    def reset(self, fn: HashFn) -> None:
+        """The prefix cache was reset (``KVCacheManager.reset_prefix_cache``): from now
+        on, keys (``prefix``, ``put``) carry after the namespace the first 24 hex digits
+        of ``reset_root`` of the first root and the count of resets (``fn``: the chain
+        hash). A key made before has another: a write the engine was handed before
+        lands where nothing after the reset looks."""
+        self.resets += 1
+        self._tag = reset_tag(reset_root(fn, self._root, self.resets))
+        self._prefixes.clear()
 
     def put(self, block_id: int, block_hash: bytes, parent: bytes, chunk: bytes, extra: bytes,
             keys: ExtraKeys | None) -> StorePut:

@@ -118,25 +118,40 @@ def test_a_host_pools_page_format_tag_keeps_its_pages_apart_under_a_model_revisi
     assert replica(sgl, redis.url, model="test/model@2")[0].batch_exists(keys) == 2
 
 
-def test_clear_says_that_it_cleared_nothing(sgl, redis, caplog):  # noqa: F811
-    # SGLang's POST /hicache/storage-backend/clear (and a PD role switch) call clear()
-    # and report "cleared successfully" whatever it does. Before: clear() did nothing
-    # and said nothing, so an operator clearing after an in-place weight update
-    # (update_weights_from_disk; SGLang's flush_cache leaves L3 alone) kept being served
-    # the old weights' pages. The store is shared and never scanned: it still clears
-    # nothing, and now logs a warning saying so and what to do.
-    import logging
-
+def test_clear_leaves_the_pages_stored_before_unfound(sgl, redis):  # noqa: F811
+    # SGLang's POST /hicache/storage-backend/clear (after an in-place weight update:
+    # SGLang's flush_cache leaves L3 alone) and a PD role switch call clear() and report
+    # it done whatever it does. Before reset-r23 it only logged a warning: every page
+    # stored with the old weights was still found by exists and read by get. Now its
+    # keys move to a new namespace (of the first and the count of clears).
     backend, pool = replica(sgl, redis.url)
     fill(pool, 35)
-    keys = page_hashes(sgl, tokens(PAGE, 3100), PAGE)
-    assert backend.batch_set_v1(keys, indices(0, 1)) == [True]
-    with caplog.at_level(logging.WARNING, logger="prefixkv.integrations.sglang.storage"):
+    keys = page_hashes(sgl, tokens(2 * PAGE, 3100), PAGE)
+    assert backend.batch_set_v1(keys, indices(0, 2)) == [True, True]
+    other, opool = replica(sgl, redis.url)               # a replica that did not clear
+    backend.clear()
+    assert backend.batch_exists(keys) == 0 and not backend.exists(keys[0])
+    before = pool.kv_buffer[:, :, 16:24].clone()
+    assert backend.batch_get_v1(keys, indices(16, 2)) == [False, False]
+    assert torch.equal(pool.kv_buffer[:, :, 16:24], before)
+    assert backend.get(keys[0]) is None
+    assert other.batch_exists(keys) == 2                 # its own namespace: the old one
+    fill(pool, 36)
+    assert backend.batch_set_v1(keys, indices(0, 2)) == [True, True]
+    assert backend.batch_exists(keys) == 2
+    assert other.batch_get_v1(keys, indices(16, 2)) == [True, True]
+    assert not torch.equal(opool.kv_buffer[:, :, 16:24], pool.kv_buffer[:, :, 0:8])
+    other.clear()                                        # cleared as often: shares again
+    assert other.batch_get_v1(keys, indices(16, 2)) == [True, True]
+    assert torch.equal(opool.kv_buffer[:, :, 16:24], pool.kv_buffer[:, :, 0:8])
+
+
+def test_clear_before_the_host_pool_is_registered_is_refused(sgl, redis):  # noqa: F811
+    from .test_storage import config
+
+    backend = sgl.factory.create_backend("dynamic", config(sgl, redis.url), None)
+    with pytest.raises(ConfigError, match="register_mem_pool_host"):
         backend.clear()
-    assert backend.batch_exists(keys) == 1
-    warned = [r.getMessage() for r in caplog.records
-              if r.name == "prefixkv.integrations.sglang.storage"]
-    assert warned and "not cleared" in warned[0] and "model" in warned[0]
 
 
 def test_a_malformed_redis_url_is_refused_before_connecting(sgl):  # noqa: F811

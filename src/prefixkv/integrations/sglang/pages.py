@@ -6,7 +6,8 @@ the key already commits to the whole prefix. A value is prefixkv's record
 (``prefixkv.store.record``) whose head names the layout (model, ranks, dtype, page
 bytes, host layout: ``StoreLayout``), the page size and the page's own hash::
 
-    key   = b"prefixkv:sglang:" hex(sha256(layout digest, page size))[:24] b":" page hash
+    key   = b"prefixkv:sglang:" hex(sha256(layout digest, page size))[:24] b":"
+            [after n clears: reset_tag(reset_root(that sha256, n))] page hash
     value = head(layout digest, page size, parent = b"", tokens = page hash, extra = b"")
             | length | xxh3-128 checksum | payload
 
@@ -32,11 +33,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import ConfigError
+from ...store.link import reset_root, reset_tag
 from ...store.mistakes import own_mistake
 from ...store.protocol import StoreBackend
 from ...store.record import StoreLayout, block_head, encode_value, value_checked
 
 _FRAME = len(encode_value(b"", b""))  # a value's bytes besides its head and payload
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +96,10 @@ class PageStore:
         self.timeout, self.retry_after = float(timeout), float(retry_after)
         self.read_rate = float(read_rate)
         self._digest = layout.digest()
-        ns = hashlib.sha256(b"prefixkv-sglang\0" + self._digest + page_size.to_bytes(4, "little"))
-        self.prefix = f"prefixkv:sglang:{ns.hexdigest()[:24]}:".encode()
+        self._root = _sha256(b"prefixkv-sglang\0" + self._digest + page_size.to_bytes(4, "little"))
+        self.clears = 0  # (``clear``)
+        self._base = f"prefixkv:sglang:{self._root.hex()[:24]}:".encode()
+        self.prefix = self._base
         self._quiet_until = 0.0
         self._lock = threading.Lock()  # the counters' (a call adds its counts in one step)
         self.hits = self.misses = self.rejected = self.failed_reads = 0
@@ -114,12 +122,31 @@ class PageStore:
             self.failed_writes += failed_writes
             self.failed_calls += failed_calls
 
+    def clear(self) -> None:
+        """Leave every page stored so far unfound: from now on keys carry after the
+        namespace the ``reset_tag`` of ``store.link.reset_root`` of its root and the
+        count of clears (the rule of a prefix-cache reset), so stores cleared as often
+        share again. Nothing is
+        deleted (the store is shared and never scanned; old pages expire). A call under
+        way keeps the namespace it started in: a write of pages read before the clear
+        lands where nothing looks after it."""
+        with self._lock:
+            self.clears += 1
+            self.prefix = self._base + reset_tag(reset_root(_sha256, self._root, self.clears))
+
     def key(self, page: str) -> bytes:
         """The store key of page hash ``page``. Raises ConfigError for a page hash that
         is not a non-empty str."""
-        if type(page) is not str or not page:
-            raise ConfigError(f"a page key must be a non-empty str, got {page!r}")
-        return self.prefix + page.encode()
+        return self._keys([page])[0]
+
+    def _keys(self, pages: Sequence[str]) -> list[bytes]:
+        """The store keys of ``pages``, all in one namespace (``clear`` may run meanwhile
+        on another thread). Raises as ``key``."""
+        prefix = self.prefix
+        for page in pages:
+            if type(page) is not str or not page:
+                raise ConfigError(f"a page key must be a non-empty str, got {page!r}")
+        return [prefix + page.encode() for page in pages]
 
     def head(self, page: str) -> bytes:
         """The head every value of page ``page`` must start with."""
@@ -128,7 +155,7 @@ class PageStore:
     def held(self, pages: Sequence[str]) -> int:
         """How many of ``pages``, from the first, the store holds (values not read: a
         held page can still fail the check when it is read). 0 when the store fails."""
-        keys = [self.key(p) for p in pages]
+        keys = self._keys(pages)
         if not keys or self._quiet():
             return 0
         try:
@@ -144,7 +171,7 @@ class PageStore:
         value fails the content check, or the store fails (then every page is None).
         One round trip per server, bounded by ``timeout`` plus the values' bytes at
         ``read_rate``."""
-        keys = [self.key(p) for p in pages]
+        keys = self._keys(pages)
         if not keys or self._quiet():
             self._count(failed_reads=len(keys))
             return [None] * len(keys)
@@ -193,12 +220,13 @@ class PageStore:
         some values (a full server), one existence check says how many pages from the
         first it holds: those are True, the rest False (a page stored after a refused
         one is reported False, never the other way round)."""
+        keys = self._keys([page for page, _ in items])
         values = []
-        for page, payload in items:
+        for key, (page, payload) in zip(keys, items, strict=True):
             if len(payload) != self.layout.block_bytes:
                 raise ConfigError(f"a page payload of {len(payload)} bytes for pages of "
                                   f"{self.layout.block_bytes}")
-            values.append((self.key(page), encode_value(self.head(page), payload)))
+            values.append((key, encode_value(self.head(page), payload)))
         if not values:
             return []
         if self._quiet():

@@ -258,14 +258,17 @@ class PrefixKVStorage(HiCacheStorage):
         return self.pages.put_pages(items)
 
     def clear(self) -> None:
-        """Nothing is cleared (the store is shared by replicas and never scanned; pages
-        expire after ``ttl`` or are evicted by the server), and a warning says so: SGLang
-        reports its clear as done whatever a backend does. After an in-place weight
-        update, re-attach the backend with a new ``extra_config['model']`` revision."""
-        _log.warning("PrefixKVStorage.clear: the shared store is not cleared (pages of %s "
-                     "expire after their ttl); after a weight update re-attach the backend "
-                     "with a new extra_config['model'] revision (DELETE, then PUT "
-                     "/hicache/storage-backend)", self._model)
+        """Leave every page stored before unfound by this backend (``PageStore.clear``:
+        its keys carry a tag of the count of clears after the namespace; nothing
+        is deleted, as the store is shared and never scanned: old pages expire after
+        ``ttl``). SGLang calls it on ``POST /hicache/storage-backend/clear`` (after an
+        in-place weight update) and on a PD role switch: replicas share again once
+        they have cleared as often; until then each misses the others' pages, never
+        serves them. Raises ConfigError before ``register_mem_pool_host``."""
+        self.pages.clear()
+        _log.info("PrefixKVStorage.clear: pages of %s stored before are unfound from now on "
+                  "(%d clears: replicas that cleared as often share pages)", self._model,
+                  self.pages.clears)
 
     def close(self) -> None:
         self.backend.close()

@@ -33,7 +33,7 @@ from typing import Any
 
 from ...extra_keys import ExtraKeys
 from ...hashing import HashFn, chain, encode_tokens, token_bytes
-from ...store.link import StoreLink
+from ...store.link import StoreLink, reset_root
 from ...store.mistakes import own_mistake
 from ...store.protocol import StoreBackend
 from .connector_lookup import FAILED, Lookups
@@ -282,13 +282,13 @@ class ConnectorScheduler:
     def reset(self) -> bool:
         """``reset_cache`` (vLLM's ``reset_prefix_cache(reset_connector=True)``, run by
         ``pause_generation(clear_cache=True)`` around a weight update): blocks are named
-        from a new root (of the first and the count of resets: replicas reset alike
-        share), so nothing saved before is found; requests known now never save (their
-        KV may predate it); loads stated land as stated. True (vLLM's default, None,
-        counted as done while the store served the old weights' KV)."""
+        from a new root (``store.link.reset_root`` of the first and the count of
+        resets: replicas reset alike share), so nothing saved before is found; requests
+        known now never save (their KV may predate it); loads stated land as stated.
+        True (vLLM's default, None, counted as done while the store served the old
+        weights' KV)."""
         self.resets += 1
-        self._root = self._fn(self._first_root + b"prefixkv connector reset "
-                              + self.resets.to_bytes(8, "little"))
+        self._root = reset_root(self._fn, self._first_root, self.resets)
         for c in self._chains.values():
             del c.hashes[:], c.chunks[:], c.extras[:]
             c.stale = True

@@ -252,16 +252,20 @@ def eagle_layout(layout: Layout) -> tuple[bool, ...]:
                  for spec in layout.specs)
 
 
-def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool) -> tuple[Any, int]:
+def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
+               peek: tuple[bool, ...] = ()) -> tuple[Any, int]:
     """prefixkv's manager for ``layout`` (sha256 hashes) and the offset from its block
     ids to vLLM's (``pool.Blocks``): ``prefixkv.KVCacheManager`` over the blocks past
     vLLM's null block (offset 1); when ``layout.hybrid``, the hybrid manager, over every
     block with its own null block at 0 when a group releases blocks (offset 0), else
     over the blocks past vLLM's (offset 1). ``enable_caching`` is passed to the former
-    only: the hybrid manager takes no such switch."""
+    only: the hybrid manager takes no such switch. ``peek``: EAGLE's groups
+    (``eagle_layout``; none without EAGLE), which with different block sizes cache the
+    block after each aligned end too (``BlockSizes.peek``)."""
     if layout.hybrid:
         releasing = any(g.releases for g in layout.groups)
-        sizes = layout.block_size if layout.sizes.one_size else layout.sizes
+        s = layout.sizes
+        sizes = layout.block_size if s.one_size else BlockSizes.of(s.sizes, s.hash_size, s.align, peek)
         try:
             core: Any = HybridKVCacheManager(
                 layout.groups, layout.num_blocks - (0 if releasing else 1), sizes,

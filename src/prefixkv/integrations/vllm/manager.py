@@ -92,7 +92,8 @@ class KVCacheManager(StepCalls):
                                 next((g for g, s in enumerate(layout.groups) if not s.releases), 0),
                                 None if layout.sizes.one_size else layout.sizes)
         events = enable_kv_cache_events or metrics_collector is not None
-        self.core, offset = build_core(layout, enable_caching=enable_caching, enable_events=events)
+        self.core, offset = build_core(layout, enable_caching=enable_caching, enable_events=events,
+                                       peek=self.eagle_groups)
         # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
         self.prepared_prompts = PreparedPrompts(self.core.prepare, self.hash_block_size)
         self._blocks = Blocks(layout.num_blocks, self.num_kv_cache_groups, offset)
