@@ -90,6 +90,15 @@ def test_mamba_beside_full_attention_of_another_size_by_hand():
     m.check_invariants()
 
 
+def test_peek_beside_a_mamba_group_of_another_size_is_refused():
+    # vLLM's EAGLE beside Mamba moves Mamba's checkpoints to EAGLE's replay boundary: not served
+    with pytest.raises(ConfigError, match="peek .* beside a Mamba group"):
+        HybridKVCacheManager([full_attention(), mamba()], 16, BlockSizes.of([4, 8], peek=(True, False)))
+    m = HybridKVCacheManager([full_attention(), mamba()], 16, BlockSizes.of([8, 4]))
+    with pytest.raises(ConfigError, match="peek with groups of different block sizes"):
+        m.lookup(list(range(20)), peek=True)
+
+
 def test_a_mamba_block_a_step_ran_past_is_never_recorded():
     # a step from 6 to 12 runs past the end of Mamba block 1 (at 8): the block holds the
     # state at 6, so it is not recorded when the cached tokens reach 8 (nor after)
