@@ -178,7 +178,7 @@ def _reach(spec: GroupSpec, block_size: int) -> int:
     reads behind it); 0 for full attention (every hit above j needs it)."""
     if not spec.releases:
         return 0
-    return spec.release_at(0, block_size) // block_size + 1
+    return spec.unread_from(0, block_size) // block_size + 1
 
 
 def release_order_whole(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest,

@@ -8,15 +8,18 @@ tests/test_groups_sizes_machine.py drives prefixkv's hybrid manager beside it.
 A group is ``(block size, window)``: window None is full attention, an int a sliding
 window of that many tokens, ``"mamba"`` a Mamba group (vLLM's ``MambaManager`` in
 ``mamba_cache_mode="align"``, with vLLM's fine-grained partial hits off: hits aligned to
-``align``, no speculative nor checkpoint blocks). A block's key in group ``g`` is ``(g, extra, tokens)``, the
-tokens of the whole prefix up to the block's end (what the fine hash at its last hash
-boundary chains over). The rules, each as vLLM 0.33 runs them:
+``align``, no speculative nor checkpoint blocks); ``retained[g]`` (default 0): tokens
+below group g's window whose blocks a request keeps (vLLM's ``extra_retained_tokens``:
+released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in group
+``g`` is ``(g, extra, tokens)``, the tokens of the whole prefix up to the block's end
+(what the fine hash at its last hash boundary chains over). The rules, each as vLLM 0.33 runs them:
 
 - Hit (``hit``): the largest ``L <= len(tokens) - 1``, a multiple of ``align``, at which
   every group holds, cached, the blocks a query at ``L`` reads; group g's hit is its
   ``L // b`` entries, the null block below the window, else the key's first holder.
 - Admission and growth (``add``, ``grow``): a windowed group first releases the blocks
-  below what the step's first query reads (``first_needed(computed) // b``; last first),
+  below what the step's first query reads, less the retained tokens
+  (``max(0, first_needed(computed) - retained) // b``; last first),
   then each group, in order, takes ``cdiv(slots, b)`` entries from the free queue's head.
   What the call would release counts as free for it; a call that does not fit changes
   nothing (prefixkv's rule; vLLM releases anyway).
@@ -78,6 +81,12 @@ def first_needed(window, pos):
     return 0 if window is None else max(0, pos - window + 1)
 
 
+def skipped(window, retained, pos):
+    """vLLM's ``get_num_skipped_tokens(pos)``: the tokens below the window and the
+    retained ones."""
+    return max(0, first_needed(window, pos) - retained)
+
+
 def cdiv(a, b):
     return -(-a // b)
 
@@ -94,8 +103,10 @@ class Req:
 
 
 class SizedModel:
-    def __init__(self, groups, num_blocks, hash_size, align, null=True, twins=False, peek=None):
+    def __init__(self, groups, num_blocks, hash_size, align, null=True, twins=False, peek=None,
+                 retained=()):
         self.groups, self.h, self.align = tuple(groups), hash_size, align
+        self.retained = tuple(retained) or (0,) * len(self.groups)
         # (vLLM's groups of a flagged group's spec peek too)
         self.peek = None if peek is None or not any(peek) else tuple(
             any(f for s, f in zip(self.groups, peek, strict=True) if s == spec) for spec in self.groups)
@@ -222,8 +233,8 @@ class SizedModel:
     def _releasing(self, r):
         """Per group, the entries a step of ``r`` from ``r.computed`` releases, last first."""
         out = []
-        for (b, w), ids in zip(self.groups, r.tables, strict=True):
-            cut, gone = min(first_needed(w, r.computed) // b, len(ids)), []
+        for (b, w), e, ids in zip(self.groups, self.retained, r.tables, strict=True):
+            cut, gone = min(skipped(w, e, r.computed) // b, len(ids)), []
             for j in range(cut - 1, -1, -1):
                 if ids[j] == self.null:
                     if w == "mamba":
@@ -239,19 +250,19 @@ class SizedModel:
         end, hit = self.hit(tokens, extra)
         num_new = len(tokens) - end if num_new is None else num_new
         need = 0
-        for (b, w), h in zip(self.groups, hit, strict=True):
-            skip = first_needed(w, end) // b
+        for (b, w), e, h in zip(self.groups, self.retained, hit, strict=True):
+            skip = skipped(w, e, end) // b  # (the hit's null entries below the window stay)
             fresh = max(cdiv(end + num_new, b) - max(skip, len(h)), 0)
             need += min(fresh, 1) if w == "mamba" else fresh
-            need += sum(not self.refs[x] for x in h[skip:])
+            need += sum(not self.refs[x] for x in h[skip:] if x != self.null)
         if need > len(self.free):
             return None
         r = Req(list(tokens), extra, end, [], [], len(tokens))
-        for g, ((b, w), h) in enumerate(zip(self.groups, hit, strict=True)):
-            skip = first_needed(w, end) // b
+        for g, ((b, w), e, h) in enumerate(zip(self.groups, self.retained, hit, strict=True)):
+            skip = skipped(w, e, end) // b
             if w == "mamba" and h:
                 r.exact.add((g, len(h) - 1))
-            self._touch(h[skip:])
+            self._touch([x for x in h[skip:] if x != self.null])
             r.tables.append([self.null] * skip + h[skip:])
             r.cached.append(len(h))
         self.reqs[rid] = r

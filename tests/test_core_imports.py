@@ -39,7 +39,8 @@ CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.admission", "core.a
              "core.store_landing", "core.store_memory", "core.store_giveup", "core.store_fill",
              "core.store_reuse", "core.store_readmit"}
 GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes", "groups.index",
-          "groups.events", "groups.results", "groups.request", "groups.free_runs", "groups.free_hits",
+          "groups.events", "groups.tails", "groups.results", "groups.request", "groups.free_runs",
+          "groups.free_hits",
           "groups.free_order", "groups.release_order", "groups.taint",
           "groups.parts", "groups.admission", "groups.growth", "groups.decode", "groups.pins",
           "groups.manager", "groups.lookup", "groups.forks", "groups.release", "groups.manager_check",

@@ -1,5 +1,7 @@
 """Every documented ``Raises:``: a typed ValueError subclass, and no state change."""
 
+import re
+
 import pytest
 
 from prefixkv import (
@@ -54,6 +56,30 @@ def test_bad_config(kwargs):
     args = dict(num_blocks=8, block_size=4) | kwargs
     with pytest.raises(ConfigError):
         KVCacheManager(**args)
+
+
+STORE_RULE = ("store must be a SharedStore, with enable_caching=True and host_blocks > 0 (store "
+              "hits land in host slots), got ")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(block_size=0), "block_size must be a positive int, got 0"),
+    (dict(block_size="16"), "block_size must be a positive int, got '16'"),
+    (dict(block_size=0, enable_caching=False), "block_size must be a positive int, got 0"),
+    (dict(host_blocks=-1), "host_blocks must be a positive int, got -1"),
+    (dict(host_blocks=1.5), "host_blocks must be a positive int, got 1.5"),
+    (dict(host_blocks=True), "host_blocks must be a positive int, got True"),
+    (dict(host_blocks=0.0), "host_blocks must be an int >= 0, got 0.0"),
+    (dict(host_blocks=None), "host_blocks must be an int >= 0, got None"),
+    (dict(store="redis://", host_blocks=4), STORE_RULE + "'redis://', enable_caching=True, host_blocks=4"),
+])
+def test_bad_config_is_named_by_its_own_check(kwargs, message):
+    """Each argument's own check answers, not a later step it would break (mutants-r23:
+    without ``block_size``'s, ``host_blocks``' or ``store``'s check another error, or
+    none, came; the content index checks ``block_size`` again, but none is made without
+    caching)."""
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        KVCacheManager(**(dict(num_blocks=8, block_size=4) | kwargs))
 
 
 @pytest.mark.parametrize("call, error", [

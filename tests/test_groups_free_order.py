@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from array import array
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from prefixkv.core.block import Block
@@ -144,6 +144,32 @@ def _table(rng, spec, g, k, extra, ids, shape):
 @given(seed=st.integers(0, 2**32 - 1), layout=st.sampled_from(LAYOUTS + [None]),
        k=st.sampled_from([0, 1, 3, 9, 40, 200]), shape=st.sampled_from(["request", "random"]),
        longer=st.booleans())
+# (mutants-r23: ``_flush`` not clearing the full groups' blocks placed at once, ``bulk``,
+# which the next flush then gives again, survived the 300 draws; the 525th draw of a
+# deeper search, a full group between two mamba groups, catches it)
+@example(seed=1391544448, layout=LAYOUTS[7], k=9, shape="request", longer=False)
+# (and ``_lockstep``'s rounds not in group order, or not killing the hits they pass,
+# ``_free`` not counting a window's block placed, or ``_kill`` keeping the longer
+# prefix's hit alive past a full group's block: draws 605, 46, 131 and 5 of that search)
+@example(seed=1342982369, layout=LAYOUTS[2], k=40, shape="request", longer=True)
+@example(seed=4089858807, layout=LAYOUTS[0], k=9, shape="request", longer=True)
+# (a flush of a window's blocks freed before a full group's placed at once: no draw of
+# 300 reached it)
+@example(seed=3873461239, layout=LAYOUTS[1], k=40, shape="request", longer=False)
+# (``_lockstep`` run where the longest hit alive is not the next: two windows, rough)
+@example(seed=3987960462, layout=LAYOUTS[5], k=200, shape="random", longer=False)
+# (and its rounds killing one hit too few, or too many: the hit at their lowest block)
+@example(seed=1556517225, layout=None, k=200, shape="random", longer=False)
+@example(seed=619406231, layout=LAYOUTS[5], k=200, shape="random", longer=False)
+# (``_kill``'s next stretch asked one block low; its bulk's ``full_next`` one low; the
+# steady shortcut's last hit asked one block low)
+@example(seed=4137625816, layout=[C(8), F(), W(6)], k=3, shape="request", longer=False)
+@example(seed=211986099, layout=[W(400), F()], k=200, shape="request", longer=True)
+@example(seed=205869172, layout=None, k=3, shape="random", longer=True)
+# (one group is vLLM's order: the cascade is not run; a rough full-attention table)
+@example(seed=3741058122, layout=[F()], k=9, shape="random", longer=False)
+@example(seed=3643416051, layout=LAYOUTS[2], k=40, shape="request", longer=False)
+@example(seed=1036892246, layout=LAYOUTS[1], k=9, shape="random", longer=False)
 def test_the_free_order_is_the_reference_cascades_on_long_and_rough_tables(seed, layout, k, shape, longer):
     # the cascade is lazy and places the rest in slices: its order is hybrid-r12's
     # (tests/free_order_reference.py, a copy of it), block for block
@@ -172,3 +198,28 @@ def test_the_free_order_is_the_reference_cascades_on_long_and_rough_tables(seed,
     out = free_order(specs, BS, req, found, longer)
     want = reference(specs, BS, req, lambda g, j: cached[g][j], longer)
     assert [b.block_id for b in out] == [b.block_id for b in want]
+
+
+def test_a_window_holding_more_than_64_blocks_is_placed_in_rounds_as_the_reference():
+    """Full attention beside windows of 400 and 1024 tokens (100 and 256 blocks held at
+    block size 4), every block found and held once: ``_lockstep``'s rounds reach past
+    their first span of 64 blocks (mutants-r23: the span not widened, an endless loop, no
+    test reached it; the layouts above hold windows of at most 13 tokens)."""
+    from free_order_reference import free_order as reference
+
+    for specs, k in (([F(), W(400)], 200), ([W(400), F()], 200), ([F(), W(1024)], 600)):
+        ids = iter(range(1, 10**6))
+        req = GroupRequest("r", array("q"), RequestKeys.of(None, 0, BS), len(specs))
+        req.cut = [s.num_unread(k * BS, BS) if s.releases else 0 for s in specs]
+        req.tables = [[None] * c + [Block(next(ids), refs=1) for _ in range(c, k)]
+                      for c in req.cut]
+        req.nodes = [object()] * k
+        for g, t in enumerate(req.tables):
+            for j, b in enumerate(t):
+                if b is not None:
+                    b.key = ("content", g, j)
+        for longer in (False, True):
+            out = free_order(specs, BS, req, lambda g, lo, hi: [True] * (hi - lo), longer)
+            want = reference(specs, BS, req, lambda g, j: True, longer)
+            assert [b.block_id for b in out] == [b.block_id for b in want], (specs, longer)
+            assert len(out) == sum(k - c for c in req.cut)

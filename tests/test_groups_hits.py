@@ -10,6 +10,7 @@ from prefixkv.groups import GroupSpec, chunked_local, full_attention, longest_hi
 specs = st.one_of(
     st.just(full_attention()),
     st.integers(1, 13).map(sliding_window),
+    st.builds(sliding_window, st.integers(1, 13), st.integers(1, 9)),  # (retained: hits ignore it)
     st.integers(1, 13).map(chunked_local),
 )
 
@@ -123,12 +124,16 @@ def test_bad_specs_raise_config_error(make):
 
 @settings(max_examples=300, deadline=None)
 @given(spec=specs, bs=st.integers(1, 6), cut=st.integers(0, 8))
-def test_release_at_is_the_first_position_past_which_a_block_is_unread(spec, bs, cut):
-    at = spec.release_at(cut, bs)
+def test_release_at_and_unread_from_are_the_first_positions_past_which_a_block_goes(spec, bs, cut):
+    """``unread_from``: the first position no query reads block ``cut`` from;
+    ``release_at``: the first one the request releases it at (``retained`` later)."""
     if not spec.releases:
-        assert all(spec.num_unread(p, bs) == 0 for p in range(200))
+        assert all(spec.num_unread(p, bs) == 0 == spec.num_released(p, bs) for p in range(200))
         return
-    assert spec.num_unread(at, bs) > cut and spec.num_unread(at - 1, bs) <= cut
+    at, unread = spec.release_at(cut, bs), spec.unread_from(cut, bs)
+    assert spec.num_unread(unread, bs) > cut and spec.num_unread(unread - 1, bs) <= cut
+    assert spec.num_released(at, bs) > cut and spec.num_released(at - 1, bs) <= cut
+    assert at == unread + spec.retained
 
 
 def vllm_sliding_hit(window, bs, cached):

@@ -36,6 +36,7 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     """Full attention at 4 beside a 10-token window at 8 (hash 4, lcm 8)."""
 
     groups = ((4, None), (8, 10))
+    retained: tuple[int, ...] = ()  # per group, tokens kept below its window (default: none)
     extra_blocks = 4  # past one longest request's blocks (constant eviction)
     live = LIVE
     peek: bool | tuple[bool, ...] = False  # (the EAGLE machines': the groups that peek)
@@ -43,14 +44,15 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     @initialize()
     def setup(self):
         sizes = BlockSizes.of([b for b, _ in self.groups], peek=self.peek or ())
-        specs = [full_attention() if w is None else mamba() if w == "mamba" else sliding_window(w)
-                 for _, w in self.groups]
+        retained = self.retained or (0,) * len(self.groups)
+        specs = [full_attention() if w is None else mamba() if w == "mamba" else sliding_window(w, e)
+                 for (_, w), e in zip(self.groups, retained, strict=True)]
         windows = any(w is not None for _, w in self.groups)
         num_blocks = sum(-(-MAX_LEN // b) for b, _ in self.groups) + windows + self.extra_blocks
         self.m = HybridKVCacheManager(specs, num_blocks, sizes, hash_mode="sha256", seed=1,
                                       enable_events=True, max_events=1 << 12)
         self.model = SizedModel(self.groups, num_blocks, sizes.hash_size, sizes.align, null=windows,
-                                twins=True, peek=self.peek or None)
+                                twins=True, peek=self.peek or None, retained=retained)
         self.hash_fn, self.root = make_hash_fn("sha256", 1)
         self.h = sizes.hash_size
         self.names: dict[bytes, tuple] = {}  # a fine hash -> (extra, the tokens it chains over)
@@ -216,6 +218,15 @@ class WindowsBesideFullMachine(SizedMachine):
     extra_blocks = 6
 
 
+class RetainedMachine(SizedMachine):
+    """WindowsBesideFullMachine's groups, each window keeping tokens below it (vLLM's
+    ``extra_retained_tokens``): 5 at 4, 7 at 16."""
+
+    groups = ((4, 6), (8, None), (16, 18))
+    retained = (5, 0, 7)
+    extra_blocks = 6
+
+
 class LcmOfNeitherMachine(SizedMachine):
     """A 10-token window at 8 beside full attention at 12: hash 4, lcm 24."""
 
@@ -271,6 +282,7 @@ class EagleFullMachine(SizedMachine):
 
 TestSizedMachine = case(SizedMachine, max_examples=60, stateful_step_count=40)
 TestWindowsBesideFullMachine = case(WindowsBesideFullMachine, max_examples=60, stateful_step_count=40)
+TestRetainedMachine = case(RetainedMachine, max_examples=60, stateful_step_count=40)
 TestLcmOfNeitherMachine = case(LcmOfNeitherMachine, max_examples=60, stateful_step_count=40)
 TestFullOnlyMachine = case(FullOnlyMachine, max_examples=60, stateful_step_count=40)
 TestMambaBesideFullMachine = case(MambaBesideFullMachine, max_examples=60, stateful_step_count=40)

@@ -62,6 +62,8 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
         self.scheduled: dict[str, int] = {}
         self.reserved: dict[str, int] = {}  # slots the tables cover past the tokens
         self.start: dict[str, int] = {}  # first position of the request's last step
+        self.furthest: dict[str, int] = {}  # the furthest of them: its windows released there
+        self.hit: dict[str, int] = {}  # its admission's hit (tokens): the blocks below it unheld
         self.taint: dict[str, int | None] = defaultdict(lambda: None)  # first position written over lost KV
         self.extra: dict[str, ExtraKeys | None] = {}
         self.preempted: list[tuple[list[int], ExtraKeys | None]] = []
@@ -89,6 +91,7 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
     def _forward(self, rid, start, stop):
         """The forward pass writes positions ``start..stop-1`` of ``rid`` in every group."""
         self.start[rid] = start
+        self.furthest[rid] = max(start, self.furthest.get(rid, 0))
         t = self.taint[rid]
         for g, ids in enumerate(self.m.get_block_ids(rid)):
             for pos in range(start, stop):
@@ -114,9 +117,12 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
         """``add_request``; None also for a PromptTooLongError, which must need more
         blocks than the pool has whatever the cache holds (``least_blocks``)."""
         try:
-            return self.m.add_request(rid, prompt, extra=extra, num_new_tokens=num_new_tokens,
-                                      num_lookahead_tokens=num_lookahead_tokens,
-                                      require_full_fit=require_full_fit)
+            adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=num_new_tokens,
+                                     num_lookahead_tokens=num_lookahead_tokens,
+                                     require_full_fit=require_full_fit)
+            if adm is not None:
+                self.hit[rid] = adm.num_cached_tokens
+            return adm
         except PromptTooLongError:
             usable = self.num_blocks - (self.null is not None)
             assert least_blocks(self.groups, BS, len(prompt), num_new_tokens,
@@ -468,6 +474,7 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
         self.scheduled[child] = self.scheduled[parent]
         self.reserved[child] = self.reserved[parent]
         self.start[child] = self.start[parent]
+        self.furthest[child], self.hit[child] = self.furthest[parent], self.hit[parent]
         self.taint[child] = self.taint[parent]
         return child
 
@@ -506,7 +513,8 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
         to member i (the parent is member 0); free the members in ``gone`` (pruned before
         the step ran); admit ``prompt`` (it may take a freed block); then run the copies
         and the forward pass."""
-        models = (self.tokens, self.extra, self.scheduled, self.reserved, self.start, self.taint)
+        models = (self.tokens, self.extra, self.scheduled, self.reserved, self.start, self.taint,
+                  self.furthest, self.hit)
         return fork_chain_step(self, parent, depth, gone, toks, prompt, models, self._run_copies)
 
     @precondition(lambda self: self.last is not None and self.last[0] in self.tokens)
@@ -537,10 +545,15 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
             for g, (spec, ids) in enumerate(zip(self.groups, self.m.get_block_ids(rid), strict=True)):
                 assert len(ids) == -(-max(self.scheduled[rid], self.reserved[rid]) // BS)
                 reach = spec.first_needed(self.start[rid])
+                # a window keeps its retained tokens' blocks: it released none past them at
+                # its furthest step, and holds all its admission's hit reads
+                kept = max(spec.first_needed(self.hit[rid]),
+                           spec.first_needed(self.furthest[rid]) - spec.retained) // BS
                 t = self.taint[rid]
                 for j, b in enumerate(ids):
                     if b == self.null:
                         assert spec.releases and ((j + 1) * BS <= reach or t is not None), (rid, g, j)
+                        assert j < kept or t is not None, (rid, g, j, "a retained block released")
                 for pos in range(reach, self.scheduled[rid] if t is None else min(t, self.scheduled[rid])):
                     b = ids[pos // BS]
                     if b != self.null:  # (below a lost recompute's start: released)
@@ -627,6 +640,14 @@ class TwoWindowsMachine(HybridMachine):
     num_blocks = 16
 
 
+class RetainedMachine(HybridMachine):
+    """Windows that retain tokens below them (vLLM's ``extra_retained_tokens``): released
+    later than their queries leave them, never asked of a hit."""
+
+    groups = (sliding_window(3, 5), full_attention(), sliding_window(6, 2))
+    num_blocks = 20
+
+
 class TwinWindowsMachine(HybridMachine):
     """Two copies of one window beside full attention (gemma3-like in small): a step that
     releases the same blocks in both takes its order in rounds
@@ -640,3 +661,4 @@ TestHybridMachine = case(HybridMachine, max_examples=60, stateful_step_count=40)
 TestSlidingOnlyMachine = case(SlidingOnlyMachine, max_examples=60, stateful_step_count=40)
 TestTwoWindowsMachine = case(TwoWindowsMachine, max_examples=60, stateful_step_count=40)
 TestTwinWindowsMachine = case(TwinWindowsMachine, max_examples=60, stateful_step_count=40)
+TestRetainedMachine = case(RetainedMachine, max_examples=60, stateful_step_count=40)

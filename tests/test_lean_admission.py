@@ -5,6 +5,7 @@ must give the same admissions, events, stats, free order and lookups at every st
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -135,3 +136,54 @@ def test_a_prepared_prompt_with_default_arguments_takes_the_lean_path() -> None:
     m.add_request("b", make(True, 32).prepare(list(range(20))))
     m.add_request("c", list(range(20)))
     assert calls == ["general", "general"]
+
+
+BAD = [  # (an argument out of range or of another type: the general path's checks)
+    {"num_new_tokens": 0}, {"num_new_tokens": -1}, {"num_new_tokens": "3"},
+    {"num_new_tokens": 2.0}, {"max_hit_tokens": -1}, {"max_hit_tokens": "4"},
+    {"max_hit_tokens": 4.0}, {"resumed": 1}, {"resumed": None}, {"read_cache": 0},
+    {"read_cache": None}, {"require_full_fit": 1}, {"require_full_fit": None},
+    {"num_lookahead_tokens": -1}, {"num_lookahead_tokens": "1"}, {"num_lookahead_tokens": 1.0},
+    {"keep_free": -1}, {"keep_free": "2"}, {"keep_free": 2.0},
+    {"num_lookahead_tokens": 32 * BS - 19},  # (the prompt's 20 and this: past the pool)
+    {"num_lookahead_tokens": 32 * BS - 20, "num_new_tokens": 1},  # (the pool's slots: fits)
+]
+
+
+@pytest.mark.parametrize("kw", BAD)
+def test_a_prepared_prompt_with_a_bad_argument_raises_as_the_general_path(kw) -> None:
+    """Each argument the lean path tests before it runs: out of range (or of another
+    type) with a prepared prompt, the same typed error as a list of ids gets, raised
+    before any change; within range at the pool's edge, the same admission."""
+    lean, slow = make(True, 32), general(make(True, 32))
+    for m in (lean, slow):  # (two cached blocks: the prompt's first two)
+        m.add_request("h", list(range(8)))
+        m.free("h")
+        m.take_events()
+    got = [admit(m, "a", m.prepare(list(range(20))), kw) for m in (lean, slow)]
+    got.append(admit(lean, "b", list(range(20)), kw))
+    if isinstance(got[0], PrefixKVError):
+        assert [(type(e), str(e)) for e in got] == [(type(got[2]), str(got[2]))] * 3
+        assert lean.free_block_order() == slow.free_block_order() == list(range(2, 32)) + [1, 0]
+        assert lean.take_events() == [] and lean.stats == slow.stats
+    else:
+        assert [(a.block_ids, a.num_cached_tokens, a.num_new_tokens) for a in got[:2]] == [
+            (tuple(range(30)), 8, 1)] * 2  # (the hit's 2, then 28 for the 1 + 107 slots)
+        same(lean, slow, "a")
+
+
+EDGES = [  # (each count at the lowest value it may take, the lookahead at the pool's edge)
+    {"num_new_tokens": 1}, {"max_hit_tokens": 0}, {"num_lookahead_tokens": 0},
+    {"keep_free": 0}, {"num_lookahead_tokens": 32 * BS - 20},
+    {"resumed": False, "read_cache": True, "require_full_fit": False},
+    {"resumed": True, "read_cache": False, "require_full_fit": True},
+]
+
+
+@pytest.mark.parametrize("kw", EDGES)
+def test_a_prepared_prompt_with_arguments_at_their_edges_takes_the_lean_path(kw) -> None:
+    """Valid values at their edges are the common case too: no call of ``_admit``."""
+    m = make(True, 32)
+    m._admit = lambda *args: pytest.fail("the general path")  # type: ignore[method-assign]
+    got = m.add_request("a", m.prepare(list(range(20))), **kw)
+    assert got is not None

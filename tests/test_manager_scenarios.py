@@ -288,3 +288,10 @@ def test_fork_copies_reach_the_kv_op_stream_once():
     fork = m.fork("p", "c")
     assert m.take_kv_ops() == list(fork.copies) == [BlockCopy(1, 2)]
     assert m.take_kv_ops() == []
+
+
+def test_the_constructors_settings_are_the_managers_attributes():
+    # (mutants-r23: ``enable_caching`` not set survived: the vLLM plug-in reads it)
+    for caching in (True, False):
+        m = KVCacheManager(8, 4, enable_caching=caching, vocab_size=50)
+        assert (m.num_blocks, m.block_size, m.enable_caching, m.vocab_size) == (8, 4, caching, 50)

@@ -56,3 +56,42 @@ def test_the_run_evicted_whole_is_the_rest_as_it_came():
     assert rest is own
     assert len(front) == 1 and front[0].counted is None
     after(m, front + rest)
+
+
+@pytest.mark.parametrize(("num_blocks", "u"), [(16, 8), (20, 10)])
+def test_the_run_evicted_whole_is_the_rest_as_it_came_when_the_empty_tier_covers_u(num_blocks, u):
+    """The empty tier holds ``u`` blocks (16: exactly; 20: two more), then the pending
+    run: the rest is still the run's own list, its tail freed first (``take(u + 7, True)``
+    would have copied it after the ``u`` empty ones: it takes more empty blocks than it
+    evicts)."""
+    m = pooled(num_blocks)
+    (run,) = [r for r in m._index.run_counts.pending]
+    own, ids = run.blocks, [b.block_id for b in reversed(run.blocks)]
+    front, rest = m._pool.take_split(u, 7 + num_blocks - 8 - u)
+    assert rest is own
+    assert [b.block_id for b in front] == list(range(8, 8 + u))  # (the miss held 0..7)
+    assert [b.block_id for b in rest] == list(range(8 + u, num_blocks)) + ids
+    after(m, front + rest)
+
+
+def test_two_pending_runs_evicted_whole_in_one_take_are_both_given() -> None:
+    """Two misses of 8 blocks freed, "a" first: the empty blocks 16, 17, then a's run
+    (7..1, its tail first), a's head 0, b's run 15..9. A take of 17 evicts both runs
+    whole, each kept ``stale``: the first's list is the answer's, the second's blocks
+    copied into it in their place (mutants-r23: the second kept run taking the first's
+    place as that list lost the first's blocks)."""
+    m = KVCacheManager(18, BS, enable_events=True, seed=7)
+    for rid, first in (("a", 0), ("b", 100)):
+        m.add_request(rid, list(range(first, first + 8 * BS)))
+        m.free(rid)
+    m.take_events()
+    runs = [r.blocks for r in m._index.run_counts.pending]
+    assert [[b.block_id for b in r] for r in runs] == [list(range(1, 8)), list(range(9, 16))]
+    taken = m._pool.take(17, True)
+    assert [b.block_id for b in taken] == [16, 17, *range(7, -1, -1), *range(15, 8, -1)]
+    assert taken is runs[0]                       # (a's own list: not copied)
+    assert all(b.refs == 1 for b in taken)
+    assert all(b.counted is not None for b in taken[2:9] + taken[10:])  # (each run's, n 1)
+    free, events, found = after(m, taken)
+    assert [e.block_ids for e in events] == [[*range(7, -1, -1), *range(15, 8, -1)]]
+    assert free == [b.block_id for b in taken] + [8] and found == 0

@@ -80,7 +80,7 @@ def reference_hit(groups: tuple[tuple[int, int | None], ...], limit: int, align:
     return 0
 
 
-def _spec(block_size: int, window: int | str | None) -> Any:
+def _spec(block_size: int, window: int | str | None, retained: int = 0) -> Any:
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
     if window == "mamba":
@@ -89,17 +89,18 @@ def _spec(block_size: int, window: int | str | None) -> Any:
     if window is None:
         return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     return SlidingWindowSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32,
-                             sliding_window=window)
+                             sliding_window=window, extra_retained_tokens=retained)
 
 
 def _vllm(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int, num_blocks: int = 400,
-          events: bool = False) -> Any:
+          events: bool = False, retained: tuple[int, ...] = ()) -> Any:
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.kv_cache_utils import init_none_hash
 
     init_none_hash(sha256)
-    return KVCacheManager(config(*(_spec(b, w) for b, w in groups), num_blocks=num_blocks), max_model_len=256,
+    specs = (_spec(b, w, e) for (b, w), e in zip(groups, retained or (0,) * len(groups), strict=True))
+    return KVCacheManager(config(*specs, num_blocks=num_blocks), max_model_len=256,
                           scheduler_block_size=lcm, hash_block_size=hash_size, enable_kv_cache_events=events)
 
 

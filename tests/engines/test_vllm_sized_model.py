@@ -66,7 +66,8 @@ class Pair:
     """vLLM's manager and the reference, the requests each holds, and a mirror of what
     vLLM's events say is cached: {key: holders}."""
 
-    def __init__(self, groups: Any, num_blocks: int, flags: tuple[bool, ...] | None = None) -> None:
+    def __init__(self, groups: Any, num_blocks: int, flags: tuple[bool, ...] | None = None,
+                 retained: tuple[int, ...] = ()) -> None:
         self.groups = groups
         # vLLM's align-mode scheduler ends a chunk at a Mamba block's end (or the
         # prompt's), and each step starts a new one (no hit on a state cached in it)
@@ -74,8 +75,8 @@ class Pair:
         self.h = reduce(math.gcd, (b for b, _ in groups))
         self.lcm = reduce(math.lcm, (b for b, _ in groups))
         if flags is None:
-            self.v = _vllm(groups, self.h, self.lcm, num_blocks, events=True)
-            self.model = SizedModel(groups, num_blocks, self.h, self.lcm)
+            self.v = _vllm(groups, self.h, self.lcm, num_blocks, events=True, retained=retained)
+            self.model = SizedModel(groups, num_blocks, self.h, self.lcm, retained=retained)
         else:
             self.v = _eagle_vllm(groups, flags, self.h, self.lcm, num_blocks)
             peek = flags if any(flags) else (True,) * len(groups)
@@ -209,6 +210,19 @@ def _pool(groups: Any, extra: int) -> int:
 def test_the_sized_reference_runs_as_vllms_manager(layout, extra, ops, probe):
     groups = {**LAYOUTS, **MAMBA_LAYOUTS}[layout]
     _drive(Pair(groups, _pool(groups, extra)), ops, probe)
+
+
+# layouts whose windows keep tokens below them (vLLM's extra_retained_tokens)
+RETAINED = {"window10@8(+5)+full16": (((8, 10), (16, None)), (5, 0)),
+            "window6@8(+3)+full16+window40@32(+9)": (((8, 6), (16, None), (32, 40)), (3, 0, 9))}
+
+
+@pytest.mark.parametrize("layout", list(RETAINED))
+@settings(max_examples=30, deadline=None)
+@given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
+def test_the_sized_reference_keeps_retained_tokens_as_vllms_manager(layout, extra, ops, probe):
+    groups, retained = RETAINED[layout]
+    _drive(Pair(groups, _pool(groups, extra), retained=retained), ops, probe)
 
 
 @pytest.mark.parametrize("layout", list(EAGLE))

@@ -19,6 +19,8 @@ from . import test_landed_pending as landed
 from .test_landed_pending import MISSES, STORED, apply, seen, store_all
 from .test_store_fetch import Manual
 
+X = list(range(900, 909))                         # two full blocks + 1: a miss
+
 
 @pytest.fixture
 def stored(backend, layout):
@@ -90,6 +92,43 @@ def test_a_store_start_evicting_a_landed_run_whole_leaves_its_counts_to_the_fetc
         logs.append(log)
     assert logs[0] == logs[1]
     assert kept == [4], kept                      # (S0's fifth block is the tail's)
+
+
+def test_a_start_evicting_cached_blocks_then_a_landed_run_whole_takes_them_all(stored):
+    """X (two full blocks and one token) is computed and freed, then S0 lands as a
+    pending run and is freed: the cached tier holds X's blocks 1, 0, then S0's run 7..3
+    (its head, 2, last). S2's start takes the empty blocks 8, 9, then evicts X's two and
+    S0's run whole (kept ``stale``, after two other blocks of the same eviction): the
+    fetch holds all nine blocks, in the free order, the run's list the eviction's (S0's
+    own, X's blocks moved in before it); it lands, and S0 is found again as before."""
+    backend, layout = stored
+    logs, held = [], []
+    for m, ex in managers(backend, layout, 10, 16):
+        log = [landed.admitted(m, ex, "x", X), seen(m)]
+        m.free("x")
+        log += [landed.admitted(m, ex, "a", STORED[0]), seen(m)]
+        m.free("a")
+        log.append(seen(m))
+        assert m.free_block_order() == [8, 9, 1, 0, 7, 6, 5, 4, 3, 2]
+        runs = [r.blocks for r in m._index.run_counts.pending]
+        log.append(m.add_request("b", STORED[2]))
+        assert isinstance(log[-1], StoreWait), log[-1]
+        f = m._waits.waiting["b"]
+        assert [b.block_id for b in f.devices + f.tail] == [8, 9, 1, 0, 7, 6, 5, 4, 3]
+        if m._index.pending_runs:
+            held.append(sorted(b.block_id for b in stale(m)))
+            assert [f.devices is r for r in runs] == [True]   # S0's own list: not copied
+        log.append(seen(m))
+        ex.run()
+        assert not stale(m)
+        log += [m.poll_store(), seen(m), m.add_request("b", STORED[2]), seen(m)]
+        m.free("b")
+        log += [seen(m), landed.admitted(m, ex, "c", STORED[0]), seen(m)]
+        m.free("c")
+        log.append(seen(m))
+        logs.append(log)
+    assert logs[0] == logs[1]
+    assert held == [[4, 5, 6, 7]], held            # (S0's block 3 is the tail's)
 
 
 @pytest.mark.parametrize("refuse", [True, False])

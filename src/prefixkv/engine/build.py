@@ -47,14 +47,16 @@ class UncachedHybridManager(HybridKVCacheManager):
                     resumed: bool = False, read_cache: bool = True, num_lookahead_tokens: int = 0,
                     require_full_fit: bool = False, keep_free: int = 0,
                     num_external_tokens: int = 0, max_hit_tokens: int | None = None,
-                    peek: bool | Sequence[bool] = False) -> GroupAdmission | None:
+                    peek: bool | Sequence[bool] = False,
+                    num_prompt_tokens: int | None = None) -> GroupAdmission | None:
         """As ``HybridKVCacheManager.add_request`` with ``read_cache=False``."""
         return super().add_request(request_id, prompt_token_ids, extra=extra,
                                    num_new_tokens=num_new_tokens, resumed=resumed,
                                    read_cache=False, num_lookahead_tokens=num_lookahead_tokens,
                                    require_full_fit=require_full_fit, keep_free=keep_free,
                                    num_external_tokens=num_external_tokens,
-                                   max_hit_tokens=max_hit_tokens, peek=peek)
+                                   max_hit_tokens=max_hit_tokens, peek=peek,
+                                   num_prompt_tokens=num_prompt_tokens)
 
     def lookup(self, prompt_token_ids: Sequence[int] | Prompt, *,
                extra: ExtraKeys | None = None, max_hit_tokens: int | None = None,

@@ -47,7 +47,7 @@ def add_request(
     extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
     read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
     keep_free: int = 0, num_external_tokens: int = 0, max_hit_tokens: int | None = None,
-    peek: bool | Sequence[bool] = False,
+    peek: bool | Sequence[bool] = False, num_prompt_tokens: int | None = None,
 ) -> GroupAdmission | None:
     """Admit a request: find the longest cached prefix every group can serve, take
     references on the blocks each group needs of it, allocate every group's blocks
@@ -68,6 +68,10 @@ def add_request(
     of one bool per group names (never a sparse one): vLLM's EAGLE, which matches one
     block past the hit and drops it (``prefixkv.groups.hits``); it may be the
     prompt's last full block, even the one holding its last token.
+    ``num_prompt_tokens``: how many of the tokens are the request's prompt (None: all).
+    A preempted request comes back with its prompt and the tokens it decoded, but
+    vLLM's partial tail entry (groups/sized.py ``_tail``) stays at its prompt's last
+    hash boundary (``Request.num_prompt_tokens``).
 
     Returns the GroupAdmission, or None when the pool is short of blocks (nothing
     changed). Raises PromptTooLongError when it can never fit (``groups.fit``: its
@@ -84,10 +88,15 @@ def add_request(
     check_count("num_external_tokens", num_external_tokens, 0, None)
     check_flag("resumed", resumed, RequestError)
     check_flag("require_full_fit", require_full_fit, RequestError)
+    if num_prompt_tokens is not None:  # (a Prompt's length first: _find takes its spare tokens)
+        check_count("num_prompt_tokens", num_prompt_tokens, 1,
+                    len(prompt_token_ids) if isinstance(prompt_token_ids, Prompt) else None)
     req, nodes, prompt = self._find(request_id, prompt_token_ids, extra,
                                     check_flag("read_cache", read_cache, RequestError),
                                     max_hit_tokens=max_hit_tokens,
                                     peek=peeking(self.groups, peek), admit=True)
+    if num_prompt_tokens is not None:
+        req.num_prompt = check_count("num_prompt_tokens", num_prompt_tokens, 1, len(req.tokens))
     return self._admit(req, nodes, prompt, num_new_tokens, resumed, num_lookahead_tokens,
                        require_full_fit, keep_free, num_external_tokens)
 

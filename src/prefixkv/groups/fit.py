@@ -10,7 +10,8 @@ scheduled tokens and the lookahead (``blocks_for(total + lookahead) - k``), the 
 count in every group (``require_full_fit``: for the whole prompt), but one in a sparse
 (Mamba) group, which takes a block for the last position only. Once the prompt's last
 step starts at ``s <= n - 1``, group ``g`` holds at least ``blocks_for(n) -
-num_unread_g(n - 1)`` (a sparse group: 1).
+num_released_g(n - 1)`` (a sparse group: 1; ``num_released``: the window's retained
+tokens' blocks kept).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def least_blocks(groups: Sequence[GroupSpec], block_size: int, n: int, num_new: 
     only when it exceeds ``capacity`` (the two extremes are tried first, and when one of
     them fits, that is enough to know). Pure."""
     bs = block_size
-    done = sum(1 if s.sparse else blocks_for(n, bs) - s.num_unread(n - 1, bs) for s in groups)
+    done = sum(1 if s.sparse else blocks_for(n, bs) - s.num_released(n - 1, bs) for s in groups)
 
     def call(k: int) -> int:  # blocks held right after an admission that hit k blocks
         cached = k * bs

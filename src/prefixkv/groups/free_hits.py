@@ -70,7 +70,7 @@ class Hits:
 
     def last(self, g: int, j: int) -> int:
         """The longest hit that needs block j of windowed group g (those above j do)."""
-        return min(self.top, (self.specs[g].release_at(j, self.bs) - 1) // self.bs)
+        return min(self.top, (self.specs[g].unread_from(j, self.bs) - 1) // self.bs)
 
     def below(self, h: int) -> int:
         """The longest hit alive of at most ``h`` blocks (0: none)."""

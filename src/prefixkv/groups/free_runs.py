@@ -107,7 +107,7 @@ def reach(spec: GroupSpec, block_size: int) -> int:
     reads behind it); 0 for full attention (every hit above j needs it)."""
     if not spec.releases:
         return 0
-    return spec.release_at(0, block_size) // block_size + 1
+    return spec.unread_from(0, block_size) // block_size + 1
 
 
 def steady(spec: GroupSpec, block_size: int) -> bool:

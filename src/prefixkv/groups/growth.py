@@ -54,7 +54,7 @@ def _going(self: HybridKVCacheManager,
         start = min(start, req.release_bound)
     if start < req.next_release:
         return None, 0
-    going = [t[c:spec.num_unread(start, b)] for spec, t, c, b in
+    going = [t[c:spec.num_released(start, b)] for spec, t, c, b in
              zip(self.groups, req.tables, req.cut, self._group_sizes, strict=True)]
     return going, sum(b is not None and b.ref_cnt == 1 for part in going for b in part)
 

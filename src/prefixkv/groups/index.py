@@ -33,6 +33,7 @@ from ..hashing import token_bytes
 from .events import GroupBlockRemoved, GroupBlockStored
 from .prefixes import Prefix, PrefixTable
 from .spec import GroupSpec
+from .tails import PartialTails
 
 _PID = attrgetter("pid")
 
@@ -59,8 +60,7 @@ class GroupIndex:
         self.table = table
         self._sink = sink
         self.hashing = sink.active
-        # block id -> the announced partial tail entry it holds besides its own (sized.py)
-        self.tails: dict[int, GroupBlockStored] = {}
+        self.tails = PartialTails(sink)  # (vLLM's partial tail entries: tails.py)
         # ``uncache`` calls that took content from a held block (``GroupRequest.losses``)
         self.losses = 0
 
@@ -206,33 +206,20 @@ class GroupIndex:
             heir.event = None if b.event is None else replace(b.event, block_ids=(heir.block_id,))
             self.table.unhold(node)
             if self.tails:
-                self._drop_tail(b, g)
+                self.tails.drop(b)
             return
         del self.entries[g][node.pid]
         if self._sink.active:
             assert node.hash is not None, f"{node!r} was announced without its chain hash"
             self._withdraw((node.hash,), b, g)
             if self.tails:
-                self._drop_tail(b, g)
+                self.tails.drop(b)
         self.table.unhold(node)
 
     def _withdraw(self, hashes: Sequence[bytes], b: Block, g: int) -> None:
         spec = self.specs[g]
         self._sink.append(GroupBlockRemoved(hashes, (b.block_id,), group_idx=g,
                                             spec_kind=spec.kind, spec_tokens=spec.tokens))
-
-    def store_tail(self, g: int, b: Block, event: GroupBlockStored) -> None:
-        """Announce ``event``, a partial tail entry (one hash block) that group ``g``'s
-        primary block ``b`` holds besides its own prefix (vLLM's ``cache_partial_block``;
-        groups/sized.py), once; it is withdrawn after ``b``'s own, when ``b`` loses it."""
-        if b.block_id not in self.tails and not b.twin and self.nodes[b.block_id] is not None:
-            self.tails[b.block_id] = event
-            self._sink.append(event)
-
-    def _drop_tail(self, b: Block, g: int) -> None:
-        tail = self.tails.pop(b.block_id, None)
-        if tail is not None:
-            self._withdraw(tail.block_hashes, b, g)
 
     def release_spare(self, block: Block) -> Block | None:
         """Forget a spare whose last reference went (it returns empty); the primary of
@@ -252,7 +239,7 @@ class GroupIndex:
                 b = entries[pid]
                 if b.event is not None:
                     out.append(b.event)
-            out += [e for e in self.tails.values() if e.group_idx == g]
+            out += self.tails.of_group(g)
         return out
 
     def clear(self) -> None:
@@ -277,11 +264,9 @@ class GroupIndex:
                     if self._holds(b, g, pid) or not b.twin or not b.ref_cnt \
                             or listed.count(b) != 1:
                         return f"group {g}: spare {b!r} of prefix {pid} does not match the block"
-        for i, tail in self.tails.items():
-            node = self.nodes[i]
-            if node is None or self.entries[tail.group_idx].get(node.pid) is None \
-                    or self.entries[tail.group_idx][node.pid].block_id != i:
-                return f"block {i} holds a partial tail entry but is not its group's primary"
+        tails = self.tails.mismatch(self.nodes, self.entries)
+        if tails is not None:
+            return tails
         for b in blocks:
             node = self.nodes[b.block_id]
             if (b.key is None) != (node is None):

@@ -60,11 +60,11 @@ def hit_nodes(specs: Sequence[GroupSpec], table: PrefixTable, find: Find, block_
 
 def window_hits(specs: Sequence[GroupSpec], find: Find, block_size: int, nodes: list[Prefix],
                 first: int | None = None) -> tuple[list[int], list[list[Block]]]:
-    """Per group, how many leading blocks its window no longer reads at ``first``
-    (default: the hit's end), and the blocks of the hit ``nodes`` past them, in token
-    order."""
+    """Per group, how many leading blocks a request admitted on the hit ``nodes``
+    holds none of when its first query sits at ``first`` (default: the hit's end;
+    ``GroupSpec.admitted_cut``), and the blocks of the hit past them, in token order."""
     k, bs = len(nodes), block_size
     at = k * bs if first is None else first
-    cuts = [s.num_unread(at, bs) for s in specs]
+    cuts = [s.admitted_cut(k * bs, at, bs) for s in specs]
     return cuts, [[find(g, nodes[j]) for j in range(cuts[g], k)]  # type: ignore[misc]
                   for g in range(len(specs))]

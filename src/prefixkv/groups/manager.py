@@ -2,7 +2,8 @@
 block table each, over one shared pool and one prefix-id table.
 
 As a request advances, every windowed group releases the leading blocks that no query at
-or after the step's first position reads (``GroupSpec.num_unread``): the block goes back to
+or after the step's first position reads, but a window's retained tokens'
+(``GroupSpec.num_released``): the block goes back to
 the pool (cached, findable in its group, if it is full and indexed) and the table entry
 becomes the null block. Calls check their input and compute what can fail before any
 change; a shortage returns None with nothing changed (blocks a call would release count

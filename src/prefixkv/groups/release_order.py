@@ -90,7 +90,7 @@ def in_rounds(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest,
         return None
     nodes = req.nodes
     lo = spec.num_unread((c + 1) * block_size, block_size)  # (the hits: c+1 .. last)
-    hi = min(len(nodes), (spec.release_at(c + n - 1, block_size) - 1) // block_size)
+    hi = min(len(nodes), (spec.unread_from(c + n - 1, block_size) - 1) // block_size)
     if lo < hi:
         span = nodes[lo:hi]
         if not all(all(finds(g, span)) for g in windows):

@@ -102,9 +102,10 @@ def _tail(self: HybridKVCacheManager, req: GroupRequest, g: int, table: Sequence
     assert node.hash is not None, f"{node!r}: events need its chain hash"
     up = node.parent
     spec = self.groups[g]
-    self._index.store_tail(g, blk, GroupBlockStored(
+    self._index.tails.store(blk, GroupBlockStored(
         (node.hash,), None if up is None else up.hash, token_bytes(req.tokens[i * h:end]), (blk.block_id,),
-        req.keys.for_event(i, h), i, group_idx=g, spec_kind=spec.kind, spec_tokens=spec.tokens))
+        req.keys.for_event(i, h), i, group_idx=g, spec_kind=spec.kind, spec_tokens=spec.tokens),
+        self._index.nodes)
 
 
 def _cut_off(self: HybridKVCacheManager, req: GroupRequest, end: int) -> bool:

@@ -72,11 +72,13 @@ def check_peek(specs: Sequence[GroupSpec], sizes: Sequence[int]) -> None:
 
 def _window_hits(self: HybridKVCacheManager, nodes: list[Prefix],
                  first: int | None = None) -> tuple[list[int], list[list[Block]]]:
-    """Per group, the leading blocks its window no longer reads at ``first`` (default:
-    the hit's end) and the hit's blocks past them (``L // b_g`` in all), in order."""
+    """Per group, the leading blocks a request admitted on the hit ``nodes`` holds none
+    of when its first query sits at ``first`` (default: the hit's end;
+    ``GroupSpec.admitted_cut``) and the hit's blocks past them (``L // b_g`` in all), in
+    order."""
     sizes, hit = self.sizes, len(nodes) * self._hash_size
     at = hit if first is None else first
-    cuts = [s.num_unread(at, b) for s, b in zip(self.groups, sizes.sizes, strict=True)]
+    cuts = [s.admitted_cut(hit, at, b) for s, b in zip(self.groups, sizes.sizes, strict=True)]
     return cuts, [[self._index.find(g, nodes[sizes.key_index(g, j)])  # type: ignore[misc]
                    for j in range(cuts[g], hit // b)] for g, b in enumerate(sizes.sizes)]
 
@@ -100,7 +102,7 @@ def least_blocks(self: HybridKVCacheManager, n: int, num_new: int | None, lookah
     hit it could find (``groups.fit.least_blocks`` at per-group sizes; a sparse group
     holds one block once the prefill is done, and takes one at most)."""
     pairs = list(zip(self.groups, self._group_sizes, strict=True))
-    done = sum(1 if s.sparse else blocks_for(n, b) - s.num_unread(n - 1, b) for s, b in pairs)
+    done = sum(1 if s.sparse else blocks_for(n, b) - s.num_released(n - 1, b) for s, b in pairs)
 
     def after(hit: int) -> int:  # blocks held right after an admission that hit ``hit`` tokens
         total = n if num_new is None else min(n, hit + num_new)

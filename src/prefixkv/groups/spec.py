@@ -12,10 +12,17 @@ A query at position ``p`` of a group reads the keys ``first_needed(p) .. p``:
 follow, both in whole blocks of ``block_size`` positions (block j holds positions
 ``j*bs .. (j+1)*bs - 1``):
 
-- release: ``num_unread(s, bs)`` leading blocks of a request whose next query is at ``s``
-  are read by no query any more and may go back to the pool;
+- release: ``num_released(s, bs)`` leading blocks of a request whose next query is at
+  ``s`` go back to the pool: the ``num_unread(s, bs)`` blocks no query reads any more,
+  but those of the ``retained`` tokens below a sliding window (vLLM's
+  ``extra_retained_tokens``: a drafter of multi-module speculative decoding re-prefills
+  the last tokens and reads that many below the window; vLLM's
+  ``get_num_skipped_tokens``). ``release_at`` is the release's step, ``unread_from`` the
+  queries';
 - hits: a prefix of ``k`` blocks can be served iff every block in
-  ``num_unread(k*bs, bs) .. k-1`` is cached in the group (``prefixkv.groups.hits``).
+  ``num_unread(k*bs, bs) .. k-1`` is cached in the group (``prefixkv.groups.hits``): the
+  window alone, as vLLM's hit (``_contiguous_blocks_for_hit``); a request admitted on
+  that hit holds none of the blocks below (``admitted_cut``: vLLM's null entries).
 
 The sliding window is the kernels' ``window_size=(W - 1, 0)`` (``window_size``).
 
@@ -51,11 +58,15 @@ KINDS = (FULL, SLIDING, CHUNKED, MAMBA)
 @dataclass(frozen=True, slots=True)
 class GroupSpec:
     """One attention group. ``kind``: one of ``KINDS``; ``tokens``: the window W
-    (sliding) or the chunk C (chunked local), 0 for full attention and Mamba.
-    Raises ConfigError for an unknown kind or a size that does not fit the kind."""
+    (sliding) or the chunk C (chunked local), 0 for full attention and Mamba;
+    ``retained``: tokens below a sliding window whose blocks a request keeps although
+    no query reads them (vLLM's ``extra_retained_tokens``), 0 for the other kinds.
+    Raises ConfigError for an unknown kind, a size that does not fit the kind, or a
+    ``retained`` that is not an int >= 0 (0 unless sliding)."""
 
     kind: str
     tokens: int = 0
+    retained: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -65,6 +76,9 @@ class GroupSpec:
         if not ok:
             want = "0" if sizeless else "a positive int"
             raise ConfigError(f"a {self.kind} group takes tokens={want}, got {self.tokens!r}")
+        if type(self.retained) is not int or self.retained < 0 or (self.retained and self.kind != SLIDING):
+            want = "an int >= 0" if self.kind == SLIDING else "0 (sliding windows only retain)"
+            raise ConfigError(f"a {self.kind} group takes retained={want}, got {self.retained!r}")
 
     @property
     def releases(self) -> bool:
@@ -91,17 +105,41 @@ class GroupSpec:
         """Leading blocks that no query at ``pos`` or later reads."""
         return self.first_needed(pos) // block_size
 
-    def release_at(self, cut: int, block_size: int) -> int:
+    def unread_from(self, cut: int, block_size: int) -> int:
         """The first position from which no query reads block ``cut`` (the smallest ``p``
         with ``num_unread(p, block_size) > cut``); ``sys.maxsize`` for full attention."""
-        edge = (cut + 1) * block_size  # first_needed(p) must reach it
+        return self.release_at(cut, block_size) - self.retained
+
+    def num_released(self, pos: int, block_size: int) -> int:
+        """Leading blocks a request releases once its next query sits at ``pos``: those
+        no query at ``pos`` or later reads but the ``retained`` tokens' (vLLM's
+        ``get_num_skipped_tokens(pos) // block_size``)."""
+        if self.retained:
+            return max(0, self.first_needed(pos) - self.retained) // block_size
+        return self.first_needed(pos) // block_size
+
+    def release_at(self, cut: int, block_size: int) -> int:
+        """The first position from which a request releases block ``cut`` (the smallest
+        ``p`` with ``num_released(p, block_size) > cut``: ``unread_from`` and the
+        ``retained`` tokens); ``sys.maxsize`` for full attention."""
+        edge = (cut + 1) * block_size  # first_needed(p) - retained must reach it
         if self.kind == SLIDING:
-            return edge + self.tokens - 1
+            return edge + self.tokens - 1 + self.retained
         if self.kind == MAMBA:
             return edge + 1
         if self.kind == CHUNKED:
             return blocks_for(edge, self.tokens) * self.tokens  # (rounded up to a whole chunk)
         return sys.maxsize
+
+    def admitted_cut(self, hit: int, first: int, block_size: int) -> int:
+        """Leading blocks a request admitted on a hit of ``hit`` tokens, whose first query
+        sits at ``first >= hit``, holds none of: those its hit leaves out (no query at
+        ``hit`` reads them: ``num_unread``) and those it releases at ``first``. Below the
+        hit's blocks, a window's retained tokens are not asked cached (vLLM's null
+        entries there)."""
+        if not self.retained:  # (then num_released(first) >= num_unread(hit))
+            return self.num_unread(first, block_size)
+        return max(self.num_unread(hit, block_size), self.num_released(first, block_size))
 
     @property
     def window_size(self) -> tuple[int, int] | None:
@@ -118,10 +156,12 @@ def full_attention() -> GroupSpec:
     return GroupSpec(FULL)
 
 
-def sliding_window(window: int) -> GroupSpec:
+def sliding_window(window: int, retained: int = 0) -> GroupSpec:
     """A group of sliding-window layers: a query sees ``window`` keys, itself included
-    (Mistral's and vLLM's ``sliding_window``). Raises ConfigError unless window > 0."""
-    return GroupSpec(SLIDING, window)
+    (Mistral's and vLLM's ``sliding_window``); a request keeps the blocks of
+    ``retained`` more tokens below them (vLLM's ``extra_retained_tokens``: module
+    docstring). Raises ConfigError unless window > 0 and retained >= 0."""
+    return GroupSpec(SLIDING, window, retained)
 
 
 def chunked_local(chunk: int) -> GroupSpec:

@@ -86,10 +86,9 @@ def _group_of(spec: Any) -> GroupSpec:
         return full_attention()
     if kind is SlidingWindowSpec:
         # ``extra_retained_tokens`` (multi-module speculative decoding): vLLM keeps that
-        # many tokens below the window readable (``get_num_skipped_tokens``), so prefixkv
-        # releases as for a window that much longer; its hits then ask for as many more
-        # cached tokens (never a hit vLLM's worker cannot read; docs/integration.md)
-        return sliding_window(spec.sliding_window + getattr(spec, "extra_retained_tokens", 0))
+        # many tokens below the window (``get_num_skipped_tokens``) but judges a hit by
+        # the window alone (``_contiguous_blocks_for_hit``): GroupSpec's ``retained``
+        return sliding_window(spec.sliding_window, getattr(spec, "extra_retained_tokens", 0))
     if kind is ChunkedLocalAttentionSpec:
         return chunked_local(spec.attention_chunk_size)
     if kind is MambaSpec:

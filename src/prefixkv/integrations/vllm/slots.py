@@ -143,8 +143,10 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     cache_to = min(hit if delay else computed + num_new_tokens, len(prompt))
     scheduled = max(cache_to - hit, 1)  # prefixkv schedules at least one token
     key = m._next_key
-    # a load's tokens: no query reads below the windows' reach at their end (vLLM: null blocks)
-    loaded = {"num_external_tokens": computed - hit} if m._hybrid else {}
+    # a load's tokens: no query reads below the windows' reach at their end (vLLM: null
+    # blocks); a resumed request's prompt is its first num_prompt_tokens (its partial tail)
+    loaded = {"num_external_tokens": computed - hit,
+              "num_prompt_tokens": max(1, request.num_prompt_tokens)} if m._hybrid else {}
     try:
         adm = m.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
                                  resumed=request.num_preemptions > 0, read_cache=read,

@@ -1,0 +1,47 @@
+"""``add_request(..., num_prompt_tokens=)``: where a hybrid manager of different block
+sizes announces a prompt's partial tail entry (vLLM's ``_cache_partial_tail_block``,
+groups/sized.py ``_tail``) when the tokens admitted are more than the prompt (a
+preempted request re-admitted with what it decoded: vLLM keeps its
+``num_prompt_tokens``); tests/engines/test_vllm_preempted_tail.py runs it beside vLLM."""
+
+import pytest
+
+from prefixkv import RequestError
+from prefixkv.groups import BlockSizes, GroupBlockStored, HybridKVCacheManager, full_attention, sliding_window
+
+
+def _manager():
+    return HybridKVCacheManager((sliding_window(10), full_attention()), 40, BlockSizes.of([8, 16], 8, 16),
+                                hash_mode="sha256", seed=0, enable_events=True)
+
+
+def _tails(m):
+    """The partial tail entries announced: (group, the hash block's index)."""
+    return [(e.group_idx, e.first_block) for e in m.take_events()
+            if isinstance(e, GroupBlockStored) and e.group_idx == 1 and len(e.token_bytes) == 4 * 8]
+
+
+@pytest.mark.parametrize(("num_prompt", "tail"), [(None, 4), (48, 4), (41, 4), (32, 2), (25, 2), (40, None),
+                                                  (8, None)])
+def test_the_tail_entry_is_at_the_prompts_last_boundary(num_prompt, tail):
+    """48 tokens admitted: the tail is the hash block before the prompt's last hash
+    boundary short of its last token (40 of a prompt of 41 to 48, 24 of 25 to 32), when
+    that boundary lies inside a block of 16 (32 for 40 is a block's end: none; 8 of 8:
+    no boundary above 0)."""
+    m = _manager()
+    m.add_request("r", list(range(48)), num_prompt_tokens=num_prompt)
+    assert _tails(m) == ([] if tail is None else [(1, tail)])
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 49, True, 2.0, "32"])
+@pytest.mark.parametrize("prepared", [False, True])
+def test_a_bad_num_prompt_tokens_is_refused_before_any_change(bad, prepared):
+    m = _manager()
+    tokens = list(range(48))
+    prompt = m.prepare(tokens) if prepared else tokens
+    before = (m.free_block_order(), m.num_free_blocks, m.stats)
+    with pytest.raises(RequestError, match="num_prompt_tokens"):
+        m.add_request("r", prompt, num_prompt_tokens=bad)
+    assert (m.free_block_order(), m.num_free_blocks, m.stats) == before
+    assert m.add_request("r", prompt) is not None  # (the id stays free; a Prompt still serves)
