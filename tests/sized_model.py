@@ -6,11 +6,13 @@ beside vLLM's own ``KVCacheManager`` (block ids, free queue, hits, cached keys e
 tests/test_groups_sizes_machine.py drives prefixkv's hybrid manager beside it.
 
 A group is ``(block size, window)``: window None is full attention, an int a sliding
-window of that many tokens; ``retained[g]`` (default 0): tokens below group g's window
-whose blocks a request keeps (vLLM's ``extra_retained_tokens``: released at
-``get_num_skipped_tokens``, never asked of a hit). A block's key in group ``g`` is ``(g, extra, tokens)``, the
-tokens of the whole prefix up to the block's end (what the fine hash at its last hash
-boundary chains over). The rules, each as vLLM 0.33 runs them:
+window of that many tokens, ``"mamba"`` a Mamba group (vLLM's ``MambaManager`` in
+``mamba_cache_mode="align"``, with vLLM's fine-grained partial hits off: hits aligned to
+``align``, no speculative nor checkpoint blocks); ``retained[g]`` (default 0): tokens
+below group g's window whose blocks a request keeps (vLLM's ``extra_retained_tokens``:
+released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in group
+``g`` is ``(g, extra, tokens)``, the tokens of the whole prefix up to the block's end
+(what the fine hash at its last hash boundary chains over). The rules, each as vLLM 0.33 runs them:
 
 - Hit (``hit``): the largest ``L <= len(tokens) - 1``, a multiple of ``align``, at which
   every group holds, cached, the blocks a query at ``L`` reads; group g's hit is its
@@ -37,6 +39,16 @@ boundary chains over). The rules, each as vLLM 0.33 runs them:
   the same ids, queue and hits; from then on vLLM's queue holds a copy this one emptied.
 - Events, as prefixkv announces them: a key is stored when its first holder caches it,
   removed when its last holder is evicted (vLLM announces every holder).
+- Mamba (``"mamba"``): a query at ``p`` reads the state after ``p - 1`` (the window of 2
+  below), so a hit at ``L`` needs block ``L // b - 1`` cached, the entries below it null.
+  A step ending at ``e`` takes one block, at entry ``cdiv(e, b) - 1``, when the table is
+  shorter (the entries it jumps over null); one ending in the last entry writes there.
+  A step starting at ``s`` releases every block below ``(s - 1) // b``, last first
+  (vLLM's align-mode ``_remove_blocks_in_range`` skips nulls, never stops at one). Every
+  block is cached (dense retention) once it holds the state at its own end: a step
+  ended exactly there (``Req.exact``; vLLM's scheduler ends align-mode chunks there, so
+  vLLM caches the same blocks: a block a step ran past holds an older state, which
+  prefixkv never caches).
 - EAGLE (``peek``: one bool per group, vLLM's ``drop_eagle_group_ids`` widened to every
   group of a flagged group's spec; None: no EAGLE): the hit (``_peek_hit``) is vLLM's one
   pass over the sets of groups of one (block size, window), full attention first, each
@@ -66,6 +78,8 @@ from dataclasses import dataclass, field
 
 def first_needed(window, pos):
     """The first position a query at ``pos`` reads."""
+    if window == "mamba":
+        return max(0, pos - 1)
     return 0 if window is None else max(0, pos - window + 1)
 
 
@@ -87,6 +101,7 @@ class Req:
     tables: list  # per group: block ids
     cached: list = field(default_factory=list)  # per group: entries past which caching goes on
     prompt: int = 0  # the prompt's length at admission (vLLM's ``num_prompt_tokens``)
+    exact: set = field(default_factory=set)  # (g, j): Mamba block j holds the state at its end
 
 
 class SizedModel:
@@ -225,6 +240,8 @@ class SizedModel:
             cut, gone = min(skipped(w, e, r.computed) // b, len(ids)), []
             for j in range(cut - 1, -1, -1):
                 if ids[j] == self.null:
+                    if w == "mamba":
+                        continue
                     break
                 gone.append(j)
             out.append(gone)
@@ -238,13 +255,16 @@ class SizedModel:
         need = 0
         for (b, w), e, h in zip(self.groups, self.retained, hit, strict=True):
             skip = skipped(w, e, end) // b  # (the hit's null entries below the window stay)
-            need += max(cdiv(end + num_new, b) - max(skip, len(h)), 0)
+            fresh = max(cdiv(end + num_new, b) - max(skip, len(h)), 0)
+            need += min(fresh, 1) if w == "mamba" else fresh
             need += sum(not self.refs[x] for x in h[skip:] if x != self.null)
         if need > len(self.free):
             return None
         r = Req(list(tokens), extra, end, [], [], len(tokens))
-        for (b, w), e, h in zip(self.groups, self.retained, hit, strict=True):
+        for g, ((b, w), e, h) in enumerate(zip(self.groups, self.retained, hit, strict=True)):
             skip = skipped(w, e, end) // b
+            if w == "mamba" and h:
+                r.exact.add((g, len(h) - 1))
             self._touch([x for x in h[skip:] if x != self.null])
             r.tables.append([self.null] * skip + h[skip:])
             r.cached.append(len(h))
@@ -258,8 +278,9 @@ class SizedModel:
         r = self.reqs[rid]
         going = self._releasing(r)
         releasable = sum(self.refs[r.tables[g][j]] == 1 for g, js in enumerate(going) for j in js)
-        need = sum(max(cdiv(r.computed + num_new, b) - len(ids), 0)
-                   for (b, _), ids in zip(self.groups, r.tables, strict=True))
+        need = sum(min(fresh, 1) if w == "mamba" else fresh
+                   for (b, w), ids in zip(self.groups, r.tables, strict=True)
+                   if (fresh := max(cdiv(r.computed + num_new, b) - len(ids), 0)))
         if need > len(self.free) + releasable:
             return False
         for g, js in enumerate(going):
@@ -273,20 +294,27 @@ class SizedModel:
 
     def _grow(self, r, num_new):
         r.computed += num_new
-        for (b, _), ids in zip(self.groups, r.tables, strict=True):
-            ids += self._take(max(cdiv(r.computed, b) - len(ids), 0))
+        for g, ((b, w), ids) in enumerate(zip(self.groups, r.tables, strict=True)):
+            fresh = max(cdiv(r.computed, b) - len(ids), 0)
+            if w != "mamba":
+                ids += self._take(fresh)
+                continue
+            if fresh:
+                ids += [self.null] * (fresh - 1) + self._take(1)
+            if r.computed % b == 0:
+                r.exact.add((g, r.computed // b - 1))
         self._cache(r, min(r.computed, len(r.tokens)))
 
     def _cache(self, r, n):
         computed, n = n, n // self.align * self.align
         hashed = len(r.tokens) // self.h * self.h
-        for g, (b, _) in enumerate(self.groups):
+        for g, (b, w) in enumerate(self.groups):
             peek = self.peek is not None and self.peek[g]
             end = min(computed, n + b) if peek and n else n  # (vLLM's get_num_cacheable_tokens)
             full = min(end, hashed) // b
             for j in range(r.cached[g], full):
                 x = r.tables[g][j]
-                if x == self.null or not self._reachable(g, j):
+                if x == self.null or not self._reachable(g, j) or (w == "mamba" and (g, j) not in r.exact):
                     continue
                 key = self.key(g, r.extra, r.tokens, j)
                 if key in self.holders and self.twins:
@@ -314,7 +342,7 @@ class SizedModel:
     def _reachable(self, g, j):
         """Whether a hit at some ``align`` boundary reads block ``j`` of group ``g``."""
         b, w = self.groups[g]
-        if w is None:
+        if w is None or w == "mamba":  # (Mamba: vLLM's dense retention)
             return True
         peek = self.peek is not None and self.peek[g]
         need, per = cdiv(w - 1, b) + peek, self.align // b

@@ -59,8 +59,6 @@ def test_sizes_that_are_not_one_size_make_the_sized_manager(sizes):
 
 
 def test_what_the_sized_manager_does_not_serve_yet_is_refused():
-    with pytest.raises(ConfigError, match="a Mamba group beside groups of different block sizes"):
-        HybridKVCacheManager([full_attention(), mamba()], 64, BlockSizes.of([8, 16]))
     with pytest.raises(ConfigError, match="UncachedHybridManager serves one block size"):
         UncachedHybridManager(GROUPS, 64, BlockSizes.of([8, 16]))  # type: ignore[arg-type]
     m = HybridKVCacheManager(GROUPS, 64, BlockSizes.of([8, 16]))
@@ -68,6 +66,47 @@ def test_what_the_sized_manager_does_not_serve_yet_is_refused():
     for call in (lambda: m.rewind("a", 8), lambda: m.fork("a", "b"), lambda: m.uncache_blocks([1])):
         with pytest.raises(ConfigError, match="not served with groups of different block sizes yet"):
             call()
+    m.check_invariants()
+
+
+def test_mamba_beside_full_attention_of_another_size_by_hand():
+    # full attention at 8 beside Mamba at 4 (hash 4, lcm 8; block 0 is the null block):
+    # Mamba takes one block where each step ends, releases the state block before the
+    # one it reads, records a block holding the state at its own end once the cached
+    # tokens (rounded down to 8) pass it; hits at multiples of 8 need its state there
+    m = HybridKVCacheManager([full_attention(), mamba()], 16, BlockSizes.of([8, 4]), enable_events=True)
+    a = m.add_request("a", list(range(20)), num_new_tokens=8)
+    assert a.group_block_ids == ((1,), (0, 2))
+    assert [(e.group_idx, e.block_size, len(e.token_ids)) for e in m.take_events()] == [(0, 8, 8), (1, 4, 4)]
+    assert m.extend("a", 8) == ((3,), (4,)) and m.get_block_ids("a") == ((1, 3), (0, 2, 0, 4))
+    assert m.extend("a", 4) == ((5,), (6,)) and m.get_block_ids("a") == ((1, 3, 5), (0, 0, 0, 4, 6))
+    assert m.free_block_order() == [7, 8, 9, 10, 11, 12, 13, 14, 15, 2]  # (2: the state at 8, cached)
+    assert m.lookup_block_ids(list(range(20)) + [7]) == ((1, 3), (0, 0, 0, 4))
+    assert m.lookup_block_ids(list(range(12)) + [50, 51]) == ((1,), (0, 2))  # (no state at 12 is kept)
+    m.free("a")
+    assert m.free_block_order() == [6, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 2, 3, 1, 4]
+    b = m.add_request("b", list(range(16)) + [9, 9], num_new_tokens=2)
+    assert b.num_cached_tokens == 16 and b.group_block_ids == ((1, 3, 6), (0, 0, 0, 4, 5))
+    m.check_invariants()
+
+
+def test_peek_beside_a_mamba_group_of_another_size_is_refused():
+    # vLLM's EAGLE beside Mamba moves Mamba's checkpoints to EAGLE's replay boundary: not served
+    with pytest.raises(ConfigError, match="peek .* beside a Mamba group"):
+        HybridKVCacheManager([full_attention(), mamba()], 16, BlockSizes.of([4, 8], peek=(True, False)))
+    m = HybridKVCacheManager([full_attention(), mamba()], 16, BlockSizes.of([8, 4]))
+    with pytest.raises(ConfigError, match="peek with groups of different block sizes"):
+        m.lookup(list(range(20)), peek=True)
+
+
+def test_a_mamba_block_a_step_ran_past_is_never_recorded():
+    # a step from 6 to 12 runs past the end of Mamba block 1 (at 8): the block holds the
+    # state at 6, so it is not recorded when the cached tokens reach 8 (nor after)
+    m = HybridKVCacheManager([full_attention(), mamba()], 16, BlockSizes.of([8, 4]))
+    m.add_request("a", list(range(20)), num_new_tokens=6)
+    m.extend("a", 6)
+    m.extend("a", 4)
+    assert m.lookup(list(range(8)) + [50]) == 0 and m.lookup(list(range(16)) + [50]) == 16
     m.check_invariants()
 
 

@@ -118,6 +118,8 @@ def test_a_block_is_cached_iff_a_hit_at_an_aligned_end_within_the_computed_token
     ends = range(sizes.align, n // sizes.align * sizes.align + 1, sizes.align)
     for j in range(n // k + 2):
         reads = any(spec.first_needed(hit) // k <= j < hit // k for hit in ends)
+        if spec.sparse:  # (Mamba: every block, vLLM's dense retention)
+            reads = (j + 1) * k <= n // sizes.align * sizes.align
         assert sizes.caches(spec, 0, n, j) == reads, (j, spec)
 
 
@@ -136,3 +138,8 @@ def test_cached_and_stored_by_hand():
     assert sizes.stored(narrow, 72) == [(0, j, 8) for j in (1, 2, 4, 5, 7, 8)] + [
         (1, 2, 24), (1, 5, 24), (1, 8, 24), (1, 7, 8)]
     assert sizes.stored(narrow, 71) == [(0, j, 8) for j in (1, 2, 4, 5)] + [(1, 2, 24), (1, 5, 24)]
+    # Mamba at 8 beside full attention at 24: only its block where the prompt ends, when
+    # the prompt ends at a multiple of 24
+    states = (mamba(), full_attention())
+    assert sizes.stored(states, 72) == [(0, 8, 8), (1, 2, 24), (1, 5, 24), (1, 8, 24), (1, 7, 8)]
+    assert sizes.stored(states, 71) == [(1, 2, 24), (1, 5, 24)]

@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, mu
 
 from machine_rules import LIVE, SharedRules, case, prompts_over
 from prefixkv import AllBlocksCleared, BlockRemoved, BlockStored, ExtraKeys
-from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, sliding_window
+from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba, sliding_window
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
 from sized_model import SizedModel
 
@@ -45,7 +45,7 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     def setup(self):
         sizes = BlockSizes.of([b for b, _ in self.groups], peek=self.peek or ())
         retained = self.retained or (0,) * len(self.groups)
-        specs = [full_attention() if w is None else sliding_window(w, e)
+        specs = [full_attention() if w is None else mamba() if w == "mamba" else sliding_window(w, e)
                  for (_, w), e in zip(self.groups, retained, strict=True)]
         windows = any(w is not None for _, w in self.groups)
         num_blocks = sum(-(-MAX_LEN // b) for b, _ in self.groups) + windows + self.extra_blocks
@@ -193,6 +193,20 @@ class FullOnlyMachine(SizedMachine):
     extra_blocks = 2
 
 
+class MambaBesideFullMachine(SizedMachine):
+    """Full attention at 8 beside Mamba at 4 (hash 4, lcm 8): a Mamba state cached at
+    every block end a step reaches, hits only at multiples of 8."""
+
+    groups = ((8, None), (4, "mamba"))
+    extra_blocks = 3
+
+
+class MambaBesideWindowMachine(SizedMachine):
+    """A 10-token window at 8, full attention at 4, Mamba at 8 (hash 4, lcm 8; vLLM's
+    fine-grained partial hits are off beside such a window)."""
+
+    groups = ((8, 10), (4, None), (8, "mamba"))
+    extra_blocks = 3
 class EagleWindowMachine(SizedMachine):
     """EAGLE on a 14-token window at 4 beside full attention at 8, which does not peek
     (hash 4, lcm 8): vLLM's layout of a draft model's window group (a peeking hit needs 5
@@ -223,6 +237,8 @@ TestWindowsBesideFullMachine = case(WindowsBesideFullMachine, max_examples=60, s
 TestRetainedMachine = case(RetainedMachine, max_examples=60, stateful_step_count=40)
 TestLcmOfNeitherMachine = case(LcmOfNeitherMachine, max_examples=60, stateful_step_count=40)
 TestFullOnlyMachine = case(FullOnlyMachine, max_examples=60, stateful_step_count=40)
+TestMambaBesideFullMachine = case(MambaBesideFullMachine, max_examples=60, stateful_step_count=40)
+TestMambaBesideWindowMachine = case(MambaBesideWindowMachine, max_examples=60, stateful_step_count=40)
 TestEagleWindowMachine = case(EagleWindowMachine, max_examples=60, stateful_step_count=40)
 TestEagleEveryGroupMachine = case(EagleEveryGroupMachine, max_examples=60, stateful_step_count=40)
 TestEagleFullMachine = case(EagleFullMachine, max_examples=60, stateful_step_count=40)

@@ -49,6 +49,15 @@ LAYOUTS = {
     "window20@16+full24": ((16, 20), (24, None)),  # (hash 8, lcm 48: neither group's size)
 }
 
+# Mamba beside attention of other sizes, with vLLM's fine-grained partial hits off (a
+# Mamba block no larger than the hash block, or a sliding window larger than it beside):
+# hits and caching aligned to the lcm (tests/sized_model.py states them)
+MAMBA_LAYOUTS = {
+    "full16+mamba8": ((16, None), (8, "mamba")),
+    "mamba8+full24+window20@8": ((8, "mamba"), (24, None), (8, 20)),
+    "window20@16+full8+mamba16": ((16, 20), (8, None), (16, "mamba")),
+}
+
 
 def group_specs(groups: tuple[tuple[int, int | None], ...]) -> tuple[GroupSpec, ...]:
     """prefixkv's specs of a layout."""
@@ -71,9 +80,12 @@ def reference_hit(groups: tuple[tuple[int, int | None], ...], limit: int, align:
     return 0
 
 
-def _spec(block_size: int, window: int | None, retained: int = 0) -> Any:
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+def _spec(block_size: int, window: int | str | None, retained: int = 0) -> Any:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
+    if window == "mamba":
+        return MambaSpec(block_size=block_size, shapes=((1, 1),), dtypes=(torch.float32,),
+                         mamba_cache_mode="align")
     if window is None:
         return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     return SlidingWindowSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32,
@@ -245,27 +257,31 @@ def _hash_and_lcm(groups: tuple[tuple[int, int | None], ...]) -> tuple[int, int]
     return reduce(math.gcd, sizes), reduce(math.lcm, sizes)
 
 
-def _plugin(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int) -> Any:
+def _plugin(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int,
+            num_blocks: int = 400) -> Any:
     """prefixkv's plug-in over the layout ``_vllm`` gives vLLM's manager."""
     from prefixkv.integrations.vllm import KVCacheManager
 
-    return KVCacheManager(config(*(_spec(b, w) for b, w in groups), num_blocks=400), max_model_len=256,
+    return KVCacheManager(config(*(_spec(b, w) for b, w in groups), num_blocks=num_blocks), max_model_len=256,
                           scheduler_block_size=lcm, hash_block_size=hash_size)
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", list(LAYOUTS) + list(MAMBA_LAYOUTS))
 @settings(max_examples=40, deadline=None)
 @given(runs=st.lists(st.tuples(PROMPT, st.booleans()), min_size=1, max_size=6), probe=PROMPT)
 def test_prefixkv_gives_vllms_hit_and_true_blocks_per_group(layout, runs, probe):
     # the third side: prefixkv's plug-in, for the same calls as vLLM's manager, gives
     # the same hit, each group's table as long with its null entries where vLLM's are,
     # and each hit block one that holds, in that group, the probe's prefix up to its end
-    groups = LAYOUTS[layout]
+    # (beside Mamba each run in a step of its own: a hit on a state cached in the same
+    # step waits, in vLLM's manager as in prefixkv's plug-in)
+    groups = {**LAYOUTS, **MAMBA_LAYOUTS}[layout]
     hash_size, lcm = _hash_and_lcm(groups)
     sides = [_vllm(groups, hash_size, lcm), _plugin(groups, hash_size, lcm)]
     holds: list[dict[tuple[int, int], tuple[int, ...]]] = [{}, {}]  # (group, block) -> prefix
     for i, (tokens, free) in enumerate(runs):
         for m, held in zip(sides, holds, strict=True):
+            m.new_step_starts()
             r, hit = _run(m, f"r{i}", tokens, hash_size, False)
             for g, ((b, _), ids) in enumerate(zip(groups, m.get_block_ids(r.request_id), strict=True)):
                 for j, x in enumerate(ids):

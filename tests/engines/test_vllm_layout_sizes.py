@@ -42,6 +42,18 @@ def test_groups_of_different_sizes_are_read_with_their_sizes(groups, scheduler, 
     assert layout.groups == tuple(full_attention() if w is None else sliding_window(w) for _, w in groups)
 
 
+@pytest.mark.parametrize(("groups", "scheduler", "hashes"), [
+    (((16, None), (8, "mamba")), 16, 8),  # (a Mamba block no larger than the hash block)
+    (((16, 20), (8, None), (16, "mamba")), 16, 8),  # (a window beside: vLLM's partial hits off)
+    (((8, None), (16, 20), (32, "mamba")), 32, 8),
+])
+def test_mamba_beside_other_sizes_is_read_where_vllms_hits_are_aligned(groups, scheduler, hashes):
+    layout = _read(groups, scheduler, hashes)
+    assert layout.sizes == BlockSizes.of([b for b, _ in groups], hashes, scheduler)
+    assert [g.kind for g in layout.groups] == [
+        "full_attention" if w is None else "mamba" if w == "mamba" else "sliding_window" for _, w in groups]
+
+
 def test_one_size_reads_as_before():
     layout = _read(((16, None), (16, 20)), 16, 16)
     assert layout.sizes == BlockSizes((16, 16), 16, 16) and layout.block_size == 16 and layout.sizes.one_size
@@ -52,7 +64,11 @@ def test_one_size_reads_as_before():
     (lambda: (_spec(8, None), _spec(16, None)), 24, 8, "divisor of the scheduler's"),
     (lambda: (_spec(16, None),), 16, 8, "full-attention model"),
     (lambda: (_spec(16, None),), 32, 16, "full-attention model"),
-    (lambda: (_spec(8, None), _chunked(16, 32)), 16, 8, "sliding-window groups only"),
+    (lambda: (_spec(8, None), _chunked(16, 32)), 16, 8, "sliding-window and Mamba groups only"),
+    # (vLLM's fine-grained partial hits: a Mamba block past the hash block, beside
+    # groups that all look up at the hash block)
+    (lambda: (_spec(8, None), _spec(16, "mamba")), 16, 8, "fine-grained partial hits"),
+    (lambda: (_spec(8, 20), _spec(8, None), _spec(16, "mamba")), 16, 8, "fine-grained partial hits"),
 ])
 def test_what_the_hybrid_manager_is_not_given_is_refused_by_name(make, scheduler, hashes, named):
     from prefixkv.integrations.vllm import UnsupportedByPrefixKV

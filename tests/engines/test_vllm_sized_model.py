@@ -33,7 +33,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
-from .test_vllm_block_sizes_reference import LAYOUTS, _request, _spec, _vllm  # noqa: E402
+from .test_vllm_block_sizes_reference import LAYOUTS, MAMBA_LAYOUTS, _request, _spec, _vllm  # noqa: E402
 
 # EAGLE layouts: (groups, is_eagle_group flags; all False: vLLM flags every group). No
 # peeking full-attention group is larger than the hash block: vLLM would register the
@@ -76,6 +76,9 @@ class Pair:
     def __init__(self, groups: Any, num_blocks: int, flags: tuple[bool, ...] | None = None,
                  retained: tuple[int, ...] = ()) -> None:
         self.groups = groups
+        # vLLM's align-mode scheduler ends a chunk at a Mamba block's end (or the
+        # prompt's), and each step starts a new one (no hit on a state cached in it)
+        self.mamba = [b for b, w in groups if w == "mamba"]
         self.h = reduce(math.gcd, (b for b, _ in groups))
         self.lcm = reduce(math.lcm, (b for b, _ in groups))
         self.twins: SizedModel | None = None
@@ -139,11 +142,23 @@ class Pair:
     def _models(self) -> list[SizedModel]:
         return [self.model] if self.twins is None else [self.model, self.twins]
 
+    def _chunk(self, start: int, n: int, total: int) -> int:
+        """``n`` tokens from ``start`` cut to end at every Mamba group's block end (the
+        prompt's end kept; at least one of them)."""
+        end = start + n
+        if not self.mamba or end == total:
+            return n
+        step = reduce(math.lcm, self.mamba)
+        end = end // step * step
+        return end - start if end > start else min(step - start % step, total - start)
+
     def do(self, op: str, a: Any, b: Any) -> None:
         from vllm.v1.request import RequestStatus
 
         self.serial += 1
         live = sorted(self.reqs)
+        if self.mamba:
+            self.v.new_step_starts()
         if op == "again" and self.sent:
             tokens = list(self.sent[a[0] % len(self.sent)].all_token_ids)
             op, a = "add", tokens[:max(1, min(len(tokens) - a[1], 72))] + [3] * 20
@@ -151,7 +166,7 @@ class Pair:
             rid = f"r{self.serial}"
             r = _request(rid, a, self.h)
             blocks, hit, *_ = self.v.get_computed_blocks(r)
-            num_new = len(a) - hit if b is None else min(b, len(a) - hit)
+            num_new = len(a) - hit if b is None else self._chunk(hit, min(b, len(a) - hit), len(a))
             fits = {m.add(rid, a, None, num_new) is not None for m in self._models()}
             assert len(fits) == 1  # (the twin rule refuses as vLLM's until it frees a twin)
             if fits != {True}:
@@ -166,9 +181,10 @@ class Pair:
             r = self.reqs[rid]
             left = r.num_tokens - r.num_computed_tokens
             if op == "extend" and left:
-                n, toks = min(b, left), []
+                n, toks = self._chunk(r.num_computed_tokens, min(b, left), r.num_tokens), []
             elif op == "decode" and not left and r.num_tokens + len(b) <= MAX_LEN:
-                n, toks = len(b), list(b)
+                n, toks = len(b), list(b[:1] if self.mamba else b)
+                n = len(toks)
             else:
                 return
             fits = {m.grow(rid, n, toks) for m in self._models()}
@@ -216,11 +232,11 @@ def _pool(groups: Any, extra: int) -> int:
     return sum(-(-MAX_LEN // b) for b, _ in groups) + 1 + extra
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", list(LAYOUTS) + list(MAMBA_LAYOUTS))
 @settings(max_examples=30, deadline=None)
 @given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
 def test_the_sized_reference_runs_as_vllms_manager(layout, extra, ops, probe):
-    groups = LAYOUTS[layout]
+    groups = {**LAYOUTS, **MAMBA_LAYOUTS}[layout]
     _drive(Pair(groups, _pool(groups, extra)), ops, probe)
 
 

@@ -64,7 +64,7 @@ class HybridKVCacheManager:
             ``num_blocks`` past ``MAX_BLOCKS``), a flag not a bool, a bad hash mode/seed,
             no block left beside the null block; ``block_size`` a ``BlockSizes`` that
             ``BlockSizes.of`` refuses, of another number of groups than ``groups``, or
-            (not served yet) not ``one_size`` beside a Mamba group or in a subclass.
+            (not served yet) not ``one_size`` in a subclass.
 
     Thread safety: as ``KVCacheManager``'s (one thread makes every call but ``prepare``).
     """

@@ -17,11 +17,16 @@ release per group at the group's own size; released and freed blocks go in vLLM'
 order (group by group, each group's last block first). A lookup or admission with
 ``peek`` (vLLM's EAGLE) finds its hit by vLLM's EAGLE rule (``hits.peeking_sized_hit``);
 the groups ``sizes.peek`` names cache the block after each aligned end too
-(``BlockSizes.caches``), as vLLM's EAGLE groups. Not served yet, refused with
+(``BlockSizes.caches``), as vLLM's EAGLE groups. A Mamba (sparse) group takes, at its
+own size, one block where a step ends (the entries it jumps over empty), releases every
+block below the state it reads, and records only the blocks that hold the state at
+their own end (a step ended there: ``GroupRequest.states``, sized_admission.py
+``_mark``); its hits are ``longest_hit``'s (the state at the aligned hit), as vLLM's
+align mode with its fine-grained partial hits off. Not served yet, refused with
 ConfigError: ``rewind``, ``fork``, ``uncache_blocks``, ``peek`` beyond
-``sized_admission.check_peek``, and (at construction) a Mamba group. With events on, a
-full-attention group larger than the hash block announces the partial tail entry of a
-prompt of a multiple of ``align`` (``_tail``).
+``sized_admission.check_peek``. With events on, a full-attention group larger than the
+hash block announces the partial tail entry of a prompt of a multiple of ``align``
+(``_tail``).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from .growth import Growth
 from .manager import HybridKVCacheManager
 from .request import GroupRequest
 from .results import GroupFork
-from .spec import FULL
+from .spec import FULL, MAMBA
 
 
 def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared: Prepared) -> None:
@@ -62,11 +67,14 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
     lo = first * h // sizes.align * sizes.align
     hi = req.num_scheduled // sizes.align * sizes.align
     n, peek = req.num_scheduled, sizes.peek or (False,) * len(self.groups)
+    states = req.states or ()  # (sparse groups' blocks holding the state at their end)
     for g, (spec, table, b) in enumerate(zip(self.groups, req.tables, self._group_sizes, strict=True)):
         end = min(n, hi + b) if peek[g] and hi else hi  # (a peeking group: one block past hi)
         span = range(lo // b, end // b)
         if span:
             part = [table[j] if sizes.caches(spec, g, n, j) else None for j in span]
+            if spec.kind == MAMBA:  # (sparse: only blocks holding the state at their end)
+                part = [x if (g, j) in states else None for j, x in zip(span, part, strict=True)]
             keyed = [every[sizes.key_index(g, j)] for j in span]
             events = ([req.keys.for_event(j, b) for j in span] if self._index.hashing else None)
             self._index.store(g, part, keyed, span.start, req.tokens, events, b,  # type: ignore[arg-type]
@@ -103,10 +111,11 @@ def _tail(self: HybridKVCacheManager, req: GroupRequest, g: int, table: Sequence
 def _cut_off(self: HybridKVCacheManager, req: GroupRequest, end: int) -> bool:
     """Whether, in some group, the block holding position ``end - 1`` was recorded
     (``BlockSizes.caches`` at ``end``) and holds no content now: its KV was found
-    invalid (``GroupIndex.cut_off``'s question, at each group's own size)."""
+    invalid (``GroupIndex.cut_off``'s question, at each group's own size; a sparse group,
+    whose blocks hold states, not keys, is not asked)."""
     for g, (spec, table, b) in enumerate(zip(self.groups, req.tables, self._group_sizes, strict=True)):
         j = (end - 1) // b
-        if j < len(table) and (blk := table[j]) is not None and blk.key is None \
+        if spec.kind != MAMBA and j < len(table) and (blk := table[j]) is not None and blk.key is None \
                 and self.sizes.caches(spec, g, end, j):
             return True
     return False
@@ -118,15 +127,50 @@ def _more(self: HybridKVCacheManager, req: GroupRequest, covered: int) -> list[i
             for b, t in zip(self._group_sizes, req.tables, strict=True)]
 
 
-def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int]) -> Growth:
-    """Append ``more[g]`` free blocks to group g's table (the caller checked they are
-    there); their ids, per group."""
-    fresh = self._pool.take(sum(more))
+def _fresh(self: HybridKVCacheManager, more: Sequence[int]) -> int:
+    """The free blocks that ``more[g]`` new entries per group take: a sparse group's
+    only its last (none for none)."""
+    if not self._sparse:
+        return sum(more)
+    return sum(min(m, 1) if s.sparse else m for s, m in zip(self.groups, more, strict=True))
+
+
+def _holes(self: HybridKVCacheManager, req: GroupRequest, total: int) -> list[int]:
+    """The sparse groups whose table covers a step ending at ``total`` but whose entry
+    where it writes its state is empty (reserved slots the step stops short of): each
+    takes a block there."""
+    out = []
+    for g in self._sparse:
+        t, j = req.tables[g], blocks_for(total, self._group_sizes[g]) - 1
+        if j < len(t) and t[j] is None:
+            out.append(g)
+    return out
+
+
+def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int], holes: Sequence[int] = (),
+          total: int = 0) -> Growth:
+    """Append ``more[g]`` entries to group g's table, free blocks but for a sparse
+    group's jumped-over ones, and a free block into each of ``holes`` (where a step
+    ending at ``total`` writes; the caller checked the blocks are there); their ids,
+    per group."""
     added = []
-    for g, (table, m) in enumerate(zip(req.tables, more, strict=True)):
-        new, fresh = fresh[:m], fresh[m:]
+    if not self._sparse:
+        fresh = self._pool.take(sum(more))
+        for g, (table, m) in enumerate(zip(req.tables, more, strict=True)):
+            new, fresh = fresh[:m], fresh[m:]
+            self._index.own(g, new)
+            table += new
+            added.append(tuple([b.block_id for b in new]))
+        return tuple(added)
+    fresh = self._pool.take(_fresh(self, more) + len(holes))
+    for g, (spec, table, m) in enumerate(zip(self.groups, req.tables, more, strict=True)):
+        k = (min(m, 1) if spec.sparse else m) + (g in holes)
+        new, fresh = fresh[:k], fresh[k:]
         self._index.own(g, new)
-        table += new
+        if g in holes:
+            table[blocks_for(total, self._group_sizes[g]) - 1] = new[0]
+        else:
+            table += [None] * (m - k) + new  # type: ignore[operator]
         added.append(tuple([b.block_id for b in new]))
     return tuple(added)
 
@@ -138,7 +182,12 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
     h, start, n = self._hash_size, req.num_scheduled, len(req.tokens)
     going, freed = self._going(req, start)
     more = _more(self, req, total)
-    if sum(more) > self._pool.num_free + freed:
+    holes: Sequence[int] = ()
+    if self._sparse:
+        holes = _holes(self, req, total)
+        if _fresh(self, more) + len(holes) > self._pool.num_free + freed:
+            return None
+    elif sum(more) > self._pool.num_free + freed:
         return None
     first, last = start // h, total // h
     if new_tokens is not None:
@@ -150,7 +199,9 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
         del req.tokens[n:]  # (a hash_mode callable failed: nothing changes)
         raise
     self._release(req, going)
-    added = _take(self, req, more)
+    added = _take(self, req, more, holes, total)
+    if self._sparse:
+        sized_admission._mark(self, req, total)
     req.num_scheduled, req.step_start = total, max(start, req.step_start)
     if total >= n:  # (the prefill's last chunk: its prepared prompt is done with)
         req.prompt = None
@@ -161,11 +212,12 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
 
 def _roomy(self: HybridKVCacheManager, req: GroupRequest) -> bool:
     """Whether one more token at ``num_scheduled`` fills no hash block (so no block of
-    any group, nor an aligned end), lands in a block every table has and moves no
-    window past a block."""
+    any group, nor an aligned end), lands in a block every table has (a sparse group's
+    included: its state goes there) and moves no window past a block."""
     n, h = req.num_scheduled, self._hash_size
     return n % h != h - 1 and n < req.next_release and all(
-        n < len(t) * b for t, b in zip(req.tables, self._group_sizes, strict=True))
+        n < len(t) * b for t, b in zip(req.tables, self._group_sizes, strict=True)) and (
+        not self._sparse or all(req.tables[g][n // self._group_sizes[g]] is not None for g in self._sparse))
 
 
 def reserve(self: HybridKVCacheManager, request_id: Hashable, num_slots: int) -> Growth | None:
@@ -174,7 +226,7 @@ def reserve(self: HybridKVCacheManager, request_id: Hashable, num_slots: int) ->
     check_count("num_slots", num_slots, 0, None)
     covered = req.num_scheduled + num_slots
     more = _more(self, req, covered)
-    if sum(more) > self._pool.num_free:
+    if _fresh(self, more) > self._pool.num_free:
         return None
     req.num_reserved = max(req.num_reserved, covered)
     return _take(self, req, more)
@@ -185,7 +237,7 @@ def num_blocks_to_allocate(self: HybridKVCacheManager, request_id: Hashable, num
     block size."""
     req = self._get(request_id)
     check_count("num_slots", num_slots, 0, None)
-    return max(0, sum(_more(self, req, num_slots)) - self._going(req, req.num_scheduled)[1])
+    return max(0, _fresh(self, _more(self, req, num_slots)) - self._going(req, req.num_scheduled)[1])
 
 
 def _release_order(self: HybridKVCacheManager, req: GroupRequest,
@@ -203,14 +255,17 @@ def _free_order(self: HybridKVCacheManager, req: GroupRequest, longer: bool) -> 
 def _check_request(self: HybridKVCacheManager, req: GroupRequest) -> str | None:
     """``GroupRequest.check``, and each group's block holding content only where it is
     recorded (below the scheduled tokens rounded down to ``align``, where
-    ``BlockSizes.caches`` says), and there while its prefix id is not lost and no
-    content was lost since its admission (``GroupIndex.losses``)."""
+    ``BlockSizes.caches`` says; in a sparse group only a block holding the state at its
+    end), and there while its prefix id is not lost and no content was lost since its
+    admission (``GroupIndex.losses``)."""
     sizes, n, sound = self.sizes, req.num_scheduled, req.losses == self._index.losses
+    states = req.states or ()
     for g, (spec, table) in enumerate(zip(self.groups, req.tables, strict=True)):
         for j in range(req.cut[g], min(len(table), n // sizes.sizes[g])):
             b, node = table[j], req.nodes[sizes.key_index(g, j)]
+            want = sizes.caches(spec, g, n, j) and (not spec.sparse or (g, j) in states)
             if b is not None and not node.lost and (b.key is not None or sound) and \
-                    (b.key is not None) != sizes.caches(spec, g, n, j):
+                    (b.key is not None) != want:
                 return (f"request {req.request_id!r} group {g}: block {j} "
                         f"{'holds' if b.key is not None else 'lacks'} content at {n} tokens")
     return req.check(self.groups, sizes)

@@ -2,7 +2,8 @@
 (``SizedHybridKVCacheManager``, sized.py): the hit is ``BlockSizes.longest_hit``'s over
 the prefix ids of the prompt's full hash blocks, a multiple of ``align``; group g takes
 the hit's ``L // b_g`` blocks but those its window no longer reads, and fresh blocks up
-to the scheduled tokens and the lookahead at its own size. The checks before any change
+to the scheduled tokens and the lookahead at its own size (a sparse, Mamba, group one
+only, where the step ends: the entries before it empty). The checks before any change
 are ``add_request``'s (admission.py), which calls ``_admit`` here once they pass."""
 
 from __future__ import annotations
@@ -98,9 +99,10 @@ def least_blocks(self: HybridKVCacheManager, n: int, num_new: int | None, lookah
                  full_fit: bool) -> int:
     """The fewest blocks, all groups together, that an admission of ``n`` tokens with
     these arguments and the rest of its prefill need at some point, over every aligned
-    hit it could find (``groups.fit.least_blocks`` at per-group sizes)."""
+    hit it could find (``groups.fit.least_blocks`` at per-group sizes; a sparse group
+    holds one block once the prefill is done, and takes one at most)."""
     pairs = list(zip(self.groups, self._group_sizes, strict=True))
-    done = sum(blocks_for(n, b) - s.num_released(n - 1, b) for s, b in pairs)
+    done = sum(1 if s.sparse else blocks_for(n, b) - s.num_released(n - 1, b) for s, b in pairs)
 
     def after(hit: int) -> int:  # blocks held right after an admission that hit ``hit`` tokens
         total = n if num_new is None else min(n, hit + num_new)
@@ -109,9 +111,21 @@ def least_blocks(self: HybridKVCacheManager, n: int, num_new: int | None, lookah
             fresh = blocks_for(total + lookahead, b) - hit // b
             if full_fit:
                 fresh = max(fresh, blocks_for(n, b) - hit // b)
-            out += fresh + hit // b - s.num_unread(hit, b)
+            out += (min(fresh, 1) if s.sparse else fresh) + hit // b - s.num_unread(hit, b)
         return out
     return max(done, min(after(hit) for hit in range(0, n, self.sizes.align)))
+
+
+def _mark(self: HybridKVCacheManager, req: GroupRequest, total: int) -> None:
+    """A step (or a hit) ends at ``total``: the sparse groups' blocks ending there hold
+    the state at their end (what ``_record`` may record; a block a step ran past holds
+    the state it had when the step before ended in it)."""
+    for g in self._sparse:
+        b = self._group_sizes[g]
+        if total and not total % b:
+            if req.states is None:
+                req.states = set()
+            req.states.add((g, total // b - 1))
 
 
 def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], prompt: Prompt | None,
@@ -132,20 +146,36 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     covered = [blocks_for(total + num_lookahead_tokens, b) for b in sizes]
     cuts = [min(c, v) for c, v in zip(cuts, covered, strict=True)]  # (a window's: none below its cut)
     more = [v - c - len(found) for v, c, found in zip(covered, cuts, hits, strict=True)]
+    # a sparse group takes the block where this step ends only, if a new entry (its
+    # lookahead slots get theirs when a step ends there)
+    ends = [blocks_for(total, b) - 1 for b in sizes]
+    taken = [int(v - m <= e) if s.sparse else m
+             for s, v, m, e in zip(self.groups, covered, more, ends, strict=True)]
     held = [b for found in hits for b in found]
-    fit = sum(blocks_for(n, b) - num_cached // b for b in sizes) if require_full_fit else 0
-    if not self._pool.can_acquire(held, max(sum(more) + keep_free, fit)):
+    fit = 0
+    if require_full_fit:
+        fit = sum(min(x, 1) if s.sparse else x for s, x in zip(
+            self.groups, [blocks_for(n, b) - num_cached // b for b in sizes], strict=True))
+    if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
         return None
     prepared = None  # (the new full hash blocks' data: computed before any change)
     if total // h > k:
         prepared = self._prepare(req, k, total // h, nodes[-1] if nodes else None, prompt)
-    fresh = iter(self._pool.acquire(held, sum(more))[len(held):])
+    fresh = iter(self._pool.acquire(held, sum(taken))[len(held):])
     req.cut = cuts
     for g, (found, m) in enumerate(zip(hits, more, strict=True)):
-        new = list(islice(fresh, m))
-        self._index.own(g, new)
+        new: list[Block | None] = list(islice(fresh, taken[g]))
+        self._index.own(g, new)  # type: ignore[arg-type]
+        if self.groups[g].sparse:  # (None but where the step ends)
+            row: list[Block | None] = [None] * m
+            if new:
+                row[ends[g] - (covered[g] - m)] = new[0]
+            new = row
         req.tables[g] = [*[None] * cuts[g], *found, *new]
         self._hit_blocks[g] += len(found)
+    if self._sparse:
+        _mark(self, req, k * h)  # (the hit's state block)
+        _mark(self, req, total)
     return self._enter(req, nodes, prompt, prepared, first, total, num_lookahead_tokens, resumed)
 
 

@@ -28,7 +28,7 @@ from functools import reduce
 from ..core.block import blocks_for
 from ..errors import ConfigError, check_positive
 from .hits import longest_sized_hit
-from .spec import FULL, SLIDING, GroupSpec
+from .spec import FULL, MAMBA, SLIDING, GroupSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,13 +98,17 @@ class BlockSizes:
         boundary: vLLM's ``get_num_cacheable_tokens``), and a window the block after
         each boundary too (``cdiv(W - 1, b) + 1`` blocks ending there; every block
         when those runs cover an aligned span, block 0 included, as vLLM's mask).
-        Checked against vLLM for full attention and sliding windows only."""
+        A Mamba group caches every block (vLLM's dense retention: the manager records
+        only those holding the state at their end). Checked against vLLM
+        (tests/engines/test_vllm_sized_model.py)."""
         b, peek = self.sizes[g], bool(self.peek) and self.peek[g]
         end = num_tokens // self.align * self.align
         if peek and end:
             end = min(num_tokens, end + b)
         if j < 0 or (j + 1) * b > end:
             return False
+        if spec.kind == MAMBA:  # (sparse)
+            return True
         if peek and spec.kind != FULL:
             need, per = blocks_for(spec.tokens - 1, b) + 1, self.align // b
             return need >= per or (j >= 1 and (j - 1) % per >= per - need)
@@ -115,7 +119,8 @@ class BlockSizes:
         """What is announced (vLLM's ``BlockStored``) once a prompt of ``num_tokens``
         tokens is computed whole, as ``(group, fine hash index, block size)``, group by
         group in block order: each block ``caches`` names, under its key and its
-        group's size; and in a full-attention group larger than the hash block, the
+        group's size (a Mamba group's only where the prompt ends: the one block whose
+        state it computed at its end); and in a full-attention group larger than the hash block, the
         partial entry of the block that holds the prompt's last hash boundary before
         its last token, when that block lies below the aligned end (so only for a
         prompt of a multiple of ``align``), announced as one hash block (vLLM's
@@ -127,7 +132,7 @@ class BlockSizes:
         for g, spec in enumerate(specs):
             b = self.sizes[g]
             out += [(g, self.key_index(g, j), b) for j in range(num_tokens // b)
-                    if self.caches(spec, g, num_tokens, j)]
+                    if self.caches(spec, g, num_tokens, j) and not (spec.sparse and (j + 1) * b < num_tokens)]
             if spec.kind == FULL and b > h and 0 < boundary <= end and boundary % b:
                 out.append((g, boundary // h - 1, h))
         return out
@@ -138,10 +143,8 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
     positive int for every group, or a ``BlockSizes`` of one size per group (checked
     again by ``BlockSizes.of``, since a dataclass can be built around its checks).
     Raises ConfigError: not a positive int nor a ``BlockSizes``, sizes for another
-    number of groups, and (not served yet, docs/groups.md) a Mamba group beside sizes
-    that are not ``one_size``, or a ``peek`` that ``_peeking`` refuses. With sizes that
-    are not ``one_size``, ``peek`` reaches every group of a peeking group's spec and
-    size."""
+    number of groups, or a ``peek`` that ``_peeking`` refuses. With sizes that are not
+    ``one_size``, ``peek`` reaches every group of a peeking group's spec and size."""
     if not isinstance(block_size, BlockSizes):
         b = check_positive("block_size", block_size)
         return BlockSizes((b,) * len(specs), b, b)
@@ -149,10 +152,6 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
     if len(got.sizes) != len(specs):
         raise ConfigError(f"block_size must name one block size per group ({len(specs)}), "
                           f"got {len(got.sizes)}: {got.sizes}")
-    if not got.one_size and any(s.sparse for s in specs):
-        raise ConfigError(f"a Mamba group beside groups of different block sizes (or a hash "
-                          f"block or alignment other than the one block size) is not served "
-                          f"by HybridKVCacheManager yet (docs/groups.md), got {got}")
     if got.peek and not got.one_size:
         return _peeking(specs, got)
     return got
@@ -164,7 +163,11 @@ def _peeking(specs: Sequence[GroupSpec], sizes: BlockSizes) -> BlockSizes:
     peeking group that is not full attention nor a sliding window (vLLM's EAGLE refuses
     chunked local attention), or full attention larger than the hash block (vLLM would
     register the whole prompt's last hash boundary as a partial entry of a block not
-    full yet, promoted when it fills: not served)."""
+    full yet, promoted when it fills: not served), and any peek beside a Mamba group."""
+    if any(s.sparse for s in specs):
+        raise ConfigError("peek (vLLM's EAGLE) beside a Mamba group with different block sizes is "
+                          "not served (vLLM moves Mamba's checkpoints to EAGLE's replay boundary; "
+                          "docs/groups.md)")
     keys = list(zip(specs, sizes.sizes, strict=True))
     peeks = {key for key, p in zip(keys, sizes.peek, strict=True) if p}
     for spec, b in peeks:

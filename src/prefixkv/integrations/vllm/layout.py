@@ -127,8 +127,9 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
     ``pcp_world_size`` > 1), and where the block sizes of groups, scheduler and hashes
     are not one (``_check_sizes``): groups of sizes that are not multiples of
     ``hash_block_size`` or do not divide ``scheduler_block_size``, or beside chunked
-    local attention or Mamba, and a single full-attention group of another size than
-    the scheduler's or the hashes'."""
+    local attention, a single full-attention group of another size than the
+    scheduler's or the hashes', and Mamba where vLLM turns its fine-grained partial
+    hits on (``_check_partial_hits``)."""
     if dcp_world_size != 1 or pcp_world_size != 1:
         raise UnsupportedByPrefixKV(
             f"prefixkv does not offer context parallelism (dcp_world_size={dcp_world_size}, "
@@ -144,6 +145,7 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
     sizes = tuple(s.block_size for s in specs)
     if set(sizes) != {scheduler_block_size} or hash_block_size != scheduler_block_size:
         _check_sizes(groups, sizes, scheduler_block_size, hash_block_size)
+        _check_partial_hits(kv_cache_config, hash_block_size)
     if kv_cache_config.num_blocks < 2:
         raise UnsupportedByPrefixKV(f"num_blocks must leave a block beside vLLM's null "
                                     f"block, got {kv_cache_config.num_blocks}")
@@ -155,24 +157,47 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
 def _check_sizes(groups: tuple[GroupSpec, ...], sizes: tuple[int, ...], scheduler: int, hashes: int) -> None:
     """Raises UnsupportedByPrefixKV unless prefixkv's hybrid manager is given the layout
     of ``groups`` at block ``sizes`` when the scheduler's block size or the hashes' is
-    not the groups' one size (docs/groups.md): full-attention and sliding-window groups,
-    each of a size that is a multiple of ``hashes`` and divides ``scheduler`` (vLLM's
-    own asserts), and not a single full-attention group (``prefixkv.KVCacheManager``,
-    which has one size)."""
+    not the groups' one size (docs/groups.md): full-attention, sliding-window and Mamba
+    groups, each of a size that is a multiple of ``hashes`` and divides ``scheduler``
+    (vLLM's own asserts), and not a single full-attention group
+    (``prefixkv.KVCacheManager``, which has one size)."""
     got = f"got groups {list(sizes)}, scheduler {scheduler}, hash {hashes}"
     kinds = {g.kind for g in groups}
     if len(groups) == 1 and kinds == {"full_attention"}:
         raise UnsupportedByPrefixKV(f"prefixkv needs one block size for a full-attention "
                                     f"model's group, scheduler and hashes, {got}")
-    if not kinds <= {"full_attention", "sliding_window"}:
+    if not kinds <= {"full_attention", "sliding_window", "mamba"}:
         raise UnsupportedByPrefixKV(f"prefixkv offers groups of different block sizes (or a "
                                     f"scheduler or hash block size other than theirs) for "
-                                    f"full-attention and sliding-window groups only, got "
+                                    f"full-attention, sliding-window and Mamba groups only, got "
                                     f"{sorted(kinds)}; {got}")
     if any(b % hashes or scheduler % b for b in sizes):
         raise UnsupportedByPrefixKV(f"prefixkv offers groups of different block sizes each a "
                                     f"multiple of the hash block size and a divisor of the "
                                     f"scheduler's, {got}")
+
+
+def _check_partial_hits(kv_cache_config: KVCacheConfig, hashes: int) -> None:
+    """Raises UnsupportedByPrefixKV where vLLM 0.33 turns on its fine-grained partial
+    hits (``partial_hash_hits_enabled``, asked with the managers vLLM makes for these
+    groups: a Mamba group in align mode larger than the hash block, and every other
+    group able to look up at the hash block): its hits may then end between the lcm's
+    multiples, on a Mamba state cached inside a block (copied on write when the
+    request goes on), which prefixkv's hybrid manager does not offer (its hits are
+    multiples of the lcm: vLLM's with partial hits off, docs/groups.md)."""
+    from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled
+    from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+    groups = kv_cache_config.kv_cache_groups
+    if not any(type(g.kv_cache_spec) is MambaSpec for g in groups):
+        return
+    managers = [KVCacheSpecRegistry.get_manager_class(g.kv_cache_spec, g.role) for g in groups]
+    if partial_hash_hits_enabled(groups, hashes, 1, managers):
+        raise UnsupportedByPrefixKV(
+            f"prefixkv does not offer vLLM's fine-grained partial hits (a Mamba group of block "
+            f"size {max(g.kv_cache_spec.block_size for g in groups if type(g.kv_cache_spec) is MambaSpec)} "
+            f"beyond the hash block {hashes}, beside groups that all look up at the hash block); "
+            f"docs/groups.md")
 
 
 def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens: int,

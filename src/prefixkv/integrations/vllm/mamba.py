@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.request import Request
 
+from prefixkv.groups import BlockSizes
+
 from .layout import UnsupportedByPrefixKV
 from .slots import admission_prompt
 
@@ -42,9 +44,12 @@ def check_call(m: KVCacheManager, num_lookahead_tokens: int, num_external_comput
 class StepCache:
     """The chain hashes each Mamba group cached since the step began (module docstring)."""
 
-    def __init__(self, groups: tuple[int, ...], first: int = 0) -> None:
+    def __init__(self, groups: tuple[int, ...], first: int = 0, sizes: BlockSizes | None = None) -> None:
         self.groups = groups
         """The Mamba groups' indices."""
+        self.sizes = sizes
+        """Each group's block size and the hash block's (None: one size, that of the
+        blocks ``note`` and ``defers`` are given in, the hash block's too)."""
         self.first = first
         """The group vLLM's coordinator looks a hit up in first (full attention's, if
         any, else group 0): its own hit is ``junction``'s."""
@@ -56,19 +61,25 @@ class StepCache:
 
     def note(self, request: Request, rows: tuple[list[int], ...], first: int, last: int,
              null: int) -> None:
-        """The request's full blocks ``first .. last - 1`` were made findable now: note
-        those a Mamba group holds (``rows``: its vLLM block ids per group; ``null``: the
-        null block's id, an entry the step jumped over)."""
-        hashes = request.block_hashes
+        """The request's full blocks in tokens ``first .. last - 1`` were made findable
+        now (with ``sizes``, ``first`` and ``last`` are tokens; else blocks): note those a
+        Mamba group holds (``rows``: its vLLM block ids per group; ``null``: the null
+        block's id, an entry the step jumped over) under their keys (the hash at each
+        block's last hash boundary, as vLLM keys them)."""
+        hashes, sizes = request.block_hashes, self.sizes
         for g in self.groups:
-            row = rows[g]
-            for j in range(first, min(last, len(row), len(hashes))):
-                if row[j] != null:
-                    self._cached.add((g, hashes[j]))
+            row, lo, hi = rows[g], first, last
+            if sizes is not None:
+                lo, hi = first // sizes.sizes[g], last // sizes.sizes[g]
+            for j in range(lo, min(hi, len(row))):
+                i = j if sizes is None else sizes.key_index(g, j)
+                if row[j] != null and i < len(hashes):
+                    self._cached.add((g, hashes[i]))
 
     def defers(self, request: Request, num_hit_tokens: int, block_size: int) -> bool:
         """Whether a new request with a hit of ``num_hit_tokens`` must wait a step: its
-        hit ends on a block some Mamba group cached in this step."""
+        hit ends on a block some Mamba group cached in this step (``block_size``: the
+        hash block's; a hit is a whole number of every group's blocks)."""
         j = num_hit_tokens // block_size - 1
         if j < 0 or not self._cached or j >= len(request.block_hashes):
             return False
@@ -80,14 +91,15 @@ def noting(m: KVCacheManager, request: Request, hit: int, run: Any) -> Any:
     """``run()`` (an allocation or caching call on ``request``, whose new request has a
     hit of ``hit`` tokens), with the Mamba groups' cached blocks noted; None without
     running it when a new request's hit must wait a step (``StepCache.defers``)."""
-    bs, key = m.block_size, m._keys.get(request.request_id)
-    if key is None and hit and m._mamba.defers(request, hit, bs):
+    bs, key = m.block_size, m._keys.get(request.request_id)  # (bs: the alignment of caching)
+    if key is None and hit and m._mamba.defers(request, hit, m.hash_block_size):
         return None
-    first = hit // bs if key is None else m.core.num_scheduled_tokens(key) // bs
+    unit = 1 if m._mamba.sizes is not None else bs  # (tokens with different sizes, else blocks)
+    first = hit // unit if key is None else m.core.num_scheduled_tokens(key) // bs * bs // unit
     out = run()
     key = m._keys.get(request.request_id)
     if key is not None and m.enable_caching:
-        last = m.core.num_scheduled_tokens(key) // bs
+        last = m.core.num_scheduled_tokens(key) // bs * bs // unit
         if last > first:
             m._mamba.note(request, m.get_block_ids(request.request_id), first, last, 0)
     return out
@@ -103,6 +115,7 @@ def junction(m: KVCacheManager, request: Request, hit: int, max_cache_hit_length
         return 0
     prompt, extra = admission_prompt(m, request)
     alone: int = m.core.lookup_per_group(prompt, extra=extra)[m._mamba.first]
+    alone = alone // m.block_size * m.block_size  # (vLLM aligns each group's hit to the lcm)
     if max_cache_hit_length is not None:
         alone = min(alone, max_cache_hit_length // m.block_size * m.block_size)
     return alone if alone > hit else 0

@@ -89,7 +89,8 @@ class KVCacheManager(StepCalls):
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self._hybrid = layout.hybrid
         self._mamba = StepCache(tuple(g for g, s in enumerate(layout.groups) if s.sparse),  # mamba.py
-                                next((g for g, s in enumerate(layout.groups) if not s.releases), 0))
+                                next((g for g, s in enumerate(layout.groups) if not s.releases), 0),
+                                None if layout.sizes.one_size else layout.sizes)
         events = enable_kv_cache_events or metrics_collector is not None
         self.core, offset = build_core(layout, enable_caching=enable_caching, enable_events=events,
                                        peek=self.eagle_groups)
