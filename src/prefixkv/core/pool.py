@@ -37,6 +37,7 @@ class BlockPool(PoolRelease):
         self._empty = self.blocks[:]  # (the empty tier: ``_empty[_lo:]``, block 0 used first)
         self._lo = 0
         self._cached = FreeBlockQueue()
+        self._spare: list[Block] = []  # a store start's eviction list of no use (``_evict``)
 
     @property
     def num_free(self) -> int:
@@ -174,7 +175,11 @@ class BlockPool(PoolRelease):
         assert 0 <= n <= self._cached.size, (n, self._cached.size)
         head = self._cached.head  # (``ends``, inlined)
         b = head.next
-        blocks = [b] * n  # (each entry set below: a store, no call, per block)
+        if stale and len(self._spare) >= n:  # (its entries stale, each set before read)
+            blocks, self._spare = self._spare, []
+            del blocks[n:]
+        else:
+            blocks = [b] * n  # (each entry set below: a store, no call, per block)
         skip: list[tuple[int, int]] = []  # where pending runs' blocks are (lo, hi)
         keyless: Keyless | None = None  # their records, for a tier below (``spans``)
         hole: list[Block] | None = None  # a run kept ``stale``: its own list, at ``at``
@@ -251,7 +256,8 @@ class BlockPool(PoolRelease):
             if at:  # the run's is copied; nothing reads an evicted run's list)
                 hole[:0] = blocks[:at]
             hole += after
-            blocks = hole
+            self._spare = blocks  # (kept for the next such start: neither made nor freed,
+            blocks = hole  # two passes over ~n entries, cold: store25-r23.md)
         self.index.drop(blocks, skip, keyless)
         return blocks
 

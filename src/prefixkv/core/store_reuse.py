@@ -98,7 +98,9 @@ def unmoved(f: Fetch, n: int, index: Any, block_size: int) -> bool:
     blocks: list[Any] = f.blocks  # type: ignore[assignment]  # (the hits and the run, held:
     if index.cut or len(blocks) != (n - 1) // block_size:  # as many as ``reuse``'s ``hits``
         return False  # and ``cids``)
-    for b, c in zip(f.held, f.hit_cids, strict=True):  # (the run's blocks: held since
-        if b.key is None or b.content_id != c:  # they landed)
+    held = f.held  # (the run's blocks: held since they landed) (no ``strict``: a keyword
+    assert len(held) == len(f.hit_cids), (held, f.hit_cids)  # C parses on a cold path)
+    for b, c in zip(held, f.hit_cids):  # noqa: B905
+        if b.key is None or b.content_id != c:
             return False
     return True

@@ -86,7 +86,12 @@ class StoreWaits:
             held = [h for h in hits if type(h) is HostSlot]
         else:
             d, on_device, held = 0, True, None
-        n = min(limit - first, link.max_fetch, host.num_free)
+        n = limit - first  # (not ``min``: its keyword parsing is machine code of its own,
+        if link.max_fetch < n:  # cold after a fetch: store25-r23.md)
+            n = link.max_fetch
+        free = host.num_free
+        if free < n:
+            n = free
         if on_device:  # (the pool short: the run lands in host slots alone)
             room = pool.num_free - (first - d)
             on_device = n < (room - [b.ref_cnt for b in hits[:d]].count(0) if d else room)

@@ -33,8 +33,9 @@ class LandedRecorder(ContentChains):
             self._settle_near(parent)
         prev = parent
         first = 1 if run else len(blocks)  # recorded as ``store`` records them; the rest of
-        for b, s, chunk in zip(islice(blocks, first), islice(slots, first), chunks,  # a run:
-                               strict=False):  # chained below
+        for b, s, chunk in zip(islice(blocks, first), islice(slots, first), chunks):  # noqa: B905
+            # (the rest of a run: chained below) (no ``strict``: a keyword C parses on a
+            # path of its own, cold at a store start's promotion: store25-r23.md)
             b.parent_cid, b.extra = s.parent_cid, s.extra
             b.content_id, b.hash, b.step = s.content_id, s.hash, step
             if run and prev is not None and self._may_chain(prev):

@@ -77,7 +77,9 @@ class SlotLanding(SlotOrphans):
         (no loop writes one per slot). Pinned slots are never taken, so fewer may be
         returned."""
         empty = self._empty
-        k = min(n, len(empty))
+        k = len(empty)
+        if n < k:  # (not ``min``: its keyword parsing is cold machine code, store25-r23.md)
+            k = n
         if k == len(empty):  # every empty slot (a fetch as large as the last one): the
             out = empty  # list itself, reversed in place (no copy, no count touched)
             out.reverse()  # (the order ``_take`` would give)

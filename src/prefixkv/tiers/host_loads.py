@@ -59,7 +59,8 @@ class SlotLoads:
         if ids is None or held is not slots:
             ids = [s.block_id for s in slots]
         self.load_src += ids
-        self.up.update(zip(ids, devices, strict=True))  # (in C: where their contents went)
+        assert len(ids) == len(devices), (ids, devices)  # (no ``strict``: a keyword C
+        self.up.update(zip(ids, devices))  # noqa: B905 (parses on a cold path of its own)
         self.load_dst += map(_BLOCK_ID, devices)
         self.num_loaded += len(slots)
         if self._loading is not None:
