@@ -37,7 +37,7 @@ def test_an_empty_tier_block_held_keyed_or_repeated_is_named() -> None:
     m._pool.blocks[7].key = m._pool.blocks[0].key
     broken(m, "bad or repeated empty-tier block Block(id=7, ref=0, content=0)")
     m = pool_state()
-    m._pool._empty.insert(0, m._pool.blocks[3])  # (3 twice)
+    m._pool._empty.append(m._pool.blocks[3])  # (3 twice: the empty tier is ``_empty[_lo:]``)
     broken(m, "bad or repeated empty-tier block Block(id=3, ref=0, content=0)")
 
 

@@ -171,7 +171,7 @@ class SpareIndex(ContentRecorder):
         elif self._entry(b.key) is not b:
             return False
         elif b.content_id in twins:
-            heir = self._unlist(twins[b.content_id][-1])
+            heir = self._unlist(twins[b.content_id][0])  # (the first made: vLLM finds it)
             heir.twin = False
             self._rekey(b.key, heir)
             return False
