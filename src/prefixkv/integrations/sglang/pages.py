@@ -126,10 +126,9 @@ class PageStore:
         """Leave every page stored so far unfound: from now on keys carry after the
         namespace the ``reset_tag`` of ``store.link.reset_root`` of its root and the
         count of clears (the rule of a prefix-cache reset), so stores cleared as often
-        share again. Nothing is
-        deleted (the store is shared and never scanned; old pages expire). A call under
-        way keeps the namespace it started in: a write of pages read before the clear
-        lands where nothing looks after it."""
+        share again. Nothing is deleted (the store is shared and never scanned; old pages
+        expire). A call under way keeps the namespace it started in: a write of pages
+        read before the clear lands where nothing looks after it."""
         with self._lock:
             self.clears += 1
             self.prefix = self._base + reset_tag(reset_root(_sha256, self._root, self.clears))

@@ -91,9 +91,10 @@ class CoordinatorView:
             per_group = max(0, blocks_for(covered, bs) - held)
             need = per_group * self._num_dense + min(per_group, 1) * self._num_sparse
         else:  # (each group at its own size; a Mamba group takes one block at most)
-            need = sum(min(1, n) if sparse else n for sparse, n in zip(self._sparse, [
-                max(0, blocks_for(covered, b) - len(ids))
-                for b, ids in zip(self._sizes, core.get_block_ids(key), strict=True)], strict=True))
+            need = 0
+            for sparse, b, ids in zip(self._sparse, self._sizes, core.get_block_ids(key), strict=True):
+                more = max(0, blocks_for(covered, b) - len(ids))
+                need += min(1, more) if sparse else more
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
         return need > int(core.num_free_blocks) + released - keep
 
