@@ -156,7 +156,12 @@ def test_groups_of_different_block_sizes_answer_vllms_block_ids(events):
 
 def _plain(**kw: Any) -> tuple[Any, Any]:
     """prefixkv's manager (one group) and a noted request of 2 full blocks, computed."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
     from prefixkv.integrations.vllm import KVCacheManager as Ours
+
+    init_none_hash(sha256)
 
     m = Ours(config(full(BS), num_blocks=8), max_model_len=ref.MAX_LEN, scheduler_block_size=BS,
              hash_block_size=BS, **kw)
@@ -223,6 +228,14 @@ def test_the_event_queue_reads_empty_until_events_are_pending_and_refuses_writes
         queue.append(None)
     quiet, _ = _plain()  # (events off: vLLM's queue stays empty, whatever prefixkv records)
     assert len(quiet.block_pool.kv_event_queue) == 0
+
+
+def test_each_group_view_shows_the_one_pool_connectors_ask():
+    # (vLLM's UMBP connector asks coordinator.single_type_managers[g].block_pool)
+    m, r = _plain()
+    view = m.coordinator.single_type_managers[0]
+    assert view.block_pool is m.block_pool
+    assert [b.block_id for b in view.block_pool.get_cached_block(r.block_hashes[1], [0])] == [2]
 
 
 def test_the_free_queue_lists_the_free_blocks_in_reuse_order():
