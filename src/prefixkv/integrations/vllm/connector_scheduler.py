@@ -3,7 +3,8 @@ it reads vLLM's ``Request`` and ``SchedulerOutput`` by attribute).
 
 Blocks are named in the store by prefixkv's chain hashes (``prefixkv.hashing``, sha256
 with the configured seed), so every replica, and every prefixkv manager with the same
-``StoreLayout``, finds the others' blocks::
+``StoreLayout``, finds the others' blocks (after a reset, those of the ones that reset
+as often: ``reset``)::
 
     lookup     held = EXISTS of the blocks past the local hit, sent with the step's
                other lookups from the lookup thread (``connector_lookup``): None (ask
@@ -33,7 +34,7 @@ from typing import Any
 
 from ...extra_keys import ExtraKeys
 from ...hashing import HashFn, chain, encode_tokens, token_bytes
-from ...store.link import StoreLink, reset_root
+from ...store.link import StoreLink
 from ...store.mistakes import own_mistake
 from ...store.protocol import StoreBackend
 from .connector_lookup import FAILED, Lookups
@@ -86,7 +87,6 @@ class ConnectorScheduler:
         self._link, self._backend, self._bs = link, backend, block_size
         self._lookups = lookups
         self._fn, self._root, self._retry_after = fn, root, retry_after
-        self._first_root, self.resets = root, 0
         self._chains: dict[str, _Chain] = {}
         self._loads: list[BlockRun] = []
         # loads not reported finished yet, each with the index of its first block
@@ -136,7 +136,7 @@ class ConnectorScheduler:
         return BlockRun(c.request.request_id, c.extra.cache_salt if c.extra else None,
                         c.hashes[start - 1] if start else self._root,
                         tuple(c.hashes[start:end]), tuple(c.chunks[start:end]),
-                        tuple(c.extras[start:end]), tuple(block_ids))
+                        tuple(c.extras[start:end]), tuple(block_ids), self._link.tag)
 
     def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         """``get_num_new_matched_tokens``: the tokens of the full blocks past
@@ -281,16 +281,15 @@ class ConnectorScheduler:
 
     def reset(self) -> bool:
         """``reset_cache`` (vLLM's ``reset_prefix_cache(reset_connector=True)``, run by
-        ``pause_generation(clear_cache=True)`` around a weight update): blocks are named
-        from a new root (``store.link.reset_root`` of the first and the count of
-        resets: replicas reset alike share), so nothing saved before is found; requests
-        known now never save (their KV may predate it); loads stated land as stated.
+        ``pause_generation(clear_cache=True)`` around a weight update): keys carry the
+        ``reset_tag`` of the count of resets (``StoreLink.reset``, the rule of
+        ``KVCacheManager``: replicas of either kind reset alike share; the chain hashes
+        stay), so nothing saved before is found; requests known now never save (their
+        KV may predate it); loads stated land as stated (their runs keep their tag).
         True (vLLM's default, None, counted as done while the store served the old
         weights' KV)."""
-        self.resets += 1
-        self._root = reset_root(self._fn, self._first_root, self.resets)
+        self._link.reset(self._fn)
         for c in self._chains.values():
-            del c.hashes[:], c.chunks[:], c.extras[:]
             c.stale = True
         return True
 
