@@ -179,17 +179,13 @@ class CrossAttentionKVCacheManager(KVCacheManager):
         _, n, junction = super().get_computed_blocks(request, max_cache_hit_length)
         return self.empty_kv_cache_blocks, n, junction
 
-    def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
-                                          ) -> tuple[KVCacheBlocks, int, int, bool]:
-        """``get_computed_blocks`` and False."""
-        return *self.get_computed_blocks(request, max_cache_hit_length), False
-
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: KVCacheBlocks | None = None, num_lookahead_tokens: int = 0,
                        num_external_computed_tokens: int = 0, delay_cache_blocks: bool = False,
                        num_encoder_tokens: int = 0, full_sequence_must_fit: bool = False,
                        reserved_blocks: int = 0, has_scheduled_reqs: bool = True,
-                       skip_zeroing_group_ids: tuple[int, ...] = ()) -> KVCacheBlocks | None:
+                       skip_zeroing_group_ids: tuple[int, ...] = (),
+                       ) -> KVCacheBlocks | None:
         """``KVCacheManager.allocate_slots`` for the decoder groups, and each
         cross-attention table made to cover ``num_encoder_tokens`` positions, every
         block counted in each check of the pool; the new blocks of every group, or None
@@ -231,8 +227,10 @@ class CrossAttentionKVCacheManager(KVCacheManager):
                                           ) -> tuple[list[int], ...]:
         """The decoder groups' ids clipped to ``num_computed_tokens``; the
         cross-attention groups' whole (vLLM's)."""
-        dec = super().get_block_ids_for_computed_tokens(request_id, num_computed_tokens)
-        return (*dec, *self._blocks.vllm_ids(self._cross_ids(request_id)))
+        check_count("num_computed_tokens", num_computed_tokens, 0, None)
+        ids = self.get_block_ids(request_id)
+        cut = blocks_for(num_computed_tokens, self.block_size)
+        return (*(g[:cut] for g in ids[:self.num_decoder_groups]), *ids[self.num_decoder_groups:])
 
     def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks:
         """``blocks`` cut to the first ``num_computed_tokens`` in every group."""
