@@ -167,3 +167,16 @@ def test_popping_a_request_holding_cross_attention_blocks_is_refused_before_any_
         ours.pop_blocks_for_free(r)
     assert ours.get_block_ids("a") == before
     ours.core.check_invariants()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, None])
+def test_a_bad_encoder_token_count_is_refused_before_any_change(bad):
+    from prefixkv.errors import RequestError
+
+    ours, _ = _pair(num_blocks=20)
+    r = request("a", list(range(20)))
+    free = ours.block_pool.get_num_free_blocks()
+    with pytest.raises(RequestError, match="num_encoder_tokens"):
+        ours.allocate_slots(r, 20, num_encoder_tokens=bad)
+    assert ours.block_pool.get_num_free_blocks() == free and ours.get_block_ids("a") == ([], [])
+    ours.core.check_invariants()
