@@ -145,6 +145,7 @@ def test_a_whisper_like_stream_takes_exactly_the_encoders_blocks_and_frees_them_
     ((full, lambda: _cross(32)), {"enable_caching": False}, "block size"),
     ((full, cross_attention), {"enable_caching": True}, "prefix caching off"),
     ((full, window, cross_attention), {"enable_caching": False}, "one full-attention decoder group"),
+    ((full, cross_attention), {"enable_caching": False, "metrics_collector": object()}, "metrics collector"),
 ])
 def test_cross_attention_layouts_prefixkv_does_not_serve_are_refused_by_name(specs, kw, named):
     from prefixkv.errors import ConfigError

@@ -110,9 +110,10 @@ class CrossAttentionKVCacheManager(KVCacheManager):
         cross = cross_groups(kv_cache_config)
         groups = kv_cache_config.kv_cache_groups
         specs = tuple(g.kv_cache_spec for g in groups)
-        enable_caching = kwargs.get("enable_caching", args[1] if len(args) > 1 else True)
-        refusal = _refusal(cross, specs, scheduler_block_size, enable_caching,
-                           kwargs.get("metrics_collector"))
+        # (the base's arguments after hash_block_size, by position or by name)
+        caching = kwargs.get("enable_caching", args[1] if len(args) > 1 else True)
+        collector = kwargs.get("metrics_collector", args[9] if len(args) > 9 else None)
+        refusal = _refusal(cross, specs, scheduler_block_size, caching, collector)
         if refusal:
             raise UnsupportedByPrefixKV(f"prefixkv serves encoder-decoder cross-attention caches "
                                         f"{refusal}")
