@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .block import UNLINKED, Block
 from .free_queue import FreeBlockQueue
-from .keyless import Keyless
+from .keyless import Keyless, new_keyless
 from .pool_check import check_pool
 from .pool_release import PoolIndex, PoolRelease
 from .run import RunCounts
@@ -200,7 +200,7 @@ class BlockPool(PoolRelease):
                         if pending:  # (no key to drop; its record for the tier below)
                             skip.append((i, i + k))
                             if spans:
-                                keyless = keyless or Keyless()
+                                keyless = keyless or new_keyless()
                                 keyless.add(i, r, 0 if r.fwd else k - 1, 1 if r.fwd else -1, k)
                         r.evicted()
                         if not r.fwd:  # (nothing reads an evicted run's list from now on:
@@ -213,7 +213,7 @@ class BlockPool(PoolRelease):
                         if pending:
                             skip.append((i, n))
                             if spans:
-                                keyless = keyless or Keyless()
+                                keyless = keyless or new_keyless()
                                 keyless.add(i, r, len(r.blocks) - 1, -1, k)
                         seg = r.truncate(len(r.blocks) - k)
                     else:  # its first blocks: the rest are counted alone from now on

@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import check_count
 from ..extra_keys import ExtraKeys
 from ..results import StoreWait
-from ..store.fetch import OK, Fetch
+from ..store.fetch import OK, Fetch, new_fetch
 from ..store.link import StoreLink
 from ..tiers import HostSlot, HostTier
 from .block import Block
@@ -113,8 +113,9 @@ class StoreWaits:
             up, taken = pool.take_split(first - d, len(slots) + 1)
         staged, views = self.buffers.views()
         keys = req.keys  # (the run's extra bytes listed by the fetcher: ``prepare``)
-        f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
-                  chunks, [], slots, [], now + link.store.timeout, staged, views, keys.of_blocks)
+        f = new_fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
+                      chunks, [], slots, [], now + link.store.timeout, staged, views,
+                      keys.of_blocks)
         if hits:
             f.hits, f.hit_cids = hits, [h.content_id for h in hits]
             f.parent_cid = hits[-1].content_id
