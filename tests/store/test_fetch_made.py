@@ -1,11 +1,18 @@
-"""How the scheduler's thread makes a store fetch: ``new_fetch`` (the start's, without
-the class call's machine code) gives the object ``Fetch(...)`` gives, every field; the
-slots' views of attached memory are one callable per ``attach`` (``FetchMemory.views``),
-shared by the fetches it starts, and the next ``attach``'s memory is the next one's."""
+"""How the scheduler's thread makes a store fetch: ``new_fetch`` and ``store_wait`` (the
+start's, without the class call's machine code) give the objects ``Fetch(...)`` and
+``StoreWait(...)`` give, every field; the slots' views of attached memory are one
+callable per ``attach`` (``FetchMemory.views``), shared by the fetches it starts, and the
+next ``attach``'s memory is the next one's."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
+from prefixkv import StoreWait
 from prefixkv.core.store_memory import FetchMemory
+from prefixkv.core.store_waits import store_wait
 from prefixkv.store.fetch import Fetch, new_fetch
 
 
@@ -45,3 +52,14 @@ def test_attached_memory_gives_one_views_callable_until_attached_again() -> None
     _, now = mem.views()
     assert now is not views and now([type("S", (), {"block_id": 0})()])[0][0].obj is later
     assert views([type("S", (), {"block_id": 0})()])[0][0].obj is first  # (a fetch's own)
+
+
+def test_store_wait_is_the_result_storewait_gives() -> None:
+    """``store_wait`` (the start's answer, without the class call) equals
+    ``StoreWait(...)``: every field written, frozen, hashed alike."""
+    made, called = store_wait(("r", 1), 7), StoreWait(("r", 1), 7)
+    assert type(made) is StoreWait and made == called and hash(made) == hash(called)
+    assert {f.name for f in dataclasses.fields(StoreWait)} == {"request_id", "num_blocks"}
+    assert repr(made) == repr(called)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.num_blocks = 8  # type: ignore[misc]

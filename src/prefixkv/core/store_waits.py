@@ -46,6 +46,19 @@ GRACE = 0.05
 """Seconds past a fetch's deadline before ``poll`` gives up on it (its threads return by
 the deadline; this covers scheduling delays only)."""
 
+_new, _set = object.__new__, object.__setattr__
+
+
+def store_wait(request_id: Hashable, num_blocks: int) -> StoreWait:
+    """``StoreWait(request_id, num_blocks)``, an equal object, its frozen fields written as
+    its own ``__init__`` writes them, without the class call's machine code
+    (``type_call``, ``slot_tp_init``, a frame pushed from C): a store start runs it for
+    this alone, cold after the fetch before it (results/store25-r24.md)."""
+    w: StoreWait = _new(StoreWait)
+    _set(w, "request_id", request_id)
+    _set(w, "num_blocks", num_blocks)
+    return w
+
 
 class StoreWaits:
     """The waits of one manager: ``link`` its store, ``host`` its host tier, ``index`` its
@@ -155,7 +168,7 @@ class StoreWaits:
         self.waiting[req.request_id] = f
         self.in_flight += 1
         self.reserved += len(slots)
-        return StoreWait(req.request_id, len(slots))
+        return store_wait(req.request_id, len(slots))
 
     def take(self, request_id: Hashable) -> Fetch | StoreWait | None:
         """At a re-admission: the request's fetch once it ended (``cancel`` it once the
@@ -164,7 +177,7 @@ class StoreWaits:
         f = self.waiting.get(request_id)
         if f is None or f.ended or f.expired:
             return f
-        return StoreWait(request_id, len(f.slots))
+        return store_wait(request_id, len(f.slots))
 
     def reuse(self, f: Fetch, prompt: Sequence[int] | Prompt,
               extra: ExtraKeys | None) -> tuple[Request, list[Any], int] | None:
