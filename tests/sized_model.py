@@ -102,6 +102,7 @@ class Req:
     cached: list = field(default_factory=list)  # per group: entries past which caching goes on
     prompt: int = 0  # the prompt's length at admission (vLLM's ``num_prompt_tokens``)
     exact: set = field(default_factory=set)  # (g, j): Mamba block j holds the state at its end
+    lost: int | None = None  # the first hash block whose prefix id is lost (``rewind``)
 
 
 class SizedModel:
@@ -124,6 +125,10 @@ class SizedModel:
         self.events: list = []  # ("stored" | "removed", key), and ("cleared",)
         self.tails: dict = {}  # block -> the partial tail entry it holds besides its keys
         self.reqs: dict = {}
+        # a rewind forgot what vLLM keeps beyond the request's own blocks (a spare, a
+        # copy, a longer prefix, another request's prefix id): from then on vLLM's queue,
+        # keys and hits differ by design
+        self.diverged = False
 
     # ---- keys and hits --------------------------------------------------------------
 
@@ -314,8 +319,9 @@ class SizedModel:
             full = min(end, hashed) // b
             for j in range(r.cached[g], full):
                 x = r.tables[g][j]
-                if x == self.null or not self._reachable(g, j) or (w == "mamba" and (g, j) not in r.exact):
-                    continue
+                if x == self.null or not self._reachable(g, j) or (w == "mamba" and (g, j) not in r.exact) \
+                        or r.lost is not None and (j + 1) * b // self.h > r.lost:
+                    continue  # (null, unreachable, a Mamba block past its state, a lost prefix id)
                 key = self.key(g, r.extra, r.tokens, j)
                 if key in self.holders and self.twins:
                     self.spares.setdefault(key, []).append(x)
@@ -332,7 +338,8 @@ class SizedModel:
         b, w = self.groups[g]
         peek = self.peek is not None and self.peek[g]
         end = (r.prompt if peek else r.prompt - 1) // self.h * self.h
-        if w is not None or b <= self.h or not 0 < end <= hi or not end % b:
+        if w is not None or b <= self.h or not 0 < end <= hi or not end % b \
+                or r.lost is not None and end // self.h > r.lost:
             return
         x = r.tables[g][end // b]
         if x != self.null and self.keys[x] and x not in self.tails:
@@ -363,3 +370,94 @@ class SizedModel:
         self.keys = [[] for _ in self.keys]
         self.events.append(("cleared",))
         return True
+
+    # ---- rewind (prefixkv's semantics: vLLM's manager has none) -------------------
+
+    def rewind(self, rid, p):
+        """prefixkv's ``rewind(rid, p)`` with different sizes: the request forgets its
+        tokens from ``p`` (given again by ``grow``, which caches them anew), and each
+        group's blocks from ``p // b`` lose their content: a spare is unlisted, a
+        holder with a spare hands its key to the first; any other key is forgotten
+        with every key extending its prefix (every group), whose free holders go to
+        the queue's head (by group, then block id: the first taken is the last of
+        that order), and a live request holding that prefix
+        never caches at or past it again (its prefix id is lost). The blocks stay in
+        the tables. vLLM's manager has no rewind (its scheduler sets the computed
+        tokens back and its blocks stay cached): the tables are the same either way;
+        what is findable until the recompute caches again, the forgotten keys and
+        the queue differ (by design). False (nothing changed) where prefixkv refuses:
+        beside Mamba, where the recompute reads what a window released, and where
+        another request holds one of the request's blocks from there on."""
+        r, h = self.reqs[rid], self.h
+        for (b, w), ids in zip(self.groups, r.tables, strict=True):
+            released = next((j for j, x in enumerate(ids) if x != self.null), len(ids))
+            if w == "mamba" or released > first_needed(w, p) // b:
+                return False
+            if any(x != self.null and self.refs[x] > 1 for x in ids[p // b:]):
+                return False
+        roots = []
+        for g, (b, _) in enumerate(self.groups):
+            for x in r.tables[g][p // b:]:
+                key = next((k for k, held in self.spares.items() if x in held), None)
+                if key is not None:  # (a spare: unlisted)
+                    self.diverged = True
+                    self.spares[key].remove(x)
+                    if not self.spares[key]:
+                        del self.spares[key]
+                elif self.keys[x]:
+                    key = self.keys[x][0]
+                    if self.spares.get(key):
+                        self._unhold(x, key)
+                        self.diverged = True
+                    else:
+                        roots.append(key[1:])
+        self._forget(roots, r, {(g, x) for g, (b, _) in enumerate(self.groups) for x in r.tables[g][p // b:]})
+        if r.lost is not None and r.lost >= p // h:
+            r.lost = None  # (its prefix ids from there are new ones)
+        del r.tokens[p:]
+        r.computed = p
+        r.cached = [min(c, p // b) for c, (b, _) in zip(r.cached, self.groups, strict=True)]
+        return True
+
+    def _unhold(self, x, key):
+        """Block ``x`` loses ``key``: the first spare takes it over."""
+        self.holders[key].remove(x)
+        self.keys[x].remove(key)
+        heir = self.spares[key].pop(0)
+        if not self.spares[key]:
+            del self.spares[key]
+        self.holders[key].append(heir)
+        self.keys[heir].append(key)
+        if x in self.tails:
+            self.events.append(("removed", self.tails.pop(x)))
+
+    def _forget(self, roots, rewound, own):
+        """Forget the prefixes ``roots`` (``(extra, tokens)``) and every one extending them
+        (``own``: the rewound request's ``(group, block)`` that lose their content)."""
+        if not roots:
+            return
+        def under(extra, tokens):
+            return any(extra == e and tokens[:len(t)] == t for e, t in roots)
+        freed = []
+        for key in [k for k in self.holders if under(*k[1:])]:
+            self.diverged |= bool(self.spares.pop(key, None))  # (unlisted: a spare announces nothing)
+            self.events.append(("removed", key))
+            for x in self.holders.pop(key):
+                self.diverged |= (key[0], x) not in own
+                self.keys[x].remove(key)
+                if x in self.tails:
+                    self.events.append(("removed", self.tails.pop(x)))
+                if not self.refs[x]:
+                    freed.append((key[0], x))
+        freed.sort()
+        for _, x in freed:
+            self.free.remove(x)
+        self.free.extendleft([x for _, x in freed])
+        for r in self.reqs.values():
+            if r is rewound:
+                continue
+            for e, t in roots:
+                d = len(t) // self.h - 1
+                if r.extra == e and r.computed // self.h > d and (r.lost is None or r.lost > d) \
+                        and tuple(r.tokens[:len(t)]) == t:
+                    r.lost, self.diverged = d, True
