@@ -298,6 +298,7 @@ class SizedModel:
         return True
 
     def _grow(self, r, num_new):
+        start = r.computed
         r.computed += num_new
         for g, ((b, w), ids) in enumerate(zip(self.groups, r.tables, strict=True)):
             fresh = max(cdiv(r.computed, b) - len(ids), 0)
@@ -308,18 +309,28 @@ class SizedModel:
                 ids += [self.null] * (fresh - 1) + self._take(1)
             if r.computed % b == 0:
                 r.exact.add((g, r.computed // b - 1))
-        self._cache(r, min(r.computed, len(r.tokens)))
+        n = min(r.computed, len(r.tokens))
+        first = start // self.h if start // self.h < n // self.h else None  # (a hash boundary passed)
+        if first:
+            self._cut(r, first)
+        self._cache(r, n, first)
 
-    def _cache(self, r, n):
+    def _cache(self, r, n, first=None):
+        """Cache ``r``'s blocks up to ``n`` tokens; after a step passing a hash boundary
+        from hash block ``first`` on, also those from the aligned end before it that
+        hold nothing (prefixkv's ``_record``: a block that lost its content to a
+        ``rewind`` while its key stayed is cached again, a spare)."""
         computed, n = n, n // self.align * self.align
         hashed = len(r.tokens) // self.h * self.h
+        lo = None if first is None else first * self.h // self.align * self.align
         for g, (b, w) in enumerate(self.groups):
             peek = self.peek is not None and self.peek[g]
             end = min(computed, n + b) if peek and n else n  # (vLLM's get_num_cacheable_tokens)
             full = min(end, hashed) // b
-            for j in range(r.cached[g], full):
+            for j in range(r.cached[g] if lo is None else min(r.cached[g], lo // b), full):
                 x = r.tables[g][j]
-                if x == self.null or not self._reachable(g, j) or (w == "mamba" and (g, j) not in r.exact) \
+                if x == self.null or self._holds(x) or not self._reachable(g, j) \
+                        or (w == "mamba" and (g, j) not in r.exact) \
                         or r.lost is not None and (j + 1) * b // self.h > r.lost:
                     continue  # (null, unreachable, a Mamba block past its state, a lost prefix id)
                 key = self.key(g, r.extra, r.tokens, j)
@@ -345,6 +356,35 @@ class SizedModel:
         if x != self.null and self.keys[x] and x not in self.tails:
             self.tails[x] = (g, r.extra, tuple(r.tokens[:end]))
             self.events.append(("stored", self.tails[x]))
+
+    def _holds(self, x):
+        """Whether block ``x`` holds a key (its own, or as a spare)."""
+        return bool(self.keys[x]) or any(x in held for held in self.spares.values())
+
+    def _caches(self, g, n, j):
+        """prefixkv's ``BlockSizes.caches``: whether group ``g`` caches its block ``j``
+        once ``n`` tokens are computed."""
+        b, _ = self.groups[g]
+        end = n // self.align * self.align
+        if self.peek is not None and self.peek[g] and end:
+            end = min(n, end + b)
+        return (j + 1) * b <= end and self._reachable(g, j)
+
+    def _cut(self, r, first):
+        """prefixkv's ``cut`` (groups/sized.py ``_cut_off``): a step passing the hash
+        blocks from ``first`` on, when in some group (not Mamba) the block holding
+        position ``first * h - 1`` is cached at that count but holds nothing (it lost
+        its content to a ``rewind`` while its key stayed), makes the request's prefix
+        ids from ``first`` on lost ones."""
+        if r.lost is not None and r.lost < first:
+            return  # (lost already)
+        p = first * self.h
+        for g, ((b, w), ids) in enumerate(zip(self.groups, r.tables, strict=True)):
+            j = (p - 1) // b
+            if w != "mamba" and j < len(ids) and ids[j] != self.null and not self._holds(ids[j]) \
+                    and self._caches(g, p, j):
+                r.lost = first
+                return
 
     def _reachable(self, g, j):
         """Whether a hit at some ``align`` boundary reads block ``j`` of group ``g``."""
@@ -386,14 +426,13 @@ class SizedModel:
         tokens back and its blocks stay cached): the tables are the same either way;
         what is findable until the recompute caches again, the forgotten keys and
         the queue differ (by design). False (nothing changed) where prefixkv refuses:
-        beside Mamba, where the recompute reads what a window released, and where
-        another request holds one of the request's blocks from there on."""
+        beside Mamba and where the recompute reads what a window released. A block
+        another request holds too loses its content for it as well (that request's
+        next step passing a hash boundary right after it cuts: ``_cut``)."""
         r, h = self.reqs[rid], self.h
         for (b, w), ids in zip(self.groups, r.tables, strict=True):
             released = next((j for j, x in enumerate(ids) if x != self.null), len(ids))
             if w == "mamba" or released > first_needed(w, p) // b:
-                return False
-            if any(x != self.null and self.refs[x] > 1 for x in ids[p // b:]):
                 return False
         roots = []
         for g, (b, _) in enumerate(self.groups):

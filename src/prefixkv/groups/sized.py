@@ -22,11 +22,11 @@ own size, one block where a step ends (the entries it jumps over empty), release
 block below the state it reads, and records only the blocks that hold the state at
 their own end (a step ended there: ``GroupRequest.states``, sized_admission.py
 ``_mark``); its hits are ``longest_hit``'s (the state at the aligned hit), as vLLM's
-align mode with its fine-grained partial hits off. Not served yet, refused with
-ConfigError: ``rewind``, ``fork``, ``uncache_blocks``, ``peek`` beyond
-``sized_admission.check_peek``. With events on, a full-attention group larger than the
-hash block announces the partial tail entry of a prompt of a multiple of ``align``
-(``_tail``).
+align mode with its fine-grained partial hits off. ``rewind``: sized_rewind.py. Not
+served yet, refused with ConfigError: ``fork``, ``uncache_blocks``, ``peek`` beyond
+``sized_admission.check_peek``, ``rewind`` beside Mamba or over what a window
+released. With events on, a full-attention group larger than the hash block announces
+the partial tail entry of a prompt of a multiple of ``align`` (``_tail``).
 """
 
 from __future__ import annotations

@@ -7,19 +7,22 @@ there, as the one-size ``rewind`` (decode.py), each group at its own size.
     prefix ids    cut at num_tokens // hash_size (the hash blocks wholly kept)
     group of b    its blocks from num_tokens // b lose their content (GroupIndex.uncache:
                   a prefix no other block of its group holds is forgotten with every
-                  descendant, in every group); they stay in the table, cached anew as
-                  the recompute passes each aligned end
+                  descendant, in every group); they stay in the table, recorded anew
+                  as the recompute passes each aligned end
 
-vLLM's manager has no rewind: its scheduler sets the computed tokens back (a load whose
-last token it recomputes, a failed load) and its blocks stay cached. The block ids a
-request holds are the same either way (the tables keep their length); what differs is
-what stays findable until the recompute passes the aligned end again, and the
-descendants forgotten (tests/sized_model.py ``rewind`` states both).
+Blocks below ``num_tokens // b`` recorded at a later count stay recorded (their KV is
+sound). A block another request shares is pinned as at one size (pins.py, per group at
+its own size): the recompute must give the same tokens up to the end of the last one.
+vLLM's manager has no rewind: its scheduler sets the computed tokens back (a whole
+prompt loaded, whose last token it recomputes; a failed load) and its blocks stay
+cached. The block ids are the same either way (the tables keep their length); what is
+findable until the recompute records again, and the longer prefixes forgotten, differ
+(tests/sized_model.py ``rewind`` states prefixkv's rule, docs/groups.md "Rewind").
 
-Served when the rewind needs neither pins nor taint: refused with ConfigError, before
-any change, when another live request holds a block it uncaches (the one-size pins:
-its recompute rewrites that block in place), when its recompute reads KV a window
-released or the request is tainted (groups/taint.py), and beside a Mamba group.
+Refused with ConfigError, before any change: beside a Mamba group (a state block is not
+rewound yet), and where a query at ``num_tokens`` reads a block a window released or
+the request is tainted (the recompute over lost KV, groups/taint.py, is not ported to
+sizes yet).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from typing import TYPE_CHECKING
 
 from ..core.block import Block
 from ..errors import ConfigError, check_count
+from .decode import set_back
+from .pins import RewindPins
 from .request import GroupRequest
 from .taint import reads_lost
 
@@ -60,23 +65,11 @@ def rewind(self: HybridKVCacheManager, request_id: Hashable, num_tokens: int) ->
         raise _refuse("beside a Mamba group")
     if req.tainted_from is not None or reads_lost(self.groups, req, num_tokens, self._group_sizes):
         raise _refuse("to where a window released what the recompute reads")
-    if any(b is not None and b.ref_cnt > 1
-           for t, b_g in zip(req.tables, self._group_sizes, strict=True) for b in t[num_tokens // b_g:]):
-        raise _refuse("past a block another request holds")
+    if self._pins is None:
+        self._pins = RewindPins()
+    self._pins.rewind(req, num_tokens, self._group_sizes, self._requests)
     freed, owner = self._index.uncache(_uncached(self, req, num_tokens)), self._index.owner
     # (the descendants' free blocks go to the empty tier in one stated order, the last
     # of it taken first: by group, then block id; tests/sized_model.py ``rewind``)
     self._pool.emptied(sorted(freed, key=lambda b: (owner[b.block_id], b.block_id)))
-    full = num_tokens // self._hash_size
-    if full < len(req.nodes):
-        old = req.nodes[-1]
-        del req.nodes[full:]
-        self._table.hold(req.nodes[-1] if req.nodes else None)
-        self._table.unhold(old)
-    if num_tokens < len(req.tokens):
-        del req.tokens[num_tokens:]
-        req.prompt = None  # (no longer the request's tokens)
-    req.num_reserved = max(req.num_reserved, req.num_scheduled)
-    req.num_scheduled = num_tokens
-    req.num_cached = min(req.num_cached, full * self._hash_size)
-    req.next_release = 0  # (its next step takes the general path)
+    set_back(self, req, num_tokens, num_tokens // self._hash_size, self._hash_size)
