@@ -10,7 +10,10 @@ keys: each ``BlockStored`` of group g under the fine hash at its blocks' last bo
 with the group's own ``block_size``; ``check_invariants()`` holds throughout. The EAGLE
 machines peek (``peek``, vLLM's EAGLE: its hit rule and what a peeking group caches) in
 every lookup and admission, and cache for it (``BlockSizes.peek``), as vLLM's manager
-with ``use_eagle`` does.
+with ``use_eagle`` does. A request rewinds (prefixkv's ``rewind``, the reference's:
+its blocks past the point lose their content, longer prefixes are forgotten) and gives
+its forgotten tokens again in steps, or both refuse (ConfigError: beside Mamba, over
+what a window released).
 """
 
 from collections import Counter
