@@ -238,8 +238,9 @@ def _held_request(specs, k, shared=()):
 
 def test_a_hit_alive_past_a_shared_block_is_killed_by_the_block_below_it():
     """Two windows of 16 tokens (hit h reads blocks h-4 .. h-1), 10 blocks, the first
-    window's block 8 held by another request too. Its block 9 goes first and kills hit 10;
-    block 8 stays, so hit 9 lives until block 7 goes, which kills hits 8 and 9: the second
+    window's block 8 held by another request too. Its block 9 goes first and kills hit 10
+    (the second window's block 9 follows); its block 8 goes in vLLM's place and kills
+    nothing, so hit 9 lives until block 7 goes, which kills hits 8 and 9: the second
     window's blocks 8 and 7 then follow at once. (mutants-r24: ``_lockstep`` taking the
     longest hit alive one too high, 9 at block 7, placed blocks 7 and 6 in rounds that left
     hit 9 alive, and the second window's block 8 went last.)"""
