@@ -45,3 +45,25 @@ def test_a_bad_num_prompt_tokens_is_refused_before_any_change(bad, prepared):
         m.add_request("r", prompt, num_prompt_tokens=bad)
     assert (m.free_block_order(), m.num_free_blocks, m.stats) == before
     assert m.add_request("r", prompt) is not None  # (the id stays free; a Prompt still serves)
+
+
+def test_check_invariants_names_a_tail_entry_held_by_a_block_not_its_groups_primary():
+    """The partial tail entry of a prompt of 16 tokens (full attention at 8 beside full
+    attention at 16) is held by group 1's block 0, its group's primary. Moved by hand to
+    a block that holds no prefix, or to group 0's block holding the same prefix (another
+    group's), ``check_invariants`` names it. (mutants-r24: the check dropped, or its test,
+    survived every test: no sound state reaches it.)"""
+    from prefixkv.errors import InvariantError
+
+    specs, sizes = [full_attention(), full_attention()], BlockSizes.of([8, 16])
+    for to in ("empty", "other group"):
+        m = HybridKVCacheManager(specs, 6, sizes, enable_events=True, seed=0)
+        (g0, g1) = m.add_request("r", list(range(16))).group_block_ids
+        tails = m._index.tails
+        assert (g0, g1, list(tails)) == ((0, 1), (2,), [2])
+        m.check_invariants()
+        moved = m.num_blocks - 1 if to == "empty" else g0[1]   # (block 5: no request's)
+        tails[moved] = tails.pop(g1[0])
+        with pytest.raises(InvariantError, match=f"block {moved} holds a partial tail entry but is "
+                                                 "not its group's primary"):
+            m.check_invariants()
