@@ -7,7 +7,14 @@ preempted request re-admitted with what it decoded: vLLM keeps its
 import pytest
 
 from prefixkv import RequestError
-from prefixkv.groups import BlockSizes, GroupBlockStored, HybridKVCacheManager, full_attention, sliding_window
+from prefixkv.groups import (
+    BlockSizes,
+    GroupBlockRemoved,
+    GroupBlockStored,
+    HybridKVCacheManager,
+    full_attention,
+    sliding_window,
+)
 
 
 def _manager():
@@ -45,3 +52,48 @@ def test_a_bad_num_prompt_tokens_is_refused_before_any_change(bad, prepared):
         m.add_request("r", prompt, num_prompt_tokens=bad)
     assert (m.free_block_order(), m.num_free_blocks, m.stats) == before
     assert m.add_request("r", prompt) is not None  # (the id stays free; a Prompt still serves)
+
+
+def test_check_invariants_names_a_tail_entry_held_by_a_block_not_its_groups_primary():
+    """The partial tail entry of a prompt of 16 tokens (full attention at 8 beside full
+    attention at 16) is held by group 1's block 0, its group's primary. Moved by hand to
+    a block that holds no prefix, or to group 0's block holding the same prefix (another
+    group's), ``check_invariants`` names it. (mutants-r24: the check dropped, or its test,
+    survived every test: no sound state reaches it.)"""
+    from prefixkv.errors import InvariantError
+
+    specs, sizes = [full_attention(), full_attention()], BlockSizes.of([8, 16])
+    for to in ("empty", "other group"):
+        m = HybridKVCacheManager(specs, 6, sizes, enable_events=True, seed=0)
+        (g0, g1) = m.add_request("r", list(range(16))).group_block_ids
+        tails = m._index.tails
+        assert (g0, g1, list(tails)) == ((0, 1), (2,), [2])
+        m.check_invariants()
+        moved = m.num_blocks - 1 if to == "empty" else g0[1]   # (block 5: no request's)
+        tails[moved] = tails.pop(g1[0])
+        with pytest.raises(InvariantError, match=f"block {moved} holds a partial tail entry but is "
+                                                 "not its group's primary"):
+            m.check_invariants()
+
+
+def test_a_tail_entry_is_withdrawn_when_a_spare_takes_its_blocks_prefix():
+    """r and s admit the same prompt of 16 tokens (full attention at 8 beside full
+    attention at 16): group 1's block 2 (r's) holds the prefix and the partial tail entry
+    of hash block 0, s's block 5 is a spare. r freed, x's admission evicts block 2: the
+    spare takes the prefix and block 2's tail entry is withdrawn, so x, whose third block
+    of 16 is block 2 again, announces its own tail there.
+    (mutants-r24: the heir's path not withdrawing the entry survived every test.)"""
+    specs, sizes = [full_attention(), full_attention()], BlockSizes.of([8, 16])
+    m = HybridKVCacheManager(specs, 12, sizes, enable_events=True, seed=0)
+    hashes = m.prepare(list(range(16))).hashes
+    assert m.add_request("r", list(range(16))).group_block_ids == ((0, 1), (2,))
+    assert m.add_request("s", list(range(16))).group_block_ids == ((3, 4), (5,))
+    m.free("r")
+    m.take_events()
+    assert m.add_request("x", list(range(50, 98))).group_block_ids == ((6, 7, 8, 9, 10, 11), (1, 0, 2))
+    events = m.take_events()
+    assert [(e.group_idx, e.block_ids, e.block_hashes) for e in events
+            if isinstance(e, GroupBlockRemoved) and e.group_idx == 1] == [(1, (2,), (hashes[0],))]
+    assert [(e.group_idx, e.block_ids, len(e.token_bytes)) for e in events if isinstance(e, GroupBlockStored)
+            and e.group_idx == 1 and len(e.token_bytes) == 4 * 8] == [(1, (2,), 32)]
+    m.check_invariants()
