@@ -68,7 +68,9 @@ def add_request(
     of one bool per group names (never a sparse one): vLLM's EAGLE, which matches one
     block past the hit and drops it (``prefixkv.groups.hits``); it may be the
     prompt's last full block, even the one holding its last token.
-    ``num_prompt_tokens``: how many of the tokens are the request's prompt (None: all).
+    ``num_new_tokens`` 0: the hit alone is adopted, its last blocks recomputed in an
+    uncached window (vLLM's SWA bounded replay; RequestError but with a hit beside
+    one). ``num_prompt_tokens``: how many of the tokens are the request's prompt (None: all).
     A preempted request comes back with its prompt and the tokens it decoded, but
     vLLM's partial tail entry (groups/sized.py ``_tail``) stays at its prompt's last
     hash boundary (``Request.num_prompt_tokens``).
@@ -81,8 +83,8 @@ def add_request(
     ConfigError (a hash_mode callable failed), PromptError.
     """
     check_new_request(self._requests, request_id)
-    if num_new_tokens is not None:
-        check_count("num_new_tokens", num_new_tokens, 1, None)
+    if num_new_tokens is not None:  # (0: a hit adopted alone, checked once it is found)
+        check_count("num_new_tokens", num_new_tokens, 0, None)
     check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
     check_count("keep_free", keep_free, 0, None)
     check_count("num_external_tokens", num_external_tokens, 0, None)
@@ -95,6 +97,9 @@ def add_request(
                                     check_flag("read_cache", read_cache, RequestError),
                                     max_hit_tokens=max_hit_tokens,
                                     peek=peeking(self.groups, peek), admit=True)
+    if num_new_tokens == 0 and not (nodes and any(not s.cached for s in self.groups)):
+        raise RequestError("num_new_tokens must be >= 1 but with a hit beside an uncached window "
+                           "(its engine replays the window below the hit), got 0")
     if num_prompt_tokens is not None:
         req.num_prompt = check_count("num_prompt_tokens", num_prompt_tokens, 1, len(req.tokens))
     return self._admit(req, nodes, prompt, num_new_tokens, resumed, num_lookahead_tokens,
@@ -119,13 +124,15 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     cuts, hits = window_hits(self.groups, self._index.find, bs, nodes, first)
     held = [b for h in hits for b in h]
     covered = blocks_for(total + num_lookahead_tokens, bs)
-    per_group = [max(0, covered - max(k, c)) for c in cuts]  # (a window's: none below its cut)
+    # (a window's: none below its cut; an uncached one's: fresh from its cut, hit included)
+    per_group = [max(0, covered - (max(k, c) if s.cached else c)) for c, s in zip(cuts, self.groups)]
     # a sparse group takes the block where this step ends only (its lookahead slots
     # get theirs when a step ends there: decode.py), if past the hit and its cut
     end = blocks_for(total, bs) - 1
     taken = [int(covered - p <= end) if s.sparse else p
              for p, s in zip(per_group, self.groups, strict=True)]
-    fit = self._num_fresh(blocks_for(n, bs) - k) if require_full_fit else 0
+    fit = self._num_fresh(blocks_for(n, bs) - k) + sum(
+        max(0, k - c) for c, s in zip(cuts, self.groups) if not s.cached) if require_full_fit else 0
     if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
         return None
     last = total // bs

@@ -49,12 +49,18 @@ def hit_nodes(specs: Sequence[GroupSpec], table: PrefixTable, find: Find, block_
     top = min(limit, len(nodes) - 1) if peeks else len(nodes)
     if top <= 0:
         return []
-    k = longest_hit(specs, bs, top, lambda g, j: find(g, nodes[j]) is not None, peek)
+    if all(s.cached for s in specs):
+        k = longest_hit(specs, bs, top, lambda g, j: find(g, nodes[j]) is not None, peek)
+    else:  # (an uncached window serves any hit: the other groups' rule alone)
+        live = [g for g, s in enumerate(specs) if s.cached]
+        k = longest_hit([specs[g] for g in live], bs, top,
+                        lambda i, j: find(live[i], nodes[j]) is not None,
+                        [p for g, p in enumerate(peek) if specs[g].cached])
     if alone is not None:
         for g, spec in enumerate(specs):
             def held(_: int, j: int, g: int = g) -> bool:
                 return find(g, nodes[j]) is not None
-            alone[g] = longest_hit((spec,), bs, len(nodes), held)
+            alone[g] = longest_hit((spec,), bs, len(nodes), held) if spec.cached else len(nodes)
     return nodes[:k]
 
 
@@ -62,9 +68,10 @@ def window_hits(specs: Sequence[GroupSpec], find: Find, block_size: int, nodes: 
                 first: int | None = None) -> tuple[list[int], list[list[Block]]]:
     """Per group, how many leading blocks a request admitted on the hit ``nodes``
     holds none of when its first query sits at ``first`` (default: the hit's end;
-    ``GroupSpec.admitted_cut``), and the blocks of the hit past them, in token order."""
+    ``GroupSpec.admitted_cut``), and the blocks of the hit past them, in token order
+    (none in an uncached group: it takes fresh blocks there)."""
     k, bs = len(nodes), block_size
     at = k * bs if first is None else first
     cuts = [s.admitted_cut(k * bs, at, bs) for s in specs]
-    return cuts, [[find(g, nodes[j]) for j in range(cuts[g], k)]  # type: ignore[misc]
-                  for g in range(len(specs))]
+    return cuts, [[find(g, nodes[j]) for j in range(cuts[g], k)] if s.cached  # type: ignore[misc]
+                  else [] for g, s in enumerate(specs)]

@@ -64,7 +64,8 @@ class HybridKVCacheManager:
             ``num_blocks`` past ``MAX_BLOCKS``), a flag not a bool, a bad hash mode/seed,
             no block left beside the null block; ``block_size`` a ``BlockSizes`` that
             ``BlockSizes.of`` refuses, of another number of groups than ``groups``, or
-            (not served yet) not ``one_size`` in a subclass.
+            (not served yet) not ``one_size`` in a subclass or beside an uncached
+            window (``GroupSpec.cached``).
 
     Thread safety: as ``KVCacheManager``'s (one thread makes every call but ``prepare``).
     """

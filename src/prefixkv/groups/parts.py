@@ -43,6 +43,9 @@ def construct(
     specs = group_specs(groups)
     check_positive("num_blocks", num_blocks, MAX_BLOCKS)
     sizes = manager_sizes(specs, block_size)
+    if not sizes.one_size and not all(s.cached for s in specs):
+        raise ConfigError(f"uncached windows (GroupSpec.cached False) are served at one block "
+                          f"size only, got {sizes}")
     if not sizes.one_size and not self._serves_sizes:
         from .manager import HybridKVCacheManager
         from .sized import SizedHybridKVCacheManager
@@ -107,7 +110,7 @@ def _prepare(self: HybridKVCacheManager, req: GroupRequest, first: int, last: in
 
 
 def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared: Prepared) -> None:
-    """Give full blocks ``first..`` their prefix ids and index them in every group
+    """Give full blocks ``first..`` their prefix ids and index them in every cached group
     (in a sparse group, only the block ending where the step ends, at
     ``num_scheduled``: the others hold a state from before their end; none from
     the request's ``tainted_from`` on); move the request's hold to its new last
@@ -122,6 +125,8 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
               if self._index.hashing else None)
     ends = req.num_scheduled == last * self.block_size
     for g, table in enumerate(req.tables):
+        if not self.groups[g].cached:
+            continue  # (never cached nor looked up: GroupSpec.cached)
         part = table[first:last]
         if self.groups[g].sparse:  # (a block a step ran past holds the state it had then)
             part = [None if j < len(part) - 1 or not ends else b for j, b in enumerate(part)]

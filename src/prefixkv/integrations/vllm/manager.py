@@ -87,6 +87,11 @@ class KVCacheManager(StepCalls):
         # read_layout refuses: its flag is then False too
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
+        # vLLM's scheduler replays this many tokens below a hit (SWA bounded replay: its
+        # uncached window is rebuilt), counting them not computed meanwhile (sound_tokens)
+        self.replay_tokens = max(s.prefix_replay_tokens for s in layout.specs)
+        # the groups whose hits are looked up (vLLM's empty slot for the others)
+        self.cached_groups = tuple(g.cached for g in layout.groups)
         self._hybrid = layout.hybrid
         self._mamba = StepCache(tuple(g for g, s in enumerate(layout.groups) if s.sparse),  # mamba.py
                                 next((g for g, s in enumerate(layout.groups) if not s.releases), 0),

@@ -32,7 +32,7 @@ from prefixkv.errors import PromptTooLongError, RequestError, check_count
 from prefixkv.extra_keys import ExtraKeys
 
 from .layout import UnsupportedByPrefixKV
-from .requests import core_tokens, extra_keys_of
+from .requests import core_tokens, extra_keys_of, sound_tokens
 
 if TYPE_CHECKING:
     from .manager import KVCacheManager
@@ -56,7 +56,10 @@ def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
     else:
         hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=max_cache_hit_length)
         ids = hit if m._hybrid else (hit,)  # a window's unread blocks: the null block
-    n, blocks = len(ids[0]) * m.group_sizes[0], m._blocks.of(ids)
+    if not all(m.cached_groups):  # (an uncached window's slot: empty, as vLLM's)
+        ids = tuple(i if c else () for i, c in zip(ids, m.cached_groups, strict=True))
+    g = m.cached_groups.index(True)
+    n, blocks = len(ids[g]) * m.group_sizes[g], m._blocks.of(ids)
     if n:
         m._telemetry.on_accessed(blocks)
     return blocks, n
@@ -141,7 +144,9 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     computed = request.num_computed_tokens + hit + external
     slots = min(computed + num_new_tokens + lookahead, m.max_model_len)
     cache_to = min(hit if delay else computed + num_new_tokens, len(prompt))
-    scheduled = max(cache_to - hit, 1)  # prefixkv schedules at least one token
+    # prefixkv schedules at least one token, but where vLLM adopts a hit alone (a chunk
+    # that ends in the tokens SWA bounded replay recomputes below it)
+    scheduled = max(cache_to - hit, int(bool(num_new_tokens or external or not m.replay_tokens)))
     key = m._next_key
     # a load's tokens: no query reads below the windows' reach at their end (vLLM: null
     # blocks); a resumed request's prompt is its first num_prompt_tokens (its partial tail)
@@ -170,7 +175,9 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
         m._evicted[request.request_id] = {(g, j) for g in range(len(adm.group_block_ids)) for j in early}
     m._next_key += 1
     m._keys[request.request_id] = key
-    new = tuple(ids[hit // b:] for ids, b in zip(adm.group_block_ids, m.group_sizes, strict=True))
+    null = getattr(m.core, "null_block_id", None)  # (an uncached window's are all new)
+    new = tuple(ids[hit // b:] if c else tuple(i for i in ids if i != null)
+                for ids, b, c in zip(adm.group_block_ids, m.group_sizes, m.cached_groups, strict=True))
     m._telemetry.on_allocated(new)
     return m._blocks.of(new)
 
@@ -182,7 +189,7 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
     the pool, less ``keep`` blocks, is short (nothing changed but, as in vLLM, the
     release of the blocks no window reads any more)."""
     computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
-    n, scheduled = request.num_computed_tokens, m.core.num_scheduled_tokens(key)
+    n, scheduled = sound_tokens(request, m.replay_tokens), m.core.num_scheduled_tokens(key)
     # (the second: vLLM computes what a load was to write, which failed, where the
     # windows gave back what the query after the load would not read)
     back = n < scheduled or bool(m._hybrid and n == scheduled and num_new_tokens
