@@ -31,6 +31,24 @@ def _window(tokens: int) -> Any:
                              sliding_window=tokens)
 
 
+def _replayed(tokens: int) -> Any:
+    """DeepSeek-V4.1's window (SWA bounded replay): not prefix-cacheable, an uncached
+    window in prefixkv (``GroupSpec.cached``)."""
+    from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
+
+    return SlidingWindowMLASpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                                sliding_window=tokens, bounded_replay=True)
+
+
+def _bf16_window(tokens: int) -> Any:
+    """A window of another precision than the full group's: vLLM zeroes new blocks
+    (``needs_kv_cache_zeroing``)."""
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    return SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=2, dtype=torch.bfloat16,
+                             sliding_window=tokens)
+
+
 def _chunked(tokens: int) -> Any:
     from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
 
@@ -51,6 +69,9 @@ HYBRIDS = {  # (full attention first or not, windows shorter and longer than a b
     "window5": lambda: (_window(5),),
     "full+chunked8": lambda: (full(BS), _chunked(8)),
     "chunked12+window6": lambda: (_chunked(12), _window(6)),
+    "full+replayed8": lambda: (full(BS), _replayed(8)),
+    "full+bf16window6": lambda: (full(BS), _bf16_window(6)),
+    "replayed3+full+window6": lambda: (_replayed(3), full(BS), _window(6)),
 }
 
 

@@ -125,14 +125,17 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     held = [b for h in hits for b in h]
     covered = blocks_for(total + num_lookahead_tokens, bs)
     # (a window's: none below its cut; an uncached one's: fresh from its cut, hit included)
-    per_group = [max(0, covered - (max(k, c) if s.cached else c)) for c, s in zip(cuts, self.groups)]
+    per_group = [max(0, covered - (max(k, c) if s.cached else c))
+                 for c, s in zip(cuts, self.groups, strict=True)]
     # a sparse group takes the block where this step ends only (its lookahead slots
     # get theirs when a step ends there: decode.py), if past the hit and its cut
     end = blocks_for(total, bs) - 1
     taken = [int(covered - p <= end) if s.sparse else p
              for p, s in zip(per_group, self.groups, strict=True)]
-    fit = self._num_fresh(blocks_for(n, bs) - k) + sum(
-        max(0, k - c) for c, s in zip(cuts, self.groups) if not s.cached) if require_full_fit else 0
+    fit = 0
+    if require_full_fit:  # (an uncached window's blocks of the hit are fresh too)
+        fit = self._num_fresh(blocks_for(n, bs) - k) + sum(
+            max(0, k - c) for c, s in zip(cuts, self.groups, strict=True) if not s.cached)
     if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
         return None
     last = total // bs
@@ -163,6 +166,7 @@ def _enter(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     req.nodes = nodes
     self._table.hold(nodes[-1] if nodes else None)
     req.num_cached, req.step_start = num_cached, first
+    req.replayed_at = first
     req.num_scheduled = total
     req.num_reserved = total + num_lookahead_tokens
     if total < n:  # its chunks and hashes serve the prefill's next chunks (``extend``)

@@ -197,7 +197,8 @@ class HybridKVCacheManager:
     def reads_released(self, request_id: Hashable, num_tokens: int) -> bool:
         """Whether a step of the request computing from ``num_tokens`` would read KV its
         tables no longer hold: an entry a window released (after a ``rewind``, or below
-        an admission's ``num_external_tokens`` whose load then failed), or a Mamba state
+        an admission's ``num_external_tokens`` whose load then failed), an uncached
+        window's position below those its engine rebuilt at admission, or a Mamba state
         no block holds. ``rewind`` to such a point keeps what is computed from there
         uncached (groups/taint.py). Changes nothing. Raises RequestError (unknown id,
         ``num_tokens`` outside ``[0, num_scheduled_tokens]``)."""

@@ -64,8 +64,8 @@ class GroupSpec:
     ``cached``: False for a sliding window whose blocks are never cached nor looked up
     (vLLM's ``prefix_cacheable`` False: SWA bounded replay, whose engine recomputes the
     window below a hit): hits are the other groups' alone, and a request admitted on
-    one takes fresh blocks for the window's part of it (docs/groups.md, "Uncached
-    windows"). Raises ConfigError for an unknown kind, a size that does not fit the
+    one takes fresh blocks for the window's part of it (docs/design.md, "Layer
+    groups"). Raises ConfigError for an unknown kind, a size that does not fit the
     kind, a ``retained`` that is not an int >= 0 (0 unless sliding), or a ``cached``
     that is not a bool (True unless sliding)."""
 

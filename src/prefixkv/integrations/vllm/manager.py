@@ -40,6 +40,7 @@ from .requests import reads_cache
 from .slots import allocate, grow, lookup
 from .step_calls import StepCalls
 from .telemetry import Telemetry
+from .zeroing import Zeroing
 
 __all__ = ["KVCacheManager"]
 
@@ -102,6 +103,7 @@ class KVCacheManager(StepCalls):
         # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
         self.prepared_prompts = PreparedPrompts(self.core.prepare, self.hash_block_size)
         self._blocks = Blocks(layout.num_blocks, self.num_kv_cache_groups, offset)
+        self._zeroing = Zeroing(kv_cache_config, layout.specs, offset)  # (blocks to zero)
         self.empty_kv_cache_blocks = self._blocks.empty
         # stats, metrics notes and events (telemetry.py)
         self._telemetry = Telemetry(self.core, self._blocks, bs, layout.specs, log_stats=log_stats,
@@ -198,13 +200,20 @@ class KVCacheManager(StepCalls):
         # (no closure: its cells would be made on every call, decode steps' included)
         args = (self, request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
                 num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
-                full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
+                full_sequence_must_fit, reserved_blocks, has_scheduled_reqs, skip_zeroing_group_ids)
         if not self._mamba.groups:
             return allocate(*args)
         check_call(self, num_lookahead_tokens, num_external_computed_tokens)
         out: KVCacheBlocks | None = noting(self, request, num_new_computed_tokens,
                                            partial(allocate, *args))
         return out
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Zero the request's blocks from ``start_token`` on again (a failed load left them
+        unwritten), as vLLM's (zeroing.py); nothing for a request holding none."""
+        key = self.key_of(request_id)
+        if key is not None and self._zeroing.active:
+            self._zeroing.note_from(self._ids(key), start_token, self.group_sizes)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Make the request's full blocks up to ``num_computed_tokens`` findable (the tokens

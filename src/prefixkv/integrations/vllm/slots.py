@@ -87,7 +87,7 @@ def eagle_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKey
 def allocate(m: KVCacheManager, request: Request, num_new_tokens: int, num_new_computed_tokens: int,
              num_lookahead_tokens: int, num_external_computed_tokens: int, delay_cache_blocks: bool,
              num_encoder_tokens: int, full_sequence_must_fit: bool, reserved_blocks: int,
-             has_scheduled_reqs: bool) -> KVCacheBlocks | None:
+             has_scheduled_reqs: bool, skip_zeroing_group_ids: tuple[int, ...] = ()) -> KVCacheBlocks | None:
     """``m.allocate_slots`` (its contract is there): the arguments checked before any
     change, then ``admit`` for a request holding no blocks, ``grow_live`` for a live one."""
     try:  # (one test: an or of ints is negative iff one of them is)
@@ -115,17 +115,19 @@ def allocate(m: KVCacheManager, request: Request, num_new_tokens: int, num_new_c
     if key is None:
         return admit(m, request, num_new_tokens, num_new_computed_tokens,
                      num_external_computed_tokens, num_lookahead_tokens, delay_cache_blocks,
-                     full_sequence_must_fit, keep)
+                     full_sequence_must_fit, keep, skip_zeroing_group_ids)
     return grow_live(m, key, request, num_new_tokens, num_new_computed_tokens,
                      num_external_computed_tokens, num_lookahead_tokens, delay_cache_blocks,
                      full_sequence_must_fit, keep)
 
 
 def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, external: int,
-          lookahead: int, delay: bool, full_fit: bool, keep: int) -> KVCacheBlocks | None:
+          lookahead: int, delay: bool, full_fit: bool, keep: int, no_zero: tuple[int, ...] = ()
+          ) -> KVCacheBlocks | None:
     """``allocate_slots`` for a request holding no blocks: admit it with a hit of ``hit``
     tokens, register its vLLM id; the blocks past the hit, or None when the pool, less
-    ``keep`` blocks, is short or could never hold it (nothing changed). Raises
+    ``keep`` blocks, is short or could never hold it (nothing changed). The new blocks
+    are to be zeroed (zeroing.py), but a load's in the groups ``no_zero`` names. Raises
     RequestError when the request has computed tokens and a hit, or when the cache's hit
     is not ``hit``, PromptTooLongError when it has more than ``m.max_model_len`` tokens
     (nothing changed)."""
@@ -179,6 +181,10 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     new = tuple(ids[hit // b:] if c else tuple(i for i in ids if i != null)
                 for ids, b, c in zip(adm.group_block_ids, m.group_sizes, m.cached_groups, strict=True))
     m._telemetry.on_allocated(new)
+    if m._zeroing.active:
+        rows, sizes = adm.group_block_ids, m.group_sizes
+        m._zeroing.note(rows, [hit // b if c else 0 for b, c in zip(sizes, m.cached_groups, strict=True)],
+                        [blocks_for(computed, b) for b in sizes], no_zero, null)
     return m._blocks.of(new)
 
 
@@ -213,7 +219,10 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
         return None
     if back:
         rewind(m, key, n)
-    return m._blocks.of(grow(m, key, request, min(cache_to, request.num_tokens), slots))
+    added = grow(m, key, request, min(cache_to, request.num_tokens), slots)
+    if m._zeroing.active:
+        m._zeroing.note(added, [0] * len(added))
+    return m._blocks.of(added)
 
 
 def rewind(m: KVCacheManager, key: int, num_computed_tokens: int) -> None:
