@@ -144,3 +144,18 @@ def test_a_recompute_below_the_replayed_positions_reads_lost_kv(cached):
     m.check_invariants()
     m.free("b")
     assert m.lookup(PROMPT[:16] + [0]) == (16 if cached else 8)
+
+
+def test_what_a_load_wrote_in_the_window_is_sound():
+    # a connector loads all 4 tokens (no hit) into every group, the window included:
+    # vLLM then recomputes the last one, whose query reads 1..3, which the load wrote.
+    # Before: prefixkv took the window as rebuilt from first_needed(4) = 2 only, and
+    # kept the recompute uncached
+    m = HybridKVCacheManager([full_attention(), sliding_window(3, cached=False)], 40, BS)
+    m.add_request("r", PROMPT[:5], num_new_tokens=4, num_external_tokens=4, read_cache=False)
+    assert not m.reads_released("r", 3)
+    m.rewind("r", 3)
+    m.append_tokens("r", PROMPT[3:5])
+    m.check_invariants()
+    m.free("r")
+    assert m.lookup(PROMPT[:8]) == 4

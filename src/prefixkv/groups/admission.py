@@ -83,8 +83,8 @@ def add_request(
     ConfigError (a hash_mode callable failed), PromptError.
     """
     check_new_request(self._requests, request_id)
-    if num_new_tokens is not None:  # (0: a hit adopted alone, checked once it is found)
-        check_count("num_new_tokens", num_new_tokens, 0, None)
+    if num_new_tokens is not None:  # (0 beside an uncached window: a hit adopted alone, _admit)
+        check_count("num_new_tokens", num_new_tokens, self._least_new, None)
     check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
     check_count("keep_free", keep_free, 0, None)
     check_count("num_external_tokens", num_external_tokens, 0, None)
@@ -97,9 +97,6 @@ def add_request(
                                     check_flag("read_cache", read_cache, RequestError),
                                     max_hit_tokens=max_hit_tokens,
                                     peek=peeking(self.groups, peek), admit=True)
-    if num_new_tokens == 0 and not (nodes and any(not s.cached for s in self.groups)):
-        raise RequestError("num_new_tokens must be >= 1 but with a hit beside an uncached window "
-                           "(its engine replays the window below the hit), got 0")
     if num_prompt_tokens is not None:
         req.num_prompt = check_count("num_prompt_tokens", num_prompt_tokens, 1, len(req.tokens))
     return self._admit(req, nodes, prompt, num_new_tokens, resumed, num_lookahead_tokens,
@@ -119,14 +116,18 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
             raise PromptTooLongError(n, need, usable, " usable (all groups' blocks counted together)")
     num_cached = k * bs
     todo = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
+    if not todo and not k:  # (nothing changed yet)
+        raise RequestError("num_new_tokens must be >= 1 but with a hit beside an uncached window "
+                           "(its engine replays the window below the hit), got 0")
     total = num_cached + todo
     first = min(num_cached + num_external_tokens, n)  # the first query's position
-    cuts, hits = window_hits(self.groups, self._index.find, bs, nodes, first)
+    cuts, hits = window_hits(self.groups, self._index.find, bs, nodes, first, self._uncached)
     held = [b for h in hits for b in h]
     covered = blocks_for(total + num_lookahead_tokens, bs)
-    # (a window's: none below its cut; an uncached one's: fresh from its cut, hit included)
-    per_group = [max(0, covered - (max(k, c) if s.cached else c))
-                 for c, s in zip(cuts, self.groups, strict=True)]
+    per_group = [max(0, covered - max(k, c)) for c in cuts]  # (a window's: none below its cut)
+    if self._uncached:  # (an uncached window's: fresh from its cut, the hit's part included)
+        per_group = [max(0, covered - (max(k, c) if s.cached else c))
+                     for c, s in zip(cuts, self.groups, strict=True)]
     # a sparse group takes the block where this step ends only (its lookahead slots
     # get theirs when a step ends there: decode.py), if past the hit and its cut
     end = blocks_for(total, bs) - 1
@@ -166,7 +167,8 @@ def _enter(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     req.nodes = nodes
     self._table.hold(nodes[-1] if nodes else None)
     req.num_cached, req.step_start = num_cached, first
-    req.replayed_at = first
+    if self._uncached:  # (a load wrote from the hit on, the engine rebuilt the window below first)
+        req.sound_from = [0 if s.cached else min(num_cached, s.first_needed(first)) for s in self.groups]
     req.num_scheduled = total
     req.num_reserved = total + num_lookahead_tokens
     if total < n:  # its chunks and hashes serve the prefill's next chunks (``extend``)
@@ -197,7 +199,7 @@ def lookup_block_ids(self: HybridKVCacheManager, prompt_token_ids: Sequence[int]
     ``add_request`` for bad input."""
     cuts, hits = window_hits(self.groups, self._index.find, self.block_size, self._find(
         None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
-        peek=peeking(self.groups, peek))[1])
+        peek=peeking(self.groups, peek))[1], uncached=self._uncached)
     null = self.null_block_id
     return tuple((null,) * cut + tuple(b.block_id for b in h)  # type: ignore[misc]
                  for cut, h in zip(cuts, hits, strict=True))
@@ -249,4 +251,4 @@ def _hit_nodes(self: HybridKVCacheManager, chunks: Sequence[bytes], keys: Reques
     if not limit:
         return []
     return hit_nodes(self.groups, self._table, self._index.find, self.block_size,
-                     chunks, keys, n, limit, peek, alone)
+                     chunks, keys, n, limit, peek, alone, self._uncached)

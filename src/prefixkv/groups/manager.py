@@ -92,6 +92,9 @@ class HybridKVCacheManager:
     _kv_ops: list[GroupBlockCopy]  # the fork copies since ``take_kv_ops``
     _nothing: tuple[tuple[int, ...], ...]  # (no block ids in any group)
     _sparse: tuple[int, ...]  # the sparse (Mamba) groups
+    _uncached: bool  # some group is an uncached window (``GroupSpec.cached``)
+    _least_new: int  # the fewest tokens an admission schedules (0 beside an uncached window)
+    _record_kinds: tuple[int, ...]  # per group, how ``_record`` treats its blocks (parts.py)
     _config: tuple[object, ...]  # what ``prepare`` reads
     _prompt_hasher: Hasher | None
     _num_prefilling = 1  # no count of prefilling requests is kept here: always check

@@ -29,7 +29,7 @@ from .spec import GroupSpec
 def reads_lost(specs: Sequence[GroupSpec], req: GroupRequest, p: int, sizes: Sequence[int]) -> bool:
     """Whether a recompute of ``req`` from ``p`` reads KV its tables no longer hold: a
     window's released entry that a query at ``p`` reads, an uncached window's position
-    below those its engine rebuilt at admission (``replayed_at``), or a Mamba state other than
+    below those it holds since admission (``sound_from``), or a Mamba state other than
     the one after ``p - 1`` (held where the last step ended, ``num_scheduled``, and
     where a step ended on a block's end and its block was recorded: a state block keeps
     the state where its last step ended). ``sizes``: each group's block size."""
@@ -40,7 +40,7 @@ def reads_lost(specs: Sequence[GroupSpec], req: GroupRequest, p: int, sizes: Seq
                     or b.key is None):
                 return True
         elif req.cut[g] > spec.num_unread(p, block_size) or (
-                not spec.cached and spec.first_needed(p) < spec.first_needed(req.replayed_at)):
+                req.sound_from is not None and spec.first_needed(p) < req.sound_from[g]):
             return True
     return False
 

@@ -37,7 +37,8 @@ from .requests import core_tokens, extra_keys_of, sound_tokens
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
-__all__ = ["admission_prompt", "admit", "allocate", "grow", "grow_live", "lookup", "rewind"]
+__all__ = ["admission_prompt", "admit", "allocate", "grow", "grow_live", "lookup", "rewind", "uncached_hit",
+           "uncached_new"]
 
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
@@ -47,22 +48,45 @@ def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
     """``m.get_computed_blocks`` (its contract is there) less its last 0: the hit's
     blocks per group and tokens, noted to the metrics collector; none when the request
     does not read the cache. The hit is the longest within ``max_cache_hit_length``
-    (None: no cap); with ``m.use_eagle``, as vLLM's EAGLE finds it (``eagle_hit``)."""
+    (None: no cap); with ``m.use_eagle``, as vLLM's EAGLE finds it (``eagle_hit``);
+    beside an uncached window (SWA bounded replay), the other groups' (``uncached_hit``)."""
     if not m.prefix_cache_lookup_enabled(request):
         return m.empty_kv_cache_blocks, 0
     prompt, extra = admission_prompt(m, request)
-    if m.use_eagle:
-        ids = eagle_hit(m, prompt, extra, request.num_tokens, max_cache_hit_length)
+    if m._odd_hit:  # (EAGLE's, or beside an uncached window: never both, layout.eagle_layout)
+        if m.use_eagle:
+            ids = eagle_hit(m, prompt, extra, request.num_tokens, max_cache_hit_length)
+        else:
+            return uncached_hit(m, prompt, extra, max_cache_hit_length)
     else:
         hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=max_cache_hit_length)
         ids = hit if m._hybrid else (hit,)  # a window's unread blocks: the null block
-    if not all(m.cached_groups):  # (an uncached window's slot: empty, as vLLM's)
-        ids = tuple(i if c else () for i, c in zip(ids, m.cached_groups, strict=True))
+    n, blocks = len(ids[0]) * m.group_sizes[0], m._blocks.of(ids)
+    if n:
+        m._telemetry.on_accessed(blocks)
+    return blocks, n
+
+
+def uncached_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None,
+                 cap: int | None) -> tuple[KVCacheBlocks, int]:
+    """``lookup``'s hit beside an uncached window (vLLM's SWA bounded replay, never looked
+    up): the other groups' blocks, and an empty slot for the window, as vLLM's."""
+    hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap)
+    ids = tuple(i if c else () for i, c in zip(hit, m.cached_groups, strict=True))
     g = m.cached_groups.index(True)
     n, blocks = len(ids[g]) * m.group_sizes[g], m._blocks.of(ids)
     if n:
         m._telemetry.on_accessed(blocks)
     return blocks, n
+
+
+def uncached_new(m: KVCacheManager, new: tuple[tuple[int, ...], ...],
+                 tables: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """An admission's ``new`` blocks per group (those past the hit) with an uncached
+    window's replaced by all it took (``tables``: the request's, prefixkv's ids)."""
+    null = m.core.null_block_id
+    return tuple(ids if c else tuple(i for i in t if i != null)
+                 for ids, t, c in zip(new, tables, m.cached_groups, strict=True))
 
 
 def eagle_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None,
@@ -87,7 +111,7 @@ def eagle_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKey
 def allocate(m: KVCacheManager, request: Request, num_new_tokens: int, num_new_computed_tokens: int,
              num_lookahead_tokens: int, num_external_computed_tokens: int, delay_cache_blocks: bool,
              num_encoder_tokens: int, full_sequence_must_fit: bool, reserved_blocks: int,
-             has_scheduled_reqs: bool, skip_zeroing_group_ids: tuple[int, ...] = ()) -> KVCacheBlocks | None:
+             has_scheduled_reqs: bool) -> KVCacheBlocks | None:
     """``m.allocate_slots`` (its contract is there): the arguments checked before any
     change, then ``admit`` for a request holding no blocks, ``grow_live`` for a live one."""
     try:  # (one test: an or of ints is negative iff one of them is)
@@ -115,19 +139,18 @@ def allocate(m: KVCacheManager, request: Request, num_new_tokens: int, num_new_c
     if key is None:
         return admit(m, request, num_new_tokens, num_new_computed_tokens,
                      num_external_computed_tokens, num_lookahead_tokens, delay_cache_blocks,
-                     full_sequence_must_fit, keep, skip_zeroing_group_ids)
+                     full_sequence_must_fit, keep)
     return grow_live(m, key, request, num_new_tokens, num_new_computed_tokens,
                      num_external_computed_tokens, num_lookahead_tokens, delay_cache_blocks,
                      full_sequence_must_fit, keep)
 
 
 def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, external: int,
-          lookahead: int, delay: bool, full_fit: bool, keep: int, no_zero: tuple[int, ...] = ()
-          ) -> KVCacheBlocks | None:
+          lookahead: int, delay: bool, full_fit: bool, keep: int) -> KVCacheBlocks | None:
     """``allocate_slots`` for a request holding no blocks: admit it with a hit of ``hit``
-    tokens, register its vLLM id; the blocks past the hit, or None when the pool, less
-    ``keep`` blocks, is short or could never hold it (nothing changed). The new blocks
-    are to be zeroed (zeroing.py), but a load's in the groups ``no_zero`` names. Raises
+    tokens, register its vLLM id; the blocks past the hit (an uncached window's: all it
+    took), or None when the pool, less ``keep`` blocks, is short or could never hold it
+    (nothing changed). Raises
     RequestError when the request has computed tokens and a hit, or when the cache's hit
     is not ``hit``, PromptTooLongError when it has more than ``m.max_model_len`` tokens
     (nothing changed)."""
@@ -146,9 +169,9 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     computed = request.num_computed_tokens + hit + external
     slots = min(computed + num_new_tokens + lookahead, m.max_model_len)
     cache_to = min(hit if delay else computed + num_new_tokens, len(prompt))
-    # prefixkv schedules at least one token, but where vLLM adopts a hit alone (a chunk
-    # that ends in the tokens SWA bounded replay recomputes below it)
-    scheduled = max(cache_to - hit, int(bool(num_new_tokens or external or not m.replay_tokens)))
+    scheduled = max(cache_to - hit, 1)  # prefixkv schedules at least one token, but
+    if not num_new_tokens and m._uncached and not external:  # where vLLM adopts a hit alone
+        scheduled = 0  # (a chunk ending in the tokens SWA bounded replay recomputes below it)
     key = m._next_key
     # a load's tokens: no query reads below the windows' reach at their end (vLLM: null
     # blocks); a resumed request's prompt is its first num_prompt_tokens (its partial tail)
@@ -177,14 +200,10 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
         m._evicted[request.request_id] = {(g, j) for g in range(len(adm.group_block_ids)) for j in early}
     m._next_key += 1
     m._keys[request.request_id] = key
-    null = getattr(m.core, "null_block_id", None)  # (an uncached window's are all new)
-    new = tuple(ids[hit // b:] if c else tuple(i for i in ids if i != null)
-                for ids, b, c in zip(adm.group_block_ids, m.group_sizes, m.cached_groups, strict=True))
+    new = tuple(ids[hit // b:] for ids, b in zip(adm.group_block_ids, m.group_sizes, strict=True))
+    if m._uncached:  # (an uncached window's blocks are all new)
+        new = uncached_new(m, new, adm.group_block_ids)
     m._telemetry.on_allocated(new)
-    if m._zeroing.active:
-        rows, sizes = adm.group_block_ids, m.group_sizes
-        m._zeroing.note(rows, [hit // b if c else 0 for b, c in zip(sizes, m.cached_groups, strict=True)],
-                        [blocks_for(computed, b) for b in sizes], no_zero, null)
     return m._blocks.of(new)
 
 
@@ -195,7 +214,7 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
     the pool, less ``keep`` blocks, is short (nothing changed but, as in vLLM, the
     release of the blocks no window reads any more)."""
     computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
-    n, scheduled = sound_tokens(request, m.replay_tokens), m.core.num_scheduled_tokens(key)
+    n, scheduled = request.num_computed_tokens, m.core.num_scheduled_tokens(key)
     # (the second: vLLM computes what a load was to write, which failed, where the
     # windows gave back what the query after the load would not read)
     back = n < scheduled or bool(m._hybrid and n == scheduled and num_new_tokens
@@ -217,12 +236,11 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
         if m._hybrid:  # as vLLM, which frees what no window reads before it counts
             m.core.release_unread(key)
         return None
-    if back:
-        rewind(m, key, n)
-    added = grow(m, key, request, min(cache_to, request.num_tokens), slots)
-    if m._zeroing.active:
-        m._zeroing.note(added, [0] * len(added))
-    return m._blocks.of(added)
+    if back:  # (but while vLLM replays the window below a hit: its tokens are sound)
+        sound = sound_tokens(request, m.replay_tokens)
+        if sound == n or sound < scheduled:
+            rewind(m, key, sound)
+    return m._blocks.of(grow(m, key, request, min(cache_to, request.num_tokens), slots))
 
 
 def rewind(m: KVCacheManager, key: int, num_computed_tokens: int) -> None:

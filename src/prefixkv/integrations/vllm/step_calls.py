@@ -32,7 +32,8 @@ class StepCalls:
     """Set by prefixkv's Scheduler when vLLM's publisher builds the events (handoff.py)."""
     _mamba: StepCache
     _telemetry: Telemetry
-    _zeroing: Zeroing
+    _zeroes: Zeroing | None
+    """The blocks vLLM's worker zeroes (zeroing.py); None where it zeroes none."""
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
@@ -65,7 +66,7 @@ class StepCalls:
         """The attention groups' blocks taken since the last call, which vLLM's worker
         zeroes when ``needs_kv_cache_zeroing`` (a load's left out where it writes them);
         [] otherwise."""
-        return self._zeroing.take() if self._zeroing.active else []
+        return self._zeroes.take() if self._zeroes else []
 
     # (record_blocks_for_zeroing, which reads a request's blocks: manager.py)
 

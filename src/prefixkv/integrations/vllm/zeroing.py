@@ -14,7 +14,12 @@ scheduler drains them each step (``take_new_block_ids``), group by group.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from prefixkv.core.block import blocks_for
+
+if TYPE_CHECKING:
+    from .manager import KVCacheManager
 
 __all__ = ["Zeroing"]
 
@@ -32,17 +37,24 @@ class Zeroing:
         self._ids: list[list[int]] = [[] for _ in specs]
         self._offset = offset
 
-    def note(self, rows: Sequence[Sequence[int]], first: Sequence[int], loaded: Sequence[int] = (),
-             skip: Sequence[int] = (), null: int | None = None) -> None:
-        """Record the new blocks of a request's tables ``rows`` (prefixkv ids per group):
-        in group g, the entries from ``first[g]`` on but ``null`` ones, and but those
-        below ``loaded[g]`` (a load's blocks) in the groups ``skip`` names."""
-        k = self._offset
-        for g, (row, on) in enumerate(zip(rows, self.groups, strict=True)):
-            if not on:
-                continue
-            below = loaded[g] if g in skip else 0
-            self._ids[g] += [i + k for j, i in enumerate(row) if j >= first[g] and i != null and j >= below]
+    def note(self, new: Sequence[Sequence[int]]) -> None:
+        """Record a live request's new blocks (vLLM ids per group)."""
+        for g, (ids, on) in enumerate(zip(new, self.groups, strict=True)):
+            if on:
+                self._ids[g] += ids
+
+    def note_admitted(self, m: KVCacheManager, key: int, hit: int, loaded: int, skip: Sequence[int]) -> None:
+        """Record the blocks the admission of the request ``key`` (prefixkv's id) on
+        ``m`` took, with a hit of ``hit`` tokens and KV up to ``loaded`` (a load's from
+        the hit on): in each group, its entries past the hit's (an uncached window's:
+        past its null entries, the hit's part included), but, in the groups ``skip``
+        names, those a load writes (below ``loaded``: vLLM's external blocks)."""
+        k, null = self._offset, getattr(m.core, "null_block_id", None)
+        for g, (row, on, b, c) in enumerate(zip(m._ids(key), self.groups, m.group_sizes, m.cached_groups,
+                                                strict=True)):
+            if on:
+                first = max(hit // b if c else 0, blocks_for(loaded, b) if g in skip else 0)
+                self._ids[g] += [i + k for i in row[first:] if i != null]
 
     def note_from(self, rows: Sequence[Sequence[int]], start_token: int, sizes: Sequence[int]) -> None:
         """Record again a request's blocks from ``start_token`` on, null entries included,
