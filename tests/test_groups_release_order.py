@@ -131,9 +131,9 @@ def test_a_steps_view_holds_the_windows_reach_not_the_request(monkeypatch):
     seen = []
     real = module.free_order
 
-    def spy(specs, bs, view, found, longer):
+    def spy(specs, bs, view, found, longer, *rest):
         seen.append((len(view.nodes), [len(t) for t in view.tables]))
-        return real(specs, bs, view, found, longer)
+        return real(specs, bs, view, found, longer, *rest)
     monkeypatch.setattr(module, "free_order", spy)
     # (block 389 is found by neither window: the hits at 390 and 391 that read it are
     # dead, so the order is not the one in rounds, ``in_rounds``, but the cascade's)

@@ -94,6 +94,12 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
         self.furthest[rid] = max(start, self.furthest.get(rid, 0))
         t = self.taint[rid]
         for g, ids in enumerate(self.m.get_block_ids(rid)):
+            # an admission's step first rebuilds an uncached window's part of the hit
+            # (vLLM's SWA bounded replay: the positions below it its first query reads)
+            hit = self.hit.get(rid, 0) if start == self.hit.get(rid) and not self.groups[g].cached else 0
+            for pos in range(self.groups[g].first_needed(hit), hit):
+                if ids[pos // BS] != self.null:
+                    self.kv[ids[pos // BS]][pos % BS] = self._kv_of(g, rid, pos)
             for pos in range(start, stop):
                 if ids[pos // BS] == self.null:  # (a recompute over a released window: vLLM
                     assert t is not None and pos >= t, (g, pos)  # writes its null block)
@@ -151,7 +157,11 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
         assert adm.num_cached_tokens % BS == 0 and adm.num_cached_tokens < len(prompt)
         assert adm.group_block_ids == self.m.get_block_ids(rid)
         k = adm.num_cached_tokens // BS  # the admission's hit is the one looked up
-        assert hit == tuple(ids[:k] for ids in adm.group_block_ids) and all(len(h) == k for h in hit)
+        for spec, h, ids in zip(self.groups, hit, adm.group_block_ids, strict=True):
+            if spec.cached:
+                assert h == ids[:k] and len(h) == k
+            else:  # (an uncached window: its null entries, then fresh blocks for the hit)
+                assert h == ids[:len(h)] == (self.null,) * len(h) and self.null not in ids[len(h):k]
         self.tokens[rid] = list(prompt)
         self.extra[rid] = extra
         self.scheduled[rid] = adm.num_cached_tokens + adm.num_new_tokens
@@ -299,7 +309,9 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
     def _lost(self, rid, p):
         """Whether a recompute of ``rid`` from ``p`` reads KV a window released."""
         cuts = [ids.count(self.null) for ids in self.m.get_block_ids(rid)]
-        return any(g.num_unread(p, BS) < c for g, c in zip(self.groups, cuts, strict=True))
+        rebuilt = self.hit.get(rid, 0)  # (an uncached window holds what the engine replayed)
+        return any(g.num_unread(p, BS) < c or (not g.cached and g.first_needed(p) < g.first_needed(rebuilt))
+                   for g, c in zip(self.groups, cuts, strict=True))
 
     @rule(rid=live, pick=st.integers(0, 40), tail=st.lists(st.integers(0, 9), max_size=5))
     def rewind_past_released(self, rid, pick, tail):
@@ -554,6 +566,8 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
                     if b == self.null:
                         assert spec.releases and ((j + 1) * BS <= reach or t is not None), (rid, g, j)
                         assert j < kept or t is not None, (rid, g, j, "a retained block released")
+                if not spec.cached:  # (below its replay at admission: never computed)
+                    reach = max(reach, spec.first_needed(self.hit[rid]))
                 for pos in range(reach, self.scheduled[rid] if t is None else min(t, self.scheduled[rid])):
                     b = ids[pos // BS]
                     if b != self.null:  # (below a lost recompute's start: released)
@@ -621,6 +635,8 @@ class HybridMachine(SharedRules, RuleBasedStateMachine):
 
 def brute_force(groups, limit, cached):
     def accepts(g, k):
+        if not groups[g].cached:  # (never looked up: any hit)
+            return True
         lo = groups[g].first_needed(k * BS) // BS
         return all(cached[g][lo:k])
     return max(k for k in range(limit + 1) if all(accepts(g, k) for g in range(len(groups))))
@@ -657,8 +673,17 @@ class TwinWindowsMachine(HybridMachine):
     num_blocks = 16
 
 
+class UncachedWindowMachine(HybridMachine):
+    """A window never cached nor looked up (vLLM's SWA bounded replay) beside a full and
+    a cached window: hits are the cached groups' alone."""
+
+    groups = (sliding_window(6, cached=False), full_attention(), sliding_window(5))
+    num_blocks = 20
+
+
 TestHybridMachine = case(HybridMachine, max_examples=60, stateful_step_count=40)
 TestSlidingOnlyMachine = case(SlidingOnlyMachine, max_examples=60, stateful_step_count=40)
 TestTwoWindowsMachine = case(TwoWindowsMachine, max_examples=60, stateful_step_count=40)
 TestTwinWindowsMachine = case(TwinWindowsMachine, max_examples=60, stateful_step_count=40)
 TestRetainedMachine = case(RetainedMachine, max_examples=60, stateful_step_count=40)
+TestUncachedWindowMachine = case(UncachedWindowMachine, max_examples=60, stateful_step_count=40)

@@ -31,6 +31,24 @@ def _window(tokens: int) -> Any:
                              sliding_window=tokens)
 
 
+def _replayed(tokens: int) -> Any:
+    """DeepSeek-V4.1's window (SWA bounded replay): not prefix-cacheable, an uncached
+    window in prefixkv (``GroupSpec.cached``)."""
+    from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
+
+    return SlidingWindowMLASpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                                sliding_window=tokens, bounded_replay=True)
+
+
+def _bf16_window(tokens: int) -> Any:
+    """A window of another precision than the full group's: vLLM zeroes new blocks
+    (``needs_kv_cache_zeroing``)."""
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    return SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=2, dtype=torch.bfloat16,
+                             sliding_window=tokens)
+
+
 def _chunked(tokens: int) -> Any:
     from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
 
@@ -51,6 +69,9 @@ HYBRIDS = {  # (full attention first or not, windows shorter and longer than a b
     "window5": lambda: (_window(5),),
     "full+chunked8": lambda: (full(BS), _chunked(8)),
     "chunked12+window6": lambda: (_chunked(12), _window(6)),
+    "full+replayed8": lambda: (full(BS), _replayed(8)),
+    "full+bf16window6": lambda: (full(BS), _bf16_window(6)),
+    "replayed3+full+window6": lambda: (_replayed(3), full(BS), _window(6)),
 }
 
 
@@ -87,6 +108,98 @@ def test_on_hybrid_models_they_agree_on_hits_and_on_the_blocks_windows_free(grou
                 s.m.new_step_starts()
         if mamba:
             op, more = {"remote": "admit", "evict": "step"}.get(op, op), more - more % 4
+        _step(sides, op, slot, k, prompt, more, serial)
+
+
+_UNCACHED_FREE_OPS = [('evict', 0, 12,
+  ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 0, 0, 0, 0, 0, 0], None, None,
+   None),
+  11),
+ ('admit', 0, 12, ([0, 0, 0, 0, 0], None, None, None), 0),
+ ('admit', 0, 10, ([0, 0, 0, 0, 0], None, None, None), 0),
+ ('admit', 0, 1, ([7], None, None, None), 0), ('admit', 0, 6, ([7], None, None, None), 0),
+ ('admit', 0, 1, ([7], None, None, None), 0), ('admit', 0, 1, ([7], None, None, None), 0),
+ ('admit', 0, 9,
+  ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0, 0, 0, 0, 0], None, None, None),
+  0),
+ ('step', 0, 5,
+  ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0], None,
+   None, None),
+  0),
+ ('step', 0, 1, ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 0, 0, 0], None, None, None), 0),
+ ('free', 0, 4,
+  ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0], None,
+   None, None),
+  0),
+ ('admit', 0, 9, ([0, 0, 0, 0, 0], None, None, None), 0),
+ ('admit', 0, 8,
+  ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0], None,
+   None, None),
+  0),
+ ('admit', 3, 10, ([100, 101, 102, 103, 104, 105, 106, 107, 108, 109], None, None, None), 0),
+ ('free', 0, 7, ([7], None, None, None), 0),
+ ('admit', 2, 9,
+  ([100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 0], None, None,
+   None),
+  0),
+ ('admit', 1, 2,
+  ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 0, 0, 0, 0, 0, 0, 0, 0], None,
+   None, None),
+  0),
+ ('admit', 0, 12,
+  ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 0, 0, 0,
+    0, 0, 0, 0, 0],
+   'tenant', None, None),
+  2),
+ ('admit', 1, 5, ([0, 0, 0, 0], None, None, None), 0),
+ ('admit', 2, 1,
+  ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0], None, None, None), 11),
+ ('free', 2, 12,
+  ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 0, 0, 0, 0, 0, 0, 0, 0], None,
+   None, None),
+  0),
+ ('preempt', 1, 10,
+  ([0, 1, 2, 3, 4, 5, 6, 7, 8, 1, 3, 0, 2, 1, 1, 3, 2, 0], 'tenant', None, ('dog', 16)), 10),
+ ('reset', 0, 5,
+  ([100, 101, 102, 103, 104, 105, 106, 107, 3, 3, 2, 2, 2, 1, 2, 1, 3], 'tenant', None, None), 2),
+ ('preempt', 3, 3, ([0, 1, 2, 3, 2, 0], 'tenant', None, ('cat', 18)), 2),
+ ('preempt', 2, 12,
+  ([200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211, 212, 2, 2], None, 'adapter', None),
+  5),
+ ('admit', 0, 9,
+  ([200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211, 212, 213, 214, 215, 216, 217, 218,
+    219, 220, 221, 222, 0, 3, 3, 1, 0, 1, 3, 1, 0],
+   'tenant', None, ('dog', 10)),
+  3),
+ ('step', 0, 2, ([0, 1, 2, 3, 4, 5, 6, 2, 0], None, None, None), 10),
+ ('step', 3, 3, ([200, 3, 2, 1, 3, 2, 2, 0, 3, 3], None, None, ('cat', 29)), 1),
+ ('reset', 1, 4,
+  ([200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211, 212, 213, 214, 215, 216, 217, 218,
+    219, 220, 221, 3, 3, 3, 1, 1, 3],
+   None, None, None),
+  11),
+ ('admit', 2, 11,
+  ([200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 0, 0], None, None, ('cat', 30)), 3),
+ ('step', 3, 2, ([200, 201, 202, 203, 204, 205, 206, 207, 0], None, None, ('cat', 26)), 6),
+ ('step', 0, 7,
+  ([200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211, 212, 213, 214, 215, 216, 217, 218],
+   None, None, None),
+  11),
+ ('step', 2, 8, ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 1, 2], None, None, None), 1)]
+"""A stream (Hypothesis found it) on replayed3+full+window6 whose preempted request's
+blocks went back with the cascade over every group (free_order.py), the uncached window
+among them: its blocks hold no content, so every hit read as dead and full attention's
+block 0 of [100, 101, 102, 103] went ahead of vLLM's order, and was evicted at op 32
+where vLLM keeps it. Now the window's blocks go first, the cascade runs on the others."""
+
+
+def test_an_uncached_windows_blocks_go_back_first_and_the_rest_in_the_cached_groups_order():
+    specs = HYBRIDS["replayed3+full+window6"]()
+    sides = _managers(len(specs) * MAX_LEN // BS + 3, specs)
+    for serial, (op, slot, k, prompt, more) in enumerate(_UNCACHED_FREE_OPS):
+        if k % 4 == 0:
+            for s in sides:
+                s.m.new_step_starts()
         _step(sides, op, slot, k, prompt, more, serial)
 
 

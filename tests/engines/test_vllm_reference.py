@@ -54,7 +54,9 @@ class Side:
     each block holds: block id -> (group, salt, every token up to the block's end), for
     full blocks (a block's KV in any layer depends on the whole prefix before it).
     ``windows``: what each group's queries read: None (full attention), ``("sliding",
-    W)`` (the last W positions) or ``("chunked", C)`` (the query's own C-token chunk)."""
+    W)`` (the last W positions), ``("replayed", W)`` (the same, in a window never
+    cached nor looked up: SWA bounded replay) or ``("chunked", C)`` (the query's own
+    C-token chunk)."""
 
     m: Any
     windows: tuple[tuple[str, int] | None, ...] = (None,)
@@ -95,6 +97,10 @@ class Side:
         group's null entries lie wholly below what a query at ``hit`` reads."""
         r = self.reqs[slot]
         for g, ids in enumerate(blocks.get_block_ids() if hit else [[] for _ in self.windows]):
+            w = self.windows[g]
+            if w is not None and w[0] == "replayed":  # (never looked up: SWA bounded replay)
+                assert ids == [], (g, ids, hit)
+                continue
             assert len(ids) * BS == hit, (g, ids, hit)
             reach = _first_needed(self.windows[g], hit)
             for j, b in enumerate(ids):
@@ -120,7 +126,7 @@ def _first_needed(window: tuple[str, int] | None, pos: int) -> int:
     if window is None:
         return 0
     kind, n = window
-    return max(0, pos - n + 1) if kind == "sliding" else pos - pos % n
+    return max(0, pos - n + 1) if kind != "chunked" else pos - pos % n
 
 
 def _managers(num_blocks: int, specs: tuple[Any, ...] | None = None) -> tuple[Side, Side]:
@@ -134,7 +140,8 @@ def _managers(num_blocks: int, specs: tuple[Any, ...] | None = None) -> tuple[Si
 
     init_none_hash(sha256)
     specs = specs or (full(BS),)
-    windows = tuple(("sliding", s.sliding_window) if getattr(s, "sliding_window", None)
+    windows = tuple(("replayed", s.sliding_window) if not s.prefix_cacheable  # (its hit slot: empty)
+                    else ("sliding", s.sliding_window) if getattr(s, "sliding_window", None)
                     else ("chunked", s.attention_chunk_size) if getattr(s, "attention_chunk_size", None)
                     else ("sliding", 2) if type(s).__name__ == "MambaSpec"  # (the state before a step)
                     else None for s in specs)
@@ -243,7 +250,7 @@ def _do_one(s: Side, op: str, slot: int, k: int, prompt: tuple[Any, ...], more: 
         ext = min(k, (r.num_tokens - hit) // BS) * BS
         new = None if not ext else s.m.allocate_slots(
             r, 0, hit, blocks, num_external_computed_tokens=ext, delay_cache_blocks=True,
-            reserved_blocks=more // 4)
+            reserved_blocks=more // 4, skip_zeroing_group_ids=(0,) if more % 2 else ())
         s.hit, s.hits[slot] = hit, hit
         if new is not None:
             s.m.record_prefix_cache_stats(r, hit)
@@ -341,8 +348,13 @@ def _compare(sides: tuple[Side, Side], same_hits: bool) -> None:
             assert [g.count(NULL) for g in mine] == [g.count(NULL) for g in vllms], (
                 r.request_id, mine, vllms)
         ours.m.core.check_invariants()
+        for s in sides:
+            s.m.take_new_block_ids()
         return
     assert ours.m.block_pool.get_num_free_blocks() == theirs.m.block_pool.get_num_free_blocks()
+    # the blocks to zero (needs_kv_cache_zeroing: beside Mamba, or mixed precisions), as many
+    zeroed = [s.m.take_new_block_ids() for s in sides]
+    assert len(zeroed[0]) == len(zeroed[1]), zeroed
     assert ours.m.usage == pytest.approx(theirs.m.usage)
     for slot in ours.live:
         rid = ours.reqs[slot].request_id

@@ -76,7 +76,8 @@ NOT_RUN = {
     "tests/v1/core/test_contiguous_kv_packing.py": (
         "its passing tests build no manager (vLLM's KV cache grouping and packing helpers); the 3 "
         "that build "
-        "one give it a SlidingWindowMLASpec or CircularBufferSpec group, refused at construction"),
+        "one give it a CircularBufferSpec group (2) or SWA bounded replay (SlidingWindowMLASpec) "
+        "at a block size below the hash block's (1), refused at construction"),
     "tests/v1/core/test_mamba_align_chunk_split.py": (
         "its passing tests build no manager; the 12 that build one ask Mamba's speculative "
         "blocks (num_speculative_blocks=3), refused at construction"),

@@ -68,7 +68,9 @@ def add_request(
     of one bool per group names (never a sparse one): vLLM's EAGLE, which matches one
     block past the hit and drops it (``prefixkv.groups.hits``); it may be the
     prompt's last full block, even the one holding its last token.
-    ``num_prompt_tokens``: how many of the tokens are the request's prompt (None: all).
+    ``num_new_tokens`` 0: the hit alone is adopted, its last blocks recomputed in an
+    uncached window (vLLM's SWA bounded replay; RequestError but with a hit beside
+    one). ``num_prompt_tokens``: how many of the tokens are the request's prompt (None: all).
     A preempted request comes back with its prompt and the tokens it decoded, but
     vLLM's partial tail entry (groups/sized.py ``_tail``) stays at its prompt's last
     hash boundary (``Request.num_prompt_tokens``).
@@ -81,8 +83,8 @@ def add_request(
     ConfigError (a hash_mode callable failed), PromptError.
     """
     check_new_request(self._requests, request_id)
-    if num_new_tokens is not None:
-        check_count("num_new_tokens", num_new_tokens, 1, None)
+    if num_new_tokens is not None:  # (0 beside an uncached window: a hit adopted alone, _admit)
+        check_count("num_new_tokens", num_new_tokens, self._least_new, None)
     check_count("num_lookahead_tokens", num_lookahead_tokens, 0, None)
     check_count("keep_free", keep_free, 0, None)
     check_count("num_external_tokens", num_external_tokens, 0, None)
@@ -114,18 +116,27 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
             raise PromptTooLongError(n, need, usable, " usable (all groups' blocks counted together)")
     num_cached = k * bs
     todo = n - num_cached if num_new_tokens is None else min(n - num_cached, num_new_tokens)
+    if not todo and not k:  # (nothing changed yet)
+        raise RequestError("num_new_tokens must be >= 1 but with a hit beside an uncached window "
+                           "(its engine replays the window below the hit), got 0")
     total = num_cached + todo
     first = min(num_cached + num_external_tokens, n)  # the first query's position
-    cuts, hits = window_hits(self.groups, self._index.find, bs, nodes, first)
+    cuts, hits = window_hits(self.groups, self._index.find, bs, nodes, first, self._uncached)
     held = [b for h in hits for b in h]
     covered = blocks_for(total + num_lookahead_tokens, bs)
     per_group = [max(0, covered - max(k, c)) for c in cuts]  # (a window's: none below its cut)
+    if self._uncached:  # (an uncached window's: fresh from its cut, the hit's part included)
+        per_group = [max(0, covered - (max(k, c) if s.cached else c))
+                     for c, s in zip(cuts, self.groups, strict=True)]
     # a sparse group takes the block where this step ends only (its lookahead slots
     # get theirs when a step ends there: decode.py), if past the hit and its cut
     end = blocks_for(total, bs) - 1
     taken = [int(covered - p <= end) if s.sparse else p
              for p, s in zip(per_group, self.groups, strict=True)]
-    fit = self._num_fresh(blocks_for(n, bs) - k) if require_full_fit else 0
+    fit = 0
+    if require_full_fit:  # (an uncached window's blocks of the hit are fresh too)
+        fit = self._num_fresh(blocks_for(n, bs) - k) + sum(
+            max(0, k - c) for c, s in zip(cuts, self.groups, strict=True) if not s.cached)
     if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
         return None
     last = total // bs
@@ -156,6 +167,8 @@ def _enter(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     req.nodes = nodes
     self._table.hold(nodes[-1] if nodes else None)
     req.num_cached, req.step_start = num_cached, first
+    if self._uncached:  # (a load wrote from the hit on, the engine rebuilt the window below first)
+        req.sound_from = [0 if s.cached else min(num_cached, s.first_needed(first)) for s in self.groups]
     req.num_scheduled = total
     req.num_reserved = total + num_lookahead_tokens
     if total < n:  # its chunks and hashes serve the prefill's next chunks (``extend``)
@@ -186,7 +199,7 @@ def lookup_block_ids(self: HybridKVCacheManager, prompt_token_ids: Sequence[int]
     ``add_request`` for bad input."""
     cuts, hits = window_hits(self.groups, self._index.find, self.block_size, self._find(
         None, prompt_token_ids, extra, True, max_hit_tokens=max_hit_tokens,
-        peek=peeking(self.groups, peek))[1])
+        peek=peeking(self.groups, peek))[1], uncached=self._uncached)
     null = self.null_block_id
     return tuple((null,) * cut + tuple(b.block_id for b in h)  # type: ignore[misc]
                  for cut, h in zip(cuts, hits, strict=True))
@@ -238,4 +251,4 @@ def _hit_nodes(self: HybridKVCacheManager, chunks: Sequence[bytes], keys: Reques
     if not limit:
         return []
     return hit_nodes(self.groups, self._table, self._index.find, self.block_size,
-                     chunks, keys, n, limit, peek, alone)
+                     chunks, keys, n, limit, peek, alone, self._uncached)

@@ -50,6 +50,7 @@ def fork(self: HybridKVCacheManager, parent_id: Hashable, child_id: Hashable) ->
     child.nodes = parent.nodes[:]
     self._table.hold(child.nodes[-1] if child.nodes else None)
     child.num_scheduled, child.step_start = parent.num_scheduled, parent.step_start
+    child.sound_from = parent.sound_from
     child.num_cached = full * self.block_size
     child.tainted_from, child.losses = parent.tainted_from, parent.losses  # (the
     # parent's KV, found as the parent's is)

@@ -55,15 +55,33 @@ _BLOCK = itemgetter(2)
 
 
 def free_order(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest,
-               found: Found, longer: bool) -> list[Block]:
+               found: Found, longer: bool, uncached: bool = False) -> list[Block]:
     """The request's blocks (not None), in the order to release them (module
     docstring). ``found``: as ``free_runs.Found``; ``longer``: whether a longer prefix
-    than the request's exists (hits past it may need its blocks)."""
+    than the request's exists (hits past it may need its blocks); ``uncached``: some
+    group is an uncached window (``GroupSpec.cached``), whose blocks hold nothing a hit
+    uses: they go first, then the others' in their order (``_cached_order``)."""
+    if uncached:
+        return _cached_order(specs, block_size, req, found, longer)
     if req.nodes and len(specs) > 1:
         cascade = _Cascade(specs, block_size, req, found, longer)
         if cascade.moves:
             return cascade.order()
     return list(filter(None, chain.from_iterable(map(reversed, req.tables))))
+
+
+def _cached_order(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest,
+                  found: Found, longer: bool) -> list[Block]:
+    """``free_order`` beside uncached windows: their blocks (each tail first), then the
+    cached groups' in the order ``free_order`` gives them alone (the hits are theirs)."""
+    kept = [g for g, s in enumerate(specs) if s.cached]
+    first: list[Block] = [b for g, s in enumerate(specs) if not s.cached
+                          for b in reversed(req.tables[g]) if b is not None]
+    view = GroupRequest(req.request_id, req.tokens, req.keys, len(kept))
+    view.nodes, view.cut = req.nodes, [req.cut[g] for g in kept]
+    view.tables = [req.tables[g] for g in kept]
+    return first + free_order([specs[g] for g in kept], block_size, view,
+                              lambda i, lo, hi: found(kept[i], lo, hi), longer)
 
 
 class _Cascade:

@@ -166,11 +166,11 @@ class GroupIndex:
 
     def cut_off(self, tables: Sequence[Sequence[Block | None]], j: int) -> bool:
         """Whether a request's block ``j`` (``tables``: its block table per group) holds
-        no content in some group that keys every block it computes (not sparse): its KV
+        no content in some group that keys every block it computes (cached, not sparse): its KV
         was found invalid (``uncache``), so what the request computes after it is lost
         (``PrefixTable.extend``'s ``cut``)."""
         for spec, t in zip(self.specs, tables, strict=True):
-            if not spec.sparse and 0 <= j < len(t):
+            if not spec.sparse and spec.cached and 0 <= j < len(t):
                 b = t[j]
                 if b is not None and b.key is None:
                     return True

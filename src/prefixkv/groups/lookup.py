@@ -37,11 +37,12 @@ def peeking(specs: Sequence[GroupSpec], peek: bool | Sequence[bool]) -> tuple[bo
 
 def hit_nodes(specs: Sequence[GroupSpec], table: PrefixTable, find: Find, block_size: int,
               chunks: Sequence[bytes], keys: RequestKeys, num_tokens: int, limit: int,
-              peek: Sequence[bool], alone: list[int] | None) -> list[Prefix]:
+              peek: Sequence[bool], alone: list[int] | None, uncached: bool = False) -> list[Prefix]:
     """The prefix ids of the hit of a prompt of ``num_tokens`` tokens (``chunks``: its
     full blocks' token bytes; ``keys``: its extra keys), at most ``limit`` blocks; in the
     groups ``peek`` names, the block after it is looked at too. ``alone[g]`` is set to the
-    blocks group ``g`` alone would serve (without peeking), when given."""
+    blocks group ``g`` alone would serve (without peeking), when given. ``uncached``: some
+    group is an uncached window, which serves any hit (``GroupSpec.cached``)."""
     bs = block_size
     peeks = any(peek)
     walked = min(num_tokens // bs, limit + 1) if peeks else limit  # (peek: block ``limit`` too)
@@ -49,22 +50,33 @@ def hit_nodes(specs: Sequence[GroupSpec], table: PrefixTable, find: Find, block_
     top = min(limit, len(nodes) - 1) if peeks else len(nodes)
     if top <= 0:
         return []
-    k = longest_hit(specs, bs, top, lambda g, j: find(g, nodes[j]) is not None, peek)
+    if not uncached:
+        k = longest_hit(specs, bs, top, lambda g, j: find(g, nodes[j]) is not None, peek)
+    else:  # (the other groups' rule alone)
+        live = [g for g, s in enumerate(specs) if s.cached]
+        k = longest_hit([specs[g] for g in live], bs, top,
+                        lambda i, j: find(live[i], nodes[j]) is not None,
+                        [p for g, p in enumerate(peek) if specs[g].cached])
     if alone is not None:
         for g, spec in enumerate(specs):
             def held(_: int, j: int, g: int = g) -> bool:
                 return find(g, nodes[j]) is not None
-            alone[g] = longest_hit((spec,), bs, len(nodes), held)
+            alone[g] = longest_hit((spec,), bs, len(nodes), held) if spec.cached else len(nodes)
     return nodes[:k]
 
 
 def window_hits(specs: Sequence[GroupSpec], find: Find, block_size: int, nodes: list[Prefix],
-                first: int | None = None) -> tuple[list[int], list[list[Block]]]:
+                first: int | None = None, uncached: bool = False) -> tuple[list[int], list[list[Block]]]:
     """Per group, how many leading blocks a request admitted on the hit ``nodes``
     holds none of when its first query sits at ``first`` (default: the hit's end;
-    ``GroupSpec.admitted_cut``), and the blocks of the hit past them, in token order."""
+    ``GroupSpec.admitted_cut``), and the blocks of the hit past them, in token order
+    (none in an uncached group, when ``uncached`` says there is one: it takes fresh
+    blocks there)."""
     k, bs = len(nodes), block_size
     at = k * bs if first is None else first
     cuts = [s.admitted_cut(k * bs, at, bs) for s in specs]
+    if uncached:
+        return cuts, [[find(g, nodes[j]) for j in range(cuts[g], k)] if s.cached  # type: ignore[misc]
+                      else [] for g, s in enumerate(specs)]
     return cuts, [[find(g, nodes[j]) for j in range(cuts[g], k)]  # type: ignore[misc]
                   for g in range(len(specs))]

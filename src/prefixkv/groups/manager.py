@@ -64,7 +64,8 @@ class HybridKVCacheManager:
             ``num_blocks`` past ``MAX_BLOCKS``), a flag not a bool, a bad hash mode/seed,
             no block left beside the null block; ``block_size`` a ``BlockSizes`` that
             ``BlockSizes.of`` refuses, of another number of groups than ``groups``, or
-            (not served yet) not ``one_size`` in a subclass.
+            (not served yet) not ``one_size`` in a subclass or beside an uncached
+            window (``GroupSpec.cached``).
 
     Thread safety: as ``KVCacheManager``'s (one thread makes every call but ``prepare``).
     """
@@ -91,6 +92,9 @@ class HybridKVCacheManager:
     _kv_ops: list[GroupBlockCopy]  # the fork copies since ``take_kv_ops``
     _nothing: tuple[tuple[int, ...], ...]  # (no block ids in any group)
     _sparse: tuple[int, ...]  # the sparse (Mamba) groups
+    _uncached: bool  # some group is an uncached window (``GroupSpec.cached``)
+    _least_new: int  # the fewest tokens an admission schedules (0 beside an uncached window)
+    _record_kinds: tuple[int, ...]  # per group, how ``_record`` treats its blocks (parts.py)
     _config: tuple[object, ...]  # what ``prepare`` reads
     _prompt_hasher: Hasher | None
     _num_prefilling = 1  # no count of prefilling requests is kept here: always check
@@ -197,7 +201,8 @@ class HybridKVCacheManager:
     def reads_released(self, request_id: Hashable, num_tokens: int) -> bool:
         """Whether a step of the request computing from ``num_tokens`` would read KV its
         tables no longer hold: an entry a window released (after a ``rewind``, or below
-        an admission's ``num_external_tokens`` whose load then failed), or a Mamba state
+        an admission's ``num_external_tokens`` whose load then failed), an uncached
+        window's position below those its engine rebuilt at admission, or a Mamba state
         no block holds. ``rewind`` to such a point keeps what is computed from there
         uncached (groups/taint.py). Changes nothing. Raises RequestError (unknown id,
         ``num_tokens`` outside ``[0, num_scheduled_tokens]``)."""

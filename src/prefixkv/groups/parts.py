@@ -43,6 +43,9 @@ def construct(
     specs = group_specs(groups)
     check_positive("num_blocks", num_blocks, MAX_BLOCKS)
     sizes = manager_sizes(specs, block_size)
+    if not sizes.one_size and not all(s.cached for s in specs):
+        raise ConfigError(f"uncached windows (GroupSpec.cached False) are served at one block "
+                          f"size only, got {sizes}")
     if not sizes.one_size and not self._serves_sizes:
         from .manager import HybridKVCacheManager
         from .sized import SizedHybridKVCacheManager
@@ -76,6 +79,9 @@ def construct(
     self._kv_ops = []
     self._nothing = ((),) * len(specs)
     self._sparse = tuple(g for g, s in enumerate(specs) if s.sparse)
+    self._uncached = not all(s.cached for s in specs)
+    self._least_new = 0 if self._uncached else 1  # (add_request's num_new_tokens)
+    self._record_kinds = tuple(_SPARSE if s.sparse else 0 if s.cached else _UNCACHED for s in specs)
     # what ``prepare`` reads, fixed from here on (as ``KVCacheManager``'s)
     self._config = (sizes.hash_size, vocab_size, fn, root)
     self._prompt_hasher = self._hasher if self._index.hashing else None
@@ -106,8 +112,12 @@ def _prepare(self: HybridKVCacheManager, req: GroupRequest, first: int, last: in
     return chunks, extras, hashes
 
 
+_SPARSE, _UNCACHED = 1, 2
+"""``_record_kinds``: how ``_record`` treats a group's blocks (0: it records them all)."""
+
+
 def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared: Prepared) -> None:
-    """Give full blocks ``first..`` their prefix ids and index them in every group
+    """Give full blocks ``first..`` their prefix ids and index them in every cached group
     (in a sparse group, only the block ending where the step ends, at
     ``num_scheduled``: the others hold a state from before their end; none from
     the request's ``tainted_from`` on); move the request's hold to its new last
@@ -121,10 +131,15 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
     events = ([req.keys.for_event(j, self.block_size) for j in range(first, last)]
               if self._index.hashing else None)
     ends = req.num_scheduled == last * self.block_size
+    kinds = self._record_kinds
     for g, table in enumerate(req.tables):
-        part = table[first:last]
-        if self.groups[g].sparse:  # (a block a step ran past holds the state it had then)
+        if kinds[g]:
+            if kinds[g] == _UNCACHED:  # (never cached nor looked up)
+                continue
+            part = table[first:last]  # (sparse: a block a step ran past holds the state it had then)
             part = [None if j < len(part) - 1 or not ends else b for j, b in enumerate(part)]
+        else:
+            part = table[first:last]
         if sound < last:  # (its KV read lost KV: never findable)
             part = part[:sound - first] + [None] * (last - sound)
         self._index.store(g, part, nodes, first, req.tokens, events, self.block_size)  # type: ignore[arg-type]

@@ -48,7 +48,8 @@ def free(self: HybridKVCacheManager, request_id: Hashable, *, num_computed_token
 
 def _free_order(self: HybridKVCacheManager, req: GroupRequest, longer: bool) -> list[Block]:
     """The request's blocks in the order ``free`` releases them (``free_order``)."""
-    return free_order(self.groups, self.block_size, req, finder(self._index, req), longer)
+    return free_order(self.groups, self.block_size, req, finder(self._index, req), longer,
+                      self._uncached)
 
 
 def preempt(self: HybridKVCacheManager, request_id: Hashable, *,

@@ -63,7 +63,8 @@ def release_order(specs: Sequence[GroupSpec], block_size: int, req: GroupRequest
     empty: list[Block | None] = [None]
     view.tables = [empty * (req.cut[g] - s) + list(going[g]) for g in windows]
     order = free_order(wspecs, block_size, view,
-                       lambda i, lo, hi: finds(windows[i], nodes[lo + s:hi + s]), True)
+                       lambda i, lo, hi: finds(windows[i], nodes[lo + s:hi + s]), True,
+                       not all(spec.cached for spec in wspecs))
     req.release(going)
     return order
 

@@ -20,6 +20,10 @@ after a ``rewind``, which undoes no release, it may lie past ``num_scheduled``.
 ``tainted_from``: None, or the first position whose KV the request computes from a
 context it lost (a recompute after a ``rewind`` past what a window released: taint.py);
 no full block holding a position at or after it is cached.
+``sound_from``: beside an uncached window (``GroupSpec.cached``), per group, the first
+position whose KV its blocks hold since admission (0 in the others): those a load wrote
+(from the hit on) and those the engine rebuilt (from ``first_needed`` of the first query's
+position), so a recompute reading below them reads lost KV (taint.py); else None.
 ``states``: with groups of different sizes (groups/sized.py), the entries ``(g, j)`` of
 sparse groups whose block holds the state at its own end (a step ended there: the only
 ones recorded); None until one does.
@@ -48,7 +52,7 @@ from .spec import GroupSpec
 class GroupRequest:
     __slots__ = ("request_id", "tokens", "keys", "tables", "cut", "nodes", "num_cached",
                  "num_scheduled", "num_reserved", "step_start", "next_release", "release_bound",
-                 "prompt", "tainted_from", "losses", "num_prompt", "states")
+                 "prompt", "tainted_from", "losses", "num_prompt", "states", "sound_from")
 
     def __init__(self, request_id: Hashable, tokens: array[int], keys: RequestKeys, num_groups: int) -> None:
         self.request_id = request_id
@@ -68,6 +72,7 @@ class GroupRequest:
         self.losses = -1
         self.num_prompt = len(tokens)  # (vLLM's num_prompt_tokens: where a partial tail is cached)
         self.states: set[tuple[int, int]] | None = None  # (groups/sized.py ``_mark``)
+        self.sound_from: list[int] | None = None
 
     def release(self, going: Sequence[Sequence[Block | None]]) -> list[Block]:
         """Replace each group's blocks in ``going`` (the next ones after its cut) by None

@@ -60,13 +60,19 @@ class GroupSpec:
     """One attention group. ``kind``: one of ``KINDS``; ``tokens``: the window W
     (sliding) or the chunk C (chunked local), 0 for full attention and Mamba;
     ``retained``: tokens below a sliding window whose blocks a request keeps although
-    no query reads them (vLLM's ``extra_retained_tokens``), 0 for the other kinds.
-    Raises ConfigError for an unknown kind, a size that does not fit the kind, or a
-    ``retained`` that is not an int >= 0 (0 unless sliding)."""
+    no query reads them (vLLM's ``extra_retained_tokens``), 0 for the other kinds;
+    ``cached``: False for a sliding window whose blocks are never cached nor looked up
+    (vLLM's ``prefix_cacheable`` False: SWA bounded replay, whose engine recomputes the
+    window below a hit): hits are the other groups' alone, and a request admitted on
+    one takes fresh blocks for the window's part of it (docs/design.md, "Layer
+    groups"). Raises ConfigError for an unknown kind, a size that does not fit the
+    kind, a ``retained`` that is not an int >= 0 (0 unless sliding), or a ``cached``
+    that is not a bool (True unless sliding)."""
 
     kind: str
     tokens: int = 0
     retained: int = 0
+    cached: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -79,6 +85,9 @@ class GroupSpec:
         if type(self.retained) is not int or self.retained < 0 or (self.retained and self.kind != SLIDING):
             want = "an int >= 0" if self.kind == SLIDING else "0 (sliding windows only retain)"
             raise ConfigError(f"a {self.kind} group takes retained={want}, got {self.retained!r}")
+        if self.cached is not True and (self.cached is not False or self.kind != SLIDING):
+            want = "a bool" if self.kind == SLIDING else "True (only sliding windows go uncached)"
+            raise ConfigError(f"a {self.kind} group takes cached={want}, got {self.cached!r}")
 
     @property
     def releases(self) -> bool:
@@ -156,12 +165,14 @@ def full_attention() -> GroupSpec:
     return GroupSpec(FULL)
 
 
-def sliding_window(window: int, retained: int = 0) -> GroupSpec:
+def sliding_window(window: int, retained: int = 0, *, cached: bool = True) -> GroupSpec:
     """A group of sliding-window layers: a query sees ``window`` keys, itself included
     (Mistral's and vLLM's ``sliding_window``); a request keeps the blocks of
     ``retained`` more tokens below them (vLLM's ``extra_retained_tokens``: module
-    docstring). Raises ConfigError unless window > 0 and retained >= 0."""
-    return GroupSpec(SLIDING, window, retained)
+    docstring); ``cached=False``: its blocks are never cached nor looked up
+    (``GroupSpec.cached``). Raises ConfigError unless window > 0, retained >= 0 and
+    cached a bool."""
+    return GroupSpec(SLIDING, window, retained, cached)
 
 
 def chunked_local(chunk: int) -> GroupSpec:

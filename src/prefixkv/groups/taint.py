@@ -28,7 +28,8 @@ from .spec import GroupSpec
 
 def reads_lost(specs: Sequence[GroupSpec], req: GroupRequest, p: int, sizes: Sequence[int]) -> bool:
     """Whether a recompute of ``req`` from ``p`` reads KV its tables no longer hold: a
-    window's released entry that a query at ``p`` reads, or a Mamba state other than
+    window's released entry that a query at ``p`` reads, an uncached window's position
+    below those it holds since admission (``sound_from``), or a Mamba state other than
     the one after ``p - 1`` (held where the last step ended, ``num_scheduled``, and
     where a step ended on a block's end and its block was recorded: a state block keeps
     the state where its last step ended). ``sizes``: each group's block size."""
@@ -38,7 +39,8 @@ def reads_lost(specs: Sequence[GroupSpec], req: GroupRequest, p: int, sizes: Seq
                     p % block_size or (b := req.tables[g][p // block_size - 1]) is None
                     or b.key is None):
                 return True
-        elif req.cut[g] > spec.num_unread(p, block_size):
+        elif req.cut[g] > spec.num_unread(p, block_size) or (
+                req.sound_from is not None and spec.first_needed(p) < req.sound_from[g]):
             return True
     return False
 

@@ -20,6 +20,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheConfig,
     MambaSpec,
     MLAAttentionSpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
 
@@ -84,11 +85,15 @@ def _group_of(spec: Any) -> GroupSpec:
     kind = type(spec)
     if kind in _FULL:
         return full_attention()
-    if kind is SlidingWindowSpec:
+    if kind is SlidingWindowSpec or kind is SlidingWindowMLASpec:
         # ``extra_retained_tokens`` (multi-module speculative decoding): vLLM keeps that
         # many tokens below the window (``get_num_skipped_tokens``) but judges a hit by
-        # the window alone (``_contiguous_blocks_for_hit``): GroupSpec's ``retained``
-        return sliding_window(spec.sliding_window, getattr(spec, "extra_retained_tokens", 0))
+        # the window alone (``_contiguous_blocks_for_hit``): GroupSpec's ``retained``.
+        # The MLA one (vLLM's same SlidingWindowManager) with ``bounded_replay`` is not
+        # ``prefix_cacheable``: an uncached window (its scheduler replays the window below
+        # a hit, ``prefix_replay_tokens``)
+        return sliding_window(spec.sliding_window, getattr(spec, "extra_retained_tokens", 0),
+                              cached=bool(spec.prefix_cacheable))
     if kind is ChunkedLocalAttentionSpec:
         return chunked_local(spec.attention_chunk_size)
     if kind is MambaSpec:
@@ -142,6 +147,10 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
         raise UnsupportedByPrefixKV("a KV cache config without groups (attention-free "
                                     "models) has no blocks for prefixkv to manage")
     groups = tuple(_group_of(s) for s in specs)
+    if not any(g.cached for g in groups):
+        raise UnsupportedByPrefixKV("a KV cache config whose groups are all uncached "
+                                    "(prefix_cacheable False) has no hit to look up; vLLM "
+                                    "asserts one cacheable group")
     sizes = tuple(s.block_size for s in specs)
     if set(sizes) != {scheduler_block_size} or hash_block_size != scheduler_block_size:
         _check_sizes(groups, sizes, scheduler_block_size, hash_block_size)
@@ -235,6 +244,9 @@ def eagle_layout(layout: Layout) -> tuple[bool, ...]:
     the dropped block once per candidate, and a group that already dropped it is checked
     again without: ``kv_cache_coordinator``)."""
     kinds = {g.kind for g in layout.groups}
+    if not all(g.cached for g in layout.groups):
+        raise UnsupportedByPrefixKV("prefixkv does not offer EAGLE's shortened hits (use_eagle) "
+                                    "beside SWA bounded replay (an uncached window)")
     if not kinds <= {"full_attention", "sliding_window"}:
         raise UnsupportedByPrefixKV(f"prefixkv offers EAGLE's shortened hits (use_eagle) on "
                                     f"full-attention and sliding-window groups only, got {sorted(kinds)}")

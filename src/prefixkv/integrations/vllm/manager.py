@@ -41,6 +41,7 @@ from .requests import reads_cache
 from .slots import allocate, grow, lookup
 from .step_calls import StepCalls
 from .telemetry import Telemetry
+from .zeroing import Zeroing
 
 __all__ = ["KVCacheManager"]
 
@@ -97,6 +98,14 @@ class KVCacheManager(StepCalls):
         # read_layout refuses: its flag is then False too
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
+        # vLLM's scheduler replays this many tokens below a hit (SWA bounded replay: its
+        # uncached window is rebuilt), counting them not computed meanwhile (sound_tokens)
+        self.replay_tokens = max(s.prefix_replay_tokens for s in layout.specs)
+        # the groups whose hits are looked up (vLLM's empty slot for the others), whether
+        # one is not, and whether a hit is found otherwise than by every group (slots.lookup)
+        self.cached_groups = tuple(g.cached for g in layout.groups)
+        self._uncached = not all(self.cached_groups)
+        self._odd_hit = use_eagle or self._uncached
         self._hybrid = layout.hybrid
         self._mamba = StepCache(tuple(g for g, s in enumerate(layout.groups) if s.sparse),  # mamba.py
                                 next((g for g, s in enumerate(layout.groups) if not s.releases), 0),
@@ -107,6 +116,9 @@ class KVCacheManager(StepCalls):
         # the prompts prepared where vLLM builds its Requests (prepared.py, input_thread.py)
         self.prepared_prompts = PreparedPrompts(self.core.prepare, self.hash_block_size)
         self._blocks = Blocks(layout.num_blocks, self.num_kv_cache_groups, offset)
+        zeroing = Zeroing(kv_cache_config, layout.specs, offset)  # (the blocks to zero)
+        self._zeroes: Zeroing | None = zeroing if zeroing.active else None
+        self._plain = not self._mamba.groups and self._zeroes is None  # (allocate_slots)
         self.empty_kv_cache_blocks = self._blocks.empty
         # stats, metrics notes and events (telemetry.py)
         self._telemetry = Telemetry(self.core, self._blocks, bs, layout.specs, log_stats=log_stats,
@@ -207,12 +219,30 @@ class KVCacheManager(StepCalls):
         args = (self, request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
                 num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
                 full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
-        if not self._mamba.groups:
+        if self._plain:  # (no Mamba group, no block to zero)
             return allocate(*args)
-        check_call(self, num_lookahead_tokens, num_external_computed_tokens)
-        out: KVCacheBlocks | None = noting(self, request, num_new_computed_tokens,
-                                           partial(allocate, *args))
+        admitted = self._keys.get(request.request_id) is None
+        loaded = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
+        out: KVCacheBlocks | None
+        if self._mamba.groups:
+            check_call(self, num_lookahead_tokens, num_external_computed_tokens)
+            out = noting(self, request, num_new_computed_tokens, partial(allocate, *args))
+        else:
+            out = allocate(*args)
+        if out is not None and self._zeroes:  # (zeroing.py)
+            if admitted:
+                self._zeroes.note_admitted(self, self._keys[request.request_id], num_new_computed_tokens,
+                                           loaded, skip_zeroing_group_ids)
+            else:
+                self._zeroes.note(out.get_block_ids())
         return out
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Zero the request's blocks from ``start_token`` on again (a failed load left them
+        unwritten), as vLLM's (zeroing.py); nothing for a request holding none."""
+        key = self.key_of(request_id)
+        if key is not None and self._zeroes:
+            self._zeroes.note_from(self._ids(key), start_token, self.group_sizes)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Make the request's full blocks up to ``num_computed_tokens`` findable (the tokens

@@ -20,6 +20,8 @@ from vllm.v1.request import Request, RequestStatus
 
 from prefixkv.core.block import blocks_for
 
+from .requests import sound_tokens
+
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
@@ -47,7 +49,7 @@ def uncache_set_back(m: KVCacheManager, key: int, request: Request) -> None:
     recomputes a loaded prompt's last token for its logits: set back inside a block
     whose KV was loaded). A waiting request's count is not read (a load landed: its
     blocks up to the count are sound; vLLM's own tests free such requests uncounted)."""
-    n: int = request.num_computed_tokens
+    n = sound_tokens(request, m.replay_tokens)  # (a replay's tokens are sound)
     scheduled: int = m.core.num_scheduled_tokens(key)
     if request.status == RequestStatus.RUNNING:
         up = False
@@ -119,6 +121,7 @@ def estimate_cached(m: KVCacheManager, request_id: str) -> int:
     evicted = m._evicted.get(request_id, ())
     if not n or not (evicted or m._hybrid):  # (a window's released blocks: null)
         return n
-    return min(  # (each group at its own block size)
+    return min(  # (each group at its own block size; an uncached window's not counted, as vLLM's)
         b * max((j + 1 for j, i in enumerate(row[:n // b]) if i and (g, j) not in evicted), default=0)
-        for g, (row, b) in enumerate(zip(m.get_block_ids(request_id), m.group_sizes, strict=True)))
+        for g, (row, b) in enumerate(zip(m.get_block_ids(request_id), m.group_sizes, strict=True))
+        if m.cached_groups[g])

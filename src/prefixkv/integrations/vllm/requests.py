@@ -22,7 +22,7 @@ from typing import Any
 
 from prefixkv.extra_keys import EMBEDS_TAG, ExtraKeys, MultiModalInput
 
-__all__ = ["EMBEDS_TAG", "core_tokens", "extra_keys_of", "reads_cache"]
+__all__ = ["EMBEDS_TAG", "core_tokens", "extra_keys_of", "reads_cache", "sound_tokens"]
 
 
 def core_tokens(request: Any) -> Sequence[int]:
@@ -31,6 +31,18 @@ def core_tokens(request: Any) -> Sequence[int]:
     out: Sequence[int] = getattr(tokens, "_x", tokens)
     return out
 
+
+
+def sound_tokens(request: Any, replay_tokens: int) -> int:
+    """The request's tokens whose KV is sound: ``num_computed_tokens``, but while vLLM's
+    SWA bounded replay recomputes the ``replay_tokens`` below a hit (from
+    ``replay_start``, > 0 once a hit replays), the hit's end: the replayed tokens' KV is
+    cached in the other groups and kept (only the uncached window is rebuilt)."""
+    n: int = request.num_computed_tokens
+    start: int = getattr(request, "replay_start", 0) if replay_tokens else 0
+    if start and start <= n < start + replay_tokens:
+        return start + replay_tokens
+    return n
 
 
 def _embeds_keys(request: Any, block_size: int) -> tuple[MultiModalInput, ...]:

@@ -32,12 +32,13 @@ from prefixkv.errors import PromptTooLongError, RequestError, check_count
 from prefixkv.extra_keys import ExtraKeys
 
 from .layout import UnsupportedByPrefixKV
-from .requests import core_tokens, extra_keys_of
+from .requests import core_tokens, extra_keys_of, sound_tokens
 
 if TYPE_CHECKING:
     from .manager import KVCacheManager
 
-__all__ = ["admission_prompt", "admit", "allocate", "grow", "grow_live", "lookup", "rewind"]
+__all__ = ["admission_prompt", "admit", "allocate", "grow", "grow_live", "lookup", "rewind", "uncached_hit",
+           "uncached_new"]
 
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
@@ -47,12 +48,16 @@ def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
     """``m.get_computed_blocks`` (its contract is there) less its last 0: the hit's
     blocks per group and tokens, noted to the metrics collector; none when the request
     does not read the cache. The hit is the longest within ``max_cache_hit_length``
-    (None: no cap); with ``m.use_eagle``, as vLLM's EAGLE finds it (``eagle_hit``)."""
+    (None: no cap); with ``m.use_eagle``, as vLLM's EAGLE finds it (``eagle_hit``);
+    beside an uncached window (SWA bounded replay), the other groups' (``uncached_hit``)."""
     if not m.prefix_cache_lookup_enabled(request):
         return m.empty_kv_cache_blocks, 0
     prompt, extra = admission_prompt(m, request)
-    if m.use_eagle:
-        ids = eagle_hit(m, prompt, extra, request.num_tokens, max_cache_hit_length)
+    if m._odd_hit:  # (EAGLE's, or beside an uncached window: never both, layout.eagle_layout)
+        if m.use_eagle:
+            ids = eagle_hit(m, prompt, extra, request.num_tokens, max_cache_hit_length)
+        else:
+            return uncached_hit(m, prompt, extra, max_cache_hit_length)
     else:
         hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=max_cache_hit_length)
         ids = hit if m._hybrid else (hit,)  # a window's unread blocks: the null block
@@ -60,6 +65,28 @@ def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
     if n:
         m._telemetry.on_accessed(blocks)
     return blocks, n
+
+
+def uncached_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None,
+                 cap: int | None) -> tuple[KVCacheBlocks, int]:
+    """``lookup``'s hit beside an uncached window (vLLM's SWA bounded replay, never looked
+    up): the other groups' blocks, and an empty slot for the window, as vLLM's."""
+    hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap)
+    ids = tuple(i if c else () for i, c in zip(hit, m.cached_groups, strict=True))
+    g = m.cached_groups.index(True)
+    n, blocks = len(ids[g]) * m.group_sizes[g], m._blocks.of(ids)
+    if n:
+        m._telemetry.on_accessed(blocks)
+    return blocks, n
+
+
+def uncached_new(m: KVCacheManager, new: tuple[tuple[int, ...], ...],
+                 tables: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """An admission's ``new`` blocks per group (those past the hit) with an uncached
+    window's replaced by all it took (``tables``: the request's, prefixkv's ids)."""
+    null = m.core.null_block_id
+    return tuple(ids if c else tuple(i for i in t if i != null)
+                 for ids, t, c in zip(new, tables, m.cached_groups, strict=True))
 
 
 def eagle_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None,
@@ -121,8 +148,9 @@ def allocate(m: KVCacheManager, request: Request, num_new_tokens: int, num_new_c
 def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, external: int,
           lookahead: int, delay: bool, full_fit: bool, keep: int) -> KVCacheBlocks | None:
     """``allocate_slots`` for a request holding no blocks: admit it with a hit of ``hit``
-    tokens, register its vLLM id; the blocks past the hit, or None when the pool, less
-    ``keep`` blocks, is short or could never hold it (nothing changed). Raises
+    tokens, register its vLLM id; the blocks past the hit (an uncached window's: all it
+    took), or None when the pool, less ``keep`` blocks, is short or could never hold it
+    (nothing changed). Raises
     RequestError when the request has computed tokens and a hit, or when the cache's hit
     is not ``hit``, PromptTooLongError when it has more than ``m.max_model_len`` tokens
     (nothing changed)."""
@@ -141,7 +169,9 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     computed = request.num_computed_tokens + hit + external
     slots = min(computed + num_new_tokens + lookahead, m.max_model_len)
     cache_to = min(hit if delay else computed + num_new_tokens, len(prompt))
-    scheduled = max(cache_to - hit, 1)  # prefixkv schedules at least one token
+    scheduled = max(cache_to - hit, 1)  # prefixkv schedules at least one token, but
+    if not num_new_tokens and m._uncached and not external:  # where vLLM adopts a hit alone
+        scheduled = 0  # (a chunk ending in the tokens SWA bounded replay recomputes below it)
     key = m._next_key
     # a load's tokens: no query reads below the windows' reach at their end (vLLM: null
     # blocks); a resumed request's prompt is its first num_prompt_tokens (its partial tail)
@@ -171,6 +201,8 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     m._next_key += 1
     m._keys[request.request_id] = key
     new = tuple(ids[hit // b:] for ids, b in zip(adm.group_block_ids, m.group_sizes, strict=True))
+    if m._uncached:  # (an uncached window's blocks are all new)
+        new = uncached_new(m, new, adm.group_block_ids)
     m._telemetry.on_allocated(new)
     return m._blocks.of(new)
 
@@ -204,8 +236,10 @@ def grow_live(m: KVCacheManager, key: int, request: Request, num_new_tokens: int
         if m._hybrid:  # as vLLM, which frees what no window reads before it counts
             m.core.release_unread(key)
         return None
-    if back:
-        rewind(m, key, n)
+    if back:  # (but while vLLM replays the window below a hit: its tokens are sound)
+        sound = sound_tokens(request, m.replay_tokens)
+        if sound == n or sound < scheduled:
+            rewind(m, key, sound)
     return m._blocks.of(grow(m, key, request, min(cache_to, request.num_tokens), slots))
 
 

@@ -1,6 +1,6 @@
 """The calls vLLM's scheduler makes once a step on its ``KVCacheManager``: the step's
-start, its stats and KV events, and the per-step calls of Mamba's zeroing, copies and
-offloads, which prefixkv answers with nothing to do.
+start, its stats and KV events, the blocks to zero (zeroing.py), and the per-step calls
+of Mamba's copies and offloads, which prefixkv answers with nothing to do.
 
 ``StepCalls`` is the base of manager.py's ``KVCacheManager``, which builds what these
 calls read: prefixkv's manager (``core``), the Mamba groups' step cache (mamba.py) and the
@@ -17,6 +17,7 @@ from vllm.v1.request import Request
 
 from .mamba import StepCache
 from .telemetry import Telemetry
+from .zeroing import Zeroing
 
 __all__ = ["StepCalls"]
 
@@ -31,6 +32,8 @@ class StepCalls:
     """Set by prefixkv's Scheduler when vLLM's publisher builds the events (handoff.py)."""
     _mamba: StepCache
     _telemetry: Telemetry
+    _zeroes: Zeroing | None
+    """The blocks vLLM's worker zeroes (zeroing.py); None where it zeroes none."""
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
@@ -57,14 +60,17 @@ class StepCalls:
         publisher's thread builds: the chain hashes are not computed here."""
         return self._telemetry.take_events(self.hands_off_events)
 
-    # ---- Mamba's per-step calls: nothing to do --------------------------------------------
+    # ---- zeroing (zeroing.py) ----------------------------------------------------------------
 
     def take_new_block_ids(self) -> list[int]:
-        """[]: no group of prefixkv's needs its new blocks zeroed (that is Mamba's)."""
-        return []
+        """The attention groups' blocks taken since the last call, which vLLM's worker
+        zeroes when ``needs_kv_cache_zeroing`` (a load's left out where it writes them);
+        [] otherwise."""
+        return self._zeroes.take() if self._zeroes else []
 
-    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """Nothing to record (see ``take_new_block_ids``)."""
+    # (record_blocks_for_zeroing, which reads a request's blocks: manager.py)
+
+    # ---- Mamba's per-step calls: nothing to do --------------------------------------------
 
     def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
         """No copies: prefixkv never shares a partial block with vLLM's scheduler."""
