@@ -1,10 +1,11 @@
-"""``NO_CHILD``, the ``child`` of a block without one, is a ``Block`` holding no content:
-the guess a claim or a store tries first meets a block's type whether the guess is a
-block or the sentinel, so 3.11 keeps those attribute reads specialized to the block's
-slots (another type sent each of them down the generic lookup, a C path cold after the
-forward pass: benchmarks/results/events-r24.md). It fails every check a guess must pass,
-and a write to it is caught by ``check_invariants`` (an object of its own type, with no
-slots, refused writes)."""
+"""``NO_CHILD``, the ``child`` of a block without one, is a ``Block`` holding no content,
+its key ``b""``: the guess a claim or a store tries first meets a block's type and a
+bytes key whether the guess is a block or the sentinel, so 3.11 keeps those attribute
+reads specialized to the block's slots and the key's compare is bytes with bytes (another
+type sent each read down the generic lookup, a None key each compare down the reflected
+fallback: C paths cold after the forward pass, benchmarks/results/events-r24.md). It
+fails every check a guess must pass, and a write to it is caught by ``check_invariants``
+(an object of its own type, with no slots, refused writes)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from prefixkv.errors import InvariantError
 
 def test_no_child_is_a_block_without_content() -> None:
     assert type(NO_CHILD) is Block
-    assert NO_CHILD.key is None and not NO_CHILD.chained and not NO_CHILD.twin
+    assert NO_CHILD.key == b"" and not NO_CHILD.chained and not NO_CHILD.twin
     assert NO_CHILD.parent_cid == NO_CHILD.content_id == -1
     assert NO_CHILD.child is NO_CHILD and NO_CHILD.counted is None and NO_CHILD.starts is None
     assert Block(7).child is NO_CHILD  # (each block's until it has a child)
@@ -32,10 +33,10 @@ def test_guesses_meet_no_child_and_stay_exact() -> None:
     assert a is not None and b is not None
     assert b.num_cached_tokens == 20 and b.block_ids[:5] == a.block_ids[:5]
     m.check_invariants()
-    assert NO_CHILD.key is None and NO_CHILD.child is NO_CHILD
+    assert NO_CHILD.key == b"" and NO_CHILD.child is NO_CHILD
 
 
-@pytest.mark.parametrize(("field", "value"), [("key", b"\0" * 16), ("chained", True),
+@pytest.mark.parametrize(("field", "value"), [("key", b"\0" * 16), ("key", None), ("chained", True),
                                               ("content_id", 0), ("child", Block(5))])
 def test_a_write_to_no_child_is_caught(field: str, value: object) -> None:
     m = KVCacheManager(64, 4, seed=0)

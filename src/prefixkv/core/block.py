@@ -120,12 +120,15 @@ class Block:
                 f"{', twin' if self.twin else ''})")
 
 
-NO_CHILD: Block = Block(-1, parent_cid=-1, content_id=-1, child=cast("Block", None))
-"""The ``child`` of a block without one: a ``Block`` holding no content (``key`` None, not
-chained, not a twin, parent and content ids -1), so it fails every check a guess must
-pass. A ``Block``, not an object of its own type: the guess's reads (``b.key``, ...) at
-the sites that meet both stay specialized to the block's slots (3.11 specializes an
-attribute read per type; another type's falls back to the generic lookup, ``_PyType_Lookup``
-and the type's dicts, cold after the forward pass: benchmarks/results/events-r24.md).
+NO_CHILD: Block = Block(-1, key=b"", parent_cid=-1, content_id=-1, child=cast("Block", None))
+"""The ``child`` of a block without one: a ``Block`` holding no content (parent and content
+ids -1, not chained, not a twin), whose key ``b""`` no chunk equals (a chunk has ``4 *
+block_size`` bytes), so it fails every check a guess must pass. A ``Block``, not an object
+of its own type, and a ``bytes`` key, not None: the guess's reads stay specialized to the
+block's slots (3.11 specializes an attribute read per type; another type's goes through
+the generic lookup, ``_PyType_Lookup`` and the type's dicts), and its compare with a chunk
+is bytes with bytes (None with bytes runs ``object_richcompare``, ``PyType_IsSubtype`` and
+the reflected fallback): C paths cold after the forward pass, which a step met at the first
+block's guess, the miss's and the store's held check (benchmarks/results/events-r24.md).
 Never written to (``ContentIndex.check`` verifies it)."""
 NO_CHILD.child = NO_CHILD

@@ -34,7 +34,7 @@ def check_index(by_chunk: dict[bytes, Block], by_key: dict[ContentKey, Block],
     ``num_chained``."""
     n = NO_CHILD  # (a ``Block``: written to, it could pass a guess's checks)
     if (n.key, n.chained, n.twin, n.parent_cid, n.content_id, n.counted, n.starts) != (
-            None, False, False, -1, -1, None, None) or n.child is not n or n.refs:
+            b"", False, False, -1, -1, None, None) or n.child is not n or n.refs:
         return f"NO_CHILD was written to: {n!r}, key {n.key!r}"
     keyed: dict[int, Block] = {}  # content id -> the block keyed in the dicts for it
     homes: tuple[dict[bytes, Block] | dict[ContentKey, Block], ...] = (by_chunk, by_key)
