@@ -1,6 +1,7 @@
 """``Prompt`` (core/prompt.py): a prompt prepared once, off the scheduler's thread, and
 admitted by ``add_request`` exactly as its token ids would be."""
 
+import copy
 import hashlib
 import sys
 import threading
@@ -21,6 +22,11 @@ from prefixkv import (
 )
 from prefixkv.groups import GroupSpec, HybridKVCacheManager
 from prefixkv.index.hasher import Hasher
+
+
+def spares(p: Prompt) -> list:
+    """The spare copies ``p`` holds for its next admissions, read without taking them."""
+    return list(copy.copy(p.spare))
 
 BS = 4
 P = list(range(1, 23))  # five full blocks and 2 tokens
@@ -138,11 +144,11 @@ def test_one_prompt_admitted_twice_decodes_into_two_token_stores():
 def test_the_first_admission_takes_the_copy_prepare_made():
     m = KVCacheManager(8, BS)
     p = m.prepare(P)
-    spare = p.spare[0]
+    (spare,) = spares(p)
     assert spare == p.tokens and spare is not p.tokens
-    assert m.lookup(p) == 0 and m.lookup_block_ids(p) == () and p.spare == [spare]  # (not a lookup's)
+    assert m.lookup(p) == 0 and m.lookup_block_ids(p) == () and spares(p) == [spare]  # (not a lookup's)
     m.add_request("a", p)
-    assert p.spare == [] and m._requests["a"].tokens is spare  # no copy on the scheduler's thread
+    assert spares(p) == [] and m._requests["a"].tokens is spare  # no copy on the scheduler's thread
     m.append_tokens("a", [100])
     m.add_request("b", p)  # later admissions copy
     assert m._requests["b"].tokens is not spare and m._requests["b"].tokens is not p.tokens
@@ -150,8 +156,9 @@ def test_the_first_admission_takes_the_copy_prepare_made():
     assert p.token_ids == tuple(P) and m.num_tokens("a") == m.num_tokens("b") == len(P) + 1
     # refused (the pool is short now): the copy it took goes back, unwritten, for the next
     q = m.prepare([9] * 21)
-    taken = q.spare[0]
-    assert m.add_request("c", q) is None and q.spare == [taken] and taken == q.tokens
+    (taken,) = spares(q)
+    assert m.add_request("c", q) is None and spares(q) == [taken] and spares(q)[0] is taken
+    assert taken == q.tokens
     m.free("a")
     m.free("b")
     assert m.add_request("c", q) is not None and m._requests["c"].tokens is taken
@@ -161,7 +168,7 @@ def test_the_first_admission_takes_the_copy_prepare_made():
 def test_a_long_prompts_copy_has_room_to_grow():
     m = KVCacheManager(4096, 16)
     p = m.prepare(list(range(5000)))
-    assert sys.getsizeof(p.spare[0]) >= sys.getsizeof(p.tokens[:]) + 4 * 64  # (grown: room kept)
+    assert sys.getsizeof(spares(p)[0]) >= sys.getsizeof(p.tokens[:]) + 4 * 64  # (grown: room kept)
     m.add_request("a", p)
     m.append_tokens("a", [1])
     assert p.token_ids == tuple(range(5000)) and m.num_tokens("a") == 5001
@@ -279,7 +286,7 @@ def test_hybrid_manager_admits_prepared_prompts():
     for rid in ("a", "b"):
         assert plain.add_request(rid, P, extra=SALT) == prepared.add_request(rid, p)
         assert plain.take_events() == prepared.take_events()
-    assert p.spare == []  # "a" took the copy prepare made
+    assert spares(p) == []  # "a" took the copy prepare made
     prepared.append_tokens("a", [50])
     assert prepared.num_tokens("b") == len(P) and p.token_ids == tuple(P)
     assert prepared.lookup(p) == plain.lookup(P, extra=SALT) == 20

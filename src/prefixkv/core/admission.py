@@ -186,9 +186,9 @@ def add_request(
         return self._admit(request_id, prompt_token_ids, extra, num_new_tokens, resumed,
                            read_cache, num_lookahead_tokens, require_full_fit, keep_free,
                            max_hit_tokens)
-    try:  # the request's own tokens: the copy ``prepare`` made, else a copy (``_find``)
-        tokens = p.spare.pop()
-    except IndexError:
+    for tokens in p.spare:  # noqa: B007 (the request's own tokens: the copy ``prepare``
+        break  # made, one taker: ``Prompt.spare``; else a copy, ``_find``)
+    else:
         tokens = p.tokens[:]
         if len(tokens) >= GROW_AT:
             grow_room(tokens)
@@ -234,7 +234,7 @@ def add_request(
         # free ones; the empty tier is ``_empty[_lo:]``)
         if hits:
             pool.unclaim(hits, unlinked)
-        p.spare.append(tokens)  # its tokens, unwritten: the next admission's
+        p._give_back(tokens)  # its tokens, unwritten: the next admission's
         return None
     if need > 1:
         # (not ``+=``: ``PyNumber_InPlaceAdd``'s C path, cold; ``stale`` given: a call

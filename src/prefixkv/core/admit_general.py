@@ -105,7 +105,7 @@ def _admit(
         if fetch is not None:  # (its run stays cached; the wait goes on)
             self._waits.give_back(fetch)  # type: ignore[union-attr]
         elif isinstance(req.prompt, Prompt):  # its tokens, unwritten: the next admission's
-            req.prompt.spare.append(req.tokens)
+            req.prompt._give_back(req.tokens)
         return None
     first, last = len(hits), total // bs
     try:
@@ -221,9 +221,9 @@ def _find(self: KVCacheManager, request_id: Hashable, prompt_token_ids: Sequence
         if admit is None:  # a lookup: the request's tokens are read, never written
             tokens = p.tokens
         else:  # the request's own array (decode appends to it): the copy ``prepare``
-            try:  # made, grown, for the first admission (``pop``: one taker, whatever
-                tokens = p.spare.pop()  # the threads), else a copy
-            except IndexError:
+            for tokens in p.spare:  # noqa: B007 (made, grown, for the first admission;
+                break  # one taker, whatever the threads: ``Prompt.spare``), else a copy
+            else:
                 tokens = p.tokens[:]
                 if len(tokens) >= GROW_AT:
                     grow_room(tokens)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
@@ -33,17 +33,6 @@ def hit_limit(num_tokens: int, block_size: int, max_hit_tokens: int | None = Non
     return limit if max_hit_tokens is None else min(limit, max_hit_tokens // block_size)
 
 
-class _NoChild:
-    """The ``child`` of a block without one: fails every check a guess must pass."""
-
-    __slots__ = ()
-    key = None
-    chained = twin = False
-    parent_cid = content_id = -1
-    extra = None
-    counted = starts = None
-
-
 class _Unlinked:
     """The ``prev``/``next`` of a block outside the free queue's cached tier."""
 
@@ -56,11 +45,6 @@ class _Unlinked:
 # Typed as a Block so that the links of a linked block need no None checks on the hot
 # paths; it is only ever compared by identity, never read through.
 UNLINKED: Block = cast("Block", _Unlinked())
-
-# Typed as a Block: it answers every read that checking a guess makes (key, parent_cid,
-# extra, twin, chained, content_id), and each such check fails; it is never written to.
-NO_CHILD: Block = cast("Block", _NoChild())
-
 
 @dataclass(slots=True, eq=False)
 class Block:
@@ -103,7 +87,7 @@ class Block:
     hash: bytes | None = None
     event: BlockStored | None = None
     step: int = 0
-    child: Block = NO_CHILD
+    child: Block = field(default_factory=lambda: NO_CHILD)  # (made once a block)
     chained: bool = False
     prev: Block = UNLINKED
     next: Block = UNLINKED
@@ -134,3 +118,17 @@ class Block:
     def __repr__(self) -> str:
         return (f"Block(id={self.block_id}, ref={self.ref_cnt}, content={self.content_id}"
                 f"{', twin' if self.twin else ''})")
+
+
+NO_CHILD: Block = Block(-1, key=b"", parent_cid=-1, content_id=-1, child=cast("Block", None))
+"""The ``child`` of a block without one: a ``Block`` holding no content (parent and content
+ids -1, not chained, not a twin), whose key ``b""`` no chunk equals (a chunk has ``4 *
+block_size`` bytes), so it fails every check a guess must pass. A ``Block``, not an object
+of its own type, and a ``bytes`` key, not None: the guess's reads stay specialized to the
+block's slots (3.11 specializes an attribute read per type; another type's goes through
+the generic lookup, ``_PyType_Lookup`` and the type's dicts), and its compare with a chunk
+is bytes with bytes (None with bytes runs ``object_richcompare``, ``PyType_IsSubtype`` and
+the reflected fallback): C paths cold after the forward pass, which a step met at the first
+block's guess, the miss's and the store's held check (benchmarks/results/events-r24.md).
+Never written to (``ContentIndex.check`` verifies it)."""
+NO_CHILD.child = NO_CHILD

@@ -19,7 +19,7 @@ decoding appends to, and copying a prompt is work that does not depend on the po
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 from ..chunks import Chunks
@@ -41,9 +41,10 @@ class Prompt:
     ``add_request``, ``lookup`` or ``lookup_block_ids`` in place of the token ids.
 
     Immutable (attributes cannot be set; the arrays and lists it holds are never written
-    by prefixkv, and must not be by anyone, but ``spare``: the copy of the tokens that
-    the first admission takes for its request). Read ``token_ids``, ``extra``,
-    ``block_hashes`` and ``len()``; the other attributes are the manager's.
+    by prefixkv, and must not be by anyone, but ``spare``: an iterator over the copy of
+    the tokens that the first admission takes for its request, ``_give_back`` replacing
+    it). Read ``token_ids``, ``extra``, ``block_hashes`` and ``len()``; the other
+    attributes are the manager's.
     """
 
     __slots__ = ("tokens", "keys", "chunks", "extras", "data", "hashes", "config", "spare")
@@ -55,14 +56,17 @@ class Prompt:
     data: bytes
     hashes: list[bytes] | None
     config: tuple[Hashable, ...]
-    spare: list[array[int]]
+    spare: Iterator[array[int]]
 
     def __init__(self, tokens: array[int], keys: RequestKeys, chunks: list[bytes],
                  hashes: list[bytes] | None, config: tuple[Hashable, ...],
                  extras: list[bytes] | None = None) -> None:
-        # ``spare``: a copy of ``tokens`` (with room to grow when long, as ``grow_room``
-        # leaves it) that the first admission takes for its request (``list.pop``: one
-        # taker, whatever the threads); later admissions copy ``tokens``
+        # ``spare``: an iterator over a copy of ``tokens`` (with room to grow when long,
+        # as ``grow_room`` leaves it) that the first admission takes for its request
+        # (``for tokens in p.spare: break``: one taker, whatever the threads, each step of
+        # an iterator being one opcode, ``FOR_ITER``, with no call: ``list.pop``'s C path
+        # was cold in an admission, benchmarks/results/events-r24.md); later admissions
+        # copy ``tokens``
         spare = array(tokens.typecode, tokens)
         if len(spare) >= GROW_AT:
             grow_room(spare)
@@ -75,7 +79,7 @@ class Prompt:
         for name, value in (("tokens", tokens), ("keys", keys), ("chunks", chunks),
                             ("extras", extras),
                             ("data", token_bytes(tokens)), ("hashes", hashes),
-                            ("config", config), ("spare", [spare])):
+                            ("config", config), ("spare", iter((spare,)))):
             object.__setattr__(self, name, value)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -86,6 +90,12 @@ class Prompt:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def _give_back(self, tokens: array[int]) -> None:
+        """Make ``tokens``, a spare this prompt gave that its admission did not write
+        (the pool was short), the next admission's. (Two threads giving back at once
+        leave one of them: the next admission then copies, as a later one does.)"""
+        object.__setattr__(self, "spare", iter((tokens,)))
 
     @property
     def token_ids(self) -> tuple[int, ...]:

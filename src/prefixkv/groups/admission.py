@@ -227,9 +227,9 @@ def _find(self: HybridKVCacheManager, request_id: Hashable, prompt_token_ids: Se
         if not admit:  # a lookup: the tokens are read, never written
             tokens = prompt_token_ids.tokens
         else:  # the request's own (decode appends to them): ``prepare``'s copy, once
-            try:
-                tokens = prompt_token_ids.spare.pop()
-            except IndexError:
+            for tokens in prompt_token_ids.spare:  # noqa: B007 (one taker: ``Prompt.spare``)
+                break
+            else:
                 tokens = prompt_token_ids.tokens[:]
     else:
         prompt = None

@@ -79,6 +79,10 @@ class ContentIndex(DroppingIndex):
                               f"got {hasher!r} and {sink!r}")
         super().__init__(hasher, sink, check_positive("block_size", block_size), lower=lower)
         self._short = _COPIED // (4 * block_size)  # (``claim``'s: no ``//`` a step, a cold C path)
+        # the parent of a first block in ``claim`` (content id 0): its ``child`` is the first
+        # block the last claim found, a guess verified as any (prompts that open alike, a
+        # shared system prompt, find it without hashing their first chunk for a probe)
+        self._root = Block(-1)
 
     def __len__(self) -> int:
         return len(self._by_chunk) + len(self._by_key) + self._num_chained + sum(
@@ -181,7 +185,7 @@ class ContentIndex(DroppingIndex):
         short = self._short  # (a run of fewer blocks is compared as a slice)
         n = len(chunks)
         end = n * width
-        p = _NO_PARENT  # (its content id is 0, a first block's parent_cid)
+        root = p = self._root  # (its content id is 0, a first block's parent_cid)
         b: Block | None
         i = 0  # the chunks compared: ``len(hits)`` (an index, not an iterator: a run skips
         while True:  # its chunks with an addition, no ``islice``, a C path cold each step)
@@ -297,4 +301,6 @@ class ContentIndex(DroppingIndex):
                 p = known[-1]
                 b = p
                 i += k  # (the k chunks compared)
+        if hits:
+            root.child = hits[0]
         return hits, len(hits) - held

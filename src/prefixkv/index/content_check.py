@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
-from ..core.block import Block, ContentKey, key_chunk
+from ..core.block import NO_CHILD, Block, ContentKey, key_chunk
 from ..core.request import Request
 from ..core.run import Run
 from ..hashing import token_bytes
@@ -32,6 +32,10 @@ def check_index(by_chunk: dict[bytes, Block], by_key: dict[ContentKey, Block],
     pending runs (``pending.py``), whose contents are their records', each block the
     chained child of the one before (the first its head's ``child``), outside
     ``num_chained``."""
+    n = NO_CHILD  # (a ``Block``: written to, it could pass a guess's checks)
+    if (n.key, n.chained, n.twin, n.parent_cid, n.content_id, n.counted, n.starts) != (
+            b"", False, False, -1, -1, None, None) or n.child is not n or n.refs:
+        return f"NO_CHILD was written to: {n!r}, key {n.key!r}"
     keyed: dict[int, Block] = {}  # content id -> the block keyed in the dicts for it
     homes: tuple[dict[bytes, Block] | dict[ContentKey, Block], ...] = (by_chunk, by_key)
     for home in homes:
