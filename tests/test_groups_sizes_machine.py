@@ -139,7 +139,7 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
             return
         r = self.model.reqs[rid]
         p = max(0, r.computed - back)
-        gone = r.tokens[p:]
+        gone, owed = r.tokens[p:], r.computed - p  # (owed: those it had scheduled)
         if not self.model.rewind(rid, p):
             with pytest.raises(ConfigError):
                 self.m.rewind(rid, p)
@@ -148,7 +148,14 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         self.tokens[rid] = self.tokens[rid][:p]
         self.m.check_invariants()
         self.same_tables_and_free_queue()
-        for cut in [*cuts, len(gone)]:
+        # (the scheduled ones first, in the cuts, up to ``owed``: the tables cover them,
+        # and those in blocks another request shares are pinned (pins.py); then the
+        # prompt's unscheduled rest, which may find no room)
+        steps = []
+        for cut in [*cuts, owed]:
+            if sum(steps) < owed:
+                steps.append(min(cut, owed - sum(steps)))
+        for cut in [*steps, len(gone)]:
             toks, gone = gone[:cut], gone[cut:]
             if not toks:
                 break
