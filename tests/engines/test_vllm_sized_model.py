@@ -170,19 +170,11 @@ class Pair:
 
     def _chunk(self, start: int, n: int, total: int, prompt: int = 0) -> int:
         """``n`` tokens from ``start`` cut to end at every Mamba group's block end (the
-        prompt's end kept; at least one of them); with partial hits, a chunk starting
-        inside a block ends at its end, and one passing the prompt's last hash boundary
-        inside a block ends there (vLLM's ``_mamba_block_aligned_split``)."""
+        prompt's end kept; at least one of them); with partial hits, ``partial_chunk``'s."""
         end = start + n
         step = reduce(math.lcm, self.mamba) if self.mamba else 0
         if self.partial:
-            tail = (prompt - 1) // self.h * self.h
-            stops = [end, *([start + step - start % step] if start % step else []),
-                     *([tail] if start < tail < end and tail % step else [])]
-            end = min(stops)
-            if end < total and end != tail and start < end // step * step < end:
-                end = end // step * step
-            return end - start
+            return partial_chunk(step, self.h, start, n, total, prompt)
         if not self.mamba or end == total:
             return n
         end = end // step * step
@@ -241,6 +233,21 @@ class Pair:
                 m.free_request(rid)
         elif op == "reset":
             assert {self.v.reset_prefix_cache()} == {m.reset() for m in self._models()}
+
+
+def partial_chunk(step: int, h: int, start: int, n: int, total: int, prompt: int) -> int:
+    """With vLLM's partial hits, ``n`` tokens from ``start`` (of ``total``, a prompt of
+    ``prompt``) as vLLM's ``_mamba_block_aligned_split`` cuts them, Mamba blocks of
+    ``step``: a chunk starting inside a block ends at its end, one passing the prompt's
+    last hash boundary inside a block ends there, another ends at a block's end unless
+    it ends the request (at least one token)."""
+    end, tail = start + n, (prompt - 1) // h * h
+    stops = [end, *([start + step - start % step] if start % step else []),
+             *([tail] if start < tail < end and tail % step else [])]
+    end = min(stops)
+    if end < total and end != tail and start < end // step * step < end:
+        end = end // step * step
+    return end - start
 
 
 def _eagle_vllm(groups: Any, flags: tuple[bool, ...], hash_size: int, lcm: int, num_blocks: int) -> Any:

@@ -146,6 +146,7 @@ class HybridKVCacheManager:
     uncache_blocks = release.uncache_blocks
     reset_prefix_cache = release.reset_prefix_cache
     release_copies = partial.release_copies  # (partial hits' copies on write: groups/partial.py)
+    num_pending_copies = partial.num_pending_copies
     _free_order = release._free_order
 
     # ---- the helpers every path shares: groups/parts.py

@@ -158,6 +158,13 @@ def moved(self: HybridKVCacheManager, req: GroupRequest, g: int, copy: Block) ->
     _queue(self, g, source, copy)
 
 
+def num_pending_copies(self: HybridKVCacheManager, request_id: Hashable) -> int:
+    """Blocks the request's next growth takes beyond what its tables cover: one per
+    partial entry it owns, moved there (0 without partial hits). Raises RequestError
+    for an unknown id."""
+    return len(pending(self, self._get(request_id)))
+
+
 def forget(self: HybridKVCacheManager, request_id: Hashable) -> None:
     """The request leaves: it owns no entry any more."""
     if self._owners:
