@@ -64,8 +64,9 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
     self._table.hold(nodes[-1])
     self._table.unhold(old)
     sizes, h, every = self.sizes, self._hash_size, req.nodes
-    lo = first * h // sizes.unit * sizes.unit
-    hi = req.num_scheduled // sizes.unit * sizes.unit
+    u = h if sizes.partial else sizes.align  # (``sizes.unit``, without its call)
+    lo = first * h // u * u
+    hi = req.num_scheduled // u * u
     n, peek = req.num_scheduled, sizes.peek or (False,) * len(self.groups)
     states = req.states or ()  # (sparse groups' blocks holding the state at their end)
     for g, (spec, table, b) in enumerate(zip(self.groups, req.tables, self._group_sizes, strict=True)):
@@ -189,7 +190,7 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
     going, freed = self._going(req, start)
     more = _more(self, req, total)
     holes: Sequence[int] = ()
-    cows = _cows(self, req)
+    cows = _cows(self, req) if self._owners else ()  # (none but with partial hits)
     if self._sparse:
         holes = _holes(self, req, total)
         if _fresh(self, more) + len(holes) + len(cows) > self._pool.num_free + freed:
@@ -219,7 +220,7 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
 
 def _cows(self: HybridKVCacheManager, req: GroupRequest) -> list[int]:
     """The groups whose partial entry ``req`` owns (its next growth moves each)."""
-    return [g for g, _, _ in partial.pending(self, req)] if self.sizes.partial else []
+    return [g for g, _, _ in partial.pending(self, req)]
 
 
 def _roomy(self: HybridKVCacheManager, req: GroupRequest) -> bool:
@@ -228,7 +229,7 @@ def _roomy(self: HybridKVCacheManager, req: GroupRequest) -> bool:
     included: its state goes there), moves no window past a block and moves no owned
     partial entry."""
     n, h = req.num_scheduled, self._hash_size
-    if self.sizes.partial and partial.pending(self, req):
+    if self._owners and partial.pending(self, req):
         return False
     return n % h != h - 1 and n < req.next_release and all(
         n < len(t) * b for t, b in zip(req.tables, self._group_sizes, strict=True)) and (
@@ -265,7 +266,7 @@ def _release_order(self: HybridKVCacheManager, req: GroupRequest,
 
 def _free_order(self: HybridKVCacheManager, req: GroupRequest, longer: bool) -> list[Block]:
     """vLLM's plain order: group by group, each group's last block first."""
-    if self.sizes.partial:
+    if self._owners:
         partial.forget(self, req.request_id)
     return [b for b in chain.from_iterable(map(reversed, req.tables)) if b is not None]
 

@@ -115,7 +115,8 @@ class BlockSizes:
         only those holding the state at their end). Checked against vLLM
         (tests/engines/test_vllm_sized_model.py)."""
         b, peek = self.sizes[g], bool(self.peek) and self.peek[g]
-        end = num_tokens // self.unit * self.unit
+        u = self.hash_size if self.partial else self.align  # (``unit``, without its call)
+        end = num_tokens // u * u
         if peek and end:
             end = min(num_tokens, end + b)
         if j < 0 or (j + 1) * b > end:

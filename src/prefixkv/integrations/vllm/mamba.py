@@ -52,6 +52,8 @@ class StepCache:
         self.sizes = sizes
         """Each group's block size and the hash block's (None: one size, that of the
         blocks ``note`` and ``defers`` are given in, the hash block's too)."""
+        self.partial = sizes is not None and sizes.partial
+        """vLLM's fine-grained partial hits are on (groups/partial.py)."""
         self.first = first
         """The group vLLM's coordinator looks a hit up in first (full attention's, if
         any, else group 0): its own hit is ``junction``'s."""
@@ -101,28 +103,39 @@ def noting(m: KVCacheManager, request: Request, hit: int, run: Any) -> Any:
     """``run()`` (an allocation or caching call on ``request``, whose new request has a
     hit of ``hit`` tokens), with the Mamba groups' cached blocks noted; None without
     running it when a new request's hit must wait a step (``StepCache.defers``)."""
-    bs, key = m.cache_unit, m._keys.get(request.request_id)  # (bs: the alignment of caching)
+    if m._mamba.partial:
+        return _noting_partial(m, request, hit, run)
+    bs, key = m.block_size, m._keys.get(request.request_id)  # (bs: the alignment of caching)
     if key is None and hit and m._mamba.defers(request, hit, m.hash_block_size):
         return None
     unit = 1 if m._mamba.sizes is not None else bs  # (tokens with different sizes, else blocks)
-    sizes = m._mamba.sizes
-    partial = sizes is not None and sizes.partial and m.enable_caching
-    before = m.core.num_scheduled_tokens(key) if key is not None else hit
-    moves = m.core.num_pending_copies(key) if partial and key is not None else 0
-    first = hit // unit if key is None else before // bs * bs // unit
+    first = hit // unit if key is None else m.core.num_scheduled_tokens(key) // bs * bs // unit
     out = run()
     key = m._keys.get(request.request_id)
     if key is not None and m.enable_caching:
-        after = m.core.num_scheduled_tokens(key)
-        last = after // bs * bs // unit
+        last = m.core.num_scheduled_tokens(key) // bs * bs // unit
         if last > first:
             m._mamba.note(request, m.get_block_ids(request.request_id), first, last, 0)
-        if partial:
-            tail = (request.num_prompt_tokens - 1) // bs * bs
-            if moves > m.core.num_pending_copies(key):  # (an owned entry moved to its copy)
-                m._mamba.note_tail(request, tail)
-            if before < tail == after and m.core.num_pending_copies(key):  # (an entry recorded)
-                m._mamba.note_tail(request, tail)
+    return out
+
+
+def _noting_partial(m: KVCacheManager, request: Request, hit: int, run: Any) -> Any:
+    """``noting`` with vLLM's fine-grained partial hits: caching at the hash block (in
+    tokens), and the partial entries recorded or moved to a copy by ``run()`` noted too."""
+    h, key = m.hash_block_size, m._keys.get(request.request_id)
+    if key is None and hit and m._mamba.defers(request, hit, h):
+        return None
+    before = hit if key is None else m.core.num_scheduled_tokens(key)
+    moves = 0 if key is None else m.core.num_pending_copies(key)
+    out = run()
+    key = m._keys.get(request.request_id)
+    if key is not None and m.enable_caching:
+        after, tail = m.core.num_scheduled_tokens(key), (request.num_prompt_tokens - 1) // h * h
+        if after // h > before // h:
+            m._mamba.note(request, m.get_block_ids(request.request_id), before // h * h, after // h * h, 0)
+        pending = m.core.num_pending_copies(key)
+        if moves > pending or (before < tail == after and pending):  # (moved to its copy; recorded)
+            m._mamba.note_tail(request, tail)
     return out
 
 
