@@ -72,6 +72,8 @@ CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "preempt": (("live",), {"num_computed_tokens": 8}),
     "lookup": ((list(range(9)),), {"extra": None}),
     "lookup_block_ids": ((list(range(9)),), {"extra": None}),
+    "cached_block_id": ((list(range(9)), 8), {"extra": None}),
+    "cached_block_ids": ((list(range(9)), 8), {"extra": None}),
     "prepare": ((list(range(9)),), {"extra": None}),
     "get_block_ids": (("live",), {}),
     "num_tokens": (("live",), {}),
@@ -84,8 +86,9 @@ CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "bound_release": (("live", 8), {}),
     "rewind": (("live", 9), {}),
 }
-HYBRID_ONLY_MISSING = {"shared_prefixes"}
-HYBRID_ONLY = {"num_blocks_to_allocate", "num_blocks_released", "release_unread", "bound_release", "rewind"}
+HYBRID_ONLY_MISSING = {"shared_prefixes", "cached_block_id"}
+HYBRID_ONLY = {"num_blocks_to_allocate", "num_blocks_released", "release_unread", "bound_release", "rewind",
+               "cached_block_ids"}
 # keywords only the hybrid manager's call takes (a valid value each)
 HYBRID_KW: dict[str, dict[str, Any]] = {"add_request": {"num_external_tokens": 4}}
 

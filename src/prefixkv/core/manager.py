@@ -117,6 +117,7 @@ class KVCacheManager:
     add_request = admission.add_request
     lookup = lookups.lookup
     lookup_block_ids = lookups.lookup_block_ids
+    cached_block_id = lookups.cached_block_id
     _admit = admit_general._admit
     _readmit = store_readmit._readmit
     _acquire_loading = admit_general._acquire_loading
@@ -165,6 +166,11 @@ class KVCacheManager:
     def events_dropped(self) -> int:
         """Events dropped because the log overflowed before it was drained."""
         return self._events.dropped
+
+    @property
+    def has_pending_events(self) -> bool:
+        """Whether ``take_events`` would return any event now (False without events)."""
+        return self._events.pending
 
     # ---- prompts prepared off the scheduler's thread ---------------------------------------
 

@@ -31,7 +31,7 @@ from ..extra_keys import ExtraKeys
 from ..hashing import HashFn
 from ..index import Hasher
 from ..stats import PrefixCacheStats, StatsCounter
-from . import admission, decode, forks, growth, manager_check, partial, parts, release
+from . import admission, cached, decode, forks, growth, manager_check, partial, parts, release
 from .index import GroupIndex
 from .pins import RewindPins
 from .prefixes import PrefixTable
@@ -113,6 +113,7 @@ class HybridKVCacheManager:
     add_request = admission.add_request
     lookup = admission.lookup
     lookup_block_ids = admission.lookup_block_ids
+    cached_block_ids = cached.cached_block_ids
     _find = admission._find
     _admit = admission._admit
     _enter = admission._enter
@@ -253,6 +254,11 @@ class HybridKVCacheManager:
     def events_dropped(self) -> int:
         """Events dropped because the log overflowed before it was drained."""
         return self._events.dropped
+
+    @property
+    def has_pending_events(self) -> bool:
+        """Whether ``take_events`` would return any event now (False without events)."""
+        return self._events.pending
 
     def take_events(self) -> list[Event]:
         """Events since the previous call (``GroupBlockStored`` / ``GroupBlockRemoved``,

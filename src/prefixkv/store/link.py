@@ -34,10 +34,11 @@ def reset_root(fn: HashFn, root: bytes, resets: int) -> bytes:
     the prefix cache (``resets`` >= 1) of a process whose first root is ``root`` (chain
     hash ``fn``). A reset is taken to follow a change of the weights, so nothing saved
     before it may be found after it; as the root depends only on the first root and
-    the count, processes that reset as often name blocks alike and share again. The
-    vLLM connector chains its blocks' hashes from it; ``KVCacheManager`` (``StoreLink
-    .reset``) and the SGLang backend put its ``reset_tag`` in their keys, their chain
-    hashes (events, routers) unchanged."""
+    the count, processes that reset as often name blocks alike and share again.
+    ``KVCacheManager`` and the vLLM connector (``StoreLink.reset``) and the SGLang
+    backend put its ``reset_tag`` in their keys, their chain hashes (events, routers,
+    the values' heads) unchanged: a replica of one kind shares with one of another
+    that reset as often."""
     return fn(root + b"prefixkv reset " + resets.to_bytes(8, "little"))
 
 
@@ -66,7 +67,8 @@ class StoreLink:
         self._worth = store.cost.worth_for(self.payload, block_size)  # (checked once, here)
         self._scope = self.digest + block_size.to_bytes(4, "little") + mode + b"\0" + root
         self._root, self.resets = root, 0  # (the first root; resets: ``reset``)
-        self._tag = b""  # after a reset: the reset root's, in every key after the namespace
+        self.tag = b""  # after a reset: the reset root's ``reset_tag``, in every key after
+        # the namespace (``prefix``)
         self._prefixes: dict[str | None, bytes] = {}
         self.quiet_until = 0.0
         self.done: deque[Fetch] = deque()
@@ -83,7 +85,7 @@ class StoreLink:
                 self._prefixes.clear()
             tag = b"-" if salt is None else b"S" + salt.encode()
             ns = hashlib.sha256(b"prefixkv-ns\0" + self._scope + b"\0" + tag).hexdigest()[:24]
-            p = self._prefixes[salt] = f"prefixkv:{ns}:".encode() + self._tag
+            p = self._prefixes[salt] = f"prefixkv:{ns}:".encode() + self.tag
         return p
 
     def reset(self, fn: HashFn) -> None:
@@ -93,14 +95,16 @@ class StoreLink:
         hash). A key made before has another: a write the engine was handed before
         lands where nothing after the reset looks."""
         self.resets += 1
-        self._tag = reset_tag(reset_root(fn, self._root, self.resets))
+        self.tag = reset_tag(reset_root(fn, self._root, self.resets))
         self._prefixes.clear()
 
     def put(self, block_id: int, block_hash: bytes, parent: bytes, chunk: bytes, extra: bytes,
-            keys: ExtraKeys | None) -> StorePut:
+            keys: ExtraKeys | None, tag: bytes = b"") -> StorePut:
         """The write of device block ``block_id``'s content (chain hash ``block_hash``,
-        parent hash ``parent``, token bytes ``chunk``, extra-key bytes ``extra``)."""
-        return StorePut(block_id, self.prefix(keys) + block_hash.hex().encode(),
+        parent hash ``parent``, token bytes ``chunk``, extra-key bytes ``extra``).
+        ``tag``: a ``reset_tag`` put after ``prefix`` (the vLLM connector's workers,
+        whose link never resets: each run carries the tag its scheduler named it by)."""
+        return StorePut(block_id, self.prefix(keys) + tag + block_hash.hex().encode(),
                         block_head(self.digest, self.block_size, parent, chunk, extra))
 
     def worth(self, num_blocks: int, now: float) -> bool:
@@ -108,11 +112,12 @@ class StoreLink:
         alone, and fetching beats computing (``FetchCost``)."""
         return now >= self.quiet_until and self._worth(num_blocks, now)
 
-    def submit(self, f: Fetch, extra: ExtraKeys | None) -> None:
+    def submit(self, f: Fetch, extra: ExtraKeys | None, tag: bytes = b"") -> None:
         """Start ``f`` on the executor (returns at once). Its parts go to that executor
-        too, even once ``SharedStore.close`` has dropped it (its shutdown waits for them)."""
+        too, even once ``SharedStore.close`` has dropped it (its shutdown waits for them).
+        ``tag``: as for ``put``."""
         ex = self.store.executor
-        ex.submit(self._run, f, self.prefix(extra), ex)
+        ex.submit(self._run, f, self.prefix(extra) + tag, ex)
 
     def retire(self, f: Fetch, *lists: Any) -> None:
         """The manager's thread is done with ``f`` (landed, taken by its request) and

@@ -55,7 +55,7 @@ def request(req_id: str, n_blocks: int, salt: int = 0) -> SimpleNamespace:
 
 
 def put(sched, r, blocks: range) -> None:
-    chain = sched._chain(r, (r.num_tokens - 1) // BS)
+    chain = sched._chains.of(r, (r.num_tokens - 1) // BS)
     prefix = sched._link.prefix(chain.extra)
     sched._backend.put([(prefix + chain.hashes[i].hex().encode(), b"v") for i in blocks])
 

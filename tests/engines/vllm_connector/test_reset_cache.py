@@ -2,12 +2,14 @@
 clear_cache=True)`` runs around an in-place weight update) reaches the connector as
 ``reset_cache()``. On 22793bd ``PrefixKVConnector`` had none: vLLM's default answered
 None, which vLLM takes as done, and the store went on offering (and the workers loading)
-every block saved with the old weights. Now the scheduler side names blocks from a new
-root: nothing saved before is found, and the requests known at the reset never save."""
+every block saved with the old weights. Now the scheduler side's keys carry the reset's
+tag (``store.link.reset_tag``, as ``KVCacheManager``'s: tests/store/test_store_reset_kinds.py):
+nothing saved before is found, and the requests known at the reset never save."""
 
 from __future__ import annotations
 
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
+from prefixkv.store.link import reset_root, reset_tag
 
 from .. import skip_module_without_vllm
 from .test_scheduler_side import BS, ids, output, request, sched  # noqa: F401 (a fixture)
@@ -46,9 +48,9 @@ def test_requests_known_at_a_reset_never_save_and_later_ones_save_under_the_new_
     sched.after_alloc(new, [], 0)
     (run,) = sched.build_meta(output(new=3 * BS + 1), ids(5, 6, 7, 8)).saves
     fn, root = make_hash_fn("sha256", None)
-    before, _ = chain(fn, root, token_bytes(encode_tokens(tokens[:3 * BS])), [b""] * 3)
-    assert run.block_ids == (5, 6, 7) and run.parent != root
-    assert not set(run.hashes) & set(before)
+    hashes, _ = chain(fn, root, token_bytes(encode_tokens(tokens[:3 * BS])), [b""] * 3)
+    assert run.block_ids == (5, 6, 7) and run.parent == root and run.hashes == tuple(hashes)
+    assert run.tag == reset_tag(reset_root(fn, root, 1))  # (the chain stays; the keys move)
 
 
 def test_two_schedulers_reset_alike_name_blocks_alike(sched):  # noqa: F811
@@ -101,3 +103,22 @@ def test_vllms_own_reset_with_the_connector_loads_nothing_saved_before(model, re
     c.add("r4", tokens)
     c.run()
     assert c.worker.worker.stats.loaded == 4 and min(c.computed["r4"]) == 4 * BLOCK
+
+
+def test_a_load_stated_before_a_reset_keeps_the_keys_it_was_stated_with(sched):  # noqa: F811
+    """A run carries the tag of its keys (``BlockRun.tag``): the workers' link never
+    resets, so one stated before the reset is fetched as it was looked up, one after
+    under the reset's keys."""
+    tokens = list(range(1, 3 * BS + 2))
+    _store_blocks(sched, tokens, 3)
+    before = request("before", tokens)
+    assert sched.num_new_matched_tokens(before, 0) == (3 * BS, True)
+    sched.after_alloc(before, [1, 2, 3, 4], 3 * BS)
+    sched.reset()
+    after = request("after", tokens)
+    sched.num_new_matched_tokens(after, 0)
+    sched.after_alloc(after, [5, 6, 7, 8], 3 * BS)  # (say vLLM was offered them)
+    fn, root = make_hash_fn("sha256", None)
+    runs = sched.build_meta(output(), ids()).loads
+    assert [(r.req_id, r.tag) for r in runs] == [("before", b""),
+                                                  ("after", reset_tag(reset_root(fn, root, 1)))]

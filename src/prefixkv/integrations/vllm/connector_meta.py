@@ -3,7 +3,7 @@
 A ``BlockRun`` names consecutive full blocks of one request by everything a worker needs
 to find and check them in the store without the request: their prefixkv chain hashes,
 the parent hash of the first, their token bytes and extra-key bytes (the content check)
-and the request's cache salt (the key namespace), with the device block ids they are
+and the request's cache salt and the scheduler's reset tag (the key), with the device block ids they are
 read from or written into. Plain bytes, ints and strs: vLLM sends the metadata to the
 worker processes.
 """
@@ -19,7 +19,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 class BlockRun:
     """Blocks ``block_ids[i]`` of request ``req_id`` hold content ``hashes[i]`` (token
     bytes ``chunks[i]``, extra-key bytes ``extras[i]``); ``parent``: the chain hash
-    before ``hashes[0]``; ``salt``: the request's cache salt (None: none)."""
+    before ``hashes[0]``; ``salt``: the request's cache salt (None: none); ``tag``: what
+    the blocks' keys carry after the namespace, the ``store.link.reset_tag`` of the
+    scheduler's resets when it stated the run (b"" before any)."""
 
     req_id: str
     salt: str | None
@@ -28,6 +30,7 @@ class BlockRun:
     chunks: tuple[bytes, ...]
     extras: tuple[bytes, ...]
     block_ids: tuple[int, ...]
+    tag: bytes = b""
 
     def parents(self) -> list[bytes]:
         """The parent chain hash of each block."""

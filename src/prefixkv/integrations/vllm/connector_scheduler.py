@@ -3,7 +3,8 @@ it reads vLLM's ``Request`` and ``SchedulerOutput`` by attribute).
 
 Blocks are named in the store by prefixkv's chain hashes (``prefixkv.hashing``, sha256
 with the configured seed), so every replica, and every prefixkv manager with the same
-``StoreLayout``, finds the others' blocks::
+``StoreLayout``, finds the others' blocks (after a reset, those of the ones that reset
+as often: ``reset``)::
 
     lookup     held = EXISTS of the blocks past the local hit, sent with the step's
                other lookups from the lookup thread (``connector_lookup``): None (ask
@@ -31,14 +32,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...extra_keys import ExtraKeys
-from ...hashing import HashFn, chain, encode_tokens, token_bytes
-from ...store.link import StoreLink, reset_root
+from ...hashing import HashFn
+from ...store.link import StoreLink
 from ...store.mistakes import own_mistake
 from ...store.protocol import StoreBackend
+from .connector_chains import Chain, Chains
 from .connector_lookup import FAILED, Lookups
 from .connector_meta import BlockRun, PrefixKVConnectorMetadata
-from .requests import extra_keys_of
 
 
 @dataclass
@@ -53,28 +53,6 @@ class ConnectorStats:
     store_errors: int = 0
 
 
-class _Chain:
-    """A request's full blocks as named so far, and how far they are in the store."""
-
-    __slots__ = ("request", "extra", "num_mm", "hashes", "chunks", "extras", "saved", "bad",
-                 "offered", "stale")
-
-    def __init__(self, request: Any, extra: ExtraKeys | None) -> None:
-        self.request, self.extra = request, extra
-        self.num_mm = _num_mm(request)  # the request's inputs when ``extra`` was read
-        self.hashes: list[bytes] = []
-        self.chunks: list[bytes] = []
-        self.extras: list[bytes] = []
-        self.saved = 0  # blocks [0, saved) are in the store or another request's to save
-        # the first block a load of this request failed at, until the request saves it
-        self.bad: int | None = None
-        # a load answered to vLLM and not stated yet (``update_state_after_alloc`` not
-        # called since): vLLM may count its tokens computed before any was loaded
-        self.offered = False
-        # known before a reset (``ConnectorScheduler.reset``): its KV is never saved
-        self.stale = False
-
-
 class ConnectorScheduler:
     """``link``: the store as rank 0's workers see it (its keys); ``backend``: the
     client for lookups (its timeout bounds the time a lookup may take);
@@ -85,9 +63,8 @@ class ConnectorScheduler:
                  root: bytes, *, retry_after: float = 1.0, lookups: Lookups | None = None) -> None:
         self._link, self._backend, self._bs = link, backend, block_size
         self._lookups = lookups
-        self._fn, self._root, self._retry_after = fn, root, retry_after
-        self._first_root, self.resets = root, 0
-        self._chains: dict[str, _Chain] = {}
+        self._fn, self._retry_after = fn, retry_after
+        self._chains = Chains(fn, root, block_size)  # (request id -> its named blocks)
         self._loads: list[BlockRun] = []
         # loads not reported finished yet, each with the index of its first block
         self._loading: dict[str, tuple[int, BlockRun]] = {}
@@ -95,48 +72,6 @@ class ConnectorScheduler:
         self.saved: list[tuple[Any, int, int]] = []  # (request, first, end) handed to save
         self._quiet_until = 0.0
         self.stats = ConnectorStats()
-
-    def _chain(self, request: Any, num_blocks: int) -> _Chain:
-        """The request's chain (made and kept when it has none), named up to
-        ``num_blocks`` full blocks."""
-        c = self._chains.get(request.request_id)
-        if c is None or c.request is not request:
-            c = self._chains[request.request_id] = _Chain(request, extra_keys_of(request, self._bs))
-        return self._name(c, num_blocks)
-
-    def _name(self, c: _Chain, num_blocks: int) -> _Chain:
-        """Name chain ``c``'s full blocks up to ``num_blocks`` (hashes, token bytes,
-        extra-key bytes). A streaming session's update (one vLLM Request for every
-        chunk) may have added multimodal inputs since the request's extra keys were
-        read: they are read again, and the blocks named so far are kept up to the first
-        whose extra-key bytes changed (none, as vLLM places the new inputs past them)."""
-        if _num_mm(c.request) != c.num_mm:
-            c.extra, c.num_mm = extra_keys_of(c.request, self._bs), _num_mm(c.request)
-            named = len(c.hashes)
-            now = (c.extra.block_bytes(named, self._bs) if c.extra is not None
-                   else [b""] * named)
-            same = next((i for i in range(named) if now[i] != c.extras[i]), named)
-            del c.hashes[same:], c.chunks[same:], c.extras[same:]
-            c.saved = min(c.saved, same)
-        have = len(c.hashes)
-        if num_blocks > have:
-            bs = self._bs
-            tokens = list(c.request.all_token_ids[have * bs:num_blocks * bs])
-            extras = (c.extra.block_bytes(num_blocks, bs)[have:] if c.extra is not None
-                      else [b""] * (num_blocks - have))
-            parent = c.hashes[-1] if have else self._root
-            hashes, chunks = chain(self._fn, parent, token_bytes(encode_tokens(tokens)), extras)
-            c.hashes += hashes
-            c.chunks += chunks
-            c.extras += extras
-        return c
-
-    def _run(self, c: _Chain, start: int, end: int, block_ids: Sequence[int]) -> BlockRun:
-        """Blocks ``[start, end)`` of chain ``c`` in device blocks ``block_ids``."""
-        return BlockRun(c.request.request_id, c.extra.cache_salt if c.extra else None,
-                        c.hashes[start - 1] if start else self._root,
-                        tuple(c.hashes[start:end]), tuple(c.chunks[start:end]),
-                        tuple(c.extras[start:end]), tuple(block_ids))
 
     def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         """``get_num_new_matched_tokens``: the tokens of the full blocks past
@@ -146,7 +81,7 @@ class ConnectorScheduler:
         the request's lookup is back."""
         bs = self._bs
         local, most = num_computed_tokens // bs, (request.num_tokens - 1) // bs
-        c = self._chain(request, most)
+        c = self._chains.of(request, most)
         c.saved, c.offered = local, False
         if c.bad is not None:  # a load failed there: offered again, it would fail again
             most = min(most, c.bad)  # (and vLLM would ask again: a request that never runs)
@@ -183,15 +118,15 @@ class ConnectorScheduler:
             self._lookups.forget(request.request_id)
         c = self._chains.get(request.request_id)
         if c is None or c.request is not request:  # admitted without our lookup
-            c = self._chain(request, 0)
+            c = self._chains.of(request, 0)
             c.saved = request.num_computed_tokens // self._bs
         c.offered = False
         if num_external_tokens <= 0:
             return
         start = c.saved
         end = start + num_external_tokens // self._bs
-        self._name(c, end)  # (named by the lookup already, unless vLLM deferred it)
-        run = self._run(c, start, end, block_ids[start:end])
+        self._chains.name(c, end)  # (named by the lookup already, unless vLLM deferred it)
+        run = self._chains.run(c, start, end, block_ids[start:end], self._link.tag)
         self._loads.append(run)
         self._loading[request.request_id] = (start, run)
         self.stats.load_blocks += end - start
@@ -238,7 +173,7 @@ class ConnectorScheduler:
                 meta.saves.append(run)
         return meta
 
-    def _save(self, c: _Chain, end: int, block_ids: Sequence[int]) -> BlockRun | None:
+    def _save(self, c: Chain, end: int, block_ids: Sequence[int]) -> BlockRun | None:
         """The save of chain ``c``'s blocks from ``c.saved`` to ``end``, if any. A save
         over the block a load of the request failed at ends the stop before it: the
         store is to hold the request's own KV there (a save dropped or refused leaves
@@ -246,13 +181,13 @@ class ConnectorScheduler:
         start = c.saved
         if end <= start or c.stale:
             return None
-        self._name(c, end)
+        self._chains.name(c, end)
         c.saved = end
         if c.bad is not None and start <= c.bad < end:
             c.bad = None
         self.stats.save_blocks += end - start
         self.saved.append((c.request, start, end))
-        return self._run(c, start, end, block_ids[start:end])
+        return self._chains.run(c, start, end, block_ids[start:end], self._link.tag)
 
     def finished(self, request: Any, block_ids: Sequence[int]) -> bool:
         """``request_finished``: True (delay the free) when full blocks of the request
@@ -281,16 +216,15 @@ class ConnectorScheduler:
 
     def reset(self) -> bool:
         """``reset_cache`` (vLLM's ``reset_prefix_cache(reset_connector=True)``, run by
-        ``pause_generation(clear_cache=True)`` around a weight update): blocks are named
-        from a new root (``store.link.reset_root`` of the first and the count of
-        resets: replicas reset alike share), so nothing saved before is found; requests
-        known now never save (their KV may predate it); loads stated land as stated.
+        ``pause_generation(clear_cache=True)`` around a weight update): keys carry the
+        ``reset_tag`` of the count of resets (``StoreLink.reset``, the rule of
+        ``KVCacheManager``: replicas of either kind reset alike share; the chain hashes
+        stay), so nothing saved before is found; requests known now never save (their
+        KV may predate it); loads stated land as stated (their runs keep their tag).
         True (vLLM's default, None, counted as done while the store served the old
         weights' KV)."""
-        self.resets += 1
-        self._root = reset_root(self._fn, self._first_root, self.resets)
+        self._link.reset(self._fn)
         for c in self._chains.values():
-            del c.hashes[:], c.chunks[:], c.extras[:]
             c.stale = True
         return True
 
@@ -303,7 +237,3 @@ class ConnectorScheduler:
         if self._lookups is not None:
             self._lookups.close()
 
-
-def _num_mm(request: Any) -> int:
-    """How many multimodal inputs ``request`` has now (a streaming session adds some)."""
-    return len(getattr(request, "mm_features", None) or ())

@@ -90,7 +90,7 @@ class ConnectorWorker:
                       list(run.block_ids), views, time.monotonic() + self._link.store.timeout, True)
             self._fetches[id(f)] = (f, run, rows)
             try:
-                self._link.submit(f, _salted(run.salt))
+                self._link.submit(f, _salted(run.salt), run.tag)
             except Exception as exc:  # the fetch threads refused (shut down): the load
                 f.failed, f.stop = exc, FAILED  # fails as a whole, reported as any other
                 self._link.done.append(f)  # (its blocks invalid: vLLM recomputes them)
@@ -101,7 +101,7 @@ class ConnectorWorker:
         runs = [*meta.saves, *meta.finals]
         if runs:
             rows, ready = self._copier().read_rows([b for run in runs for b in run.block_ids])
-            ops = [self._link.put(b, h, parent, chunk, extra, _salted(run.salt))
+            ops = [self._link.put(b, h, parent, chunk, extra, _salted(run.salt), run.tag)
                    for run in runs
                    for b, h, parent, chunk, extra in zip(run.block_ids, run.hashes, run.parents(),
                                                          run.chunks, run.extras, strict=True)]

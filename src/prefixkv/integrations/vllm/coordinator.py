@@ -19,7 +19,7 @@ __all__ = ["CoordinatorView", "GroupView"]
 
 class GroupView:
     """One group, as vLLM's ``SingleTypeKVCacheManager`` shows it: ``block_size``,
-    ``kv_cache_spec``, and read-only snapshots of prefixkv's state in vLLM's shapes
+    ``kv_cache_spec``, the shared ``block_pool``, and read-only snapshots of prefixkv's state in vLLM's shapes
     (``req_to_blocks``: live request id -> its blocks in this group; ``num_cached_block``:
     live request id -> its cached full blocks; ``_null_block``), which vLLM's tests
     inspect."""
@@ -31,6 +31,12 @@ class GroupView:
         self.kv_cache_group_id = group_id
         self.block_size = block_size
         self.kv_cache_spec = spec
+
+    @property
+    def block_pool(self) -> Any:
+        """The manager's ``block_pool`` (vLLM's single-type managers share one pool; a
+        connector asks it about a group's hashes through them)."""
+        return self._manager.block_pool
 
     @property
     def _null_block(self) -> Any:

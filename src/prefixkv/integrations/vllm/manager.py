@@ -29,6 +29,7 @@ from vllm.v1.request import Request
 from prefixkv.errors import RequestError, check_count
 
 from . import queries
+from .block_hashes import lookups_for
 from .coordinator import CoordinatorView
 from .layout import UnsupportedByPrefixKV, build_core, check_options, eagle_layout, read_layout
 from .mamba import StepCache, check_call, junction, noting
@@ -110,7 +111,10 @@ class KVCacheManager(StepCalls):
         self.block_pool = BlockPoolView(self._blocks, layout.num_blocks, self.hash_block_size, enable_caching,
                                         lambda b: free_popped(self, b), lambda ids: self.evict_blocks(ids),
                                         lambda: self.core.num_free_blocks,
-                                        self._telemetry.built_events)
+                                        self._telemetry.built_events, lambda: self.core.free_block_order(),
+                                        lookups_for(self.core, layout, self.prepared_prompts,
+                                                    self._blocks.table, offset, events),
+                                        lambda: enable_kv_cache_events and self.core.has_pending_events)
         self.coordinator = CoordinatorView(self, layout)
         self._keys: dict[Hashable, int] = {}  # vLLM request id -> prefixkv's id of the request
         self._next_key = 0

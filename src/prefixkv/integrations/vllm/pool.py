@@ -12,13 +12,16 @@ reads ``ref_cnt`` or ``block_hash`` of them sees 0 and None).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
 from prefixkv.errors import RequestError, check_count
+
+from .block_hashes import CachedBlocks, HashLookups
+from .layout import UnsupportedByPrefixKV
 
 __all__ = ["BlockPoolView", "Blocks"]
 
@@ -60,14 +63,47 @@ class Blocks:
 
 
 class _FreeQueueView:
-    """``num_free_blocks`` of vLLM's free block queue: prefixkv's free count."""
+    """vLLM's free block queue, read-only: ``num_free_blocks`` (prefixkv's free count)
+    and ``get_all_free_blocks`` (prefixkv's free blocks in the order it reuses them)."""
 
-    def __init__(self, count: Callable[[], int]) -> None:
-        self._count = count
+    def __init__(self, count: Callable[[], int], blocks: Blocks, order: Callable[[], list[int]]) -> None:
+        self._count, self._blocks, self._order = count, blocks, order
 
     @property
     def num_free_blocks(self) -> int:
         return self._count()
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """The free blocks (empty, then cached ones least recently used first), in the
+        order the pool hands them out, as vLLM's queue lists them (null block left out)."""
+        table, k = self._blocks.table, self._blocks.offset
+        return [table[i + k] for i in self._order()]
+
+
+class _EventQueueView:
+    """vLLM's ``kv_event_queue`` (events recorded, not yet taken), read while it is
+    empty: ``len`` 0, nothing to iterate. prefixkv builds vLLM's events only as they
+    are taken (``take_events``), so a queue holding some raises UnsupportedByPrefixKV,
+    as does any write (``append``...)."""
+
+    def __init__(self, pending: Callable[[], bool]) -> None:
+        self._pending = pending
+
+    def __len__(self) -> int:
+        if self._pending():
+            raise UnsupportedByPrefixKV("kv_event_queue: prefixkv builds vLLM's events as they are taken "
+                                        "(take_events); it shows the queue only while it is empty")
+        return 0
+
+    def __iter__(self) -> Iterator[Any]:
+        len(self)  # (raises while events are pending)
+        return iter(())
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise UnsupportedByPrefixKV(f"kv_event_queue.{name}: prefixkv's pool is not vLLM's; its view "
+                                    f"is read-only")
 
 
 class BlockPoolView:
@@ -76,20 +112,35 @@ class BlockPoolView:
     ``free_blocks`` takes back the blocks ``KVCacheManager.pop_blocks_for_free`` handed
     out (the scheduler's deferred frees), whole requests at a time; ``evict_blocks``
     makes blocks unfindable. Counts and usage are prefixkv's (``num_gpu_blocks - 1``
-    blocks, the null block left out, as vLLM counts them).
+    blocks, the null block left out, as vLLM counts them). ``get_cached_block``,
+    ``cached_block_hash_to_block`` (read-only), the free queue's ``get_all_free_blocks``
+    and an empty ``kv_event_queue`` answer from prefixkv's state.
     """
 
     def __init__(self, blocks: Blocks, num_gpu_blocks: int, hash_block_size: int,
                  enable_caching: bool, free_fn: Callable[[Iterable[KVCacheBlock]], None],
                  evict_fn: Callable[[set[int]], None], free_count: Callable[[], int],
-                 events_fn: Callable[[], list[Any]]) -> None:
+                 events_fn: Callable[[], list[Any]], free_order: Callable[[], list[int]],
+                 hashes: HashLookups, pending_events: Callable[[], bool]) -> None:
         self.num_gpu_blocks = num_gpu_blocks
         self.hash_block_size = hash_block_size
         self.enable_caching = enable_caching
         self.null_block = blocks.null_block
         self.blocks = blocks.table
         self._free, self._evict, self._count, self._events = free_fn, evict_fn, free_count, events_fn
-        self.free_block_queue = _FreeQueueView(free_count)
+        self.free_block_queue = _FreeQueueView(free_count, blocks, free_order)
+        self._hashes = hashes
+        self.cached_block_hash_to_block = CachedBlocks(hashes)
+        self.kv_event_queue = _EventQueueView(pending_events)
+
+    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> list[KVCacheBlock] | None:
+        """The block of each group in ``kv_cache_group_ids`` holding the prefix that
+        ``block_hash`` (one of a request's ``block_hashes``) names, None when one of them
+        holds none, as vLLM's; found by content (block_hashes.py says how, and what it
+        refuses with UnsupportedByPrefixKV). Changes nothing."""
+        if not self.enable_caching:  # (vLLM's map stays empty)
+            return None if kv_cache_group_ids else []
+        return self._hashes.get_cached_block(block_hash, kv_cache_group_ids)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Return blocks from ``pop_blocks_for_free`` to the pool (any order: prefixkv

@@ -110,6 +110,13 @@ class PreparedPrompts:
                                          request.prompt_is_token_ids)
         self.prepared += 1
 
+    def requests(self) -> list[Any]:
+        """The requests noted here that are still alive (their records go with them), in
+        the order noted; safe while another thread notes more (the dict is copied
+        first)."""
+        refs = self._records.keyrefs()  # (a list made in one C call: no thread runs meanwhile)
+        return [r for r in (ref() for ref in refs) if r is not None]
+
     def prompt_of(self, request: Any) -> Prompt | None:
         """The Prompt prepared for ``request`` if it describes the request's tokens and
         extra keys exactly now (module docstring), else None: admit its ids."""

@@ -1,0 +1,198 @@
+"""vLLM's block hashes asked of prefixkv's pool: ``BlockPool.get_cached_block`` and
+``cached_block_hash_to_block``, answered read-only from prefixkv's index.
+
+vLLM keys its cached blocks by ``BlockHash`` (a chain hash over a request's tokens and
+extra keys at ``hash_block_size``, ``request.block_hashes``), with the group id appended
+(``BlockHashWithGroupId``); a block of a group larger than the hash block is keyed by the
+hash at its end. prefixkv finds blocks by content and never reads those hashes. A hash
+names one prefix, so the view turns it back into that prefix: the request whose
+``block_hashes`` hold it (at index ``j``: its first ``(j + 1) * hash_block_size`` tokens,
+with its extra keys), then asks prefixkv's manager which block of each group holds that
+prefix (``KVCacheManager.cached_block_id``, ``HybridKVCacheManager.cached_block_ids``).
+
+The requests are those prefixkv's block hasher noted (``PreparedPrompts``: every
+``Request`` an engine builds while prefixkv's manager exists, held weakly), so nothing is
+recorded on the admission path: the map from hash to request is built when a hash is
+first asked for, and again when one is not in it. A hash no live request of those holds
+(its request is gone, or was built without that hasher) cannot be turned into a prefix:
+``UnsupportedByPrefixKV``, rather than an answer that could differ from vLLM's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+from weakref import ref
+
+from prefixkv.errors import RequestError
+from prefixkv.groups.spec import FULL
+
+from .layout import Layout, UnsupportedByPrefixKV
+from .prepared import PreparedPrompts
+from .requests import core_tokens, extra_keys_of
+
+__all__ = ["CachedBlocks", "HashLookups", "HashedPrefixes", "lookups_for"]
+
+Find = Callable[[Sequence[int], int, Any], Sequence[int | None]]
+"""The manager's question: per group, the prefixkv block id holding the first ``n``
+tokens of ``tokens`` (with extra keys ``extra``), or None."""
+
+
+class HashedPrefixes:
+    """vLLM block hash -> (the live request whose ``block_hashes`` hold it, the tokens
+    of the prefix it names), from the requests ``prompts`` noted."""
+
+    def __init__(self, prompts: PreparedPrompts, hash_block_size: int) -> None:
+        self._prompts = prompts
+        self.hash_block_size = self._h = hash_block_size
+        self._found: dict[bytes, tuple[ref[Any], int]] = {}
+
+    def prefix(self, block_hash: bytes) -> tuple[Any, int] | None:
+        """The request and token count of the prefix ``block_hash`` names, None when no
+        live noted request holds it."""
+        found = self._named(block_hash)
+        if found is None:
+            self._found = self._scan()
+            found = self._named(block_hash)
+        return found
+
+    def _named(self, block_hash: bytes) -> tuple[Any, int] | None:
+        entry = self._found.get(block_hash)
+        if entry is None:
+            return None
+        r, j = entry[0](), entry[1]
+        if r is None:
+            return None
+        hashes, n = r.block_hashes, (j + 1) * self._h
+        # (still so: a request's tokens may be cut, its hashes with them)
+        return (r, n) if j < len(hashes) and hashes[j] == block_hash and n <= r.num_tokens else None
+
+    def _scan(self) -> dict[bytes, tuple[ref[Any], int]]:
+        found: dict[bytes, tuple[ref[Any], int]] = {}
+        h = self._h
+        for r in self._prompts.requests():
+            at, n = ref(r), r.num_tokens
+            for j, x in enumerate(r.block_hashes):
+                if (j + 1) * h <= n:
+                    found.setdefault(x, (at, j))
+        return found
+
+
+class CachedBlocks:
+    """``cached_block_hash_to_block`` of vLLM's pool, read-only: ``len`` (cached keys,
+    one per prefix and group), truth, ``get_one_block`` and ``contain`` by
+    ``BlockHashWithGroupId``. Any other use (``insert``, ``pop``, ``_cache``: writes, or
+    vLLM's own dict) raises UnsupportedByPrefixKV."""
+
+    def __init__(self, lookups: HashLookups) -> None:
+        self._lookups = lookups
+
+    def __len__(self) -> int:
+        return self._lookups.count()
+
+    def get_one_block(self, key: bytes) -> Any:
+        """The block cached under ``key`` (a block hash with its group id, 4 bytes big
+        endian, appended), None when there is none."""
+        block_hash, group = _split(key)
+        blocks = self._lookups.get_cached_block(block_hash, (group,))
+        return None if blocks is None else blocks[0]
+
+    def contain(self, key: bytes, block_id: int) -> bool:
+        """Whether ``key`` maps to the block ``block_id``: its primary holder (a spare
+        holding the same prefix is not listed: prefixkv finds the primary, as vLLM
+        finds the copy it cached first)."""
+        block = self.get_one_block(key)
+        return block is not None and block.block_id == block_id
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # (copy, pickle, hasattr of protocols: the usual answer)
+            raise AttributeError(name)
+        raise UnsupportedByPrefixKV(f"cached_block_hash_to_block.{name}: prefixkv's pool is not vLLM's; its "
+                                    f"view answers len, get_one_block and contain only (read-only)")
+
+
+def _split(key: bytes) -> tuple[bytes, int]:
+    if not isinstance(key, bytes) or len(key) <= 4:
+        raise RequestError(f"a block hash with group id is bytes of the hash and 4 of the group, got {key!r}")
+    return key[:-4], int.from_bytes(key[-4:], "big")
+
+
+class HashLookups:
+    """``get_cached_block`` and the count of cached keys for one manager. ``find``: its
+    question (per group, the prefixkv block id holding a prefix); ``table``: vLLM's block
+    objects (vLLM id = prefixkv id + ``offset``); ``count``: cached keys, None where
+    prefixkv cannot count them as vLLM does; ``blind``: group -> its block size, for the
+    groups whose partial tail entries (vLLM's ``cache_partial_block``) prefixkv does not
+    keep (groups/tails.py: only with events on)."""
+
+    def __init__(self, prefixes: HashedPrefixes, find: Find, table: Sequence[Any], offset: int,
+                 count: Callable[[], int] | None, blind: dict[int, int]) -> None:
+        self.prefixes, self._find, self._table, self._offset = prefixes, find, table, offset
+        self._count, self._blind = count, blind
+
+    def count(self) -> int:
+        """vLLM's ``len(cached_block_hash_to_block)``: one per prefix cached in a group.
+        Raises UnsupportedByPrefixKV where partial tail entries would count and
+        prefixkv keeps none (``blind``) or does not count them."""
+        if self._count is None:
+            raise UnsupportedByPrefixKV("len(cached_block_hash_to_block): vLLM counts partial tail entries "
+                                        "of full-attention groups larger than the hash block, which "
+                                        "prefixkv does not count")
+        return self._count()
+
+    def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[Any] | None:
+        """vLLM's ``get_cached_block``: the block of each group in ``group_ids`` holding
+        the prefix ``block_hash`` names, None when one of them holds none (a group id
+        past the groups: None, as vLLM's). Raises RequestError for a hash that is not
+        bytes or a group id that is not an int >= 0, UnsupportedByPrefixKV for a hash
+        no noted live request holds, or one ending inside a block of a ``blind`` group."""
+        if not isinstance(block_hash, bytes):
+            raise RequestError(f"a block hash is bytes (vLLM's BlockHash), got {block_hash!r}")
+        groups: list[Any]
+        try:
+            groups = list(group_ids)
+        except TypeError:
+            groups = [None]
+        if any(g.__class__ is not int or g < 0 for g in groups):
+            raise RequestError(f"kv_cache_group_ids must be ints >= 0, got {group_ids!r}")
+        if not groups:
+            return []
+        found = self.prefixes.prefix(block_hash)
+        if found is None:
+            raise UnsupportedByPrefixKV(
+                f"block hash {block_hash.hex()}: prefixkv finds blocks by content, and no live request "
+                f"its block hasher noted holds this hash (vLLM's Requests built while prefixkv's "
+                f"manager exists)")
+        r, n = found
+        for g in groups:
+            if n % self._blind.get(g, 1):
+                raise UnsupportedByPrefixKV(
+                    f"block hash {block_hash.hex()} ends inside a block of group {g}: vLLM may keep a "
+                    f"partial tail entry there, which prefixkv keeps only with KV events on")
+        ids = self._find(core_tokens(r), n, extra_keys_of(r, self.prefixes.hash_block_size))
+        out = []
+        for g in groups:
+            i = ids[g] if g < len(ids) else None
+            if i is None:
+                return None
+            out.append(self._table[i + self._offset])
+        return out
+
+
+def lookups_for(core: Any, layout: Layout, prompts: PreparedPrompts, table: Sequence[Any], offset: int,
+                events: bool) -> HashLookups:
+    """The ``HashLookups`` of a manager over ``core`` (prefixkv's manager of ``layout``;
+    ``events``: built with events on, so it keeps partial tail entries)."""
+    h = layout.sizes.hash_size
+    tails = {g: b for g, (spec, b) in enumerate(zip(layout.groups, layout.sizes.sizes, strict=True))
+             if spec.kind == FULL and b > h}
+    find: Find
+    if layout.hybrid:
+        def find(tokens: Sequence[int], n: int, extra: Any) -> Sequence[int | None]:
+            out: Sequence[int | None] = core.cached_block_ids(tokens, n, extra=extra)
+            return out
+    else:
+        def find(tokens: Sequence[int], n: int, extra: Any) -> Sequence[int | None]:
+            return (core.cached_block_id(tokens, n, extra=extra),)
+    count = None if tails else (lambda: int(core.num_cached_blocks))
+    return HashLookups(HashedPrefixes(prompts, h), find, table, offset, count, {} if events else tails)

@@ -1,0 +1,124 @@
+"""A spare's partial tail entry, prefixkv's plug-in beside vLLM 0.33's own
+``KVCacheManager``, entry by entry (each announced or withdrawn hash, however batched).
+
+A spare is a second block of a prefix its group holds (here: a request whose hit stops
+at the lcm recomputes the prompt's last block of the full group of 16). vLLM announces a
+spare's entries again, its partial tail entry (``cache_partial_block``: the hash block
+before the prompt's last hash boundary) included, keeps the copy cached when it is
+freed, and withdraws those entries when it evicts the copy; prefixkv announces nothing
+for a spare and empties it when it is freed, without an event (groups/index.py,
+groups/tails.py). So a consumer that counts stores and removals per hash holds the same
+entries from both streams while the spare's tail is one the primary holds too (the
+first test), and holds one more from vLLM's while the spare is the only block whose
+request put its tail there (the second: the primary's prompt is longer, its tail lies in
+a later block), from the spare's compute until vLLM evicts the copy. docs/groups.md
+states both. Needs vllm."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from . import skip_module_without_vllm
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+skip_module_without_vllm()
+pytest.importorskip("torch")
+
+from .test_vllm_block_sizes_manager import entries, learn  # noqa: E402
+from .test_vllm_block_sizes_reference import _request  # noqa: E402
+from .test_vllm_preempted_tail import HASH, _sides  # noqa: E402
+
+GROUPS = ((8, None), (16, None))  # hash 8, scheduler 16: group 1's blocks hold two hash blocks
+PROMPT = list(range(100, 132))  # 32 tokens: its tail boundary at 24, in group 1's block 1
+
+
+class Pair:
+    """prefixkv's plug-in and vLLM's manager, fed the same calls; each side's hashes
+    learnt as the tokens they cover."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.sides = _sides(GROUPS, num_blocks)
+        self.prefixes: list[dict[Any, tuple[int, ...]]] = [{}, {}]
+        self.counts = [Counter(), Counter()]
+
+    def run(self, rid: str, tokens: list[int]) -> list[Any]:
+        """Admit ``rid`` on both sides and compute it whole."""
+        reqs = [_request(rid, tokens, HASH) for _ in self.sides]
+        learn(self.prefixes[0], self.sides[0].core.prepare(tokens).hashes, tokens, HASH)
+        learn(self.prefixes[1], reqs[1].block_hashes, tokens, HASH)
+        for m, r in zip(self.sides, reqs, strict=True):
+            blocks, hit, *_ = m.get_computed_blocks(r)
+            assert m.allocate_slots(r, r.num_tokens - hit, hit, blocks) is not None
+            r.num_computed_tokens = r.num_tokens
+        return reqs
+
+    def free(self, reqs: list[Any]) -> None:
+        for m, r in zip(self.sides, reqs, strict=True):
+            m.free(r)
+
+    def step(self) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """The entries each side announced or withdrew since the last step (prefixkv's,
+        vLLM's), each counted into what that side's stream holds."""
+        out = []
+        for m, p, counts in zip(self.sides, self.prefixes, self.counts, strict=True):
+            es = entries(m.take_events(), p, [8, 16], HASH)
+            for e in es:
+                counts[e[1:3]] += 1 if e[0] else -1
+            out.append(es)
+        return out[0], out[1]
+
+    def held(self) -> tuple[set[Any], set[Any]]:
+        """(group, prefix tokens) of each entry a consumer that counts per hash holds."""
+        return tuple({k for k, n in c.items() if n} for c in self.counts)  # type: ignore[return-value]
+
+
+def short(es: list[tuple[Any, ...]]) -> list[tuple[bool, int, int]]:
+    """An entry as (stored, group, tokens its hash covers)."""
+    return [(e[0], e[1], len(e[2])) for e in es]
+
+
+SPARE_STORED = [(True, 0, 24), (True, 0, 32), (True, 1, 32), (True, 1, 24)]  # the last: its tail
+SPARE_REMOVED = [(False, 0, 32), (False, 0, 24), (False, 1, 32), (False, 1, 24)]
+
+
+def test_a_spares_tail_that_the_primary_holds_too_changes_no_count():
+    pair = Pair(num_blocks=10)  # (the null block, 6 for a, 3 for b's spares)
+    pair.run("a", PROMPT)
+    ours, theirs = pair.step()
+    assert ours == theirs and (True, 1, 24) in short(ours)  # a's tail, in block 1 of 16
+    b = pair.run("b", PROMPT)  # hit 16: recomputes 16..32, spares in both groups
+    ours, theirs = pair.step()
+    assert ours == [] and short(theirs) == SPARE_STORED
+    assert theirs[-1][3:] == (8, tuple(PROMPT[:16]), PROMPT[16:24])  # (size, parent, tokens)
+    pair.free(b)
+    assert pair.step() == ([], [])  # vLLM keeps the copy cached; prefixkv empties it
+    pair.run("c", list(range(300, 316)))  # takes the 3 free blocks: vLLM evicts the copy
+    ours, theirs = pair.step()
+    assert short(theirs[:4]) == SPARE_REMOVED and theirs[4:] == ours != []
+    mine, vllms = pair.held()
+    assert mine == vllms and (1, tuple(PROMPT[:24])) in mine
+
+
+def test_a_spares_tail_that_no_primary_holds_is_vllms_alone_until_it_evicts_the_copy():
+    pair = Pair(num_blocks=13)  # (the null block, 9 for a, 3 for b's spares)
+    pair.run("a", list(range(100, 148)))  # 48 tokens: its tail at 40, in block 2 of 16
+    ours, theirs = pair.step()
+    assert ours == theirs and (True, 1, 40) in short(ours) and (True, 1, 24) not in short(ours)
+    b = pair.run("b", PROMPT)  # a's first 32 tokens: its tail at 24, in its spare
+    ours, theirs = pair.step()
+    assert ours == [] and short(theirs) == SPARE_STORED
+    mine, vllms = pair.held()
+    assert vllms - mine == {(1, tuple(PROMPT[:24]))} and mine <= vllms
+    pair.free(b)
+    assert pair.step() == ([], [])
+    mine, vllms = pair.held()
+    assert vllms - mine == {(1, tuple(PROMPT[:24]))}  # the freed copy's, still in vLLM
+    pair.run("c", list(range(300, 316)))
+    ours, theirs = pair.step()
+    assert short(theirs[:4]) == SPARE_REMOVED and theirs[4:] == ours != []
+    mine, vllms = pair.held()
+    assert mine == vllms and (1, tuple(PROMPT[:24])) not in mine
