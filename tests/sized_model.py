@@ -122,6 +122,7 @@ class Req:
     prompt: int = 0  # the prompt's length at admission (vLLM's ``num_prompt_tokens``)
     exact: set = field(default_factory=set)  # (g, j): Mamba block j holds the state at its end
     cow: dict = field(default_factory=dict)  # g -> (j, source, owner): a copy the next allocation makes
+    lost: int | None = None  # the first hash block whose prefix id is lost (``rewind``)
 
 
 class SizedModel:
@@ -146,6 +147,10 @@ class SizedModel:
         self.events: list = []  # ("stored" | "removed", key), and ("cleared",)
         self.tails: dict = {}  # block -> the partial tail entry it holds besides its keys
         self.reqs: dict = {}
+        # a rewind forgot what vLLM keeps beyond the request's own blocks (a spare, a
+        # copy, a longer prefix, another request's prefix id): from then on vLLM's queue,
+        # keys and hits differ by design
+        self.diverged = False
 
     # ---- keys and hits --------------------------------------------------------------
 
@@ -359,6 +364,7 @@ class SizedModel:
         return True
 
     def _grow(self, r, num_new):
+        start = r.computed
         r.computed += num_new
         for g, ((b, w), ids) in enumerate(zip(self.groups, r.tables, strict=True)):
             fresh = max(cdiv(r.computed, b) - len(ids), 0)
@@ -372,7 +378,11 @@ class SizedModel:
                 ids += [self.null] * (fresh - 1) + new
             if r.computed % b == 0:
                 r.exact.add((g, r.computed // b - 1))
-        self._cache(r, min(r.computed, len(r.tokens)))
+        n = min(r.computed, len(r.tokens))
+        first = start // self.h if start // self.h < n // self.h else None  # (a hash boundary passed)
+        if first:
+            self._cut(r, first)
+        self._cache(r, n, first)
 
     def _copy(self, r, g, copy):
         """The copy on write of ``r.cow[g]`` into the new block ``copy`` (module docstring)."""
@@ -391,17 +401,24 @@ class SizedModel:
             r.tables[g][j] = copy
             self.refs[copy] += 1
 
-    def _cache(self, r, n):
+    def _cache(self, r, n, first=None):
+        """Cache ``r``'s blocks up to ``n`` tokens; after a step passing a hash boundary
+        from hash block ``first`` on, also those from the aligned end before it that
+        hold nothing (prefixkv's ``_record``: a block that lost its content to a
+        ``rewind`` while its key stayed is cached again, a spare)."""
         computed, n = n, n if self.partial else n // self.align * self.align
         hashed = len(r.tokens) // self.h * self.h
+        lo = None if first is None else first * self.h // self.align * self.align
         for g, (b, w) in enumerate(self.groups):
             peek = self.peek is not None and self.peek[g]
             end = min(computed, n + b) if peek and n else n  # (vLLM's get_num_cacheable_tokens)
             full = min(end, hashed) // b
-            for j in range(r.cached[g], full):
+            for j in range(r.cached[g] if lo is None else min(r.cached[g], lo // b), full):
                 x = r.tables[g][j]
-                if x == self.null or not self._reachable(g, j) or (w == "mamba" and (g, j) not in r.exact):
-                    continue
+                if x == self.null or self._holds(x) or not self._reachable(g, j) \
+                        or (w == "mamba" and (g, j) not in r.exact) \
+                        or r.lost is not None and (j + 1) * b // self.h > r.lost:
+                    continue  # (null, unreachable, a Mamba block past its state, a lost prefix id)
                 key = self.key(g, r.extra, r.tokens, j)
                 if self.partial and self.keys[x]:  # (a shorter partial entry: promoted)
                     self._unkey(x)
@@ -439,12 +456,42 @@ class SizedModel:
         b, w = self.groups[g]
         peek = self.peek is not None and self.peek[g]
         end = (r.prompt if peek else r.prompt - 1) // self.h * self.h
-        if w is not None or b <= self.h or not 0 < end <= hi or not end % b:
+        if w is not None or b <= self.h or not 0 < end <= hi or not end % b \
+                or r.lost is not None and end // self.h > r.lost:
             return
         x = r.tables[g][end // b]
         if x != self.null and self.keys[x] and x not in self.tails:
             self.tails[x] = (g, r.extra, tuple(r.tokens[:end]))
             self.events.append(("stored", self.tails[x]))
+
+    def _holds(self, x):
+        """Whether block ``x`` holds a key (its own, or as a spare)."""
+        return bool(self.keys[x]) or any(x in held for held in self.spares.values())
+
+    def _caches(self, g, n, j):
+        """prefixkv's ``BlockSizes.caches``: whether group ``g`` caches its block ``j``
+        once ``n`` tokens are computed."""
+        b, _ = self.groups[g]
+        end = n // self.align * self.align
+        if self.peek is not None and self.peek[g] and end:
+            end = min(n, end + b)
+        return (j + 1) * b <= end and self._reachable(g, j)
+
+    def _cut(self, r, first):
+        """prefixkv's ``cut`` (groups/sized.py ``_cut_off``): a step passing the hash
+        blocks from ``first`` on, when in some group (not Mamba) the block holding
+        position ``first * h - 1`` is cached at that count but holds nothing (it lost
+        its content to a ``rewind`` while its key stayed), makes the request's prefix
+        ids from ``first`` on lost ones."""
+        if r.lost is not None and r.lost < first:
+            return  # (lost already)
+        p = first * self.h
+        for g, ((b, w), ids) in enumerate(zip(self.groups, r.tables, strict=True)):
+            j = (p - 1) // b
+            if w != "mamba" and j < len(ids) and ids[j] != self.null and not self._holds(ids[j]) \
+                    and self._caches(g, p, j):
+                r.lost = first
+                return
 
     def _reachable(self, g, j):
         """Whether a hit at some ``align`` boundary reads block ``j`` of group ``g``."""
@@ -471,3 +518,93 @@ class SizedModel:
         self.keys = [[] for _ in self.keys]
         self.events.append(("cleared",))
         return True
+
+    # ---- rewind (prefixkv's semantics: vLLM's manager has none) -------------------
+
+    def rewind(self, rid, p):
+        """prefixkv's ``rewind(rid, p)`` with different sizes: the request forgets its
+        tokens from ``p`` (given again by ``grow``, which caches them anew), and each
+        group's blocks from ``p // b`` lose their content: a spare is unlisted, a
+        holder with a spare hands its key to the first; any other key is forgotten
+        with every key extending its prefix (every group), whose free holders go to
+        the queue's head (by group, then block id: the first taken is the last of
+        that order), and a live request holding that prefix
+        never caches at or past it again (its prefix id is lost). The blocks stay in
+        the tables. vLLM's manager has no rewind (its scheduler sets the computed
+        tokens back and its blocks stay cached): the tables are the same either way;
+        what is findable until the recompute caches again, the forgotten keys and
+        the queue differ (by design). False (nothing changed) where prefixkv refuses:
+        beside Mamba and where the recompute reads what a window released. A block
+        another request holds too loses its content for it as well (that request's
+        next step passing a hash boundary right after it cuts: ``_cut``)."""
+        r, h = self.reqs[rid], self.h
+        for (b, w), ids in zip(self.groups, r.tables, strict=True):
+            released = next((j for j, x in enumerate(ids) if x != self.null), len(ids))
+            if w == "mamba" or released > first_needed(w, p) // b:
+                return False
+        roots = []
+        for g, (b, _) in enumerate(self.groups):
+            for x in r.tables[g][p // b:]:
+                key = next((k for k, held in self.spares.items() if x in held), None)
+                if key is not None:  # (a spare: unlisted)
+                    self.diverged = True
+                    self.spares[key].remove(x)
+                    if not self.spares[key]:
+                        del self.spares[key]
+                elif self.keys[x]:
+                    key = self.keys[x][0]
+                    if self.spares.get(key):
+                        self._unhold(x, key)
+                        self.diverged = True
+                    else:
+                        roots.append(key[1:])
+        self._forget(roots, r, {(g, x) for g, (b, _) in enumerate(self.groups) for x in r.tables[g][p // b:]})
+        if r.lost is not None and r.lost >= p // h:
+            r.lost = None  # (its prefix ids from there are new ones)
+        del r.tokens[p:]
+        r.computed = p
+        r.cached = [min(c, p // b) for c, (b, _) in zip(r.cached, self.groups, strict=True)]
+        return True
+
+    def _unhold(self, x, key):
+        """Block ``x`` loses ``key``: the first spare takes it over."""
+        self.holders[key].remove(x)
+        self.keys[x].remove(key)
+        heir = self.spares[key].pop(0)
+        if not self.spares[key]:
+            del self.spares[key]
+        self.holders[key].append(heir)
+        self.keys[heir].append(key)
+        if x in self.tails:
+            self.events.append(("removed", self.tails.pop(x)))
+
+    def _forget(self, roots, rewound, own):
+        """Forget the prefixes ``roots`` (``(extra, tokens)``) and every one extending them
+        (``own``: the rewound request's ``(group, block)`` that lose their content)."""
+        if not roots:
+            return
+        def under(extra, tokens):
+            return any(extra == e and tokens[:len(t)] == t for e, t in roots)
+        freed = []
+        for key in [k for k in self.holders if under(*k[1:])]:
+            self.diverged |= bool(self.spares.pop(key, None))  # (unlisted: a spare announces nothing)
+            self.events.append(("removed", key))
+            for x in self.holders.pop(key):
+                self.diverged |= (key[0], x) not in own
+                self.keys[x].remove(key)
+                if x in self.tails:
+                    self.events.append(("removed", self.tails.pop(x)))
+                if not self.refs[x]:
+                    freed.append((key[0], x))
+        freed.sort()
+        for _, x in freed:
+            self.free.remove(x)
+        self.free.extendleft([x for _, x in freed])
+        for r in self.reqs.values():
+            if r is rewound:
+                continue
+            for e, t in roots:
+                d = len(t) // self.h - 1
+                if r.extra == e and r.computed // self.h > d and (r.lost is None or r.lost > d) \
+                        and tuple(r.tokens[:len(t)]) == t:
+                    r.lost, self.diverged = d, True

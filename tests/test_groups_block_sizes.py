@@ -63,7 +63,8 @@ def test_what_the_sized_manager_does_not_serve_yet_is_refused():
         UncachedHybridManager(GROUPS, 64, BlockSizes.of([8, 16]))  # type: ignore[arg-type]
     m = HybridKVCacheManager(GROUPS, 64, BlockSizes.of([8, 16]))
     m.add_request("a", list(range(40)))
-    for call in (lambda: m.rewind("a", 8), lambda: m.fork("a", "b"), lambda: m.uncache_blocks([1])):
+    # (rewind: tests/test_groups_sizes_rewind.py)
+    for call in (lambda: m.fork("a", "b"), lambda: m.uncache_blocks([1])):
         with pytest.raises(ConfigError, match="not served with groups of different block sizes yet"):
             call()
     m.check_invariants()

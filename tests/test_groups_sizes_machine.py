@@ -10,16 +10,20 @@ keys: each ``BlockStored`` of group g under the fine hash at its blocks' last bo
 with the group's own ``block_size``; ``check_invariants()`` holds throughout. The EAGLE
 machines peek (``peek``, vLLM's EAGLE: its hit rule and what a peeking group caches) in
 every lookup and admission, and cache for it (``BlockSizes.peek``), as vLLM's manager
-with ``use_eagle`` does.
+with ``use_eagle`` does. A request rewinds (prefixkv's ``rewind``, the reference's:
+its blocks past the point lose their content, longer prefixes are forgotten) and gives
+its forgotten tokens again in steps, or both refuse (ConfigError: beside Mamba, over
+what a window released).
 """
 
 from collections import Counter
 
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, multiple, rule
 
 from machine_rules import LIVE, SharedRules, case, prompts_over
-from prefixkv import AllBlocksCleared, BlockRemoved, BlockStored, ExtraKeys
+from prefixkv import AllBlocksCleared, BlockRemoved, BlockStored, ConfigError, ExtraKeys
 from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba, sliding_window
 from prefixkv.hashing import chain, encode_tokens, make_hash_fn, token_bytes
 from sized_model import SizedModel
@@ -146,6 +150,35 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         if got is not None:
             self.tokens[rid] += toks
             self._name(self.tokens[rid], r.extra)
+
+    @rule(rid=live, back=st.integers(0, 24), cuts=st.lists(st.integers(1, 12), max_size=3))
+    def rewind(self, rid, back, cuts):
+        # back ``back`` tokens (a load whose last token vLLM recomputes, a failed load),
+        # then the tokens it forgot given again in steps of ``cuts`` (the rest last):
+        # prefixkv's rewind (tests/sized_model.py), or the same ConfigError refusal
+        if rid not in self.tokens:
+            return
+        r = self.model.reqs[rid]
+        p = max(0, r.computed - back)
+        gone = r.tokens[p:]
+        if not self.model.rewind(rid, p):
+            with pytest.raises(ConfigError):
+                self.m.rewind(rid, p)
+            return
+        self.m.rewind(rid, p)
+        self.tokens[rid] = self.tokens[rid][:p]
+        self.m.check_invariants()
+        self.same_tables_and_free_queue()
+        for cut in [*cuts, len(gone)]:
+            toks, gone = gone[:cut], gone[cut:]
+            if not toks:
+                break
+            got = self.m.append_tokens(rid, toks)
+            assert (got is not None) == self.model.grow(rid, len(toks), toks), got
+            if got is None:
+                break
+            self.tokens[rid] += toks
+            self.m.check_invariants()
 
     @rule()
     def run_copies(self):

@@ -2,7 +2,7 @@
 the content read from the run's record for each position."""
 
 from prefixkv.core.block import Block
-from prefixkv.core.keyless import Keyless
+from prefixkv.core.keyless import Keyless, new_keyless
 from prefixkv.core.run import RunCounts, new_run
 
 
@@ -33,3 +33,12 @@ def test_positions_read_the_runs_record_forward_backward_and_cut():
     assert ks.content_ids(blocks, 3) == [22, 23, 1005, 23, 22, 1008]
     assert ks.content_ids(blocks, 7) == [22, 1008]
     assert ks.content_ids(blocks, 8) == [1008]
+
+
+def test_new_keyless_is_an_empty_record_of_its_own():
+    """``new_keyless()`` (the eviction's, without the class call) is ``Keyless()``: no
+    spans, a list of its own each time."""
+    a, b = new_keyless(), new_keyless()
+    assert type(a) is Keyless and a.spans == [] == Keyless().spans
+    a.add(0, run_of(2), 0, 1, 2)
+    assert len(a.spans) == 1 and b.spans == []

@@ -73,6 +73,10 @@ OP = st.one_of(
     st.tuples(st.just("extend"), st.integers(0, 5), st.integers(1, 40)),
     st.tuples(st.just("decode"), st.integers(0, 5), st.lists(st.integers(0, 2), min_size=1, max_size=20)),
     st.tuples(st.just("free"), st.integers(0, 5), st.just(0)),
+    # vLLM's scheduler sets a request's computed tokens back by b (a load whose last
+    # token it recomputes, a failed load) and schedules them again: the references'
+    # ``rewind`` then ``grow``
+    st.tuples(st.just("recompute"), st.integers(0, 5), st.integers(1, 30)),
     st.tuples(st.just("reset"), st.just(0), st.just(0)),
 )
 
@@ -226,6 +230,8 @@ class Pair:
             assert self.v.allocate_slots(r, n) is not None
             r.num_computed_tokens += n
             self._name(r)
+        elif op == "recompute" and live:
+            self._recompute(live[a % len(live)], b)
         elif op == "free" and live:
             rid = live[a % len(live)]
             self.v.free(self.reqs.pop(rid))
@@ -233,6 +239,31 @@ class Pair:
                 m.free_request(rid)
         elif op == "reset":
             assert {self.v.reset_prefix_cache()} == {m.reset() for m in self._models()}
+
+    def _recompute(self, rid: str, back: int) -> None:
+        """vLLM's manager: the request's computed tokens set back ``back`` and scheduled
+        again (its blocks stay cached; the scheduler's recompute). The references:
+        prefixkv's ``rewind`` and ``grow`` (tests/sized_model.py): the same tables
+        always; the same queue, keys and hits while the rewind forgot only the
+        request's own keys (``diverged`` says when not: the comparison stops there)."""
+        r = self.reqs[rid]
+        n = r.num_computed_tokens
+        p = max(0, n - back)
+        done = set()
+        for m in self._models():
+            gone = m.reqs[rid].tokens[p:]
+            done.add(m.rewind(rid, p))
+            if done == {True}:
+                assert m.grow(rid, n - p, gone)
+        assert len(done) == 1
+        if done == {True}:
+            r.num_computed_tokens = p
+            assert self.v.allocate_slots(r, n - p) is not None
+            r.num_computed_tokens = n
+            for m in self._models():
+                assert m.reqs[rid].tables == [list(ids) for ids in self.v.get_block_ids(rid)]
+            if self.twins is not None and self.twins.diverged:
+                self.twins = None
 
 
 def partial_chunk(step: int, h: int, start: int, n: int, total: int, prompt: int) -> int:
@@ -269,6 +300,8 @@ def _drive(pair: Pair, ops: Any, probe: list[int]) -> None:
     for op, a, b in ops:
         pair.do(op, a, b)
         pair.copies()
+        if pair.model.diverged:  # (by design: tests/sized_model.py ``rewind``)
+            return
         pair.note_events()
         pair.compare(probe)
 
@@ -313,6 +346,22 @@ def test_the_sized_reference_keeps_retained_tokens_as_vllms_manager(layout, extr
 def test_the_sized_reference_runs_as_vllms_manager_with_eagle(layout, extra, ops, probe):
     groups, flags = EAGLE[layout]
     _drive(Pair(groups, _pool(groups, extra), flags), ops, probe)
+
+
+# mostly recomputes, among admissions (some of the same prompts: twins), chunks and decodes
+RECOMPUTES = st.one_of(OP, st.tuples(st.just("recompute"), st.integers(0, 5), st.integers(1, 30)))
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS) + list(EAGLE))
+@settings(max_examples=20, deadline=None)
+@given(extra=st.integers(0, 6), ops=st.lists(RECOMPUTES, min_size=4, max_size=30), probe=PROMPT)
+def test_the_sized_reference_recomputes_as_vllms_manager(layout, extra, ops, probe):
+    if layout in EAGLE:
+        groups, flags = EAGLE[layout]
+        _drive(Pair(groups, _pool(groups, extra), flags), ops, probe)
+    else:
+        groups = LAYOUTS[layout]
+        _drive(Pair(groups, _pool(groups, extra)), ops, probe)
 
 
 def test_past_twins_prefixkv_and_the_references_give_vllms_ids_until_a_twin_is_freed():

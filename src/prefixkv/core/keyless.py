@@ -57,3 +57,15 @@ class Keyless:
             at = hi
         out += [b.content_id for b in blocks[at:]]
         return out
+
+
+_new = object.__new__
+
+
+def new_keyless() -> Keyless:
+    """``Keyless()``, the same empty record, made without the class call's machine code
+    (``type_call``, ``slot_tp_init``, a frame pushed from C), which an eviction, the one
+    caller, runs for this alone: cold at a store start (results/store25-r24.md)."""
+    k: Keyless = _new(Keyless)
+    k.spans = []
+    return k

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from .block import UNLINKED, Block
 from .free_queue import FreeBlockQueue
-from .keyless import Keyless
+from .keyless import Keyless, new_keyless
+from .pool_check import check_pool
 from .pool_release import PoolIndex, PoolRelease
 from .run import RunCounts
 
@@ -199,7 +200,7 @@ class BlockPool(PoolRelease):
                         if pending:  # (no key to drop; its record for the tier below)
                             skip.append((i, i + k))
                             if spans:
-                                keyless = keyless or Keyless()
+                                keyless = keyless or new_keyless()
                                 keyless.add(i, r, 0 if r.fwd else k - 1, 1 if r.fwd else -1, k)
                         r.evicted()
                         if not r.fwd:  # (nothing reads an evicted run's list from now on:
@@ -212,7 +213,7 @@ class BlockPool(PoolRelease):
                         if pending:
                             skip.append((i, n))
                             if spans:
-                                keyless = keyless or Keyless()
+                                keyless = keyless or new_keyless()
                                 keyless.add(i, r, len(r.blocks) - 1, -1, k)
                         seg = r.truncate(len(r.blocks) - k)
                     else:  # its first blocks: the rest are counted alone from now on
@@ -284,28 +285,6 @@ class BlockPool(PoolRelease):
 
     def check(self, expected_refs: dict[int, int]) -> str | None:
         """The first inconsistency of counts and links against ``expected_refs`` (block
-        id -> number of live requests holding it), None when sound. Cheap when sound:
-        messages are built only for what is wrong."""
-        seen: set[int] = set()
-        for b in self._empty[self._lo:]:
-            if b.block_id in seen or b.ref_cnt or b.key is not None:
-                return f"bad or repeated empty-tier block {b!r}"
-            seen.add(b.block_id)
-        for b in self._cached:  # (a pending run's blocks have no key yet: ``Run``)
-            if b.block_id in seen or b.ref_cnt or b.twin or (b.key is None and (
-                    b.counted is None or not b.counted.pending)):
-                return f"bad or repeated cached-tier block {b!r}"
-            seen.add(b.block_id)
-        broken = self._cached.broken_link()
-        if broken:
-            return broken
-        get = expected_refs.get
-        for b in self.blocks:
-            if b.ref_cnt != get(b.block_id, 0) or (b.ref_cnt == 0) != (b.block_id in seen):
-                return (f"block {b.block_id}: ref_cnt {b.ref_cnt}, held by "
-                        f"{get(b.block_id, 0)} requests, {'in' if b.block_id in seen else 'not in'}"
-                        f" the free queue")
-        if len(seen) != self.num_free:
-            return f"free queue holds {len(seen)} != num_free {self.num_free}"
-        return self.index.check(self.blocks)
-
+        id -> number of live requests holding it), None when sound (``pool_check.py``)."""
+        return check_pool(self.blocks, self._empty[self._lo:], self._cached, self.num_free,
+                          self.index, expected_refs)

@@ -28,6 +28,9 @@ class FetchMemory:
     def __init__(self, payload: int, num_slots: int) -> None:
         self.payload, self.num_slots = payload, num_slots
         self.memory: list[list[memoryview]] | None = None  # host slots' bytes, when attached
+        # ``_attached`` bound to ``memory``, made once by ``attach``: every fetch started
+        # until the next ``attach`` shares it (no ``partial`` made and freed a start)
+        self._views: Views | None = None
         self._stage: memoryview | None = None  # else: payloads land here
 
     def attach(self, buffers: Sequence[Sequence[memoryview]], in_flight: int) -> None:
@@ -49,14 +52,15 @@ class FetchMemory:
         views = [_slot_views(i, views_i, want) for i, views_i in enumerate(buffers)]
         _check_apart(views)
         self.memory = views
+        self._views = partial(_attached, views)
 
     def views(self) -> tuple[bool, Views]:
         """For a fetch starting now: whether its payloads are staged (no attached memory),
         and what gives a fetcher its slots' buffers (``Fetch.views``). Maps the staging
         area on first use (on the scheduler's thread, before any fetcher reads it)."""
-        memory = self.memory
-        if memory is not None:
-            return False, partial(_attached, memory)
+        attached = self._views
+        if attached is not None:
+            return False, attached
         if self._stage is None:
             self._stage = memoryview(mmap.mmap(-1, self.payload * self.num_slots))
         return True, self._staging

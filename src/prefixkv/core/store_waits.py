@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import check_count
 from ..extra_keys import ExtraKeys
 from ..results import StoreWait
-from ..store.fetch import OK, Fetch
+from ..store.fetch import OK, Fetch, new_fetch
 from ..store.link import StoreLink
 from ..tiers import HostSlot, HostTier
 from .block import Block
@@ -45,6 +45,19 @@ from .store_reuse import reuse
 GRACE = 0.05
 """Seconds past a fetch's deadline before ``poll`` gives up on it (its threads return by
 the deadline; this covers scheduling delays only)."""
+
+_new, _set = object.__new__, object.__setattr__
+
+
+def store_wait(request_id: Hashable, num_blocks: int) -> StoreWait:
+    """``StoreWait(request_id, num_blocks)``, an equal object, its frozen fields written as
+    its own ``__init__`` writes them, without the class call's machine code
+    (``type_call``, ``slot_tp_init``, a frame pushed from C): a store start runs it for
+    this alone, cold after the fetch before it (results/store25-r24.md)."""
+    w: StoreWait = _new(StoreWait)
+    _set(w, "request_id", request_id)
+    _set(w, "num_blocks", num_blocks)
+    return w
 
 
 class StoreWaits:
@@ -113,8 +126,9 @@ class StoreWaits:
             up, taken = pool.take_split(first - d, len(slots) + 1)
         staged, views = self.buffers.views()
         keys = req.keys  # (the run's extra bytes listed by the fetcher: ``prepare``)
-        f = Fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
-                  chunks, [], slots, [], now + link.store.timeout, staged, views, keys.of_blocks)
+        f = new_fetch(req.request_id, req, first, hits[-1].hash if hits else self.root,
+                      chunks, [], slots, [], now + link.store.timeout, staged, views,
+                      keys.of_blocks)
         if hits:
             f.hits, f.hit_cids = hits, [h.content_id for h in hits]
             f.parent_cid = hits[-1].content_id
@@ -154,7 +168,7 @@ class StoreWaits:
         self.waiting[req.request_id] = f
         self.in_flight += 1
         self.reserved += len(slots)
-        return StoreWait(req.request_id, len(slots))
+        return store_wait(req.request_id, len(slots))
 
     def take(self, request_id: Hashable) -> Fetch | StoreWait | None:
         """At a re-admission: the request's fetch once it ended (``cancel`` it once the
@@ -163,7 +177,7 @@ class StoreWaits:
         f = self.waiting.get(request_id)
         if f is None or f.ended or f.expired:
             return f
-        return StoreWait(request_id, len(f.slots))
+        return store_wait(request_id, len(f.slots))
 
     def reuse(self, f: Fetch, prompt: Sequence[int] | Prompt,
               extra: ExtraKeys | None) -> tuple[Request, list[Any], int] | None:

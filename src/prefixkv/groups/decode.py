@@ -60,7 +60,7 @@ def append_tokens(self: HybridKVCacheManager,
             f"tokens not yet scheduled: call extend() before append_tokens()")
     pins = self._pins
     if pins and request_id in pins:
-        pins.check(req, self._step_encode(token_ids), self.block_size)
+        pins.check(req, self._step_encode(token_ids), self._group_sizes)
     if type(token_ids) is list and len(token_ids) == 1 and self._roomy(req) \
             and self.vocab_size is None and type(token_ids[0]) is int:
         # the hot path: one token into a block that has room and does not fill, and no
@@ -93,7 +93,7 @@ def append_step(self: HybridKVCacheManager, request_ids: Sequence[Hashable],
     if pins:
         for i, req in enumerate(reqs):
             if req.request_id in pins:
-                pins.check(req, new[i:i + 1], self.block_size)
+                pins.check(req, new[i:i + 1], self._group_sizes)
     fills = self._prepare_fills(reqs, new)
     grown: list[tuple[Hashable, Growth]] = []
     short: list[Hashable] = []
@@ -195,7 +195,7 @@ def rewind(self: HybridKVCacheManager, request_id: Hashable, num_tokens: int) ->
     check_count("num_tokens", num_tokens, 0, req.num_scheduled)
     if self._pins is None:
         self._pins = RewindPins()
-    self._pins.rewind(req, num_tokens, self.block_size, self._requests)
+    self._pins.rewind(req, num_tokens, self._group_sizes, self._requests)
     full = num_tokens // self.block_size
     lost, was = reads_lost(self.groups, req, num_tokens, self._group_sizes), req.tainted_from
     if lost or was is not None:  # (a tainted request recomputes lost KV from ``was`` on)
@@ -209,6 +209,14 @@ def rewind(self: HybridKVCacheManager, request_id: Hashable, num_tokens: int) ->
     if full < len(req.nodes):
         self._pool.emptied(self._index.uncache(
             [b for t in req.tables for b in t[full:len(req.nodes)] if b is not None]))
+    set_back(self, req, num_tokens, full, self.block_size)
+
+
+def set_back(self: HybridKVCacheManager, req: GroupRequest, num_tokens: int, full: int, unit: int) -> None:
+    """A rewind's last part, its blocks' content settled: the request's prefix ids cut
+    to the first ``full`` (of ``unit`` tokens each; its hold moves to the last), its
+    tokens from ``num_tokens`` forgotten, its counts set back."""
+    if full < len(req.nodes):
         old = req.nodes[-1]
         del req.nodes[full:]
         self._table.hold(req.nodes[-1] if req.nodes else None)
@@ -218,7 +226,7 @@ def rewind(self: HybridKVCacheManager, request_id: Hashable, num_tokens: int) ->
         req.prompt = None  # (no longer the request's tokens)
     req.num_reserved = max(req.num_reserved, req.num_scheduled)
     req.num_scheduled = num_tokens
-    req.num_cached = min(req.num_cached, full * self.block_size)
+    req.num_cached = min(req.num_cached, full * unit)
     req.next_release = 0  # (its next step takes the general path)
 
 

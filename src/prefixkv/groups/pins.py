@@ -14,8 +14,9 @@ only when no block from its own on is shared any more.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 
+from ..core.block import Block
 from ..errors import RequestError
 from .request import GroupRequest
 
@@ -31,9 +32,21 @@ class _Pin:
         return self.start + len(self.tokens)
 
 
-def _shared(req: GroupRequest, j: int) -> bool:
-    """Whether another request holds request ``req``'s block ``j`` in some group."""
-    return any(j < len(t) and (b := t[j]) is not None and b.ref_cnt > 1 for t in req.tables)
+def _shared(table: Sequence[Block | None], j: int) -> bool:
+    """Whether another request holds block ``j`` of a request's group ``table``."""
+    return j < len(table) and (b := table[j]) is not None and b.ref_cnt > 1
+
+
+def _shared_end(req: GroupRequest, lo: int, hi: int, sizes: Sequence[int]) -> int:
+    """The end of the last block another request holds, over the groups (each at its
+    own size ``sizes[g]``), among those holding a position in ``[lo, hi)`` but the
+    last partial one; ``lo`` when none."""
+    end = lo
+    for t, b in zip(req.tables, sizes, strict=True):
+        last = next((j for j in range(hi // b - 1, lo // b - 1, -1) if _shared(t, j)), None)
+        if last is not None:
+            end = max(end, (last + 1) * b)
+    return end
 
 
 class RewindPins:
@@ -51,12 +64,13 @@ class RewindPins:
     def __contains__(self, request_id: Hashable) -> bool:
         return request_id in self._pins
 
-    def rewind(self, req: GroupRequest, num_tokens: int, block_size: int,
+    def rewind(self, req: GroupRequest, num_tokens: int, sizes: Sequence[int],
                live: Mapping[Hashable, GroupRequest]) -> None:
         """Pin what ``req`` forgets when rewound to ``num_tokens`` (call it before the
         rewind changes anything): its tokens from there to the end of its last block
-        another request shares, with what an earlier pin still holds past its scheduled
-        tokens. Also drops the pins of requests no longer live."""
+        another request shares (``sizes``: each group's block size), with what an
+        earlier pin still holds past its scheduled tokens. Also drops the pins of
+        requests no longer live."""
         pins, rid = self._pins, req.request_id
         for other in [k for k, p in pins.items() if live.get(k) is not p.req]:
             del pins[other]
@@ -64,18 +78,14 @@ class RewindPins:
         n = req.num_scheduled
         if old is not None and old.end <= n:
             old = None  # (the request is past it; else what it pins past n is still owed)
-        end = num_tokens if old is None else old.end
-        last = next((j for j in range(n // block_size - 1, num_tokens // block_size - 1, -1)
-                     if _shared(req, j)), None)  # (the last full block another holds)
-        if last is not None:
-            end = max(end, (last + 1) * block_size)
+        end = max(num_tokens if old is None else old.end, _shared_end(req, num_tokens, n, sizes))
         if end > num_tokens:
             known = req.tokens[num_tokens:n]
             if old is not None:
                 known += old.tokens[n - old.start:]
             pins[rid] = _Pin(req, num_tokens, known[:end - num_tokens])
 
-    def check(self, req: GroupRequest, new: array[int], block_size: int) -> None:
+    def check(self, req: GroupRequest, new: array[int], sizes: Sequence[int]) -> None:
         """Raise RequestError when ``new``, scheduled from ``req.num_scheduled`` on,
         differs from a pinned token at or before a block another request still shares
         (a token changes the KV of every position after it). Changes nothing (but drops
@@ -92,11 +102,14 @@ class RewindPins:
             was, got = pin.tokens[p - pin.start], new[p - n]
             if was == got:
                 continue
-            shared = [j for j in range(p // block_size, pin.end // block_size) if _shared(req, j)]
+            shared = [(g, j) for g, (t, b) in enumerate(zip(req.tables, sizes, strict=True))
+                      for j in range(p // b, pin.end // b) if _shared(t, j)]
             if shared:
+                g, j = max(shared, key=lambda gj: (gj[1] + 1) * sizes[gj[0]])
                 raise RequestError(
                     f"request {rid!r}: token {got} at position {p} (it held {was} before "
-                    f"its rewind) would change the KV of block {shared[-1]}, which another "
+                    f"its rewind) would change the KV of block {j}"
+                    f"{f' of group {g}' if len(set(sizes)) > 1 else ''}, which another "
                     f"request shares: give the same tokens again, or free or preempt the "
                     f"other request first")
             return  # (no block from there on is shared: the rest is free)

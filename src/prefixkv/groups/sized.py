@@ -22,11 +22,11 @@ own size, one block where a step ends (the entries it jumps over empty), release
 block below the state it reads, and records only the blocks that hold the state at
 their own end (a step ended there: ``GroupRequest.states``, sized_admission.py
 ``_mark``); its hits are ``longest_hit``'s (the state at the aligned hit), as vLLM's
-align mode with its fine-grained partial hits off. Not served yet, refused with
-ConfigError: ``rewind``, ``fork``, ``uncache_blocks``, ``peek`` beyond
-``sized_admission.check_peek``. With events on, a full-attention group larger than the
-hash block announces the partial tail entry of a prompt of a multiple of ``align``
-(``_tail``).
+align mode with its fine-grained partial hits off. ``rewind``: sized_rewind.py. Not
+served yet, refused with ConfigError: ``fork``, ``uncache_blocks``, ``peek`` beyond
+``sized_admission.check_peek``, ``rewind`` beside Mamba or over what a window
+released. With events on, a full-attention group larger than the hash block announces
+the partial tail entry of a prompt of a multiple of ``align`` (``_tail``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from ..core.block import Block, blocks_for
 from ..errors import ConfigError, check_count
 from ..hashing import token_bytes
 from ..index.announce import Prepared
-from . import partial, sized_admission
+from . import partial, sized_admission, sized_rewind
 from .events import GroupBlockStored
 from .growth import Growth
 from .manager import HybridKVCacheManager
@@ -276,15 +276,17 @@ def _check_request(self: HybridKVCacheManager, req: GroupRequest) -> str | None:
     recorded (below the scheduled tokens rounded down to ``align``, where
     ``BlockSizes.caches`` says; in a sparse group only a block holding the state at its
     end), and there while its prefix id is not lost and no content was lost since its
-    admission (``GroupIndex.losses``)."""
+    admission (``GroupIndex.losses``). After content was lost (a ``rewind``: it keeps
+    the blocks below its point that were recorded at a later count), a block also holds
+    content where the count the request reached (``num_reserved``) records it."""
     sizes, n, sound = self.sizes, req.num_scheduled, req.losses == self._index.losses
-    states = req.states or ()
+    states, reached = req.states or (), max(n, req.num_reserved)
     for g, (spec, table) in enumerate(zip(self.groups, req.tables, strict=True)):
         for j in range(req.cut[g], min(len(table), n // sizes.sizes[g])):
             b, node = table[j], req.nodes[sizes.key_index(g, j)]
             want = sizes.caches(spec, g, n, j) and (not spec.sparse or (g, j) in states)
             if b is not None and not node.lost and (b.key is not None or sound) and \
-                    (b.key is not None) != want:
+                    (b.key is not None) != want and (sound or not sizes.caches(spec, g, reached, j)):
                 return (f"request {req.request_id!r} group {g}: block {j} "
                         f"{'holds' if b.key is not None else 'lacks'} content at {n} tokens")
     return req.check(self.groups, sizes)
@@ -293,11 +295,6 @@ def _check_request(self: HybridKVCacheManager, req: GroupRequest) -> str | None:
 def _refuse(what: str) -> NoReturn:
     raise ConfigError(f"{what} is not served with groups of different block sizes yet "
                       f"(docs/groups.md)")
-
-
-def rewind(self: HybridKVCacheManager, request_id: Hashable, num_tokens: int) -> None:
-    """Not served with different block sizes yet: raises ConfigError."""
-    _refuse("rewind")
 
 
 def fork(self: HybridKVCacheManager, parent_id: Hashable, child_id: Hashable) -> GroupFork | None:
@@ -329,6 +326,6 @@ class SizedHybridKVCacheManager(HybridKVCacheManager):
     _release_order = _release_order
     _free_order = _free_order
     _check_request = _check_request
-    rewind = rewind
+    rewind = sized_rewind.rewind
     fork = fork
     uncache_blocks = uncache_blocks

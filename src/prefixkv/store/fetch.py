@@ -38,6 +38,11 @@ OK, ABSENT, REJECTED, FAILED = range(4)
 """A block's state after its read: checked and served; the store holds no value; a value
 that fails the content check (wrong length, head or checksum); the key or the call failed."""
 
+NO_IDS = range(0)
+"""No content ids (a range is immutable: every fetch shares this one until its own)."""
+
+_new = object.__new__
+
 
 class Fetch:
     """A fetch of blocks ``first .. first + len(slots) - 1`` of request ``request_id``
@@ -93,12 +98,12 @@ class Fetch:
         # left before its run: ``core/store_giveup.py``); past its deadline at ``poll``
         # (counted in ``store_errors`` then, not again when it fails)
         self.ended = self.expired = self.late = False
-        self.cids: range = range(0)  # content ids landed (store hits at the re-admission)
+        self.cids: range = NO_IDS  # content ids landed (store hits at the re-admission)
         self.hits: list[Any] = []
         self.hit_cids: list[int] = []
         self.ids: list[int] | None = None  # a copy of the token id list the start was given
         self.ids_given: object = None  # that list
-        self.planned: range = range(0)  # content ids for the slots, given at the start
+        self.planned: range = NO_IDS  # content ids for the slots, given at the start
         self.parent_cid = 0  # the content id before block ``first`` at the start
         self.landed_at = -1  # the host tier's ``num_unpins`` when its run landed in ``slots[0:]``
         self.ready: Callable[[Fetch], None] | None = None
@@ -139,6 +144,22 @@ class Fetch:
         self.fetched: list[Any] = []  # (``ready``'s: the run's StoreFetched ops, when staged)
         self.slot_ids: list[int] = []  # (``ready``'s: the run's slots' ids)
         self.device_ids: list[int] = []  # (``ready``'s: the run's device blocks' ids)
+
+
+def new_fetch(request_id: Hashable, req: Any, first: int, parent: bytes,
+              chunks: Sequence[bytes], extras: Sequence[bytes], slots: list[Any],
+              buffers: list[list[memoryview]], deadline: float, staged: bool,
+              views: Callable[[list[Any]], list[list[memoryview]]] | None = None,
+              extras_of: Callable[[int, int], list[bytes]] | None = None) -> Fetch:
+    """``Fetch(...)``, the same object, made without entering the interpreter again from
+    C: a class call runs ``type_call`` and ``slot_tp_init`` (argument tuple, method
+    lookup, a frame pushed from C), machine code that a store start, the scheduler's
+    one caller, runs for this alone, cold after the fetch before it. ``__init__``,
+    called as a function, has its frame pushed inline (results/store25-r24.md)."""
+    f: Fetch = _new(Fetch)
+    Fetch.__init__(f, request_id, req, first, parent, chunks, extras, slots, buffers,
+                   deadline, staged, views, extras_of)
+    return f
 
 
 def prepare(f: Fetch, chain: Callable[..., list[bytes]], digest: bytes, block_size: int, prefix: bytes,

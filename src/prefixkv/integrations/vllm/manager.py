@@ -52,6 +52,15 @@ class KVCacheManager(StepCalls):
     EAGLE's shortened hits (``use_eagle``) beside other groups and lookahead hashing
     (``num_hash_lookahead_tokens`` > 0)."""
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> KVCacheManager:
+        """A ``cross.CrossAttentionKVCacheManager`` for a ``kv_cache_config`` with
+        cross-attention groups (encoder-decoder models), else this class."""
+        if cls is KVCacheManager:
+            from .cross import CrossAttentionKVCacheManager, cross_groups
+            if cross_groups(kwargs.get("kv_cache_config", args[0] if args else None)):
+                cls = CrossAttentionKVCacheManager
+        return super().__new__(cls)
+
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, scheduler_block_size: int,
                  hash_block_size: int, max_in_flight_tokens: int | None = None,
                  enable_caching: bool = True, use_eagle: bool = False,
