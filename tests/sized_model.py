@@ -68,6 +68,25 @@ released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in 
   prefix as one more entry of the block (once per block, on a block holding its own key:
   not on a twin); the entry is removed when the block is evicted (a twin taking over the
   block's own key gets none).
+- Fine-grained partial hits (``partial``: vLLM's ``enable_partial_hash_hits``, on for a
+  Mamba group larger than the hash block beside full attention at the hash block; the
+  subset modelled here: every other group full attention of the hash block's size, no
+  EAGLE, no lookahead, no checkpoint blocks). Hits and caching go at ``h``, not
+  ``align``: the hit is the largest multiple of ``h`` at which every full-attention
+  group holds every block and every Mamba group holds a block under the key of the
+  whole prefix (a block's own key, or a partial entry); a Mamba group's hit entries are
+  ``(L - 1) // b`` nulls and that block. A step ending exactly at the prompt's last hash
+  boundary ``P = (prompt - 1) // h * h``, inside a Mamba block, stores the prefix up to
+  ``P`` as an entry of that block (vLLM's ``cache_partial_block``); the producer owns it.
+  A hit inside a block is copied on write: the admission takes one more block (first of
+  its group's new ones), puts it in the table in the source's place and queues the copy
+  (source, copy), both kept held until ``take_copies``' caller frees them (vLLM's
+  ``take_kv_cache_block_copies``, whose blocks the scheduler frees once the copy ran);
+  the copy is cached once full. The producer's next allocation takes one more block
+  too, first, moves the source's entries to it (the request keeps writing the source,
+  which is cached once full) and queues the same copy, both ends held the same way.
+  Taking a block that holds keys evicts them all; a block cached whole while holding a
+  shorter entry loses it first (vLLM's promotion).
 """
 
 from __future__ import annotations
@@ -102,13 +121,16 @@ class Req:
     cached: list = field(default_factory=list)  # per group: entries past which caching goes on
     prompt: int = 0  # the prompt's length at admission (vLLM's ``num_prompt_tokens``)
     exact: set = field(default_factory=set)  # (g, j): Mamba block j holds the state at its end
+    cow: dict = field(default_factory=dict)  # g -> (j, source, owner): a copy the next allocation makes
     lost: int | None = None  # the first hash block whose prefix id is lost (``rewind``)
 
 
 class SizedModel:
     def __init__(self, groups, num_blocks, hash_size, align, null=True, twins=False, peek=None,
-                 retained=()):
+                 retained=(), partial=False):
         self.groups, self.h, self.align = tuple(groups), hash_size, align
+        self.partial = partial
+        self.copies: list = []  # (source, copy) queued, both held until ``take_copies``' caller frees them
         self.retained = tuple(retained) or (0,) * len(self.groups)
         # (vLLM's groups of a flagged group's spec peek too)
         self.peek = None if peek is None or not any(peek) else tuple(
@@ -138,6 +160,12 @@ class SizedModel:
     def hit(self, tokens, extra):
         """The hit in tokens and each group's hit entries."""
         limit = len(tokens) - 1
+        if self.partial:
+            for end in range(limit - limit % self.h, 0, -self.h):
+                rows = self._fine_rows(tokens, extra, end)
+                if rows is not None:
+                    return end, rows
+            return 0, [[] for _ in self.groups]
         if self.peek is not None:
             end = self._peek_hit(tokens, extra, limit)
             return end, [[self.null if j < first_needed(w, end) // b
@@ -151,6 +179,26 @@ class SizedModel:
                               else self.holders[self.key(g, extra, tokens, j)][0]
                               for j in range(end // b)] for g, (b, w) in enumerate(self.groups)]
         return 0, [[] for _ in self.groups]
+
+    def _fine_rows(self, tokens, extra, end):
+        """Each group's hit entries at ``end`` with partial hits, None unless all hold it."""
+        rows = []
+        for g, (b, w) in enumerate(self.groups):
+            keys = [self.key(g, extra, tokens, j) for j in range(end // b)] if w is None else \
+                [(g, extra, tuple(tokens[:end]))]
+            if not all(k in self.holders for k in keys):
+                return None
+            rows.append([self.null] * ((end - 1) // b if w else 0) + [self.holders[k][0] for k in keys])
+        return rows
+
+    def take_copies(self):
+        """The copies queued since the last call (source, copy); their blocks stay held
+        until ``release`` frees them (each pair's source, then its copy)."""
+        out, self.copies = self.copies, []
+        return out
+
+    def release(self, blocks):
+        self._free(blocks)
 
     def _peek_hit(self, tokens, extra, limit):
         """vLLM's hit with EAGLE (module docstring), in tokens."""
@@ -230,6 +278,22 @@ class SizedModel:
         self.free.extendleft(reversed(first))
         self.free.extend(last)
 
+    def _unkey(self, x):
+        """``x`` loses every key it holds (vLLM's ``_remove_cached_block_hashes``)."""
+        for key in self.keys[x]:
+            self.holders[key].remove(x)
+            if not self.holders[key]:
+                del self.holders[key]
+                self.events.append(("removed", key))
+        self.keys[x] = []
+
+    def _hold(self, x, key):
+        if key not in self.holders:
+            self.holders[key] = []
+            self.events.append(("stored", key))
+        self.holders[key].append(x)
+        self.keys[x].append(key)
+
     def _touch(self, blocks):
         for x in blocks:
             if not self.refs[x]:
@@ -261,18 +325,20 @@ class SizedModel:
         for (b, w), e, h in zip(self.groups, self.retained, hit, strict=True):
             skip = skipped(w, e, end) // b  # (the hit's null entries below the window stay)
             fresh = max(cdiv(end + num_new, b) - max(skip, len(h)), 0)
-            need += min(fresh, 1) if w == "mamba" else fresh
+            need += min(fresh, 1) + bool(self.partial and h and end % b) if w == "mamba" else fresh
             need += sum(not self.refs[x] for x in h[skip:] if x != self.null)
         if need > len(self.free):
             return None
         r = Req(list(tokens), extra, end, [], [], len(tokens))
         for g, ((b, w), e, h) in enumerate(zip(self.groups, self.retained, hit, strict=True)):
             skip = skipped(w, e, end) // b
-            if w == "mamba" and h:
+            if w == "mamba" and h and end % b:  # (a hit inside the block: copied on write)
+                r.cow[g] = (len(h) - 1, h[-1], False)
+            elif w == "mamba" and h:
                 r.exact.add((g, len(h) - 1))
             self._touch([x for x in h[skip:] if x != self.null])
             r.tables.append([self.null] * skip + h[skip:])
-            r.cached.append(len(h))
+            r.cached.append(len(h) - (g in r.cow))
         self.reqs[rid] = r
         self._grow(r, num_new)
         return end
@@ -283,9 +349,9 @@ class SizedModel:
         r = self.reqs[rid]
         going = self._releasing(r)
         releasable = sum(self.refs[r.tables[g][j]] == 1 for g, js in enumerate(going) for j in js)
-        need = sum(min(fresh, 1) if w == "mamba" else fresh
-                   for (b, w), ids in zip(self.groups, r.tables, strict=True)
-                   if (fresh := max(cdiv(r.computed + num_new, b) - len(ids), 0)))
+        need = len(r.cow) + sum(min(fresh, 1) if w == "mamba" else fresh
+                                for (b, w), ids in zip(self.groups, r.tables, strict=True)
+                                if (fresh := max(cdiv(r.computed + num_new, b) - len(ids), 0)))
         if need > len(self.free) + releasable:
             return False
         for g, js in enumerate(going):
@@ -305,8 +371,11 @@ class SizedModel:
             if w != "mamba":
                 ids += self._take(fresh)
                 continue
+            new = self._take(int(fresh > 0) + (g in r.cow))
+            if g in r.cow:
+                self._copy(r, g, new.pop(0))
             if fresh:
-                ids += [self.null] * (fresh - 1) + self._take(1)
+                ids += [self.null] * (fresh - 1) + new
             if r.computed % b == 0:
                 r.exact.add((g, r.computed // b - 1))
         n = min(r.computed, len(r.tokens))
@@ -315,12 +384,29 @@ class SizedModel:
             self._cut(r, first)
         self._cache(r, n, first)
 
+    def _copy(self, r, g, copy):
+        """The copy on write of ``r.cow[g]`` into the new block ``copy`` (module docstring)."""
+        j, source, owner = r.cow.pop(g)
+        self.copies.append((source, copy))
+        if owner:  # (the producer keeps writing the source: its entries move to the copy)
+            for key in self.keys[source]:
+                self.holders[key].remove(source)
+                self.holders[key].append(copy)
+            self.keys[copy], self.keys[source] = self.keys[source], []
+            for held in self.spares.values():  # (a twin's place goes to its copy)
+                if source in held:
+                    held[held.index(source)] = copy
+            self.refs[source] += 1
+        else:
+            r.tables[g][j] = copy
+            self.refs[copy] += 1
+
     def _cache(self, r, n, first=None):
         """Cache ``r``'s blocks up to ``n`` tokens; after a step passing a hash boundary
         from hash block ``first`` on, also those from the aligned end before it that
         hold nothing (prefixkv's ``_record``: a block that lost its content to a
         ``rewind`` while its key stayed is cached again, a spare)."""
-        computed, n = n, n // self.align * self.align
+        computed, n = n, n if self.partial else n // self.align * self.align
         hashed = len(r.tokens) // self.h * self.h
         lo = None if first is None else first * self.h // self.align * self.align
         for g, (b, w) in enumerate(self.groups):
@@ -334,6 +420,8 @@ class SizedModel:
                         or r.lost is not None and (j + 1) * b // self.h > r.lost:
                     continue  # (null, unreachable, a Mamba block past its state, a lost prefix id)
                 key = self.key(g, r.extra, r.tokens, j)
+                if self.partial and self.keys[x]:  # (a shorter partial entry: promoted)
+                    self._unkey(x)
                 if key in self.holders and self.twins:
                     self.spares.setdefault(key, []).append(x)
                     continue
@@ -344,6 +432,25 @@ class SizedModel:
                 self.keys[x].append(key)
             r.cached[g] = max(r.cached[g], full)
             self._tail(r, g, min(end, hashed))
+            if self.partial and w == "mamba":
+                self._partial_tail(r, g, computed)
+
+    def _partial_tail(self, r, g, computed):
+        """A step that ended at the prompt's last hash boundary inside a Mamba block
+        stores that prefix as an entry of the block; the request owns it."""
+        b, end = self.groups[g][0], (r.prompt - 1) // self.h * self.h
+        if computed != end or not end % b or cdiv(end, b) > len(r.tables[g]):
+            return
+        x, key = r.tables[g][cdiv(end, b) - 1], (g, r.extra, tuple(r.tokens[:end]))
+        if x == self.null or key in self.keys[x]:
+            return
+        if self.keys[x] and len(self.keys[x][0][2]) < end:
+            self._unkey(x)
+        if key in self.holders and self.twins:
+            self.spares.setdefault(key, []).append(x)
+        else:
+            self._hold(x, key)
+        r.cow[g], r.cached[g] = (cdiv(end, b) - 1, x, True), cdiv(end, b) - 1
 
     def _tail(self, r, g, hi):
         b, w = self.groups[g]
@@ -401,8 +508,9 @@ class SizedModel:
             self._free([x for x in reversed(ids) if x != self.null])
 
     def reset(self):
-        """vLLM's ``reset_prefix_cache``: only when no request holds a block."""
-        if self.reqs:
+        """vLLM's ``reset_prefix_cache``: only when no request holds a block (nor a copy
+        not released yet)."""
+        if self.reqs or any(self.refs[x] for x in range(len(self.refs)) if x != self.null):
             return False
         self.holders.clear()
         self.spares.clear()

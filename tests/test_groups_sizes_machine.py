@@ -44,19 +44,20 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     extra_blocks = 4  # past one longest request's blocks (constant eviction)
     live = LIVE
     peek: bool | tuple[bool, ...] = False  # (the EAGLE machines': the groups that peek)
+    partial = False  # (vLLM's fine-grained partial hits: no events then)
 
     @initialize()
     def setup(self):
-        sizes = BlockSizes.of([b for b, _ in self.groups], peek=self.peek or ())
+        sizes = BlockSizes.of([b for b, _ in self.groups], peek=self.peek or (), partial=self.partial)
         retained = self.retained or (0,) * len(self.groups)
         specs = [full_attention() if w is None else mamba() if w == "mamba" else sliding_window(w, e)
                  for (_, w), e in zip(self.groups, retained, strict=True)]
         windows = any(w is not None for _, w in self.groups)
         num_blocks = sum(-(-MAX_LEN // b) for b, _ in self.groups) + windows + self.extra_blocks
         self.m = HybridKVCacheManager(specs, num_blocks, sizes, hash_mode="sha256", seed=1,
-                                      enable_events=True, max_events=1 << 12)
+                                      enable_events=not self.partial, max_events=1 << 12)
         self.model = SizedModel(self.groups, num_blocks, sizes.hash_size, sizes.align, null=windows,
-                                twins=True, peek=self.peek or None, retained=retained)
+                                twins=True, peek=self.peek or None, retained=retained, partial=self.partial)
         self.hash_fn, self.root = make_hash_fn("sha256", 1)
         self.h = sizes.hash_size
         self.names: dict[bytes, tuple] = {}  # a fine hash -> (extra, the tokens it chains over)
@@ -117,6 +118,26 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         got = self.m.extend(rid, n)
         assert (got is not None) == self.model.grow(rid, n), got
 
+    @rule(rid=live)
+    def extend_to_tail(self, rid):
+        """A chunk ending at the prompt's last hash boundary before its last token (where
+        vLLM's partial hits cache a Mamba state inside its block)."""
+        if rid in self.tokens:
+            r = self.model.reqs[rid]
+            tail = (r.prompt - 1) // self.h * self.h
+            if tail > r.computed:
+                self.extend(rid, tail - r.computed)
+
+    @rule(target=live, rid=live, more=st.lists(st.integers(0, 9), min_size=1, max_size=9),
+          chunk=st.none() | st.integers(1, 12))
+    def add_sibling(self, rid, more, chunk):
+        """A prompt sharing a live request's tokens up to its prompt's last hash boundary
+        (a partial hit there, with partial hits)."""
+        if rid not in self.tokens:
+            return multiple()
+        r = self.model.reqs[rid]
+        return self.add(r.tokens[:(r.prompt - 1) // self.h * self.h] + more, r.extra, chunk)
+
     @rule(rid=live, toks=st.lists(st.integers(0, 9), min_size=1, max_size=12))
     def append(self, rid, toks):
         if rid not in self.tokens:
@@ -167,6 +188,16 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
             self.m.check_invariants()
 
     @rule()
+    def run_copies(self):
+        """The copies on write queued (none without partial hits) run; their blocks go back."""
+        ops = self.m.take_kv_ops()
+        want = self.model.take_copies()
+        assert [(c.src, c.dst) for c in ops] == want
+        if ops:
+            self.m.release_copies(ops)
+            self.model.release([x for pair in want for x in pair])
+
+    @rule()
     def reset(self):
         assert self.m.reset_prefix_cache() == self.model.reset()
 
@@ -181,6 +212,8 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
 
     @invariant()
     def same_events(self):
+        if self.partial:
+            return
         got = []
         for ev in self.m.take_events():
             if isinstance(ev, AllBlocksCleared):
@@ -247,6 +280,24 @@ class MambaBesideWindowMachine(SizedMachine):
 
     groups = ((8, 10), (4, None), (8, "mamba"))
     extra_blocks = 3
+class PartialMachine(SizedMachine):
+    """Full attention at 4 beside Mamba at 8 (hash 4): vLLM's fine-grained partial hits,
+    a Mamba state found inside its block and copied on write."""
+
+    groups = ((4, None), (8, "mamba"))
+    extra_blocks = 4
+    partial = True
+
+
+class PartialWideMachine(SizedMachine):
+    """Mamba at 12 and at 12 beside full attention at 4 (hash 4): partial hits two hash
+    blocks deep into a Mamba block, two Mamba groups copied on write together."""
+
+    groups = ((12, "mamba"), (4, None), (12, "mamba"))
+    extra_blocks = 5
+    partial = True
+
+
 class EagleWindowMachine(SizedMachine):
     """EAGLE on a 14-token window at 4 beside full attention at 8, which does not peek
     (hash 4, lcm 8): vLLM's layout of a draft model's window group (a peeking hit needs 5
@@ -282,3 +333,5 @@ TestMambaBesideWindowMachine = case(MambaBesideWindowMachine, max_examples=60, s
 TestEagleWindowMachine = case(EagleWindowMachine, max_examples=60, stateful_step_count=40)
 TestEagleEveryGroupMachine = case(EagleEveryGroupMachine, max_examples=60, stateful_step_count=40)
 TestEagleFullMachine = case(EagleFullMachine, max_examples=60, stateful_step_count=40)
+TestPartialMachine = case(PartialMachine, max_examples=60, stateful_step_count=40)
+TestPartialWideMachine = case(PartialWideMachine, max_examples=60, stateful_step_count=40)

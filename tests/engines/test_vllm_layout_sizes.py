@@ -54,6 +54,18 @@ def test_mamba_beside_other_sizes_is_read_where_vllms_hits_are_aligned(groups, s
         "full_attention" if w is None else "mamba" if w == "mamba" else "sliding_window" for _, w in groups]
 
 
+@pytest.mark.parametrize(("groups", "scheduler", "hashes"), [
+    (((8, None), (16, "mamba")), 16, 8),
+    (((32, "mamba"), (8, None), (32, "mamba")), 32, 8),
+])
+def test_mamba_with_vllms_partial_hits_is_read_where_served(groups, scheduler, hashes):
+    # (vLLM's fine-grained partial hits on: Mamba of one size beyond the hash block,
+    # full attention at the hash block; groups/partial.py)
+    layout = _read(groups, scheduler, hashes)
+    assert layout.sizes == BlockSizes.of([b for b, _ in groups], hashes, scheduler, partial=True)
+    assert layout.sizes.unit == hashes
+
+
 def test_one_size_reads_as_before():
     layout = _read(((16, None), (16, 20)), 16, 16)
     assert layout.sizes == BlockSizes((16, 16), 16, 16) and layout.block_size == 16 and layout.sizes.one_size
@@ -67,8 +79,10 @@ def test_one_size_reads_as_before():
     (lambda: (_spec(8, None), _chunked(16, 32)), 16, 8, "sliding-window and Mamba groups only"),
     # (vLLM's fine-grained partial hits: a Mamba block past the hash block, beside
     # groups that all look up at the hash block)
-    (lambda: (_spec(8, None), _spec(16, "mamba")), 16, 8, "fine-grained partial hits"),
+    # (served beside full attention at the hash block only: a window, or full attention
+    # larger than the hash block, which vLLM then looks up inside its blocks too)
     (lambda: (_spec(8, 20), _spec(8, None), _spec(16, "mamba")), 16, 8, "fine-grained partial hits"),
+    (lambda: (_spec(8, None), _spec(16, None), _spec(32, "mamba")), 32, 8, "fine-grained partial hits"),
 ])
 def test_what_the_hybrid_manager_is_not_given_is_refused_by_name(make, scheduler, hashes, named):
     from prefixkv.integrations.vllm import UnsupportedByPrefixKV

@@ -30,7 +30,7 @@ skip_module_without_vllm()
 torch = pytest.importorskip("torch")
 
 from .test_vllm_block_sizes_reference import MAMBA_LAYOUTS, _plugin, _request, _vllm  # noqa: E402
-from .test_vllm_sized_model import MAX_LEN, PROMPT  # noqa: E402
+from .test_vllm_sized_model import MAX_LEN, PARTIAL, PROMPT, partial_chunk  # noqa: E402
 
 OP = st.one_of(  # (test_vllm_sized_model.py's, a decode step of one token)
     st.tuples(st.just("add"), PROMPT, st.none() | st.integers(1, 40)),
@@ -51,7 +51,8 @@ def _chunk(step: int, start: int, n: int, total: int) -> int:
 
 
 class Sides:
-    def __init__(self, groups: Any, num_blocks: int = 400) -> None:
+    def __init__(self, groups: Any, num_blocks: int = 400, partial: bool = False) -> None:
+        self.partial = partial  # (vLLM's fine-grained partial hits on: chunks cut as its scheduler does)
         sizes = [b for b, _ in groups]
         self.h, self.lcm = reduce(math.gcd, sizes), reduce(math.lcm, sizes)
         self.step = reduce(math.lcm, [b for b, w in groups if w == "mamba"])
@@ -59,6 +60,7 @@ class Sides:
         self.reqs: list[dict[str, Any]] = [{}, {}]
         self.serial = 0
         self.hits = 0  # (probes that hit)
+        self.copies = 0  # (copies on write)
 
     def compare(self, probe: list[int]) -> None:
         tables = [{rid: [list(g) for g in m.get_block_ids(rid)] for rid in reqs}
@@ -72,6 +74,20 @@ class Sides:
                 hits.append((hit, [list(g) for g in blocks.get_block_ids()] if hit else None, junction))
             assert hits[0] == hits[1], hits
             self.hits += hits[0][0] > 0
+        # the copies on write queued (none without partial hits), whose blocks both give back
+        (copies, held), (ours, ours_held) = (m.take_kv_cache_block_copies() for m in self.ms)
+        assert [(c.src_block_id, c.dst_block_id) for c in copies] == \
+            [(c.src_block_id, c.dst_block_id) for c in ours]
+        assert [b.block_id for b in held] == [b.block_id for b in ours_held]
+        self.copies += len(copies)
+        for m, blocks in zip(self.ms, (held, ours_held), strict=True):
+            m.block_pool.free_blocks(blocks)
+        assert self.ms[0].block_pool.get_num_free_blocks() == self.ms[1].block_pool.get_num_free_blocks()
+
+    def _chunk(self, start: int, n: int, total: int, prompt: int) -> int:
+        if self.partial:
+            return partial_chunk(self.step, self.h, start, n, total, prompt)
+        return _chunk(self.step, start, n, total)
 
     def do(self, op: str, a: Any, b: Any) -> None:
         from vllm.v1.request import RequestStatus
@@ -85,7 +101,7 @@ class Sides:
             for m, reqs in zip(self.ms, self.reqs, strict=True):
                 r = _request(rid, a, self.h)
                 blocks, hit, *_ = m.get_computed_blocks(r)
-                n = len(a) - hit if b is None else _chunk(self.step, hit, min(b, len(a) - hit), len(a))
+                n = self._chunk(hit, len(a) - hit if b is None else min(b, len(a) - hit), len(a), len(a))
                 out = m.allocate_slots(r, n, hit, blocks)
                 got.append((hit, out is None))
                 if out is not None:
@@ -98,7 +114,7 @@ class Sides:
                 r = reqs[rid]
                 left = r.num_tokens - r.num_computed_tokens
                 if op == "extend" and left:
-                    n = _chunk(self.step, r.num_computed_tokens, min(b, left), r.num_tokens)
+                    n = self._chunk(r.num_computed_tokens, min(b, left), r.num_tokens, r.num_prompt_tokens)
                 elif op == "decode" and not left and r.num_tokens < MAX_LEN:
                     r.append_output_token_ids([b])
                     n = 1
@@ -116,14 +132,16 @@ class Sides:
 
 
 @pytest.mark.parametrize("small", [False, True])
-@pytest.mark.parametrize("layout", list(MAMBA_LAYOUTS))
+@pytest.mark.parametrize("layout", list(MAMBA_LAYOUTS) + [f"partial hits: {k}" for k in PARTIAL])
 @settings(max_examples=30, deadline=None)
 @given(ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
 def test_the_plugin_gives_vllms_tables_and_hits_beside_mamba_of_another_size(layout, small, ops, probe):
     # (small: a pool a little over one longest request, so calls are refused and cached
-    # blocks evicted)
-    groups = MAMBA_LAYOUTS[layout]
-    sides = Sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400)
+    # blocks evicted; "partial hits": vLLM's fine-grained partial hits on, hits inside
+    # Mamba blocks copied on write, the copies compared too)
+    partial = layout.startswith("partial hits: ")
+    groups = PARTIAL[layout[len("partial hits: "):]] if partial else MAMBA_LAYOUTS[layout]
+    sides = Sides(groups, sum(-(-MAX_LEN // b) for b, _ in groups) + 3 if small else 400, partial=partial)
     for op, a, b in ops:
         sides.do(op, a, b)
         sides.compare(probe)

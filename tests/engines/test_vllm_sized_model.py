@@ -52,6 +52,14 @@ EAGLE = {
     "full16+window40@8, the window flagged": (((16, None), (8, 40)), (False, True)),
 }
 
+# vLLM's fine-grained partial hits (a Mamba group larger than the hash block, every
+# other group full attention of the hash block's size): the reference's ``partial``
+PARTIAL = {
+    "full8+mamba16": ((8, None), (16, "mamba")),
+    "mamba24+full8": ((24, "mamba"), (8, None)),
+    "mamba32+full8+mamba32": ((32, "mamba"), (8, None), (32, "mamba")),
+}
+
 MAX_LEN = 96  # (the longest request: a prompt of 72, decoded up to it)
 STEMS = [[100 * s + k for k in range(60)] for s in range(3)]
 PROMPT = st.tuples(st.integers(0, 2), st.integers(0, 60), st.lists(st.integers(0, 2), max_size=12)).map(
@@ -78,15 +86,20 @@ class Pair:
     vLLM's events say is cached: {key: holders}."""
 
     def __init__(self, groups: Any, num_blocks: int, flags: tuple[bool, ...] | None = None,
-                 retained: tuple[int, ...] = ()) -> None:
+                 retained: tuple[int, ...] = (), partial: bool = False) -> None:
         self.groups = groups
+        self.partial = partial
         # vLLM's align-mode scheduler ends a chunk at a Mamba block's end (or the
         # prompt's), and each step starts a new one (no hit on a state cached in it)
         self.mamba = [b for b, w in groups if w == "mamba"]
         self.h = reduce(math.gcd, (b for b, _ in groups))
         self.lcm = reduce(math.lcm, (b for b, _ in groups))
         self.twins: SizedModel | None = None
-        if flags is None:
+        if partial:
+            self.v = _vllm(groups, self.h, self.lcm, num_blocks, events=True)
+            assert self.v.coordinator.enable_partial_hash_hits
+            self.model = SizedModel(groups, num_blocks, self.h, self.lcm, partial=True)
+        elif flags is None:
             self.v = _vllm(groups, self.h, self.lcm, num_blocks, events=True, retained=retained)
             self.model = SizedModel(groups, num_blocks, self.h, self.lcm, retained=retained)
             self.twins = SizedModel(groups, num_blocks, self.h, self.lcm, twins=True, retained=retained)
@@ -138,7 +151,8 @@ class Pair:
                 assert [list(ids) for ids in self.v.get_block_ids(rid)] == m.reqs[rid].tables, rid
             assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == list(m.free)
             # (every copy vLLM caches: the twin rule's holder and its spares)
-            assert dict(self.mirror) == {k: len(v) + len(m.spares.get(k, ())) for k, v in m.holders.items()}
+            assert dict(self.mirror) == {k: len(v) + len(m.spares.get(k, ())) for k, v in m.holders.items()
+                                         if not len(k[2]) % self.groups[k[0]][0]}  # (whole blocks')
             end, ids = m.hit(probe, None)
             assert hit == end
             assert [list(g) for g in blocks.get_block_ids()] == ids if hit else not any(ids)
@@ -146,13 +160,27 @@ class Pair:
     def _models(self) -> list[SizedModel]:
         return [self.model] if self.twins is None else [self.model, self.twins]
 
-    def _chunk(self, start: int, n: int, total: int) -> int:
+    def copies(self) -> None:
+        """With partial hits: the same copies queued on both, whose blocks both then free
+        (as vLLM's scheduler does once the copy ran)."""
+        if not self.partial:
+            return
+        got, retained = self.v.take_kv_cache_block_copies()
+        want = self.model.take_copies()
+        assert [(c.src_block_id, c.dst_block_id) for c in got] == want
+        assert [b.block_id for b in retained] == [x for pair in want for x in pair]
+        self.v.block_pool.free_blocks(retained)
+        self.model.release([x for pair in want for x in pair])
+
+    def _chunk(self, start: int, n: int, total: int, prompt: int = 0) -> int:
         """``n`` tokens from ``start`` cut to end at every Mamba group's block end (the
-        prompt's end kept; at least one of them)."""
+        prompt's end kept; at least one of them); with partial hits, ``partial_chunk``'s."""
         end = start + n
+        step = reduce(math.lcm, self.mamba) if self.mamba else 0
+        if self.partial:
+            return partial_chunk(step, self.h, start, n, total, prompt)
         if not self.mamba or end == total:
             return n
-        step = reduce(math.lcm, self.mamba)
         end = end // step * step
         return end - start if end > start else min(step - start % step, total - start)
 
@@ -170,7 +198,8 @@ class Pair:
             rid = f"r{self.serial}"
             r = _request(rid, a, self.h)
             blocks, hit, *_ = self.v.get_computed_blocks(r)
-            num_new = len(a) - hit if b is None else self._chunk(hit, min(b, len(a) - hit), len(a))
+            num_new = len(a) - hit if b is None and not self.partial else \
+                self._chunk(hit, min(b or len(a), len(a) - hit), len(a), len(a))
             fits = {m.add(rid, a, None, num_new) is not None for m in self._models()}
             assert len(fits) == 1  # (the twin rule refuses as vLLM's until it frees a twin)
             if fits != {True}:
@@ -185,7 +214,8 @@ class Pair:
             r = self.reqs[rid]
             left = r.num_tokens - r.num_computed_tokens
             if op == "extend" and left:
-                n, toks = self._chunk(r.num_computed_tokens, min(b, left), r.num_tokens), []
+                n = self._chunk(r.num_computed_tokens, min(b, left), r.num_tokens, r.num_prompt_tokens)
+                toks = []
             elif op == "decode" and not left and r.num_tokens + len(b) <= MAX_LEN:
                 n, toks = len(b), list(b[:1] if self.mamba else b)
                 n = len(toks)
@@ -209,7 +239,6 @@ class Pair:
                 m.free_request(rid)
         elif op == "reset":
             assert {self.v.reset_prefix_cache()} == {m.reset() for m in self._models()}
-
 
     def _recompute(self, rid: str, back: int) -> None:
         """vLLM's manager: the request's computed tokens set back ``back`` and scheduled
@@ -237,6 +266,21 @@ class Pair:
                 self.twins = None
 
 
+def partial_chunk(step: int, h: int, start: int, n: int, total: int, prompt: int) -> int:
+    """With vLLM's partial hits, ``n`` tokens from ``start`` (of ``total``, a prompt of
+    ``prompt``) as vLLM's ``_mamba_block_aligned_split`` cuts them, Mamba blocks of
+    ``step``: a chunk starting inside a block ends at its end, one passing the prompt's
+    last hash boundary inside a block ends there, another ends at a block's end unless
+    it ends the request (at least one token)."""
+    end, tail = start + n, (prompt - 1) // h * h
+    stops = [end, *([start + step - start % step] if start % step else []),
+             *([tail] if start < tail < end and tail % step else [])]
+    end = min(stops)
+    if end < total and end != tail and start < end // step * step < end:
+        end = end // step * step
+    return end - start
+
+
 def _eagle_vllm(groups: Any, flags: tuple[bool, ...], hash_size: int, lcm: int, num_blocks: int) -> Any:
     """vLLM's manager with ``use_eagle``, the groups ``flags`` names flagged ``is_eagle_group``."""
     from vllm.utils.hashing import sha256
@@ -255,6 +299,7 @@ def _eagle_vllm(groups: Any, flags: tuple[bool, ...], hash_size: int, lcm: int, 
 def _drive(pair: Pair, ops: Any, probe: list[int]) -> None:
     for op, a, b in ops:
         pair.do(op, a, b)
+        pair.copies()
         if pair.model.diverged:  # (by design: tests/sized_model.py ``rewind``)
             return
         pair.note_events()
@@ -272,6 +317,14 @@ def _pool(groups: Any, extra: int) -> int:
 def test_the_sized_reference_runs_as_vllms_manager(layout, extra, ops, probe):
     groups = {**LAYOUTS, **MAMBA_LAYOUTS}[layout]
     _drive(Pair(groups, _pool(groups, extra)), ops, probe)
+
+
+@pytest.mark.parametrize("layout", list(PARTIAL))
+@settings(max_examples=40, deadline=None)
+@given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
+def test_the_sized_reference_runs_as_vllms_manager_with_partial_hits(layout, extra, ops, probe):
+    groups = PARTIAL[layout]
+    _drive(Pair(groups, _pool(groups, extra), partial=True), ops, probe)
 
 
 # layouts whose windows keep tokens below them (vLLM's extra_retained_tokens)

@@ -24,7 +24,8 @@ def cached_block_ids(self: HybridKVCacheManager, prompt_token_ids: Sequence[int]
     full ones, its last included): the group's block whose content ends there (its
     primary: the first made of those holding it), or, where ``num_tokens`` falls inside
     a block of the group, the block holding a partial tail entry there (tails.py: kept
-    only while events are on); None where the group holds neither now (a window's
+    only while events are on; with partial hits, a Mamba group's partial entry:
+    groups/partial.py); None where the group holds neither now (a window's
     block never recorded, evicted, or past what ``BlockSizes.caches`` keeps). Changes
     nothing. Takes a ``Prompt``. Raises RequestError for a bad ``num_tokens``, and as
     ``add_request`` for bad input."""
@@ -45,8 +46,9 @@ def cached_block_ids(self: HybridKVCacheManager, prompt_token_ids: Sequence[int]
         return (None,) * len(self.groups)
     node, index = nodes[-1], self._index
     out: list[int | None] = []
+    partial = self.sizes.partial  # (a Mamba group's partial entry is found by its prefix: partial.py)
     for g, b in enumerate(self._group_sizes):
-        if not num_tokens % b:
+        if not num_tokens % b or (partial and self.groups[g].sparse):
             block = index.find(g, node)
             out.append(None if block is None else block.block_id)
             continue

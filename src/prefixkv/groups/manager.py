@@ -31,7 +31,7 @@ from ..extra_keys import ExtraKeys
 from ..hashing import HashFn
 from ..index import Hasher
 from ..stats import PrefixCacheStats, StatsCounter
-from . import admission, cached, decode, forks, growth, manager_check, parts, release
+from . import admission, cached, decode, forks, growth, manager_check, partial, parts, release
 from .index import GroupIndex
 from .pins import RewindPins
 from .prefixes import PrefixTable
@@ -90,6 +90,8 @@ class HybridKVCacheManager:
     _released: list[int]  # per group: blocks released
     _hit_blocks: list[int]  # per group: hit blocks taken
     _kv_ops: list[GroupBlockCopy]  # the fork copies since ``take_kv_ops``
+    _held_copies: list[GroupBlockCopy] | None = None  # copies on write holding their blocks
+    _owners: partial.Owners | None = None  # (request id -> the partial entries it owns)
     _nothing: tuple[tuple[int, ...], ...]  # (no block ids in any group)
     _sparse: tuple[int, ...]  # the sparse (Mamba) groups
     _uncached: bool  # some group is an uncached window (``GroupSpec.cached``)
@@ -148,6 +150,8 @@ class HybridKVCacheManager:
     preempt = release.preempt
     uncache_blocks = release.uncache_blocks
     reset_prefix_cache = release.reset_prefix_cache
+    release_copies = partial.release_copies  # (partial hits' copies on write: groups/partial.py)
+    num_pending_copies = partial.num_pending_copies
     _free_order = release._free_order
 
     # ---- the helpers every path shares: groups/parts.py
@@ -279,7 +283,9 @@ class HybridKVCacheManager:
         pass, in this order); call it once a step. Every copy stated is kept, even when
         its child or parent is freed first: no host tier, so nothing of the plan runs
         before the copies, a block freed and handed out again in the step is written
-        after its copy, and a chain (a fork of a fork) runs in order."""
+        after its copy, and a chain (a fork of a fork) runs in order. With partial hits
+        (``BlockSizes.partial``), the copies on write too, whose two blocks stay held
+        until ``release_copies`` gives them back once the copy ran (groups/partial.py)."""
         out, self._kv_ops = self._kv_ops, []
         return out
 

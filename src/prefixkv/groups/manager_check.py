@@ -20,6 +20,9 @@ def check_invariants(self: HybridKVCacheManager) -> None:
     if self._null is not None:
         refs[self._null.block_id] = 1
     node_refs = self._index.node_refs()
+    for c in self._held_copies or ():  # (a copy on write holds both ends: groups/partial.py)
+        for i in (c.src, c.dst):
+            refs[i] = refs.get(i, 0) + 1
     for req in self._requests.values():
         require(self._check_request(req))
         for t in req.tables:

@@ -82,9 +82,10 @@ def uncache_blocks(self: HybridKVCacheManager, block_ids: Iterable[int]) -> None
 
 def reset_prefix_cache(self: HybridKVCacheManager) -> bool:
     """Drop all cached content in every group, only when no request holds a block
-    (and the pending copies, whose blocks no request holds then). Returns whether it
-    did."""
-    if self._requests:
+    (and the pending copies, whose blocks no request holds then) and no copy on write
+    holds its blocks (``release_copies``: vLLM's blocks not freed yet). Returns whether
+    it did."""
+    if self._requests or self._held_copies:
         return False
     self._kv_ops.clear()  # every pending copy writes a block that no request holds
     if self._null is not None:

@@ -39,7 +39,7 @@ from ..core.block import Block, blocks_for
 from ..errors import ConfigError, check_count
 from ..hashing import token_bytes
 from ..index.announce import Prepared
-from . import sized_admission, sized_rewind
+from . import partial, sized_admission, sized_rewind
 from .events import GroupBlockStored
 from .growth import Growth
 from .manager import HybridKVCacheManager
@@ -64,8 +64,9 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
     self._table.hold(nodes[-1])
     self._table.unhold(old)
     sizes, h, every = self.sizes, self._hash_size, req.nodes
-    lo = first * h // sizes.align * sizes.align
-    hi = req.num_scheduled // sizes.align * sizes.align
+    u = h if sizes.partial else sizes.align  # (``sizes.unit``, without its call)
+    lo = first * h // u * u
+    hi = req.num_scheduled // u * u
     n, peek = req.num_scheduled, sizes.peek or (False,) * len(self.groups)
     states = req.states or ()  # (sparse groups' blocks holding the state at their end)
     for g, (spec, table, b) in enumerate(zip(self.groups, req.tables, self._group_sizes, strict=True)):
@@ -81,6 +82,8 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
                               b // h)
         if self._index.hashing and spec.kind == FULL and b > h:
             _tail(self, req, g, table, hi)
+    if sizes.partial:
+        partial.tail(self, req)
 
 
 def _tail(self: HybridKVCacheManager, req: GroupRequest, g: int, table: Sequence[Block | None],
@@ -148,11 +151,12 @@ def _holes(self: HybridKVCacheManager, req: GroupRequest, total: int) -> list[in
 
 
 def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int], holes: Sequence[int] = (),
-          total: int = 0) -> Growth:
+          total: int = 0, cows: Sequence[int] = ()) -> Growth:
     """Append ``more[g]`` entries to group g's table, free blocks but for a sparse
     group's jumped-over ones, and a free block into each of ``holes`` (where a step
     ending at ``total`` writes; the caller checked the blocks are there); their ids,
-    per group."""
+    per group. Each group of ``cows`` first takes the block its owned partial entry
+    moves to (``partial.moved``; not in the ids)."""
     added = []
     if not self._sparse:
         fresh = self._pool.take(sum(more))
@@ -162,11 +166,14 @@ def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int], ho
             table += new
             added.append(tuple([b.block_id for b in new]))
         return tuple(added)
-    fresh = self._pool.take(_fresh(self, more) + len(holes))
+    fresh = self._pool.take(_fresh(self, more) + len(holes) + len(cows))
     for g, (spec, table, m) in enumerate(zip(self.groups, req.tables, more, strict=True)):
-        k = (min(m, 1) if spec.sparse else m) + (g in holes)
+        k = (min(m, 1) if spec.sparse else m) + (g in holes) + (g in cows)
         new, fresh = fresh[:k], fresh[k:]
         self._index.own(g, new)
+        if g in cows:
+            partial.moved(self, req, g, new[0])
+            new = new[1:]
         if g in holes:
             table[blocks_for(total, self._group_sizes[g]) - 1] = new[0]
         else:
@@ -183,9 +190,10 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
     going, freed = self._going(req, start)
     more = _more(self, req, total)
     holes: Sequence[int] = ()
+    cows = _cows(self, req) if self._owners else ()  # (none but with partial hits)
     if self._sparse:
         holes = _holes(self, req, total)
-        if _fresh(self, more) + len(holes) > self._pool.num_free + freed:
+        if _fresh(self, more) + len(holes) + len(cows) > self._pool.num_free + freed:
             return None
     elif sum(more) > self._pool.num_free + freed:
         return None
@@ -199,7 +207,7 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
         del req.tokens[n:]  # (a hash_mode callable failed: nothing changes)
         raise
     self._release(req, going)
-    added = _take(self, req, more, holes, total)
+    added = _take(self, req, more, holes, total, cows)
     if self._sparse:
         sized_admission._mark(self, req, total)
     req.num_scheduled, req.step_start = total, max(start, req.step_start)
@@ -210,11 +218,19 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
     return added
 
 
+def _cows(self: HybridKVCacheManager, req: GroupRequest) -> list[int]:
+    """The groups whose partial entry ``req`` owns (its next growth moves each)."""
+    return [g for g, _, _ in partial.pending(self, req)]
+
+
 def _roomy(self: HybridKVCacheManager, req: GroupRequest) -> bool:
     """Whether one more token at ``num_scheduled`` fills no hash block (so no block of
     any group, nor an aligned end), lands in a block every table has (a sparse group's
-    included: its state goes there) and moves no window past a block."""
+    included: its state goes there), moves no window past a block and moves no owned
+    partial entry."""
     n, h = req.num_scheduled, self._hash_size
+    if self._owners and partial.pending(self, req):
+        return False
     return n % h != h - 1 and n < req.next_release and all(
         n < len(t) * b for t, b in zip(req.tables, self._group_sizes, strict=True)) and (
         not self._sparse or all(req.tables[g][n // self._group_sizes[g]] is not None for g in self._sparse))
@@ -225,11 +241,11 @@ def reserve(self: HybridKVCacheManager, request_id: Hashable, num_slots: int) ->
     req = self._get(request_id)
     check_count("num_slots", num_slots, 0, None)
     covered = req.num_scheduled + num_slots
-    more = _more(self, req, covered)
-    if _fresh(self, more) > self._pool.num_free:
+    more, cows = _more(self, req, covered), _cows(self, req)
+    if _fresh(self, more) + len(cows) > self._pool.num_free:
         return None
     req.num_reserved = max(req.num_reserved, covered)
-    return _take(self, req, more)
+    return _take(self, req, more, cows=cows)
 
 
 def num_blocks_to_allocate(self: HybridKVCacheManager, request_id: Hashable, num_slots: int) -> int:
@@ -237,7 +253,8 @@ def num_blocks_to_allocate(self: HybridKVCacheManager, request_id: Hashable, num
     block size."""
     req = self._get(request_id)
     check_count("num_slots", num_slots, 0, None)
-    return max(0, _fresh(self, _more(self, req, num_slots)) - self._going(req, req.num_scheduled)[1])
+    return max(0, _fresh(self, _more(self, req, num_slots)) + len(_cows(self, req))
+               - self._going(req, req.num_scheduled)[1])
 
 
 def _release_order(self: HybridKVCacheManager, req: GroupRequest,
@@ -249,6 +266,8 @@ def _release_order(self: HybridKVCacheManager, req: GroupRequest,
 
 def _free_order(self: HybridKVCacheManager, req: GroupRequest, longer: bool) -> list[Block]:
     """vLLM's plain order: group by group, each group's last block first."""
+    if self._owners:
+        partial.forget(self, req.request_id)
     return [b for b in chain.from_iterable(map(reversed, req.tables)) if b is not None]
 
 

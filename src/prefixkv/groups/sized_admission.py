@@ -17,6 +17,7 @@ from ..core.prompt import Prompt
 from ..core.request import RequestKeys
 from ..errors import ConfigError, PromptTooLongError
 from ..extra_keys import ExtraKeys
+from . import partial
 from .hits import longest_sized_hit, peeking_sized_hit
 from .lookup import peeking
 from .prefixes import Prefix
@@ -53,6 +54,8 @@ def _hit_nodes(self: HybridKVCacheManager, chunks: Sequence[bytes], keys: Reques
         for g, (spec, b) in enumerate(zip(self.groups, self._group_sizes, strict=True)):
             alone[g] = longest_sized_hit((spec,), (b,), b, len(nodes) * h,
                                          lambda _, j, g=g: cached(g, j)) // h  # type: ignore[misc]
+    if sizes.partial:
+        return nodes[:partial.longest_hit(self, nodes, len(nodes))]
     return nodes[:sizes.longest_hit(self.groups, len(nodes) * h, cached) // h]
 
 
@@ -79,8 +82,11 @@ def _window_hits(self: HybridKVCacheManager, nodes: list[Prefix],
     sizes, hit = self.sizes, len(nodes) * self._hash_size
     at = hit if first is None else first
     cuts = [s.admitted_cut(hit, at, b) for s, b in zip(self.groups, sizes.sizes, strict=True)]
-    return cuts, [[self._index.find(g, nodes[sizes.key_index(g, j)])  # type: ignore[misc]
-                   for j in range(cuts[g], hit // b)] for g, b in enumerate(sizes.sizes)]
+    rows: list[list[Block]] = [[self._index.find(g, nodes[sizes.key_index(g, j)])  # type: ignore[misc]
+                                for j in range(cuts[g], hit // b)] for g, b in enumerate(sizes.sizes)]
+    if sizes.partial and hit % sizes.align:
+        partial.hit_rows(self, nodes, cuts, rows)
+    return cuts, rows
 
 
 def lookup_block_ids(self: HybridKVCacheManager, prompt_token_ids: Sequence[int] | Prompt, *,
@@ -111,9 +117,9 @@ def least_blocks(self: HybridKVCacheManager, n: int, num_new: int | None, lookah
             fresh = blocks_for(total + lookahead, b) - hit // b
             if full_fit:
                 fresh = max(fresh, blocks_for(n, b) - hit // b)
-            out += (min(fresh, 1) if s.sparse else fresh) + hit // b - s.num_unread(hit, b)
+            out += (min(fresh, 1) + (hit % b > 0) if s.sparse else fresh) + hit // b - s.num_unread(hit, b)
         return out
-    return max(done, min(after(hit) for hit in range(0, n, self.sizes.align)))
+    return max(done, min(after(hit) for hit in range(0, n, self.sizes.unit)))
 
 
 def _mark(self: HybridKVCacheManager, req: GroupRequest, total: int) -> None:
@@ -151,10 +157,13 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     ends = [blocks_for(total, b) - 1 for b in sizes]
     taken = [int(v - m <= e) if s.sparse else m
              for s, v, m, e in zip(self.groups, covered, more, ends, strict=True)]
+    cows = partial.cows(self, num_cached, cuts, hits) if self.sizes.partial else set()
+    for g in cows:
+        taken[g] += 1  # (first of its new blocks: the copy on write)
     held = [b for found in hits for b in found]
     fit = 0
     if require_full_fit:
-        fit = sum(min(x, 1) if s.sparse else x for s, x in zip(
+        fit = len(cows) + sum(min(x, 1) if s.sparse else x for s, x in zip(
             self.groups, [blocks_for(n, b) - num_cached // b for b in sizes], strict=True))
     if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
         return None
@@ -166,6 +175,7 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     for g, (found, m) in enumerate(zip(hits, more, strict=True)):
         new: list[Block | None] = list(islice(fresh, taken[g]))
         self._index.own(g, new)  # type: ignore[arg-type]
+        copy = new.pop(0) if g in cows else None
         if self.groups[g].sparse:  # (None but where the step ends)
             row: list[Block | None] = [None] * m
             if new:
@@ -173,6 +183,8 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
             new = row
         req.tables[g] = [*[None] * cuts[g], *found, *new]
         self._hit_blocks[g] += len(found)
+        if copy is not None:
+            partial.on_hit(self, req, g, cuts[g], copy)
     if self._sparse:
         _mark(self, req, k * h)  # (the hit's state block)
         _mark(self, req, total)

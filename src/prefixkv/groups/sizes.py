@@ -28,6 +28,7 @@ from functools import reduce
 from ..core.block import blocks_for
 from ..errors import ConfigError, check_positive
 from .hits import longest_sized_hit
+from .partial import check_partial
 from .spec import FULL, MAMBA, SLIDING, GroupSpec
 
 
@@ -40,16 +41,20 @@ class BlockSizes:
     hash_size: int
     align: int
     peek: tuple[bool, ...] = ()  # per group: it caches for peeking hits (vLLM's EAGLE); (): none
+    partial: bool = False  # vLLM's fine-grained partial hits (groups/partial.py)
 
     @classmethod
     def of(cls, sizes: Sequence[int], hash_size: int | None = None, align: int | None = None,
-           peek: Sequence[bool] = ()) -> BlockSizes:
+           peek: Sequence[bool] = (), partial: bool = False) -> BlockSizes:
         """The sizes of groups of block sizes ``sizes``; ``hash_size`` defaults to their
         gcd, ``align`` to their lcm. ``peek``: one bool per group (or none): the groups
         whose blocks are cached for hits that peek (vLLM's EAGLE groups: ``caches``).
-        Raises ConfigError: no sizes, a size (or ``hash_size``, ``align``) not a
-        positive int, a size not a multiple of ``hash_size``, ``align`` not a multiple
-        of every size, ``peek`` not one bool per group."""
+        ``partial``: vLLM's fine-grained partial hits (hits and caching at the hash
+        block, Mamba states found inside their blocks: groups/partial.py, which the
+        manager checks the groups against). Raises ConfigError: no sizes, a size (or
+        ``hash_size``, ``align``) not a positive int, a size not a multiple of
+        ``hash_size``, ``align`` not a multiple of every size, ``peek`` not one bool per
+        group, ``partial`` not a bool or with ``peek``."""
         try:
             got = tuple(sizes)
         except TypeError:
@@ -67,7 +72,15 @@ class BlockSizes:
         flags = tuple(peek) if isinstance(peek, Sequence) else None
         if flags is None or (flags and len(flags) != len(got)) or any(type(p) is not bool for p in flags):
             raise ConfigError(f"peek must be one bool per group ({len(got)}) or none, got {peek!r}"[:200])
-        return cls(got, h, a, flags if any(flags) else ())
+        if type(partial) is not bool or (partial and any(flags)):
+            raise ConfigError(f"partial must be a bool, and False with peek, got {partial!r}")
+        return cls(got, h, a, flags if any(flags) else (), partial)
+
+    @property
+    def unit(self) -> int:
+        """The alignment of hits and caching: ``hash_size`` with ``partial`` hits (vLLM's
+        ``_cache_hit_alignment_tokens``), else ``align``."""
+        return self.hash_size if self.partial else self.align
 
     @property
     def one_size(self) -> bool:
@@ -102,7 +115,8 @@ class BlockSizes:
         only those holding the state at their end). Checked against vLLM
         (tests/engines/test_vllm_sized_model.py)."""
         b, peek = self.sizes[g], bool(self.peek) and self.peek[g]
-        end = num_tokens // self.align * self.align
+        u = self.hash_size if self.partial else self.align  # (``unit``, without its call)
+        end = num_tokens // u * u
         if peek and end:
             end = min(num_tokens, end + b)
         if j < 0 or (j + 1) * b > end:
@@ -148,10 +162,13 @@ def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
     if not isinstance(block_size, BlockSizes):
         b = check_positive("block_size", block_size)
         return BlockSizes((b,) * len(specs), b, b)
-    got = BlockSizes.of(block_size.sizes, block_size.hash_size, block_size.align, block_size.peek)
+    got = BlockSizes.of(block_size.sizes, block_size.hash_size, block_size.align, block_size.peek,
+                        block_size.partial)
     if len(got.sizes) != len(specs):
         raise ConfigError(f"block_size must name one block size per group ({len(specs)}), "
                           f"got {len(got.sizes)}: {got.sizes}")
+    if got.partial:
+        check_partial(specs, got)
     if got.peek and not got.one_size:
         return _peeking(specs, got)
     return got

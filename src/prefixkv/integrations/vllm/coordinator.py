@@ -56,17 +56,20 @@ class GroupView:
 
 
 class CoordinatorView:
-    """vLLM's coordinator questions about the manager's requests and groups."""
-
-    enable_partial_hash_hits = False
-    """prefixkv hashes whole blocks only (hash block size = block size)."""
+    """vLLM's coordinator questions about the manager's requests and groups, and what
+    it resolved of the layout: ``scheduler_block_size``, whether vLLM's fine-grained
+    partial hits are on (``enable_partial_hash_hits``: ``layout.sizes.partial``) and the
+    alignment of hits that follows (``_cache_hit_alignment_tokens``, the name vLLM's
+    tests read)."""
 
     def __init__(self, manager: KVCacheManager, layout: Layout) -> None:
         self._manager = manager
         self._sparse = tuple(g.sparse for g in layout.groups)  # (Mamba: one block per step)
         self._num_sparse = sum(self._sparse)
         self._num_dense = len(self._sparse) - self._num_sparse
-        self.block_size = layout.block_size
+        self.block_size = self.scheduler_block_size = layout.block_size
+        self.enable_partial_hash_hits = layout.sizes.partial
+        self._cache_hit_alignment_tokens = layout.sizes.unit
         self._sizes = layout.sizes.sizes  # (each group's own block size)
         self._one_size = layout.sizes.one_size
         self.single_type_managers = tuple(GroupView(manager, g, self._sizes[g], spec)
@@ -101,6 +104,8 @@ class CoordinatorView:
             for sparse, b, ids in zip(self._sparse, self._sizes, core.get_block_ids(key), strict=True):
                 more = max(0, blocks_for(covered, b) - len(ids))
                 need += min(1, more) if sparse else more
+            if self.enable_partial_hash_hits:  # (an owned partial entry moves: groups/partial.py)
+                need += core.num_pending_copies(key)
         released: int = core.num_blocks_released(key) if self._manager._hybrid else 0
         return need > int(core.num_free_blocks) + released - keep
 

@@ -134,7 +134,8 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
     ``hash_block_size`` or do not divide ``scheduler_block_size``, or beside chunked
     local attention, a single full-attention group of another size than the
     scheduler's or the hashes', and Mamba where vLLM turns its fine-grained partial
-    hits on (``_check_partial_hits``)."""
+    hits on but beyond what prefixkv serves of them (``_check_partial_hits``; what it
+    serves gets ``sizes.partial``)."""
     if dcp_world_size != 1 or pcp_world_size != 1:
         raise UnsupportedByPrefixKV(
             f"prefixkv does not offer context parallelism (dcp_world_size={dcp_world_size}, "
@@ -152,15 +153,16 @@ def read_layout(kv_cache_config: KVCacheConfig, *, scheduler_block_size: int, ha
                                     "(prefix_cacheable False) has no hit to look up; vLLM "
                                     "asserts one cacheable group")
     sizes = tuple(s.block_size for s in specs)
+    partial = False
     if set(sizes) != {scheduler_block_size} or hash_block_size != scheduler_block_size:
         _check_sizes(groups, sizes, scheduler_block_size, hash_block_size)
-        _check_partial_hits(kv_cache_config, hash_block_size)
+        partial = _check_partial_hits(kv_cache_config, hash_block_size)
     if kv_cache_config.num_blocks < 2:
         raise UnsupportedByPrefixKV(f"num_blocks must leave a block beside vLLM's null "
                                     f"block, got {kv_cache_config.num_blocks}")
     flags = tuple(bool(getattr(g, "is_eagle_group", False)) for g in kv_cache_config.kv_cache_groups)
     return Layout(groups, scheduler_block_size, kv_cache_config.num_blocks, specs,
-                  BlockSizes.of(sizes, hash_block_size, scheduler_block_size), flags)
+                  BlockSizes.of(sizes, hash_block_size, scheduler_block_size, partial=partial), flags)
 
 
 def _check_sizes(groups: tuple[GroupSpec, ...], sizes: tuple[int, ...], scheduler: int, hashes: int) -> None:
@@ -186,27 +188,37 @@ def _check_sizes(groups: tuple[GroupSpec, ...], sizes: tuple[int, ...], schedule
                                     f"scheduler's, {got}")
 
 
-def _check_partial_hits(kv_cache_config: KVCacheConfig, hashes: int) -> None:
-    """Raises UnsupportedByPrefixKV where vLLM 0.33 turns on its fine-grained partial
-    hits (``partial_hash_hits_enabled``, asked with the managers vLLM makes for these
+def _check_partial_hits(kv_cache_config: KVCacheConfig, hashes: int) -> bool:
+    """Whether vLLM 0.33 turns on its fine-grained partial hits here
+    (``partial_hash_hits_enabled``, asked with the managers vLLM makes for these
     groups: a Mamba group in align mode larger than the hash block, and every other
     group able to look up at the hash block): its hits may then end between the lcm's
     multiples, on a Mamba state cached inside a block (copied on write when the
-    request goes on), which prefixkv's hybrid manager does not offer (its hits are
-    multiples of the lcm: vLLM's with partial hits off, docs/groups.md)."""
+    request goes on). prefixkv's hybrid manager serves them (``BlockSizes.partial``,
+    docs/groups.md "Partial hits") with Mamba groups of one size and full-attention
+    groups, at least one, of the hash block's size; raises UnsupportedByPrefixKV for
+    the rest (a full-attention group larger than the hash block, which vLLM then looks
+    up inside its blocks too; a window of the hash block's size; Mamba alone)."""
     from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled
     from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
     groups = kv_cache_config.kv_cache_groups
     if not any(type(g.kv_cache_spec) is MambaSpec for g in groups):
-        return
+        return False
     managers = [KVCacheSpecRegistry.get_manager_class(g.kv_cache_spec, g.role) for g in groups]
-    if partial_hash_hits_enabled(groups, hashes, 1, managers):
+    if not partial_hash_hits_enabled(groups, hashes, 1, managers):
+        return False
+    mamba = {g.kv_cache_spec.block_size for g in groups if type(g.kv_cache_spec) is MambaSpec}
+    rest = {(type(g.kv_cache_spec) in _FULL, g.kv_cache_spec.block_size)
+            for g in groups if type(g.kv_cache_spec) is not MambaSpec}
+    if len(mamba) != 1 or rest != {(True, hashes)}:
         raise UnsupportedByPrefixKV(
-            f"prefixkv does not offer vLLM's fine-grained partial hits (a Mamba group of block "
-            f"size {max(g.kv_cache_spec.block_size for g in groups if type(g.kv_cache_spec) is MambaSpec)} "
-            f"beyond the hash block {hashes}, beside groups that all look up at the hash block); "
-            f"docs/groups.md")
+            f"prefixkv offers vLLM's fine-grained partial hits (a Mamba group of block size "
+            f"{max(mamba)} beyond the hash block {hashes}, beside groups that all look up at "
+            f"the hash block) with Mamba groups of one size beside full-attention groups of the "
+            f"hash block's size only, got {[type(g.kv_cache_spec).__name__ for g in groups]} of "
+            f"{[g.kv_cache_spec.block_size for g in groups]}; docs/groups.md")
+    return True
 
 
 def check_options(layout: Layout, *, use_eagle: bool, num_hash_lookahead_tokens: int,
@@ -276,7 +288,8 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
     if layout.hybrid:
         releasing = any(g.releases for g in layout.groups)
         s = layout.sizes
-        sizes = layout.block_size if s.one_size else BlockSizes.of(s.sizes, s.hash_size, s.align, peek)
+        sizes = layout.block_size if s.one_size else BlockSizes.of(s.sizes, s.hash_size, s.align, peek,
+                                                                    s.partial)
         try:
             core: Any = HybridKVCacheManager(
                 layout.groups, layout.num_blocks - (0 if releasing else 1), sizes,

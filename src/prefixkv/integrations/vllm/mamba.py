@@ -7,7 +7,9 @@ hit ends on a Mamba block whose content (its chain hash, in that group) was cach
 the step began (``new_step_starts``): that state is written by the step's own forward
 pass, so the request waits for the next step (``allocate_slots`` returns None).
 ``StepCache`` keeps those hashes: the ``request.block_hashes`` of the blocks each Mamba
-group made findable in this step, by any request.
+group made findable in this step, by any request; with vLLM's fine-grained partial hits
+(groups/partial.py) also the hash of each partial entry recorded in this step, and of
+each entry that moved to a copy in it (the copy is filled by this step's copy).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class StepCache:
         self.sizes = sizes
         """Each group's block size and the hash block's (None: one size, that of the
         blocks ``note`` and ``defers`` are given in, the hash block's too)."""
+        self.partial = sizes is not None and sizes.partial
+        """vLLM's fine-grained partial hits are on (groups/partial.py)."""
         self.first = first
         """The group vLLM's coordinator looks a hit up in first (full attention's, if
         any, else group 0): its own hit is ``junction``'s."""
@@ -76,6 +80,14 @@ class StepCache:
                 if row[j] != null and i < len(hashes):
                     self._cached.add((g, hashes[i]))
 
+    def note_tail(self, request: Request, num_tokens: int) -> None:
+        """The partial entries at ``num_tokens`` (the request's prompt's last hash
+        boundary, inside the Mamba blocks) were recorded, or moved to a copy, now."""
+        assert self.sizes is not None
+        i = num_tokens // self.sizes.hash_size - 1
+        if 0 <= i < len(request.block_hashes):
+            self._cached.update((g, request.block_hashes[i]) for g in self.groups)
+
     def defers(self, request: Request, num_hit_tokens: int, block_size: int) -> bool:
         """Whether a new request with a hit of ``num_hit_tokens`` must wait a step: its
         hit ends on a block some Mamba group cached in this step (``block_size``: the
@@ -91,6 +103,8 @@ def noting(m: KVCacheManager, request: Request, hit: int, run: Any) -> Any:
     """``run()`` (an allocation or caching call on ``request``, whose new request has a
     hit of ``hit`` tokens), with the Mamba groups' cached blocks noted; None without
     running it when a new request's hit must wait a step (``StepCache.defers``)."""
+    if m._mamba.partial:
+        return _noting_partial(m, request, hit, run)
     bs, key = m.block_size, m._keys.get(request.request_id)  # (bs: the alignment of caching)
     if key is None and hit and m._mamba.defers(request, hit, m.hash_block_size):
         return None
@@ -105,6 +119,26 @@ def noting(m: KVCacheManager, request: Request, hit: int, run: Any) -> Any:
     return out
 
 
+def _noting_partial(m: KVCacheManager, request: Request, hit: int, run: Any) -> Any:
+    """``noting`` with vLLM's fine-grained partial hits: caching at the hash block (in
+    tokens), and the partial entries recorded or moved to a copy by ``run()`` noted too."""
+    h, key = m.hash_block_size, m._keys.get(request.request_id)
+    if key is None and hit and m._mamba.defers(request, hit, h):
+        return None
+    before = hit if key is None else m.core.num_scheduled_tokens(key)
+    moves = 0 if key is None else m.core.num_pending_copies(key)
+    out = run()
+    key = m._keys.get(request.request_id)
+    if key is not None and m.enable_caching:
+        after, tail = m.core.num_scheduled_tokens(key), (request.num_prompt_tokens - 1) // h * h
+        if after // h > before // h:
+            m._mamba.note(request, m.get_block_ids(request.request_id), before // h * h, after // h * h, 0)
+        pending = m.core.num_pending_copies(key)
+        if moves > pending or (before < tail == after and pending):  # (moved to its copy; recorded)
+            m._mamba.note_tail(request, tail)
+    return out
+
+
 def junction(m: KVCacheManager, request: Request, hit: int, max_cache_hit_length: int | None) -> int:
     """vLLM's ``shared_prefix_boundary`` (``get_computed_blocks``' third value) beside a
     Mamba group: the prefix the first group of vLLM's lookup (``StepCache.first``) alone
@@ -115,7 +149,8 @@ def junction(m: KVCacheManager, request: Request, hit: int, max_cache_hit_length
         return 0
     prompt, extra = admission_prompt(m, request)
     alone: int = m.core.lookup_per_group(prompt, extra=extra)[m._mamba.first]
-    alone = alone // m.block_size * m.block_size  # (vLLM aligns each group's hit to the lcm)
+    unit = m.cache_unit  # (vLLM aligns each group's hit to the lcm, or the hash block with partial hits)
+    alone = alone // unit * unit
     if max_cache_hit_length is not None:
-        alone = min(alone, max_cache_hit_length // m.block_size * m.block_size)
+        alone = min(alone, max_cache_hit_length // unit * unit)
     return alone if alone > hit else 0

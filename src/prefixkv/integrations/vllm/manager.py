@@ -39,7 +39,7 @@ from .prepared import PreparedPrompts
 from .release import estimate_cached, evict, free_popped, free_request, pop_for_free, release_skipped
 from .requests import reads_cache
 from .slots import allocate, grow, lookup
-from .step_calls import StepCalls
+from .step_calls import CowCopies, StepCalls
 from .telemetry import Telemetry
 from .zeroing import Zeroing
 
@@ -82,6 +82,11 @@ class KVCacheManager(StepCalls):
         # groups' one size, or the gcd-like size vLLM hashes at beside groups of different sizes
         self.hash_block_size = layout.sizes.hash_size
         self.group_sizes = layout.sizes.sizes  # (each group's own block size)
+        # the alignment of hits and caching: the scheduler's block, or with vLLM's
+        # fine-grained partial hits the hash block (groups/partial.py)
+        self.cache_unit = layout.sizes.unit
+        # the group whose hit entries count the hit's tokens (a Mamba group's may not)
+        self.hit_group = next((g for g, s in enumerate(layout.groups) if not s.sparse), 0)
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
         # set by prefixkv's Scheduler when its publisher builds events (handoff.py)
@@ -94,8 +99,8 @@ class KVCacheManager(StepCalls):
         self.num_kv_cache_groups = len(layout.groups)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         # enable_mamba_shared_prefix_checkpoint does nothing, as in vLLM 0.33, whose manager acts
-        # on it only with partial-block hits (a Mamba block larger than the hash block), which
-        # read_layout refuses: its flag is then False too
+        # on it only with partial-block hits (a Mamba block larger than the hash block) and EAGLE
+        # beside Mamba, which check_options refuses: its flag is then False too
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         # vLLM's scheduler replays this many tokens below a hit (SWA bounded replay: its
@@ -135,6 +140,7 @@ class KVCacheManager(StepCalls):
         self._keys: dict[Hashable, int] = {}  # vLLM request id -> prefixkv's id of the request
         self._next_key = 0
         self._popped = PoppedBlocks()  # pop_blocks_for_free's, until given back (popped.py)
+        self._copies = CowCopies(self._blocks)  # partial hits' copies on write (step_calls.py)
         # live request id -> (group, block index) of its blocks evict_blocks uncached
         self._evicted: dict[str, set[tuple[int, int]]] = {}
 

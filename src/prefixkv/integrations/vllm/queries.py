@@ -44,7 +44,7 @@ def num_cached_tokens(self: KVCacheManager, request_id: str) -> int:
     if key is None or not self.enable_caching:
         return 0
     n: int = self.core.num_scheduled_tokens(key)
-    return n // self.block_size * self.block_size
+    return n // self.cache_unit * self.cache_unit
 
 
 def _ids(self: KVCacheManager, key: int) -> tuple[tuple[int, ...], ...]:

@@ -84,8 +84,15 @@ def pop_for_free(m: KVCacheManager, request: Request) -> list[KVCacheBlock]:
 
 
 def free_popped(m: KVCacheManager, blocks: Iterable[KVCacheBlock]) -> None:
-    """Free the requests whose popped blocks these are (all checked before any change)."""
-    for key in m._popped.take_back(blocks):
+    """Free the requests whose popped blocks these are, and give back the blocks copies
+    on write held (``take_kv_cache_block_copies``' second list); all checked before any
+    change."""
+    blocks = list(blocks)
+    copies, rest = m._copies.split(blocks)
+    keys = m._popped.take_back(rest)
+    if copies:
+        m.core.release_copies(m._copies.take_back(copies))
+    for key in keys:
         m.core.free(key)
 
 

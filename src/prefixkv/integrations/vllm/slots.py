@@ -61,7 +61,8 @@ def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
     else:
         hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=max_cache_hit_length)
         ids = hit if m._hybrid else (hit,)  # a window's unread blocks: the null block
-    n, blocks = len(ids[0]) * m.group_sizes[0], m._blocks.of(ids)
+    g = m.hit_group
+    n, blocks = len(ids[g]) * m.group_sizes[g], m._blocks.of(ids)
     if n:
         m._telemetry.on_accessed(blocks)
     return blocks, n

@@ -1,6 +1,8 @@
 """The calls vLLM's scheduler makes once a step on its ``KVCacheManager``: the step's
 start, its stats and KV events, the blocks to zero (zeroing.py), and the per-step calls
-of Mamba's copies and offloads, which prefixkv answers with nothing to do.
+of Mamba's copies and offloads: prefixkv offloads nothing, and its copies are the copies on
+write of vLLM's fine-grained partial hits (groups/partial.py), handed out with the blocks
+they hold (``CowCopies``) and given back through ``block_pool.free_blocks``.
 
 ``StepCalls`` is the base of manager.py's ``KVCacheManager``, which builds what these
 calls read: prefixkv's manager (``core``), the Mamba groups' step cache (mamba.py) and the
@@ -9,17 +11,63 @@ stats and events (telemetry.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request
 
+from prefixkv.errors import RequestError
+from prefixkv.groups.results import GroupBlockCopy
+
 from .mamba import StepCache
+from .pool import Blocks
 from .telemetry import Telemetry
 from .zeroing import Zeroing
 
-__all__ = ["StepCalls"]
+__all__ = ["CowCopies", "StepCalls"]
+
+
+class CowCopies:
+    """The copies on write prefixkv's manager queued, until vLLM takes them, and the
+    blocks of those it took, until vLLM gives them back (each a fresh ``KVCacheBlock``
+    whose ``ref_cnt`` 1 is the hold it hands back, named by the object, as popped.py's)."""
+
+    def __init__(self, blocks: Blocks) -> None:
+        self._blocks = blocks
+        self.queued: list[GroupBlockCopy] = []
+        self._held: dict[int, tuple[GroupBlockCopy, list[KVCacheBlock]]] = {}  # id(block) ->
+
+    def hand_out(self, ops: Sequence[GroupBlockCopy]) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
+        """vLLM's copies of ``ops`` and the blocks they hold (each copy's source, then its copy)."""
+        k = self._blocks.offset
+        copies, held = [], []
+        for op in ops:
+            pair = [KVCacheBlock(op.src + k, ref_cnt=1), KVCacheBlock(op.dst + k, ref_cnt=1)]
+            for b in pair:
+                self._held[id(b)] = (op, pair)
+            copies.append(KVCacheBlockCopy(src_block_id=op.src + k, dst_block_id=op.dst + k))
+            held += pair
+        return copies, held
+
+    def split(self, blocks: Sequence[KVCacheBlock]) -> tuple[list[KVCacheBlock], list[KVCacheBlock]]:
+        """``blocks`` cut into those copies hold and the rest. Raises RequestError, before
+        any change, when a copy's two blocks do not come back together."""
+        mine = [b for b in blocks if id(b) in self._held]
+        given = {id(b) for b in mine}
+        if any(id(x) not in given for b in mine for x in self._held[id(b)][1]):
+            raise RequestError("the two blocks a copy on write holds go back together")
+        return mine, [b for b in blocks if id(b) not in given]
+
+    def take_back(self, blocks: Sequence[KVCacheBlock]) -> list[GroupBlockCopy]:
+        """Forget ``blocks`` (checked by ``split``); their copies, in order, once each."""
+        ops: list[GroupBlockCopy] = []
+        for b in blocks:
+            op = self._held.pop(id(b))[0]
+            if op not in ops:
+                ops.append(op)
+        return ops
 
 
 class StepCalls:
@@ -34,6 +82,7 @@ class StepCalls:
     _telemetry: Telemetry
     _zeroes: Zeroing | None
     """The blocks vLLM's worker zeroes (zeroing.py); None where it zeroes none."""
+    _copies: CowCopies
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
@@ -42,10 +91,10 @@ class StepCalls:
         return self._telemetry.prefix_cache_stats
 
     def new_step_starts(self) -> None:
-        """A step begins: prefixkv's per-step plan is drained (no copies are ever planned:
-        vLLM's scheduler forks nothing), and the Mamba states cached in the last one are
-        forgotten (mamba.py)."""
-        self.core.take_kv_ops()
+        """A step begins: prefixkv's per-step plan is drained into the copies on write
+        vLLM has not taken yet (no other copy is ever planned: vLLM's scheduler forks
+        nothing), and the Mamba states cached in the last one are forgotten (mamba.py)."""
+        self._copies.queued += self.core.take_kv_ops()
         self._mamba.clear()
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
@@ -73,8 +122,13 @@ class StepCalls:
     # ---- Mamba's per-step calls: nothing to do --------------------------------------------
 
     def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
-        """No copies: prefixkv never shares a partial block with vLLM's scheduler."""
-        return [], []
+        """The copies on write since the previous call (vLLM's fine-grained partial hits:
+        a Mamba state found inside its block, groups/partial.py), and the blocks they
+        hold, each copy's source then its copy, which vLLM's scheduler gives back with
+        ``block_pool.free_blocks`` once the copy ran. None without partial hits."""
+        ops = self._copies.queued + self.core.take_kv_ops()
+        self._copies.queued = []
+        return self._copies.hand_out(ops)
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """{}: boundary states are Mamba's."""
