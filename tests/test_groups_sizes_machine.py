@@ -151,16 +151,23 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
             self.tokens[rid] += toks
             self._name(self.tokens[rid], r.extra)
 
-    @rule(rid=live, back=st.integers(0, 24), cuts=st.lists(st.integers(1, 12), max_size=3))
-    def rewind(self, rid, back, cuts):
+    @rule(rid=live, back=st.integers(0, 24), cuts=st.lists(st.integers(1, 12), max_size=3),
+          other=st.none() | st.lists(st.integers(0, 9), max_size=6))
+    def rewind(self, rid, back, cuts, other=None):
         # back ``back`` tokens (a load whose last token vLLM recomputes, a failed load),
         # then the tokens it forgot given again in steps of ``cuts`` (the rest last):
-        # prefixkv's rewind (tests/sized_model.py), or the same ConfigError refusal
+        # prefixkv's rewind (tests/sized_model.py), or the same ConfigError refusal;
+        # with ``other``, drafted tokens rejected: only the pinned ones (in blocks
+        # another request shares, pins.py) are given again, then ``other`` (empty: the
+        # request waits, its tables longer than its tokens)
         if rid not in self.tokens:
             return
         r = self.model.reqs[rid]
         p = max(0, r.computed - back)
-        gone = r.tokens[p:]
+        gone, owed = r.tokens[p:], r.computed - p  # (owed: those it had scheduled)
+        if other is not None:
+            owed = self._pinned(r, p) - p
+            gone = gone[:owed] + other
         if not self.model.rewind(rid, p):
             with pytest.raises(ConfigError):
                 self.m.rewind(rid, p)
@@ -169,7 +176,14 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         self.tokens[rid] = self.tokens[rid][:p]
         self.m.check_invariants()
         self.same_tables_and_free_queue()
-        for cut in [*cuts, len(gone)]:
+        # (the scheduled ones first, in the cuts, up to ``owed``: the tables cover them,
+        # and those in blocks another request shares are pinned (pins.py); then the
+        # prompt's unscheduled rest, which may find no room)
+        steps = []
+        for cut in [*cuts, owed]:
+            if sum(steps) < owed:
+                steps.append(min(cut, owed - sum(steps)))
+        for cut in [*steps, len(gone)]:
             toks, gone = gone[:cut], gone[cut:]
             if not toks:
                 break
@@ -178,7 +192,18 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
             if got is None:
                 break
             self.tokens[rid] += toks
+            self._name(self.tokens[rid], r.extra)
             self.m.check_invariants()
+
+    def _pinned(self, r, p):
+        """The end of the last whole block of ``r`` from ``p`` on that another request
+        holds too, over the groups (pins.py ``_shared_end``); ``p`` when none."""
+        end = p
+        for (b, _), ids in zip(self.groups, r.tables, strict=True):
+            for j in range(p // b, r.computed // b):
+                if ids[j] != self.model.null and self.model.refs[ids[j]] > 1:
+                    end = max(end, (j + 1) * b)
+        return end
 
     @rule()
     def run_copies(self):

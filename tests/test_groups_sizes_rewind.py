@@ -7,7 +7,7 @@ import pytest
 
 from prefixkv import ConfigError, ExtraKeys, RequestError
 from prefixkv.groups import BlockSizes, HybridKVCacheManager, full_attention, mamba, sliding_window
-from test_groups_sizes_machine import FullOnlyMachine, SizedMachine
+from test_groups_sizes_machine import PREFIXES, EagleWindowMachine, FullOnlyMachine, SizedMachine
 
 STEM = [1 + k % 7 for k in range(48)]
 
@@ -165,4 +165,64 @@ def test_full_only_rewinds_run_beside_the_reference():
     machine.rewind(a, 10, [2, 5])
     _checked(machine)
     machine.rewind(b, 30, [])
+    _checked(machine)
+
+
+def _rewound(machine, rid, p):
+    """``rid`` rewound to ``p`` on both, nothing given again yet (the engine stopped
+    between the rewind and the recompute); the tokens it forgot."""
+    gone = machine.model.reqs[rid].tokens[p:]
+    machine.m.rewind(rid, p)
+    assert machine.model.rewind(rid, p)
+    machine.tokens[rid] = machine.tokens[rid][:p]
+    _checked(machine)
+    return gone
+
+
+def test_a_second_rewind_empties_what_a_sharer_recorded_again_past_its_prefix_ids():
+    # Full attention at 4 and at 12 (hash 4, lcm 12). c hits a's 24 and is rewound to 0
+    # before its recompute: the shared blocks lose their content, c keys none of them.
+    # a rewinds and records them again (its own KV, the same tokens: pins), then goes.
+    # c, rewound to 0 again, writes other tokens there: those blocks hold a's prefixes
+    # past c's own prefix ids, and lose them too (the manager kept them found: a hit of
+    # 24 on KV computed for c's tokens; seen first in TestEagleWindowMachine as a free
+    # queue, a hit and events unlike the reference's).
+    machine = _machine(((4, None), (12, None)))
+    m = machine.m
+    a = _add(machine, STEM[:24] + [0])
+    c = _add(machine, STEM[:24] + [5])
+    assert m.get_block_ids(c)[1][:2] == m.get_block_ids(a)[1][:2]
+    _rewound(machine, c, 0)
+    gone = _rewound(machine, a, 0)
+    machine.append(a, gone)
+    _checked(machine)
+    assert m.lookup(STEM[:24] + [0]) == 24
+    machine.free(a)
+    _checked(machine)
+    _rewound(machine, c, 0)
+    assert m.lookup(STEM[:24] + [0]) == 0
+    machine.append(c, [9] * 25)
+    _checked(machine)
+    assert m.lookup(STEM[:24] + [0]) == 0
+
+
+def test_the_sizes_machine_gives_back_the_scheduled_tokens_before_the_prompts_rest():
+    # TestEagleWindowMachine's example: r3 (a prompt of 41, 17 scheduled: a hit of 16)
+    # is rewound to 15; block 1 of group 0 (tokens 8..15) is r2's too, so tokens 15 and
+    # 16 are pinned. The rule gave them back with the prompt's unscheduled rest in one
+    # step, which found no room; the request then took token 0 at 15 and the manager
+    # refused it (RequestError, pins.py), as it must. The rule now gives the scheduled
+    # tokens back first (the tables cover them), then the rest.
+    machine = EagleWindowMachine()
+    machine.setup()
+    machine.add(PREFIXES[0][:11] + [0, 0], None, None)
+    machine.add_known_prefix(0, 28, 0)
+    r3 = machine.add(PREFIXES[1][:41], None, 1)
+    assert machine.model.reqs[r3].computed == 17
+    machine.rewind(r3, 2, [])
+    _checked(machine)
+    r = machine.model.reqs[r3]
+    assert r.computed == len(r.tokens) >= 17  # (so the next step is taken)
+    machine.append(r3, [0])
+    assert r.tokens[-1] == 0
     _checked(machine)

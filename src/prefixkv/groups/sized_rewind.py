@@ -47,12 +47,12 @@ def _refuse(why: str) -> ConfigError:
 
 
 def _uncached(self: HybridKVCacheManager, req: GroupRequest, num_tokens: int) -> list[Block]:
-    """The request's blocks that hold a prefix id at or past ``num_tokens``: per group
-    (in order), its entries from ``num_tokens // b`` up to the last keyed by
-    ``req.nodes``."""
-    sizes, k = self.sizes, len(req.nodes)
-    return [blk for g, (t, b) in enumerate(zip(req.tables, self._group_sizes, strict=True))
-            for blk in t[num_tokens // b:sizes.num_keyed(g, k)] if blk is not None]
+    """The request's blocks from ``num_tokens // b`` on, per group (in order): every one
+    that holds content loses it, also one past the last its own prefix ids key (a block
+    it shares that another request recorded again after an earlier rewind of this one:
+    the recompute writes other KV there; GroupIndex.uncache skips the empty ones)."""
+    return [blk for t, b in zip(req.tables, self._group_sizes, strict=True)
+            for blk in t[num_tokens // b:] if blk is not None]
 
 
 def rewind(self: HybridKVCacheManager, request_id: Hashable, num_tokens: int) -> None:
