@@ -94,6 +94,7 @@ def reset_prefix_cache(self: HybridKVCacheManager) -> bool:
     assert cleared, "no request is live, yet a block is held"
     if self._null is not None:
         self._null = self._pool.take(1)[0]
-    self._events.clear()
+    # the events not taken yet stay ahead of the clear, as the core's and vLLM's pools
+    # keep them: a consumer reading the stream sees each stored block, then the clear
     self._events.append(AllBlocksCleared())
     return True
