@@ -22,7 +22,8 @@ own size, one block where a step ends (the entries it jumps over empty), release
 block below the state it reads, and records only the blocks that hold the state at
 their own end (a step ended there: ``GroupRequest.states``, sized_admission.py
 ``_mark``); its hits are ``longest_hit``'s (the state at the aligned hit), as vLLM's
-align mode with its fine-grained partial hits off. ``rewind``: sized_rewind.py. Not
+align mode with its fine-grained partial hits off. ``rewind``: sized_rewind.py; the
+orders of release and free, the request check and the refusals: sized_release.py. Not
 served yet, refused with ConfigError: ``fork``, ``uncache_blocks``, ``peek`` beyond
 ``sized_admission.check_peek``, ``rewind`` beside Mamba or over what a window
 released. With events on, a full-attention group larger than the hash block announces
@@ -31,20 +32,17 @@ the partial tail entry of a prompt of a multiple of ``align`` (``_tail``).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
-from itertools import chain
-from typing import NoReturn
+from collections.abc import Hashable, Sequence
 
 from ..core.block import Block, blocks_for
 from ..errors import ConfigError, check_count
 from ..hashing import token_bytes
 from ..index.announce import Prepared
-from . import partial, sized_admission, sized_rewind
+from . import partial, sized_admission, sized_release, sized_rewind
 from .events import GroupBlockStored
 from .growth import Growth
 from .manager import HybridKVCacheManager
 from .request import GroupRequest
-from .results import GroupFork
 from .spec import FULL, MAMBA
 
 
@@ -257,56 +255,6 @@ def num_blocks_to_allocate(self: HybridKVCacheManager, request_id: Hashable, num
                - self._going(req, req.num_scheduled)[1])
 
 
-def _release_order(self: HybridKVCacheManager, req: GroupRequest,
-                   going: list[list[Block | None]]) -> list[Block]:
-    """vLLM's plain order (``GroupRequest.release``): free_order.py and
-    release_order.py reason about hits of whole blocks at one size."""
-    return req.release(going)
-
-
-def _free_order(self: HybridKVCacheManager, req: GroupRequest, longer: bool) -> list[Block]:
-    """vLLM's plain order: group by group, each group's last block first."""
-    if self._owners:
-        partial.forget(self, req.request_id)
-    return [b for b in chain.from_iterable(map(reversed, req.tables)) if b is not None]
-
-
-def _check_request(self: HybridKVCacheManager, req: GroupRequest) -> str | None:
-    """``GroupRequest.check``, and each group's block holding content only where it is
-    recorded (below the scheduled tokens rounded down to ``align``, where
-    ``BlockSizes.caches`` says; in a sparse group only a block holding the state at its
-    end), and there while its prefix id is not lost and no content was lost since its
-    admission (``GroupIndex.losses``). After content was lost (a ``rewind``: it keeps
-    the blocks below its point that were recorded at a later count), a block also holds
-    content where the count the request reached (``num_reserved``) records it."""
-    sizes, n, sound = self.sizes, req.num_scheduled, req.losses == self._index.losses
-    states, reached = req.states or (), max(n, req.num_reserved)
-    for g, (spec, table) in enumerate(zip(self.groups, req.tables, strict=True)):
-        for j in range(req.cut[g], min(len(table), n // sizes.sizes[g])):
-            b, node = table[j], req.nodes[sizes.key_index(g, j)]
-            want = sizes.caches(spec, g, n, j) and (not spec.sparse or (g, j) in states)
-            if b is not None and not node.lost and (b.key is not None or sound) and \
-                    (b.key is not None) != want and (sound or not sizes.caches(spec, g, reached, j)):
-                return (f"request {req.request_id!r} group {g}: block {j} "
-                        f"{'holds' if b.key is not None else 'lacks'} content at {n} tokens")
-    return req.check(self.groups, sizes)
-
-
-def _refuse(what: str) -> NoReturn:
-    raise ConfigError(f"{what} is not served with groups of different block sizes yet "
-                      f"(docs/groups.md)")
-
-
-def fork(self: HybridKVCacheManager, parent_id: Hashable, child_id: Hashable) -> GroupFork | None:
-    """Not served with different block sizes yet: raises ConfigError."""
-    _refuse("fork")
-
-
-def uncache_blocks(self: HybridKVCacheManager, block_ids: Iterable[int]) -> None:
-    """Not served with different block sizes yet: raises ConfigError."""
-    _refuse("uncache_blocks")
-
-
 class SizedHybridKVCacheManager(HybridKVCacheManager):
     """A ``HybridKVCacheManager`` whose groups' block sizes differ (or whose hash block
     or alignment is not its one size): made by ``HybridKVCacheManager(groups,
@@ -323,9 +271,9 @@ class SizedHybridKVCacheManager(HybridKVCacheManager):
     _roomy = _roomy
     reserve = reserve
     num_blocks_to_allocate = num_blocks_to_allocate
-    _release_order = _release_order
-    _free_order = _free_order
-    _check_request = _check_request
+    _release_order = sized_release._release_order
+    _free_order = sized_release._free_order
+    _check_request = sized_release._check_request
     rewind = sized_rewind.rewind
-    fork = fork
-    uncache_blocks = uncache_blocks
+    fork = sized_release.fork
+    uncache_blocks = sized_release.uncache_blocks
