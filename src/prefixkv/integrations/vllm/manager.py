@@ -85,8 +85,9 @@ class KVCacheManager(StepCalls):
         # the alignment of hits and caching: the scheduler's block, or with vLLM's
         # fine-grained partial hits the hash block (groups/partial.py)
         self.cache_unit = layout.sizes.unit
-        # the group whose hit entries count the hit's tokens (a Mamba group's may not)
-        self.hit_group = next((g for g, s in enumerate(layout.groups) if not s.sparse), 0)
+        # the group whose hit entries count the hit's tokens (a Mamba group's may not, an
+        # uncached window's hold none)
+        self.hit_group = next((g for g, s in enumerate(layout.groups) if not s.sparse and s.cached), 0)
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
         # set by prefixkv's Scheduler when its publisher builds events (handoff.py)

@@ -54,10 +54,8 @@ def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
         return m.empty_kv_cache_blocks, 0
     prompt, extra = admission_prompt(m, request)
     if m._odd_hit:  # (EAGLE's, or beside an uncached window: never both, layout.eagle_layout)
-        if m.use_eagle:
-            ids = eagle_hit(m, prompt, extra, request.num_tokens, max_cache_hit_length)
-        else:
-            return uncached_hit(m, prompt, extra, max_cache_hit_length)
+        ids = (eagle_hit(m, prompt, extra, request.num_tokens, max_cache_hit_length) if m.use_eagle
+               else uncached_hit(m, prompt, extra, max_cache_hit_length))
     else:
         hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=max_cache_hit_length)
         ids = hit if m._hybrid else (hit,)  # a window's unread blocks: the null block
@@ -69,16 +67,11 @@ def lookup(m: KVCacheManager, request: Request, max_cache_hit_length: int | None
 
 
 def uncached_hit(m: KVCacheManager, prompt: Sequence[int] | Prompt, extra: ExtraKeys | None,
-                 cap: int | None) -> tuple[KVCacheBlocks, int]:
-    """``lookup``'s hit beside an uncached window (vLLM's SWA bounded replay, never looked
-    up): the other groups' blocks, and an empty slot for the window, as vLLM's."""
+                 cap: int | None) -> tuple[tuple[int, ...], ...]:
+    """``lookup``'s hit blocks per group beside an uncached window (vLLM's SWA bounded
+    replay, never looked up): the other groups', and none for the window, as vLLM's."""
     hit = m.core.lookup_block_ids(prompt, extra=extra, max_hit_tokens=cap)
-    ids = tuple(i if c else () for i, c in zip(hit, m.cached_groups, strict=True))
-    g = m.cached_groups.index(True)
-    n, blocks = len(ids[g]) * m.group_sizes[g], m._blocks.of(ids)
-    if n:
-        m._telemetry.on_accessed(blocks)
-    return blocks, n
+    return tuple(i if c else () for i, c in zip(hit, m.cached_groups, strict=True))
 
 
 def uncached_new(m: KVCacheManager, new: tuple[tuple[int, ...], ...],
