@@ -2,9 +2,9 @@
 hashing off) on one full-attention group: prefixkv's plug-in beside vLLM 0.33's own
 ``KVCacheManager`` and tests/lookahead_model.py on random request streams (chunked
 prompts, decode steps that append a sampled token, frees), with and without EAGLE's
-block drop. Admission hits, the hit a probe of every live request's tokens finds, and
-the free block count must agree after every call (docs/lookahead.md). Needs vllm
-installed."""
+block drop. Admission hits, the hit a probe of every live request's tokens finds, the
+free block count and the blocks each call's events announce (their count and tokens)
+must agree after every call (docs/lookahead.md). Needs vllm installed."""
 
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ def test_prefixkv_caches_the_re_prefillable_tokens_a_step_late_as_vllm(prefill_l
     managers = _pair(prefill_lookahead, use_eagle)
     model = LookaheadModel(BS, 0, prefill_lookahead)
     live: dict[str, Any] = {}
+    announced: tuple[set[Any], set[Any]] = (set(), set())
     for serial in range(40):
         op = rng.random()
         if op < 0.35 or not live:
@@ -69,7 +70,7 @@ def test_prefixkv_caches_the_re_prefillable_tokens_a_step_late_as_vllm(prefill_l
             r.num_computed_tokens = hit + chunk
             live[r.request_id] = r
             if delay:  # (nothing cached past the hit: a load in flight)
-                _agree(managers, model, live, use_eagle, serial)
+                _agree(managers, model, live, use_eagle, serial, announced)
                 continue
         elif op < 0.5:  # the scheduler's cache_blocks (a step's outputs, a landed load)
             r = live[rng.choice(sorted(live))]
@@ -89,11 +90,11 @@ def test_prefixkv_caches_the_re_prefillable_tokens_a_step_late_as_vllm(prefill_l
                 m.free(r)
         if r.request_id in live:
             model.allocate(list(r.all_token_ids), r.num_computed_tokens)
-        _agree(managers, model, live, use_eagle, serial)
+        _agree(managers, model, live, use_eagle, serial, announced)
 
 
 def _agree(managers: tuple[Any, Any], model: LookaheadModel, live: dict[str, Any], use_eagle: bool,
-           serial: int) -> None:
+           serial: int, announced: tuple[set[Any], set[Any]]) -> None:
     """A probe of each live request's tokens (and one more) hits alike on all three; the
     pools hold as many free blocks."""
     for r in live.values():
@@ -102,6 +103,12 @@ def _agree(managers: tuple[Any, Any], model: LookaheadModel, live: dict[str, Any
         assert [m.get_computed_blocks(probe)[1] for m in managers] == [hit, hit], (r.request_id, serial)
     ours, theirs = managers
     assert ours.block_pool.get_num_free_blocks() == theirs.block_pool.get_num_free_blocks()
+    # the blocks cached so far, announced alike: as many distinct hashes (nothing is
+    # evicted: a large pool; vLLM announces a hash again for a second block of equal
+    # content, prefixkv once (index/content.py), so the counts are of distinct ones)
+    for m, seen in zip(managers, announced, strict=True):
+        seen.update(h for e in m.take_events() for h in e.block_hashes)
+    assert len(announced[0]) == len(announced[1]), serial
 
 
 def test_multi_module_mtp_beside_eagle_needs_a_block_as_long_as_its_lookahead():
