@@ -110,3 +110,19 @@ def test_a_chunk_past_a_block_end_caches_it_on_vllm_only():
               if blk.block_hash is not None and blk.block_id in (9, 10)}
     assert cached == {9: 32, 10: 48}  # (vLLM: the copy as the state at 32, the checkpoint at 48)
     assert [(len(k[2]), v) for k, v in pair.model.holders.items() if k[0] == 1] == [(24, [5]), (48, [10])]
+
+
+def test_an_intermediate_chunk_checkpoint_is_never_cached():
+    # full8+mamba16 (hash 8), a prompt of 60: vLLM's scheduler cuts a first chunk of 40
+    # at 32 (a Mamba block's end); it checkpoints at 24 into entry 0 (block 5), which is
+    # neither the prompt's last boundary (56) nor an entry's end: cached by neither.
+    pair = CheckpointPair(((8, None), (16, "mamba")), 40)
+    a = list(range(60))
+    pair.do("add", a, 40)
+    pair.note_events()
+    pair.compare(a)
+    assert pair.model.reqs["r1"].tables == [[1, 2, 3, 4], [5, 6]]
+    assert pair.model.reqs["r1"].checkpoints == {1: (24, 0)}
+    pool = pair.v.block_pool
+    cached = {b.block_id: b.block_hash_num_tokens for b in pool.blocks if b.block_hash is not None}
+    assert cached == {1: 8, 2: 16, 3: 24, 4: 32, 6: 32}
