@@ -166,11 +166,10 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
         taken[g] += 1  # (before the block where the step ends: the checkpoint)
     held = [b for found in hits for b in found]
     fit = 0
-    if require_full_fit and marks:
-        raise ConfigError("require_full_fit with checkpoint blocks is not served (docs/groups.md)")
-    if require_full_fit:
-        fit = len(cows) + sum(min(x, 1) if s.sparse else x for s, x in zip(
-            self.groups, [blocks_for(n, b) - num_cached // b for b in sizes], strict=True))
+    if require_full_fit:  # (a Mamba group: its block, and a checkpoint where the prompt's would take one)
+        whole = checkpoints.count(self, rows, num_cached, n) if self.sizes.checkpoints else []
+        fit = len(cows) + sum(min(x, 1 + (g in whole)) if s.sparse else x for g, (s, x) in enumerate(zip(
+            self.groups, [blocks_for(n, b) - num_cached // b for b in sizes], strict=True)))
     if not self._pool.can_acquire(held, max(sum(taken) + keep_free, fit)):
         return None
     prepared = None  # (the new full hash blocks' data: computed before any change)
