@@ -59,9 +59,10 @@ def count(self: HybridKVCacheManager, tables: Sequence[Sequence[Block | None]], 
 
 def note(self: HybridKVCacheManager, req: GroupRequest, start: int, end: int,
          tables: Sequence[Sequence[Block | None]]) -> list[tuple[int, int, int]]:
-    """The step from ``start`` to ``end`` (the tables as they were before it): its
-    checkpoints, noted for ``record``; a checkpoint ending its entry holds the state at
-    its end (``GroupRequest.states``)."""
+    """The step from ``start`` to ``end`` (the tables as they were before it), which
+    checkpoints: its checkpoints, noted for ``record`` (a step that does not leaves the
+    note of an earlier one, which ``record`` and ``entries`` know by its end); a
+    checkpoint ending its entry holds the state at its end (``GroupRequest.states``)."""
     steps = self._checkpoints
     got = []
     for g in self._sparse:

@@ -176,7 +176,7 @@ def _take(self: HybridKVCacheManager, req: GroupRequest, more: Sequence[int], ho
         if g in holes:
             table[blocks_for(total, self._group_sizes[g]) - 1] = new[0]
         else:
-            table += [None] * (m - len(new)) + new  # type: ignore[operator]
+            table += [None] * (m - k) + new  # type: ignore[operator]
         added.append(tuple([b.block_id for b in new]))
     return tuple(added)
 
@@ -193,7 +193,7 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
     marks: Sequence[int] = ()
     if self._sparse:
         holes = _holes(self, req, total)
-        marks = checkpoints.count(self, req.tables, start, total)
+        marks = checkpoints.count(self, req.tables, start, total) if self.sizes.checkpoints else ()
         if _fresh(self, more) + len(holes) + len(cows) + len(marks) > self._pool.num_free + freed:
             return None
     elif sum(more) > self._pool.num_free + freed:
@@ -208,7 +208,7 @@ def _grow(self: HybridKVCacheManager, req: GroupRequest, total: int, new_tokens:
         del req.tokens[n:]  # (a hash_mode callable failed: nothing changes)
         raise
     self._release(req, going)
-    if self.sizes.checkpoints:
+    if marks:
         checkpoints.note(self, req, start, total, req.tables)
     added = _take(self, req, more, holes, total, cows, marks)
     if self._sparse:
@@ -256,7 +256,8 @@ def num_blocks_to_allocate(self: HybridKVCacheManager, request_id: Hashable, num
     block size."""
     req = self._get(request_id)
     check_count("num_slots", num_slots, 0, None)
-    marks = checkpoints.count(self, req.tables, req.num_scheduled, num_slots)
+    marks = checkpoints.count(self, req.tables, req.num_scheduled, num_slots) \
+        if self.sizes.checkpoints else ()
     return max(0, _fresh(self, _more(self, req, num_slots)) + len(_cows(self, req)) + len(marks)
                - self._going(req, req.num_scheduled)[1])
 

@@ -160,10 +160,12 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     cows = partial.cows(self, num_cached, cuts, hits) if self.sizes.partial else set()
     for g in cows:
         taken[g] += 1  # (first of its new blocks: the copy on write)
-    rows = [[None] * c + found for c, found in zip(cuts, hits, strict=True)]
-    marks = checkpoints.count(self, rows, num_cached, total) if self.sizes.checkpoints else []
-    for g in marks:
-        taken[g] += 1  # (before the block where the step ends: the checkpoint)
+    marks: Sequence[int] = ()
+    if self.sizes.checkpoints:
+        rows = [[None] * c + found for c, found in zip(cuts, hits, strict=True)]
+        marks = checkpoints.count(self, rows, num_cached, total)
+        for g in marks:
+            taken[g] += 1  # (before the block where the step ends: the checkpoint)
     held = [b for found in hits for b in found]
     fit = 0
     if require_full_fit:  # (a Mamba group: its block, and a checkpoint where the prompt's would take one)
@@ -195,7 +197,7 @@ def _admit(self: HybridKVCacheManager, req: GroupRequest, nodes: list[Prefix], p
     if self._sparse:
         _mark(self, req, k * h)  # (the hit's state block)
         _mark(self, req, total)
-    if self.sizes.checkpoints:
+    if marks:
         checkpoints.note(self, req, num_cached, total, rows)
     return self._enter(req, nodes, prompt, prepared, first, total, num_lookahead_tokens, resumed)
 
