@@ -22,7 +22,9 @@ own size, one block where a step ends (the entries it jumps over empty), release
 block below the state it reads, and records only the blocks that hold the state at
 their own end (a step ended there: ``GroupRequest.states``, sized_admission.py
 ``_mark``); its hits are ``longest_hit``'s (the state at the aligned hit), as vLLM's
-align mode with its fine-grained partial hits off. ``rewind``: sized_rewind.py; the
+align mode with its fine-grained partial hits off (with them: partial.py; with
+``BlockSizes.checkpoints``, a step also takes a chunk-end checkpoint block where vLLM
+does: checkpoints.py). ``rewind``: sized_rewind.py; the
 orders of release and free, the request check and the refusals: sized_release.py. Not
 served yet, refused with ConfigError: ``fork``, ``uncache_blocks``, ``peek`` beyond
 ``sized_admission.check_peek``, ``rewind`` beside Mamba or over what a window
