@@ -35,7 +35,7 @@ STORE = {"store", "store.protocol", "store.record", "store.shared", "store.write
 CORE_HIGH = {"core", "core.pool", "core.pool_release", "core.pool_check", "core.admission",
              "core.admit_general", "core.decode",
              "core.step_outputs", "core.manager", "core.invalidation", "core.forks", "core.manager_check",
-             "core.release", "core.lookups",
+             "core.release", "core.lookups", "core.probe",
              "core.prompt", "core.store_waits",
              "core.store_landing", "core.store_memory", "core.store_giveup", "core.store_fill",
              "core.store_reuse", "core.store_readmit"}

@@ -242,3 +242,31 @@ def test_the_free_queue_lists_the_free_blocks_in_reuse_order():
     m, _ = _plain()
     assert [b.block_id for b in m.block_pool.free_block_queue.get_all_free_blocks()] == [
         i + m._blocks.offset for i in m.core.free_block_order()] == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("window", [False, True])
+def test_a_connector_asking_each_block_pays_the_same_on_a_long_request(window):
+    # (vLLM's SimpleCPUOffload and aux-output connectors ask every block, every step: the
+    # request's prompt is encoded once, block_hashes.py's probes)
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    from prefixkv.bench.opcodes import count_opcodes
+    from prefixkv.integrations.vllm import KVCacheManager as Ours
+
+    init_none_hash(sha256)
+
+    def cost(blocks: int) -> int:
+        specs = (full(BS), _window(2 * BS)) if window else (full(BS),)
+        m = Ours(config(*specs, num_blocks=len(specs) * (blocks + 4)), max_model_len=blocks * BS + BS,
+                 scheduler_block_size=BS, hash_block_size=BS)
+        r = ref._request("a", [(i * 31) % 1000 for i in range(blocks * BS)], None)
+        m.prepared_prompts.note(r)
+        assert m.allocate_slots(r, blocks * BS) is not None
+        r.num_computed_tokens = blocks * BS
+        m.cache_blocks(r, blocks * BS)
+        for h in r.block_hashes:  # (a step's questions: the prompt encoded, its blocks walked)
+            assert m.block_pool.get_cached_block(h, [0]) is not None
+        return count_opcodes(lambda: m.block_pool.get_cached_block(r.block_hashes[blocks // 2], [0]))
+
+    assert cost(256) == cost(16)

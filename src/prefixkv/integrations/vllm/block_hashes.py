@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
-from weakref import ref
+from weakref import WeakKeyDictionary, ref
 
 from prefixkv.errors import RequestError
 from prefixkv.groups.spec import FULL
@@ -33,9 +33,12 @@ from .requests import core_tokens, extra_keys_of
 
 __all__ = ["CachedBlocks", "HashLookups", "HashedPrefixes", "lookups_for"]
 
-Find = Callable[[Sequence[int], int, Any], Sequence[int | None]]
-"""The manager's question: per group, the prefixkv block id holding the first ``n``
-tokens of ``tokens`` (with extra keys ``extra``), or None."""
+Ask = Callable[[int], Sequence[int | None]]
+"""A probe's question: per group, the prefixkv block id holding the prompt's first ``n``
+tokens, or None."""
+ProbeOf = Callable[[Sequence[int], Any], Ask]
+"""The manager's probe of ``tokens`` (with extra keys ``extra``): ``Ask``, its prompt
+encoded once (``KVCacheManager.block_probe``, ``HybridKVCacheManager.prefix_probe``)."""
 
 
 class HashedPrefixes:
@@ -125,10 +128,13 @@ class HashLookups:
     groups whose partial tail entries (vLLM's ``cache_partial_block``) prefixkv does not
     keep (groups/tails.py: only with events on)."""
 
-    def __init__(self, prefixes: HashedPrefixes, find: Find, table: Sequence[Any], offset: int,
+    def __init__(self, prefixes: HashedPrefixes, probe_of: ProbeOf, table: Sequence[Any], offset: int,
                  count: Callable[[], int] | None, blind: dict[int, int]) -> None:
-        self.prefixes, self._find, self._table, self._offset = prefixes, find, table, offset
+        self.prefixes, self._probe_of, self._table, self._offset = prefixes, probe_of, table, offset
         self._count, self._blind = count, blind
+        # a request -> the block hashes it had when its probe was made, and the probe (its
+        # prompt encoded once: a connector asks every block of a request, every step)
+        self._probes: WeakKeyDictionary[Any, tuple[list[bytes], Ask]] = WeakKeyDictionary()
 
     def count(self) -> int:
         """vLLM's ``len(cached_block_hash_to_block)``: one per prefix cached in a group.
@@ -169,7 +175,7 @@ class HashLookups:
                 raise UnsupportedByPrefixKV(
                     f"block hash {block_hash.hex()} ends inside a block of group {g}: vLLM may keep a "
                     f"partial tail entry there, which prefixkv keeps only with KV events on")
-        ids = self._find(core_tokens(r), n, extra_keys_of(r, self.prefixes.hash_block_size))
+        ids = self._probe(r, n, block_hash)(n)
         out = []
         for g in groups:
             i = ids[g] if g < len(ids) else None
@@ -179,6 +185,18 @@ class HashLookups:
         return out
 
 
+    def _probe(self, r: Any, n: int, block_hash: bytes) -> Ask:
+        """``r``'s probe, made anew unless the one kept was made while ``r``'s hash of its
+        first ``n`` tokens was ``block_hash`` (a chain hash: then the prefix it names is the
+        same, whatever ``r``'s tokens did since: cut, grown)."""
+        j = n // self.prefixes.hash_block_size - 1
+        kept = self._probes.get(r)
+        if kept is None or j >= len(kept[0]) or kept[0][j] != block_hash:
+            kept = self._probes[r] = (list(r.block_hashes), self._probe_of(
+                core_tokens(r), extra_keys_of(r, self.prefixes.hash_block_size)))
+        return kept[1]
+
+
 def lookups_for(core: Any, layout: Layout, prompts: PreparedPrompts, table: Sequence[Any], offset: int,
                 events: bool) -> HashLookups:
     """The ``HashLookups`` of a manager over ``core`` (prefixkv's manager of ``layout``;
@@ -186,13 +204,14 @@ def lookups_for(core: Any, layout: Layout, prompts: PreparedPrompts, table: Sequ
     h = layout.sizes.hash_size
     tails = {g: b for g, (spec, b) in enumerate(zip(layout.groups, layout.sizes.sizes, strict=True))
              if spec.kind == FULL and b > h}
-    find: Find
+    probe_of: ProbeOf
     if layout.hybrid:
-        def find(tokens: Sequence[int], n: int, extra: Any) -> Sequence[int | None]:
-            out: Sequence[int | None] = core.cached_block_ids(tokens, n, extra=extra)
-            return out
+        def probe_of(tokens: Sequence[int], extra: Any) -> Ask:
+            ask: Ask = core.prefix_probe(tokens, extra=extra).ids
+            return ask
     else:
-        def find(tokens: Sequence[int], n: int, extra: Any) -> Sequence[int | None]:
-            return (core.cached_block_id(tokens, n, extra=extra),)
+        def probe_of(tokens: Sequence[int], extra: Any) -> Ask:
+            at = core.block_probe(tokens, extra=extra).at
+            return lambda n: (at(n),)
     count = None if tails else (lambda: int(core.num_cached_blocks))
-    return HashLookups(HashedPrefixes(prompts, h), find, table, offset, count, {} if events else tails)
+    return HashLookups(HashedPrefixes(prompts, h), probe_of, table, offset, count, {} if events else tails)
