@@ -270,3 +270,66 @@ def test_a_connector_asking_each_block_pays_the_same_on_a_long_request(window):
         return count_opcodes(lambda: m.block_pool.get_cached_block(r.block_hashes[blocks // 2], [0]))
 
     assert cost(256) == cost(16)
+
+
+def test_a_finished_requests_hash_is_refused_without_a_look_at_every_live_hash():
+    # (the aux-output connector asks finished requests' hashes; the map of hashes is made
+    # from where each live request's last scan left it)
+    import gc
+
+    from prefixkv.bench.opcodes import count_opcodes
+    from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
+
+    def cost(blocks: int) -> int:
+        m, _ = _plain()
+        live = []
+        for i in range(4):
+            r = ref._request(f"l{i}", [i] * (blocks * BS), None)
+            m.prepared_prompts.note(r)
+            live.append(r)
+        gone = ref._request("gone", list(range(9)), "salt")
+        m.prepared_prompts.note(gone)
+        h = gone.block_hashes[0]
+        del gone
+        gc.collect()
+
+        def ask() -> None:
+            with pytest.raises(UnsupportedByPrefixKV, match="no live request"):
+                m.block_pool.get_cached_block(h, [0])
+
+        ask()
+        return count_opcodes(ask)
+
+    assert cost(64) == cost(4)
+
+
+@pytest.mark.parametrize("goes", [0, 1])
+def test_a_hash_two_requests_hold_is_answered_while_either_lives(goes):
+    import gc
+
+    m, a = _plain()
+    b = ref._request("b", list(range(9)), None)
+    m.prepared_prompts.note(b)
+    pool, h = m.block_pool, a.block_hashes[1]
+    assert [x.block_id for x in pool.get_cached_block(h, [0])] == [2]
+    reqs = [a, b]
+    del reqs[goes], a, b
+    gc.collect()
+    assert [x.block_id for x in pool.get_cached_block(h, [0])] == [2]
+
+
+def test_a_request_cut_and_grown_again_names_its_new_prefix():
+    # (vLLM's P/D connectors cut a prompt's tail on the prefill side; the hashes go with it)
+    m, r = _plain()
+    pool = m.block_pool
+    old = r.block_hashes[1]
+    assert [x.block_id for x in pool.get_cached_block(old, [0])] == [2]
+    del r._all_token_ids[4:]
+    del r.block_hashes[1:]
+    r.num_computed_tokens = 4
+    r.append_output_token_ids([7] * 5)  # (its hasher hashes the new block)
+    assert len(r.block_hashes) == 2 and r.block_hashes[1] != old
+    assert pool.get_cached_block(r.block_hashes[1], [0]) is None  # (never computed)
+    from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
+    with pytest.raises(UnsupportedByPrefixKV, match="no live request"):
+        pool.get_cached_block(old, [0])

@@ -13,9 +13,17 @@ prefix (``KVCacheManager.cached_block_id``, ``HybridKVCacheManager.cached_block_
 The requests are those prefixkv's block hasher noted (``PreparedPrompts``: every
 ``Request`` an engine builds while prefixkv's manager exists, held weakly), so nothing is
 recorded on the admission path: the map from hash to request is built when a hash is
-first asked for, and again when one is not in it. A hash no live request of those holds
-(its request is gone, or was built without that hasher) cannot be turned into a prefix:
-``UnsupportedByPrefixKV``, rather than an answer that could differ from vLLM's.
+first asked for, and grown when one is not in it (``HashedPrefixes``). Connectors ask
+every block of a request every step, so each request's prompt is encoded once, into a
+probe kept while the request lives (``HashLookups._probe``): a question then costs the
+same whatever the request's length (benchmarks/bench_pool_view.py).
+
+A hash no live request of those holds (its request is gone, or was built without that
+hasher) cannot be turned into a prefix: ``UnsupportedByPrefixKV``, rather than an answer
+that could differ from vLLM's. (vLLM answers a finished request's hash from its own
+map. To do so exactly, prefixkv would have to keep, past each request, the content of
+every prefix it named while cached: the prompt of each finished request whose blocks
+stay cached, on every engine, for connectors that may never ask.)
 """
 
 from __future__ import annotations
@@ -43,19 +51,29 @@ encoded once (``KVCacheManager.block_probe``, ``HybridKVCacheManager.prefix_prob
 
 class HashedPrefixes:
     """vLLM block hash -> (the live request whose ``block_hashes`` hold it, the tokens
-    of the prefix it names), from the requests ``prompts`` noted."""
+    of the prefix it names), from the requests ``prompts`` noted.
+
+    A hash not in the map makes a scan of the requests: each one's hashes from where the
+    last scan left it (a request's hashes only grow, but where its tokens were cut: a
+    chain hash, so its last one scanned then differs now), so a hash of no live request
+    (a finished one's, which a connector may still ask) costs one look at each live
+    request, not at each of their hashes. The map is made anew after a cut, when a hash
+    it holds names no prefix now (its request gone or cut: another may hold it), and
+    when it holds twice the live requests' hashes."""
 
     def __init__(self, prompts: PreparedPrompts, hash_block_size: int) -> None:
         self._prompts = prompts
         self.hash_block_size = self._h = hash_block_size
         self._found: dict[bytes, tuple[ref[Any], int]] = {}
+        # a request -> how many of its hashes the map holds, and the last of them
+        self._scanned: WeakKeyDictionary[Any, tuple[int, bytes | None]] = WeakKeyDictionary()
 
     def prefix(self, block_hash: bytes) -> tuple[Any, int] | None:
         """The request and token count of the prefix ``block_hash`` names, None when no
         live noted request holds it."""
         found = self._named(block_hash)
-        if found is None:
-            self._found = self._scan()
+        if found is None:  # (an entry that no longer holds: another live request may)
+            self._scan(block_hash in self._found)
             found = self._named(block_hash)
         return found
 
@@ -70,15 +88,29 @@ class HashedPrefixes:
         # (still so: a request's tokens may be cut, its hashes with them)
         return (r, n) if j < len(hashes) and hashes[j] == block_hash and n <= r.num_tokens else None
 
-    def _scan(self) -> dict[bytes, tuple[ref[Any], int]]:
-        found: dict[bytes, tuple[ref[Any], int]] = {}
-        h = self._h
+    def _scan(self, anew: bool) -> None:
+        h, scanned = self._h, self._scanned
+        todo: list[tuple[Any, int, int]] = []
+        live = 0
         for r in self._prompts.requests():
-            at, n = ref(r), r.num_tokens
-            for j, x in enumerate(r.block_hashes):
-                if (j + 1) * h <= n:
-                    found.setdefault(x, (at, j))
-        return found
+            hashes = r.block_hashes
+            m = min(len(hashes), r.num_tokens // h)  # (a hash's prefix within the tokens)
+            live += m
+            k, last = scanned.get(r, (0, None))
+            if k > m or (k and hashes[k - 1] != last):
+                anew = True  # (its tokens were cut: hashes the map holds may be gone)
+            todo.append((r, k, m))
+        if anew or len(self._found) > 2 * live + 64:  # (or the map holds many gone requests')
+            self._found.clear()
+            scanned.clear()
+            todo = [(r, 0, m) for r, _, m in todo]
+        found = self._found
+        for r, k, m in todo:
+            if k < m:
+                at, hashes = ref(r), r.block_hashes
+                for j in range(k, m):
+                    found[hashes[j]] = (at, j)
+                scanned[r] = (m, hashes[m - 1])
 
 
 class CachedBlocks:
