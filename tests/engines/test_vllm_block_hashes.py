@@ -333,3 +333,43 @@ def test_a_request_cut_and_grown_again_names_its_new_prefix():
     from prefixkv.integrations.vllm.layout import UnsupportedByPrefixKV
     with pytest.raises(UnsupportedByPrefixKV, match="no live request"):
         pool.get_cached_block(old, [0])
+
+
+@pytest.mark.parametrize("window", [False, True])
+def test_contain_lists_every_copy_of_a_prefix_as_vllms_map(window):
+    # (vLLM's BlockHashToBlockMap keeps each block that computed a prefix under its key:
+    # the primary and a spare its request holds; get_one_block gives the first cached)
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Theirs
+    from vllm.v1.core.kv_cache_utils import init_none_hash, make_block_hash_with_group_id
+    from vllm.v1.request import RequestStatus
+
+    from prefixkv.integrations.vllm import KVCacheManager as Ours
+
+    init_none_hash(sha256)
+    specs = (full(BS), _window(2 * BS)) if window else (full(BS),)
+    seen = []
+    for cls in (Theirs, Ours):
+        m = cls(config(*specs, num_blocks=12 * len(specs)), max_model_len=ref.MAX_LEN,
+                scheduler_block_size=BS, hash_block_size=BS)
+        reqs = []
+        for rid in ("a", "b"):  # b: a's prompt again, its last block computed anew (a spare)
+            r = ref._request(rid, list(range(3 * BS)), None)
+            if cls is Ours:
+                m.prepared_prompts.note(r)
+            blocks, hit, _ = m.get_computed_blocks(r)
+            assert m.allocate_slots(r, 3 * BS - hit, hit, blocks) is not None
+            r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3 * BS
+            m.cache_blocks(r, 3 * BS)
+            reqs.append(r)
+        cached = m.block_pool.cached_block_hash_to_block
+        state = []
+        for g in range(len(specs)):
+            for h in reqs[0].block_hashes:
+                key = make_block_hash_with_group_id(h, g)
+                one = cached.get_one_block(key)
+                state.append((None if one is None else one.block_id,
+                              [i for i in range(1, m.block_pool.num_gpu_blocks) if cached.contain(key, i)]))
+        seen.append(state)
+    assert seen[0] == seen[1]
+    assert any(len(ids) == 2 for _, ids in seen[1])  # (a spare is listed)

@@ -43,6 +43,25 @@ class BlockProbe:
         of the block size, one block to all the prompt's full blocks, the last one
         included), None when none holds it now. Changes nothing but a pending run's
         writes (``ContentIndex.held``). Raises RequestError for a bad ``num_tokens``."""
+        b = self._block(num_tokens)
+        return None if b is None else b.block_id
+
+    def ids(self, num_tokens: int) -> tuple[int | None]:
+        """``at``, as the one group's answer (``HybridKVCacheManager.prefix_probe``'s
+        shape)."""
+        return (self.at(num_tokens),)
+
+    def copies(self, num_tokens: int, g: int = 0) -> tuple[int, ...]:
+        """Every device block holding the prompt's first ``num_tokens`` tokens: the one
+        ``at`` finds, then its held spares, the oldest first (``g``: the group, 0 the only
+        one; another holds none). Raises as ``at``."""
+        b = self._block(num_tokens)
+        if b is None or g:
+            return ()
+        assert isinstance(self._index, ContentIndex), "a block found is a content index's"
+        return (b.block_id, *(s.block_id for s in self._index.spares(b)))
+
+    def _block(self, num_tokens: int) -> Block | None:
         bs = self.block_size
         check_count("num_tokens", num_tokens, bs, self._full * bs)
         if num_tokens % bs:
@@ -52,14 +71,15 @@ class BlockProbe:
         if k <= len(hits):
             b = hits[k - 1]
             if b.content_id == self._cids[k - 1] and b.key is not None and not b.twin:
-                return b.block_id
+                return b
         return self._walk(k)
 
-    def _walk(self, k: int) -> int | None:
+    def _walk(self, k: int) -> Block | None:
         chunks, base, mm = self._chunks, self._base, self._mm
         if self._whole:
             found = self._index.match(chunks if k == len(chunks) else chunks[:k], base, mm)
-            return found[k - 1].block_id if len(found) >= k and type(found[k - 1]) is Block else None
+            b = found[k - 1] if len(found) >= k else None
+            return b if type(b) is Block else None
         assert isinstance(self._index, ContentIndex)
         hits, cids = self._hits, self._cids
         i = min(k - 1, len(hits))  # the deepest block of the prefix still holding its content
@@ -77,4 +97,4 @@ class BlockProbe:
             cids.append(c.content_id)
             p = c
             i += 1
-        return hits[-1].block_id
+        return hits[-1]

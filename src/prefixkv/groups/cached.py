@@ -71,29 +71,43 @@ class PrefixProbe:
         """``cached_block_ids`` of the prompt's first ``num_tokens`` tokens. Raises
         RequestError for a bad ``num_tokens``."""
         m = self._m
-        h = m._hash_size
+        node = self._node(num_tokens)
+        if node is None:
+            return (None,) * len(m.groups)
+        out: list[int | None] = []
+        for g in range(len(m.groups)):
+            holders = self._holders(node, num_tokens, g)
+            out.append(holders[0] if holders else None)
+        return tuple(out)
+
+    def copies(self, num_tokens: int, g: int) -> tuple[int, ...]:
+        """Every block of group ``g`` holding the prompt's first ``num_tokens`` tokens:
+        the one ``ids`` gives, then its held spares, the oldest first (a group past the
+        groups: none). Raises as ``ids``."""
+        node = self._node(num_tokens)
+        return () if node is None or g >= len(self._m.groups) else self._holders(node, num_tokens, g)
+
+    def _holders(self, node: Prefix, num_tokens: int, g: int) -> tuple[int, ...]:
+        m = self._m
+        index = m._index
+        # (a Mamba group's partial entry is found by its prefix: partial.py)
+        if not num_tokens % m._group_sizes[g] or (m.sizes.partial and m.groups[g].sparse):
+            block = index.find(g, node)
+            if block is None:
+                return ()
+            return (block.block_id, *(s.block_id for s in index.twins[g].get(node.pid, ())))
+        return tuple(i for i, tail in index.tails.items()
+                     if tail.group_idx == g and node.hash is not None and tail.block_hashes[0] == node.hash)
+
+    def _node(self, num_tokens: int) -> Prefix | None:
+        h = self._m._hash_size
         check_count("num_tokens", num_tokens, h, len(self._extras) * h)
         if num_tokens % h:
             raise RequestError(f"num_tokens must be a multiple of the hash block size {h}, got {num_tokens}")
         k = num_tokens // h
         nodes = self._nodes
         node = nodes[k - 1] if k <= len(nodes) else None
-        if node is None or not node.refs or node.lost:
-            node = self._walk(k)
-            if node is None:
-                return (None,) * len(m.groups)
-        index = m._index
-        out: list[int | None] = []
-        partial = m.sizes.partial  # (a Mamba group's partial entry is found by its prefix: partial.py)
-        for g, b in enumerate(m._group_sizes):
-            if not num_tokens % b or (partial and m.groups[g].sparse):
-                block = index.find(g, node)
-                out.append(None if block is None else block.block_id)
-                continue
-            out.append(next((i for i, tail in index.tails.items()
-                             if tail.group_idx == g and node.hash is not None
-                             and tail.block_hashes[0] == node.hash), None))
-        return tuple(out)
+        return node if node is not None and node.refs and not node.lost else self._walk(k)
 
     def _walk(self, k: int) -> Prefix | None:
         nodes = self._nodes

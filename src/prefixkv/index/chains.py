@@ -136,6 +136,11 @@ class ContentChains(Announcer):
             self._settle_near(parent)
         return self._held(parent, parent.content_id if parent is not None else 0, chunk, extra)
 
+    def spares(self, b: Block) -> list[Block]:
+        """The held spares of the content ``b`` holds as its primary, the oldest first
+        (the one that takes its place if it goes). Changes nothing."""
+        return list(self._twins.get(b.content_id, ())) if self._twins else []
+
     def _chain(self, parent: Block, b: Block, chunk: bytes) -> None:
         """Record ``b`` (new content ``chunk`` under ``parent``) as ``parent``'s chained
         child, found through that link alone; a chained child it displaces goes into the

@@ -29,7 +29,7 @@ stay cached, on every engine, for connectors that may never ask.)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 from weakref import WeakKeyDictionary, ref
 
 from prefixkv.errors import RequestError
@@ -41,12 +41,21 @@ from .requests import core_tokens, extra_keys_of
 
 __all__ = ["CachedBlocks", "HashLookups", "HashedPrefixes", "lookups_for"]
 
-Ask = Callable[[int], Sequence[int | None]]
-"""A probe's question: per group, the prefixkv block id holding the prompt's first ``n``
-tokens, or None."""
-ProbeOf = Callable[[Sequence[int], Any], Ask]
-"""The manager's probe of ``tokens`` (with extra keys ``extra``): ``Ask``, its prompt
-encoded once (``KVCacheManager.block_probe``, ``HybridKVCacheManager.prefix_probe``)."""
+class Probe(Protocol):
+    """A prompt encoded once, asked about its prefixes (``KVCacheManager.block_probe``,
+    ``HybridKVCacheManager.prefix_probe``)."""
+
+    def ids(self, num_tokens: int) -> Sequence[int | None]:
+        """Per group, the prefixkv block id holding the prompt's first ``num_tokens``
+        tokens (its primary), or None."""
+
+    def copies(self, num_tokens: int, g: int) -> Sequence[int]:
+        """Every block id of group ``g`` holding them: the primary, then its held
+        spares."""
+
+
+ProbeOf = Callable[[Sequence[int], Any], Probe]
+"""The manager's probe of ``tokens`` (with extra keys ``extra``)."""
 
 
 class HashedPrefixes:
@@ -133,11 +142,12 @@ class CachedBlocks:
         return None if blocks is None else blocks[0]
 
     def contain(self, key: bytes, block_id: int) -> bool:
-        """Whether ``key`` maps to the block ``block_id``: its primary holder (a spare
-        holding the same prefix is not listed: prefixkv finds the primary, as vLLM
-        finds the copy it cached first)."""
-        block = self.get_one_block(key)
-        return block is not None and block.block_id == block_id
+        """Whether ``key`` maps to the block ``block_id``: vLLM keeps every copy of a
+        prefix under its key, so the primary holder or a held spare (a spare emptied
+        when its request freed it holds nothing here, where vLLM keeps it cached until
+        evicted: docs/groups.md)."""
+        block_hash, group = _split(key)
+        return block_id in self._lookups.copies(block_hash, group)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # (copy, pickle, hasattr of protocols: the usual answer)
@@ -166,7 +176,7 @@ class HashLookups:
         self._count, self._blind = count, blind
         # a request -> the block hashes it had when its probe was made, and the probe (its
         # prompt encoded once: a connector asks every block of a request, every step)
-        self._probes: WeakKeyDictionary[Any, tuple[list[bytes], Ask]] = WeakKeyDictionary()
+        self._probes: WeakKeyDictionary[Any, tuple[list[bytes], Probe]] = WeakKeyDictionary()
 
     def count(self) -> int:
         """vLLM's ``len(cached_block_hash_to_block)``: one per prefix cached in a group.
@@ -195,6 +205,26 @@ class HashLookups:
             raise RequestError(f"kv_cache_group_ids must be ints >= 0, got {group_ids!r}")
         if not groups:
             return []
+        probe, n = self._asked(block_hash, groups)
+        ids = probe.ids(n)
+        out = []
+        for g in groups:
+            i = ids[g] if g < len(ids) else None
+            if i is None:
+                return None
+            out.append(self._table[i + self._offset])
+        return out
+
+    def copies(self, block_hash: bytes, g: int) -> list[int]:
+        """The vLLM ids of every block of group ``g`` holding the prefix ``block_hash``
+        names: the one ``get_cached_block`` gives, then its held spares, the oldest
+        first. Raises as ``get_cached_block`` (a valid hash, a group ``g`` >= 0)."""
+        probe, n = self._asked(block_hash, (g,))
+        return [i + self._offset for i in probe.copies(n, g)]
+
+    def _asked(self, block_hash: bytes, groups: Sequence[int]) -> tuple[Probe, int]:
+        """The probe of the request whose prefix ``block_hash`` names, and its tokens;
+        raises UnsupportedByPrefixKV as ``get_cached_block`` says."""
         found = self.prefixes.prefix(block_hash)
         if found is None:
             raise UnsupportedByPrefixKV(
@@ -207,17 +237,9 @@ class HashLookups:
                 raise UnsupportedByPrefixKV(
                     f"block hash {block_hash.hex()} ends inside a block of group {g}: vLLM may keep a "
                     f"partial tail entry there, which prefixkv keeps only with KV events on")
-        ids = self._probe(r, n, block_hash)(n)
-        out = []
-        for g in groups:
-            i = ids[g] if g < len(ids) else None
-            if i is None:
-                return None
-            out.append(self._table[i + self._offset])
-        return out
+        return self._probe(r, n, block_hash), n
 
-
-    def _probe(self, r: Any, n: int, block_hash: bytes) -> Ask:
+    def _probe(self, r: Any, n: int, block_hash: bytes) -> Probe:
         """``r``'s probe, made anew unless the one kept was made while ``r``'s hash of its
         first ``n`` tokens was ``block_hash`` (a chain hash: then the prefix it names is the
         same, whatever ``r``'s tokens did since: cut, grown)."""
@@ -238,12 +260,12 @@ def lookups_for(core: Any, layout: Layout, prompts: PreparedPrompts, table: Sequ
              if spec.kind == FULL and b > h}
     probe_of: ProbeOf
     if layout.hybrid:
-        def probe_of(tokens: Sequence[int], extra: Any) -> Ask:
-            ask: Ask = core.prefix_probe(tokens, extra=extra).ids
-            return ask
+        def probe_of(tokens: Sequence[int], extra: Any) -> Probe:
+            probe: Probe = core.prefix_probe(tokens, extra=extra)
+            return probe
     else:
-        def probe_of(tokens: Sequence[int], extra: Any) -> Ask:
-            at = core.block_probe(tokens, extra=extra).at
-            return lambda n: (at(n),)
+        def probe_of(tokens: Sequence[int], extra: Any) -> Probe:
+            probe: Probe = core.block_probe(tokens, extra=extra)
+            return probe
     count = None if tails else (lambda: int(core.num_cached_blocks))
     return HashLookups(HashedPrefixes(prompts, h), probe_of, table, offset, count, {} if events else tails)
