@@ -123,8 +123,12 @@ class ContentChains(Announcer):
 
     def holds(self, parent: Block | None, chunk: bytes, extra: bytes) -> bool:
         """Whether a device block holds the content ``chunk``/``extra`` under ``parent``'s
-        content (None: a first block): ``held`` is not None."""
-        return self.held(parent, chunk, extra) is not None
+        content (None: a first block): ``held`` is not None (written out: a store's
+        landing asks it, one call less)."""
+        if parent is not None and self.run_counts.pending:  # (its content id read here)
+            self._settle_near(parent)
+        return self._held(parent, parent.content_id if parent is not None else 0,
+                          chunk, extra) is not None
 
     def held(self, parent: Block | None, chunk: bytes, extra: bytes) -> Block | None:
         """The device block holding the content ``chunk``/``extra`` under ``parent``'s
