@@ -125,3 +125,18 @@ def test_a_spares_tail_that_no_primary_holds_is_announced_with_the_spare():
     assert short(theirs[:4]) == SPARE_REMOVED and theirs[4:] == ours != []
     mine, vllms = pair.held()
     assert mine == vllms and (1, tuple(PROMPT[:24])) not in mine
+
+
+def test_a_primary_evicted_while_its_spare_is_held_leaves_the_spares_tail_entry():
+    pair = Pair(num_blocks=10)
+    a = pair.run("a", PROMPT)
+    b = pair.run("b", PROMPT)  # spares of a's last blocks, its tail (24) in its spare too
+    pair.step()
+    pair.free(a)
+    pair.run("c", list(range(300, 316)))  # takes a's 3 freed blocks: b's spares take over
+    pair.step()
+    mine, vllms = pair.held()
+    assert mine == vllms and (1, tuple(PROMPT[:24])) in mine
+    pair.free(b)
+    pair.step()
+    assert pair.held()[0] == pair.held()[1]
