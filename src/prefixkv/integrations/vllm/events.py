@@ -2,7 +2,10 @@
 ``BlockRemoved``, ``AllBlocksCleared`` of ``vllm.distributed.kv_events``), so that vLLM's
 ``ZmqEventPublisher`` publishes them unchanged.
 
-prefixkv announces a run of blocks per ``BlockStored``, as vLLM does; consecutive runs
+prefixkv's own log withdraws a batch of evictions in one ``BlockRemoved``; vLLM's pool
+sends one a hash (``BlockPool._emit_block_removed_events``), so here each hash of a batch
+becomes its own ``BlockRemoved``, in the batch's order (the order its blocks were
+evicted, vLLM's). prefixkv announces a run of blocks per ``BlockStored``, as vLLM does; consecutive runs
 that continue one chain (each one's parent is the previous one's last hash) in the same
 group with the same LoRA and medium become one ``BlockStored``. Hashes are prefixkv's
 chain hashes (bytes; the manager's ``hash_mode``). ``extra_keys`` per block are vLLM
@@ -58,8 +61,9 @@ def to_vllm_events(events: Iterable[core.Event], block_size: int,
                 medium=e.medium, lora_name=lora, extra_keys=keys, group_idx=group,
                 kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window))
         elif isinstance(e, core.BlockRemoved):
-            out.append(BlockRemoved(block_hashes=list(e.block_hashes), medium=e.medium,
-                                    group_idx=group))
+            medium = e.medium
+            out.extend([BlockRemoved(block_hashes=[h], medium=medium, group_idx=group)
+                        for h in e.block_hashes])
         elif isinstance(e, core.AllBlocksCleared):
             out.append(AllBlocksCleared())
     return out
