@@ -65,9 +65,11 @@ released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in 
 - Partial tail entries (vLLM's ``_cache_partial_tail_block``; docs/groups.md): a
   full-attention group larger than the hash block, once the prompt's last hash boundary
   before its last token lies inside one of its cached blocks, stores that boundary's
-  prefix as one more entry of the block (once per block, on a block holding its own key:
-  not on a twin); the entry is removed when the block is evicted (a twin taking over the
-  block's own key gets none).
+  prefix as one more entry of the block (once per block, on a block holding its key or
+  a twin of it, as vLLM caches every copy). Each entry counts its holders: announced by
+  the first, withdrawn when the last loses it (evicted, or a twin emptied when freed:
+  vLLM keeps that copy cached until it evicts it); a twin taking over the block's own key
+  keeps its own entry, if its request put one there.
 - Fine-grained partial hits (``partial``: vLLM's ``enable_partial_hash_hits``, on for a
   Mamba group larger than the hash block beside full attention at the hash block; the
   subset modelled here: every other group full attention of the hash block's size, no
@@ -104,7 +106,7 @@ released at ``get_num_skipped_tokens``, never asked of a hit). A block's key in 
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 
@@ -161,6 +163,7 @@ class SizedModel:
         self.holders: dict = {}  # key -> the blocks holding it, the first found first
         self.events: list = []  # ("stored" | "removed", key), and ("cleared",)
         self.tails: dict = {}  # block -> the partial tail entry it holds besides its keys
+        self.tail_holders: Counter = Counter()  # a tail entry -> how many blocks hold it
         self.reqs: dict = {}
         # a rewind forgot what vLLM keeps beyond the request's own blocks (a spare, a
         # copy, a longer prefix, another request's prefix id): from then on vLLM's queue,
@@ -271,8 +274,7 @@ class SizedModel:
                 if not self.holders[key]:
                     del self.holders[key]
                     self.events.append(("removed", key))
-            if x in self.tails:
-                self.events.append(("removed", self.tails.pop(x)))
+            self._drop_tail(x)
             self.keys[x] = []
             self.refs[x] = 1
         return out
@@ -285,6 +287,7 @@ class SizedModel:
                 (last if self.keys[x] else first).append(x)
                 for key in [k for k, held in self.spares.items() if x in held]:  # (a twin
                     self.spares[key].remove(x)  # goes empty; a free holder takes its place)
+                    self._drop_tail(x)
                     self.emptied += 1
                     primary = self.holders[key][0]
                     if not self.refs[primary]:
@@ -507,9 +510,21 @@ class SizedModel:
                 or r.lost is not None and end // self.h > r.lost:
             return
         x = r.tables[g][end // b]
-        if x != self.null and self.keys[x] and x not in self.tails:
-            self.tails[x] = (g, r.extra, tuple(r.tokens[:end]))
-            self.events.append(("stored", self.tails[x]))
+        if x != self.null and self._holds(x) and x not in self.tails:  # (a spare's too)
+            self.tails[x] = entry = (g, r.extra, tuple(r.tokens[:end]))
+            if not self.tail_holders[entry]:  # (announced by its first holder)
+                self.events.append(("stored", entry))
+            self.tail_holders[entry] += 1
+
+    def _drop_tail(self, x):
+        """``x`` loses the partial tail entry it holds, if any: withdrawn by its last
+        holder."""
+        entry = self.tails.pop(x, None)
+        if entry is not None:
+            self.tail_holders[entry] -= 1
+            if not self.tail_holders[entry]:
+                del self.tail_holders[entry]
+                self.events.append(("removed", entry))
 
     def _holds(self, x):
         """Whether block ``x`` holds a key (its own, or as a spare)."""
@@ -562,6 +577,7 @@ class SizedModel:
         self.holders.clear()
         self.spares.clear()
         self.tails.clear()
+        self.tail_holders.clear()
         self.keys = [[] for _ in self.keys]
         self.events.append(("cleared",))
         return True
@@ -595,6 +611,7 @@ class SizedModel:
                 key = next((k for k, held in self.spares.items() if x in held), None)
                 if key is not None:  # (a spare: unlisted)
                     self.diverged = True
+                    self._drop_tail(x)
                     self.spares[key].remove(x)
                     if not self.spares[key]:
                         del self.spares[key]
@@ -622,8 +639,7 @@ class SizedModel:
             del self.spares[key]
         self.holders[key].append(heir)
         self.keys[heir].append(key)
-        if x in self.tails:
-            self.events.append(("removed", self.tails.pop(x)))
+        self._drop_tail(x)
 
     def _forget(self, roots, rewound, own):
         """Forget the prefixes ``roots`` (``(extra, tokens)``) and every one extending them
@@ -634,13 +650,15 @@ class SizedModel:
             return any(extra == e and tokens[:len(t)] == t for e, t in roots)
         freed = []
         for key in [k for k in self.holders if under(*k[1:])]:
-            self.diverged |= bool(self.spares.pop(key, None))  # (unlisted: a spare announces nothing)
+            spares = self.spares.pop(key, None)  # (unlisted: a spare announces nothing)
+            self.diverged |= bool(spares)
             self.events.append(("removed", key))
+            for x in spares or ():
+                self._drop_tail(x)
             for x in self.holders.pop(key):
                 self.diverged |= (key[0], x) not in own
                 self.keys[x].remove(key)
-                if x in self.tails:
-                    self.events.append(("removed", self.tails.pop(x)))
+                self._drop_tail(x)
                 if not self.refs[x]:
                     freed.append((key[0], x))
         freed.sort()

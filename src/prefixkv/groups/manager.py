@@ -119,6 +119,7 @@ class HybridKVCacheManager:
     lookup = admission.lookup
     lookup_block_ids = admission.lookup_block_ids
     cached_block_ids = cached.cached_block_ids
+    prefix_probe = cached.prefix_probe
     _find = admission._find
     _admit = admission._admit
     _enter = admission._enter
