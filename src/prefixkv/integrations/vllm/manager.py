@@ -38,6 +38,7 @@ from .popped import PoppedBlocks
 from .prepared import PreparedPrompts
 from .release import estimate_cached, evict, free_popped, free_request, pop_for_free, release_skipped
 from .requests import reads_cache
+from .retention import read_retention
 from .slots import allocate, grow, lookup
 from .step_calls import CowCopies, StepCalls
 from .telemetry import Telemetry
@@ -75,6 +76,8 @@ class KVCacheManager(StepCalls):
         check_options(layout, use_eagle=use_eagle, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
                       watermark=watermark, num_prefill_lookahead=num_prefill_lookahead,
                       enable_caching=enable_caching)
+        # vLLM's prefix_cache_retention_interval, checked as vLLM checks it (retention.py)
+        self.retention_interval = read_retention(kv_cache_config, layout.specs, scheduler_block_size)
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.block_size = bs = layout.block_size
