@@ -528,7 +528,7 @@ class SizedModel:
         then in order; groups of one (size, window) together) alone serves at an
         ``align`` boundary, when longer than ``hit``; else 0 (without EAGLE nor
         partial hits)."""
-        first = next((s for s in self.groups if s[1] is None), self.groups[0])
+        first = next((s for s in self.groups if s[1] is None), self.groups[0])  # (vLLM sorts full first)
         limit = len(tokens) - 1
         for end in range(limit - limit % self.align, hit, -self.align):
             if all(self.key(g, extra, tokens, j) in self.holders

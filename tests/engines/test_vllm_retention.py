@@ -11,6 +11,8 @@ import os
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixkv import ConfigError
 
@@ -19,6 +21,8 @@ from . import skip_module_without_vllm
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 skip_module_without_vllm()
 torch = pytest.importorskip("torch")
+
+from .test_vllm_block_sizes_reference import _request  # noqa: E402
 
 
 def _full(bs: int) -> Any:
@@ -77,8 +81,9 @@ def _outcome(which: str, specs: tuple[Any, ...], interval: int | None) -> Any:
 def test_the_interval_is_taken_and_refused_where_vllms_manager_does(name, interval):
     """vLLM's refusal (a ValueError naming what is wrong) is prefixkv's ConfigError with
     vLLM's words; an interval vLLM takes, prefixkv takes (the coordinator's
-    ``retention_interval`` vLLM's) or, when positive beside a window or Mamba group,
-    refuses by name (UnsupportedByPrefixKV: prefixkv caches those groups densely).
+    ``retention_interval`` vLLM's) or, when positive beside a window or Mamba group
+    where prefixkv does not apply it, refuses by name (UnsupportedByPrefixKV: it caches
+    those groups densely there).
     Before retention.py, prefixkv took every interval and its coordinator had no
     ``retention_interval``."""
     from prefixkv.integrations.vllm import UnsupportedByPrefixKV
@@ -91,13 +96,15 @@ def test_the_interval_is_taken_and_refused_where_vllms_manager_does(name, interv
                  else "must be non-negative and a multiple of scheduler_block_size")
         assert words in str(vllms) and words in str(ours), (vllms, ours)
         return
-    sparse = name != "full" and interval  # (vLLM's sparse retention of a window or Mamba group)
-    if sparse:
+    applied = name == "full32+window8"  # (groups of different sizes, full attention, windows only)
+    if name != "full" and interval and not applied:  # (vLLM's sparse retention, not applied)
         assert isinstance(ours, UnsupportedByPrefixKV), ours
         assert f"prefix_cache_retention_interval={interval}" in str(ours)
         return
     assert not isinstance(ours, Exception), ours
     assert ours.coordinator.retention_interval == vllms.coordinator.retention_interval == interval
+    windows = [g.retention for g in ours.core.groups if g.kind == "sliding_window"] if name != "full" else []
+    assert windows == ([interval] * len(windows) if applied else [None] * len(windows))
 
 
 @pytest.mark.parametrize("bad", [16.0, "16", True])
@@ -120,3 +127,51 @@ def test_a_refusal_changes_nothing_of_the_config():
     with pytest.raises(ConfigError, match="no sliding-window or Mamba"):
         KVCacheManager(cfg, max_model_len=8192, scheduler_block_size=16, hash_block_size=16)
     assert cfg == before
+
+
+STEMS = [[100 * s + k for k in range(200)] for s in range(3)]
+
+
+@pytest.mark.parametrize("interval", [0, 64])
+@settings(max_examples=25, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 200), st.integers(0, 3),
+                              st.none() | st.integers(8, 96), st.booleans()), min_size=3, max_size=14))
+def test_the_plugin_retains_as_vllms_manager(interval, ops):
+    """Full attention at 32 beside a window of 8 at 8 (vLLM's retention tests' layout):
+    prompts of shared stems admitted as vLLM's scheduler admits them (the junction
+    ``get_computed_blocks`` reports kept on the request), prefilled in chunks, some
+    freed; both managers report the same hit and junction for every prompt sent and
+    give tables as long with null entries in the same places. Before the retention was
+    applied prefixkv took 0 and cached every window block (longer hits, no junction)
+    and refused 64."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+    from vllm.v1.request import RequestStatus
+
+    init_none_hash(sha256)
+    specs = (_full(32), _window(8, 8))
+    sides = [_build("vllm", specs, interval), _build("prefixkv", specs, interval)]
+    live: list[tuple[Any, ...]] = []
+    for n, (stem, length, tail, chunk, free) in enumerate(ops):
+        tokens = STEMS[stem][:length] + [7] * tail or [7]
+        reqs = [_request(f"r{n}", tokens, 8) for _ in sides]
+        found = [side.get_computed_blocks(r) for side, r in zip(sides, reqs, strict=True)]
+        assert found[0][1:] == found[1][1:], (tokens, found[0][1:], found[1][1:])
+        hit = found[0][1]
+        num_new = len(tokens) - hit if chunk is None else min(chunk, len(tokens) - hit)
+        got = []
+        for side, r, (blocks, _, junction) in zip(sides, reqs, found, strict=True):
+            r.shared_prefix_boundary = junction
+            got.append(side.allocate_slots(r, num_new, hit, blocks))
+            r.status, r.num_computed_tokens = RequestStatus.RUNNING, hit + num_new
+        assert (got[0] is None) == (got[1] is None)
+        if got[0] is None:
+            continue
+        tables = [[[b.is_null for b in g] for g in side.get_blocks(f"r{n}").blocks] for side in sides]
+        assert tables[0] == tables[1]
+        live.append(reqs)
+        while live and (free or len(live) > 2):
+            for side, r in zip(sides, live.pop(0), strict=True):
+                side.free(r)
+            free = False
+

@@ -334,38 +334,28 @@ def test_the_sized_reference_runs_as_vllms_manager_with_partial_hits(layout, ext
     _drive(Pair(groups, _pool(groups, extra), partial=True), ops, probe)
 
 
-# layouts whose windows keep tokens below them (vLLM's extra_retained_tokens)
-RETAINED = {"window10@8(+5)+full16": (((8, 10), (16, None)), (5, 0)),
-            "window6@8(+3)+full16+window40@32(+9)": (((8, 6), (16, None), (32, 40)), (3, 0, 9))}
+# layouts whose windows keep tokens below them (vLLM's extra_retained_tokens), and whose
+# windows cache sparsely by vLLM's prefix_cache_retention_interval (tests/sized_model.py
+# ``_reachable``): 0 keeps a window's tails at the replay boundary and the shared-prefix
+# junction only, R > 0 also one per R tokens (a multiple of the lcm)
+RETAINED = {"window10@8(+5)+full16": (((8, 10), (16, None)), {"retained": (5, 0)}),
+            "window6@8(+3)+full16+window40@32(+9)": (((8, 6), (16, None), (32, 40)), {"retained": (3, 0, 9)}),
+            "full32+window8@8, retention 0": (((32, None), (8, 8)), {"retention": 0}),
+            "full32+window8@8, retention 64": (((32, None), (8, 8)), {"retention": 64}),
+            "full8+window20@16, retention 0": (((8, None), (16, 20)), {"retention": 0}),
+            "full8+window20@16, retention 32": (((8, None), (16, 20)), {"retention": 32}),
+            "window6@8+full16+window40@32, retention 0": (((8, 6), (16, None), (32, 40)), {"retention": 0}),
+            "window6@8+full16+window40@32, retention 64": (((8, 6), (16, None), (32, 40)), {"retention": 64}),
+            "window20@16+full24, retention 48": (((16, 20), (24, None)), {"retention": 48}),
+            "window9@16+window30@8, retention 0": (((16, 9), (8, 30)), {"retention": 0})}
 
 
 @pytest.mark.parametrize("layout", list(RETAINED))
 @settings(max_examples=30, deadline=None)
 @given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
-def test_the_sized_reference_keeps_retained_tokens_as_vllms_manager(layout, extra, ops, probe):
-    groups, retained = RETAINED[layout]
-    _drive(Pair(groups, _pool(groups, extra), retained=retained), ops, probe)
-
-
-# vLLM's prefix_cache_retention_interval (tests/sized_model.py ``_reachable``): 0 keeps a
-# window's tails at the replay boundary and the shared-prefix junction only, R > 0 also
-# one per R tokens (a multiple of the lcm)
-RETENTION = {"full32+window8@8, 0": (((32, None), (8, 8)), 0),
-             "full32+window8@8, 64": (((32, None), (8, 8)), 64),
-             "full8+window20@16, 0": (((8, None), (16, 20)), 0),
-             "full8+window20@16, 32": (((8, None), (16, 20)), 32),
-             "window6@8+full16+window40@32, 0": (((8, 6), (16, None), (32, 40)), 0),
-             "window6@8+full16+window40@32, 64": (((8, 6), (16, None), (32, 40)), 64),
-             "window20@16+full24, 48": (((16, 20), (24, None)), 48),
-             "window9@16+window30@8, 0": (((16, 9), (8, 30)), 0)}
-
-
-@pytest.mark.parametrize("layout", list(RETENTION))
-@settings(max_examples=30, deadline=None)
-@given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
 def test_the_sized_reference_retains_as_vllms_manager(layout, extra, ops, probe):
-    groups, retention = RETENTION[layout]
-    _drive(Pair(groups, _pool(groups, extra), retention=retention), ops, probe)
+    groups, kw = RETAINED[layout]
+    _drive(Pair(groups, _pool(groups, extra), **kw), ops, probe)
 
 
 @pytest.mark.parametrize("layout", list(EAGLE))
