@@ -146,7 +146,7 @@ def junction(m: KVCacheManager, request: Request, hit: int, max_cache_hit_length
     at ``max_cache_hit_length``, when longer than the ``hit`` all groups serve (a shared
     prefix whose Mamba state no block holds: vLLM's scheduler ends the request's chunk
     there, so that its state is cached; a window's tail there stays cached); else 0."""
-    if not (m._mamba.groups or m._retains) or not m.prefix_cache_lookup_enabled(request):
+    if not m._junctions or not m.prefix_cache_lookup_enabled(request):
         return 0
     prompt, extra = admission_prompt(m, request)
     alone: int = m.core.lookup_per_group(prompt, extra=extra)[m._mamba.first]
