@@ -93,7 +93,8 @@ def add_request(
     check_count("num_external_tokens", num_external_tokens, 0, None)
     check_flag("resumed", resumed, RequestError)
     check_flag("require_full_fit", require_full_fit, RequestError)
-    check_count("junction", junction, 0, None)
+    if type(junction) is not int or junction:  # (0, the default: nothing to check)
+        check_count("junction", junction, 0, None)
     if num_prompt_tokens is not None:  # (a Prompt's length first: _find takes its spare tokens)
         check_count("num_prompt_tokens", num_prompt_tokens, 1,
                     len(prompt_token_ids) if isinstance(prompt_token_ids, Prompt) else None)

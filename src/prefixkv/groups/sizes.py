@@ -125,20 +125,15 @@ class BlockSizes:
             end = min(num_tokens, end + b)
         if j < 0 or (j + 1) * b > end:
             return False
-        if spec.kind == MAMBA:  # (sparse)
+        if spec.kind == FULL or spec.kind == MAMBA:  # (full attention reads every block; Mamba: sparse)
             return True
-        if peek and spec.kind != FULL:
+        if peek:
             need, per = blocks_for(spec.tokens - 1, b) + 1, self.align // b
             return need >= per or (j >= 1 and (j - 1) % per >= per - need)
-        seg = self.align if spec.retention is None else spec.retention
-        if seg:
-            boundary = blocks_for((j + 1) * b, seg) * seg  # (the segment's end)
-            if spec.first_needed(boundary) // b <= j:
-                return True
-        if spec.retention is None:
-            return False
-        a = self.align
-        return any(spec.first_needed(t // a * a) // b <= j < t // a * a // b for t in marks)
+        if spec.retention is not None:
+            return _retains(spec, b, self.align, j, marks)
+        boundary = blocks_for((j + 1) * b, self.align) * self.align  # (the next lcm boundary)
+        return spec.first_needed(boundary) // b <= j
 
     def stored(self, specs: Sequence[GroupSpec], num_tokens: int) -> list[tuple[int, int, int]]:
         """What is announced (vLLM's ``BlockStored``) once a prompt of ``num_tokens``
@@ -163,6 +158,17 @@ class BlockSizes:
             if spec.kind == FULL and b > h and 0 < boundary <= end and boundary % b:
                 out.append((g, boundary // h - 1, h))
         return out
+
+
+def _retains(spec: GroupSpec, b: int, align: int, j: int, marks: Sequence[int]) -> bool:
+    """``BlockSizes.caches`` for block ``j`` (a whole one, recorded by then) of a window
+    of blocks of ``b`` with a ``retention``: the blocks a hit reads at each segment's end
+    (every ``retention`` tokens; none for 0) and at each of ``marks`` rounded down to
+    ``align`` (vLLM's ``reachable_block_mask`` without EAGLE)."""
+    seg = spec.retention
+    if seg and spec.first_needed(blocks_for((j + 1) * b, seg) * seg) // b <= j:  # (the segment's end)
+        return True
+    return any(spec.first_needed(t // align * align) // b <= j < t // align * align // b for t in marks)
 
 
 def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:
