@@ -139,12 +139,14 @@ class Req:
     cow: dict = field(default_factory=dict)  # g -> (j, source, owner): a copy the next allocation makes
     lost: int | None = None  # the first hash block whose prefix id is lost (``rewind``)
     checkpoints: dict = field(default_factory=dict)  # g -> (position, entry): the last step's checkpoint
+    junction: int = 0  # vLLM's ``shared_prefix_boundary`` at admission (``retention``)
 
 
 class SizedModel:
     def __init__(self, groups, num_blocks, hash_size, align, null=True, twins=False, peek=None,
-                 retained=(), partial=False, checkpoint=False):
+                 retained=(), partial=False, checkpoint=False, retention=None):
         self.groups, self.h, self.align = tuple(groups), hash_size, align
+        self.retention = retention  # (vLLM's prefix_cache_retention_interval: ``_reachable``)
         self.partial = partial
         self.checkpoint = checkpoint
         self.copies: list = []  # (source, copy) queued, both held until ``take_copies``' caller frees them
@@ -348,7 +350,8 @@ class SizedModel:
             need += sum(not self.refs[x] for x in h[skip:] if x != self.null)
         if need > len(self.free):
             return None
-        r = Req(list(tokens), extra, end, [], [], len(tokens))
+        r = Req(list(tokens), extra, end, [], [], len(tokens),
+                junction=0 if self.retention is None else self.junction(tokens, extra, end))
         for g, ((b, w), e, h) in enumerate(zip(self.groups, self.retained, hit, strict=True)):
             skip = skipped(w, e, end) // b
             if w == "mamba" and h and end % b:  # (a hit inside the block: copied on write)
@@ -452,7 +455,7 @@ class SizedModel:
             full = min(end, hashed) // b
             for j in range(r.cached[g] if lo is None else min(r.cached[g], lo // b), full):
                 x = r.tables[g][j]
-                if x == self.null or self._holds(x) or not self._reachable(g, j) \
+                if x == self.null or self._holds(x) or not self._reachable(g, j, r) \
                         or (w == "mamba" and (g, j) not in r.exact) \
                         or r.lost is not None and (j + 1) * b // self.h > r.lost:
                     continue  # (null, unreachable, a Mamba block past its state, a lost prefix id)
@@ -530,14 +533,14 @@ class SizedModel:
         """Whether block ``x`` holds a key (its own, or as a spare)."""
         return bool(self.keys[x]) or any(x in held for held in self.spares.values())
 
-    def _caches(self, g, n, j):
+    def _caches(self, g, n, j, r):
         """prefixkv's ``BlockSizes.caches``: whether group ``g`` caches its block ``j``
-        once ``n`` tokens are computed."""
+        of request ``r`` once ``n`` tokens are computed."""
         b, _ = self.groups[g]
         end = n // self.align * self.align
         if self.peek is not None and self.peek[g] and end:
             end = min(n, end + b)
-        return (j + 1) * b <= end and self._reachable(g, j)
+        return (j + 1) * b <= end and self._reachable(g, j, r)
 
     def _cut(self, r, first):
         """prefixkv's ``cut`` (groups/sized.py ``_cut_off``): a step passing the hash
@@ -551,18 +554,50 @@ class SizedModel:
         for g, ((b, w), ids) in enumerate(zip(self.groups, r.tables, strict=True)):
             j = (p - 1) // b
             if w != "mamba" and j < len(ids) and ids[j] != self.null and not self._holds(ids[j]) \
-                    and self._caches(g, p, j):
+                    and self._caches(g, p, j, r):
                 r.lost = first
                 return
 
-    def _reachable(self, g, j):
-        """Whether a hit at some ``align`` boundary reads block ``j`` of group ``g``."""
+    def _reachable(self, g, j, r):
+        """Whether group ``g`` caches block ``j`` of request ``r`` (vLLM's
+        ``reachable_block_mask``): full attention and Mamba every block (Mamba: vLLM's
+        dense retention); a window the ``need`` blocks a hit reads ending at each
+        segment's end (``align`` with ``retention`` None, ``retention`` tokens when
+        positive, none when 0) and, with ``retention`` not None, at each of ``r``'s
+        marks rounded down to ``align``: its prompt's replay boundary (``prompt - 1``)
+        and its shared-prefix junction (vLLM's ``replay_boundaries`` without EAGLE,
+        ``shared_prefix_boundary``)."""
         b, w = self.groups[g]
-        if w is None or w == "mamba":  # (Mamba: vLLM's dense retention)
+        if w is None or w == "mamba":
             return True
         peek = self.peek is not None and self.peek[g]
-        need, per = cdiv(w - 1, b) + peek, self.align // b
-        return need >= per or j >= peek and (j - peek) % per >= per - need
+        need = cdiv(w - 1, b) + peek
+        seg = self.align if self.retention is None else self.retention
+        if seg:
+            per = seg // b
+            if need >= per or j >= peek and (j - peek) % per >= per - need:
+                return True
+        if self.retention is None:
+            return False
+        assert not peek, "the reference keeps retention marks without EAGLE only"
+        marks = [r.prompt - 1] + ([r.junction] if r.junction else [])
+        return any(t // self.align * self.align // b - need <= j < t // self.align * self.align // b
+                   for t in marks)
+
+    def junction(self, tokens, extra, hit):
+        """vLLM's ``shared_prefix_boundary`` for a lookup of ``tokens`` whose hit is
+        ``hit``: the hit the first set of groups of vLLM's lookup (full attention first,
+        then in order; groups of one (size, window) together) alone serves at an
+        ``align`` boundary, when longer than ``hit``; else 0 (without EAGLE nor
+        partial hits)."""
+        first = next((s for s in self.groups if s[1] is None), self.groups[0])  # (vLLM sorts full first)
+        limit = len(tokens) - 1
+        for end in range(limit - limit % self.align, hit, -self.align):
+            if all(self.key(g, extra, tokens, j) in self.holders
+                   for g, (b, w) in enumerate(self.groups) if (b, w) == first
+                   for j in range(first_needed(w, end) // b, end // b)):
+                return end
+        return 0
 
     def free_request(self, rid):
         r = self.reqs.pop(rid)

@@ -46,13 +46,15 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     peek: bool | tuple[bool, ...] = False  # (the EAGLE machines': the groups that peek)
     partial = False  # (vLLM's fine-grained partial hits: no events then)
     checkpoints = False  # (vLLM's chunk-end checkpoint blocks, with partial hits)
+    retention: int | None = None  # (every window's: vLLM's prefix_cache_retention_interval)
 
     @initialize()
     def setup(self):
         sizes = BlockSizes.of([b for b, _ in self.groups], peek=self.peek or (), partial=self.partial,
                               checkpoints=self.checkpoints)
         retained = self.retained or (0,) * len(self.groups)
-        specs = [full_attention() if w is None else mamba() if w == "mamba" else sliding_window(w, e)
+        specs = [full_attention() if w is None else mamba() if w == "mamba" else
+                 sliding_window(w, e, retention=self.retention)
                  for (_, w), e in zip(self.groups, retained, strict=True)]
         windows = any(w is not None for _, w in self.groups)
         num_blocks = sum(-(-MAX_LEN // b) for b, _ in self.groups) + windows + self.extra_blocks
@@ -60,7 +62,7 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
                                       enable_events=not self.partial, max_events=1 << 12)
         self.model = SizedModel(self.groups, num_blocks, sizes.hash_size, sizes.align, null=windows,
                                 twins=True, peek=self.peek or None, retained=retained, partial=self.partial,
-                                checkpoint=self.checkpoints)
+                                checkpoint=self.checkpoints, retention=self.retention)
         self.hash_fn, self.root = make_hash_fn("sha256", 1)
         self.h = sizes.hash_size
         self.names: dict[bytes, tuple] = {}  # a fine hash -> (extra, the tokens it chains over)
@@ -95,7 +97,9 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         rid = self._new_id()
         end = self._same_hit(prompt, extra)
         n = len(prompt) - end if chunk is None else min(chunk, len(prompt) - end)
-        adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=n, peek=self.peek)
+        junction = self._junction(prompt, extra, end)
+        adm = self.m.add_request(rid, prompt, extra=extra, num_new_tokens=n, peek=self.peek,
+                                 junction=junction)
         want = self.model.add(rid, prompt, extra, n)
         assert (adm is None) == (want is None), (adm, want)
         if adm is None:
@@ -105,6 +109,18 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         self.tokens[rid] = list(prompt)
         self._name(prompt, extra)
         return rid
+
+    def _junction(self, prompt, extra, end):
+        """With a retention, vLLM's shared-prefix junction as the vLLM plug-in finds it
+        (the first full-attention group's own hit, ``lookup_per_group``, rounded down to
+        the lcm, when longer than the hit ``end``), the reference's; else 0."""
+        if self.retention is None:
+            return 0
+        first = next(g for g, (_, w) in enumerate(self.groups) if w is None)
+        alone = self.m.lookup_per_group(prompt, extra=extra)[first] // self.m.block_size * self.m.block_size
+        junction = alone if alone > end else 0
+        assert junction == self.model.junction(prompt, extra, end), (prompt, junction)
+        return junction
 
     @rule(target=live, pre=st.integers(0, len(PREFIXES) - 1), cut=st.integers(1, 48), tail=st.integers(0, 9))
     def add_known_prefix(self, pre, cut, tail):
@@ -264,6 +280,25 @@ class WindowsBesideFullMachine(SizedMachine):
     extra_blocks = 6
 
 
+class RetentionMachine(SizedMachine):
+    """WindowsBesideFullMachine's groups, each window caching only the blocks a hit
+    reads at the replay boundary and the shared-prefix junction (vLLM's
+    ``prefix_cache_retention_interval=0``)."""
+
+    groups = ((4, 6), (8, None), (16, 18))
+    extra_blocks = 6
+    retention = 0
+
+
+class RetentionSegmentsMachine(SizedMachine):
+    """A 10-token window at 8 beside full attention at 4 (lcm 8), caching the blocks a
+    hit reads every 32 tokens besides the marks (vLLM's retention interval 32)."""
+
+    groups = ((8, 10), (4, None))
+    extra_blocks = 3
+    retention = 32
+
+
 class RetainedMachine(SizedMachine):
     """WindowsBesideFullMachine's groups, each window keeping tokens below it (vLLM's
     ``extra_retained_tokens``): 5 at 4, 7 at 16."""
@@ -359,6 +394,8 @@ class EagleFullMachine(SizedMachine):
 
 TestSizedMachine = case(SizedMachine, max_examples=60, stateful_step_count=40)
 TestWindowsBesideFullMachine = case(WindowsBesideFullMachine, max_examples=60, stateful_step_count=40)
+TestRetentionMachine = case(RetentionMachine, max_examples=60, stateful_step_count=40)
+TestRetentionSegmentsMachine = case(RetentionSegmentsMachine, max_examples=60, stateful_step_count=40)
 TestRetainedMachine = case(RetainedMachine, max_examples=60, stateful_step_count=40)
 TestLcmOfNeitherMachine = case(LcmOfNeitherMachine, max_examples=60, stateful_step_count=40)
 TestFullOnlyMachine = case(FullOnlyMachine, max_examples=60, stateful_step_count=40)

@@ -93,14 +93,15 @@ def _spec(block_size: int, window: int | str | None, retained: int = 0) -> Any:
 
 
 def _vllm(groups: tuple[tuple[int, int | None], ...], hash_size: int, lcm: int, num_blocks: int = 400,
-          events: bool = False, retained: tuple[int, ...] = ()) -> Any:
+          events: bool = False, retained: tuple[int, ...] = (), retention: int | None = None) -> Any:
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.kv_cache_utils import init_none_hash
 
     init_none_hash(sha256)
     specs = (_spec(b, w, e) for (b, w), e in zip(groups, retained or (0,) * len(groups), strict=True))
-    return KVCacheManager(config(*specs, num_blocks=num_blocks), max_model_len=256,
+    return KVCacheManager(config(*specs, num_blocks=num_blocks, prefix_cache_retention_interval=retention),
+                          max_model_len=256,
                           scheduler_block_size=lcm, hash_block_size=hash_size, enable_kv_cache_events=events)
 
 

@@ -86,8 +86,9 @@ class Pair:
     vLLM's events say is cached: {key: holders}."""
 
     def __init__(self, groups: Any, num_blocks: int, flags: tuple[bool, ...] | None = None,
-                 retained: tuple[int, ...] = (), partial: bool = False) -> None:
+                 retained: tuple[int, ...] = (), partial: bool = False, retention: int | None = None) -> None:
         self.groups = groups
+        self.retention = retention  # (vLLM's prefix_cache_retention_interval)
         self.partial = partial
         # vLLM's align-mode scheduler ends a chunk at a Mamba block's end (or the
         # prompt's), and each step starts a new one (no hit on a state cached in it)
@@ -100,9 +101,12 @@ class Pair:
             assert self.v.coordinator.enable_partial_hash_hits
             self.model = SizedModel(groups, num_blocks, self.h, self.lcm, partial=True)
         elif flags is None:
-            self.v = _vllm(groups, self.h, self.lcm, num_blocks, events=True, retained=retained)
-            self.model = SizedModel(groups, num_blocks, self.h, self.lcm, retained=retained)
-            self.twins = SizedModel(groups, num_blocks, self.h, self.lcm, twins=True, retained=retained)
+            self.v = _vllm(groups, self.h, self.lcm, num_blocks, events=True, retained=retained,
+                           retention=retention)
+            self.model = SizedModel(groups, num_blocks, self.h, self.lcm, retained=retained,
+                                    retention=retention)
+            self.twins = SizedModel(groups, num_blocks, self.h, self.lcm, twins=True, retained=retained,
+                                    retention=retention)
         else:
             self.v = _eagle_vllm(groups, flags, self.h, self.lcm, num_blocks)
             peek = flags if any(flags) else (True,) * len(groups)
@@ -197,13 +201,16 @@ class Pair:
         if op == "add":
             rid = f"r{self.serial}"
             r = _request(rid, a, self.h)
-            blocks, hit, *_ = self.v.get_computed_blocks(r)
+            blocks, hit, junction = self.v.get_computed_blocks(r)
             num_new = len(a) - hit if b is None and not self.partial else \
                 self._chunk(hit, min(b or len(a), len(a) - hit), len(a), len(a))
             fits = {m.add(rid, a, None, num_new) is not None for m in self._models()}
             assert len(fits) == 1  # (the twin rule refuses as vLLM's until it frees a twin)
             if fits != {True}:
                 return
+            if self.retention is not None:  # (vLLM's scheduler keeps the junction on the request)
+                assert {m.reqs[rid].junction for m in self._models()} == {junction}
+                r.shared_prefix_boundary = junction
             assert self.v.allocate_slots(r, num_new, hit, blocks) is not None
             r.status, r.num_computed_tokens = RequestStatus.RUNNING, hit + num_new
             self.reqs[rid] = r
@@ -327,17 +334,28 @@ def test_the_sized_reference_runs_as_vllms_manager_with_partial_hits(layout, ext
     _drive(Pair(groups, _pool(groups, extra), partial=True), ops, probe)
 
 
-# layouts whose windows keep tokens below them (vLLM's extra_retained_tokens)
-RETAINED = {"window10@8(+5)+full16": (((8, 10), (16, None)), (5, 0)),
-            "window6@8(+3)+full16+window40@32(+9)": (((8, 6), (16, None), (32, 40)), (3, 0, 9))}
+# layouts whose windows keep tokens below them (vLLM's extra_retained_tokens), and whose
+# windows cache sparsely by vLLM's prefix_cache_retention_interval (tests/sized_model.py
+# ``_reachable``): 0 keeps a window's tails at the replay boundary and the shared-prefix
+# junction only, R > 0 also one per R tokens (a multiple of the lcm)
+RETAINED = {"window10@8(+5)+full16": (((8, 10), (16, None)), {"retained": (5, 0)}),
+            "window6@8(+3)+full16+window40@32(+9)": (((8, 6), (16, None), (32, 40)), {"retained": (3, 0, 9)}),
+            "full32+window8@8, retention 0": (((32, None), (8, 8)), {"retention": 0}),
+            "full32+window8@8, retention 64": (((32, None), (8, 8)), {"retention": 64}),
+            "full8+window20@16, retention 0": (((8, None), (16, 20)), {"retention": 0}),
+            "full8+window20@16, retention 32": (((8, None), (16, 20)), {"retention": 32}),
+            "window6@8+full16+window40@32, retention 0": (((8, 6), (16, None), (32, 40)), {"retention": 0}),
+            "window6@8+full16+window40@32, retention 64": (((8, 6), (16, None), (32, 40)), {"retention": 64}),
+            "window20@16+full24, retention 48": (((16, 20), (24, None)), {"retention": 48}),
+            "window9@16+window30@8, retention 0": (((16, 9), (8, 30)), {"retention": 0})}
 
 
 @pytest.mark.parametrize("layout", list(RETAINED))
 @settings(max_examples=30, deadline=None)
 @given(extra=st.integers(0, 6), ops=st.lists(OP, min_size=4, max_size=30), probe=PROMPT)
-def test_the_sized_reference_keeps_retained_tokens_as_vllms_manager(layout, extra, ops, probe):
-    groups, retained = RETAINED[layout]
-    _drive(Pair(groups, _pool(groups, extra), retained=retained), ops, probe)
+def test_the_sized_reference_retains_as_vllms_manager(layout, extra, ops, probe):
+    groups, kw = RETAINED[layout]
+    _drive(Pair(groups, _pool(groups, extra), **kw), ops, probe)
 
 
 @pytest.mark.parametrize("layout", list(EAGLE))

@@ -47,7 +47,7 @@ def add_request(
     extra: ExtraKeys | None = None, num_new_tokens: int | None = None, resumed: bool = False,
     read_cache: bool = True, num_lookahead_tokens: int = 0, require_full_fit: bool = False,
     keep_free: int = 0, num_external_tokens: int = 0, max_hit_tokens: int | None = None,
-    peek: bool | Sequence[bool] = False, num_prompt_tokens: int | None = None,
+    peek: bool | Sequence[bool] = False, num_prompt_tokens: int | None = None, junction: int = 0,
 ) -> GroupAdmission | None:
     """Admit a request: find the longest cached prefix every group can serve, take
     references on the blocks each group needs of it, allocate every group's blocks
@@ -73,7 +73,10 @@ def add_request(
     one). ``num_prompt_tokens``: how many of the tokens are the request's prompt (None: all).
     A preempted request comes back with its prompt and the tokens it decoded, but
     vLLM's partial tail entry (groups/sized.py ``_tail``) stays at its prompt's last
-    hash boundary (``Request.num_prompt_tokens``).
+    hash boundary (``Request.num_prompt_tokens``). Beside a window's ``retention``
+    (``GroupSpec``), the blocks a hit reads at the prompt's last position (vLLM's replay
+    boundary, ``num_prompt_tokens - 1``) and at ``junction`` (when > 0: vLLM's
+    ``shared_prefix_boundary``) stay cached; without one, ``junction`` does nothing.
 
     Returns the GroupAdmission, or None when the pool is short of blocks (nothing
     changed). Raises PromptTooLongError when it can never fit (``groups.fit``: its
@@ -90,6 +93,8 @@ def add_request(
     check_count("num_external_tokens", num_external_tokens, 0, None)
     check_flag("resumed", resumed, RequestError)
     check_flag("require_full_fit", require_full_fit, RequestError)
+    if type(junction) is not int or junction:  # (0, the default: nothing to check)
+        check_count("junction", junction, 0, None)
     if num_prompt_tokens is not None:  # (a Prompt's length first: _find takes its spare tokens)
         check_count("num_prompt_tokens", num_prompt_tokens, 1,
                     len(prompt_token_ids) if isinstance(prompt_token_ids, Prompt) else None)
@@ -99,6 +104,8 @@ def add_request(
                                     peek=peeking(self.groups, peek), admit=True)
     if num_prompt_tokens is not None:
         req.num_prompt = check_count("num_prompt_tokens", num_prompt_tokens, 1, len(req.tokens))
+    if self._retains:
+        req.marks = (req.num_prompt - 1, junction) if junction else (req.num_prompt - 1,)
     return self._admit(req, nodes, prompt, num_new_tokens, resumed, num_lookahead_tokens,
                        require_full_fit, keep_free, num_external_tokens)
 

@@ -52,6 +52,7 @@ def construct(
         if type(self) is not HybridKVCacheManager:  # (a subclass of the one-size manager)
             raise ConfigError(f"{type(self).__name__} serves one block size, got {sizes}")
         self.__class__ = SizedHybridKVCacheManager  # (its calls over the same state)
+    _check_retention(specs, sizes)
     check_flag("enable_events", enable_events, ConfigError)
     if enable_events and sizes.partial:
         raise ConfigError("events with partial hits are not served yet (vLLM announces each partial "
@@ -83,11 +84,26 @@ def construct(
     self._nothing = ((),) * len(specs)
     self._sparse = tuple(g for g, s in enumerate(specs) if s.sparse)
     self._uncached = not all(s.cached for s in specs)
+    self._retains = any(s.retention is not None for s in specs)
     self._least_new = 0 if self._uncached else 1  # (add_request's num_new_tokens)
     self._record_kinds = tuple(_SPARSE if s.sparse else 0 if s.cached else _UNCACHED for s in specs)
     # what ``prepare`` reads, fixed from here on (as ``KVCacheManager``'s)
     self._config = (sizes.hash_size, vocab_size, fn, root)
     self._prompt_hasher = self._hasher if self._index.hashing else None
+
+
+def _check_retention(specs: Sequence[GroupSpec], sizes: BlockSizes) -> None:
+    """Raises ConfigError for a window's ``retention`` where it is not served: at one
+    block size, beside ``peek`` (vLLM's EAGLE moves the tails a block up) or partial
+    hits, or not a multiple of ``sizes.align`` (vLLM's ``scheduler_block_size``)."""
+    got = [s.retention for s in specs if s.retention is not None]
+    if not got:
+        return
+    if sizes.one_size or sizes.peek or sizes.partial:
+        raise ConfigError(f"a window's retention is served with groups of different block sizes, "
+                          f"without peek and partial hits, got {sizes}")
+    if any(r % sizes.align for r in got):
+        raise ConfigError(f"a window's retention must be a multiple of align {sizes.align}, got {got}")
 
 
 def _prepare(self: HybridKVCacheManager, req: GroupRequest, first: int, last: int, parent: Prefix | None,

@@ -52,7 +52,7 @@ from .spec import GroupSpec
 class GroupRequest:
     __slots__ = ("request_id", "tokens", "keys", "tables", "cut", "nodes", "num_cached",
                  "num_scheduled", "num_reserved", "step_start", "next_release", "release_bound",
-                 "prompt", "tainted_from", "losses", "num_prompt", "states", "sound_from")
+                 "prompt", "tainted_from", "losses", "num_prompt", "states", "sound_from", "marks")
 
     def __init__(self, request_id: Hashable, tokens: array[int], keys: RequestKeys, num_groups: int) -> None:
         self.request_id = request_id
@@ -73,6 +73,9 @@ class GroupRequest:
         self.num_prompt = len(tokens)  # (vLLM's num_prompt_tokens: where a partial tail is cached)
         self.states: set[tuple[int, int]] | None = None  # (groups/sized.py ``_mark``)
         self.sound_from: list[int] | None = None
+        # positions whose window blocks a group's retention keeps cached (``BlockSizes.caches``):
+        # the prompt's replay boundary and the shared-prefix junction (``add_request``)
+        self.marks: tuple[int, ...] = ()
 
     def release(self, going: Sequence[Sequence[Block | None]]) -> list[Block]:
         """Replace each group's blocks in ``going`` (the next ones after its cut) by None

@@ -69,11 +69,12 @@ def _record(self: HybridKVCacheManager, req: GroupRequest, first: int, prepared:
     hi = req.num_scheduled // u * u
     n, peek = req.num_scheduled, sizes.peek or (False,) * len(self.groups)
     states = req.states or ()  # (sparse groups' blocks holding the state at their end)
+    marks = req.marks  # (a window's retention: BlockSizes.caches)
     for g, (spec, table, b) in enumerate(zip(self.groups, req.tables, self._group_sizes, strict=True)):
         end = min(n, hi + b) if peek[g] and hi else hi  # (a peeking group: one block past hi)
         span = range(lo // b, end // b)
         if span:
-            part = [table[j] if sizes.caches(spec, g, n, j) else None for j in span]
+            part = [table[j] if sizes.caches(spec, g, n, j, marks) else None for j in span]
             if spec.kind == MAMBA:  # (sparse: only blocks holding the state at their end)
                 part = [x if (g, j) in states else None for j, x in zip(span, part, strict=True)]
             keyed = [every[sizes.key_index(g, j)] for j in span]
@@ -119,7 +120,7 @@ def _cut_off(self: HybridKVCacheManager, req: GroupRequest, end: int) -> bool:
     for g, (spec, table, b) in enumerate(zip(self.groups, req.tables, self._group_sizes, strict=True)):
         j = (end - 1) // b
         if spec.kind != MAMBA and j < len(table) and (blk := table[j]) is not None and blk.key is None \
-                and self.sizes.caches(spec, g, end, j):
+                and self.sizes.caches(spec, g, end, j, req.marks):
             return True
     return False
 

@@ -38,20 +38,23 @@ def _free_order(self: HybridKVCacheManager, req: GroupRequest, longer: bool) -> 
 def _check_request(self: HybridKVCacheManager, req: GroupRequest) -> str | None:
     """``GroupRequest.check``, and each group's block holding content only where it is
     recorded (below the scheduled tokens rounded down to ``align``, where
-    ``BlockSizes.caches`` says; in a sparse group only a block holding the state at its
-    end), and there while its prefix id is not lost and no content was lost since its
-    admission (``GroupIndex.losses``). After content was lost (a ``rewind``: it keeps
-    the blocks below its point that were recorded at a later count), a block also holds
-    content where the count the request reached (``num_reserved``) records it."""
-    sizes, n, sound = self.sizes, req.num_scheduled, req.losses == self._index.losses
+    ``BlockSizes.caches`` says, past its hit only in a window with a retention; in a
+    sparse group only a block holding the state at its end), and there while its
+    prefix id is not lost and no content was lost since its admission
+    (``GroupIndex.losses``). After content was lost (a ``rewind``: it keeps the blocks
+    below its point that were recorded at a later count), a block also holds content
+    where the count the request reached (``num_reserved``) records it."""
+    sizes, n, sound, marks = self.sizes, req.num_scheduled, req.losses == self._index.losses, req.marks
     states, reached = req.states or (), max(n, req.num_reserved)
     marked = checkpoints.entries(self, req) if self._checkpoints else ()  # (the prompt's boundary)
     for g, (spec, table) in enumerate(zip(self.groups, req.tables, strict=True)):
-        for j in range(req.cut[g], min(len(table), n // sizes.sizes[g])):
+        # (a window's retention: the hit's blocks hold what the requests that cached them chose)
+        lo = req.cut[g] if spec.retention is None else max(req.cut[g], req.num_cached // sizes.sizes[g])
+        for j in range(lo, min(len(table), n // sizes.sizes[g])):
             b, node = table[j], req.nodes[sizes.key_index(g, j)]
-            want = sizes.caches(spec, g, n, j) and (not spec.sparse or (g, j) in states) or (g, j) in marked
+            want = sizes.caches(spec, g, n, j, marks) and (not spec.sparse or (g, j) in states) or (g, j) in marked
             if b is not None and not node.lost and (b.key is not None or sound) and \
-                    (b.key is not None) != want and (sound or not sizes.caches(spec, g, reached, j)):
+                    (b.key is not None) != want and (sound or not sizes.caches(spec, g, reached, j, marks)):
                 return (f"request {req.request_id!r} group {g}: block {j} "
                         f"{'holds' if b.key is not None else 'lacks'} content at {n} tokens")
     return req.check(self.groups, sizes, marked)

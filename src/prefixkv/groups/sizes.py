@@ -105,7 +105,7 @@ class BlockSizes:
         """The hit in tokens, at most ``limit``: ``hits.longest_sized_hit`` at these sizes."""
         return longest_sized_hit(specs, self.sizes, self.align, limit, cached)
 
-    def caches(self, spec: GroupSpec, g: int, num_tokens: int, j: int) -> bool:
+    def caches(self, spec: GroupSpec, g: int, num_tokens: int, j: int, marks: Sequence[int] = ()) -> bool:
         """Whether group ``g`` (of spec ``spec``) caches its block ``j`` once ``num_tokens``
         tokens are computed: a whole block below ``num_tokens`` rounded down to ``align``
         that a hit can read, one at the first multiple of ``align`` it ends at or
@@ -118,8 +118,12 @@ class BlockSizes:
         each boundary too (``cdiv(W - 1, b) + 1`` blocks ending there; every block
         when those runs cover an aligned span, block 0 included, as vLLM's mask).
         A Mamba group caches every block (vLLM's dense retention: the manager records
-        only those holding the state at their end). Checked against vLLM
-        (tests/engines/test_vllm_sized_model.py)."""
+        only those holding the state at their end). A window with a ``retention``
+        (vLLM's sparse retention, never with ``peek``) caches the blocks a hit reads at
+        each multiple of ``retention`` tokens (none for 0) instead of ``align``'s, and
+        at each of the request's ``marks`` rounded down to ``align`` (its prompt's replay
+        boundary, its shared-prefix junction: ``GroupRequest.marks``). Checked against
+        vLLM (tests/engines/test_vllm_sized_model.py, through tests/sized_model.py)."""
         b, peek = self.sizes[g], bool(self.peek) and self.peek[g]
         u = self.hash_size if self.partial else self.align  # (``unit``, without its call)
         end = num_tokens // u * u
@@ -127,11 +131,13 @@ class BlockSizes:
             end = min(num_tokens, end + b)
         if j < 0 or (j + 1) * b > end:
             return False
-        if spec.kind == MAMBA:  # (sparse)
+        if spec.kind == FULL or spec.kind == MAMBA:  # (full attention reads every block; Mamba: sparse)
             return True
-        if peek and spec.kind != FULL:
+        if peek:
             need, per = blocks_for(spec.tokens - 1, b) + 1, self.align // b
             return need >= per or (j >= 1 and (j - 1) % per >= per - need)
+        if spec.retention is not None:
+            return _retains(spec, b, self.align, j, marks)
         boundary = blocks_for((j + 1) * b, self.align) * self.align  # (the next lcm boundary)
         return spec.first_needed(boundary) // b <= j
 
@@ -148,14 +154,27 @@ class BlockSizes:
         larger than the hash block, which the manager refuses)."""
         h, end = self.hash_size, num_tokens // self.align * self.align
         boundary = (num_tokens - 1) // h * h
+        marks = (num_tokens - 1,)  # (a window's retention: the prompt's replay boundary)
         out = []
         for g, spec in enumerate(specs):
             b = self.sizes[g]
             out += [(g, self.key_index(g, j), b) for j in range(num_tokens // b)
-                    if self.caches(spec, g, num_tokens, j) and not (spec.sparse and (j + 1) * b < num_tokens)]
+                    if self.caches(spec, g, num_tokens, j, marks)
+                    and not (spec.sparse and (j + 1) * b < num_tokens)]
             if spec.kind == FULL and b > h and 0 < boundary <= end and boundary % b:
                 out.append((g, boundary // h - 1, h))
         return out
+
+
+def _retains(spec: GroupSpec, b: int, align: int, j: int, marks: Sequence[int]) -> bool:
+    """``BlockSizes.caches`` for block ``j`` (a whole one, recorded by then) of a window
+    of blocks of ``b`` with a ``retention``: the blocks a hit reads at each segment's end
+    (every ``retention`` tokens; none for 0) and at each of ``marks`` rounded down to
+    ``align`` (vLLM's ``reachable_block_mask`` without EAGLE)."""
+    seg = spec.retention
+    if seg and spec.first_needed(blocks_for((j + 1) * b, seg) * seg) // b <= j:  # (the segment's end)
+        return True
+    return any(spec.first_needed(t // align * align) // b <= j < t // align * align // b for t in marks)
 
 
 def manager_sizes(specs: Sequence[GroupSpec], block_size: object) -> BlockSizes:

@@ -65,14 +65,20 @@ class GroupSpec:
     (vLLM's ``prefix_cacheable`` False: SWA bounded replay, whose engine recomputes the
     window below a hit): hits are the other groups' alone, and a request admitted on
     one takes fresh blocks for the window's part of it (docs/design.md, "Layer
-    groups"). Raises ConfigError for an unknown kind, a size that does not fit the
-    kind, a ``retained`` that is not an int >= 0 (0 unless sliding), or a ``cached``
-    that is not a bool (True unless sliding)."""
+    groups"). ``retention``: None (every block a hit can read is cached), or a sliding
+    window's sparse caching (vLLM's ``prefix_cache_retention_interval``): the blocks a
+    hit reads at each multiple of ``retention`` tokens (none for 0) and at a request's
+    marks (``BlockSizes.caches``; served with groups of different block sizes).
+    Raises ConfigError for an unknown kind, a size that does not fit the kind, a
+    ``retained`` that is not an int >= 0 (0 unless sliding), a ``cached`` that is not
+    a bool (True unless sliding), or a ``retention`` that is not None nor an int >= 0
+    (None unless a cached sliding window)."""
 
     kind: str
     tokens: int = 0
     retained: int = 0
     cached: bool = True
+    retention: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -88,6 +94,11 @@ class GroupSpec:
         if self.cached is not True and (self.cached is not False or self.kind != SLIDING):
             want = "a bool" if self.kind == SLIDING else "True (only sliding windows go uncached)"
             raise ConfigError(f"a {self.kind} group takes cached={want}, got {self.cached!r}")
+        r = self.retention
+        if r is not None and (type(r) is not int or r < 0 or self.kind != SLIDING or not self.cached):
+            want = "None or an int >= 0" if self.kind == SLIDING and self.cached else "None"
+            raise ConfigError(f"a {'cached ' * self.cached}{self.kind} group takes retention={want}, "
+                              f"got {r!r}"[:200])
 
     @property
     def releases(self) -> bool:
@@ -165,14 +176,16 @@ def full_attention() -> GroupSpec:
     return GroupSpec(FULL)
 
 
-def sliding_window(window: int, retained: int = 0, *, cached: bool = True) -> GroupSpec:
+def sliding_window(window: int, retained: int = 0, *, cached: bool = True,
+                   retention: int | None = None) -> GroupSpec:
     """A group of sliding-window layers: a query sees ``window`` keys, itself included
     (Mistral's and vLLM's ``sliding_window``); a request keeps the blocks of
     ``retained`` more tokens below them (vLLM's ``extra_retained_tokens``: module
     docstring); ``cached=False``: its blocks are never cached nor looked up
-    (``GroupSpec.cached``). Raises ConfigError unless window > 0, retained >= 0 and
-    cached a bool."""
-    return GroupSpec(SLIDING, window, retained, cached)
+    (``GroupSpec.cached``); ``retention``: its sparse caching (``GroupSpec``). Raises
+    ConfigError unless window > 0, retained >= 0, cached a bool and retention None or
+    an int >= 0 (None when not cached)."""
+    return GroupSpec(SLIDING, window, retained, cached, retention)
 
 
 def chunked_local(chunk: int) -> GroupSpec:

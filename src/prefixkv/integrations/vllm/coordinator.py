@@ -60,7 +60,7 @@ class CoordinatorView:
     it resolved of the layout: ``scheduler_block_size``, whether vLLM's fine-grained
     partial hits are on (``enable_partial_hash_hits``: ``layout.sizes.partial``) and the
     alignment of hits that follows (``_cache_hit_alignment_tokens``, the name vLLM's
-    tests read)."""
+    tests read), and vLLM's ``retention_interval`` (the manager's, retention.py)."""
 
     def __init__(self, manager: KVCacheManager, layout: Layout) -> None:
         self._manager = manager
@@ -68,6 +68,7 @@ class CoordinatorView:
         self._num_sparse = sum(self._sparse)
         self._num_dense = len(self._sparse) - self._num_sparse
         self.block_size = self.scheduler_block_size = layout.block_size
+        self.retention_interval: int | None = manager.retention_interval
         self.enable_partial_hash_hits = layout.sizes.partial
         self._cache_hit_alignment_tokens = layout.sizes.unit
         self._sizes = layout.sizes.sizes  # (each group's own block size)

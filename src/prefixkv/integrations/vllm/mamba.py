@@ -141,11 +141,12 @@ def _noting_partial(m: KVCacheManager, request: Request, hit: int, run: Any) -> 
 
 def junction(m: KVCacheManager, request: Request, hit: int, max_cache_hit_length: int | None) -> int:
     """vLLM's ``shared_prefix_boundary`` (``get_computed_blocks``' third value) beside a
-    Mamba group: the prefix the first group of vLLM's lookup (``StepCache.first``) alone
-    could serve, capped at ``max_cache_hit_length``, when longer than the ``hit`` all
-    groups serve (a shared prefix whose Mamba state no block holds: vLLM's scheduler ends
-    the request's chunk there, so that its state is cached); else 0."""
-    if not m._mamba.groups or not m.prefix_cache_lookup_enabled(request):
+    Mamba group or a window's retention (retention.py): the prefix the first group of
+    vLLM's lookup (``StepCache.first``: full attention there) alone could serve, capped
+    at ``max_cache_hit_length``, when longer than the ``hit`` all groups serve (a shared
+    prefix whose Mamba state no block holds: vLLM's scheduler ends the request's chunk
+    there, so that its state is cached; a window's tail there stays cached); else 0."""
+    if not m._junctions or not m.prefix_cache_lookup_enabled(request):
         return 0
     prompt, extra = admission_prompt(m, request)
     alone: int = m.core.lookup_per_group(prompt, extra=extra)[m._mamba.first]

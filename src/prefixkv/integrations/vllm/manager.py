@@ -38,6 +38,7 @@ from .popped import PoppedBlocks
 from .prepared import PreparedPrompts
 from .release import estimate_cached, evict, free_popped, free_request, pop_for_free, release_skipped
 from .requests import reads_cache
+from .retention import read_retention
 from .slots import allocate, grow, lookup
 from .step_calls import CowCopies, StepCalls
 from .telemetry import Telemetry
@@ -75,6 +76,11 @@ class KVCacheManager(StepCalls):
         check_options(layout, use_eagle=use_eagle, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
                       watermark=watermark, num_prefill_lookahead=num_prefill_lookahead,
                       enable_caching=enable_caching)
+        # vLLM's prefix_cache_retention_interval, checked; the windows' retention where applied
+        self.retention_interval, layout = read_retention(kv_cache_config, layout, scheduler_block_size,
+                                                         use_eagle)
+        self._retains = any(g.retention is not None for g in layout.groups)  # (slots.admit's junction)
+        self._junctions = self._retains or any(g.sparse for g in layout.groups)  # (mamba.junction)
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.block_size = bs = layout.block_size

@@ -172,8 +172,12 @@ def admit(m: KVCacheManager, request: Request, num_new_tokens: int, hit: int, ex
     key = m._next_key
     # a load's tokens: no query reads below the windows' reach at their end (vLLM: null
     # blocks); a resumed request's prompt is its first num_prompt_tokens (its partial tail)
-    loaded = {"num_external_tokens": computed - hit,
-              "num_prompt_tokens": max(1, request.num_prompt_tokens)} if m._hybrid else {}
+    loaded = {}
+    if m._hybrid:
+        loaded = {"num_external_tokens": computed - hit,
+                  "num_prompt_tokens": max(1, request.num_prompt_tokens)}
+        if m._retains:  # (the windows' retention keeps what a hit reads at vLLM's junction)
+            loaded["junction"] = request.shared_prefix_boundary
     try:
         adm = m.core.add_request(key, prompt, extra=extra, num_new_tokens=scheduled,
                                  resumed=request.num_preemptions > 0, read_cache=read,

@@ -1,0 +1,76 @@
+"""vLLM's ``prefix_cache_retention_interval`` (``KVCacheConfig``), checked as vLLM checks it.
+
+vLLM 0.33 keeps a sliding-window or Mamba group's blocks cached sparsely by it
+(``SlidingWindowManager.reachable_block_mask``, ``MambaManager``'s): ``None`` caches every
+block a hit can read (dense), ``0`` only the tails at the prompt's replay boundary and at
+a shared-prefix junction, ``R > 0`` those and one tail per ``R``-token segment. Full
+attention caches every block whatever the interval. vLLM's coordinator checks the
+interval at construction (``_validate_prefix_cache_retention_interval``):
+
+    no window nor Mamba group   0 or None taken; anything else refused ("no sliding-window
+                                or Mamba ... group")
+    a window or Mamba group     None, or an int >= 0 that is a multiple of
+                                ``scheduler_block_size``; anything else refused
+
+``read_retention`` refuses, before anything is built, what vLLM refuses (``ConfigError``,
+a ValueError, with vLLM's words), and applies the interval where prefixkv's groups serve
+vLLM's sparse retention: its windows' ``retention`` (``prefixkv.groups.sliding_window``),
+with groups of different block sizes, full attention among them, no Mamba group and no
+EAGLE. Elsewhere its groups cache densely (vLLM's ``None``): it refuses a positive
+interval beside a window or Mamba group there (``UnsupportedByPrefixKV``), and takes 0,
+vLLM's ``CacheConfig`` default, which every engine passes: prefixkv then caches more
+blocks than vLLM, each holding the KV vLLM would find (docs/integration.md,
+"prefix_cache_retention_interval").
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec, SlidingWindowSpec
+
+from prefixkv.errors import ConfigError
+from prefixkv.groups import sliding_window
+from prefixkv.groups.spec import FULL, SLIDING
+
+from .layout import Layout, UnsupportedByPrefixKV
+
+__all__ = ["read_retention"]
+
+
+def read_retention(kv_cache_config: KVCacheConfig, layout: Layout, scheduler_block_size: int,
+                   use_eagle: bool) -> tuple[int | None, Layout]:
+    """``kv_cache_config.prefix_cache_retention_interval``, checked (module docstring), and
+    ``layout`` (read from that config) with its windows' ``retention`` where prefixkv
+    applies it. Raises ConfigError where vLLM raises (with vLLM's words: "no
+    sliding-window or Mamba KV cache group", "must be non-negative and a multiple of
+    scheduler_block_size") and for an interval that is not an int nor None;
+    UnsupportedByPrefixKV for a positive interval beside a window or Mamba group where
+    prefixkv does not apply it. Changes nothing."""
+    interval = kv_cache_config.prefix_cache_retention_interval
+    if interval is None:
+        return None, layout
+    if type(interval) is not int:
+        raise ConfigError(f"prefix_cache_retention_interval must be an int or None, got {interval!r}"[:200])
+    # (vLLM's isinstance: the window's subclasses, MLA's included, count as windows)
+    if not any(isinstance(s, (SlidingWindowSpec, MambaSpec)) for s in layout.specs):
+        if interval == 0:
+            return 0, layout
+        raise ConfigError(f"prefix_cache_retention_interval ({interval}) is set but this model has no "
+                          f"sliding-window or Mamba KV cache group, so retention has no effect; set it "
+                          f"to 0 (it only applies to sliding-window and Mamba attention)")
+    if interval < 0 or interval % scheduler_block_size:
+        raise ConfigError(f"prefix_cache_retention_interval ({interval}) must be non-negative and a "
+                          f"multiple of scheduler_block_size ({scheduler_block_size})")
+    kinds = {g.kind for g in layout.groups}
+    if not layout.sizes.one_size and not use_eagle and FULL in kinds and kinds <= {FULL, SLIDING}:
+        return interval, replace(layout, groups=tuple(
+            sliding_window(g.tokens, g.retained, retention=interval) if g.kind == SLIDING else g
+            for g in layout.groups))
+    if interval:
+        raise UnsupportedByPrefixKV(f"prefixkv does not apply prefix_cache_retention_interval={interval} "
+                                    f"(vLLM's sparse retention of sliding-window and Mamba blocks) here: "
+                                    f"it does with groups of different block sizes, full attention "
+                                    f"among them, beside windows only and without EAGLE; 0 and None are "
+                                    f"taken (docs/integration.md)")
+    return 0, layout

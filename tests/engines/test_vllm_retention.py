@@ -1,0 +1,177 @@
+"""vLLM's ``prefix_cache_retention_interval`` (integrations/vllm/retention.py): the
+plug-in takes and refuses it where vLLM's own manager does, built side by side on the
+same ``KVCacheConfig``, and refuses by name the intervals it does not apply. Needs vllm
+installed."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefixkv import ConfigError
+
+from . import skip_module_without_vllm
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+skip_module_without_vllm()
+torch = pytest.importorskip("torch")
+
+from .test_vllm_block_sizes_reference import _request  # noqa: E402
+
+
+def _full(bs: int) -> Any:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    return FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
+
+
+def _window(bs: int, tokens: int = 32) -> Any:
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    return SlidingWindowSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                             sliding_window=tokens)
+
+
+def _mamba(bs: int) -> Any:
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    return MambaSpec(block_size=bs, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align")
+
+
+LAYOUTS = {
+    "full": (_full(16),),
+    "window": (_window(16),),
+    "full+window": (_full(16), _window(16)),
+    "full32+window8": (_full(32), _window(8)),  # (vLLM's test: scheduler 32, hashes 8)
+    "full+mamba": (_full(16), _mamba(16)),
+}
+INTERVALS = (None, 0, 16, 32, 33, 64, -16, -32)
+
+
+def _build(which: str, specs: tuple[Any, ...], interval: int | None) -> Any:
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Vllms
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    from prefixkv.integrations.vllm import KVCacheManager as Ours
+
+    cfg = KVCacheConfig(num_blocks=40, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)],
+                        prefix_cache_retention_interval=interval)
+    sizes = [s.block_size for s in specs]
+    cls = Ours if which == "prefixkv" else Vllms
+    return cls(cfg, max_model_len=8192, enable_caching=True, hash_block_size=math.gcd(*sizes),
+               scheduler_block_size=math.lcm(*sizes))
+
+
+def _outcome(which: str, specs: tuple[Any, ...], interval: int | None) -> Any:
+    try:
+        return _build(which, specs, interval)
+    except ValueError as e:
+        return e
+
+
+@pytest.mark.parametrize("interval", INTERVALS)
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_the_interval_is_taken_and_refused_where_vllms_manager_does(name, interval):
+    """vLLM's refusal (a ValueError naming what is wrong) is prefixkv's ConfigError with
+    vLLM's words; an interval vLLM takes, prefixkv takes (the coordinator's
+    ``retention_interval`` vLLM's) or, when positive beside a window or Mamba group
+    where prefixkv does not apply it, refuses by name (UnsupportedByPrefixKV: it caches
+    those groups densely there).
+    Before retention.py, prefixkv took every interval and its coordinator had no
+    ``retention_interval``."""
+    from prefixkv.integrations.vllm import UnsupportedByPrefixKV
+
+    specs = LAYOUTS[name]
+    vllms, ours = _outcome("vllm", specs, interval), _outcome("prefixkv", specs, interval)
+    if isinstance(vllms, ValueError):
+        assert type(ours) is ConfigError, (vllms, ours)
+        words = ("no sliding-window or Mamba" if "no sliding-window or Mamba" in str(vllms)
+                 else "must be non-negative and a multiple of scheduler_block_size")
+        assert words in str(vllms) and words in str(ours), (vllms, ours)
+        return
+    applied = name == "full32+window8"  # (groups of different sizes, full attention, windows only)
+    if name != "full" and interval and not applied:  # (vLLM's sparse retention, not applied)
+        assert isinstance(ours, UnsupportedByPrefixKV), ours
+        assert f"prefix_cache_retention_interval={interval}" in str(ours)
+        return
+    assert not isinstance(ours, Exception), ours
+    assert ours.coordinator.retention_interval == vllms.coordinator.retention_interval == interval
+    windows = [g.retention for g in ours.core.groups if g.kind == "sliding_window"] if name != "full" else []
+    assert windows == ([interval] * len(windows) if applied else [None] * len(windows))
+
+
+@pytest.mark.parametrize("bad", [16.0, "16", True])
+def test_an_interval_not_an_int_is_a_config_error(bad):
+    """A float, a string or a bool is refused with ConfigError (vLLM's own check would
+    take ``True`` as 1 and fail on a string with a TypeError)."""
+    with pytest.raises(ConfigError, match="must be an int or None"):
+        _build("prefixkv", LAYOUTS["full+window"], bad)
+
+
+def test_a_refusal_changes_nothing_of_the_config():
+    """The check reads the config and builds nothing from it (before any state)."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    from prefixkv.integrations.vllm import KVCacheManager
+
+    cfg = KVCacheConfig(num_blocks=40, kv_cache_tensors=[], prefix_cache_retention_interval=16,
+                        kv_cache_groups=[KVCacheGroupSpec(["l"], _full(16))])
+    before = dataclasses.replace(cfg)
+    with pytest.raises(ConfigError, match="no sliding-window or Mamba"):
+        KVCacheManager(cfg, max_model_len=8192, scheduler_block_size=16, hash_block_size=16)
+    assert cfg == before
+
+
+STEMS = [[100 * s + k for k in range(200)] for s in range(3)]
+
+
+@pytest.mark.parametrize("interval", [0, 64])
+@settings(max_examples=25, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 200), st.integers(0, 3),
+                              st.none() | st.integers(8, 96), st.booleans()), min_size=3, max_size=14))
+def test_the_plugin_retains_as_vllms_manager(interval, ops):
+    """Full attention at 32 beside a window of 8 at 8 (vLLM's retention tests' layout):
+    prompts of shared stems admitted as vLLM's scheduler admits them (the junction
+    ``get_computed_blocks`` reports kept on the request), prefilled in chunks, some
+    freed; both managers report the same hit and junction for every prompt sent and
+    give tables as long with null entries in the same places. Before the retention was
+    applied prefixkv took 0 and cached every window block (longer hits, no junction)
+    and refused 64."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+    from vllm.v1.request import RequestStatus
+
+    init_none_hash(sha256)
+    specs = (_full(32), _window(8, 8))
+    sides = [_build("vllm", specs, interval), _build("prefixkv", specs, interval)]
+    live: list[tuple[Any, ...]] = []
+    for n, (stem, length, tail, chunk, free) in enumerate(ops):
+        tokens = STEMS[stem][:length] + [7] * tail or [7]
+        reqs = [_request(f"r{n}", tokens, 8) for _ in sides]
+        found = [side.get_computed_blocks(r) for side, r in zip(sides, reqs, strict=True)]
+        assert found[0][1:] == found[1][1:], (tokens, found[0][1:], found[1][1:])
+        hit = found[0][1]
+        num_new = len(tokens) - hit if chunk is None else min(chunk, len(tokens) - hit)
+        got = []
+        for side, r, (blocks, _, junction) in zip(sides, reqs, found, strict=True):
+            r.shared_prefix_boundary = junction
+            got.append(side.allocate_slots(r, num_new, hit, blocks))
+            r.status, r.num_computed_tokens = RequestStatus.RUNNING, hit + num_new
+        assert (got[0] is None) == (got[1] is None)
+        if got[0] is None:
+            continue
+        tables = [[[b.is_null for b in g] for g in side.get_blocks(f"r{n}").blocks] for side in sides]
+        assert tables[0] == tables[1]
+        live.append(reqs)
+        while live and (free or len(live) > 2):
+            for side, r in zip(sides, live.pop(0), strict=True):
+                side.free(r)
+            free = False
+
