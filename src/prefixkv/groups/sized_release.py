@@ -52,7 +52,8 @@ def _check_request(self: HybridKVCacheManager, req: GroupRequest) -> str | None:
         lo = req.cut[g] if spec.retention is None else max(req.cut[g], req.num_cached // sizes.sizes[g])
         for j in range(lo, min(len(table), n // sizes.sizes[g])):
             b, node = table[j], req.nodes[sizes.key_index(g, j)]
-            want = sizes.caches(spec, g, n, j, marks) and (not spec.sparse or (g, j) in states) or (g, j) in marked
+            want = (sizes.caches(spec, g, n, j, marks) and (not spec.sparse or (g, j) in states)
+                    or (g, j) in marked)
             if b is not None and not node.lost and (b.key is not None or sound) and \
                     (b.key is not None) != want and (sound or not sizes.caches(spec, g, reached, j, marks)):
                 return (f"request {req.request_id!r} group {g}: block {j} "
