@@ -137,6 +137,8 @@ class Pair:
                 continue
             assert isinstance(e, BlockStored | BlockRemoved), e
             b = self.groups[e.group_idx][0]
+            if self.partial and isinstance(e, BlockStored):
+                self._check_stored(e, b)
             for h in e.block_hashes:
                 tokens = self.names[h]
                 if len(tokens) % b and not self.partial:  # (a partial tail entry: not modelled)
@@ -145,6 +147,21 @@ class Pair:
                 self.mirror[key] += 1 if isinstance(e, BlockStored) else -1
                 if not self.mirror[key]:
                     del self.mirror[key]
+
+    def _check_stored(self, e: Any, b: int) -> None:
+        """With partial hits, the shape vLLM announces a cached entry in: a partial
+        entry (a prefix ending inside a block) alone, as one hash block (its tokens the
+        last hash block's, its parent the prefix one hash block shorter); whole blocks
+        as blocks of the group's size."""
+        names = [self.names[h] for h in e.block_hashes]
+        if not names:  # (vLLM announces a step whose Mamba blocks it all skipped: no hash)
+            return
+        parent = None if e.parent_block_hash is None else self.names[e.parent_block_hash]
+        if len(names[0]) % b:
+            assert (len(names), e.block_size) == (1, self.h), e
+            assert tuple(e.token_ids) == names[0][-self.h:] and parent == (names[0][:-self.h] or None), e
+        else:
+            assert e.block_size == b and not any(len(n) % b for n in names), e
 
     def compare(self, probe: list[int]) -> None:
         if self.twins is not None and self.twins.emptied:  # (from here on its queue differs)
