@@ -512,9 +512,9 @@ class SizedModel:
             self.events.append(("stored", self.tails[x]))
 
     def _shorter(self, x, n):
-        """With partial hits, whether block ``x`` holds only entries shorter than ``n``
-        tokens (a partial entry of a block now whole: vLLM promotes it)."""
-        return self.partial and all(len(k[2]) < n for k in self.keys[x])
+        """With partial hits, whether block ``x`` holds keys, all shorter than ``n`` tokens
+        (a partial entry of a block now whole: vLLM promotes it; a spare holds none)."""
+        return self.partial and bool(self.keys[x]) and all(len(k[2]) < n for k in self.keys[x])
 
     def _holds(self, x):
         """Whether block ``x`` holds a key (its own, or as a spare)."""

@@ -44,7 +44,7 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
     extra_blocks = 4  # past one longest request's blocks (constant eviction)
     live = LIVE
     peek: bool | tuple[bool, ...] = False  # (the EAGLE machines': the groups that peek)
-    partial = False  # (vLLM's fine-grained partial hits: no events then)
+    partial = False  # (vLLM's fine-grained partial hits)
 
     @initialize()
     def setup(self):
@@ -55,7 +55,7 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
         windows = any(w is not None for _, w in self.groups)
         num_blocks = sum(-(-MAX_LEN // b) for b, _ in self.groups) + windows + self.extra_blocks
         self.m = HybridKVCacheManager(specs, num_blocks, sizes, hash_mode="sha256", seed=1,
-                                      enable_events=not self.partial, max_events=1 << 12)
+                                      enable_events=True, max_events=1 << 12)
         self.model = SizedModel(self.groups, num_blocks, sizes.hash_size, sizes.align, null=windows,
                                 twins=True, peek=self.peek or None, retained=retained, partial=self.partial)
         self.hash_fn, self.root = make_hash_fn("sha256", 1)
@@ -230,8 +230,6 @@ class SizedMachine(SharedRules, RuleBasedStateMachine):
 
     @invariant()
     def same_events(self):
-        if self.partial:
-            return
         got = []
         for ev in self.m.take_events():
             if isinstance(ev, AllBlocksCleared):
