@@ -284,14 +284,10 @@ def build_core(layout: Layout, *, enable_caching: bool, enable_events: bool,
     over the blocks past vLLM's (offset 1). ``enable_caching`` is passed to the former
     only: the hybrid manager takes no such switch. ``peek``: EAGLE's groups
     (``eagle_layout``; none without EAGLE), which with different block sizes cache the
-    block after each aligned end too (``BlockSizes.peek``). Raises UnsupportedByPrefixKV
-    for events with partial hits (``BlockSizes.partial``)."""
+    block after each aligned end too (``BlockSizes.peek``)."""
     if layout.hybrid:
         releasing = any(g.releases for g in layout.groups)
         s = layout.sizes
-        if enable_events and s.partial:  # (the core states them: not checked against vLLM's here)
-            raise UnsupportedByPrefixKV("prefixkv's plug-in does not offer KV cache events with vLLM's "
-                                        "fine-grained partial hits yet (docs/groups.md)")
         sizes = layout.block_size if s.one_size else BlockSizes.of(s.sizes, s.hash_size, s.align, peek,
                                                                     s.partial)
         try:
